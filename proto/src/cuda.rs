@@ -1,0 +1,217 @@
+//! CUDA driver-API constants shared by the guest shim and the host: `CUresult`
+//! codes with their names and messages, and the device and function attribute
+//! numbers the protocol carries.
+//!
+//! Values are those of NVIDIA's `cuda.h` (CUDA 12).
+
+/// A `CUresult` value.
+pub type CuResult = u32;
+
+macro_rules! results {
+    ($($name:ident = $val:literal, $msg:literal;)*) => {
+        $(
+            #[doc = $msg]
+            pub const $name: CuResult = $val;
+        )*
+        /// Every known `CUresult`: (value, name, message).
+        pub const RESULTS: &[(CuResult, &str, &str)] = &[
+            $(($val, stringify!($name), $msg),)*
+        ];
+    };
+}
+
+results! {
+    CUDA_SUCCESS = 0, "no error";
+    CUDA_ERROR_INVALID_VALUE = 1, "invalid argument";
+    CUDA_ERROR_OUT_OF_MEMORY = 2, "out of memory";
+    CUDA_ERROR_NOT_INITIALIZED = 3, "initialization error";
+    CUDA_ERROR_DEINITIALIZED = 4, "driver shutting down";
+    CUDA_ERROR_PROFILER_DISABLED = 5, "profiler disabled while using external profiling tool";
+    CUDA_ERROR_PROFILER_NOT_INITIALIZED = 6, "profiler not initialized: call cudaProfilerInitialize()";
+    CUDA_ERROR_PROFILER_ALREADY_STARTED = 7, "profiler already started";
+    CUDA_ERROR_PROFILER_ALREADY_STOPPED = 8, "profiler already stopped";
+    CUDA_ERROR_STUB_LIBRARY = 34, "CUDA driver is a stub library";
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46, "CUDA-capable device(s) is/are busy or unavailable";
+    CUDA_ERROR_NO_DEVICE = 100, "no CUDA-capable device is detected";
+    CUDA_ERROR_INVALID_DEVICE = 101, "invalid device ordinal";
+    CUDA_ERROR_DEVICE_NOT_LICENSED = 102, "device doesn't have valid Grid license";
+    CUDA_ERROR_INVALID_IMAGE = 200, "device kernel image is invalid";
+    CUDA_ERROR_INVALID_CONTEXT = 201, "invalid device context";
+    CUDA_ERROR_CONTEXT_ALREADY_CURRENT = 202, "context already current";
+    CUDA_ERROR_MAP_FAILED = 205, "mapping of buffer object failed";
+    CUDA_ERROR_UNMAP_FAILED = 206, "unmapping of buffer object failed";
+    CUDA_ERROR_ARRAY_IS_MAPPED = 207, "array is mapped";
+    CUDA_ERROR_ALREADY_MAPPED = 208, "resource already mapped";
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209, "no kernel image is available for execution on the device";
+    CUDA_ERROR_ALREADY_ACQUIRED = 210, "resource already acquired";
+    CUDA_ERROR_NOT_MAPPED = 211, "resource not mapped";
+    CUDA_ERROR_NOT_MAPPED_AS_ARRAY = 212, "resource not mapped as array";
+    CUDA_ERROR_NOT_MAPPED_AS_POINTER = 213, "resource not mapped as pointer";
+    CUDA_ERROR_ECC_UNCORRECTABLE = 214, "uncorrectable ECC error encountered";
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215, "limit is not supported on this architecture";
+    CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216, "exclusive-thread device already in use by a different thread";
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217, "peer access is not supported between these two devices";
+    CUDA_ERROR_INVALID_PTX = 218, "a PTX JIT compilation failed";
+    CUDA_ERROR_INVALID_GRAPHICS_CONTEXT = 219, "invalid OpenGL or DirectX context";
+    CUDA_ERROR_NVLINK_UNCORRECTABLE = 220, "uncorrectable NVLink error detected during the execution";
+    CUDA_ERROR_JIT_COMPILER_NOT_FOUND = 221, "PTX JIT compiler library not found";
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222, "the provided PTX was compiled with an unsupported toolchain.";
+    CUDA_ERROR_JIT_COMPILATION_DISABLED = 223, "PTX JIT compilation was disabled";
+    CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY = 224, "the provided execution affinity is not supported";
+    CUDA_ERROR_INVALID_SOURCE = 300, "device kernel image is invalid";
+    CUDA_ERROR_FILE_NOT_FOUND = 301, "file not found";
+    CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND = 302, "shared object symbol not found";
+    CUDA_ERROR_SHARED_OBJECT_INIT_FAILED = 303, "shared object initialization failed";
+    CUDA_ERROR_OPERATING_SYSTEM = 304, "OS call failed or operation not supported on this OS";
+    CUDA_ERROR_INVALID_HANDLE = 400, "invalid resource handle";
+    CUDA_ERROR_ILLEGAL_STATE = 401, "the operation cannot be performed in the present state";
+    CUDA_ERROR_LOSSY_QUERY = 402, "attempted introspection would be semantically lossy";
+    CUDA_ERROR_NOT_FOUND = 500, "named symbol not found";
+    CUDA_ERROR_NOT_READY = 600, "device not ready";
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700, "an illegal memory access was encountered";
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701, "too many resources requested for launch";
+    CUDA_ERROR_LAUNCH_TIMEOUT = 702, "the launch timed out and was terminated";
+    CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING = 703, "launch uses incompatible texturing mode";
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704, "peer access is already enabled";
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705, "peer access has not been enabled";
+    CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE = 708, "cannot set while device is active in this process";
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709, "context is destroyed";
+    CUDA_ERROR_ASSERT = 710, "device-side assert triggered";
+    CUDA_ERROR_TOO_MANY_PEERS = 711, "peer mapping resources exhausted";
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, "part or all of the requested memory range is already mapped";
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713, "pointer does not correspond to a registered memory region";
+    CUDA_ERROR_HARDWARE_STACK_ERROR = 714, "hardware stack error";
+    CUDA_ERROR_ILLEGAL_INSTRUCTION = 715, "an illegal instruction was encountered";
+    CUDA_ERROR_MISALIGNED_ADDRESS = 716, "misaligned address";
+    CUDA_ERROR_INVALID_ADDRESS_SPACE = 717, "operation not supported on global/shared address space";
+    CUDA_ERROR_INVALID_PC = 718, "invalid program counter";
+    CUDA_ERROR_LAUNCH_FAILED = 719, "unspecified launch failure";
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720, "too many blocks in cooperative launch";
+    CUDA_ERROR_NOT_PERMITTED = 800, "operation not permitted";
+    CUDA_ERROR_NOT_SUPPORTED = 801, "operation not supported";
+    CUDA_ERROR_SYSTEM_NOT_READY = 802, "system not yet initialized";
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803, "system has unsupported display driver / cuda driver combination";
+    CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE = 804, "forward compatibility was attempted on non supported HW";
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900, "operation not permitted when stream is capturing";
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901, "operation failed due to a previous error during capture";
+    CUDA_ERROR_CAPTURED_EVENT = 907, "operation not permitted on an event last recorded in a capturing stream";
+    CUDA_ERROR_TIMEOUT = 909, "wait operation timed out";
+    CUDA_ERROR_UNKNOWN = 999, "unknown error";
+}
+
+/// The name of a `CUresult`, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+pub fn result_name(code: CuResult) -> Option<&'static str> {
+    RESULTS.iter().find(|r| r.0 == code).map(|r| r.1)
+}
+
+/// The message of a `CUresult`, as `cuGetErrorString` gives it.
+pub fn result_message(code: CuResult) -> Option<&'static str> {
+    RESULTS.iter().find(|r| r.0 == code).map(|r| r.2)
+}
+
+/// Whether an error poisons its context for good, as CUDA's "sticky" errors do:
+/// every later call in that context returns the same code.
+pub fn is_sticky(code: CuResult) -> bool {
+    matches!(
+        code,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_ASSERT
+    )
+}
+
+/// `CUdevice_attribute` numbers (the ones vgpu reports; see `cuda.h`).
+pub mod attr {
+    #![allow(missing_docs)]
+    pub const MAX_THREADS_PER_BLOCK: usize = 1;
+    pub const MAX_BLOCK_DIM_X: usize = 2;
+    pub const MAX_BLOCK_DIM_Y: usize = 3;
+    pub const MAX_BLOCK_DIM_Z: usize = 4;
+    pub const MAX_GRID_DIM_X: usize = 5;
+    pub const MAX_GRID_DIM_Y: usize = 6;
+    pub const MAX_GRID_DIM_Z: usize = 7;
+    pub const MAX_SHARED_MEMORY_PER_BLOCK: usize = 8;
+    pub const TOTAL_CONSTANT_MEMORY: usize = 9;
+    pub const WARP_SIZE: usize = 10;
+    pub const MAX_PITCH: usize = 11;
+    pub const MAX_REGISTERS_PER_BLOCK: usize = 12;
+    pub const CLOCK_RATE: usize = 13;
+    pub const TEXTURE_ALIGNMENT: usize = 14;
+    pub const GPU_OVERLAP: usize = 15;
+    pub const MULTIPROCESSOR_COUNT: usize = 16;
+    pub const KERNEL_EXEC_TIMEOUT: usize = 17;
+    pub const INTEGRATED: usize = 18;
+    pub const CAN_MAP_HOST_MEMORY: usize = 19;
+    pub const COMPUTE_MODE: usize = 20;
+    pub const SURFACE_ALIGNMENT: usize = 30;
+    pub const CONCURRENT_KERNELS: usize = 31;
+    pub const ECC_ENABLED: usize = 32;
+    pub const PCI_BUS_ID: usize = 33;
+    pub const PCI_DEVICE_ID: usize = 34;
+    pub const TCC_DRIVER: usize = 35;
+    pub const MEMORY_CLOCK_RATE: usize = 36;
+    pub const GLOBAL_MEMORY_BUS_WIDTH: usize = 37;
+    pub const L2_CACHE_SIZE: usize = 38;
+    pub const MAX_THREADS_PER_MULTIPROCESSOR: usize = 39;
+    pub const ASYNC_ENGINE_COUNT: usize = 40;
+    pub const UNIFIED_ADDRESSING: usize = 41;
+    pub const PCI_DOMAIN_ID: usize = 50;
+    pub const TEXTURE_PITCH_ALIGNMENT: usize = 51;
+    pub const COMPUTE_CAPABILITY_MAJOR: usize = 75;
+    pub const COMPUTE_CAPABILITY_MINOR: usize = 76;
+    pub const STREAM_PRIORITIES_SUPPORTED: usize = 78;
+    pub const GLOBAL_L1_CACHE_SUPPORTED: usize = 79;
+    pub const LOCAL_L1_CACHE_SUPPORTED: usize = 80;
+    pub const MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: usize = 81;
+    pub const MAX_REGISTERS_PER_MULTIPROCESSOR: usize = 82;
+    pub const MANAGED_MEMORY: usize = 83;
+    pub const MULTI_GPU_BOARD: usize = 84;
+    pub const SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: usize = 87;
+    pub const PAGEABLE_MEMORY_ACCESS: usize = 88;
+    pub const CONCURRENT_MANAGED_ACCESS: usize = 89;
+    pub const COMPUTE_PREEMPTION_SUPPORTED: usize = 90;
+    pub const COOPERATIVE_LAUNCH: usize = 95;
+    pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: usize = 97;
+    pub const HOST_REGISTER_SUPPORTED: usize = 99;
+    pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 102;
+    pub const MAX_BLOCKS_PER_MULTIPROCESSOR: usize = 106;
+    pub const RESERVED_SHARED_MEMORY_PER_BLOCK: usize = 111;
+    pub const MEMORY_POOLS_SUPPORTED: usize = 115;
+    pub const HOST_NUMA_ID: usize = 134;
+    /// One past the highest attribute number the protocol carries.
+    pub const COUNT: usize = 136;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_messages_match_cuda_h() {
+        assert_eq!(result_name(2), Some("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert_eq!(result_message(700), Some("an illegal memory access was encountered"));
+        assert_eq!(result_name(12345), None);
+    }
+
+    #[test]
+    fn result_values_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for (v, name, _) in RESULTS {
+            assert!(seen.insert(*v), "duplicate value for {name}");
+        }
+    }
+
+    #[test]
+    fn kernel_faults_are_sticky_but_user_errors_are_not() {
+        assert!(is_sticky(CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert!(is_sticky(CUDA_ERROR_LAUNCH_FAILED));
+        assert!(!is_sticky(CUDA_ERROR_INVALID_VALUE));
+        assert!(!is_sticky(CUDA_ERROR_OUT_OF_MEMORY));
+    }
+}

@@ -1,0 +1,437 @@
+//! Messages: one request struct per opcode, shared reply structs, and the
+//! catalogue (`OPS`) from which docs/protocol.md's message table is checked.
+//!
+//! A request's payload is its fields in declaration order, encoded by
+//! [`crate::wire`]; ops flagged [`REQ_TAIL`] append bulk bytes after the last
+//! field (the rest of the payload). A successful reply's payload is the reply
+//! struct's fields, followed by bulk bytes for ops flagged [`REPLY_TAIL`]. A
+//! failed reply carries a non-zero `status` and, as payload, a UTF-8 message.
+
+use crate::wire::{DecodeError, Reader, Wire, Writer};
+
+/// The op may be sent with `FLAG_ASYNC` (no reply; errors surface later).
+pub const ASYNC_OK: u8 = 1 << 0;
+/// The request payload ends with bulk bytes after the last field.
+pub const REQ_TAIL: u8 = 1 << 1;
+/// The reply payload ends with bulk bytes after the last field.
+pub const REPLY_TAIL: u8 = 1 << 2;
+
+/// A field of a message, for the catalogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    /// Field name.
+    pub name: &'static str,
+    /// Wire type name (`u32`, `str`, `i32[]`, …).
+    pub ty: &'static str,
+}
+
+/// A struct with a wire encoding.
+pub trait Message: Sized {
+    /// Struct name.
+    const NAME: &'static str;
+    /// Fields in wire order.
+    const FIELDS: &'static [Field];
+    /// Appends the encoded fields to `buf`.
+    fn encode(&self, buf: &mut Vec<u8>);
+    /// Decodes the fields from `r`.
+    fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError>;
+}
+
+/// A request type: its opcode, flags and reply type.
+pub trait Op: Message {
+    /// Opcode.
+    const OPCODE: u16;
+    /// `ASYNC_OK | REQ_TAIL | REPLY_TAIL` bits.
+    const FLAGS: u8;
+    /// The reply struct.
+    type Reply: Message;
+}
+
+/// Decodes a message that must fill the payload exactly, or be followed by a
+/// tail when `tail` is set. Returns the message and the tail's offset.
+pub fn decode_exact<M: Message>(payload: &[u8], tail: bool) -> Result<(M, usize), DecodeError> {
+    let mut r = Reader::new(payload);
+    let m = M::decode_from(&mut r)?;
+    let pos = r.position();
+    if !tail && pos != payload.len() {
+        return Err(DecodeError::TrailingBytes(payload.len() - pos));
+    }
+    Ok((m, pos))
+}
+
+/// Decodes the reply of op `O` from a successful reply payload; returns the
+/// reply and its bulk tail (empty unless `O` has `REPLY_TAIL`).
+pub fn decode_reply<O: Op>(payload: &[u8]) -> Result<(O::Reply, &[u8]), DecodeError> {
+    let (m, pos) = decode_exact::<O::Reply>(payload, O::FLAGS & REPLY_TAIL != 0)?;
+    Ok((m, &payload[pos..]))
+}
+
+macro_rules! wire_structs {
+    ($(
+        $(#[doc = $doc:literal])*
+        pub struct $name:ident { $( $(#[doc = $fdoc:literal])* pub $f:ident : $t:ty ),* $(,)? }
+    )*) => {$(
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone, PartialEq, Default)]
+        pub struct $name { $( $(#[doc = $fdoc])* pub $f: $t, )* }
+
+        impl Message for $name {
+            const NAME: &'static str = stringify!($name);
+            const FIELDS: &'static [Field] = &[ $( Field { name: stringify!($f), ty: <$t as Wire>::TYPE } ),* ];
+            #[allow(unused_variables, unused_mut)]
+            fn encode(&self, buf: &mut Vec<u8>) {
+                let mut w = Writer::new(buf);
+                $( self.$f.put(&mut w); )*
+            }
+            #[allow(unused_variables)]
+            fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+                Ok(Self { $( $f: <$t as Wire>::get(r, stringify!($f))?, )* })
+            }
+        }
+    )*};
+}
+
+/// One entry of the op catalogue.
+#[derive(Debug, Clone, Copy)]
+pub struct OpSpec {
+    /// Op (and request struct) name.
+    pub name: &'static str,
+    /// Opcode.
+    pub opcode: u16,
+    /// Request fields.
+    pub request: &'static [Field],
+    /// Reply struct name.
+    pub reply_name: &'static str,
+    /// Reply fields.
+    pub reply: &'static [Field],
+    /// `ASYNC_OK | REQ_TAIL | REPLY_TAIL` bits.
+    pub flags: u8,
+    /// The CUDA entry points that use the op.
+    pub used_by: &'static str,
+}
+
+macro_rules! ops {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident = $op:literal => $reply:ident, $flags:expr, $used:literal
+            { $( $(#[doc = $fdoc:literal])* $f:ident : $t:ty ),* $(,)? }
+    )*) => {
+        wire_structs! { $(
+            $(#[doc = $doc])*
+            pub struct $name { $( $(#[doc = $fdoc])* pub $f : $t ),* }
+        )* }
+
+        $(
+            impl Op for $name {
+                const OPCODE: u16 = $op;
+                const FLAGS: u8 = $flags;
+                type Reply = $reply;
+            }
+        )*
+
+        /// Opcode numbers.
+        #[allow(non_upper_case_globals)]
+        pub mod opcode {
+            $( #[doc = concat!("Opcode of [`super::", stringify!($name), "`].")] pub const $name: u16 = $op; )*
+        }
+
+        /// Any request, decoded.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Request {
+            $( $(#[doc = $doc])* $name($name), )*
+        }
+
+        impl Request {
+            /// Decodes a request payload. Returns the request and the offset of its bulk tail.
+            pub fn decode(opcode: u16, payload: &[u8]) -> Result<(Request, usize), DecodeError> {
+                match opcode {
+                    $( $op => {
+                        let (m, pos) = decode_exact::<$name>(payload, $flags & REQ_TAIL != 0)?;
+                        Ok((Request::$name(m), pos))
+                    } )*
+                    other => Err(DecodeError::UnknownOpcode(other)),
+                }
+            }
+
+            /// The op's name.
+            pub fn name(&self) -> &'static str {
+                match self { $( Request::$name(_) => stringify!($name), )* }
+            }
+
+            /// The op's flags.
+            pub fn flags(&self) -> u8 {
+                match self { $( Request::$name(_) => $flags, )* }
+            }
+        }
+
+        /// Every op, in opcode order.
+        pub const OPS: &[OpSpec] = &[ $(
+            OpSpec {
+                name: stringify!($name),
+                opcode: $op,
+                request: <$name as Message>::FIELDS,
+                reply_name: <$reply as Message>::NAME,
+                reply: <$reply as Message>::FIELDS,
+                flags: $flags,
+                used_by: $used,
+            },
+        )* ];
+    };
+}
+
+wire_structs! {
+    /// Reply without fields.
+    pub struct Empty {}
+    /// Handshake reply.
+    pub struct HelloReply {
+        /// Protocol version the server speaks (equal to the client's on success).
+        pub protocol_version: u32,
+        /// Session number, unique for the daemon's lifetime.
+        pub session_id: u64,
+        /// Name of the tenant (VM) the transport identified.
+        pub tenant: String,
+        /// vgpud version.
+        pub server_version: String,
+        /// Largest payload the server accepts.
+        pub max_payload: u32,
+    }
+    /// A count.
+    pub struct Count { pub count: u32 }
+    /// A size in bytes.
+    pub struct Bytes { pub bytes: u64 }
+    /// A 32-bit value.
+    pub struct Value { pub value: i32 }
+    /// A handle (context, stream, event, module or function).
+    pub struct Handle { pub handle: u64 }
+    /// A device pointer.
+    pub struct Ptr { pub ptr: u64 }
+    /// A pitched allocation.
+    pub struct Pitched { pub ptr: u64, pub pitch: u64 }
+    /// A device address range.
+    pub struct Range { pub base: u64, pub size: u64 }
+    /// Memory of the tenant's slice.
+    pub struct MemInfo { pub free: u64, pub total: u64 }
+    /// Primary context state.
+    pub struct PrimaryState { pub flags: u32, pub active: u32 }
+    /// Milliseconds between two events.
+    pub struct Elapsed { pub ms: f32 }
+    /// Device properties as the tenant sees them.
+    pub struct DeviceProperties {
+        pub name: String,
+        pub uuid: [u8; 16],
+        /// The tenant's memory slice, in bytes.
+        pub total_mem: u64,
+        /// `CUdevice_attribute` values indexed by attribute number (0 where unknown).
+        pub attributes: Vec<i32>,
+    }
+    /// A kernel function handle and its parameter layout.
+    pub struct Function {
+        pub function: u64,
+        /// Byte offset of each parameter in the packed parameter buffer.
+        pub param_offsets: Vec<u32>,
+        /// Size in bytes of each parameter.
+        pub param_sizes: Vec<u32>,
+    }
+    /// A JSON document.
+    pub struct Json { pub json: String }
+}
+
+ops! {
+    /// First request of every session: the client's protocol and identity.
+    Hello = 0x0001 => HelloReply, 0, "cuInit" {
+        protocol_version: u32,
+        /// Process id in the guest (informational).
+        pid: u32,
+        shim_version: String,
+        /// Process name in the guest (informational).
+        process_name: String,
+    }
+    /// Orderly end of the session; the server closes the connection.
+    Goodbye = 0x0002 => Empty, ASYNC_OK, "process exit" {}
+    /// Round trip without side effects.
+    Ping = 0x0003 => Empty, 0, "vgpu-bench" {}
+
+    /// Number of devices the tenant sees.
+    DeviceGetCount = 0x0101 => Count, 0, "cuDeviceGetCount" {}
+    /// Static properties of a device (cached by the shim).
+    DeviceGetProperties = 0x0102 => DeviceProperties, 0, "cuInit, cuDeviceGetName, cuDeviceGetUuid, cuDeviceGetAttribute" {
+        device: u32,
+    }
+    /// The tenant's memory slice (live; changes when an operator resizes it).
+    DeviceTotalMem = 0x0103 => Bytes, 0, "cuDeviceTotalMem_v2" { device: u32 }
+
+    /// Creates a context.
+    CtxCreate = 0x0201 => Handle, 0, "cuCtxCreate_v2" { device: u32, flags: u32 }
+    /// Destroys a context and everything allocated in it.
+    CtxDestroy = 0x0202 => Empty, 0, "cuCtxDestroy_v2" { ctx: u64 }
+    /// Waits for all work of a context.
+    CtxSynchronize = 0x0203 => Empty, 0, "cuCtxSynchronize" { ctx: u64 }
+    /// Retains the device's primary context.
+    PrimaryCtxRetain = 0x0204 => Handle, 0, "cuDevicePrimaryCtxRetain" { device: u32 }
+    /// Releases the primary context.
+    PrimaryCtxRelease = 0x0205 => Empty, 0, "cuDevicePrimaryCtxRelease_v2" { device: u32 }
+    /// Destroys the primary context's resources.
+    PrimaryCtxReset = 0x0206 => Empty, 0, "cuDevicePrimaryCtxReset_v2" { device: u32 }
+    /// Primary context flags and whether it is active.
+    PrimaryCtxGetState = 0x0207 => PrimaryState, 0, "cuDevicePrimaryCtxGetState" { device: u32 }
+    /// Sets primary context flags.
+    PrimaryCtxSetFlags = 0x0208 => Empty, 0, "cuDevicePrimaryCtxSetFlags_v2" { device: u32, flags: u32 }
+
+    /// Allocates device memory, charged to the tenant's slice.
+    MemAlloc = 0x0301 => Ptr, 0, "cuMemAlloc_v2" { ctx: u64, size: u64 }
+    /// Allocates pitched device memory, charged to the slice.
+    MemAllocPitch = 0x0302 => Pitched, 0, "cuMemAllocPitch_v2" {
+        ctx: u64, width: u64, height: u64, elem_size: u32,
+    }
+    /// Frees device memory (waits for the context's pending work first).
+    MemFree = 0x0303 => Empty, 0, "cuMemFree_v2" { ctx: u64, ptr: u64 }
+    /// Free and total memory of the tenant's slice.
+    MemGetInfo = 0x0304 => MemInfo, 0, "cuMemGetInfo_v2" { ctx: u64 }
+    /// Base and size of the allocation containing a pointer.
+    MemGetAddressRange = 0x0305 => Range, 0, "cuMemGetAddressRange_v2" { ctx: u64, ptr: u64 }
+    /// Host to device copy; the data is the bulk tail (at most MAX_BULK_CHUNK bytes).
+    MemcpyHtoD = 0x0306 => Empty, ASYNC_OK | REQ_TAIL, "cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuMemcpy" {
+        ctx: u64, stream: u64, dst: u64,
+    }
+    /// Device to host copy; the reply's bulk tail holds `len` bytes (at most MAX_BULK_CHUNK).
+    MemcpyDtoH = 0x0307 => Empty, REPLY_TAIL, "cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpy" {
+        ctx: u64, stream: u64, src: u64, len: u64,
+    }
+    /// Device to device copy.
+    MemcpyDtoD = 0x0308 => Empty, ASYNC_OK, "cuMemcpyDtoD_v2, cuMemcpyDtoDAsync_v2, cuMemcpy" {
+        ctx: u64, stream: u64, dst: u64, src: u64, len: u64,
+    }
+    /// Fills `count` elements of `elem_size` (1, 2 or 4) bytes with `value`.
+    Memset = 0x0309 => Empty, ASYNC_OK, "cuMemsetD8_v2, cuMemsetD16_v2, cuMemsetD32_v2 and their Async forms" {
+        ctx: u64, stream: u64, dst: u64, value: u32, elem_size: u32, count: u64,
+    }
+
+    /// Creates a stream.
+    StreamCreate = 0x0401 => Handle, 0, "cuStreamCreate, cuStreamCreateWithPriority" {
+        ctx: u64, flags: u32, priority: i32,
+    }
+    /// Destroys a stream (its pending work still completes).
+    StreamDestroy = 0x0402 => Empty, 0, "cuStreamDestroy_v2" { ctx: u64, stream: u64 }
+    /// Waits for the stream's work.
+    StreamSynchronize = 0x0403 => Empty, 0, "cuStreamSynchronize" { ctx: u64, stream: u64 }
+    /// CUDA_SUCCESS when the stream's work is done, CUDA_ERROR_NOT_READY otherwise.
+    StreamQuery = 0x0404 => Empty, 0, "cuStreamQuery" { ctx: u64, stream: u64 }
+    /// Makes later work on the stream wait for an event.
+    StreamWaitEvent = 0x0405 => Empty, ASYNC_OK, "cuStreamWaitEvent" {
+        ctx: u64, stream: u64, event: u64, flags: u32,
+    }
+
+    /// Creates an event.
+    EventCreate = 0x0501 => Handle, 0, "cuEventCreate" { ctx: u64, flags: u32 }
+    /// Destroys an event.
+    EventDestroy = 0x0502 => Empty, 0, "cuEventDestroy_v2" { ctx: u64, event: u64 }
+    /// Records an event on a stream.
+    EventRecord = 0x0503 => Empty, ASYNC_OK, "cuEventRecord" { ctx: u64, stream: u64, event: u64 }
+    /// CUDA_SUCCESS when the event's work is done, CUDA_ERROR_NOT_READY otherwise.
+    EventQuery = 0x0504 => Empty, 0, "cuEventQuery" { ctx: u64, event: u64 }
+    /// Waits for an event.
+    EventSynchronize = 0x0505 => Empty, 0, "cuEventSynchronize" { ctx: u64, event: u64 }
+    /// Milliseconds between two completed events.
+    EventElapsedTime = 0x0506 => Elapsed, 0, "cuEventElapsedTime" { ctx: u64, start: u64, end: u64 }
+
+    /// Loads a module; the image (PTX text, NUL excluded) is the bulk tail.
+    ModuleLoad = 0x0601 => Handle, REQ_TAIL, "cuModuleLoadData, cuModuleLoadDataEx, cuLibraryLoadData" { ctx: u64 }
+    /// Unloads a module and frees its globals.
+    ModuleUnload = 0x0602 => Empty, 0, "cuModuleUnload, cuLibraryUnload" { ctx: u64, module: u64 }
+    /// Looks up a kernel.
+    ModuleGetFunction = 0x0603 => Function, 0, "cuModuleGetFunction, cuLibraryGetKernel" {
+        ctx: u64, module: u64, name: String,
+    }
+    /// Looks up a module global (`__device__` or `__constant__`).
+    ModuleGetGlobal = 0x0604 => Range, 0, "cuModuleGetGlobal_v2" { ctx: u64, module: u64, name: String }
+    /// Launches a kernel; the packed parameter buffer is the bulk tail.
+    LaunchKernel = 0x0605 => Empty, ASYNC_OK | REQ_TAIL, "cuLaunchKernel, cuLaunchKernelEx" {
+        ctx: u64, stream: u64, function: u64,
+        grid_x: u32, grid_y: u32, grid_z: u32,
+        block_x: u32, block_y: u32, block_z: u32,
+        shared_bytes: u32,
+    }
+    /// A `CUfunction_attribute` of a kernel.
+    FuncGetAttribute = 0x0606 => Value, 0, "cuFuncGetAttribute" { ctx: u64, function: u64, attribute: i32 }
+    /// Sets a `CUfunction_attribute` of a kernel.
+    FuncSetAttribute = 0x0607 => Empty, 0, "cuFuncSetAttribute" {
+        ctx: u64, function: u64, attribute: i32, value: i32,
+    }
+
+    /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).
+    TenantInfo = 0x0701 => Json, 0, "vgpu-smi" {}
+}
+
+/// Encodes a request payload (without bulk tail).
+pub fn encode<M: Message>(m: &M) -> Vec<u8> {
+    let mut v = Vec::new();
+    m.encode(&mut v);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opcodes_are_unique_and_sorted() {
+        for w in OPS.windows(2) {
+            assert!(w[0].opcode < w[1].opcode, "{} / {}", w[0].name, w[1].name);
+        }
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let m = MemAlloc { ctx: 0xc1, size: 4096 };
+        let (r, tail) = Request::decode(MemAlloc::OPCODE, &encode(&m)).unwrap();
+        assert_eq!(r, Request::MemAlloc(m));
+        assert_eq!(tail, 16);
+        assert_eq!(r.name(), "MemAlloc");
+    }
+
+    #[test]
+    fn tail_is_allowed_only_where_flagged() {
+        let mut p = encode(&MemcpyHtoD { ctx: 1, stream: 0, dst: 2 });
+        p.extend_from_slice(b"data");
+        let (_, off) = Request::decode(MemcpyHtoD::OPCODE, &p).unwrap();
+        assert_eq!(&p[off..], b"data");
+
+        let mut p = encode(&MemAlloc { ctx: 1, size: 2 });
+        p.push(0);
+        assert_eq!(
+            Request::decode(MemAlloc::OPCODE, &p).unwrap_err(),
+            DecodeError::TrailingBytes(1)
+        );
+    }
+
+    #[test]
+    fn truncated_and_unknown_requests_are_errors() {
+        let p = encode(&MemAlloc { ctx: 1, size: 2 });
+        assert!(matches!(
+            Request::decode(MemAlloc::OPCODE, &p[..10]),
+            Err(DecodeError::Truncated { field: "size", .. })
+        ));
+        assert_eq!(
+            Request::decode(0x7777, &p).unwrap_err(),
+            DecodeError::UnknownOpcode(0x7777)
+        );
+    }
+
+    #[test]
+    fn replies_decode_with_their_tail() {
+        let mut p = Vec::new();
+        Empty {}.encode(&mut p);
+        p.extend_from_slice(b"xyz");
+        let (_, tail) = decode_reply::<MemcpyDtoH>(&p).unwrap();
+        assert_eq!(tail, b"xyz");
+        assert!(decode_reply::<MemFree>(&p).is_err());
+    }
+
+    #[test]
+    fn catalogue_describes_fields_in_wire_order() {
+        let spec = OPS.iter().find(|o| o.name == "Memset").unwrap();
+        let names: Vec<_> = spec.request.iter().map(|f| f.name).collect();
+        assert_eq!(names, ["ctx", "stream", "dst", "value", "elem_size", "count"]);
+        assert_eq!(spec.flags, ASYNC_OK);
+    }
+}

@@ -1,0 +1,567 @@
+//! The vgpud configuration file (TOML): devices, VMs and the admin socket.
+//!
+//! Errors name `file:line` and say how to fix the entry (design.md §3).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::size::parse_size;
+
+/// Default memory of a simulated device.
+pub const DEFAULT_SIM_MEMORY: u64 = 8 << 30;
+/// Name of the device created when the file declares none.
+pub const DEFAULT_DEVICE_NAME: &str = "gpu0";
+/// Default compute weight of a VM.
+pub const DEFAULT_WEIGHT: u32 = 1;
+/// Largest accepted weight.
+pub const MAX_WEIGHT: u32 = 10_000;
+/// Lowest CID a guest may have (0–2 are reserved by vsock).
+pub const MIN_GUEST_CID: u64 = 3;
+
+/// A configuration error, displayed as `file:line: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line, 0 when the error has no position.
+    pub line: usize,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line > 0 {
+            write!(f, "{}:{}: {}", self.path.display(), self.line, self.message)
+        } else {
+            write!(f, "{}: {}", self.path.display(), self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// What executes a device's work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The built-in simulated GPU.
+    Sim,
+    /// A real GPU through the CUDA driver.
+    Cuda {
+        /// Device ordinal.
+        index: Option<u32>,
+        /// `GPU-…` or `MIG-…` UUID.
+        uuid: Option<String>,
+    },
+}
+
+/// A `[[device]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Unique name VMs refer to.
+    pub name: String,
+    /// Executor.
+    pub kind: DeviceKind,
+    /// Simulated device memory in bytes (sim only).
+    pub memory: u64,
+    /// Worker threads of the simulated GPU (sim only; default: CPU count).
+    pub workers: Option<usize>,
+}
+
+/// Scheduling class of a VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Preempts everything else.
+    Realtime,
+    /// The default.
+    #[default]
+    Normal,
+    /// Runs when nothing else waits, with a guaranteed minimum share.
+    Batch,
+}
+
+impl Priority {
+    /// Parses `realtime`, `normal` or `batch`.
+    pub fn parse(s: &str) -> Option<Priority> {
+        match s {
+            "realtime" => Some(Priority::Realtime),
+            "normal" => Some(Priority::Normal),
+            "batch" => Some(Priority::Batch),
+            _ => None,
+        }
+    }
+
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Realtime => "realtime",
+            Priority::Normal => "normal",
+            Priority::Batch => "batch",
+        }
+    }
+}
+
+/// A `[[vm]]` entry: a tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Unique name.
+    pub name: String,
+    /// Name of its device.
+    pub device: String,
+    /// Memory slice in bytes (hard limit).
+    pub memory: u64,
+    /// Compute weight.
+    pub weight: u32,
+    /// Scheduling class.
+    pub priority: Priority,
+    /// Host-side unix socket listener.
+    pub unix_socket: Option<PathBuf>,
+    /// vhost-user socket for the VMM.
+    pub vhost_user_socket: Option<PathBuf>,
+    /// Guest CID (with `vhost_user_socket`).
+    pub guest_cid: Option<u64>,
+}
+
+/// The `[admin]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// REST/JSON admin socket.
+    pub socket: Option<PathBuf>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// `[admin]`.
+    pub admin: AdminConfig,
+    /// `[[device]]` entries (at least one).
+    pub devices: Vec<DeviceConfig>,
+    /// `[[vm]]` entries.
+    pub vms: Vec<VmConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSize {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    admin: Option<RawAdmin>,
+    #[serde(default)]
+    device: Vec<Spanned<RawDevice>>,
+    #[serde(default)]
+    vm: Vec<Spanned<RawVm>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    socket: Option<Spanned<PathBuf>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: Spanned<String>,
+    kind: Spanned<String>,
+    memory: Option<Spanned<RawSize>>,
+    index: Option<Spanned<u32>>,
+    uuid: Option<Spanned<String>>,
+    workers: Option<Spanned<u32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVm {
+    name: Spanned<String>,
+    device: Option<Spanned<String>>,
+    memory: Spanned<RawSize>,
+    weight: Option<Spanned<u32>>,
+    priority: Option<Spanned<String>>,
+    unix_socket: Option<Spanned<PathBuf>>,
+    vhost_user_socket: Option<Spanned<PathBuf>>,
+    guest_cid: Option<Spanned<u64>>,
+}
+
+struct Ctx<'a> {
+    path: &'a Path,
+    src: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            path: self.path.to_path_buf(),
+            line: line_of(self.src, span.start),
+            message: message.into(),
+        }
+    }
+
+    fn size(&self, v: &Spanned<RawSize>, what: &str) -> Result<u64, ConfigError> {
+        match v.get_ref() {
+            RawSize::Bytes(b) => Ok(*b),
+            RawSize::Text(t) => parse_size(t).map_err(|e| self.err(v.span(), format!("{what}: {e}"))),
+        }
+    }
+}
+
+fn line_of(src: &str, offset: usize) -> usize {
+    src.as_bytes()[..offset.min(src.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            path: path.to_path_buf(),
+            line: 0,
+            message: format!("cannot read the config file: {e}"),
+        })?;
+        Config::parse(path, &src)
+    }
+
+    /// Validates config text; `path` is used in messages.
+    pub fn parse(path: &Path, src: &str) -> Result<Config, ConfigError> {
+        let cx = Ctx { path, src };
+        let raw: RawConfig = toml::from_str(src).map_err(|e| ConfigError {
+            path: path.to_path_buf(),
+            line: e.span().map(|s| line_of(src, s.start)).unwrap_or(0),
+            message: e.message().trim().to_string(),
+        })?;
+
+        let admin = AdminConfig {
+            socket: raw
+                .admin
+                .and_then(|a| a.socket)
+                .map(|s| s.into_inner()),
+        };
+
+        let mut devices = Vec::new();
+        let mut names = HashSet::new();
+        for d in &raw.device {
+            devices.push(parse_device(&cx, d, &mut names)?);
+        }
+        if devices.is_empty() {
+            devices.push(DeviceConfig {
+                name: DEFAULT_DEVICE_NAME.to_string(),
+                kind: DeviceKind::Sim,
+                memory: DEFAULT_SIM_MEMORY,
+                workers: None,
+            });
+        }
+
+        let mut vms = Vec::new();
+        let mut vm_names = HashSet::new();
+        let mut cids = HashMap::new();
+        let mut sockets = HashSet::new();
+        if let Some(s) = &admin.socket {
+            sockets.insert(s.clone());
+        }
+        for v in &raw.vm {
+            let vm = parse_vm(&cx, v, &devices)?;
+            if !vm_names.insert(vm.name.clone()) {
+                return Err(cx.err(
+                    v.get_ref().name.span(),
+                    format!("a VM named `{}` is already defined; VM names must be unique", vm.name),
+                ));
+            }
+            if let Some(cid) = vm.guest_cid {
+                if let Some(other) = cids.insert(cid, vm.name.clone()) {
+                    let span = v.get_ref().guest_cid.as_ref().map_or(v.span(), |c| c.span());
+                    return Err(cx.err(span, format!("guest_cid {cid} is already used by VM `{other}`; every VM needs its own CID")));
+                }
+            }
+            for (p, span) in [
+                (&vm.unix_socket, v.get_ref().unix_socket.as_ref().map(|s| s.span())),
+                (&vm.vhost_user_socket, v.get_ref().vhost_user_socket.as_ref().map(|s| s.span())),
+            ] {
+                if let Some(p) = p {
+                    if !sockets.insert(p.clone()) {
+                        return Err(cx.err(
+                            span.unwrap_or(v.span()),
+                            format!("socket path {} is used twice; give each listener its own path", p.display()),
+                        ));
+                    }
+                }
+            }
+            vms.push(vm);
+        }
+
+        Ok(Config {
+            path: path.to_path_buf(),
+            admin,
+            devices,
+            vms,
+        })
+    }
+}
+
+fn parse_device(
+    cx: &Ctx<'_>,
+    d: &Spanned<RawDevice>,
+    names: &mut HashSet<String>,
+) -> Result<DeviceConfig, ConfigError> {
+    let r = d.get_ref();
+    let name = r.name.get_ref().clone();
+    if !valid_name(&name) {
+        return Err(cx.err(r.name.span(), format!("device name `{name}` is invalid: use 1-64 letters, digits, '-', '_' or '.'")));
+    }
+    if !names.insert(name.clone()) {
+        return Err(cx.err(r.name.span(), format!("a device named `{name}` is already defined; device names must be unique")));
+    }
+    let kind = match r.kind.get_ref().as_str() {
+        "sim" => {
+            if let Some(i) = &r.index {
+                return Err(cx.err(i.span(), "`index` applies to kind = \"cuda\" only; remove it"));
+            }
+            if let Some(u) = &r.uuid {
+                return Err(cx.err(u.span(), "`uuid` applies to kind = \"cuda\" only; remove it"));
+            }
+            DeviceKind::Sim
+        }
+        "cuda" => {
+            if let Some(m) = &r.memory {
+                return Err(cx.err(m.span(), "`memory` applies to kind = \"sim\" only: a real GPU has the memory it has; remove it"));
+            }
+            if let Some(w) = &r.workers {
+                return Err(cx.err(w.span(), "`workers` applies to kind = \"sim\" only; remove it"));
+            }
+            if r.index.is_some() && r.uuid.is_some() {
+                return Err(cx.err(d.span(), "give either `index` or `uuid` for a cuda device, not both"));
+            }
+            if let Some(u) = &r.uuid {
+                let s = u.get_ref();
+                if !(s.starts_with("GPU-") || s.starts_with("MIG-")) {
+                    return Err(cx.err(u.span(), format!("uuid `{s}` must start with GPU- or MIG- (as nvidia-smi -L prints it)")));
+                }
+            }
+            DeviceKind::Cuda {
+                index: r.index.as_ref().map(|i| *i.get_ref()),
+                uuid: r.uuid.as_ref().map(|u| u.get_ref().clone()),
+            }
+        }
+        other => {
+            return Err(cx.err(r.kind.span(), format!("unknown device kind `{other}`: use \"sim\" (simulated GPU) or \"cuda\" (real GPU)")));
+        }
+    };
+    let memory = match &r.memory {
+        Some(m) => {
+            let b = cx.size(m, "memory")?;
+            if b == 0 {
+                return Err(cx.err(m.span(), "memory must be larger than 0"));
+            }
+            b
+        }
+        None => DEFAULT_SIM_MEMORY,
+    };
+    let workers = match &r.workers {
+        Some(w) if *w.get_ref() == 0 || *w.get_ref() > 1024 => {
+            return Err(cx.err(w.span(), "workers must be between 1 and 1024"));
+        }
+        Some(w) => Some(*w.get_ref() as usize),
+        None => None,
+    };
+    Ok(DeviceConfig {
+        name,
+        kind,
+        memory,
+        workers,
+    })
+}
+
+fn parse_vm(
+    cx: &Ctx<'_>,
+    v: &Spanned<RawVm>,
+    devices: &[DeviceConfig],
+) -> Result<VmConfig, ConfigError> {
+    let r = v.get_ref();
+    let name = r.name.get_ref().clone();
+    if !valid_name(&name) {
+        return Err(cx.err(r.name.span(), format!("VM name `{name}` is invalid: use 1-64 letters, digits, '-', '_' or '.'")));
+    }
+    let device = match &r.device {
+        Some(d) => {
+            let dn = d.get_ref();
+            if !devices.iter().any(|x| &x.name == dn) {
+                let known: Vec<_> = devices.iter().map(|x| x.name.as_str()).collect();
+                return Err(cx.err(d.span(), format!("VM `{name}` names device `{dn}`, which is not defined; defined devices: {}", known.join(", "))));
+            }
+            dn.clone()
+        }
+        None if devices.len() == 1 => devices[0].name.clone(),
+        None => {
+            return Err(cx.err(v.span(), format!("VM `{name}` needs `device = \"…\"`: there are {} devices", devices.len())));
+        }
+    };
+    let memory = cx.size(&r.memory, "memory")?;
+    if memory == 0 {
+        return Err(cx.err(r.memory.span(), "the memory slice must be larger than 0"));
+    }
+    let weight = match &r.weight {
+        Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => {
+            return Err(cx.err(w.span(), format!("weight must be between 1 and {MAX_WEIGHT}")));
+        }
+        Some(w) => *w.get_ref(),
+        None => DEFAULT_WEIGHT,
+    };
+    let priority = match &r.priority {
+        Some(p) => Priority::parse(p.get_ref()).ok_or_else(|| {
+            cx.err(p.span(), format!("unknown priority `{}`: use \"realtime\", \"normal\" or \"batch\"", p.get_ref()))
+        })?,
+        None => Priority::Normal,
+    };
+    let guest_cid = r.guest_cid.as_ref().map(|c| *c.get_ref());
+    if let Some(c) = &r.guest_cid {
+        if *c.get_ref() < MIN_GUEST_CID || *c.get_ref() > u64::from(u32::MAX) - 1 {
+            return Err(cx.err(c.span(), format!("guest_cid must be between {MIN_GUEST_CID} and {} (0-2 are reserved)", u32::MAX - 1)));
+        }
+    }
+    match (&r.vhost_user_socket, &r.guest_cid) {
+        (Some(s), None) => {
+            return Err(cx.err(s.span(), format!("VM `{name}` has vhost_user_socket but no guest_cid: add `guest_cid = N` (N >= 3, unique per VM)")));
+        }
+        (None, Some(c)) => {
+            return Err(cx.err(c.span(), "guest_cid is used only with vhost_user_socket; add the socket or remove the CID"));
+        }
+        _ => {}
+    }
+    Ok(VmConfig {
+        name,
+        device,
+        memory,
+        weight,
+        priority,
+        unix_socket: r.unix_socket.as_ref().map(|s| s.get_ref().clone()),
+        vhost_user_socket: r.vhost_user_socket.as_ref().map(|s| s.get_ref().clone()),
+        guest_cid,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(src: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("vgpu.toml"), src)
+    }
+
+    fn err(src: &str) -> String {
+        parse(src).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_design_example_parses() {
+        let c = parse(
+            r#"
+[admin]
+socket = "/run/vgpu/admin.sock"
+
+[[device]]
+name = "gpu0"
+kind = "sim"
+memory = "8GiB"
+
+[[vm]]
+name = "vm1"
+device = "gpu0"
+memory = "2GiB"
+weight = 1
+priority = "normal"
+unix_socket = "/run/vgpu/vm1.sock"
+vhost_user_socket = "/run/vgpu/vm1.vhost.sock"
+guest_cid = 3
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.admin.socket.as_deref(), Some(Path::new("/run/vgpu/admin.sock")));
+        assert_eq!(c.devices[0].memory, 8 << 30);
+        let vm = &c.vms[0];
+        assert_eq!((vm.memory, vm.weight, vm.guest_cid), (2 << 30, 1, Some(3)));
+        assert_eq!(vm.priority, Priority::Normal);
+    }
+
+    #[test]
+    fn a_file_without_devices_gets_a_simulated_gpu() {
+        let c = parse("[[vm]]\nname = \"a\"\nmemory = 1048576\n").unwrap();
+        assert_eq!(c.devices[0].kind, DeviceKind::Sim);
+        assert_eq!(c.vms[0].device, DEFAULT_DEVICE_NAME);
+        assert_eq!(c.vms[0].memory, 1 << 20);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_fix() {
+        let e = err("[[vm]]\nname = \"a\"\nmemory = \"2GB\"\n");
+        assert!(e.starts_with("vgpu.toml:3: memory: `2GB` is not a size"), "{e}");
+
+        let e = err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\ndevice = \"nope\"\n");
+        assert!(e.starts_with("vgpu.toml:4:") && e.contains("defined devices: gpu0"), "{e}");
+
+        let e = err("[[device]]\nname = \"g\"\nkind = \"tpu\"\n");
+        assert!(e.starts_with("vgpu.toml:3:") && e.contains("use \"sim\""), "{e}");
+
+        let e = err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\nwieght = 3\n");
+        assert!(e.starts_with("vgpu.toml:") && e.contains("wieght"), "{e}");
+
+        let e = err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\npriority = \"urgent\"\n");
+        assert!(e.starts_with("vgpu.toml:4:") && e.contains("realtime"), "{e}");
+    }
+
+    #[test]
+    fn duplicates_and_conflicts_are_refused() {
+        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\n[[vm]]\nname = \"a\"\nmemory = 1\n");
+        assert!(e.starts_with("vgpu.toml:5:") && e.contains("unique"), "{e}");
+
+        let e = err(
+            "[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\nguest_cid = 3\n\
+             [[vm]]\nname = \"b\"\nmemory = 1\nvhost_user_socket = \"/b\"\nguest_cid = 3\n",
+        );
+        assert!(e.contains("guest_cid 3 is already used by VM `a`"), "{e}");
+
+        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\nunix_socket = \"/s\"\n[[vm]]\nname = \"b\"\nmemory = 1\nunix_socket = \"/s\"\n");
+        assert!(e.starts_with("vgpu.toml:8:") && e.contains("used twice"), "{e}");
+
+        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\n");
+        assert!(e.contains("no guest_cid"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        assert!(err("[[vm]]\nname = \"a\"\nmemory = 0\n").contains("larger than 0"));
+        assert!(err("[[vm]]\nname = \"a\"\nmemory = 1\nweight = 0\n").contains("weight must be"));
+        assert!(err("[[vm]]\nname = \"a b\"\nmemory = 1\n").contains("invalid"));
+        assert!(
+            err("[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\nguest_cid = 2\n")
+                .contains("reserved")
+        );
+        assert!(err("[[device]]\nname = \"g\"\nkind = \"cuda\"\nmemory = \"1GiB\"\n").contains("sim\" only"));
+    }
+
+    #[test]
+    fn toml_syntax_errors_have_a_line() {
+        let e = parse("[[vm]\nname = 1\n").unwrap_err();
+        assert_eq!(e.line, 1, "{e}");
+    }
+}

@@ -1,0 +1,291 @@
+//! The executor seam: a [`Device`] runs tenants' work, each tenant (VM) in its
+//! own [`DeviceContext`]. The simulated GPU (`devices/sim`) and the real GPU
+//! (`devices/cuda`) implement these traits; the broker validates every
+//! pointer and charges every byte before it calls them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use thiserror::Error;
+use vgpu_proto::cuda::{self, CuResult};
+
+use crate::error::CuError;
+
+/// Static description of a device.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// Marketing name (`cuDeviceGetName`).
+    pub name: String,
+    /// `sim` or `cuda`.
+    pub kind: &'static str,
+    /// UUID (`cuDeviceGetUuid`).
+    pub uuid: [u8; 16],
+    /// Device memory in bytes.
+    pub total_memory: u64,
+    /// Allocation granularity: every allocation is charged rounded up to this.
+    pub alloc_granularity: u64,
+    /// `CUdevice_attribute` values, indexed by attribute number.
+    pub attributes: Vec<i32>,
+}
+
+impl DeviceInfo {
+    /// An attribute value (0 when unknown).
+    pub fn attribute(&self, attr: usize) -> i32 {
+        self.attributes.get(attr).copied().unwrap_or(0)
+    }
+}
+
+/// Why a device operation failed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DeviceError {
+    /// The device itself has no room left (all slices together over-commit it).
+    #[error("device memory is exhausted")]
+    OutOfMemory,
+    /// An address outside the context's allocations (the broker checks first; this is defence in depth).
+    #[error("address range {addr:#x}+{len} is not inside a live allocation")]
+    InvalidAddress {
+        /// Start of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+    },
+    /// The operation is not implemented by this device.
+    #[error("{0}")]
+    NotSupported(String),
+    /// A module image the device cannot load.
+    #[error("{message}")]
+    InvalidImage {
+        /// `CUDA_ERROR_INVALID_PTX`, `CUDA_ERROR_INVALID_IMAGE`, `CUDA_ERROR_NOT_SUPPORTED`, …
+        code: CuResult,
+        /// What was wrong, with the line where there is one.
+        message: String,
+    },
+    /// A kernel faulted (illegal address, trap, timeout, …).
+    #[error("{message}")]
+    Fault {
+        /// The sticky `CUresult`.
+        code: CuResult,
+        /// Kernel, address and line.
+        message: String,
+    },
+    /// A launch the device refuses (bad dimensions, too much shared memory, wrong parameter size).
+    #[error("{message}")]
+    InvalidLaunch {
+        /// `CUDA_ERROR_INVALID_VALUE` or `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
+        code: CuResult,
+        /// Why.
+        message: String,
+    },
+    /// A driver call failed (real GPU).
+    #[error("{call} failed with {}", cuda::result_name(*code).unwrap_or("an unknown CUresult"))]
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// Its result.
+        code: CuResult,
+    },
+}
+
+impl DeviceError {
+    /// The `CUresult` a guest sees for this error.
+    pub fn cu_result(&self) -> CuResult {
+        match self {
+            DeviceError::OutOfMemory => cuda::CUDA_ERROR_OUT_OF_MEMORY,
+            DeviceError::InvalidAddress { .. } => cuda::CUDA_ERROR_INVALID_VALUE,
+            DeviceError::NotSupported(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
+            DeviceError::InvalidImage { code, .. }
+            | DeviceError::Fault { code, .. }
+            | DeviceError::InvalidLaunch { code, .. }
+            | DeviceError::Driver { code, .. } => *code,
+        }
+    }
+}
+
+impl From<DeviceError> for CuError {
+    fn from(e: DeviceError) -> CuError {
+        CuError::new(e.cu_result(), e.to_string())
+    }
+}
+
+/// A device: creates one context per tenant.
+pub trait Device: Send + Sync {
+    /// Static description.
+    fn info(&self) -> &DeviceInfo;
+    /// Opens the context of tenant `tenant` (one per VM; sessions of the VM share it).
+    fn open(&self, tenant: &str) -> Result<Arc<dyn DeviceContext>, DeviceError>;
+    /// Bytes of device memory allocated by all contexts.
+    fn memory_used(&self) -> u64;
+}
+
+/// Grid and block of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchDims {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+}
+
+/// A kernel's parameter layout and attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelDesc {
+    /// Entry name.
+    pub name: String,
+    /// Byte offset of each parameter in the packed buffer.
+    pub param_offsets: Vec<u32>,
+    /// Size of each parameter.
+    pub param_sizes: Vec<u32>,
+    /// `CUfunction_attribute` values indexed by attribute number.
+    pub attributes: Vec<i32>,
+}
+
+/// A module global (`__device__` or `__constant__` variable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalDesc {
+    /// Symbol name.
+    pub name: String,
+    /// Device address.
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// A loaded module. Dropping it unloads it and frees its globals.
+pub trait DeviceModule: Send + Sync {
+    /// The kernels.
+    fn kernels(&self) -> &[KernelDesc];
+    /// The globals, with the addresses the device gave them.
+    fn globals(&self) -> &[GlobalDesc];
+    /// Bytes of device memory the globals take (charged to the tenant).
+    fn global_bytes(&self) -> u64 {
+        self.globals().iter().map(|g| g.size).sum()
+    }
+}
+
+/// How a running launch is steered: preemption between thread blocks,
+/// cancellation when its session ends, and a watchdog deadline.
+#[derive(Debug, Default)]
+pub struct RunControl {
+    yield_requested: AtomicBool,
+    cancelled: AtomicBool,
+    /// The launch fails with `CUDA_ERROR_LAUNCH_TIMEOUT` past this instant.
+    pub deadline: Option<Instant>,
+}
+
+impl RunControl {
+    /// A control with a watchdog deadline.
+    pub fn with_deadline(deadline: Option<Instant>) -> Self {
+        Self {
+            deadline,
+            ..Self::default()
+        }
+    }
+    /// Asks the launch to stop at the next preemption point.
+    pub fn request_yield(&self) {
+        self.yield_requested.store(true, Ordering::Release);
+    }
+    /// Clears a yield request (before resuming).
+    pub fn clear_yield(&self) {
+        self.yield_requested.store(false, Ordering::Release);
+    }
+    /// Whether a yield was requested.
+    pub fn yield_requested(&self) -> bool {
+        self.yield_requested.load(Ordering::Acquire)
+    }
+    /// Cancels the launch (its session ended).
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+    /// Whether the launch was cancelled.
+    pub fn cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+}
+
+/// How far a launch got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchProgress {
+    /// Every block ran.
+    Completed,
+    /// Stopped at a preemption point; resume from `next_block`.
+    Yielded {
+        /// First block not yet run.
+        next_block: u64,
+    },
+}
+
+/// One tenant's view of a device. Addresses passed in were validated by the
+/// broker against the tenant's allocations; implementations still refuse
+/// addresses they do not know instead of touching them.
+pub trait DeviceContext: Send + Sync {
+    /// Allocates `size` bytes (the broker already charged the slice).
+    fn alloc(&self, size: u64) -> Result<u64, DeviceError>;
+    /// Frees an allocation made by `alloc`.
+    fn free(&self, ptr: u64) -> Result<(), DeviceError>;
+    /// Host to device.
+    fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError>;
+    /// Device to host.
+    fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError>;
+    /// Device to device (overlapping ranges behave like memmove).
+    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError>;
+    /// Fills `count` elements of `elem_size` (1, 2 or 4) bytes with the low bytes of `value`.
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError>;
+    /// Loads a module image, refusing it with `OutOfMemory` when its globals need more than `budget` bytes.
+    fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+        let _ = (image, budget);
+        Err(DeviceError::NotSupported(
+            "this device does not run kernels".into(),
+        ))
+    }
+    /// Runs kernel `kernel` of `module` from block `start_block` until it completes, faults or yields.
+    fn launch(
+        &self,
+        module: &dyn DeviceModule,
+        kernel: usize,
+        dims: &LaunchDims,
+        params: &[u8],
+        start_block: u64,
+        control: &RunControl,
+    ) -> Result<LaunchProgress, DeviceError> {
+        let _ = (module, kernel, dims, params, start_block, control);
+        Err(DeviceError::NotSupported(
+            "this device does not run kernels".into(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_errors_map_to_cuda_codes() {
+        assert_eq!(DeviceError::OutOfMemory.cu_result(), cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        let e = DeviceError::Fault {
+            code: cuda::CUDA_ERROR_ILLEGAL_ADDRESS,
+            message: "kernel k: load from 0x10".into(),
+        };
+        let cu: CuError = e.into();
+        assert_eq!(cu.code, 700);
+        assert!(cu.message.contains("0x10"));
+        let d = DeviceError::Driver {
+            call: "cuMemAlloc_v2",
+            code: 2,
+        };
+        assert_eq!(d.to_string(), "cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY");
+    }
+
+    #[test]
+    fn run_control_flags() {
+        let c = RunControl::default();
+        assert!(!c.yield_requested() && !c.cancelled());
+        c.request_yield();
+        c.cancel();
+        assert!(c.yield_requested() && c.cancelled());
+        c.clear_yield();
+        assert!(!c.yield_requested());
+    }
+}

@@ -1,0 +1,202 @@
+//! Per-session handle tables. A handle is what the guest holds as a
+//! `CUcontext`, `CUstream`, `CUevent`, `CUmodule` or `CUfunction`:
+//!
+//! ```text
+//! bits 63..56  kind tag (never 0, so no handle is NULL or a small integer)
+//! bits 55..32  generation of the slot (a stale handle never matches a reused slot)
+//! bits 31..0   slot index
+//! ```
+//!
+//! Handles are only meaningful within their session: a guest cannot name
+//! another session's (or tenant's) objects, and a forged or stale value is
+//! refused.
+
+/// What a handle names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum HandleKind {
+    /// `CUcontext`.
+    Context = 0xC1,
+    /// `CUstream`.
+    Stream = 0x51,
+    /// `CUevent`.
+    Event = 0xE1,
+    /// `CUmodule`.
+    Module = 0x3D,
+    /// `CUfunction`.
+    Function = 0xF1,
+}
+
+const INDEX_BITS: u32 = 32;
+const GEN_MASK: u64 = 0x00FF_FFFF;
+const KIND_SHIFT: u32 = 56;
+
+/// Largest number of live entries in one table; a flood of creations past it
+/// gets `CUDA_ERROR_OUT_OF_MEMORY` instead of growing the daemon.
+pub const MAX_ENTRIES: usize = 1 << 16;
+
+struct Slot<T> {
+    generation: u32,
+    value: Option<T>,
+}
+
+/// A table of objects of one kind, addressed by handles.
+pub struct HandleTable<T> {
+    kind: HandleKind,
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl<T> std::fmt::Debug for HandleTable<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandleTable")
+            .field("kind", &self.kind)
+            .field("live", &self.live)
+            .finish()
+    }
+}
+
+impl<T> HandleTable<T> {
+    /// An empty table for `kind` handles.
+    pub fn new(kind: HandleKind) -> Self {
+        Self {
+            kind,
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
+    }
+
+    fn encode(&self, index: u32, generation: u32) -> u64 {
+        ((self.kind as u64) << KIND_SHIFT)
+            | ((u64::from(generation) & GEN_MASK) << INDEX_BITS)
+            | u64::from(index)
+    }
+
+    fn decode(&self, handle: u64) -> Option<(usize, u32)> {
+        if (handle >> KIND_SHIFT) as u8 != self.kind as u8 {
+            return None;
+        }
+        let generation = ((handle >> INDEX_BITS) & GEN_MASK) as u32;
+        let index = (handle & 0xFFFF_FFFF) as usize;
+        let slot = self.slots.get(index)?;
+        (slot.generation == generation && slot.value.is_some()).then_some((index, generation))
+    }
+
+    /// Inserts a value; `None` when the table is full.
+    pub fn insert(&mut self, value: T) -> Option<u64> {
+        if self.live >= MAX_ENTRIES {
+            return None;
+        }
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    value: None,
+                });
+                u32::try_from(self.slots.len() - 1).ok()?
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.generation = (slot.generation + 1) & GEN_MASK as u32;
+        slot.value = Some(value);
+        let generation = slot.generation;
+        self.live += 1;
+        Some(self.encode(index, generation))
+    }
+
+    /// The value a handle names.
+    pub fn get(&self, handle: u64) -> Option<&T> {
+        let (i, _) = self.decode(handle)?;
+        self.slots[i].value.as_ref()
+    }
+
+    /// The value a handle names, mutably.
+    pub fn get_mut(&mut self, handle: u64) -> Option<&mut T> {
+        let (i, _) = self.decode(handle)?;
+        self.slots[i].value.as_mut()
+    }
+
+    /// Removes and returns the value a handle names.
+    pub fn remove(&mut self, handle: u64) -> Option<T> {
+        let (i, _) = self.decode(handle)?;
+        let v = self.slots[i].value.take();
+        self.free.push(i as u32);
+        self.live -= 1;
+        v
+    }
+
+    /// Number of live entries.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Live entries with their handles.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.value
+                .as_ref()
+                .map(|v| (self.encode(i as u32, s.generation), v))
+        })
+    }
+
+    /// Handles of the live entries for which `f` holds.
+    pub fn handles_where(&self, mut f: impl FnMut(&T) -> bool) -> Vec<u64> {
+        self.iter().filter(|(_, v)| f(v)).map(|(h, _)| h).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_tagged_and_never_null() {
+        let mut t = HandleTable::new(HandleKind::Stream);
+        let h = t.insert("a").unwrap();
+        assert_ne!(h, 0);
+        assert_eq!(h >> 56, 0x51);
+        assert_eq!(t.get(h), Some(&"a"));
+    }
+
+    #[test]
+    fn stale_handles_do_not_match_a_reused_slot() {
+        let mut t = HandleTable::new(HandleKind::Event);
+        let h1 = t.insert(1).unwrap();
+        assert_eq!(t.remove(h1), Some(1));
+        let h2 = t.insert(2).unwrap();
+        assert_ne!(h1, h2);
+        assert_eq!(t.get(h1), None);
+        assert_eq!(t.remove(h1), None);
+        assert_eq!(t.get(h2), Some(&2));
+    }
+
+    #[test]
+    fn forged_handles_are_refused() {
+        let mut t = HandleTable::new(HandleKind::Context);
+        let h = t.insert(()).unwrap();
+        for forged in [0, 1, h + 1, h ^ (1 << 40), (HandleKind::Stream as u64) << 56, u64::MAX] {
+            assert!(t.get(forged).is_none(), "{forged:#x}");
+        }
+        // Same index and generation, other kind: still refused.
+        let other = HandleTable::<()>::new(HandleKind::Module);
+        assert!(other.get(h).is_none());
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let mut t = HandleTable::new(HandleKind::Event);
+        for _ in 0..MAX_ENTRIES {
+            t.insert(()).unwrap();
+        }
+        assert!(t.insert(()).is_none());
+        assert_eq!(t.len(), MAX_ENTRIES);
+    }
+}

@@ -1,0 +1,253 @@
+//! Memory slices (one per tenant) and allocation tables (one per session).
+//!
+//! The slice is the hard limit: every allocating call charges it before the
+//! device allocates, and a charge that does not fit is refused with
+//! `CUDA_ERROR_OUT_OF_MEMORY` with nothing changed. The allocation table is how
+//! the broker validates every device pointer a guest passes.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::error::CuError;
+use crate::size::Human;
+
+/// A tenant's memory slice: limit and bytes charged.
+#[derive(Debug)]
+pub struct MemorySlice {
+    state: Mutex<SliceState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SliceState {
+    limit: u64,
+    used: u64,
+}
+
+impl MemorySlice {
+    /// A slice of `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            state: Mutex::new(SliceState { limit, used: 0 }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SliceState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Charges `bytes`; refuses when the slice would overflow.
+    pub fn charge(&self, bytes: u64) -> Result<(), CuError> {
+        let mut s = self.lock();
+        match s.used.checked_add(bytes) {
+            Some(n) if n <= s.limit => {
+                s.used = n;
+                Ok(())
+            }
+            _ => Err(CuError::out_of_memory(format!(
+                "allocation of {} does not fit the memory slice: {} of {} in use",
+                Human(bytes),
+                Human(s.used),
+                Human(s.limit)
+            ))),
+        }
+    }
+
+    /// Returns `bytes` to the slice.
+    pub fn refund(&self, bytes: u64) {
+        let mut s = self.lock();
+        s.used = s.used.saturating_sub(bytes);
+    }
+
+    /// Changes the limit; refuses to go below what is in use.
+    pub fn resize(&self, limit: u64) -> Result<(), CuError> {
+        let mut s = self.lock();
+        if limit < s.used {
+            return Err(CuError::invalid_value(format!(
+                "cannot shrink the slice to {}: {} is in use; free memory in the VM first",
+                Human(limit),
+                Human(s.used)
+            )));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    /// Bytes charged.
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> u64 {
+        self.lock().limit
+    }
+
+    /// (free, total) as `cuMemGetInfo` reports them.
+    pub fn info(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.limit.saturating_sub(s.used), s.limit)
+    }
+}
+
+/// What an allocation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocKind {
+    /// `cuMemAlloc*`: freed by `cuMemFree`.
+    Device,
+    /// A module global: lives and dies with its module (handle).
+    ModuleGlobal(u64),
+}
+
+/// One live allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Size the guest asked for (the valid range).
+    pub size: u64,
+    /// Bytes charged to the slice.
+    pub charged: u64,
+    /// Context handle it was made in.
+    pub ctx: u64,
+    /// Kind.
+    pub kind: AllocKind,
+}
+
+/// A session's live allocations, by base address.
+#[derive(Debug, Default)]
+pub struct Allocations {
+    map: BTreeMap<u64, Allocation>,
+    charged: u64,
+}
+
+impl Allocations {
+    /// Records an allocation.
+    pub fn insert(&mut self, base: u64, a: Allocation) {
+        self.charged += a.charged;
+        self.map.insert(base, a);
+    }
+
+    /// Removes the allocation starting exactly at `base`.
+    pub fn remove(&mut self, base: u64) -> Option<Allocation> {
+        let a = self.map.remove(&base)?;
+        self.charged -= a.charged;
+        Some(a)
+    }
+
+    /// The allocation containing `ptr`, as (base, allocation).
+    pub fn find(&self, ptr: u64) -> Option<(u64, &Allocation)> {
+        let (&base, a) = self.map.range(..=ptr).next_back()?;
+        (ptr - base < a.size).then_some((base, a))
+    }
+
+    /// Validates that `[ptr, ptr+len)` lies inside one live allocation.
+    pub fn check(&self, ptr: u64, len: u64, what: &str) -> Result<(), CuError> {
+        let inside = self.find(ptr).is_some_and(|(base, a)| {
+            ptr.checked_add(len)
+                .is_some_and(|end| end <= base + a.size)
+        });
+        if inside {
+            Ok(())
+        } else {
+            Err(CuError::invalid_value(format!(
+                "{what} range {ptr:#x}+{len} is not inside one of this process's live allocations"
+            )))
+        }
+    }
+
+    /// Bytes charged for these allocations.
+    pub fn charged(&self) -> u64 {
+        self.charged
+    }
+
+    /// Number of live allocations.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Base addresses of allocations for which `f` holds.
+    pub fn bases_where(&self, mut f: impl FnMut(&Allocation) -> bool) -> Vec<u64> {
+        self.map
+            .iter()
+            .filter(|(_, a)| f(a))
+            .map(|(b, _)| *b)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(size: u64) -> Allocation {
+        Allocation {
+            size,
+            charged: size,
+            ctx: 1,
+            kind: AllocKind::Device,
+        }
+    }
+
+    #[test]
+    fn slice_refuses_past_the_limit_and_changes_nothing() {
+        let s = MemorySlice::new(1000);
+        s.charge(600).unwrap();
+        let e = s.charge(401).unwrap_err();
+        assert_eq!(e.code, 2);
+        assert_eq!(s.used(), 600);
+        s.charge(400).unwrap();
+        assert_eq!(s.info(), (0, 1000));
+        s.refund(1000);
+        assert_eq!(s.info(), (1000, 1000));
+        assert!(s.charge(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn slice_shrinks_only_above_use() {
+        let s = MemorySlice::new(1000);
+        s.charge(500).unwrap();
+        let e = s.resize(499).unwrap_err();
+        assert!(e.message.contains("in use"), "{e}");
+        assert_eq!(s.limit(), 1000);
+        s.resize(500).unwrap();
+        assert_eq!(s.info(), (0, 500));
+        s.resize(4000).unwrap();
+        assert_eq!(s.info(), (3500, 4000));
+    }
+
+    #[test]
+    fn ranges_must_lie_inside_one_allocation() {
+        let mut t = Allocations::default();
+        t.insert(0x1000, dev(0x100));
+        t.insert(0x1100, dev(0x100));
+        assert!(t.check(0x1000, 0x100, "x").is_ok());
+        assert!(t.check(0x10ff, 1, "x").is_ok());
+        assert!(t.check(0x1100, 0x100, "x").is_ok());
+        // Spanning two adjacent allocations is refused.
+        assert!(t.check(0x10ff, 2, "x").is_err());
+        // Before, after, overflowing.
+        assert!(t.check(0xfff, 1, "x").is_err());
+        assert!(t.check(0x1200, 1, "x").is_err());
+        assert!(t.check(0x1000, u64::MAX, "x").is_err());
+        let e = t.check(0x5000, 4, "copy destination").unwrap_err();
+        assert_eq!(e.code, 1);
+        assert!(e.message.contains("copy destination range 0x5000+4"));
+    }
+
+    #[test]
+    fn find_and_remove_track_charges() {
+        let mut t = Allocations::default();
+        t.insert(0x1000, dev(10));
+        t.insert(0x2000, dev(20));
+        assert_eq!(t.charged(), 30);
+        assert_eq!(t.find(0x1009).map(|(b, _)| b), Some(0x1000));
+        assert_eq!(t.find(0x100a), None);
+        assert!(t.remove(0x1001).is_none());
+        assert_eq!(t.remove(0x1000).unwrap().size, 10);
+        assert_eq!(t.charged(), 20);
+        assert_eq!(t.len(), 1);
+    }
+}

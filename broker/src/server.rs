@@ -1,0 +1,619 @@
+//! The session loop: reads frames from a byte stream, executes them in a
+//! [`Session`], writes replies. It knows nothing about the transport: unix
+//! sockets, vsock connections and the virtio-vgpu device all hand it a reader
+//! and a writer.
+
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::SystemTime;
+
+use thiserror::Error;
+use tracing::{debug, error, info, warn};
+use vgpu_proto::cuda;
+use vgpu_proto::frame::{self, FLAG_REPLY, FrameError, MAX_PAYLOAD};
+use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
+use vgpu_proto::wire::DecodeError;
+
+use crate::Broker;
+use crate::error::CuError;
+use crate::session::Session;
+use crate::tenant::{SessionInfo, Tenant};
+
+/// Buffer size of the session's reader and writer.
+const IO_BUFFER: usize = 256 << 10;
+/// Most live sessions one tenant may have.
+pub const MAX_SESSIONS_PER_TENANT: usize = 1024;
+
+/// Why a session ended abnormally.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The stream broke or carried an invalid frame.
+    #[error("bad frame")]
+    Frame(#[from] FrameError),
+    /// The client broke the protocol; the session was closed.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The session was refused at the handshake.
+    #[error("session refused: {0}")]
+    Refused(String),
+    /// A reply could not be written.
+    #[error("cannot write a reply")]
+    Io(#[source] io::Error),
+    /// A bug: the request handler panicked. The session was closed and released.
+    #[error("internal error while handling {0}; the session was closed")]
+    Panic(&'static str),
+}
+
+impl From<ServeError> for io::Error {
+    fn from(e: ServeError) -> io::Error {
+        match e {
+            ServeError::Io(e) => e,
+            ServeError::Frame(f) => f.into(),
+            other => io::Error::new(io::ErrorKind::InvalidData, other),
+        }
+    }
+}
+
+/// How a session that ended normally went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SessionSummary {
+    /// Session id.
+    pub id: u64,
+    /// Requests handled.
+    pub requests: u64,
+}
+
+struct Replier<W: Write> {
+    w: BufWriter<W>,
+}
+
+impl<W: Write> Replier<W> {
+    fn ok(&mut self, opcode: u16, call_id: u64, payload: &[u8]) -> Result<(), ServeError> {
+        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, 0, &[payload]).map_err(ServeError::Io)
+    }
+
+    fn err(&mut self, opcode: u16, call_id: u64, e: &CuError) -> Result<(), ServeError> {
+        let mut msg = e.message.as_bytes();
+        if msg.len() > MAX_PAYLOAD {
+            msg = &msg[..MAX_PAYLOAD];
+        }
+        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, e.code, &[msg]).map_err(ServeError::Io)
+    }
+
+    fn flush(&mut self) -> Result<(), ServeError> {
+        self.w.flush().map_err(ServeError::Io)
+    }
+}
+
+/// Serves one session of `tenant` until the client leaves or breaks the
+/// protocol. Whatever happens, everything the session allocated is released
+/// before this returns.
+pub fn serve<R: Read, W: Write>(
+    broker: &Broker,
+    tenant: Arc<Tenant>,
+    reader: R,
+    writer: W,
+    transport: &str,
+) -> Result<SessionSummary, ServeError> {
+    let mut r = BufReader::with_capacity(IO_BUFFER, reader);
+    let mut w = Replier {
+        w: BufWriter::with_capacity(IO_BUFFER, writer),
+    };
+    let mut payload = Vec::new();
+
+    // Handshake.
+    let h = match frame::read_frame(&mut r, &mut payload) {
+        Ok(h) => h,
+        Err(FrameError::Closed) => return Ok(SessionSummary::default()),
+        Err(e) => return Err(e.into()),
+    };
+    if h.opcode != msg::Hello::OPCODE || h.is_async() || h.is_reply() {
+        return Err(ServeError::Protocol(format!(
+            "the first frame must be a synchronous Hello, got opcode {:#06x}",
+            h.opcode
+        )));
+    }
+    let hello = match msg::decode_exact::<msg::Hello>(&payload, false) {
+        Ok((m, _)) => m,
+        Err(e) => {
+            let ce = CuError::invalid_value(format!("malformed Hello: {e}"));
+            w.err(h.opcode, h.call_id, &ce)?;
+            w.flush()?;
+            return Err(ServeError::Protocol(ce.message));
+        }
+    };
+    let refuse = |w: &mut Replier<W>, code, message: String| -> Result<SessionSummary, ServeError> {
+        w.err(h.opcode, h.call_id, &CuError::new(code, message.clone()))?;
+        w.flush()?;
+        Err(ServeError::Refused(message))
+    };
+    if hello.protocol_version != vgpu_proto::PROTOCOL_VERSION {
+        return refuse(
+            &mut w,
+            cuda::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+            format!(
+                "guest shim speaks protocol {} (shim {}), vgpud {} speaks {}: install the matching guest shim",
+                hello.protocol_version,
+                hello.shim_version,
+                vgpu_proto::VERSION,
+                vgpu_proto::PROTOCOL_VERSION
+            ),
+        );
+    }
+    if !tenant.is_open() {
+        return refuse(
+            &mut w,
+            cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
+            format!("VM `{}` is not accepting new sessions (draining or removed)", tenant.name),
+        );
+    }
+    if tenant.sessions().len() >= MAX_SESSIONS_PER_TENANT {
+        return refuse(
+            &mut w,
+            cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
+            format!("VM `{}` already has {MAX_SESSIONS_PER_TENANT} sessions", tenant.name),
+        );
+    }
+    let info = Arc::new(SessionInfo {
+        id: broker.next_session_id(),
+        pid: hello.pid,
+        process_name: hello.process_name.chars().take(256).collect(),
+        transport: transport.to_string(),
+        started: SystemTime::now(),
+        memory: AtomicU64::new(0),
+    });
+    let mut session = match Session::new(Arc::clone(&tenant), Arc::clone(&info)) {
+        Ok(s) => s,
+        Err(e) => {
+            error!(tenant = %tenant.name, error = %e, "cannot open a session");
+            return refuse(&mut w, e.code, e.message);
+        }
+    };
+    let mut out = Vec::new();
+    msg::HelloReply {
+        protocol_version: vgpu_proto::PROTOCOL_VERSION,
+        session_id: info.id,
+        tenant: tenant.name.clone(),
+        server_version: vgpu_proto::VERSION.to_string(),
+        max_payload: MAX_PAYLOAD as u32,
+    }
+    .encode(&mut out);
+    w.ok(h.opcode, h.call_id, &out)?;
+    w.flush()?;
+    info!(
+        tenant = %tenant.name,
+        session = info.id,
+        pid = hello.pid,
+        process = %info.process_name,
+        transport,
+        "session opened"
+    );
+
+    let mut summary = SessionSummary {
+        id: info.id,
+        requests: 0,
+    };
+    let result = session_loop(&mut session, &mut r, &mut w, &mut payload, &mut summary);
+    drop(session);
+    match &result {
+        Ok(()) => info!(tenant = %tenant.name, session = info.id, requests = summary.requests, "session closed"),
+        Err(ServeError::Frame(FrameError::Truncated | FrameError::Io(_))) => {
+            info!(tenant = %tenant.name, session = info.id, "session closed: the client went away")
+        }
+        Err(e) => warn!(tenant = %tenant.name, session = info.id, error = %e, "session closed"),
+    }
+    result.map(|()| summary)
+}
+
+fn session_loop<R: Read, W: Write>(
+    session: &mut Session,
+    r: &mut BufReader<R>,
+    w: &mut Replier<W>,
+    payload: &mut Vec<u8>,
+    summary: &mut SessionSummary,
+) -> Result<(), ServeError> {
+    let mut out = Vec::new();
+    loop {
+        if r.buffer().is_empty() {
+            // Nothing more is pending from the client: send the replies now.
+            w.flush()?;
+        }
+        let h = match frame::read_frame(r, payload) {
+            Ok(h) => h,
+            Err(FrameError::Closed) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        summary.requests += 1;
+        if h.is_reply() {
+            return Err(ServeError::Protocol("the client sent a reply frame".into()));
+        }
+        let is_async = h.is_async();
+        let decoded = Request::decode(h.opcode, payload);
+        let (req, tail_at) = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                let code = match e {
+                    DecodeError::UnknownOpcode(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
+                    _ => cuda::CUDA_ERROR_INVALID_VALUE,
+                };
+                let ce = CuError::new(code, format!("request {:#06x} rejected: {e}", h.opcode));
+                debug!(session = session.id(), error = %ce, "bad request");
+                if is_async {
+                    session.defer_error(ce);
+                } else {
+                    w.err(h.opcode, h.call_id, &ce)?;
+                }
+                continue;
+            }
+        };
+        if is_async && req.flags() & ASYNC_OK == 0 {
+            return Err(ServeError::Protocol(format!(
+                "{} cannot be sent asynchronously",
+                req.name()
+            )));
+        }
+        if matches!(req, Request::Goodbye(_)) {
+            return Ok(());
+        }
+        out.clear();
+        let name = req.name();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            session.handle(&req, &payload[tail_at..], &mut out)
+        }))
+        .map_err(|_| ServeError::Panic(name))?;
+        match (result, is_async) {
+            (Ok(()), false) => w.ok(h.opcode, h.call_id, &out)?,
+            (Err(e), false) => w.err(h.opcode, h.call_id, &e)?,
+            (Ok(()), true) => {}
+            (Err(e), true) => session.defer_error(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
+
+    use vgpu_proto::cuda::*;
+    use vgpu_proto::frame::{HEADER_LEN, MAGIC};
+    use vgpu_proto::msg::*;
+
+    use super::*;
+    use crate::testutils::{MemDevice, TestClient, vm};
+
+    const MIB: u64 = 1 << 20;
+
+    fn broker(delay: Duration) -> Arc<Broker> {
+        let dev: Arc<dyn crate::device::Device> = Arc::new(MemDevice::new(1 << 30, delay));
+        let b = Arc::new(Broker::new(vec![("gpu0".into(), dev)]));
+        b.add_tenant(&vm("vm1", 4 * MIB)).unwrap();
+        b.add_tenant(&vm("vm2", 4 * MIB)).unwrap();
+        b
+    }
+
+    type Served = JoinHandle<Result<SessionSummary, ServeError>>;
+
+    fn connect(b: &Arc<Broker>, tenant: &str) -> (TestClient<UnixStream>, Served) {
+        let (c, s) = UnixStream::pair().unwrap();
+        let b2 = Arc::clone(b);
+        let t = b.tenant(tenant).unwrap();
+        let h = std::thread::spawn(move || serve(&b2, t, &s, &s, "test"));
+        (TestClient::new(c), h)
+    }
+
+    fn open(b: &Arc<Broker>, tenant: &str) -> (TestClient<UnixStream>, Served, u64) {
+        let (mut c, h) = connect(b, tenant);
+        let hello = c.hello().unwrap();
+        assert_eq!(hello.tenant, tenant);
+        let ctx = c.call(&CtxCreate { device: 0, flags: 0 }, &[]).unwrap().0.handle;
+        (c, h, ctx)
+    }
+
+    fn alloc(c: &mut TestClient<UnixStream>, ctx: u64, size: u64) -> Result<u64, (u32, String)> {
+        c.call(&MemAlloc { ctx, size }, &[]).map(|r| r.0.ptr)
+    }
+
+    fn wait_used(b: &Broker, tenant: &str, want: u64) {
+        let t = b.tenant(tenant).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while t.slice.used() != want {
+            assert!(Instant::now() < deadline, "slice use stuck at {}", t.slice.used());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn copies_round_trip_through_the_session() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let p = alloc(&mut c, ctx, 1000).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        c.call(&MemcpyHtoD { ctx, stream: 0, dst: p }, &data).unwrap();
+        let (_, back) = c.call(&MemcpyDtoH { ctx, stream: 0, src: p, len: 1000 }, &[]).unwrap();
+        assert_eq!(back, data);
+        c.post(&Memset { ctx, stream: 0, dst: p + 4, value: 0xabcd_1234, elem_size: 4, count: 2 }, &[])
+            .unwrap();
+        let (_, back) = c.call(&MemcpyDtoH { ctx, stream: 0, src: p, len: 16 }, &[]).unwrap();
+        assert_eq!(&back[4..12], &[0x34, 0x12, 0xcd, 0xab, 0x34, 0x12, 0xcd, 0xab]);
+        assert_eq!(&back[..4], &data[..4]);
+    }
+
+    #[test]
+    fn the_slice_is_a_hard_limit() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let (_, _) = c.call(&MemGetInfo { ctx }, &[]).unwrap();
+        let a = alloc(&mut c, ctx, 3 * MIB).unwrap();
+        let (e, msg) = alloc(&mut c, ctx, 2 * MIB).unwrap_err();
+        assert_eq!(e, CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(msg.contains("does not fit the memory slice"), "{msg}");
+        let (info, _) = c.call(&MemGetInfo { ctx }, &[]).unwrap();
+        assert_eq!((info.free, info.total), (MIB, 4 * MIB));
+        c.call(&MemFree { ctx, ptr: a }, &[]).unwrap();
+        alloc(&mut c, ctx, 4 * MIB).unwrap();
+        assert_eq!(b.tenant("vm1").unwrap().slice.used(), 4 * MIB);
+        // The other tenant's slice is untouched.
+        assert_eq!(b.tenant("vm2").unwrap().slice.used(), 0);
+    }
+
+    #[test]
+    fn foreign_stale_and_interior_pointers_are_refused() {
+        let b = broker(Duration::ZERO);
+        let (mut c1, _h1, ctx1) = open(&b, "vm1");
+        let (mut c2, _h2, ctx2) = open(&b, "vm2");
+        let p1 = alloc(&mut c1, ctx1, 4096).unwrap();
+        c1.call(&MemcpyHtoD { ctx: ctx1, stream: 0, dst: p1 }, b"secret").unwrap();
+        // Another tenant can neither read, write nor free it.
+        let read = c2.call(&MemcpyDtoH { ctx: ctx2, stream: 0, src: p1, len: 6 }, &[]);
+        assert_eq!(read.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        let write = c2.call(&MemcpyHtoD { ctx: ctx2, stream: 0, dst: p1 }, b"XXXXXX");
+        assert_eq!(write.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(c2.call(&MemFree { ctx: ctx2, ptr: p1 }, &[]).unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        // The owner's data is intact.
+        let (_, back) = c1.call(&MemcpyDtoH { ctx: ctx1, stream: 0, src: p1, len: 6 }, &[]).unwrap();
+        assert_eq!(back, b"secret");
+        // Interior free, past-the-end copy, double free.
+        let (e, m) = c1.call(&MemFree { ctx: ctx1, ptr: p1 + 8 }, &[]).unwrap_err();
+        assert_eq!(e, CUDA_ERROR_INVALID_VALUE);
+        assert!(m.contains("not its start"), "{m}");
+        let past = c1.call(&MemcpyDtoH { ctx: ctx1, stream: 0, src: p1 + 4090, len: 7 }, &[]);
+        assert_eq!(past.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        c1.call(&MemFree { ctx: ctx1, ptr: p1 }, &[]).unwrap();
+        assert_eq!(c1.call(&MemFree { ctx: ctx1, ptr: p1 }, &[]).unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        let stale = c1.call(&MemcpyHtoD { ctx: ctx1, stream: 0, dst: p1 }, b"x");
+        assert_eq!(stale.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+    }
+
+    #[test]
+    fn forged_handles_are_refused() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let (mut c2, _h2, ctx2) = open(&b, "vm1");
+        assert_eq!(alloc(&mut c, ctx + 1, 16).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(alloc(&mut c, 0, 16).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
+        let s = c.call(&StreamCreate { ctx, flags: 0, priority: 0 }, &[]).unwrap().0.handle;
+        // A handle of another session of the same VM means nothing here.
+        let other = c2.call(&StreamSynchronize { ctx: ctx2, stream: s }, &[]);
+        assert_eq!(other.unwrap_err().0, CUDA_ERROR_INVALID_HANDLE);
+        let ev = c.call(&EventQuery { ctx, event: s }, &[]);
+        assert_eq!(ev.unwrap_err().0, CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(
+            c.call(&DeviceGetProperties { device: 1 }, &[]).unwrap_err().0,
+            CUDA_ERROR_INVALID_DEVICE
+        );
+    }
+
+    #[test]
+    fn async_errors_surface_at_the_next_synchronizing_call() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let p = alloc(&mut c, ctx, 64).unwrap();
+        c.post(&Memset { ctx, stream: 0, dst: 0xdead_0000, value: 0, elem_size: 1, count: 4 }, &[])
+            .unwrap();
+        // A non-synchronizing call is unaffected.
+        alloc(&mut c, ctx, 64).unwrap();
+        let (e, m) = c.call(&CtxSynchronize { ctx }, &[]).unwrap_err();
+        assert_eq!(e, CUDA_ERROR_INVALID_VALUE);
+        assert!(m.contains("0xdead0000"), "{m}");
+        // Reported once, like a non-sticky CUDA error.
+        c.call(&CtxSynchronize { ctx }, &[]).unwrap();
+        c.post(&Memset { ctx, stream: 0, dst: p, value: 1, elem_size: 1, count: 64 }, &[]).unwrap();
+        c.call(&CtxSynchronize { ctx }, &[]).unwrap();
+    }
+
+    #[test]
+    fn streams_and_events_track_pending_work() {
+        let b = broker(Duration::from_millis(60));
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let p = alloc(&mut c, ctx, 3 * MIB).unwrap();
+        let s = c.call(&StreamCreate { ctx, flags: STREAM_NON_BLOCKING_TEST, priority: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        let e0 = c.call(&EventCreate { ctx, flags: 0 }, &[]).unwrap().0.handle;
+        let e1 = c.call(&EventCreate { ctx, flags: 0 }, &[]).unwrap().0.handle;
+        c.post(&EventRecord { ctx, stream: s, event: e0 }, &[]).unwrap();
+        for _ in 0..3 {
+            c.post(&MemcpyDtoD { ctx, stream: s, dst: p, src: p + 2 * MIB, len: MIB }, &[]).unwrap();
+        }
+        c.post(&EventRecord { ctx, stream: s, event: e1 }, &[]).unwrap();
+        // Work is still running: queries say so without blocking.
+        assert_eq!(c.call(&StreamQuery { ctx, stream: s }, &[]).unwrap_err().0, CUDA_ERROR_NOT_READY);
+        assert_eq!(c.call(&EventQuery { ctx, event: e1 }, &[]).unwrap_err().0, CUDA_ERROR_NOT_READY);
+        c.call(&EventSynchronize { ctx, event: e1 }, &[]).unwrap();
+        c.call(&StreamQuery { ctx, stream: s }, &[]).unwrap();
+        let (el, _) = c.call(&EventElapsedTime { ctx, start: e0, end: e1 }, &[]).unwrap();
+        assert!(el.ms >= 150.0, "three 60 ms copies took {} ms", el.ms);
+        let nt = c.call(&EventCreate { ctx, flags: EVENT_DISABLE_TIMING_TEST }, &[]).unwrap().0.handle;
+        c.post(&EventRecord { ctx, stream: s, event: nt }, &[]).unwrap();
+        c.call(&StreamSynchronize { ctx, stream: s }, &[]).unwrap();
+        let r = c.call(&EventElapsedTime { ctx, start: e0, end: nt }, &[]);
+        assert_eq!(r.unwrap_err().0, CUDA_ERROR_INVALID_HANDLE);
+    }
+
+    const STREAM_NON_BLOCKING_TEST: u32 = crate::session::STREAM_NON_BLOCKING;
+    const EVENT_DISABLE_TIMING_TEST: u32 = crate::session::EVENT_DISABLE_TIMING;
+
+    #[test]
+    fn a_wrong_protocol_version_is_refused_with_a_clear_error() {
+        let b = broker(Duration::ZERO);
+        let (mut c, h) = connect(&b, "vm1");
+        let r = c.call(
+            &Hello { protocol_version: 99, pid: 1, shim_version: "9.9".into(), process_name: "x".into() },
+            &[],
+        );
+        let (e, m) = r.unwrap_err();
+        assert_eq!(e, CUDA_ERROR_SYSTEM_DRIVER_MISMATCH);
+        assert!(m.contains("protocol 99"), "{m}");
+        assert!(matches!(h.join().unwrap(), Err(ServeError::Refused(_))));
+    }
+
+    #[test]
+    fn unknown_opcodes_and_malformed_payloads_get_errors_and_the_session_goes_on() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        frame::write_frame(&mut c.stream, 0x7e7e, 0, 77, 0, &[b"??"]).unwrap();
+        let mut p = Vec::new();
+        let h = frame::read_frame(&mut c.stream, &mut p).unwrap();
+        assert_eq!((h.call_id, h.status), (77, CUDA_ERROR_NOT_SUPPORTED));
+        // MemAlloc with a truncated payload.
+        frame::write_frame(&mut c.stream, MemAlloc::OPCODE, 0, 78, 0, &[&[1, 2, 3]]).unwrap();
+        let h = frame::read_frame(&mut c.stream, &mut p).unwrap();
+        assert_eq!((h.call_id, h.status), (78, CUDA_ERROR_INVALID_VALUE));
+        assert!(String::from_utf8_lossy(&p).contains("truncated"));
+        alloc(&mut c, ctx, 16).unwrap();
+    }
+
+    #[test]
+    fn protocol_violations_close_the_session_and_free_its_memory() {
+        let b = broker(Duration::ZERO);
+        for bad in [
+            // Bad magic.
+            {
+                let mut h = [0u8; HEADER_LEN];
+                h[..4].copy_from_slice(b"NOPE");
+                h.to_vec()
+            },
+            // Length past the maximum.
+            frame::Header { opcode: 0x301, flags: 0, call_id: 1, payload_len: 0, status: 0 }
+                .encode()
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| if (16..20).contains(&i) { 0xff } else { x })
+                .collect(),
+            // A header cut short, then the client disappears.
+            MAGIC.to_le_bytes()[..3].to_vec(),
+        ] {
+            let (mut c, h, ctx) = open(&b, "vm1");
+            alloc(&mut c, ctx, MIB).unwrap();
+            wait_used(&b, "vm1", MIB);
+            c.stream.write_all(&bad).unwrap();
+            c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+            assert!(h.join().unwrap().is_err());
+            wait_used(&b, "vm1", 0);
+        }
+        // Async flag on a call that needs a reply.
+        let (mut c, h, ctx) = open(&b, "vm1");
+        c.post(&MemGetInfo { ctx }, &[]).unwrap();
+        let e = h.join().unwrap().unwrap_err();
+        assert!(e.to_string().contains("cannot be sent asynchronously"), "{e}");
+        // Other sessions are unaffected throughout.
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        alloc(&mut c, ctx, MIB).unwrap();
+    }
+
+    #[test]
+    fn a_client_that_vanishes_releases_everything() {
+        let b = broker(Duration::ZERO);
+        let (mut c, h, ctx) = open(&b, "vm1");
+        for _ in 0..3 {
+            alloc(&mut c, ctx, MIB).unwrap();
+        }
+        c.call(&StreamCreate { ctx, flags: 0, priority: 0 }, &[]).unwrap();
+        assert_eq!(b.tenant("vm1").unwrap().sessions().len(), 1);
+        drop(c);
+        h.join().unwrap().unwrap();
+        wait_used(&b, "vm1", 0);
+        assert!(b.tenant("vm1").unwrap().sessions().is_empty());
+        assert_eq!(b.device("gpu0").unwrap().memory_used(), 0);
+    }
+
+    #[test]
+    fn an_async_flood_is_bounded_and_the_session_stays_usable() {
+        let b = broker(Duration::from_micros(200));
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let p = alloc(&mut c, ctx, 64).unwrap();
+        // Far more than the queue holds; the sender is slowed by back-pressure.
+        let n = crate::engine::MAX_QUEUED_JOBS * 2;
+        let writer = {
+            let mut s = c.stream.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let mut w = TestClient::new(&mut s);
+                for i in 0..n {
+                    w.post(&Memset { ctx, stream: 0, dst: p, value: i as u32, elem_size: 4, count: 16 }, &[])
+                        .unwrap();
+                }
+            })
+        };
+        writer.join().unwrap();
+        // Call ids restart in the cloned client; a fresh sync call still works.
+        c.call(&CtxSynchronize { ctx }, &[]).unwrap();
+        let (_, v) = c.call(&MemcpyDtoH { ctx, stream: 0, src: p, len: 4 }, &[]).unwrap();
+        assert_eq!(u32::from_le_bytes(v.try_into().unwrap()), (n - 1) as u32);
+    }
+
+    #[test]
+    fn primary_context_is_refcounted_and_reset_frees_its_memory() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h) = connect(&b, "vm1");
+        c.hello().unwrap();
+        let p1 = c.call(&PrimaryCtxRetain { device: 0 }, &[]).unwrap().0.handle;
+        let p2 = c.call(&PrimaryCtxRetain { device: 0 }, &[]).unwrap().0.handle;
+        assert_eq!(p1, p2);
+        alloc(&mut c, p1, MIB).unwrap();
+        let st = c.call(&PrimaryCtxGetState { device: 0 }, &[]).unwrap().0;
+        assert_eq!(st.active, 1);
+        c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap();
+        assert_eq!(b.tenant("vm1").unwrap().slice.used(), MIB);
+        c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap();
+        assert_eq!(b.tenant("vm1").unwrap().slice.used(), 0);
+        assert_eq!(c.call(&PrimaryCtxGetState { device: 0 }, &[]).unwrap().0.active, 0);
+        assert_eq!(
+            c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap_err().0,
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        assert_eq!(c.call(&CtxDestroy { ctx: p1 }, &[]).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
+    }
+
+    #[test]
+    fn destroying_a_context_frees_what_it_allocated() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let other = c.call(&CtxCreate { device: 0, flags: 0 }, &[]).unwrap().0.handle;
+        alloc(&mut c, ctx, MIB).unwrap();
+        let keep = alloc(&mut c, other, MIB).unwrap();
+        c.call(&CtxDestroy { ctx }, &[]).unwrap();
+        assert_eq!(b.tenant("vm1").unwrap().slice.used(), MIB);
+        assert_eq!(alloc(&mut c, ctx, 1).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
+        c.call(&MemFree { ctx: other, ptr: keep }, &[]).unwrap();
+    }
+
+    #[test]
+    fn tenant_info_lists_this_vms_sessions_only() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let (_c2, _h2, _) = open(&b, "vm2");
+        alloc(&mut c, ctx, MIB).unwrap();
+        let j = c.call(&TenantInfo {}, &[]).unwrap().0.json;
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["vm"], "vm1");
+        assert_eq!(v["memory_used"], MIB);
+        assert_eq!(v["memory_total"], 4 * MIB);
+        assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
+        assert_eq!(v["sessions"][0]["memory_used"], MIB);
+    }
+}

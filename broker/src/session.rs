@@ -1,0 +1,696 @@
+//! A session: one guest process's connection. It owns the process's handle
+//! tables and allocations, applies its requests to the tenant's device
+//! context, and releases everything when it ends (however it ends).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tracing::debug;
+use vgpu_proto::cuda;
+use vgpu_proto::frame::MAX_BULK_CHUNK;
+use vgpu_proto::msg::{self, Message, Request};
+
+use crate::device::{DeviceContext, DeviceInfo};
+use crate::engine::{Engine, EventClock, Job};
+use crate::error::CuError;
+use crate::handles::{HandleKind, HandleTable};
+use crate::memory::{AllocKind, Allocation, Allocations};
+use crate::tenant::{SessionInfo, Tenant};
+
+/// `CU_STREAM_LEGACY`.
+pub const STREAM_LEGACY: u64 = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+pub const STREAM_PER_THREAD: u64 = 0x2;
+/// `CU_STREAM_NON_BLOCKING`.
+pub const STREAM_NON_BLOCKING: u32 = 0x1;
+/// `CU_EVENT_BLOCKING_SYNC`.
+pub const EVENT_BLOCKING_SYNC: u32 = 0x1;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_INTERPROCESS`.
+pub const EVENT_INTERPROCESS: u32 = 0x4;
+/// Stream priorities accepted: `[GREATEST_PRIORITY, 0]` (lower is higher priority).
+pub const GREATEST_STREAM_PRIORITY: i32 = -5;
+/// Pitch alignment of `cuMemAllocPitch`.
+pub const PITCH_ALIGNMENT: u64 = 512;
+/// The one device ordinal a tenant sees.
+pub const DEVICE_ORDINAL: u32 = 0;
+
+#[derive(Debug)]
+struct CtxState {
+    primary: bool,
+    last_seq: u64,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    ctx: u64,
+    last_seq: u64,
+}
+
+#[derive(Debug)]
+struct EventState {
+    ctx: u64,
+    flags: u32,
+    clock: Arc<EventClock>,
+}
+
+#[derive(Debug, Default)]
+struct Primary {
+    handle: Option<u64>,
+    refs: u32,
+    flags: u32,
+}
+
+/// One guest process's state on the host.
+pub struct Session {
+    info: Arc<SessionInfo>,
+    tenant: Arc<Tenant>,
+    device: DeviceInfo,
+    dev: Arc<dyn DeviceContext>,
+    contexts: HandleTable<CtxState>,
+    primary: Primary,
+    streams: HandleTable<StreamState>,
+    events: HandleTable<EventState>,
+    allocs: Allocations,
+    engine: Engine,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.info.id)
+            .field("tenant", &self.tenant.name)
+            .field("allocations", &self.allocs.len())
+            .finish()
+    }
+}
+
+fn round_up(v: u64, to: u64) -> Option<u64> {
+    if to <= 1 {
+        return Some(v);
+    }
+    v.checked_add(to - 1).map(|x| x / to * to)
+}
+
+/// Encodes a reply struct into `out`.
+fn reply<M: Message>(out: &mut Vec<u8>, m: M) -> Result<(), CuError> {
+    m.encode(out);
+    Ok(())
+}
+
+impl Session {
+    /// Opens a session of `tenant`; `info` describes the peer.
+    pub fn new(tenant: Arc<Tenant>, info: Arc<SessionInfo>) -> Result<Session, CuError> {
+        let dev = tenant.context().map_err(CuError::from)?;
+        let device = tenant.device().info().clone();
+        tenant.add_session(Arc::clone(&info));
+        Ok(Session {
+            info,
+            engine: Engine::new(Arc::clone(&dev)),
+            tenant,
+            device,
+            dev,
+            contexts: HandleTable::new(HandleKind::Context),
+            primary: Primary::default(),
+            streams: HandleTable::new(HandleKind::Stream),
+            events: HandleTable::new(HandleKind::Event),
+            allocs: Allocations::default(),
+        })
+    }
+
+    /// Session id.
+    pub fn id(&self) -> u64 {
+        self.info.id
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &Arc<Tenant> {
+        &self.tenant
+    }
+
+    /// Bytes of the slice this session holds.
+    pub fn memory_charged(&self) -> u64 {
+        self.allocs.charged()
+    }
+
+    /// Records the error of an asynchronous request (no reply was wanted):
+    /// it surfaces at the next synchronizing call.
+    pub fn defer_error(&mut self, e: CuError) {
+        self.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
+        self.engine.defer_error(e);
+    }
+
+    /// Executes one request. On success the reply payload is in `out`.
+    pub fn handle(&mut self, req: &Request, tail: &[u8], out: &mut Vec<u8>) -> Result<(), CuError> {
+        let r = self.dispatch(req, tail, out);
+        if let Err(e) = &r {
+            if e.code != cuda::CUDA_ERROR_NOT_READY {
+                self.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
+                debug!(session = self.info.id, op = req.name(), error = %e, "call failed");
+            }
+        }
+        r
+    }
+
+    fn dispatch(&mut self, req: &Request, tail: &[u8], out: &mut Vec<u8>) -> Result<(), CuError> {
+        use Request as R;
+        match req {
+            R::Hello(_) => Err(CuError::invalid_value("the session is already open")),
+            R::Goodbye(_) | R::Ping(_) => reply(out, msg::Empty {}),
+            R::DeviceGetCount(_) => reply(out, msg::Count { count: 1 }),
+            R::DeviceGetProperties(m) => {
+                self.check_device(m.device)?;
+                reply(
+                    out,
+                    msg::DeviceProperties {
+                        name: self.device.name.clone(),
+                        uuid: self.device.uuid,
+                        total_mem: self.tenant.slice.limit(),
+                        attributes: self.device.attributes.clone(),
+                    },
+                )
+            }
+            R::DeviceTotalMem(m) => {
+                self.check_device(m.device)?;
+                reply(out, msg::Bytes { bytes: self.tenant.slice.limit() })
+            }
+
+            R::CtxCreate(m) => {
+                self.check_device(m.device)?;
+                let h = self.new_context(false)?;
+                reply(out, msg::Handle { handle: h })
+            }
+            R::CtxDestroy(m) => {
+                let c = self.ctx(m.ctx)?;
+                if c.primary {
+                    return Err(CuError::invalid_context(
+                        "the primary context is released with cuDevicePrimaryCtxRelease, not destroyed",
+                    ));
+                }
+                self.release_context_resources(m.ctx);
+                self.contexts.remove(m.ctx);
+                reply(out, msg::Empty {})
+            }
+            R::CtxSynchronize(m) => {
+                let seq = self.ctx(m.ctx)?.last_seq;
+                self.engine.wait(seq);
+                self.surface_async_error()?;
+                reply(out, msg::Empty {})
+            }
+            R::PrimaryCtxRetain(m) => {
+                self.check_device(m.device)?;
+                let h = match self.primary.handle {
+                    Some(h) => h,
+                    None => {
+                        let h = self.new_context(true)?;
+                        self.primary.handle = Some(h);
+                        h
+                    }
+                };
+                self.primary.refs += 1;
+                reply(out, msg::Handle { handle: h })
+            }
+            R::PrimaryCtxRelease(m) => {
+                self.check_device(m.device)?;
+                if self.primary.refs == 0 {
+                    return Err(CuError::invalid_context("the primary context is not retained"));
+                }
+                self.primary.refs -= 1;
+                if self.primary.refs == 0 {
+                    self.reset_primary();
+                }
+                reply(out, msg::Empty {})
+            }
+            R::PrimaryCtxReset(m) => {
+                self.check_device(m.device)?;
+                self.reset_primary();
+                reply(out, msg::Empty {})
+            }
+            R::PrimaryCtxGetState(m) => {
+                self.check_device(m.device)?;
+                reply(
+                    out,
+                    msg::PrimaryState {
+                        flags: self.primary.flags,
+                        active: u32::from(self.primary.refs > 0),
+                    },
+                )
+            }
+            R::PrimaryCtxSetFlags(m) => {
+                self.check_device(m.device)?;
+                self.primary.flags = m.flags;
+                reply(out, msg::Empty {})
+            }
+
+            R::MemAlloc(m) => {
+                self.ctx(m.ctx)?;
+                let ptr = self.allocate(m.ctx, m.size)?;
+                reply(out, msg::Ptr { ptr })
+            }
+            R::MemAllocPitch(m) => {
+                self.ctx(m.ctx)?;
+                if !matches!(m.elem_size, 4 | 8 | 16) || m.width == 0 || m.height == 0 {
+                    return Err(CuError::invalid_value(
+                        "cuMemAllocPitch needs width and height > 0 and an element size of 4, 8 or 16",
+                    ));
+                }
+                let pitch = round_up(m.width, PITCH_ALIGNMENT)
+                    .ok_or_else(|| CuError::invalid_value("width is too large"))?;
+                let size = pitch
+                    .checked_mul(m.height)
+                    .ok_or_else(|| CuError::out_of_memory("pitched allocation size overflows"))?;
+                let ptr = self.allocate(m.ctx, size)?;
+                reply(out, msg::Pitched { ptr, pitch })
+            }
+            R::MemFree(m) => {
+                self.ctx(m.ctx)?;
+                if m.ptr == 0 {
+                    return reply(out, msg::Empty {});
+                }
+                match self.allocs.find(m.ptr) {
+                    Some((base, a)) if base == m.ptr && a.kind == AllocKind::Device => {}
+                    Some((base, _)) if base != m.ptr => {
+                        return Err(CuError::invalid_value(format!(
+                            "{:#x} is inside the allocation at {base:#x}, not its start: pass the pointer cuMemAlloc returned",
+                            m.ptr
+                        )));
+                    }
+                    Some(_) => {
+                        return Err(CuError::invalid_value(
+                            "module globals are freed by unloading their module",
+                        ));
+                    }
+                    None => {
+                        return Err(CuError::invalid_value(format!(
+                            "{:#x} is not a live allocation of this process",
+                            m.ptr
+                        )));
+                    }
+                }
+                // cuMemFree synchronizes: pending work may still use the memory.
+                self.engine.drain();
+                self.free_allocation(m.ptr);
+                reply(out, msg::Empty {})
+            }
+            R::MemGetInfo(m) => {
+                self.ctx(m.ctx)?;
+                let (free, total) = self.tenant.slice.info();
+                reply(out, msg::MemInfo { free, total })
+            }
+            R::MemGetAddressRange(m) => {
+                self.ctx(m.ctx)?;
+                let (base, a) = self.allocs.find(m.ptr).ok_or_else(|| {
+                    CuError::new(
+                        cuda::CUDA_ERROR_NOT_FOUND,
+                        format!("{:#x} is not inside an allocation of this process", m.ptr),
+                    )
+                })?;
+                reply(out, msg::Range { base, size: a.size })
+            }
+            R::MemcpyHtoD(m) => {
+                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let len = tail.len() as u64;
+                self.allocs.check(m.dst, len, "copy destination")?;
+                self.tenant.stats.bytes_htod.fetch_add(len, Ordering::Relaxed);
+                let seq = match self.engine.try_inline(|d| d.write(m.dst, tail)) {
+                    Some(seq) => seq,
+                    None => self.engine.submit(Job::Write {
+                        dst: m.dst,
+                        data: tail.to_vec(),
+                    }),
+                };
+                self.note_seq(ctx, m.stream, seq);
+                reply(out, msg::Empty {})
+            }
+            R::MemcpyDtoH(m) => {
+                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                if m.len as usize > MAX_BULK_CHUNK {
+                    return Err(CuError::invalid_value(format!(
+                        "one device-to-host request carries at most {MAX_BULK_CHUNK} bytes"
+                    )));
+                }
+                self.allocs.check(m.src, m.len, "copy source")?;
+                let _ = ctx;
+                // A synchronous copy waits for earlier work and reports its errors.
+                self.engine.drain();
+                self.surface_async_error()?;
+                msg::Empty {}.encode(out);
+                let start = out.len();
+                out.resize(start + m.len as usize, 0);
+                self.dev.read(m.src, &mut out[start..]).map_err(CuError::from)?;
+                self.tenant.stats.bytes_dtoh.fetch_add(m.len, Ordering::Relaxed);
+                Ok(())
+            }
+            R::MemcpyDtoD(m) => {
+                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                self.allocs.check(m.src, m.len, "copy source")?;
+                self.allocs.check(m.dst, m.len, "copy destination")?;
+                let seq = self.engine.submit(Job::Copy {
+                    dst: m.dst,
+                    src: m.src,
+                    len: m.len,
+                });
+                self.note_seq(ctx, m.stream, seq);
+                reply(out, msg::Empty {})
+            }
+            R::Memset(m) => {
+                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                if !matches!(m.elem_size, 1 | 2 | 4) {
+                    return Err(CuError::invalid_value("memset element size must be 1, 2 or 4"));
+                }
+                let bytes = m
+                    .count
+                    .checked_mul(u64::from(m.elem_size))
+                    .ok_or_else(|| CuError::invalid_value("memset size overflows"))?;
+                if m.dst % u64::from(m.elem_size) != 0 {
+                    return Err(CuError::invalid_value(format!(
+                        "memset destination {:#x} is not aligned to {} bytes",
+                        m.dst, m.elem_size
+                    )));
+                }
+                self.allocs.check(m.dst, bytes, "memset destination")?;
+                let seq = self.engine.submit(Job::Memset {
+                    dst: m.dst,
+                    value: m.value,
+                    elem_size: m.elem_size,
+                    count: m.count,
+                });
+                self.note_seq(ctx, m.stream, seq);
+                reply(out, msg::Empty {})
+            }
+
+            R::StreamCreate(m) => {
+                self.ctx(m.ctx)?;
+                if m.flags & !STREAM_NON_BLOCKING != 0 {
+                    return Err(CuError::invalid_value(format!("unknown stream flags {:#x}", m.flags)));
+                }
+                let last_seq = self.engine.submitted();
+                let h = self
+                    .streams
+                    .insert(StreamState { ctx: m.ctx, last_seq })
+                    .ok_or_else(|| CuError::out_of_memory("too many streams in this process"))?;
+                reply(out, msg::Handle { handle: h })
+            }
+            R::StreamDestroy(m) => {
+                self.stream_ctx(m.ctx, m.stream)?;
+                if self.streams.remove(m.stream).is_none() {
+                    return Err(CuError::invalid_handle("the default stream cannot be destroyed"));
+                }
+                reply(out, msg::Empty {})
+            }
+            R::StreamSynchronize(m) => {
+                let seq = self.stream_seq(m.ctx, m.stream)?;
+                self.engine.wait(seq);
+                self.surface_async_error()?;
+                reply(out, msg::Empty {})
+            }
+            R::StreamQuery(m) => {
+                let seq = self.stream_seq(m.ctx, m.stream)?;
+                if !self.engine.is_complete(seq) {
+                    return Err(CuError::not_ready());
+                }
+                self.surface_async_error()?;
+                reply(out, msg::Empty {})
+            }
+            R::StreamWaitEvent(m) => {
+                self.stream_ctx(m.ctx, m.stream)?;
+                self.event(m.event)?;
+                // Work runs in submission order, so the awaited record already precedes
+                // everything submitted after this call.
+                reply(out, msg::Empty {})
+            }
+
+            R::EventCreate(m) => {
+                self.ctx(m.ctx)?;
+                let known = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS;
+                if m.flags & !known != 0 {
+                    return Err(CuError::invalid_value(format!("unknown event flags {:#x}", m.flags)));
+                }
+                if m.flags & EVENT_INTERPROCESS != 0 && m.flags & EVENT_DISABLE_TIMING == 0 {
+                    return Err(CuError::invalid_value(
+                        "CU_EVENT_INTERPROCESS requires CU_EVENT_DISABLE_TIMING",
+                    ));
+                }
+                let h = self
+                    .events
+                    .insert(EventState {
+                        ctx: m.ctx,
+                        flags: m.flags,
+                        clock: Arc::new(EventClock::default()),
+                    })
+                    .ok_or_else(|| CuError::out_of_memory("too many events in this process"))?;
+                reply(out, msg::Handle { handle: h })
+            }
+            R::EventDestroy(m) => {
+                self.events
+                    .remove(m.event)
+                    .ok_or_else(|| CuError::invalid_handle("not an event of this process"))?;
+                reply(out, msg::Empty {})
+            }
+            R::EventRecord(m) => {
+                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let clock = Arc::clone(&self.event(m.event)?.clock);
+                let seq = self.engine.record(&clock);
+                self.note_seq(ctx, m.stream, seq);
+                reply(out, msg::Empty {})
+            }
+            R::EventQuery(m) => {
+                let rec = self.event(m.event)?.clock.get();
+                if rec.seq != 0 && !self.engine.is_complete(rec.seq) {
+                    return Err(CuError::not_ready());
+                }
+                self.surface_async_error()?;
+                reply(out, msg::Empty {})
+            }
+            R::EventSynchronize(m) => {
+                let rec = self.event(m.event)?.clock.get();
+                self.engine.wait(rec.seq);
+                self.surface_async_error()?;
+                reply(out, msg::Empty {})
+            }
+            R::EventElapsedTime(m) => {
+                let (s, e) = (self.event(m.start)?, self.event(m.end)?);
+                if (s.flags | e.flags) & EVENT_DISABLE_TIMING != 0 {
+                    return Err(CuError::invalid_handle(
+                        "an event created with CU_EVENT_DISABLE_TIMING has no timestamp",
+                    ));
+                }
+                let (rs, re) = (s.clock.get(), e.clock.get());
+                if rs.seq == 0 || re.seq == 0 {
+                    return Err(CuError::invalid_handle("both events must have been recorded"));
+                }
+                match (rs.time, re.time) {
+                    (Some(ts), Some(te)) => {
+                        let ms = if te >= ts {
+                            (te - ts).as_secs_f64() * 1e3
+                        } else {
+                            -((ts - te).as_secs_f64() * 1e3)
+                        };
+                        reply(out, msg::Elapsed { ms: ms as f32 })
+                    }
+                    _ => Err(CuError::not_ready()),
+                }
+            }
+
+            R::ModuleLoad(_)
+            | R::ModuleUnload(_)
+            | R::ModuleGetFunction(_)
+            | R::ModuleGetGlobal(_)
+            | R::LaunchKernel(_)
+            | R::FuncGetAttribute(_)
+            | R::FuncSetAttribute(_) => Err(CuError::not_supported(
+                "modules and kernel launches are not supported by this vgpud build",
+            )),
+
+            R::TenantInfo(_) => reply(out, msg::Json { json: self.tenant_json() }),
+        }
+    }
+
+    fn tenant_json(&self) -> String {
+        let sessions: Vec<_> = self
+            .tenant
+            .sessions()
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "session": s.id,
+                    "pid": s.pid,
+                    "process": s.process_name,
+                    "memory_used": s.memory.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        let st = &self.tenant.stats;
+        serde_json::json!({
+            "vm": self.tenant.name,
+            "device": self.device.name,
+            "device_kind": self.device.kind,
+            "memory_total": self.tenant.slice.limit(),
+            "memory_used": self.tenant.slice.used(),
+            "kernels": st.kernels.load(Ordering::Relaxed),
+            "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
+            "bytes_dtoh": st.bytes_dtoh.load(Ordering::Relaxed),
+            "this_session": self.info.id,
+            "sessions": sessions,
+        })
+        .to_string()
+    }
+
+    fn check_device(&self, device: u32) -> Result<(), CuError> {
+        if device == DEVICE_ORDINAL {
+            Ok(())
+        } else {
+            Err(CuError::new(
+                cuda::CUDA_ERROR_INVALID_DEVICE,
+                format!("device {device} does not exist: this VM has one GPU, device 0"),
+            ))
+        }
+    }
+
+    fn ctx(&self, ctx: u64) -> Result<&CtxState, CuError> {
+        if let Some(p) = self.engine.poisoned() {
+            return Err(p);
+        }
+        self.contexts
+            .get(ctx)
+            .ok_or_else(|| CuError::invalid_context(format!("{ctx:#x} is not a context of this process")))
+    }
+
+    /// Validates a (context, stream) pair; returns the context the work belongs to.
+    fn stream_ctx(&self, ctx: u64, stream: u64) -> Result<u64, CuError> {
+        if stream == 0 || stream == STREAM_LEGACY || stream == STREAM_PER_THREAD {
+            self.ctx(ctx)?;
+            return Ok(ctx);
+        }
+        if let Some(p) = self.engine.poisoned() {
+            return Err(p);
+        }
+        self.streams
+            .get(stream)
+            .map(|s| s.ctx)
+            .ok_or_else(|| CuError::invalid_handle(format!("{stream:#x} is not a stream of this process")))
+    }
+
+    /// The sequence number a synchronize on this stream waits for.
+    fn stream_seq(&self, ctx: u64, stream: u64) -> Result<u64, CuError> {
+        let owner = self.stream_ctx(ctx, stream)?;
+        Ok(match self.streams.get(stream) {
+            Some(s) => s.last_seq,
+            // The default stream synchronizes with all work of its context.
+            None => self.contexts.get(owner).map_or(0, |c| c.last_seq),
+        })
+    }
+
+    fn note_seq(&mut self, ctx: u64, stream: u64, seq: u64) {
+        if let Some(c) = self.contexts.get_mut(ctx) {
+            c.last_seq = seq;
+        }
+        if let Some(s) = self.streams.get_mut(stream) {
+            s.last_seq = seq;
+        }
+    }
+
+    fn event(&self, event: u64) -> Result<&EventState, CuError> {
+        self.events
+            .get(event)
+            .ok_or_else(|| CuError::invalid_handle(format!("{event:#x} is not an event of this process")))
+    }
+
+    fn surface_async_error(&self) -> Result<(), CuError> {
+        match self.engine.take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn new_context(&mut self, primary: bool) -> Result<u64, CuError> {
+        let last_seq = self.engine.submitted();
+        self.contexts
+            .insert(CtxState {
+                primary,
+                last_seq,
+            })
+            .ok_or_else(|| CuError::out_of_memory("too many contexts in this process"))
+    }
+
+    fn allocate(&mut self, ctx: u64, size: u64) -> Result<u64, CuError> {
+        if size == 0 {
+            return Err(CuError::invalid_value("cannot allocate 0 bytes"));
+        }
+        let charged = round_up(size, self.device.alloc_granularity)
+            .ok_or_else(|| CuError::out_of_memory("allocation size overflows"))?;
+        self.tenant.slice.charge(charged)?;
+        let ptr = match self.dev.alloc(size) {
+            Ok(p) => p,
+            Err(e) => {
+                self.tenant.slice.refund(charged);
+                return Err(e.into());
+            }
+        };
+        self.allocs.insert(
+            ptr,
+            Allocation {
+                size,
+                charged,
+                ctx,
+                kind: AllocKind::Device,
+            },
+        );
+        self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    fn free_allocation(&mut self, base: u64) {
+        if let Some(a) = self.allocs.remove(base) {
+            if let Err(e) = self.dev.free(base) {
+                tracing::warn!(session = self.info.id, error = %e, "device refused to free {base:#x}");
+            }
+            self.tenant.slice.refund(a.charged);
+            self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+        }
+    }
+
+    /// Frees everything a context owns (allocations, streams, events).
+    fn release_context_resources(&mut self, ctx: u64) {
+        self.engine.drain();
+        for base in self.allocs.bases_where(|a| a.ctx == ctx) {
+            self.free_allocation(base);
+        }
+        for h in self.streams.handles_where(|s| s.ctx == ctx) {
+            self.streams.remove(h);
+        }
+        for h in self.events.handles_where(|e| e.ctx == ctx) {
+            self.events.remove(h);
+        }
+    }
+
+    fn reset_primary(&mut self) {
+        if let Some(h) = self.primary.handle {
+            self.release_context_resources(h);
+        }
+    }
+
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Discards queued work and cancels a running kernel; then frees every
+        // allocation this process made and returns it to the slice.
+        let n = self.allocs.len();
+        let bytes = self.allocs.charged();
+        let engine = std::mem::replace(&mut self.engine, Engine::new(Arc::clone(&self.dev)));
+        drop(engine);
+        for base in self.allocs.bases_where(|_| true) {
+            self.free_allocation(base);
+        }
+        self.tenant.remove_session(self.info.id);
+        debug!(
+            session = self.info.id,
+            tenant = %self.tenant.name,
+            allocations = n,
+            bytes,
+            "session released its resources"
+        );
+    }
+}

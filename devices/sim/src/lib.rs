@@ -1,0 +1,367 @@
+//! The simulated GPU: device memory with CUDA semantics and a PTX
+//! interpreter (crate `vgpu-ptx`), behind the broker's [`Device`] trait.
+//!
+//! It is the embedded default device, so that VMs, slices and scheduling run
+//! and are tested on any machine. Each tenant gets a [`SimContext`] that sees
+//! only its own allocations: a kernel that touches anything else faults with
+//! `CUDA_ERROR_ILLEGAL_ADDRESS`, in its own context only.
+
+pub mod alloc;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use vgpu_broker::device::{Device, DeviceContext, DeviceError, DeviceInfo};
+use vgpu_proto::cuda::attr;
+use vgpu_ptx::mem::Buffer;
+
+use crate::alloc::{ALLOC_ALIGN, AddressSpace, aligned};
+
+/// Name the simulated GPU reports.
+pub const DEVICE_NAME: &str = "vgpu Simulated GPU";
+/// Compute capability it reports (PTX for sm_52 … sm_90 loads).
+pub const COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+
+/// Settings of a simulated device.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Name in the config (mixed into the UUID).
+    pub name: String,
+    /// Device memory in bytes.
+    pub memory: u64,
+    /// Worker threads for kernels.
+    pub workers: usize,
+}
+
+/// A simulated GPU.
+pub struct SimDevice {
+    info: DeviceInfo,
+    memory: Arc<SimMemory>,
+    config: SimConfig,
+}
+
+/// Device-wide memory state: the address space and the capacity in use.
+#[derive(Debug, Default)]
+struct SimMemory {
+    space: Mutex<AddressSpace>,
+    used: AtomicU64,
+    total: u64,
+}
+
+impl std::fmt::Debug for SimDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimDevice").field("config", &self.config).finish()
+    }
+}
+
+fn uuid_for(name: &str) -> [u8; 16] {
+    // FNV-1a over the name, spread over 16 bytes, with RFC 4122 version 8 bits.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut out = [0u8; 16];
+    for (i, b) in name.bytes().chain(*b"vgpu-sim").enumerate() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+        out[i % 16] ^= (h >> 24) as u8;
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        h = h.wrapping_mul(0x0100_0000_01b3) ^ i as u64;
+        *o ^= (h >> 32) as u8;
+    }
+    out[6] = (out[6] & 0x0f) | 0x80;
+    out[8] = (out[8] & 0x3f) | 0x80;
+    out
+}
+
+fn attributes(workers: usize) -> Vec<i32> {
+    let mut a = vec![0; attr::COUNT];
+    let sms = i32::try_from(workers.max(1)).unwrap_or(i32::MAX);
+    for (k, v) in [
+        (attr::MAX_THREADS_PER_BLOCK, 1024),
+        (attr::MAX_BLOCK_DIM_X, 1024),
+        (attr::MAX_BLOCK_DIM_Y, 1024),
+        (attr::MAX_BLOCK_DIM_Z, 64),
+        (attr::MAX_GRID_DIM_X, i32::MAX),
+        (attr::MAX_GRID_DIM_Y, 65535),
+        (attr::MAX_GRID_DIM_Z, 65535),
+        (attr::MAX_SHARED_MEMORY_PER_BLOCK, 48 << 10),
+        (attr::TOTAL_CONSTANT_MEMORY, 64 << 10),
+        (attr::WARP_SIZE, 32),
+        (attr::MAX_PITCH, i32::MAX),
+        (attr::MAX_REGISTERS_PER_BLOCK, 65536),
+        (attr::CLOCK_RATE, 1_410_000),
+        (attr::TEXTURE_ALIGNMENT, 512),
+        (attr::GPU_OVERLAP, 1),
+        (attr::MULTIPROCESSOR_COUNT, sms),
+        (attr::SURFACE_ALIGNMENT, 512),
+        (attr::CONCURRENT_KERNELS, 1),
+        (attr::MEMORY_CLOCK_RATE, 1_215_000),
+        (attr::GLOBAL_MEMORY_BUS_WIDTH, 5120),
+        (attr::L2_CACHE_SIZE, 40 << 20),
+        (attr::MAX_THREADS_PER_MULTIPROCESSOR, 2048),
+        (attr::ASYNC_ENGINE_COUNT, 1),
+        (attr::UNIFIED_ADDRESSING, 1),
+        (attr::TEXTURE_PITCH_ALIGNMENT, 32),
+        (attr::COMPUTE_CAPABILITY_MAJOR, COMPUTE_CAPABILITY.0),
+        (attr::COMPUTE_CAPABILITY_MINOR, COMPUTE_CAPABILITY.1),
+        (attr::STREAM_PRIORITIES_SUPPORTED, 1),
+        (attr::GLOBAL_L1_CACHE_SUPPORTED, 1),
+        (attr::LOCAL_L1_CACHE_SUPPORTED, 1),
+        (attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 164 << 10),
+        (attr::MAX_REGISTERS_PER_MULTIPROCESSOR, 65536),
+        (attr::SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO, 2),
+        (attr::COMPUTE_PREEMPTION_SUPPORTED, 1),
+        (attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 163 << 10),
+        (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
+        (attr::RESERVED_SHARED_MEMORY_PER_BLOCK, 1024),
+        (attr::HOST_NUMA_ID, -1),
+    ] {
+        a[k] = v;
+    }
+    a
+}
+
+impl SimDevice {
+    /// A simulated GPU.
+    pub fn new(config: SimConfig) -> Self {
+        let info = DeviceInfo {
+            name: DEVICE_NAME.to_string(),
+            kind: "sim",
+            uuid: uuid_for(&config.name),
+            total_memory: config.memory,
+            alloc_granularity: ALLOC_ALIGN,
+            attributes: attributes(config.workers),
+        };
+        Self {
+            info,
+            memory: Arc::new(SimMemory {
+                total: config.memory,
+                ..SimMemory::default()
+            }),
+            config,
+        }
+    }
+}
+
+impl Device for SimDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn open(&self, _tenant: &str) -> Result<Arc<dyn DeviceContext>, DeviceError> {
+        Ok(Arc::new(SimContext {
+            memory: Arc::clone(&self.memory),
+            allocs: RwLock::new(BTreeMap::new()),
+            workers: self.config.workers.max(1),
+        }))
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.memory.used.load(Ordering::Relaxed)
+    }
+}
+
+/// One tenant's view of the simulated GPU: only its own allocations exist.
+pub struct SimContext {
+    memory: Arc<SimMemory>,
+    allocs: RwLock<BTreeMap<u64, Arc<Buffer>>>,
+    #[allow(dead_code)]
+    workers: usize,
+}
+
+impl std::fmt::Debug for SimContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimContext")
+            .field("allocations", &self.allocs.read().map(|a| a.len()).unwrap_or(0))
+            .finish()
+    }
+}
+
+impl SimContext {
+    /// The allocation containing `addr`: (base, backing).
+    pub fn lookup(&self, addr: u64) -> Option<(u64, Arc<Buffer>)> {
+        let a = self.allocs.read().unwrap_or_else(|p| p.into_inner());
+        let (&base, buf) = a.range(..=addr).next_back()?;
+        (addr - base < buf.len() as u64).then(|| (base, Arc::clone(buf)))
+    }
+
+    /// The allocation holding `[addr, addr+len)` and the offset of `addr` in it.
+    fn range(&self, addr: u64, len: u64) -> Result<(Arc<Buffer>, usize), DeviceError> {
+        let bad = DeviceError::InvalidAddress { addr, len };
+        let (base, buf) = self.lookup(addr).ok_or(bad.clone())?;
+        let off = addr - base;
+        match off.checked_add(len) {
+            Some(end) if end <= buf.len() as u64 => Ok((buf, off as usize)),
+            _ => Err(bad),
+        }
+    }
+}
+
+impl Drop for SimContext {
+    fn drop(&mut self) {
+        let allocs = std::mem::take(self.allocs.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut space = self.memory.space.lock().unwrap_or_else(|p| p.into_inner());
+        for (base, buf) in allocs {
+            let size = aligned(buf.len() as u64).unwrap_or(ALLOC_ALIGN);
+            space.release(base, size);
+            self.memory.used.fetch_sub(size, Ordering::Relaxed);
+        }
+    }
+}
+
+impl DeviceContext for SimContext {
+    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
+        let rounded = aligned(size).ok_or(DeviceError::OutOfMemory)?;
+        // Reserve capacity first; give it back on any failure below.
+        let prev = self.memory.used.fetch_add(rounded, Ordering::Relaxed);
+        if prev.checked_add(rounded).is_none_or(|n| n > self.memory.total) {
+            self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
+            return Err(DeviceError::OutOfMemory);
+        }
+        let len = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory);
+        let buf = len.and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory));
+        let buf = match buf {
+            Ok(b) => b,
+            Err(e) => {
+                self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        let base = self
+            .memory
+            .space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reserve(rounded);
+        let Some(base) = base else {
+            self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
+            return Err(DeviceError::OutOfMemory);
+        };
+        self.allocs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(base, Arc::new(buf));
+        Ok(base)
+    }
+
+    fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+        let buf = self
+            .allocs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ptr)
+            .ok_or(DeviceError::InvalidAddress { addr: ptr, len: 0 })?;
+        let size = aligned(buf.len() as u64).unwrap_or(ALLOC_ALIGN);
+        self.memory
+            .space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(ptr, size);
+        self.memory.used.fetch_sub(size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let (buf, off) = self.range(dst, data.len() as u64)?;
+        buf.write(off, data)
+            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len: data.len() as u64 })
+    }
+
+    fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let len = out.len() as u64;
+        let (buf, off) = self.range(src, len)?;
+        buf.read(off, out)
+            .map_err(|_| DeviceError::InvalidAddress { addr: src, len })
+    }
+
+    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
+        let (s, soff) = self.range(src, len)?;
+        let (d, doff) = self.range(dst, len)?;
+        d.copy_from(doff, &s, soff, len as usize)
+            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len })
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+        if !matches!(elem_size, 1 | 2 | 4) {
+            return Err(DeviceError::NotSupported(format!("memset element size {elem_size}")));
+        }
+        let bytes = count
+            .checked_mul(u64::from(elem_size))
+            .ok_or(DeviceError::InvalidAddress { addr: dst, len: u64::MAX })?;
+        let (buf, off) = self.range(dst, bytes)?;
+        let pattern = &value.to_le_bytes()[..elem_size as usize];
+        buf.fill(off, pattern, count as usize)
+            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len: bytes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(memory: u64) -> SimDevice {
+        SimDevice::new(SimConfig {
+            name: "gpu0".into(),
+            memory,
+            workers: 2,
+        })
+    }
+
+    #[test]
+    fn memory_round_trips_and_fills() {
+        let d = dev(1 << 20);
+        let c = d.open("a").unwrap();
+        let p = c.alloc(1000).unwrap();
+        c.write(p + 10, b"hello").unwrap();
+        c.memset(p + 100, 0xdead_beef, 4, 3).unwrap();
+        c.copy(p + 500, p + 10, 5).unwrap();
+        let mut out = vec![0u8; 1000];
+        c.read(p, &mut out).unwrap();
+        assert_eq!(&out[10..15], b"hello");
+        assert_eq!(&out[500..505], b"hello");
+        assert_eq!(&out[100..104], &0xdead_beefu32.to_le_bytes());
+        assert_eq!(&out[108..112], &0xdead_beefu32.to_le_bytes());
+        assert_eq!(out[112], 0);
+        assert!(out[..10].iter().all(|&b| b == 0), "fresh memory is zeroed");
+    }
+
+    #[test]
+    fn tenants_see_only_their_own_allocations() {
+        let d = dev(1 << 20);
+        let a = d.open("a").unwrap();
+        let b = d.open("b").unwrap();
+        let p = a.alloc(64).unwrap();
+        assert!(matches!(b.write(p, b"x"), Err(DeviceError::InvalidAddress { .. })));
+        assert!(b.free(p).is_err());
+        assert!(a.write(p + 60, b"12345").is_err(), "past the end");
+        a.write(p + 59, b"12345").unwrap();
+    }
+
+    #[test]
+    fn capacity_is_enforced_and_released() {
+        let d = dev(4096);
+        let c = d.open("a").unwrap();
+        let p = c.alloc(4000).unwrap();
+        assert_eq!(d.memory_used(), 4096);
+        assert_eq!(c.alloc(1), Err(DeviceError::OutOfMemory));
+        c.free(p).unwrap();
+        assert_eq!(d.memory_used(), 0);
+        let _q = c.alloc(4096).unwrap();
+        drop(c);
+        assert_eq!(d.memory_used(), 0, "a dropped context frees its memory");
+    }
+
+    #[test]
+    fn a_huge_request_fails_cleanly() {
+        let d = dev(u64::MAX / 2);
+        let c = d.open("a").unwrap();
+        assert_eq!(c.alloc(u64::MAX - 10), Err(DeviceError::OutOfMemory));
+        assert_eq!(d.memory_used(), 0);
+    }
+
+    #[test]
+    fn the_uuid_is_stable_and_per_device() {
+        assert_eq!(uuid_for("gpu0"), uuid_for("gpu0"));
+        assert_ne!(uuid_for("gpu0"), uuid_for("gpu1"));
+    }
+}

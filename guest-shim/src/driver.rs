@@ -1,0 +1,670 @@
+//! The CUDA driver API in safe Rust. `exports` wraps these functions in the C
+//! ABI; every function returns the `CUresult` CUDA would.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use vgpu_proto::cuda::{self, CuResult};
+use vgpu_proto::frame::MAX_BULK_CHUNK;
+use vgpu_proto::msg;
+
+use crate::client::{CallError, Client};
+use crate::transport;
+
+/// A driver call's result.
+pub type CuRes<T> = Result<T, CuResult>;
+
+/// `CU_STREAM_PER_THREAD`.
+pub const STREAM_PER_THREAD: u64 = 0x2;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`.
+pub const MEMHOSTALLOC_DEVICEMAP: u32 = 0x2;
+/// Flags `cuMemHostAlloc` accepts: PORTABLE | DEVICEMAP | WRITECOMBINED.
+pub const MEMHOSTALLOC_KNOWN: u32 = 0x7;
+/// Alignment of `cuMemAllocHost` buffers.
+pub const HOST_ALLOC_ALIGN: usize = 4096;
+
+/// State of an initialised driver.
+pub struct Driver {
+    client: Mutex<Client>,
+    /// Device properties as the host reported them at `cuInit`.
+    pub props: msg::DeviceProperties,
+    /// The VM (tenant) name the host identified.
+    pub tenant: String,
+    device_ranges: Mutex<BTreeMap<u64, u64>>,
+    host_allocs: Mutex<HashMap<usize, usize>>,
+    streams: Mutex<HashMap<u64, (u32, i32)>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
+static DRIVER: OnceLock<CuRes<Driver>> = OnceLock::new();
+
+thread_local! {
+    static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn process_name() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn connect() -> CuRes<Driver> {
+    let ep = transport::endpoint_from_env().map_err(|m| {
+        crate::warn!("{m}");
+        cuda::CUDA_ERROR_INVALID_VALUE
+    })?;
+    let stream = transport::connect(&ep).map_err(|e| {
+        crate::warn!(
+            "cuInit: cannot reach vgpud at {ep}: {e} (set VGPU_TRANSPORT, see docs/guest.md)"
+        );
+        cuda::CUDA_ERROR_NO_DEVICE
+    })?;
+    let mut client = Client::new(stream);
+    let hello = client.hello(&process_name()).map_err(|e| {
+        crate::warn!("cuInit: vgpud at {ep} refused the session: {}", e.message);
+        e.code
+    })?;
+    let (props, _) = client
+        .call(&msg::DeviceGetProperties { device: 0 }, &[])
+        .map_err(|e| e.code)?;
+    crate::debug!(
+        "cuInit: session {} of VM `{}` via {ep}",
+        hello.session_id,
+        hello.tenant
+    );
+    Ok(Driver {
+        client: Mutex::new(client),
+        props,
+        tenant: hello.tenant,
+        device_ranges: Mutex::new(BTreeMap::new()),
+        host_allocs: Mutex::new(HashMap::new()),
+        streams: Mutex::new(HashMap::new()),
+    })
+}
+
+/// `cuInit`: connects once per process; later calls return the first result.
+pub fn init(flags: u32) -> CuRes<()> {
+    if flags != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    match DRIVER.get_or_init(connect) {
+        Ok(_) => Ok(()),
+        Err(c) => Err(*c),
+    }
+}
+
+/// The initialised driver.
+pub fn driver() -> CuRes<&'static Driver> {
+    match DRIVER.get() {
+        Some(Ok(d)) => Ok(d),
+        Some(Err(_)) | None => Err(cuda::CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+fn log_err<T>(op: &str, r: Result<T, CallError>) -> CuRes<T> {
+    r.map_err(|e| {
+        crate::debug!(
+            "{op} -> {} ({}): {}",
+            cuda::result_name(e.code).unwrap_or("?"),
+            e.code,
+            e.message
+        );
+        e.code
+    })
+}
+
+impl Driver {
+    fn call<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<O::Reply> {
+        let r = lock(&self.client).call(req, tail).map(|(r, _)| r);
+        log_err(std::any::type_name::<O>(), r)
+    }
+
+    fn post<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<()> {
+        let r = lock(&self.client).post(req, tail);
+        log_err(std::any::type_name::<O>(), r)
+    }
+
+    /// Whether `ptr` lies in device memory this process allocated.
+    pub fn is_device_ptr(&self, ptr: u64) -> bool {
+        let r = lock(&self.device_ranges);
+        r.range(..=ptr)
+            .next_back()
+            .is_some_and(|(b, s)| ptr - b < *s)
+    }
+}
+
+fn check_device(dev: i32) -> CuRes<()> {
+    if dev == 0 {
+        Ok(())
+    } else {
+        Err(cuda::CUDA_ERROR_INVALID_DEVICE)
+    }
+}
+
+// ---- version, devices ----------------------------------------------------
+
+/// `cuDriverGetVersion` (needs no `cuInit`).
+pub fn driver_version() -> i32 {
+    vgpu_proto::CUDA_DRIVER_VERSION
+}
+
+/// `cuDeviceGetCount`.
+pub fn device_count() -> CuRes<i32> {
+    driver()?;
+    Ok(1)
+}
+
+/// `cuDeviceGet`.
+pub fn device_get(ordinal: i32) -> CuRes<i32> {
+    driver()?;
+    check_device(ordinal)?;
+    Ok(ordinal)
+}
+
+/// `cuDeviceGetName`.
+pub fn device_name(dev: i32) -> CuRes<String> {
+    let d = driver()?;
+    check_device(dev)?;
+    Ok(d.props.name.clone())
+}
+
+/// `cuDeviceGetUuid`.
+pub fn device_uuid(dev: i32) -> CuRes<[u8; 16]> {
+    let d = driver()?;
+    check_device(dev)?;
+    Ok(d.props.uuid)
+}
+
+/// `cuDeviceTotalMem`: the VM's memory slice (live).
+pub fn device_total_mem(dev: i32) -> CuRes<u64> {
+    let d = driver()?;
+    check_device(dev)?;
+    Ok(d.call(&msg::DeviceTotalMem { device: 0 }, &[])?.bytes)
+}
+
+/// `cuDeviceGetAttribute`.
+pub fn device_attribute(attr: i32, dev: i32) -> CuRes<i32> {
+    let d = driver()?;
+    check_device(dev)?;
+    usize::try_from(attr)
+        .ok()
+        .filter(|&a| a > 0)
+        .and_then(|a| d.props.attributes.get(a).copied())
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuDeviceGetPCIBusId` text.
+pub fn device_pci_bus_id(dev: i32) -> CuRes<String> {
+    let domain = device_attribute(cuda::attr::PCI_DOMAIN_ID as i32, dev)?;
+    let bus = device_attribute(cuda::attr::PCI_BUS_ID as i32, dev)?;
+    let device = device_attribute(cuda::attr::PCI_DEVICE_ID as i32, dev)?;
+    Ok(format!("{domain:08X}:{bus:02X}:{device:02X}.0"))
+}
+
+// ---- contexts --------------------------------------------------------------
+
+/// The calling thread's current context.
+pub fn current_ctx() -> Option<u64> {
+    CTX_STACK.with(|s| s.borrow().last().copied())
+}
+
+fn ctx() -> CuRes<u64> {
+    driver()?;
+    current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// `cuCtxCreate`: creates a context and makes it current.
+pub fn ctx_create(flags: u32, dev: i32) -> CuRes<u64> {
+    let d = driver()?;
+    check_device(dev)?;
+    let h = d.call(&msg::CtxCreate { device: 0, flags }, &[])?.handle;
+    CTX_STACK.with(|s| s.borrow_mut().push(h));
+    Ok(h)
+}
+
+/// `cuCtxDestroy`.
+pub fn ctx_destroy(c: u64) -> CuRes<()> {
+    let d = driver()?;
+    d.call(&msg::CtxDestroy { ctx: c }, &[])?;
+    CTX_STACK.with(|s| s.borrow_mut().retain(|&x| x != c));
+    Ok(())
+}
+
+/// `cuCtxSetCurrent`: replaces the top of the stack (NULL pops it).
+pub fn ctx_set_current(c: u64) -> CuRes<()> {
+    driver()?;
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if c != 0 {
+            s.push(c);
+        }
+    });
+    Ok(())
+}
+
+/// `cuCtxPushCurrent`.
+pub fn ctx_push(c: u64) -> CuRes<()> {
+    driver()?;
+    if c == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    CTX_STACK.with(|s| s.borrow_mut().push(c));
+    Ok(())
+}
+
+/// `cuCtxPopCurrent`.
+pub fn ctx_pop() -> CuRes<u64> {
+    driver()?;
+    CTX_STACK
+        .with(|s| s.borrow_mut().pop())
+        .ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// `cuCtxGetCurrent` (NULL when none).
+pub fn ctx_get_current() -> CuRes<u64> {
+    driver()?;
+    Ok(current_ctx().unwrap_or(0))
+}
+
+/// `cuCtxGetDevice`.
+pub fn ctx_get_device() -> CuRes<i32> {
+    ctx()?;
+    Ok(0)
+}
+
+/// `cuCtxSynchronize`.
+pub fn ctx_synchronize() -> CuRes<()> {
+    let c = ctx()?;
+    driver()?.call(&msg::CtxSynchronize { ctx: c }, &[])?;
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxRetain`.
+pub fn primary_retain(dev: i32) -> CuRes<u64> {
+    let d = driver()?;
+    check_device(dev)?;
+    Ok(d.call(&msg::PrimaryCtxRetain { device: 0 }, &[])?.handle)
+}
+
+/// `cuDevicePrimaryCtxRelease`.
+pub fn primary_release(dev: i32) -> CuRes<()> {
+    let d = driver()?;
+    check_device(dev)?;
+    d.call(&msg::PrimaryCtxRelease { device: 0 }, &[])?;
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxReset`.
+pub fn primary_reset(dev: i32) -> CuRes<()> {
+    let d = driver()?;
+    check_device(dev)?;
+    d.call(&msg::PrimaryCtxReset { device: 0 }, &[])?;
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxGetState`: (flags, active).
+pub fn primary_state(dev: i32) -> CuRes<(u32, bool)> {
+    let d = driver()?;
+    check_device(dev)?;
+    let s = d.call(&msg::PrimaryCtxGetState { device: 0 }, &[])?;
+    Ok((s.flags, s.active != 0))
+}
+
+/// `cuDevicePrimaryCtxSetFlags`.
+pub fn primary_set_flags(dev: i32, flags: u32) -> CuRes<()> {
+    let d = driver()?;
+    check_device(dev)?;
+    d.call(&msg::PrimaryCtxSetFlags { device: 0, flags }, &[])?;
+    Ok(())
+}
+
+// ---- memory ----------------------------------------------------------------
+
+/// `cuMemAlloc`.
+pub fn mem_alloc(size: u64) -> CuRes<u64> {
+    let c = ctx()?;
+    let d = driver()?;
+    let ptr = d.call(&msg::MemAlloc { ctx: c, size }, &[])?.ptr;
+    lock(&d.device_ranges).insert(ptr, size);
+    Ok(ptr)
+}
+
+/// `cuMemAllocPitch`: (ptr, pitch).
+pub fn mem_alloc_pitch(width: u64, height: u64, elem_size: u32) -> CuRes<(u64, u64)> {
+    let c = ctx()?;
+    let d = driver()?;
+    let r = d.call(
+        &msg::MemAllocPitch {
+            ctx: c,
+            width,
+            height,
+            elem_size,
+        },
+        &[],
+    )?;
+    lock(&d.device_ranges).insert(r.ptr, r.pitch * height);
+    Ok((r.ptr, r.pitch))
+}
+
+/// `cuMemFree`.
+pub fn mem_free(ptr: u64) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    d.call(&msg::MemFree { ctx: c, ptr }, &[])?;
+    lock(&d.device_ranges).remove(&ptr);
+    Ok(())
+}
+
+/// `cuMemGetInfo`: (free, total) of the VM's slice.
+pub fn mem_get_info() -> CuRes<(u64, u64)> {
+    let c = ctx()?;
+    let r = driver()?.call(&msg::MemGetInfo { ctx: c }, &[])?;
+    Ok((r.free, r.total))
+}
+
+/// `cuMemGetAddressRange`: (base, size).
+pub fn mem_get_address_range(ptr: u64) -> CuRes<(u64, u64)> {
+    let c = ctx()?;
+    let r = driver()?.call(&msg::MemGetAddressRange { ctx: c, ptr }, &[])?;
+    Ok((r.base, r.size))
+}
+
+/// Host to device; `sync` waits for completion (and earlier errors).
+pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    if src.is_empty() {
+        return Ok(());
+    }
+    let chunks: Vec<&[u8]> = src.chunks(MAX_BULK_CHUNK).collect();
+    let last = chunks.len() - 1;
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let req = msg::MemcpyHtoD {
+            ctx: c,
+            stream,
+            dst: dst + (i * MAX_BULK_CHUNK) as u64,
+        };
+        if sync && i == last {
+            d.call(&req, chunk)?;
+        } else {
+            d.post(&req, chunk)?;
+        }
+    }
+    Ok(())
+}
+
+/// Device to host (always waits: the data must arrive).
+pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    for (i, chunk) in dst.chunks_mut(MAX_BULK_CHUNK).enumerate() {
+        let req = msg::MemcpyDtoH {
+            ctx: c,
+            stream,
+            src: src + (i * MAX_BULK_CHUNK) as u64,
+            len: chunk.len() as u64,
+        };
+        let r = lock(&d.client).call_into(&req, chunk);
+        log_err("MemcpyDtoH", r)?;
+    }
+    Ok(())
+}
+
+/// Device to device.
+pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    if len == 0 {
+        return Ok(());
+    }
+    let req = msg::MemcpyDtoD {
+        ctx: c,
+        stream,
+        dst,
+        src,
+        len,
+    };
+    if sync {
+        d.call(&req, &[]).map(drop)
+    } else {
+        d.post(&req, &[])
+    }
+}
+
+/// What a unified-addressing pointer refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    /// This process's device memory.
+    Device,
+    /// Host memory.
+    Host,
+}
+
+/// Classifies a pointer for `cuMemcpy`.
+pub fn space_of(ptr: u64) -> CuRes<Space> {
+    Ok(if driver()?.is_device_ptr(ptr) {
+        Space::Device
+    } else {
+        Space::Host
+    })
+}
+
+/// `cuMemsetD8/16/32` (and Async).
+pub fn memset(
+    dst: u64,
+    value: u32,
+    elem_size: u32,
+    count: u64,
+    stream: u64,
+    sync: bool,
+) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    if count == 0 {
+        return Ok(());
+    }
+    let req = msg::Memset {
+        ctx: c,
+        stream,
+        dst,
+        value,
+        elem_size,
+        count,
+    };
+    if sync {
+        d.call(&req, &[]).map(drop)
+    } else {
+        d.post(&req, &[])
+    }
+}
+
+/// `cuMemAllocHost` / `cuMemHostAlloc`: guest-local, page-aligned host memory.
+pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
+    let d = driver()?;
+    ctx()?;
+    if flags & !MEMHOSTALLOC_KNOWN != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if flags & MEMHOSTALLOC_DEVICEMAP != 0 {
+        crate::debug!(
+            "cuMemHostAlloc: CU_MEMHOSTALLOC_DEVICEMAP (zero-copy host memory) is not supported"
+        );
+        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let layout = std::alloc::Layout::from_size_align(size.max(1), HOST_ALLOC_ALIGN)
+        .map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    lock(&d.host_allocs).insert(p as usize, size.max(1));
+    Ok(p)
+}
+
+/// `cuMemFreeHost`.
+pub fn host_free(p: *mut u8) -> CuRes<()> {
+    let d = driver()?;
+    let size = lock(&d.host_allocs)
+        .remove(&(p as usize))
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let layout = std::alloc::Layout::from_size_align(size, HOST_ALLOC_ALIGN)
+        .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: `p` was returned by `alloc_zeroed` with this layout (recorded in host_allocs) and is freed once.
+    unsafe { std::alloc::dealloc(p, layout) };
+    Ok(())
+}
+
+// ---- streams and events ----------------------------------------------------
+
+/// `cuStreamCreateWithPriority`.
+pub fn stream_create(flags: u32, priority: i32) -> CuRes<u64> {
+    let c = ctx()?;
+    let d = driver()?;
+    let priority = priority.clamp(-5, 0);
+    let h = d
+        .call(
+            &msg::StreamCreate {
+                ctx: c,
+                flags,
+                priority,
+            },
+            &[],
+        )?
+        .handle;
+    lock(&d.streams).insert(h, (flags, priority));
+    Ok(h)
+}
+
+/// `cuStreamDestroy`.
+pub fn stream_destroy(s: u64) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    d.call(&msg::StreamDestroy { ctx: c, stream: s }, &[])?;
+    lock(&d.streams).remove(&s);
+    Ok(())
+}
+
+/// `cuStreamGetPriority` / `cuStreamGetFlags`: (flags, priority).
+pub fn stream_params(s: u64) -> CuRes<(u32, i32)> {
+    let d = driver()?;
+    if s == 0 || s == STREAM_PER_THREAD || s == 1 {
+        return Ok((0, 0));
+    }
+    lock(&d.streams)
+        .get(&s)
+        .copied()
+        .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuStreamSynchronize`.
+pub fn stream_synchronize(s: u64) -> CuRes<()> {
+    let c = ctx()?;
+    driver()?
+        .call(&msg::StreamSynchronize { ctx: c, stream: s }, &[])
+        .map(drop)
+}
+
+/// `cuStreamQuery`.
+pub fn stream_query(s: u64) -> CuRes<()> {
+    let c = ctx()?;
+    driver()?
+        .call(&msg::StreamQuery { ctx: c, stream: s }, &[])
+        .map(drop)
+}
+
+/// `cuStreamWaitEvent`.
+pub fn stream_wait_event(s: u64, e: u64, flags: u32) -> CuRes<()> {
+    let c = ctx()?;
+    driver()?.post(
+        &msg::StreamWaitEvent {
+            ctx: c,
+            stream: s,
+            event: e,
+            flags,
+        },
+        &[],
+    )
+}
+
+/// `cuEventCreate`.
+pub fn event_create(flags: u32) -> CuRes<u64> {
+    let c = ctx()?;
+    Ok(driver()?
+        .call(&msg::EventCreate { ctx: c, flags }, &[])?
+        .handle)
+}
+
+/// `cuEventDestroy`.
+pub fn event_destroy(e: u64) -> CuRes<()> {
+    let c = ctx()?;
+    driver()?
+        .call(&msg::EventDestroy { ctx: c, event: e }, &[])
+        .map(drop)
+}
+
+/// `cuEventRecord`.
+pub fn event_record(e: u64, s: u64) -> CuRes<()> {
+    let c = ctx()?;
+    driver()?.post(
+        &msg::EventRecord {
+            ctx: c,
+            stream: s,
+            event: e,
+        },
+        &[],
+    )
+}
+
+/// `cuEventQuery`.
+pub fn event_query(e: u64) -> CuRes<()> {
+    let c = ctx()?;
+    driver()?
+        .call(&msg::EventQuery { ctx: c, event: e }, &[])
+        .map(drop)
+}
+
+/// `cuEventSynchronize`.
+pub fn event_synchronize(e: u64) -> CuRes<()> {
+    let c = ctx()?;
+    driver()?
+        .call(&msg::EventSynchronize { ctx: c, event: e }, &[])
+        .map(drop)
+}
+
+/// `cuEventElapsedTime` in milliseconds.
+pub fn event_elapsed(start: u64, end: u64) -> CuRes<f32> {
+    let c = ctx()?;
+    Ok(driver()?
+        .call(&msg::EventElapsedTime { ctx: c, start, end }, &[])?
+        .ms)
+}
+
+/// The VM's slice and sessions as JSON (for vgpu-smi).
+pub fn tenant_info() -> CuRes<String> {
+    Ok(driver()?.call(&msg::TenantInfo {}, &[])?.json)
+}
+
+/// Round trip without side effects (for benchmarks).
+pub fn ping() -> CuRes<()> {
+    driver()?.call(&msg::Ping {}, &[]).map(drop)
+}
+
+/// Operations that the host does not support yet.
+pub fn unsupported(what: &str) -> CuResult {
+    crate::debug!("{what}: not supported by vgpu");
+    cuda::CUDA_ERROR_NOT_SUPPORTED
+}

@@ -1,0 +1,883 @@
+//! The exported C ABI of `libcuda.so.1`: a thin layer that converts C
+//! arguments and calls the safe functions in [`crate::driver`].
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+
+use vgpu_proto::cuda;
+
+use crate::driver::{self as drv, Space};
+use crate::ffi::{CUresult, ffi, write_cstr};
+use crate::{in_bytes, out, out_bytes};
+
+/// `CUdevice`.
+pub type CUdevice = c_int;
+/// `CUdeviceptr`.
+pub type CUdeviceptr = u64;
+/// An opaque handle (`CUcontext`, `CUstream`, `CUevent`, `CUmodule`, `CUfunction`, …).
+pub type CUhandle = *mut c_void;
+
+fn h(p: CUhandle) -> u64 {
+    p as u64
+}
+
+fn p(v: u64) -> CUhandle {
+    v as CUhandle
+}
+
+/// `CU_CTX_SCHED_*` and friends that `cuCtxCreate` accepts.
+const CTX_FLAGS_KNOWN: c_uint = 0x1f;
+
+// ---- initialisation, version, errors ---------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    ffi(|| drv::init(flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    ffi(|| out!(version, drv::driver_version()))
+}
+
+fn error_strings() -> &'static [(u32, CString, CString)] {
+    static T: OnceLock<Vec<(u32, CString, CString)>> = OnceLock::new();
+    T.get_or_init(|| {
+        cuda::RESULTS
+            .iter()
+            .map(|(c, n, m)| {
+                (
+                    *c,
+                    CString::new(*n).unwrap_or_default(),
+                    CString::new(*m).unwrap_or_default(),
+                )
+            })
+            .collect()
+    })
+}
+
+fn error_lookup(code: CUresult, s: *mut *const c_char, name: bool) -> CUresult {
+    ffi(|| {
+        let e = error_strings().iter().find(|e| e.0 == code);
+        let ptr = e.map_or(std::ptr::null(), |e| {
+            if name { e.1.as_ptr() } else { e.2.as_ptr() }
+        });
+        out!(s, ptr)?;
+        if e.is_some() {
+            Ok(())
+        } else {
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(error: CUresult, s: *mut *const c_char) -> CUresult {
+    error_lookup(error, s, true)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(error: CUresult, s: *mut *const c_char) -> CUresult {
+    error_lookup(error, s, false)
+}
+
+// ---- devices -----------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    ffi(|| out!(count, drv::device_count()?))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    ffi(|| out!(device, drv::device_get(ordinal)?))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    ffi(|| {
+        let n = drv::device_name(dev)?;
+        // SAFETY: `name` is the caller's buffer of `len` bytes (CUDA contract); NULL and len <= 0 are refused.
+        unsafe { write_cstr(name, len, &n) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    ffi(|| out!(uuid, drv::device_uuid(dev)?))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    ffi(|| out!(uuid, drv::device_uuid(dev)?))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    ffi(|| out!(bytes, drv::device_total_mem(dev)? as usize))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    ffi(|| out!(pi, drv::device_attribute(attrib, dev)?))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceComputeCapability(
+    major: *mut c_int,
+    minor: *mut c_int,
+    dev: CUdevice,
+) -> CUresult {
+    ffi(|| {
+        out!(
+            major,
+            drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as c_int, dev)?
+        )?;
+        out!(
+            minor,
+            drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MINOR as c_int, dev)?
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    bus_id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    ffi(|| {
+        let s = drv::device_pci_bus_id(dev)?;
+        // SAFETY: `bus_id` is the caller's buffer of `len` bytes (CUDA contract); NULL and len <= 0 are refused.
+        unsafe { write_cstr(bus_id, len, &s) }
+    })
+}
+
+// ---- contexts ------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUhandle,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    ffi(|| {
+        if pctx.is_null() || flags & !CTX_FLAGS_KNOWN != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(pctx, p(drv::ctx_create(flags, dev)?))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut CUhandle,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    if num_params != 0 || !params.is_null() {
+        return drv::unsupported("cuCtxCreate_v3 with execution-affinity parameters");
+    }
+    // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.
+    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUhandle) -> CUresult {
+    ffi(|| drv::ctx_destroy(h(ctx)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUhandle) -> CUresult {
+    ffi(|| out!(pctx, p(drv::ctx_get_current()?)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: CUhandle) -> CUresult {
+    ffi(|| drv::ctx_set_current(h(ctx)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUhandle) -> CUresult {
+    ffi(|| drv::ctx_push(h(ctx)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUhandle) -> CUresult {
+    ffi(|| {
+        let c = drv::ctx_pop()?;
+        if pctx.is_null() {
+            Ok(())
+        } else {
+            out!(pctx, p(c))
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    ffi(|| out!(device, drv::ctx_get_device()?))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    ffi(drv::ctx_synchronize)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetApiVersion(_ctx: CUhandle, version: *mut c_uint) -> CUresult {
+    ffi(|| {
+        drv::driver()?;
+        out!(version, 3020)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    ffi(|| {
+        drv::ctx_get_device()?;
+        out!(flags, 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
+    ffi(|| {
+        drv::driver()?;
+        if !least.is_null() {
+            out!(least, 0)?;
+        }
+        if !greatest.is_null() {
+            out!(greatest, -5)?;
+        }
+        Ok(())
+    })
+}
+
+/// `CU_LIMIT_STACK_SIZE`.
+const LIMIT_STACK_SIZE: c_int = 0;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
+    ffi(|| {
+        drv::ctx_get_device()?;
+        let v = match limit {
+            LIMIT_STACK_SIZE => 1024,
+            LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
+            _ => return Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
+        };
+        out!(value, v)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(limit: c_int, _value: usize) -> CUresult {
+    ffi(|| {
+        drv::ctx_get_device()?;
+        match limit {
+            LIMIT_STACK_SIZE | LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => Ok(()),
+            _ => Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
+    ffi(|| {
+        drv::ctx_get_device()?;
+        out!(config, 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCacheConfig(_config: c_int) -> CUresult {
+    ffi(|| drv::ctx_get_device().map(drop))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUhandle, dev: CUdevice) -> CUresult {
+    ffi(|| {
+        if pctx.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(pctx, p(drv::primary_retain(dev)?))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    ffi(|| drv::primary_release(dev))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    ffi(|| drv::primary_reset(dev))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    ffi(|| {
+        let (f, a) = drv::primary_state(dev)?;
+        out!(flags, f)?;
+        out!(active, c_int::from(a))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    ffi(|| drv::primary_set_flags(dev, flags))
+}
+
+// ---- memory ----------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    ffi(|| {
+        if dptr.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(dptr, drv::mem_alloc(bytesize as u64)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem_size: c_uint,
+) -> CUresult {
+    ffi(|| {
+        if dptr.is_null() || pitch.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (d, pt) = drv::mem_alloc_pitch(width as u64, height as u64, elem_size)?;
+        out!(dptr, d)?;
+        out!(pitch, pt as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    ffi(|| drv::mem_free(dptr))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    ffi(|| {
+        let (f, t) = drv::mem_get_info()?;
+        out!(free, f as usize)?;
+        out!(total, t as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    ffi(|| {
+        let (b, s) = drv::mem_get_address_range(dptr)?;
+        if !base.is_null() {
+            out!(base, b)?;
+        }
+        if !size.is_null() {
+            out!(size, s as usize)?;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
+    ffi(|| drv::memcpy_htod(dst, in_bytes!(src, n), 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi(|| drv::memcpy_htod(dst, in_bytes!(src, n), h(stream), false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    ffi(|| drv::memcpy_dtoh(out_bytes!(dst, n), src, 0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi(|| drv::memcpy_dtoh(out_bytes!(dst, n), src, h(stream)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    ffi(|| drv::memcpy_dtod(dst, src, n as u64, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi(|| drv::memcpy_dtod(dst, src, n as u64, h(stream), false))
+}
+
+fn memcpy_uva(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: u64,
+    sync: bool,
+) -> drv::CuRes<()> {
+    match (drv::space_of(dst)?, drv::space_of(src)?) {
+        (Space::Device, Space::Device) => drv::memcpy_dtod(dst, src, n as u64, stream, sync),
+        (Space::Device, Space::Host) => {
+            drv::memcpy_htod(dst, in_bytes!(src as *const u8, n), stream, sync)
+        }
+        (Space::Host, Space::Device) => {
+            drv::memcpy_dtoh(out_bytes!(dst as *mut u8, n), src, stream)
+        }
+        (Space::Host, Space::Host) => {
+            if n > 0 {
+                let s = in_bytes!(src as *const u8, n).as_ptr();
+                let d = out_bytes!(dst as *mut u8, n).as_mut_ptr();
+                // SAFETY: both ranges are valid for `n` bytes (CUDA contract); copy allows overlap.
+                unsafe { std::ptr::copy(s, d, n) };
+            }
+            Ok(())
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    ffi(|| memcpy_uva(dst, src, n, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi(|| memcpy_uva(dst, src, n, h(stream), false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
+    ffi(|| drv::memset(dst, u32::from(v), 1, n as u64, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
+    ffi(|| drv::memset(dst, u32::from(v), 2, n as u64, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
+    ffi(|| drv::memset(dst, v, 4, n as u64, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, stream: CUhandle) -> CUresult {
+    ffi(|| drv::memset(dst, u32::from(v), 1, n as u64, h(stream), false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD16Async(
+    dst: CUdeviceptr,
+    v: u16,
+    n: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi(|| drv::memset(dst, u32::from(v), 2, n as u64, h(stream), false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD32Async(
+    dst: CUdeviceptr,
+    v: c_uint,
+    n: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi(|| drv::memset(dst, v, 4, n as u64, h(stream), false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
+    ffi(|| {
+        if pp.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(pp, drv::host_alloc(bytesize, 0)?.cast())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    ffi(|| {
+        if pp.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(pp, drv::host_alloc(bytesize, flags)?.cast())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
+    ffi(|| drv::host_free(ptr.cast()))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostGetDevicePointer_v2(
+    _d: *mut CUdeviceptr,
+    _p: *mut c_void,
+    _flags: c_uint,
+) -> CUresult {
+    drv::unsupported("cuMemHostGetDevicePointer (mapped host memory)")
+}
+
+// ---- streams and events ---------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUhandle, flags: c_uint) -> CUresult {
+    ffi(|| {
+        if ph.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(ph, p(drv::stream_create(flags, 0)?))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut CUhandle,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    ffi(|| {
+        if ph.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(ph, p(drv::stream_create(flags, priority)?))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(stream: CUhandle) -> CUresult {
+    ffi(|| drv::stream_destroy(h(stream)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(stream: CUhandle) -> CUresult {
+    ffi(|| drv::stream_synchronize(h(stream)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(stream: CUhandle) -> CUresult {
+    ffi(|| drv::stream_query(h(stream)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent(stream: CUhandle, event: CUhandle, flags: c_uint) -> CUresult {
+    ffi(|| drv::stream_wait_event(h(stream), h(event), flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority(stream: CUhandle, priority: *mut c_int) -> CUresult {
+    ffi(|| out!(priority, drv::stream_params(h(stream))?.1))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags(stream: CUhandle, flags: *mut c_uint) -> CUresult {
+    ffi(|| out!(flags, drv::stream_params(h(stream))?.0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut CUhandle, flags: c_uint) -> CUresult {
+    ffi(|| {
+        if ph.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(ph, p(drv::event_create(flags)?))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord(event: CUhandle, stream: CUhandle) -> CUresult {
+    ffi(|| drv::event_record(h(event), h(stream)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(event: CUhandle) -> CUresult {
+    ffi(|| drv::event_query(h(event)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(event: CUhandle) -> CUresult {
+    ffi(|| drv::event_synchronize(h(event)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUhandle,
+    end: CUhandle,
+) -> CUresult {
+    ffi(|| {
+        if ms.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(ms, drv::event_elapsed(h(start), h(end))?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(event: CUhandle) -> CUresult {
+    ffi(|| drv::event_destroy(h(event)))
+}
+
+// ---- modules and launches (the simulated-GPU issue fills these in) ------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleLoadData(_module: *mut CUhandle, _image: *const c_void) -> CUresult {
+    drv::unsupported("cuModuleLoadData")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleLoadDataEx(
+    _module: *mut CUhandle,
+    _image: *const c_void,
+    _n: c_uint,
+    _opts: *mut c_int,
+    _vals: *mut *mut c_void,
+) -> CUresult {
+    drv::unsupported("cuModuleLoadDataEx")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleUnload(_module: CUhandle) -> CUresult {
+    drv::unsupported("cuModuleUnload")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleGetFunction(
+    _f: *mut CUhandle,
+    _module: CUhandle,
+    _name: *const c_char,
+) -> CUresult {
+    drv::unsupported("cuModuleGetFunction")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleGetGlobal_v2(
+    _dptr: *mut CUdeviceptr,
+    _bytes: *mut usize,
+    _module: CUhandle,
+    _name: *const c_char,
+) -> CUresult {
+    drv::unsupported("cuModuleGetGlobal")
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn cuLaunchKernel(
+    _f: CUhandle,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    _stream: CUhandle,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    drv::unsupported("cuLaunchKernel")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchKernelEx(
+    _config: *const c_void,
+    _f: CUhandle,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    drv::unsupported("cuLaunchKernelEx")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncGetAttribute(_pi: *mut c_int, _attr: c_int, _f: CUhandle) -> CUresult {
+    drv::unsupported("cuFuncGetAttribute")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetAttribute(_f: CUhandle, _attr: c_int, _value: c_int) -> CUresult {
+    drv::unsupported("cuFuncSetAttribute")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetCacheConfig(_f: CUhandle, _config: c_int) -> CUresult {
+    drv::unsupported("cuFuncSetCacheConfig")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    _n: *mut c_int,
+    _f: CUhandle,
+    _block: c_int,
+    _smem: usize,
+) -> CUresult {
+    drv::unsupported("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuOccupancyMaxPotentialBlockSize(
+    _min_grid: *mut c_int,
+    _block: *mut c_int,
+    _f: CUhandle,
+    _smem_fn: *const c_void,
+    _smem: usize,
+    _limit: c_int,
+) -> CUresult {
+    drv::unsupported("cuOccupancyMaxPotentialBlockSize")
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn cuLibraryLoadData(
+    _lib: *mut CUhandle,
+    _code: *const c_void,
+    _jit_opts: *mut c_int,
+    _jit_vals: *mut *mut c_void,
+    _n_jit: c_uint,
+    _lib_opts: *mut c_int,
+    _lib_vals: *mut *mut c_void,
+    _n_lib: c_uint,
+) -> CUresult {
+    drv::unsupported("cuLibraryLoadData")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLibraryGetKernel(
+    _k: *mut CUhandle,
+    _lib: CUhandle,
+    _name: *const c_char,
+) -> CUresult {
+    drv::unsupported("cuLibraryGetKernel")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuKernelGetFunction(_f: *mut CUhandle, _k: CUhandle) -> CUresult {
+    drv::unsupported("cuKernelGetFunction")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLibraryUnload(_lib: CUhandle) -> CUresult {
+    drv::unsupported("cuLibraryUnload")
+}
+
+// ---- cuGetProcAddress -----------------------------------------------------------------
+
+/// `CU_GET_PROC_ADDRESS_SUCCESS`.
+const PROC_SUCCESS: c_int = 0;
+/// `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND`.
+const PROC_NOT_FOUND: c_int = 1;
+/// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
+const PROC_VERSION_NOT_SUFFICIENT: c_int = 2;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    ffi(|| {
+        if symbol.is_null() || pfn.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `symbol` is a NUL-terminated string (CUDA contract), checked non-NULL above.
+        let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+        let found = crate::procaddr::lookup(name, cuda_version, flags);
+        let (ptr, st, r) = match found {
+            crate::procaddr::Lookup::Found(f) => (f, PROC_SUCCESS, Ok(())),
+            crate::procaddr::Lookup::VersionTooLow => (
+                std::ptr::null_mut(),
+                PROC_VERSION_NOT_SUFFICIENT,
+                Err(cuda::CUDA_ERROR_NOT_FOUND),
+            ),
+            crate::procaddr::Lookup::NotFound => (
+                std::ptr::null_mut(),
+                PROC_NOT_FOUND,
+                Err(cuda::CUDA_ERROR_NOT_FOUND),
+            ),
+        };
+        crate::debug!(
+            "cuGetProcAddress({name}, {cuda_version}, {flags}) -> {}",
+            if st == PROC_SUCCESS {
+                "found"
+            } else {
+                "not found"
+            }
+        );
+        out!(pfn, ptr)?;
+        if !status.is_null() {
+            out!(status, st)?;
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: same contract as cuGetProcAddress_v2; no status pointer.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}

@@ -1,0 +1,269 @@
+//! `cuGetProcAddress`: driver functions by base name and CUDA version.
+//!
+//! Callers (cuda-python, the CUDA runtime) ask for a base name such as
+//! `cuMemAlloc` with the CUDA version whose ABI they were built for; the
+//! answer is the newest variant introduced at or before that version
+//! (`cuMemAlloc_v2` for 3020 and later). A variant vgpu does not implement
+//! is reported as not found rather than answered with an older ABI.
+
+use std::ffi::c_void;
+
+use crate::exports::*;
+
+/// The answer to a lookup.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The function.
+    Found(*mut c_void),
+    /// The symbol exists only in versions newer than asked for.
+    VersionTooLow,
+    /// Unknown, or a variant vgpu does not implement.
+    NotFound,
+}
+
+type Entry = (&'static str, &'static [(i32, Option<usize>)]);
+
+macro_rules! f {
+    ($f:expr) => {
+        Some($f as *const () as usize)
+    };
+}
+
+/// (base name, [(introduced in CUDA version, function or None = not implemented)]), oldest first.
+fn table() -> &'static [Entry] {
+    static T: std::sync::OnceLock<Vec<Entry>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        macro_rules! e {
+            ($name:literal, $( ($v:literal, $f:expr) ),+ ) => {
+                ($name, Box::leak(Box::new([ $( ($v, $f) ),+ ])) as &'static [(i32, Option<usize>)])
+            };
+        }
+        vec![
+            e!("cuInit", (2000, f!(cuInit))),
+            e!("cuDriverGetVersion", (2020, f!(cuDriverGetVersion))),
+            e!("cuGetErrorName", (6000, f!(cuGetErrorName))),
+            e!("cuGetErrorString", (6000, f!(cuGetErrorString))),
+            e!(
+                "cuGetProcAddress",
+                (11030, f!(cuGetProcAddress)),
+                (12000, f!(cuGetProcAddress_v2))
+            ),
+            e!("cuDeviceGetCount", (2000, f!(cuDeviceGetCount))),
+            e!("cuDeviceGet", (2000, f!(cuDeviceGet))),
+            e!("cuDeviceGetName", (2000, f!(cuDeviceGetName))),
+            e!(
+                "cuDeviceGetUuid",
+                (9020, f!(cuDeviceGetUuid)),
+                (11040, f!(cuDeviceGetUuid_v2))
+            ),
+            e!("cuDeviceTotalMem", (3020, f!(cuDeviceTotalMem_v2))),
+            e!("cuDeviceGetAttribute", (2000, f!(cuDeviceGetAttribute))),
+            e!(
+                "cuDeviceComputeCapability",
+                (2000, f!(cuDeviceComputeCapability))
+            ),
+            e!("cuDeviceGetPCIBusId", (4010, f!(cuDeviceGetPCIBusId))),
+            e!(
+                "cuCtxCreate",
+                (3020, f!(cuCtxCreate_v2)),
+                (11040, f!(cuCtxCreate_v3)),
+                (12050, None)
+            ),
+            e!("cuCtxDestroy", (4000, f!(cuCtxDestroy_v2))),
+            e!("cuCtxGetCurrent", (4000, f!(cuCtxGetCurrent))),
+            e!("cuCtxSetCurrent", (4000, f!(cuCtxSetCurrent))),
+            e!("cuCtxPushCurrent", (4000, f!(cuCtxPushCurrent_v2))),
+            e!("cuCtxPopCurrent", (4000, f!(cuCtxPopCurrent_v2))),
+            e!("cuCtxGetDevice", (2000, f!(cuCtxGetDevice))),
+            e!("cuCtxSynchronize", (2000, f!(cuCtxSynchronize))),
+            e!("cuCtxGetApiVersion", (3020, f!(cuCtxGetApiVersion))),
+            e!("cuCtxGetFlags", (7000, f!(cuCtxGetFlags))),
+            e!(
+                "cuCtxGetStreamPriorityRange",
+                (5050, f!(cuCtxGetStreamPriorityRange))
+            ),
+            e!("cuCtxGetLimit", (3010, f!(cuCtxGetLimit))),
+            e!("cuCtxSetLimit", (3010, f!(cuCtxSetLimit))),
+            e!("cuCtxGetCacheConfig", (3020, f!(cuCtxGetCacheConfig))),
+            e!("cuCtxSetCacheConfig", (3020, f!(cuCtxSetCacheConfig))),
+            e!(
+                "cuDevicePrimaryCtxRetain",
+                (7000, f!(cuDevicePrimaryCtxRetain))
+            ),
+            e!(
+                "cuDevicePrimaryCtxRelease",
+                (7000, f!(cuDevicePrimaryCtxRelease_v2)),
+                (11000, f!(cuDevicePrimaryCtxRelease_v2))
+            ),
+            e!(
+                "cuDevicePrimaryCtxReset",
+                (7000, f!(cuDevicePrimaryCtxReset_v2)),
+                (11000, f!(cuDevicePrimaryCtxReset_v2))
+            ),
+            e!(
+                "cuDevicePrimaryCtxSetFlags",
+                (7000, f!(cuDevicePrimaryCtxSetFlags_v2)),
+                (11000, f!(cuDevicePrimaryCtxSetFlags_v2))
+            ),
+            e!(
+                "cuDevicePrimaryCtxGetState",
+                (7000, f!(cuDevicePrimaryCtxGetState))
+            ),
+            e!("cuMemAlloc", (3020, f!(cuMemAlloc_v2))),
+            e!("cuMemAllocPitch", (3020, f!(cuMemAllocPitch_v2))),
+            e!("cuMemFree", (3020, f!(cuMemFree_v2))),
+            e!("cuMemGetInfo", (3020, f!(cuMemGetInfo_v2))),
+            e!("cuMemGetAddressRange", (3020, f!(cuMemGetAddressRange_v2))),
+            e!("cuMemcpy", (4000, f!(cuMemcpy))),
+            e!("cuMemcpyAsync", (4000, f!(cuMemcpyAsync))),
+            e!("cuMemcpyHtoD", (3020, f!(cuMemcpyHtoD_v2))),
+            e!("cuMemcpyDtoH", (3020, f!(cuMemcpyDtoH_v2))),
+            e!("cuMemcpyDtoD", (3020, f!(cuMemcpyDtoD_v2))),
+            e!("cuMemcpyHtoDAsync", (3020, f!(cuMemcpyHtoDAsync_v2))),
+            e!("cuMemcpyDtoHAsync", (3020, f!(cuMemcpyDtoHAsync_v2))),
+            e!("cuMemcpyDtoDAsync", (3020, f!(cuMemcpyDtoDAsync_v2))),
+            e!("cuMemsetD8", (3020, f!(cuMemsetD8_v2))),
+            e!("cuMemsetD16", (3020, f!(cuMemsetD16_v2))),
+            e!("cuMemsetD32", (3020, f!(cuMemsetD32_v2))),
+            e!("cuMemsetD8Async", (3020, f!(cuMemsetD8Async))),
+            e!("cuMemsetD16Async", (3020, f!(cuMemsetD16Async))),
+            e!("cuMemsetD32Async", (3020, f!(cuMemsetD32Async))),
+            e!("cuMemAllocHost", (3020, f!(cuMemAllocHost_v2))),
+            e!("cuMemHostAlloc", (2020, f!(cuMemHostAlloc))),
+            e!("cuMemFreeHost", (2000, f!(cuMemFreeHost))),
+            e!(
+                "cuMemHostGetDevicePointer",
+                (3020, f!(cuMemHostGetDevicePointer_v2))
+            ),
+            e!("cuStreamCreate", (2000, f!(cuStreamCreate))),
+            e!(
+                "cuStreamCreateWithPriority",
+                (5050, f!(cuStreamCreateWithPriority))
+            ),
+            e!("cuStreamDestroy", (4000, f!(cuStreamDestroy_v2))),
+            e!("cuStreamSynchronize", (2000, f!(cuStreamSynchronize))),
+            e!("cuStreamQuery", (2000, f!(cuStreamQuery))),
+            e!("cuStreamWaitEvent", (3020, f!(cuStreamWaitEvent))),
+            e!("cuStreamGetPriority", (5050, f!(cuStreamGetPriority))),
+            e!("cuStreamGetFlags", (5050, f!(cuStreamGetFlags))),
+            e!("cuEventCreate", (2000, f!(cuEventCreate))),
+            e!("cuEventRecord", (2000, f!(cuEventRecord))),
+            e!("cuEventQuery", (2000, f!(cuEventQuery))),
+            e!("cuEventSynchronize", (2000, f!(cuEventSynchronize))),
+            e!(
+                "cuEventElapsedTime",
+                (2000, f!(cuEventElapsedTime)),
+                (12080, f!(cuEventElapsedTime))
+            ),
+            e!("cuEventDestroy", (4000, f!(cuEventDestroy_v2))),
+            e!("cuModuleLoadData", (2000, f!(cuModuleLoadData))),
+            e!("cuModuleLoadDataEx", (2010, f!(cuModuleLoadDataEx))),
+            e!("cuModuleUnload", (2000, f!(cuModuleUnload))),
+            e!("cuModuleGetFunction", (2000, f!(cuModuleGetFunction))),
+            e!("cuModuleGetGlobal", (3020, f!(cuModuleGetGlobal_v2))),
+            e!("cuLaunchKernel", (4000, f!(cuLaunchKernel))),
+            e!("cuLaunchKernelEx", (11060, f!(cuLaunchKernelEx))),
+            e!("cuFuncGetAttribute", (2020, f!(cuFuncGetAttribute))),
+            e!("cuFuncSetAttribute", (9000, f!(cuFuncSetAttribute))),
+            e!("cuFuncSetCacheConfig", (3000, f!(cuFuncSetCacheConfig))),
+            e!(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                (6050, f!(cuOccupancyMaxActiveBlocksPerMultiprocessor))
+            ),
+            e!(
+                "cuOccupancyMaxPotentialBlockSize",
+                (6050, f!(cuOccupancyMaxPotentialBlockSize))
+            ),
+            e!("cuLibraryLoadData", (12000, f!(cuLibraryLoadData))),
+            e!("cuLibraryGetKernel", (12000, f!(cuLibraryGetKernel))),
+            e!("cuLibraryUnload", (12000, f!(cuLibraryUnload))),
+            e!("cuKernelGetFunction", (12000, f!(cuKernelGetFunction))),
+        ]
+    })
+}
+
+/// Names the shim exports, by base name and variant version (for tests and docs).
+pub fn base_names() -> impl Iterator<Item = &'static str> {
+    table().iter().map(|e| e.0)
+}
+
+fn strip_variant(name: &str) -> &str {
+    let mut n = name;
+    for suffix in ["_ptds", "_ptsz"] {
+        n = n.strip_suffix(suffix).unwrap_or(n);
+    }
+    for suffix in ["_v2", "_v3", "_v4"] {
+        n = n.strip_suffix(suffix).unwrap_or(n);
+    }
+    n
+}
+
+/// Looks up `name` for callers built against `cuda_version`. The per-thread
+/// default stream flag selects the same functions: vgpu runs a session's work
+/// in submission order, which satisfies both default-stream semantics.
+pub fn lookup(name: &str, cuda_version: i32, _flags: u64) -> Lookup {
+    let Some((_, variants)) = table()
+        .iter()
+        .find(|e| e.0 == name)
+        .or_else(|| table().iter().find(|e| e.0 == strip_variant(name)))
+    else {
+        return Lookup::NotFound;
+    };
+    match variants.iter().rev().find(|(v, _)| *v <= cuda_version) {
+        Some((_, Some(f))) => Lookup::Found(*f as *mut c_void),
+        Some((_, None)) => Lookup::NotFound,
+        None => Lookup::VersionTooLow,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(name: &str, v: i32) -> usize {
+        match lookup(name, v, 0) {
+            Lookup::Found(p) => p as usize,
+            other => panic!("{name}@{v}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn base_names_resolve_to_the_versioned_abi() {
+        assert_eq!(
+            found("cuMemAlloc", 12090),
+            cuMemAlloc_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuCtxCreate", 3020),
+            cuCtxCreate_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuCtxCreate", 11040),
+            cuCtxCreate_v3 as *const () as usize
+        );
+        assert_eq!(
+            found("cuGetProcAddress", 12000),
+            cuGetProcAddress_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuMemcpyHtoDAsync_v2_ptsz", 12000),
+            cuMemcpyHtoDAsync_v2 as *const () as usize
+        );
+    }
+
+    #[test]
+    fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
+        assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
+        assert_eq!(lookup("cuCtxCreate", 12050, 0), Lookup::NotFound);
+        assert_eq!(lookup("cuGraphLaunch", 12000, 0), Lookup::NotFound);
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<_> = base_names().collect();
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+}

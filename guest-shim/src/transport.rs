@@ -1,0 +1,144 @@
+//! How the shim reaches vgpud: `VGPU_TRANSPORT=unix:/path` or
+//! `vsock:CID:PORT`; without it, inside a VM, vsock to the host (CID 2) at
+//! the GPU port.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use vgpu_proto::{GPU_VSOCK_PORT, HOST_CID};
+
+/// Where vgpud is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A unix socket.
+    Unix(PathBuf),
+    /// A vsock address.
+    Vsock {
+        /// Context id (2 = host).
+        cid: u32,
+        /// Port.
+        port: u32,
+    },
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            Endpoint::Vsock { cid, port } => write!(f, "vsock:{cid}:{port}"),
+        }
+    }
+}
+
+/// Parses a `VGPU_TRANSPORT` value.
+pub fn parse_endpoint(s: &str) -> Result<Endpoint, String> {
+    if let Some(p) = s.strip_prefix("unix:") {
+        if p.is_empty() {
+            return Err("VGPU_TRANSPORT=unix: needs a socket path".into());
+        }
+        return Ok(Endpoint::Unix(PathBuf::from(p)));
+    }
+    if let Some(rest) = s.strip_prefix("vsock:") {
+        let (cid, port) = rest.split_once(':').ok_or_else(|| {
+            format!("VGPU_TRANSPORT={s}: write vsock:CID:PORT, e.g. vsock:2:{GPU_VSOCK_PORT}")
+        })?;
+        let cid = cid
+            .parse()
+            .map_err(|_| format!("VGPU_TRANSPORT={s}: CID `{cid}` is not a number"))?;
+        let port = port
+            .parse()
+            .map_err(|_| format!("VGPU_TRANSPORT={s}: port `{port}` is not a number"))?;
+        return Ok(Endpoint::Vsock { cid, port });
+    }
+    Err(format!(
+        "VGPU_TRANSPORT={s} is not understood: use unix:/path/to.sock or vsock:CID:PORT"
+    ))
+}
+
+/// The endpoint from the environment, or the default vsock address.
+pub fn endpoint_from_env() -> Result<Endpoint, String> {
+    match std::env::var("VGPU_TRANSPORT") {
+        Ok(s) if !s.is_empty() => parse_endpoint(&s),
+        _ => Ok(Endpoint::Vsock {
+            cid: HOST_CID,
+            port: GPU_VSOCK_PORT,
+        }),
+    }
+}
+
+/// A connected byte stream.
+pub trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+fn connect_vsock(cid: u32, port: u32) -> io::Result<File> {
+    // SAFETY: plain socket(2) call; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor we own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_vm is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_cid = cid;
+    addr.svm_port = port;
+    // SAFETY: `addr` is a valid sockaddr_vm and the length matches it.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            std::ptr::from_ref(&addr).cast(),
+            std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(File::from(owned))
+}
+
+/// Connects to an endpoint.
+pub fn connect(ep: &Endpoint) -> io::Result<Box<dyn Stream>> {
+    Ok(match ep {
+        Endpoint::Unix(p) => Box::new(UnixStream::connect(p)?),
+        Endpoint::Vsock { cid, port } => Box::new(connect_vsock(*cid, *port)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!(
+            parse_endpoint("unix:/run/a.sock"),
+            Ok(Endpoint::Unix("/run/a.sock".into()))
+        );
+        assert_eq!(
+            parse_endpoint("vsock:2:22087"),
+            Ok(Endpoint::Vsock {
+                cid: 2,
+                port: 22087
+            })
+        );
+        for bad in [
+            "unix:",
+            "vsock:2",
+            "vsock:x:1",
+            "vsock:2:y",
+            "tcp:1.2.3.4:5",
+        ] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn vsock_connect_failure_is_an_error_not_a_crash() {
+        // No vsock host here (or nobody listening on this port).
+        assert!(connect(&Endpoint::Vsock { cid: 2, port: 1 }).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! vgpud: serves virtual GPUs to VMs and processes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+use vgpu_broker::config::Config;
+use vgpu_vmm::daemon::Daemon;
+
+/// Shares GPUs between VMs at the CUDA API level, with hard memory slices and time-sliced compute.
+#[derive(Debug, Parser)]
+#[command(name = "vgpud", version)]
+struct Args {
+    /// Configuration file (TOML) to run with.
+    #[arg(long, value_name = "FILE", required_unless_present = "check_config")]
+    config: Option<PathBuf>,
+    /// Validate a configuration file and exit (0 = valid) without starting anything.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
+    /// Log filter, e.g. `info`, `debug`, `vgpu_broker=debug` (overrides RUST_LOG).
+    #[arg(long, value_name = "FILTER")]
+    log: Option<String>,
+}
+
+fn block_shutdown_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t; the signal numbers are valid.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    set
+}
+
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: `set` is initialised and blocked in every thread (threads inherit the mask).
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = args
+        .log
+        .clone()
+        .map(EnvFilter::new)
+        .unwrap_or_else(|| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    if let Some(path) = args.check_config {
+        return match Config::load(&path) {
+            Ok(c) => {
+                println!("{}: valid ({} devices, {} VMs)", path.display(), c.devices.len(), c.vms.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let path = args.config.expect("clap requires --config");
+    let config = match Config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Block SIGINT/SIGTERM before any thread starts so that only sigwait sees them.
+    let signals = block_shutdown_signals();
+    let daemon = match Daemon::start(&config) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("vgpud: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(config = %path.display(), vms = config.vms.len(), "vgpud ready");
+    let sig = wait_for_signal(&signals);
+    tracing::info!(signal = sig, "shutting down");
+    daemon.shutdown();
+    ExitCode::SUCCESS
+}

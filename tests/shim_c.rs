@@ -1,0 +1,143 @@
+//! A plain C program linked against vgpu's libcuda.so, talking to a real
+//! vgpud over unix sockets: results, slice enforcement, isolation between
+//! tenants, and release of everything when a client is killed mid-call.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, run_against};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn the_driver_api_works_end_to_end() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
+    let prog = build_c_program("driver_api");
+    let r = run_against(&d, "vm1", &prog, &["basic"]);
+    assert!(
+        r.failures().is_empty(),
+        "{}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(
+        r.stdout.contains(&format!("total {}", 256 * MIB)),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > 50);
+    // The session ended and released everything it held.
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+#[test]
+fn each_vm_fills_exactly_its_own_slice() {
+    let d = Vgpud::start(&[TestVm::new("small", 48 * MIB), TestVm::new("big", 96 * MIB)]);
+    let prog = build_c_program("driver_api");
+    for (vm, slice) in [("small", 48 * MIB), ("big", 96 * MIB)] {
+        let r = run_against(&d, vm, &prog, &["fill", &slice.to_string()]);
+        assert!(r.failures().is_empty(), "{vm}: {}\n{}", r.stdout, r.stderr);
+        assert!(
+            r.stdout
+                .contains(&format!("allocated {slice} bytes before result 2")),
+            "{}",
+            r.stdout
+        );
+    }
+    d.wait_memory_used("small", 0, Duration::from_secs(5));
+    d.wait_memory_used("big", 0, Duration::from_secs(5));
+}
+
+struct Holder {
+    child: std::process::Child,
+    ptr: u64,
+}
+
+fn hold(d: &Vgpud, vm: &str, bytes: u64) -> Holder {
+    let prog = build_c_program("driver_api");
+    let mut child = Command::new(prog)
+        .args(["hold", &bytes.to_string()])
+        .env("VGPU_TRANSPORT", d.transport(vm))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut ptr = 0;
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        assert!(!l.starts_with("FAIL"), "{l}");
+        if let Some(p) = l.strip_prefix("ptr 0x") {
+            ptr = u64::from_str_radix(p, 16).unwrap();
+        }
+        if l == "holding" {
+            break;
+        }
+    }
+    assert_ne!(ptr, 0, "the holder printed no pointer");
+    Holder { child, ptr }
+}
+
+#[test]
+fn tenants_cannot_read_write_or_free_each_others_memory() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut h = hold(&d, "vm1", 4 * MIB);
+    let prog = build_c_program("driver_api");
+    let ptr = format!("{:#x}", h.ptr);
+    // Another VM, and another process of the same VM: both refused.
+    for vm in ["vm2", "vm1"] {
+        let r = run_against(&d, vm, &prog, &["probe", &ptr]);
+        assert!(r.failures().is_empty(), "{vm}: {}\n{}", r.stdout, r.stderr);
+        assert_eq!(r.stdout.matches("refused").count(), 4, "{}", r.stdout);
+    }
+    // The holder's memory is still allocated and it is still working.
+    assert!(h.child.try_wait().unwrap().is_none(), "the holder died");
+    assert_eq!(d.vm("vm1")["memory_used"], 4 * MIB);
+    assert_eq!(d.vm("vm2")["memory_used"], 0);
+    h.child.kill().unwrap();
+    h.child.wait().unwrap();
+}
+
+#[test]
+fn killing_a_client_mid_call_releases_its_memory_and_others_carry_on() {
+    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut h = hold(&d, "vm1", 32 * MIB);
+    let prog = build_c_program("driver_api");
+    assert_eq!(d.vm("vm1")["memory_used"], 32 * MIB);
+    assert_eq!(d.vm("vm1")["sessions"].as_array().unwrap().len(), 1);
+    // The holder is copying 8 MiB at a time in a loop: SIGKILL lands mid-call.
+    std::thread::sleep(Duration::from_millis(200));
+    h.child.kill().unwrap();
+    h.child.wait().unwrap();
+    d.wait_memory_used("vm1", 0, Duration::from_secs(10));
+    assert!(d.vm("vm1")["sessions"].as_array().unwrap().is_empty());
+    assert!(d.is_running(), "vgpud died");
+    // Both VMs work, and vm1 can use its whole slice again.
+    let r = run_against(&d, "vm2", &prog, &["basic"]);
+    assert!(r.failures().is_empty(), "{}", r.stdout);
+    let r = run_against(&d, "vm1", &prog, &["fill", &(64 * MIB).to_string()]);
+    assert!(r.failures().is_empty(), "{}", r.stdout);
+}
+
+#[test]
+fn without_a_daemon_cuinit_reports_no_device_and_says_why() {
+    let prog = build_c_program("driver_api");
+    let out = Command::new(prog)
+        .arg("basic")
+        .env("VGPU_TRANSPORT", "unix:/nonexistent/vgpu.sock")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("FAIL cuInit: got 100 (CUDA_ERROR_NO_DEVICE)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("cannot reach vgpud at unix:/nonexistent/vgpu.sock"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,5 @@
+//! End-to-end test support for vgpu: a harness that runs vgpud and programs
+//! using the guest shim, and the QEMU harness that boots real guests.
+
+pub mod harness;
+pub mod qemu;

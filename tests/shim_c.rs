@@ -2,11 +2,10 @@
 //! vgpud over unix sockets: results, slice enforcement, isolation between
 //! tenants, and release of everything when a client is killed mid-call.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, run_against};
+use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, hold, run_against};
 
 const MIB: u64 = 1 << 20;
 
@@ -49,36 +48,6 @@ fn each_vm_fills_exactly_its_own_slice() {
     }
     d.wait_memory_used("small", 0, Duration::from_secs(5));
     d.wait_memory_used("big", 0, Duration::from_secs(5));
-}
-
-struct Holder {
-    child: std::process::Child,
-    ptr: u64,
-}
-
-fn hold(d: &Vgpud, vm: &str, bytes: u64) -> Holder {
-    let prog = build_c_program("driver_api");
-    let mut child = Command::new(prog)
-        .args(["hold", &bytes.to_string()])
-        .env("VGPU_TRANSPORT", d.transport(vm))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut ptr = 0;
-    for l in lines.by_ref() {
-        let l = l.unwrap();
-        assert!(!l.starts_with("FAIL"), "{l}");
-        if let Some(p) = l.strip_prefix("ptr 0x") {
-            ptr = u64::from_str_radix(p, 16).unwrap();
-        }
-        if l == "holding" {
-            break;
-        }
-    }
-    assert_ne!(ptr, 0, "the holder printed no pointer");
-    Holder { child, ptr }
 }
 
 #[test]

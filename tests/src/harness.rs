@@ -2,7 +2,7 @@
 //! config, talks to its admin API, and builds C test programs against the
 //! shim.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -84,14 +84,22 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
-/// Compiles a C test program from `tests/c/<name>.c` against the shim.
+/// Compiles a C test program from `tests/c/<name>.c` against the shim, once
+/// per test process (built under a temporary name and renamed into place, so
+/// a copy running from another test is never overwritten while it runs).
 pub fn build_c_program(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
+        return p.clone();
+    }
     let a = artifacts();
     let src = workspace_root().join("tests/c").join(format!("{name}.c"));
     let out = a.profile_dir.join(format!("c-{name}"));
+    let tmp = a.profile_dir.join(format!("c-{name}.{}.tmp", std::process::id()));
     let st = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg(&src)
         .arg(format!("-L{}", a.lib_dir.display()))
         .arg("-lcuda")
@@ -99,6 +107,8 @@ pub fn build_c_program(name: &str) -> PathBuf {
         .status()
         .expect("running cc");
     assert!(st.success(), "cc failed for {}", src.display());
+    std::fs::rename(&tmp, &out).expect("installing the test program");
+    built.push((name.to_string(), out.clone()));
     out
 }
 
@@ -303,4 +313,46 @@ pub fn run_against(vgpud: &Vgpud, vm: &str, program: &Path, args: &[&str]) -> Ru
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// A C test program holding device memory in a VM until killed.
+#[derive(Debug)]
+pub struct Holder {
+    /// The process.
+    pub child: Child,
+    /// The device pointer it allocated.
+    pub ptr: u64,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `driver_api hold BYTES` in a VM and waits until it holds the memory.
+pub fn hold(d: &Vgpud, vm: &str, bytes: u64) -> Holder {
+    let prog = build_c_program("driver_api");
+    let mut child = Command::new(prog)
+        .args(["hold", &bytes.to_string()])
+        .env("VGPU_TRANSPORT", d.transport(vm))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting the holder");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut ptr = 0;
+    for l in lines.by_ref() {
+        let l = l.expect("holder output");
+        assert!(!l.starts_with("FAIL"), "{l}");
+        if let Some(p) = l.strip_prefix("ptr 0x") {
+            ptr = u64::from_str_radix(p, 16).expect("pointer");
+        }
+        if l == "holding" {
+            break;
+        }
+    }
+    assert_ne!(ptr, 0, "the holder printed no pointer");
+    Holder { child, ptr }
 }

@@ -1,0 +1,4 @@
+//! vgpuctl: the administration CLI of vgpud.
+
+pub mod api;
+pub mod cli;

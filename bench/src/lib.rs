@@ -1,0 +1,5 @@
+//! vgpu benchmarks. Each prints its figures next to a baseline measured in
+//! the same run and the ratio between them; medians over repeated runs.
+
+pub mod remoting;
+pub mod stats;

@@ -1,0 +1,193 @@
+//! The cost of remoting a CUDA call: a synchronous call's round trip and the
+//! rate of asynchronous calls, through the guest shim, a unix socket and the
+//! broker, compared with the same calls made directly on a broker session in
+//! the same process.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Instant, SystemTime};
+
+use vgpu_broker::config::Config;
+use vgpu_broker::session::Session;
+use vgpu_broker::tenant::SessionInfo;
+use vgpu_proto::msg::{self, Request};
+use vgpu_vmm::daemon::Daemon;
+
+use crate::stats::{median, percentile};
+
+/// Parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Calls per measurement.
+    pub iters: usize,
+    /// Repetitions (medians are reported).
+    pub runs: usize,
+}
+
+/// One run's figures, in nanoseconds per call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Figures {
+    /// Synchronous round trip, median of the run's calls.
+    pub sync_p50: f64,
+    /// Synchronous round trip, 99th percentile.
+    pub sync_p99: f64,
+    /// Asynchronous call, amortized.
+    pub async_ns: f64,
+}
+
+fn time_each(iters: usize, mut f: impl FnMut()) -> Vec<f64> {
+    (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_nanos() as f64
+        })
+        .collect()
+}
+
+fn time_total(iters: usize, mut f: impl FnMut(), mut finish: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    finish();
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+/// Direct calls on a broker session (no transport, no encoding).
+fn direct(daemon: &Daemon, p: Params) -> Figures {
+    let tenant = daemon.broker().tenant("bench").expect("bench tenant");
+    let info = Arc::new(SessionInfo {
+        id: u64::MAX,
+        pid: 0,
+        process_name: "direct".into(),
+        transport: "in-process".into(),
+        started: SystemTime::now(),
+        memory: AtomicU64::new(0),
+    });
+    let mut s = Session::new(tenant, info).expect("session");
+    let mut out = Vec::new();
+    let mut call = |r: &Request, sync: bool, out: &mut Vec<u8>| {
+        out.clear();
+        s.handle(r, &[], out, sync).expect("direct call");
+    };
+    call(&Request::CtxCreate(msg::CtxCreate { device: 0, flags: 0 }), true, &mut out);
+    let ctx = u64::from_le_bytes(out[..8].try_into().expect("handle"));
+    call(&Request::MemAlloc(msg::MemAlloc { ctx, size: 4096 }), true, &mut out);
+    let ptr = u64::from_le_bytes(out[..8].try_into().expect("ptr"));
+    let sync = Request::CtxSynchronize(msg::CtxSynchronize { ctx });
+    let memset = Request::Memset(msg::Memset { ctx, stream: 0, dst: ptr, value: 7, elem_size: 1, count: 64 });
+    let lat = time_each(p.iters, || call(&sync, true, &mut out));
+    let t = Instant::now();
+    for _ in 0..p.iters {
+        call(&memset, false, &mut out);
+    }
+    call(&sync, true, &mut out);
+    let async_ns = t.elapsed().as_nanos() as f64 / p.iters as f64;
+    Figures {
+        sync_p50: median(&lat),
+        sync_p99: percentile(&lat, 99.0),
+        async_ns,
+    }
+}
+
+/// The same calls through the guest shim's C ABI over a unix socket.
+fn through_shim(p: Params, ptr: u64) -> Figures {
+    use cuda::exports::*;
+    let lat = time_each(p.iters, || {
+        assert_eq!(cuCtxSynchronize(), 0);
+    });
+    let async_ns = time_total(
+        p.iters,
+        || {
+            assert_eq!(cuMemsetD8Async(ptr, 7, 64, std::ptr::null_mut()), 0);
+        },
+        || {
+            assert_eq!(cuCtxSynchronize(), 0);
+        },
+    );
+    Figures {
+        sync_p50: median(&lat),
+        sync_p99: percentile(&lat, 99.0),
+        async_ns,
+    }
+}
+
+/// Runs the benchmark and prints the figures; returns (direct, shim) medians.
+pub fn run(p: Params) -> (Figures, Figures) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("bench.sock");
+    let cfg = format!(
+        "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\n\n[[vm]]\nname = \"bench\"\nmemory = \"256MiB\"\nunix_socket = \"{}\"\n",
+        sock.display()
+    );
+    let config = Config::parse(&dir.path().join("bench.toml"), &cfg).expect("bench config");
+    let daemon = Daemon::start(&config).expect("starting vgpud in-process");
+
+    // SAFETY: set before the shim reads it, before any other thread of this process uses the environment.
+    unsafe { std::env::set_var("VGPU_TRANSPORT", format!("unix:{}", sock.display())) };
+    let ptr = {
+        use cuda::exports::*;
+        assert_eq!(cuInit(0), 0, "cuInit through the shim");
+        let mut ctx = std::ptr::null_mut();
+        let mut ptr = 0u64;
+        // SAFETY: valid out-pointers.
+        unsafe {
+            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), 0);
+            assert_eq!(cuMemAlloc_v2(&mut ptr, 4096), 0);
+        }
+        ptr
+    };
+
+    let mut d = Vec::new();
+    let mut s = Vec::new();
+    // Warm-up.
+    direct(&daemon, Params { iters: p.iters / 10 + 1, runs: 1 });
+    through_shim(Params { iters: p.iters / 10 + 1, runs: 1 }, ptr);
+    for _ in 0..p.runs {
+        d.push(direct(&daemon, p));
+        s.push(through_shim(p, ptr));
+    }
+    let med = |v: &[Figures], f: fn(&Figures) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+    let dm = Figures {
+        sync_p50: med(&d, |f| f.sync_p50),
+        sync_p99: med(&d, |f| f.sync_p99),
+        async_ns: med(&d, |f| f.async_ns),
+    };
+    let sm = Figures {
+        sync_p50: med(&s, |f| f.sync_p50),
+        sync_p99: med(&s, |f| f.sync_p99),
+        async_ns: med(&s, |f| f.async_ns),
+    };
+    println!("remoting: {} calls x {} runs (medians), simulated GPU, unix socket", p.iters, p.runs);
+    println!("{:<44} {:>12} {:>12} {:>8}", "call", "direct", "shim+socket", "ratio");
+    println!(
+        "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",
+        "cuCtxSynchronize round trip, p50",
+        dm.sync_p50 / 1e3,
+        sm.sync_p50 / 1e3,
+        sm.sync_p50 / dm.sync_p50
+    );
+    println!(
+        "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",
+        "cuCtxSynchronize round trip, p99",
+        dm.sync_p99 / 1e3,
+        sm.sync_p99 / 1e3,
+        sm.sync_p99 / dm.sync_p99
+    );
+    println!(
+        "{:<44} {:>10.3}us {:>10.3}us {:>7.1}x",
+        "cuMemsetD8Async (64 B), amortized per call",
+        dm.async_ns / 1e3,
+        sm.async_ns / 1e3,
+        sm.async_ns / dm.async_ns
+    );
+    println!(
+        "{:<44} {:>11.0}/s {:>11.0}/s",
+        "cuMemsetD8Async rate",
+        1e9 / dm.async_ns,
+        1e9 / sm.async_ns
+    );
+    daemon.shutdown();
+    (dm, sm)
+}

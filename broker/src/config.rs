@@ -212,7 +212,9 @@ impl Ctx<'_> {
     fn size(&self, v: &Spanned<RawSize>, what: &str) -> Result<u64, ConfigError> {
         match v.get_ref() {
             RawSize::Bytes(b) => Ok(*b),
-            RawSize::Text(t) => parse_size(t).map_err(|e| self.err(v.span(), format!("{what}: {e}"))),
+            RawSize::Text(t) => {
+                parse_size(t).map_err(|e| self.err(v.span(), format!("{what}: {e}")))
+            }
         }
     }
 }
@@ -253,10 +255,7 @@ impl Config {
         })?;
 
         let admin = AdminConfig {
-            socket: raw
-                .admin
-                .and_then(|a| a.socket)
-                .map(|s| s.into_inner()),
+            socket: raw.admin.and_then(|a| a.socket).map(|s| s.into_inner()),
         };
 
         let mut devices = Vec::new();
@@ -285,24 +284,40 @@ impl Config {
             if !vm_names.insert(vm.name.clone()) {
                 return Err(cx.err(
                     v.get_ref().name.span(),
-                    format!("a VM named `{}` is already defined; VM names must be unique", vm.name),
+                    format!(
+                        "a VM named `{}` is already defined; VM names must be unique",
+                        vm.name
+                    ),
                 ));
             }
             if let Some(cid) = vm.guest_cid {
                 if let Some(other) = cids.insert(cid, vm.name.clone()) {
-                    let span = v.get_ref().guest_cid.as_ref().map_or(v.span(), |c| c.span());
+                    let span = v
+                        .get_ref()
+                        .guest_cid
+                        .as_ref()
+                        .map_or(v.span(), |c| c.span());
                     return Err(cx.err(span, format!("guest_cid {cid} is already used by VM `{other}`; every VM needs its own CID")));
                 }
             }
             for (p, span) in [
-                (&vm.unix_socket, v.get_ref().unix_socket.as_ref().map(|s| s.span())),
-                (&vm.vhost_user_socket, v.get_ref().vhost_user_socket.as_ref().map(|s| s.span())),
+                (
+                    &vm.unix_socket,
+                    v.get_ref().unix_socket.as_ref().map(|s| s.span()),
+                ),
+                (
+                    &vm.vhost_user_socket,
+                    v.get_ref().vhost_user_socket.as_ref().map(|s| s.span()),
+                ),
             ] {
                 if let Some(p) = p {
                     if !sockets.insert(p.clone()) {
                         return Err(cx.err(
                             span.unwrap_or(v.span()),
-                            format!("socket path {} is used twice; give each listener its own path", p.display()),
+                            format!(
+                                "socket path {} is used twice; give each listener its own path",
+                                p.display()
+                            ),
                         ));
                     }
                 }
@@ -327,18 +342,30 @@ fn parse_device(
     let r = d.get_ref();
     let name = r.name.get_ref().clone();
     if !valid_name(&name) {
-        return Err(cx.err(r.name.span(), format!("device name `{name}` is invalid: use 1-64 letters, digits, '-', '_' or '.'")));
+        return Err(cx.err(
+            r.name.span(),
+            format!("device name `{name}` is invalid: use 1-64 letters, digits, '-', '_' or '.'"),
+        ));
     }
     if !names.insert(name.clone()) {
-        return Err(cx.err(r.name.span(), format!("a device named `{name}` is already defined; device names must be unique")));
+        return Err(cx.err(
+            r.name.span(),
+            format!("a device named `{name}` is already defined; device names must be unique"),
+        ));
     }
     let kind = match r.kind.get_ref().as_str() {
         "sim" => {
             if let Some(i) = &r.index {
-                return Err(cx.err(i.span(), "`index` applies to kind = \"cuda\" only; remove it"));
+                return Err(cx.err(
+                    i.span(),
+                    "`index` applies to kind = \"cuda\" only; remove it",
+                ));
             }
             if let Some(u) = &r.uuid {
-                return Err(cx.err(u.span(), "`uuid` applies to kind = \"cuda\" only; remove it"));
+                return Err(cx.err(
+                    u.span(),
+                    "`uuid` applies to kind = \"cuda\" only; remove it",
+                ));
             }
             DeviceKind::Sim
         }
@@ -347,15 +374,26 @@ fn parse_device(
                 return Err(cx.err(m.span(), "`memory` applies to kind = \"sim\" only: a real GPU has the memory it has; remove it"));
             }
             if let Some(w) = &r.workers {
-                return Err(cx.err(w.span(), "`workers` applies to kind = \"sim\" only; remove it"));
+                return Err(cx.err(
+                    w.span(),
+                    "`workers` applies to kind = \"sim\" only; remove it",
+                ));
             }
             if r.index.is_some() && r.uuid.is_some() {
-                return Err(cx.err(d.span(), "give either `index` or `uuid` for a cuda device, not both"));
+                return Err(cx.err(
+                    d.span(),
+                    "give either `index` or `uuid` for a cuda device, not both",
+                ));
             }
             if let Some(u) = &r.uuid {
                 let s = u.get_ref();
                 if !(s.starts_with("GPU-") || s.starts_with("MIG-")) {
-                    return Err(cx.err(u.span(), format!("uuid `{s}` must start with GPU- or MIG- (as nvidia-smi -L prints it)")));
+                    return Err(cx.err(
+                        u.span(),
+                        format!(
+                            "uuid `{s}` must start with GPU- or MIG- (as nvidia-smi -L prints it)"
+                        ),
+                    ));
                 }
             }
             DeviceKind::Cuda {
@@ -400,7 +438,10 @@ fn parse_vm(
     let r = v.get_ref();
     let name = r.name.get_ref().clone();
     if !valid_name(&name) {
-        return Err(cx.err(r.name.span(), format!("VM name `{name}` is invalid: use 1-64 letters, digits, '-', '_' or '.'")));
+        return Err(cx.err(
+            r.name.span(),
+            format!("VM name `{name}` is invalid: use 1-64 letters, digits, '-', '_' or '.'"),
+        ));
     }
     let device = match &r.device {
         Some(d) => {
@@ -413,7 +454,13 @@ fn parse_vm(
         }
         None if devices.len() == 1 => devices[0].name.clone(),
         None => {
-            return Err(cx.err(v.span(), format!("VM `{name}` needs `device = \"…\"`: there are {} devices", devices.len())));
+            return Err(cx.err(
+                v.span(),
+                format!(
+                    "VM `{name}` needs `device = \"…\"`: there are {} devices",
+                    devices.len()
+                ),
+            ));
         }
     };
     let memory = cx.size(&r.memory, "memory")?;
@@ -422,21 +469,36 @@ fn parse_vm(
     }
     let weight = match &r.weight {
         Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => {
-            return Err(cx.err(w.span(), format!("weight must be between 1 and {MAX_WEIGHT}")));
+            return Err(cx.err(
+                w.span(),
+                format!("weight must be between 1 and {MAX_WEIGHT}"),
+            ));
         }
         Some(w) => *w.get_ref(),
         None => DEFAULT_WEIGHT,
     };
     let priority = match &r.priority {
         Some(p) => Priority::parse(p.get_ref()).ok_or_else(|| {
-            cx.err(p.span(), format!("unknown priority `{}`: use \"realtime\", \"normal\" or \"batch\"", p.get_ref()))
+            cx.err(
+                p.span(),
+                format!(
+                    "unknown priority `{}`: use \"realtime\", \"normal\" or \"batch\"",
+                    p.get_ref()
+                ),
+            )
         })?,
         None => Priority::Normal,
     };
     let guest_cid = r.guest_cid.as_ref().map(|c| *c.get_ref());
     if let Some(c) = &r.guest_cid {
         if *c.get_ref() < MIN_GUEST_CID || *c.get_ref() > u64::from(u32::MAX) - 1 {
-            return Err(cx.err(c.span(), format!("guest_cid must be between {MIN_GUEST_CID} and {} (0-2 are reserved)", u32::MAX - 1)));
+            return Err(cx.err(
+                c.span(),
+                format!(
+                    "guest_cid must be between {MIN_GUEST_CID} and {} (0-2 are reserved)",
+                    u32::MAX - 1
+                ),
+            ));
         }
     }
     match (&r.vhost_user_socket, &r.guest_cid) {
@@ -444,7 +506,10 @@ fn parse_vm(
             return Err(cx.err(s.span(), format!("VM `{name}` has vhost_user_socket but no guest_cid: add `guest_cid = N` (N >= 3, unique per VM)")));
         }
         (None, Some(c)) => {
-            return Err(cx.err(c.span(), "guest_cid is used only with vhost_user_socket; add the socket or remove the CID"));
+            return Err(cx.err(
+                c.span(),
+                "guest_cid is used only with vhost_user_socket; add the socket or remove the CID",
+            ));
         }
         _ => {}
     }
@@ -496,7 +561,10 @@ guest_cid = 3
 "#,
         )
         .unwrap();
-        assert_eq!(c.admin.socket.as_deref(), Some(Path::new("/run/vgpu/admin.sock")));
+        assert_eq!(
+            c.admin.socket.as_deref(),
+            Some(Path::new("/run/vgpu/admin.sock"))
+        );
         assert_eq!(c.devices[0].memory, 8 << 30);
         let vm = &c.vms[0];
         assert_eq!((vm.memory, vm.weight, vm.guest_cid), (2 << 30, 1, Some(3)));
@@ -514,19 +582,31 @@ guest_cid = 3
     #[test]
     fn errors_name_the_line_and_the_fix() {
         let e = err("[[vm]]\nname = \"a\"\nmemory = \"2GB\"\n");
-        assert!(e.starts_with("vgpu.toml:3: memory: `2GB` is not a size"), "{e}");
+        assert!(
+            e.starts_with("vgpu.toml:3: memory: `2GB` is not a size"),
+            "{e}"
+        );
 
         let e = err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\ndevice = \"nope\"\n");
-        assert!(e.starts_with("vgpu.toml:4:") && e.contains("defined devices: gpu0"), "{e}");
+        assert!(
+            e.starts_with("vgpu.toml:4:") && e.contains("defined devices: gpu0"),
+            "{e}"
+        );
 
         let e = err("[[device]]\nname = \"g\"\nkind = \"tpu\"\n");
-        assert!(e.starts_with("vgpu.toml:3:") && e.contains("use \"sim\""), "{e}");
+        assert!(
+            e.starts_with("vgpu.toml:3:") && e.contains("use \"sim\""),
+            "{e}"
+        );
 
         let e = err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\nwieght = 3\n");
         assert!(e.starts_with("vgpu.toml:") && e.contains("wieght"), "{e}");
 
         let e = err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\npriority = \"urgent\"\n");
-        assert!(e.starts_with("vgpu.toml:4:") && e.contains("realtime"), "{e}");
+        assert!(
+            e.starts_with("vgpu.toml:4:") && e.contains("realtime"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -540,8 +620,13 @@ guest_cid = 3
         );
         assert!(e.contains("guest_cid 3 is already used by VM `a`"), "{e}");
 
-        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\nunix_socket = \"/s\"\n[[vm]]\nname = \"b\"\nmemory = 1\nunix_socket = \"/s\"\n");
-        assert!(e.starts_with("vgpu.toml:8:") && e.contains("used twice"), "{e}");
+        let e = err(
+            "[[vm]]\nname = \"a\"\nmemory = 1\nunix_socket = \"/s\"\n[[vm]]\nname = \"b\"\nmemory = 1\nunix_socket = \"/s\"\n",
+        );
+        assert!(
+            e.starts_with("vgpu.toml:8:") && e.contains("used twice"),
+            "{e}"
+        );
 
         let e = err("[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\n");
         assert!(e.contains("no guest_cid"), "{e}");
@@ -556,7 +641,10 @@ guest_cid = 3
             err("[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\nguest_cid = 2\n")
                 .contains("reserved")
         );
-        assert!(err("[[device]]\nname = \"g\"\nkind = \"cuda\"\nmemory = \"1GiB\"\n").contains("sim\" only"));
+        assert!(
+            err("[[device]]\nname = \"g\"\nkind = \"cuda\"\nmemory = \"1GiB\"\n")
+                .contains("sim\" only")
+        );
     }
 
     #[test]

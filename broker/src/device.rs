@@ -263,7 +263,10 @@ mod tests {
 
     #[test]
     fn device_errors_map_to_cuda_codes() {
-        assert_eq!(DeviceError::OutOfMemory.cu_result(), cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(
+            DeviceError::OutOfMemory.cu_result(),
+            cuda::CUDA_ERROR_OUT_OF_MEMORY
+        );
         let e = DeviceError::Fault {
             code: cuda::CUDA_ERROR_ILLEGAL_ADDRESS,
             message: "kernel k: load from 0x10".into(),
@@ -275,7 +278,10 @@ mod tests {
             call: "cuMemAlloc_v2",
             code: 2,
         };
-        assert_eq!(d.to_string(), "cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY");
+        assert_eq!(
+            d.to_string(),
+            "cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY"
+        );
     }
 
     #[test]

@@ -534,7 +534,12 @@ mod tests {
     #[test]
     fn non_sticky_errors_are_reported_once() {
         let mut e = engine();
-        e.submit(Job::Memset { dst: 0x1, value: 0, elem_size: 1, count: 1 });
+        e.submit(Job::Memset {
+            dst: 0x1,
+            value: 0,
+            elem_size: 1,
+            count: 1,
+        });
         assert_eq!(e.take_error().unwrap().code, cuda::CUDA_ERROR_INVALID_VALUE);
         assert!(e.take_error().is_none());
     }

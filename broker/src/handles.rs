@@ -182,7 +182,14 @@ mod tests {
     fn forged_handles_are_refused() {
         let mut t = HandleTable::new(HandleKind::Context);
         let h = t.insert(()).unwrap();
-        for forged in [0, 1, h + 1, h ^ (1 << 40), (HandleKind::Stream as u64) << 56, u64::MAX] {
+        for forged in [
+            0,
+            1,
+            h + 1,
+            h ^ (1 << 40),
+            (HandleKind::Stream as u64) << 56,
+            u64::MAX,
+        ] {
             assert!(t.get(forged).is_none(), "{forged:#x}");
         }
         // Same index and generation, other kind: still refused.

@@ -58,7 +58,10 @@ pub struct Broker {
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
-            .field("devices", &self.devices.iter().map(|d| &d.0).collect::<Vec<_>>())
+            .field(
+                "devices",
+                &self.devices.iter().map(|d| &d.0).collect::<Vec<_>>(),
+            )
             .field("tenants", &self.tenant_names())
             .finish()
     }
@@ -86,10 +89,12 @@ impl Broker {
 
     /// Adds a tenant for a VM entry.
     pub fn add_tenant(&self, vm: &VmConfig) -> Result<Arc<Tenant>, BrokerError> {
-        let device = self.device(&vm.device).ok_or_else(|| BrokerError::UnknownDevice {
-            vm: vm.name.clone(),
-            device: vm.device.clone(),
-        })?;
+        let device = self
+            .device(&vm.device)
+            .ok_or_else(|| BrokerError::UnknownDevice {
+                vm: vm.name.clone(),
+                device: vm.device.clone(),
+            })?;
         let mut t = self.tenants.write().unwrap_or_else(|p| p.into_inner());
         if t.contains_key(&vm.name) {
             return Err(BrokerError::DuplicateTenant(vm.name.clone()));

@@ -140,10 +140,9 @@ impl Allocations {
 
     /// Validates that `[ptr, ptr+len)` lies inside one live allocation.
     pub fn check(&self, ptr: u64, len: u64, what: &str) -> Result<(), CuError> {
-        let inside = self.find(ptr).is_some_and(|(base, a)| {
-            ptr.checked_add(len)
-                .is_some_and(|end| end <= base + a.size)
-        });
+        let inside = self
+            .find(ptr)
+            .is_some_and(|(base, a)| ptr.checked_add(len).is_some_and(|end| end <= base + a.size));
         if inside {
             Ok(())
         } else {

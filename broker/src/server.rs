@@ -71,7 +71,8 @@ struct Replier<W: Write> {
 
 impl<W: Write> Replier<W> {
     fn ok(&mut self, opcode: u16, call_id: u64, payload: &[u8]) -> Result<(), ServeError> {
-        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, 0, &[payload]).map_err(ServeError::Io)
+        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, 0, &[payload])
+            .map_err(ServeError::Io)
     }
 
     fn err(&mut self, opcode: u16, call_id: u64, e: &CuError) -> Result<(), ServeError> {
@@ -79,7 +80,8 @@ impl<W: Write> Replier<W> {
         if msg.len() > MAX_PAYLOAD {
             msg = &msg[..MAX_PAYLOAD];
         }
-        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, e.code, &[msg]).map_err(ServeError::Io)
+        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, e.code, &[msg])
+            .map_err(ServeError::Io)
     }
 
     fn flush(&mut self) -> Result<(), ServeError> {
@@ -124,11 +126,12 @@ pub fn serve<R: Read, W: Write>(
             return Err(ServeError::Protocol(ce.message));
         }
     };
-    let refuse = |w: &mut Replier<W>, code, message: String| -> Result<SessionSummary, ServeError> {
-        w.err(h.opcode, h.call_id, &CuError::new(code, message.clone()))?;
-        w.flush()?;
-        Err(ServeError::Refused(message))
-    };
+    let refuse =
+        |w: &mut Replier<W>, code, message: String| -> Result<SessionSummary, ServeError> {
+            w.err(h.opcode, h.call_id, &CuError::new(code, message.clone()))?;
+            w.flush()?;
+            Err(ServeError::Refused(message))
+        };
     if hello.protocol_version != vgpu_proto::PROTOCOL_VERSION {
         return refuse(
             &mut w,
@@ -146,14 +149,20 @@ pub fn serve<R: Read, W: Write>(
         return refuse(
             &mut w,
             cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
-            format!("VM `{}` is not accepting new sessions (draining or removed)", tenant.name),
+            format!(
+                "VM `{}` is not accepting new sessions (draining or removed)",
+                tenant.name
+            ),
         );
     }
     if tenant.sessions().len() >= MAX_SESSIONS_PER_TENANT {
         return refuse(
             &mut w,
             cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
-            format!("VM `{}` already has {MAX_SESSIONS_PER_TENANT} sessions", tenant.name),
+            format!(
+                "VM `{}` already has {MAX_SESSIONS_PER_TENANT} sessions",
+                tenant.name
+            ),
         );
     }
     let info = Arc::new(SessionInfo {
@@ -198,7 +207,9 @@ pub fn serve<R: Read, W: Write>(
     let result = session_loop(&mut session, &mut r, &mut w, &mut payload, &mut summary);
     drop(session);
     match &result {
-        Ok(()) => info!(tenant = %tenant.name, session = info.id, requests = summary.requests, "session closed"),
+        Ok(()) => {
+            info!(tenant = %tenant.name, session = info.id, requests = summary.requests, "session closed")
+        }
         Err(ServeError::Frame(FrameError::Truncated | FrameError::Io(_))) => {
             info!(tenant = %tenant.name, session = info.id, "session closed: the client went away")
         }
@@ -260,7 +271,7 @@ fn session_loop<R: Read, W: Write>(
         out.clear();
         let name = req.name();
         let result = catch_unwind(AssertUnwindSafe(|| {
-            session.handle(&req, &payload[tail_at..], &mut out)
+            session.handle(&req, &payload[tail_at..], &mut out, !is_async)
         }))
         .map_err(|_| ServeError::Panic(name))?;
         match (result, is_async) {
@@ -309,7 +320,17 @@ mod tests {
         let (mut c, h) = connect(b, tenant);
         let hello = c.hello().unwrap();
         assert_eq!(hello.tenant, tenant);
-        let ctx = c.call(&CtxCreate { device: 0, flags: 0 }, &[]).unwrap().0.handle;
+        let ctx = c
+            .call(
+                &CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
         (c, h, ctx)
     }
 
@@ -321,7 +342,11 @@ mod tests {
         let t = b.tenant(tenant).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while t.slice.used() != want {
-            assert!(Instant::now() < deadline, "slice use stuck at {}", t.slice.used());
+            assert!(
+                Instant::now() < deadline,
+                "slice use stuck at {}",
+                t.slice.used()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -332,13 +357,54 @@ mod tests {
         let (mut c, _h, ctx) = open(&b, "vm1");
         let p = alloc(&mut c, ctx, 1000).unwrap();
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
-        c.call(&MemcpyHtoD { ctx, stream: 0, dst: p }, &data).unwrap();
-        let (_, back) = c.call(&MemcpyDtoH { ctx, stream: 0, src: p, len: 1000 }, &[]).unwrap();
-        assert_eq!(back, data);
-        c.post(&Memset { ctx, stream: 0, dst: p + 4, value: 0xabcd_1234, elem_size: 4, count: 2 }, &[])
+        c.call(
+            &MemcpyHtoD {
+                ctx,
+                stream: 0,
+                dst: p,
+            },
+            &data,
+        )
+        .unwrap();
+        let (_, back) = c
+            .call(
+                &MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: p,
+                    len: 1000,
+                },
+                &[],
+            )
             .unwrap();
-        let (_, back) = c.call(&MemcpyDtoH { ctx, stream: 0, src: p, len: 16 }, &[]).unwrap();
-        assert_eq!(&back[4..12], &[0x34, 0x12, 0xcd, 0xab, 0x34, 0x12, 0xcd, 0xab]);
+        assert_eq!(back, data);
+        c.post(
+            &Memset {
+                ctx,
+                stream: 0,
+                dst: p + 4,
+                value: 0xabcd_1234,
+                elem_size: 4,
+                count: 2,
+            },
+            &[],
+        )
+        .unwrap();
+        let (_, back) = c
+            .call(
+                &MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: p,
+                    len: 16,
+                },
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            &back[4..12],
+            &[0x34, 0x12, 0xcd, 0xab, 0x34, 0x12, 0xcd, 0xab]
+        );
         assert_eq!(&back[..4], &data[..4]);
     }
 
@@ -366,25 +432,87 @@ mod tests {
         let (mut c1, _h1, ctx1) = open(&b, "vm1");
         let (mut c2, _h2, ctx2) = open(&b, "vm2");
         let p1 = alloc(&mut c1, ctx1, 4096).unwrap();
-        c1.call(&MemcpyHtoD { ctx: ctx1, stream: 0, dst: p1 }, b"secret").unwrap();
+        c1.call(
+            &MemcpyHtoD {
+                ctx: ctx1,
+                stream: 0,
+                dst: p1,
+            },
+            b"secret",
+        )
+        .unwrap();
         // Another tenant can neither read, write nor free it.
-        let read = c2.call(&MemcpyDtoH { ctx: ctx2, stream: 0, src: p1, len: 6 }, &[]);
+        let read = c2.call(
+            &MemcpyDtoH {
+                ctx: ctx2,
+                stream: 0,
+                src: p1,
+                len: 6,
+            },
+            &[],
+        );
         assert_eq!(read.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
-        let write = c2.call(&MemcpyHtoD { ctx: ctx2, stream: 0, dst: p1 }, b"XXXXXX");
+        let write = c2.call(
+            &MemcpyHtoD {
+                ctx: ctx2,
+                stream: 0,
+                dst: p1,
+            },
+            b"XXXXXX",
+        );
         assert_eq!(write.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
-        assert_eq!(c2.call(&MemFree { ctx: ctx2, ptr: p1 }, &[]).unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            c2.call(&MemFree { ctx: ctx2, ptr: p1 }, &[]).unwrap_err().0,
+            CUDA_ERROR_INVALID_VALUE
+        );
         // The owner's data is intact.
-        let (_, back) = c1.call(&MemcpyDtoH { ctx: ctx1, stream: 0, src: p1, len: 6 }, &[]).unwrap();
+        let (_, back) = c1
+            .call(
+                &MemcpyDtoH {
+                    ctx: ctx1,
+                    stream: 0,
+                    src: p1,
+                    len: 6,
+                },
+                &[],
+            )
+            .unwrap();
         assert_eq!(back, b"secret");
         // Interior free, past-the-end copy, double free.
-        let (e, m) = c1.call(&MemFree { ctx: ctx1, ptr: p1 + 8 }, &[]).unwrap_err();
+        let (e, m) = c1
+            .call(
+                &MemFree {
+                    ctx: ctx1,
+                    ptr: p1 + 8,
+                },
+                &[],
+            )
+            .unwrap_err();
         assert_eq!(e, CUDA_ERROR_INVALID_VALUE);
         assert!(m.contains("not its start"), "{m}");
-        let past = c1.call(&MemcpyDtoH { ctx: ctx1, stream: 0, src: p1 + 4090, len: 7 }, &[]);
+        let past = c1.call(
+            &MemcpyDtoH {
+                ctx: ctx1,
+                stream: 0,
+                src: p1 + 4090,
+                len: 7,
+            },
+            &[],
+        );
         assert_eq!(past.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
         c1.call(&MemFree { ctx: ctx1, ptr: p1 }, &[]).unwrap();
-        assert_eq!(c1.call(&MemFree { ctx: ctx1, ptr: p1 }, &[]).unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
-        let stale = c1.call(&MemcpyHtoD { ctx: ctx1, stream: 0, dst: p1 }, b"x");
+        assert_eq!(
+            c1.call(&MemFree { ctx: ctx1, ptr: p1 }, &[]).unwrap_err().0,
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let stale = c1.call(
+            &MemcpyHtoD {
+                ctx: ctx1,
+                stream: 0,
+                dst: p1,
+            },
+            b"x",
+        );
         assert_eq!(stale.unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
     }
 
@@ -393,16 +521,41 @@ mod tests {
         let b = broker(Duration::ZERO);
         let (mut c, _h, ctx) = open(&b, "vm1");
         let (mut c2, _h2, ctx2) = open(&b, "vm1");
-        assert_eq!(alloc(&mut c, ctx + 1, 16).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
-        assert_eq!(alloc(&mut c, 0, 16).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
-        let s = c.call(&StreamCreate { ctx, flags: 0, priority: 0 }, &[]).unwrap().0.handle;
+        assert_eq!(
+            alloc(&mut c, ctx + 1, 16).unwrap_err().0,
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        assert_eq!(
+            alloc(&mut c, 0, 16).unwrap_err().0,
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        let s = c
+            .call(
+                &StreamCreate {
+                    ctx,
+                    flags: 0,
+                    priority: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
         // A handle of another session of the same VM means nothing here.
-        let other = c2.call(&StreamSynchronize { ctx: ctx2, stream: s }, &[]);
+        let other = c2.call(
+            &StreamSynchronize {
+                ctx: ctx2,
+                stream: s,
+            },
+            &[],
+        );
         assert_eq!(other.unwrap_err().0, CUDA_ERROR_INVALID_HANDLE);
         let ev = c.call(&EventQuery { ctx, event: s }, &[]);
         assert_eq!(ev.unwrap_err().0, CUDA_ERROR_INVALID_HANDLE);
         assert_eq!(
-            c.call(&DeviceGetProperties { device: 1 }, &[]).unwrap_err().0,
+            c.call(&DeviceGetProperties { device: 1 }, &[])
+                .unwrap_err()
+                .0,
             CUDA_ERROR_INVALID_DEVICE
         );
     }
@@ -412,8 +565,18 @@ mod tests {
         let b = broker(Duration::ZERO);
         let (mut c, _h, ctx) = open(&b, "vm1");
         let p = alloc(&mut c, ctx, 64).unwrap();
-        c.post(&Memset { ctx, stream: 0, dst: 0xdead_0000, value: 0, elem_size: 1, count: 4 }, &[])
-            .unwrap();
+        c.post(
+            &Memset {
+                ctx,
+                stream: 0,
+                dst: 0xdead_0000,
+                value: 0,
+                elem_size: 1,
+                count: 4,
+            },
+            &[],
+        )
+        .unwrap();
         // A non-synchronizing call is unaffected.
         alloc(&mut c, ctx, 64).unwrap();
         let (e, m) = c.call(&CtxSynchronize { ctx }, &[]).unwrap_err();
@@ -421,7 +584,18 @@ mod tests {
         assert!(m.contains("0xdead0000"), "{m}");
         // Reported once, like a non-sticky CUDA error.
         c.call(&CtxSynchronize { ctx }, &[]).unwrap();
-        c.post(&Memset { ctx, stream: 0, dst: p, value: 1, elem_size: 1, count: 64 }, &[]).unwrap();
+        c.post(
+            &Memset {
+                ctx,
+                stream: 0,
+                dst: p,
+                value: 1,
+                elem_size: 1,
+                count: 64,
+            },
+            &[],
+        )
+        .unwrap();
         c.call(&CtxSynchronize { ctx }, &[]).unwrap();
     }
 
@@ -430,28 +604,110 @@ mod tests {
         let b = broker(Duration::from_millis(60));
         let (mut c, _h, ctx) = open(&b, "vm1");
         let p = alloc(&mut c, ctx, 3 * MIB).unwrap();
-        let s = c.call(&StreamCreate { ctx, flags: STREAM_NON_BLOCKING_TEST, priority: 0 }, &[])
+        let s = c
+            .call(
+                &StreamCreate {
+                    ctx,
+                    flags: STREAM_NON_BLOCKING_TEST,
+                    priority: 0,
+                },
+                &[],
+            )
             .unwrap()
             .0
             .handle;
-        let e0 = c.call(&EventCreate { ctx, flags: 0 }, &[]).unwrap().0.handle;
-        let e1 = c.call(&EventCreate { ctx, flags: 0 }, &[]).unwrap().0.handle;
-        c.post(&EventRecord { ctx, stream: s, event: e0 }, &[]).unwrap();
+        let e0 = c
+            .call(&EventCreate { ctx, flags: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        let e1 = c
+            .call(&EventCreate { ctx, flags: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        c.post(
+            &EventRecord {
+                ctx,
+                stream: s,
+                event: e0,
+            },
+            &[],
+        )
+        .unwrap();
         for _ in 0..3 {
-            c.post(&MemcpyDtoD { ctx, stream: s, dst: p, src: p + 2 * MIB, len: MIB }, &[]).unwrap();
+            c.post(
+                &MemcpyDtoD {
+                    ctx,
+                    stream: s,
+                    dst: p,
+                    src: p + 2 * MIB,
+                    len: MIB,
+                },
+                &[],
+            )
+            .unwrap();
         }
-        c.post(&EventRecord { ctx, stream: s, event: e1 }, &[]).unwrap();
+        c.post(
+            &EventRecord {
+                ctx,
+                stream: s,
+                event: e1,
+            },
+            &[],
+        )
+        .unwrap();
         // Work is still running: queries say so without blocking.
-        assert_eq!(c.call(&StreamQuery { ctx, stream: s }, &[]).unwrap_err().0, CUDA_ERROR_NOT_READY);
-        assert_eq!(c.call(&EventQuery { ctx, event: e1 }, &[]).unwrap_err().0, CUDA_ERROR_NOT_READY);
+        assert_eq!(
+            c.call(&StreamQuery { ctx, stream: s }, &[]).unwrap_err().0,
+            CUDA_ERROR_NOT_READY
+        );
+        assert_eq!(
+            c.call(&EventQuery { ctx, event: e1 }, &[]).unwrap_err().0,
+            CUDA_ERROR_NOT_READY
+        );
         c.call(&EventSynchronize { ctx, event: e1 }, &[]).unwrap();
         c.call(&StreamQuery { ctx, stream: s }, &[]).unwrap();
-        let (el, _) = c.call(&EventElapsedTime { ctx, start: e0, end: e1 }, &[]).unwrap();
+        let (el, _) = c
+            .call(
+                &EventElapsedTime {
+                    ctx,
+                    start: e0,
+                    end: e1,
+                },
+                &[],
+            )
+            .unwrap();
         assert!(el.ms >= 150.0, "three 60 ms copies took {} ms", el.ms);
-        let nt = c.call(&EventCreate { ctx, flags: EVENT_DISABLE_TIMING_TEST }, &[]).unwrap().0.handle;
-        c.post(&EventRecord { ctx, stream: s, event: nt }, &[]).unwrap();
+        let nt = c
+            .call(
+                &EventCreate {
+                    ctx,
+                    flags: EVENT_DISABLE_TIMING_TEST,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        c.post(
+            &EventRecord {
+                ctx,
+                stream: s,
+                event: nt,
+            },
+            &[],
+        )
+        .unwrap();
         c.call(&StreamSynchronize { ctx, stream: s }, &[]).unwrap();
-        let r = c.call(&EventElapsedTime { ctx, start: e0, end: nt }, &[]);
+        let r = c.call(
+            &EventElapsedTime {
+                ctx,
+                start: e0,
+                end: nt,
+            },
+            &[],
+        );
         assert_eq!(r.unwrap_err().0, CUDA_ERROR_INVALID_HANDLE);
     }
 
@@ -463,7 +719,12 @@ mod tests {
         let b = broker(Duration::ZERO);
         let (mut c, h) = connect(&b, "vm1");
         let r = c.call(
-            &Hello { protocol_version: 99, pid: 1, shim_version: "9.9".into(), process_name: "x".into() },
+            &Hello {
+                protocol_version: 99,
+                pid: 1,
+                shim_version: "9.9".into(),
+                process_name: "x".into(),
+            },
             &[],
         );
         let (e, m) = r.unwrap_err();
@@ -499,12 +760,18 @@ mod tests {
                 h.to_vec()
             },
             // Length past the maximum.
-            frame::Header { opcode: 0x301, flags: 0, call_id: 1, payload_len: 0, status: 0 }
-                .encode()
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| if (16..20).contains(&i) { 0xff } else { x })
-                .collect(),
+            frame::Header {
+                opcode: 0x301,
+                flags: 0,
+                call_id: 1,
+                payload_len: 0,
+                status: 0,
+            }
+            .encode()
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| if (16..20).contains(&i) { 0xff } else { x })
+            .collect(),
             // A header cut short, then the client disappears.
             MAGIC.to_le_bytes()[..3].to_vec(),
         ] {
@@ -520,7 +787,10 @@ mod tests {
         let (mut c, h, ctx) = open(&b, "vm1");
         c.post(&MemGetInfo { ctx }, &[]).unwrap();
         let e = h.join().unwrap().unwrap_err();
-        assert!(e.to_string().contains("cannot be sent asynchronously"), "{e}");
+        assert!(
+            e.to_string().contains("cannot be sent asynchronously"),
+            "{e}"
+        );
         // Other sessions are unaffected throughout.
         let (mut c, _h, ctx) = open(&b, "vm1");
         alloc(&mut c, ctx, MIB).unwrap();
@@ -533,7 +803,15 @@ mod tests {
         for _ in 0..3 {
             alloc(&mut c, ctx, MIB).unwrap();
         }
-        c.call(&StreamCreate { ctx, flags: 0, priority: 0 }, &[]).unwrap();
+        c.call(
+            &StreamCreate {
+                ctx,
+                flags: 0,
+                priority: 0,
+            },
+            &[],
+        )
+        .unwrap();
         assert_eq!(b.tenant("vm1").unwrap().sessions().len(), 1);
         drop(c);
         h.join().unwrap().unwrap();
@@ -554,15 +832,35 @@ mod tests {
             std::thread::spawn(move || {
                 let mut w = TestClient::new(&mut s);
                 for i in 0..n {
-                    w.post(&Memset { ctx, stream: 0, dst: p, value: i as u32, elem_size: 4, count: 16 }, &[])
-                        .unwrap();
+                    w.post(
+                        &Memset {
+                            ctx,
+                            stream: 0,
+                            dst: p,
+                            value: i as u32,
+                            elem_size: 4,
+                            count: 16,
+                        },
+                        &[],
+                    )
+                    .unwrap();
                 }
             })
         };
         writer.join().unwrap();
         // Call ids restart in the cloned client; a fresh sync call still works.
         c.call(&CtxSynchronize { ctx }, &[]).unwrap();
-        let (_, v) = c.call(&MemcpyDtoH { ctx, stream: 0, src: p, len: 4 }, &[]).unwrap();
+        let (_, v) = c
+            .call(
+                &MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: p,
+                    len: 4,
+                },
+                &[],
+            )
+            .unwrap();
         assert_eq!(u32::from_le_bytes(v.try_into().unwrap()), (n - 1) as u32);
     }
 
@@ -571,8 +869,16 @@ mod tests {
         let b = broker(Duration::ZERO);
         let (mut c, _h) = connect(&b, "vm1");
         c.hello().unwrap();
-        let p1 = c.call(&PrimaryCtxRetain { device: 0 }, &[]).unwrap().0.handle;
-        let p2 = c.call(&PrimaryCtxRetain { device: 0 }, &[]).unwrap().0.handle;
+        let p1 = c
+            .call(&PrimaryCtxRetain { device: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        let p2 = c
+            .call(&PrimaryCtxRetain { device: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
         assert_eq!(p1, p2);
         alloc(&mut c, p1, MIB).unwrap();
         let st = c.call(&PrimaryCtxGetState { device: 0 }, &[]).unwrap().0;
@@ -581,25 +887,54 @@ mod tests {
         assert_eq!(b.tenant("vm1").unwrap().slice.used(), MIB);
         c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap();
         assert_eq!(b.tenant("vm1").unwrap().slice.used(), 0);
-        assert_eq!(c.call(&PrimaryCtxGetState { device: 0 }, &[]).unwrap().0.active, 0);
+        assert_eq!(
+            c.call(&PrimaryCtxGetState { device: 0 }, &[])
+                .unwrap()
+                .0
+                .active,
+            0
+        );
         assert_eq!(
             c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap_err().0,
             CUDA_ERROR_INVALID_CONTEXT
         );
-        assert_eq!(c.call(&CtxDestroy { ctx: p1 }, &[]).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(
+            c.call(&CtxDestroy { ctx: p1 }, &[]).unwrap_err().0,
+            CUDA_ERROR_INVALID_CONTEXT
+        );
     }
 
     #[test]
     fn destroying_a_context_frees_what_it_allocated() {
         let b = broker(Duration::ZERO);
         let (mut c, _h, ctx) = open(&b, "vm1");
-        let other = c.call(&CtxCreate { device: 0, flags: 0 }, &[]).unwrap().0.handle;
+        let other = c
+            .call(
+                &CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
         alloc(&mut c, ctx, MIB).unwrap();
         let keep = alloc(&mut c, other, MIB).unwrap();
         c.call(&CtxDestroy { ctx }, &[]).unwrap();
         assert_eq!(b.tenant("vm1").unwrap().slice.used(), MIB);
-        assert_eq!(alloc(&mut c, ctx, 1).unwrap_err().0, CUDA_ERROR_INVALID_CONTEXT);
-        c.call(&MemFree { ctx: other, ptr: keep }, &[]).unwrap();
+        assert_eq!(
+            alloc(&mut c, ctx, 1).unwrap_err().0,
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        c.call(
+            &MemFree {
+                ctx: other,
+                ptr: keep,
+            },
+            &[],
+        )
+        .unwrap();
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! tables and allocations, applies its requests to the tenant's device
 //! context, and releases everything when it ends (however it ends).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tracing::debug;
 use vgpu_proto::cuda;
@@ -142,8 +142,23 @@ impl Session {
     }
 
     /// Executes one request. On success the reply payload is in `out`.
-    pub fn handle(&mut self, req: &Request, tail: &[u8], out: &mut Vec<u8>) -> Result<(), CuError> {
-        let r = self.dispatch(req, tail, out);
+    ///
+    /// `sync` says whether the client waits for the reply. An op that may be
+    /// asynchronous (a copy, a memset, a record) sent synchronously completes
+    /// before the reply and reports the errors of earlier asynchronous work,
+    /// as CUDA's synchronous forms do.
+    pub fn handle(
+        &mut self,
+        req: &Request,
+        tail: &[u8],
+        out: &mut Vec<u8>,
+        sync: bool,
+    ) -> Result<(), CuError> {
+        let mut r = self.dispatch(req, tail, out);
+        if sync && r.is_ok() && req.flags() & msg::ASYNC_OK != 0 {
+            self.engine.drain();
+            r = self.surface_async_error();
+        }
         if let Err(e) = &r {
             if e.code != cuda::CUDA_ERROR_NOT_READY {
                 self.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -173,7 +188,12 @@ impl Session {
             }
             R::DeviceTotalMem(m) => {
                 self.check_device(m.device)?;
-                reply(out, msg::Bytes { bytes: self.tenant.slice.limit() })
+                reply(
+                    out,
+                    msg::Bytes {
+                        bytes: self.tenant.slice.limit(),
+                    },
+                )
             }
 
             R::CtxCreate(m) => {
@@ -214,7 +234,9 @@ impl Session {
             R::PrimaryCtxRelease(m) => {
                 self.check_device(m.device)?;
                 if self.primary.refs == 0 {
-                    return Err(CuError::invalid_context("the primary context is not retained"));
+                    return Err(CuError::invalid_context(
+                        "the primary context is not retained",
+                    ));
                 }
                 self.primary.refs -= 1;
                 if self.primary.refs == 0 {
@@ -312,7 +334,10 @@ impl Session {
                 let ctx = self.stream_ctx(m.ctx, m.stream)?;
                 let len = tail.len() as u64;
                 self.allocs.check(m.dst, len, "copy destination")?;
-                self.tenant.stats.bytes_htod.fetch_add(len, Ordering::Relaxed);
+                self.tenant
+                    .stats
+                    .bytes_htod
+                    .fetch_add(len, Ordering::Relaxed);
                 let seq = match self.engine.try_inline(|d| d.write(m.dst, tail)) {
                     Some(seq) => seq,
                     None => self.engine.submit(Job::Write {
@@ -338,8 +363,13 @@ impl Session {
                 msg::Empty {}.encode(out);
                 let start = out.len();
                 out.resize(start + m.len as usize, 0);
-                self.dev.read(m.src, &mut out[start..]).map_err(CuError::from)?;
-                self.tenant.stats.bytes_dtoh.fetch_add(m.len, Ordering::Relaxed);
+                self.dev
+                    .read(m.src, &mut out[start..])
+                    .map_err(CuError::from)?;
+                self.tenant
+                    .stats
+                    .bytes_dtoh
+                    .fetch_add(m.len, Ordering::Relaxed);
                 Ok(())
             }
             R::MemcpyDtoD(m) => {
@@ -357,7 +387,9 @@ impl Session {
             R::Memset(m) => {
                 let ctx = self.stream_ctx(m.ctx, m.stream)?;
                 if !matches!(m.elem_size, 1 | 2 | 4) {
-                    return Err(CuError::invalid_value("memset element size must be 1, 2 or 4"));
+                    return Err(CuError::invalid_value(
+                        "memset element size must be 1, 2 or 4",
+                    ));
                 }
                 let bytes = m
                     .count
@@ -383,19 +415,27 @@ impl Session {
             R::StreamCreate(m) => {
                 self.ctx(m.ctx)?;
                 if m.flags & !STREAM_NON_BLOCKING != 0 {
-                    return Err(CuError::invalid_value(format!("unknown stream flags {:#x}", m.flags)));
+                    return Err(CuError::invalid_value(format!(
+                        "unknown stream flags {:#x}",
+                        m.flags
+                    )));
                 }
                 let last_seq = self.engine.submitted();
                 let h = self
                     .streams
-                    .insert(StreamState { ctx: m.ctx, last_seq })
+                    .insert(StreamState {
+                        ctx: m.ctx,
+                        last_seq,
+                    })
                     .ok_or_else(|| CuError::out_of_memory("too many streams in this process"))?;
                 reply(out, msg::Handle { handle: h })
             }
             R::StreamDestroy(m) => {
                 self.stream_ctx(m.ctx, m.stream)?;
                 if self.streams.remove(m.stream).is_none() {
-                    return Err(CuError::invalid_handle("the default stream cannot be destroyed"));
+                    return Err(CuError::invalid_handle(
+                        "the default stream cannot be destroyed",
+                    ));
                 }
                 reply(out, msg::Empty {})
             }
@@ -425,7 +465,10 @@ impl Session {
                 self.ctx(m.ctx)?;
                 let known = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS;
                 if m.flags & !known != 0 {
-                    return Err(CuError::invalid_value(format!("unknown event flags {:#x}", m.flags)));
+                    return Err(CuError::invalid_value(format!(
+                        "unknown event flags {:#x}",
+                        m.flags
+                    )));
                 }
                 if m.flags & EVENT_INTERPROCESS != 0 && m.flags & EVENT_DISABLE_TIMING == 0 {
                     return Err(CuError::invalid_value(
@@ -478,7 +521,9 @@ impl Session {
                 }
                 let (rs, re) = (s.clock.get(), e.clock.get());
                 if rs.seq == 0 || re.seq == 0 {
-                    return Err(CuError::invalid_handle("both events must have been recorded"));
+                    return Err(CuError::invalid_handle(
+                        "both events must have been recorded",
+                    ));
                 }
                 match (rs.time, re.time) {
                     (Some(ts), Some(te)) => {
@@ -503,7 +548,12 @@ impl Session {
                 "modules and kernel launches are not supported by this vgpud build",
             )),
 
-            R::TenantInfo(_) => reply(out, msg::Json { json: self.tenant_json() }),
+            R::TenantInfo(_) => reply(
+                out,
+                msg::Json {
+                    json: self.tenant_json(),
+                },
+            ),
         }
     }
 
@@ -552,9 +602,9 @@ impl Session {
         if let Some(p) = self.engine.poisoned() {
             return Err(p);
         }
-        self.contexts
-            .get(ctx)
-            .ok_or_else(|| CuError::invalid_context(format!("{ctx:#x} is not a context of this process")))
+        self.contexts.get(ctx).ok_or_else(|| {
+            CuError::invalid_context(format!("{ctx:#x} is not a context of this process"))
+        })
     }
 
     /// Validates a (context, stream) pair; returns the context the work belongs to.
@@ -566,10 +616,9 @@ impl Session {
         if let Some(p) = self.engine.poisoned() {
             return Err(p);
         }
-        self.streams
-            .get(stream)
-            .map(|s| s.ctx)
-            .ok_or_else(|| CuError::invalid_handle(format!("{stream:#x} is not a stream of this process")))
+        self.streams.get(stream).map(|s| s.ctx).ok_or_else(|| {
+            CuError::invalid_handle(format!("{stream:#x} is not a stream of this process"))
+        })
     }
 
     /// The sequence number a synchronize on this stream waits for.
@@ -592,9 +641,9 @@ impl Session {
     }
 
     fn event(&self, event: u64) -> Result<&EventState, CuError> {
-        self.events
-            .get(event)
-            .ok_or_else(|| CuError::invalid_handle(format!("{event:#x} is not an event of this process")))
+        self.events.get(event).ok_or_else(|| {
+            CuError::invalid_handle(format!("{event:#x} is not an event of this process"))
+        })
     }
 
     fn surface_async_error(&self) -> Result<(), CuError> {
@@ -607,10 +656,7 @@ impl Session {
     fn new_context(&mut self, primary: bool) -> Result<u64, CuError> {
         let last_seq = self.engine.submitted();
         self.contexts
-            .insert(CtxState {
-                primary,
-                last_seq,
-            })
+            .insert(CtxState { primary, last_seq })
             .ok_or_else(|| CuError::out_of_memory("too many contexts in this process"))
     }
 
@@ -637,7 +683,9 @@ impl Session {
                 kind: AllocKind::Device,
             },
         );
-        self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+        self.info
+            .memory
+            .store(self.allocs.charged(), Ordering::Relaxed);
         Ok(ptr)
     }
 
@@ -647,7 +695,9 @@ impl Session {
                 tracing::warn!(session = self.info.id, error = %e, "device refused to free {base:#x}");
             }
             self.tenant.slice.refund(a.charged);
-            self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+            self.info
+                .memory
+                .store(self.allocs.charged(), Ordering::Relaxed);
         }
     }
 
@@ -670,7 +720,6 @@ impl Session {
             self.release_context_resources(h);
         }
     }
-
 }
 
 impl Drop for Session {

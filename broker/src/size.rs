@@ -16,7 +16,9 @@ const UNITS: [(&str, u64); 5] = [
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SizeError {
     /// Not a number followed by a known unit.
-    #[error("`{0}` is not a size: write a whole number followed by B, KiB, MiB, GiB or TiB, e.g. \"2GiB\"")]
+    #[error(
+        "`{0}` is not a size: write a whole number followed by B, KiB, MiB, GiB or TiB, e.g. \"2GiB\""
+    )]
     Syntax(String),
     /// Larger than 2^64 - 1 bytes.
     #[error("`{0}` is too large")]

@@ -191,14 +191,22 @@ impl<S: Read + Write> TestClient<S> {
 
     /// Sends a synchronous request and waits for its reply.
     pub fn call<O: Op>(&mut self, req: &O, tail: &[u8]) -> Result<(O::Reply, Vec<u8>), CallError> {
-        self.send(req, tail, 0).map_err(|e| (u32::MAX, e.to_string()))?;
+        self.send(req, tail, 0)
+            .map_err(|e| (u32::MAX, e.to_string()))?;
         let h = frame::read_frame(&mut self.stream, &mut self.payload)
             .map_err(|e| (u32::MAX, e.to_string()))?;
-        assert!(h.is_reply() && h.call_id == self.call_id, "unexpected reply {h:?}");
+        assert!(
+            h.is_reply() && h.call_id == self.call_id,
+            "unexpected reply {h:?}"
+        );
         if h.status != 0 {
-            return Err((h.status, String::from_utf8_lossy(&self.payload).into_owned()));
+            return Err((
+                h.status,
+                String::from_utf8_lossy(&self.payload).into_owned(),
+            ));
         }
-        let (r, t) = msg::decode_reply::<O>(&self.payload).map_err(|e| (u32::MAX, e.to_string()))?;
+        let (r, t) =
+            msg::decode_reply::<O>(&self.payload).map_err(|e| (u32::MAX, e.to_string()))?;
         Ok((r, t.to_vec()))
     }
 
@@ -211,7 +219,14 @@ impl<S: Read + Write> TestClient<S> {
         self.call_id += 1;
         let mut p = Vec::new();
         req.encode(&mut p);
-        frame::write_frame(&mut self.stream, O::OPCODE, flags, self.call_id, 0, &[&p, tail])?;
+        frame::write_frame(
+            &mut self.stream,
+            O::OPCODE,
+            flags,
+            self.call_id,
+            0,
+            &[&p, tail],
+        )?;
         self.stream.flush()
     }
 }

@@ -195,7 +195,10 @@ mod tests {
     #[test]
     fn names_and_messages_match_cuda_h() {
         assert_eq!(result_name(2), Some("CUDA_ERROR_OUT_OF_MEMORY"));
-        assert_eq!(result_message(700), Some("an illegal memory access was encountered"));
+        assert_eq!(
+            result_message(700),
+            Some("an illegal memory access was encountered")
+        );
         assert_eq!(result_name(12345), None);
     }
 

@@ -213,7 +213,10 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(FrameError::BadMagic(_))));
         let mut b = sample().encode();
         b[6] = 0x80;
-        assert!(matches!(Header::decode(&b), Err(FrameError::BadFlags(0x80))));
+        assert!(matches!(
+            Header::decode(&b),
+            Err(FrameError::BadFlags(0x80))
+        ));
         let mut h = sample();
         h.payload_len = MAX_PAYLOAD as u32 + 1;
         assert!(matches!(

@@ -382,7 +382,10 @@ mod tests {
 
     #[test]
     fn requests_round_trip() {
-        let m = MemAlloc { ctx: 0xc1, size: 4096 };
+        let m = MemAlloc {
+            ctx: 0xc1,
+            size: 4096,
+        };
         let (r, tail) = Request::decode(MemAlloc::OPCODE, &encode(&m)).unwrap();
         assert_eq!(r, Request::MemAlloc(m));
         assert_eq!(tail, 16);
@@ -391,7 +394,11 @@ mod tests {
 
     #[test]
     fn tail_is_allowed_only_where_flagged() {
-        let mut p = encode(&MemcpyHtoD { ctx: 1, stream: 0, dst: 2 });
+        let mut p = encode(&MemcpyHtoD {
+            ctx: 1,
+            stream: 0,
+            dst: 2,
+        });
         p.extend_from_slice(b"data");
         let (_, off) = Request::decode(MemcpyHtoD::OPCODE, &p).unwrap();
         assert_eq!(&p[off..], b"data");
@@ -431,7 +438,10 @@ mod tests {
     fn catalogue_describes_fields_in_wire_order() {
         let spec = OPS.iter().find(|o| o.name == "Memset").unwrap();
         let names: Vec<_> = spec.request.iter().map(|f| f.name).collect();
-        assert_eq!(names, ["ctx", "stream", "dst", "value", "elem_size", "count"]);
+        assert_eq!(
+            names,
+            ["ctx", "stream", "dst", "value", "elem_size", "count"]
+        );
         assert_eq!(spec.flags, ASYNC_OK);
     }
 }

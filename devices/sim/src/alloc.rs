@@ -32,7 +32,8 @@ impl Default for AddressSpace {
 
 /// Size rounded up to the allocation alignment.
 pub fn aligned(size: u64) -> Option<u64> {
-    size.checked_add(ALLOC_ALIGN - 1).map(|s| s & !(ALLOC_ALIGN - 1))
+    size.checked_add(ALLOC_ALIGN - 1)
+        .map(|s| s & !(ALLOC_ALIGN - 1))
 }
 
 impl AddressSpace {

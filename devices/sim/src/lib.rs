@@ -51,7 +51,9 @@ struct SimMemory {
 
 impl std::fmt::Debug for SimDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimDevice").field("config", &self.config).finish()
+        f.debug_struct("SimDevice")
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -172,7 +174,10 @@ pub struct SimContext {
 impl std::fmt::Debug for SimContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimContext")
-            .field("allocations", &self.allocs.read().map(|a| a.len()).unwrap_or(0))
+            .field(
+                "allocations",
+                &self.allocs.read().map(|a| a.len()).unwrap_or(0),
+            )
             .finish()
     }
 }
@@ -214,7 +219,10 @@ impl DeviceContext for SimContext {
         let rounded = aligned(size).ok_or(DeviceError::OutOfMemory)?;
         // Reserve capacity first; give it back on any failure below.
         let prev = self.memory.used.fetch_add(rounded, Ordering::Relaxed);
-        if prev.checked_add(rounded).is_none_or(|n| n > self.memory.total) {
+        if prev
+            .checked_add(rounded)
+            .is_none_or(|n| n > self.memory.total)
+        {
             self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
             return Err(DeviceError::OutOfMemory);
         }
@@ -264,7 +272,10 @@ impl DeviceContext for SimContext {
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
         let (buf, off) = self.range(dst, data.len() as u64)?;
         buf.write(off, data)
-            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len: data.len() as u64 })
+            .map_err(|_| DeviceError::InvalidAddress {
+                addr: dst,
+                len: data.len() as u64,
+            })
     }
 
     fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
@@ -283,15 +294,23 @@ impl DeviceContext for SimContext {
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
         if !matches!(elem_size, 1 | 2 | 4) {
-            return Err(DeviceError::NotSupported(format!("memset element size {elem_size}")));
+            return Err(DeviceError::NotSupported(format!(
+                "memset element size {elem_size}"
+            )));
         }
         let bytes = count
             .checked_mul(u64::from(elem_size))
-            .ok_or(DeviceError::InvalidAddress { addr: dst, len: u64::MAX })?;
+            .ok_or(DeviceError::InvalidAddress {
+                addr: dst,
+                len: u64::MAX,
+            })?;
         let (buf, off) = self.range(dst, bytes)?;
         let pattern = &value.to_le_bytes()[..elem_size as usize];
         buf.fill(off, pattern, count as usize)
-            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len: bytes })
+            .map_err(|_| DeviceError::InvalidAddress {
+                addr: dst,
+                len: bytes,
+            })
     }
 }
 
@@ -331,7 +350,10 @@ mod tests {
         let a = d.open("a").unwrap();
         let b = d.open("b").unwrap();
         let p = a.alloc(64).unwrap();
-        assert!(matches!(b.write(p, b"x"), Err(DeviceError::InvalidAddress { .. })));
+        assert!(matches!(
+            b.write(p, b"x"),
+            Err(DeviceError::InvalidAddress { .. })
+        ));
         assert!(b.free(p).is_err());
         assert!(a.write(p + 60, b"12345").is_err(), "past the end");
         a.write(p + 59, b"12345").unwrap();

@@ -12,6 +12,7 @@
 pub mod cuda;
 pub mod frame;
 pub mod msg;
+pub mod spec;
 pub mod wire;
 
 /// Protocol version spoken by this build. A server refuses other versions.

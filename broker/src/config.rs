@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::ops::Range;
+use std::time::Duration;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -16,6 +17,8 @@ use crate::size::parse_size;
 pub const DEFAULT_SIM_MEMORY: u64 = 8 << 30;
 /// Name of the device created when the file declares none.
 pub const DEFAULT_DEVICE_NAME: &str = "gpu0";
+/// Default kernel watchdog.
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
 /// Default compute weight of a VM.
 pub const DEFAULT_WEIGHT: u32 = 1;
 /// Largest accepted weight.
@@ -71,6 +74,8 @@ pub struct DeviceConfig {
     pub memory: u64,
     /// Worker threads of the simulated GPU (sim only; default: CPU count).
     pub workers: Option<usize>,
+    /// Kernels running longer fail with `CUDA_ERROR_LAUNCH_TIMEOUT` (None: no limit).
+    pub watchdog: Option<Duration>,
 }
 
 /// Scheduling class of a VM.
@@ -180,6 +185,7 @@ struct RawDevice {
     index: Option<Spanned<u32>>,
     uuid: Option<Spanned<String>>,
     workers: Option<Spanned<u32>>,
+    watchdog_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -269,6 +275,7 @@ impl Config {
                 kind: DeviceKind::Sim,
                 memory: DEFAULT_SIM_MEMORY,
                 workers: None,
+                watchdog: Some(DEFAULT_WATCHDOG),
             });
         }
 
@@ -422,11 +429,17 @@ fn parse_device(
         Some(w) => Some(*w.get_ref() as usize),
         None => None,
     };
+    let watchdog = match &r.watchdog_ms {
+        Some(w) if *w.get_ref() == 0 => None,
+        Some(w) => Some(Duration::from_millis(*w.get_ref())),
+        None => Some(DEFAULT_WATCHDOG),
+    };
     Ok(DeviceConfig {
         name,
         kind,
         memory,
         workers,
+        watchdog,
     })
 }
 
@@ -645,6 +658,14 @@ guest_cid = 3
             err("[[device]]\nname = \"g\"\nkind = \"cuda\"\nmemory = \"1GiB\"\n")
                 .contains("sim\" only")
         );
+    }
+
+    #[test]
+    fn the_example_config_in_the_repository_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/vgpud.toml");
+        let c = Config::load(&path).unwrap();
+        assert_eq!(c.vms.len(), 2);
+        assert_eq!(c.devices[0].watchdog, Some(Duration::from_secs(30)));
     }
 
     #[test]

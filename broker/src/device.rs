@@ -3,8 +3,9 @@
 //! (`devices/cuda`) implement these traits; the broker validates every
 //! pointer and charges every byte before it calls them.
 
-use std::sync::Arc;
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use thiserror::Error;
@@ -27,6 +28,8 @@ pub struct DeviceInfo {
     pub alloc_granularity: u64,
     /// `CUdevice_attribute` values, indexed by attribute number.
     pub attributes: Vec<i32>,
+    /// A kernel running longer than this fails with `CUDA_ERROR_LAUNCH_TIMEOUT`.
+    pub watchdog: Option<std::time::Duration>,
 }
 
 impl DeviceInfo {
@@ -154,7 +157,9 @@ pub struct GlobalDesc {
 }
 
 /// A loaded module. Dropping it unloads it and frees its globals.
-pub trait DeviceModule: Send + Sync {
+pub trait DeviceModule: Send + Sync + Any {
+    /// The module as `Any`, so its device can downcast it.
+    fn as_any(&self) -> &dyn Any;
     /// The kernels.
     fn kernels(&self) -> &[KernelDesc];
     /// The globals, with the addresses the device gave them.
@@ -165,27 +170,68 @@ pub trait DeviceModule: Send + Sync {
     }
 }
 
+/// A signal sent to a running launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Stop at the next preemption point.
+    Yield,
+    /// Stop as soon as possible; the session ended.
+    Cancel,
+}
+
+/// A device's listener for signals to the launch it is running.
+pub type SignalHook = Arc<dyn Fn(Signal) + Send + Sync>;
+
 /// How a running launch is steered: preemption between thread blocks,
-/// cancellation when its session ends, and a watchdog deadline.
-#[derive(Debug, Default)]
+/// cancellation when its session ends, and a watchdog deadline. A device
+/// that keeps its own control state attaches a hook to receive the signals.
+#[derive(Default)]
 pub struct RunControl {
     yield_requested: AtomicBool,
     cancelled: AtomicBool,
-    /// The launch fails with `CUDA_ERROR_LAUNCH_TIMEOUT` past this instant.
-    pub deadline: Option<Instant>,
+    deadline: Mutex<Option<Instant>>,
+    hook: Mutex<Option<SignalHook>>,
+}
+
+impl std::fmt::Debug for RunControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunControl")
+            .field("yield_requested", &self.yield_requested())
+            .field("cancelled", &self.cancelled())
+            .field("deadline", &self.deadline())
+            .finish()
+    }
 }
 
 impl RunControl {
     /// A control with a watchdog deadline.
     pub fn with_deadline(deadline: Option<Instant>) -> Self {
-        Self {
-            deadline,
-            ..Self::default()
+        let c = Self::default();
+        c.set_deadline(deadline);
+        c
+    }
+
+    /// Sets the watchdog: the launch fails with `CUDA_ERROR_LAUNCH_TIMEOUT` past this instant.
+    pub fn set_deadline(&self, deadline: Option<Instant>) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    }
+
+    /// The watchdog deadline.
+    pub fn deadline(&self) -> Option<Instant> {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, s: Signal) {
+        let hook = self.hook.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(h) = hook {
+            h(s);
         }
     }
+
     /// Asks the launch to stop at the next preemption point.
     pub fn request_yield(&self) {
         self.yield_requested.store(true, Ordering::Release);
+        self.send(Signal::Yield);
     }
     /// Clears a yield request (before resuming).
     pub fn clear_yield(&self) {
@@ -198,10 +244,26 @@ impl RunControl {
     /// Cancels the launch (its session ended).
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
+        self.send(Signal::Cancel);
     }
     /// Whether the launch was cancelled.
     pub fn cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
+    }
+    /// Routes later signals to `hook` (until [`RunControl::detach`]). Signals
+    /// already given are replayed, so none is lost between the check and the attach.
+    pub fn attach(&self, hook: SignalHook) {
+        *self.hook.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&hook));
+        if self.yield_requested() {
+            hook(Signal::Yield);
+        }
+        if self.cancelled() {
+            hook(Signal::Cancel);
+        }
+    }
+    /// Stops routing signals.
+    pub fn detach(&self) {
+        *self.hook.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
 
@@ -282,6 +344,19 @@ mod tests {
             d.to_string(),
             "cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY"
         );
+    }
+
+    #[test]
+    fn run_control_routes_signals_to_an_attached_hook() {
+        let c = RunControl::default();
+        c.request_yield();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = Arc::clone(&seen);
+        c.attach(Arc::new(move |s| s2.lock().unwrap().push(s)));
+        c.cancel();
+        c.detach();
+        c.request_yield();
+        assert_eq!(*seen.lock().unwrap(), vec![Signal::Yield, Signal::Cancel]);
     }
 
     #[test]

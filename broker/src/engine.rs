@@ -7,13 +7,18 @@
 //! record always precedes the waiting work). A wait for a stream, an event
 //! or a context is a wait for a prefix of the sequence.
 //!
+//! Errors are kept per context, as CUDA keeps them: the first error of a
+//! context's asynchronous work is reported by its next synchronizing call,
+//! and a sticky error (a kernel fault) poisons that context only — its later
+//! work is skipped and every call in it fails — until it is destroyed.
+//!
 //! Quick jobs submitted while nothing is queued run inline on the session
 //! thread (no hand-off); anything else goes to a worker thread, so the session
 //! keeps answering queries while a kernel runs. The queue is bounded in jobs
 //! and bytes: a client flooding asynchronous calls is slowed down by
 //! back-pressure on its own connection, never by growing the daemon.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -171,15 +176,18 @@ impl Job {
     }
 }
 
+/// Key of errors that belong to no context (a malformed asynchronous request).
+pub const NO_CONTEXT: u64 = 0;
+
 #[derive(Default)]
 struct State {
-    queue: VecDeque<(u64, Job)>,
+    queue: VecDeque<(u64, u64, Job)>,
     queued_bytes: usize,
     submitted: u64,
     completed: u64,
     running: bool,
-    error: Option<CuError>,
-    poisoned: Option<CuError>,
+    errors: BTreeMap<u64, CuError>,
+    poisoned: BTreeMap<u64, CuError>,
     shutdown: bool,
 }
 
@@ -195,15 +203,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn finish(&self, st: &mut State, seq: u64, result: Result<(), CuError>) {
+    fn finish(&self, st: &mut State, seq: u64, ctx: u64, result: Result<(), CuError>) {
         st.running = false;
         st.completed = seq;
         if let Err(e) = result {
-            debug!(error = %e, seq, "asynchronous work failed");
-            if cuda::is_sticky(e.code) && st.poisoned.is_none() {
-                st.poisoned = Some(e.clone());
+            debug!(error = %e, seq, ctx, "asynchronous work failed");
+            if cuda::is_sticky(e.code) {
+                st.poisoned.entry(ctx).or_insert_with(|| e.clone());
             }
-            st.error.get_or_insert(e);
+            st.errors.entry(ctx).or_insert(e);
         }
         self.cv.notify_all();
     }
@@ -240,15 +248,16 @@ impl Engine {
         }
     }
 
-    /// Submits a job; returns its sequence number. Blocks while the queue is full.
-    pub fn submit(&mut self, job: Job) -> u64 {
+    /// Submits a job of context `ctx`; returns its sequence number. Blocks
+    /// while the queue is full.
+    pub fn submit(&mut self, ctx: u64, job: Job) -> u64 {
         let mut st = self.shared.lock();
         let seq = st.submitted + 1;
-        if let Some(p) = &st.poisoned {
+        if let Some(p) = st.poisoned.get(&ctx) {
             // A context with a sticky error runs nothing more.
             let e = p.clone();
             st.submitted = seq;
-            self.shared.finish(&mut st, seq, Err(e));
+            self.shared.finish(&mut st, seq, ctx, Err(e));
             return seq;
         }
         if st.queue.is_empty() && !st.running && job.quick() {
@@ -257,7 +266,7 @@ impl Engine {
             drop(st);
             let r = job.run(seq, self.shared.dev.as_ref());
             let mut st = self.shared.lock();
-            self.shared.finish(&mut st, seq, r);
+            self.shared.finish(&mut st, seq, ctx, r);
             return seq;
         }
         let bytes = job.bytes();
@@ -268,7 +277,7 @@ impl Engine {
         }
         st.submitted = seq;
         st.queued_bytes += bytes;
-        st.queue.push_back((seq, job));
+        st.queue.push_back((seq, ctx, job));
         self.shared.cv.notify_all();
         drop(st);
         self.ensure_worker();
@@ -293,10 +302,11 @@ impl Engine {
     /// the caller must submit an owned job instead.
     pub fn try_inline(
         &mut self,
+        ctx: u64,
         f: impl FnOnce(&dyn DeviceContext) -> Result<(), DeviceError>,
     ) -> Option<u64> {
         let mut st = self.shared.lock();
-        if !st.queue.is_empty() || st.running || st.poisoned.is_some() {
+        if !st.queue.is_empty() || st.running || st.poisoned.contains_key(&ctx) {
             return None;
         }
         let seq = st.submitted + 1;
@@ -305,14 +315,22 @@ impl Engine {
         drop(st);
         let r = f(self.shared.dev.as_ref()).map_err(CuError::from);
         let mut st = self.shared.lock();
-        self.shared.finish(&mut st, seq, r);
+        self.shared.finish(&mut st, seq, ctx, r);
         Some(seq)
     }
 
-    /// Records the error of an asynchronous request refused before it ran.
-    pub fn defer_error(&self, e: CuError) {
+    /// Records the error of an asynchronous request of context `ctx` refused
+    /// before it ran ([`NO_CONTEXT`] when it named none).
+    pub fn defer_error(&self, ctx: u64, e: CuError) {
         let mut st = self.shared.lock();
-        st.error.get_or_insert(e);
+        st.errors.entry(ctx).or_insert(e);
+    }
+
+    /// Forgets a context's errors and poisoning (it was destroyed or reset).
+    pub fn clear_context(&self, ctx: u64) {
+        let mut st = self.shared.lock();
+        st.errors.remove(&ctx);
+        st.poisoned.remove(&ctx);
     }
 
     /// Sequence number of the last submitted job.
@@ -339,25 +357,27 @@ impl Engine {
         self.wait(seq);
     }
 
-    /// Takes the first error of asynchronous work since the last call.
-    pub fn take_error(&self) -> Option<CuError> {
+    /// Takes the first error of context `ctx`'s asynchronous work (or of a
+    /// malformed asynchronous request) since the last call. A sticky error
+    /// stays.
+    pub fn take_error(&self, ctx: u64) -> Option<CuError> {
         let mut st = self.shared.lock();
-        match &st.poisoned {
-            Some(p) => Some(p.clone()),
-            None => st.error.take(),
+        if let Some(p) = st.poisoned.get(&ctx) {
+            return Some(p.clone());
         }
+        st.errors.remove(&ctx).or_else(|| st.errors.remove(&NO_CONTEXT))
     }
 
-    /// The sticky error that poisoned this engine, if any.
-    pub fn poisoned(&self) -> Option<CuError> {
-        self.shared.lock().poisoned.clone()
+    /// The sticky error that poisoned context `ctx`, if any.
+    pub fn poisoned(&self, ctx: u64) -> Option<CuError> {
+        self.shared.lock().poisoned.get(&ctx).cloned()
     }
 
-    /// Records `clock` as an event record job.
-    pub fn record(&mut self, clock: &Arc<EventClock>) -> u64 {
+    /// Records `clock` as an event record job of context `ctx`.
+    pub fn record(&mut self, ctx: u64, clock: &Arc<EventClock>) -> u64 {
         let seq = self.submitted() + 1;
         clock.set(EventRecord { seq, time: None });
-        let got = self.submit(Job::Record(Arc::clone(clock)));
+        let got = self.submit(ctx, Job::Record(Arc::clone(clock)));
         debug_assert_eq!(got, seq);
         got
     }
@@ -372,10 +392,10 @@ fn worker_loop(shared: &Shared) {
         if st.shutdown {
             return;
         }
-        let (seq, job) = st.queue.pop_front().expect("queue is not empty");
+        let (seq, ctx, job) = st.queue.pop_front().expect("queue is not empty");
         st.queued_bytes -= job.bytes();
         st.running = true;
-        let poisoned = st.poisoned.clone();
+        let poisoned = st.poisoned.get(&ctx).cloned();
         let control = match &job {
             Job::Other(w) => w.control(),
             _ => None,
@@ -388,7 +408,7 @@ fn worker_loop(shared: &Shared) {
         };
         *shared.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let mut st = shared.lock();
-        shared.finish(&mut st, seq, r);
+        shared.finish(&mut st, seq, ctx, r);
     }
 }
 
@@ -474,7 +494,7 @@ mod tests {
     fn jobs_run_in_submission_order() {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
-        let seqs: Vec<u64> = (0..100).map(|i| e.submit(step(&log, i))).collect();
+        let seqs: Vec<u64> = (0..100).map(|i| e.submit(1, step(&log, i))).collect();
         e.wait(*seqs.last().unwrap());
         assert_eq!(*log.lock().unwrap(), (0..100).collect::<Vec<_>>());
         assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
@@ -485,7 +505,7 @@ mod tests {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(AtomicBool::new(false));
-        e.submit(Job::Other(Box::new(Step {
+        e.submit(1, Job::Other(Box::new(Step {
             log: Arc::clone(&log),
             id: 0,
             gate: Some(Arc::clone(&gate)),
@@ -496,7 +516,7 @@ mod tests {
         let (s2, l2) = (Arc::clone(&submitted), Arc::clone(&log));
         let t = std::thread::spawn(move || {
             for i in 1..=MAX_QUEUED_JOBS + 10 {
-                e.submit(step(&l2, i));
+                e.submit(1, step(&l2, i));
                 s2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             e
@@ -512,36 +532,41 @@ mod tests {
     }
 
     #[test]
-    fn sticky_errors_poison_the_engine() {
+    fn sticky_errors_poison_only_their_context() {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
-        e.submit(Job::Other(Box::new(Step {
+        let fault = Step {
             log: Arc::clone(&log),
             id: 0,
             gate: None,
             result: Err(CuError::new(cuda::CUDA_ERROR_ILLEGAL_ADDRESS, "boom")),
             control: None,
-        })));
-        let seq = e.submit(step(&log, 1));
+        };
+        e.submit(1, Job::Other(Box::new(fault)));
+        e.submit(1, step(&log, 1));
+        let seq = e.submit(2, step(&log, 2));
         e.wait(seq);
-        // The job after the fault never ran, and the error stays.
-        assert_eq!(*log.lock().unwrap(), vec![0]);
-        assert_eq!(e.take_error().unwrap().code, 700);
-        assert_eq!(e.take_error().unwrap().code, 700);
-        assert!(e.try_inline(|_| Ok(())).is_none());
+        // The job of the faulted context never ran; the other context's did.
+        assert_eq!(*log.lock().unwrap(), vec![0, 2]);
+        assert_eq!(e.take_error(1).unwrap().code, 700);
+        assert_eq!(e.take_error(1).unwrap().code, 700);
+        assert!(e.take_error(2).is_none());
+        assert!(e.try_inline(1, |_| Ok(())).is_none());
+        // Destroying the context clears it.
+        e.clear_context(1);
+        assert!(e.take_error(1).is_none());
+        assert!(e.try_inline(1, |_| Ok(())).is_some());
     }
 
     #[test]
     fn non_sticky_errors_are_reported_once() {
         let mut e = engine();
-        e.submit(Job::Memset {
-            dst: 0x1,
-            value: 0,
-            elem_size: 1,
-            count: 1,
-        });
-        assert_eq!(e.take_error().unwrap().code, cuda::CUDA_ERROR_INVALID_VALUE);
-        assert!(e.take_error().is_none());
+        e.submit(1, Job::Memset { dst: 0x1, value: 0, elem_size: 1, count: 1 });
+        assert!(e.take_error(2).is_none(), "errors belong to their context");
+        assert_eq!(e.take_error(1).unwrap().code, cuda::CUDA_ERROR_INVALID_VALUE);
+        assert!(e.take_error(1).is_none());
+        e.defer_error(NO_CONTEXT, CuError::invalid_value("malformed"));
+        assert_eq!(e.take_error(5).unwrap().code, cuda::CUDA_ERROR_INVALID_VALUE);
     }
 
     #[test]
@@ -549,14 +574,14 @@ mod tests {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
         let control = Arc::new(RunControl::default());
-        e.submit(Job::Other(Box::new(Step {
+        e.submit(1, Job::Other(Box::new(Step {
             log: Arc::clone(&log),
             id: 0,
             gate: Some(Arc::new(AtomicBool::new(false))),
             result: Ok(()),
             control: Some(Arc::clone(&control)),
         })));
-        e.submit(step(&log, 1));
+        e.submit(1, step(&log, 1));
         std::thread::sleep(Duration::from_millis(20));
         drop(e);
         assert!(control.cancelled());
@@ -568,7 +593,7 @@ mod tests {
         let mut e = engine();
         let clock = Arc::new(EventClock::default());
         assert_eq!(clock.get().seq, 0);
-        let seq = e.record(&clock);
+        let seq = e.record(1, &clock);
         e.wait(seq);
         let r = clock.get();
         assert_eq!(r.seq, seq);

@@ -274,11 +274,12 @@ fn session_loop<R: Read, W: Write>(
             session.handle(&req, &payload[tail_at..], &mut out, !is_async)
         }))
         .map_err(|_| ServeError::Panic(name))?;
+        // Errors of asynchronous requests were kept by the session for the
+        // next synchronizing call of their context.
         match (result, is_async) {
             (Ok(()), false) => w.ok(h.opcode, h.call_id, &out)?,
             (Err(e), false) => w.err(h.opcode, h.call_id, &e)?,
-            (Ok(()), true) => {}
-            (Err(e), true) => session.defer_error(e),
+            (_, true) => {}
         }
     }
 }

@@ -2,16 +2,18 @@
 //! tables and allocations, applies its requests to the tenant's device
 //! context, and releases everything when it ends (however it ends).
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 use tracing::debug;
-use vgpu_proto::cuda;
+use vgpu_proto::cuda::{self, attr, func_attr};
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg::{self, Message, Request};
 
-use crate::device::{DeviceContext, DeviceInfo};
-use crate::engine::{Engine, EventClock, Job};
+use crate::device::{DeviceContext, DeviceInfo, DeviceModule, KernelDesc, LaunchDims, LaunchProgress, RunControl};
+use crate::engine::{Engine, EventClock, Job, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
 use crate::memory::{AllocKind, Allocation, Allocations};
@@ -55,6 +57,20 @@ struct EventState {
     clock: Arc<EventClock>,
 }
 
+struct ModuleState {
+    ctx: u64,
+    module: Arc<dyn DeviceModule>,
+    functions: HashMap<String, u64>,
+}
+
+#[derive(Debug)]
+struct FunctionState {
+    module: u64,
+    kernel: usize,
+    desc: KernelDesc,
+    param_bytes: usize,
+}
+
 #[derive(Debug, Default)]
 struct Primary {
     handle: Option<u64>,
@@ -72,6 +88,8 @@ pub struct Session {
     primary: Primary,
     streams: HandleTable<StreamState>,
     events: HandleTable<EventState>,
+    modules: HandleTable<ModuleState>,
+    functions: HandleTable<FunctionState>,
     allocs: Allocations,
     engine: Engine,
 }
@@ -115,6 +133,8 @@ impl Session {
             primary: Primary::default(),
             streams: HandleTable::new(HandleKind::Stream),
             events: HandleTable::new(HandleKind::Event),
+            modules: HandleTable::new(HandleKind::Module),
+            functions: HandleTable::new(HandleKind::Function),
             allocs: Allocations::default(),
         })
     }
@@ -134,11 +154,27 @@ impl Session {
         self.allocs.charged()
     }
 
-    /// Records the error of an asynchronous request (no reply was wanted):
-    /// it surfaces at the next synchronizing call.
+    /// Records the error of an asynchronous request that could not even be
+    /// decoded: it surfaces at the next synchronizing call of any context.
     pub fn defer_error(&mut self, e: CuError) {
         self.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
-        self.engine.defer_error(e);
+        self.engine.defer_error(crate::engine::NO_CONTEXT, e);
+    }
+
+    /// The context a request's work belongs to (the stream's, for a stream of
+    /// this session), or `NO_CONTEXT`.
+    fn req_ctx(&self, req: &Request) -> u64 {
+        use Request as R;
+        let (ctx, stream) = match req {
+            R::MemcpyHtoD(m) => (m.ctx, m.stream),
+            R::MemcpyDtoD(m) => (m.ctx, m.stream),
+            R::Memset(m) => (m.ctx, m.stream),
+            R::StreamWaitEvent(m) => (m.ctx, m.stream),
+            R::EventRecord(m) => (m.ctx, m.stream),
+            R::LaunchKernel(m) => (m.ctx, m.stream),
+            _ => return crate::engine::NO_CONTEXT,
+        };
+        self.streams.get(stream).map_or(ctx, |s| s.ctx)
     }
 
     /// Executes one request. On success the reply payload is in `out`.
@@ -155,9 +191,15 @@ impl Session {
         sync: bool,
     ) -> Result<(), CuError> {
         let mut r = self.dispatch(req, tail, out);
-        if sync && r.is_ok() && req.flags() & msg::ASYNC_OK != 0 {
-            self.engine.drain();
-            r = self.surface_async_error();
+        if req.flags() & msg::ASYNC_OK != 0 {
+            let ctx = self.req_ctx(req);
+            if sync && r.is_ok() {
+                self.engine.drain();
+                r = self.surface_async_error(ctx);
+            } else if let (false, Err(e)) = (sync, &r) {
+                // No reply was wanted: the error surfaces at the next synchronizing call.
+                self.engine.defer_error(ctx, e.clone());
+            }
         }
         if let Err(e) = &r {
             if e.code != cuda::CUDA_ERROR_NOT_READY {
@@ -210,12 +252,13 @@ impl Session {
                 }
                 self.release_context_resources(m.ctx);
                 self.contexts.remove(m.ctx);
+                self.engine.clear_context(m.ctx);
                 reply(out, msg::Empty {})
             }
             R::CtxSynchronize(m) => {
                 let seq = self.ctx(m.ctx)?.last_seq;
                 self.engine.wait(seq);
-                self.surface_async_error()?;
+                self.surface_async_error(m.ctx)?;
                 reply(out, msg::Empty {})
             }
             R::PrimaryCtxRetain(m) => {
@@ -338,9 +381,9 @@ impl Session {
                     .stats
                     .bytes_htod
                     .fetch_add(len, Ordering::Relaxed);
-                let seq = match self.engine.try_inline(|d| d.write(m.dst, tail)) {
+                let seq = match self.engine.try_inline(ctx, |d| d.write(m.dst, tail)) {
                     Some(seq) => seq,
-                    None => self.engine.submit(Job::Write {
+                    None => self.engine.submit(ctx, Job::Write {
                         dst: m.dst,
                         data: tail.to_vec(),
                     }),
@@ -356,10 +399,9 @@ impl Session {
                     )));
                 }
                 self.allocs.check(m.src, m.len, "copy source")?;
-                let _ = ctx;
                 // A synchronous copy waits for earlier work and reports its errors.
                 self.engine.drain();
-                self.surface_async_error()?;
+                self.surface_async_error(ctx)?;
                 msg::Empty {}.encode(out);
                 let start = out.len();
                 out.resize(start + m.len as usize, 0);
@@ -376,7 +418,7 @@ impl Session {
                 let ctx = self.stream_ctx(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;
                 self.allocs.check(m.dst, m.len, "copy destination")?;
-                let seq = self.engine.submit(Job::Copy {
+                let seq = self.engine.submit(ctx, Job::Copy {
                     dst: m.dst,
                     src: m.src,
                     len: m.len,
@@ -402,7 +444,7 @@ impl Session {
                     )));
                 }
                 self.allocs.check(m.dst, bytes, "memset destination")?;
-                let seq = self.engine.submit(Job::Memset {
+                let seq = self.engine.submit(ctx, Job::Memset {
                     dst: m.dst,
                     value: m.value,
                     elem_size: m.elem_size,
@@ -442,7 +484,7 @@ impl Session {
             R::StreamSynchronize(m) => {
                 let seq = self.stream_seq(m.ctx, m.stream)?;
                 self.engine.wait(seq);
-                self.surface_async_error()?;
+                self.surface_async_error(self.stream_ctx(m.ctx, m.stream)?)?;
                 reply(out, msg::Empty {})
             }
             R::StreamQuery(m) => {
@@ -450,7 +492,7 @@ impl Session {
                 if !self.engine.is_complete(seq) {
                     return Err(CuError::not_ready());
                 }
-                self.surface_async_error()?;
+                self.surface_async_error(self.stream_ctx(m.ctx, m.stream)?)?;
                 reply(out, msg::Empty {})
             }
             R::StreamWaitEvent(m) => {
@@ -494,22 +536,24 @@ impl Session {
             R::EventRecord(m) => {
                 let ctx = self.stream_ctx(m.ctx, m.stream)?;
                 let clock = Arc::clone(&self.event(m.event)?.clock);
-                let seq = self.engine.record(&clock);
+                let seq = self.engine.record(ctx, &clock);
                 self.note_seq(ctx, m.stream, seq);
                 reply(out, msg::Empty {})
             }
             R::EventQuery(m) => {
-                let rec = self.event(m.event)?.clock.get();
+                let ev = self.event(m.event)?;
+                let (rec, ctx) = (ev.clock.get(), ev.ctx);
                 if rec.seq != 0 && !self.engine.is_complete(rec.seq) {
                     return Err(CuError::not_ready());
                 }
-                self.surface_async_error()?;
+                self.surface_async_error(ctx)?;
                 reply(out, msg::Empty {})
             }
             R::EventSynchronize(m) => {
-                let rec = self.event(m.event)?.clock.get();
+                let ev = self.event(m.event)?;
+                let (rec, ctx) = (ev.clock.get(), ev.ctx);
                 self.engine.wait(rec.seq);
-                self.surface_async_error()?;
+                self.surface_async_error(ctx)?;
                 reply(out, msg::Empty {})
             }
             R::EventElapsedTime(m) => {
@@ -538,15 +582,92 @@ impl Session {
                 }
             }
 
-            R::ModuleLoad(_)
-            | R::ModuleUnload(_)
-            | R::ModuleGetFunction(_)
-            | R::ModuleGetGlobal(_)
-            | R::LaunchKernel(_)
-            | R::FuncGetAttribute(_)
-            | R::FuncSetAttribute(_) => Err(CuError::not_supported(
-                "modules and kernel launches are not supported by this vgpud build",
-            )),
+            R::ModuleLoad(m) => {
+                self.ctx(m.ctx)?;
+                let h = self.load_module(m.ctx, tail)?;
+                reply(out, msg::Handle { handle: h })
+            }
+            R::ModuleUnload(m) => {
+                self.ctx(m.ctx)?;
+                if self.modules.get(m.module).is_none() {
+                    return Err(CuError::invalid_handle("not a module of this process"));
+                }
+                self.unload_module(m.module);
+                reply(out, msg::Empty {})
+            }
+            R::ModuleGetFunction(m) => {
+                self.ctx(m.ctx)?;
+                let h = self.get_function(m.module, &m.name)?;
+                let f = self.functions.get(h).expect("function just looked up");
+                reply(
+                    out,
+                    msg::Function {
+                        function: h,
+                        param_offsets: f.desc.param_offsets.clone(),
+                        param_sizes: f.desc.param_sizes.clone(),
+                        attributes: f.desc.attributes.clone(),
+                    },
+                )
+            }
+            R::ModuleGetGlobal(m) => {
+                self.ctx(m.ctx)?;
+                let st = self
+                    .modules
+                    .get(m.module)
+                    .ok_or_else(|| CuError::invalid_handle("not a module of this process"))?;
+                let g = st.module.globals().iter().find(|g| g.name == m.name).ok_or_else(|| {
+                    CuError::new(cuda::CUDA_ERROR_NOT_FOUND, format!("the module has no global named `{}`", m.name))
+                })?;
+                reply(out, msg::Range { base: g.addr, size: g.size })
+            }
+            R::LaunchKernel(m) => {
+                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let seq = self.launch(ctx, m, tail)?;
+                self.note_seq(ctx, m.stream, seq);
+                reply(out, msg::Empty {})
+            }
+            R::FuncGetAttribute(m) => {
+                self.ctx(m.ctx)?;
+                let f = self.function(m.function)?;
+                let v = usize::try_from(m.attribute)
+                    .ok()
+                    .and_then(|a| f.desc.attributes.get(a).copied())
+                    .ok_or_else(|| CuError::invalid_value(format!("unknown function attribute {}", m.attribute)))?;
+                reply(out, msg::Value { value: v })
+            }
+            R::FuncSetAttribute(m) => {
+                self.ctx(m.ctx)?;
+                let optin = self.device.attribute(attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+                let f = self
+                    .functions
+                    .get_mut(m.function)
+                    .ok_or_else(|| CuError::invalid_handle("not a function of this process"))?;
+                let static_shared = f.desc.attributes[func_attr::SHARED_SIZE_BYTES];
+                match usize::try_from(m.attribute) {
+                    Ok(func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES) => {
+                        if m.value < 0 || m.value.saturating_add(static_shared) > optin {
+                            return Err(CuError::invalid_value(format!(
+                                "dynamic shared memory of {} bytes plus {static_shared} static exceeds the device's {optin}",
+                                m.value
+                            )));
+                        }
+                        f.desc.attributes[func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES] = m.value;
+                    }
+                    Ok(func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT) => {
+                        if !(-1..=100).contains(&m.value) {
+                            return Err(CuError::invalid_value("the shared memory carveout is a percentage (or -1)"));
+                        }
+                        f.desc.attributes[func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT] = m.value;
+                    }
+                    _ => {
+                        return Err(CuError::invalid_value(format!(
+                            "function attribute {} cannot be set",
+                            m.attribute
+                        )));
+                    }
+                }
+                reply(out, msg::Empty {})
+            }
 
             R::TenantInfo(_) => reply(
                 out,
@@ -555,6 +676,172 @@ impl Session {
                 },
             ),
         }
+    }
+
+    fn function(&self, h: u64) -> Result<&FunctionState, CuError> {
+        self.functions
+            .get(h)
+            .ok_or_else(|| CuError::invalid_handle(format!("{h:#x} is not a function of this process")))
+    }
+
+    fn load_module(&mut self, ctx: u64, image: &[u8]) -> Result<u64, CuError> {
+        let (free, _) = self.tenant.slice.info();
+        let module = self.dev.load_module(image, free).map_err(|e| {
+            let e = CuError::from(e);
+            if e.code == cuda::CUDA_ERROR_OUT_OF_MEMORY {
+                CuError::out_of_memory("the module's globals do not fit the memory slice")
+            } else {
+                e
+            }
+        })?;
+        let charges: Vec<(u64, u64, u64)> = module
+            .globals()
+            .iter()
+            .map(|g| (g.addr, g.size, round_up(g.size.max(1), self.device.alloc_granularity).unwrap_or(g.size)))
+            .collect();
+        let total: u64 = charges.iter().map(|c| c.2).sum();
+        // Charged before the module becomes usable; on refusal the module is dropped (freed).
+        self.tenant.slice.charge(total)?;
+        let h = match self.modules.insert(ModuleState {
+            ctx,
+            module,
+            functions: HashMap::new(),
+        }) {
+            Some(h) => h,
+            None => {
+                self.tenant.slice.refund(total);
+                return Err(CuError::out_of_memory("too many modules in this process"));
+            }
+        };
+        for (addr, size, charged) in charges {
+            self.allocs.insert(
+                addr,
+                Allocation {
+                    size,
+                    charged,
+                    ctx,
+                    kind: AllocKind::ModuleGlobal(h),
+                },
+            );
+        }
+        self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+        Ok(h)
+    }
+
+    fn unload_module(&mut self, h: u64) {
+        // Kernels of the module may still be queued or running.
+        self.engine.drain();
+        for base in self.allocs.bases_where(|a| a.kind == AllocKind::ModuleGlobal(h)) {
+            if let Some(a) = self.allocs.remove(base) {
+                self.tenant.slice.refund(a.charged);
+            }
+        }
+        if let Some(st) = self.modules.remove(h) {
+            for f in st.functions.values() {
+                self.functions.remove(*f);
+            }
+        }
+        self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+    }
+
+    fn get_function(&mut self, module: u64, name: &str) -> Result<u64, CuError> {
+        let st = self
+            .modules
+            .get(module)
+            .ok_or_else(|| CuError::invalid_handle("not a module of this process"))?;
+        if let Some(&h) = st.functions.get(name) {
+            return Ok(h);
+        }
+        let (kernel, desc) = st
+            .module
+            .kernels()
+            .iter()
+            .enumerate()
+            .find(|(_, k)| k.name == name)
+            .map(|(i, k)| (i, k.clone()))
+            .ok_or_else(|| CuError::new(cuda::CUDA_ERROR_NOT_FOUND, format!("the module has no kernel named `{name}`")))?;
+        let param_bytes = desc
+            .param_offsets
+            .iter()
+            .zip(&desc.param_sizes)
+            .map(|(o, s)| (o + s) as usize)
+            .max()
+            .unwrap_or(0);
+        let h = self
+            .functions
+            .insert(FunctionState {
+                module,
+                kernel,
+                desc,
+                param_bytes,
+            })
+            .ok_or_else(|| CuError::out_of_memory("too many functions in this process"))?;
+        if let Some(st) = self.modules.get_mut(module) {
+            st.functions.insert(name.to_string(), h);
+        }
+        Ok(h)
+    }
+
+    fn launch(&mut self, ctx: u64, m: &msg::LaunchKernel, params: &[u8]) -> Result<u64, CuError> {
+        let f = self.function(m.function)?;
+        let a = &f.desc.attributes;
+        let grid = [m.grid_x, m.grid_y, m.grid_z];
+        let block = [m.block_x, m.block_y, m.block_z];
+        if params.len() != f.param_bytes {
+            return Err(CuError::invalid_value(format!(
+                "kernel `{}` takes {} bytes of parameters, got {}",
+                f.desc.name,
+                f.param_bytes,
+                params.len()
+            )));
+        }
+        let max_grid = [attr::MAX_GRID_DIM_X, attr::MAX_GRID_DIM_Y, attr::MAX_GRID_DIM_Z];
+        let max_block = [attr::MAX_BLOCK_DIM_X, attr::MAX_BLOCK_DIM_Y, attr::MAX_BLOCK_DIM_Z];
+        for i in 0..3 {
+            let gmax = self.device.attribute(max_grid[i]).max(1) as u32;
+            let bmax = self.device.attribute(max_block[i]).max(1) as u32;
+            if grid[i] == 0 || grid[i] > gmax || block[i] == 0 || block[i] > bmax {
+                return Err(CuError::invalid_value(format!(
+                    "invalid launch dimensions: grid {grid:?}, block {block:?}"
+                )));
+            }
+        }
+        let threads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
+        let max_threads = a[func_attr::MAX_THREADS_PER_BLOCK].max(1) as u64;
+        if threads > max_threads {
+            return Err(CuError::invalid_value(format!(
+                "a block of {threads} threads exceeds kernel `{}`'s limit of {max_threads}",
+                f.desc.name
+            )));
+        }
+        let max_dyn = a[func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES].max(0) as u32;
+        if m.shared_bytes > max_dyn {
+            return Err(CuError::invalid_value(format!(
+                "{} bytes of dynamic shared memory exceed kernel `{}`'s limit of {max_dyn} (raise it with cuFuncSetAttribute)",
+                m.shared_bytes, f.desc.name
+            )));
+        }
+        let module = Arc::clone(
+            &self
+                .modules
+                .get(f.module)
+                .ok_or_else(|| CuError::invalid_handle("the function's module was unloaded"))?
+                .module,
+        );
+        let work = LaunchWork {
+            module,
+            kernel: f.kernel,
+            dims: LaunchDims {
+                grid,
+                block,
+                shared_bytes: m.shared_bytes,
+            },
+            params: params.to_vec(),
+            control: Arc::new(RunControl::default()),
+            watchdog: self.device.watchdog,
+            tenant: Arc::clone(&self.tenant),
+        };
+        Ok(self.engine.submit(ctx, Job::Other(Box::new(work))))
     }
 
     fn tenant_json(&self) -> String {
@@ -599,7 +886,7 @@ impl Session {
     }
 
     fn ctx(&self, ctx: u64) -> Result<&CtxState, CuError> {
-        if let Some(p) = self.engine.poisoned() {
+        if let Some(p) = self.engine.poisoned(ctx) {
             return Err(p);
         }
         self.contexts.get(ctx).ok_or_else(|| {
@@ -613,12 +900,13 @@ impl Session {
             self.ctx(ctx)?;
             return Ok(ctx);
         }
-        if let Some(p) = self.engine.poisoned() {
-            return Err(p);
-        }
-        self.streams.get(stream).map(|s| s.ctx).ok_or_else(|| {
+        let owner = self.streams.get(stream).map(|s| s.ctx).ok_or_else(|| {
             CuError::invalid_handle(format!("{stream:#x} is not a stream of this process"))
-        })
+        })?;
+        match self.engine.poisoned(owner) {
+            Some(p) => Err(p),
+            None => Ok(owner),
+        }
     }
 
     /// The sequence number a synchronize on this stream waits for.
@@ -646,8 +934,8 @@ impl Session {
         })
     }
 
-    fn surface_async_error(&self) -> Result<(), CuError> {
-        match self.engine.take_error() {
+    fn surface_async_error(&self, ctx: u64) -> Result<(), CuError> {
+        match self.engine.take_error(ctx) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -713,11 +1001,15 @@ impl Session {
         for h in self.events.handles_where(|e| e.ctx == ctx) {
             self.events.remove(h);
         }
+        for h in self.modules.handles_where(|m| m.ctx == ctx) {
+            self.unload_module(h);
+        }
     }
 
     fn reset_primary(&mut self) {
         if let Some(h) = self.primary.handle {
             self.release_context_resources(h);
+            self.engine.clear_context(h);
         }
     }
 }
@@ -730,6 +1022,9 @@ impl Drop for Session {
         let bytes = self.allocs.charged();
         let engine = std::mem::replace(&mut self.engine, Engine::new(Arc::clone(&self.dev)));
         drop(engine);
+        for h in self.modules.handles_where(|_| true) {
+            self.unload_module(h);
+        }
         for base in self.allocs.bases_where(|_| true) {
             self.free_allocation(base);
         }
@@ -741,5 +1036,47 @@ impl Drop for Session {
             bytes,
             "session released its resources"
         );
+    }
+}
+
+/// A kernel launch queued on the session's engine.
+struct LaunchWork {
+    module: Arc<dyn DeviceModule>,
+    kernel: usize,
+    dims: LaunchDims,
+    params: Vec<u8>,
+    control: Arc<RunControl>,
+    watchdog: Option<std::time::Duration>,
+    tenant: Arc<Tenant>,
+}
+
+impl Work for LaunchWork {
+    fn run(self: Box<Self>, dev: &dyn DeviceContext) -> Result<(), CuError> {
+        let mut start = 0;
+        self.control
+            .set_deadline(self.watchdog.and_then(|w| Instant::now().checked_add(w)));
+        loop {
+            match dev.launch(self.module.as_ref(), self.kernel, &self.dims, &self.params, start, &self.control)? {
+                LaunchProgress::Completed => {
+                    self.tenant.stats.kernels.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                LaunchProgress::Yielded { next_block } => {
+                    if self.control.cancelled() {
+                        return Err(CuError::new(cuda::CUDA_ERROR_LAUNCH_FAILED, "the launch was cancelled"));
+                    }
+                    self.control.clear_yield();
+                    start = next_block;
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.params.len()
+    }
+
+    fn control(&self) -> Option<Arc<RunControl>> {
+        Some(Arc::clone(&self.control))
     }
 }

@@ -46,6 +46,7 @@ impl MemDevice {
                 total_memory: total,
                 alloc_granularity: MEM_DEVICE_ALIGN,
                 attributes,
+                watchdog: None,
             },
             state: Arc::new(Mutex::new(MemState {
                 next: MEM_DEVICE_BASE,

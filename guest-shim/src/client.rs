@@ -2,6 +2,7 @@
 //! waits for the replies of synchronous ones.
 
 use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
 
 use vgpu_proto::cuda::{self, CuResult};
 use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header};
@@ -9,9 +10,13 @@ use vgpu_proto::msg::{self, Op};
 
 use crate::transport::Stream;
 
-/// Asynchronous frames are sent once this many bytes are pending (or at the
-/// next synchronous call). Set `VGPU_ASYNC_BATCH=0` to send each at once.
+/// Asynchronous frames are sent once this many bytes are pending, once
+/// [`DEFAULT_FLUSH_INTERVAL`] has passed since the last send, or at the next
+/// synchronous call, whichever comes first. `VGPU_ASYNC_BATCH=0` sends each
+/// at once.
 pub const DEFAULT_ASYNC_BATCH: usize = 64 << 10;
+/// Longest time an asynchronous frame waits in the batch (`VGPU_FLUSH_US`).
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_micros(50);
 
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +52,8 @@ pub struct Client {
     rbuf: Vec<u8>,
     call_id: u64,
     batch: usize,
+    flush_interval: Duration,
+    last_flush: Instant,
     broken: Option<String>,
 }
 
@@ -66,6 +73,10 @@ impl Client {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_ASYNC_BATCH);
+        let flush_interval = std::env::var("VGPU_FLUSH_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(DEFAULT_FLUSH_INTERVAL, Duration::from_micros);
         Self {
             stream,
             wbuf: Vec::with_capacity(batch + 4096),
@@ -73,6 +84,8 @@ impl Client {
             rbuf: Vec::new(),
             call_id: 0,
             batch,
+            flush_interval,
+            last_flush: Instant::now(),
             broken: None,
         }
     }
@@ -132,8 +145,24 @@ impl Client {
         Ok(self.call_id)
     }
 
+    /// Bytes of asynchronous frames not sent yet.
+    pub fn pending(&self) -> usize {
+        self.wbuf.len()
+    }
+
+    /// Changes the longest time a frame may wait in the batch.
+    pub fn set_flush_interval(&mut self, d: Duration) {
+        self.flush_interval = d;
+    }
+
+    /// The longest time a frame may wait in the batch.
+    pub fn flush_interval(&self) -> Duration {
+        self.flush_interval
+    }
+
     /// Sends pending asynchronous frames.
     pub fn flush(&mut self) -> Result<(), CallError> {
+        self.last_flush = Instant::now();
         if !self.wbuf.is_empty() {
             let r = self.stream.write_all(&self.wbuf);
             self.wbuf.clear();
@@ -148,7 +177,7 @@ impl Client {
         debug_assert!(O::FLAGS & msg::ASYNC_OK != 0);
         self.check()?;
         let r = self.enqueue(req, tail, FLAG_ASYNC).and_then(|_| {
-            if self.wbuf.len() >= self.batch {
+            if self.wbuf.len() >= self.batch || self.last_flush.elapsed() >= self.flush_interval {
                 self.flush()
             } else {
                 Ok(())

@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use vgpu_proto::cuda::{self, CuResult};
 use vgpu_proto::frame::MAX_BULK_CHUNK;
@@ -34,6 +34,31 @@ pub struct Driver {
     device_ranges: Mutex<BTreeMap<u64, u64>>,
     host_allocs: Mutex<HashMap<usize, usize>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
+    functions: Mutex<HashMap<u64, FuncLayout>>,
+    flush_wanted: (Mutex<bool>, Condvar),
+}
+
+/// A kernel's parameter layout, cached by the shim to pack `kernelParams`.
+#[derive(Debug, Clone, Default)]
+pub struct FuncLayout {
+    /// Offset of each parameter in the packed buffer.
+    pub offsets: Vec<u32>,
+    /// Size of each parameter.
+    pub sizes: Vec<u32>,
+    /// `CUfunction_attribute` values when it was looked up.
+    pub attributes: Vec<i32>,
+}
+
+impl FuncLayout {
+    /// Bytes of the packed parameter buffer.
+    pub fn param_bytes(&self) -> usize {
+        self.offsets
+            .iter()
+            .zip(&self.sizes)
+            .map(|(o, s)| (o + s) as usize)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 impl std::fmt::Debug for Driver {
@@ -91,6 +116,8 @@ fn connect() -> CuRes<Driver> {
         device_ranges: Mutex::new(BTreeMap::new()),
         host_allocs: Mutex::new(HashMap::new()),
         streams: Mutex::new(HashMap::new()),
+        functions: Mutex::new(HashMap::new()),
+        flush_wanted: (Mutex::new(false), Condvar::new()),
     })
 }
 
@@ -100,7 +127,18 @@ pub fn init(flags: u32) -> CuRes<()> {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     match DRIVER.get_or_init(connect) {
-        Ok(_) => Ok(()),
+        Ok(d) => {
+            static FLUSHER: OnceLock<()> = OnceLock::new();
+            FLUSHER.get_or_init(|| {
+                let spawned = std::thread::Builder::new()
+                    .name("vgpu-flush".into())
+                    .spawn(move || d.flush_loop());
+                if spawned.is_err() {
+                    crate::warn!("cannot start the flush thread; asynchronous calls are sent at the next synchronous call");
+                }
+            });
+            Ok(())
+        }
         Err(c) => Err(*c),
     }
 }
@@ -132,8 +170,35 @@ impl Driver {
     }
 
     fn post<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<()> {
-        let r = lock(&self.client).post(req, tail);
+        let mut c = lock(&self.client);
+        let r = c.post(req, tail);
+        if c.pending() > 0 {
+            drop(c);
+            let (m, cv) = &self.flush_wanted;
+            *lock(m) = true;
+            cv.notify_one();
+        }
         log_err(std::any::type_name::<O>(), r)
+    }
+
+    /// Sends batched asynchronous calls that no later call has sent within
+    /// the flush interval, so work never waits in the guest for long.
+    fn flush_loop(&self) {
+        let (m, cv) = &self.flush_wanted;
+        loop {
+            let mut wanted = lock(m);
+            while !*wanted {
+                wanted = cv.wait(wanted).unwrap_or_else(|p| p.into_inner());
+            }
+            *wanted = false;
+            drop(wanted);
+            let interval = lock(&self.client).flush_interval();
+            std::thread::sleep(interval);
+            let mut c = lock(&self.client);
+            if c.pending() > 0 {
+                let _ = c.flush();
+            }
+        }
     }
 
     /// Whether `ptr` lies in device memory this process allocated.
@@ -661,6 +726,161 @@ pub fn tenant_info() -> CuRes<String> {
 /// Round trip without side effects (for benchmarks).
 pub fn ping() -> CuRes<()> {
     driver()?.call(&msg::Ping {}, &[]).map(drop)
+}
+
+// ---- modules and launches ----------------------------------------------------
+
+/// `cuModuleLoadData`: returns the module, or the code and the host's message
+/// (for `CU_JIT_ERROR_LOG_BUFFER`).
+pub fn module_load(image: &[u8]) -> Result<u64, (CuResult, String)> {
+    let c = ctx().map_err(|e| (e, String::new()))?;
+    let d = driver().map_err(|e| (e, String::new()))?;
+    if image.len() > vgpu_proto::frame::MAX_PAYLOAD - 64 {
+        return Err((
+            cuda::CUDA_ERROR_INVALID_VALUE,
+            format!("module images are limited to {} bytes", vgpu_proto::frame::MAX_PAYLOAD - 64),
+        ));
+    }
+    let r = lock(&d.client).call(&msg::ModuleLoad { ctx: c }, image);
+    match r {
+        Ok((h, _)) => Ok(h.handle),
+        Err(e) => {
+            crate::debug!("cuModuleLoadData -> {}: {}", e.code, e.message);
+            Err((e.code, e.message))
+        }
+    }
+}
+
+/// `cuModuleUnload`.
+pub fn module_unload(m: u64) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    d.call(&msg::ModuleUnload { ctx: c, module: m }, &[])?;
+    Ok(())
+}
+
+/// `cuModuleGetFunction`.
+pub fn module_get_function(m: u64, name: &str) -> CuRes<u64> {
+    let c = ctx()?;
+    let d = driver()?;
+    let r = d.call(&msg::ModuleGetFunction { ctx: c, module: m, name: name.to_string() }, &[])?;
+    lock(&d.functions).insert(
+        r.function,
+        FuncLayout {
+            offsets: r.param_offsets,
+            sizes: r.param_sizes,
+            attributes: r.attributes,
+        },
+    );
+    Ok(r.function)
+}
+
+/// `cuModuleGetGlobal`: (address, size).
+pub fn module_get_global(m: u64, name: &str) -> CuRes<(u64, u64)> {
+    let c = ctx()?;
+    let d = driver()?;
+    let r = d.call(&msg::ModuleGetGlobal { ctx: c, module: m, name: name.to_string() }, &[])?;
+    lock(&d.device_ranges).insert(r.base, r.size);
+    Ok((r.base, r.size))
+}
+
+/// The cached layout of a function.
+pub fn func_layout(f: u64) -> CuRes<FuncLayout> {
+    lock(&driver()?.functions).get(&f).cloned().ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuLaunchKernel` with a packed parameter buffer.
+pub fn launch(f: u64, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, params: &[u8]) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    let req = msg::LaunchKernel {
+        ctx: c,
+        stream,
+        function: f,
+        grid_x: grid[0],
+        grid_y: grid[1],
+        grid_z: grid[2],
+        block_x: block[0],
+        block_y: block[1],
+        block_z: block[2],
+        shared_bytes: shared,
+    };
+    d.post(&req, params)
+}
+
+/// `cuFuncGetAttribute` (live: reflects `cuFuncSetAttribute`).
+pub fn func_get_attribute(f: u64, attribute: i32) -> CuRes<i32> {
+    let c = ctx()?;
+    Ok(driver()?.call(&msg::FuncGetAttribute { ctx: c, function: f, attribute }, &[])?.value)
+}
+
+/// `cuFuncSetAttribute`.
+pub fn func_set_attribute(f: u64, attribute: i32, value: i32) -> CuRes<()> {
+    let c = ctx()?;
+    let d = driver()?;
+    d.call(&msg::FuncSetAttribute { ctx: c, function: f, attribute, value }, &[])?;
+    if let Some(l) = lock(&d.functions).get_mut(&f) {
+        if let Some(a) = usize::try_from(attribute).ok().and_then(|a| l.attributes.get_mut(a)) {
+            *a = value;
+        }
+    }
+    Ok(())
+}
+
+/// Occupancy: resident blocks of `block_size` threads per multiprocessor.
+pub fn occupancy_blocks_per_sm(f: u64, block_size: i32, dyn_smem: usize) -> CuRes<i32> {
+    use vgpu_proto::cuda::{attr, func_attr};
+    let d = driver()?;
+    let l = func_layout(f)?;
+    if block_size <= 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = |a: usize| i64::from(d.props.attributes.get(a).copied().unwrap_or(0));
+    let fa = |a: usize| i64::from(l.attributes.get(a).copied().unwrap_or(0));
+    if i64::from(block_size) > fa(func_attr::MAX_THREADS_PER_BLOCK) {
+        return Ok(0);
+    }
+    let warp = dev(attr::WARP_SIZE).max(1);
+    let warps = (i64::from(block_size) + warp - 1) / warp;
+    let by_threads = dev(attr::MAX_THREADS_PER_MULTIPROCESSOR) / (warps * warp);
+    let regs = fa(func_attr::NUM_REGS).max(1) * warps * warp;
+    let by_regs = dev(attr::MAX_REGISTERS_PER_MULTIPROCESSOR) / regs.max(1);
+    let smem = fa(func_attr::SHARED_SIZE_BYTES) + dyn_smem as i64 + dev(attr::RESERVED_SHARED_MEMORY_PER_BLOCK);
+    let by_smem = if smem > 0 { dev(attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) / smem } else { i64::MAX };
+    let n = by_threads
+        .min(by_regs)
+        .min(by_smem)
+        .min(dev(attr::MAX_BLOCKS_PER_MULTIPROCESSOR))
+        .max(0);
+    Ok(i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+/// `cuOccupancyMaxPotentialBlockSize`: (min grid size, block size).
+pub fn occupancy_max_block_size(
+    f: u64,
+    dyn_smem: &dyn Fn(i32) -> usize,
+    limit: i32,
+) -> CuRes<(i32, i32)> {
+    use vgpu_proto::cuda::{attr, func_attr};
+    let d = driver()?;
+    let l = func_layout(f)?;
+    let warp = d.props.attributes.get(attr::WARP_SIZE).copied().unwrap_or(32).max(1);
+    let sms = d.props.attributes.get(attr::MULTIPROCESSOR_COUNT).copied().unwrap_or(1).max(1);
+    let mut max = l.attributes.get(func_attr::MAX_THREADS_PER_BLOCK).copied().unwrap_or(1024);
+    if limit > 0 {
+        max = max.min(limit);
+    }
+    let (mut best, mut best_blocks, mut best_occ) = (warp.min(max.max(1)), 0, -1i64);
+    let mut bs = (max / warp) * warp;
+    while bs >= warp {
+        let blocks = occupancy_blocks_per_sm(f, bs, dyn_smem(bs))?;
+        let occ = i64::from(blocks) * i64::from(bs);
+        if occ > best_occ {
+            (best, best_blocks, best_occ) = (bs, blocks, occ);
+        }
+        bs -= warp;
+    }
+    Ok((best_blocks.saturating_mul(sms), best))
 }
 
 /// Operations that the host does not support yet.

@@ -677,118 +677,379 @@ pub extern "C" fn cuEventDestroy_v2(event: CUhandle) -> CUresult {
     ffi(|| drv::event_destroy(h(event)))
 }
 
-// ---- modules and launches (the simulated-GPU issue fills these in) ------------------
+// ---- modules and launches ---------------------------------------------------------
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuModuleLoadData(_module: *mut CUhandle, _image: *const c_void) -> CUresult {
-    drv::unsupported("cuModuleLoadData")
+/// ELF magic (cubin).
+const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
+/// Fat binary magic, little-endian.
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+/// `CU_JIT_ERROR_LOG_BUFFER`.
+const JIT_ERROR_LOG_BUFFER: c_int = 5;
+/// `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`.
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+/// `CU_LAUNCH_PARAM_END`.
+const LAUNCH_PARAM_END: usize = 0x00;
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER`.
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
+/// `CU_LAUNCH_PARAM_BUFFER_SIZE`.
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
+/// Most (key, value) pairs read from a launch's `extra` array.
+const MAX_EXTRA_PAIRS: usize = 64;
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
+const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
+const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+
+/// The bytes of a module image: a cubin's size comes from its ELF header, a
+/// fat binary's from its header, PTX text ends at its NUL.
+///
+/// # Safety
+/// `image` must point to a valid image, as cuModuleLoadData requires.
+unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
+    if image.is_null() {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = image.cast::<u8>();
+    // SAFETY: every image format has at least 16 readable bytes or a NUL within them; a PTX
+    // string shorter than that is read only up to its NUL below.
+    let head = |n: usize| unsafe { std::slice::from_raw_parts(p, n) };
+    // SAFETY: reading the first byte of a valid image.
+    let first = unsafe { *p };
+    if first == ELF_MAGIC[0] && head(4) == ELF_MAGIC {
+        let h = head(64);
+        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or([0; 8]));
+        let u16_at = |o: usize| u64::from(u16::from_le_bytes([h[o], h[o + 1]]));
+        let sections = u64_at(0x28) + u16_at(0x3a) * u16_at(0x3c);
+        let programs = u64_at(0x20) + u16_at(0x36) * u16_at(0x38);
+        let len = usize::try_from(sections.max(programs).max(64)).map_err(|_| cuda::CUDA_ERROR_INVALID_IMAGE)?;
+        return Ok(head(len));
+    }
+    if first == (FATBIN_MAGIC & 0xff) as u8 && u32::from_le_bytes(head(4).try_into().unwrap_or([0; 4])) == FATBIN_MAGIC {
+        let h = head(16);
+        let header = u64::from(u16::from_le_bytes([h[6], h[7]]));
+        let body = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8]));
+        let len = usize::try_from(header + body).map_err(|_| cuda::CUDA_ERROR_INVALID_IMAGE)?;
+        return Ok(head(len));
+    }
+    // SAFETY: PTX images are NUL-terminated strings.
+    Ok(unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_bytes())
+}
+
+/// Loads a module; on failure writes the host's message to an error log buffer.
+fn module_load(module: *mut CUhandle, image: *const c_void, log: Option<(*mut c_char, *mut *mut c_void)>) -> drv::CuRes<()> {
+    if module.is_null() {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: `image` is the caller's module image (CUDA contract).
+    let bytes = unsafe { image_bytes(image) }?;
+    match drv::module_load(bytes) {
+        Ok(h) => out!(module, p(h)),
+        Err((code, message)) => {
+            if let Some((buf, size_slot)) = log {
+                // SAFETY: the option values hold the log buffer and its size (CUDA JIT option contract).
+                let size = unsafe { *size_slot } as usize;
+                if !buf.is_null() && size > 0 {
+                    // SAFETY: `buf` has `size` bytes.
+                    let _ = unsafe { write_cstr(buf, i32::try_from(size).unwrap_or(i32::MAX), &message) };
+                    // SAFETY: the size slot is in/out: the driver stores the bytes written.
+                    unsafe { *size_slot = (message.len().min(size - 1) + 1) as *mut c_void };
+                }
+            }
+            Err(code)
+        }
+    }
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuModuleLoadDataEx(
-    _module: *mut CUhandle,
-    _image: *const c_void,
-    _n: c_uint,
-    _opts: *mut c_int,
-    _vals: *mut *mut c_void,
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUhandle, image: *const c_void) -> CUresult {
+    ffi(|| module_load(module, image, None))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut CUhandle,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
 ) -> CUresult {
-    drv::unsupported("cuModuleLoadDataEx")
+    ffi(|| {
+        let mut log = None;
+        if num_options > 0 && !options.is_null() && !values.is_null() {
+            let n = num_options.min(64) as usize;
+            // SAFETY: `options` and `values` have `num_options` entries (CUDA contract).
+            let (opts, vals) = unsafe { (std::slice::from_raw_parts(options, n), std::slice::from_raw_parts_mut(values, n)) };
+            let buf = opts.iter().position(|&o| o == JIT_ERROR_LOG_BUFFER);
+            let size = opts.iter().position(|&o| o == JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
+            if let (Some(b), Some(sz)) = (buf, size) {
+                log = Some((vals[b].cast::<c_char>(), std::ptr::from_mut(&mut vals[sz])));
+            }
+        }
+        module_load(module, image, log)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuModuleUnload(_module: CUhandle) -> CUresult {
-    drv::unsupported("cuModuleUnload")
+pub extern "C" fn cuModuleUnload(module: CUhandle) -> CUresult {
+    ffi(|| drv::module_unload(h(module)))
+}
+
+/// Reads a C string argument.
+///
+/// # Safety
+/// `s` must be NULL or a NUL-terminated string.
+unsafe fn c_name<'a>(s: *const c_char) -> drv::CuRes<&'a str> {
+    if s.is_null() {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: NUL-terminated per this function's contract.
+    unsafe { CStr::from_ptr(s) }.to_str().map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuModuleGetFunction(
-    _f: *mut CUhandle,
-    _module: CUhandle,
-    _name: *const c_char,
+pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUhandle, module: CUhandle, name: *const c_char) -> CUresult {
+    ffi(|| {
+        // SAFETY: `name` is the caller's C string (CUDA contract).
+        let name = unsafe { c_name(name) }?;
+        if f.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(f, p(drv::module_get_function(h(module), name)?))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    module: CUhandle,
+    name: *const c_char,
 ) -> CUresult {
-    drv::unsupported("cuModuleGetFunction")
+    ffi(|| {
+        // SAFETY: `name` is the caller's C string (CUDA contract).
+        let name = unsafe { c_name(name) }?;
+        let (a, s) = drv::module_get_global(h(module), name)?;
+        if !dptr.is_null() {
+            out!(dptr, a)?;
+        }
+        if !bytes.is_null() {
+            out!(bytes, s as usize)?;
+        }
+        Ok(())
+    })
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuModuleGetGlobal_v2(
-    _dptr: *mut CUdeviceptr,
-    _bytes: *mut usize,
-    _module: CUhandle,
-    _name: *const c_char,
-) -> CUresult {
-    drv::unsupported("cuModuleGetGlobal")
+/// Packs a launch's parameters from `kernelParams` (one pointer per
+/// parameter) or `extra` (a packed buffer).
+///
+/// # Safety
+/// `params` and `extra` must follow the cuLaunchKernel contract for this function's parameters.
+unsafe fn pack_params(f: u64, params: *mut *mut c_void, extra: *mut *mut c_void) -> drv::CuRes<Vec<u8>> {
+    let layout = drv::func_layout(f)?;
+    let total = layout.param_bytes();
+    let mut buf = vec![0u8; total];
+    if !params.is_null() {
+        for (i, (&off, &size)) in layout.offsets.iter().zip(&layout.sizes).enumerate() {
+            // SAFETY: kernelParams has one entry per kernel parameter (CUDA contract).
+            let src = unsafe { *params.add(i) }.cast::<u8>();
+            if src.is_null() {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            // SAFETY: entry i points to a value of the parameter's size.
+            let v = unsafe { std::slice::from_raw_parts(src, size as usize) };
+            buf[off as usize..(off + size) as usize].copy_from_slice(v);
+        }
+        return Ok(buf);
+    }
+    if !extra.is_null() {
+        let (mut ptr, mut size) = (std::ptr::null::<u8>(), None);
+        for i in 0..MAX_EXTRA_PAIRS {
+            // SAFETY: `extra` is a key/value array terminated by CU_LAUNCH_PARAM_END (CUDA contract).
+            let key = unsafe { *extra.add(i * 2) } as usize;
+            match key {
+                LAUNCH_PARAM_END => break,
+                // SAFETY: the value follows its key.
+                LAUNCH_PARAM_BUFFER_POINTER => ptr = unsafe { *extra.add(i * 2 + 1) }.cast::<u8>(),
+                LAUNCH_PARAM_BUFFER_SIZE => {
+                    // SAFETY: the value is a pointer to a size_t.
+                    let sp = unsafe { *extra.add(i * 2 + 1) }.cast::<usize>();
+                    if sp.is_null() {
+                        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+                    }
+                    // SAFETY: non-NULL pointer to a size_t.
+                    size = Some(unsafe { *sp });
+                }
+                _ => return Err(cuda::CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+        let Some(size) = size else {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        };
+        if ptr.is_null() || size < total {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the buffer has `size >= total` bytes.
+        buf.copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, total) });
+        return Ok(buf);
+    }
+    if total == 0 { Ok(buf) } else { Err(cuda::CUDA_ERROR_INVALID_VALUE) }
 }
 
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
-pub extern "C" fn cuLaunchKernel(
-    _f: CUhandle,
-    _gx: c_uint,
-    _gy: c_uint,
-    _gz: c_uint,
-    _bx: c_uint,
-    _by: c_uint,
-    _bz: c_uint,
-    _shared: c_uint,
-    _stream: CUhandle,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: CUhandle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUhandle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    drv::unsupported("cuLaunchKernel")
+    ffi(|| {
+        // SAFETY: params/extra follow the cuLaunchKernel contract.
+        let packed = unsafe { pack_params(h(f), params, extra) }?;
+        drv::launch(h(f), [gx, gy, gz], [bx, by, bz], shared, h(stream), &packed)
+    })
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUlaunchConfig {
+    /// Grid x.
+    pub grid_x: c_uint,
+    /// Grid y.
+    pub grid_y: c_uint,
+    /// Grid z.
+    pub grid_z: c_uint,
+    /// Block x.
+    pub block_x: c_uint,
+    /// Block y.
+    pub block_y: c_uint,
+    /// Block z.
+    pub block_z: c_uint,
+    /// Dynamic shared memory.
+    pub shared_bytes: c_uint,
+    /// Stream.
+    pub stream: CUhandle,
+    /// Attributes.
+    pub attrs: *const CUlaunchAttribute,
+    /// Number of attributes.
+    pub num_attrs: c_uint,
+}
+
+/// `CUlaunchAttribute`: an id and a 64-byte value union.
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUlaunchAttribute {
+    /// `CUlaunchAttributeID`.
+    pub id: u32,
+    /// Padding.
+    pub pad: [u8; 4],
+    /// Value union.
+    pub value: [u32; 16],
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuLaunchKernelEx(
-    _config: *const c_void,
-    _f: CUhandle,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    f: CUhandle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    drv::unsupported("cuLaunchKernelEx")
+    ffi(|| {
+        if config.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL pointer to the caller's launch configuration.
+        let c = unsafe { &*config };
+        if c.num_attrs > 0 && !c.attrs.is_null() {
+            // SAFETY: `attrs` has `num_attrs` entries (CUDA contract).
+            let attrs = unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs.min(64) as usize) };
+            for a in attrs {
+                match a.id {
+                    LAUNCH_ATTRIBUTE_COOPERATIVE if a.value[0] != 0 => {
+                        return Err(drv::unsupported("cooperative launches"));
+                    }
+                    LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION if a.value[..3].iter().any(|&d| d > 1) => {
+                        return Err(drv::unsupported("thread block clusters"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // SAFETY: params/extra follow the cuLaunchKernel contract.
+        let packed = unsafe { pack_params(h(f), params, extra) }?;
+        drv::launch(
+            h(f),
+            [c.grid_x, c.grid_y, c.grid_z],
+            [c.block_x, c.block_y, c.block_z],
+            c.shared_bytes,
+            h(c.stream),
+            &packed,
+        )
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuFuncGetAttribute(_pi: *mut c_int, _attr: c_int, _f: CUhandle) -> CUresult {
-    drv::unsupported("cuFuncGetAttribute")
+pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attr: c_int, f: CUhandle) -> CUresult {
+    ffi(|| out!(pi, drv::func_get_attribute(h(f), attr)?))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuFuncSetAttribute(_f: CUhandle, _attr: c_int, _value: c_int) -> CUresult {
-    drv::unsupported("cuFuncSetAttribute")
+pub extern "C" fn cuFuncSetAttribute(f: CUhandle, attr: c_int, value: c_int) -> CUresult {
+    ffi(|| drv::func_set_attribute(h(f), attr, value))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuFuncSetCacheConfig(_f: CUhandle, _config: c_int) -> CUresult {
-    drv::unsupported("cuFuncSetCacheConfig")
+pub extern "C" fn cuFuncSetCacheConfig(f: CUhandle, _config: c_int) -> CUresult {
+    ffi(|| drv::func_layout(h(f)).map(drop))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
-    _n: *mut c_int,
-    _f: CUhandle,
-    _block: c_int,
-    _smem: usize,
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    n: *mut c_int,
+    f: CUhandle,
+    block: c_int,
+    smem: usize,
 ) -> CUresult {
-    drv::unsupported("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    ffi(|| out!(n, drv::occupancy_blocks_per_sm(h(f), block, smem)?))
 }
 
+/// `CUoccupancyB2DSize`: dynamic shared memory for a block size.
+pub type B2DSize = Option<unsafe extern "C" fn(c_int) -> usize>;
+
 #[unsafe(no_mangle)]
-pub extern "C" fn cuOccupancyMaxPotentialBlockSize(
-    _min_grid: *mut c_int,
-    _block: *mut c_int,
-    _f: CUhandle,
-    _smem_fn: *const c_void,
-    _smem: usize,
-    _limit: c_int,
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: CUhandle,
+    smem_fn: B2DSize,
+    smem: usize,
+    limit: c_int,
 ) -> CUresult {
-    drv::unsupported("cuOccupancyMaxPotentialBlockSize")
+    ffi(|| {
+        let dyn_smem = |bs: c_int| match smem_fn {
+            // SAFETY: the caller's callback, called as CUDA calls it.
+            Some(cb) => unsafe { cb(bs) },
+            None => smem,
+        };
+        let (g, b) = drv::occupancy_max_block_size(h(f), &dyn_smem, limit)?;
+        out!(min_grid, g)?;
+        out!(block, b)
+    })
 }
 
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
-pub extern "C" fn cuLibraryLoadData(
-    _lib: *mut CUhandle,
-    _code: *const c_void,
+pub unsafe extern "C" fn cuLibraryLoadData(
+    lib: *mut CUhandle,
+    code: *const c_void,
     _jit_opts: *mut c_int,
     _jit_vals: *mut *mut c_void,
     _n_jit: c_uint,
@@ -796,26 +1057,27 @@ pub extern "C" fn cuLibraryLoadData(
     _lib_vals: *mut *mut c_void,
     _n_lib: c_uint,
 ) -> CUresult {
-    drv::unsupported("cuLibraryLoadData")
+    // A library is loaded as a module of the current context.
+    ffi(|| module_load(lib, code, None))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuLibraryGetKernel(
-    _k: *mut CUhandle,
-    _lib: CUhandle,
-    _name: *const c_char,
-) -> CUresult {
-    drv::unsupported("cuLibraryGetKernel")
+pub unsafe extern "C" fn cuLibraryGetKernel(k: *mut CUhandle, lib: CUhandle, name: *const c_char) -> CUresult {
+    // SAFETY: same contract as cuModuleGetFunction.
+    unsafe { cuModuleGetFunction(k, lib, name) }
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuKernelGetFunction(_f: *mut CUhandle, _k: CUhandle) -> CUresult {
-    drv::unsupported("cuKernelGetFunction")
+pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUhandle, k: CUhandle) -> CUresult {
+    ffi(|| {
+        drv::func_layout(h(k))?;
+        out!(f, k)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuLibraryUnload(_lib: CUhandle) -> CUresult {
-    drv::unsupported("cuLibraryUnload")
+pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
+    cuModuleUnload(lib)
 }
 
 // ---- cuGetProcAddress -----------------------------------------------------------------

@@ -188,6 +188,23 @@ pub mod attr {
     pub const COUNT: usize = 136;
 }
 
+/// `CUfunction_attribute` numbers.
+pub mod func_attr {
+    #![allow(missing_docs)]
+    pub const MAX_THREADS_PER_BLOCK: usize = 0;
+    pub const SHARED_SIZE_BYTES: usize = 1;
+    pub const CONST_SIZE_BYTES: usize = 2;
+    pub const LOCAL_SIZE_BYTES: usize = 3;
+    pub const NUM_REGS: usize = 4;
+    pub const PTX_VERSION: usize = 5;
+    pub const BINARY_VERSION: usize = 6;
+    pub const CACHE_MODE_CA: usize = 7;
+    pub const MAX_DYNAMIC_SHARED_SIZE_BYTES: usize = 8;
+    pub const PREFERRED_SHARED_MEMORY_CARVEOUT: usize = 9;
+    /// One past the highest attribute number the protocol carries.
+    pub const COUNT: usize = 16;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

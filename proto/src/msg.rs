@@ -231,6 +231,8 @@ wire_structs! {
         pub param_offsets: Vec<u32>,
         /// Size in bytes of each parameter.
         pub param_sizes: Vec<u32>,
+        /// `CUfunction_attribute` values indexed by attribute number.
+        pub attributes: Vec<i32>,
     }
     /// A JSON document.
     pub struct Json { pub json: String }

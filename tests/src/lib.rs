@@ -1,5 +1,6 @@
 //! End-to-end test support for vgpu: a harness that runs vgpud and programs
 //! using the guest shim, and the QEMU harness that boots real guests.
 
+pub mod cudalib;
 pub mod harness;
 pub mod qemu;

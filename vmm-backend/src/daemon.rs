@@ -57,6 +57,7 @@ pub fn build_devices(config: &Config) -> Result<Vec<(String, Arc<dyn Device>)>, 
                     name: d.name.clone(),
                     memory: d.memory,
                     workers: d.workers.unwrap_or_else(default_workers),
+                    watchdog: d.watchdog,
                 })),
                 DeviceKind::Cuda { .. } => {
                     return Err(DaemonError::Device {

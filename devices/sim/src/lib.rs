@@ -7,14 +7,18 @@
 //! `CUDA_ERROR_ILLEGAL_ADDRESS`, in its own context only.
 
 pub mod alloc;
+pub mod module;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use vgpu_broker::device::{Device, DeviceContext, DeviceError, DeviceInfo};
+use vgpu_broker::device::{
+    Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, LaunchDims, LaunchProgress,
+    RunControl,
+};
 use vgpu_proto::cuda::attr;
-use vgpu_ptx::mem::Buffer;
+use vgpu_ptx::{Buffer, GlobalMemory};
 
 use crate::alloc::{ALLOC_ALIGN, AddressSpace, aligned};
 
@@ -32,6 +36,8 @@ pub struct SimConfig {
     pub memory: u64,
     /// Worker threads for kernels.
     pub workers: usize,
+    /// Kernels running longer fail with `CUDA_ERROR_LAUNCH_TIMEOUT`.
+    pub watchdog: Option<std::time::Duration>,
 }
 
 /// A simulated GPU.
@@ -133,6 +139,7 @@ impl SimDevice {
             total_memory: config.memory,
             alloc_granularity: ALLOC_ALIGN,
             attributes: attributes(config.workers),
+            watchdog: config.watchdog,
         };
         Self {
             info,
@@ -152,8 +159,10 @@ impl Device for SimDevice {
 
     fn open(&self, _tenant: &str) -> Result<Arc<dyn DeviceContext>, DeviceError> {
         Ok(Arc::new(SimContext {
-            memory: Arc::clone(&self.memory),
-            allocs: RwLock::new(BTreeMap::new()),
+            inner: Arc::new(ContextMemory {
+                memory: Arc::clone(&self.memory),
+                allocs: RwLock::new(BTreeMap::new()),
+            }),
             workers: self.config.workers.max(1),
         }))
     }
@@ -165,10 +174,15 @@ impl Device for SimDevice {
 
 /// One tenant's view of the simulated GPU: only its own allocations exist.
 pub struct SimContext {
+    inner: Arc<ContextMemory>,
+    workers: usize,
+}
+
+/// A tenant's allocations; shared with its loaded modules, whose globals
+/// live here too.
+pub(crate) struct ContextMemory {
     memory: Arc<SimMemory>,
     allocs: RwLock<BTreeMap<u64, Arc<Buffer>>>,
-    #[allow(dead_code)]
-    workers: usize,
 }
 
 impl std::fmt::Debug for SimContext {
@@ -176,20 +190,21 @@ impl std::fmt::Debug for SimContext {
         f.debug_struct("SimContext")
             .field(
                 "allocations",
-                &self.allocs.read().map(|a| a.len()).unwrap_or(0),
+                &self.inner.allocs.read().map(|a| a.len()).unwrap_or(0),
             )
             .finish()
     }
 }
 
-impl SimContext {
-    /// The allocation containing `addr`: (base, backing).
-    pub fn lookup(&self, addr: u64) -> Option<(u64, Arc<Buffer>)> {
+impl GlobalMemory for ContextMemory {
+    fn lookup(&self, addr: u64) -> Option<(u64, Arc<Buffer>)> {
         let a = self.allocs.read().unwrap_or_else(|p| p.into_inner());
         let (&base, buf) = a.range(..=addr).next_back()?;
         (addr - base < buf.len() as u64).then(|| (base, Arc::clone(buf)))
     }
+}
 
+impl ContextMemory {
     /// The allocation holding `[addr, addr+len)` and the offset of `addr` in it.
     fn range(&self, addr: u64, len: u64) -> Result<(Arc<Buffer>, usize), DeviceError> {
         let bad = DeviceError::InvalidAddress { addr, len };
@@ -200,36 +215,19 @@ impl SimContext {
             _ => Err(bad),
         }
     }
-}
 
-impl Drop for SimContext {
-    fn drop(&mut self) {
-        let allocs = std::mem::take(self.allocs.get_mut().unwrap_or_else(|p| p.into_inner()));
-        let mut space = self.memory.space.lock().unwrap_or_else(|p| p.into_inner());
-        for (base, buf) in allocs {
-            let size = aligned(buf.len() as u64).unwrap_or(ALLOC_ALIGN);
-            space.release(base, size);
-            self.memory.used.fetch_sub(size, Ordering::Relaxed);
-        }
-    }
-}
-
-impl DeviceContext for SimContext {
-    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
-        let rounded = aligned(size).ok_or(DeviceError::OutOfMemory)?;
+    pub(crate) fn alloc(&self, size: u64) -> Result<(u64, Arc<Buffer>), DeviceError> {
+        let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
         // Reserve capacity first; give it back on any failure below.
         let prev = self.memory.used.fetch_add(rounded, Ordering::Relaxed);
-        if prev
-            .checked_add(rounded)
-            .is_none_or(|n| n > self.memory.total)
-        {
+        if prev.checked_add(rounded).is_none_or(|n| n > self.memory.total) {
             self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
             return Err(DeviceError::OutOfMemory);
         }
         let len = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory);
         let buf = len.and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory));
         let buf = match buf {
-            Ok(b) => b,
+            Ok(b) => Arc::new(b),
             Err(e) => {
                 self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
                 return Err(e);
@@ -248,46 +246,68 @@ impl DeviceContext for SimContext {
         self.allocs
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(base, Arc::new(buf));
-        Ok(base)
+            .insert(base, Arc::clone(&buf));
+        Ok((base, buf))
     }
 
-    fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+    pub(crate) fn free(&self, ptr: u64) -> Result<(), DeviceError> {
         let buf = self
             .allocs
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&ptr)
             .ok_or(DeviceError::InvalidAddress { addr: ptr, len: 0 })?;
-        let size = aligned(buf.len() as u64).unwrap_or(ALLOC_ALIGN);
+        self.release(ptr, &buf);
+        Ok(())
+    }
+
+    fn release(&self, base: u64, buf: &Buffer) {
+        let size = aligned((buf.len() as u64).max(1)).unwrap_or(ALLOC_ALIGN);
         self.memory
             .space
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .release(ptr, size);
+            .release(base, size);
         self.memory.used.fetch_sub(size, Ordering::Relaxed);
-        Ok(())
+    }
+}
+
+impl Drop for ContextMemory {
+    fn drop(&mut self) {
+        let allocs = std::mem::take(self.allocs.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (base, buf) in allocs {
+            self.release(base, &buf);
+        }
+    }
+}
+
+impl DeviceContext for SimContext {
+    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
+        self.inner.alloc(size).map(|(base, _)| base)
+    }
+
+    fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+        self.inner.free(ptr)
     }
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
-        let (buf, off) = self.range(dst, data.len() as u64)?;
-        buf.write(off, data)
-            .map_err(|_| DeviceError::InvalidAddress {
-                addr: dst,
-                len: data.len() as u64,
-            })
+        let (buf, off) = self.inner.range(dst, data.len() as u64)?;
+        buf.write(off, data).map_err(|_| DeviceError::InvalidAddress {
+            addr: dst,
+            len: data.len() as u64,
+        })
     }
 
     fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
         let len = out.len() as u64;
-        let (buf, off) = self.range(src, len)?;
+        let (buf, off) = self.inner.range(src, len)?;
         buf.read(off, out)
             .map_err(|_| DeviceError::InvalidAddress { addr: src, len })
     }
 
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
-        let (s, soff) = self.range(src, len)?;
-        let (d, doff) = self.range(dst, len)?;
+        let (s, soff) = self.inner.range(src, len)?;
+        let (d, doff) = self.inner.range(dst, len)?;
         d.copy_from(doff, &s, soff, len as usize)
             .map_err(|_| DeviceError::InvalidAddress { addr: dst, len })
     }
@@ -304,13 +324,33 @@ impl DeviceContext for SimContext {
                 addr: dst,
                 len: u64::MAX,
             })?;
-        let (buf, off) = self.range(dst, bytes)?;
+        let (buf, off) = self.inner.range(dst, bytes)?;
         let pattern = &value.to_le_bytes()[..elem_size as usize];
         buf.fill(off, pattern, count as usize)
             .map_err(|_| DeviceError::InvalidAddress {
                 addr: dst,
                 len: bytes,
             })
+    }
+
+    fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+        Ok(Arc::new(module::SimModule::load(&self.inner, image, budget)?))
+    }
+
+    fn launch(
+        &self,
+        module: &dyn DeviceModule,
+        kernel: usize,
+        dims: &LaunchDims,
+        params: &[u8],
+        start_block: u64,
+        control: &RunControl,
+    ) -> Result<LaunchProgress, DeviceError> {
+        let m = module
+            .as_any()
+            .downcast_ref::<module::SimModule>()
+            .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
+        m.launch(&self.inner, kernel, dims, params, start_block, self.workers, control)
     }
 }
 
@@ -323,6 +363,7 @@ mod tests {
             name: "gpu0".into(),
             memory,
             workers: 2,
+            watchdog: None,
         })
     }
 

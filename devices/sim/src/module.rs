@@ -1,0 +1,224 @@
+//! Modules on the simulated GPU: PTX parsed by `vgpu-ptx`, module globals
+//! allocated in the tenant's memory, and launches steered by the broker's
+//! [`RunControl`].
+
+use std::any::Any;
+use std::sync::Arc;
+
+use vgpu_broker::device::{
+    DeviceError, DeviceModule, GlobalDesc, KernelDesc, LaunchDims, LaunchProgress, RunControl,
+    Signal,
+};
+use vgpu_proto::cuda::{self, func_attr};
+use vgpu_ptx::{FaultKind, GlobalSpace, Launch, LaunchControl, LoadErrorKind, Module, Progress};
+
+use crate::ContextMemory;
+use crate::alloc::aligned;
+
+/// ELF magic: a cubin.
+const ELF_MAGIC: &[u8] = b"\x7fELF";
+/// Fat binary magic (little-endian 0xBA55ED50).
+const FATBIN_MAGIC: &[u8] = &[0x50, 0xed, 0x55, 0xba];
+/// Shared memory a block may use without opting in (`cuFuncSetAttribute`).
+pub const DEFAULT_MAX_DYNAMIC_SHARED: usize = 48 << 10;
+/// Shared memory a block may use after opting in.
+pub const OPTIN_MAX_SHARED: usize = 163 << 10;
+/// `CU_FUNC_ATTRIBUTE_BINARY_VERSION` reported (sm_80).
+const BINARY_VERSION: i32 = 80;
+/// Most registers per thread reported.
+const MAX_REGS_PER_THREAD: u32 = 255;
+
+/// A module loaded on the simulated GPU.
+pub struct SimModule {
+    module: Module,
+    kernels: Vec<KernelDesc>,
+    globals: Vec<GlobalDesc>,
+    addrs: Vec<u64>,
+    memory: Arc<ContextMemory>,
+}
+
+impl std::fmt::Debug for SimModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimModule")
+            .field("kernels", &self.kernels.len())
+            .field("globals", &self.globals.len())
+            .finish()
+    }
+}
+
+fn ptx_version(text: &str) -> i32 {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(".version"))
+        .and_then(|v| {
+            let (maj, min) = v.trim().split_once('.')?;
+            Some(maj.trim().parse::<i32>().ok()? * 10 + min.trim().parse::<i32>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
+impl SimModule {
+    /// Parses an image, allocates its globals (at most `budget` bytes) and
+    /// writes their initial values.
+    pub(crate) fn load(memory: &Arc<ContextMemory>, image: &[u8], budget: u64) -> Result<SimModule, DeviceError> {
+        if image.starts_with(ELF_MAGIC) || image.starts_with(FATBIN_MAGIC) {
+            return Err(DeviceError::InvalidImage {
+                code: cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
+                message: "the simulated GPU runs PTX only, not cubin or fatbin images: load PTX (e.g. from NVRTC)".into(),
+            });
+        }
+        let end = image.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let text = std::str::from_utf8(&image[..end]).map_err(|e| DeviceError::InvalidImage {
+            code: cuda::CUDA_ERROR_INVALID_IMAGE,
+            message: format!("the module image is neither PTX text nor a known binary format: {e}"),
+        })?;
+        let module = Module::load(text).map_err(|e| DeviceError::InvalidImage {
+            code: match e.kind {
+                LoadErrorKind::InvalidPtx => cuda::CUDA_ERROR_INVALID_PTX,
+                LoadErrorKind::NotSupported => cuda::CUDA_ERROR_NOT_SUPPORTED,
+            },
+            message: e.to_string(),
+        })?;
+        let need: u64 = module
+            .globals()
+            .iter()
+            .map(|g| aligned((g.size as u64).max(1)).unwrap_or(u64::MAX))
+            .fold(0u64, u64::saturating_add);
+        if need > budget {
+            return Err(DeviceError::OutOfMemory);
+        }
+        let mut m = SimModule {
+            kernels: Vec::new(),
+            globals: Vec::new(),
+            addrs: Vec::new(),
+            memory: Arc::clone(memory),
+            module,
+        };
+        for g in m.module.globals() {
+            // On failure, `m` is dropped and frees the globals allocated so far.
+            let (addr, buf) = memory.alloc(g.size as u64)?;
+            m.addrs.push(addr);
+            if !g.init.is_empty() {
+                buf.write(0, &g.init)
+                    .map_err(|_| DeviceError::InvalidAddress { addr, len: g.init.len() as u64 })?;
+            }
+            m.globals.push(GlobalDesc {
+                name: g.name.clone(),
+                addr,
+                size: g.size as u64,
+            });
+        }
+        let const_bytes: usize = m
+            .module
+            .globals()
+            .iter()
+            .filter(|g| g.space == GlobalSpace::Const)
+            .map(|g| g.size)
+            .sum();
+        let version = ptx_version(text);
+        m.kernels = m
+            .module
+            .kernels()
+            .iter()
+            .map(|k| {
+                let mut a = vec![0; func_attr::COUNT];
+                let clamp = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+                a[func_attr::MAX_THREADS_PER_BLOCK] = clamp(k.max_threads_per_block as usize);
+                a[func_attr::SHARED_SIZE_BYTES] = clamp(k.static_shared_bytes);
+                a[func_attr::CONST_SIZE_BYTES] = clamp(const_bytes);
+                a[func_attr::LOCAL_SIZE_BYTES] = clamp(k.local_bytes);
+                a[func_attr::NUM_REGS] = clamp(k.num_regs.min(MAX_REGS_PER_THREAD) as usize);
+                a[func_attr::PTX_VERSION] = version;
+                a[func_attr::BINARY_VERSION] = BINARY_VERSION;
+                a[func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES] =
+                    clamp(DEFAULT_MAX_DYNAMIC_SHARED.saturating_sub(k.static_shared_bytes));
+                a[func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT] = -1;
+                KernelDesc {
+                    name: k.name.clone(),
+                    param_offsets: k.params.iter().map(|p| p.offset as u32).collect(),
+                    param_sizes: k.params.iter().map(|p| p.size as u32).collect(),
+                    attributes: a,
+                }
+            })
+            .collect();
+        Ok(m)
+    }
+
+    /// Runs kernel `kernel` from `start_block`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch(
+        &self,
+        memory: &ContextMemory,
+        kernel: usize,
+        dims: &LaunchDims,
+        params: &[u8],
+        start_block: u64,
+        workers: usize,
+        control: &RunControl,
+    ) -> Result<LaunchProgress, DeviceError> {
+        let k = self
+            .kernels
+            .get(kernel)
+            .ok_or_else(|| DeviceError::NotSupported(format!("no kernel #{kernel}")))?;
+        let ptx_control = Arc::new(LaunchControl::new());
+        ptx_control.set_deadline(control.deadline());
+        let forward = Arc::clone(&ptx_control);
+        control.attach(Arc::new(move |s| match s {
+            Signal::Yield => forward.request_yield(),
+            Signal::Cancel => forward.cancel(),
+        }));
+        let r = self.module.launch(&Launch {
+            kernel: &k.name,
+            grid: dims.grid,
+            block: dims.block,
+            dynamic_shared: dims.shared_bytes,
+            params,
+            globals: &self.addrs,
+            memory,
+            start_block,
+            workers,
+            control: &ptx_control,
+        });
+        control.detach();
+        match r {
+            Ok(Progress::Completed(_)) => Ok(LaunchProgress::Completed),
+            Ok(Progress::Yielded { next_block, .. }) => Ok(LaunchProgress::Yielded { next_block }),
+            Err(f) if f.kind == FaultKind::InvalidConfig => Err(DeviceError::InvalidLaunch {
+                code: cuda::CUDA_ERROR_INVALID_VALUE,
+                message: f.message,
+            }),
+            Err(f) => Err(DeviceError::Fault {
+                code: f.cuda_error(),
+                message: f.message,
+            }),
+        }
+    }
+}
+
+impl DeviceModule for SimModule {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn kernels(&self) -> &[KernelDesc] {
+        &self.kernels
+    }
+
+    fn globals(&self) -> &[GlobalDesc] {
+        &self.globals
+    }
+
+    fn global_bytes(&self) -> u64 {
+        self.globals
+            .iter()
+            .map(|g| aligned(g.size.max(1)).unwrap_or(g.size))
+            .sum()
+    }
+}
+
+impl Drop for SimModule {
+    fn drop(&mut self) {
+        for &a in &self.addrs {
+            let _ = self.memory.free(a);
+        }
+    }
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what vgpu's demo and tests need on a Debian 12 machine with Rust:
+# a C compiler, QEMU (bookworm-backports), the guest image tools, and NVRTC
+# (for the PTX fixture drift check). Idempotent; prints what it installs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1mprereqs:\033[0m %s\n' "$*" >&2; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+        log "not root and no sudo: skipping system packages (install gcc, cpio, busybox-static and QEMU yourself)"
+    fi
+fi
+
+missing=()
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v cpio >/dev/null 2>&1 || missing+=(cpio)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+if [ ${#missing[@]} -gt 0 ] && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
+    log "installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    images/install-qemu.sh
+elif [ -n "$SUDO" ]; then
+    $SUDO images/install-qemu.sh
+fi
+
+if ! python3 -c 'import nvidia.cuda_nvrtc' >/dev/null 2>&1; then
+    log "installing NVRTC from PyPI (compiles CUDA C++ to PTX; no GPU needed)"
+    python3 tests/kernels/gen-ptx.py --install --check >/dev/null 2>&1 \
+        || python3 -m pip install --quiet --break-system-packages nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
+        || log "NVRTC could not be installed; the PTX drift check will be skipped"
+fi

@@ -1,0 +1,196 @@
+//! Control-flow analysis: immediate post-dominators give every conditional branch its
+//! reconvergence point (the classic SIMT-stack / IPDOM scheme).
+
+use crate::ir::{Inst, NONE, Op};
+
+/// Sets `rpc` of every `bra` to the first instruction of its block's immediate post-dominator
+/// (`NONE` when the paths only meet at function exit).
+pub(crate) fn assign_reconvergence(code: &mut [Inst]) {
+    let n = code.len();
+    if n == 0 {
+        return;
+    }
+    // Basic-block leaders.
+    let mut leader = vec![false; n + 1];
+    leader[0] = true;
+    for (i, ins) in code.iter().enumerate() {
+        match &ins.op {
+            Op::Bra { target, .. } => {
+                if (*target as usize) < n {
+                    leader[*target as usize] = true;
+                }
+                leader[i + 1] = true;
+            }
+            Op::Ret | Op::Exit | Op::Trap => leader[i + 1] = true,
+            _ => {}
+        }
+    }
+    let mut block_of = vec![0usize; n];
+    let mut starts = Vec::new();
+    for i in 0..n {
+        if leader[i] {
+            starts.push(i);
+        }
+        block_of[i] = starts.len() - 1;
+    }
+    let nb = starts.len();
+    let exit = nb;
+    // Successors per block (exit node = nb).
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); nb + 1];
+    for b in 0..nb {
+        let end = if b + 1 < nb { starts[b + 1] } else { n } - 1;
+        let ins = &code[end];
+        let guarded = ins.guard != NONE;
+        let next = if end + 1 < n { block_of[end + 1] } else { exit };
+        match &ins.op {
+            Op::Bra { target, .. } => {
+                let t = if (*target as usize) < n {
+                    block_of[*target as usize]
+                } else {
+                    exit
+                };
+                succ[b].push(t);
+                if guarded {
+                    succ[b].push(next);
+                }
+            }
+            Op::Ret | Op::Exit | Op::Trap => {
+                succ[b].push(exit);
+                if guarded {
+                    succ[b].push(next);
+                }
+            }
+            _ => succ[b].push(next),
+        }
+    }
+    // Post-order of the reverse graph from the exit node (iterative DFS over predecessors).
+    let mut preds: Vec<Vec<usize>> = vec![Vec::new(); nb + 1];
+    for (b, ss) in succ.iter().enumerate() {
+        for &s in ss {
+            preds[s].push(b);
+        }
+    }
+    let mut order = Vec::with_capacity(nb + 1);
+    let mut po = vec![usize::MAX; nb + 1];
+    let mut seen = vec![false; nb + 1];
+    let mut stack = vec![(exit, 0usize)];
+    seen[exit] = true;
+    while let Some((node, idx)) = stack.pop() {
+        if idx < preds[node].len() {
+            stack.push((node, idx + 1));
+            let p = preds[node][idx];
+            if !seen[p] {
+                seen[p] = true;
+                stack.push((p, 0));
+            }
+        } else {
+            po[node] = order.len();
+            order.push(node);
+        }
+    }
+    // Cooper-Harvey-Kennedy on the reverse graph.
+    let mut ipdom = vec![usize::MAX; nb + 1];
+    ipdom[exit] = exit;
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for &b in order.iter().rev() {
+            if b == exit {
+                continue;
+            }
+            let mut new = usize::MAX;
+            for &s in &succ[b] {
+                if ipdom[s] == usize::MAX {
+                    continue;
+                }
+                new = if new == usize::MAX {
+                    s
+                } else {
+                    intersect(&ipdom, &po, new, s)
+                };
+            }
+            if new != usize::MAX && ipdom[b] != new {
+                ipdom[b] = new;
+                changed = true;
+            }
+        }
+    }
+    for (i, ins) in code.iter_mut().enumerate() {
+        if let Op::Bra { rpc, .. } = &mut ins.op {
+            let p = ipdom[block_of[i]];
+            *rpc = if p == usize::MAX || p == exit {
+                NONE
+            } else {
+                starts[p] as u32
+            };
+        }
+    }
+}
+
+fn intersect(ipdom: &[usize], po: &[usize], mut a: usize, mut b: usize) -> usize {
+    while a != b {
+        while po[a] < po[b] {
+            a = ipdom[a];
+        }
+        while po[b] < po[a] {
+            b = ipdom[b];
+        }
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(op: Op, guarded: bool) -> Inst {
+        Inst {
+            op,
+            guard: if guarded { 0 } else { NONE },
+            guard_neg: false,
+            line: 0,
+        }
+    }
+
+    #[test]
+    fn if_else_and_loop_reconverge() {
+        // 0: @p bra 3 ; 1: nop ; 2: bra 4 ; 3: nop ; 4: @p bra 4 (self loop) ; 5: ret
+        let mut code = vec![
+            inst(Op::Bra { target: 3, rpc: 0 }, true),
+            inst(Op::Nop, false),
+            inst(Op::Bra { target: 4, rpc: 0 }, false),
+            inst(Op::Nop, false),
+            inst(Op::Bra { target: 4, rpc: 0 }, true),
+            inst(Op::Ret, false),
+        ];
+        assign_reconvergence(&mut code);
+        let rpc = |i: usize| match code[i].op {
+            Op::Bra { rpc, .. } => rpc,
+            _ => unreachable!(),
+        };
+        assert_eq!(rpc(0), 4);
+        assert_eq!(rpc(4), 5);
+    }
+
+    #[test]
+    fn early_exit_has_no_reconvergence() {
+        // 0: @p bra 2 ; 1: exit ; 2: ret
+        let mut code = vec![
+            inst(Op::Bra { target: 2, rpc: 0 }, true),
+            inst(Op::Exit, false),
+            inst(Op::Ret, false),
+        ];
+        assign_reconvergence(&mut code);
+        assert!(matches!(code[0].op, Op::Bra { rpc: NONE, .. }));
+    }
+
+    #[test]
+    fn infinite_loop_does_not_hang() {
+        let mut code = vec![
+            inst(Op::Bra { target: 0, rpc: 0 }, true),
+            inst(Op::Bra { target: 0, rpc: 0 }, false),
+        ];
+        assign_reconvergence(&mut code);
+        assert!(matches!(code[0].op, Op::Bra { rpc: NONE, .. }));
+    }
+}

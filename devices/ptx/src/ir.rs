@@ -1,0 +1,716 @@
+//! The pre-decoded ("compiled") instruction form the interpreter executes.
+//!
+//! Every value operand is a register index: immediates and symbol addresses become hidden
+//! registers that are initialised when a frame is set up, so the executor never looks at operand
+//! kinds. Predicates live in their own file as one 32-bit lane mask per predicate register.
+
+/// Register index in a frame's register file (one 32-lane row of `u64`).
+pub(crate) type Reg = u32;
+/// Predicate register index in a frame's predicate file (one lane mask).
+pub(crate) type Pred = u32;
+/// "No register" / "no predicate".
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// PTX fundamental types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ty {
+    U8,
+    U16,
+    U32,
+    U64,
+    S8,
+    S16,
+    S32,
+    S64,
+    B8,
+    B16,
+    B32,
+    B64,
+    B128,
+    F16,
+    F16x2,
+    Bf16,
+    Bf16x2,
+    F32,
+    F64,
+    Pred,
+}
+
+impl Ty {
+    pub(crate) fn parse(s: &str) -> Option<Ty> {
+        Some(match s {
+            "u8" => Ty::U8,
+            "u16" => Ty::U16,
+            "u32" => Ty::U32,
+            "u64" => Ty::U64,
+            "s8" => Ty::S8,
+            "s16" => Ty::S16,
+            "s32" => Ty::S32,
+            "s64" => Ty::S64,
+            "b8" => Ty::B8,
+            "b16" => Ty::B16,
+            "b32" => Ty::B32,
+            "b64" => Ty::B64,
+            "b128" => Ty::B128,
+            "f16" => Ty::F16,
+            "f16x2" => Ty::F16x2,
+            "bf16" => Ty::Bf16,
+            "bf16x2" => Ty::Bf16x2,
+            "f32" => Ty::F32,
+            "f64" => Ty::F64,
+            "pred" => Ty::Pred,
+            _ => return None,
+        })
+    }
+
+    /// Size in bytes (predicates count as 1).
+    pub(crate) fn bytes(self) -> usize {
+        match self {
+            Ty::U8 | Ty::S8 | Ty::B8 | Ty::Pred => 1,
+            Ty::U16 | Ty::S16 | Ty::B16 | Ty::F16 | Ty::Bf16 => 2,
+            Ty::U32 | Ty::S32 | Ty::B32 | Ty::F32 | Ty::F16x2 | Ty::Bf16x2 => 4,
+            Ty::U64 | Ty::S64 | Ty::B64 | Ty::F64 => 8,
+            Ty::B128 => 16,
+        }
+    }
+
+    pub(crate) fn bits(self) -> u32 {
+        (self.bytes() * 8) as u32
+    }
+
+    pub(crate) fn is_signed(self) -> bool {
+        matches!(self, Ty::S8 | Ty::S16 | Ty::S32 | Ty::S64)
+    }
+
+    pub(crate) fn is_float(self) -> bool {
+        matches!(
+            self,
+            Ty::F16 | Ty::F16x2 | Ty::Bf16 | Ty::Bf16x2 | Ty::F32 | Ty::F64
+        )
+    }
+
+    pub(crate) fn is_int(self) -> bool {
+        !self.is_float() && self != Ty::Pred && self != Ty::B128
+    }
+}
+
+/// Memory state spaces as instructions see them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Space {
+    Global,
+    Const,
+    Shared,
+    Local,
+    /// Kernel parameters addressed through a register.
+    Param,
+    Generic,
+}
+
+/// Rounding / conversion modifiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rnd {
+    /// No modifier (round to nearest for arithmetic; exact or nearest for conversions).
+    Default,
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+    Rna,
+    Rni,
+    Rzi,
+    Rmi,
+    Rpi,
+}
+
+/// Memory-ordering strength of a load or store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemOrd {
+    Relaxed,
+    Acquire,
+    Release,
+}
+
+/// Integer binary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IBin {
+    Add,
+    Sub,
+    AddSat,
+    SubSat,
+    MulLo,
+    MulHi,
+    /// Result type is twice the operand type.
+    MulWide,
+    Mul24Lo,
+    Mul24Hi,
+    Div,
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    /// add.cc / addc / addc.cc / sub.cc / subc / subc.cc: (sub, use carry-in, write carry-out).
+    AddCarry {
+        sub: bool,
+        cin: bool,
+        cout: bool,
+    },
+    /// bmsk.clamp / bmsk.wrap.
+    Bmsk {
+        clamp: bool,
+    },
+}
+
+/// Integer unary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IUn {
+    Abs,
+    Neg,
+    Not,
+    Cnot,
+    Popc,
+    Clz,
+    Brev,
+    Bfind { shiftamt: bool },
+}
+
+/// Integer three-source operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ITern {
+    MadLo,
+    MadHi,
+    MadWide,
+    MadLoSat,
+    Mad24Lo,
+    Mad24Hi,
+    /// mad.lo.cc / madc.lo / madc.hi ... (hi, carry-in, carry-out).
+    MadCarry {
+        hi: bool,
+        cin: bool,
+        cout: bool,
+    },
+    Sad,
+    Bfe,
+    /// dp4a.atype.btype (signed a, signed b).
+    Dp4a {
+        sa: bool,
+        sb: bool,
+    },
+    Dp2a {
+        sa: bool,
+        sb: bool,
+        hi: bool,
+    },
+    /// szext.mode (sign-extend?, clamp?).
+    Szext {
+        signed: bool,
+        clamp: bool,
+    },
+}
+
+/// Float binary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FBin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Min,
+    Max,
+    MinNaN,
+    MaxNaN,
+    /// copysign d, a, b: magnitude of b, sign of a.
+    Copysign,
+}
+
+/// Float unary operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FUn {
+    Abs,
+    Neg,
+    Sqrt,
+    Rsqrt,
+    Rcp,
+    Sin,
+    Cos,
+    Lg2,
+    Ex2,
+    Tanh,
+}
+
+/// Comparison operators of setp/set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Lo,
+    Ls,
+    Hi,
+    Hs,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+/// Boolean combining operators (setp's `.and/.or/.xor`, predicate logic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BoolOp {
+    And,
+    Or,
+    Xor,
+}
+
+/// testp properties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TestP {
+    Finite,
+    Infinite,
+    Number,
+    NotANumber,
+    Normal,
+    Subnormal,
+}
+
+/// Atomic operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomOp {
+    Add,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Exch,
+    Cas,
+    Inc,
+    Dec,
+}
+
+/// Shuffle modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+/// Vote modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
+}
+
+/// Barrier flavours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BarKind {
+    Sync,
+    Arrive,
+    RedPopc,
+    RedAnd,
+    RedOr,
+}
+
+/// redux.sync operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReduxOp {
+    Add,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+}
+
+/// Special registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sreg {
+    Tid(u8),
+    Ntid(u8),
+    Ctaid(u8),
+    Nctaid(u8),
+    LaneId,
+    WarpId,
+    NWarpId,
+    SmId,
+    NSmId,
+    GridId,
+    Clock,
+    Clock64,
+    GlobalTimer,
+    GlobalTimerLo,
+    GlobalTimerHi,
+    LanemaskEq,
+    LanemaskLe,
+    LanemaskLt,
+    LanemaskGe,
+    LanemaskGt,
+    DynamicSmemSize,
+    TotalSmemSize,
+    /// Cluster registers of a launch without clusters: ctaid within cluster etc.
+    ClusterCtaId(u8),
+    ClusterNCtaId(u8),
+    ClusterCtaRank,
+    ClusterNCtaRank,
+    ClusterId(u8),
+    NClusterId(u8),
+    IsExplicitCluster,
+}
+
+/// A function call: which function, and how parameter bytes move.
+#[derive(Debug, Clone)]
+pub(crate) struct CallInfo {
+    pub func: u32,
+    /// (caller param-area offset, callee param-area offset, size) per argument.
+    pub args: Vec<(u32, u32, u32)>,
+    /// (callee param-area offset, caller param-area offset, size) per return value.
+    pub rets: Vec<(u32, u32, u32)>,
+}
+
+/// One decoded operation.
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    Nop,
+    Mov {
+        d: Reg,
+        a: Reg,
+    },
+    Special {
+        d: Reg,
+        s: Sreg,
+    },
+    /// mov.bN d, {parts...}: packs `n` parts of `bits` each (lowest first).
+    Pack {
+        d: Reg,
+        parts: [Reg; 4],
+        n: u8,
+        bits: u8,
+    },
+    /// mov.bN {parts...}, a.
+    Unpack {
+        a: Reg,
+        parts: [Reg; 4],
+        n: u8,
+        bits: u8,
+    },
+    Ld {
+        space: Space,
+        bytes: u8,
+        sext: bool,
+        n: u8,
+        d: [Reg; 4],
+        base: Reg,
+        off: i64,
+        ord: MemOrd,
+    },
+    St {
+        space: Space,
+        bytes: u8,
+        n: u8,
+        s: [Reg; 4],
+        base: Reg,
+        off: i64,
+        ord: MemOrd,
+    },
+    /// ld.param of a kernel parameter at a static offset (the same for every lane).
+    LdKParam {
+        bytes: u8,
+        sext: bool,
+        n: u8,
+        d: [Reg; 4],
+        off: u32,
+    },
+    /// ld.param / st.param on the frame's per-lane parameter area at a static offset.
+    LdFParam {
+        bytes: u8,
+        sext: bool,
+        n: u8,
+        d: [Reg; 4],
+        off: u32,
+    },
+    StFParam {
+        bytes: u8,
+        n: u8,
+        s: [Reg; 4],
+        off: u32,
+    },
+    Cvta {
+        d: Reg,
+        a: Reg,
+        space: Space,
+        to: bool,
+        narrow: bool,
+    },
+    Isspacep {
+        d: Pred,
+        a: Reg,
+        space: Space,
+    },
+    Cvt {
+        d: Reg,
+        a: Reg,
+        dty: Ty,
+        sty: Ty,
+        rnd: Rnd,
+        sat: bool,
+        ftz: bool,
+    },
+    /// cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 d, a (high half), b (low half).
+    CvtPack {
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        bf: bool,
+        rnd: Rnd,
+        relu: bool,
+    },
+    IBin {
+        k: IBin,
+        ty: Ty,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+    },
+    IUn {
+        k: IUn,
+        ty: Ty,
+        d: Reg,
+        a: Reg,
+    },
+    ITern {
+        k: ITern,
+        ty: Ty,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+    },
+    Bfi {
+        ty: Ty,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+        e: Reg,
+    },
+    Prmt {
+        mode: u8,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+    },
+    Lop3 {
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+        lut: u8,
+    },
+    Shf {
+        left: bool,
+        clamp: bool,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+    },
+    FBin {
+        k: FBin,
+        ty: Ty,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+    },
+    FUn {
+        k: FUn,
+        ty: Ty,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+        d: Reg,
+        a: Reg,
+    },
+    Fma {
+        ty: Ty,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+        relu: bool,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+    },
+    Setp {
+        cmp: Cmp,
+        ty: Ty,
+        ftz: bool,
+        bop: Option<BoolOp>,
+        c: Pred,
+        cneg: bool,
+        p: Pred,
+        q: Pred,
+        a: Reg,
+        b: Reg,
+    },
+    Set {
+        cmp: Cmp,
+        ty: Ty,
+        dty: Ty,
+        ftz: bool,
+        bop: Option<BoolOp>,
+        c: Pred,
+        cneg: bool,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+    },
+    Selp {
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        p: Pred,
+    },
+    Slct {
+        float: bool,
+        ftz: bool,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+    },
+    /// Predicate logic: d = (a ^ an) op (b ^ bn).
+    PLogic {
+        op: BoolOp,
+        d: Pred,
+        a: Pred,
+        an: bool,
+        b: Pred,
+        bn: bool,
+    },
+    PNot {
+        d: Pred,
+        a: Pred,
+    },
+    PMov {
+        d: Pred,
+        a: Pred,
+    },
+    /// Integer register to predicate (mov.pred from a non-predicate) / predicate to register.
+    Testp {
+        k: TestP,
+        ty: Ty,
+        d: Pred,
+        a: Reg,
+    },
+    Bra {
+        target: u32,
+        rpc: u32,
+    },
+    Call(Box<CallInfo>),
+    Ret,
+    Exit,
+    Trap,
+    Bar {
+        k: BarKind,
+        id: Reg,
+        count: Reg,
+        p: Pred,
+        pneg: bool,
+        d: u32,
+    },
+    Fence,
+    Atom {
+        space: Space,
+        op: AtomOp,
+        ty: Ty,
+        d: Reg,
+        base: Reg,
+        off: i64,
+        b: Reg,
+        c: Reg,
+    },
+    Shfl {
+        mode: ShflMode,
+        d: Reg,
+        p: Pred,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+        mask: Reg,
+    },
+    Vote {
+        mode: VoteMode,
+        d: u32,
+        a: Pred,
+        aneg: bool,
+        mask: Reg,
+    },
+    Activemask {
+        d: Reg,
+    },
+    Redux {
+        op: ReduxOp,
+        signed: bool,
+        d: Reg,
+        a: Reg,
+        mask: Reg,
+    },
+    Match {
+        all: bool,
+        wide: bool,
+        d: Reg,
+        p: Pred,
+        a: Reg,
+        mask: Reg,
+    },
+    Elect {
+        d: Reg,
+        p: Pred,
+        mask: Reg,
+    },
+    /// cp.async: a synchronous copy of `size` bytes (zero-filled past `src_size` when given).
+    CpAsync {
+        dbase: Reg,
+        doff: i64,
+        sbase: Reg,
+        soff: i64,
+        size: u8,
+        src_size: Reg,
+    },
+    Fns {
+        d: Reg,
+        mask: Reg,
+        base: Reg,
+        off: Reg,
+    },
+}
+
+/// An instruction: operation, guard predicate and PTX line.
+#[derive(Debug, Clone)]
+pub(crate) struct Inst {
+    pub op: Op,
+    /// Guard predicate (`NONE` for unguarded).
+    pub guard: Pred,
+    pub guard_neg: bool,
+    pub line: u32,
+}

@@ -1,0 +1,602 @@
+//! vgpu-ptx: a PTX parser and interpreter for the vgpu simulated GPU.
+//!
+//! [`Module::load`] parses NVRTC-generated PTX (ISA 7.0–8.8, sm_52…sm_90) and pre-decodes it into a
+//! compact instruction form with resolved registers. [`Module::launch`] runs a kernel with CUDA
+//! semantics: 3-D grids and blocks, warps of 32 lanes executing in lockstep with IPDOM
+//! reconvergence, barriers, atomics, shuffles and votes, and bounds-checked global, shared, local,
+//! constant and parameter memory. Thread blocks are spread over worker threads; a launch can
+//! yield between blocks and resume later with identical results.
+//!
+//! Device memory belongs to the caller: global accesses go through [`GlobalMemory::lookup`], which
+//! returns the tenant's [`Buffer`] containing an address. Shared, local and parameter memory are
+//! reachable through generic addresses in windows above 2^48 ([`SHARED_WINDOW`], [`LOCAL_WINDOW`],
+//! [`PARAM_WINDOW`]) that never collide with global addresses.
+//!
+//! See `docs/simulated-gpu.md` for the supported PTX subset, the execution and fault models and
+//! benchmark figures.
+
+mod cfg;
+mod decode;
+mod error;
+mod exec;
+mod float;
+mod ir;
+mod lexer;
+pub mod mem;
+mod parser;
+pub mod testutils;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use error::{
+    CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_ILLEGAL_INSTRUCTION, CUDA_ERROR_INVALID_CONFIGURATION,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUDA_ERROR_MISALIGNED_ADDRESS, Fault, FaultKind, LoadError, LoadErrorKind,
+};
+pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
+pub use mem::{AllocError, Buffer, OutOfRange};
+
+/// Most threads in one block.
+pub const MAX_THREADS_PER_BLOCK: u32 = decode::MAX_THREADS_PER_BLOCK;
+/// Most shared memory (static plus dynamic) one block may use: the opt-in maximum of sm_90.
+/// Drivers that enforce the 48 KiB default without opt-in check that before launching.
+pub const MAX_SHARED_BYTES_PER_BLOCK: usize = 227 * 1024;
+/// Largest block dimensions (x, y, z).
+pub const MAX_BLOCK_DIM: [u32; 3] = [1024, 1024, 64];
+/// Largest grid dimensions (x, y, z).
+pub const MAX_GRID_DIM: [u32; 3] = [0x7fff_ffff, 65535, 65535];
+/// Lowest device address the simulated device hands out for global allocations.
+pub const GLOBAL_BASE: u64 = 0x0000_0200_0000_0000;
+/// Highest global device address.
+pub const GLOBAL_END: u64 = 0x0000_7fff_ffff_ffff;
+
+/// Device memory of one tenant as a kernel sees it.
+pub trait GlobalMemory: Sync {
+    /// The live allocation containing `addr`: (its base device address, its backing). `None` when
+    /// the tenant owns no allocation there.
+    fn lookup(&self, addr: u64) -> Option<(u64, Arc<Buffer>)>;
+}
+
+/// Placement of one kernel parameter in the parameter buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// Byte offset in the packed parameter buffer.
+    pub offset: usize,
+    /// Size in bytes.
+    pub size: usize,
+    /// Alignment in bytes.
+    pub align: usize,
+}
+
+/// What a driver needs to know about a kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// Entry name as in the PTX (`.visible .entry NAME`).
+    pub name: String,
+    /// Parameters in declaration order.
+    pub params: Vec<ParamInfo>,
+    /// Size of the packed parameter buffer.
+    pub param_bytes: usize,
+    /// Static shared memory per block, including shared variables of called functions.
+    pub static_shared_bytes: usize,
+    /// Local memory per thread declared by the kernel itself.
+    pub local_bytes: usize,
+    /// `.maxntid`/`.reqntid` product, or 1024.
+    pub max_threads_per_block: u32,
+    /// `.reqntid`, when declared.
+    pub reqntid: Option<[u32; 3]>,
+    /// Registers declared in the PTX (64-bit registers count twice), for cuFuncGetAttribute.
+    pub num_regs: u32,
+}
+
+/// State space of a module variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalSpace {
+    /// `.global` (`__device__`).
+    Global,
+    /// `.const` (`__constant__`).
+    Const,
+}
+
+/// A module-scope `.global` or `.const` variable the driver must allocate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalVar {
+    /// Name as in the PTX (what cuModuleGetGlobal looks up).
+    pub name: String,
+    /// Global or constant.
+    pub space: GlobalSpace,
+    /// Size in bytes.
+    pub size: usize,
+    /// Required alignment.
+    pub align: usize,
+    /// Initial bytes (empty means all zero; otherwise exactly `size` bytes).
+    pub init: Vec<u8>,
+}
+
+/// A loaded module: parsed and pre-decoded PTX. Immutable, so it can be shared by launches on
+/// many threads.
+#[derive(Debug)]
+pub struct Module {
+    prog: decode::Program,
+}
+
+/// Arguments of one launch (or one resumption of a yielded launch).
+pub struct Launch<'a> {
+    /// Kernel name.
+    pub kernel: &'a str,
+    /// Grid dimensions in blocks.
+    pub grid: [u32; 3],
+    /// Block dimensions in threads.
+    pub block: [u32; 3],
+    /// Dynamic shared memory bytes per block.
+    pub dynamic_shared: u32,
+    /// Parameter buffer packed per [`KernelInfo::params`].
+    pub params: &'a [u8],
+    /// Device address of each [`Module::globals`] entry, in the same order.
+    pub globals: &'a [u64],
+    /// The tenant's device memory.
+    pub memory: &'a dyn GlobalMemory,
+    /// Linear block index to start from: 0, or a [`Progress::Yielded`] `next_block`.
+    pub start_block: u64,
+    /// Worker threads to use (at least 1).
+    pub workers: usize,
+    /// Yield, cancel and watchdog controls.
+    pub control: &'a LaunchControl,
+}
+
+/// Controls a running launch from another thread.
+#[derive(Debug, Default)]
+pub struct LaunchControl {
+    yield_requested: AtomicBool,
+    cancelled: AtomicBool,
+    deadline: Mutex<Option<Instant>>,
+}
+
+impl LaunchControl {
+    /// No yield request, not cancelled, no deadline.
+    pub fn new() -> LaunchControl {
+        LaunchControl::default()
+    }
+
+    /// Asks the launch to stop dispatching new blocks, finish the running ones and return
+    /// [`Progress::Yielded`]. Checked between thread blocks.
+    pub fn request_yield(&self) {
+        self.yield_requested.store(true, Ordering::SeqCst);
+    }
+
+    /// Clears a yield request (before resuming a yielded launch with the same control).
+    pub fn clear_yield(&self) {
+        self.yield_requested.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether a yield is requested.
+    pub fn yield_requested(&self) -> bool {
+        self.yield_requested.load(Ordering::SeqCst)
+    }
+
+    /// Stops the launch as soon as possible with [`FaultKind::Cancelled`].
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the launch was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// Sets (or clears) the watchdog deadline; a launch still running then fails with
+    /// [`FaultKind::Timeout`]. Read when a launch (or resumption) starts.
+    pub fn set_deadline(&self, deadline: Option<Instant>) {
+        match self.deadline.lock() {
+            Ok(mut g) => *g = deadline,
+            Err(p) => *p.into_inner() = deadline,
+        }
+    }
+
+    /// Sets the watchdog deadline to `timeout` from now.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.set_deadline(Instant::now().checked_add(timeout));
+    }
+
+    /// The current watchdog deadline.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.deadline.lock() {
+            Ok(g) => *g,
+            Err(p) => *p.into_inner(),
+        }
+    }
+}
+
+/// Execution counters of one launch call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Instructions executed, counted per active thread.
+    pub thread_instructions: u64,
+    /// Thread blocks completed by this call.
+    pub blocks: u64,
+}
+
+/// How a launch call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Every block ran.
+    Completed(Stats),
+    /// Stopped after a yield request; resume with `start_block = next_block`.
+    Yielded {
+        /// First block not yet run.
+        next_block: u64,
+        /// Counters of this call.
+        stats: Stats,
+    },
+}
+
+impl Progress {
+    /// The counters of this call.
+    pub fn stats(&self) -> Stats {
+        match self {
+            Progress::Completed(s) | Progress::Yielded { stats: s, .. } => *s,
+        }
+    }
+}
+
+fn invalid(msg: String) -> Fault {
+    Fault::new(FaultKind::InvalidConfig, msg)
+}
+
+impl Module {
+    /// Parses and pre-decodes PTX text. Unknown or unsupported instructions fail here with
+    /// [`LoadErrorKind::NotSupported`] and their line; syntax errors with `InvalidPtx`.
+    pub fn load(ptx: &str) -> Result<Module, LoadError> {
+        let toks = lexer::tokenize(ptx)?;
+        let ast = parser::parse(&toks)?;
+        let prog = decode::decode(&ast)?;
+        Ok(Module { prog })
+    }
+
+    /// Kernels (`.entry` functions) in PTX order.
+    pub fn kernels(&self) -> &[KernelInfo] {
+        &self.prog.kernels
+    }
+
+    /// A kernel by name.
+    pub fn kernel(&self, name: &str) -> Option<&KernelInfo> {
+        self.prog.kernels.iter().find(|k| k.name == name)
+    }
+
+    /// Module-scope `.global` and `.const` variables in a fixed order.
+    pub fn globals(&self) -> &[GlobalVar] {
+        &self.prog.globals
+    }
+
+    /// Runs blocks of a kernel from `launch.start_block` until all have run, a yield is
+    /// requested, or a fault stops it.
+    pub fn launch(&self, launch: &Launch<'_>) -> Result<Progress, Fault> {
+        let Some(kidx) = self
+            .prog
+            .kernels
+            .iter()
+            .position(|k| k.name == launch.kernel)
+        else {
+            return Err(Fault::new(
+                FaultKind::InvalidConfig,
+                format!("no kernel named `{}` in the module", launch.kernel),
+            ));
+        };
+        let info = &self.prog.kernels[kidx];
+        let layout = &self.prog.layouts[kidx];
+        let (grid, block) = (launch.grid, launch.block);
+        for i in 0..3 {
+            if block[i] == 0 || block[i] > MAX_BLOCK_DIM[i] {
+                return Err(invalid(format!("invalid block dimensions {block:?}")));
+            }
+            if grid[i] == 0 || grid[i] > MAX_GRID_DIM[i] {
+                return Err(invalid(format!("invalid grid dimensions {grid:?}")));
+            }
+        }
+        let nthreads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
+        if nthreads > u64::from(info.max_threads_per_block) {
+            return Err(invalid(format!(
+                "block of {nthreads} threads exceeds the kernel's limit of {}",
+                info.max_threads_per_block
+            )));
+        }
+        if let Some(r) = info.reqntid
+            && r != block
+        {
+            return Err(invalid(format!(
+                "kernel `{}` requires blocks of {r:?} threads",
+                info.name
+            )));
+        }
+        let shared_size = layout.dyn_shared_base as usize + launch.dynamic_shared as usize;
+        if shared_size > MAX_SHARED_BYTES_PER_BLOCK {
+            return Err(invalid(format!(
+                "{shared_size} bytes of shared memory per block exceed the limit of {MAX_SHARED_BYTES_PER_BLOCK}"
+            )));
+        }
+        if launch.params.len() != info.param_bytes {
+            return Err(invalid(format!(
+                "kernel `{}` takes {} parameter bytes, got {}",
+                info.name,
+                info.param_bytes,
+                launch.params.len()
+            )));
+        }
+        if launch.globals.len() != self.prog.globals.len() {
+            return Err(invalid(format!(
+                "module has {} globals, got {} addresses",
+                self.prog.globals.len(),
+                launch.globals.len()
+            )));
+        }
+        let total = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
+        if launch.start_block > total {
+            return Err(invalid(format!(
+                "start block {} is past the grid of {total} blocks",
+                launch.start_block
+            )));
+        }
+        let remaining = total - launch.start_block;
+        if remaining == 0 {
+            return Ok(Progress::Completed(Stats::default()));
+        }
+        static GRID_ID: AtomicU64 = AtomicU64::new(1);
+        let stop = AtomicBool::new(false);
+        let workers = (launch.workers.max(1) as u64).min(remaining) as usize;
+        let ctx = exec::Ctx {
+            prog: &self.prog,
+            layout,
+            kernel_name: &info.name,
+            grid,
+            block,
+            nthreads: nthreads as u32,
+            nwarps: (nthreads as u32).div_ceil(32),
+            params: launch.params,
+            globals: launch.globals,
+            memory: launch.memory,
+            control: launch.control,
+            deadline: launch.control.deadline(),
+            shared_size,
+            dyn_shared: launch.dynamic_shared,
+            workers: workers as u32,
+            grid_id: GRID_ID.fetch_add(1, Ordering::Relaxed),
+            stop: &stop,
+        };
+        let next = AtomicU64::new(launch.start_block);
+        let run = |smid: u32| -> (Stats, Option<(u64, Fault)>) {
+            let mut w = match exec::Worker::new(&ctx, smid) {
+                Ok(w) => w,
+                Err(f) => return (Stats::default(), Some((0, f))),
+            };
+            let mut fault = None;
+            loop {
+                if stop.load(Ordering::Relaxed) || launch.control.yield_requested() {
+                    break;
+                }
+                let b = next.fetch_add(1, Ordering::SeqCst);
+                if b >= total {
+                    break;
+                }
+                if let Err(f) = w.run_block(b) {
+                    if !w.stopped_by_sibling() {
+                        fault = Some((b, f));
+                    }
+                    stop.store(true, Ordering::SeqCst);
+                    break;
+                }
+            }
+            (
+                Stats {
+                    thread_instructions: w.insts,
+                    blocks: w.blocks,
+                },
+                fault,
+            )
+        };
+        let results: Vec<(Stats, Option<(u64, Fault)>)> = if workers == 1 {
+            vec![run(0)]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (1..workers)
+                    .map(|i| s.spawn(move || run(i as u32)))
+                    .collect();
+                let mut out = vec![run(0)];
+                for h in handles {
+                    match h.join() {
+                        Ok(r) => out.push(r),
+                        Err(_) => out.push((
+                            Stats::default(),
+                            Some((
+                                u64::MAX,
+                                Fault::new(
+                                    FaultKind::Trap,
+                                    "interpreter worker panicked".to_string(),
+                                ),
+                            )),
+                        )),
+                    }
+                }
+                out
+            })
+        };
+        let mut stats = Stats::default();
+        let mut first: Option<(u64, Fault)> = None;
+        for (s, f) in results {
+            stats.thread_instructions += s.thread_instructions;
+            stats.blocks += s.blocks;
+            if let Some((b, f)) = f
+                && first.as_ref().is_none_or(|(fb, _)| b < *fb)
+            {
+                first = Some((b, f));
+            }
+        }
+        if let Some((_, f)) = first {
+            return Err(f);
+        }
+        let done = next.load(Ordering::SeqCst).min(total);
+        if done >= total {
+            Ok(Progress::Completed(stats))
+        } else {
+            Ok(Progress::Yielded {
+                next_block: done,
+                stats,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutils::{TestMemory, fixture};
+
+    /// xorshift64*: deterministic mutations.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    fn mutate(src: &[u8], rng: &mut Rng) -> Vec<u8> {
+        let mut b = src.to_vec();
+        const JUNK: &[u8] = b"0123456789%{}[]();,.@!-+_xfd<>|\n ";
+        for _ in 0..1 + rng.below(3) {
+            if b.is_empty() {
+                break;
+            }
+            let at = rng.below(b.len());
+            // Mostly syntax-preserving edits (digits: registers, offsets, immediates; whole
+            // lines moved), so that many mutants load and then run.
+            if rng.below(3) > 0 {
+                let digits: Vec<usize> = b
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.is_ascii_digit())
+                    .map(|(i, _)| i)
+                    .collect();
+                if rng.below(2) == 0 && !digits.is_empty() {
+                    let i = digits[rng.below(digits.len())];
+                    b[i] = b'0' + rng.below(10) as u8;
+                } else {
+                    let mut lines: Vec<Vec<u8>> =
+                        b.split(|&c| c == b'\n').map(<[u8]>::to_vec).collect();
+                    let (x, y) = (rng.below(lines.len()), rng.below(lines.len()));
+                    lines.swap(x, y);
+                    b = lines.join(&b'\n');
+                }
+                continue;
+            }
+            match rng.below(5) {
+                0 => b.truncate(at),
+                1 => {
+                    let end = (at + 1 + rng.below(40)).min(b.len());
+                    b.drain(at..end);
+                }
+                2 => b[at] = JUNK[rng.below(JUNK.len())],
+                3 => {
+                    let end = (at + rng.below(200)).min(b.len());
+                    let chunk = b[at..end].to_vec();
+                    let to = rng.below(b.len());
+                    b.splice(to..to, chunk);
+                }
+                _ => {
+                    // Swap two bytes far apart: reorders operands, names and punctuation.
+                    let other = rng.below(b.len());
+                    b.swap(at, other);
+                }
+            }
+        }
+        b
+    }
+
+    /// Truncated and mutated PTX never panics at load, and whatever still loads never panics
+    /// when launched with junk parameters.
+    #[test]
+    fn mutated_ptx_never_panics() {
+        let sources: Vec<String> = [
+            ("saxpy", "compute_90"),
+            ("matmul", "compute_80"),
+            ("warp", "compute_52"),
+            ("generic", "compute_80"),
+            ("atomics", "compute_90"),
+            ("barriers", "compute_80"),
+        ]
+        .iter()
+        .map(|(n, a)| fixture(n, a))
+        .collect();
+        let mut rng = Rng(0x5eed_1234_abcd_9876);
+        let mem = TestMemory::new();
+        let scratch = mem.alloc(1 << 16);
+        let mut loaded = 0;
+        for round in 0..400 {
+            let src = sources[round % sources.len()].as_bytes();
+            let text = if round % 10 == 0 {
+                // Plain truncation at every point class.
+                String::from_utf8_lossy(&src[..rng.below(src.len())]).into_owned()
+            } else {
+                String::from_utf8_lossy(&mutate(src, &mut rng)).into_owned()
+            };
+            let Ok(m) = Module::load(&text) else { continue };
+            loaded += 1;
+            let Some(k) = m.kernels().first().cloned() else {
+                continue;
+            };
+            let mut params = vec![0u8; k.param_bytes];
+            for p in &k.params {
+                if p.size == 8 {
+                    params[p.offset..p.offset + 8].copy_from_slice(&scratch.to_le_bytes());
+                } else if p.size == 4 {
+                    params[p.offset..p.offset + 4].copy_from_slice(&64u32.to_le_bytes());
+                }
+            }
+            let globals: Vec<u64> = m.globals().iter().map(|_| scratch).collect();
+            let control = LaunchControl::new();
+            control.set_timeout(Duration::from_millis(20));
+            let _ = m.launch(&Launch {
+                kernel: &k.name,
+                grid: [2, 1, 1],
+                block: [64, 1, 1],
+                dynamic_shared: 256,
+                params: &params,
+                globals: &globals,
+                memory: &mem,
+                start_block: 0,
+                workers: 1,
+                control: &control,
+            });
+        }
+        assert!(
+            loaded > 20,
+            "mutations too destructive: only {loaded} modules loaded"
+        );
+    }
+
+    #[test]
+    fn load_errors_name_the_line_and_instruction() {
+        let ptx = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n.reg .b32 %r<3>;\nmatch.any.sync.b64 %r1, %r2, 0xffffffff;\nwgmma.fence.sync.aligned;\nret;\n}\n";
+        let e = Module::load(ptx).unwrap_err();
+        assert_eq!(e.kind, LoadErrorKind::NotSupported);
+        assert_eq!(
+            e.to_string(),
+            "line 8: unsupported instruction `wgmma.fence.sync.aligned`"
+        );
+        let e = Module::load(".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\nadd.s32 %r1, %r2;\n}\n").unwrap_err();
+        assert_eq!(e.kind, LoadErrorKind::InvalidPtx);
+        assert_eq!(e.line, 6);
+        let e = Module::load(".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\nbra NOWHERE;\n}\n").unwrap_err();
+        assert_eq!((e.kind, e.line), (LoadErrorKind::InvalidPtx, 6));
+        assert!(Module::load("").is_err());
+        assert!(Module::load(".version 8.0\n.target sm_90\n.address_size 32\n").is_err());
+    }
+}

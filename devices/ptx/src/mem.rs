@@ -1,0 +1,688 @@
+//! Device-memory backing store: the only module of this crate with `unsafe` memory code.
+//!
+//! A [`Buffer`] is one zero-initialised, 256-byte aligned, fixed-length block of host memory
+//! that backs one device allocation. Two kinds of code touch it:
+//!
+//! * **Kernels** (the interpreter's worker threads, possibly several at once, possibly racing on
+//!   the same bytes because CUDA kernels may race) go through a [`KernelView`], whose accessors
+//!   perform every access as a naturally aligned atomic operation. Racy kernels therefore get
+//!   CUDA-like "some value that was written" results, never Rust undefined behaviour.
+//! * **The host** (memcpy/memset/copy calls of the driver API) uses [`Buffer::read`],
+//!   [`Buffer::write`], [`Buffer::fill`] and [`Buffer::copy_from`]. These use fast plain `ptr`
+//!   copies when no kernel holds the buffer, and atomic byte-by-byte copies when one does. The
+//!   choice is made under a tiny reader/writer protocol, so soundness never depends on the caller
+//!   serialising host copies and kernels (the broker does, but this module does not trust it).
+//!
+//! The pin protocol: the `state` word counts pins in its low bits and has one `HOST_BULK` bit.
+//! [`Buffer::kernel_view`] pins (waiting while `HOST_BULK` is set, which lasts one plain copy);
+//! the view unpins on drop; each interpreter worker keeps the views it used until the launch ends
+//! (or until they leave its 64-entry cache). A host bulk operation sets `HOST_BULK` only when the
+//! state is zero and then copies plainly; when kernels hold pins it takes a pin itself and copies
+//! with atomics. Nothing waits while holding the buffer, so the protocol cannot deadlock.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+/// Alignment of every buffer, like `cudaMalloc`'s 256-byte guarantee.
+pub const BUFFER_ALIGN: usize = 256;
+
+/// Set in `Buffer::state` while a host bulk operation copies with plain (non-atomic) accesses.
+const HOST_BULK: usize = 1 << (usize::BITS - 1);
+
+/// A host allocation failed (the daemon keeps running and reports out-of-memory).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("cannot allocate {len} bytes of device memory backing")]
+pub struct AllocError {
+    /// The requested length.
+    pub len: usize,
+}
+
+/// A host-side access reached outside the buffer.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("range {offset:#x}+{len:#x} is outside a buffer of {buf_len:#x} bytes")]
+pub struct OutOfRange {
+    /// Start of the rejected range.
+    pub offset: usize,
+    /// Length of the rejected range.
+    pub len: usize,
+    /// Length of the buffer.
+    pub buf_len: usize,
+}
+
+/// Why a kernel access to a buffer was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// The access does not lie entirely inside the buffer.
+    OutOfRange,
+    /// The offset is not a multiple of the access size.
+    Misaligned,
+}
+
+/// Width of one kernel access in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Width {
+    /// 1 byte.
+    B1 = 1,
+    /// 2 bytes.
+    B2 = 2,
+    /// 4 bytes.
+    B4 = 4,
+    /// 8 bytes.
+    B8 = 8,
+}
+
+impl Width {
+    /// The width for a size in bytes, if it is 1, 2, 4 or 8.
+    pub fn from_bytes(n: usize) -> Option<Width> {
+        match n {
+            1 => Some(Width::B1),
+            2 => Some(Width::B2),
+            4 => Some(Width::B4),
+            8 => Some(Width::B8),
+            _ => None,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn bytes(self) -> usize {
+        self as usize
+    }
+}
+
+/// Device-memory backing: zero-initialised, aligned to [`BUFFER_ALIGN`], fixed length.
+pub struct Buffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Kernel pin count plus the `HOST_BULK` bit (see the module documentation).
+    state: AtomicUsize,
+}
+
+// SAFETY: the buffer owns its allocation; all shared mutation goes through atomics or through
+// plain copies that the pin protocol makes exclusive, so it can move to and be shared by threads.
+unsafe impl Send for Buffer {}
+// SAFETY: see `Send`: concurrent `&Buffer` users only perform atomic accesses, except host bulk
+// copies, which run non-atomically only while `HOST_BULK` excludes every kernel pin.
+unsafe impl Sync for Buffer {}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer").field("len", &self.len).finish()
+    }
+}
+
+impl Buffer {
+    /// Allocates `len` zeroed bytes. Fails instead of aborting when the host is out of memory.
+    pub fn new_zeroed(len: usize) -> Result<Buffer, AllocError> {
+        if len == 0 {
+            // A well-aligned dangling pointer: no byte is ever accessed through it.
+            let ptr = NonNull::new(BUFFER_ALIGN as *mut u8).ok_or(AllocError { len })?;
+            return Ok(Buffer {
+                ptr,
+                len,
+                state: AtomicUsize::new(0),
+            });
+        }
+        let layout = Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { len })?;
+        // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two alignment.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or(AllocError { len })?;
+        Ok(Buffer {
+            ptr,
+            len,
+            state: AtomicUsize::new(0),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfRange> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfRange {
+                offset,
+                len,
+                buf_len: self.len,
+            }),
+        }
+    }
+
+    /// Takes the buffer for a host bulk operation: `Exclusive` (plain copies allowed) when nobody
+    /// uses it, `Pinned` (atomic copies only) when kernels hold pins. Returns `None` while another
+    /// host operation holds it exclusively (the caller retries; it never waits while holding).
+    fn try_acquire_host(&self) -> Option<HostAccess> {
+        let cur = self.state.load(Ordering::Relaxed);
+        if cur & HOST_BULK != 0 {
+            return None;
+        }
+        let (new, access) = if cur == 0 {
+            (HOST_BULK, HostAccess::Exclusive)
+        } else {
+            (cur + 1, HostAccess::Pinned)
+        };
+        self.state
+            .compare_exchange(cur, new, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| access)
+    }
+
+    fn acquire_host(&self) -> HostAccess {
+        loop {
+            if let Some(a) = self.try_acquire_host() {
+                return a;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn release_host(&self, access: HostAccess) {
+        match access {
+            HostAccess::Exclusive => self.state.fetch_and(!HOST_BULK, Ordering::Release),
+            HostAccess::Pinned => self.state.fetch_sub(1, Ordering::Release),
+        };
+    }
+
+    /// Pins the buffer for a running kernel and returns the view through which kernels access it.
+    /// Waits (briefly) while a plain host bulk copy is in progress; the pin is released when the
+    /// view is dropped. While pinned, host bulk operations copy with atomics.
+    pub fn kernel_view(self: &std::sync::Arc<Self>) -> KernelView {
+        loop {
+            let cur = self.state.load(Ordering::Relaxed);
+            if cur & HOST_BULK == 0
+                && self
+                    .state
+                    .compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return KernelView { buf: self.clone() };
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Copies `src` into the buffer at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfRange> {
+        self.check(offset, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let access = self.acquire_host();
+        if access == HostAccess::Exclusive {
+            let dst = self.ptr.as_ptr().wrapping_add(offset);
+            // SAFETY: the range is inside the allocation (checked); `HOST_BULK` guarantees that no
+            // kernel and no other host operation accesses the buffer meanwhile; `src` is a
+            // distinct Rust slice, so the ranges do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        } else {
+            for (i, b) in src.iter().enumerate() {
+                self.byte(offset + i).store(*b, Ordering::Relaxed);
+            }
+        }
+        self.release_host(access);
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfRange> {
+        self.check(offset, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let access = self.acquire_host();
+        if access == HostAccess::Exclusive {
+            let from = self.ptr.as_ptr().wrapping_add(offset).cast_const();
+            // SAFETY: in range (checked); `HOST_BULK` excludes kernels and other host operations;
+            // `dst` is a distinct exclusive Rust slice.
+            unsafe { std::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len()) };
+        } else {
+            for (i, b) in dst.iter_mut().enumerate() {
+                *b = self.byte(offset + i).load(Ordering::Relaxed);
+            }
+        }
+        self.release_host(access);
+        Ok(())
+    }
+
+    /// Writes `count` copies of `pattern` (1, 2 or 4 bytes, like cuMemsetD8/16/32) from `offset`.
+    pub fn fill(&self, offset: usize, pattern: &[u8], count: usize) -> Result<(), OutOfRange> {
+        let total = count.checked_mul(pattern.len()).ok_or(OutOfRange {
+            offset,
+            len: usize::MAX,
+            buf_len: self.len,
+        })?;
+        self.check(offset, total)?;
+        if total == 0 {
+            return Ok(());
+        }
+        let access = self.acquire_host();
+        if access == HostAccess::Exclusive {
+            // `[offset, offset + total)` is inside the allocation (checked) and `HOST_BULK` gives
+            // this call exclusive access, so a temporary `&mut [u8]` over it is unique.
+            let start = self.ptr.as_ptr().wrapping_add(offset);
+            // SAFETY: see above: the range is in bounds and exclusively held.
+            let dst = unsafe { std::slice::from_raw_parts_mut(start, total) };
+            if pattern.len() == 1 {
+                dst.fill(pattern[0]);
+            } else {
+                for chunk in dst.chunks_exact_mut(pattern.len()) {
+                    chunk.copy_from_slice(pattern);
+                }
+            }
+        } else {
+            for i in 0..total {
+                self.byte(offset + i)
+                    .store(pattern[i % pattern.len()], Ordering::Relaxed);
+            }
+        }
+        self.release_host(access);
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset`. `src` may be `self`;
+    /// overlapping ranges behave like `memmove`.
+    pub fn copy_from(
+        &self,
+        offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<(), OutOfRange> {
+        self.check(offset, len)?;
+        src.check(src_offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let same = std::ptr::eq(self, src);
+        let (dst_access, src_access) = loop {
+            let Some(d) = self.try_acquire_host() else {
+                std::thread::yield_now();
+                continue;
+            };
+            if same {
+                break (d, d);
+            }
+            match src.try_acquire_host() {
+                Some(s) => break (d, s),
+                None => {
+                    // Never wait while holding: let the other host operation finish first.
+                    self.release_host(d);
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let release = || {
+            if !same {
+                src.release_host(src_access);
+            }
+            self.release_host(dst_access);
+        };
+        if dst_access == HostAccess::Exclusive && src_access == HostAccess::Exclusive {
+            let (from, to) = (
+                src.ptr.as_ptr().wrapping_add(src_offset),
+                self.ptr.as_ptr().wrapping_add(offset),
+            );
+            // SAFETY: both ranges are inside their allocations (checked); both buffers are held
+            // exclusively through `HOST_BULK`; `ptr::copy` allows overlap (memmove).
+            unsafe { std::ptr::copy(from.cast_const(), to, len) };
+            release();
+            return Ok(());
+        }
+        // Atomic byte copy, in the direction that makes overlap behave like memmove.
+        if same && offset > src_offset {
+            for i in (0..len).rev() {
+                let b = src.byte(src_offset + i).load(Ordering::Relaxed);
+                self.byte(offset + i).store(b, Ordering::Relaxed);
+            }
+        } else {
+            for i in 0..len {
+                let b = src.byte(src_offset + i).load(Ordering::Relaxed);
+                self.byte(offset + i).store(b, Ordering::Relaxed);
+            }
+        }
+        release();
+        Ok(())
+    }
+
+    /// The byte at `offset` as an atomic. The caller has checked `offset < len`.
+    fn byte(&self, offset: usize) -> &AtomicU8 {
+        debug_assert!(offset < self.len);
+        // SAFETY: `offset < len`, so the pointer is inside the live allocation, which outlives
+        // `&self`; every concurrent access to these bytes is atomic or excluded by `HOST_BULK`.
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().wrapping_add(offset)) }
+    }
+}
+
+/// How a host bulk operation holds a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostAccess {
+    /// No kernel and no other host operation uses it: plain copies are allowed.
+    Exclusive,
+    /// Kernels hold pins: copy with atomics.
+    Pinned,
+}
+
+/// A running kernel's pinned handle on a [`Buffer`]: every access is a naturally aligned atomic
+/// operation, bounds- and alignment-checked. Dropping it releases the pin.
+pub struct KernelView {
+    buf: std::sync::Arc<Buffer>,
+}
+
+impl Drop for KernelView {
+    fn drop(&mut self) {
+        self.buf.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl KernelView {
+    /// Length of the pinned buffer in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.buf.len
+    }
+
+    /// True for a zero-length buffer.
+    pub fn is_empty(&self) -> bool {
+        self.buf.len == 0
+    }
+
+    /// Checks that `[offset, offset + width)` lies inside the buffer and is naturally aligned.
+    #[inline]
+    fn check_access(&self, offset: u64, width: usize) -> Result<usize, AccessError> {
+        let off = usize::try_from(offset).map_err(|_| AccessError::OutOfRange)?;
+        if off >= self.buf.len || self.buf.len - off < width {
+            return Err(AccessError::OutOfRange);
+        }
+        if off & (width - 1) != 0 {
+            return Err(AccessError::Misaligned);
+        }
+        Ok(off)
+    }
+
+    /// The atomic views of the naturally aligned word at a checked offset. Each is the only
+    /// way kernel code touches buffer bytes.
+    fn a8(&self, off: usize) -> &AtomicU8 {
+        let p = self.buf.ptr.as_ptr().wrapping_add(off);
+        // SAFETY: `off` passed `check_access` (in bounds); the allocation outlives `&self` (the
+        // view holds an `Arc`); all concurrent accesses are atomic or excluded by `HOST_BULK`,
+        // which cannot be set while this view's pin is held.
+        unsafe { AtomicU8::from_ptr(p) }
+    }
+
+    fn a16(&self, off: usize) -> &AtomicU16 {
+        let p = self.buf.ptr.as_ptr().wrapping_add(off).cast::<u16>();
+        // SAFETY: as in `a8`; `check_access` also verified 2-byte alignment (base 256-aligned).
+        unsafe { AtomicU16::from_ptr(p) }
+    }
+
+    fn a32(&self, off: usize) -> &AtomicU32 {
+        let p = self.buf.ptr.as_ptr().wrapping_add(off).cast::<u32>();
+        // SAFETY: as in `a8`; `check_access` also verified 4-byte alignment (base 256-aligned).
+        unsafe { AtomicU32::from_ptr(p) }
+    }
+
+    fn a64(&self, off: usize) -> &AtomicU64 {
+        let p = self.buf.ptr.as_ptr().wrapping_add(off).cast::<u64>();
+        // SAFETY: as in `a8`; `check_access` also verified 8-byte alignment (base 256-aligned).
+        unsafe { AtomicU64::from_ptr(p) }
+    }
+
+    /// Atomic (relaxed unless `ord` says otherwise) load of `width` bytes, zero-extended.
+    #[inline]
+    pub fn kernel_load(
+        &self,
+        offset: u64,
+        width: Width,
+        ord: Ordering,
+    ) -> Result<u64, AccessError> {
+        let off = self.check_access(offset, width.bytes())?;
+        let ord = load_order(ord);
+        Ok(match width {
+            Width::B1 => u64::from(self.a8(off).load(ord)),
+            Width::B2 => u64::from(self.a16(off).load(ord)),
+            Width::B4 => u64::from(self.a32(off).load(ord)),
+            Width::B8 => self.a64(off).load(ord),
+        })
+    }
+
+    /// Atomic store of the low `width` bytes of `value`.
+    #[inline]
+    pub fn kernel_store(
+        &self,
+        offset: u64,
+        width: Width,
+        value: u64,
+        ord: Ordering,
+    ) -> Result<(), AccessError> {
+        let off = self.check_access(offset, width.bytes())?;
+        let ord = store_order(ord);
+        match width {
+            Width::B1 => self.a8(off).store(value as u8, ord),
+            Width::B2 => self.a16(off).store(value as u16, ord),
+            Width::B4 => self.a32(off).store(value as u32, ord),
+            Width::B8 => self.a64(off).store(value, ord),
+        }
+        Ok(())
+    }
+
+    /// Atomic read-modify-write of a 4-byte word: stores `f(old)` and returns `old`.
+    #[inline]
+    pub fn kernel_update_u32(
+        &self,
+        offset: u64,
+        mut f: impl FnMut(u32) -> u32,
+    ) -> Result<u32, AccessError> {
+        let off = self.check_access(offset, 4)?;
+        let a = self.a32(off);
+        Ok(
+            match a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(f(v))) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// Atomic read-modify-write of an 8-byte word: stores `f(old)` and returns `old`.
+    #[inline]
+    pub fn kernel_update_u64(
+        &self,
+        offset: u64,
+        mut f: impl FnMut(u64) -> u64,
+    ) -> Result<u64, AccessError> {
+        let off = self.check_access(offset, 8)?;
+        let a = self.a64(off);
+        Ok(
+            match a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(f(v))) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// Atomic read-modify-write of a 2-byte word: stores `f(old)` and returns `old`.
+    #[inline]
+    pub fn kernel_update_u16(
+        &self,
+        offset: u64,
+        mut f: impl FnMut(u16) -> u16,
+    ) -> Result<u16, AccessError> {
+        let off = self.check_access(offset, 2)?;
+        let a = self.a16(off);
+        Ok(
+            match a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(f(v))) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// Atomic fetch-add on a 4-byte word (the common atomic, done with one locked instruction).
+    #[inline]
+    pub fn kernel_fetch_add_u32(&self, offset: u64, v: u32) -> Result<u32, AccessError> {
+        let off = self.check_access(offset, 4)?;
+        let a = self.a32(off);
+        Ok(a.fetch_add(v, Ordering::SeqCst))
+    }
+
+    /// Atomic fetch-add on an 8-byte word.
+    #[inline]
+    pub fn kernel_fetch_add_u64(&self, offset: u64, v: u64) -> Result<u64, AccessError> {
+        let off = self.check_access(offset, 8)?;
+        let a = self.a64(off);
+        Ok(a.fetch_add(v, Ordering::SeqCst))
+    }
+}
+
+fn load_order(ord: Ordering) -> Ordering {
+    match ord {
+        Ordering::Release | Ordering::AcqRel => Ordering::Acquire,
+        o => o,
+    }
+}
+
+fn store_order(ord: Ordering) -> Ordering {
+    match ord {
+        Ordering::Acquire | Ordering::AcqRel => Ordering::Release,
+        o => o,
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        // `new_zeroed` built this exact layout successfully, so it is valid here too.
+        if let Ok(layout) = Layout::from_size_align(self.len, BUFFER_ALIGN) {
+            // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout and is freed once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn zeroed_aligned_and_bounds_checked() {
+        let b = Buffer::new_zeroed(1000).unwrap();
+        assert_eq!(b.len(), 1000);
+        assert_eq!(b.ptr.as_ptr() as usize % BUFFER_ALIGN, 0);
+        let mut out = vec![1u8; 1000];
+        b.read(0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0));
+        assert!(b.write(999, &[1, 2]).is_err());
+        assert!(b.read(usize::MAX, &mut [0u8; 2]).is_err());
+        assert!(b.fill(0, &[1, 2], usize::MAX).is_err());
+        let z = Buffer::new_zeroed(0).unwrap();
+        assert!(z.is_empty());
+        z.write(0, &[]).unwrap();
+        assert!(z.write(0, &[1]).is_err());
+        let z = Arc::new(z).kernel_view();
+        assert_eq!(
+            z.kernel_load(0, Width::B1, Ordering::Relaxed),
+            Err(AccessError::OutOfRange)
+        );
+    }
+
+    #[test]
+    fn huge_allocation_fails_cleanly() {
+        assert!(Buffer::new_zeroed(usize::MAX - 4096).is_err());
+        assert!(Buffer::new_zeroed(1 << 60).is_err());
+    }
+
+    #[test]
+    fn fill_patterns_and_memmove() {
+        let b = Buffer::new_zeroed(64).unwrap();
+        b.fill(2, &[0xab, 0xcd], 3).unwrap();
+        let mut out = [0u8; 10];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(out, [0, 0, 0xab, 0xcd, 0xab, 0xcd, 0xab, 0xcd, 0, 0]);
+        b.write(0, &(0u8..16).collect::<Vec<_>>()).unwrap();
+        b.copy_from(4, &b, 0, 8).unwrap();
+        let mut out = [0u8; 12];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]);
+        b.copy_from(0, &b, 4, 8).unwrap();
+        b.read(0, &mut out).unwrap();
+        assert_eq!(&out[..8], &[0, 1, 2, 3, 4, 5, 6, 7]);
+        // Same through the atomic path (buffer pinned by a "kernel").
+        let b = Arc::new(b);
+        let view = b.kernel_view();
+        b.copy_from(2, &b, 0, 8).unwrap();
+        b.read(0, &mut out).unwrap();
+        assert_eq!(&out[..10], &[0, 1, 0, 1, 2, 3, 4, 5, 6, 7]);
+        b.fill(0, &[9], 2).unwrap();
+        assert_eq!(
+            view.kernel_load(0, Width::B2, Ordering::Relaxed),
+            Ok(0x0909)
+        );
+        drop(view);
+        assert_eq!(b.state.load(Ordering::Relaxed), 0);
+        b.read(0, &mut out[..2]).unwrap();
+        assert_eq!(&out[..2], &[9, 9]);
+    }
+
+    #[test]
+    fn kernel_accessors_check_alignment_and_range() {
+        let b = Arc::new(Buffer::new_zeroed(16).unwrap()).kernel_view();
+        b.kernel_store(8, Width::B8, 0x1122_3344_5566_7788, Ordering::Relaxed)
+            .unwrap();
+        assert_eq!(
+            b.kernel_load(8, Width::B4, Ordering::Relaxed),
+            Ok(0x5566_7788)
+        );
+        assert_eq!(b.kernel_load(14, Width::B2, Ordering::Relaxed), Ok(0x1122));
+        assert_eq!(
+            b.kernel_load(2, Width::B4, Ordering::Relaxed),
+            Err(AccessError::Misaligned)
+        );
+        assert_eq!(
+            b.kernel_load(16, Width::B4, Ordering::Relaxed),
+            Err(AccessError::OutOfRange)
+        );
+        assert_eq!(
+            b.kernel_load(u64::MAX - 1, Width::B2, Ordering::Relaxed),
+            Err(AccessError::OutOfRange)
+        );
+        assert_eq!(b.kernel_fetch_add_u32(0, 5), Ok(0));
+        assert_eq!(b.kernel_update_u32(0, |v| v * 3), Ok(5));
+        assert_eq!(b.kernel_load(0, Width::B4, Ordering::Relaxed), Ok(15));
+    }
+
+    #[test]
+    fn concurrent_atomics_and_host_copies_are_consistent() {
+        let b = Arc::new(Buffer::new_zeroed(4096).unwrap());
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                let b = &b;
+                s.spawn(move || {
+                    for _ in 0..10 {
+                        let v = b.kernel_view();
+                        for _ in 0..100 {
+                            v.kernel_fetch_add_u32(0, 1).unwrap();
+                        }
+                    }
+                });
+            }
+            let b = &b;
+            s.spawn(move || {
+                let mut tmp = vec![0u8; 1024];
+                for _ in 0..100 {
+                    b.read(1024, &mut tmp).unwrap();
+                    b.write(2048, &tmp).unwrap();
+                }
+            });
+        });
+        assert_eq!(
+            b.kernel_view().kernel_load(0, Width::B4, Ordering::Relaxed),
+            Ok(2000)
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! Test and benchmark helpers: a simple tenant memory, parameter packing and one-call launches.
+//! Used by this crate's tests and benchmark; other crates may use them in their tests too. Being
+//! test helpers, they panic on misuse (unknown kernel, unowned address) instead of returning
+//! errors; nothing in the interpreter itself calls them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::{
+    Buffer, Fault, GLOBAL_BASE, GlobalMemory, KernelInfo, Launch, LaunchControl, Module, Progress,
+};
+
+/// Gap left between test allocations so that small overruns hit unowned addresses.
+const GUARD_GAP: u64 = 4096;
+
+/// A plain-old-data element that can be stored in device memory.
+pub trait Elem: Copy {
+    /// Size in bytes.
+    const SIZE: usize;
+    /// Appends the little-endian bytes.
+    fn put(self, out: &mut Vec<u8>);
+    /// Reads from exactly `SIZE` little-endian bytes.
+    fn get(b: &[u8]) -> Self;
+}
+
+macro_rules! elem {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn get(b: &[u8]) -> Self {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(&b[..std::mem::size_of::<$t>()]);
+                <$t>::from_le_bytes(a)
+            }
+        }
+    )*};
+}
+elem!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+
+/// Converts elements to bytes.
+pub fn to_bytes<T: Elem>(data: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() * T::SIZE);
+    for &x in data {
+        x.put(&mut out);
+    }
+    out
+}
+
+/// Converts bytes to elements.
+pub fn from_bytes<T: Elem>(b: &[u8]) -> Vec<T> {
+    b.chunks_exact(T::SIZE).map(T::get).collect()
+}
+
+/// A tenant's device memory for tests: allocations at increasing addresses from
+/// [`GLOBAL_BASE`], separated by unowned guard gaps.
+#[derive(Debug)]
+pub struct TestMemory {
+    allocs: RwLock<BTreeMap<u64, Arc<Buffer>>>,
+    next: AtomicU64,
+}
+
+impl Default for TestMemory {
+    fn default() -> Self {
+        TestMemory::new()
+    }
+}
+
+impl TestMemory {
+    /// An empty memory.
+    pub fn new() -> TestMemory {
+        TestMemory {
+            allocs: RwLock::new(BTreeMap::new()),
+            next: AtomicU64::new(GLOBAL_BASE),
+        }
+    }
+
+    /// Allocates `len` zeroed bytes and returns the device address.
+    pub fn alloc(&self, len: usize) -> u64 {
+        let span = (len as u64).div_ceil(256) * 256 + GUARD_GAP;
+        let addr = self.next.fetch_add(span, Ordering::SeqCst);
+        let buf = Arc::new(Buffer::new_zeroed(len).expect("test allocation"));
+        self.allocs
+            .write()
+            .expect("test memory lock")
+            .insert(addr, buf);
+        addr
+    }
+
+    /// Allocates and fills with `data`.
+    pub fn alloc_from<T: Elem>(&self, data: &[T]) -> u64 {
+        let a = self.alloc(data.len() * T::SIZE);
+        self.write(a, data);
+        a
+    }
+
+    /// Frees an allocation.
+    pub fn free(&self, addr: u64) {
+        self.allocs.write().expect("test memory lock").remove(&addr);
+    }
+
+    /// Writes elements at a device address.
+    pub fn write<T: Elem>(&self, addr: u64, data: &[T]) {
+        let (base, buf) = self.lookup(addr).expect("write to unowned address");
+        buf.write((addr - base) as usize, &to_bytes(data))
+            .expect("write in range");
+    }
+
+    /// Reads `n` elements from a device address.
+    pub fn read<T: Elem>(&self, addr: u64, n: usize) -> Vec<T> {
+        let (base, buf) = self.lookup(addr).expect("read from unowned address");
+        let mut b = vec![0u8; n * T::SIZE];
+        buf.read((addr - base) as usize, &mut b)
+            .expect("read in range");
+        from_bytes(&b)
+    }
+}
+
+impl GlobalMemory for TestMemory {
+    fn lookup(&self, addr: u64) -> Option<(u64, Arc<Buffer>)> {
+        let g = self.allocs.read().ok()?;
+        let (base, buf) = g.range(..=addr).next_back()?;
+        if addr - base < buf.len() as u64 {
+            Some((*base, buf.clone()))
+        } else {
+            None
+        }
+    }
+}
+
+/// A kernel argument.
+#[derive(Debug, Clone)]
+pub enum Arg {
+    /// 32-bit unsigned.
+    U32(u32),
+    /// 32-bit signed.
+    I32(i32),
+    /// 64-bit (pointers too).
+    U64(u64),
+    /// 64-bit signed.
+    I64(i64),
+    /// Single precision.
+    F32(f32),
+    /// Double precision.
+    F64(f64),
+    /// Raw bytes (structs by value).
+    Bytes(Vec<u8>),
+}
+
+/// Packs arguments at the offsets the kernel declares.
+pub fn pack_params(info: &KernelInfo, args: &[Arg]) -> Vec<u8> {
+    assert_eq!(
+        args.len(),
+        info.params.len(),
+        "argument count of `{}`",
+        info.name
+    );
+    let mut out = vec![0u8; info.param_bytes];
+    for (a, p) in args.iter().zip(&info.params) {
+        let b = match a {
+            Arg::U32(v) => v.to_le_bytes().to_vec(),
+            Arg::I32(v) => v.to_le_bytes().to_vec(),
+            Arg::U64(v) => v.to_le_bytes().to_vec(),
+            Arg::I64(v) => v.to_le_bytes().to_vec(),
+            Arg::F32(v) => v.to_le_bytes().to_vec(),
+            Arg::F64(v) => v.to_le_bytes().to_vec(),
+            Arg::Bytes(v) => v.clone(),
+        };
+        assert_eq!(b.len(), p.size, "size of argument for `{}`", info.name);
+        out[p.offset..p.offset + p.size].copy_from_slice(&b);
+    }
+    out
+}
+
+/// Allocates and initialises the module's globals; returns their addresses in module order.
+pub fn alloc_globals(module: &Module, mem: &TestMemory) -> Vec<u64> {
+    module
+        .globals()
+        .iter()
+        .map(|g| {
+            let a = mem.alloc(g.size.max(1));
+            if !g.init.is_empty() {
+                mem.write(a, &g.init);
+            }
+            a
+        })
+        .collect()
+}
+
+/// Geometry and options of a test launch.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared bytes.
+    pub dynamic_shared: u32,
+    /// Worker threads.
+    pub workers: usize,
+}
+
+impl Config {
+    /// A 1-D launch on one worker.
+    pub fn linear(grid: u32, block: u32) -> Config {
+        Config {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            dynamic_shared: 0,
+            workers: 1,
+        }
+    }
+}
+
+/// Launches `kernel` to completion (following yields) with the module's globals allocated in
+/// `mem` (pass the addresses from [`alloc_globals`]).
+pub fn run(
+    module: &Module,
+    kernel: &str,
+    cfg: &Config,
+    args: &[Arg],
+    mem: &TestMemory,
+    globals: &[u64],
+) -> Result<Progress, Fault> {
+    let info = module
+        .kernel(kernel)
+        .unwrap_or_else(|| panic!("no kernel `{kernel}`"));
+    let params = pack_params(info, args);
+    let control = LaunchControl::new();
+    module.launch(&Launch {
+        kernel,
+        grid: cfg.grid,
+        block: cfg.block,
+        dynamic_shared: cfg.dynamic_shared,
+        params: &params,
+        globals,
+        memory: mem,
+        start_block: 0,
+        workers: cfg.workers,
+        control: &control,
+    })
+}
+
+/// Reads a PTX fixture `devices/ptx/fixtures/NAME.ARCH.ptx`.
+pub fn fixture(name: &str, arch: &str) -> String {
+    let path = format!("{}/fixtures/{name}.{arch}.ptx", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The virtual architectures the fixtures are compiled for.
+pub const ARCHS: [&str; 3] = ["compute_52", "compute_80", "compute_90"];
+
+/// Loads a fixture module.
+pub fn load_fixture(name: &str, arch: &str) -> Module {
+    Module::load(&fixture(name, arch)).unwrap_or_else(|e| panic!("{name}.{arch}: {e}"))
+}

@@ -1,0 +1,291 @@
+//! Launch configuration checks, parallel workers, and yield/resume.
+
+use std::time::Duration;
+
+use vgpu_ptx::testutils::*;
+use vgpu_ptx::*;
+
+struct Setup {
+    m: Module,
+    mem: TestMemory,
+    a: u64,
+    b: u64,
+    c: u64,
+    n: usize,
+}
+
+fn matmul_setup(n: usize) -> Setup {
+    let m = load_fixture("matmul", "compute_80");
+    let mem = TestMemory::new();
+    let a: Vec<f32> = (0..n * n)
+        .map(|i| ((i * 7) % 13) as f32 * 0.5 - 3.0)
+        .collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.25).collect();
+    let (a, b, c) = (mem.alloc_from(&a), mem.alloc_from(&b), mem.alloc(n * n * 4));
+    Setup { m, mem, a, b, c, n }
+}
+
+fn launch_at(
+    s: &Setup,
+    start_block: u64,
+    workers: usize,
+    control: &LaunchControl,
+) -> Result<Progress, Fault> {
+    let params = pack_params(
+        s.m.kernel("matmul").unwrap(),
+        &[
+            Arg::U64(s.a),
+            Arg::U64(s.b),
+            Arg::U64(s.c),
+            Arg::I32(s.n as i32),
+        ],
+    );
+    let tiles = (s.n as u32).div_ceil(16);
+    s.m.launch(&Launch {
+        kernel: "matmul",
+        grid: [tiles, tiles, 1],
+        block: [16, 16, 1],
+        dynamic_shared: 0,
+        params: &params,
+        globals: &[],
+        memory: &s.mem,
+        start_block,
+        workers,
+        control,
+    })
+}
+
+#[test]
+fn workers_give_identical_results() {
+    let s = matmul_setup(64);
+    launch_at(&s, 0, 1, &LaunchControl::new()).unwrap();
+    let one: Vec<u32> = s.mem.read(s.c, 64 * 64);
+    s.mem.write(s.c, &vec![0u32; 64 * 64]);
+    let p = launch_at(&s, 0, 4, &LaunchControl::new()).unwrap();
+    assert_eq!(p.stats().blocks, 16);
+    let four: Vec<u32> = s.mem.read(s.c, 64 * 64);
+    assert_eq!(one, four);
+}
+
+#[test]
+fn yield_and_resume_match_an_uninterrupted_run() {
+    let s = matmul_setup(96);
+    let total = 36u64;
+    launch_at(&s, 0, 2, &LaunchControl::new()).unwrap();
+    let want: Vec<u32> = s.mem.read(s.c, 96 * 96);
+    s.mem.write(s.c, &vec![0u32; 96 * 96]);
+
+    // Yield requested before the launch starts: nothing runs.
+    let control = LaunchControl::new();
+    control.request_yield();
+    assert_eq!(
+        launch_at(&s, 0, 2, &control).unwrap(),
+        Progress::Yielded {
+            next_block: 0,
+            stats: Stats::default()
+        }
+    );
+
+    // Repeatedly interrupt from another thread until the grid completes. The interrupt is timed,
+    // so a fast machine may finish a call first; shorter delays are tried until one yields.
+    let mut interrupted = false;
+    for delay_us in [3000u64, 1000, 300, 100, 30, 0] {
+        s.mem.write(s.c, &vec![0u32; 96 * 96]);
+        let mut start = 0u64;
+        let mut yields = 0;
+        let mut blocks = 0;
+        loop {
+            let control = LaunchControl::new();
+            let p = std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    std::thread::sleep(Duration::from_micros(delay_us));
+                    control.request_yield();
+                });
+                launch_at(&s, start, 2, &control).unwrap()
+            });
+            blocks += p.stats().blocks;
+            match p {
+                Progress::Completed(_) => break,
+                Progress::Yielded { next_block, stats } => {
+                    assert_eq!(
+                        next_block - start,
+                        stats.blocks,
+                        "every dispatched block finished"
+                    );
+                    start = next_block;
+                    yields += 1;
+                    assert!(yields < 10_000);
+                }
+            }
+        }
+        assert_eq!(blocks, total);
+        let got: Vec<u32> = s.mem.read(s.c, 96 * 96);
+        assert_eq!(got, want, "results after {yields} yields");
+        if yields > 0 {
+            interrupted = true;
+            break;
+        }
+    }
+    assert!(interrupted, "the launch was never interrupted");
+}
+
+#[test]
+fn bad_configurations_are_rejected() {
+    let s = matmul_setup(32);
+    let info = s.m.kernel("matmul").unwrap();
+    assert_eq!(info.param_bytes, 28);
+    assert_eq!(info.static_shared_bytes, 2048);
+    let params = vec![0u8; 28];
+    let control = LaunchControl::new();
+    let base = Launch {
+        kernel: "matmul",
+        grid: [1, 1, 1],
+        block: [16, 16, 1],
+        dynamic_shared: 0,
+        params: &params,
+        globals: &[],
+        memory: &s.mem,
+        start_block: 0,
+        workers: 1,
+        control: &control,
+    };
+    let short = vec![0u8; 20];
+    let cases: Vec<Launch<'_>> = vec![
+        Launch {
+            block: [0, 1, 1],
+            ..base
+        },
+        Launch {
+            block: [1025, 1, 1],
+            ..base
+        },
+        Launch {
+            block: [32, 32, 2],
+            ..base
+        },
+        Launch {
+            block: [1, 1, 65],
+            ..base
+        },
+        Launch {
+            grid: [0, 1, 1],
+            ..base
+        },
+        Launch {
+            grid: [1, 65536, 1],
+            ..base
+        },
+        Launch {
+            dynamic_shared: 1 << 20,
+            ..base
+        },
+        Launch {
+            params: &short,
+            ..base
+        },
+        Launch {
+            kernel: "nope",
+            ..base
+        },
+        Launch {
+            start_block: 2,
+            ..base
+        },
+        Launch {
+            globals: &[1],
+            ..base
+        },
+    ];
+    for (i, l) in cases.iter().enumerate() {
+        let f = s.m.launch(l).unwrap_err();
+        assert_eq!(f.kind, FaultKind::InvalidConfig, "case {i}: {f}");
+        assert!(!f.is_sticky());
+        assert_eq!(f.cuda_error(), 1);
+    }
+    // Resuming at the end is a no-op.
+    assert_eq!(
+        s.m.launch(&Launch {
+            start_block: 1,
+            ..base
+        })
+        .unwrap(),
+        Progress::Completed(Stats::default())
+    );
+}
+
+#[test]
+fn reqntid_and_maxntid_are_enforced() {
+    let ptx = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry fixed() .reqntid 64, 2 { ret; }
+.visible .entry capped() .maxntid 128 { ret; }
+"#;
+    let m = Module::load(ptx).unwrap();
+    assert_eq!(m.kernel("fixed").unwrap().reqntid, Some([64, 2, 1]));
+    assert_eq!(m.kernel("fixed").unwrap().max_threads_per_block, 128);
+    assert_eq!(m.kernel("capped").unwrap().max_threads_per_block, 128);
+    let mem = TestMemory::new();
+    run(
+        &m,
+        "fixed",
+        &Config {
+            grid: [2, 1, 1],
+            block: [64, 2, 1],
+            dynamic_shared: 0,
+            workers: 1,
+        },
+        &[],
+        &mem,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        run(&m, "fixed", &Config::linear(1, 128), &[], &mem, &[])
+            .unwrap_err()
+            .kind,
+        FaultKind::InvalidConfig
+    );
+    run(&m, "capped", &Config::linear(1, 128), &[], &mem, &[]).unwrap();
+    assert_eq!(
+        run(&m, "capped", &Config::linear(1, 129), &[], &mem, &[])
+            .unwrap_err()
+            .kind,
+        FaultKind::InvalidConfig
+    );
+}
+
+#[test]
+fn a_fault_in_one_worker_stops_the_launch() {
+    let s = matmul_setup(64);
+    let params = pack_params(
+        s.m.kernel("matmul").unwrap(),
+        &[
+            Arg::U64(s.a),
+            Arg::U64(s.b),
+            Arg::U64(s.c),
+            Arg::I32(1 << 20),
+        ],
+    );
+    let control = LaunchControl::new();
+    let f =
+        s.m.launch(&Launch {
+            kernel: "matmul",
+            grid: [64, 64, 1],
+            block: [16, 16, 1],
+            dynamic_shared: 0,
+            params: &params,
+            globals: &[],
+            memory: &s.mem,
+            start_block: 0,
+            workers: 3,
+            control: &control,
+        })
+        .unwrap_err();
+    assert_eq!(f.kind, FaultKind::IllegalAddress, "{f}");
+    assert!(
+        f.message.contains("block (0, 0, 0)"),
+        "the lowest faulting block is reported: {f}"
+    );
+}

@@ -13,7 +13,7 @@ scripts/prereqs.sh
 
 step "Building vgpud, the guest shim (libcuda.so.1), vgpu-smi and vgpuctl (release)"
 cargo build --release --locked -p vgpu-vmm -p vgpu-shim -p vgpu-host-tools
-REL="$ROOT/target/release"
+REL="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 LIB="$REL/vgpu-lib"
 mkdir -p "$LIB"
 ln -sf ../libcuda.so "$LIB/libcuda.so.1"

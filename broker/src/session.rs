@@ -244,7 +244,11 @@ impl Session {
                 reply(out, msg::Handle { handle: h })
             }
             R::CtxDestroy(m) => {
-                let c = self.ctx(m.ctx)?;
+                // A context poisoned by a kernel fault can still be destroyed:
+                // that is how a process recovers, as with CUDA.
+                let c = self.contexts.get(m.ctx).ok_or_else(|| {
+                    CuError::invalid_context(format!("{:#x} is not a context of this process", m.ctx))
+                })?;
                 if c.primary {
                     return Err(CuError::invalid_context(
                         "the primary context is released with cuDevicePrimaryCtxRelease, not destroyed",

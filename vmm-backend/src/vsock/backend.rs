@@ -1,0 +1,282 @@
+//! The `VhostUserBackend` glue between vhost-user-backend's vring worker and [`VsockDevice`].
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Mutex, MutexGuard};
+
+use tracing::{debug, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
+};
+
+use super::device::{VsockDevice, vring_ready};
+use super::packet::GuestMem;
+use super::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
+
+/// Custom event id of the device's inner epoll fd in the vring worker. Ids `0..NUM_QUEUES` are the
+/// queues and `NUM_QUEUES` is the worker's exit event.
+pub const BACKEND_EVENT: u16 = NUM_QUEUES as u16 + 1;
+
+/// Virtio features offered to the driver.
+pub const VIRTIO_FEATURES: u64 =
+    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX) | (1 << VIRTIO_RING_F_INDIRECT_DESC);
+
+/// vhost-user protocol features offered to the frontend.
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+}
+
+/// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
+pub struct VsockBackend {
+    device: Mutex<VsockDevice>,
+    epoll_fd: RawFd,
+    queue_size: usize,
+    config_space: [u8; 8],
+    exit: (EventConsumer, EventNotifier),
+    /// Descriptors of exit-event consumers handed to vhost-user-backend, which turns them into raw
+    /// fds and never closes them; [`reclaim_exit_fds`](Self::reclaim_exit_fds) does.
+    handed_out: Mutex<Vec<RawFd>>,
+}
+
+impl std::fmt::Debug for VsockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VsockBackend")
+            .field("queue_size", &self.queue_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VsockBackend {
+    /// Wraps `device`; the config space advertises `guest_cid`.
+    pub fn new(device: VsockDevice, guest_cid: u64, queue_size: u16) -> io::Result<Self> {
+        let exit = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?;
+        Ok(VsockBackend {
+            epoll_fd: device.epoll_fd(),
+            device: Mutex::new(device),
+            queue_size: usize::from(queue_size),
+            config_space: guest_cid.to_le_bytes(),
+            exit,
+            handed_out: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The fd the vring worker must watch (as [`BACKEND_EVENT`]) for host socket activity.
+    pub fn epoll_fd(&self) -> RawFd {
+        self.epoll_fd
+    }
+
+    /// Closes the exit-event descriptors vhost-user-backend leaked (one per VMM connection
+    /// otherwise). Call only after the daemon is dropped, when its vring workers have exited.
+    ///
+    /// A descriptor is closed only if it still refers to our own eventfd (same `eventfd-id` in
+    /// `/proc/self/fdinfo`), so a library that closes it itself cannot make us close someone
+    /// else's descriptor.
+    pub fn reclaim_exit_fds(&self) {
+        let Some(ours) = eventfd_id(self.exit.0.as_raw_fd()) else {
+            return;
+        };
+        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            if fd != self.exit.0.as_raw_fd() && eventfd_id(fd) == Some(ours) {
+                // SAFETY: `fd` is a duplicate of our exit eventfd (checked just above) that the
+                // library converted into a raw fd and abandoned; nothing else owns it.
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+
+    /// Locks the device; a panic on another thread does not make the state unusable for a reset.
+    pub fn device(&self) -> MutexGuard<'_, VsockDevice> {
+        self.device.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl VhostUserBackend for VsockBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        self.queue_size
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_FEATURES | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        protocol_features()
+    }
+
+    fn reset_device(&self) {
+        self.device().reset("driver reset the device");
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.device().set_event_idx(enabled);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let start = offset as usize;
+        match start.checked_add(size as usize) {
+            Some(end) if end <= self.config_space.len() => self.config_space[start..end].to_vec(),
+            _ => {
+                warn!(offset, size, "config space read out of range");
+                Vec::new()
+            }
+        }
+    }
+
+    fn set_config(&self, offset: u32, _buf: &[u8]) -> io::Result<()> {
+        warn!(
+            offset,
+            "ignoring a write to the read-only vsock config space"
+        );
+        Ok(())
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMem>) -> io::Result<()> {
+        debug!("guest memory table updated");
+        self.device().set_memory(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![(1 << NUM_QUEUES) - 1]
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let consumer = self.exit.0.try_clone().ok()?;
+        let notifier = self.exit.1.try_clone().ok()?;
+        self.handed_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        // Errors are never returned: that would stop the vring worker for good. Everything the
+        // guest or a host peer can cause is handled (and logged) inside the device.
+        let (Some(rx), Some(tx)) = (vrings.get(RX_QUEUE), vrings.get(TX_QUEUE)) else {
+            return Ok(());
+        };
+        let mut dev = self.device();
+        match device_event {
+            e if usize::from(e) == TX_QUEUE => dev.process_tx(tx),
+            e if usize::from(e) == RX_QUEUE => {}
+            e if usize::from(e) == EVENT_QUEUE => {
+                // The driver posted event buffers; the device only ever needs them for transport
+                // resets after migration, which vhost-user-vsock does not support.
+            }
+            BACKEND_EVENT => dev.process_host_events(vring_ready(rx)),
+            other => debug!(event = other, "unexpected vsock backend event"),
+        }
+        dev.process_rx(rx);
+        Ok(())
+    }
+}
+
+/// The kernel's id of the eventfd behind `fd` (`eventfd-id` in fdinfo), if `fd` is an eventfd.
+fn eventfd_id(fd: RawFd) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("eventfd-id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vsock::{PortConnector, VsockStats};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+
+    struct Nothing;
+    impl PortConnector for Nothing {
+        fn connect(&self, _port: u32) -> Option<io::Result<UnixStream>> {
+            None
+        }
+    }
+
+    fn backend() -> VsockBackend {
+        let dev = VsockDevice::new(
+            0x1234_5678_9abc,
+            4096,
+            "/nonexistent/vsock".into(),
+            Arc::new(Nothing),
+            Arc::new(VsockStats::default()),
+            None,
+        )
+        .unwrap();
+        VsockBackend::new(dev, 0x1234_5678_9abc, 256).unwrap()
+    }
+
+    #[test]
+    fn config_space_is_the_le64_guest_cid_and_bounds_checked() {
+        let b = backend();
+        assert_eq!(
+            b.get_config(0, 8),
+            0x1234_5678_9abcu64.to_le_bytes().to_vec()
+        );
+        assert_eq!(b.get_config(4, 4), vec![0x34, 0x12, 0, 0]);
+        assert!(b.get_config(4, 8).is_empty());
+        assert!(b.get_config(u32::MAX, 2).is_empty());
+    }
+
+    #[test]
+    fn features_and_queues() {
+        let b = backend();
+        let f = b.features();
+        assert_ne!(f & (1 << VIRTIO_F_VERSION_1), 0);
+        assert_ne!(f & (1 << VIRTIO_RING_F_EVENT_IDX), 0);
+        assert_ne!(f & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(), 0);
+        assert_eq!(b.num_queues(), 3);
+        assert_eq!(b.max_queue_size(), 256);
+        assert_eq!(b.queues_per_thread(), vec![0b111]);
+        assert!(
+            b.protocol_features()
+                .contains(VhostUserProtocolFeatures::CONFIG)
+        );
+        assert!(b.exit_event(0).is_some());
+    }
+
+    #[test]
+    fn abandoned_exit_fds_are_reclaimed_but_foreign_fds_are_not() {
+        use std::os::fd::IntoRawFd;
+        let b = backend();
+        // What vhost-user-backend does with the consumer.
+        let (consumer, _notifier) = b.exit_event(0).unwrap();
+        let fd = consumer.into_raw_fd();
+        assert!(eventfd_id(fd).is_some());
+        // A number the library closed and that now belongs to an unrelated eventfd.
+        let stranger = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        b.handed_out.lock().unwrap().push(stranger.as_raw_fd());
+        b.reclaim_exit_fds();
+        assert!(eventfd_id(fd).is_none(), "abandoned duplicate closed");
+        assert!(
+            eventfd_id(stranger.as_raw_fd()).is_some(),
+            "unrelated eventfd untouched"
+        );
+    }
+}

@@ -33,12 +33,12 @@ const CTX_FLAGS_KNOWN: c_uint = 0x1f;
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    ffi(|| drv::init(flags))
+    ffi("cuInit", || drv::init(flags))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
-    ffi(|| out!(version, drv::driver_version()))
+    ffi("cuDriverGetVersion", || out!(version, drv::driver_version()))
 }
 
 fn error_strings() -> &'static [(u32, CString, CString)] {
@@ -58,7 +58,7 @@ fn error_strings() -> &'static [(u32, CString, CString)] {
 }
 
 fn error_lookup(code: CUresult, s: *mut *const c_char, name: bool) -> CUresult {
-    ffi(|| {
+    ffi(if name { "cuGetErrorName" } else { "cuGetErrorString" }, || {
         let e = error_strings().iter().find(|e| e.0 == code);
         let ptr = e.map_or(std::ptr::null(), |e| {
             if name { e.1.as_ptr() } else { e.2.as_ptr() }
@@ -86,17 +86,17 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, s: *mut *const c_char
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
-    ffi(|| out!(count, drv::device_count()?))
+    ffi("cuDeviceGetCount", || out!(count, drv::device_count()?))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
-    ffi(|| out!(device, drv::device_get(ordinal)?))
+    ffi("cuDeviceGet", || out!(device, drv::device_get(ordinal)?))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
-    ffi(|| {
+    ffi("cuDeviceGetName", || {
         let n = drv::device_name(dev)?;
         // SAFETY: `name` is the caller's buffer of `len` bytes (CUDA contract); NULL and len <= 0 are refused.
         unsafe { write_cstr(name, len, &n) }
@@ -105,17 +105,17 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
-    ffi(|| out!(uuid, drv::device_uuid(dev)?))
+    ffi("cuDeviceGetUuid", || out!(uuid, drv::device_uuid(dev)?))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
-    ffi(|| out!(uuid, drv::device_uuid(dev)?))
+    ffi("cuDeviceGetUuid_v2", || out!(uuid, drv::device_uuid(dev)?))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    ffi(|| out!(bytes, drv::device_total_mem(dev)? as usize))
+    ffi("cuDeviceTotalMem_v2", || out!(bytes, drv::device_total_mem(dev)? as usize))
 }
 
 #[unsafe(no_mangle)]
@@ -124,7 +124,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    ffi(|| out!(pi, drv::device_attribute(attrib, dev)?))
+    ffi("cuDeviceGetAttribute", || out!(pi, drv::device_attribute(attrib, dev)?))
 }
 
 #[unsafe(no_mangle)]
@@ -133,7 +133,7 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     minor: *mut c_int,
     dev: CUdevice,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuDeviceComputeCapability", || {
         out!(
             major,
             drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as c_int, dev)?
@@ -151,7 +151,7 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
     len: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuDeviceGetPCIBusId", || {
         let s = drv::device_pci_bus_id(dev)?;
         // SAFETY: `bus_id` is the caller's buffer of `len` bytes (CUDA contract); NULL and len <= 0 are refused.
         unsafe { write_cstr(bus_id, len, &s) }
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxCreate_v2", || {
         if pctx.is_null() || flags & !CTX_FLAGS_KNOWN != 0 {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -191,27 +191,27 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUhandle) -> CUresult {
-    ffi(|| drv::ctx_destroy(h(ctx)))
+    ffi("cuCtxDestroy_v2", || drv::ctx_destroy(h(ctx)))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUhandle) -> CUresult {
-    ffi(|| out!(pctx, p(drv::ctx_get_current()?)))
+    ffi("cuCtxGetCurrent", || out!(pctx, p(drv::ctx_get_current()?)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: CUhandle) -> CUresult {
-    ffi(|| drv::ctx_set_current(h(ctx)))
+    ffi("cuCtxSetCurrent", || drv::ctx_set_current(h(ctx)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUhandle) -> CUresult {
-    ffi(|| drv::ctx_push(h(ctx)))
+    ffi("cuCtxPushCurrent_v2", || drv::ctx_push(h(ctx)))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUhandle) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxPopCurrent_v2", || {
         let c = drv::ctx_pop()?;
         if pctx.is_null() {
             Ok(())
@@ -223,17 +223,17 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUhandle) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
-    ffi(|| out!(device, drv::ctx_get_device()?))
+    ffi("cuCtxGetDevice", || out!(device, drv::ctx_get_device()?))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    ffi(drv::ctx_synchronize)
+    ffi("cuCtxSynchronize", drv::ctx_synchronize)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetApiVersion(_ctx: CUhandle, version: *mut c_uint) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxGetApiVersion", || {
         drv::driver()?;
         out!(version, 3020)
     })
@@ -241,7 +241,7 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(_ctx: CUhandle, version: *mut c_uint
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxGetFlags", || {
         drv::ctx_get_device()?;
         out!(flags, 0)
     })
@@ -252,7 +252,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     least: *mut c_int,
     greatest: *mut c_int,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxGetStreamPriorityRange", || {
         drv::driver()?;
         if !least.is_null() {
             out!(least, 0)?;
@@ -273,7 +273,7 @@ const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxGetLimit", || {
         drv::ctx_get_device()?;
         let v = match limit {
             LIMIT_STACK_SIZE => 1024,
@@ -286,7 +286,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetLimit(limit: c_int, _value: usize) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxSetLimit", || {
         drv::ctx_get_device()?;
         match limit {
             LIMIT_STACK_SIZE | LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => Ok(()),
@@ -297,7 +297,7 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, _value: usize) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
-    ffi(|| {
+    ffi("cuCtxGetCacheConfig", || {
         drv::ctx_get_device()?;
         out!(config, 0)
     })
@@ -305,12 +305,12 @@ pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCacheConfig(_config: c_int) -> CUresult {
-    ffi(|| drv::ctx_get_device().map(drop))
+    ffi("cuCtxSetCacheConfig", || drv::ctx_get_device().map(drop))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUhandle, dev: CUdevice) -> CUresult {
-    ffi(|| {
+    ffi("cuDevicePrimaryCtxRetain", || {
         if pctx.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -320,12 +320,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUhandle, dev: CUde
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    ffi(|| drv::primary_release(dev))
+    ffi("cuDevicePrimaryCtxRelease_v2", || drv::primary_release(dev))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    ffi(|| drv::primary_reset(dev))
+    ffi("cuDevicePrimaryCtxReset_v2", || drv::primary_reset(dev))
 }
 
 #[unsafe(no_mangle)]
@@ -334,7 +334,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     flags: *mut c_uint,
     active: *mut c_int,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuDevicePrimaryCtxGetState", || {
         let (f, a) = drv::primary_state(dev)?;
         out!(flags, f)?;
         out!(active, c_int::from(a))
@@ -343,14 +343,14 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
-    ffi(|| drv::primary_set_flags(dev, flags))
+    ffi("cuDevicePrimaryCtxSetFlags_v2", || drv::primary_set_flags(dev, flags))
 }
 
 // ---- memory ----------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    ffi(|| {
+    ffi("cuMemAlloc_v2", || {
         if dptr.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -366,7 +366,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     elem_size: c_uint,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuMemAllocPitch_v2", || {
         if dptr.is_null() || pitch.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -378,12 +378,12 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    ffi(|| drv::mem_free(dptr))
+    ffi("cuMemFree_v2", || drv::mem_free(dptr))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    ffi(|| {
+    ffi("cuMemGetInfo_v2", || {
         let (f, t) = drv::mem_get_info()?;
         out!(free, f as usize)?;
         out!(total, t as usize)
@@ -396,7 +396,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     size: *mut usize,
     dptr: CUdeviceptr,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuMemGetAddressRange_v2", || {
         let (b, s) = drv::mem_get_address_range(dptr)?;
         if !base.is_null() {
             out!(base, b)?;
@@ -414,7 +414,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    ffi(|| drv::memcpy_htod(dst, in_bytes!(src, n), 0, true))
+    ffi("cuMemcpyHtoD_v2", || drv::memcpy_htod(dst, in_bytes!(src, n), 0, true))
 }
 
 #[unsafe(no_mangle)]
@@ -424,12 +424,12 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi(|| drv::memcpy_htod(dst, in_bytes!(src, n), h(stream), false))
+    ffi("cuMemcpyHtoDAsync_v2", || drv::memcpy_htod(dst, in_bytes!(src, n), h(stream), false))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    ffi(|| drv::memcpy_dtoh(out_bytes!(dst, n), src, 0))
+    ffi("cuMemcpyDtoH_v2", || drv::memcpy_dtoh(out_bytes!(dst, n), src, 0))
 }
 
 #[unsafe(no_mangle)]
@@ -439,12 +439,12 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi(|| drv::memcpy_dtoh(out_bytes!(dst, n), src, h(stream)))
+    ffi("cuMemcpyDtoHAsync_v2", || drv::memcpy_dtoh(out_bytes!(dst, n), src, h(stream)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    ffi(|| drv::memcpy_dtod(dst, src, n as u64, 0, true))
+    ffi("cuMemcpyDtoD_v2", || drv::memcpy_dtod(dst, src, n as u64, 0, true))
 }
 
 #[unsafe(no_mangle)]
@@ -454,7 +454,7 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi(|| drv::memcpy_dtod(dst, src, n as u64, h(stream), false))
+    ffi("cuMemcpyDtoDAsync_v2", || drv::memcpy_dtod(dst, src, n as u64, h(stream), false))
 }
 
 fn memcpy_uva(
@@ -486,7 +486,7 @@ fn memcpy_uva(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    ffi(|| memcpy_uva(dst, src, n, 0, true))
+    ffi("cuMemcpy", || memcpy_uva(dst, src, n, 0, true))
 }
 
 #[unsafe(no_mangle)]
@@ -496,27 +496,27 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi(|| memcpy_uva(dst, src, n, h(stream), false))
+    ffi("cuMemcpyAsync", || memcpy_uva(dst, src, n, h(stream), false))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
-    ffi(|| drv::memset(dst, u32::from(v), 1, n as u64, 0, true))
+    ffi("cuMemsetD8_v2", || drv::memset(dst, u32::from(v), 1, n as u64, 0, true))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
-    ffi(|| drv::memset(dst, u32::from(v), 2, n as u64, 0, true))
+    ffi("cuMemsetD16_v2", || drv::memset(dst, u32::from(v), 2, n as u64, 0, true))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
-    ffi(|| drv::memset(dst, v, 4, n as u64, 0, true))
+    ffi("cuMemsetD32_v2", || drv::memset(dst, v, 4, n as u64, 0, true))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, stream: CUhandle) -> CUresult {
-    ffi(|| drv::memset(dst, u32::from(v), 1, n as u64, h(stream), false))
+    ffi("cuMemsetD8Async", || drv::memset(dst, u32::from(v), 1, n as u64, h(stream), false))
 }
 
 #[unsafe(no_mangle)]
@@ -526,7 +526,7 @@ pub extern "C" fn cuMemsetD16Async(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi(|| drv::memset(dst, u32::from(v), 2, n as u64, h(stream), false))
+    ffi("cuMemsetD16Async", || drv::memset(dst, u32::from(v), 2, n as u64, h(stream), false))
 }
 
 #[unsafe(no_mangle)]
@@ -536,12 +536,12 @@ pub extern "C" fn cuMemsetD32Async(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi(|| drv::memset(dst, v, 4, n as u64, h(stream), false))
+    ffi("cuMemsetD32Async", || drv::memset(dst, v, 4, n as u64, h(stream), false))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
-    ffi(|| {
+    ffi("cuMemAllocHost_v2", || {
         if pp.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -555,7 +555,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     bytesize: usize,
     flags: c_uint,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuMemHostAlloc", || {
         if pp.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -565,7 +565,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
-    ffi(|| drv::host_free(ptr.cast()))
+    ffi("cuMemFreeHost", || drv::host_free(ptr.cast()))
 }
 
 #[unsafe(no_mangle)]
@@ -581,7 +581,7 @@ pub extern "C" fn cuMemHostGetDevicePointer_v2(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUhandle, flags: c_uint) -> CUresult {
-    ffi(|| {
+    ffi("cuStreamCreate", || {
         if ph.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -595,7 +595,7 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     flags: c_uint,
     priority: c_int,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuStreamCreateWithPriority", || {
         if ph.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -605,37 +605,37 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamDestroy_v2(stream: CUhandle) -> CUresult {
-    ffi(|| drv::stream_destroy(h(stream)))
+    ffi("cuStreamDestroy_v2", || drv::stream_destroy(h(stream)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(stream: CUhandle) -> CUresult {
-    ffi(|| drv::stream_synchronize(h(stream)))
+    ffi("cuStreamSynchronize", || drv::stream_synchronize(h(stream)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(stream: CUhandle) -> CUresult {
-    ffi(|| drv::stream_query(h(stream)))
+    ffi("cuStreamQuery", || drv::stream_query(h(stream)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWaitEvent(stream: CUhandle, event: CUhandle, flags: c_uint) -> CUresult {
-    ffi(|| drv::stream_wait_event(h(stream), h(event), flags))
+    ffi("cuStreamWaitEvent", || drv::stream_wait_event(h(stream), h(event), flags))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetPriority(stream: CUhandle, priority: *mut c_int) -> CUresult {
-    ffi(|| out!(priority, drv::stream_params(h(stream))?.1))
+    ffi("cuStreamGetPriority", || out!(priority, drv::stream_params(h(stream))?.1))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetFlags(stream: CUhandle, flags: *mut c_uint) -> CUresult {
-    ffi(|| out!(flags, drv::stream_params(h(stream))?.0))
+    ffi("cuStreamGetFlags", || out!(flags, drv::stream_params(h(stream))?.0))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUhandle, flags: c_uint) -> CUresult {
-    ffi(|| {
+    ffi("cuEventCreate", || {
         if ph.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -645,17 +645,17 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUhandle, flags: c_uint) -> CUre
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecord(event: CUhandle, stream: CUhandle) -> CUresult {
-    ffi(|| drv::event_record(h(event), h(stream)))
+    ffi("cuEventRecord", || drv::event_record(h(event), h(stream)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(event: CUhandle) -> CUresult {
-    ffi(|| drv::event_query(h(event)))
+    ffi("cuEventQuery", || drv::event_query(h(event)))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(event: CUhandle) -> CUresult {
-    ffi(|| drv::event_synchronize(h(event)))
+    ffi("cuEventSynchronize", || drv::event_synchronize(h(event)))
 }
 
 #[unsafe(no_mangle)]
@@ -664,7 +664,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     start: CUhandle,
     end: CUhandle,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuEventElapsedTime", || {
         if ms.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -674,7 +674,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventDestroy_v2(event: CUhandle) -> CUresult {
-    ffi(|| drv::event_destroy(h(event)))
+    ffi("cuEventDestroy_v2", || drv::event_destroy(h(event)))
 }
 
 // ---- modules and launches ---------------------------------------------------------
@@ -762,7 +762,7 @@ fn module_load(module: *mut CUhandle, image: *const c_void, log: Option<(*mut c_
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUhandle, image: *const c_void) -> CUresult {
-    ffi(|| module_load(module, image, None))
+    ffi("cuModuleLoadData", || module_load(module, image, None))
 }
 
 #[unsafe(no_mangle)]
@@ -773,7 +773,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     options: *mut c_int,
     values: *mut *mut c_void,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuModuleLoadDataEx", || {
         let mut log = None;
         if num_options > 0 && !options.is_null() && !values.is_null() {
             let n = num_options.min(64) as usize;
@@ -791,7 +791,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuModuleUnload(module: CUhandle) -> CUresult {
-    ffi(|| drv::module_unload(h(module)))
+    ffi("cuModuleUnload", || drv::module_unload(h(module)))
 }
 
 /// Reads a C string argument.
@@ -808,7 +808,7 @@ unsafe fn c_name<'a>(s: *const c_char) -> drv::CuRes<&'a str> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUhandle, module: CUhandle, name: *const c_char) -> CUresult {
-    ffi(|| {
+    ffi("cuModuleGetFunction", || {
         // SAFETY: `name` is the caller's C string (CUDA contract).
         let name = unsafe { c_name(name) }?;
         if f.is_null() {
@@ -825,7 +825,7 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     module: CUhandle,
     name: *const c_char,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuModuleGetGlobal_v2", || {
         // SAFETY: `name` is the caller's C string (CUDA contract).
         let name = unsafe { c_name(name) }?;
         let (a, s) = drv::module_get_global(h(module), name)?;
@@ -910,7 +910,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuLaunchKernel", || {
         // SAFETY: params/extra follow the cuLaunchKernel contract.
         let packed = unsafe { pack_params(h(f), params, extra) }?;
         drv::launch(h(f), [gx, gy, gz], [bx, by, bz], shared, h(stream), &packed)
@@ -962,7 +962,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuLaunchKernelEx", || {
         if config.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -998,17 +998,17 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attr: c_int, f: CUhandle) -> CUresult {
-    ffi(|| out!(pi, drv::func_get_attribute(h(f), attr)?))
+    ffi("cuFuncGetAttribute", || out!(pi, drv::func_get_attribute(h(f), attr)?))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetAttribute(f: CUhandle, attr: c_int, value: c_int) -> CUresult {
-    ffi(|| drv::func_set_attribute(h(f), attr, value))
+    ffi("cuFuncSetAttribute", || drv::func_set_attribute(h(f), attr, value))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetCacheConfig(f: CUhandle, _config: c_int) -> CUresult {
-    ffi(|| drv::func_layout(h(f)).map(drop))
+    ffi("cuFuncSetCacheConfig", || drv::func_layout(h(f)).map(drop))
 }
 
 #[unsafe(no_mangle)]
@@ -1018,7 +1018,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     block: c_int,
     smem: usize,
 ) -> CUresult {
-    ffi(|| out!(n, drv::occupancy_blocks_per_sm(h(f), block, smem)?))
+    ffi("cuOccupancyMaxActiveBlocksPerMultiprocessor", || out!(n, drv::occupancy_blocks_per_sm(h(f), block, smem)?))
 }
 
 /// `CUoccupancyB2DSize`: dynamic shared memory for a block size.
@@ -1033,7 +1033,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
     smem: usize,
     limit: c_int,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuOccupancyMaxPotentialBlockSize", || {
         let dyn_smem = |bs: c_int| match smem_fn {
             // SAFETY: the caller's callback, called as CUDA calls it.
             Some(cb) => unsafe { cb(bs) },
@@ -1058,7 +1058,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _n_lib: c_uint,
 ) -> CUresult {
     // A library is loaded as a module of the current context.
-    ffi(|| module_load(lib, code, None))
+    ffi("cuLibraryLoadData", || module_load(lib, code, None))
 }
 
 #[unsafe(no_mangle)]
@@ -1069,7 +1069,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(k: *mut CUhandle, lib: CUhandle, nam
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUhandle, k: CUhandle) -> CUresult {
-    ffi(|| {
+    ffi("cuKernelGetFunction", || {
         drv::func_layout(h(k))?;
         out!(f, k)
     })
@@ -1097,7 +1097,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    ffi(|| {
+    ffi("cuGetProcAddress_v2", || {
         if symbol.is_null() || pfn.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }

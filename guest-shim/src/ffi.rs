@@ -11,17 +11,20 @@ use crate::driver::CuRes;
 /// `CUresult` as the C ABI returns it.
 pub type CUresult = CuResult;
 
-/// Runs a driver function, turning its result into a `CUresult`; a panic
-/// (a bug) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding into C.
-pub fn ffi(f: impl FnOnce() -> CuRes<()>) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(f)) {
+/// Runs driver function `name`, turning its result into a `CUresult`; a
+/// panic (a bug) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding into C.
+/// With `VGPU_LOG=debug` every call is traced with its result.
+pub fn ffi(name: &str, f: impl FnOnce() -> CuRes<()>) -> CUresult {
+    let r = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => cuda::CUDA_SUCCESS,
         Ok(Err(code)) => code,
         Err(_) => {
-            crate::warn!("internal error in the vgpu shim; returning CUDA_ERROR_UNKNOWN");
+            crate::warn!("internal error in {name}; returning CUDA_ERROR_UNKNOWN");
             cuda::CUDA_ERROR_UNKNOWN
         }
-    }
+    };
+    crate::debug!("{name} -> {}", cuda::result_name(r).unwrap_or("?"));
+    r
 }
 
 /// Writes `v` through an out-pointer; NULL is `CUDA_ERROR_INVALID_VALUE`.

@@ -31,9 +31,18 @@ elif [ -n "$SUDO" ]; then
     $SUDO images/install-qemu.sh
 fi
 
-if ! python3 -c 'import nvidia.cuda_nvrtc' >/dev/null 2>&1; then
+pip_install() {
+    python3 -m pip install --quiet "$@" 2>/dev/null \
+        || python3 -m pip install --quiet --break-system-packages "$@"
+}
+
+if ! python3 -c 'import nvidia.cuda_nvrtc, nvidia.cuda_runtime' >/dev/null 2>&1; then
     log "installing NVRTC from PyPI (compiles CUDA C++ to PTX; no GPU needed)"
-    python3 tests/kernels/gen-ptx.py --install --check >/dev/null 2>&1 \
-        || python3 -m pip install --quiet --break-system-packages nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
+    pip_install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
         || log "NVRTC could not be installed; the PTX drift check will be skipped"
+fi
+if ! python3 -c 'import cuda.bindings.driver' >/dev/null 2>&1; then
+    log "installing cuda-python (cuda-bindings) from PyPI for the cuda-python test"
+    pip_install cuda-bindings==12.9.0 \
+        || log "cuda-bindings could not be installed; the cuda-python test will be skipped"
 fi

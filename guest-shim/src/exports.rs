@@ -1080,6 +1080,18 @@ pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
     cuModuleUnload(lib)
 }
 
+/// `cuGetExportTable`: NVIDIA's private interface tables (used by the CUDA
+/// runtime and NVRTC). vgpu has none; callers fall back or report an error.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const [u8; 16]) -> CUresult {
+    ffi("cuGetExportTable", || {
+        if !table.is_null() {
+            out!(table, std::ptr::null())?;
+        }
+        Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
+    })
+}
+
 // ---- cuGetProcAddress -----------------------------------------------------------------
 
 /// `CU_GET_PROC_ADDRESS_SUCCESS`.

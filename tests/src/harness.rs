@@ -149,10 +149,16 @@ impl Vgpud {
     /// Starts vgpud with a simulated GPU and the given VMs, and waits until
     /// its sockets accept connections.
     pub fn start(vms: &[TestVm]) -> Vgpud {
+        Self::start_with(vms, "")
+    }
+
+    /// Like [`Vgpud::start`], with extra lines for the `[[device]]` table
+    /// (e.g. `watchdog_ms = 300`).
+    pub fn start_with(vms: &[TestVm], device_extra: &str) -> Vgpud {
         let a = artifacts();
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cfg = format!(
-            "[admin]\nsocket = \"{}\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"4GiB\"\nworkers = 2\n",
+            "[admin]\nsocket = \"{}\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"4GiB\"\nworkers = 2\n{device_extra}\n",
             dir.path().join("admin.sock").display()
         );
         for vm in vms {

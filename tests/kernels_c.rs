@@ -9,14 +9,22 @@ use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, hold, run_against, wor
 const MIB: u64 = 1 << 20;
 
 fn ptx(name: &str) -> String {
-    let p: PathBuf = workspace_root().join("tests/kernels/ptx").join(format!("{name}.sm_80.ptx"));
+    let p: PathBuf = workspace_root()
+        .join("tests/kernels/ptx")
+        .join(format!("{name}.sm_80.ptx"));
     p.display().to_string()
 }
 
 fn run_ok(d: &Vgpud, vm: &str, args: &[&str]) -> String {
     let prog = build_c_program("kernels");
     let r = run_against(d, vm, &prog, args);
-    assert!(r.failures().is_empty() && r.code == 0, "{args:?}:\n{}\n{}\nvgpud:\n{}", r.stdout, r.stderr, d.log());
+    assert!(
+        r.failures().is_empty() && r.code == 0,
+        "{args:?}:\n{}\n{}\nvgpud:\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
     r.stdout
 }
 
@@ -61,7 +69,14 @@ fn module_globals_are_charged_to_the_slice() {
 
 #[test]
 fn a_kernel_cannot_write_another_vms_memory() {
-    let d = Vgpud::start(&[TestVm::new("victim", 64 * MIB), TestVm::new("thief", 64 * MIB)]);
+    let d = Vgpud::start(&[
+        TestVm::new("victim", 64 * MIB),
+        TestVm::new("thief", 64 * MIB),
+    ]);
     let h = hold(&d, "victim", MIB);
-    run_ok(&d, "thief", &["steal", &ptx("vector_add"), &format!("{:#x}", h.ptr)]);
+    run_ok(
+        &d,
+        "thief",
+        &["steal", &ptx("vector_add"), &format!("{:#x}", h.ptr)],
+    );
 }

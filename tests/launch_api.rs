@@ -41,7 +41,11 @@ struct LaunchAttribute {
 }
 
 fn ptx(name: &str) -> CString {
-    CString::new(std::fs::read(workspace_root().join(format!("tests/kernels/ptx/{name}.sm_80.ptx"))).unwrap()).unwrap()
+    CString::new(
+        std::fs::read(workspace_root().join(format!("tests/kernels/ptx/{name}.sm_80.ptx")))
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -97,26 +101,91 @@ fn launch_entry_points_behave_like_cuda() {
         packed.extend_from_slice(&n.to_le_bytes());
         packed.extend_from_slice(&[0; 4]);
         let mut size = packed.len();
-        let mut extra = [1usize as H, packed.as_mut_ptr().cast(), 2usize as H, (&mut size as *mut usize).cast(), std::ptr::null_mut()];
-        assert_eq!(launch(f, 8, 1, 1, 128, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), extra.as_mut_ptr()), 0);
+        let mut extra = [
+            1usize as H,
+            packed.as_mut_ptr().cast(),
+            2usize as H,
+            (&mut size as *mut usize).cast(),
+            std::ptr::null_mut(),
+        ];
+        assert_eq!(
+            launch(
+                f,
+                8,
+                1,
+                1,
+                128,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                extra.as_mut_ptr()
+            ),
+            0
+        );
         let mut out = vec![0f32; n as usize];
         assert_eq!(dtoh(out.as_mut_ptr().cast(), c, bytes), 0);
         assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
         // Neither kernelParams nor extra for a kernel with parameters: refused.
-        assert_eq!(launch(f, 1, 1, 1, 1, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()), 1);
+        assert_eq!(
+            launch(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            1
+        );
 
         // cuLaunchKernelEx with a basic attribute, and a cooperative one (unsupported).
         assert_eq!(htod(c, [0u8; 4000].as_ptr().cast(), bytes), 0);
-        let mut args: Vec<*mut c_void> = vec![(&mut a as *mut u64).cast(), (&mut b as *mut u64).cast(), (&mut c as *mut u64).cast(), (&n as *const i32).cast_mut().cast()];
-        let prio = LaunchAttribute { id: 8, pad: [0; 4], value: [0; 16] };
-        let cfg = LaunchConfig { grid: [8, 1, 1], block: [128, 1, 1], shared: 0, stream: std::ptr::null_mut(), attrs: &prio, num_attrs: 1 };
-        assert_eq!(launch_ex(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()), 0);
+        let mut args: Vec<*mut c_void> = vec![
+            (&mut a as *mut u64).cast(),
+            (&mut b as *mut u64).cast(),
+            (&mut c as *mut u64).cast(),
+            (&n as *const i32).cast_mut().cast(),
+        ];
+        let prio = LaunchAttribute {
+            id: 8,
+            pad: [0; 4],
+            value: [0; 16],
+        };
+        let cfg = LaunchConfig {
+            grid: [8, 1, 1],
+            block: [128, 1, 1],
+            shared: 0,
+            stream: std::ptr::null_mut(),
+            attrs: &prio,
+            num_attrs: 1,
+        };
+        assert_eq!(
+            launch_ex(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()),
+            0
+        );
         assert_eq!(dtoh(out.as_mut_ptr().cast(), c, bytes), 0);
         assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
-        let mut coop = LaunchAttribute { id: 2, pad: [0; 4], value: [0; 16] };
+        let mut coop = LaunchAttribute {
+            id: 2,
+            pad: [0; 4],
+            value: [0; 16],
+        };
         coop.value[0] = 1;
-        let cfg = LaunchConfig { attrs: &coop, ..cfg };
-        assert_eq!(launch_ex(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()), 801);
+        let cfg = LaunchConfig {
+            attrs: &coop,
+            ..cfg
+        };
+        assert_eq!(
+            launch_ex(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()),
+            801
+        );
 
         // Function attributes of the tiled matmul (two 16x16 float tiles of shared memory).
         let mut mm = std::ptr::null_mut();
@@ -124,45 +193,144 @@ fn launch_entry_points_behave_like_cuda() {
         let mut tiled = std::ptr::null_mut();
         assert_eq!(get_fn(&mut tiled, mm, c"matmul_tiled".as_ptr()), 0);
         let mut v = 0;
-        assert_eq!(get_attr(&mut v, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, tiled), 0);
+        assert_eq!(
+            get_attr(&mut v, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, tiled),
+            0
+        );
         assert_eq!(v, 2 * 16 * 16 * 4);
         assert_eq!(get_attr(&mut v, CU_FUNC_ATTRIBUTE_NUM_REGS, tiled), 0);
         assert!(v > 0);
-        assert_eq!(get_attr(&mut v, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, tiled), 0);
+        assert_eq!(
+            get_attr(&mut v, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, tiled),
+            0
+        );
         assert_eq!(v, 1024);
         // Occupancy: 256-thread blocks fit several per SM; a sane block size is suggested.
         let (mut blocks, mut grid, mut bs) = (0, 0, 0);
         assert_eq!(occ(&mut blocks, tiled, 256, 0), 0);
         assert!((1..=8).contains(&blocks), "{blocks}");
-        assert_eq!(occ_size(&mut grid, &mut bs, tiled, std::ptr::null(), 0, 0), 0);
-        assert!(bs >= 32 && bs <= 1024 && bs % 32 == 0 && grid >= 1, "{grid} {bs}");
+        assert_eq!(
+            occ_size(&mut grid, &mut bs, tiled, std::ptr::null(), 0, 0),
+            0
+        );
+        assert!(
+            bs >= 32 && bs <= 1024 && bs % 32 == 0 && grid >= 1,
+            "{grid} {bs}"
+        );
 
         // Dynamic shared memory beyond 48 KiB needs the opt-in attribute.
         let mut ds = std::ptr::null_mut();
         assert_eq!(load_data(&mut ds, ptx("dynamic_shared").as_ptr().cast()), 0);
         let mut rev = std::ptr::null_mut();
         assert_eq!(get_fn(&mut rev, ds, c"dyn_shared_reverse".as_ptr()), 0);
-        let mut rargs: Vec<*mut c_void> = vec![(&mut a as *mut u64).cast(), (&mut c as *mut u64).cast(), (&n as *const i32).cast_mut().cast()];
+        let mut rargs: Vec<*mut c_void> = vec![
+            (&mut a as *mut u64).cast(),
+            (&mut c as *mut u64).cast(),
+            (&n as *const i32).cast_mut().cast(),
+        ];
         let big = 64 << 10;
-        assert_eq!(launch(rev, 8, 1, 1, 128, 1, 1, big, std::ptr::null_mut(), rargs.as_mut_ptr(), std::ptr::null_mut()), 0);
-        assert_eq!(sync(), 1, "64 KiB of dynamic shared memory without opt-in must fail");
-        assert_eq!(set_attr(rev, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, big as c_int), 0);
-        assert_eq!(get_attr(&mut v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, rev), 0);
+        assert_eq!(
+            launch(
+                rev,
+                8,
+                1,
+                1,
+                128,
+                1,
+                1,
+                big,
+                std::ptr::null_mut(),
+                rargs.as_mut_ptr(),
+                std::ptr::null_mut()
+            ),
+            0
+        );
+        assert_eq!(
+            sync(),
+            1,
+            "64 KiB of dynamic shared memory without opt-in must fail"
+        );
+        assert_eq!(
+            set_attr(
+                rev,
+                CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                big as c_int
+            ),
+            0
+        );
+        assert_eq!(
+            get_attr(&mut v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, rev),
+            0
+        );
         assert_eq!(v, big as c_int);
-        assert_eq!(launch(rev, 8, 1, 1, 128, 1, 1, big, std::ptr::null_mut(), rargs.as_mut_ptr(), std::ptr::null_mut()), 0);
+        assert_eq!(
+            launch(
+                rev,
+                8,
+                1,
+                1,
+                128,
+                1,
+                1,
+                big,
+                std::ptr::null_mut(),
+                rargs.as_mut_ptr(),
+                std::ptr::null_mut()
+            ),
+            0
+        );
         assert_eq!(sync(), 0);
-        assert_eq!(set_attr(rev, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1 << 20), 1);
+        assert_eq!(
+            set_attr(
+                rev,
+                CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                1 << 20
+            ),
+            1
+        );
 
         // The cuLibrary entry points.
         let mut l = std::ptr::null_mut();
-        assert_eq!(lib_load(&mut l, ptx("saxpy").as_ptr().cast(), std::ptr::null_mut(), std::ptr::null_mut(), 0, std::ptr::null_mut(), std::ptr::null_mut(), 0), 0);
+        assert_eq!(
+            lib_load(
+                &mut l,
+                ptx("saxpy").as_ptr().cast(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0
+            ),
+            0
+        );
         let (mut k, mut kf) = (std::ptr::null_mut(), std::ptr::null_mut());
         assert_eq!(lib_kernel(&mut k, l, c"saxpy".as_ptr()), 0);
         assert_eq!(kernel_fn(&mut kf, k), 0);
         let alpha = 3.0f32;
-        let mut sargs: Vec<*mut c_void> = vec![(&n as *const i32).cast_mut().cast(), (&alpha as *const f32).cast_mut().cast(), (&mut a as *mut u64).cast(), (&mut c as *mut u64).cast()];
+        let mut sargs: Vec<*mut c_void> = vec![
+            (&n as *const i32).cast_mut().cast(),
+            (&alpha as *const f32).cast_mut().cast(),
+            (&mut a as *mut u64).cast(),
+            (&mut c as *mut u64).cast(),
+        ];
         assert_eq!(htod(c, xs.as_ptr().cast(), bytes), 0);
-        assert_eq!(launch(kf, 8, 1, 1, 128, 1, 1, 0, std::ptr::null_mut(), sargs.as_mut_ptr(), std::ptr::null_mut()), 0);
+        assert_eq!(
+            launch(
+                kf,
+                8,
+                1,
+                1,
+                128,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                sargs.as_mut_ptr(),
+                std::ptr::null_mut()
+            ),
+            0
+        );
         assert_eq!(dtoh(out.as_mut_ptr().cast(), c, bytes), 0);
         assert!(out.iter().enumerate().all(|(i, &v)| v == 4.0 * i as f32));
 
@@ -173,7 +341,22 @@ fn launch_entry_points_behave_like_cuda() {
         let mut sf = std::ptr::null_mut();
         assert_eq!(get_fn(&mut sf, sm, c"spin".as_ptr()), 0);
         let t = std::time::Instant::now();
-        assert_eq!(launch(sf, 1, 1, 1, 32, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()), 0);
+        assert_eq!(
+            launch(
+                sf,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            0
+        );
         assert_eq!(sync(), 702, "CUDA_ERROR_LAUNCH_TIMEOUT");
         assert!(t.elapsed() < std::time::Duration::from_secs(10));
         assert_eq!(ctx_destroy(ctx), 0);

@@ -25,6 +25,10 @@ fn a_cuda_python_program_runs_unmodified() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stdout.contains("PASS"), "{stdout}\n{stderr}\n{}", d.log());
+    assert!(
+        out.status.success() && stdout.contains("PASS"),
+        "{stdout}\n{stderr}\n{}",
+        d.log()
+    );
     assert!(stdout.contains("slice 64 MiB"), "{stdout}");
 }

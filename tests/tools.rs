@@ -16,7 +16,11 @@ fn vgpu_smi_shows_the_slice_and_this_vms_processes_only() {
         .env("VGPU_TRANSPORT", d.transport("vm1"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["vm"], "vm1");
     assert_eq!(v["memory"]["total"], 64 * MIB);
@@ -73,7 +77,10 @@ fn vgpuctl_reports_vms_and_fails_with_useful_exit_codes() {
 
     let (code, out, _) = vgpuctl(&d, &["vm", "list"]);
     assert_eq!(code, 0);
-    assert!(out.contains("vm1") && out.contains("16 MiB") && out.contains("64 MiB"), "{out}");
+    assert!(
+        out.contains("vm1") && out.contains("16 MiB") && out.contains("64 MiB"),
+        "{out}"
+    );
 
     let (code, out, _) = vgpuctl(&d, &["status"]);
     assert_eq!(code, 0, "{out}");

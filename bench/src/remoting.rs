@@ -71,12 +71,30 @@ fn direct(daemon: &Daemon, p: Params) -> Figures {
         out.clear();
         s.handle(r, &[], out, sync).expect("direct call");
     };
-    call(&Request::CtxCreate(msg::CtxCreate { device: 0, flags: 0 }), true, &mut out);
+    call(
+        &Request::CtxCreate(msg::CtxCreate {
+            device: 0,
+            flags: 0,
+        }),
+        true,
+        &mut out,
+    );
     let ctx = u64::from_le_bytes(out[..8].try_into().expect("handle"));
-    call(&Request::MemAlloc(msg::MemAlloc { ctx, size: 4096 }), true, &mut out);
+    call(
+        &Request::MemAlloc(msg::MemAlloc { ctx, size: 4096 }),
+        true,
+        &mut out,
+    );
     let ptr = u64::from_le_bytes(out[..8].try_into().expect("ptr"));
     let sync = Request::CtxSynchronize(msg::CtxSynchronize { ctx });
-    let memset = Request::Memset(msg::Memset { ctx, stream: 0, dst: ptr, value: 7, elem_size: 1, count: 64 });
+    let memset = Request::Memset(msg::Memset {
+        ctx,
+        stream: 0,
+        dst: ptr,
+        value: 7,
+        elem_size: 1,
+        count: 64,
+    });
     let lat = time_each(p.iters, || call(&sync, true, &mut out));
     let t = Instant::now();
     for _ in 0..p.iters {
@@ -142,8 +160,20 @@ pub fn run(p: Params) -> (Figures, Figures) {
     let mut d = Vec::new();
     let mut s = Vec::new();
     // Warm-up.
-    direct(&daemon, Params { iters: p.iters / 10 + 1, runs: 1 });
-    through_shim(Params { iters: p.iters / 10 + 1, runs: 1 }, ptr);
+    direct(
+        &daemon,
+        Params {
+            iters: p.iters / 10 + 1,
+            runs: 1,
+        },
+    );
+    through_shim(
+        Params {
+            iters: p.iters / 10 + 1,
+            runs: 1,
+        },
+        ptr,
+    );
     for _ in 0..p.runs {
         d.push(direct(&daemon, p));
         s.push(through_shim(p, ptr));
@@ -159,8 +189,14 @@ pub fn run(p: Params) -> (Figures, Figures) {
         sync_p99: med(&s, |f| f.sync_p99),
         async_ns: med(&s, |f| f.async_ns),
     };
-    println!("remoting: {} calls x {} runs (medians), simulated GPU, unix socket", p.iters, p.runs);
-    println!("{:<44} {:>12} {:>12} {:>8}", "call", "direct", "shim+socket", "ratio");
+    println!(
+        "remoting: {} calls x {} runs (medians), simulated GPU, unix socket",
+        p.iters, p.runs
+    );
+    println!(
+        "{:<44} {:>12} {:>12} {:>8}",
+        "call", "direct", "shim+socket", "ratio"
+    );
     println!(
         "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",
         "cuCtxSynchronize round trip, p50",

@@ -5,8 +5,8 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::ops::Range;
-use std::time::Duration;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;

@@ -365,7 +365,9 @@ impl Engine {
         if let Some(p) = st.poisoned.get(&ctx) {
             return Some(p.clone());
         }
-        st.errors.remove(&ctx).or_else(|| st.errors.remove(&NO_CONTEXT))
+        st.errors
+            .remove(&ctx)
+            .or_else(|| st.errors.remove(&NO_CONTEXT))
     }
 
     /// The sticky error that poisoned context `ctx`, if any.
@@ -505,13 +507,16 @@ mod tests {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(AtomicBool::new(false));
-        e.submit(1, Job::Other(Box::new(Step {
-            log: Arc::clone(&log),
-            id: 0,
-            gate: Some(Arc::clone(&gate)),
-            result: Ok(()),
-            control: None,
-        })));
+        e.submit(
+            1,
+            Job::Other(Box::new(Step {
+                log: Arc::clone(&log),
+                id: 0,
+                gate: Some(Arc::clone(&gate)),
+                result: Ok(()),
+                control: None,
+            })),
+        );
         let submitted = Arc::new(AtomicUsize::new(0));
         let (s2, l2) = (Arc::clone(&submitted), Arc::clone(&log));
         let t = std::thread::spawn(move || {
@@ -561,12 +566,26 @@ mod tests {
     #[test]
     fn non_sticky_errors_are_reported_once() {
         let mut e = engine();
-        e.submit(1, Job::Memset { dst: 0x1, value: 0, elem_size: 1, count: 1 });
+        e.submit(
+            1,
+            Job::Memset {
+                dst: 0x1,
+                value: 0,
+                elem_size: 1,
+                count: 1,
+            },
+        );
         assert!(e.take_error(2).is_none(), "errors belong to their context");
-        assert_eq!(e.take_error(1).unwrap().code, cuda::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            e.take_error(1).unwrap().code,
+            cuda::CUDA_ERROR_INVALID_VALUE
+        );
         assert!(e.take_error(1).is_none());
         e.defer_error(NO_CONTEXT, CuError::invalid_value("malformed"));
-        assert_eq!(e.take_error(5).unwrap().code, cuda::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            e.take_error(5).unwrap().code,
+            cuda::CUDA_ERROR_INVALID_VALUE
+        );
     }
 
     #[test]
@@ -574,13 +593,16 @@ mod tests {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
         let control = Arc::new(RunControl::default());
-        e.submit(1, Job::Other(Box::new(Step {
-            log: Arc::clone(&log),
-            id: 0,
-            gate: Some(Arc::new(AtomicBool::new(false))),
-            result: Ok(()),
-            control: Some(Arc::clone(&control)),
-        })));
+        e.submit(
+            1,
+            Job::Other(Box::new(Step {
+                log: Arc::clone(&log),
+                id: 0,
+                gate: Some(Arc::new(AtomicBool::new(false))),
+                result: Ok(()),
+                control: Some(Arc::clone(&control)),
+            })),
+        );
         e.submit(1, step(&log, 1));
         std::thread::sleep(Duration::from_millis(20));
         drop(e);

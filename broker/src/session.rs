@@ -4,15 +4,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use tracing::debug;
 use vgpu_proto::cuda::{self, attr, func_attr};
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg::{self, Message, Request};
 
-use crate::device::{DeviceContext, DeviceInfo, DeviceModule, KernelDesc, LaunchDims, LaunchProgress, RunControl};
+use crate::device::{
+    DeviceContext, DeviceInfo, DeviceModule, KernelDesc, LaunchDims, LaunchProgress, RunControl,
+};
 use crate::engine::{Engine, EventClock, Job, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
@@ -247,7 +249,10 @@ impl Session {
                 // A context poisoned by a kernel fault can still be destroyed:
                 // that is how a process recovers, as with CUDA.
                 let c = self.contexts.get(m.ctx).ok_or_else(|| {
-                    CuError::invalid_context(format!("{:#x} is not a context of this process", m.ctx))
+                    CuError::invalid_context(format!(
+                        "{:#x} is not a context of this process",
+                        m.ctx
+                    ))
                 })?;
                 if c.primary {
                     return Err(CuError::invalid_context(
@@ -387,10 +392,13 @@ impl Session {
                     .fetch_add(len, Ordering::Relaxed);
                 let seq = match self.engine.try_inline(ctx, |d| d.write(m.dst, tail)) {
                     Some(seq) => seq,
-                    None => self.engine.submit(ctx, Job::Write {
-                        dst: m.dst,
-                        data: tail.to_vec(),
-                    }),
+                    None => self.engine.submit(
+                        ctx,
+                        Job::Write {
+                            dst: m.dst,
+                            data: tail.to_vec(),
+                        },
+                    ),
                 };
                 self.note_seq(ctx, m.stream, seq);
                 reply(out, msg::Empty {})
@@ -422,11 +430,14 @@ impl Session {
                 let ctx = self.stream_ctx(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;
                 self.allocs.check(m.dst, m.len, "copy destination")?;
-                let seq = self.engine.submit(ctx, Job::Copy {
-                    dst: m.dst,
-                    src: m.src,
-                    len: m.len,
-                });
+                let seq = self.engine.submit(
+                    ctx,
+                    Job::Copy {
+                        dst: m.dst,
+                        src: m.src,
+                        len: m.len,
+                    },
+                );
                 self.note_seq(ctx, m.stream, seq);
                 reply(out, msg::Empty {})
             }
@@ -448,12 +459,15 @@ impl Session {
                     )));
                 }
                 self.allocs.check(m.dst, bytes, "memset destination")?;
-                let seq = self.engine.submit(ctx, Job::Memset {
-                    dst: m.dst,
-                    value: m.value,
-                    elem_size: m.elem_size,
-                    count: m.count,
-                });
+                let seq = self.engine.submit(
+                    ctx,
+                    Job::Memset {
+                        dst: m.dst,
+                        value: m.value,
+                        elem_size: m.elem_size,
+                        count: m.count,
+                    },
+                );
                 self.note_seq(ctx, m.stream, seq);
                 reply(out, msg::Empty {})
             }
@@ -619,10 +633,24 @@ impl Session {
                     .modules
                     .get(m.module)
                     .ok_or_else(|| CuError::invalid_handle("not a module of this process"))?;
-                let g = st.module.globals().iter().find(|g| g.name == m.name).ok_or_else(|| {
-                    CuError::new(cuda::CUDA_ERROR_NOT_FOUND, format!("the module has no global named `{}`", m.name))
-                })?;
-                reply(out, msg::Range { base: g.addr, size: g.size })
+                let g = st
+                    .module
+                    .globals()
+                    .iter()
+                    .find(|g| g.name == m.name)
+                    .ok_or_else(|| {
+                        CuError::new(
+                            cuda::CUDA_ERROR_NOT_FOUND,
+                            format!("the module has no global named `{}`", m.name),
+                        )
+                    })?;
+                reply(
+                    out,
+                    msg::Range {
+                        base: g.addr,
+                        size: g.size,
+                    },
+                )
             }
             R::LaunchKernel(m) => {
                 let ctx = self.stream_ctx(m.ctx, m.stream)?;
@@ -636,12 +664,19 @@ impl Session {
                 let v = usize::try_from(m.attribute)
                     .ok()
                     .and_then(|a| f.desc.attributes.get(a).copied())
-                    .ok_or_else(|| CuError::invalid_value(format!("unknown function attribute {}", m.attribute)))?;
+                    .ok_or_else(|| {
+                        CuError::invalid_value(format!(
+                            "unknown function attribute {}",
+                            m.attribute
+                        ))
+                    })?;
                 reply(out, msg::Value { value: v })
             }
             R::FuncSetAttribute(m) => {
                 self.ctx(m.ctx)?;
-                let optin = self.device.attribute(attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+                let optin = self
+                    .device
+                    .attribute(attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
                 let f = self
                     .functions
                     .get_mut(m.function)
@@ -659,7 +694,9 @@ impl Session {
                     }
                     Ok(func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT) => {
                         if !(-1..=100).contains(&m.value) {
-                            return Err(CuError::invalid_value("the shared memory carveout is a percentage (or -1)"));
+                            return Err(CuError::invalid_value(
+                                "the shared memory carveout is a percentage (or -1)",
+                            ));
                         }
                         f.desc.attributes[func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT] = m.value;
                     }
@@ -683,9 +720,9 @@ impl Session {
     }
 
     fn function(&self, h: u64) -> Result<&FunctionState, CuError> {
-        self.functions
-            .get(h)
-            .ok_or_else(|| CuError::invalid_handle(format!("{h:#x} is not a function of this process")))
+        self.functions.get(h).ok_or_else(|| {
+            CuError::invalid_handle(format!("{h:#x} is not a function of this process"))
+        })
     }
 
     fn load_module(&mut self, ctx: u64, image: &[u8]) -> Result<u64, CuError> {
@@ -701,7 +738,13 @@ impl Session {
         let charges: Vec<(u64, u64, u64)> = module
             .globals()
             .iter()
-            .map(|g| (g.addr, g.size, round_up(g.size.max(1), self.device.alloc_granularity).unwrap_or(g.size)))
+            .map(|g| {
+                (
+                    g.addr,
+                    g.size,
+                    round_up(g.size.max(1), self.device.alloc_granularity).unwrap_or(g.size),
+                )
+            })
             .collect();
         let total: u64 = charges.iter().map(|c| c.2).sum();
         // Charged before the module becomes usable; on refusal the module is dropped (freed).
@@ -728,14 +771,19 @@ impl Session {
                 },
             );
         }
-        self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+        self.info
+            .memory
+            .store(self.allocs.charged(), Ordering::Relaxed);
         Ok(h)
     }
 
     fn unload_module(&mut self, h: u64) {
         // Kernels of the module may still be queued or running.
         self.engine.drain();
-        for base in self.allocs.bases_where(|a| a.kind == AllocKind::ModuleGlobal(h)) {
+        for base in self
+            .allocs
+            .bases_where(|a| a.kind == AllocKind::ModuleGlobal(h))
+        {
             if let Some(a) = self.allocs.remove(base) {
                 self.tenant.slice.refund(a.charged);
             }
@@ -745,7 +793,9 @@ impl Session {
                 self.functions.remove(*f);
             }
         }
-        self.info.memory.store(self.allocs.charged(), Ordering::Relaxed);
+        self.info
+            .memory
+            .store(self.allocs.charged(), Ordering::Relaxed);
     }
 
     fn get_function(&mut self, module: u64, name: &str) -> Result<u64, CuError> {
@@ -763,7 +813,12 @@ impl Session {
             .enumerate()
             .find(|(_, k)| k.name == name)
             .map(|(i, k)| (i, k.clone()))
-            .ok_or_else(|| CuError::new(cuda::CUDA_ERROR_NOT_FOUND, format!("the module has no kernel named `{name}`")))?;
+            .ok_or_else(|| {
+                CuError::new(
+                    cuda::CUDA_ERROR_NOT_FOUND,
+                    format!("the module has no kernel named `{name}`"),
+                )
+            })?;
         let param_bytes = desc
             .param_offsets
             .iter()
@@ -799,8 +854,16 @@ impl Session {
                 params.len()
             )));
         }
-        let max_grid = [attr::MAX_GRID_DIM_X, attr::MAX_GRID_DIM_Y, attr::MAX_GRID_DIM_Z];
-        let max_block = [attr::MAX_BLOCK_DIM_X, attr::MAX_BLOCK_DIM_Y, attr::MAX_BLOCK_DIM_Z];
+        let max_grid = [
+            attr::MAX_GRID_DIM_X,
+            attr::MAX_GRID_DIM_Y,
+            attr::MAX_GRID_DIM_Z,
+        ];
+        let max_block = [
+            attr::MAX_BLOCK_DIM_X,
+            attr::MAX_BLOCK_DIM_Y,
+            attr::MAX_BLOCK_DIM_Z,
+        ];
         for i in 0..3 {
             let gmax = self.device.attribute(max_grid[i]).max(1) as u32;
             let bmax = self.device.attribute(max_block[i]).max(1) as u32;
@@ -1060,14 +1123,24 @@ impl Work for LaunchWork {
         self.control
             .set_deadline(self.watchdog.and_then(|w| Instant::now().checked_add(w)));
         loop {
-            match dev.launch(self.module.as_ref(), self.kernel, &self.dims, &self.params, start, &self.control)? {
+            match dev.launch(
+                self.module.as_ref(),
+                self.kernel,
+                &self.dims,
+                &self.params,
+                start,
+                &self.control,
+            )? {
                 LaunchProgress::Completed => {
                     self.tenant.stats.kernels.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 LaunchProgress::Yielded { next_block } => {
                     if self.control.cancelled() {
-                        return Err(CuError::new(cuda::CUDA_ERROR_LAUNCH_FAILED, "the launch was cancelled"));
+                        return Err(CuError::new(
+                            cuda::CUDA_ERROR_LAUNCH_FAILED,
+                            "the launch was cancelled",
+                        ));
                     }
                     self.control.clear_yield();
                     start = next_block;

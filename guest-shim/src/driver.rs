@@ -738,7 +738,10 @@ pub fn module_load(image: &[u8]) -> Result<u64, (CuResult, String)> {
     if image.len() > vgpu_proto::frame::MAX_PAYLOAD - 64 {
         return Err((
             cuda::CUDA_ERROR_INVALID_VALUE,
-            format!("module images are limited to {} bytes", vgpu_proto::frame::MAX_PAYLOAD - 64),
+            format!(
+                "module images are limited to {} bytes",
+                vgpu_proto::frame::MAX_PAYLOAD - 64
+            ),
         ));
     }
     let r = lock(&d.client).call(&msg::ModuleLoad { ctx: c }, image);
@@ -763,7 +766,14 @@ pub fn module_unload(m: u64) -> CuRes<()> {
 pub fn module_get_function(m: u64, name: &str) -> CuRes<u64> {
     let c = ctx()?;
     let d = driver()?;
-    let r = d.call(&msg::ModuleGetFunction { ctx: c, module: m, name: name.to_string() }, &[])?;
+    let r = d.call(
+        &msg::ModuleGetFunction {
+            ctx: c,
+            module: m,
+            name: name.to_string(),
+        },
+        &[],
+    )?;
     lock(&d.functions).insert(
         r.function,
         FuncLayout {
@@ -779,18 +789,35 @@ pub fn module_get_function(m: u64, name: &str) -> CuRes<u64> {
 pub fn module_get_global(m: u64, name: &str) -> CuRes<(u64, u64)> {
     let c = ctx()?;
     let d = driver()?;
-    let r = d.call(&msg::ModuleGetGlobal { ctx: c, module: m, name: name.to_string() }, &[])?;
+    let r = d.call(
+        &msg::ModuleGetGlobal {
+            ctx: c,
+            module: m,
+            name: name.to_string(),
+        },
+        &[],
+    )?;
     lock(&d.device_ranges).insert(r.base, r.size);
     Ok((r.base, r.size))
 }
 
 /// The cached layout of a function.
 pub fn func_layout(f: u64) -> CuRes<FuncLayout> {
-    lock(&driver()?.functions).get(&f).cloned().ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
+    lock(&driver()?.functions)
+        .get(&f)
+        .cloned()
+        .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// `cuLaunchKernel` with a packed parameter buffer.
-pub fn launch(f: u64, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, params: &[u8]) -> CuRes<()> {
+pub fn launch(
+    f: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: u64,
+    params: &[u8],
+) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
     let req = msg::LaunchKernel {
@@ -811,16 +838,36 @@ pub fn launch(f: u64, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64,
 /// `cuFuncGetAttribute` (live: reflects `cuFuncSetAttribute`).
 pub fn func_get_attribute(f: u64, attribute: i32) -> CuRes<i32> {
     let c = ctx()?;
-    Ok(driver()?.call(&msg::FuncGetAttribute { ctx: c, function: f, attribute }, &[])?.value)
+    Ok(driver()?
+        .call(
+            &msg::FuncGetAttribute {
+                ctx: c,
+                function: f,
+                attribute,
+            },
+            &[],
+        )?
+        .value)
 }
 
 /// `cuFuncSetAttribute`.
 pub fn func_set_attribute(f: u64, attribute: i32, value: i32) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
-    d.call(&msg::FuncSetAttribute { ctx: c, function: f, attribute, value }, &[])?;
+    d.call(
+        &msg::FuncSetAttribute {
+            ctx: c,
+            function: f,
+            attribute,
+            value,
+        },
+        &[],
+    )?;
     if let Some(l) = lock(&d.functions).get_mut(&f) {
-        if let Some(a) = usize::try_from(attribute).ok().and_then(|a| l.attributes.get_mut(a)) {
+        if let Some(a) = usize::try_from(attribute)
+            .ok()
+            .and_then(|a| l.attributes.get_mut(a))
+        {
             *a = value;
         }
     }
@@ -845,8 +892,14 @@ pub fn occupancy_blocks_per_sm(f: u64, block_size: i32, dyn_smem: usize) -> CuRe
     let by_threads = dev(attr::MAX_THREADS_PER_MULTIPROCESSOR) / (warps * warp);
     let regs = fa(func_attr::NUM_REGS).max(1) * warps * warp;
     let by_regs = dev(attr::MAX_REGISTERS_PER_MULTIPROCESSOR) / regs.max(1);
-    let smem = fa(func_attr::SHARED_SIZE_BYTES) + dyn_smem as i64 + dev(attr::RESERVED_SHARED_MEMORY_PER_BLOCK);
-    let by_smem = if smem > 0 { dev(attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) / smem } else { i64::MAX };
+    let smem = fa(func_attr::SHARED_SIZE_BYTES)
+        + dyn_smem as i64
+        + dev(attr::RESERVED_SHARED_MEMORY_PER_BLOCK);
+    let by_smem = if smem > 0 {
+        dev(attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) / smem
+    } else {
+        i64::MAX
+    };
     let n = by_threads
         .min(by_regs)
         .min(by_smem)
@@ -864,9 +917,25 @@ pub fn occupancy_max_block_size(
     use vgpu_proto::cuda::{attr, func_attr};
     let d = driver()?;
     let l = func_layout(f)?;
-    let warp = d.props.attributes.get(attr::WARP_SIZE).copied().unwrap_or(32).max(1);
-    let sms = d.props.attributes.get(attr::MULTIPROCESSOR_COUNT).copied().unwrap_or(1).max(1);
-    let mut max = l.attributes.get(func_attr::MAX_THREADS_PER_BLOCK).copied().unwrap_or(1024);
+    let warp = d
+        .props
+        .attributes
+        .get(attr::WARP_SIZE)
+        .copied()
+        .unwrap_or(32)
+        .max(1);
+    let sms = d
+        .props
+        .attributes
+        .get(attr::MULTIPROCESSOR_COUNT)
+        .copied()
+        .unwrap_or(1)
+        .max(1);
+    let mut max = l
+        .attributes
+        .get(func_attr::MAX_THREADS_PER_BLOCK)
+        .copied()
+        .unwrap_or(1024);
     if limit > 0 {
         max = max.min(limit);
     }

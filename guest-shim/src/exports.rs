@@ -38,7 +38,9 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
-    ffi("cuDriverGetVersion", || out!(version, drv::driver_version()))
+    ffi("cuDriverGetVersion", || {
+        out!(version, drv::driver_version())
+    })
 }
 
 fn error_strings() -> &'static [(u32, CString, CString)] {
@@ -58,18 +60,25 @@ fn error_strings() -> &'static [(u32, CString, CString)] {
 }
 
 fn error_lookup(code: CUresult, s: *mut *const c_char, name: bool) -> CUresult {
-    ffi(if name { "cuGetErrorName" } else { "cuGetErrorString" }, || {
-        let e = error_strings().iter().find(|e| e.0 == code);
-        let ptr = e.map_or(std::ptr::null(), |e| {
-            if name { e.1.as_ptr() } else { e.2.as_ptr() }
-        });
-        out!(s, ptr)?;
-        if e.is_some() {
-            Ok(())
+    ffi(
+        if name {
+            "cuGetErrorName"
         } else {
-            Err(cuda::CUDA_ERROR_INVALID_VALUE)
-        }
-    })
+            "cuGetErrorString"
+        },
+        || {
+            let e = error_strings().iter().find(|e| e.0 == code);
+            let ptr = e.map_or(std::ptr::null(), |e| {
+                if name { e.1.as_ptr() } else { e.2.as_ptr() }
+            });
+            out!(s, ptr)?;
+            if e.is_some() {
+                Ok(())
+            } else {
+                Err(cuda::CUDA_ERROR_INVALID_VALUE)
+            }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -115,7 +124,9 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    ffi("cuDeviceTotalMem_v2", || out!(bytes, drv::device_total_mem(dev)? as usize))
+    ffi("cuDeviceTotalMem_v2", || {
+        out!(bytes, drv::device_total_mem(dev)? as usize)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -124,7 +135,9 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    ffi("cuDeviceGetAttribute", || out!(pi, drv::device_attribute(attrib, dev)?))
+    ffi("cuDeviceGetAttribute", || {
+        out!(pi, drv::device_attribute(attrib, dev)?)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -343,7 +356,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
-    ffi("cuDevicePrimaryCtxSetFlags_v2", || drv::primary_set_flags(dev, flags))
+    ffi("cuDevicePrimaryCtxSetFlags_v2", || {
+        drv::primary_set_flags(dev, flags)
+    })
 }
 
 // ---- memory ----------------------------------------------------------------------
@@ -414,7 +429,9 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    ffi("cuMemcpyHtoD_v2", || drv::memcpy_htod(dst, in_bytes!(src, n), 0, true))
+    ffi("cuMemcpyHtoD_v2", || {
+        drv::memcpy_htod(dst, in_bytes!(src, n), 0, true)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -424,12 +441,16 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemcpyHtoDAsync_v2", || drv::memcpy_htod(dst, in_bytes!(src, n), h(stream), false))
+    ffi("cuMemcpyHtoDAsync_v2", || {
+        drv::memcpy_htod(dst, in_bytes!(src, n), h(stream), false)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    ffi("cuMemcpyDtoH_v2", || drv::memcpy_dtoh(out_bytes!(dst, n), src, 0))
+    ffi("cuMemcpyDtoH_v2", || {
+        drv::memcpy_dtoh(out_bytes!(dst, n), src, 0)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -439,12 +460,16 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemcpyDtoHAsync_v2", || drv::memcpy_dtoh(out_bytes!(dst, n), src, h(stream)))
+    ffi("cuMemcpyDtoHAsync_v2", || {
+        drv::memcpy_dtoh(out_bytes!(dst, n), src, h(stream))
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    ffi("cuMemcpyDtoD_v2", || drv::memcpy_dtod(dst, src, n as u64, 0, true))
+    ffi("cuMemcpyDtoD_v2", || {
+        drv::memcpy_dtod(dst, src, n as u64, 0, true)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -454,7 +479,9 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemcpyDtoDAsync_v2", || drv::memcpy_dtod(dst, src, n as u64, h(stream), false))
+    ffi("cuMemcpyDtoDAsync_v2", || {
+        drv::memcpy_dtod(dst, src, n as u64, h(stream), false)
+    })
 }
 
 fn memcpy_uva(
@@ -496,27 +523,37 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemcpyAsync", || memcpy_uva(dst, src, n, h(stream), false))
+    ffi("cuMemcpyAsync", || {
+        memcpy_uva(dst, src, n, h(stream), false)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
-    ffi("cuMemsetD8_v2", || drv::memset(dst, u32::from(v), 1, n as u64, 0, true))
+    ffi("cuMemsetD8_v2", || {
+        drv::memset(dst, u32::from(v), 1, n as u64, 0, true)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
-    ffi("cuMemsetD16_v2", || drv::memset(dst, u32::from(v), 2, n as u64, 0, true))
+    ffi("cuMemsetD16_v2", || {
+        drv::memset(dst, u32::from(v), 2, n as u64, 0, true)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
-    ffi("cuMemsetD32_v2", || drv::memset(dst, v, 4, n as u64, 0, true))
+    ffi("cuMemsetD32_v2", || {
+        drv::memset(dst, v, 4, n as u64, 0, true)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, stream: CUhandle) -> CUresult {
-    ffi("cuMemsetD8Async", || drv::memset(dst, u32::from(v), 1, n as u64, h(stream), false))
+    ffi("cuMemsetD8Async", || {
+        drv::memset(dst, u32::from(v), 1, n as u64, h(stream), false)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -526,7 +563,9 @@ pub extern "C" fn cuMemsetD16Async(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemsetD16Async", || drv::memset(dst, u32::from(v), 2, n as u64, h(stream), false))
+    ffi("cuMemsetD16Async", || {
+        drv::memset(dst, u32::from(v), 2, n as u64, h(stream), false)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -536,7 +575,9 @@ pub extern "C" fn cuMemsetD32Async(
     n: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemsetD32Async", || drv::memset(dst, v, 4, n as u64, h(stream), false))
+    ffi("cuMemsetD32Async", || {
+        drv::memset(dst, v, 4, n as u64, h(stream), false)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -620,17 +661,23 @@ pub extern "C" fn cuStreamQuery(stream: CUhandle) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWaitEvent(stream: CUhandle, event: CUhandle, flags: c_uint) -> CUresult {
-    ffi("cuStreamWaitEvent", || drv::stream_wait_event(h(stream), h(event), flags))
+    ffi("cuStreamWaitEvent", || {
+        drv::stream_wait_event(h(stream), h(event), flags)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetPriority(stream: CUhandle, priority: *mut c_int) -> CUresult {
-    ffi("cuStreamGetPriority", || out!(priority, drv::stream_params(h(stream))?.1))
+    ffi("cuStreamGetPriority", || {
+        out!(priority, drv::stream_params(h(stream))?.1)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetFlags(stream: CUhandle, flags: *mut c_uint) -> CUresult {
-    ffi("cuStreamGetFlags", || out!(flags, drv::stream_params(h(stream))?.0))
+    ffi("cuStreamGetFlags", || {
+        out!(flags, drv::stream_params(h(stream))?.0)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -721,10 +768,13 @@ unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
         let u16_at = |o: usize| u64::from(u16::from_le_bytes([h[o], h[o + 1]]));
         let sections = u64_at(0x28) + u16_at(0x3a) * u16_at(0x3c);
         let programs = u64_at(0x20) + u16_at(0x36) * u16_at(0x38);
-        let len = usize::try_from(sections.max(programs).max(64)).map_err(|_| cuda::CUDA_ERROR_INVALID_IMAGE)?;
+        let len = usize::try_from(sections.max(programs).max(64))
+            .map_err(|_| cuda::CUDA_ERROR_INVALID_IMAGE)?;
         return Ok(head(len));
     }
-    if first == (FATBIN_MAGIC & 0xff) as u8 && u32::from_le_bytes(head(4).try_into().unwrap_or([0; 4])) == FATBIN_MAGIC {
+    if first == (FATBIN_MAGIC & 0xff) as u8
+        && u32::from_le_bytes(head(4).try_into().unwrap_or([0; 4])) == FATBIN_MAGIC
+    {
         let h = head(16);
         let header = u64::from(u16::from_le_bytes([h[6], h[7]]));
         let body = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8]));
@@ -736,7 +786,11 @@ unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
 }
 
 /// Loads a module; on failure writes the host's message to an error log buffer.
-fn module_load(module: *mut CUhandle, image: *const c_void, log: Option<(*mut c_char, *mut *mut c_void)>) -> drv::CuRes<()> {
+fn module_load(
+    module: *mut CUhandle,
+    image: *const c_void,
+    log: Option<(*mut c_char, *mut *mut c_void)>,
+) -> drv::CuRes<()> {
     if module.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
@@ -750,7 +804,9 @@ fn module_load(module: *mut CUhandle, image: *const c_void, log: Option<(*mut c_
                 let size = unsafe { *size_slot } as usize;
                 if !buf.is_null() && size > 0 {
                     // SAFETY: `buf` has `size` bytes.
-                    let _ = unsafe { write_cstr(buf, i32::try_from(size).unwrap_or(i32::MAX), &message) };
+                    let _ = unsafe {
+                        write_cstr(buf, i32::try_from(size).unwrap_or(i32::MAX), &message)
+                    };
                     // SAFETY: the size slot is in/out: the driver stores the bytes written.
                     unsafe { *size_slot = (message.len().min(size - 1) + 1) as *mut c_void };
                 }
@@ -778,9 +834,16 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         if num_options > 0 && !options.is_null() && !values.is_null() {
             let n = num_options.min(64) as usize;
             // SAFETY: `options` and `values` have `num_options` entries (CUDA contract).
-            let (opts, vals) = unsafe { (std::slice::from_raw_parts(options, n), std::slice::from_raw_parts_mut(values, n)) };
+            let (opts, vals) = unsafe {
+                (
+                    std::slice::from_raw_parts(options, n),
+                    std::slice::from_raw_parts_mut(values, n),
+                )
+            };
             let buf = opts.iter().position(|&o| o == JIT_ERROR_LOG_BUFFER);
-            let size = opts.iter().position(|&o| o == JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
+            let size = opts
+                .iter()
+                .position(|&o| o == JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
             if let (Some(b), Some(sz)) = (buf, size) {
                 log = Some((vals[b].cast::<c_char>(), std::ptr::from_mut(&mut vals[sz])));
             }
@@ -803,11 +866,17 @@ unsafe fn c_name<'a>(s: *const c_char) -> drv::CuRes<&'a str> {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: NUL-terminated per this function's contract.
-    unsafe { CStr::from_ptr(s) }.to_str().map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUhandle, module: CUhandle, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut CUhandle,
+    module: CUhandle,
+    name: *const c_char,
+) -> CUresult {
     ffi("cuModuleGetFunction", || {
         // SAFETY: `name` is the caller's C string (CUDA contract).
         let name = unsafe { c_name(name) }?;
@@ -844,7 +913,11 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 ///
 /// # Safety
 /// `params` and `extra` must follow the cuLaunchKernel contract for this function's parameters.
-unsafe fn pack_params(f: u64, params: *mut *mut c_void, extra: *mut *mut c_void) -> drv::CuRes<Vec<u8>> {
+unsafe fn pack_params(
+    f: u64,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> drv::CuRes<Vec<u8>> {
     let layout = drv::func_layout(f)?;
     let total = layout.param_bytes();
     let mut buf = vec![0u8; total];
@@ -892,7 +965,11 @@ unsafe fn pack_params(f: u64, params: *mut *mut c_void, extra: *mut *mut c_void)
         buf.copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, total) });
         return Ok(buf);
     }
-    if total == 0 { Ok(buf) } else { Err(cuda::CUDA_ERROR_INVALID_VALUE) }
+    if total == 0 {
+        Ok(buf)
+    } else {
+        Err(cuda::CUDA_ERROR_INVALID_VALUE)
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -970,7 +1047,8 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         let c = unsafe { &*config };
         if c.num_attrs > 0 && !c.attrs.is_null() {
             // SAFETY: `attrs` has `num_attrs` entries (CUDA contract).
-            let attrs = unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs.min(64) as usize) };
+            let attrs =
+                unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs.min(64) as usize) };
             for a in attrs {
                 match a.id {
                     LAUNCH_ATTRIBUTE_COOPERATIVE if a.value[0] != 0 => {
@@ -998,12 +1076,16 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attr: c_int, f: CUhandle) -> CUresult {
-    ffi("cuFuncGetAttribute", || out!(pi, drv::func_get_attribute(h(f), attr)?))
+    ffi("cuFuncGetAttribute", || {
+        out!(pi, drv::func_get_attribute(h(f), attr)?)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetAttribute(f: CUhandle, attr: c_int, value: c_int) -> CUresult {
-    ffi("cuFuncSetAttribute", || drv::func_set_attribute(h(f), attr, value))
+    ffi("cuFuncSetAttribute", || {
+        drv::func_set_attribute(h(f), attr, value)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -1018,7 +1100,9 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     block: c_int,
     smem: usize,
 ) -> CUresult {
-    ffi("cuOccupancyMaxActiveBlocksPerMultiprocessor", || out!(n, drv::occupancy_blocks_per_sm(h(f), block, smem)?))
+    ffi("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
+        out!(n, drv::occupancy_blocks_per_sm(h(f), block, smem)?)
+    })
 }
 
 /// `CUoccupancyB2DSize`: dynamic shared memory for a block size.
@@ -1062,7 +1146,11 @@ pub unsafe extern "C" fn cuLibraryLoadData(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryGetKernel(k: *mut CUhandle, lib: CUhandle, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    k: *mut CUhandle,
+    lib: CUhandle,
+    name: *const c_char,
+) -> CUresult {
     // SAFETY: same contract as cuModuleGetFunction.
     unsafe { cuModuleGetFunction(k, lib, name) }
 }
@@ -1083,7 +1171,10 @@ pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
 /// `cuGetExportTable`: NVIDIA's private interface tables (used by the CUDA
 /// runtime and NVRTC). vgpu has none; callers fall back or report an error.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const [u8; 16]) -> CUresult {
+pub unsafe extern "C" fn cuGetExportTable(
+    table: *mut *const c_void,
+    _id: *const [u8; 16],
+) -> CUresult {
     ffi("cuGetExportTable", || {
         if !table.is_null() {
             out!(table, std::ptr::null())?;

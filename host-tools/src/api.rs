@@ -15,7 +15,9 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Error)]
 pub enum ApiError {
     /// The socket could not be reached.
-    #[error("cannot connect to vgpud at {path}: {source} (is vgpud running? is --socket right? do you have permission?)")]
+    #[error(
+        "cannot connect to vgpud at {path}: {source} (is vgpud running? is --socket right? do you have permission?)"
+    )]
     Connect {
         /// Socket path.
         path: PathBuf,
@@ -54,7 +56,12 @@ impl Client {
     }
 
     /// Sends a request and returns the JSON body of a 2xx response.
-    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ApiError> {
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ApiError> {
         let mut s = UnixStream::connect(&self.socket).map_err(|source| ApiError::Connect {
             path: self.socket.clone(),
             source,
@@ -77,11 +84,15 @@ impl Client {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| ApiError::Malformed(head.lines().next().unwrap_or("").to_string()))?;
-        let json: Value = serde_json::from_str(body).map_err(|e| ApiError::Malformed(e.to_string()))?;
+        let json: Value =
+            serde_json::from_str(body).map_err(|e| ApiError::Malformed(e.to_string()))?;
         if (200..300).contains(&status) {
             Ok(json)
         } else {
-            let message = json["error"].as_str().unwrap_or("request failed").to_string();
+            let message = json["error"]
+                .as_str()
+                .unwrap_or("request failed")
+                .to_string();
             Err(ApiError::Status { status, message })
         }
     }

@@ -69,11 +69,15 @@ pub enum VmCommand {
 }
 
 fn mib(v: &Value) -> String {
-    v.as_u64().map_or("-".into(), |b| format!("{} MiB", b >> 20))
+    v.as_u64()
+        .map_or("-".into(), |b| format!("{} MiB", b >> 20))
 }
 
 fn print_vms(vms: &[Value]) {
-    println!("{:<16} {:<8} {:>12} {:>12} {:>7} {:<9} {:>8}", "VM", "DEVICE", "USED", "SLICE", "WEIGHT", "PRIORITY", "SESSIONS");
+    println!(
+        "{:<16} {:<8} {:>12} {:>12} {:>7} {:<9} {:>8}",
+        "VM", "DEVICE", "USED", "SLICE", "WEIGHT", "PRIORITY", "SESSIONS"
+    );
     for v in vms {
         println!(
             "{:<16} {:<8} {:>12} {:>12} {:>7} {:<9} {:>8}",
@@ -97,17 +101,27 @@ pub fn run(cli: &Cli) -> Result<(), ApiError> {
             let devices = c.get("/v1/devices")?;
             let vms = c.get("/v1/vms")?;
             if !cli.json {
-                println!("vgpud {} (pid {}, protocol {})", info["version"].as_str().unwrap_or("?"), info["pid"], info["protocol_version"]);
+                println!(
+                    "vgpud {} (pid {}, protocol {})",
+                    info["version"].as_str().unwrap_or("?"),
+                    info["pid"],
+                    info["protocol_version"]
+                );
                 println!("devices: {}", devices.as_array().map_or(0, Vec::len));
                 print_vms(vms.as_array().map_or(&[], Vec::as_slice));
                 return Ok(());
             }
             serde_json::json!({ "daemon": info, "devices": devices, "vms": vms })
         }
-        Command::Device { command: DeviceCommand::List } => {
+        Command::Device {
+            command: DeviceCommand::List,
+        } => {
             let devices = c.get("/v1/devices")?;
             if !cli.json {
-                println!("{:<8} {:<6} {:<22} {:>12} {:>12}  VMS", "NAME", "KIND", "MODEL", "USED", "MEMORY");
+                println!(
+                    "{:<8} {:<6} {:<22} {:>12} {:>12}  VMS",
+                    "NAME", "KIND", "MODEL", "USED", "MEMORY"
+                );
                 for d in devices.as_array().into_iter().flatten() {
                     println!(
                         "{:<8} {:<6} {:<22} {:>12} {:>12}  {}",
@@ -116,14 +130,23 @@ pub fn run(cli: &Cli) -> Result<(), ApiError> {
                         d["model"].as_str().unwrap_or("?"),
                         mib(&d["memory_used"]),
                         mib(&d["memory_total"]),
-                        d["vms"].as_array().map(|v| v.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default()
+                        d["vms"]
+                            .as_array()
+                            .map(|v| v
+                                .iter()
+                                .filter_map(Value::as_str)
+                                .collect::<Vec<_>>()
+                                .join(","))
+                            .unwrap_or_default()
                     );
                 }
                 return Ok(());
             }
             devices
         }
-        Command::Vm { command: VmCommand::List } => {
+        Command::Vm {
+            command: VmCommand::List,
+        } => {
             let vms = c.get("/v1/vms")?;
             if !cli.json {
                 print_vms(vms.as_array().map_or(&[], Vec::as_slice));
@@ -131,7 +154,9 @@ pub fn run(cli: &Cli) -> Result<(), ApiError> {
             }
             vms
         }
-        Command::Vm { command: VmCommand::Show { name } } => {
+        Command::Vm {
+            command: VmCommand::Show { name },
+        } => {
             let v = c.get(&format!("/v1/vms/{name}"))?;
             if !cli.json {
                 print_vms(std::slice::from_ref(&v));

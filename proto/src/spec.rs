@@ -12,11 +12,18 @@ pub const BEGIN: &str = "<!-- BEGIN GENERATED: ops table (proto/src/spec.rs) -->
 pub const END: &str = "<!-- END GENERATED -->";
 
 fn fields(f: &[Field], tail: bool) -> String {
-    let mut v: Vec<String> = f.iter().map(|f| format!("`{}: {}`", f.name, f.ty)).collect();
+    let mut v: Vec<String> = f
+        .iter()
+        .map(|f| format!("`{}: {}`", f.name, f.ty))
+        .collect();
     if tail {
         v.push("bulk bytes".into());
     }
-    if v.is_empty() { "—".into() } else { v.join(", ") }
+    if v.is_empty() {
+        "—".into()
+    } else {
+        v.join(", ")
+    }
 }
 
 /// The markdown table of every op.
@@ -33,7 +40,11 @@ pub fn ops_table() -> String {
             fields(op.request, op.flags & REQ_TAIL != 0),
             op.reply_name,
             fields(op.reply, op.flags & REPLY_TAIL != 0),
-            if op.flags & ASYNC_OK != 0 { "yes" } else { "no" },
+            if op.flags & ASYNC_OK != 0 {
+                "yes"
+            } else {
+                "no"
+            },
             op.used_by
         );
     }
@@ -58,7 +69,9 @@ mod tests {
                 let new = format!("{}{}{}{}", &doc[..b], BEGIN, want, &doc[e..]);
                 std::fs::write(&path, new).expect("rewriting docs/protocol.md");
             } else {
-                panic!("docs/protocol.md's message table is stale: run VGPU_BLESS=1 cargo test -p vgpu-proto");
+                panic!(
+                    "docs/protocol.md's message table is stale: run VGPU_BLESS=1 cargo test -p vgpu-proto"
+                );
             }
         }
     }

@@ -30,7 +30,19 @@ pub struct CudaApi {
     pub dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> R,
     pub memset_d32: unsafe extern "C" fn(u64, c_uint, usize) -> R,
     #[allow(clippy::type_complexity)]
-    pub launch: unsafe extern "C" fn(H, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, H, *mut *mut c_void, *mut *mut c_void) -> R,
+    pub launch: unsafe extern "C" fn(
+        H,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        H,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> R,
 }
 
 impl std::fmt::Debug for CudaApi {

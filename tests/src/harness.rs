@@ -96,7 +96,9 @@ pub fn build_c_program(name: &str) -> PathBuf {
     let a = artifacts();
     let src = workspace_root().join("tests/c").join(format!("{name}.c"));
     let out = a.profile_dir.join(format!("c-{name}"));
-    let tmp = a.profile_dir.join(format!("c-{name}.{}.tmp", std::process::id()));
+    let tmp = a
+        .profile_dir
+        .join(format!("c-{name}.{}.tmp", std::process::id()));
     let st = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&tmp)

@@ -80,7 +80,10 @@ pub fn read_request<R: Read>(r: R) -> Result<HttpRequest, HttpResponse> {
             .map_err(|_| HttpResponse::error(400, "unreadable request"))?;
         head_len += n;
         if n == 0 || head_len > MAX_HEAD {
-            return Err(HttpResponse::error(400, "incomplete or oversized request head"));
+            return Err(HttpResponse::error(
+                400,
+                "incomplete or oversized request head",
+            ));
         }
         Ok(())
     };
@@ -218,7 +221,9 @@ pub struct AdminServer {
 
 impl std::fmt::Debug for AdminServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminServer").field("path", &self.path).finish()
+        f.debug_struct("AdminServer")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -291,10 +296,18 @@ mod tests {
         assert_eq!((r.method.as_str(), r.path.as_str()), ("GET", "/v1/vms"));
         let r = read_request(&b"POST /v1/vms HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"[..]).unwrap();
         assert_eq!(r.body, b"{}");
-        for bad in [&b""[..], b"GET\r\n\r\n", b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab"] {
+        for bad in [
+            &b""[..],
+            b"GET\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab",
+        ] {
             assert_eq!(read_request(bad).unwrap_err().status, 400);
         }
-        let big = format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", MAX_BODY + 1);
+        let big = format!(
+            "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+            MAX_BODY + 1
+        );
         assert_eq!(read_request(big.as_bytes()).unwrap_err().status, 413);
     }
 }

@@ -62,7 +62,9 @@ pub fn build_devices(config: &Config) -> Result<Vec<(String, Arc<dyn Device>)>, 
                 DeviceKind::Cuda { .. } => {
                     return Err(DaemonError::Device {
                         name: d.name.clone(),
-                        message: "kind = \"cuda\" is not available in this build yet; use kind = \"sim\"".into(),
+                        message:
+                            "kind = \"cuda\" is not available in this build yet; use kind = \"sim\""
+                                .into(),
                     });
                 }
             };
@@ -105,7 +107,10 @@ impl Daemon {
 
     /// Paths of the VM sockets.
     pub fn socket_paths(&self) -> Vec<PathBuf> {
-        self.listeners.iter().map(|l| l.path().to_path_buf()).collect()
+        self.listeners
+            .iter()
+            .map(|l| l.path().to_path_buf())
+            .collect()
     }
 
     /// Stops listening and removes the sockets. Live sessions end when their

@@ -76,13 +76,19 @@ pub struct Listener {
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener").field("path", &self.path).finish()
+        f.debug_struct("Listener")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
 impl Listener {
     /// Serves sessions of `tenant` on `path`.
-    pub fn start(broker: Arc<Broker>, tenant: Arc<Tenant>, path: &Path) -> Result<Listener, ListenerError> {
+    pub fn start(
+        broker: Arc<Broker>,
+        tenant: Arc<Tenant>,
+        path: &Path,
+    ) -> Result<Listener, ListenerError> {
         let l = bind_socket(path, VM_SOCKET_MODE)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
@@ -107,7 +113,13 @@ impl Listener {
     }
 }
 
-fn accept_loop(l: &UnixListener, broker: &Arc<Broker>, tenant: &Arc<Tenant>, transport: &str, stop: &AtomicBool) {
+fn accept_loop(
+    l: &UnixListener,
+    broker: &Arc<Broker>,
+    tenant: &Arc<Tenant>,
+    transport: &str,
+    stop: &AtomicBool,
+) {
     for conn in l.incoming() {
         if stop.load(Ordering::Acquire) {
             return;
@@ -120,12 +132,22 @@ fn accept_loop(l: &UnixListener, broker: &Arc<Broker>, tenant: &Arc<Tenant>, tra
                 continue;
             }
         };
-        spawn_session(Arc::clone(broker), Arc::clone(tenant), stream, transport.to_string());
+        spawn_session(
+            Arc::clone(broker),
+            Arc::clone(tenant),
+            stream,
+            transport.to_string(),
+        );
     }
 }
 
 /// Runs a session of `tenant` over `stream` on its own thread.
-pub fn spawn_session(broker: Arc<Broker>, tenant: Arc<Tenant>, stream: UnixStream, transport: String) {
+pub fn spawn_session(
+    broker: Arc<Broker>,
+    tenant: Arc<Tenant>,
+    stream: UnixStream,
+    transport: String,
+) {
     let name = format!("vgpu-session-{}", tenant.name);
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
         let r = vgpu_broker::server::serve(&broker, tenant, &stream, &stream, &transport);
@@ -159,7 +181,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("sub/vm.sock");
         let l1 = bind_socket(&p, VM_SOCKET_MODE).unwrap();
-        assert!(matches!(bind_socket(&p, VM_SOCKET_MODE), Err(ListenerError::InUse(_))));
+        assert!(matches!(
+            bind_socket(&p, VM_SOCKET_MODE),
+            Err(ListenerError::InUse(_))
+        ));
         drop(l1);
         let _l2 = bind_socket(&p, VM_SOCKET_MODE).unwrap();
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;

@@ -45,17 +45,23 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = args
-        .log
-        .clone()
-        .map(EnvFilter::new)
-        .unwrap_or_else(|| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = args.log.clone().map(EnvFilter::new).unwrap_or_else(|| {
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 
     if let Some(path) = args.check_config {
         return match Config::load(&path) {
             Ok(c) => {
-                println!("{}: valid ({} devices, {} VMs)", path.display(), c.devices.len(), c.vms.len());
+                println!(
+                    "{}: valid ({} devices, {} VMs)",
+                    path.display(),
+                    c.devices.len(),
+                    c.vms.len()
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {

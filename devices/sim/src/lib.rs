@@ -220,7 +220,10 @@ impl ContextMemory {
         let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
         // Reserve capacity first; give it back on any failure below.
         let prev = self.memory.used.fetch_add(rounded, Ordering::Relaxed);
-        if prev.checked_add(rounded).is_none_or(|n| n > self.memory.total) {
+        if prev
+            .checked_add(rounded)
+            .is_none_or(|n| n > self.memory.total)
+        {
             self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
             return Err(DeviceError::OutOfMemory);
         }
@@ -292,10 +295,11 @@ impl DeviceContext for SimContext {
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
         let (buf, off) = self.inner.range(dst, data.len() as u64)?;
-        buf.write(off, data).map_err(|_| DeviceError::InvalidAddress {
-            addr: dst,
-            len: data.len() as u64,
-        })
+        buf.write(off, data)
+            .map_err(|_| DeviceError::InvalidAddress {
+                addr: dst,
+                len: data.len() as u64,
+            })
     }
 
     fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
@@ -334,7 +338,11 @@ impl DeviceContext for SimContext {
     }
 
     fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {
-        Ok(Arc::new(module::SimModule::load(&self.inner, image, budget)?))
+        Ok(Arc::new(module::SimModule::load(
+            &self.inner,
+            image,
+            budget,
+        )?))
     }
 
     fn launch(
@@ -350,7 +358,15 @@ impl DeviceContext for SimContext {
             .as_any()
             .downcast_ref::<module::SimModule>()
             .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
-        m.launch(&self.inner, kernel, dims, params, start_block, self.workers, control)
+        m.launch(
+            &self.inner,
+            kernel,
+            dims,
+            params,
+            start_block,
+            self.workers,
+            control,
+        )
     }
 }
 

@@ -59,7 +59,11 @@ fn ptx_version(text: &str) -> i32 {
 impl SimModule {
     /// Parses an image, allocates its globals (at most `budget` bytes) and
     /// writes their initial values.
-    pub(crate) fn load(memory: &Arc<ContextMemory>, image: &[u8], budget: u64) -> Result<SimModule, DeviceError> {
+    pub(crate) fn load(
+        memory: &Arc<ContextMemory>,
+        image: &[u8],
+        budget: u64,
+    ) -> Result<SimModule, DeviceError> {
         if image.starts_with(ELF_MAGIC) || image.starts_with(FATBIN_MAGIC) {
             return Err(DeviceError::InvalidImage {
                 code: cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
@@ -99,7 +103,10 @@ impl SimModule {
             m.addrs.push(addr);
             if !g.init.is_empty() {
                 buf.write(0, &g.init)
-                    .map_err(|_| DeviceError::InvalidAddress { addr, len: g.init.len() as u64 })?;
+                    .map_err(|_| DeviceError::InvalidAddress {
+                        addr,
+                        len: g.init.len() as u64,
+                    })?;
             }
             m.globals.push(GlobalDesc {
                 name: g.name.clone(),

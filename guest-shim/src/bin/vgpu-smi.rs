@@ -31,7 +31,10 @@ fn main() -> ExitCode {
     let (d, info) = match driver::driver().and_then(|d| Ok((d, driver::tenant_info()?))) {
         Ok(x) => x,
         Err(code) => {
-            eprintln!("vgpu-smi: query failed: {}", vgpu_proto::cuda::result_name(code).unwrap_or("?"));
+            eprintln!(
+                "vgpu-smi: query failed: {}",
+                vgpu_proto::cuda::result_name(code).unwrap_or("?")
+            );
             return ExitCode::from(2);
         }
     };
@@ -60,11 +63,21 @@ fn main() -> ExitCode {
     let used = v["memory_used"].as_u64().unwrap_or(0);
     let line = "+-----------------------------------------------------------------------------+";
     println!("{line}");
-    println!("| vgpu-smi {:<20} Driver API {:<10} VM: {:<24}|", vgpu_proto::VERSION, format_version(driver::driver_version()), v["vm"].as_str().unwrap_or("?"));
+    println!(
+        "| vgpu-smi {:<20} Driver API {:<10} VM: {:<24}|",
+        vgpu_proto::VERSION,
+        format_version(driver::driver_version()),
+        v["vm"].as_str().unwrap_or("?")
+    );
     println!("{line}");
     println!("| GPU  Name                          UUID                                     |");
     println!("|   0  {:<30}{:<43}|", d.props.name, uuid);
-    println!("|      Memory-Usage: {:>10} / {:<10}  Kernels: {:<24}|", human(used), human(total), v["kernels"]);
+    println!(
+        "|      Memory-Usage: {:>10} / {:<10}  Kernels: {:<24}|",
+        human(used),
+        human(total),
+        v["kernels"]
+    );
     println!("{line}");
     println!("| Processes:                                                                  |");
     println!("|  PID     Process name                                  GPU Memory Usage     |");

@@ -149,11 +149,10 @@ pub fn run(p: Params) -> (Figures, Figures) {
         assert_eq!(cuInit(0), 0, "cuInit through the shim");
         let mut ctx = std::ptr::null_mut();
         let mut ptr = 0u64;
-        // SAFETY: valid out-pointers.
-        unsafe {
-            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), 0);
-            assert_eq!(cuMemAlloc_v2(&mut ptr, 4096), 0);
-        }
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { cuCtxCreate_v2(&mut ctx, 0, 0) }, 0);
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { cuMemAlloc_v2(&mut ptr, 4096) }, 0);
         ptr
     };
 

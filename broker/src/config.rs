@@ -297,15 +297,15 @@ impl Config {
                     ),
                 ));
             }
-            if let Some(cid) = vm.guest_cid {
-                if let Some(other) = cids.insert(cid, vm.name.clone()) {
-                    let span = v
-                        .get_ref()
-                        .guest_cid
-                        .as_ref()
-                        .map_or(v.span(), |c| c.span());
-                    return Err(cx.err(span, format!("guest_cid {cid} is already used by VM `{other}`; every VM needs its own CID")));
-                }
+            if let Some(cid) = vm.guest_cid
+                && let Some(other) = cids.insert(cid, vm.name.clone())
+            {
+                let span = v
+                    .get_ref()
+                    .guest_cid
+                    .as_ref()
+                    .map_or(v.span(), |c| c.span());
+                return Err(cx.err(span, format!("guest_cid {cid} is already used by VM `{other}`; every VM needs its own CID")));
             }
             for (p, span) in [
                 (
@@ -317,16 +317,16 @@ impl Config {
                     v.get_ref().vhost_user_socket.as_ref().map(|s| s.span()),
                 ),
             ] {
-                if let Some(p) = p {
-                    if !sockets.insert(p.clone()) {
-                        return Err(cx.err(
-                            span.unwrap_or(v.span()),
-                            format!(
-                                "socket path {} is used twice; give each listener its own path",
-                                p.display()
-                            ),
-                        ));
-                    }
+                if let Some(p) = p
+                    && !sockets.insert(p.clone())
+                {
+                    return Err(cx.err(
+                        span.unwrap_or(v.span()),
+                        format!(
+                            "socket path {} is used twice; give each listener its own path",
+                            p.display()
+                        ),
+                    ));
                 }
             }
             vms.push(vm);
@@ -503,16 +503,16 @@ fn parse_vm(
         None => Priority::Normal,
     };
     let guest_cid = r.guest_cid.as_ref().map(|c| *c.get_ref());
-    if let Some(c) = &r.guest_cid {
-        if *c.get_ref() < MIN_GUEST_CID || *c.get_ref() > u64::from(u32::MAX) - 1 {
-            return Err(cx.err(
-                c.span(),
-                format!(
-                    "guest_cid must be between {MIN_GUEST_CID} and {} (0-2 are reserved)",
-                    u32::MAX - 1
-                ),
-            ));
-        }
+    if let Some(c) = &r.guest_cid
+        && (*c.get_ref() < MIN_GUEST_CID || *c.get_ref() > u64::from(u32::MAX) - 1)
+    {
+        return Err(cx.err(
+            c.span(),
+            format!(
+                "guest_cid must be between {MIN_GUEST_CID} and {} (0-2 are reserved)",
+                u32::MAX - 1
+            ),
+        ));
     }
     match (&r.vhost_user_socket, &r.guest_cid) {
         (Some(s), None) => {

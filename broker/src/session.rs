@@ -203,11 +203,11 @@ impl Session {
                 self.engine.defer_error(ctx, e.clone());
             }
         }
-        if let Err(e) = &r {
-            if e.code != cuda::CUDA_ERROR_NOT_READY {
-                self.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
-                debug!(session = self.info.id, op = req.name(), error = %e, "call failed");
-            }
+        if let Err(e) = &r
+            && e.code != cuda::CUDA_ERROR_NOT_READY
+        {
+            self.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
+            debug!(session = self.info.id, op = req.name(), error = %e, "call failed");
         }
         r
     }

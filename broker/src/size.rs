@@ -46,7 +46,7 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
 /// Formats bytes with the largest unit that divides them exactly (`2GiB`, `1536MiB`, `100B`).
 pub fn format_size(bytes: u64) -> String {
     for (u, m) in UNITS {
-        if bytes >= m && bytes % m == 0 {
+        if bytes >= m && bytes.is_multiple_of(m) {
             return format!("{}{u}", bytes / m);
         }
     }

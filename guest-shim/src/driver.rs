@@ -580,16 +580,19 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
     Ok(p)
 }
 
-/// `cuMemFreeHost`.
-pub fn host_free(p: *mut u8) -> CuRes<()> {
+/// `cuMemFreeHost`. `p` is only compared with the buffers `host_alloc`
+/// returned; anything else is refused without being touched.
+pub fn host_free(addr: usize) -> CuRes<()> {
     let d = driver()?;
     let size = lock(&d.host_allocs)
-        .remove(&(p as usize))
+        .remove(&addr)
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     let layout = std::alloc::Layout::from_size_align(size, HOST_ALLOC_ALIGN)
         .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
-    // SAFETY: `p` was returned by `alloc_zeroed` with this layout (recorded in host_allocs) and is freed once.
-    unsafe { std::alloc::dealloc(p, layout) };
+    let owned = addr as *mut u8;
+    // SAFETY: `owned` was returned by `alloc_zeroed` with this layout (recorded in host_allocs,
+    // removed above) and is freed once.
+    unsafe { std::alloc::dealloc(owned, layout) };
     Ok(())
 }
 
@@ -863,13 +866,12 @@ pub fn func_set_attribute(f: u64, attribute: i32, value: i32) -> CuRes<()> {
         },
         &[],
     )?;
-    if let Some(l) = lock(&d.functions).get_mut(&f) {
-        if let Some(a) = usize::try_from(attribute)
+    if let Some(l) = lock(&d.functions).get_mut(&f)
+        && let Some(a) = usize::try_from(attribute)
             .ok()
             .and_then(|a| l.attributes.get_mut(a))
-        {
-            *a = value;
-        }
+    {
+        *a = value;
     }
     Ok(())
 }

@@ -606,7 +606,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
-    ffi("cuMemFreeHost", || drv::host_free(ptr.cast()))
+    ffi("cuMemFreeHost", || drv::host_free(ptr as usize))
 }
 
 #[unsafe(no_mangle)]
@@ -833,13 +833,10 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         let mut log = None;
         if num_options > 0 && !options.is_null() && !values.is_null() {
             let n = num_options.min(64) as usize;
-            // SAFETY: `options` and `values` have `num_options` entries (CUDA contract).
-            let (opts, vals) = unsafe {
-                (
-                    std::slice::from_raw_parts(options, n),
-                    std::slice::from_raw_parts_mut(values, n),
-                )
-            };
+            // SAFETY: `options` has `num_options` entries (CUDA contract).
+            let opts = unsafe { std::slice::from_raw_parts(options, n) };
+            // SAFETY: `values` has `num_options` entries (CUDA contract).
+            let vals = unsafe { std::slice::from_raw_parts_mut(values, n) };
             let buf = opts.iter().position(|&o| o == JIT_ERROR_LOG_BUFFER);
             let size = opts
                 .iter()
@@ -922,9 +919,11 @@ unsafe fn pack_params(
     let total = layout.param_bytes();
     let mut buf = vec![0u8; total];
     if !params.is_null() {
-        for (i, (&off, &size)) in layout.offsets.iter().zip(&layout.sizes).enumerate() {
-            // SAFETY: kernelParams has one entry per kernel parameter (CUDA contract).
-            let src = unsafe { *params.add(i) }.cast::<u8>();
+        // SAFETY: kernelParams has one entry per kernel parameter (CUDA contract).
+        let entries = unsafe { std::slice::from_raw_parts(params, layout.offsets.len()) };
+        for (&entry, (&off, &size)) in entries.iter().zip(layout.offsets.iter().zip(&layout.sizes))
+        {
+            let src = entry.cast::<u8>();
             if src.is_null() {
                 return Err(cuda::CUDA_ERROR_INVALID_VALUE);
             }
@@ -937,15 +936,18 @@ unsafe fn pack_params(
     if !extra.is_null() {
         let (mut ptr, mut size) = (std::ptr::null::<u8>(), None);
         for i in 0..MAX_EXTRA_PAIRS {
-            // SAFETY: `extra` is a key/value array terminated by CU_LAUNCH_PARAM_END (CUDA contract).
-            let key = unsafe { *extra.add(i * 2) } as usize;
+            // SAFETY: `extra` is a key/value array terminated by CU_LAUNCH_PARAM_END (CUDA contract):
+            // entry 2i is readable until the END key has been seen.
+            let key = unsafe { extra.wrapping_add(i * 2).read() } as usize;
+            if key == LAUNCH_PARAM_END {
+                break;
+            }
+            // SAFETY: every key but END is followed by its value.
+            let value = unsafe { extra.wrapping_add(i * 2 + 1).read() };
             match key {
-                LAUNCH_PARAM_END => break,
-                // SAFETY: the value follows its key.
-                LAUNCH_PARAM_BUFFER_POINTER => ptr = unsafe { *extra.add(i * 2 + 1) }.cast::<u8>(),
+                LAUNCH_PARAM_BUFFER_POINTER => ptr = value.cast::<u8>(),
                 LAUNCH_PARAM_BUFFER_SIZE => {
-                    // SAFETY: the value is a pointer to a size_t.
-                    let sp = unsafe { *extra.add(i * 2 + 1) }.cast::<usize>();
+                    let sp = value.cast::<usize>();
                     if sp.is_null() {
                         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
                     }

@@ -53,22 +53,22 @@ pub unsafe fn write_cstr(p: *mut c_char, len: i32, s: &str) -> CuRes<()> {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     let n = s.len().min(len - 1);
-    // SAFETY: `p` is valid for `len` bytes and `n + 1 <= len`.
-    unsafe {
-        std::ptr::copy_nonoverlapping(s.as_ptr(), p.cast::<u8>(), n);
-        *p.add(n) = 0;
-    }
+    // SAFETY: `p` is valid for `len` bytes (this function's contract) and `n < len`.
+    let dst = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), n + 1) };
+    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
+    dst[n] = 0;
     Ok(())
 }
 
 /// Writes through an out-pointer argument of a CUDA entry point.
 #[macro_export]
 macro_rules! out {
-    ($p:expr, $v:expr) => {
-        // SAFETY: `$p` is an out-pointer argument of a CUDA entry point; the CUDA API contract
+    ($p:expr, $v:expr) => {{
+        let (ptr, value) = ($p, $v);
+        // SAFETY: `ptr` is an out-pointer argument of a CUDA entry point; the CUDA API contract
         // makes it NULL (refused by write_out) or valid for a write of its type.
-        unsafe { $crate::ffi::write_out($p, $v) }
-    };
+        unsafe { $crate::ffi::write_out(ptr, value) }
+    }};
 }
 
 /// Borrows `n` bytes of caller memory for reading.

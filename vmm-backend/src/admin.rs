@@ -101,13 +101,13 @@ pub fn read_request<R: Read>(r: R) -> Result<HttpRequest, HttpResponse> {
         if l.is_empty() {
             break;
         }
-        if let Some((k, v)) = l.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("content-length") {
-                content_length = v
-                    .trim()
-                    .parse()
-                    .map_err(|_| HttpResponse::error(400, "bad Content-Length"))?;
-            }
+        if let Some((k, v)) = l.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            content_length = v
+                .trim()
+                .parse()
+                .map_err(|_| HttpResponse::error(400, "bad Content-Length"))?;
         }
     }
     if content_length > MAX_BODY {

@@ -46,8 +46,11 @@ pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Devices with their config names.
+pub type NamedDevices = Vec<(String, Arc<dyn Device>)>;
+
 /// Creates the devices a config declares.
-pub fn build_devices(config: &Config) -> Result<Vec<(String, Arc<dyn Device>)>, DaemonError> {
+pub fn build_devices(config: &Config) -> Result<NamedDevices, DaemonError> {
     config
         .devices
         .iter()

@@ -26,13 +26,14 @@ struct Args {
 fn block_shutdown_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t; the signal numbers are valid.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    // SAFETY: `set` is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `set` is an initialised sigset_t and `sig` a valid signal number.
+        unsafe { libc::sigaddset(&mut set, sig) };
     }
+    // SAFETY: `set` is initialised; the old mask is not wanted (NULL).
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     set
 }
 

@@ -35,7 +35,7 @@ fn guest_to_slow_host_reader_through_small_buffer() {
             assert!(n > 0, "early EOF after {} bytes", got.len());
             got.extend_from_slice(&buf[..n]);
             reads += 1;
-            if reads % 256 == 0 {
+            if reads.is_multiple_of(256) {
                 thread::sleep(Duration::from_millis(2));
             }
         }
@@ -82,7 +82,7 @@ fn host_to_slow_guest_reader_respects_guest_credit() {
         }
         got.extend_from_slice(&buf[..n]);
         reads += 1;
-        if reads % 512 == 0 {
+        if reads.is_multiple_of(512) {
             thread::sleep(Duration::from_millis(2));
         }
     }

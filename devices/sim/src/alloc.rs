@@ -60,12 +60,12 @@ impl AddressSpace {
     pub fn release(&mut self, start: u64, size: u64) {
         let mut s = start;
         let mut l = size;
-        if let Some((&ps, &pl)) = self.free.range(..start).next_back() {
-            if ps + pl == start {
-                self.free.remove(&ps);
-                s = ps;
-                l += pl;
-            }
+        if let Some((&ps, &pl)) = self.free.range(..start).next_back()
+            && ps + pl == start
+        {
+            self.free.remove(&ps);
+            s = ps;
+            l += pl;
         }
         if let Some(&nl) = self.free.get(&(start + size)) {
             self.free.remove(&(start + size));

@@ -131,6 +131,11 @@ pub struct VmConfig {
     pub vhost_user_socket: Option<PathBuf>,
     /// Guest CID (with `vhost_user_socket`).
     pub guest_cid: Option<u64>,
+    /// Hybrid-vsock base path of the VM's vsock device: guest connections to
+    /// ports other than the GPU port go to `<vsock_uds_path>_<port>`, and host
+    /// programs reach guest ports by connecting here (`CONNECT <port>`).
+    /// Defaults to `<dir of vhost_user_socket>/<name>.vsock`.
+    pub vsock_uds_path: Option<PathBuf>,
 }
 
 /// The `[admin]` table.
@@ -199,6 +204,7 @@ struct RawVm {
     unix_socket: Option<Spanned<PathBuf>>,
     vhost_user_socket: Option<Spanned<PathBuf>>,
     guest_cid: Option<Spanned<u64>>,
+    vsock_uds_path: Option<Spanned<PathBuf>>,
 }
 
 struct Ctx<'a> {
@@ -315,6 +321,10 @@ impl Config {
                 (
                     &vm.vhost_user_socket,
                     v.get_ref().vhost_user_socket.as_ref().map(|s| s.span()),
+                ),
+                (
+                    &vm.vsock_uds_path,
+                    v.get_ref().vsock_uds_path.as_ref().map(|s| s.span()),
                 ),
             ] {
                 if let Some(p) = p
@@ -526,6 +536,18 @@ fn parse_vm(
         }
         _ => {}
     }
+    if let (Some(u), None) = (&r.vsock_uds_path, &r.vhost_user_socket) {
+        return Err(cx.err(
+            u.span(),
+            "vsock_uds_path belongs to the vsock device: add vhost_user_socket or remove it",
+        ));
+    }
+    let vhost_user_socket = r.vhost_user_socket.as_ref().map(|s| s.get_ref().clone());
+    let vsock_uds_path = match (&r.vsock_uds_path, &vhost_user_socket) {
+        (Some(u), _) => Some(u.get_ref().clone()),
+        (None, Some(sock)) => Some(sock.with_file_name(format!("{name}.vsock"))),
+        (None, None) => None,
+    };
     Ok(VmConfig {
         name,
         device,
@@ -533,8 +555,9 @@ fn parse_vm(
         weight,
         priority,
         unix_socket: r.unix_socket.as_ref().map(|s| s.get_ref().clone()),
-        vhost_user_socket: r.vhost_user_socket.as_ref().map(|s| s.get_ref().clone()),
+        vhost_user_socket,
         guest_cid,
+        vsock_uds_path,
     })
 }
 
@@ -581,6 +604,10 @@ guest_cid = 3
         assert_eq!(c.devices[0].memory, 8 << 30);
         let vm = &c.vms[0];
         assert_eq!((vm.memory, vm.weight, vm.guest_cid), (2 << 30, 1, Some(3)));
+        assert_eq!(
+            vm.vsock_uds_path.as_deref(),
+            Some(Path::new("/run/vgpu/vm1.vsock"))
+        );
         assert_eq!(vm.priority, Priority::Normal);
     }
 

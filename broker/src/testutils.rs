@@ -152,6 +152,7 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         unix_socket: None,
         vhost_user_socket: None,
         guest_cid: None,
+        vsock_uds_path: None,
     }
 }
 

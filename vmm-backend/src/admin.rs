@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 use vgpu_broker::Broker;
 use vgpu_broker::tenant::Tenant;
 
+use crate::daemon::Transports;
 use crate::listener::{ListenerError, bind_socket};
 
 /// Mode of the admin socket: the daemon's user only.
@@ -139,7 +140,7 @@ fn unix_seconds(t: SystemTime) -> u64 {
 }
 
 /// The JSON description of a VM.
-pub fn vm_json(t: &Tenant) -> Value {
+pub fn vm_json(t: &Tenant, transports: &Transports) -> Value {
     let s = t.settings();
     let sessions: Vec<Value> = t
         .sessions()
@@ -156,8 +157,17 @@ pub fn vm_json(t: &Tenant) -> Value {
         })
         .collect();
     let st = &t.stats;
+    let vsock = transports.vsock_of(&t.name).map(|d| {
+        json!({
+            "guest_cid": d.config.guest_cid,
+            "socket": d.config.socket,
+            "uds_path": d.config.uds_path,
+            "stats": d.stats.snapshot(),
+        })
+    });
     json!({
         "name": t.name,
+        "vsock": vsock,
         "device": t.device_name,
         "memory_limit": t.slice.limit(),
         "memory_used": t.slice.used(),
@@ -176,7 +186,7 @@ pub fn vm_json(t: &Tenant) -> Value {
 }
 
 /// Routes a request.
-pub fn route(broker: &Broker, req: &HttpRequest) -> HttpResponse {
+pub fn route(broker: &Broker, transports: &Transports, req: &HttpRequest) -> HttpResponse {
     let segs: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     match (req.method.as_str(), segs.as_slice()) {
         ("GET", ["v1", "info"]) => HttpResponse::ok(json!({
@@ -202,9 +212,9 @@ pub fn route(broker: &Broker, req: &HttpRequest) -> HttpResponse {
                 })
                 .collect(),
         )),
-        ("GET", ["v1", "vms"]) => HttpResponse::ok(Value::Array(broker.tenants().iter().map(|t| vm_json(t)).collect())),
+        ("GET", ["v1", "vms"]) => HttpResponse::ok(Value::Array(broker.tenants().iter().map(|t| vm_json(t, transports)).collect())),
         ("GET", ["v1", "vms", name]) => match broker.tenant(name) {
-            Some(t) => HttpResponse::ok(vm_json(&t)),
+            Some(t) => HttpResponse::ok(vm_json(&t, transports)),
             None => HttpResponse::error(404, format!("no VM named `{name}`")),
         },
         (_, ["v1", ..]) => HttpResponse::error(405, format!("{} {} is not supported", req.method, req.path)),
@@ -229,13 +239,17 @@ impl std::fmt::Debug for AdminServer {
 
 impl AdminServer {
     /// Serves the admin API on `path`.
-    pub fn start(broker: Arc<Broker>, path: &Path) -> Result<AdminServer, ListenerError> {
+    pub fn start(
+        broker: Arc<Broker>,
+        transports: Arc<Transports>,
+        path: &Path,
+    ) -> Result<AdminServer, ListenerError> {
         let l = bind_socket(path, ADMIN_SOCKET_MODE)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("vgpu-admin".into())
-            .spawn(move || serve_admin(&l, &broker, &stop2))
+            .spawn(move || serve_admin(&l, &broker, &transports, &stop2))
             .map_err(|source| ListenerError::Bind {
                 path: path.to_path_buf(),
                 source,
@@ -248,25 +262,31 @@ impl AdminServer {
     }
 }
 
-fn serve_admin(l: &UnixListener, broker: &Arc<Broker>, stop: &AtomicBool) {
+fn serve_admin(
+    l: &UnixListener,
+    broker: &Arc<Broker>,
+    transports: &Arc<Transports>,
+    stop: &AtomicBool,
+) {
     for conn in l.incoming() {
         if stop.load(Ordering::Acquire) {
             return;
         }
         let Ok(stream) = conn else { continue };
         let broker = Arc::clone(broker);
+        let transports = Arc::clone(transports);
         let _ = std::thread::Builder::new()
             .name("vgpu-admin-conn".into())
-            .spawn(move || handle_conn(&broker, stream));
+            .spawn(move || handle_conn(&broker, &transports, stream));
     }
 }
 
-fn handle_conn(broker: &Broker, stream: UnixStream) {
+fn handle_conn(broker: &Broker, transports: &Transports, stream: UnixStream) {
     let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
     let resp = match read_request(&stream) {
         Ok(req) => {
             debug!(method = %req.method, path = %req.path, "admin request");
-            route(broker, &req)
+            route(broker, transports, &req)
         }
         Err(resp) => resp,
     };

@@ -12,7 +12,9 @@ use vgpu_broker::{Broker, BrokerError};
 use vgpu_sim::{SimConfig, SimDevice};
 
 use crate::admin::AdminServer;
+use crate::gpu_port::GpuPortConnector;
 use crate::listener::{Listener, ListenerError};
+use crate::vsock::{self, StopHandle, VsockConfig, VsockServer, VsockStats};
 
 /// Why the daemon could not start.
 #[derive(Debug, Error)]
@@ -31,6 +33,51 @@ pub enum DaemonError {
     /// A socket could not be set up.
     #[error(transparent)]
     Listener(#[from] ListenerError),
+    /// A VM's vsock device could not be set up.
+    #[error("VM `{vm}`: cannot start its vsock device")]
+    Vsock {
+        /// VM name.
+        vm: String,
+        /// Cause.
+        #[source]
+        source: vsock::Error,
+    },
+}
+
+/// A VM's vsock device while it runs.
+#[derive(Debug)]
+pub struct VsockDevice {
+    /// VM name.
+    pub vm: String,
+    /// Its configuration.
+    pub config: VsockConfig,
+    /// Its counters.
+    pub stats: Arc<VsockStats>,
+    stop: StopHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for VsockDevice {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the admin API shows of the daemon's transports.
+#[derive(Debug, Default)]
+pub struct Transports {
+    /// Running vsock devices.
+    pub vsock: Vec<VsockDevice>,
+}
+
+impl Transports {
+    /// The vsock device of a VM.
+    pub fn vsock_of(&self, vm: &str) -> Option<&VsockDevice> {
+        self.vsock.iter().find(|d| d.vm == vm)
+    }
 }
 
 /// A running vgpud.
@@ -38,6 +85,7 @@ pub enum DaemonError {
 pub struct Daemon {
     broker: Arc<Broker>,
     listeners: Vec<Listener>,
+    transports: Arc<Transports>,
     admin: Option<AdminServer>,
 }
 
@@ -81,16 +129,33 @@ impl Daemon {
     pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
         let broker = Arc::new(Broker::new(build_devices(config)?));
         let mut listeners = Vec::new();
+        let mut transports = Transports::default();
         for vm in &config.vms {
             let tenant = broker.add_tenant(vm)?;
             if let Some(path) = &vm.unix_socket {
-                listeners.push(Listener::start(Arc::clone(&broker), tenant, path)?);
+                listeners.push(Listener::start(
+                    Arc::clone(&broker),
+                    Arc::clone(&tenant),
+                    path,
+                )?);
                 info!(vm = %vm.name, socket = %path.display(), "listening");
             }
+            if let (Some(socket), Some(cid), Some(uds)) =
+                (&vm.vhost_user_socket, vm.guest_cid, &vm.vsock_uds_path)
+            {
+                let connector = Arc::new(GpuPortConnector::new(Arc::clone(&broker), tenant, cid));
+                transports.vsock.push(start_vsock(
+                    &vm.name,
+                    VsockConfig::new(cid, socket, uds),
+                    connector,
+                )?);
+                info!(vm = %vm.name, socket = %socket.display(), cid, "vhost-user vsock device ready");
+            }
         }
+        let transports = Arc::new(transports);
         let admin = match &config.admin.socket {
             Some(p) => {
-                let a = AdminServer::start(Arc::clone(&broker), p)?;
+                let a = AdminServer::start(Arc::clone(&broker), Arc::clone(&transports), p)?;
                 info!(socket = %p.display(), "admin API listening");
                 Some(a)
             }
@@ -99,6 +164,7 @@ impl Daemon {
         Ok(Daemon {
             broker,
             listeners,
+            transports,
             admin,
         })
     }
@@ -116,11 +182,49 @@ impl Daemon {
             .collect()
     }
 
-    /// Stops listening and removes the sockets. Live sessions end when their
-    /// clients disconnect.
+    /// The running transports.
+    pub fn transports(&self) -> &Arc<Transports> {
+        &self.transports
+    }
+
+    /// Stops listening and removes the sockets; vsock devices close their
+    /// connections, so their sessions end. Sessions on unix sockets end when
+    /// their clients disconnect.
     pub fn shutdown(self) {
         drop(self.admin);
         drop(self.listeners);
+        drop(self.transports);
         info!("vgpud stopped");
     }
+}
+
+fn start_vsock(
+    vm: &str,
+    config: VsockConfig,
+    connector: Arc<GpuPortConnector>,
+) -> Result<VsockDevice, DaemonError> {
+    let err = |source| DaemonError::Vsock {
+        vm: vm.to_string(),
+        source,
+    };
+    let server = VsockServer::bind(config.clone(), connector).map_err(err)?;
+    let stats = server.stats();
+    let stop = StopHandle::new().map_err(|e| err(vsock::Error::EventLoop(e)))?;
+    let stop2 = stop.clone();
+    let name = vm.to_string();
+    let thread = std::thread::Builder::new()
+        .name(format!("vgpu-vsock-{vm}"))
+        .spawn(move || {
+            if let Err(e) = server.run(&stop2) {
+                tracing::error!(vm = %name, error = %e, "vsock device stopped");
+            }
+        })
+        .map_err(|e| err(vsock::Error::EventLoop(e)))?;
+    Ok(VsockDevice {
+        vm: vm.to_string(),
+        config,
+        stats,
+        stop,
+        thread: Some(thread),
+    })
 }

@@ -1,0 +1,70 @@
+//! The GPU port of a VM's vsock device: guest connections to
+//! [`vgpu_proto::GPU_VSOCK_PORT`] become broker sessions of that VM, served
+//! in-process; every other port is forwarded to `<vsock_uds_path>_<port>`.
+
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use tracing::warn;
+use vgpu_broker::Broker;
+use vgpu_broker::tenant::Tenant;
+
+use crate::listener::spawn_session;
+use crate::vsock::PortConnector;
+
+/// Serves the GPU port of one VM in-process.
+pub struct GpuPortConnector {
+    broker: Arc<Broker>,
+    tenant: Arc<Tenant>,
+    transport: String,
+}
+
+impl std::fmt::Debug for GpuPortConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuPortConnector")
+            .field("tenant", &self.tenant.name)
+            .finish()
+    }
+}
+
+impl GpuPortConnector {
+    /// A connector for `tenant`, whose guest has context id `cid`.
+    pub fn new(broker: Arc<Broker>, tenant: Arc<Tenant>, cid: u64) -> Self {
+        Self {
+            broker,
+            tenant,
+            transport: format!("vsock:{cid}"),
+        }
+    }
+}
+
+impl PortConnector for GpuPortConnector {
+    fn connect(&self, port: u32) -> Option<io::Result<UnixStream>> {
+        if port != vgpu_proto::GPU_VSOCK_PORT {
+            return None;
+        }
+        if !self.tenant.is_open() {
+            // The session would be refused at its handshake anyway; refuse the
+            // connection right away so the guest sees ECONNRESET.
+            return Some(Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("VM `{}` is not accepting sessions", self.tenant.name),
+            )));
+        }
+        // The device never blocks: the session runs on its own thread and
+        // talks to the device through a socket pair.
+        Some(UnixStream::pair().map(|(device_end, session_end)| {
+            spawn_session(
+                Arc::clone(&self.broker),
+                Arc::clone(&self.tenant),
+                session_end,
+                self.transport.clone(),
+            );
+            device_end
+        }))
+        .map(|r| {
+            r.inspect_err(|e| warn!(tenant = %self.tenant.name, error = %e, "cannot create a session socket pair"))
+        })
+    }
+}

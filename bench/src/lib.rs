@@ -2,4 +2,6 @@
 //! the same run and the ratio between them; medians over repeated runs.
 
 pub mod remoting;
+pub mod share;
 pub mod stats;
+pub mod vhost;

@@ -1,5 +1,7 @@
 //! vgpu-bench: benchmarks with in-run baselines.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 /// vgpu benchmarks (each prints a ratio against a baseline measured in the same run).
@@ -23,12 +25,44 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// The same calls over the vhost-user vsock device, vs the unix socket and direct calls.
+    Vhost {
+        /// Calls per measurement.
+        #[arg(long, default_value_t = 5_000)]
+        iters: usize,
+        /// Repetitions; medians are reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
+    /// Compute-share accuracy of the scheduler with saturating tenants.
+    Share {
+        /// Seconds per measurement window.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Repetitions; medians are reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
 }
 
-fn main() {
-    match Args::parse().bench {
+fn main() -> ExitCode {
+    let r = match Args::parse().bench {
         Bench::Remoting { iters, runs } => {
             vgpu_bench::remoting::run(vgpu_bench::remoting::Params { iters, runs });
+            Ok(())
+        }
+        Bench::Vhost { iters, runs } => {
+            vgpu_bench::vhost::run(vgpu_bench::vhost::Params { iters, runs })
+        }
+        Bench::Share { seconds, runs } => {
+            vgpu_bench::share::run(vgpu_bench::share::Params { seconds, runs })
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-bench: {e}");
+            ExitCode::FAILURE
         }
     }
 }

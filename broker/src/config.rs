@@ -76,6 +76,128 @@ pub struct DeviceConfig {
     pub workers: Option<usize>,
     /// Kernels running longer fail with `CUDA_ERROR_LAUNCH_TIMEOUT` (None: no limit).
     pub watchdog: Option<Duration>,
+    /// How the device's compute time is shared.
+    pub scheduling: SchedulingConfig,
+}
+
+/// Default time slice.
+pub const DEFAULT_SLICE: Duration = Duration::from_millis(2);
+/// Shortest time slice.
+pub const MIN_SLICE: Duration = Duration::from_millis(1);
+/// Longest time slice.
+pub const MAX_SLICE: Duration = Duration::from_millis(100);
+/// Default minimum share of the `batch` class, in percent of device time.
+pub const DEFAULT_BATCH_MIN_SHARE: u32 = 5;
+/// Largest minimum share of the `batch` class, in percent.
+pub const MAX_BATCH_MIN_SHARE: u32 = 50;
+
+/// Scheduling policy of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Weighted fair share, work-conserving.
+    #[default]
+    Fair,
+    /// Hard caps: a VM never exceeds weight / total, even on an idle device.
+    Fixed,
+}
+
+impl Policy {
+    /// Parses `fair` or `fixed`.
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "fair" => Some(Policy::Fair),
+            "fixed" => Some(Policy::Fixed),
+            _ => None,
+        }
+    }
+
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Fair => "fair",
+            Policy::Fixed => "fixed",
+        }
+    }
+}
+
+/// Scheduling settings of a device (`policy`, `slice_ms`, `batch_min_share`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulingConfig {
+    /// Policy.
+    pub policy: Policy,
+    /// Time slice.
+    pub slice: Duration,
+    /// Minimum share of device time the `batch` class keeps, in percent.
+    pub batch_min_share: u32,
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Fair,
+            slice: DEFAULT_SLICE,
+            batch_min_share: DEFAULT_BATCH_MIN_SHARE,
+        }
+    }
+}
+
+/// A time of day, minutes after local midnight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TimeOfDay(pub u16);
+
+impl TimeOfDay {
+    /// Parses `HH:MM` (00:00 to 24:00).
+    pub fn parse(s: &str) -> Option<TimeOfDay> {
+        let (h, m) = s.split_once(':')?;
+        if h.len() != 2 || m.len() != 2 {
+            return None;
+        }
+        let (h, m): (u16, u16) = (h.parse().ok()?, m.parse().ok()?);
+        (m < 60 && (h < 24 || (h == 24 && m == 0))).then_some(TimeOfDay(h * 60 + m))
+    }
+}
+
+impl std::fmt::Display for TimeOfDay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:02}:{:02}", self.0 / 60, self.0 % 60)
+    }
+}
+
+/// A weight that applies during a window of local time (`[[vm.schedule]]`).
+/// A window whose `to` is earlier than its `from` wraps past midnight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightWindow {
+    /// Start (inclusive).
+    pub from: TimeOfDay,
+    /// End (exclusive).
+    pub to: TimeOfDay,
+    /// Weight during the window.
+    pub weight: u32,
+}
+
+impl WeightWindow {
+    /// Whether `t` lies in the window.
+    pub fn contains(&self, t: TimeOfDay) -> bool {
+        if self.from <= self.to {
+            self.from <= t && t < self.to
+        } else {
+            t >= self.from || t < self.to
+        }
+    }
+}
+
+/// How a VM gets its GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum VmMode {
+    /// Shares a device through vgpud (slices and time-sliced compute).
+    #[default]
+    Shared,
+    /// Owns a whole GPU or an SR-IOV virtual function through VFIO.
+    Passthrough {
+        /// PCI address, `DDDD:BB:DD.F`.
+        pci: String,
+    },
 }
 
 /// Scheduling class of a VM.
@@ -136,6 +258,20 @@ pub struct VmConfig {
     /// programs reach guest ports by connecting here (`CONNECT <port>`).
     /// Defaults to `<dir of vhost_user_socket>/<name>.vsock`.
     pub vsock_uds_path: Option<PathBuf>,
+    /// Weights by time of day (outside every window, `weight` applies).
+    pub schedule: Vec<WeightWindow>,
+    /// Shared (default) or passthrough.
+    pub mode: VmMode,
+}
+
+impl VmConfig {
+    /// The weight at local time `t`.
+    pub fn weight_at(&self, t: TimeOfDay) -> u32 {
+        self.schedule
+            .iter()
+            .find(|w| w.contains(t))
+            .map_or(self.weight, |w| w.weight)
+    }
 }
 
 /// The `[admin]` table.
@@ -143,6 +279,10 @@ pub struct VmConfig {
 pub struct AdminConfig {
     /// REST/JSON admin socket.
     pub socket: Option<PathBuf>,
+    /// Address of the Prometheus text endpoint (`127.0.0.1:9400`).
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Append-only JSON-lines audit log.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// A validated configuration.
@@ -179,6 +319,8 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawAdmin {
     socket: Option<Spanned<PathBuf>>,
+    metrics_listen: Option<Spanned<String>>,
+    audit_log: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize)]
@@ -191,6 +333,17 @@ struct RawDevice {
     uuid: Option<Spanned<String>>,
     workers: Option<Spanned<u32>>,
     watchdog_ms: Option<Spanned<u64>>,
+    policy: Option<Spanned<String>>,
+    slice_ms: Option<Spanned<u64>>,
+    batch_min_share: Option<Spanned<u32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWindow {
+    from: Spanned<String>,
+    to: Spanned<String>,
+    weight: Spanned<u32>,
 }
 
 #[derive(Deserialize)]
@@ -198,13 +351,17 @@ struct RawDevice {
 struct RawVm {
     name: Spanned<String>,
     device: Option<Spanned<String>>,
-    memory: Spanned<RawSize>,
+    memory: Option<Spanned<RawSize>>,
     weight: Option<Spanned<u32>>,
     priority: Option<Spanned<String>>,
     unix_socket: Option<Spanned<PathBuf>>,
     vhost_user_socket: Option<Spanned<PathBuf>>,
     guest_cid: Option<Spanned<u64>>,
     vsock_uds_path: Option<Spanned<PathBuf>>,
+    #[serde(default)]
+    schedule: Vec<Spanned<RawWindow>>,
+    mode: Option<Spanned<String>>,
+    pci: Option<Spanned<String>>,
 }
 
 struct Ctx<'a> {
@@ -266,9 +423,7 @@ impl Config {
             message: e.message().trim().to_string(),
         })?;
 
-        let admin = AdminConfig {
-            socket: raw.admin.and_then(|a| a.socket).map(|s| s.into_inner()),
-        };
+        let admin = parse_admin(&cx, raw.admin)?;
 
         let mut devices = Vec::new();
         let mut names = HashSet::new();
@@ -282,6 +437,7 @@ impl Config {
                 memory: DEFAULT_SIM_MEMORY,
                 workers: None,
                 watchdog: Some(DEFAULT_WATCHDOG),
+                scheduling: SchedulingConfig::default(),
             });
         }
 
@@ -289,6 +445,7 @@ impl Config {
         let mut vm_names = HashSet::new();
         let mut cids = HashMap::new();
         let mut sockets = HashSet::new();
+        let mut pcis: HashMap<String, String> = HashMap::new();
         if let Some(s) = &admin.socket {
             sockets.insert(s.clone());
         }
@@ -336,6 +493,15 @@ impl Config {
                             "socket path {} is used twice; give each listener its own path",
                             p.display()
                         ),
+                    ));
+                }
+            }
+            if let VmMode::Passthrough { pci } = &vm.mode {
+                if let Some(other) = pcis.insert(pci.clone(), vm.name.clone()) {
+                    let span = v.get_ref().pci.as_ref().map_or(v.span(), |p| p.span());
+                    return Err(cx.err(
+                        span,
+                        format!("PCI device {pci} is already assigned to VM `{other}`; a device or VF can be passed through to one VM only"),
                     ));
                 }
             }
@@ -444,13 +610,198 @@ fn parse_device(
         Some(w) => Some(Duration::from_millis(*w.get_ref())),
         None => Some(DEFAULT_WATCHDOG),
     };
+    let mut scheduling = SchedulingConfig::default();
+    if let Some(p) = &r.policy {
+        scheduling.policy = Policy::parse(p.get_ref()).ok_or_else(|| {
+            cx.err(
+                p.span(),
+                format!(
+                    "unknown policy `{}`: use \"fair\" (weighted, work-conserving) or \"fixed\" (hard caps)",
+                    p.get_ref()
+                ),
+            )
+        })?;
+    }
+    if let Some(ms) = &r.slice_ms {
+        let d = Duration::from_millis(*ms.get_ref());
+        if !(MIN_SLICE..=MAX_SLICE).contains(&d) {
+            return Err(cx.err(
+                ms.span(),
+                format!(
+                    "slice_ms must be between {} and {}",
+                    MIN_SLICE.as_millis(),
+                    MAX_SLICE.as_millis()
+                ),
+            ));
+        }
+        scheduling.slice = d;
+    }
+    if let Some(b) = &r.batch_min_share {
+        if *b.get_ref() > MAX_BATCH_MIN_SHARE {
+            return Err(cx.err(
+                b.span(),
+                format!("batch_min_share is a percentage from 0 to {MAX_BATCH_MIN_SHARE}"),
+            ));
+        }
+        scheduling.batch_min_share = *b.get_ref();
+    }
     Ok(DeviceConfig {
         name,
         kind,
         memory,
         workers,
         watchdog,
+        scheduling,
     })
+}
+
+fn parse_admin(cx: &Ctx<'_>, raw: Option<RawAdmin>) -> Result<AdminConfig, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(AdminConfig::default());
+    };
+    let metrics_listen = match &raw.metrics_listen {
+        Some(m) => Some(m.get_ref().parse().map_err(|_| {
+            cx.err(
+                m.span(),
+                format!(
+                    "metrics_listen `{}` is not an address: write IP:PORT, e.g. \"127.0.0.1:9400\"",
+                    m.get_ref()
+                ),
+            )
+        })?),
+        None => None,
+    };
+    Ok(AdminConfig {
+        socket: raw.socket.map(|s| s.into_inner()),
+        metrics_listen,
+        audit_log: raw.audit_log.map(|s| s.into_inner()),
+    })
+}
+
+fn valid_pci(s: &str) -> bool {
+    let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut it = s.split(':');
+    match (it.next(), it.next(), it.next(), it.next()) {
+        (Some(d), Some(b), Some(df), None) => {
+            hex(d, 4)
+                && hex(b, 2)
+                && df.split_once('.').is_some_and(|(dev, f)| {
+                    hex(dev, 2) && f.len() == 1 && matches!(f.as_bytes()[0], b'0'..=b'7')
+                })
+        }
+        _ => false,
+    }
+}
+
+fn parse_passthrough(
+    cx: &Ctx<'_>,
+    v: &Spanned<RawVm>,
+    name: String,
+) -> Result<VmConfig, ConfigError> {
+    let r = v.get_ref();
+    let Some(pci) = &r.pci else {
+        return Err(cx.err(
+            v.span(),
+            format!("VM `{name}` has mode = \"passthrough\" but no pci = \"DDDD:BB:DD.F\" address"),
+        ));
+    };
+    if !valid_pci(pci.get_ref()) {
+        return Err(cx.err(
+            pci.span(),
+            format!(
+                "`{}` is not a PCI address: write domain:bus:device.function, e.g. \"0000:3b:00.0\" (see lspci -D)",
+                pci.get_ref()
+            ),
+        ));
+    }
+    let shared_only: [(&str, Option<std::ops::Range<usize>>); 8] = [
+        ("device", r.device.as_ref().map(|x| x.span())),
+        ("memory", r.memory.as_ref().map(|x| x.span())),
+        ("weight", r.weight.as_ref().map(|x| x.span())),
+        ("priority", r.priority.as_ref().map(|x| x.span())),
+        ("unix_socket", r.unix_socket.as_ref().map(|x| x.span())),
+        (
+            "vhost_user_socket",
+            r.vhost_user_socket.as_ref().map(|x| x.span()),
+        ),
+        ("guest_cid", r.guest_cid.as_ref().map(|x| x.span())),
+        (
+            "vsock_uds_path",
+            r.vsock_uds_path.as_ref().map(|x| x.span()),
+        ),
+    ];
+    if let Some((key, Some(span))) = shared_only.into_iter().find(|(_, s)| s.is_some()) {
+        return Err(cx.err(
+            span,
+            format!("`{key}` applies to shared VMs only: a passthrough VM owns its whole device; remove it"),
+        ));
+    }
+    if let Some(w) = r.schedule.first() {
+        return Err(cx.err(w.span(), "`schedule` applies to shared VMs only; remove it"));
+    }
+    Ok(VmConfig {
+        name,
+        device: String::new(),
+        memory: 0,
+        weight: DEFAULT_WEIGHT,
+        priority: Priority::Normal,
+        unix_socket: None,
+        vhost_user_socket: None,
+        guest_cid: None,
+        vsock_uds_path: None,
+        schedule: Vec::new(),
+        mode: VmMode::Passthrough {
+            pci: pci.get_ref().to_ascii_lowercase(),
+        },
+    })
+}
+
+fn parse_schedule(cx: &Ctx<'_>, r: &RawVm) -> Result<Vec<WeightWindow>, ConfigError> {
+    let mut out: Vec<WeightWindow> = Vec::new();
+    for w in &r.schedule {
+        let raw = w.get_ref();
+        let time = |t: &Spanned<String>| {
+            TimeOfDay::parse(t.get_ref()).ok_or_else(|| {
+                cx.err(
+                    t.span(),
+                    format!(
+                        "`{}` is not a time: write HH:MM, e.g. \"08:00\"",
+                        t.get_ref()
+                    ),
+                )
+            })
+        };
+        let (from, to) = (time(&raw.from)?, time(&raw.to)?);
+        if from == to {
+            return Err(cx.err(
+                w.span(),
+                "a schedule window needs different `from` and `to` times",
+            ));
+        }
+        let weight = *raw.weight.get_ref();
+        if !(1..=MAX_WEIGHT).contains(&weight) {
+            return Err(cx.err(
+                raw.weight.span(),
+                format!("weight must be between 1 and {MAX_WEIGHT}"),
+            ));
+        }
+        let win = WeightWindow { from, to, weight };
+        // Windows must not overlap: every minute of the day has at most one weight.
+        if let Some(o) = out
+            .iter()
+            .find(|o| o.contains(win.from) || win.contains(o.from))
+        {
+            return Err(cx.err(
+                w.span(),
+                format!(
+                    "this window overlaps the window {}-{}; give each time of day one weight",
+                    o.from, o.to
+                ),
+            ));
+        }
+        out.push(win);
+    }
+    Ok(out)
 }
 
 fn parse_vm(
@@ -465,6 +816,19 @@ fn parse_vm(
             r.name.span(),
             format!("VM name `{name}` is invalid: use 1-64 letters, digits, '-', '_' or '.'"),
         ));
+    }
+    match r.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
+        None | Some(("shared", _)) => {}
+        Some(("passthrough", _)) => return parse_passthrough(cx, v, name),
+        Some((other, span)) => {
+            return Err(cx.err(
+                span,
+                format!("unknown mode `{other}`: use \"shared\" (the default) or \"passthrough\""),
+            ));
+        }
+    }
+    if let Some(p) = &r.pci {
+        return Err(cx.err(p.span(), "`pci` applies to mode = \"passthrough\" only"));
     }
     let device = match &r.device {
         Some(d) => {
@@ -486,9 +850,17 @@ fn parse_vm(
             ));
         }
     };
-    let memory = cx.size(&r.memory, "memory")?;
+    let Some(mem) = &r.memory else {
+        return Err(cx.err(
+            v.span(),
+            format!(
+                "VM `{name}` needs `memory = \"…\"`: the size of its memory slice, e.g. \"2GiB\""
+            ),
+        ));
+    };
+    let memory = cx.size(mem, "memory")?;
     if memory == 0 {
-        return Err(cx.err(r.memory.span(), "the memory slice must be larger than 0"));
+        return Err(cx.err(mem.span(), "the memory slice must be larger than 0"));
     }
     let weight = match &r.weight {
         Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => {
@@ -548,6 +920,7 @@ fn parse_vm(
         (None, Some(sock)) => Some(sock.with_file_name(format!("{name}.vsock"))),
         (None, None) => None,
     };
+    let schedule = parse_schedule(cx, r)?;
     Ok(VmConfig {
         name,
         device,
@@ -558,6 +931,8 @@ fn parse_vm(
         vhost_user_socket,
         guest_cid,
         vsock_uds_path,
+        schedule,
+        mode: VmMode::Shared,
     })
 }
 
@@ -685,6 +1060,81 @@ guest_cid = 3
             err("[[device]]\nname = \"g\"\nkind = \"cuda\"\nmemory = \"1GiB\"\n")
                 .contains("sim\" only")
         );
+    }
+
+    #[test]
+    fn scheduling_settings_parse_and_are_checked() {
+        let c = parse(
+            "[[device]]\nname = \"g\"\nkind = \"sim\"\npolicy = \"fixed\"\nslice_ms = 5\nbatch_min_share = 10\n\
+             [[vm]]\nname = \"inf\"\nmemory = 1\nweight = 30\n\
+             [[vm.schedule]]\nfrom = \"08:00\"\nto = \"20:00\"\nweight = 70\n\
+             [[vm.schedule]]\nfrom = \"22:00\"\nto = \"02:00\"\nweight = 10\n",
+        )
+        .unwrap();
+        let s = c.devices[0].scheduling;
+        assert_eq!(
+            (s.policy, s.slice, s.batch_min_share),
+            (Policy::Fixed, Duration::from_millis(5), 10)
+        );
+        let vm = &c.vms[0];
+        let t = |s| TimeOfDay::parse(s).unwrap();
+        assert_eq!(vm.weight_at(t("12:00")), 70);
+        assert_eq!(vm.weight_at(t("20:00")), 30, "the end is exclusive");
+        assert_eq!(vm.weight_at(t("23:30")), 10, "windows wrap past midnight");
+        assert_eq!(vm.weight_at(t("01:59")), 10);
+        assert_eq!(vm.weight_at(t("05:00")), 30);
+
+        assert!(
+            err("[[device]]\nname = \"g\"\nkind = \"sim\"\nslice_ms = 0\n")
+                .contains("slice_ms must be between 1 and 100")
+        );
+        assert!(
+            err("[[device]]\nname = \"g\"\nkind = \"sim\"\npolicy = \"rr\"\n")
+                .contains("unknown policy")
+        );
+        let e = err(
+            "[[vm]]\nname = \"a\"\nmemory = 1\n[[vm.schedule]]\nfrom = \"8:00\"\nto = \"20:00\"\nweight = 7\n",
+        );
+        assert!(e.starts_with("vgpu.toml:5:") && e.contains("HH:MM"), "{e}");
+        let e = err(
+            "[[vm]]\nname = \"a\"\nmemory = 1\n[[vm.schedule]]\nfrom = \"08:00\"\nto = \"20:00\"\nweight = 7\n\
+             [[vm.schedule]]\nfrom = \"19:00\"\nto = \"21:00\"\nweight = 7\n",
+        );
+        assert!(e.contains("overlaps the window 08:00-20:00"), "{e}");
+    }
+
+    #[test]
+    fn passthrough_vms_are_checked() {
+        let c = parse("[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3B:00.1\"\n")
+            .unwrap();
+        assert_eq!(
+            c.vms[0].mode,
+            VmMode::Passthrough {
+                pci: "0000:3b:00.1".into()
+            }
+        );
+        assert!(err("[[vm]]\nname = \"p\"\nmode = \"passthrough\"\n").contains("no pci"));
+        assert!(
+            err("[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"3b:00.0\"\n")
+                .contains("lspci -D")
+        );
+        assert!(err("[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\nmemory = \"1GiB\"\n").contains("shared VMs only"));
+        assert!(
+            err("[[vm]]\nname = \"p\"\nmemory = 1\npci = \"0000:3b:00.0\"\n")
+                .contains("passthrough\" only")
+        );
+        let e = err(
+            "[[vm]]\nname = \"a\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\n[[vm]]\nname = \"b\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\n",
+        );
+        assert!(e.contains("already assigned to VM `a`"), "{e}");
+        assert!(err("[[vm]]\nname = \"a\"\n").contains("needs `memory"));
+    }
+
+    #[test]
+    fn admin_settings_parse() {
+        let c = parse("[admin]\nmetrics_listen = \"127.0.0.1:9400\"\naudit_log = \"/var/log/vgpu/audit.jsonl\"\n").unwrap();
+        assert_eq!(c.admin.metrics_listen.unwrap().port(), 9400);
+        assert!(err("[admin]\nmetrics_listen = \"localhost\"\n").contains("IP:PORT"));
     }
 
     #[test]

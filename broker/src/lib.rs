@@ -26,13 +26,24 @@ use std::sync::{Arc, RwLock};
 
 use thiserror::Error;
 
-use crate::config::VmConfig;
+use crate::config::{MAX_WEIGHT, Priority, SchedulingConfig, VmConfig};
 use crate::device::Device;
 use crate::tenant::Tenant;
 
 pub use error::CuError;
 
-/// Why a tenant could not be added.
+/// A live change to a VM (any subset of its settings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmUpdate {
+    /// New memory slice in bytes (refused below current use).
+    pub memory: Option<u64>,
+    /// New compute weight.
+    pub weight: Option<u32>,
+    /// New scheduling class.
+    pub priority: Option<Priority>,
+}
+
+/// Why a broker operation was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum BrokerError {
     /// A tenant with that name exists.
@@ -46,11 +57,21 @@ pub enum BrokerError {
         /// Device name.
         device: String,
     },
+    /// No VM has that name.
+    #[error("no VM named `{0}`")]
+    NoSuchVm(String),
+    /// No device has that name.
+    #[error("no device named `{0}`")]
+    NoSuchDevice(String),
+    /// The change is not acceptable (the message says why and what to do).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Devices and tenants.
 pub struct Broker {
     devices: Vec<(String, Arc<dyn Device>)>,
+    scheduling: RwLock<BTreeMap<String, SchedulingConfig>>,
     tenants: RwLock<BTreeMap<String, Arc<Tenant>>>,
     next_session: AtomicU64,
 }
@@ -70,8 +91,13 @@ impl std::fmt::Debug for Broker {
 impl Broker {
     /// A broker over named devices.
     pub fn new(devices: Vec<(String, Arc<dyn Device>)>) -> Self {
+        let scheduling = devices
+            .iter()
+            .map(|(n, _)| (n.clone(), SchedulingConfig::default()))
+            .collect();
         Self {
             devices,
+            scheduling: RwLock::new(scheduling),
             tenants: RwLock::new(BTreeMap::new()),
             next_session: AtomicU64::new(1),
         }
@@ -137,6 +163,59 @@ impl Broker {
 
     fn tenant_names(&self) -> Vec<String> {
         self.tenants().iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// Applies a live change to a VM. A memory slice below what the VM uses
+    /// is refused and nothing changes.
+    pub fn update_vm(&self, name: &str, u: &VmUpdate) -> Result<(), BrokerError> {
+        let t = self
+            .tenant(name)
+            .ok_or_else(|| BrokerError::NoSuchVm(name.to_string()))?;
+        if let Some(w) = u.weight {
+            if !(1..=MAX_WEIGHT).contains(&w) {
+                return Err(BrokerError::Refused(format!(
+                    "weight must be between 1 and {MAX_WEIGHT}"
+                )));
+            }
+        }
+        if let Some(m) = u.memory {
+            if m == 0 {
+                return Err(BrokerError::Refused(
+                    "the memory slice must be larger than 0".into(),
+                ));
+            }
+            t.slice
+                .resize(m)
+                .map_err(|e| BrokerError::Refused(e.message))?;
+        }
+        let mut s = t.settings();
+        if let Some(w) = u.weight {
+            s.weight = w;
+        }
+        if let Some(p) = u.priority {
+            s.priority = p;
+        }
+        t.set_settings(s);
+        Ok(())
+    }
+
+    /// The scheduling settings of a device.
+    pub fn scheduling(&self, device: &str) -> Option<SchedulingConfig> {
+        self.scheduling
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(device)
+            .copied()
+    }
+
+    /// Changes the scheduling settings of a device (live).
+    pub fn set_scheduling(&self, device: &str, s: SchedulingConfig) -> Result<(), BrokerError> {
+        let mut m = self.scheduling.write().unwrap_or_else(|p| p.into_inner());
+        let slot = m
+            .get_mut(device)
+            .ok_or_else(|| BrokerError::NoSuchDevice(device.to_string()))?;
+        *slot = s;
+        Ok(())
     }
 
     /// A fresh session id.

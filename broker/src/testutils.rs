@@ -153,6 +153,8 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         vhost_user_socket: None,
         guest_cid: None,
         vsock_uds_path: None,
+        schedule: Vec::new(),
+        mode: crate::config::VmMode::Shared,
     }
 }
 

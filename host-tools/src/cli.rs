@@ -47,6 +47,8 @@ pub enum Command {
         #[command(subcommand)]
         command: VmCommand,
     },
+    /// Whole GPUs and SR-IOV virtual functions assigned to VMs with VFIO.
+    Passthrough(crate::passthrough::PassthroughArgs),
 }
 
 /// Device commands.
@@ -92,10 +94,29 @@ fn print_vms(vms: &[Value]) {
     }
 }
 
-/// Runs a command; returns the JSON it printed or the error.
-pub fn run(cli: &Cli) -> Result<(), ApiError> {
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The admin API refused or could not be reached.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// A passthrough operation failed.
+    #[error(transparent)]
+    Passthrough(#[from] crate::passthrough::PassthroughError),
+}
+
+/// Runs a command.
+pub fn run(cli: &Cli) -> Result<(), CliError> {
+    if let Command::Passthrough(args) = &cli.command {
+        return Ok(crate::passthrough::run(args, cli.json)?);
+    }
+    Ok(run_api(cli)?)
+}
+
+fn run_api(cli: &Cli) -> Result<(), ApiError> {
     let c = Client::new(&cli.socket);
     let out = match &cli.command {
+        Command::Passthrough(_) => unreachable!("handled by run"),
         Command::Status => {
             let info = c.get("/v1/info")?;
             let devices = c.get("/v1/devices")?;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use vgpu_host_tools::api::ApiError;
-use vgpu_host_tools::cli::{Cli, EXIT_REFUSED, EXIT_UNREACHABLE, run};
+use vgpu_host_tools::cli::{Cli, CliError, EXIT_REFUSED, EXIT_UNREACHABLE, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("vgpuctl: {e}");
             match e {
-                ApiError::Connect { .. } => ExitCode::from(EXIT_UNREACHABLE),
+                CliError::Api(ApiError::Connect { .. }) => ExitCode::from(EXIT_UNREACHABLE),
                 _ => ExitCode::from(EXIT_REFUSED),
             }
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use tracing::info;
-use vgpu_broker::config::{Config, DeviceKind};
+use vgpu_broker::config::{Config, DeviceKind, VmMode};
 use vgpu_broker::device::Device;
 use vgpu_broker::{Broker, BrokerError};
 use vgpu_sim::{SimConfig, SimDevice};
@@ -128,9 +128,17 @@ impl Daemon {
     /// Starts everything the config declares.
     pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
         let broker = Arc::new(Broker::new(build_devices(config)?));
+        for d in &config.devices {
+            broker.set_scheduling(&d.name, d.scheduling)?;
+        }
         let mut listeners = Vec::new();
         let mut transports = Transports::default();
         for vm in &config.vms {
+            if vm.mode != VmMode::Shared {
+                // A passthrough VM owns a whole device through VFIO; vgpud
+                // only records it (see docs/passthrough.md).
+                continue;
+            }
             let tenant = broker.add_tenant(vm)?;
             if let Some(path) = &vm.unix_socket {
                 listeners.push(Listener::start(

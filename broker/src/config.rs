@@ -496,14 +496,14 @@ impl Config {
                     ));
                 }
             }
-            if let VmMode::Passthrough { pci } = &vm.mode {
-                if let Some(other) = pcis.insert(pci.clone(), vm.name.clone()) {
-                    let span = v.get_ref().pci.as_ref().map_or(v.span(), |p| p.span());
-                    return Err(cx.err(
+            if let VmMode::Passthrough { pci } = &vm.mode
+                && let Some(other) = pcis.insert(pci.clone(), vm.name.clone())
+            {
+                let span = v.get_ref().pci.as_ref().map_or(v.span(), |p| p.span());
+                return Err(cx.err(
                         span,
                         format!("PCI device {pci} is already assigned to VM `{other}`; a device or VF can be passed through to one VM only"),
                     ));
-                }
             }
             vms.push(vm);
         }

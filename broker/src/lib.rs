@@ -171,12 +171,12 @@ impl Broker {
         let t = self
             .tenant(name)
             .ok_or_else(|| BrokerError::NoSuchVm(name.to_string()))?;
-        if let Some(w) = u.weight {
-            if !(1..=MAX_WEIGHT).contains(&w) {
-                return Err(BrokerError::Refused(format!(
-                    "weight must be between 1 and {MAX_WEIGHT}"
-                )));
-            }
+        if let Some(w) = u.weight
+            && !(1..=MAX_WEIGHT).contains(&w)
+        {
+            return Err(BrokerError::Refused(format!(
+                "weight must be between 1 and {MAX_WEIGHT}"
+            )));
         }
         if let Some(m) = u.memory {
             if m == 0 {

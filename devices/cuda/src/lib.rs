@@ -1,0 +1,1 @@
+//! The real-GPU executor (being written).

@@ -15,9 +15,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Error)]
 pub enum ApiError {
     /// The socket could not be reached.
-    #[error(
-        "cannot connect to vgpud at {path}: {source} (is vgpud running? is --socket right? do you have permission?)"
-    )]
+    #[error("cannot connect to vgpud at {path}: {source} ({})", connect_hint(.source))]
     Connect {
         /// Socket path.
         path: PathBuf,
@@ -41,6 +39,18 @@ pub enum ApiError {
     },
 }
 
+fn connect_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            "the admin socket is for root and vgpud's user only: run vgpuctl with sudo or as that user"
+        }
+        std::io::ErrorKind::NotFound => {
+            "is vgpud running? is --socket (or VGPU_ADMIN_SOCKET) the [admin] socket of its config?"
+        }
+        _ => "is vgpud running? is --socket right? do you have permission?",
+    }
+}
+
 /// An admin API client.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -55,6 +65,11 @@ impl Client {
         }
     }
 
+    /// The socket this client talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// Sends a request and returns the JSON body of a 2xx response.
     pub fn request(
         &self,
@@ -62,6 +77,55 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ApiError> {
+        let (status, text) = self.exchange(method, path, body)?;
+        let json: Value =
+            serde_json::from_str(&text).map_err(|e| ApiError::Malformed(e.to_string()))?;
+        if (200..300).contains(&status) {
+            Ok(json)
+        } else {
+            let message = json["error"]
+                .as_str()
+                .unwrap_or("request failed")
+                .to_string();
+            Err(ApiError::Status { status, message })
+        }
+    }
+
+    /// GET of a text resource (e.g. `/v1/metrics`).
+    pub fn get_text(&self, path: &str) -> Result<String, ApiError> {
+        let (status, text) = self.exchange("GET", path, None)?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|j| j["error"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "request failed".into());
+        Err(ApiError::Status { status, message })
+    }
+
+    /// POST with a JSON body.
+    pub fn post(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
+        self.request("POST", path, Some(body))
+    }
+
+    /// PATCH with a JSON body.
+    pub fn patch(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
+        self.request("PATCH", path, Some(body))
+    }
+
+    /// DELETE.
+    pub fn delete(&self, path: &str) -> Result<Value, ApiError> {
+        self.request("DELETE", path, None)
+    }
+
+    /// One HTTP exchange: the status and the body text.
+    fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, String), ApiError> {
         let mut s = UnixStream::connect(&self.socket).map_err(|source| ApiError::Connect {
             path: self.socket.clone(),
             source,
@@ -84,17 +148,7 @@ impl Client {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| ApiError::Malformed(head.lines().next().unwrap_or("").to_string()))?;
-        let json: Value =
-            serde_json::from_str(body).map_err(|e| ApiError::Malformed(e.to_string()))?;
-        if (200..300).contains(&status) {
-            Ok(json)
-        } else {
-            let message = json["error"]
-                .as_str()
-                .unwrap_or("request failed")
-                .to_string();
-            Err(ApiError::Status { status, message })
-        }
+        Ok((status, body.to_string()))
     }
 
     /// GET.

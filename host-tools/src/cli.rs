@@ -1,23 +1,52 @@
 //! Commands of vgpuctl and their table output.
+//!
+//! Exit codes scripts can rely on (also in `vgpuctl --help` and
+//! docs/admin.md):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | vgpud refused the request (unknown VM or device, invalid or conflicting change) or the command failed |
+//! | 2 | the command line is wrong (clap's usage error) |
+//! | 3 | vgpud cannot be reached (not running, wrong `--socket`, no permission) |
+//! | 4 | `doctor` found a failing check |
+//! | 5 | `vm drain --wait` timed out with sessions left |
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
-use serde_json::Value;
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
 
 use crate::api::{ApiError, Client};
+use crate::table::{Align, Table, duration, json_bytes, json_percent, json_str};
 
 /// Default admin socket.
 pub const DEFAULT_SOCKET: &str = "/run/vgpu/admin.sock";
 
 /// Exit code: the daemon refused the request (unknown VM, invalid change).
 pub const EXIT_REFUSED: u8 = 1;
+/// Exit code: the command line is wrong (clap).
+pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the daemon could not be reached.
 pub const EXIT_UNREACHABLE: u8 = 3;
+/// Exit code: `doctor` found a failing check.
+pub const EXIT_CHECK_FAILED: u8 = 4;
+/// Exit code: `vm drain --wait` timed out.
+pub const EXIT_TIMEOUT: u8 = 5;
+
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success
+  1  vgpud refused the request (unknown VM or device, invalid or conflicting change)
+  2  the command line is wrong
+  3  vgpud cannot be reached (not running, wrong --socket, no permission)
+  4  doctor found a failing check
+  5  vm drain --wait timed out with sessions left";
 
 /// Administer vgpud: devices, VMs and their GPU slices.
 #[derive(Debug, Parser)]
-#[command(name = "vgpuctl", version)]
+#[command(name = "vgpuctl", version, after_long_help = EXIT_CODES_HELP)]
 pub struct Cli {
     /// Admin socket of vgpud (the `[admin] socket` of its config).
     #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_SOCKET, env = "VGPU_ADMIN_SOCKET")]
@@ -35,17 +64,36 @@ pub struct Cli {
 pub enum Command {
     /// Daemon version and a summary of devices and VMs.
     Status,
-    /// Devices.
+    /// Devices: vgpud's devices and the host's real GPUs.
     Device {
         /// Device command.
         #[command(subcommand)]
         command: DeviceCommand,
     },
-    /// VMs (tenants).
+    /// VMs (tenants): list, inspect, add, remove, change, drain.
     Vm {
         /// VM command.
         #[command(subcommand)]
         command: VmCommand,
+    },
+    /// Live view of devices and VMs (q or Ctrl-C quits).
+    Top(crate::top::TopArgs),
+    /// Print the Prometheus metrics vgpud exports.
+    Metrics,
+    /// Re-read vgpud's config file and apply what changed (like SIGHUP).
+    Reload,
+    /// Check this host for what vgpu needs: KVM, shared memory, QEMU, IOMMU, NVIDIA driver, memory.
+    Doctor(crate::doctor::DoctorArgs),
+    /// Print a shell completion script.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (vgpuctl.1 and one per subcommand) into a directory.
+    Man {
+        /// Directory to write the pages into (created if missing).
+        dir: PathBuf,
     },
     /// Whole GPUs and SR-IOV virtual functions assigned to VMs with VFIO.
     Passthrough(crate::passthrough::PassthroughArgs),
@@ -54,44 +102,134 @@ pub enum Command {
 /// Device commands.
 #[derive(Debug, Subcommand)]
 pub enum DeviceCommand {
-    /// List devices.
+    /// List vgpud's devices and the host's NVIDIA GPUs.
     List,
+    /// Show one device: memory, slices, scheduling, VMs.
+    Show {
+        /// Device name (the `[[device]] name`).
+        name: String,
+    },
+    /// Change a device's scheduling live.
+    Set(DeviceSetArgs),
+}
+
+/// Arguments of `device set`.
+#[derive(Debug, Args)]
+pub struct DeviceSetArgs {
+    /// Device name.
+    pub name: String,
+    /// Scheduling policy: fair (weighted, work-conserving) or fixed (hard caps).
+    #[arg(long, value_parser = ["fair", "fixed"])]
+    pub policy: Option<String>,
+    /// Time slice in milliseconds (1-100).
+    #[arg(long, value_name = "MS")]
+    pub slice_ms: Option<u64>,
+    /// Minimum share of device time the batch class keeps, in percent (0-50).
+    #[arg(long, value_name = "PERCENT")]
+    pub batch_min_share: Option<u32>,
+}
+
+/// Scheduling class.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PriorityArg {
+    /// Preempts everything else.
+    Realtime,
+    /// The default.
+    Normal,
+    /// Runs when nothing else waits, with a guaranteed minimum share.
+    Batch,
+}
+
+impl PriorityArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            PriorityArg::Realtime => "realtime",
+            PriorityArg::Normal => "normal",
+            PriorityArg::Batch => "batch",
+        }
+    }
 }
 
 /// VM commands.
 #[derive(Debug, Subcommand)]
 pub enum VmCommand {
-    /// List VMs with their slices and sessions.
+    /// List VMs with their slices, shares and sessions.
     List,
-    /// Show one VM in detail.
+    /// Show one VM in detail, with its sessions.
     Show {
         /// VM name.
         name: String,
     },
+    /// Add a VM (the same fields and rules as a `[[vm]]` entry of the config).
+    Add(VmAddArgs),
+    /// Remove a VM: its sessions end and everything they hold is released.
+    Remove {
+        /// VM name.
+        name: String,
+    },
+    /// Change a VM's memory slice, weight or priority live.
+    Set(VmSetArgs),
+    /// Drain a VM: new sessions are refused, running ones go on until they end.
+    Drain {
+        /// VM name.
+        name: String,
+        /// Wait until the VM has no session left.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds (exit code 5).
+        #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Print the VMM command-line arguments that attach a VM to vgpud.
+    AttachArgs(crate::attach::AttachArgs),
 }
 
-fn mib(v: &Value) -> String {
-    v.as_u64()
-        .map_or("-".into(), |b| format!("{} MiB", b >> 20))
+/// Arguments of `vm add`.
+#[derive(Debug, Args)]
+pub struct VmAddArgs {
+    /// VM name (1-64 letters, digits, '-', '_' or '.').
+    pub name: String,
+    /// Memory slice, e.g. 2GiB (B, KiB, MiB, GiB, TiB).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: String,
+    /// Device to run on (may be left out when vgpud has one device).
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
+    /// Compute share weight (1-10000).
+    #[arg(long)]
+    pub weight: Option<u32>,
+    /// Scheduling class.
+    #[arg(long, value_enum)]
+    pub priority: Option<PriorityArg>,
+    /// Unix socket vgpud listens on for this VM (containers, host processes, hybrid vsock).
+    #[arg(long, value_name = "PATH")]
+    pub unix_socket: Option<PathBuf>,
+    /// vhost-user socket of the VM's vsock device (for the VMM); needs --guest-cid.
+    #[arg(long, value_name = "PATH", requires = "guest_cid")]
+    pub vhost_user_socket: Option<PathBuf>,
+    /// Guest CID of the VM's vsock device (3 or more, unique per VM).
+    #[arg(long, value_name = "CID", requires = "vhost_user_socket")]
+    pub guest_cid: Option<u64>,
+    /// Hybrid-vsock base path of the vsock device (default: <dir of vhost-user socket>/<name>.vsock).
+    #[arg(long, value_name = "PATH", requires = "vhost_user_socket")]
+    pub vsock_uds_path: Option<PathBuf>,
 }
 
-fn print_vms(vms: &[Value]) {
-    println!(
-        "{:<16} {:<8} {:>12} {:>12} {:>7} {:<9} {:>8}",
-        "VM", "DEVICE", "USED", "SLICE", "WEIGHT", "PRIORITY", "SESSIONS"
-    );
-    for v in vms {
-        println!(
-            "{:<16} {:<8} {:>12} {:>12} {:>7} {:<9} {:>8}",
-            v["name"].as_str().unwrap_or("?"),
-            v["device"].as_str().unwrap_or("?"),
-            mib(&v["memory_used"]),
-            mib(&v["memory_limit"]),
-            v["weight"],
-            v["priority"].as_str().unwrap_or("?"),
-            v["sessions"].as_array().map_or(0, Vec::len)
-        );
-    }
+/// Arguments of `vm set`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["memory", "weight", "priority"]))]
+pub struct VmSetArgs {
+    /// VM name.
+    pub name: String,
+    /// New memory slice, e.g. 4GiB (refused below what the VM uses).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// New compute share weight (1-10000).
+    #[arg(long)]
+    pub weight: Option<u32>,
+    /// New scheduling class.
+    #[arg(long, value_enum)]
+    pub priority: Option<PriorityArg>,
 }
 
 /// Why a command failed.
@@ -103,99 +241,721 @@ pub enum CliError {
     /// A passthrough operation failed.
     #[error(transparent)]
     Passthrough(#[from] crate::passthrough::PassthroughError),
+    /// A local operation failed (writing man pages, attach arguments, …).
+    #[error("{0}")]
+    Failed(String),
+    /// `doctor` found failing checks.
+    #[error("{0} check(s) failed; see the fixes above")]
+    ChecksFailed(usize),
+    /// A wait timed out.
+    #[error("{0}")]
+    Timeout(String),
+}
+
+impl CliError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Api(ApiError::Connect { .. } | ApiError::Io(_) | ApiError::Malformed(_)) => {
+                EXIT_UNREACHABLE
+            }
+            CliError::ChecksFailed(_) => EXIT_CHECK_FAILED,
+            CliError::Timeout(_) => EXIT_TIMEOUT,
+            _ => EXIT_REFUSED,
+        }
+    }
+}
+
+/// Prints JSON, pretty.
+pub fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn vm_table(vms: &[Value]) -> String {
+    let mut t = Table::new(&[
+        ("VM", Align::Left),
+        ("DEVICE", Align::Left),
+        ("USED", Align::Right),
+        ("SLICE", Align::Right),
+        ("WEIGHT", Align::Right),
+        ("PRIORITY", Align::Left),
+        ("SHARE 10s", Align::Right),
+        ("CONFIGURED", Align::Right),
+        ("SESSIONS", Align::Right),
+        ("KERNELS", Align::Right),
+        ("STATE", Align::Left),
+    ]);
+    for v in vms {
+        t.row(vec![
+            json_str(&v["name"]),
+            json_str(&v["device"]),
+            json_bytes(&v["memory_used"]),
+            json_bytes(&v["memory_limit"]),
+            json_str(&v["weight"]),
+            json_str(&v["priority"]),
+            json_percent(&v["usage"]["share_10s"]),
+            json_percent(&v["usage"]["configured_share"]),
+            v["sessions"].as_array().map_or(0, Vec::len).to_string(),
+            json_str(&v["stats"]["kernels"]),
+            json_str(&v["state"]),
+        ]);
+    }
+    t.render()
+}
+
+fn device_table(devices: &[Value]) -> String {
+    let mut t = Table::new(&[
+        ("NAME", Align::Left),
+        ("KIND", Align::Left),
+        ("MODEL", Align::Left),
+        ("USED", Align::Right),
+        ("MEMORY", Align::Right),
+        ("SLICED", Align::Right),
+        ("UTIL", Align::Right),
+        ("POLICY", Align::Left),
+        ("SLICE", Align::Right),
+        ("VMS", Align::Left),
+    ]);
+    for d in devices {
+        t.row(vec![
+            json_str(&d["name"]),
+            json_str(&d["kind"]),
+            json_str(&d["model"]),
+            json_bytes(&d["memory_used"]),
+            json_bytes(&d["memory_total"]),
+            json_bytes(&d["memory_sliced"]),
+            json_percent(&d["utilization"]),
+            json_str(&d["scheduling"]["policy"]),
+            d["scheduling"]["slice_ms"]
+                .as_u64()
+                .map_or("-".into(), |m| format!("{m} ms")),
+            d["vms"]
+                .as_array()
+                .map(|v| {
+                    v.iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default(),
+        ]);
+    }
+    t.render()
+}
+
+fn gpu_table(report: &Value) -> String {
+    let gpus = report["gpus"].as_array().map_or(&[][..], Vec::as_slice);
+    if gpus.is_empty() {
+        return format!(
+            "No NVIDIA GPU found: {}\n",
+            report["reason"].as_str().unwrap_or("NVML reported none")
+        );
+    }
+    let mut t = Table::new(&[
+        ("GPU", Align::Right),
+        ("NAME", Align::Left),
+        ("UUID", Align::Left),
+        ("PCI", Align::Left),
+        ("USED", Align::Right),
+        ("MEMORY", Align::Right),
+        ("UTIL", Align::Right),
+        ("TEMP", Align::Right),
+        ("POWER", Align::Right),
+        ("MIG", Align::Left),
+        ("VFS", Align::Right),
+    ]);
+    for g in gpus {
+        let mig = match g["mig_enabled"].as_bool() {
+            Some(true) => format!(
+                "on ({} instances)",
+                g["mig_instances"].as_array().map_or(0, Vec::len)
+            ),
+            Some(false) => "off".into(),
+            None => "-".into(),
+        };
+        t.row(vec![
+            json_str(&g["index"]),
+            json_str(&g["name"]),
+            json_str(&g["uuid"]),
+            json_str(&g["pci"]),
+            json_bytes(&g["memory_used"]),
+            json_bytes(&g["memory_total"]),
+            g["utilization_gpu"]
+                .as_u64()
+                .map_or("-".into(), |u| format!("{u}%")),
+            g["temperature_c"]
+                .as_u64()
+                .map_or("-".into(), |c| format!("{c}C")),
+            g["power_w"]
+                .as_f64()
+                .map_or("-".into(), |w| format!("{w:.0} W")),
+            mig,
+            match (g["sriov_vfs"].as_u64(), g["sriov_vfs_total"].as_u64()) {
+                (Some(n), Some(t)) => format!("{n}/{t}"),
+                _ => "-".into(),
+            },
+        ]);
+    }
+    let mut out = format!(
+        "NVIDIA driver {}\n",
+        report["driver_version"].as_str().unwrap_or("?")
+    );
+    out += &t.render();
+    for g in gpus {
+        for m in g["mig_instances"].as_array().into_iter().flatten() {
+            out += &format!(
+                "  GPU {} MIG {}: {} {} {}\n",
+                json_str(&g["index"]),
+                json_str(&m["index"]),
+                json_str(&m["name"]),
+                json_str(&m["uuid"]),
+                json_bytes(&m["memory_total"])
+            );
+        }
+    }
+    out
+}
+
+fn session_table(v: &Value) -> String {
+    let mut t = Table::new(&[
+        ("SESSION", Align::Right),
+        ("PID", Align::Right),
+        ("PROCESS", Align::Left),
+        ("MEMORY", Align::Right),
+        ("TRANSPORT", Align::Left),
+    ]);
+    for s in v["sessions"].as_array().into_iter().flatten() {
+        t.row(vec![
+            json_str(&s["id"]),
+            json_str(&s["pid"]),
+            json_str(&s["process"]),
+            json_bytes(&s["memory_used"]),
+            json_str(&s["transport"]),
+        ]);
+    }
+    t.render()
+}
+
+fn vm_detail(v: &Value) -> String {
+    let mut out = vm_table(std::slice::from_ref(v));
+    let u = &v["usage"];
+    out += &format!(
+        "\nshare: {} (1s) {} (10s) {} (60s), configured {}; busy {}\n",
+        json_percent(&u["share_1s"]),
+        json_percent(&u["share_10s"]),
+        json_percent(&u["share_60s"]),
+        json_percent(&u["configured_share"]),
+        u["busy_s"]
+            .as_f64()
+            .map_or("-".into(), |b| format!("{b:.1} s")),
+    );
+    let st = &v["stats"];
+    out += &format!(
+        "copies: {} to the device, {} from it; errors {}; sessions opened {}\n",
+        json_bytes(&st["bytes_htod"]),
+        json_bytes(&st["bytes_dtoh"]),
+        json_str(&st["errors"]),
+        json_str(&st["sessions_total"]),
+    );
+    if let Some(p) = v["unix_socket"].as_str() {
+        out += &format!("unix socket: {p}\n");
+    }
+    if v["vsock"].is_object() {
+        let vs = &v["vsock"];
+        out += &format!(
+            "vsock: cid {} on {} ({} open connections, {} device resets)\n",
+            json_str(&vs["guest_cid"]),
+            json_str(&vs["socket"]),
+            json_str(&vs["stats"]["connections_open"]),
+            json_str(&vs["stats"]["device_resets"]),
+        );
+    }
+    if v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
+        out.push('\n');
+        out += &session_table(v);
+    }
+    out
 }
 
 /// Runs a command.
 pub fn run(cli: &Cli) -> Result<(), CliError> {
-    if let Command::Passthrough(args) = &cli.command {
-        return Ok(crate::passthrough::run(args, cli.json)?);
+    let c = Client::new(&cli.socket);
+    match &cli.command {
+        Command::Passthrough(args) => Ok(crate::passthrough::run(args, cli.json)?),
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(*shell, &mut cmd, "vgpuctl", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => crate::manpages::write_all(&Cli::command(), dir)
+            .map(|files| {
+                if cli.json {
+                    print_json(&json!(files));
+                } else {
+                    for f in files {
+                        println!("{}", f.display());
+                    }
+                }
+            })
+            .map_err(|e| {
+                CliError::Failed(format!(
+                    "cannot write man pages into {}: {e}",
+                    dir.display()
+                ))
+            }),
+        Command::Doctor(args) => crate::doctor::run(args, &c, cli.json),
+        Command::Top(args) => crate::top::run(args, &c, cli.json),
+        Command::Vm {
+            command: VmCommand::AttachArgs(args),
+        } => crate::attach::run(args, &c, cli.json),
+        _ => run_api(cli, &c),
     }
-    Ok(run_api(cli)?)
 }
 
-fn run_api(cli: &Cli) -> Result<(), ApiError> {
-    let c = Client::new(&cli.socket);
+fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
     let out = match &cli.command {
-        Command::Passthrough(_) => unreachable!("handled by run"),
         Command::Status => {
             let info = c.get("/v1/info")?;
             let devices = c.get("/v1/devices")?;
             let vms = c.get("/v1/vms")?;
             if !cli.json {
                 println!(
-                    "vgpud {} (pid {}, protocol {})",
-                    info["version"].as_str().unwrap_or("?"),
-                    info["pid"],
-                    info["protocol_version"]
+                    "vgpud {} (pid {}, protocol {}), up {}",
+                    json_str(&info["version"]),
+                    json_str(&info["pid"]),
+                    json_str(&info["protocol_version"]),
+                    duration(info["uptime_s"].as_u64().unwrap_or(0)),
                 );
-                println!("devices: {}", devices.as_array().map_or(0, Vec::len));
-                print_vms(vms.as_array().map_or(&[], Vec::as_slice));
+                println!("config: {}", json_str(&info["config"]));
+                if let Some(m) = info["metrics_listen"].as_str() {
+                    println!("metrics: http://{m}/metrics");
+                }
+                if let Some(a) = info["audit_log"].as_str() {
+                    println!("audit log: {a}");
+                }
+                println!();
+                print!(
+                    "{}",
+                    device_table(devices.as_array().map_or(&[], Vec::as_slice))
+                );
+                println!();
+                print!("{}", vm_table(vms.as_array().map_or(&[], Vec::as_slice)));
                 return Ok(());
             }
-            serde_json::json!({ "daemon": info, "devices": devices, "vms": vms })
+            json!({ "daemon": info, "devices": devices, "vms": vms })
         }
-        Command::Device {
-            command: DeviceCommand::List,
-        } => {
-            let devices = c.get("/v1/devices")?;
-            if !cli.json {
-                println!(
-                    "{:<8} {:<6} {:<22} {:>12} {:>12}  VMS",
-                    "NAME", "KIND", "MODEL", "USED", "MEMORY"
-                );
-                for d in devices.as_array().into_iter().flatten() {
-                    println!(
-                        "{:<8} {:<6} {:<22} {:>12} {:>12}  {}",
-                        d["name"].as_str().unwrap_or("?"),
-                        d["kind"].as_str().unwrap_or("?"),
-                        d["model"].as_str().unwrap_or("?"),
-                        mib(&d["memory_used"]),
-                        mib(&d["memory_total"]),
-                        d["vms"]
-                            .as_array()
-                            .map(|v| v
-                                .iter()
-                                .filter_map(Value::as_str)
-                                .collect::<Vec<_>>()
-                                .join(","))
-                            .unwrap_or_default()
+        Command::Device { command } => match command {
+            DeviceCommand::List => {
+                let devices = c.get("/v1/devices")?;
+                let gpus = c.get("/v1/gpus")?;
+                if !cli.json {
+                    print!(
+                        "{}",
+                        device_table(devices.as_array().map_or(&[], Vec::as_slice))
                     );
+                    println!();
+                    print!("{}", gpu_table(&gpus));
+                    return Ok(());
+                }
+                json!({ "devices": devices, "gpus": gpus })
+            }
+            DeviceCommand::Show { name } => {
+                let d = c.get(&format!("/v1/devices/{name}"))?;
+                if !cli.json {
+                    print!("{}", device_table(std::slice::from_ref(&d)));
+                    println!(
+                        "uuid {}; batch class keeps at least {}% of the device",
+                        json_str(&d["uuid"]),
+                        json_str(&d["scheduling"]["batch_min_share"])
+                    );
+                    return Ok(());
+                }
+                d
+            }
+            DeviceCommand::Set(a) => {
+                let mut body = serde_json::Map::new();
+                if let Some(p) = &a.policy {
+                    body.insert("policy".into(), p.clone().into());
+                }
+                if let Some(s) = a.slice_ms {
+                    body.insert("slice_ms".into(), s.into());
+                }
+                if let Some(b) = a.batch_min_share {
+                    body.insert("batch_min_share".into(), b.into());
+                }
+                if body.is_empty() {
+                    return Err(CliError::Failed(
+                        "nothing to change: give --policy, --slice-ms and/or --batch-min-share"
+                            .into(),
+                    ));
+                }
+                let s = c.patch(
+                    &format!("/v1/devices/{}/scheduling", a.name),
+                    &Value::Object(body),
+                )?;
+                if !cli.json {
+                    println!(
+                        "device {}: policy {}, slice {} ms, batch minimum share {}%",
+                        a.name,
+                        json_str(&s["policy"]),
+                        json_str(&s["slice_ms"]),
+                        json_str(&s["batch_min_share"])
+                    );
+                    return Ok(());
+                }
+                s
+            }
+        },
+        Command::Vm { command } => match command {
+            VmCommand::List => {
+                let vms = c.get("/v1/vms")?;
+                if !cli.json {
+                    print!("{}", vm_table(vms.as_array().map_or(&[], Vec::as_slice)));
+                    return Ok(());
+                }
+                vms
+            }
+            VmCommand::Show { name } => {
+                let v = c.get(&format!("/v1/vms/{name}"))?;
+                if !cli.json {
+                    print!("{}", vm_detail(&v));
+                    return Ok(());
+                }
+                v
+            }
+            VmCommand::Add(a) => {
+                let mut body = json!({ "name": a.name, "memory": a.memory });
+                let m = body.as_object_mut().expect("object");
+                let mut put = |k: &str, v: Option<Value>| {
+                    if let Some(v) = v {
+                        m.insert(k.into(), v);
+                    }
+                };
+                put("device", a.device.clone().map(Value::from));
+                put("weight", a.weight.map(Value::from));
+                put("priority", a.priority.map(|p| p.as_str().into()));
+                put(
+                    "unix_socket",
+                    a.unix_socket.as_ref().map(|p| p.to_string_lossy().into()),
+                );
+                put(
+                    "vhost_user_socket",
+                    a.vhost_user_socket
+                        .as_ref()
+                        .map(|p| p.to_string_lossy().into()),
+                );
+                put("guest_cid", a.guest_cid.map(Value::from));
+                put(
+                    "vsock_uds_path",
+                    a.vsock_uds_path
+                        .as_ref()
+                        .map(|p| p.to_string_lossy().into()),
+                );
+                let v = c.post("/v1/vms", &body)?;
+                if !cli.json {
+                    println!(
+                        "VM {} added: {} slice on {}",
+                        a.name,
+                        json_bytes(&v["memory_limit"]),
+                        json_str(&v["device"])
+                    );
+                    return Ok(());
+                }
+                v
+            }
+            VmCommand::Remove { name } => {
+                let r = c.delete(&format!("/v1/vms/{name}"))?;
+                if !cli.json {
+                    println!(
+                        "VM {name} removed: {} session(s) ended, {} released{}",
+                        json_str(&r["sessions_ended"]),
+                        json_bytes(&r["memory_released"]),
+                        if r["complete"] == false {
+                            " (some sessions are still finishing a call)"
+                        } else {
+                            ""
+                        }
+                    );
+                    return Ok(());
+                }
+                r
+            }
+            VmCommand::Set(a) => {
+                let mut body = serde_json::Map::new();
+                if let Some(m) = &a.memory {
+                    body.insert("memory".into(), m.clone().into());
+                }
+                if let Some(w) = a.weight {
+                    body.insert("weight".into(), w.into());
+                }
+                if let Some(p) = a.priority {
+                    body.insert("priority".into(), p.as_str().into());
+                }
+                let v = c.patch(&format!("/v1/vms/{}", a.name), &Value::Object(body))?;
+                if !cli.json {
+                    println!(
+                        "VM {}: slice {}, weight {}, priority {}",
+                        a.name,
+                        json_bytes(&v["memory_limit"]),
+                        json_str(&v["weight"]),
+                        json_str(&v["priority"])
+                    );
+                    return Ok(());
+                }
+                v
+            }
+            VmCommand::Drain {
+                name,
+                wait,
+                timeout,
+            } => {
+                let mut v = c.post(&format!("/v1/vms/{name}/drain"), &json!({}))?;
+                if *wait {
+                    let deadline = Instant::now() + Duration::from_secs(*timeout);
+                    while v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
+                        if Instant::now() >= deadline {
+                            return Err(CliError::Timeout(format!(
+                                "VM {name} still has {} session(s) after {timeout} s; they keep running (new ones are refused); `vgpuctl vm remove {name}` ends them",
+                                v["sessions"].as_array().map_or(0, Vec::len)
+                            )));
+                        }
+                        std::thread::sleep(DRAIN_POLL);
+                        v = c.get(&format!("/v1/vms/{name}"))?;
+                    }
+                }
+                if !cli.json {
+                    let n = v["sessions"].as_array().map_or(0, Vec::len);
+                    println!(
+                        "VM {name} is draining: new sessions are refused; {n} session(s) running"
+                    );
+                    return Ok(());
+                }
+                v
+            }
+            VmCommand::AttachArgs(_) => unreachable!("handled by run"),
+        },
+        Command::Metrics => {
+            let text = c.get_text("/v1/metrics")?;
+            if !cli.json {
+                print!("{text}");
+                return Ok(());
+            }
+            Value::Array(parse_metrics(&text))
+        }
+        Command::Reload => {
+            let r = c.post("/v1/reload", &json!({}))?;
+            if !cli.json {
+                for (k, label) in [
+                    ("applied", "applied"),
+                    ("refused", "REFUSED"),
+                    ("restart_needed", "needs a restart"),
+                ] {
+                    for line in r[k].as_array().into_iter().flatten() {
+                        println!("{label}: {}", json_str(line));
+                    }
+                }
+                if r.as_object()
+                    .is_some_and(|o| o.values().all(|v| v.as_array().is_some_and(Vec::is_empty)))
+                {
+                    println!("nothing changed");
+                }
+                if r["refused"].as_array().is_some_and(|a| !a.is_empty()) {
+                    return Err(CliError::Failed(
+                        "some changes were refused; fix the file and reload again".into(),
+                    ));
                 }
                 return Ok(());
             }
-            devices
+            r
         }
-        Command::Vm {
-            command: VmCommand::List,
-        } => {
-            let vms = c.get("/v1/vms")?;
-            if !cli.json {
-                print_vms(vms.as_array().map_or(&[], Vec::as_slice));
-                return Ok(());
-            }
-            vms
-        }
-        Command::Vm {
-            command: VmCommand::Show { name },
-        } => {
-            let v = c.get(&format!("/v1/vms/{name}"))?;
-            if !cli.json {
-                print_vms(std::slice::from_ref(&v));
-                for s in v["sessions"].as_array().into_iter().flatten() {
-                    println!(
-                        "  session {:<5} pid {:<8} {:<24} {:>10}  {}",
-                        s["id"],
-                        s["pid"],
-                        s["process"].as_str().unwrap_or("?"),
-                        mib(&s["memory_used"]),
-                        s["transport"].as_str().unwrap_or("?")
-                    );
-                }
-                return Ok(());
-            }
-            v
-        }
+        Command::Passthrough(_)
+        | Command::Completions { .. }
+        | Command::Man { .. }
+        | Command::Doctor(_)
+        | Command::Top(_) => unreachable!("handled by run"),
     };
-    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    print_json(&out);
     Ok(())
+}
+
+/// The samples of a Prometheus text exposition as JSON
+/// (`{"name", "labels", "value"}`); comments are skipped.
+pub fn parse_metrics(text: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = match line.rsplit_once(' ') {
+            Some(x) => x,
+            None => continue,
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
+            None => (series, serde_json::Map::new()),
+        };
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or(f64::NAN),
+        };
+        out.push(json!({ "name": name, "labels": labels, "value": value }));
+    }
+    out
+}
+
+fn parse_labels(s: &str) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        let key = key.trim_start_matches(',').trim().to_string();
+        if key.is_empty() || chars.next() != Some('"') {
+            return m;
+        }
+        let mut val = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => val.push('\n'),
+                    Some(o) => val.push(o),
+                    None => break,
+                },
+                '"' => break,
+                o => val.push(o),
+            }
+        }
+        m.insert(key, val.into());
+    }
+}
+
+/// How often `vm drain --wait` looks.
+const DRAIN_POLL: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_and_command_has_help() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for a in cmd.get_arguments() {
+                if matches!(a.get_id().as_str(), "help" | "version") {
+                    continue;
+                }
+                assert!(
+                    a.get_help().is_some(),
+                    "{path} --{} has no help",
+                    a.get_id()
+                );
+            }
+            for s in cmd.get_subcommands() {
+                if s.get_name() == "help" {
+                    continue;
+                }
+                assert!(
+                    s.get_about().is_some(),
+                    "{path} {} has no help",
+                    s.get_name()
+                );
+                walk(s, &format!("{path} {}", s.get_name()));
+            }
+        }
+        Cli::command().debug_assert();
+        walk(&Cli::command(), "vgpuctl");
+    }
+
+    #[test]
+    fn bad_command_lines_are_usage_errors() {
+        for args in [
+            &["vgpuctl", "vm", "set", "vm1"][..],
+            &["vgpuctl", "vm", "add", "x"],
+            &[
+                "vgpuctl",
+                "vm",
+                "add",
+                "x",
+                "--memory",
+                "1GiB",
+                "--guest-cid",
+                "3",
+            ],
+            &["vgpuctl", "vm", "attach-args", "x"],
+            &["vgpuctl", "completions", "tcsh"],
+        ] {
+            let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.exit_code(), i32::from(EXIT_USAGE), "{args:?}: {e}");
+        }
+        assert!(Cli::try_parse_from(["vgpuctl", "vm", "set", "vm1", "--weight", "3"]).is_ok());
+    }
+
+    #[test]
+    fn errors_map_to_documented_exit_codes() {
+        let unreachable = CliError::Api(ApiError::Connect {
+            path: "/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+        assert_eq!(unreachable.exit_code(), EXIT_UNREACHABLE);
+        assert!(unreachable.to_string().contains("is vgpud running?"));
+        let denied = CliError::Api(ApiError::Connect {
+            path: "/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        });
+        assert!(denied.to_string().contains("sudo"), "{denied}");
+        let refused = CliError::Api(ApiError::Status {
+            status: 404,
+            message: "no VM".into(),
+        });
+        assert_eq!(refused.exit_code(), EXIT_REFUSED);
+        assert_eq!(CliError::ChecksFailed(2).exit_code(), EXIT_CHECK_FAILED);
+        assert_eq!(CliError::Timeout("t".into()).exit_code(), EXIT_TIMEOUT);
+    }
+
+    #[test]
+    fn metrics_text_becomes_json_samples() {
+        let v = parse_metrics(
+            "# HELP a x\n# TYPE a gauge\na{vm=\"v\\\"1\",device=\"gpu0\"} 2.5\nb 3\n",
+        );
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0]["labels"]["vm"], "v\"1");
+        assert_eq!(v[0]["labels"]["device"], "gpu0");
+        assert_eq!(v[0]["value"], 2.5);
+        assert_eq!(v[1], json!({ "name": "b", "labels": {}, "value": 3.0 }));
+    }
+
+    #[test]
+    fn tables_show_what_operators_look_for() {
+        let vm = json!({
+            "name": "vm1", "device": "gpu0", "memory_used": 16u64 << 20, "memory_limit": 64u64 << 20,
+            "weight": 3, "priority": "normal", "state": "running",
+            "usage": { "configured_share": 0.75, "share_10s": null },
+            "sessions": [{ "id": 4, "pid": 99, "process": "train", "memory_used": 16u64 << 20, "transport": "unix:/s" }],
+            "stats": { "kernels": 12, "bytes_htod": 1024, "bytes_dtoh": 0, "errors": 0, "sessions_total": 1 },
+        });
+        let t = vm_table(std::slice::from_ref(&vm));
+        assert!(
+            t.contains("16 MiB") && t.contains("64 MiB") && t.contains("75%"),
+            "{t}"
+        );
+        let d = vm_detail(&vm);
+        assert!(d.contains("train") && d.contains("99"), "{d}");
+        let g =
+            gpu_table(&json!({ "nvml": false, "reason": "no NVIDIA driver found: x", "gpus": [] }));
+        assert_eq!(g, "No NVIDIA GPU found: no NVIDIA driver found: x\n");
+        let g = gpu_table(
+            &json!({ "nvml": true, "driver_version": "550.54", "gpus": [{
+            "index": 0, "name": "NVIDIA H100", "uuid": "GPU-1", "pci": "0000:3b:00.0",
+            "memory_total": 80u64 << 30, "memory_used": 1u64 << 30, "utilization_gpu": 12,
+            "temperature_c": 40, "power_w": 71.5, "mig_enabled": true,
+            "mig_instances": [{ "index": 0, "name": "1g.10gb", "uuid": "MIG-1", "memory_total": 10u64 << 30 }],
+            "sriov_vfs": 0, "sriov_vfs_total": 16 }] }),
+        );
+        assert!(
+            g.contains("NVIDIA driver 550.54")
+                && g.contains("on (1 instances)")
+                && g.contains("MIG-1")
+                && g.contains("0/16"),
+            "{g}"
+        );
+    }
 }

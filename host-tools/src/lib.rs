@@ -1,5 +1,18 @@
 //! vgpuctl: the administration CLI of vgpud.
+//!
+//! - [`cli`]: the commands and their output;
+//! - [`api`]: the admin API client (HTTP/1.1 + JSON over a unix socket);
+//! - [`top`]: the live terminal view;
+//! - [`doctor`]: host checks;
+//! - [`attach`]: VMM arguments for a VM;
+//! - [`manpages`]: man pages generated from the command definitions;
+//! - [`table`]: tables and human-readable numbers.
 
 pub mod api;
+pub mod attach;
 pub mod cli;
+pub mod doctor;
+pub mod manpages;
 pub mod passthrough;
+pub mod table;
+pub mod top;

@@ -3,8 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vgpu_host_tools::api::ApiError;
-use vgpu_host_tools::cli::{Cli, CliError, EXIT_REFUSED, EXIT_UNREACHABLE, run};
+use vgpu_host_tools::cli::{Cli, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -12,10 +11,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vgpuctl: {e}");
-            match e {
-                CliError::Api(ApiError::Connect { .. }) => ExitCode::from(EXIT_UNREACHABLE),
-                _ => ExitCode::from(EXIT_REFUSED),
-            }
+            ExitCode::from(e.exit_code())
         }
     }
 }

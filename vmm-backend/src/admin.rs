@@ -1,5 +1,11 @@
-//! The admin API: REST/JSON over the `[admin] socket` unix socket (mode
-//! 0600). docs/admin-api.md lists the endpoints.
+//! The admin API: REST/JSON over HTTP/1.1 on the `[admin] socket` unix
+//! socket (mode 0600, so only the daemon's user and root can connect; the
+//! server also checks the peer's uid with `SO_PEERCRED`). docs/admin-api.yaml
+//! is the OpenAPI description; docs/admin.md the operator's guide.
+//!
+//! Errors are JSON `{"error": "…"}` with 400 (invalid request), 403 (peer
+//! not allowed), 404 (unknown VM, device or path), 405 (method not allowed),
+//! 409 (conflicts with the current state), 413 (body too large).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -7,15 +13,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tracing::{debug, warn};
-use vgpu_broker::Broker;
 use vgpu_broker::tenant::Tenant;
 
-use crate::daemon::Transports;
+use crate::audit::{Actor, peer_cred};
+use crate::daemon::{OpError, Runtime, scheduling_json};
 use crate::listener::{ListenerError, bind_socket};
+use crate::metrics::{self, uuid_string};
+use crate::sessions::unix_seconds;
+use crate::usage::{device_usage, vm_usage};
 
 /// Mode of the admin socket: the daemon's user only.
 pub const ADMIN_SOCKET_MODE: u32 = 0o600;
@@ -37,34 +46,86 @@ pub struct HttpRequest {
     pub body: Vec<u8>,
 }
 
-/// A response: status and JSON body.
+/// A response body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    /// JSON.
+    Json(Value),
+    /// Text with a content type.
+    Text(&'static str, String),
+}
+
+/// A response.
 #[derive(Debug)]
 pub struct HttpResponse {
     /// HTTP status.
     pub status: u16,
-    /// JSON body.
-    pub body: Value,
+    /// Body.
+    pub body: Body,
+    /// Methods allowed on the path (a 405's `Allow` header).
+    pub allow: Option<&'static str>,
 }
 
 impl HttpResponse {
-    fn ok(body: Value) -> Self {
-        Self { status: 200, body }
+    /// 200 with a JSON body.
+    pub fn ok(body: Value) -> Self {
+        Self::json(200, body)
     }
-    fn error(status: u16, message: impl Into<String>) -> Self {
+    /// A JSON body with a status.
+    pub fn json(status: u16, body: Value) -> Self {
         Self {
             status,
-            body: json!({ "error": message.into() }),
+            body: Body::Json(body),
+            allow: None,
         }
+    }
+    /// A text body.
+    pub fn text(status: u16, content_type: &'static str, text: String) -> Self {
+        Self {
+            status,
+            body: Body::Text(content_type, text),
+            allow: None,
+        }
+    }
+    /// `{"error": message}` with a status.
+    pub fn error(status: u16, message: impl Into<String>) -> Self {
+        Self::json(status, json!({ "error": message.into() }))
+    }
+    fn not_allowed(method: &str, path: &str, allow: &'static str) -> Self {
+        Self {
+            allow: Some(allow),
+            ..Self::error(
+                405,
+                format!("{method} is not allowed on {path}; allowed: {allow}"),
+            )
+        }
+    }
+    /// The JSON body (Null for text).
+    pub fn json_body(&self) -> &Value {
+        match &self.body {
+            Body::Json(v) => v,
+            Body::Text(..) => &Value::Null,
+        }
+    }
+}
+
+impl From<OpError> for HttpResponse {
+    fn from(e: OpError) -> Self {
+        HttpResponse::error(e.status, e.message)
     }
 }
 
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
+        201 => "Created",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        409 => "Conflict",
         413 => "Payload Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     }
 }
@@ -122,25 +183,33 @@ pub fn read_request<R: Read>(r: R) -> Result<HttpRequest, HttpResponse> {
 
 /// Writes a response and closes the exchange.
 pub fn write_response<W: Write>(mut w: W, resp: &HttpResponse) -> io::Result<()> {
-    let body = serde_json::to_vec_pretty(&resp.body).unwrap_or_default();
+    let (ctype, mut body) = match &resp.body {
+        Body::Json(v) => (
+            "application/json",
+            serde_json::to_vec_pretty(v).unwrap_or_default(),
+        ),
+        Body::Text(t, s) => (*t, s.as_bytes().to_vec()),
+    };
+    if !body.ends_with(b"\n") {
+        body.push(b'\n');
+    }
+    let allow = resp
+        .allow
+        .map(|a| format!("Allow: {a}\r\n"))
+        .unwrap_or_default();
     write!(
         w,
-        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {} {}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         resp.status,
         reason(resp.status),
-        body.len() + 1
+        body.len()
     )?;
     w.write_all(&body)?;
-    w.write_all(b"\n")?;
     w.flush()
 }
 
-fn unix_seconds(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 /// The JSON description of a VM.
-pub fn vm_json(t: &Tenant, transports: &Transports) -> Value {
+pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
     let s = t.settings();
     let sessions: Vec<Value> = t
         .sessions()
@@ -156,25 +225,39 @@ pub fn vm_json(t: &Tenant, transports: &Transports) -> Value {
             })
         })
         .collect();
+    let mut pids: Vec<u32> = t.sessions().iter().map(|x| x.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
     let st = &t.stats;
-    let vsock = transports.vsock_of(&t.name).map(|d| {
+    let vsock = rt.vsock_of(&t.name).map(|(c, stats)| {
         json!({
-            "guest_cid": d.config.guest_cid,
-            "socket": d.config.socket,
-            "uds_path": d.config.uds_path,
-            "stats": d.stats.snapshot(),
+            "guest_cid": c.guest_cid,
+            "socket": c.socket,
+            "uds_path": c.uds_path,
+            "stats": stats,
         })
     });
+    let policy = rt
+        .broker()
+        .scheduling(&t.device_name)
+        .map(|s| s.policy.as_str());
+    let u = vm_usage(rt.broker(), t);
+    let config = rt
+        .vm_config(&t.name)
+        .map(|c| serde_json::to_value(crate::reload::vm_table(&c)).unwrap_or(Value::Null));
     json!({
         "name": t.name,
-        "vsock": vsock,
         "device": t.device_name,
+        "state": if t.is_open() { "running" } else { "draining" },
+        "accepting_sessions": t.is_open(),
         "memory_limit": t.slice.limit(),
         "memory_used": t.slice.used(),
         "weight": s.weight,
         "priority": s.priority.as_str(),
-        "accepting_sessions": t.is_open(),
+        "policy": policy,
+        "usage": u,
         "sessions": sessions,
+        "processes": pids.len(),
         "stats": {
             "sessions_total": st.sessions_total.load(Ordering::Relaxed),
             "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
@@ -182,43 +265,213 @@ pub fn vm_json(t: &Tenant, transports: &Transports) -> Value {
             "kernels": st.kernels.load(Ordering::Relaxed),
             "errors": st.errors.load(Ordering::Relaxed),
         },
+        "unix_socket": rt.unix_socket_of(&t.name),
+        "vsock": vsock,
+        "config": config,
     })
 }
 
-/// Routes a request.
-pub fn route(broker: &Broker, transports: &Transports, req: &HttpRequest) -> HttpResponse {
+/// The JSON description of a device.
+pub fn device_json(rt: &Runtime, name: &str) -> Option<Value> {
+    let broker = rt.broker();
+    let d = broker.device(name)?;
+    let i = d.info();
+    let vms: Vec<_> = broker
+        .tenants()
+        .into_iter()
+        .filter(|t| t.device_name == name)
+        .collect();
+    Some(json!({
+        "name": name,
+        "kind": i.kind,
+        "model": i.name,
+        "uuid": uuid_string(&i.uuid),
+        "memory_total": i.total_memory,
+        "memory_used": d.memory_used(),
+        "memory_sliced": vms.iter().map(|t| t.slice.limit()).sum::<u64>(),
+        "utilization": device_usage(broker, name).map(|u| u.utilization_1s),
+        "usage": device_usage(broker, name),
+        "scheduling": broker.scheduling(name).map(|s| scheduling_json(&s)),
+        "vms": vms.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+    }))
+}
+
+fn parse_body(req: &HttpRequest) -> Result<Value, HttpResponse> {
+    if req.body.is_empty() {
+        return Err(HttpResponse::error(
+            400,
+            "this request needs a JSON object body",
+        ));
+    }
+    let v: Value = serde_json::from_slice(&req.body)
+        .map_err(|e| HttpResponse::error(400, format!("the body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(HttpResponse::error(400, "the body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+/// Routes a request from `actor`.
+pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) -> HttpResponse {
     let segs: Vec<&str> = req.path.trim_matches('/').split('/').collect();
-    match (req.method.as_str(), segs.as_slice()) {
-        ("GET", ["v1", "info"]) => HttpResponse::ok(json!({
-            "name": "vgpud",
-            "version": env!("CARGO_PKG_VERSION"),
-            "protocol_version": vgpu_proto::PROTOCOL_VERSION,
-            "pid": std::process::id(),
-        })),
-        ("GET", ["v1", "devices"]) => HttpResponse::ok(Value::Array(
-            broker
-                .devices()
-                .iter()
-                .map(|(name, d)| {
-                    let i = d.info();
-                    json!({
-                        "name": name,
-                        "kind": i.kind,
-                        "model": i.name,
-                        "memory_total": i.total_memory,
-                        "memory_used": d.memory_used(),
-                        "vms": broker.tenants().iter().filter(|t| &t.device_name == name).map(|t| t.name.clone()).collect::<Vec<_>>(),
-                    })
-                })
-                .collect(),
-        )),
-        ("GET", ["v1", "vms"]) => HttpResponse::ok(Value::Array(broker.tenants().iter().map(|t| vm_json(t, transports)).collect())),
-        ("GET", ["v1", "vms", name]) => match broker.tenant(name) {
-            Some(t) => HttpResponse::ok(vm_json(&t, transports)),
-            None => HttpResponse::error(404, format!("no VM named `{name}`")),
+    let m = req.method.as_str();
+    let p = req.path.as_str();
+    let body = || parse_body(req);
+    match segs.as_slice() {
+        ["v1", "info"] => match m {
+            "GET" => HttpResponse::ok(json!({
+                "name": "vgpud",
+                "version": env!("CARGO_PKG_VERSION"),
+                "protocol_version": vgpu_proto::PROTOCOL_VERSION,
+                "pid": std::process::id(),
+                "started": unix_seconds(rt.started()),
+                "uptime_s": rt.started().elapsed().map_or(0, |d| d.as_secs()),
+                "config": config_path,
+                "metrics_listen": rt.metrics_addr().map(|a| a.to_string()),
+                "audit_log": rt.audit().map(|a| a.path().to_path_buf()),
+                "devices": rt.broker().devices().len(),
+                "vms": rt.broker().tenants().len(),
+            })),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
         },
-        (_, ["v1", ..]) => HttpResponse::error(405, format!("{} {} is not supported", req.method, req.path)),
-        _ => HttpResponse::error(404, format!("unknown path {}", req.path)),
+        ["v1", "devices"] => match m {
+            "GET" => HttpResponse::ok(Value::Array(
+                rt.broker()
+                    .devices()
+                    .iter()
+                    .filter_map(|(n, _)| device_json(rt, n))
+                    .collect(),
+            )),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
+        },
+        ["v1", "devices", name] => match m {
+            "GET" => device_json(rt, name).map_or_else(
+                || {
+                    HttpResponse::error(
+                        404,
+                        format!(
+                            "no device named `{name}`; `vgpuctl device list` shows the devices"
+                        ),
+                    )
+                },
+                HttpResponse::ok,
+            ),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
+        },
+        ["v1", "devices", name, "scheduling"] => match m {
+            "GET" => rt.broker().scheduling(name).map_or_else(
+                || {
+                    HttpResponse::error(
+                        404,
+                        format!(
+                            "no device named `{name}`; `vgpuctl device list` shows the devices"
+                        ),
+                    )
+                },
+                |s| HttpResponse::ok(scheduling_json(&s)),
+            ),
+            "PATCH" | "PUT" => match body() {
+                Ok(b) => rt
+                    .set_scheduling(actor, name, &b)
+                    .map_or_else(HttpResponse::from, HttpResponse::ok),
+                Err(r) => r,
+            },
+            _ => HttpResponse::not_allowed(m, p, "GET, PATCH, PUT"),
+        },
+        ["v1", "gpus"] => match m {
+            "GET" => HttpResponse::ok(
+                serde_json::to_value(rt.inventory().report()).unwrap_or(Value::Null),
+            ),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
+        },
+        ["v1", "metrics"] => match m {
+            "GET" => HttpResponse::text(200, metrics::CONTENT_TYPE, metrics::render(rt)),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
+        },
+        ["v1", "reload"] => match m {
+            "POST" => rt
+                .reload(actor, config_path)
+                .map_or_else(HttpResponse::from, |r| {
+                    HttpResponse::ok(serde_json::to_value(r).unwrap_or(Value::Null))
+                }),
+            _ => HttpResponse::not_allowed(m, p, "POST"),
+        },
+        ["v1", "vms"] => match m {
+            "GET" => HttpResponse::ok(Value::Array(
+                rt.broker()
+                    .tenants()
+                    .iter()
+                    .map(|t| vm_json(rt, t))
+                    .collect(),
+            )),
+            "POST" => match body() {
+                Ok(b) => match rt.add_vm(actor, &b) {
+                    Ok(vm) => match rt.broker().tenant(&vm.name) {
+                        Some(t) => HttpResponse::json(201, vm_json(rt, &t)),
+                        None => HttpResponse::error(
+                            409,
+                            format!("VM `{}` was removed meanwhile", vm.name),
+                        ),
+                    },
+                    Err(e) => e.into(),
+                },
+                Err(r) => r,
+            },
+            _ => HttpResponse::not_allowed(m, p, "GET, POST"),
+        },
+        ["v1", "vms", name] => match m {
+            "GET" => match rt.broker().tenant(name) {
+                Some(t) => HttpResponse::ok(vm_json(rt, &t)),
+                None => HttpResponse::error(
+                    404,
+                    format!("no VM named `{name}`; `vgpuctl vm list` shows the VMs"),
+                ),
+            },
+            "PATCH" => match body() {
+                Ok(b) => match rt.update_vm(actor, name, &b) {
+                    Ok(_) => match rt.broker().tenant(name) {
+                        Some(t) => HttpResponse::ok(vm_json(rt, &t)),
+                        None => HttpResponse::error(404, format!("no VM named `{name}`")),
+                    },
+                    Err(e) => e.into(),
+                },
+                Err(r) => r,
+            },
+            "DELETE" => match rt.remove_vm(actor, name) {
+                Ok(r) => HttpResponse::ok(json!({
+                    "removed": name,
+                    "sessions_ended": r.sessions_ended,
+                    "memory_released": r.memory_released,
+                    "complete": r.complete,
+                })),
+                Err(e) => e.into(),
+            },
+            _ => HttpResponse::not_allowed(m, p, "GET, PATCH, DELETE"),
+        },
+        ["v1", "vms", name, "drain"] => match m {
+            "POST" => match rt.drain_vm(actor, name) {
+                Ok(t) => HttpResponse::ok(vm_json(rt, &t)),
+                Err(e) => e.into(),
+            },
+            _ => HttpResponse::not_allowed(m, p, "POST"),
+        },
+        _ => HttpResponse::error(
+            404,
+            format!(
+                "unknown path {}; docs/admin-api.yaml lists the endpoints",
+                req.path
+            ),
+        ),
+    }
+}
+
+/// Whether a peer may use the API: root or the daemon's own user.
+pub fn permitted(actor: &Actor) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    match actor {
+        Actor::Peer { uid, .. } => *uid == 0 || *uid == me,
+        Actor::Signal { .. } | Actor::Daemon => true,
     }
 }
 
@@ -238,18 +491,20 @@ impl std::fmt::Debug for AdminServer {
 }
 
 impl AdminServer {
-    /// Serves the admin API on `path`.
+    /// Serves the admin API on `path`; `config_path` is the file `POST
+    /// /v1/reload` reads.
     pub fn start(
-        broker: Arc<Broker>,
-        transports: Arc<Transports>,
+        rt: Arc<Runtime>,
         path: &Path,
+        config_path: &Path,
     ) -> Result<AdminServer, ListenerError> {
         let l = bind_socket(path, ADMIN_SOCKET_MODE)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
+        let config_path = config_path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("vgpu-admin".into())
-            .spawn(move || serve_admin(&l, &broker, &transports, &stop2))
+            .spawn(move || serve_admin(&l, &rt, &config_path, &stop2))
             .map_err(|source| ListenerError::Bind {
                 path: path.to_path_buf(),
                 source,
@@ -262,36 +517,50 @@ impl AdminServer {
     }
 }
 
-fn serve_admin(
-    l: &UnixListener,
-    broker: &Arc<Broker>,
-    transports: &Arc<Transports>,
-    stop: &AtomicBool,
-) {
+fn serve_admin(l: &UnixListener, rt: &Arc<Runtime>, config_path: &Path, stop: &AtomicBool) {
     for conn in l.incoming() {
         if stop.load(Ordering::Acquire) {
             return;
         }
         let Ok(stream) = conn else { continue };
-        let broker = Arc::clone(broker);
-        let transports = Arc::clone(transports);
+        let rt = Arc::clone(rt);
+        let config_path = config_path.to_path_buf();
         let _ = std::thread::Builder::new()
             .name("vgpu-admin-conn".into())
-            .spawn(move || handle_conn(&broker, &transports, stream));
+            .spawn(move || handle_conn(&rt, &config_path, stream));
     }
 }
 
-fn handle_conn(broker: &Broker, transports: &Transports, stream: UnixStream) {
+fn handle_conn(rt: &Runtime, config_path: &Path, stream: UnixStream) {
     let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
+    let actor = match peer_cred(&stream) {
+        Ok(a) => a,
+        Err(e) => {
+            warn!(error = %e, "cannot read the admin client's credentials; refused");
+            let _ = write_response(
+                &stream,
+                &HttpResponse::error(403, "cannot identify the client"),
+            );
+            return;
+        }
+    };
     let resp = match read_request(&stream) {
+        Ok(_) if !permitted(&actor) => {
+            warn!(?actor, "admin request from a user that is not allowed");
+            HttpResponse::error(
+                403,
+                "only root and vgpud's own user may use the admin API; run vgpuctl as one of them (e.g. with sudo)",
+            )
+        }
         Ok(req) => {
-            debug!(method = %req.method, path = %req.path, "admin request");
-            route(broker, transports, &req)
+            debug!(method = %req.method, path = %req.path, ?actor, "admin request");
+            route(rt, config_path, actor, &req)
         }
         Err(resp) => resp,
     };
     if let Err(e) = write_response(&stream, &resp) {
-        warn!(error = %e, "cannot write an admin response");
+        // The client went away (a connect-only probe, a killed vgpuctl).
+        debug!(error = %e, "cannot write an admin response");
     }
 }
 
@@ -329,5 +598,77 @@ mod tests {
             MAX_BODY + 1
         );
         assert_eq!(read_request(big.as_bytes()).unwrap_err().status, 413);
+    }
+
+    #[test]
+    fn responses_carry_their_content_type_and_allow_header() {
+        let mut out = Vec::new();
+        write_response(
+            &mut out,
+            &HttpResponse::not_allowed("PUT", "/v1/info", "GET"),
+        )
+        .unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{s}");
+        assert!(
+            s.contains("Allow: GET\r\n") && s.contains("application/json"),
+            "{s}"
+        );
+        let mut out = Vec::new();
+        write_response(
+            &mut out,
+            &HttpResponse::text(200, metrics::CONTENT_TYPE, "a 1\n".into()),
+        )
+        .unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(
+            s.contains("Content-Length: 4\r\n") && s.ends_with("\r\n\r\na 1\n"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn the_openapi_document_describes_every_route() {
+        let doc = include_str!("../../docs/admin-api.yaml");
+        for path in [
+            "/v1/info:",
+            "/v1/devices:",
+            "/v1/devices/{device}:",
+            "/v1/devices/{device}/scheduling:",
+            "/v1/gpus:",
+            "/v1/vms:",
+            "/v1/vms/{vm}:",
+            "/v1/vms/{vm}/drain:",
+            "/v1/reload:",
+            "/v1/metrics:",
+        ] {
+            assert!(
+                doc.contains(&format!("  {path}\n")),
+                "{path} is not in docs/admin-api.yaml"
+            );
+        }
+        assert_eq!(doc.matches("\n  /v1/").count(), 10, "and nothing else");
+    }
+
+    #[test]
+    fn only_root_and_the_daemons_user_are_permitted() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        assert!(permitted(&Actor::Peer {
+            uid: me,
+            gid: 0,
+            pid: 1
+        }));
+        assert!(permitted(&Actor::Peer {
+            uid: 0,
+            gid: 0,
+            pid: 1
+        }));
+        let other = if me == 65534 { 65533 } else { 65534 };
+        assert!(!permitted(&Actor::Peer {
+            uid: other,
+            gid: 0,
+            pid: 1
+        }));
     }
 }

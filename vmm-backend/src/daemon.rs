@@ -1,22 +1,36 @@
-//! The daemon: builds devices and the broker from a config, and runs the
-//! listeners and the admin API until shut down.
+//! The daemon: builds devices and the broker from a config, runs the VMs'
+//! transports, the admin API and the metrics endpoint, and applies live
+//! changes (API requests and `SIGHUP` reloads) with the config file's rules.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, SystemTime};
 
+use serde_json::{Value, json};
 use thiserror::Error;
-use tracing::info;
-use vgpu_broker::config::{Config, DeviceKind, VmMode};
+use tracing::{error, info, warn};
+use vgpu_broker::config::{Config, DeviceKind, VmConfig, VmMode};
 use vgpu_broker::device::Device;
-use vgpu_broker::{Broker, BrokerError};
+use vgpu_broker::tenant::Tenant;
+use vgpu_broker::{Broker, BrokerError, VmUpdate};
 use vgpu_sim::{SimConfig, SimDevice};
 
 use crate::admin::AdminServer;
+use crate::audit::{Actor, AuditError, AuditLog, Durability};
 use crate::gpu_port::GpuPortConnector;
+use crate::inventory::Inventory;
 use crate::listener::{Listener, ListenerError};
+use crate::metrics::MetricsServer;
+use crate::reload::{self, Change, ChangeError};
+use crate::sessions::{EndReason, SessionHub};
 use crate::vsock::{self, StopHandle, VsockConfig, VsockServer, VsockStats};
 
-/// Why the daemon could not start.
+/// How long removing a VM waits for its sessions to end and release their memory.
+pub const SESSION_END_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the daemon could not start, or a VM could not be started.
 #[derive(Debug, Error)]
 pub enum DaemonError {
     /// A device could not be created.
@@ -42,6 +56,20 @@ pub enum DaemonError {
         #[source]
         source: vsock::Error,
     },
+    /// The audit log could not be opened.
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    /// The metrics endpoint could not be opened.
+    #[error(
+        "cannot serve metrics on {addr}: is another exporter using the port? change [admin] metrics_listen"
+    )]
+    Metrics {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A VM's vsock device while it runs.
@@ -66,27 +94,13 @@ impl Drop for VsockDevice {
     }
 }
 
-/// What the admin API shows of the daemon's transports.
+/// The transports of one VM.
 #[derive(Debug, Default)]
-pub struct Transports {
-    /// Running vsock devices.
-    pub vsock: Vec<VsockDevice>,
-}
-
-impl Transports {
-    /// The vsock device of a VM.
-    pub fn vsock_of(&self, vm: &str) -> Option<&VsockDevice> {
-        self.vsock.iter().find(|d| d.vm == vm)
-    }
-}
-
-/// A running vgpud.
-#[derive(Debug)]
-pub struct Daemon {
-    broker: Arc<Broker>,
-    listeners: Vec<Listener>,
-    transports: Arc<Transports>,
-    admin: Option<AdminServer>,
+pub struct VmTransports {
+    /// Its unix-socket listener.
+    pub listener: Option<Listener>,
+    /// Its vsock device.
+    pub vsock: Option<VsockDevice>,
 }
 
 /// Worker threads of a simulated GPU when the config does not say.
@@ -124,84 +138,861 @@ pub fn build_devices(config: &Config) -> Result<NamedDevices, DaemonError> {
         .collect()
 }
 
+/// Why an admin operation failed: an HTTP status and a message that says
+/// what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct OpError {
+    /// 400 (invalid request), 404 (unknown VM or device), 409 (conflicts
+    /// with the current state, e.g. shrinking a slice below its use), 500.
+    pub status: u16,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+impl OpError {
+    fn new(status: u16, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+    fn not_found_vm(name: &str) -> Self {
+        Self::new(
+            404,
+            format!("no VM named `{name}`; `vgpuctl vm list` shows the VMs"),
+        )
+    }
+    fn not_found_device(name: &str) -> Self {
+        Self::new(
+            404,
+            format!("no device named `{name}`; `vgpuctl device list` shows the devices"),
+        )
+    }
+}
+
+impl From<ChangeError> for OpError {
+    fn from(e: ChangeError) -> Self {
+        OpError::new(400, e.to_string())
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+impl From<DaemonError> for OpError {
+    fn from(e: DaemonError) -> Self {
+        let status = match &e {
+            DaemonError::Listener(_) | DaemonError::Vsock { .. } => 409,
+            _ => 500,
+        };
+        OpError::new(status, error_chain(&e))
+    }
+}
+
+/// What removing a VM did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removal {
+    /// Connections that were ended.
+    pub sessions_ended: usize,
+    /// Bytes of the slice that were in use when it was removed.
+    pub memory_released: u64,
+    /// Whether every session had ended (and released its memory) in time.
+    pub complete: bool,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadReport {
+    /// Changes applied.
+    pub applied: Vec<String>,
+    /// Changes refused, with the reason.
+    pub refused: Vec<String>,
+    /// Changes that need a restart of vgpud.
+    pub restart_needed: Vec<String>,
+    /// Every applied or refused change with the state before and after
+    /// (what the audit log records).
+    pub changes: Vec<Value>,
+}
+
+struct State {
+    /// The configuration running now (the file plus API changes).
+    running: Config,
+    /// The file as last applied: reloads apply the file's differences to it.
+    baseline: Config,
+    transports: BTreeMap<String, VmTransports>,
+}
+
+/// Everything the admin API, the metrics endpoint and reloads work on.
+pub struct Runtime {
+    broker: Arc<Broker>,
+    hub: Arc<SessionHub>,
+    audit: Option<Arc<AuditLog>>,
+    inventory: Inventory,
+    started: SystemTime,
+    /// Serialises changes (each may wait for sessions to end).
+    changes: Mutex<()>,
+    state: RwLock<State>,
+    metrics_addr: Mutex<Option<SocketAddr>>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("broker", &self.broker)
+            .finish()
+    }
+}
+
+fn vm_json_config(v: &VmConfig) -> Value {
+    serde_json::to_value(reload::vm_table(v)).unwrap_or(Value::Null)
+}
+
+impl Runtime {
+    /// The broker.
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// The session hub.
+    pub fn hub(&self) -> &Arc<SessionHub> {
+        &self.hub
+    }
+
+    /// The NVML inventory.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The audit log, if configured.
+    pub fn audit(&self) -> Option<&Arc<AuditLog>> {
+        self.audit.as_ref()
+    }
+
+    /// When the daemon started.
+    pub fn started(&self) -> SystemTime {
+        self.started
+    }
+
+    /// Where the metrics endpoint listens (the bound address, also when the
+    /// config asked for port 0).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        *self.metrics_addr.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn serialise(&self) -> MutexGuard<'_, ()> {
+        self.changes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The running configuration (the file plus live changes).
+    pub fn running_config(&self) -> Config {
+        self.read().running.clone()
+    }
+
+    /// The running configuration of a VM.
+    pub fn vm_config(&self, name: &str) -> Option<VmConfig> {
+        self.read()
+            .running
+            .vms
+            .iter()
+            .find(|v| v.name == name)
+            .cloned()
+    }
+
+    /// Counters and configuration of a VM's vsock device.
+    pub fn vsock_of(&self, vm: &str) -> Option<(VsockConfig, vsock::VsockStatsSnapshot)> {
+        let st = self.read();
+        let d = st.transports.get(vm)?.vsock.as_ref()?;
+        Some((d.config.clone(), d.stats.snapshot()))
+    }
+
+    /// The path of a VM's unix-socket listener.
+    pub fn unix_socket_of(&self, vm: &str) -> Option<PathBuf> {
+        let st = self.read();
+        Some(
+            st.transports
+                .get(vm)?
+                .listener
+                .as_ref()?
+                .path()
+                .to_path_buf(),
+        )
+    }
+
+    fn record(&self, actor: Actor, event: &str, detail: Value, outcome: Result<(), &str>) {
+        if let Some(a) = &self.audit {
+            a.change(actor, event, detail, outcome);
+        }
+    }
+
+    /// Starts a VM's tenant and transports; on failure nothing is left.
+    fn start_vm(&self, vm: &VmConfig) -> Result<VmTransports, DaemonError> {
+        let tenant = self.broker.add_tenant(vm)?;
+        let started = self.start_transports(vm, &tenant);
+        if started.is_err() {
+            self.broker.remove_tenant(&vm.name);
+        }
+        started
+    }
+
+    fn start_transports(
+        &self,
+        vm: &VmConfig,
+        tenant: &Arc<Tenant>,
+    ) -> Result<VmTransports, DaemonError> {
+        let mut t = VmTransports::default();
+        if let Some(path) = &vm.unix_socket {
+            t.listener = Some(Listener::start(
+                Arc::clone(&self.hub),
+                Arc::clone(&self.broker),
+                Arc::clone(tenant),
+                path,
+            )?);
+            info!(vm = %vm.name, socket = %path.display(), "listening");
+        }
+        if let (Some(socket), Some(cid), Some(uds)) =
+            (&vm.vhost_user_socket, vm.guest_cid, &vm.vsock_uds_path)
+        {
+            let connector = Arc::new(GpuPortConnector::new(
+                Arc::clone(&self.hub),
+                Arc::clone(&self.broker),
+                Arc::clone(tenant),
+                cid,
+            ));
+            t.vsock = Some(start_vsock(
+                &vm.name,
+                VsockConfig::new(cid, socket, uds),
+                connector,
+            )?);
+            info!(vm = %vm.name, socket = %socket.display(), cid, "vhost-user vsock device ready");
+        }
+        Ok(t)
+    }
+
+    /// Removes a VM: refuses new sessions, closes its transports, ends its
+    /// sessions and waits (bounded) until they have released everything.
+    fn stop_vm(&self, name: &str, reason: EndReason) -> Removal {
+        let transports = self.write().transports.remove(name);
+        let tenant = self.broker.remove_tenant(name);
+        let memory = tenant.as_ref().map_or(0, |t| t.slice.used());
+        // Every session (unix socket or vsock GPU port) is ended through its
+        // socket; then the listener and the vsock device close.
+        let sessions_ended = self.hub.end_sessions_of(name, reason);
+        drop(transports);
+        let complete = self.hub.wait_ended(Some(name), SESSION_END_TIMEOUT);
+        if !complete {
+            warn!(
+                vm = name,
+                "some sessions are still finishing their current call"
+            );
+        }
+        info!(vm = name, sessions = sessions_ended, memory, "VM removed");
+        Removal {
+            sessions_ended,
+            memory_released: memory,
+            complete,
+        }
+    }
+
+    /// Adds a VM from a JSON `[[vm]]` entry.
+    pub fn add_vm(&self, actor: Actor, body: &Value) -> Result<VmConfig, OpError> {
+        let _g = self.serialise();
+        let r = self.add_vm_locked(body);
+        let name = body.get("name").cloned().unwrap_or(Value::Null);
+        match &r {
+            Ok(vm) => self.record(
+                actor,
+                "vm.add",
+                json!({ "vm": name, "before": null, "after": vm_json_config(vm) }),
+                Ok(()),
+            ),
+            Err(e) => self.record(
+                actor,
+                "vm.add",
+                json!({ "vm": name, "request": body }),
+                Err(&e.message),
+            ),
+        }
+        r
+    }
+
+    fn add_vm_locked(&self, body: &Value) -> Result<VmConfig, OpError> {
+        let entry = reload::json_to_table(body)?;
+        let running = self.running_config();
+        let (candidate, vm) = reload::with_vm_added(&running, entry)?;
+        let t = self.start_vm(&vm)?;
+        let mut st = self.write();
+        st.transports.insert(vm.name.clone(), t);
+        st.running = candidate;
+        info!(vm = %vm.name, "VM added");
+        Ok(vm)
+    }
+
+    /// Removes a VM; its sessions end and release everything.
+    pub fn remove_vm(&self, actor: Actor, name: &str) -> Result<Removal, OpError> {
+        let _g = self.serialise();
+        let before = self.vm_config(name);
+        let Some(before) = before.filter(|v| v.mode == VmMode::Shared) else {
+            let e = OpError::not_found_vm(name);
+            self.record(actor, "vm.remove", json!({ "vm": name }), Err(&e.message));
+            return Err(e);
+        };
+        let r = self.stop_vm(name, EndReason::VmRemoved);
+        self.write().running.vms.retain(|v| v.name != name);
+        self.record(
+            actor,
+            "vm.remove",
+            json!({
+                "vm": name, "before": vm_json_config(&before), "after": null,
+                "sessions_ended": r.sessions_ended, "memory_released": r.memory_released,
+            }),
+            Ok(()),
+        );
+        Ok(r)
+    }
+
+    /// Changes a VM's memory slice, weight or priority live.
+    pub fn update_vm(&self, actor: Actor, name: &str, body: &Value) -> Result<VmConfig, OpError> {
+        let _g = self.serialise();
+        let before = self.vm_config(name);
+        let r = self.update_vm_locked(name, body);
+        match &r {
+            Ok(after) => self.record(
+                actor,
+                "vm.update",
+                json!({ "vm": name, "before": before.as_ref().map(vm_json_config), "after": vm_json_config(after) }),
+                Ok(()),
+            ),
+            Err(e) => self.record(
+                actor,
+                "vm.update",
+                json!({ "vm": name, "request": body }),
+                Err(&e.message),
+            ),
+        }
+        r
+    }
+
+    fn update_vm_locked(&self, name: &str, body: &Value) -> Result<VmConfig, OpError> {
+        const LIVE_KEYS: [&str; 3] = ["memory", "weight", "priority"];
+        let Some(old) = self.vm_config(name).filter(|v| v.mode == VmMode::Shared) else {
+            return Err(OpError::not_found_vm(name));
+        };
+        let changes = reload::json_to_table(body)?;
+        if changes.is_empty() {
+            return Err(OpError::new(
+                400,
+                "nothing to change: give memory, weight and/or priority",
+            ));
+        }
+        if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {
+            return Err(OpError::new(
+                400,
+                format!(
+                    "`{k}` cannot change while the VM runs (memory, weight and priority can); remove the VM and add it again to change it"
+                ),
+            ));
+        }
+        let mut entry = reload::vm_table(&old);
+        entry.extend(changes);
+        let new = self.validated_vm_entry(name, entry)?;
+        self.apply_vm_update(&old, &new)?;
+        Ok(new)
+    }
+
+    /// The running config with `name`'s entry replaced by `entry`, checked
+    /// with the config rules; returns the VM as the rules read it.
+    fn validated_vm_entry(&self, name: &str, entry: toml::Table) -> Result<VmConfig, OpError> {
+        let mut others = self.running_config();
+        others.vms.retain(|v| v.name != name);
+        let (_, vm) = reload::with_vm_added(&others, entry)?;
+        Ok(vm)
+    }
+
+    /// Applies a live-updatable difference of one VM to the broker and the
+    /// running config.
+    fn apply_vm_update(&self, old: &VmConfig, new: &VmConfig) -> Result<(), OpError> {
+        let u = VmUpdate {
+            memory: (new.memory != old.memory).then_some(new.memory),
+            weight: (new.weight != old.weight).then_some(new.weight),
+            priority: (new.priority != old.priority).then_some(new.priority),
+        };
+        self.broker.update_vm(&new.name, &u).map_err(|e| match e {
+            BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
+            other => OpError::new(409, other.to_string()),
+        })?;
+        let mut st = self.write();
+        if let Some(v) = st.running.vms.iter_mut().find(|v| v.name == new.name) {
+            *v = new.clone();
+        }
+        info!(vm = %new.name, memory = new.memory, weight = new.weight, priority = new.priority.as_str(), "VM updated");
+        Ok(())
+    }
+
+    /// Drains a VM: new sessions are refused, running sessions go on until
+    /// they end.
+    pub fn drain_vm(&self, actor: Actor, name: &str) -> Result<Arc<Tenant>, OpError> {
+        let _g = self.serialise();
+        let Some(t) = self.broker.tenant(name) else {
+            let e = OpError::not_found_vm(name);
+            self.record(actor, "vm.drain", json!({ "vm": name }), Err(&e.message));
+            return Err(e);
+        };
+        let was_open = t.is_open();
+        t.close();
+        info!(vm = name, sessions = t.sessions().len(), "VM draining");
+        self.record(
+            actor,
+            "vm.drain",
+            json!({
+                "vm": name, "before": { "accepting_sessions": was_open },
+                "after": { "accepting_sessions": false }, "sessions": t.sessions().len(),
+            }),
+            Ok(()),
+        );
+        Ok(t)
+    }
+
+    /// Changes a device's scheduling settings (`policy`, `slice_ms`,
+    /// `batch_min_share`).
+    pub fn set_scheduling(
+        &self,
+        actor: Actor,
+        device: &str,
+        body: &Value,
+    ) -> Result<Value, OpError> {
+        let _g = self.serialise();
+        let before = self.broker.scheduling(device).map(|s| scheduling_json(&s));
+        let r = self.set_scheduling_locked(device, body);
+        match &r {
+            Ok(after) => self.record(
+                actor,
+                "device.scheduling",
+                json!({ "device": device, "before": before, "after": after }),
+                Ok(()),
+            ),
+            Err(e) => self.record(
+                actor,
+                "device.scheduling",
+                json!({ "device": device, "request": body }),
+                Err(&e.message),
+            ),
+        }
+        r
+    }
+
+    fn set_scheduling_locked(&self, device: &str, body: &Value) -> Result<Value, OpError> {
+        const KEYS: [&str; 3] = ["policy", "slice_ms", "batch_min_share"];
+        if self.broker.device(device).is_none() {
+            return Err(OpError::not_found_device(device));
+        }
+        let changes = reload::json_to_table(body)?;
+        if changes.is_empty() {
+            return Err(OpError::new(
+                400,
+                "nothing to change: give policy, slice_ms and/or batch_min_share",
+            ));
+        }
+        if let Some(k) = changes.keys().find(|k| !KEYS.contains(&k.as_str())) {
+            return Err(OpError::new(
+                400,
+                format!(
+                    "`{k}` is not a scheduling setting: use policy, slice_ms or batch_min_share"
+                ),
+            ));
+        }
+        let mut candidate = self.running_config();
+        let Some(i) = candidate.devices.iter().position(|d| d.name == device) else {
+            return Err(OpError::not_found_device(device));
+        };
+        let policy = changes.get("policy");
+        if let Some(p) = policy {
+            let s = p
+                .as_str()
+                .ok_or_else(|| OpError::new(400, "policy must be \"fair\" or \"fixed\""))?;
+            candidate.devices[i].scheduling.policy =
+                vgpu_broker::config::Policy::parse(s).ok_or_else(|| {
+                    OpError::new(
+                        400,
+                        format!("unknown policy `{s}`: use \"fair\" (weighted, work-conserving) or \"fixed\" (hard caps)"),
+                    )
+                })?;
+        }
+        let int = |k: &str| -> Result<Option<u64>, OpError> {
+            changes
+                .get(k)
+                .map(|v| {
+                    v.as_integer()
+                        .and_then(|i| u64::try_from(i).ok())
+                        .ok_or_else(|| OpError::new(400, format!("{k} must be a whole number")))
+                })
+                .transpose()
+        };
+        if let Some(ms) = int("slice_ms")? {
+            candidate.devices[i].scheduling.slice = Duration::from_millis(ms);
+        }
+        if let Some(b) = int("batch_min_share")? {
+            candidate.devices[i].scheduling.batch_min_share = u32::try_from(b).unwrap_or(u32::MAX);
+        }
+        let checked = reload::validate(&candidate)?;
+        let s = checked.devices[i].scheduling;
+        self.broker
+            .set_scheduling(device, s)
+            .map_err(|e| OpError::new(409, e.to_string()))?;
+        self.write().running.devices[i].scheduling = s;
+        info!(
+            device,
+            policy = s.policy.as_str(),
+            slice_ms = s.slice.as_millis() as u64,
+            "scheduling changed"
+        );
+        Ok(scheduling_json(&s))
+    }
+
+    /// Reloads the config file: applies what changed in it since it was
+    /// last applied, with the same rules as the API.
+    pub fn reload(&self, actor: Actor, path: &Path) -> Result<ReloadReport, OpError> {
+        let _g = self.serialise();
+        let new = match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                let msg = format!("the config file is invalid, nothing was changed: {e}");
+                error!("{msg}");
+                self.record(actor, "config.reload", json!({ "file": path }), Err(&msg));
+                return Err(OpError::new(400, msg));
+            }
+        };
+        let report = self.apply_file(&new);
+        self.record(
+            actor,
+            "config.reload",
+            json!({
+                "file": path, "applied": report.applied, "refused": report.refused,
+                "restart_needed": report.restart_needed, "changes": report.changes,
+            }),
+            if report.refused.is_empty() {
+                Ok(())
+            } else {
+                Err("some changes were refused")
+            },
+        );
+        Ok(report)
+    }
+
+    fn apply_file(&self, new: &Config) -> ReloadReport {
+        let old = self.read().baseline.clone();
+        let mut report = ReloadReport::default();
+        // The new baseline: the file, except what could not be applied.
+        let mut baseline = new.clone();
+        // Devices and [admin] change only at a restart: keep the running ones.
+        baseline.devices = old.devices.clone();
+        baseline.admin = old.admin.clone();
+        baseline.vms.retain(|v| v.mode == VmMode::Shared);
+        baseline
+            .vms
+            .extend(old.vms.iter().filter(|v| v.mode != VmMode::Shared).cloned());
+        for change in reload::diff(&old, new) {
+            let before = match &change {
+                Change::RemoveVm(n) => self.vm_config(n).as_ref().map(vm_json_config),
+                Change::UpdateVm { new: v, .. } | Change::ReplaceVm { new: v, .. } => {
+                    self.vm_config(&v.name).as_ref().map(vm_json_config)
+                }
+                Change::Scheduling { device, .. } => {
+                    self.broker.scheduling(device).map(|s| scheduling_json(&s))
+                }
+                Change::AddVm(_) | Change::NeedsRestart(_) => None,
+            };
+            let (what, r) = match &change {
+                Change::RemoveVm(name) => (format!("remove VM `{name}`"), self.reload_remove(name)),
+                Change::AddVm(vm) => (format!("add VM `{}`", vm.name), self.reload_add(vm)),
+                Change::UpdateVm { new, .. } => (
+                    format!("update VM `{}` (memory, weight, priority)", new.name),
+                    self.reload_update(new),
+                ),
+                Change::ReplaceVm { old, new } => (
+                    format!(
+                        "restart VM `{}` (its device or sockets changed; its sessions ended)",
+                        new.name
+                    ),
+                    self.reload_remove(&old.name)
+                        .and_then(|()| self.reload_add(new)),
+                ),
+                Change::Scheduling { device, new, .. } => (
+                    format!(
+                        "set scheduling of device `{device}` to {} / {} ms",
+                        new.policy.as_str(),
+                        new.slice.as_millis()
+                    ),
+                    self.reload_scheduling(device, *new),
+                ),
+                Change::NeedsRestart(msg) => {
+                    warn!("config reload: {msg}");
+                    report.restart_needed.push(msg.clone());
+                    continue;
+                }
+            };
+            let after = match &change {
+                Change::AddVm(v)
+                | Change::UpdateVm { new: v, .. }
+                | Change::ReplaceVm { new: v, .. } => {
+                    self.vm_config(&v.name).as_ref().map(vm_json_config)
+                }
+                Change::Scheduling { device, .. } => {
+                    self.broker.scheduling(device).map(|s| scheduling_json(&s))
+                }
+                Change::RemoveVm(_) | Change::NeedsRestart(_) => None,
+            };
+            let mut record = json!({ "change": what, "before": before, "after": after });
+            match &r {
+                Ok(()) => record["result"] = "ok".into(),
+                Err(e) => {
+                    record["result"] = "refused".into();
+                    record["error"] = e.message.clone().into();
+                }
+            }
+            report.changes.push(record);
+            match (r, &change) {
+                (Ok(()), Change::Scheduling { device, new, .. }) => {
+                    if let Some(d) = baseline.devices.iter_mut().find(|d| &d.name == device) {
+                        d.scheduling = *new;
+                    }
+                    info!("config reload: {what}");
+                    report.applied.push(what);
+                }
+                (Ok(()), _) => {
+                    info!("config reload: {what}");
+                    report.applied.push(what);
+                }
+                (Err(e), _) => {
+                    error!("config reload: cannot {what}: {}", e.message);
+                    report.refused.push(format!("{what}: {}", e.message));
+                    // Keep the old entry so that the next reload tries again.
+                    let name = match &change {
+                        Change::RemoveVm(n) => Some(n.as_str()),
+                        Change::AddVm(v)
+                        | Change::UpdateVm { new: v, .. }
+                        | Change::ReplaceVm { new: v, .. } => Some(v.name.as_str()),
+                        _ => None,
+                    };
+                    if let Some(n) = name {
+                        baseline.vms.retain(|v| v.name != n);
+                        if let Some(o) = old.vms.iter().find(|v| v.name == n) {
+                            baseline.vms.push(o.clone());
+                        }
+                    }
+                }
+            }
+        }
+        self.write().baseline = baseline;
+        report
+    }
+
+    fn reload_remove(&self, name: &str) -> Result<(), OpError> {
+        if self.vm_config(name).is_none() {
+            return Ok(()); // already removed through the API
+        }
+        self.stop_vm(name, EndReason::VmRemoved);
+        self.write().running.vms.retain(|v| v.name != name);
+        Ok(())
+    }
+
+    fn reload_add(&self, vm: &VmConfig) -> Result<(), OpError> {
+        let body = serde_json::to_value(reload::vm_table(vm)).unwrap_or(Value::Null);
+        self.add_vm_locked(&body).map(|_| ())
+    }
+
+    fn reload_update(&self, new: &VmConfig) -> Result<(), OpError> {
+        let Some(old) = self.vm_config(&new.name) else {
+            return Err(OpError::new(
+                409,
+                format!(
+                    "VM `{}` was removed through the API; restart vgpud or rename it in the file to add it again",
+                    new.name
+                ),
+            ));
+        };
+        let mut entry = reload::vm_table(&old);
+        for (k, v) in reload::vm_table(new) {
+            if matches!(k.as_str(), "memory" | "weight" | "priority" | "schedule") {
+                entry.insert(k, v);
+            }
+        }
+        if new.schedule.is_empty() {
+            entry.remove("schedule");
+        }
+        let checked = self.validated_vm_entry(&new.name, entry)?;
+        self.apply_vm_update(&old, &checked)
+    }
+
+    fn reload_scheduling(
+        &self,
+        device: &str,
+        s: vgpu_broker::config::SchedulingConfig,
+    ) -> Result<(), OpError> {
+        self.broker
+            .set_scheduling(device, s)
+            .map_err(|e| OpError::new(409, e.to_string()))?;
+        if let Some(d) = self
+            .write()
+            .running
+            .devices
+            .iter_mut()
+            .find(|d| d.name == device)
+        {
+            d.scheduling = s;
+        }
+        Ok(())
+    }
+}
+
+/// The JSON form of a device's scheduling settings.
+pub fn scheduling_json(s: &vgpu_broker::config::SchedulingConfig) -> Value {
+    json!({
+        "policy": s.policy.as_str(),
+        "slice_ms": s.slice.as_millis() as u64,
+        "batch_min_share": s.batch_min_share,
+    })
+}
+
+/// A running vgpud.
+pub struct Daemon {
+    rt: Arc<Runtime>,
+    admin: Option<AdminServer>,
+    metrics: Option<MetricsServer>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon").field("runtime", &self.rt).finish()
+    }
+}
+
 impl Daemon {
     /// Starts everything the config declares.
     pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
+        let audit = match &config.admin.audit_log {
+            Some(p) => Some(Arc::new(AuditLog::open(p)?)),
+            None => None,
+        };
         let broker = Arc::new(Broker::new(build_devices(config)?));
         for d in &config.devices {
             broker.set_scheduling(&d.name, d.scheduling)?;
         }
-        let mut listeners = Vec::new();
-        let mut transports = Transports::default();
+        let rt = Arc::new(Runtime {
+            broker,
+            hub: Arc::new(SessionHub::new(audit.clone())),
+            audit,
+            inventory: Inventory::default(),
+            started: SystemTime::now(),
+            changes: Mutex::new(()),
+            state: RwLock::new(State {
+                running: config.clone(),
+                baseline: config.clone(),
+                transports: BTreeMap::new(),
+            }),
+            metrics_addr: Mutex::new(None),
+        });
         for vm in &config.vms {
             if vm.mode != VmMode::Shared {
                 // A passthrough VM owns a whole device through VFIO; vgpud
                 // only records it (see docs/passthrough.md).
                 continue;
             }
-            let tenant = broker.add_tenant(vm)?;
-            if let Some(path) = &vm.unix_socket {
-                listeners.push(Listener::start(
-                    Arc::clone(&broker),
-                    Arc::clone(&tenant),
-                    path,
-                )?);
-                info!(vm = %vm.name, socket = %path.display(), "listening");
-            }
-            if let (Some(socket), Some(cid), Some(uds)) =
-                (&vm.vhost_user_socket, vm.guest_cid, &vm.vsock_uds_path)
-            {
-                let connector = Arc::new(GpuPortConnector::new(Arc::clone(&broker), tenant, cid));
-                transports.vsock.push(start_vsock(
-                    &vm.name,
-                    VsockConfig::new(cid, socket, uds),
-                    connector,
-                )?);
-                info!(vm = %vm.name, socket = %socket.display(), cid, "vhost-user vsock device ready");
-            }
+            // On failure the VMs started so far are dropped with `rt`.
+            let t = rt.start_vm(vm)?;
+            rt.write().transports.insert(vm.name.clone(), t);
         }
-        let transports = Arc::new(transports);
+        let metrics = match config.admin.metrics_listen {
+            Some(addr) => {
+                let m = MetricsServer::start(Arc::clone(&rt), addr)
+                    .map_err(|source| DaemonError::Metrics { addr, source })?;
+                info!(addr = %m.local_addr(), "metrics endpoint listening");
+                *rt.metrics_addr.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.local_addr());
+                Some(m)
+            }
+            None => None,
+        };
         let admin = match &config.admin.socket {
             Some(p) => {
-                let a = AdminServer::start(Arc::clone(&broker), Arc::clone(&transports), p)?;
+                let a = AdminServer::start(Arc::clone(&rt), p, &config.path)?;
                 info!(socket = %p.display(), "admin API listening");
                 Some(a)
             }
             None => None,
         };
-        Ok(Daemon {
-            broker,
-            listeners,
-            transports,
-            admin,
-        })
+        if let Some(a) = &rt.audit {
+            a.record(
+                "daemon.start",
+                json!({
+                    "actor": Actor::Daemon, "pid": std::process::id(),
+                    "version": env!("CARGO_PKG_VERSION"), "config": config.path,
+                    "vms": config.vms.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
+                }),
+                Durability::Synced,
+            );
+        }
+        Ok(Daemon { rt, admin, metrics })
     }
 
     /// The broker.
     pub fn broker(&self) -> &Arc<Broker> {
-        &self.broker
+        &self.rt.broker
+    }
+
+    /// The runtime (what the admin API works on).
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
     }
 
     /// Paths of the VM sockets.
     pub fn socket_paths(&self) -> Vec<PathBuf> {
-        self.listeners
-            .iter()
-            .map(|l| l.path().to_path_buf())
+        self.rt
+            .read()
+            .transports
+            .values()
+            .filter_map(|t| t.listener.as_ref().map(|l| l.path().to_path_buf()))
             .collect()
     }
 
-    /// The running transports.
-    pub fn transports(&self) -> &Arc<Transports> {
-        &self.transports
+    /// Reloads the config file (`SIGHUP`).
+    pub fn reload(&self, actor: Actor, path: &Path) -> Result<ReloadReport, OpError> {
+        self.rt.reload(actor, path)
     }
 
-    /// Stops listening and removes the sockets; vsock devices close their
-    /// connections, so their sessions end. Sessions on unix sockets end when
-    /// their clients disconnect.
+    /// Stops listening and removes the sockets; every session ends and
+    /// releases its resources (bounded wait).
     pub fn shutdown(self) {
         drop(self.admin);
-        drop(self.listeners);
-        drop(self.transports);
+        drop(self.metrics);
+        let transports = std::mem::take(&mut self.rt.write().transports);
+        drop(transports);
+        self.rt.hub.end_all(EndReason::Shutdown);
+        if !self.rt.hub.wait_ended(None, SESSION_END_TIMEOUT) {
+            warn!("some sessions were still finishing when vgpud stopped");
+        }
+        if let Some(a) = &self.rt.audit {
+            a.record(
+                "daemon.stop",
+                json!({ "actor": Actor::Daemon, "pid": std::process::id() }),
+                Durability::Synced,
+            );
+        }
         info!("vgpud stopped");
     }
 }

@@ -10,11 +10,12 @@ use tracing::warn;
 use vgpu_broker::Broker;
 use vgpu_broker::tenant::Tenant;
 
-use crate::listener::spawn_session;
+use crate::sessions::SessionHub;
 use crate::vsock::PortConnector;
 
 /// Serves the GPU port of one VM in-process.
 pub struct GpuPortConnector {
+    hub: Arc<SessionHub>,
     broker: Arc<Broker>,
     tenant: Arc<Tenant>,
     transport: String,
@@ -29,9 +30,11 @@ impl std::fmt::Debug for GpuPortConnector {
 }
 
 impl GpuPortConnector {
-    /// A connector for `tenant`, whose guest has context id `cid`.
-    pub fn new(broker: Arc<Broker>, tenant: Arc<Tenant>, cid: u64) -> Self {
+    /// A connector for `tenant`, whose guest has context id `cid`; `hub`
+    /// runs the sessions.
+    pub fn new(hub: Arc<SessionHub>, broker: Arc<Broker>, tenant: Arc<Tenant>, cid: u64) -> Self {
         Self {
+            hub,
             broker,
             tenant,
             transport: format!("vsock:{cid}"),
@@ -55,7 +58,7 @@ impl PortConnector for GpuPortConnector {
         // The device never blocks: the session runs on its own thread and
         // talks to the device through a socket pair.
         Some(UnixStream::pair().map(|(device_end, session_end)| {
-            spawn_session(
+            self.hub.spawn(
                 Arc::clone(&self.broker),
                 Arc::clone(&self.tenant),
                 session_end,

@@ -1,13 +1,27 @@
 //! vgpud: the host daemon that connects VMs and processes to the vgpu broker.
 //!
-//! - [`daemon`]: builds devices and the broker from the config and runs everything;
+//! - [`daemon`]: builds devices and the broker from the config, runs
+//!   everything and applies live changes (API requests, `SIGHUP` reloads);
 //! - [`listener`]: unix-socket listeners, one per VM;
+//! - [`sessions`]: session threads, ending a VM's sessions, session audit;
 //! - [`admin`]: the REST/JSON admin API;
+//! - [`metrics`]: the Prometheus text endpoint;
+//! - [`audit`]: the append-only JSON-lines audit log;
+//! - [`reload`]: live changes checked with the config file's rules;
+//! - [`inventory`]: the host's real GPUs through NVML;
+//! - [`usage`]: compute usage of VMs and devices;
 //! - [`vsock`]: the vhost-user virtio-vsock device for VMs;
 //! - [`gpu_port`]: serves the GPU port of each VM's vsock device in-process.
 
 pub mod admin;
+pub mod audit;
 pub mod daemon;
 pub mod gpu_port;
+pub mod inventory;
 pub mod listener;
+pub mod metrics;
+pub mod passthrough;
+pub mod reload;
+pub mod sessions;
+pub mod usage;
 pub mod vsock;

@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use thiserror::Error;
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 use vgpu_broker::Broker;
 use vgpu_broker::tenant::Tenant;
+
+use crate::sessions::SessionHub;
 
 /// Mode of VM sockets: owner and group may connect.
 pub const VM_SOCKET_MODE: u32 = 0o660;
@@ -83,8 +85,9 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
-    /// Serves sessions of `tenant` on `path`.
+    /// Serves sessions of `tenant` on `path`; `hub` runs them.
     pub fn start(
+        hub: Arc<SessionHub>,
         broker: Arc<Broker>,
         tenant: Arc<Tenant>,
         path: &Path,
@@ -95,7 +98,7 @@ impl Listener {
         let transport = format!("unix:{}", path.display());
         let thread = std::thread::Builder::new()
             .name(format!("vgpu-listen-{}", tenant.name))
-            .spawn(move || accept_loop(&l, &broker, &tenant, &transport, &stop2))
+            .spawn(move || accept_loop(&l, &hub, &broker, &tenant, &transport, &stop2))
             .map_err(|source| ListenerError::Bind {
                 path: path.to_path_buf(),
                 source,
@@ -115,6 +118,7 @@ impl Listener {
 
 fn accept_loop(
     l: &UnixListener,
+    hub: &Arc<SessionHub>,
     broker: &Arc<Broker>,
     tenant: &Arc<Tenant>,
     transport: &str,
@@ -132,31 +136,12 @@ fn accept_loop(
                 continue;
             }
         };
-        spawn_session(
+        hub.spawn(
             Arc::clone(broker),
             Arc::clone(tenant),
             stream,
             transport.to_string(),
         );
-    }
-}
-
-/// Runs a session of `tenant` over `stream` on its own thread.
-pub fn spawn_session(
-    broker: Arc<Broker>,
-    tenant: Arc<Tenant>,
-    stream: UnixStream,
-    transport: String,
-) {
-    let name = format!("vgpu-session-{}", tenant.name);
-    let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let r = vgpu_broker::server::serve(&broker, tenant, &stream, &stream, &transport);
-        if let Err(e) = r {
-            debug!(error = %e, "session ended with an error");
-        }
-    });
-    if let Err(e) = spawned {
-        error!(error = %e, "cannot start a session thread; connection dropped");
     }
 }
 

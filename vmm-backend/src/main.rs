@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vgpu_broker::config::Config;
+use vgpu_vmm::audit::Actor;
 use vgpu_vmm::daemon::Daemon;
 
 /// Shares GPUs between VMs at the CUDA API level, with hard memory slices and time-sliced compute.
@@ -23,12 +24,12 @@ struct Args {
     log: Option<String>,
 }
 
-fn block_shutdown_signals() -> libc::sigset_t {
+fn block_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t.
     unsafe { libc::sigemptyset(&mut set) };
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: `set` is an initialised sigset_t and `sig` a valid signal number.
         unsafe { libc::sigaddset(&mut set, sig) };
     }
@@ -37,11 +38,28 @@ fn block_shutdown_signals() -> libc::sigset_t {
     set
 }
 
-fn wait_for_signal(set: &libc::sigset_t) -> i32 {
-    let mut sig = 0;
-    // SAFETY: `set` is initialised and blocked in every thread (threads inherit the mask).
-    unsafe { libc::sigwait(set, &mut sig) };
-    sig
+/// Waits for one of the blocked signals; returns it with its sender.
+fn wait_for_signal(set: &libc::sigset_t) -> Actor {
+    loop {
+        // SAFETY: siginfo_t is plain data, filled by sigwaitinfo.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is initialised and blocked in every thread (threads
+        // inherit the mask); `info` is valid for writes.
+        let sig = unsafe { libc::sigwaitinfo(set, &mut info) };
+        if sig < 0 {
+            continue; // EINTR
+        }
+        // SAFETY: for signals sent by kill(2) the kernel fills si_pid;
+        // otherwise it reads as 0 (the struct was zeroed).
+        let pid = unsafe { info.si_pid() };
+        // SAFETY: as above, for si_uid.
+        let uid = unsafe { info.si_uid() };
+        return Actor::Signal {
+            signal: sig,
+            pid,
+            uid,
+        };
+    }
 }
 
 fn main() -> ExitCode {
@@ -51,6 +69,8 @@ fn main() -> ExitCode {
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
 
@@ -72,6 +92,8 @@ fn main() -> ExitCode {
         };
     }
     let path = args.config.expect("clap requires --config");
+    // Reloads read the same file even if a relative path's meaning changes.
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
     let config = match Config::load(&path) {
         Ok(c) => c,
         Err(e) => {
@@ -79,8 +101,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Block SIGINT/SIGTERM before any thread starts so that only sigwait sees them.
-    let signals = block_shutdown_signals();
+    // Block SIGINT/SIGTERM/SIGHUP before any thread starts so that only
+    // sigwaitinfo sees them.
+    let signals = block_signals();
     let daemon = match Daemon::start(&config) {
         Ok(d) => d,
         Err(e) => {
@@ -89,8 +112,26 @@ fn main() -> ExitCode {
         }
     };
     tracing::info!(config = %path.display(), vms = config.vms.len(), "vgpud ready");
-    let sig = wait_for_signal(&signals);
-    tracing::info!(signal = sig, "shutting down");
+    loop {
+        let actor = wait_for_signal(&signals);
+        let Actor::Signal { signal, pid, .. } = actor else {
+            continue;
+        };
+        if signal != libc::SIGHUP {
+            tracing::info!(signal, sender = pid, "shutting down");
+            break;
+        }
+        tracing::info!(sender = pid, config = %path.display(), "SIGHUP: reloading the config");
+        match daemon.reload(actor, &path) {
+            Ok(r) => tracing::info!(
+                applied = r.applied.len(),
+                refused = r.refused.len(),
+                restart_needed = r.restart_needed.len(),
+                "config reloaded"
+            ),
+            Err(e) => tracing::error!("config not reloaded: {e}"),
+        }
+    }
     daemon.shutdown();
     ExitCode::SUCCESS
 }

@@ -1,0 +1,271 @@
+//! `vgpuctl vm attach-args`: the exact VMM arguments that attach a VM to
+//! vgpud, from the VM's running configuration.
+//!
+//! - QEMU: guest memory in a shared memfd (vhost-user needs vgpud to map it),
+//!   a chardev on the VM's `vhost_user_socket` and a `vhost-user-vsock-pci`
+//!   device on it.
+//! - cloud-hypervisor ≥ v53: shared memory and `--generic-vhost-user` with
+//!   `device_type=vsock` on the `vhost_user_socket`; or, without a vhost-user
+//!   device, cloud-hypervisor's own hybrid vsock (`--vsock cid=N,socket=BASE`),
+//!   which connects guest port P to `BASE_P`: the VM's `unix_socket` must be
+//!   `BASE_<GPU port>`.
+
+use clap::{Args, ValueEnum};
+use serde_json::{Value, json};
+
+use crate::api::Client;
+use crate::cli::{CliError, print_json};
+
+/// Guest memory when `--guest-memory` is not given.
+pub const DEFAULT_GUEST_MEMORY: &str = "2G";
+/// Queue sizes of the vsock device for cloud-hypervisor (rx, tx, event).
+pub const CH_VSOCK_QUEUE_SIZES: &str = "[256,256,256]";
+/// CID cloud-hypervisor's hybrid vsock gives the guest when `--cid` is not given.
+pub const DEFAULT_HYBRID_CID: u64 = 3;
+
+/// Which VMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Vmm {
+    /// QEMU (`qemu-system-x86_64`).
+    Qemu,
+    /// cloud-hypervisor.
+    CloudHypervisor,
+}
+
+/// Arguments of `vm attach-args`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// VM name.
+    pub name: String,
+    /// The VMM the arguments are for.
+    #[arg(long, value_enum)]
+    pub vmm: Vmm,
+    /// Guest RAM in the VMM's syntax (e.g. 4G); it becomes shared memory that vgpud maps.
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_GUEST_MEMORY)]
+    pub guest_memory: String,
+    /// cloud-hypervisor: use its hybrid vsock (--vsock) on the VM's unix socket instead of --generic-vhost-user.
+    #[arg(long)]
+    pub hybrid: bool,
+    /// cloud-hypervisor hybrid vsock: the guest's CID.
+    #[arg(long, value_name = "CID", default_value_t = DEFAULT_HYBRID_CID)]
+    pub cid: u64,
+}
+
+/// What the arguments are built from (the VM's running config).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmTransport {
+    /// VM name.
+    pub name: String,
+    /// `vhost_user_socket`.
+    pub vhost_user_socket: Option<String>,
+    /// `guest_cid`.
+    pub guest_cid: Option<u64>,
+    /// `unix_socket`.
+    pub unix_socket: Option<String>,
+}
+
+impl VmTransport {
+    /// From the admin API's VM JSON.
+    pub fn from_json(v: &Value) -> Self {
+        let c = &v["config"];
+        let s = |k: &str| c[k].as_str().map(str::to_string);
+        Self {
+            name: v["name"].as_str().unwrap_or_default().to_string(),
+            vhost_user_socket: s("vhost_user_socket"),
+            guest_cid: c["guest_cid"].as_u64(),
+            unix_socket: s("unix_socket"),
+        }
+    }
+}
+
+fn valid_size(s: &str) -> bool {
+    let digits = s.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && s.len() - digits.len() <= 1
+}
+
+/// Escapes a QEMU option value (commas are doubled).
+pub fn qemu_escape(s: &str) -> String {
+    s.replace(',', ",,")
+}
+
+/// Quotes a cloud-hypervisor option value when it holds a comma, bracket or quote.
+pub fn ch_quote(s: &str) -> String {
+    if s.contains([',', '"', '[', ']', '=']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// QEMU arguments for `vm`.
+pub fn qemu_args(vm: &VmTransport, guest_memory: &str) -> Result<Vec<String>, String> {
+    let Some(sock) = &vm.vhost_user_socket else {
+        return Err(format!(
+            "VM {} has no vhost-user vsock device: add vhost_user_socket and guest_cid to its [[vm]] entry (or `vgpuctl vm add … --vhost-user-socket PATH --guest-cid N`); QEMU attaches to vgpud through it",
+            vm.name
+        ));
+    };
+    let mem = format!("vgpu-mem-{}", vm.name);
+    let chr = format!("vgpu-vsock-{}", vm.name);
+    Ok(vec![
+        "-m".into(),
+        guest_memory.into(),
+        "-object".into(),
+        format!("memory-backend-memfd,id={mem},size={guest_memory},share=on"),
+        "-numa".into(),
+        format!("node,memdev={mem}"),
+        "-chardev".into(),
+        format!("socket,id={chr},path={}", qemu_escape(sock)),
+        "-device".into(),
+        format!("vhost-user-vsock-pci,chardev={chr}"),
+    ])
+}
+
+/// cloud-hypervisor arguments for `vm`.
+pub fn ch_args(
+    vm: &VmTransport,
+    guest_memory: &str,
+    hybrid: bool,
+    cid: u64,
+) -> Result<Vec<String>, String> {
+    let suffix = format!("_{}", vgpu_proto::GPU_VSOCK_PORT);
+    if !hybrid && let Some(sock) = &vm.vhost_user_socket {
+        return Ok(vec![
+            "--memory".into(),
+            format!("size={guest_memory},shared=on"),
+            "--generic-vhost-user".into(),
+            format!(
+                "socket={},device_type=vsock,queue_sizes={CH_VSOCK_QUEUE_SIZES}",
+                ch_quote(sock)
+            ),
+        ]);
+    }
+    match vm
+        .unix_socket
+        .as_deref()
+        .and_then(|u| u.strip_suffix(&suffix))
+    {
+        Some(base) if !base.is_empty() => Ok(vec![
+            "--vsock".into(),
+            format!("cid={cid},socket={}", ch_quote(base)),
+        ]),
+        _ => Err(format!(
+            "VM {name} cannot be attached to cloud-hypervisor {how}: give it vhost_user_socket and guest_cid (cloud-hypervisor v53 or later, --generic-vhost-user), or a unix_socket named BASE{suffix} for cloud-hypervisor's hybrid vsock (--vsock cid=N,socket=BASE)",
+            name = vm.name,
+            how = if hybrid { "with hybrid vsock" } else { "yet" },
+        )),
+    }
+}
+
+/// Quotes an argument for a POSIX shell when needed.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=,:@+[]".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// Runs `vm attach-args`.
+pub fn run(a: &AttachArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
+    if !valid_size(&a.guest_memory) {
+        return Err(CliError::Failed(format!(
+            "--guest-memory {} is not a size the VMM understands: write e.g. 4G or 2048M",
+            a.guest_memory
+        )));
+    }
+    let v = c.get(&format!("/v1/vms/{}", a.name))?;
+    let vm = VmTransport::from_json(&v);
+    let args = match a.vmm {
+        Vmm::Qemu => qemu_args(&vm, &a.guest_memory),
+        Vmm::CloudHypervisor => ch_args(&vm, &a.guest_memory, a.hybrid, a.cid),
+    }
+    .map_err(CliError::Failed)?;
+    if json_out {
+        let vmm = match a.vmm {
+            Vmm::Qemu => "qemu",
+            Vmm::CloudHypervisor => "cloud-hypervisor",
+        };
+        print_json(&json!({ "vm": a.name, "vmm": vmm, "args": args }));
+    } else {
+        let line: Vec<String> = args.iter().map(|s| shell_quote(s)).collect();
+        println!("{}", line.join(" "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm() -> VmTransport {
+        VmTransport {
+            name: "vm1".into(),
+            vhost_user_socket: Some("/run/vgpu/vm1.vhost.sock".into()),
+            guest_cid: Some(3),
+            unix_socket: Some(format!(
+                "/run/vgpu/vm1.vsock_{}",
+                vgpu_proto::GPU_VSOCK_PORT
+            )),
+        }
+    }
+
+    #[test]
+    fn qemu_gets_shared_memory_and_the_vhost_user_vsock_device() {
+        let a = qemu_args(&vm(), "4G").unwrap().join(" ");
+        assert_eq!(
+            a,
+            "-m 4G -object memory-backend-memfd,id=vgpu-mem-vm1,size=4G,share=on -numa node,memdev=vgpu-mem-vm1 \
+             -chardev socket,id=vgpu-vsock-vm1,path=/run/vgpu/vm1.vhost.sock -device vhost-user-vsock-pci,chardev=vgpu-vsock-vm1"
+        );
+        let mut odd = vm();
+        odd.vhost_user_socket = Some("/run/a,b.sock".into());
+        assert!(
+            qemu_args(&odd, "1G")
+                .unwrap()
+                .join(" ")
+                .contains("path=/run/a,,b.sock")
+        );
+        let none = VmTransport {
+            name: "x".into(),
+            ..Default::default()
+        };
+        assert!(
+            qemu_args(&none, "1G")
+                .unwrap_err()
+                .contains("add vhost_user_socket and guest_cid")
+        );
+    }
+
+    #[test]
+    fn cloud_hypervisor_gets_generic_vhost_user_or_hybrid_vsock() {
+        let a = ch_args(&vm(), "2G", false, 3).unwrap().join(" ");
+        assert_eq!(
+            a,
+            "--memory size=2G,shared=on --generic-vhost-user socket=/run/vgpu/vm1.vhost.sock,device_type=vsock,queue_sizes=[256,256,256]"
+        );
+        let h = ch_args(&vm(), "2G", true, 7).unwrap().join(" ");
+        assert_eq!(h, "--vsock cid=7,socket=/run/vgpu/vm1.vsock");
+        let mut only_unix = vm();
+        only_unix.vhost_user_socket = None;
+        assert!(ch_args(&only_unix, "2G", false, 3).unwrap()[0] == "--vsock");
+        only_unix.unix_socket = Some("/run/vgpu/vm1.sock".into());
+        let e = ch_args(&only_unix, "2G", false, 3).unwrap_err();
+        assert!(
+            e.contains(&format!("BASE_{}", vgpu_proto::GPU_VSOCK_PORT)),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sizes_and_quoting() {
+        assert!(valid_size("4G") && valid_size("2048M") && valid_size("1073741824"));
+        assert!(!valid_size("4GiB") && !valid_size("") && !valid_size("G"));
+        assert_eq!(shell_quote("/run/vgpu/a.sock"), "/run/vgpu/a.sock");
+        assert_eq!(shell_quote("path=/my dir/x"), "'path=/my dir/x'");
+        assert_eq!(ch_quote("/a,b"), "\"/a,b\"");
+    }
+}

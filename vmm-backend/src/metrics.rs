@@ -1,0 +1,581 @@
+//! The Prometheus text endpoint (`[admin] metrics_listen`, `GET /metrics`;
+//! the same text is at `GET /v1/metrics` on the admin socket).
+//!
+//! Device metrics use dcgm-exporter's names and units (`DCGM_FI_DEV_FB_USED`
+//! in MiB, `DCGM_FI_DEV_GPU_UTIL` in percent, labels `gpu`, `UUID`,
+//! `modelName`, plus `device`, vgpud's name for it), so dashboards written
+//! for dcgm-exporter show vgpu devices. Per-VM metrics have no DCGM
+//! counterpart: they are `vgpu_vm_*` in base units (bytes, seconds, ratios)
+//! with labels `vm` and `device`. docs/admin.md lists them all.
+
+use std::fmt::Write as _;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use crate::admin::{HttpResponse, read_request, write_response};
+use crate::daemon::Runtime;
+use crate::sessions::unix_seconds;
+use crate::usage::{device_usage, vm_usage};
+
+/// Content type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Most scrapes served at once; more get 503.
+const MAX_CONCURRENT: usize = 8;
+/// A scraper that sends nothing for this long is dropped.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+const MIB: f64 = (1u64 << 20) as f64;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Gauge,
+    Counter,
+}
+
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+/// Builds a text exposition family by family.
+#[derive(Default)]
+struct Exposition {
+    families: Vec<Family>,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &'static str, kind: Kind, help: &'static str) -> &mut Family {
+        if let Some(i) = self.families.iter().position(|f| f.name == name) {
+            return &mut self.families[i];
+        }
+        self.families.push(Family {
+            name,
+            help,
+            kind,
+            samples: Vec::new(),
+        });
+        self.families.last_mut().expect("just pushed")
+    }
+
+    fn gauge(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&'static str, &str)],
+        v: f64,
+    ) {
+        self.add(name, Kind::Gauge, help, labels, v);
+    }
+
+    fn counter(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&'static str, &str)],
+        v: f64,
+    ) {
+        self.add(name, Kind::Counter, help, labels, v);
+    }
+
+    fn add(
+        &mut self,
+        name: &'static str,
+        kind: Kind,
+        help: &'static str,
+        labels: &[(&'static str, &str)],
+        v: f64,
+    ) {
+        let labels = labels.iter().map(|(k, v)| (*k, (*v).to_string())).collect();
+        self.family(name, kind, help).samples.push((labels, v));
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for f in &self.families {
+            let kind = match f.kind {
+                Kind::Gauge => "gauge",
+                Kind::Counter => "counter",
+            };
+            let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+            let _ = writeln!(out, "# TYPE {} {kind}", f.name);
+            for (labels, v) in &f.samples {
+                out.push_str(f.name);
+                if !labels.is_empty() {
+                    out.push('{');
+                    for (i, (k, val)) in labels.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        let _ = write!(out, "{k}=\"{}\"", escape_label(val));
+                    }
+                    out.push('}');
+                }
+                let _ = writeln!(out, " {}", format_value(*v));
+            }
+        }
+        out
+    }
+}
+
+/// Escapes a label value (backslash, double quote, newline).
+pub fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Formats a 16-byte device UUID the way `nvidia-smi` does (`GPU-xxxxxxxx-…`).
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Renders the metrics of the daemon.
+pub fn render(rt: &Runtime) -> String {
+    let mut e = Exposition::default();
+    let broker = rt.broker();
+    e.gauge(
+        "vgpu_build_info",
+        "vgpud version and protocol version (always 1).",
+        &[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("protocol", &vgpu_proto::PROTOCOL_VERSION.to_string()),
+        ],
+        1.0,
+    );
+    e.gauge(
+        "vgpu_start_time_seconds",
+        "When vgpud started, in seconds since the Unix epoch.",
+        &[],
+        unix_seconds(rt.started()) as f64,
+    );
+    let tenants = broker.tenants();
+    for (i, (name, d)) in broker.devices().iter().enumerate() {
+        let info = d.info();
+        let gpu = i.to_string();
+        let uuid = uuid_string(&info.uuid);
+        let l: [(&'static str, &str); 4] = [
+            ("gpu", &gpu),
+            ("UUID", &uuid),
+            ("device", name),
+            ("modelName", &info.name),
+        ];
+        let used = d.memory_used();
+        e.gauge(
+            "DCGM_FI_DEV_FB_TOTAL",
+            "Device memory in MiB (dcgm-exporter's name and unit).",
+            &l,
+            info.total_memory as f64 / MIB,
+        );
+        e.gauge(
+            "DCGM_FI_DEV_FB_USED",
+            "Device memory in use in MiB (dcgm-exporter's name and unit).",
+            &l,
+            used as f64 / MIB,
+        );
+        e.gauge(
+            "DCGM_FI_DEV_FB_FREE",
+            "Device memory free in MiB (dcgm-exporter's name and unit).",
+            &l,
+            info.total_memory.saturating_sub(used) as f64 / MIB,
+        );
+        if let Some(u) = device_usage(broker, name) {
+            e.gauge(
+                "DCGM_FI_DEV_GPU_UTIL",
+                "Device busy over the last second, in percent (dcgm-exporter's name and unit).",
+                &l,
+                (u.utilization_1s * 100.0).round(),
+            );
+            for (window, v) in [
+                ("1s", u.utilization_1s),
+                ("10s", u.utilization_10s),
+                ("60s", u.utilization_60s),
+            ] {
+                e.gauge(
+                    "vgpu_device_utilization",
+                    "Fraction of time the device ran kernels over the window (0-1).",
+                    &[("device", name), ("window", window)],
+                    v,
+                );
+            }
+            e.counter(
+                "vgpu_device_busy_seconds_total",
+                "Device time used by all VMs.",
+                &[("device", name)],
+                u.busy_s,
+            );
+            e.counter(
+                "vgpu_device_switches_total",
+                "Times the device passed from one VM to another.",
+                &[("device", name)],
+                u.switches as f64,
+            );
+            e.counter(
+                "vgpu_device_preemptions_total",
+                "Kernels stopped at a preemption point, all VMs together.",
+                &[("device", name)],
+                u.preemptions as f64,
+            );
+        }
+        let on_dev: Vec<_> = tenants.iter().filter(|t| &t.device_name == name).collect();
+        let dl: [(&'static str, &str); 2] = [("device", name), ("kind", info.kind)];
+        e.gauge(
+            "vgpu_device_slices_bytes",
+            "Sum of the memory slices of the device's VMs (above the device memory: over-committed).",
+            &dl[..1],
+            on_dev.iter().map(|t| t.slice.limit()).sum::<u64>() as f64,
+        );
+        e.gauge(
+            "vgpu_device_vms",
+            "VMs on the device.",
+            &dl[..1],
+            on_dev.len() as f64,
+        );
+        if let Some(s) = broker.scheduling(name) {
+            e.gauge(
+                "vgpu_device_info",
+                "Device kind and scheduling policy (always 1).",
+                &[
+                    ("device", name),
+                    ("kind", info.kind),
+                    ("model", &info.name),
+                    ("policy", s.policy.as_str()),
+                ],
+                1.0,
+            );
+            e.gauge(
+                "vgpu_device_slice_seconds",
+                "Scheduling time slice of the device.",
+                &dl[..1],
+                s.slice.as_secs_f64(),
+            );
+        }
+    }
+    for t in &tenants {
+        let s = t.settings();
+        let l: [(&'static str, &str); 2] = [("vm", &t.name), ("device", &t.device_name)];
+        e.gauge(
+            "vgpu_vm_info",
+            "The VM's priority class (always 1).",
+            &[
+                ("vm", &t.name),
+                ("device", &t.device_name),
+                ("priority", s.priority.as_str()),
+            ],
+            1.0,
+        );
+        e.gauge(
+            "vgpu_vm_fb_used_bytes",
+            "Device memory the VM's processes hold (charged to its slice).",
+            &l,
+            t.slice.used() as f64,
+        );
+        e.gauge(
+            "vgpu_vm_fb_limit_bytes",
+            "The VM's memory slice (hard limit).",
+            &l,
+            t.slice.limit() as f64,
+        );
+        e.gauge(
+            "vgpu_vm_weight",
+            "The VM's base compute weight.",
+            &l,
+            f64::from(s.weight),
+        );
+        let u = vm_usage(broker, t);
+        e.gauge(
+            "vgpu_vm_weight_now",
+            "The VM's weight in force now (a schedule window's or the base weight).",
+            &l,
+            f64::from(u.weight_now),
+        );
+        e.gauge(
+            "vgpu_vm_configured_share",
+            "The VM's weight in force over the sum of the weights in force on its device (0-1).",
+            &l,
+            u.configured_share,
+        );
+        for (window, v) in [
+            ("1s", u.share_1s),
+            ("10s", u.share_10s),
+            ("60s", u.share_60s),
+        ] {
+            e.gauge(
+                "vgpu_vm_compute_share",
+                "Share of the device's time the VM used over the window (0-1).",
+                &[
+                    ("vm", &t.name),
+                    ("device", &t.device_name),
+                    ("window", window),
+                ],
+                v,
+            );
+        }
+        e.counter(
+            "vgpu_vm_busy_seconds_total",
+            "Device time the VM's kernels held the device.",
+            &l,
+            u.busy_s,
+        );
+        e.counter(
+            "vgpu_vm_queue_wait_seconds_total",
+            "Time the VM's kernels waited from launch to start, summed.",
+            &l,
+            u.queue_wait_s,
+        );
+        e.gauge(
+            "vgpu_vm_queue_wait_p99_seconds",
+            "99th percentile launch-to-start wait of the VM's recent kernels.",
+            &l,
+            u.queue_wait_p99_s,
+        );
+        e.gauge(
+            "vgpu_vm_kernels_queued",
+            "Kernels of the VM submitted and not finished.",
+            &l,
+            f64::from(u.queued),
+        );
+        e.counter(
+            "vgpu_vm_preemptions_total",
+            "Times a running kernel of the VM was stopped so another VM could run (or at its cap).",
+            &l,
+            u.preemptions as f64,
+        );
+        let st = &t.stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
+        e.counter(
+            "vgpu_vm_kernels_total",
+            "Kernels the VM launched.",
+            &l,
+            get(&st.kernels),
+        );
+        for (dir, c) in [("htod", &st.bytes_htod), ("dtoh", &st.bytes_dtoh)] {
+            e.counter(
+                "vgpu_vm_copy_bytes_total",
+                "Bytes the VM copied between host and device (direction htod or dtoh).",
+                &[
+                    ("vm", &t.name),
+                    ("device", &t.device_name),
+                    ("direction", dir),
+                ],
+                get(c),
+            );
+        }
+        e.counter(
+            "vgpu_vm_errors_total",
+            "CUDA calls of the VM that failed.",
+            &l,
+            get(&st.errors),
+        );
+        e.gauge(
+            "vgpu_vm_sessions",
+            "Live sessions (guest processes) of the VM.",
+            &l,
+            t.sessions().len() as f64,
+        );
+        e.counter(
+            "vgpu_vm_sessions_opened_total",
+            "Sessions the VM has opened.",
+            &l,
+            get(&st.sessions_total),
+        );
+        e.gauge(
+            "vgpu_vm_accepting_sessions",
+            "1 when the VM accepts new sessions, 0 while it drains.",
+            &l,
+            if t.is_open() { 1.0 } else { 0.0 },
+        );
+        if let Some((_, vs)) = rt.vsock_of(&t.name) {
+            e.gauge(
+                "vgpu_vm_vsock_connections",
+                "Open connections of the VM's vsock device.",
+                &l,
+                vs.connections_open as f64,
+            );
+            for (dir, v) in [
+                ("guest_to_host", vs.bytes_guest_to_host),
+                ("host_to_guest", vs.bytes_host_to_guest),
+            ] {
+                e.counter(
+                    "vgpu_vm_vsock_bytes_total",
+                    "Payload bytes through the VM's vsock device.",
+                    &[
+                        ("vm", &t.name),
+                        ("device", &t.device_name),
+                        ("direction", dir),
+                    ],
+                    v as f64,
+                );
+            }
+            e.counter(
+                "vgpu_vm_vsock_device_resets_total",
+                "Resets of the VM's vsock device (VMM disconnects, guest reboots).",
+                &l,
+                vs.device_resets as f64,
+            );
+        }
+    }
+    e.render()
+}
+
+/// The running metrics endpoint.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for MetricsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl MetricsServer {
+    /// Serves `GET /metrics` on `addr` (port 0: any free port; see
+    /// [`MetricsServer::local_addr`]).
+    pub fn start(rt: Arc<Runtime>, addr: SocketAddr) -> io::Result<MetricsServer> {
+        let l = TcpListener::bind(addr)?;
+        let addr = l.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("vgpu-metrics".into())
+            .spawn(move || serve(&l, &rt, &stop2))?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+fn serve(l: &TcpListener, rt: &Arc<Runtime>, stop: &AtomicBool) {
+    let busy = Arc::new(AtomicUsize::new(0));
+    for conn in l.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(stream) = conn else { continue };
+        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT {
+            busy.fetch_sub(1, Ordering::AcqRel);
+            let _ = write_response(
+                &stream,
+                &HttpResponse::error(503, "too many scrapes at once"),
+            );
+            continue;
+        }
+        let rt = Arc::clone(rt);
+        let busy2 = Arc::clone(&busy);
+        let spawned = std::thread::Builder::new()
+            .name("vgpu-metrics-conn".into())
+            .spawn(move || {
+                handle(&rt, stream);
+                busy2.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            busy.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn handle(rt: &Runtime, stream: TcpStream) {
+    let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
+    let resp = match read_request(&stream) {
+        Ok(req) => match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/metrics") => HttpResponse::text(200, CONTENT_TYPE, render(rt)),
+            (_, "/metrics") => HttpResponse::error(405, "only GET /metrics is served here"),
+            _ => HttpResponse::error(404, "not found: metrics are at /metrics"),
+        },
+        Err(r) => r,
+    };
+    if let Err(e) = write_response(&stream, &resp) {
+        debug!(error = %e, "cannot write a metrics response");
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop (an unspecified address is reached on loopback).
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(if wake.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        if TcpStream::connect_timeout(&wake, CLIENT_TIMEOUT).is_err() {
+            warn!(addr = %wake, "cannot wake the metrics endpoint");
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_grouped_and_labels_escaped() {
+        let mut e = Exposition::default();
+        e.gauge("a", "help a", &[("vm", "x\"y\\z\nw")], 1.5);
+        e.counter("b_total", "help b", &[], 3.0);
+        e.gauge("a", "help a", &[("vm", "q")], 2.0);
+        let text = e.render();
+        assert_eq!(
+            text,
+            "# HELP a help a\n# TYPE a gauge\na{vm=\"x\\\"y\\\\z\\nw\"} 1.5\na{vm=\"q\"} 2\n\
+             # HELP b_total help b\n# TYPE b_total counter\nb_total 3\n"
+        );
+    }
+
+    #[test]
+    fn uuids_look_like_nvidia_smi() {
+        let u = [
+            0x12u8, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        assert_eq!(uuid_string(&u), "GPU-12345678-9abc-def0-0102-030405060708");
+    }
+}

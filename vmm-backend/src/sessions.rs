@@ -1,0 +1,377 @@
+//! Session threads: every connection handed to the broker (unix socket or
+//! the GPU port of a vsock device) runs here, so that vgpud can
+//!
+//! - end all sessions of a VM cleanly when the VM is removed (their sockets
+//!   are shut down, the session loop reads end of file, the session releases
+//!   its memory and handles), and wait until they have;
+//! - record every session in the audit log: opened (with the guest's pid and
+//!   process name), closed, refused at the handshake, or ended by an error.
+//!
+//! The session's identity is learned from the handshake reply the broker
+//! writes (`HelloReply` carries the session id), so the broker needs no hook.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+use tracing::{debug, error};
+use vgpu_broker::Broker;
+use vgpu_broker::server::ServeError;
+use vgpu_broker::tenant::Tenant;
+use vgpu_proto::frame::{FrameError, HEADER_LEN, Header};
+use vgpu_proto::msg;
+
+use crate::audit::{AuditLog, Durability};
+
+/// How often [`SessionHub::wait_ended`] looks.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Why a session was ended from the host side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// Its VM was removed (API, reload or shutdown).
+    VmRemoved,
+    /// vgpud is shutting down.
+    Shutdown,
+}
+
+impl EndReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            EndReason::VmRemoved => "VM removed",
+            EndReason::Shutdown => "vgpud stopped",
+        }
+    }
+}
+
+struct Conn {
+    vm: String,
+    stream: UnixStream,
+    ended: Option<EndReason>,
+}
+
+/// The live connections of all VMs.
+#[derive(Default)]
+pub struct SessionHub {
+    audit: Option<Arc<AuditLog>>,
+    live: Mutex<HashMap<u64, Conn>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for SessionHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHub")
+            .field("connections", &self.lock().len())
+            .finish()
+    }
+}
+
+impl SessionHub {
+    /// A hub recording sessions in `audit` (if any).
+    pub fn new(audit: Option<Arc<AuditLog>>) -> Self {
+        Self {
+            audit,
+            live: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Conn>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs a session of `tenant` over `stream` on its own thread.
+    pub fn spawn(
+        self: &Arc<Self>,
+        broker: Arc<Broker>,
+        tenant: Arc<Tenant>,
+        stream: UnixStream,
+        transport: String,
+    ) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        match stream.try_clone() {
+            Ok(s) => {
+                self.lock().insert(
+                    id,
+                    Conn {
+                        vm: tenant.name.clone(),
+                        stream: s,
+                        ended: None,
+                    },
+                );
+            }
+            Err(e) => {
+                error!(vm = %tenant.name, error = %e, "cannot track a session; connection dropped");
+                return;
+            }
+        }
+        let hub = Arc::clone(self);
+        let name = format!("vgpu-session-{}", tenant.name);
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            hub.run(&broker, tenant, &stream, &transport, id);
+        });
+        if let Err(e) = spawned {
+            self.lock().remove(&id);
+            error!(error = %e, "cannot start a session thread; connection dropped");
+        }
+    }
+
+    fn run(
+        &self,
+        broker: &Broker,
+        tenant: Arc<Tenant>,
+        stream: &UnixStream,
+        transport: &str,
+        conn: u64,
+    ) {
+        let vm = tenant.name.clone();
+        let session = Cell::new(0u64);
+        let opened = RefCell::new(None::<(u32, String, Instant)>);
+        let on_first_frame = |h: Header, payload: &[u8]| {
+            if h.status != 0 {
+                return; // a refusal: reported below from serve's result
+            }
+            let Ok((reply, _)) = msg::decode_exact::<msg::HelloReply>(payload, false) else {
+                return;
+            };
+            session.set(reply.session_id);
+            let info = tenant
+                .sessions()
+                .into_iter()
+                .find(|s| s.id == reply.session_id);
+            let (pid, process) =
+                info.map_or((0, String::new()), |s| (s.pid, s.process_name.clone()));
+            self.audit(
+                "session.open",
+                json!({
+                    "vm": vm, "session": reply.session_id, "pid": pid,
+                    "process": process, "transport": transport,
+                }),
+            );
+            *opened.borrow_mut() = Some((pid, process, Instant::now()));
+        };
+        let writer = FirstFrameTap::new(stream, on_first_frame);
+        let result =
+            vgpu_broker::server::serve(broker, Arc::clone(&tenant), stream, writer, transport);
+        let ended = self.lock().remove(&conn).and_then(|c| c.ended);
+        let id = session.get();
+        let closed = |reason: &str| {
+            let (pid, process, since) = opened.borrow().clone().unzip3();
+            json!({
+                "vm": vm, "session": id, "pid": pid, "process": process,
+                "transport": transport, "reason": reason,
+                "duration_s": since.map(|s| s.elapsed().as_secs_f64()),
+            })
+        };
+        match (&result, ended) {
+            (Ok(s), _) if s.id == 0 && id == 0 => {
+                debug!(vm = %vm, "connection closed before its handshake");
+            }
+            (Ok(s), ended) => {
+                let mut v = closed(ended.map_or("client disconnected", EndReason::as_str));
+                v["requests"] = s.requests.into();
+                self.audit("session.close", v);
+            }
+            (Err(ServeError::Refused(m)), _) => {
+                self.audit(
+                    "session.refused",
+                    json!({ "vm": vm, "transport": transport, "error": m }),
+                );
+            }
+            (Err(ServeError::Frame(FrameError::Truncated | FrameError::Io(_))), ended)
+                if id != 0 =>
+            {
+                self.audit(
+                    "session.close",
+                    closed(ended.map_or("connection lost mid-request", EndReason::as_str)),
+                );
+            }
+            (Err(e), _) => {
+                let mut v = closed("error");
+                v["error"] = error_chain(e).into();
+                self.audit("session.error", v);
+            }
+        }
+    }
+
+    fn audit(&self, event: &str, fields: Value) {
+        if let Some(a) = &self.audit {
+            a.record(event, fields, Durability::Written);
+        }
+    }
+
+    /// Ends every session of `vm`: their sockets are shut down, so the
+    /// session loops read end of file and release everything. Returns how
+    /// many connections were ended.
+    pub fn end_sessions_of(&self, vm: &str, reason: EndReason) -> usize {
+        let mut live = self.lock();
+        let mut n = 0;
+        for c in live.values_mut().filter(|c| c.vm == vm) {
+            c.ended = Some(reason);
+            let _ = c.stream.shutdown(Shutdown::Both);
+            n += 1;
+        }
+        n
+    }
+
+    /// Ends every session of every VM.
+    pub fn end_all(&self, reason: EndReason) {
+        let mut live = self.lock();
+        for c in live.values_mut() {
+            c.ended = Some(reason);
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Live connections of `vm` (sessions and handshakes in progress).
+    pub fn connections_of(&self, vm: &str) -> usize {
+        self.lock().values().filter(|c| c.vm == vm).count()
+    }
+
+    /// Waits until `vm` (or every VM, with `None`) has no live connection
+    /// left: every session thread has returned, so every session has
+    /// released its resources. Returns whether that happened in time.
+    pub fn wait_ended(&self, vm: Option<&str>, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = {
+                let live = self.lock();
+                live.values()
+                    .filter(|c| vm.is_none_or(|v| c.vm == v))
+                    .count()
+            };
+            if left == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+trait Unzip3<A, B, C> {
+    fn unzip3(self) -> (Option<A>, Option<B>, Option<C>);
+}
+
+impl<A, B, C> Unzip3<A, B, C> for Option<(A, B, C)> {
+    fn unzip3(self) -> (Option<A>, Option<B>, Option<C>) {
+        match self {
+            Some((a, b, c)) => (Some(a), Some(b), Some(c)),
+            None => (None, None, None),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// A writer that passes everything through and hands the first complete
+/// frame written (the handshake reply) to a callback.
+pub struct FirstFrameTap<W, F> {
+    inner: W,
+    first: Option<(Vec<u8>, F)>,
+}
+
+impl<W: Write, F: FnMut(Header, &[u8])> FirstFrameTap<W, F> {
+    /// Wraps `inner`.
+    pub fn new(inner: W, on_first: F) -> Self {
+        Self {
+            inner,
+            first: Some((Vec::new(), on_first)),
+        }
+    }
+
+    fn observe(&mut self, bytes: &[u8]) {
+        let Some((acc, _)) = self.first.as_mut() else {
+            return;
+        };
+        acc.extend_from_slice(bytes);
+        if acc.len() < HEADER_LEN {
+            return;
+        }
+        let hb: &[u8; HEADER_LEN] = acc[..HEADER_LEN].try_into().expect("HEADER_LEN bytes");
+        let Ok(h) = Header::decode(hb) else {
+            self.first = None; // not a frame: stop looking
+            return;
+        };
+        let end = HEADER_LEN + h.payload_len as usize;
+        if acc.len() < end {
+            return;
+        }
+        if let Some((acc, mut f)) = self.first.take() {
+            f(h, &acc[HEADER_LEN..end]);
+        }
+    }
+}
+
+impl<W: Write, F: FnMut(Header, &[u8])> Write for FirstFrameTap<W, F> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.observe(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use vgpu_proto::frame::write_frame;
+
+    use super::*;
+
+    #[test]
+    fn the_tap_sees_the_first_frame_even_in_pieces_and_passes_everything() {
+        let mut frames = Vec::new();
+        write_frame(&mut frames, 7, 2, 1, 0, &[b"hello"]).unwrap();
+        write_frame(&mut frames, 8, 2, 2, 0, &[b"more"]).unwrap();
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        {
+            let mut tap = FirstFrameTap::new(&mut out, |h: Header, p: &[u8]| {
+                seen.push((h.opcode, p.to_vec()));
+            });
+            for chunk in frames.chunks(5) {
+                tap.write_all(chunk).unwrap();
+            }
+        }
+        assert_eq!(out, frames);
+        assert_eq!(seen, vec![(7, b"hello".to_vec())]);
+    }
+
+    #[test]
+    fn garbage_is_passed_through_and_ignored() {
+        let mut called = false;
+        let mut out = Vec::new();
+        {
+            let mut tap = FirstFrameTap::new(&mut out, |_: Header, _: &[u8]| called = true);
+            tap.write_all(&[0xAB; 64]).unwrap();
+        }
+        assert!(!called);
+        assert_eq!(out.len(), 64);
+    }
+}

@@ -1,0 +1,404 @@
+//! The admin plane in-process: removing a VM ends its unix-socket and vsock
+//! sessions and releases what they held; the metrics endpoint is valid
+//! Prometheus text with the right values; reloads apply a changed file; the
+//! audit log records sessions and changes.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vgpu_broker::config::Config;
+use vgpu_broker::testutils::TestClient;
+use vgpu_proto::msg;
+use vgpu_vmm::audit::Actor;
+use vgpu_vmm::daemon::Daemon;
+use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
+
+const MIB: u64 = 1 << 20;
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Conn(GuestStream);
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_timeout(buf, TIMEOUT)
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_all(buf)?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn config_text(dir: &Path, extra_vm: &str, slice_ms: u32, vm1_weight: u32) -> String {
+    let d = dir.display();
+    format!(
+        "[admin]\nsocket = \"{d}/admin.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naudit_log = \"{d}/audit.jsonl\"\n\n\
+         [[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\nworkers = 1\nslice_ms = {slice_ms}\n\n\
+         [[vm]]\nname = \"vm1\"\nmemory = \"64MiB\"\nweight = {vm1_weight}\nunix_socket = \"{d}/vm1.sock\"\n\
+         vhost_user_socket = \"{d}/vm1.vhost\"\nguest_cid = 3\n\n\
+         [[vm]]\nname = \"vm2\"\nmemory = \"32MiB\"\nunix_socket = \"{d}/vm2.sock\"\n{extra_vm}"
+    )
+}
+
+fn start(dir: &Path) -> (Daemon, std::path::PathBuf) {
+    let path = dir.join("vgpud.toml");
+    std::fs::write(&path, config_text(dir, "", 2, 1)).unwrap();
+    let config = Config::load(&path).unwrap();
+    (Daemon::start(&config).unwrap(), path)
+}
+
+/// Opens a session, creates a context and allocates `bytes`, copying 1 MiB in.
+fn allocate<S: Read + Write>(c: &mut TestClient<S>, bytes: u64) {
+    c.hello().unwrap();
+    let ctx = c
+        .call(
+            &msg::CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .unwrap()
+        .0
+        .handle;
+    let p = c
+        .call(&msg::MemAlloc { ctx, size: bytes }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    c.call(
+        &msg::MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst: p,
+        },
+        &vec![7u8; MIB as usize],
+    )
+    .unwrap();
+}
+
+fn audit(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("audit line {l:?} is not JSON: {e}"))
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn removing_a_vm_ends_its_unix_and_vsock_sessions_and_releases_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, _) = start(dir.path());
+    let rt = d.runtime().clone();
+    let mut unix = TestClient::new(UnixStream::connect(dir.path().join("vm1.sock")).unwrap());
+    allocate(&mut unix, 8 * MIB);
+    let guest = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+    let mut vsock = TestClient::new(Conn(guest.connect(vgpu_proto::GPU_VSOCK_PORT).unwrap()));
+    allocate(&mut vsock, 4 * MIB);
+    let dev = d.broker().device("gpu0").unwrap().clone();
+    let base = dev.memory_used();
+    assert!(base >= 12 * MIB);
+    let tenant = d.broker().tenant("vm1").unwrap();
+    assert_eq!(tenant.sessions().len(), 2);
+
+    let r = rt.remove_vm(Actor::Daemon, "vm1").unwrap();
+    assert_eq!(r.sessions_ended, 2);
+    assert_eq!(r.memory_released, 12 * MIB);
+    assert!(r.complete);
+    // Everything the sessions held is back: the slice and the device memory.
+    assert_eq!(tenant.slice.used(), 0);
+    assert!(tenant.sessions().is_empty());
+    assert_eq!(dev.memory_used(), base - 12 * MIB);
+    assert!(d.broker().tenant("vm1").is_none());
+    assert!(
+        !dir.path().join("vm1.sock").exists(),
+        "the VM's socket is removed"
+    );
+    assert!(
+        !dir.path().join("vm1.vhost").exists(),
+        "the VM's vhost-user socket is removed"
+    );
+    // The clients see their sessions end.
+    assert!(unix.call(&msg::Ping {}, &[]).is_err());
+    // vm2 is untouched.
+    assert!(d.broker().tenant("vm2").is_some());
+    assert!(rt.remove_vm(Actor::Daemon, "vm1").unwrap_err().status == 404);
+
+    wait_for("the session records", || {
+        audit(dir.path())
+            .iter()
+            .filter(|e| e["event"] == "session.close")
+            .count()
+            == 2
+    });
+    let log = audit(dir.path());
+    let opens: Vec<_> = log
+        .iter()
+        .filter(|e| e["event"] == "session.open")
+        .collect();
+    assert_eq!(opens.len(), 2, "{log:?}");
+    assert!(
+        opens
+            .iter()
+            .all(|e| e["vm"] == "vm1" && e["pid"].as_u64().is_some())
+    );
+    assert!(
+        opens
+            .iter()
+            .any(|e| e["transport"].as_str().unwrap().starts_with("unix:"))
+    );
+    assert!(opens.iter().any(|e| e["transport"] == "vsock:3"));
+    let closes: Vec<_> = log
+        .iter()
+        .filter(|e| e["event"] == "session.close")
+        .collect();
+    assert!(
+        closes.iter().all(|e| e["reason"] == "VM removed"),
+        "{closes:?}"
+    );
+    let rm = log
+        .iter()
+        .find(|e| e["event"] == "vm.remove" && e["result"] == "ok")
+        .unwrap();
+    assert_eq!(rm["before"]["memory"], 64 * MIB);
+    assert_eq!(rm["after"], Value::Null);
+    assert_eq!(rm["actor"]["kind"], "daemon");
+    assert_eq!(rm["memory_released"], 12 * MIB);
+    d.shutdown();
+    let last = audit(dir.path());
+    assert_eq!(last.last().unwrap()["event"], "daemon.stop");
+}
+
+/// The metric names in a PromQL expression (vgpu's and DCGM's).
+fn metric_names(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("vgpu_") || w.starts_with("DCGM_FI_"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_string()
+}
+
+#[test]
+fn metrics_are_valid_prometheus_text_with_the_right_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, _) = start(dir.path());
+    let addr = d.runtime().metrics_addr().unwrap();
+    let mut c = TestClient::new(UnixStream::connect(dir.path().join("vm2.sock")).unwrap());
+    allocate(&mut c, 8 * MIB);
+    let text = scrape(addr);
+
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let sample_lines = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    assert_eq!(
+        scrape.samples.len(),
+        sample_lines,
+        "every sample line parses:\n{text}"
+    );
+    for s in &scrape.samples {
+        assert!(
+            scrape.docs.contains_key(&s.metric),
+            "{} has no HELP",
+            s.metric
+        );
+        match s.value {
+            prometheus_parse::Value::Counter(_) => {
+                assert!(s.metric.ends_with("_total"), "{}", s.metric)
+            }
+            prometheus_parse::Value::Gauge(_) => {
+                assert!(!s.metric.ends_with("_total"), "{}", s.metric)
+            }
+            ref other => panic!("{} is {other:?}: every family has a TYPE", s.metric),
+        }
+    }
+    let value = |metric: &str, labels: &[(&str, &str)]| -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .unwrap_or_else(|| panic!("no {metric} {labels:?} in\n{text}"));
+        match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+            _ => unreachable!(),
+        }
+    };
+    let vm2 = [("vm", "vm2"), ("device", "gpu0")];
+    assert_eq!(value("vgpu_vm_fb_used_bytes", &vm2), (8 * MIB) as f64);
+    assert_eq!(value("vgpu_vm_fb_limit_bytes", &vm2), (32 * MIB) as f64);
+    assert_eq!(value("vgpu_vm_sessions", &vm2), 1.0);
+    assert_eq!(
+        value(
+            "vgpu_vm_copy_bytes_total",
+            &[("vm", "vm2"), ("direction", "htod")]
+        ),
+        MIB as f64
+    );
+    assert_eq!(value("vgpu_vm_kernels_total", &vm2), 0.0);
+    assert_eq!(value("vgpu_vm_errors_total", &vm2), 0.0);
+    assert_eq!(value("vgpu_vm_configured_share", &vm2), 0.5);
+    assert!(value("vgpu_vm_compute_share", &[("vm", "vm2"), ("window", "10s")]) >= 0.0);
+    assert_eq!(
+        value("vgpu_vm_fb_limit_bytes", &[("vm", "vm1")]),
+        (64 * MIB) as f64
+    );
+    // Device metrics use dcgm-exporter's names and units (MiB).
+    assert_eq!(
+        value("DCGM_FI_DEV_FB_TOTAL", &[("device", "gpu0"), ("gpu", "0")]),
+        1024.0
+    );
+    let used = value("DCGM_FI_DEV_FB_USED", &[("device", "gpu0")]);
+    let free = value("DCGM_FI_DEV_FB_FREE", &[("device", "gpu0")]);
+    assert!(
+        used >= 8.0 && (used + free - 1024.0).abs() < 1.0,
+        "{used} + {free}"
+    );
+    assert!(value("DCGM_FI_DEV_GPU_UTIL", &[("device", "gpu0")]) >= 0.0);
+    assert_eq!(value("vgpu_vm_vsock_connections", &[("vm", "vm1")]), 0.0);
+
+    // The dashboard and the operator's guide use exactly what is exported.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let exported: std::collections::BTreeSet<&str> =
+        scrape.samples.iter().map(|s| s.metric.as_str()).collect();
+    let dashboard = std::fs::read_to_string(root.join("docs/grafana-dashboard.json")).unwrap();
+    let dash: Value = serde_json::from_str(&dashboard).unwrap();
+    let mut used = 0;
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            for name in metric_names(t["expr"].as_str().unwrap()) {
+                assert!(
+                    exported.contains(name.as_str()),
+                    "the dashboard uses {name}, which vgpud does not export"
+                );
+                used += 1;
+            }
+        }
+    }
+    assert!(used > 15, "the dashboard has queries");
+    let guide = std::fs::read_to_string(root.join("docs/admin.md")).unwrap();
+    for m in &exported {
+        assert!(
+            guide.contains(&format!("`{m}")) || guide.contains(&format!(", `{m}")),
+            "docs/admin.md does not list {m}"
+        );
+    }
+
+    // Only GET /metrics.
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET /other HTTP/1.1\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
+    d.shutdown();
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "the endpoint closes with the daemon"
+    );
+}
+
+#[test]
+fn a_reload_applies_what_changed_in_the_file_and_keeps_runtime_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, path) = start(dir.path());
+    let rt = d.runtime().clone();
+    // A change through the API that the file does not know about.
+    rt.add_vm(
+        Actor::Daemon,
+        &json!({ "name": "api", "memory": "16MiB", "device": "gpu0" }),
+    )
+    .unwrap();
+    let extra = format!(
+        "\n[[vm]]\nname = \"vm3\"\nmemory = \"16MiB\"\nunix_socket = \"{}/vm3.sock\"\n",
+        dir.path().display()
+    );
+    std::fs::write(&path, config_text(dir.path(), &extra, 9, 4)).unwrap();
+    let r = d.reload(Actor::Daemon, &path).unwrap();
+    assert!(r.refused.is_empty() && r.restart_needed.is_empty(), "{r:?}");
+    assert_eq!(r.applied.len(), 3, "{r:?}");
+    assert_eq!(d.broker().tenant("vm1").unwrap().settings().weight, 4);
+    assert!(
+        UnixStream::connect(dir.path().join("vm3.sock")).is_ok(),
+        "vm3 serves"
+    );
+    assert_eq!(
+        d.broker().scheduling("gpu0").unwrap().slice,
+        Duration::from_millis(9)
+    );
+    assert!(
+        d.broker().tenant("api").is_some(),
+        "a VM added through the API stays"
+    );
+
+    // Nothing changed: nothing to do.
+    assert_eq!(d.reload(Actor::Daemon, &path).unwrap(), Default::default());
+
+    // A change that cannot apply (a slice below what is in use) is refused;
+    // the rest applies, and the next reload tries again.
+    let mut c = TestClient::new(UnixStream::connect(dir.path().join("vm2.sock")).unwrap());
+    allocate(&mut c, 24 * MIB);
+    let text = config_text(dir.path(), &extra, 9, 4)
+        .replace("memory = \"32MiB\"", "memory = \"8MiB\"")
+        .replace("memory = \"1GiB\"", "memory = \"2GiB\"");
+    std::fs::write(&path, &text).unwrap();
+    let r = d.reload(Actor::Daemon, &path).unwrap();
+    assert_eq!(r.refused.len(), 1, "{r:?}");
+    assert!(r.refused[0].contains("cannot shrink the slice"), "{r:?}");
+    assert_eq!(r.restart_needed.len(), 1, "{r:?}");
+    assert_eq!(d.broker().tenant("vm2").unwrap().slice.limit(), 32 * MIB);
+    drop(c);
+    wait_for("vm2's session to end", || {
+        d.broker().tenant("vm2").unwrap().slice.used() == 0
+    });
+    let r = d.reload(Actor::Daemon, &path).unwrap();
+    assert!(r.refused.is_empty() && r.applied.len() == 1, "{r:?}");
+    assert_eq!(d.broker().tenant("vm2").unwrap().slice.limit(), 8 * MIB);
+
+    // An invalid file changes nothing and says where the error is.
+    std::fs::write(&path, "[[vm]]\nname = \"x\"\nmemory = \"lots\"\n").unwrap();
+    let e = d.reload(Actor::Daemon, &path).unwrap_err();
+    assert_eq!(e.status, 400);
+    assert!(
+        e.message.contains("vgpud.toml:3:") && e.message.contains("nothing was changed"),
+        "{e}"
+    );
+    assert!(d.broker().tenant("vm1").is_some());
+    let log = audit(dir.path());
+    let reloads: Vec<_> = log
+        .iter()
+        .filter(|e| e["event"] == "config.reload")
+        .collect();
+    assert_eq!(reloads.len(), 5);
+    assert_eq!(reloads[2]["result"], "refused");
+    assert_eq!(reloads[4]["result"], "refused");
+    d.shutdown();
+}

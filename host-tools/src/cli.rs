@@ -261,6 +261,7 @@ impl CliError {
             }
             CliError::ChecksFailed(_) => EXIT_CHECK_FAILED,
             CliError::Timeout(_) => EXIT_TIMEOUT,
+            CliError::Passthrough(e) => e.exit_code(),
             _ => EXIT_REFUSED,
         }
     }

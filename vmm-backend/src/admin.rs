@@ -384,6 +384,10 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
             ),
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
+        ["v1", "passthrough"] => match m {
+            "GET" => HttpResponse::ok(rt.passthrough_json()),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
+        },
         ["v1", "metrics"] => match m {
             "GET" => HttpResponse::text(200, metrics::CONTENT_TYPE, metrics::render(rt)),
             _ => HttpResponse::not_allowed(m, p, "GET"),
@@ -636,6 +640,7 @@ mod tests {
             "/v1/devices/{device}:",
             "/v1/devices/{device}/scheduling:",
             "/v1/gpus:",
+            "/v1/passthrough:",
             "/v1/vms:",
             "/v1/vms/{vm}:",
             "/v1/vms/{vm}/drain:",
@@ -647,7 +652,7 @@ mod tests {
                 "{path} is not in docs/admin-api.yaml"
             );
         }
-        assert_eq!(doc.matches("\n  /v1/").count(), 10, "and nothing else");
+        assert_eq!(doc.matches("\n  /v1/").count(), 11, "and nothing else");
     }
 
     #[test]

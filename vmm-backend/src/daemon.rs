@@ -59,6 +59,9 @@ pub enum DaemonError {
     /// The audit log could not be opened.
     #[error(transparent)]
     Audit(#[from] AuditError),
+    /// A passthrough assignment conflicts or names an unusable device.
+    #[error(transparent)]
+    Passthrough(#[from] crate::passthrough::PassthroughError),
     /// The metrics endpoint could not be opened.
     #[error(
         "cannot serve metrics on {addr}: is another exporter using the port? change [admin] metrics_listen"
@@ -242,6 +245,8 @@ pub struct Runtime {
     changes: Mutex<()>,
     state: RwLock<State>,
     metrics_addr: Mutex<Option<SocketAddr>>,
+    passthrough: RwLock<crate::passthrough::PassthroughRegistry>,
+    host_roots: crate::passthrough::HostRoots,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -678,6 +683,16 @@ impl Runtime {
                 return Err(OpError::new(400, msg));
             }
         };
+        // Passthrough assignments change only if the new set is consistent.
+        match crate::passthrough::PassthroughRegistry::from_config(&new, &self.host_roots) {
+            Ok(r) => *self.passthrough.write().unwrap_or_else(|p| p.into_inner()) = r,
+            Err(e) => {
+                let msg = format!("the config's passthrough assignments are refused, nothing was changed: {e}");
+                error!("{msg}");
+                self.record(actor, "config.reload", json!({ "file": path }), Err(&msg));
+                return Err(OpError::new(400, msg));
+            }
+        }
         let report = self.apply_file(&new);
         self.record(
             actor,
@@ -693,6 +708,14 @@ impl Runtime {
             },
         );
         Ok(report)
+    }
+
+    /// The passthrough assignments as JSON (`GET /v1/passthrough`).
+    pub fn passthrough_json(&self) -> Value {
+        self.passthrough
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .to_json()
     }
 
     fn apply_file(&self, new: &Config) -> ReloadReport {
@@ -890,11 +913,16 @@ impl Daemon {
             Some(p) => Some(Arc::new(AuditLog::open(p)?)),
             None => None,
         };
+        // Passthrough devices leave the shared pool: conflicts stop the start.
+        let host_roots = crate::passthrough::HostRoots::default();
+        let passthrough = crate::passthrough::PassthroughRegistry::from_config(config, &host_roots)?;
         let broker = Arc::new(Broker::new(build_devices(config)?));
         for d in &config.devices {
             broker.set_scheduling(&d.name, d.scheduling)?;
         }
         let rt = Arc::new(Runtime {
+            passthrough: RwLock::new(passthrough),
+            host_roots,
             broker,
             hub: Arc::new(SessionHub::new(audit.clone())),
             audit,

@@ -1,6 +1,7 @@
 //! End-to-end test support for vgpu: a harness that runs vgpud and programs
 //! using the guest shim, and the QEMU harness that boots real guests.
 
+pub mod conformance;
 pub mod cudalib;
 pub mod harness;
 pub mod qemu;

@@ -128,12 +128,10 @@ pub fn build_devices(config: &Config) -> Result<NamedDevices, DaemonError> {
                     watchdog: d.watchdog,
                 })),
                 DeviceKind::Cuda { .. } => {
-                    return Err(DaemonError::Device {
+                    vgpu_cuda::CudaDevice::open(d).map_err(|e| DaemonError::Device {
                         name: d.name.clone(),
-                        message:
-                            "kind = \"cuda\" is not available in this build yet; use kind = \"sim\""
-                                .into(),
-                    });
+                        message: e.to_string(),
+                    })?
                 }
             };
             Ok((d.name.clone(), dev))

@@ -101,6 +101,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A configured MIG instance must be made visible to CUDA before anything
+    // else runs.
+    // SAFETY: no other thread exists yet, and no CUDA device was opened.
+    if let Err(e) = unsafe { vgpu_cuda::make_mig_visible(&config.devices) } {
+        eprintln!("vgpud: {e}");
+        return ExitCode::from(2);
+    }
     // Block SIGINT/SIGTERM/SIGHUP before any thread starts so that only
     // sigwaitinfo sees them.
     let signals = block_signals();

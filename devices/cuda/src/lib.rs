@@ -1,1 +1,219 @@
-//! The real-GPU executor (being written).
+//! The real-GPU executor of vgpu: [`CudaDevice`] implements the broker's
+//! [`Device`] trait on the host's CUDA driver, loaded at run time.
+//!
+//! Each VM gets its own CUDA context on its GPU ([`CudaContext`]): the GPU's
+//! MMU keeps VMs' memory apart, the broker validates every pointer before
+//! it gets here, and a VM whose context hits a sticky error is isolated
+//! until its processes end. Modules come from the guest's PTX, cubin or fat
+//! binary; kernels launch with the guest's packed parameter buffer on the
+//! VM's own stream and are timed with CUDA events; copies are staged
+//! through pinned host buffers. See `docs/cuda.md`.
+//!
+//! Nothing here links against NVIDIA's libraries: vgpud builds and runs on
+//! machines without a driver and reports a clear error only when a
+//! `kind = "cuda"` device is configured there.
+
+pub mod context;
+pub mod driver;
+pub mod error;
+pub mod image;
+pub mod module;
+pub mod ptx;
+pub mod select;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use vgpu_broker::config::{DeviceConfig, DeviceKind};
+use vgpu_broker::device::{Device, DeviceContext, DeviceError, DeviceInfo};
+use vgpu_proto::cuda::attr;
+
+pub use context::{ALLOC_GRANULARITY, CudaContext, KernelTimes};
+pub use driver::Driver;
+pub use error::CudaError;
+pub use select::Selector;
+
+use crate::context::DeviceShared;
+use crate::select::{VISIBLE_DEVICES, Visibility};
+
+/// How to open a device besides which one.
+#[derive(Debug, Clone, Default)]
+pub struct CudaOptions {
+    /// The `[[device]]` name (for logs).
+    pub name: String,
+    /// Kernels running longer fail with `CUDA_ERROR_LAUNCH_TIMEOUT`.
+    pub watchdog: Option<Duration>,
+}
+
+/// A GPU driven through the CUDA driver API.
+pub struct CudaDevice {
+    shared: Arc<DeviceShared>,
+    info: DeviceInfo,
+    selector: Selector,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("name", &self.shared.name)
+            .field("selector", &self.selector)
+            .field("gpu", &self.info.name)
+            .finish()
+    }
+}
+
+/// Sets `CUDA_VISIBLE_DEVICES` so that a configured MIG instance is visible
+/// to CUDA (only when the variable is unset and a MIG UUID is configured).
+/// A process can use one MIG instance and no other GPU; other combinations
+/// are refused with a message that says what to do.
+///
+/// # Safety
+/// Changes the process environment: call it before any other thread runs
+/// (vgpud calls it first thing in `main`), and before any CUDA device is opened.
+pub unsafe fn make_mig_visible(devices: &[DeviceConfig]) -> Result<(), CudaError> {
+    let mut selectors = Vec::new();
+    for d in devices {
+        if let DeviceKind::Cuda { index, uuid } = &d.kind {
+            selectors.push(Selector::from_config(*index, uuid.as_deref())?);
+        }
+    }
+    let current = std::env::var(VISIBLE_DEVICES).ok();
+    match select::mig_visibility(&selectors, current.as_deref(), Driver::system_initialised())? {
+        Visibility::Keep => Ok(()),
+        Visibility::Set(v) => {
+            tracing::info!(value = %v, "setting {VISIBLE_DEVICES} so CUDA sees the MIG instance");
+            // SAFETY: the caller guarantees no other thread reads or writes the environment now.
+            unsafe { std::env::set_var(VISIBLE_DEVICES, v) };
+            Ok(())
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Opens the device of a `kind = "cuda"` config entry on the system
+    /// driver (`libcuda.so.1`).
+    pub fn open(config: &DeviceConfig) -> Result<Arc<CudaDevice>, CudaError> {
+        let DeviceKind::Cuda { index, uuid } = &config.kind else {
+            return Err(CudaError::NotCuda(config.name.clone()));
+        };
+        let selector = Selector::from_config(*index, uuid.as_deref())?;
+        let driver = Driver::system()?;
+        Self::with_driver(
+            driver,
+            &selector,
+            CudaOptions {
+                name: config.name.clone(),
+                watchdog: config.watchdog,
+            },
+        )
+    }
+
+    /// Opens the device `selector` names on a given driver.
+    pub fn with_driver(
+        driver: Arc<Driver>,
+        selector: &Selector,
+        options: CudaOptions,
+    ) -> Result<Arc<CudaDevice>, CudaError> {
+        let count = driver.device_count().map_err(|f| f.open())?;
+        let mut uuids = Vec::new();
+        for i in 0..count {
+            let dev = driver.device(i).map_err(|f| f.open())?;
+            uuids.push(driver.device_uuid(dev).map_err(|f| f.open())?);
+        }
+        let ordinal = select::find(selector, &uuids)?;
+        let dev = driver.device(ordinal).map_err(|f| f.open())?;
+        let mut attributes = vec![0; attr::COUNT];
+        for (a, slot) in attributes.iter_mut().enumerate().skip(1) {
+            // Attribute numbers this driver does not know stay 0.
+            *slot = driver.device_attribute(dev, a as i32).unwrap_or(0);
+        }
+        let info = DeviceInfo {
+            name: driver.device_name(dev).map_err(|f| f.open())?,
+            kind: "cuda",
+            uuid: uuids[ordinal as usize],
+            total_memory: driver.device_total_mem(dev).map_err(|f| f.open())?,
+            alloc_granularity: ALLOC_GRANULARITY,
+            attributes,
+            watchdog: options.watchdog,
+        };
+        tracing::info!(
+            device = %options.name,
+            gpu = %info.name,
+            uuid = %select::format_uuid(select::GPU_PREFIX, &info.uuid),
+            memory = info.total_memory,
+            driver = driver.version(),
+            param_info = driver.has_param_info(),
+            "CUDA device opened"
+        );
+        Ok(Arc::new(CudaDevice {
+            shared: Arc::new(DeviceShared {
+                driver,
+                dev,
+                name: options.name,
+                used: AtomicU64::new(0),
+            }),
+            info,
+            selector: selector.clone(),
+        }))
+    }
+
+    /// The driver it runs on.
+    pub fn driver(&self) -> &Arc<Driver> {
+        &self.shared.driver
+    }
+
+    /// Opens a VM's context with its concrete type (kernel times, health).
+    pub fn open_context(&self, tenant: &str) -> Result<Arc<CudaContext>, DeviceError> {
+        Ok(Arc::new(CudaContext::new(&self.shared, tenant)?))
+    }
+}
+
+impl Device for CudaDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn open(&self, tenant: &str) -> Result<Arc<dyn DeviceContext>, DeviceError> {
+        Ok(self.open_context(tenant)?)
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.shared.used.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cuda_config(index: Option<u32>, uuid: Option<&str>) -> DeviceConfig {
+        DeviceConfig {
+            name: "gpu0".into(),
+            kind: DeviceKind::Cuda {
+                index,
+                uuid: uuid.map(String::from),
+            },
+            memory: 0,
+            workers: None,
+            watchdog: None,
+            scheduling: Default::default(),
+        }
+    }
+
+    #[test]
+    fn mig_visibility_is_refused_for_two_instances() {
+        let a = cuda_config(None, Some("MIG-2c5a9e1f-7d3b-4a8c-9e2f-0123456789ab"));
+        let b = cuda_config(None, Some("MIG-3c5a9e1f-7d3b-4a8c-9e2f-0123456789ab"));
+        // SAFETY: the refusal happens before the environment is touched.
+        let e = unsafe { make_mig_visible(&[a, b]) };
+        // Only when the operator has not set the variable in this test's environment.
+        if std::env::var(VISIBLE_DEVICES).is_err() {
+            assert!(matches!(e, Err(CudaError::Mig(_))), "{e:?}");
+        }
+        let bad = cuda_config(None, Some("MIG-nothex"));
+        // SAFETY: refused while parsing, before the environment is touched.
+        let e = unsafe { make_mig_visible(&[bad]) };
+        assert!(matches!(e, Err(CudaError::BadUuid(_))), "{e:?}");
+    }
+}

@@ -1,0 +1,886 @@
+//! One VM's CUDA context: memory, copies staged through pinned buffers,
+//! kernel launches timed with events, and isolation of sticky errors.
+//!
+//! A VM's [`CudaContext`] owns one *generation* at a time: a real
+//! `CUcontext` with its stream, event pool, staging buffers and the ranges
+//! (allocations and module globals) made in it. Every driver call pushes the
+//! generation's context on the calling thread and pops it afterwards, so any
+//! broker thread can use it.
+//!
+//! When a call or a kernel hits an error that leaves a CUDA context unusable
+//! (700 illegal address, 716, 719, a watchdog timeout, …), the generation is
+//! marked broken: every later call of the VM fails with that error, as CUDA
+//! does, while other VMs' contexts are untouched. Once the processes that
+//! used it have ended (their allocations freed, their modules unloaded), the
+//! broken generation is destroyed on a background thread and the VM's next
+//! call creates a fresh one.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, error, warn};
+use vgpu_broker::device::{
+    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, RunControl,
+};
+use vgpu_proto::cuda;
+
+use crate::driver::{Ctx, Current, Driver, Event, Failed, HostPtr, Stream};
+use crate::error::{Op, is_context_fatal};
+use crate::module::CudaModule;
+
+/// Every allocation is charged in units of this many bytes (the driver's
+/// small-allocation alignment).
+pub const ALLOC_GRANULARITY: u64 = 512;
+/// Bytes of one half of a pinned staging buffer; copies move in chunks of
+/// this size, one half filling while the other is in flight.
+pub const STAGING_CHUNK: usize = 2 << 20;
+/// Pinned staging buffers kept per context for reuse.
+const STAGING_POOL: usize = 4;
+/// `CU_MEMHOSTALLOC_PORTABLE`.
+const MEMHOSTALLOC_PORTABLE: u32 = 1;
+/// `CU_STREAM_NON_BLOCKING`: the VM's stream never waits for the legacy stream.
+const STREAM_NON_BLOCKING: u32 = 1;
+/// `CU_EVENT_DEFAULT`: timing enabled.
+const EVENT_TIMING: u32 = 0;
+/// Device bytes used to copy between overlapping ranges (memmove semantics).
+const OVERLAP_SCRATCH: u64 = 4 << 20;
+/// Polls of a pending event that only yield the thread before sleeping.
+const SPIN_POLLS: u32 = 200;
+/// First sleep between polls of a pending event.
+const MIN_POLL_SLEEP: Duration = Duration::from_micros(20);
+/// Longest sleep between polls.
+const MAX_POLL_SLEEP: Duration = Duration::from_millis(1);
+/// How long a kernel whose session ended may still run when the device has
+/// no watchdog; past this the VM's context is abandoned.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(10);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn round_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to).saturating_mul(to)
+}
+
+/// Device-wide state shared by every context of one GPU.
+#[derive(Debug)]
+pub(crate) struct DeviceShared {
+    /// The driver.
+    pub driver: Arc<Driver>,
+    /// The `CUdevice`.
+    pub dev: i32,
+    /// The `[[device]]` name, for logs.
+    pub name: String,
+    /// Bytes allocated by all contexts (charge units).
+    pub used: AtomicU64,
+}
+
+/// What a range of device memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RangeKind {
+    /// `alloc`.
+    Alloc,
+    /// A module global.
+    Global,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Range {
+    size: u64,
+    charged: u64,
+    kind: RangeKind,
+}
+
+/// A pinned host buffer of two [`STAGING_CHUNK`] halves with an event each.
+struct Staging {
+    buf: HostPtr,
+    done: [Event; 2],
+}
+
+/// One `CUcontext` of a VM and what lives in it.
+pub(crate) struct Generation {
+    id: u64,
+    pub(crate) shared: Arc<DeviceShared>,
+    ctx: Ctx,
+    pub(crate) stream: Stream,
+    broken: Mutex<Option<DeviceError>>,
+    ranges: Mutex<BTreeMap<u64, Range>>,
+    events: Mutex<Vec<Event>>,
+    staging: Mutex<Vec<Staging>>,
+    scratch: Mutex<Option<u64>>,
+    /// Held while a launch issues its start event, kernel and end event, so
+    /// the events of two launches never interleave on the stream.
+    submit: Mutex<()>,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation")
+            .field("id", &self.id)
+            .field("broken", &*lock(&self.broken))
+            .field("ranges", &lock(&self.ranges).len())
+            .finish()
+    }
+}
+
+impl Generation {
+    fn new(shared: &Arc<DeviceShared>, id: u64) -> Result<Generation, DeviceError> {
+        let d = &shared.driver;
+        let ctx = d.ctx_create(shared.dev).map_err(|f| f.device(Op::Other))?;
+        // cuCtxCreate made it current on this thread.
+        let stream = d.stream_create(STREAM_NON_BLOCKING);
+        if let Err(e) = d.ctx_pop() {
+            warn!(
+                call = e.call,
+                code = e.code,
+                "popping a new CUDA context failed"
+            );
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(f) => {
+                let _ = d.ctx_destroy(ctx);
+                return Err(f.device(Op::Other));
+            }
+        };
+        Ok(Generation {
+            id,
+            shared: Arc::clone(shared),
+            ctx,
+            stream,
+            broken: Mutex::new(None),
+            ranges: Mutex::new(BTreeMap::new()),
+            events: Mutex::new(Vec::new()),
+            staging: Mutex::new(Vec::new()),
+            scratch: Mutex::new(None),
+            submit: Mutex::new(()),
+        })
+    }
+
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.shared.driver
+    }
+
+    /// The error that broke this generation, if any.
+    pub(crate) fn broken(&self) -> Option<DeviceError> {
+        lock(&self.broken).clone()
+    }
+
+    /// Makes the context current on this thread (fails once it is broken).
+    pub(crate) fn enter(&self) -> Result<Current<'_>, DeviceError> {
+        if let Some(e) = self.broken() {
+            return Err(e);
+        }
+        Current::push(self.driver(), self.ctx).map_err(|f| self.fail(f, Op::Other))
+    }
+
+    /// Records `e` as the error that broke the context.
+    pub(crate) fn break_with(&self, e: DeviceError) -> DeviceError {
+        let mut b = lock(&self.broken);
+        if let Some(first) = b.as_ref() {
+            return first.clone();
+        }
+        error!(
+            device = %self.shared.name,
+            generation = self.id,
+            error = %e,
+            "a VM's GPU context is unusable; its later calls fail until its processes end"
+        );
+        *b = Some(e.clone());
+        e
+    }
+
+    /// The broker's error for a failed call; a fatal one breaks the context.
+    pub(crate) fn fail(&self, f: Failed, op: Op) -> DeviceError {
+        let e = f.device(op);
+        if is_context_fatal(f.code) {
+            self.break_with(e)
+        } else {
+            e
+        }
+    }
+
+    fn idle(&self) -> bool {
+        lock(&self.ranges).is_empty()
+    }
+
+    fn check_range(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
+        let bad = DeviceError::InvalidAddress { addr, len };
+        let r = lock(&self.ranges);
+        let (&base, range) = r.range(..=addr).next_back().ok_or(bad.clone())?;
+        match addr.checked_add(len) {
+            Some(end) if end <= base + range.size => Ok(()),
+            _ => Err(bad),
+        }
+    }
+
+    pub(crate) fn add_global(&self, addr: u64, size: u64, charged: u64) {
+        lock(&self.ranges).insert(
+            addr,
+            Range {
+                size,
+                charged,
+                kind: RangeKind::Global,
+            },
+        );
+        self.shared.used.fetch_add(charged, Ordering::Relaxed);
+    }
+
+    pub(crate) fn remove_global(&self, addr: u64) {
+        let mut r = lock(&self.ranges);
+        if r.get(&addr).is_some_and(|x| x.kind == RangeKind::Global)
+            && let Some(x) = r.remove(&addr)
+        {
+            self.shared.used.fetch_sub(x.charged, Ordering::Relaxed);
+        }
+    }
+
+    fn take_event(&self) -> Result<Event, DeviceError> {
+        if let Some(e) = lock(&self.events).pop() {
+            return Ok(e);
+        }
+        let _c = self.enter()?;
+        self.driver()
+            .event_create(EVENT_TIMING)
+            .map_err(|f| self.fail(f, Op::Other))
+    }
+
+    fn put_event(&self, e: Event) {
+        lock(&self.events).push(e);
+    }
+
+    /// Records an event on the stream and waits for it: everything issued
+    /// on the stream before has completed.
+    fn finish(&self) -> Result<(), DeviceError> {
+        let ev = self.take_event()?;
+        {
+            let _c = self.enter()?;
+            self.driver()
+                .event_record(ev, self.stream)
+                .map_err(|f| self.fail(f, Op::Other))?;
+        }
+        self.wait(ev, None, None)?;
+        self.put_event(ev);
+        Ok(())
+    }
+
+    /// Polls `ev` until it completes, the context breaks, `deadline` passes
+    /// (→ `CUDA_ERROR_LAUNCH_TIMEOUT`, which breaks the context: a running
+    /// kernel cannot be stopped), or `control` is cancelled and the grace
+    /// period ends.
+    fn wait(
+        &self,
+        ev: Event,
+        deadline: Option<Instant>,
+        control: Option<(&RunControl, &str)>,
+    ) -> Result<(), DeviceError> {
+        let mut polls = 0u32;
+        let mut sleep = MIN_POLL_SLEEP;
+        let mut cancelled_at: Option<Instant> = None;
+        loop {
+            let done = {
+                let _c = self.enter()?;
+                self.driver().event_query(ev)
+            };
+            match done {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(f) => return Err(self.fail(f, Op::Other)),
+            }
+            let now = Instant::now();
+            if let Some((c, _)) = control
+                && cancelled_at.is_none()
+                && c.cancelled()
+            {
+                cancelled_at = Some(now);
+            }
+            let grace_end = cancelled_at.map(|t| t + CANCEL_GRACE);
+            let limit = match (deadline, grace_end) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(limit) = limit
+                && now >= limit
+            {
+                let kernel = control.map_or("", |c| c.1);
+                let why = if deadline.is_some_and(|d| now >= d) {
+                    "ran past the device's watchdog"
+                } else {
+                    "was still running long after its session ended"
+                };
+                return Err(self.break_with(DeviceError::Fault {
+                    code: cuda::CUDA_ERROR_LAUNCH_TIMEOUT,
+                    message: format!(
+                        "kernel `{kernel}` {why}; a GPU cannot stop a running kernel, so the VM's GPU context is abandoned"
+                    ),
+                }));
+            }
+            polls += 1;
+            if polls < SPIN_POLLS {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(sleep);
+                sleep = (sleep * 2).min(MAX_POLL_SLEEP);
+            }
+        }
+    }
+
+    fn take_staging(&self) -> Result<Staging, DeviceError> {
+        if let Some(s) = lock(&self.staging).pop() {
+            return Ok(s);
+        }
+        let first = self.take_event()?;
+        let second = match self.take_event() {
+            Ok(e) => e,
+            Err(e) => {
+                self.put_event(first);
+                return Err(e);
+            }
+        };
+        let buf = {
+            let _c = self.enter()?;
+            self.driver()
+                .mem_host_alloc(2 * STAGING_CHUNK, MEMHOSTALLOC_PORTABLE)
+                .map_err(|f| self.fail(f, Op::Other))?
+        };
+        Ok(Staging {
+            buf,
+            done: [first, second],
+        })
+    }
+
+    fn put_staging(&self, s: Staging) {
+        let mut pool = lock(&self.staging);
+        if pool.len() < STAGING_POOL {
+            pool.push(s);
+            return;
+        }
+        drop(pool);
+        self.free_staging(s);
+    }
+
+    fn free_staging(&self, s: Staging) {
+        let d = self.driver();
+        if let Err(f) = d.mem_free_host(s.buf) {
+            debug!(
+                call = f.call,
+                code = f.code,
+                "freeing a staging buffer failed"
+            );
+        }
+        for e in s.done {
+            let _ = d.event_destroy(e);
+        }
+    }
+
+    /// Host to device through pinned memory, one chunk filling while the
+    /// previous one is copied.
+    fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let st = self.take_staging()?;
+        let r = self.write_staged(&st, dst, data);
+        self.release_staging(st, r.is_ok());
+        r
+    }
+
+    fn write_staged(&self, st: &Staging, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let d = self.driver();
+        let mut issued = [false; 2];
+        for (i, chunk) in data.chunks(STAGING_CHUNK).enumerate() {
+            let half = i % 2;
+            if issued[half] {
+                self.wait(st.done[half], None, None)?;
+            }
+            // SAFETY: the staging buffer holds 2 * STAGING_CHUNK bytes and this
+            // thread owns it; the last copy out of this half has completed.
+            let dst_half = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
+            // SAFETY: `dst_half` is valid for `chunk.len() <= STAGING_CHUNK` bytes
+            // and does not overlap `chunk` (guest data in daemon memory).
+            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst_half, chunk.len()) };
+            let _c = self.enter()?;
+            let at = dst + (i * STAGING_CHUNK) as u64;
+            // SAFETY: the half stays untouched until `done[half]` completes:
+            // it is waited for before reuse and before the buffer is released.
+            unsafe { d.memcpy_htod_async(at, dst_half, chunk.len(), self.stream) }
+                .map_err(|f| self.fail(f, Op::Other))?;
+            d.event_record(st.done[half], self.stream)
+                .map_err(|f| self.fail(f, Op::Other))?;
+            issued[half] = true;
+        }
+        for (&ev, was) in st.done.iter().zip(issued) {
+            if was {
+                self.wait(ev, None, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Device to host through pinned memory, the next chunk in flight while
+    /// the previous one is copied out.
+    fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let st = self.take_staging()?;
+        let r = self.read_staged(&st, src, out);
+        self.release_staging(st, r.is_ok());
+        r
+    }
+
+    fn issue_read(&self, st: &Staging, src: u64, i: usize, len: usize) -> Result<(), DeviceError> {
+        let d = self.driver();
+        let half = i % 2;
+        let _c = self.enter()?;
+        // SAFETY: within the 2 * STAGING_CHUNK byte buffer.
+        let dst = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
+        // SAFETY: this half is not read until `done[half]` completes.
+        unsafe { d.memcpy_dtoh_async(dst, src + (i * STAGING_CHUNK) as u64, len, self.stream) }
+            .map_err(|f| self.fail(f, Op::Other))?;
+        d.event_record(st.done[half], self.stream)
+            .map_err(|f| self.fail(f, Op::Other))
+    }
+
+    fn read_staged(&self, st: &Staging, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let total = out.len();
+        let n = total.div_ceil(STAGING_CHUNK);
+        let len_of = |i: usize| (total - i * STAGING_CHUNK).min(STAGING_CHUNK);
+        for i in 0..n.min(2) {
+            self.issue_read(st, src, i, len_of(i))?;
+        }
+        for i in 0..n {
+            let half = i % 2;
+            self.wait(st.done[half], None, None)?;
+            let len = len_of(i);
+            // SAFETY: within the buffer; the copy into this half has completed.
+            let from = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
+            // SAFETY: `from` holds `len` bytes written by the completed copy; `out`
+            // has room for them at this offset and does not overlap pinned memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from, out[i * STAGING_CHUNK..].as_mut_ptr(), len)
+            };
+            if i + 2 < n {
+                self.issue_read(st, src, i + 2, len_of(i + 2))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns a staging buffer after use. After a failure a copy may still
+    /// be in flight: the buffer is reused only once both halves are idle.
+    fn release_staging(&self, st: Staging, ok: bool) {
+        if ok
+            || (self.wait(st.done[0], None, None).is_ok()
+                && self.wait(st.done[1], None, None).is_ok())
+        {
+            self.put_staging(st);
+        } else if self.broken().is_none() {
+            self.free_staging(st);
+        }
+        // A broken context keeps it until the context itself is destroyed.
+    }
+
+    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
+        if len == 0 || dst == src {
+            return Ok(());
+        }
+        let d = self.driver();
+        let overlap = src < dst.saturating_add(len) && dst < src.saturating_add(len);
+        if !overlap {
+            let _c = self.enter()?;
+            d.memcpy_dtod_async(dst, src, len as usize, self.stream)
+                .map_err(|f| self.fail(f, Op::Other))?;
+            drop(_c);
+            return self.finish();
+        }
+        // memmove: through a scratch buffer, in the direction that never
+        // overwrites source bytes not yet copied.
+        let mut scratch = lock(&self.scratch);
+        let _c = self.enter()?;
+        let buf = match *scratch {
+            Some(b) => b,
+            None => {
+                let b = d
+                    .mem_alloc(OVERLAP_SCRATCH)
+                    .map_err(|f| self.fail(f, Op::Other))?;
+                *scratch = Some(b);
+                b
+            }
+        };
+        let chunks = len.div_ceil(OVERLAP_SCRATCH);
+        for k in 0..chunks {
+            let k = if dst > src { chunks - 1 - k } else { k };
+            let off = k * OVERLAP_SCRATCH;
+            let n = (len - off).min(OVERLAP_SCRATCH) as usize;
+            d.memcpy_dtod_async(buf, src + off, n, self.stream)
+                .and_then(|()| d.memcpy_dtod_async(dst + off, buf, n, self.stream))
+                .map_err(|f| self.fail(f, Op::Other))?;
+        }
+        drop(_c);
+        // The scratch buffer stays locked until the copies completed.
+        let r = self.finish();
+        drop(scratch);
+        r
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+        if count == 0 {
+            return Ok(());
+        }
+        {
+            let _c = self.enter()?;
+            self.driver()
+                .memset_async(dst, value, elem_size, count as usize, self.stream)
+                .map_err(|f| self.fail(f, Op::Other))?;
+        }
+        self.finish()
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        let d = Arc::clone(&self.shared.driver);
+        let left: u64 = lock(&self.ranges).values().map(|r| r.charged).sum();
+        self.shared.used.fetch_sub(left, Ordering::Relaxed);
+        if self.broken().is_some() {
+            // A kernel may still run in it: destroying it can take as long as
+            // the driver needs to tear the context down. Never on a broker thread.
+            let (ctx, id) = (self.ctx, self.id);
+            let spawned = std::thread::Builder::new()
+                .name("vgpu-cuda-reaper".into())
+                .spawn(move || match d.ctx_destroy(ctx) {
+                    Ok(()) => debug!(generation = id, "broken CUDA context destroyed"),
+                    Err(f) => warn!(
+                        generation = id,
+                        call = f.call,
+                        code = f.code,
+                        "destroying a broken CUDA context failed"
+                    ),
+                });
+            if let Err(e) = spawned {
+                warn!(error = %e, "cannot start a thread to destroy a broken CUDA context; it leaks");
+            }
+            return;
+        }
+        // Healthy: release what it holds, then the context (which frees the rest).
+        if let Ok(_c) = Current::push(&d, self.ctx) {
+            for s in std::mem::take(&mut *lock(&self.staging)) {
+                self.free_staging(s);
+            }
+            for e in std::mem::take(&mut *lock(&self.events)) {
+                let _ = d.event_destroy(e);
+            }
+            if let Some(b) = lock(&self.scratch).take() {
+                let _ = d.mem_free(b);
+            }
+            let _ = d.stream_destroy(self.stream);
+        }
+        if let Err(f) = d.ctx_destroy(self.ctx) {
+            warn!(
+                call = f.call,
+                code = f.code,
+                "destroying a CUDA context failed"
+            );
+        }
+    }
+}
+
+/// Kernel time measured with CUDA events, for the scheduler to charge.
+#[derive(Debug, Default)]
+pub struct KernelTimes {
+    count: AtomicU64,
+    total_ns: AtomicU64,
+    last_ns: AtomicU64,
+}
+
+impl KernelTimes {
+    fn record(&self, t: Duration) {
+        let ns = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.total_ns.fetch_add(ns, Ordering::Relaxed);
+        self.last_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Kernels completed.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// GPU time of all completed kernels.
+    pub fn total(&self) -> Duration {
+        Duration::from_nanos(self.total_ns.load(Ordering::Relaxed))
+    }
+
+    /// GPU time of the latest completed kernel.
+    pub fn last(&self) -> Duration {
+        Duration::from_nanos(self.last_ns.load(Ordering::Relaxed))
+    }
+}
+
+/// State of a VM's context shared with its modules.
+pub(crate) struct ContextInner {
+    shared: Arc<DeviceShared>,
+    tenant: String,
+    slot: Mutex<Option<Arc<Generation>>>,
+    generations: AtomicU64,
+    times: KernelTimes,
+}
+
+impl ContextInner {
+    /// The live generation, creating one if there is none (or if a broken
+    /// one is no longer used by anything).
+    fn generation(&self) -> Result<Arc<Generation>, DeviceError> {
+        let mut slot = lock(&self.slot);
+        if let Some(g) = slot.as_ref() {
+            match g.broken() {
+                None => return Ok(Arc::clone(g)),
+                Some(e) => {
+                    if !(g.idle() && Arc::strong_count(g) == 1) {
+                        return Err(e);
+                    }
+                    tracing::info!(vm = %self.tenant, "replacing the VM's broken GPU context with a fresh one");
+                    *slot = None;
+                }
+            }
+        }
+        let id = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let g = Arc::new(Generation::new(&self.shared, id)?);
+        *slot = Some(Arc::clone(&g));
+        Ok(g)
+    }
+
+    /// The current generation as it is (broken or not), without creating one.
+    fn existing(&self) -> Option<Arc<Generation>> {
+        lock(&self.slot).clone()
+    }
+
+    /// Destroys a broken generation nothing uses any more.
+    pub(crate) fn retire_if_idle(&self) {
+        let mut slot = lock(&self.slot);
+        let retire = slot
+            .as_ref()
+            .is_some_and(|g| g.broken().is_some() && g.idle() && Arc::strong_count(g) == 1);
+        if retire {
+            debug!(vm = %self.tenant, "destroying the VM's broken GPU context");
+            *slot = None;
+        }
+    }
+}
+
+/// One VM's view of a GPU: its own CUDA context (recreated after a sticky error).
+pub struct CudaContext {
+    inner: Arc<ContextInner>,
+}
+
+impl std::fmt::Debug for CudaContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaContext")
+            .field("tenant", &self.inner.tenant)
+            .field("generation", &self.inner.existing())
+            .finish()
+    }
+}
+
+impl CudaContext {
+    /// Opens the context of `tenant` (creates its `CUcontext` now).
+    pub(crate) fn new(
+        shared: &Arc<DeviceShared>,
+        tenant: &str,
+    ) -> Result<CudaContext, DeviceError> {
+        let inner = Arc::new(ContextInner {
+            shared: Arc::clone(shared),
+            tenant: tenant.to_string(),
+            slot: Mutex::new(None),
+            generations: AtomicU64::new(0),
+            times: KernelTimes::default(),
+        });
+        inner.generation()?;
+        Ok(CudaContext { inner })
+    }
+
+    /// The error that made the VM's current context unusable, if any. The
+    /// broker can use it to give a VM's next session a fresh context at once
+    /// (see docs/cuda.md).
+    pub fn broken(&self) -> Option<DeviceError> {
+        self.inner.existing().and_then(|g| g.broken())
+    }
+
+    /// How many `CUcontext`s this VM has had (1 until a sticky error).
+    pub fn generations(&self) -> u64 {
+        self.inner.generations.load(Ordering::Relaxed)
+    }
+
+    /// GPU time of the VM's kernels.
+    pub fn kernel_times(&self) -> &KernelTimes {
+        &self.inner.times
+    }
+}
+
+impl DeviceContext for CudaContext {
+    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
+        let g = self.inner.generation()?;
+        let p = {
+            let _c = g.enter()?;
+            g.driver()
+                .mem_alloc(size)
+                .map_err(|f| g.fail(f, Op::Other))?
+        };
+        let charged = round_up(size.max(1), ALLOC_GRANULARITY);
+        lock(&g.ranges).insert(
+            p,
+            Range {
+                size,
+                charged,
+                kind: RangeKind::Alloc,
+            },
+        );
+        g.shared.used.fetch_add(charged, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+        let g = self
+            .inner
+            .existing()
+            .ok_or(DeviceError::InvalidAddress { addr: ptr, len: 0 })?;
+        let r = {
+            let mut ranges = lock(&g.ranges);
+            match ranges.get(&ptr) {
+                Some(r) if r.kind == RangeKind::Alloc => {}
+                _ => return Err(DeviceError::InvalidAddress { addr: ptr, len: 0 }),
+            }
+            ranges.remove(&ptr)
+        };
+        if let Some(r) = r {
+            g.shared.used.fetch_sub(r.charged, Ordering::Relaxed);
+        }
+        // A broken context frees nothing one by one: destroying it frees everything.
+        if g.broken().is_none() {
+            let res = g
+                .enter()
+                .and_then(|_c| g.driver().mem_free(ptr).map_err(|f| g.fail(f, Op::Other)));
+            if let Err(e) = res {
+                debug!(error = %e, "cuMemFree failed; the memory is freed with the context");
+            }
+        }
+        drop(g);
+        self.inner.retire_if_idle();
+        Ok(())
+    }
+
+    fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let g = self.inner.generation()?;
+        g.check_range(dst, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        g.write(dst, data)
+    }
+
+    fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let g = self.inner.generation()?;
+        g.check_range(src, out.len() as u64)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        g.read(src, out)
+    }
+
+    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
+        let g = self.inner.generation()?;
+        g.check_range(src, len)?;
+        g.check_range(dst, len)?;
+        g.copy(dst, src, len)
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+        if !matches!(elem_size, 1 | 2 | 4) {
+            return Err(DeviceError::NotSupported(format!(
+                "memset element size {elem_size}"
+            )));
+        }
+        let bytes = count
+            .checked_mul(u64::from(elem_size))
+            .ok_or(DeviceError::InvalidAddress {
+                addr: dst,
+                len: u64::MAX,
+            })?;
+        let g = self.inner.generation()?;
+        g.check_range(dst, bytes)?;
+        g.memset(dst, value, elem_size, count)
+    }
+
+    fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+        let g = self.inner.generation()?;
+        let m = CudaModule::load(&self.inner, g, image, budget)?;
+        Ok(Arc::new(m))
+    }
+
+    fn launch(
+        &self,
+        module: &dyn DeviceModule,
+        kernel: usize,
+        dims: &LaunchDims,
+        params: &[u8],
+        start_block: u64,
+        control: &RunControl,
+    ) -> Result<LaunchProgress, DeviceError> {
+        let m = module
+            .as_any()
+            .downcast_ref::<CudaModule>()
+            .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
+        if start_block != 0 {
+            return Err(DeviceError::InvalidLaunch {
+                code: cuda::CUDA_ERROR_INVALID_VALUE,
+                message: "a real GPU runs whole grids: launches cannot resume from a block".into(),
+            });
+        }
+        let g = m.generation()?;
+        let (f, name) = m.function(kernel)?;
+        m.ensure_dynamic_shared(kernel, dims.shared_bytes)?;
+        let start = g.take_event()?;
+        let end = match g.take_event() {
+            Ok(e) => e,
+            Err(e) => {
+                g.put_event(start);
+                return Err(e);
+            }
+        };
+        let issued = (|| {
+            let _order = lock(&g.submit);
+            let _c = g.enter()?;
+            let d = g.driver();
+            d.event_record(start, g.stream)
+                .map_err(|f| g.fail(f, Op::Other))?;
+            d.launch(
+                f,
+                dims.grid,
+                dims.block,
+                dims.shared_bytes,
+                g.stream,
+                params,
+            )
+            .map_err(|f| g.fail(f, Op::Launch))?;
+            d.event_record(end, g.stream)
+                .map_err(|f| g.fail(f, Op::Other))
+        })();
+        if let Err(e) = issued {
+            if g.broken().is_none() {
+                // Nothing of this launch is pending once the stream drains.
+                let _ = g.finish();
+                g.put_event(start);
+                g.put_event(end);
+            }
+            return Err(e);
+        }
+        g.wait(end, control.deadline(), Some((control, name)))?;
+        let ms = {
+            let _c = g.enter()?;
+            g.driver()
+                .event_elapsed_ms(start, end)
+                .map_err(|f| g.fail(f, Op::Other))?
+        };
+        g.put_event(start);
+        g.put_event(end);
+        let t = Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default();
+        self.inner.times.record(t);
+        Ok(LaunchProgress::Completed)
+    }
+}

@@ -1,0 +1,1070 @@
+//! The host's CUDA driver, loaded at run time.
+//!
+//! vgpud links nothing from NVIDIA: `libcuda.so.1` is opened with
+//! `libloading` when a `kind = "cuda"` device is configured, so the daemon
+//! builds and runs on machines without a driver. Functions are resolved the
+//! way cuda-python does it: `cuGetProcAddress_v2(name, version)` returns the
+//! variant with the ABI of the CUDA version this file was written against
+//! (e.g. `cuMemAlloc` at 3020 is `cuMemAlloc_v2`); without it, the versioned
+//! export name is looked up with `dlsym`. Entry points newer than CUDA 12.0
+//! are optional and used only when the driver has them.
+//!
+//! Every function pointer is wrapped in a method that takes and returns
+//! Rust values. Handles ([`Ctx`], [`Stream`], …) are only ever made from the
+//! driver's own outputs, and their owners (`context.rs`, `module.rs`) destroy
+//! each exactly once, after which it is never used again.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::{Arc, OnceLock};
+
+use libloading::Library;
+use vgpu_broker::device::DeviceError;
+use vgpu_proto::cuda::{self, CuResult};
+
+use crate::error::{CudaError, Op, classify};
+
+/// The driver library's name (its soname).
+pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
+/// Oldest driver API supported (CUDA 12.0).
+pub const MIN_DRIVER_VERSION: i32 = 12000;
+/// `CU_GET_PROC_ADDRESS_LEGACY_STREAM`: vgpu uses explicit streams only.
+const PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+/// `CU_GET_PROC_ADDRESS_SUCCESS`.
+const PROC_ADDRESS_SUCCESS: c_int = 0;
+/// Bytes `cuDeviceGetName` may write.
+const NAME_BUFFER: usize = 256;
+
+/// `cudaVersion` of the ABIs vgpu calls (first CUDA version with that ABI).
+mod abi {
+    pub const V2000: i32 = 2000;
+    pub const V2010: i32 = 2010;
+    pub const V2020: i32 = 2020;
+    pub const V3020: i32 = 3020;
+    pub const V4000: i32 = 4000;
+    pub const V9000: i32 = 9000;
+    pub const V11040: i32 = 11040;
+    pub const V12030: i32 = 12030;
+    pub const V12040: i32 = 12040;
+    pub const V12050: i32 = 12050;
+}
+
+macro_rules! handles {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name(pub(crate) *mut c_void);
+        // SAFETY: a CUDA handle is an opaque token the driver accepts from any
+        // thread (with its context current); it is never dereferenced here.
+        unsafe impl Send for $name {}
+        // SAFETY: as above; sharing the token shares no Rust-visible state.
+        unsafe impl Sync for $name {}
+    )*};
+}
+
+handles! {
+    /// A `CUcontext`.
+    Ctx;
+    /// A `CUstream`.
+    Stream;
+    /// A `CUevent`.
+    Event;
+    /// A `CUmodule`.
+    Module;
+    /// A `CUfunction`.
+    Function;
+}
+
+/// A pinned host buffer from `cuMemHostAlloc`.
+#[derive(Debug, Clone, Copy)]
+pub struct HostPtr(pub(crate) *mut u8);
+// SAFETY: pinned host memory is plain memory; its owner (`context::Staging`)
+// hands out access to one thread at a time.
+unsafe impl Send for HostPtr {}
+// SAFETY: as above.
+unsafe impl Sync for HostPtr {}
+
+impl HostPtr {
+    /// The buffer's address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// A failed driver call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failed {
+    /// The function.
+    pub call: &'static str,
+    /// Its result.
+    pub code: CuResult,
+}
+
+impl Failed {
+    /// The broker's error for this failure during an operation of kind `op`.
+    pub fn device(self, op: Op) -> DeviceError {
+        classify(op, self.call, self.code)
+    }
+
+    /// The open-time error.
+    pub fn open(self) -> CudaError {
+        CudaError::Driver {
+            call: self.call,
+            code: self.code,
+        }
+    }
+}
+
+impl From<Failed> for DeviceError {
+    fn from(f: Failed) -> DeviceError {
+        f.device(Op::Other)
+    }
+}
+
+/// Result of a driver call.
+pub type DrvResult<T> = Result<T, Failed>;
+
+/// A kernel as the driver lists it: name, function, parameter (offset, size) pairs.
+pub type ListedKernel = (String, Function, Vec<(u32, u32)>);
+
+fn check(call: &'static str, r: CuResult) -> DrvResult<()> {
+    if r == cuda::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Failed { call, code: r })
+    }
+}
+
+type R = CuResult;
+type P = *mut c_void;
+
+#[allow(clippy::type_complexity)]
+struct Functions {
+    init: unsafe extern "C" fn(c_uint) -> R,
+    driver_get_version: unsafe extern "C" fn(*mut c_int) -> R,
+    device_get_count: unsafe extern "C" fn(*mut c_int) -> R,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> R,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> R,
+    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> R,
+    device_total_mem: unsafe extern "C" fn(*mut usize, c_int) -> R,
+    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> R,
+    ctx_create_v2: Option<unsafe extern "C" fn(*mut P, c_uint, c_int) -> R>,
+    ctx_create_v4: Option<unsafe extern "C" fn(*mut P, P, c_uint, c_int) -> R>,
+    ctx_destroy: unsafe extern "C" fn(P) -> R,
+    ctx_push: unsafe extern "C" fn(P) -> R,
+    ctx_pop: unsafe extern "C" fn(*mut P) -> R,
+    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> R,
+    mem_free: unsafe extern "C" fn(u64) -> R,
+    mem_host_alloc: unsafe extern "C" fn(*mut P, usize, c_uint) -> R,
+    mem_free_host: unsafe extern "C" fn(P) -> R,
+    memcpy_htod_async: unsafe extern "C" fn(u64, *const c_void, usize, P) -> R,
+    memcpy_dtoh_async: unsafe extern "C" fn(P, u64, usize, P) -> R,
+    memcpy_dtod_async: unsafe extern "C" fn(u64, u64, usize, P) -> R,
+    memset_d8_async: unsafe extern "C" fn(u64, u8, usize, P) -> R,
+    memset_d16_async: unsafe extern "C" fn(u64, u16, usize, P) -> R,
+    memset_d32_async: unsafe extern "C" fn(u64, c_uint, usize, P) -> R,
+    stream_create: unsafe extern "C" fn(*mut P, c_uint) -> R,
+    stream_destroy: unsafe extern "C" fn(P) -> R,
+    event_create: unsafe extern "C" fn(*mut P, c_uint) -> R,
+    event_destroy: unsafe extern "C" fn(P) -> R,
+    event_record: unsafe extern "C" fn(P, P) -> R,
+    event_query: unsafe extern "C" fn(P) -> R,
+    event_elapsed_time: unsafe extern "C" fn(*mut f32, P, P) -> R,
+    module_load_data_ex:
+        unsafe extern "C" fn(*mut P, *const c_void, c_uint, *mut c_int, *mut P) -> R,
+    module_unload: unsafe extern "C" fn(P) -> R,
+    module_get_function: unsafe extern "C" fn(*mut P, P, *const c_char) -> R,
+    module_get_global: unsafe extern "C" fn(*mut u64, *mut usize, P, *const c_char) -> R,
+    func_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, P) -> R,
+    func_set_attribute: unsafe extern "C" fn(P, c_int, c_int) -> R,
+    launch_kernel: unsafe extern "C" fn(
+        P,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        P,
+        *mut P,
+        *mut P,
+    ) -> R,
+    // CUDA 12.3 / 12.4 (optional).
+    module_get_function_count: Option<unsafe extern "C" fn(*mut c_uint, P) -> R>,
+    module_enumerate_functions: Option<unsafe extern "C" fn(*mut P, c_uint, P) -> R>,
+    func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, P) -> R>,
+    func_get_param_info: Option<unsafe extern "C" fn(P, usize, *mut usize, *mut usize) -> R>,
+}
+
+type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut P, c_int, u64, *mut c_int) -> R;
+
+struct Resolver {
+    lib: &'static Library,
+    get_proc_address: Option<GetProcAddress>,
+}
+
+impl Resolver {
+    /// The driver's `base` function with the ABI of CUDA `version`, exported as `export`.
+    fn find(&self, base: &str, version: i32, export: &str) -> Option<P> {
+        if let (Some(gpa), Ok(name)) = (self.get_proc_address, CString::new(base)) {
+            let mut p: P = std::ptr::null_mut();
+            let mut status: c_int = -1;
+            // SAFETY: NUL-terminated name and valid out-pointers, per cuGetProcAddress_v2's contract.
+            let r = unsafe {
+                gpa(
+                    name.as_ptr(),
+                    &mut p,
+                    version,
+                    PROC_ADDRESS_LEGACY_STREAM,
+                    &mut status,
+                )
+            };
+            if r == cuda::CUDA_SUCCESS && status == PROC_ADDRESS_SUCCESS && !p.is_null() {
+                return Some(p);
+            }
+        }
+        // SAFETY: the symbol's address is read as a pointer and only turned into
+        // a function pointer of its documented type by the caller.
+        let sym = unsafe { self.lib.get::<unsafe extern "C" fn()>(export.as_bytes()) }.ok()?;
+        let p = *sym as P;
+        (!p.is_null()).then_some(p)
+    }
+}
+
+/// A loaded, initialised CUDA driver.
+pub struct Driver {
+    library: String,
+    version: i32,
+    f: Functions,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("library", &self.library)
+            .field("version", &self.version)
+            .field("param_info", &self.has_param_info())
+            .finish()
+    }
+}
+
+/// Reads a symbol address as a function pointer of type `F`.
+///
+/// # Safety
+/// `p` must be the address of a function whose C signature is `F`.
+unsafe fn as_fn<F: Copy>(p: P) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<P>());
+    // SAFETY: same size (checked); the caller guarantees `p` is a function of type `F`.
+    unsafe { std::mem::transmute_copy::<P, F>(&p) }
+}
+
+macro_rules! required {
+    ($r:expr, $lib:expr, $base:literal, $ver:expr, $export:literal) => {{
+        let p = $r
+            .find($base, $ver, $export)
+            .ok_or_else(|| CudaError::MissingSymbol {
+                library: $lib.to_string(),
+                symbol: $export,
+            })?;
+        // SAFETY: `p` is the driver's `$export`, whose C signature (cuda.h) is
+        // the type of the field this initialises.
+        unsafe { as_fn(p) }
+    }};
+}
+
+macro_rules! optional {
+    ($r:expr, $base:literal, $ver:expr, $export:literal) => {
+        $r.find($base, $ver, $export).map(|p| {
+            // SAFETY: `p` is the driver's `$export`, whose C signature (cuda.h)
+            // is the type of the field this initialises.
+            unsafe { as_fn(p) }
+        })
+    };
+}
+
+static SYSTEM: OnceLock<Result<Arc<Driver>, CudaError>> = OnceLock::new();
+
+impl Driver {
+    /// The system driver (`libcuda.so.1`), loaded and initialised once per process.
+    pub fn system() -> Result<Arc<Driver>, CudaError> {
+        SYSTEM.get_or_init(|| Driver::load(DEFAULT_LIBRARY)).clone()
+    }
+
+    /// Whether [`Driver::system`] was already called (`cuInit` ran, so the
+    /// environment the driver reads is fixed).
+    pub fn system_initialised() -> bool {
+        SYSTEM.get().is_some()
+    }
+
+    /// Loads a driver library (a path or a soname) and calls `cuInit`. The
+    /// library stays loaded for the life of the process: drivers start
+    /// threads and register handlers that must not be unloaded.
+    pub fn load(library: &str) -> Result<Arc<Driver>, CudaError> {
+        // SAFETY: loading a CUDA driver runs its initialisers, which are sound
+        // to run in any process.
+        let lib = unsafe { Library::new(library) }.map_err(|e| CudaError::NoDriver {
+            library: library.to_string(),
+            source: Arc::new(e),
+        })?;
+        let lib: &'static Library = Box::leak(Box::new(lib));
+        let get_proc_address = {
+            // SAFETY: the symbol is turned into a function pointer of its documented type.
+            let sym = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2") };
+            sym.ok().map(|s| *s)
+        };
+        let r = Resolver {
+            lib,
+            get_proc_address,
+        };
+        let f = Functions {
+            init: required!(r, library, "cuInit", abi::V2000, "cuInit"),
+            driver_get_version: required!(
+                r,
+                library,
+                "cuDriverGetVersion",
+                abi::V2020,
+                "cuDriverGetVersion"
+            ),
+            device_get_count: required!(
+                r,
+                library,
+                "cuDeviceGetCount",
+                abi::V2000,
+                "cuDeviceGetCount"
+            ),
+            device_get: required!(r, library, "cuDeviceGet", abi::V2000, "cuDeviceGet"),
+            device_get_name: required!(
+                r,
+                library,
+                "cuDeviceGetName",
+                abi::V2000,
+                "cuDeviceGetName"
+            ),
+            device_get_uuid: required!(
+                r,
+                library,
+                "cuDeviceGetUuid",
+                abi::V11040,
+                "cuDeviceGetUuid_v2"
+            ),
+            device_total_mem: required!(
+                r,
+                library,
+                "cuDeviceTotalMem",
+                abi::V3020,
+                "cuDeviceTotalMem_v2"
+            ),
+            device_get_attribute: required!(
+                r,
+                library,
+                "cuDeviceGetAttribute",
+                abi::V2000,
+                "cuDeviceGetAttribute"
+            ),
+            ctx_create_v2: optional!(r, "cuCtxCreate", abi::V3020, "cuCtxCreate_v2"),
+            ctx_create_v4: optional!(r, "cuCtxCreate", abi::V12050, "cuCtxCreate_v4"),
+            ctx_destroy: required!(r, library, "cuCtxDestroy", abi::V4000, "cuCtxDestroy_v2"),
+            ctx_push: required!(
+                r,
+                library,
+                "cuCtxPushCurrent",
+                abi::V4000,
+                "cuCtxPushCurrent_v2"
+            ),
+            ctx_pop: required!(
+                r,
+                library,
+                "cuCtxPopCurrent",
+                abi::V4000,
+                "cuCtxPopCurrent_v2"
+            ),
+            mem_alloc: required!(r, library, "cuMemAlloc", abi::V3020, "cuMemAlloc_v2"),
+            mem_free: required!(r, library, "cuMemFree", abi::V3020, "cuMemFree_v2"),
+            mem_host_alloc: required!(r, library, "cuMemHostAlloc", abi::V2020, "cuMemHostAlloc"),
+            mem_free_host: required!(r, library, "cuMemFreeHost", abi::V2000, "cuMemFreeHost"),
+            memcpy_htod_async: required!(
+                r,
+                library,
+                "cuMemcpyHtoDAsync",
+                abi::V3020,
+                "cuMemcpyHtoDAsync_v2"
+            ),
+            memcpy_dtoh_async: required!(
+                r,
+                library,
+                "cuMemcpyDtoHAsync",
+                abi::V3020,
+                "cuMemcpyDtoHAsync_v2"
+            ),
+            memcpy_dtod_async: required!(
+                r,
+                library,
+                "cuMemcpyDtoDAsync",
+                abi::V3020,
+                "cuMemcpyDtoDAsync_v2"
+            ),
+            memset_d8_async: required!(
+                r,
+                library,
+                "cuMemsetD8Async",
+                abi::V3020,
+                "cuMemsetD8Async"
+            ),
+            memset_d16_async: required!(
+                r,
+                library,
+                "cuMemsetD16Async",
+                abi::V3020,
+                "cuMemsetD16Async"
+            ),
+            memset_d32_async: required!(
+                r,
+                library,
+                "cuMemsetD32Async",
+                abi::V3020,
+                "cuMemsetD32Async"
+            ),
+            stream_create: required!(r, library, "cuStreamCreate", abi::V2000, "cuStreamCreate"),
+            stream_destroy: required!(
+                r,
+                library,
+                "cuStreamDestroy",
+                abi::V4000,
+                "cuStreamDestroy_v2"
+            ),
+            event_create: required!(r, library, "cuEventCreate", abi::V2000, "cuEventCreate"),
+            event_destroy: required!(
+                r,
+                library,
+                "cuEventDestroy",
+                abi::V4000,
+                "cuEventDestroy_v2"
+            ),
+            event_record: required!(r, library, "cuEventRecord", abi::V2000, "cuEventRecord"),
+            event_query: required!(r, library, "cuEventQuery", abi::V2000, "cuEventQuery"),
+            event_elapsed_time: required!(
+                r,
+                library,
+                "cuEventElapsedTime",
+                abi::V2000,
+                "cuEventElapsedTime"
+            ),
+            module_load_data_ex: required!(
+                r,
+                library,
+                "cuModuleLoadDataEx",
+                abi::V2010,
+                "cuModuleLoadDataEx"
+            ),
+            module_unload: required!(r, library, "cuModuleUnload", abi::V2000, "cuModuleUnload"),
+            module_get_function: required!(
+                r,
+                library,
+                "cuModuleGetFunction",
+                abi::V2000,
+                "cuModuleGetFunction"
+            ),
+            module_get_global: required!(
+                r,
+                library,
+                "cuModuleGetGlobal",
+                abi::V3020,
+                "cuModuleGetGlobal_v2"
+            ),
+            func_get_attribute: required!(
+                r,
+                library,
+                "cuFuncGetAttribute",
+                abi::V2020,
+                "cuFuncGetAttribute"
+            ),
+            func_set_attribute: required!(
+                r,
+                library,
+                "cuFuncSetAttribute",
+                abi::V9000,
+                "cuFuncSetAttribute"
+            ),
+            launch_kernel: required!(r, library, "cuLaunchKernel", abi::V4000, "cuLaunchKernel"),
+            module_get_function_count: optional!(
+                r,
+                "cuModuleGetFunctionCount",
+                abi::V12040,
+                "cuModuleGetFunctionCount"
+            ),
+            module_enumerate_functions: optional!(
+                r,
+                "cuModuleEnumerateFunctions",
+                abi::V12040,
+                "cuModuleEnumerateFunctions"
+            ),
+            func_get_name: optional!(r, "cuFuncGetName", abi::V12030, "cuFuncGetName"),
+            func_get_param_info: optional!(
+                r,
+                "cuFuncGetParamInfo",
+                abi::V12040,
+                "cuFuncGetParamInfo"
+            ),
+        };
+        if f.ctx_create_v2.is_none() && f.ctx_create_v4.is_none() {
+            return Err(CudaError::MissingSymbol {
+                library: library.to_string(),
+                symbol: "cuCtxCreate_v2",
+            });
+        }
+        // SAFETY: plain call with flags 0, as cuInit requires.
+        check("cuInit", unsafe { (f.init)(0) }).map_err(Failed::open)?;
+        let mut version = 0;
+        // SAFETY: valid out-pointer.
+        check("cuDriverGetVersion", unsafe {
+            (f.driver_get_version)(&mut version)
+        })
+        .map_err(Failed::open)?;
+        if version < MIN_DRIVER_VERSION {
+            return Err(CudaError::DriverTooOld { version });
+        }
+        tracing::info!(library, version, "CUDA driver loaded");
+        Ok(Arc::new(Driver {
+            library: library.to_string(),
+            version,
+            f,
+        }))
+    }
+
+    /// The library it was loaded from.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// `cuDriverGetVersion` (e.g. 12040 for CUDA 12.4).
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// Whether kernels and their parameter layouts can be read from the
+    /// driver (CUDA ≥ 12.4) rather than from the image.
+    pub fn has_param_info(&self) -> bool {
+        self.f.module_get_function_count.is_some()
+            && self.f.module_enumerate_functions.is_some()
+            && self.f.func_get_name.is_some()
+            && self.f.func_get_param_info.is_some()
+    }
+
+    /// `cuDeviceGetCount`.
+    pub fn device_count(&self) -> DrvResult<i32> {
+        let mut n = 0;
+        // SAFETY: valid out-pointer.
+        check("cuDeviceGetCount", unsafe {
+            (self.f.device_get_count)(&mut n)
+        })?;
+        Ok(n)
+    }
+
+    /// `cuDeviceGet`.
+    pub fn device(&self, ordinal: i32) -> DrvResult<i32> {
+        let mut d = 0;
+        // SAFETY: valid out-pointer.
+        check("cuDeviceGet", unsafe {
+            (self.f.device_get)(&mut d, ordinal)
+        })?;
+        Ok(d)
+    }
+
+    /// `cuDeviceGetName`.
+    pub fn device_name(&self, dev: i32) -> DrvResult<String> {
+        let mut buf = [0 as c_char; NAME_BUFFER];
+        // SAFETY: the buffer holds NAME_BUFFER bytes and the driver writes at most that many.
+        check("cuDeviceGetName", unsafe {
+            (self.f.device_get_name)(buf.as_mut_ptr(), NAME_BUFFER as c_int, dev)
+        })?;
+        buf[NAME_BUFFER - 1] = 0;
+        // SAFETY: the buffer is NUL-terminated (forced above).
+        let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Ok(name.to_string_lossy().into_owned())
+    }
+
+    /// `cuDeviceGetUuid_v2` (the MIG instance's UUID on a MIG device).
+    pub fn device_uuid(&self, dev: i32) -> DrvResult<[u8; 16]> {
+        let mut u = [0u8; 16];
+        // SAFETY: valid out-pointer to 16 bytes (a CUuuid).
+        check("cuDeviceGetUuid_v2", unsafe {
+            (self.f.device_get_uuid)(&mut u, dev)
+        })?;
+        Ok(u)
+    }
+
+    /// `cuDeviceTotalMem_v2`.
+    pub fn device_total_mem(&self, dev: i32) -> DrvResult<u64> {
+        let mut n = 0usize;
+        // SAFETY: valid out-pointer.
+        check("cuDeviceTotalMem_v2", unsafe {
+            (self.f.device_total_mem)(&mut n, dev)
+        })?;
+        Ok(n as u64)
+    }
+
+    /// `cuDeviceGetAttribute`.
+    pub fn device_attribute(&self, dev: i32, attr: i32) -> DrvResult<i32> {
+        let mut v = 0;
+        // SAFETY: valid out-pointer.
+        check("cuDeviceGetAttribute", unsafe {
+            (self.f.device_get_attribute)(&mut v, attr, dev)
+        })?;
+        Ok(v)
+    }
+
+    /// `cuCtxCreate` (flags 0). The new context is current on this thread
+    /// afterwards; the caller pops it.
+    pub fn ctx_create(&self, dev: i32) -> DrvResult<Ctx> {
+        let mut c: P = std::ptr::null_mut();
+        if let Some(create) = self.f.ctx_create_v2 {
+            // SAFETY: valid out-pointer.
+            check("cuCtxCreate_v2", unsafe { create(&mut c, 0, dev) })?;
+        } else if let Some(create) = self.f.ctx_create_v4 {
+            // SAFETY: valid out-pointer; NULL creation parameters are allowed.
+            check("cuCtxCreate_v4", unsafe {
+                create(&mut c, std::ptr::null_mut(), 0, dev)
+            })?;
+        }
+        Ok(Ctx(c))
+    }
+
+    /// `cuCtxDestroy_v2`.
+    pub fn ctx_destroy(&self, c: Ctx) -> DrvResult<()> {
+        // SAFETY: a context this process created, destroyed once by its owner.
+        check("cuCtxDestroy_v2", unsafe { (self.f.ctx_destroy)(c.0) })
+    }
+
+    /// `cuCtxPushCurrent_v2`.
+    pub fn ctx_push(&self, c: Ctx) -> DrvResult<()> {
+        // SAFETY: a live context.
+        check("cuCtxPushCurrent_v2", unsafe { (self.f.ctx_push)(c.0) })
+    }
+
+    /// `cuCtxPopCurrent_v2`.
+    pub fn ctx_pop(&self) -> DrvResult<Ctx> {
+        let mut c: P = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuCtxPopCurrent_v2", unsafe { (self.f.ctx_pop)(&mut c) })?;
+        Ok(Ctx(c))
+    }
+
+    /// `cuMemAlloc_v2` in the current context.
+    pub fn mem_alloc(&self, size: u64) -> DrvResult<u64> {
+        let size = usize::try_from(size).map_err(|_| Failed {
+            call: "cuMemAlloc_v2",
+            code: cuda::CUDA_ERROR_OUT_OF_MEMORY,
+        })?;
+        let mut p = 0u64;
+        // SAFETY: valid out-pointer.
+        check("cuMemAlloc_v2", unsafe { (self.f.mem_alloc)(&mut p, size) })?;
+        Ok(p)
+    }
+
+    /// `cuMemFree_v2` in the current context.
+    pub fn mem_free(&self, p: u64) -> DrvResult<()> {
+        // SAFETY: the driver checks the pointer; nothing here dereferences it.
+        check("cuMemFree_v2", unsafe { (self.f.mem_free)(p) })
+    }
+
+    /// `cuMemHostAlloc` (portable pinned memory) in the current context.
+    pub fn mem_host_alloc(&self, size: usize, flags: u32) -> DrvResult<HostPtr> {
+        let mut p: P = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuMemHostAlloc", unsafe {
+            (self.f.mem_host_alloc)(&mut p, size, flags)
+        })?;
+        Ok(HostPtr(p.cast()))
+    }
+
+    /// `cuMemFreeHost`.
+    pub fn mem_free_host(&self, p: HostPtr) -> DrvResult<()> {
+        // SAFETY: a buffer from `mem_host_alloc`, freed once by its owner.
+        check("cuMemFreeHost", unsafe {
+            (self.f.mem_free_host)(p.0.cast())
+        })
+    }
+
+    /// `cuMemcpyHtoDAsync_v2` from pinned memory.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unmodified for `len` bytes until the copy
+    /// completes on `s`.
+    pub unsafe fn memcpy_htod_async(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        s: Stream,
+    ) -> DrvResult<()> {
+        // SAFETY: the caller keeps `src` valid until the copy completes.
+        check("cuMemcpyHtoDAsync_v2", unsafe {
+            (self.f.memcpy_htod_async)(dst, src.cast(), len, s.0)
+        })
+    }
+
+    /// `cuMemcpyDtoHAsync_v2` into pinned memory.
+    ///
+    /// # Safety
+    /// `dst` must stay valid for `len` bytes, and not be read or written by
+    /// anything else, until the copy completes on `s`.
+    pub unsafe fn memcpy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        s: Stream,
+    ) -> DrvResult<()> {
+        // SAFETY: the caller keeps `dst` valid and unaliased until the copy completes.
+        check("cuMemcpyDtoHAsync_v2", unsafe {
+            (self.f.memcpy_dtoh_async)(dst.cast(), src, len, s.0)
+        })
+    }
+
+    /// `cuMemcpyDtoDAsync_v2`.
+    pub fn memcpy_dtod_async(&self, dst: u64, src: u64, len: usize, s: Stream) -> DrvResult<()> {
+        // SAFETY: device addresses only; the driver checks them.
+        check("cuMemcpyDtoDAsync_v2", unsafe {
+            (self.f.memcpy_dtod_async)(dst, src, len, s.0)
+        })
+    }
+
+    /// `cuMemsetD8Async` / `D16` / `D32` for `elem_size` 1, 2 or 4.
+    pub fn memset_async(
+        &self,
+        dst: u64,
+        value: u32,
+        elem_size: u32,
+        count: usize,
+        s: Stream,
+    ) -> DrvResult<()> {
+        match elem_size {
+            // SAFETY: device addresses only; the driver checks them.
+            1 => check("cuMemsetD8Async", unsafe {
+                (self.f.memset_d8_async)(dst, value as u8, count, s.0)
+            }),
+            // SAFETY: as above.
+            2 => check("cuMemsetD16Async", unsafe {
+                (self.f.memset_d16_async)(dst, value as u16, count, s.0)
+            }),
+            // SAFETY: as above.
+            4 => check("cuMemsetD32Async", unsafe {
+                (self.f.memset_d32_async)(dst, value, count, s.0)
+            }),
+            _ => Err(Failed {
+                call: "cuMemsetD32Async",
+                code: cuda::CUDA_ERROR_INVALID_VALUE,
+            }),
+        }
+    }
+
+    /// `cuStreamCreate` in the current context.
+    pub fn stream_create(&self, flags: u32) -> DrvResult<Stream> {
+        let mut s: P = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuStreamCreate", unsafe {
+            (self.f.stream_create)(&mut s, flags)
+        })?;
+        Ok(Stream(s))
+    }
+
+    /// `cuStreamDestroy_v2`.
+    pub fn stream_destroy(&self, s: Stream) -> DrvResult<()> {
+        // SAFETY: a stream of this process, destroyed once by its owner.
+        check("cuStreamDestroy_v2", unsafe {
+            (self.f.stream_destroy)(s.0)
+        })
+    }
+
+    /// `cuEventCreate` in the current context.
+    pub fn event_create(&self, flags: u32) -> DrvResult<Event> {
+        let mut e: P = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuEventCreate", unsafe {
+            (self.f.event_create)(&mut e, flags)
+        })?;
+        Ok(Event(e))
+    }
+
+    /// `cuEventDestroy_v2`.
+    pub fn event_destroy(&self, e: Event) -> DrvResult<()> {
+        // SAFETY: an event of this process, destroyed once by its owner.
+        check("cuEventDestroy_v2", unsafe { (self.f.event_destroy)(e.0) })
+    }
+
+    /// `cuEventRecord`.
+    pub fn event_record(&self, e: Event, s: Stream) -> DrvResult<()> {
+        // SAFETY: live handles.
+        check("cuEventRecord", unsafe { (self.f.event_record)(e.0, s.0) })
+    }
+
+    /// `cuEventQuery`: `Ok(true)` when complete, `Ok(false)` while pending.
+    pub fn event_query(&self, e: Event) -> DrvResult<bool> {
+        // SAFETY: a live event.
+        match unsafe { (self.f.event_query)(e.0) } {
+            cuda::CUDA_SUCCESS => Ok(true),
+            cuda::CUDA_ERROR_NOT_READY => Ok(false),
+            code => Err(Failed {
+                call: "cuEventQuery",
+                code,
+            }),
+        }
+    }
+
+    /// `cuEventElapsedTime` in milliseconds.
+    pub fn event_elapsed_ms(&self, start: Event, end: Event) -> DrvResult<f32> {
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer and live events.
+        check("cuEventElapsedTime", unsafe {
+            (self.f.event_elapsed_time)(&mut ms, start.0, end.0)
+        })?;
+        Ok(ms)
+    }
+
+    /// `cuModuleLoadDataEx` with an error log buffer; on failure the log's
+    /// text comes back with the error.
+    pub fn module_load(&self, image: &[u8]) -> Result<Module, (Failed, String)> {
+        /// `CU_JIT_ERROR_LOG_BUFFER`.
+        const JIT_ERROR_LOG_BUFFER: c_int = 5;
+        /// `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`.
+        const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+        /// Bytes of JIT error log kept.
+        const LOG_BYTES: usize = 16 << 10;
+        let mut log = vec![0u8; LOG_BYTES];
+        let mut options = [JIT_ERROR_LOG_BUFFER, JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+        // The size option's value is passed in the pointer itself (cuda.h).
+        let mut values: [P; 2] = [log.as_mut_ptr().cast(), LOG_BYTES as P];
+        let mut m: P = std::ptr::null_mut();
+        // SAFETY: `image` is a complete image (validated by `image::prepare`,
+        // NUL-terminated when PTX); options and values have two entries each
+        // and the log buffer holds LOG_BYTES bytes.
+        let r = unsafe {
+            (self.f.module_load_data_ex)(
+                &mut m,
+                image.as_ptr().cast(),
+                options.len() as c_uint,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
+        match check("cuModuleLoadDataEx", r) {
+            Ok(()) => Ok(Module(m)),
+            Err(f) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                Err((f, String::from_utf8_lossy(&log[..end]).trim().to_string()))
+            }
+        }
+    }
+
+    /// `cuModuleUnload`.
+    pub fn module_unload(&self, m: Module) -> DrvResult<()> {
+        // SAFETY: a module of this process, unloaded once by its owner.
+        check("cuModuleUnload", unsafe { (self.f.module_unload)(m.0) })
+    }
+
+    /// `cuModuleGetFunction`.
+    pub fn module_function(&self, m: Module, name: &str) -> DrvResult<Function> {
+        let n = CString::new(name).map_err(|_| Failed {
+            call: "cuModuleGetFunction",
+            code: cuda::CUDA_ERROR_NOT_FOUND,
+        })?;
+        let mut f: P = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and C string.
+        check("cuModuleGetFunction", unsafe {
+            (self.f.module_get_function)(&mut f, m.0, n.as_ptr())
+        })?;
+        Ok(Function(f))
+    }
+
+    /// `cuModuleGetGlobal_v2`: address and size.
+    pub fn module_global(&self, m: Module, name: &str) -> DrvResult<(u64, u64)> {
+        let n = CString::new(name).map_err(|_| Failed {
+            call: "cuModuleGetGlobal_v2",
+            code: cuda::CUDA_ERROR_NOT_FOUND,
+        })?;
+        let (mut p, mut s) = (0u64, 0usize);
+        // SAFETY: valid out-pointers and C string.
+        check("cuModuleGetGlobal_v2", unsafe {
+            (self.f.module_get_global)(&mut p, &mut s, m.0, n.as_ptr())
+        })?;
+        Ok((p, s as u64))
+    }
+
+    /// `cuFuncGetAttribute`.
+    pub fn func_attribute(&self, f: Function, attr: i32) -> DrvResult<i32> {
+        let mut v = 0;
+        // SAFETY: valid out-pointer.
+        check("cuFuncGetAttribute", unsafe {
+            (self.f.func_get_attribute)(&mut v, attr, f.0)
+        })?;
+        Ok(v)
+    }
+
+    /// `cuFuncSetAttribute`.
+    pub fn func_set_attribute(&self, f: Function, attr: i32, value: i32) -> DrvResult<()> {
+        // SAFETY: a live function.
+        check("cuFuncSetAttribute", unsafe {
+            (self.f.func_set_attribute)(f.0, attr, value)
+        })
+    }
+
+    /// `cuLaunchKernel` with the packed parameter buffer passed through
+    /// `extra` (`CU_LAUNCH_PARAM_BUFFER_POINTER` / `_SIZE`).
+    pub fn launch(
+        &self,
+        f: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: Stream,
+        params: &[u8],
+    ) -> DrvResult<()> {
+        /// `CU_LAUNCH_PARAM_END`.
+        const END: P = std::ptr::null_mut();
+        /// `CU_LAUNCH_PARAM_BUFFER_POINTER`.
+        const BUFFER_POINTER: usize = 1;
+        /// `CU_LAUNCH_PARAM_BUFFER_SIZE`.
+        const BUFFER_SIZE: usize = 2;
+        // The driver reads the buffer at launch; a copy keeps it aligned for
+        // any parameter type and alive across the call.
+        let mut buf: Vec<u64> = vec![0; params.len().div_ceil(8).max(1)];
+        // SAFETY: `buf` holds at least `params.len()` bytes; u64 has no invalid bit patterns.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), params.len()) };
+        bytes.copy_from_slice(params);
+        let mut size = params.len();
+        let mut extra: [P; 5] = [
+            BUFFER_POINTER as P,
+            buf.as_mut_ptr().cast(),
+            BUFFER_SIZE as P,
+            (&raw mut size).cast(),
+            END,
+        ];
+        // SAFETY: a live function and stream; `extra` is a well-formed
+        // CU_LAUNCH_PARAM list whose buffer and size outlive the call.
+        check("cuLaunchKernel", unsafe {
+            (self.f.launch_kernel)(
+                f.0,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                s.0,
+                std::ptr::null_mut(),
+                extra.as_mut_ptr(),
+            )
+        })
+    }
+
+    /// The module's kernels with their parameter (offset, size) lists, from
+    /// the driver (CUDA ≥ 12.4); `None` on older drivers.
+    pub fn enumerate_kernels(&self, m: Module) -> Option<DrvResult<Vec<ListedKernel>>> {
+        let count_fn = self.f.module_get_function_count?;
+        let enum_fn = self.f.module_enumerate_functions?;
+        let name_fn = self.f.func_get_name?;
+        let param_fn = self.f.func_get_param_info?;
+        Some((|| {
+            let mut n: c_uint = 0;
+            // SAFETY: valid out-pointer and a live module.
+            check("cuModuleGetFunctionCount", unsafe { count_fn(&mut n, m.0) })?;
+            let mut fs: Vec<P> = vec![std::ptr::null_mut(); n as usize];
+            // SAFETY: `fs` has room for `n` handles.
+            check("cuModuleEnumerateFunctions", unsafe {
+                enum_fn(fs.as_mut_ptr(), n, m.0)
+            })?;
+            let mut out = Vec::with_capacity(fs.len());
+            for f in fs {
+                let mut name: *const c_char = std::ptr::null();
+                // SAFETY: valid out-pointer and a function of a live module.
+                check("cuFuncGetName", unsafe { name_fn(&mut name, f) })?;
+                if name.is_null() {
+                    continue;
+                }
+                // SAFETY: the driver returns a NUL-terminated name that lives as long as the module.
+                let name = unsafe { CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned();
+                let mut params = Vec::new();
+                loop {
+                    let (mut off, mut size) = (0usize, 0usize);
+                    // SAFETY: valid out-pointers; an index past the last parameter
+                    // is answered with CUDA_ERROR_INVALID_VALUE.
+                    let r = unsafe { param_fn(f, params.len(), &mut off, &mut size) };
+                    if r != cuda::CUDA_SUCCESS {
+                        break;
+                    }
+                    params.push((off as u32, size as u32));
+                }
+                out.push((name, Function(f), params));
+            }
+            Ok(out)
+        })())
+    }
+}
+
+/// Makes `ctx` current on this thread until the guard is dropped.
+pub struct Current<'a> {
+    driver: &'a Driver,
+}
+
+impl<'a> Current<'a> {
+    /// Pushes `ctx`.
+    pub fn push(driver: &'a Driver, ctx: Ctx) -> DrvResult<Current<'a>> {
+        driver.ctx_push(ctx)?;
+        Ok(Current { driver })
+    }
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.driver.ctx_pop() {
+            tracing::warn!(
+                call = e.call,
+                code = e.code,
+                "popping a CUDA context failed"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_a_clear_error() {
+        let e = Driver::load("/nonexistent/vgpu-test/libcuda.so.1").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("no NVIDIA driver found (/nonexistent/vgpu-test/libcuda.so.1): "),
+            "{msg}"
+        );
+        assert!(
+            msg.ends_with("; use kind = \"sim\" or install the driver"),
+            "{msg}"
+        );
+        assert!(matches!(e, CudaError::NoDriver { .. }));
+        // The loader's reason is kept as the source.
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn a_library_that_is_not_a_driver_is_refused() {
+        // libc is a real shared library without any cu* symbol.
+        let e = Driver::load("libc.so.6").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CudaError::MissingSymbol {
+                    symbol: "cuInit",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("is not a usable CUDA driver"), "{e}");
+    }
+}

@@ -1,0 +1,275 @@
+//! Modules in a VM's CUDA context: the guest's PTX, cubin or fat binary
+//! loaded with `cuModuleLoadDataEx`, its kernels with their parameter
+//! layouts and attributes, and its globals with the addresses the driver
+//! gave them (charged to the VM's slice by the broker).
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use tracing::{debug, warn};
+use vgpu_broker::device::{DeviceError, DeviceModule, GlobalDesc, KernelDesc};
+use vgpu_proto::cuda::{self, func_attr};
+
+use crate::context::{ALLOC_GRANULARITY, ContextInner, Generation};
+use crate::driver::{Function, ListedKernel, Module};
+use crate::error::Op;
+use crate::image::{self, Kind};
+
+fn charge(size: u64) -> u64 {
+    size.max(1)
+        .div_ceil(ALLOC_GRANULARITY)
+        .saturating_mul(ALLOC_GRANULARITY)
+}
+
+/// A module loaded in a VM's context. Dropping it unloads it.
+pub struct CudaModule {
+    owner: Arc<ContextInner>,
+    generation: Option<Arc<Generation>>,
+    module: Module,
+    kernels: Vec<KernelDesc>,
+    functions: Vec<Function>,
+    /// The dynamic shared memory limit each function has on the device now.
+    dynamic_shared: Vec<AtomicI32>,
+    globals: Vec<GlobalDesc>,
+}
+
+impl std::fmt::Debug for CudaModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaModule")
+            .field("kernels", &self.kernels.len())
+            .field("globals", &self.globals.len())
+            .finish()
+    }
+}
+
+impl CudaModule {
+    /// Loads `image` in generation `g`, refusing it with `OutOfMemory` when
+    /// its globals need more than `budget` bytes.
+    pub(crate) fn load(
+        owner: &Arc<ContextInner>,
+        g: Arc<Generation>,
+        image: &[u8],
+        budget: u64,
+    ) -> Result<CudaModule, DeviceError> {
+        let prepared = image::prepare(image).map_err(|e| DeviceError::InvalidImage {
+            code: cuda::CUDA_ERROR_INVALID_IMAGE,
+            message: e.to_string(),
+        })?;
+        // What the image declares is known before the driver allocates
+        // anything: refuse early when that alone exceeds the budget.
+        let declared: u64 = prepared
+            .decls
+            .variables
+            .iter()
+            .map(|v| charge(v.size))
+            .fold(0, u64::saturating_add);
+        if declared > budget {
+            return Err(DeviceError::OutOfMemory);
+        }
+        let d = g.driver();
+        let module = {
+            let _c = g.enter()?;
+            d.module_load(&prepared.bytes).map_err(|(f, log)| {
+                let e = g.fail(f, Op::Load);
+                match e {
+                    DeviceError::InvalidImage { code, message } if !log.is_empty() => {
+                        DeviceError::InvalidImage {
+                            code,
+                            message: format!("{message}: {log}"),
+                        }
+                    }
+                    e => e,
+                }
+            })?
+        };
+        // From here on, dropping `m` unloads the module.
+        let mut m = CudaModule {
+            owner: Arc::clone(owner),
+            generation: Some(Arc::clone(&g)),
+            module,
+            kernels: Vec::new(),
+            functions: Vec::new(),
+            dynamic_shared: Vec::new(),
+            globals: Vec::new(),
+        };
+        m.read_kernels(&g, &prepared)?;
+        m.read_globals(&g, &prepared)?;
+        let total: u64 = m.globals.iter().map(|x| charge(x.size)).sum();
+        if total > budget {
+            return Err(DeviceError::OutOfMemory);
+        }
+        for x in &m.globals {
+            g.add_global(x.addr, x.size, charge(x.size));
+        }
+        debug!(
+            kind = ?prepared.kind,
+            kernels = m.kernels.len(),
+            globals = m.globals.len(),
+            "module loaded"
+        );
+        Ok(m)
+    }
+
+    fn read_kernels(
+        &mut self,
+        g: &Generation,
+        prepared: &image::Prepared,
+    ) -> Result<(), DeviceError> {
+        let d = g.driver();
+        let _c = g.enter()?;
+        let listed: Vec<ListedKernel> = match d.enumerate_kernels(self.module) {
+            Some(r) => r.map_err(|f| g.fail(f, Op::Load))?,
+            None => {
+                let mut v = Vec::new();
+                for e in &prepared.decls.entries {
+                    match d.module_function(self.module, &e.name) {
+                        Ok(f) => v.push((
+                            e.name.clone(),
+                            f,
+                            e.params.iter().map(|p| (p.offset, p.size)).collect(),
+                        )),
+                        Err(f) if f.code == cuda::CUDA_ERROR_NOT_FOUND => {
+                            warn!(kernel = %e.name, "the image declares a kernel the driver does not know; skipped");
+                        }
+                        Err(f) => return Err(g.fail(f, Op::Load)),
+                    }
+                }
+                if v.is_empty() && prepared.kind == Kind::Fatbin {
+                    debug!(
+                        "no kernels readable from a compressed fat binary on a driver older than CUDA 12.4"
+                    );
+                }
+                v
+            }
+        };
+        for (name, f, params) in listed {
+            let mut attributes = vec![0; func_attr::COUNT];
+            for (a, slot) in attributes.iter_mut().enumerate() {
+                // Attributes this driver does not know stay 0.
+                *slot = d.func_attribute(f, a as i32).unwrap_or(0);
+            }
+            self.dynamic_shared.push(AtomicI32::new(
+                attributes[func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES],
+            ));
+            self.kernels.push(KernelDesc {
+                name,
+                param_offsets: params.iter().map(|p| p.0).collect(),
+                param_sizes: params.iter().map(|p| p.1).collect(),
+                attributes,
+            });
+            self.functions.push(f);
+        }
+        Ok(())
+    }
+
+    fn read_globals(
+        &mut self,
+        g: &Generation,
+        prepared: &image::Prepared,
+    ) -> Result<(), DeviceError> {
+        let d = g.driver();
+        let _c = g.enter()?;
+        for v in &prepared.decls.variables {
+            match d.module_global(self.module, &v.name) {
+                Ok((addr, size)) => {
+                    if !self.globals.iter().any(|x| x.addr == addr) {
+                        self.globals.push(GlobalDesc {
+                            name: v.name.clone(),
+                            addr,
+                            size,
+                        });
+                    }
+                }
+                // Internal (non-visible) variables may not be addressable by name.
+                Err(f) if f.code == cuda::CUDA_ERROR_NOT_FOUND => {
+                    debug!(global = %v.name, "module variable not addressable by name");
+                }
+                Err(f) => return Err(g.fail(f, Op::Load)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The generation it lives in, if still usable.
+    pub(crate) fn generation(&self) -> Result<Arc<Generation>, DeviceError> {
+        let g = self
+            .generation
+            .as_ref()
+            .ok_or_else(|| DeviceError::NotSupported("the module was unloaded".into()))?;
+        match g.broken() {
+            Some(e) => Err(e),
+            None => Ok(Arc::clone(g)),
+        }
+    }
+
+    /// The function and name of kernel `i`.
+    pub(crate) fn function(&self, i: usize) -> Result<(Function, &str), DeviceError> {
+        match (self.functions.get(i), self.kernels.get(i)) {
+            (Some(f), Some(k)) => Ok((*f, &k.name)),
+            _ => Err(DeviceError::NotSupported(format!("no kernel #{i}"))),
+        }
+    }
+
+    /// Raises kernel `i`'s dynamic shared memory limit on the device when a
+    /// launch needs more than it has (the broker validated the amount
+    /// against the limit the guest set with `cuFuncSetAttribute`).
+    pub(crate) fn ensure_dynamic_shared(&self, i: usize, bytes: u32) -> Result<(), DeviceError> {
+        let (Some(cur), Some(f)) = (self.dynamic_shared.get(i), self.functions.get(i)) else {
+            return Ok(());
+        };
+        let want = i32::try_from(bytes).unwrap_or(i32::MAX);
+        if want <= cur.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let g = self.generation()?;
+        let _c = g.enter()?;
+        g.driver()
+            .func_set_attribute(*f, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES as i32, want)
+            .map_err(|e| g.fail(e, Op::Launch))?;
+        cur.fetch_max(want, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl DeviceModule for CudaModule {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn kernels(&self) -> &[KernelDesc] {
+        &self.kernels
+    }
+
+    fn globals(&self) -> &[GlobalDesc] {
+        &self.globals
+    }
+
+    fn global_bytes(&self) -> u64 {
+        self.globals.iter().map(|g| charge(g.size)).sum()
+    }
+}
+
+impl Drop for CudaModule {
+    fn drop(&mut self) {
+        let Some(g) = self.generation.take() else {
+            return;
+        };
+        for x in &self.globals {
+            g.remove_global(x.addr);
+        }
+        // A broken context unloads nothing one by one.
+        if g.broken().is_none() {
+            let r = g.enter().and_then(|_c| {
+                g.driver()
+                    .module_unload(self.module)
+                    .map_err(|f| g.fail(f, Op::Other))
+            });
+            if let Err(e) = r {
+                debug!(error = %e, "cuModuleUnload failed; the module goes with its context");
+            }
+        }
+        drop(g);
+        self.owner.retire_if_idle();
+    }
+}

@@ -1,0 +1,46 @@
+//! The device conformance suite on the real-GPU executor (`devices/cuda`)
+//! driving vgpu's own guest shim as its `libcuda.so.1`: the shim forwards
+//! every driver call to a vgpud with a simulated GPU. This is NOT a GPU test
+//! — it exercises the executor's whole driver path (driver loading through
+//! `cuGetProcAddress_v2`, one context per VM, PTX scanning for kernels and
+//! globals on a driver without `cuFuncGetParamInfo`, launches with a packed
+//! `extra` buffer, staged copies, event timing, sticky-error recreation)
+//! against a real implementation of the same ABI, on any machine.
+
+use std::sync::Arc;
+
+use vgpu_cuda::Driver;
+use vgpu_tests::conformance::{Target, cuda_executor, run_checks, run_suite};
+use vgpu_tests::harness::{TestVm, Vgpud, artifacts};
+
+#[test]
+fn the_real_gpu_executor_conforms_over_the_shim() {
+    let d = Vgpud::start(&[TestVm::new("host", 3 << 30)]);
+    // SAFETY: set before the shim reads it, while this binary's only test
+    // runs no other thread that reads the environment.
+    unsafe { std::env::set_var("VGPU_TRANSPORT", d.transport("host")) };
+    let lib = artifacts().lib_dir.join("libcuda.so.1");
+    let driver = Driver::load(&lib.to_string_lossy()).expect("loading the shim as the driver");
+    assert!(
+        !driver.has_param_info(),
+        "the shim has no cuFuncGetParamInfo: kernels come from the PTX scan"
+    );
+    let d2 = Arc::clone(&driver);
+    let target = Target {
+        name: "cuda over the shim".into(),
+        make: Box::new(move |watchdog| cuda_executor::open(&d2, watchdog)),
+        address_spaces: false,
+        cuda_driver: Some(driver),
+    };
+    let mut report = run_suite(&target);
+    report
+        .results
+        .extend(run_checks(&target, cuda_executor::CHECKS).results);
+    println!("{report}");
+    assert_eq!(report.failed(), 0, "{report}\nvgpud log:\n{}", d.log());
+    // The benchmark's code path (its numbers measure the shim and a simulated GPU, not a GPU).
+    println!(
+        "over the shim: {}",
+        cuda_executor::copy_bandwidth(target.cuda_driver.as_ref().unwrap(), 8)
+    );
+}

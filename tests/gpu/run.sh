@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The device conformance suite on a real NVIDIA GPU.
+#
+#   tests/gpu/run.sh build   # on a build machine with Rust: release test binaries
+#                            # (stripped) into tests/out/gpu/ (ignored by git)
+#   tests/gpu/run.sh         # on the GPU machine: run them, print a summary
+#
+# The GPU machine needs the NVIDIA driver (libcuda.so.1) and nothing else: no
+# Rust, no network. With the device tool, from the repository root:
+#   tests/gpu/run.sh build
+#   run(command="tests/gpu/run.sh", carry=["tests/out/gpu"], timeout_s=600)
+# If tests/out/gpu has no binaries and cargo is installed there, the script
+# builds them first. It finishes in well under 10 minutes (about a minute of
+# checks on an H200); each stage has its own time limit.
+#
+# What runs: tests/conformance_cuda.rs (the suite of tests/src/conformance.rs
+# through devices/cuda, the executor's own checks, and a copy-bandwidth
+# benchmark against the driver's pinned copies), and for comparison the same
+# suite on the simulated GPU (tests/conformance_sim.rs). Logs go to $OUT when
+# the device tool sets it.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN="$ROOT/tests/out/gpu"
+TESTS=(conformance_cuda conformance_sim)
+# Seconds each binary may run.
+LIMIT_CUDA=420
+LIMIT_SIM=120
+
+build() {
+    mkdir -p "$BIN"
+    for t in "${TESTS[@]}"; do
+        local exe
+        exe="$(cd "$ROOT" && cargo test --release -p vgpu-tests --test "$t" --no-run \
+            --message-format=json 2>/dev/null |
+            sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
+        if [[ -z "$exe" || ! -x "$exe" ]]; then
+            echo "build: cargo did not produce the $t test binary" >&2
+            (cd "$ROOT" && cargo test --release -p vgpu-tests --test "$t" --no-run) >&2
+            exit 1
+        fi
+        objcopy --strip-debug "$exe" "$BIN/$t"
+        echo "build: $BIN/$t ($(du -h "$BIN/$t" | cut -f1))"
+    done
+    # The newest glibc symbol version the binaries need (the GPU machine must have it).
+    echo "build: needs glibc $(objdump -T "$BIN"/* | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)"
+}
+
+if [[ "${1:-}" == "build" ]]; then
+    build
+    exit 0
+fi
+
+OUTDIR="${OUT:-$(mktemp -d)}"
+echo "== machine"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi -L 2>&1 | head -n 8
+    nvidia-smi --query-gpu=name,driver_version,memory.total,mig.mode.current --format=csv 2>&1 | head -n 4
+else
+    echo "nvidia-smi: not available"
+fi
+ldconfig -p 2>/dev/null | grep -m1 'libcuda.so.1' || echo "libcuda.so.1 is not in the loader cache"
+echo "glibc: $(ldd --version 2>&1 | head -n 1)"
+
+if [[ ! -x "$BIN/conformance_cuda" ]]; then
+    if command -v cargo >/dev/null; then
+        echo "== building (no prepared binaries in $BIN)"
+        build || exit 1
+    else
+        echo "FATAL: no test binaries in $BIN and no cargo here: run 'tests/gpu/run.sh build' on a build machine and carry tests/out/gpu" >&2
+        exit 2
+    fi
+fi
+
+declare -A STATUS
+run_one() {
+    local name="$1" limit="$2"
+    echo "== $name (limit ${limit}s)"
+    local t0=$SECONDS
+    RUST_BACKTRACE=1 timeout "$limit" "$BIN/$name" --nocapture --test-threads=1 2>&1 |
+        tee "$OUTDIR/$name.log"
+    local rc=${PIPESTATUS[0]}
+    STATUS[$name]="exit $rc after $((SECONDS - t0))s"
+}
+
+run_one conformance_cuda "$LIMIT_CUDA"
+run_one conformance_sim "$LIMIT_SIM"
+
+echo
+echo "================ summary ================"
+for t in "${TESTS[@]}"; do
+    echo "$t: ${STATUS[$t]:-not run}"
+    grep -E '^(SKIPPED|conformance on|  [a-z_]+ +(ok|FAIL) |FAIL |corpus: |copy bandwidth|kernel time|compute shares|CUDA driver|test result)' \
+        "$OUTDIR/$t.log" 2>/dev/null | awk '!seen[$0]++' | sed 's/^/  /'
+done
+fail=0
+for t in "${TESTS[@]}"; do
+    [[ "${STATUS[$t]:-}" == "exit 0 after"* ]] || fail=1
+done
+if grep -q '^SKIPPED' "$OUTDIR/conformance_cuda.log" 2>/dev/null; then
+    echo "RESULT: the GPU suite was SKIPPED (no usable NVIDIA driver or GPU)"
+    exit 3
+fi
+if [[ $fail -eq 0 ]]; then echo "RESULT: PASS"; else echo "RESULT: FAIL"; fi
+exit $fail

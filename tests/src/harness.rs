@@ -121,6 +121,11 @@ pub struct TestVm {
     pub name: String,
     /// Slice in bytes.
     pub memory: u64,
+    /// Compute share weight (vgpud's default when `None`).
+    pub weight: Option<u32>,
+    /// With a CID: vgpud also serves a vhost-user vsock device for the VM at
+    /// [`Vgpud::vhost_socket`], forwarding other ports to [`Vgpud::vsock_uds`].
+    pub guest_cid: Option<u64>,
 }
 
 impl TestVm {
@@ -129,9 +134,29 @@ impl TestVm {
         Self {
             name: name.into(),
             memory,
+            weight: None,
+            guest_cid: None,
         }
     }
+
+    /// Sets the compute share weight.
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = Some(weight);
+        self
+    }
+
+    /// Gives the VM a vhost-user vsock device with this guest CID.
+    pub fn vsock(mut self, guest_cid: u64) -> Self {
+        self.guest_cid = Some(guest_cid);
+        self
+    }
 }
+
+/// Replaced by the daemon's directory in [`Vgpud::start_config`] texts.
+pub const DIR_PLACEHOLDER: &str = "@DIR@";
+/// How long vgpud may take to open its sockets.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(20);
 
 /// A vgpud process serving unix sockets in a temporary directory.
 pub struct Vgpud {
@@ -157,22 +182,39 @@ impl Vgpud {
     /// Like [`Vgpud::start`], with extra lines for the `[[device]]` table
     /// (e.g. `watchdog_ms = 300`).
     pub fn start_with(vms: &[TestVm], device_extra: &str) -> Vgpud {
-        let a = artifacts();
-        let dir = tempfile::tempdir().expect("tempdir");
         let mut cfg = format!(
-            "[admin]\nsocket = \"{}\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"4GiB\"\nworkers = 2\n{device_extra}\n",
-            dir.path().join("admin.sock").display()
+            "[admin]\nsocket = \"{DIR_PLACEHOLDER}/admin.sock\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"4GiB\"\nworkers = 2\n{device_extra}\n",
         );
         for vm in vms {
             cfg += &format!(
-                "\n[[vm]]\nname = \"{}\"\ndevice = \"gpu0\"\nmemory = {}\nunix_socket = \"{}\"\n",
-                vm.name,
+                "\n[[vm]]\nname = \"{name}\"\ndevice = \"gpu0\"\nmemory = {}\nunix_socket = \"{DIR_PLACEHOLDER}/{name}.sock\"\n",
                 vm.memory,
-                dir.path().join(format!("{}.sock", vm.name)).display()
+                name = vm.name,
             );
+            if let Some(w) = vm.weight {
+                cfg += &format!("weight = {w}\n");
+            }
+            if let Some(cid) = vm.guest_cid {
+                cfg += &format!(
+                    "vhost_user_socket = \"{DIR_PLACEHOLDER}/{}.vhost.sock\"\nguest_cid = {cid}\n",
+                    vm.name
+                );
+            }
         }
+        Self::start_config(&cfg)
+    }
+
+    /// Starts vgpud with a complete config text, in which `@DIR@`
+    /// ([`DIR_PLACEHOLDER`]) stands for the daemon's temporary directory.
+    /// Waits until every `socket`, `unix_socket` and `vhost_user_socket` the
+    /// config names is there (the listeners accept, the vhost-user sockets
+    /// exist: connecting to those would attach a VMM).
+    pub fn start_config(config_text: &str) -> Vgpud {
+        let a = artifacts();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = config_text.replace(DIR_PLACEHOLDER, &dir.path().to_string_lossy());
         let config = dir.path().join("vgpud.toml");
-        std::fs::write(&config, cfg).expect("config");
+        std::fs::write(&config, &text).expect("config");
         let log = std::fs::File::create(dir.path().join("vgpud.log")).expect("log");
         let child = Command::new(&a.vgpud)
             .arg("--config")
@@ -184,19 +226,42 @@ impl Vgpud {
             .stderr(log)
             .spawn()
             .expect("starting vgpud");
-        let d = Vgpud { child, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut wanted: Vec<PathBuf> = vms.iter().map(|v| d.socket(&v.name)).collect();
-        wanted.push(d.admin_socket());
-        while !wanted.iter().all(|p| UnixStream::connect(p).is_ok()) {
+        let mut d = Vgpud { child, dir };
+        let (listeners, vhost) = config_sockets(&text);
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        while !(listeners.iter().all(|p| UnixStream::connect(p).is_ok())
+            && vhost.iter().all(|p| p.exists()))
+        {
+            assert!(
+                d.is_running(),
+                "vgpud exited at start; config:\n{text}\nlog:\n{}",
+                d.log()
+            );
             assert!(
                 Instant::now() < deadline,
                 "vgpud did not come up; log:\n{}",
                 d.log()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
         d
+    }
+
+    /// The daemon's temporary directory (sockets, config, log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The vhost-user socket of a VM started with [`TestVm::vsock`].
+    pub fn vhost_socket(&self, vm: &str) -> PathBuf {
+        self.dir.path().join(format!("{vm}.vhost.sock"))
+    }
+
+    /// The hybrid-vsock socket of a VM started with [`TestVm::vsock`]
+    /// (vgpud's default `vsock_uds_path`): guest connections to host port P
+    /// go to `<this>_P`.
+    pub fn vsock_uds(&self, vm: &str) -> PathBuf {
+        self.dir.path().join(format!("{vm}.vsock"))
     }
 
     /// The unix socket of a VM.
@@ -257,6 +322,65 @@ impl Vgpud {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// Unwraps a guest's result; on error panics with `what`, the error (it
+    /// quotes the guest console and QEMU's messages) and vgpud's log tail.
+    pub fn guest_ok<T>(&self, r: Result<T, crate::qemu::QemuError>, what: &str) -> T {
+        r.unwrap_or_else(|e| panic!("{what}: {e}\nvgpud log tail:\n{}", log_tail(&self.log())))
+    }
+
+    /// Polls a VM's admin JSON until `pred` holds and returns that JSON;
+    /// panics after `timeout` with `what`, the last JSON and the log.
+    pub fn wait_vm(
+        &self,
+        vm: &str,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.vm(vm);
+            if pred(&v) {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "VM {vm}: {what} did not happen within {timeout:?}; admin view:\n{v:#}\nlog tail:\n{}",
+                log_tail(&self.log())
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// The last lines of a log, for assertion messages.
+fn log_tail(log: &str) -> String {
+    const LINES: usize = 60;
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(LINES)..].join("\n")
+}
+
+/// The listener sockets (`socket`, `unix_socket`) and vhost-user sockets a
+/// config names, from its `key = "path"` lines.
+fn config_sockets(text: &str) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut listeners = Vec::new();
+    let mut vhost = Vec::new();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = value.split('#').next().unwrap_or("").trim();
+        let Some(path) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) else {
+            continue;
+        };
+        match key.trim() {
+            "socket" | "unix_socket" => listeners.push(PathBuf::from(path)),
+            "vhost_user_socket" => vhost.push(PathBuf::from(path)),
+            _ => {}
+        }
+    }
+    (listeners, vhost)
 }
 
 impl Drop for Vgpud {
@@ -363,4 +487,141 @@ pub fn hold(d: &Vgpud, vm: &str, bytes: u64) -> Holder {
     }
     assert_ne!(ptr, 0, "the holder printed no pointer");
     Holder { child, ptr }
+}
+
+// ---------------------------------------------------------------------------
+// Guests of a test daemon (QEMU end-to-end tests)
+// ---------------------------------------------------------------------------
+
+/// Exit status of a guest script whose `guest-shim/install.sh` failed.
+pub const INSTALL_FAILED_STATUS: i32 = 90;
+
+/// `tests/guest/<name>.c` built for guests: linked against the shim
+/// (`-lcuda`, no rpath), so it needs the shim installed in the guest.
+pub fn guest_cuda_program(name: &str) -> PathBuf {
+    let source = workspace_root()
+        .join("tests/guest")
+        .join(format!("{name}.c"));
+    crate::qemu::build_guest_cuda_program(&source, name, &artifacts().lib_dir)
+        .unwrap_or_else(|e| panic!("building the guest program {name}: {e}"))
+}
+
+/// `examples/workload.c` (the demo workload) built for guests.
+pub fn guest_workload() -> PathBuf {
+    let source = workspace_root().join("examples/workload.c");
+    crate::qemu::build_guest_cuda_program(&source, "workload", &artifacts().lib_dir)
+        .unwrap_or_else(|e| panic!("building examples/workload.c for guests: {e}"))
+}
+
+/// A kernel fixture, `tests/kernels/ptx/<file>`.
+pub fn ptx(file: &str) -> PathBuf {
+    workspace_root().join("tests/kernels/ptx").join(file)
+}
+
+/// A guest of VM `vm` of `d` (started with [`TestVm::vsock`]): the VM's
+/// vhost-user vsock device, the guest shim bundle, `programs` in
+/// `/payload/bin` (on `PATH`) and `files` at their guest paths. The script
+/// first installs the shim with `guest-shim/install.sh` (exit
+/// [`INSTALL_FAILED_STATUS`] if that fails) and unsets `LD_LIBRARY_PATH`, so
+/// programs find `libcuda.so.1` through the loader cache as in any VM; then
+/// `body` runs.
+pub fn cuda_guest(
+    d: &Vgpud,
+    vm: &str,
+    name: &str,
+    programs: &[PathBuf],
+    files: &[(PathBuf, &str)],
+    body: &str,
+) -> crate::qemu::GuestSpec {
+    let a = artifacts();
+    let mut spec = crate::qemu::GuestSpec::new(name, "");
+    spec.vhost_user_vsock = Some(d.vhost_socket(vm));
+    let install = spec.add_vgpu_shim(&a.profile_dir.join("libcuda.so"), &a.vgpu_smi);
+    for program in programs {
+        let file = program
+            .file_name()
+            .expect("a program file")
+            .to_string_lossy()
+            .into_owned();
+        spec.payload
+            .push((program.clone(), format!("/payload/bin/{file}")));
+    }
+    for (host, guest) in files {
+        spec.payload.push((host.clone(), (*guest).to_string()));
+    }
+    spec.script = format!(
+        "{install} || {{ echo 'guest-shim/install.sh failed'; exit {INSTALL_FAILED_STATUS}; }}\n\
+         unset LD_LIBRARY_PATH\n\
+         {body}"
+    );
+    spec
+}
+
+/// Connects to a guest listener through the VM's vsock device the
+/// hybrid-vsock way (`CONNECT <port>` on [`Vgpud::vsock_uds`]), sends one
+/// byte and waits for its echo (`vsock-echo listen` in the guest): the
+/// guest's script continues once this returns. Test scripts use it to hold a
+/// guest at a point until the host has checked what it wants to.
+pub fn signal_guest(d: &Vgpud, vm: &str, port: u32, timeout: Duration) {
+    let path = d.vsock_uds(vm);
+    let deadline = Instant::now() + timeout;
+    loop {
+        match try_signal_guest(&path, port, timeout) {
+            Ok(()) => return,
+            Err(e) => {
+                // The guest may not listen yet: the device closes the
+                // connection without a reply then.
+                assert!(
+                    Instant::now() < deadline,
+                    "cannot reach guest port {port} of VM {vm} through {}: {e}",
+                    path.display()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn try_signal_guest(path: &Path, port: u32, timeout: Duration) -> std::io::Result<()> {
+    let mut s = UnixStream::connect(path)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(format!("CONNECT {port}\n").as_bytes())?;
+    let mut reader = BufReader::new(s.try_clone()?);
+    let mut reply = String::new();
+    reader.read_line(&mut reply)?;
+    if !reply.starts_with("OK ") {
+        return Err(std::io::Error::other(format!("CONNECT answered {reply:?}")));
+    }
+    s.write_all(b"!")?;
+    let mut echo = [0u8; 1];
+    reader.read_exact(&mut echo)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_sockets_finds_listeners_and_vhost_sockets() {
+        let text = "[admin]\nsocket = \"/d/admin.sock\"  # admin\n[[vm]]\nname = \"a\"\n\
+                    unix_socket = \"/d/a.sock\"\nvhost_user_socket=\"/d/a.vhost.sock\"\n\
+                    vsock_uds_path = \"/d/a.vsock\"\nmemory = 5\n";
+        let (listeners, vhost) = config_sockets(text);
+        assert_eq!(
+            listeners,
+            [PathBuf::from("/d/admin.sock"), PathBuf::from("/d/a.sock")]
+        );
+        assert_eq!(vhost, [PathBuf::from("/d/a.vhost.sock")]);
+    }
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let log: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let tail = log_tail(&log);
+        assert!(
+            tail.starts_with("line 40\n") && tail.ends_with("line 99"),
+            "{tail}"
+        );
+    }
 }

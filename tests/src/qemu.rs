@@ -55,6 +55,8 @@ pub const MARKER_SHELL: &str = "VGPU-GUEST-SHELL";
 
 /// The guest path of the payload script.
 pub const PAYLOAD_SCRIPT: &str = "/payload/run.sh";
+/// Where [`GuestSpec::add_vgpu_shim`] puts the shim, vgpu-smi and install.sh.
+pub const SHIM_BUNDLE_DIR: &str = "/payload/vgpu";
 /// The vsock CID of the host, as seen from a guest.
 pub const HOST_CID: u32 = 2;
 
@@ -89,6 +91,8 @@ const PERMISSION_BITS: u32 = 0o7777;
 const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
 const C_FLAGS: &[&str] = &["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-std=gnu11"];
 const C_LIBS: &[&str] = &["-ldl"];
+/// Libraries of guest CUDA programs (after `-L <shim dir>`).
+const CUDA_LIBS: &[&str] = &["-lcuda", "-lm", "-ldl"];
 
 /// Errors of the QEMU harness. Messages say what to do where they can.
 #[derive(Debug, thiserror::Error)]
@@ -597,6 +601,43 @@ fn probe_kvm(qemu: &Path, image: &GuestImage) -> Accel {
 /// `tests/out/guest-bin/<name>`, unless that binary is newer than its source.
 /// The binary links dynamically against the host glibc, which the guest has.
 pub fn build_guest_program(name: &str) -> Result<PathBuf, QemuError> {
+    let source = repo_root()
+        .join("tests")
+        .join("guest")
+        .join(format!("{name}.c"));
+    let flags: Vec<OsString> = C_FLAGS.iter().map(OsString::from).collect();
+    let libs: Vec<OsString> = C_LIBS.iter().map(OsString::from).collect();
+    build_guest_program_from(&source, name, &flags, &libs)
+}
+
+/// Compiles a CUDA program for the guest: `source` (e.g. `tests/guest/<name>.c`
+/// or `examples/workload.c`) linked with `-lcuda` against the shim in
+/// `cuda_lib_dir` (a directory with `libcuda.so`), into
+/// `tests/out/guest-bin/<name>`. No rpath: in the guest the loader finds the
+/// `libcuda.so.1` that `guest-shim/install.sh` installed, as for any CUDA
+/// program. Put the shim in the payload with [`GuestSpec::add_vgpu_shim`], or
+/// the payload has no `libcuda.so.1` and [`Guest::boot`] refuses it.
+pub fn build_guest_cuda_program(
+    source: &Path,
+    name: &str,
+    cuda_lib_dir: &Path,
+) -> Result<PathBuf, QemuError> {
+    let flags: Vec<OsString> = C_FLAGS.iter().map(OsString::from).collect();
+    let mut libs = vec![OsString::from("-L")];
+    libs.push(cuda_lib_dir.as_os_str().to_os_string());
+    libs.extend(CUDA_LIBS.iter().map(OsString::from));
+    build_guest_program_from(source, name, &flags, &libs)
+}
+
+/// Compiles a C file with `cc` (or `$CC`) `flags -o OUT source libs` into
+/// `tests/out/guest-bin/<name>`, unless that binary is newer than its source
+/// and was built with the same command line.
+pub fn build_guest_program_from(
+    source: &Path,
+    name: &str,
+    flags: &[OsString],
+    libs: &[OsString],
+) -> Result<PathBuf, QemuError> {
     static BUILD: Mutex<()> = Mutex::new(());
     if name.is_empty()
         || !name
@@ -608,28 +649,32 @@ pub fn build_guest_program(name: &str) -> Result<PathBuf, QemuError> {
         )));
     }
     let _serialized = lock(&BUILD);
-    let source = repo_root()
-        .join("tests")
-        .join("guest")
-        .join(format!("{name}.c"));
     let out_dir = out_dir().join("guest-bin");
     let binary = out_dir.join(name);
-    let source_time = fs::metadata(&source)
+    let stamp = out_dir.join(format!(".{name}.cmd"));
+    let compiler = std::env::var_os("CC").unwrap_or_else(|| OsString::from("cc"));
+    let lossy = |a: &std::ffi::OsStr| a.to_string_lossy().into_owned();
+    let mut parts = vec![lossy(&compiler)];
+    parts.extend(flags.iter().map(|a| lossy(a)));
+    parts.push(lossy(source.as_os_str()));
+    parts.extend(libs.iter().map(|a| lossy(a)));
+    let command = parts.join("\n");
+    let source_time = fs::metadata(source)
         .and_then(|m| m.modified())
-        .map_err(io_err("cannot read", &source))?;
+        .map_err(io_err("cannot read", source))?;
     let binary_time = fs::metadata(&binary).and_then(|m| m.modified());
-    if binary_time.is_ok_and(|built| built >= source_time) {
+    let same_command = fs::read_to_string(&stamp).is_ok_and(|c| c == command);
+    if same_command && binary_time.is_ok_and(|built| built >= source_time) {
         return Ok(binary);
     }
     fs::create_dir_all(&out_dir).map_err(io_err("cannot create", &out_dir))?;
     let tmp = out_dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let compiler = std::env::var_os("CC").unwrap_or_else(|| OsString::from("cc"));
     let output = Command::new(&compiler)
-        .args(C_FLAGS)
+        .args(flags)
         .arg("-o")
         .arg(&tmp)
-        .arg(&source)
-        .args(C_LIBS)
+        .arg(source)
+        .args(libs)
         .stdin(Stdio::null())
         .output()
         .map_err(|source| QemuError::Spawn {
@@ -639,11 +684,12 @@ pub fn build_guest_program(name: &str) -> Result<PathBuf, QemuError> {
     if !output.status.success() {
         let _ = fs::remove_file(&tmp);
         return Err(QemuError::Compile {
-            source_file: source,
+            source_file: source.to_path_buf(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         });
     }
     fs::rename(&tmp, &binary).map_err(io_err("cannot rename into", &binary))?;
+    fs::write(&stamp, command).map_err(io_err("cannot write", &stamp))?;
     Ok(binary)
 }
 
@@ -691,6 +737,23 @@ impl GuestSpec {
             extra_args: Vec::new(),
             kernel_args: Vec::new(),
         }
+    }
+
+    /// Puts the guest shim (as `libcuda.so.1`), `vgpu-smi` and
+    /// `guest-shim/install.sh` into the payload under [`SHIM_BUNDLE_DIR`],
+    /// which is on no search path, and returns the shell command that installs
+    /// them in the guest the way a user would.
+    pub fn add_vgpu_shim(&mut self, libcuda: &Path, vgpu_smi: &Path) -> String {
+        let install = repo_root().join("guest-shim").join("install.sh");
+        for (host, file) in [
+            (libcuda.to_path_buf(), "libcuda.so.1"),
+            (vgpu_smi.to_path_buf(), "vgpu-smi"),
+            (install, "install.sh"),
+        ] {
+            self.payload
+                .push((host, format!("{SHIM_BUNDLE_DIR}/{file}")));
+        }
+        format!("sh {SHIM_BUNDLE_DIR}/install.sh --from {SHIM_BUNDLE_DIR}")
     }
 
     fn expects_payload(&self) -> bool {
@@ -1914,5 +1977,35 @@ mod tests {
             build_guest_program("no-such-program"),
             Err(QemuError::Io { .. })
         ));
+    }
+
+    #[test]
+    fn the_shim_bundle_goes_off_the_search_paths_with_its_installer() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libcuda.so");
+        let smi = dir.path().join("vgpu-smi");
+        fs::write(&lib, b"lib").unwrap();
+        fs::write(&smi, b"smi").unwrap();
+        let mut spec = GuestSpec::new("g", "true");
+        let cmd = spec.add_vgpu_shim(&lib, &smi);
+        assert_eq!(cmd, "sh /payload/vgpu/install.sh --from /payload/vgpu");
+        let guests: Vec<&str> = spec.payload.iter().map(|(_, g)| g.as_str()).collect();
+        assert_eq!(
+            guests,
+            [
+                "/payload/vgpu/libcuda.so.1",
+                "/payload/vgpu/vgpu-smi",
+                "/payload/vgpu/install.sh"
+            ]
+        );
+        assert!(spec.payload[2].0.ends_with("guest-shim/install.sh"));
+        spec.validate().unwrap();
+        // The bundle's libcuda.so.1 satisfies programs linked with -lcuda.
+        let cpio = build_payload(&spec, &manifest()).unwrap();
+        let names: Vec<String> = read_cpio(&cpio).into_iter().map(|e| e.0).collect();
+        assert!(
+            names.contains(&"payload/vgpu/libcuda.so.1".to_string()),
+            "{names:?}"
+        );
     }
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use cuda::driver;
+use serde_json::Value;
 
 /// Shows this VM's virtual GPU: device, memory slice (used/total) and the processes using it.
 #[derive(Debug, Parser)]
@@ -15,8 +16,155 @@ struct Args {
     json: bool,
 }
 
+/// Characters between the table's outer `|` borders.
+const INNER_WIDTH: usize = 77;
+/// Column widths of the device row: GPU index, name (UUID takes the rest).
+const GPU_COL: usize = 5;
+const NAME_COL: usize = 30;
+/// Column widths of the process rows: PID, name, memory (right-aligned).
+const PID_COL: usize = 11;
+const PROC_COL: usize = 44;
+const PROC_MEM_COL: usize = 16;
+const MIB_SHIFT: u32 = 20;
+const PERCENT: u64 = 100;
+
 fn human(bytes: u64) -> String {
-    format!("{}MiB", bytes >> 20)
+    format!("{}MiB", bytes >> MIB_SHIFT)
+}
+
+/// Fits `s` into exactly `width` characters: padded on the right, or cut
+/// with a trailing `~` when too long, so that columns never shift.
+fn fit(s: &str, width: usize) -> String {
+    let n = s.chars().count();
+    if n <= width {
+        format!("{s}{}", " ".repeat(width - n))
+    } else if width == 0 {
+        String::new()
+    } else {
+        let mut cut: String = s.chars().take(width - 1).collect();
+        cut.push('~');
+        cut
+    }
+}
+
+/// [`fit`] into `width - 1` characters and a separating space.
+fn col(s: &str, width: usize) -> String {
+    format!("{} ", fit(s, width.saturating_sub(1)))
+}
+
+/// Like [`fit`], right-aligned.
+fn fit_right(s: &str, width: usize) -> String {
+    let n = s.chars().count();
+    if n <= width {
+        format!("{}{s}", " ".repeat(width - n))
+    } else {
+        fit(s, width)
+    }
+}
+
+fn row(content: &str) -> String {
+    format!("|{}|", fit(content, INNER_WIDTH))
+}
+
+fn rule() -> String {
+    format!("+{}+", "-".repeat(INNER_WIDTH))
+}
+
+/// What the table shows besides the broker's tenant JSON.
+struct Device<'a> {
+    name: &'a str,
+    uuid: &'a str,
+    driver_version: i32,
+}
+
+/// Renders the nvidia-smi style table; every line is `INNER_WIDTH + 2` wide.
+fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
+    let me = info["this_session"].as_u64();
+    let total = info["memory_total"].as_u64().unwrap_or(0);
+    let used = info["memory_used"].as_u64().unwrap_or(0);
+    let kernels = info["kernels"].as_u64().unwrap_or(0);
+    let percent = (used * PERCENT).checked_div(total).unwrap_or(0);
+    let mut out = vec![rule()];
+    let header = format!(
+        " {} {}   Driver API {}   VM: ",
+        "vgpu-smi",
+        vgpu_proto::VERSION,
+        format_version(dev.driver_version),
+    );
+    let vm = info["vm"].as_str().unwrap_or("?");
+    out.push(row(&format!(
+        "{header}{}",
+        fit(vm, INNER_WIDTH.saturating_sub(header.len()))
+    )));
+    out.push(rule());
+    out.push(row(&format!(
+        " {}{}{}",
+        fit("GPU", GPU_COL),
+        fit("Name", NAME_COL),
+        "UUID"
+    )));
+    let uuid_col = INNER_WIDTH - 1 - GPU_COL - NAME_COL;
+    out.push(row(&format!(
+        " {}{}{}",
+        fit_right("0  ", GPU_COL),
+        col(dev.name, NAME_COL),
+        fit(dev.uuid, uuid_col)
+    )));
+    out.push(row(&format!(
+        " {}Memory-Usage: {} / {} ({percent}%)   Kernels launched: {kernels}",
+        " ".repeat(GPU_COL),
+        human(used),
+        human(total),
+    )));
+    out.push(rule());
+    out.push(row(" Processes:"));
+    out.push(row(&format!(
+        "  {}{}{}",
+        fit("PID", PID_COL),
+        fit("Process name", PROC_COL),
+        fit_right("GPU Memory Usage", PROC_MEM_COL)
+    )));
+    let mut any = false;
+    for s in info["sessions"].as_array().into_iter().flatten() {
+        if me.is_some() && s["session"].as_u64() == me {
+            continue;
+        }
+        any = true;
+        let pid = s["pid"]
+            .as_u64()
+            .map_or_else(|| "?".into(), |p| p.to_string());
+        out.push(row(&format!(
+            "  {}{}{}",
+            col(&pid, PID_COL),
+            col(s["process"].as_str().unwrap_or("?"), PROC_COL),
+            fit_right(&human(s["memory_used"].as_u64().unwrap_or(0)), PROC_MEM_COL)
+        )));
+    }
+    if !any {
+        out.push(row("  No running processes found"));
+    }
+    out.push(rule());
+    out
+}
+
+/// The `--json` document: this VM, its device, slice, kernels and the other
+/// processes (vgpu-smi's own session left out).
+fn render_json(info: &Value, dev: &Device<'_>) -> Value {
+    let me = info["this_session"].as_u64();
+    let processes: Vec<Value> = info["sessions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| me.is_none() || s["session"].as_u64() != me)
+        .cloned()
+        .collect();
+    serde_json::json!({
+        "vm": info["vm"],
+        "device": { "name": dev.name, "uuid": dev.uuid, "kind": info["device_kind"] },
+        "memory": { "total": info["memory_total"], "used": info["memory_used"] },
+        "kernels": info["kernels"],
+        "processes": processes,
+    })
 }
 
 fn main() -> ExitCode {
@@ -38,66 +186,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let v: serde_json::Value = serde_json::from_str(&info).unwrap_or_default();
-    let me = v["this_session"].as_u64().unwrap_or(0);
+    let info: Value = serde_json::from_str(&info).unwrap_or_default();
     let uuid = uuid_string(&d.props.uuid);
+    let dev = Device {
+        name: &d.props.name,
+        uuid: &uuid,
+        driver_version: driver::driver_version(),
+    };
     if args.json {
-        let processes: Vec<_> = v["sessions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|s| s["session"].as_u64() != Some(me))
-            .cloned()
-            .collect();
-        let out = serde_json::json!({
-            "vm": v["vm"],
-            "device": { "name": d.props.name, "uuid": uuid, "kind": v["device_kind"] },
-            "memory": { "total": v["memory_total"], "used": v["memory_used"] },
-            "kernels": v["kernels"],
-            "processes": processes,
-        });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-        return ExitCode::SUCCESS;
-    }
-    let total = v["memory_total"].as_u64().unwrap_or(0);
-    let used = v["memory_used"].as_u64().unwrap_or(0);
-    let line = "+-----------------------------------------------------------------------------+";
-    println!("{line}");
-    println!(
-        "| vgpu-smi {:<20} Driver API {:<10} VM: {:<24}|",
-        vgpu_proto::VERSION,
-        format_version(driver::driver_version()),
-        v["vm"].as_str().unwrap_or("?")
-    );
-    println!("{line}");
-    println!("| GPU  Name                          UUID                                     |");
-    println!("|   0  {:<30}{:<43}|", d.props.name, uuid);
-    println!(
-        "|      Memory-Usage: {:>10} / {:<10}  Kernels: {:<24}|",
-        human(used),
-        human(total),
-        v["kernels"]
-    );
-    println!("{line}");
-    println!("| Processes:                                                                  |");
-    println!("|  PID     Process name                                  GPU Memory Usage     |");
-    let mut any = false;
-    for s in v["sessions"].as_array().into_iter().flatten() {
-        if s["session"].as_u64() == Some(me) {
-            continue;
+        let doc = render_json(&info, &dev);
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        for line in render_table(&info, &dev) {
+            println!("{line}");
         }
-        any = true;
-        println!(
-            "|  {:<7} {:<45} {:>12}         |",
-            s["pid"],
-            s["process"].as_str().unwrap_or("?"),
-            human(s["memory_used"].as_u64().unwrap_or(0))
-        );
     }
-    if !any {
-        println!("|  No running processes found                                                 |");
-    }
-    println!("{line}");
     ExitCode::SUCCESS
 }
 
@@ -115,4 +218,103 @@ fn uuid_string(u: &[u8; 16]) -> String {
         h[8..10].concat(),
         h[10..16].concat()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(vm: &str, used: u64, total: u64, sessions: Value) -> Value {
+        serde_json::json!({
+            "vm": vm, "device_kind": "sim", "memory_total": total, "memory_used": used,
+            "kernels": 7, "this_session": 1, "sessions": sessions,
+        })
+    }
+
+    const UUID: &str = "GPU-185b03cc-73f1-8509-b127-55540bfe430b";
+
+    fn dev<'a>(name: &'a str) -> Device<'a> {
+        Device {
+            name,
+            uuid: UUID,
+            driver_version: 12090,
+        }
+    }
+
+    fn assert_aligned(lines: &[String]) {
+        for l in lines {
+            assert_eq!(
+                l.chars().count(),
+                INNER_WIDTH + 2,
+                "misaligned: {l:?}\n{}",
+                lines.join("\n")
+            );
+            assert!(
+                l.starts_with(['|', '+']) && l.ends_with(['|', '+']),
+                "{l:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_line_has_the_same_width_with_short_and_long_values() {
+        let short = render_table(&info("a", 0, 1 << 20, serde_json::json!([])), &dev("g"));
+        assert_aligned(&short);
+        assert!(
+            short
+                .iter()
+                .any(|l| l.contains("No running processes found"))
+        );
+        let sessions = serde_json::json!([
+            {"session": 1, "pid": 9, "process": "vgpu-smi", "memory_used": 0},
+            {"session": 2, "pid": 4_294_967_295u64, "process": "p".repeat(200), "memory_used": 3u64 << 40},
+            {"session": 3, "pid": 42, "process": "w", "memory_used": 1u64 << 20},
+        ]);
+        let long = render_table(
+            &info(&"v".repeat(300), 5u64 << 40, 8u64 << 40, sessions),
+            &dev(&"n".repeat(100)),
+        );
+        assert_aligned(&long);
+        let text = long.join("\n");
+        assert!(text.contains("5242880MiB / 8388608MiB (62%)"), "{text}");
+        assert!(text.contains("Kernels launched: 7"), "{text}");
+        assert!(
+            !text.contains("vgpu-smi                "),
+            "own session listed:\n{text}"
+        );
+        assert!(text.contains("  42         w"), "{text}");
+        assert!(text.contains("4294967295"), "{text}");
+        assert!(text.contains(UUID), "{text}");
+    }
+
+    #[test]
+    fn the_uuid_column_fits_a_full_uuid_and_the_slice_format_is_stable() {
+        let t = render_table(
+            &info("vm1", 4 << 20, 32 << 20, serde_json::json!([])),
+            &dev("vgpu Simulated GPU"),
+        );
+        let text = t.join("\n");
+        assert!(text.contains("4MiB / 32MiB (12%)"), "{text}");
+        assert!(
+            text.contains(&format!("vgpu Simulated GPU            {UUID}")),
+            "{text}"
+        );
+        assert!(text.contains("VM: vm1"), "{text}");
+        let zero = render_table(&info("vm1", 0, 0, serde_json::json!([])), &dev("g"));
+        assert!(zero.join("\n").contains("0MiB / 0MiB (0%)"));
+    }
+
+    #[test]
+    fn json_leaves_out_vgpu_smis_own_session() {
+        let sessions = serde_json::json!([
+            {"session": 1, "pid": 9, "process": "vgpu-smi", "memory_used": 0},
+            {"session": 2, "pid": 10, "process": "app", "memory_used": 5},
+        ]);
+        let j = render_json(&info("vm1", 5, 10, sessions), &dev("g"));
+        assert_eq!(j["vm"], "vm1");
+        assert_eq!(j["memory"]["total"], 10);
+        assert_eq!(j["processes"].as_array().unwrap().len(), 1);
+        assert_eq!(j["processes"][0]["process"], "app");
+        assert_eq!(j["device"]["uuid"], UUID);
+    }
 }

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod handles;
 pub mod memory;
+pub mod scheduler;
 pub mod server;
 pub mod session;
 pub mod size;
@@ -26,8 +27,11 @@ use std::sync::{Arc, RwLock};
 
 use thiserror::Error;
 
-use crate::config::{MAX_WEIGHT, Priority, SchedulingConfig, VmConfig};
+use crate::config::{
+    MAX_BATCH_MIN_SHARE, MAX_SLICE, MAX_WEIGHT, MIN_SLICE, Priority, SchedulingConfig, VmConfig,
+};
 use crate::device::Device;
+use crate::scheduler::{Clock, LocalClock, Scheduler};
 use crate::tenant::Tenant;
 
 pub use error::CuError;
@@ -71,7 +75,8 @@ pub enum BrokerError {
 /// Devices and tenants.
 pub struct Broker {
     devices: Vec<(String, Arc<dyn Device>)>,
-    scheduling: RwLock<BTreeMap<String, SchedulingConfig>>,
+    /// One scheduler per device, in the order of `devices`.
+    schedulers: Vec<Arc<Scheduler>>,
     tenants: RwLock<BTreeMap<String, Arc<Tenant>>>,
     next_session: AtomicU64,
 }
@@ -89,15 +94,26 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// A broker over named devices.
+    /// A broker over named devices; weight schedules follow the host's local time.
     pub fn new(devices: Vec<(String, Arc<dyn Device>)>) -> Self {
-        let scheduling = devices
+        Self::with_clock(devices, Arc::new(LocalClock))
+    }
+
+    /// A broker whose schedulers read the time of day from `clock`.
+    pub fn with_clock(devices: Vec<(String, Arc<dyn Device>)>, clock: Arc<dyn Clock>) -> Self {
+        let schedulers = devices
             .iter()
-            .map(|(n, _)| (n.clone(), SchedulingConfig::default()))
+            .map(|(n, _)| {
+                Arc::new(Scheduler::new(
+                    n,
+                    SchedulingConfig::default(),
+                    Arc::clone(&clock),
+                ))
+            })
             .collect();
         Self {
             devices,
-            scheduling: RwLock::new(scheduling),
+            schedulers,
             tenants: RwLock::new(BTreeMap::new()),
             next_session: AtomicU64::new(1),
         }
@@ -113,19 +129,27 @@ impl Broker {
         &self.devices
     }
 
+    /// The compute scheduler of the named device.
+    pub fn scheduler(&self, device: &str) -> Option<&Arc<Scheduler>> {
+        self.devices
+            .iter()
+            .position(|d| d.0 == device)
+            .map(|i| &self.schedulers[i])
+    }
+
     /// Adds a tenant for a VM entry.
     pub fn add_tenant(&self, vm: &VmConfig) -> Result<Arc<Tenant>, BrokerError> {
-        let device = self
-            .device(&vm.device)
-            .ok_or_else(|| BrokerError::UnknownDevice {
-                vm: vm.name.clone(),
-                device: vm.device.clone(),
-            })?;
+        let unknown = || BrokerError::UnknownDevice {
+            vm: vm.name.clone(),
+            device: vm.device.clone(),
+        };
+        let device = self.device(&vm.device).ok_or_else(unknown)?;
+        let scheduler = self.scheduler(&vm.device).ok_or_else(unknown)?;
         let mut t = self.tenants.write().unwrap_or_else(|p| p.into_inner());
         if t.contains_key(&vm.name) {
             return Err(BrokerError::DuplicateTenant(vm.name.clone()));
         }
-        let tenant = Arc::new(Tenant::new(vm, Arc::clone(device)));
+        let tenant = Arc::new(Tenant::new(vm, Arc::clone(device), Arc::clone(scheduler)));
         t.insert(vm.name.clone(), Arc::clone(&tenant));
         Ok(tenant)
     }
@@ -166,7 +190,9 @@ impl Broker {
     }
 
     /// Applies a live change to a VM. A memory slice below what the VM uses
-    /// is refused and nothing changes.
+    /// is refused and nothing changes. Weight and priority take effect at the
+    /// scheduler's next decision (at the latest, the end of the running
+    /// slice); a `[[vm.schedule]]` window in force overrides the base weight.
     pub fn update_vm(&self, name: &str, u: &VmUpdate) -> Result<(), BrokerError> {
         let t = self
             .tenant(name)
@@ -201,20 +227,28 @@ impl Broker {
 
     /// The scheduling settings of a device.
     pub fn scheduling(&self, device: &str) -> Option<SchedulingConfig> {
-        self.scheduling
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(device)
-            .copied()
+        self.scheduler(device).map(|s| s.config())
     }
 
-    /// Changes the scheduling settings of a device (live).
+    /// Changes the scheduling settings of a device (live: the running slice
+    /// is cut to the new length, and the policy applies from the next decision).
     pub fn set_scheduling(&self, device: &str, s: SchedulingConfig) -> Result<(), BrokerError> {
-        let mut m = self.scheduling.write().unwrap_or_else(|p| p.into_inner());
-        let slot = m
-            .get_mut(device)
+        let sched = self
+            .scheduler(device)
             .ok_or_else(|| BrokerError::NoSuchDevice(device.to_string()))?;
-        *slot = s;
+        if !(MIN_SLICE..=MAX_SLICE).contains(&s.slice) {
+            return Err(BrokerError::Refused(format!(
+                "the slice must be between {} and {} ms",
+                MIN_SLICE.as_millis(),
+                MAX_SLICE.as_millis()
+            )));
+        }
+        if s.batch_min_share > MAX_BATCH_MIN_SHARE {
+            return Err(BrokerError::Refused(format!(
+                "batch_min_share is a percentage from 0 to {MAX_BATCH_MIN_SHARE}"
+            )));
+        }
+        sched.set_config(s);
         Ok(())
     }
 

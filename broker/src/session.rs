@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::debug;
 use vgpu_proto::cuda::{self, attr, func_attr};
@@ -19,6 +19,7 @@ use crate::engine::{Engine, EventClock, Job, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
 use crate::memory::{AllocKind, Allocation, Allocations};
+use crate::scheduler::{KernelTicket, Outcome};
 use crate::tenant::{SessionInfo, Tenant};
 
 /// `CU_STREAM_LEGACY`.
@@ -907,6 +908,7 @@ impl Session {
             control: Arc::new(RunControl::default()),
             watchdog: self.device.watchdog,
             tenant: Arc::clone(&self.tenant),
+            ticket: self.tenant.queue_kernel(),
         };
         Ok(self.engine.submit(ctx, Job::Other(Box::new(work))))
     }
@@ -1106,7 +1108,10 @@ impl Drop for Session {
     }
 }
 
-/// A kernel launch queued on the session's engine.
+/// A kernel launch queued on the session's engine. It runs only while its
+/// tenant holds the device (see [`crate::scheduler`]): when the scheduler
+/// asks it to yield, it gives the device back and resumes from the next
+/// thread block once granted again.
 struct LaunchWork {
     module: Arc<dyn DeviceModule>,
     kernel: usize,
@@ -1115,34 +1120,67 @@ struct LaunchWork {
     control: Arc<RunControl>,
     watchdog: Option<std::time::Duration>,
     tenant: Arc<Tenant>,
+    ticket: KernelTicket,
 }
 
 impl Work for LaunchWork {
     fn run(self: Box<Self>, dev: &dyn DeviceContext) -> Result<(), CuError> {
+        let LaunchWork {
+            module,
+            kernel,
+            dims,
+            params,
+            control,
+            watchdog,
+            tenant,
+            mut ticket,
+        } = *self;
         let mut start = 0;
-        self.control
-            .set_deadline(self.watchdog.and_then(|w| Instant::now().checked_add(w)));
+        // The watchdog counts the kernel's running time only, not its waits
+        // for the device.
+        let mut ran = Duration::ZERO;
         loop {
-            match dev.launch(
-                self.module.as_ref(),
-                self.kernel,
-                &self.dims,
-                &self.params,
-                start,
-                &self.control,
-            )? {
-                LaunchProgress::Completed => {
-                    self.tenant.stats.kernels.fetch_add(1, Ordering::Relaxed);
+            let grant = ticket
+                .acquire(&control)
+                .map_err(|e| CuError::new(cuda::CUDA_ERROR_LAUNCH_FAILED, e.to_string()))?;
+            if let Some(limit) = watchdog {
+                let Some(left) = limit.checked_sub(ran).filter(|d| !d.is_zero()) else {
+                    grant.finish(Outcome::Failed);
+                    return Err(CuError::new(
+                        cuda::CUDA_ERROR_LAUNCH_TIMEOUT,
+                        format!(
+                            "watchdog: kernel `{}` ran longer than {} ms",
+                            module
+                                .kernels()
+                                .get(kernel)
+                                .map_or("?", |k| k.name.as_str()),
+                            limit.as_millis()
+                        ),
+                    ));
+                };
+                control.set_deadline(Instant::now().checked_add(left));
+            }
+            let t0 = Instant::now();
+            let r = dev.launch(module.as_ref(), kernel, &dims, &params, start, &control);
+            ran += t0.elapsed();
+            match r {
+                Err(e) => {
+                    grant.finish(Outcome::Failed);
+                    return Err(e.into());
+                }
+                Ok(LaunchProgress::Completed) => {
+                    grant.finish(Outcome::Completed);
+                    tenant.stats.kernels.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                LaunchProgress::Yielded { next_block } => {
-                    if self.control.cancelled() {
+                Ok(LaunchProgress::Yielded { next_block }) => {
+                    grant.finish(Outcome::Yielded);
+                    if control.cancelled() {
                         return Err(CuError::new(
                             cuda::CUDA_ERROR_LAUNCH_FAILED,
                             "the launch was cancelled",
                         ));
                     }
-                    self.control.clear_yield();
                     start = next_block;
                 }
             }

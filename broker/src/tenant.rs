@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use crate::config::{Priority, VmConfig};
 use crate::device::{Device, DeviceContext, DeviceError};
 use crate::memory::MemorySlice;
+use crate::scheduler::{KernelTicket, SchedStats, Scheduler, TenantId};
 
 /// Mutable scheduling settings of a tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +67,8 @@ pub struct Tenant {
     /// Counters.
     pub stats: TenantStats,
     closed: AtomicBool,
+    scheduler: Arc<Scheduler>,
+    sched_id: TenantId,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -83,8 +86,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Tenant {
-    /// A tenant for a VM entry, on `device`.
-    pub fn new(vm: &VmConfig, device: Arc<dyn Device>) -> Self {
+    /// A tenant for a VM entry, on `device`, whose kernels `scheduler` (the
+    /// device's) schedules.
+    pub fn new(vm: &VmConfig, device: Arc<dyn Device>, scheduler: Arc<Scheduler>) -> Self {
+        let sched_id = scheduler.add_tenant(vm);
         Self {
             name: vm.name.clone(),
             device_name: vm.device.clone(),
@@ -98,6 +103,8 @@ impl Tenant {
             sessions: Mutex::new(BTreeMap::new()),
             stats: TenantStats::default(),
             closed: AtomicBool::new(false),
+            scheduler,
+            sched_id,
         }
     }
 
@@ -122,9 +129,30 @@ impl Tenant {
         *lock(&self.settings)
     }
 
-    /// Changes the scheduling settings.
+    /// Changes the scheduling settings; the scheduler applies them at once.
     pub fn set_settings(&self, s: TenantSettings) {
-        *lock(&self.settings) = s;
+        let mut cur = lock(&self.settings);
+        *cur = s;
+        self.scheduler
+            .set_settings(self.sched_id, s.weight, s.priority);
+    }
+
+    /// Compute accounting: device time, kernels, queue waits and recent shares.
+    pub fn sched_stats(&self) -> SchedStats {
+        self.scheduler
+            .stats(self.sched_id)
+            .expect("a live tenant is registered with its scheduler")
+    }
+
+    /// The scheduler of the tenant's device.
+    pub fn scheduler(&self) -> &Arc<Scheduler> {
+        &self.scheduler
+    }
+
+    /// Notes a kernel launch; the ticket waits for the device when the
+    /// kernel is next in its session.
+    pub fn queue_kernel(&self) -> KernelTicket {
+        self.scheduler.queue_kernel(self.sched_id)
     }
 
     /// Registers a session.
@@ -151,5 +179,11 @@ impl Tenant {
     /// Whether the tenant accepts new sessions.
     pub fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        self.scheduler.remove_tenant(self.sched_id);
     }
 }

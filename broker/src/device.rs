@@ -283,6 +283,13 @@ pub enum LaunchProgress {
 /// broker against the tenant's allocations; implementations still refuse
 /// addresses they do not know instead of touching them.
 pub trait DeviceContext: Send + Sync {
+    /// Whether the context is usable. A context a sticky error broke (a real
+    /// GPU's context after an illegal address, say) answers with that error:
+    /// the tenant then opens a fresh context for its next session, while the
+    /// sessions that saw the fault keep failing with it.
+    fn health(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
     /// Allocates `size` bytes (the broker already charged the slice).
     fn alloc(&self, size: u64) -> Result<u64, DeviceError>;
     /// Frees an allocation made by `alloc`.

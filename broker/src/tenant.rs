@@ -117,7 +117,14 @@ impl Tenant {
     pub fn context(&self) -> Result<Arc<dyn DeviceContext>, DeviceError> {
         let mut c = lock(&self.context);
         if let Some(ctx) = c.as_ref() {
-            return Ok(Arc::clone(ctx));
+            match ctx.health() {
+                Ok(()) => return Ok(Arc::clone(ctx)),
+                Err(e) => tracing::info!(
+                    tenant = %self.name,
+                    error = %e,
+                    "the VM's device context is broken; new sessions get a fresh one"
+                ),
+            }
         }
         let ctx = self.device.open(&self.name)?;
         *c = Some(Arc::clone(&ctx));
@@ -185,5 +192,89 @@ impl Tenant {
 impl Drop for Tenant {
     fn drop(&mut self) {
         self.scheduler.remove_tenant(self.sched_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Broker;
+    use crate::device::DeviceInfo;
+    use crate::testutils::{MemDevice, vm};
+
+    /// A device whose contexts break (report unhealthy) when a flag is set.
+    struct Breakable {
+        inner: MemDevice,
+        broken: Arc<AtomicBool>,
+    }
+
+    struct BreakableCtx {
+        inner: Arc<dyn DeviceContext>,
+        broken: Arc<AtomicBool>,
+    }
+
+    impl Device for Breakable {
+        fn info(&self) -> &DeviceInfo {
+            self.inner.info()
+        }
+        fn open(&self, t: &str) -> Result<Arc<dyn DeviceContext>, DeviceError> {
+            Ok(Arc::new(BreakableCtx {
+                inner: self.inner.open(t)?,
+                broken: Arc::clone(&self.broken),
+            }))
+        }
+        fn memory_used(&self) -> u64 {
+            self.inner.memory_used()
+        }
+    }
+
+    impl DeviceContext for BreakableCtx {
+        fn health(&self) -> Result<(), DeviceError> {
+            if self.broken.load(Ordering::SeqCst) {
+                Err(DeviceError::Fault {
+                    code: 700,
+                    message: "broken".into(),
+                })
+            } else {
+                Ok(())
+            }
+        }
+        fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
+            self.inner.alloc(size)
+        }
+        fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+            self.inner.free(ptr)
+        }
+        fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+            self.inner.write(dst, data)
+        }
+        fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+            self.inner.read(src, out)
+        }
+        fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
+            self.inner.copy(dst, src, len)
+        }
+        fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+            self.inner.memset(dst, value, elem_size, count)
+        }
+    }
+
+    #[test]
+    fn a_broken_context_is_replaced_for_the_next_session() {
+        let broken = Arc::new(AtomicBool::new(false));
+        let dev: Arc<dyn Device> = Arc::new(Breakable {
+            inner: MemDevice::new(1 << 20, Duration::ZERO),
+            broken: Arc::clone(&broken),
+        });
+        let b = Broker::new(vec![("gpu0".into(), dev)]);
+        let t = b.add_tenant(&vm("vm1", 1 << 20)).unwrap();
+        let c1 = t.context().unwrap();
+        assert!(Arc::ptr_eq(&c1, &t.context().unwrap()), "one context per VM while healthy");
+        broken.store(true, Ordering::SeqCst);
+        let c2 = t.context().unwrap();
+        assert!(!Arc::ptr_eq(&c1, &c2), "a broken context is not handed out again");
     }
 }

@@ -714,6 +714,10 @@ impl CudaContext {
 }
 
 impl DeviceContext for CudaContext {
+    fn health(&self) -> Result<(), DeviceError> {
+        self.broken().map_or(Ok(()), Err)
+    }
+
     fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
         let g = self.inner.generation()?;
         let p = {

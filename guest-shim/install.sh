@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs vgpu's guest side in a Linux VM: the guest shim as libcuda.so.1
-# (plus the libcuda.so link), vgpu-smi, the loader configuration, and the vsock
-# module load at boot. POSIX sh (works with busybox ash, dash and bash).
+# (plus the libcuda.so link), vgpu-smi, the loader configuration, the vsock
+# module load at boot and, when it can, the vgpu kernel module for the
+# virtio-vgpu device (prebuilt vgpu.ko, DKMS, or built against the kernel
+# headers). POSIX sh (works with busybox ash, dash and bash).
 # Run it inside the guest as root; docs/guest.md explains what it does.
 #
 #   sh install.sh [--from DIR] [--prefix DIR] [--libdir DIR] [--bindir DIR]
@@ -12,6 +14,11 @@ set -eu
 
 PROG=vgpu-install
 MODULE=vmw_vsock_virtio_transport
+# The guest module of the virtio-vgpu device (guest-shim/kmod).
+KMOD=vgpu
+KMOD_SIGNATURE="virtio-vgpu paravirtual GPU (vgpu project)"
+KMOD_SOURCES="vgpu.c vgpu_uapi.h vgpu_virtio.h Makefile dkms.conf"
+DKMS_VERSION=0.1.0
 # Marks files written by this script; uninstall removes only files carrying it
 # (configuration files) or, for the library, the shim's own strings.
 STAMP="# written by vgpu guest-shim/install.sh"
@@ -23,10 +30,14 @@ usage() {
 usage: install.sh [options]
 
 Installs the vgpu guest shim (libcuda.so.1, libcuda.so), vgpu-smi, an
-ld.so.conf.d entry and /etc/modules-load.d/vgpu.conf (vsock at boot).
+ld.so.conf.d entry and /etc/modules-load.d/vgpu.conf (vsock at boot), and the
+vgpu kernel module for the virtio-vgpu device when FROM has a vgpu.ko built
+for this kernel, or the module source (FROM/kmod or kmod/ next to this script)
+and the kernel headers are here (with DKMS when it is installed).
 
 options:
-  --from DIR      where libcuda.so.1 (or libcuda.so) and vgpu-smi are
+  --from DIR      where libcuda.so.1 (or libcuda.so), vgpu-smi and optionally
+                  vgpu.ko or kmod/ are
                   (default: this script's directory, else ../target/release)
   --prefix DIR    installation prefix (default /usr/local): libraries go to
                   PREFIX/lib, vgpu-smi to PREFIX/bin
@@ -111,6 +122,9 @@ if [ -z "$ROOT" ] && [ "$(id -u)" -ne 0 ]; then
 fi
 
 is_shim() { [ -f "$1" ] && grep -q "$SHIM_SIGNATURE" "$1" 2>/dev/null; }
+# ko_has FILE TEXT: the module file carries TEXT (its .modinfo strings are NUL-separated, which
+# some greps stop at).
+ko_has() { [ -f "$1" ] && tr '\000' '\n' <"$1" 2>/dev/null | grep -qF "$2"; }
 is_ours() { [ -f "$1" ] && grep -qF "$STAMP" "$1" 2>/dev/null; }
 
 find_ldconfig() {
@@ -164,6 +178,24 @@ if [ "$UNINSTALL" -eq 1 ]; then
     for f in "$LDCONF" "$MODCONF"; do
         if is_ours "$(at "$f")"; then remove "$f"; fi
     done
+    if [ -z "$ROOT" ]; then
+        kver="$(uname -r)"
+        if command -v dkms >/dev/null 2>&1 && dkms status -m "$KMOD" -v "$DKMS_VERSION" 2>/dev/null | grep -q .; then
+            dkms remove -m "$KMOD" -v "$DKMS_VERSION" --all >/dev/null 2>&1 || warn "dkms remove $KMOD/$DKMS_VERSION failed"
+            rm -rf "/usr/src/$KMOD-$DKMS_VERSION"
+            say "removed the $KMOD module from DKMS"
+            removed=$((removed + 1))
+        fi
+        ko="/lib/modules/$kver/extra/$KMOD.ko"
+        if ko_has "$ko" "$KMOD_SIGNATURE"; then
+            remove "$ko"
+            if command -v depmod >/dev/null 2>&1; then depmod -a "$kver" 2>/dev/null || true; fi
+        fi
+        if [ -d "/sys/module/$KMOD" ]; then
+            rmmod "$KMOD" 2>/dev/null && say "unloaded the $KMOD module" \
+                || warn "the $KMOD module is in use; it stays loaded until reboot"
+        fi
+    fi
     if [ "$removed" -eq 0 ]; then
         say "nothing to remove under $LIBDIR, $BINDIR and /etc (installed with other --prefix/--libdir?)"
     else
@@ -253,7 +285,65 @@ if default_loader_dir "$LIBDIR"; then
 else
     put_text "$LDCONF" "$LIBDIR"
 fi
-put_text "$MODCONF" "$MODULE"
+# --- the vgpu kernel module (virtio-vgpu device) ---------------------------------
+KMOD_READY=no
+if [ -z "$ROOT" ]; then
+    KVER="$(uname -r)"
+    KMOD_DEST="/lib/modules/$KVER/extra/$KMOD.ko"
+    KSRC=""
+    for d in "$FROM/kmod" "$HERE/kmod"; do
+        if [ -f "$d/vgpu.c" ] && [ -f "$d/Makefile" ]; then KSRC="$d"; break; fi
+    done
+    if [ -f "$FROM/$KMOD.ko" ]; then
+        if ko_has "$FROM/$KMOD.ko" "vermagic=$KVER "; then
+            put "$FROM/$KMOD.ko" "$KMOD_DEST" 0644
+            KMOD_READY=yes
+        else
+            warn "$FROM/$KMOD.ko was built for another kernel than $KVER; not installed (the shim uses vsock)"
+        fi
+    elif [ -n "$KSRC" ] && [ -d "/lib/modules/$KVER/build" ]; then
+        if command -v dkms >/dev/null 2>&1; then
+            dsrc="/usr/src/$KMOD-$DKMS_VERSION"
+            before="$changed"
+            changed=0
+            for f in $KMOD_SOURCES; do put "$KSRC/$f" "$dsrc/$f" 0644; done
+            if [ "$changed" -eq 1 ] && dkms status -m "$KMOD" -v "$DKMS_VERSION" 2>/dev/null | grep -q .; then
+                dkms remove -m "$KMOD" -v "$DKMS_VERSION" --all >/dev/null 2>&1 || true
+            fi
+            [ "$before" -eq 1 ] && changed=1
+            dkms status -m "$KMOD" -v "$DKMS_VERSION" 2>/dev/null | grep -q . \
+                || dkms add -m "$KMOD" -v "$DKMS_VERSION" >/dev/null || die "dkms add $KMOD/$DKMS_VERSION failed"
+            if dkms install -m "$KMOD" -v "$DKMS_VERSION" -k "$KVER" >/dev/null 2>&1 \
+                || dkms status -m "$KMOD" -v "$DKMS_VERSION" -k "$KVER" 2>/dev/null | grep -q installed; then
+                say "the $KMOD module is built and installed by DKMS for $KVER (rebuilt for new kernels)"
+                KMOD_READY=yes
+            else
+                warn "dkms install $KMOD/$DKMS_VERSION failed (see /var/lib/dkms/$KMOD/$DKMS_VERSION/build/make.log); the shim uses vsock"
+            fi
+        else
+            kbuild="$(mktemp -d "${TMPDIR:-/tmp}/vgpu-kmod.XXXXXX")"
+            for f in $KMOD_SOURCES; do cp "$KSRC/$f" "$kbuild/"; done
+            if make -s -C "/lib/modules/$KVER/build" M="$kbuild" modules >"$kbuild/build.log" 2>&1; then
+                put "$kbuild/$KMOD.ko" "$KMOD_DEST" 0644
+                KMOD_READY=yes
+            else
+                warn "building the $KMOD module against /lib/modules/$KVER/build failed (log: $kbuild/build.log); the shim uses vsock"
+            fi
+            [ "$KMOD_READY" = no ] || rm -rf "$kbuild"
+        fi
+    elif [ -n "$KSRC" ]; then
+        say "the $KMOD module (virtio-vgpu device) needs the kernel headers to build: install linux-headers-$KVER (and dkms) and run this again; the shim uses vsock meanwhile"
+    fi
+    if [ "$KMOD_READY" = yes ] && command -v depmod >/dev/null 2>&1; then
+        depmod -a "$KVER" 2>/dev/null || warn "depmod failed; the $KMOD module loads with insmod only"
+    fi
+fi
+if [ "$KMOD_READY" = yes ]; then
+    put_text "$MODCONF" "$MODULE
+$KMOD"
+else
+    put_text "$MODCONF" "$MODULE"
+fi
 
 in_cache() {
     LDCONFIG="$(find_ldconfig)" && "$LDCONFIG" -p 2>/dev/null | grep -qF "=> $LIB1"
@@ -282,14 +372,30 @@ if [ -z "$ROOT" ]; then
             warn "could not load $MODULE now; it loads at the next boot (modules-load.d) if the kernel has it"
         fi
     fi
+    if [ "$KMOD_READY" = yes ] && [ ! -d "/sys/module/$KMOD" ]; then
+        if { command -v modprobe >/dev/null 2>&1 && modprobe "$KMOD" 2>/dev/null; } || insmod "$KMOD_DEST"; then
+            say "loaded the $KMOD kernel module"
+        else
+            warn "could not load the $KMOD module now (see dmesg); it loads at the next boot"
+        fi
+    elif [ "$KMOD_READY" = yes ] && [ "$changed" -eq 1 ]; then
+        say "the $KMOD module was already loaded; the new one loads at the next boot (or: rmmod $KMOD; modprobe $KMOD)"
+    fi
     vsock_dev=no
     for dev in /sys/bus/virtio/drivers/"$MODULE"/virtio*; do
         [ -e "$dev" ] && vsock_dev=yes
     done
+    vgpu_dev=""
+    for dev in /dev/vgpu[0-9]*; do
+        [ -e "$dev" ] && { vgpu_dev="$dev"; break; }
+    done
+    if [ -n "$vgpu_dev" ]; then
+        say "virtio-vgpu device present: $vgpu_dev (the shim uses it unless VGPU_TRANSPORT says otherwise; check with: vgpu-smi)"
+    fi
     if [ "$vsock_dev" = yes ]; then
         say "virtio-vsock device present: the shim reaches vgpud at vsock CID 2 (check with: vgpu-smi)"
-    else
-        warn "no virtio-vsock device in this VM: start it with vgpud's vhost-user-vsock device (docs/attach.md), or set VGPU_TRANSPORT"
+    elif [ -z "$vgpu_dev" ]; then
+        warn "no virtio-vsock or virtio-vgpu device in this VM: start it with vgpud's vhost-user-vsock device or virtio-vgpu device (docs/attach.md), or set VGPU_TRANSPORT"
     fi
 fi
 if [ "$changed" -eq 1 ]; then

@@ -4,4 +4,5 @@
 pub mod remoting;
 pub mod share;
 pub mod stats;
+pub mod vgpu_dev;
 pub mod vhost;

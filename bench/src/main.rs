@@ -34,6 +34,15 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// Copy bandwidth through the virtio-vgpu device (zero copy) vs the vsock device vs memcpy.
+    VgpuDev {
+        /// Repetitions; medians are reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Transfer sizes in MiB, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 256])]
+        sizes: Vec<usize>,
+    },
     /// Compute-share accuracy of the scheduler with saturating tenants.
     Share {
         /// Seconds per measurement window.
@@ -54,6 +63,10 @@ fn main() -> ExitCode {
         Bench::Vhost { iters, runs } => {
             vgpu_bench::vhost::run(vgpu_bench::vhost::Params { iters, runs })
         }
+        Bench::VgpuDev { runs, sizes } => vgpu_bench::vgpu_dev::run(vgpu_bench::vgpu_dev::Params {
+            runs,
+            sizes_mib: sizes,
+        }),
         Bench::Share { seconds, runs } => {
             vgpu_bench::share::run(vgpu_bench::share::Params { seconds, runs })
         }

@@ -25,6 +25,51 @@ pub const DEFAULT_WEIGHT: u32 = 1;
 pub const MAX_WEIGHT: u32 = 10_000;
 /// Lowest CID a guest may have (0–2 are reserved by vsock).
 pub const MIN_GUEST_CID: u64 = 3;
+/// Virtio device ID of the virtio-vgpu device when `vgpu_device_id` is not given: the last ID the
+/// virtio PCI transport carries (PCI device 0x107f), far from the IDs the VIRTIO spec assigns.
+pub const DEFAULT_VGPU_DEVICE_ID: u16 = 63;
+/// The `vgpu_device_id` to use with QEMU: its generic `vhost-user-test-device-pci` presents only
+/// IDs it has a name for (see [`qemu_presents_device_id`]), all assigned by the spec; 21 (the
+/// spec's Signal Distribution Module) has no Linux driver and no QEMU device. The guest module
+/// binds it besides the default.
+pub const QEMU_VGPU_DEVICE_ID: u16 = 21;
+/// Largest virtio device ID of a PCI device (Linux binds PCI device IDs 0x1040 + 0..=63).
+pub const MAX_VGPU_DEVICE_ID: u16 = 63;
+/// Virtqueues of the virtio-vgpu device (control, submission): what the VMM must set up.
+pub const VGPU_QUEUES: usize = 2;
+/// Size of each virtqueue of the virtio-vgpu device the VMM should ask for.
+pub const VGPU_QUEUE_SIZE: u16 = 1024;
+/// Bytes of the virtio-vgpu config space (a VMM's generic device must be told).
+pub const VGPU_CONFIG_SIZE: usize = 96;
+
+/// Whether QEMU's `vhost-user-test-device-pci` can present virtio device ID `id`: QEMU (11.1.3,
+/// probed) aborts on IDs missing from its table of device names (`virtio_id_to_name`).
+pub fn qemu_presents_device_id(id: u16) -> bool {
+    matches!(id, 1..=13 | 16..=41 | 45)
+}
+
+/// Which device vgpud serves on a VM's `vhost_user_socket`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceModel {
+    /// virtio-vsock (ID 19): stock guests, the GPU at a vsock port.
+    #[default]
+    Vsock,
+    /// The dedicated virtio-vgpu device: the `vgpu` guest module, zero-copy transfers.
+    Vgpu {
+        /// Its virtio device ID (the VMM presents it; the guest module binds it).
+        device_id: u16,
+    },
+}
+
+impl DeviceModel {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceModel::Vsock => "vsock",
+            DeviceModel::Vgpu { .. } => "vgpu",
+        }
+    }
+}
 
 /// A configuration error, displayed as `file:line: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,6 +303,8 @@ pub struct VmConfig {
     /// programs reach guest ports by connecting here (`CONNECT <port>`).
     /// Defaults to `<dir of vhost_user_socket>/<name>.vsock`.
     pub vsock_uds_path: Option<PathBuf>,
+    /// The device served on `vhost_user_socket` (vsock unless `device_model = "vgpu"`).
+    pub device_model: DeviceModel,
     /// Weights by time of day (outside every window, `weight` applies).
     pub schedule: Vec<WeightWindow>,
     /// Shared (default) or passthrough.
@@ -358,6 +405,8 @@ struct RawVm {
     vhost_user_socket: Option<Spanned<PathBuf>>,
     guest_cid: Option<Spanned<u64>>,
     vsock_uds_path: Option<Spanned<PathBuf>>,
+    device_model: Option<Spanned<String>>,
+    vgpu_device_id: Option<Spanned<u16>>,
     #[serde(default)]
     schedule: Vec<Spanned<RawWindow>>,
     mode: Option<Spanned<String>>,
@@ -714,7 +763,7 @@ fn parse_passthrough(
             ),
         ));
     }
-    let shared_only: [(&str, Option<std::ops::Range<usize>>); 8] = [
+    let shared_only: [(&str, Option<std::ops::Range<usize>>); 10] = [
         ("device", r.device.as_ref().map(|x| x.span())),
         ("memory", r.memory.as_ref().map(|x| x.span())),
         ("weight", r.weight.as_ref().map(|x| x.span())),
@@ -728,6 +777,11 @@ fn parse_passthrough(
         (
             "vsock_uds_path",
             r.vsock_uds_path.as_ref().map(|x| x.span()),
+        ),
+        ("device_model", r.device_model.as_ref().map(|x| x.span())),
+        (
+            "vgpu_device_id",
+            r.vgpu_device_id.as_ref().map(|x| x.span()),
         ),
     ];
     if let Some((key, Some(span))) = shared_only.into_iter().find(|(_, s)| s.is_some()) {
@@ -749,6 +803,7 @@ fn parse_passthrough(
         vhost_user_socket: None,
         guest_cid: None,
         vsock_uds_path: None,
+        device_model: DeviceModel::Vsock,
         schedule: Vec::new(),
         mode: VmMode::Passthrough {
             pci: pci.get_ref().to_ascii_lowercase(),
@@ -884,6 +939,7 @@ fn parse_vm(
         })?,
         None => Priority::Normal,
     };
+    let device_model = parse_device_model(cx, r, &name)?;
     let guest_cid = r.guest_cid.as_ref().map(|c| *c.get_ref());
     if let Some(c) = &r.guest_cid
         && (*c.get_ref() < MIN_GUEST_CID || *c.get_ref() > u64::from(u32::MAX) - 1)
@@ -896,17 +952,19 @@ fn parse_vm(
             ),
         ));
     }
-    match (&r.vhost_user_socket, &r.guest_cid) {
-        (Some(s), None) => {
-            return Err(cx.err(s.span(), format!("VM `{name}` has vhost_user_socket but no guest_cid: add `guest_cid = N` (N >= 3, unique per VM)")));
+    if device_model == DeviceModel::Vsock {
+        match (&r.vhost_user_socket, &r.guest_cid) {
+            (Some(s), None) => {
+                return Err(cx.err(s.span(), format!("VM `{name}` has vhost_user_socket but no guest_cid: add `guest_cid = N` (N >= 3, unique per VM), or `device_model = \"vgpu\"` for the virtio-vgpu device")));
+            }
+            (None, Some(c)) => {
+                return Err(cx.err(
+                    c.span(),
+                    "guest_cid is used only with vhost_user_socket; add the socket or remove the CID",
+                ));
+            }
+            _ => {}
         }
-        (None, Some(c)) => {
-            return Err(cx.err(
-                c.span(),
-                "guest_cid is used only with vhost_user_socket; add the socket or remove the CID",
-            ));
-        }
-        _ => {}
     }
     if let (Some(u), None) = (&r.vsock_uds_path, &r.vhost_user_socket) {
         return Err(cx.err(
@@ -915,10 +973,12 @@ fn parse_vm(
         ));
     }
     let vhost_user_socket = r.vhost_user_socket.as_ref().map(|s| s.get_ref().clone());
-    let vsock_uds_path = match (&r.vsock_uds_path, &vhost_user_socket) {
-        (Some(u), _) => Some(u.get_ref().clone()),
-        (None, Some(sock)) => Some(sock.with_file_name(format!("{name}.vsock"))),
-        (None, None) => None,
+    let vsock_uds_path = match (&r.vsock_uds_path, &vhost_user_socket, device_model) {
+        (Some(u), _, _) => Some(u.get_ref().clone()),
+        (None, Some(sock), DeviceModel::Vsock) => {
+            Some(sock.with_file_name(format!("{name}.vsock")))
+        }
+        _ => None,
     };
     let schedule = parse_schedule(cx, r)?;
     Ok(VmConfig {
@@ -931,9 +991,71 @@ fn parse_vm(
         vhost_user_socket,
         guest_cid,
         vsock_uds_path,
+        device_model,
         schedule,
         mode: VmMode::Shared,
     })
+}
+
+/// `device_model` and `vgpu_device_id`, checked against the vsock keys.
+fn parse_device_model(cx: &Ctx<'_>, r: &RawVm, name: &str) -> Result<DeviceModel, ConfigError> {
+    let model = match r
+        .device_model
+        .as_ref()
+        .map(|m| (m.get_ref().as_str(), m.span()))
+    {
+        None | Some(("vsock", _)) => DeviceModel::Vsock,
+        Some(("vgpu", _)) => DeviceModel::Vgpu {
+            device_id: DEFAULT_VGPU_DEVICE_ID,
+        },
+        Some((other, span)) => {
+            return Err(cx.err(
+                span,
+                format!("unknown device_model `{other}`: use \"vsock\" (the default) or \"vgpu\""),
+            ));
+        }
+    };
+    let DeviceModel::Vgpu { .. } = model else {
+        if let Some(id) = &r.vgpu_device_id {
+            return Err(cx.err(
+                id.span(),
+                "vgpu_device_id applies to device_model = \"vgpu\" only; add that or remove it",
+            ));
+        }
+        return Ok(model);
+    };
+    let span = r.device_model.as_ref().map_or(0..0, |m| m.span());
+    if r.vhost_user_socket.is_none() {
+        return Err(cx.err(
+            span,
+            format!("VM `{name}` has device_model = \"vgpu\" but no vhost_user_socket: add `vhost_user_socket = \"/run/vgpu/{name}.vhost.sock\"`, where the VMM attaches the device"),
+        ));
+    }
+    for (key, s) in [
+        ("guest_cid", r.guest_cid.as_ref().map(|c| c.span())),
+        (
+            "vsock_uds_path",
+            r.vsock_uds_path.as_ref().map(|c| c.span()),
+        ),
+    ] {
+        if let Some(s) = s {
+            return Err(cx.err(
+                s,
+                format!("`{key}` belongs to the vsock device; the virtio-vgpu device has none: remove it"),
+            ));
+        }
+    }
+    let device_id = match &r.vgpu_device_id {
+        Some(id) if !(1..=MAX_VGPU_DEVICE_ID).contains(id.get_ref()) => {
+            return Err(cx.err(
+                id.span(),
+                format!("vgpu_device_id must be between 1 and {MAX_VGPU_DEVICE_ID} (virtio PCI device IDs 0x1041-0x107f); the default is {DEFAULT_VGPU_DEVICE_ID}"),
+            ));
+        }
+        Some(id) => *id.get_ref(),
+        None => DEFAULT_VGPU_DEVICE_ID,
+    };
+    Ok(DeviceModel::Vgpu { device_id })
 }
 
 #[cfg(test)]
@@ -1143,6 +1265,64 @@ guest_cid = 3
         let c = Config::load(&path).unwrap();
         assert_eq!(c.vms.len(), 2);
         assert_eq!(c.devices[0].watchdog, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn the_vgpu_device_model_is_parsed_and_checked() {
+        let c = parse(
+            "[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/run/a.sock\"\ndevice_model = \"vgpu\"\n\
+             [[vm]]\nname = \"b\"\nmemory = 1\nvhost_user_socket = \"/run/b.sock\"\ndevice_model = \"vgpu\"\nvgpu_device_id = 42\n\
+             [[vm]]\nname = \"c\"\nmemory = 1\nvhost_user_socket = \"/run/c.sock\"\nguest_cid = 3\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.vms[0].device_model,
+            DeviceModel::Vgpu {
+                device_id: DEFAULT_VGPU_DEVICE_ID
+            }
+        );
+        assert_eq!(c.vms[0].vsock_uds_path, None, "no vsock, no hybrid socket");
+        assert_eq!(c.vms[1].device_model, DeviceModel::Vgpu { device_id: 42 });
+        assert_eq!(c.vms[2].device_model, DeviceModel::Vsock);
+        assert_eq!(c.vms[2].device_model.as_str(), "vsock");
+
+        let vgpu = "[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\ndevice_model = \"vgpu\"\n";
+        let e = err(&format!("{vgpu}guest_cid = 3\n"));
+        assert!(
+            e.starts_with("vgpu.toml:6:") && e.contains("`guest_cid` belongs to the vsock device"),
+            "{e}"
+        );
+        let e = err(&format!("{vgpu}vsock_uds_path = \"/u\"\n"));
+        assert!(
+            e.contains("`vsock_uds_path` belongs to the vsock device"),
+            "{e}"
+        );
+        for bad in ["0", "64", "1000"] {
+            let e = err(&format!("{vgpu}vgpu_device_id = {bad}\n"));
+            assert!(
+                e.starts_with("vgpu.toml:6:") && e.contains("between 1 and 63"),
+                "{e}"
+            );
+        }
+        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\ndevice_model = \"vgpu\"\n");
+        assert!(
+            e.starts_with("vgpu.toml:4:") && e.contains("no vhost_user_socket"),
+            "{e}"
+        );
+        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\ndevice_model = \"virtio-gpu\"\n");
+        assert!(e.contains("unknown device_model `virtio-gpu`"), "{e}");
+        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\nvgpu_device_id = 9\n");
+        assert!(e.contains("applies to device_model = \"vgpu\" only"), "{e}");
+        let e = err(
+            "[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\ndevice_model = \"vgpu\"\n",
+        );
+        assert!(
+            e.contains("`device_model` applies to shared VMs only"),
+            "{e}"
+        );
+        // The error for a vsock socket without a CID mentions the alternative.
+        let e = err("[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\n");
+        assert!(e.contains("device_model = \"vgpu\""), "{e}");
     }
 
     #[test]

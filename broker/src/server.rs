@@ -126,69 +126,18 @@ pub fn serve<R: Read, W: Write>(
             return Err(ServeError::Protocol(ce.message));
         }
     };
-    let refuse =
-        |w: &mut Replier<W>, code, message: String| -> Result<SessionSummary, ServeError> {
-            w.err(h.opcode, h.call_id, &CuError::new(code, message.clone()))?;
-            w.flush()?;
-            Err(ServeError::Refused(message))
+    let (mut session, hello_reply) =
+        match accept_hello(broker, Arc::clone(&tenant), &hello, transport) {
+            Ok(s) => s,
+            Err(e) => {
+                w.err(h.opcode, h.call_id, &e)?;
+                w.flush()?;
+                return Err(ServeError::Refused(e.message));
+            }
         };
-    if hello.protocol_version != vgpu_proto::PROTOCOL_VERSION {
-        return refuse(
-            &mut w,
-            cuda::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
-            format!(
-                "guest shim speaks protocol {} (shim {}), vgpud {} speaks {}: install the matching guest shim",
-                hello.protocol_version,
-                hello.shim_version,
-                vgpu_proto::VERSION,
-                vgpu_proto::PROTOCOL_VERSION
-            ),
-        );
-    }
-    if !tenant.is_open() {
-        return refuse(
-            &mut w,
-            cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
-            format!(
-                "VM `{}` is not accepting new sessions (draining or removed)",
-                tenant.name
-            ),
-        );
-    }
-    if tenant.sessions().len() >= MAX_SESSIONS_PER_TENANT {
-        return refuse(
-            &mut w,
-            cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
-            format!(
-                "VM `{}` already has {MAX_SESSIONS_PER_TENANT} sessions",
-                tenant.name
-            ),
-        );
-    }
-    let info = Arc::new(SessionInfo {
-        id: broker.next_session_id(),
-        pid: hello.pid,
-        process_name: hello.process_name.chars().take(256).collect(),
-        transport: transport.to_string(),
-        started: SystemTime::now(),
-        memory: AtomicU64::new(0),
-    });
-    let mut session = match Session::new(Arc::clone(&tenant), Arc::clone(&info)) {
-        Ok(s) => s,
-        Err(e) => {
-            error!(tenant = %tenant.name, error = %e, "cannot open a session");
-            return refuse(&mut w, e.code, e.message);
-        }
-    };
+    let info = Arc::clone(session.info());
     let mut out = Vec::new();
-    msg::HelloReply {
-        protocol_version: vgpu_proto::PROTOCOL_VERSION,
-        session_id: info.id,
-        tenant: tenant.name.clone(),
-        server_version: vgpu_proto::VERSION.to_string(),
-        max_payload: MAX_PAYLOAD as u32,
-    }
-    .encode(&mut out);
+    hello_reply.encode(&mut out);
     w.ok(h.opcode, h.call_id, &out)?;
     w.flush()?;
     info!(
@@ -216,6 +165,66 @@ pub fn serve<R: Read, W: Write>(
         Err(e) => warn!(tenant = %tenant.name, session = info.id, error = %e, "session closed"),
     }
     result.map(|()| summary)
+}
+
+/// The handshake every transport performs: checks a `Hello` against the server's protocol
+/// version and the tenant's state, and opens a session of `tenant`. On refusal the error is what
+/// the client gets (its status and message); the transport then closes the session.
+pub fn accept_hello(
+    broker: &Broker,
+    tenant: Arc<Tenant>,
+    hello: &msg::Hello,
+    transport: &str,
+) -> Result<(Session, msg::HelloReply), CuError> {
+    if hello.protocol_version != vgpu_proto::PROTOCOL_VERSION {
+        return Err(CuError::new(
+            cuda::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+            format!(
+                "guest shim speaks protocol {} (shim {}), vgpud {} speaks {}: install the matching guest shim",
+                hello.protocol_version,
+                hello.shim_version,
+                vgpu_proto::VERSION,
+                vgpu_proto::PROTOCOL_VERSION
+            ),
+        ));
+    }
+    if !tenant.is_open() {
+        return Err(CuError::new(
+            cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
+            format!(
+                "VM `{}` is not accepting new sessions (draining or removed)",
+                tenant.name
+            ),
+        ));
+    }
+    if tenant.sessions().len() >= MAX_SESSIONS_PER_TENANT {
+        return Err(CuError::new(
+            cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
+            format!(
+                "VM `{}` already has {MAX_SESSIONS_PER_TENANT} sessions",
+                tenant.name
+            ),
+        ));
+    }
+    let info = Arc::new(SessionInfo {
+        id: broker.next_session_id(),
+        pid: hello.pid,
+        process_name: hello.process_name.chars().take(256).collect(),
+        transport: transport.to_string(),
+        started: SystemTime::now(),
+        memory: AtomicU64::new(0),
+    });
+    let session = Session::new(Arc::clone(&tenant), Arc::clone(&info)).inspect_err(|e| {
+        error!(tenant = %tenant.name, error = %e, "cannot open a session");
+    })?;
+    let reply = msg::HelloReply {
+        protocol_version: vgpu_proto::PROTOCOL_VERSION,
+        session_id: info.id,
+        tenant: tenant.name.clone(),
+        server_version: vgpu_proto::VERSION.to_string(),
+        max_payload: MAX_PAYLOAD as u32,
+    };
+    Ok((session, reply))
 }
 
 fn session_loop<R: Read, W: Write>(
@@ -951,5 +960,148 @@ mod tests {
         assert_eq!(v["memory_total"], 4 * MIB);
         assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
         assert_eq!(v["sessions"][0]["memory_used"], MIB);
+    }
+
+    /// Bulk bytes in borrowed pieces, as the virtio-vgpu device lends guest pages.
+    struct Pieces(Vec<Vec<u8>>);
+
+    impl crate::session::BulkSource for Pieces {
+        fn len(&self) -> u64 {
+            self.0.iter().map(|p| p.len() as u64).sum()
+        }
+        fn read(&self, f: &mut crate::session::ReadSlices<'_>) -> Result<(), CuError> {
+            let v: Vec<&[u8]> = self.0.iter().map(Vec::as_slice).collect();
+            f(&v)
+        }
+    }
+
+    impl crate::session::BulkSink for Pieces {
+        fn capacity(&self) -> u64 {
+            crate::session::BulkSource::len(self)
+        }
+        fn write(
+            &mut self,
+            len: u64,
+            f: &mut crate::session::WriteSlices<'_>,
+        ) -> Result<(), CuError> {
+            let mut left = len as usize;
+            let mut v: Vec<&mut [u8]> = Vec::new();
+            for p in &mut self.0 {
+                let n = p.len().min(left);
+                left -= n;
+                v.push(&mut p[..n]);
+            }
+            f(&mut v)
+        }
+    }
+
+    fn bulk_session(b: &Arc<Broker>) -> (crate::session::Session, u64) {
+        let hello = Hello {
+            protocol_version: vgpu_proto::PROTOCOL_VERSION,
+            pid: 7,
+            shim_version: "t".into(),
+            process_name: "bulk".into(),
+        };
+        let (mut s, reply) = accept_hello(b, b.tenant("vm1").unwrap(), &hello, "test").unwrap();
+        assert_eq!(reply.tenant, "vm1");
+        assert_eq!(s.info().process_name, "bulk");
+        let mut out = Vec::new();
+        let req = Request::CtxCreate(CtxCreate {
+            device: 0,
+            flags: 0,
+        });
+        s.handle(&req, &[], &mut out, true).unwrap();
+        let (h, _) = decode_exact::<Handle>(&out, false).unwrap();
+        (s, h.handle)
+    }
+
+    #[test]
+    fn bulk_copies_go_straight_between_borrowed_pieces_and_device_memory() {
+        use crate::session::{BulkSink, NoBulk};
+        // A slow device keeps earlier work queued when the zero-copy copy arrives.
+        let b = broker(Duration::from_millis(30));
+        let (mut s, ctx) = bulk_session(&b);
+        let mut out = Vec::new();
+        s.handle(
+            &Request::MemAlloc(MemAlloc { ctx, size: 10_000 }),
+            &[],
+            &mut out,
+            true,
+        )
+        .unwrap();
+        let p = decode_exact::<Ptr>(&out, false).unwrap().0.ptr;
+        // Queue a slow memset, then an asynchronous zero-copy write over part of it.
+        let memset = Request::Memset(Memset {
+            ctx,
+            stream: 0,
+            dst: p,
+            value: 0x11,
+            elem_size: 1,
+            count: 10_000,
+        });
+        s.handle(&memset, &[], &mut out, false).unwrap();
+        let data: Vec<u8> = (0..9000u32).map(|i| (i % 253) as u8).collect();
+        let src = Pieces(vec![data[100..4000].to_vec(), data[4000..9000].to_vec()]);
+        let htod = Request::MemcpyHtoD(MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst: p,
+        });
+        s.handle_bulk(&htod, &data[..100], &src, &mut NoBulk, &mut out, false)
+            .unwrap();
+        assert_eq!(
+            b.tenant("vm1")
+                .unwrap()
+                .stats
+                .bytes_htod
+                .load(std::sync::atomic::Ordering::Relaxed),
+            9000
+        );
+        // Read it back into three pieces; the memset ran first, then the copy.
+        let mut sink = Pieces(vec![vec![0; 5000], vec![0; 3000], vec![0; 4000]]);
+        let dtoh = Request::MemcpyDtoH(MemcpyDtoH {
+            ctx,
+            stream: 0,
+            src: p,
+            len: 10_000,
+        });
+        out.clear();
+        s.handle_bulk(&dtoh, &[], &NoBulk, &mut sink, &mut out, true)
+            .unwrap();
+        assert!(
+            out.is_empty(),
+            "the reply struct is empty; the data went to the sink"
+        );
+        let got: Vec<u8> = sink.0.concat();
+        assert_eq!(&got[..9000], &data[..]);
+        assert_eq!(&got[9000..10_000], &[0x11; 1000][..]);
+        // A destination too small, and a foreign pointer, are refused without touching it.
+        let mut small = Pieces(vec![vec![7; 100]]);
+        let e = s
+            .handle_bulk(&dtoh, &[], &NoBulk, &mut small, &mut out, true)
+            .unwrap_err();
+        assert!(e.message.contains("destination holds 100"), "{e:?}");
+        assert_eq!(small.capacity(), 100);
+        assert_eq!(small.0[0], vec![7; 100]);
+        let bad = Request::MemcpyHtoD(MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst: p + 9_999,
+        });
+        let e = s
+            .handle_bulk(
+                &bad,
+                &[],
+                &Pieces(vec![vec![1, 2]]),
+                &mut NoBulk,
+                &mut out,
+                true,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, CUDA_ERROR_INVALID_VALUE);
+        // Other ops run as with `handle`.
+        let ping = Request::Ping(Ping {});
+        s.handle_bulk(&ping, &[], &NoBulk, &mut NoBulk, &mut out, true)
+            .unwrap();
     }
 }

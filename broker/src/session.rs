@@ -81,6 +81,94 @@ struct Primary {
     flags: u32,
 }
 
+/// What [`BulkSource::read`] calls with the bytes.
+pub type ReadSlices<'a> = dyn FnMut(&[&[u8]]) -> Result<(), CuError> + 'a;
+/// What [`BulkSink::write`] calls with the room for the bytes.
+pub type WriteSlices<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<(), CuError> + 'a;
+
+/// Bulk bytes of a request that a transport lends without copying them, for
+/// [`Session::handle_bulk`].
+pub trait BulkSource {
+    /// Total bytes.
+    fn len(&self) -> u64;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Calls `f` with the bytes, in order, as one or more slices; fails when the memory is no
+    /// longer available (the transport was reset meanwhile).
+    fn read(&self, f: &mut ReadSlices<'_>) -> Result<(), CuError>;
+}
+
+/// Where the bulk bytes of a reply go without a copy, for [`Session::handle_bulk`].
+pub trait BulkSink {
+    /// Bytes available.
+    fn capacity(&self) -> u64;
+    /// Calls `f` with the first `len` bytes as mutable slices, in order: `f` fills them with the
+    /// reply's bulk data. Fails when `len` exceeds the capacity or the memory is gone.
+    fn write(&mut self, len: u64, f: &mut WriteSlices<'_>) -> Result<(), CuError>;
+}
+
+/// A source or sink with no bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoBulk;
+
+impl BulkSource for NoBulk {
+    fn len(&self) -> u64 {
+        0
+    }
+    fn read(&self, f: &mut ReadSlices<'_>) -> Result<(), CuError> {
+        f(&[])
+    }
+}
+
+impl BulkSink for NoBulk {
+    fn capacity(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, len: u64, f: &mut WriteSlices<'_>) -> Result<(), CuError> {
+        if len > 0 {
+            return Err(CuError::invalid_value(
+                "the request provided no room for reply data",
+            ));
+        }
+        f(&mut [])
+    }
+}
+
+/// `inline` followed by `data`, in one buffer.
+fn gather(inline: &[u8], data: &dyn BulkSource) -> Result<Vec<u8>, CuError> {
+    let mut all = Vec::with_capacity(inline.len() + data.len() as usize);
+    all.extend_from_slice(inline);
+    data.read(&mut |segs| {
+        for s in segs {
+            all.extend_from_slice(s);
+        }
+        Ok(())
+    })?;
+    Ok(all)
+}
+
+/// Writes `inline` then `data` to device memory at `dst`, slice by slice.
+fn write_gathered(
+    d: &dyn DeviceContext,
+    dst: u64,
+    inline: &[u8],
+    data: &dyn BulkSource,
+) -> Result<(), CuError> {
+    if !inline.is_empty() {
+        d.write(dst, inline).map_err(CuError::from)?;
+    }
+    let mut at = dst + inline.len() as u64;
+    data.read(&mut |segs| {
+        for s in segs {
+            d.write(at, s).map_err(CuError::from)?;
+            at += s.len() as u64;
+        }
+        Ok(())
+    })
+}
+
 /// One guest process's state on the host.
 pub struct Session {
     info: Arc<SessionInfo>,
@@ -147,6 +235,11 @@ impl Session {
         self.info.id
     }
 
+    /// What the session's peer said about itself, and its memory use.
+    pub fn info(&self) -> &Arc<SessionInfo> {
+        &self.info
+    }
+
     /// The tenant.
     pub fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
@@ -193,7 +286,45 @@ impl Session {
         out: &mut Vec<u8>,
         sync: bool,
     ) -> Result<(), CuError> {
-        let mut r = self.dispatch(req, tail, out);
+        let r = self.dispatch(req, tail, out);
+        self.complete_call(req, r, sync)
+    }
+
+    /// Like [`Session::handle`], for a transport that leaves bulk bytes where the client put
+    /// them (the virtio-vgpu device: the guest application's pinned pages). The request's bulk
+    /// bytes are `inline` (those that came with the fields) followed by `data`; a
+    /// `MemcpyDtoH` writes its data into `sink` (`out` gets the reply struct only).
+    ///
+    /// `MemcpyHtoD` and `MemcpyDtoH` copy straight between those bytes and device memory, with no
+    /// buffer in between: a host-to-device copy waits for the session's earlier work first (as
+    /// CUDA's copies from pageable memory do), so that the bytes are read before the request
+    /// returns. Other ops with bulk bytes get them gathered into one buffer.
+    pub fn handle_bulk(
+        &mut self,
+        req: &Request,
+        inline: &[u8],
+        data: &dyn BulkSource,
+        sink: &mut dyn BulkSink,
+        out: &mut Vec<u8>,
+        sync: bool,
+    ) -> Result<(), CuError> {
+        let r = match req {
+            Request::MemcpyHtoD(m) => self.htod_from(m, inline, data, out),
+            Request::MemcpyDtoH(m) => self.dtoh_into(m, sink, out),
+            _ if data.is_empty() => self.dispatch(req, inline, out),
+            _ => gather(inline, data).and_then(|tail| self.dispatch(req, &tail, out)),
+        };
+        self.complete_call(req, r, sync)
+    }
+
+    /// What every call does after running: synchronous forms of asynchronous ops wait and report
+    /// earlier errors; errors of asynchronous requests are kept for later; failures are counted.
+    fn complete_call(
+        &mut self,
+        req: &Request,
+        mut r: Result<(), CuError>,
+        sync: bool,
+    ) -> Result<(), CuError> {
         if req.flags() & msg::ASYNC_OK != 0 {
             let ctx = self.req_ctx(req);
             if sync && r.is_ok() {
@@ -211,6 +342,93 @@ impl Session {
             debug!(session = self.info.id, op = req.name(), error = %e, "call failed");
         }
         r
+    }
+
+    /// `MemcpyHtoD` straight from the client's bytes; see [`Session::handle_bulk`].
+    fn htod_from(
+        &mut self,
+        m: &msg::MemcpyHtoD,
+        inline: &[u8],
+        data: &dyn BulkSource,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CuError> {
+        let ctx = self.stream_ctx(m.ctx, m.stream)?;
+        let len = inline.len() as u64 + data.len();
+        self.allocs.check(m.dst, len, "copy destination")?;
+        self.tenant
+            .stats
+            .bytes_htod
+            .fetch_add(len, Ordering::Relaxed);
+        let mut failed = None;
+        let seq = loop {
+            let copy = |d: &dyn DeviceContext| {
+                if let Err(e) = write_gathered(d, m.dst, inline, data) {
+                    failed = Some(e);
+                }
+                Ok(())
+            };
+            if let Some(seq) = self.engine.try_inline(ctx, copy) {
+                break seq;
+            }
+            if self.engine.poisoned(ctx).is_some() {
+                // Runs nothing: the context's sticky error is recorded for this copy.
+                break self.engine.submit(
+                    ctx,
+                    Job::Write {
+                        dst: m.dst,
+                        data: Vec::new(),
+                    },
+                );
+            }
+            // The bytes stay the client's only until this request returns: run after the
+            // session's earlier work, like a copy from pageable memory.
+            self.engine.drain();
+        };
+        self.note_seq(ctx, m.stream, seq);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        reply(out, msg::Empty {})
+    }
+
+    /// `MemcpyDtoH` straight into the client's bytes; see [`Session::handle_bulk`].
+    fn dtoh_into(
+        &mut self,
+        m: &msg::MemcpyDtoH,
+        sink: &mut dyn BulkSink,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CuError> {
+        let ctx = self.stream_ctx(m.ctx, m.stream)?;
+        if m.len as usize > MAX_BULK_CHUNK {
+            return Err(CuError::invalid_value(format!(
+                "one device-to-host request carries at most {MAX_BULK_CHUNK} bytes"
+            )));
+        }
+        if m.len > sink.capacity() {
+            return Err(CuError::invalid_value(format!(
+                "the copy is {} bytes but the destination holds {}",
+                m.len,
+                sink.capacity()
+            )));
+        }
+        self.allocs.check(m.src, m.len, "copy source")?;
+        // A synchronous copy waits for earlier work and reports its errors.
+        self.engine.drain();
+        self.surface_async_error(ctx)?;
+        let dev = Arc::clone(&self.dev);
+        sink.write(m.len, &mut |segs| {
+            let mut at = m.src;
+            for s in segs.iter_mut() {
+                dev.read(at, s).map_err(CuError::from)?;
+                at += s.len() as u64;
+            }
+            Ok(())
+        })?;
+        self.tenant
+            .stats
+            .bytes_dtoh
+            .fetch_add(m.len, Ordering::Relaxed);
+        reply(out, msg::Empty {})
     }
 
     fn dispatch(&mut self, req: &Request, tail: &[u8], out: &mut Vec<u8>) -> Result<(), CuError> {

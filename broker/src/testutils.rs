@@ -153,6 +153,7 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         vhost_user_socket: None,
         guest_cid: None,
         vsock_uds_path: None,
+        device_model: crate::config::DeviceModel::Vsock,
         schedule: Vec::new(),
         mode: crate::config::VmMode::Shared,
     }

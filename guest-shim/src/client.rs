@@ -1,14 +1,29 @@
 //! The connection to vgpud: frames requests, batches asynchronous ones, and
 //! waits for the replies of synchronous ones.
+//!
+//! Over a byte stream (unix socket, vsock) frames are written and read in
+//! order. Over the virtio-vgpu device each frame is one ioctl
+//! ([`crate::devlink`]): asynchronous frames go out at once (the kernel module
+//! queues them), and bulk bytes are passed by address, never copied here.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
 use vgpu_proto::cuda::{self, CuResult};
-use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header};
+use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header, MAX_BULK_CHUNK};
 use vgpu_proto::msg::{self, Op};
 
-use crate::transport::Stream;
+use crate::devlink::DevLink;
+use crate::transport::{Link, Stream, StreamLink};
+
+/// Reply frame buffer of the device transport: room for every reply but very
+/// large `TenantInfo` documents (the module pins it for each call).
+pub const DEVICE_REPLY_BUFFER: usize = 64 << 10;
+/// Chunks of one device-to-host copy in flight at once over the device.
+pub const DEVICE_WINDOW: usize = 8;
+/// Reply buffer of each chunk in flight: a copy's reply is a bare frame header,
+/// or a short error message.
+const CHUNK_REPLY_BUFFER: usize = 4096;
 
 /// Asynchronous frames are sent once this many bytes are pending, once
 /// [`DEFAULT_FLUSH_INTERVAL`] has passed since the last send, or at the next
@@ -42,14 +57,39 @@ impl CallError {
             format!("the connection to vgpud is lost: {e}"),
         )
     }
+
+    /// An ioctl of the device transport failed. Errors the module reports before queueing the
+    /// frame (bad pointer, length, too large) leave the session usable; the others mean the
+    /// session is gone.
+    fn device(e: &io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::EFAULT | libc::EINVAL | libc::E2BIG) => Self::new(
+                cuda::CUDA_ERROR_INVALID_VALUE,
+                format!("the vgpu device refused the request: {e}"),
+            ),
+            Some(libc::EMSGSIZE) => Self::new(
+                cuda::CUDA_ERROR_UNKNOWN,
+                format!("the reply is larger than the {DEVICE_REPLY_BUFFER}-byte reply buffer"),
+            ),
+            Some(libc::ENOMEM) => Self::new(cuda::CUDA_ERROR_OUT_OF_MEMORY, e.to_string()),
+            _ => Self::lost(e),
+        }
+    }
+}
+
+enum Conn {
+    Stream(Box<dyn Stream>),
+    Device(DevLink),
 }
 
 /// A session with vgpud.
 pub struct Client {
-    stream: Box<dyn Stream>,
+    conn: Conn,
     wbuf: Vec<u8>,
     scratch: Vec<u8>,
     rbuf: Vec<u8>,
+    /// Reply buffers of the chunks of a copy in flight (device transport).
+    chunk_replies: Vec<Vec<u8>>,
     call_id: u64,
     batch: usize,
     flush_interval: Duration,
@@ -67,8 +107,40 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
+    /// A client over a connection; call [`Client::hello`] next.
+    pub fn with_link(link: Link) -> Self {
+        match link {
+            Link::Stream(StreamLink(s)) => Self::new(s),
+            Link::Device(d) => {
+                let mut c = Self::build(Conn::Device(d));
+                c.rbuf = vec![0; DEVICE_REPLY_BUFFER];
+                c
+            }
+        }
+    }
+
+    /// The device session, when the client runs over `/dev/vgpuN`.
+    pub fn device(&self) -> Option<&DevLink> {
+        match &self.conn {
+            Conn::Device(d) => Some(d),
+            Conn::Stream(_) => None,
+        }
+    }
+
+    /// Most bulk bytes one copy request should carry on this connection.
+    pub fn max_chunk(&self) -> usize {
+        match &self.conn {
+            Conn::Device(d) => d.max_transfer().clamp(1, MAX_BULK_CHUNK),
+            Conn::Stream(_) => MAX_BULK_CHUNK,
+        }
+    }
+
     /// A client over a connected stream; call [`Client::hello`] next.
     pub fn new(stream: Box<dyn Stream>) -> Self {
+        Self::build(Conn::Stream(stream))
+    }
+
+    fn build(conn: Conn) -> Self {
         let batch = std::env::var("VGPU_ASYNC_BATCH")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -78,10 +150,11 @@ impl Client {
             .and_then(|v| v.parse().ok())
             .map_or(DEFAULT_FLUSH_INTERVAL, Duration::from_micros);
         Self {
-            stream,
+            conn,
             wbuf: Vec::with_capacity(batch + 4096),
             scratch: Vec::new(),
             rbuf: Vec::new(),
+            chunk_replies: Vec::new(),
             call_id: 0,
             batch,
             flush_interval,
@@ -119,9 +192,37 @@ impl Client {
         e
     }
 
+    /// Encodes a frame's header and fields into `scratch` (bulk bytes not included).
+    fn frame<O: Op>(&mut self, req: &O, tail_len: usize, flags: u16) -> u64 {
+        self.call_id += 1;
+        let mut fields = std::mem::take(&mut self.scratch);
+        fields.clear();
+        fields.resize(HEADER_LEN, 0);
+        req.encode(&mut fields);
+        let h = Header {
+            opcode: O::OPCODE,
+            flags,
+            call_id: self.call_id,
+            payload_len: (fields.len() - HEADER_LEN + tail_len) as u32,
+            status: 0,
+        };
+        fields[..HEADER_LEN].copy_from_slice(&h.encode());
+        self.scratch = fields;
+        self.call_id
+    }
+
     /// Queues a frame; its tail is written straight from the caller's memory
     /// when it is large.
     fn enqueue<O: Op>(&mut self, req: &O, tail: &[u8], flags: u16) -> Result<u64, CallError> {
+        if matches!(self.conn, Conn::Device(_)) {
+            debug_assert!(flags & FLAG_ASYNC != 0);
+            let id = self.frame(req, tail.len(), flags);
+            if let Conn::Device(d) = &self.conn {
+                d.post(&self.scratch, tail)
+                    .map_err(|e| CallError::device(&e))?;
+            }
+            return Ok(id);
+        }
         self.call_id += 1;
         self.scratch.clear();
         req.encode(&mut self.scratch);
@@ -138,11 +239,189 @@ impl Client {
             self.wbuf.extend_from_slice(tail);
         } else {
             self.flush()?;
-            self.stream
+            self.stream_mut()?
                 .write_all(tail)
                 .map_err(|e| CallError::lost(&e))?;
         }
         Ok(self.call_id)
+    }
+
+    fn stream_mut(&mut self) -> Result<&mut Box<dyn Stream>, CallError> {
+        match &mut self.conn {
+            Conn::Stream(s) => Ok(s),
+            Conn::Device(_) => Err(CallError::new(
+                cuda::CUDA_ERROR_UNKNOWN,
+                "a stream operation on the device transport",
+            )),
+        }
+    }
+
+    /// A synchronous frame over the device: the reply frame lands in `rbuf`, the reply's bulk
+    /// bytes in `out`. Returns the reply header and the reply payload's length.
+    fn device_call<O: Op>(
+        &mut self,
+        req: &O,
+        tail: &[u8],
+        out: &mut [u8],
+    ) -> Result<(Header, usize, usize), CallError> {
+        let id = self.frame(req, tail.len(), 0);
+        let Conn::Device(d) = &self.conn else {
+            return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a device"));
+        };
+        let (reply_len, out_done) = d
+            .call(&self.scratch, tail, &mut self.rbuf, out)
+            .map_err(|e| CallError::device(&e))?;
+        if reply_len < HEADER_LEN || reply_len > self.rbuf.len() {
+            return Err(CallError::lost(&io::Error::other(format!(
+                "the device returned a {reply_len}-byte reply frame"
+            ))));
+        }
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&self.rbuf[..HEADER_LEN]);
+        let h = Header::decode(&hb).map_err(|e| CallError::lost(&io::Error::other(e)))?;
+        if !h.is_reply()
+            || h.call_id != id
+            || h.opcode != O::OPCODE
+            || HEADER_LEN + h.payload_len as usize != reply_len
+        {
+            return Err(CallError::lost(&io::Error::other(format!(
+                "unexpected reply {h:?} to call {id}"
+            ))));
+        }
+        if h.status != 0 {
+            let m = &self.rbuf[HEADER_LEN..reply_len];
+            return Err(CallError::new(
+                h.status,
+                String::from_utf8_lossy(m).into_owned(),
+            ));
+        }
+        Ok((h, reply_len - HEADER_LEN, out_done))
+    }
+
+    /// Like [`Client::post`], but over the device the module may read `tail` after this returns:
+    /// the caller keeps `tail` unchanged until a later synchronous call of this client has
+    /// returned (every earlier frame ran by then). Lets the chunks of one large copy overlap.
+    pub fn post_deferred<O: Op>(&mut self, req: &O, tail: &[u8]) -> Result<(), CallError> {
+        if !matches!(self.conn, Conn::Device(_)) {
+            return self.post(req, tail);
+        }
+        self.check()?;
+        let _ = self.frame(req, tail.len(), FLAG_ASYNC);
+        let r = match &self.conn {
+            Conn::Device(d) => d
+                .post_deferred(&self.scratch, tail)
+                .map_err(|e| CallError::device(&e)),
+            Conn::Stream(_) => Ok(()),
+        };
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// [`Client::call_into`] for a list of requests, each with its destination. Over the device,
+    /// up to [`DEVICE_WINDOW`] of them are in flight at once, each written straight into its
+    /// destination; the first error is returned once all have finished.
+    pub fn call_into_chunks<O: Op<Reply = msg::Empty>>(
+        &mut self,
+        reqs: &[O],
+        outs: Vec<&mut [u8]>,
+    ) -> Result<(), CallError> {
+        if !matches!(self.conn, Conn::Device(_)) {
+            for (req, out) in reqs.iter().zip(outs) {
+                self.call_into(req, out)?;
+            }
+            return Ok(());
+        }
+        self.check()?;
+        let r = self.device_chunks(reqs, outs);
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn device_chunks<O: Op<Reply = msg::Empty>>(
+        &mut self,
+        reqs: &[O],
+        outs: Vec<&mut [u8]>,
+    ) -> Result<(), CallError> {
+        while self.chunk_replies.len() < DEVICE_WINDOW {
+            self.chunk_replies.push(vec![0; CHUNK_REPLY_BUFFER]);
+        }
+        // (ticket, call id, bytes expected, reply buffer)
+        let mut inflight: std::collections::VecDeque<(u64, u64, usize, usize)> =
+            std::collections::VecDeque::new();
+        let mut free: Vec<usize> = (0..DEVICE_WINDOW).collect();
+        let mut first: Option<CallError> = None;
+        let mut outs = outs.into_iter();
+        for req in reqs {
+            let Some(out) = outs.next() else { break };
+            if inflight.len() == DEVICE_WINDOW
+                && let Some(done) = inflight.pop_front()
+            {
+                if let Err(e) = self.finish_chunk::<O>(done) {
+                    first.get_or_insert(e);
+                }
+                free.push(done.3);
+            }
+            if first.is_some() {
+                break;
+            }
+            let id = self.frame(req, 0, 0);
+            let slot = free.pop().unwrap_or(0);
+            let Conn::Device(d) = &self.conn else { break };
+            let len = out.len();
+            // SAFETY: the reply buffer and `out` stay untouched until the ticket is waited for
+            // below (every ticket is, even after an error), and `outs` keeps `out` borrowed until
+            // this function returns.
+            let r = unsafe { d.submit(&self.scratch, &[], &mut self.chunk_replies[slot], out) };
+            match r {
+                Ok(ticket) => inflight.push_back((ticket, id, len, slot)),
+                Err(e) => {
+                    first.get_or_insert(CallError::device(&e));
+                    free.push(slot);
+                }
+            }
+        }
+        while let Some(done) = inflight.pop_front() {
+            if let Err(e) = self.finish_chunk::<O>(done) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Waits for one chunk in flight and checks its reply.
+    fn finish_chunk<O: Op>(
+        &mut self,
+        (ticket, id, len, slot): (u64, u64, usize, usize),
+    ) -> Result<(), CallError> {
+        let Conn::Device(d) = &self.conn else {
+            return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a device"));
+        };
+        let (reply_len, done) = d.wait(ticket).map_err(|e| CallError::device(&e))?;
+        let reply = &self.chunk_replies[slot];
+        if reply_len < HEADER_LEN || reply_len > reply.len() {
+            return Err(CallError::lost(&io::Error::other(format!(
+                "the device returned a {reply_len}-byte reply frame"
+            ))));
+        }
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&reply[..HEADER_LEN]);
+        let h = Header::decode(&hb).map_err(|e| CallError::lost(&io::Error::other(e)))?;
+        if !h.is_reply() || h.call_id != id || h.opcode != O::OPCODE {
+            return Err(CallError::lost(&io::Error::other(format!(
+                "unexpected reply {h:?} to call {id}"
+            ))));
+        }
+        if h.status != 0 {
+            let m = &reply[HEADER_LEN..reply_len];
+            return Err(CallError::new(
+                h.status,
+                String::from_utf8_lossy(m).into_owned(),
+            ));
+        }
+        if done != len || reply_len != HEADER_LEN {
+            return Err(CallError::lost(&io::Error::other(format!(
+                "the device wrote {done} of {len} bytes"
+            ))));
+        }
+        Ok(())
     }
 
     /// Bytes of asynchronous frames not sent yet.
@@ -164,7 +443,11 @@ impl Client {
     pub fn flush(&mut self) -> Result<(), CallError> {
         self.last_flush = Instant::now();
         if !self.wbuf.is_empty() {
-            let r = self.stream.write_all(&self.wbuf);
+            let Conn::Stream(stream) = &mut self.conn else {
+                self.wbuf.clear();
+                return Ok(());
+            };
+            let r = stream.write_all(&self.wbuf);
             self.wbuf.clear();
             r.map_err(|e| CallError::lost(&e))?;
         }
@@ -188,7 +471,7 @@ impl Client {
 
     fn read_header(&mut self, call_id: u64, opcode: u16) -> Result<Header, CallError> {
         let mut hb = [0u8; HEADER_LEN];
-        self.stream
+        self.stream_mut()?
             .read_exact(&mut hb)
             .map_err(|e| CallError::lost(&e))?;
         let h = Header::decode(&hb).map_err(|e| CallError::lost(&io::Error::other(e)))?;
@@ -202,7 +485,11 @@ impl Client {
 
     fn read_error(&mut self, h: &Header) -> CallError {
         let mut m = vec![0; h.payload_len as usize];
-        if let Err(e) = self.stream.read_exact(&mut m) {
+        let r = match self.stream_mut() {
+            Ok(s) => s.read_exact(&mut m),
+            Err(e) => return e,
+        };
+        if let Err(e) = r {
             return CallError::lost(&e);
         }
         CallError::new(h.status, String::from_utf8_lossy(&m).into_owned())
@@ -221,6 +508,12 @@ impl Client {
         req: &O,
         tail: &[u8],
     ) -> Result<(O::Reply, Vec<u8>), CallError> {
+        if matches!(self.conn, Conn::Device(_)) {
+            let (_, len, _) = self.device_call(req, tail, &mut [])?;
+            let (r, t) = msg::decode_reply::<O>(&self.rbuf[HEADER_LEN..HEADER_LEN + len])
+                .map_err(|e| CallError::lost(&io::Error::other(format!("malformed reply: {e}"))))?;
+            return Ok((r, t.to_vec()));
+        }
         let id = self.enqueue(req, tail, 0)?;
         self.flush()?;
         let h = self.read_header(id, O::OPCODE)?;
@@ -228,7 +521,10 @@ impl Client {
             return Err(self.read_error(&h));
         }
         self.rbuf.resize(h.payload_len as usize, 0);
-        self.stream
+        let Conn::Stream(stream) = &mut self.conn else {
+            return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a stream"));
+        };
+        stream
             .read_exact(&mut self.rbuf)
             .map_err(|e| CallError::lost(&e))?;
         let (r, t) = msg::decode_reply::<O>(&self.rbuf)
@@ -246,6 +542,16 @@ impl Client {
     ) -> Result<(), CallError> {
         self.check()?;
         let r = (|| {
+            if matches!(self.conn, Conn::Device(_)) {
+                let (_, len, done) = self.device_call(req, &[], out)?;
+                if len != 0 || done != out.len() {
+                    return Err(CallError::lost(&io::Error::other(format!(
+                        "the device wrote {done} of {} bytes",
+                        out.len()
+                    ))));
+                }
+                return Ok(());
+            }
             let id = self.enqueue(req, &[], 0)?;
             self.flush()?;
             let h = self.read_header(id, O::OPCODE)?;
@@ -257,7 +563,9 @@ impl Client {
                     "reply length does not match the request",
                 )));
             }
-            self.stream.read_exact(out).map_err(|e| CallError::lost(&e))
+            self.stream_mut()?
+                .read_exact(out)
+                .map_err(|e| CallError::lost(&e))
         })();
         r.map_err(|e| self.fail(e))
     }

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use vgpu_proto::cuda::{self, CuResult};
-use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;
 
 use crate::client::{CallError, Client};
@@ -31,6 +30,12 @@ pub struct Driver {
     pub props: msg::DeviceProperties,
     /// The VM (tenant) name the host identified.
     pub tenant: String,
+    /// How this process reaches vgpud (`VGPU_TRANSPORT` syntax).
+    pub transport: String,
+    /// With the virtio-vgpu device: its virtio device ID and this process's session on it.
+    pub device: Option<(u32, u32)>,
+    /// Most bulk bytes one copy request carries on this transport.
+    chunk: usize,
     device_ranges: Mutex<BTreeMap<u64, u64>>,
     host_allocs: Mutex<HashMap<usize, usize>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
@@ -90,13 +95,14 @@ fn connect() -> CuRes<Driver> {
         crate::warn!("{m}");
         cuda::CUDA_ERROR_INVALID_VALUE
     })?;
-    let stream = transport::connect(&ep).map_err(|e| {
+    let link = transport::open(&ep).map_err(|e| {
         crate::warn!(
             "cuInit: cannot reach vgpud at {ep}: {e} (set VGPU_TRANSPORT, see docs/guest.md)"
         );
         cuda::CUDA_ERROR_NO_DEVICE
     })?;
-    let mut client = Client::new(stream);
+    let mut client = Client::with_link(link);
+    let chunk = client.max_chunk();
     let hello = client.hello(&process_name()).map_err(|e| {
         crate::warn!("cuInit: vgpud at {ep} refused the session: {}", e.message);
         e.code
@@ -109,10 +115,16 @@ fn connect() -> CuRes<Driver> {
         hello.session_id,
         hello.tenant
     );
+    let device = client
+        .device()
+        .map(|d| (d.info().device_id, d.info().session));
     Ok(Driver {
         client: Mutex::new(client),
         props,
         tenant: hello.tenant,
+        transport: ep.to_string(),
+        device,
+        chunk,
         device_ranges: Mutex::new(BTreeMap::new()),
         host_allocs: Mutex::new(HashMap::new()),
         streams: Mutex::new(HashMap::new()),
@@ -454,16 +466,20 @@ pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
     if src.is_empty() {
         return Ok(());
     }
-    let chunks: Vec<&[u8]> = src.chunks(MAX_BULK_CHUNK).collect();
+    let chunks: Vec<&[u8]> = src.chunks(d.chunk).collect();
     let last = chunks.len() - 1;
     for (i, chunk) in chunks.into_iter().enumerate() {
         let req = msg::MemcpyHtoD {
             ctx: c,
             stream,
-            dst: dst + (i * MAX_BULK_CHUNK) as u64,
+            dst: dst + (i * d.chunk) as u64,
         };
         if sync && i == last {
             d.call(&req, chunk)?;
+        } else if sync {
+            // The final call returns after this chunk ran: the device may read it meanwhile.
+            let r = lock(&d.client).post_deferred(&req, chunk);
+            log_err("MemcpyHtoD", r)?;
         } else {
             d.post(&req, chunk)?;
         }
@@ -475,17 +491,19 @@ pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
 pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
-    for (i, chunk) in dst.chunks_mut(MAX_BULK_CHUNK).enumerate() {
-        let req = msg::MemcpyDtoH {
+    let chunks: Vec<&mut [u8]> = dst.chunks_mut(d.chunk).collect();
+    let reqs: Vec<msg::MemcpyDtoH> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, chunk)| msg::MemcpyDtoH {
             ctx: c,
             stream,
-            src: src + (i * MAX_BULK_CHUNK) as u64,
+            src: src + (i * d.chunk) as u64,
             len: chunk.len() as u64,
-        };
-        let r = lock(&d.client).call_into(&req, chunk);
-        log_err("MemcpyDtoH", r)?;
-    }
-    Ok(())
+        })
+        .collect();
+    let r = lock(&d.client).call_into_chunks(&reqs, chunks);
+    log_err("MemcpyDtoH", r)
 }
 
 /// Device to device.

@@ -1,14 +1,17 @@
 //! `libcuda.so.1` for vgpu guests.
 //!
 //! Programs load this library instead of NVIDIA's driver. Each CUDA driver
-//! API call is encoded with `vgpu-proto` and sent to vgpud over vsock (inside
-//! a VM) or a unix socket (`VGPU_TRANSPORT`), where the broker runs it within
-//! the VM's memory slice and compute share.
+//! API call is encoded with `vgpu-proto` and sent to vgpud over the
+//! virtio-vgpu device (`/dev/vgpu0` of the `vgpu` kernel module, bulk data
+//! passed in place: [`devlink`]) or vsock (inside a VM), or a unix socket
+//! (`VGPU_TRANSPORT`), where the broker runs it within the VM's memory slice
+//! and compute share.
 //!
 //! Layers: [`exports`] is the C ABI, a thin wrapper over [`driver`] (safe
 //! Rust), which talks through [`client`] over a [`transport`].
 
 pub mod client;
+pub mod devlink;
 pub mod driver;
 pub mod exports;
 pub mod ffi;

@@ -1,14 +1,17 @@
-//! How the shim reaches vgpud: `VGPU_TRANSPORT=unix:/path` or
-//! `vsock:CID:PORT`; without it, inside a VM, vsock to the host (CID 2) at
-//! the GPU port.
+//! How the shim reaches vgpud: `VGPU_TRANSPORT=unix:/path`, `vsock:CID:PORT`
+//! or `dev:/dev/vgpuN`; without it, inside a VM, the virtio-vgpu device
+//! `/dev/vgpu0` when the `vgpu` module created it, else vsock to the host
+//! (CID 2) at the GPU port.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use vgpu_proto::{GPU_VSOCK_PORT, HOST_CID};
+
+use crate::devlink::{DEFAULT_DEVICE, DevLink};
 
 /// Where vgpud is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +25,8 @@ pub enum Endpoint {
         /// Port.
         port: u32,
     },
+    /// A virtio-vgpu device node (`/dev/vgpuN`).
+    Device(PathBuf),
 }
 
 impl std::fmt::Display for Endpoint {
@@ -29,6 +34,7 @@ impl std::fmt::Display for Endpoint {
         match self {
             Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
             Endpoint::Vsock { cid, port } => write!(f, "vsock:{cid}:{port}"),
+            Endpoint::Device(p) => write!(f, "dev:{}", p.display()),
         }
     }
 }
@@ -53,19 +59,37 @@ pub fn parse_endpoint(s: &str) -> Result<Endpoint, String> {
             .map_err(|_| format!("VGPU_TRANSPORT={s}: port `{port}` is not a number"))?;
         return Ok(Endpoint::Vsock { cid, port });
     }
+    if let Some(p) = s.strip_prefix("dev:") {
+        if p.is_empty() {
+            return Err(format!(
+                "VGPU_TRANSPORT=dev: needs a device node, e.g. dev:{DEFAULT_DEVICE}"
+            ));
+        }
+        return Ok(Endpoint::Device(PathBuf::from(p)));
+    }
     Err(format!(
-        "VGPU_TRANSPORT={s} is not understood: use unix:/path/to.sock or vsock:CID:PORT"
+        "VGPU_TRANSPORT={s} is not understood: use unix:/path/to.sock, vsock:CID:PORT or dev:/dev/vgpuN"
     ))
 }
 
-/// The endpoint from the environment, or the default vsock address.
+/// The endpoint from the environment, or the default: the virtio-vgpu device when
+/// [`DEFAULT_DEVICE`] exists, else vsock to the host at the GPU port.
 pub fn endpoint_from_env() -> Result<Endpoint, String> {
     match std::env::var("VGPU_TRANSPORT") {
         Ok(s) if !s.is_empty() => parse_endpoint(&s),
-        _ => Ok(Endpoint::Vsock {
+        _ => Ok(default_endpoint(Path::new(DEFAULT_DEVICE))),
+    }
+}
+
+/// `device` if that node exists, else vsock to the host at the GPU port.
+pub fn default_endpoint(device: &Path) -> Endpoint {
+    if device.exists() {
+        Endpoint::Device(device.to_path_buf())
+    } else {
+        Endpoint::Vsock {
             cid: HOST_CID,
             port: GPU_VSOCK_PORT,
-        }),
+        }
     }
 }
 
@@ -100,12 +124,44 @@ fn connect_vsock(cid: u32, port: u32) -> io::Result<File> {
     Ok(File::from(owned))
 }
 
-/// Connects to an endpoint.
+/// A connection to vgpud: a byte stream, or a session on the virtio-vgpu device.
+#[derive(Debug)]
+pub enum Link {
+    /// A unix or vsock stream carrying frames.
+    Stream(StreamLink),
+    /// `/dev/vgpuN`: one frame per ioctl, bulk bytes in place.
+    Device(DevLink),
+}
+
+/// A boxed stream (with a `Debug` impl).
+pub struct StreamLink(pub Box<dyn Stream>);
+
+impl std::fmt::Debug for StreamLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamLink")
+    }
+}
+
+/// Connects to a stream endpoint (unix or vsock); a device endpoint is opened with [`open`].
 pub fn connect(ep: &Endpoint) -> io::Result<Box<dyn Stream>> {
     Ok(match ep {
         Endpoint::Unix(p) => Box::new(UnixStream::connect(p)?),
         Endpoint::Vsock { cid, port } => Box::new(connect_vsock(*cid, *port)?),
+        Endpoint::Device(p) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is a device, not a stream", p.display()),
+            ));
+        }
     })
+}
+
+/// Connects to any endpoint.
+pub fn open(ep: &Endpoint) -> io::Result<Link> {
+    match ep {
+        Endpoint::Device(p) => Ok(Link::Device(DevLink::open(p)?)),
+        other => Ok(Link::Stream(StreamLink(connect(other)?))),
+    }
 }
 
 #[cfg(test)]
@@ -125,7 +181,16 @@ mod tests {
                 port: 22087
             })
         );
+        assert_eq!(
+            parse_endpoint("dev:/dev/vgpu1"),
+            Ok(Endpoint::Device("/dev/vgpu1".into()))
+        );
+        assert_eq!(
+            Endpoint::Device("/dev/vgpu0".into()).to_string(),
+            "dev:/dev/vgpu0"
+        );
         for bad in [
+            "dev:",
             "unix:",
             "vsock:2",
             "vsock:x:1",
@@ -134,6 +199,23 @@ mod tests {
         ] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_device_is_preferred_when_present() {
+        assert_eq!(
+            default_endpoint(Path::new("/dev/null")),
+            Endpoint::Device("/dev/null".into())
+        );
+        assert_eq!(
+            default_endpoint(Path::new("/nonexistent/vgpu0")),
+            Endpoint::Vsock {
+                cid: HOST_CID,
+                port: GPU_VSOCK_PORT
+            }
+        );
+        assert!(open(&Endpoint::Device("/nonexistent/vgpu0".into())).is_err());
+        assert!(connect(&Endpoint::Device("/dev/null".into())).is_err());
     }
 
     #[test]

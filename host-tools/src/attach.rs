@@ -9,9 +9,18 @@
 //!   device, cloud-hypervisor's own hybrid vsock (`--vsock cid=N,socket=BASE`),
 //!   which connects guest port P to `BASE_P`: the VM's `unix_socket` must be
 //!   `BASE_<GPU port>`.
+//! - A VM with `device_model = "vgpu"`: the virtio-vgpu device on the
+//!   `vhost_user_socket`, through QEMU ≥ 10.2's generic
+//!   `vhost-user-test-device-pci` (`virtio-id`, `num_vqs`, `vq_size`,
+//!   `config_size`) or cloud-hypervisor's `--generic-vhost-user` with the
+//!   numeric `device_type` and one queue size per queue.
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
+
+use vgpu_broker::config::{
+    QEMU_VGPU_DEVICE_ID, VGPU_CONFIG_SIZE, VGPU_QUEUE_SIZE, VGPU_QUEUES, qemu_presents_device_id,
+};
 
 use crate::api::Client;
 use crate::cli::{CliError, print_json};
@@ -62,6 +71,9 @@ pub struct VmTransport {
     pub guest_cid: Option<u64>,
     /// `unix_socket`.
     pub unix_socket: Option<String>,
+    /// The virtio device ID, when the VM's `vhost_user_socket` serves the virtio-vgpu device
+    /// (`device_model = "vgpu"`).
+    pub vgpu_device_id: Option<u16>,
 }
 
 impl VmTransport {
@@ -74,6 +86,12 @@ impl VmTransport {
             vhost_user_socket: s("vhost_user_socket"),
             guest_cid: c["guest_cid"].as_u64(),
             unix_socket: s("unix_socket"),
+            vgpu_device_id: (c["device_model"] == "vgpu").then(|| {
+                c["vgpu_device_id"]
+                    .as_u64()
+                    .and_then(|v| u16::try_from(v).ok())
+                    .unwrap_or(vgpu_broker::config::DEFAULT_VGPU_DEVICE_ID)
+            }),
         }
     }
 }
@@ -101,11 +119,34 @@ pub fn ch_quote(s: &str) -> String {
 pub fn qemu_args(vm: &VmTransport, guest_memory: &str) -> Result<Vec<String>, String> {
     let Some(sock) = &vm.vhost_user_socket else {
         return Err(format!(
-            "VM {} has no vhost-user vsock device: add vhost_user_socket and guest_cid to its [[vm]] entry (or `vgpuctl vm add … --vhost-user-socket PATH --guest-cid N`); QEMU attaches to vgpud through it",
+            "VM {} has no vhost-user device: add vhost_user_socket and guest_cid (vsock) or device_model = \"vgpu\" (virtio-vgpu) to its [[vm]] entry (or `vgpuctl vm add … --vhost-user-socket PATH --guest-cid N`); QEMU attaches to vgpud through it",
             vm.name
         ));
     };
     let mem = format!("vgpu-mem-{}", vm.name);
+    if let Some(id) = vm.vgpu_device_id {
+        if !qemu_presents_device_id(id) {
+            return Err(format!(
+                "VM {} uses virtio device ID {id}, which QEMU's vhost-user-test-device-pci cannot present (it knows only IDs 1-13, 16-41 and 45, all assigned by the VIRTIO spec): set vgpu_device_id = {QEMU_VGPU_DEVICE_ID} in its [[vm]] entry (the vgpu guest module binds {QEMU_VGPU_DEVICE_ID} too)",
+                vm.name
+            ));
+        }
+        let chr = format!("vgpu-dev-{}", vm.name);
+        return Ok(vec![
+            "-m".into(),
+            guest_memory.into(),
+            "-object".into(),
+            format!("memory-backend-memfd,id={mem},size={guest_memory},share=on"),
+            "-numa".into(),
+            format!("node,memdev={mem}"),
+            "-chardev".into(),
+            format!("socket,id={chr},path={}", qemu_escape(sock)),
+            "-device".into(),
+            format!(
+                "vhost-user-test-device-pci,chardev={chr},virtio-id={id},num_vqs={VGPU_QUEUES},vq_size={VGPU_QUEUE_SIZE},config_size={VGPU_CONFIG_SIZE}"
+            ),
+        ]);
+    }
     let chr = format!("vgpu-vsock-{}", vm.name);
     Ok(vec![
         "-m".into(),
@@ -129,6 +170,18 @@ pub fn ch_args(
     cid: u64,
 ) -> Result<Vec<String>, String> {
     let suffix = format!("_{}", vgpu_proto::GPU_VSOCK_PORT);
+    if !hybrid && let (Some(sock), Some(id)) = (&vm.vhost_user_socket, vm.vgpu_device_id) {
+        let sizes = vec![VGPU_QUEUE_SIZE.to_string(); VGPU_QUEUES].join(",");
+        return Ok(vec![
+            "--memory".into(),
+            format!("size={guest_memory},shared=on"),
+            "--generic-vhost-user".into(),
+            format!(
+                "socket={},device_type={id},queue_sizes=[{sizes}]",
+                ch_quote(sock)
+            ),
+        ]);
+    }
     if !hybrid && let Some(sock) = &vm.vhost_user_socket {
         return Ok(vec![
             "--memory".into(),
@@ -210,7 +263,45 @@ mod tests {
                 "/run/vgpu/vm1.vsock_{}",
                 vgpu_proto::GPU_VSOCK_PORT
             )),
+            vgpu_device_id: None,
         }
+    }
+
+    fn vgpu_vm(id: u16) -> VmTransport {
+        VmTransport {
+            name: "g1".into(),
+            vhost_user_socket: Some("/run/vgpu/g1.vgpu.sock".into()),
+            vgpu_device_id: Some(id),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_vgpu_device_attaches_through_the_generic_vhost_user_devices() {
+        let q = qemu_args(&vgpu_vm(21), "4G").unwrap().join(" ");
+        assert_eq!(
+            q,
+            "-m 4G -object memory-backend-memfd,id=vgpu-mem-g1,size=4G,share=on -numa node,memdev=vgpu-mem-g1 \
+             -chardev socket,id=vgpu-dev-g1,path=/run/vgpu/g1.vgpu.sock \
+             -device vhost-user-test-device-pci,chardev=vgpu-dev-g1,virtio-id=21,num_vqs=2,vq_size=1024,config_size=96"
+        );
+        // The default ID is outside QEMU's table: a clear error with the fix.
+        let e = qemu_args(&vgpu_vm(63), "4G").unwrap_err();
+        assert!(e.contains("set vgpu_device_id = 21"), "{e}");
+        let c = ch_args(&vgpu_vm(63), "2G", false, 3).unwrap().join(" ");
+        assert_eq!(
+            c,
+            "--memory size=2G,shared=on --generic-vhost-user socket=/run/vgpu/g1.vgpu.sock,device_type=63,queue_sizes=[1024,1024]"
+        );
+        // The VM's JSON (its running config) says which device it has.
+        let v = serde_json::json!({
+            "name": "g1",
+            "config": {"vhost_user_socket": "/s", "device_model": "vgpu", "vgpu_device_id": 21}
+        });
+        assert_eq!(VmTransport::from_json(&v).vgpu_device_id, Some(21));
+        let v =
+            serde_json::json!({"name": "v", "config": {"vhost_user_socket": "/s", "guest_cid": 3}});
+        assert_eq!(VmTransport::from_json(&v).vgpu_device_id, None);
     }
 
     #[test]
@@ -236,7 +327,7 @@ mod tests {
         assert!(
             qemu_args(&none, "1G")
                 .unwrap_err()
-                .contains("add vhost_user_socket and guest_cid")
+                .contains("add vhost_user_socket and guest_cid (vsock) or device_model")
         );
     }
 

@@ -237,6 +237,9 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
             "stats": stats,
         })
     });
+    let vgpu_device = rt
+        .vgpu_dev_of(&t.name)
+        .map(|(c, stats)| json!({ "device_id": c.device_id, "socket": c.socket, "stats": stats }));
     let policy = rt
         .broker()
         .scheduling(&t.device_name)
@@ -267,6 +270,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
         },
         "unix_socket": rt.unix_socket_of(&t.name),
         "vsock": vsock,
+        "vgpu_device": vgpu_device,
         "config": config,
     })
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 use thiserror::Error;
 use tracing::{error, info, warn};
-use vgpu_broker::config::{Config, DeviceKind, VmConfig, VmMode};
+use vgpu_broker::config::{Config, DeviceKind, DeviceModel, VmConfig, VmMode};
 use vgpu_broker::device::Device;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, BrokerError, VmUpdate};
@@ -25,6 +25,7 @@ use crate::listener::{Listener, ListenerError};
 use crate::metrics::MetricsServer;
 use crate::reload::{self, Change, ChangeError};
 use crate::sessions::{EndReason, SessionHub};
+use crate::vgpu_dev::{self, BrokerService, VgpuDevConfig, VgpuDevServer, VgpuDevStats};
 use crate::vsock::{self, StopHandle, VsockConfig, VsockServer, VsockStats};
 
 /// How long removing a VM waits for its sessions to end and release their memory.
@@ -55,6 +56,15 @@ pub enum DaemonError {
         /// Cause.
         #[source]
         source: vsock::Error,
+    },
+    /// A VM's virtio-vgpu device could not be set up.
+    #[error("VM `{vm}`: cannot start its virtio-vgpu device")]
+    VgpuDev {
+        /// VM name.
+        vm: String,
+        /// Cause.
+        #[source]
+        source: vgpu_dev::Error,
     },
     /// The audit log could not be opened.
     #[error(transparent)]
@@ -97,6 +107,26 @@ impl Drop for VsockDevice {
     }
 }
 
+/// A VM's virtio-vgpu device while it runs.
+#[derive(Debug)]
+pub struct VgpuDevice {
+    /// Its configuration.
+    pub config: VgpuDevConfig,
+    /// Its counters.
+    pub stats: Arc<VgpuDevStats>,
+    stop: StopHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for VgpuDevice {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// The transports of one VM.
 #[derive(Debug, Default)]
 pub struct VmTransports {
@@ -104,6 +134,8 @@ pub struct VmTransports {
     pub listener: Option<Listener>,
     /// Its vsock device.
     pub vsock: Option<VsockDevice>,
+    /// Its virtio-vgpu device.
+    pub vgpu_dev: Option<VgpuDevice>,
 }
 
 /// Worker threads of a simulated GPU when the config does not say.
@@ -325,6 +357,13 @@ impl Runtime {
         Some((d.config.clone(), d.stats.snapshot()))
     }
 
+    /// Counters and configuration of a VM's virtio-vgpu device.
+    pub fn vgpu_dev_of(&self, vm: &str) -> Option<(VgpuDevConfig, vgpu_dev::VgpuDevStatsSnapshot)> {
+        let st = self.read();
+        let d = st.transports.get(vm)?.vgpu_dev.as_ref()?;
+        Some((d.config.clone(), d.stats.snapshot()))
+    }
+
     /// The path of a VM's unix-socket listener.
     pub fn unix_socket_of(&self, vm: &str) -> Option<PathBuf> {
         let st = self.read();
@@ -369,7 +408,19 @@ impl Runtime {
             )?);
             info!(vm = %vm.name, socket = %path.display(), "listening");
         }
-        if let (Some(socket), Some(cid), Some(uds)) =
+        if let (Some(socket), DeviceModel::Vgpu { device_id }) =
+            (&vm.vhost_user_socket, vm.device_model)
+        {
+            let mut config = VgpuDevConfig::new(&vm.name, socket);
+            config.device_id = device_id;
+            let service = Arc::new(BrokerService::new(
+                Arc::clone(&self.broker),
+                Arc::clone(tenant),
+                self.audit.clone(),
+            ));
+            t.vgpu_dev = Some(start_vgpu_dev(&vm.name, config, service)?);
+            info!(vm = %vm.name, socket = %socket.display(), device_id, "vhost-user virtio-vgpu device ready");
+        } else if let (Some(socket), Some(cid), Some(uds)) =
             (&vm.vhost_user_socket, vm.guest_cid, &vm.vsock_uds_path)
         {
             let connector = Arc::new(GpuPortConnector::new(
@@ -685,7 +736,9 @@ impl Runtime {
         match crate::passthrough::PassthroughRegistry::from_config(&new, &self.host_roots) {
             Ok(r) => *self.passthrough.write().unwrap_or_else(|p| p.into_inner()) = r,
             Err(e) => {
-                let msg = format!("the config's passthrough assignments are refused, nothing was changed: {e}");
+                let msg = format!(
+                    "the config's passthrough assignments are refused, nothing was changed: {e}"
+                );
                 error!("{msg}");
                 self.record(actor, "config.reload", json!({ "file": path }), Err(&msg));
                 return Err(OpError::new(400, msg));
@@ -913,7 +966,8 @@ impl Daemon {
         };
         // Passthrough devices leave the shared pool: conflicts stop the start.
         let host_roots = crate::passthrough::HostRoots::default();
-        let passthrough = crate::passthrough::PassthroughRegistry::from_config(config, &host_roots)?;
+        let passthrough =
+            crate::passthrough::PassthroughRegistry::from_config(config, &host_roots)?;
         let broker = Arc::new(Broker::new(build_devices(config)?));
         for d in &config.devices {
             broker.set_scheduling(&d.name, d.scheduling)?;
@@ -1047,6 +1101,36 @@ fn start_vsock(
         .map_err(|e| err(vsock::Error::EventLoop(e)))?;
     Ok(VsockDevice {
         vm: vm.to_string(),
+        config,
+        stats,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+fn start_vgpu_dev(
+    vm: &str,
+    config: VgpuDevConfig,
+    service: Arc<BrokerService>,
+) -> Result<VgpuDevice, DaemonError> {
+    let err = |source| DaemonError::VgpuDev {
+        vm: vm.to_string(),
+        source,
+    };
+    let server = VgpuDevServer::bind(config.clone(), service).map_err(err)?;
+    let stats = server.stats();
+    let stop = StopHandle::new().map_err(|e| err(vgpu_dev::Error::EventLoop(e)))?;
+    let stop2 = stop.clone();
+    let name = vm.to_string();
+    let thread = std::thread::Builder::new()
+        .name(format!("vgpu-dev-{vm}"))
+        .spawn(move || {
+            if let Err(e) = server.run(&stop2) {
+                tracing::error!(vm = %name, error = %e, "virtio-vgpu device stopped");
+            }
+        })
+        .map_err(|e| err(vgpu_dev::Error::EventLoop(e)))?;
+    Ok(VgpuDevice {
         config,
         stats,
         stop,

@@ -11,6 +11,7 @@
 //! - [`inventory`]: the host's real GPUs through NVML;
 //! - [`usage`]: compute usage of VMs and devices;
 //! - [`vsock`]: the vhost-user virtio-vsock device for VMs;
+//! - [`vgpu_dev`]: the vhost-user virtio-vgpu device (paravirtual GPU, zero-copy transfers);
 //! - [`gpu_port`]: serves the GPU port of each VM's vsock device in-process.
 
 pub mod admin;
@@ -24,4 +25,5 @@ pub mod passthrough;
 pub mod reload;
 pub mod sessions;
 pub mod usage;
+pub mod vgpu_dev;
 pub mod vsock;

@@ -15,7 +15,7 @@ use std::path::Path;
 use serde_json::Value;
 use thiserror::Error;
 use toml::{Table, Value as Toml};
-use vgpu_broker::config::{Config, DeviceConfig, DeviceKind, VmConfig, VmMode};
+use vgpu_broker::config::{Config, DeviceConfig, DeviceKind, DeviceModel, VmConfig, VmMode};
 
 /// Pseudo file name used in messages about API requests.
 pub const REQUEST_SOURCE: &str = "request";
@@ -94,6 +94,10 @@ pub fn vm_table(v: &VmConfig) -> Table {
     }
     if let Some(p) = &v.vsock_uds_path {
         t.insert("vsock_uds_path".into(), path_value(p));
+    }
+    if let DeviceModel::Vgpu { device_id } = v.device_model {
+        t.insert("device_model".into(), v.device_model.as_str().into());
+        t.insert("vgpu_device_id".into(), Toml::Integer(i64::from(device_id)));
     }
     if !v.schedule.is_empty() {
         let windows = v

@@ -75,6 +75,23 @@ struct Device<'a> {
     name: &'a str,
     uuid: &'a str,
     driver_version: i32,
+    /// How this VM reaches vgpud, as `VGPU_TRANSPORT` would say it.
+    transport: &'a str,
+    /// With the virtio-vgpu device: its virtio device ID and vgpu-smi's session on it.
+    device: Option<(u32, u32)>,
+}
+
+impl Device<'_> {
+    /// The transport for people: `dev:/dev/vgpu0 (virtio-vgpu device, ID 63)`.
+    fn transport_line(&self) -> String {
+        match self.device {
+            Some((id, _)) => format!("{} (virtio-vgpu device, ID {id})", self.transport),
+            None if self.transport.starts_with("vsock:") => {
+                format!("{} (virtio-vsock)", self.transport)
+            }
+            None => self.transport.to_string(),
+        }
+    }
 }
 
 /// Renders the nvidia-smi style table; every line is `INNER_WIDTH + 2` wide.
@@ -115,6 +132,11 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
         " ".repeat(GPU_COL),
         human(used),
         human(total),
+    )));
+    out.push(row(&format!(
+        " {}Transport: {}",
+        " ".repeat(GPU_COL),
+        dev.transport_line()
     )));
     out.push(rule());
     out.push(row(" Processes:"));
@@ -163,6 +185,15 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
         "device": { "name": dev.name, "uuid": dev.uuid, "kind": info["device_kind"] },
         "memory": { "total": info["memory_total"], "used": info["memory_used"] },
         "kernels": info["kernels"],
+        "transport": {
+            "endpoint": dev.transport,
+            "kind": match dev.device {
+                Some(_) => "virtio-vgpu",
+                None if dev.transport.starts_with("vsock:") => "vsock",
+                None => "unix",
+            },
+            "device_id": dev.device.map(|(id, _)| id),
+        },
         "processes": processes,
     })
 }
@@ -192,6 +223,8 @@ fn main() -> ExitCode {
         name: &d.props.name,
         uuid: &uuid,
         driver_version: driver::driver_version(),
+        transport: &d.transport,
+        device: d.device,
     };
     if args.json {
         let doc = render_json(&info, &dev);
@@ -238,6 +271,8 @@ mod tests {
             name,
             uuid: UUID,
             driver_version: 12090,
+            transport: "dev:/dev/vgpu0",
+            device: Some((63, 4)),
         }
     }
 
@@ -316,5 +351,28 @@ mod tests {
         assert_eq!(j["processes"].as_array().unwrap().len(), 1);
         assert_eq!(j["processes"][0]["process"], "app");
         assert_eq!(j["device"]["uuid"], UUID);
+        assert_eq!(j["transport"]["kind"], "virtio-vgpu");
+        assert_eq!(j["transport"]["endpoint"], "dev:/dev/vgpu0");
+        assert_eq!(j["transport"]["device_id"], 63);
+    }
+
+    #[test]
+    fn the_transport_row_names_the_device() {
+        let t = render_table(&info("vm1", 0, 1 << 20, serde_json::json!([])), &dev("g"));
+        assert_aligned(&t);
+        let text = t.join("\n");
+        assert!(
+            text.contains("Transport: dev:/dev/vgpu0 (virtio-vgpu device, ID 63)"),
+            "{text}"
+        );
+        let vsock = Device {
+            transport: "vsock:2:22087",
+            device: None,
+            ..dev("g")
+        };
+        assert_eq!(vsock.transport_line(), "vsock:2:22087 (virtio-vsock)");
+        let j = render_json(&info("vm1", 0, 1, serde_json::json!([])), &vsock);
+        assert_eq!(j["transport"]["kind"], "vsock");
+        assert!(j["transport"]["device_id"].is_null());
     }
 }

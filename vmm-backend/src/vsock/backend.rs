@@ -198,7 +198,7 @@ impl VhostUserBackend for VsockBackend {
 }
 
 /// The kernel's id of the eventfd behind `fd` (`eventfd-id` in fdinfo), if `fd` is an eventfd.
-fn eventfd_id(fd: RawFd) -> Option<u64> {
+pub(crate) fn eventfd_id(fd: RawFd) -> Option<u64> {
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("eventfd-id:"))

@@ -78,14 +78,14 @@ impl QueueName {
 
 /// Keeps a hostile guest from flooding the log.
 #[derive(Debug)]
-struct LogLimiter {
+pub(crate) struct LogLimiter {
     window_start: Instant,
     in_window: u32,
     suppressed: u64,
 }
 
 impl LogLimiter {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         LogLimiter {
             window_start: Instant::now(),
             in_window: 0,
@@ -94,7 +94,7 @@ impl LogLimiter {
     }
 
     /// Whether to log now; also reports how many messages were suppressed before.
-    fn allow(&mut self) -> Option<u64> {
+    pub(crate) fn allow(&mut self) -> Option<u64> {
         let now = Instant::now();
         if now.duration_since(self.window_start) >= LOG_WINDOW {
             self.window_start = now;
@@ -899,7 +899,7 @@ pub fn forward_path(uds_path: &Path, port: u32) -> PathBuf {
 
 /// Takes the next available chain; an error means the available ring itself is corrupt (for
 /// example an index more than a queue size ahead).
-fn next_chain<'m>(
+pub(crate) fn next_chain<'m>(
     vring: &VringRwLock,
     mem: &'m GuestMemoryLoadGuard<GuestMem>,
 ) -> Result<Option<DescriptorChain<&'m GuestMem>>, virtio_queue::Error> {
@@ -914,7 +914,7 @@ pub fn vring_ready(vring: &VringRwLock) -> bool {
     state.get_queue().ready() && state.is_enabled()
 }
 
-fn signal(vring: &VringRwLock, name: &str) {
+pub(crate) fn signal(vring: &VringRwLock, name: &str) {
     let needed = match vring.needs_notification() {
         Ok(n) => n,
         Err(e) => {

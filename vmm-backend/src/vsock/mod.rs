@@ -48,7 +48,9 @@ pub use device::{
 pub use stats::{VsockStats, VsockStatsSnapshot};
 
 use backend::VsockBackend;
+pub(crate) use backend::eventfd_id;
 use device::VsockDevice;
+pub(crate) use device::{LogLimiter, next_chain, signal, vring_ready};
 use packet::GuestMem;
 
 /// The vsock port on the host where vgpud serves the GPU (`vgpu_proto::GPU_VSOCK_PORT`). The
@@ -224,7 +226,7 @@ impl StopHandle {
         self.inner.stopped.load(Ordering::SeqCst)
     }
 
-    fn fd(&self) -> i32 {
+    pub(crate) fn fd(&self) -> i32 {
         self.inner.event.as_raw_fd()
     }
 }
@@ -247,7 +249,7 @@ fn clear_stale_socket(path: &Path) -> Result<(), Error> {
     }
 }
 
-fn bind(path: &Path) -> Result<UnixListener, Error> {
+pub(crate) fn bind(path: &Path) -> Result<UnixListener, Error> {
     clear_stale_socket(path)?;
     UnixListener::bind(path).map_err(|source| Error::Bind {
         path: path.to_owned(),
@@ -263,7 +265,7 @@ enum Wake {
 }
 
 /// Pause after a VMM session that failed to start before accepting the next one.
-const SESSION_RETRY_DELAY: Duration = Duration::from_millis(100);
+pub(crate) const SESSION_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 const TOKEN_STOP: u64 = 1;
 const TOKEN_VMM: u64 = 2;
@@ -478,7 +480,7 @@ impl VsockServer {
 }
 
 /// Waits up to `delay` for `stop`; true if it fired.
-fn wait_stop(stop: &StopHandle, delay: Duration) -> Result<bool, Error> {
+pub(crate) fn wait_stop(stop: &StopHandle, delay: Duration) -> Result<bool, Error> {
     let epoll = Epoll::new().map_err(Error::EventLoop)?;
     epoll
         .ctl(
@@ -495,7 +497,7 @@ fn wait_stop(stop: &StopHandle, delay: Duration) -> Result<bool, Error> {
 }
 
 /// Waits until `stop` fires (returns true) or `done` is signalled (returns false).
-fn wait_either(stop: &StopHandle, done: &EventFd) -> Result<bool, Error> {
+pub(crate) fn wait_either(stop: &StopHandle, done: &EventFd) -> Result<bool, Error> {
     let epoll = Epoll::new().map_err(Error::EventLoop)?;
     for (fd, token) in [(stop.fd(), TOKEN_STOP), (done.as_raw_fd(), TOKEN_DONE)] {
         epoll

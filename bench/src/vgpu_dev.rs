@@ -1,0 +1,570 @@
+//! Copy bandwidth through the virtio-vgpu device, measured host-side: an in-process vhost-user
+//! frontend playing QEMU and the guest's `vgpu` module ([`DevGuest`]: real virtqueues in shared
+//! memfd guest memory, each copy request a descriptor chain of the application buffer's 4 KiB
+//! pages in scattered guest-physical order, as pinned user pages are) drives the virtio-vgpu
+//! device of an in-process vgpud [`Daemon`]; vgpud copies straight between those pages and the
+//! simulated GPU's memory.
+//!
+//! Baselines in the same run: the same copies through the vhost-user vsock device (the guest
+//! shim's protocol client over a guest vsock stream, [`TestGuest`]), and a plain `memcpy` of the
+//! same size between two host buffers. Host-to-device and device-to-host, 1, 16 and 256 MiB;
+//! medians of several runs, printed as bandwidth and as a ratio to `memcpy`.
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use cuda::client::Client;
+use std::collections::VecDeque;
+use vgpu_broker::config::Config;
+use vgpu_proto::frame::MAX_BULK_CHUNK;
+use vgpu_proto::msg;
+use vgpu_vmm::daemon::Daemon;
+
+use vgpu_vmm::vgpu_dev::testutils::{
+    DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, GuestBuf, Pending,
+};
+use vgpu_vmm::vgpu_dev::wire::S_OK;
+use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
+
+use crate::stats::median;
+
+/// Parameters.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// Repetitions (medians are reported).
+    pub runs: usize,
+    /// Transfer sizes in MiB.
+    pub sizes_mib: Vec<usize>,
+}
+
+const MIB: usize = 1 << 20;
+const DEV_VM: &str = "dev";
+const VSOCK_VM: &str = "vsock";
+const GUEST_CID: u64 = 3;
+const DEVICE_MEMORY: &str = "4GiB";
+const SLICE: &str = "1GiB";
+/// Bulk bytes per request through the device: what the guest module reports as `max_transfer`
+/// with 1024-entry rings (1024 descriptors less 20 reserved and one for misalignment, in 4 KiB
+/// pages, rounded down to 64 KiB).
+const DEV_CHUNK: usize = 4_063_232;
+/// Each measurement moves at least this much, repeating small copies, so that timer and scheduling
+/// noise stay small against it.
+const MIN_BYTES_PER_MEASUREMENT: usize = 512 * MIB;
+/// Requests of one copy in flight at once.
+const WINDOW: usize = 8;
+const BYTES_PER_GB: f64 = 1e9;
+
+/// How the guest's buffers lie in guest-physical memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Bytes of each physically contiguous run; runs are in shuffled order.
+    pub run: usize,
+    /// For the report.
+    pub name: &'static str,
+}
+
+/// The layouts measured: transparent huge pages (the default of Debian's guest kernels, `always`),
+/// and scattered 4 KiB pages, the worst case.
+pub const LAYOUTS: [Layout; 2] = [
+    Layout {
+        run: 2 * MIB,
+        name: "guest buffers in 2 MiB pages (transparent huge pages, the Debian guest default)",
+    },
+    Layout {
+        run: 4096,
+        name: "guest buffers in scattered 4 KiB pages (worst case: every page a descriptor)",
+    },
+];
+
+/// Bandwidth in bytes per second, per path.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Row {
+    /// Transfer size.
+    pub bytes: usize,
+    /// Plain memcpy of the same size.
+    pub memcpy: f64,
+    /// Host to device through the virtio-vgpu device.
+    pub dev_htod: f64,
+    /// Device to host through the virtio-vgpu device.
+    pub dev_dtoh: f64,
+    /// Host to device through the vsock device.
+    pub vsock_htod: f64,
+    /// Device to host through the vsock device.
+    pub vsock_dtoh: f64,
+}
+
+fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// The device path: a session on the virtio-vgpu device.
+struct DevPath {
+    guest: DevGuest,
+    chunk: usize,
+    session: DevSession,
+    ctx: u64,
+    ptr: u64,
+    src: GuestBuf,
+    dst: GuestBuf,
+}
+
+impl DevPath {
+    fn open(socket: &Path, max: usize, layout: Layout) -> Result<DevPath, String> {
+        let guest = DevGuest::start(
+            socket,
+            DevGuestOptions {
+                queue_size: 1024,
+                memory: (3 * max + 64 * MIB) as u64,
+                // Sleep on the call eventfds like a guest waiting for its interrupt: spinning
+                // would take a core from vgpud's copy on a small machine.
+                busy_poll: false,
+                ..DevGuestOptions::default()
+            },
+        )
+        .map_err(err(
+            "attaching the in-process frontend to the virtio-vgpu device",
+        ))?;
+        let mut session = DevSession::open(&guest, 1).map_err(err("opening a session"))?;
+        session.hello("vgpu-bench").map_err(err("handshake"))?;
+        let ctx = session
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .map_err(err("CtxCreate"))?
+            .handle;
+        let ptr = session
+            .call(
+                &msg::MemAlloc {
+                    ctx,
+                    size: max as u64,
+                },
+                &[],
+            )
+            .map_err(err("MemAlloc"))?
+            .ptr;
+        let src = guest
+            .alloc_runs(max, layout.run)
+            .map_err(err("guest buffer"))?;
+        let dst = guest
+            .alloc_runs(max, layout.run)
+            .map_err(err("guest buffer"))?;
+        let fill = vec![0x5au8; max];
+        guest
+            .write_buf(&src, 0, &fill)
+            .map_err(err("guest buffer"))?;
+        guest
+            .write_buf(&dst, 0, &fill)
+            .map_err(err("guest buffer"))?;
+        Ok(DevPath {
+            guest,
+            chunk: DEV_CHUNK,
+            session,
+            ctx,
+            ptr,
+            src,
+            dst,
+        })
+    }
+
+    /// Host to device, as the shim does it: every chunk but the last posted without waiting
+    /// (at most [`WINDOW`] in flight), the last a call, which returns once all of them ran.
+    fn htod(&mut self, bytes: usize) -> Result<(), String> {
+        let mut inflight = VecDeque::new();
+        let mut off = 0;
+        while off < bytes {
+            let n = self.chunk.min(bytes - off);
+            let req = msg::MemcpyHtoD {
+                ctx: self.ctx,
+                stream: 0,
+                dst: self.ptr + off as u64,
+            };
+            let segs = self.src.segments(off, n);
+            if off + n < bytes {
+                if inflight.len() == WINDOW {
+                    self.reap(inflight.pop_front())?;
+                }
+                inflight.push_back(
+                    self.session
+                        .submit_post(&req, &segs)
+                        .map_err(err("MemcpyHtoD (posted)"))?,
+                );
+            } else {
+                self.session
+                    .call_sg(&req, &segs, &[])
+                    .map_err(err("MemcpyHtoD"))?;
+            }
+            off += n;
+        }
+        while let Some(p) = inflight.pop_front() {
+            self.reap(Some(p))?;
+        }
+        Ok(())
+    }
+
+    fn reap(&self, p: Option<Pending>) -> Result<(), String> {
+        if let Some(p) = p {
+            let c = self
+                .guest
+                .wait(p, DEFAULT_TIMEOUT)
+                .map_err(err("posted copy"))?;
+            if c.resp.status != S_OK {
+                return Err(format!("posted copy refused: status {}", c.resp.status));
+            }
+        }
+        Ok(())
+    }
+
+    /// Device to host: every chunk a call, at most [`WINDOW`] submitted before the first is
+    /// waited for (the module's submit-then-wait ioctls).
+    fn dtoh(&mut self, bytes: usize) -> Result<(), String> {
+        let mut inflight: VecDeque<(Pending, usize)> = VecDeque::new();
+        let mut off = 0;
+        while off < bytes || !inflight.is_empty() {
+            if off < bytes && inflight.len() < WINDOW {
+                let n = self.chunk.min(bytes - off);
+                let req = msg::MemcpyDtoH {
+                    ctx: self.ctx,
+                    stream: 0,
+                    src: self.ptr + off as u64,
+                    len: n as u64,
+                };
+                let p = self
+                    .session
+                    .submit_call(&req, &[], &self.dst.segments(off, n))
+                    .map_err(err("MemcpyDtoH"))?;
+                inflight.push_back((p, n));
+                off += n;
+                continue;
+            }
+            if let Some((p, n)) = inflight.pop_front() {
+                let c = self
+                    .guest
+                    .wait(p, DEFAULT_TIMEOUT)
+                    .map_err(err("MemcpyDtoH"))?;
+                let (_, resp) =
+                    DevSession::reply_of::<msg::MemcpyDtoH>(&c).map_err(err("MemcpyDtoH"))?;
+                if resp.data_len != n as u64 {
+                    return Err(format!("MemcpyDtoH wrote {} of {n} bytes", resp.data_len));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that a device-to-host copy brings back what the host-to-device copy sent.
+    fn verify(&mut self, bytes: usize) -> Result<(), String> {
+        let data: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+        self.guest
+            .write_buf(&self.src, 0, &data)
+            .map_err(err("guest buffer"))?;
+        self.htod(bytes)?;
+        self.dtoh(bytes)?;
+        let mut back = vec![0u8; bytes];
+        self.guest
+            .read_buf(&self.dst, 0, &mut back)
+            .map_err(err("guest buffer"))?;
+        if back != data {
+            return Err("the virtio-vgpu device returned different bytes".into());
+        }
+        Ok(())
+    }
+}
+
+/// A guest vsock stream as the `Read + Write` byte stream the client wants.
+struct VsockIo(GuestStream);
+
+impl Read for VsockIo {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for VsockIo {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The vsock path: the shim's protocol client over a guest vsock stream.
+struct VsockPath {
+    _guest: TestGuest,
+    client: Client,
+    ctx: u64,
+    ptr: u64,
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+impl VsockPath {
+    fn open(socket: &Path, max: usize) -> Result<VsockPath, String> {
+        let guest = TestGuest::start(
+            socket,
+            GuestOptions {
+                busy_poll: true,
+                ..GuestOptions::default()
+            },
+        )
+        .map_err(err("attaching the in-process frontend to the vsock device"))?;
+        let stream = guest
+            .connect(vgpu_proto::GPU_VSOCK_PORT)
+            .map_err(err("connecting to the GPU port"))?;
+        let mut client = Client::new(Box::new(VsockIo(stream)));
+        client
+            .hello("vgpu-bench")
+            .map_err(|e| format!("handshake: {}", e.message))?;
+        let ctx = client
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .map_err(|e| format!("CtxCreate: {}", e.message))?
+            .0
+            .handle;
+        let ptr = client
+            .call(
+                &msg::MemAlloc {
+                    ctx,
+                    size: max as u64,
+                },
+                &[],
+            )
+            .map_err(|e| format!("MemAlloc: {}", e.message))?
+            .0
+            .ptr;
+        Ok(VsockPath {
+            _guest: guest,
+            client,
+            ctx,
+            ptr,
+            src: vec![0x5a; max],
+            dst: vec![0x5a; max],
+        })
+    }
+
+    /// As the shim's `cuMemcpyHtoD` does it over a stream.
+    fn htod(&mut self, bytes: usize) -> Result<(), String> {
+        let chunks: Vec<&[u8]> = self.src[..bytes].chunks(MAX_BULK_CHUNK).collect();
+        let last = chunks.len() - 1;
+        for (i, c) in chunks.into_iter().enumerate() {
+            let req = msg::MemcpyHtoD {
+                ctx: self.ctx,
+                stream: 0,
+                dst: self.ptr + (i * MAX_BULK_CHUNK) as u64,
+            };
+            if i == last {
+                self.client
+                    .call(&req, c)
+                    .map_err(|e| format!("MemcpyHtoD: {}", e.message))?;
+            } else {
+                self.client
+                    .post(&req, c)
+                    .map_err(|e| format!("MemcpyHtoD: {}", e.message))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn dtoh(&mut self, bytes: usize) -> Result<(), String> {
+        for (i, c) in self.dst[..bytes].chunks_mut(MAX_BULK_CHUNK).enumerate() {
+            let req = msg::MemcpyDtoH {
+                ctx: self.ctx,
+                stream: 0,
+                src: self.ptr + (i * MAX_BULK_CHUNK) as u64,
+                len: c.len() as u64,
+            };
+            self.client
+                .call_into(&req, c)
+                .map_err(|e| format!("MemcpyDtoH: {}", e.message))?;
+        }
+        Ok(())
+    }
+}
+
+/// Seconds per byte of `f` moving `bytes`, repeated to at least [`MIN_BYTES_PER_MEASUREMENT`].
+fn rate(bytes: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    let reps = MIN_BYTES_PER_MEASUREMENT.div_ceil(bytes).max(1);
+    let t = Instant::now();
+    for _ in 0..reps {
+        f()?;
+    }
+    Ok((bytes * reps) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// One virtio-vgpu VM per layout (`dev0`, `dev1`, …) and one vsock VM.
+fn config(dir: &Path) -> Result<Config, String> {
+    let mut text = format!(
+        "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"{DEVICE_MEMORY}\"\n\n\
+         [[vm]]\nname = \"{VSOCK_VM}\"\nmemory = \"{SLICE}\"\n\
+         vhost_user_socket = \"{}\"\nguest_cid = {GUEST_CID}\n",
+        dir.join("vsock.sock").display(),
+    );
+    for i in 0..LAYOUTS.len() {
+        text += &format!(
+            "\n[[vm]]\nname = \"{DEV_VM}{i}\"\nmemory = \"{SLICE}\"\n\
+             vhost_user_socket = \"{}\"\ndevice_model = \"vgpu\"\n",
+            dir.join(format!("dev{i}.sock")).display()
+        );
+    }
+    Config::parse(&dir.join("bench.toml"), &text).map_err(|e| format!("benchmark config: {e}"))
+}
+
+/// Measures every size, layout and path `runs` times (interleaved) and returns the medians, one
+/// table per layout (the vsock path and memcpy do not depend on the layout: they are measured once
+/// per run and size and shown in both).
+pub fn measure(p: &Params) -> Result<Vec<(Layout, Vec<Row>)>, String> {
+    if p.runs == 0 || p.sizes_mib.is_empty() || p.sizes_mib.contains(&0) {
+        return Err("--runs and every size must be at least 1".into());
+    }
+    let max = p.sizes_mib.iter().max().copied().unwrap_or(1) * MIB;
+    let dir = tempfile::tempdir().map_err(err("temporary directory"))?;
+    let daemon = Daemon::start(&config(dir.path())?).map_err(err("starting vgpud in-process"))?;
+    let mut devs = Vec::new();
+    for (i, layout) in LAYOUTS.iter().enumerate() {
+        let mut dev = DevPath::open(&dir.path().join(format!("dev{i}.sock")), max, *layout)?;
+        dev.verify(max.min(16 * MIB))?;
+        // Warm-up: device memory and every buffer touched once.
+        dev.htod(max)?;
+        dev.dtoh(max)?;
+        devs.push(dev);
+    }
+    let mut vsock = VsockPath::open(&dir.path().join("vsock.sock"), max)?;
+    vsock.htod(max)?;
+    vsock.dtoh(max)?;
+    let src = vec![0x5au8; max];
+    let mut dst = vec![0xa5u8; max];
+    dst.copy_from_slice(&src);
+
+    // samples[layout][size]
+    let mut samples: Vec<Vec<Vec<Row>>> = vec![vec![Vec::new(); p.sizes_mib.len()]; LAYOUTS.len()];
+    for _ in 0..p.runs {
+        for (i, &mib) in p.sizes_mib.iter().enumerate() {
+            let bytes = mib * MIB;
+            let memcpy = rate(bytes, || {
+                dst[..bytes].copy_from_slice(std::hint::black_box(&src[..bytes]));
+                std::hint::black_box(&dst);
+                Ok(())
+            })?;
+            let vsock_htod = rate(bytes, || vsock.htod(bytes))?;
+            let vsock_dtoh = rate(bytes, || vsock.dtoh(bytes))?;
+            for (l, dev) in devs.iter_mut().enumerate() {
+                samples[l][i].push(Row {
+                    bytes,
+                    memcpy,
+                    dev_htod: rate(bytes, || dev.htod(bytes))?,
+                    dev_dtoh: rate(bytes, || dev.dtoh(bytes))?,
+                    vsock_htod,
+                    vsock_dtoh,
+                });
+            }
+        }
+    }
+    drop(vsock);
+    drop(devs);
+    daemon.shutdown();
+    let medians = |s: &[Row]| {
+        let med = |f: fn(&Row) -> f64| median(&s.iter().map(f).collect::<Vec<_>>());
+        Row {
+            bytes: s[0].bytes,
+            memcpy: med(|r| r.memcpy),
+            dev_htod: med(|r| r.dev_htod),
+            dev_dtoh: med(|r| r.dev_dtoh),
+            vsock_htod: med(|r| r.vsock_htod),
+            vsock_dtoh: med(|r| r.vsock_dtoh),
+        }
+    };
+    Ok(LAYOUTS
+        .iter()
+        .zip(&samples)
+        .map(|(l, sizes)| (*l, sizes.iter().map(|s| medians(s)).collect()))
+        .collect())
+}
+
+/// Formats the report.
+pub fn report(tables: &[(Layout, Vec<Row>)], runs: usize) -> String {
+    let gb = |v: f64| v / BYTES_PER_GB;
+    let mut out = format!(
+        "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs; (ratio) = path / memcpy of the same size\n"
+    );
+    for (layout, rows) in tables {
+        out += &format!(
+            "{}\n{:>8}  {:>8}  {:>18}  {:>18}  {:>18}  {:>18}\n",
+            layout.name,
+            "size",
+            "memcpy",
+            "vgpu-dev HtoD",
+            "vgpu-dev DtoH",
+            "vsock HtoD",
+            "vsock DtoH"
+        );
+        for r in rows {
+            let cell = |v: f64| format!("{:6.2} ({:5.1} %)", gb(v), 100.0 * v / r.memcpy);
+            out += &format!(
+                "{:>5} MiB  {:8.2}  {:>18}  {:>18}  {:>18}  {:>18}\n",
+                r.bytes / MIB,
+                gb(r.memcpy),
+                cell(r.dev_htod),
+                cell(r.dev_dtoh),
+                cell(r.vsock_htod),
+                cell(r.vsock_dtoh)
+            );
+        }
+    }
+    out
+}
+
+/// Runs the benchmark and prints the tables.
+pub fn run(p: Params) -> Result<(), String> {
+    let tables = measure(&p)?;
+    print!("{}", report(&tables, p.runs));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_shows_ratios_against_memcpy() {
+        let r = Row {
+            bytes: 16 * MIB,
+            memcpy: 10e9,
+            dev_htod: 9.5e9,
+            dev_dtoh: 9e9,
+            vsock_htod: 2e9,
+            vsock_dtoh: 1e9,
+        };
+        let text = report(&[(LAYOUTS[0], vec![r])], 5);
+        assert!(text.contains("medians of 5 runs"), "{text}");
+        assert!(text.contains("2 MiB pages"), "{text}");
+        assert!(text.contains("16 MiB"), "{text}");
+        assert!(text.contains("9.50 ( 95.0 %)"), "{text}");
+        assert!(text.contains("1.00 ( 10.0 %)"), "{text}");
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        let bad = Params {
+            runs: 0,
+            sizes_mib: vec![1],
+        };
+        assert!(measure(&bad).is_err());
+        let bad = Params {
+            runs: 1,
+            sizes_mib: vec![0],
+        };
+        assert!(measure(&bad).is_err());
+    }
+}

@@ -1,0 +1,211 @@
+/*
+ * vgpu_ioctl_test: hostile and buggy use of /dev/vgpuN, straight through the ioctls (no shim).
+ *
+ *   vgpu_ioctl_test [/dev/vgpu0]
+ *
+ * Every bad call must fail with its documented errno and leave the session and the kernel fine:
+ * the test ends with a real handshake on the same file. Prints "ok ..." or "FAIL ..." per check;
+ * the exit status is the number of failures.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../vgpu_uapi.h"
+
+static int failures;
+
+static void expect_errno(const char *what, int r, int want) {
+    int got = r < 0 ? errno : 0;
+    if (got == want) {
+        printf("ok %s (%s)\n", what, want ? strerror(want) : "success");
+    } else {
+        printf("FAIL %s: got %s, want %s\n", what, got ? strerror(got) : "success",
+               want ? strerror(want) : "success");
+        failures++;
+    }
+}
+
+/* A vgpu protocol frame header (docs/protocol.md). */
+static void frame(uint8_t *f, uint16_t opcode, uint16_t flags, uint64_t call_id, uint32_t len) {
+    uint32_t magic = 0x55504756;
+    memcpy(f, &magic, 4);
+    memcpy(f + 4, &opcode, 2);
+    memcpy(f + 6, &flags, 2);
+    memcpy(f + 8, &call_id, 8);
+    memcpy(f + 16, &len, 4);
+    memset(f + 20, 0, 4);
+}
+
+int main(int argc, char **argv) {
+    const char *path = argc > 1 ? argv[1] : "/dev/vgpu0";
+    int fd = open(path, O_RDWR);
+    if (fd < 0) {
+        printf("FAIL open %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    struct vgpu_info info;
+    expect_errno("VGPU_IOC_INFO", ioctl(fd, VGPU_IOC_INFO, &info), 0);
+    printf("device id %u, session %u, slice %llu MiB, max_transfer %u, name %s\n", info.device_id,
+           info.session, (unsigned long long)(info.slice_size >> 20), info.max_transfer, info.name);
+
+    uint8_t req[64], reply[4096];
+    frame(req, 0x0003 /* Ping */, 0, 1, 0);
+    struct vgpu_call good = {
+        .req = (uintptr_t)req, .req_len = 24, .reply = (uintptr_t)reply, .reply_cap = sizeof reply,
+    };
+    struct vgpu_call c;
+
+    /* Bad argument pointers and sizes. */
+    expect_errno("INFO into a NULL pointer", ioctl(fd, VGPU_IOC_INFO, NULL), EFAULT);
+    expect_errno("CALL from a NULL pointer", ioctl(fd, VGPU_IOC_CALL, NULL), EFAULT);
+    expect_errno("CALL from a kernel address", ioctl(fd, VGPU_IOC_CALL, (void *)0xffffffff81000000ul),
+                 EFAULT);
+    expect_errno("CALL with a wrong struct size",
+                 ioctl(fd, _IOWR(VGPU_IOC_MAGIC, 2, char[40]), &good), ENOTTY);
+    expect_errno("unknown ioctl", ioctl(fd, _IO(VGPU_IOC_MAGIC, 99)), ENOTTY);
+
+    /* Lengths and flags out of range. */
+    c = good; c.req_len = 0;
+    expect_errno("req_len 0", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = good; c.req_len = 1u << 30;
+    expect_errno("req_len 1 GiB", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = good; c.data_len = 1ull << 40; c.data = (uintptr_t)req;
+    expect_errno("data_len 1 TiB", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = good; c.out_len = 1ull << 30; c.out = (uintptr_t)reply;
+    expect_errno("out_len beyond max_transfer", ioctl(fd, VGPU_IOC_CALL, &c), E2BIG);
+    c = good; c.reply_cap = 8;
+    expect_errno("reply buffer smaller than a frame header", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = good; c.flags = 4;
+    expect_errno("unknown flags", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    struct vgpu_wait w = { .ticket = 7 };
+    expect_errno("wait for a ticket never issued", ioctl(fd, VGPU_IOC_WAIT, &w), ENOENT);
+    w.ticket = 1ull << 40;
+    expect_errno("wait for an absurd ticket", ioctl(fd, VGPU_IOC_WAIT, &w), ENOENT);
+    expect_errno("wait with a bad pointer", ioctl(fd, VGPU_IOC_WAIT, (void *)8), EFAULT);
+
+    /* Bad pointers inside the request. */
+    c = good; c.req = 0;
+    expect_errno("frame at NULL", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+    c = good; c.req = 0xffffffff81000000ul;
+    expect_errno("frame at a kernel address", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+    c = good; c.data = 0x1000; c.data_len = 1 << 20;
+    expect_errno("1 MiB of data at an unmapped address", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+    c = good; c.data = ~0ull - 4095; c.data_len = 1 << 20;
+    expect_errno("data that wraps the address space", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+    void *ro = mmap(NULL, 65536, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    c = good; c.reply = (uintptr_t)ro; c.reply_cap = 65536;
+    expect_errno("reply into read-only memory", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+    c = good; c.out = (uintptr_t)ro; c.out_len = 4096;
+    expect_errno("reply data into read-only memory", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+    void *gone = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    munmap(gone, 1 << 20);
+    c = good; c.out = (uintptr_t)gone; c.out_len = 1 << 20;
+    expect_errno("reply data into unmapped memory", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+
+    /* An asynchronous frame cannot have a reply. */
+    uint8_t areq[24];
+    frame(areq, 0x0309 /* Memset */, 1 /* ASYNC */, 2, 0);
+    c = good; c.req = (uintptr_t)areq;
+    expect_errno("asynchronous frame with a reply buffer", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+
+    /* Garbage frames reach the device and are refused there; the session goes on. */
+    uint8_t junk[24];
+    memset(junk, 0x5a, sizeof junk);
+    c = good; c.req = (uintptr_t)junk;
+    expect_errno("a frame with a bad magic", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    uint8_t lying[24];
+    frame(lying, 0x0003, 0, 3, 1000);
+    c = good; c.req = (uintptr_t)lying;
+    expect_errno("a frame whose payload_len lies", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+
+    /* The first real frame must be Hello: the device ends the session otherwise. Do the
+     * handshake on a second file; on the first, a Ping breaks the protocol. */
+    int fd2 = open(path, O_RDWR);
+    struct vgpu_info info2;
+    expect_errno("second open", ioctl(fd2, VGPU_IOC_INFO, &info2), 0);
+    if (info2.session == info.session) {
+        printf("FAIL two files share session %u\n", info.session);
+        failures++;
+    }
+    uint8_t hello[24 + 4 + 4 + 4 + 5 + 4 + 5];
+    uint8_t *p = hello + 24;
+    uint32_t v = 1, pid = (uint32_t)getpid(), n = 5;
+    memcpy(p, &v, 4); p += 4;
+    memcpy(p, &pid, 4); p += 4;
+    memcpy(p, &n, 4); p += 4;
+    memcpy(p, "0.1.0", 5); p += 5;
+    memcpy(p, &n, 4); p += 4;
+    memcpy(p, "ioctl", 5); p += 5;
+    frame(hello, 0x0001 /* Hello */, 0, 1, (uint32_t)(p - hello - 24));
+    c = good; c.req = (uintptr_t)hello; c.req_len = (uint32_t)(p - hello);
+    expect_errno("Hello on the second file after all that", ioctl(fd2, VGPU_IOC_CALL, &c), 0);
+    uint32_t status;
+    memcpy(&status, reply + 20, 4);
+    if (c.reply_len < 24 || status != 0) {
+        printf("FAIL Hello reply: %u bytes, status %u\n", c.reply_len, status);
+        failures++;
+    } else {
+        printf("ok Hello answered (%u bytes)\n", c.reply_len);
+    }
+
+    /* Queued calls: tickets redeemed in any order, each once; a bounded number outstanding. */
+    uint8_t pings[64][24], replies[64][64];
+    struct vgpu_call q[65];
+    int queued = 0;
+    for (int i = 0; i < 65; i++) {
+        frame(pings[i % 64], 0x0003 /* Ping */, 0, 100 + i, 0);
+        q[i] = (struct vgpu_call){
+            .req = (uintptr_t)pings[i % 64], .req_len = 24, .reply = (uintptr_t)replies[i % 64],
+            .reply_cap = 64, .flags = VGPU_CALL_NOWAIT,
+        };
+        int r = ioctl(fd2, VGPU_IOC_CALL, &q[i]);
+        if (i < 64) {
+            if (r == 0 && q[i].ticket != 0) queued++;
+        } else {
+            expect_errno("a 65th call not waited for", r, EAGAIN);
+        }
+    }
+    if (queued == 64) {
+        printf("ok 64 calls queued without waiting\n");
+    } else {
+        printf("FAIL only %d calls queued\n", queued);
+        failures++;
+    }
+    int redeemed = 0;
+    for (int i = 63; i >= 0; i--) {
+        struct vgpu_wait wt = { .ticket = q[i].ticket };
+        uint64_t id;
+        memcpy(&id, replies[i] + 8, 8);
+        if (ioctl(fd2, VGPU_IOC_WAIT, &wt) == 0 && wt.reply_len == 24 && id == (uint64_t)(100 + i))
+            redeemed++;
+    }
+    if (redeemed == 64) {
+        printf("ok 64 tickets redeemed in reverse order, each with its own reply\n");
+    } else {
+        printf("FAIL %d of 64 tickets redeemed\n", redeemed);
+        failures++;
+    }
+    w.ticket = q[0].ticket;
+    expect_errno("a ticket redeemed twice", ioctl(fd2, VGPU_IOC_WAIT, &w), ENOENT);
+    /* Left for close to clean up: a queued call nobody waits for. */
+    c = good; c.flags = VGPU_CALL_NOWAIT; c.req = (uintptr_t)pings[0];
+    expect_errno("a call queued and never waited for", ioctl(fd2, VGPU_IOC_CALL, &c), 0);
+
+    expect_errno("Ping before Hello breaks the first session", ioctl(fd, VGPU_IOC_CALL, &good), EPROTO);
+    expect_errno("that session is gone", ioctl(fd, VGPU_IOC_CALL, &good), ENOTCONN);
+
+    /* A closed file descriptor. */
+    close(fd);
+    expect_errno("ioctl on a closed fd", ioctl(fd, VGPU_IOC_INFO, &info), EBADF);
+    close(fd2);
+    printf("vgpu_ioctl_test: %d failures\n", failures);
+    return failures;
+}

@@ -1,0 +1,498 @@
+//! Real Linux guests on the virtio-vgpu device: QEMU 11.1 (from a Debian trixie root,
+//! `images/qemu11/build.sh`) presents vgpud's device with its generic
+//! `vhost-user-test-device-pci`; the guest (Debian's cloud kernel) installs the shim and the
+//! `vgpu` kernel module built against that kernel's headers
+//! (`guest-shim/kmod/build-against-debian.sh`), and CUDA programs reach the GPU through
+//! `/dev/vgpu0`, their buffers pinned and read or written in place by vgpud.
+//!
+//! Checked: the driver-API program and a kernel workload, 64 MiB transfers byte for byte,
+//! hostile ioctl input (no oops), two VMs with different slices, and a VM killed in the middle of
+//! transfers (vgpud frees its memory; the other VM's transfers go on and come back intact).
+//!
+//! Skips, with a printed reason, only when QEMU 11.1 cannot be obtained (no root to build the
+//! trixie root, no network to the Debian mirror) or no QEMU at all runs here.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use vgpu_tests::harness::{Vgpud, artifacts, guest_cuda_program, ptx, workspace_root};
+use vgpu_tests::qemu::{self, Guest, GuestImage, GuestSpec};
+
+const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
+const MIB: u64 = 1 << 20;
+/// The device ID QEMU presents: its generic device accepts only IDs it has a name for, so the
+/// VMs are configured with `vgpu_device_id = 21`, which the module binds (besides vgpud's
+/// default 63).
+const DEVICE_ID: u16 = vgpu_vmm::vgpu_dev::QEMU_DEVICE_ID;
+/// Queues and their size, and the config space size, as the device serves them.
+const NUM_VQS: usize = 2;
+const VQ_SIZE: u16 = 1024;
+const CONFIG_SIZE: usize = 96;
+/// Exit status of the script when the installer fails.
+const INSTALL_FAILED: i32 = 90;
+const C_FLAGS: &[&str] = &["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-std=gnu11"];
+
+/// What every test needs: QEMU 11.1, the image, the module for its kernel.
+struct Kit {
+    qemu: PathBuf,
+    image: GuestImage,
+    accel: qemu::Accel,
+    kmod: PathBuf,
+}
+
+/// Builds (or finds) the kit once per process; `Err` is the reason to skip.
+fn kit() -> Result<&'static Kit, String> {
+    static KIT: OnceLock<Result<Kit, String>> = OnceLock::new();
+    KIT.get_or_init(|| {
+        if let Some(reason) = qemu::skip_reason() {
+            return Err(format!("cannot boot QEMU guests here: {reason}"));
+        }
+        let qemu = qemu11()?;
+        let image = qemu::ensure_image().map_err(|e| e.to_string())?;
+        let accel = qemu::choose_accel(&qemu, &image).map_err(|e| e.to_string())?;
+        let kmod = build_kmod(&image)?;
+        Ok(Kit {
+            qemu,
+            image,
+            accel,
+            kmod,
+        })
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// QEMU ≥ 10.2 with the generic vhost-user device: `VGPU_QEMU11`, or QEMU 11.1 from
+/// trixie-backports in a trixie root built by `images/qemu11/build.sh`.
+fn qemu11() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("VGPU_QEMU11") {
+        return Ok(PathBuf::from(p));
+    }
+    let script = workspace_root().join("images/qemu11/build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--quiet")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "QEMU 11.1 could not be obtained with {} ({}): {}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(workspace_root().join("images/out/qemu11/qemu-system-x86_64"))
+}
+
+/// Exit status of `build-against-debian.sh` when the headers cannot be downloaded.
+const KMOD_NO_HEADERS: i32 = 3;
+
+/// The `vgpu` module built against the guest kernel's Debian headers; `Err` (a reason to skip)
+/// only when the headers cannot be downloaded. A module that does not build fails the test.
+fn build_kmod(image: &GuestImage) -> Result<PathBuf, String> {
+    let release = &image.manifest.kernel_release;
+    let version = image
+        .manifest
+        .value("kernel_package")
+        .and_then(|p| p.split_whitespace().nth(1))
+        .expect("the image manifest names its kernel package and version")
+        .to_string();
+    let out = workspace_root().join(format!("images/out/kmod/vgpu-{release}.ko"));
+    let st = Command::new("bash")
+        .arg(workspace_root().join("guest-shim/kmod/build-against-debian.sh"))
+        .args([
+            "--release",
+            release,
+            "--version",
+            &version,
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .status()
+        .expect("running build-against-debian.sh");
+    if st.code() == Some(KMOD_NO_HEADERS) {
+        return Err(format!(
+            "the headers of the guest kernel {release} cannot be downloaded (no Debian mirror)"
+        ));
+    }
+    assert!(
+        st.success(),
+        "building the vgpu module for {release} failed"
+    );
+    Ok(out)
+}
+
+/// Guest programs: the C driver-API test, gpu-task, bigcopy, the ioctl test.
+fn programs() -> Vec<PathBuf> {
+    let lib = &artifacts().lib_dir;
+    let kmod_tests = workspace_root().join("guest-shim/kmod/tests");
+    let flags: Vec<OsString> = C_FLAGS.iter().map(OsString::from).collect();
+    vec![
+        qemu::build_guest_cuda_program(
+            &workspace_root().join("tests/c/driver_api.c"),
+            "driver_api",
+            lib,
+        )
+        .expect("driver_api for guests"),
+        guest_cuda_program("gpu-task"),
+        qemu::build_guest_cuda_program(&kmod_tests.join("bigcopy.c"), "bigcopy", lib)
+            .expect("bigcopy for guests"),
+        qemu::build_guest_program_from(
+            &kmod_tests.join("vgpu_ioctl_test.c"),
+            "vgpu_ioctl_test",
+            &flags,
+            &[],
+        )
+        .expect("vgpu_ioctl_test for guests"),
+    ]
+}
+
+/// vgpud with one virtio-vgpu VM per `(name, slice MiB)`.
+fn vgpud(vms: &[(&str, u64)]) -> Vgpud {
+    let mut cfg = "[admin]\nsocket = \"@DIR@/admin.sock\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"2GiB\"\nworkers = 2\n".to_string();
+    for (name, mib) in vms {
+        cfg += &format!(
+            "\n[[vm]]\nname = \"{name}\"\nmemory = \"{mib}MiB\"\nvhost_user_socket = \"@DIR@/{name}.vgpu.sock\"\ndevice_model = \"vgpu\"\nvgpu_device_id = {DEVICE_ID}\n"
+        );
+    }
+    Vgpud::start_config(&cfg)
+}
+
+/// A guest on VM `vm`'s virtio-vgpu device: the shim bundle with the module, the test programs,
+/// `files`; the script installs everything with install.sh, then runs `body`.
+fn guest(
+    d: &Vgpud,
+    k: &Kit,
+    vm: &str,
+    name: &str,
+    files: &[(PathBuf, &str)],
+    body: &str,
+) -> GuestSpec {
+    let a = artifacts();
+    let mut spec = GuestSpec::new(name, "");
+    let install = spec.add_vgpu_shim(&a.profile_dir.join("libcuda.so"), &a.vgpu_smi);
+    spec.payload
+        .push((k.kmod.clone(), format!("{}/vgpu.ko", qemu::SHIM_BUNDLE_DIR)));
+    for p in programs() {
+        let file = p.file_name().unwrap().to_string_lossy().into_owned();
+        spec.payload.push((p, format!("/payload/bin/{file}")));
+    }
+    for (host, guest) in files {
+        spec.payload.push((host.clone(), (*guest).to_string()));
+    }
+    spec.extra_args = attach_args(d, vm);
+    spec.script = format!(
+        "{install} || {{ echo 'guest-shim/install.sh failed'; exit {INSTALL_FAILED}; }}\n\
+         unset LD_LIBRARY_PATH\n{body}"
+    );
+    spec.timeout = GUEST_TIMEOUT;
+    spec
+}
+
+/// The QEMU arguments that attach VM `vm`'s virtio-vgpu device, as `vgpuctl vm attach-args`
+/// prints them (its `-chardev` and `-device`; the harness sets up the shared memory itself).
+/// Checked against the device's own parameters first.
+fn attach_args(d: &Vgpud, vm: &str) -> Vec<String> {
+    let out = Command::new(&artifacts().vgpuctl)
+        .arg("--socket")
+        .arg(d.admin_socket())
+        .args(["--json", "vm", "attach-args", vm, "--vmm", "qemu"])
+        .output()
+        .expect("running vgpuctl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("attach-args JSON");
+    let args: Vec<String> = v["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().unwrap_or_default().to_string())
+        .collect();
+    let socket = d.dir().join(format!("{vm}.vgpu.sock"));
+    let want_device = format!(
+        "vhost-user-test-device-pci,chardev=vgpu-dev-{vm},virtio-id={DEVICE_ID},num_vqs={NUM_VQS},vq_size={VQ_SIZE},config_size={CONFIG_SIZE}"
+    );
+    let mut picked = Vec::new();
+    for pair in args.windows(2) {
+        if pair[0] == "-chardev" {
+            assert_eq!(
+                pair[1],
+                format!("socket,id=vgpu-dev-{vm},path={}", socket.display())
+            );
+            picked.extend_from_slice(pair);
+        }
+        if pair[0] == "-device" {
+            assert_eq!(pair[1], want_device);
+            picked.extend_from_slice(pair);
+        }
+    }
+    assert_eq!(picked.len(), 4, "attach-args printed {args:?}");
+    picked
+}
+
+fn boot(d: &Vgpud, k: &Kit, spec: &GuestSpec) -> Guest {
+    d.guest_ok(Guest::boot_with(spec, &k.qemu, &k.image, k.accel), "boot")
+}
+
+fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// The guest's kernel log must not show an oops, a BUG or a warning splat.
+fn assert_no_kernel_trouble(out: &str) {
+    for bad in [
+        "Oops",
+        "BUG:",
+        "WARNING:",
+        "general protection",
+        "Call Trace",
+    ] {
+        assert!(!out.contains(bad), "kernel trouble ({bad}) in:\n{out}");
+    }
+}
+
+#[test]
+fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
+    let k = match kit() {
+        Ok(k) => k,
+        Err(reason) => {
+            println!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let d = vgpud(&[("vm1", 256)]);
+    let body = "echo '== smi'\n\
+                vgpu-smi || exit 81\n\
+                echo '== driver_api'\n\
+                driver_api basic > /tmp/basic.log 2>&1; echo \"driver_api status $?\"\n\
+                grep -c '^ok ' /tmp/basic.log; grep FAIL /tmp/basic.log\n\
+                echo '== saxpy'\n\
+                gpu-task saxpy /payload/saxpy.ptx 4096 3; echo \"saxpy status $?\"\n\
+                echo '== bigcopy'\n\
+                bigcopy 64; echo \"bigcopy status $?\"\n\
+                echo '== ioctl'\n\
+                vgpu_ioctl_test; echo \"ioctl status $?\"\n\
+                echo '== forced'\n\
+                VGPU_TRANSPORT=dev:/dev/vgpu9 vgpu-smi; echo \"forced status $?\"\n\
+                echo '== remove'\n\
+                driver_api hold 1048576 > /tmp/hold.log 2>&1 &\n\
+                HOLD=$!\n\
+                for i in $(seq 200); do grep -q holding /tmp/hold.log && break; usleep 50000; done\n\
+                rmmod vgpu 2>/dev/null; echo \"rmmod while open status $?\"\n\
+                kill $HOLD; wait $HOLD\n\
+                rmmod vgpu; echo \"rmmod status $?\"\n\
+                [ -e /dev/vgpu0 ] && echo 'vgpu0 still there' || echo 'vgpu0 gone'\n\
+                insmod /lib/modules/$(uname -r)/extra/vgpu.ko; echo \"insmod status $?\"\n\
+                vgpu-smi | grep Transport\n\
+                echo '== module'\n\
+                grep '^vgpu ' /proc/modules | cut -d' ' -f1,3\n\
+                dmesg | grep -iE 'vgpu|oops|bug:|warning:|general protection|call trace'\n\
+                echo '== end'\n";
+    let spec = guest(
+        &d,
+        k,
+        "vm1",
+        "vgpu-dev-workload",
+        &[(ptx("saxpy.sm_80.ptx"), "/payload/saxpy.ptx")],
+        body,
+    );
+    let started = Instant::now();
+    let mut g = boot(&d, k, &spec);
+    let outcome = d.guest_ok(g.wait_exit(GUEST_TIMEOUT), "guest run");
+    let out = outcome.output_text();
+    assert_eq!(
+        outcome.exit_code,
+        0,
+        "guest output:\n{out}\nvgpud log:\n{}",
+        d.log()
+    );
+    let lines: Vec<String> = [
+        "vgpu-install: installed: /lib/modules/".to_string(),
+        "vgpu-install: loaded the vgpu kernel module".to_string(),
+        "vgpu-install: virtio-vgpu device present: /dev/vgpu0".to_string(),
+        format!("Transport: dev:/dev/vgpu0 (virtio-vgpu device, ID {DEVICE_ID})"),
+        "256MiB".to_string(),
+        "driver_api status 0".to_string(),
+        "GPU-TASK saxpy n=4096 rounds=3 ok".to_string(),
+        "saxpy status 0".to_string(),
+        "BIGCOPY round 1 ok: 64 MiB".to_string(),
+        "bigcopy status 0".to_string(),
+        "vgpu_ioctl_test: 0 failures".to_string(),
+        "ioctl status 0".to_string(),
+        format!("/dev/vgpu0: virtio-vgpu device {DEVICE_ID}"),
+    ]
+    .into();
+    for line in lines {
+        assert!(out.contains(&line), "missing `{line}` in:\n{out}");
+    }
+    assert!(!out.contains("driver_api status 0\nFAIL"), "{out}");
+    // VGPU_TRANSPORT forces the device node: a missing one is reported, not replaced by vsock.
+    assert!(out.contains("forced status 2"), "{out}");
+    assert!(
+        out.contains("cuInit: cannot reach vgpud at dev:/dev/vgpu9: No such file or directory"),
+        "{out}"
+    );
+    // Unloading the module: refused while a process has the device open, then the device is
+    // removed (vgpud resets it) and bound again.
+    for line in [
+        "rmmod while open status 1",
+        "rmmod status 0",
+        "vgpu0 gone",
+        "insmod status 0",
+    ] {
+        assert!(out.contains(line), "missing `{line}` in:\n{out}");
+    }
+    assert!(
+        out.matches(&format!(
+            "Transport: dev:/dev/vgpu0 (virtio-vgpu device, ID {DEVICE_ID})"
+        ))
+        .count()
+            >= 2,
+        "the device works again after the module came back:\n{out}"
+    );
+    assert!(!out.contains("warning"), "install.sh warned:\n{out}");
+    assert_no_kernel_trouble(&out);
+
+    let v = d.vm("vm1");
+    let st = &v["vgpu_device"]["stats"];
+    assert!(v["vsock"].is_null(), "{v:#}");
+    assert_eq!(v["vgpu_device"]["device_id"], DEVICE_ID, "{v:#}");
+    assert!(u(&st["bytes_from_guest"]) >= 64 * MIB, "{v:#}");
+    assert!(u(&st["bytes_to_guest"]) >= 64 * MIB, "{v:#}");
+    assert!(u(&st["sessions_total"]) >= 6, "{v:#}");
+    assert_eq!(st["dropped_chains"], 0, "{v:#}");
+    assert!(
+        u(&st["refused_requests"]) >= 2,
+        "the ioctl test's garbage frames: {v:#}"
+    );
+    assert!(u(&v["stats"]["kernels"]) >= 3, "{v:#}");
+    assert!(
+        u(&st["device_resets"]) >= 1,
+        "the module's removal reset the device: {v:#}"
+    );
+    d.wait_vm(
+        "vm1",
+        "sessions closed and memory returned",
+        RELEASE_TIMEOUT,
+        |v| v["memory_used"] == 0 && v["sessions"].as_array().is_some_and(Vec::is_empty),
+    );
+    println!(
+        "vgpu_dev_vm workload: boot to payload {:.2} s, whole run {:.2} s ({}), test {:.1} s",
+        outcome.boot_to_payload.unwrap_or_default().as_secs_f64(),
+        outcome.elapsed.as_secs_f64(),
+        outcome.accel.as_str(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn two_vms_with_their_own_slices_and_one_killed_mid_transfer() {
+    let k = match kit() {
+        Ok(k) => k,
+        Err(reason) => {
+            println!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let started = Instant::now();
+    let d = vgpud(&[("victim", 160), ("bystander", 96)]);
+    let victim = guest(
+        &d,
+        k,
+        "victim",
+        "vgpu-dev-victim",
+        &[],
+        &format!(
+            "driver_api fill {} | grep -E 'allocated|FAIL'\n\
+             driver_api hold {}\n\
+             echo \"victim status $?\"\n",
+            160 * MIB,
+            64 * MIB
+        ),
+    );
+    let bystander = guest(
+        &d,
+        k,
+        "bystander",
+        "vgpu-dev-bystander",
+        &[],
+        &format!(
+            "driver_api fill {} | grep -E 'allocated|FAIL'\n\
+             bigcopy 16 600 /tmp/stop > /tmp/copy.log 2>&1 &\n\
+             COPY=$!\n\
+             echo BYSTANDER-COPYING\n\
+             read go </dev/console\n\
+             touch /tmp/stop; wait $COPY; echo \"bystander status $?\"\n\
+             grep -c 'ok:' /tmp/copy.log; grep -E 'FAIL|done' /tmp/copy.log\n",
+            96 * MIB
+        ),
+    );
+    let mut gv = boot(&d, k, &victim);
+    let mut gb = boot(&d, k, &bystander);
+    // The victim holds 64 MiB and copies 8 MiB into it back to back (`driver_api hold`).
+    d.guest_ok(
+        gv.wait_for_line("holding", GUEST_TIMEOUT),
+        "the victim copies",
+    );
+    let copying = u(&d.vm("victim")["stats"]["bytes_htod"]);
+    d.wait_vm("victim", "the victim's copies", GUEST_TIMEOUT, |v| {
+        u(&v["stats"]["bytes_htod"]) > copying + 64 * MIB
+    });
+    d.wait_vm("bystander", "the bystander copies", GUEST_TIMEOUT, |v| {
+        u(&v["stats"]["bytes_htod"]) > 16 * MIB
+    });
+    let held = d.vm("victim");
+    assert!(u(&held["memory_used"]) >= 64 * MIB, "{held:#}");
+    let killed = Instant::now();
+    gv.kill();
+    let after = d.wait_vm(
+        "victim",
+        "memory freed after SIGKILL",
+        RELEASE_TIMEOUT,
+        |v| v["memory_used"] == 0 && v["sessions"].as_array().is_some_and(Vec::is_empty),
+    );
+    let released = killed.elapsed();
+    let st = &after["vgpu_device"]["stats"];
+    assert!(u(&st["device_resets"]) >= 1, "{after:#}");
+    assert_eq!(st["sessions_open"], 0, "{after:#}");
+    // The bystander's transfers keep going after the kill.
+    let moved = u(&d.vm("bystander")["stats"]["bytes_htod"]);
+    d.wait_vm("bystander", "copies after the kill", GUEST_TIMEOUT, |v| {
+        u(&v["stats"]["bytes_htod"]) >= moved + 32 * MIB
+    });
+    d.guest_ok(gb.send_line("go"), "telling the bystander to stop");
+    let by = d.guest_ok(gb.wait_exit(GUEST_TIMEOUT), "the bystander's run");
+    let out = by.output_text();
+    assert_eq!(by.exit_code, 0, "{out}\nvgpud log:\n{}", d.log());
+    assert!(
+        out.contains(&format!("allocated {} bytes before result 2", 96 * MIB)),
+        "the bystander's slice is 96 MiB:\n{out}"
+    );
+    assert!(out.contains("bystander status 0"), "{out}");
+    assert!(out.contains("BIGCOPY done rounds="), "{out}");
+    assert!(!out.contains("FAIL"), "{out}");
+    assert_no_kernel_trouble(&out);
+    let victim_console = std::fs::read_to_string(gv.log_path()).unwrap_or_default();
+    assert!(
+        victim_console.contains(&format!("allocated {} bytes before result 2", 160 * MIB)),
+        "the victim's slice is 160 MiB:\n{victim_console}"
+    );
+    d.wait_vm("bystander", "memory returned", RELEASE_TIMEOUT, |v| {
+        v["memory_used"] == 0
+    });
+    println!(
+        "vgpu_dev_vm kill: victim memory released {:.2} s after SIGKILL; bystander ran {:.1} s; test {:.1} s",
+        released.as_secs_f64(),
+        by.elapsed.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,199 @@
+//! The `VhostUserBackend` glue between vhost-user-backend's vring worker and [`VgpuDevice`].
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tracing::{debug, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock};
+use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
+};
+
+use super::chain::GuestMem;
+use super::device::VgpuDevice;
+use super::exec::VgpuService;
+use super::wire::{
+    CONFIG_MAGIC, CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, MAX_DATA, MAX_INLINE,
+    MAX_SEGMENTS, NUM_QUEUES, SUBMIT_QUEUE,
+};
+use crate::vsock::{VIRTIO_FEATURES, eventfd_id, protocol_features};
+
+/// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
+pub struct VgpuBackend {
+    device: Mutex<VgpuDevice>,
+    service: Arc<dyn VgpuService>,
+    queue_size: usize,
+    exit: (EventConsumer, EventNotifier),
+    /// Exit-event consumers handed to vhost-user-backend, which never closes them;
+    /// [`reclaim_exit_fds`](Self::reclaim_exit_fds) does (as for the vsock device).
+    handed_out: Mutex<Vec<RawFd>>,
+}
+
+impl std::fmt::Debug for VgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuBackend")
+            .field("queue_size", &self.queue_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VgpuBackend {
+    /// Wraps `device`; `service` feeds the config space.
+    pub fn new(
+        device: VgpuDevice,
+        service: Arc<dyn VgpuService>,
+        queue_size: u16,
+    ) -> io::Result<Self> {
+        let exit = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?;
+        Ok(VgpuBackend {
+            device: Mutex::new(device),
+            service,
+            queue_size: usize::from(queue_size),
+            exit,
+            handed_out: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Locks the device; a panic on another thread does not make the state unusable for a reset.
+    pub fn device(&self) -> MutexGuard<'_, VgpuDevice> {
+        self.device.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The config space as the guest reads it now.
+    pub fn config_space(&self) -> ConfigSpace {
+        ConfigSpace {
+            device_version: DEVICE_VERSION,
+            max_segments: MAX_SEGMENTS as u32,
+            slice_size: self.service.slice_size(),
+            max_inline: MAX_INLINE as u32,
+            max_data: MAX_DATA as u32,
+            protocol_version: vgpu_proto::PROTOCOL_VERSION,
+            magic: CONFIG_MAGIC,
+            name: self.service.gpu_name(),
+        }
+    }
+
+    /// Closes the exit-event descriptors vhost-user-backend leaked. Call only after the daemon is
+    /// dropped, when its vring workers have exited.
+    pub fn reclaim_exit_fds(&self) {
+        let Some(ours) = eventfd_id(self.exit.0.as_raw_fd()) else {
+            return;
+        };
+        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            if fd != self.exit.0.as_raw_fd() && eventfd_id(fd) == Some(ours) {
+                // SAFETY: `fd` is a duplicate of our exit eventfd (checked just above) that the
+                // library converted into a raw fd and abandoned; nothing else owns it.
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+}
+
+impl VhostUserBackend for VgpuBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        self.queue_size
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_FEATURES | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        protocol_features()
+    }
+
+    fn reset_device(&self) {
+        self.device().reset("VHOST_USER_RESET_DEVICE");
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // QEMU's generic vhost-user device stops the queues when the guest driver resets the
+        // device or the guest reboots (it sends no RESET_DEVICE): the sessions of that driver
+        // instance are gone. The control queue stands for the device; stopping the submission
+        // queue alone changes nothing.
+        if queue_index as usize == CTRL_QUEUE {
+            self.device().reset("the VMM stopped the queues");
+        }
+        Ok(())
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.device().set_event_idx(enabled);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let space = self.config_space().to_bytes();
+        let start = offset as usize;
+        match start.checked_add(size as usize) {
+            Some(end) if end <= CONFIG_SIZE => space[start..end].to_vec(),
+            _ => {
+                warn!(offset, size, "config space read out of range");
+                Vec::new()
+            }
+        }
+    }
+
+    fn set_config(&self, offset: u32, _buf: &[u8]) -> io::Result<()> {
+        warn!(
+            offset,
+            "ignoring a write to the read-only virtio-vgpu config space"
+        );
+        Ok(())
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMem>) -> io::Result<()> {
+        debug!("guest memory table updated");
+        self.device().set_memory(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![(1 << NUM_QUEUES) - 1]
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let consumer = self.exit.0.try_clone().ok()?;
+        let notifier = self.exit.1.try_clone().ok()?;
+        self.handed_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        // Errors are never returned: that would stop the vring worker for good. Everything the
+        // guest can cause is handled (and logged) inside the device.
+        let (Some(ctrl), Some(submit)) = (vrings.get(CTRL_QUEUE), vrings.get(SUBMIT_QUEUE)) else {
+            return Ok(());
+        };
+        if usize::from(device_event) >= NUM_QUEUES {
+            debug!(event = device_event, "unexpected virtio-vgpu backend event");
+            return Ok(());
+        }
+        // Either kick may carry frames the other queue's frames wait for (sequence order spans
+        // both queues): look at both.
+        let mut dev = self.device();
+        dev.process_queue(SUBMIT_QUEUE, submit);
+        dev.process_queue(CTRL_QUEUE, ctrl);
+        Ok(())
+    }
+}

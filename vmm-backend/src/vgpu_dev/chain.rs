@@ -1,0 +1,700 @@
+//! Validated descriptor chains: the guest-physical ranges of one request, checked once against the
+//! guest memory map, and zero-copy access to them.
+//!
+//! Nothing here trusts the guest. A chain is refused when a descriptor lies outside guest RAM,
+//! wraps around the address space, is device-writable and overlaps another descriptor of the
+//! chain (device-readable ones may overlap each other: see [`write_overlap`]), points the wrong way
+//! (device-readable descriptors must all come before the device-writable ones), when the chain
+//! does not terminate, holds more than [`MAX_SEGMENTS`] descriptors or more bytes than any request
+//! can use. Because no writable range overlaps any other range, the device may hand out the
+//! readable ranges as shared slices and the writable ones as exclusive slices at the same time.
+
+use std::ops::Deref;
+
+use thiserror::Error;
+use virtio_queue::DescriptorChain;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
+
+use super::wire::{MAX_DATA, MAX_INLINE, MAX_REPLY, MAX_SEGMENTS, REQ_HEADER_LEN, RESP_HEADER_LEN};
+
+/// Guest memory as seen by this device.
+pub type GuestMem = GuestMemoryMmap<()>;
+
+/// Most device-readable bytes a request can use.
+pub const MAX_READABLE: usize = REQ_HEADER_LEN + MAX_INLINE + MAX_DATA;
+/// Most device-writable bytes a request can use.
+pub const MAX_WRITABLE: usize = RESP_HEADER_LEN + MAX_REPLY + MAX_DATA;
+/// Past [`MAX_SEGMENTS`], a refused chain is walked this far at most to find where to report the
+/// refusal (virtio-queue bounds a chain to its table anyway).
+const MAX_WALK: usize = 4 * MAX_SEGMENTS;
+
+/// Why a descriptor chain was refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ChainError {
+    /// No descriptor at all (bad head index or descriptor table outside guest memory).
+    #[error("descriptor chain is empty (bad head index or descriptor table outside guest memory)")]
+    Empty,
+    /// The chain loops, has an out-of-range `next` index or a bad indirect table.
+    #[error("descriptor chain does not terminate (loop, bad next index or bad indirect table)")]
+    Unterminated,
+    /// More descriptors than [`MAX_SEGMENTS`].
+    #[error("descriptor chain has more than {MAX_SEGMENTS} descriptors")]
+    TooManySegments,
+    /// A device-readable descriptor after a device-writable one.
+    #[error("descriptor {0} is device-readable but follows a device-writable one")]
+    Misordered(usize),
+    /// `addr + len` wraps around the 64-bit address space.
+    #[error("descriptor {index} [{addr:#x}, +{len:#x}) wraps around the address space")]
+    Wrapping {
+        /// Position in the chain.
+        index: usize,
+        /// Guest-physical address.
+        addr: u64,
+        /// Length.
+        len: u32,
+    },
+    /// A descriptor is not entirely inside guest RAM.
+    #[error("descriptor {index} [{addr:#x}, +{len:#x}) is outside guest memory")]
+    OutsideMemory {
+        /// Position in the chain.
+        index: usize,
+        /// Guest-physical address.
+        addr: u64,
+        /// Length.
+        len: u32,
+    },
+    /// Two descriptors of the chain cover the same guest memory.
+    #[error("descriptors overlap at guest address {0:#x}")]
+    Overlapping(u64),
+    /// More bytes in one direction than any request uses.
+    #[error(
+        "descriptor chain holds {bytes} device-{dir} bytes, more than the {max} a request can use"
+    )]
+    TooLong {
+        /// "readable" or "writable".
+        dir: &'static str,
+        /// Bytes in the chain.
+        bytes: u64,
+        /// The limit.
+        max: usize,
+    },
+    /// The guest memory map changed and a range is no longer mapped.
+    #[error("guest memory at {0:#x} is no longer mapped")]
+    Unmapped(u64),
+}
+
+/// One guest-physical range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Guest-physical address.
+    pub addr: u64,
+    /// Length in bytes (non-zero).
+    pub len: usize,
+}
+
+/// An ordered list of guest ranges read or written as one byte stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Segments {
+    segs: Vec<Segment>,
+    total: usize,
+}
+
+impl Segments {
+    /// A stream made of `segs` (empty ones are dropped).
+    pub fn new(segs: Vec<Segment>) -> Self {
+        let segs: Vec<Segment> = segs.into_iter().filter(|s| s.len > 0).collect();
+        let total = segs.iter().map(|s| s.len).sum();
+        Segments { segs, total }
+    }
+
+    /// Total bytes.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    /// Whether the stream holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Number of ranges.
+    pub fn count(&self) -> usize {
+        self.segs.len()
+    }
+
+    /// The ranges.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segs
+    }
+
+    /// The bytes `[start, start + len)` of the stream (clamped to its end) as a stream of their own.
+    pub fn sub(&self, start: usize, len: usize) -> Segments {
+        let mut out = Vec::new();
+        let mut skip = start;
+        let mut left = len;
+        for s in &self.segs {
+            if left == 0 {
+                break;
+            }
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            let n = (s.len - skip).min(left);
+            out.push(Segment {
+                addr: s.addr + skip as u64,
+                len: n,
+            });
+            left -= n;
+            skip = 0;
+        }
+        Segments::new(out)
+    }
+
+    /// The bytes from `start` to the end.
+    pub fn tail(&self, start: usize) -> Segments {
+        self.sub(start, self.total.saturating_sub(start))
+    }
+
+    /// Visits the stream as volatile slices, splitting at memory-region boundaries.
+    fn for_each_slice<'m>(
+        &self,
+        mem: &'m GuestMem,
+        mut f: impl FnMut(VolatileSlice<'m, ()>),
+    ) -> Result<(), ChainError> {
+        for s in &self.segs {
+            for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(s.addr), s.len) {
+                f(slice.map_err(|_| ChainError::Unmapped(s.addr))?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the first `buf.len()` bytes of the stream into `buf`; returns the bytes copied.
+    pub fn read_into(&self, mem: &GuestMem, buf: &mut [u8]) -> Result<usize, ChainError> {
+        let part = self.sub(0, buf.len());
+        let mut pos = 0;
+        part.for_each_slice(mem, |s| {
+            pos += s.copy_to(&mut buf[pos..]);
+        })?;
+        Ok(pos)
+    }
+
+    /// Copies `data` to the start of the stream (truncated to its length); returns the bytes copied.
+    pub fn write_from(&self, mem: &GuestMem, data: &[u8]) -> Result<usize, ChainError> {
+        let part = self.sub(0, data.len());
+        let mut pos = 0;
+        part.for_each_slice(mem, |s| {
+            let n = s.len();
+            s.copy_from(&data[pos..pos + n]);
+            pos += n;
+        })?;
+        Ok(pos)
+    }
+
+    /// The stream as byte slices straight into guest memory, for reading.
+    ///
+    /// The guest may change these bytes while they are read (its own vCPUs race with its own
+    /// transfer); that can only make it read different bytes, never break vgpud.
+    pub fn slices<'m>(&self, mem: &'m GuestMem) -> Result<Vec<&'m [u8]>, ChainError> {
+        let mut out = Vec::with_capacity(self.segs.len());
+        self.for_each_slice(mem, |s| {
+            let ptr = s.ptr_guard().as_ptr();
+            // SAFETY: `ptr` and `s.len()` describe memory of a region of `mem` (get_slices
+            // checked the range), which stays mapped for 'm. Every byte value is a valid u8;
+            // concurrent guest writes only change which bytes are read.
+            out.push(unsafe { std::slice::from_raw_parts(ptr, s.len()) });
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` with the stream as mutable byte slices straight into guest memory, for
+    /// writing.
+    ///
+    /// # Safety
+    ///
+    /// The ranges must alias nothing else while `f` runs: use it only for the writable part of a
+    /// chain that [`parse_chain`] validated (its writable ranges overlap neither each other nor
+    /// any other range of the chain), and never nested for the same chain.
+    pub unsafe fn with_slices_mut<R>(
+        &self,
+        mem: &GuestMem,
+        f: impl FnOnce(&mut [&mut [u8]]) -> R,
+    ) -> Result<R, ChainError> {
+        let mut out = Vec::with_capacity(self.segs.len());
+        self.for_each_slice(mem, |s| {
+            let ptr = s.ptr_guard_mut().as_ptr();
+            // SAFETY: `ptr` and `s.len()` describe mapped memory of `mem`, which outlives this
+            // call (as in `slices`); the caller guarantees that nothing else aliases these ranges
+            // while `f` runs, and the slices do not outlive it.
+            out.push(unsafe { std::slice::from_raw_parts_mut(ptr, s.len()) });
+        })?;
+        Ok(f(&mut out))
+    }
+}
+
+/// The first guest address where a device-writable range overlaps another range of the chain.
+///
+/// Device-readable ranges may overlap each other: the same page legitimately appears several
+/// times in a buffer that was never written (the kernel's shared zero page) or that the kernel
+/// merged (KSM), and reading it twice is harmless. A range the device writes must alias nothing.
+fn write_overlap(readable: &[Segment], writable: &[Segment]) -> Option<u64> {
+    let span = |s: &Segment| (s.addr, s.addr + s.len as u64);
+    let mut w: Vec<(u64, u64)> = writable.iter().filter(|s| s.len > 0).map(span).collect();
+    w.sort_unstable();
+    if let Some(p) = w.windows(2).find(|p| p[1].0 < p[0].1) {
+        return Some(p[1].0);
+    }
+    // `w` is sorted and disjoint: a readable range overlaps one of them iff it overlaps the last
+    // writable range starting before its end.
+    readable
+        .iter()
+        .filter(|s| s.len > 0)
+        .map(span)
+        .find_map(|(a, b)| {
+            let i = w.partition_point(|&(ws, _)| ws < b);
+            (i > 0 && w[i - 1].1 > a).then(|| a.max(w[i - 1].0))
+        })
+}
+
+/// A validated chain: its head index and its two byte streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedChain {
+    /// Head descriptor index (returned in the used ring).
+    pub head: u16,
+    /// Device-readable bytes.
+    pub readable: Segments,
+    /// Device-writable bytes.
+    pub writable: Segments,
+}
+
+/// A refused chain: why, and the first writable descriptor if it was checked to be valid and can
+/// hold a response header (the device reports the refusal there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// Head descriptor index.
+    pub head: u16,
+    /// Why.
+    pub error: ChainError,
+    /// Where a response header can safely go.
+    pub resp: Option<Segment>,
+}
+
+/// Walks and validates a chain (see the module docs for the rules).
+pub fn parse_chain<M>(chain: DescriptorChain<M>, mem: &GuestMem) -> Result<ParsedChain, Refused>
+where
+    M: Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    let head = chain.head_index();
+    let refuse = |error, resp| Refused { head, error, resp };
+    let mut readable = Vec::new();
+    let mut writable = Vec::new();
+    let mut resp = None;
+    // The walk goes on after the first error (bounded by MAX_SEGMENTS) to find a safe place for
+    // the response header, so that the driver learns its request was refused.
+    let mut first_error = None;
+    let mut count = 0usize;
+    let mut terminated = false;
+    let mut seen_writable = false;
+    let (mut rbytes, mut wbytes) = (0u64, 0u64);
+    for desc in chain {
+        if count >= MAX_SEGMENTS {
+            first_error.get_or_insert(ChainError::TooManySegments);
+            if resp.is_some() || count >= MAX_WALK {
+                terminated = true;
+                break;
+            }
+        }
+        let index = count;
+        count += 1;
+        terminated = !desc.has_next();
+        let (addr, len) = (desc.addr().0, desc.len());
+        let writable_desc = desc.is_write_only();
+        if !writable_desc && seen_writable {
+            first_error.get_or_insert(ChainError::Misordered(index));
+            continue;
+        }
+        if addr.checked_add(u64::from(len)).is_none() {
+            first_error.get_or_insert(ChainError::Wrapping { index, addr, len });
+            continue;
+        }
+        if len > 0 && !GuestMemoryBackend::check_range(mem, desc.addr(), len as usize) {
+            first_error.get_or_insert(ChainError::OutsideMemory { index, addr, len });
+            continue;
+        }
+        let seg = Segment {
+            addr,
+            len: len as usize,
+        };
+        if count > MAX_SEGMENTS {
+            // Only looking for a place to report the error.
+            if writable_desc && !seen_writable && seg.len >= RESP_HEADER_LEN {
+                resp = Some(seg);
+            }
+            seen_writable |= writable_desc;
+            continue;
+        }
+        if writable_desc {
+            if !seen_writable && seg.len >= RESP_HEADER_LEN {
+                resp = Some(seg);
+            }
+            seen_writable = true;
+            wbytes += u64::from(len);
+            writable.push(seg);
+        } else {
+            rbytes += u64::from(len);
+            readable.push(seg);
+        }
+    }
+    if count == 0 {
+        return Err(refuse(ChainError::Empty, None));
+    }
+    if !terminated {
+        // virtio-queue ends a chain silently at a loop, an out-of-range `next`, a bad indirect
+        // table or past 4 GiB; a last descriptor that still asks for a successor tells.
+        first_error.get_or_insert(ChainError::Unterminated);
+    }
+    for (dir, bytes, max) in [
+        ("readable", rbytes, MAX_READABLE),
+        ("writable", wbytes, MAX_WRITABLE),
+    ] {
+        if bytes > max as u64 {
+            first_error.get_or_insert(ChainError::TooLong { dir, bytes, max });
+        }
+    }
+    if let Some(at) = write_overlap(&readable, &writable) {
+        // The response header descriptor itself may be one of the overlapping ones.
+        let resp = resp.filter(|r| {
+            let (s, e) = (r.addr, r.addr + r.len as u64);
+            !readable
+                .iter()
+                .chain(&writable)
+                .filter(|x| x.len > 0)
+                .any(|x| {
+                    (x.addr, x.len) != (r.addr, r.len) && x.addr < e && s < x.addr + x.len as u64
+                })
+        });
+        return Err(refuse(
+            first_error.unwrap_or(ChainError::Overlapping(at)),
+            resp,
+        ));
+    }
+    if let Some(error) = first_error {
+        return Err(refuse(error, resp));
+    }
+    Ok(ParsedChain {
+        head,
+        readable: Segments::new(readable),
+        writable: Segments::new(writable),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::bindings::virtio_ring::{
+        VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
+    use virtio_queue::QueueOwnedT;
+    use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::Bytes;
+
+    const MEM: u64 = 0x100_0000;
+    const BUF: u64 = 0x10_0000;
+    const NEXT: u16 = VRING_DESC_F_NEXT as u16;
+    const WRITE: u16 = VRING_DESC_F_WRITE as u16;
+
+    /// A chain as (address, length, device-writable) per descriptor.
+    type Descs = Vec<(u64, u32, bool)>;
+
+    fn mem() -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap()
+    }
+
+    fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+    }
+
+    /// Builds a chain from `descs` (linked in order) and parses it.
+    fn parse(m: &GuestMem, descs: &[(u64, u32, bool)]) -> Result<ParsedChain, Refused> {
+        let q = MockSplitQueue::create(m, GuestAddress(0), 1024);
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .enumerate()
+            .map(|(i, &(a, l, w))| {
+                let last = i + 1 == descs.len();
+                let flags = if w { WRITE } else { 0 } | if last { 0 } else { NEXT };
+                d(a, l, flags, if last { 0 } else { i as u16 + 1 })
+            })
+            .collect();
+        q.add_desc_chains(&raw, 0).unwrap();
+        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+        let chain = queue.iter(m).unwrap().next().unwrap();
+        parse_chain(chain, m)
+    }
+
+    #[test]
+    fn a_good_chain_splits_into_readable_and_writable_streams() {
+        let m = mem();
+        let c = parse(
+            &m,
+            &[
+                (BUF, 32, false),
+                (BUF + 0x1000, 100, false),
+                (BUF + 0x2000, 16, true),
+                (BUF + 0x3000, 4096, true),
+            ],
+        )
+        .unwrap();
+        assert_eq!((c.readable.len(), c.writable.len()), (132, 4112));
+        assert_eq!(c.readable.count(), 2);
+        let tail = c.readable.tail(40);
+        assert_eq!(
+            tail.segments(),
+            &[Segment {
+                addr: BUF + 0x1008,
+                len: 92
+            }]
+        );
+    }
+
+    #[test]
+    fn hostile_chains_are_refused_with_the_reason() {
+        let m = mem();
+        let cases: Vec<(Descs, ChainError)> = vec![
+            (
+                vec![(MEM - 8, 32, false), (BUF, 16, true)],
+                ChainError::OutsideMemory {
+                    index: 0,
+                    addr: MEM - 8,
+                    len: 32,
+                },
+            ),
+            (
+                vec![(BUF, 32, false), (u64::MAX - 4, 16, true)],
+                ChainError::Wrapping {
+                    index: 1,
+                    addr: u64::MAX - 4,
+                    len: 16,
+                },
+            ),
+            (
+                vec![(BUF, 32, false), (BUF + 16, 64, true)],
+                ChainError::Overlapping(BUF + 16),
+            ),
+            (
+                vec![(BUF, 16, true), (BUF + 0x1000, 32, false)],
+                ChainError::Misordered(1),
+            ),
+            (
+                vec![(BUF, 32, false), (BUF + 0x1000, 0x200_0000, true)],
+                ChainError::OutsideMemory {
+                    index: 1,
+                    addr: BUF + 0x1000,
+                    len: 0x200_0000,
+                },
+            ),
+            // More than 2^32 bytes in one chain: virtio-queue stops the chain there.
+            (
+                vec![(BUF, 32, false), (BUF + 0x1000, u32::MAX, true)],
+                ChainError::Unterminated,
+            ),
+        ];
+        for (descs, want) in cases {
+            let r = parse(&m, &descs).unwrap_err();
+            assert_eq!(r.error, want, "{descs:x?}");
+        }
+        // Where the response header can go is reported only when it is safe.
+        let r = parse(
+            &m,
+            &[(BUF, 32, false), (BUF + 0x1000, 16, true), (MEM, 8, true)],
+        )
+        .unwrap_err();
+        assert_eq!(
+            r.resp,
+            Some(Segment {
+                addr: BUF + 0x1000,
+                len: 16
+            })
+        );
+        let r = parse(&m, &[(BUF, 32, false), (BUF + 8, 16, true)]).unwrap_err();
+        assert_eq!(r.resp, None, "the response header overlaps the request");
+    }
+
+    #[test]
+    fn readable_ranges_may_repeat_but_writable_ones_alias_nothing() {
+        let m = mem();
+        // The same page twice in the data: a buffer of untouched memory (the zero page).
+        let c = parse(
+            &m,
+            &[
+                (BUF, 32, false),
+                (BUF + 0x1000, 4096, false),
+                (BUF + 0x1000, 4096, false),
+                (BUF + 0x3000, 16, true),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.readable.len(), 32 + 8192);
+        for (descs, at) in [
+            (
+                vec![
+                    (BUF, 32, false),
+                    (BUF + 0x3000, 16, true),
+                    (BUF + 0x3008, 16, true),
+                ],
+                BUF + 0x3008,
+            ),
+            (
+                vec![
+                    (BUF, 32, false),
+                    (BUF + 0x2000, 64, false),
+                    (BUF + 0x1ff0, 32, true),
+                ],
+                BUF + 0x2000,
+            ),
+        ] {
+            assert_eq!(
+                parse(&m, &descs).unwrap_err().error,
+                ChainError::Overlapping(at)
+            );
+        }
+    }
+
+    #[test]
+    fn absurd_lengths_and_counts_are_refused() {
+        // 3 GiB of guest RAM so that the lengths themselves are in memory.
+        let big = GuestMem::from_ranges(&[(GuestAddress(0), 3 << 30)]).unwrap();
+        let r = parse(
+            &big,
+            &[
+                (BUF, 32, false),
+                (1 << 30, (1 << 30) + 7, false),
+                (BUF + 0x1000, 16, true),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                r.error,
+                ChainError::TooLong {
+                    dir: "readable",
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        // One more descriptor than allowed, through an indirect table.
+        let m = mem();
+        let table = BUF + 0x80_0000;
+        let n = MAX_SEGMENTS as u16 + 1;
+        for i in 0..n {
+            let last = i + 1 == n;
+            let desc = SplitDescriptor::new(
+                BUF + u64::from(i) * 64,
+                32,
+                if last { 0 } else { NEXT },
+                if last { 0 } else { i + 1 },
+            );
+            m.write_obj(desc, GuestAddress(table + u64::from(i) * 16))
+                .unwrap();
+        }
+        let q = MockSplitQueue::create(&m, GuestAddress(0), 16);
+        q.add_desc_chains(
+            &[d(table, u32::from(n) * 16, VRING_DESC_F_INDIRECT as u16, 0)],
+            0,
+        )
+        .unwrap();
+        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+        let chain = queue.iter(&m).unwrap().next().unwrap();
+        assert_eq!(
+            parse_chain(chain, &m).unwrap_err().error,
+            ChainError::TooManySegments
+        );
+    }
+
+    #[test]
+    fn loops_and_bad_indirect_tables_do_not_terminate() {
+        let m = mem();
+        let q = MockSplitQueue::create(&m, GuestAddress(0), 16);
+        q.add_desc_chains(&[d(BUF, 32, NEXT, 1), d(BUF + 64, 32, NEXT, 0)], 0)
+            .unwrap();
+        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+        let chain = queue.iter(&m).unwrap().next().unwrap();
+        assert_eq!(
+            parse_chain(chain, &m).unwrap_err().error,
+            ChainError::Unterminated
+        );
+        // An indirect table whose length is not a multiple of 16.
+        let q = MockSplitQueue::create(&m, GuestAddress(0x8000), 16);
+        q.add_desc_chains(&[d(BUF, 24, VRING_DESC_F_INDIRECT as u16, 0)], 0)
+            .unwrap();
+        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+        let chain = queue.iter(&m).unwrap().next().unwrap();
+        assert!(parse_chain(chain, &m).is_err());
+    }
+
+    #[test]
+    fn indirect_tables_may_exceed_the_ring_but_not_the_segment_limit() {
+        let m = mem();
+        let table = BUF + 0x10_0000;
+        let n = 600u16;
+        for i in 0..n {
+            let last = i + 1 == n;
+            let desc = SplitDescriptor::new(
+                BUF + u64::from(i) * 0x100,
+                64,
+                if last { WRITE } else { NEXT },
+                if last { 0 } else { i + 1 },
+            );
+            m.write_obj(desc, GuestAddress(table + u64::from(i) * 16))
+                .unwrap();
+        }
+        let q = MockSplitQueue::create(&m, GuestAddress(0), 16);
+        q.add_desc_chains(
+            &[d(table, u32::from(n) * 16, VRING_DESC_F_INDIRECT as u16, 0)],
+            0,
+        )
+        .unwrap();
+        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+        let chain = queue.iter(&m).unwrap().next().unwrap();
+        let c = parse_chain(chain, &m).unwrap();
+        assert_eq!((c.readable.count(), c.writable.count()), (599, 1));
+    }
+
+    #[test]
+    fn zero_copy_slices_see_guest_memory() {
+        let m = mem();
+        m.write_slice(b"hello", GuestAddress(BUF)).unwrap();
+        m.write_slice(b" world", GuestAddress(BUF + 0x3000))
+            .unwrap();
+        let s = Segments::new(vec![
+            Segment { addr: BUF, len: 5 },
+            Segment {
+                addr: BUF + 0x3000,
+                len: 6,
+            },
+        ]);
+        let joined: Vec<u8> = s.slices(&m).unwrap().concat();
+        assert_eq!(joined, b"hello world");
+        // SAFETY: the two ranges are disjoint and nothing else holds slices of them.
+        let filled = unsafe {
+            s.with_slices_mut(&m, |slices| {
+                for sl in slices.iter_mut() {
+                    sl.fill(b'x');
+                }
+                slices.len()
+            })
+        };
+        assert_eq!(filled.unwrap(), 2);
+        let mut back = [0u8; 11];
+        assert_eq!(s.read_into(&m, &mut back).unwrap(), 11);
+        assert_eq!(&back, b"xxxxxxxxxxx");
+        assert_eq!(s.write_from(&m, b"0123456789ABCDEF").unwrap(), 11);
+        s.read_into(&m, &mut back).unwrap();
+        assert_eq!(&back, b"0123456789A");
+        assert!(GuestMemoryBackend::address_in_range(&m, GuestAddress(BUF)));
+    }
+}

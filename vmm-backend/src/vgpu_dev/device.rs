@@ -1,0 +1,1366 @@
+//! The device proper: takes request chains off both queues, validates them, opens and closes
+//! sessions and hands frames to the session threads; completes chains (from any thread) unless the
+//! device was reset meanwhile.
+//!
+//! # Resets
+//!
+//! Every chain carries the device *generation* it was taken under. A reset (VMM gone,
+//! `VHOST_USER_RESET_DEVICE`, or the VMM stopping the queues, which is how QEMU's generic
+//! vhost-user device reports a guest driver reset or reboot) bumps the generation under the write
+//! side of a lock whose read side is held for every access to guest memory on behalf of a request.
+//! So once a reset returns, no request from before it touches guest memory or the rings again:
+//! its completion is dropped, queued frames are never run, and the sessions end, releasing their
+//! GPU memory.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+
+use tracing::{debug, error, info, warn};
+use vgpu_proto::frame::{FLAG_ASYNC, FLAG_REPLY, HEADER_LEN, Header};
+use vhost_user_backend::{VringRwLock, VringT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+
+use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
+use super::exec::VgpuService;
+use super::session::{self, CallJob, Msg};
+use super::stats::VgpuDevStats;
+use super::wire::{
+    CTRL_QUEUE, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_CALL, REQ_CLOSE, REQ_HEADER_LEN, REQ_OPEN,
+    RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST, S_BUSY, S_NO_SESSION, S_OK,
+    SUBMIT_QUEUE, status_name,
+};
+use crate::vsock::{LogLimiter, next_chain, signal, vring_ready};
+
+/// Most sessions (open file descriptors of the device) per VM.
+pub const MAX_SESSIONS: usize = 256;
+
+struct SessionEntry {
+    token: u64,
+    tx: mpsc::Sender<Msg>,
+}
+
+/// State shared by the queue thread and the session threads.
+pub(crate) struct Shared {
+    /// The device generation; see the module docs.
+    gate: RwLock<u64>,
+    sessions: Mutex<HashMap<u32, SessionEntry>>,
+    pub(crate) stats: Arc<VgpuDevStats>,
+    limiter: Mutex<LogLimiter>,
+    next_token: AtomicU64,
+    name: String,
+}
+
+impl Shared {
+    fn sessions(&self) -> MutexGuard<'_, HashMap<u32, SessionEntry>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn generation(&self) -> u64 {
+        *self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `epoch` is the current generation.
+    pub(crate) fn is_current(&self, epoch: u64) -> bool {
+        self.generation() == epoch
+    }
+
+    /// Holds off resets while a request of generation `epoch` touches guest memory; `None` if the
+    /// device was reset since.
+    pub(crate) fn enter(&self, epoch: u64) -> Option<RwLockReadGuard<'_, u64>> {
+        let g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        (*g == epoch).then_some(g)
+    }
+
+    /// Forgets session `session` if it is still the one identified by `token`.
+    pub(crate) fn remove_session(&self, session: u32, token: u64) {
+        let mut s = self.sessions();
+        if s.get(&session).is_some_and(|e| e.token == token) {
+            s.remove(&session);
+        }
+    }
+
+    /// Logs a guest-caused error, rate-limited.
+    pub(crate) fn log_guest(&self, msg: std::fmt::Arguments<'_>) {
+        let allowed = self
+            .limiter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allow();
+        match allowed {
+            Some(0) => error!(vm = %self.name, "{msg}"),
+            Some(n) => {
+                error!(vm = %self.name, suppressed = n, "{msg} (earlier similar errors suppressed)")
+            }
+            None => {}
+        }
+    }
+}
+
+/// How to return one chain to the guest.
+pub(crate) struct Completion {
+    pub(crate) vring: VringRwLock,
+    pub(crate) mem: GuestMemoryAtomic<GuestMem>,
+    pub(crate) head: u16,
+    /// The response header's place.
+    pub(crate) resp: Segments,
+    /// The reply area.
+    pub(crate) reply: Segments,
+    /// Bytes of the reply area.
+    pub(crate) reply_cap: usize,
+    pub(crate) epoch: u64,
+    pub(crate) queue: usize,
+}
+
+impl Completion {
+    /// Writes the response header and `reply` (which must fit the reply area) and returns the
+    /// chain, unless the device was reset since the chain was taken.
+    pub(crate) fn finish(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) {
+        let Some(_gate) = shared.enter(self.epoch) else {
+            shared.stats.add_stale();
+            return;
+        };
+        if resp.status != S_OK {
+            debug!(
+                head = self.head,
+                status = status_name(resp.status),
+                "request refused"
+            );
+        }
+        let mem = self.mem.memory();
+        let mut used = 0u32;
+        if self.resp.len() >= RESP_HEADER_LEN {
+            if let Err(e) = self.resp.write_from(&mem, &resp.to_bytes()) {
+                shared.log_guest(format_args!("cannot write a response header: {e}"));
+            }
+            used = RESP_HEADER_LEN as u32;
+        }
+        if !reply.is_empty() {
+            match self.reply.write_from(&mem, reply) {
+                Ok(n) => used += n as u32,
+                Err(e) => shared.log_guest(format_args!("cannot write a reply: {e}")),
+            }
+        }
+        used = used.saturating_add(u32::try_from(resp.data_len).unwrap_or(u32::MAX));
+        if let Err(e) = self.vring.add_used(self.head, used) {
+            shared.log_guest(format_args!("cannot return chain {}: {e}", self.head));
+        }
+        signal(&self.vring, queue_name(self.queue));
+    }
+}
+
+fn queue_name(q: usize) -> &'static str {
+    if q == CTRL_QUEUE { "ctrl" } else { "submit" }
+}
+
+/// The virtio-vgpu device state of one VM (one VMM connection).
+pub struct VgpuDevice {
+    service: Arc<dyn VgpuService>,
+    shared: Arc<Shared>,
+    mem: Option<GuestMemoryAtomic<GuestMem>>,
+    event_idx: bool,
+}
+
+impl std::fmt::Debug for VgpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuDevice")
+            .field("vm", &self.shared.name)
+            .field("sessions", &self.session_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to answer right away.
+enum Action {
+    /// Answer now with this status.
+    Respond(u32),
+}
+
+impl VgpuDevice {
+    /// A device for VM `name`, whose sessions `service` runs.
+    pub fn new(name: &str, service: Arc<dyn VgpuService>, stats: Arc<VgpuDevStats>) -> Self {
+        VgpuDevice {
+            service,
+            shared: Arc::new(Shared {
+                gate: RwLock::new(0),
+                sessions: Mutex::new(HashMap::new()),
+                stats,
+                limiter: Mutex::new(LogLimiter::new()),
+                next_token: AtomicU64::new(1),
+                name: name.to_string(),
+            }),
+            mem: None,
+            event_idx: false,
+        }
+    }
+
+    /// Installs the guest memory (called on every memory-table change).
+    pub fn set_memory(&mut self, mem: GuestMemoryAtomic<GuestMem>) {
+        self.mem = Some(mem);
+    }
+
+    /// Records whether `VIRTIO_RING_F_EVENT_IDX` was negotiated.
+    pub fn set_event_idx(&mut self, enabled: bool) {
+        self.event_idx = enabled;
+    }
+
+    /// Open sessions.
+    pub fn session_count(&self) -> usize {
+        self.shared.sessions().len()
+    }
+
+    /// Ends every session and invalidates every chain taken so far (see the module docs). Waits
+    /// only for requests that are touching guest memory right now.
+    pub fn reset(&mut self, reason: &str) {
+        {
+            let mut g = self.shared.gate.write().unwrap_or_else(|p| p.into_inner());
+            *g += 1;
+        }
+        // Dropping the senders ends the session threads once their current call returns; the
+        // sessions then release their memory.
+        let n = {
+            let mut s = self.shared.sessions();
+            let n = s.len();
+            s.clear();
+            n
+        };
+        self.shared.stats.add_device_reset();
+        info!(vm = %self.shared.name, sessions = n, reason, "virtio-vgpu device reset");
+    }
+
+    /// Takes every chain the guest placed on queue `queue`.
+    pub fn process_queue(&mut self, queue: usize, vring: &VringRwLock) {
+        let Some(atomic) = self.mem.clone() else {
+            return;
+        };
+        if !vring_ready(vring) {
+            return;
+        }
+        let epoch = self.shared.generation();
+        loop {
+            if self.event_idx
+                && let Err(e) = vring.disable_notification()
+            {
+                warn!(error = %e, "cannot disable queue notifications");
+            }
+            let mut popped = false;
+            loop {
+                let mem = atomic.memory();
+                let chain = match next_chain(vring, &mem) {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.shared.log_guest(format_args!(
+                            "{} ring is unusable ({e}); waiting for the next notification",
+                            queue_name(queue)
+                        ));
+                        break;
+                    }
+                };
+                popped = true;
+                // Answers given here are signalled by `Completion::finish`; the rest by the
+                // session threads.
+                match parse_chain(chain, &mem) {
+                    Ok(parsed) => self.handle_chain(queue, vring, &atomic, &mem, parsed, epoch),
+                    Err(refused) => self.refuse_chain(queue, vring, &atomic, &refused, epoch),
+                }
+            }
+            if !self.event_idx {
+                break;
+            }
+            match vring.enable_notification() {
+                Ok(true) if popped => continue,
+                Ok(true) => {
+                    self.shared.log_guest(format_args!(
+                        "{} ring claims entries that cannot be read",
+                        queue_name(queue)
+                    ));
+                    break;
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    warn!(error = %e, "cannot enable queue notifications");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn refuse_chain(
+        &self,
+        queue: usize,
+        vring: &VringRwLock,
+        atomic: &GuestMemoryAtomic<GuestMem>,
+        refused: &Refused,
+        epoch: u64,
+    ) {
+        self.shared.stats.add_dropped_chain();
+        self.shared.log_guest(format_args!(
+            "refusing descriptor chain {} on the {} queue: {}",
+            refused.head,
+            queue_name(queue),
+            refused.error
+        ));
+        let resp = refused
+            .resp
+            .map(|s| {
+                Segments::new(vec![Segment {
+                    addr: s.addr,
+                    len: RESP_HEADER_LEN,
+                }])
+            })
+            .unwrap_or_default();
+        Completion {
+            vring: vring.clone(),
+            mem: atomic.clone(),
+            head: refused.head,
+            resp,
+            reply: Segments::default(),
+            reply_cap: 0,
+            epoch,
+            queue,
+        }
+        .finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
+    }
+
+    /// Handles a validated chain: answers it now or hands it to its session thread.
+    fn handle_chain(
+        &mut self,
+        queue: usize,
+        vring: &VringRwLock,
+        atomic: &GuestMemoryAtomic<GuestMem>,
+        mem: &GuestMem,
+        chain: ParsedChain,
+        epoch: u64,
+    ) {
+        let mut hdr_bytes = [0u8; REQ_HEADER_LEN];
+        let have = chain.readable.read_into(mem, &mut hdr_bytes).unwrap_or(0);
+        let hdr = ReqHeader::from_bytes(&hdr_bytes);
+        let reply_cap = if queue == CTRL_QUEUE && hdr.kind == REQ_CALL {
+            (hdr.reply_cap as usize).min(chain.writable.len().saturating_sub(RESP_HEADER_LEN))
+        } else {
+            0
+        };
+        let done = Completion {
+            vring: vring.clone(),
+            mem: atomic.clone(),
+            head: chain.head,
+            resp: chain.writable.sub(0, RESP_HEADER_LEN),
+            reply: chain.writable.sub(RESP_HEADER_LEN, reply_cap),
+            reply_cap,
+            epoch,
+            queue,
+        };
+        if have < REQ_HEADER_LEN || chain.writable.len() < RESP_HEADER_LEN {
+            self.shared.stats.add_dropped_chain();
+            self.shared.log_guest(format_args!(
+                "chain {} lacks room for the request or response header",
+                chain.head
+            ));
+            done.finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
+            return;
+        }
+        let action = match self.classify(queue, &hdr, mem, &chain) {
+            Err(why) => {
+                self.shared.log_guest(format_args!(
+                    "bad request on the {} queue (session {}): {why}",
+                    queue_name(queue),
+                    hdr.session
+                ));
+                if hdr.kind == REQ_CALL && hdr.seq != 0 {
+                    // The session still counts the sequence number, or every later frame would
+                    // wait for it: the refusal goes through the session thread, in order.
+                    let job = Box::new(CallJob {
+                        seq: hdr.seq,
+                        header: Header {
+                            opcode: 0,
+                            flags: 0,
+                            call_id: 0,
+                            payload_len: 0,
+                            status: 0,
+                        },
+                        inline: Vec::new(),
+                        data: Segments::default(),
+                        reply_data: Segments::default(),
+                        done,
+                        refused: true,
+                    });
+                    if let Err(job) = self.dispatch(hdr.session, job) {
+                        self.shared.stats.add_refused();
+                        job.done
+                            .finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
+                    }
+                    return;
+                }
+                Action::Respond(S_BAD_REQUEST)
+            }
+            Ok(Classified::Open) => self.open(hdr.session),
+            Ok(Classified::Close) => match self.shared.sessions().remove(&hdr.session) {
+                Some(entry) => {
+                    // The thread completes the chain once the session has released everything.
+                    if let Err(mpsc::SendError(Msg::Close(done))) = entry.tx.send(Msg::Close(done))
+                    {
+                        done.finish(&self.shared, RespHeader::status(S_OK), &[]);
+                    }
+                    return;
+                }
+                None => Action::Respond(S_NO_SESSION),
+            },
+            Ok(Classified::Call(header, inline)) => {
+                let data_start = REQ_HEADER_LEN + hdr.inline_len as usize;
+                let job = Box::new(CallJob {
+                    seq: hdr.seq,
+                    header,
+                    inline,
+                    data: chain.readable.tail(data_start),
+                    reply_data: chain.writable.tail(RESP_HEADER_LEN + reply_cap),
+                    done,
+                    refused: false,
+                });
+                if let Err(job) = self.dispatch(hdr.session, job) {
+                    self.shared.stats.add_refused();
+                    job.done
+                        .finish(&self.shared, RespHeader::status(S_NO_SESSION), &[]);
+                }
+                return;
+            }
+        };
+        match action {
+            Action::Respond(status) => {
+                if status != S_OK {
+                    self.shared.stats.add_refused();
+                }
+                done.finish(&self.shared, RespHeader::status(status), &[]);
+            }
+        }
+    }
+
+    /// Sends a frame to its session thread; gives it back if there is no such session.
+    fn dispatch(&self, session: u32, job: Box<CallJob>) -> Result<(), Box<CallJob>> {
+        let sessions = self.shared.sessions();
+        let Some(entry) = sessions.get(&session) else {
+            return Err(job);
+        };
+        entry.tx.send(Msg::Call(job)).map_err(|e| match e.0 {
+            Msg::Call(job) => job,
+            Msg::Close(_) => unreachable!("only calls are sent here"),
+        })
+    }
+
+    fn open(&mut self, session: u32) -> Action {
+        let mut sessions = self.shared.sessions();
+        if sessions.contains_key(&session) {
+            self.shared
+                .log_guest(format_args!("session {session} is already open"));
+            return Action::Respond(S_BUSY);
+        }
+        if sessions.len() >= MAX_SESSIONS {
+            warn!(vm = %self.shared.name, "session limit {MAX_SESSIONS} reached");
+            return Action::Respond(S_BUSY);
+        }
+        let exec = match self.service.open() {
+            Ok(e) => e,
+            Err(why) => {
+                warn!(vm = %self.shared.name, session, "cannot open a session: {why}");
+                return Action::Respond(S_BUSY);
+            }
+        };
+        let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("vgpu-dev-{}-{session}", self.shared.name))
+            .spawn(move || session::run(shared, session, token, exec, rx));
+        if let Err(e) = spawned {
+            error!(vm = %self.shared.name, error = %e, "cannot start a session thread");
+            return Action::Respond(S_BUSY);
+        }
+        sessions.insert(session, SessionEntry { token, tx });
+        self.shared.stats.session_opened();
+        debug!(vm = %self.shared.name, session, "virtio-vgpu session opened");
+        Action::Respond(S_OK)
+    }
+
+    /// Checks a request header and, for a call, its frame.
+    fn classify(
+        &self,
+        queue: usize,
+        hdr: &ReqHeader,
+        mem: &GuestMem,
+        chain: &ParsedChain,
+    ) -> Result<Classified, String> {
+        if hdr.reserved != 0 {
+            return Err("reserved header bits are set".into());
+        }
+        if hdr.session == 0 {
+            return Err("session id 0 is reserved".into());
+        }
+        match hdr.kind {
+            REQ_OPEN | REQ_CLOSE if queue != CTRL_QUEUE => {
+                Err("sessions are opened and closed on the control queue".into())
+            }
+            REQ_OPEN => Ok(Classified::Open),
+            REQ_CLOSE => Ok(Classified::Close),
+            REQ_CALL => self.classify_call(queue, hdr, mem, chain),
+            other => Err(format!("unknown request type {other}")),
+        }
+    }
+
+    fn classify_call(
+        &self,
+        queue: usize,
+        hdr: &ReqHeader,
+        mem: &GuestMem,
+        chain: &ParsedChain,
+    ) -> Result<Classified, String> {
+        let inline_len = hdr.inline_len as usize;
+        if !(HEADER_LEN..=MAX_INLINE).contains(&inline_len) {
+            return Err(format!(
+                "inline length {inline_len} is outside {HEADER_LEN}..={MAX_INLINE}"
+            ));
+        }
+        if hdr.seq == 0 {
+            return Err("sequence numbers start at 1".into());
+        }
+        let readable = chain.readable.len();
+        if REQ_HEADER_LEN + inline_len > readable {
+            return Err(format!(
+                "inline length {inline_len} exceeds the {} readable bytes after the header",
+                readable - REQ_HEADER_LEN
+            ));
+        }
+        let data_len = readable - REQ_HEADER_LEN - inline_len;
+        if data_len > MAX_DATA {
+            return Err(format!("{data_len} data bytes exceed {MAX_DATA}"));
+        }
+        let mut inline = vec![0u8; inline_len];
+        chain
+            .readable
+            .sub(REQ_HEADER_LEN, inline_len)
+            .read_into(mem, &mut inline)
+            .map_err(|e| e.to_string())?;
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&inline[..HEADER_LEN]);
+        let header = Header::decode(&hb).map_err(|e| format!("bad frame header: {e}"))?;
+        if header.flags & FLAG_REPLY != 0 {
+            return Err("a request frame has the REPLY flag".into());
+        }
+        let is_async = header.flags & FLAG_ASYNC != 0;
+        if is_async != (queue == SUBMIT_QUEUE) {
+            return Err(if is_async {
+                "an asynchronous frame on the control queue".into()
+            } else {
+                "a synchronous frame on the submission queue".into()
+            });
+        }
+        let carried = inline_len - HEADER_LEN + data_len;
+        if header.payload_len as usize != carried {
+            return Err(format!(
+                "the frame's payload_len {} does not match the {carried} payload bytes carried",
+                header.payload_len
+            ));
+        }
+        if !is_async {
+            let cap = hdr.reply_cap as usize;
+            if !(HEADER_LEN..=MAX_REPLY).contains(&cap) {
+                return Err(format!(
+                    "reply area of {cap} bytes is outside {HEADER_LEN}..={MAX_REPLY}"
+                ));
+            }
+            if RESP_HEADER_LEN + cap > chain.writable.len() {
+                return Err(format!(
+                    "reply area of {cap} bytes exceeds the {} writable bytes after the response header",
+                    chain.writable.len() - RESP_HEADER_LEN
+                ));
+            }
+        }
+        inline.drain(..HEADER_LEN);
+        Ok(Classified::Call(header, inline))
+    }
+}
+
+/// A request header that passed its checks.
+enum Classified {
+    Open,
+    Close,
+    Call(Header, Vec<u8>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vgpu_dev::exec::{Call, Reply, SessionExecutor};
+    use crate::vgpu_dev::wire::{REQ_CALL, S_PROTOCOL, S_REPLY_TOO_LARGE, SUBMIT_QUEUE};
+    use std::sync::mpsc::{Receiver, Sender};
+    use std::time::{Duration, Instant};
+    use vgpu_broker::CuError;
+    use vgpu_proto::frame::MAGIC;
+    use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Address, Bytes, GuestAddress};
+
+    /// The mock queue does not wrap its avail ring: room for every chain a test posts.
+    const QSIZE: u16 = 512;
+    const CTRL_BASE: u64 = 0x1000;
+    const SUBMIT_BASE: u64 = 0x2_0000;
+    const SLOTS: u64 = 0x10_0000;
+    const SLOT: u64 = 0x1_0000;
+    const MEM_SIZE: u64 = 0x200_0000;
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// Opcodes the fake executor understands.
+    const OP_ECHO: u16 = 0x10;
+    const OP_DTOH: u16 = 0x11;
+    const OP_VIOLATE: u16 = 0x12;
+    const OP_BLOCK: u16 = 0x13;
+    const OP_BIG: u16 = 0x14;
+
+    /// Echoes the payload, writes `inline[0]` × 1000 pattern bytes into the reply data, records
+    /// the order of frames, and blocks when told to.
+    struct Fake {
+        seen: Sender<(u16, u64)>,
+        gate: Option<Receiver<()>>,
+    }
+
+    impl SessionExecutor for Fake {
+        fn call(&mut self, c: Call<'_>) -> Reply {
+            let _ = self.seen.send((c.header.opcode, c.header.call_id));
+            let mut payload = c.inline.to_vec();
+            c.data
+                .read(&mut |segs| {
+                    for s in segs {
+                        payload.extend_from_slice(s);
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            match c.header.opcode {
+                OP_DTOH => {
+                    let n = u64::from(c.inline[0]) * 1000;
+                    let r = c.reply_data.write(n, &mut |segs| {
+                        let mut i = 0u64;
+                        for s in segs.iter_mut() {
+                            for b in s.iter_mut() {
+                                *b = (i % 251) as u8;
+                                i += 1;
+                            }
+                        }
+                        Ok(())
+                    });
+                    match r {
+                        Ok(()) => Reply::Frame {
+                            status: 0,
+                            payload: Vec::new(),
+                        },
+                        Err(e) => Reply::Frame {
+                            status: e.code,
+                            payload: e.message.into_bytes(),
+                        },
+                    }
+                }
+                OP_VIOLATE => Reply::Violation("told to".into()),
+                OP_BLOCK => {
+                    if let Some(g) = &self.gate {
+                        let _ = g.recv();
+                    }
+                    // Try to write guest memory after the gate opened.
+                    let r = c.reply_data.write(8, &mut |segs| {
+                        for s in segs.iter_mut() {
+                            s.fill(0xee);
+                        }
+                        Ok(())
+                    });
+                    let status = r.err().map_or(0, |e: CuError| e.code);
+                    Reply::Frame {
+                        status,
+                        payload: Vec::new(),
+                    }
+                }
+                OP_BIG => Reply::Frame {
+                    status: 0,
+                    payload: vec![7; 5000],
+                },
+                _ if c.header.flags & FLAG_ASYNC != 0 => Reply::None,
+                _ => Reply::Frame { status: 0, payload },
+            }
+        }
+    }
+
+    struct FakeService {
+        seen: Mutex<Sender<(u16, u64)>>,
+        gates: Mutex<Vec<Receiver<()>>>,
+    }
+
+    impl VgpuService for FakeService {
+        fn open(&self) -> Result<Box<dyn SessionExecutor>, String> {
+            Ok(Box::new(Fake {
+                seen: self.seen.lock().unwrap().clone(),
+                gate: self.gates.lock().unwrap().pop(),
+            }))
+        }
+        fn slice_size(&self) -> u64 {
+            1 << 30
+        }
+        fn gpu_name(&self) -> String {
+            "fake".into()
+        }
+    }
+
+    struct Rig {
+        mem: GuestMemoryAtomic<GuestMem>,
+        dev: VgpuDevice,
+        stats: Arc<VgpuDevStats>,
+        seen: Receiver<(u16, u64)>,
+        ctrl: (VringRwLock, MockSplitQueue<'static, GuestMem>),
+        submit: (VringRwLock, MockSplitQueue<'static, GuestMem>),
+        next_desc: [u16; 2],
+        gate_tx: Vec<Sender<()>>,
+    }
+
+    fn vring(
+        mem: &GuestMemoryAtomic<GuestMem>,
+        base: u64,
+    ) -> (VringRwLock, MockSplitQueue<'static, GuestMem>) {
+        // The mock needs a memory reference that outlives it; leak one snapshot for the test.
+        let m: &'static GuestMem = Box::leak(Box::new(mem.memory().clone()));
+        let q = MockSplitQueue::create(m, GuestAddress(base), QSIZE);
+        let v = VringRwLock::new(mem.clone(), QSIZE).unwrap();
+        v.set_queue_size(QSIZE);
+        v.set_queue_info(
+            q.desc_table_addr().raw_value(),
+            q.avail_addr().raw_value(),
+            q.used_addr().raw_value(),
+        )
+        .unwrap();
+        v.set_queue_ready(true);
+        v.set_enabled(true);
+        (v, q)
+    }
+
+    fn rig_with_gates(gates: usize) -> Rig {
+        let mem = GuestMemoryAtomic::new(
+            GuestMem::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap(),
+        );
+        let (tx, seen) = mpsc::channel();
+        let mut gate_tx = Vec::new();
+        let mut gate_rx = Vec::new();
+        for _ in 0..gates {
+            let (t, r) = mpsc::channel();
+            gate_tx.push(t);
+            gate_rx.push(r);
+        }
+        let service = Arc::new(FakeService {
+            seen: Mutex::new(tx),
+            gates: Mutex::new(gate_rx),
+        });
+        let stats = Arc::new(VgpuDevStats::default());
+        let mut dev = VgpuDevice::new("vm-test", service, stats.clone());
+        dev.set_memory(mem.clone());
+        let ctrl = vring(&mem, CTRL_BASE);
+        let submit = vring(&mem, SUBMIT_BASE);
+        Rig {
+            mem,
+            dev,
+            stats,
+            seen,
+            ctrl,
+            submit,
+            next_desc: [0, 0],
+            gate_tx,
+        }
+    }
+
+    fn rig() -> Rig {
+        rig_with_gates(0)
+    }
+
+    fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+    }
+
+    /// A request as the guest would build it: (address, length, device-writable) per descriptor.
+    type Descs = Vec<(u64, u32, bool)>;
+
+    fn frame(opcode: u16, flags: u16, call_id: u64, payload_len: usize, inline: &[u8]) -> Vec<u8> {
+        let h = Header {
+            opcode,
+            flags,
+            call_id,
+            payload_len: payload_len as u32,
+            status: 0,
+        };
+        let mut f = h.encode().to_vec();
+        f.extend_from_slice(inline);
+        f
+    }
+
+    impl Rig {
+        fn slot(i: u64) -> u64 {
+            SLOTS + i * SLOT
+        }
+
+        /// Writes a request header and inline bytes at slot `i` and returns the descriptors of a
+        /// request with `data` bytes of request data, a reply area and `reply_data` bytes of room.
+        fn request(
+            &self,
+            i: u64,
+            hdr: ReqHeader,
+            inline: &[u8],
+            data: &[u8],
+            reply_data: u32,
+        ) -> Descs {
+            let m = self.mem.memory();
+            let base = Self::slot(i);
+            m.write_slice(&hdr.to_bytes(), GuestAddress(base)).unwrap();
+            m.write_slice(inline, GuestAddress(base + REQ_HEADER_LEN as u64))
+                .unwrap();
+            m.write_slice(data, GuestAddress(base + 0x2000)).unwrap();
+            let mut v = vec![(base, (REQ_HEADER_LEN + inline.len()) as u32, false)];
+            if !data.is_empty() {
+                v.push((base + 0x2000, data.len() as u32, false));
+            }
+            v.push((base + 0x8000, RESP_HEADER_LEN as u32, true));
+            if hdr.reply_cap > 0 {
+                v.push((base + 0x8100, hdr.reply_cap, true));
+            }
+            if reply_data > 0 {
+                v.push((base + 0xa000, reply_data, true));
+            }
+            v
+        }
+
+        fn push(&mut self, queue: usize, descs: &Descs) -> u16 {
+            let first = self.next_desc[queue];
+            let raw: Vec<RawDescriptor> = descs
+                .iter()
+                .enumerate()
+                .map(|(i, &(a, l, w))| {
+                    let last = i + 1 == descs.len();
+                    let flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 }
+                        | if last { 0 } else { VRING_DESC_F_NEXT as u16 };
+                    let next = if last { 0 } else { first + i as u16 + 1 };
+                    d(a, l, flags, next)
+                })
+                .collect();
+            let q = if queue == CTRL_QUEUE {
+                &self.ctrl.1
+            } else {
+                &self.submit.1
+            };
+            q.add_desc_chains(&raw, first).unwrap();
+            self.next_desc[queue] = (first + descs.len() as u16) % QSIZE;
+            first
+        }
+
+        fn run(&mut self) {
+            let (c, s) = (self.ctrl.0.clone(), self.submit.0.clone());
+            self.dev.process_queue(SUBMIT_QUEUE, &s);
+            self.dev.process_queue(CTRL_QUEUE, &c);
+        }
+
+        fn used_idx(&self, queue: usize) -> u16 {
+            let q = if queue == CTRL_QUEUE {
+                &self.ctrl.1
+            } else {
+                &self.submit.1
+            };
+            self.mem
+                .memory()
+                .read_obj(q.used_addr().unchecked_add(2))
+                .unwrap()
+        }
+
+        fn wait_used(&self, queue: usize, n: u16) {
+            let deadline = Instant::now() + WAIT;
+            while self.used_idx(queue) < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "queue {queue}: used {} < {n}",
+                    self.used_idx(queue)
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+
+        /// The (head, length) of used entry `i`.
+        fn used(&self, queue: usize, i: u16) -> (u32, u32) {
+            let q = if queue == CTRL_QUEUE {
+                &self.ctrl.1
+            } else {
+                &self.submit.1
+            };
+            let m = self.mem.memory();
+            let e = q.used_addr().unchecked_add(4 + 8 * u64::from(i));
+            (
+                m.read_obj(e).unwrap(),
+                m.read_obj(e.unchecked_add(4)).unwrap(),
+            )
+        }
+
+        fn resp(&self, i: u64) -> RespHeader {
+            let mut b = [0u8; RESP_HEADER_LEN];
+            self.mem
+                .memory()
+                .read_slice(&mut b, GuestAddress(Self::slot(i) + 0x8000))
+                .unwrap();
+            RespHeader::from_bytes(&b)
+        }
+
+        fn reply(&self, i: u64, len: usize) -> Vec<u8> {
+            let mut b = vec![0u8; len];
+            self.mem
+                .memory()
+                .read_slice(&mut b, GuestAddress(Self::slot(i) + 0x8100))
+                .unwrap();
+            b
+        }
+
+        fn reply_data(&self, i: u64, len: usize) -> Vec<u8> {
+            let mut b = vec![0u8; len];
+            self.mem
+                .memory()
+                .read_slice(&mut b, GuestAddress(Self::slot(i) + 0xa000))
+                .unwrap();
+            b
+        }
+
+        /// Sends a request on the control queue and waits for its completion.
+        fn ctrl_sync(&mut self, i: u64, descs: &Descs) -> RespHeader {
+            let n = self.used_idx(CTRL_QUEUE);
+            let m = self.mem.memory();
+            m.write_slice(
+                &[0xffu8; RESP_HEADER_LEN],
+                GuestAddress(Self::slot(i) + 0x8000),
+            )
+            .unwrap();
+            self.push(CTRL_QUEUE, descs);
+            self.run();
+            self.wait_used(CTRL_QUEUE, n + 1);
+            self.resp(i)
+        }
+
+        fn open(&mut self, i: u64, session: u32) -> RespHeader {
+            let d = self.request(
+                i,
+                ReqHeader {
+                    kind: REQ_OPEN,
+                    session,
+                    ..Default::default()
+                },
+                &[],
+                &[],
+                0,
+            );
+            self.ctrl_sync(i, &d)
+        }
+
+        fn call_hdr(session: u32, seq: u64, inline: usize, reply_cap: u32) -> ReqHeader {
+            ReqHeader {
+                kind: REQ_CALL,
+                session,
+                seq,
+                inline_len: inline as u32,
+                reply_cap,
+                reserved: 0,
+            }
+        }
+    }
+
+    #[test]
+    fn open_call_close_and_calls_after_close() {
+        let mut r = rig();
+        assert_eq!(r.open(0, 5).status, S_OK);
+        assert_eq!(r.open(1, 5).status, S_BUSY, "the id is in use");
+        // Sync echo with 3 inline payload bytes and 5 bytes of request data.
+        let f = frame(OP_ECHO, 0, 77, 8, b"abc");
+        let d = r.request(2, Rig::call_hdr(5, 1, f.len(), 256), &f, b"defgh", 0);
+        let resp = r.ctrl_sync(2, &d);
+        assert_eq!((resp.status, resp.reply_len), (S_OK, 32));
+        let reply = r.reply(2, 32);
+        let h = Header::decode(reply[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(
+            (h.opcode, h.call_id, h.flags, h.payload_len),
+            (OP_ECHO, 77, FLAG_REPLY, 8)
+        );
+        assert_eq!(&reply[HEADER_LEN..], b"abcdefgh");
+        // Async on the submission queue.
+        let f = frame(OP_ECHO, FLAG_ASYNC, 78, 0, b"");
+        let d = r.request(3, Rig::call_hdr(5, 2, f.len(), 0), &f, &[], 0);
+        r.push(SUBMIT_QUEUE, &d);
+        r.run();
+        r.wait_used(SUBMIT_QUEUE, 1);
+        assert_eq!(r.resp(3).status, S_OK);
+        // Close, then a call of the closed session.
+        let d = r.request(
+            4,
+            ReqHeader {
+                kind: REQ_CLOSE,
+                session: 5,
+                ..Default::default()
+            },
+            &[],
+            &[],
+            0,
+        );
+        assert_eq!(r.ctrl_sync(4, &d).status, S_OK);
+        let f = frame(OP_ECHO, 0, 79, 0, b"");
+        let d = r.request(5, Rig::call_hdr(5, 3, f.len(), 256), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(5, &d).status, S_NO_SESSION);
+        let s = r.stats.snapshot();
+        assert_eq!((s.sessions_open, s.sessions_total, s.calls), (0, 1, 2));
+        assert_eq!(s.bytes_from_guest, 5);
+        assert_eq!(r.dev.session_count(), 0);
+    }
+
+    #[test]
+    fn reply_data_goes_straight_into_the_guest_buffer() {
+        let mut r = rig();
+        r.open(0, 1);
+        // 3000 bytes into a 4096-byte reply-data area split over two descriptors.
+        let f = frame(OP_DTOH, 0, 1, 1, &[3]);
+        let mut d = r.request(1, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 0);
+        d.push((Rig::slot(1) + 0xa000, 1000, true));
+        d.push((Rig::slot(1) + 0xc000, 3096, true));
+        let resp = r.ctrl_sync(1, &d);
+        assert_eq!((resp.status, resp.data_len), (S_OK, 3000));
+        let first = r.reply_data(1, 1000);
+        let mut second = vec![0u8; 2000];
+        r.mem
+            .memory()
+            .read_slice(&mut second, GuestAddress(Rig::slot(1) + 0xc000))
+            .unwrap();
+        let all: Vec<u8> = first.into_iter().chain(second).collect();
+        assert!(all.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        assert_eq!(r.stats.snapshot().bytes_to_guest, 3000);
+        // Room for less than the reply needs: the executor's write fails, nothing is written.
+        let f = frame(OP_DTOH, 0, 2, 1, &[5]);
+        let d = r.request(2, Rig::call_hdr(1, 2, f.len(), 256), &f, &[], 4000);
+        let resp = r.ctrl_sync(2, &d);
+        assert_eq!((resp.status, resp.data_len), (S_OK, 0));
+        let reply = r.reply(2, HEADER_LEN);
+        let h = Header::decode(reply[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.status, vgpu_proto::cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+
+    #[test]
+    fn frames_run_in_sequence_order_across_both_queues() {
+        let mut r = rig();
+        r.open(0, 9);
+        // seq 2 (sync) arrives before seq 1 (async).
+        let f2 = frame(OP_ECHO, 0, 2, 0, b"");
+        let d2 = r.request(2, Rig::call_hdr(9, 2, f2.len(), 64), &f2, &[], 0);
+        r.push(CTRL_QUEUE, &d2);
+        r.run();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(r.seen.try_recv().is_err(), "seq 2 waits for seq 1");
+        let f1 = frame(OP_ECHO, FLAG_ASYNC, 1, 0, b"");
+        let d1 = r.request(1, Rig::call_hdr(9, 1, f1.len(), 0), &f1, &[], 0);
+        r.push(SUBMIT_QUEUE, &d1);
+        r.run();
+        r.wait_used(CTRL_QUEUE, 2);
+        r.wait_used(SUBMIT_QUEUE, 1);
+        let order: Vec<u64> = r.seen.try_iter().map(|(_, id)| id).collect();
+        assert_eq!(order, vec![1, 2]);
+        // A repeated sequence number is refused; the session goes on.
+        let f = frame(OP_ECHO, 0, 3, 0, b"");
+        let d = r.request(3, Rig::call_hdr(9, 2, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(3, &d).status, S_BAD_REQUEST);
+        let d = r.request(4, Rig::call_hdr(9, 3, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(4, &d).status, S_OK);
+    }
+
+    /// Every kind of hostile request is refused for its own chain; the device keeps serving.
+    #[test]
+    fn hostile_requests_are_refused_and_the_device_goes_on() {
+        let mut r = rig();
+        r.open(0, 1);
+        let good = frame(OP_ECHO, 0, 1, 0, b"");
+        let hdr = |seq| Rig::call_hdr(1, seq, good.len(), 64);
+        let base = |i| Rig::slot(i);
+        // Refused calls of an open session still take their place in its sequence (1, 2, …);
+        // requests refused before that (no session, no sequence number) do not.
+        const NO_SEQ: u64 = 100;
+        let mut cases: Vec<(&str, Descs)> = Vec::new();
+        let mut plain = |i: u64, name: &'static str, h: ReqHeader, f: &[u8]| {
+            let d = r.request(i, h, f, &[], 0);
+            cases.push((name, d));
+        };
+        plain(
+            1,
+            "session 0",
+            ReqHeader {
+                session: 0,
+                ..hdr(1)
+            },
+            &good,
+        );
+        plain(
+            2,
+            "reserved bits",
+            ReqHeader {
+                reserved: 1,
+                ..hdr(1)
+            },
+            &good,
+        );
+        plain(
+            3,
+            "unknown type",
+            ReqHeader {
+                kind: 99,
+                ..hdr(NO_SEQ)
+            },
+            &good,
+        );
+        plain(4, "sequence 0", hdr(0), &good);
+        plain(
+            5,
+            "inline too short",
+            ReqHeader {
+                inline_len: 10,
+                ..hdr(2)
+            },
+            &good,
+        );
+        plain(
+            6,
+            "inline beyond chain",
+            ReqHeader {
+                inline_len: 4000,
+                ..hdr(3)
+            },
+            &good,
+        );
+        let mut bad_magic = good.clone();
+        bad_magic[0] ^= 0xff;
+        plain(7, "bad magic", hdr(4), &bad_magic);
+        plain(
+            8,
+            "payload_len lies",
+            hdr(5),
+            &frame(OP_ECHO, 0, 1, 100, b""),
+        );
+        plain(
+            9,
+            "reply flag",
+            hdr(6),
+            &frame(OP_ECHO, FLAG_REPLY, 1, 0, b""),
+        );
+        plain(
+            10,
+            "async on ctrl",
+            hdr(7),
+            &frame(OP_ECHO, FLAG_ASYNC, 1, 0, b""),
+        );
+        plain(
+            11,
+            "reply area too small",
+            ReqHeader {
+                reply_cap: 8,
+                ..hdr(8)
+            },
+            &good,
+        );
+        plain(12, "reply area beyond chain", hdr(9), &good);
+        r.mem
+            .memory()
+            .write_slice(
+                &ReqHeader {
+                    reply_cap: 60000,
+                    ..hdr(9)
+                }
+                .to_bytes(),
+                GuestAddress(Rig::slot(12)),
+            )
+            .unwrap();
+        let hdr = |_| Rig::call_hdr(1, NO_SEQ, good.len(), 64);
+        // Chain-level: outside RAM, overlapping, wrapping, misordered, no room for headers.
+        let mut d = r.request(13, hdr(1), &good, &[], 0);
+        d.insert(1, (MEM_SIZE - 16, 64, false));
+        cases.push(("outside RAM", d));
+        let mut d = r.request(14, hdr(1), &good, &[], 0);
+        d.push((base(14) + 8, 64, true));
+        cases.push(("overlapping", d));
+        let mut d = r.request(15, hdr(1), &good, &[], 0);
+        d.push((u64::MAX - 100, 4096, true));
+        cases.push(("wrapping", d));
+        let mut d = r.request(16, hdr(1), &good, &[], 0);
+        d.push((base(16) + 0x3000, 8, false));
+        cases.push(("readable after writable", d));
+        cases.push((
+            "short request header",
+            vec![(base(17), 16, false), (base(17) + 0x8000, 16, true)],
+        ));
+        for (i, (name, descs)) in cases.iter().enumerate() {
+            let slot = (i + 1) as u64;
+            let resp_at = descs.iter().find(|x| x.2).map(|x| x.0).unwrap_or(0);
+            let m = r.mem.memory();
+            m.write_slice(&[0xffu8; RESP_HEADER_LEN], GuestAddress(resp_at))
+                .unwrap();
+            let n = r.used_idx(CTRL_QUEUE);
+            r.push(CTRL_QUEUE, descs);
+            r.run();
+            r.wait_used(CTRL_QUEUE, n + 1);
+            let mut b = [0u8; RESP_HEADER_LEN];
+            m.read_slice(&mut b, GuestAddress(resp_at)).unwrap();
+            assert_eq!(
+                RespHeader::from_bytes(&b).status,
+                S_BAD_REQUEST,
+                "{name} (slot {slot})"
+            );
+        }
+        assert!(
+            r.seen.try_recv().is_err(),
+            "no hostile frame reached the session"
+        );
+        let s = r.stats.snapshot();
+        assert_eq!(s.dropped_chains, 5, "{s:?}");
+        // The session is intact: its next frame is number 10.
+        let d = r.request(40, Rig::call_hdr(1, 10, good.len(), 64), &good, &[], 0);
+        assert_eq!(r.ctrl_sync(40, &d).status, S_OK);
+        // Open and close only on the control queue; calls of unknown sessions.
+        let d = r.request(
+            41,
+            ReqHeader {
+                kind: REQ_OPEN,
+                session: 2,
+                ..Default::default()
+            },
+            &[],
+            &[],
+            0,
+        );
+        r.push(SUBMIT_QUEUE, &d);
+        r.run();
+        r.wait_used(SUBMIT_QUEUE, 1);
+        assert_eq!(r.resp(41).status, S_BAD_REQUEST);
+        let d = r.request(42, Rig::call_hdr(3, 1, good.len(), 64), &good, &[], 0);
+        assert_eq!(r.ctrl_sync(42, &d).status, S_NO_SESSION);
+    }
+
+    #[test]
+    fn a_reply_too_large_for_the_area_says_how_large() {
+        let mut r = rig();
+        r.open(0, 1);
+        let f = frame(OP_BIG, 0, 1, 0, b"");
+        let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 4096), &f, &[], 0);
+        let resp = r.ctrl_sync(1, &d);
+        assert_eq!((resp.status, resp.reply_len), (S_REPLY_TOO_LARGE, 5024));
+    }
+
+    #[test]
+    fn a_protocol_violation_ends_only_that_session() {
+        let mut r = rig();
+        r.open(0, 1);
+        r.open(1, 2);
+        let f = frame(OP_VIOLATE, 0, 1, 0, b"");
+        let d = r.request(2, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(2, &d).status, S_PROTOCOL);
+        let f = frame(OP_ECHO, 0, 2, 0, b"");
+        let d = r.request(3, Rig::call_hdr(1, 2, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(3, &d).status, S_NO_SESSION);
+        let d = r.request(4, Rig::call_hdr(2, 1, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(4, &d).status, S_OK);
+        assert_eq!(r.dev.session_count(), 1);
+        // The id can be opened again.
+        assert_eq!(r.open(5, 1).status, S_OK);
+    }
+
+    /// After a reset, a call that was running does not touch guest memory or the ring, queued
+    /// frames never run, and the old sessions are gone.
+    #[test]
+    fn a_reset_invalidates_running_and_queued_requests() {
+        let mut r = rig_with_gates(1);
+        r.open(0, 1);
+        let f = frame(OP_BLOCK, 0, 1, 0, b"");
+        let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 8);
+        r.mem
+            .memory()
+            .write_slice(&[0u8; 8], GuestAddress(Rig::slot(1) + 0xa000))
+            .unwrap();
+        r.push(CTRL_QUEUE, &d);
+        // Queued behind the blocked call.
+        let f2 = frame(OP_ECHO, FLAG_ASYNC, 2, 0, b"");
+        let d2 = r.request(2, Rig::call_hdr(1, 2, f2.len(), 0), &f2, &[], 0);
+        r.push(SUBMIT_QUEUE, &d2);
+        r.run();
+        let deadline = Instant::now() + WAIT;
+        while r.seen.try_recv().is_err() {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let used_before = (r.used_idx(CTRL_QUEUE), r.used_idx(SUBMIT_QUEUE));
+        r.dev.reset("test");
+        r.gate_tx[0].send(()).unwrap();
+        // The session thread finishes and ends.
+        let deadline = Instant::now() + WAIT;
+        while r.stats.snapshot().sessions_open != 0 {
+            assert!(Instant::now() < deadline, "session did not end");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(
+            (r.used_idx(CTRL_QUEUE), r.used_idx(SUBMIT_QUEUE)),
+            used_before
+        );
+        assert_eq!(r.reply_data(1, 8), vec![0u8; 8], "no write after the reset");
+        assert!(r.seen.try_recv().is_err(), "the queued frame never ran");
+        assert!(r.stats.snapshot().stale_completions >= 1);
+        // Requests of the old session are refused; new sessions work.
+        let f = frame(OP_ECHO, 0, 3, 0, b"");
+        let d = r.request(3, Rig::call_hdr(1, 3, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(3, &d).status, S_NO_SESSION);
+        assert_eq!(r.open(4, 1).status, S_OK);
+        assert_eq!(r.stats.snapshot().device_resets, 1);
+    }
+
+    #[test]
+    fn the_session_limit_is_enforced() {
+        let mut r = rig();
+        for i in 0..MAX_SESSIONS as u32 {
+            assert_eq!(r.open(0, i + 1).status, S_OK);
+        }
+        assert_eq!(r.dev.session_count(), MAX_SESSIONS);
+        assert_eq!(r.open(1, 9999).status, S_BUSY);
+        r.dev.reset("test");
+        assert_eq!(r.dev.session_count(), 0);
+    }
+
+    /// An avail index far ahead makes virtio-queue refuse the ring: no spinning, no completions.
+    #[test]
+    fn a_corrupt_avail_index_does_not_spin() {
+        let mut r = rig();
+        r.dev.set_event_idx(true);
+        r.ctrl.0.set_queue_event_idx(true);
+        let m = r.mem.memory();
+        m.write_obj(QSIZE * 3, r.ctrl.1.avail_addr().unchecked_add(2))
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let ctrl = r.ctrl.0.clone();
+        let mut dev = r.dev;
+        std::thread::spawn(move || {
+            dev.process_queue(CTRL_QUEUE, &ctrl);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(WAIT)
+            .expect("queue processing spun on a corrupt ring");
+        let used: u16 = m.read_obj(r.ctrl.1.used_addr().unchecked_add(2)).unwrap();
+        assert_eq!(used, 0);
+        let _ = MAGIC;
+    }
+
+    #[test]
+    fn used_lengths_count_what_was_written() {
+        let mut r = rig();
+        r.open(0, 1);
+        assert_eq!(r.used(CTRL_QUEUE, 0).1, RESP_HEADER_LEN as u32);
+        let f = frame(OP_DTOH, 0, 1, 1, &[2]);
+        let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 2000);
+        r.ctrl_sync(1, &d);
+        assert_eq!(
+            r.used(CTRL_QUEUE, 1).1,
+            (RESP_HEADER_LEN + HEADER_LEN + 2000) as u32
+        );
+    }
+}

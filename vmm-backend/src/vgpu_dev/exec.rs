@@ -1,0 +1,63 @@
+//! What the device asks of the GPU side: open a session per guest file descriptor and execute
+//! its protocol frames, with the bulk bytes left in guest memory.
+//!
+//! [`crate::vgpu_dev::BrokerService`] implements this over the broker; tests use small fakes.
+
+use vgpu_proto::frame::Header;
+
+pub use vgpu_broker::session::{BulkSink, BulkSource, NoBulk};
+
+/// One frame of a session, as the device received it.
+pub struct Call<'a> {
+    /// The frame header (validated: magic, flags, `payload_len`).
+    pub header: Header,
+    /// The payload bytes that came inline (the message's fields, maybe some bulk bytes).
+    pub inline: &'a [u8],
+    /// The rest of the payload, in guest memory.
+    pub data: &'a dyn BulkSource,
+    /// Where the reply's bulk bytes go.
+    pub reply_data: &'a mut dyn BulkSink,
+}
+
+impl std::fmt::Debug for Call<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("header", &self.header)
+            .field("inline", &self.inline.len())
+            .field("data", &self.data.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// A reply frame: `status` (a `CUresult`) and its payload (the reply's fields, or the error
+    /// message). Bulk bytes, if any, were written through [`Call::reply_data`].
+    Frame {
+        /// The `CUresult`.
+        status: u32,
+        /// The payload after the frame header.
+        payload: Vec<u8>,
+    },
+    /// An asynchronous frame: no reply.
+    None,
+    /// The session broke the protocol; it is closed and releases everything.
+    Violation(String),
+}
+
+/// The GPU side of one guest session (one open `/dev/vgpuN`).
+pub trait SessionExecutor: Send {
+    /// Executes one frame; frames arrive in the order the guest submitted them.
+    fn call(&mut self, call: Call<'_>) -> Reply;
+}
+
+/// The GPU side of a device: sessions, and what the config space reports.
+pub trait VgpuService: Send + Sync {
+    /// Opens a session (when the guest opens the device).
+    fn open(&self) -> Result<Box<dyn SessionExecutor>, String>;
+    /// The VM's memory slice in bytes.
+    fn slice_size(&self) -> u64;
+    /// The GPU's name.
+    fn gpu_name(&self) -> String;
+}

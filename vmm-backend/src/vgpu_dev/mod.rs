@@ -1,0 +1,335 @@
+//! The virtio-vgpu device: a paravirtual GPU on the guest's PCI bus, served over vhost-user, one
+//! per VM.
+//!
+//! vgpud listens on [`VgpuDevConfig::socket`] for the VMM (QEMU ≥ 10.2
+//! `vhost-user-test-device-pci`, cloud-hypervisor ≥ v53 `--generic-vhost-user`) and serves the
+//! guest's `vgpu` kernel module (`guest-shim/kmod`), which exposes `/dev/vgpu0…` to the guest shim:
+//!
+//! * the device has its own virtio device ID ([`DEFAULT_DEVICE_ID`] unless configured), a control
+//!   queue (synchronous calls, session open and close) and a submission queue (asynchronous
+//!   calls), and a config space with the protocol version, the VM's slice size and the GPU's name
+//!   ([`wire`]);
+//! * every open file of `/dev/vgpuN` is a session of the VM's tenant; its vgpu protocol frames
+//!   travel one per descriptor chain, and their bulk bytes (copies, module images, kernel
+//!   parameters) as descriptors that point at the application's pinned pages: vgpud validates
+//!   every range against the guest memory map and copies straight between those pages and device
+//!   memory, with no buffer in between ([`chain`], [`exec`]);
+//! * when the VMM disconnects, resets the device or stops its queues (guest driver reset, reboot),
+//!   every session ends and releases its GPU memory ([`device`]).
+//!
+//! See `docs/vgpu-device.md`.
+
+mod backend;
+pub mod chain;
+mod device;
+pub mod exec;
+mod service;
+mod session;
+mod stats;
+#[doc(hidden)]
+pub mod testutils;
+pub mod wire;
+
+use std::io;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread;
+
+use thiserror::Error;
+use tracing::{info, warn};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+pub use backend::VgpuBackend;
+pub use device::{MAX_SESSIONS, VgpuDevice};
+pub use exec::{BulkSink, BulkSource, Call, NoBulk, Reply, SessionExecutor, VgpuService};
+pub use service::BrokerService;
+pub use session::MAX_REORDER;
+pub use stats::{VgpuDevStats, VgpuDevStatsSnapshot};
+
+use crate::vsock::{SESSION_RETRY_DELAY, StopHandle, bind, wait_either, wait_stop};
+use chain::GuestMem;
+
+/// The device ID when `vgpu_device_id` is not configured: the last one the virtio PCI transport
+/// can carry (PCI device ID 0x1040 + 63 = 0x107f), unassigned by the VIRTIO specification (whose
+/// IDs run from 1 into the forties).
+pub const DEFAULT_DEVICE_ID: u16 = vgpu_broker::config::DEFAULT_VGPU_DEVICE_ID;
+/// The device ID to configure for QEMU, whose generic device presents only IDs it has a name for
+/// (`vgpu_broker::config::qemu_presents_device_id`); the guest module binds it besides
+/// [`DEFAULT_DEVICE_ID`], and only when the config space carries the vgpu magic.
+pub const QEMU_DEVICE_ID: u16 = vgpu_broker::config::QEMU_VGPU_DEVICE_ID;
+/// Largest device ID a modern virtio PCI device can have (Linux binds 0x1040..=0x107f).
+pub const MAX_DEVICE_ID: u16 = vgpu_broker::config::MAX_VGPU_DEVICE_ID;
+/// Default (and largest) virtqueue size: the most descriptors a request chain may use.
+pub const DEFAULT_QUEUE_SIZE: u16 = vgpu_broker::config::VGPU_QUEUE_SIZE;
+
+/// Why the device could not be served.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The configuration cannot work.
+    #[error("invalid virtio-vgpu device configuration: {0}")]
+    InvalidConfig(String),
+    /// The vhost-user socket could not be bound (or the path is not a socket), or waiting on it
+    /// failed.
+    #[error(transparent)]
+    Socket(#[from] crate::vsock::Error),
+    /// An epoll or eventfd operation failed.
+    #[error("virtio-vgpu event loop failure")]
+    EventLoop(#[source] io::Error),
+    /// The vhost-user daemon could not be created or started.
+    #[error("vhost-user daemon failure: {0}")]
+    Daemon(String),
+}
+
+/// Configuration of one VM's virtio-vgpu device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VgpuDevConfig {
+    /// The VM's name (for logs and thread names).
+    pub vm: String,
+    /// The vhost-user socket vgpud listens on for the VMM.
+    pub socket: PathBuf,
+    /// The virtio device ID the VMM must present (informational here: the VMM sets it).
+    pub device_id: u16,
+    /// Virtqueue size offered to the VMM (power of two).
+    pub queue_size: u16,
+}
+
+impl VgpuDevConfig {
+    /// A configuration with the default device ID and queue size.
+    pub fn new(vm: &str, socket: impl Into<PathBuf>) -> Self {
+        VgpuDevConfig {
+            vm: vm.to_string(),
+            socket: socket.into(),
+            device_id: DEFAULT_DEVICE_ID,
+            queue_size: DEFAULT_QUEUE_SIZE,
+        }
+    }
+
+    /// Checks the values a device can work with.
+    pub fn validate(&self) -> Result<(), Error> {
+        if !(1..=MAX_DEVICE_ID).contains(&self.device_id) {
+            return Err(Error::InvalidConfig(format!(
+                "device ID {} must be between 1 and {MAX_DEVICE_ID}",
+                self.device_id
+            )));
+        }
+        if !self.queue_size.is_power_of_two() || self.queue_size > DEFAULT_QUEUE_SIZE {
+            return Err(Error::InvalidConfig(format!(
+                "queue_size {} must be a power of two up to {DEFAULT_QUEUE_SIZE}",
+                self.queue_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A bound virtio-vgpu device server: the socket exists once this is constructed.
+pub struct VgpuDevServer {
+    config: VgpuDevConfig,
+    service: Arc<dyn VgpuService>,
+    stats: Arc<VgpuDevStats>,
+    listener: Option<UnixListener>,
+}
+
+impl std::fmt::Debug for VgpuDevServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuDevServer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VgpuDevServer {
+    /// Validates `config` and binds the vhost-user socket (a stale socket from an earlier run is
+    /// replaced; other files are not).
+    pub fn bind(config: VgpuDevConfig, service: Arc<dyn VgpuService>) -> Result<Self, Error> {
+        config.validate()?;
+        let listener = bind(&config.socket)?;
+        Ok(VgpuDevServer {
+            config,
+            service,
+            stats: Arc::new(VgpuDevStats::default()),
+            listener: Some(listener),
+        })
+    }
+
+    /// The device's counters; stay valid after the server returns.
+    pub fn stats(&self) -> Arc<VgpuDevStats> {
+        self.stats.clone()
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &VgpuDevConfig {
+        &self.config
+    }
+
+    /// Serves VMM connections one after the other until `stop` fires.
+    pub fn run(mut self, stop: &StopHandle) -> Result<(), Error> {
+        let Some(l) = self.listener.take() else {
+            return Err(Error::Daemon("server already ran".into()));
+        };
+        let mut listener = Listener::from(l);
+        let result = self.run_loop(&mut listener, stop);
+        drop(listener);
+        let _ = std::fs::remove_file(&self.config.socket);
+        info!(vm = %self.config.vm, "virtio-vgpu device stopped");
+        result
+    }
+
+    fn run_loop(&mut self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
+        info!(
+            vm = %self.config.vm,
+            socket = %self.config.socket.display(),
+            device_id = self.config.device_id,
+            "virtio-vgpu device waiting for the VMM"
+        );
+        loop {
+            if wait_listener(listener, stop)? {
+                return Ok(());
+            }
+            if let Err(e) = self.serve_frontend(listener, stop) {
+                warn!(vm = %self.config.vm, error = %e, "VMM session failed");
+                if wait_stop(stop, SESSION_RETRY_DELAY).map_err(Error::Socket)? {
+                    return Ok(());
+                }
+            }
+            if stop.is_stopped() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn serve_frontend(&mut self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
+        let vm = self.config.vm.clone();
+        let device = VgpuDevice::new(&vm, self.service.clone(), self.stats.clone());
+        let backend = Arc::new(
+            VgpuBackend::new(device, self.service.clone(), self.config.queue_size)
+                .map_err(Error::EventLoop)?,
+        );
+        let mut daemon = VhostUserDaemon::new(
+            format!("vgpu-dev-{vm}"),
+            backend.clone(),
+            GuestMemoryAtomic::new(GuestMem::new()),
+        )
+        .map_err(|e| Error::Daemon(e.to_string()))?;
+        // The listener is readable, so this accept does not block.
+        daemon
+            .start(listener)
+            .map_err(|e| Error::Daemon(e.to_string()))?;
+        self.stats.add_frontend_connection();
+        info!(vm = %vm, "VMM connected to the virtio-vgpu device");
+
+        let shutdown = daemon.shutdown_handle();
+        let done = EventFd::new(EFD_NONBLOCK).map_err(Error::EventLoop)?;
+        let done_signal = done.try_clone().map_err(Error::EventLoop)?;
+        let waiter = thread::Builder::new()
+            .name(format!("vgpu-dev-{vm}-wait"))
+            .spawn(move || {
+                let result = daemon.wait();
+                let _ = done_signal.write(1);
+                (daemon, result)
+            })
+            .map_err(|e| Error::Daemon(e.to_string()))?;
+        let stopped = wait_either(stop, &done).map_err(Error::Socket)?;
+        if stopped && let Some(handle) = shutdown {
+            handle.shutdown();
+        }
+        let (daemon, result) = waiter
+            .join()
+            .map_err(|_| Error::Daemon("vhost-user thread panicked".into()))?;
+        // Dropping the daemon stops and joins the vring worker, so nothing takes chains while
+        // the device is reset.
+        drop(daemon);
+        backend.reclaim_exit_fds();
+        let reason = if stopped {
+            "vgpud stopping"
+        } else {
+            "VMM disconnected"
+        };
+        backend.device().reset(reason);
+        match result {
+            Ok(()) => info!(vm = %vm, "{reason}"),
+            Err(e) => info!(vm = %vm, error = %e, "{reason}"),
+        }
+        Ok(())
+    }
+}
+
+/// Waits until the VMM connects (false) or `stop` fires (true).
+fn wait_listener(listener: &Listener, stop: &StopHandle) -> Result<bool, Error> {
+    use std::os::fd::AsRawFd;
+    const TOKEN_STOP: u64 = 1;
+    const TOKEN_VMM: u64 = 2;
+    let epoll = Epoll::new().map_err(Error::EventLoop)?;
+    for (fd, token) in [(stop.fd(), TOKEN_STOP), (listener.as_raw_fd(), TOKEN_VMM)] {
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )
+            .map_err(Error::EventLoop)?;
+    }
+    let mut events = [EpollEvent::default(); 2];
+    loop {
+        match epoll.wait(-1, &mut events) {
+            Ok(n) => {
+                if stop.is_stopped() || events[..n].iter().any(|e| e.data() == TOKEN_STOP) {
+                    return Ok(true);
+                }
+                if n > 0 {
+                    return Ok(false);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::EventLoop(e)),
+        }
+    }
+}
+
+/// Serves one VM's virtio-vgpu device until `stop` fires.
+pub fn serve(
+    config: VgpuDevConfig,
+    service: Arc<dyn VgpuService>,
+    stop: StopHandle,
+) -> Result<(), Error> {
+    VgpuDevServer::bind(config, service)?.run(&stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_validation() {
+        let ok = VgpuDevConfig::new("vm1", "/tmp/x.sock");
+        ok.validate().unwrap();
+        for bad in [
+            VgpuDevConfig {
+                device_id: 0,
+                ..ok.clone()
+            },
+            VgpuDevConfig {
+                device_id: 64,
+                ..ok.clone()
+            },
+            VgpuDevConfig {
+                queue_size: 100,
+                ..ok.clone()
+            },
+            VgpuDevConfig {
+                queue_size: 2048,
+                ..ok.clone()
+            },
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(Error::InvalidConfig(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Session threads: each guest session (an open `/dev/vgpuN`) runs its frames in order on a
+//! thread of its own, so a long call (a synchronize waiting for kernels) never holds up the queues
+//! or other sessions. Bulk bytes move straight between guest pages and the GPU side through
+//! [`GuestSource`] and [`GuestSink`].
+//!
+//! Frames may arrive out of order (synchronous ones on the control queue, asynchronous ones on the
+//! submission queue); the per-session sequence number puts them back in order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+
+use tracing::{debug, warn};
+use vgpu_broker::CuError;
+use vgpu_proto::cuda;
+use vgpu_proto::frame::{FLAG_REPLY, HEADER_LEN, Header};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+
+use super::chain::{GuestMem, Segments};
+use super::device::{Completion, Shared};
+use super::exec::{BulkSink, BulkSource, Call, Reply, SessionExecutor};
+use super::wire::{
+    MAX_SEGMENTS, RespHeader, S_BAD_REQUEST, S_NO_SESSION, S_OK, S_PROTOCOL, S_REPLY_TOO_LARGE,
+};
+
+/// Most frames a session holds back while waiting for an earlier sequence number: every chain of
+/// both queues at once.
+pub const MAX_REORDER: u64 = 2 * MAX_SEGMENTS as u64;
+
+/// A frame for a session thread.
+pub(crate) struct CallJob {
+    /// Sequence number.
+    pub seq: u64,
+    /// The frame header.
+    pub header: Header,
+    /// Inline payload bytes (after the frame header).
+    pub inline: Vec<u8>,
+    /// Request data (the rest of the payload) in guest memory.
+    pub data: Segments,
+    /// Where reply data goes.
+    pub reply_data: Segments,
+    /// How to return the chain.
+    pub done: Completion,
+    /// The device refused the frame: it only takes its place in the sequence.
+    pub refused: bool,
+}
+
+/// What the device sends a session thread.
+pub(crate) enum Msg {
+    /// A frame.
+    Call(Box<CallJob>),
+    /// Close the session, then complete this chain.
+    Close(Completion),
+}
+
+fn reset_error() -> CuError {
+    CuError::new(
+        cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
+        "the virtio-vgpu device was reset during the call",
+    )
+}
+
+/// Request bulk bytes: the inline leftovers, then guest pages.
+pub struct GuestSource<'a> {
+    shared: &'a Shared,
+    epoch: u64,
+    mem: &'a GuestMemoryAtomic<GuestMem>,
+    prefix: &'a [u8],
+    segs: &'a Segments,
+}
+
+impl BulkSource for GuestSource<'_> {
+    fn len(&self) -> u64 {
+        (self.prefix.len() + self.segs.len()) as u64
+    }
+
+    fn read(&self, f: &mut vgpu_broker::session::ReadSlices<'_>) -> Result<(), CuError> {
+        let _gate = self.shared.enter(self.epoch).ok_or_else(reset_error)?;
+        let guard = self.mem.memory();
+        let mut slices = Vec::with_capacity(self.segs.count() + 1);
+        if !self.prefix.is_empty() {
+            slices.push(self.prefix);
+        }
+        slices.extend(
+            self.segs
+                .slices(&guard)
+                .map_err(|e| CuError::invalid_value(e.to_string()))?,
+        );
+        f(&slices)
+    }
+}
+
+/// Reply bulk bytes, written straight into guest pages.
+pub struct GuestSink<'a> {
+    shared: &'a Shared,
+    epoch: u64,
+    mem: &'a GuestMemoryAtomic<GuestMem>,
+    segs: &'a Segments,
+    written: u64,
+}
+
+impl BulkSink for GuestSink<'_> {
+    fn capacity(&self) -> u64 {
+        self.segs.len() as u64
+    }
+
+    fn write(
+        &mut self,
+        len: u64,
+        f: &mut vgpu_broker::session::WriteSlices<'_>,
+    ) -> Result<(), CuError> {
+        if len > self.capacity() {
+            return Err(CuError::invalid_value(format!(
+                "the reply carries {len} bytes but the request provided room for {}",
+                self.capacity()
+            )));
+        }
+        let _gate = self.shared.enter(self.epoch).ok_or_else(reset_error)?;
+        let guard = self.mem.memory();
+        let part = self.segs.sub(0, len as usize);
+        // SAFETY: `segs` is the reply data of a chain `parse_chain` validated, so its ranges
+        // overlap no other range of the chain, and this sink is their only user while `f` runs
+        // (one call at a time, `&mut self`).
+        let r = unsafe { part.with_slices_mut(&guard, |slices| f(slices)) };
+        r.map_err(|e| CuError::invalid_value(e.to_string()))??;
+        self.written = len;
+        Ok(())
+    }
+}
+
+/// Runs one session until it is closed, breaks the protocol or the device is reset (the channel
+/// closes). The executor is dropped on return, releasing everything the session holds.
+pub(crate) fn run(
+    shared: Arc<Shared>,
+    session: u32,
+    token: u64,
+    mut exec: Box<dyn SessionExecutor>,
+    rx: Receiver<Msg>,
+) {
+    let mut next = 1u64;
+    let mut held: BTreeMap<u64, Box<CallJob>> = BTreeMap::new();
+    let mut close_chain = None;
+    'outer: while let Ok(msg) = rx.recv() {
+        match msg {
+            Msg::Close(done) => {
+                close_chain = Some(done);
+                break;
+            }
+            Msg::Call(job) => {
+                if job.seq < next || held.contains_key(&job.seq) || job.seq > next + MAX_REORDER {
+                    shared.log_guest(format_args!(
+                        "session {session}: sequence number {} is stale, repeated or too far ahead (next {next})",
+                        job.seq
+                    ));
+                    shared.stats.add_refused();
+                    job.done
+                        .finish(&shared, RespHeader::status(S_BAD_REQUEST), &[]);
+                    continue;
+                }
+                held.insert(job.seq, job);
+                while let Some(job) = held.remove(&next) {
+                    next += 1;
+                    if !shared.is_current(job.done.epoch) {
+                        // Queued before a device reset: never run it.
+                        shared.stats.add_stale();
+                        continue;
+                    }
+                    if job.refused {
+                        shared.stats.add_refused();
+                        job.done
+                            .finish(&shared, RespHeader::status(S_BAD_REQUEST), &[]);
+                        continue;
+                    }
+                    if let Some(why) = execute(&shared, exec.as_mut(), *job) {
+                        warn!(session, "session closed: protocol violation: {why}");
+                        break 'outer;
+                    }
+                }
+            }
+        }
+    }
+    // Nothing reaches this thread once its entry is gone; answer what did.
+    shared.remove_session(session, token);
+    drop(exec);
+    shared.stats.session_closed();
+    for job in held.into_values() {
+        job.done
+            .finish(&shared, RespHeader::status(S_NO_SESSION), &[]);
+    }
+    for msg in rx.try_iter() {
+        match msg {
+            Msg::Call(job) => job
+                .done
+                .finish(&shared, RespHeader::status(S_NO_SESSION), &[]),
+            Msg::Close(done) => done.finish(&shared, RespHeader::status(S_OK), &[]),
+        }
+    }
+    if let Some(done) = close_chain {
+        done.finish(&shared, RespHeader::status(S_OK), &[]);
+    }
+    debug!(session, "virtio-vgpu session ended");
+}
+
+/// Executes one frame and completes its chain; returns the reason when the session must end.
+fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Option<String> {
+    let CallJob {
+        header,
+        inline,
+        data,
+        reply_data,
+        done,
+        ..
+    } = job;
+    let source = GuestSource {
+        shared,
+        epoch: done.epoch,
+        mem: &done.mem,
+        prefix: &[],
+        segs: &data,
+    };
+    let mut sink = GuestSink {
+        shared,
+        epoch: done.epoch,
+        mem: &done.mem,
+        segs: &reply_data,
+        written: 0,
+    };
+    shared.stats.add_call();
+    let reply = exec.call(Call {
+        header,
+        inline: &inline,
+        data: &source,
+        reply_data: &mut sink,
+    });
+    shared.stats.add_from_guest(data.len() as u64);
+    let written = sink.written;
+    shared.stats.add_to_guest(written);
+    match reply {
+        Reply::None => {
+            done.finish(shared, RespHeader::status(S_OK), &[]);
+            None
+        }
+        Reply::Frame { status, payload } => {
+            let h = Header {
+                opcode: header.opcode,
+                flags: FLAG_REPLY,
+                call_id: header.call_id,
+                payload_len: payload.len() as u32,
+                status,
+            };
+            let needed = HEADER_LEN + payload.len();
+            if needed > done.reply_cap {
+                shared.stats.add_refused();
+                let resp = RespHeader {
+                    status: S_REPLY_TOO_LARGE,
+                    reply_len: needed as u32,
+                    data_len: written,
+                };
+                done.finish(shared, resp, &[]);
+                return None;
+            }
+            let mut frame = Vec::with_capacity(needed);
+            frame.extend_from_slice(&h.encode());
+            frame.extend_from_slice(&payload);
+            let resp = RespHeader {
+                status: S_OK,
+                reply_len: needed as u32,
+                data_len: written,
+            };
+            done.finish(shared, resp, &frame);
+            None
+        }
+        Reply::Violation(why) => {
+            shared.stats.add_refused();
+            done.finish(shared, RespHeader::status(S_PROTOCOL), &[]);
+            Some(why)
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Per-device counters, updated by the queue and session threads and readable from any thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+macro_rules! counters {
+    ($(#[$doc:meta] $name:ident),* $(,)?) => {
+        /// Live counters of one virtio-vgpu device. All updates are relaxed atomics; read them
+        /// with [`VgpuDevStats::snapshot`].
+        #[derive(Debug, Default)]
+        pub struct VgpuDevStats {
+            $($name: AtomicU64,)*
+        }
+
+        /// A point-in-time copy of [`VgpuDevStats`].
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+        pub struct VgpuDevStatsSnapshot {
+            $(#[$doc] pub $name: u64,)*
+        }
+
+        impl VgpuDevStats {
+            /// Copies all counters.
+            pub fn snapshot(&self) -> VgpuDevStatsSnapshot {
+                VgpuDevStatsSnapshot {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Sessions open now (a guest file descriptor of the device each).
+    sessions_open,
+    /// Sessions opened since vgpud started.
+    sessions_total,
+    /// Protocol frames executed.
+    calls,
+    /// Request bulk bytes read straight from guest pages (host to device).
+    bytes_from_guest,
+    /// Reply bulk bytes written straight into guest pages (device to host).
+    bytes_to_guest,
+    /// Descriptor chains refused as malformed or hostile (outside RAM, overlapping, …).
+    dropped_chains,
+    /// Requests answered with an error status (bad header, unknown session, …).
+    refused_requests,
+    /// Completions discarded because the device was reset while they ran.
+    stale_completions,
+    /// Device resets: VMM disconnects, `VHOST_USER_RESET_DEVICE`, queues stopped by the VMM.
+    device_resets,
+    /// VMM (vhost-user frontend) connections accepted.
+    frontend_connections,
+}
+
+impl VgpuDevStats {
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn session_opened(&self) {
+        Self::add(&self.sessions_open, 1);
+        Self::add(&self.sessions_total, 1);
+    }
+
+    pub(crate) fn session_closed(&self) {
+        // Never wraps below zero even if a caller double-counts.
+        let _ = self
+            .sessions_open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
+    }
+
+    pub(crate) fn add_call(&self) {
+        Self::add(&self.calls, 1);
+    }
+
+    pub(crate) fn add_from_guest(&self, n: u64) {
+        Self::add(&self.bytes_from_guest, n);
+    }
+
+    pub(crate) fn add_to_guest(&self, n: u64) {
+        Self::add(&self.bytes_to_guest, n);
+    }
+
+    pub(crate) fn add_dropped_chain(&self) {
+        Self::add(&self.dropped_chains, 1);
+    }
+
+    pub(crate) fn add_refused(&self) {
+        Self::add(&self.refused_requests, 1);
+    }
+
+    pub(crate) fn add_stale(&self) {
+        Self::add(&self.stale_completions, 1);
+    }
+
+    pub(crate) fn add_device_reset(&self) {
+        Self::add(&self.device_resets, 1);
+    }
+
+    pub(crate) fn add_frontend_connection(&self) {
+        Self::add(&self.frontend_connections, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_reflects_updates_and_open_count_never_underflows() {
+        let s = VgpuDevStats::default();
+        s.session_opened();
+        s.session_closed();
+        s.session_closed();
+        s.add_from_guest(10);
+        s.add_dropped_chain();
+        let snap = s.snapshot();
+        assert_eq!((snap.sessions_open, snap.sessions_total), (0, 1));
+        assert_eq!(snap.bytes_from_guest, 10);
+        let json = serde_json::to_string(&snap).unwrap();
+        assert!(json.contains("\"dropped_chains\":1"), "{json}");
+    }
+}

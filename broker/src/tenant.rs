@@ -257,7 +257,13 @@ mod tests {
         fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
             self.inner.copy(dst, src, len)
         }
-        fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+        fn memset(
+            &self,
+            dst: u64,
+            value: u32,
+            elem_size: u32,
+            count: u64,
+        ) -> Result<(), DeviceError> {
             self.inner.memset(dst, value, elem_size, count)
         }
     }
@@ -272,9 +278,15 @@ mod tests {
         let b = Broker::new(vec![("gpu0".into(), dev)]);
         let t = b.add_tenant(&vm("vm1", 1 << 20)).unwrap();
         let c1 = t.context().unwrap();
-        assert!(Arc::ptr_eq(&c1, &t.context().unwrap()), "one context per VM while healthy");
+        assert!(
+            Arc::ptr_eq(&c1, &t.context().unwrap()),
+            "one context per VM while healthy"
+        );
         broken.store(true, Ordering::SeqCst);
         let c2 = t.context().unwrap();
-        assert!(!Arc::ptr_eq(&c1, &c2), "a broken context is not handed out again");
+        assert!(
+            !Arc::ptr_eq(&c1, &c2),
+            "a broken context is not handed out again"
+        );
     }
 }

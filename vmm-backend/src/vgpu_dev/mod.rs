@@ -41,7 +41,6 @@ use tracing::{info, warn};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 pub use backend::VgpuBackend;
@@ -188,7 +187,7 @@ impl VgpuDevServer {
             "virtio-vgpu device waiting for the VMM"
         );
         loop {
-            if wait_listener(listener, stop)? {
+            if wait_either(stop, listener).map_err(Error::Socket)? {
                 return Ok(());
             }
             if let Err(e) = self.serve_frontend(listener, stop) {
@@ -256,38 +255,6 @@ impl VgpuDevServer {
             Err(e) => info!(vm = %vm, error = %e, "{reason}"),
         }
         Ok(())
-    }
-}
-
-/// Waits until the VMM connects (false) or `stop` fires (true).
-fn wait_listener(listener: &Listener, stop: &StopHandle) -> Result<bool, Error> {
-    use std::os::fd::AsRawFd;
-    const TOKEN_STOP: u64 = 1;
-    const TOKEN_VMM: u64 = 2;
-    let epoll = Epoll::new().map_err(Error::EventLoop)?;
-    for (fd, token) in [(stop.fd(), TOKEN_STOP), (listener.as_raw_fd(), TOKEN_VMM)] {
-        epoll
-            .ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, token),
-            )
-            .map_err(Error::EventLoop)?;
-    }
-    let mut events = [EpollEvent::default(); 2];
-    loop {
-        match epoll.wait(-1, &mut events) {
-            Ok(n) => {
-                if stop.is_stopped() || events[..n].iter().any(|e| e.data() == TOKEN_STOP) {
-                    return Ok(true);
-                }
-                if n > 0 {
-                    return Ok(false);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::EventLoop(e)),
-        }
     }
 }
 

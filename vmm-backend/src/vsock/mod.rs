@@ -496,10 +496,11 @@ pub(crate) fn wait_stop(stop: &StopHandle, delay: Duration) -> Result<bool, Erro
     }
 }
 
-/// Waits until `stop` fires (returns true) or `done` is signalled (returns false).
-pub(crate) fn wait_either(stop: &StopHandle, done: &EventFd) -> Result<bool, Error> {
+/// Waits until `stop` fires (returns true) or `other` becomes readable —
+/// a completion eventfd, or a listener with a VMM waiting (returns false).
+pub(crate) fn wait_either(stop: &StopHandle, other: &impl AsRawFd) -> Result<bool, Error> {
     let epoll = Epoll::new().map_err(Error::EventLoop)?;
-    for (fd, token) in [(stop.fd(), TOKEN_STOP), (done.as_raw_fd(), TOKEN_DONE)] {
+    for (fd, token) in [(stop.fd(), TOKEN_STOP), (other.as_raw_fd(), TOKEN_DONE)] {
         epoll
             .ctl(
                 ControlOperation::Add,
@@ -512,7 +513,7 @@ pub(crate) fn wait_either(stop: &StopHandle, done: &EventFd) -> Result<bool, Err
     loop {
         match epoll.wait(-1, &mut events) {
             Ok(n) => {
-                if events[..n].iter().any(|e| e.data() == TOKEN_STOP) {
+                if stop.is_stopped() || events[..n].iter().any(|e| e.data() == TOKEN_STOP) {
                     return Ok(true);
                 }
                 if n > 0 {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what vgpu's demo and tests need on a Debian 12 machine with Rust:
-# a C compiler, QEMU (bookworm-backports), the guest image tools, and NVRTC
+# a C compiler, QEMU (bookworm-backports), the guest image tools (cpio,
+# debootstrap for the QEMU 11.1 root of the virtio-vgpu tests), and NVRTC
 # (for the PTX fixture drift check). Idempotent; prints what it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,7 @@ fi
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v cpio >/dev/null 2>&1 || missing+=(cpio)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ] && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then

@@ -1,7 +1,6 @@
 //! The `VhostUserBackend` glue between vhost-user-backend's vring worker and [`VgpuDevice`].
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, warn};
@@ -9,28 +8,23 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
 use super::chain::GuestMem;
 use super::device::VgpuDevice;
 use super::exec::VgpuService;
 use super::wire::{
-    CONFIG_MAGIC, CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, MAX_DATA, MAX_INLINE,
-    MAX_SEGMENTS, NUM_QUEUES, SUBMIT_QUEUE,
+    CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, MAX_DATA, MAX_INLINE, MAX_SEGMENTS,
+    NUM_QUEUES, SUBMIT_QUEUE,
 };
-use crate::vsock::{VIRTIO_FEATURES, eventfd_id, protocol_features};
+use crate::vsock::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config};
 
 /// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
 pub struct VgpuBackend {
     device: Mutex<VgpuDevice>,
     service: Arc<dyn VgpuService>,
     queue_size: usize,
-    exit: (EventConsumer, EventNotifier),
-    /// Exit-event consumers handed to vhost-user-backend, which never closes them;
-    /// [`reclaim_exit_fds`](Self::reclaim_exit_fds) does (as for the vsock device).
-    handed_out: Mutex<Vec<RawFd>>,
+    exit: ExitEvents,
 }
 
 impl std::fmt::Debug for VgpuBackend {
@@ -48,13 +42,11 @@ impl VgpuBackend {
         service: Arc<dyn VgpuService>,
         queue_size: u16,
     ) -> io::Result<Self> {
-        let exit = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?;
         Ok(VgpuBackend {
             device: Mutex::new(device),
             service,
             queue_size: usize::from(queue_size),
-            exit,
-            handed_out: Mutex::new(Vec::new()),
+            exit: ExitEvents::new()?,
         })
     }
 
@@ -80,17 +72,7 @@ impl VgpuBackend {
     /// Closes the exit-event descriptors vhost-user-backend leaked. Call only after the daemon is
     /// dropped, when its vring workers have exited.
     pub fn reclaim_exit_fds(&self) {
-        let Some(ours) = eventfd_id(self.exit.0.as_raw_fd()) else {
-            return;
-        };
-        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
-        for fd in fds {
-            if fd != self.exit.0.as_raw_fd() && eventfd_id(fd) == Some(ours) {
-                // SAFETY: `fd` is a duplicate of our exit eventfd (checked just above) that the
-                // library converted into a raw fd and abandoned; nothing else owns it.
-                drop(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
+        self.exit.reclaim();
     }
 }
 
@@ -134,15 +116,7 @@ impl VhostUserBackend for VgpuBackend {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let space = self.config_space().to_bytes();
-        let start = offset as usize;
-        match start.checked_add(size as usize) {
-            Some(end) if end <= CONFIG_SIZE => space[start..end].to_vec(),
-            _ => {
-                warn!(offset, size, "config space read out of range");
-                Vec::new()
-            }
-        }
+        read_config(&self.config_space().to_bytes(), offset, size)
     }
 
     fn set_config(&self, offset: u32, _buf: &[u8]) -> io::Result<()> {
@@ -164,13 +138,7 @@ impl VhostUserBackend for VgpuBackend {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        let consumer = self.exit.0.try_clone().ok()?;
-        let notifier = self.exit.1.try_clone().ok()?;
-        self.handed_out
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(consumer.as_raw_fd());
-        Some((consumer, notifier))
+        self.exit.hand_out()
     }
 
     fn handle_event(

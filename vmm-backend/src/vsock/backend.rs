@@ -43,10 +43,70 @@ pub struct VsockBackend {
     epoll_fd: RawFd,
     queue_size: usize,
     config_space: [u8; 8],
+    exit: ExitEvents,
+}
+
+/// A backend's vring-worker exit event. vhost-user-backend turns each consumer
+/// it is handed into a raw fd and never closes it; [`ExitEvents::reclaim`]
+/// does, once the workers have exited.
+#[derive(Debug)]
+pub(crate) struct ExitEvents {
     exit: (EventConsumer, EventNotifier),
-    /// Descriptors of exit-event consumers handed to vhost-user-backend, which turns them into raw
-    /// fds and never closes them; [`reclaim_exit_fds`](Self::reclaim_exit_fds) does.
     handed_out: Mutex<Vec<RawFd>>,
+}
+
+impl ExitEvents {
+    /// A fresh exit event.
+    pub(crate) fn new() -> io::Result<Self> {
+        Ok(Self {
+            exit: new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?,
+            handed_out: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A copy for `VhostUserBackend::exit_event`, remembered for [`ExitEvents::reclaim`].
+    pub(crate) fn hand_out(&self) -> Option<(EventConsumer, EventNotifier)> {
+        let consumer = self.exit.0.try_clone().ok()?;
+        let notifier = self.exit.1.try_clone().ok()?;
+        self.handed_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
+    }
+
+    /// Closes the copies the library leaked. Call only after the daemon is
+    /// dropped, when its vring workers have exited.
+    ///
+    /// A descriptor is closed only if it still refers to our own eventfd (same `eventfd-id` in
+    /// `/proc/self/fdinfo`), so a library that closes it itself cannot make us close someone
+    /// else's descriptor.
+    pub(crate) fn reclaim(&self) {
+        let Some(ours) = eventfd_id(self.exit.0.as_raw_fd()) else {
+            return;
+        };
+        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            if fd != self.exit.0.as_raw_fd() && eventfd_id(fd) == Some(ours) {
+                // SAFETY: `fd` is a duplicate of our exit eventfd (checked just above) that the
+                // library converted into a raw fd and abandoned; nothing else owns it.
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+}
+
+/// The bytes `[offset, offset + size)` of a read-only config space (empty,
+/// with a warning, when the range is outside it).
+pub(crate) fn read_config(space: &[u8], offset: u32, size: u32) -> Vec<u8> {
+    let start = offset as usize;
+    match start.checked_add(size as usize) {
+        Some(end) if end <= space.len() => space[start..end].to_vec(),
+        _ => {
+            warn!(offset, size, "config space read out of range");
+            Vec::new()
+        }
+    }
 }
 
 impl std::fmt::Debug for VsockBackend {
@@ -60,14 +120,12 @@ impl std::fmt::Debug for VsockBackend {
 impl VsockBackend {
     /// Wraps `device`; the config space advertises `guest_cid`.
     pub fn new(device: VsockDevice, guest_cid: u64, queue_size: u16) -> io::Result<Self> {
-        let exit = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?;
         Ok(VsockBackend {
             epoll_fd: device.epoll_fd(),
             device: Mutex::new(device),
             queue_size: usize::from(queue_size),
             config_space: guest_cid.to_le_bytes(),
-            exit,
-            handed_out: Mutex::new(Vec::new()),
+            exit: ExitEvents::new()?,
         })
     }
 
@@ -78,22 +136,8 @@ impl VsockBackend {
 
     /// Closes the exit-event descriptors vhost-user-backend leaked (one per VMM connection
     /// otherwise). Call only after the daemon is dropped, when its vring workers have exited.
-    ///
-    /// A descriptor is closed only if it still refers to our own eventfd (same `eventfd-id` in
-    /// `/proc/self/fdinfo`), so a library that closes it itself cannot make us close someone
-    /// else's descriptor.
     pub fn reclaim_exit_fds(&self) {
-        let Some(ours) = eventfd_id(self.exit.0.as_raw_fd()) else {
-            return;
-        };
-        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
-        for fd in fds {
-            if fd != self.exit.0.as_raw_fd() && eventfd_id(fd) == Some(ours) {
-                // SAFETY: `fd` is a duplicate of our exit eventfd (checked just above) that the
-                // library converted into a raw fd and abandoned; nothing else owns it.
-                drop(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
+        self.exit.reclaim();
     }
 
     /// Locks the device; a panic on another thread does not make the state unusable for a reset.
@@ -131,14 +175,7 @@ impl VhostUserBackend for VsockBackend {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let start = offset as usize;
-        match start.checked_add(size as usize) {
-            Some(end) if end <= self.config_space.len() => self.config_space[start..end].to_vec(),
-            _ => {
-                warn!(offset, size, "config space read out of range");
-                Vec::new()
-            }
-        }
+        read_config(&self.config_space, offset, size)
     }
 
     fn set_config(&self, offset: u32, _buf: &[u8]) -> io::Result<()> {
@@ -160,13 +197,7 @@ impl VhostUserBackend for VsockBackend {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        let consumer = self.exit.0.try_clone().ok()?;
-        let notifier = self.exit.1.try_clone().ok()?;
-        self.handed_out
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(consumer.as_raw_fd());
-        Some((consumer, notifier))
+        self.exit.hand_out()
     }
 
     fn handle_event(
@@ -271,7 +302,7 @@ mod tests {
         assert!(eventfd_id(fd).is_some());
         // A number the library closed and that now belongs to an unrelated eventfd.
         let stranger = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
-        b.handed_out.lock().unwrap().push(stranger.as_raw_fd());
+        b.exit.handed_out.lock().unwrap().push(stranger.as_raw_fd());
         b.reclaim_exit_fds();
         assert!(eventfd_id(fd).is_none(), "abandoned duplicate closed");
         assert!(

@@ -48,7 +48,7 @@ pub use device::{
 pub use stats::{VsockStats, VsockStatsSnapshot};
 
 use backend::VsockBackend;
-pub(crate) use backend::eventfd_id;
+pub(crate) use backend::{ExitEvents, read_config};
 use device::VsockDevice;
 pub(crate) use device::{LogLimiter, next_chain, signal, vring_ready};
 use packet::GuestMem;

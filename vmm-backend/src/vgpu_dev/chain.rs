@@ -13,12 +13,12 @@ use std::ops::Deref;
 
 use thiserror::Error;
 use virtio_queue::DescriptorChain;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
+use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
 
 use super::wire::{MAX_DATA, MAX_INLINE, MAX_REPLY, MAX_SEGMENTS, REQ_HEADER_LEN, RESP_HEADER_LEN};
 
-/// Guest memory as seen by this device.
-pub type GuestMem = GuestMemoryMmap<()>;
+/// Guest memory as seen by this device (the same map the vsock device uses).
+pub use crate::vsock::packet::GuestMem;
 
 /// Most device-readable bytes a request can use.
 pub const MAX_READABLE: usize = REQ_HEADER_LEN + MAX_INLINE + MAX_DATA;

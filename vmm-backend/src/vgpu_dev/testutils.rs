@@ -11,9 +11,8 @@
 //! Not part of the product; exposed (hidden) so integration tests and the benchmarks can use it.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,13 +23,13 @@ use vgpu_proto::msg::{self, Op};
 use vhost::vhost_user::message::VhostUserConfigFlags;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::vhost_user::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VringConfigData};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT,
     VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
 };
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestRegionMmap, MmapRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
@@ -39,6 +38,7 @@ use super::wire::{
     CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, NUM_QUEUES, REQ_CALL, REQ_CLOSE, REQ_HEADER_LEN,
     REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_OK, SUBMIT_QUEUE,
 };
+use crate::vsock::testutils::{memfd_region, region_info, vhost_err};
 
 /// How long blocking calls wait by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -83,22 +83,6 @@ impl Default for DevGuestOptions {
             indirect: true,
         }
     }
-}
-
-fn memfd_region(size: u64) -> io::Result<GuestRegionMmap<()>> {
-    let cname = std::ffi::CString::new("vgpu-dev-test-guest").map_err(io::Error::other)?;
-    // SAFETY: `cname` is a valid NUL-terminated string; memfd_create has no other inputs.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nobody else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size)?;
-    let region = MmapRegion::<()>::from_file(FileOffset::new(file, 0), size as usize)
-        .map_err(io::Error::other)?;
-    GuestRegionMmap::new(region, GuestAddress(0))
-        .ok_or_else(|| io::Error::other("invalid guest region"))
 }
 
 fn align(v: u64, a: u64) -> u64 {
@@ -360,10 +344,6 @@ impl std::fmt::Debug for DevGuest {
     }
 }
 
-fn vhost_err(e: vhost::Error) -> io::Error {
-    io::Error::other(e)
-}
-
 impl DevGuest {
     /// Connects to the device at `socket` and brings the guest driver up.
     pub fn start(socket: &Path, opts: DevGuestOptions) -> io::Result<DevGuest> {
@@ -388,7 +368,7 @@ impl DevGuest {
             MIB2,
         );
         let size = align(opts.memory.max(heap + MIB2), MIB2);
-        let mem = GuestMem::from_regions(vec![memfd_region(size)?]).map_err(io::Error::other)?;
+        let mem = GuestMem::from_regions(vec![memfd_region(0, size)?]).map_err(io::Error::other)?;
         let queues = (0..NUM_QUEUES)
             .map(|i| DriverQueue::new(QUEUE_AREA + i as u64 * qfoot, n, opts.event_idx))
             .collect::<io::Result<Vec<_>>>()?;
@@ -451,13 +431,7 @@ impl DevGuest {
             want |= 1 << VIRTIO_RING_F_EVENT_IDX;
         }
         let size = inner.opts.queue_size;
-        let region = {
-            let r = inner
-                .mem
-                .find_region(GuestAddress(0))
-                .ok_or_else(|| io::Error::other("no guest memory"))?;
-            VhostUserMemoryRegionInfo::from_guest_region(r).map_err(io::Error::other)?
-        };
+        let region = region_info(&inner.mem, 0)?;
         let va = |gpa: u64| -> io::Result<u64> {
             inner
                 .mem

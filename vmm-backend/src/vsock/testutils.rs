@@ -157,7 +157,8 @@ fn memfd(name: &str, size: u64) -> io::Result<File> {
     Ok(file)
 }
 
-fn memfd_region(gpa: u64, size: u64) -> io::Result<GuestRegionMmap<()>> {
+/// A guest memory region backed by a fresh memfd (shareable with a backend).
+pub(crate) fn memfd_region(gpa: u64, size: u64) -> io::Result<GuestRegionMmap<()>> {
     let file = memfd("vgpu-test-guest", size)?;
     let region = MmapRegion::<()>::from_file(FileOffset::new(file, 0), size as usize)
         .map_err(io::Error::other)?;
@@ -165,14 +166,16 @@ fn memfd_region(gpa: u64, size: u64) -> io::Result<GuestRegionMmap<()>> {
         .ok_or_else(|| io::Error::other("invalid guest region"))
 }
 
-fn region_info(mem: &GuestMem, gpa: u64) -> io::Result<VhostUserMemoryRegionInfo> {
+/// The vhost-user description of the region containing `gpa`.
+pub(crate) fn region_info(mem: &GuestMem, gpa: u64) -> io::Result<VhostUserMemoryRegionInfo> {
     let region = mem
         .find_region(GuestAddress(gpa))
         .ok_or_else(|| io::Error::other("no such region"))?;
     VhostUserMemoryRegionInfo::from_guest_region(region).map_err(io::Error::other)
 }
 
-fn vhost_err(e: vhost::Error) -> io::Error {
+/// A vhost error as an I/O error.
+pub(crate) fn vhost_err(e: vhost::Error) -> io::Error {
     io::Error::other(e)
 }
 

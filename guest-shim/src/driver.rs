@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use vgpu_proto::cuda::{self, CuResult};
@@ -41,6 +42,10 @@ pub struct Driver {
     streams: Mutex<HashMap<u64, (u32, i32)>>,
     functions: Mutex<HashMap<u64, FuncLayout>>,
     flush_wanted: (Mutex<bool>, Condvar),
+    /// Set while the flush thread has been asked to flush and has not yet
+    /// taken the batch: later posts need not wake it again (no lock on the
+    /// hot path).
+    flush_armed: AtomicBool,
 }
 
 /// A kernel's parameter layout, cached by the shim to pack `kernelParams`.
@@ -130,6 +135,7 @@ fn connect() -> CuRes<Driver> {
         streams: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
         flush_wanted: (Mutex::new(false), Condvar::new()),
+        flush_armed: AtomicBool::new(false),
     })
 }
 
@@ -184,7 +190,7 @@ impl Driver {
     fn post<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<()> {
         let mut c = lock(&self.client);
         let r = c.post(req, tail);
-        if c.pending() > 0 {
+        if c.pending() > 0 && !self.flush_armed.swap(true, Ordering::AcqRel) {
             drop(c);
             let (m, cv) = &self.flush_wanted;
             *lock(m) = true;
@@ -206,6 +212,8 @@ impl Driver {
             drop(wanted);
             let interval = lock(&self.client).flush_interval();
             std::thread::sleep(interval);
+            // Posts from now on re-arm; this flush takes everything before them.
+            self.flush_armed.store(false, Ordering::Release);
             let mut c = lock(&self.client);
             if c.pending() > 0 {
                 let _ = c.flush();

@@ -54,6 +54,29 @@ fn time_total(iters: usize, mut f: impl FnMut(), mut finish: impl FnMut()) -> f6
     t.elapsed().as_nanos() as f64 / iters as f64
 }
 
+/// The floor any socket transport pays: a 24-byte ping-pong over a unix
+/// socket pair between two threads (one frame header each way), p50 in ns.
+fn raw_socket_rtt(iters: usize) -> f64 {
+    use std::io::{Read, Write};
+    let (mut a, mut b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 24];
+        while b.read_exact(&mut buf).is_ok() {
+            if b.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = [0u8; 24];
+    let lat = time_each(iters, || {
+        a.write_all(&buf).expect("ping");
+        a.read_exact(&mut buf).expect("pong");
+    });
+    drop(a);
+    let _ = echo.join();
+    median(&lat)
+}
+
 /// Direct calls on a broker session (no transport, no encoding).
 fn direct(daemon: &Daemon, p: Params) -> Figures {
     let tenant = daemon.broker().tenant("bench").expect("bench tenant");
@@ -158,6 +181,7 @@ pub fn run(p: Params) -> (Figures, Figures) {
 
     let mut d = Vec::new();
     let mut s = Vec::new();
+    let mut raw = Vec::new();
     // Warm-up.
     direct(
         &daemon,
@@ -176,7 +200,9 @@ pub fn run(p: Params) -> (Figures, Figures) {
     for _ in 0..p.runs {
         d.push(direct(&daemon, p));
         s.push(through_shim(p, ptr));
+        raw.push(raw_socket_rtt(p.iters));
     }
+    let raw = median(&raw);
     let med = |v: &[Figures], f: fn(&Figures) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
     let dm = Figures {
         sync_p50: med(&d, |f| f.sync_p50),
@@ -202,6 +228,13 @@ pub fn run(p: Params) -> (Figures, Figures) {
         dm.sync_p50 / 1e3,
         sm.sync_p50 / 1e3,
         sm.sync_p50 / dm.sync_p50
+    );
+    println!(
+        "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",
+        "  baseline: raw socket-pair ping-pong, p50",
+        raw / 1e3,
+        sm.sync_p50 / 1e3,
+        sm.sync_p50 / raw
     );
     println!(
         "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",

@@ -182,9 +182,12 @@ int main(int argc, char **argv) {
     int redeemed = 0;
     for (int i = 63; i >= 0; i--) {
         struct vgpu_wait wt = { .ticket = q[i].ticket };
-        uint64_t id;
-        memcpy(&id, replies[i] + 8, 8);
-        if (ioctl(fd2, VGPU_IOC_WAIT, &wt) == 0 && wt.reply_len == 24 && id == (uint64_t)(100 + i))
+        uint64_t id = 0;
+        int r = ioctl(fd2, VGPU_IOC_WAIT, &wt);
+        /* The reply is the caller's only once its ticket has been waited for. */
+        if (r == 0)
+            memcpy(&id, replies[i] + 8, 8);
+        if (r == 0 && wt.reply_len == 24 && id == (uint64_t)(100 + i))
             redeemed++;
     }
     if (redeemed == 64) {

@@ -42,6 +42,9 @@ enum Bench {
         /// Transfer sizes in MiB, comma-separated.
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 256])]
         sizes: Vec<usize>,
+        /// What backs the fake guests' RAM.
+        #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::RamChoice::Auto)]
+        guest_ram: vgpu_bench::vgpu_dev::RamChoice,
     },
     /// Compute-share accuracy of the scheduler with saturating tenants.
     Share {
@@ -63,9 +66,14 @@ fn main() -> ExitCode {
         Bench::Vhost { iters, runs } => {
             vgpu_bench::vhost::run(vgpu_bench::vhost::Params { iters, runs })
         }
-        Bench::VgpuDev { runs, sizes } => vgpu_bench::vgpu_dev::run(vgpu_bench::vgpu_dev::Params {
+        Bench::VgpuDev {
+            runs,
+            sizes,
+            guest_ram,
+        } => vgpu_bench::vgpu_dev::run(vgpu_bench::vgpu_dev::Params {
             runs,
             sizes_mib: sizes,
+            ram: guest_ram,
         }),
         Bench::Share { seconds, runs } => {
             vgpu_bench::share::run(vgpu_bench::share::Params { seconds, runs })

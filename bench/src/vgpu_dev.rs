@@ -5,10 +5,15 @@
 //! device of an in-process vgpud [`Daemon`]; vgpud copies straight between those pages and the
 //! simulated GPU's memory.
 //!
-//! Baselines in the same run: the same copies through the vhost-user vsock device (the guest
-//! shim's protocol client over a guest vsock stream, [`TestGuest`]), and a plain `memcpy` of the
-//! same size between two host buffers. Host-to-device and device-to-host, 1, 16 and 256 MiB;
-//! medians of several runs, printed as bandwidth and as a ratio to `memcpy`.
+//! Baselines in the same run: a plain `memcpy` of the same size between two host buffers (the
+//! design's yardstick); the floor, plain `memcpy`s between the same guest pages and a host buffer
+//! (what moving those pages costs whoever does it: scattered pages defeat the CPU's prefetchers,
+//! which no device can avoid); and the same copies through the vhost-user vsock device (the guest
+//! shim's protocol client over a guest vsock stream, [`TestGuest`]). Host-to-device and
+//! device-to-host, 1, 16 and 256 MiB; medians of several runs, printed as bandwidth and as ratios.
+//!
+//! Guest RAM is backed by 2 MiB huge pages when the host has enough free ones (as GPU VMs are
+//! best run: QEMU `memory-backend-memfd,hugetlb=on`), else by 4 KiB pages; the report says which.
 
 use std::io::{self, Read, Write};
 use std::path::Path;
@@ -25,7 +30,9 @@ use vgpu_vmm::vgpu_dev::testutils::{
     DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, GuestBuf, Pending,
 };
 use vgpu_vmm::vgpu_dev::wire::S_OK;
-use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
+use vgpu_vmm::vsock::testutils::{
+    GuestOptions, GuestRam, GuestStream, HUGE_PAGE, TestGuest, free_huge_pages,
+};
 
 use crate::stats::median;
 
@@ -36,6 +43,19 @@ pub struct Params {
     pub runs: usize,
     /// Transfer sizes in MiB.
     pub sizes_mib: Vec<usize>,
+    /// What backs the fake guests' RAM.
+    pub ram: RamChoice,
+}
+
+/// What backs guest RAM in the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RamChoice {
+    /// 2 MiB huge pages when the host has enough free (`vm.nr_hugepages`), else 4 KiB pages.
+    Auto,
+    /// 2 MiB huge pages (fails when the host has too few free).
+    Huge,
+    /// 4 KiB pages.
+    Small,
 }
 
 const MIB: usize = 1 << 20;
@@ -84,6 +104,10 @@ pub struct Row {
     pub bytes: usize,
     /// Plain memcpy of the same size.
     pub memcpy: f64,
+    /// Plain memcpys from the same guest pages into a host buffer.
+    pub floor_htod: f64,
+    /// Plain memcpys from a host buffer into the same guest pages.
+    pub floor_dtoh: f64,
     /// Host to device through the virtio-vgpu device.
     pub dev_htod: f64,
     /// Device to host through the virtio-vgpu device.
@@ -107,15 +131,23 @@ struct DevPath {
     ptr: u64,
     src: GuestBuf,
     dst: GuestBuf,
+    /// Host memory for the floor's copies.
+    host: Vec<u8>,
+}
+
+/// Guest RAM of one device path's guest.
+fn dev_guest_memory(max: usize) -> u64 {
+    ((3 * max + 64 * MIB) as u64).div_ceil(HUGE_PAGE) * HUGE_PAGE
 }
 
 impl DevPath {
-    fn open(socket: &Path, max: usize, layout: Layout) -> Result<DevPath, String> {
+    fn open(socket: &Path, max: usize, layout: Layout, ram: GuestRam) -> Result<DevPath, String> {
         let guest = DevGuest::start(
             socket,
             DevGuestOptions {
                 queue_size: 1024,
-                memory: (3 * max + 64 * MIB) as u64,
+                memory: dev_guest_memory(max),
+                ram,
                 // Sleep on the call eventfds like a guest waiting for its interrupt: spinning
                 // would take a core from vgpud's copy on a small machine.
                 busy_poll: false,
@@ -168,7 +200,45 @@ impl DevPath {
             ptr,
             src,
             dst,
+            host: vec![0xa5; max],
         })
+    }
+
+    /// The floor of a host-to-device copy: the source pages read by plain memcpys.
+    fn floor_htod(&mut self, bytes: usize) -> Result<f64, String> {
+        let host = &mut self.host[..bytes];
+        let r = self.guest.with_buf_slices(&self.src, 0, bytes, |pages| {
+            rate(bytes, || {
+                let mut at = 0;
+                for p in pages {
+                    host[at..at + p.len()].copy_from_slice(std::hint::black_box(p));
+                    at += p.len();
+                }
+                Ok(())
+            })
+        });
+        r.map_err(err("guest buffer"))?
+    }
+
+    /// The floor of a device-to-host copy: the destination pages written by plain memcpys.
+    fn floor_dtoh(&mut self, bytes: usize) -> Result<f64, String> {
+        let host = &self.host[..bytes];
+        // SAFETY: every request of this path has completed, so nothing else uses `dst`.
+        let r = unsafe {
+            self.guest
+                .with_buf_slices_mut(&self.dst, 0, bytes, |pages| {
+                    rate(bytes, || {
+                        let mut at = 0;
+                        for p in pages.iter_mut() {
+                            let n = p.len();
+                            p.copy_from_slice(std::hint::black_box(&host[at..at + n]));
+                            at += n;
+                        }
+                        Ok(())
+                    })
+                })
+        };
+        r.map_err(err("guest buffer"))?
     }
 
     /// Host to device, as the shim does it: every chunk but the last posted without waiting
@@ -421,19 +491,44 @@ fn config(dir: &Path) -> Result<Config, String> {
     Config::parse(&dir.join("bench.toml"), &text).map_err(|e| format!("benchmark config: {e}"))
 }
 
+/// What backs guest RAM for `choice`, given the largest transfer.
+fn guest_ram(choice: RamChoice, max: usize) -> Result<GuestRam, String> {
+    let needed = LAYOUTS.len() as u64 * dev_guest_memory(max) / HUGE_PAGE;
+    let free = free_huge_pages();
+    match choice {
+        RamChoice::Small => Ok(GuestRam::SmallPages),
+        RamChoice::Auto if free < needed => Ok(GuestRam::SmallPages),
+        RamChoice::Huge if free < needed => Err(format!(
+            "the guests need {needed} free 2 MiB huge pages but the host has {free} \
+             (sysctl vm.nr_hugepages)"
+        )),
+        RamChoice::Auto | RamChoice::Huge => Ok(GuestRam::HugePages),
+    }
+}
+
+/// The benchmark's results.
+#[derive(Debug, Clone)]
+pub struct Results {
+    /// What backed guest RAM.
+    pub ram: GuestRam,
+    /// One table per layout.
+    pub tables: Vec<(Layout, Vec<Row>)>,
+}
+
 /// Measures every size, layout and path `runs` times (interleaved) and returns the medians, one
 /// table per layout (the vsock path and memcpy do not depend on the layout: they are measured once
 /// per run and size and shown in both).
-pub fn measure(p: &Params) -> Result<Vec<(Layout, Vec<Row>)>, String> {
+pub fn measure(p: &Params) -> Result<Results, String> {
     if p.runs == 0 || p.sizes_mib.is_empty() || p.sizes_mib.contains(&0) {
         return Err("--runs and every size must be at least 1".into());
     }
     let max = p.sizes_mib.iter().max().copied().unwrap_or(1) * MIB;
+    let ram = guest_ram(p.ram, max)?;
     let dir = tempfile::tempdir().map_err(err("temporary directory"))?;
     let daemon = Daemon::start(&config(dir.path())?).map_err(err("starting vgpud in-process"))?;
     let mut devs = Vec::new();
     for (i, layout) in LAYOUTS.iter().enumerate() {
-        let mut dev = DevPath::open(&dir.path().join(format!("dev{i}.sock")), max, *layout)?;
+        let mut dev = DevPath::open(&dir.path().join(format!("dev{i}.sock")), max, *layout, ram)?;
         dev.verify(max.min(16 * MIB))?;
         // Warm-up: device memory and every buffer touched once.
         dev.htod(max)?;
@@ -463,6 +558,8 @@ pub fn measure(p: &Params) -> Result<Vec<(Layout, Vec<Row>)>, String> {
                 samples[l][i].push(Row {
                     bytes,
                     memcpy,
+                    floor_htod: dev.floor_htod(bytes)?,
+                    floor_dtoh: dev.floor_dtoh(bytes)?,
                     dev_htod: rate(bytes, || dev.htod(bytes))?,
                     dev_dtoh: rate(bytes, || dev.dtoh(bytes))?,
                     vsock_htod,
@@ -479,46 +576,68 @@ pub fn measure(p: &Params) -> Result<Vec<(Layout, Vec<Row>)>, String> {
         Row {
             bytes: s[0].bytes,
             memcpy: med(|r| r.memcpy),
+            floor_htod: med(|r| r.floor_htod),
+            floor_dtoh: med(|r| r.floor_dtoh),
             dev_htod: med(|r| r.dev_htod),
             dev_dtoh: med(|r| r.dev_dtoh),
             vsock_htod: med(|r| r.vsock_htod),
             vsock_dtoh: med(|r| r.vsock_dtoh),
         }
     };
-    Ok(LAYOUTS
-        .iter()
-        .zip(&samples)
-        .map(|(l, sizes)| (*l, sizes.iter().map(|s| medians(s)).collect()))
-        .collect())
+    Ok(Results {
+        ram,
+        tables: LAYOUTS
+            .iter()
+            .zip(&samples)
+            .map(|(l, sizes)| (*l, sizes.iter().map(|s| medians(s)).collect()))
+            .collect(),
+    })
 }
 
 /// Formats the report.
-pub fn report(tables: &[(Layout, Vec<Row>)], runs: usize) -> String {
+pub fn report(r: &Results, runs: usize) -> String {
     let gb = |v: f64| v / BYTES_PER_GB;
+    let ram = match r.ram {
+        GuestRam::HugePages => "guest RAM in 2 MiB huge pages (memory-backend-memfd,hugetlb=on)",
+        GuestRam::SmallPages => {
+            "guest RAM in 4 KiB pages (memory-backend-memfd; reserve huge pages with \
+             sysctl vm.nr_hugepages for the hugetlb=on figures)"
+        }
+    };
     let mut out = format!(
-        "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs; (ratio) = path / memcpy of the same size\n"
+        "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs, {ram}\n\
+         (x %) = path / memcpy of the same size between two host buffers; \
+         floor = memcpys between the same guest pages and host memory; \
+         dev/floor = the device's share of the floor\n"
     );
-    for (layout, rows) in tables {
+    for (layout, rows) in &r.tables {
         out += &format!(
-            "{}\n{:>8}  {:>8}  {:>18}  {:>18}  {:>18}  {:>18}\n",
+            "{}\n{:>8}  {:>7}  {:>16}  {:>16}  {:>16}  {:>16}  {:>11}  {:>16}  {:>16}\n",
             layout.name,
             "size",
             "memcpy",
+            "floor HtoD",
             "vgpu-dev HtoD",
+            "floor DtoH",
             "vgpu-dev DtoH",
+            "dev/floor",
             "vsock HtoD",
             "vsock DtoH"
         );
-        for r in rows {
-            let cell = |v: f64| format!("{:6.2} ({:5.1} %)", gb(v), 100.0 * v / r.memcpy);
+        for row in rows {
+            let cell = |v: f64| format!("{:5.2} ({:5.1} %)", gb(v), 100.0 * v / row.memcpy);
             out += &format!(
-                "{:>5} MiB  {:8.2}  {:>18}  {:>18}  {:>18}  {:>18}\n",
-                r.bytes / MIB,
-                gb(r.memcpy),
-                cell(r.dev_htod),
-                cell(r.dev_dtoh),
-                cell(r.vsock_htod),
-                cell(r.vsock_dtoh)
+                "{:>5} MiB  {:7.2}  {:>16}  {:>16}  {:>16}  {:>16}  {:>4.0} / {:>3.0} %  {:>16}  {:>16}\n",
+                row.bytes / MIB,
+                gb(row.memcpy),
+                cell(row.floor_htod),
+                cell(row.dev_htod),
+                cell(row.floor_dtoh),
+                cell(row.dev_dtoh),
+                100.0 * row.dev_htod / row.floor_htod,
+                100.0 * row.dev_dtoh / row.floor_dtoh,
+                cell(row.vsock_htod),
+                cell(row.vsock_dtoh)
             );
         }
     }
@@ -527,8 +646,8 @@ pub fn report(tables: &[(Layout, Vec<Row>)], runs: usize) -> String {
 
 /// Runs the benchmark and prints the tables.
 pub fn run(p: Params) -> Result<(), String> {
-    let tables = measure(&p)?;
-    print!("{}", report(&tables, p.runs));
+    let results = measure(&p)?;
+    print!("{}", report(&results, p.runs));
     Ok(())
 }
 
@@ -541,13 +660,21 @@ mod tests {
         let r = Row {
             bytes: 16 * MIB,
             memcpy: 10e9,
+            floor_htod: 9.8e9,
+            floor_dtoh: 10e9,
             dev_htod: 9.5e9,
             dev_dtoh: 9e9,
             vsock_htod: 2e9,
             vsock_dtoh: 1e9,
         };
-        let text = report(&[(LAYOUTS[0], vec![r])], 5);
+        let results = Results {
+            ram: GuestRam::HugePages,
+            tables: vec![(LAYOUTS[0], vec![r])],
+        };
+        let text = report(&results, 5);
         assert!(text.contains("medians of 5 runs"), "{text}");
+        assert!(text.contains("2 MiB huge pages"), "{text}");
+        assert!(text.contains("  97 /  90 %"), "{text}");
         assert!(text.contains("2 MiB pages"), "{text}");
         assert!(text.contains("16 MiB"), "{text}");
         assert!(text.contains("9.50 ( 95.0 %)"), "{text}");
@@ -559,11 +686,13 @@ mod tests {
         let bad = Params {
             runs: 0,
             sizes_mib: vec![1],
+            ram: RamChoice::Small,
         };
         assert!(measure(&bad).is_err());
         let bad = Params {
             runs: 1,
             sizes_mib: vec![0],
+            ram: RamChoice::Small,
         };
         assert!(measure(&bad).is_err());
     }

@@ -33,12 +33,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::chain::{GuestMem, Segment};
+use super::chain::{GuestMem, Segment, Segments};
 use super::wire::{
     CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, NUM_QUEUES, REQ_CALL, REQ_CLOSE, REQ_HEADER_LEN,
     REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_OK, SUBMIT_QUEUE,
 };
-use crate::vsock::testutils::{memfd_region, region_info, vhost_err};
+use crate::vsock::testutils::{GuestRam, memfd_region, region_info, vhost_err};
 
 /// How long blocking calls wait by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -71,6 +71,8 @@ pub struct DevGuestOptions {
     pub busy_poll: bool,
     /// Put request chains in indirect tables (Linux does for more than one buffer).
     pub indirect: bool,
+    /// What backs guest RAM.
+    pub ram: GuestRam,
 }
 
 impl Default for DevGuestOptions {
@@ -81,6 +83,7 @@ impl Default for DevGuestOptions {
             event_idx: true,
             busy_poll: false,
             indirect: true,
+            ram: GuestRam::SmallPages,
         }
     }
 }
@@ -368,7 +371,8 @@ impl DevGuest {
             MIB2,
         );
         let size = align(opts.memory.max(heap + MIB2), MIB2);
-        let mem = GuestMem::from_regions(vec![memfd_region(0, size)?]).map_err(io::Error::other)?;
+        let mem = GuestMem::from_regions(vec![memfd_region(0, size, opts.ram)?])
+            .map_err(io::Error::other)?;
         let queues = (0..NUM_QUEUES)
             .map(|i| DriverQueue::new(QUEUE_AREA + i as u64 * qfoot, n, opts.event_idx))
             .collect::<io::Result<Vec<_>>>()?;
@@ -584,6 +588,43 @@ impl DevGuest {
             pos += s.len;
         }
         Ok(())
+    }
+
+    /// Calls `f` with `len` bytes of `buf` at `offset` as host slices of the guest pages, run by
+    /// run: what plain `memcpy`s of those pages cost is the floor of any device implementation
+    /// (the benchmarks measure it inside `f`).
+    pub fn with_buf_slices<R>(
+        &self,
+        buf: &GuestBuf,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> io::Result<R> {
+        let g = self.lock();
+        let segs = Segments::new(buf.segments(offset, len));
+        let slices = segs.slices(&g.mem).map_err(io::Error::other)?;
+        Ok(f(&slices))
+    }
+
+    /// Like [`DevGuest::with_buf_slices`], with slices to write into.
+    ///
+    /// # Safety
+    ///
+    /// No device request may be using `buf` while `f` runs (the caller's requests have all
+    /// completed), and `f` must not reach the same bytes another way.
+    pub unsafe fn with_buf_slices_mut<R>(
+        &self,
+        buf: &GuestBuf,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [&mut [u8]]) -> R,
+    ) -> io::Result<R> {
+        let g = self.lock();
+        let segs = Segments::new(buf.segments(offset, len));
+        // SAFETY: a `GuestBuf`'s pages are distinct guest RAM pages, and the caller guarantees
+        // that nothing else uses them while `f` runs.
+        let r = unsafe { segs.with_slices_mut(&g.mem, f) };
+        r.map_err(io::Error::other)
     }
 
     /// Writes raw bytes at a guest-physical address.

@@ -144,10 +144,28 @@ impl RawDesc {
     }
 }
 
-fn memfd(name: &str, size: u64) -> io::Result<File> {
+/// Bytes of the huge pages [`GuestRam::HugePages`] backs guest RAM with.
+pub const HUGE_PAGE: u64 = 2 << 20;
+
+/// What backs fake guest RAM: QEMU's `memory-backend-memfd,share=on`, with or without
+/// `hugetlb=on,hugetlbsize=2M`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GuestRam {
+    /// 4 KiB shared-memory pages.
+    #[default]
+    SmallPages,
+    /// 2 MiB hugetlbfs pages (the host's `vm.nr_hugepages` must cover the guest).
+    HugePages,
+}
+
+fn memfd(name: &str, size: u64, ram: GuestRam) -> io::Result<File> {
     let cname = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    let flags = match ram {
+        GuestRam::SmallPages => libc::MFD_CLOEXEC,
+        GuestRam::HugePages => libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+    };
     // SAFETY: `cname` is a valid NUL-terminated string; memfd_create has no other inputs.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -157,13 +175,26 @@ fn memfd(name: &str, size: u64) -> io::Result<File> {
     Ok(file)
 }
 
-/// A guest memory region backed by a fresh memfd (shareable with a backend).
-pub(crate) fn memfd_region(gpa: u64, size: u64) -> io::Result<GuestRegionMmap<()>> {
-    let file = memfd("vgpu-test-guest", size)?;
+/// A guest memory region backed by a fresh memfd (shareable with a backend); with
+/// [`GuestRam::HugePages`], `size` must be a multiple of [`HUGE_PAGE`].
+pub(crate) fn memfd_region(gpa: u64, size: u64, ram: GuestRam) -> io::Result<GuestRegionMmap<()>> {
+    let file = memfd("vgpu-test-guest", size, ram)?;
     let region = MmapRegion::<()>::from_file(FileOffset::new(file, 0), size as usize)
         .map_err(io::Error::other)?;
     GuestRegionMmap::new(region, GuestAddress(gpa))
         .ok_or_else(|| io::Error::other("invalid guest region"))
+}
+
+/// Free 2 MiB huge pages of the host (`HugePages_Free` in /proc/meminfo), 0 when unknown.
+pub fn free_huge_pages() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("HugePages_Free:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// The vhost-user description of the region containing `gpa`.
@@ -804,7 +835,8 @@ impl TestGuest {
         let scratch = align(tx_base + u64::from(tx_slots) * tx_slot, PAGE);
         let size = align(scratch + SCRATCH_SIZE, MIB2);
 
-        let mem = GuestMem::from_regions(vec![memfd_region(0, size)?]).map_err(io::Error::other)?;
+        let mem = GuestMem::from_regions(vec![memfd_region(0, size, GuestRam::SmallPages)?])
+            .map_err(io::Error::other)?;
         let mk = |i: usize| DriverQueue::new(QUEUE_AREA + i as u64 * qfoot, n, opts.event_idx);
         let rxq = mk(RX_QUEUE)?;
         let txq = mk(TX_QUEUE)?;
@@ -1174,7 +1206,7 @@ impl TestGuest {
 
     /// Hot-adds a memfd-backed region at `gpa` (VHOST_USER_ADD_MEM_REG).
     pub fn add_memory_region(&self, gpa: u64, size: u64) -> io::Result<()> {
-        let region = Arc::new(memfd_region(gpa, size)?);
+        let region = Arc::new(memfd_region(gpa, size, GuestRam::SmallPages)?);
         let mut g = self.lock();
         let new_mem = g.mem.insert_region(region).map_err(io::Error::other)?;
         let info = region_info(&new_mem, gpa)?;

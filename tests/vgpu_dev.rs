@@ -458,6 +458,34 @@ fn sessions_end_by_close_reboot_or_violation_and_free_their_memory() {
     assert!(h.stats("vm1").device_resets >= 1);
 }
 
+/// Removing a VM through the admin plane ends its device sessions, waits until they have released
+/// their memory, and says how many there were; the other VM is untouched.
+#[test]
+fn removing_a_vm_ends_its_device_sessions_and_reports_them() {
+    let h = Host::start(&[("gone", 64), ("stays", 64)]);
+    let g = h.guest("gone", 32 * MIB);
+    let (mut s1, c1) = session(&g, 1);
+    let (mut s2, c2) = session(&g, 2);
+    alloc(&mut s1, c1, 8 * MIB).unwrap();
+    alloc(&mut s2, c2, 4 * MIB).unwrap();
+    let other = h.guest("stays", 32 * MIB);
+    let (mut s3, c3) = session(&other, 1);
+    alloc(&mut s3, c3, 2 * MIB).unwrap();
+    let r = h
+        .daemon
+        .runtime()
+        .remove_vm(vgpu_vmm::audit::Actor::Daemon, "gone")
+        .unwrap();
+    assert_eq!(r.sessions_ended, 2, "{r:?}");
+    assert_eq!(r.memory_released, 12 * MIB, "{r:?}");
+    assert!(r.complete, "{r:?}");
+    assert_eq!(h.audit("session.close").len(), 2);
+    assert!(h.daemon.broker().tenant("gone").is_none());
+    // The other VM goes on.
+    alloc(&mut s3, c3, MIB).unwrap();
+    assert_eq!(h.used("stays"), 3 * MIB);
+}
+
 /// The VMM dies in the middle of a stream of large copies: the VM's memory is freed and its
 /// sessions end, while another VM's transfers go on; a new VMM on the same socket works.
 #[test]

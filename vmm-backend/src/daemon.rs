@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 use thiserror::Error;
@@ -30,6 +30,8 @@ use crate::vsock::{self, StopHandle, VsockConfig, VsockServer, VsockStats};
 
 /// How long removing a VM waits for its sessions to end and release their memory.
 pub const SESSION_END_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often removing a VM looks whether its virtio-vgpu sessions have ended.
+const DEVICE_SESSION_POLL: Duration = Duration::from_millis(5);
 
 /// Why the daemon could not start, or a VM could not be started.
 #[derive(Debug, Error)]
@@ -446,10 +448,19 @@ impl Runtime {
         let tenant = self.broker.remove_tenant(name);
         let memory = tenant.as_ref().map_or(0, |t| t.slice.used());
         // Every session (unix socket or vsock GPU port) is ended through its
-        // socket; then the listener and the vsock device close.
-        let sessions_ended = self.hub.end_sessions_of(name, reason);
+        // socket; then the listener and the vsock device close. Closing the
+        // virtio-vgpu device resets it, which ends its sessions (open files of
+        // the guest's /dev/vgpuN) once their current call returns.
+        let device = transports
+            .as_ref()
+            .and_then(|t| t.vgpu_dev.as_ref())
+            .map(|d| Arc::clone(&d.stats));
+        let device_sessions = device.as_ref().map_or(0, |s| s.snapshot().sessions_open) as usize;
+        let sessions_ended = self.hub.end_sessions_of(name, reason) + device_sessions;
         drop(transports);
-        let complete = self.hub.wait_ended(Some(name), SESSION_END_TIMEOUT);
+        let deadline = Instant::now() + SESSION_END_TIMEOUT;
+        let complete = self.hub.wait_ended(Some(name), SESSION_END_TIMEOUT)
+            && device.is_none_or(|s| wait_device_sessions_ended(&s, deadline));
         if !complete {
             warn!(
                 vm = name,
@@ -1106,6 +1117,19 @@ fn start_vsock(
         stop,
         thread: Some(thread),
     })
+}
+
+/// Waits until a virtio-vgpu device has no session left, or `deadline`; whether it has none.
+fn wait_device_sessions_ended(stats: &VgpuDevStats, deadline: Instant) -> bool {
+    loop {
+        if stats.snapshot().sessions_open == 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(DEVICE_SESSION_POLL);
+    }
 }
 
 fn start_vgpu_dev(

@@ -52,6 +52,9 @@ pub struct AttachArgs {
     /// Guest RAM in the VMM's syntax (e.g. 4G); it becomes shared memory that vgpud maps.
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_GUEST_MEMORY)]
     pub guest_memory: String,
+    /// Back guest RAM with 2 MiB huge pages (QEMU hugetlb=on, cloud-hypervisor hugepages=on): the host must have them reserved (sysctl vm.nr_hugepages); faster copies.
+    #[arg(long)]
+    pub huge_pages: bool,
     /// cloud-hypervisor: use its hybrid vsock (--vsock) on the VM's unix socket instead of --generic-vhost-user.
     #[arg(long)]
     pub hybrid: bool,
@@ -96,6 +99,48 @@ impl VmTransport {
     }
 }
 
+/// Guest RAM as the VMM should allocate it: shared (vgpud maps it), optionally in huge pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestMemory {
+    /// Size in the VMM's syntax (e.g. 4G).
+    pub size: String,
+    /// In 2 MiB huge pages.
+    pub huge_pages: bool,
+}
+
+impl GuestMemory {
+    /// `size` in 4 KiB pages.
+    pub fn new(size: &str) -> Self {
+        Self {
+            size: size.to_string(),
+            huge_pages: false,
+        }
+    }
+
+    /// QEMU's memory backend object with id `id`.
+    fn qemu_backend(&self, id: &str) -> String {
+        let huge = if self.huge_pages {
+            ",hugetlb=on,hugetlbsize=2M"
+        } else {
+            ""
+        };
+        format!(
+            "memory-backend-memfd,id={id},size={},share=on{huge}",
+            self.size
+        )
+    }
+
+    /// cloud-hypervisor's `--memory` value.
+    fn ch_memory(&self) -> String {
+        let huge = if self.huge_pages {
+            ",hugepages=on,hugepage_size=2M"
+        } else {
+            ""
+        };
+        format!("size={},shared=on{huge}", self.size)
+    }
+}
+
 fn valid_size(s: &str) -> bool {
     let digits = s.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']);
     !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && s.len() - digits.len() <= 1
@@ -116,7 +161,7 @@ pub fn ch_quote(s: &str) -> String {
 }
 
 /// QEMU arguments for `vm`.
-pub fn qemu_args(vm: &VmTransport, guest_memory: &str) -> Result<Vec<String>, String> {
+pub fn qemu_args(vm: &VmTransport, guest_memory: &GuestMemory) -> Result<Vec<String>, String> {
     let Some(sock) = &vm.vhost_user_socket else {
         return Err(format!(
             "VM {} has no vhost-user device: add vhost_user_socket and guest_cid (vsock) or device_model = \"vgpu\" (virtio-vgpu) to its [[vm]] entry (or `vgpuctl vm add … --vhost-user-socket PATH --guest-cid N`); QEMU attaches to vgpud through it",
@@ -134,9 +179,9 @@ pub fn qemu_args(vm: &VmTransport, guest_memory: &str) -> Result<Vec<String>, St
         let chr = format!("vgpu-dev-{}", vm.name);
         return Ok(vec![
             "-m".into(),
-            guest_memory.into(),
+            guest_memory.size.clone(),
             "-object".into(),
-            format!("memory-backend-memfd,id={mem},size={guest_memory},share=on"),
+            guest_memory.qemu_backend(&mem),
             "-numa".into(),
             format!("node,memdev={mem}"),
             "-chardev".into(),
@@ -150,9 +195,9 @@ pub fn qemu_args(vm: &VmTransport, guest_memory: &str) -> Result<Vec<String>, St
     let chr = format!("vgpu-vsock-{}", vm.name);
     Ok(vec![
         "-m".into(),
-        guest_memory.into(),
+        guest_memory.size.clone(),
         "-object".into(),
-        format!("memory-backend-memfd,id={mem},size={guest_memory},share=on"),
+        guest_memory.qemu_backend(&mem),
         "-numa".into(),
         format!("node,memdev={mem}"),
         "-chardev".into(),
@@ -165,7 +210,7 @@ pub fn qemu_args(vm: &VmTransport, guest_memory: &str) -> Result<Vec<String>, St
 /// cloud-hypervisor arguments for `vm`.
 pub fn ch_args(
     vm: &VmTransport,
-    guest_memory: &str,
+    guest_memory: &GuestMemory,
     hybrid: bool,
     cid: u64,
 ) -> Result<Vec<String>, String> {
@@ -174,7 +219,7 @@ pub fn ch_args(
         let sizes = vec![VGPU_QUEUE_SIZE.to_string(); VGPU_QUEUES].join(",");
         return Ok(vec![
             "--memory".into(),
-            format!("size={guest_memory},shared=on"),
+            guest_memory.ch_memory(),
             "--generic-vhost-user".into(),
             format!(
                 "socket={},device_type={id},queue_sizes=[{sizes}]",
@@ -185,7 +230,7 @@ pub fn ch_args(
     if !hybrid && let Some(sock) = &vm.vhost_user_socket {
         return Ok(vec![
             "--memory".into(),
-            format!("size={guest_memory},shared=on"),
+            guest_memory.ch_memory(),
             "--generic-vhost-user".into(),
             format!(
                 "socket={},device_type=vsock,queue_sizes={CH_VSOCK_QUEUE_SIZES}",
@@ -232,9 +277,13 @@ pub fn run(a: &AttachArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
     }
     let v = c.get(&format!("/v1/vms/{}", a.name))?;
     let vm = VmTransport::from_json(&v);
+    let mem = GuestMemory {
+        size: a.guest_memory.clone(),
+        huge_pages: a.huge_pages,
+    };
     let args = match a.vmm {
-        Vmm::Qemu => qemu_args(&vm, &a.guest_memory),
-        Vmm::CloudHypervisor => ch_args(&vm, &a.guest_memory, a.hybrid, a.cid),
+        Vmm::Qemu => qemu_args(&vm, &mem),
+        Vmm::CloudHypervisor => ch_args(&vm, &mem, a.hybrid, a.cid),
     }
     .map_err(CliError::Failed)?;
     if json_out {
@@ -277,8 +326,34 @@ mod tests {
     }
 
     #[test]
+    fn huge_pages_back_guest_ram_in_both_vmms() {
+        let mem = GuestMemory {
+            size: "8G".into(),
+            huge_pages: true,
+        };
+        let q = qemu_args(&vgpu_vm(21), &mem).unwrap();
+        assert!(
+            q.contains(
+                &"memory-backend-memfd,id=vgpu-mem-g1,size=8G,share=on,hugetlb=on,hugetlbsize=2M"
+                    .to_string()
+            ),
+            "{q:?}"
+        );
+        let c = ch_args(&vm(), &mem, false, 3).unwrap();
+        assert_eq!(
+            c[..2],
+            [
+                "--memory".to_string(),
+                "size=8G,shared=on,hugepages=on,hugepage_size=2M".to_string()
+            ]
+        );
+    }
+
+    #[test]
     fn the_vgpu_device_attaches_through_the_generic_vhost_user_devices() {
-        let q = qemu_args(&vgpu_vm(21), "4G").unwrap().join(" ");
+        let q = qemu_args(&vgpu_vm(21), &GuestMemory::new("4G"))
+            .unwrap()
+            .join(" ");
         assert_eq!(
             q,
             "-m 4G -object memory-backend-memfd,id=vgpu-mem-g1,size=4G,share=on -numa node,memdev=vgpu-mem-g1 \
@@ -286,9 +361,11 @@ mod tests {
              -device vhost-user-test-device-pci,chardev=vgpu-dev-g1,virtio-id=21,num_vqs=2,vq_size=1024,config_size=96"
         );
         // The default ID is outside QEMU's table: a clear error with the fix.
-        let e = qemu_args(&vgpu_vm(63), "4G").unwrap_err();
+        let e = qemu_args(&vgpu_vm(63), &GuestMemory::new("4G")).unwrap_err();
         assert!(e.contains("set vgpu_device_id = 21"), "{e}");
-        let c = ch_args(&vgpu_vm(63), "2G", false, 3).unwrap().join(" ");
+        let c = ch_args(&vgpu_vm(63), &GuestMemory::new("2G"), false, 3)
+            .unwrap()
+            .join(" ");
         assert_eq!(
             c,
             "--memory size=2G,shared=on --generic-vhost-user socket=/run/vgpu/g1.vgpu.sock,device_type=63,queue_sizes=[1024,1024]"
@@ -306,7 +383,7 @@ mod tests {
 
     #[test]
     fn qemu_gets_shared_memory_and_the_vhost_user_vsock_device() {
-        let a = qemu_args(&vm(), "4G").unwrap().join(" ");
+        let a = qemu_args(&vm(), &GuestMemory::new("4G")).unwrap().join(" ");
         assert_eq!(
             a,
             "-m 4G -object memory-backend-memfd,id=vgpu-mem-vm1,size=4G,share=on -numa node,memdev=vgpu-mem-vm1 \
@@ -315,7 +392,7 @@ mod tests {
         let mut odd = vm();
         odd.vhost_user_socket = Some("/run/a,b.sock".into());
         assert!(
-            qemu_args(&odd, "1G")
+            qemu_args(&odd, &GuestMemory::new("1G"))
                 .unwrap()
                 .join(" ")
                 .contains("path=/run/a,,b.sock")
@@ -325,7 +402,7 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            qemu_args(&none, "1G")
+            qemu_args(&none, &GuestMemory::new("1G"))
                 .unwrap_err()
                 .contains("add vhost_user_socket and guest_cid (vsock) or device_model")
         );
@@ -333,18 +410,22 @@ mod tests {
 
     #[test]
     fn cloud_hypervisor_gets_generic_vhost_user_or_hybrid_vsock() {
-        let a = ch_args(&vm(), "2G", false, 3).unwrap().join(" ");
+        let a = ch_args(&vm(), &GuestMemory::new("2G"), false, 3)
+            .unwrap()
+            .join(" ");
         assert_eq!(
             a,
             "--memory size=2G,shared=on --generic-vhost-user socket=/run/vgpu/vm1.vhost.sock,device_type=vsock,queue_sizes=[256,256,256]"
         );
-        let h = ch_args(&vm(), "2G", true, 7).unwrap().join(" ");
+        let h = ch_args(&vm(), &GuestMemory::new("2G"), true, 7)
+            .unwrap()
+            .join(" ");
         assert_eq!(h, "--vsock cid=7,socket=/run/vgpu/vm1.vsock");
         let mut only_unix = vm();
         only_unix.vhost_user_socket = None;
-        assert!(ch_args(&only_unix, "2G", false, 3).unwrap()[0] == "--vsock");
+        assert!(ch_args(&only_unix, &GuestMemory::new("2G"), false, 3).unwrap()[0] == "--vsock");
         only_unix.unix_socket = Some("/run/vgpu/vm1.sock".into());
-        let e = ch_args(&only_unix, "2G", false, 3).unwrap_err();
+        let e = ch_args(&only_unix, &GuestMemory::new("2G"), false, 3).unwrap_err();
         assert!(
             e.contains(&format!("BASE_{}", vgpu_proto::GPU_VSOCK_PORT)),
             "{e}"

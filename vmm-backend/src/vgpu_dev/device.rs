@@ -637,6 +637,7 @@ mod tests {
     const OP_VIOLATE: u16 = 0x12;
     const OP_BLOCK: u16 = 0x13;
     const OP_BIG: u16 = 0x14;
+    const OP_BIG_ERROR: u16 = 0x15;
 
     /// Echoes the payload, writes `inline[0]` × 1000 pattern bytes into the reply data, records
     /// the order of frames, and blocks when told to.
@@ -702,6 +703,10 @@ mod tests {
                 OP_BIG => Reply::Frame {
                     status: 0,
                     payload: vec![7; 5000],
+                },
+                OP_BIG_ERROR => Reply::Frame {
+                    status: vgpu_proto::cuda::CUDA_ERROR_ILLEGAL_ADDRESS,
+                    payload: format!("kernel fault: {}", "log line\n".repeat(1000)).into_bytes(),
                 },
                 _ if c.header.flags & FLAG_ASYNC != 0 => Reply::None,
                 _ => Reply::Frame { status: 0, payload },
@@ -1269,6 +1274,24 @@ mod tests {
         let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 4096), &f, &[], 0);
         let resp = r.ctrl_sync(1, &d);
         assert_eq!((resp.status, resp.reply_len), (S_REPLY_TOO_LARGE, 5024));
+    }
+
+    /// An error reply too large for the reply area keeps its code: the message is shortened.
+    #[test]
+    fn an_error_reply_too_large_for_the_area_is_shortened() {
+        let mut r = rig();
+        r.open(0, 1);
+        let f = frame(OP_BIG_ERROR, 0, 1, 0, b"");
+        let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 256), &f, &[], 0);
+        let resp = r.ctrl_sync(1, &d);
+        assert_eq!((resp.status, resp.reply_len), (S_OK, 256));
+        let reply = r.reply(1, 256);
+        let h = Header::decode(reply[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.status, vgpu_proto::cuda::CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(HEADER_LEN + h.payload_len as usize, 256);
+        let text = String::from_utf8(reply[HEADER_LEN..].to_vec()).unwrap();
+        assert!(text.starts_with("kernel fault: "), "{text}");
+        assert!(text.ends_with(" […]"), "{text}");
     }
 
     #[test]

@@ -237,6 +237,28 @@ pub(crate) fn run(
     debug!(session, "virtio-vgpu session ended");
 }
 
+/// What ends a message shortened to fit the reply area.
+const TRUNCATED: &str = " […]";
+
+/// Shortens the UTF-8 (or other) message `m` to at most `max` bytes, at a character boundary,
+/// ending it with [`TRUNCATED`] when there is room for it.
+fn truncate_message(m: &mut Vec<u8>, max: usize) {
+    if m.len() <= max {
+        return;
+    }
+    let marked = max >= TRUNCATED.len();
+    let room = if marked { max - TRUNCATED.len() } else { max };
+    // Back off to a character boundary (a UTF-8 character has at most 4 bytes).
+    let cut = (room.saturating_sub(3)..=room)
+        .rev()
+        .find(|&c| std::str::from_utf8(&m[..c]).is_ok())
+        .unwrap_or(room);
+    m.truncate(cut);
+    if marked {
+        m.extend_from_slice(TRUNCATED.as_bytes());
+    }
+}
+
 /// What became of a frame.
 enum Executed {
     /// Its chain was returned and the guest told.
@@ -293,7 +315,15 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
             done.finish(shared, RespHeader::status(S_OK), &[]);
             Executed::Done
         }
-        Reply::Frame { status, payload } => {
+        Reply::Frame {
+            status,
+            mut payload,
+        } => {
+            if status != 0 && HEADER_LEN + payload.len() > done.reply_cap {
+                // An error reply is its code and a message: the code matters, the message is
+                // shortened to fit rather than losing the reply.
+                truncate_message(&mut payload, done.reply_cap.saturating_sub(HEADER_LEN));
+            }
             let h = Header {
                 opcode: header.opcode,
                 flags: FLAG_REPLY,
@@ -328,5 +358,26 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
             done.finish(shared, RespHeader::status(S_PROTOCOL), &[]);
             Executed::Violation(why)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_at_a_character_boundary_and_marked() {
+        let mut m = "é".repeat(100).into_bytes();
+        truncate_message(&mut m, 51);
+        let text = String::from_utf8(m).expect("still UTF-8");
+        assert!(text.ends_with(TRUNCATED), "{text}");
+        assert!(text.len() <= 51, "{}", text.len());
+        assert!(text.starts_with("éé"));
+        let mut short = b"fits".to_vec();
+        truncate_message(&mut short, 4);
+        assert_eq!(short, b"fits");
+        let mut tiny = b"no room for the mark".to_vec();
+        truncate_message(&mut tiny, 3);
+        assert_eq!(tiny, b"no ");
     }
 }

@@ -326,6 +326,8 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
         "saxpy status 0".to_string(),
         "BIGCOPY round 1 ok: 64 MiB".to_string(),
         "bigcopy status 0".to_string(),
+        "ok TenantInfo into 64 KiB (Message too long)".to_string(),
+        "ok vgpu-smi shows all 240 sessions through a reply larger than 64 KiB".to_string(),
         "vgpu_ioctl_test: 0 failures".to_string(),
         "ioctl status 0".to_string(),
         format!("/dev/vgpu0: virtio-vgpu device {DEVICE_ID}"),

@@ -10,15 +10,26 @@ use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
 use vgpu_proto::cuda::{self, CuResult};
-use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header, MAX_BULK_CHUNK};
+use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header, MAX_BULK_CHUNK, MAX_PAYLOAD};
 use vgpu_proto::msg::{self, Op};
 
-use crate::devlink::DevLink;
+use crate::devlink::{DevLink, ReplyTooLarge};
 use crate::transport::{Link, Stream, StreamLink};
 
 /// Reply frame buffer of the device transport: room for every reply but very
-/// large `TenantInfo` documents (the module pins it for each call).
+/// large `TenantInfo` documents (the module pins it for each call). A query
+/// whose reply is larger is asked again with a buffer of the size the device
+/// reported ([`QUERIES`]); other replies that large (only error messages can
+/// be) arrive shortened by the device.
 pub const DEVICE_REPLY_BUFFER: usize = 64 << 10;
+/// Ops without side effects: asking again is harmless, so a reply that did not
+/// fit the device transport's reply buffer is fetched again with a larger one.
+pub const QUERIES: [u16; 4] = [
+    msg::TenantInfo::OPCODE,
+    msg::DeviceGetProperties::OPCODE,
+    msg::DeviceGetCount::OPCODE,
+    msg::MemGetInfo::OPCODE,
+];
 /// Chunks of one device-to-host copy in flight at once over the device.
 pub const DEVICE_WINDOW: usize = 8;
 /// Reply buffer of each chunk in flight: a copy's reply is a bare frame header,
@@ -67,10 +78,9 @@ impl CallError {
                 cuda::CUDA_ERROR_INVALID_VALUE,
                 format!("the vgpu device refused the request: {e}"),
             ),
-            Some(libc::EMSGSIZE) => Self::new(
-                cuda::CUDA_ERROR_UNKNOWN,
-                format!("the reply is larger than the {DEVICE_REPLY_BUFFER}-byte reply buffer"),
-            ),
+            None if ReplyTooLarge::of(e).is_some() => {
+                Self::new(cuda::CUDA_ERROR_UNKNOWN, e.to_string())
+            }
             Some(libc::ENOMEM) => Self::new(cuda::CUDA_ERROR_OUT_OF_MEMORY, e.to_string()),
             _ => Self::lost(e),
         }
@@ -264,13 +274,28 @@ impl Client {
         tail: &[u8],
         out: &mut [u8],
     ) -> Result<(Header, usize, usize), CallError> {
-        let id = self.frame(req, tail.len(), 0);
+        if self.rbuf.len() > DEVICE_REPLY_BUFFER {
+            // Grown for one large query: every call pins the whole buffer.
+            self.rbuf = vec![0; DEVICE_REPLY_BUFFER];
+        }
+        let mut id = self.frame(req, tail.len(), 0);
         let Conn::Device(d) = &self.conn else {
             return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a device"));
         };
-        let (reply_len, out_done) = d
-            .call(&self.scratch, tail, &mut self.rbuf, out)
-            .map_err(|e| CallError::device(&e))?;
+        let mut r = d.call(&self.scratch, tail, &mut self.rbuf, out);
+        if let Err(e) = &r
+            && let Some(big) = ReplyTooLarge::of(e)
+            && QUERIES.contains(&O::OPCODE)
+            && big.needed <= HEADER_LEN + MAX_PAYLOAD
+        {
+            self.rbuf = vec![0; big.needed];
+            id = self.frame(req, tail.len(), 0);
+            let Conn::Device(d) = &self.conn else {
+                return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a device"));
+            };
+            r = d.call(&self.scratch, tail, &mut self.rbuf, out);
+        }
+        let (reply_len, out_done) = r.map_err(|e| CallError::device(&e))?;
         if reply_len < HEADER_LEN || reply_len > self.rbuf.len() {
             return Err(CallError::lost(&io::Error::other(format!(
                 "the device returned a {reply_len}-byte reply frame"

@@ -276,10 +276,47 @@ impl DevLink {
             out_len: out.len() as u64,
             ..Default::default()
         };
-        self.ioctl_call(&mut c)?;
-        Ok((c.reply_len as usize, c.out_done as usize))
+        match self.ioctl_call(&mut c) {
+            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+                Err(io::Error::other(ReplyTooLarge {
+                    needed: c.reply_len as usize,
+                    cap: reply.len(),
+                }))
+            }
+            Err(e) => Err(e),
+            Ok(()) => Ok((c.reply_len as usize, c.out_done as usize)),
+        }
     }
 }
+
+/// A synchronous call ran but its reply frame did not fit the reply buffer (`EMSGSIZE`): what
+/// [`DevLink::call`] fails with (inside an `io::Error`; see [`ReplyTooLarge::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyTooLarge {
+    /// Bytes of the reply frame.
+    pub needed: usize,
+    /// Bytes of the buffer it did not fit.
+    pub cap: usize,
+}
+
+impl ReplyTooLarge {
+    /// The reply-too-large error inside `e`, if it is one.
+    pub fn of(e: &io::Error) -> Option<ReplyTooLarge> {
+        e.get_ref()?.downcast_ref::<ReplyTooLarge>().copied()
+    }
+}
+
+impl std::fmt::Display for ReplyTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the reply is {} bytes, larger than the {}-byte reply buffer (the call ran)",
+            self.needed, self.cap
+        )
+    }
+}
+
+impl std::error::Error for ReplyTooLarge {}
 
 #[cfg(test)]
 mod tests {

@@ -44,6 +44,114 @@ static void frame(uint8_t *f, uint16_t opcode, uint16_t flags, uint64_t call_id,
     memset(f + 20, 0, 4);
 }
 
+/* Opens a session on `path` and does the handshake as process `name`; the fd, or -1. */
+static int open_session(const char *path, const char *name) {
+    int fd = open(path, O_RDWR);
+    if (fd < 0)
+        return -1;
+    uint8_t hello[24 + 4 + 4 + 4 + 5 + 4 + 256];
+    uint32_t v = 1, pid = (uint32_t)getpid(), n = 5, len = (uint32_t)strlen(name);
+    if (len > 256)
+        len = 256;
+    uint8_t *p = hello + 24;
+    memcpy(p, &v, 4); p += 4;
+    memcpy(p, &pid, 4); p += 4;
+    memcpy(p, &n, 4); p += 4;
+    memcpy(p, "0.1.0", 5); p += 5;
+    memcpy(p, &len, 4); p += 4;
+    memcpy(p, name, len); p += len;
+    frame(hello, 0x0001 /* Hello */, 0, 1, (uint32_t)(p - hello - 24));
+    uint8_t reply[512];
+    struct vgpu_call c = {
+        .req = (uintptr_t)hello, .req_len = (uint32_t)(p - hello),
+        .reply = (uintptr_t)reply, .reply_cap = sizeof reply,
+    };
+    uint32_t status = 1;
+    if (ioctl(fd, VGPU_IOC_CALL, &c) == 0 && c.reply_len >= 24)
+        memcpy(&status, reply + 20, 4);
+    if (status != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/*
+ * Many sessions with long process names make the VM's TenantInfo document (what vgpu-smi shows)
+ * larger than the shim's 64 KiB reply buffer: the call reports EMSGSIZE with the size needed,
+ * asking again with that much room works, and vgpu-smi (the shim asks again by itself) lists
+ * every session.
+ */
+enum { MANY = 240, SMALL_REPLY = 64 * 1024 };
+static void large_replies(const char *path, int fd) {
+    static int fds[MANY];
+    char name[300];
+    int opened = 0;
+    for (int i = 0; i < MANY; i++) {
+        /* 254 characters: the broker keeps 256 of a process name. */
+        snprintf(name, sizeof name, "%0236d-many-sessions-%03d", 0, i);
+        fds[i] = open_session(path, name);
+        if (fds[i] >= 0)
+            opened++;
+    }
+    if (opened == MANY) {
+        printf("ok %d more sessions with long process names\n", MANY);
+    } else {
+        printf("FAIL only %d of %d sessions opened\n", opened, MANY);
+        failures++;
+    }
+    uint8_t req[24];
+    frame(req, 0x0701 /* TenantInfo */, 0, 900, 0);
+    uint8_t *small = malloc(SMALL_REPLY);
+    struct vgpu_call c = {
+        .req = (uintptr_t)req, .req_len = 24, .reply = (uintptr_t)small, .reply_cap = SMALL_REPLY,
+    };
+    int r = ioctl(fd, VGPU_IOC_CALL, &c);
+    expect_errno("TenantInfo into 64 KiB", r, EMSGSIZE);
+    uint32_t needed = c.reply_len;
+    if (needed <= SMALL_REPLY) {
+        printf("FAIL EMSGSIZE said %u bytes are needed\n", needed);
+        failures++;
+        needed = SMALL_REPLY;
+    }
+    uint8_t *big = malloc(needed);
+    frame(req, 0x0701, 0, 901, 0);
+    c.reply = (uintptr_t)big;
+    c.reply_cap = needed;
+    expect_errno("TenantInfo asked again with the size needed", ioctl(fd, VGPU_IOC_CALL, &c), 0);
+    uint32_t status = 1;
+    if (c.reply_len >= 24)
+        memcpy(&status, big + 20, 4);
+    int listed = 0;
+    const char *mark = "-many-sessions-";
+    for (uint32_t i = 24; c.reply_len == needed && i + strlen(mark) <= c.reply_len; i++)
+        if (memcmp(big + i, mark, strlen(mark)) == 0)
+            listed++;
+    if (status == 0 && listed == MANY) {
+        printf("ok a %u-byte TenantInfo lists all %d sessions\n", needed, listed);
+    } else {
+        printf("FAIL TenantInfo: status %u, %u of %u bytes, %d sessions listed\n", status,
+               c.reply_len, needed, listed);
+        failures++;
+    }
+    free(big);
+    free(small);
+    int smi = system("vgpu-smi --json > /tmp/vgpu-smi-many.json");
+    char check[160];
+    snprintf(check, sizeof check,
+             "test \"$(grep -o -- -many-sessions- /tmp/vgpu-smi-many.json | wc -l)\" -eq %d", MANY);
+    int shown = system(check);
+    if (smi == 0 && shown == 0) {
+        printf("ok vgpu-smi shows all %d sessions through a reply larger than 64 KiB\n", MANY);
+    } else {
+        printf("FAIL vgpu-smi with %d sessions: status %d, listing check %d\n", MANY, smi, shown);
+        failures++;
+    }
+    for (int i = 0; i < MANY; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "/dev/vgpu0";
     int fd = open(path, O_RDWR);
@@ -201,6 +309,8 @@ int main(int argc, char **argv) {
     /* Left for close to clean up: a queued call nobody waits for. */
     c = good; c.flags = VGPU_CALL_NOWAIT; c.req = (uintptr_t)pings[0];
     expect_errno("a call queued and never waited for", ioctl(fd2, VGPU_IOC_CALL, &c), 0);
+
+    large_replies(path, fd2);
 
     expect_errno("Ping before Hello breaks the first session", ioctl(fd, VGPU_IOC_CALL, &good), EPROTO);
     expect_errno("that session is gone", ioctl(fd, VGPU_IOC_CALL, &good), ENOTCONN);

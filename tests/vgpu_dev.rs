@@ -273,96 +273,121 @@ fn kernels_run_with_module_and_parameters_carried_as_bulk_data() {
     let h = Host::start(&[("vm1", 64)]);
     let g = h.guest("vm1", 64 * MIB);
     let (mut s, ctx) = session(&g, 1);
-    let ptx =
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/ptx/saxpy.sm_80.ptx"))
-            .unwrap();
-    let module = s.call(&msg::ModuleLoad { ctx }, &ptx).unwrap().handle;
-    let f = s
-        .call(
-            &msg::ModuleGetFunction {
-                ctx,
-                module,
-                name: "saxpy".into(),
-            },
-            &[],
-        )
-        .unwrap();
-    let bytes = (N * 4) as u64;
-    let x = alloc(&mut s, ctx, bytes).unwrap();
-    let y = alloc(&mut s, ctx, bytes).unwrap();
-    let xs: Vec<f32> = (0..N).map(|i| i as f32).collect();
-    let ys: Vec<f32> = (0..N).map(|i| 1000.0 - i as f32).collect();
-    let as_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_le_bytes()).collect() };
-    s.call(
-        &msg::MemcpyHtoD {
-            ctx,
-            stream: 0,
-            dst: x,
-        },
-        &as_bytes(&xs),
-    )
-    .unwrap();
-    s.call(
-        &msg::MemcpyHtoD {
-            ctx,
-            stream: 0,
-            dst: y,
-        },
-        &as_bytes(&ys),
-    )
-    .unwrap();
-    // The packed parameter buffer, laid out as the function reply says.
-    let a = 2.0f32;
-    let values: [Vec<u8>; 4] = [
-        (N as u32).to_le_bytes().to_vec(),
-        a.to_le_bytes().to_vec(),
-        x.to_le_bytes().to_vec(),
-        y.to_le_bytes().to_vec(),
-    ];
-    let total = f
-        .param_offsets
-        .iter()
-        .zip(&f.param_sizes)
-        .map(|(o, s)| o + s)
-        .max()
-        .unwrap() as usize;
-    let mut params = vec![0u8; total];
-    for (i, v) in values.iter().enumerate() {
-        let o = f.param_offsets[i] as usize;
-        params[o..o + v.len()].copy_from_slice(v);
-    }
-    let pbuf = g.alloc(params.len(), false).unwrap();
-    g.write_buf(&pbuf, 0, &params).unwrap();
-    s.post_sg(
-        &msg::LaunchKernel {
-            ctx,
-            stream: 0,
-            function: f.function,
-            grid_x: (N / 256) as u32,
-            grid_y: 1,
-            grid_z: 1,
-            block_x: 256,
-            block_y: 1,
-            block_z: 1,
-            shared_bytes: 0,
-        },
-        &pbuf.segments(0, params.len()),
-    )
-    .unwrap();
+    let k = Saxpy::load(&g, &mut s, ctx, N);
+    k.launch(&mut s);
     s.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
-    let out = g.alloc(N * 4, false).unwrap();
-    dtoh(&mut s, ctx, y, &out);
-    let mut raw = vec![0u8; N * 4];
-    g.read_buf(&out, 0, &mut raw).unwrap();
-    for i in 0..N {
-        let got = f32::from_le_bytes(raw[i * 4..i * 4 + 4].try_into().unwrap());
-        assert_eq!(got, a * xs[i] + ys[i], "element {i}");
-    }
+    k.check(&g, &mut s);
     let t = h.daemon.broker().tenant("vm1").unwrap();
     assert_eq!(
         t.stats.kernels.load(std::sync::atomic::Ordering::Relaxed),
         1
     );
+}
+
+/// `y = 2x + y` over `n` elements: the module, the function and the parameter buffer travel as
+/// bulk data.
+struct Saxpy {
+    ctx: u64,
+    n: usize,
+    function: u64,
+    y: u64,
+    expected: Vec<f32>,
+    params: GuestBuf,
+    params_len: usize,
+}
+
+impl Saxpy {
+    fn load(g: &DevGuest, s: &mut DevSession, ctx: u64, n: usize) -> Saxpy {
+        let ptx = std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/ptx/saxpy.sm_80.ptx"),
+        )
+        .unwrap();
+        let module = s.call(&msg::ModuleLoad { ctx }, &ptx).unwrap().handle;
+        let f = s
+            .call(
+                &msg::ModuleGetFunction {
+                    ctx,
+                    module,
+                    name: "saxpy".into(),
+                },
+                &[],
+            )
+            .unwrap();
+        let bytes = (n * 4) as u64;
+        let x = alloc(s, ctx, bytes).unwrap();
+        let y = alloc(s, ctx, bytes).unwrap();
+        let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let ys: Vec<f32> = (0..n).map(|i| 1000.0 - i as f32).collect();
+        let as_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_le_bytes()).collect() };
+        for (dst, v) in [(x, &xs), (y, &ys)] {
+            let buf = g.alloc(n * 4, false).unwrap();
+            g.write_buf(&buf, 0, &as_bytes(v)).unwrap();
+            htod(s, ctx, dst, &buf);
+        }
+        // The packed parameter buffer, laid out as the function reply says.
+        let a = 2.0f32;
+        let values: [Vec<u8>; 4] = [
+            (n as u32).to_le_bytes().to_vec(),
+            a.to_le_bytes().to_vec(),
+            x.to_le_bytes().to_vec(),
+            y.to_le_bytes().to_vec(),
+        ];
+        let total = f
+            .param_offsets
+            .iter()
+            .zip(&f.param_sizes)
+            .map(|(o, s)| o + s)
+            .max()
+            .unwrap() as usize;
+        let mut params = vec![0u8; total];
+        for (i, v) in values.iter().enumerate() {
+            let o = f.param_offsets[i] as usize;
+            params[o..o + v.len()].copy_from_slice(v);
+        }
+        let pbuf = g.alloc(params.len(), false).unwrap();
+        g.write_buf(&pbuf, 0, &params).unwrap();
+        Saxpy {
+            ctx,
+            n,
+            function: f.function,
+            y,
+            expected: xs.iter().zip(&ys).map(|(x, y)| a * x + y).collect(),
+            params: pbuf,
+            params_len: params.len(),
+        }
+    }
+
+    /// Posts the launch.
+    fn launch(&self, s: &mut DevSession) {
+        s.post_sg(
+            &msg::LaunchKernel {
+                ctx: self.ctx,
+                stream: 0,
+                function: self.function,
+                grid_x: self.n.div_ceil(256) as u32,
+                grid_y: 1,
+                grid_z: 1,
+                block_x: 256,
+                block_y: 1,
+                block_z: 1,
+                shared_bytes: 0,
+            },
+            &self.params.segments(0, self.params_len),
+        )
+        .unwrap();
+    }
+
+    /// Reads `y` back and checks every element.
+    fn check(&self, g: &DevGuest, s: &mut DevSession) {
+        let out = g.alloc(self.n * 4, false).unwrap();
+        dtoh(s, self.ctx, self.y, &out);
+        let mut raw = vec![0u8; self.n * 4];
+        g.read_buf(&out, 0, &mut raw).unwrap();
+        for (i, want) in self.expected.iter().enumerate() {
+            let got = f32::from_le_bytes(raw[i * 4..i * 4 + 4].try_into().unwrap());
+            assert_eq!(got, *want, "element {i}");
+        }
+    }
 }
 
 /// Two VMs, two slices: each allocation is charged to its own VM, each VM is refused past its
@@ -484,6 +509,105 @@ fn removing_a_vm_ends_its_device_sessions_and_reports_them() {
     // The other VM goes on.
     alloc(&mut s3, c3, MIB).unwrap();
     assert_eq!(h.used("stays"), 3 * MIB);
+}
+
+/// QEMU pauses the VM (`stop`: the queues stop) with copies in flight and continues it: the
+/// session, its memory and the copies go on, byte for byte. Paused again and then rebooted: the
+/// new driver starts the queues afresh and the old driver's sessions end.
+#[test]
+fn a_paused_vm_keeps_its_sessions_and_copies_and_a_reboot_while_paused_ends_them() {
+    const SIZE: usize = 16 << 20;
+    const ROUNDS: u64 = 3;
+    let h = Host::start(&[("vm1", 128)]);
+    let g = h.guest("vm1", 96 * MIB);
+    let (mut s, ctx) = session(&g, 1);
+    let ptr = alloc(&mut s, ctx, SIZE as u64).unwrap();
+    let src = g.alloc(SIZE, false).unwrap();
+    let data = pattern(7, SIZE);
+    g.write_buf(&src, 0, &data).unwrap();
+    htod(&mut s, ctx, ptr, &src);
+    for round in 0..ROUNDS {
+        let dst = g.alloc(SIZE, false).unwrap();
+        // Every chunk of a device-to-host copy in flight, then the VM pauses.
+        let mut pending = Vec::new();
+        let mut off = 0;
+        while off < SIZE {
+            let n = CHUNK.min(SIZE - off);
+            let req = msg::MemcpyDtoH {
+                ctx,
+                stream: 0,
+                src: ptr + off as u64,
+                len: n as u64,
+            };
+            pending.push((s.submit_call(&req, &[], &dst.segments(off, n)).unwrap(), n));
+            off += n;
+        }
+        let bases = g.pause().unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        let st = h.stats("vm1");
+        assert_eq!((st.pauses, st.sessions_open), (round + 1, 1), "{st:?}");
+        assert_eq!(h.used("vm1"), SIZE as u64 + round * MIB);
+        g.resume(bases).unwrap();
+        for (p, n) in pending {
+            let c = g.wait(p, WAIT).unwrap();
+            let (_, resp) = DevSession::reply_of::<msg::MemcpyDtoH>(&c).unwrap();
+            assert_eq!(resp.data_len, n as u64);
+        }
+        let mut back = vec![0u8; SIZE];
+        g.read_buf(&dst, 0, &mut back).unwrap();
+        assert!(
+            back == data,
+            "round {round}: the copies across the pause arrived intact"
+        );
+        // The session goes on.
+        alloc(&mut s, ctx, MIB).unwrap();
+    }
+    let st = h.stats("vm1");
+    assert_eq!((st.resumes, st.device_resets), (ROUNDS, 0), "{st:?}");
+    // Paused, then the guest reboots: the old driver's session ends and frees its memory.
+    g.pause().unwrap();
+    g.reboot().unwrap();
+    h.wait_used("vm1", 0);
+    assert_eq!(h.stats("vm1").device_resets, 1);
+    let (mut s2, c2) = session(&g, 1);
+    alloc(&mut s2, c2, MIB).unwrap();
+}
+
+/// A synchronize waiting for a long kernel when the VM pauses: its answer waits for the VM to
+/// continue (nothing touches the ring while paused), then arrives, and the kernel's results are
+/// right.
+#[test]
+fn a_call_in_flight_across_a_pause_is_answered_after_it() {
+    // About 250 ms of kernel on the simulated GPU (debug build): the pause comes well before.
+    const N: usize = 1 << 20;
+    let h = Host::start(&[("vm1", 64)]);
+    let g = h.guest("vm1", 64 * MIB);
+    let (mut s, ctx) = session(&g, 1);
+    let k = Saxpy::load(&g, &mut s, ctx, N);
+    k.launch(&mut s);
+    let sync = s
+        .submit_call(&msg::CtxSynchronize { ctx }, &[], &[])
+        .unwrap();
+    let bases = g.pause().unwrap();
+    // The kernel runs on while the VM is paused; its answer is held.
+    let t = h.daemon.broker().tenant("vm1").unwrap();
+    let deadline = Instant::now() + WAIT;
+    while t.stats.kernels.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the kernel never finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(g.poll(sync).is_none(), "answered while the VM was paused");
+    g.resume(bases).unwrap();
+    let c = g.wait(sync, WAIT).unwrap();
+    DevSession::reply_of::<msg::CtxSynchronize>(&c).unwrap();
+    k.check(&g, &mut s);
+    let st = h.stats("vm1");
+    assert_eq!(
+        (st.pauses, st.resumes, st.device_resets),
+        (1, 1, 0),
+        "{st:?}"
+    );
 }
 
 /// The VMM dies in the middle of a stream of large copies: the VM's memory is freed and its

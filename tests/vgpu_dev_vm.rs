@@ -7,13 +7,14 @@
 //!
 //! Checked: the driver-API program and a kernel workload, 64 MiB transfers byte for byte,
 //! hostile ioctl input (no oops), two VMs with different slices, and a VM killed in the middle of
-//! transfers (vgpud frees its memory; the other VM's transfers go on and come back intact).
+//! transfers (vgpud frees its memory; the other VM's transfers go on and come back intact), and a
+//! VM paused (QMP `stop`) and continued in the middle of transfers (its session goes on).
 //!
 //! Skips, with a printed reason, only when QEMU 11.1 cannot be obtained (no root to build the
 //! trixie root, no network to the Debian mirror) or no QEMU at all runs here.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -499,6 +500,113 @@ fn two_vms_with_their_own_slices_and_one_killed_mid_transfer() {
         "vgpu_dev_vm kill: victim memory released {:.2} s after SIGKILL; bystander ran {:.1} s; test {:.1} s",
         released.as_secs_f64(),
         by.elapsed.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// One QMP command on QEMU's monitor socket `path`; the `return` (or `error`) object.
+fn qmp(path: &Path, command: &str) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(path).expect("QMP socket");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("QMP timeout");
+    let mut reader = BufReader::new(stream.try_clone().expect("QMP socket"));
+    let mut greeting = String::new();
+    reader.read_line(&mut greeting).expect("QMP greeting");
+    let mut answer = |stream: &mut std::os::unix::net::UnixStream, cmd: &str| {
+        writeln!(stream, "{{\"execute\": \"{cmd}\"}}").expect("QMP write");
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("QMP read");
+            assert!(!line.is_empty(), "QEMU closed the QMP socket");
+            let v: serde_json::Value = serde_json::from_str(&line).expect("QMP JSON");
+            if v.get("return").is_some() || v.get("error").is_some() {
+                return v;
+            }
+        }
+    };
+    answer(&mut stream, "qmp_capabilities");
+    answer(&mut stream, command)
+}
+
+/// The VM is paused (QMP `stop`: QEMU stops the device's queues) in the middle of a stream of
+/// copies checked byte for byte, then continued: its GPU session, memory and copies go on.
+#[test]
+fn a_paused_vm_keeps_its_gpu_session() {
+    let k = match kit() {
+        Ok(k) => k,
+        Err(reason) => {
+            println!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let started = Instant::now();
+    let d = vgpud(&[("pausing", 96)]);
+    let mut spec = guest(
+        &d,
+        k,
+        "pausing",
+        "vgpu-dev-pausing",
+        &[],
+        "bigcopy 16 600 /tmp/stop > /tmp/copy.log 2>&1 &\n\
+         COPY=$!\n\
+         echo PAUSING-COPYING\n\
+         read go </dev/console\n\
+         touch /tmp/stop; wait $COPY; echo \"copy status $?\"\n\
+         grep -E 'FAIL|done' /tmp/copy.log\n",
+    );
+    let monitor = d.dir().join("pausing.qmp");
+    spec.extra_args.extend([
+        "-qmp".to_string(),
+        format!("unix:{},server=on,wait=off", monitor.display()),
+    ]);
+    let mut g = boot(&d, k, &spec);
+    d.guest_ok(
+        g.wait_for_line("PAUSING-COPYING", GUEST_TIMEOUT),
+        "the copies start",
+    );
+    d.wait_vm("pausing", "copies before the pause", GUEST_TIMEOUT, |v| {
+        u(&v["stats"]["bytes_htod"]) > 32 * MIB
+    });
+    let r = qmp(&monitor, "stop");
+    assert!(r.get("return").is_some(), "QMP stop: {r}");
+    std::thread::sleep(Duration::from_millis(500));
+    let paused = d.vm("pausing");
+    std::thread::sleep(Duration::from_millis(1000));
+    let still = d.vm("pausing");
+    let st = &still["vgpu_device"]["stats"];
+    assert_eq!(u(&st["pauses"]), 1, "{still:#}");
+    assert_eq!(u(&st["device_resets"]), 0, "{still:#}");
+    assert_eq!(u(&st["sessions_open"]), 1, "{still:#}");
+    assert!(u(&still["memory_used"]) >= 16 * MIB, "{still:#}");
+    assert_eq!(
+        u(&paused["stats"]["bytes_htod"]),
+        u(&still["stats"]["bytes_htod"]),
+        "nothing moves while the VM is paused"
+    );
+    let r = qmp(&monitor, "cont");
+    assert!(r.get("return").is_some(), "QMP cont: {r}");
+    let before = u(&still["stats"]["bytes_htod"]);
+    let resumed = d.wait_vm("pausing", "copies after the pause", GUEST_TIMEOUT, |v| {
+        u(&v["stats"]["bytes_htod"]) > before + 32 * MIB
+    });
+    let st = &resumed["vgpu_device"]["stats"];
+    assert_eq!(
+        (u(&st["pauses"]), u(&st["resumes"]), u(&st["device_resets"])),
+        (1, 1, 0),
+        "{resumed:#}"
+    );
+    d.guest_ok(g.send_line("go"), "telling the guest to stop copying");
+    let run = d.guest_ok(g.wait_exit(GUEST_TIMEOUT), "the guest's run");
+    let out = run.output_text();
+    assert_eq!(run.exit_code, 0, "{out}\nvgpud log:\n{}", d.log());
+    assert!(out.contains("copy status 0"), "{out}");
+    assert!(out.contains("BIGCOPY done rounds="), "{out}");
+    assert!(!out.contains("FAIL"), "{out}");
+    assert_no_kernel_trouble(&out);
+    println!(
+        "vgpu_dev_vm pause: paused 1.5 s mid-copy, resumed; test {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

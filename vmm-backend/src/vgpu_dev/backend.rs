@@ -22,6 +22,9 @@ use crate::vsock::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config};
 /// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
 pub struct VgpuBackend {
     device: Mutex<VgpuDevice>,
+    /// What stopping a queue does; needs no device lock (a paused device's queue thread may hold
+    /// it while it waits).
+    stop: Box<dyn Fn(usize) + Send + Sync>,
     service: Arc<dyn VgpuService>,
     queue_size: usize,
     exit: ExitEvents,
@@ -43,6 +46,7 @@ impl VgpuBackend {
         queue_size: u16,
     ) -> io::Result<Self> {
         Ok(VgpuBackend {
+            stop: Box::new(device.stopper()),
             device: Mutex::new(device),
             service,
             queue_size: usize::from(queue_size),
@@ -102,11 +106,10 @@ impl VhostUserBackend for VgpuBackend {
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         // QEMU's generic vhost-user device stops the queues when the guest driver resets the
-        // device or the guest reboots (it sends no RESET_DEVICE): the sessions of that driver
-        // instance are gone. The control queue stands for the device; stopping the submission
-        // queue alone changes nothing.
-        if queue_index as usize == CTRL_QUEUE {
-            self.device().reset("the VMM stopped the queues");
+        // device, the guest reboots (it sends no RESET_DEVICE) or the VM is paused: the device
+        // pauses and decides when the queues run again (see `device`).
+        if (queue_index as usize) < NUM_QUEUES {
+            (self.stop)(queue_index as usize);
         }
         Ok(())
     }
@@ -160,6 +163,7 @@ impl VhostUserBackend for VgpuBackend {
         // Either kick may carry frames the other queue's frames wait for (sequence order spans
         // both queues): look at both.
         let mut dev = self.device();
+        dev.know_rings(ctrl, submit);
         dev.process_queue(SUBMIT_QUEUE, submit);
         dev.process_queue(CTRL_QUEUE, ctrl);
         Ok(())

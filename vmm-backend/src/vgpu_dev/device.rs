@@ -11,15 +11,28 @@
 //! So once a reset returns, no request from before it touches guest memory or the rings again:
 //! its completion is dropped, queued frames are never run, and the sessions end, releasing their
 //! GPU memory.
+//!
+//! # Pauses
+//!
+//! QEMU stops the queues (`GET_VRING_BASE`) both when the guest driver goes away (reset, module
+//! unload, reboot) and when the VM is paused (`stop`); vhost-user tells the two apart only when the
+//! queues start again. So a stop with sessions open *pauses* the device: no request touches guest
+//! memory or the rings (bulk copies wait, completions are parked), until the queues run again. If
+//! they run again where they were (same ring addresses, the avail index vgpud returned), it was a
+//! pause: parked completions are returned and everything goes on. If not (a new driver starts at
+//! index 0), the device is reset: the old driver's sessions end and parked completions are
+//! dropped. A VMM that disconnects resets it too.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::time::Duration;
 
 use tracing::{debug, error, info, warn};
 use vgpu_proto::frame::{FLAG_ASYNC, FLAG_REPLY, HEADER_LEN, Header};
 use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
@@ -41,6 +54,51 @@ struct SessionEntry {
     tx: mpsc::Sender<Msg>,
 }
 
+/// How often a paused device looks whether its queues run again.
+const PAUSE_POLL: Duration = Duration::from_millis(2);
+
+/// Where a queue stood when the VMM stopped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RingState {
+    desc: u64,
+    avail: u64,
+    used: u64,
+    next_avail: u16,
+}
+
+impl RingState {
+    fn of(vring: &VringRwLock) -> RingState {
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        RingState {
+            desc: q.desc_table(),
+            avail: q.avail_ring(),
+            used: q.used_ring(),
+            next_avail: q.next_avail(),
+        }
+    }
+}
+
+/// A completion that waits for the device to run again.
+struct Parked {
+    done: Completion,
+    resp: RespHeader,
+    reply: Vec<u8>,
+}
+
+/// A paused device (see the module docs).
+#[derive(Default)]
+struct Pause {
+    /// The queues (known once the device took a chain).
+    rings: Option<[VringRwLock; 2]>,
+    /// Paused now.
+    active: bool,
+    /// Where each queue stood when stopped.
+    saved: [Option<RingState>; 2],
+    /// Completions to return when the device runs again.
+    parked: Vec<Parked>,
+}
+
 /// State shared by the queue thread and the session threads.
 pub(crate) struct Shared {
     /// The device generation; see the module docs.
@@ -50,6 +108,10 @@ pub(crate) struct Shared {
     limiter: Mutex<LogLimiter>,
     next_token: AtomicU64,
     name: String,
+    /// Set while paused (under the gate's write lock); requests wait to touch guest memory.
+    paused: AtomicBool,
+    pause: Mutex<Pause>,
+    resumed: Condvar,
 }
 
 impl Shared {
@@ -67,10 +129,171 @@ impl Shared {
     }
 
     /// Holds off resets while a request of generation `epoch` touches guest memory; `None` if the
-    /// device was reset since.
+    /// device was reset since. Waits while the device is paused.
     pub(crate) fn enter(&self, epoch: u64) -> Option<RwLockReadGuard<'_, u64>> {
+        loop {
+            let g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            if *g != epoch {
+                return None;
+            }
+            if !self.paused.load(Ordering::Acquire) {
+                return Some(g);
+            }
+            drop(g);
+            let p = self.pause_state();
+            if p.active {
+                let _ = self
+                    .resumed
+                    .wait_timeout(p, PAUSE_POLL)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+
+    /// Like [`Shared::enter`], without waiting: `Err(())` while paused.
+    fn try_enter(&self, epoch: u64) -> Result<Option<RwLockReadGuard<'_, u64>>, ()> {
         let g = self.gate.read().unwrap_or_else(|p| p.into_inner());
-        (*g == epoch).then_some(g)
+        if *g != epoch {
+            return Ok(None);
+        }
+        if self.paused.load(Ordering::Acquire) {
+            return Err(());
+        }
+        Ok(Some(g))
+    }
+
+    fn pause_state(&self) -> MutexGuard<'_, Pause> {
+        self.pause.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends every session and invalidates every chain taken so far (see the module docs). Waits
+    /// only for requests that are touching guest memory right now.
+    pub(crate) fn reset(&self, reason: &str) {
+        let dropped = {
+            let mut g = self.gate.write().unwrap_or_else(|p| p.into_inner());
+            *g += 1;
+            let mut p = self.pause_state();
+            p.active = false;
+            p.saved = [None, None];
+            self.paused.store(false, Ordering::Release);
+            std::mem::take(&mut p.parked).len()
+        };
+        self.resumed.notify_all();
+        for _ in 0..dropped {
+            self.stats.add_stale();
+        }
+        // Dropping the senders ends the session threads once their current call returns; the
+        // sessions then release their memory.
+        let n = {
+            let mut s = self.sessions();
+            let n = s.len();
+            s.clear();
+            n
+        };
+        self.stats.add_device_reset();
+        info!(vm = %self.name, sessions = n, reason, "virtio-vgpu device reset");
+    }
+
+    /// Remembers the device's queues (for pauses).
+    fn know_rings(&self, ctrl: &VringRwLock, submit: &VringRwLock) {
+        let mut p = self.pause_state();
+        if p.rings.is_none() {
+            p.rings = Some([ctrl.clone(), submit.clone()]);
+        }
+    }
+
+    /// The VMM stopped queue `queue` (`GET_VRING_BASE`): a pause, decided when the queues start
+    /// again, or (no session open, queues unknown) a reset at once.
+    pub(crate) fn stop_queue(self: &Arc<Self>, queue: usize) {
+        let mut p = self.pause_state();
+        let Some(rings) = p.rings.clone() else {
+            drop(p);
+            if queue == CTRL_QUEUE {
+                self.reset("the VMM stopped the queues");
+            }
+            return;
+        };
+        if !p.active {
+            if queue != CTRL_QUEUE || self.sessions().is_empty() {
+                drop(p);
+                if queue == CTRL_QUEUE {
+                    self.reset("the VMM stopped the queues");
+                }
+                return;
+            }
+            // From now on no request touches guest memory: wait for those that are.
+            drop(p);
+            let g = self.gate.write().unwrap_or_else(|e| e.into_inner());
+            p = self.pause_state();
+            p.active = true;
+            p.saved = [None, None];
+            self.paused.store(true, Ordering::Release);
+            drop(g);
+            let shared = Arc::clone(self);
+            let spawned = std::thread::Builder::new()
+                .name(format!("vgpu-dev-{}-pause", self.name))
+                .spawn(move || shared.watch_pause());
+            if let Err(e) = spawned {
+                error!(vm = %self.name, error = %e, "cannot watch a paused device; resetting it");
+                drop(p);
+                self.reset("the VMM stopped the queues");
+                return;
+            }
+            self.stats.add_pause();
+            info!(vm = %self.name, sessions = self.sessions().len(), "virtio-vgpu device paused");
+        }
+        if let Some(r) = rings.get(queue) {
+            p.saved[queue] = Some(RingState::of(r));
+        }
+    }
+
+    /// Waits, on its own thread, until a paused device's queues run again, then resumes or
+    /// resets it.
+    fn watch_pause(&self) {
+        loop {
+            std::thread::sleep(PAUSE_POLL);
+            if !self.try_resolve_pause() {
+                return;
+            }
+        }
+    }
+
+    /// Decides a pause once the queues run again: resumes the device if they run where they
+    /// stopped, resets it if not. Returns whether it is still paused.
+    fn try_resolve_pause(&self) -> bool {
+        let mut p = self.pause_state();
+        if !p.active {
+            return false;
+        }
+        let Some(rings) = p.rings.clone() else {
+            return true;
+        };
+        if !rings.iter().all(vring_ready) {
+            return true;
+        }
+        let same = rings
+            .iter()
+            .zip(&p.saved)
+            .all(|(r, saved)| saved.is_none_or(|s| s == RingState::of(r)));
+        if !same {
+            drop(p);
+            self.reset("the guest driver started afresh");
+            return false;
+        }
+        p.active = false;
+        let parked = std::mem::take(&mut p.parked);
+        self.paused.store(false, Ordering::Release);
+        drop(p);
+        self.resumed.notify_all();
+        for c in &parked {
+            c.done.finish_quietly(self, c.resp, &c.reply);
+        }
+        for (q, r) in rings.iter().enumerate() {
+            signal(r, queue_name(q));
+        }
+        self.stats.add_resume();
+        info!(vm = %self.name, returned = parked.len(), "virtio-vgpu device resumed");
+        false
     }
 
     /// Forgets session `session` if it is still the one identified by `token`.
@@ -99,6 +322,7 @@ impl Shared {
 }
 
 /// How to return one chain to the guest.
+#[derive(Clone)]
 pub(crate) struct Completion {
     pub(crate) vring: VringRwLock,
     pub(crate) mem: GuestMemoryAtomic<GuestMem>,
@@ -126,9 +350,26 @@ impl Completion {
     /// owed a [`Completion::notify`] (the chain was returned). A session thread that has more
     /// frames waiting returns the chains of several posted frames and tells the guest once.
     pub(crate) fn finish_quietly(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) -> bool {
-        let Some(_gate) = shared.enter(self.epoch) else {
-            shared.stats.add_stale();
-            return false;
+        let _gate = match shared.try_enter(self.epoch) {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                shared.stats.add_stale();
+                return false;
+            }
+            Err(()) => {
+                // Paused: returned when the device runs again (or dropped by a reset).
+                let mut p = shared.pause_state();
+                if p.active {
+                    p.parked.push(Parked {
+                        done: self.clone(),
+                        resp,
+                        reply: reply.to_vec(),
+                    });
+                    return false;
+                }
+                drop(p);
+                return self.finish_quietly(shared, resp, reply);
+            }
         };
         if resp.status != S_OK {
             debug!(
@@ -210,6 +451,9 @@ impl VgpuDevice {
                 limiter: Mutex::new(LogLimiter::new()),
                 next_token: AtomicU64::new(1),
                 name: name.to_string(),
+                paused: AtomicBool::new(false),
+                pause: Mutex::new(Pause::default()),
+                resumed: Condvar::new(),
             }),
             mem: None,
             event_idx: false,
@@ -234,20 +478,24 @@ impl VgpuDevice {
     /// Ends every session and invalidates every chain taken so far (see the module docs). Waits
     /// only for requests that are touching guest memory right now.
     pub fn reset(&mut self, reason: &str) {
-        {
-            let mut g = self.shared.gate.write().unwrap_or_else(|p| p.into_inner());
-            *g += 1;
-        }
-        // Dropping the senders ends the session threads once their current call returns; the
-        // sessions then release their memory.
-        let n = {
-            let mut s = self.shared.sessions();
-            let n = s.len();
-            s.clear();
-            n
-        };
-        self.shared.stats.add_device_reset();
-        info!(vm = %self.shared.name, sessions = n, reason, "virtio-vgpu device reset");
+        self.shared.reset(reason);
+    }
+
+    /// What the VMM's `GET_VRING_BASE` for `queue` does: see [`Shared::stop_queue`]. Callable
+    /// without the device lock (a paused device may hold it while it waits).
+    pub fn stopper(&self) -> impl Fn(usize) + Send + Sync + 'static {
+        let shared = Arc::clone(&self.shared);
+        move |queue| shared.stop_queue(queue)
+    }
+
+    /// Whether the device is paused (its queues stopped with sessions open).
+    pub fn is_paused(&self) -> bool {
+        self.shared.paused.load(Ordering::Acquire)
+    }
+
+    /// Tells the device its two queues (the vring worker calls this with every event).
+    pub fn know_rings(&self, ctrl: &VringRwLock, submit: &VringRwLock) {
+        self.shared.know_rings(ctrl, submit);
     }
 
     /// Takes every chain the guest placed on queue `queue`.
@@ -256,6 +504,9 @@ impl VgpuDevice {
             return;
         };
         if !vring_ready(vring) {
+            return;
+        }
+        if self.shared.paused.load(Ordering::Acquire) && self.shared.try_resolve_pause() {
             return;
         }
         let epoch = self.shared.generation();

@@ -47,8 +47,12 @@ counters! {
     refused_requests,
     /// Completions discarded because the device was reset while they ran.
     stale_completions,
-    /// Device resets: VMM disconnects, `VHOST_USER_RESET_DEVICE`, queues stopped by the VMM.
+    /// Device resets: VMM disconnects, `RESET_DEVICE`, queues stopped idle or restarted afresh.
     device_resets,
+    /// Pauses: the VMM stopped the queues with sessions open (VM paused, or a driver reset).
+    pauses,
+    /// Pauses that ended with the queues running where they stopped (the sessions went on).
+    resumes,
     /// VMM (vhost-user frontend) connections accepted.
     frontend_connections,
 }
@@ -98,6 +102,14 @@ impl VgpuDevStats {
 
     pub(crate) fn add_device_reset(&self) {
         Self::add(&self.device_resets, 1);
+    }
+
+    pub(crate) fn add_pause(&self) {
+        Self::add(&self.pauses, 1);
+    }
+
+    pub(crate) fn add_resume(&self) {
+        Self::add(&self.resumes, 1);
     }
 
     pub(crate) fn add_frontend_connection(&self) {

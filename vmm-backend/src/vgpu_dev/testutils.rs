@@ -405,7 +405,7 @@ impl DevGuest {
                 epoll,
             }),
         };
-        guest.setup(true)?;
+        guest.setup(true, [0; NUM_QUEUES])?;
         Ok(guest)
     }
 
@@ -426,7 +426,7 @@ impl DevGuest {
     }
 
     /// The QEMU-like setup sequence (`first`: also owner, protocol features, memory table).
-    fn setup(&self, first: bool) -> io::Result<()> {
+    fn setup(&self, first: bool, bases: [u16; NUM_QUEUES]) -> io::Result<()> {
         let inner = self.lock();
         let mut want = (1u64 << VIRTIO_F_VERSION_1)
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
@@ -487,7 +487,7 @@ impl DevGuest {
                         log_addr: None,
                     },
                 )?;
-                fe.set_vring_base(i, 0)?;
+                fe.set_vring_base(i, bases[i])?;
                 fe.set_vring_call(i, call)?;
                 fe.set_vring_kick(i, kick)?;
                 fe.set_vring_enable(i, true)?;
@@ -886,7 +886,27 @@ impl DevGuest {
             }
             g.done.clear();
         }
-        self.setup(false)
+        self.setup(false, [0; NUM_QUEUES])
+    }
+
+    /// What QEMU does when the VM is paused (`stop`): stop both queues (`GET_VRING_BASE`),
+    /// remembering where the device stood. The guest is frozen meanwhile: call nothing but
+    /// [`DevGuest::resume`] (or [`DevGuest::reboot`]).
+    pub fn pause(&self) -> io::Result<[u16; NUM_QUEUES]> {
+        let mut bases = [0u16; NUM_QUEUES];
+        self.with_frontend(|fe| {
+            for (i, b) in bases.iter_mut().enumerate() {
+                *b = fe.get_vring_base(i)? as u16;
+            }
+            Ok(())
+        })?;
+        Ok(bases)
+    }
+
+    /// What QEMU does when a paused VM continues (`cont`): start the queues again where they
+    /// stood (the same rings, the avail indexes `pause` returned).
+    pub fn resume(&self, bases: [u16; NUM_QUEUES]) -> io::Result<()> {
+        self.setup(false, bases)
     }
 
     /// Closes the vhost-user connection, as a VMM does when it exits.

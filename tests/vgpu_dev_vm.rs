@@ -294,6 +294,16 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
                 [ -e /dev/vgpu0 ] && echo 'vgpu0 still there' || echo 'vgpu0 gone'\n\
                 insmod /lib/modules/$(uname -r)/extra/vgpu.ko; echo \"insmod status $?\"\n\
                 vgpu-smi | grep Transport\n\
+                echo '== unbind'\n\
+                driver_api hold 3145728 > /tmp/hold2.log 2>&1 &\n\
+                HOLD=$!\n\
+                for i in $(seq 200); do grep -q holding /tmp/hold2.log && break; usleep 50000; done\n\
+                DEV=$(ls /sys/bus/virtio/drivers/vgpu | grep '^virtio' | head -n 1)\n\
+                echo $DEV > /sys/bus/virtio/drivers/vgpu/unbind; echo \"unbind status $?\"\n\
+                wait $HOLD; echo \"holder ended by the unbind: $?\"\n\
+                echo $DEV > /sys/bus/virtio/drivers/vgpu/bind; echo \"bind status $?\"\n\
+                vgpu-smi > /tmp/smi-after.txt; echo \"vgpu-smi after rebind status $?\"\n\
+                echo \"sessions of the old driver left: $(grep -c driver_api /tmp/smi-after.txt)\"\n\
                 echo '== module'\n\
                 grep '^vgpu ' /proc/modules | cut -d' ' -f1,3\n\
                 dmesg | grep -iE 'vgpu|oops|bug:|warning:|general protection|call trace'\n\
@@ -346,11 +356,19 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
     );
     // Unloading the module: refused while a process has the device open, then the device is
     // removed (vgpud resets it) and bound again.
+    // The device unbound while a process holds it (QEMU stops the queues with a session open:
+    // vgpud pauses), then bound again: the new driver starts the queues afresh, so vgpud resets
+    // the device and the old driver's session ends; vgpu-smi (on the new driver) shows none.
     for line in [
         "rmmod while open status 1",
         "rmmod status 0",
         "vgpu0 gone",
         "insmod status 0",
+        "unbind status 0",
+        "holder ended by the unbind: 1",
+        "bind status 0",
+        "vgpu-smi after rebind status 0",
+        "sessions of the old driver left: 0",
     ] {
         assert!(out.contains(line), "missing `{line}` in:\n{out}");
     }
@@ -373,6 +391,9 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
     assert!(u(&st["bytes_to_guest"]) >= 64 * MIB, "{v:#}");
     assert!(u(&st["sessions_total"]) >= 6, "{v:#}");
     assert_eq!(st["dropped_chains"], 0, "{v:#}");
+    // The unbind with a session open paused the device; the new driver's start reset it.
+    assert!(u(&st["pauses"]) >= 1, "{v:#}");
+    assert_eq!(st["resumes"], 0, "{v:#}");
     assert!(
         u(&st["refused_requests"]) >= 2,
         "the ioctl test's garbage frames: {v:#}"

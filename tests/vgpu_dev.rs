@@ -637,6 +637,35 @@ fn pauses_at_random_moments_lose_and_corrupt_nothing() {
         "{st:?}"
     );
     assert_eq!(h.used("vm1"), SIZE as u64);
+    // The same counters on the Prometheus endpoint, named as the operator's guide says.
+    let text = vgpu_vmm::metrics::render(h.daemon.runtime());
+    let guide =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/admin.md"))
+            .unwrap();
+    let value_of = |metric: &str, label: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{metric}{{")) && l.contains(label))
+            .unwrap_or_else(|| panic!("no {metric} with {label} in:\n{text}"));
+        assert!(
+            guide.contains(&format!("`{metric}")),
+            "docs/admin.md lacks {metric}"
+        );
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let vm = "vm=\"vm1\"";
+    assert_eq!(value_of("vgpu_vm_vgpu_device_sessions", vm), 1.0);
+    assert_eq!(
+        value_of("vgpu_vm_vgpu_device_pauses_total", vm),
+        ROUNDS as f64
+    );
+    assert_eq!(value_of("vgpu_vm_vgpu_device_resets_total", vm), 0.0);
+    assert_eq!(value_of("vgpu_vm_vgpu_device_refused_total", vm), 0.0);
+    let moved = value_of(
+        "vgpu_vm_vgpu_device_bytes_total",
+        "direction=\"guest_to_host\"",
+    );
+    assert!(moved >= (ROUNDS as usize * SIZE) as f64, "{moved}");
 }
 
 /// A synchronize waiting for a long kernel when the VM pauses: its answer waits for the VM to

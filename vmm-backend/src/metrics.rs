@@ -444,6 +444,47 @@ pub fn render(rt: &Runtime) -> String {
                 vs.device_resets as f64,
             );
         }
+        if let Some((_, vd)) = rt.vgpu_dev_of(&t.name) {
+            e.gauge(
+                "vgpu_vm_vgpu_device_sessions",
+                "Open sessions (guest file descriptors) of the VM's virtio-vgpu device.",
+                &l,
+                vd.sessions_open as f64,
+            );
+            for (dir, v) in [
+                ("guest_to_host", vd.bytes_from_guest),
+                ("host_to_guest", vd.bytes_to_guest),
+            ] {
+                e.counter(
+                    "vgpu_vm_vgpu_device_bytes_total",
+                    "Bulk bytes the VM's virtio-vgpu device moved in place between guest pages and the GPU.",
+                    &[
+                        ("vm", &t.name),
+                        ("device", &t.device_name),
+                        ("direction", dir),
+                    ],
+                    v as f64,
+                );
+            }
+            e.counter(
+                "vgpu_vm_vgpu_device_refused_total",
+                "Descriptor chains and requests the VM's virtio-vgpu device refused (malformed or hostile).",
+                &l,
+                (vd.dropped_chains + vd.refused_requests) as f64,
+            );
+            e.counter(
+                "vgpu_vm_vgpu_device_resets_total",
+                "Resets of the VM's virtio-vgpu device (VMM disconnects, guest driver restarts).",
+                &l,
+                vd.device_resets as f64,
+            );
+            e.counter(
+                "vgpu_vm_vgpu_device_pauses_total",
+                "Times the VMM stopped the VM's virtio-vgpu queues with sessions open (VM paused).",
+                &l,
+                vd.pauses as f64,
+            );
+        }
     }
     e.render()
 }

@@ -471,6 +471,22 @@ fn vm_detail(v: &Value) -> String {
             json_str(&vs["stats"]["device_resets"]),
         );
     }
+    if v["vgpu_device"].is_object() {
+        let vd = &v["vgpu_device"];
+        let st = &vd["stats"];
+        out += &format!(
+            "virtio-vgpu device: ID {} on {} ({} open sessions; {} in place from the guest, {} to it; \
+             {} device resets, {} pauses, {} resumed)\n",
+            json_str(&vd["device_id"]),
+            json_str(&vd["socket"]),
+            json_str(&st["sessions_open"]),
+            json_bytes(&st["bytes_from_guest"]),
+            json_bytes(&st["bytes_to_guest"]),
+            json_str(&st["device_resets"]),
+            json_str(&st["pauses"]),
+            json_str(&st["resumes"]),
+        );
+    }
     if v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
         out.push('\n');
         out += &session_table(v);
@@ -940,6 +956,18 @@ mod tests {
         );
         let d = vm_detail(&vm);
         assert!(d.contains("train") && d.contains("99"), "{d}");
+        assert!(!d.contains("virtio-vgpu"), "{d}");
+        let mut dev = vm.clone();
+        dev["vgpu_device"] = json!({ "device_id": 21, "socket": "/run/vgpu/vm1.vgpu.sock",
+            "stats": { "sessions_open": 2, "bytes_from_guest": 3u64 << 20, "bytes_to_guest": 0,
+                       "device_resets": 1, "pauses": 4, "resumes": 3 } });
+        let d = vm_detail(&dev);
+        assert!(
+            d.contains(
+                "virtio-vgpu device: ID 21 on /run/vgpu/vm1.vgpu.sock (2 open sessions; 3 MiB"
+            ) && d.contains("1 device resets, 4 pauses, 3 resumed"),
+            "{d}"
+        );
         let g =
             gpu_table(&json!({ "nvml": false, "reason": "no NVIDIA driver found: x", "gpus": [] }));
         assert_eq!(g, "No NVIDIA GPU found: no NVIDIA driver found: x\n");

@@ -69,6 +69,11 @@ fn kit() -> Result<&'static Kit, String> {
 
 /// QEMU ≥ 10.2 with the generic vhost-user device: `VGPU_QEMU11`, or QEMU 11.1 from
 /// trixie-backports in a trixie root built by `images/qemu11/build.sh`.
+/// The kit, or `None` after printing why the test is skipped.
+fn kit_or_skip() -> Option<&'static Kit> {
+    kit().map_err(|reason| println!("SKIPPED: {reason}")).ok()
+}
+
 fn qemu11() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("VGPU_QEMU11") {
         return Ok(PathBuf::from(p));
@@ -263,12 +268,8 @@ fn assert_no_kernel_trouble(out: &str) {
 
 #[test]
 fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
-    let k = match kit() {
-        Ok(k) => k,
-        Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return;
-        }
+    let Some(k) = kit_or_skip() else {
+        return;
     };
     let d = vgpud(&[("vm1", 256)]);
     let body = "echo '== smi'\n\
@@ -420,12 +421,8 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
 
 #[test]
 fn two_vms_with_their_own_slices_and_one_killed_mid_transfer() {
-    let k = match kit() {
-        Ok(k) => k,
-        Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return;
-        }
+    let Some(k) = kit_or_skip() else {
+        return;
     };
     let started = Instant::now();
     let d = vgpud(&[("victim", 160), ("bystander", 96)]);
@@ -555,12 +552,8 @@ fn qmp(path: &Path, command: &str) -> serde_json::Value {
 /// copies checked byte for byte, then continued: its GPU session, memory and copies go on.
 #[test]
 fn a_paused_vm_keeps_its_gpu_session() {
-    let k = match kit() {
-        Ok(k) => k,
-        Err(reason) => {
-            println!("SKIPPED: {reason}");
-            return;
-        }
+    let Some(k) = kit_or_skip() else {
+        return;
     };
     let started = Instant::now();
     let d = vgpud(&[("pausing", 96)]);

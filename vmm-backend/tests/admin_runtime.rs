@@ -43,15 +43,20 @@ fn config_text(dir: &Path, extra_vm: &str, slice_ms: u32, vm1_weight: u32) -> St
     format!(
         "[admin]\nsocket = \"{d}/admin.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naudit_log = \"{d}/audit.jsonl\"\n\n\
          [[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\nworkers = 1\nslice_ms = {slice_ms}\n\n\
-         [[vm]]\nname = \"vm1\"\nmemory = \"64MiB\"\nweight = {vm1_weight}\nunix_socket = \"{d}/vm1.sock\"\n\
+         [[vm]]\nname = \"vm1\"\ndevice = \"gpu0\"\nmemory = \"64MiB\"\nweight = {vm1_weight}\nunix_socket = \"{d}/vm1.sock\"\n\
          vhost_user_socket = \"{d}/vm1.vhost\"\nguest_cid = 3\n\n\
-         [[vm]]\nname = \"vm2\"\nmemory = \"32MiB\"\nunix_socket = \"{d}/vm2.sock\"\n{extra_vm}"
+         [[vm]]\nname = \"vm2\"\ndevice = \"gpu0\"\nmemory = \"32MiB\"\nunix_socket = \"{d}/vm2.sock\"\n{extra_vm}"
     )
 }
 
 fn start(dir: &Path) -> (Daemon, std::path::PathBuf) {
+    start_with(dir, "")
+}
+
+/// Like [`start`], with more `[[vm]]` entries.
+fn start_with(dir: &Path, extra_vm: &str) -> (Daemon, std::path::PathBuf) {
     let path = dir.join("vgpud.toml");
-    std::fs::write(&path, config_text(dir, "", 2, 1)).unwrap();
+    std::fs::write(&path, config_text(dir, extra_vm, 2, 1)).unwrap();
     let config = Config::load(&path).unwrap();
     (Daemon::start(&config).unwrap(), path)
 }
@@ -210,7 +215,15 @@ fn scrape(addr: std::net::SocketAddr) -> String {
 #[test]
 fn metrics_are_valid_prometheus_text_with_the_right_values() {
     let dir = tempfile::tempdir().unwrap();
-    let (d, _) = start(dir.path());
+    // vm3 has a virtio-vgpu device, so that its series are exported too; it is on a GPU of its
+    // own, so that gpu0's shares stay those of vm1 and vm2.
+    let vm3 = format!(
+        "\n[[device]]\nname = \"gpu1\"\nkind = \"sim\"\nmemory = \"64MiB\"\n\n\
+         [[vm]]\nname = \"vm3\"\ndevice = \"gpu1\"\nmemory = \"16MiB\"\n\
+         vhost_user_socket = \"{}/vm3.vgpu\"\ndevice_model = \"vgpu\"\n",
+        dir.path().display()
+    );
+    let (d, _) = start_with(dir.path(), &vm3);
     let addr = d.runtime().metrics_addr().unwrap();
     let mut c = TestClient::new(UnixStream::connect(dir.path().join("vm2.sock")).unwrap());
     allocate(&mut c, 8 * MIB);
@@ -285,6 +298,11 @@ fn metrics_are_valid_prometheus_text_with_the_right_values() {
     );
     assert!(value("DCGM_FI_DEV_GPU_UTIL", &[("device", "gpu0")]) >= 0.0);
     assert_eq!(value("vgpu_vm_vsock_connections", &[("vm", "vm1")]), 0.0);
+    assert_eq!(value("vgpu_vm_vgpu_device_sessions", &[("vm", "vm3")]), 0.0);
+    assert_eq!(
+        value("vgpu_vm_vgpu_device_pauses_total", &[("vm", "vm3")]),
+        0.0
+    );
 
     // The dashboard and the operator's guide use exactly what is exported.
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

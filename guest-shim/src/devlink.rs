@@ -80,6 +80,32 @@ pub struct VgpuCall {
     pub ticket: u64,
 }
 
+impl VgpuCall {
+    /// A call describing these buffers (empty ones: none) with `flags`.
+    fn new(frame: &[u8], data: &[u8], reply: &mut [u8], out: &mut [u8], flags: u32) -> Self {
+        VgpuCall {
+            req: frame.as_ptr() as u64,
+            req_len: frame.len() as u32,
+            data: data.as_ptr() as u64,
+            data_len: data.len() as u64,
+            reply: if reply.is_empty() {
+                0
+            } else {
+                reply.as_mut_ptr() as u64
+            },
+            reply_cap: reply.len() as u32,
+            out: if out.is_empty() {
+                0
+            } else {
+                out.as_mut_ptr() as u64
+            },
+            out_len: out.len() as u64,
+            flags,
+            ..Default::default()
+        }
+    }
+}
+
 /// `struct vgpu_wait`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -185,29 +211,20 @@ impl DevLink {
     /// the module holds the bytes (small ones are copied; large ones are read by the device before
     /// this returns).
     pub fn post(&self, frame: &[u8], data: &[u8]) -> io::Result<()> {
-        let mut c = VgpuCall {
-            req: frame.as_ptr() as u64,
-            req_len: frame.len() as u32,
-            data: data.as_ptr() as u64,
-            data_len: data.len() as u64,
-            ..Default::default()
-        };
-        self.ioctl_call(&mut c)
+        self.ioctl_call(&mut VgpuCall::new(frame, data, &mut [], &mut [], 0))
     }
 
     /// Queues an asynchronous frame and returns at once: the device reads `data` later, before
     /// any later synchronous frame of this session completes. The caller keeps `data` unchanged
     /// until then.
     pub fn post_deferred(&self, frame: &[u8], data: &[u8]) -> io::Result<()> {
-        let mut c = VgpuCall {
-            req: frame.as_ptr() as u64,
-            req_len: frame.len() as u32,
-            data: data.as_ptr() as u64,
-            data_len: data.len() as u64,
-            flags: VGPU_CALL_NOWAIT,
-            ..Default::default()
-        };
-        self.ioctl_call(&mut c)
+        self.ioctl_call(&mut VgpuCall::new(
+            frame,
+            data,
+            &mut [],
+            &mut [],
+            VGPU_CALL_NOWAIT,
+        ))
     }
 
     /// Queues a synchronous frame and returns its ticket; [`DevLink::wait`] returns the outcome.
@@ -224,18 +241,7 @@ impl DevLink {
         reply: &mut [u8],
         out: &mut [u8],
     ) -> io::Result<u64> {
-        let mut c = VgpuCall {
-            req: frame.as_ptr() as u64,
-            req_len: frame.len() as u32,
-            data: data.as_ptr() as u64,
-            data_len: data.len() as u64,
-            reply: reply.as_mut_ptr() as u64,
-            reply_cap: reply.len() as u32,
-            out: out.as_mut_ptr() as u64,
-            out_len: out.len() as u64,
-            flags: VGPU_CALL_NOWAIT,
-            ..Default::default()
-        };
+        let mut c = VgpuCall::new(frame, data, reply, out, VGPU_CALL_NOWAIT);
         self.ioctl_call(&mut c)?;
         Ok(c.ticket)
     }
@@ -265,17 +271,7 @@ impl DevLink {
         reply: &mut [u8],
         out: &mut [u8],
     ) -> io::Result<(usize, usize)> {
-        let mut c = VgpuCall {
-            req: frame.as_ptr() as u64,
-            req_len: frame.len() as u32,
-            data: data.as_ptr() as u64,
-            data_len: data.len() as u64,
-            reply: reply.as_mut_ptr() as u64,
-            reply_cap: reply.len() as u32,
-            out: out.as_mut_ptr() as u64,
-            out_len: out.len() as u64,
-            ..Default::default()
-        };
+        let mut c = VgpuCall::new(frame, data, reply, out, 0);
         match self.ioctl_call(&mut c) {
             Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
                 Err(io::Error::other(ReplyTooLarge {

@@ -206,23 +206,16 @@ impl Shared {
     /// again, or (no session open, queues unknown) a reset at once.
     pub(crate) fn stop_queue(self: &Arc<Self>, queue: usize) {
         let mut p = self.pause_state();
-        let Some(rings) = p.rings.clone() else {
-            drop(p);
-            if queue == CTRL_QUEUE {
-                self.reset("the VMM stopped the queues");
-            }
-            return;
-        };
         if !p.active {
-            if queue != CTRL_QUEUE || self.sessions().is_empty() {
-                drop(p);
+            let pause = queue == CTRL_QUEUE && p.rings.is_some() && !self.sessions().is_empty();
+            drop(p);
+            if !pause {
                 if queue == CTRL_QUEUE {
                     self.reset("the VMM stopped the queues");
                 }
                 return;
             }
             // From now on no request touches guest memory: wait for those that are.
-            drop(p);
             let g = self.gate.write().unwrap_or_else(|e| e.into_inner());
             p = self.pause_state();
             p.active = true;
@@ -242,8 +235,13 @@ impl Shared {
             self.stats.add_pause();
             info!(vm = %self.name, sessions = self.sessions().len(), "virtio-vgpu device paused");
         }
-        if let Some(r) = rings.get(queue) {
-            p.saved[queue] = Some(RingState::of(r));
+        let state = p
+            .rings
+            .as_ref()
+            .and_then(|r| r.get(queue))
+            .map(RingState::of);
+        if let Some(slot) = p.saved.get_mut(queue) {
+            *slot = state;
         }
     }
 

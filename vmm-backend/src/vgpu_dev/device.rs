@@ -108,7 +108,8 @@ pub(crate) struct Shared {
     limiter: Mutex<LogLimiter>,
     next_token: AtomicU64,
     name: String,
-    /// Set while paused (under the gate's write lock); requests wait to touch guest memory.
+    /// True while paused; requests then wait to touch guest memory. Set under the gate's write
+    /// lock (so no request is in guest memory once it is set), cleared under the pause lock.
     paused: AtomicBool,
     pause: Mutex<Pause>,
     resumed: Condvar,

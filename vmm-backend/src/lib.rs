@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod audit;
 pub mod daemon;
+mod driver_queue;
 pub mod gpu_port;
 pub mod inventory;
 pub mod listener;

@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -27,17 +26,17 @@ use vhost::{VhostBackend, VringConfigData};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT,
-    VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
+    VRING_DESC_F_WRITE,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::chain::{GuestMem, Segment, Segments};
 use super::wire::{
     CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, NUM_QUEUES, REQ_CALL, REQ_CLOSE, REQ_HEADER_LEN,
     REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_OK, SUBMIT_QUEUE,
 };
+use crate::driver_queue::DriverQueue;
 use crate::vsock::testutils::{GuestRam, memfd_region, region_info, vhost_err};
 
 /// How long blocking calls wait by default.
@@ -90,153 +89,6 @@ impl Default for DevGuestOptions {
 
 fn align(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
-}
-
-/// Driver side of one split virtqueue.
-#[derive(Debug)]
-struct DriverQueue {
-    size: u16,
-    desc: u64,
-    avail: u64,
-    used: u64,
-    free: Vec<u16>,
-    /// Per head: the descriptors of the chain and the request's token.
-    chains: HashMap<u16, (Vec<u16>, u64)>,
-    /// Token of the next chain: heads are reused, tokens never.
-    next_token: u64,
-    avail_idx: u16,
-    last_used: u16,
-    event_idx: bool,
-    kick: EventFd,
-    call: EventFd,
-}
-
-impl DriverQueue {
-    fn new(base: u64, size: u16, event_idx: bool) -> io::Result<Self> {
-        let n = u64::from(size);
-        let avail = base + 16 * n;
-        Ok(DriverQueue {
-            size,
-            desc: base,
-            avail,
-            used: align(avail + 6 + 2 * n, 4),
-            free: (0..size).rev().collect(),
-            chains: HashMap::new(),
-            next_token: 1,
-            avail_idx: 0,
-            last_used: 0,
-            event_idx,
-            kick: EventFd::new(EFD_NONBLOCK)?,
-            call: EventFd::new(EFD_NONBLOCK)?,
-        })
-    }
-
-    fn footprint(size: u16) -> u64 {
-        let n = u64::from(size);
-        align(align(16 * n + 6 + 2 * n, 4) + 6 + 8 * n, PAGE)
-    }
-
-    fn write_desc(mem: &GuestMem, addr: u64, d: (u64, u32, u16, u16)) {
-        let mut raw = [0u8; 16];
-        raw[0..8].copy_from_slice(&d.0.to_le_bytes());
-        raw[8..12].copy_from_slice(&d.1.to_le_bytes());
-        raw[12..14].copy_from_slice(&d.2.to_le_bytes());
-        raw[14..16].copy_from_slice(&d.3.to_le_bytes());
-        let _ = mem.write_slice(&raw, GuestAddress(addr));
-    }
-
-    /// Adds a chain of `(addr, len, flags)` descriptors linked in order and returns its token;
-    /// `None` when out of descriptors.
-    fn add(&mut self, mem: &GuestMem, descs: &[(u64, u32, u16)]) -> Option<u64> {
-        if descs.is_empty() || self.free.len() < descs.len() {
-            return None;
-        }
-        let ids: Vec<u16> = (0..descs.len()).filter_map(|_| self.free.pop()).collect();
-        for (i, &(addr, len, flags)) in descs.iter().enumerate() {
-            let (flags, next) = if i + 1 < descs.len() {
-                (flags | VRING_DESC_F_NEXT as u16, ids[i + 1])
-            } else {
-                (flags, 0)
-            };
-            Self::write_desc(
-                mem,
-                self.desc + 16 * u64::from(ids[i]),
-                (addr, len, flags, next),
-            );
-        }
-        let head = ids[0];
-        let token = self.next_token;
-        self.next_token += 1;
-        self.chains.insert(head, (ids, token));
-        let slot = u64::from(self.avail_idx % self.size);
-        let _ = mem.write_obj(head.to_le(), GuestAddress(self.avail + 4 + 2 * slot));
-        let old = self.avail_idx;
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        fence(Ordering::SeqCst);
-        let _ = mem.store(
-            self.avail_idx.to_le(),
-            GuestAddress(self.avail + 2),
-            Ordering::Release,
-        );
-        fence(Ordering::SeqCst);
-        // Kick as Linux does: with EVENT_IDX only when the device asked for it (its avail_event
-        // lies between the old and the new index), else unless it set NO_NOTIFY.
-        let kick = if self.event_idx {
-            let event = u16::from_le(
-                mem.load::<u16>(
-                    GuestAddress(self.used + 4 + 8 * u64::from(self.size)),
-                    Ordering::Acquire,
-                )
-                .unwrap_or(0),
-            );
-            self.avail_idx.wrapping_sub(event).wrapping_sub(1) < self.avail_idx.wrapping_sub(old)
-        } else {
-            let flags = u16::from_le(
-                mem.load::<u16>(GuestAddress(self.used), Ordering::Acquire)
-                    .unwrap_or(0),
-            );
-            flags & VRING_USED_F_NO_NOTIFY as u16 == 0
-        };
-        if kick {
-            let _ = self.kick.write(1);
-        }
-        Some(token)
-    }
-
-    /// Takes the next used element: (token of its chain, written length).
-    fn pop_used(&mut self, mem: &GuestMem) -> Option<(u64, u32)> {
-        let idx = u16::from_le(
-            mem.load::<u16>(GuestAddress(self.used + 2), Ordering::Acquire)
-                .unwrap_or(0),
-        );
-        if idx == self.last_used {
-            return None;
-        }
-        fence(Ordering::Acquire);
-        let slot = u64::from(self.last_used % self.size);
-        let elem = GuestAddress(self.used + 4 + 8 * slot);
-        let id: u32 = u32::from_le(mem.read_obj(elem).unwrap_or(u32::MAX));
-        let len: u32 = u32::from_le(mem.read_obj(GuestAddress(elem.0 + 4)).unwrap_or(0));
-        self.last_used = self.last_used.wrapping_add(1);
-        let head = u16::try_from(id).unwrap_or(u16::MAX);
-        // An id that is no chain of ours (a device bug) gets token 0, which nobody waits for.
-        let token = match self.chains.remove(&head) {
-            Some((ids, token)) => {
-                self.free.extend(ids);
-                token
-            }
-            None => 0,
-        };
-        if self.event_idx {
-            // used_event: interrupt at the next used element.
-            let _ = mem.store(
-                self.last_used.to_le(),
-                GuestAddress(self.avail + 4 + 2 * u64::from(self.size)),
-                Ordering::Release,
-            );
-        }
-        Some((token, len))
-    }
 }
 
 /// A guest buffer: "pinned pages" scattered over guest memory.
@@ -315,6 +167,8 @@ struct Inner {
     table_base: [u64; NUM_QUEUES],
     free_tables: [Vec<u16>; NUM_QUEUES],
     done: HashMap<(usize, u64), u32>,
+    /// Token of the next chain: heads are reused, tokens never.
+    next_token: u64,
     heap_next: u64,
     heap_end: u64,
 }
@@ -322,10 +176,25 @@ struct Inner {
 impl Inner {
     fn reap(&mut self) {
         for q in 0..NUM_QUEUES {
+            // Chains that are no chain of ours (a device bug) get token 0, which nobody waits for.
             while let Some((token, len)) = self.queues[q].pop_used(&self.mem) {
-                self.done.insert((q, token), len);
+                self.queues[q].rearm(&self.mem);
+                self.done.insert((q, token.unwrap_or(0)), len);
             }
         }
+    }
+
+    /// Adds a chain of `(addr, len, flags)` descriptors to queue `queue` and makes it visible
+    /// (kicking as Linux does); its token, `None` when out of descriptors.
+    fn add_chain(&mut self, queue: usize, descs: &[(u64, u32, u16)]) -> Option<u64> {
+        let token = self.next_token;
+        let q = &mut self.queues[queue];
+        if !q.add(&self.mem, descs, token) {
+            return None;
+        }
+        q.publish(&self.mem);
+        self.next_token += 1;
+        Some(token)
     }
 }
 
@@ -394,6 +263,7 @@ impl DevGuest {
             table_base,
             free_tables: [slots(), slots()],
             done: HashMap::new(),
+            next_token: 1,
             heap_next: heap,
             heap_end: size,
         };
@@ -721,13 +591,12 @@ impl DevGuest {
                 };
                 DriverQueue::write_desc(&g.mem, tbase + 16 * i as u64, (a, l, f, next));
             }
-            let mem = g.mem.clone();
             let d = [(
                 tbase,
                 (descs.len() * 16) as u32,
                 VRING_DESC_F_INDIRECT as u16,
             )];
-            match g.queues[queue].add(&mem, &d) {
+            match g.add_chain(queue, &d) {
                 Some(token) => (token, Some(t)),
                 None => {
                     g.free_tables[queue].push(t);
@@ -736,8 +605,7 @@ impl DevGuest {
                 }
             }
         } else {
-            let mem = g.mem.clone();
-            match g.queues[queue].add(&mem, &descs) {
+            match g.add_chain(queue, &descs) {
                 Some(token) => (token, None),
                 None => {
                     g.free_slots[queue].push(slot);
@@ -757,14 +625,12 @@ impl DevGuest {
     /// Posts a chain of raw `(addr, len, device-writable)` descriptors (hostile-input tests);
     /// returns a token for [`DevGuest::wait_raw`].
     pub fn submit_raw(&self, queue: usize, descs: &[(u64, u32, bool)]) -> io::Result<u64> {
-        let mut g = self.lock();
-        let mem = g.mem.clone();
         let d: Vec<(u64, u32, u16)> = descs
             .iter()
             .map(|&(a, l, w)| (a, l, if w { VRING_DESC_F_WRITE as u16 } else { 0 }))
             .collect();
-        g.queues[queue]
-            .add(&mem, &d)
+        self.lock()
+            .add_chain(queue, &d)
             .ok_or_else(|| io::Error::other("queue full"))
     }
 

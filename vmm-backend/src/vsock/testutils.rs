@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -28,11 +28,10 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-    VRING_USED_F_NO_NOTIFY,
 };
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestRegionMmap, MmapRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::packet::{
     GuestMem, PKT_HEADER_SIZE, PacketHeader, VSOCK_HOST_CID, VSOCK_OP_CREDIT_REQUEST,
@@ -41,6 +40,7 @@ use super::packet::{
     VSOCK_TYPE_STREAM,
 };
 use super::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
+use crate::driver_queue::DriverQueue;
 
 /// How long blocking harness calls wait by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,7 +52,7 @@ const QUEUE_AREA: u64 = 0x1000;
 const PAGE: u64 = 4096;
 const MIB2: u64 = 2 << 20;
 /// Cookie of chains submitted raw (hostile-descriptor tests).
-const RAW_COOKIE: u32 = u32::MAX;
+const RAW_TOKEN: u64 = u64::MAX;
 /// Size of the scratch area reserved for raw-chain tests.
 const SCRATCH_SIZE: u64 = 64 * 1024;
 /// Number of buffers posted on the event queue when it is set up.
@@ -225,203 +225,26 @@ enum Setup {
     Resume(Vec<u16>),
 }
 
-/// Driver side of one split virtqueue.
-#[derive(Debug)]
-struct DriverQueue {
-    size: u16,
-    desc: u64,
-    avail: u64,
-    used: u64,
-    free: Vec<u16>,
-    /// Per head: descriptors of the chain and the caller's cookie.
-    chains: HashMap<u16, (Vec<u16>, u32)>,
-    avail_idx: u16,
-    published: u16,
-    last_used: u16,
-    event_idx: bool,
-    kick: EventFd,
-    call: EventFd,
+/// Adds a chain whose descriptors are written verbatim (for hostile-descriptor tests); its token
+/// is [`RAW_TOKEN`]. Returns the head, `None` when out of descriptors.
+fn add_raw(q: &mut DriverQueue, mem: &GuestMem, descs: &[RawDesc]) -> Option<u16> {
+    let ids = q.take(descs.len())?;
+    for (i, d) in descs.iter().enumerate() {
+        let next = match d.next {
+            Some(n) if d.next_absolute => n,
+            Some(n) => ids.get(usize::from(n)).copied().unwrap_or(n),
+            None => 0,
+        };
+        q.write_table_entry(mem, ids[i], (d.addr, d.len, d.flags, next));
+    }
+    Some(q.push(mem, ids, RAW_TOKEN))
 }
 
-impl DriverQueue {
-    fn new(base: u64, size: u16, event_idx: bool) -> io::Result<Self> {
-        let n = u64::from(size);
-        let desc = base;
-        let avail = desc + 16 * n;
-        let used = align(avail + 6 + 2 * n, 4);
-        Ok(DriverQueue {
-            size,
-            desc,
-            avail,
-            used,
-            free: (0..size).rev().collect(),
-            chains: HashMap::new(),
-            avail_idx: 0,
-            published: 0,
-            last_used: 0,
-            event_idx,
-            kick: EventFd::new(EFD_NONBLOCK)?,
-            call: EventFd::new(EFD_NONBLOCK)?,
-        })
-    }
-
-    /// Bytes of guest memory the queue structures need.
-    fn footprint(size: u16) -> u64 {
-        let n = u64::from(size);
-        align(align(16 * n + 6 + 2 * n, 4) + 6 + 8 * n, PAGE)
-    }
-
-    fn used_event_addr(&self) -> GuestAddress {
-        GuestAddress(self.avail + 4 + 2 * u64::from(self.size))
-    }
-
-    fn avail_event_addr(&self) -> GuestAddress {
-        GuestAddress(self.used + 4 + 8 * u64::from(self.size))
-    }
-
-    fn write_desc(mem: &GuestMem, addr: u64, d: (u64, u32, u16, u16)) {
-        let mut raw = [0u8; 16];
-        raw[0..8].copy_from_slice(&d.0.to_le_bytes());
-        raw[8..12].copy_from_slice(&d.1.to_le_bytes());
-        raw[12..14].copy_from_slice(&d.2.to_le_bytes());
-        raw[14..16].copy_from_slice(&d.3.to_le_bytes());
-        let _ = mem.write_slice(&raw, GuestAddress(addr));
-    }
-
-    fn push_avail(&mut self, mem: &GuestMem, head: u16) {
-        let slot = u64::from(self.avail_idx % self.size);
-        let _ = mem.write_obj(head.to_le(), GuestAddress(self.avail + 4 + 2 * slot));
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-    }
-
-    /// Adds a chain of `(addr, len, writable)` buffers; false when out of descriptors.
-    fn add(&mut self, mem: &GuestMem, bufs: &[(u64, u32, bool)], cookie: u32) -> bool {
-        if bufs.is_empty() || self.free.len() < bufs.len() {
-            return false;
-        }
-        let ids: Vec<u16> = (0..bufs.len()).filter_map(|_| self.free.pop()).collect();
-        for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
-            let mut flags = if writable {
-                VRING_DESC_F_WRITE as u16
-            } else {
-                0
-            };
-            let next = if i + 1 < bufs.len() {
-                flags |= VRING_DESC_F_NEXT as u16;
-                ids[i + 1]
-            } else {
-                0
-            };
-            Self::write_desc(
-                mem,
-                self.desc + 16 * u64::from(ids[i]),
-                (addr, len, flags, next),
-            );
-        }
-        let head = ids[0];
-        self.chains.insert(head, (ids, cookie));
-        self.push_avail(mem, head);
-        true
-    }
-
-    /// Adds a chain whose descriptors are written verbatim (for hostile-descriptor tests).
-    fn add_raw(&mut self, mem: &GuestMem, descs: &[RawDesc]) -> Option<u16> {
-        if descs.is_empty() || self.free.len() < descs.len() {
-            return None;
-        }
-        let ids: Vec<u16> = (0..descs.len()).filter_map(|_| self.free.pop()).collect();
-        for (i, d) in descs.iter().enumerate() {
-            let next = match d.next {
-                Some(n) if d.next_absolute => n,
-                Some(n) => ids.get(usize::from(n)).copied().unwrap_or(n),
-                None => 0,
-            };
-            Self::write_desc(
-                mem,
-                self.desc + 16 * u64::from(ids[i]),
-                (d.addr, d.len, d.flags, next),
-            );
-        }
-        let head = ids[0];
-        self.chains.insert(head, (ids, RAW_COOKIE));
-        self.push_avail(mem, head);
-        Some(head)
-    }
-
-    /// Makes added chains visible to the device and kicks it if it asked for it.
-    fn publish(&mut self, mem: &GuestMem) {
-        if self.published == self.avail_idx {
-            return;
-        }
-        let old = self.published;
-        let new = self.avail_idx;
-        fence(Ordering::SeqCst);
-        let _ = mem.store(new.to_le(), GuestAddress(self.avail + 2), Ordering::Release);
-        self.published = new;
-        fence(Ordering::SeqCst);
-        let kick = if self.event_idx {
-            let event = u16::from_le(
-                mem.load::<u16>(self.avail_event_addr(), Ordering::Acquire)
-                    .unwrap_or(0),
-            );
-            new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
-        } else {
-            let flags = u16::from_le(
-                mem.load::<u16>(GuestAddress(self.used), Ordering::Acquire)
-                    .unwrap_or(0),
-            );
-            flags & VRING_USED_F_NO_NOTIFY as u16 == 0
-        };
-        if kick {
-            let _ = self.kick.write(1);
-        }
-    }
-
-    fn used_idx(&self, mem: &GuestMem) -> u16 {
-        u16::from_le(
-            mem.load::<u16>(GuestAddress(self.used + 2), Ordering::Acquire)
-                .unwrap_or(0),
-        )
-    }
-
-    /// Takes the next used element: (cookie, written length).
-    fn pop_used(&mut self, mem: &GuestMem) -> Option<(u32, u32)> {
-        if self.used_idx(mem) == self.last_used {
-            return None;
-        }
-        fence(Ordering::Acquire);
-        let slot = u64::from(self.last_used % self.size);
-        let elem = GuestAddress(self.used + 4 + 8 * slot);
-        let id: u32 = u32::from_le(mem.read_obj(elem).unwrap_or(u32::MAX));
-        let len: u32 = u32::from_le(mem.read_obj(GuestAddress(elem.0 + 4)).unwrap_or(0));
-        self.last_used = self.last_used.wrapping_add(1);
-        let head = u16::try_from(id).unwrap_or(u16::MAX);
-        let cookie = match self.chains.remove(&head) {
-            Some((ids, cookie)) => {
-                self.free.extend(ids);
-                cookie
-            }
-            None => RAW_COOKIE,
-        };
-        Some((cookie, len))
-    }
-
-    /// Asks for an interrupt at the next used element; true if one already arrived.
-    fn rearm(&mut self, mem: &GuestMem) -> bool {
-        if self.event_idx {
-            let _ = mem.store(
-                self.last_used.to_le(),
-                self.used_event_addr(),
-                Ordering::Release,
-            );
-        }
-        fence(Ordering::SeqCst);
-        self.used_idx(mem) != self.last_used
-    }
-
-    fn drain_call(&self) {
-        let _ = self.call.read();
-    }
+/// The rx or tx slot a used chain's token names; `None` for raw chains and unknown ids.
+fn slot_of(token: Option<u64>) -> Option<u32> {
+    token
+        .filter(|&t| t != RAW_TOKEN)
+        .and_then(|t| u32::try_from(t).ok())
 }
 
 /// Guest-side state of one connection.
@@ -515,15 +338,16 @@ impl Inner {
     fn post_rx(&mut self, slot: u32) {
         let addr = self.rx_slot_addr(slot);
         let payload = self.opts.rx_buf_size;
-        let bufs: Vec<(u64, u32, bool)> = if self.opts.rx_split_header {
+        let w = VRING_DESC_F_WRITE as u16;
+        let bufs: Vec<(u64, u32, u16)> = if self.opts.rx_split_header {
             vec![
-                (addr, PKT_HEADER_SIZE as u32, true),
-                (addr + PKT_HEADER_SIZE as u64, payload, true),
+                (addr, PKT_HEADER_SIZE as u32, w),
+                (addr + PKT_HEADER_SIZE as u64, payload, w),
             ]
         } else {
-            vec![(addr, PKT_HEADER_SIZE as u32 + payload, true)]
+            vec![(addr, PKT_HEADER_SIZE as u32 + payload, w)]
         };
-        self.rxq.add(&self.mem, &bufs, slot);
+        self.rxq.add(&self.mem, &bufs, u64::from(slot));
     }
 
     fn fill_rx(&mut self) {
@@ -541,8 +365,12 @@ impl Inner {
             for i in 0..EVENT_BUFFERS {
                 evq.add(
                     &self.mem,
-                    &[(base + 64 * u64::from(i), EVENT_SIZE, true)],
-                    u32::from(i),
+                    &[(
+                        base + 64 * u64::from(i),
+                        EVENT_SIZE,
+                        VRING_DESC_F_WRITE as u16,
+                    )],
+                    u64::from(i),
                 );
             }
             evq.publish(&self.mem);
@@ -579,15 +407,15 @@ impl Inner {
         let _ = self
             .mem
             .write_slice(data, GuestAddress(addr + PKT_HEADER_SIZE as u64));
-        let bufs: Vec<(u64, u32, bool)> = if data.is_empty() || self.opts.tx_single_descriptor {
-            vec![(addr, (PKT_HEADER_SIZE + data.len()) as u32, false)]
+        let bufs: Vec<(u64, u32, u16)> = if data.is_empty() || self.opts.tx_single_descriptor {
+            vec![(addr, (PKT_HEADER_SIZE + data.len()) as u32, 0)]
         } else {
             vec![
-                (addr, PKT_HEADER_SIZE as u32, false),
-                (addr + PKT_HEADER_SIZE as u64, data.len() as u32, false),
+                (addr, PKT_HEADER_SIZE as u32, 0),
+                (addr + PKT_HEADER_SIZE as u64, data.len() as u32, 0),
             ]
         };
-        if !self.txq.add(&self.mem, &bufs, slot) {
+        if !self.txq.add(&self.mem, &bufs, u64::from(slot)) {
             self.tx_free.push(slot);
             return false;
         }
@@ -757,16 +585,16 @@ impl Inner {
         self.rxq.drain_call();
         self.txq.drain_call();
         loop {
-            while let Some((cookie, _)) = self.txq.pop_used(&self.mem) {
-                if cookie != RAW_COOKIE {
-                    self.tx_free.push(cookie);
+            while let Some((token, _)) = self.txq.pop_used(&self.mem) {
+                if let Some(slot) = slot_of(token) {
+                    self.tx_free.push(slot);
                 }
             }
             let mut reposted = false;
-            while let Some((slot, len)) = self.rxq.pop_used(&self.mem) {
-                if slot == RAW_COOKIE {
+            while let Some((token, len)) = self.rxq.pop_used(&self.mem) {
+                let Some(slot) = slot_of(token) else {
                     continue;
-                }
+                };
                 self.on_rx(slot, len);
                 self.post_rx(slot);
                 reposted = true;
@@ -1159,9 +987,8 @@ impl TestGuest {
         let mut g = self.lock();
         let g = &mut *g;
         let q = if rx { &mut g.rxq } else { &mut g.txq };
-        let head = q
-            .add_raw(&g.mem, descs)
-            .ok_or_else(|| io::Error::other("no free descriptors"))?;
+        let head =
+            add_raw(q, &g.mem, descs).ok_or_else(|| io::Error::other("no free descriptors"))?;
         q.publish(&g.mem);
         Ok(head)
     }
@@ -1170,7 +997,7 @@ impl TestGuest {
     pub fn wait_raw_returned(&self, rx: bool, head: u16, timeout: Duration) -> io::Result<()> {
         self.wait_for(timeout, |g| {
             let q = if rx { &g.rxq } else { &g.txq };
-            (!q.chains.contains_key(&head)).then_some(())
+            (!q.in_flight(head)).then_some(())
         })
     }
 

@@ -34,14 +34,12 @@ use std::io;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::thread;
 
 use thiserror::Error;
 use tracing::{info, warn};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 pub use backend::VgpuBackend;
 pub use device::{MAX_SESSIONS, VgpuDevice};
@@ -50,7 +48,9 @@ pub use service::BrokerService;
 pub use session::MAX_REORDER;
 pub use stats::{VgpuDevStats, VgpuDevStatsSnapshot};
 
-use crate::vsock::{SESSION_RETRY_DELAY, StopHandle, bind, wait_either, wait_stop};
+use crate::vsock::{
+    SESSION_RETRY_DELAY, StopHandle, bind, run_until_disconnect, wait_either, wait_stop,
+};
 use chain::GuestMem;
 
 /// The device ID when `vgpu_device_id` is not configured: the last one the virtio PCI transport
@@ -222,27 +222,12 @@ impl VgpuDevServer {
         self.stats.add_frontend_connection();
         info!(vm = %vm, "VMM connected to the virtio-vgpu device");
 
-        let shutdown = daemon.shutdown_handle();
-        let done = EventFd::new(EFD_NONBLOCK).map_err(Error::EventLoop)?;
-        let done_signal = done.try_clone().map_err(Error::EventLoop)?;
-        let waiter = thread::Builder::new()
-            .name(format!("vgpu-dev-{vm}-wait"))
-            .spawn(move || {
-                let result = daemon.wait();
-                let _ = done_signal.write(1);
-                (daemon, result)
-            })
-            .map_err(|e| Error::Daemon(e.to_string()))?;
-        let stopped = wait_either(stop, &done).map_err(Error::Socket)?;
-        if stopped && let Some(handle) = shutdown {
-            handle.shutdown();
-        }
-        let (daemon, result) = waiter
-            .join()
-            .map_err(|_| Error::Daemon("vhost-user thread panicked".into()))?;
-        // Dropping the daemon stops and joins the vring worker, so nothing takes chains while
-        // the device is reset.
-        drop(daemon);
+        let (stopped, result) = run_until_disconnect(daemon, format!("vgpu-dev-{vm}-wait"), stop)
+            .map_err(|e| match e {
+            crate::vsock::Error::EventLoop(e) => Error::EventLoop(e),
+            crate::vsock::Error::Daemon(why) => Error::Daemon(why),
+            other => Error::Socket(other),
+        })?;
         backend.reclaim_exit_fds();
         let reason = if stopped {
             "vgpud stopping"

@@ -442,28 +442,7 @@ impl VsockServer {
         self.stats.add_frontend_connection();
         info!(guest_cid = cid, "VMM connected to the vsock device");
 
-        let shutdown = daemon.shutdown_handle();
-        let done = EventFd::new(EFD_NONBLOCK).map_err(Error::EventLoop)?;
-        let done_signal = done.try_clone().map_err(Error::EventLoop)?;
-        let waiter = thread::Builder::new()
-            .name(format!("vsock-{cid}-wait"))
-            .spawn(move || {
-                let result = daemon.wait();
-                let _ = done_signal.write(1);
-                (daemon, result)
-            })
-            .map_err(|e| Error::Daemon(e.to_string()))?;
-
-        let stopped = wait_either(stop, &done)?;
-        if stopped && let Some(handle) = shutdown {
-            handle.shutdown();
-        }
-        let (daemon, result) = waiter
-            .join()
-            .map_err(|_| Error::Daemon("vhost-user thread panicked".into()))?;
-        // Dropping the daemon stops and joins the vring worker, so nothing touches the device
-        // while it is reset.
-        drop(daemon);
+        let (stopped, result) = run_until_disconnect(daemon, format!("vsock-{cid}-wait"), stop)?;
         backend.reclaim_exit_fds();
         let reason = if stopped {
             "vgpud stopping"
@@ -477,6 +456,43 @@ impl VsockServer {
         }
         Ok(())
     }
+}
+
+/// Runs a started vhost-user daemon (one VMM connection) until the VMM disconnects or `stop`
+/// fires, then drops it, which stops and joins its vring workers: nothing touches the device
+/// afterwards. Returns whether `stop` fired and how the connection ended.
+pub(crate) fn run_until_disconnect<T>(
+    mut daemon: VhostUserDaemon<T>,
+    waiter_name: String,
+    stop: &StopHandle,
+) -> Result<(bool, Result<(), vhost_user_backend::Error>), Error>
+where
+    T: vhost_user_backend::VhostUserBackend<Bitmap = (), Vring = vhost_user_backend::VringRwLock>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    let shutdown = daemon.shutdown_handle();
+    let done = EventFd::new(EFD_NONBLOCK).map_err(Error::EventLoop)?;
+    let done_signal = done.try_clone().map_err(Error::EventLoop)?;
+    let waiter = thread::Builder::new()
+        .name(waiter_name)
+        .spawn(move || {
+            let result = daemon.wait();
+            let _ = done_signal.write(1);
+            (daemon, result)
+        })
+        .map_err(|e| Error::Daemon(e.to_string()))?;
+    let stopped = wait_either(stop, &done)?;
+    if stopped && let Some(handle) = shutdown {
+        handle.shutdown();
+    }
+    let (daemon, result) = waiter
+        .join()
+        .map_err(|_| Error::Daemon("vhost-user thread panicked".into()))?;
+    drop(daemon);
+    Ok((stopped, result))
 }
 
 /// Waits up to `delay` for `stop`; true if it fired.

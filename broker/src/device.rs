@@ -105,6 +105,22 @@ impl DeviceError {
     }
 }
 
+/// The bytes a [`DeviceContext::memset`] of `count` elements of `elem_size` bytes at `dst`
+/// covers: refuses element sizes other than 1, 2 and 4, and counts that overflow.
+pub fn memset_len(dst: u64, elem_size: u32, count: u64) -> Result<u64, DeviceError> {
+    if !matches!(elem_size, 1 | 2 | 4) {
+        return Err(DeviceError::NotSupported(format!(
+            "memset element size {elem_size}"
+        )));
+    }
+    count
+        .checked_mul(u64::from(elem_size))
+        .ok_or(DeviceError::InvalidAddress {
+            addr: dst,
+            len: u64::MAX,
+        })
+}
+
 impl From<DeviceError> for CuError {
     fn from(e: DeviceError) -> CuError {
         CuError::new(e.cu_result(), e.to_string())

@@ -795,17 +795,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
-        if !matches!(elem_size, 1 | 2 | 4) {
-            return Err(DeviceError::NotSupported(format!(
-                "memset element size {elem_size}"
-            )));
-        }
-        let bytes = count
-            .checked_mul(u64::from(elem_size))
-            .ok_or(DeviceError::InvalidAddress {
-                addr: dst,
-                len: u64::MAX,
-            })?;
+        let bytes = vgpu_broker::device::memset_len(dst, elem_size, count)?;
         let g = self.inner.generation()?;
         g.check_range(dst, bytes)?;
         g.memset(dst, value, elem_size, count)

@@ -317,17 +317,7 @@ impl DeviceContext for SimContext {
     }
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
-        if !matches!(elem_size, 1 | 2 | 4) {
-            return Err(DeviceError::NotSupported(format!(
-                "memset element size {elem_size}"
-            )));
-        }
-        let bytes = count
-            .checked_mul(u64::from(elem_size))
-            .ok_or(DeviceError::InvalidAddress {
-                addr: dst,
-                len: u64::MAX,
-            })?;
+        let bytes = vgpu_broker::device::memset_len(dst, elem_size, count)?;
         let (buf, off) = self.inner.range(dst, bytes)?;
         let pattern = &value.to_le_bytes()[..elem_size as usize];
         buf.fill(off, pattern, count as usize)

@@ -197,10 +197,7 @@ impl Shared {
 
     /// Remembers the device's queues (for pauses).
     fn know_rings(&self, ctrl: &VringRwLock, submit: &VringRwLock) {
-        let mut p = self.pause_state();
-        if p.rings.is_none() {
-            p.rings = Some([ctrl.clone(), submit.clone()]);
-        }
+        self.pause_state().rings = Some([ctrl.clone(), submit.clone()]);
     }
 
     /// The VMM stopped queue `queue` (`GET_VRING_BASE`): a pause, decided when the queues start
@@ -421,6 +418,8 @@ pub struct VgpuDevice {
     shared: Arc<Shared>,
     mem: Option<GuestMemoryAtomic<GuestMem>>,
     event_idx: bool,
+    /// The queues were handed to [`Shared`] (for pauses).
+    rings_known: bool,
 }
 
 impl std::fmt::Debug for VgpuDevice {
@@ -456,6 +455,7 @@ impl VgpuDevice {
             }),
             mem: None,
             event_idx: false,
+            rings_known: false,
         }
     }
 
@@ -492,9 +492,13 @@ impl VgpuDevice {
         self.shared.paused.load(Ordering::Acquire)
     }
 
-    /// Tells the device its two queues (the vring worker calls this with every event).
-    pub fn know_rings(&self, ctrl: &VringRwLock, submit: &VringRwLock) {
-        self.shared.know_rings(ctrl, submit);
+    /// Tells the device its two queues (the vring worker calls this with every event; only the
+    /// first call does anything).
+    pub fn know_rings(&mut self, ctrl: &VringRwLock, submit: &VringRwLock) {
+        if !self.rings_known {
+            self.shared.know_rings(ctrl, submit);
+            self.rings_known = true;
+        }
     }
 
     /// Takes every chain the guest placed on queue `queue`.

@@ -97,25 +97,36 @@ pub const LAYOUTS: [Layout; 2] = [
     },
 ];
 
-/// Bandwidth in bytes per second, per path.
+/// One path's bandwidth and its ratio to memcpy.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Measured {
+    /// Bytes per second.
+    pub rate: f64,
+    /// `rate` / the bandwidth of a plain memcpy of the same size measured right before it. Each
+    /// measurement is paired with its own memcpy so that the machine's slow drifts (neighbours'
+    /// load, how much of the L3 cache is ours) weigh on both sides of the ratio alike.
+    pub ratio: f64,
+}
+
+/// Bandwidth per path (medians over the runs; ratios are medians of the per-run ratios).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Row {
     /// Transfer size.
     pub bytes: usize,
-    /// Plain memcpy of the same size.
+    /// Plain memcpy of the same size between two host buffers, bytes per second.
     pub memcpy: f64,
     /// Plain memcpys from the same guest pages into a host buffer.
-    pub floor_htod: f64,
+    pub floor_htod: Measured,
     /// Plain memcpys from a host buffer into the same guest pages.
-    pub floor_dtoh: f64,
+    pub floor_dtoh: Measured,
     /// Host to device through the virtio-vgpu device.
-    pub dev_htod: f64,
+    pub dev_htod: Measured,
     /// Device to host through the virtio-vgpu device.
-    pub dev_dtoh: f64,
+    pub dev_dtoh: Measured,
     /// Host to device through the vsock device.
-    pub vsock_htod: f64,
+    pub vsock_htod: Measured,
     /// Device to host through the vsock device.
-    pub vsock_dtoh: f64,
+    pub vsock_dtoh: Measured,
 }
 
 fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
@@ -515,9 +526,9 @@ pub struct Results {
     pub tables: Vec<(Layout, Vec<Row>)>,
 }
 
-/// Measures every size, layout and path `runs` times (interleaved) and returns the medians, one
-/// table per layout (the vsock path and memcpy do not depend on the layout: they are measured once
-/// per run and size and shown in both).
+/// Measures every size, layout and path `runs` times (interleaved), each path right after a plain
+/// memcpy of the same size, and returns the medians, one table per layout (the vsock path does
+/// not depend on the layout: it is measured once per run and size and shown in both).
 pub fn measure(p: &Params) -> Result<Results, String> {
     if p.runs == 0 || p.sizes_mib.is_empty() || p.sizes_mib.contains(&0) {
         return Err("--runs and every size must be at least 1".into());
@@ -547,24 +558,44 @@ pub fn measure(p: &Params) -> Result<Results, String> {
     for _ in 0..p.runs {
         for (i, &mib) in p.sizes_mib.iter().enumerate() {
             let bytes = mib * MIB;
-            let memcpy = rate(bytes, || {
-                dst[..bytes].copy_from_slice(std::hint::black_box(&src[..bytes]));
-                std::hint::black_box(&dst);
-                Ok(())
-            })?;
-            let vsock_htod = rate(bytes, || vsock.htod(bytes))?;
-            let vsock_dtoh = rate(bytes, || vsock.dtoh(bytes))?;
+            let mut memcpys = Vec::new();
+            // Measures `path` right after a plain memcpy of the same size.
+            let mut paired = |path: &mut dyn FnMut() -> Result<f64, String>| {
+                let m = rate(bytes, || {
+                    dst[..bytes].copy_from_slice(std::hint::black_box(&src[..bytes]));
+                    std::hint::black_box(&dst);
+                    Ok(())
+                })?;
+                memcpys.push(m);
+                let r = path()?;
+                Ok::<_, String>(Measured {
+                    rate: r,
+                    ratio: r / m,
+                })
+            };
+            let vsock_htod = paired(&mut || rate(bytes, || vsock.htod(bytes)))?;
+            let vsock_dtoh = paired(&mut || rate(bytes, || vsock.dtoh(bytes)))?;
             for (l, dev) in devs.iter_mut().enumerate() {
+                let floor_htod = paired(&mut || dev.floor_htod(bytes))?;
+                let floor_dtoh = paired(&mut || dev.floor_dtoh(bytes))?;
+                let dev_htod = paired(&mut || rate(bytes, || dev.htod(bytes)))?;
+                let dev_dtoh = paired(&mut || rate(bytes, || dev.dtoh(bytes)))?;
                 samples[l][i].push(Row {
                     bytes,
-                    memcpy,
-                    floor_htod: dev.floor_htod(bytes)?,
-                    floor_dtoh: dev.floor_dtoh(bytes)?,
-                    dev_htod: rate(bytes, || dev.htod(bytes))?,
-                    dev_dtoh: rate(bytes, || dev.dtoh(bytes))?,
+                    memcpy: 0.0,
+                    floor_htod,
+                    floor_dtoh,
+                    dev_htod,
+                    dev_dtoh,
                     vsock_htod,
                     vsock_dtoh,
                 });
+            }
+            let memcpy = median(&memcpys);
+            for layout in &mut samples {
+                if let Some(row) = layout[i].last_mut() {
+                    row.memcpy = memcpy;
+                }
             }
         }
     }
@@ -572,10 +603,17 @@ pub fn measure(p: &Params) -> Result<Results, String> {
     drop(devs);
     daemon.shutdown();
     let medians = |s: &[Row]| {
-        let med = |f: fn(&Row) -> f64| median(&s.iter().map(f).collect::<Vec<_>>());
+        let med = |f: fn(&Row) -> Measured| {
+            let rate: Vec<f64> = s.iter().map(|r| f(r).rate).collect();
+            let ratio: Vec<f64> = s.iter().map(|r| f(r).ratio).collect();
+            Measured {
+                rate: median(&rate),
+                ratio: median(&ratio),
+            }
+        };
         Row {
             bytes: s[0].bytes,
-            memcpy: med(|r| r.memcpy),
+            memcpy: median(&s.iter().map(|r| r.memcpy).collect::<Vec<_>>()),
             floor_htod: med(|r| r.floor_htod),
             floor_dtoh: med(|r| r.floor_dtoh),
             dev_htod: med(|r| r.dev_htod),
@@ -606,7 +644,8 @@ pub fn report(r: &Results, runs: usize) -> String {
     };
     let mut out = format!(
         "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs, {ram}\n\
-         (x %) = path / memcpy of the same size between two host buffers; \
+         (x %) = path / a plain memcpy of the same size between two host buffers, measured \
+         right before it (median of the runs' ratios); \
          floor = memcpys between the same guest pages and host memory; \
          dev/floor = the device's share of the floor\n"
     );
@@ -625,7 +664,7 @@ pub fn report(r: &Results, runs: usize) -> String {
             "vsock DtoH"
         );
         for row in rows {
-            let cell = |v: f64| format!("{:5.2} ({:5.1} %)", gb(v), 100.0 * v / row.memcpy);
+            let cell = |m: Measured| format!("{:5.2} ({:5.1} %)", gb(m.rate), 100.0 * m.ratio);
             out += &format!(
                 "{:>5} MiB  {:7.2}  {:>16}  {:>16}  {:>16}  {:>16}  {:>4.0} / {:>3.0} %  {:>16}  {:>16}\n",
                 row.bytes / MIB,
@@ -634,8 +673,8 @@ pub fn report(r: &Results, runs: usize) -> String {
                 cell(row.dev_htod),
                 cell(row.floor_dtoh),
                 cell(row.dev_dtoh),
-                100.0 * row.dev_htod / row.floor_htod,
-                100.0 * row.dev_dtoh / row.floor_dtoh,
+                100.0 * row.dev_htod.rate / row.floor_htod.rate,
+                100.0 * row.dev_dtoh.rate / row.floor_dtoh.rate,
                 cell(row.vsock_htod),
                 cell(row.vsock_dtoh)
             );
@@ -657,15 +696,17 @@ mod tests {
 
     #[test]
     fn the_report_shows_ratios_against_memcpy() {
+        let m = |rate: f64, ratio: f64| Measured { rate, ratio };
         let r = Row {
             bytes: 16 * MIB,
             memcpy: 10e9,
-            floor_htod: 9.8e9,
-            floor_dtoh: 10e9,
-            dev_htod: 9.5e9,
-            dev_dtoh: 9e9,
-            vsock_htod: 2e9,
-            vsock_dtoh: 1e9,
+            floor_htod: m(9.8e9, 0.98),
+            floor_dtoh: m(10e9, 1.0),
+            // Paired ratios, not rate / memcpy: the memcpy beside this run was slower.
+            dev_htod: m(9.5e9, 0.93),
+            dev_dtoh: m(9e9, 0.9),
+            vsock_htod: m(2e9, 0.2),
+            vsock_dtoh: m(1e9, 0.1),
         };
         let results = Results {
             ram: GuestRam::HugePages,
@@ -677,7 +718,7 @@ mod tests {
         assert!(text.contains("  97 /  90 %"), "{text}");
         assert!(text.contains("2 MiB pages"), "{text}");
         assert!(text.contains("16 MiB"), "{text}");
-        assert!(text.contains("9.50 ( 95.0 %)"), "{text}");
+        assert!(text.contains("9.50 ( 93.0 %)"), "{text}");
         assert!(text.contains("1.00 ( 10.0 %)"), "{text}");
     }
 

@@ -8,7 +8,8 @@
 //! Checked: the driver-API program and a kernel workload, 64 MiB transfers byte for byte,
 //! hostile ioctl input (no oops), two VMs with different slices, and a VM killed in the middle of
 //! transfers (vgpud frees its memory; the other VM's transfers go on and come back intact), and a
-//! VM paused (QMP `stop`) and continued in the middle of transfers (its session goes on).
+//! VM paused (QMP `stop`) and continued in the middle of transfers (its session goes on), and a
+//! guest rebooted in the middle of transfers (its old session ends, the next boot works).
 //!
 //! Skips, with a printed reason, only when QEMU 11.1 cannot be obtained (no root to build the
 //! trixie root, no network to the Debian mirror) or no QEMU at all runs here.
@@ -621,6 +622,107 @@ fn a_paused_vm_keeps_its_gpu_session() {
     assert_no_kernel_trouble(&out);
     println!(
         "vgpu_dev_vm pause: paused 1.5 s mid-copy, resumed; test {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The guest reboots (`reboot -f`, QEMU resetting the VM rather than exiting) in the middle of a
+/// stream of copies: QEMU stops the device's queues (a pause, as far as vgpud can tell), the new
+/// kernel's module starts them afresh, and vgpud resets the device: the old boot's session ends
+/// and its memory returns to the slice. The second boot runs CUDA programs as usual.
+#[test]
+fn a_guest_reboot_mid_copy_ends_the_old_sessions_and_the_next_boot_works() {
+    let Some(k) = kit_or_skip() else {
+        return;
+    };
+    let started = Instant::now();
+    let d = vgpud(&[("rebooting", 96)]);
+    let mut spec = guest(
+        &d,
+        k,
+        "rebooting",
+        "vgpu-dev-rebooting",
+        &[],
+        "echo WHICH-BOOT\n\
+         read boot </dev/console\n\
+         if [ \"$boot\" = first ]; then\n\
+           bigcopy 16 600 /tmp/stop > /tmp/copy.log 2>&1 &\n\
+           echo REBOOTING-COPYING\n\
+           read go </dev/console\n\
+           reboot -f\n\
+           sleep 60; exit 70\n\
+         fi\n\
+         vgpu-smi > /tmp/smi.txt; echo \"smi status $?\"\n\
+         echo \"sessions of the old boot left: $(grep -c bigcopy /tmp/smi.txt)\"\n\
+         driver_api basic > /tmp/basic.log 2>&1; echo \"driver_api status $?\"\n\
+         grep FAIL /tmp/basic.log\n\
+         bigcopy 16; echo \"bigcopy status $?\"\n",
+    );
+    // A guest reboot resets the VM instead of ending QEMU (the harness's -no-reboot).
+    spec.extra_args
+        .extend(["-action".to_string(), "reboot=reset".to_string()]);
+    let mut g = boot(&d, k, &spec);
+    d.guest_ok(g.wait_for_line("WHICH-BOOT", GUEST_TIMEOUT), "first boot");
+    d.guest_ok(g.send_line("first"), "starting the first boot's copies");
+    d.guest_ok(
+        g.wait_for_line("REBOOTING-COPYING", GUEST_TIMEOUT),
+        "the copies start",
+    );
+    let copying = d.wait_vm(
+        "rebooting",
+        "copies before the reboot",
+        GUEST_TIMEOUT,
+        |v| u(&v["stats"]["bytes_htod"]) > 32 * MIB,
+    );
+    assert_eq!(
+        u(&copying["vgpu_device"]["stats"]["sessions_open"]),
+        1,
+        "{copying:#}"
+    );
+    assert!(u(&copying["memory_used"]) >= 16 * MIB, "{copying:#}");
+    d.guest_ok(g.send_line("go"), "rebooting the guest");
+    d.guest_ok(g.wait_for_line("WHICH-BOOT", GUEST_TIMEOUT), "second boot");
+    // The second boot's module has started the queues afresh (install.sh loaded it).
+    let after = d.wait_vm(
+        "rebooting",
+        "the old boot's session ended and its memory freed",
+        GUEST_TIMEOUT,
+        |v| {
+            let st = &v["vgpu_device"]["stats"];
+            u(&st["device_resets"]) >= 1
+                && u(&st["sessions_open"]) == 0
+                && u(&v["memory_used"]) == 0
+        },
+    );
+    let st = &after["vgpu_device"]["stats"];
+    assert!(u(&st["pauses"]) >= 1, "QEMU stopped the queues: {after:#}");
+    assert_eq!(u(&st["resumes"]), 0, "a reboot is not a resume: {after:#}");
+    d.guest_ok(g.send_line("second"), "running the second boot's programs");
+    let run = d.guest_ok(g.wait_exit(GUEST_TIMEOUT), "the guest's run");
+    let out = run.output_text();
+    assert_eq!(run.exit_code, 0, "{out}\nvgpud log:\n{}", d.log());
+    for want in [
+        "smi status 0",
+        "sessions of the old boot left: 0",
+        "driver_api status 0",
+        "bigcopy status 0",
+    ] {
+        assert!(out.contains(want), "missing `{want}` in:\n{out}");
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+    assert_no_kernel_trouble(&out);
+    let done = d.wait_vm(
+        "rebooting",
+        "the second boot's sessions closed",
+        RELEASE_TIMEOUT,
+        |v| v["memory_used"] == 0 && v["sessions"].as_array().is_some_and(Vec::is_empty),
+    );
+    assert!(
+        u(&done["vgpu_device"]["stats"]["sessions_total"]) >= 3,
+        "{done:#}"
+    );
+    println!(
+        "vgpu_dev_vm reboot: rebooted mid-copy, old session reset, second boot ran; test {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

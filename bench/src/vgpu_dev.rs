@@ -722,6 +722,25 @@ mod tests {
         assert!(text.contains("1.00 ( 10.0 %)"), "{text}");
     }
 
+    /// `bench/probes/copy_placement.c`, which docs/vgpu-device.md cites, still builds.
+    #[test]
+    fn the_copy_placement_probe_builds() {
+        let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/copy_placement.c");
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("cc")
+            .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(dir.path().join("copy_placement"))
+            .arg(&probe)
+            .output();
+        match out {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                eprintln!("skipped: no C compiler (cc) here");
+            }
+            Err(e) => panic!("running cc: {e}"),
+            Ok(o) => assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr)),
+        }
+    }
+
     #[test]
     fn bad_parameters_are_refused() {
         let bad = Params {

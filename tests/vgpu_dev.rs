@@ -392,6 +392,72 @@ impl Saxpy {
 
 /// Two VMs, two slices: each allocation is charged to its own VM, each VM is refused past its
 /// own slice, and one VM's pointer means nothing to the other.
+/// Asynchronous frames in `BATCH` requests run in order, on the GPU, with the frames around them;
+/// their errors surface at the next synchronizing call, as for frames sent one by one.
+#[test]
+fn batches_of_asynchronous_frames_run_in_order_on_the_gpu() {
+    let host = Host::start(&[("batch", 64)]);
+    let g = host.guest("batch", 64 * MIB);
+    let (mut s, ctx) = session(&g, 1);
+    const PIECES: u64 = 300;
+    const PIECE: u64 = 64;
+    let ptr = alloc(&mut s, ctx, PIECES * PIECE).unwrap();
+    let memset = |i: u64, value: u32| msg::Memset {
+        ctx,
+        stream: 0,
+        dst: ptr + i * PIECE,
+        value,
+        elem_size: 1,
+        count: PIECE,
+    };
+    // Piece i gets i, then a second batch overwrites every third piece with 255: order matters.
+    let first: Vec<msg::Memset> = (0..PIECES).map(|i| memset(i, i as u32)).collect();
+    let second: Vec<msg::Memset> = (0..PIECES).step_by(3).map(|i| memset(i, 255)).collect();
+    let p1 = s.submit_batch(&first).unwrap();
+    s.post_sg(&memset(1, 77), &[]).unwrap();
+    let p2 = s.submit_batch(&second).unwrap();
+    let out = g.alloc((PIECES * PIECE) as usize, false).unwrap();
+    let (_, resp) = s
+        .call_sg(
+            &msg::MemcpyDtoH {
+                ctx,
+                stream: 0,
+                src: ptr,
+                len: PIECES * PIECE,
+            },
+            &[],
+            &out.segments(0, out.len),
+        )
+        .unwrap();
+    assert_eq!(resp.data_len, PIECES * PIECE);
+    for p in [p1, p2] {
+        assert_eq!(g.wait(p, WAIT).unwrap().resp.status, wire::S_OK);
+    }
+    let mut got = vec![0u8; out.len];
+    g.read_buf(&out, 0, &mut got).unwrap();
+    for i in 0..PIECES {
+        let want = match i {
+            _ if i % 3 == 0 => 255,
+            1 => 77,
+            _ => i as u8,
+        };
+        let piece = &got[(i * PIECE) as usize..((i + 1) * PIECE) as usize];
+        assert!(piece.iter().all(|&b| b == want), "piece {i}: {piece:?}");
+    }
+    // A frame of a batch that fails on the GPU: its error surfaces at the next synchronize.
+    let bad = [memset(0, 1), memset(PIECES * 4, 1)];
+    let p = s.submit_batch(&bad).unwrap();
+    let e = s.call(&msg::CtxSynchronize { ctx }, &[]).unwrap_err();
+    assert!(
+        matches!(e, DevError::Cuda(code, _) if code == vgpu_proto::cuda::CUDA_ERROR_INVALID_VALUE),
+        "{e}"
+    );
+    assert_eq!(g.wait(p, WAIT).unwrap().resp.status, wire::S_OK);
+    let st = host.stats("batch");
+    assert_eq!(st.batches, 3, "{st:?}");
+    assert_eq!(st.refused_requests, 0, "{st:?}");
+}
+
 #[test]
 fn two_vms_have_their_own_slices() {
     let h = Host::start(&[("small", 32), ("big", 128)]);

@@ -9,6 +9,11 @@
  * For a CALL the inline bytes are a vgpu protocol frame (24-byte header plus the message's
  * fields); the request data is the rest of the frame's payload (bulk bytes), the reply area gets
  * the reply frame and the reply data the reply's bulk bytes (MemcpyDtoH).
+ *
+ * With VIRTIO_VGPU_F_BATCH, a BATCH request on the submission queue carries reply_cap
+ * asynchronous frames back to back in its inline bytes (each a 24-byte header and its whole
+ * payload, no request data), with the sequence numbers seq, seq + 1, ...; the device returns it
+ * once all of them have run.
  */
 #ifndef VGPU_VIRTIO_H
 #define VGPU_VIRTIO_H
@@ -35,6 +40,10 @@
 #define VIRTIO_VGPU_REQ_OPEN		1
 #define VIRTIO_VGPU_REQ_CALL		2
 #define VIRTIO_VGPU_REQ_CLOSE		3
+#define VIRTIO_VGPU_REQ_BATCH		4
+
+#define VIRTIO_VGPU_F_BATCH		0	/* device feature bit: BATCH requests */
+#define VIRTIO_VGPU_MAX_BATCH_FRAMES	512
 
 #define VIRTIO_VGPU_S_OK		0
 #define VIRTIO_VGPU_S_BAD_REQUEST	1
@@ -52,13 +61,14 @@
 #define VGPU_FRAME_HEADER_LEN		24
 #define VGPU_FRAME_FLAGS_OFFSET		6
 #define VGPU_FRAME_FLAG_ASYNC		1
+#define VGPU_FRAME_PAYLOAD_LEN_OFFSET	16
 
 struct virtio_vgpu_req {
 	__le32 type;		/* VIRTIO_VGPU_REQ_* */
 	__le32 session;		/* chosen by the driver, non-zero */
-	__le64 seq;		/* CALL: 1, 2, 3... per session, in submission order */
-	__le32 inline_len;	/* CALL: frame bytes after this header */
-	__le32 reply_cap;	/* CALL on the control queue: bytes of the reply area */
+	__le64 seq;		/* CALL: 1, 2, 3... per session, in submission order (BATCH: first) */
+	__le32 inline_len;	/* CALL: frame bytes after this header (BATCH: all frames') */
+	__le32 reply_cap;	/* CALL on the control queue: bytes of the reply area; BATCH: frames */
 	__le64 reserved;
 };
 

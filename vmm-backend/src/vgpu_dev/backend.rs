@@ -14,8 +14,8 @@ use super::chain::GuestMem;
 use super::device::VgpuDevice;
 use super::exec::VgpuService;
 use super::wire::{
-    CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, MAX_DATA, MAX_INLINE, MAX_SEGMENTS,
-    NUM_QUEUES, SUBMIT_QUEUE,
+    CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, F_BATCH, MAX_DATA, MAX_INLINE,
+    MAX_SEGMENTS, NUM_QUEUES, SUBMIT_QUEUE,
 };
 use crate::vsock::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config};
 
@@ -93,7 +93,11 @@ impl VhostUserBackend for VgpuBackend {
     }
 
     fn features(&self) -> u64 {
-        VIRTIO_FEATURES | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        VIRTIO_FEATURES | (1 << F_BATCH) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.device().set_batch(features & (1 << F_BATCH) != 0);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {

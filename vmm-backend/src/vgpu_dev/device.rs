@@ -24,7 +24,7 @@
 //! dropped. A VMM that disconnects resets it too.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -40,9 +40,9 @@ use super::exec::VgpuService;
 use super::session::{self, CallJob, Msg};
 use super::stats::VgpuDevStats;
 use super::wire::{
-    CTRL_QUEUE, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_CALL, REQ_CLOSE, REQ_HEADER_LEN, REQ_OPEN,
-    RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST, S_BUSY, S_NO_SESSION, S_OK,
-    SUBMIT_QUEUE, status_name,
+    CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_BATCH, REQ_CALL, REQ_CLOSE,
+    REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST, S_BUSY,
+    S_NO_SESSION, S_OK, SUBMIT_QUEUE, status_name,
 };
 use crate::vsock::{LogLimiter, next_chain, signal, vring_ready};
 
@@ -331,6 +331,8 @@ pub(crate) struct Completion {
     pub(crate) reply_cap: usize,
     pub(crate) epoch: u64,
     pub(crate) queue: usize,
+    /// The frames of a `BATCH` request not finished yet: only the last one returns the chain.
+    pub(crate) batch: Option<Arc<AtomicUsize>>,
 }
 
 impl Completion {
@@ -346,6 +348,18 @@ impl Completion {
     /// owed a [`Completion::notify`] (the chain was returned). A session thread that has more
     /// frames waiting returns the chains of several posted frames and tells the guest once.
     pub(crate) fn finish_quietly(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) -> bool {
+        if let Some(left) = &self.batch {
+            if left.fetch_sub(1, Ordering::AcqRel) != 1 {
+                // Other frames of the batch have yet to run.
+                return false;
+            }
+            // The last frame: the chain is returned once, as any other.
+            let last = Completion {
+                batch: None,
+                ..self.clone()
+            };
+            return last.finish_quietly(shared, resp, reply);
+        }
         let _gate = match shared.try_enter(self.epoch) {
             Ok(Some(g)) => g,
             Ok(None) => {
@@ -418,6 +432,8 @@ pub struct VgpuDevice {
     shared: Arc<Shared>,
     mem: Option<GuestMemoryAtomic<GuestMem>>,
     event_idx: bool,
+    /// The driver accepted the BATCH feature.
+    batch: bool,
     /// The queues were handed to [`Shared`] (for pauses).
     rings_known: bool,
 }
@@ -455,6 +471,7 @@ impl VgpuDevice {
             }),
             mem: None,
             event_idx: false,
+            batch: false,
             rings_known: false,
         }
     }
@@ -462,6 +479,11 @@ impl VgpuDevice {
     /// Installs the guest memory (called on every memory-table change).
     pub fn set_memory(&mut self, mem: GuestMemoryAtomic<GuestMem>) {
         self.mem = Some(mem);
+    }
+
+    /// Records whether the driver accepted the BATCH feature ([`super::wire::F_BATCH`]).
+    pub fn set_batch(&mut self, enabled: bool) {
+        self.batch = enabled;
     }
 
     /// Records whether `VIRTIO_RING_F_EVENT_IDX` was negotiated.
@@ -595,6 +617,7 @@ impl VgpuDevice {
             reply_cap: 0,
             epoch,
             queue,
+            batch: None,
         }
         .finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
     }
@@ -626,6 +649,7 @@ impl VgpuDevice {
             reply_cap,
             epoch,
             queue,
+            batch: None,
         };
         if have < REQ_HEADER_LEN || chain.writable.len() < RESP_HEADER_LEN {
             self.shared.stats.add_dropped_chain();
@@ -634,6 +658,10 @@ impl VgpuDevice {
                 chain.head
             ));
             done.finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
+            return;
+        }
+        if hdr.kind == REQ_BATCH {
+            self.handle_batch(queue, &hdr, mem, &chain, done);
             return;
         }
         let action = match self.classify(queue, &hdr, mem, &chain) {
@@ -707,6 +735,91 @@ impl VgpuDevice {
                     self.shared.stats.add_refused();
                 }
                 done.finish(&self.shared, RespHeader::status(status), &[]);
+            }
+        }
+    }
+
+    /// Handles a `BATCH` request: its frames go to their session thread in sequence order, each
+    /// with the chain's completion, which returns the chain when the last of them has run. A
+    /// batch whose frames are malformed is refused frame by frame in their places (the sequence
+    /// numbers are spent either way); one whose header is unusable is refused whole.
+    fn handle_batch(
+        &mut self,
+        queue: usize,
+        hdr: &ReqHeader,
+        mem: &GuestMem,
+        chain: &ParsedChain,
+        done: Completion,
+    ) {
+        let n = hdr.reply_cap as usize;
+        let whole = if !self.batch {
+            Err("a BATCH request, but the driver did not accept the BATCH feature".to_string())
+        } else if queue != SUBMIT_QUEUE {
+            Err("batches go on the submission queue".to_string())
+        } else if hdr.reserved != 0 {
+            Err("reserved header bits are set".to_string())
+        } else if hdr.session == 0 {
+            Err("session id 0 is reserved".to_string())
+        } else if !(1..=MAX_BATCH_FRAMES).contains(&n) {
+            Err(format!(
+                "a batch carries 1..={MAX_BATCH_FRAMES} frames, not {n}"
+            ))
+        } else if hdr.seq == 0 || hdr.seq.checked_add(n as u64).is_none() {
+            Err(format!("sequence number {} cannot start a batch", hdr.seq))
+        } else {
+            Ok(())
+        };
+        if let Err(why) = whole {
+            self.shared.log_guest(format_args!(
+                "bad batch on the {} queue (session {}): {why}",
+                queue_name(queue),
+                hdr.session
+            ));
+            self.shared.stats.add_refused();
+            done.finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
+            return;
+        }
+        self.shared.stats.add_batch();
+        let done = Completion {
+            batch: Some(Arc::new(AtomicUsize::new(n))),
+            ..done
+        };
+        let frames = split_batch(hdr, mem, chain, n).map_err(|why| {
+            self.shared.log_guest(format_args!(
+                "bad batch (session {}, frames {}..{}): {why}",
+                hdr.session,
+                hdr.seq,
+                hdr.seq + n as u64
+            ));
+        });
+        for i in 0..n {
+            let (header, inline, refused) = match &frames {
+                Ok(f) => (f[i].0, f[i].1.clone(), false),
+                Err(()) => (
+                    Header {
+                        opcode: 0,
+                        flags: 0,
+                        call_id: 0,
+                        payload_len: 0,
+                        status: 0,
+                    },
+                    Vec::new(),
+                    true,
+                ),
+            };
+            let job = Box::new(CallJob {
+                seq: hdr.seq + i as u64,
+                header,
+                inline,
+                data: Segments::default(),
+                reply_data: Segments::default(),
+                done: done.clone(),
+                refused,
+            });
+            if let Err(job) = self.dispatch(hdr.session, job) {
+                self.shared.stats.add_refused();
+                job.done
+                    .finish(&self.shared, RespHeader::status(S_NO_SESSION), &[]);
             }
         }
     }
@@ -855,6 +968,59 @@ impl VgpuDevice {
     }
 }
 
+/// The `n` frames of a `BATCH` request: each a header (asynchronous, not a reply) and its whole
+/// payload, back to back in the inline bytes, which are all the request carries.
+fn split_batch(
+    hdr: &ReqHeader,
+    mem: &GuestMem,
+    chain: &ParsedChain,
+    n: usize,
+) -> Result<Vec<(Header, Vec<u8>)>, String> {
+    let inline_len = hdr.inline_len as usize;
+    if !(HEADER_LEN..=MAX_INLINE).contains(&inline_len) {
+        return Err(format!(
+            "inline length {inline_len} is outside {HEADER_LEN}..={MAX_INLINE}"
+        ));
+    }
+    if chain.readable.len() != REQ_HEADER_LEN + inline_len {
+        return Err(format!(
+            "{} readable bytes after the header, but the frames take {inline_len} and a batch \
+             carries no request data",
+            chain.readable.len().saturating_sub(REQ_HEADER_LEN)
+        ));
+    }
+    let mut bytes = vec![0u8; inline_len];
+    chain
+        .readable
+        .sub(REQ_HEADER_LEN, inline_len)
+        .read_into(mem, &mut bytes)
+        .map_err(|e| e.to_string())?;
+    let mut frames = Vec::with_capacity(n);
+    let mut rest = &bytes[..];
+    for i in 0..n {
+        let Some((hb, after)) = rest.split_first_chunk::<HEADER_LEN>() else {
+            return Err(format!("frame {i} of {n} is cut short"));
+        };
+        let header = Header::decode(hb).map_err(|e| format!("frame {i}: bad header: {e}"))?;
+        if header.flags & FLAG_REPLY != 0 || header.flags & FLAG_ASYNC == 0 {
+            return Err(format!("frame {i} is not an asynchronous request"));
+        }
+        let len = header.payload_len as usize;
+        if len > after.len() {
+            return Err(format!(
+                "frame {i}: payload_len {len} exceeds the {} bytes left",
+                after.len()
+            ));
+        }
+        frames.push((header, after[..len].to_vec()));
+        rest = &after[len..];
+    }
+    if !rest.is_empty() {
+        return Err(format!("{} bytes follow the last frame", rest.len()));
+    }
+    Ok(frames)
+}
+
 /// A request header that passed its checks.
 enum Classified {
     Open,
@@ -866,7 +1032,9 @@ enum Classified {
 mod tests {
     use super::*;
     use crate::vgpu_dev::exec::{Call, Reply, SessionExecutor};
-    use crate::vgpu_dev::wire::{REQ_CALL, S_PROTOCOL, S_REPLY_TOO_LARGE, SUBMIT_QUEUE};
+    use crate::vgpu_dev::wire::{
+        MAX_BATCH_FRAMES, REQ_BATCH, REQ_CALL, S_PROTOCOL, S_REPLY_TOO_LARGE, SUBMIT_QUEUE,
+    };
     use std::sync::mpsc::{Receiver, Sender};
     use std::time::{Duration, Instant};
     use vgpu_broker::CuError;
@@ -1292,6 +1460,136 @@ mod tests {
         assert_eq!((s.sessions_open, s.sessions_total, s.calls), (0, 1, 2));
         assert_eq!(s.bytes_from_guest, 5);
         assert_eq!(r.dev.session_count(), 0);
+    }
+
+    impl Rig {
+        /// A `BATCH` request of `session` at slot `i`: `count` frames in `frames`, the first
+        /// with sequence number `seq`.
+        fn batch(&self, i: u64, session: u32, seq: u64, count: u32, frames: &[u8]) -> Descs {
+            let hdr = ReqHeader {
+                kind: REQ_BATCH,
+                session,
+                seq,
+                inline_len: frames.len() as u32,
+                reply_cap: count,
+                reserved: 0,
+            };
+            // No reply area: `request` adds one only for a non-zero reply_cap.
+            let mut d = self.request(
+                i,
+                ReqHeader {
+                    reply_cap: 0,
+                    ..hdr
+                },
+                frames,
+                &[],
+                0,
+            );
+            let m = self.mem.memory();
+            m.write_slice(&hdr.to_bytes(), GuestAddress(Self::slot(i)))
+                .unwrap();
+            d.retain(|&(a, _, _)| a != Self::slot(i) + 0x8100);
+            d
+        }
+    }
+
+    /// `n` asynchronous `OP_ECHO` frames with call ids `first..`, back to back.
+    fn echo_frames(first: u64, n: u64) -> Vec<u8> {
+        (first..first + n)
+            .flat_map(|id| frame(OP_ECHO, FLAG_ASYNC, id, 2, b"hi"))
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_runs_its_frames_in_order_and_returns_its_chain_once() {
+        let mut r = rig();
+        r.dev.set_batch(true);
+        r.open(0, 2);
+        let d = r.batch(1, 2, 1, 3, &echo_frames(1, 3));
+        r.push(SUBMIT_QUEUE, &d);
+        // The synchronous frame after the batch runs after all of its frames.
+        let f = frame(OP_ECHO, 0, 4, 0, b"");
+        let d = r.request(2, Rig::call_hdr(2, 4, f.len(), 256), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(2, &d).status, S_OK);
+        r.wait_used(SUBMIT_QUEUE, 1);
+        assert_eq!(r.used_idx(SUBMIT_QUEUE), 1, "one chain for three frames");
+        assert_eq!(r.resp(1).status, S_OK);
+        assert_eq!(r.used(SUBMIT_QUEUE, 0).1, RESP_HEADER_LEN as u32);
+        let order: Vec<u64> = r.seen.try_iter().map(|(_, id)| id).collect();
+        assert_eq!(order, [1, 2, 3, 4]);
+        let st = r.stats.snapshot();
+        assert_eq!((st.batches, st.calls, st.refused_requests), (1, 4, 0));
+    }
+
+    #[test]
+    fn bad_batches_are_refused_and_the_session_goes_on() {
+        let mut r = rig();
+        r.open(0, 3);
+        let mut seq = 1;
+        let mut expect_used = 0;
+        // Without the feature accepted: refused whole (no frame runs, no number spent).
+        let d = r.batch(1, 3, seq, 1, &echo_frames(1, 1));
+        r.push(SUBMIT_QUEUE, &d);
+        r.run();
+        expect_used += 1;
+        r.wait_used(SUBMIT_QUEUE, expect_used);
+        assert_eq!(r.resp(1).status, S_BAD_REQUEST);
+        r.dev.set_batch(true);
+        // Header-level faults: refused whole.
+        for (i, count, q) in [
+            (2, 0, SUBMIT_QUEUE),
+            (3, (MAX_BATCH_FRAMES + 1) as u32, SUBMIT_QUEUE),
+            (4, 1, CTRL_QUEUE),
+        ] {
+            let d = r.batch(i, 3, seq, count, &echo_frames(1, 1));
+            let before = r.used_idx(q);
+            r.push(q, &d);
+            r.run();
+            r.wait_used(q, before + 1);
+            assert_eq!(r.resp(i).status, S_BAD_REQUEST, "case {i}");
+            if q == SUBMIT_QUEUE {
+                expect_used += 1;
+            }
+        }
+        // Frame-level faults: the batch's numbers are refused in place, later frames still run.
+        let mut sync_frame = frame(OP_ECHO, 0, 9, 0, b"");
+        sync_frame.extend(echo_frames(2, 1));
+        let cases: Vec<(u32, Vec<u8>)> = vec![
+            (2, echo_frames(1, 1)),                        // one frame short
+            (1, [echo_frames(1, 1), vec![0; 3]].concat()), // bytes after the last frame
+            (2, sync_frame),                               // a synchronous frame
+            (1, {
+                let mut f = echo_frames(1, 1);
+                f[0] ^= 0xff; // bad magic
+                f
+            }),
+        ];
+        for (k, (count, bytes)) in cases.into_iter().enumerate() {
+            let i = 10 + k as u64;
+            let d = r.batch(i, 3, seq, count, &bytes);
+            r.push(SUBMIT_QUEUE, &d);
+            r.run();
+            expect_used += 1;
+            r.wait_used(SUBMIT_QUEUE, expect_used);
+            assert_eq!(r.resp(i).status, S_BAD_REQUEST, "case {k}");
+            seq += u64::from(count);
+        }
+        assert!(r.seen.try_recv().is_err(), "no frame of a bad batch ran");
+        let f = frame(OP_ECHO, 0, 77, 0, b"");
+        let d = r.request(20, Rig::call_hdr(3, seq, f.len(), 256), &f, &[], 0);
+        assert_eq!(
+            r.ctrl_sync(20, &d).status,
+            S_OK,
+            "the session did not stall"
+        );
+        assert_eq!(r.seen.try_recv().unwrap().1, 77);
+        // A batch of a session that does not exist.
+        let d = r.batch(21, 99, 1, 2, &echo_frames(1, 2));
+        r.push(SUBMIT_QUEUE, &d);
+        r.run();
+        expect_used += 1;
+        r.wait_used(SUBMIT_QUEUE, expect_used);
+        assert_eq!(r.resp(21).status, S_NO_SESSION);
     }
 
     #[test]

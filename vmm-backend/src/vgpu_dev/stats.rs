@@ -37,6 +37,8 @@ counters! {
     sessions_total,
     /// Protocol frames executed.
     calls,
+    /// `BATCH` requests taken (several asynchronous frames in one chain).
+    batches,
     /// Request bulk bytes read straight from guest pages (host to device).
     bytes_from_guest,
     /// Reply bulk bytes written straight into guest pages (device to host).
@@ -78,6 +80,10 @@ impl VgpuDevStats {
 
     pub(crate) fn add_call(&self) {
         Self::add(&self.calls, 1);
+    }
+
+    pub(crate) fn add_batch(&self) {
+        Self::add(&self.batches, 1);
     }
 
     pub(crate) fn add_from_guest(&self, n: u64) {

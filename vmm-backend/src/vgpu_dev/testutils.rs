@@ -33,8 +33,8 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::chain::{GuestMem, Segment, Segments};
 use super::wire::{
-    CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, NUM_QUEUES, REQ_CALL, REQ_CLOSE, REQ_HEADER_LEN,
-    REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_OK, SUBMIT_QUEUE,
+    CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, F_BATCH, NUM_QUEUES, REQ_BATCH, REQ_CALL, REQ_CLOSE,
+    REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_OK, SUBMIT_QUEUE,
 };
 use crate::driver_queue::DriverQueue;
 use crate::vsock::testutils::{GuestRam, memfd_region, region_info, vhost_err};
@@ -72,6 +72,8 @@ pub struct DevGuestOptions {
     pub indirect: bool,
     /// What backs guest RAM.
     pub ram: GuestRam,
+    /// Accept the device's BATCH feature (as the guest module does).
+    pub batch: bool,
 }
 
 impl Default for DevGuestOptions {
@@ -83,6 +85,7 @@ impl Default for DevGuestOptions {
             busy_poll: false,
             indirect: true,
             ram: GuestRam::SmallPages,
+            batch: true,
         }
     }
 }
@@ -303,6 +306,9 @@ impl DevGuest {
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         if inner.opts.event_idx {
             want |= 1 << VIRTIO_RING_F_EVENT_IDX;
+        }
+        if inner.opts.batch {
+            want |= 1 << F_BATCH;
         }
         let size = inner.opts.queue_size;
         let region = region_info(&inner.mem, 0)?;
@@ -966,6 +972,28 @@ impl DevSession {
             S_OK => Ok(()),
             s => Err(DevError::Device(s)),
         }
+    }
+
+    /// Submits `reqs` as one `BATCH` request (asynchronous frames without bulk data, taking
+    /// consecutive sequence numbers) without waiting.
+    pub fn submit_batch<O: Op>(&mut self, reqs: &[O]) -> Result<Pending, DevError> {
+        let first = self.seq + 1;
+        let mut inline = Vec::new();
+        for r in reqs {
+            inline.extend_from_slice(&self.frame(r, FLAG_ASYNC, 0).inline);
+        }
+        let req = Request {
+            hdr: ReqHeader {
+                kind: REQ_BATCH,
+                session: self.id,
+                seq: first,
+                reply_cap: reqs.len() as u32,
+                ..Default::default()
+            },
+            inline,
+            ..Default::default()
+        };
+        Ok(self.guest.submit(SUBMIT_QUEUE, &req, 0)?)
     }
 
     /// Submits an asynchronous frame without waiting.

@@ -21,6 +21,12 @@
 //! and the bulk bytes of a `MemcpyDtoH` reply into the reply data, again the application's pages.
 //! Both split points are byte offsets, so a driver may put the headers and the inline bytes in one
 //! descriptor or several.
+//!
+//! With [`F_BATCH`] negotiated, a `BATCH` request on the submission queue carries several
+//! asynchronous frames back to back in its inline bytes (each a 24-byte header and its whole
+//! payload; no request data), `reply_cap` of them, taking the sequence numbers `seq`, `seq + 1`, …:
+//! one chain, one completion and one notification for a burst of kernel launches or memsets. The
+//! device returns the chain once every frame of it has run.
 
 use vgpu_proto::frame::{HEADER_LEN, MAX_PAYLOAD};
 
@@ -61,6 +67,13 @@ pub const REQ_OPEN: u32 = 1;
 pub const REQ_CALL: u32 = 2;
 /// Request type: close session `session`, releasing everything it holds.
 pub const REQ_CLOSE: u32 = 3;
+/// Request type: several asynchronous frames of session `session` (with [`F_BATCH`]).
+pub const REQ_BATCH: u32 = 4;
+
+/// Device feature bit: the device takes `BATCH` requests.
+pub const F_BATCH: u64 = 0;
+/// Most frames in one `BATCH` request.
+pub const MAX_BATCH_FRAMES: usize = 512;
 
 /// Done (for a call: the reply frame is in the reply area, or it was asynchronous).
 pub const S_OK: u32 = 0;
@@ -104,15 +117,17 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 /// `struct virtio_vgpu_req`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReqHeader {
-    /// `REQ_OPEN`, `REQ_CALL` or `REQ_CLOSE`.
+    /// `REQ_OPEN`, `REQ_CALL`, `REQ_CLOSE` or `REQ_BATCH`.
     pub kind: u32,
     /// Session id chosen by the driver (non-zero).
     pub session: u32,
-    /// `CALL`: the session's sequence number, 1, 2, 3… in submission order over both queues.
+    /// `CALL`: the session's sequence number, 1, 2, 3… in submission order over both queues
+    /// (`BATCH`: its first frame's).
     pub seq: u64,
-    /// `CALL`: bytes of the frame carried inline after this header.
+    /// `CALL`: bytes of the frame carried inline after this header (`BATCH`: of all its frames).
     pub inline_len: u32,
-    /// `CALL` on the control queue: bytes of the reply area after the response header.
+    /// `CALL` on the control queue: bytes of the reply area after the response header. `BATCH`:
+    /// the number of frames.
     pub reply_cap: u32,
     /// Must be zero.
     pub reserved: u64,
@@ -284,7 +299,7 @@ mod tests {
                 None => v.parse().unwrap(),
             }
         };
-        let pairs: [(&str, u64); 19] = [
+        let pairs: [(&str, u64); 22] = [
             ("VIRTIO_VGPU_CTRL_QUEUE", CTRL_QUEUE as u64),
             ("VIRTIO_VGPU_SUBMIT_QUEUE", SUBMIT_QUEUE as u64),
             ("VIRTIO_VGPU_NUM_QUEUES", NUM_QUEUES as u64),
@@ -292,6 +307,9 @@ mod tests {
             ("VIRTIO_VGPU_REQ_OPEN", u64::from(REQ_OPEN)),
             ("VIRTIO_VGPU_REQ_CALL", u64::from(REQ_CALL)),
             ("VIRTIO_VGPU_REQ_CLOSE", u64::from(REQ_CLOSE)),
+            ("VIRTIO_VGPU_REQ_BATCH", u64::from(REQ_BATCH)),
+            ("VIRTIO_VGPU_F_BATCH", F_BATCH),
+            ("VIRTIO_VGPU_MAX_BATCH_FRAMES", MAX_BATCH_FRAMES as u64),
             ("VIRTIO_VGPU_S_OK", u64::from(S_OK)),
             ("VIRTIO_VGPU_S_BAD_REQUEST", u64::from(S_BAD_REQUEST)),
             ("VIRTIO_VGPU_S_NO_SESSION", u64::from(S_NO_SESSION)),

@@ -335,11 +335,12 @@ static bool vgpu_has_room(struct vgpu_dev *dev, struct virtqueue *vq)
 }
 
 /*
- * Adds a request to queue q, waiting while the queue is full. For a call, the session's next
- * sequence number goes into the header first; the caller holds the file's submit_lock.
+ * Adds a request to queue q, waiting while the queue is full. A call (or a batch of `seqs`
+ * calls) takes the session's next sequence number(s), written into the header first; the caller
+ * holds the file's submit_lock.
  */
 static int vgpu_submit(struct vgpu_request *r, int q, struct scatterlist **sgs,
-		       unsigned int out_n, unsigned int in_n, bool is_call)
+		       unsigned int out_n, unsigned int in_n, u32 seqs)
 {
 	struct vgpu_dev *dev = r->dev;
 	struct virtio_vgpu_req *hdr = r->buf;
@@ -354,13 +355,12 @@ static int vgpu_submit(struct vgpu_request *r, int q, struct scatterlist **sgs,
 			return -ENODEV;
 		}
 		spin_lock_irq(&dev->vq_lock);
-		if (is_call)
+		if (seqs)
 			hdr->seq = cpu_to_le64(r->file->next_seq);
 		ret = virtqueue_add_sgs(vq, sgs, out_n, in_n, r, GFP_ATOMIC);
 		notify = false;
 		if (!ret) {
-			if (is_call)
-				r->file->next_seq++;
+			r->file->next_seq += seqs;
 			notify = virtqueue_kick_prepare(vq);
 		}
 		spin_unlock_irq(&dev->vq_lock);
@@ -442,7 +442,7 @@ static int vgpu_session_request(struct vgpu_file *f, u32 type)
 	sg_init_one(&hdr_sg, r->buf, sizeof(*hdr));
 	sg_init_one(&resp_sg, r->resp, sizeof(*r->resp));
 	mutex_lock(&f->submit_lock);
-	ret = vgpu_submit(r, VIRTIO_VGPU_CTRL_QUEUE, sgs, 1, 1, false);
+	ret = vgpu_submit(r, VIRTIO_VGPU_CTRL_QUEUE, sgs, 1, 1, 0);
 	mutex_unlock(&f->submit_lock);
 	if (ret) {
 		vgpu_request_free(r);
@@ -486,9 +486,91 @@ static long vgpu_ioctl_info(struct vgpu_file *f, void __user *arg)
 	info.device_id = vdev->id.device;
 	info.session = f->session;
 	info.index = dev->index;
+	if (virtio_has_feature(vdev, VIRTIO_VGPU_F_BATCH))
+		info.flags |= VGPU_INFO_BATCH;
 	if (copy_to_user(arg, &info, sizeof(info)))
 		return -EFAULT;
 	return 0;
+}
+
+/*
+ * Counts the frames of a batch: asynchronous requests back to back, each its header and whole
+ * payload, nothing after the last. Returns the count, or 0 when the bytes are not such frames.
+ */
+static u32 vgpu_batch_frames(const u8 *p, size_t len)
+{
+	u32 n = 0;
+
+	while (len) {
+		u16 flags;
+		u32 payload;
+
+		if (len < VGPU_FRAME_HEADER_LEN || n == VIRTIO_VGPU_MAX_BATCH_FRAMES)
+			return 0;
+		flags = get_unaligned_le16(p + VGPU_FRAME_FLAGS_OFFSET);
+		payload = get_unaligned_le32(p + VGPU_FRAME_PAYLOAD_LEN_OFFSET);
+		if (!(flags & VGPU_FRAME_FLAG_ASYNC) || payload > len - VGPU_FRAME_HEADER_LEN)
+			return 0;
+		p += VGPU_FRAME_HEADER_LEN + payload;
+		len -= VGPU_FRAME_HEADER_LEN + payload;
+		n++;
+	}
+	return n;
+}
+
+/* VGPU_CALL_BATCH: several asynchronous frames without bulk data, one request, not waited for. */
+static long vgpu_ioctl_batch(struct vgpu_file *f, const struct vgpu_call *c)
+{
+	struct vgpu_dev *dev = f->dev;
+	struct scatterlist hdr_sg, resp_sg;
+	struct scatterlist *sgs[2] = { &hdr_sg, &resp_sg };
+	struct virtio_vgpu_req *hdr;
+	struct vgpu_request *r;
+	u32 frames;
+	long ret;
+
+	if (!virtio_has_feature(dev->vdev, VIRTIO_VGPU_F_BATCH))
+		return -EOPNOTSUPP;
+	if (c->data_len || c->reply_cap || c->out_len)
+		return -EINVAL;
+	if (c->req_len < VGPU_FRAME_HEADER_LEN || c->req_len > dev->max_inline)
+		return -EINVAL;
+	r = vgpu_request_alloc(f, VIRTIO_VGPU_REQ_HEADER_LEN + c->req_len);
+	if (!r)
+		return -ENOMEM;
+	hdr = r->buf;
+	if (copy_from_user((u8 *)r->buf + VIRTIO_VGPU_REQ_HEADER_LEN, u64_to_user_ptr(c->req),
+			   c->req_len)) {
+		ret = -EFAULT;
+		goto out_free;
+	}
+	frames = vgpu_batch_frames((u8 *)r->buf + VIRTIO_VGPU_REQ_HEADER_LEN, c->req_len);
+	if (!frames) {
+		ret = -EINVAL;
+		goto out_free;
+	}
+	hdr->type = cpu_to_le32(VIRTIO_VGPU_REQ_BATCH);
+	hdr->session = cpu_to_le32(f->session);
+	hdr->inline_len = cpu_to_le32(c->req_len);
+	hdr->reply_cap = cpu_to_le32(frames);
+	sg_init_one(&hdr_sg, r->buf, r->buf_len);
+	sg_init_one(&resp_sg, r->resp, sizeof(*r->resp));
+	r->async = true;
+	ret = wait_event_killable(f->async_wq,
+				  atomic_read(&f->async_inflight) < VGPU_MAX_ASYNC);
+	if (ret)
+		goto out_free;
+	atomic_inc(&f->async_inflight);
+	r->in_async_count = true;
+	mutex_lock(&f->submit_lock);
+	ret = vgpu_submit(r, VIRTIO_VGPU_SUBMIT_QUEUE, sgs, 1, 1, frames);
+	mutex_unlock(&f->submit_lock);
+	if (ret)
+		goto out_free;
+	return 0;
+out_free:
+	vgpu_request_free(r);
+	return ret;
 }
 
 static long vgpu_ioctl_call(struct vgpu_file *f, struct vgpu_call __user *uarg)
@@ -508,6 +590,8 @@ static long vgpu_ioctl_call(struct vgpu_file *f, struct vgpu_call __user *uarg)
 
 	if (copy_from_user(&c, uarg, sizeof(c)))
 		return -EFAULT;
+	if (c.flags == VGPU_CALL_BATCH)
+		return vgpu_ioctl_batch(f, &c);
 	if (c.flags & ~VGPU_CALL_NOWAIT)
 		return -EINVAL;
 	nowait = c.flags & VGPU_CALL_NOWAIT;
@@ -615,7 +699,7 @@ static long vgpu_ioctl_call(struct vgpu_file *f, struct vgpu_call __user *uarg)
 	}
 	mutex_lock(&f->submit_lock);
 	ret = vgpu_submit(r, async ? VIRTIO_VGPU_SUBMIT_QUEUE : VIRTIO_VGPU_CTRL_QUEUE, sgs,
-			  out_n, in_n, true);
+			  out_n, in_n, 1);
 	mutex_unlock(&f->submit_lock);
 	if (ret) {
 		if (ticket)
@@ -884,9 +968,15 @@ static const struct virtio_device_id vgpu_id_table[] = {
 /* The IDs the driver binds: those above and the module parameter device_id. */
 static struct virtio_device_id vgpu_bind_ids[ARRAY_SIZE(vgpu_id_table) + 1];
 
+static unsigned int vgpu_features[] = {
+	VIRTIO_VGPU_F_BATCH,
+};
+
 static struct virtio_driver vgpu_driver = {
 	.driver.name = KBUILD_MODNAME,
 	.driver.owner = THIS_MODULE,
+	.feature_table = vgpu_features,
+	.feature_table_size = ARRAY_SIZE(vgpu_features),
 	.id_table = vgpu_bind_ids,
 	.probe = vgpu_probe,
 	.remove = vgpu_remove,

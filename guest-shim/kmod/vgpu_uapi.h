@@ -27,12 +27,16 @@ struct vgpu_info {
 	__u32 device_id;	/* the virtio device ID */
 	__u32 session;		/* this file's session id */
 	__u32 index;		/* N of /dev/vgpuN */
-	__u32 reserved;
+	__u32 flags;		/* VGPU_INFO_* */
 	char name[64];		/* the GPU's name */
 };
 
+/* In vgpu_info.flags: the device takes VGPU_CALL_BATCH. */
+#define VGPU_INFO_BATCH		1
+
 /*
- * In `flags`: VGPU_CALL_NOWAIT, or 0. The frame header's ASYNC flag picks the queue.
+ * In `flags`: VGPU_CALL_NOWAIT, VGPU_CALL_BATCH, or 0. The frame header's ASYNC flag picks the
+ * queue.
  *
  * VGPU_CALL_NOWAIT returns once the frame is queued; the module keeps the pages pinned until the
  * device is done with them. An asynchronous frame then needs nothing more (a later synchronous
@@ -41,6 +45,14 @@ struct vgpu_info {
  * This lets the shim keep several chunks of one large copy in flight.
  */
 #define VGPU_CALL_NOWAIT	1
+
+/*
+ * VGPU_CALL_BATCH (with VGPU_INFO_BATCH): `req` holds several asynchronous frames back to back,
+ * each its 24-byte header and its whole payload (at most VIRTIO_VGPU_MAX_BATCH_FRAMES of them);
+ * `data`, `reply` and `out` are unused (lengths 0). They go to the device as one request, in
+ * order, and the call returns once they are queued, as for a small asynchronous frame.
+ */
+#define VGPU_CALL_BATCH		2
 
 struct vgpu_call {
 	__u64 req;		/* in: frame header and fields */
@@ -51,7 +63,7 @@ struct vgpu_call {
 	__u32 reply_cap;	/* in: bytes of reply (synchronous: >= 24) */
 	__u64 data_len;		/* in: <= max_data */
 	__u64 out_len;		/* in: <= max_transfer */
-	__u32 flags;		/* in: 0 or VGPU_CALL_NOWAIT */
+	__u32 flags;		/* in: 0, VGPU_CALL_NOWAIT or VGPU_CALL_BATCH */
 	__u32 reply_len;	/* out: bytes of the reply frame (EMSGSIZE: bytes needed) */
 	__u64 out_done;		/* out: bulk bytes written to out */
 	__u64 ticket;		/* out: VGPU_CALL_NOWAIT with a synchronous frame: for VGPU_IOC_WAIT */

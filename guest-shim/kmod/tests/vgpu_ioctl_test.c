@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../vgpu_uapi.h"
+#include "../vgpu_virtio.h"
 
 static int failures;
 
@@ -152,6 +153,64 @@ static void large_replies(const char *path, int fd) {
             close(fds[i]);
 }
 
+/*
+ * VGPU_CALL_BATCH on a session after its Hello: malformed batches are refused by the module, a
+ * full batch of asynchronous frames is queued, and a synchronous call after it is answered (the
+ * batch took exactly as many sequence numbers as it had frames, or the device would wait).
+ */
+static void batches(int fd, const struct vgpu_call *good) {
+    struct vgpu_info info;
+    expect_errno("INFO before batches", ioctl(fd, VGPU_IOC_INFO, &info), 0);
+    if (!(info.flags & VGPU_INFO_BATCH)) {
+        printf("FAIL the device does not offer batches (flags %#x)\n", info.flags);
+        failures++;
+        return;
+    }
+    printf("ok the device takes batches\n");
+    enum { MAX = VIRTIO_VGPU_MAX_BATCH_FRAMES };
+    static uint8_t frames[(MAX + 1) * 24];
+    /* Memsets without fields: the device refuses each later (an asynchronous error), harmlessly. */
+    for (int i = 0; i <= MAX; i++)
+        frame(frames + 24 * i, 0x0309 /* Memset */, 1 /* ASYNC */, 1000 + i, 0);
+    struct vgpu_call b = { .req = (uintptr_t)frames, .req_len = 24 * MAX, .flags = VGPU_CALL_BATCH };
+    struct vgpu_call c;
+    c = b; c.req_len = 24 * (MAX + 1);
+    expect_errno("a batch of one frame too many", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = b; c.req_len = 24 + 3;
+    expect_errno("a batch with bytes after its last frame", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = b; c.data = (uintptr_t)frames; c.data_len = 24;
+    expect_errno("a batch with bulk data", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = b; c.reply = (uintptr_t)frames; c.reply_cap = 64;
+    expect_errno("a batch with a reply buffer", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = b; c.flags = VGPU_CALL_BATCH | VGPU_CALL_NOWAIT;
+    expect_errno("a batch with NOWAIT", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    uint8_t sync_first[48];
+    frame(sync_first, 0x0003 /* Ping */, 0, 1, 0);
+    frame(sync_first + 24, 0x0309, 1, 2, 0);
+    c = b; c.req = (uintptr_t)sync_first; c.req_len = sizeof sync_first;
+    expect_errno("a batch with a synchronous frame", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    uint8_t cut[30];
+    frame(cut, 0x0309, 1, 3, 100);
+    c = b; c.req = (uintptr_t)cut; c.req_len = sizeof cut;
+    expect_errno("a batch whose frame runs past its end", ioctl(fd, VGPU_IOC_CALL, &c), EINVAL);
+    c = b; c.req = 0x1000;
+    expect_errno("a batch at an unmapped address", ioctl(fd, VGPU_IOC_CALL, &c), EFAULT);
+    expect_errno("a full batch", ioctl(fd, VGPU_IOC_CALL, &b), 0);
+    c = b; c.req_len = 24;
+    expect_errno("a batch of one", ioctl(fd, VGPU_IOC_CALL, &c), 0);
+    uint8_t ping[24], reply[64];
+    frame(ping, 0x0003 /* Ping */, 0, 5000, 0);
+    c = *good; c.req = (uintptr_t)ping; c.reply = (uintptr_t)reply; c.reply_cap = sizeof reply;
+    expect_errno("a call after the batches", ioctl(fd, VGPU_IOC_CALL, &c), 0);
+    uint64_t id;
+    memcpy(&id, reply + 8, 8);
+    if (c.reply_len != 24 || id != 5000) {
+        printf("FAIL the call after the batches: %u bytes, call id %llu\n", c.reply_len,
+               (unsigned long long)id);
+        failures++;
+    }
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "/dev/vgpu0";
     int fd = open(path, O_RDWR);
@@ -263,6 +322,8 @@ int main(int argc, char **argv) {
     } else {
         printf("ok Hello answered (%u bytes)\n", c.reply_len);
     }
+
+    batches(fd2, &good);
 
     /* Queued calls: tickets redeemed in any order, each once; a bounded number outstanding. */
     uint8_t pings[64][24], replies[64][64];

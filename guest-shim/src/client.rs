@@ -13,7 +13,7 @@ use vgpu_proto::cuda::{self, CuResult};
 use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header, MAX_BULK_CHUNK, MAX_PAYLOAD};
 use vgpu_proto::msg::{self, Op};
 
-use crate::devlink::{DevLink, ReplyTooLarge};
+use crate::devlink::{DevLink, MAX_BATCH_FRAMES, ReplyTooLarge};
 use crate::transport::{Link, Stream, StreamLink};
 
 /// Reply frame buffer of the device transport: room for every reply but very
@@ -30,6 +30,10 @@ pub const QUERIES: [u16; 4] = [
     msg::DeviceGetCount::OPCODE,
     msg::MemGetInfo::OPCODE,
 ];
+/// Asynchronous frames over the device with at most this many bulk bytes travel in batches
+/// (several frames, one request, when the device takes them), their bytes copied into the batch;
+/// larger ones go alone, their bytes read in place.
+pub const DEVICE_BATCH_TAIL: usize = 4096;
 /// Chunks of one device-to-host copy in flight at once over the device.
 pub const DEVICE_WINDOW: usize = 8;
 /// Reply buffer of each chunk in flight: a copy's reply is a bare frame header,
@@ -100,6 +104,8 @@ pub struct Client {
     rbuf: Vec<u8>,
     /// Reply buffers of the chunks of a copy in flight (device transport).
     chunk_replies: Vec<Vec<u8>>,
+    /// Frames in `wbuf` (device transport: the batch).
+    batched: usize,
     call_id: u64,
     batch: usize,
     flush_interval: Duration,
@@ -165,6 +171,7 @@ impl Client {
             scratch: Vec::new(),
             rbuf: Vec::new(),
             chunk_replies: Vec::new(),
+            batched: 0,
             call_id: 0,
             batch,
             flush_interval,
@@ -224,9 +231,27 @@ impl Client {
     /// Queues a frame; its tail is written straight from the caller's memory
     /// when it is large.
     fn enqueue<O: Op>(&mut self, req: &O, tail: &[u8], flags: u16) -> Result<u64, CallError> {
-        if matches!(self.conn, Conn::Device(_)) {
+        if let Conn::Device(d) = &self.conn {
             debug_assert!(flags & FLAG_ASYNC != 0);
+            let limit = if d.batches() && tail.len() <= DEVICE_BATCH_TAIL {
+                self.batch.min(d.info().max_inline as usize)
+            } else {
+                0
+            };
             let id = self.frame(req, tail.len(), flags);
+            let len = self.scratch.len() + tail.len();
+            if len <= limit {
+                // Into the batch, sent when full, by the next call, or by the flush thread.
+                if self.wbuf.len() + len > limit || self.batched == MAX_BATCH_FRAMES {
+                    self.flush()?;
+                }
+                self.wbuf.extend_from_slice(&self.scratch);
+                self.wbuf.extend_from_slice(tail);
+                self.batched += 1;
+                return Ok(id);
+            }
+            // Alone; after the frames batched before it.
+            self.flush()?;
             if let Conn::Device(d) = &self.conn {
                 d.post(&self.scratch, tail)
                     .map_err(|e| CallError::device(&e))?;
@@ -274,6 +299,8 @@ impl Client {
         tail: &[u8],
         out: &mut [u8],
     ) -> Result<(Header, usize, usize), CallError> {
+        // Batched asynchronous frames go first (sequence order is submission order).
+        self.flush()?;
         if self.rbuf.len() > DEVICE_REPLY_BUFFER {
             // Grown for one large query: every call pins the whole buffer.
             self.rbuf = vec![0; DEVICE_REPLY_BUFFER];
@@ -331,6 +358,9 @@ impl Client {
             return self.post(req, tail);
         }
         self.check()?;
+        if let Err(e) = self.flush() {
+            return Err(self.fail(e));
+        }
         let _ = self.frame(req, tail.len(), FLAG_ASYNC);
         let r = match &self.conn {
             Conn::Device(d) => d
@@ -365,6 +395,7 @@ impl Client {
         reqs: &[O],
         outs: Vec<&mut [u8]>,
     ) -> Result<(), CallError> {
+        self.flush()?;
         while self.chunk_replies.len() < DEVICE_WINDOW {
             self.chunk_replies.push(vec![0; CHUNK_REPLY_BUFFER]);
         }
@@ -468,13 +499,15 @@ impl Client {
     pub fn flush(&mut self) -> Result<(), CallError> {
         self.last_flush = Instant::now();
         if !self.wbuf.is_empty() {
-            let Conn::Stream(stream) = &mut self.conn else {
-                self.wbuf.clear();
-                return Ok(());
+            let r = match &mut self.conn {
+                Conn::Stream(stream) => stream
+                    .write_all(&self.wbuf)
+                    .map_err(|e| CallError::lost(&e)),
+                Conn::Device(d) => d.post_batch(&self.wbuf).map_err(|e| CallError::device(&e)),
             };
-            let r = stream.write_all(&self.wbuf);
             self.wbuf.clear();
-            r.map_err(|e| CallError::lost(&e))?;
+            self.batched = 0;
+            r?;
         }
         Ok(())
     }

@@ -44,8 +44,8 @@ pub struct VgpuInfo {
     pub session: u32,
     /// N of `/dev/vgpuN`.
     pub index: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// `VGPU_INFO_*`.
+    pub flags: u32,
     /// The GPU's name, NUL-terminated.
     pub name: [u8; 64],
 }
@@ -122,6 +122,12 @@ pub struct VgpuWait {
 
 /// `VGPU_CALL_NOWAIT`: return once queued.
 pub const VGPU_CALL_NOWAIT: u32 = 1;
+/// `VGPU_CALL_BATCH`: `req` holds several asynchronous frames; one request.
+pub const VGPU_CALL_BATCH: u32 = 2;
+/// `VGPU_INFO_BATCH`: the device takes [`VGPU_CALL_BATCH`].
+pub const VGPU_INFO_BATCH: u32 = 1;
+/// `VIRTIO_VGPU_MAX_BATCH_FRAMES`: most frames in one batch.
+pub const MAX_BATCH_FRAMES: usize = 512;
 
 /// `VGPU_IOC_INFO`.
 pub const VGPU_IOC_INFO: u64 = ioc(IOC_READ, 1, std::mem::size_of::<VgpuInfo>());
@@ -212,6 +218,23 @@ impl DevLink {
     /// this returns).
     pub fn post(&self, frame: &[u8], data: &[u8]) -> io::Result<()> {
         self.ioctl_call(&mut VgpuCall::new(frame, data, &mut [], &mut [], 0))
+    }
+
+    /// Whether the device takes batches of asynchronous frames ([`DevLink::post_batch`]).
+    pub fn batches(&self) -> bool {
+        self.info.flags & VGPU_INFO_BATCH != 0
+    }
+
+    /// Sends several asynchronous frames (each header, fields and bulk bytes, back to back; at
+    /// most [`MAX_BATCH_FRAMES`] and `max_inline` bytes) as one request. Returns once queued.
+    pub fn post_batch(&self, frames: &[u8]) -> io::Result<()> {
+        self.ioctl_call(&mut VgpuCall::new(
+            frames,
+            &[],
+            &mut [],
+            &mut [],
+            VGPU_CALL_BATCH,
+        ))
     }
 
     /// Queues an asynchronous frame and returns at once: the device reads `data` later, before
@@ -329,8 +352,9 @@ mod tests {
         std::fs::write(
             &src,
             format!(
-                "#include <stdio.h>\n#include <stddef.h>\n#include \"{}\"\nint main(void) {{ printf(\"%zu %zu %lu %lu %zu %zu %lu %zu %d\\n\", sizeof(struct vgpu_info), sizeof(struct vgpu_call), (unsigned long)VGPU_IOC_INFO, (unsigned long)VGPU_IOC_CALL, offsetof(struct vgpu_call, reply_len), offsetof(struct vgpu_info, name), (unsigned long)VGPU_IOC_WAIT, sizeof(struct vgpu_wait), VGPU_CALL_NOWAIT); return 0; }}\n",
-                header.display()
+                "#include <stdio.h>\n#include <stddef.h>\n#include \"{}\"\n#include \"{}\"\nint main(void) {{ printf(\"%zu %zu %lu %lu %zu %zu %lu %zu %d %d %d %d\\n\", sizeof(struct vgpu_info), sizeof(struct vgpu_call), (unsigned long)VGPU_IOC_INFO, (unsigned long)VGPU_IOC_CALL, offsetof(struct vgpu_call, reply_len), offsetof(struct vgpu_info, name), (unsigned long)VGPU_IOC_WAIT, sizeof(struct vgpu_wait), VGPU_CALL_NOWAIT, VGPU_CALL_BATCH, VGPU_INFO_BATCH, VIRTIO_VGPU_MAX_BATCH_FRAMES); return 0; }}\n",
+                header.display(),
+                header.with_file_name("vgpu_virtio.h").display()
             ),
         )
         .unwrap();
@@ -343,7 +367,7 @@ mod tests {
         let out = Command::new(&exe).output().unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         let want = format!(
-            "{} {} {} {} {} {} {} {} {}",
+            "{} {} {} {} {} {} {} {} {} {} {} {}",
             std::mem::size_of::<VgpuInfo>(),
             std::mem::size_of::<VgpuCall>(),
             VGPU_IOC_INFO,
@@ -353,6 +377,9 @@ mod tests {
             VGPU_IOC_WAIT,
             std::mem::size_of::<VgpuWait>(),
             VGPU_CALL_NOWAIT,
+            VGPU_CALL_BATCH,
+            VGPU_INFO_BATCH,
+            MAX_BATCH_FRAMES,
         );
         assert_eq!(text.trim(), want);
         let _ = std::fs::remove_dir_all(&dir);

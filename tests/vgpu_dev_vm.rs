@@ -341,6 +341,9 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
         "bigcopy status 0".to_string(),
         "ok TenantInfo into 64 KiB (Message too long)".to_string(),
         "ok vgpu-smi shows all 240 sessions through a reply larger than 64 KiB".to_string(),
+        "ok the device takes batches".to_string(),
+        "ok a batch of one frame too many (Invalid argument)".to_string(),
+        "ok a call after the batches (success)".to_string(),
         "vgpu_ioctl_test: 0 failures".to_string(),
         "ioctl status 0".to_string(),
         format!("/dev/vgpu0: virtio-vgpu device {DEVICE_ID}"),
@@ -401,6 +404,9 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
         "the ioctl test's garbage frames: {v:#}"
     );
     assert!(u(&v["stats"]["kernels"]) >= 3, "{v:#}");
+    // The module accepted the BATCH feature: the shim's asynchronous frames (launches, memsets)
+    // and the ioctl test's batches went in BATCH requests.
+    assert!(u(&st["batches"]) >= 3, "{v:#}");
     assert!(
         u(&st["device_resets"]) >= 1,
         "the module's removal reset the device: {v:#}"

@@ -5,7 +5,9 @@
 //! [`Daemon`]; the guest shim's own protocol client ([`Client`]) talks to the
 //! GPU port through it. The same client over a unix socket to the same
 //! daemon, and the same calls made directly on a broker session, are measured
-//! in the same run as baselines.
+//! in the same run as baselines. The same calls also go through the
+//! virtio-vgpu device of a second VM ([`DevGuest`]: the frontend playing QEMU
+//! and the guest's `vgpu` module, one descriptor chain per frame).
 //!
 //! Calls: `CtxSynchronize` on an idle context (a synchronous round trip) and
 //! 64-byte `Memset`s posted asynchronously and closed by one synchronous
@@ -19,11 +21,14 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Instant, SystemTime};
 
 use cuda::client::Client;
+use std::collections::VecDeque;
 use vgpu_broker::config::Config;
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
 use vgpu_proto::msg::{self, Request};
 use vgpu_vmm::daemon::Daemon;
+use vgpu_vmm::vgpu_dev::testutils::{DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession};
+use vgpu_vmm::vgpu_dev::wire::{MAX_BATCH_FRAMES, S_OK};
 use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
 
 use crate::stats::{median, percentile};
@@ -39,6 +44,16 @@ pub struct Params {
 
 /// The VM the benchmark daemon serves.
 const VM: &str = "bench";
+/// The VM with the virtio-vgpu device.
+const DEV_VM: &str = "bench-dev";
+/// Posted requests in flight on the virtio-vgpu device before the oldest is reaped (the fake
+/// guest driver has 32 request slots per queue).
+const DEV_WINDOW: usize = 16;
+/// Bytes of one batch of asynchronous frames, as the shim sends them over the device: the guest
+/// module's inline limit.
+const DEV_BATCH_BYTES: usize = 16 << 10;
+/// Bytes of one encoded `Memset` frame (header and fields).
+const MEMSET_FRAME_BYTES: usize = 64;
 const GUEST_CID: u64 = 3;
 const SLICE: &str = "256MiB";
 const DEVICE_MEMORY: &str = "1GiB";
@@ -84,6 +99,8 @@ pub struct Report {
     pub unix: Figures,
     /// The shim's client over the vhost-user vsock device.
     pub vhost: Figures,
+    /// Frames over the virtio-vgpu device.
+    pub dev: Figures,
 }
 
 /// A guest vsock stream as the `Read + Write` byte stream the client wants.
@@ -184,6 +201,124 @@ impl Remote {
     }
 }
 
+/// The same calls through the virtio-vgpu device, as the shim makes them: synchronous frames one
+/// chain each on the control queue, asynchronous ones in `BATCH` requests on the submission queue
+/// (up to [`DEV_BATCH_BYTES`] each; their chains reaped as the guest module does, on completion).
+struct DevRemote {
+    _guest: DevGuest,
+    session: DevSession,
+    ctx: u64,
+    ptr: u64,
+}
+
+fn dev_err(what: &str) -> impl FnOnce(vgpu_vmm::vgpu_dev::testutils::DevError) -> String + '_ {
+    move |e| format!("{what} (virtio-vgpu): {e}")
+}
+
+impl DevRemote {
+    fn open(socket: &Path) -> Result<DevRemote, String> {
+        let guest = DevGuest::start(
+            socket,
+            DevGuestOptions {
+                busy_poll: true,
+                ..DevGuestOptions::default()
+            },
+        )
+        .map_err(|e| format!("attaching the in-process frontend to the virtio-vgpu device: {e}"))?;
+        let mut session = DevSession::open(&guest, 1).map_err(dev_err("opening a session"))?;
+        let hello = session.hello("vgpu-bench").map_err(dev_err("handshake"))?;
+        if hello.tenant != DEV_VM {
+            return Err(format!(
+                "connected to VM `{}`, not `{DEV_VM}`",
+                hello.tenant
+            ));
+        }
+        let ctx = session
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .map_err(dev_err("CtxCreate"))?
+            .handle;
+        let ptr = session
+            .call(
+                &msg::MemAlloc {
+                    ctx,
+                    size: BUFFER_BYTES,
+                },
+                &[],
+            )
+            .map_err(dev_err("MemAlloc"))?
+            .ptr;
+        Ok(DevRemote {
+            _guest: guest,
+            session,
+            ctx,
+            ptr,
+        })
+    }
+
+    fn measure(&mut self, iters: usize) -> Result<Figures, String> {
+        let sync = msg::CtxSynchronize { ctx: self.ctx };
+        let memset = msg::Memset {
+            ctx: self.ctx,
+            stream: 0,
+            dst: self.ptr,
+            value: MEMSET_VALUE,
+            elem_size: 1,
+            count: MEMSET_BYTES,
+        };
+        let mut lat = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            self.session
+                .call(&sync, &[])
+                .map_err(dev_err("CtxSynchronize"))?;
+            lat.push(t.elapsed().as_nanos() as f64);
+        }
+        let guest = self.session.guest().clone();
+        let reap = |p| match guest.wait(p, DEFAULT_TIMEOUT) {
+            Ok(c) if c.resp.status == S_OK => Ok(()),
+            Ok(c) => Err(format!("posted Memset refused: status {}", c.resp.status)),
+            Err(e) => Err(format!("posted Memset (virtio-vgpu): {e}")),
+        };
+        let per_batch = (DEV_BATCH_BYTES / MEMSET_FRAME_BYTES).min(MAX_BATCH_FRAMES);
+        let mut inflight = VecDeque::with_capacity(DEV_WINDOW);
+        let t = Instant::now();
+        let mut left = iters;
+        while left > 0 {
+            let n = left.min(per_batch);
+            if inflight.len() == DEV_WINDOW
+                && let Some(p) = inflight.pop_front()
+            {
+                reap(p)?;
+            }
+            let batch = vec![memset.clone(); n];
+            inflight.push_back(
+                self.session
+                    .submit_batch(&batch)
+                    .map_err(dev_err("Memset batch"))?,
+            );
+            left -= n;
+        }
+        self.session
+            .call(&sync, &[])
+            .map_err(dev_err("CtxSynchronize"))?;
+        let async_ns = t.elapsed().as_nanos() as f64 / iters as f64;
+        for p in inflight {
+            reap(p)?;
+        }
+        Ok(Figures {
+            sync_p50: median(&lat),
+            sync_p99: percentile(&lat, PERCENTILE_TAIL),
+            async_ns,
+        })
+    }
+}
+
 /// The same calls on a broker session of the VM, without transport or encoding.
 struct Direct {
     session: Session,
@@ -271,9 +406,12 @@ fn config(dir: &Path) -> Result<Config, String> {
     let text = format!(
         "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"{DEVICE_MEMORY}\"\n\n\
          [[vm]]\nname = \"{VM}\"\nmemory = \"{SLICE}\"\n\
-         unix_socket = \"{}\"\nvhost_user_socket = \"{}\"\nguest_cid = {GUEST_CID}\n",
+         unix_socket = \"{}\"\nvhost_user_socket = \"{}\"\nguest_cid = {GUEST_CID}\n\n\
+         [[vm]]\nname = \"{DEV_VM}\"\nmemory = \"{SLICE}\"\n\
+         vhost_user_socket = \"{}\"\ndevice_model = \"vgpu\"\n",
         dir.join("bench.sock").display(),
         dir.join("bench.vhost.sock").display(),
+        dir.join("bench.vgpu.sock").display(),
     );
     Config::parse(&dir.join("bench.toml"), &text).map_err(|e| format!("benchmark config: {e}"))
 }
@@ -304,17 +442,20 @@ pub fn measure(p: Params) -> Result<Report, String> {
         .connect(vgpu_proto::GPU_VSOCK_PORT)
         .map_err(|e| format!("connecting to the GPU port over vsock: {e}"))?;
     let mut vhost = Remote::open(Box::new(VsockIo(stream)))?;
+    let mut dev = DevRemote::open(&dir.path().join("bench.vgpu.sock"))?;
 
     let warmup = p.iters / WARMUP_DIVISOR + 1;
     direct.measure(warmup)?;
     unix.measure(warmup)?;
     vhost.measure(warmup)?;
-    let (mut d, mut u, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    dev.measure(warmup)?;
+    let (mut d, mut u, mut v, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Interleaved, so that a burst of load on the machine hits every path.
     for _ in 0..p.runs {
         d.push(direct.measure(p.iters)?);
         u.push(unix.measure(p.iters)?);
         v.push(vhost.measure(p.iters)?);
+        g.push(dev.measure(p.iters)?);
     }
     let violations = guest.violations();
     if !violations.is_empty() {
@@ -322,6 +463,7 @@ pub fn measure(p: Params) -> Result<Report, String> {
             "the device broke the vsock protocol: {violations:?}"
         ));
     }
+    drop(dev);
     drop(vhost);
     drop(guest);
     drop(unix);
@@ -331,6 +473,7 @@ pub fn measure(p: Params) -> Result<Report, String> {
         direct: Figures::medians(&d),
         unix: Figures::medians(&u),
         vhost: Figures::medians(&v),
+        dev: Figures::medians(&g),
     })
 }
 
@@ -339,13 +482,20 @@ type Row = (&'static str, fn(&Figures) -> f64);
 
 fn print(p: Params, r: &Report) {
     println!(
-        "vhost: {} calls x {} runs (medians), simulated GPU; vhost-user vsock device driven by an \
-         in-process frontend (busy-polling guest)",
+        "vhost: {} calls x {} runs (medians), simulated GPU; vhost-user vsock device and \
+         virtio-vgpu device driven by in-process frontends (busy-polling guests)",
         p.iters, p.runs
     );
     println!(
-        "{:<42} {:>10} {:>11} {:>11} {:>11} {:>12}",
-        "call", "direct", "unix", "vhost-user", "vhost/unix", "vhost/direct"
+        "{:<42} {:>10} {:>11} {:>11} {:>11} {:>12} {:>11} {:>10}",
+        "call",
+        "direct",
+        "unix",
+        "vhost-user",
+        "vhost/unix",
+        "vhost/direct",
+        "vgpu-dev",
+        "dev/direct"
     );
     let rows: [Row; 3] = [
         ("CtxSynchronize round trip, p50", |f| f.sync_p50),
@@ -353,23 +503,26 @@ fn print(p: Params, r: &Report) {
         ("Memset (64 B) async, amortized per call", |f| f.async_ns),
     ];
     for (name, f) in rows {
-        let (d, u, v) = (f(&r.direct), f(&r.unix), f(&r.vhost));
+        let (d, u, v, g) = (f(&r.direct), f(&r.unix), f(&r.vhost), f(&r.dev));
         println!(
-            "{name:<42} {:>8.3}us {:>9.3}us {:>9.3}us {:>10.1}x {:>11.1}x",
+            "{name:<42} {:>8.3}us {:>9.3}us {:>9.3}us {:>10.1}x {:>11.1}x {:>9.3}us {:>9.1}x",
             d / NS_PER_US,
             u / NS_PER_US,
             v / NS_PER_US,
             v / u,
-            v / d
+            v / d,
+            g / NS_PER_US,
+            g / d
         );
     }
     let rate = |f: &Figures| NS_PER_S / f.async_ns;
     println!(
-        "{:<42} {:>9.0}/s {:>10.0}/s {:>10.0}/s",
+        "{:<42} {:>9.0}/s {:>10.0}/s {:>10.0}/s {:>24.0}/s",
         "Memset async rate",
         rate(&r.direct),
         rate(&r.unix),
-        rate(&r.vhost)
+        rate(&r.vhost),
+        rate(&r.dev)
     );
 }
 
@@ -387,7 +540,7 @@ mod tests {
     #[test]
     fn every_path_completes_real_calls() {
         let r = measure(Params { iters: 50, runs: 1 }).expect("benchmark");
-        for f in [r.direct, r.unix, r.vhost] {
+        for f in [r.direct, r.unix, r.vhost, r.dev] {
             assert!(f.sync_p50 > 0.0 && f.sync_p99 >= f.sync_p50, "{r:?}");
             assert!(f.async_ns > 0.0, "{r:?}");
         }

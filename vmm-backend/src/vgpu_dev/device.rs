@@ -24,7 +24,7 @@
 //! dropped. A VMM that disconnects resets it too.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -37,7 +37,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
 use super::exec::VgpuService;
-use super::session::{self, CallJob, Msg};
+use super::session::{self, BatchJob, CallJob, Msg};
 use super::stats::VgpuDevStats;
 use super::wire::{
     CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_BATCH, REQ_CALL, REQ_CLOSE,
@@ -331,8 +331,6 @@ pub(crate) struct Completion {
     pub(crate) reply_cap: usize,
     pub(crate) epoch: u64,
     pub(crate) queue: usize,
-    /// The frames of a `BATCH` request not finished yet: only the last one returns the chain.
-    pub(crate) batch: Option<Arc<AtomicUsize>>,
 }
 
 impl Completion {
@@ -348,18 +346,6 @@ impl Completion {
     /// owed a [`Completion::notify`] (the chain was returned). A session thread that has more
     /// frames waiting returns the chains of several posted frames and tells the guest once.
     pub(crate) fn finish_quietly(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) -> bool {
-        if let Some(left) = &self.batch {
-            if left.fetch_sub(1, Ordering::AcqRel) != 1 {
-                // Other frames of the batch have yet to run.
-                return false;
-            }
-            // The last frame: the chain is returned once, as any other.
-            let last = Completion {
-                batch: None,
-                ..self.clone()
-            };
-            return last.finish_quietly(shared, resp, reply);
-        }
         let _gate = match shared.try_enter(self.epoch) {
             Ok(Some(g)) => g,
             Ok(None) => {
@@ -617,7 +603,6 @@ impl VgpuDevice {
             reply_cap: 0,
             epoch,
             queue,
-            batch: None,
         }
         .finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
     }
@@ -649,7 +634,6 @@ impl VgpuDevice {
             reply_cap,
             epoch,
             queue,
-            batch: None,
         };
         if have < REQ_HEADER_LEN || chain.writable.len() < RESP_HEADER_LEN {
             self.shared.stats.add_dropped_chain();
@@ -780,47 +764,35 @@ impl VgpuDevice {
             return;
         }
         self.shared.stats.add_batch();
-        let done = Completion {
-            batch: Some(Arc::new(AtomicUsize::new(n))),
-            ..done
-        };
-        let frames = split_batch(hdr, mem, chain, n).map_err(|why| {
-            self.shared.log_guest(format_args!(
-                "bad batch (session {}, frames {}..{}): {why}",
-                hdr.session,
-                hdr.seq,
-                hdr.seq + n as u64
-            ));
-        });
-        for i in 0..n {
-            let (header, inline, refused) = match &frames {
-                Ok(f) => (f[i].0, f[i].1.clone(), false),
-                Err(()) => (
-                    Header {
-                        opcode: 0,
-                        flags: 0,
-                        call_id: 0,
-                        payload_len: 0,
-                        status: 0,
-                    },
-                    Vec::new(),
-                    true,
-                ),
-            };
-            let job = Box::new(CallJob {
-                seq: hdr.seq + i as u64,
-                header,
-                inline,
-                data: Segments::default(),
-                reply_data: Segments::default(),
-                done: done.clone(),
-                refused,
-            });
-            if let Err(job) = self.dispatch(hdr.session, job) {
-                self.shared.stats.add_refused();
-                job.done
-                    .finish(&self.shared, RespHeader::status(S_NO_SESSION), &[]);
+        let (frames, bytes, refused) = match split_batch(hdr, mem, chain, n) {
+            Ok((frames, bytes)) => (frames, bytes, false),
+            Err(why) => {
+                self.shared.log_guest(format_args!(
+                    "bad batch (session {}, frames {}..{}): {why}",
+                    hdr.session,
+                    hdr.seq,
+                    hdr.seq + n as u64
+                ));
+                (Vec::new(), Vec::new(), true)
             }
+        };
+        let batch = Box::new(BatchJob {
+            seq: hdr.seq,
+            count: n as u64,
+            frames,
+            bytes,
+            done,
+            refused,
+        });
+        let sent = match self.shared.sessions().get(&hdr.session) {
+            Some(entry) => entry.tx.send(Msg::Batch(batch)).map_err(|e| e.0),
+            None => Err(Msg::Batch(batch)),
+        };
+        if let Err(Msg::Batch(batch)) = sent {
+            self.shared.stats.add_refused();
+            batch
+                .done
+                .finish(&self.shared, RespHeader::status(S_NO_SESSION), &[]);
         }
     }
 
@@ -832,7 +804,7 @@ impl VgpuDevice {
         };
         entry.tx.send(Msg::Call(job)).map_err(|e| match e.0 {
             Msg::Call(job) => job,
-            Msg::Close(_) => unreachable!("only calls are sent here"),
+            Msg::Batch(_) | Msg::Close(_) => unreachable!("only calls are sent here"),
         })
     }
 
@@ -968,14 +940,16 @@ impl VgpuDevice {
     }
 }
 
-/// The `n` frames of a `BATCH` request: each a header (asynchronous, not a reply) and its whole
-/// payload, back to back in the inline bytes, which are all the request carries.
+/// The `n` frames of a `BATCH` request, each a header (asynchronous, not a reply) and where its
+/// whole payload lies in the returned bytes: back to back in the inline bytes, which are all the
+/// request carries.
+#[allow(clippy::type_complexity)]
 fn split_batch(
     hdr: &ReqHeader,
     mem: &GuestMem,
     chain: &ParsedChain,
     n: usize,
-) -> Result<Vec<(Header, Vec<u8>)>, String> {
+) -> Result<(Vec<(Header, std::ops::Range<usize>)>, Vec<u8>), String> {
     let inline_len = hdr.inline_len as usize;
     if !(HEADER_LEN..=MAX_INLINE).contains(&inline_len) {
         return Err(format!(
@@ -996,29 +970,31 @@ fn split_batch(
         .read_into(mem, &mut bytes)
         .map_err(|e| e.to_string())?;
     let mut frames = Vec::with_capacity(n);
-    let mut rest = &bytes[..];
+    let mut at = 0;
     for i in 0..n {
-        let Some((hb, after)) = rest.split_first_chunk::<HEADER_LEN>() else {
+        let Some(hb) = bytes.get(at..at + HEADER_LEN) else {
             return Err(format!("frame {i} of {n} is cut short"));
         };
+        let hb: &[u8; HEADER_LEN] = hb.try_into().map_err(|_| "a frame header".to_string())?;
         let header = Header::decode(hb).map_err(|e| format!("frame {i}: bad header: {e}"))?;
         if header.flags & FLAG_REPLY != 0 || header.flags & FLAG_ASYNC == 0 {
             return Err(format!("frame {i} is not an asynchronous request"));
         }
+        let start = at + HEADER_LEN;
         let len = header.payload_len as usize;
-        if len > after.len() {
+        if len > inline_len - start {
             return Err(format!(
                 "frame {i}: payload_len {len} exceeds the {} bytes left",
-                after.len()
+                inline_len - start
             ));
         }
-        frames.push((header, after[..len].to_vec()));
-        rest = &after[len..];
+        frames.push((header, start..start + len));
+        at = start + len;
     }
-    if !rest.is_empty() {
-        return Err(format!("{} bytes follow the last frame", rest.len()));
+    if at != inline_len {
+        return Err(format!("{} bytes follow the last frame", inline_len - at));
     }
-    Ok(frames)
+    Ok((frames, bytes))
 }
 
 /// A request header that passed its checks.

@@ -52,12 +52,61 @@ pub(crate) struct CallJob {
     pub refused: bool,
 }
 
+/// The frames of a `BATCH` request, for a session thread: they run one after the other in their
+/// sequence numbers' place, and the chain is completed once, after the last.
+pub(crate) struct BatchJob {
+    /// Sequence number of the first frame.
+    pub seq: u64,
+    /// Frames (and sequence numbers) the batch takes.
+    pub count: u64,
+    /// Each frame's header and where its payload lies in `bytes`; empty when refused.
+    pub frames: Vec<(Header, std::ops::Range<usize>)>,
+    /// The frames' bytes, as the guest wrote them.
+    pub bytes: Vec<u8>,
+    /// How to return the chain.
+    pub done: Completion,
+    /// The device refused the batch's frames: they only take their places in the sequence.
+    pub refused: bool,
+}
+
 /// What the device sends a session thread.
 pub(crate) enum Msg {
     /// A frame.
     Call(Box<CallJob>),
+    /// Several asynchronous frames.
+    Batch(Box<BatchJob>),
     /// Close the session, then complete this chain.
     Close(Completion),
+}
+
+/// Frames waiting for their turn.
+enum Held {
+    Call(Box<CallJob>),
+    Batch(Box<BatchJob>),
+}
+
+impl Held {
+    fn seq(&self) -> u64 {
+        match self {
+            Held::Call(j) => j.seq,
+            Held::Batch(b) => b.seq,
+        }
+    }
+
+    /// Sequence numbers it takes.
+    fn count(&self) -> u64 {
+        match self {
+            Held::Call(_) => 1,
+            Held::Batch(b) => b.count,
+        }
+    }
+
+    fn done(&self) -> &Completion {
+        match self {
+            Held::Call(j) => &j.done,
+            Held::Batch(b) => &b.done,
+        }
+    }
 }
 
 fn reset_error() -> CuError {
@@ -145,7 +194,7 @@ pub(crate) fn run(
     rx: Receiver<Msg>,
 ) {
     let mut next = 1u64;
-    let mut held: BTreeMap<u64, Box<CallJob>> = BTreeMap::new();
+    let mut held: BTreeMap<u64, Held> = BTreeMap::new();
     let mut close_chain = None;
     // The posted frame whose returned chain (and those before it) the guest has not been told of.
     let mut owed: Option<Completion> = None;
@@ -164,50 +213,56 @@ pub(crate) fn run(
                 }
             }
         };
-        match msg {
+        let h = match msg {
             Msg::Close(done) => {
                 close_chain = Some(done);
                 break;
             }
-            Msg::Call(job) => {
-                if job.seq < next || held.contains_key(&job.seq) || job.seq > next + MAX_REORDER {
-                    shared.log_guest(format_args!(
-                        "session {session}: sequence number {} is stale, repeated or too far ahead (next {next})",
-                        job.seq
-                    ));
+            Msg::Call(job) => Held::Call(job),
+            Msg::Batch(batch) => Held::Batch(batch),
+        };
+        let seq = h.seq();
+        if seq < next || held.contains_key(&seq) || seq > next + MAX_REORDER {
+            shared.log_guest(format_args!(
+                "session {session}: sequence number {seq} is stale, repeated or too far ahead (next {next})"
+            ));
+            shared.stats.add_refused();
+            h.done()
+                .finish(&shared, RespHeader::status(S_BAD_REQUEST), &[]);
+            continue;
+        }
+        held.insert(seq, h);
+        while let Some(h) = held.remove(&next) {
+            next += h.count();
+            if !shared.is_current(h.done().epoch) {
+                // Queued before a device reset: never run it.
+                shared.stats.add_stale();
+                continue;
+            }
+            let executed = match h {
+                Held::Call(job) if job.refused => {
                     shared.stats.add_refused();
                     job.done
                         .finish(&shared, RespHeader::status(S_BAD_REQUEST), &[]);
                     continue;
                 }
-                held.insert(job.seq, job);
-                while let Some(job) = held.remove(&next) {
-                    next += 1;
-                    if !shared.is_current(job.done.epoch) {
-                        // Queued before a device reset: never run it.
-                        shared.stats.add_stale();
-                        continue;
-                    }
-                    if job.refused {
-                        shared.stats.add_refused();
-                        job.done
-                            .finish(&shared, RespHeader::status(S_BAD_REQUEST), &[]);
-                        continue;
-                    }
+                Held::Call(job) => {
                     if job.done.queue() == CTRL_QUEUE
                         && let Some(c) = owed.take()
                     {
                         // A synchronous frame may run long: posted completions go first.
                         c.notify();
                     }
-                    match execute(&shared, exec.as_mut(), *job) {
-                        Executed::Done => {}
-                        Executed::Owed(c) => owed = Some(c),
-                        Executed::Violation(why) => {
-                            warn!(session, "session closed: protocol violation: {why}");
-                            break 'outer;
-                        }
-                    }
+                    execute(&shared, exec.as_mut(), *job)
+                }
+                Held::Batch(batch) => execute_batch(&shared, exec.as_mut(), *batch),
+            };
+            match executed {
+                Executed::Done => {}
+                Executed::Owed(c) => owed = Some(c),
+                Executed::Violation(why) => {
+                    warn!(session, "session closed: protocol violation: {why}");
+                    break 'outer;
                 }
             }
         }
@@ -219,13 +274,16 @@ pub(crate) fn run(
     shared.remove_session(session, token);
     drop(exec);
     shared.stats.session_closed();
-    for job in held.into_values() {
-        job.done
+    for h in held.into_values() {
+        h.done()
             .finish(&shared, RespHeader::status(S_NO_SESSION), &[]);
     }
     for msg in rx.try_iter() {
         match msg {
             Msg::Call(job) => job
+                .done
+                .finish(&shared, RespHeader::status(S_NO_SESSION), &[]),
+            Msg::Batch(batch) => batch
                 .done
                 .finish(&shared, RespHeader::status(S_NO_SESSION), &[]),
             Msg::Close(done) => done.finish(&shared, RespHeader::status(S_OK), &[]),
@@ -267,6 +325,61 @@ enum Executed {
     Owed(Completion),
     /// The frame broke the protocol: the session must end (its chain was returned).
     Violation(String),
+}
+
+/// Executes the frames of a batch in order and completes its chain once: `OK` when they ran (their
+/// errors, asynchronous ones, surface later as any), `BAD_REQUEST` when the device refused them,
+/// `PROTOCOL` when one broke the protocol (the rest do not run; the session ends).
+fn execute_batch(shared: &Shared, exec: &mut dyn SessionExecutor, batch: BatchJob) -> Executed {
+    let BatchJob {
+        count,
+        frames,
+        bytes,
+        done,
+        refused,
+        ..
+    } = batch;
+    if refused {
+        for _ in 0..count {
+            shared.stats.add_refused();
+        }
+        done.finish(shared, RespHeader::status(S_BAD_REQUEST), &[]);
+        return Executed::Done;
+    }
+    let none = Segments::default();
+    for (header, range) in frames {
+        let source = GuestSource {
+            shared,
+            epoch: done.epoch,
+            mem: &done.mem,
+            prefix: &[],
+            segs: &none,
+        };
+        let mut sink = GuestSink {
+            shared,
+            epoch: done.epoch,
+            mem: &done.mem,
+            segs: &none,
+            written: 0,
+        };
+        shared.stats.add_call();
+        let reply = exec.call(Call {
+            header,
+            inline: &bytes[range],
+            data: &source,
+            reply_data: &mut sink,
+        });
+        if let Reply::Violation(why) = reply {
+            shared.stats.add_refused();
+            done.finish(shared, RespHeader::status(S_PROTOCOL), &[]);
+            return Executed::Violation(why);
+        }
+    }
+    if done.finish_quietly(shared, RespHeader::status(S_OK), &[]) {
+        Executed::Owed(done)
+    } else {
+        Executed::Done
+    }
 }
 
 /// Executes one frame and completes its chain.

@@ -4,7 +4,8 @@
 //! [`GuestSource`] and [`GuestSink`].
 //!
 //! Frames may arrive out of order (synchronous ones on the control queue, asynchronous ones on the
-//! submission queue); the per-session sequence number puts them back in order.
+//! submission queue); the per-session sequence number puts them back in order. A `BATCH` request
+//! arrives as one job ([`BatchJob`]) that takes as many sequence numbers as it has frames.
 //!
 //! Completions of posted frames (the submission queue) are returned at once but signalled once per
 //! burst: while more frames wait for the thread, the interrupt for a posted frame is held back

@@ -45,6 +45,9 @@ enum Bench {
         /// What backs the fake guests' RAM.
         #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::RamChoice::Auto)]
         guest_ram: vgpu_bench::vgpu_dev::RamChoice,
+        /// How the fake guests wait for a request to complete.
+        #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::GuestWait::Block)]
+        guest_wait: vgpu_bench::vgpu_dev::GuestWait,
     },
     /// Compute-share accuracy of the scheduler with saturating tenants.
     Share {
@@ -70,10 +73,12 @@ fn main() -> ExitCode {
             runs,
             sizes,
             guest_ram,
+            guest_wait,
         } => vgpu_bench::vgpu_dev::run(vgpu_bench::vgpu_dev::Params {
             runs,
             sizes_mib: sizes,
             ram: guest_ram,
+            wait: guest_wait,
         }),
         Bench::Share { seconds, runs } => {
             vgpu_bench::share::run(vgpu_bench::share::Params { seconds, runs })

@@ -45,6 +45,18 @@ pub struct Params {
     pub sizes_mib: Vec<usize>,
     /// What backs the fake guests' RAM.
     pub ram: RamChoice,
+    /// How the fake guests wait for completions.
+    pub wait: GuestWait,
+}
+
+/// How the benchmark's guests wait for a request to complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GuestWait {
+    /// Sleep until the device's interrupt (the call eventfd), as a guest whose vCPU halts.
+    Block,
+    /// Spin on the used rings: what the device costs without this machine's thread wake-ups on
+    /// the guest side (a real guest gets close with KVM's halt polling).
+    Poll,
 }
 
 /// What backs guest RAM in the benchmark.
@@ -152,16 +164,20 @@ fn dev_guest_memory(max: usize) -> u64 {
 }
 
 impl DevPath {
-    fn open(socket: &Path, max: usize, layout: Layout, ram: GuestRam) -> Result<DevPath, String> {
+    fn open(
+        socket: &Path,
+        max: usize,
+        layout: Layout,
+        ram: GuestRam,
+        wait: GuestWait,
+    ) -> Result<DevPath, String> {
         let guest = DevGuest::start(
             socket,
             DevGuestOptions {
                 queue_size: 1024,
                 memory: dev_guest_memory(max),
                 ram,
-                // Sleep on the call eventfds like a guest waiting for its interrupt: spinning
-                // would take a core from vgpud's copy on a small machine.
-                busy_poll: false,
+                busy_poll: wait == GuestWait::Poll,
                 ..DevGuestOptions::default()
             },
         )
@@ -387,11 +403,11 @@ struct VsockPath {
 }
 
 impl VsockPath {
-    fn open(socket: &Path, max: usize) -> Result<VsockPath, String> {
+    fn open(socket: &Path, max: usize, wait: GuestWait) -> Result<VsockPath, String> {
         let guest = TestGuest::start(
             socket,
             GuestOptions {
-                busy_poll: true,
+                busy_poll: wait == GuestWait::Poll,
                 ..GuestOptions::default()
             },
         )
@@ -522,6 +538,8 @@ fn guest_ram(choice: RamChoice, max: usize) -> Result<GuestRam, String> {
 pub struct Results {
     /// What backed guest RAM.
     pub ram: GuestRam,
+    /// How the guests waited.
+    pub wait: GuestWait,
     /// One table per layout.
     pub tables: Vec<(Layout, Vec<Row>)>,
 }
@@ -539,14 +557,20 @@ pub fn measure(p: &Params) -> Result<Results, String> {
     let daemon = Daemon::start(&config(dir.path())?).map_err(err("starting vgpud in-process"))?;
     let mut devs = Vec::new();
     for (i, layout) in LAYOUTS.iter().enumerate() {
-        let mut dev = DevPath::open(&dir.path().join(format!("dev{i}.sock")), max, *layout, ram)?;
+        let mut dev = DevPath::open(
+            &dir.path().join(format!("dev{i}.sock")),
+            max,
+            *layout,
+            ram,
+            p.wait,
+        )?;
         dev.verify(max.min(16 * MIB))?;
         // Warm-up: device memory and every buffer touched once.
         dev.htod(max)?;
         dev.dtoh(max)?;
         devs.push(dev);
     }
-    let mut vsock = VsockPath::open(&dir.path().join("vsock.sock"), max)?;
+    let mut vsock = VsockPath::open(&dir.path().join("vsock.sock"), max, p.wait)?;
     vsock.htod(max)?;
     vsock.dtoh(max)?;
     let src = vec![0x5au8; max];
@@ -624,6 +648,7 @@ pub fn measure(p: &Params) -> Result<Results, String> {
     };
     Ok(Results {
         ram,
+        wait: p.wait,
         tables: LAYOUTS
             .iter()
             .zip(&samples)
@@ -642,8 +667,12 @@ pub fn report(r: &Results, runs: usize) -> String {
              sysctl vm.nr_hugepages for the hugetlb=on figures)"
         }
     };
+    let wait = match r.wait {
+        GuestWait::Block => "guests sleep until their interrupt (--guest-wait block)",
+        GuestWait::Poll => "guests poll their used rings (--guest-wait poll)",
+    };
     let mut out = format!(
-        "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs, {ram}\n\
+        "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs, {ram}, {wait}\n\
          (x %) = path / a plain memcpy of the same size between two host buffers, measured \
          right before it (median of the runs' ratios); \
          floor = memcpys between the same guest pages and host memory; \
@@ -710,11 +739,13 @@ mod tests {
         };
         let results = Results {
             ram: GuestRam::HugePages,
+            wait: GuestWait::Poll,
             tables: vec![(LAYOUTS[0], vec![r])],
         };
         let text = report(&results, 5);
         assert!(text.contains("medians of 5 runs"), "{text}");
         assert!(text.contains("2 MiB huge pages"), "{text}");
+        assert!(text.contains("guests poll their used rings"), "{text}");
         assert!(text.contains("  97 /  90 %"), "{text}");
         assert!(text.contains("2 MiB pages"), "{text}");
         assert!(text.contains("16 MiB"), "{text}");
@@ -747,12 +778,14 @@ mod tests {
             runs: 0,
             sizes_mib: vec![1],
             ram: RamChoice::Small,
+            wait: GuestWait::Block,
         };
         assert!(measure(&bad).is_err());
         let bad = Params {
             runs: 1,
             sizes_mib: vec![0],
             ram: RamChoice::Small,
+            wait: GuestWait::Block,
         };
         assert!(measure(&bad).is_err());
     }

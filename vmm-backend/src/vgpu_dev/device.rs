@@ -1845,6 +1845,7 @@ mod tests {
     #[test]
     fn a_reset_invalidates_running_and_queued_requests() {
         let mut r = rig_with_gates(1);
+        r.dev.set_batch(true);
         r.open(0, 1);
         let f = frame(OP_BLOCK, 0, 1, 0, b"");
         let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 8);
@@ -1857,6 +1858,9 @@ mod tests {
         let f2 = frame(OP_ECHO, FLAG_ASYNC, 2, 0, b"");
         let d2 = r.request(2, Rig::call_hdr(1, 2, f2.len(), 0), &f2, &[], 0);
         r.push(SUBMIT_QUEUE, &d2);
+        // And a batch behind both.
+        let d3 = r.batch(5, 1, 3, 2, &echo_frames(3, 2));
+        r.push(SUBMIT_QUEUE, &d3);
         r.run();
         let deadline = Instant::now() + WAIT;
         while r.seen.try_recv().is_err() {
@@ -1877,11 +1881,11 @@ mod tests {
             used_before
         );
         assert_eq!(r.reply_data(1, 8), vec![0u8; 8], "no write after the reset");
-        assert!(r.seen.try_recv().is_err(), "the queued frame never ran");
-        assert!(r.stats.snapshot().stale_completions >= 1);
+        assert!(r.seen.try_recv().is_err(), "the queued frames never ran");
+        assert!(r.stats.snapshot().stale_completions >= 2);
         // Requests of the old session are refused; new sessions work.
         let f = frame(OP_ECHO, 0, 3, 0, b"");
-        let d = r.request(3, Rig::call_hdr(1, 3, f.len(), 64), &f, &[], 0);
+        let d = r.request(3, Rig::call_hdr(1, 5, f.len(), 64), &f, &[], 0);
         assert_eq!(r.ctrl_sync(3, &d).status, S_NO_SESSION);
         assert_eq!(r.open(4, 1).status, S_OK);
         assert_eq!(r.stats.snapshot().device_resets, 1);

@@ -456,6 +456,14 @@ fn batches_of_asynchronous_frames_run_in_order_on_the_gpu() {
     let st = host.stats("batch");
     assert_eq!(st.batches, 3, "{st:?}");
     assert_eq!(st.refused_requests, 0, "{st:?}");
+    let text = vgpu_vmm::metrics::render(host.daemon.runtime());
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("vgpu_vm_vgpu_device_batches_total{")
+                && l.contains("vm=\"batch\"")
+                && l.ends_with(" 3")),
+        "{text}"
+    );
 }
 
 #[test]

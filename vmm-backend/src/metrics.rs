@@ -484,6 +484,12 @@ pub fn render(rt: &Runtime) -> String {
                 &l,
                 vd.pauses as f64,
             );
+            e.counter(
+                "vgpu_vm_vgpu_device_batches_total",
+                "BATCH requests (several asynchronous frames in one chain) the VM's virtio-vgpu device took.",
+                &l,
+                vd.batches as f64,
+            );
         }
     }
     e.render()

@@ -2,9 +2,10 @@
 //! waits for the replies of synchronous ones.
 //!
 //! Over a byte stream (unix socket, vsock) frames are written and read in
-//! order. Over the virtio-vgpu device each frame is one ioctl
-//! ([`crate::devlink`]): asynchronous frames go out at once (the kernel module
-//! queues them), and bulk bytes are passed by address, never copied here.
+//! order. Over the virtio-vgpu device ([`crate::devlink`]) each synchronous
+//! frame is one ioctl, small asynchronous ones are batched (one ioctl and one
+//! device request per batch) when the device takes batches, and large bulk
+//! bytes are passed by address, never copied here.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};

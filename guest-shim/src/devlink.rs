@@ -1,7 +1,8 @@
 //! The virtio-vgpu device transport: `/dev/vgpuN` of the `vgpu` guest kernel module
 //! (`guest-shim/kmod`). Each open file is one session; each protocol frame is one
-//! `VGPU_IOC_CALL` ioctl whose bulk bytes stay in the caller's memory: the module pins those
-//! pages and vgpud reads or writes them in place.
+//! `VGPU_IOC_CALL` ioctl whose bulk bytes stay in the caller's memory (the module pins those
+//! pages and vgpud reads or writes them in place), or several small asynchronous frames go in
+//! one `VGPU_CALL_BATCH`.
 //!
 //! The structures mirror `guest-shim/kmod/vgpu_uapi.h` (a test compiles the header and compares).
 

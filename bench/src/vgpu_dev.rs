@@ -15,7 +15,6 @@
 //! Guest RAM is backed by 2 MiB huge pages when the host has enough free ones (as GPU VMs are
 //! best run: QEMU `memory-backend-memfd,hugetlb=on`), else by 4 KiB pages; the report says which.
 
-use std::io::{self, Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
@@ -30,9 +29,7 @@ use vgpu_vmm::vgpu_dev::testutils::{
     DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, GuestBuf, Pending,
 };
 use vgpu_vmm::vgpu_dev::wire::S_OK;
-use vgpu_vmm::vsock::testutils::{
-    GuestOptions, GuestRam, GuestStream, HUGE_PAGE, TestGuest, free_huge_pages,
-};
+use vgpu_vmm::vsock::testutils::{GuestOptions, GuestRam, HUGE_PAGE, TestGuest, free_huge_pages};
 
 use crate::stats::median;
 
@@ -372,26 +369,6 @@ impl DevPath {
     }
 }
 
-/// A guest vsock stream as the `Read + Write` byte stream the client wants.
-struct VsockIo(GuestStream);
-
-impl Read for VsockIo {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
-impl Write for VsockIo {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write_all(buf)?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The vsock path: the shim's protocol client over a guest vsock stream.
 struct VsockPath {
     _guest: TestGuest,
@@ -415,7 +392,7 @@ impl VsockPath {
         let stream = guest
             .connect(vgpu_proto::GPU_VSOCK_PORT)
             .map_err(err("connecting to the GPU port"))?;
-        let mut client = Client::new(Box::new(VsockIo(stream)));
+        let mut client = Client::new(Box::new(stream));
         client
             .hello("vgpu-bench")
             .map_err(|e| format!("handshake: {}", e.message))?;
@@ -764,7 +741,7 @@ mod tests {
             .arg(&probe)
             .output();
         match out {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 eprintln!("skipped: no C compiler (cc) here");
             }
             Err(e) => panic!("running cc: {e}"),

@@ -13,7 +13,6 @@
 //! 64-byte `Memset`s posted asynchronously and closed by one synchronous
 //! call (the amortized cost of an asynchronous call).
 
-use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -29,7 +28,7 @@ use vgpu_proto::msg::{self, Request};
 use vgpu_vmm::daemon::Daemon;
 use vgpu_vmm::vgpu_dev::testutils::{DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession};
 use vgpu_vmm::vgpu_dev::wire::{MAX_BATCH_FRAMES, S_OK};
-use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
+use vgpu_vmm::vsock::testutils::{GuestOptions, TestGuest};
 
 use crate::stats::{median, percentile};
 
@@ -101,26 +100,6 @@ pub struct Report {
     pub vhost: Figures,
     /// Frames over the virtio-vgpu device.
     pub dev: Figures,
-}
-
-/// A guest vsock stream as the `Read + Write` byte stream the client wants.
-struct VsockIo(GuestStream);
-
-impl Read for VsockIo {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
-impl Write for VsockIo {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write_all(buf)?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 fn err(what: &str) -> impl FnOnce(cuda::client::CallError) -> String + '_ {
@@ -441,7 +420,7 @@ pub fn measure(p: Params) -> Result<Report, String> {
     let stream = guest
         .connect(vgpu_proto::GPU_VSOCK_PORT)
         .map_err(|e| format!("connecting to the GPU port over vsock: {e}"))?;
-    let mut vhost = Remote::open(Box::new(VsockIo(stream)))?;
+    let mut vhost = Remote::open(Box::new(stream))?;
     let mut dev = DevRemote::open(&dir.path().join("bench.vgpu.sock"))?;
 
     let warmup = p.iters / WARMUP_DIVISOR + 1;

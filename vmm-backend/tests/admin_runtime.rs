@@ -3,7 +3,7 @@
 //! Prometheus text with the right values; reloads apply a changed file; the
 //! audit log records sessions and changes.
 
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -15,28 +15,10 @@ use vgpu_broker::testutils::TestClient;
 use vgpu_proto::msg;
 use vgpu_vmm::audit::Actor;
 use vgpu_vmm::daemon::Daemon;
-use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
+use vgpu_vmm::vsock::testutils::{GuestOptions, TestGuest};
 
 const MIB: u64 = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-struct Conn(GuestStream);
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read_timeout(buf, TIMEOUT)
-    }
-}
-
-impl Write for Conn {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write_all(buf)?;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 fn config_text(dir: &Path, extra_vm: &str, slice_ms: u32, vm1_weight: u32) -> String {
     let d = dir.display();
@@ -117,7 +99,7 @@ fn removing_a_vm_ends_its_unix_and_vsock_sessions_and_releases_everything() {
     let mut unix = TestClient::new(UnixStream::connect(dir.path().join("vm1.sock")).unwrap());
     allocate(&mut unix, 8 * MIB);
     let guest = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
-    let mut vsock = TestClient::new(Conn(guest.connect(vgpu_proto::GPU_VSOCK_PORT).unwrap()));
+    let mut vsock = TestClient::new(guest.connect(vgpu_proto::GPU_VSOCK_PORT).unwrap());
     allocate(&mut vsock, 4 * MIB);
     let dev = d.broker().device("gpu0").unwrap().clone();
     let base = dev.memory_used();

@@ -3,7 +3,7 @@
 //! sessions of the VM whose device they came through, other ports are
 //! forwarded, and a VMM disconnect releases everything the VM's sessions held.
 
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,25 +15,6 @@ use vgpu_vmm::daemon::Daemon;
 use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
 
 const MIB: u64 = 1 << 20;
-
-/// `GuestStream` as `Read + Write`.
-struct Conn(GuestStream);
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read_timeout(buf, Duration::from_secs(10))
-    }
-}
-
-impl Write for Conn {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write_all(buf)?;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 fn daemon(dir: &Path) -> Daemon {
     let d = dir.display();
@@ -50,9 +31,9 @@ fn daemon(dir: &Path) -> Daemon {
     Daemon::start(&config).unwrap()
 }
 
-fn session(guest: &TestGuest) -> TestClient<Conn> {
+fn session(guest: &TestGuest) -> TestClient<GuestStream> {
     let s = guest.connect(vgpu_proto::GPU_VSOCK_PORT).unwrap();
-    TestClient::new(Conn(s))
+    TestClient::new(s)
 }
 
 fn wait_used(d: &Daemon, vm: &str, want: u64) {

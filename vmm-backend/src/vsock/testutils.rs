@@ -1173,6 +1173,25 @@ pub struct GuestStream {
     key: GKey,
 }
 
+/// A guest socket as a byte stream (what a protocol client wants): reads and writes wait up to
+/// [`DEFAULT_TIMEOUT`].
+impl io::Read for GuestStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        GuestStream::read(self, buf)
+    }
+}
+
+impl io::Write for GuestStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        GuestStream::write_all(self, buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 impl GuestStream {
     /// Guest-side port.
     pub fn local_port(&self) -> u32 {

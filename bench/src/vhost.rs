@@ -26,7 +26,9 @@ use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
 use vgpu_proto::msg::{self, Request};
 use vgpu_vmm::daemon::Daemon;
-use vgpu_vmm::vgpu_dev::testutils::{DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession};
+use vgpu_vmm::vgpu_dev::testutils::{
+    DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, Pending,
+};
 use vgpu_vmm::vgpu_dev::wire::{MAX_BATCH_FRAMES, S_OK};
 use vgpu_vmm::vsock::testutils::{GuestOptions, TestGuest};
 
@@ -145,38 +147,22 @@ impl Remote {
             ptr: ptr.ptr,
         })
     }
+}
 
-    fn measure(&mut self, iters: usize) -> Result<Figures, String> {
-        let sync = msg::CtxSynchronize { ctx: self.ctx };
-        let memset = msg::Memset {
-            ctx: self.ctx,
-            stream: 0,
-            dst: self.ptr,
-            value: MEMSET_VALUE,
-            elem_size: 1,
-            count: MEMSET_BYTES,
-        };
-        let mut lat = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let t = Instant::now();
-            self.client
-                .call(&sync, &[])
-                .map_err(err("CtxSynchronize"))?;
-            lat.push(t.elapsed().as_nanos() as f64);
-        }
-        let t = Instant::now();
-        for _ in 0..iters {
-            self.client.post(&memset, &[]).map_err(err("Memset"))?;
-        }
+impl CallPath for Remote {
+    fn synchronize(&mut self) -> Result<(), String> {
         self.client
-            .call(&sync, &[])
+            .call(&msg::CtxSynchronize { ctx: self.ctx }, &[])
             .map_err(err("CtxSynchronize"))?;
-        let async_ns = t.elapsed().as_nanos() as f64 / iters as f64;
-        Ok(Figures {
-            sync_p50: median(&lat),
-            sync_p99: percentile(&lat, PERCENTILE_TAIL),
-            async_ns,
-        })
+        Ok(())
+    }
+
+    fn memsets(&mut self, n: usize) -> Result<(), String> {
+        let m = memset(self.ctx, self.ptr);
+        for _ in 0..n {
+            self.client.post(&m, &[]).map_err(err("Memset"))?;
+        }
+        self.synchronize()
     }
 }
 
@@ -188,6 +174,8 @@ struct DevRemote {
     session: DevSession,
     ctx: u64,
     ptr: u64,
+    /// Posted batches whose chains are not reaped yet.
+    inflight: VecDeque<Pending>,
 }
 
 fn dev_err(what: &str) -> impl FnOnce(vgpu_vmm::vgpu_dev::testutils::DevError) -> String + '_ {
@@ -237,64 +225,56 @@ impl DevRemote {
             session,
             ctx,
             ptr,
+            inflight: VecDeque::with_capacity(DEV_WINDOW),
         })
     }
+}
 
-    fn measure(&mut self, iters: usize) -> Result<Figures, String> {
-        let sync = msg::CtxSynchronize { ctx: self.ctx };
-        let memset = msg::Memset {
-            ctx: self.ctx,
-            stream: 0,
-            dst: self.ptr,
-            value: MEMSET_VALUE,
-            elem_size: 1,
-            count: MEMSET_BYTES,
-        };
-        let mut lat = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let t = Instant::now();
-            self.session
-                .call(&sync, &[])
-                .map_err(dev_err("CtxSynchronize"))?;
-            lat.push(t.elapsed().as_nanos() as f64);
+impl CallPath for DevRemote {
+    fn synchronize(&mut self) -> Result<(), String> {
+        self.session
+            .call(&msg::CtxSynchronize { ctx: self.ctx }, &[])
+            .map_err(dev_err("CtxSynchronize"))?;
+        Ok(())
+    }
+
+    fn memsets(&mut self, n: usize) -> Result<(), String> {
+        let per_batch = (DEV_BATCH_BYTES / MEMSET_FRAME_BYTES).min(MAX_BATCH_FRAMES);
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(per_batch);
+            if self.inflight.len() == DEV_WINDOW
+                && let Some(p) = self.inflight.pop_front()
+            {
+                self.reap(p)?;
+            }
+            let batch = vec![memset(self.ctx, self.ptr); k];
+            let p = self
+                .session
+                .submit_batch(&batch)
+                .map_err(dev_err("Memset batch"))?;
+            self.inflight.push_back(p);
+            left -= k;
         }
-        let guest = self.session.guest().clone();
-        let reap = |p| match guest.wait(p, DEFAULT_TIMEOUT) {
+        self.synchronize()
+    }
+
+    fn settle(&mut self) -> Result<(), String> {
+        while let Some(p) = self.inflight.pop_front() {
+            self.reap(p)?;
+        }
+        Ok(())
+    }
+}
+
+impl DevRemote {
+    /// Waits for a posted batch's chain, as the guest module does on its interrupt.
+    fn reap(&self, p: Pending) -> Result<(), String> {
+        match self.session.guest().wait(p, DEFAULT_TIMEOUT) {
             Ok(c) if c.resp.status == S_OK => Ok(()),
             Ok(c) => Err(format!("posted Memset refused: status {}", c.resp.status)),
             Err(e) => Err(format!("posted Memset (virtio-vgpu): {e}")),
-        };
-        let per_batch = (DEV_BATCH_BYTES / MEMSET_FRAME_BYTES).min(MAX_BATCH_FRAMES);
-        let mut inflight = VecDeque::with_capacity(DEV_WINDOW);
-        let t = Instant::now();
-        let mut left = iters;
-        while left > 0 {
-            let n = left.min(per_batch);
-            if inflight.len() == DEV_WINDOW
-                && let Some(p) = inflight.pop_front()
-            {
-                reap(p)?;
-            }
-            let batch = vec![memset.clone(); n];
-            inflight.push_back(
-                self.session
-                    .submit_batch(&batch)
-                    .map_err(dev_err("Memset batch"))?,
-            );
-            left -= n;
         }
-        self.session
-            .call(&sync, &[])
-            .map_err(dev_err("CtxSynchronize"))?;
-        let async_ns = t.elapsed().as_nanos() as f64 / iters as f64;
-        for p in inflight {
-            reap(p)?;
-        }
-        Ok(Figures {
-            sync_p50: median(&lat),
-            sync_p99: percentile(&lat, PERCENTILE_TAIL),
-            async_ns,
-        })
     }
 }
 
@@ -303,6 +283,7 @@ struct Direct {
     session: Session,
     ctx: u64,
     ptr: u64,
+    out: Vec<u8>,
 }
 
 impl Direct {
@@ -334,37 +315,70 @@ impl Direct {
         });
         call_direct(&mut session, &alloc, true, &mut out)?;
         let ptr = read_u64(&out)?;
-        Ok(Direct { session, ctx, ptr })
+        Ok(Direct {
+            session,
+            ctx,
+            ptr,
+            out,
+        })
+    }
+}
+
+impl CallPath for Direct {
+    fn synchronize(&mut self) -> Result<(), String> {
+        let sync = Request::CtxSynchronize(msg::CtxSynchronize { ctx: self.ctx });
+        call_direct(&mut self.session, &sync, true, &mut self.out)
     }
 
-    fn measure(&mut self, iters: usize) -> Result<Figures, String> {
-        let sync = Request::CtxSynchronize(msg::CtxSynchronize { ctx: self.ctx });
-        let memset = Request::Memset(msg::Memset {
-            ctx: self.ctx,
-            stream: 0,
-            dst: self.ptr,
-            value: MEMSET_VALUE,
-            elem_size: 1,
-            count: MEMSET_BYTES,
-        });
-        let mut out = Vec::new();
-        let mut lat = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let t = Instant::now();
-            call_direct(&mut self.session, &sync, true, &mut out)?;
-            lat.push(t.elapsed().as_nanos() as f64);
+    fn memsets(&mut self, n: usize) -> Result<(), String> {
+        let m = Request::Memset(memset(self.ctx, self.ptr));
+        for _ in 0..n {
+            call_direct(&mut self.session, &m, false, &mut self.out)?;
         }
+        self.synchronize()
+    }
+}
+
+/// One way of making the benchmark's calls; [`measure_path`] times every path alike.
+trait CallPath {
+    /// One `CtxSynchronize` on the idle context (a synchronous round trip).
+    fn synchronize(&mut self) -> Result<(), String>;
+    /// `n` asynchronous 64-byte `Memset`s, then the `CtxSynchronize` that closes them.
+    fn memsets(&mut self, n: usize) -> Result<(), String>;
+    /// Work after the timed part (completions not waited for yet).
+    fn settle(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// `iters` synchronous round trips one by one, then `iters` asynchronous calls, timed.
+fn measure_path(p: &mut dyn CallPath, iters: usize) -> Result<Figures, String> {
+    let mut lat = Vec::with_capacity(iters);
+    for _ in 0..iters {
         let t = Instant::now();
-        for _ in 0..iters {
-            call_direct(&mut self.session, &memset, false, &mut out)?;
-        }
-        call_direct(&mut self.session, &sync, true, &mut out)?;
-        let async_ns = t.elapsed().as_nanos() as f64 / iters as f64;
-        Ok(Figures {
-            sync_p50: median(&lat),
-            sync_p99: percentile(&lat, PERCENTILE_TAIL),
-            async_ns,
-        })
+        p.synchronize()?;
+        lat.push(t.elapsed().as_nanos() as f64);
+    }
+    let t = Instant::now();
+    p.memsets(iters)?;
+    let async_ns = t.elapsed().as_nanos() as f64 / iters as f64;
+    p.settle()?;
+    Ok(Figures {
+        sync_p50: median(&lat),
+        sync_p99: percentile(&lat, PERCENTILE_TAIL),
+        async_ns,
+    })
+}
+
+/// The benchmark's `Memset` of the buffer at `ptr`.
+fn memset(ctx: u64, ptr: u64) -> msg::Memset {
+    msg::Memset {
+        ctx,
+        stream: 0,
+        dst: ptr,
+        value: MEMSET_VALUE,
+        elem_size: 1,
+        count: MEMSET_BYTES,
     }
 }
 
@@ -424,17 +438,17 @@ pub fn measure(p: Params) -> Result<Report, String> {
     let mut dev = DevRemote::open(&dir.path().join("bench.vgpu.sock"))?;
 
     let warmup = p.iters / WARMUP_DIVISOR + 1;
-    direct.measure(warmup)?;
-    unix.measure(warmup)?;
-    vhost.measure(warmup)?;
-    dev.measure(warmup)?;
+    measure_path(&mut direct, warmup)?;
+    measure_path(&mut unix, warmup)?;
+    measure_path(&mut vhost, warmup)?;
+    measure_path(&mut dev, warmup)?;
     let (mut d, mut u, mut v, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Interleaved, so that a burst of load on the machine hits every path.
     for _ in 0..p.runs {
-        d.push(direct.measure(p.iters)?);
-        u.push(unix.measure(p.iters)?);
-        v.push(vhost.measure(p.iters)?);
-        g.push(dev.measure(p.iters)?);
+        d.push(measure_path(&mut direct, p.iters)?);
+        u.push(measure_path(&mut unix, p.iters)?);
+        v.push(measure_path(&mut vhost, p.iters)?);
+        g.push(measure_path(&mut dev, p.iters)?);
     }
     let violations = guest.violations();
     if !violations.is_empty() {

@@ -644,10 +644,6 @@ impl VgpuDevice {
             done.finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
             return;
         }
-        if hdr.kind == REQ_BATCH {
-            self.handle_batch(queue, &hdr, mem, &chain, done);
-            return;
-        }
         let action = match self.classify(queue, &hdr, mem, &chain) {
             Err(why) => {
                 self.shared.log_guest(format_args!(
@@ -673,14 +669,14 @@ impl VgpuDevice {
                         done,
                         refused: true,
                     });
-                    if let Err(job) = self.dispatch(hdr.session, job) {
-                        self.shared.stats.add_refused();
-                        job.done
-                            .finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
-                    }
+                    self.send_or_refuse(hdr.session, Msg::Call(job), S_BAD_REQUEST);
                     return;
                 }
                 Action::Respond(S_BAD_REQUEST)
+            }
+            Ok(Classified::Batch(split)) => {
+                self.queue_batch(&hdr, split, done);
+                return;
             }
             Ok(Classified::Open) => self.open(hdr.session),
             Ok(Classified::Close) => match self.shared.sessions().remove(&hdr.session) {
@@ -705,11 +701,7 @@ impl VgpuDevice {
                     done,
                     refused: false,
                 });
-                if let Err(job) = self.dispatch(hdr.session, job) {
-                    self.shared.stats.add_refused();
-                    job.done
-                        .finish(&self.shared, RespHeader::status(S_NO_SESSION), &[]);
-                }
+                self.send_or_refuse(hdr.session, Msg::Call(job), S_NO_SESSION);
                 return;
             }
         };
@@ -723,48 +715,14 @@ impl VgpuDevice {
         }
     }
 
-    /// Handles a `BATCH` request: its frames go to their session thread in sequence order, each
-    /// with the chain's completion, which returns the chain when the last of them has run. A
-    /// batch whose frames are malformed is refused frame by frame in their places (the sequence
-    /// numbers are spent either way); one whose header is unusable is refused whole.
-    fn handle_batch(
-        &mut self,
-        queue: usize,
-        hdr: &ReqHeader,
-        mem: &GuestMem,
-        chain: &ParsedChain,
-        done: Completion,
-    ) {
+    /// Queues a `BATCH` request whose header passed [`VgpuDevice::classify`]: its frames go to
+    /// their session thread as one job, run in sequence order and complete the chain once. A batch
+    /// whose frames are malformed (`split`'s error) is refused in its places: the sequence numbers
+    /// are spent either way, so the session's later frames do not wait for them.
+    fn queue_batch(&self, hdr: &ReqHeader, split: Result<BatchFrames, String>, done: Completion) {
         let n = hdr.reply_cap as usize;
-        let whole = if !self.batch {
-            Err("a BATCH request, but the driver did not accept the BATCH feature".to_string())
-        } else if queue != SUBMIT_QUEUE {
-            Err("batches go on the submission queue".to_string())
-        } else if hdr.reserved != 0 {
-            Err("reserved header bits are set".to_string())
-        } else if hdr.session == 0 {
-            Err("session id 0 is reserved".to_string())
-        } else if !(1..=MAX_BATCH_FRAMES).contains(&n) {
-            Err(format!(
-                "a batch carries 1..={MAX_BATCH_FRAMES} frames, not {n}"
-            ))
-        } else if hdr.seq == 0 || hdr.seq.checked_add(n as u64).is_none() {
-            Err(format!("sequence number {} cannot start a batch", hdr.seq))
-        } else {
-            Ok(())
-        };
-        if let Err(why) = whole {
-            self.shared.log_guest(format_args!(
-                "bad batch on the {} queue (session {}): {why}",
-                queue_name(queue),
-                hdr.session
-            ));
-            self.shared.stats.add_refused();
-            done.finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
-            return;
-        }
         self.shared.stats.add_batch();
-        let (frames, bytes, refused) = match split_batch(hdr, mem, chain, n) {
+        let (frames, bytes, refused) = match split {
             Ok((frames, bytes)) => (frames, bytes, false),
             Err(why) => {
                 self.shared.log_guest(format_args!(
@@ -784,28 +742,21 @@ impl VgpuDevice {
             done,
             refused,
         });
-        let sent = match self.shared.sessions().get(&hdr.session) {
-            Some(entry) => entry.tx.send(Msg::Batch(batch)).map_err(|e| e.0),
-            None => Err(Msg::Batch(batch)),
-        };
-        if let Err(Msg::Batch(batch)) = sent {
-            self.shared.stats.add_refused();
-            batch
-                .done
-                .finish(&self.shared, RespHeader::status(S_NO_SESSION), &[]);
-        }
+        self.send_or_refuse(hdr.session, Msg::Batch(batch), S_NO_SESSION);
     }
 
-    /// Sends a frame to its session thread; gives it back if there is no such session.
-    fn dispatch(&self, session: u32, job: Box<CallJob>) -> Result<(), Box<CallJob>> {
-        let sessions = self.shared.sessions();
-        let Some(entry) = sessions.get(&session) else {
-            return Err(job);
+    /// Sends `msg` to session `session`'s thread; without such a session, completes its chain
+    /// with `status` (a refusal).
+    fn send_or_refuse(&self, session: u32, msg: Msg, status: u32) {
+        let sent = match self.shared.sessions().get(&session) {
+            Some(entry) => entry.tx.send(msg).map_err(|e| e.0),
+            None => Err(msg),
         };
-        entry.tx.send(Msg::Call(job)).map_err(|e| match e.0 {
-            Msg::Call(job) => job,
-            Msg::Batch(_) | Msg::Close(_) => unreachable!("only calls are sent here"),
-        })
+        if let Err(msg) = sent {
+            self.shared.stats.add_refused();
+            msg.done()
+                .finish(&self.shared, RespHeader::status(status), &[]);
+        }
     }
 
     fn open(&mut self, session: u32) -> Action {
@@ -863,8 +814,36 @@ impl VgpuDevice {
             REQ_OPEN => Ok(Classified::Open),
             REQ_CLOSE => Ok(Classified::Close),
             REQ_CALL => self.classify_call(queue, hdr, mem, chain),
+            REQ_BATCH => self.classify_batch(queue, hdr, mem, chain),
             other => Err(format!("unknown request type {other}")),
         }
+    }
+
+    /// A `BATCH` header is checked here (refused whole when it fails); its frames are split
+    /// here too, but their faults are refused in place ([`VgpuDevice::queue_batch`]).
+    fn classify_batch(
+        &self,
+        queue: usize,
+        hdr: &ReqHeader,
+        mem: &GuestMem,
+        chain: &ParsedChain,
+    ) -> Result<Classified, String> {
+        let n = hdr.reply_cap as usize;
+        if !self.batch {
+            return Err("a BATCH request, but the driver did not accept the BATCH feature".into());
+        }
+        if queue != SUBMIT_QUEUE {
+            return Err("batches go on the submission queue".into());
+        }
+        if !(1..=MAX_BATCH_FRAMES).contains(&n) {
+            return Err(format!(
+                "a batch carries 1..={MAX_BATCH_FRAMES} frames, not {n}"
+            ));
+        }
+        if hdr.seq == 0 || hdr.seq.checked_add(n as u64).is_none() {
+            return Err(format!("sequence number {} cannot start a batch", hdr.seq));
+        }
+        Ok(Classified::Batch(split_batch(hdr, mem, chain, n)))
     }
 
     fn classify_call(
@@ -874,32 +853,15 @@ impl VgpuDevice {
         mem: &GuestMem,
         chain: &ParsedChain,
     ) -> Result<Classified, String> {
-        let inline_len = hdr.inline_len as usize;
-        if !(HEADER_LEN..=MAX_INLINE).contains(&inline_len) {
-            return Err(format!(
-                "inline length {inline_len} is outside {HEADER_LEN}..={MAX_INLINE}"
-            ));
-        }
         if hdr.seq == 0 {
             return Err("sequence numbers start at 1".into());
         }
-        let readable = chain.readable.len();
-        if REQ_HEADER_LEN + inline_len > readable {
-            return Err(format!(
-                "inline length {inline_len} exceeds the {} readable bytes after the header",
-                readable - REQ_HEADER_LEN
-            ));
-        }
-        let data_len = readable - REQ_HEADER_LEN - inline_len;
+        let mut inline = inline_bytes(hdr, mem, chain)?;
+        let inline_len = inline.len();
+        let data_len = chain.readable.len() - REQ_HEADER_LEN - inline_len;
         if data_len > MAX_DATA {
             return Err(format!("{data_len} data bytes exceed {MAX_DATA}"));
         }
-        let mut inline = vec![0u8; inline_len];
-        chain
-            .readable
-            .sub(REQ_HEADER_LEN, inline_len)
-            .read_into(mem, &mut inline)
-            .map_err(|e| e.to_string())?;
         let mut hb = [0u8; HEADER_LEN];
         hb.copy_from_slice(&inline[..HEADER_LEN]);
         let header = Header::decode(&hb).map_err(|e| format!("bad frame header: {e}"))?;
@@ -940,35 +902,48 @@ impl VgpuDevice {
     }
 }
 
-/// The `n` frames of a `BATCH` request, each a header (asynchronous, not a reply) and where its
-/// whole payload lies in the returned bytes: back to back in the inline bytes, which are all the
-/// request carries.
-#[allow(clippy::type_complexity)]
-fn split_batch(
-    hdr: &ReqHeader,
-    mem: &GuestMem,
-    chain: &ParsedChain,
-    n: usize,
-) -> Result<(Vec<(Header, std::ops::Range<usize>)>, Vec<u8>), String> {
+/// A request's inline bytes (`inline_len` of them after the request header, within limits and
+/// within the readable bytes), read out of guest memory.
+fn inline_bytes(hdr: &ReqHeader, mem: &GuestMem, chain: &ParsedChain) -> Result<Vec<u8>, String> {
     let inline_len = hdr.inline_len as usize;
     if !(HEADER_LEN..=MAX_INLINE).contains(&inline_len) {
         return Err(format!(
             "inline length {inline_len} is outside {HEADER_LEN}..={MAX_INLINE}"
         ));
     }
-    if chain.readable.len() != REQ_HEADER_LEN + inline_len {
+    let readable = chain.readable.len();
+    if REQ_HEADER_LEN + inline_len > readable {
         return Err(format!(
-            "{} readable bytes after the header, but the frames take {inline_len} and a batch \
-             carries no request data",
-            chain.readable.len().saturating_sub(REQ_HEADER_LEN)
+            "inline length {inline_len} exceeds the {} readable bytes after the header",
+            readable - REQ_HEADER_LEN
         ));
     }
-    let mut bytes = vec![0u8; inline_len];
+    let mut inline = vec![0u8; inline_len];
     chain
         .readable
         .sub(REQ_HEADER_LEN, inline_len)
-        .read_into(mem, &mut bytes)
+        .read_into(mem, &mut inline)
         .map_err(|e| e.to_string())?;
+    Ok(inline)
+}
+
+/// The `n` frames of a `BATCH` request, each a header (asynchronous, not a reply) and where its
+/// whole payload lies in the returned bytes: back to back in the inline bytes, which are all the
+/// request carries.
+fn split_batch(
+    hdr: &ReqHeader,
+    mem: &GuestMem,
+    chain: &ParsedChain,
+    n: usize,
+) -> Result<BatchFrames, String> {
+    let bytes = inline_bytes(hdr, mem, chain)?;
+    let inline_len = bytes.len();
+    if chain.readable.len() != REQ_HEADER_LEN + inline_len {
+        return Err(format!(
+            "{} bytes of request data after the frames; a batch carries none",
+            chain.readable.len() - REQ_HEADER_LEN - inline_len
+        ));
+    }
     let mut frames = Vec::with_capacity(n);
     let mut at = 0;
     for i in 0..n {
@@ -1002,7 +977,12 @@ enum Classified {
     Open,
     Close,
     Call(Header, Vec<u8>),
+    /// A batch's frames, or why they are malformed.
+    Batch(Result<BatchFrames, String>),
 }
+
+/// The frames of a batch (each header and where its payload lies in the bytes) and its bytes.
+type BatchFrames = (Vec<(Header, std::ops::Range<usize>)>, Vec<u8>);
 
 #[cfg(test)]
 mod tests {

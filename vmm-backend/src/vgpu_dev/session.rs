@@ -80,6 +80,17 @@ pub(crate) enum Msg {
     Close(Completion),
 }
 
+impl Msg {
+    /// The chain the message completes.
+    pub(crate) fn done(&self) -> &Completion {
+        match self {
+            Msg::Call(j) => &j.done,
+            Msg::Batch(b) => &b.done,
+            Msg::Close(c) => c,
+        }
+    }
+}
+
 /// Frames waiting for their turn.
 enum Held {
     Call(Box<CallJob>),
@@ -280,15 +291,11 @@ pub(crate) fn run(
             .finish(&shared, RespHeader::status(S_NO_SESSION), &[]);
     }
     for msg in rx.try_iter() {
-        match msg {
-            Msg::Call(job) => job
-                .done
-                .finish(&shared, RespHeader::status(S_NO_SESSION), &[]),
-            Msg::Batch(batch) => batch
-                .done
-                .finish(&shared, RespHeader::status(S_NO_SESSION), &[]),
-            Msg::Close(done) => done.finish(&shared, RespHeader::status(S_OK), &[]),
-        }
+        let status = match msg {
+            Msg::Close(_) => S_OK,
+            Msg::Call(_) | Msg::Batch(_) => S_NO_SESSION,
+        };
+        msg.done().finish(&shared, RespHeader::status(status), &[]);
     }
     if let Some(done) = close_chain {
         done.finish(&shared, RespHeader::status(S_OK), &[]);

@@ -1332,16 +1332,21 @@ mod tests {
 
         /// Sends a request on the control queue and waits for its completion.
         fn ctrl_sync(&mut self, i: u64, descs: &Descs) -> RespHeader {
-            let n = self.used_idx(CTRL_QUEUE);
+            self.sync_on(CTRL_QUEUE, i, descs)
+        }
+
+        /// Sends a request on `queue` and waits for its completion.
+        fn sync_on(&mut self, queue: usize, i: u64, descs: &Descs) -> RespHeader {
+            let n = self.used_idx(queue);
             let m = self.mem.memory();
             m.write_slice(
                 &[0xffu8; RESP_HEADER_LEN],
                 GuestAddress(Self::slot(i) + 0x8000),
             )
             .unwrap();
-            self.push(CTRL_QUEUE, descs);
+            self.push(queue, descs);
             self.run();
-            self.wait_used(CTRL_QUEUE, n + 1);
+            self.wait_used(queue, n + 1);
             self.resp(i)
         }
 
@@ -1430,8 +1435,9 @@ mod tests {
                 reply_cap: count,
                 reserved: 0,
             };
-            // No reply area: `request` adds one only for a non-zero reply_cap.
-            let mut d = self.request(
+            // Built as a request without a reply area (`request` adds one for a non-zero
+            // reply_cap), then given the batch's header.
+            let d = self.request(
                 i,
                 ReqHeader {
                     reply_cap: 0,
@@ -1444,7 +1450,6 @@ mod tests {
             let m = self.mem.memory();
             m.write_slice(&hdr.to_bytes(), GuestAddress(Self::slot(i)))
                 .unwrap();
-            d.retain(|&(a, _, _)| a != Self::slot(i) + 0x8100);
             d
         }
     }
@@ -1482,14 +1487,9 @@ mod tests {
         let mut r = rig();
         r.open(0, 3);
         let mut seq = 1;
-        let mut expect_used = 0;
         // Without the feature accepted: refused whole (no frame runs, no number spent).
         let d = r.batch(1, 3, seq, 1, &echo_frames(1, 1));
-        r.push(SUBMIT_QUEUE, &d);
-        r.run();
-        expect_used += 1;
-        r.wait_used(SUBMIT_QUEUE, expect_used);
-        assert_eq!(r.resp(1).status, S_BAD_REQUEST);
+        assert_eq!(r.sync_on(SUBMIT_QUEUE, 1, &d).status, S_BAD_REQUEST);
         r.dev.set_batch(true);
         // Header-level faults: refused whole.
         for (i, count, q) in [
@@ -1498,14 +1498,7 @@ mod tests {
             (4, 1, CTRL_QUEUE),
         ] {
             let d = r.batch(i, 3, seq, count, &echo_frames(1, 1));
-            let before = r.used_idx(q);
-            r.push(q, &d);
-            r.run();
-            r.wait_used(q, before + 1);
-            assert_eq!(r.resp(i).status, S_BAD_REQUEST, "case {i}");
-            if q == SUBMIT_QUEUE {
-                expect_used += 1;
-            }
+            assert_eq!(r.sync_on(q, i, &d).status, S_BAD_REQUEST, "case {i}");
         }
         // Frame-level faults: the batch's numbers are refused in place, later frames still run.
         let mut sync_frame = frame(OP_ECHO, 0, 9, 0, b"");
@@ -1523,11 +1516,8 @@ mod tests {
         for (k, (count, bytes)) in cases.into_iter().enumerate() {
             let i = 10 + k as u64;
             let d = r.batch(i, 3, seq, count, &bytes);
-            r.push(SUBMIT_QUEUE, &d);
-            r.run();
-            expect_used += 1;
-            r.wait_used(SUBMIT_QUEUE, expect_used);
-            assert_eq!(r.resp(i).status, S_BAD_REQUEST, "case {k}");
+            let status = r.sync_on(SUBMIT_QUEUE, i, &d).status;
+            assert_eq!(status, S_BAD_REQUEST, "case {k}");
             seq += u64::from(count);
         }
         assert!(r.seen.try_recv().is_err(), "no frame of a bad batch ran");
@@ -1541,11 +1531,7 @@ mod tests {
         assert_eq!(r.seen.try_recv().unwrap().1, 77);
         // A batch of a session that does not exist.
         let d = r.batch(21, 99, 1, 2, &echo_frames(1, 2));
-        r.push(SUBMIT_QUEUE, &d);
-        r.run();
-        expect_used += 1;
-        r.wait_used(SUBMIT_QUEUE, expect_used);
-        assert_eq!(r.resp(21).status, S_NO_SESSION);
+        assert_eq!(r.sync_on(SUBMIT_QUEUE, 21, &d).status, S_NO_SESSION);
     }
 
     #[test]

@@ -494,6 +494,23 @@ static long vgpu_ioctl_info(struct vgpu_file *f, void __user *arg)
 }
 
 /*
+ * Counts a request nobody waits for among the file's asynchronous requests in flight, waiting
+ * while there are VGPU_MAX_ASYNC of them; the wait's error on a fatal signal.
+ */
+static int vgpu_count_async(struct vgpu_request *r)
+{
+	struct vgpu_file *f = r->file;
+	int ret;
+
+	ret = wait_event_killable(f->async_wq, atomic_read(&f->async_inflight) < VGPU_MAX_ASYNC);
+	if (ret)
+		return ret;
+	atomic_inc(&f->async_inflight);
+	r->in_async_count = true;
+	return 0;
+}
+
+/*
  * Counts the frames of a batch: asynchronous requests back to back, each its header and whole
  * payload, nothing after the last. Returns the count, or 0 when the bytes are not such frames.
  */
@@ -556,12 +573,9 @@ static long vgpu_ioctl_batch(struct vgpu_file *f, const struct vgpu_call *c)
 	sg_init_one(&hdr_sg, r->buf, r->buf_len);
 	sg_init_one(&resp_sg, r->resp, sizeof(*r->resp));
 	r->async = true;
-	ret = wait_event_killable(f->async_wq,
-				  atomic_read(&f->async_inflight) < VGPU_MAX_ASYNC);
+	ret = vgpu_count_async(r);
 	if (ret)
 		goto out_free;
-	atomic_inc(&f->async_inflight);
-	r->in_async_count = true;
 	mutex_lock(&f->submit_lock);
 	ret = vgpu_submit(r, VIRTIO_VGPU_SUBMIT_QUEUE, sgs, 1, 1, frames);
 	mutex_unlock(&f->submit_lock);
@@ -684,12 +698,9 @@ static long vgpu_ioctl_call(struct vgpu_file *f, struct vgpu_call __user *uarg)
 	 */
 	r->async = async && (nowait || (!r->data.has_sgt && !r->has_chunk_sgt));
 	if (r->async) {
-		ret = wait_event_killable(f->async_wq,
-					  atomic_read(&f->async_inflight) < VGPU_MAX_ASYNC);
+		ret = vgpu_count_async(r);
 		if (ret)
 			goto out_free;
-		atomic_inc(&f->async_inflight);
-		r->in_async_count = true;
 	} else if (nowait) {
 		ret = xa_alloc(&f->tickets, &ticket, r, XA_LIMIT(1, VGPU_MAX_TICKETS), GFP_KERNEL);
 		if (ret == -EBUSY)

@@ -37,7 +37,7 @@ use super::wire::{
     REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_OK, SUBMIT_QUEUE,
 };
 use crate::driver_queue::DriverQueue;
-use crate::vsock::testutils::{GuestRam, memfd_region, region_info, vhost_err};
+use crate::vsock::testutils::{GuestRam, memfd_region, on_frontend, region_info, vhost_err};
 
 /// How long blocking calls wait by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -287,15 +287,7 @@ impl DevGuest {
     }
 
     fn with_frontend<T>(&self, f: impl FnOnce(&mut Frontend) -> vhost::Result<T>) -> io::Result<T> {
-        let mut g = self
-            .shared
-            .frontend
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let fe = g
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "frontend disconnected"))?;
-        f(fe).map_err(vhost_err)
+        on_frontend(&self.shared.frontend, f)
     }
 
     /// The QEMU-like setup sequence (`first`: also owner, protocol features, memory table).

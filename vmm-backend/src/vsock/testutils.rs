@@ -205,6 +205,18 @@ pub(crate) fn region_info(mem: &GuestMem, gpa: u64) -> io::Result<VhostUserMemor
     VhostUserMemoryRegionInfo::from_guest_region(region).map_err(io::Error::other)
 }
 
+/// Runs `f` on a test guest's frontend, which is `None` once it disconnected.
+pub(crate) fn on_frontend<T>(
+    frontend: &Mutex<Option<Frontend>>,
+    f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
+) -> io::Result<T> {
+    let mut g = frontend.lock().unwrap_or_else(|p| p.into_inner());
+    let fe = g
+        .as_mut()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "frontend disconnected"))?;
+    f(fe).map_err(vhost_err)
+}
+
 /// A vhost error as an I/O error.
 pub(crate) fn vhost_err(e: vhost::Error) -> io::Error {
     io::Error::other(e)
@@ -751,15 +763,7 @@ impl TestGuest {
     }
 
     fn with_frontend<T>(&self, f: impl FnOnce(&mut Frontend) -> vhost::Result<T>) -> io::Result<T> {
-        let mut g = self
-            .shared
-            .frontend
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let fe = g
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "frontend disconnected"))?;
-        f(fe).map_err(vhost_err)
+        on_frontend(&self.shared.frontend, f)
     }
 
     /// The QEMU-like setup sequence.

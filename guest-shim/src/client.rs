@@ -31,10 +31,10 @@ pub const QUERIES: [u16; 4] = [
     msg::DeviceGetCount::OPCODE,
     msg::MemGetInfo::OPCODE,
 ];
-/// Asynchronous frames over the device with at most this many bulk bytes travel in batches
-/// (several frames, one request, when the device takes them), their bytes copied into the batch;
-/// larger ones go alone, their bytes read in place.
-pub const DEVICE_BATCH_TAIL: usize = 4096;
+/// Frames with at most this many bulk bytes travel in the batch, their bytes copied into it
+/// (over a stream, and over the device when it takes batches); larger ones go out on their own,
+/// their bytes written (stream) or read by the device (device) in place.
+pub const BATCH_TAIL_MAX: usize = 4096;
 /// Chunks of one device-to-host copy in flight at once over the device.
 pub const DEVICE_WINDOW: usize = 8;
 /// Reply buffer of each chunk in flight: a copy's reply is a bare frame header,
@@ -168,7 +168,7 @@ impl Client {
             .map_or(DEFAULT_FLUSH_INTERVAL, Duration::from_micros);
         Self {
             conn,
-            wbuf: Vec::with_capacity(batch + 4096),
+            wbuf: Vec::with_capacity(batch + BATCH_TAIL_MAX),
             scratch: Vec::new(),
             rbuf: Vec::new(),
             chunk_replies: Vec::new(),
@@ -234,7 +234,7 @@ impl Client {
     fn enqueue<O: Op>(&mut self, req: &O, tail: &[u8], flags: u16) -> Result<u64, CallError> {
         if let Conn::Device(d) = &self.conn {
             debug_assert!(flags & FLAG_ASYNC != 0);
-            let limit = if d.batches() && tail.len() <= DEVICE_BATCH_TAIL {
+            let limit = if d.batches() && tail.len() <= BATCH_TAIL_MAX {
                 self.batch.min(d.info().max_inline as usize)
             } else {
                 0
@@ -271,7 +271,7 @@ impl Client {
         };
         self.wbuf.extend_from_slice(&h.encode());
         self.wbuf.extend_from_slice(&self.scratch);
-        if tail.len() <= 4096 {
+        if tail.len() <= BATCH_TAIL_MAX {
             self.wbuf.extend_from_slice(tail);
         } else {
             self.flush()?;

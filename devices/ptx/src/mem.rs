@@ -19,6 +19,15 @@
 //! (or until they leave its 64-entry cache). A host bulk operation sets `HOST_BULK` only when the
 //! state is zero and then copies plainly; when kernels hold pins it takes a pin itself and copies
 //! with atomics. Nothing waits while holding the buffer, so the protocol cannot deadlock.
+//!
+//! Backing: buffers of at least [`HUGE_BACKING_MIN`] bytes are their own anonymous mappings,
+//! aligned to 2 MiB and advised to use transparent huge pages (`MADV_HUGEPAGE`), as a GPU maps
+//! large allocations with large pages. Host copies into and out of them then take a TLB miss per
+//! 2 MiB instead of per 4 KiB: on the development machine a 16 MiB copy from huge-page guest RAM
+//! into such a buffer ran at 1.6× the speed of the same copy into 4 KiB pages (`vgpu-bench
+//! vgpu-dev`, docs/vgpu-device.md). Pages are still faulted in on first touch, so an allocation
+//! costs host memory only as it is used, as before. Where the host has THP disabled the advice
+//! is ignored and the buffer simply uses 4 KiB pages. Smaller buffers come from the heap.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
@@ -26,6 +35,13 @@ use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, 
 
 /// Alignment of every buffer, like `cudaMalloc`'s 256-byte guarantee.
 pub const BUFFER_ALIGN: usize = 256;
+
+/// Buffers at least this large get their own huge-page-advised mapping (see the module
+/// documentation); smaller ones come from the heap.
+pub const HUGE_BACKING_MIN: usize = 2 << 20;
+
+/// Alignment and granularity of a huge-page-advised mapping: one x86-64 / arm64 huge page.
+const HUGE_PAGE: usize = 2 << 20;
 
 /// Set in `Buffer::state` while a host bulk operation copies with plain (non-atomic) accesses.
 const HOST_BULK: usize = 1 << (usize::BITS - 1);
@@ -94,6 +110,8 @@ impl Width {
 pub struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// Where the bytes live, for `Drop`.
+    backing: Backing,
     /// Kernel pin count plus the `HOST_BULK` bit (see the module documentation).
     state: AtomicUsize,
 }
@@ -120,16 +138,27 @@ impl Buffer {
             return Ok(Buffer {
                 ptr,
                 len,
+                backing: Backing::None,
                 state: AtomicUsize::new(0),
             });
         }
-        let layout = Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { len })?;
-        // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two alignment.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or(AllocError { len })?;
+        let (ptr, backing) = if len >= HUGE_BACKING_MIN {
+            map_huge(len)?
+        } else {
+            let layout =
+                Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { len })?;
+            // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two
+            // alignment.
+            let raw = unsafe { alloc::alloc_zeroed(layout) };
+            (
+                NonNull::new(raw).ok_or(AllocError { len })?,
+                Backing::Heap(layout),
+            )
+        };
         Ok(Buffer {
             ptr,
             len,
+            backing,
             state: AtomicUsize::new(0),
         })
     }
@@ -553,15 +582,73 @@ fn store_order(ord: Ordering) -> Ordering {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.len == 0 {
-            return;
-        }
-        // `new_zeroed` built this exact layout successfully, so it is valid here too.
-        if let Ok(layout) = Layout::from_size_align(self.len, BUFFER_ALIGN) {
-            // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout and is freed once.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        match self.backing {
+            Backing::None => {}
+            Backing::Heap(layout) => {
+                // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout and is freed once.
+                unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+            }
+            Backing::Mapped(mapped) => {
+                // SAFETY: `ptr..ptr + mapped` is the mapping `map_huge` made for this buffer and
+                // nothing else; the buffer is being dropped, so no reference into it remains.
+                let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), mapped) };
+                debug_assert_eq!(rc, 0, "munmap of a buffer's own mapping");
+            }
         }
     }
+}
+
+/// Where a buffer's bytes live.
+#[derive(Debug, Clone, Copy)]
+enum Backing {
+    /// Zero-length: nothing allocated.
+    None,
+    /// The global allocator, with this layout.
+    Heap(Layout),
+    /// An anonymous mapping of this many bytes (the buffer's length rounded up to `HUGE_PAGE`).
+    Mapped(usize),
+}
+
+/// Maps `len` zeroed bytes, 2 MiB aligned, advised to use transparent huge pages.
+fn map_huge(len: usize) -> Result<(NonNull<u8>, Backing), AllocError> {
+    let fail = AllocError { len };
+    let mapped = len
+        .checked_next_multiple_of(HUGE_PAGE)
+        .ok_or(fail.clone())?;
+    // Over-map by one huge page so that an aligned start exists, then cut off the slack.
+    let reserve = mapped.checked_add(HUGE_PAGE).ok_or(fail.clone())?;
+    // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing; it
+    // aliases nothing.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserve,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(fail);
+    }
+    let base = raw as usize;
+    let start = base.next_multiple_of(HUGE_PAGE);
+    let head = start - base;
+    let tail = reserve - head - mapped;
+    if head > 0 {
+        // SAFETY: `base..start` is the front slack of the mapping made above, used by nobody.
+        unsafe { libc::munmap(raw, head) };
+    }
+    if tail > 0 {
+        // SAFETY: the `tail` bytes after `start + mapped` are the back slack of the same mapping.
+        unsafe { libc::munmap((start + mapped) as *mut libc::c_void, tail) };
+    }
+    // Advice only: without THP (or with it disabled) the buffer works with 4 KiB pages.
+    // SAFETY: `start..start + mapped` is our own mapping; the advice changes no contents.
+    unsafe { libc::madvise(start as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE) };
+    let ptr = NonNull::new(start as *mut u8).ok_or(fail)?;
+    Ok((ptr, Backing::Mapped(mapped)))
 }
 
 #[cfg(test)]
@@ -589,6 +676,70 @@ mod tests {
             z.kernel_load(0, Width::B1, Ordering::Relaxed),
             Err(AccessError::OutOfRange)
         );
+    }
+
+    /// The `/proc/self/smaps` entry of the mapping that starts at `addr`, if any.
+    fn smaps_entry(addr: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let head = format!("{addr:x}-");
+        let at = smaps.lines().position(|l| l.starts_with(&head))?;
+        // The header, then its fields ("Key: value"; keys start with a capital letter, headers
+        // with a lower-case hex address).
+        let fields = smaps
+            .lines()
+            .skip(at + 1)
+            .take_while(|l| l.starts_with(|c: char| c.is_ascii_uppercase()));
+        let entry: Vec<&str> = smaps.lines().skip(at).take(1).chain(fields).collect();
+        Some(entry.join("\n"))
+    }
+
+    #[test]
+    fn large_buffers_are_their_own_huge_page_advised_mappings() {
+        let len = 3 * HUGE_BACKING_MIN + 100;
+        let b = Buffer::new_zeroed(len).unwrap();
+        let addr = b.ptr.as_ptr() as usize;
+        assert_eq!(addr % HUGE_PAGE, 0, "2 MiB aligned");
+        // Zeroed, and every byte up to the end is usable.
+        let mut out = vec![1u8; 4096];
+        b.read(len - 4096, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0));
+        b.fill(0, &[7], len).unwrap();
+        b.read(len - 4096, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 7));
+        assert!(b.write(len, &[1]).is_err());
+        // Its own mapping, rounded up to whole huge pages and advised for THP (`hg` in VmFlags);
+        // the kernel reports it eligible unless the host has THP switched off.
+        let entry = smaps_entry(addr).expect("the buffer is a mapping of its own");
+        let header = entry.lines().next().unwrap_or_default();
+        let end = header
+            .split(['-', ' '])
+            .nth(1)
+            .and_then(|e| usize::from_str_radix(e, 16).ok())
+            .expect("mapping range");
+        assert_eq!(end - addr, 4 * HUGE_PAGE, "{header}");
+        assert!(
+            entry
+                .lines()
+                .any(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "hg")),
+            "{entry}"
+        );
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        if !thp.is_empty() && !thp.contains("[never]") {
+            let eligible = entry
+                .lines()
+                .find_map(|l| l.strip_prefix("THPeligible:"))
+                .map(str::trim);
+            assert_eq!(eligible, Some("1"), "{entry}");
+        }
+        drop(b);
+        assert!(
+            smaps_entry(addr).is_none(),
+            "the mapping goes with the buffer"
+        );
+        // Below the threshold: the heap, as before.
+        let small = Buffer::new_zeroed(HUGE_BACKING_MIN - 1).unwrap();
+        assert!(matches!(small.backing, Backing::Heap(_)));
     }
 
     #[test]

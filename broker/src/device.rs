@@ -314,6 +314,27 @@ pub trait DeviceContext: Send + Sync {
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError>;
     /// Device to host.
     fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError>;
+    /// Host to device from several host slices laid back to back from `dst`: a scatter-gather
+    /// copy out of the guest pages a transfer lies in. The default writes them one by one;
+    /// executors override it to move them in fewer, larger operations.
+    fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
+        let mut at = dst;
+        for p in pieces {
+            self.write(at, p)?;
+            at += p.len() as u64;
+        }
+        Ok(())
+    }
+    /// Device to host into several host slices, filled in order from `src`; see
+    /// [`DeviceContext::write_gathered`].
+    fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let mut at = src;
+        for p in pieces.iter_mut() {
+            self.read(at, p)?;
+            at += p.len() as u64;
+        }
+        Ok(())
+    }
     /// Device to device (overlapping ranges behave like memmove).
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError>;
     /// Fills `count` elements of `elem_size` (1, 2 or 4) bytes with the low bytes of `value`.

@@ -159,14 +159,8 @@ fn write_gathered(
     if !inline.is_empty() {
         d.write(dst, inline).map_err(CuError::from)?;
     }
-    let mut at = dst + inline.len() as u64;
-    data.read(&mut |segs| {
-        for s in segs {
-            d.write(at, s).map_err(CuError::from)?;
-            at += s.len() as u64;
-        }
-        Ok(())
-    })
+    let at = dst + inline.len() as u64;
+    data.read(&mut |segs| d.write_gathered(at, segs).map_err(CuError::from))
 }
 
 /// One guest process's state on the host.
@@ -417,12 +411,7 @@ impl Session {
         self.surface_async_error(ctx)?;
         let dev = Arc::clone(&self.dev);
         sink.write(m.len, &mut |segs| {
-            let mut at = m.src;
-            for s in segs.iter_mut() {
-                dev.read(at, s).map_err(CuError::from)?;
-                at += s.len() as u64;
-            }
-            Ok(())
+            dev.read_scattered(m.src, segs).map_err(CuError::from)
         })?;
         self.tenant
             .stats

@@ -451,6 +451,7 @@ pub type Check = fn(&Target);
 pub const CHECKS: &[(&str, Check)] = &[
     ("device_properties", device_properties),
     ("memory_round_trips", memory_round_trips),
+    ("scatter_gather_copies", scatter_gather_copies),
     ("slices_are_hard_limits", slices_are_hard_limits),
     ("foreign_pointers_are_refused", foreign_pointers_are_refused),
     ("bad_images_are_refused", bad_images_are_refused),
@@ -540,6 +541,56 @@ pub fn memory_round_trips(t: &Target) {
         base,
         "the device memory was freed"
     );
+}
+
+/// `write_gathered` and `read_scattered` (what a copy through the virtio-vgpu device uses: the
+/// pieces are the guest pages of the transfer) lay pieces back to back: a page-scattered layout,
+/// pieces larger than any staging chunk, empty pieces, an odd start; the bytes read back with
+/// another layout are the ones written. A range past the allocation is refused.
+pub fn scatter_gather_copies(t: &Target) {
+    let dev = (t.make)(None);
+    let ctx = dev.open("a").expect("a context");
+    let len = 9 * MIB as usize + 4099;
+    let p = ctx.alloc(len as u64 + 64).expect("an allocation");
+    let data = pattern(len, 0x5ca7);
+    // Pieces of 4 KiB pages with an odd first and last one, a 5 MiB run, empty pieces.
+    let mut cuts = vec![0usize, 1000, 1000];
+    let mut at = 1000;
+    while at + 4096 <= 4 * MIB as usize {
+        at += 4096;
+        cuts.push(at);
+    }
+    cuts.extend([at + 5 * MIB as usize, at + 5 * MIB as usize, len]);
+    let pieces: Vec<&[u8]> = cuts.windows(2).map(|w| &data[w[0]..w[1]]).collect();
+    ctx.write_gathered(p + 3, &pieces)
+        .expect("a gathered write");
+    let mut back = vec![0u8; len];
+    ctx.read(p + 3, &mut back).expect("a plain read");
+    assert!(back == data, "gathered pieces land back to back");
+    // Read them into a different layout: 3 MiB + 7, then 64 KiB pieces, then the rest.
+    let mut out = vec![0u8; len];
+    let mut rest: &mut [u8] = &mut out;
+    let mut pieces: Vec<&mut [u8]> = Vec::new();
+    for n in std::iter::once(3 * MIB as usize + 7).chain(std::iter::repeat_n(65536, 40)) {
+        let (head, tail) = rest.split_at_mut(n);
+        pieces.push(head);
+        rest = tail;
+    }
+    pieces.push(&mut []);
+    pieces.push(rest);
+    ctx.read_scattered(p + 3, &mut pieces)
+        .expect("a scattered read");
+    drop(pieces);
+    assert!(out == data, "scattered pieces are filled in order");
+    // Past the end of the allocation: refused.
+    let over = [&data[..40], &data[..40]];
+    assert!(ctx.write_gathered(p + len as u64, &over).is_err());
+    let (mut a, mut b) = ([0u8; 40], [0u8; 40]);
+    assert!(
+        ctx.read_scattered(p + len as u64, &mut [&mut a, &mut b])
+            .is_err()
+    );
+    ctx.free(p).expect("free");
 }
 
 /// Past the slice, allocations and module loads fail with

@@ -239,21 +239,31 @@ impl Buffer {
 
     /// Copies `src` into the buffer at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfRange> {
-        self.check(offset, src.len())?;
-        if src.is_empty() {
+        self.write_gathered(offset, &[src])
+    }
+
+    /// Copies `pieces`, back to back, into the buffer from `offset`, as one host operation (one
+    /// range check, one acquisition): a scatter-gather copy out of guest pages.
+    pub fn write_gathered(&self, offset: usize, pieces: &[&[u8]]) -> Result<(), OutOfRange> {
+        let total = self.check_pieces(offset, pieces.iter().map(|p| p.len()))?;
+        if total == 0 {
             return Ok(());
         }
         let access = self.acquire_host();
-        if access == HostAccess::Exclusive {
-            let dst = self.ptr.as_ptr().wrapping_add(offset);
-            // SAFETY: the range is inside the allocation (checked); `HOST_BULK` guarantees that no
-            // kernel and no other host operation accesses the buffer meanwhile; `src` is a
-            // distinct Rust slice, so the ranges do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        } else {
-            for (i, b) in src.iter().enumerate() {
-                self.byte(offset + i).store(*b, Ordering::Relaxed);
+        let mut at = offset;
+        for src in pieces {
+            if access == HostAccess::Exclusive {
+                let dst = self.ptr.as_ptr().wrapping_add(at);
+                // SAFETY: `at..at + len` is inside the allocation (all pieces checked together);
+                // `HOST_BULK` guarantees that no kernel and no other host operation accesses the
+                // buffer meanwhile; `src` is a distinct Rust slice, so the ranges do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            } else {
+                for (i, b) in src.iter().enumerate() {
+                    self.byte(at + i).store(*b, Ordering::Relaxed);
+                }
             }
+            at += src.len();
         }
         self.release_host(access);
         Ok(())
@@ -261,23 +271,54 @@ impl Buffer {
 
     /// Copies bytes at `offset` into `dst`.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfRange> {
-        self.check(offset, dst.len())?;
-        if dst.is_empty() {
+        self.read_scattered(offset, &mut [dst])
+    }
+
+    /// Fills `pieces`, in order, with the buffer's bytes from `offset`, as one host operation.
+    pub fn read_scattered(
+        &self,
+        offset: usize,
+        pieces: &mut [&mut [u8]],
+    ) -> Result<(), OutOfRange> {
+        let total = self.check_pieces(offset, pieces.iter().map(|p| p.len()))?;
+        if total == 0 {
             return Ok(());
         }
         let access = self.acquire_host();
-        if access == HostAccess::Exclusive {
-            let from = self.ptr.as_ptr().wrapping_add(offset).cast_const();
-            // SAFETY: in range (checked); `HOST_BULK` excludes kernels and other host operations;
-            // `dst` is a distinct exclusive Rust slice.
-            unsafe { std::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len()) };
-        } else {
-            for (i, b) in dst.iter_mut().enumerate() {
-                *b = self.byte(offset + i).load(Ordering::Relaxed);
+        let mut at = offset;
+        for dst in pieces.iter_mut() {
+            if access == HostAccess::Exclusive {
+                let from = self.ptr.as_ptr().wrapping_add(at).cast_const();
+                // SAFETY: in range (all pieces checked together); `HOST_BULK` excludes kernels and
+                // other host operations; `dst` is a distinct exclusive Rust slice.
+                unsafe { std::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len()) };
+            } else {
+                for (i, b) in dst.iter_mut().enumerate() {
+                    *b = self.byte(at + i).load(Ordering::Relaxed);
+                }
             }
+            at += dst.len();
         }
         self.release_host(access);
         Ok(())
+    }
+
+    /// Checks that pieces of these lengths fit back to back from `offset`; returns their total.
+    fn check_pieces(
+        &self,
+        offset: usize,
+        lens: impl Iterator<Item = usize>,
+    ) -> Result<usize, OutOfRange> {
+        let mut total = 0usize;
+        for len in lens {
+            total = total.checked_add(len).ok_or(OutOfRange {
+                offset,
+                len: usize::MAX,
+                buf_len: self.len,
+            })?;
+        }
+        self.check(offset, total)?;
+        Ok(total)
     }
 
     /// Writes `count` copies of `pattern` (1, 2 or 4 bytes, like cuMemsetD8/16/32) from `offset`.
@@ -740,6 +781,37 @@ mod tests {
         // Below the threshold: the heap, as before.
         let small = Buffer::new_zeroed(HUGE_BACKING_MIN - 1).unwrap();
         assert!(matches!(small.backing, Backing::Heap(_)));
+    }
+
+    #[test]
+    fn gathered_and_scattered_copies_are_back_to_back_and_all_or_nothing() {
+        let b = Arc::new(Buffer::new_zeroed(64).unwrap());
+        let (x, y, z) = ([1u8, 2, 3], [], [4u8; 5]);
+        b.write_gathered(10, &[&x, &y, &z]).unwrap();
+        let mut out = [0u8; 10];
+        b.read(9, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 2, 3, 4, 4, 4, 4, 4, 0]);
+        // Scattered reads split the same bytes over pieces of any size, empty ones included.
+        let (mut p, mut q, mut r) = ([0u8; 2], [0u8; 0], [0u8; 7]);
+        b.read_scattered(10, &mut [&mut p, &mut q, &mut r]).unwrap();
+        assert_eq!((p, r), ([1, 2], [3, 4, 4, 4, 4, 4, 0]));
+        // Pieces that run past the end are refused whole: nothing is written.
+        let e = b.write_gathered(60, &[&[9u8; 3], &[9u8; 3]]).unwrap_err();
+        assert_eq!((e.offset, e.len, e.buf_len), (60, 6, 64));
+        let mut tail = [1u8; 4];
+        b.read(60, &mut tail).unwrap();
+        assert_eq!(tail, [0; 4]);
+        assert!(
+            b.read_scattered(62, &mut [&mut [0u8; 1], &mut [0u8; 2]])
+                .is_err()
+        );
+        // The same through the atomic path, while a "kernel" holds the buffer.
+        let view = b.kernel_view();
+        b.write_gathered(0, &[&[7u8; 2], &[8u8; 2]]).unwrap();
+        let (mut c, mut d) = ([0u8; 3], [0u8; 1]);
+        b.read_scattered(0, &mut [&mut c, &mut d]).unwrap();
+        assert_eq!((c, d), ([7, 7, 8], [8]));
+        drop(view);
     }
 
     #[test]

@@ -172,6 +172,12 @@ impl Device for SimDevice {
     }
 }
 
+/// Total length of scatter-gather pieces (saturating: an absurd total is then refused as out of
+/// range by the allocation lookup).
+fn pieces_len(lens: impl Iterator<Item = usize>) -> u64 {
+    lens.fold(0u64, |t, l| t.saturating_add(l as u64))
+}
+
 /// One tenant's view of the simulated GPU: only its own allocations exist.
 pub struct SimContext {
     inner: Arc<ContextMemory>,
@@ -306,6 +312,20 @@ impl DeviceContext for SimContext {
         let len = out.len() as u64;
         let (buf, off) = self.inner.range(src, len)?;
         buf.read(off, out)
+            .map_err(|_| DeviceError::InvalidAddress { addr: src, len })
+    }
+
+    fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
+        let len = pieces_len(pieces.iter().map(|p| p.len()));
+        let (buf, off) = self.inner.range(dst, len)?;
+        buf.write_gathered(off, pieces)
+            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len })
+    }
+
+    fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let len = pieces_len(pieces.iter().map(|p| p.len()));
+        let (buf, off) = self.inner.range(src, len)?;
+        buf.read_scattered(off, pieces)
             .map_err(|_| DeviceError::InvalidAddress { addr: src, len })
     }
 

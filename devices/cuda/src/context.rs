@@ -28,6 +28,7 @@ use vgpu_proto::cuda;
 
 use crate::driver::{Ctx, Current, Driver, Event, Failed, HostPtr, Stream};
 use crate::error::{Op, is_context_fatal};
+use crate::gather::{Cursor, gather, scatter, total_len};
 use crate::module::CudaModule;
 
 /// Every allocation is charged in units of this many bytes (the driver's
@@ -55,6 +56,17 @@ const MAX_POLL_SLEEP: Duration = Duration::from_millis(1);
 /// How long a kernel whose session ended may still run when the device has
 /// no watchdog; past this the VM's context is abandoned.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(10);
+
+/// Staging chunks a copy of `total` bytes takes.
+fn chunk_count(total: u64) -> usize {
+    usize::try_from(total.div_ceil(STAGING_CHUNK as u64)).unwrap_or(usize::MAX)
+}
+
+/// Bytes of chunk `i` of a copy of `total` bytes.
+fn chunk_len(total: u64, i: usize) -> usize {
+    let start = (i as u64).saturating_mul(STAGING_CHUNK as u64);
+    usize::try_from(total.saturating_sub(start)).map_or(STAGING_CHUNK, |r| r.min(STAGING_CHUNK))
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -375,38 +387,54 @@ impl Generation {
         }
     }
 
-    /// Host to device through pinned memory, one chunk filling while the
-    /// previous one is copied.
-    fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+    /// Host to device from pieces laid back to back (one piece for a plain copy, the guest pages
+    /// of a transfer for a scatter-gather one) through pinned memory: the pieces fill whole
+    /// staging chunks, one half filling while the other is copied.
+    fn write_gathered(&self, dst: u64, pieces: &[&[u8]], total: u64) -> Result<(), DeviceError> {
         let st = self.take_staging()?;
-        let r = self.write_staged(&st, dst, data);
+        let r = self.write_staged(&st, dst, pieces, total);
         self.release_staging(st, r.is_ok());
         r
     }
 
-    fn write_staged(&self, st: &Staging, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+    fn write_staged(
+        &self,
+        st: &Staging,
+        dst: u64,
+        pieces: &[&[u8]],
+        total: u64,
+    ) -> Result<(), DeviceError> {
         let d = self.driver();
         let mut issued = [false; 2];
-        for (i, chunk) in data.chunks(STAGING_CHUNK).enumerate() {
+        let mut cur = Cursor::default();
+        let mut at = dst;
+        for i in 0..chunk_count(total) {
             let half = i % 2;
             if issued[half] {
                 self.wait(st.done[half], None, None)?;
             }
-            // SAFETY: the staging buffer holds 2 * STAGING_CHUNK bytes and this
-            // thread owns it; the last copy out of this half has completed.
-            let dst_half = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
-            // SAFETY: `dst_half` is valid for `chunk.len() <= STAGING_CHUNK` bytes
-            // and does not overlap `chunk` (guest data in daemon memory).
-            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst_half, chunk.len()) };
+            let len = chunk_len(total, i);
+            // SAFETY: the staging buffer holds 2 * STAGING_CHUNK bytes.
+            let staged = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
+            // SAFETY: `staged` is valid for `len` <= STAGING_CHUNK bytes and this thread owns the
+            // buffer; the last copy out of this half has completed, so nothing else reads or
+            // writes these bytes while the slice lives (it ends before the copy is issued).
+            let chunk = unsafe { std::slice::from_raw_parts_mut(staged, len) };
+            if gather(pieces, &mut cur, chunk) != len {
+                return Err(DeviceError::InvalidAddress {
+                    addr: at,
+                    len: len as u64,
+                });
+            }
             let _c = self.enter()?;
-            let at = dst + (i * STAGING_CHUNK) as u64;
             // SAFETY: the half stays untouched until `done[half]` completes:
             // it is waited for before reuse and before the buffer is released.
-            unsafe { d.memcpy_htod_async(at, dst_half, chunk.len(), self.stream) }
+            unsafe { d.memcpy_htod_async(at, staged, len, self.stream) }
                 .map_err(|f| self.fail(f, Op::Other))?;
             d.event_record(st.done[half], self.stream)
                 .map_err(|f| self.fail(f, Op::Other))?;
             issued[half] = true;
+            at += len as u64;
         }
         for (&ev, was) in st.done.iter().zip(issued) {
             if was {
@@ -416,11 +444,16 @@ impl Generation {
         Ok(())
     }
 
-    /// Device to host through pinned memory, the next chunk in flight while
-    /// the previous one is copied out.
-    fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+    /// Device to host into pieces filled in order, through pinned memory, the next chunk in
+    /// flight while the previous one is copied out.
+    fn read_scattered(
+        &self,
+        src: u64,
+        pieces: &mut [&mut [u8]],
+        total: u64,
+    ) -> Result<(), DeviceError> {
         let st = self.take_staging()?;
-        let r = self.read_staged(&st, src, out);
+        let r = self.read_staged(&st, src, pieces, total);
         self.release_staging(st, r.is_ok());
         r
     }
@@ -438,26 +471,35 @@ impl Generation {
             .map_err(|f| self.fail(f, Op::Other))
     }
 
-    fn read_staged(&self, st: &Staging, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
-        let total = out.len();
-        let n = total.div_ceil(STAGING_CHUNK);
-        let len_of = |i: usize| (total - i * STAGING_CHUNK).min(STAGING_CHUNK);
+    fn read_staged(
+        &self,
+        st: &Staging,
+        src: u64,
+        pieces: &mut [&mut [u8]],
+        total: u64,
+    ) -> Result<(), DeviceError> {
+        let n = chunk_count(total);
         for i in 0..n.min(2) {
-            self.issue_read(st, src, i, len_of(i))?;
+            self.issue_read(st, src, i, chunk_len(total, i))?;
         }
+        let mut cur = Cursor::default();
         for i in 0..n {
             let half = i % 2;
             self.wait(st.done[half], None, None)?;
-            let len = len_of(i);
-            // SAFETY: within the buffer; the copy into this half has completed.
-            let from = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
-            // SAFETY: `from` holds `len` bytes written by the completed copy; `out`
-            // has room for them at this offset and does not overlap pinned memory.
-            unsafe {
-                std::ptr::copy_nonoverlapping(from, out[i * STAGING_CHUNK..].as_mut_ptr(), len)
-            };
+            let len = chunk_len(total, i);
+            // SAFETY: the staging buffer holds 2 * STAGING_CHUNK bytes.
+            let staged = unsafe { st.buf.0.add(half * STAGING_CHUNK) }.cast_const();
+            // SAFETY: `staged` is valid for `len` <= STAGING_CHUNK bytes; the copy into this half
+            // has completed and the next one into it is issued only after this slice's last use.
+            let chunk = unsafe { std::slice::from_raw_parts(staged, len) };
+            if scatter(pieces, &mut cur, chunk) != len {
+                return Err(DeviceError::InvalidAddress {
+                    addr: src + (i * STAGING_CHUNK) as u64,
+                    len: len as u64,
+                });
+            }
             if i + 2 < n {
-                self.issue_read(st, src, i + 2, len_of(i + 2))?;
+                self.issue_read(st, src, i + 2, chunk_len(total, i + 2))?;
             }
         }
         Ok(())
@@ -770,21 +812,39 @@ impl DeviceContext for CudaContext {
     }
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
-        let g = self.inner.generation()?;
-        g.check_range(dst, data.len() as u64)?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        g.write(dst, data)
+        self.write_gathered(dst, &[data])
     }
 
     fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.read_scattered(src, &mut [out])
+    }
+
+    fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
+        let total =
+            total_len(pieces.iter().map(|p| p.len())).ok_or(DeviceError::InvalidAddress {
+                addr: dst,
+                len: u64::MAX,
+            })?;
         let g = self.inner.generation()?;
-        g.check_range(src, out.len() as u64)?;
-        if out.is_empty() {
+        g.check_range(dst, total)?;
+        if total == 0 {
             return Ok(());
         }
-        g.read(src, out)
+        g.write_gathered(dst, pieces, total)
+    }
+
+    fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let total =
+            total_len(pieces.iter().map(|p| p.len())).ok_or(DeviceError::InvalidAddress {
+                addr: src,
+                len: u64::MAX,
+            })?;
+        let g = self.inner.generation()?;
+        g.check_range(src, total)?;
+        if total == 0 {
+            return Ok(());
+        }
+        g.read_scattered(src, pieces, total)
     }
 
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
@@ -876,5 +936,28 @@ impl DeviceContext for CudaContext {
         let t = Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default();
         self.inner.times.record(t);
         Ok(LaunchProgress::Completed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_cut_into_whole_staging_chunks() {
+        let c = STAGING_CHUNK as u64;
+        assert_eq!(chunk_count(0), 0);
+        assert_eq!(chunk_count(1), 1);
+        assert_eq!(chunk_count(c), 1);
+        assert_eq!(chunk_count(c + 1), 2);
+        assert_eq!(chunk_len(c + 1, 0), STAGING_CHUNK);
+        assert_eq!(chunk_len(c + 1, 1), 1);
+        assert_eq!(chunk_len(5, 0), 5);
+        // The chunks add up to the copy.
+        let total = 5 * c + 4099;
+        let sum: u64 = (0..chunk_count(total))
+            .map(|i| chunk_len(total, i) as u64)
+            .sum();
+        assert_eq!(sum, total);
     }
 }

@@ -16,6 +16,7 @@
 pub mod context;
 pub mod driver;
 pub mod error;
+mod gather;
 pub mod image;
 pub mod module;
 pub mod ptx;

@@ -1,7 +1,6 @@
 //! vgpu benchmarks. Each prints its figures next to a baseline measured in
 //! the same run and the ratio between them; medians over repeated runs.
 
-pub mod hugebuf;
 pub mod remoting;
 pub mod share;
 pub mod stats;

@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use vgpu_broker::config::Config;
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;
+use vgpu_ptx::HugeMapping;
 use vgpu_vmm::daemon::Daemon;
 
 use vgpu_vmm::vgpu_dev::testutils::{
@@ -31,7 +32,6 @@ use vgpu_vmm::vgpu_dev::testutils::{
 use vgpu_vmm::vgpu_dev::wire::S_OK;
 use vgpu_vmm::vsock::testutils::{GuestOptions, GuestRam, HUGE_PAGE, TestGuest, free_huge_pages};
 
-use crate::hugebuf::HugeBuf;
 use crate::stats::median;
 
 /// Parameters.
@@ -560,8 +560,11 @@ pub fn measure(p: &Params) -> Result<Results, String> {
     let src = vec![0x5au8; max];
     let mut dst = vec![0xa5u8; max];
     dst.copy_from_slice(&src);
-    let huge_src = HugeBuf::new(max)?;
-    let mut huge_dst = HugeBuf::new(max)?;
+    let mut huge_src = HugeMapping::new(max).map_err(err("huge-page buffer"))?;
+    let mut huge_dst = HugeMapping::new(max).map_err(err("huge-page buffer"))?;
+    // Touched before anything is timed, so that their huge pages exist.
+    huge_src.fill(0x5a);
+    huge_dst.fill(0xa5);
 
     // samples[layout][size]
     let mut samples: Vec<Vec<Vec<Row>>> = vec![vec![Vec::new(); p.sizes_mib.len()]; LAYOUTS.len()];

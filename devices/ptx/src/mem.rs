@@ -143,7 +143,13 @@ impl Buffer {
             });
         }
         let (ptr, backing) = if len >= HUGE_BACKING_MIN {
-            map_huge(len)?
+            let m = HugeMapping::new(len)?;
+            (
+                m.as_non_null(),
+                Backing::Mapped {
+                    _unmapped_on_drop: m,
+                },
+            )
         } else {
             let layout =
                 Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { len })?;
@@ -623,73 +629,117 @@ fn store_order(ord: Ordering) -> Ordering {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        match self.backing {
-            Backing::None => {}
-            Backing::Heap(layout) => {
-                // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout and is freed once.
-                unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
-            }
-            Backing::Mapped(mapped) => {
-                // SAFETY: `ptr..ptr + mapped` is the mapping `map_huge` made for this buffer and
-                // nothing else; the buffer is being dropped, so no reference into it remains.
-                let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), mapped) };
-                debug_assert_eq!(rc, 0, "munmap of a buffer's own mapping");
-            }
+        if let Backing::Heap(layout) = self.backing {
+            // SAFETY: `ptr` was returned by `alloc_zeroed` with this layout and is freed once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
+        // A `Mapped` backing unmaps itself when dropped, after this.
     }
 }
 
 /// Where a buffer's bytes live.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 enum Backing {
     /// Zero-length: nothing allocated.
     None,
     /// The global allocator, with this layout.
     Heap(Layout),
-    /// An anonymous mapping of this many bytes (the buffer's length rounded up to `HUGE_PAGE`).
-    Mapped(usize),
+    /// A huge-page-advised mapping of its own, held for its `Drop` (which unmaps it). The buffer
+    /// reaches it only through its raw pointer (never through the mapping's slices), under the
+    /// pin protocol.
+    Mapped { _unmapped_on_drop: HugeMapping },
 }
 
-/// Maps `len` zeroed bytes, 2 MiB aligned, advised to use transparent huge pages.
-fn map_huge(len: usize) -> Result<(NonNull<u8>, Backing), AllocError> {
-    let fail = AllocError { len };
-    let mapped = len
-        .checked_next_multiple_of(HUGE_PAGE)
-        .ok_or(fail.clone())?;
-    // Over-map by one huge page so that an aligned start exists, then cut off the slack.
-    let reserve = mapped.checked_add(HUGE_PAGE).ok_or(fail.clone())?;
-    // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing; it
-    // aliases nothing.
-    let raw = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            reserve,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if raw == libc::MAP_FAILED {
-        return Err(fail);
+/// Zeroed anonymous memory of its own mapping, 2 MiB aligned and advised to use transparent huge
+/// pages (see the module documentation). The simulated GPU's large buffers live in these;
+/// benchmarks use them for a huge-page memcpy baseline.
+#[derive(Debug)]
+pub struct HugeMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Bytes mapped: `len` rounded up to whole huge pages.
+    mapped: usize,
+}
+
+// SAFETY: the mapping is owned exclusively, like a `Vec<u8>`; shared access is `&[u8]` only.
+unsafe impl Send for HugeMapping {}
+// SAFETY: as above: `&HugeMapping` gives out nothing but shared slices.
+unsafe impl Sync for HugeMapping {}
+
+impl HugeMapping {
+    /// Maps `len` zeroed bytes (at least one). Pages are faulted in on first touch.
+    pub fn new(len: usize) -> Result<HugeMapping, AllocError> {
+        let fail = AllocError { len };
+        let mapped = len
+            .max(1)
+            .checked_next_multiple_of(HUGE_PAGE)
+            .ok_or(fail.clone())?;
+        // Over-map by one huge page so that an aligned start exists, then cut off the slack.
+        let reserve = mapped.checked_add(HUGE_PAGE).ok_or(fail.clone())?;
+        // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing; it
+        // aliases nothing.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserve,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(fail);
+        }
+        let base = raw as usize;
+        let start = base.next_multiple_of(HUGE_PAGE);
+        let head = start - base;
+        let tail = reserve - head - mapped;
+        if head > 0 {
+            // SAFETY: `base..start` is the front slack of the mapping made above, used by nobody.
+            unsafe { libc::munmap(raw, head) };
+        }
+        if tail > 0 {
+            // SAFETY: the `tail` bytes after `start + mapped` are the back slack of the same
+            // mapping.
+            unsafe { libc::munmap((start + mapped) as *mut libc::c_void, tail) };
+        }
+        // Advice only: without THP (or with it disabled) the memory works with 4 KiB pages.
+        // SAFETY: `start..start + mapped` is our own mapping; the advice changes no contents.
+        unsafe { libc::madvise(start as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE) };
+        let ptr = NonNull::new(start as *mut u8).ok_or(fail)?;
+        Ok(HugeMapping { ptr, len, mapped })
     }
-    let base = raw as usize;
-    let start = base.next_multiple_of(HUGE_PAGE);
-    let head = start - base;
-    let tail = reserve - head - mapped;
-    if head > 0 {
-        // SAFETY: `base..start` is the front slack of the mapping made above, used by nobody.
-        unsafe { libc::munmap(raw, head) };
+
+    /// The first byte (for owners that manage access themselves).
+    fn as_non_null(&self) -> NonNull<u8> {
+        self.ptr
     }
-    if tail > 0 {
-        // SAFETY: the `tail` bytes after `start + mapped` are the back slack of the same mapping.
-        unsafe { libc::munmap((start + mapped) as *mut libc::c_void, tail) };
+}
+
+impl std::ops::Deref for HugeMapping {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` lies in our mapping and is initialised (anonymous memory reads
+        // as zero); it is mutated only through `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
-    // Advice only: without THP (or with it disabled) the buffer works with 4 KiB pages.
-    // SAFETY: `start..start + mapped` is our own mapping; the advice changes no contents.
-    unsafe { libc::madvise(start as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE) };
-    let ptr = NonNull::new(start as *mut u8).ok_or(fail)?;
-    Ok((ptr, Backing::Mapped(mapped)))
+}
+
+impl std::ops::DerefMut for HugeMapping {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HugeMapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr..ptr + mapped` is the mapping `new` made and nothing else; no slice into it
+        // outlives `self`.
+        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+        debug_assert_eq!(rc, 0, "munmap of a mapping of our own");
+    }
 }
 
 #[cfg(test)]
@@ -778,6 +828,13 @@ mod tests {
             smaps_entry(addr).is_none(),
             "the mapping goes with the buffer"
         );
+        // A mapping on its own: zeroed, aligned, writable through its slice.
+        let mut m = HugeMapping::new(HUGE_PAGE + 5).unwrap();
+        assert_eq!(m.as_ptr() as usize % HUGE_PAGE, 0);
+        assert_eq!(m.len(), HUGE_PAGE + 5);
+        assert!(m.iter().all(|&x| x == 0));
+        m[HUGE_PAGE + 4] = 9;
+        assert_eq!(m[HUGE_PAGE + 4], 9);
         // Below the threshold: the heap, as before.
         let small = Buffer::new_zeroed(HUGE_BACKING_MIN - 1).unwrap();
         assert!(matches!(small.backing, Backing::Heap(_)));

@@ -114,16 +114,7 @@ fn session(g: &DevGuest, id: u32) -> (DevSession, u64) {
     let mut s = DevSession::open(g, id).unwrap();
     let hello = s.hello("vgpu-dev-test").unwrap();
     assert_eq!(hello.protocol_version, vgpu_proto::PROTOCOL_VERSION);
-    let ctx = s
-        .call(
-            &msg::CtxCreate {
-                device: 0,
-                flags: 0,
-            },
-            &[],
-        )
-        .unwrap()
-        .handle;
+    let ctx = s.ctx_create().unwrap();
     (s, ctx)
 }
 

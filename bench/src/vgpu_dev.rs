@@ -190,16 +190,7 @@ impl DevPath {
         ))?;
         let mut session = DevSession::open(&guest, 1).map_err(err("opening a session"))?;
         session.hello("vgpu-bench").map_err(err("handshake"))?;
-        let ctx = session
-            .call(
-                &msg::CtxCreate {
-                    device: 0,
-                    flags: 0,
-                },
-                &[],
-            )
-            .map_err(err("CtxCreate"))?
-            .handle;
+        let ctx = session.ctx_create().map_err(err("CtxCreate"))?;
         let ptr = session
             .call(
                 &msg::MemAlloc {

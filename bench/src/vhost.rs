@@ -200,16 +200,7 @@ impl DevRemote {
                 hello.tenant
             ));
         }
-        let ctx = session
-            .call(
-                &msg::CtxCreate {
-                    device: 0,
-                    flags: 0,
-                },
-                &[],
-            )
-            .map_err(dev_err("CtxCreate"))?
-            .handle;
+        let ctx = session.ctx_create().map_err(dev_err("CtxCreate"))?;
         let ptr = session
             .call(
                 &msg::MemAlloc {

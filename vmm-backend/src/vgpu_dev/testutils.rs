@@ -1009,6 +1009,18 @@ impl DevSession {
         )
     }
 
+    /// `cuCtxCreate` on device 0: the context handle.
+    pub fn ctx_create(&mut self) -> Result<u64, DevError> {
+        self.call(
+            &msg::CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .map(|r| r.handle)
+    }
+
     /// Closes the session; the device answers once it released everything.
     pub fn close(self) -> Result<(), DevError> {
         let c = self.guest.request(

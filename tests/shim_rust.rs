@@ -123,6 +123,50 @@ fn a_rust_program_drives_the_shim_through_libloading() {
         assert_eq!(free(p), 0);
     }
 
+    // cuMemHostRegister (cudaHostRegister, pinning frameworks' buffers): CUDA's rules, and copies
+    // from and to registered memory work.
+    let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult =
+        cu.proc("cuMemHostRegister", 12000).unwrap();
+    let unregister: unsafe extern "C" fn(*mut c_void) -> CuResult =
+        cu.proc("cuMemHostUnregister", 12000).unwrap();
+    let mut host = vec![7u8; 3 * MIB as usize];
+    // Only `base` touches `host` from here on.
+    let base = host.as_mut_ptr();
+    // SAFETY: valid pointers into `host` and sizes within it throughout.
+    unsafe {
+        assert_eq!(register(base.cast(), MIB as usize, 1), 0, "PORTABLE");
+        // Overlapping the registered first MiB: 712.
+        assert_eq!(register(base.add(4096).cast(), MIB as usize, 0), 712);
+        assert_eq!(register(base.cast(), 4096, 0), 712);
+        // Next to it: fine.
+        assert_eq!(register(base.add(MIB as usize).cast(), MIB as usize, 0), 0);
+        // Bad arguments and unsupported kinds.
+        assert_eq!(register(std::ptr::null_mut(), 4096, 0), 1);
+        assert_eq!(register(base.add(2 * MIB as usize).cast(), 0, 0), 1);
+        assert_eq!(register(base.add(2 * MIB as usize).cast(), 4096, 0x100), 1);
+        assert_eq!(
+            register(base.add(2 * MIB as usize).cast(), 4096, 0x2),
+            801,
+            "DEVICEMAP"
+        );
+        let mut p = 0u64;
+        assert_eq!(alloc(&mut p, 2 * MIB as usize), 0);
+        assert_eq!(htod(p, base.cast_const().cast(), 2 * MIB as usize), 0);
+        std::ptr::write_bytes(base, 0, 2 * MIB as usize);
+        assert_eq!(dtoh(base.cast(), p, 2 * MIB as usize), 0);
+        let back = std::slice::from_raw_parts(base, 2 * MIB as usize);
+        assert!(back.iter().all(|&b| b == 7));
+        assert_eq!(free(p), 0);
+        // Unregistering: only where a registered range starts, once.
+        assert_eq!(unregister(base.add(4096).cast()), 713);
+        assert_eq!(unregister(base.cast()), 0);
+        assert_eq!(unregister(base.cast()), 713);
+        assert_eq!(unregister(base.add(MIB as usize).cast()), 0);
+        // The first MiB can be registered again.
+        assert_eq!(register(base.cast(), MIB as usize, 0), 0);
+        assert_eq!(unregister(base.cast()), 0);
+    }
+
     // Several threads share the context and the connection.
     let threads: Vec<_> = (0..4)
         .map(|t| {

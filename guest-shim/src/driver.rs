@@ -21,6 +21,12 @@ pub const STREAM_PER_THREAD: u64 = 0x2;
 pub const MEMHOSTALLOC_DEVICEMAP: u32 = 0x2;
 /// Flags `cuMemHostAlloc` accepts: PORTABLE | DEVICEMAP | WRITECOMBINED.
 pub const MEMHOSTALLOC_KNOWN: u32 = 0x7;
+/// `CU_MEMHOSTREGISTER_DEVICEMAP`.
+pub const MEMHOSTREGISTER_DEVICEMAP: u32 = 0x2;
+/// `CU_MEMHOSTREGISTER_IOMEMORY`.
+pub const MEMHOSTREGISTER_IOMEMORY: u32 = 0x4;
+/// Flags `cuMemHostRegister` accepts: PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY.
+pub const MEMHOSTREGISTER_KNOWN: u32 = 0xf;
 /// Alignment of `cuMemAllocHost` buffers.
 pub const HOST_ALLOC_ALIGN: usize = 4096;
 
@@ -39,6 +45,8 @@ pub struct Driver {
     chunk: usize,
     device_ranges: Mutex<BTreeMap<u64, u64>>,
     host_allocs: Mutex<HashMap<usize, usize>>,
+    /// `cuMemHostRegister`ed ranges: start → length.
+    host_registered: Mutex<BTreeMap<usize, usize>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
     functions: Mutex<HashMap<u64, FuncLayout>>,
     flush_wanted: (Mutex<bool>, Condvar),
@@ -132,6 +140,7 @@ fn connect() -> CuRes<Driver> {
         chunk,
         device_ranges: Mutex::new(BTreeMap::new()),
         host_allocs: Mutex::new(HashMap::new()),
+        host_registered: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
         flush_wanted: (Mutex::new(false), Condvar::new()),
@@ -620,6 +629,44 @@ pub fn host_free(addr: usize) -> CuRes<()> {
     // removed above) and is freed once.
     unsafe { std::alloc::dealloc(owned, layout) };
     Ok(())
+}
+
+/// `cuMemHostRegister`: records `addr..addr + size` as registered. The memory stays as it is:
+/// the shim's copies read and write any host memory, so page-locking it in the guest would gain
+/// nothing (with the virtio-vgpu device the `vgpu` module pins an application's pages for the
+/// duration of each transfer anyway). CUDA's rules hold: a range that overlaps a registered
+/// one is refused with `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`; mapped (`DEVICEMAP`) and I/O
+/// memory are not supported.
+pub fn host_register(addr: usize, size: usize, flags: u32) -> CuRes<()> {
+    let d = driver()?;
+    ctx()?;
+    if addr == 0 || size == 0 || flags & !MEMHOSTREGISTER_KNOWN != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let end = addr
+        .checked_add(size)
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    if flags & (MEMHOSTREGISTER_DEVICEMAP | MEMHOSTREGISTER_IOMEMORY) != 0 {
+        crate::debug!("cuMemHostRegister: mapped (DEVICEMAP) and I/O memory are not supported");
+        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let mut regs = lock(&d.host_registered);
+    let before = regs.range(..end).next_back();
+    if before.is_some_and(|(&start, &len)| start + len > addr) {
+        return Err(cuda::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    }
+    regs.insert(addr, size);
+    Ok(())
+}
+
+/// `cuMemHostUnregister`: `addr` must be where a registered range starts.
+pub fn host_unregister(addr: usize) -> CuRes<()> {
+    let d = driver()?;
+    ctx()?;
+    lock(&d.host_registered)
+        .remove(&addr)
+        .map(drop)
+        .ok_or(cuda::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
 }
 
 // ---- streams and events ----------------------------------------------------

@@ -610,6 +610,23 @@ pub extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {
+    ffi("cuMemHostRegister_v2", || {
+        drv::host_register(p as usize, bytesize, flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {
+    cuMemHostRegister_v2(p, bytesize, flags)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    ffi("cuMemHostUnregister", || drv::host_unregister(p as usize))
+}
+
+#[unsafe(no_mangle)]
 pub extern "C" fn cuMemHostGetDevicePointer_v2(
     _d: *mut CUdeviceptr,
     _p: *mut c_void,

@@ -132,6 +132,12 @@ fn table() -> &'static [Entry] {
             e!("cuMemHostAlloc", (2020, f!(cuMemHostAlloc))),
             e!("cuMemFreeHost", (2000, f!(cuMemFreeHost))),
             e!(
+                "cuMemHostRegister",
+                (4000, f!(cuMemHostRegister)),
+                (6050, f!(cuMemHostRegister_v2))
+            ),
+            e!("cuMemHostUnregister", (4000, f!(cuMemHostUnregister))),
+            e!(
                 "cuMemHostGetDevicePointer",
                 (3020, f!(cuMemHostGetDevicePointer_v2))
             ),

@@ -1022,7 +1022,37 @@ pub mod cuda_executor {
         ("cuda_reports_jit_errors", reports_jit_errors),
         ("cuda_charges_module_globals", charges_module_globals),
         ("cuda_loads_cubins", loads_cubins),
+        ("cuda_clears_staging_buffers", clears_staging_buffers),
     ];
+
+    /// Pinned host memory is mapped into every context of the process: after each copy, in
+    /// either direction and scattered or not, the staging buffers keep none of the VM's bytes.
+    pub fn clears_staging_buffers(t: &Target) {
+        let dev = open(&driver_of(t), None);
+        let ctx = dev.open_context("staging").unwrap();
+        let len = 5 * (1 << 20) + 123;
+        let data: Vec<u8> = pattern(len, 0x57a6).iter().map(|b| b | 1).collect();
+        let p = ctx.alloc(len as u64).unwrap();
+        ctx.write(p, &data).unwrap();
+        assert_eq!(ctx.staging_bytes_at_rest(), 0, "after a write");
+        let mut back = vec![0u8; len];
+        ctx.read(p, &mut back).unwrap();
+        assert!(back == data);
+        assert_eq!(ctx.staging_bytes_at_rest(), 0, "after a read");
+        let pieces: Vec<&[u8]> = data.chunks(4096).collect();
+        ctx.write_gathered(p, &pieces).unwrap();
+        let mut out: Vec<&mut [u8]> = back.chunks_mut(65536).collect();
+        ctx.read_scattered(p, &mut out).unwrap();
+        assert_eq!(
+            ctx.staging_bytes_at_rest(),
+            0,
+            "after scatter-gather copies"
+        );
+        // A small copy too (it uses part of one half).
+        ctx.write(p, &data[..100]).unwrap();
+        assert_eq!(ctx.staging_bytes_at_rest(), 0, "after a small write");
+        ctx.free(p).unwrap();
+    }
 
     /// An NVRTC cubin for sm_90 (`devices/cuda/testdata/layouts.cu`).
     pub const LAYOUTS_CUBIN: &[u8] =

@@ -68,6 +68,24 @@ fn chunk_len(total: u64, i: usize) -> usize {
     usize::try_from(total.saturating_sub(start)).map_or(STAGING_CHUNK, |r| r.min(STAGING_CHUNK))
 }
 
+/// Zeroes what a completed copy of `total` bytes left in a staging buffer. Pinned host memory is
+/// mapped into every CUDA context of the process (unified addressing), so a VM's bytes must not
+/// stay there between its copies (docs/cuda.md, isolation model). Chunk `i` used half `i % 2`,
+/// so half 0 holds at most the first chunk's length and half 1 the second's.
+fn clear_staging(st: &Staging, total: u64) {
+    for half in 0..2 {
+        let used = chunk_len(total, half);
+        if used == 0 {
+            continue;
+        }
+        // SAFETY: half `half` of the 2 * STAGING_CHUNK byte buffer, `used` <= STAGING_CHUNK bytes;
+        // the copy completed, so no DMA touches it, and this thread owns the buffer.
+        let at = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(at, 0, used) };
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -393,6 +411,9 @@ impl Generation {
     fn write_gathered(&self, dst: u64, pieces: &[&[u8]], total: u64) -> Result<(), DeviceError> {
         let st = self.take_staging()?;
         let r = self.write_staged(&st, dst, pieces, total);
+        if r.is_ok() {
+            clear_staging(&st, total);
+        }
         self.release_staging(st, r.is_ok());
         r
     }
@@ -454,6 +475,9 @@ impl Generation {
     ) -> Result<(), DeviceError> {
         let st = self.take_staging()?;
         let r = self.read_staged(&st, src, pieces, total);
+        if r.is_ok() {
+            clear_staging(&st, total);
+        }
         self.release_staging(st, r.is_ok());
         r
     }
@@ -752,6 +776,23 @@ impl CudaContext {
     /// GPU time of the VM's kernels.
     pub fn kernel_times(&self) -> &KernelTimes {
         &self.inner.times
+    }
+
+    /// Non-zero bytes in the VM's idle staging buffers: 0 unless a copy failed (after a copy the
+    /// bytes it moved are cleared, see `clear_staging`). For tests.
+    pub fn staging_bytes_at_rest(&self) -> usize {
+        let Some(g) = self.inner.existing() else {
+            return 0;
+        };
+        lock(&g.staging)
+            .iter()
+            .map(|st| {
+                // SAFETY: a pooled (idle) buffer of 2 * STAGING_CHUNK bytes: no copy uses it
+                // while the pool's lock is held, and it is only read here.
+                let bytes = unsafe { std::slice::from_raw_parts(st.buf.0, 2 * STAGING_CHUNK) };
+                bytes.iter().filter(|&&b| b != 0).count()
+            })
+            .sum()
     }
 }
 

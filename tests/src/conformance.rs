@@ -452,6 +452,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("device_properties", device_properties),
     ("memory_round_trips", memory_round_trips),
     ("scatter_gather_copies", scatter_gather_copies),
+    ("fresh_memory_is_zeroed", fresh_memory_is_zeroed),
     ("slices_are_hard_limits", slices_are_hard_limits),
     ("foreign_pointers_are_refused", foreign_pointers_are_refused),
     ("bad_images_are_refused", bad_images_are_refused),
@@ -541,6 +542,39 @@ pub fn memory_round_trips(t: &Target) {
         base,
         "the device memory was freed"
     );
+}
+
+/// A VM never sees what another VM (or an earlier process of its own) left in device memory:
+/// fresh allocations read as zero after others freed patterned memory of the same sizes.
+pub fn fresh_memory_is_zeroed(t: &Target) {
+    let rig = Rig::new((t.make)(None), &[("a", 64 * MIB, 1), ("b", 64 * MIB, 1)]);
+    let sizes = [4096usize, 3 * MIB as usize + 5, 24 * MIB as usize];
+    {
+        let mut a = rig.session("a");
+        for (i, &len) in sizes.iter().enumerate() {
+            let p = a.alloc(len as u64).unwrap();
+            let secret: Vec<u8> = pattern(len, 0x5ec + i as u64)
+                .iter()
+                .map(|b| b | 1)
+                .collect();
+            a.htod(p, &secret).unwrap();
+            a.free(p).unwrap();
+        }
+        a.close();
+    }
+    for vm in ["b", "a"] {
+        let mut s = rig.session(vm);
+        for &len in &sizes {
+            let p = s.alloc(len as u64).unwrap();
+            let got = s.dtoh(p, len).unwrap();
+            assert!(
+                got.iter().all(|&b| b == 0),
+                "VM {vm}: a fresh {len}-byte allocation holds old bytes"
+            );
+            s.free(p).unwrap();
+        }
+        s.close();
+    }
 }
 
 /// `write_gathered` and `read_scattered` (what a copy through the virtio-vgpu device uses: the

@@ -805,9 +805,18 @@ impl DeviceContext for CudaContext {
         let g = self.inner.generation()?;
         let p = {
             let _c = g.enter()?;
-            g.driver()
-                .mem_alloc(size)
-                .map_err(|f| g.fail(f, Op::Other))?
+            let d = g.driver();
+            let p = d.mem_alloc(size).map_err(|f| g.fail(f, Op::Other))?;
+            // `cuMemAlloc` memory is uninitialised and may hold what another VM freed: zero it
+            // on the VM's stream, ahead of everything the VM does with it (no wait needed: all
+            // of the VM's work runs on that stream).
+            let len = usize::try_from(size).unwrap_or(usize::MAX);
+            if let Err(f) = d.memset_async(p, 0, 1, len, g.stream) {
+                let e = g.fail(f, Op::Other);
+                let _ = d.mem_free(p);
+                return Err(e);
+            }
+            p
         };
         let charged = round_up(size.max(1), ALLOC_GRANULARITY);
         lock(&g.ranges).insert(

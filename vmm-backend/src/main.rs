@@ -38,6 +38,20 @@ fn block_signals() -> libc::sigset_t {
     set
 }
 
+/// Points standard output at `/dev/null`. vgpud writes nothing there (logs go to stderr), but
+/// the CUDA driver flushes the output of device-side `printf` in the guests' kernels to the
+/// process's stdout: guest-controlled text must not reach the host's logs (journald captures
+/// stdout).
+fn discard_stdout() -> std::io::Result<()> {
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    // SAFETY: both are open descriptors; dup2 atomically replaces fd 1, whose old file nothing
+    // in this process holds a reference to beyond the descriptor itself.
+    if unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), libc::STDOUT_FILENO) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits for one of the blocked signals; returns it with its sender.
 fn wait_for_signal(set: &libc::sigset_t) -> Actor {
     loop {
@@ -107,6 +121,9 @@ fn main() -> ExitCode {
     if let Err(e) = unsafe { vgpu_cuda::make_mig_visible(&config.devices) } {
         eprintln!("vgpud: {e}");
         return ExitCode::from(2);
+    }
+    if let Err(e) = discard_stdout() {
+        tracing::warn!(error = %e, "cannot point stdout at /dev/null; kernels' printf output may reach it");
     }
     // Block SIGINT/SIGTERM/SIGHUP before any thread starts so that only
     // sigwaitinfo sees them.

@@ -411,10 +411,7 @@ impl Generation {
     fn write_gathered(&self, dst: u64, pieces: &[&[u8]], total: u64) -> Result<(), DeviceError> {
         let st = self.take_staging()?;
         let r = self.write_staged(&st, dst, pieces, total);
-        if r.is_ok() {
-            clear_staging(&st, total);
-        }
-        self.release_staging(st, r.is_ok());
+        self.release_staging(st, r.is_ok(), total);
         r
     }
 
@@ -475,10 +472,7 @@ impl Generation {
     ) -> Result<(), DeviceError> {
         let st = self.take_staging()?;
         let r = self.read_staged(&st, src, pieces, total);
-        if r.is_ok() {
-            clear_staging(&st, total);
-        }
-        self.release_staging(st, r.is_ok());
+        self.release_staging(st, r.is_ok(), total);
         r
     }
 
@@ -531,11 +525,15 @@ impl Generation {
 
     /// Returns a staging buffer after use. After a failure a copy may still
     /// be in flight: the buffer is reused only once both halves are idle.
-    fn release_staging(&self, st: Staging, ok: bool) {
-        if ok
-            || (self.wait(st.done[0], None, None).is_ok()
-                && self.wait(st.done[1], None, None).is_ok())
+    fn release_staging(&self, st: Staging, ok: bool, total: u64) {
+        if ok {
+            clear_staging(&st, total);
+            self.put_staging(st);
+        } else if self.wait(st.done[0], None, None).is_ok()
+            && self.wait(st.done[1], None, None).is_ok()
         {
+            // Idle again, but how far the copy got is unknown: clear both halves.
+            clear_staging(&st, 2 * STAGING_CHUNK as u64);
             self.put_staging(st);
         } else if self.broken().is_none() {
             self.free_staging(st);
@@ -778,8 +776,8 @@ impl CudaContext {
         &self.inner.times
     }
 
-    /// Non-zero bytes in the VM's idle staging buffers: 0 unless a copy failed (after a copy the
-    /// bytes it moved are cleared, see `clear_staging`). For tests.
+    /// Non-zero bytes in the VM's idle staging buffers: 0, since every copy clears what it left
+    /// in its buffer before the buffer goes back to the pool (see `clear_staging`). For tests.
     pub fn staging_bytes_at_rest(&self) -> usize {
         let Some(g) = self.inner.existing() else {
             return 0;

@@ -475,6 +475,15 @@ fn rate(bytes: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, 
     Ok((bytes * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Bytes per second of a plain memcpy from `src` into `dst` (same length).
+fn memcpy_rate(dst: &mut [u8], src: &[u8]) -> Result<f64, String> {
+    rate(dst.len(), || {
+        dst.copy_from_slice(std::hint::black_box(src));
+        std::hint::black_box(&mut *dst);
+        Ok(())
+    })
+}
+
 /// One virtio-vgpu VM per layout (`dev0`, `dev1`, …) and one vsock VM.
 fn config(dir: &Path) -> Result<Config, String> {
     let mut text = format!(
@@ -565,17 +574,9 @@ pub fn measure(p: &Params) -> Result<Results, String> {
             let (mut memcpys, mut huge_memcpys) = (Vec::new(), Vec::new());
             // Measures `path` right after a plain memcpy and a huge-page memcpy of the same size.
             let mut paired = |path: &mut dyn FnMut() -> Result<f64, String>| {
-                let m = rate(bytes, || {
-                    dst[..bytes].copy_from_slice(std::hint::black_box(&src[..bytes]));
-                    std::hint::black_box(&dst);
-                    Ok(())
-                })?;
+                let m = memcpy_rate(&mut dst[..bytes], &src[..bytes])?;
                 memcpys.push(m);
-                let h = rate(bytes, || {
-                    huge_dst[..bytes].copy_from_slice(std::hint::black_box(&huge_src[..bytes]));
-                    std::hint::black_box(&huge_dst);
-                    Ok(())
-                })?;
+                let h = memcpy_rate(&mut huge_dst[..bytes], &huge_src[..bytes])?;
                 huge_memcpys.push(h);
                 let r = path()?;
                 Ok::<_, String>(Measured {

@@ -410,6 +410,55 @@ pub fn meminfo(path: &Path) -> Option<(u64, u64)> {
     Some((field("MemTotal:")?, field("MemAvailable:")?))
 }
 
+/// Transparent huge pages and reserved 2 MiB pages: the simulated GPU keeps large allocations
+/// in huge-page-advised memory, and GPU VMs' guest RAM is best backed by hugetlb pages
+/// (docs/attach.md). `thp` is the text of `transparent_hugepage/enabled`, `meminfo` of
+/// `/proc/meminfo`.
+pub fn huge_pages_check(thp: Option<&str>, meminfo: Option<&str>) -> Check {
+    const NAME: &str = "huge-pages";
+    let field = |k: &str| {
+        meminfo?
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|r| r.trim().parse::<u64>().ok())
+    };
+    let reserved = match (field("HugePages_Total:"), field("HugePages_Free:")) {
+        (Some(total), Some(free)) => format!(
+            "{free} of {total} reserved 2 MiB pages free for guest RAM with hugetlb=on (vgpuctl vm attach-args --huge-pages)"
+        ),
+        _ => "no hugetlb pages reported".into(),
+    };
+    // The selected mode is the bracketed word: "always [madvise] never".
+    let mode = thp.and_then(|t| {
+        let open = t.find('[')?;
+        let close = t[open..].find(']')? + open;
+        Some(t[open + 1..close].to_string())
+    });
+    match mode.as_deref() {
+        Some("always" | "madvise") => pass(
+            NAME,
+            format!(
+                "transparent huge pages: {} (the simulated GPU's large allocations use them); {reserved}",
+                mode.as_deref().unwrap_or_default()
+            ),
+        ),
+        Some(m) => check(
+            NAME,
+            Status::Warn,
+            format!(
+                "transparent huge pages: {m}: the simulated GPU's memory uses 4 KiB pages, so copies into it run slower; {reserved}"
+            ),
+            "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled (or transparent_hugepage=madvise on the kernel command line)",
+        ),
+        None => check(
+            NAME,
+            Status::Warn,
+            format!("transparent huge pages: not available in this kernel; {reserved}"),
+            "use a kernel with CONFIG_TRANSPARENT_HUGEPAGE for the simulated GPU's memory",
+        ),
+    }
+}
+
 /// A device as the memory checks see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceMemory {
@@ -528,6 +577,12 @@ pub fn memory_checks(devices: &[DeviceMemory], mem: Option<(u64, u64)>) -> Vec<C
 pub fn checks(a: &DoctorArgs, c: &Client) -> Vec<Check> {
     let mut out = kvm_checks();
     out.push(memfd_check());
+    out.push(huge_pages_check(
+        std::fs::read_to_string(a.sysfs.join("kernel/mm/transparent_hugepage/enabled"))
+            .ok()
+            .as_deref(),
+        std::fs::read_to_string(&a.meminfo).ok().as_deref(),
+    ));
     out.extend(qemu_checks(a.qemu.as_deref()));
     out.extend(iommu_checks(&a.sysfs, &a.devfs));
     out.push(nvidia_check());
@@ -697,6 +752,27 @@ mod tests {
                 sliced: 1280 << 20
             }]
         );
+    }
+
+    #[test]
+    fn huge_pages_are_reported_and_thp_off_warns() {
+        let meminfo = "MemTotal: 100 kB\nHugePages_Total:     900\nHugePages_Free:      640\n";
+        let c = huge_pages_check(Some("always [madvise] never\n"), Some(meminfo));
+        assert_eq!(c.status, Status::Pass);
+        assert!(c.detail.contains("madvise"), "{}", c.detail);
+        assert!(c.detail.contains("640 of 900"), "{}", c.detail);
+        let c = huge_pages_check(Some("[always] madvise never"), None);
+        assert_eq!(c.status, Status::Pass);
+        assert!(c.detail.contains("no hugetlb pages"), "{}", c.detail);
+        let c = huge_pages_check(Some("always madvise [never]"), Some(meminfo));
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.detail.contains("4 KiB pages"), "{}", c.detail);
+        assert!(c.fix.contains("madvise"), "{}", c.fix);
+        let c = huge_pages_check(None, Some(meminfo));
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.detail.contains("not available"), "{}", c.detail);
+        // Garbage is not mistaken for a mode.
+        assert_eq!(huge_pages_check(Some("madvise"), None).status, Status::Warn);
     }
 
     #[test]

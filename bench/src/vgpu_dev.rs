@@ -21,9 +21,9 @@ use std::time::Instant;
 use cuda::client::Client;
 use std::collections::VecDeque;
 use vgpu_broker::config::Config;
+use vgpu_hugemem::HugeMapping;
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;
-use vgpu_ptx::HugeMapping;
 use vgpu_vmm::daemon::Daemon;
 
 use vgpu_vmm::vgpu_dev::testutils::{

@@ -36,7 +36,7 @@ pub use error::{
     CUDA_ERROR_MISALIGNED_ADDRESS, Fault, FaultKind, LoadError, LoadErrorKind,
 };
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
-pub use mem::{AllocError, Buffer, HugeMapping, OutOfRange};
+pub use mem::{AllocError, Buffer, OutOfRange};
 
 /// Most threads in one block.
 pub const MAX_THREADS_PER_BLOCK: u32 = decode::MAX_THREADS_PER_BLOCK;

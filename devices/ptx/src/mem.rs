@@ -20,7 +20,8 @@
 //! state is zero and then copies plainly; when kernels hold pins it takes a pin itself and copies
 //! with atomics. Nothing waits while holding the buffer, so the protocol cannot deadlock.
 //!
-//! Backing: buffers of at least [`HUGE_BACKING_MIN`] bytes are their own anonymous mappings,
+//! Backing: buffers of at least [`HUGE_BACKING_MIN`] bytes are their own anonymous mappings
+//! (`vgpu_hugemem::HugeMapping`),
 //! aligned to 2 MiB and advised to use transparent huge pages (`MADV_HUGEPAGE`), as a GPU maps
 //! large allocations with large pages. Host copies into and out of them then take a TLB miss per
 //! 2 MiB instead of per 4 KiB: on the development machine a 16 MiB copy from huge-page guest RAM
@@ -30,8 +31,10 @@
 //! is ignored and the buffer simply uses 4 KiB pages. Smaller buffers come from the heap.
 
 use std::alloc::{self, Layout};
+
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use vgpu_hugemem::HugeMapping;
 
 /// Alignment of every buffer, like `cudaMalloc`'s 256-byte guarantee.
 pub const BUFFER_ALIGN: usize = 256;
@@ -39,9 +42,6 @@ pub const BUFFER_ALIGN: usize = 256;
 /// Buffers at least this large get their own huge-page-advised mapping (see the module
 /// documentation); smaller ones come from the heap.
 pub const HUGE_BACKING_MIN: usize = 2 << 20;
-
-/// Alignment and granularity of a huge-page-advised mapping: one x86-64 / arm64 huge page.
-const HUGE_PAGE: usize = 2 << 20;
 
 /// Set in `Buffer::state` while a host bulk operation copies with plain (non-atomic) accesses.
 const HOST_BULK: usize = 1 << (usize::BITS - 1);
@@ -143,7 +143,7 @@ impl Buffer {
             });
         }
         let (ptr, backing) = if len >= HUGE_BACKING_MIN {
-            let m = HugeMapping::new(len)?;
+            let m = HugeMapping::new(len).map_err(|_| AllocError { len })?;
             (
                 m.as_non_null(),
                 Backing::Mapped {
@@ -650,98 +650,6 @@ enum Backing {
     Mapped { _unmapped_on_drop: HugeMapping },
 }
 
-/// Zeroed anonymous memory of its own mapping, 2 MiB aligned and advised to use transparent huge
-/// pages (see the module documentation). The simulated GPU's large buffers live in these;
-/// benchmarks use them for a huge-page memcpy baseline.
-#[derive(Debug)]
-pub struct HugeMapping {
-    ptr: NonNull<u8>,
-    len: usize,
-    /// Bytes mapped: `len` rounded up to whole huge pages.
-    mapped: usize,
-}
-
-// SAFETY: the mapping is owned exclusively, like a `Vec<u8>`; shared access is `&[u8]` only.
-unsafe impl Send for HugeMapping {}
-// SAFETY: as above: `&HugeMapping` gives out nothing but shared slices.
-unsafe impl Sync for HugeMapping {}
-
-impl HugeMapping {
-    /// Maps `len` zeroed bytes (at least one). Pages are faulted in on first touch.
-    pub fn new(len: usize) -> Result<HugeMapping, AllocError> {
-        let fail = AllocError { len };
-        let mapped = len
-            .max(1)
-            .checked_next_multiple_of(HUGE_PAGE)
-            .ok_or(fail.clone())?;
-        // Over-map by one huge page so that an aligned start exists, then cut off the slack.
-        let reserve = mapped.checked_add(HUGE_PAGE).ok_or(fail.clone())?;
-        // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing; it
-        // aliases nothing.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                reserve,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(fail);
-        }
-        let base = raw as usize;
-        let start = base.next_multiple_of(HUGE_PAGE);
-        let head = start - base;
-        let tail = reserve - head - mapped;
-        if head > 0 {
-            // SAFETY: `base..start` is the front slack of the mapping made above, used by nobody.
-            unsafe { libc::munmap(raw, head) };
-        }
-        if tail > 0 {
-            // SAFETY: the `tail` bytes after `start + mapped` are the back slack of the same
-            // mapping.
-            unsafe { libc::munmap((start + mapped) as *mut libc::c_void, tail) };
-        }
-        // Advice only: without THP (or with it disabled) the memory works with 4 KiB pages.
-        // SAFETY: `start..start + mapped` is our own mapping; the advice changes no contents.
-        unsafe { libc::madvise(start as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE) };
-        let ptr = NonNull::new(start as *mut u8).ok_or(fail)?;
-        Ok(HugeMapping { ptr, len, mapped })
-    }
-
-    /// The first byte (for owners that manage access themselves).
-    fn as_non_null(&self) -> NonNull<u8> {
-        self.ptr
-    }
-}
-
-impl std::ops::Deref for HugeMapping {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr + len` lies in our mapping and is initialised (anonymous memory reads
-        // as zero); it is mutated only through `&mut self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl std::ops::DerefMut for HugeMapping {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`; `&mut self` makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for HugeMapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + mapped` is the mapping `new` made and nothing else; no slice into it
-        // outlives `self`.
-        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
-        debug_assert_eq!(rc, 0, "munmap of a mapping of our own");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -769,23 +677,10 @@ mod tests {
         );
     }
 
-    /// The `/proc/self/smaps` entry of the mapping that starts at `addr`, if any.
-    fn smaps_entry(addr: usize) -> Option<String> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let head = format!("{addr:x}-");
-        let at = smaps.lines().position(|l| l.starts_with(&head))?;
-        // The header, then its fields ("Key: value"; keys start with a capital letter, headers
-        // with a lower-case hex address).
-        let fields = smaps
-            .lines()
-            .skip(at + 1)
-            .take_while(|l| l.starts_with(|c: char| c.is_ascii_uppercase()));
-        let entry: Vec<&str> = smaps.lines().skip(at).take(1).chain(fields).collect();
-        Some(entry.join("\n"))
-    }
-
     #[test]
     fn large_buffers_are_their_own_huge_page_advised_mappings() {
+        use vgpu_hugemem::HUGE_PAGE;
+        use vgpu_hugemem::testutils::{advised_huge, range_of, smaps_entry};
         let len = 3 * HUGE_BACKING_MIN + 100;
         let b = Buffer::new_zeroed(len).unwrap();
         let addr = b.ptr.as_ptr() as usize;
@@ -798,43 +693,19 @@ mod tests {
         b.read(len - 4096, &mut out).unwrap();
         assert!(out.iter().all(|&x| x == 7));
         assert!(b.write(len, &[1]).is_err());
-        // Its own mapping, rounded up to whole huge pages and advised for THP (`hg` in VmFlags);
-        // the kernel reports it eligible unless the host has THP switched off.
+        // Its own mapping, rounded up to whole huge pages and advised for THP.
         let entry = smaps_entry(addr).expect("the buffer is a mapping of its own");
-        let header = entry.lines().next().unwrap_or_default();
-        let end = header
-            .split(['-', ' '])
-            .nth(1)
-            .and_then(|e| usize::from_str_radix(e, 16).ok())
-            .expect("mapping range");
-        assert_eq!(end - addr, 4 * HUGE_PAGE, "{header}");
-        assert!(
-            entry
-                .lines()
-                .any(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "hg")),
+        assert_eq!(
+            range_of(&entry),
+            Some((addr, addr + 4 * HUGE_PAGE)),
             "{entry}"
         );
-        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .unwrap_or_default();
-        if !thp.is_empty() && !thp.contains("[never]") {
-            let eligible = entry
-                .lines()
-                .find_map(|l| l.strip_prefix("THPeligible:"))
-                .map(str::trim);
-            assert_eq!(eligible, Some("1"), "{entry}");
-        }
+        assert!(advised_huge(&entry), "{entry}");
         drop(b);
         assert!(
-            smaps_entry(addr).is_none(),
+            smaps_entry(addr).is_none_or(|e| range_of(&e) != Some((addr, addr + 4 * HUGE_PAGE))),
             "the mapping goes with the buffer"
         );
-        // A mapping on its own: zeroed, aligned, writable through its slice.
-        let mut m = HugeMapping::new(HUGE_PAGE + 5).unwrap();
-        assert_eq!(m.as_ptr() as usize % HUGE_PAGE, 0);
-        assert_eq!(m.len(), HUGE_PAGE + 5);
-        assert!(m.iter().all(|&x| x == 0));
-        m[HUGE_PAGE + 4] = 9;
-        assert_eq!(m[HUGE_PAGE + 4], 9);
         // Below the threshold: the heap, as before.
         let small = Buffer::new_zeroed(HUGE_BACKING_MIN - 1).unwrap();
         assert!(matches!(small.backing, Backing::Heap(_)));

@@ -123,6 +123,46 @@ fn a_rust_program_drives_the_shim_through_libloading() {
         assert_eq!(free(p), 0);
     }
 
+    // cuMemHostAlloc: large buffers are 2 MiB aligned mappings of their own, advised to use
+    // transparent huge pages (so that a guest pins them as 2 MiB runs); small ones come from
+    // the heap. Both are zeroed, usable, and freed by cuMemFreeHost.
+    let host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult =
+        cu.proc("cuMemHostAlloc", 12000).unwrap();
+    let free_host: unsafe extern "C" fn(*mut c_void) -> CuResult =
+        cu.proc("cuMemFreeHost", 12000).unwrap();
+    {
+        use vgpu_hugemem::HUGE_PAGE;
+        use vgpu_hugemem::testutils::{advised_huge, range_of, smaps_entry};
+        let (mut big, mut small) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let n = 2 * HUGE_PAGE + 1;
+        // SAFETY: valid out-pointers; the buffers are used within their sizes and freed once.
+        unsafe {
+            assert_eq!(host_alloc(&mut big, n, 1), 0, "PORTABLE");
+            assert_eq!(host_alloc(&mut small, 4096, 0), 0);
+            let addr = big as usize;
+            assert_eq!(addr % HUGE_PAGE, 0);
+            let entry = smaps_entry(addr).unwrap();
+            assert_eq!(
+                range_of(&entry),
+                Some((addr, addr + 3 * HUGE_PAGE)),
+                "{entry}"
+            );
+            assert!(advised_huge(&entry), "{entry}");
+            assert!(!advised_huge(&smaps_entry(small as usize).unwrap()));
+            let bytes = std::slice::from_raw_parts_mut(big.cast::<u8>(), n);
+            assert!(bytes.iter().all(|&b| b == 0));
+            bytes.fill(0x42);
+            assert_eq!(free_host(big), 0);
+            assert_eq!(free_host(big), 1, "freed once");
+            assert!(
+                smaps_entry(addr)
+                    .is_none_or(|e| range_of(&e) != Some((addr, addr + 3 * HUGE_PAGE))),
+                "the mapping goes with cuMemFreeHost"
+            );
+            assert_eq!(free_host(small), 0);
+        }
+    }
+
     // cuMemHostRegister (cudaHostRegister, pinning frameworks' buffers): CUDA's rules, and copies
     // from and to registered memory work.
     let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult =

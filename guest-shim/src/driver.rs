@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
+use vgpu_hugemem::{HUGE_PAGE, HugeMapping};
 use vgpu_proto::cuda::{self, CuResult};
 use vgpu_proto::msg;
 
@@ -44,7 +45,7 @@ pub struct Driver {
     /// Most bulk bytes one copy request carries on this transport.
     chunk: usize,
     device_ranges: Mutex<BTreeMap<u64, u64>>,
-    host_allocs: Mutex<HashMap<usize, usize>>,
+    host_allocs: Mutex<HashMap<usize, HostAlloc>>,
     /// `cuMemHostRegister`ed ranges: start → length.
     host_registered: Mutex<BTreeMap<usize, usize>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
@@ -591,6 +592,22 @@ pub fn memset(
     }
 }
 
+/// A `cuMemHostAlloc` buffer.
+enum HostAlloc {
+    /// From the heap, with this size (smaller than [`HOST_ALLOC_HUGE_MIN`]).
+    Heap(usize),
+    /// A huge-page-advised mapping of its own, held for its `Drop` (which unmaps it); the
+    /// application reaches it through the pointer `host_alloc` returned.
+    Mapped { _unmapped_on_drop: HugeMapping },
+}
+
+/// `cuMemHostAlloc` buffers at least this large get a huge-page-advised mapping of their own: in
+/// a guest whose transparent huge pages are `madvise` (Ubuntu's default) the buffer is then made
+/// of physically contiguous 2 MiB runs, which the `vgpu` module hands to the device as a few
+/// large descriptors instead of one per 4 KiB page (`vgpu-bench vgpu-dev`: 1.5–1.8× the copy
+/// bandwidth at 16 MiB, docs/vgpu-device.md).
+pub const HOST_ALLOC_HUGE_MIN: usize = HUGE_PAGE;
+
 /// `cuMemAllocHost` / `cuMemHostAlloc`: guest-local, page-aligned host memory.
 pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
     let d = driver()?;
@@ -604,6 +621,17 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
         );
         return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
     }
+    if size >= HOST_ALLOC_HUGE_MIN {
+        let m = HugeMapping::new(size).map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let p = m.as_non_null().as_ptr();
+        lock(&d.host_allocs).insert(
+            p as usize,
+            HostAlloc::Mapped {
+                _unmapped_on_drop: m,
+            },
+        );
+        return Ok(p);
+    }
     let layout = std::alloc::Layout::from_size_align(size.max(1), HOST_ALLOC_ALIGN)
         .map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
     // SAFETY: the layout has a non-zero size.
@@ -611,7 +639,7 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
     if p.is_null() {
         return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
     }
-    lock(&d.host_allocs).insert(p as usize, size.max(1));
+    lock(&d.host_allocs).insert(p as usize, HostAlloc::Heap(size.max(1)));
     Ok(p)
 }
 
@@ -619,9 +647,13 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
 /// returned; anything else is refused without being touched.
 pub fn host_free(addr: usize) -> CuRes<()> {
     let d = driver()?;
-    let size = lock(&d.host_allocs)
+    let alloc = lock(&d.host_allocs)
         .remove(&addr)
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    // A mapping unmaps itself when dropped.
+    let HostAlloc::Heap(size) = alloc else {
+        return Ok(());
+    };
     let layout = std::alloc::Layout::from_size_align(size, HOST_ALLOC_ALIGN)
         .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
     let owned = addr as *mut u8;

@@ -241,6 +241,19 @@ fn large_transfers_go_straight_between_guest_pages_and_the_gpu() {
     let st = h.stats("vm1");
     assert!(st.bytes_from_guest >= SIZE as u64 + 5000, "{st:?}");
     assert!(st.bytes_to_guest >= SIZE as u64 + 10_000, "{st:?}");
+    // Every guest range of the buffers was counted: scattered pages, a range per 4 KiB page.
+    let ranges = |b: &GuestBuf, off: usize, len: usize| b.segments(off, len).len() as u64;
+    assert_eq!(ranges(&src, 0, SIZE), (SIZE / 4096) as u64);
+    assert_eq!(
+        st.segments_from_guest,
+        ranges(&src, 0, SIZE) + ranges(&odd, 100, 5000),
+        "{st:?}"
+    );
+    assert_eq!(
+        st.segments_to_guest,
+        ranges(&back, 0, SIZE) + ranges(&small, 0, 10_000),
+        "{st:?}"
+    );
     assert_eq!((st.dropped_chains, st.refused_requests), (0, 0), "{st:?}");
     let t = h.daemon.broker().tenant("vm1").unwrap();
     assert!(
@@ -731,6 +744,12 @@ fn pauses_at_random_moments_lose_and_corrupt_nothing() {
         "direction=\"guest_to_host\"",
     );
     assert!(moved >= (ROUNDS as usize * SIZE) as f64, "{moved}");
+    let ranges = value_of(
+        "vgpu_vm_vgpu_device_segments_total",
+        "direction=\"host_to_guest\"",
+    );
+    assert_eq!(ranges, st.segments_to_guest as f64);
+    assert!(ranges >= 1.0, "{ranges}");
 }
 
 /// A synchronize waiting for a long kernel when the VM pauses: its answer waits for the VM to

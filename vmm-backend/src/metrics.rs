@@ -466,6 +466,21 @@ pub fn render(rt: &Runtime) -> String {
                     v as f64,
                 );
             }
+            for (dir, v) in [
+                ("guest_to_host", vd.segments_from_guest),
+                ("host_to_guest", vd.segments_to_guest),
+            ] {
+                e.counter(
+                    "vgpu_vm_vgpu_device_segments_total",
+                    "Guest-physical ranges the VM's virtio-vgpu bulk bytes came in or went to; bytes_total / segments_total is the average physically contiguous run of the guest's buffers.",
+                    &[
+                        ("vm", &t.name),
+                        ("device", &t.device_name),
+                        ("direction", dir),
+                    ],
+                    v as f64,
+                );
+            }
             e.counter(
                 "vgpu_vm_vgpu_device_refused_total",
                 "Descriptor chains and requests the VM's virtio-vgpu device refused (malformed or hostile).",

@@ -421,9 +421,14 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
         data: &source,
         reply_data: &mut sink,
     });
-    shared.stats.add_from_guest(data.len() as u64);
+    shared
+        .stats
+        .add_from_guest(data.len() as u64, data.count() as u64);
     let written = sink.written;
-    shared.stats.add_to_guest(written);
+    if written > 0 {
+        let ranges = reply_data.sub(0, usize::try_from(written).unwrap_or(usize::MAX));
+        shared.stats.add_to_guest(written, ranges.count() as u64);
+    }
     match reply {
         Reply::None if done.queue() != CTRL_QUEUE => {
             if done.finish_quietly(shared, RespHeader::status(S_OK), &[]) {

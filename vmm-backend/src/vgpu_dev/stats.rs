@@ -43,6 +43,10 @@ counters! {
     bytes_from_guest,
     /// Reply bulk bytes written straight into guest pages (device to host).
     bytes_to_guest,
+    /// Guest-physical ranges (descriptors) the request bulk bytes came in (`bytes_from_guest` / this = the average physically contiguous run of the guest's buffers).
+    segments_from_guest,
+    /// Guest-physical ranges the reply bulk bytes were written to.
+    segments_to_guest,
     /// Descriptor chains refused as malformed or hostile (outside RAM, overlapping, …).
     dropped_chains,
     /// Requests answered with an error status (bad header, unknown session, …).
@@ -86,12 +90,14 @@ impl VgpuDevStats {
         Self::add(&self.batches, 1);
     }
 
-    pub(crate) fn add_from_guest(&self, n: u64) {
-        Self::add(&self.bytes_from_guest, n);
+    pub(crate) fn add_from_guest(&self, bytes: u64, segments: u64) {
+        Self::add(&self.bytes_from_guest, bytes);
+        Self::add(&self.segments_from_guest, segments);
     }
 
-    pub(crate) fn add_to_guest(&self, n: u64) {
-        Self::add(&self.bytes_to_guest, n);
+    pub(crate) fn add_to_guest(&self, bytes: u64, segments: u64) {
+        Self::add(&self.bytes_to_guest, bytes);
+        Self::add(&self.segments_to_guest, segments);
     }
 
     pub(crate) fn add_dropped_chain(&self) {
@@ -133,11 +139,11 @@ mod tests {
         s.session_opened();
         s.session_closed();
         s.session_closed();
-        s.add_from_guest(10);
+        s.add_from_guest(10, 2);
         s.add_dropped_chain();
         let snap = s.snapshot();
         assert_eq!((snap.sessions_open, snap.sessions_total), (0, 1));
-        assert_eq!(snap.bytes_from_guest, 10);
+        assert_eq!((snap.bytes_from_guest, snap.segments_from_guest), (10, 2));
         let json = serde_json::to_string(&snap).unwrap();
         assert!(json.contains("\"dropped_chains\":1"), "{json}");
     }

@@ -752,6 +752,40 @@ fn pauses_at_random_moments_lose_and_corrupt_nothing() {
     assert!(ranges >= 1.0, "{ranges}");
 }
 
+/// A request the guest kicks while the VMM is still restarting the queues after a pause (one queue
+/// runs again, the other not yet, so the device cannot resume): the kick finds the device paused,
+/// and the request must still be taken once the device resumes, the session going on. (Over this
+/// in-process vhost-user connection the vring worker happens to see another event when the second
+/// queue starts; the device's unit test `a_request_kicked_before_the_resume_is_taken_on_the_rescan`
+/// shows the case where nothing else comes, which a QEMU guest hit.)
+#[test]
+fn a_request_kicked_half_way_through_a_resume_is_taken_after_it() {
+    let h = Host::start(&[("vm1", 64)]);
+    let g = h.guest("vm1", 64 * MIB);
+    let (mut s, ctx) = session(&g, 1);
+    let bases = g.pause().unwrap();
+    g.resume_queues(bases, &[CTRL_QUEUE]).unwrap();
+    let call = s.submit_call(&msg::MemGetInfo { ctx }, &[], &[]).unwrap();
+    // The kick reached a still-paused device; the watcher cannot resume it yet either.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(h.stats("vm1").resumes, 0);
+    g.resume_queues(bases, &[SUBMIT_QUEUE]).unwrap();
+    let c = g
+        .wait(call, WAIT)
+        .expect("the request kicked during the resume is answered");
+    let (info, resp) = DevSession::reply_of::<msg::MemGetInfo>(&c).unwrap();
+    assert_eq!(resp.status, wire::S_OK);
+    assert_eq!(info.total, 64 * MIB);
+    let st = h.stats("vm1");
+    assert_eq!(
+        (st.pauses, st.resumes, st.device_resets),
+        (1, 1, 0),
+        "{st:?}"
+    );
+    // And the session goes on.
+    assert!(alloc(&mut s, ctx, 4096).is_ok());
+}
+
 /// A synchronize waiting for a long kernel when the VM pauses: its answer waits for the VM to
 /// continue (nothing touches the ring while paused), then arrives, and the kernel's results are
 /// right.

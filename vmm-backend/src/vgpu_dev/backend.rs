@@ -1,6 +1,7 @@
 //! The `VhostUserBackend` glue between vhost-user-backend's vring worker and [`VgpuDevice`].
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, warn};
@@ -9,9 +10,10 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::chain::GuestMem;
-use super::device::VgpuDevice;
+use super::device::{RESCAN_EVENT, VgpuDevice};
 use super::exec::VgpuService;
 use super::wire::{
     CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, F_BATCH, MAX_DATA, MAX_INLINE,
@@ -28,6 +30,9 @@ pub struct VgpuBackend {
     service: Arc<dyn VgpuService>,
     queue_size: usize,
     exit: ExitEvents,
+    /// Written by the device when it resumes (see [`RESCAN_EVENT`]); registered with the vring
+    /// worker by [`VgpuBackend::rescan_fd`]'s user.
+    rescan: EventFd,
 }
 
 impl std::fmt::Debug for VgpuBackend {
@@ -45,7 +50,10 @@ impl VgpuBackend {
         service: Arc<dyn VgpuService>,
         queue_size: u16,
     ) -> io::Result<Self> {
+        let rescan = EventFd::new(EFD_NONBLOCK)?;
+        device.set_rescan_event(rescan.try_clone()?);
         Ok(VgpuBackend {
+            rescan,
             stop: Box::new(device.stopper()),
             device: Mutex::new(device),
             service,
@@ -71,6 +79,12 @@ impl VgpuBackend {
             magic: CONFIG_MAGIC,
             name: self.service.gpu_name(),
         }
+    }
+
+    /// The descriptor to register with the vring worker's epoll as device event
+    /// [`RESCAN_EVENT`] (`VringEpollHandler::register_listener`).
+    pub fn rescan_fd(&self) -> RawFd {
+        self.rescan.as_raw_fd()
     }
 
     /// Closes the exit-event descriptors vhost-user-backend leaked. Call only after the daemon is
@@ -160,7 +174,14 @@ impl VhostUserBackend for VgpuBackend {
         let (Some(ctrl), Some(submit)) = (vrings.get(CTRL_QUEUE), vrings.get(SUBMIT_QUEUE)) else {
             return Ok(());
         };
-        if usize::from(device_event) >= NUM_QUEUES {
+        if device_event == RESCAN_EVENT {
+            // The device resumed: consume the event, then look at both queues as after a kick.
+            if let Err(e) = self.rescan.read()
+                && e.kind() != io::ErrorKind::WouldBlock
+            {
+                warn!(error = %e, "cannot read the virtio-vgpu rescan event");
+            }
+        } else if usize::from(device_event) >= NUM_QUEUES {
             debug!(event = device_event, "unexpected virtio-vgpu backend event");
             return Ok(());
         }

@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use tracing::{debug, error, info, warn};
@@ -34,15 +34,16 @@ use vgpu_proto::frame::{FLAG_ASYNC, FLAG_REPLY, HEADER_LEN, Header};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
 use super::exec::VgpuService;
 use super::session::{self, BatchJob, CallJob, Msg};
 use super::stats::VgpuDevStats;
 use super::wire::{
-    CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_BATCH, REQ_CALL, REQ_CLOSE,
-    REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST, S_BUSY,
-    S_NO_SESSION, S_OK, SUBMIT_QUEUE, status_name,
+    CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, NUM_QUEUES, REQ_BATCH, REQ_CALL,
+    REQ_CLOSE, REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST,
+    S_BUSY, S_NO_SESSION, S_OK, SUBMIT_QUEUE, status_name,
 };
 use crate::vsock::{LogLimiter, next_chain, signal, vring_ready};
 
@@ -53,6 +54,15 @@ struct SessionEntry {
     token: u64,
     tx: mpsc::Sender<Msg>,
 }
+
+/// Device event id of the event a resumed device writes so that the vring worker looks at both
+/// queues again: the first id after the queues' kicks (`0..NUM_QUEUES`) and vhost-user-backend's
+/// exit event (`NUM_QUEUES`), the only ones it accepts for a listener of the backend's own.
+pub const RESCAN_EVENT: u16 = NUM_QUEUES as u16 + 1;
+const _: () = assert!(
+    RESCAN_EVENT as usize > NUM_QUEUES,
+    "ids up to NUM_QUEUES are taken"
+);
 
 /// How often a paused device looks whether its queues run again.
 const PAUSE_POLL: Duration = Duration::from_millis(2);
@@ -113,6 +123,11 @@ pub(crate) struct Shared {
     paused: AtomicBool,
     pause: Mutex<Pause>,
     resumed: Condvar,
+    /// Written when the device resumes, so that the queue thread looks at both rings again: a
+    /// kick that arrived while the device was still paused (the VMM restarting the queues one by
+    /// one while the guest already runs) found nothing to do, and the guest will not kick again
+    /// for the chains it made available. The backend registers it with the vring worker.
+    rescan: OnceLock<EventFd>,
 }
 
 impl Shared {
@@ -287,6 +302,11 @@ impl Shared {
         for (q, r) in rings.iter().enumerate() {
             signal(r, queue_name(q));
         }
+        if let Some(rescan) = self.rescan.get()
+            && let Err(e) = rescan.write(1)
+        {
+            warn!(vm = %self.name, error = %e, "cannot ask for the queues to be looked at again after a resume");
+        }
         self.stats.add_resume();
         info!(vm = %self.name, returned = parked.len(), "virtio-vgpu device resumed");
         false
@@ -454,12 +474,19 @@ impl VgpuDevice {
                 paused: AtomicBool::new(false),
                 pause: Mutex::new(Pause::default()),
                 resumed: Condvar::new(),
+                rescan: OnceLock::new(),
             }),
             mem: None,
             event_idx: false,
             batch: false,
             rings_known: false,
         }
+    }
+
+    /// The event the device writes when it resumes after a pause: the queue thread must then
+    /// look at both queues again, as after a kick (see [`RESCAN_EVENT`]). Set once.
+    pub fn set_rescan_event(&self, event: EventFd) {
+        let _ = self.shared.rescan.set(event);
     }
 
     /// Installs the guest memory (called on every memory-table change).
@@ -1375,6 +1402,60 @@ mod tests {
                 reserved: 0,
             }
         }
+    }
+
+    /// QEMU restarts the queues of a paused VM one by one while the guest may already run: a
+    /// request kicked on the first queue finds the device still paused (the second queue is not
+    /// running yet) and is left in the ring. Once the device resumes it asks the queue thread to
+    /// look again (the rescan event); then the request is taken, though the guest never kicked
+    /// again.
+    #[test]
+    fn a_request_kicked_before_the_resume_is_taken_on_the_rescan() {
+        use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+        let mut r = rig();
+        let rescan = EventFd::new(EFD_NONBLOCK).unwrap();
+        r.dev.set_rescan_event(rescan.try_clone().unwrap());
+        assert_eq!(r.open(0, 5).status, S_OK);
+        r.dev.know_rings(&r.ctrl.0, &r.submit.0);
+        // QEMU `stop`: both queues stopped with a session open (GET_VRING_BASE).
+        let stop = r.dev.stopper();
+        for (q, v) in [(CTRL_QUEUE, &r.ctrl.0), (SUBMIT_QUEUE, &r.submit.0)] {
+            v.set_queue_ready(false);
+            stop(q);
+        }
+        assert!(r.dev.is_paused());
+        // `cont`, half-way: the control queue runs again and the guest kicks a request on it.
+        r.ctrl.0.set_queue_ready(true);
+        let f = frame(OP_ECHO, 0, 9, 8, b"abcdefgh");
+        let d = r.request(1, Rig::call_hdr(5, 1, f.len(), 256), &f, &[], 0);
+        let before = r.used_idx(CTRL_QUEUE);
+        r.push(CTRL_QUEUE, &d);
+        r.run();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(r.used_idx(CTRL_QUEUE), before, "taken while paused");
+        assert!(
+            rescan.read().is_err(),
+            "no rescan before the device resumes"
+        );
+        // The second queue runs again: the watcher resumes the device and asks for a rescan.
+        r.submit.0.set_queue_ready(true);
+        let deadline = Instant::now() + WAIT;
+        while rescan.read().is_err() {
+            assert!(Instant::now() < deadline, "no rescan after the resume");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(!r.dev.is_paused());
+        assert_eq!(
+            r.used_idx(CTRL_QUEUE),
+            before,
+            "nothing looked at the ring yet"
+        );
+        // What the vring worker does on the rescan event.
+        r.run();
+        r.wait_used(CTRL_QUEUE, before + 1);
+        assert_eq!(r.resp(1).status, S_OK);
+        let st = r.stats.snapshot();
+        assert_eq!((st.pauses, st.resumes, st.device_resets), (1, 1, 0));
     }
 
     #[test]

@@ -40,6 +40,7 @@ use tracing::{info, warn};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::epoll::EventSet;
 
 pub use backend::VgpuBackend;
 pub use device::{MAX_SESSIONS, VgpuDevice};
@@ -215,6 +216,15 @@ impl VgpuDevServer {
             GuestMemoryAtomic::new(GuestMem::new()),
         )
         .map_err(|e| Error::Daemon(e.to_string()))?;
+        for handler in daemon.get_epoll_handlers() {
+            handler
+                .register_listener(
+                    backend.rescan_fd(),
+                    EventSet::IN,
+                    u64::from(device::RESCAN_EVENT),
+                )
+                .map_err(Error::EventLoop)?;
+        }
         // The listener is readable, so this accept does not block.
         daemon
             .start(listener)

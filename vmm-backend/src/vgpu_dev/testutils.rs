@@ -292,6 +292,16 @@ impl DevGuest {
 
     /// The QEMU-like setup sequence (`first`: also owner, protocol features, memory table).
     fn setup(&self, first: bool, bases: [u16; NUM_QUEUES]) -> io::Result<()> {
+        self.setup_queues(first, bases, &[CTRL_QUEUE, SUBMIT_QUEUE])
+    }
+
+    /// [`DevGuest::setup`] for the queues `which` only.
+    fn setup_queues(
+        &self,
+        first: bool,
+        bases: [u16; NUM_QUEUES],
+        which: &[usize],
+    ) -> io::Result<()> {
         let inner = self.lock();
         let mut want = (1u64 << VIRTIO_F_VERSION_1)
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
@@ -342,6 +352,9 @@ impl DevGuest {
                 fe.set_mem_table(&[region])?;
             }
             for (i, (desc, avail, used, call, kick)) in rings.iter().enumerate() {
+                if !which.contains(&i) {
+                    continue;
+                }
                 fe.set_vring_num(i, size)?;
                 fe.set_vring_addr(
                     i,
@@ -771,6 +784,12 @@ impl DevGuest {
     /// stood (the same rings, the avail indexes `pause` returned).
     pub fn resume(&self, bases: [u16; NUM_QUEUES]) -> io::Result<()> {
         self.setup(false, bases)
+    }
+
+    /// Starts only the queues `which` again, where they stood: a VMM half-way through `cont`
+    /// (the device cannot resume until every queue runs, while the guest may already kick).
+    pub fn resume_queues(&self, bases: [u16; NUM_QUEUES], which: &[usize]) -> io::Result<()> {
+        self.setup_queues(false, bases, which)
     }
 
     /// Closes the vhost-user connection, as a VMM does when it exits.

@@ -84,6 +84,26 @@ impl Exposition {
         self.add(name, Kind::Counter, help, labels, v);
     }
 
+    /// A counter with one sample per direction, `guest_to_host` and `host_to_guest`, besides
+    /// the VM's labels `l`.
+    fn counter_per_direction(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        l: &[(&'static str, &str)],
+        guest_to_host: u64,
+        host_to_guest: u64,
+    ) {
+        for (dir, v) in [
+            ("guest_to_host", guest_to_host),
+            ("host_to_guest", host_to_guest),
+        ] {
+            let mut labels = l.to_vec();
+            labels.push(("direction", dir));
+            self.counter(name, help, &labels, v as f64);
+        }
+    }
+
     fn add(
         &mut self,
         name: &'static str,
@@ -422,21 +442,13 @@ pub fn render(rt: &Runtime) -> String {
                 &l,
                 vs.connections_open as f64,
             );
-            for (dir, v) in [
-                ("guest_to_host", vs.bytes_guest_to_host),
-                ("host_to_guest", vs.bytes_host_to_guest),
-            ] {
-                e.counter(
-                    "vgpu_vm_vsock_bytes_total",
-                    "Payload bytes through the VM's vsock device.",
-                    &[
-                        ("vm", &t.name),
-                        ("device", &t.device_name),
-                        ("direction", dir),
-                    ],
-                    v as f64,
-                );
-            }
+            e.counter_per_direction(
+                "vgpu_vm_vsock_bytes_total",
+                "Payload bytes through the VM's vsock device.",
+                &l,
+                vs.bytes_guest_to_host,
+                vs.bytes_host_to_guest,
+            );
             e.counter(
                 "vgpu_vm_vsock_device_resets_total",
                 "Resets of the VM's vsock device (VMM disconnects, guest reboots).",
@@ -451,36 +463,20 @@ pub fn render(rt: &Runtime) -> String {
                 &l,
                 vd.sessions_open as f64,
             );
-            for (dir, v) in [
-                ("guest_to_host", vd.bytes_from_guest),
-                ("host_to_guest", vd.bytes_to_guest),
-            ] {
-                e.counter(
-                    "vgpu_vm_vgpu_device_bytes_total",
-                    "Bulk bytes the VM's virtio-vgpu device moved in place between guest pages and the GPU.",
-                    &[
-                        ("vm", &t.name),
-                        ("device", &t.device_name),
-                        ("direction", dir),
-                    ],
-                    v as f64,
-                );
-            }
-            for (dir, v) in [
-                ("guest_to_host", vd.segments_from_guest),
-                ("host_to_guest", vd.segments_to_guest),
-            ] {
-                e.counter(
-                    "vgpu_vm_vgpu_device_segments_total",
-                    "Guest-physical ranges the VM's virtio-vgpu bulk bytes came in or went to; bytes_total / segments_total is the average physically contiguous run of the guest's buffers.",
-                    &[
-                        ("vm", &t.name),
-                        ("device", &t.device_name),
-                        ("direction", dir),
-                    ],
-                    v as f64,
-                );
-            }
+            e.counter_per_direction(
+                "vgpu_vm_vgpu_device_bytes_total",
+                "Bulk bytes the VM's virtio-vgpu device moved in place between guest pages and the GPU.",
+                &l,
+                vd.bytes_from_guest,
+                vd.bytes_to_guest,
+            );
+            e.counter_per_direction(
+                "vgpu_vm_vgpu_device_segments_total",
+                "Guest-physical ranges the VM's virtio-vgpu bulk bytes came in or went to; bytes_total / segments_total is the average physically contiguous run of the guest's buffers.",
+                &l,
+                vd.segments_from_guest,
+                vd.segments_to_guest,
+            );
             e.counter(
                 "vgpu_vm_vgpu_device_refused_total",
                 "Descriptor chains and requests the VM's virtio-vgpu device refused (malformed or hostile).",

@@ -121,6 +121,18 @@ pub fn memset_len(dst: u64, elem_size: u32, count: u64) -> Result<u64, DeviceErr
         })
 }
 
+/// The bytes of a scatter-gather copy at `addr` ([`DeviceContext::write_gathered`],
+/// [`DeviceContext::read_scattered`]): the pieces' lengths added up, refusing a total that does
+/// not fit in a `u64`.
+pub fn pieces_len(addr: u64, lens: impl IntoIterator<Item = usize>) -> Result<u64, DeviceError> {
+    lens.into_iter()
+        .try_fold(0u64, |t, l| t.checked_add(u64::try_from(l).ok()?))
+        .ok_or(DeviceError::InvalidAddress {
+            addr,
+            len: u64::MAX,
+        })
+}
+
 impl From<DeviceError> for CuError {
     fn from(e: DeviceError) -> CuError {
         CuError::new(e.cu_result(), e.to_string())
@@ -366,6 +378,19 @@ pub trait DeviceContext: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scatter_gather_totals_refuse_to_overflow() {
+        assert_eq!(pieces_len(0, [1usize, 2, 3]).unwrap(), 6);
+        assert_eq!(pieces_len(0, std::iter::empty()).unwrap(), 0);
+        assert_eq!(
+            pieces_len(7, [usize::MAX, usize::MAX]),
+            Err(DeviceError::InvalidAddress {
+                addr: 7,
+                len: u64::MAX
+            })
+        );
+    }
 
     #[test]
     fn device_errors_map_to_cuda_codes() {

@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
 use vgpu_broker::device::{
-    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, RunControl,
+    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, RunControl, pieces_len,
 };
 use vgpu_proto::cuda;
 
 use crate::driver::{Ctx, Current, Driver, Event, Failed, HostPtr, Stream};
 use crate::error::{Op, is_context_fatal};
-use crate::gather::{Cursor, gather, scatter, total_len};
+use crate::gather::{Cursor, gather, scatter};
 use crate::module::CudaModule;
 
 /// Every allocation is charged in units of this many bytes (the driver's
@@ -868,11 +868,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
-        let total =
-            total_len(pieces.iter().map(|p| p.len())).ok_or(DeviceError::InvalidAddress {
-                addr: dst,
-                len: u64::MAX,
-            })?;
+        let total = pieces_len(dst, pieces.iter().map(|p| p.len()))?;
         let g = self.inner.generation()?;
         g.check_range(dst, total)?;
         if total == 0 {
@@ -882,11 +878,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
-        let total =
-            total_len(pieces.iter().map(|p| p.len())).ok_or(DeviceError::InvalidAddress {
-                addr: src,
-                len: u64::MAX,
-            })?;
+        let total = pieces_len(src, pieces.iter().map(|p| p.len()))?;
         let g = self.inner.generation()?;
         g.check_range(src, total)?;
         if total == 0 {

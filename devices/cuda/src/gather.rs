@@ -9,11 +9,6 @@ pub(crate) struct Cursor {
     offset: usize,
 }
 
-/// Total length of the pieces; `None` if it does not fit in a `u64`.
-pub(crate) fn total_len(mut lens: impl Iterator<Item = usize>) -> Option<u64> {
-    lens.try_fold(0u64, |t, l| t.checked_add(u64::try_from(l).ok()?))
-}
-
 /// Fills `dst` with the next bytes of `pieces` from `cur` and moves `cur` past them. Returns
 /// how many bytes it copied: `dst.len()` unless the pieces ran out first.
 pub(crate) fn gather(pieces: &[&[u8]], cur: &mut Cursor, dst: &mut [u8]) -> usize {
@@ -97,12 +92,5 @@ mod tests {
         drop(pieces);
         assert_eq!(&a[..], &data[..7]);
         assert_eq!(&c[..], &data[7..97]);
-    }
-
-    #[test]
-    fn the_total_refuses_to_overflow() {
-        assert_eq!(total_len([1usize, 2, 3].into_iter()), Some(6));
-        assert_eq!(total_len(std::iter::empty()), Some(0));
-        assert_eq!(total_len([usize::MAX, usize::MAX].into_iter()), None);
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use vgpu_broker::device::{
     Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, LaunchDims, LaunchProgress,
-    RunControl,
+    RunControl, pieces_len,
 };
 use vgpu_proto::cuda::attr;
 use vgpu_ptx::{Buffer, GlobalMemory};
@@ -172,12 +172,6 @@ impl Device for SimDevice {
     }
 }
 
-/// Total length of scatter-gather pieces (saturating: an absurd total is then refused as out of
-/// range by the allocation lookup).
-fn pieces_len(lens: impl Iterator<Item = usize>) -> u64 {
-    lens.fold(0u64, |t, l| t.saturating_add(l as u64))
-}
-
 /// One tenant's view of the simulated GPU: only its own allocations exist.
 pub struct SimContext {
     inner: Arc<ContextMemory>,
@@ -316,14 +310,14 @@ impl DeviceContext for SimContext {
     }
 
     fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
-        let len = pieces_len(pieces.iter().map(|p| p.len()));
+        let len = pieces_len(dst, pieces.iter().map(|p| p.len()))?;
         let (buf, off) = self.inner.range(dst, len)?;
         buf.write_gathered(off, pieces)
             .map_err(|_| DeviceError::InvalidAddress { addr: dst, len })
     }
 
     fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
-        let len = pieces_len(pieces.iter().map(|p| p.len()));
+        let len = pieces_len(src, pieces.iter().map(|p| p.len()))?;
         let (buf, off) = self.inner.range(src, len)?;
         buf.read_scattered(off, pieces)
             .map_err(|_| DeviceError::InvalidAddress { addr: src, len })

@@ -429,17 +429,13 @@ pub fn huge_pages_check(thp: Option<&str>, meminfo: Option<&str>) -> Check {
         _ => "no hugetlb pages reported".into(),
     };
     // The selected mode is the bracketed word: "always [madvise] never".
-    let mode = thp.and_then(|t| {
-        let open = t.find('[')?;
-        let close = t[open..].find(']')? + open;
-        Some(t[open + 1..close].to_string())
-    });
-    match mode.as_deref() {
+    let mode = thp.and_then(vgpu_hugemem::thp_mode_of);
+    match mode {
         Some("always" | "madvise") => pass(
             NAME,
             format!(
                 "transparent huge pages: {} (the simulated GPU's large allocations use them); {reserved}",
-                mode.as_deref().unwrap_or_default()
+                mode.unwrap_or_default()
             ),
         ),
         Some(m) => check(

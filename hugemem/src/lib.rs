@@ -16,6 +16,16 @@ use std::ptr::NonNull;
 /// One x86-64 / arm64 huge page: the alignment and granularity of a mapping.
 pub const HUGE_PAGE: usize = 2 << 20;
 
+/// Where the kernel says whether it has transparent huge pages and in which mode.
+pub const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+/// The selected mode in the text of [`THP_ENABLED`] (`always [madvise] never` → `madvise`).
+pub fn thp_mode_of(text: &str) -> Option<&str> {
+    let open = text.find('[')?;
+    let close = text[open..].find(']')? + open;
+    Some(&text[open + 1..close])
+}
+
 /// A mapping could not be made.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot map {len} bytes of huge-page-advised memory")]
@@ -156,6 +166,13 @@ mod tests {
             smaps_entry(addr).is_none_or(|e| range_of(&e) != Some((addr, addr + 4 * HUGE_PAGE))),
             "the mapping goes with the value"
         );
+    }
+
+    #[test]
+    fn the_thp_mode_is_the_bracketed_word() {
+        assert_eq!(thp_mode_of("always [madvise] never\n"), Some("madvise"));
+        assert_eq!(thp_mode_of("[always] madvise never"), Some("always"));
+        assert_eq!(thp_mode_of("madvise"), None);
     }
 
     #[test]

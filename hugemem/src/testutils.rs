@@ -49,8 +49,6 @@ pub fn advised_huge(entry: &str) -> bool {
 
 /// The kernel's THP mode (`always`, `madvise`, `never`), if it has THP.
 pub fn thp_mode() -> Option<String> {
-    let t = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
-    let open = t.find('[')?;
-    let close = t[open..].find(']')? + open;
-    Some(t[open + 1..close].to_string())
+    let t = std::fs::read_to_string(crate::THP_ENABLED).ok()?;
+    crate::thp_mode_of(&t).map(str::to_string)
 }

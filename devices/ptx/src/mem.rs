@@ -41,7 +41,7 @@ pub const BUFFER_ALIGN: usize = 256;
 
 /// Buffers at least this large get their own huge-page-advised mapping (see the module
 /// documentation); smaller ones come from the heap.
-pub const HUGE_BACKING_MIN: usize = 2 << 20;
+pub const HUGE_BACKING_MIN: usize = vgpu_hugemem::HUGE_PAGE;
 
 /// Set in `Buffer::state` while a host bulk operation copies with plain (non-atomic) accesses.
 const HOST_BULK: usize = 1 << (usize::BITS - 1);

@@ -128,32 +128,26 @@ fn reset_error() -> CuError {
     )
 }
 
-/// Request bulk bytes: the inline leftovers, then guest pages.
+/// Request bulk bytes in guest pages (the inline bytes reach the session separately).
 pub struct GuestSource<'a> {
     shared: &'a Shared,
     epoch: u64,
     mem: &'a GuestMemoryAtomic<GuestMem>,
-    prefix: &'a [u8],
     segs: &'a Segments,
 }
 
 impl BulkSource for GuestSource<'_> {
     fn len(&self) -> u64 {
-        (self.prefix.len() + self.segs.len()) as u64
+        self.segs.len() as u64
     }
 
     fn read(&self, f: &mut vgpu_broker::session::ReadSlices<'_>) -> Result<(), CuError> {
         let _gate = self.shared.enter(self.epoch).ok_or_else(reset_error)?;
         let guard = self.mem.memory();
-        let mut slices = Vec::with_capacity(self.segs.count() + 1);
-        if !self.prefix.is_empty() {
-            slices.push(self.prefix);
-        }
-        slices.extend(
-            self.segs
-                .slices(&guard)
-                .map_err(|e| CuError::invalid_value(e.to_string()))?,
-        );
+        let slices = self
+            .segs
+            .slices(&guard)
+            .map_err(|e| CuError::invalid_value(e.to_string()))?;
         f(&slices)
     }
 }
@@ -360,7 +354,6 @@ fn execute_batch(shared: &Shared, exec: &mut dyn SessionExecutor, batch: BatchJo
             shared,
             epoch: done.epoch,
             mem: &done.mem,
-            prefix: &[],
             segs: &none,
         };
         let mut sink = GuestSink {
@@ -404,7 +397,6 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
         shared,
         epoch: done.epoch,
         mem: &done.mem,
-        prefix: &[],
         segs: &data,
     };
     let mut sink = GuestSink {

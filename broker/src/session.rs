@@ -149,18 +149,22 @@ fn gather(inline: &[u8], data: &dyn BulkSource) -> Result<Vec<u8>, CuError> {
     Ok(all)
 }
 
-/// Writes `inline` then `data` to device memory at `dst`, slice by slice.
+/// Writes `inline` then `data` to device memory at `dst`, as one scatter-gather copy.
 fn write_gathered(
     d: &dyn DeviceContext,
     dst: u64,
     inline: &[u8],
     data: &dyn BulkSource,
 ) -> Result<(), CuError> {
-    if !inline.is_empty() {
-        d.write(dst, inline).map_err(CuError::from)?;
-    }
-    let at = dst + inline.len() as u64;
-    data.read(&mut |segs| d.write_gathered(at, segs).map_err(CuError::from))
+    data.read(&mut |segs| {
+        if inline.is_empty() {
+            return d.write_gathered(dst, segs).map_err(CuError::from);
+        }
+        let pieces: Vec<&[u8]> = std::iter::once(inline)
+            .chain(segs.iter().copied())
+            .collect();
+        d.write_gathered(dst, &pieces).map_err(CuError::from)
+    })
 }
 
 /// One guest process's state on the host.

@@ -250,6 +250,12 @@ fn check_device(dev: i32) -> CuRes<()> {
 
 // ---- version, devices ----------------------------------------------------
 
+/// The calling thread's id as NVIDIA's runtime hashes it (`pthread_self`, low 32 bits).
+pub fn thread_id_low() -> u32 {
+    // SAFETY: pthread_self has no preconditions and cannot fail.
+    (unsafe { libc::pthread_self() }) as u32
+}
+
 /// `cuDriverGetVersion` (needs no `cuInit`).
 pub fn driver_version() -> i32 {
     vgpu_proto::CUDA_DRIVER_VERSION
@@ -334,6 +340,7 @@ pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
     CTX_STACK.with(|s| s.borrow_mut().retain(|&x| x != c));
+    crate::ctx_storage::context_gone(c);
     Ok(())
 }
 
@@ -394,11 +401,38 @@ pub fn primary_retain(dev: i32) -> CuRes<u64> {
     Ok(d.call(&msg::PrimaryCtxRetain { device: 0 }, &[])?.handle)
 }
 
-/// `cuDevicePrimaryCtxRelease`.
+/// The primary context's handle without changing its reference count (the
+/// runtime's interface table asks for it before it retains it).
+pub fn primary_handle(dev: i32) -> CuRes<u64> {
+    let d = driver()?;
+    check_device(dev)?;
+    primary_peek(d)
+}
+
+/// The primary context's handle, by a retain and a release (the handle
+/// stays the same for the session's life).
+fn primary_peek(d: &Driver) -> CuRes<u64> {
+    let h = d.call(&msg::PrimaryCtxRetain { device: 0 }, &[])?.handle;
+    d.call(&msg::PrimaryCtxRelease { device: 0 }, &[])?;
+    Ok(h)
+}
+
+/// `cuDevicePrimaryCtxRelease`: the last release resets the context, and
+/// what the runtime stored in it is destroyed.
 pub fn primary_release(dev: i32) -> CuRes<()> {
     let d = driver()?;
     check_device(dev)?;
     d.call(&msg::PrimaryCtxRelease { device: 0 }, &[])?;
+    let state = d.call(&msg::PrimaryCtxGetState { device: 0 }, &[])?;
+    if state.active == 0 {
+        primary_gone(d)?;
+    }
+    Ok(())
+}
+
+/// The primary context was reset or released for the last time.
+fn primary_gone(d: &Driver) -> CuRes<()> {
+    crate::ctx_storage::context_gone(primary_peek(d)?);
     Ok(())
 }
 
@@ -407,7 +441,7 @@ pub fn primary_reset(dev: i32) -> CuRes<()> {
     let d = driver()?;
     check_device(dev)?;
     d.call(&msg::PrimaryCtxReset { device: 0 }, &[])?;
-    Ok(())
+    primary_gone(d)
 }
 
 /// `cuDevicePrimaryCtxGetState`: (flags, active).

@@ -747,6 +747,10 @@ pub extern "C" fn cuEventDestroy_v2(event: CUhandle) -> CUresult {
 const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
 /// Fat binary magic, little-endian.
 const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+/// Magic of `__fatBinC_Wrapper_t`, the fat binary nvcc registers with the runtime.
+const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
+/// The wrapper version whose data pointer is one whole fat binary.
+const FATBIN_WRAPPER_VERSION: u32 = 1;
 /// `CU_JIT_ERROR_LOG_BUFFER`.
 const JIT_ERROR_LOG_BUFFER: c_int = 5;
 /// `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`.
@@ -779,6 +783,25 @@ unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
     let head = |n: usize| unsafe { std::slice::from_raw_parts(p, n) };
     // SAFETY: reading the first byte of a valid image.
     let first = unsafe { *p };
+    if first == (FATBIN_WRAPPER_MAGIC & 0xff) as u8
+        && u32::from_le_bytes(head(4).try_into().unwrap_or([0; 4])) == FATBIN_WRAPPER_MAGIC
+    {
+        // `__fatBinC_Wrapper_t { int magic; int version; const void *data; void *prelinked; }`.
+        let h = head(16);
+        let version = u32::from_le_bytes(h[4..8].try_into().unwrap_or([0; 4]));
+        if version != FATBIN_WRAPPER_VERSION {
+            return Err(drv::unsupported(
+                "fat binaries with prelinked parts (relocatable device code)",
+            ));
+        }
+        let data = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8])) as *const u32;
+        // SAFETY: a version-1 wrapper's data pointer is the fat binary it wraps (CUDA contract).
+        if data.is_null() || unsafe { data.read_unaligned() } != FATBIN_MAGIC {
+            return Err(cuda::CUDA_ERROR_INVALID_IMAGE);
+        }
+        // SAFETY: as above; the fat binary branch below reads it.
+        return unsafe { image_bytes(data.cast()) };
+    }
     if first == ELF_MAGIC[0] && head(4) == ELF_MAGIC {
         let h = head(64);
         let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or([0; 8]));
@@ -1187,18 +1210,36 @@ pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
     cuModuleUnload(lib)
 }
 
-/// `cuGetExportTable`: NVIDIA's private interface tables (used by the CUDA
-/// runtime and NVRTC). vgpu has none; callers fall back or report an error.
+/// `cuGetExportTable`: NVIDIA's private interface tables, which the CUDA
+/// runtime fetches by UUID ([`crate::export_tables`]).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetExportTable(
     table: *mut *const c_void,
-    _id: *const [u8; 16],
+    id: *const [u8; 16],
 ) -> CUresult {
     ffi("cuGetExportTable", || {
-        if !table.is_null() {
-            out!(table, std::ptr::null())?;
+        if table.is_null() || id.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
+        // SAFETY: `id` points to a 16-byte CUuuid (CUDA contract), checked non-NULL above.
+        let id = unsafe { id.read_unaligned() };
+        match crate::export_tables::lookup(&id) {
+            Some((name, t)) => {
+                crate::debug!(
+                    "cuGetExportTable({}): {name}",
+                    crate::export_tables::uuid_text(&id)
+                );
+                out!(table, t)
+            }
+            None => {
+                crate::debug!(
+                    "cuGetExportTable({}): a table vgpu does not provide",
+                    crate::export_tables::uuid_text(&id)
+                );
+                out!(table, std::ptr::null())?;
+                Err(cuda::CUDA_ERROR_NOT_FOUND)
+            }
+        }
     })
 }
 

@@ -11,10 +11,13 @@
 //! Rust), which talks through [`client`] over a [`transport`].
 
 pub mod client;
+pub mod ctx_storage;
 pub mod devlink;
 pub mod driver;
+pub mod export_tables;
 pub mod exports;
 pub mod ffi;
+pub mod integrity;
 pub mod log;
 pub mod procaddr;
 pub mod transport;

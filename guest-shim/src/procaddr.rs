@@ -48,6 +48,7 @@ fn table() -> &'static [Entry] {
                 (11030, f!(cuGetProcAddress)),
                 (12000, f!(cuGetProcAddress_v2))
             ),
+            e!("cuGetExportTable", (3000, f!(cuGetExportTable))),
             e!("cuDeviceGetCount", (2000, f!(cuDeviceGetCount))),
             e!("cuDeviceGet", (2000, f!(cuDeviceGet))),
             e!("cuDeviceGetName", (2000, f!(cuDeviceGetName))),

@@ -1,0 +1,420 @@
+//! `cuGetExportTable`: the driver's private interface tables, which NVIDIA's
+//! CUDA runtime (libcudart 11.8 to 13, static and shared) and the libraries
+//! built on it fetch by UUID before their first call.
+//!
+//! The tables are undocumented. Each is an array of pointers; in most the
+//! first entry holds the table's size in bytes. What every entry vgpu fills
+//! does, and which protocol calls it makes, is listed in docs/runtime.md.
+//! Entries vgpu leaves empty are never called by the runtimes we test; an
+//! unknown UUID is answered with `CUDA_ERROR_NOT_FOUND` (logged with
+//! `VGPU_LOG=debug`), which the runtime treats as an optional table missing.
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use vgpu_proto::cuda::{self, CuResult};
+
+use crate::driver as drv;
+use crate::exports::{CUdevice, CUhandle};
+use crate::ffi::{CUresult, ffi};
+use crate::{ctx_storage, integrity, out};
+
+/// A table: pointer-sized entries the runtime reads directly.
+#[repr(transparent)]
+pub struct Table<const N: usize>([*const c_void; N]);
+
+// SAFETY: the tables are immutable after compilation; they hold only function addresses and sizes.
+unsafe impl<const N: usize> Sync for Table<N> {}
+
+impl<const N: usize> Table<N> {
+    /// The table's first entry: its size in bytes.
+    const SIZE: *const c_void = std::ptr::without_provenance(N * size_of::<usize>());
+
+    fn start(&self) -> *const c_void {
+        self.0.as_ptr().cast()
+    }
+}
+
+/// Runtime interface: module registration from fat binaries, primary contexts.
+pub const CUDART_INTERFACE: [u8; 16] = [
+    0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9,
+];
+/// Tools thread-local storage (no entries used).
+pub const TOOLS_TLS: [u8; 16] = [
+    0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc,
+];
+/// Tools runtime callback hooks: two buffers the runtime writes to.
+pub const TOOLS_RUNTIME_CALLBACK_HOOKS: [u8; 16] = [
+    0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66,
+];
+/// Context-local storage (interface version 3.1).
+pub const CONTEXT_LOCAL_STORAGE: [u8; 16] = [
+    0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93,
+];
+/// Context creation that bypasses the tools' callbacks.
+pub const CTX_CREATE_BYPASS: [u8; 16] = [
+    0x0c, 0xa5, 0x0b, 0x8c, 0x10, 0x04, 0x92, 0x9a, 0x89, 0xa7, 0xd0, 0xdf, 0x10, 0xe7, 0x72, 0x86,
+];
+/// Driver heap access (not provided: returns `CUDA_ERROR_NOT_SUPPORTED`).
+pub const HEAP_ACCESS: [u8; 16] = [
+    0x19, 0x5b, 0xcb, 0xf4, 0xd6, 0x7d, 0x02, 0x4a, 0xac, 0xc5, 0x1d, 0x29, 0xce, 0xa6, 0x31, 0xae,
+];
+/// Extended device queries of the runtime.
+pub const DEVICE_EXTENDED_RT: [u8; 16] = [
+    0xb1, 0x05, 0x41, 0xe1, 0xf7, 0xc7, 0xc7, 0x4a, 0x9f, 0x64, 0xf2, 0x23, 0xbe, 0x99, 0xf1, 0xe2,
+];
+/// The CUDA ≥ 12 runtime's integrity check.
+pub const INTEGRITY_CHECK: [u8; 16] = [
+    0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2,
+];
+/// Context checks of the CUDA ≥ 12 runtime.
+pub const CONTEXT_CHECKS: [u8; 16] = [
+    0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e,
+];
+
+const NULL: *const c_void = std::ptr::null();
+
+macro_rules! entry {
+    ($f:expr) => {
+        $f as *const c_void
+    };
+}
+
+static CUDART_INTERFACE_TABLE: Table<13> = Table([
+    Table::<13>::SIZE,
+    entry!(module_from_fatbin_wrapper as unsafe extern "C" fn(_, _) -> _),
+    entry!(primary_context as unsafe extern "C" fn(_, _) -> _),
+    NULL,
+    NULL,
+    NULL,
+    entry!(module_from_fatbin_wrapper_ext as unsafe extern "C" fn(_, _, _, _, _) -> _),
+    entry!(runtime_notice as extern "C" fn(_)),
+    entry!(module_from_fatbin_ext as unsafe extern "C" fn(_, _, _, _, _) -> _),
+    NULL,
+    NULL,
+    NULL,
+    entry!(load_compilers as extern "C" fn() -> _),
+]);
+
+static TOOLS_TLS_TABLE: Table<4> = Table([Table::<4>::SIZE, NULL, NULL, NULL]);
+
+static CALLBACK_HOOKS_TABLE: Table<7> = Table([
+    Table::<7>::SIZE,
+    NULL,
+    entry!(hooks_buffer_1 as unsafe extern "C" fn(_, _)),
+    NULL,
+    NULL,
+    NULL,
+    entry!(hooks_buffer_2 as unsafe extern "C" fn(_, _)),
+]);
+
+static CONTEXT_LOCAL_STORAGE_TABLE: Table<4> = Table([
+    entry!(cls_put as unsafe extern "C" fn(_, _, _, _) -> _),
+    entry!(cls_delete as extern "C" fn(_, _) -> _),
+    entry!(cls_get as unsafe extern "C" fn(_, _, _) -> _),
+    NULL,
+]);
+
+static CTX_CREATE_BYPASS_TABLE: Table<2> = Table([
+    Table::<2>::SIZE,
+    entry!(crate::exports::cuCtxCreate_v2 as unsafe extern "C" fn(_, _, _) -> _),
+]);
+
+static HEAP_ACCESS_TABLE: Table<3> = Table([
+    Table::<3>::SIZE,
+    entry!(heap_alloc as extern "C" fn(_, _, _) -> _),
+    entry!(heap_free as extern "C" fn(_, _) -> _),
+]);
+
+static DEVICE_EXTENDED_RT_TABLE: Table<26> = {
+    let mut t = [NULL; 26];
+    t[0] = Table::<26>::SIZE;
+    t[5] = entry!(device_attribute_ext as extern "C" fn(_, _, _, _) -> _);
+    t[13] = entry!(device_flag as unsafe extern "C" fn(_, _) -> _);
+    Table(t)
+};
+
+static INTEGRITY_CHECK_TABLE: Table<3> = Table([
+    Table::<3>::SIZE,
+    entry!(integrity_token as unsafe extern "C" fn(_, _, _) -> _),
+    NULL,
+]);
+
+static CONTEXT_CHECKS_TABLE: Table<4> = Table([
+    Table::<4>::SIZE,
+    NULL,
+    entry!(context_check as unsafe extern "C" fn(_, _, _) -> _),
+    entry!(context_check_flags as extern "C" fn() -> _),
+]);
+
+/// The table for `id`, if vgpu provides it.
+pub fn lookup(id: &[u8; 16]) -> Option<(&'static str, *const c_void)> {
+    Some(match *id {
+        CUDART_INTERFACE => ("runtime interface", CUDART_INTERFACE_TABLE.start()),
+        TOOLS_TLS => ("tools TLS", TOOLS_TLS_TABLE.start()),
+        TOOLS_RUNTIME_CALLBACK_HOOKS => ("tools callback hooks", CALLBACK_HOOKS_TABLE.start()),
+        CONTEXT_LOCAL_STORAGE => ("context-local storage", CONTEXT_LOCAL_STORAGE_TABLE.start()),
+        CTX_CREATE_BYPASS => ("context creation", CTX_CREATE_BYPASS_TABLE.start()),
+        HEAP_ACCESS => ("heap access", HEAP_ACCESS_TABLE.start()),
+        DEVICE_EXTENDED_RT => ("device extensions", DEVICE_EXTENDED_RT_TABLE.start()),
+        INTEGRITY_CHECK => ("integrity check", INTEGRITY_CHECK_TABLE.start()),
+        CONTEXT_CHECKS => ("context checks", CONTEXT_CHECKS_TABLE.start()),
+        _ => return None,
+    })
+}
+
+/// Formats a UUID the way CUDA tools print them.
+pub fn uuid_text(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---- runtime interface ------------------------------------------------------
+
+/// Loads the module of a `__fatBinC_Wrapper_t` (what `__cudaRegisterFatBinary` got).
+unsafe extern "C" fn module_from_fatbin_wrapper(
+    module: *mut CUhandle,
+    wrapper: *const c_void,
+) -> CUresult {
+    // SAFETY: same contract as cuModuleLoadData: `wrapper` is the runtime's registered image.
+    unsafe { crate::exports::cuModuleLoadData(module, wrapper) }
+}
+
+/// The same with options vgpu does not support (they must be absent).
+unsafe extern "C" fn module_from_fatbin_wrapper_ext(
+    module: *mut CUhandle,
+    wrapper: *const c_void,
+    options: *mut c_void,
+    values: *mut c_void,
+    count: c_uint,
+) -> CUresult {
+    if !options.is_null() || !values.is_null() || count != 0 {
+        return drv::unsupported("module registration with JIT options");
+    }
+    // SAFETY: as for `module_from_fatbin_wrapper`.
+    unsafe { module_from_fatbin_wrapper(module, wrapper) }
+}
+
+/// Loads a fat binary given by its header, with options that must be absent.
+unsafe extern "C" fn module_from_fatbin_ext(
+    fatbin: *const c_void,
+    module: *mut CUhandle,
+    options: *mut c_void,
+    values: *mut c_void,
+    count: c_uint,
+) -> CUresult {
+    // SAFETY: as for `module_from_fatbin_wrapper`, arguments in this entry's order.
+    unsafe { module_from_fatbin_wrapper_ext(module, fatbin, options, values, count) }
+}
+
+/// The device's primary context, retained or not (the runtime retains it itself).
+unsafe extern "C" fn primary_context(pctx: *mut CUhandle, dev: CUdevice) -> CUresult {
+    ffi("cudart.primary_context", || {
+        out!(pctx, drv::primary_handle(dev)? as CUhandle)
+    })
+}
+
+/// A notice the runtime sends (its argument's meaning is not known); ignored.
+extern "C" fn runtime_notice(_arg: usize) {}
+
+/// The runtime asks the driver to load its JIT compilers; the host compiles.
+extern "C" fn load_compilers() -> CUresult {
+    cuda::CUDA_SUCCESS
+}
+
+// ---- tools callback hooks -------------------------------------------------------
+
+/// Words in the first hooks buffer.
+const HOOKS_BUFFER_1_WORDS: usize = 1024;
+/// Words in the second hooks buffer.
+const HOOKS_BUFFER_2_WORDS: usize = 14;
+
+/// Zeroed memory the runtime may write tool-callback state into.
+struct HooksBuffer<const N: usize>(std::cell::UnsafeCell<[u64; N]>);
+
+// SAFETY: only the runtime touches the buffer, through the raw pointer it is handed.
+unsafe impl<const N: usize> Sync for HooksBuffer<N> {}
+
+static HOOKS_BUFFER_1: HooksBuffer<HOOKS_BUFFER_1_WORDS> =
+    HooksBuffer(std::cell::UnsafeCell::new([0; HOOKS_BUFFER_1_WORDS]));
+static HOOKS_BUFFER_2: HooksBuffer<HOOKS_BUFFER_2_WORDS> =
+    HooksBuffer(std::cell::UnsafeCell::new([0; HOOKS_BUFFER_2_WORDS]));
+
+unsafe extern "C" fn hooks_buffer_1(ptr: *mut *mut c_void, size: *mut usize) {
+    let _ = out!(ptr, HOOKS_BUFFER_1.0.get().cast::<c_void>());
+    let _ = out!(size, HOOKS_BUFFER_1_WORDS);
+}
+
+unsafe extern "C" fn hooks_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
+    let _ = out!(ptr, HOOKS_BUFFER_2.0.get().cast::<c_void>());
+    let _ = out!(size, HOOKS_BUFFER_2_WORDS);
+}
+
+// ---- context-local storage ------------------------------------------------------------
+
+/// The context an entry names: NULL is the calling thread's current one.
+fn context_or_current(ctx: CUhandle) -> drv::CuRes<u64> {
+    match ctx as u64 {
+        0 => drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT),
+        c => Ok(c),
+    }
+}
+
+unsafe extern "C" fn cls_put(
+    ctx: CUhandle,
+    key: *mut c_void,
+    value: *mut c_void,
+    destructor: Option<ctx_storage::Destructor>,
+) -> CUresult {
+    ffi("cudart.context_storage_put", || {
+        let c = context_or_current(ctx)?;
+        if ctx_storage::put(c, key as usize, value as usize, destructor) {
+            Ok(())
+        } else {
+            Err(cuda::CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    })
+}
+
+extern "C" fn cls_delete(ctx: CUhandle, key: *mut c_void) -> CUresult {
+    ffi("cudart.context_storage_delete", || {
+        let c = context_or_current(ctx)?;
+        ctx_storage::delete(c, key as usize);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUhandle, key: *mut c_void) -> CUresult {
+    // Not traced: the runtime reads its state on every call.
+    let r = (|| {
+        let c = context_or_current(ctx)?;
+        let v = ctx_storage::get(c, key as usize).ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)?;
+        out!(value, v as *mut c_void)
+    })();
+    r.err().unwrap_or(cuda::CUDA_SUCCESS)
+}
+
+// ---- heap, device extensions, checks ---------------------------------------------------
+
+extern "C" fn heap_alloc(_record: *mut *const c_void, _a: usize, _b: usize) -> CUresult {
+    drv::unsupported("the driver heap table")
+}
+
+extern "C" fn heap_free(_record: *const c_void, _a: *mut usize) -> CUresult {
+    drv::unsupported("the driver heap table")
+}
+
+extern "C" fn device_attribute_ext(
+    _dev: CUdevice,
+    _attribute: c_uint,
+    _unknown: c_int,
+    _result: *mut [usize; 2],
+) -> CUresult {
+    drv::unsupported("extended device attributes")
+}
+
+/// A per-device flag the runtime reads; a driver without it reports 0.
+unsafe extern "C" fn device_flag(result: *mut u8, dev: CUdevice) -> CUresult {
+    ffi("cudart.device_flag", || {
+        drv::device_get(dev)?;
+        out!(result, 0u8)
+    })
+}
+
+unsafe extern "C" fn context_check(
+    _ctx: CUhandle,
+    result: *mut u32,
+    _detail: *mut *const c_void,
+) -> CUresult {
+    ffi("cudart.context_check", || out!(result, 0u32))
+}
+
+extern "C" fn context_check_flags() -> u32 {
+    0
+}
+
+/// The integrity token of the runtime's request (see [`integrity`]).
+unsafe extern "C" fn integrity_token(
+    request: u32,
+    unix_seconds: u64,
+    result: *mut [u64; 2],
+) -> CUresult {
+    ffi("cudart.integrity_check", || {
+        let devices = (0..drv::device_count()?)
+            .map(|dev| {
+                let attr = |a: usize| drv::device_attribute(a as i32, dev);
+                Ok(integrity::DeviceId {
+                    uuid: drv::device_uuid(dev)?,
+                    pci: [
+                        attr(cuda::attr::PCI_DOMAIN_ID)?,
+                        attr(cuda::attr::PCI_BUS_ID)?,
+                        attr(cuda::attr::PCI_DEVICE_ID)?,
+                    ],
+                })
+            })
+            .collect::<Result<Vec<_>, CuResult>>()?;
+        let caller = integrity::Caller {
+            driver_version: drv::driver_version() as u32,
+            request,
+            pid: std::process::id(),
+            thread: drv::thread_id_low(),
+            cudart_table: CUDART_INTERFACE_TABLE.start() as u64,
+            check_table: INTEGRITY_CHECK_TABLE.start() as u64,
+            check_fn: INTEGRITY_CHECK_TABLE.0[1] as u64,
+            unix_seconds,
+        };
+        out!(result, integrity::token(&caller, &devices))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sized_tables_start_with_their_size_in_bytes() {
+        for id in [
+            CUDART_INTERFACE,
+            TOOLS_TLS,
+            TOOLS_RUNTIME_CALLBACK_HOOKS,
+            CTX_CREATE_BYPASS,
+            HEAP_ACCESS,
+            DEVICE_EXTENDED_RT,
+            INTEGRITY_CHECK,
+            CONTEXT_CHECKS,
+        ] {
+            let (name, t) = lookup(&id).expect("known table");
+            // SAFETY: `t` is the start of one of the static tables above.
+            let size = unsafe { *t.cast::<usize>() };
+            assert!(
+                size >= 2 * size_of::<usize>() && size % 8 == 0,
+                "{name}: {size}"
+            );
+        }
+        assert_eq!(CUDART_INTERFACE_TABLE.0[0] as usize, 13 * 8);
+        assert_eq!(DEVICE_EXTENDED_RT_TABLE.0[0] as usize, 26 * 8);
+    }
+
+    #[test]
+    fn unknown_tables_are_not_found() {
+        assert!(lookup(&[0; 16]).is_none());
+        assert_eq!(uuid_text(&TOOLS_TLS), "42d85a8123f6cb478298f6e78a3aecdc");
+    }
+
+    #[test]
+    fn storage_of_a_named_context_works_without_a_driver() {
+        let ctx = 0x7fff_0000_1000usize as CUhandle;
+        let key = 0x55usize as *mut c_void;
+        // SAFETY: plain values; no destructor.
+        assert_eq!(unsafe { cls_put(ctx, key, 0x1234 as *mut c_void, None) }, 0);
+        let mut v = std::ptr::null_mut();
+        // SAFETY: `v` is a valid out-pointer.
+        assert_eq!(unsafe { cls_get(&mut v, ctx, key) }, 0);
+        assert_eq!(v as usize, 0x1234);
+        assert_eq!(cls_delete(ctx, key), 0);
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { cls_get(&mut v, ctx, key) },
+            cuda::CUDA_ERROR_INVALID_HANDLE
+        );
+    }
+}

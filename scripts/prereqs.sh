@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what vgpu's demo and tests need on a Debian 12 machine with Rust:
 # a C compiler, QEMU (bookworm-backports), the guest image tools (cpio,
-# debootstrap for the QEMU 11.1 root of the virtio-vgpu tests), and NVRTC
-# (for the PTX fixture drift check). Idempotent; prints what it installs.
+# debootstrap for the QEMU 11.1 root of the virtio-vgpu tests), NVRTC (for
+# the PTX fixture drift check) and Debian's CUDA 11.8 toolkit (nvcc, with
+# g++-11, for the CUDA runtime programs in tests/cuda/). Idempotent; prints
+# what it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,4 +49,54 @@ if ! python3 -c 'import cuda.bindings.driver' >/dev/null 2>&1; then
     log "installing cuda-python (cuda-bindings) from PyPI for the cuda-python test"
     pip_install cuda-bindings==12.9.0 \
         || log "cuda-bindings could not be installed; the cuda-python test will be skipped"
+fi
+
+# Debian's CUDA 11.8 toolkit (nvcc, cuobjdump, NVIDIA's libcudart) from
+# bookworm's contrib/non-free components, and g++-11 (nvcc 11.8 rejects gcc
+# 12). It is a large download (about 1.6 GB, 5.3 GB installed); it also pulls
+# in NVIDIA's libcuda.so.1 and libnvidia-ml.so.1, which vgpu's tests override
+# with the shim. Anything that fails here is logged and skipped: the tests
+# that need nvcc then skip with a message. VGPU_NO_CUDA_TOOLKIT=1 skips it.
+NONFREE_SOURCES=/etc/apt/sources.list.d/vgpu-nonfree.sources
+install_cuda_toolkit() {
+    local codename
+    codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+    if [ "$codename" != bookworm ]; then
+        log "not Debian bookworm ($codename): install nvcc 11.8 and g++-11 yourself"
+        return 1
+    fi
+    $SUDO apt-get update -qq || return 1
+    # madison lists only what the enabled sources offer (nvidia-support is in
+    # contrib, the toolkit in non-free).
+    if [ -z "$(apt-cache madison nvidia-cuda-toolkit 2>/dev/null)" ] \
+        || [ -z "$(apt-cache madison nvidia-support 2>/dev/null)" ]; then
+        log "enabling bookworm contrib/non-free in $NONFREE_SOURCES"
+        $SUDO tee "$NONFREE_SOURCES" >/dev/null <<'SOURCES' || return 1
+# Added by vgpu scripts/prereqs.sh for nvidia-cuda-toolkit (nvcc 11.8).
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: contrib non-free non-free-firmware
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: contrib non-free non-free-firmware
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+        $SUDO apt-get update -qq || return 1
+    fi
+    log "installing nvidia-cuda-toolkit and g++-11 (about 1.6 GB to download)"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends nvidia-cuda-toolkit g++-11 >&2 || return 1
+}
+if [ "${VGPU_NO_CUDA_TOOLKIT:-0}" = 1 ]; then
+    :
+elif command -v nvcc >/dev/null 2>&1 && command -v g++-11 >/dev/null 2>&1; then
+    :
+elif [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
+    log "not root: skipping nvcc 11.8 (the CUDA runtime tests will be skipped)"
+elif ! install_cuda_toolkit; then
+    log "nvcc 11.8 could not be installed; the CUDA runtime tests will be skipped"
 fi

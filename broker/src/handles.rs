@@ -2,9 +2,12 @@
 //! `CUcontext`, `CUstream`, `CUevent`, `CUmodule` or `CUfunction`:
 //!
 //! ```text
-//! bits 63..56  kind tag (never 0, so no handle is NULL or a small integer)
-//! bits 55..32  generation of the slot (a stale handle never matches a reused slot)
-//! bits 31..0   slot index
+//! bits 63..47  zero: a handle looks like a user-space pointer, as real
+//!              CUDA handles are (positive as a signed 64-bit value, which
+//!              bindings such as cuda-python require)
+//! bits 46..40  kind tag (never 0, so no handle is NULL or a small integer)
+//! bits 39..16  generation of the slot (a stale handle never matches a reused slot)
+//! bits 15..0   slot index
 //! ```
 //!
 //! Handles are only meaningful within their session: a guest cannot name
@@ -16,24 +19,26 @@
 #[repr(u8)]
 pub enum HandleKind {
     /// `CUcontext`.
-    Context = 0xC1,
+    Context = 0x4C,
     /// `CUstream`.
     Stream = 0x51,
     /// `CUevent`.
-    Event = 0xE1,
+    Event = 0x6E,
     /// `CUmodule`.
     Module = 0x3D,
     /// `CUfunction`.
-    Function = 0xF1,
+    Function = 0x7F,
 }
 
-const INDEX_BITS: u32 = 32;
+const INDEX_BITS: u32 = 16;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const GEN_MASK: u64 = 0x00FF_FFFF;
-const KIND_SHIFT: u32 = 56;
+const KIND_SHIFT: u32 = 40;
 
 /// Largest number of live entries in one table; a flood of creations past it
-/// gets `CUDA_ERROR_OUT_OF_MEMORY` instead of growing the daemon.
-pub const MAX_ENTRIES: usize = 1 << 16;
+/// gets `CUDA_ERROR_OUT_OF_MEMORY` instead of growing the daemon. Every slot
+/// index fits the handle's index bits.
+pub const MAX_ENTRIES: usize = 1 << INDEX_BITS;
 
 struct Slot<T> {
     generation: u32,
@@ -75,11 +80,11 @@ impl<T> HandleTable<T> {
     }
 
     fn decode(&self, handle: u64) -> Option<(usize, u32)> {
-        if (handle >> KIND_SHIFT) as u8 != self.kind as u8 {
+        if handle >> KIND_SHIFT != self.kind as u64 {
             return None;
         }
         let generation = ((handle >> INDEX_BITS) & GEN_MASK) as u32;
-        let index = (handle & 0xFFFF_FFFF) as usize;
+        let index = (handle & INDEX_MASK) as usize;
         let slot = self.slots.get(index)?;
         (slot.generation == generation && slot.value.is_some()).then_some((index, generation))
     }
@@ -162,7 +167,9 @@ mod tests {
         let mut t = HandleTable::new(HandleKind::Stream);
         let h = t.insert("a").unwrap();
         assert_ne!(h, 0);
-        assert_eq!(h >> 56, 0x51);
+        assert_eq!(h >> 40, 0x51);
+        // Like a user-space pointer: positive as i64, below 2^47.
+        assert!(h < 1 << 47 && (h as i64) > 0);
         assert_eq!(t.get(h), Some(&"a"));
     }
 
@@ -187,7 +194,8 @@ mod tests {
             1,
             h + 1,
             h ^ (1 << 40),
-            (HandleKind::Stream as u64) << 56,
+            h | (1 << 63),
+            (HandleKind::Stream as u64) << 40,
             u64::MAX,
         ] {
             assert!(t.get(forged).is_none(), "{forged:#x}");

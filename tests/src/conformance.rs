@@ -456,6 +456,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("slices_are_hard_limits", slices_are_hard_limits),
     ("foreign_pointers_are_refused", foreign_pointers_are_refused),
     ("bad_images_are_refused", bad_images_are_refused),
+    ("fat_binaries_with_ptx_run", fat_binaries_with_ptx_run),
     ("kernel_corpus", kernel_corpus),
     ("faults_stay_in_their_vm", faults_stay_in_their_vm),
     ("watchdog", watchdog),
@@ -768,6 +769,68 @@ pub fn bad_images_are_refused(t: &Target) {
     // The session still works.
     let k = vector_add(&mut s);
     add_works(&mut s, &k, 300).unwrap();
+}
+
+/// A fat binary carrying PTX (what nvcc embeds with
+/// `-gencode arch=compute_52,code=compute_52`, plain and LZ4-compressed)
+/// loads and runs; one carrying only a cubin for an architecture no device
+/// has is refused with `CUDA_ERROR_NO_BINARY_FOR_GPU` (or, where the driver
+/// reads the cubin first, `CUDA_ERROR_INVALID_IMAGE`), and the session
+/// carries on.
+pub fn fat_binaries_with_ptx_run(t: &Target) {
+    use vgpu_fatbin::{KIND_ELF, KIND_PTX, NewEntry, write};
+    let rig = Rig::new((t.make)(None), &[("a", 64 * MIB, 1)]);
+    let mut s = rig.session("a");
+    let ptx = vgpu_corpus::ptx("vector_add", Arch::Sm52);
+    let mut text = ptx.as_bytes().to_vec();
+    text.push(0);
+    let plain = write(&[NewEntry {
+        kind: KIND_PTX,
+        arch: 52,
+        flags: 0,
+        payload: &text,
+        uncompressed_len: 0,
+    }]);
+    // The same text as one LZ4 literal run (a valid block, as nvcc's compressor may emit).
+    let mut lz4 = vec![0xF0];
+    let mut rest = text.len() - 15;
+    while rest >= 255 {
+        lz4.push(255);
+        rest -= 255;
+    }
+    lz4.push(rest as u8);
+    lz4.extend_from_slice(&text);
+    let compressed = write(&[NewEntry {
+        kind: KIND_PTX,
+        arch: 52,
+        flags: 0x2000,
+        payload: &lz4,
+        uncompressed_len: text.len() as u64,
+    }]);
+    for (what, image) in [("plain", plain), ("LZ4", compressed)] {
+        let m = s
+            .load(&image)
+            .unwrap_or_else(|e| panic!("{what} fat binary: {e:?}"));
+        let k = s.kernel(m, "vector_add").unwrap();
+        add_works(&mut s, &k, 300).unwrap();
+    }
+    let cubin_only = write(&[NewEntry {
+        kind: KIND_ELF,
+        arch: 10,
+        flags: 0,
+        payload: b"\x7fELF\x02\x01\x01\0not a real cubin",
+        uncompressed_len: 0,
+    }]);
+    let e = s.load(&cubin_only).unwrap_err();
+    assert!(
+        matches!(
+            e.0,
+            cuda::CUDA_ERROR_NO_BINARY_FOR_GPU | cuda::CUDA_ERROR_INVALID_IMAGE
+        ),
+        "{e:?}"
+    );
+    let k = vector_add(&mut s);
+    add_works(&mut s, &k, 100).unwrap();
 }
 
 /// Every corpus kernel (sm_52, sm_80 and sm_90 PTX) is correct through a

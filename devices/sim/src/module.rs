@@ -17,13 +17,12 @@ use crate::alloc::aligned;
 
 /// ELF magic: a cubin.
 const ELF_MAGIC: &[u8] = b"\x7fELF";
-/// Fat binary magic (little-endian 0xBA55ED50).
-const FATBIN_MAGIC: &[u8] = &[0x50, 0xed, 0x55, 0xba];
 /// Shared memory a block may use without opting in (`cuFuncSetAttribute`).
 pub const DEFAULT_MAX_DYNAMIC_SHARED: usize = 48 << 10;
 /// Shared memory a block may use after opting in.
 pub const OPTIN_MAX_SHARED: usize = 163 << 10;
-/// `CU_FUNC_ATTRIBUTE_BINARY_VERSION` reported (sm_80).
+/// `CU_FUNC_ATTRIBUTE_BINARY_VERSION` reported (sm_80); also the newest PTX
+/// architecture taken from a fat binary.
 const BINARY_VERSION: i32 = 80;
 /// Most registers per thread reported.
 const MAX_REGS_PER_THREAD: u32 = 255;
@@ -64,12 +63,30 @@ impl SimModule {
         image: &[u8],
         budget: u64,
     ) -> Result<SimModule, DeviceError> {
-        if image.starts_with(ELF_MAGIC) || image.starts_with(FATBIN_MAGIC) {
+        if image.starts_with(ELF_MAGIC) {
             return Err(DeviceError::InvalidImage {
                 code: cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
-                message: "the simulated GPU runs PTX only, not cubin or fatbin images: load PTX (e.g. from NVRTC)".into(),
+                message: "the simulated GPU runs PTX only, not cubins: load PTX (e.g. from NVRTC) or a fat binary that carries PTX".into(),
             });
         }
+        let from_fatbin;
+        let image = if vgpu_fatbin::is_fatbin(image) {
+            from_fatbin = vgpu_fatbin::ptx_for(image, BINARY_VERSION as u32).map_err(|e| {
+                DeviceError::InvalidImage {
+                    code: match e {
+                        vgpu_fatbin::FatbinError::NoUsableImage { .. } => {
+                            cuda::CUDA_ERROR_NO_BINARY_FOR_GPU
+                        }
+                        vgpu_fatbin::FatbinError::Zstd { .. } => cuda::CUDA_ERROR_NOT_SUPPORTED,
+                        _ => cuda::CUDA_ERROR_INVALID_IMAGE,
+                    },
+                    message: e.to_string(),
+                }
+            })?;
+            &from_fatbin[..]
+        } else {
+            image
+        };
         let end = image.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         let text = std::str::from_utf8(&image[..end]).map_err(|e| DeviceError::InvalidImage {
             code: cuda::CUDA_ERROR_INVALID_IMAGE,

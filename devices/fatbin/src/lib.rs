@@ -1,0 +1,475 @@
+//! CUDA fat binaries, parsed from untrusted bytes.
+//!
+//! nvcc embeds one fat binary per translation unit and registers it with the
+//! runtime; a fat binary holds entries, each a PTX text or a cubin (ELF) for
+//! one architecture, optionally LZ4-compressed:
+//!
+//! ```text
+//! header   u32 magic 0xBA55ED50, u16 version 1, u16 header size, u64 size of the entries
+//! entry    u16 kind (1 PTX, 2 ELF), u16 version, u32 header size, u32 payload size,
+//!          u32 -, u32 compressed size, u32 -, u32 -, u32 architecture (52 = sm_52),
+//!          u32 address bits, u32 -, u64 flags (0x2000 LZ4, 0x8000 zstd), u64 -,
+//!          u64 uncompressed size; the payload follows the entry header
+//! ```
+//!
+//! Everything is bounds-checked: a guest hands these bytes to vgpud, so a
+//! malformed or hostile fat binary gets an error, never a panic, and
+//! decompression is capped.
+
+use std::fmt::Write as _;
+
+/// Fat binary magic.
+pub const MAGIC: u32 = 0xBA55_ED50;
+/// The fat binary header's size.
+pub const HEADER_LEN: usize = 16;
+/// An entry header's fixed fields.
+const ENTRY_FIELDS_LEN: usize = 64;
+/// Entry kind: PTX text.
+pub const KIND_PTX: u16 = 1;
+/// Entry kind: cubin (ELF).
+pub const KIND_ELF: u16 = 2;
+/// Entry flag: the payload is LZ4-compressed (block format).
+const FLAG_LZ4: u64 = 0x2000;
+/// Entry flag: the payload is zstd-compressed.
+const FLAG_ZSTD: u64 = 0x8000;
+/// Most entries read from one fat binary.
+pub const MAX_ENTRIES: usize = 4096;
+/// Largest payload decompressed (a module's PTX; larger is refused).
+pub const MAX_DECOMPRESSED: usize = 64 << 20;
+
+/// Why a fat binary could not be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FatbinError {
+    /// Not a fat binary, or its header is cut short.
+    #[error("not a fat binary (bad magic or a header shorter than {HEADER_LEN} bytes)")]
+    NotFatbin,
+    /// The header declares more bytes than there are.
+    #[error("the fat binary declares {declared} bytes of entries but holds {got}")]
+    Truncated {
+        /// Declared.
+        declared: u64,
+        /// Present.
+        got: usize,
+    },
+    /// An entry header is malformed.
+    #[error("entry {index} of the fat binary is malformed: {what}")]
+    BadEntry {
+        /// The entry's position.
+        index: usize,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// More entries than [`MAX_ENTRIES`].
+    #[error("the fat binary has more than {MAX_ENTRIES} entries")]
+    TooManyEntries,
+    /// A compressed payload does not decompress.
+    #[error("entry {index} of the fat binary does not decompress: {what}")]
+    Decompress {
+        /// The entry's position.
+        index: usize,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A compression vgpu does not read.
+    #[error(
+        "entry {index} of the fat binary is zstd-compressed, which the simulated GPU does not read yet (build with nvcc -Xfatbin -compress-mode=none or an LZ4 default)"
+    )]
+    Zstd {
+        /// The entry's position.
+        index: usize,
+    },
+    /// No entry the device can run.
+    #[error(
+        "the fat binary holds no image this device can run (it holds {held}); the simulated GPU runs PTX: build with -gencode arch=compute_XX,code=compute_XX"
+    )]
+    NoUsableImage {
+        /// What it holds, e.g. "sm_80 cubin, sm_86 cubin".
+        held: String,
+    },
+}
+
+/// How an entry's payload is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// As is.
+    None,
+    /// LZ4 block format.
+    Lz4,
+    /// zstd.
+    Zstd,
+}
+
+/// One entry of a fat binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// [`KIND_PTX`], [`KIND_ELF`] or another kind.
+    pub kind: u16,
+    /// Architecture, e.g. 52 for sm_52 / compute_52.
+    pub arch: u32,
+    /// How the payload is stored.
+    pub compression: Compression,
+    /// The stored payload (compressed if [`Entry::compression`] says so).
+    pub payload: &'a [u8],
+    /// Declared size once decompressed.
+    pub uncompressed_len: u64,
+    index: usize,
+}
+
+impl Entry<'_> {
+    /// "sm_80 cubin", "compute_52 PTX".
+    pub fn describe(&self) -> String {
+        match self.kind {
+            KIND_PTX => format!("compute_{} PTX", self.arch),
+            KIND_ELF => format!("sm_{} cubin", self.arch),
+            k => format!("kind-{k} image for sm_{}", self.arch),
+        }
+    }
+
+    /// The payload, decompressed.
+    pub fn contents(&self) -> Result<Vec<u8>, FatbinError> {
+        match self.compression {
+            Compression::None => Ok(self.payload.to_vec()),
+            Compression::Lz4 => {
+                let len = usize::try_from(self.uncompressed_len)
+                    .ok()
+                    .filter(|&l| l <= MAX_DECOMPRESSED)
+                    .ok_or(FatbinError::Decompress {
+                        index: self.index,
+                        what: "the declared size is over the limit",
+                    })?;
+                lz4_block(self.payload, len).map_err(|what| FatbinError::Decompress {
+                    index: self.index,
+                    what,
+                })
+            }
+            Compression::Zstd => Err(FatbinError::Zstd { index: self.index }),
+        }
+    }
+}
+
+fn u16_at(b: &[u8], o: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+}
+
+/// Whether `image` starts like a fat binary.
+pub fn is_fatbin(image: &[u8]) -> bool {
+    u32_at(image, 0) == Some(MAGIC)
+}
+
+/// The whole fat binary's length from its header (header plus entries).
+pub fn declared_len(image: &[u8]) -> Result<u64, FatbinError> {
+    if !is_fatbin(image) {
+        return Err(FatbinError::NotFatbin);
+    }
+    let header = u16_at(image, 6).ok_or(FatbinError::NotFatbin)?;
+    let body = u64_at(image, 8).ok_or(FatbinError::NotFatbin)?;
+    if usize::from(header) < HEADER_LEN {
+        return Err(FatbinError::NotFatbin);
+    }
+    Ok(u64::from(header).saturating_add(body))
+}
+
+/// The entries of a fat binary.
+pub fn entries(image: &[u8]) -> Result<Vec<Entry<'_>>, FatbinError> {
+    let total = declared_len(image)?;
+    let header = usize::from(u16_at(image, 6).ok_or(FatbinError::NotFatbin)?);
+    let body = usize::try_from(total)
+        .ok()
+        .and_then(|t| image.get(header..t))
+        .ok_or(FatbinError::Truncated {
+            declared: total,
+            got: image.len(),
+        })?;
+    let mut out = Vec::new();
+    let mut rest = body;
+    while rest.len() >= ENTRY_FIELDS_LEN {
+        let index = out.len();
+        if index == MAX_ENTRIES {
+            return Err(FatbinError::TooManyEntries);
+        }
+        let bad = |what| FatbinError::BadEntry { index, what };
+        let field32 = |o| u32_at(rest, o).ok_or(bad("header cut short"));
+        let kind = u16_at(rest, 0).ok_or(bad("header cut short"))?;
+        let header_len = field32(4)? as usize;
+        let payload_len = field32(8)? as usize;
+        let compressed_len = field32(16)? as usize;
+        let arch = field32(28)?;
+        let flags = u64_at(rest, 40).ok_or(bad("header cut short"))?;
+        let uncompressed_len = u64_at(rest, 56).ok_or(bad("header cut short"))?;
+        if header_len < ENTRY_FIELDS_LEN {
+            return Err(bad("its header is shorter than its fixed fields"));
+        }
+        let compression = if flags & FLAG_LZ4 != 0 {
+            Compression::Lz4
+        } else if flags & FLAG_ZSTD != 0 {
+            Compression::Zstd
+        } else {
+            Compression::None
+        };
+        let stored = if compression == Compression::None {
+            payload_len
+        } else {
+            compressed_len
+        };
+        let payload = rest
+            .get(header_len..header_len.saturating_add(stored))
+            .ok_or(bad("its payload runs past the end"))?;
+        let next = header_len.saturating_add(payload_len.max(compressed_len));
+        rest = rest.get(next..).unwrap_or(&[]);
+        out.push(Entry {
+            kind,
+            arch,
+            compression,
+            payload,
+            uncompressed_len,
+            index,
+        });
+    }
+    Ok(out)
+}
+
+/// The PTX text a device supporting up to `max_arch` should run: the entry
+/// of the highest architecture not above it, decompressed, without its
+/// trailing NUL bytes.
+pub fn ptx_for(image: &[u8], max_arch: u32) -> Result<Vec<u8>, FatbinError> {
+    let all = entries(image)?;
+    let best = all
+        .iter()
+        .filter(|e| e.kind == KIND_PTX && e.arch <= max_arch)
+        .max_by_key(|e| e.arch);
+    let Some(best) = best else {
+        let mut held = String::new();
+        for (i, e) in all.iter().enumerate() {
+            let _ = write!(held, "{}{}", if i > 0 { ", " } else { "" }, e.describe());
+        }
+        if held.is_empty() {
+            held.push_str("no entries");
+        }
+        return Err(FatbinError::NoUsableImage { held });
+    };
+    let mut text = best.contents()?;
+    let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    text.truncate(end);
+    Ok(text)
+}
+
+/// An entry for [`write`].
+#[derive(Debug, Clone, Copy)]
+pub struct NewEntry<'a> {
+    /// [`KIND_PTX`] or [`KIND_ELF`].
+    pub kind: u16,
+    /// Architecture, e.g. 52.
+    pub arch: u32,
+    /// Entry flags (0, or the LZ4 flag 0x2000 with a compressed payload).
+    pub flags: u64,
+    /// The stored payload.
+    pub payload: &'a [u8],
+    /// The size once decompressed (with a compressed payload).
+    pub uncompressed_len: u64,
+}
+
+/// Entry header size [`write`] uses (nvcc's is 64 or 72).
+const WRITTEN_ENTRY_HEADER: usize = 72;
+/// The entry header version nvcc writes.
+const ENTRY_VERSION: u16 = 0x0101;
+/// Address bits written for 64-bit entries.
+const ADDRESS_BITS: u32 = 64;
+/// Payloads are padded to this alignment.
+const PAYLOAD_ALIGN: usize = 8;
+
+/// Writes a fat binary in nvcc's layout (for tests and tools that package PTX).
+pub fn write(entries: &[NewEntry<'_>]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for e in entries {
+        let mut h = [0u8; WRITTEN_ENTRY_HEADER];
+        let padded = e.payload.len().div_ceil(PAYLOAD_ALIGN) * PAYLOAD_ALIGN;
+        h[0..2].copy_from_slice(&e.kind.to_le_bytes());
+        h[2..4].copy_from_slice(&ENTRY_VERSION.to_le_bytes());
+        h[4..8].copy_from_slice(&(WRITTEN_ENTRY_HEADER as u32).to_le_bytes());
+        h[8..12].copy_from_slice(&(padded as u32).to_le_bytes());
+        if e.flags & (FLAG_LZ4 | FLAG_ZSTD) != 0 {
+            h[16..20].copy_from_slice(&(e.payload.len() as u32).to_le_bytes());
+        }
+        h[28..32].copy_from_slice(&e.arch.to_le_bytes());
+        h[32..36].copy_from_slice(&ADDRESS_BITS.to_le_bytes());
+        h[40..48].copy_from_slice(&e.flags.to_le_bytes());
+        h[56..64].copy_from_slice(&e.uncompressed_len.to_le_bytes());
+        body.extend_from_slice(&h);
+        body.extend_from_slice(e.payload);
+        body.resize(body.len() + padded - e.payload.len(), 0);
+    }
+    let mut f = Vec::with_capacity(HEADER_LEN + body.len());
+    f.extend_from_slice(&MAGIC.to_le_bytes());
+    f.extend_from_slice(&1u16.to_le_bytes());
+    f.extend_from_slice(&(HEADER_LEN as u16).to_le_bytes());
+    f.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    f.extend_from_slice(&body);
+    f
+}
+
+/// Decompresses an LZ4 block (no frame) into exactly `len` bytes at most.
+fn lz4_block(input: &[u8], len: usize) -> Result<Vec<u8>, &'static str> {
+    const MIN_MATCH: usize = 4;
+    const MORE: u8 = 15;
+    let mut out = Vec::with_capacity(len);
+    let mut i = 0;
+    let byte = |i: &mut usize| -> Result<u8, &'static str> {
+        let b = *input.get(*i).ok_or("the block ends inside a sequence")?;
+        *i += 1;
+        Ok(b)
+    };
+    let extended = |i: &mut usize, mut n: usize| -> Result<usize, &'static str> {
+        loop {
+            let b = byte(i)?;
+            n = n.checked_add(usize::from(b)).ok_or("a length overflows")?;
+            if b != u8::MAX {
+                return Ok(n);
+            }
+        }
+    };
+    while i < input.len() {
+        let token = byte(&mut i)?;
+        let mut literals = usize::from(token >> 4);
+        if literals == usize::from(MORE) {
+            literals = extended(&mut i, literals)?;
+        }
+        let lit = input
+            .get(i..i.saturating_add(literals))
+            .ok_or("literals run past the block")?;
+        if out.len() + literals > len {
+            return Err("the output is larger than declared");
+        }
+        out.extend_from_slice(lit);
+        i += literals;
+        if i == input.len() {
+            break;
+        }
+        let offset = usize::from(u16::from_le_bytes([byte(&mut i)?, byte(&mut i)?]));
+        if offset == 0 || offset > out.len() {
+            return Err("a match refers before the start of the output");
+        }
+        let mut matched = usize::from(token & MORE);
+        if matched == usize::from(MORE) {
+            matched = extended(&mut i, matched)?;
+        }
+        matched += MIN_MATCH;
+        if out.len() + matched > len {
+            return Err("the output is larger than declared");
+        }
+        let start = out.len() - offset;
+        for k in 0..matched {
+            let b = out[start + k];
+            out.push(b);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fatbin(entries: &[(u16, u32, u64, &[u8], u64)]) -> Vec<u8> {
+        let e: Vec<_> = entries
+            .iter()
+            .map(|&(kind, arch, flags, payload, uncompressed_len)| NewEntry {
+                kind,
+                arch,
+                flags,
+                payload,
+                uncompressed_len,
+            })
+            .collect();
+        write(&e)
+    }
+
+    #[test]
+    fn the_best_ptx_not_above_the_device_is_chosen() {
+        let f = fatbin(&[
+            (KIND_ELF, 80, 0, b"\x7fELF....", 0),
+            (KIND_PTX, 52, 0, b".version 7.0\n// 52\0", 0),
+            (KIND_PTX, 70, 0, b".version 7.0\n// 70\0", 0),
+            (KIND_PTX, 90, 0, b".version 8.0\n// 90\0", 0),
+        ]);
+        assert_eq!(entries(&f).unwrap().len(), 4);
+        assert_eq!(ptx_for(&f, 80).unwrap(), b".version 7.0\n// 70");
+        assert_eq!(ptx_for(&f, 90).unwrap(), b".version 8.0\n// 90");
+        assert_eq!(declared_len(&f).unwrap(), f.len() as u64);
+    }
+
+    #[test]
+    fn a_fatbin_of_cubins_only_names_what_it_holds() {
+        let f = fatbin(&[
+            (KIND_ELF, 80, 0, b"\x7fELF", 0),
+            (KIND_ELF, 86, 0, b"\x7fELF", 0),
+        ]);
+        let e = ptx_for(&f, 90).unwrap_err();
+        assert_eq!(
+            e,
+            FatbinError::NoUsableImage {
+                held: "sm_80 cubin, sm_86 cubin".into()
+            }
+        );
+        assert!(e.to_string().contains("code=compute_XX"));
+    }
+
+    #[test]
+    fn lz4_payloads_are_decompressed() {
+        // "abc" as literals, then a 9-byte overlapping match at offset 3,
+        // then 16 literals (extended literal length) and a 20-byte match.
+        let mut block = vec![0x35, b'a', b'b', b'c', 3, 0];
+        block.push(0xF0);
+        block.push(1);
+        block.extend_from_slice(b"0123456789ABCDEF");
+        block[6] = 0xF0 | 15;
+        block.extend_from_slice(&[16, 0, 1]); // offset 16, match 15 + 1 + 4 = 20
+        let mut want = b"abcabcabcabc0123456789ABCDEF".to_vec();
+        want.extend_from_slice(b"0123456789ABCDEF0123");
+        assert_eq!(lz4_block(&block, want.len()).unwrap(), want);
+        let f = fatbin(&[(KIND_PTX, 52, FLAG_LZ4, &block, want.len() as u64)]);
+        assert_eq!(ptx_for(&f, 90).unwrap(), want);
+    }
+
+    #[test]
+    fn hostile_input_gets_errors_not_panics() {
+        assert_eq!(entries(b"short").unwrap_err(), FatbinError::NotFatbin);
+        let good = fatbin(&[(KIND_PTX, 52, 0, b"x", 0)]);
+        let cut = &good[..good.len() - 3];
+        assert!(matches!(
+            entries(cut).unwrap_err(),
+            FatbinError::Truncated { .. }
+        ));
+        // Every truncation and every single-byte corruption of the header fields.
+        for n in 0..good.len() {
+            let _ = ptx_for(&good[..n], 90);
+            for v in [0u8, 0x7f, 0xff] {
+                let mut bad = good.clone();
+                bad[n] = v;
+                let _ = ptx_for(&bad, 90);
+            }
+        }
+        // Decompression: offsets before the start, overlong output, cut sequences.
+        assert!(lz4_block(&[0x10, b'a', 5, 0], 100).is_err());
+        assert!(lz4_block(&[0x10, b'a', 1, 0], 3).is_err());
+        assert!(lz4_block(&[0xF0, 255, 255], 100).is_err());
+        assert!(lz4_block(&[0x50, b'a'], 100).is_err());
+        let huge = fatbin(&[(KIND_PTX, 52, FLAG_LZ4, &[0x10, b'a'], u64::MAX)]);
+        assert!(matches!(
+            ptx_for(&huge, 90).unwrap_err(),
+            FatbinError::Decompress { .. }
+        ));
+        let zstd = fatbin(&[(KIND_PTX, 52, FLAG_ZSTD, b"zz", 2)]);
+        assert_eq!(
+            ptx_for(&zstd, 90).unwrap_err(),
+            FatbinError::Zstd { index: 0 }
+        );
+    }
+}

@@ -316,9 +316,19 @@ pub fn device_pci_bus_id(dev: i32) -> CuRes<String> {
 
 // ---- contexts --------------------------------------------------------------
 
+/// Runs `f` on the calling thread's context stack. While the thread's
+/// locals are being destroyed (a runtime tearing down from a thread-exit or
+/// `atexit` hook) the stack is gone: `CUDA_ERROR_DEINITIALIZED`, as CUDA
+/// answers calls made while it shuts down.
+fn with_ctx_stack<R>(f: impl FnOnce(&mut Vec<u64>) -> R) -> CuRes<R> {
+    CTX_STACK
+        .try_with(|s| f(&mut s.borrow_mut()))
+        .map_err(|_| cuda::CUDA_ERROR_DEINITIALIZED)
+}
+
 /// The calling thread's current context.
 pub fn current_ctx() -> Option<u64> {
-    CTX_STACK.with(|s| s.borrow().last().copied())
+    with_ctx_stack(|s| s.last().copied()).ok().flatten()
 }
 
 fn ctx() -> CuRes<u64> {
@@ -331,7 +341,7 @@ pub fn ctx_create(flags: u32, dev: i32) -> CuRes<u64> {
     let d = driver()?;
     check_device(dev)?;
     let h = d.call(&msg::CtxCreate { device: 0, flags }, &[])?.handle;
-    CTX_STACK.with(|s| s.borrow_mut().push(h));
+    with_ctx_stack(|s| s.push(h))?;
     Ok(h)
 }
 
@@ -339,7 +349,7 @@ pub fn ctx_create(flags: u32, dev: i32) -> CuRes<u64> {
 pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
-    CTX_STACK.with(|s| s.borrow_mut().retain(|&x| x != c));
+    let _ = with_ctx_stack(|s| s.retain(|&x| x != c));
     crate::ctx_storage::context_gone(c);
     Ok(())
 }
@@ -347,14 +357,12 @@ pub fn ctx_destroy(c: u64) -> CuRes<()> {
 /// `cuCtxSetCurrent`: replaces the top of the stack (NULL pops it).
 pub fn ctx_set_current(c: u64) -> CuRes<()> {
     driver()?;
-    CTX_STACK.with(|s| {
-        let mut s = s.borrow_mut();
+    with_ctx_stack(|s| {
         s.pop();
         if c != 0 {
             s.push(c);
         }
-    });
-    Ok(())
+    })
 }
 
 /// `cuCtxPushCurrent`.
@@ -363,16 +371,13 @@ pub fn ctx_push(c: u64) -> CuRes<()> {
     if c == 0 {
         return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
     }
-    CTX_STACK.with(|s| s.borrow_mut().push(c));
-    Ok(())
+    with_ctx_stack(|s| s.push(c))
 }
 
 /// `cuCtxPopCurrent`.
 pub fn ctx_pop() -> CuRes<u64> {
     driver()?;
-    CTX_STACK
-        .with(|s| s.borrow_mut().pop())
-        .ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)
+    with_ctx_stack(|s| s.pop())?.ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// `cuCtxGetCurrent` (NULL when none).

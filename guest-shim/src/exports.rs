@@ -2,6 +2,7 @@
 //! arguments and calls the safe functions in [`crate::driver`].
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::borrow::Cow;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
@@ -751,6 +752,10 @@ const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
 /// The wrapper version whose data pointer is one whole fat binary.
 const FATBIN_WRAPPER_VERSION: u32 = 1;
+/// The wrapper version that also lists prelinked fat binaries.
+const FATBIN_WRAPPER_PRELINKED: u32 = 2;
+/// A fat binary's header; one no longer than this is empty.
+const FATBIN_HEADER_LEN: usize = 16;
 /// `CU_JIT_ERROR_LOG_BUFFER`.
 const JIT_ERROR_LOG_BUFFER: c_int = 5;
 /// `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`.
@@ -773,7 +778,7 @@ const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 ///
 /// # Safety
 /// `image` must point to a valid image, as cuModuleLoadData requires.
-unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
+unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<Cow<'a, [u8]>> {
     if image.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
@@ -786,21 +791,8 @@ unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
     if first == (FATBIN_WRAPPER_MAGIC & 0xff) as u8
         && u32::from_le_bytes(head(4).try_into().unwrap_or([0; 4])) == FATBIN_WRAPPER_MAGIC
     {
-        // `__fatBinC_Wrapper_t { int magic; int version; const void *data; void *prelinked; }`.
-        let h = head(16);
-        let version = u32::from_le_bytes(h[4..8].try_into().unwrap_or([0; 4]));
-        if version != FATBIN_WRAPPER_VERSION {
-            return Err(drv::unsupported(
-                "fat binaries with prelinked parts (relocatable device code)",
-            ));
-        }
-        let data = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8])) as *const u32;
-        // SAFETY: a version-1 wrapper's data pointer is the fat binary it wraps (CUDA contract).
-        if data.is_null() || unsafe { data.read_unaligned() } != FATBIN_MAGIC {
-            return Err(cuda::CUDA_ERROR_INVALID_IMAGE);
-        }
-        // SAFETY: as above; the fat binary branch below reads it.
-        return unsafe { image_bytes(data.cast()) };
+        // SAFETY: the magic says this is a `__fatBinC_Wrapper_t` (CUDA contract).
+        return unsafe { wrapped_fatbins(image) };
     }
     if first == ELF_MAGIC[0] && head(4) == ELF_MAGIC {
         let h = head(64);
@@ -810,7 +802,7 @@ unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
         let programs = u64_at(0x20) + u16_at(0x36) * u16_at(0x38);
         let len = usize::try_from(sections.max(programs).max(64))
             .map_err(|_| cuda::CUDA_ERROR_INVALID_IMAGE)?;
-        return Ok(head(len));
+        return Ok(Cow::Borrowed(head(len)));
     }
     if first == (FATBIN_MAGIC & 0xff) as u8
         && u32::from_le_bytes(head(4).try_into().unwrap_or([0; 4])) == FATBIN_MAGIC
@@ -819,10 +811,69 @@ unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<&'a [u8]> {
         let header = u64::from(u16::from_le_bytes([h[6], h[7]]));
         let body = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8]));
         let len = usize::try_from(header + body).map_err(|_| cuda::CUDA_ERROR_INVALID_IMAGE)?;
-        return Ok(head(len));
+        return Ok(Cow::Borrowed(head(len)));
     }
     // SAFETY: PTX images are NUL-terminated strings.
-    Ok(unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_bytes())
+    Ok(Cow::Borrowed(
+        unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_bytes(),
+    ))
+}
+
+/// Most prelinked fat binaries read from one wrapper.
+const MAX_PRELINKED: usize = 256;
+
+/// The fat binaries of a `__fatBinC_Wrapper_t { int magic; int version;
+/// const void *data; const void **prelinked; }`: version 1 wraps one fat
+/// binary; version 2 (nvcc's link stub) wraps `data` plus a NULL-terminated
+/// array of the translation units' fat binaries. Empty ones are skipped;
+/// several are sent as one concatenation, as nvcc lays them out in
+/// `.nv_fatbin`.
+///
+/// # Safety
+/// `wrapper` must point to a valid wrapper, as the CUDA runtime registers it.
+unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]>> {
+    // SAFETY: a wrapper has four 8-byte-aligned fields (this function's contract).
+    let w = unsafe { std::slice::from_raw_parts(wrapper.cast::<u64>(), 3) };
+    let version = (w[0] >> 32) as u32;
+    let mut headers = vec![w[1] as *const u32];
+    if version == FATBIN_WRAPPER_PRELINKED {
+        let list = w[2] as *const *const u32;
+        for i in 0..MAX_PRELINKED {
+            if list.is_null() {
+                break;
+            }
+            // SAFETY: the prelinked array is NULL-terminated (CUDA contract); `i` stops there.
+            let f = unsafe { list.add(i).read() };
+            if f.is_null() {
+                break;
+            }
+            headers.push(f);
+        }
+    } else if version != FATBIN_WRAPPER_VERSION {
+        return Err(cuda::CUDA_ERROR_INVALID_IMAGE);
+    }
+    let mut parts = Vec::new();
+    for h in headers {
+        // SAFETY: each pointer is a fat binary of the program (CUDA contract); its magic is checked
+        // before anything else is read.
+        if h.is_null() || unsafe { h.read_unaligned() } != FATBIN_MAGIC {
+            continue;
+        }
+        // SAFETY: as above.
+        let bytes = unsafe { image_bytes(h.cast()) }?;
+        if bytes.len() > FATBIN_HEADER_LEN {
+            parts.push(bytes);
+        }
+    }
+    crate::debug!(
+        "fat binary wrapper version {version}: {} non-empty fat binaries",
+        parts.len()
+    );
+    match parts.len() {
+        0 => Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU),
+        1 => Ok(parts.swap_remove(0)),
+        _ => Ok(Cow::Owned(parts.concat())),
+    }
 }
 
 /// Loads a module; on failure writes the host's message to an error log buffer.
@@ -836,7 +887,7 @@ fn module_load(
     }
     // SAFETY: `image` is the caller's module image (CUDA contract).
     let bytes = unsafe { image_bytes(image) }?;
-    match drv::module_load(bytes) {
+    match drv::module_load(&bytes) {
         Ok(h) => out!(module, p(h)),
         Err((code, message)) => {
             if let Some((buf, size_slot)) = log {

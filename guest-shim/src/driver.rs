@@ -414,6 +414,20 @@ pub fn primary_handle(dev: i32) -> CuRes<u64> {
     primary_peek(d)
 }
 
+/// Runs `f` with a context current. The library API (`cuLibrary*`,
+/// `cuKernel*`) needs none; vgpu keeps libraries loaded without a current
+/// context in the device's primary context, which is where NVIDIA's runtime
+/// then runs their kernels.
+pub fn in_library_context<R>(f: impl FnOnce() -> CuRes<R>) -> CuRes<R> {
+    if current_ctx().is_some() {
+        return f();
+    }
+    ctx_push(primary_handle(0)?)?;
+    let r = f();
+    let _ = ctx_pop();
+    r
+}
+
 /// The primary context's handle, by a retain and a release (the handle
 /// stays the same for the session's life).
 fn primary_peek(d: &Driver) -> CuRes<u64> {
@@ -967,6 +981,18 @@ pub fn launch(
 ) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
+    // Launch limits fail at the launch, as CUDA reports them, not at the next
+    // synchronization: the kernel's limits as cached at lookup (and updated
+    // by cuFuncSetAttribute).
+    if let Some(l) = lock(&d.functions).get(&f) {
+        let limit = |a: usize| l.attributes.get(a).map_or(i64::MAX, |&v| i64::from(v));
+        let threads = block.iter().map(|&b| i64::from(b)).product::<i64>();
+        if i64::from(shared) > limit(cuda::func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            || threads > limit(cuda::func_attr::MAX_THREADS_PER_BLOCK)
+        {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+    }
     let req = msg::LaunchKernel {
         ctx: c,
         stream,

@@ -672,6 +672,50 @@ pub extern "C" fn cuStreamSynchronize(stream: CUhandle) -> CUresult {
     ffi("cuStreamSynchronize", || drv::stream_synchronize(h(stream)))
 }
 
+/// `CUhostFn`.
+pub type CUhostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+/// `CUstreamCallback`.
+pub type CUstreamCallback = Option<unsafe extern "C" fn(CUhandle, CUresult, *mut c_void)>;
+
+/// `cuLaunchHostFunc`: the function runs once the stream's earlier work is
+/// done and before its later work starts. vgpu runs it on the calling
+/// thread after waiting for the stream (CUDA runs it on a driver thread;
+/// the order is the same, but the call blocks until the stream drains).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void) -> CUresult {
+    ffi("cuLaunchHostFunc", || {
+        let f = f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        drv::stream_synchronize(h(stream))?;
+        // SAFETY: the caller's host function with the caller's argument, called once as CUDA does.
+        unsafe { f(data) };
+        Ok(())
+    })
+}
+
+/// `cuStreamAddCallback`: like [`cuLaunchHostFunc`]; the callback also gets
+/// the stream and its status.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamAddCallback(
+    stream: CUhandle,
+    callback: CUstreamCallback,
+    data: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuStreamAddCallback", || {
+        let callback = callback.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        if flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let status = match drv::stream_synchronize(h(stream)) {
+            Ok(()) => cuda::CUDA_SUCCESS,
+            Err(e) => e,
+        };
+        // SAFETY: the caller's callback with its stream, the stream's status and its argument.
+        unsafe { callback(stream, status, data) };
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(stream: CUhandle) -> CUresult {
     ffi("cuStreamQuery", || drv::stream_query(h(stream)))
@@ -1234,8 +1278,10 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_vals: *mut *mut c_void,
     _n_lib: c_uint,
 ) -> CUresult {
-    // A library is loaded as a module of the current context.
-    ffi("cuLibraryLoadData", || module_load(lib, code, None))
+    // A library is loaded as a module of the current context (or the primary one).
+    ffi("cuLibraryLoadData", || {
+        drv::in_library_context(|| module_load(lib, code, None))
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -1244,13 +1290,18 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     lib: CUhandle,
     name: *const c_char,
 ) -> CUresult {
-    // SAFETY: same contract as cuModuleGetFunction.
-    unsafe { cuModuleGetFunction(k, lib, name) }
+    ffi("cuLibraryGetKernel", || {
+        // SAFETY: `name` is the caller's C string (CUDA contract).
+        let name = unsafe { c_name(name) }?;
+        let kernel = drv::in_library_context(|| drv::module_get_function(h(lib), name))?;
+        out!(k, p(kernel))
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUhandle, k: CUhandle) -> CUresult {
     ffi("cuKernelGetFunction", || {
+        crate::debug!("cuKernelGetFunction({:#x})", h(k));
         drv::func_layout(h(k))?;
         out!(f, k)
     })
@@ -1258,7 +1309,9 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUhandle, k: CUhandle) -> C
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
-    cuModuleUnload(lib)
+    ffi("cuLibraryUnload", || {
+        drv::in_library_context(|| drv::module_unload(h(lib)))
+    })
 }
 
 /// `cuGetExportTable`: NVIDIA's private interface tables, which the CUDA

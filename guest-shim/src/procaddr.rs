@@ -150,6 +150,8 @@ fn table() -> &'static [Entry] {
             e!("cuStreamDestroy", (4000, f!(cuStreamDestroy_v2))),
             e!("cuStreamSynchronize", (2000, f!(cuStreamSynchronize))),
             e!("cuStreamQuery", (2000, f!(cuStreamQuery))),
+            e!("cuLaunchHostFunc", (10000, f!(cuLaunchHostFunc))),
+            e!("cuStreamAddCallback", (5000, f!(cuStreamAddCallback))),
             e!("cuStreamWaitEvent", (3020, f!(cuStreamWaitEvent))),
             e!("cuStreamGetPriority", (5050, f!(cuStreamGetPriority))),
             e!("cuStreamGetFlags", (5050, f!(cuStreamGetFlags))),

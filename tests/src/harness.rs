@@ -439,11 +439,26 @@ impl Run {
 
 /// Runs a program against a VM of `vgpud` and collects its output.
 pub fn run_against(vgpud: &Vgpud, vm: &str, program: &Path, args: &[&str]) -> Run {
-    let out = Command::new(program)
-        .args(args)
-        .env("VGPU_TRANSPORT", vgpud.transport(vm))
-        .output()
-        .expect("running the test program");
+    run_command(
+        Command::new(program)
+            .args(args)
+            .env("VGPU_TRANSPORT", vgpud.transport(vm)),
+    )
+}
+
+/// Runs a program that loads `libcuda.so.1` by name (NVIDIA's runtime does)
+/// with vgpu's shim first on the library path, against a VM of `vgpud`.
+pub fn run_with_shim(vgpud: &Vgpud, vm: &str, program: &Path, args: &[&str]) -> Run {
+    run_command(
+        Command::new(program)
+            .args(args)
+            .env("VGPU_TRANSPORT", vgpud.transport(vm))
+            .env("LD_LIBRARY_PATH", &artifacts().lib_dir),
+    )
+}
+
+fn run_command(cmd: &mut Command) -> Run {
+    let out = cmd.output().expect("running the test program");
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

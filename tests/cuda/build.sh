@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds the CUDA runtime test programs with nvcc 11.8 (Debian bookworm's
+# nvidia-cuda-toolkit, installed by scripts/prereqs.sh):
+#
+#   tests/cuda/build.sh OUTDIR
+#
+# Each program is built twice: OUTDIR/<name>.static (-cudart static, the
+# default) and OUTDIR/<name>.shared (-cudart shared, needs libcudart.so.11.0
+# at run time). The fatbin carries PTX for compute_52 only (no SASS), which the
+# simulated GPU runs. At run time the programs must load vgpu's libcuda.so.1
+# (LD_LIBRARY_PATH=<dir with the shim>), not NVIDIA's.
+#
+# nvcc's default link runs a device-link step (nvlink ... -lcudadevrt) even
+# without -rdc: the programs then carry a second, empty fatbin (fat size 0)
+# registered through a version-2 wrapper whose prelinked fatbin is
+# libcudadevrt's relocatable image (sm_35..sm_90 cubins + compute_90 PTX).
+# The variants static-nodlink and shared-nodlink skip that step (-nodlink),
+# as a plain g++ link of nvcc -c objects does (CMake, setuptools).
+#
+# Exits 0 with a message, building nothing, when nvcc or g++-11 is missing.
+# Environment: NVCC (default nvcc), CCBIN (default g++-11), NVCC_FLAGS (extra),
+# CUDA_VARIANTS (default "static shared"; also static-nodlink, shared-nodlink).
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUTDIR" >&2
+    exit 2
+fi
+OUT="$1"
+SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+NVCC="${NVCC:-nvcc}"
+CCBIN="${CCBIN:-g++-11}"
+
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+    echo "tests/cuda/build.sh: nvcc not found: skipping the CUDA runtime programs (scripts/prereqs.sh installs nvidia-cuda-toolkit)"
+    exit 0
+fi
+if ! command -v "$CCBIN" >/dev/null 2>&1; then
+    echo "tests/cuda/build.sh: $CCBIN not found (nvcc 11.8 needs gcc <= 11): skipping the CUDA runtime programs"
+    exit 0
+fi
+
+PROGRAMS=(runtime_basics kernels streams device_io)
+# PTX only: the simulated GPU interprets PTX; compute_52 is the oldest
+# target nvcc 11.8 accepts without a deprecation error.
+GENCODE=(-gencode arch=compute_52,code=compute_52)
+# -Wno-deprecated-gpu-targets: compute_52 prints a deprecation warning.
+FLAGS=(-ccbin "$CCBIN" "${GENCODE[@]}" -O2 -std=c++14 -Wno-deprecated-gpu-targets
+       -Xcompiler -Wall)
+# shellcheck disable=SC2206
+EXTRA=(${NVCC_FLAGS:-})
+
+# shellcheck disable=SC2206
+VARIANTS=(${CUDA_VARIANTS:-static shared})
+
+mkdir -p "$OUT"
+for prog in "${PROGRAMS[@]}"; do
+    for variant in "${VARIANTS[@]}"; do
+        case "$variant" in
+            static | shared) rt="$variant" link=() ;;
+            static-nodlink | shared-nodlink) rt="${variant%-nodlink}" link=(-nodlink) ;;
+            *) echo "tests/cuda/build.sh: unknown variant $variant" >&2; exit 2 ;;
+        esac
+        dst="$OUT/$prog.$variant"
+        # Rebuild only when the source, the header or this script changed.
+        if [ -x "$dst" ] && [ "$dst" -nt "$SRC/$prog.cu" ] && [ "$dst" -nt "$SRC/check.h" ] \
+            && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
+            continue
+        fi
+        echo "nvcc -cudart $rt${link[*]:+ ${link[*]}} $prog.cu -> $dst"
+        "$NVCC" "${FLAGS[@]}" "${EXTRA[@]}" -cudart "$rt" "${link[@]}" -o "$dst.tmp" "$SRC/$prog.cu"
+        mv -f "$dst.tmp" "$dst"
+    done
+done
+echo "tests/cuda/build.sh: up to date: ${PROGRAMS[*]} x {${VARIANTS[*]}} into $OUT"

@@ -56,7 +56,7 @@ fi
 # 12). It is a large download (about 1.6 GB, 5.3 GB installed); it also pulls
 # in NVIDIA's libcuda.so.1 and libnvidia-ml.so.1, which vgpu's tests override
 # with the shim. Anything that fails here is logged and skipped: the tests
-# that need nvcc then skip with a message. VGPU_NO_CUDA_TOOLKIT=1 skips it.
+# that need nvcc then fail and say so. VGPU_NO_CUDA_TOOLKIT=1 skips it.
 NONFREE_SOURCES=/etc/apt/sources.list.d/vgpu-nonfree.sources
 install_cuda_toolkit() {
     local codename
@@ -96,7 +96,7 @@ if [ "${VGPU_NO_CUDA_TOOLKIT:-0}" = 1 ]; then
 elif command -v nvcc >/dev/null 2>&1 && command -v g++-11 >/dev/null 2>&1; then
     :
 elif [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
-    log "not root: skipping nvcc 11.8 (the CUDA runtime tests will be skipped)"
+    log "not root: skipping nvcc 11.8 (the CUDA runtime tests will fail and say so)"
 elif ! install_cuda_toolkit; then
-    log "nvcc 11.8 could not be installed; the CUDA runtime tests will be skipped"
+    log "nvcc 11.8 could not be installed; the CUDA runtime tests will fail and say so"
 fi

@@ -104,3 +104,16 @@ static inline long first_mismatch_tol(const float *got, const float *want, long 
     }
     return -1;
 }
+
+/* Whether a CUDA device is present; reports the failure when not. */
+static inline bool device_present(void)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count < 1) {
+        report_fail("a CUDA device is present", "%s (%d): %s, count %d", cudaGetErrorName(e),
+                    (int)e, cudaGetErrorString(e), count);
+        return false;
+    }
+    return true;
+}

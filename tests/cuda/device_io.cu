@@ -217,13 +217,8 @@ int main(int argc, char **argv)
         return 2;
     }
     g_program = assert_mode ? "device_io assert" : "device_io";
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count < 1) {
-        report_fail("a CUDA device is present", "%s (%d): %s, count %d", cudaGetErrorName(e),
-                    (int)e, cudaGetErrorString(e), count);
+    if (!device_present())
         return finish();
-    }
     if (assert_mode)
         run_assert();
     else

@@ -561,13 +561,8 @@ static void test_launch_errors()
 int main()
 {
     g_program = "kernels";
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count < 1) {
-        report_fail("a CUDA device is present", "%s (%d): %s, count %d", cudaGetErrorName(e),
-                    (int)e, cudaGetErrorString(e), count);
+    if (!device_present())
         return finish();
-    }
     test_vector_add();
     test_saxpy();
     test_axpb<float>("template axpb<float>", 1.5f, -0.25f);

@@ -266,13 +266,8 @@ static void test_host_callbacks()
 int main()
 {
     g_program = "streams";
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count < 1) {
-        report_fail("a CUDA device is present", "%s (%d): %s, count %d", cudaGetErrorName(e),
-                    (int)e, cudaGetErrorString(e), count);
+    if (!device_present())
         return finish();
-    }
     test_async_copies_on_streams();
     test_events();
     test_host_callbacks();

@@ -791,15 +791,13 @@ pub extern "C" fn cuEventDestroy_v2(event: CUhandle) -> CUresult {
 /// ELF magic (cubin).
 const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
 /// Fat binary magic, little-endian.
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+const FATBIN_MAGIC: u32 = vgpu_fatbin::MAGIC;
 /// Magic of `__fatBinC_Wrapper_t`, the fat binary nvcc registers with the runtime.
 const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
 /// The wrapper version whose data pointer is one whole fat binary.
 const FATBIN_WRAPPER_VERSION: u32 = 1;
 /// The wrapper version that also lists prelinked fat binaries.
 const FATBIN_WRAPPER_PRELINKED: u32 = 2;
-/// A fat binary's header; one no longer than this is empty.
-const FATBIN_HEADER_LEN: usize = 16;
 /// `CU_JIT_ERROR_LOG_BUFFER`.
 const JIT_ERROR_LOG_BUFFER: c_int = 5;
 /// `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`.
@@ -851,10 +849,10 @@ unsafe fn image_bytes<'a>(image: *const c_void) -> drv::CuRes<Cow<'a, [u8]>> {
     if first == (FATBIN_MAGIC & 0xff) as u8
         && u32::from_le_bytes(head(4).try_into().unwrap_or([0; 4])) == FATBIN_MAGIC
     {
-        let h = head(16);
-        let header = u64::from(u16::from_le_bytes([h[6], h[7]]));
-        let body = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8]));
-        let len = usize::try_from(header + body).map_err(|_| cuda::CUDA_ERROR_INVALID_IMAGE)?;
+        let len = vgpu_fatbin::declared_len(head(vgpu_fatbin::HEADER_LEN))
+            .ok()
+            .and_then(|l| usize::try_from(l).ok())
+            .ok_or(cuda::CUDA_ERROR_INVALID_IMAGE)?;
         return Ok(Cow::Borrowed(head(len)));
     }
     // SAFETY: PTX images are NUL-terminated strings.
@@ -905,7 +903,7 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
         }
         // SAFETY: as above.
         let bytes = unsafe { image_bytes(h.cast()) }?;
-        if bytes.len() > FATBIN_HEADER_LEN {
+        if bytes.len() > vgpu_fatbin::HEADER_LEN {
             parts.push(bytes);
         }
     }

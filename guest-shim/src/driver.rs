@@ -2,9 +2,10 @@
 //! ABI; every function returns the `CUresult` CUDA would.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use vgpu_hugemem::{HUGE_PAGE, HugeMapping};
 use vgpu_proto::cuda::{self, CuResult};
@@ -50,6 +51,8 @@ pub struct Driver {
     host_registered: Mutex<BTreeMap<usize, usize>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
     functions: Mutex<HashMap<u64, FuncLayout>>,
+    /// Modules (libraries) loaded and not unloaded.
+    modules: Mutex<HashSet<u64>>,
     flush_wanted: (Mutex<bool>, Condvar),
     /// Set while the flush thread has been asked to flush and has not yet
     /// taken the batch: later posts need not wake it again (no lock on the
@@ -60,6 +63,10 @@ pub struct Driver {
 /// A kernel's parameter layout, cached by the shim to pack `kernelParams`.
 #[derive(Debug, Clone, Default)]
 pub struct FuncLayout {
+    /// The kernel's entry name (`cuFuncGetName` hands out a pointer into it).
+    pub name: Arc<CStr>,
+    /// The module (library) it was looked up in.
+    pub module: u64,
     /// Offset of each parameter in the packed buffer.
     pub offsets: Vec<u32>,
     /// Size of each parameter.
@@ -144,6 +151,7 @@ fn connect() -> CuRes<Driver> {
         host_registered: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
+        modules: Mutex::new(HashSet::new()),
         flush_wanted: (Mutex::new(false), Condvar::new()),
         flush_armed: AtomicBool::new(false),
     })
@@ -307,6 +315,13 @@ pub fn device_attribute(attr: i32, dev: i32) -> CuRes<i32> {
 }
 
 /// `cuDeviceGetPCIBusId` text.
+/// The device's architecture as fat binaries name it: 80 for compute capability 8.0.
+pub fn device_arch() -> CuRes<u32> {
+    let major = device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as i32, 0)?;
+    let minor = device_attribute(cuda::attr::COMPUTE_CAPABILITY_MINOR as i32, 0)?;
+    u32::try_from(major * 10 + minor).map_err(|_| cuda::CUDA_ERROR_INVALID_DEVICE)
+}
+
 pub fn device_pci_bus_id(dev: i32) -> CuRes<String> {
     let domain = device_attribute(cuda::attr::PCI_DOMAIN_ID as i32, dev)?;
     let bus = device_attribute(cuda::attr::PCI_BUS_ID as i32, dev)?;
@@ -596,6 +611,46 @@ pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuR
     } else {
         d.post(&req, &[])
     }
+}
+
+/// Memory the shim knows an address to be in (`cuPointerGetAttribute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// This process's device memory: the allocation's range.
+    Device { base: u64, size: u64 },
+    /// Page-locked host memory (`cuMemHostAlloc`, `cuMemHostRegister`): its range.
+    PinnedHost { base: u64, size: u64 },
+}
+
+/// The allocation `ptr` lies in, if the shim handed it out.
+pub fn allocation_of(ptr: u64) -> CuRes<Option<Allocation>> {
+    let d = driver()?;
+    if let Some((&base, &size)) = lock(&d.device_ranges).range(..=ptr).next_back()
+        && ptr - base < size
+    {
+        return Ok(Some(Allocation::Device { base, size }));
+    }
+    let inside = |base: usize, len: usize| (base as u64..base as u64 + len as u64).contains(&ptr);
+    let pinned = lock(&d.host_allocs).iter().find_map(|(&base, a)| {
+        let len = match a {
+            HostAlloc::Heap(len) => *len,
+            HostAlloc::Mapped {
+                _unmapped_on_drop: m,
+            } => m.len(),
+        };
+        inside(base, len).then_some((base, len))
+    });
+    let pinned = pinned.or_else(|| {
+        lock(&d.host_registered)
+            .range(..=ptr as usize)
+            .next_back()
+            .map(|(&b, &l)| (b, l))
+            .filter(|&(b, l)| inside(b, l))
+    });
+    Ok(pinned.map(|(base, size)| Allocation::PinnedHost {
+        base: base as u64,
+        size: size as u64,
+    }))
 }
 
 /// What a unified-addressing pointer refers to.
@@ -907,7 +962,10 @@ pub fn module_load(image: &[u8]) -> Result<u64, (CuResult, String)> {
     }
     let r = lock(&d.client).call(&msg::ModuleLoad { ctx: c }, image);
     match r {
-        Ok((h, _)) => Ok(h.handle),
+        Ok((h, _)) => {
+            lock(&d.modules).insert(h.handle);
+            Ok(h.handle)
+        }
         Err(e) => {
             crate::debug!("cuModuleLoadData -> {}: {}", e.code, e.message);
             Err((e.code, e.message))
@@ -920,6 +978,8 @@ pub fn module_unload(m: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
     d.call(&msg::ModuleUnload { ctx: c, module: m }, &[])?;
+    lock(&d.modules).remove(&m);
+    lock(&d.functions).retain(|_, f| f.module != m);
     Ok(())
 }
 
@@ -935,15 +995,31 @@ pub fn module_get_function(m: u64, name: &str) -> CuRes<u64> {
         },
         &[],
     )?;
-    lock(&d.functions).insert(
-        r.function,
-        FuncLayout {
+    // A function looked up again keeps its cached entry, so that a name
+    // handed out by `cuFuncGetName` stays valid while the module is loaded.
+    lock(&d.functions)
+        .entry(r.function)
+        .or_insert_with(|| FuncLayout {
+            name: CString::new(name).unwrap_or_default().into(),
+            module: m,
             offsets: r.param_offsets,
             sizes: r.param_sizes,
             attributes: r.attributes,
-        },
-    );
+        });
     Ok(r.function)
+}
+
+/// Whether `m` is a module (library) this process loaded and has not unloaded.
+pub fn is_module(m: u64) -> CuRes<bool> {
+    Ok(lock(&driver()?.modules).contains(&m))
+}
+
+/// The names of a module's kernels, in the module's order
+/// (`cuModuleEnumerateFunctions`, `cuLibraryEnumerateKernels`).
+pub fn module_function_names(m: u64) -> CuRes<Vec<String>> {
+    let c = ctx()?;
+    let r = driver()?.call(&msg::ModuleFunctionNames { ctx: c, module: m }, &[])?;
+    Ok(r.names.split_terminator('\0').map(str::to_string).collect())
 }
 
 /// `cuModuleGetGlobal`: (address, size).

@@ -412,9 +412,7 @@ mod tests {
         assert_eq!(v as usize, 0x1234);
         assert_eq!(cls_delete(ctx, key), 0);
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { cls_get(&mut v, ctx, key) },
-            cuda::CUDA_ERROR_INVALID_HANDLE
-        );
+        let gone = unsafe { cls_get(&mut v, ctx, key) };
+        assert_eq!(gone, cuda::CUDA_ERROR_INVALID_HANDLE);
     }
 }

@@ -19,11 +19,11 @@ pub type CUdeviceptr = u64;
 /// An opaque handle (`CUcontext`, `CUstream`, `CUevent`, `CUmodule`, `CUfunction`, …).
 pub type CUhandle = *mut c_void;
 
-fn h(p: CUhandle) -> u64 {
+pub(crate) fn h(p: CUhandle) -> u64 {
     p as u64
 }
 
-fn p(v: u64) -> CUhandle {
+pub(crate) fn p(v: u64) -> CUhandle {
     v as CUhandle
 }
 
@@ -682,7 +682,7 @@ pub type CUstreamCallback = Option<unsafe extern "C" fn(CUhandle, CUresult, *mut
 /// thread after waiting for the stream (CUDA runs it on a driver thread;
 /// the order is the same, but the call blocks until the stream drains).
 #[unsafe(no_mangle)]
-pub extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void) -> CUresult {
     ffi("cuLaunchHostFunc", || {
         let f = f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
         drv::stream_synchronize(h(stream))?;
@@ -695,7 +695,7 @@ pub extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_v
 /// `cuStreamAddCallback`: like [`cuLaunchHostFunc`]; the callback also gets
 /// the stream and its status.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamAddCallback(
+pub unsafe extern "C" fn cuStreamAddCallback(
     stream: CUhandle,
     callback: CUstreamCallback,
     data: *mut c_void,
@@ -885,7 +885,7 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
                 break;
             }
             // SAFETY: the prelinked array is NULL-terminated (CUDA contract); `i` stops there.
-            let f = unsafe { list.add(i).read() };
+            let f = unsafe { list.wrapping_add(i).read() };
             if f.is_null() {
                 break;
             }
@@ -918,8 +918,36 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
     }
 }
 
+/// Of a fat binary, the images the device runs (one cubin, one PTX); other
+/// images are sent as they are. Libraries ship cubins for ten architectures
+/// and more (CuPy's CUB: 48 MB), which the device never reads.
+fn usable_images(bytes: Cow<'_, [u8]>) -> drv::CuRes<Cow<'_, [u8]>> {
+    if !vgpu_fatbin::is_fatbin(&bytes) {
+        return Ok(bytes);
+    }
+    let arch = drv::device_arch()?;
+    match vgpu_fatbin::select(&bytes, arch) {
+        Ok(kept) => {
+            crate::debug!(
+                "fat binary of {} bytes: {} bytes of images for compute capability {}.{}",
+                bytes.len(),
+                kept.len(),
+                arch / 10,
+                arch % 10
+            );
+            Ok(Cow::Owned(kept))
+        }
+        Err(e @ vgpu_fatbin::FatbinError::NoUsableImage { .. }) => {
+            crate::warn!("cannot load a module: {e}");
+            Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU)
+        }
+        // Malformed: the host reports what is wrong.
+        Err(_) => Ok(bytes),
+    }
+}
+
 /// Loads a module; on failure writes the host's message to an error log buffer.
-fn module_load(
+pub(crate) fn module_load(
     module: *mut CUhandle,
     image: *const c_void,
     log: Option<(*mut c_char, *mut *mut c_void)>,
@@ -929,6 +957,7 @@ fn module_load(
     }
     // SAFETY: `image` is the caller's module image (CUDA contract).
     let bytes = unsafe { image_bytes(image) }?;
+    let bytes = usable_images(bytes)?;
     match drv::module_load(&bytes) {
         Ok(h) => out!(module, p(h)),
         Err((code, message)) => {
@@ -991,7 +1020,7 @@ pub extern "C" fn cuModuleUnload(module: CUhandle) -> CUresult {
 ///
 /// # Safety
 /// `s` must be NULL or a NUL-terminated string.
-unsafe fn c_name<'a>(s: *const c_char) -> drv::CuRes<&'a str> {
+pub(crate) unsafe fn c_name<'a>(s: *const c_char) -> drv::CuRes<&'a str> {
     if s.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
@@ -1261,54 +1290,6 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let (g, b) = drv::occupancy_max_block_size(h(f), &dyn_smem, limit)?;
         out!(min_grid, g)?;
         out!(block, b)
-    })
-}
-
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn cuLibraryLoadData(
-    lib: *mut CUhandle,
-    code: *const c_void,
-    _jit_opts: *mut c_int,
-    _jit_vals: *mut *mut c_void,
-    _n_jit: c_uint,
-    _lib_opts: *mut c_int,
-    _lib_vals: *mut *mut c_void,
-    _n_lib: c_uint,
-) -> CUresult {
-    // A library is loaded as a module of the current context (or the primary one).
-    ffi("cuLibraryLoadData", || {
-        drv::in_library_context(|| module_load(lib, code, None))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryGetKernel(
-    k: *mut CUhandle,
-    lib: CUhandle,
-    name: *const c_char,
-) -> CUresult {
-    ffi("cuLibraryGetKernel", || {
-        // SAFETY: `name` is the caller's C string (CUDA contract).
-        let name = unsafe { c_name(name) }?;
-        let kernel = drv::in_library_context(|| drv::module_get_function(h(lib), name))?;
-        out!(k, p(kernel))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUhandle, k: CUhandle) -> CUresult {
-    ffi("cuKernelGetFunction", || {
-        crate::debug!("cuKernelGetFunction({:#x})", h(k));
-        drv::func_layout(h(k))?;
-        out!(f, k)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
-    ffi("cuLibraryUnload", || {
-        drv::in_library_context(|| drv::module_unload(h(lib)))
     })
 }
 

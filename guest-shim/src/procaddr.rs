@@ -9,6 +9,9 @@
 use std::ffi::c_void;
 
 use crate::exports::*;
+use crate::library::*;
+use crate::pointer::*;
+use crate::stream_capture::*;
 
 /// The answer to a lookup.
 #[derive(Debug, PartialEq, Eq)]
@@ -155,6 +158,19 @@ fn table() -> &'static [Entry] {
             e!("cuStreamWaitEvent", (3020, f!(cuStreamWaitEvent))),
             e!("cuStreamGetPriority", (5050, f!(cuStreamGetPriority))),
             e!("cuStreamGetFlags", (5050, f!(cuStreamGetFlags))),
+            e!("cuPointerGetAttribute", (4000, f!(cuPointerGetAttribute))),
+            e!("cuPointerGetAttributes", (7000, f!(cuPointerGetAttributes))),
+            e!("cuStreamIsCapturing", (10000, f!(cuStreamIsCapturing))),
+            e!(
+                "cuStreamGetCaptureInfo",
+                (10010, f!(cuStreamGetCaptureInfo)),
+                (11030, f!(cuStreamGetCaptureInfo_v2)),
+                (12030, f!(cuStreamGetCaptureInfo_v3))
+            ),
+            e!(
+                "cuThreadExchangeStreamCaptureMode",
+                (10010, f!(cuThreadExchangeStreamCaptureMode))
+            ),
             e!("cuEventCreate", (2000, f!(cuEventCreate))),
             e!("cuEventRecord", (2000, f!(cuEventRecord))),
             e!("cuEventQuery", (2000, f!(cuEventQuery))),
@@ -183,10 +199,47 @@ fn table() -> &'static [Entry] {
                 "cuOccupancyMaxPotentialBlockSize",
                 (6050, f!(cuOccupancyMaxPotentialBlockSize))
             ),
+            e!("cuModuleLoad", (2000, f!(cuModuleLoad))),
+            e!("cuModuleLoadFatBinary", (2000, f!(cuModuleLoadFatBinary))),
+            e!(
+                "cuModuleGetLoadingMode",
+                (11070, f!(cuModuleGetLoadingMode))
+            ),
+            e!(
+                "cuModuleGetFunctionCount",
+                (12040, f!(cuModuleGetFunctionCount))
+            ),
+            e!(
+                "cuModuleEnumerateFunctions",
+                (12040, f!(cuModuleEnumerateFunctions))
+            ),
+            e!("cuFuncGetName", (12030, f!(cuFuncGetName))),
+            e!("cuFuncGetModule", (11000, f!(cuFuncGetModule))),
+            e!("cuFuncGetParamInfo", (12040, f!(cuFuncGetParamInfo))),
             e!("cuLibraryLoadData", (12000, f!(cuLibraryLoadData))),
-            e!("cuLibraryGetKernel", (12000, f!(cuLibraryGetKernel))),
+            e!("cuLibraryLoadFromFile", (12000, f!(cuLibraryLoadFromFile))),
             e!("cuLibraryUnload", (12000, f!(cuLibraryUnload))),
+            e!("cuLibraryGetModule", (12000, f!(cuLibraryGetModule))),
+            e!("cuLibraryGetKernel", (12000, f!(cuLibraryGetKernel))),
+            e!(
+                "cuLibraryGetKernelCount",
+                (12040, f!(cuLibraryGetKernelCount))
+            ),
+            e!(
+                "cuLibraryEnumerateKernels",
+                (12040, f!(cuLibraryEnumerateKernels))
+            ),
+            e!("cuLibraryGetGlobal", (12000, f!(cuLibraryGetGlobal))),
             e!("cuKernelGetFunction", (12000, f!(cuKernelGetFunction))),
+            e!("cuKernelGetName", (12030, f!(cuKernelGetName))),
+            e!("cuKernelGetLibrary", (12050, f!(cuKernelGetLibrary))),
+            e!("cuKernelGetParamInfo", (12040, f!(cuKernelGetParamInfo))),
+            e!("cuKernelGetAttribute", (12000, f!(cuKernelGetAttribute))),
+            e!("cuKernelSetAttribute", (12000, f!(cuKernelSetAttribute))),
+            e!(
+                "cuKernelSetCacheConfig",
+                (12000, f!(cuKernelSetCacheConfig))
+            ),
         ]
     })
 }

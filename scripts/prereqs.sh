@@ -45,6 +45,11 @@ if ! python3 -c 'import nvidia.cuda_nvrtc, nvidia.cuda_runtime' >/dev/null 2>&1;
     pip_install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
         || log "NVRTC could not be installed; the PTX drift check will be skipped"
 fi
+if ! python3 -c 'import cupy' >/dev/null 2>&1; then
+    log "installing CuPy (cupy-cuda12x) from PyPI for the CuPy test"
+    pip_install cupy-cuda12x==14.2.0 \
+        || log "CuPy could not be installed; the CuPy test will be skipped"
+fi
 if ! python3 -c 'import cuda.bindings.driver' >/dev/null 2>&1; then
     log "installing cuda-python (cuda-bindings) from PyPI for the cuda-python test"
     pip_install cuda-bindings==12.9.0 \

@@ -1,8 +1,9 @@
 //! NVIDIA's CUDA runtime, unmodified, on vgpu's libcuda.so.1 against a real
 //! vgpud on the simulated GPU: programs built with nvcc 11.8 (static and
 //! shared cudart; `<<<>>>` launches, templates, shared memory, atomics,
-//! streams, events, host callbacks) and a program linked against PyPI's
-//! `libcudart.so.12` (CUDA 12.9: export tables, the integrity check,
+//! streams, events, host callbacks), the same programs linked against PyPI's
+//! `libcudart.so.12` (CUDA 12.9 loads fat binaries as libraries), and a C
+//! program linked against it (export tables, the integrity check,
 //! context-local storage across `cudaDeviceReset`).
 //!
 //! nvcc comes from Debian's `nvidia-cuda-toolkit` and the CUDA 12 runtime
@@ -30,6 +31,8 @@ fn nvcc_programs() -> &'static Path {
         let dir = artifacts().profile_dir.join("cuda-programs");
         let st = Command::new(workspace_root().join("tests/cuda/build.sh"))
             .arg(&dir)
+            .env("CUDA_VARIANTS", "static shared cudart12")
+            .env("CUDART12_DIR", pypi_cudart12())
             .status()
             .expect("running tests/cuda/build.sh");
         assert!(st.success(), "tests/cuda/build.sh failed");
@@ -56,7 +59,7 @@ fn assert_passed(r: &Run, what: &str, min_checks: usize) {
 fn run_nvcc_program(name: &str, min_checks: usize) {
     let dir = nvcc_programs();
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
-    for cudart in ["static", "shared"] {
+    for cudart in ["static", "shared", "cudart12"] {
         let prog = dir.join(format!("{name}.{cudart}"));
         let r = run_with_shim(&d, "vm1", &prog, &[]);
         assert_passed(&r, &format!("{name} (cudart {cudart})"), min_checks);

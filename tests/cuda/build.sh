@@ -17,9 +17,15 @@
 # The variants static-nodlink and shared-nodlink skip that step (-nodlink),
 # as a plain g++ link of nvcc -c objects does (CMake, setuptools).
 #
+# The variant cudart12 compiles with nvcc 11.8 (-c) and links the object
+# against CUDA 12's libcudart.so.12 in $CUDART12_DIR/lib (PyPI's
+# nvidia-cuda-runtime-cu12): the same program on NVIDIA's CUDA 12 runtime,
+# which loads fat binaries through cuLibraryLoadData.
+#
 # Exits 0 with a message, building nothing, when nvcc or g++-11 is missing.
 # Environment: NVCC (default nvcc), CCBIN (default g++-11), NVCC_FLAGS (extra),
-# CUDA_VARIANTS (default "static shared"; also static-nodlink, shared-nodlink).
+# CUDA_VARIANTS (default "static shared"; also static-nodlink, shared-nodlink,
+# cudart12), CUDART12_DIR (for cudart12).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -58,6 +64,7 @@ for prog in "${PROGRAMS[@]}"; do
         case "$variant" in
             static | shared) rt="$variant" link=() ;;
             static-nodlink | shared-nodlink) rt="${variant%-nodlink}" link=(-nodlink) ;;
+            cudart12) rt=cudart12 link=() ;;
             *) echo "tests/cuda/build.sh: unknown variant $variant" >&2; exit 2 ;;
         esac
         dst="$OUT/$prog.$variant"
@@ -66,8 +73,16 @@ for prog in "${PROGRAMS[@]}"; do
             && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
             continue
         fi
-        echo "nvcc -cudart $rt${link[*]:+ ${link[*]}} $prog.cu -> $dst"
-        "$NVCC" "${FLAGS[@]}" "${EXTRA[@]}" -cudart "$rt" "${link[@]}" -o "$dst.tmp" "$SRC/$prog.cu"
+        if [ "$rt" = cudart12 ]; then
+            lib="${CUDART12_DIR:?CUDART12_DIR must name the CUDA 12 runtime for the cudart12 variant}/lib"
+            echo "nvcc -c $prog.cu + $lib/libcudart.so.12 -> $dst"
+            "$NVCC" "${FLAGS[@]}" "${EXTRA[@]}" -c -o "$dst.o" "$SRC/$prog.cu"
+            "$CCBIN" -o "$dst.tmp" "$dst.o" -L"$lib" -l:libcudart.so.12 -Wl,-rpath,"$lib"
+            rm -f "$dst.o"
+        else
+            echo "nvcc -cudart $rt${link[*]:+ ${link[*]}} $prog.cu -> $dst"
+            "$NVCC" "${FLAGS[@]}" "${EXTRA[@]}" -cudart "$rt" "${link[@]}" -o "$dst.tmp" "$SRC/$prog.cu"
+        fi
         mv -f "$dst.tmp" "$dst"
     done
 done

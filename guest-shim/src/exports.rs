@@ -682,7 +682,11 @@ pub type CUstreamCallback = Option<unsafe extern "C" fn(CUhandle, CUresult, *mut
 /// thread after waiting for the stream (CUDA runs it on a driver thread;
 /// the order is the same, but the call blocks until the stream drains).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    stream: CUhandle,
+    f: CUhostFn,
+    data: *mut c_void,
+) -> CUresult {
     ffi("cuLaunchHostFunc", || {
         let f = f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
         drv::stream_synchronize(h(stream))?;
@@ -1006,6 +1010,20 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
             if let (Some(b), Some(sz)) = (buf, size) {
                 log = Some((vals[b].cast::<c_char>(), std::ptr::from_mut(&mut vals[sz])));
             }
+        }
+        // SAFETY: the caller's option arrays of `num_options` entries (CUDA contract).
+        let jit = unsafe { crate::linker::JitOptions::read(num_options, options, values) };
+        if let Some(n) = jit.max_registers
+            // SAFETY: the caller's module image (CUDA contract).
+            && let Cow::Borrowed(text) = unsafe { image_bytes(image) }?
+            && !vgpu_fatbin::is_fatbin(text)
+            && !text.starts_with(&ELF_MAGIC)
+        {
+            // PTX text: the register budget becomes `.maxnreg` on each kernel.
+            let ptx = std::str::from_utf8(text).map_err(|_| cuda::CUDA_ERROR_INVALID_PTX)?;
+            let limited = CString::new(crate::linker::with_max_registers(ptx, n))
+                .map_err(|_| cuda::CUDA_ERROR_INVALID_PTX)?;
+            return module_load(module, limited.as_ptr().cast(), log);
         }
         module_load(module, image, log)
     })

@@ -19,6 +19,7 @@ pub mod exports;
 pub mod ffi;
 pub mod integrity;
 pub mod library;
+pub mod linker;
 pub mod log;
 pub mod pointer;
 pub mod procaddr;

@@ -10,6 +10,7 @@ use std::ffi::c_void;
 
 use crate::exports::*;
 use crate::library::*;
+use crate::linker::*;
 use crate::pointer::*;
 use crate::stream_capture::*;
 
@@ -216,6 +217,11 @@ fn table() -> &'static [Entry] {
             e!("cuFuncGetName", (12030, f!(cuFuncGetName))),
             e!("cuFuncGetModule", (11000, f!(cuFuncGetModule))),
             e!("cuFuncGetParamInfo", (12040, f!(cuFuncGetParamInfo))),
+            e!("cuLinkCreate", (6050, f!(cuLinkCreate_v2))),
+            e!("cuLinkAddData", (6050, f!(cuLinkAddData_v2))),
+            e!("cuLinkAddFile", (6050, f!(cuLinkAddFile_v2))),
+            e!("cuLinkComplete", (5050, f!(cuLinkComplete))),
+            e!("cuLinkDestroy", (5050, f!(cuLinkDestroy))),
             e!("cuLibraryLoadData", (12000, f!(cuLibraryLoadData))),
             e!("cuLibraryLoadFromFile", (12000, f!(cuLibraryLoadFromFile))),
             e!("cuLibraryUnload", (12000, f!(cuLibraryUnload))),

@@ -123,6 +123,8 @@ fn attributes(workers: usize) -> Vec<i32> {
         (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
         (attr::RESERVED_SHARED_MEMORY_PER_BLOCK, 1024),
         (attr::HOST_NUMA_ID, -1),
+        // No large tensor-map allocation class: the selection is a no-op.
+        (attr::TENSOR_MAP_LARGE_TENSOR_MIN_SIZE, i32::MAX),
     ] {
         a[k] = v;
     }

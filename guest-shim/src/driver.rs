@@ -53,6 +53,9 @@ pub struct Driver {
     functions: Mutex<HashMap<u64, FuncLayout>>,
     /// Modules (libraries) loaded and not unloaded.
     modules: Mutex<HashSet<u64>>,
+    /// Libraries loaded with no current context, each holding a retain of
+    /// the primary context.
+    library_retains: Mutex<HashSet<u64>>,
     flush_wanted: (Mutex<bool>, Condvar),
     /// Set while the flush thread has been asked to flush and has not yet
     /// taken the batch: later posts need not wake it again (no lock on the
@@ -152,6 +155,7 @@ fn connect() -> CuRes<Driver> {
         streams: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
         modules: Mutex::new(HashSet::new()),
+        library_retains: Mutex::new(HashSet::new()),
         flush_wanted: (Mutex::new(false), Condvar::new()),
         flush_armed: AtomicBool::new(false),
     })
@@ -311,7 +315,10 @@ pub fn device_attribute(attr: i32, dev: i32) -> CuRes<i32> {
         .ok()
         .filter(|&a| a > 0)
         .and_then(|a| d.props.attributes.get(a).copied())
-        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+        .ok_or_else(|| {
+            crate::debug!("cuDeviceGetAttribute({attr}): an attribute vgpu does not know");
+            cuda::CUDA_ERROR_INVALID_VALUE
+        })
 }
 
 /// `cuDeviceGetPCIBusId` text.
@@ -409,7 +416,12 @@ pub fn ctx_get_device() -> CuRes<i32> {
 
 /// `cuCtxSynchronize`.
 pub fn ctx_synchronize() -> CuRes<()> {
-    let c = ctx()?;
+    ctx_synchronize_of(ctx()?)
+}
+
+/// `cuCtxSynchronize_v2`: waits for a given context (the host checks that it
+/// is one of this process's).
+pub fn ctx_synchronize_of(c: u64) -> CuRes<()> {
     driver()?.call(&msg::CtxSynchronize { ctx: c }, &[])?;
     Ok(())
 }
@@ -433,6 +445,42 @@ pub fn primary_handle(dev: i32) -> CuRes<u64> {
 /// `cuKernel*`) needs none; vgpu keeps libraries loaded without a current
 /// context in the device's primary context, which is where NVIDIA's runtime
 /// then runs their kernels.
+/// Loads a library (`f` returns its handle) in the current context, or, with
+/// none current, in the primary context, which the library then keeps
+/// retained until [`library_unloaded`]: the CUDA runtime loads its fat
+/// binaries before it retains the primary context itself, and a context
+/// whose last reference goes is destroyed with its modules.
+pub fn library_load(f: impl FnOnce() -> CuRes<u64>) -> CuRes<u64> {
+    if current_ctx().is_some() {
+        return f();
+    }
+    let d = driver()?;
+    ctx_push(primary_retain(0)?)?;
+    let r = f();
+    let _ = ctx_pop();
+    match r {
+        Ok(lib) => {
+            lock(&d.library_retains).insert(lib);
+            Ok(lib)
+        }
+        Err(e) => {
+            let _ = primary_release(0);
+            Err(e)
+        }
+    }
+}
+
+/// After `cuLibraryUnload`: the primary context retain the library held, if
+/// any, is released.
+pub fn library_unloaded(lib: u64) -> CuRes<()> {
+    let d = driver()?;
+    let held = lock(&d.library_retains).remove(&lib);
+    if held {
+        primary_release(0)?;
+    }
+    Ok(())
+}
+
 pub fn in_library_context<R>(f: impl FnOnce() -> CuRes<R>) -> CuRes<R> {
     if current_ctx().is_some() {
         return f();
@@ -466,6 +514,9 @@ pub fn primary_release(dev: i32) -> CuRes<()> {
 
 /// The primary context was reset or released for the last time.
 fn primary_gone(d: &Driver) -> CuRes<()> {
+    // Libraries loaded in the primary context went with it, and so did the
+    // references they held.
+    lock(&d.library_retains).clear();
     crate::ctx_storage::context_gone(primary_peek(d)?);
     Ok(())
 }
@@ -1058,8 +1109,27 @@ pub fn launch(
     let c = ctx()?;
     let d = driver()?;
     // Launch limits fail at the launch, as CUDA reports them, not at the next
-    // synchronization: the kernel's limits as cached at lookup (and updated
-    // by cuFuncSetAttribute).
+    // synchronization: the device's grid and block limits, and the kernel's
+    // limits as cached at lookup (and updated by cuFuncSetAttribute).
+    let attr = |a: usize| d.props.attributes.get(a).copied().unwrap_or(i32::MAX);
+    let grid_max = [
+        attr(cuda::attr::MAX_GRID_DIM_X),
+        attr(cuda::attr::MAX_GRID_DIM_Y),
+        attr(cuda::attr::MAX_GRID_DIM_Z),
+    ];
+    let block_max = [
+        attr(cuda::attr::MAX_BLOCK_DIM_X),
+        attr(cuda::attr::MAX_BLOCK_DIM_Y),
+        attr(cuda::attr::MAX_BLOCK_DIM_Z),
+    ];
+    let within = |dims: [u32; 3], max: [i32; 3]| {
+        dims.iter()
+            .zip(max)
+            .all(|(&v, m)| v > 0 && i64::from(v) <= i64::from(m))
+    };
+    if !within(grid, grid_max) || !within(block, block_max) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
     if let Some(l) = lock(&d.functions).get(&f) {
         let limit = |a: usize| l.attributes.get(a).map_or(i64::MAX, |&v| i64::from(v));
         let threads = block.iter().map(|&b| i64::from(b)).product::<i64>();

@@ -203,6 +203,34 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     unsafe { cuCtxCreate_v2(pctx, flags, dev) }
 }
 
+/// `CUctxCreateParams`.
+#[repr(C)]
+pub struct CtxCreateParams {
+    exec_affinity: *mut c_void,
+    num_exec_affinity: c_int,
+    cig: *mut c_void,
+}
+
+/// `cuCtxCreate_v4` (CUDA 13's `cuCtxCreate`): execution affinity and CUDA
+/// in graphics (CIG) parameters are not supported; without them it is
+/// `cuCtxCreate_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUhandle,
+    params: *const CtxCreateParams,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    // SAFETY: NULL or a CUctxCreateParams (CUDA contract).
+    if let Some(p) = unsafe { params.as_ref() }
+        && (p.num_exec_affinity != 0 || !p.exec_affinity.is_null() || !p.cig.is_null())
+    {
+        return drv::unsupported("cuCtxCreate_v4 with execution-affinity or CIG parameters");
+    }
+    // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.
+    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUhandle) -> CUresult {
     ffi("cuCtxDestroy_v2", || drv::ctx_destroy(h(ctx)))
@@ -243,6 +271,31 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     ffi("cuCtxSynchronize", drv::ctx_synchronize)
+}
+
+/// `cuCtxSynchronize_v2` (CUDA 13's `cuCtxSynchronize`): a given context, or
+/// the current one for NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize_v2(ctx: CUhandle) -> CUresult {
+    ffi("cuCtxSynchronize_v2", || match h(ctx) {
+        0 => drv::ctx_synchronize(),
+        c => drv::ctx_synchronize_of(c),
+    })
+}
+
+/// `cuCtxGetDevice_v2` (CUDA 13's `cuCtxGetDevice`): the device of a given
+/// context, or of the current one for NULL. A VM sees one device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUhandle) -> CUresult {
+    ffi("cuCtxGetDevice_v2", || match h(ctx) {
+        0 => out!(device, drv::ctx_get_device()?),
+        c => {
+            // The host checks the context (a synchronization of an idle
+            // context costs one round trip).
+            drv::ctx_synchronize_of(c)?;
+            out!(device, 0)
+        }
+    })
 }
 
 #[unsafe(no_mangle)]

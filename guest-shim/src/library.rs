@@ -67,6 +67,13 @@ fn read_module_file(name: *const c_char) -> drv::CuRes<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Loads a module image in the current context and returns its handle.
+fn load(image: *const c_void) -> drv::CuRes<u64> {
+    let mut m: CUhandle = std::ptr::null_mut();
+    module_load(&mut m, image, None)?;
+    Ok(h(m))
+}
+
 /// Looks every kernel of a module up, at most `max`.
 fn enumerate(m: u64, max: usize) -> drv::CuRes<Vec<u64>> {
     drv::module_function_names(m)?
@@ -192,7 +199,8 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     // one). The options (JIT options, CU_LIBRARY_BINARY_IS_PRESERVED) need no
     // action: the image is copied to the host at once.
     ffi("cuLibraryLoadData", || {
-        drv::in_library_context(|| module_load(lib, code, None))
+        let h = drv::library_load(|| load(code))?;
+        out!(lib, p(h))
     })
 }
 
@@ -210,14 +218,16 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 ) -> CUresult {
     ffi("cuLibraryLoadFromFile", || {
         let bytes = read_module_file(fname)?;
-        drv::in_library_context(|| module_load(lib, bytes.as_ptr().cast(), None))
+        let h = drv::library_load(|| load(bytes.as_ptr().cast()))?;
+        out!(lib, p(h))
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
     ffi("cuLibraryUnload", || {
-        drv::in_library_context(|| drv::module_unload(h(lib)))
+        drv::in_library_context(|| drv::module_unload(h(lib)))?;
+        drv::library_unloaded(h(lib))
     })
 }
 

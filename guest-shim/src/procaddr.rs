@@ -72,15 +72,23 @@ fn table() -> &'static [Entry] {
                 "cuCtxCreate",
                 (3020, f!(cuCtxCreate_v2)),
                 (11040, f!(cuCtxCreate_v3)),
-                (12050, None)
+                (12050, f!(cuCtxCreate_v4))
             ),
             e!("cuCtxDestroy", (4000, f!(cuCtxDestroy_v2))),
             e!("cuCtxGetCurrent", (4000, f!(cuCtxGetCurrent))),
             e!("cuCtxSetCurrent", (4000, f!(cuCtxSetCurrent))),
             e!("cuCtxPushCurrent", (4000, f!(cuCtxPushCurrent_v2))),
             e!("cuCtxPopCurrent", (4000, f!(cuCtxPopCurrent_v2))),
-            e!("cuCtxGetDevice", (2000, f!(cuCtxGetDevice))),
-            e!("cuCtxSynchronize", (2000, f!(cuCtxSynchronize))),
+            e!(
+                "cuCtxGetDevice",
+                (2000, f!(cuCtxGetDevice)),
+                (13000, f!(cuCtxGetDevice_v2))
+            ),
+            e!(
+                "cuCtxSynchronize",
+                (2000, f!(cuCtxSynchronize)),
+                (13000, f!(cuCtxSynchronize_v2))
+            ),
             e!("cuCtxGetApiVersion", (3020, f!(cuCtxGetApiVersion))),
             e!("cuCtxGetFlags", (7000, f!(cuCtxGetFlags))),
             e!(
@@ -322,8 +330,20 @@ mod tests {
     #[test]
     fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
         assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
-        assert_eq!(lookup("cuCtxCreate", 12050, 0), Lookup::NotFound);
         assert_eq!(lookup("cuGraphLaunch", 12000, 0), Lookup::NotFound);
+        // CUDA 13 asks for the ABIs it was built with.
+        assert_eq!(
+            found("cuCtxCreate", 13000),
+            cuCtxCreate_v4 as *const () as usize
+        );
+        assert_eq!(
+            found("cuCtxGetDevice", 13000),
+            cuCtxGetDevice_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuCtxSynchronize", 12090),
+            cuCtxSynchronize as *const () as usize
+        );
     }
 
     #[test]

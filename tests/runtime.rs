@@ -2,9 +2,10 @@
 //! vgpud on the simulated GPU: programs built with nvcc 11.8 (static and
 //! shared cudart; `<<<>>>` launches, templates, shared memory, atomics,
 //! streams, events, host callbacks), the same programs linked against PyPI's
-//! `libcudart.so.12` (CUDA 12.9 loads fat binaries as libraries), and a C
-//! program linked against it (export tables, the integrity check,
-//! context-local storage across `cudaDeviceReset`).
+//! `libcudart.so.12` and `libcudart.so.13` (CUDA 12.9 and 13.5 load fat
+//! binaries as libraries), and a C program linked against each (export
+//! tables, the integrity check, context-local storage across
+//! `cudaDeviceReset`).
 //!
 //! nvcc comes from Debian's `nvidia-cuda-toolkit` and the CUDA 12 runtime
 //! from PyPI, both installed by scripts/prereqs.sh; without them these tests
@@ -31,8 +32,9 @@ fn nvcc_programs() -> &'static Path {
         let dir = artifacts().profile_dir.join("cuda-programs");
         let st = Command::new(workspace_root().join("tests/cuda/build.sh"))
             .arg(&dir)
-            .env("CUDA_VARIANTS", "static shared cudart12")
-            .env("CUDART12_DIR", pypi_cudart12())
+            .env("CUDA_VARIANTS", "static shared cudart12 cudart13")
+            .env("CUDART12_DIR", pypi_cudart(12))
+            .env("CUDART13_DIR", pypi_cudart(13))
             .status()
             .expect("running tests/cuda/build.sh");
         assert!(st.success(), "tests/cuda/build.sh failed");
@@ -56,10 +58,14 @@ fn assert_passed(r: &Run, what: &str, min_checks: usize) {
     );
 }
 
-fn run_nvcc_program(name: &str, min_checks: usize) {
+/// Every runtime a program runs on: nvcc 11.8's static and shared cudart,
+/// and CUDA 12's and 13's shared runtimes.
+const ALL_RUNTIMES: &[&str] = &["static", "shared", "cudart12", "cudart13"];
+
+fn run_nvcc_program(name: &str, min_checks: usize, runtimes: &[&str]) {
     let dir = nvcc_programs();
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
-    for cudart in ["static", "shared", "cudart12"] {
+    for &cudart in runtimes {
         let prog = dir.join(format!("{name}.{cudart}"));
         let r = run_with_shim(&d, "vm1", &prog, &[]);
         assert_passed(&r, &format!("{name} (cudart {cudart})"), min_checks);
@@ -70,58 +76,76 @@ fn run_nvcc_program(name: &str, min_checks: usize) {
 
 #[test]
 fn nvcc_programs_run_memory_and_errors() {
-    run_nvcc_program("runtime_basics", 40);
+    // Not on CUDA 13: cudaDeviceProp's layout changed, so a program built
+    // with 11.8's headers misreads what CUDA 13's runtime fills in.
+    run_nvcc_program("runtime_basics", 40, &["static", "shared", "cudart12"]);
 }
 
 #[test]
 fn nvcc_programs_run_kernels() {
-    run_nvcc_program("kernels", 20);
+    run_nvcc_program("kernels", 20, ALL_RUNTIMES);
 }
 
 #[test]
 fn nvcc_programs_run_streams_events_and_callbacks() {
-    run_nvcc_program("streams", 30);
+    run_nvcc_program("streams", 30, ALL_RUNTIMES);
 }
 
-/// The directory of PyPI's CUDA 12 runtime (`nvidia-cuda-runtime-cu12`).
-fn pypi_cudart12() -> PathBuf {
+/// The directory of PyPI's CUDA runtime of a major version
+/// (`nvidia-cuda-runtime-cu12`, `nvidia-cuda-runtime` 13), with include/ and lib/.
+fn pypi_cudart(major: u32) -> PathBuf {
+    let module = match major {
+        12 => "nvidia.cuda_runtime",
+        _ => "nvidia.cu13",
+    };
     let out = Command::new("python3")
         .args([
             "-c",
-            "import nvidia.cuda_runtime as m; print(list(m.__path__)[0])",
+            &format!("import {module} as m; print(list(m.__path__)[0])"),
         ])
         .output()
         .expect("running python3");
     assert!(
         out.status.success(),
-        "PyPI's nvidia-cuda-runtime-cu12 is not installed: run scripts/prereqs.sh"
+        "PyPI's CUDA {major} runtime ({module}) is not installed: run scripts/prereqs.sh"
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-#[test]
-fn a_program_linked_against_cuda_12_runtime_runs() {
-    let rt = pypi_cudart12();
+/// Builds tests/c/runtime_api.c against a runtime's headers and library and
+/// runs it through the shim.
+fn run_runtime_api_program(major: u32) {
+    let rt = pypi_cudart(major);
     let a = artifacts();
-    let prog = a.profile_dir.join("c-runtime_api");
+    let prog = a.profile_dir.join(format!("c-runtime_api-{major}"));
     let st = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&prog)
         .arg(workspace_root().join("tests/c/runtime_api.c"))
         .arg(format!("-I{}", rt.join("include").display()))
         .arg(format!("-L{}", rt.join("lib").display()))
-        .arg("-l:libcudart.so.12")
+        .arg(format!("-l:libcudart.so.{major}"))
         .arg(format!("-Wl,-rpath,{}", rt.join("lib").display()))
         .status()
         .expect("running cc");
     assert!(st.success(), "building tests/c/runtime_api.c failed");
     let d = Vgpud::start(&[TestVm::new("vm1", 96 * MIB)]);
     let r = run_with_shim(&d, "vm1", &prog, &[]);
-    assert_passed(&r, "runtime_api (libcudart.so.12)", 35);
+    assert_passed(&r, &format!("runtime_api (libcudart.so.{major})"), 35);
     assert!(
         r.stdout.contains(&format!("total {}", 96 * MIB)),
         "the runtime sees the VM's slice: {}",
         r.stdout
     );
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+#[test]
+fn a_program_linked_against_cuda_12_runtime_runs() {
+    run_runtime_api_program(12);
+}
+
+#[test]
+fn a_program_linked_against_cuda_13_runtime_runs() {
+    run_runtime_api_program(13);
 }

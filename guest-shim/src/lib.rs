@@ -11,6 +11,7 @@
 //! Rust), which talks through [`client`] over a [`transport`].
 
 pub mod client;
+pub mod copies;
 pub mod ctx_storage;
 pub mod devlink;
 pub mod driver;
@@ -21,6 +22,7 @@ pub mod integrity;
 pub mod library;
 pub mod linker;
 pub mod log;
+pub mod peer;
 pub mod pointer;
 pub mod procaddr;
 pub mod stream_capture;

@@ -8,9 +8,11 @@
 
 use std::ffi::c_void;
 
+use crate::copies::*;
 use crate::exports::*;
 use crate::library::*;
 use crate::linker::*;
+use crate::peer::*;
 use crate::pointer::*;
 use crate::stream_capture::*;
 
@@ -167,6 +169,27 @@ fn table() -> &'static [Entry] {
             e!("cuStreamWaitEvent", (3020, f!(cuStreamWaitEvent))),
             e!("cuStreamGetPriority", (5050, f!(cuStreamGetPriority))),
             e!("cuStreamGetFlags", (5050, f!(cuStreamGetFlags))),
+            e!("cuMemcpy2D", (3020, f!(cuMemcpy2D_v2))),
+            e!("cuMemcpy2DUnaligned", (3020, f!(cuMemcpy2DUnaligned_v2))),
+            e!("cuMemcpy2DAsync", (3020, f!(cuMemcpy2DAsync_v2))),
+            e!("cuMemcpy3D", (3020, f!(cuMemcpy3D_v2))),
+            e!("cuMemcpy3DAsync", (3020, f!(cuMemcpy3DAsync_v2))),
+            e!("cuMemsetD2D8", (3020, f!(cuMemsetD2D8_v2))),
+            e!("cuMemsetD2D16", (3020, f!(cuMemsetD2D16_v2))),
+            e!("cuMemsetD2D32", (3020, f!(cuMemsetD2D32_v2))),
+            e!("cuMemsetD2D8Async", (3020, f!(cuMemsetD2D8Async))),
+            e!("cuMemsetD2D16Async", (3020, f!(cuMemsetD2D16Async))),
+            e!("cuMemsetD2D32Async", (3020, f!(cuMemsetD2D32Async))),
+            e!("cuMemcpyPeer", (4000, f!(cuMemcpyPeer))),
+            e!("cuMemcpyPeerAsync", (4000, f!(cuMemcpyPeerAsync))),
+            e!("cuDeviceGetByPCIBusId", (4010, f!(cuDeviceGetByPCIBusId))),
+            e!("cuDeviceCanAccessPeer", (4000, f!(cuDeviceCanAccessPeer))),
+            e!(
+                "cuDeviceGetP2PAttribute",
+                (8000, f!(cuDeviceGetP2PAttribute))
+            ),
+            e!("cuCtxEnablePeerAccess", (4000, f!(cuCtxEnablePeerAccess))),
+            e!("cuCtxDisablePeerAccess", (4000, f!(cuCtxDisablePeerAccess))),
             e!("cuPointerGetAttribute", (4000, f!(cuPointerGetAttribute))),
             e!("cuPointerGetAttributes", (7000, f!(cuPointerGetAttributes))),
             e!("cuStreamIsCapturing", (10000, f!(cuStreamIsCapturing))),

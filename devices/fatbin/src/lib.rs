@@ -18,6 +18,9 @@
 
 use std::fmt::Write as _;
 
+pub mod cubin;
+pub mod testutils;
+
 /// Fat binary magic.
 pub const MAGIC: u32 = 0xBA55_ED50;
 /// The fat binary header's size.

@@ -56,6 +56,10 @@ pub struct Driver {
     /// Libraries loaded with no current context, each holding a retain of
     /// the primary context.
     library_retains: Mutex<HashSet<u64>>,
+    /// Libraries with no image the device runs: handle (the address of the
+    /// box, unique while it lives) → why. Loading them succeeds, as CUDA's
+    /// lazy loading does; using them fails.
+    unusable_libraries: Mutex<HashMap<u64, (Box<u8>, String)>>,
     flush_wanted: (Mutex<bool>, Condvar),
     /// Set while the flush thread has been asked to flush and has not yet
     /// taken the batch: later posts need not wake it again (no lock on the
@@ -156,6 +160,7 @@ fn connect() -> CuRes<Driver> {
         functions: Mutex::new(HashMap::new()),
         modules: Mutex::new(HashSet::new()),
         library_retains: Mutex::new(HashSet::new()),
+        unusable_libraries: Mutex::new(HashMap::new()),
         flush_wanted: (Mutex::new(false), Condvar::new()),
         flush_armed: AtomicBool::new(false),
     })
@@ -479,6 +484,27 @@ pub fn library_unloaded(lib: u64) -> CuRes<()> {
         primary_release(0)?;
     }
     Ok(())
+}
+
+/// A handle for a library none of whose images the device runs.
+pub fn unusable_library(why: String) -> CuRes<u64> {
+    let d = driver()?;
+    let anchor = Box::new(0u8);
+    let handle = std::ptr::from_ref::<u8>(&anchor) as u64;
+    lock(&d.unusable_libraries).insert(handle, (anchor, why));
+    Ok(handle)
+}
+
+/// Why `lib` cannot be used, if it is such a library.
+pub fn unusable_reason(lib: u64) -> CuRes<Option<String>> {
+    Ok(lock(&driver()?.unusable_libraries)
+        .get(&lib)
+        .map(|(_, why)| why.clone()))
+}
+
+/// Forgets an unusable library; false if `lib` is not one.
+pub fn drop_unusable(lib: u64) -> CuRes<bool> {
+    Ok(lock(&driver()?.unusable_libraries).remove(&lib).is_some())
 }
 
 pub fn in_library_context<R>(f: impl FnOnce() -> CuRes<R>) -> CuRes<R> {

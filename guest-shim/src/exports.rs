@@ -337,6 +337,20 @@ const LIMIT_STACK_SIZE: c_int = 0;
 const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+/// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
+const LIMIT_DEV_RUNTIME_SYNC_DEPTH: c_int = 3;
+/// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
+const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: c_int = 4;
+/// `CU_LIMIT_MAX_L2_FETCH_GRANULARITY`.
+const LIMIT_MAX_L2_FETCH_GRANULARITY: c_int = 5;
+/// `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.
+const LIMIT_PERSISTING_L2_CACHE_SIZE: c_int = 6;
+/// `CU_LIMIT_SHMEM_SIZE` (CIG contexts).
+const LIMIT_SHMEM_SIZE: c_int = 7;
+/// `CU_LIMIT_CIG_ENABLED`.
+const LIMIT_CIG_ENABLED: c_int = 8;
+/// `CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED`.
+const LIMIT_CIG_SHMEM_FALLBACK_ENABLED: c_int = 9;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
@@ -345,7 +359,18 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
         let v = match limit {
             LIMIT_STACK_SIZE => 1024,
             LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
-            _ => return Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
+            // Device-runtime (dynamic parallelism) limits: CUDA's defaults.
+            LIMIT_DEV_RUNTIME_SYNC_DEPTH => 2,
+            LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => 2048,
+            // L2 tuning: the default fetch granularity, no persisting L2.
+            LIMIT_MAX_L2_FETCH_GRANULARITY => 64,
+            LIMIT_PERSISTING_L2_CACHE_SIZE => 0,
+            // Not a CUDA-in-graphics context: no CIG shared memory budget.
+            LIMIT_SHMEM_SIZE | LIMIT_CIG_ENABLED | LIMIT_CIG_SHMEM_FALLBACK_ENABLED => 0,
+            _ => {
+                crate::debug!("cuCtxGetLimit({limit}): a limit vgpu does not know");
+                return Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT);
+            }
         };
         out!(value, v)
     })
@@ -978,11 +1003,11 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
 /// Of a fat binary, the images the device runs (one cubin, one PTX); other
 /// images are sent as they are. Libraries ship cubins for ten architectures
 /// and more (CuPy's CUB: 48 MB), which the device never reads.
-fn usable_images(bytes: Cow<'_, [u8]>) -> drv::CuRes<Cow<'_, [u8]>> {
+fn usable_images(bytes: Cow<'_, [u8]>) -> Result<Cow<'_, [u8]>, (CUresult, String)> {
     if !vgpu_fatbin::is_fatbin(&bytes) {
         return Ok(bytes);
     }
-    let arch = drv::device_arch()?;
+    let arch = drv::device_arch().map_err(|e| (e, String::new()))?;
     match vgpu_fatbin::select(&bytes, arch) {
         Ok(kept) => {
             crate::debug!(
@@ -995,15 +1020,21 @@ fn usable_images(bytes: Cow<'_, [u8]>) -> drv::CuRes<Cow<'_, [u8]>> {
             Ok(Cow::Owned(kept))
         }
         Err(e @ vgpu_fatbin::FatbinError::NoUsableImage { .. }) => {
-            crate::warn!("cannot load a module: {e}");
-            Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU)
+            Err((cuda::CUDA_ERROR_NO_BINARY_FOR_GPU, e.to_string()))
         }
         // Malformed: the host reports what is wrong.
         Err(_) => Ok(bytes),
     }
 }
 
-/// Loads a module; on failure writes the host's message to an error log buffer.
+/// Loads a module image in the current context: its handle, or the error
+/// and the host's (or the fat binary reader's) message.
+pub(crate) fn load_image(image: *const c_void) -> Result<u64, (CUresult, String)> {
+    // SAFETY: `image` is the caller's module image (CUDA contract).
+    let bytes = unsafe { image_bytes(image) }.map_err(|e| (e, String::new()))?;
+    drv::module_load(&usable_images(bytes)?)
+}
+
 pub(crate) fn module_load(
     module: *mut CUhandle,
     image: *const c_void,
@@ -1012,12 +1043,12 @@ pub(crate) fn module_load(
     if module.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: `image` is the caller's module image (CUDA contract).
-    let bytes = unsafe { image_bytes(image) }?;
-    let bytes = usable_images(bytes)?;
-    match drv::module_load(&bytes) {
+    match load_image(image) {
         Ok(h) => out!(module, p(h)),
         Err((code, message)) => {
+            if code == cuda::CUDA_ERROR_NO_BINARY_FOR_GPU {
+                crate::warn!("cannot load a module: {message}");
+            }
             if let Some((buf, size_slot)) = log {
                 // SAFETY: the option values hold the log buffer and its size (CUDA JIT option contract).
                 let size = unsafe { *size_slot } as usize;

@@ -11,6 +11,7 @@
 //! Rust), which talks through [`client`] over a [`transport`].
 
 pub mod client;
+pub mod compat;
 pub mod copies;
 pub mod ctx_storage;
 pub mod devlink;
@@ -22,6 +23,7 @@ pub mod integrity;
 pub mod library;
 pub mod linker;
 pub mod log;
+pub mod not_supported;
 pub mod peer;
 pub mod pointer;
 pub mod procaddr;

@@ -14,13 +14,16 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use vgpu_proto::cuda;
 
 use crate::driver as drv;
-use crate::exports::{CUdevice, CUdeviceptr, CUhandle, c_name, h, module_load, p};
+use crate::exports::{CUdevice, CUdeviceptr, CUhandle, c_name, h, load_image, module_load, p};
 use crate::ffi::{CUresult, ffi};
 use crate::out;
 
-/// `CU_MODULE_EAGER_LOADING`: vgpu loads a module's code when the module is
-/// loaded (`CUDA_MODULE_LOADING=LAZY` changes nothing).
-pub const MODULE_EAGER_LOADING: c_int = 0x1;
+/// `CU_MODULE_LAZY_LOADING`, CUDA's default since 12.2: the runtime takes a
+/// library's kernels when they are first used, so a library whose images
+/// the device cannot run (cuBLAS ships cubins for architectures a device may
+/// not be) fails only if it is used. vgpu sends a usable image to the host at
+/// load; an unusable one fails at first use.
+pub const MODULE_LAZY_LOADING: c_int = 0x2;
 
 /// The largest module file `cuModuleLoad`/`cuLibraryLoadFromFile` read: what
 /// one request can carry.
@@ -32,6 +35,40 @@ fn check_device(dev: CUdevice) -> drv::CuRes<()> {
         Ok(())
     } else {
         Err(cuda::CUDA_ERROR_INVALID_DEVICE)
+    }
+}
+
+/// A library's module: `CUDA_ERROR_NO_BINARY_FOR_GPU` for a library whose
+/// images the device cannot run (it loaded, as CUDA's lazy loading lets it;
+/// its first use fails and says why).
+fn library(lib: CUhandle) -> drv::CuRes<u64> {
+    if let Some(why) = drv::unusable_reason(h(lib))? {
+        crate::warn!("cannot use a library: {why}");
+        return Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU);
+    }
+    Ok(h(lib))
+}
+
+/// Loads a library in the current (or the primary) context; a library with
+/// no image the device runs loads as a handle whose first use fails.
+fn load_library(image: *const c_void) -> drv::CuRes<u64> {
+    let mut unusable = None;
+    let r = drv::library_load(|| match load_image(image) {
+        Ok(m) => Ok(m),
+        Err((code, why)) => {
+            if code == cuda::CUDA_ERROR_NO_BINARY_FOR_GPU {
+                unusable = Some(why);
+            }
+            Err(code)
+        }
+    });
+    match (r, unusable) {
+        (Ok(m), _) => Ok(m),
+        (Err(_), Some(why)) => {
+            crate::debug!("library loaded, unusable on this device: {why}");
+            drv::unusable_library(why)
+        }
+        (Err(e), None) => Err(e),
     }
 }
 
@@ -65,13 +102,6 @@ fn read_module_file(name: *const c_char) -> drv::CuRes<Vec<u8>> {
         .map_err(|_| cuda::CUDA_ERROR_FILE_NOT_FOUND)?;
     bytes.push(0);
     Ok(bytes)
-}
-
-/// Loads a module image in the current context and returns its handle.
-fn load(image: *const c_void) -> drv::CuRes<u64> {
-    let mut m: CUhandle = std::ptr::null_mut();
-    module_load(&mut m, image, None)?;
-    Ok(h(m))
 }
 
 /// Looks every kernel of a module up, at most `max`.
@@ -116,9 +146,7 @@ fn param_info(f: u64, index: usize, offset: *mut usize, size: *mut usize) -> drv
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
-    ffi("cuModuleGetLoadingMode", || {
-        out!(mode, MODULE_EAGER_LOADING)
-    })
+    ffi("cuModuleGetLoadingMode", || out!(mode, MODULE_LAZY_LOADING))
 }
 
 #[unsafe(no_mangle)]
@@ -199,7 +227,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     // one). The options (JIT options, CU_LIBRARY_BINARY_IS_PRESERVED) need no
     // action: the image is copied to the host at once.
     ffi("cuLibraryLoadData", || {
-        let h = drv::library_load(|| load(code))?;
+        let h = load_library(code)?;
         out!(lib, p(h))
     })
 }
@@ -218,7 +246,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 ) -> CUresult {
     ffi("cuLibraryLoadFromFile", || {
         let bytes = read_module_file(fname)?;
-        let h = drv::library_load(|| load(bytes.as_ptr().cast()))?;
+        let h = load_library(bytes.as_ptr().cast())?;
         out!(lib, p(h))
     })
 }
@@ -226,6 +254,9 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
     ffi("cuLibraryUnload", || {
+        if drv::drop_unusable(h(lib))? {
+            return Ok(());
+        }
         drv::in_library_context(|| drv::module_unload(h(lib)))?;
         drv::library_unloaded(h(lib))
     })
@@ -233,7 +264,10 @@ pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetModule(m: *mut CUhandle, lib: CUhandle) -> CUresult {
-    ffi("cuLibraryGetModule", || out!(m, p(module(lib)?)))
+    ffi("cuLibraryGetModule", || {
+        library(lib)?;
+        out!(m, p(module(lib)?))
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -245,7 +279,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     ffi("cuLibraryGetKernel", || {
         // SAFETY: `name` is the caller's C string (CUDA contract).
         let name = unsafe { c_name(name) }?;
-        let kernel = drv::in_library_context(|| drv::module_get_function(h(lib), name))?;
+        let lib = library(lib)?;
+        let kernel = drv::in_library_context(|| drv::module_get_function(lib, name))?;
         out!(k, p(kernel))
     })
 }
@@ -253,6 +288,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, lib: CUhandle) -> CUresult {
     ffi("cuLibraryGetKernelCount", || {
+        library(lib)?;
         let lib = module(lib)?;
         let n = drv::in_library_context(|| drv::module_function_names(lib))?.len();
         out!(count, c_uint::try_from(n).unwrap_or(c_uint::MAX))
@@ -266,6 +302,7 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
     lib: CUhandle,
 ) -> CUresult {
     ffi("cuLibraryEnumerateKernels", || {
+        library(lib)?;
         let lib = module(lib)?;
         let handles = drv::in_library_context(|| enumerate(lib, n as usize))?;
         write_handles(kernels, n, &handles)
@@ -282,7 +319,8 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     ffi("cuLibraryGetGlobal", || {
         // SAFETY: `name` is the caller's C string (CUDA contract).
         let name = unsafe { c_name(name) }?;
-        let (a, s) = drv::in_library_context(|| drv::module_get_global(h(lib), name))?;
+        let lib = library(lib)?;
+        let (a, s) = drv::in_library_context(|| drv::module_get_global(lib, name))?;
         if !dptr.is_null() {
             out!(dptr, a)?;
         }

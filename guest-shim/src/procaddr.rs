@@ -8,6 +8,7 @@
 
 use std::ffi::c_void;
 
+use crate::compat::*;
 use crate::copies::*;
 use crate::exports::*;
 use crate::library::*;
@@ -190,6 +191,14 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuCtxEnablePeerAccess", (4000, f!(cuCtxEnablePeerAccess))),
             e!("cuCtxDisablePeerAccess", (4000, f!(cuCtxDisablePeerAccess))),
+            e!("cuStreamGetCtx", (9020, f!(cuStreamGetCtx))),
+            e!(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                (
+                    7000,
+                    f!(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+                )
+            ),
             e!("cuPointerGetAttribute", (4000, f!(cuPointerGetAttribute))),
             e!("cuPointerGetAttributes", (7000, f!(cuPointerGetAttributes))),
             e!("cuStreamIsCapturing", (10000, f!(cuStreamIsCapturing))),

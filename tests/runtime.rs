@@ -149,3 +149,54 @@ fn a_program_linked_against_cuda_12_runtime_runs() {
 fn a_program_linked_against_cuda_13_runtime_runs() {
     run_runtime_api_program(13);
 }
+
+/// The directory of a PyPI NVIDIA package (`nvidia.<module>`).
+fn pypi_package(module: &str) -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            &format!("import nvidia.{module} as m; print(list(m.__path__)[0])"),
+        ])
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "PyPI's nvidia.{module} is not installed: run scripts/prereqs.sh"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+#[test]
+fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
+    let rt = pypi_cudart(12);
+    let blas = pypi_package("cublas");
+    let prog = artifacts().profile_dir.join("c-cublas");
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(workspace_root().join("tests/c/cublas.c"))
+        .arg(format!("-I{}", rt.join("include").display()))
+        .arg(format!("-I{}", blas.join("include").display()))
+        .arg(format!("-L{}", rt.join("lib").display()))
+        .arg(format!("-L{}", blas.join("lib").display()))
+        .args(["-l:libcudart.so.12", "-l:libcublas.so.12"])
+        .arg(format!(
+            "-Wl,-rpath,{}:{}",
+            rt.join("lib").display(),
+            blas.join("lib").display()
+        ))
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "building tests/c/cublas.c failed");
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
+    let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
+    assert_passed(&r, "cublas", 7);
+    // The failed launch named the kernel and why.
+    assert!(
+        d.log().contains("cubin (SASS)") || r.stderr.contains("cubin (SASS)"),
+        "{}\n{}",
+        r.stderr,
+        d.log()
+    );
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}

@@ -211,7 +211,7 @@ static const char CALLEE[] =
 static void modules(void) {
     int mode = 0;
     check("cuModuleGetLoadingMode", cuModuleGetLoadingMode(&mode), 0);
-    expect("modules load eagerly", mode == 1);
+    expect("lazy loading, CUDA's default", mode == 2);
 
     CUmodule m;
     check("cuModuleLoadData", cuModuleLoadData(&m, MODULE), 0);

@@ -16,7 +16,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use vgpu_tests::harness::{Run, TestVm, Vgpud, artifacts, run_with_shim, workspace_root};
+use vgpu_tests::harness::{
+    Run, TestVm, Vgpud, artifacts, cuda_guest, run_with_shim, workspace_root,
+};
+use vgpu_tests::qemu::{self, Guest};
 
 const MIB: u64 = 1 << 20;
 
@@ -199,4 +202,40 @@ fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
         d.log()
     );
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+/// The same nvcc-built programs, unmodified, in a real Linux guest under QEMU
+/// that installed the guest shim: nvcc 11.8's static runtime and CUDA 12.9's
+/// `libcudart.so.12` (its libraries come with the program in the payload),
+/// over vgpud's vhost-user vsock device.
+#[test]
+fn runtime_programs_run_unmodified_in_a_qemu_guest() {
+    if let Some(reason) = qemu::skip_reason() {
+        println!("SKIPPED: cannot boot QEMU guests here: {reason}");
+        return;
+    }
+    const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+    let dir = nvcc_programs();
+    let programs = ["kernels.static", "kernels.cudart12"].map(|p| dir.join(p));
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB).vsock(3)]);
+    let body = "for p in kernels.static kernels.cudart12; do\n\
+                  echo \"== $p\"\n\
+                  $p\n\
+                  echo \"$p status $?\"\n\
+                done\n";
+    let mut spec = cuda_guest(&d, "vm1", "vm-runtime", &programs, &[], body);
+    spec.timeout = GUEST_TIMEOUT;
+    let mut guest = d.guest_ok(Guest::boot(&spec), "boot");
+    let outcome = d.guest_ok(guest.wait_exit(GUEST_TIMEOUT), "guest run");
+    let out = outcome.output_text();
+    for p in ["kernels.static", "kernels.cudart12"] {
+        assert!(
+            out.contains(&format!("{p} status 0")),
+            "{p} failed in the guest:\n{out}\nvgpud log:\n{}",
+            d.log()
+        );
+    }
+    assert!(!out.contains("FAIL "), "{out}");
+    assert!(out.matches("# kernels: ").count() == 2, "{out}");
+    d.wait_memory_used("vm1", 0, Duration::from_secs(10));
 }

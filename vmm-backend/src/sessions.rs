@@ -27,7 +27,7 @@ use vgpu_broker::tenant::Tenant;
 use vgpu_proto::frame::{FrameError, HEADER_LEN, Header};
 use vgpu_proto::msg;
 
-use crate::audit::{AuditLog, Durability};
+use crate::audit::{AuditLog, guest_text};
 
 /// How often [`SessionHub::wait_ended`] looks.
 const POLL: Duration = Duration::from_millis(10);
@@ -148,10 +148,11 @@ impl SessionHub {
             let (pid, process) =
                 info.map_or((0, String::new()), |s| (s.pid, s.process_name.clone()));
             self.audit(
+                &vm,
                 "session.open",
                 json!({
                     "vm": vm, "session": reply.session_id, "pid": pid,
-                    "process": process, "transport": transport,
+                    "process": guest_text(&process), "transport": transport,
                 }),
             );
             *opened.borrow_mut() = Some((pid, process, Instant::now()));
@@ -164,7 +165,8 @@ impl SessionHub {
         let closed = |reason: &str| {
             let (pid, process, since) = opened.borrow().clone().unzip3();
             json!({
-                "vm": vm, "session": id, "pid": pid, "process": process,
+                "vm": vm, "session": id, "pid": pid,
+                "process": process.as_deref().map(guest_text),
                 "transport": transport, "reason": reason,
                 "duration_s": since.map(|s| s.elapsed().as_secs_f64()),
             })
@@ -176,33 +178,36 @@ impl SessionHub {
             (Ok(s), ended) => {
                 let mut v = closed(ended.map_or("client disconnected", EndReason::as_str));
                 v["requests"] = s.requests.into();
-                self.audit("session.close", v);
+                self.audit(&vm, "session.close", v);
             }
             (Err(ServeError::Refused(m)), _) => {
                 self.audit(
+                    &vm,
                     "session.refused",
-                    json!({ "vm": vm, "transport": transport, "error": m }),
+                    json!({ "vm": vm, "transport": transport, "error": guest_text(m) }),
                 );
             }
             (Err(ServeError::Frame(FrameError::Truncated | FrameError::Io(_))), ended)
                 if id != 0 =>
             {
                 self.audit(
+                    &vm,
                     "session.close",
                     closed(ended.map_or("connection lost mid-request", EndReason::as_str)),
                 );
             }
             (Err(e), _) => {
                 let mut v = closed("error");
-                v["error"] = error_chain(e).into();
-                self.audit("session.error", v);
+                v["error"] = guest_text(&error_chain(e)).into();
+                self.audit(&vm, "session.error", v);
             }
         }
     }
 
-    fn audit(&self, event: &str, fields: Value) {
+    /// Records a session event of `vm`, within the VM's audit rate budget.
+    fn audit(&self, vm: &str, event: &str, fields: Value) {
         if let Some(a) = &self.audit {
-            a.record(event, fields, Durability::Written);
+            a.record_vm(vm, event, fields);
         }
     }
 

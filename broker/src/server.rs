@@ -99,6 +99,21 @@ pub fn serve<R: Read, W: Write>(
     writer: W,
     transport: &str,
 ) -> Result<SessionSummary, ServeError> {
+    serve_watched(broker, tenant, reader, writer, transport, None)
+}
+
+/// [`serve`], with a probe of the client's connection that the session
+/// checks while it waits for its work: a client that disconnects during a
+/// synchronizing call has its work abandoned at once (see
+/// [`crate::engine::Engine::watch_hangup`]).
+pub fn serve_watched<R: Read, W: Write>(
+    broker: &Broker,
+    tenant: Arc<Tenant>,
+    reader: R,
+    writer: W,
+    transport: &str,
+    hangup: Option<crate::engine::HangupProbe>,
+) -> Result<SessionSummary, ServeError> {
     let mut r = BufReader::with_capacity(IO_BUFFER, reader);
     let mut w = Replier {
         w: BufWriter::with_capacity(IO_BUFFER, writer),
@@ -135,6 +150,9 @@ pub fn serve<R: Read, W: Write>(
                 return Err(ServeError::Refused(e.message));
             }
         };
+    if let Some(probe) = hangup {
+        session.watch_hangup(probe);
+    }
     let info = Arc::clone(session.info());
     let mut out = Vec::new();
     hello_reply.encode(&mut out);

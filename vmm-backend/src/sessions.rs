@@ -14,6 +14,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -158,8 +159,18 @@ impl SessionHub {
             *opened.borrow_mut() = Some((pid, process, Instant::now()));
         };
         let writer = FirstFrameTap::new(stream, on_first_frame);
-        let result =
-            vgpu_broker::server::serve(broker, Arc::clone(&tenant), stream, writer, transport);
+        let fd = stream.as_raw_fd();
+        // `fd` is `stream`'s, which outlives the session: serve_watched
+        // returns before `stream` is dropped, and the probe with it.
+        let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
+        let result = vgpu_broker::server::serve_watched(
+            broker,
+            Arc::clone(&tenant),
+            stream,
+            writer,
+            transport,
+            Some(hangup),
+        );
         let ended = self.lock().remove(&conn).and_then(|c| c.ended);
         let id = session.get();
         let closed = |reason: &str| {
@@ -260,6 +271,19 @@ impl SessionHub {
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// Whether the peer of a connected unix socket has gone: it closed or shut
+/// down its end (`POLLRDHUP`, `POLLHUP`) or the socket failed (`POLLERR`).
+fn peer_gone(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout (never blocks).
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 trait Unzip3<A, B, C> {

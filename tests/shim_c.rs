@@ -122,6 +122,39 @@ fn a_client_killed_while_waiting_for_long_kernels_frees_its_slice_at_once() {
     assert!(d.is_running(), "vgpud died");
 }
 
+/// SIGTERM stops vgpud promptly even while a client waits for kernels that
+/// would run for minutes: the sessions end, their kernels are cancelled, and
+/// the daemon logs its orderly stop.
+#[test]
+fn vgpud_stops_within_seconds_of_sigterm_with_kernels_running() {
+    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("driver_api");
+    let mut child = Command::new(prog)
+        .args(["wait", &MIB.to_string()])
+        .env("VGPU_TRANSPORT", d.transport("vm1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    assert!(lines.any(|l| l.unwrap() == "waiting"));
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) of the daemon this test started.
+    assert_eq!(unsafe { libc::kill(d.pid() as i32, libc::SIGTERM) }, 0);
+    let t = std::time::Instant::now();
+    while d.is_running() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "vgpud still runs 5 s after SIGTERM:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("vgpud stopped {:?} after SIGTERM", t.elapsed());
+    assert!(d.log().contains("vgpud stopped"), "{}", d.log());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn killing_a_client_mid_call_releases_its_memory_and_others_carry_on() {
     let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);

@@ -24,6 +24,7 @@ mod ir;
 mod lexer;
 pub mod mem;
 mod parser;
+pub mod printf;
 pub mod testutils;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -13,6 +13,20 @@
 //! formatting, as does an unknown conversion (`%n` prints nothing). Output is bounded:
 //! nothing is produced past `limit` bytes, however large a width or precision asks for.
 
+/// Where a launch's device-side `printf` text and failed-`assert` messages go. The executor
+/// owns the bound (CUDA's printf FIFO size): [`DeviceOutput::room`] is how many more bytes it
+/// takes, and a record that does not fit is dropped whole, as CUDA drops output past its FIFO.
+pub trait DeviceOutput: Send + Sync + std::fmt::Debug {
+    /// Bytes of `printf` text still accepted.
+    fn room(&self) -> usize;
+    /// One `printf` call's text (lanes of a warp call it one by one).
+    fn printf(&self, text: &[u8]);
+    /// The message of a failed `assert`, as CUDA prints it to stderr.
+    fn assert_failed(&self, message: &[u8]);
+}
+
+/// Longest format string read from device memory.
+pub const MAX_FORMAT: usize = 64 << 10;
 /// Most arguments one device `printf` takes (CUDA's limit).
 pub const MAX_ARGS: usize = 32;
 /// Longest string a `%s` argument reads from device memory.

@@ -15,6 +15,7 @@ use vgpu_proto::msg::{self, Message, Request};
 use crate::device::{
     DeviceContext, DeviceInfo, DeviceModule, KernelDesc, LaunchDims, LaunchProgress, RunControl,
 };
+use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Job, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
@@ -181,6 +182,7 @@ pub struct Session {
     functions: HandleTable<FunctionState>,
     allocs: Allocations,
     engine: Engine,
+    output: SessionOutput,
 }
 
 impl std::fmt::Debug for Session {
@@ -198,6 +200,25 @@ fn round_up(v: u64, to: u64) -> Option<u64> {
         return Some(v);
     }
     v.checked_add(to - 1).map(|x| x / to * to)
+}
+
+/// Whether `req` sent synchronously is a call at which CUDA prints device `printf` output: a
+/// context, stream or event synchronization, a blocking copy or memset, a module unload, a
+/// context's destruction or reset.
+fn synchronizes(req: &Request) -> bool {
+    use Request as R;
+    req.flags() & msg::ASYNC_OK != 0
+        || matches!(
+            req,
+            R::CtxSynchronize(_)
+                | R::StreamSynchronize(_)
+                | R::EventSynchronize(_)
+                | R::MemcpyDtoH(_)
+                | R::ModuleUnload(_)
+                | R::CtxDestroy(_)
+                | R::PrimaryCtxRelease(_)
+                | R::PrimaryCtxReset(_)
+        )
 }
 
 /// Encodes a reply struct into `out`.
@@ -225,6 +246,7 @@ impl Session {
             modules: HandleTable::new(HandleKind::Module),
             functions: HandleTable::new(HandleKind::Function),
             allocs: Allocations::default(),
+            output: SessionOutput::default(),
         })
     }
 
@@ -241,6 +263,12 @@ impl Session {
     /// The tenant.
     pub fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
+    }
+
+    /// Whether device output released by a synchronizing call waits for the client: its
+    /// replies then carry `FLAG_OUTPUT` (see [`crate::devio`]).
+    pub fn output_ready(&self) -> bool {
+        self.output.ready()
     }
 
     /// Bytes of the slice this session holds.
@@ -332,6 +360,10 @@ impl Session {
                 // No reply was wanted: the error surfaces at the next synchronizing call.
                 self.engine.defer_error(ctx, e.clone());
             }
+        }
+        if sync && synchronizes(req) {
+            // CUDA prints device printf output at synchronizing calls.
+            self.output.release();
         }
         if let Err(e) = &r
             && e.code != cuda::CUDA_ERROR_NOT_READY
@@ -429,6 +461,32 @@ impl Session {
         match req {
             R::Hello(_) => Err(CuError::invalid_value("the session is already open")),
             R::Goodbye(_) | R::Ping(_) => reply(out, msg::Empty {}),
+            R::SetFeatures(m) => {
+                let features = m.features & msg::FEATURES;
+                if features & msg::FEATURE_DEVICE_OUTPUT != 0 {
+                    self.output.enable();
+                }
+                reply(out, msg::FeatureSet { features })
+            }
+            R::TakeOutput(m) => {
+                let (stdout, stderr, more) = self.output.take(m.max_bytes as usize);
+                reply(
+                    out,
+                    msg::DeviceOutput {
+                        stdout,
+                        stderr,
+                        more: u32::from(more),
+                    },
+                )
+            }
+            R::CtxSetLimit(m) => {
+                self.ctx(m.ctx)?;
+                if !devio::is_host_limit(m.limit) {
+                    return Err(devio::unsupported_limit(m.limit));
+                }
+                self.output.set_fifo_size(m.value)?;
+                reply(out, msg::Empty {})
+            }
             R::DeviceGetCount(_) => reply(out, msg::Count { count: 1 }),
             R::DeviceGetProperties(m) => {
                 self.check_device(m.device)?;
@@ -1121,7 +1179,8 @@ impl Session {
             tenant: Arc::clone(&self.tenant),
             ticket: self.tenant.queue_kernel(),
         };
-        Ok(self.engine.submit(ctx, Job::Other(Box::new(work))))
+        let work = self.output.wrap(Box::new(work));
+        Ok(self.engine.submit(ctx, Job::Other(work)))
     }
 
     fn tenant_json(&self) -> String {

@@ -291,7 +291,8 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
         drv::ctx_get_device()?;
         let v = match limit {
             LIMIT_STACK_SIZE => 1024,
-            LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
+            LIMIT_PRINTF_FIFO_SIZE => crate::devout::printf_fifo_size(),
+            LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
             _ => return Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
         };
         out!(value, v)
@@ -299,11 +300,16 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetLimit(limit: c_int, _value: usize) -> CUresult {
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
     ffi("cuCtxSetLimit", || {
         drv::ctx_get_device()?;
         match limit {
-            LIMIT_STACK_SIZE | LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => Ok(()),
+            LIMIT_PRINTF_FIFO_SIZE => {
+                drv::ctx_set_limit(limit as u32, value as u64)?;
+                crate::devout::set_printf_fifo_size(value);
+                Ok(())
+            }
+            LIMIT_STACK_SIZE | LIMIT_MALLOC_HEAP_SIZE => Ok(()),
             _ => Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
         }
     })

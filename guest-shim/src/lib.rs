@@ -13,6 +13,7 @@
 pub mod client;
 pub mod ctx_storage;
 pub mod devlink;
+pub mod devout;
 pub mod driver;
 pub mod export_tables;
 pub mod exports;

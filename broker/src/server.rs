@@ -308,7 +308,7 @@ fn session_loop<R: Read, W: Write>(
         // Errors of asynchronous requests were kept by the session for the
         // next synchronizing call of their context.
         // Device output released by a synchronizing call: the client fetches it.
-        let flags = if session.output_ready() {
+        let flags = if !is_async && session.output_ready() {
             FLAG_REPLY | FLAG_OUTPUT
         } else {
             FLAG_REPLY
@@ -785,6 +785,53 @@ mod tests {
         assert_eq!((h.call_id, h.status), (78, CUDA_ERROR_INVALID_VALUE));
         assert!(String::from_utf8_lossy(&p).contains("truncated"));
         alloc(&mut c, ctx, 16).unwrap();
+    }
+
+    #[test]
+    fn device_output_is_a_feature_the_client_enables() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let (f, _) = c.call(&SetFeatures { features: u64::MAX }, &[]).unwrap();
+        assert_eq!(f.features, FEATURES, "only the features the server knows");
+        c.call(&CtxSynchronize { ctx }, &[]).unwrap();
+        assert_eq!(c.last_flags, FLAG_REPLY, "no output waits");
+        let (o, _) = c.call(&TakeOutput { max_bytes: 1 << 30 }, &[]).unwrap();
+        assert!(o.stdout.is_empty() && o.stderr.is_empty() && o.more == 0);
+        c.call(
+            &CtxSetLimit {
+                ctx,
+                limit: 1,
+                value: 4096,
+            },
+            &[],
+        )
+        .unwrap();
+        let e = c
+            .call(
+                &CtxSetLimit {
+                    ctx,
+                    limit: 1,
+                    value: 1 << 40,
+                },
+                &[],
+            )
+            .unwrap_err();
+        assert_eq!(e.0, CUDA_ERROR_OUT_OF_MEMORY);
+        let e = c
+            .call(
+                &CtxSetLimit {
+                    ctx,
+                    limit: 0,
+                    value: 1,
+                },
+                &[],
+            )
+            .unwrap_err();
+        assert_eq!(e.0, CUDA_ERROR_UNSUPPORTED_LIMIT);
+        // The OUTPUT flag is the server's to send: in a request it breaks the protocol.
+        frame::write_frame(&mut c.stream, Ping::OPCODE, FLAG_OUTPUT, 90, 0, &[]).unwrap();
+        let mut p = Vec::new();
+        assert!(frame::read_frame(&mut c.stream, &mut p).is_err());
     }
 
     #[test]

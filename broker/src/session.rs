@@ -469,7 +469,9 @@ impl Session {
                 reply(out, msg::FeatureSet { features })
             }
             R::TakeOutput(m) => {
-                let (stdout, stderr, more) = self.output.take(m.max_bytes as usize);
+                // A reply never exceeds what one frame carries.
+                let max = (m.max_bytes as usize).min(MAX_BULK_CHUNK);
+                let (stdout, stderr, more) = self.output.take(max);
                 reply(
                     out,
                     msg::DeviceOutput {

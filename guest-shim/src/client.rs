@@ -759,6 +759,66 @@ mod tests {
         t.join().unwrap();
     }
 
+    static SEEN: std::sync::Mutex<Vec<(bool, Vec<u8>)>> = std::sync::Mutex::new(Vec::new());
+
+    fn collect(text: &[u8], err: bool) {
+        if !text.is_empty() {
+            SEEN.lock().unwrap().push((err, text.to_vec()));
+        }
+    }
+
+    #[test]
+    fn a_reply_flagged_output_makes_the_client_fetch_and_write_it() {
+        use vgpu_proto::msg::{Message, Op};
+        let (mut c, mut server) = pair();
+        c.set_output_sink(collect);
+        let t = std::thread::spawn(move || {
+            let mut p = Vec::new();
+            let h = frame::read_frame(&mut server, &mut p).unwrap();
+            assert_eq!(h.opcode, msg::CtxSynchronize::OPCODE);
+            let flags = frame::FLAG_REPLY | frame::FLAG_OUTPUT;
+            frame::write_frame(&mut server, h.opcode, flags, h.call_id, 710, &[b"assert"]).unwrap();
+            for (stdout, stderr, more) in [
+                (
+                    &b"hello\n"[..],
+                    &b"a.cu:1: k: Assertion `x` failed.\n"[..],
+                    1,
+                ),
+                (b"more\n", b"", 0),
+            ] {
+                let h = frame::read_frame(&mut server, &mut p).unwrap();
+                assert_eq!(h.opcode, msg::TakeOutput::OPCODE);
+                let mut out = Vec::new();
+                msg::DeviceOutput {
+                    stdout: stdout.to_vec(),
+                    stderr: stderr.to_vec(),
+                    more,
+                }
+                .encode(&mut out);
+                frame::write_frame(
+                    &mut server,
+                    h.opcode,
+                    frame::FLAG_REPLY,
+                    h.call_id,
+                    0,
+                    &[&out],
+                )
+                .unwrap();
+            }
+        });
+        let e = c.call(&msg::CtxSynchronize { ctx: 1 }, &[]).unwrap_err();
+        assert_eq!(e, CallError::new(710, "assert"));
+        t.join().unwrap();
+        assert_eq!(
+            *SEEN.lock().unwrap(),
+            vec![
+                (true, b"a.cu:1: k: Assertion `x` failed.\n".to_vec()),
+                (false, b"hello\n".to_vec()),
+                (false, b"more\n".to_vec()),
+            ]
+        );
+    }
+
     #[test]
     fn a_lost_connection_breaks_the_client_for_good() {
         let (mut c, server) = pair();

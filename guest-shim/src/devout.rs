@@ -34,15 +34,19 @@ pub fn write(text: &[u8], err: bool) {
     if text.is_empty() {
         return;
     }
-    // SAFETY: reading the libc stream pointers (copied, no reference taken); libc initialises
-    // them before any constructor of this library runs.
-    let f = unsafe { if err { stderr } else { stdout } };
+    let f = if err {
+        // SAFETY: reads libc's stream pointer (a copy, no reference taken); libc initialises it
+        // before any constructor of this library runs.
+        unsafe { stderr }
+    } else {
+        // SAFETY: as above, for stdout.
+        unsafe { stdout }
+    };
     if f.is_null() {
         return;
     }
     // SAFETY: `f` is a live stdio stream; the pointer and length describe `text`.
-    unsafe {
-        libc::fwrite(text.as_ptr().cast::<c_void>(), 1, text.len(), f);
-        libc::fflush(f);
-    }
+    unsafe { libc::fwrite(text.as_ptr().cast::<c_void>(), 1, text.len(), f) };
+    // SAFETY: `f` is a live stdio stream.
+    unsafe { libc::fflush(f) };
 }

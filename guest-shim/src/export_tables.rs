@@ -411,8 +411,8 @@ mod tests {
         assert_eq!(unsafe { cls_get(&mut v, ctx, key) }, 0);
         assert_eq!(v as usize, 0x1234);
         assert_eq!(cls_delete(ctx, key), 0);
-        // SAFETY: as above.
         assert_eq!(
+            // SAFETY: as above.
             unsafe { cls_get(&mut v, ctx, key) },
             cuda::CUDA_ERROR_INVALID_HANDLE
         );

@@ -688,6 +688,7 @@ pub type CUstreamCallback = Option<unsafe extern "C" fn(CUhandle, CUresult, *mut
 /// thread after waiting for the stream (CUDA runs it on a driver thread;
 /// the order is the same, but the call blocks until the stream drains).
 #[unsafe(no_mangle)]
+#[allow(clippy::not_unsafe_ptr_arg_deref)] // `data` only goes back to the caller's function
 pub extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void) -> CUresult {
     ffi("cuLaunchHostFunc", || {
         let f = f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
@@ -701,6 +702,7 @@ pub extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_v
 /// `cuStreamAddCallback`: like [`cuLaunchHostFunc`]; the callback also gets
 /// the stream and its status.
 #[unsafe(no_mangle)]
+#[allow(clippy::not_unsafe_ptr_arg_deref)] // `stream` and `data` only go back to the callback
 pub extern "C" fn cuStreamAddCallback(
     stream: CUhandle,
     callback: CUstreamCallback,
@@ -891,7 +893,9 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
                 break;
             }
             // SAFETY: the prelinked array is NULL-terminated (CUDA contract); `i` stops there.
-            let f = unsafe { list.add(i).read() };
+            let at = unsafe { list.add(i) };
+            // SAFETY: as above: `at` is an element of the array.
+            let f = unsafe { at.read() };
             if f.is_null() {
                 break;
             }

@@ -44,7 +44,7 @@ fn printf_formats_its_arguments() {
             &Config::linear(1, 32),
             &[
                 Arg::U64(s),
-                Arg::F32(3.14159),
+                Arg::F32(9.87654),
                 Arg::F64(6.02e23),
                 Arg::I64(-1_234_567_890_123),
             ],
@@ -54,7 +54,7 @@ fn printf_formats_its_arguments() {
         .unwrap();
         assert_eq!(
             out.stdout(),
-            "d=-7 u=42 x=0xbeef lld=-1234567890123 f=3.142 e=6.02e+23 g=6.02e+23 s=str c=Z p=%\n\
+            "d=-7 u=42 x=0xbeef lld=-1234567890123 f=9.877 e=6.02e+23 g=6.02e+23 s=str c=Z p=%\n\
              returned 9\n",
             "{arch}"
         );

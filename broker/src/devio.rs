@@ -19,6 +19,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vgpu_proto::cuda;
+use vgpu_proto::msg::{self, Request};
 
 use crate::device::{DeviceContext, RunControl};
 use crate::engine::Work;
@@ -248,7 +249,26 @@ impl Work for WithOutput {
     }
 }
 
-/// Whether `code` is a `CUlimit` vgpud enforces.
+/// Whether `req` sent synchronously is a call at which CUDA prints device `printf` output: a
+/// context, stream or event synchronization, a blocking copy or memset, a module unload, a
+/// context's destruction or reset.
+pub fn synchronizes(req: &Request) -> bool {
+    use Request as R;
+    req.flags() & msg::ASYNC_OK != 0
+        || matches!(
+            req,
+            R::CtxSynchronize(_)
+                | R::StreamSynchronize(_)
+                | R::EventSynchronize(_)
+                | R::MemcpyDtoH(_)
+                | R::ModuleUnload(_)
+                | R::CtxDestroy(_)
+                | R::PrimaryCtxRelease(_)
+                | R::PrimaryCtxReset(_)
+        )
+}
+
+/// Whether `limit` is a `CUlimit` vgpud enforces.
 pub fn is_host_limit(limit: u32) -> bool {
     limit == LIMIT_PRINTF_FIFO_SIZE
 }

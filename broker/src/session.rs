@@ -202,25 +202,6 @@ fn round_up(v: u64, to: u64) -> Option<u64> {
     v.checked_add(to - 1).map(|x| x / to * to)
 }
 
-/// Whether `req` sent synchronously is a call at which CUDA prints device `printf` output: a
-/// context, stream or event synchronization, a blocking copy or memset, a module unload, a
-/// context's destruction or reset.
-fn synchronizes(req: &Request) -> bool {
-    use Request as R;
-    req.flags() & msg::ASYNC_OK != 0
-        || matches!(
-            req,
-            R::CtxSynchronize(_)
-                | R::StreamSynchronize(_)
-                | R::EventSynchronize(_)
-                | R::MemcpyDtoH(_)
-                | R::ModuleUnload(_)
-                | R::CtxDestroy(_)
-                | R::PrimaryCtxRelease(_)
-                | R::PrimaryCtxReset(_)
-        )
-}
-
 /// Encodes a reply struct into `out`.
 fn reply<M: Message>(out: &mut Vec<u8>, m: M) -> Result<(), CuError> {
     m.encode(out);
@@ -361,7 +342,7 @@ impl Session {
                 self.engine.defer_error(ctx, e.clone());
             }
         }
-        if sync && synchronizes(req) {
+        if sync && devio::synchronizes(req) {
             // CUDA prints device printf output at synchronizing calls.
             self.output.release();
         }

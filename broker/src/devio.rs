@@ -153,8 +153,12 @@ impl SessionOutput {
         self.size
     }
 
-    /// Wraps a kernel launch so that its output lands in this FIFO when it ends.
+    /// Wraps a kernel launch so that its output lands in this FIFO when it ends. A client that
+    /// does not fetch output gets none collected (its kernels' `printf` prints nothing).
     pub fn wrap(&self, work: Box<dyn Work>) -> Box<dyn Work> {
+        if !self.enabled {
+            return work;
+        }
         Box::new(WithOutput {
             work,
             size: self.size,
@@ -328,11 +332,33 @@ mod tests {
     }
 
     #[test]
+    fn nothing_is_collected_for_a_client_that_does_not_fetch_output() {
+        let s = SessionOutput::default();
+        let dev = crate::testutils::MemDevice::new(1 << 20, std::time::Duration::ZERO);
+        let ctx = crate::device::Device::open(&dev, "t").unwrap();
+        let control: Arc<RunControl> = Arc::default();
+        struct NoOutput(Arc<RunControl>);
+        impl Work for NoOutput {
+            fn run(self: Box<Self>, _dev: &dyn DeviceContext) -> Result<(), CuError> {
+                assert!(self.0.output().is_none());
+                Ok(())
+            }
+            fn control(&self) -> Option<Arc<RunControl>> {
+                Some(Arc::clone(&self.0))
+            }
+        }
+        s.wrap(Box::new(NoOutput(control)))
+            .run(ctx.as_ref())
+            .unwrap();
+        s.release();
+        assert!(!s.ready());
+    }
+
+    #[test]
     fn output_is_released_at_synchronization_and_taken_in_pieces() {
         let mut s = SessionOutput::default();
-        run(&s, b"first\n");
-        assert!(!s.ready(), "not enabled: the client does not fetch output");
         s.enable();
+        run(&s, b"first\n");
         assert!(!s.ready(), "nothing released before a synchronizing call");
         s.release();
         run(&s, b"second\n");
@@ -352,6 +378,7 @@ mod tests {
     #[test]
     fn the_fifo_is_bounded_by_its_size() {
         let mut s = SessionOutput::default();
+        s.enable();
         s.set_fifo_size(10).unwrap();
         run(&s, b"0123456789");
         run(&s, b"x");

@@ -155,6 +155,42 @@ fn vgpud_stops_within_seconds_of_sigterm_with_kernels_running() {
     let _ = child.wait();
 }
 
+/// The vgpud resident set in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The register bomb from issue 17: a kernel declaring a million 64-bit
+/// registers, launched with 1024-thread blocks, used to grow vgpud by about
+/// 0.5 GB/s. Now the launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+/// (701, not sticky), vgpud's memory stays put, and another VM runs normally.
+#[test]
+fn a_register_bomb_is_refused_and_vgpud_does_not_grow() {
+    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let prog = build_c_program("driver_api");
+    let before = rss_kib(d.pid());
+    let r = run_against(&d, "vm1", &prog, &["bomb"]);
+    assert!(
+        r.failures().is_empty() && r.code == 0,
+        "{}\n{}",
+        r.stdout,
+        d.log()
+    );
+    let after = rss_kib(d.pid());
+    assert!(
+        after < before + 200 * 1024,
+        "vgpud grew from {before} KiB to {after} KiB"
+    );
+    let r = run_against(&d, "vm2", &prog, &["basic"]);
+    assert!(r.failures().is_empty(), "{}", r.stdout);
+    assert!(d.is_running(), "vgpud died");
+}
+
 #[test]
 fn killing_a_client_mid_call_releases_its_memory_and_others_carry_on() {
     let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);

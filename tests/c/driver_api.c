@@ -11,6 +11,8 @@
  *   driver_api probe PTR           try to read, write and free a pointer we do not own
  *   driver_api wait BYTES          allocate BYTES, queue long kernels, print "waiting",
  *                                  then wait for them in cuCtxSynchronize
+ *   driver_api bomb                launch a kernel declaring a million registers: refused
+ *                                  with LAUNCH_OUT_OF_RESOURCES, and the context goes on
  * Each check prints "ok <what>" or "FAIL <what>: <code>"; the exit status is
  * the number of failures.
  */
@@ -261,6 +263,32 @@ static int wait_for_kernels(size_t bytes) {
     return cuCtxSynchronize() != 0;
 }
 
+/* The register bomb: a million 64-bit registers in a 40-byte declaration. */
+static const char BOMB[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".visible .entry bomb(.param .u64 p)\n{\n .reg .b64 %rd<1048000>;\n"
+    " ld.param.u64 %rd1047999, [p];\n ret;\n}\n";
+
+static int bomb(void) {
+    setup();
+    void *m, *f;
+    CUdeviceptr d;
+    check("cuMemAlloc", cuMemAlloc_v2(&d, 4096), 0);
+    check("the bomb loads", cuModuleLoadData(&m, BOMB), 0);
+    check("cuModuleGetFunction", cuModuleGetFunction(&f, m, "bomb"), 0);
+    void *args[] = {&d};
+    for (int i = 0; i < 4; i++) {
+        CUresult r = cuLaunchKernel(f, 64, 1, 1, 1024, 1, 1, 0, 0, args, 0);
+        if (r == 0) r = cuCtxSynchronize();
+        check("the launch is refused for lack of resources", r, 701);
+    }
+    unsigned char b = 1;
+    check("the context goes on", cuMemsetD8_v2(d, 7, 1), 0);
+    check("and copies", cuMemcpyDtoH_v2(&b, d, 1), 0);
+    expect("the memset ran", b == 7);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "basic";
     if (!strcmp(mode, "basic")) return basic();
@@ -268,6 +296,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "hold") && argc > 2) return hold(strtoull(argv[2], 0, 0));
     if (!strcmp(mode, "probe") && argc > 2) return probe(strtoull(argv[2], 0, 0));
     if (!strcmp(mode, "wait") && argc > 2) return wait_for_kernels(strtoull(argv[2], 0, 0));
-    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR | wait BYTES\n", argv[0]);
+    if (!strcmp(mode, "bomb")) return bomb();
+    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR | wait BYTES | bomb\n", argv[0]);
     return 100;
 }

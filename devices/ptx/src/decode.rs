@@ -880,6 +880,10 @@ struct FnCtx<'m> {
     func_id: u32,
     is_entry: bool,
     scopes: Vec<HashMap<String, Name>>,
+    /// Register ranges (`.reg .b32 %r<N>;`) of each scope, parallel to
+    /// `scopes`: kept as ranges, never expanded into N names, so a
+    /// declaration's cost does not grow with N.
+    ranges: Vec<HashMap<String, RegRange>>,
     nregs: u32,
     npreds: u32,
     declared_regs: u32,
@@ -953,6 +957,7 @@ fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Func, LoadErr
         func_id: id,
         is_entry: f.is_entry,
         scopes: vec![top],
+        ranges: vec![HashMap::new()],
         nregs: 0,
         npreds: 0,
         declared_regs: 0,
@@ -984,10 +989,14 @@ fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Func, LoadErr
     }
     for s in body {
         match s {
-            Stmt::Open => cx.scopes.push(HashMap::new()),
+            Stmt::Open => {
+                cx.scopes.push(HashMap::new());
+                cx.ranges.push(HashMap::new());
+            }
             Stmt::Close => {
                 if cx.scopes.len() > 1 {
                     cx.scopes.pop();
+                    cx.ranges.pop();
                 }
             }
             Stmt::Label { name, .. } => {
@@ -1002,14 +1011,7 @@ fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Func, LoadErr
                 for n in names {
                     match n {
                         RegName::One(name) => cx.declare_reg(name, t)?,
-                        RegName::Range(prefix, count) => {
-                            if u64::from(cx.nregs) + u64::from(*count) > MAX_REGS {
-                                return Err(LoadError::unsupported(*line, "too many registers"));
-                            }
-                            for i in 0..*count {
-                                cx.declare_reg(&format!("{prefix}{i}"), t)?;
-                            }
-                        }
+                        RegName::Range(prefix, count) => cx.declare_range(prefix, *count, t)?,
                     }
                 }
             }
@@ -1061,6 +1063,47 @@ fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Func, LoadErr
 }
 
 type DResult<T> = Result<T, LoadError>;
+
+/// A declared register range (by prefix): `prefix0` … `prefix{count-1}` are
+/// registers (or predicates) `base` … `base + count - 1`.
+#[derive(Debug, Clone, Copy)]
+struct RegRange {
+    base: u32,
+    count: u32,
+    pred: bool,
+}
+
+/// The register `name` names in a scope's `ranges`: `name` is a declared
+/// prefix followed by a decimal index without leading zeros, below the
+/// range's count. Every split of `name`'s trailing digits is tried (a prefix
+/// may itself end in digits: `%r1<10>` declares `%r10` … `%r19`), at most
+/// ten map lookups.
+fn range_lookup(ranges: &HashMap<String, RegRange>, name: &str) -> Option<Name> {
+    if ranges.is_empty() {
+        return None;
+    }
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    for d in 1..=digits.min(10) {
+        let (prefix, index) = name.split_at(name.len() - d);
+        if index.len() > 1 && index.starts_with('0') {
+            continue;
+        }
+        let Some(r) = ranges.get(prefix) else {
+            continue;
+        };
+        let Ok(index) = index.parse::<u32>() else {
+            continue;
+        };
+        if index < r.count {
+            return Some(if r.pred {
+                Name::Pred(r.base + index)
+            } else {
+                Name::Reg(r.base + index)
+            });
+        }
+    }
+    None
+}
 
 impl FnCtx<'_> {
     fn err(&self, msg: impl Into<String>) -> LoadError {
@@ -1168,12 +1211,48 @@ impl FnCtx<'_> {
     }
 
     fn lookup(&self, name: &str) -> Option<Name> {
-        for s in self.scopes.iter().rev() {
+        for (s, ranges) in self.scopes.iter().zip(&self.ranges).rev() {
             if let Some(n) = s.get(name) {
                 return Some(*n);
             }
+            if let Some(n) = range_lookup(ranges, name) {
+                return Some(n);
+            }
         }
         self.m.names.get(name).copied()
+    }
+
+    /// `.reg .T prefix<count>`: `count` consecutive registers, named lazily.
+    fn declare_range(&mut self, prefix: &str, count: u32, t: Ty) -> DResult<()> {
+        if t == Ty::B128 {
+            return Err(LoadError::unsupported(
+                self.line,
+                ".b128 registers are not supported",
+            ));
+        }
+        let pred = t == Ty::Pred;
+        let used = if pred { self.npreds } else { self.nregs };
+        if u64::from(used) + u64::from(count) > MAX_REGS {
+            return Err(LoadError::unsupported(self.line, "too many registers"));
+        }
+        if pred {
+            self.npreds += count;
+        } else {
+            self.nregs += count;
+            let per = if t.bytes() == 8 { 2 } else { 1 };
+            self.declared_regs = self.declared_regs.saturating_add(count.saturating_mul(per));
+        }
+        if let Some(ranges) = self.ranges.last_mut() {
+            ranges.insert(
+                prefix.to_string(),
+                RegRange {
+                    base: used,
+                    count,
+                    pred,
+                },
+            );
+        }
+        Ok(())
     }
 
     fn sym_reg(&mut self, init: SymInit) -> DResult<Reg> {

@@ -70,6 +70,9 @@ pub enum FaultKind {
     InvalidConfig,
     /// The launch was cancelled through [`crate::LaunchControl::cancel`].
     Cancelled,
+    /// The block's register file would pass what one block may hold
+    /// (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, 701; not sticky: nothing ran).
+    OutOfResources,
 }
 
 /// A launch failed.
@@ -96,6 +99,8 @@ pub const CUDA_ERROR_INVALID_VALUE: u32 = 1;
 pub const CUDA_ERROR_INVALID_CONFIGURATION: u32 = 9;
 /// `CUDA_ERROR_ILLEGAL_ADDRESS`.
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: u32 = 700;
+/// `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
+pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: u32 = 701;
 /// `CUDA_ERROR_LAUNCH_TIMEOUT`.
 pub const CUDA_ERROR_LAUNCH_TIMEOUT: u32 = 702;
 /// `CUDA_ERROR_ASSERT`.
@@ -127,12 +132,16 @@ impl Fault {
             FaultKind::Timeout => CUDA_ERROR_LAUNCH_TIMEOUT,
             FaultKind::IllegalInstruction => CUDA_ERROR_ILLEGAL_INSTRUCTION,
             FaultKind::InvalidConfig => CUDA_ERROR_INVALID_VALUE,
+            FaultKind::OutOfResources => CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
         }
     }
 
     /// True when the fault poisons the context (everything except a rejected configuration,
     /// which CUDA reports without running anything).
     pub fn is_sticky(&self) -> bool {
-        self.kind != FaultKind::InvalidConfig
+        !matches!(
+            self.kind,
+            FaultKind::InvalidConfig | FaultKind::OutOfResources
+        )
     }
 }

@@ -47,6 +47,14 @@ pub const MAX_THREADS_PER_BLOCK: u32 = decode::MAX_THREADS_PER_BLOCK;
 /// Drivers that enforce the 48 KiB default without opt-in check that before launching.
 pub const MAX_SHARED_BYTES_PER_BLOCK: usize = 227 * 1024;
 /// Largest block dimensions (x, y, z).
+/// Threads of a warp.
+const WARP_SIZE: u64 = 32;
+/// Bytes of one register of one thread in the interpreter.
+const REGISTER_BYTES: u64 = 8;
+/// Most bytes of registers one block may hold (64 MiB: 8192 registers per
+/// thread at 1024 threads); a launch needing more fails with
+/// `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
+pub const MAX_BLOCK_REGISTER_FILE: u64 = 64 << 20;
 pub const MAX_BLOCK_DIM: [u32; 3] = [1024, 1024, 64];
 /// Largest grid dimensions (x, y, z).
 pub const MAX_GRID_DIM: [u32; 3] = [0x7fff_ffff, 65535, 65535];
@@ -319,6 +327,26 @@ impl Module {
             }
         }
         let nthreads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
+        // The interpreter keeps every declared register of every thread: a
+        // kernel declaring a million registers must not make the host hold
+        // gigabytes per block.
+        let nregs = u64::from(self.prog.funcs[layout.func as usize].nregs);
+        let file = nthreads
+            .div_ceil(WARP_SIZE)
+            .saturating_mul(WARP_SIZE)
+            .saturating_mul(nregs)
+            .saturating_mul(REGISTER_BYTES);
+        if file > MAX_BLOCK_REGISTER_FILE {
+            return Err(Fault::new(
+                FaultKind::OutOfResources,
+                format!(
+                    "kernel `{}` declares {nregs} registers: {nthreads} threads would need {} MiB of registers, more than a block may hold ({} MiB)",
+                    launch.kernel,
+                    file >> 20,
+                    MAX_BLOCK_REGISTER_FILE >> 20
+                ),
+            ));
+        }
         if nthreads > u64::from(info.max_threads_per_block) {
             return Err(invalid(format!(
                 "block of {nthreads} threads exceeds the kernel's limit of {}",

@@ -213,6 +213,50 @@ fn bad_configurations_are_rejected() {
     );
 }
 
+/// The register bomb: a 40-byte declaration of a million 64-bit registers
+/// loads at once (the range is not expanded into names), and launching it
+/// fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES before any register file is
+/// allocated; a kernel with thousands of registers still runs.
+#[test]
+fn a_register_bomb_loads_cheaply_and_cannot_launch() {
+    let ptx = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry bomb(.param .u64 p)
+{
+    .reg .b64 %rd<1048000>;
+    .reg .pred %p<1000>;
+    ld.param.u64 %rd1047999, [p];
+    setp.eq.u64 %p999, %rd1047999, 0;
+    ret;
+}
+.visible .entry big(.param .u64 p)
+{
+    .reg .b32 %r<4000>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [p];
+    cvta.to.global.u64 %rd2, %rd1;
+    mov.u32 %r3999, 7;
+    st.global.u32 [%rd2], %r3999;
+    ret;
+}
+"#;
+    let t = std::time::Instant::now();
+    let m = Module::load(ptx).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let mem = TestMemory::new();
+    let out = mem.alloc(4);
+    let params = [Arg::U64(out)];
+    let e = run(&m, "bomb", &Config::linear(1, 1024), &params, &mem, &[]).unwrap_err();
+    assert_eq!(e.kind, FaultKind::OutOfResources, "{e}");
+    assert_eq!(e.cuda_error(), 701);
+    assert!(!e.is_sticky());
+    assert!(e.message.contains("registers"), "{e}");
+    run(&m, "big", &Config::linear(1, 1024), &params, &mem, &[]).unwrap();
+    assert_eq!(mem.read::<u32>(out, 1), [7]);
+}
+
 #[test]
 fn maxnreg_caps_the_registers_a_kernel_reports() {
     let ptx = r#"

@@ -11,7 +11,7 @@ use vgpu_broker::device::{
 };
 use vgpu_broker::devio::LaunchOutput;
 use vgpu_proto::cuda::{self, func_attr};
-use vgpu_ptx::{FaultKind, GlobalSpace, Launch, LaunchControl, LoadErrorKind, Module, Progress};
+use vgpu_ptx::{GlobalSpace, Launch, LaunchControl, LoadErrorKind, Module, Progress};
 
 use crate::ContextMemory;
 use crate::alloc::aligned;
@@ -320,8 +320,10 @@ impl SimModule {
         match r {
             Ok(Progress::Completed(_)) => Ok(LaunchProgress::Completed),
             Ok(Progress::Yielded { next_block, .. }) => Ok(LaunchProgress::Yielded { next_block }),
-            Err(f) if f.kind == FaultKind::InvalidConfig => Err(DeviceError::InvalidLaunch {
-                code: cuda::CUDA_ERROR_INVALID_VALUE,
+            // A rejected configuration or an oversized register file: nothing
+            // ran, and the context goes on (not sticky).
+            Err(f) if !f.is_sticky() => Err(DeviceError::InvalidLaunch {
+                code: f.cuda_error(),
                 message: f.message,
             }),
             Err(f) => Err(DeviceError::Fault {

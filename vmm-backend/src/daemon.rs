@@ -44,6 +44,9 @@ pub enum DaemonError {
         /// Why.
         message: String,
     },
+    /// A VM's profile could not be sized on its device.
+    #[error("{0}")]
+    Profile(String),
     /// A tenant could not be added.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -497,10 +500,22 @@ impl Runtime {
         r
     }
 
+    /// Sizes the slices of VMs whose profile is a fraction of a real GPU.
+    fn resolve_profiles(&self, c: &mut Config) -> Result<(), OpError> {
+        c.resolve_profile_memory(|d| self.broker.device(d).map(|x| x.info().total_memory))
+            .map_err(|e| OpError::new(400, e))
+    }
+
     fn add_vm_locked(&self, body: &Value) -> Result<VmConfig, OpError> {
         let entry = reload::json_to_table(body)?;
         let running = self.running_config();
-        let (candidate, vm) = reload::with_vm_added(&running, entry)?;
+        let (mut candidate, mut vm) = reload::with_vm_added(&running, entry)?;
+        if vm.memory == 0 {
+            self.resolve_profiles(&mut candidate)?;
+            if let Some(v) = candidate.vms.iter().find(|v| v.name == vm.name) {
+                vm = v.clone();
+            }
+        }
         let t = self.start_vm(&vm)?;
         let mut st = self.write();
         st.transports.insert(vm.name.clone(), t);
@@ -734,7 +749,10 @@ impl Runtime {
     /// last applied, with the same rules as the API.
     pub fn reload(&self, actor: Actor, path: &Path) -> Result<ReloadReport, OpError> {
         let _g = self.serialise();
-        let new = match Config::load(path) {
+        let new = match Config::load(path).map_err(|e| e.to_string()).and_then(|mut c| {
+            self.resolve_profiles(&mut c).map_err(|e| e.message)?;
+            Ok(c)
+        }) {
             Ok(c) => c,
             Err(e) => {
                 let msg = format!("the config file is invalid, nothing was changed: {e}");
@@ -781,6 +799,8 @@ impl Runtime {
     }
 
     fn apply_file(&self, new: &Config) -> ReloadReport {
+        // Profiles apply to VMs added from now on.
+        self.write().running.profiles = new.profiles.clone();
         let old = self.read().baseline.clone();
         let mut report = ReloadReport::default();
         // The new baseline: the file, except what could not be applied.
@@ -980,6 +1000,11 @@ impl Daemon {
         let passthrough =
             crate::passthrough::PassthroughRegistry::from_config(config, &host_roots)?;
         let broker = Arc::new(Broker::new(build_devices(config)?));
+        let mut config = config.clone();
+        config
+            .resolve_profile_memory(|d| broker.device(d).map(|x| x.info().total_memory))
+            .map_err(DaemonError::Profile)?;
+        let config = &config;
         for d in &config.devices {
             broker.set_scheduling(&d.name, d.scheduling)?;
         }

@@ -22,6 +22,9 @@ command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v cpio >/dev/null 2>&1 || missing+=(cpio)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# libvirt's daemon and clients (tests/libvirt_domain.rs; docs/libvirt.md).
+command -v libvirtd >/dev/null 2>&1 || missing+=(libvirt-daemon-system)
+command -v virsh >/dev/null 2>&1 || missing+=(libvirt-clients)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ] && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
     log "installing ${missing[*]}"
@@ -117,4 +120,14 @@ elif [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
     log "not root: skipping nvcc 11.8 (the CUDA runtime tests will fail and say so)"
 elif ! install_cuda_toolkit; then
     log "nvcc 11.8 could not be installed; the CUDA runtime tests will fail and say so"
+fi
+
+# libvirt's QEMU runs as libvirt-qemu (group kvm). On hosts without udev,
+# /dev/kvm stays root-only: libvirt then finds KVM gone after every probe,
+# probes QEMU's capabilities again on every call (tens of seconds each) and
+# cannot use KVM. Give it to group kvm, mode 0660, as Debian's udev rules do.
+if [ -c /dev/kvm ] && [ "$(stat -c %G /dev/kvm)" = root ] && getent group kvm >/dev/null \
+    && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
+    log "giving /dev/kvm to group kvm (mode 0660), as udev would"
+    $SUDO chgrp kvm /dev/kvm && $SUDO chmod 0660 /dev/kvm
 fi

@@ -312,6 +312,9 @@ pub struct VmConfig {
     /// The `[[profile]]` it was created from: memory, weight and priority
     /// come from it unless the entry sets them.
     pub profile: Option<String>,
+    /// `user[:group]` (names or numbers) that get the VM's sockets, mode
+    /// 0660: the user a VMM runs as (libvirt's `libvirt-qemu`, KubeVirt's 107).
+    pub socket_owner: Option<String>,
 }
 
 impl VmConfig {
@@ -500,6 +503,7 @@ struct RawVm {
     mode: Option<Spanned<String>>,
     pci: Option<Spanned<String>>,
     profile: Option<Spanned<String>>,
+    socket_owner: Option<Spanned<String>>,
 }
 
 struct Ctx<'a> {
@@ -584,7 +588,13 @@ impl Config {
             let p = parse_profile(&cx, p.get_ref())?;
             if profiles.iter().any(|x| x.name == p.name) {
                 let span = raw.profile[profiles.len()].get_ref().name.span();
-                return Err(cx.err(span, format!("a profile named `{}` is already defined; profile names must be unique", p.name)));
+                return Err(cx.err(
+                    span,
+                    format!(
+                        "a profile named `{}` is already defined; profile names must be unique",
+                        p.name
+                    ),
+                ));
             }
             profiles.push(p);
         }
@@ -682,17 +692,25 @@ impl Config {
             if vm.mode != VmMode::Shared || vm.memory != 0 {
                 continue;
             }
-            let Some(p) = vm.profile.as_deref().and_then(|n| {
-                self.profiles.iter().find(|p| p.name == n)
-            }) else {
+            let Some(p) = vm
+                .profile
+                .as_deref()
+                .and_then(|n| self.profiles.iter().find(|p| p.name == n))
+            else {
                 continue;
             };
             let Some(t) = total(&vm.device) else {
-                return Err(format!("VM `{}`: device `{}` is not open, so profile `{}` cannot be sized", vm.name, vm.device, p.name));
+                return Err(format!(
+                    "VM `{}`: device `{}` is not open, so profile `{}` cannot be sized",
+                    vm.name, vm.device, p.name
+                ));
             };
             vm.memory = p.memory.bytes_of(t);
             if vm.memory == 0 {
-                return Err(format!("VM `{}`: profile `{}` gives a slice of 0 bytes on device `{}`", vm.name, p.name, vm.device));
+                return Err(format!(
+                    "VM `{}`: profile `{}` gives a slice of 0 bytes on device `{}`",
+                    vm.name, p.name, vm.device
+                ));
             }
         }
         Ok(())
@@ -708,25 +726,42 @@ fn parse_profile(cx: &Ctx<'_>, r: &RawProfile) -> Result<ProfileConfig, ConfigEr
         ));
     }
     let memory = match r.memory.get_ref() {
-        RawSize::Bytes(0) => return Err(cx.err(r.memory.span(), "a profile's memory must be larger than 0")),
+        RawSize::Bytes(0) => {
+            return Err(cx.err(r.memory.span(), "a profile's memory must be larger than 0"));
+        }
         RawSize::Bytes(b) => ProfileMemory::Bytes(*b),
-        RawSize::Text(t) => ProfileMemory::parse(t)
-            .map_err(|e| cx.err(r.memory.span(), format!("memory: {e}")))?,
+        RawSize::Text(t) => {
+            ProfileMemory::parse(t).map_err(|e| cx.err(r.memory.span(), format!("memory: {e}")))?
+        }
     };
     let weight = match &r.weight {
         Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => {
-            return Err(cx.err(w.span(), format!("weight must be between 1 and {MAX_WEIGHT}")));
+            return Err(cx.err(
+                w.span(),
+                format!("weight must be between 1 and {MAX_WEIGHT}"),
+            ));
         }
         Some(w) => *w.get_ref(),
         None => DEFAULT_WEIGHT,
     };
     let priority = match &r.priority {
         Some(p) => Priority::parse(p.get_ref()).ok_or_else(|| {
-            cx.err(p.span(), format!("unknown priority `{}`: use \"realtime\", \"normal\" or \"batch\"", p.get_ref()))
+            cx.err(
+                p.span(),
+                format!(
+                    "unknown priority `{}`: use \"realtime\", \"normal\" or \"batch\"",
+                    p.get_ref()
+                ),
+            )
         })?,
         None => Priority::Normal,
     };
-    Ok(ProfileConfig { name, memory, weight, priority })
+    Ok(ProfileConfig {
+        name,
+        memory,
+        weight,
+        priority,
+    })
 }
 
 fn parse_device(
@@ -890,6 +925,19 @@ fn parse_admin(cx: &Ctx<'_>, raw: Option<RawAdmin>) -> Result<AdminConfig, Confi
     })
 }
 
+fn valid_owner(s: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 32
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    };
+    match s.split_once(':') {
+        Some((u, g)) => part(u) && part(g),
+        None => part(s),
+    }
+}
+
 fn valid_pci(s: &str) -> bool {
     let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
     let mut it = s.split(':');
@@ -926,7 +974,8 @@ fn parse_passthrough(
             ),
         ));
     }
-    let shared_only: [(&str, Option<std::ops::Range<usize>>); 11] = [
+    let shared_only: [(&str, Option<std::ops::Range<usize>>); 12] = [
+        ("socket_owner", r.socket_owner.as_ref().map(|x| x.span())),
         ("profile", r.profile.as_ref().map(|x| x.span())),
         ("device", r.device.as_ref().map(|x| x.span())),
         ("memory", r.memory.as_ref().map(|x| x.span())),
@@ -973,6 +1022,7 @@ fn parse_passthrough(
             pci: pci.get_ref().to_ascii_lowercase(),
         },
         profile: None,
+        socket_owner: None,
     })
 }
 
@@ -1102,7 +1152,10 @@ fn parse_vm(
                 (m, _) => {
                     let b = m.bytes_of(dev.map_or(0, |d| d.memory));
                     if b == 0 {
-                        return Err(cx.err(v.span(), format!("profile `{}` gives VM `{name}` a slice of 0 bytes", p.name)));
+                        return Err(cx.err(
+                            v.span(),
+                            format!("profile `{}` gives VM `{name}` a slice of 0 bytes", p.name),
+                        ));
                     }
                     b
                 }
@@ -1181,6 +1234,13 @@ fn parse_vm(
         _ => None,
     };
     let schedule = parse_schedule(cx, r)?;
+    let socket_owner = match &r.socket_owner {
+        Some(o) if !valid_owner(o.get_ref()) => {
+            return Err(cx.err(o.span(), format!("socket_owner `{}` is not user[:group]: write e.g. \"libvirt-qemu\" or \"107:107\"", o.get_ref())));
+        }
+        Some(o) => Some(o.get_ref().clone()),
+        None => None,
+    };
     Ok(VmConfig {
         name,
         device,
@@ -1195,6 +1255,7 @@ fn parse_vm(
         schedule,
         mode: VmMode::Shared,
         profile: profile.map(|p| p.name.clone()),
+        socket_owner,
     })
 }
 
@@ -1542,13 +1603,29 @@ guest_cid = 3
         .unwrap();
         assert_eq!(c.profiles.len(), 4);
         let vm = |n: &str| c.vms.iter().find(|v| v.name == n).unwrap();
-        assert_eq!((vm("a").memory, vm("a").weight, vm("a").priority), (2 << 30, 2, Priority::Normal));
+        assert_eq!(
+            (vm("a").memory, vm("a").weight, vm("a").priority),
+            (2 << 30, 2, Priority::Normal)
+        );
         assert_eq!(vm("a").profile.as_deref(), Some("q4"));
         // Keys the entry sets win over the profile's.
-        assert_eq!((vm("b").memory, vm("b").weight, vm("b").priority), (4 << 30, 7, Priority::Realtime));
-        assert_eq!((vm("c").memory, vm("c").priority), (512 << 20, Priority::Batch));
+        assert_eq!(
+            (vm("b").memory, vm("b").weight, vm("b").priority),
+            (4 << 30, 7, Priority::Realtime)
+        );
+        assert_eq!(
+            (vm("c").memory, vm("c").priority),
+            (512 << 20, Priority::Batch)
+        );
         assert_eq!(vm("d").memory, 3 << 30);
         assert_eq!(c.profile("q8").unwrap().memory.bytes_of(8 << 30), 1 << 30);
+        let c = parse("[[vm]]\nname = \"a\"\nmemory = 1\nsocket_owner = \"libvirt-qemu:kvm\"\n")
+            .unwrap();
+        assert_eq!(c.vms[0].socket_owner.as_deref(), Some("libvirt-qemu:kvm"));
+        assert!(
+            err("[[vm]]\nname = \"a\"\nmemory = 1\nsocket_owner = \"a b\"\n")
+                .contains("user[:group]")
+        );
     }
 
     #[test]
@@ -1560,30 +1637,47 @@ guest_cid = 3
         )
         .unwrap();
         assert_eq!(c.vms[0].memory, 0, "unknown until the GPU is open");
-        c.resolve_profile_memory(|d| (d == "g").then_some(80 << 30)).unwrap();
+        c.resolve_profile_memory(|d| (d == "g").then_some(80 << 30))
+            .unwrap();
         assert_eq!(c.vms[0].memory, 20 << 30);
         let mut c2 = parse(
             "[[device]]\nname = \"g\"\nkind = \"cuda\"\n[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"a\"\nprofile = \"q4\"\n",
         )
         .unwrap();
-        assert!(c2.resolve_profile_memory(|_| None).unwrap_err().contains("not open"));
+        assert!(
+            c2.resolve_profile_memory(|_| None)
+                .unwrap_err()
+                .contains("not open")
+        );
     }
 
     #[test]
     fn bad_profiles_are_refused_with_the_fix() {
         let e = err("[[profile]]\nname = \"q4\"\nmemory = \"1/0\"\n");
-        assert!(e.starts_with("vgpu.toml:3:") && e.contains("between 1/64 and 1/1"), "{e}");
+        assert!(
+            e.starts_with("vgpu.toml:3:") && e.contains("between 1/64 and 1/1"),
+            "{e}"
+        );
         let e = err("[[profile]]\nname = \"q4\"\nmemory = \"5/4\"\n");
         assert!(e.contains("between 1/64 and 1/1"), "{e}");
         let e = err("[[profile]]\nname = \"q4\"\nmemory = \"quarter\"\n");
         assert!(e.contains("\"1/4\""), "{e}");
         let e = err("[[profile]]\nname = \"q_4\"\nmemory = \"1/4\"\n");
         assert!(e.contains("vgpu.io/<name>"), "{e}");
-        let e = err("[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[profile]]\nname = \"q4\"\nmemory = \"1/2\"\n");
+        let e = err(
+            "[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[profile]]\nname = \"q4\"\nmemory = \"1/2\"\n",
+        );
         assert!(e.starts_with("vgpu.toml:5:") && e.contains("unique"), "{e}");
-        let e = err("[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"a\"\nprofile = \"q3\"\n");
-        assert!(e.starts_with("vgpu.toml:6:") && e.contains("defined profiles: q4"), "{e}");
-        let e = err("[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\nprofile = \"q4\"\n");
+        let e = err(
+            "[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"a\"\nprofile = \"q3\"\n",
+        );
+        assert!(
+            e.starts_with("vgpu.toml:6:") && e.contains("defined profiles: q4"),
+            "{e}"
+        );
+        let e = err(
+            "[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\nprofile = \"q4\"\n",
+        );
         assert!(e.contains("`profile` applies to shared VMs only"), "{e}");
     }
 

@@ -157,6 +157,7 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         schedule: Vec::new(),
         mode: crate::config::VmMode::Shared,
         profile: None,
+        socket_owner: None,
     }
 }
 

@@ -252,6 +252,38 @@ fn used_slots(root: Node<'_, '_>, bus: &str) -> Vec<u8> {
     used
 }
 
+/// Whether the domain already has `a` as [`attach`] would add it: the VM
+/// recorded with the same socket, its device's arguments, shared memory.
+/// libvirt rewrites the XML it is given (formatting, addresses, element
+/// order), so this compares meaning, not text.
+pub fn is_attached(xml: &str, a: &Attachment) -> Result<bool, XmlError> {
+    let doc = parse(xml)?;
+    let root = doc.root_element();
+    let recorded = child(root, "metadata")
+        .and_then(|m| ns_child(m, VGPU_NS, "vgpu"))
+        .is_some_and(|v| {
+            v.children().any(|c| {
+                c.tag_name().name() == "vm"
+                    && c.attribute("name") == Some(a.vm.as_str())
+                    && c.attribute("socket") == Some(a.socket.as_str())
+            })
+        });
+    let shared = child(root, "memoryBacking").is_some_and(|mb| {
+        child(mb, "access").and_then(|x| x.attribute("mode")) == Some("shared")
+            && child(mb, "source").is_some()
+    });
+    let args = qemu_args(xml)?;
+    let want = a.qemu_args("", 0);
+    let chardev = args
+        .windows(2)
+        .any(|w| w[0] == "-chardev" && w[1] == want[1]);
+    let prefix = want[3].split(",id=").next().unwrap_or_default().to_string();
+    let device = args
+        .windows(2)
+        .any(|w| w[0] == "-device" && w[1].starts_with(&format!("{prefix},")));
+    Ok(recorded && shared && chardev && device)
+}
+
 /// Adds `a` to the domain (replacing an earlier attachment of the same VM).
 pub fn attach(xml: &str, a: &Attachment) -> Result<String, XmlError> {
     let xml = detach(xml, &a.vm)?;
@@ -548,6 +580,14 @@ mod tests {
         let twice = attach(&once, &vsock("vm1")).unwrap();
         assert_eq!(qemu_args(&twice).unwrap(), qemu_args(&once).unwrap());
         assert_eq!(attached(&twice).unwrap(), ["vm1"]);
+        assert!(is_attached(&twice, &vsock("vm1")).unwrap());
+        assert!(!is_attached(DOMAIN, &vsock("vm1")).unwrap());
+        let mut moved = vsock("vm1");
+        moved.socket = "/elsewhere.sock".into();
+        assert!(
+            !is_attached(&twice, &moved).unwrap(),
+            "a new socket is a change"
+        );
         let back = detach(&twice, "vm1").unwrap();
         assert!(qemu_args(&back).unwrap().is_empty());
         assert!(attached(&back).unwrap().is_empty());

@@ -102,6 +102,9 @@ pub fn vm_table(v: &VmConfig) -> Table {
     if let Some(p) = &v.profile {
         t.insert("profile".into(), p.clone().into());
     }
+    if let Some(o) = &v.socket_owner {
+        t.insert("socket_owner".into(), o.clone().into());
+    }
     if !v.schedule.is_empty() {
         let windows = v
             .schedule
@@ -449,6 +452,7 @@ priority = "batch"
 unix_socket = "/run/vgpu/vm1.sock"
 vhost_user_socket = "/run/vgpu/vm1.vhost.sock"
 guest_cid = 5
+socket_owner = "libvirt-qemu:kvm"
 [[vm.schedule]]
 from = "22:00"
 to = "06:00"
@@ -484,7 +488,12 @@ pci = "0000:3b:00.0"
         assert_eq!(c2.vms.len(), 3);
         let (_, vm) = add(json!({"name": "k1", "device": "gpu0", "profile": "q4"})).unwrap();
         assert_eq!(
-            (vm.memory, vm.weight, vm.priority.as_str(), vm.profile.as_deref()),
+            (
+                vm.memory,
+                vm.weight,
+                vm.priority.as_str(),
+                vm.profile.as_deref()
+            ),
             (2 << 30, 2, "realtime", Some("q4")),
             "a VM from a profile gets its slice and share"
         );

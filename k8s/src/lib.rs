@@ -11,4 +11,5 @@
 pub mod admin;
 pub mod api;
 pub mod plugin;
+pub mod sidecar;
 pub mod slots;

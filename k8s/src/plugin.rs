@@ -66,6 +66,8 @@ pub struct PluginConfig {
     pub release_grace: Duration,
     /// Lowest guest CID given to the VMs' vsock devices.
     pub cid_base: u64,
+    /// `user[:group]` that gets the VMs' sockets (KubeVirt's QEMU runs as 107).
+    pub socket_owner: Option<String>,
 }
 
 impl PluginConfig {
@@ -80,6 +82,7 @@ impl PluginConfig {
             poll: Duration::from_secs(2),
             release_grace: Duration::from_secs(60),
             cid_base: 1000,
+            socket_owner: None,
         }
     }
 
@@ -175,7 +178,7 @@ impl Shared {
             .unwrap_or(self.config.cid_base);
         std::fs::create_dir_all(&dir)
             .map_err(|e| Status::internal(format!("cannot create {}: {e}", dir.display())))?;
-        let body = json!({
+        let mut body = json!({
             "name": vm,
             "device": slot.device,
             "profile": slot.profile,
@@ -184,6 +187,12 @@ impl Shared {
             "vsock_uds_path": dir.join("vsock"),
             "guest_cid": cid,
         });
+        if let Some(o) = &self.config.socket_owner {
+            body["socket_owner"] = o.clone().into();
+            // The directory must let the owner reach its sockets.
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+        }
         self.admin(move |a| a.request("POST", "/v1/vms", Some(&body)))
             .await
             .map_err(|e| {

@@ -35,6 +35,9 @@ struct Args {
     /// Lowest guest CID of the VMs' vsock devices.
     #[arg(long, default_value_t = 1000)]
     cid_base: u64,
+    /// user[:group] that gets the VMs' sockets (KubeVirt's virt-launcher runs QEMU as 107:107).
+    #[arg(long)]
+    socket_owner: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     c.poll = Duration::from_secs_f64(a.poll_s.max(0.05));
     c.release_grace = Duration::from_secs_f64(a.release_grace_s.max(0.0));
     c.cid_base = a.cid_base.max(3);
+    c.socket_owner = a.socket_owner;
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -32,7 +32,7 @@ use tracing::{info, warn};
 use crate::admin::{AdminClient, AdminError};
 use crate::api::deviceplugin as dp;
 use crate::api::podresources as pr;
-use crate::slots::{Inventory, SlotId};
+use crate::slots::{Inventory, PASSTHROUGH, SlotId};
 
 /// The device-plugin API version the plugin speaks.
 pub const API_VERSION: &str = "v1beta1";
@@ -351,6 +351,16 @@ impl dp::device_plugin_server::DevicePlugin for ProfilePlugin {
         req: Request<dp::AllocateRequest>,
     ) -> Result<Response<dp::AllocateResponse>, Status> {
         let _g = self.shared.allocating.lock().await;
+        if self.profile == PASSTHROUGH
+            && self
+                .shared
+                .inventory
+                .borrow()
+                .profile(PASSTHROUGH)
+                .is_none()
+        {
+            return self.allocate_passthrough(req.into_inner()).await;
+        }
         let mut container_responses = Vec::new();
         for c in req.into_inner().container_requests {
             let mut resp = dp::ContainerAllocateResponse::default();
@@ -400,6 +410,62 @@ impl dp::device_plugin_server::DevicePlugin for ProfilePlugin {
         _: Request<dp::PreStartContainerRequest>,
     ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
         Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}
+
+/// The environment variable KubeVirt reads the PCI addresses of an
+/// external resource provider's devices from: `PCI_RESOURCE_<resource>`,
+/// upper case, `.` and `/` as `_`.
+pub fn pci_resource_env(resource: &str) -> String {
+    format!(
+        "PCI_RESOURCE_{}",
+        resource.to_ascii_uppercase().replace(['.', '/', '-'], "_")
+    )
+}
+
+impl ProfilePlugin {
+    /// Passthrough: the devices are VFIO devices vgpuctl prepared; the
+    /// container (virt-launcher) gets their VFIO group nodes and, for
+    /// KubeVirt, `PCI_RESOURCE_<NAME>` with their addresses.
+    async fn allocate_passthrough(
+        &self,
+        req: dp::AllocateRequest,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
+        let inv = self.shared.refresh().await;
+        let resource = self.shared.config.resource(PASSTHROUGH);
+        let mut container_responses = Vec::new();
+        for c in req.container_requests {
+            let mut resp = dp::ContainerAllocateResponse::default();
+            resp.devices.push(dp::DeviceSpec {
+                container_path: "/dev/vfio/vfio".into(),
+                host_path: "/dev/vfio/vfio".into(),
+                permissions: "rw".into(),
+            });
+            for id in &c.devices_ids {
+                let Some((_, ready, group)) = inv.passthrough.iter().find(|(p, ..)| p == id) else {
+                    return Err(Status::not_found(format!(
+                        "{id} is not assigned for passthrough in vgpud"
+                    )));
+                };
+                let Some(group) = group.filter(|_| *ready) else {
+                    return Err(Status::failed_precondition(format!(
+                        "{id} is not bound to vfio-pci: run `vgpuctl passthrough bind {id}`"
+                    )));
+                };
+                let node = format!("/dev/vfio/{group}");
+                resp.devices.push(dp::DeviceSpec {
+                    container_path: node.clone(),
+                    host_path: node,
+                    permissions: "rw".into(),
+                });
+            }
+            resp.envs
+                .insert(pci_resource_env(&resource), c.devices_ids.join(","));
+            container_responses.push(resp);
+        }
+        Ok(Response::new(dp::AllocateResponse {
+            container_responses,
+        }))
     }
 }
 
@@ -508,7 +574,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     loop {
         let inv = shared.refresh().await;
-        let profiles: BTreeSet<String> = inv.profiles.iter().map(|p| p.name.clone()).collect();
+        let profiles: BTreeSet<String> = inv.resources();
         let now_id = file_id(&kubelet_sock);
         // Serve and register again when the kubelet restarted (its socket is
         // new), one of our sockets vanished, or the profiles changed.
@@ -558,4 +624,17 @@ pub async fn run(
     }
     stop_all(&mut served).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubevirt_reads_the_addresses_from_pci_resource_variables() {
+        assert_eq!(
+            pci_resource_env("vgpu.io/passthrough"),
+            "PCI_RESOURCE_VGPU_IO_PASSTHROUGH"
+        );
+    }
 }

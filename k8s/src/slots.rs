@@ -10,6 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
+/// The resource (under the domain) of GPUs and VFs passed through whole
+/// (`vgpuctl passthrough`), for KubeVirt's `permittedHostDevices`.
+pub const PASSTHROUGH: &str = "passthrough";
+
 /// Prefix of the names of the VMs the plugin creates.
 pub const VM_PREFIX: &str = "k8s-";
 /// Health strings of the device-plugin API.
@@ -94,9 +98,38 @@ pub struct Inventory {
     pub allocated: BTreeSet<SlotId>,
     /// Guest CIDs in use by any VM.
     pub cids: BTreeSet<u64>,
+    /// Devices assigned to passthrough VMs: (PCI address, bound to vfio-pci, IOMMU group).
+    pub passthrough: Vec<(String, bool, Option<u64>)>,
 }
 
 impl Inventory {
+    /// Adds `GET /v1/passthrough`'s answer.
+    pub fn with_passthrough(mut self, p: &Value) -> Inventory {
+        self.passthrough = p
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| {
+                Some((
+                    a["pci"].as_str()?.to_string(),
+                    a["state"] == "ready",
+                    a["iommu_group"].as_u64(),
+                ))
+            })
+            .collect();
+        self
+    }
+
+    /// The resources to offer: every profile, and passthrough if vgpud has
+    /// passthrough assignments.
+    pub fn resources(&self) -> BTreeSet<String> {
+        let mut r: BTreeSet<String> = self.profiles.iter().map(|p| p.name.clone()).collect();
+        if !self.passthrough.is_empty() {
+            r.insert(PASSTHROUGH.into());
+        }
+        r
+    }
+
     /// Reads `GET /v1/profiles` and `GET /v1/vms` answers.
     pub fn from_json(profiles: &Value, vms: &Value) -> Inventory {
         let mut inv = Inventory {
@@ -149,6 +182,22 @@ impl Inventory {
     /// its unsliced memory are healthy and the rest unhealthy, so the
     /// kubelet's allocatable count follows what other profiles and VMs use.
     pub fn devices(&self, profile: &str) -> Vec<(String, &'static str)> {
+        if profile == PASSTHROUGH && self.profile(profile).is_none() {
+            return self
+                .passthrough
+                .iter()
+                .map(|(pci, ready, _)| {
+                    (
+                        pci.clone(),
+                        if *ready && self.reachable {
+                            HEALTHY
+                        } else {
+                            UNHEALTHY
+                        },
+                    )
+                })
+                .collect();
+        }
         let Some(p) = self.profile(profile) else {
             return Vec::new();
         };
@@ -278,6 +327,23 @@ mod tests {
                 .all(|x| x.1 == UNHEALTHY)
         );
         assert_eq!(i.cids.iter().copied().collect::<Vec<_>>(), [1000]);
+    }
+
+    #[test]
+    fn passthrough_devices_are_healthy_when_bound_to_vfio() {
+        let i = inv().with_passthrough(&json!([
+            {"vm": "p1", "pci": "0000:3b:00.4", "state": "ready", "iommu_group": 61},
+            {"vm": "p2", "pci": "0000:3b:00.5", "state": "host-driver", "iommu_group": 62}
+        ]));
+        assert!(i.resources().contains(PASSTHROUGH));
+        assert_eq!(
+            i.devices(PASSTHROUGH),
+            [
+                ("0000:3b:00.4".to_string(), HEALTHY),
+                ("0000:3b:00.5".to_string(), UNHEALTHY)
+            ]
+        );
+        assert!(!inv().resources().contains(PASSTHROUGH));
     }
 
     #[test]

@@ -48,6 +48,11 @@ if ! python3 -c 'import nvidia.cuda_nvrtc, nvidia.cuda_runtime' >/dev/null 2>&1;
     pip_install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
         || log "NVRTC could not be installed; the PTX drift check will be skipped"
 fi
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    log "installing kubernetes-validate from PyPI (Kubernetes' OpenAPI schemas, for deploy/ checks)"
+    pip_install kubernetes-validate==1.37.0 \
+        || log "kubernetes-validate could not be installed; the manifest test will fail and say so"
+fi
 if ! python3 -c 'import nvidia.cublas' >/dev/null 2>&1; then
     log "installing NVIDIA's cuBLAS from PyPI for the library test (about 580 MB)"
     pip_install --no-deps nvidia-cublas-cu12==12.9.3.13 \

@@ -119,11 +119,11 @@ fn a_libvirt_domain_attached_with_vgpuctl_runs_a_cuda_workload_and_frees_its_mem
         return;
     }
     let started = Instant::now();
-    let d = Vgpud::start_config(&format!(
+    let d = Vgpud::start_config(
         "[admin]\nsocket = \"@DIR@/admin.sock\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"2GiB\"\nworkers = 2\n\n\
          [[profile]]\nname = \"q8\"\nmemory = \"1/8\"\nweight = 2\n\n\
-         [[vm]]\nname = \"vm1\"\nprofile = \"q8\"\nvhost_user_socket = \"@DIR@/vm1.vhost.sock\"\nguest_cid = 9\n"
-    ));
+         [[vm]]\nname = \"vm1\"\nprofile = \"q8\"\nvhost_user_socket = \"@DIR@/vm1.vhost.sock\"\nguest_cid = 9\n",
+    );
     // libvirt's QEMU (libvirt-qemu) must reach the socket's directory, as
     // it reaches /run/vgpu.
     std::fs::set_permissions(d.dir(), std::fs::Permissions::from_mode(0o755)).unwrap();

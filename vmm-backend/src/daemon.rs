@@ -177,7 +177,8 @@ pub fn resolve_owner(owner: &str) -> Result<(u32, u32), String> {
                 ));
             }
             // SAFETY: `pw` is non-null and points at getpwnam's static record.
-            let (u, g) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+            let pw = unsafe { &*pw };
+            let (u, g) = (pw.pw_uid, pw.pw_gid);
             (u, Some(g))
         }
     };
@@ -1264,4 +1265,21 @@ fn start_vgpu_dev(
         stop,
         thread: Some(thread),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_owners_resolve_by_name_or_number() {
+        assert_eq!(resolve_owner("root"), Ok((0, 0)));
+        assert_eq!(resolve_owner("0:0"), Ok((0, 0)));
+        assert_eq!(resolve_owner("107:107"), Ok((107, 107)));
+        assert_eq!(resolve_owner("107"), Ok((107, 107)));
+        let e = resolve_owner("no-such-user-vgpu").unwrap_err();
+        assert!(e.contains("no user `no-such-user-vgpu`"), "{e}");
+        let e = resolve_owner("root:no-such-group-vgpu").unwrap_err();
+        assert!(e.contains("no group"), "{e}");
+    }
 }

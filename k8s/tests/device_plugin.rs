@@ -204,10 +204,13 @@ async fn the_plugin_registers_reports_allocates_releases_and_survives_a_kubelet_
     assert_eq!(c.envs["VGPU_TRANSPORT"], "unix:/var/run/vgpu/0/cuda.sock");
     assert_eq!(c.annotations["vgpu.io/vms"], vm_name);
     // The container's transport reaches the VM: a client on its socket is
-    // served (vgpud counts the session).
+    // vgpud's session of that VM (the handshake names the tenant).
     {
-        let s = std::os::unix::net::UnixStream::connect(Path::new(&m.host_path).join("cuda.sock"));
-        assert!(s.is_ok(), "the VM's unix socket accepts");
+        let s = std::os::unix::net::UnixStream::connect(Path::new(&m.host_path).join("cuda.sock"))
+            .unwrap();
+        let mut client = vgpu_broker::testutils::TestClient::new(s);
+        let hello = client.hello().expect("the handshake succeeds");
+        assert_eq!(hello.tenant, vm_name);
     }
     // The slot stays healthy (a held slot counts as allocatable), and the
     // other profiles see the memory it took: a half-GPU slot of gpu1 is gone.

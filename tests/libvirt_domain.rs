@@ -6,8 +6,10 @@
 //! memory until the domain is destroyed; vgpud must free it. `vm detach`
 //! then restores the domain.
 //!
-//! Skips, with a printed reason, only when libvirt or QEMU is not installed
-//! (scripts/prereqs.sh installs both) or libvirt's daemon cannot run.
+//! When libvirt's daemons are not running (a host without systemd), the test
+//! starts them as root with `virtlogd -d` and `libvirtd -d` and leaves them
+//! running. Skips, with a printed reason, only when libvirt or QEMU is not
+//! installed (scripts/prereqs.sh installs both) or libvirt's daemon cannot run.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -571,10 +571,23 @@ pub async fn run(
     let kubelet_sock = shared.config.plugin_dir.join("kubelet.sock");
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
     let mut kubelet_id = None;
+    let mut stale_warned: BTreeSet<String> = BTreeSet::new();
     tokio::pin!(shutdown);
     loop {
         let inv = shared.refresh().await;
         let profiles: BTreeSet<String> = inv.resources();
+        for p in &inv.profiles {
+            for g in &p.gpus {
+                let id = SlotId {
+                    device: g.device.clone(),
+                    profile: p.name.clone(),
+                    index: g.slots,
+                };
+                if stale_warned.insert(id.id()) && id.id().len() > crate::slots::MAX_ID_LEN {
+                    warn!(device = %g.device, profile = %p.name, "device and profile names are too long for kubelet device IDs (60 characters with the slot number): this GPU is not offered for this profile");
+                }
+            }
+        }
         let now_id = file_id(&kubelet_sock);
         // Serve and register again when the kubelet restarted (its socket is
         // new), one of our sockets vanished, or the profiles changed.

@@ -16,6 +16,10 @@ pub const PASSTHROUGH: &str = "passthrough";
 
 /// Prefix of the names of the VMs the plugin creates.
 pub const VM_PREFIX: &str = "k8s-";
+/// Longest slot ID: the kubelet takes device IDs of up to 63 characters, and
+/// the VM name (`k8s-` + ID) must fit vgpud's 64.
+pub const MAX_ID_LEN: usize = 60;
+
 /// Health strings of the device-plugin API.
 pub const HEALTHY: &str = "Healthy";
 /// See [`HEALTHY`].
@@ -210,6 +214,10 @@ impl Inventory {
                     profile: profile.to_string(),
                     index,
                 };
+                if slot.id().len() > MAX_ID_LEN {
+                    // Not offered: rename the device or the profile (docs/kubernetes.md).
+                    continue;
+                }
                 let health = if !self.reachable {
                     UNHEALTHY
                 } else if self.allocated.contains(&slot) {
@@ -327,6 +335,22 @@ mod tests {
                 .all(|x| x.1 == UNHEALTHY)
         );
         assert_eq!(i.cids.iter().copied().collect::<Vec<_>>(), [1000]);
+    }
+
+    #[test]
+    fn slots_whose_ids_are_too_long_for_the_kubelet_are_not_offered() {
+        let long = "g".repeat(57);
+        let profiles = json!([{"name": "q4", "devices": [
+            {"device": long, "memory_total": 8 * GIB, "memory_sliced": 0, "memory": 2 * GIB, "slots": 4, "free": 4},
+            {"device": "gpu1", "memory_total": 8 * GIB, "memory_sliced": 0, "memory": 2 * GIB, "slots": 4, "free": 4}
+        ]}]);
+        let i = Inventory::from_json(&profiles, &json!([]));
+        let d = i.devices("q4");
+        assert_eq!(d.len(), 4);
+        assert!(
+            d.iter()
+                .all(|(id, _)| id.len() <= MAX_ID_LEN && id.starts_with("gpu1_"))
+        );
     }
 
     #[test]

@@ -23,6 +23,9 @@ command -v cpio >/dev/null 2>&1 || missing+=(cpio)
 command -v mke2fs >/dev/null 2>&1 || missing+=(e2fsprogs)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# libvirt's daemon and clients (tests/libvirt_domain.rs; docs/libvirt.md).
+command -v libvirtd >/dev/null 2>&1 || missing+=(libvirt-daemon-system)
+command -v virsh >/dev/null 2>&1 || missing+=(libvirt-clients)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ] && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
     log "installing ${missing[*]}"
@@ -53,6 +56,11 @@ if ! python3 -c 'import nvidia.cuda_nvrtc, nvidia.cuda_runtime' >/dev/null 2>&1;
     log "installing NVRTC from PyPI (compiles CUDA C++ to PTX; no GPU needed)"
     pip_install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
         || log "NVRTC could not be installed; the PTX drift check will be skipped"
+fi
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    log "installing kubernetes-validate from PyPI (Kubernetes' OpenAPI schemas, for deploy/ checks)"
+    pip_install kubernetes-validate==1.37.0 \
+        || log "kubernetes-validate could not be installed; the manifest test will fail and say so"
 fi
 if ! python3 -c 'import nvidia.cublas' >/dev/null 2>&1; then
     log "installing NVIDIA's cuBLAS from PyPI for the library test (about 580 MB)"
@@ -126,4 +134,14 @@ elif [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
     log "not root: skipping nvcc 11.8 (the CUDA runtime tests will fail and say so)"
 elif ! install_cuda_toolkit; then
     log "nvcc 11.8 could not be installed; the CUDA runtime tests will fail and say so"
+fi
+
+# libvirt's QEMU runs as libvirt-qemu (group kvm). On hosts without udev,
+# /dev/kvm stays root-only: libvirt then finds KVM gone after every probe,
+# probes QEMU's capabilities again on every call (tens of seconds each) and
+# cannot use KVM. Give it to group kvm, mode 0660, as Debian's udev rules do.
+if [ -c /dev/kvm ] && [ "$(stat -c %G /dev/kvm)" = root ] && getent group kvm >/dev/null \
+    && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
+    log "giving /dev/kvm to group kvm (mode 0660), as udev would"
+    $SUDO chgrp kvm /dev/kvm && $SUDO chmod 0660 /dev/kvm
 fi

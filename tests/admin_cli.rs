@@ -344,3 +344,33 @@ fn check_config_validates_without_starting() {
         .arg(&example));
     assert_eq!(o.code, 0, "the example config is valid: {o:?}");
 }
+
+#[test]
+fn a_vm_added_from_a_profile_gets_its_slice_and_share() {
+    let config = format!(
+        "{}[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\nworkers = 1\n\n\
+         [[profile]]\nname = \"q4\"\nmemory = \"1/4\"\nweight = 3\npriority = \"batch\"\n",
+        admin_support::admin_table()
+    );
+    let d = Admin::start(&config);
+    let v = d.vgpuctl_json(&["vm", "add", "k1", "--profile", "q4"]);
+    assert_eq!(v["memory_limit"], 256 * MIB, "{v:#}");
+    assert_eq!(
+        (v["weight"].as_u64(), v["priority"].as_str()),
+        (Some(3), Some("batch"))
+    );
+    assert_eq!(v["config"]["profile"], "q4");
+    // Options given with the profile win.
+    let v = d.vgpuctl_json(&["vm", "add", "k2", "--profile", "q4", "--weight", "7"]);
+    assert_eq!(
+        (v["memory_limit"].as_u64(), v["weight"].as_u64()),
+        (Some(256 * MIB), Some(7))
+    );
+    let p = d.vgpuctl_json(&["vm", "list"]);
+    assert_eq!(p.as_array().map(Vec::len), Some(2));
+    let o = d.vgpuctl(&["vm", "add", "k3", "--profile", "q3"]);
+    assert_eq!(o.code, 1);
+    assert!(o.stderr.contains("defined profiles: q4"), "{o:?}");
+    let o = d.vgpuctl(&["vm", "add", "k4"]);
+    assert_eq!(o.code, 2, "--memory or --profile is needed: {o:?}");
+}

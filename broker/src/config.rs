@@ -312,6 +312,12 @@ pub struct VmConfig {
     pub schedule: Vec<WeightWindow>,
     /// Shared (default) or passthrough.
     pub mode: VmMode,
+    /// The `[[profile]]` it was created from: memory, weight and priority
+    /// come from it unless the entry sets them.
+    pub profile: Option<String>,
+    /// `user[:group]` (names or numbers) that get the VM's sockets, mode
+    /// 0660: the user a VMM runs as (libvirt's `libvirt-qemu`, KubeVirt's 107).
+    pub socket_owner: Option<String>,
 }
 
 impl VmConfig {
@@ -322,6 +328,78 @@ impl VmConfig {
             .find(|w| w.contains(t))
             .map_or(self.weight, |w| w.weight)
     }
+}
+
+/// How much of its device a profile's memory slice is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProfileMemory {
+    /// `"1/4"`: a fraction of the device's memory.
+    Fraction {
+        /// Numerator (1 ≤ num ≤ den).
+        num: u32,
+        /// Denominator (≤ [`MAX_PROFILE_DENOMINATOR`]).
+        den: u32,
+    },
+    /// `"4GiB"`: a fixed size.
+    Bytes(u64),
+}
+
+/// Largest denominator of a profile's memory fraction.
+pub const MAX_PROFILE_DENOMINATOR: u32 = 64;
+
+impl ProfileMemory {
+    /// Parses `"N/D"` or a size.
+    pub fn parse(s: &str) -> Result<ProfileMemory, String> {
+        if let Some((n, d)) = s.split_once('/') {
+            let (Ok(num), Ok(den)) = (n.trim().parse::<u32>(), d.trim().parse::<u32>()) else {
+                return Err(format!("`{s}` is not a fraction: write N/D, e.g. \"1/4\""));
+            };
+            if num == 0 || den == 0 || num > den || den > MAX_PROFILE_DENOMINATOR {
+                return Err(format!(
+                    "`{s}`: a profile's fraction must be between 1/{MAX_PROFILE_DENOMINATOR} and 1/1"
+                ));
+            }
+            return Ok(ProfileMemory::Fraction { num, den });
+        }
+        match parse_size(s) {
+            Ok(0) => Err("a profile's memory must be larger than 0".into()),
+            Ok(b) => Ok(ProfileMemory::Bytes(b)),
+            Err(e) => Err(format!("{e}, or a fraction of the GPU such as \"1/4\"")),
+        }
+    }
+
+    /// The slice on a device with `device_memory` bytes.
+    pub fn bytes_of(self, device_memory: u64) -> u64 {
+        match self {
+            ProfileMemory::Fraction { num, den } => {
+                (u128::from(device_memory) * u128::from(num) / u128::from(den)) as u64
+            }
+            ProfileMemory::Bytes(b) => b,
+        }
+    }
+
+    /// The config spelling (`"1/4"`, or bytes).
+    pub fn to_config_string(self) -> String {
+        match self {
+            ProfileMemory::Fraction { num, den } => format!("{num}/{den}"),
+            ProfileMemory::Bytes(b) => format!("{b}B"),
+        }
+    }
+}
+
+/// A `[[profile]]` entry: a named vGPU size (memory slice and compute share),
+/// like NVIDIA's vGPU profiles. VMs name it with `profile = "…"`; the
+/// Kubernetes device plugin offers one resource per profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileConfig {
+    /// Unique name (`q4`); the device plugin's resource is `vgpu.io/<name>`.
+    pub name: String,
+    /// Memory slice.
+    pub memory: ProfileMemory,
+    /// Compute weight.
+    pub weight: u32,
+    /// Scheduling class.
+    pub priority: Priority,
 }
 
 /// The `[admin]` table.
@@ -346,6 +424,8 @@ pub struct Config {
     pub devices: Vec<DeviceConfig>,
     /// `[[vm]]` entries.
     pub vms: Vec<VmConfig>,
+    /// `[[profile]]` entries.
+    pub profiles: Vec<ProfileConfig>,
 }
 
 #[derive(Deserialize)]
@@ -363,6 +443,17 @@ struct RawConfig {
     device: Vec<Spanned<RawDevice>>,
     #[serde(default)]
     vm: Vec<Spanned<RawVm>>,
+    #[serde(default)]
+    profile: Vec<Spanned<RawProfile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    name: Spanned<String>,
+    memory: Spanned<RawSize>,
+    weight: Option<Spanned<u32>>,
+    priority: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -414,6 +505,8 @@ struct RawVm {
     schedule: Vec<Spanned<RawWindow>>,
     mode: Option<Spanned<String>>,
     pci: Option<Spanned<String>>,
+    profile: Option<Spanned<String>>,
+    socket_owner: Option<Spanned<String>>,
 }
 
 struct Ctx<'a> {
@@ -493,6 +586,22 @@ impl Config {
             });
         }
 
+        let mut profiles: Vec<ProfileConfig> = Vec::new();
+        for p in &raw.profile {
+            let p = parse_profile(&cx, p.get_ref())?;
+            if profiles.iter().any(|x| x.name == p.name) {
+                let span = raw.profile[profiles.len()].get_ref().name.span();
+                return Err(cx.err(
+                    span,
+                    format!(
+                        "a profile named `{}` is already defined; profile names must be unique",
+                        p.name
+                    ),
+                ));
+            }
+            profiles.push(p);
+        }
+
         let mut vms = Vec::new();
         let mut vm_names = HashSet::new();
         let mut cids = HashMap::new();
@@ -502,7 +611,7 @@ impl Config {
             sockets.insert(s.clone());
         }
         for v in &raw.vm {
-            let vm = parse_vm(&cx, v, &devices)?;
+            let vm = parse_vm(&cx, v, &devices, &profiles)?;
             if !vm_names.insert(vm.name.clone()) {
                 return Err(cx.err(
                     v.get_ref().name.span(),
@@ -565,8 +674,97 @@ impl Config {
             admin,
             devices,
             vms,
+            profiles,
         })
     }
+
+    /// A profile by name.
+    pub fn profile(&self, name: &str) -> Option<&ProfileConfig> {
+        self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// Gives VMs whose slice is a fraction of a device the config cannot
+    /// size (a real GPU) their memory, from `total(device)` (the device's
+    /// memory as the driver reports it). vgpud calls this once its devices
+    /// are open; VMs of simulated devices are sized when parsed.
+    pub fn resolve_profile_memory(
+        &mut self,
+        total: impl Fn(&str) -> Option<u64>,
+    ) -> Result<(), String> {
+        for vm in &mut self.vms {
+            if vm.mode != VmMode::Shared || vm.memory != 0 {
+                continue;
+            }
+            let Some(p) = vm
+                .profile
+                .as_deref()
+                .and_then(|n| self.profiles.iter().find(|p| p.name == n))
+            else {
+                continue;
+            };
+            let Some(t) = total(&vm.device) else {
+                return Err(format!(
+                    "VM `{}`: device `{}` is not open, so profile `{}` cannot be sized",
+                    vm.name, vm.device, p.name
+                ));
+            };
+            vm.memory = p.memory.bytes_of(t);
+            if vm.memory == 0 {
+                return Err(format!(
+                    "VM `{}`: profile `{}` gives a slice of 0 bytes on device `{}`",
+                    vm.name, p.name, vm.device
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_profile(cx: &Ctx<'_>, r: &RawProfile) -> Result<ProfileConfig, ConfigError> {
+    let name = r.name.get_ref().clone();
+    if !valid_name(&name) || name.contains('.') || name.contains('_') || name.len() > 40 {
+        return Err(cx.err(
+            r.name.span(),
+            format!("profile name `{name}` is invalid: use 1-40 letters, digits or '-' (it becomes the Kubernetes resource vgpu.io/<name>)"),
+        ));
+    }
+    let memory = match r.memory.get_ref() {
+        RawSize::Bytes(0) => {
+            return Err(cx.err(r.memory.span(), "a profile's memory must be larger than 0"));
+        }
+        RawSize::Bytes(b) => ProfileMemory::Bytes(*b),
+        RawSize::Text(t) => {
+            ProfileMemory::parse(t).map_err(|e| cx.err(r.memory.span(), format!("memory: {e}")))?
+        }
+    };
+    let weight = match &r.weight {
+        Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => {
+            return Err(cx.err(
+                w.span(),
+                format!("weight must be between 1 and {MAX_WEIGHT}"),
+            ));
+        }
+        Some(w) => *w.get_ref(),
+        None => DEFAULT_WEIGHT,
+    };
+    let priority = match &r.priority {
+        Some(p) => Priority::parse(p.get_ref()).ok_or_else(|| {
+            cx.err(
+                p.span(),
+                format!(
+                    "unknown priority `{}`: use \"realtime\", \"normal\" or \"batch\"",
+                    p.get_ref()
+                ),
+            )
+        })?,
+        None => Priority::Normal,
+    };
+    Ok(ProfileConfig {
+        name,
+        memory,
+        weight,
+        priority,
+    })
 }
 
 fn parse_device(
@@ -737,6 +935,19 @@ fn parse_admin(cx: &Ctx<'_>, raw: Option<RawAdmin>) -> Result<AdminConfig, Confi
     })
 }
 
+fn valid_owner(s: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 32
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    };
+    match s.split_once(':') {
+        Some((u, g)) => part(u) && part(g),
+        None => part(s),
+    }
+}
+
 fn valid_pci(s: &str) -> bool {
     let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
     let mut it = s.split(':');
@@ -773,7 +984,9 @@ fn parse_passthrough(
             ),
         ));
     }
-    let shared_only: [(&str, Option<std::ops::Range<usize>>); 10] = [
+    let shared_only: [(&str, Option<std::ops::Range<usize>>); 12] = [
+        ("socket_owner", r.socket_owner.as_ref().map(|x| x.span())),
+        ("profile", r.profile.as_ref().map(|x| x.span())),
         ("device", r.device.as_ref().map(|x| x.span())),
         ("memory", r.memory.as_ref().map(|x| x.span())),
         ("weight", r.weight.as_ref().map(|x| x.span())),
@@ -818,6 +1031,8 @@ fn parse_passthrough(
         mode: VmMode::Passthrough {
             pci: pci.get_ref().to_ascii_lowercase(),
         },
+        profile: None,
+        socket_owner: None,
     })
 }
 
@@ -873,6 +1088,7 @@ fn parse_vm(
     cx: &Ctx<'_>,
     v: &Spanned<RawVm>,
     devices: &[DeviceConfig],
+    profiles: &[ProfileConfig],
 ) -> Result<VmConfig, ConfigError> {
     let r = v.get_ref();
     let name = r.name.get_ref().clone();
@@ -915,18 +1131,55 @@ fn parse_vm(
             ));
         }
     };
-    let Some(mem) = &r.memory else {
-        return Err(cx.err(
-            v.span(),
-            format!(
-                "VM `{name}` needs `memory = \"…\"`: the size of its memory slice, e.g. \"2GiB\""
-            ),
-        ));
+    let profile = match &r.profile {
+        Some(p) => Some(profiles.iter().find(|x| &x.name == p.get_ref()).ok_or_else(|| {
+            let known: Vec<_> = profiles.iter().map(|x| x.name.as_str()).collect();
+            cx.err(
+                p.span(),
+                format!(
+                    "VM `{name}` names profile `{}`, which is not defined; defined profiles: {}",
+                    p.get_ref(),
+                    if known.is_empty() { "none (add a [[profile]] entry)".to_string() } else { known.join(", ") }
+                ),
+            )
+        })?),
+        None => None,
     };
-    let memory = cx.size(mem, "memory")?;
-    if memory == 0 {
-        return Err(cx.err(mem.span(), "the memory slice must be larger than 0"));
-    }
+    let memory = match (&r.memory, profile) {
+        (Some(mem), _) => {
+            let memory = cx.size(mem, "memory")?;
+            if memory == 0 {
+                return Err(cx.err(mem.span(), "the memory slice must be larger than 0"));
+            }
+            memory
+        }
+        (None, Some(p)) => {
+            let dev = devices.iter().find(|d| d.name == device);
+            match (p.memory, dev.map(|d| &d.kind)) {
+                // A real GPU's memory is known once it is open:
+                // `Config::resolve_profile_memory` sizes the slice then.
+                (ProfileMemory::Fraction { .. }, Some(DeviceKind::Cuda { .. })) => 0,
+                (m, _) => {
+                    let b = m.bytes_of(dev.map_or(0, |d| d.memory));
+                    if b == 0 {
+                        return Err(cx.err(
+                            v.span(),
+                            format!("profile `{}` gives VM `{name}` a slice of 0 bytes", p.name),
+                        ));
+                    }
+                    b
+                }
+            }
+        }
+        (None, None) => {
+            return Err(cx.err(
+                v.span(),
+                format!(
+                    "VM `{name}` needs `memory = \"…\"`: the size of its memory slice, e.g. \"2GiB\" (or `profile = \"…\"`)"
+                ),
+            ));
+        }
+    };
     let weight = match &r.weight {
         Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => {
             return Err(cx.err(
@@ -935,7 +1188,7 @@ fn parse_vm(
             ));
         }
         Some(w) => *w.get_ref(),
-        None => DEFAULT_WEIGHT,
+        None => profile.map_or(DEFAULT_WEIGHT, |p| p.weight),
     };
     let priority = match &r.priority {
         Some(p) => Priority::parse(p.get_ref()).ok_or_else(|| {
@@ -947,7 +1200,7 @@ fn parse_vm(
                 ),
             )
         })?,
-        None => Priority::Normal,
+        None => profile.map_or(Priority::Normal, |p| p.priority),
     };
     let device_model = parse_device_model(cx, r, &name)?;
     let guest_cid = r.guest_cid.as_ref().map(|c| *c.get_ref());
@@ -991,6 +1244,13 @@ fn parse_vm(
         _ => None,
     };
     let schedule = parse_schedule(cx, r)?;
+    let socket_owner = match &r.socket_owner {
+        Some(o) if !valid_owner(o.get_ref()) => {
+            return Err(cx.err(o.span(), format!("socket_owner `{}` is not user[:group]: write e.g. \"libvirt-qemu\" or \"107:107\"", o.get_ref())));
+        }
+        Some(o) => Some(o.get_ref().clone()),
+        None => None,
+    };
     Ok(VmConfig {
         name,
         device,
@@ -1004,6 +1264,8 @@ fn parse_vm(
         device_model,
         schedule,
         mode: VmMode::Shared,
+        profile: profile.map(|p| p.name.clone()),
+        socket_owner,
     })
 }
 
@@ -1343,6 +1605,100 @@ guest_cid = 3
         // The error for a vsock socket without a CID mentions the alternative.
         let e = err("[[vm]]\nname = \"a\"\nmemory = 1\nvhost_user_socket = \"/a\"\n");
         assert!(e.contains("device_model = \"vgpu\""), "{e}");
+    }
+
+    #[test]
+    fn profiles_size_vms_from_their_device() {
+        let c = parse(
+            "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"8GiB\"\n\
+             [[profile]]\nname = \"q8\"\nmemory = \"1/8\"\n\
+             [[profile]]\nname = \"q4\"\nmemory = \"1/4\"\nweight = 2\npriority = \"normal\"\n\
+             [[profile]]\nname = \"q2\"\nmemory = \"1/2\"\nweight = 4\npriority = \"realtime\"\n\
+             [[profile]]\nname = \"small\"\nmemory = \"512MiB\"\npriority = \"batch\"\n\
+             [[vm]]\nname = \"a\"\nprofile = \"q4\"\n\
+             [[vm]]\nname = \"b\"\nprofile = \"q2\"\nweight = 7\n\
+             [[vm]]\nname = \"c\"\nprofile = \"small\"\n\
+             [[vm]]\nname = \"d\"\nprofile = \"q8\"\nmemory = \"3GiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.profiles.len(), 4);
+        let vm = |n: &str| c.vms.iter().find(|v| v.name == n).unwrap();
+        assert_eq!(
+            (vm("a").memory, vm("a").weight, vm("a").priority),
+            (2 << 30, 2, Priority::Normal)
+        );
+        assert_eq!(vm("a").profile.as_deref(), Some("q4"));
+        // Keys the entry sets win over the profile's.
+        assert_eq!(
+            (vm("b").memory, vm("b").weight, vm("b").priority),
+            (4 << 30, 7, Priority::Realtime)
+        );
+        assert_eq!(
+            (vm("c").memory, vm("c").priority),
+            (512 << 20, Priority::Batch)
+        );
+        assert_eq!(vm("d").memory, 3 << 30);
+        assert_eq!(c.profile("q8").unwrap().memory.bytes_of(8 << 30), 1 << 30);
+        let c = parse("[[vm]]\nname = \"a\"\nmemory = 1\nsocket_owner = \"libvirt-qemu:kvm\"\n")
+            .unwrap();
+        assert_eq!(c.vms[0].socket_owner.as_deref(), Some("libvirt-qemu:kvm"));
+        assert!(
+            err("[[vm]]\nname = \"a\"\nmemory = 1\nsocket_owner = \"a b\"\n")
+                .contains("user[:group]")
+        );
+    }
+
+    #[test]
+    fn profiles_on_real_gpus_are_sized_when_the_gpu_is_open() {
+        let mut c = parse(
+            "[[device]]\nname = \"g\"\nkind = \"cuda\"\nindex = 0\n\
+             [[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n\
+             [[vm]]\nname = \"a\"\nprofile = \"q4\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.vms[0].memory, 0, "unknown until the GPU is open");
+        c.resolve_profile_memory(|d| (d == "g").then_some(80 << 30))
+            .unwrap();
+        assert_eq!(c.vms[0].memory, 20 << 30);
+        let mut c2 = parse(
+            "[[device]]\nname = \"g\"\nkind = \"cuda\"\n[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"a\"\nprofile = \"q4\"\n",
+        )
+        .unwrap();
+        assert!(
+            c2.resolve_profile_memory(|_| None)
+                .unwrap_err()
+                .contains("not open")
+        );
+    }
+
+    #[test]
+    fn bad_profiles_are_refused_with_the_fix() {
+        let e = err("[[profile]]\nname = \"q4\"\nmemory = \"1/0\"\n");
+        assert!(
+            e.starts_with("vgpu.toml:3:") && e.contains("between 1/64 and 1/1"),
+            "{e}"
+        );
+        let e = err("[[profile]]\nname = \"q4\"\nmemory = \"5/4\"\n");
+        assert!(e.contains("between 1/64 and 1/1"), "{e}");
+        let e = err("[[profile]]\nname = \"q4\"\nmemory = \"quarter\"\n");
+        assert!(e.contains("\"1/4\""), "{e}");
+        let e = err("[[profile]]\nname = \"q_4\"\nmemory = \"1/4\"\n");
+        assert!(e.contains("vgpu.io/<name>"), "{e}");
+        let e = err(
+            "[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[profile]]\nname = \"q4\"\nmemory = \"1/2\"\n",
+        );
+        assert!(e.starts_with("vgpu.toml:5:") && e.contains("unique"), "{e}");
+        let e = err(
+            "[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"a\"\nprofile = \"q3\"\n",
+        );
+        assert!(
+            e.starts_with("vgpu.toml:6:") && e.contains("defined profiles: q4"),
+            "{e}"
+        );
+        let e = err(
+            "[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\nprofile = \"q4\"\n",
+        );
+        assert!(e.contains("`profile` applies to shared VMs only"), "{e}");
     }
 
     #[test]

@@ -156,6 +156,8 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         device_model: crate::config::DeviceModel::Vsock,
         schedule: Vec::new(),
         mode: crate::config::VmMode::Shared,
+        profile: None,
+        socket_owner: None,
     }
 }
 

@@ -39,6 +39,8 @@ pub enum Vmm {
     Qemu,
     /// cloud-hypervisor.
     CloudHypervisor,
+    /// libvirt: the domain XML elements (`vgpuctl vm attach --domain` applies them).
+    Libvirt,
 }
 
 /// Arguments of `vm attach-args`.
@@ -284,12 +286,23 @@ pub fn run(a: &AttachArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
     let args = match a.vmm {
         Vmm::Qemu => qemu_args(&vm, &mem),
         Vmm::CloudHypervisor => ch_args(&vm, &mem, a.hybrid, a.cid),
+        Vmm::Libvirt => {
+            let att = crate::libvirt::attachment(&vm).map_err(CliError::Failed)?;
+            let xml = vgpu_libvirt::snippet(&att);
+            if json_out {
+                print_json(&json!({ "vm": a.name, "vmm": "libvirt", "domain_xml": xml }));
+            } else {
+                print!("{xml}");
+            }
+            return Ok(());
+        }
     }
     .map_err(CliError::Failed)?;
     if json_out {
         let vmm = match a.vmm {
             Vmm::Qemu => "qemu",
             Vmm::CloudHypervisor => "cloud-hypervisor",
+            Vmm::Libvirt => "libvirt",
         };
         print_json(&json!({ "vm": a.name, "vmm": vmm, "args": args }));
     } else {

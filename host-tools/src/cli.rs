@@ -180,8 +180,12 @@ pub enum VmCommand {
         #[arg(long, value_name = "SECONDS", default_value_t = 300)]
         timeout: u64,
     },
-    /// Print the VMM command-line arguments that attach a VM to vgpud.
+    /// Print the VMM command-line arguments (or libvirt domain XML) that attach a VM to vgpud.
     AttachArgs(crate::attach::AttachArgs),
+    /// Attach a VM to a defined libvirt domain (idempotent; takes effect at the domain's next start).
+    Attach(crate::libvirt::DomainArgs),
+    /// Remove a VM's device from a libvirt domain.
+    Detach(crate::libvirt::DomainArgs),
 }
 
 /// Arguments of `vm add`.
@@ -189,9 +193,15 @@ pub enum VmCommand {
 pub struct VmAddArgs {
     /// VM name (1-64 letters, digits, '-', '_' or '.').
     pub name: String,
-    /// Memory slice, e.g. 2GiB (B, KiB, MiB, GiB, TiB).
-    #[arg(long, value_name = "SIZE")]
-    pub memory: String,
+    /// Memory slice, e.g. 2GiB (B, KiB, MiB, GiB, TiB); may be left out with --profile.
+    #[arg(long, value_name = "SIZE", required_unless_present = "profile")]
+    pub memory: Option<String>,
+    /// A [[profile]] of the config: its memory slice, weight and priority (the options above win).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// user[:group] that gets the VM's sockets, mode 0660 (libvirt's QEMU runs as libvirt-qemu).
+    #[arg(long, value_name = "USER[:GROUP]")]
+    pub socket_owner: Option<String>,
     /// Device to run on (may be left out when vgpud has one device).
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
@@ -525,6 +535,12 @@ pub fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Vm {
             command: VmCommand::AttachArgs(args),
         } => crate::attach::run(args, &c, cli.json),
+        Command::Vm {
+            command: VmCommand::Attach(args),
+        } => crate::libvirt::attach(args, &c, cli.json),
+        Command::Vm {
+            command: VmCommand::Detach(args),
+        } => crate::libvirt::detach(args, &c, cli.json),
         _ => run_api(cli, &c),
     }
 }
@@ -641,13 +657,16 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 v
             }
             VmCommand::Add(a) => {
-                let mut body = json!({ "name": a.name, "memory": a.memory });
+                let mut body = json!({ "name": a.name });
                 let m = body.as_object_mut().expect("object");
                 let mut put = |k: &str, v: Option<Value>| {
                     if let Some(v) = v {
                         m.insert(k.into(), v);
                     }
                 };
+                put("memory", a.memory.clone().map(Value::from));
+                put("profile", a.profile.clone().map(Value::from));
+                put("socket_owner", a.socket_owner.clone().map(Value::from));
                 put("device", a.device.clone().map(Value::from));
                 put("weight", a.weight.map(Value::from));
                 put("priority", a.priority.map(|p| p.as_str().into()));
@@ -749,7 +768,9 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 }
                 v
             }
-            VmCommand::AttachArgs(_) => unreachable!("handled by run"),
+            VmCommand::AttachArgs(_) | VmCommand::Attach(_) | VmCommand::Detach(_) => {
+                unreachable!("handled by run")
+            }
         },
         Command::Metrics => {
             let text = c.get_text("/v1/metrics")?;

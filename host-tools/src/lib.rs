@@ -5,6 +5,7 @@
 //! - [`top`]: the live terminal view;
 //! - [`doctor`]: host checks;
 //! - [`attach`]: VMM arguments for a VM;
+//! - [`libvirt`]: `vm attach`/`detach` of libvirt domains;
 //! - [`manpages`]: man pages generated from the command definitions;
 //! - [`table`]: tables and human-readable numbers.
 
@@ -12,6 +13,7 @@ pub mod api;
 pub mod attach;
 pub mod cli;
 pub mod doctor;
+pub mod libvirt;
 pub mod manpages;
 pub mod passthrough;
 pub mod table;

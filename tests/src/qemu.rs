@@ -1075,6 +1075,25 @@ fn write_initrd(base: &Path, payload: &[u8], dest: &Path) -> Result<(), QemuErro
         .map_err(io_err("cannot write", dest))
 }
 
+/// What another VMM (libvirt) needs to boot `spec`'s guest: the kernel, an
+/// initrd with the payload (written into `dir`) and the kernel command line.
+/// The console is the first serial port.
+pub fn boot_files(spec: &GuestSpec, dir: &Path) -> Result<(PathBuf, PathBuf, String), QemuError> {
+    spec.validate()?;
+    let image = ensure_image()?;
+    let payload = build_payload(spec, &image.manifest)?;
+    let initrd = dir.join("initrd.img");
+    write_initrd(&image.initrd, &payload, &initrd)?;
+    let kernel = dir.join("vmlinuz");
+    fs::copy(&image.kernel, &kernel).map_err(io_err("cannot copy the kernel to", &kernel))?;
+    let mut cmdline = BASE_KERNEL_ARGS.to_string();
+    for arg in &spec.kernel_args {
+        cmdline.push(' ');
+        cmdline.push_str(arg);
+    }
+    Ok((kernel, initrd, cmdline))
+}
+
 /// QEMU's option syntax doubles commas inside a value.
 fn qemu_escape(value: &str) -> String {
     value.replace(',', ",,")

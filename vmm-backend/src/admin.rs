@@ -300,6 +300,59 @@ pub fn device_json(rt: &Runtime, name: &str) -> Option<Value> {
     }))
 }
 
+/// The profiles with, per device, the slice a VM of the profile gets, how
+/// many such VMs the device holds (`slots`), how many more fit in its
+/// unsliced memory now (`free`) and the VMs created from the profile.
+pub fn profiles_json(rt: &Runtime) -> Value {
+    let config = rt.running_config();
+    let broker = rt.broker();
+    let tenants = broker.tenants();
+    let profiles: Vec<Value> = config
+        .profiles
+        .iter()
+        .map(|p| {
+            let devices: Vec<Value> = broker
+                .devices()
+                .iter()
+                .map(|(name, d)| {
+                    let total = d.info().total_memory;
+                    let size = p.memory.bytes_of(total);
+                    let sliced: u64 = tenants
+                        .iter()
+                        .filter(|t| &t.device_name == name)
+                        .map(|t| t.slice.limit())
+                        .sum();
+                    let vms: Vec<String> = config
+                        .vms
+                        .iter()
+                        .filter(|v| &v.device == name && v.profile.as_deref() == Some(&p.name))
+                        .map(|v| v.name.clone())
+                        .collect();
+                    let slots = total.checked_div(size).unwrap_or(0);
+                    let free = total.saturating_sub(sliced).checked_div(size).unwrap_or(0);
+                    json!({
+                        "device": name,
+                        "memory_total": total,
+                        "memory_sliced": sliced,
+                        "memory": size,
+                        "slots": slots,
+                        "free": free,
+                        "vms": vms,
+                    })
+                })
+                .collect();
+            json!({
+                "name": p.name,
+                "memory": p.memory.to_config_string(),
+                "weight": p.weight,
+                "priority": p.priority.as_str(),
+                "devices": devices,
+            })
+        })
+        .collect();
+    Value::Array(profiles)
+}
+
 fn parse_body(req: &HttpRequest) -> Result<Value, HttpResponse> {
     if req.body.is_empty() {
         return Err(HttpResponse::error(
@@ -386,6 +439,10 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
             "GET" => HttpResponse::ok(
                 serde_json::to_value(rt.inventory().report()).unwrap_or(Value::Null),
             ),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
+        },
+        ["v1", "profiles"] => match m {
+            "GET" => HttpResponse::ok(profiles_json(rt)),
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
         ["v1", "passthrough"] => match m {
@@ -645,6 +702,7 @@ mod tests {
             "/v1/devices/{device}/scheduling:",
             "/v1/gpus:",
             "/v1/passthrough:",
+            "/v1/profiles:",
             "/v1/vms:",
             "/v1/vms/{vm}:",
             "/v1/vms/{vm}/drain:",
@@ -656,7 +714,7 @@ mod tests {
                 "{path} is not in docs/admin-api.yaml"
             );
         }
-        assert_eq!(doc.matches("\n  /v1/").count(), 11, "and nothing else");
+        assert_eq!(doc.matches("\n  /v1/").count(), 12, "and nothing else");
     }
 
     #[test]

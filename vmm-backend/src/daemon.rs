@@ -44,6 +44,17 @@ pub enum DaemonError {
         /// Why.
         message: String,
     },
+    /// A VM's profile could not be sized on its device.
+    #[error("{0}")]
+    Profile(String),
+    /// A VM's sockets could not be given to its `socket_owner`.
+    #[error("VM `{vm}`: socket_owner: {message}")]
+    SocketOwner {
+        /// VM name.
+        vm: String,
+        /// Why, and what to do.
+        message: String,
+    },
     /// A tenant could not be added.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -145,6 +156,69 @@ pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Resolves `user[:group]` (names or numbers) to ids; a user without a
+/// group gets the user's primary group.
+pub fn resolve_owner(owner: &str) -> Result<(u32, u32), String> {
+    let (user, group) = match owner.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (owner, None),
+    };
+    let cstr = |s: &str| std::ffi::CString::new(s).map_err(|_| format!("`{s}` holds a NUL byte"));
+    let (uid, primary) = match user.parse::<u32>() {
+        Ok(n) => (n, None),
+        Err(_) => {
+            let c = cstr(user)?;
+            // SAFETY: `c` is a valid C string; getpwnam's result is read
+            // at once, before another call can overwrite it.
+            let pw = unsafe { libc::getpwnam(c.as_ptr()) };
+            if pw.is_null() {
+                return Err(format!(
+                    "no user `{user}` on this host (is libvirt installed? its QEMU runs as libvirt-qemu on Debian, qemu on Fedora)"
+                ));
+            }
+            // SAFETY: `pw` is non-null and points at getpwnam's static record.
+            let pw = unsafe { &*pw };
+            let (u, g) = (pw.pw_uid, pw.pw_gid);
+            (u, Some(g))
+        }
+    };
+    let gid = match group {
+        None => primary.unwrap_or(uid),
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => {
+                let c = cstr(g)?;
+                // SAFETY: as for getpwnam above.
+                let gr = unsafe { libc::getgrnam(c.as_ptr()) };
+                if gr.is_null() {
+                    return Err(format!("no group `{g}` on this host"));
+                }
+                // SAFETY: `gr` is non-null and points at getgrnam's static record.
+                unsafe { (*gr).gr_gid }
+            }
+        },
+    };
+    Ok((uid, gid))
+}
+
+/// Gives a VM's sockets to its `socket_owner`, mode 0660.
+fn give_sockets(vm: &VmConfig, owner: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let (uid, gid) = resolve_owner(owner)?;
+    for p in [&vm.unix_socket, &vm.vhost_user_socket, &vm.vsock_uds_path]
+        .into_iter()
+        .flatten()
+    {
+        if !p.exists() {
+            continue;
+        }
+        std::os::unix::fs::chown(p, Some(uid), Some(gid))
+            .and_then(|()| std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o660)))
+            .map_err(|e| format!("cannot give {} to {owner} ({uid}:{gid}): {e}; vgpud must run as root to give sockets away", p.display()))?;
+    }
+    Ok(())
+}
+
 /// Devices with their config names.
 pub type NamedDevices = Vec<(String, Arc<dyn Device>)>;
 
@@ -227,6 +301,7 @@ impl From<DaemonError> for OpError {
     fn from(e: DaemonError) -> Self {
         let status = match &e {
             DaemonError::Listener(_) | DaemonError::Vsock { .. } => 409,
+            DaemonError::SocketOwner { .. } => 400,
             _ => 500,
         };
         OpError::new(status, error_chain(&e))
@@ -438,6 +513,12 @@ impl Runtime {
             )?);
             info!(vm = %vm.name, socket = %socket.display(), cid, "vhost-user vsock device ready");
         }
+        if let Some(owner) = &vm.socket_owner {
+            give_sockets(vm, owner).map_err(|message| DaemonError::SocketOwner {
+                vm: vm.name.clone(),
+                message,
+            })?;
+        }
         Ok(t)
     }
 
@@ -497,10 +578,22 @@ impl Runtime {
         r
     }
 
+    /// Sizes the slices of VMs whose profile is a fraction of a real GPU.
+    fn resolve_profiles(&self, c: &mut Config) -> Result<(), OpError> {
+        c.resolve_profile_memory(|d| self.broker.device(d).map(|x| x.info().total_memory))
+            .map_err(|e| OpError::new(400, e))
+    }
+
     fn add_vm_locked(&self, body: &Value) -> Result<VmConfig, OpError> {
         let entry = reload::json_to_table(body)?;
         let running = self.running_config();
-        let (candidate, vm) = reload::with_vm_added(&running, entry)?;
+        let (mut candidate, mut vm) = reload::with_vm_added(&running, entry)?;
+        if vm.memory == 0 {
+            self.resolve_profiles(&mut candidate)?;
+            if let Some(v) = candidate.vms.iter().find(|v| v.name == vm.name) {
+                vm = v.clone();
+            }
+        }
         let t = self.start_vm(&vm)?;
         let mut st = self.write();
         st.transports.insert(vm.name.clone(), t);
@@ -734,7 +827,12 @@ impl Runtime {
     /// last applied, with the same rules as the API.
     pub fn reload(&self, actor: Actor, path: &Path) -> Result<ReloadReport, OpError> {
         let _g = self.serialise();
-        let new = match Config::load(path) {
+        let new = match Config::load(path)
+            .map_err(|e| e.to_string())
+            .and_then(|mut c| {
+                self.resolve_profiles(&mut c).map_err(|e| e.message)?;
+                Ok(c)
+            }) {
             Ok(c) => c,
             Err(e) => {
                 let msg = format!("the config file is invalid, nothing was changed: {e}");
@@ -781,6 +879,8 @@ impl Runtime {
     }
 
     fn apply_file(&self, new: &Config) -> ReloadReport {
+        // Profiles apply to VMs added from now on.
+        self.write().running.profiles = new.profiles.clone();
         let old = self.read().baseline.clone();
         let mut report = ReloadReport::default();
         // The new baseline: the file, except what could not be applied.
@@ -980,6 +1080,11 @@ impl Daemon {
         let passthrough =
             crate::passthrough::PassthroughRegistry::from_config(config, &host_roots)?;
         let broker = Arc::new(Broker::new(build_devices(config)?));
+        let mut config = config.clone();
+        config
+            .resolve_profile_memory(|d| broker.device(d).map(|x| x.info().total_memory))
+            .map_err(DaemonError::Profile)?;
+        let config = &config;
         for d in &config.devices {
             broker.set_scheduling(&d.name, d.scheduling)?;
         }
@@ -1160,4 +1265,21 @@ fn start_vgpu_dev(
         stop,
         thread: Some(thread),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_owners_resolve_by_name_or_number() {
+        assert_eq!(resolve_owner("root"), Ok((0, 0)));
+        assert_eq!(resolve_owner("0:0"), Ok((0, 0)));
+        assert_eq!(resolve_owner("107:107"), Ok((107, 107)));
+        assert_eq!(resolve_owner("107"), Ok((107, 107)));
+        let e = resolve_owner("no-such-user-vgpu").unwrap_err();
+        assert!(e.contains("no user `no-such-user-vgpu`"), "{e}");
+        let e = resolve_owner("root:no-such-group-vgpu").unwrap_err();
+        assert!(e.contains("no group"), "{e}");
+    }
 }

@@ -99,6 +99,12 @@ pub fn vm_table(v: &VmConfig) -> Table {
         t.insert("device_model".into(), v.device_model.as_str().into());
         t.insert("vgpu_device_id".into(), Toml::Integer(i64::from(device_id)));
     }
+    if let Some(p) = &v.profile {
+        t.insert("profile".into(), p.clone().into());
+    }
+    if let Some(o) = &v.socket_owner {
+        t.insert("socket_owner".into(), o.clone().into());
+    }
     if !v.schedule.is_empty() {
         let windows = v
             .schedule
@@ -142,6 +148,21 @@ pub fn render(c: &Config) -> String {
                 .collect(),
         ),
     );
+    if !c.profiles.is_empty() {
+        let profiles = c
+            .profiles
+            .iter()
+            .map(|p| {
+                let mut t = Table::new();
+                t.insert("name".into(), p.name.clone().into());
+                t.insert("memory".into(), p.memory.to_config_string().into());
+                t.insert("weight".into(), Toml::Integer(i64::from(p.weight)));
+                t.insert("priority".into(), p.priority.as_str().into());
+                Toml::Table(t)
+            })
+            .collect();
+        doc.insert("profile".into(), Toml::Array(profiles));
+    }
     if !c.vms.is_empty() {
         doc.insert(
             "vm".into(),
@@ -281,6 +302,7 @@ fn live_updatable(a: &VmConfig, b: &VmConfig) -> bool {
         weight: 0,
         priority: Default::default(),
         schedule: Vec::new(),
+        profile: None,
         ..v.clone()
     };
     strip(a) == strip(b)
@@ -411,6 +433,16 @@ name = "gpu1"
 kind = "cuda"
 uuid = "GPU-1234"
 
+[[profile]]
+name = "q4"
+memory = "1/4"
+weight = 2
+priority = "realtime"
+
+[[profile]]
+name = "small"
+memory = "512MiB"
+
 [[vm]]
 name = "vm1"
 device = "gpu0"
@@ -420,6 +452,7 @@ priority = "batch"
 unix_socket = "/run/vgpu/vm1.sock"
 vhost_user_socket = "/run/vgpu/vm1.vhost.sock"
 guest_cid = 5
+socket_owner = "libvirt-qemu:kvm"
 [[vm.schedule]]
 from = "22:00"
 to = "06:00"
@@ -453,6 +486,17 @@ pci = "0000:3b:00.0"
             add(json!({"name": "vm2", "device": "gpu0", "memory": "1GiB", "weight": 2})).unwrap();
         assert_eq!((vm.memory, vm.weight), (1 << 30, 2));
         assert_eq!(c2.vms.len(), 3);
+        let (_, vm) = add(json!({"name": "k1", "device": "gpu0", "profile": "q4"})).unwrap();
+        assert_eq!(
+            (
+                vm.memory,
+                vm.weight,
+                vm.priority.as_str(),
+                vm.profile.as_deref()
+            ),
+            (2 << 30, 2, "realtime", Some("q4")),
+            "a VM from a profile gets its slice and share"
+        );
         for (body, want) in [
             (
                 json!({"name": "vm1", "device": "gpu0", "memory": 1}),

@@ -14,7 +14,9 @@
 //! Scenarios: weights 30/70 and 1:2:3:4 under `fair`, a VM capped at 25 %
 //! under `fixed` running alone, work conservation when one of two VMs stops,
 //! the launch-to-start wait of a `realtime` VM among three saturating `batch`
-//! VMs, and the throughput of one VM with the scheduler on vs off.
+//! VMs, the throughput of one VM with the scheduler on vs off, and 30/70 and
+//! 1:2:3:4 again with synchronous clients (each synchronizes after every 1,
+//! 4 or 16 launches) with the scheduler's sync rules off and on.
 
 use std::ffi::{CString, c_void};
 use std::io::Write as _;
@@ -56,6 +58,8 @@ const RT_MAX_SLEEP_MS: u64 = 5;
 const SLICE_MS: u64 = 2;
 /// Rounds of the overhead scenario (the devices swap roles each round).
 const OVERHEAD_ROUNDS: u64 = 4;
+/// Launches between two synchronizes in the synchronous-client cases.
+const SYNC_BATCHES: [u32; 3] = [1, 4, 16];
 /// Targets.
 const FAIR_TARGET_POINTS: f64 = 2.0;
 const FIXED_TARGET: f64 = 0.27;
@@ -69,6 +73,8 @@ pub struct Params {
     pub seconds: u64,
     /// Repetitions (medians are reported).
     pub runs: usize,
+    /// Only the synchronous-client cases.
+    pub sync_only: bool,
 }
 
 /// Worker threads of the simulated GPU: all cores but one, which is left
@@ -101,6 +107,9 @@ enum Mode {
     Saturate,
     /// Launch one kernel, wait for it, sleep 1–5 ms, until `stop`; print `rtt <ns>`.
     Latency,
+    /// Launch N kernels, synchronize the context, repeat until `stop`;
+    /// print `done <time> N` per synchronize.
+    Sync(u32),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -114,22 +123,27 @@ struct ClientArgs {
 impl ClientArgs {
     fn encode(&self) -> String {
         let m = match self.mode {
-            Mode::Saturate => "saturate",
-            Mode::Latency => "latency",
+            Mode::Saturate => "saturate".to_string(),
+            Mode::Latency => "latency".to_string(),
+            Mode::Sync(n) => format!("sync{n}"),
         };
         format!("{m} {} {} {}", self.iters, self.grid, self.stop_unix_ns)
     }
 
     fn decode(s: &str) -> Result<Self, String> {
         let f: Vec<&str> = s.split_whitespace().collect();
-        let bad = || format!("{CLIENT_ENV}={s:?}: expected `saturate|latency ITERS GRID STOP_NS`");
+        let bad =
+            || format!("{CLIENT_ENV}={s:?}: expected `saturate|latency|syncN ITERS GRID STOP_NS`");
         if f.len() != 4 {
             return Err(bad());
         }
         let mode = match f[0] {
             "saturate" => Mode::Saturate,
             "latency" => Mode::Latency,
-            _ => return Err(bad()),
+            m => match m.strip_prefix("sync").and_then(|n| n.parse().ok()) {
+                Some(n) if n > 0 => Mode::Sync(n),
+                _ => return Err(bad()),
+            },
         };
         Ok(ClientArgs {
             mode,
@@ -258,6 +272,15 @@ fn run_client(spec: &str) -> Result<(), String> {
             for j in i.saturating_sub(DEPTH - 1)..i {
                 client::wait(events[j % DEPTH])?;
                 lines.push(format!("done {} {BATCH}", unix_ns()));
+            }
+        }
+        Mode::Sync(n) => {
+            while unix_ns() < a.stop_unix_ns {
+                for _ in 0..n {
+                    spin.launch(a.grid, a.iters)?;
+                }
+                client::sync()?;
+                lines.push(format!("done {} {n}", unix_ns()));
             }
         }
         Mode::Latency => {
@@ -492,18 +515,39 @@ struct Shares {
 
 /// Saturating tenants with the given weights; shares over one window.
 fn fair(k: Kernel, weights: &[u32], seconds: u64) -> Result<Shares, String> {
+    fair_with(k, weights, seconds, Mode::Saturate, true)
+}
+
+/// Tenants with the given weights, each a client in `mode`, with the
+/// scheduler's sync rules on or off; shares over one window.
+fn fair_with(
+    k: Kernel,
+    weights: &[u32],
+    seconds: u64,
+    mode: Mode,
+    sync_rules: bool,
+) -> Result<Shares, String> {
     let vms: Vec<Tenant0> = weights
         .iter()
         .enumerate()
         .map(|(i, &w)| vm(&format!("vm{i}"), w, "normal"))
         .collect();
     let host = Host::start(&vms, Policy::Fair)?;
+    host.daemon
+        .as_ref()
+        .and_then(|d| d.broker().scheduler("gpu0").cloned())
+        .ok_or("no scheduler")?
+        .set_sync_rules(sync_rules);
     let t0 = unix_ns();
     let w0 = t0 + WARMUP.as_nanos() as u64;
     let w1 = w0 + seconds * 1_000_000_000;
     let children: Vec<Child> = vms
         .iter()
-        .map(|v| host.spawn(&v.name, saturate(k, w1 + 200_000_000)))
+        .map(|v| {
+            let mut a = saturate(k, w1 + 200_000_000);
+            a.mode = mode;
+            host.spawn(&v.name, a)
+        })
         .collect::<Result<_, _>>()?;
     sleep_until(w0);
     let b0: Vec<Duration> = vms
@@ -785,6 +829,76 @@ fn worst(s: &[f64], weights: &[u32]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Synchronous clients: each case's worst error (points) per run, broker
+/// and clients, with the sync rules off (the baseline) and on.
+fn sync_cases(k: Kernel, p: Params) -> Result<(), String> {
+    let cases: Vec<(&[u32], u32)> = [&[30u32, 70][..], &[1, 2, 3, 4][..]]
+        .into_iter()
+        .flat_map(|w| SYNC_BATCHES.into_iter().map(move |b| (w, b)))
+        .collect();
+    // (case, rules) -> per run (broker error, client error, utilization)
+    let mut results: Vec<[Vec<(f64, f64, f64)>; 2]> = vec![[Vec::new(), Vec::new()]; cases.len()];
+    for run in 0..p.runs {
+        for (ci, (w, batch)) in cases.iter().enumerate() {
+            for (ri, rules) in [false, true].into_iter().enumerate() {
+                let s = fair_with(k, w, p.seconds, Mode::Sync(*batch), rules)?;
+                println!(
+                    "run {}: sync every {batch:>2}, weights {}, sync rules {}: broker {}, clients {}, device busy {}",
+                    run + 1,
+                    w.iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(":"),
+                    if rules { "on " } else { "off" },
+                    s.broker
+                        .iter()
+                        .map(|x| pct(*x))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    s.client
+                        .iter()
+                        .map(|x| pct(*x))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    pct(s.utilization)
+                );
+                results[ci][ri].push((worst(&s.broker, w), worst(&s.client, w), s.utilization));
+            }
+        }
+    }
+    println!();
+    println!(
+        "synchronous clients, worst error in points (median [min–max] of {} runs)   target <= {FAIR_TARGET_POINTS}",
+        p.runs
+    );
+    println!(
+        "case                    rules off: broker / clients        rules on: broker / clients         busy off / on"
+    );
+    let spread = |v: Vec<f64>| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        format!("{:.2} [{lo:.2}–{hi:.2}]", median(&v))
+    };
+    for (ci, (w, batch)) in cases.iter().enumerate() {
+        let r = &results[ci];
+        let col = |ri: usize, f: fn(&(f64, f64, f64)) -> f64| spread(r[ri].iter().map(f).collect());
+        println!(
+            "{:<8} sync every {batch:<2}  {} / {}   {} / {}   {} / {}",
+            w.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(":"),
+            col(0, |x| x.0),
+            col(0, |x| x.1),
+            col(1, |x| x.0),
+            col(1, |x| x.1),
+            pct(median(&r[0].iter().map(|x| x.2).collect::<Vec<_>>())),
+            pct(median(&r[1].iter().map(|x| x.2).collect::<Vec<_>>())),
+        );
+    }
+    Ok(())
+}
+
 /// Runs the benchmark (or, with [`CLIENT_ENV`] set, one tenant client).
 pub fn run(p: Params) -> Result<(), String> {
     if let Ok(spec) = std::env::var(CLIENT_ENV) {
@@ -792,6 +906,18 @@ pub fn run(p: Params) -> Result<(), String> {
     }
     if p.seconds == 0 || p.runs == 0 {
         return Err("--seconds and --runs must be at least 1".into());
+    }
+    if p.sync_only {
+        let k = calibrate()?;
+        println!(
+            "share (synchronous clients): simulated GPU ({} workers), {SLICE_MS} ms slices, {}-second windows, {} runs; kernel: spin, {GRID} blocks, {} iterations (~{} ms alone)",
+            sim_workers(),
+            p.seconds,
+            p.runs,
+            k.iters,
+            KERNEL_TARGET.as_millis()
+        );
+        return sync_cases(k, p);
     }
     let workers = sim_workers();
     println!(
@@ -961,7 +1087,8 @@ pub fn run(p: Params) -> Result<(), String> {
         med(ovh.iter().map(|x| x.0).collect()),
         med(ovh.iter().map(|x| x.1).collect())
     );
-    Ok(())
+    println!();
+    sync_cases(k, p)
 }
 
 #[cfg(test)]

@@ -511,6 +511,12 @@ struct Shares {
     broker: Vec<f64>,
     client: Vec<f64>,
     utilization: f64,
+    /// Each VM's think time between batches (the scheduler's estimate).
+    think: Vec<Duration>,
+    /// Fraction of the window the device was kept idle for a holder's next
+    /// kernel while another VM waited, and idle with runnable work (must be 0).
+    anticipation: f64,
+    idle_with_work: f64,
 }
 
 /// Saturating tenants with the given weights; shares over one window.
@@ -549,15 +555,26 @@ fn fair_with(
             host.spawn(&v.name, a)
         })
         .collect::<Result<_, _>>()?;
+    let sched = host
+        .daemon
+        .as_ref()
+        .and_then(|d| d.broker().scheduler("gpu0").cloned())
+        .ok_or("no scheduler")?;
     sleep_until(w0);
     let b0: Vec<Duration> = vms
         .iter()
         .map(|v| host.busy(&v.name))
         .collect::<Result<_, _>>()?;
+    let d0 = sched.device_stats();
     sleep_until(w1);
     let b1: Vec<Duration> = vms
         .iter()
         .map(|v| host.busy(&v.name))
+        .collect::<Result<_, _>>()?;
+    let d1 = sched.device_stats();
+    let think: Vec<Duration> = vms
+        .iter()
+        .map(|v| host.tenant(&v.name).map(|t| t.sched_stats().think_time))
         .collect::<Result<_, _>>()?;
     let reports: Vec<Report> = children
         .into_iter()
@@ -579,6 +596,9 @@ fn fair_with(
         // Every tenant runs the same kernel: kernels × cost normalizes to kernels.
         client: done.iter().map(|d| d / total_done).collect(),
         utilization: total / seconds as f64,
+        think,
+        anticipation: (d1.anticipation - d0.anticipation).as_secs_f64() / seconds as f64,
+        idle_with_work: (d1.idle_with_work - d0.idle_with_work).as_secs_f64() / seconds as f64,
     })
 }
 
@@ -843,7 +863,7 @@ fn sync_cases(k: Kernel, p: Params) -> Result<(), String> {
             for (ri, rules) in [false, true].into_iter().enumerate() {
                 let s = fair_with(k, w, p.seconds, Mode::Sync(*batch), rules)?;
                 println!(
-                    "run {}: sync every {batch:>2}, weights {}, sync rules {}: broker {}, clients {}, device busy {}",
+                    "run {}: sync every {batch:>2}, weights {}, sync rules {}: broker {}, clients {}, device busy {} (anticipation {}, idle with work {}), think times {}",
                     run + 1,
                     w.iter()
                         .map(|x| x.to_string())
@@ -860,7 +880,14 @@ fn sync_cases(k: Kernel, p: Params) -> Result<(), String> {
                         .map(|x| pct(*x))
                         .collect::<Vec<_>>()
                         .join(" / "),
-                    pct(s.utilization)
+                    pct(s.utilization),
+                    pct(s.anticipation),
+                    pct(s.idle_with_work),
+                    s.think
+                        .iter()
+                        .map(|d| ms(*d))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
                 );
                 results[ci][ri].push((worst(&s.broker, w), worst(&s.client, w), s.utilization));
             }

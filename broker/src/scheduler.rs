@@ -65,13 +65,17 @@ pub const ANTICIPATION: Duration = Duration::from_micros(250);
 /// slice.
 pub const SYNC_ANTICIPATION_MAX: Duration = Duration::from_millis(1);
 /// A tenant whose queue drained and that queues work again within this
-/// time (and two slices) is a synchronous client between two batches, not
+/// time is a synchronous client between two batches, not
 /// an idle one: what the others ran during the gap is not held against it,
 /// and it keeps up to [`SYNC_CREDIT_SLICES`] of the lag it had when it
 /// drained.
 pub const SYNC_GAP: Duration = Duration::from_millis(20);
-/// Most credit (in slices of device time) a tenant keeps across a sync gap.
+/// Most lag (in slices of the lightest tenant's device time) a tenant keeps
+/// from before a sync gap.
 pub const SYNC_CREDIT_SLICES: f64 = 1.0;
+/// Most lag (in the same unit) a tenant may have on the others when it
+/// comes back from a sync gap, gap included: the burst it may take.
+pub const SYNC_LAG_MAX_SLICES: f64 = 4.0;
 /// Sync gaps (drained → queued again) kept per tenant for its think time.
 const RECENT_GAPS: usize = 16;
 /// How often the local time of day is re-read for weight schedules.
@@ -82,6 +86,14 @@ pub const RECENT_WAITS: usize = 1024;
 const USAGE_BUCKET: Nanos = 100_000_000;
 /// Buckets kept: 60 s.
 const USAGE_BUCKETS: usize = 600;
+/// Granularity of the 10-minute usage history.
+const LONG_BUCKET: Nanos = 1_000_000_000;
+/// Buckets kept of the 10-minute usage history.
+const LONG_BUCKETS: usize = 600;
+/// Granularity of the contention history (per pair of tenants).
+const CONTENTION_BUCKET: Nanos = 60_000_000_000;
+/// Buckets kept of the contention history: an hour.
+const CONTENTION_BUCKETS: usize = 60;
 /// Slack for comparisons of token and credit balances (nanoseconds).
 const BALANCE_EPS: f64 = 1.0;
 /// Most batch minimum-share credit kept, in slices. A batch tenant with a
@@ -114,8 +126,22 @@ pub struct SchedStats {
     pub queue_wait: Duration,
     /// Median launch-to-start wait of the last [`RECENT_WAITS`] kernels.
     pub queue_wait_p50: Duration,
+    /// 90th percentile launch-to-start wait of the last [`RECENT_WAITS`] kernels.
+    pub queue_wait_p90: Duration,
     /// 99th percentile launch-to-start wait of the last [`RECENT_WAITS`] kernels.
     pub queue_wait_p99: Duration,
+    /// The VM's launch-to-start target (`target_wait_p99`), if it has one.
+    pub target_wait: Option<Duration>,
+    /// Realtime kernels that waited longer than their deadline (the VM's
+    /// `target_wait_p99`, or two slices) from launch to start.
+    pub deadline_misses: u64,
+    /// Time the VM had a kernel waiting while the device idled because the
+    /// VM had spent its `fixed` cap.
+    pub capped_wait: Duration,
+    /// The VM's think time between two batches (75th percentile of its
+    /// recent sync gaps, at most [`SYNC_GAP`]); zero if it never drained
+    /// and came back within a sync gap.
+    pub think_time: Duration,
     /// Fraction (0.0–1.0) of wall-clock time the tenant held the device
     /// over the last second.
     pub share_1s: f64,
@@ -123,6 +149,27 @@ pub struct SchedStats {
     pub share_10s: f64,
     /// The same over the last 60 seconds.
     pub share_60s: f64,
+    /// The same over the last 10 minutes.
+    pub share_10m: f64,
+}
+
+/// Time one VM had a kernel waiting for the device while another VM's
+/// kernel ran on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contention {
+    /// The VM that waited.
+    pub waiting: String,
+    /// The VM that ran.
+    pub running: String,
+    /// Since both VMs were created.
+    pub total: Duration,
+    /// Over the last hour.
+    pub last_hour: Duration,
+    /// The minute of the last hour with the most contention: how long ago
+    /// it started, and the contention in it.
+    pub peak_minute_ago: Option<Duration>,
+    /// Contention in that minute.
+    pub peak_minute: Duration,
 }
 
 /// Scheduling statistics of a device.
@@ -136,6 +183,23 @@ pub struct DeviceSchedStats {
     pub utilization_10s: f64,
     /// The same over the last 60 seconds.
     pub utilization_60s: f64,
+    /// The same over the last 10 minutes.
+    pub utilization_10m: f64,
+    /// Time no VM held the device while a kernel that could run waited for
+    /// it. The scheduler is work-conserving: this must stay zero.
+    pub idle_with_work: Duration,
+    /// Time the device idled while kernels waited only because their VMs
+    /// had spent their `fixed` caps (by design of `fixed`).
+    pub idle_capped: Duration,
+    /// Time the device was kept idle for the holder's next kernel (the
+    /// anticipation between two kernels and the sync anticipation) while
+    /// another VM's kernel waited.
+    pub anticipation: Duration,
+    /// Time from a grant to the granted kernel's start (thread wake-up)
+    /// while another VM's kernel waited.
+    pub handover: Duration,
+    /// Contention between every pair of VMs that contended.
+    pub contention: Vec<Contention>,
     /// Times the device passed from one tenant to another.
     pub switches: u64,
     /// Kernels stopped at a preemption point, all tenants together.
@@ -212,35 +276,49 @@ impl Clock for ManualClock {
 // ---------------------------------------------------------------------------
 // Usage history
 
-/// Device time used per [`USAGE_BUCKET`] over the last minute.
+/// Device time used per bucket ([`USAGE_BUCKET`] over the last minute, or
+/// coarser buckets over longer spans).
 #[derive(Debug, Clone)]
 struct UsageRing {
     buckets: Vec<Nanos>,
+    /// Length of a bucket.
+    bucket: Nanos,
     /// Index of the newest bucket written.
     head: u64,
 }
 
 impl UsageRing {
     fn new() -> Self {
+        Self::with(USAGE_BUCKET, USAGE_BUCKETS)
+    }
+
+    /// `count` buckets of `bucket` nanoseconds each.
+    fn with(bucket: Nanos, count: usize) -> Self {
         Self {
-            buckets: vec![0; USAGE_BUCKETS],
+            buckets: vec![0; count.max(1)],
+            bucket: bucket.max(1),
             head: 0,
         }
     }
 
-    fn slot(k: u64) -> usize {
-        (k % USAGE_BUCKETS as u64) as usize
+    fn n(&self) -> u64 {
+        self.buckets.len() as u64
+    }
+
+    fn slot(&self, k: u64) -> usize {
+        (k % self.n()) as usize
     }
 
     fn advance(&mut self, k: u64) {
         if k <= self.head {
             return;
         }
-        if k - self.head >= USAGE_BUCKETS as u64 {
+        if k - self.head >= self.n() {
             self.buckets.iter_mut().for_each(|b| *b = 0);
         } else {
             for i in self.head + 1..=k {
-                self.buckets[Self::slot(i)] = 0;
+                let s = self.slot(i);
+                self.buckets[s] = 0;
             }
         }
         self.head = k;
@@ -250,14 +328,24 @@ impl UsageRing {
     fn add(&mut self, a: Nanos, b: Nanos) {
         let mut t = a;
         while t < b {
-            let k = t / USAGE_BUCKET;
-            let end = ((k + 1) * USAGE_BUCKET).min(b);
+            let k = t / self.bucket;
+            let end = ((k + 1) * self.bucket).min(b);
             self.advance(k);
-            if k + USAGE_BUCKETS as u64 > self.head {
-                self.buckets[Self::slot(k)] += end - t;
+            if k + self.n() > self.head {
+                let s = self.slot(k);
+                self.buckets[s] += end - t;
             }
             t = end;
         }
+    }
+
+    /// The bucket with the most use still kept: (its start, its use).
+    fn peak(&self) -> Option<(Nanos, Nanos)> {
+        let first = (self.head + 1).saturating_sub(self.n());
+        (first..=self.head)
+            .map(|k| (k * self.bucket, self.buckets[self.slot(k)]))
+            .filter(|b| b.1 > 0)
+            .max_by_key(|b| b.1)
     }
 
     /// Use recorded during `[from, now)`; a bucket only partly inside the
@@ -267,16 +355,16 @@ impl UsageRing {
             return 0.0;
         }
         let mut total = 0.0;
-        for k in from / USAGE_BUCKET..=(now - 1) / USAGE_BUCKET {
-            if k > self.head || k + (USAGE_BUCKETS as u64) <= self.head {
+        for k in from / self.bucket..=(now - 1) / self.bucket {
+            if k > self.head || k + self.n() <= self.head {
                 continue;
             }
-            let v = self.buckets[Self::slot(k)] as f64;
+            let v = self.buckets[self.slot(k)] as f64;
             if v == 0.0 {
                 continue;
             }
-            let start = k * USAGE_BUCKET;
-            let elapsed_end = (start + USAGE_BUCKET).min(now);
+            let start = k * self.bucket;
+            let elapsed_end = (start + self.bucket).min(now);
             let lo = from.max(start);
             let covered = (elapsed_end - lo) as f64 / (elapsed_end - start) as f64;
             total += v * covered;
@@ -308,6 +396,16 @@ fn class(p: Priority) -> usize {
     }
 }
 const BATCH: usize = 2;
+
+/// The 75th percentile of recent sync gaps (0: none).
+fn think_p75(gaps: &VecDeque<Nanos>) -> Nanos {
+    if gaps.is_empty() {
+        return 0;
+    }
+    let mut g: Vec<Nanos> = gaps.iter().copied().collect();
+    g.sort_unstable();
+    g[(g.len() * 3).div_ceil(4) - 1]
+}
 
 fn effective_weight(base: u32, schedule: &[WeightWindow], tod: TimeOfDay) -> u32 {
     schedule
@@ -349,6 +447,15 @@ struct Entity {
     /// The tenant came back from a sync gap with credit and has not run
     /// since: it may preempt a same-class holder that is ahead of it.
     returned: bool,
+    /// Usage over the last 10 minutes (1 s buckets).
+    usage_long: UsageRing,
+    /// Per running tenant: time this tenant had a kernel waiting while it
+    /// ran (total, and the last hour by minute).
+    contended_by: BTreeMap<TenantId, (Nanos, UsageRing)>,
+    /// Launch-to-start target (realtime deadline), if configured.
+    target_wait: Option<Nanos>,
+    deadline_misses: u64,
+    capped_wait: Nanos,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -429,6 +536,13 @@ pub struct Core {
     /// The sync rules (credit across sync gaps, sync anticipation, wakeup
     /// preemption by a returning tenant) are on.
     sync_rules: bool,
+    usage_long: UsageRing,
+    /// Waste accounting up to `observed_at` (see [`Core::observe`]).
+    observed_at: Nanos,
+    idle_with_work: Nanos,
+    idle_capped: Nanos,
+    anticipating: Nanos,
+    handover: Nanos,
 }
 
 impl Core {
@@ -448,6 +562,12 @@ impl Core {
             last_tenant: None,
             next_id: 1,
             sync_rules: true,
+            usage_long: UsageRing::with(LONG_BUCKET, LONG_BUCKETS),
+            observed_at: 0,
+            idle_with_work: 0,
+            idle_capped: 0,
+            anticipating: 0,
+            handover: 0,
         }
     }
 
@@ -461,6 +581,62 @@ impl Core {
     /// default). The baseline of the share benchmark's synchronous cases.
     pub fn set_sync_rules(&mut self, on: bool) {
         self.sync_rules = on;
+    }
+
+    /// Sets a tenant's launch-to-start target (`target_wait_p99`): a
+    /// realtime kernel that waits longer counts as a deadline miss.
+    pub fn set_target_wait(&mut self, id: TenantId, target: Option<Duration>) {
+        if let Some(e) = self.entities.get_mut(&id) {
+            e.target_wait = target.map(|t| t.as_nanos() as Nanos);
+        }
+    }
+
+    /// Accounts the time since the last event to the waste counters: the
+    /// state (who holds the device, who waits) only changes in the core's
+    /// methods, each of which calls this first.
+    fn observe(&mut self, now: Nanos) {
+        let dt = now.saturating_sub(self.observed_at);
+        self.observed_at = self.observed_at.max(now);
+        if dt == 0 {
+            return;
+        }
+        let holder = self.running.map(|r| r.tenant);
+        let waiting: Vec<TenantId> = self
+            .entities
+            .iter()
+            .filter(|(id, e)| !e.waiting.is_empty() && Some(**id) != holder)
+            .map(|(id, _)| *id)
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        match self.running {
+            None => {
+                let t = self.observed_at - dt;
+                let capped: Vec<TenantId> = waiting
+                    .iter()
+                    .copied()
+                    .filter(|id| {
+                        self.entities
+                            .get(id)
+                            .is_some_and(|e| !self.eligible(*id, e, t, false))
+                    })
+                    .collect();
+                if capped.len() == waiting.len() {
+                    self.idle_capped += dt;
+                    for id in capped {
+                        if let Some(e) = self.entities.get_mut(&id) {
+                            e.capped_wait += dt;
+                        }
+                    }
+                } else {
+                    self.idle_with_work += dt;
+                }
+            }
+            Some(r) if r.waiter.is_none() => self.anticipating += dt,
+            Some(r) if !r.started => self.handover += dt,
+            Some(_) => {}
+        }
     }
 
     fn slice(&self) -> Nanos {
@@ -485,6 +661,7 @@ impl Core {
         priority: Priority,
         now: Nanos,
     ) -> TenantId {
+        self.observe(now);
         let id = self.next_id;
         self.next_id += 1;
         self.charge(now);
@@ -511,6 +688,11 @@ impl Core {
                 drained_at: None,
                 recent_gaps: VecDeque::new(),
                 returned: false,
+                usage_long: UsageRing::with(LONG_BUCKET, LONG_BUCKETS),
+                contended_by: BTreeMap::new(),
+                target_wait: None,
+                deadline_misses: 0,
+                capped_wait: 0,
             },
         );
         id
@@ -518,11 +700,15 @@ impl Core {
 
     /// Forgets a tenant (it has no kernels left).
     pub fn remove_tenant(&mut self, id: TenantId, now: Nanos) -> Effects {
+        self.observe(now);
         self.charge(now);
         if let Some(e) = self.entities.remove(&id) {
             for w in e.waiting {
                 self.waiters.remove(&w);
             }
+        }
+        for e in self.entities.values_mut() {
+            e.contended_by.remove(&id);
         }
         if self.running.is_some_and(|r| r.tenant == id) {
             self.running = None;
@@ -538,6 +724,7 @@ impl Core {
         priority: Priority,
         now: Nanos,
     ) -> Effects {
+        self.observe(now);
         self.charge(now);
         let tod = self.tod;
         let Some(e) = self.entities.get_mut(&id) else {
@@ -555,6 +742,7 @@ impl Core {
 
     /// Changes the device's policy, slice and batch share.
     pub fn set_config(&mut self, cfg: SchedulingConfig, now: Nanos) -> Effects {
+        self.observe(now);
         self.charge(now);
         let to_fixed = cfg.policy == Policy::Fixed && self.cfg.policy != Policy::Fixed;
         self.cfg = cfg;
@@ -577,6 +765,7 @@ impl Core {
 
     /// Sets the local time of day (weights follow the tenants' schedules).
     pub fn set_time_of_day(&mut self, tod: TimeOfDay, now: Nanos) -> Effects {
+        self.observe(now);
         if tod == self.tod {
             return Effects::default();
         }
@@ -600,6 +789,7 @@ impl Core {
 
     /// A kernel of `id` was submitted (it may wait in its session's queue first).
     pub fn queued(&mut self, id: TenantId, now: Nanos) {
+        self.observe(now);
         let Some(e) = self.entities.get_mut(&id) else {
             return;
         };
@@ -615,6 +805,7 @@ impl Core {
     /// A submitted kernel of `id` was dropped without finishing through
     /// [`Core::release`] (its session ended or its context was poisoned).
     pub fn unqueued(&mut self, id: TenantId, now: Nanos) -> Effects {
+        self.observe(now);
         if let Some(e) = self.entities.get_mut(&id) {
             e.pending = e.pending.saturating_sub(1);
             if e.pending == 0 {
@@ -683,8 +874,11 @@ impl Core {
                     // What the others ran during the gap is not held
                     // against the tenant; the lag it had when it drained
                     // counts up to a bound.
-                    let credit = SYNC_CREDIT_SLICES * slice / f64::from(e.weight.min(min_weight));
-                    e.vtime = e.vtime.max(drain_floor.min(floor) - credit);
+                    let unit = slice / f64::from(e.weight.min(min_weight));
+                    e.vtime = e
+                        .vtime
+                        .max(drain_floor.min(floor) - SYNC_CREDIT_SLICES * unit)
+                        .max(floor - SYNC_LAG_MAX_SLICES * unit);
                     e.returned = e.vtime < floor;
                 }
                 None => {
@@ -695,9 +889,9 @@ impl Core {
         }
     }
 
-    /// Longest sync gap: [`SYNC_GAP`], at most two slices.
+    /// Longest sync gap: [`SYNC_GAP`].
     fn sync_gap(&self) -> Nanos {
-        (SYNC_GAP.as_nanos() as Nanos).min(2 * self.slice())
+        SYNC_GAP.as_nanos() as Nanos
     }
 
     /// How long the device is kept for tenant `e` after its queue drained:
@@ -708,9 +902,7 @@ impl Core {
         if e.recent_gaps.len() < 2 {
             return 0;
         }
-        let mut g: Vec<Nanos> = e.recent_gaps.iter().copied().collect();
-        g.sort_unstable();
-        let p75 = g[(g.len() * 3).div_ceil(4) - 1];
+        let p75 = think_p75(&e.recent_gaps);
         let cap = (SYNC_ANTICIPATION_MAX.as_nanos() as Nanos).min(self.slice() / 2);
         if p75 > cap {
             // Think times longer than the window: holding the device
@@ -729,6 +921,9 @@ impl Core {
         queued_at: Option<Nanos>,
         now: Nanos,
     ) -> Effects {
+        self.observe(now);
+        // Charge the running kernel first: contention is counted from here.
+        self.charge(now);
         let Some(e) = self.entities.get_mut(&id) else {
             return Effects::default();
         };
@@ -745,6 +940,8 @@ impl Core {
 
     /// A waiter gave up before it was granted the device (its session ended).
     pub fn cancel(&mut self, waiter: WaiterId, now: Nanos) -> Effects {
+        self.observe(now);
+        self.charge(now);
         if let Some(w) = self.waiters.remove(&waiter)
             && let Some(e) = self.entities.get_mut(&w.tenant)
         {
@@ -758,7 +955,9 @@ impl Core {
     /// from the grant to the start (the kernel's thread waking up) is
     /// charged to nobody.
     pub fn started(&mut self, waiter: WaiterId, now: Nanos) {
+        self.observe(now);
         let cap = self.token_cap();
+        let slice = self.slice();
         let Some(r) = self.running.as_mut() else {
             return;
         };
@@ -779,6 +978,10 @@ impl Core {
         if let Some(q) = queued_at {
             let wait = start.saturating_sub(q);
             e.queue_wait += wait;
+            let deadline = e.target_wait.unwrap_or(2 * slice);
+            if e.priority == Priority::Realtime && wait > deadline {
+                e.deadline_misses += 1;
+            }
             if e.recent_waits.len() == RECENT_WAITS {
                 e.recent_waits.pop_front();
             }
@@ -788,6 +991,7 @@ impl Core {
 
     /// The running kernel `waiter` stopped.
     pub fn release(&mut self, waiter: WaiterId, outcome: Outcome, now: Nanos) -> Effects {
+        self.observe(now);
         let Some(r) = self.running else {
             return Effects::default();
         };
@@ -849,6 +1053,7 @@ impl Core {
 
     /// Time-driven re-evaluation (slice ends, caps, credits, anticipation).
     pub fn tick(&mut self, now: Nanos) -> Effects {
+        self.observe(now);
         self.charge(now);
         self.dispatch(now)
     }
@@ -927,10 +1132,22 @@ impl Core {
         e.vtime += df / f64::from(e.weight.max(1));
         e.busy += d;
         e.usage.add(a, now);
+        e.usage_long.add(a, now);
         e.tokens += (s - 1.0) * now.saturating_sub(e.tokens_at) as f64;
         e.tokens_at = now;
         self.busy += d;
         self.usage.add(a, now);
+        self.usage_long.add(a, now);
+        for (&x, o) in self.entities.iter_mut() {
+            if x != id && !o.waiting.is_empty() {
+                let c = o
+                    .contended_by
+                    .entry(id)
+                    .or_insert_with(|| (0, UsageRing::with(CONTENTION_BUCKET, CONTENTION_BUCKETS)));
+                c.0 += d;
+                c.1.add(a, now);
+            }
+        }
         let slice = self.slice() as f64;
         if c == BATCH {
             // A little debt (the block run after the credit ran out) is
@@ -1251,11 +1468,44 @@ impl Core {
             queued: e.pending,
             queue_wait: Duration::from_nanos(e.queue_wait),
             queue_wait_p50: pct(50.0),
+            queue_wait_p90: pct(90.0),
             queue_wait_p99: pct(99.0),
+            target_wait: e.target_wait.map(Duration::from_nanos),
+            deadline_misses: e.deadline_misses,
+            capped_wait: Duration::from_nanos(e.capped_wait),
+            think_time: Duration::from_nanos(think_p75(&e.recent_gaps)),
             share_1s: e.usage.share(Duration::from_secs(1), now, running_since),
             share_10s: e.usage.share(Duration::from_secs(10), now, running_since),
             share_60s: e.usage.share(Duration::from_secs(60), now, running_since),
+            share_10m: e
+                .usage_long
+                .share(Duration::from_secs(600), now, running_since),
         })
+    }
+
+    /// The contention between every pair of tenants that contended.
+    fn contention(&self, now: Nanos) -> Vec<Contention> {
+        let mut v = Vec::new();
+        for e in self.entities.values() {
+            for (r, (total, ring)) in &e.contended_by {
+                let Some(running) = self.entities.get(r) else {
+                    continue;
+                };
+                let hour = CONTENTION_BUCKET * CONTENTION_BUCKETS as Nanos;
+                let last_hour = ring.used(now.saturating_sub(hour), now) as Nanos;
+                let peak = ring.peak();
+                v.push(Contention {
+                    waiting: e.name.clone(),
+                    running: running.name.clone(),
+                    total: Duration::from_nanos(*total),
+                    last_hour: Duration::from_nanos(last_hour),
+                    peak_minute_ago: peak.map(|p| Duration::from_nanos(now.saturating_sub(p.0))),
+                    peak_minute: Duration::from_nanos(peak.map_or(0, |p| p.1)),
+                });
+            }
+        }
+        v.sort_by_key(|c| std::cmp::Reverse(c.total));
+        v
     }
 
     /// Statistics of the device.
@@ -1274,6 +1524,14 @@ impl Core {
             utilization_60s: self
                 .usage
                 .share(Duration::from_secs(60), now, running_since),
+            utilization_10m: self
+                .usage_long
+                .share(Duration::from_secs(600), now, running_since),
+            idle_with_work: Duration::from_nanos(self.idle_with_work),
+            idle_capped: Duration::from_nanos(self.idle_capped),
+            anticipation: Duration::from_nanos(self.anticipating),
+            handover: Duration::from_nanos(self.handover),
+            contention: self.contention(now),
             switches: self.switches,
             preemptions: self.entities.values().map(|e| e.preemptions).sum(),
         }
@@ -1529,6 +1787,11 @@ impl Scheduler {
             started: false,
             finished: false,
         }
+    }
+
+    /// Sets a tenant's launch-to-start target (see [`Core::set_target_wait`]).
+    pub fn set_target_wait(&self, id: TenantId, target: Option<Duration>) {
+        self.inner.lock().core.set_target_wait(id, target);
     }
 
     /// Turns the sync rules on or off (see [`Core::set_sync_rules`]).
@@ -1894,7 +2157,10 @@ mod tests {
             prio: Priority,
             t: &mut SimT,
         ) {
-            t.id = self.core.add_tenant("t", weight, schedule, prio, self.now);
+            let name = format!("t{}", self.core.entities.len());
+            t.id = self
+                .core
+                .add_tenant(&name, weight, schedule, prio, self.now);
         }
 
         fn apply(&mut self, fx: Effects) {
@@ -2162,6 +2428,40 @@ mod tests {
     }
 
     #[test]
+    #[ignore]
+    fn sync_probe() {
+        for (ta, tb) in [
+            (3400 * US, 1350 * US),
+            (2000 * US, 2000 * US),
+            (1000 * US, 1000 * US),
+        ] {
+            for batch in [1, 4, 16] {
+                let mut sim = Sim::new(cfg(Policy::Fair, 2, 5));
+                let mut a = SimT::synchronous(0, 4 * MS, batch, ta);
+                a.handoff = 100 * US;
+                a.jitter = 1;
+                let mut b = SimT::synchronous(0, 4 * MS, batch, tb);
+                b.handoff = 100 * US;
+                b.jitter = 2;
+                let a = sim.add(30, Priority::Normal, a);
+                let b = sim.add(70, Priority::Normal, b);
+                sim.run_until(5 * S);
+                let (x, y) = (sim.share(a, S, 5 * S), sim.share(b, S, 5 * S));
+                let dev = sim.core.device_stats(sim.now);
+                eprintln!(
+                    "think {} / {} us, batch {batch}: {:.1} / {:.1}, busy {:.1} %, anticipation {:?}",
+                    ta / US,
+                    tb / US,
+                    100.0 * x / (x + y),
+                    100.0 * y / (x + y),
+                    100.0 * (x + y),
+                    dev.anticipation
+                );
+            }
+        }
+    }
+
+    #[test]
     fn synchronous_clients_keep_their_shares() {
         // Clients that synchronize after every 1, 4 or 16 launches and
         // think (the synchronize's return trip and the host code) between
@@ -2201,6 +2501,75 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn contention_and_waste_are_accounted() {
+        let mut sim = Sim::new(cfg(Policy::Fair, 2, 5));
+        let a = sim.add(1, Priority::Normal, SimT::saturating(0, 3 * MS));
+        let b = sim.add(3, Priority::Normal, SimT::saturating(0, 3 * MS));
+        let mut t = SimT::synchronous(0, MS, 4, 200 * US);
+        t.windows = vec![(0, 2 * S)];
+        let c = sim.add(2, Priority::Normal, t);
+        sim.run_until(3 * S);
+        let dev = sim.core.device_stats(sim.now);
+        // Work-conserving: never idle while a kernel that could run waited.
+        assert_eq!(dev.idle_with_work, Duration::ZERO, "{dev:?}");
+        assert_eq!(dev.idle_capped, Duration::ZERO);
+        // a and b always have a kernel waiting: each waited the whole time
+        // the other ran (up to the hand-over between kernels).
+        let name = |i: usize| sim.core.entities[&sim.ts[i].id].name.clone();
+        let pair = |w: usize, r: usize| {
+            dev.contention
+                .iter()
+                .find(|x| x.waiting == name(w) && x.running == name(r))
+                .map_or(Duration::ZERO, |x| x.total)
+        };
+        let ran = |i: usize| Duration::from_nanos(sim.ts[i].used(0, sim.now));
+        let ab = pair(a, b).as_secs_f64() / ran(b).as_secs_f64();
+        assert!(ab > 0.97 && ab <= 1.0, "a waited {ab} of b's time");
+        // c stopped at 2 s: it waited only while it was active.
+        let cb = pair(c, b);
+        assert!(cb > Duration::ZERO && cb < Duration::from_secs(2), "{cb:?}");
+        // The hottest pair comes first, with its peak minute.
+        assert!(dev.contention[0].total >= dev.contention[1].total);
+        assert!(dev.contention[0].peak_minute_ago.is_some());
+        assert!(dev.contention[0].last_hour > Duration::ZERO);
+        let sc = sim.core.stats(sim.ts[c].id, sim.now).unwrap();
+        assert!(
+            sc.think_time >= Duration::from_micros(200)
+                && sc.think_time <= Duration::from_micros(300),
+            "{sc:?}"
+        );
+        let sa = sim.core.stats(sim.ts[a].id, sim.now).unwrap();
+        assert!(sa.queue_wait_p50 <= sa.queue_wait_p90 && sa.queue_wait_p90 <= sa.queue_wait_p99);
+        assert!((sa.share_10m - sa.share_60s).abs() < 0.01, "{sa:?}");
+        assert_eq!(sa.deadline_misses, 0);
+        assert!(dev.contention.iter().all(|x| x.waiting != x.running));
+    }
+
+    #[test]
+    fn realtime_deadline_misses_are_counted() {
+        let mut c = Core::new(cfg(Policy::Fair, 2, 5), tod("12:00"));
+        let b = c.add_tenant("b", 1, &[], Priority::Normal, 1);
+        let rt = c.add_tenant("rt", 1, &[], Priority::Realtime, 1);
+        c.set_target_wait(rt, Some(Duration::from_micros(100)));
+        c.queued(b, 1);
+        assert_eq!(c.arrive(b, 1, Some(1), 1).grant, Some(1));
+        c.started(1, 1);
+        // A realtime kernel preempts b; b's block ends 300 us later.
+        c.queued(rt, MS);
+        assert_eq!(c.arrive(rt, 2, Some(MS), MS).preempt, Some(1));
+        let fx = c.release(1, Outcome::Yielded, MS + 300 * US);
+        assert_eq!(fx.grant, Some(2));
+        c.started(2, MS + 300 * US);
+        let st = c.stats(rt, 2 * MS).unwrap();
+        assert_eq!(st.deadline_misses, 1);
+        assert_eq!(st.target_wait, Some(Duration::from_micros(100)));
+        // b waited for rt: contention of b behind rt.
+        c.release(2, Outcome::Completed, 2 * MS);
+        let dev = c.device_stats(3 * MS);
+        assert_eq!(dev.idle_with_work, Duration::ZERO);
     }
 
     #[test]

@@ -309,6 +309,104 @@ pub struct VmConfig {
     pub schedule: Vec<WeightWindow>,
     /// Shared (default) or passthrough.
     pub mode: VmMode,
+    /// Service targets and weight bounds for the tuning controller.
+    pub tuning: VmTuning,
+}
+
+/// A VM's service targets and the bounds within which the tuning
+/// controller may move its weight (docs/scheduling.md, "Auto-tuning").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmTuning {
+    /// 99th percentile launch-to-start wait to stay under (`target_wait_p99`).
+    pub target_wait_p99: Option<Duration>,
+    /// Share of the device (percent) the VM should get while it has work
+    /// queued (`min_share`).
+    pub min_share: Option<u32>,
+    /// Lowest weight the controller may set (`weight_min`, default 1).
+    pub weight_min: Option<u32>,
+    /// Highest weight the controller may set (`weight_max`, default four
+    /// times the base weight).
+    pub weight_max: Option<u32>,
+}
+
+impl VmTuning {
+    /// Whether the VM has a service target.
+    pub fn has_target(&self) -> bool {
+        self.target_wait_p99.is_some() || self.min_share.is_some()
+    }
+}
+
+/// What the tuning controller does (`[tuning] mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TuneMode {
+    /// Nothing.
+    #[default]
+    Off,
+    /// Computes the weight changes it would make and shows them as
+    /// recommendations (`vgpuctl analyze`, `vm show`), changing nothing.
+    Advise,
+    /// Applies them.
+    Auto,
+}
+
+impl TuneMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TuneMode::Off => "off",
+            TuneMode::Advise => "advise",
+            TuneMode::Auto => "auto",
+        }
+    }
+
+    /// Parses the config spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(TuneMode::Off),
+            "advise" => Some(TuneMode::Advise),
+            "auto" => Some(TuneMode::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// Default `[tuning] tune_interval`.
+pub const DEFAULT_TUNE_INTERVAL: Duration = Duration::from_secs(300);
+
+/// The `[tuning]` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TuningConfig {
+    /// `mode`.
+    pub mode: TuneMode,
+    /// `tune_interval`: how often the controller runs.
+    pub interval: Duration,
+}
+
+impl Default for TuningConfig {
+    fn default() -> Self {
+        Self {
+            mode: TuneMode::Off,
+            interval: DEFAULT_TUNE_INTERVAL,
+        }
+    }
+}
+
+/// Parses a duration: a number with a unit `ms`, `s`, `min` or `h`
+/// (`"5ms"`, `"30s"`, `"5min"`).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "us" => v * 1e-6,
+        "ms" => v * 1e-3,
+        "s" => v,
+        "min" | "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return None,
+    };
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
 impl VmConfig {
@@ -343,6 +441,8 @@ pub struct Config {
     pub devices: Vec<DeviceConfig>,
     /// `[[vm]]` entries.
     pub vms: Vec<VmConfig>,
+    /// `[tuning]`.
+    pub tuning: TuningConfig,
 }
 
 #[derive(Deserialize)]
@@ -360,6 +460,14 @@ struct RawConfig {
     device: Vec<Spanned<RawDevice>>,
     #[serde(default)]
     vm: Vec<Spanned<RawVm>>,
+    tuning: Option<RawTuning>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTuning {
+    mode: Option<Spanned<String>>,
+    tune_interval: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -411,6 +519,10 @@ struct RawVm {
     schedule: Vec<Spanned<RawWindow>>,
     mode: Option<Spanned<String>>,
     pci: Option<Spanned<String>>,
+    target_wait_p99: Option<Spanned<String>>,
+    min_share: Option<Spanned<u32>>,
+    weight_min: Option<Spanned<u32>>,
+    weight_max: Option<Spanned<u32>>,
 }
 
 struct Ctx<'a> {
@@ -557,11 +669,13 @@ impl Config {
             vms.push(vm);
         }
 
+        let tuning = parse_tuning(&cx, raw.tuning.as_ref())?;
         Ok(Config {
             path: path.to_path_buf(),
             admin,
             devices,
             vms,
+            tuning,
         })
     }
 }
@@ -808,6 +922,7 @@ fn parse_passthrough(
         mode: VmMode::Passthrough {
             pci: pci.get_ref().to_ascii_lowercase(),
         },
+        tuning: VmTuning::default(),
     })
 }
 
@@ -981,6 +1096,7 @@ fn parse_vm(
         _ => None,
     };
     let schedule = parse_schedule(cx, r)?;
+    let tuning = parse_vm_tuning(cx, r, weight)?;
     Ok(VmConfig {
         name,
         device,
@@ -994,7 +1110,94 @@ fn parse_vm(
         device_model,
         schedule,
         mode: VmMode::Shared,
+        tuning,
     })
+}
+
+fn parse_vm_tuning(cx: &Ctx<'_>, r: &RawVm, weight: u32) -> Result<VmTuning, ConfigError> {
+    let target_wait_p99 = match &r.target_wait_p99 {
+        Some(t) => Some(
+            parse_duration(t.get_ref())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    cx.err(
+                        t.span(),
+                        format!(
+                            "`{}` is not a duration: write a number and ms, s or min, e.g. \"5ms\"",
+                            t.get_ref()
+                        ),
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let min_share = match &r.min_share {
+        Some(m) if !(1..=100).contains(m.get_ref()) => {
+            return Err(cx.err(m.span(), "min_share is a percentage between 1 and 100"));
+        }
+        m => m.as_ref().map(|m| *m.get_ref()),
+    };
+    let bound = |b: &Option<Spanned<u32>>, key: &str| -> Result<Option<u32>, ConfigError> {
+        match b {
+            Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => Err(cx.err(
+                w.span(),
+                format!("{key} must be between 1 and {MAX_WEIGHT}"),
+            )),
+            w => Ok(w.as_ref().map(|w| *w.get_ref())),
+        }
+    };
+    let weight_min = bound(&r.weight_min, "weight_min")?;
+    let weight_max = bound(&r.weight_max, "weight_max")?;
+    let (lo, hi) = (weight_min.unwrap_or(1), weight_max.unwrap_or(MAX_WEIGHT));
+    if lo > hi || !(lo..=hi).contains(&weight) {
+        let span = r
+            .weight_min
+            .as_ref()
+            .or(r.weight_max.as_ref())
+            .map_or(r.name.span(), |w| w.span());
+        return Err(cx.err(
+            span,
+            format!("the weight bounds {lo}..{hi} must contain the VM's weight {weight}"),
+        ));
+    }
+    Ok(VmTuning {
+        target_wait_p99,
+        min_share,
+        weight_min,
+        weight_max,
+    })
+}
+
+fn parse_tuning(cx: &Ctx<'_>, r: Option<&RawTuning>) -> Result<TuningConfig, ConfigError> {
+    let mut t = TuningConfig::default();
+    let Some(r) = r else {
+        return Ok(t);
+    };
+    if let Some(m) = &r.mode {
+        t.mode = TuneMode::parse(m.get_ref()).ok_or_else(|| {
+            cx.err(
+                m.span(),
+                format!(
+                    "unknown tuning mode `{}`: use \"off\", \"advise\" or \"auto\"",
+                    m.get_ref()
+                ),
+            )
+        })?;
+    }
+    if let Some(i) = &r.tune_interval {
+        t.interval = parse_duration(i.get_ref())
+            .filter(|d| *d >= Duration::from_millis(100))
+            .ok_or_else(|| {
+                cx.err(
+                    i.span(),
+                    format!(
+                        "`{}` is not a tuning interval: write a duration of at least 100ms, e.g. \"5min\"",
+                        i.get_ref()
+                    ),
+                )
+            })?;
+    }
+    Ok(t)
 }
 
 /// `device_model` and `vgpu_device_id`, checked against the vsock keys.

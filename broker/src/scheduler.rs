@@ -107,8 +107,17 @@ const MIN_TIMER_STEP: Duration = Duration::from_micros(50);
 /// Scheduling statistics of one tenant (VM).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedStats {
-    /// The weight in force now (the `[[vm.schedule]]` window's, or the base weight).
+    /// The weight in force now (the baseline plus the tuning controller's
+    /// adjustment).
     pub weight: u32,
+    /// The baseline weight: the `[[vm.schedule]]` window's, or the base weight.
+    pub baseline_weight: u32,
+    /// The tuning controller's adjustment (weight − baseline, before the
+    /// floor of 1).
+    pub weight_adjust: i32,
+    /// Launch-to-start waits recorded since the VM was created (for waits
+    /// over an interval, see [`Scheduler::wait_quantile`]).
+    pub waits_recorded: u64,
     /// Scheduling class.
     pub priority: Priority,
     /// Device time the tenant's kernels held the device, since it was created.
@@ -407,6 +416,11 @@ fn think_p75(gaps: &VecDeque<Nanos>) -> Nanos {
     g[(g.len() * 3).div_ceil(4) - 1]
 }
 
+/// A baseline weight moved by the tuning controller's adjustment.
+fn adjusted(baseline: u32, adjust: i32) -> u32 {
+    (i64::from(baseline) + i64::from(adjust)).clamp(1, i64::from(u32::MAX)) as u32
+}
+
 fn effective_weight(base: u32, schedule: &[WeightWindow], tod: TimeOfDay) -> u32 {
     schedule
         .iter()
@@ -456,6 +470,10 @@ struct Entity {
     target_wait: Option<Nanos>,
     deadline_misses: u64,
     capped_wait: Nanos,
+    /// The tuning controller's adjustment of the baseline weight.
+    adjust: i32,
+    /// Launch-to-start waits recorded since the tenant was created.
+    waits_recorded: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -591,6 +609,36 @@ impl Core {
         }
     }
 
+    /// Sets the tuning controller's adjustment of a tenant's weight: the
+    /// weight in force becomes the baseline (the schedule window's or the
+    /// base weight) plus `adjust`, at least 1.
+    pub fn set_weight_adjust(&mut self, id: TenantId, adjust: i32, now: Nanos) -> Effects {
+        self.observe(now);
+        self.charge(now);
+        let tod = self.tod;
+        let Some(e) = self.entities.get_mut(&id) else {
+            return Effects::default();
+        };
+        e.adjust = adjust;
+        e.weight = adjusted(effective_weight(e.base_weight, &e.schedule, tod), adjust);
+        self.dispatch(now)
+    }
+
+    /// The `q` quantile (0–1) of the launch-to-start waits of the newest
+    /// `newest` kernels of a tenant (at most [`RECENT_WAITS`]), and how many
+    /// there were.
+    pub fn wait_quantile(&self, id: TenantId, newest: u64, q: f64) -> Option<(Duration, usize)> {
+        let e = self.entities.get(&id)?;
+        let n = (newest.min(e.recent_waits.len() as u64)) as usize;
+        if n == 0 {
+            return None;
+        }
+        let mut w: Vec<Nanos> = e.recent_waits.iter().rev().take(n).copied().collect();
+        w.sort_unstable();
+        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+        Some((Duration::from_nanos(w[rank - 1]), n))
+    }
+
     /// Accounts the time since the last event to the waste counters: the
     /// state (who holds the device, who waits) only changes in the core's
     /// methods, each of which calls this first.
@@ -693,6 +741,8 @@ impl Core {
                 target_wait: None,
                 deadline_misses: 0,
                 capped_wait: 0,
+                adjust: 0,
+                waits_recorded: 0,
             },
         );
         id
@@ -733,7 +783,7 @@ impl Core {
         let moved = e.priority != priority;
         e.base_weight = weight;
         e.priority = priority;
-        e.weight = effective_weight(weight, &e.schedule, tod);
+        e.weight = adjusted(effective_weight(weight, &e.schedule, tod), e.adjust);
         if moved && e.pending > 0 {
             self.activate(id, now, false);
         }
@@ -773,7 +823,7 @@ impl Core {
         self.tod = tod;
         let mut changed = false;
         for e in self.entities.values_mut() {
-            let w = effective_weight(e.base_weight, &e.schedule, tod);
+            let w = adjusted(effective_weight(e.base_weight, &e.schedule, tod), e.adjust);
             if w != e.weight {
                 debug!(tenant = %e.name, from = e.weight, to = w, "time-of-day weight");
                 e.weight = w;
@@ -986,6 +1036,7 @@ impl Core {
                 e.recent_waits.pop_front();
             }
             e.recent_waits.push_back(wait);
+            e.waits_recorded += 1;
         }
     }
 
@@ -1461,6 +1512,9 @@ impl Core {
         };
         Some(SchedStats {
             weight: e.weight,
+            baseline_weight: effective_weight(e.base_weight, &e.schedule, self.tod),
+            weight_adjust: e.adjust,
+            waits_recorded: e.waits_recorded,
             priority: e.priority,
             busy: Duration::from_nanos(e.busy + extra),
             kernels: e.kernels,
@@ -1753,8 +1807,11 @@ impl Scheduler {
     pub fn add_tenant(&self, vm: &VmConfig) -> TenantId {
         let now = self.inner.now();
         let mut st = self.inner.lock();
-        st.core
-            .add_tenant(&vm.name, vm.weight, &vm.schedule, vm.priority, now)
+        let id = st
+            .core
+            .add_tenant(&vm.name, vm.weight, &vm.schedule, vm.priority, now);
+        st.core.set_target_wait(id, vm.tuning.target_wait_p99);
+        id
     }
 
     /// Forgets a tenant.
@@ -1787,6 +1844,20 @@ impl Scheduler {
             started: false,
             finished: false,
         }
+    }
+
+    /// Sets the tuning controller's weight adjustment of a tenant (see
+    /// [`Core::set_weight_adjust`]).
+    pub fn set_weight_adjust(&self, id: TenantId, adjust: i32) {
+        let now = self.inner.now();
+        let mut st = self.inner.lock();
+        let fx = st.core.set_weight_adjust(id, adjust, now);
+        self.inner.apply(&mut st, fx, now);
+    }
+
+    /// See [`Core::wait_quantile`].
+    pub fn wait_quantile(&self, id: TenantId, newest: u64, q: f64) -> Option<(Duration, usize)> {
+        self.inner.lock().core.wait_quantile(id, newest, q)
     }
 
     /// Sets a tenant's launch-to-start target (see [`Core::set_target_wait`]).

@@ -156,6 +156,7 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         device_model: crate::config::DeviceModel::Vsock,
         schedule: Vec::new(),
         mode: crate::config::VmMode::Shared,
+        tuning: crate::config::VmTuning::default(),
     }
 }
 

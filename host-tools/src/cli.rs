@@ -80,6 +80,8 @@ pub enum Command {
     Top(crate::top::TopArgs),
     /// Print the Prometheus metrics vgpud exports.
     Metrics,
+    /// Hotspots (VM pairs that contend most, and when), bottlenecks and recommendations with numbers.
+    Analyze,
     /// Re-read vgpud's config file and apply what changed (like SIGHUP).
     Reload,
     /// Check this host for what vgpu needs: KVM, shared memory, QEMU, IOMMU, NVIDIA driver, memory.
@@ -437,19 +439,189 @@ fn session_table(v: &Value) -> String {
     t.render()
 }
 
+fn secs_ms(s: f64) -> String {
+    format!("{:.2} ms", s * 1e3)
+}
+
+fn json_ms(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), secs_ms)
+}
+
+/// `vgpuctl analyze` for people.
+fn analysis_text(v: &Value) -> String {
+    let list = |k: &str| v[k].as_array().map_or(&[][..], Vec::as_slice);
+    let mut out = String::new();
+    let hs = list("hotspots");
+    out += "hotspots (the VM pairs that contend most over the last hour):\n";
+    if hs.is_empty() {
+        out += "  none: no VM waited behind another\n";
+    } else {
+        let mut t = Table::new(&[
+            ("DEVICE", Align::Left),
+            ("WAITING", Align::Left),
+            ("BEHIND", Align::Left),
+            ("LAST HOUR", Align::Right),
+            ("PEAK MINUTE", Align::Right),
+            ("AT", Align::Left),
+        ]);
+        for h in hs {
+            t.row(vec![
+                json_str(&h["device"]),
+                json_str(&h["waiting"]),
+                json_str(&h["running"]),
+                h["last_hour_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                h["peak_minute_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                h["peak_minute_start"].as_u64().map_or("-".into(), |t| {
+                    let hm = (t % 86_400) / 60;
+                    format!("{:02}:{:02} UTC", hm / 60, hm % 60)
+                }),
+            ]);
+        }
+        out += &t.render();
+    }
+    out += "\nbottlenecks:\n";
+    let bs = list("bottlenecks");
+    if bs.is_empty() {
+        out += "  none\n";
+    }
+    for b in bs {
+        out += &format!("  [{}] {}\n", json_str(&b["kind"]), json_str(&b["detail"]));
+    }
+    out += "\nrecommendations:\n";
+    let rs = list("recommendations");
+    if rs.is_empty() {
+        out += "  none\n";
+    }
+    for r in rs {
+        out += &format!("  {}\n", json_str(&r["text"]));
+    }
+    let tu = &v["tuning"];
+    out += &format!(
+        "\ntuning: mode {}, every {} s, {} rounds\n",
+        json_str(&tu["mode"]),
+        json_str(&tu["interval_s"]),
+        json_str(&tu["runs"])
+    );
+    for c in tu["latest"].as_array().map_or(&[][..], Vec::as_slice) {
+        out += &format!(
+            "  {} {}: weight {} → {}: {}\n",
+            if c["applied"].as_bool() == Some(true) {
+                "changed"
+            } else {
+                "advised"
+            },
+            json_str(&c["vm"]),
+            json_str(&c["from"]),
+            json_str(&c["to"]),
+            json_str(&c["reason"])
+        );
+    }
+    out
+}
+
+/// The contention matrix and the waste of a device (`vgpuctl device show`).
+fn device_detail(d: &Value) -> String {
+    let u = &d["usage"];
+    let mut out = format!(
+        "utilization: {} (1s) {} (10s) {} (1 min) {} (10 min)\n\
+         idle with work queued: {} (must stay 0); idle at fixed caps: {}; anticipation: {}; hand-over: {}\n\
+         memory: {} free, {} in no slice, fragmentation {}\n",
+        json_percent(&u["utilization_1s"]),
+        json_percent(&u["utilization_10s"]),
+        json_percent(&u["utilization_60s"]),
+        json_percent(&u["utilization_10m"]),
+        json_ms(&u["idle_with_work_s"]),
+        json_ms(&u["idle_capped_s"]),
+        json_ms(&u["anticipation_s"]),
+        json_ms(&u["handover_s"]),
+        json_bytes(&u["memory_free"]),
+        json_bytes(&u["memory_unsliced"]),
+        json_percent(&u["fragmentation"]),
+    );
+    let pairs = u["contention"].as_array().map_or(&[][..], Vec::as_slice);
+    if !pairs.is_empty() {
+        let mut t = Table::new(&[
+            ("WAITING", Align::Left),
+            ("BEHIND", Align::Left),
+            ("TOTAL", Align::Right),
+            ("LAST HOUR", Align::Right),
+            ("PEAK MINUTE", Align::Right),
+        ]);
+        for p in pairs {
+            t.row(vec![
+                json_str(&p["waiting"]),
+                json_str(&p["running"]),
+                p["total_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                p["last_hour_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                p["peak_minute_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+            ]);
+        }
+        out += "\ncontention (time WAITING had a kernel ready while BEHIND ran):\n";
+        out += &t.render();
+    }
+    out
+}
+
 fn vm_detail(v: &Value) -> String {
     let mut out = vm_table(std::slice::from_ref(v));
     let u = &v["usage"];
     out += &format!(
-        "\nshare: {} (1s) {} (10s) {} (60s), configured {}; busy {}\n",
+        "\nshare: {} (1s) {} (10s) {} (1 min) {} (10 min), configured {}; busy {}\n",
         json_percent(&u["share_1s"]),
         json_percent(&u["share_10s"]),
         json_percent(&u["share_60s"]),
+        json_percent(&u["share_10m"]),
         json_percent(&u["configured_share"]),
         u["busy_s"]
             .as_f64()
             .map_or("-".into(), |b| format!("{b:.1} s")),
     );
+    let target = u["target_wait_p99_s"]
+        .as_f64()
+        .map_or(String::new(), |t| format!(" (target {})", secs_ms(t)));
+    out += &format!(
+        "launch-to-start wait: p50 {} p90 {} p99 {}{target}; deadline misses {}; think time {}\n",
+        json_ms(&u["queue_wait_p50_s"]),
+        json_ms(&u["queue_wait_p90_s"]),
+        json_ms(&u["queue_wait_p99_s"]),
+        json_str(&u["deadline_misses"]),
+        json_ms(&u["think_time_s"]),
+    );
+    out += &format!(
+        "memory: {} used, peak {}, 24 h high-water {}, slice {}\n",
+        json_bytes(&u["memory_used"]),
+        json_bytes(&u["memory_peak"]),
+        json_bytes(&u["memory_high_water_24h"]),
+        json_bytes(&u["memory_limit"]),
+    );
+    if let Some(t) = v["tuning"].as_object() {
+        out += &format!(
+            "tuning: mode {}, weight {} (baseline {}, bounds {}–{}){}\n",
+            json_str(&t["mode"]),
+            json_str(&v["weight"]),
+            json_str(&t["baseline_weight"]),
+            json_str(&t["weight_min"]),
+            json_str(&t["weight_max"]),
+            t.get("last_change")
+                .and_then(Value::as_object)
+                .map_or(String::new(), |c| format!(
+                    "; last change {} → {}: {}",
+                    json_str(&c["from"]),
+                    json_str(&c["to"]),
+                    json_str(&c["reason"])
+                )),
+        );
+    }
     let st = &v["stats"];
     out += &format!(
         "copies: {} to the device, {} from it; errors {}; sessions opened {}\n",
@@ -585,6 +757,7 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                         json_str(&d["uuid"]),
                         json_str(&d["scheduling"]["batch_min_share"])
                     );
+                    print!("{}", device_detail(&d));
                     return Ok(());
                 }
                 d
@@ -751,6 +924,14 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
             }
             VmCommand::AttachArgs(_) => unreachable!("handled by run"),
         },
+        Command::Analyze => {
+            let v = c.get("/v1/analyze")?;
+            if !cli.json {
+                print!("{}", analysis_text(&v));
+                return Ok(());
+            }
+            v
+        }
         Command::Metrics => {
             let text = c.get_text("/v1/metrics")?;
             if !cli.json {

@@ -279,6 +279,7 @@ pub struct Runtime {
     metrics_addr: Mutex<Option<SocketAddr>>,
     passthrough: RwLock<crate::passthrough::PassthroughRegistry>,
     host_roots: crate::passthrough::HostRoots,
+    tuner: Arc<crate::tuning::Tuner>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -302,6 +303,16 @@ impl Runtime {
     /// The session hub.
     pub fn hub(&self) -> &Arc<SessionHub> {
         &self.hub
+    }
+
+    /// The tuning controller.
+    pub fn tuner(&self) -> &Arc<crate::tuning::Tuner> {
+        &self.tuner
+    }
+
+    /// Records a change of the tuning controller in the audit log (`vm.tune`).
+    pub fn record_tuning(&self, actor: Actor, detail: Value) {
+        self.record(actor, "vm.tune", detail, Ok(()));
     }
 
     /// The NVML inventory.
@@ -555,7 +566,15 @@ impl Runtime {
     }
 
     fn update_vm_locked(&self, name: &str, body: &Value) -> Result<VmConfig, OpError> {
-        const LIVE_KEYS: [&str; 3] = ["memory", "weight", "priority"];
+        const LIVE_KEYS: [&str; 7] = [
+            "memory",
+            "weight",
+            "priority",
+            "target_wait_p99",
+            "min_share",
+            "weight_min",
+            "weight_max",
+        ];
         let Some(old) = self.vm_config(name).filter(|v| v.mode == VmMode::Shared) else {
             return Err(OpError::not_found_vm(name));
         };
@@ -602,6 +621,10 @@ impl Runtime {
             BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
             other => OpError::new(409, other.to_string()),
         })?;
+        if let Some(t) = self.broker.tenant(&new.name) {
+            t.scheduler()
+                .set_target_wait(t.sched_id(), new.tuning.target_wait_p99);
+        }
         let mut st = self.write();
         if let Some(v) = st.running.vms.iter_mut().find(|v| v.name == new.name) {
             *v = new.clone();
@@ -998,6 +1021,7 @@ impl Daemon {
                 transports: BTreeMap::new(),
             }),
             metrics_addr: Mutex::new(None),
+            tuner: Arc::default(),
         });
         for vm in &config.vms {
             if vm.mode != VmMode::Shared {
@@ -1038,6 +1062,7 @@ impl Daemon {
                 Durability::Synced,
             );
         }
+        crate::tuning::Tuner::start(&rt);
         Ok(Daemon { rt, admin, metrics })
     }
 
@@ -1069,6 +1094,7 @@ impl Daemon {
     /// Stops listening and removes the sockets; every session ends and
     /// releases its resources (bounded wait).
     pub fn shutdown(self) {
+        self.rt.tuner.stop();
         drop(self.admin);
         drop(self.metrics);
         let transports = std::mem::take(&mut self.rt.write().transports);

@@ -113,6 +113,22 @@ pub fn vm_table(v: &VmConfig) -> Table {
             .collect();
         t.insert("schedule".into(), Toml::Array(windows));
     }
+    let tu = &v.tuning;
+    if let Some(d) = tu.target_wait_p99 {
+        t.insert(
+            "target_wait_p99".into(),
+            format!("{}us", d.as_micros()).into(),
+        );
+    }
+    for (key, val) in [
+        ("min_share", tu.min_share),
+        ("weight_min", tu.weight_min),
+        ("weight_max", tu.weight_max),
+    ] {
+        if let Some(x) = val {
+            t.insert(key.into(), Toml::Integer(i64::from(x)));
+        }
+    }
     t
 }
 
@@ -142,6 +158,15 @@ pub fn render(c: &Config) -> String {
                 .collect(),
         ),
     );
+    if c.tuning != vgpu_broker::config::TuningConfig::default() {
+        let mut tu = Table::new();
+        tu.insert("mode".into(), c.tuning.mode.as_str().into());
+        tu.insert(
+            "tune_interval".into(),
+            format!("{}ms", c.tuning.interval.as_millis()).into(),
+        );
+        doc.insert("tuning".into(), Toml::Table(tu));
+    }
     if !c.vms.is_empty() {
         doc.insert(
             "vm".into(),
@@ -281,6 +306,7 @@ fn live_updatable(a: &VmConfig, b: &VmConfig) -> bool {
         weight: 0,
         priority: Default::default(),
         schedule: Vec::new(),
+        tuning: Default::default(),
         ..v.clone()
     };
     strip(a) == strip(b)

@@ -649,36 +649,29 @@ impl Core {
             return;
         }
         let holder = self.running.map(|r| r.tenant);
-        let waiting: Vec<TenantId> = self
+        let mut waiting = self
             .entities
             .iter()
-            .filter(|(id, e)| !e.waiting.is_empty() && Some(**id) != holder)
-            .map(|(id, _)| *id)
-            .collect();
-        if waiting.is_empty() {
+            .filter(|(id, e)| !e.waiting.is_empty() && Some(**id) != holder);
+        if waiting.next().is_none() {
             return;
         }
         match self.running {
             None => {
                 let t = self.observed_at - dt;
-                let capped: Vec<TenantId> = waiting
+                let runnable = self
+                    .entities
                     .iter()
-                    .copied()
-                    .filter(|id| {
-                        self.entities
-                            .get(id)
-                            .is_some_and(|e| !self.eligible(*id, e, t, false))
-                    })
-                    .collect();
-                if capped.len() == waiting.len() {
+                    .any(|(&id, e)| !e.waiting.is_empty() && self.eligible(id, e, t, false));
+                if runnable {
+                    self.idle_with_work += dt;
+                } else {
                     self.idle_capped += dt;
-                    for id in capped {
-                        if let Some(e) = self.entities.get_mut(&id) {
+                    for e in self.entities.values_mut() {
+                        if !e.waiting.is_empty() {
                             e.capped_wait += dt;
                         }
                     }
-                } else {
-                    self.idle_with_work += dt;
                 }
             }
             Some(r) if r.waiter.is_none() => self.anticipating += dt,

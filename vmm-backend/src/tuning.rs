@@ -638,7 +638,7 @@ pub fn analyze(rt: &Runtime) -> Analysis {
                         detail: format!(
                             "`{}` has a {} slice and used at most {} in 24 h",
                             vm.name,
-                            Human(u.memory_limit),
+                            size(u.memory_limit),
                             gib(hw)
                         ),
                     });
@@ -650,9 +650,9 @@ pub fn analyze(rt: &Runtime) -> Analysis {
                         text: format!(
                             "{}: slice {}, peak {} in 24 h: shrink to {}",
                             vm.name,
-                            Human(u.memory_limit),
+                            size(u.memory_limit),
                             gib(hw),
-                            Human(to)
+                            size(to)
                         ),
                     });
                 }
@@ -749,6 +749,15 @@ pub fn analyze(rt: &Runtime) -> Analysis {
     }
 }
 
+/// A slice size as the config writes it, with a space ("8 GiB", "1536 MiB").
+fn size(b: u64) -> String {
+    let s = vgpu_broker::size::format_size(b);
+    match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => format!("{} {}", &s[..i], &s[i..]),
+        None => s,
+    }
+}
+
 /// Bytes in GiB with one decimal ("4.2 GiB"), or the exact form when small.
 fn gib(b: u64) -> String {
     if b >= 1 << 30 {
@@ -770,6 +779,7 @@ mod tests {
         assert_eq!(recommended_slice(100 << 20, 2 * GIB), 256 << 20);
         assert_eq!(recommended_slice(10 << 20, 256 << 20), 16 << 20);
         assert_eq!(gib(42 * GIB / 10), "4.2 GiB");
+        assert_eq!((size(8 * GIB), size(1536 << 20)), ("8 GiB".into(), "1536 MiB".into()));
     }
 
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -847,12 +857,12 @@ mod tests {
         let b = Arc::clone(d.broker());
         let (inf, tr) = (b.tenant("inference").unwrap(), b.tenant("training").unwrap());
         let stop = Arc::new(AtomicBool::new(false));
-        // Training saturates with 50 ms kernels; inference wants 30 % of the
-        // device (3 x 2 ms every 20 ms) but has weight 1 of 5 (20 %): its
+        // Training saturates with 50 ms kernels; inference wants 25 % of the
+        // device (3 x 2 ms every 24 ms) but has weight 1 of 5 (20 %): its
         // queue grows. Slices of 10 ms and a target of 50 ms leave room for
         // thread wake-ups on a loaded machine.
         let h1 = load(Arc::clone(&tr), Duration::from_millis(50), 2, Duration::ZERO, Arc::clone(&stop));
-        let h2 = load(Arc::clone(&inf), Duration::from_millis(2), 3, Duration::from_millis(20), Arc::clone(&stop));
+        let h2 = load(Arc::clone(&inf), Duration::from_millis(2), 3, Duration::from_millis(24), Arc::clone(&stop));
         let p99_over = |t: &Tenant, window: Duration| {
             let a = t.sched_stats().waits_recorded;
             std::thread::sleep(window);
@@ -898,6 +908,54 @@ mod tests {
             st.weight,
             st.baseline_weight
         );
+        d.shutdown();
+    }
+
+    /// `analyze` finds a planted oversized slice and a planted contention
+    /// pair, and recommends a slice size with numbers.
+    #[test]
+    fn analyze_finds_a_planted_oversized_slice_and_contention_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\n\
+             [[vm]]\nname = \"training\"\nmemory = \"512MiB\"\n\
+             [[vm]]\nname = \"a\"\nmemory = \"64MiB\"\n\
+             [[vm]]\nname = \"b\"\nmemory = \"64MiB\"\n\
+             [[vm]]\nname = \"quiet\"\nmemory = \"64MiB\"\n";
+        let config = Config::parse(&dir.path().join("t.toml"), src).unwrap();
+        let d = crate::daemon::Daemon::start(&config).unwrap();
+        let b = Arc::clone(d.broker());
+        // training peaked at 100 MiB of its 512 MiB slice.
+        let tr = b.tenant("training").unwrap();
+        tr.slice.charge(100 << 20).unwrap();
+        tr.slice.refund(60 << 20);
+        // a and b contend for 400 ms.
+        let stop = Arc::new(AtomicBool::new(false));
+        let hs: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|n| load(b.tenant(n).unwrap(), Duration::from_millis(3), 2, Duration::ZERO, Arc::clone(&stop)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(400));
+        stop.store(true, Ordering::Relaxed);
+        for h in hs {
+            h.join().unwrap();
+        }
+        let a = analyze(d.runtime());
+        let top = &a.hotspots[0];
+        let pair = [top.waiting.as_str(), top.running.as_str()];
+        assert!(pair == ["a", "b"] || pair == ["b", "a"], "{a:#?}");
+        assert!(top.last_hour_s > 0.1 && top.peak_minute_start.is_some(), "{top:?}");
+        assert!(a.hotspots.iter().all(|h| h.waiting != "quiet" && h.running != "quiet"));
+        let rec = a
+            .recommendations
+            .iter()
+            .find(|r| r.vm == "training" && r.setting == "memory")
+            .unwrap_or_else(|| panic!("{a:#?}"));
+        // 100 MiB peak + 15 % → 115 MiB, rounded up to 16 MiB: 128 MiB.
+        assert_eq!((rec.from, rec.to), (512 << 20, 128 << 20));
+        assert_eq!(rec.text, "training: slice 512 MiB, peak 100.0 MiB in 24 h: shrink to 128 MiB");
+        assert!(a.bottlenecks.iter().any(|x| x.kind == "oversized_slice" && x.vm.as_deref() == Some("training")));
+        // VMs that never allocated get no advice.
+        assert!(!a.recommendations.iter().any(|r| r.vm == "quiet"));
         d.shutdown();
     }
 

@@ -165,6 +165,19 @@ fn every_command_works_against_a_running_daemon() {
         .unwrap();
     assert_eq!(used["value"], (16 * MIB) as f64);
 
+    let o = d.vgpuctl(&["analyze"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        o.stdout.contains("hotspots") && o.stdout.contains("recommendations:"),
+        "{}",
+        o.stdout
+    );
+    let a = d.vgpuctl_json(&["analyze"]);
+    assert!(
+        a["hotspots"].is_array() && a["tuning"]["mode"] == "off",
+        "{a}"
+    );
+
     let o = d.vgpuctl(&["top", "--once", "--interval", "0.2", "--width", "140"]);
     assert_eq!(o.code, 0, "{o:?}");
     assert!(

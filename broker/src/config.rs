@@ -1320,6 +1320,39 @@ guest_cid = 3
     }
 
     #[test]
+    fn tuning_targets_bounds_and_mode() {
+        let c = Config::parse(
+            Path::new("t.toml"),
+            "[tuning]\nmode = \"advise\"\ntune_interval = \"30s\"\n\
+             [[vm]]\nname = \"inf\"\nmemory = 1\nweight = 3\n\
+             target_wait_p99 = \"5ms\"\nmin_share = 30\nweight_min = 2\nweight_max = 12\n\
+             [[vm]]\nname = \"b\"\nmemory = 1\n",
+        )
+        .unwrap();
+        assert_eq!(c.tuning.mode, TuneMode::Advise);
+        assert_eq!(c.tuning.interval, Duration::from_secs(30));
+        let t = &c.vms[0].tuning;
+        assert_eq!(t.target_wait_p99, Some(Duration::from_millis(5)));
+        assert_eq!(
+            (t.min_share, t.weight_min, t.weight_max),
+            (Some(30), Some(2), Some(12))
+        );
+        assert!(t.has_target() && !c.vms[1].tuning.has_target());
+        // Defaults: off, every 5 minutes.
+        let d = Config::parse(Path::new("t.toml"), "").unwrap();
+        assert_eq!(d.tuning, TuningConfig::default());
+        assert_eq!(d.tuning.interval, Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5min"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5"), None);
+        let vm = "[[vm]]\nname = \"a\"\nmemory = 1\nweight = 3\n";
+        assert!(err(&format!("{vm}target_wait_p99 = \"soon\"\n")).contains("not a duration"));
+        assert!(err(&format!("{vm}min_share = 0\n")).contains("between 1 and 100"));
+        assert!(err(&format!("{vm}weight_max = 2\n")).contains("must contain the VM's weight 3"));
+        assert!(err("[tuning]\nmode = \"on\"\n").contains("\"off\", \"advise\" or \"auto\""));
+        assert!(err("[tuning]\ntune_interval = \"1ms\"\n").contains("at least 100ms"));
+    }
+
+    #[test]
     fn errors_name_the_line_and_the_fix() {
         let e = err("[[vm]]\nname = \"a\"\nmemory = \"2GB\"\n");
         assert!(

@@ -1107,6 +1107,19 @@ impl Core {
         self.running.and_then(|r| r.waiter)
     }
 
+    /// Ends a sync anticipation whose tenant has nothing queued (the device
+    /// is free; used before switching scheduling off).
+    pub fn end_idle_anticipation(&mut self, now: Nanos) {
+        self.observe(now);
+        if let Some(r) = self.running
+            && r.drained
+            && r.waiter.is_none()
+            && self.entities.get(&r.tenant).is_none_or(|e| e.pending == 0)
+        {
+            self.running = None;
+        }
+    }
+
     /// Whether anything is queued, waiting or running.
     pub fn busy(&self) -> bool {
         self.running.is_some()
@@ -1782,10 +1795,12 @@ impl Scheduler {
     /// on. A baseline for benchmarks and a diagnostic; refused while kernels
     /// are queued or running, so the two modes never share the device.
     pub fn set_enabled(&self, enabled: bool) -> Result<(), String> {
+        let now = self.inner.now();
         let mut st = self.inner.lock();
         if st.enabled == enabled {
             return Ok(());
         }
+        st.core.end_idle_anticipation(now);
         if st.core.busy() || st.bypass_busy {
             return Err(format!(
                 "device `{}` has kernels queued or running; switch scheduling on or off when it is idle",
@@ -2492,40 +2507,6 @@ mod tests {
     }
 
     #[test]
-    #[ignore]
-    fn sync_probe() {
-        for (ta, tb) in [
-            (3400 * US, 1350 * US),
-            (2000 * US, 2000 * US),
-            (1000 * US, 1000 * US),
-        ] {
-            for batch in [1, 4, 16] {
-                let mut sim = Sim::new(cfg(Policy::Fair, 2, 5));
-                let mut a = SimT::synchronous(0, 4 * MS, batch, ta);
-                a.handoff = 100 * US;
-                a.jitter = 1;
-                let mut b = SimT::synchronous(0, 4 * MS, batch, tb);
-                b.handoff = 100 * US;
-                b.jitter = 2;
-                let a = sim.add(30, Priority::Normal, a);
-                let b = sim.add(70, Priority::Normal, b);
-                sim.run_until(5 * S);
-                let (x, y) = (sim.share(a, S, 5 * S), sim.share(b, S, 5 * S));
-                let dev = sim.core.device_stats(sim.now);
-                eprintln!(
-                    "think {} / {} us, batch {batch}: {:.1} / {:.1}, busy {:.1} %, anticipation {:?}",
-                    ta / US,
-                    tb / US,
-                    100.0 * x / (x + y),
-                    100.0 * y / (x + y),
-                    100.0 * (x + y),
-                    dev.anticipation
-                );
-            }
-        }
-    }
-
-    #[test]
     fn synchronous_clients_keep_their_shares() {
         // Clients that synchronize after every 1, 4 or 16 launches and
         // think (the synchronize's return trip and the host code) between
@@ -2836,6 +2817,30 @@ mod tests {
             "inference by night",
         );
         assert_eq!(sim.core.stats(sim.ts[1].id, sim.now).unwrap().weight, 70);
+    }
+
+    #[test]
+    fn the_tuning_adjustment_moves_with_the_schedule_baseline() {
+        let mut c = Core::new(cfg(Policy::Fair, 2, 5), tod("12:00"));
+        let day = [WeightWindow {
+            from: tod("08:00"),
+            to: tod("20:00"),
+            weight: 7,
+        }];
+        let a = c.add_tenant("a", 3, &day, Priority::Normal, 1);
+        c.set_weight_adjust(a, 2, 2);
+        let st = c.stats(a, 3).unwrap();
+        assert_eq!((st.weight, st.baseline_weight, st.weight_adjust), (9, 7, 2));
+        // At night the base weight is the baseline; the adjustment stays.
+        c.set_time_of_day(tod("22:00"), 4);
+        let st = c.stats(a, 5).unwrap();
+        assert_eq!((st.weight, st.baseline_weight), (5, 3));
+        // A live base-weight change keeps it too; the weight is at least 1.
+        c.set_settings(a, 1, Priority::Normal, 6);
+        c.set_weight_adjust(a, -5, 7);
+        assert_eq!(c.stats(a, 8).unwrap().weight, 1);
+        // Quantiles over the newest kernels.
+        assert_eq!(c.wait_quantile(a, 10, 0.99), None);
     }
 
     #[test]

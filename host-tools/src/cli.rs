@@ -1122,6 +1122,61 @@ mod tests {
     }
 
     #[test]
+    fn analysis_and_tuning_read_as_sentences() {
+        let a = json!({
+            "hotspots": [{ "device": "gpu0", "waiting": "inference", "running": "training",
+                           "last_hour_s": 41.2, "total_s": 50.0, "peak_minute_start": 1_700_000_520u64,
+                           "peak_minute_s": 9.8 }],
+            "bottlenecks": [{ "kind": "oversized_slice", "device": "gpu0", "vm": "training",
+                              "detail": "`training` has a 8 GiB slice and used at most 4.2 GiB in 24 h" }],
+            "recommendations": [{ "vm": "training", "setting": "memory", "from": 8u64 << 30, "to": 5u64 << 30,
+                                  "text": "training: slice 8 GiB, peak 4.2 GiB in 24 h: shrink to 5 GiB" }],
+            "tuning": { "mode": "advise", "interval_s": 300.0, "runs": 12,
+                        "latest": [{ "vm": "inference", "from": 3, "to": 4, "applied": false,
+                                     "reason": "p99 wait 9.0 ms vs target 5.0 ms" }] },
+        });
+        let t = analysis_text(&a);
+        for want in [
+            "inference  training",
+            "41.20 s",
+            "22:22 UTC",
+            "[oversized_slice]",
+            "shrink to 5 GiB",
+            "advised inference: weight 3 → 4: p99 wait 9.0 ms vs target 5.0 ms",
+        ] {
+            assert!(t.contains(want), "{want:?} not in\n{t}");
+        }
+        let empty = analysis_text(
+            &json!({ "hotspots": [], "bottlenecks": [], "recommendations": [], "tuning": {} }),
+        );
+        assert!(
+            empty.contains("none: no VM waited behind another"),
+            "{empty}"
+        );
+        let vm = json!({
+            "name": "inference", "weight": 4, "usage": { "queue_wait_p99_s": 0.004, "target_wait_p99_s": 0.005,
+            "memory_peak": 1u64 << 30, "share_10m": 0.3 },
+            "tuning": { "mode": "auto", "baseline_weight": 3, "weight_min": 1, "weight_max": 12,
+                        "last_change": { "from": 3, "to": 4, "reason": "p99 wait 9.0 ms vs target 5.0 ms" } },
+        });
+        let d = vm_detail(&vm);
+        assert!(d.contains("p99 4.00 ms (target 5.00 ms)"), "{d}");
+        assert!(
+            d.contains(
+                "tuning: mode auto, weight 4 (baseline 3, bounds 1–12); last change 3 → 4: p99 wait"
+            ),
+            "{d}"
+        );
+        let dev = json!({ "usage": { "idle_with_work_s": 0.0, "fragmentation": 0.5,
+            "contention": [{ "waiting": "a", "running": "b", "total_s": 1.5, "last_hour_s": 1.5, "peak_minute_s": 1.0 }] } });
+        let d = device_detail(&dev);
+        assert!(
+            d.contains("idle with work queued: 0.00 ms (must stay 0)") && d.contains("1.50 s"),
+            "{d}"
+        );
+    }
+
+    #[test]
     fn tables_show_what_operators_look_for() {
         let vm = json!({
             "name": "vm1", "device": "gpu0", "memory_used": 16u64 << 20, "memory_limit": 64u64 << 20,

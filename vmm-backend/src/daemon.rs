@@ -907,6 +907,8 @@ impl Runtime {
                 }
             }
         }
+        // `[tuning]` applies at once (the controller reads it every round).
+        self.write().running.tuning = new.tuning;
         self.write().baseline = baseline;
         report
     }
@@ -936,13 +938,23 @@ impl Runtime {
             ));
         };
         let mut entry = reload::vm_table(&old);
+        const LIVE: [&str; 8] = [
+            "memory",
+            "weight",
+            "priority",
+            "schedule",
+            "target_wait_p99",
+            "min_share",
+            "weight_min",
+            "weight_max",
+        ];
+        for k in LIVE {
+            entry.remove(k);
+        }
         for (k, v) in reload::vm_table(new) {
-            if matches!(k.as_str(), "memory" | "weight" | "priority" | "schedule") {
+            if LIVE.contains(&k.as_str()) {
                 entry.insert(k, v);
             }
-        }
-        if new.schedule.is_empty() {
-            entry.remove("schedule");
         }
         let checked = self.validated_vm_entry(&new.name, entry)?;
         self.apply_vm_update(&old, &checked)

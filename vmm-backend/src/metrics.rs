@@ -200,6 +200,31 @@ pub fn render(rt: &Runtime) -> String {
         unix_seconds(rt.started()) as f64,
     );
     let tenants = broker.tenants();
+    let analysis = crate::tuning::analyze(rt);
+    for setting in ["memory", "weight"] {
+        e.gauge(
+            "vgpu_recommendations",
+            "Recommendations vgpuctl analyze makes now, by setting.",
+            &[("setting", setting)],
+            analysis
+                .recommendations
+                .iter()
+                .filter(|r| r.setting == setting)
+                .count() as f64,
+        );
+    }
+    for kind in crate::tuning::BOTTLENECK_KINDS {
+        e.gauge(
+            "vgpu_bottlenecks",
+            "Bottlenecks vgpuctl analyze finds now, by kind.",
+            &[("kind", kind)],
+            analysis
+                .bottlenecks
+                .iter()
+                .filter(|b| b.kind == kind)
+                .count() as f64,
+        );
+    }
     for (i, (name, d)) in broker.devices().iter().enumerate() {
         let info = d.info();
         let gpu = i.to_string();
@@ -291,13 +316,26 @@ pub fn render(rt: &Runtime) -> String {
                 &[("device", name)],
                 u.handover_s,
             );
-            for c in &u.contention {
-                e.counter(
-                    "vgpu_device_contention_seconds_total",
-                    "Time VM `vm` had a kernel waiting while VM `running` ran (the contention matrix).",
-                    &[("device", name), ("vm", &c.waiting), ("running", &c.running)],
-                    c.total_s,
-                );
+            // The whole matrix, zeros included, so every pair has a series.
+            let vms: Vec<&str> = tenants
+                .iter()
+                .filter(|t| &t.device_name == name)
+                .map(|t| t.name.as_str())
+                .collect();
+            for a in &vms {
+                for b in vms.iter().filter(|b| *b != a) {
+                    let v = u
+                        .contention
+                        .iter()
+                        .find(|c| c.waiting == *a && c.running == *b)
+                        .map_or(0.0, |c| c.total_s);
+                    e.counter(
+                        "vgpu_device_contention_seconds_total",
+                        "Time VM `vm` had a kernel waiting while VM `running` ran (the contention matrix).",
+                        &[("device", name), ("vm", a), ("running", b)],
+                        v,
+                    );
+                }
             }
             e.gauge(
                 "vgpu_device_memory_unsliced_bytes",
@@ -463,6 +501,26 @@ pub fn render(rt: &Runtime) -> String {
             &l,
             u.think_time_s,
         );
+        let tune = t.sched_stats();
+        e.gauge(
+            "vgpu_vm_weight_adjust",
+            "The tuning controller's adjustment of the VM's weight (weight in force - baseline).",
+            &l,
+            f64::from(tune.weight_adjust),
+        );
+        let (up, down) = rt.tuner().change_counts(&t.name);
+        for (direction, n) in [("up", up), ("down", down)] {
+            e.counter(
+                "vgpu_vm_tune_changes_total",
+                "Weight changes by the tuning controller (applied in auto mode, advised in advise mode).",
+                &[
+                    ("vm", &t.name),
+                    ("device", &t.device_name),
+                    ("direction", direction),
+                ],
+                n as f64,
+            );
+        }
         e.gauge(
             "vgpu_vm_fb_peak_bytes",
             "Most device memory the VM ever held at once.",

@@ -99,6 +99,8 @@ struct TunerState {
     pending: Vec<WeightChange>,
     /// Every change, newest last (bounded).
     history: Vec<WeightChange>,
+    /// Per VM: changes up and down since vgpud started (applied or advised).
+    counts: BTreeMap<String, (u64, u64)>,
 }
 
 /// The tuning controller.
@@ -216,6 +218,12 @@ impl Tuner {
     /// The changes of the newest round (in `advise` mode: the advice).
     pub fn pending(&self) -> Vec<WeightChange> {
         self.lock().pending.clone()
+    }
+
+    /// Weight changes of a VM since vgpud started (up, down), applied in
+    /// `auto` mode or advised in `advise` mode.
+    pub fn change_counts(&self, vm: &str) -> (u64, u64) {
+        self.lock().counts.get(vm).copied().unwrap_or_default()
     }
 
     /// Rounds run so far.
@@ -464,6 +472,12 @@ impl Tuner {
                     m.ok_streak = 0;
                     m.since_relax = (to < o.weight && o.adjust > 0).then_some(0);
                 }
+                let c = st.counts.entry(name.clone()).or_default();
+                if ch.to > ch.from {
+                    c.0 += 1;
+                } else {
+                    c.1 += 1;
+                }
                 st.last.insert(name, ch.clone());
                 changes.push(ch);
             }
@@ -502,6 +516,15 @@ pub struct Hotspot {
     /// Contention in that minute, in seconds.
     pub peak_minute_s: f64,
 }
+
+/// Every kind of [`Bottleneck`].
+pub const BOTTLENECK_KINDS: [&str; 5] = [
+    "capped_while_idle",
+    "oversized_slice",
+    "fragmentation",
+    "memory_full_compute_idle",
+    "target_missed_at_bound",
+];
 
 /// Something that limits the device.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -779,7 +802,10 @@ mod tests {
         assert_eq!(recommended_slice(100 << 20, 2 * GIB), 256 << 20);
         assert_eq!(recommended_slice(10 << 20, 256 << 20), 16 << 20);
         assert_eq!(gib(42 * GIB / 10), "4.2 GiB");
-        assert_eq!((size(8 * GIB), size(1536 << 20)), ("8 GiB".into(), "1536 MiB".into()));
+        assert_eq!(
+            (size(8 * GIB), size(1536 << 20)),
+            ("8 GiB".into(), "1536 MiB".into())
+        );
     }
 
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -855,19 +881,36 @@ mod tests {
         let config = Config::parse(&dir.path().join("t.toml"), &src).unwrap();
         let d = crate::daemon::Daemon::start(&config).unwrap();
         let b = Arc::clone(d.broker());
-        let (inf, tr) = (b.tenant("inference").unwrap(), b.tenant("training").unwrap());
+        let (inf, tr) = (
+            b.tenant("inference").unwrap(),
+            b.tenant("training").unwrap(),
+        );
         let stop = Arc::new(AtomicBool::new(false));
         // Training saturates with 50 ms kernels; inference wants 25 % of the
         // device (3 x 2 ms every 24 ms) but has weight 1 of 5 (20 %): its
         // queue grows. Slices of 10 ms and a target of 50 ms leave room for
         // thread wake-ups on a loaded machine.
-        let h1 = load(Arc::clone(&tr), Duration::from_millis(50), 2, Duration::ZERO, Arc::clone(&stop));
-        let h2 = load(Arc::clone(&inf), Duration::from_millis(2), 3, Duration::from_millis(24), Arc::clone(&stop));
+        let h1 = load(
+            Arc::clone(&tr),
+            Duration::from_millis(50),
+            2,
+            Duration::ZERO,
+            Arc::clone(&stop),
+        );
+        let h2 = load(
+            Arc::clone(&inf),
+            Duration::from_millis(2),
+            3,
+            Duration::from_millis(24),
+            Arc::clone(&stop),
+        );
         let p99_over = |t: &Tenant, window: Duration| {
             let a = t.sched_stats().waits_recorded;
             std::thread::sleep(window);
             let n = t.sched_stats().waits_recorded - a;
-            t.scheduler().wait_quantile(t.sched_id(), n, 0.99).map(|x| x.0)
+            t.scheduler()
+                .wait_quantile(t.sched_id(), n, 0.99)
+                .map(|x| x.0)
         };
         // Within a few intervals the weight went up and the p99 is under 50 ms.
         let start = Instant::now();
@@ -892,16 +935,29 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         h1.join().unwrap();
         h2.join().unwrap();
-        let misses = held.iter().filter(|p| p.is_none_or(|p| p >= TARGET)).count();
+        let misses = held
+            .iter()
+            .filter(|p| p.is_none_or(|p| p >= TARGET))
+            .count();
         let changes = d.runtime().tuner().history();
         assert!(
             misses <= 1,
             "converged after {converged:?}, then p99s {held:?}; changes {changes:#?}"
         );
-        assert!(changes.iter().any(|c| c.vm == "inference" && c.to > c.from && c.applied));
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.vm == "inference" && c.to > c.from && c.applied)
+        );
         let log = std::fs::read_to_string(&audit).unwrap();
-        let line = log.lines().find(|l| l.contains("\"vm.tune\"")).expect("vm.tune in the audit log");
-        assert!(line.contains("p99 wait") && line.contains("\"tuner\""), "{line}");
+        let line = log
+            .lines()
+            .find(|l| l.contains("\"vm.tune\""))
+            .expect("vm.tune in the audit log");
+        assert!(
+            line.contains("p99 wait") && line.contains("\"tuner\""),
+            "{line}"
+        );
         eprintln!(
             "controller: target met after {converged:?} ({} rounds), weight {} (baseline {}); then p99 {held:?}",
             d.runtime().tuner().runs(),
@@ -932,7 +988,15 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let hs: Vec<_> = ["a", "b"]
             .iter()
-            .map(|n| load(b.tenant(n).unwrap(), Duration::from_millis(3), 2, Duration::ZERO, Arc::clone(&stop)))
+            .map(|n| {
+                load(
+                    b.tenant(n).unwrap(),
+                    Duration::from_millis(3),
+                    2,
+                    Duration::ZERO,
+                    Arc::clone(&stop),
+                )
+            })
             .collect();
         std::thread::sleep(Duration::from_millis(400));
         stop.store(true, Ordering::Relaxed);
@@ -943,8 +1007,15 @@ mod tests {
         let top = &a.hotspots[0];
         let pair = [top.waiting.as_str(), top.running.as_str()];
         assert!(pair == ["a", "b"] || pair == ["b", "a"], "{a:#?}");
-        assert!(top.last_hour_s > 0.1 && top.peak_minute_start.is_some(), "{top:?}");
-        assert!(a.hotspots.iter().all(|h| h.waiting != "quiet" && h.running != "quiet"));
+        assert!(
+            top.last_hour_s > 0.1 && top.peak_minute_start.is_some(),
+            "{top:?}"
+        );
+        assert!(
+            a.hotspots
+                .iter()
+                .all(|h| h.waiting != "quiet" && h.running != "quiet")
+        );
         let rec = a
             .recommendations
             .iter()
@@ -952,8 +1023,15 @@ mod tests {
             .unwrap_or_else(|| panic!("{a:#?}"));
         // 100 MiB peak + 15 % → 115 MiB, rounded up to 16 MiB: 128 MiB.
         assert_eq!((rec.from, rec.to), (512 << 20, 128 << 20));
-        assert_eq!(rec.text, "training: slice 512 MiB, peak 100.0 MiB in 24 h: shrink to 128 MiB");
-        assert!(a.bottlenecks.iter().any(|x| x.kind == "oversized_slice" && x.vm.as_deref() == Some("training")));
+        assert_eq!(
+            rec.text,
+            "training: slice 512 MiB, peak 100.0 MiB in 24 h: shrink to 128 MiB"
+        );
+        assert!(
+            a.bottlenecks
+                .iter()
+                .any(|x| x.kind == "oversized_slice" && x.vm.as_deref() == Some("training"))
+        );
         // VMs that never allocated get no advice.
         assert!(!a.recommendations.iter().any(|r| r.vm == "quiet"));
         d.shutdown();

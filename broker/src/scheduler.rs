@@ -26,6 +26,18 @@
 //!   refills at that share of real time: over any window of length `T` a
 //!   tenant runs at most `share × T + slice`, even on an idle device.
 //!
+//! Synchronous clients (a tenant whose queue drains between batches because
+//! its program waits for its results) keep their share through three sync
+//! rules (docs/scheduling.md): what the others ran during a sync gap of at
+//! most [`SYNC_GAP`] is not held against the tenant (with a bounded lag), the
+//! device is kept for a drained tenant that is behind for its observed think
+//! time (at most [`SYNC_ANTICIPATION_MAX`]), and a tenant back from a gap and
+//! behind the holder takes the device at the next preemption point.
+//!
+//! The core also accounts contention (who waited while whom ran) and waste
+//! (idle with work queued, which stays zero; idle at `fixed` caps;
+//! anticipation; hand-overs), see [`DeviceSchedStats`].
+//!
 //! Priority classes (`realtime` > `normal` > `batch`) come first: a queued
 //! kernel of a higher class preempts a lower class at the next preemption
 //! point. `batch` keeps `batch_min_share` percent of the device time while it

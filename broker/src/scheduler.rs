@@ -1410,6 +1410,19 @@ impl Core {
                         return fx;
                     }
                     if end || now >= r.anticipate_until {
+                        if !end
+                            && self.sync_rules
+                            && e.pending > 0
+                            && self.cfg.policy == Policy::Fair
+                        {
+                            // Its next kernel is late (a loaded host): it
+                            // may take the device back at the next
+                            // preemption point if it is behind, as after a
+                            // sync gap.
+                            if let Some(e) = self.entities.get_mut(&r.tenant) {
+                                e.returned = true;
+                            }
+                        }
                         self.running = None;
                         continue;
                     }
@@ -2558,6 +2571,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn kernels_that_arrive_after_the_anticipation_keep_their_share() {
+        // A loaded host: each tenant's next kernel reaches the scheduler
+        // 400 us after the previous one ended, past the 250 us grace. The
+        // tenant behind takes the device back at the next block.
+        let mut sim = Sim::new(cfg(Policy::Fair, 2, 5));
+        let mut t = SimT::saturating(0, MS);
+        t.handoff = 400 * US;
+        t.depth = 4;
+        let a = sim.add(30, Priority::Normal, t.clone());
+        let b = sim.add(70, Priority::Normal, t);
+        sim.run_until(4 * S);
+        let (sa, sb) = (sim.share(a, S, 4 * S), sim.share(b, S, 4 * S));
+        assert_near(sa / (sa + sb), 0.30, 0.01, "weight 30");
+        assert_eq!(
+            sim.core.device_stats(sim.now).idle_with_work,
+            Duration::ZERO
+        );
     }
 
     #[test]

@@ -219,7 +219,7 @@ pub struct VmAddArgs {
 
 /// Arguments of `vm set`.
 #[derive(Debug, Args)]
-#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["memory", "weight", "priority"]))]
+#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["memory", "weight", "priority", "target_wait_p99", "min_share", "weight_min", "weight_max"]))]
 pub struct VmSetArgs {
     /// VM name.
     pub name: String,
@@ -232,6 +232,18 @@ pub struct VmSetArgs {
     /// New scheduling class.
     #[arg(long, value_enum)]
     pub priority: Option<PriorityArg>,
+    /// Launch-to-start p99 target for the tuning controller, e.g. 5ms.
+    #[arg(long, value_name = "DURATION")]
+    pub target_wait_p99: Option<String>,
+    /// Share of the device (percent) the VM should get while it has work waiting.
+    #[arg(long, value_name = "PERCENT")]
+    pub min_share: Option<u32>,
+    /// Lowest weight the tuning controller may set.
+    #[arg(long)]
+    pub weight_min: Option<u32>,
+    /// Highest weight the tuning controller may set.
+    #[arg(long)]
+    pub weight_max: Option<u32>,
 }
 
 /// Why a command failed.
@@ -880,6 +892,18 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 }
                 if let Some(p) = a.priority {
                     body.insert("priority".into(), p.as_str().into());
+                }
+                if let Some(t) = &a.target_wait_p99 {
+                    body.insert("target_wait_p99".into(), t.clone().into());
+                }
+                for (k, v) in [
+                    ("min_share", a.min_share),
+                    ("weight_min", a.weight_min),
+                    ("weight_max", a.weight_max),
+                ] {
+                    if let Some(v) = v {
+                        body.insert(k.into(), v.into());
+                    }
                 }
                 let v = c.patch(&format!("/v1/vms/{}", a.name), &Value::Object(body))?;
                 if !cli.json {

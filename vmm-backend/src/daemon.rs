@@ -582,7 +582,7 @@ impl Runtime {
         if changes.is_empty() {
             return Err(OpError::new(
                 400,
-                "nothing to change: give memory, weight and/or priority",
+                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min and/or weight_max",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {

@@ -165,6 +165,35 @@ fn every_command_works_against_a_running_daemon() {
         .unwrap();
     assert_eq!(used["value"], (16 * MIB) as f64);
 
+    let o = d.vgpuctl(&["analyze"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        o.stdout.contains("hotspots") && o.stdout.contains("recommendations:"),
+        "{}",
+        o.stdout
+    );
+    let a = d.vgpuctl_json(&["analyze"]);
+    assert!(
+        a["hotspots"].is_array() && a["tuning"]["mode"] == "off",
+        "{a}"
+    );
+    // Tuning targets change live.
+    let v = d.vgpuctl_json(&[
+        "vm",
+        "set",
+        "vm1",
+        "--target-wait-p99",
+        "5ms",
+        "--min-share",
+        "20",
+        "--weight-max",
+        "40",
+    ]);
+    assert_eq!(v["tuning"]["target_wait_p99_s"], 0.005, "{v}");
+    assert_eq!(v["tuning"]["weight_max"], 40, "{v}");
+    let o = d.vgpuctl(&["vm", "show", "vm1"]);
+    assert!(o.stdout.contains("(target 5.00 ms)"), "{}", o.stdout);
+
     let o = d.vgpuctl(&["top", "--once", "--interval", "0.2", "--width", "140"]);
     assert_eq!(o.code, 0, "{o:?}");
     assert!(

@@ -57,6 +57,10 @@ enum Bench {
         /// Repetitions; medians are reported.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Only the synchronous-client cases (clients that synchronize after
+        /// every 1, 4 or 16 launches), with the sync rules off and on.
+        #[arg(long)]
+        sync_only: bool,
     },
 }
 
@@ -80,9 +84,15 @@ fn main() -> ExitCode {
             ram: guest_ram,
             wait: guest_wait,
         }),
-        Bench::Share { seconds, runs } => {
-            vgpu_bench::share::run(vgpu_bench::share::Params { seconds, runs })
-        }
+        Bench::Share {
+            seconds,
+            runs,
+            sync_only,
+        } => vgpu_bench::share::run(vgpu_bench::share::Params {
+            seconds,
+            runs,
+            sync_only,
+        }),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

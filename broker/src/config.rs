@@ -318,6 +318,104 @@ pub struct VmConfig {
     /// `user[:group]` (names or numbers) that get the VM's sockets, mode
     /// 0660: the user a VMM runs as (libvirt's `libvirt-qemu`, KubeVirt's 107).
     pub socket_owner: Option<String>,
+    /// Service targets and weight bounds for the tuning controller.
+    pub tuning: VmTuning,
+}
+
+/// A VM's service targets and the bounds within which the tuning
+/// controller may move its weight (docs/scheduling.md, "Auto-tuning").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmTuning {
+    /// 99th percentile launch-to-start wait to stay under (`target_wait_p99`).
+    pub target_wait_p99: Option<Duration>,
+    /// Share of the device (percent) the VM should get while it has work
+    /// queued (`min_share`).
+    pub min_share: Option<u32>,
+    /// Lowest weight the controller may set (`weight_min`, default 1).
+    pub weight_min: Option<u32>,
+    /// Highest weight the controller may set (`weight_max`, default four
+    /// times the base weight).
+    pub weight_max: Option<u32>,
+}
+
+impl VmTuning {
+    /// Whether the VM has a service target.
+    pub fn has_target(&self) -> bool {
+        self.target_wait_p99.is_some() || self.min_share.is_some()
+    }
+}
+
+/// What the tuning controller does (`[tuning] mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TuneMode {
+    /// Nothing.
+    #[default]
+    Off,
+    /// Computes the weight changes it would make and shows them as
+    /// recommendations (`vgpuctl analyze`, `vm show`), changing nothing.
+    Advise,
+    /// Applies them.
+    Auto,
+}
+
+impl TuneMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TuneMode::Off => "off",
+            TuneMode::Advise => "advise",
+            TuneMode::Auto => "auto",
+        }
+    }
+
+    /// Parses the config spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(TuneMode::Off),
+            "advise" => Some(TuneMode::Advise),
+            "auto" => Some(TuneMode::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// Default `[tuning] tune_interval`.
+pub const DEFAULT_TUNE_INTERVAL: Duration = Duration::from_secs(300);
+
+/// The `[tuning]` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TuningConfig {
+    /// `mode`.
+    pub mode: TuneMode,
+    /// `tune_interval`: how often the controller runs.
+    pub interval: Duration,
+}
+
+impl Default for TuningConfig {
+    fn default() -> Self {
+        Self {
+            mode: TuneMode::Off,
+            interval: DEFAULT_TUNE_INTERVAL,
+        }
+    }
+}
+
+/// Parses a duration: a number with a unit `ms`, `s`, `min` or `h`
+/// (`"5ms"`, `"30s"`, `"5min"`).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "us" => v * 1e-6,
+        "ms" => v * 1e-3,
+        "s" => v,
+        "min" | "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return None,
+    };
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
 impl VmConfig {
@@ -426,6 +524,8 @@ pub struct Config {
     pub vms: Vec<VmConfig>,
     /// `[[profile]]` entries.
     pub profiles: Vec<ProfileConfig>,
+    /// `[tuning]`.
+    pub tuning: TuningConfig,
 }
 
 #[derive(Deserialize)]
@@ -445,6 +545,7 @@ struct RawConfig {
     vm: Vec<Spanned<RawVm>>,
     #[serde(default)]
     profile: Vec<Spanned<RawProfile>>,
+    tuning: Option<RawTuning>,
 }
 
 #[derive(Deserialize)]
@@ -454,6 +555,13 @@ struct RawProfile {
     memory: Spanned<RawSize>,
     weight: Option<Spanned<u32>>,
     priority: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTuning {
+    mode: Option<Spanned<String>>,
+    tune_interval: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -507,6 +615,10 @@ struct RawVm {
     pci: Option<Spanned<String>>,
     profile: Option<Spanned<String>>,
     socket_owner: Option<Spanned<String>>,
+    target_wait_p99: Option<Spanned<String>>,
+    min_share: Option<Spanned<u32>>,
+    weight_min: Option<Spanned<u32>>,
+    weight_max: Option<Spanned<u32>>,
 }
 
 struct Ctx<'a> {
@@ -669,12 +781,14 @@ impl Config {
             vms.push(vm);
         }
 
+        let tuning = parse_tuning(&cx, raw.tuning.as_ref())?;
         Ok(Config {
             path: path.to_path_buf(),
             admin,
             devices,
             vms,
             profiles,
+            tuning,
         })
     }
 
@@ -1033,6 +1147,7 @@ fn parse_passthrough(
         },
         profile: None,
         socket_owner: None,
+        tuning: VmTuning::default(),
     })
 }
 
@@ -1251,6 +1366,7 @@ fn parse_vm(
         Some(o) => Some(o.get_ref().clone()),
         None => None,
     };
+    let tuning = parse_vm_tuning(cx, r, weight)?;
     Ok(VmConfig {
         name,
         device,
@@ -1266,7 +1382,94 @@ fn parse_vm(
         mode: VmMode::Shared,
         profile: profile.map(|p| p.name.clone()),
         socket_owner,
+        tuning,
     })
+}
+
+fn parse_vm_tuning(cx: &Ctx<'_>, r: &RawVm, weight: u32) -> Result<VmTuning, ConfigError> {
+    let target_wait_p99 = match &r.target_wait_p99 {
+        Some(t) => Some(
+            parse_duration(t.get_ref())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    cx.err(
+                        t.span(),
+                        format!(
+                            "`{}` is not a duration: write a number and ms, s or min, e.g. \"5ms\"",
+                            t.get_ref()
+                        ),
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let min_share = match &r.min_share {
+        Some(m) if !(1..=100).contains(m.get_ref()) => {
+            return Err(cx.err(m.span(), "min_share is a percentage between 1 and 100"));
+        }
+        m => m.as_ref().map(|m| *m.get_ref()),
+    };
+    let bound = |b: &Option<Spanned<u32>>, key: &str| -> Result<Option<u32>, ConfigError> {
+        match b {
+            Some(w) if !(1..=MAX_WEIGHT).contains(w.get_ref()) => Err(cx.err(
+                w.span(),
+                format!("{key} must be between 1 and {MAX_WEIGHT}"),
+            )),
+            w => Ok(w.as_ref().map(|w| *w.get_ref())),
+        }
+    };
+    let weight_min = bound(&r.weight_min, "weight_min")?;
+    let weight_max = bound(&r.weight_max, "weight_max")?;
+    let (lo, hi) = (weight_min.unwrap_or(1), weight_max.unwrap_or(MAX_WEIGHT));
+    if lo > hi || !(lo..=hi).contains(&weight) {
+        let span = r
+            .weight_min
+            .as_ref()
+            .or(r.weight_max.as_ref())
+            .map_or(r.name.span(), |w| w.span());
+        return Err(cx.err(
+            span,
+            format!("the weight bounds {lo}..{hi} must contain the VM's weight {weight}"),
+        ));
+    }
+    Ok(VmTuning {
+        target_wait_p99,
+        min_share,
+        weight_min,
+        weight_max,
+    })
+}
+
+fn parse_tuning(cx: &Ctx<'_>, r: Option<&RawTuning>) -> Result<TuningConfig, ConfigError> {
+    let mut t = TuningConfig::default();
+    let Some(r) = r else {
+        return Ok(t);
+    };
+    if let Some(m) = &r.mode {
+        t.mode = TuneMode::parse(m.get_ref()).ok_or_else(|| {
+            cx.err(
+                m.span(),
+                format!(
+                    "unknown tuning mode `{}`: use \"off\", \"advise\" or \"auto\"",
+                    m.get_ref()
+                ),
+            )
+        })?;
+    }
+    if let Some(i) = &r.tune_interval {
+        t.interval = parse_duration(i.get_ref())
+            .filter(|d| *d >= Duration::from_millis(100))
+            .ok_or_else(|| {
+                cx.err(
+                    i.span(),
+                    format!(
+                        "`{}` is not a tuning interval: write a duration of at least 100ms, e.g. \"5min\"",
+                        i.get_ref()
+                    ),
+                )
+            })?;
+    }
+    Ok(t)
 }
 
 /// `device_model` and `vgpu_device_id`, checked against the vsock keys.
@@ -1386,6 +1589,39 @@ guest_cid = 3
         assert_eq!(c.devices[0].kind, DeviceKind::Sim);
         assert_eq!(c.vms[0].device, DEFAULT_DEVICE_NAME);
         assert_eq!(c.vms[0].memory, 1 << 20);
+    }
+
+    #[test]
+    fn tuning_targets_bounds_and_mode() {
+        let c = Config::parse(
+            Path::new("t.toml"),
+            "[tuning]\nmode = \"advise\"\ntune_interval = \"30s\"\n\
+             [[vm]]\nname = \"inf\"\nmemory = 1\nweight = 3\n\
+             target_wait_p99 = \"5ms\"\nmin_share = 30\nweight_min = 2\nweight_max = 12\n\
+             [[vm]]\nname = \"b\"\nmemory = 1\n",
+        )
+        .unwrap();
+        assert_eq!(c.tuning.mode, TuneMode::Advise);
+        assert_eq!(c.tuning.interval, Duration::from_secs(30));
+        let t = &c.vms[0].tuning;
+        assert_eq!(t.target_wait_p99, Some(Duration::from_millis(5)));
+        assert_eq!(
+            (t.min_share, t.weight_min, t.weight_max),
+            (Some(30), Some(2), Some(12))
+        );
+        assert!(t.has_target() && !c.vms[1].tuning.has_target());
+        // Defaults: off, every 5 minutes.
+        let d = Config::parse(Path::new("t.toml"), "").unwrap();
+        assert_eq!(d.tuning, TuningConfig::default());
+        assert_eq!(d.tuning.interval, Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5min"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5"), None);
+        let vm = "[[vm]]\nname = \"a\"\nmemory = 1\nweight = 3\n";
+        assert!(err(&format!("{vm}target_wait_p99 = \"soon\"\n")).contains("not a duration"));
+        assert!(err(&format!("{vm}min_share = 0\n")).contains("between 1 and 100"));
+        assert!(err(&format!("{vm}weight_max = 2\n")).contains("must contain the VM's weight 3"));
+        assert!(err("[tuning]\nmode = \"on\"\n").contains("\"off\", \"advise\" or \"auto\""));
+        assert!(err("[tuning]\ntune_interval = \"1ms\"\n").contains("at least 100ms"));
     }
 
     #[test]

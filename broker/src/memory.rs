@@ -21,13 +21,41 @@ pub struct MemorySlice {
 struct SliceState {
     limit: u64,
     used: u64,
+    /// Most ever charged at once.
+    peak: u64,
+    /// Most charged at once per hour (hour since the Unix epoch, bytes),
+    /// for the last 24 hours.
+    hourly: [(u64, u64); 24],
+}
+
+fn unix_hour() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 3600)
+}
+
+impl SliceState {
+    fn note_use(&mut self) {
+        self.peak = self.peak.max(self.used);
+        let h = unix_hour();
+        let b = &mut self.hourly[(h % 24) as usize];
+        if b.0 != h {
+            *b = (h, 0);
+        }
+        b.1 = b.1.max(self.used);
+    }
 }
 
 impl MemorySlice {
     /// A slice of `limit` bytes.
     pub fn new(limit: u64) -> Self {
         Self {
-            state: Mutex::new(SliceState { limit, used: 0 }),
+            state: Mutex::new(SliceState {
+                limit,
+                used: 0,
+                peak: 0,
+                hourly: [(0, 0); 24],
+            }),
         }
     }
 
@@ -41,6 +69,7 @@ impl MemorySlice {
         match s.used.checked_add(bytes) {
             Some(n) if n <= s.limit => {
                 s.used = n;
+                s.note_use();
                 Ok(())
             }
             _ => Err(CuError::out_of_memory(format!(
@@ -80,6 +109,24 @@ impl MemorySlice {
     /// The limit.
     pub fn limit(&self) -> u64 {
         self.lock().limit
+    }
+
+    /// Most bytes ever charged at once.
+    pub fn peak(&self) -> u64 {
+        self.lock().peak
+    }
+
+    /// Most bytes charged at once over the last 24 hours (hour granularity).
+    pub fn high_water_24h(&self) -> u64 {
+        let s = self.lock();
+        let h = unix_hour();
+        s.hourly
+            .iter()
+            .filter(|b| b.0 + 24 > h)
+            .map(|b| b.1)
+            .max()
+            .unwrap_or(0)
+            .max(s.used)
     }
 
     /// (free, total) as `cuMemGetInfo` reports them.
@@ -202,6 +249,15 @@ mod tests {
         s.refund(1000);
         assert_eq!(s.info(), (1000, 1000));
         assert!(s.charge(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn slice_keeps_its_peak_and_24_hour_high_water_mark() {
+        let s = MemorySlice::new(1000);
+        s.charge(700).unwrap();
+        s.refund(500);
+        s.charge(100).unwrap();
+        assert_eq!((s.used(), s.peak(), s.high_water_24h()), (300, 700, 700));
     }
 
     #[test]

@@ -156,6 +156,11 @@ impl Tenant {
         &self.scheduler
     }
 
+    /// The tenant's id in its device's scheduler.
+    pub fn sched_id(&self) -> TenantId {
+        self.sched_id
+    }
+
     /// Notes a kernel launch; the ticket waits for the device when the
     /// kernel is next in its session.
     pub fn queue_kernel(&self) -> KernelTicket {

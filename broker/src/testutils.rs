@@ -158,6 +158,7 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         mode: crate::config::VmMode::Shared,
         profile: None,
         socket_owner: None,
+        tuning: crate::config::VmTuning::default(),
     }
 }
 

@@ -80,6 +80,8 @@ pub enum Command {
     Top(crate::top::TopArgs),
     /// Print the Prometheus metrics vgpud exports.
     Metrics,
+    /// Hotspots (VM pairs that contend most, and when), bottlenecks and recommendations with numbers.
+    Analyze,
     /// Re-read vgpud's config file and apply what changed (like SIGHUP).
     Reload,
     /// Check this host for what vgpu needs: KVM, shared memory, QEMU, IOMMU, NVIDIA driver, memory.
@@ -227,7 +229,7 @@ pub struct VmAddArgs {
 
 /// Arguments of `vm set`.
 #[derive(Debug, Args)]
-#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["memory", "weight", "priority"]))]
+#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["memory", "weight", "priority", "target_wait_p99", "min_share", "weight_min", "weight_max"]))]
 pub struct VmSetArgs {
     /// VM name.
     pub name: String,
@@ -240,6 +242,18 @@ pub struct VmSetArgs {
     /// New scheduling class.
     #[arg(long, value_enum)]
     pub priority: Option<PriorityArg>,
+    /// Launch-to-start p99 target for the tuning controller, e.g. 5ms.
+    #[arg(long, value_name = "DURATION")]
+    pub target_wait_p99: Option<String>,
+    /// Share of the device (percent) the VM should get while it has work waiting.
+    #[arg(long, value_name = "PERCENT")]
+    pub min_share: Option<u32>,
+    /// Lowest weight the tuning controller may set.
+    #[arg(long)]
+    pub weight_min: Option<u32>,
+    /// Highest weight the tuning controller may set.
+    #[arg(long)]
+    pub weight_max: Option<u32>,
 }
 
 /// Why a command failed.
@@ -447,19 +461,189 @@ fn session_table(v: &Value) -> String {
     t.render()
 }
 
+fn secs_ms(s: f64) -> String {
+    format!("{:.2} ms", s * 1e3)
+}
+
+fn json_ms(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), secs_ms)
+}
+
+/// `vgpuctl analyze` for people.
+fn analysis_text(v: &Value) -> String {
+    let list = |k: &str| v[k].as_array().map_or(&[][..], Vec::as_slice);
+    let mut out = String::new();
+    let hs = list("hotspots");
+    out += "hotspots (the VM pairs that contend most over the last hour):\n";
+    if hs.is_empty() {
+        out += "  none: no VM waited behind another\n";
+    } else {
+        let mut t = Table::new(&[
+            ("DEVICE", Align::Left),
+            ("WAITING", Align::Left),
+            ("BEHIND", Align::Left),
+            ("LAST HOUR", Align::Right),
+            ("PEAK MINUTE", Align::Right),
+            ("AT", Align::Left),
+        ]);
+        for h in hs {
+            t.row(vec![
+                json_str(&h["device"]),
+                json_str(&h["waiting"]),
+                json_str(&h["running"]),
+                h["last_hour_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                h["peak_minute_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                h["peak_minute_start"].as_u64().map_or("-".into(), |t| {
+                    let hm = (t % 86_400) / 60;
+                    format!("{:02}:{:02} UTC", hm / 60, hm % 60)
+                }),
+            ]);
+        }
+        out += &t.render();
+    }
+    out += "\nbottlenecks:\n";
+    let bs = list("bottlenecks");
+    if bs.is_empty() {
+        out += "  none\n";
+    }
+    for b in bs {
+        out += &format!("  [{}] {}\n", json_str(&b["kind"]), json_str(&b["detail"]));
+    }
+    out += "\nrecommendations:\n";
+    let rs = list("recommendations");
+    if rs.is_empty() {
+        out += "  none\n";
+    }
+    for r in rs {
+        out += &format!("  {}\n", json_str(&r["text"]));
+    }
+    let tu = &v["tuning"];
+    out += &format!(
+        "\ntuning: mode {}, every {} s, {} rounds\n",
+        json_str(&tu["mode"]),
+        json_str(&tu["interval_s"]),
+        json_str(&tu["runs"])
+    );
+    for c in tu["latest"].as_array().map_or(&[][..], Vec::as_slice) {
+        out += &format!(
+            "  {} {}: weight {} → {}: {}\n",
+            if c["applied"].as_bool() == Some(true) {
+                "changed"
+            } else {
+                "advised"
+            },
+            json_str(&c["vm"]),
+            json_str(&c["from"]),
+            json_str(&c["to"]),
+            json_str(&c["reason"])
+        );
+    }
+    out
+}
+
+/// The contention matrix and the waste of a device (`vgpuctl device show`).
+fn device_detail(d: &Value) -> String {
+    let u = &d["usage"];
+    let mut out = format!(
+        "utilization: {} (1s) {} (10s) {} (1 min) {} (10 min)\n\
+         idle with work queued: {} (must stay 0); idle at fixed caps: {}; anticipation: {}; hand-over: {}\n\
+         memory: {} free, {} in no slice, fragmentation {}\n",
+        json_percent(&u["utilization_1s"]),
+        json_percent(&u["utilization_10s"]),
+        json_percent(&u["utilization_60s"]),
+        json_percent(&u["utilization_10m"]),
+        json_ms(&u["idle_with_work_s"]),
+        json_ms(&u["idle_capped_s"]),
+        json_ms(&u["anticipation_s"]),
+        json_ms(&u["handover_s"]),
+        json_bytes(&u["memory_free"]),
+        json_bytes(&u["memory_unsliced"]),
+        json_percent(&u["fragmentation"]),
+    );
+    let pairs = u["contention"].as_array().map_or(&[][..], Vec::as_slice);
+    if !pairs.is_empty() {
+        let mut t = Table::new(&[
+            ("WAITING", Align::Left),
+            ("BEHIND", Align::Left),
+            ("TOTAL", Align::Right),
+            ("LAST HOUR", Align::Right),
+            ("PEAK MINUTE", Align::Right),
+        ]);
+        for p in pairs {
+            t.row(vec![
+                json_str(&p["waiting"]),
+                json_str(&p["running"]),
+                p["total_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                p["last_hour_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                p["peak_minute_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| format!("{s:.2} s")),
+            ]);
+        }
+        out += "\ncontention (time WAITING had a kernel ready while BEHIND ran):\n";
+        out += &t.render();
+    }
+    out
+}
+
 fn vm_detail(v: &Value) -> String {
     let mut out = vm_table(std::slice::from_ref(v));
     let u = &v["usage"];
     out += &format!(
-        "\nshare: {} (1s) {} (10s) {} (60s), configured {}; busy {}\n",
+        "\nshare: {} (1s) {} (10s) {} (1 min) {} (10 min), configured {}; busy {}\n",
         json_percent(&u["share_1s"]),
         json_percent(&u["share_10s"]),
         json_percent(&u["share_60s"]),
+        json_percent(&u["share_10m"]),
         json_percent(&u["configured_share"]),
         u["busy_s"]
             .as_f64()
             .map_or("-".into(), |b| format!("{b:.1} s")),
     );
+    let target = u["target_wait_p99_s"]
+        .as_f64()
+        .map_or(String::new(), |t| format!(" (target {})", secs_ms(t)));
+    out += &format!(
+        "launch-to-start wait: p50 {} p90 {} p99 {}{target}; deadline misses {}; think time {}\n",
+        json_ms(&u["queue_wait_p50_s"]),
+        json_ms(&u["queue_wait_p90_s"]),
+        json_ms(&u["queue_wait_p99_s"]),
+        json_str(&u["deadline_misses"]),
+        json_ms(&u["think_time_s"]),
+    );
+    out += &format!(
+        "memory: {} used, peak {}, 24 h high-water {}, slice {}\n",
+        json_bytes(&u["memory_used"]),
+        json_bytes(&u["memory_peak"]),
+        json_bytes(&u["memory_high_water_24h"]),
+        json_bytes(&u["memory_limit"]),
+    );
+    if let Some(t) = v["tuning"].as_object() {
+        out += &format!(
+            "tuning: mode {}, weight {} (baseline {}, bounds {}–{}){}\n",
+            json_str(&t["mode"]),
+            json_str(&v["weight"]),
+            json_str(&t["baseline_weight"]),
+            json_str(&t["weight_min"]),
+            json_str(&t["weight_max"]),
+            t.get("last_change")
+                .and_then(Value::as_object)
+                .map_or(String::new(), |c| format!(
+                    "; last change {} → {}: {}",
+                    json_str(&c["from"]),
+                    json_str(&c["to"]),
+                    json_str(&c["reason"])
+                )),
+        );
+    }
     let st = &v["stats"];
     out += &format!(
         "copies: {} to the device, {} from it; errors {}; sessions opened {}\n",
@@ -601,6 +785,7 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                         json_str(&d["uuid"]),
                         json_str(&d["scheduling"]["batch_min_share"])
                     );
+                    print!("{}", device_detail(&d));
                     return Ok(());
                 }
                 d
@@ -727,6 +912,18 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 if let Some(p) = a.priority {
                     body.insert("priority".into(), p.as_str().into());
                 }
+                if let Some(t) = &a.target_wait_p99 {
+                    body.insert("target_wait_p99".into(), t.clone().into());
+                }
+                for (k, v) in [
+                    ("min_share", a.min_share),
+                    ("weight_min", a.weight_min),
+                    ("weight_max", a.weight_max),
+                ] {
+                    if let Some(v) = v {
+                        body.insert(k.into(), v.into());
+                    }
+                }
                 let v = c.patch(&format!("/v1/vms/{}", a.name), &Value::Object(body))?;
                 if !cli.json {
                     println!(
@@ -772,6 +969,14 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 unreachable!("handled by run")
             }
         },
+        Command::Analyze => {
+            let v = c.get("/v1/analyze")?;
+            if !cli.json {
+                print!("{}", analysis_text(&v));
+                return Ok(());
+            }
+            v
+        }
         Command::Metrics => {
             let text = c.get_text("/v1/metrics")?;
             if !cli.json {
@@ -959,6 +1164,61 @@ mod tests {
         assert_eq!(v[0]["labels"]["device"], "gpu0");
         assert_eq!(v[0]["value"], 2.5);
         assert_eq!(v[1], json!({ "name": "b", "labels": {}, "value": 3.0 }));
+    }
+
+    #[test]
+    fn analysis_and_tuning_read_as_sentences() {
+        let a = json!({
+            "hotspots": [{ "device": "gpu0", "waiting": "inference", "running": "training",
+                           "last_hour_s": 41.2, "total_s": 50.0, "peak_minute_start": 1_700_000_520u64,
+                           "peak_minute_s": 9.8 }],
+            "bottlenecks": [{ "kind": "oversized_slice", "device": "gpu0", "vm": "training",
+                              "detail": "`training` has a 8 GiB slice and used at most 4.2 GiB in 24 h" }],
+            "recommendations": [{ "vm": "training", "setting": "memory", "from": 8u64 << 30, "to": 5u64 << 30,
+                                  "text": "training: slice 8 GiB, peak 4.2 GiB in 24 h: shrink to 5 GiB" }],
+            "tuning": { "mode": "advise", "interval_s": 300.0, "runs": 12,
+                        "latest": [{ "vm": "inference", "from": 3, "to": 4, "applied": false,
+                                     "reason": "p99 wait 9.0 ms vs target 5.0 ms" }] },
+        });
+        let t = analysis_text(&a);
+        for want in [
+            "inference  training",
+            "41.20 s",
+            "22:22 UTC",
+            "[oversized_slice]",
+            "shrink to 5 GiB",
+            "advised inference: weight 3 → 4: p99 wait 9.0 ms vs target 5.0 ms",
+        ] {
+            assert!(t.contains(want), "{want:?} not in\n{t}");
+        }
+        let empty = analysis_text(
+            &json!({ "hotspots": [], "bottlenecks": [], "recommendations": [], "tuning": {} }),
+        );
+        assert!(
+            empty.contains("none: no VM waited behind another"),
+            "{empty}"
+        );
+        let vm = json!({
+            "name": "inference", "weight": 4, "usage": { "queue_wait_p99_s": 0.004, "target_wait_p99_s": 0.005,
+            "memory_peak": 1u64 << 30, "share_10m": 0.3 },
+            "tuning": { "mode": "auto", "baseline_weight": 3, "weight_min": 1, "weight_max": 12,
+                        "last_change": { "from": 3, "to": 4, "reason": "p99 wait 9.0 ms vs target 5.0 ms" } },
+        });
+        let d = vm_detail(&vm);
+        assert!(d.contains("p99 4.00 ms (target 5.00 ms)"), "{d}");
+        assert!(
+            d.contains(
+                "tuning: mode auto, weight 4 (baseline 3, bounds 1–12); last change 3 → 4: p99 wait"
+            ),
+            "{d}"
+        );
+        let dev = json!({ "usage": { "idle_with_work_s": 0.0, "fragmentation": 0.5,
+            "contention": [{ "waiting": "a", "running": "b", "total_s": 1.5, "last_hour_s": 1.5, "peak_minute_s": 1.0 }] } });
+        let d = device_detail(&dev);
+        assert!(
+            d.contains("idle with work queued: 0.00 ms (must stay 0)") && d.contains("1.50 s"),
+            "{d}"
+        );
     }
 
     #[test]

@@ -246,6 +246,23 @@ fn draw_devices(f: &mut Frame, area: Rect, s: &Snapshot) {
     f.render_widget(t, area);
 }
 
+/// The weight in force; with the tuning controller's adjustment on top of
+/// the baseline as `4 (3+1)`, highlighted.
+fn weight_cell(v: &Value) -> Cell<'static> {
+    let now = v["usage"]["weight_now"]
+        .as_u64()
+        .or_else(|| v["weight"].as_u64());
+    let adjust = v["tuning"]["adjust"].as_i64().unwrap_or(0);
+    let base = v["tuning"]["baseline_weight"].as_u64();
+    match (now, base) {
+        (Some(w), Some(b)) if adjust != 0 => {
+            Cell::from(format!("{w} ({b}{adjust:+})")).style(Style::default().fg(Color::Cyan))
+        }
+        (Some(w), _) => Cell::from(w.to_string()),
+        _ => Cell::from("-"),
+    }
+}
+
 fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
     let rows = s.vms.iter().map(|v| {
         let name = v["name"].as_str().unwrap_or("?");
@@ -274,7 +291,7 @@ fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
             Cell::from(v["device"].as_str().unwrap_or("?").to_string()),
             memory_cell(&v["memory_used"], &v["memory_limit"]),
             share_cell,
-            Cell::from(format!("{}", v["weight"])),
+            weight_cell(v),
             Cell::from(fmt(|r| rate(r.kernels))),
             Cell::from(fmt(|r| bandwidth(r.htod))),
             Cell::from(fmt(|r| bandwidth(r.dtoh))),

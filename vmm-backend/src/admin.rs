@@ -245,9 +245,24 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
         .scheduling(&t.device_name)
         .map(|s| s.policy.as_str());
     let u = vm_usage(rt.broker(), t);
-    let config = rt
-        .vm_config(&t.name)
-        .map(|c| serde_json::to_value(crate::reload::vm_table(&c)).unwrap_or(Value::Null));
+    let vm_cfg = rt.vm_config(&t.name);
+    let config = vm_cfg
+        .as_ref()
+        .map(|c| serde_json::to_value(crate::reload::vm_table(c)).unwrap_or(Value::Null));
+    let sst = t.sched_stats();
+    let tuning = vm_cfg.as_ref().map(|c| {
+        let tu = &c.tuning;
+        json!({
+            "mode": rt.running_config().tuning.mode.as_str(),
+            "baseline_weight": sst.baseline_weight,
+            "adjust": sst.weight_adjust,
+            "weight_min": tu.weight_min.unwrap_or(1),
+            "weight_max": tu.weight_max.unwrap_or_else(|| c.weight.saturating_mul(4).min(vgpu_broker::config::MAX_WEIGHT)),
+            "target_wait_p99_s": tu.target_wait_p99.map(|d| d.as_secs_f64()),
+            "min_share": tu.min_share,
+            "last_change": rt.tuner().last_change(&t.name),
+        })
+    });
     json!({
         "name": t.name,
         "device": t.device_name,
@@ -272,6 +287,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
         "vsock": vsock,
         "vgpu_device": vgpu_device,
         "config": config,
+        "tuning": tuning,
     })
 }
 
@@ -449,6 +465,12 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
             "GET" => HttpResponse::ok(rt.passthrough_json()),
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
+        ["v1", "analyze"] => match m {
+            "GET" => HttpResponse::ok(
+                serde_json::to_value(crate::tuning::analyze(rt)).unwrap_or(Value::Null),
+            ),
+            _ => HttpResponse::not_allowed(m, p, "GET"),
+        },
         ["v1", "metrics"] => match m {
             "GET" => HttpResponse::text(200, metrics::CONTENT_TYPE, metrics::render(rt)),
             _ => HttpResponse::not_allowed(m, p, "GET"),
@@ -536,7 +558,7 @@ pub fn permitted(actor: &Actor) -> bool {
     let me = unsafe { libc::geteuid() };
     match actor {
         Actor::Peer { uid, .. } => *uid == 0 || *uid == me,
-        Actor::Signal { .. } | Actor::Daemon => true,
+        Actor::Signal { .. } | Actor::Daemon | Actor::Tuner => true,
     }
 }
 
@@ -707,6 +729,7 @@ mod tests {
             "/v1/vms/{vm}:",
             "/v1/vms/{vm}/drain:",
             "/v1/reload:",
+            "/v1/analyze:",
             "/v1/metrics:",
         ] {
             assert!(
@@ -714,7 +737,7 @@ mod tests {
                 "{path} is not in docs/admin-api.yaml"
             );
         }
-        assert_eq!(doc.matches("\n  /v1/").count(), 12, "and nothing else");
+        assert_eq!(doc.matches("\n  /v1/").count(), 13, "and nothing else");
     }
 
     #[test]

@@ -116,6 +116,8 @@ pub enum Actor {
     },
     /// vgpud itself (start-up, shutdown).
     Daemon,
+    /// The tuning controller (`[tuning] mode = "auto"`).
+    Tuner,
 }
 
 /// The credentials of the process at the other end of a unix socket.

@@ -354,6 +354,7 @@ pub struct Runtime {
     metrics_addr: Mutex<Option<SocketAddr>>,
     passthrough: RwLock<crate::passthrough::PassthroughRegistry>,
     host_roots: crate::passthrough::HostRoots,
+    tuner: Arc<crate::tuning::Tuner>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -377,6 +378,16 @@ impl Runtime {
     /// The session hub.
     pub fn hub(&self) -> &Arc<SessionHub> {
         &self.hub
+    }
+
+    /// The tuning controller.
+    pub fn tuner(&self) -> &Arc<crate::tuning::Tuner> {
+        &self.tuner
+    }
+
+    /// Records a change of the tuning controller in the audit log (`vm.tune`).
+    pub fn record_tuning(&self, actor: Actor, detail: Value) {
+        self.record(actor, "vm.tune", detail, Ok(()));
     }
 
     /// The NVML inventory.
@@ -648,7 +659,15 @@ impl Runtime {
     }
 
     fn update_vm_locked(&self, name: &str, body: &Value) -> Result<VmConfig, OpError> {
-        const LIVE_KEYS: [&str; 3] = ["memory", "weight", "priority"];
+        const LIVE_KEYS: [&str; 7] = [
+            "memory",
+            "weight",
+            "priority",
+            "target_wait_p99",
+            "min_share",
+            "weight_min",
+            "weight_max",
+        ];
         let Some(old) = self.vm_config(name).filter(|v| v.mode == VmMode::Shared) else {
             return Err(OpError::not_found_vm(name));
         };
@@ -656,7 +675,7 @@ impl Runtime {
         if changes.is_empty() {
             return Err(OpError::new(
                 400,
-                "nothing to change: give memory, weight and/or priority",
+                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min and/or weight_max",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {
@@ -695,6 +714,10 @@ impl Runtime {
             BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
             other => OpError::new(409, other.to_string()),
         })?;
+        if let Some(t) = self.broker.tenant(&new.name) {
+            t.scheduler()
+                .set_target_wait(t.sched_id(), new.tuning.target_wait_p99);
+        }
         let mut st = self.write();
         if let Some(v) = st.running.vms.iter_mut().find(|v| v.name == new.name) {
             *v = new.clone();
@@ -984,6 +1007,8 @@ impl Runtime {
                 }
             }
         }
+        // `[tuning]` applies at once (the controller reads it every round).
+        self.write().running.tuning = new.tuning;
         self.write().baseline = baseline;
         report
     }
@@ -1013,13 +1038,23 @@ impl Runtime {
             ));
         };
         let mut entry = reload::vm_table(&old);
+        const LIVE: [&str; 8] = [
+            "memory",
+            "weight",
+            "priority",
+            "schedule",
+            "target_wait_p99",
+            "min_share",
+            "weight_min",
+            "weight_max",
+        ];
+        for k in LIVE {
+            entry.remove(k);
+        }
         for (k, v) in reload::vm_table(new) {
-            if matches!(k.as_str(), "memory" | "weight" | "priority" | "schedule") {
+            if LIVE.contains(&k.as_str()) {
                 entry.insert(k, v);
             }
-        }
-        if new.schedule.is_empty() {
-            entry.remove("schedule");
         }
         let checked = self.validated_vm_entry(&new.name, entry)?;
         self.apply_vm_update(&old, &checked)
@@ -1103,6 +1138,7 @@ impl Daemon {
                 transports: BTreeMap::new(),
             }),
             metrics_addr: Mutex::new(None),
+            tuner: Arc::default(),
         });
         for vm in &config.vms {
             if vm.mode != VmMode::Shared {
@@ -1143,6 +1179,7 @@ impl Daemon {
                 Durability::Synced,
             );
         }
+        crate::tuning::Tuner::start(&rt);
         Ok(Daemon { rt, admin, metrics })
     }
 
@@ -1174,6 +1211,7 @@ impl Daemon {
     /// Stops listening and removes the sockets; every session ends and
     /// releases its resources (bounded wait).
     pub fn shutdown(self) {
+        self.rt.tuner.stop();
         drop(self.admin);
         drop(self.metrics);
         let transports = std::mem::take(&mut self.rt.write().transports);

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod passthrough;
 pub mod reload;
 pub mod sessions;
+pub mod tuning;
 pub mod usage;
 pub mod vgpu_dev;
 pub mod vsock;

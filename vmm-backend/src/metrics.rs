@@ -200,6 +200,31 @@ pub fn render(rt: &Runtime) -> String {
         unix_seconds(rt.started()) as f64,
     );
     let tenants = broker.tenants();
+    let analysis = crate::tuning::analyze(rt);
+    for setting in ["memory", "weight"] {
+        e.gauge(
+            "vgpu_recommendations",
+            "Recommendations vgpuctl analyze makes now, by setting.",
+            &[("setting", setting)],
+            analysis
+                .recommendations
+                .iter()
+                .filter(|r| r.setting == setting)
+                .count() as f64,
+        );
+    }
+    for kind in crate::tuning::BOTTLENECK_KINDS {
+        e.gauge(
+            "vgpu_bottlenecks",
+            "Bottlenecks vgpuctl analyze finds now, by kind.",
+            &[("kind", kind)],
+            analysis
+                .bottlenecks
+                .iter()
+                .filter(|b| b.kind == kind)
+                .count() as f64,
+        );
+    }
     for (i, (name, d)) in broker.devices().iter().enumerate() {
         let info = d.info();
         let gpu = i.to_string();
@@ -240,6 +265,7 @@ pub fn render(rt: &Runtime) -> String {
                 ("1s", u.utilization_1s),
                 ("10s", u.utilization_10s),
                 ("60s", u.utilization_60s),
+                ("10m", u.utilization_10m),
             ] {
                 e.gauge(
                     "vgpu_device_utilization",
@@ -265,6 +291,63 @@ pub fn render(rt: &Runtime) -> String {
                 "Kernels stopped at a preemption point, all VMs together.",
                 &[("device", name)],
                 u.preemptions as f64,
+            );
+            e.counter(
+                "vgpu_device_idle_with_work_seconds_total",
+                "Time no VM held the device while a kernel that could run waited (work conservation: stays 0).",
+                &[("device", name)],
+                u.idle_with_work_s,
+            );
+            e.counter(
+                "vgpu_device_idle_capped_seconds_total",
+                "Time the device idled while kernels waited only because their VMs had spent their fixed caps.",
+                &[("device", name)],
+                u.idle_capped_s,
+            );
+            e.counter(
+                "vgpu_device_anticipation_seconds_total",
+                "Time the device was kept for the holder's next kernel while another VM's kernel waited.",
+                &[("device", name)],
+                u.anticipation_s,
+            );
+            e.counter(
+                "vgpu_device_handover_seconds_total",
+                "Time from grants to the granted kernels' start while another VM's kernel waited.",
+                &[("device", name)],
+                u.handover_s,
+            );
+            // The whole matrix, zeros included, so every pair has a series.
+            let vms: Vec<&str> = tenants
+                .iter()
+                .filter(|t| &t.device_name == name)
+                .map(|t| t.name.as_str())
+                .collect();
+            for a in &vms {
+                for b in vms.iter().filter(|b| *b != a) {
+                    let v = u
+                        .contention
+                        .iter()
+                        .find(|c| c.waiting == *a && c.running == *b)
+                        .map_or(0.0, |c| c.total_s);
+                    e.counter(
+                        "vgpu_device_contention_seconds_total",
+                        "Time VM `vm` had a kernel waiting while VM `running` ran (the contention matrix).",
+                        &[("device", name), ("vm", a), ("running", b)],
+                        v,
+                    );
+                }
+            }
+            e.gauge(
+                "vgpu_device_memory_unsliced_bytes",
+                "Device memory in no VM's slice: the largest slice a new VM can get without over-commit.",
+                &[("device", name)],
+                u.memory_unsliced as f64,
+            );
+            e.gauge(
+                "vgpu_device_memory_fragmentation",
+                "Part of the free device memory a new VM cannot get because it lies in other VMs' slices (0-1).",
+                &[("device", name)],
+                u.fragmentation,
             );
         }
         let on_dev: Vec<_> = tenants.iter().filter(|t| &t.device_name == name).collect();
@@ -349,6 +432,7 @@ pub fn render(rt: &Runtime) -> String {
             ("1s", u.share_1s),
             ("10s", u.share_10s),
             ("60s", u.share_60s),
+            ("10m", u.share_10m),
         ] {
             e.gauge(
                 "vgpu_vm_compute_share",
@@ -378,6 +462,76 @@ pub fn render(rt: &Runtime) -> String {
             "99th percentile launch-to-start wait of the VM's recent kernels.",
             &l,
             u.queue_wait_p99_s,
+        );
+        for (q, v) in [
+            ("0.5", u.queue_wait_p50_s),
+            ("0.9", u.queue_wait_p90_s),
+            ("0.99", u.queue_wait_p99_s),
+        ] {
+            e.gauge(
+                "vgpu_vm_queue_wait_seconds",
+                "Launch-to-start wait of the VM's recent kernels at the quantile.",
+                &[("vm", &t.name), ("device", &t.device_name), ("quantile", q)],
+                v,
+            );
+        }
+        if let Some(target) = u.target_wait_p99_s {
+            e.gauge(
+                "vgpu_vm_target_wait_p99_seconds",
+                "The VM's p99 launch-to-start target (target_wait_p99).",
+                &l,
+                target,
+            );
+        }
+        e.counter(
+            "vgpu_vm_deadline_misses_total",
+            "Realtime kernels that waited past their deadline (target_wait_p99, or two slices).",
+            &l,
+            u.deadline_misses as f64,
+        );
+        e.counter(
+            "vgpu_vm_capped_wait_seconds_total",
+            "Time the VM had a kernel waiting while the device idled because the VM had spent its fixed cap.",
+            &l,
+            u.capped_wait_s,
+        );
+        e.gauge(
+            "vgpu_vm_think_time_seconds",
+            "The VM's think time between two batches of kernels (synchronous clients).",
+            &l,
+            u.think_time_s,
+        );
+        let tune = t.sched_stats();
+        e.gauge(
+            "vgpu_vm_weight_adjust",
+            "The tuning controller's adjustment of the VM's weight (weight in force - baseline).",
+            &l,
+            f64::from(tune.weight_adjust),
+        );
+        let (up, down) = rt.tuner().change_counts(&t.name);
+        for (direction, n) in [("up", up), ("down", down)] {
+            e.counter(
+                "vgpu_vm_tune_changes_total",
+                "Weight changes by the tuning controller (applied in auto mode, advised in advise mode).",
+                &[
+                    ("vm", &t.name),
+                    ("device", &t.device_name),
+                    ("direction", direction),
+                ],
+                n as f64,
+            );
+        }
+        e.gauge(
+            "vgpu_vm_fb_peak_bytes",
+            "Most device memory the VM ever held at once.",
+            &l,
+            u.memory_peak as f64,
+        );
+        e.gauge(
+            "vgpu_vm_fb_high_water_24h_bytes",
+            "Most device memory the VM held at once over the last 24 hours.",
+            &l,
+            u.memory_high_water_24h as f64,
         );
         e.gauge(
             "vgpu_vm_kernels_queued",

@@ -119,6 +119,22 @@ pub fn vm_table(v: &VmConfig) -> Table {
             .collect();
         t.insert("schedule".into(), Toml::Array(windows));
     }
+    let tu = &v.tuning;
+    if let Some(d) = tu.target_wait_p99 {
+        t.insert(
+            "target_wait_p99".into(),
+            format!("{}us", d.as_micros()).into(),
+        );
+    }
+    for (key, val) in [
+        ("min_share", tu.min_share),
+        ("weight_min", tu.weight_min),
+        ("weight_max", tu.weight_max),
+    ] {
+        if let Some(x) = val {
+            t.insert(key.into(), Toml::Integer(i64::from(x)));
+        }
+    }
     t
 }
 
@@ -162,6 +178,15 @@ pub fn render(c: &Config) -> String {
             })
             .collect();
         doc.insert("profile".into(), Toml::Array(profiles));
+    }
+    if c.tuning != vgpu_broker::config::TuningConfig::default() {
+        let mut tu = Table::new();
+        tu.insert("mode".into(), c.tuning.mode.as_str().into());
+        tu.insert(
+            "tune_interval".into(),
+            format!("{}ms", c.tuning.interval.as_millis()).into(),
+        );
+        doc.insert("tuning".into(), Toml::Table(tu));
     }
     if !c.vms.is_empty() {
         doc.insert(
@@ -303,6 +328,7 @@ fn live_updatable(a: &VmConfig, b: &VmConfig) -> bool {
         priority: Default::default(),
         schedule: Vec::new(),
         profile: None,
+        tuning: Default::default(),
         ..v.clone()
     };
     strip(a) == strip(b)

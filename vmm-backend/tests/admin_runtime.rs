@@ -198,10 +198,10 @@ fn scrape(addr: std::net::SocketAddr) -> String {
 fn metrics_are_valid_prometheus_text_with_the_right_values() {
     let dir = tempfile::tempdir().unwrap();
     // vm3 has a virtio-vgpu device, so that its series are exported too; it is on a GPU of its
-    // own, so that gpu0's shares stay those of vm1 and vm2.
+    // own, so that gpu0's shares stay those of vm1 and vm2. It has a p99 target (exported).
     let vm3 = format!(
         "\n[[device]]\nname = \"gpu1\"\nkind = \"sim\"\nmemory = \"64MiB\"\n\n\
-         [[vm]]\nname = \"vm3\"\ndevice = \"gpu1\"\nmemory = \"16MiB\"\n\
+         [[vm]]\nname = \"vm3\"\ndevice = \"gpu1\"\nmemory = \"16MiB\"\ntarget_wait_p99 = \"5ms\"\n\
          vhost_user_socket = \"{}/vm3.vgpu\"\ndevice_model = \"vgpu\"\n",
         dir.path().display()
     );

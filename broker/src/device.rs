@@ -322,6 +322,30 @@ pub trait DeviceContext: Send + Sync {
     fn alloc(&self, size: u64) -> Result<u64, DeviceError>;
     /// Frees an allocation made by `alloc`.
     fn free(&self, ptr: u64) -> Result<(), DeviceError>;
+    /// Allocates `size` bytes at an address that is a multiple of `align` (a power of two):
+    /// managed and mapped host memory, whose guest mirror is mapped at the same address. Freed
+    /// by `free`. The default asks `alloc` for the size, then for the size rounded up to 2 MiB
+    /// (which real allocators align), and refuses with `NotSupported` when neither is aligned.
+    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        let p = self.alloc(size)?;
+        if align <= 1 || p % align == 0 {
+            return Ok(p);
+        }
+        let _ = self.free(p);
+        let big = align.max(2 << 20);
+        let rounded = size
+            .checked_add(big - 1)
+            .map(|s| s / big * big)
+            .ok_or(DeviceError::OutOfMemory)?;
+        let p = self.alloc(rounded)?;
+        if p % align == 0 {
+            return Ok(p);
+        }
+        let _ = self.free(p);
+        Err(DeviceError::NotSupported(format!(
+            "this device cannot place allocations at {align}-byte boundaries"
+        )))
+    }
     /// Host to device.
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError>;
     /// Device to host.

@@ -22,6 +22,12 @@ use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
 use crate::tenant::{SessionInfo, Tenant};
 
+mod alloc_ext;
+pub use alloc_ext::{
+    MAPPED_KIND_HOST_ALLOC, MAPPED_KIND_HOST_REGISTER, MAPPED_KIND_MANAGED, MIRROR_PAGE,
+    guest_attributes, pool_attr,
+};
+
 /// `CU_STREAM_LEGACY`.
 pub const STREAM_LEGACY: u64 = 0x1;
 /// `CU_STREAM_PER_THREAD`.
@@ -181,6 +187,7 @@ pub struct Session {
     functions: HandleTable<FunctionState>,
     allocs: Allocations,
     engine: Engine,
+    ext: alloc_ext::AllocExt,
 }
 
 impl std::fmt::Debug for Session {
@@ -225,6 +232,7 @@ impl Session {
             modules: HandleTable::new(HandleKind::Module),
             functions: HandleTable::new(HandleKind::Function),
             allocs: Allocations::default(),
+            ext: alloc_ext::AllocExt::default(),
         })
     }
 
@@ -438,7 +446,7 @@ impl Session {
                         name: self.device.name.clone(),
                         uuid: self.device.uuid,
                         total_mem: self.tenant.slice.limit(),
-                        attributes: self.device.attributes.clone(),
+                        attributes: guest_attributes(&self.device.attributes),
                     },
                 )
             }
@@ -479,6 +487,7 @@ impl Session {
             R::CtxSynchronize(m) => {
                 let seq = self.ctx(m.ctx)?.last_seq;
                 self.engine.wait(seq);
+                self.pools_after_sync();
                 self.surface_async_error(m.ctx)?;
                 reply(out, msg::Empty {})
             }
@@ -551,11 +560,16 @@ impl Session {
             }
             R::MemFree(m) => {
                 self.ctx(m.ctx)?;
-                if m.ptr == 0 {
+                if m.ptr == 0 || self.free_pool_block(m.ptr).is_some() {
                     return reply(out, msg::Empty {});
                 }
                 match self.allocs.find(m.ptr) {
-                    Some((base, a)) if base == m.ptr && a.kind == AllocKind::Device => {}
+                    Some((base, a))
+                        if base == m.ptr
+                            && matches!(
+                                a.kind,
+                                AllocKind::Device | AllocKind::Managed | AllocKind::MappedHost
+                            ) => {}
                     Some((base, _)) if base != m.ptr => {
                         return Err(CuError::invalid_value(format!(
                             "{:#x} is inside the allocation at {base:#x}, not its start: pass the pointer cuMemAlloc returned",
@@ -714,6 +728,7 @@ impl Session {
             R::StreamSynchronize(m) => {
                 let seq = self.stream_seq(m.ctx, m.stream)?;
                 self.engine.wait(seq);
+                self.pools_after_sync();
                 self.surface_async_error(self.stream_ctx(m.ctx, m.stream)?)?;
                 reply(out, msg::Empty {})
             }
@@ -783,6 +798,7 @@ impl Session {
                 let ev = self.event(m.event)?;
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
                 self.engine.wait(rec.seq);
+                self.pools_after_sync();
                 self.surface_async_error(ctx)?;
                 reply(out, msg::Empty {})
             }
@@ -928,6 +944,7 @@ impl Session {
                     json: self.tenant_json(),
                 },
             ),
+            _ => self.dispatch_alloc_ext(req, out),
         }
     }
 
@@ -1145,6 +1162,7 @@ impl Session {
             "device_kind": self.device.kind,
             "memory_total": self.tenant.slice.limit(),
             "memory_used": self.tenant.slice.used(),
+            "memory_by_kind": self.tenant.usage.breakdown(self.tenant.slice.used()),
             "kernels": st.kernels.load(Ordering::Relaxed),
             "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
             "bytes_dtoh": st.bytes_dtoh.load(Ordering::Relaxed),
@@ -1263,6 +1281,9 @@ impl Session {
                 tracing::warn!(session = self.info.id, error = %e, "device refused to free {base:#x}");
             }
             self.tenant.slice.refund(a.charged);
+            if let Some(k) = a.kind.usage() {
+                self.tenant.usage.sub(k, a.charged);
+            }
             self.info
                 .memory
                 .store(self.allocs.charged(), Ordering::Relaxed);
@@ -1302,6 +1323,7 @@ impl Drop for Session {
         let bytes = self.allocs.charged();
         let engine = std::mem::replace(&mut self.engine, Engine::new(Arc::clone(&self.dev)));
         drop(engine);
+        self.release_pools();
         for h in self.modules.handles_where(|_| true) {
             self.unload_module(h);
         }

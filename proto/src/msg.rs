@@ -362,6 +362,38 @@ ops! {
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).
     TenantInfo = 0x0701 => Json, 0, "vgpu-smi" {}
+
+    /// Allocates page-aligned device memory that the guest process also maps at the same
+    /// address (its host mirror): managed memory (`kind` 1) or mapped host memory (`kind` 2:
+    /// `cuMemHostAlloc` with `DEVICEMAP`; 3: `cuMemHostRegister` with `DEVICEMAP`). Charged to
+    /// the slice; freed by `MemFree`.
+    MemAllocMapped = 0x0801 => Ptr, 0, "cuMemAllocManaged, cuMemHostAlloc, cuMemHostRegister_v2" {
+        ctx: u64, size: u64, kind: u32,
+    }
+    /// Creates a memory pool (`max_size` 0: unbounded except by the slice).
+    MemPoolCreate = 0x0810 => Handle, 0, "cuMemPoolCreate" { ctx: u64, max_size: u64 }
+    /// Destroys a pool; its free blocks go back to the slice, blocks in use when the last one is freed.
+    MemPoolDestroy = 0x0811 => Empty, 0, "cuMemPoolDestroy" { ctx: u64, pool: u64 }
+    /// The device's current pool (`default` 0) or its default pool (`default` 1).
+    DeviceGetMemPool = 0x0812 => Handle, 0, "cuDeviceGetMemPool, cuDeviceGetDefaultMemPool" {
+        device: u32, default: u32,
+    }
+    /// Makes `pool` the device's current pool (the one `cuMemAllocAsync` uses).
+    DeviceSetMemPool = 0x0813 => Empty, 0, "cuDeviceSetMemPool" { device: u32, pool: u64 }
+    /// Sets a `CUmemPool_attribute` (thresholds, reuse flags, high-water marks reset).
+    MemPoolSetAttribute = 0x0814 => Empty, 0, "cuMemPoolSetAttribute" {
+        pool: u64, attribute: i32, value: u64,
+    }
+    /// A `CUmemPool_attribute`.
+    MemPoolGetAttribute = 0x0815 => Bytes, 0, "cuMemPoolGetAttribute" { pool: u64, attribute: i32 }
+    /// Releases the pool's free blocks until at most `keep` bytes stay reserved.
+    MemPoolTrimTo = 0x0816 => Empty, 0, "cuMemPoolTrimTo" { pool: u64, keep: u64 }
+    /// Allocates from a pool (`pool` 0: the device's current pool), ordered on `stream`.
+    MemAllocAsync = 0x0817 => Ptr, 0, "cuMemAllocAsync, cuMemAllocFromPoolAsync" {
+        ctx: u64, stream: u64, pool: u64, size: u64,
+    }
+    /// Returns a pool block to its pool, ordered on `stream` (or frees a plain allocation there).
+    MemFreeAsync = 0x0818 => Empty, ASYNC_OK, "cuMemFreeAsync" { ctx: u64, stream: u64, ptr: u64 }
 }
 
 /// Encodes a request payload (without bulk tail).

@@ -217,6 +217,20 @@ impl ContextMemory {
     }
 
     pub(crate) fn alloc(&self, size: u64) -> Result<(u64, Arc<Buffer>), DeviceError> {
+        self.alloc_aligned(size, ALLOC_ALIGN)
+    }
+
+    /// Like `alloc`, at a multiple of `align` (a power of two).
+    pub(crate) fn alloc_aligned(
+        &self,
+        size: u64,
+        align: u64,
+    ) -> Result<(u64, Arc<Buffer>), DeviceError> {
+        if !align.is_power_of_two() || align > 1 << 30 {
+            return Err(DeviceError::NotSupported(format!(
+                "allocation alignment {align} is not a power of two up to 1 GiB"
+            )));
+        }
         let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
         // Reserve capacity first; give it back on any failure below.
         let prev = self.memory.used.fetch_add(rounded, Ordering::Relaxed);
@@ -241,7 +255,7 @@ impl ContextMemory {
             .space
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .reserve(rounded);
+            .reserve_aligned(rounded, align);
         let Some(base) = base else {
             self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
             return Err(DeviceError::OutOfMemory);
@@ -291,6 +305,10 @@ impl DeviceContext for SimContext {
 
     fn free(&self, ptr: u64) -> Result<(), DeviceError> {
         self.inner.free(ptr)
+    }
+
+    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        self.inner.alloc_aligned(size, align).map(|(base, _)| base)
     }
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {

@@ -1,0 +1,547 @@
+//! The C ABI of the allocation APIs in [`crate::alloc_api`]: managed memory, mapped host
+//! memory, pointer and range attributes, stream-ordered memory pools, and the virtual memory
+//! management calls (refused: not supported yet).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use vgpu_proto::cuda;
+
+use crate::alloc_api::{self as api, PointerInfo, ptr_attr};
+use crate::exports::{CUdevice, CUdeviceptr, CUhandle};
+use crate::ffi::{CUresult, ffi};
+use crate::out;
+
+fn h(p: CUhandle) -> u64 {
+    p as u64
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemLocation {
+    /// `CUmemLocationType`: 1 device, 2 host, 3 host NUMA node, 4 current host NUMA node.
+    pub type_: c_int,
+    /// Device ordinal or NUMA node.
+    pub id: c_int,
+}
+
+/// The device number (`CU_DEVICE_CPU` for the host) of a `CUmemLocation`.
+fn location_device(l: CUmemLocation) -> Result<i32, CUresult> {
+    match l.type_ {
+        1 => Ok(l.id),
+        2..=4 => Ok(api::DEVICE_CPU),
+        _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+// ---- mapped host memory ---------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
+    ffi("cuMemHostGetFlags", || {
+        out!(flags, api::host_get_flags(p as usize)?)
+    })
+}
+
+// ---- managed memory ---------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuMemAllocManaged", || {
+        if dptr.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(dptr, api::alloc_managed(bytesize, flags)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamAttachMemAsync(
+    stream: CUhandle,
+    dptr: CUdeviceptr,
+    length: usize,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuStreamAttachMemAsync", || {
+        api::stream_attach(h(stream), dptr, length, flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPrefetchAsync(
+    dptr: CUdeviceptr,
+    count: usize,
+    dst_device: CUdevice,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemPrefetchAsync", || {
+        api::prefetch(dptr, count, dst_device, h(stream))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPrefetchAsync_v2(
+    dptr: CUdeviceptr,
+    count: usize,
+    location: CUmemLocation,
+    flags: c_uint,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemPrefetchAsync_v2", || {
+        if flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        api::prefetch(dptr, count, location_device(location)?, h(stream))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAdvise(
+    dptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    device: CUdevice,
+) -> CUresult {
+    ffi("cuMemAdvise", || api::advise(dptr, count, advice, device))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAdvise_v2(
+    dptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    location: CUmemLocation,
+) -> CUresult {
+    ffi("cuMemAdvise_v2", || {
+        api::advise(dptr, count, advice, location_device(location)?)
+    })
+}
+
+/// Fills one `cuMemRangeGetAttribute` answer of `size` bytes at `data`.
+fn range_attribute(
+    data: *mut c_void,
+    size: usize,
+    attribute: c_int,
+    dptr: CUdeviceptr,
+    count: usize,
+) -> Result<(), CUresult> {
+    if data.is_null() || size < 4 || size % 4 != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let out = crate::out_bytes!(data, size);
+    let mut ints = vec![0i32; size / 4];
+    api::range_attribute(&mut ints, attribute, dptr, count)?;
+    for (o, v) in out.chunks_mut(4).zip(ints) {
+        o.copy_from_slice(&v.to_ne_bytes());
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRangeGetAttribute(
+    data: *mut c_void,
+    data_size: usize,
+    attribute: c_int,
+    dptr: CUdeviceptr,
+    count: usize,
+) -> CUresult {
+    ffi("cuMemRangeGetAttribute", || {
+        range_attribute(data, data_size, attribute, dptr, count)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRangeGetAttributes(
+    data: *mut *mut c_void,
+    data_sizes: *mut usize,
+    attributes: *mut c_int,
+    num_attributes: usize,
+    dptr: CUdeviceptr,
+    count: usize,
+) -> CUresult {
+    ffi("cuMemRangeGetAttributes", || {
+        if data.is_null() || data_sizes.is_null() || attributes.is_null() || num_attributes == 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        if num_attributes > 64 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes three arrays of `num_attributes` entries (CUDA contract).
+        let (datas, sizes, attrs) = unsafe {
+            (
+                std::slice::from_raw_parts(data, num_attributes),
+                std::slice::from_raw_parts(data_sizes, num_attributes),
+                std::slice::from_raw_parts(attributes, num_attributes),
+            )
+        };
+        for i in 0..num_attributes {
+            range_attribute(datas[i], sizes[i], attrs[i], dptr, count)?;
+        }
+        Ok(())
+    })
+}
+
+// ---- pointer attributes -------------------------------------------------------------------------
+
+/// Writes attribute `attribute` of `info` to `data`. `info` None: the pointer is not CUDA
+/// memory, and the defaults `cuPointerGetAttributes` documents are written.
+fn write_pointer_attribute(
+    data: *mut c_void,
+    attribute: c_int,
+    info: Option<&PointerInfo>,
+) -> Result<(), CUresult> {
+    let u32_ = |v: u32| out!(data.cast::<u32>(), v);
+    let u64_ = |v: u64| out!(data.cast::<u64>(), v);
+    let Some(i) = info else {
+        return match attribute {
+            ptr_attr::CONTEXT
+            | ptr_attr::DEVICE_POINTER
+            | ptr_attr::HOST_POINTER
+            | ptr_attr::BUFFER_ID
+            | ptr_attr::RANGE_START_ADDR
+            | ptr_attr::RANGE_SIZE
+            | ptr_attr::ALLOWED_HANDLE_TYPES
+            | ptr_attr::MEMPOOL_HANDLE
+            | ptr_attr::MAPPING_SIZE
+            | ptr_attr::MAPPING_BASE_ADDR
+            | ptr_attr::MEMORY_BLOCK_ID => u64_(0),
+            ptr_attr::DEVICE_ORDINAL => out!(data.cast::<i32>(), -2),
+            ptr_attr::P2P_TOKENS => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+            a if (1..=20).contains(&a) => u32_(0),
+            _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        };
+    };
+    match attribute {
+        ptr_attr::CONTEXT => u64_(i.ctx),
+        ptr_attr::MEMORY_TYPE => u32_(i.memory_type as u32),
+        ptr_attr::DEVICE_POINTER if i.device_pointer != 0 => u64_(i.device_pointer),
+        ptr_attr::HOST_POINTER if i.host_pointer != 0 => u64_(i.host_pointer),
+        ptr_attr::DEVICE_POINTER | ptr_attr::HOST_POINTER => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        ptr_attr::SYNC_MEMOPS => u32_(1),
+        ptr_attr::BUFFER_ID | ptr_attr::MEMORY_BLOCK_ID => u64_(i.buffer_id),
+        ptr_attr::IS_MANAGED => u32_(u32::from(i.managed)),
+        ptr_attr::DEVICE_ORDINAL => out!(data.cast::<i32>(), 0),
+        ptr_attr::IS_LEGACY_CUDA_IPC_CAPABLE | ptr_attr::IS_GPU_DIRECT_RDMA_CAPABLE => u32_(0),
+        ptr_attr::RANGE_START_ADDR | ptr_attr::MAPPING_BASE_ADDR => u64_(i.range.0),
+        ptr_attr::RANGE_SIZE | ptr_attr::MAPPING_SIZE => u64_(i.range.1),
+        ptr_attr::MAPPED => u32_(u32::from(i.mapped)),
+        ptr_attr::ALLOWED_HANDLE_TYPES => u64_(0),
+        // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+        ptr_attr::ACCESS_FLAGS => u32_(3),
+        ptr_attr::MEMPOOL_HANDLE => u64_(i.pool),
+        _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    ffi("cuPointerGetAttribute", || {
+        let info = api::pointer_info(ptr)?;
+        write_pointer_attribute(data, attribute, Some(&info))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    num_attributes: c_uint,
+    attributes: *mut c_int,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    ffi("cuPointerGetAttributes", || {
+        if attributes.is_null() || data.is_null() || num_attributes == 0 || num_attributes > 64 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        crate::driver::driver()?;
+        // Unlike cuPointerGetAttribute, memory that is not CUDA's gets default values.
+        let info = api::pointer_info(ptr).ok();
+        // SAFETY: the caller passes two arrays of `num_attributes` entries (CUDA contract).
+        let (attrs, datas) = unsafe {
+            (
+                std::slice::from_raw_parts(attributes, num_attributes as usize),
+                std::slice::from_raw_parts(data, num_attributes as usize),
+            )
+        };
+        for (&a, &d) in attrs.iter().zip(datas) {
+            if d.is_null() {
+                continue;
+            }
+            match write_pointer_attribute(d, a, info.as_ref()) {
+                // A host pointer has no device pointer and the reverse: the value stays NULL.
+                Err(cuda::CUDA_ERROR_INVALID_VALUE)
+                    if a == ptr_attr::DEVICE_POINTER || a == ptr_attr::HOST_POINTER =>
+                {
+                    out!(d.cast::<u64>(), 0)?
+                }
+                r => r?,
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerSetAttribute(
+    value: *const c_void,
+    attribute: c_int,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    ffi("cuPointerSetAttribute", || {
+        api::pointer_info(ptr)?;
+        // Every memory operation here is synchronous with respect to the host already.
+        if attribute == ptr_attr::SYNC_MEMOPS && !value.is_null() {
+            Ok(())
+        } else {
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        }
+    })
+}
+
+// ---- stream-ordered allocator -----------------------------------------------------------------
+
+/// `CUmemPoolProps` (CUDA 11.2 layout; later fields live in its reserved bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemPoolProps {
+    /// `CUmemAllocationType`: 1 pinned.
+    pub alloc_type: c_int,
+    /// `CUmemAllocationHandleType` bits the pool may be exported as.
+    pub handle_types: c_int,
+    /// Where its memory lives.
+    pub location: CUmemLocation,
+    /// Windows security attributes.
+    pub win32_security_attributes: *mut c_void,
+    /// CUDA 12.2: maximum pool size (0: the system's).
+    pub max_size: usize,
+    /// CUDA 12.6: usage flags.
+    pub usage: u16,
+    /// Reserved.
+    pub reserved: [u8; 54],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAccessDesc {
+    /// Location the access applies to.
+    pub location: CUmemLocation,
+    /// `CUmemAccess_flags`: 0 none, 1 read, 3 read-write.
+    pub flags: c_int,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemAllocAsync", || {
+        if dptr.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(dptr, api::alloc_async(bytesize as u64, 0, h(stream))?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUhandle,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemAllocFromPoolAsync", || {
+        if dptr.is_null() || pool.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(dptr, api::alloc_async(bytesize as u64, h(pool), h(stream))?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUhandle) -> CUresult {
+    ffi("cuMemFreeAsync", || api::free_async(dptr, h(stream)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUhandle,
+    props: *const CUmemPoolProps,
+) -> CUresult {
+    ffi("cuMemPoolCreate", || {
+        if pool.is_null() || props.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, and a `CUmemPoolProps` by the CUDA contract.
+        let p = unsafe { props.read_unaligned() };
+        if p.alloc_type != 1 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = api::pool_create(
+            p.location.type_,
+            p.location.id,
+            p.handle_types as u32,
+            p.max_size as u64,
+        )?;
+        out!(pool, h as CUhandle)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolDestroy(pool: CUhandle) -> CUresult {
+    ffi("cuMemPoolDestroy", || api::pool_destroy(h(pool)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut CUhandle, dev: CUdevice) -> CUresult {
+    ffi("cuDeviceGetDefaultMemPool", || {
+        out!(pool, api::device_mem_pool(dev, true)? as CUhandle)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUhandle, dev: CUdevice) -> CUresult {
+    ffi("cuDeviceGetMemPool", || {
+        out!(pool, api::device_mem_pool(dev, false)? as CUhandle)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUhandle) -> CUresult {
+    ffi("cuDeviceSetMemPool", || {
+        api::device_set_mem_pool(dev, h(pool))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: CUhandle,
+    attribute: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    ffi("cuMemPoolSetAttribute", || {
+        if value.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let v = if api::pool_attribute_is_int(attribute) {
+            // SAFETY: an `int` for these attributes (CUDA contract); non-NULL.
+            let i = unsafe { value.cast::<c_int>().read_unaligned() };
+            u64::try_from(i).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?
+        } else {
+            // SAFETY: a `cuuint64_t` for the other attributes (CUDA contract); non-NULL.
+            unsafe { value.cast::<u64>().read_unaligned() }
+        };
+        api::pool_set_attribute(h(pool), attribute, v)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: CUhandle,
+    attribute: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    ffi("cuMemPoolGetAttribute", || {
+        let v = api::pool_get_attribute(h(pool), attribute)?;
+        if api::pool_attribute_is_int(attribute) {
+            out!(value.cast::<c_int>(), v as c_int)
+        } else {
+            out!(value.cast::<u64>(), v)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolTrimTo(pool: CUhandle, min_bytes_to_keep: usize) -> CUresult {
+    ffi("cuMemPoolTrimTo", || {
+        api::pool_trim(h(pool), min_bytes_to_keep as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAccess(
+    pool: CUhandle,
+    map: *const CUmemAccessDesc,
+    count: usize,
+) -> CUresult {
+    ffi("cuMemPoolSetAccess", || {
+        api::pool_check(h(pool))?;
+        if count > 0 && map.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        for i in 0..count.min(64) {
+            // SAFETY: `map` holds `count` descriptors (CUDA contract).
+            let d = unsafe { map.add(i).read_unaligned() };
+            // The pool's own device always keeps read-write access; there is no other device.
+            if d.location.type_ != 1 || d.location.id != 0 || d.flags != 3 {
+                return Err(cuda::CUDA_ERROR_INVALID_DEVICE);
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAccess(
+    flags: *mut c_int,
+    pool: CUhandle,
+    location: *const CUmemLocation,
+) -> CUresult {
+    ffi("cuMemPoolGetAccess", || {
+        api::pool_check(h(pool))?;
+        if location.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL `CUmemLocation` (CUDA contract).
+        let l = unsafe { location.read_unaligned() };
+        let access = match (l.type_, l.id) {
+            (1, 0) => 3,
+            (1, _) => return Err(cuda::CUDA_ERROR_INVALID_DEVICE),
+            _ => 0,
+        };
+        out!(flags, access)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolExportToShareableHandle(
+    _handle: *mut c_void,
+    _pool: CUhandle,
+    _handle_type: c_int,
+    _flags: u64,
+) -> CUresult {
+    api::refuse_pool_sharing("cuMemPoolExportToShareableHandle")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolImportFromShareableHandle(
+    _pool: *mut CUhandle,
+    _handle: *mut c_void,
+    _handle_type: c_int,
+    _flags: u64,
+) -> CUresult {
+    api::refuse_pool_sharing("cuMemPoolImportFromShareableHandle")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolExportPointer(_data: *mut c_void, _ptr: CUdeviceptr) -> CUresult {
+    api::refuse_pool_sharing("cuMemPoolExportPointer")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolImportPointer(
+    _ptr: *mut CUdeviceptr,
+    _pool: CUhandle,
+    _data: *mut c_void,
+) -> CUresult {
+    api::refuse_pool_sharing("cuMemPoolImportPointer")
+}

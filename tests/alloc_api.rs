@@ -115,7 +115,7 @@ fn a_killed_process_returns_every_kind_and_the_breakdown_shows_it() {
 
 #[test]
 fn the_managed_mirror_cost_is_measured() {
-    let r = run_mode(&["bench", "16"], 3);
+    let r = run_mode(&["bench", "32"], 3);
     let line = r
         .stdout
         .lines()

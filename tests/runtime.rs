@@ -71,6 +71,11 @@ fn nvcc_programs_run_memory_and_errors() {
 }
 
 #[test]
+fn nvcc_programs_run_pools_managed_and_mapped_memory() {
+    run_nvcc_program("alloc_api", 60);
+}
+
+#[test]
 fn nvcc_programs_run_kernels() {
     run_nvcc_program("kernels", 20);
 }

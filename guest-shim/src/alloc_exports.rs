@@ -130,7 +130,7 @@ fn range_attribute(
     dptr: CUdeviceptr,
     count: usize,
 ) -> Result<(), CUresult> {
-    if data.is_null() || size < 4 || size % 4 != 0 {
+    if data.is_null() || size < 4 || !size.is_multiple_of(4) {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     let out = crate::out_bytes!(data, size);
@@ -172,13 +172,11 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller passes three arrays of `num_attributes` entries (CUDA contract).
-        let (datas, sizes, attrs) = unsafe {
-            (
-                std::slice::from_raw_parts(data, num_attributes),
-                std::slice::from_raw_parts(data_sizes, num_attributes),
-                std::slice::from_raw_parts(attributes, num_attributes),
-            )
-        };
+        let datas = unsafe { std::slice::from_raw_parts(data, num_attributes) };
+        // SAFETY: as above.
+        let sizes = unsafe { std::slice::from_raw_parts(data_sizes, num_attributes) };
+        // SAFETY: as above.
+        let attrs = unsafe { std::slice::from_raw_parts(attributes, num_attributes) };
         for i in 0..num_attributes {
             range_attribute(datas[i], sizes[i], attrs[i], dptr, count)?;
         }
@@ -265,12 +263,9 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         // Unlike cuPointerGetAttribute, memory that is not CUDA's gets default values.
         let info = api::pointer_info(ptr).ok();
         // SAFETY: the caller passes two arrays of `num_attributes` entries (CUDA contract).
-        let (attrs, datas) = unsafe {
-            (
-                std::slice::from_raw_parts(attributes, num_attributes as usize),
-                std::slice::from_raw_parts(data, num_attributes as usize),
-            )
-        };
+        let attrs = unsafe { std::slice::from_raw_parts(attributes, num_attributes as usize) };
+        // SAFETY: as above.
+        let datas = unsafe { std::slice::from_raw_parts(data, num_attributes as usize) };
         for (&a, &d) in attrs.iter().zip(datas) {
             if d.is_null() {
                 continue;
@@ -478,9 +473,16 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
         if count > 0 && map.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        for i in 0..count.min(64) {
-            // SAFETY: `map` holds `count` descriptors (CUDA contract).
-            let d = unsafe { map.add(i).read_unaligned() };
+        if count > 64 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let descs = if count == 0 {
+            &[][..]
+        } else {
+            // SAFETY: `map` holds `count` descriptors (CUDA contract), checked non-NULL above.
+            unsafe { std::slice::from_raw_parts(map, count) }
+        };
+        for d in descs {
             // The pool's own device always keeps read-write access; there is no other device.
             if d.location.type_ != 1 || d.location.id != 0 || d.flags != 3 {
                 return Err(cuda::CUDA_ERROR_INVALID_DEVICE);

@@ -49,10 +49,50 @@ fn stream_ordered_pools_charge_their_reservation() {
 }
 
 #[test]
+fn virtual_memory_management_maps_charged_physical_memory() {
+    run_mode(&["vmm"], 40);
+}
+
+#[test]
+fn physical_memory_is_shared_within_a_vm_only() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let prog = build_c_program("alloc_api");
+    let mut child = Command::new(&prog)
+        .arg("vmm-export")
+        .env("VGPU_TRANSPORT", d.transport("vm1"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting the exporter");
+    let mut handle = String::new();
+    for l in BufReader::new(child.stdout.take().expect("stdout")).lines() {
+        let l = l.expect("exporter output");
+        assert!(!l.starts_with("FAIL"), "{l}");
+        if let Some(h) = l.strip_prefix("fabric ") {
+            handle = h.to_string();
+        }
+        if l == "holding" {
+            break;
+        }
+    }
+    assert_eq!(handle.len(), 128);
+    // Another process of the same VM imports it; a process of another VM is refused.
+    let r = run_against(&d, "vm1", &prog, &["vmm-import", &handle, "0"]);
+    assert_passed(&r, &d, 2);
+    let r = run_against(&d, "vm2", &prog, &["vmm-import", &handle, "1"]);
+    assert_passed(&r, &d, 1);
+    assert_eq!(d.vm("vm1")["memory_by_kind"]["vmm_physical"], 2 * MIB);
+    assert_eq!(d.vm("vm2")["memory_used"], 0);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+#[test]
 fn every_kind_fills_exactly_the_slice_and_gives_it_back() {
     let d = Vgpud::start(&[TestVm::new("vm1", 24 * MIB)]);
     let prog = build_c_program("alloc_api");
-    for kind in ["managed", "mapped", "registered", "pool"] {
+    for kind in ["managed", "mapped", "registered", "pool", "vmm"] {
         let r = run_against(&d, "vm1", &prog, &["fill", kind]);
         assert_passed(&r, &d, 4);
         assert!(
@@ -70,7 +110,7 @@ fn a_killed_process_returns_every_kind_and_the_breakdown_shows_it() {
     let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
     let prog = build_c_program("alloc_api");
     let mut holders = Vec::new();
-    for (kind, mib) in [("managed", 3), ("mapped", 5), ("pool", 7)] {
+    for (kind, mib) in [("managed", 3), ("mapped", 5), ("pool", 7), ("vmm", 4)] {
         let mut child = Command::new(&prog)
             .args(["hold", kind, &(mib * MIB).to_string()])
             .env("VGPU_TRANSPORT", d.transport("vm1"))
@@ -89,7 +129,8 @@ fn a_killed_process_returns_every_kind_and_the_breakdown_shows_it() {
         holders.push(child);
     }
     let vm = d.vm("vm1");
-    assert_eq!(vm["memory_used"], 15 * MIB, "{vm}");
+    assert_eq!(vm["memory_used"], 19 * MIB, "{vm}");
+    assert_eq!(by_kind_of(&vm, "vmm_physical"), 4 * MIB, "{vm}");
     let by_kind = &vm["memory_by_kind"];
     assert_eq!(by_kind["managed"], 3 * MIB, "{vm}");
     assert_eq!(by_kind["mapped_host"], 5 * MIB, "{vm}");
@@ -111,6 +152,10 @@ fn a_killed_process_returns_every_kind_and_the_breakdown_shows_it() {
     ] {
         assert_eq!(vm["memory_by_kind"][k], 0, "{k}: {vm}");
     }
+}
+
+fn by_kind_of(vm: &serde_json::Value, k: &str) -> u64 {
+    vm["memory_by_kind"][k].as_u64().unwrap_or(u64::MAX)
 }
 
 #[test]

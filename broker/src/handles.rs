@@ -30,6 +30,8 @@ pub enum HandleKind {
     Function = 0x7F,
     /// `CUmemoryPool`.
     MemPool = 0x2A,
+    /// `CUmemGenericAllocationHandle`.
+    MemHandle = 0x35,
 }
 
 const INDEX_BITS: u32 = 16;

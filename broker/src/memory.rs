@@ -102,6 +102,8 @@ pub enum AllocKind {
     MappedHost,
     /// A block handed out by memory pool (handle) `cuMemAllocAsync`; the pool holds the charge.
     PoolBlock(u64),
+    /// A `cuMemMap` mapping the device may access; its physical memory holds the charge.
+    VmmMapping,
 }
 
 impl AllocKind {
@@ -109,7 +111,10 @@ impl AllocKind {
     pub fn usage(self) -> Option<crate::usage::UsageKind> {
         use crate::usage::UsageKind;
         match self {
-            AllocKind::Device | AllocKind::ModuleGlobal(_) | AllocKind::PoolBlock(_) => None,
+            AllocKind::Device
+            | AllocKind::ModuleGlobal(_)
+            | AllocKind::PoolBlock(_)
+            | AllocKind::VmmMapping => None,
             AllocKind::Managed => Some(UsageKind::Managed),
             AllocKind::MappedHost => Some(UsageKind::MappedHost),
         }

@@ -24,8 +24,8 @@ use crate::tenant::{SessionInfo, Tenant};
 
 mod alloc_ext;
 pub use alloc_ext::{
-    MAPPED_KIND_HOST_ALLOC, MAPPED_KIND_HOST_REGISTER, MAPPED_KIND_MANAGED, MIRROR_PAGE,
-    guest_attributes, pool_attr,
+    ACCESS_READ, ACCESS_READWRITE, MAPPED_KIND_HOST_ALLOC, MAPPED_KIND_HOST_REGISTER,
+    MAPPED_KIND_MANAGED, MIRROR_PAGE, guest_attributes, pool_attr, va_limit,
 };
 
 /// `CU_STREAM_LEGACY`.
@@ -1323,7 +1323,7 @@ impl Drop for Session {
         let bytes = self.allocs.charged();
         let engine = std::mem::replace(&mut self.engine, Engine::new(Arc::clone(&self.dev)));
         drop(engine);
-        self.release_pools();
+        self.release_alloc_ext();
         for h in self.modules.handles_where(|_| true) {
             self.unload_module(h);
         }

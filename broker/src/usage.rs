@@ -33,6 +33,7 @@ pub struct MemUsage {
     managed: AtomicU64,
     mapped_host: AtomicU64,
     vmm_physical: AtomicU64,
+    va_reserved: AtomicU64,
 }
 
 /// A snapshot of [`MemUsage`], with plain memory filled in.
@@ -74,6 +75,29 @@ impl MemUsage {
         let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v.saturating_sub(bytes))
         });
+    }
+
+    /// Reserves `bytes` of device address space unless more than `limit` would be reserved.
+    pub fn reserve_va(&self, bytes: u64, limit: u64) -> bool {
+        self.va_reserved
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                v.checked_add(bytes).filter(|&n| n <= limit)
+            })
+            .is_ok()
+    }
+
+    /// Returns address space reserved by [`MemUsage::reserve_va`].
+    pub fn release_va(&self, bytes: u64) {
+        let _ = self
+            .va_reserved
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(bytes))
+            });
+    }
+
+    /// Device address space reserved (`cuMemAddressReserve`).
+    pub fn va_reserved(&self) -> u64 {
+        self.va_reserved.load(Ordering::Relaxed)
     }
 
     /// The breakdown, given the bytes the slice has charged in all.

@@ -1079,3 +1079,224 @@ pub fn refuse_pool_sharing(what: &str) -> CuResult {
     );
     cuda::CUDA_ERROR_NOT_SUPPORTED
 }
+
+// ---- virtual memory management ------------------------------------------------------------
+
+/// Granularity of physical allocations, reservations and mappings.
+pub const VMM_GRANULARITY: u64 = 2 << 20;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const HANDLE_TYPE_POSIX_FD: i32 = 1;
+/// `CU_MEM_HANDLE_TYPE_FABRIC`.
+pub const HANDLE_TYPE_FABRIC: i32 = 8;
+/// What an exported file descriptor holds before its token.
+const EXPORT_MAGIC: &[u8; 8] = b"VGPUMEM1";
+
+#[derive(Debug, Default)]
+struct VmmShim {
+    /// Requested handle types by handle (for `cuMemGetAllocationPropertiesFromHandle`).
+    handle_types: HashMap<u64, i32>,
+    /// Mappings: address → size.
+    mapped: BTreeMap<u64, u64>,
+}
+
+fn vmm() -> MutexGuard<'static, VmmShim> {
+    static S: OnceLock<Mutex<VmmShim>> = OnceLock::new();
+    S.get_or_init(|| Mutex::new(VmmShim::default()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Checks a `CUmemAllocationProp`: pinned device memory on device 0, exportable as nothing,
+/// a file descriptor or a fabric handle.
+pub fn check_alloc_prop(
+    alloc_type: i32,
+    location_type: i32,
+    location_id: i32,
+    handle_types: i32,
+) -> CuRes<()> {
+    if alloc_type != 1 || location_type != 1 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if location_id != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_DEVICE);
+    }
+    if handle_types & !(HANDLE_TYPE_POSIX_FD | HANDLE_TYPE_FABRIC) != 0 {
+        crate::debug!(
+            "cuMemCreate: handle types {handle_types:#x}: only POSIX file descriptors and fabric handles, within the VM"
+        );
+        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(())
+}
+
+/// `cuMemCreate`.
+pub fn mem_create(size: u64, handle_types: i32) -> CuRes<u64> {
+    let c = ctx()?;
+    let h = drv::driver()?
+        .call(&msg::MemCreate { ctx: c, size }, &[])?
+        .handle;
+    vmm().handle_types.insert(h, handle_types);
+    Ok(h)
+}
+
+/// `cuMemRelease`.
+pub fn mem_release(h: u64) -> CuRes<()> {
+    drv::driver()?.call(&msg::MemRelease { handle: h }, &[])?;
+    Ok(())
+}
+
+/// `cuMemAddressReserve` (the address hint is not honoured, as CUDA allows).
+pub fn address_reserve(size: u64, align: u64) -> CuRes<u64> {
+    let c = ctx()?;
+    Ok(drv::driver()?
+        .call(
+            &msg::MemAddressReserve {
+                ctx: c,
+                size,
+                align,
+            },
+            &[],
+        )?
+        .ptr)
+}
+
+/// `cuMemAddressFree`.
+pub fn address_free(ptr: u64, size: u64) -> CuRes<()> {
+    drv::driver()?
+        .call(&msg::MemAddressFree { ptr, size }, &[])
+        .map(drop)
+}
+
+/// `cuMemMap`.
+pub fn mem_map(ptr: u64, size: u64, offset: u64, h: u64) -> CuRes<()> {
+    drv::driver()?.call(
+        &msg::MemMap {
+            ptr,
+            size,
+            offset,
+            handle: h,
+        },
+        &[],
+    )?;
+    vmm().mapped.insert(ptr, size);
+    Ok(())
+}
+
+/// `cuMemUnmap`.
+pub fn mem_unmap(ptr: u64, size: u64) -> CuRes<()> {
+    drv::driver()?.call(&msg::MemUnmap { ptr, size }, &[])?;
+    let mut v = vmm();
+    let end = ptr.saturating_add(size);
+    let gone: Vec<u64> = v.mapped.range(ptr..end).map(|(b, _)| *b).collect();
+    for b in gone {
+        v.mapped.remove(&b);
+        drv::forget_device_range(b);
+    }
+    Ok(())
+}
+
+/// `cuMemSetAccess` for device 0 (`flags`: 0, read or read-write).
+pub fn mem_set_access(ptr: u64, size: u64, flags: u32) -> CuRes<()> {
+    drv::driver()?.call(&msg::MemSetAccess { ptr, size, flags }, &[])?;
+    let v = vmm();
+    for (&b, &s) in v.mapped.range(ptr..ptr.saturating_add(size)) {
+        if flags == 0 {
+            drv::forget_device_range(b);
+        } else {
+            drv::note_device_range(b, s);
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemGetAccess` for device 0.
+pub fn mem_get_access(ptr: u64) -> CuRes<u64> {
+    Ok(drv::driver()?.call(&msg::MemGetAccess { ptr }, &[])?.value as u64)
+}
+
+/// `cuMemRetainAllocationHandle`.
+pub fn mem_retain(ptr: u64) -> CuRes<u64> {
+    Ok(drv::driver()?
+        .call(&msg::MemRetainAllocationHandle { ptr }, &[])?
+        .handle)
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`: (size, requested handle types).
+pub fn mem_handle_props(h: u64) -> CuRes<(u64, i32)> {
+    let size = drv::driver()?
+        .call(&msg::MemGetAllocationSize { handle: h }, &[])?
+        .bytes;
+    Ok((size, vmm().handle_types.get(&h).copied().unwrap_or(0)))
+}
+
+/// `cuMemExportToShareableHandle`: the VM-local token, as a file descriptor (a memfd holding
+/// it) or as the bytes of a fabric handle.
+pub fn mem_export(h: u64, handle_type: i32) -> CuRes<Vec<u8>> {
+    let allowed = vmm().handle_types.get(&h).copied().unwrap_or(0);
+    if handle_type != HANDLE_TYPE_POSIX_FD && handle_type != HANDLE_TYPE_FABRIC {
+        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if allowed & handle_type == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let t = drv::driver()?.call(&msg::MemExport { handle: h }, &[])?;
+    let mut bytes = EXPORT_MAGIC.to_vec();
+    bytes.extend_from_slice(&t.hi.to_le_bytes());
+    bytes.extend_from_slice(&t.lo.to_le_bytes());
+    Ok(bytes)
+}
+
+/// A memfd holding `bytes`, for a `POSIX_FILE_DESCRIPTOR` export.
+pub fn export_fd(bytes: &[u8]) -> CuRes<i32> {
+    // SAFETY: a NUL-terminated name and no flags.
+    let fd = unsafe { libc::memfd_create(c"vgpu-mem-export".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // SAFETY: `fd` is the memfd just created; `bytes` is valid for its length.
+    let n = unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        // SAFETY: closing the memfd created above.
+        unsafe { libc::close(fd) };
+        return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(fd)
+}
+
+/// Reads the export token from a file descriptor `cuMemExportToShareableHandle` made.
+pub fn import_fd(fd: i32) -> CuRes<Vec<u8>> {
+    let mut b = [0u8; 24];
+    // SAFETY: reads at most 24 bytes into `b`; a bad descriptor fails with -1.
+    let n = unsafe { libc::pread(fd, b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 24 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(b.to_vec())
+}
+
+/// `cuMemImportFromShareableHandle` from the token bytes.
+pub fn mem_import(bytes: &[u8]) -> CuRes<u64> {
+    let d = drv::driver()?;
+    if bytes.len() < 24 || &bytes[..8] != EXPORT_MAGIC {
+        crate::debug!("cuMemImportFromShareableHandle: not a handle vgpu exported");
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let h = d
+        .call(
+            &msg::MemImport {
+                hi: word(8),
+                lo: word(16),
+            },
+            &[],
+        )?
+        .handle;
+    vmm()
+        .handle_types
+        .insert(h, HANDLE_TYPE_POSIX_FD | HANDLE_TYPE_FABRIC);
+    Ok(h)
+}

@@ -1,6 +1,6 @@
 //! The C ABI of the allocation APIs in [`crate::alloc_api`]: managed memory, mapped host
 //! memory, pointer and range attributes, stream-ordered memory pools, and the virtual memory
-//! management calls (refused: not supported yet).
+//! management calls.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_int, c_uint, c_void};
@@ -546,4 +546,248 @@ pub extern "C" fn cuMemPoolImportPointer(
     _data: *mut c_void,
 ) -> CUresult {
     api::refuse_pool_sharing("cuMemPoolImportPointer")
+}
+
+// ---- virtual memory management ------------------------------------------------------------
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp {
+    /// `CUmemAllocationType`: 1 pinned.
+    pub type_: c_int,
+    /// `CUmemAllocationHandleType` bits it may be exported as.
+    pub requested_handle_types: c_int,
+    /// Where it lives.
+    pub location: CUmemLocation,
+    /// Windows metadata.
+    pub win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`: compression type, GPUDirect RDMA capable, usage, reserved.
+    pub alloc_flags: [u8; 8],
+}
+
+fn read_prop(prop: *const CUmemAllocationProp) -> Result<CUmemAllocationProp, CUresult> {
+    if prop.is_null() {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, and a `CUmemAllocationProp` by the CUDA contract.
+    let p = unsafe { prop.read_unaligned() };
+    api::check_alloc_prop(
+        p.type_,
+        p.location.type_,
+        p.location.id,
+        p.requested_handle_types,
+    )?;
+    Ok(p)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const CUmemAllocationProp,
+    option: c_int,
+) -> CUresult {
+    ffi("cuMemGetAllocationGranularity", || {
+        crate::driver::driver()?;
+        read_prop(prop)?;
+        if !matches!(option, 0 | 1) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(granularity, api::VMM_GRANULARITY as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    ffi("cuMemCreate", || {
+        let p = read_prop(prop)?;
+        if flags != 0 || handle.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(
+            handle,
+            api::mem_create(size as u64, p.requested_handle_types)?
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    ffi("cuMemRelease", || api::mem_release(handle))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    alignment: usize,
+    _addr: CUdeviceptr,
+    flags: u64,
+) -> CUresult {
+    ffi("cuMemAddressReserve", || {
+        if flags != 0 || ptr.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(ptr, api::address_reserve(size as u64, alignment as u64)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    ffi("cuMemAddressFree", || api::address_free(ptr, size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    ffi("cuMemMap", || {
+        if flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        api::mem_map(ptr, size as u64, offset as u64, handle)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemMapArrayAsync(
+    _map_info_list: *mut c_void,
+    _count: c_uint,
+    _stream: CUhandle,
+) -> CUresult {
+    crate::driver::unsupported("cuMemMapArrayAsync (sparse CUDA arrays)")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    ffi("cuMemUnmap", || api::mem_unmap(ptr, size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> CUresult {
+    ffi("cuMemSetAccess", || {
+        if desc.is_null() || count == 0 || count > 64 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `desc` holds `count` descriptors (CUDA contract), checked non-NULL above.
+        let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+        for d in descs {
+            if d.location.type_ != 1 {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            if d.location.id != 0 {
+                return Err(cuda::CUDA_ERROR_INVALID_DEVICE);
+            }
+            let flags = u32::try_from(d.flags).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+            api::mem_set_access(ptr, size as u64, flags)?;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAccess(
+    flags: *mut u64,
+    location: *const CUmemLocation,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    ffi("cuMemGetAccess", || {
+        if location.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-NULL `CUmemLocation` (CUDA contract).
+        let l = unsafe { location.read_unaligned() };
+        if l.type_ != 1 || l.id != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_DEVICE);
+        }
+        out!(flags, api::mem_get_access(ptr)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut CUmemAllocationProp,
+    handle: u64,
+) -> CUresult {
+    ffi("cuMemGetAllocationPropertiesFromHandle", || {
+        let (_, types) = api::mem_handle_props(handle)?;
+        out!(
+            prop,
+            CUmemAllocationProp {
+                type_: 1,
+                requested_handle_types: types,
+                location: CUmemLocation { type_: 1, id: 0 },
+                win32_handle_meta_data: std::ptr::null_mut(),
+                alloc_flags: [0; 8],
+            }
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: *mut c_void,
+) -> CUresult {
+    ffi("cuMemRetainAllocationHandle", || {
+        out!(handle, api::mem_retain(addr as u64)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: u64,
+    handle_type: c_int,
+    flags: u64,
+) -> CUresult {
+    ffi("cuMemExportToShareableHandle", || {
+        if shareable.is_null() || flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let token = api::mem_export(handle, handle_type)?;
+        if handle_type == api::HANDLE_TYPE_POSIX_FD {
+            out!(shareable.cast::<c_int>(), api::export_fd(&token)?)
+        } else {
+            let mut fabric = [0u8; 64];
+            fabric[..token.len()].copy_from_slice(&token);
+            out!(shareable.cast::<[u8; 64]>(), fabric)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    handle_type: c_int,
+) -> CUresult {
+    ffi("cuMemImportFromShareableHandle", || {
+        let token = match handle_type {
+            api::HANDLE_TYPE_POSIX_FD => api::import_fd(os_handle as usize as c_int)?,
+            api::HANDLE_TYPE_FABRIC => {
+                if os_handle.is_null() {
+                    return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+                }
+                // SAFETY: a `CUmemFabricHandle` (64 bytes) by the CUDA contract; non-NULL.
+                unsafe { os_handle.cast::<[u8; 64]>().read_unaligned() }.to_vec()
+            }
+            _ => return Err(cuda::CUDA_ERROR_NOT_SUPPORTED),
+        };
+        out!(handle, api::mem_import(&token)?)
+    })
 }

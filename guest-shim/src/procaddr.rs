@@ -199,6 +199,35 @@ fn table() -> &'static [Entry] {
                 "cuMemPoolImportPointer",
                 (11020, f!(cuMemPoolImportPointer))
             ),
+            e!(
+                "cuMemGetAllocationGranularity",
+                (10020, f!(cuMemGetAllocationGranularity))
+            ),
+            e!("cuMemCreate", (10020, f!(cuMemCreate))),
+            e!("cuMemRelease", (10020, f!(cuMemRelease))),
+            e!("cuMemAddressReserve", (10020, f!(cuMemAddressReserve))),
+            e!("cuMemAddressFree", (10020, f!(cuMemAddressFree))),
+            e!("cuMemMap", (10020, f!(cuMemMap))),
+            e!("cuMemMapArrayAsync", (11010, f!(cuMemMapArrayAsync))),
+            e!("cuMemUnmap", (10020, f!(cuMemUnmap))),
+            e!("cuMemSetAccess", (10020, f!(cuMemSetAccess))),
+            e!("cuMemGetAccess", (10020, f!(cuMemGetAccess))),
+            e!(
+                "cuMemGetAllocationPropertiesFromHandle",
+                (10020, f!(cuMemGetAllocationPropertiesFromHandle))
+            ),
+            e!(
+                "cuMemRetainAllocationHandle",
+                (11000, f!(cuMemRetainAllocationHandle))
+            ),
+            e!(
+                "cuMemExportToShareableHandle",
+                (10020, f!(cuMemExportToShareableHandle))
+            ),
+            e!(
+                "cuMemImportFromShareableHandle",
+                (10020, f!(cuMemImportFromShareableHandle))
+            ),
             e!("cuStreamCreate", (2000, f!(cuStreamCreate))),
             e!(
                 "cuStreamCreateWithPriority",

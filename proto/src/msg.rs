@@ -236,6 +236,8 @@ wire_structs! {
     }
     /// A JSON document.
     pub struct Json { pub json: String }
+    /// A 128-bit token naming exported memory within a VM.
+    pub struct Token { pub hi: u64, pub lo: u64 }
 }
 
 ops! {
@@ -394,6 +396,31 @@ ops! {
     }
     /// Returns a pool block to its pool, ordered on `stream` (or frees a plain allocation there).
     MemFreeAsync = 0x0818 => Empty, ASYNC_OK, "cuMemFreeAsync" { ctx: u64, stream: u64, ptr: u64 }
+
+    /// Creates physical memory (a multiple of the granularity), charged to the slice at once.
+    MemCreate = 0x0830 => Handle, 0, "cuMemCreate" { ctx: u64, size: u64 }
+    /// Releases a physical memory handle; mapped memory lives until unmapped.
+    MemRelease = 0x0831 => Empty, 0, "cuMemRelease" { handle: u64 }
+    /// Reserves device address space (bounded per VM).
+    MemAddressReserve = 0x0832 => Ptr, 0, "cuMemAddressReserve" { ctx: u64, size: u64, align: u64 }
+    /// Frees a reservation.
+    MemAddressFree = 0x0833 => Empty, 0, "cuMemAddressFree" { ptr: u64, size: u64 }
+    /// Maps a whole physical allocation at `ptr` inside a reservation (`offset` must be 0).
+    MemMap = 0x0834 => Empty, 0, "cuMemMap" { ptr: u64, size: u64, offset: u64, handle: u64 }
+    /// Unmaps the mappings that make up `[ptr, ptr + size)`.
+    MemUnmap = 0x0835 => Empty, 0, "cuMemUnmap" { ptr: u64, size: u64 }
+    /// Sets the device's access (`CUmemAccess_flags`) to the mappings in `[ptr, ptr + size)`.
+    MemSetAccess = 0x0836 => Empty, 0, "cuMemSetAccess" { ptr: u64, size: u64, flags: u32 }
+    /// The device's access to the mapping containing `ptr`.
+    MemGetAccess = 0x0837 => Value, 0, "cuMemGetAccess" { ptr: u64 }
+    /// A new reference to the physical memory mapped at `ptr`.
+    MemRetainAllocationHandle = 0x0838 => Handle, 0, "cuMemRetainAllocationHandle" { ptr: u64 }
+    /// The size of the physical memory a handle names.
+    MemGetAllocationSize = 0x0839 => Bytes, 0, "cuMemGetAllocationPropertiesFromHandle" { handle: u64 }
+    /// Exports physical memory for other processes of the same VM.
+    MemExport = 0x083a => Token, 0, "cuMemExportToShareableHandle" { handle: u64 }
+    /// Imports physical memory exported in the same VM (another VM's token is refused).
+    MemImport = 0x083b => Handle, 0, "cuMemImportFromShareableHandle" { hi: u64, lo: u64 }
 }
 
 /// Encodes a request payload (without bulk tail).

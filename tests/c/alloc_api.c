@@ -7,7 +7,10 @@
  *                              attach, prefetch, advise, range and pointer attributes
  *   alloc_api pools            cuMemAllocAsync/FreeAsync, default and created pools, attributes,
  *                              release threshold, trim, access, sharing refused
- *   alloc_api fill KIND        allocate KIND (managed|mapped|registered|pool) 1 MiB at a time
+ *   alloc_api vmm              cuMemCreate/AddressReserve/Map/SetAccess/Retain/Export/Import
+ *   alloc_api vmm-export       export 2 MiB as a fabric handle, print it, hold it
+ *   alloc_api vmm-import HEX CODE   import a fabric handle, expecting CODE
+ *   alloc_api fill KIND        allocate KIND (managed|mapped|registered|pool|vmm) at a time
  *                              until CUDA_ERROR_OUT_OF_MEMORY; free (or trim) everything; the
  *                              slice is whole again
  *   alloc_api hold KIND BYTES  allocate BYTES of KIND, print "holding", sleep (to be killed)
@@ -84,6 +87,27 @@ CUresult cuMemPoolSetAccess(CUmemoryPool, const CUmemAccessDesc *, size_t);
 CUresult cuMemPoolGetAccess(int *, CUmemoryPool, CUmemLocation *);
 CUresult cuMemPoolExportPointer(void *, CUdeviceptr);
 CUresult cuGetErrorName(CUresult, const char **);
+typedef struct {
+    int type, requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} CUmemAllocationProp;
+typedef unsigned long long CUmemGenericAllocationHandle;
+CUresult cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, int);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemMapArrayAsync(void *, unsigned, CUstream);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+CUresult cuMemGetAccess(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
+CUresult cuMemExportToShareableHandle(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *, void *, int);
 
 #define MIB (1024 * 1024)
 
@@ -415,6 +439,105 @@ static void pools(void) {
     expect("everything is back in the slice", f1 == f0);
 }
 
+
+static CUmemAllocationProp vmm_prop(int handle_types) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = 1;
+    p.requestedHandleTypes = handle_types;
+    p.location.type = 1;
+    p.location.id = 0;
+    return p;
+}
+
+static void vmm(void) {
+    size_t f0, t0, f1, t1;
+    cuMemGetInfo_v2(&f0, &t0);
+    int attr = 0;
+    check("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", cuDeviceGetAttribute(&attr, 102, 0), 0);
+    expect("supported", attr == 1);
+    CUmemAllocationProp prop = vmm_prop(1);
+    size_t gran = 0;
+    check("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity(&gran, &prop, 0), 0);
+    expect("2 MiB", gran == 2 * MIB);
+    CUmemGenericAllocationHandle a = 0, b = 0;
+    check("cuMemCreate a", cuMemCreate(&a, gran, &prop, 0), 0);
+    check("cuMemCreate b", cuMemCreate(&b, gran, &prop, 0), 0);
+    check("cuMemCreate of a size that is not granular", cuMemCreate(&b, gran + 1, &prop, 0), 1);
+    cuMemGetInfo_v2(&f1, &t1);
+    expect("physical memory is charged when created, unmapped", f0 - f1 == 2 * gran);
+    CUdeviceptr va = 0;
+    check("cuMemAddressReserve", cuMemAddressReserve(&va, 4 * gran, 0, 0, 0), 0);
+    check("cuMemMap a", cuMemMap(va, gran, 0, a, 0), 0);
+    check("cuMemMap b after it", cuMemMap(va + gran, gran, 0, b, 0), 0);
+    check("mapping over a mapping", cuMemMap(va, gran, 0, b, 0), 1);
+    check("mapping outside the reservation", cuMemMap(va + 4 * gran, gran, 0, b, 0), 1);
+    check("copy before access is set", cuMemsetD32_v2(va, 1, 4), 1);
+    CUmemAccessDesc rw = {{1, 0}, 3};
+    check("cuMemSetAccess", cuMemSetAccess(va, 2 * gran, &rw, 1), 0);
+    CUmemLocation dev0 = {1, 0};
+    unsigned long long acc = 0;
+    check("cuMemGetAccess", cuMemGetAccess(&acc, &dev0, va + gran + 5), 0);
+    expect("read-write", acc == 3);
+    check("memset a", cuMemsetD32_v2(va, 41, gran / 4), 0);
+    check("memset b", cuMemsetD32_v2(va + gran, 99, gran / 4), 0);
+    check("a kernel on mapped memory", inc(va, gran / 4, 0), 0);
+    unsigned v[2] = {0, 0};
+    check("read a", cuMemcpyDtoH_v2(&v[0], va + gran - 4, 4), 0);
+    check("read b", cuMemcpyDtoH_v2(&v[1], va + gran, 4), 0);
+    expect("the kernel ran on a, b is intact", v[0] == 42 && v[1] == 99);
+    CUmemGenericAllocationHandle r = 0;
+    check("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(va + gran + 8)), 0);
+    expect("it is b", r == b);
+    check("release the retained reference", cuMemRelease(r), 0);
+    CUmemAllocationProp got;
+    check("cuMemGetAllocationPropertiesFromHandle", cuMemGetAllocationPropertiesFromHandle(&got, a), 0);
+    expect("pinned on device 0, fd-exportable", got.type == 1 && got.location.id == 0 && got.requestedHandleTypes == 1);
+    int fd = -1;
+    check("cuMemExportToShareableHandle fd", cuMemExportToShareableHandle(&fd, a, 1, 0), 0);
+    CUmemGenericAllocationHandle imp = 0;
+    check("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle(&imp, (void *)(uintptr_t)fd, 1), 0);
+    check("release the import", cuMemRelease(imp), 0);
+    close(fd);
+    int notours = 0;
+    check("importing something else", cuMemImportFromShareableHandle(&imp, (void *)(uintptr_t)notours, 1), 1);
+    check("cuMemMapArrayAsync is refused", cuMemMapArrayAsync(NULL, 0, 0), 801);
+    /* Released while mapped: the memory lives until unmapped. */
+    check("cuMemRelease a", cuMemRelease(a), 0);
+    check("cuMemRelease b", cuMemRelease(b), 0);
+    check("still usable while mapped", cuMemcpyDtoH_v2(&v[0], va, 4), 0);
+    cuMemGetInfo_v2(&f1, &t1);
+    expect("still charged while mapped", f0 - f1 == 2 * gran);
+    check("freeing a reservation with mappings", cuMemAddressFree(va, 4 * gran), 1);
+    check("cuMemUnmap", cuMemUnmap(va, 2 * gran), 0);
+    check("cuMemAddressFree", cuMemAddressFree(va, 4 * gran), 0);
+    cuMemGetInfo_v2(&f1, &t1);
+    expect("everything is back in the slice", f1 == f0);
+    check("a huge reservation is refused", cuMemAddressReserve(&va, (size_t)1 << 46, 0, 0, 0), 2);
+    check("creating past the slice", cuMemCreate(&a, (t0 / gran + 1) * gran, &prop, 0), 2);
+}
+
+static void vmm_export(void) {
+    CUmemAllocationProp prop = vmm_prop(8);
+    CUmemGenericAllocationHandle a = 0;
+    check("cuMemCreate", cuMemCreate(&a, 2 * MIB, &prop, 0), 0);
+    unsigned char fabric[64];
+    check("export as a fabric handle", cuMemExportToShareableHandle(fabric, a, 8, 0), 0);
+    printf("fabric ");
+    for (int i = 0; i < 64; i++) printf("%02x", fabric[i]);
+    printf("\nholding\n");
+    fflush(stdout);
+    for (;;) pause();
+}
+
+static void vmm_import(const char *hex, int want) {
+    unsigned char fabric[64];
+    for (int i = 0; i < 64; i++) sscanf(hex + 2 * i, "%2hhx", &fabric[i]);
+    CUmemGenericAllocationHandle h = 0;
+    check("import", cuMemImportFromShareableHandle(&h, fabric, 8), want);
+    if (want == 0) check("release", cuMemRelease(h), 0);
+}
+
 /* One allocation of KIND; 0 on success. */
 static CUresult alloc_kind(const char *kind, size_t bytes, void **out) {
     CUdeviceptr d = 0;
@@ -429,6 +552,11 @@ static CUresult alloc_kind(const char *kind, size_t bytes, void **out) {
         r = cuMemHostRegister_v2(m, bytes, 2);
         if (r) free(m);
         *out = m;
+    } else if (!strcmp(kind, "vmm")) {
+        CUmemAllocationProp prop = vmm_prop(0);
+        CUmemGenericAllocationHandle h = 0;
+        r = cuMemCreate(&h, bytes, &prop, 0);
+        *out = (void *)(uintptr_t)h;
     } else {
         r = cuMemAllocAsync(&d, bytes, 0);
         *out = (void *)(uintptr_t)d;
@@ -444,19 +572,21 @@ static CUresult free_kind(const char *kind, void *p) {
         free(p);
         return r;
     }
+    if (!strcmp(kind, "vmm")) return cuMemRelease((CUmemGenericAllocationHandle)(uintptr_t)p);
     return cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, 0);
 }
 
 static void fill(const char *kind) {
     size_t f0, t0, f1, t1;
+    size_t chunk = strcmp(kind, "vmm") ? MIB : 2 * MIB;
     cuMemGetInfo_v2(&f0, &t0);
     void *ptrs[4096];
     int n = 0;
     CUresult r = 0;
-    while (n < 4096 && (r = alloc_kind(kind, MIB, &ptrs[n])) == 0) n++;
-    printf("allocated %d MiB of %s before result %d\n", n, kind, r);
+    while (n < 4096 && (r = alloc_kind(kind, chunk, &ptrs[n])) == 0) n++;
+    printf("allocated %zu MiB of %s before result %d\n", n * chunk / MIB, kind, r);
     check("allocating past the slice", r, 2);
-    expect("the whole slice was usable", (size_t)n * MIB == t0);
+    expect("the whole slice was usable", (size_t)n * chunk == t0);
     for (int i = 0; i < n; i++)
         if (free_kind(kind, ptrs[i])) failures++;
     if (!strcmp(kind, "pool")) {
@@ -470,7 +600,7 @@ static void fill(const char *kind) {
     }
     cuMemGetInfo_v2(&f1, &t1);
     expect("freeing gives the slice back", f1 == t1);
-    check("allocating again", alloc_kind(kind, MIB, &ptrs[0]), 0);
+    check("allocating again", alloc_kind(kind, chunk, &ptrs[0]), 0);
 }
 
 static void hold(const char *kind, size_t bytes) {
@@ -532,6 +662,9 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "mapped")) mapped();
     else if (!strcmp(argv[1], "managed")) managed();
     else if (!strcmp(argv[1], "pools")) pools();
+    else if (!strcmp(argv[1], "vmm")) vmm();
+    else if (!strcmp(argv[1], "vmm-export")) vmm_export();
+    else if (!strcmp(argv[1], "vmm-import") && argc > 3) vmm_import(argv[2], atoi(argv[3]));
     else if (!strcmp(argv[1], "fill") && argc > 2) fill(argv[2]);
     else if (!strcmp(argv[1], "hold") && argc > 3) hold(argv[2], strtoull(argv[3], NULL, 0));
     else if (!strcmp(argv[1], "bench") && argc > 2) bench(strtoull(argv[2], NULL, 0));

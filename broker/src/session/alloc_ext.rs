@@ -22,6 +22,9 @@ use crate::handles::{HandleKind, HandleTable};
 use crate::memory::{AllocKind, Allocation};
 use crate::usage::UsageKind;
 
+mod vmm;
+pub use vmm::{ACCESS_READ, ACCESS_READWRITE, va_limit};
+
 /// Alignment and size granule of memory the guest mirrors (the guest's page size).
 pub const MIRROR_PAGE: u64 = 4096;
 /// `MemAllocMapped` kind: `cuMemAllocManaged`.
@@ -70,8 +73,8 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (attr::HOST_REGISTER_SUPPORTED, 1),
         (attr::MEMORY_POOLS_SUPPORTED, 1),
         (119, 0), // MEMPOOL_SUPPORTED_HANDLE_TYPES: pools are not shared between processes
-        (attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0),
-        (103, 0), // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+        (attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1),
+        (103, 1), // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (within the VM)
         (104, 0), // HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
         (105, 0), // HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED
     ] {
@@ -121,12 +124,15 @@ impl PoolState {
     }
 }
 
-/// The session's pools.
+/// The session's pools and virtual memory management state.
 #[derive(Debug)]
 pub(super) struct AllocExt {
     pools: HandleTable<PoolState>,
     default_pool: Option<u64>,
     current_pool: Option<u64>,
+    vmm: vmm::VmmState,
+    /// Bytes of physical memory the session holds (counted in its memory figure).
+    vmm_held: u64,
 }
 
 impl Default for AllocExt {
@@ -135,6 +141,8 @@ impl Default for AllocExt {
             pools: HandleTable::new(HandleKind::MemPool),
             default_pool: None,
             current_pool: None,
+            vmm: vmm::VmmState::default(),
+            vmm_held: 0,
         }
     }
 }
@@ -147,6 +155,9 @@ impl Session {
         out: &mut Vec<u8>,
     ) -> Result<(), CuError> {
         use Request as R;
+        if let Some(r) = self.dispatch_vmm(req, out) {
+            return r;
+        }
         match req {
             R::MemAllocMapped(m) => {
                 let ptr = self.alloc_mapped(m)?;
@@ -289,7 +300,7 @@ impl Session {
         Ok(ptr)
     }
 
-    fn store_memory(&self) {
+    pub(super) fn store_memory(&self) {
         self.info
             .memory
             .store(self.allocs.charged(), Ordering::Relaxed);
@@ -453,6 +464,9 @@ impl Session {
                 AllocKind::ModuleGlobal(_) => Err(CuError::invalid_value(
                     "module globals are freed by unloading their module",
                 )),
+                AllocKind::VmmMapping => Err(CuError::invalid_value(
+                    "mapped memory is released with cuMemUnmap and cuMemRelease",
+                )),
             },
             _ => Err(CuError::invalid_value(format!(
                 "{ptr:#x} is not the start of a live allocation of this process"
@@ -537,8 +551,14 @@ impl Session {
         }
     }
 
-    /// Frees every pool block, in use or not (the session ended; its work was discarded).
-    pub(super) fn release_pools(&mut self) {
+    /// Releases pools and virtual memory (the session ended; its work was discarded).
+    pub(super) fn release_alloc_ext(&mut self) {
+        self.release_vmm();
+        self.release_pools();
+    }
+
+    /// Frees every pool block, in use or not.
+    fn release_pools(&mut self) {
         for h in self.ext.pools.handles_where(|_| true) {
             let Some(p) = self.ext.pools.remove(h) else {
                 continue;

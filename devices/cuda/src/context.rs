@@ -31,6 +31,8 @@ use crate::error::{Op, is_context_fatal};
 use crate::gather::{Cursor, gather, scatter};
 use crate::module::CudaModule;
 
+mod vmm;
+
 /// Every allocation is charged in units of this many bytes (the driver's
 /// small-allocation alignment).
 pub const ALLOC_GRANULARITY: u64 = 512;
@@ -114,6 +116,8 @@ enum RangeKind {
     Alloc,
     /// A module global.
     Global,
+    /// A mapping of physical memory (`vmm`); the physical memory holds the charge.
+    Mapped,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +144,7 @@ pub(crate) struct Generation {
     events: Mutex<Vec<Event>>,
     staging: Mutex<Vec<Staging>>,
     scratch: Mutex<Option<u64>>,
+    vmm: Mutex<vmm::Vmm>,
     /// Held while a launch issues its start event, kernel and end event, so
     /// the events of two launches never interleave on the stream.
     submit: Mutex<()>,
@@ -185,6 +190,7 @@ impl Generation {
             events: Mutex::new(Vec::new()),
             staging: Mutex::new(Vec::new()),
             scratch: Mutex::new(None),
+            vmm: Mutex::new(vmm::Vmm::default()),
             submit: Mutex::new(()),
         })
     }
@@ -625,6 +631,7 @@ impl Drop for Generation {
         }
         // Healthy: release what it holds, then the context (which frees the rest).
         if let Ok(_c) = Current::push(&d, self.ctx) {
+            self.release_vmm();
             for s in std::mem::take(&mut *lock(&self.staging)) {
                 self.free_staging(s);
             }
@@ -857,6 +864,30 @@ impl DeviceContext for CudaContext {
         drop(g);
         self.inner.retire_if_idle();
         Ok(())
+    }
+
+    fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {
+        self.vmm_phys_create(size)
+    }
+
+    fn phys_release(&self, id: u64) -> Result<(), DeviceError> {
+        self.vmm_phys_release(id)
+    }
+
+    fn va_reserve(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        self.vmm_reserve(size, align)
+    }
+
+    fn va_free(&self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.vmm_free(addr, size)
+    }
+
+    fn map(&self, va: u64, size: u64, id: u64) -> Result<(), DeviceError> {
+        self.vmm_map(va, size, id)
+    }
+
+    fn unmap(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.vmm_unmap(va, size)
     }
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {

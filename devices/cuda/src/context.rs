@@ -118,6 +118,8 @@ enum RangeKind {
     Global,
     /// A mapping of physical memory (`vmm`); the physical memory holds the charge.
     Mapped,
+    /// `alloc_aligned`: an aligned address inside a larger `cuMemAlloc` at this base.
+    AllocAt(u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -844,14 +846,19 @@ impl DeviceContext for CudaContext {
         let r = {
             let mut ranges = lock(&g.ranges);
             match ranges.get(&ptr) {
-                Some(r) if r.kind == RangeKind::Alloc => {}
+                Some(r) if matches!(r.kind, RangeKind::Alloc | RangeKind::AllocAt(_)) => {}
                 _ => return Err(DeviceError::InvalidAddress { addr: ptr, len: 0 }),
             }
             ranges.remove(&ptr)
         };
+        let mut base = ptr;
         if let Some(r) = r {
             g.shared.used.fetch_sub(r.charged, Ordering::Relaxed);
+            if let RangeKind::AllocAt(b) = r.kind {
+                base = b;
+            }
         }
+        let ptr = base;
         // A broken context frees nothing one by one: destroying it frees everything.
         if g.broken().is_none() {
             let res = g
@@ -864,6 +871,36 @@ impl DeviceContext for CudaContext {
         drop(g);
         self.inner.retire_if_idle();
         Ok(())
+    }
+
+    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        if align <= 256 {
+            return self.alloc(size);
+        }
+        if !align.is_power_of_two() || align > 1 << 30 {
+            return Err(DeviceError::NotSupported(format!(
+                "allocation alignment {align} is not a power of two up to 1 GiB"
+            )));
+        }
+        // Room to move up to an aligned address inside one allocation.
+        let total = size
+            .checked_add(align - 1)
+            .ok_or(DeviceError::OutOfMemory)?;
+        let base = self.alloc(total)?;
+        let at = (base + align - 1) & !(align - 1);
+        let g = self.inner.generation()?;
+        let mut ranges = lock(&g.ranges);
+        if let Some(r) = ranges.remove(&base) {
+            ranges.insert(
+                at,
+                Range {
+                    size,
+                    charged: r.charged,
+                    kind: RangeKind::AllocAt(base),
+                },
+            );
+        }
+        Ok(at)
     }
 
     fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {

@@ -133,6 +133,20 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
         human(used),
         human(total),
     )));
+    let k = &info["memory_by_kind"];
+    if k.is_object() {
+        let b = |key: &str| human(k[key].as_u64().unwrap_or(0));
+        out.push(row(&format!(
+            " {}By kind: plain {}, pools {} ({} used), managed {}, mapped {}, VMM {}",
+            " ".repeat(GPU_COL),
+            b("plain"),
+            b("pool_reserved"),
+            b("pool_used"),
+            b("managed"),
+            b("mapped_host"),
+            b("vmm_physical"),
+        )));
+    }
     out.push(row(&format!(
         " {}Transport: {}",
         " ".repeat(GPU_COL),
@@ -180,10 +194,15 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
         .filter(|s| me.is_none() || s["session"].as_u64() != me)
         .cloned()
         .collect();
+    let mut memory =
+        serde_json::json!({ "total": info["memory_total"], "used": info["memory_used"] });
+    if info["memory_by_kind"].is_object() {
+        memory["by_kind"] = info["memory_by_kind"].clone();
+    }
     serde_json::json!({
         "vm": info["vm"],
         "device": { "name": dev.name, "uuid": dev.uuid, "kind": info["device_kind"] },
-        "memory": { "total": info["memory_total"], "used": info["memory_used"] },
+        "memory": memory,
         "kernels": info["kernels"],
         "transport": {
             "endpoint": dev.transport,

@@ -61,8 +61,10 @@ impl Drop for PhysMem {
 }
 
 /// Exported physical memory of every VM: token → (VM, memory).
-fn exports() -> std::sync::MutexGuard<'static, HashMap<u128, (String, Weak<PhysMem>)>> {
-    static E: OnceLock<Mutex<HashMap<u128, (String, Weak<PhysMem>)>>> = OnceLock::new();
+type Exports = HashMap<u128, (String, Weak<PhysMem>)>;
+
+fn exports() -> std::sync::MutexGuard<'static, Exports> {
+    static E: OnceLock<Mutex<Exports>> = OnceLock::new();
     E.get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -108,7 +110,7 @@ impl Default for VmmState {
 }
 
 fn granular(size: u64, what: &str) -> Result<(), CuError> {
-    if size == 0 || size % VMM_GRANULARITY != 0 {
+    if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
         return Err(CuError::invalid_value(format!(
             "{what} of {size} bytes is not a non-zero multiple of the allocation granularity ({VMM_GRANULARITY})"
         )));

@@ -45,10 +45,28 @@ if ! python3 -c 'import nvidia.cuda_nvrtc, nvidia.cuda_runtime' >/dev/null 2>&1;
     pip_install nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
         || log "NVRTC could not be installed; the PTX drift check will be skipped"
 fi
-if ! python3 -c 'import cuda.bindings.driver' >/dev/null 2>&1; then
-    log "installing cuda-python (cuda-bindings) from PyPI for the cuda-python test"
-    pip_install cuda-bindings==12.9.0 \
-        || log "cuda-bindings could not be installed; the cuda-python test will be skipped"
+if ! python3 -c 'import nvidia.cublas' >/dev/null 2>&1; then
+    log "installing NVIDIA's cuBLAS from PyPI for the library test (about 580 MB)"
+    pip_install --no-deps nvidia-cublas-cu12==12.9.3.13 \
+        || log "cuBLAS could not be installed; its test will fail and say so"
+fi
+if ! python3 -c 'import nvidia.cu13' >/dev/null 2>&1; then
+    log "installing NVIDIA's CUDA 13 runtime from PyPI for the runtime tests"
+    pip_install nvidia-cuda-runtime==13.5.37 \
+        || log "the CUDA 13 runtime could not be installed; its tests will fail and say so"
+fi
+if ! python3 -c 'import cupy' >/dev/null 2>&1; then
+    log "installing CuPy (cupy-cuda12x) from PyPI for the CuPy test"
+    pip_install cupy-cuda12x==14.2.0 \
+        || log "CuPy could not be installed; the CuPy test will be skipped"
+fi
+if ! python3 -c 'import cuda.bindings.driver, numba.cuda, cuda.core' >/dev/null 2>&1; then
+    # numba-cuda without its [cu12] extra: no nvJitLink, so numba links
+    # through the driver (cuLink*), which vgpu answers with PTX the simulated
+    # GPU runs. NVVM comes from nvidia-cuda-nvcc-cu12.
+    log "installing cuda-python (cuda-bindings) and numba-cuda from PyPI for the Python tests"
+    pip_install cuda-bindings==12.9.10 numba-cuda==0.30.4 nvidia-cuda-nvcc-cu12==12.9.86 \
+        || log "cuda-bindings or numba-cuda could not be installed; their tests will be skipped"
 fi
 
 # Debian's CUDA 11.8 toolkit (nvcc, cuobjdump, NVIDIA's libcudart) from

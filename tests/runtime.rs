@@ -1,9 +1,11 @@
 //! NVIDIA's CUDA runtime, unmodified, on vgpu's libcuda.so.1 against a real
 //! vgpud on the simulated GPU: programs built with nvcc 11.8 (static and
 //! shared cudart; `<<<>>>` launches, templates, shared memory, atomics,
-//! streams, events, host callbacks) and a program linked against PyPI's
-//! `libcudart.so.12` (CUDA 12.9: export tables, the integrity check,
-//! context-local storage across `cudaDeviceReset`).
+//! streams, events, host callbacks), the same programs linked against PyPI's
+//! `libcudart.so.12` and `libcudart.so.13` (CUDA 12.9 and 13.5 load fat
+//! binaries as libraries), and a C program linked against each (export
+//! tables, the integrity check, context-local storage across
+//! `cudaDeviceReset`).
 //!
 //! nvcc comes from Debian's `nvidia-cuda-toolkit` and the CUDA 12 runtime
 //! from PyPI, both installed by scripts/prereqs.sh; without them these tests
@@ -14,7 +16,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use vgpu_tests::harness::{Run, TestVm, Vgpud, artifacts, run_with_shim, workspace_root};
+use vgpu_tests::harness::{
+    Run, TestVm, Vgpud, artifacts, cuda_guest, run_with_shim, workspace_root,
+};
+use vgpu_tests::qemu::{self, Guest};
 
 const MIB: u64 = 1 << 20;
 
@@ -30,6 +35,9 @@ fn nvcc_programs() -> &'static Path {
         let dir = artifacts().profile_dir.join("cuda-programs");
         let st = Command::new(workspace_root().join("tests/cuda/build.sh"))
             .arg(&dir)
+            .env("CUDA_VARIANTS", "static shared cudart12 cudart13")
+            .env("CUDART12_DIR", pypi_cudart(12))
+            .env("CUDART13_DIR", pypi_cudart(13))
             .status()
             .expect("running tests/cuda/build.sh");
         assert!(st.success(), "tests/cuda/build.sh failed");
@@ -53,10 +61,14 @@ fn assert_passed(r: &Run, what: &str, min_checks: usize) {
     );
 }
 
-fn run_nvcc_program(name: &str, min_checks: usize) {
+/// Every runtime a program runs on: nvcc 11.8's static and shared cudart,
+/// and CUDA 12's and 13's shared runtimes.
+const ALL_RUNTIMES: &[&str] = &["static", "shared", "cudart12", "cudart13"];
+
+fn run_nvcc_program(name: &str, min_checks: usize, runtimes: &[&str]) {
     let dir = nvcc_programs();
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
-    for cudart in ["static", "shared"] {
+    for &cudart in runtimes {
         let prog = dir.join(format!("{name}.{cudart}"));
         let r = run_with_shim(&d, "vm1", &prog, &[]);
         assert_passed(&r, &format!("{name} (cudart {cudart})"), min_checks);
@@ -67,63 +79,171 @@ fn run_nvcc_program(name: &str, min_checks: usize) {
 
 #[test]
 fn nvcc_programs_run_memory_and_errors() {
-    run_nvcc_program("runtime_basics", 40);
+    // Not on CUDA 13: cudaDeviceProp's layout changed, so a program built
+    // with 11.8's headers misreads what CUDA 13's runtime fills in.
+    run_nvcc_program("runtime_basics", 40, &["static", "shared", "cudart12"]);
 }
 
 #[test]
 fn nvcc_programs_run_pools_managed_and_mapped_memory() {
-    run_nvcc_program("alloc_api", 60);
+    // Not on CUDA 13: cudaMemAdvise and cudaMemPrefetchAsync take a cudaMemLocation there
+    // instead of a device number, so a program built with 11.8's headers passes an invalid
+    // location (CUDA itself refuses it the same way).
+    run_nvcc_program("alloc_api", 60, &["static", "shared", "cudart12"]);
 }
 
 #[test]
 fn nvcc_programs_run_kernels() {
-    run_nvcc_program("kernels", 20);
+    run_nvcc_program("kernels", 20, ALL_RUNTIMES);
 }
 
 #[test]
 fn nvcc_programs_run_streams_events_and_callbacks() {
-    run_nvcc_program("streams", 30);
+    run_nvcc_program("streams", 30, ALL_RUNTIMES);
 }
 
-/// The directory of PyPI's CUDA 12 runtime (`nvidia-cuda-runtime-cu12`).
-fn pypi_cudart12() -> PathBuf {
+/// The directory of PyPI's CUDA runtime of a major version
+/// (`nvidia-cuda-runtime-cu12`, `nvidia-cuda-runtime` 13), with include/ and lib/.
+fn pypi_cudart(major: u32) -> PathBuf {
+    let module = match major {
+        12 => "nvidia.cuda_runtime",
+        _ => "nvidia.cu13",
+    };
     let out = Command::new("python3")
         .args([
             "-c",
-            "import nvidia.cuda_runtime as m; print(list(m.__path__)[0])",
+            &format!("import {module} as m; print(list(m.__path__)[0])"),
         ])
         .output()
         .expect("running python3");
     assert!(
         out.status.success(),
-        "PyPI's nvidia-cuda-runtime-cu12 is not installed: run scripts/prereqs.sh"
+        "PyPI's CUDA {major} runtime ({module}) is not installed: run scripts/prereqs.sh"
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-#[test]
-fn a_program_linked_against_cuda_12_runtime_runs() {
-    let rt = pypi_cudart12();
+/// Builds tests/c/runtime_api.c against a runtime's headers and library and
+/// runs it through the shim.
+fn run_runtime_api_program(major: u32) {
+    let rt = pypi_cudart(major);
     let a = artifacts();
-    let prog = a.profile_dir.join("c-runtime_api");
+    let prog = a.profile_dir.join(format!("c-runtime_api-{major}"));
     let st = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&prog)
         .arg(workspace_root().join("tests/c/runtime_api.c"))
         .arg(format!("-I{}", rt.join("include").display()))
         .arg(format!("-L{}", rt.join("lib").display()))
-        .arg("-l:libcudart.so.12")
+        .arg(format!("-l:libcudart.so.{major}"))
         .arg(format!("-Wl,-rpath,{}", rt.join("lib").display()))
         .status()
         .expect("running cc");
     assert!(st.success(), "building tests/c/runtime_api.c failed");
     let d = Vgpud::start(&[TestVm::new("vm1", 96 * MIB)]);
     let r = run_with_shim(&d, "vm1", &prog, &[]);
-    assert_passed(&r, "runtime_api (libcudart.so.12)", 35);
+    assert_passed(&r, &format!("runtime_api (libcudart.so.{major})"), 35);
     assert!(
         r.stdout.contains(&format!("total {}", 96 * MIB)),
         "the runtime sees the VM's slice: {}",
         r.stdout
     );
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+#[test]
+fn a_program_linked_against_cuda_12_runtime_runs() {
+    run_runtime_api_program(12);
+}
+
+#[test]
+fn a_program_linked_against_cuda_13_runtime_runs() {
+    run_runtime_api_program(13);
+}
+
+/// The directory of a PyPI NVIDIA package (`nvidia.<module>`).
+fn pypi_package(module: &str) -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            &format!("import nvidia.{module} as m; print(list(m.__path__)[0])"),
+        ])
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "PyPI's nvidia.{module} is not installed: run scripts/prereqs.sh"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+#[test]
+fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
+    let rt = pypi_cudart(12);
+    let blas = pypi_package("cublas");
+    let prog = artifacts().profile_dir.join("c-cublas");
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(workspace_root().join("tests/c/cublas.c"))
+        .arg(format!("-I{}", rt.join("include").display()))
+        .arg(format!("-I{}", blas.join("include").display()))
+        .arg(format!("-L{}", rt.join("lib").display()))
+        .arg(format!("-L{}", blas.join("lib").display()))
+        .args(["-l:libcudart.so.12", "-l:libcublas.so.12"])
+        .arg(format!(
+            "-Wl,-rpath,{}:{}",
+            rt.join("lib").display(),
+            blas.join("lib").display()
+        ))
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "building tests/c/cublas.c failed");
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
+    let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
+    assert_passed(&r, "cublas", 7);
+    // The failed launch named the kernel and why.
+    assert!(
+        d.log().contains("cubin (SASS)") || r.stderr.contains("cubin (SASS)"),
+        "{}\n{}",
+        r.stderr,
+        d.log()
+    );
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+/// The same nvcc-built programs, unmodified, in a real Linux guest under QEMU
+/// that installed the guest shim: nvcc 11.8's static runtime and CUDA 12.9's
+/// `libcudart.so.12` (its libraries come with the program in the payload),
+/// over vgpud's vhost-user vsock device.
+#[test]
+fn runtime_programs_run_unmodified_in_a_qemu_guest() {
+    if let Some(reason) = qemu::skip_reason() {
+        println!("SKIPPED: cannot boot QEMU guests here: {reason}");
+        return;
+    }
+    const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+    let dir = nvcc_programs();
+    let programs = ["kernels.static", "kernels.cudart12"].map(|p| dir.join(p));
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB).vsock(3)]);
+    let body = "for p in kernels.static kernels.cudart12; do\n\
+                  echo \"== $p\"\n\
+                  $p\n\
+                  echo \"$p status $?\"\n\
+                done\n";
+    let mut spec = cuda_guest(&d, "vm1", "vm-runtime", &programs, &[], body);
+    spec.timeout = GUEST_TIMEOUT;
+    let mut guest = d.guest_ok(Guest::boot(&spec), "boot");
+    let outcome = d.guest_ok(guest.wait_exit(GUEST_TIMEOUT), "guest run");
+    let out = outcome.output_text();
+    for p in ["kernels.static", "kernels.cudart12"] {
+        assert!(
+            out.contains(&format!("{p} status 0")),
+            "{p} failed in the guest:\n{out}\nvgpud log:\n{}",
+            d.log()
+        );
+    }
+    assert!(!out.contains("FAIL "), "{out}");
+    assert!(out.matches("# kernels: ").count() == 2, "{out}");
+    d.wait_memory_used("vm1", 0, Duration::from_secs(10));
 }

@@ -97,3 +97,56 @@ fn vgpuctl_reports_vms_and_fails_with_useful_exit_codes() {
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is vgpud running?"));
 }
+
+/// vgpud with a `kind = "cuda"` device on a host without a usable GPU (this
+/// kind of machine: no NVIDIA library, or NVIDIA's user-space libraries from
+/// the CUDA toolkit without the kernel driver) exits with a message that says
+/// what to check, never a bare CUresult.
+#[test]
+fn vgpud_without_a_gpu_says_what_to_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vgpud.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nsocket = \"{}\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"cuda\"\nindex = 0\n\n[[vm]]\nname = \"vm1\"\ndevice = \"gpu0\"\nmemory = \"1GiB\"\nunix_socket = \"{}\"\n",
+            dir.path().join("admin.sock").display(),
+            dir.path().join("vm1.sock").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(&artifacts().vgpud)
+        .arg("--config")
+        .arg(&config)
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A host with a GPU keeps vgpud running: stop it and skip.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let Some(status) = status else {
+        println!("SKIPPED: this host has a usable NVIDIA GPU");
+        return;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    println!("{stderr}");
+    let no_library = stderr.contains("no NVIDIA driver found");
+    let no_gpu = stderr.contains("cuInit failed with")
+        && stderr.contains("nvidia-smi")
+        && stderr.contains("kernel driver");
+    assert!(no_library || no_gpu, "{stderr}");
+}

@@ -855,6 +855,19 @@ impl Session {
                     },
                 )
             }
+            R::ModuleFunctionNames(m) => {
+                self.ctx(m.ctx)?;
+                let st = self
+                    .modules
+                    .get(m.module)
+                    .ok_or_else(|| CuError::invalid_handle("not a module of this process"))?;
+                let mut names = String::new();
+                for k in st.module.kernels() {
+                    names.push_str(&k.name);
+                    names.push('\0');
+                }
+                reply(out, msg::Names { names })
+            }
             R::ModuleGetGlobal(m) => {
                 self.ctx(m.ctx)?;
                 let st = self

@@ -857,75 +857,45 @@ pub struct PointerInfo {
     pub pool: u64,
 }
 
-/// Describes `ptr`; `Err(CUDA_ERROR_INVALID_VALUE)` when it is no CUDA memory of this process.
-pub fn pointer_info(ptr: u64) -> CuRes<PointerInfo> {
-    let d = drv::driver()?;
-    {
-        let st = state();
-        if let Some(dev) = region_at(&st, ptr).or_else(|| region_of_host(&st, ptr as usize)) {
-            let r = &st.regions[&dev];
-            let managed = r.kind == RegionKind::Managed;
-            let in_dev = ptr >= r.dev && ptr - r.dev < r.len as u64;
-            let off = if in_dev {
-                ptr - r.dev
-            } else {
-                (ptr as usize - r.host) as u64
-            };
-            return Ok(PointerInfo {
-                ctx: r.ctx,
-                memory_type: if managed {
-                    MEMORYTYPE_DEVICE
-                } else {
-                    MEMORYTYPE_HOST
-                },
-                device_pointer: r.dev + off,
-                host_pointer: r.host as u64 + off,
-                managed,
-                mapped: true,
-                range: if in_dev {
-                    (r.dev, r.len as u64)
-                } else {
-                    (r.host as u64, r.len as u64)
-                },
-                buffer_id: r.id,
-                pool: 0,
-            });
-        }
-        if st.host_flags.contains_key(&(ptr as usize)) {
-            return Ok(PointerInfo {
-                ctx: drv::current_ctx().unwrap_or(0),
-                memory_type: MEMORYTYPE_HOST,
-                device_pointer: 0,
-                host_pointer: ptr,
-                managed: false,
-                mapped: false,
-                range: (ptr, 0),
-                buffer_id: ptr,
-                pool: 0,
-            });
-        }
-    }
-    if !d.is_device_ptr(ptr) && !state().pool_blocks.contains_key(&ptr) {
-        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-    }
-    let c = ctx()?;
-    let range = d.call(&msg::MemGetAddressRange { ctx: c, ptr }, &[])?;
-    let block = state().pool_blocks.get(&range.base).copied();
-    let pool = match block {
-        Some(0) => device_mem_pool(0, false)?,
-        Some(p) => p,
-        None => 0,
+/// Describes `ptr` when it lies in managed or mapped host memory (by device or host address).
+pub fn mirrored_info(ptr: u64) -> Option<PointerInfo> {
+    let st = state();
+    let dev = region_at(&st, ptr).or_else(|| region_of_host(&st, ptr as usize))?;
+    let r = &st.regions[&dev];
+    let managed = r.kind == RegionKind::Managed;
+    let in_dev = ptr >= r.dev && ptr - r.dev < r.len as u64;
+    let off = if in_dev {
+        ptr - r.dev
+    } else {
+        (ptr as usize - r.host) as u64
     };
-    Ok(PointerInfo {
-        ctx: c,
-        memory_type: MEMORYTYPE_DEVICE,
-        device_pointer: ptr,
-        host_pointer: 0,
-        managed: false,
+    Some(PointerInfo {
+        ctx: r.ctx,
+        memory_type: if managed {
+            MEMORYTYPE_DEVICE
+        } else {
+            MEMORYTYPE_HOST
+        },
+        device_pointer: r.dev + off,
+        host_pointer: r.host as u64 + off,
+        managed,
         mapped: true,
-        range: (range.base, range.size),
-        buffer_id: range.base,
-        pool,
+        range: if in_dev {
+            (r.dev, r.len as u64)
+        } else {
+            (r.host as u64, r.len as u64)
+        },
+        buffer_id: r.id,
+        pool: 0,
+    })
+}
+
+/// The pool a `cuMemAllocAsync` block starting at `ptr` came from.
+pub fn pool_of(ptr: u64) -> Option<CuRes<u64>> {
+    let block = state().pool_blocks.get(&ptr).copied()?;
+    Some(match block {
+        0 => device_mem_pool(0, false),
+        p => Ok(p),
     })
 }
 

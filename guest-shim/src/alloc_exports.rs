@@ -186,101 +186,49 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
 
 // ---- pointer attributes -------------------------------------------------------------------------
 
-/// Writes attribute `attribute` of `info` to `data`. `info` None: the pointer is not CUDA
-/// memory, and the defaults `cuPointerGetAttributes` documents are written.
-fn write_pointer_attribute(
-    data: *mut c_void,
+/// `cuPointerGetAttribute(s)` for memory this module hands out, called by [`crate::pointer`]
+/// before its own answer: managed and mapped host memory (all attributes), and the pool of a
+/// `cuMemAllocAsync` block. `None`: not such memory (or another attribute); `data` NULL skips
+/// the write. Values are written in the types [`crate::pointer`] uses (booleans are one byte).
+pub fn pointer_attr_hook(
     attribute: c_int,
-    info: Option<&PointerInfo>,
-) -> Result<(), CUresult> {
-    let u32_ = |v: u32| out!(data.cast::<u32>(), v);
-    let u64_ = |v: u64| out!(data.cast::<u64>(), v);
-    let Some(i) = info else {
-        return match attribute {
-            ptr_attr::CONTEXT
-            | ptr_attr::DEVICE_POINTER
-            | ptr_attr::HOST_POINTER
-            | ptr_attr::BUFFER_ID
-            | ptr_attr::RANGE_START_ADDR
-            | ptr_attr::RANGE_SIZE
-            | ptr_attr::ALLOWED_HANDLE_TYPES
-            | ptr_attr::MEMPOOL_HANDLE
-            | ptr_attr::MAPPING_SIZE
-            | ptr_attr::MAPPING_BASE_ADDR
-            | ptr_attr::MEMORY_BLOCK_ID => u64_(0),
-            ptr_attr::DEVICE_ORDINAL => out!(data.cast::<i32>(), -2),
-            ptr_attr::P2P_TOKENS => Err(cuda::CUDA_ERROR_INVALID_VALUE),
-            a if (1..=20).contains(&a) => u32_(0),
-            _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
-        };
+    ptr: CUdeviceptr,
+    data: *mut c_void,
+) -> Option<Result<(), CUresult>> {
+    let write = |v: Result<u64, CUresult>, width: usize| -> Result<(), CUresult> {
+        let v = v?;
+        if data.is_null() {
+            return Ok(());
+        }
+        match width {
+            1 => out!(data.cast::<u8>(), v as u8),
+            4 => out!(data.cast::<u32>(), v as u32),
+            _ => out!(data.cast::<u64>(), v),
+        }
     };
-    match attribute {
-        ptr_attr::CONTEXT => u64_(i.ctx),
-        ptr_attr::MEMORY_TYPE => u32_(i.memory_type as u32),
-        ptr_attr::DEVICE_POINTER if i.device_pointer != 0 => u64_(i.device_pointer),
-        ptr_attr::HOST_POINTER if i.host_pointer != 0 => u64_(i.host_pointer),
-        ptr_attr::DEVICE_POINTER | ptr_attr::HOST_POINTER => Err(cuda::CUDA_ERROR_INVALID_VALUE),
-        ptr_attr::SYNC_MEMOPS => u32_(1),
-        ptr_attr::BUFFER_ID | ptr_attr::MEMORY_BLOCK_ID => u64_(i.buffer_id),
-        ptr_attr::IS_MANAGED => u32_(u32::from(i.managed)),
-        ptr_attr::DEVICE_ORDINAL => out!(data.cast::<i32>(), 0),
-        ptr_attr::IS_LEGACY_CUDA_IPC_CAPABLE | ptr_attr::IS_GPU_DIRECT_RDMA_CAPABLE => u32_(0),
-        ptr_attr::RANGE_START_ADDR | ptr_attr::MAPPING_BASE_ADDR => u64_(i.range.0),
-        ptr_attr::RANGE_SIZE | ptr_attr::MAPPING_SIZE => u64_(i.range.1),
-        ptr_attr::MAPPED => u32_(u32::from(i.mapped)),
-        ptr_attr::ALLOWED_HANDLE_TYPES => u64_(0),
-        // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
-        ptr_attr::ACCESS_FLAGS => u32_(3),
-        ptr_attr::MEMPOOL_HANDLE => u64_(i.pool),
-        _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+    if attribute == ptr_attr::MEMPOOL_HANDLE
+        && let Some(pool) = api::pool_of(ptr)
+    {
+        return Some(write(pool, 8));
     }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuPointerGetAttribute(
-    data: *mut c_void,
-    attribute: c_int,
-    ptr: CUdeviceptr,
-) -> CUresult {
-    ffi("cuPointerGetAttribute", || {
-        let info = api::pointer_info(ptr)?;
-        write_pointer_attribute(data, attribute, Some(&info))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuPointerGetAttributes(
-    num_attributes: c_uint,
-    attributes: *mut c_int,
-    data: *mut *mut c_void,
-    ptr: CUdeviceptr,
-) -> CUresult {
-    ffi("cuPointerGetAttributes", || {
-        if attributes.is_null() || data.is_null() || num_attributes == 0 || num_attributes > 64 {
-            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-        }
-        crate::driver::driver()?;
-        // Unlike cuPointerGetAttribute, memory that is not CUDA's gets default values.
-        let info = api::pointer_info(ptr).ok();
-        // SAFETY: the caller passes two arrays of `num_attributes` entries (CUDA contract).
-        let attrs = unsafe { std::slice::from_raw_parts(attributes, num_attributes as usize) };
-        // SAFETY: as above.
-        let datas = unsafe { std::slice::from_raw_parts(data, num_attributes as usize) };
-        for (&a, &d) in attrs.iter().zip(datas) {
-            if d.is_null() {
-                continue;
-            }
-            match write_pointer_attribute(d, a, info.as_ref()) {
-                // A host pointer has no device pointer and the reverse: the value stays NULL.
-                Err(cuda::CUDA_ERROR_INVALID_VALUE)
-                    if a == ptr_attr::DEVICE_POINTER || a == ptr_attr::HOST_POINTER =>
-                {
-                    out!(d.cast::<u64>(), 0)?
-                }
-                r => r?,
-            }
-        }
-        Ok(())
+    let i: PointerInfo = api::mirrored_info(ptr)?;
+    Some(match attribute {
+        ptr_attr::CONTEXT => write(Ok(i.ctx), 8),
+        ptr_attr::MEMORY_TYPE => write(Ok(i.memory_type), 4),
+        ptr_attr::DEVICE_POINTER => write(Ok(i.device_pointer), 8),
+        ptr_attr::HOST_POINTER => write(Ok(i.host_pointer), 8),
+        ptr_attr::SYNC_MEMOPS | ptr_attr::IS_LEGACY_CUDA_IPC_CAPABLE => write(Ok(0), 1),
+        ptr_attr::IS_GPU_DIRECT_RDMA_CAPABLE | 21 => write(Ok(0), 1),
+        ptr_attr::BUFFER_ID | ptr_attr::MEMORY_BLOCK_ID => write(Ok(i.buffer_id), 8),
+        ptr_attr::IS_MANAGED => write(Ok(u64::from(i.managed)), 1),
+        ptr_attr::DEVICE_ORDINAL => write(Ok(0), 4),
+        ptr_attr::RANGE_START_ADDR | ptr_attr::MAPPING_BASE_ADDR => write(Ok(i.range.0), 8),
+        ptr_attr::RANGE_SIZE | ptr_attr::MAPPING_SIZE => write(Ok(i.range.1), 8),
+        ptr_attr::MAPPED => write(Ok(1), 1),
+        ptr_attr::ALLOWED_HANDLE_TYPES | ptr_attr::MEMPOOL_HANDLE => write(Ok(0), 8),
+        // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+        ptr_attr::ACCESS_FLAGS => write(Ok(3), 4),
+        _ => return None,
     })
 }
 
@@ -291,7 +239,9 @@ pub unsafe extern "C" fn cuPointerSetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     ffi("cuPointerSetAttribute", || {
-        api::pointer_info(ptr)?;
+        if crate::driver::allocation_of(ptr)?.is_none() && api::mirrored_info(ptr).is_none() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
         // Every memory operation here is synchronous with respect to the host already.
         if attribute == ptr_attr::SYNC_MEMOPS && !value.is_null() {
             Ok(())

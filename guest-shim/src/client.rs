@@ -25,8 +25,9 @@ use crate::transport::{Link, Stream, StreamLink};
 pub const DEVICE_REPLY_BUFFER: usize = 64 << 10;
 /// Ops without side effects: asking again is harmless, so a reply that did not
 /// fit the device transport's reply buffer is fetched again with a larger one.
-pub const QUERIES: [u16; 4] = [
+pub const QUERIES: [u16; 5] = [
     msg::TenantInfo::OPCODE,
+    msg::ModuleFunctionNames::OPCODE,
     msg::DeviceGetProperties::OPCODE,
     msg::DeviceGetCount::OPCODE,
     msg::MemGetInfo::OPCODE,

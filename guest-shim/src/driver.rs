@@ -2,9 +2,10 @@
 //! ABI; every function returns the `CUresult` CUDA would.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use vgpu_hugemem::{HUGE_PAGE, HugeMapping};
 use vgpu_proto::cuda::{self, CuResult};
@@ -50,6 +51,15 @@ pub struct Driver {
     host_registered: Mutex<BTreeMap<usize, usize>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
     functions: Mutex<HashMap<u64, FuncLayout>>,
+    /// Modules (libraries) loaded and not unloaded.
+    modules: Mutex<HashSet<u64>>,
+    /// Libraries loaded with no current context, each holding a retain of
+    /// the primary context.
+    library_retains: Mutex<HashSet<u64>>,
+    /// Libraries with no image the device runs: handle (the address of the
+    /// box, unique while it lives) → why. Loading them succeeds, as CUDA's
+    /// lazy loading does; using them fails.
+    unusable_libraries: Mutex<HashMap<u64, (Box<u8>, String)>>,
     flush_wanted: (Mutex<bool>, Condvar),
     /// Set while the flush thread has been asked to flush and has not yet
     /// taken the batch: later posts need not wake it again (no lock on the
@@ -60,6 +70,10 @@ pub struct Driver {
 /// A kernel's parameter layout, cached by the shim to pack `kernelParams`.
 #[derive(Debug, Clone, Default)]
 pub struct FuncLayout {
+    /// The kernel's entry name (`cuFuncGetName` hands out a pointer into it).
+    pub name: Arc<CStr>,
+    /// The module (library) it was looked up in.
+    pub module: u64,
     /// Offset of each parameter in the packed buffer.
     pub offsets: Vec<u32>,
     /// Size of each parameter.
@@ -144,6 +158,9 @@ fn connect() -> CuRes<Driver> {
         host_registered: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
+        modules: Mutex::new(HashSet::new()),
+        library_retains: Mutex::new(HashSet::new()),
+        unusable_libraries: Mutex::new(HashMap::new()),
         flush_wanted: (Mutex::new(false), Condvar::new()),
         flush_armed: AtomicBool::new(false),
     })
@@ -303,10 +320,20 @@ pub fn device_attribute(attr: i32, dev: i32) -> CuRes<i32> {
         .ok()
         .filter(|&a| a > 0)
         .and_then(|a| d.props.attributes.get(a).copied())
-        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+        .ok_or_else(|| {
+            crate::debug!("cuDeviceGetAttribute({attr}): an attribute vgpu does not know");
+            cuda::CUDA_ERROR_INVALID_VALUE
+        })
 }
 
 /// `cuDeviceGetPCIBusId` text.
+/// The device's architecture as fat binaries name it: 80 for compute capability 8.0.
+pub fn device_arch() -> CuRes<u32> {
+    let major = device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as i32, 0)?;
+    let minor = device_attribute(cuda::attr::COMPUTE_CAPABILITY_MINOR as i32, 0)?;
+    u32::try_from(major * 10 + minor).map_err(|_| cuda::CUDA_ERROR_INVALID_DEVICE)
+}
+
 pub fn device_pci_bus_id(dev: i32) -> CuRes<String> {
     let domain = device_attribute(cuda::attr::PCI_DOMAIN_ID as i32, dev)?;
     let bus = device_attribute(cuda::attr::PCI_BUS_ID as i32, dev)?;
@@ -395,7 +422,12 @@ pub fn ctx_get_device() -> CuRes<i32> {
 
 /// `cuCtxSynchronize`.
 pub fn ctx_synchronize() -> CuRes<()> {
-    let c = ctx()?;
+    ctx_synchronize_of(ctx()?)
+}
+
+/// `cuCtxSynchronize_v2`: waits for a given context (the host checks that it
+/// is one of this process's).
+pub fn ctx_synchronize_of(c: u64) -> CuRes<()> {
     driver()?.call(&msg::CtxSynchronize { ctx: c }, &[])?;
     crate::alloc_api::after_sync()
 }
@@ -419,6 +451,63 @@ pub fn primary_handle(dev: i32) -> CuRes<u64> {
 /// `cuKernel*`) needs none; vgpu keeps libraries loaded without a current
 /// context in the device's primary context, which is where NVIDIA's runtime
 /// then runs their kernels.
+/// Loads a library (`f` returns its handle) in the current context, or, with
+/// none current, in the primary context, which the library then keeps
+/// retained until [`library_unloaded`]: the CUDA runtime loads its fat
+/// binaries before it retains the primary context itself, and a context
+/// whose last reference goes is destroyed with its modules.
+pub fn library_load(f: impl FnOnce() -> CuRes<u64>) -> CuRes<u64> {
+    if current_ctx().is_some() {
+        return f();
+    }
+    let d = driver()?;
+    ctx_push(primary_retain(0)?)?;
+    let r = f();
+    let _ = ctx_pop();
+    match r {
+        Ok(lib) => {
+            lock(&d.library_retains).insert(lib);
+            Ok(lib)
+        }
+        Err(e) => {
+            let _ = primary_release(0);
+            Err(e)
+        }
+    }
+}
+
+/// After `cuLibraryUnload`: the primary context retain the library held, if
+/// any, is released.
+pub fn library_unloaded(lib: u64) -> CuRes<()> {
+    let d = driver()?;
+    let held = lock(&d.library_retains).remove(&lib);
+    if held {
+        primary_release(0)?;
+    }
+    Ok(())
+}
+
+/// A handle for a library none of whose images the device runs.
+pub fn unusable_library(why: String) -> CuRes<u64> {
+    let d = driver()?;
+    let anchor = Box::new(0u8);
+    let handle = std::ptr::from_ref::<u8>(&anchor) as u64;
+    lock(&d.unusable_libraries).insert(handle, (anchor, why));
+    Ok(handle)
+}
+
+/// Why `lib` cannot be used, if it is such a library.
+pub fn unusable_reason(lib: u64) -> CuRes<Option<String>> {
+    Ok(lock(&driver()?.unusable_libraries)
+        .get(&lib)
+        .map(|(_, why)| why.clone()))
+}
+
+/// Forgets an unusable library; false if `lib` is not one.
+pub fn drop_unusable(lib: u64) -> CuRes<bool> {
+    Ok(lock(&driver()?.unusable_libraries).remove(&lib).is_some())
+}
+
 pub fn in_library_context<R>(f: impl FnOnce() -> CuRes<R>) -> CuRes<R> {
     if current_ctx().is_some() {
         return f();
@@ -452,6 +541,9 @@ pub fn primary_release(dev: i32) -> CuRes<()> {
 
 /// The primary context was reset or released for the last time.
 fn primary_gone(d: &Driver) -> CuRes<()> {
+    // Libraries loaded in the primary context went with it, and so did the
+    // references they held.
+    lock(&d.library_retains).clear();
     let c = primary_peek(d)?;
     crate::ctx_storage::context_gone(c);
     crate::alloc_api::context_gone(c);
@@ -636,6 +728,46 @@ pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuR
     } else {
         d.post(&req, &[])
     }
+}
+
+/// Memory the shim knows an address to be in (`cuPointerGetAttribute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// This process's device memory: the allocation's range.
+    Device { base: u64, size: u64 },
+    /// Page-locked host memory (`cuMemHostAlloc`, `cuMemHostRegister`): its range.
+    PinnedHost { base: u64, size: u64 },
+}
+
+/// The allocation `ptr` lies in, if the shim handed it out.
+pub fn allocation_of(ptr: u64) -> CuRes<Option<Allocation>> {
+    let d = driver()?;
+    if let Some((&base, &size)) = lock(&d.device_ranges).range(..=ptr).next_back()
+        && ptr - base < size
+    {
+        return Ok(Some(Allocation::Device { base, size }));
+    }
+    let inside = |base: usize, len: usize| (base as u64..base as u64 + len as u64).contains(&ptr);
+    let pinned = lock(&d.host_allocs).iter().find_map(|(&base, a)| {
+        let len = match a {
+            HostAlloc::Heap(len) => *len,
+            HostAlloc::Mapped {
+                _unmapped_on_drop: m,
+            } => m.len(),
+        };
+        inside(base, len).then_some((base, len))
+    });
+    let pinned = pinned.or_else(|| {
+        lock(&d.host_registered)
+            .range(..=ptr as usize)
+            .next_back()
+            .map(|(&b, &l)| (b, l))
+            .filter(|&(b, l)| inside(b, l))
+    });
+    Ok(pinned.map(|(base, size)| Allocation::PinnedHost {
+        base: base as u64,
+        size: size as u64,
+    }))
 }
 
 /// What a unified-addressing pointer refers to.
@@ -963,7 +1095,10 @@ pub fn module_load(image: &[u8]) -> Result<u64, (CuResult, String)> {
     }
     let r = lock(&d.client).call(&msg::ModuleLoad { ctx: c }, image);
     match r {
-        Ok((h, _)) => Ok(h.handle),
+        Ok((h, _)) => {
+            lock(&d.modules).insert(h.handle);
+            Ok(h.handle)
+        }
         Err(e) => {
             crate::debug!("cuModuleLoadData -> {}: {}", e.code, e.message);
             Err((e.code, e.message))
@@ -976,6 +1111,8 @@ pub fn module_unload(m: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
     d.call(&msg::ModuleUnload { ctx: c, module: m }, &[])?;
+    lock(&d.modules).remove(&m);
+    lock(&d.functions).retain(|_, f| f.module != m);
     Ok(())
 }
 
@@ -991,15 +1128,31 @@ pub fn module_get_function(m: u64, name: &str) -> CuRes<u64> {
         },
         &[],
     )?;
-    lock(&d.functions).insert(
-        r.function,
-        FuncLayout {
+    // A function looked up again keeps its cached entry, so that a name
+    // handed out by `cuFuncGetName` stays valid while the module is loaded.
+    lock(&d.functions)
+        .entry(r.function)
+        .or_insert_with(|| FuncLayout {
+            name: CString::new(name).unwrap_or_default().into(),
+            module: m,
             offsets: r.param_offsets,
             sizes: r.param_sizes,
             attributes: r.attributes,
-        },
-    );
+        });
     Ok(r.function)
+}
+
+/// Whether `m` is a module (library) this process loaded and has not unloaded.
+pub fn is_module(m: u64) -> CuRes<bool> {
+    Ok(lock(&driver()?.modules).contains(&m))
+}
+
+/// The names of a module's kernels, in the module's order
+/// (`cuModuleEnumerateFunctions`, `cuLibraryEnumerateKernels`).
+pub fn module_function_names(m: u64) -> CuRes<Vec<String>> {
+    let c = ctx()?;
+    let r = driver()?.call(&msg::ModuleFunctionNames { ctx: c, module: m }, &[])?;
+    Ok(r.names.split_terminator('\0').map(str::to_string).collect())
 }
 
 /// `cuModuleGetGlobal`: (address, size).
@@ -1038,8 +1191,27 @@ pub fn launch(
     let c = ctx()?;
     let d = driver()?;
     // Launch limits fail at the launch, as CUDA reports them, not at the next
-    // synchronization: the kernel's limits as cached at lookup (and updated
-    // by cuFuncSetAttribute).
+    // synchronization: the device's grid and block limits, and the kernel's
+    // limits as cached at lookup (and updated by cuFuncSetAttribute).
+    let attr = |a: usize| d.props.attributes.get(a).copied().unwrap_or(i32::MAX);
+    let grid_max = [
+        attr(cuda::attr::MAX_GRID_DIM_X),
+        attr(cuda::attr::MAX_GRID_DIM_Y),
+        attr(cuda::attr::MAX_GRID_DIM_Z),
+    ];
+    let block_max = [
+        attr(cuda::attr::MAX_BLOCK_DIM_X),
+        attr(cuda::attr::MAX_BLOCK_DIM_Y),
+        attr(cuda::attr::MAX_BLOCK_DIM_Z),
+    ];
+    let within = |dims: [u32; 3], max: [i32; 3]| {
+        dims.iter()
+            .zip(max)
+            .all(|(&v, m)| v > 0 && i64::from(v) <= i64::from(m))
+    };
+    if !within(grid, grid_max) || !within(block, block_max) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
     if let Some(l) = lock(&d.functions).get(&f) {
         let limit = |a: usize| l.attributes.get(a).map_or(i64::MAX, |&v| i64::from(v));
         let threads = block.iter().map(|&b| i64::from(b)).product::<i64>();

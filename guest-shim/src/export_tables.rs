@@ -67,6 +67,14 @@ pub const DEVICE_EXTENDED_RT: [u8; 16] = [
 pub const INTEGRITY_CHECK: [u8; 16] = [
     0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2,
 ];
+/// A table the CUDA 13 runtime requires at start (without it every runtime
+/// call fails with `cudaErrorSymbolNotFound`). What its entries do is not
+/// known: none is called by the programs vgpu tests; each answers
+/// `CUDA_ERROR_NOT_SUPPORTED` and logs a warning naming itself, so a program
+/// that needs one says so.
+pub const RUNTIME_13_REQUIRED: [u8; 16] = [
+    0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2,
+];
 /// Context checks of the CUDA ≥ 12 runtime.
 pub const CONTEXT_CHECKS: [u8; 16] = [
     0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e,
@@ -147,6 +155,36 @@ static CONTEXT_CHECKS_TABLE: Table<4> = Table([
     entry!(context_check_flags as extern "C" fn() -> _),
 ]);
 
+/// Entry `I` of [`RUNTIME_13_REQUIRED`]: unknown, refused.
+extern "C" fn runtime_13_unknown<const I: usize>() -> CUresult {
+    crate::warn!(
+        "the CUDA 13 runtime called entry {I} of export table 21318c60, which vgpu does not implement"
+    );
+    cuda::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// Entries of [`RUNTIME_13_REQUIRED`] vgpu fills (with refusals), after the size.
+const RUNTIME_13_ENTRIES: usize = 16;
+
+static RUNTIME_13_TABLE: Table<RUNTIME_13_ENTRIES> = Table([
+    Table::<RUNTIME_13_ENTRIES>::SIZE,
+    entry!(runtime_13_unknown::<1> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<2> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<3> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<4> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<5> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<6> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<7> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<8> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<9> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<10> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<11> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<12> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<13> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<14> as extern "C" fn() -> _),
+    entry!(runtime_13_unknown::<15> as extern "C" fn() -> _),
+]);
+
 /// The table for `id`, if vgpu provides it.
 pub fn lookup(id: &[u8; 16]) -> Option<(&'static str, *const c_void)> {
     Some(match *id {
@@ -159,6 +197,7 @@ pub fn lookup(id: &[u8; 16]) -> Option<(&'static str, *const c_void)> {
         DEVICE_EXTENDED_RT => ("device extensions", DEVICE_EXTENDED_RT_TABLE.start()),
         INTEGRITY_CHECK => ("integrity check", INTEGRITY_CHECK_TABLE.start()),
         CONTEXT_CHECKS => ("context checks", CONTEXT_CHECKS_TABLE.start()),
+        RUNTIME_13_REQUIRED => ("CUDA 13 runtime table", RUNTIME_13_TABLE.start()),
         _ => return None,
     })
 }
@@ -381,6 +420,7 @@ mod tests {
             DEVICE_EXTENDED_RT,
             INTEGRITY_CHECK,
             CONTEXT_CHECKS,
+            RUNTIME_13_REQUIRED,
         ] {
             let (name, t) = lookup(&id).expect("known table");
             // SAFETY: `t` is the start of one of the static tables above.
@@ -412,9 +452,7 @@ mod tests {
         assert_eq!(v as usize, 0x1234);
         assert_eq!(cls_delete(ctx, key), 0);
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { cls_get(&mut v, ctx, key) },
-            cuda::CUDA_ERROR_INVALID_HANDLE
-        );
+        let gone = unsafe { cls_get(&mut v, ctx, key) };
+        assert_eq!(gone, cuda::CUDA_ERROR_INVALID_HANDLE);
     }
 }

@@ -19,11 +19,11 @@ pub type CUdeviceptr = u64;
 /// An opaque handle (`CUcontext`, `CUstream`, `CUevent`, `CUmodule`, `CUfunction`, …).
 pub type CUhandle = *mut c_void;
 
-fn h(p: CUhandle) -> u64 {
+pub(crate) fn h(p: CUhandle) -> u64 {
     p as u64
 }
 
-fn p(v: u64) -> CUhandle {
+pub(crate) fn p(v: u64) -> CUhandle {
     v as CUhandle
 }
 
@@ -203,6 +203,34 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     unsafe { cuCtxCreate_v2(pctx, flags, dev) }
 }
 
+/// `CUctxCreateParams`.
+#[repr(C)]
+pub struct CtxCreateParams {
+    exec_affinity: *mut c_void,
+    num_exec_affinity: c_int,
+    cig: *mut c_void,
+}
+
+/// `cuCtxCreate_v4` (CUDA 13's `cuCtxCreate`): execution affinity and CUDA
+/// in graphics (CIG) parameters are not supported; without them it is
+/// `cuCtxCreate_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUhandle,
+    params: *const CtxCreateParams,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    // SAFETY: NULL or a CUctxCreateParams (CUDA contract).
+    if let Some(p) = unsafe { params.as_ref() }
+        && (p.num_exec_affinity != 0 || !p.exec_affinity.is_null() || !p.cig.is_null())
+    {
+        return drv::unsupported("cuCtxCreate_v4 with execution-affinity or CIG parameters");
+    }
+    // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.
+    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUhandle) -> CUresult {
     ffi("cuCtxDestroy_v2", || drv::ctx_destroy(h(ctx)))
@@ -245,6 +273,31 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
     ffi("cuCtxSynchronize", drv::ctx_synchronize)
 }
 
+/// `cuCtxSynchronize_v2` (CUDA 13's `cuCtxSynchronize`): a given context, or
+/// the current one for NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize_v2(ctx: CUhandle) -> CUresult {
+    ffi("cuCtxSynchronize_v2", || match h(ctx) {
+        0 => drv::ctx_synchronize(),
+        c => drv::ctx_synchronize_of(c),
+    })
+}
+
+/// `cuCtxGetDevice_v2` (CUDA 13's `cuCtxGetDevice`): the device of a given
+/// context, or of the current one for NULL. A VM sees one device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUhandle) -> CUresult {
+    ffi("cuCtxGetDevice_v2", || match h(ctx) {
+        0 => out!(device, drv::ctx_get_device()?),
+        c => {
+            // The host checks the context (a synchronization of an idle
+            // context costs one round trip).
+            drv::ctx_synchronize_of(c)?;
+            out!(device, 0)
+        }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetApiVersion(_ctx: CUhandle, version: *mut c_uint) -> CUresult {
     ffi("cuCtxGetApiVersion", || {
@@ -284,6 +337,20 @@ const LIMIT_STACK_SIZE: c_int = 0;
 const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+/// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
+const LIMIT_DEV_RUNTIME_SYNC_DEPTH: c_int = 3;
+/// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
+const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: c_int = 4;
+/// `CU_LIMIT_MAX_L2_FETCH_GRANULARITY`.
+const LIMIT_MAX_L2_FETCH_GRANULARITY: c_int = 5;
+/// `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.
+const LIMIT_PERSISTING_L2_CACHE_SIZE: c_int = 6;
+/// `CU_LIMIT_SHMEM_SIZE` (CIG contexts).
+const LIMIT_SHMEM_SIZE: c_int = 7;
+/// `CU_LIMIT_CIG_ENABLED`.
+const LIMIT_CIG_ENABLED: c_int = 8;
+/// `CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED`.
+const LIMIT_CIG_SHMEM_FALLBACK_ENABLED: c_int = 9;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
@@ -292,7 +359,18 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
         let v = match limit {
             LIMIT_STACK_SIZE => 1024,
             LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
-            _ => return Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
+            // Device-runtime (dynamic parallelism) limits: CUDA's defaults.
+            LIMIT_DEV_RUNTIME_SYNC_DEPTH => 2,
+            LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => 2048,
+            // L2 tuning: the default fetch granularity, no persisting L2.
+            LIMIT_MAX_L2_FETCH_GRANULARITY => 64,
+            LIMIT_PERSISTING_L2_CACHE_SIZE => 0,
+            // Not a CUDA-in-graphics context: no CIG shared memory budget.
+            LIMIT_SHMEM_SIZE | LIMIT_CIG_ENABLED | LIMIT_CIG_SHMEM_FALLBACK_ENABLED => 0,
+            _ => {
+                crate::debug!("cuCtxGetLimit({limit}): a limit vgpu does not know");
+                return Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT);
+            }
         };
         out!(value, v)
     })
@@ -684,7 +762,11 @@ pub type CUstreamCallback = Option<unsafe extern "C" fn(CUhandle, CUresult, *mut
 /// thread after waiting for the stream (CUDA runs it on a driver thread;
 /// the order is the same, but the call blocks until the stream drains).
 #[unsafe(no_mangle)]
-pub extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    stream: CUhandle,
+    f: CUhostFn,
+    data: *mut c_void,
+) -> CUresult {
     ffi("cuLaunchHostFunc", || {
         let f = f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
         drv::stream_synchronize(h(stream))?;
@@ -697,7 +779,7 @@ pub extern "C" fn cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_v
 /// `cuStreamAddCallback`: like [`cuLaunchHostFunc`]; the callback also gets
 /// the stream and its status.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamAddCallback(
+pub unsafe extern "C" fn cuStreamAddCallback(
     stream: CUhandle,
     callback: CUstreamCallback,
     data: *mut c_void,
@@ -887,7 +969,7 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
                 break;
             }
             // SAFETY: the prelinked array is NULL-terminated (CUDA contract); `i` stops there.
-            let f = unsafe { list.add(i).read() };
+            let f = unsafe { list.wrapping_add(i).read() };
             if f.is_null() {
                 break;
             }
@@ -920,8 +1002,42 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
     }
 }
 
-/// Loads a module; on failure writes the host's message to an error log buffer.
-fn module_load(
+/// Of a fat binary, the images the device runs (one cubin, one PTX); other
+/// images are sent as they are. Libraries ship cubins for ten architectures
+/// and more (CuPy's CUB: 48 MB), which the device never reads.
+fn usable_images(bytes: Cow<'_, [u8]>) -> Result<Cow<'_, [u8]>, (CUresult, String)> {
+    if !vgpu_fatbin::is_fatbin(&bytes) {
+        return Ok(bytes);
+    }
+    let arch = drv::device_arch().map_err(|e| (e, String::new()))?;
+    match vgpu_fatbin::select(&bytes, arch) {
+        Ok(kept) => {
+            crate::debug!(
+                "fat binary of {} bytes: {} bytes of images for compute capability {}.{}",
+                bytes.len(),
+                kept.len(),
+                arch / 10,
+                arch % 10
+            );
+            Ok(Cow::Owned(kept))
+        }
+        Err(e @ vgpu_fatbin::FatbinError::NoUsableImage { .. }) => {
+            Err((cuda::CUDA_ERROR_NO_BINARY_FOR_GPU, e.to_string()))
+        }
+        // Malformed: the host reports what is wrong.
+        Err(_) => Ok(bytes),
+    }
+}
+
+/// Loads a module image in the current context: its handle, or the error
+/// and the host's (or the fat binary reader's) message.
+pub(crate) fn load_image(image: *const c_void) -> Result<u64, (CUresult, String)> {
+    // SAFETY: `image` is the caller's module image (CUDA contract).
+    let bytes = unsafe { image_bytes(image) }.map_err(|e| (e, String::new()))?;
+    drv::module_load(&usable_images(bytes)?)
+}
+
+pub(crate) fn module_load(
     module: *mut CUhandle,
     image: *const c_void,
     log: Option<(*mut c_char, *mut *mut c_void)>,
@@ -929,11 +1045,12 @@ fn module_load(
     if module.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: `image` is the caller's module image (CUDA contract).
-    let bytes = unsafe { image_bytes(image) }?;
-    match drv::module_load(&bytes) {
+    match load_image(image) {
         Ok(h) => out!(module, p(h)),
         Err((code, message)) => {
+            if code == cuda::CUDA_ERROR_NO_BINARY_FOR_GPU {
+                crate::warn!("cannot load a module: {message}");
+            }
             if let Some((buf, size_slot)) = log {
                 // SAFETY: the option values hold the log buffer and its size (CUDA JIT option contract).
                 let size = unsafe { *size_slot } as usize;
@@ -980,6 +1097,20 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
                 log = Some((vals[b].cast::<c_char>(), std::ptr::from_mut(&mut vals[sz])));
             }
         }
+        // SAFETY: the caller's option arrays of `num_options` entries (CUDA contract).
+        let jit = unsafe { crate::linker::JitOptions::read(num_options, options, values) };
+        if let Some(n) = jit.max_registers
+            // SAFETY: the caller's module image (CUDA contract).
+            && let Cow::Borrowed(text) = unsafe { image_bytes(image) }?
+            && !vgpu_fatbin::is_fatbin(text)
+            && !text.starts_with(&ELF_MAGIC)
+        {
+            // PTX text: the register budget becomes `.maxnreg` on each kernel.
+            let ptx = std::str::from_utf8(text).map_err(|_| cuda::CUDA_ERROR_INVALID_PTX)?;
+            let limited = CString::new(crate::linker::with_max_registers(ptx, n))
+                .map_err(|_| cuda::CUDA_ERROR_INVALID_PTX)?;
+            return module_load(module, limited.as_ptr().cast(), log);
+        }
         module_load(module, image, log)
     })
 }
@@ -993,7 +1124,7 @@ pub extern "C" fn cuModuleUnload(module: CUhandle) -> CUresult {
 ///
 /// # Safety
 /// `s` must be NULL or a NUL-terminated string.
-unsafe fn c_name<'a>(s: *const c_char) -> drv::CuRes<&'a str> {
+pub(crate) unsafe fn c_name<'a>(s: *const c_char) -> drv::CuRes<&'a str> {
     if s.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
@@ -1263,54 +1394,6 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let (g, b) = drv::occupancy_max_block_size(h(f), &dyn_smem, limit)?;
         out!(min_grid, g)?;
         out!(block, b)
-    })
-}
-
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn cuLibraryLoadData(
-    lib: *mut CUhandle,
-    code: *const c_void,
-    _jit_opts: *mut c_int,
-    _jit_vals: *mut *mut c_void,
-    _n_jit: c_uint,
-    _lib_opts: *mut c_int,
-    _lib_vals: *mut *mut c_void,
-    _n_lib: c_uint,
-) -> CUresult {
-    // A library is loaded as a module of the current context (or the primary one).
-    ffi("cuLibraryLoadData", || {
-        drv::in_library_context(|| module_load(lib, code, None))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryGetKernel(
-    k: *mut CUhandle,
-    lib: CUhandle,
-    name: *const c_char,
-) -> CUresult {
-    ffi("cuLibraryGetKernel", || {
-        // SAFETY: `name` is the caller's C string (CUDA contract).
-        let name = unsafe { c_name(name) }?;
-        let kernel = drv::in_library_context(|| drv::module_get_function(h(lib), name))?;
-        out!(k, p(kernel))
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUhandle, k: CUhandle) -> CUresult {
-    ffi("cuKernelGetFunction", || {
-        crate::debug!("cuKernelGetFunction({:#x})", h(k));
-        drv::func_layout(h(k))?;
-        out!(f, k)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuLibraryUnload(lib: CUhandle) -> CUresult {
-    ffi("cuLibraryUnload", || {
-        drv::in_library_context(|| drv::module_unload(h(lib)))
     })
 }
 

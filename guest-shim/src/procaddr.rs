@@ -9,7 +9,14 @@
 use std::ffi::c_void;
 
 use crate::alloc_exports::*;
+use crate::compat::*;
+use crate::copies::*;
 use crate::exports::*;
+use crate::library::*;
+use crate::linker::*;
+use crate::peer::*;
+use crate::pointer::*;
+use crate::stream_capture::*;
 
 /// The answer to a lookup.
 #[derive(Debug, PartialEq, Eq)]
@@ -69,15 +76,23 @@ fn table() -> &'static [Entry] {
                 "cuCtxCreate",
                 (3020, f!(cuCtxCreate_v2)),
                 (11040, f!(cuCtxCreate_v3)),
-                (12050, None)
+                (12050, f!(cuCtxCreate_v4))
             ),
             e!("cuCtxDestroy", (4000, f!(cuCtxDestroy_v2))),
             e!("cuCtxGetCurrent", (4000, f!(cuCtxGetCurrent))),
             e!("cuCtxSetCurrent", (4000, f!(cuCtxSetCurrent))),
             e!("cuCtxPushCurrent", (4000, f!(cuCtxPushCurrent_v2))),
             e!("cuCtxPopCurrent", (4000, f!(cuCtxPopCurrent_v2))),
-            e!("cuCtxGetDevice", (2000, f!(cuCtxGetDevice))),
-            e!("cuCtxSynchronize", (2000, f!(cuCtxSynchronize))),
+            e!(
+                "cuCtxGetDevice",
+                (2000, f!(cuCtxGetDevice)),
+                (13000, f!(cuCtxGetDevice_v2))
+            ),
+            e!(
+                "cuCtxSynchronize",
+                (2000, f!(cuCtxSynchronize)),
+                (13000, f!(cuCtxSynchronize_v2))
+            ),
             e!("cuCtxGetApiVersion", (3020, f!(cuCtxGetApiVersion))),
             e!("cuCtxGetFlags", (7000, f!(cuCtxGetFlags))),
             e!(
@@ -161,8 +176,6 @@ fn table() -> &'static [Entry] {
                 "cuMemRangeGetAttributes",
                 (8000, f!(cuMemRangeGetAttributes))
             ),
-            e!("cuPointerGetAttribute", (4000, f!(cuPointerGetAttribute))),
-            e!("cuPointerGetAttributes", (7000, f!(cuPointerGetAttributes))),
             e!("cuPointerSetAttribute", (6000, f!(cuPointerSetAttribute))),
             e!("cuMemAllocAsync", (11020, f!(cuMemAllocAsync))),
             e!(
@@ -241,6 +254,48 @@ fn table() -> &'static [Entry] {
             e!("cuStreamWaitEvent", (3020, f!(cuStreamWaitEvent))),
             e!("cuStreamGetPriority", (5050, f!(cuStreamGetPriority))),
             e!("cuStreamGetFlags", (5050, f!(cuStreamGetFlags))),
+            e!("cuMemcpy2D", (3020, f!(cuMemcpy2D_v2))),
+            e!("cuMemcpy2DUnaligned", (3020, f!(cuMemcpy2DUnaligned_v2))),
+            e!("cuMemcpy2DAsync", (3020, f!(cuMemcpy2DAsync_v2))),
+            e!("cuMemcpy3D", (3020, f!(cuMemcpy3D_v2))),
+            e!("cuMemcpy3DAsync", (3020, f!(cuMemcpy3DAsync_v2))),
+            e!("cuMemsetD2D8", (3020, f!(cuMemsetD2D8_v2))),
+            e!("cuMemsetD2D16", (3020, f!(cuMemsetD2D16_v2))),
+            e!("cuMemsetD2D32", (3020, f!(cuMemsetD2D32_v2))),
+            e!("cuMemsetD2D8Async", (3020, f!(cuMemsetD2D8Async))),
+            e!("cuMemsetD2D16Async", (3020, f!(cuMemsetD2D16Async))),
+            e!("cuMemsetD2D32Async", (3020, f!(cuMemsetD2D32Async))),
+            e!("cuMemcpyPeer", (4000, f!(cuMemcpyPeer))),
+            e!("cuMemcpyPeerAsync", (4000, f!(cuMemcpyPeerAsync))),
+            e!("cuDeviceGetByPCIBusId", (4010, f!(cuDeviceGetByPCIBusId))),
+            e!("cuDeviceCanAccessPeer", (4000, f!(cuDeviceCanAccessPeer))),
+            e!(
+                "cuDeviceGetP2PAttribute",
+                (8000, f!(cuDeviceGetP2PAttribute))
+            ),
+            e!("cuCtxEnablePeerAccess", (4000, f!(cuCtxEnablePeerAccess))),
+            e!("cuCtxDisablePeerAccess", (4000, f!(cuCtxDisablePeerAccess))),
+            e!("cuStreamGetCtx", (9020, f!(cuStreamGetCtx))),
+            e!(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                (
+                    7000,
+                    f!(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+                )
+            ),
+            e!("cuPointerGetAttribute", (4000, f!(cuPointerGetAttribute))),
+            e!("cuPointerGetAttributes", (7000, f!(cuPointerGetAttributes))),
+            e!("cuStreamIsCapturing", (10000, f!(cuStreamIsCapturing))),
+            e!(
+                "cuStreamGetCaptureInfo",
+                (10010, f!(cuStreamGetCaptureInfo)),
+                (11030, f!(cuStreamGetCaptureInfo_v2)),
+                (12030, f!(cuStreamGetCaptureInfo_v3))
+            ),
+            e!(
+                "cuThreadExchangeStreamCaptureMode",
+                (10010, f!(cuThreadExchangeStreamCaptureMode))
+            ),
             e!("cuEventCreate", (2000, f!(cuEventCreate))),
             e!("cuEventRecord", (2000, f!(cuEventRecord))),
             e!("cuEventQuery", (2000, f!(cuEventQuery))),
@@ -269,10 +324,52 @@ fn table() -> &'static [Entry] {
                 "cuOccupancyMaxPotentialBlockSize",
                 (6050, f!(cuOccupancyMaxPotentialBlockSize))
             ),
+            e!("cuModuleLoad", (2000, f!(cuModuleLoad))),
+            e!("cuModuleLoadFatBinary", (2000, f!(cuModuleLoadFatBinary))),
+            e!(
+                "cuModuleGetLoadingMode",
+                (11070, f!(cuModuleGetLoadingMode))
+            ),
+            e!(
+                "cuModuleGetFunctionCount",
+                (12040, f!(cuModuleGetFunctionCount))
+            ),
+            e!(
+                "cuModuleEnumerateFunctions",
+                (12040, f!(cuModuleEnumerateFunctions))
+            ),
+            e!("cuFuncGetName", (12030, f!(cuFuncGetName))),
+            e!("cuFuncGetModule", (11000, f!(cuFuncGetModule))),
+            e!("cuFuncGetParamInfo", (12040, f!(cuFuncGetParamInfo))),
+            e!("cuLinkCreate", (6050, f!(cuLinkCreate_v2))),
+            e!("cuLinkAddData", (6050, f!(cuLinkAddData_v2))),
+            e!("cuLinkAddFile", (6050, f!(cuLinkAddFile_v2))),
+            e!("cuLinkComplete", (5050, f!(cuLinkComplete))),
+            e!("cuLinkDestroy", (5050, f!(cuLinkDestroy))),
             e!("cuLibraryLoadData", (12000, f!(cuLibraryLoadData))),
-            e!("cuLibraryGetKernel", (12000, f!(cuLibraryGetKernel))),
+            e!("cuLibraryLoadFromFile", (12000, f!(cuLibraryLoadFromFile))),
             e!("cuLibraryUnload", (12000, f!(cuLibraryUnload))),
+            e!("cuLibraryGetModule", (12000, f!(cuLibraryGetModule))),
+            e!("cuLibraryGetKernel", (12000, f!(cuLibraryGetKernel))),
+            e!(
+                "cuLibraryGetKernelCount",
+                (12040, f!(cuLibraryGetKernelCount))
+            ),
+            e!(
+                "cuLibraryEnumerateKernels",
+                (12040, f!(cuLibraryEnumerateKernels))
+            ),
+            e!("cuLibraryGetGlobal", (12000, f!(cuLibraryGetGlobal))),
             e!("cuKernelGetFunction", (12000, f!(cuKernelGetFunction))),
+            e!("cuKernelGetName", (12030, f!(cuKernelGetName))),
+            e!("cuKernelGetLibrary", (12050, f!(cuKernelGetLibrary))),
+            e!("cuKernelGetParamInfo", (12040, f!(cuKernelGetParamInfo))),
+            e!("cuKernelGetAttribute", (12000, f!(cuKernelGetAttribute))),
+            e!("cuKernelSetAttribute", (12000, f!(cuKernelSetAttribute))),
+            e!(
+                "cuKernelSetCacheConfig",
+                (12000, f!(cuKernelSetCacheConfig))
+            ),
         ]
     })
 }
@@ -349,8 +446,20 @@ mod tests {
     #[test]
     fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
         assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
-        assert_eq!(lookup("cuCtxCreate", 12050, 0), Lookup::NotFound);
         assert_eq!(lookup("cuGraphLaunch", 12000, 0), Lookup::NotFound);
+        // CUDA 13 asks for the ABIs it was built with.
+        assert_eq!(
+            found("cuCtxCreate", 13000),
+            cuCtxCreate_v4 as *const () as usize
+        );
+        assert_eq!(
+            found("cuCtxGetDevice", 13000),
+            cuCtxGetDevice_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuCtxSynchronize", 12090),
+            cuCtxSynchronize as *const () as usize
+        );
     }
 
     #[test]

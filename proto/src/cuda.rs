@@ -184,8 +184,11 @@ pub mod attr {
     pub const RESERVED_SHARED_MEMORY_PER_BLOCK: usize = 111;
     pub const MEMORY_POOLS_SUPPORTED: usize = 115;
     pub const HOST_NUMA_ID: usize = 134;
-    /// One past the highest attribute number the protocol carries.
-    pub const COUNT: usize = 136;
+    pub const GPU_PCI_DEVICE_ID: usize = 139;
+    pub const TENSOR_MAP_LARGE_TENSOR_MIN_SIZE: usize = 160;
+    /// One past the highest attribute number the protocol carries (CUDA 13's
+    /// `cuda.h` defines up to 161; the CUDA 13 runtime asks for 139 at start).
+    pub const COUNT: usize = 162;
 }
 
 /// `CUfunction_attribute` numbers.

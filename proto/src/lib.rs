@@ -25,7 +25,7 @@ pub const GPU_VSOCK_PORT: u32 = 0x5647; // "VG"
 pub const HOST_CID: u32 = 2;
 
 /// The CUDA driver version the shim reports (`cuDriverGetVersion`): 12.9.
-pub const CUDA_DRIVER_VERSION: i32 = 12090;
+pub const CUDA_DRIVER_VERSION: i32 = 13000;
 
 /// Version of this crate, sent in the handshake.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -236,6 +236,11 @@ wire_structs! {
     }
     /// A JSON document.
     pub struct Json { pub json: String }
+    /// The names of a module's kernels, in the module's order.
+    pub struct Names {
+        /// The names, each followed by a NUL byte.
+        pub names: String,
+    }
     /// A 128-bit token naming exported memory within a VM.
     pub struct Token { pub hi: u64, pub lo: u64 }
 }
@@ -360,6 +365,11 @@ ops! {
     /// Sets a `CUfunction_attribute` of a kernel.
     FuncSetAttribute = 0x0607 => Empty, 0, "cuFuncSetAttribute" {
         ctx: u64, function: u64, attribute: i32, value: i32,
+    }
+
+    /// The names of a module's kernels.
+    ModuleFunctionNames = 0x0608 => Names, 0, "cuModuleGetFunctionCount, cuModuleEnumerateFunctions, cuLibraryGetKernelCount, cuLibraryEnumerateKernels" {
+        ctx: u64, module: u64,
     }
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).

@@ -17,9 +17,18 @@
 # The variants static-nodlink and shared-nodlink skip that step (-nodlink),
 # as a plain g++ link of nvcc -c objects does (CMake, setuptools).
 #
+# The variants cudart12 and cudart13 compile with nvcc 11.8 (-c, once) and
+# link the object against a newer runtime, libcudart.so.NN in
+# $CUDARTNN_DIR/lib (PyPI's nvidia-cuda-runtime-cu12 and nvidia-cuda-runtime
+# 13): the same program on NVIDIA's CUDA 12 and 13 runtimes, which load fat
+# binaries as libraries. (Structures whose layout changed, such as CUDA 13's
+# cudaDeviceProp, differ between nvcc 11.8's headers and those runtimes:
+# programs that use them need headers of their runtime's version.)
+#
 # Exits 0 with a message, building nothing, when nvcc or g++-11 is missing.
 # Environment: NVCC (default nvcc), CCBIN (default g++-11), NVCC_FLAGS (extra),
-# CUDA_VARIANTS (default "static shared"; also static-nodlink, shared-nodlink).
+# CUDA_VARIANTS (default "static shared"; also static-nodlink, shared-nodlink,
+# cudart12, cudart13), CUDART12_DIR and CUDART13_DIR (for those).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -58,6 +67,7 @@ for prog in "${PROGRAMS[@]}"; do
         case "$variant" in
             static | shared) rt="$variant" link=() ;;
             static-nodlink | shared-nodlink) rt="${variant%-nodlink}" link=(-nodlink) ;;
+            cudart12 | cudart13) rt="$variant" link=() ;;
             *) echo "tests/cuda/build.sh: unknown variant $variant" >&2; exit 2 ;;
         esac
         dst="$OUT/$prog.$variant"
@@ -66,8 +76,21 @@ for prog in "${PROGRAMS[@]}"; do
             && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
             continue
         fi
-        echo "nvcc -cudart $rt${link[*]:+ ${link[*]}} $prog.cu -> $dst"
-        "$NVCC" "${FLAGS[@]}" "${EXTRA[@]}" -cudart "$rt" "${link[@]}" -o "$dst.tmp" "$SRC/$prog.cu"
+        if [[ "$rt" == cudart1[0-9] ]]; then
+            major="${rt#cudart}"
+            dir_var="CUDART${major}_DIR"
+            lib="${!dir_var:?$dir_var must name the CUDA $major runtime for the $rt variant}/lib"
+            obj="$OUT/$prog.o"
+            if ! [ "$obj" -nt "$SRC/$prog.cu" ] || ! [ "$obj" -nt "$SRC/check.h" ]; then
+                "$NVCC" "${FLAGS[@]}" "${EXTRA[@]}" -c -o "$obj.tmp" "$SRC/$prog.cu"
+                mv -f "$obj.tmp" "$obj"
+            fi
+            echo "$prog.o + $lib/libcudart.so.$major -> $dst"
+            "$CCBIN" -o "$dst.tmp" "$obj" -L"$lib" -l:libcudart.so."$major" -Wl,-rpath,"$lib"
+        else
+            echo "nvcc -cudart $rt${link[*]:+ ${link[*]}} $prog.cu -> $dst"
+            "$NVCC" "${FLAGS[@]}" "${EXTRA[@]}" -cudart "$rt" "${link[@]}" -o "$dst.tmp" "$SRC/$prog.cu"
+        fi
         mv -f "$dst.tmp" "$dst"
     done
 done

@@ -555,7 +555,10 @@ impl Driver {
             });
         }
         // SAFETY: plain call with flags 0, as cuInit requires.
-        check("cuInit", unsafe { (f.init)(0) }).map_err(Failed::open)?;
+        check("cuInit", unsafe { (f.init)(0) }).map_err(|e| CudaError::InitFailed {
+            library: library.to_string(),
+            code: e.code,
+        })?;
         let mut version = 0;
         // SAFETY: valid out-pointer.
         check("cuDriverGetVersion", unsafe {

@@ -38,6 +38,19 @@ pub enum CudaError {
         /// `cuDriverGetVersion`.
         version: i32,
     },
+    /// The driver library loaded but `cuInit` failed: typically NVIDIA's
+    /// user-space libraries are installed (the CUDA toolkit brings them)
+    /// without the kernel driver, or the GPU is hidden from this process.
+    #[error(
+        "{library} loaded, but cuInit failed with {}: no usable NVIDIA GPU. Check that the NVIDIA kernel driver is loaded (`lsmod | grep nvidia`, /dev/nvidia0 exists), that `nvidia-smi` lists the GPU, that CUDA_VISIBLE_DEVICES does not hide it, and that the device's index or uuid in the config is one nvidia-smi -L shows; or use kind = \"sim\"",
+        cuda::result_name(*.code).unwrap_or("an unknown CUresult")
+    )]
+    InitFailed {
+        /// The driver library.
+        library: String,
+        /// What cuInit returned.
+        code: CuResult,
+    },
     /// A driver call failed while opening the device.
     #[error("{call} failed with {}", cuda::result_name(*.code).unwrap_or("an unknown CUresult"))]
     Driver {

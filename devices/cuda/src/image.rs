@@ -2,47 +2,15 @@
 //! binary. [`prepare`] checks that an image is complete before the driver
 //! sees it (the driver trusts the sizes inside a binary), and reads what the
 //! broker needs from it: kernels with their parameter layouts, and module
-//! variables. Cubins are read through their ELF symbol table and the
-//! `.nv.info.<kernel>` attribute sections NVCC and NVRTC write.
+//! variables. Cubins and fat binaries are read by `vgpu-fatbin` (the one
+//! reader of those formats), PTX by [`ptx::scan`].
+
+use vgpu_fatbin::cubin::{self, ELF_MAGIC};
 
 use crate::ptx;
-
-/// ELF magic.
-const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
-/// Fat binary magic (0xBA55ED50, little-endian).
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-/// Bytes of a fat binary header: magic, version, header size, payload size.
-const FATBIN_HEADER: usize = 16;
 /// Zero bytes appended to every image copy, so that a driver reading a
 /// little past a declared end reads zeros, never daemon memory.
 pub const GUARD_BYTES: usize = 4096;
-
-/// `EI_CLASS` of 64-bit ELF.
-const ELFCLASS64: u8 = 2;
-/// `EI_DATA` of little-endian ELF.
-const ELFDATA2LSB: u8 = 1;
-/// Size of an ELF64 header.
-const EHDR64: usize = 64;
-/// Size of an ELF64 section header.
-const SHDR64: usize = 64;
-/// Size of an ELF64 symbol.
-const SYM64: usize = 24;
-/// `SHT_SYMTAB`.
-const SHT_SYMTAB: u32 = 2;
-/// `SHT_NOBITS` (no file content).
-const SHT_NOBITS: u32 = 8;
-/// `STT_OBJECT`.
-const STT_OBJECT: u8 = 1;
-/// `STT_FUNC`.
-const STT_FUNC: u8 = 2;
-/// `STO_CUDA_ENTRY` in `st_other`: the function is a kernel.
-const STO_CUDA_ENTRY: u8 = 0x10;
-/// `EIFMT_SVAL`: the record carries a 16-bit size and that many bytes.
-const EIFMT_SVAL: u8 = 0x04;
-/// `EIATTR_KPARAM_INFO`: one kernel parameter.
-const EIATTR_KPARAM_INFO: u8 = 0x17;
-/// Bytes of a `EIATTR_KPARAM_INFO` payload.
-const KPARAM_INFO_BYTES: usize = 12;
 
 /// What kind of image it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,275 +61,56 @@ pub enum ImageError {
     Unknown,
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
-
-/// A section header (the fields used here).
-#[derive(Debug, Clone, Copy)]
-struct Section {
-    name: u32,
-    kind: u32,
-    offset: u64,
-    size: u64,
-    link: u32,
-}
-
-/// A parsed ELF64 little-endian image.
-#[derive(Debug)]
-pub struct Elf<'a> {
-    data: &'a [u8],
-    sections: Vec<Section>,
-    shstrndx: usize,
-}
-
-/// A symbol.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Symbol {
-    /// Name.
-    pub name: String,
-    /// `STT_*`.
-    pub kind: u8,
-    /// `STB_*`.
-    pub bind: u8,
-    /// `st_other`.
-    pub other: u8,
-    /// Name of its section.
-    pub section: String,
-    /// Size.
-    pub size: u64,
-}
-
-const ELF: &str = "ELF";
-
-fn malformed(why: &'static str) -> ImageError {
-    ImageError::Malformed { what: ELF, why }
-}
-
-impl<'a> Elf<'a> {
-    /// Parses the headers, checking that every section lies inside `data`.
-    pub fn parse(data: &'a [u8]) -> Result<Elf<'a>, ImageError> {
-        if data.len() < EHDR64 || &data[..4] != ELF_MAGIC {
-            return Err(malformed("no ELF header"));
-        }
-        if data[4] != ELFCLASS64 || data[5] != ELFDATA2LSB {
-            return Err(malformed("not a 64-bit little-endian ELF"));
-        }
-        let short = || malformed("short header");
-        let phoff = u64_at(data, 32).ok_or_else(short)?;
-        let shoff = u64_at(data, 40).ok_or_else(short)?;
-        let phentsize = u16_at(data, 54).ok_or_else(short)?;
-        let phnum = u16_at(data, 56).ok_or_else(short)?;
-        let shentsize = u16_at(data, 58).ok_or_else(short)?;
-        let shnum = u16_at(data, 60).ok_or_else(short)?;
-        let shstrndx = u16_at(data, 62).ok_or_else(short)? as usize;
-        if shnum > 0 && usize::from(shentsize) != SHDR64 {
-            return Err(malformed("unexpected section header size"));
-        }
-        let got = data.len() as u64;
-        let need = |end: Option<u64>| -> Result<(), ImageError> {
-            match end {
-                Some(e) if e <= got => Ok(()),
-                Some(e) => Err(ImageError::Truncated {
-                    what: ELF,
-                    declared: e,
-                    got,
-                }),
-                None => Err(malformed("a size overflows")),
-            }
-        };
-        need(phoff.checked_add(u64::from(phentsize) * u64::from(phnum)))?;
-        need(shoff.checked_add(SHDR64 as u64 * u64::from(shnum)))?;
-        let mut sections = Vec::with_capacity(usize::from(shnum));
-        for i in 0..usize::from(shnum) {
-            let h = shoff as usize + i * SHDR64;
-            let s = Section {
-                name: u32_at(data, h).ok_or_else(short)?,
-                kind: u32_at(data, h + 4).ok_or_else(short)?,
-                offset: u64_at(data, h + 24).ok_or_else(short)?,
-                size: u64_at(data, h + 32).ok_or_else(short)?,
-                link: u32_at(data, h + 40).ok_or_else(short)?,
-            };
-            if s.kind != SHT_NOBITS {
-                need(s.offset.checked_add(s.size))?;
-            }
-            sections.push(s);
-        }
-        // Program headers: each segment's file range must be inside too.
-        for i in 0..usize::from(phnum) {
-            let h = phoff as usize + i * usize::from(phentsize);
-            let off = u64_at(data, h + 8).ok_or_else(short)?;
-            let filesz = u64_at(data, h + 32).ok_or_else(short)?;
-            need(off.checked_add(filesz))?;
-        }
-        if shnum > 0 && shstrndx >= sections.len() {
-            return Err(malformed("bad section name table index"));
-        }
-        Ok(Elf {
-            data,
-            sections,
-            shstrndx,
-        })
-    }
-
-    fn bytes(&self, s: &Section) -> &'a [u8] {
-        if s.kind == SHT_NOBITS {
-            return &[];
-        }
-        // In range: checked in `parse`.
-        &self.data[s.offset as usize..(s.offset + s.size) as usize]
-    }
-
-    fn string(&self, table: usize, at: u32) -> String {
-        let Some(t) = self.sections.get(table) else {
-            return String::new();
-        };
-        let b = self.bytes(t);
-        let start = (at as usize).min(b.len());
-        let end = b[start..]
-            .iter()
-            .position(|&c| c == 0)
-            .map_or(b.len(), |i| start + i);
-        String::from_utf8_lossy(&b[start..end]).into_owned()
-    }
-
-    fn section_name(&self, i: usize) -> String {
-        self.sections
-            .get(i)
-            .map(|s| self.string(self.shstrndx, s.name))
-            .unwrap_or_default()
-    }
-
-    fn section_by_name(&self, name: &str) -> Option<&Section> {
-        (0..self.sections.len())
-            .find(|&i| self.section_name(i) == name)
-            .map(|i| &self.sections[i])
-    }
-
-    /// The symbol table.
-    pub fn symbols(&self) -> Vec<Symbol> {
-        let mut out = Vec::new();
-        for s in self.sections.iter().filter(|s| s.kind == SHT_SYMTAB) {
-            let table = self.bytes(s);
-            for sym in table.chunks_exact(SYM64).skip(1) {
-                let (Some(name), Some(shndx), Some(size)) =
-                    (u32_at(sym, 0), u16_at(sym, 6), u64_at(sym, 16))
-                else {
-                    continue;
-                };
-                out.push(Symbol {
-                    name: self.string(s.link as usize, name),
-                    kind: sym[4] & 0xf,
-                    bind: sym[4] >> 4,
-                    other: sym[5],
-                    section: self.section_name(usize::from(shndx)),
-                    size,
-                });
-            }
-        }
-        out
-    }
-
-    /// Parameters of kernel `name` from its `.nv.info.<name>` section:
-    /// (ordinal, offset, size), sorted by ordinal.
-    pub fn kernel_params(&self, name: &str) -> Option<Vec<(u16, u16, u32)>> {
-        let info = self.bytes(self.section_by_name(&format!(".nv.info.{name}"))?);
-        let mut params = Vec::new();
-        let mut at = 0;
-        while at + 4 <= info.len() {
-            let (fmt, attr) = (info[at], info[at + 1]);
-            let value = u16_at(info, at + 2)?;
-            at += 4;
-            if fmt != EIFMT_SVAL {
-                continue;
-            }
-            let len = usize::from(value);
-            let payload = info.get(at..at + len)?;
-            at += len;
-            if attr == EIATTR_KPARAM_INFO && len == KPARAM_INFO_BYTES {
-                let ordinal = u16_at(payload, 4)?;
-                let offset = u16_at(payload, 6)?;
-                let flags = u32_at(payload, 8)?;
-                params.push((ordinal, offset, (flags >> 18) & 0x3fff));
-            }
-        }
-        params.sort_unstable();
-        params.dedup_by_key(|p| p.0);
-        Some(params)
-    }
-
-    /// Kernels with parameter layouts, and module variables.
-    pub fn declarations(&self) -> ptx::Declarations {
-        let syms = self.symbols();
-        let mut d = ptx::Declarations::default();
-        for s in &syms {
-            let kernel_section = format!(".nv.constant0.{}", s.name);
-            let is_entry = s.kind == STT_FUNC
-                && (s.other & STO_CUDA_ENTRY != 0
-                    || self.section_by_name(&kernel_section).is_some());
-            if is_entry {
-                let params = self
-                    .kernel_params(&s.name)
-                    .unwrap_or_default()
+/// A cubin's declarations in the form the executor uses.
+fn cubin_declarations(image: &[u8]) -> Result<ptx::Declarations, ImageError> {
+    let c = cubin::read(image).map_err(|e| match e {
+        cubin::CubinError::Truncated { declared, got } => ImageError::Truncated {
+            what: "ELF",
+            declared,
+            got,
+        },
+        cubin::CubinError::Malformed(why) => ImageError::Malformed { what: "ELF", why },
+    })?;
+    Ok(ptx::Declarations {
+        entries: c
+            .kernels
+            .into_iter()
+            .map(|k| ptx::Entry {
+                name: k.name,
+                params: k
+                    .params
                     .into_iter()
-                    .map(|(_, offset, size)| ptx::Param {
-                        offset: u32::from(offset),
-                        size,
+                    .map(|p| ptx::Param {
+                        offset: p.offset,
+                        size: p.size,
                         align: 1,
                     })
-                    .collect();
-                d.entries.push(ptx::Entry {
-                    name: s.name.clone(),
-                    params,
-                });
-            } else if s.kind == STT_OBJECT && !s.name.is_empty() {
-                // Module variables are local symbols unless compiled for
-                // separate linking; the driver finds them by name either way.
-                let space = if s.section.starts_with(".nv.constant") {
-                    ptx::Space::Const
-                } else if s.section.starts_with(".nv.global") {
-                    ptx::Space::Global
-                } else {
-                    continue;
-                };
-                d.variables.push(ptx::Variable {
-                    name: s.name.clone(),
-                    space,
-                    size: s.size,
-                });
-            }
-        }
-        d
-    }
+                    .collect(),
+            })
+            .collect(),
+        variables: c
+            .variables
+            .into_iter()
+            .map(|v| ptx::Variable {
+                name: v.name,
+                space: match v.space {
+                    cubin::Space::Global => ptx::Space::Global,
+                    cubin::Space::Const => ptx::Space::Const,
+                },
+                size: v.size,
+            })
+            .collect(),
+    })
 }
 
-/// The length a fat binary's header declares (header plus payload).
+/// The length a fat binary's header declares (header plus entries),
+/// checked against what was sent.
 fn fatbin_len(image: &[u8]) -> Result<u64, ImageError> {
     const WHAT: &str = "fat binary";
-    let short = ImageError::Malformed {
+    let declared = vgpu_fatbin::declared_len(image).map_err(|_| ImageError::Malformed {
         what: WHAT,
-        why: "short header",
-    };
-    let header = u16_at(image, 6).ok_or(short.clone())?;
-    let payload = u64_at(image, 8).ok_or(short)?;
-    if usize::from(header) < FATBIN_HEADER {
-        return Err(ImageError::Malformed {
-            what: WHAT,
-            why: "header size below 16 bytes",
-        });
-    }
-    let declared = u64::from(header)
-        .checked_add(payload)
-        .ok_or(ImageError::Malformed {
-            what: WHAT,
-            why: "size overflows",
-        })?;
+        why: "short or malformed header",
+    })?;
     if declared > image.len() as u64 {
         return Err(ImageError::Truncated {
             what: WHAT,
@@ -372,37 +121,45 @@ fn fatbin_len(image: &[u8]) -> Result<u64, ImageError> {
     Ok(declared)
 }
 
-/// Declarations readable from a fat binary without decompressing it: any
-/// cubin or PTX stored uncompressed inside it.
+/// Declarations of a fat binary's entries (decompressed when stored
+/// compressed): the kernels and variables of its cubins and, when it has no
+/// cubin, of its PTX.
 fn fatbin_declarations(image: &[u8]) -> ptx::Declarations {
     let mut d = ptx::Declarations::default();
-    let mut at = 0;
-    while let Some(i) = image[at..].windows(4).position(|w| w == ELF_MAGIC) {
-        let start = at + i;
-        if let Ok(elf) = Elf::parse(&image[start..]) {
-            let more = elf.declarations();
-            for e in more.entries {
-                if !d.entries.iter().any(|x| x.name == e.name) {
-                    d.entries.push(e);
-                }
-            }
-            for v in more.variables {
-                if !d.variables.iter().any(|x| x.name == v.name) {
-                    d.variables.push(v);
-                }
+    let Ok(entries) = vgpu_fatbin::entries(image) else {
+        return d;
+    };
+    let mut kernels = std::collections::HashSet::new();
+    let mut variables = std::collections::HashSet::new();
+    let mut add = |more: ptx::Declarations, d: &mut ptx::Declarations| {
+        for e in more.entries {
+            if kernels.insert(e.name.clone()) {
+                d.entries.push(e);
             }
         }
-        at = start + 4;
+        for v in more.variables {
+            if variables.insert(v.name.clone()) {
+                d.variables.push(v);
+            }
+        }
+    };
+    for e in entries.iter().filter(|e| e.kind == vgpu_fatbin::KIND_ELF) {
+        if let Ok(more) = e
+            .contents()
+            .map_err(drop)
+            .and_then(|c| cubin_declarations(&c).map_err(drop))
+        {
+            add(more, &mut d);
+        }
     }
-    if d.entries.is_empty()
-        && let Some(i) = image.windows(8).position(|w| w == b".version")
-    {
-        let end = image[i..]
-            .iter()
-            .position(|&b| b == 0)
-            .map_or(image.len(), |e| i + e);
-        if let Ok(text) = std::str::from_utf8(&image[i..end]) {
-            d = ptx::scan(text);
+    if d.entries.is_empty() {
+        for e in entries.iter().filter(|e| e.kind == vgpu_fatbin::KIND_PTX) {
+            if let Ok(text) = e.contents() {
+                let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+                if let Ok(text) = std::str::from_utf8(&text[..end]) {
+                    add(ptx::scan(text), &mut d);
+                }
+            }
         }
     }
     d
@@ -412,9 +169,8 @@ fn fatbin_declarations(image: &[u8]) -> ptx::Declarations {
 /// its declarations.
 pub fn prepare(image: &[u8]) -> Result<Prepared, ImageError> {
     let (kind, body, decls) = if image.starts_with(ELF_MAGIC) {
-        let elf = Elf::parse(image)?;
-        (Kind::Elf, image, elf.declarations())
-    } else if u32_at(image, 0) == Some(FATBIN_MAGIC) {
+        (Kind::Elf, image, cubin_declarations(image)?)
+    } else if vgpu_fatbin::is_fatbin(image) {
         let len = fatbin_len(image)? as usize;
         let body = &image[..len];
         (Kind::Fatbin, body, fatbin_declarations(body))
@@ -435,121 +191,13 @@ pub fn prepare(image: &[u8]) -> Result<Prepared, ImageError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use vgpu_fatbin::cubin::{EHDR64, SHDR64, SHT_NOBITS, STO_CUDA_ENTRY, STT_FUNC, STT_OBJECT};
+    use vgpu_fatbin::testutils::ElfBuilder;
+
     use super::*;
 
-    /// Builds a minimal ELF64 cubin-like image: a symbol table with the
-    /// given (name, type, bind, other, section index, size) symbols, the
-    /// named extra sections, and `.nv.info.<k>` sections with KPARAM_INFO
-    /// records.
-    pub(crate) struct ElfBuilder {
-        sections: Vec<(String, u32, Vec<u8>)>,
-        symbols: Vec<(String, u8, u8, u8, u16, u64)>,
-    }
-
-    impl ElfBuilder {
-        pub(crate) fn new() -> Self {
-            Self {
-                sections: Vec::new(),
-                symbols: Vec::new(),
-            }
-        }
-
-        /// Adds a section; returns its index (1-based after the null section).
-        pub(crate) fn section(&mut self, name: &str, kind: u32, data: Vec<u8>) -> u16 {
-            self.sections.push((name.into(), kind, data));
-            self.sections.len() as u16
-        }
-
-        pub(crate) fn symbol(
-            &mut self,
-            name: &str,
-            kind: u8,
-            bind: u8,
-            other: u8,
-            shndx: u16,
-            size: u64,
-        ) {
-            self.symbols
-                .push((name.into(), kind, bind, other, shndx, size));
-        }
-
-        /// An `.nv.info.<kernel>` payload from (ordinal, offset, size) triples,
-        /// with an unrelated record of each other format around them.
-        pub(crate) fn nv_info(params: &[(u16, u16, u32)]) -> Vec<u8> {
-            let mut v = vec![0x01, 0x2a, 0, 0]; // EIFMT_NVAL record
-            v.extend_from_slice(&[0x03, 0x19, 0x10, 0x00]); // EIFMT_HVAL record
-            for &(ord, off, size) in params {
-                v.extend_from_slice(&[EIFMT_SVAL, EIATTR_KPARAM_INFO]);
-                v.extend_from_slice(&(KPARAM_INFO_BYTES as u16).to_le_bytes());
-                v.extend_from_slice(&0u32.to_le_bytes());
-                v.extend_from_slice(&ord.to_le_bytes());
-                v.extend_from_slice(&off.to_le_bytes());
-                v.extend_from_slice(&((size << 18) | (0x1f << 12)).to_le_bytes());
-            }
-            v.extend_from_slice(&[EIFMT_SVAL, 0x0a, 8, 0]); // EIATTR_PARAM_CBANK
-            v.extend_from_slice(&[0; 8]);
-            v
-        }
-
-        pub(crate) fn build(mut self) -> Vec<u8> {
-            let mut strtab = vec![0u8];
-            let mut symtab = vec![0u8; SYM64];
-            for (name, kind, bind, other, shndx, size) in &self.symbols {
-                let off = strtab.len() as u32;
-                strtab.extend_from_slice(name.as_bytes());
-                strtab.push(0);
-                let mut s = [0u8; SYM64];
-                s[0..4].copy_from_slice(&off.to_le_bytes());
-                s[4] = (bind << 4) | kind;
-                s[5] = *other;
-                s[6..8].copy_from_slice(&shndx.to_le_bytes());
-                s[16..24].copy_from_slice(&size.to_le_bytes());
-                symtab.extend_from_slice(&s);
-            }
-            let strtab_index = self.sections.len() as u32 + 2;
-            self.sections.push((".symtab".into(), SHT_SYMTAB, symtab));
-            self.sections.push((".strtab".into(), 3, strtab));
-            let mut shstr = vec![0u8];
-            let mut names = Vec::new();
-            for (n, _, _) in &self.sections {
-                names.push(shstr.len() as u32);
-                shstr.extend_from_slice(n.as_bytes());
-                shstr.push(0);
-            }
-            names.push(shstr.len() as u32);
-            shstr.extend_from_slice(b".shstrtab\0");
-            self.sections.push((".shstrtab".into(), 3, shstr));
-            let mut out = vec![0u8; EHDR64];
-            let mut offsets = Vec::new();
-            for (_, _, d) in &self.sections {
-                offsets.push(out.len() as u64);
-                out.extend_from_slice(d);
-            }
-            let shoff = out.len() as u64;
-            out.extend_from_slice(&[0u8; SHDR64]);
-            for (i, (_, kind, d)) in self.sections.iter().enumerate() {
-                let mut h = [0u8; SHDR64];
-                h[0..4].copy_from_slice(&names[i].to_le_bytes());
-                h[4..8].copy_from_slice(&kind.to_le_bytes());
-                h[24..32].copy_from_slice(&offsets[i].to_le_bytes());
-                h[32..40].copy_from_slice(&(d.len() as u64).to_le_bytes());
-                if *kind == SHT_SYMTAB {
-                    h[40..44].copy_from_slice(&strtab_index.to_le_bytes());
-                    h[56..64].copy_from_slice(&(SYM64 as u64).to_le_bytes());
-                }
-                out.extend_from_slice(&h);
-            }
-            out[..4].copy_from_slice(ELF_MAGIC);
-            out[4] = ELFCLASS64;
-            out[5] = ELFDATA2LSB;
-            out[6] = 1;
-            out[40..48].copy_from_slice(&shoff.to_le_bytes());
-            out[58..60].copy_from_slice(&(SHDR64 as u16).to_le_bytes());
-            let shnum = self.sections.len() as u16 + 1;
-            out[60..62].copy_from_slice(&shnum.to_le_bytes());
-            out[62..64].copy_from_slice(&(shnum - 1).to_le_bytes());
-            out
-        }
+    fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+        Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
     }
 
     fn sample() -> Vec<u8> {
@@ -576,19 +224,17 @@ pub(crate) mod tests {
     #[test]
     fn a_hand_made_cubin_yields_kernels_params_and_variables() {
         let img = sample();
-        let elf = Elf::parse(&img).unwrap();
-        let syms = elf.symbols();
-        assert_eq!(syms.len(), 6);
-        assert_eq!(syms[0].name, "saxpy");
-        assert_eq!(syms[0].section, ".text.saxpy");
-        let d = elf.declarations();
+        let p = prepare(&img).unwrap();
+        assert_eq!(p.kind, Kind::Elf);
+        assert_eq!(p.bytes.len(), img.len() + GUARD_BYTES);
+        let d = p.decls;
         assert_eq!(d.entries.len(), 1, "helper is not a kernel: {d:?}");
-        let p: Vec<(u32, u32)> = d.entries[0]
+        let params: Vec<(u32, u32)> = d.entries[0]
             .params
             .iter()
             .map(|p| (p.offset, p.size))
             .collect();
-        assert_eq!(p, [(0, 4), (8, 8), (16, 8)], "sorted by ordinal");
+        assert_eq!(params, [(0, 4), (8, 8), (16, 8)], "sorted by ordinal");
         let v: Vec<(&str, ptx::Space, u64)> = d
             .variables
             .iter()
@@ -603,10 +249,6 @@ pub(crate) mod tests {
             ],
             "an undefined symbol is no variable of this module"
         );
-        let p = prepare(&img).unwrap();
-        assert_eq!(p.kind, Kind::Elf);
-        assert_eq!(p.bytes.len(), img.len() + GUARD_BYTES);
-        assert_eq!(p.decls, d);
     }
 
     /// A real NVRTC cubin (testdata/layouts.cu for sm_90) declares the same
@@ -678,17 +320,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_kernel_is_recognised_by_its_parameter_bank_too() {
-        let mut b = ElfBuilder::new();
-        let text = b.section(".text.k", 1, vec![0; 8]);
-        b.section(".nv.constant0.k", 1, vec![0; 8]);
-        b.symbol("k", STT_FUNC, 1, 0, text, 8);
-        let d = Elf::parse(&b.build()).unwrap().declarations();
-        assert_eq!(d.entries.len(), 1);
-        assert!(d.entries[0].params.is_empty(), "no .nv.info: no parameters");
-    }
-
-    #[test]
     fn truncated_and_malformed_binaries_are_refused() {
         let img = sample();
         for cut in [10, EHDR64, img.len() - 1] {
@@ -718,23 +349,23 @@ pub(crate) mod tests {
     #[test]
     fn fat_binaries_are_checked_against_their_header() {
         let cubin = sample();
-        let mut fat = Vec::new();
-        fat.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
-        fat.extend_from_slice(&1u16.to_le_bytes());
-        fat.extend_from_slice(&(FATBIN_HEADER as u16).to_le_bytes());
-        let payload = 64 + cubin.len();
-        fat.extend_from_slice(&(payload as u64).to_le_bytes());
-        fat.extend_from_slice(&[0u8; 64]); // an entry header, opaque here
-        fat.extend_from_slice(&cubin);
+        let mut fat = vgpu_fatbin::write(&[vgpu_fatbin::NewEntry {
+            kind: vgpu_fatbin::KIND_ELF,
+            arch: 80,
+            flags: 0,
+            payload: &cubin,
+            uncompressed_len: 0,
+        }]);
+        let declared = fat.len();
         fat.extend_from_slice(&[0xee; 100]); // trailing bytes beyond the declared size
         let p = prepare(&fat).unwrap();
         assert_eq!(p.kind, Kind::Fatbin);
-        assert_eq!(p.bytes.len(), FATBIN_HEADER + payload + GUARD_BYTES);
+        assert_eq!(p.bytes.len(), declared + GUARD_BYTES);
         assert_eq!(p.decls.entries[0].name, "saxpy");
         assert_eq!(p.decls.variables.len(), 3);
-        let e = prepare(&fat[..FATBIN_HEADER + 10]).unwrap_err();
+        let e = prepare(&fat[..vgpu_fatbin::HEADER_LEN + 10]).unwrap_err();
         assert!(
-            matches!(e, ImageError::Truncated { declared, got: 26, .. } if declared == (FATBIN_HEADER + payload) as u64),
+            matches!(e, ImageError::Truncated { declared: d, got: 26, .. } if d == declared as u64),
             "{e}"
         );
         assert!(prepare(&fat[..6]).is_err());

@@ -18,6 +18,9 @@
 
 use std::fmt::Write as _;
 
+pub mod cubin;
+pub mod testutils;
+
 /// Fat binary magic.
 pub const MAGIC: u32 = 0xBA55_ED50;
 /// The fat binary header's size.
@@ -112,6 +115,8 @@ pub struct Entry<'a> {
     pub payload: &'a [u8],
     /// Declared size once decompressed.
     pub uncompressed_len: u64,
+    /// The entry as stored: its header, payload and padding.
+    raw: &'a [u8],
     index: usize,
 }
 
@@ -223,6 +228,7 @@ pub fn entries(image: &[u8]) -> Result<Vec<Entry<'_>>, FatbinError> {
             .get(header_len..header_len.saturating_add(stored))
             .ok_or(bad("its payload runs past the end"))?;
         let next = header_len.saturating_add(payload_len.max(compressed_len));
+        let raw = rest.get(..next).unwrap_or(rest);
         rest = rest.get(next..).unwrap_or(&[]);
         out.push(Entry {
             kind,
@@ -230,6 +236,7 @@ pub fn entries(image: &[u8]) -> Result<Vec<Entry<'_>>, FatbinError> {
             compression,
             payload,
             uncompressed_len,
+            raw,
             index,
         });
     }
@@ -246,19 +253,78 @@ pub fn ptx_for(image: &[u8], max_arch: u32) -> Result<Vec<u8>, FatbinError> {
         .filter(|e| e.kind == KIND_PTX && e.arch <= max_arch)
         .max_by_key(|e| e.arch);
     let Some(best) = best else {
-        let mut held = String::new();
-        for (i, e) in all.iter().enumerate() {
-            let _ = write!(held, "{}{}", if i > 0 { ", " } else { "" }, e.describe());
-        }
-        if held.is_empty() {
-            held.push_str("no entries");
-        }
-        return Err(FatbinError::NoUsableImage { held });
+        return Err(FatbinError::NoUsableImage { held: held(&all) });
     };
     let mut text = best.contents()?;
     let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     text.truncate(end);
     Ok(text)
+}
+
+/// What a fat binary holds, for messages: "sm_80 cubin, compute_52 PTX".
+fn held(all: &[Entry<'_>]) -> String {
+    let mut held = String::new();
+    for (i, e) in all.iter().enumerate() {
+        let _ = write!(held, "{}{}", if i > 0 { ", " } else { "" }, e.describe());
+    }
+    if held.is_empty() {
+        held.push_str("no entries");
+    }
+    held
+}
+
+/// Keeps, of each fat binary in `image` (one, or several laid end to end as
+/// nvcc lays out `.nv_fatbin`), the entries a device of architecture `arch`
+/// (80 for compute capability 8.0) can run: the newest cubin of the same major
+/// version not above `arch` (SASS runs on later minor versions) and the newest
+/// PTX not above `arch`. Entries are copied as stored (compressed or not).
+///
+/// A library built for ten architectures shrinks to one or two images, which
+/// is what the guest sends to vgpud. Fat binaries with nothing usable are
+/// dropped; when none has anything, the error lists what they hold.
+pub fn select(image: &[u8], arch: u32) -> Result<Vec<u8>, FatbinError> {
+    let mut out = Vec::new();
+    let mut all_held = Vec::new();
+    let mut rest = image;
+    while is_fatbin(rest) {
+        let len = usize::try_from(declared_len(rest)?).map_err(|_| FatbinError::NotFatbin)?;
+        let one = rest.get(..len).ok_or(FatbinError::Truncated {
+            declared: len as u64,
+            got: rest.len(),
+        })?;
+        let header = usize::from(u16_at(one, 6).ok_or(FatbinError::NotFatbin)?);
+        let all = entries(one)?;
+        let newest = |pick: &dyn Fn(&Entry<'_>) -> bool| {
+            all.iter()
+                .filter(|e| pick(e))
+                .max_by_key(|e| e.arch)
+                .copied()
+        };
+        let cubin = newest(&|e| e.kind == KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch);
+        let ptx = newest(&|e| e.kind == KIND_PTX && e.arch <= arch);
+        let kept: Vec<Entry<'_>> = cubin.into_iter().chain(ptx).collect();
+        if !kept.is_empty() {
+            let body: usize = kept.iter().map(|e| e.raw.len()).sum();
+            out.extend_from_slice(&one[..header]);
+            let at = out.len() - header;
+            out[at + 8..at + 16].copy_from_slice(&(body as u64).to_le_bytes());
+            for e in &kept {
+                out.extend_from_slice(e.raw);
+            }
+        }
+        all_held.extend(all);
+        rest = &rest[len..];
+        // Fat binaries in `.nv_fatbin` are 8-byte aligned: skip the padding.
+        while let [0, tail @ ..] = rest {
+            rest = tail;
+        }
+    }
+    if out.is_empty() {
+        return Err(FatbinError::NoUsableImage {
+            held: held(&all_held),
+        });
+    }
+    Ok(out)
 }
 
 /// An entry for [`write`].
@@ -389,6 +455,77 @@ mod tests {
             })
             .collect();
         write(&e)
+    }
+
+    #[test]
+    fn select_keeps_the_newest_usable_cubin_and_ptx_of_each_fat_binary() {
+        let a = fatbin(&[
+            (KIND_ELF, 50, 0, b"\x7fELF-50", 0),
+            (KIND_ELF, 75, 0, b"\x7fELF-75", 0),
+            (KIND_ELF, 80, 0, b"\x7fELF-80", 0),
+            (KIND_ELF, 86, 0, b"\x7fELF-86", 0),
+            (KIND_ELF, 90, 0, b"\x7fELF-90", 0),
+            (KIND_PTX, 52, 0, b"// 52\0", 0),
+            (KIND_PTX, 90, 0, b"// 90\0", 0),
+        ]);
+        let b = fatbin(&[(KIND_ELF, 90, 0, b"\x7fELF-90", 0)]);
+        let c = fatbin(&[(KIND_PTX, 70, 0, b"// 70\0", 0)]);
+        let mut image = a.clone();
+        image.extend_from_slice(&b);
+        image.extend_from_slice(&[0; 8]);
+        image.extend_from_slice(&c);
+
+        // Compute capability 8.6: the sm_86 cubin and the compute_52 PTX of
+        // `a`, nothing of `b`, the PTX of `c`.
+        let kept = select(&image, 86).unwrap();
+        let first = entries(&kept).unwrap();
+        let described: Vec<String> = first.iter().map(Entry::describe).collect();
+        assert_eq!(described, ["sm_86 cubin", "compute_52 PTX"]);
+        assert!(first[0].payload.starts_with(b"\x7fELF-86"));
+        let len = declared_len(&kept).unwrap() as usize;
+        assert_eq!(ptx_for(&kept[len..], 86).unwrap(), b"// 70");
+        assert_eq!(
+            kept.len(),
+            len + declared_len(&kept[len..]).unwrap() as usize
+        );
+
+        // 8.0 takes sm_80 (sm_75 is another major, sm_86 too new).
+        let kept = select(&a, 80).unwrap();
+        assert!(
+            entries(&kept).unwrap()[0]
+                .payload
+                .starts_with(b"\x7fELF-80")
+        );
+        // 8.9 runs sm_86 SASS; 7.0 has no cubin of its major, only the PTX.
+        let kept = select(&a, 89).unwrap();
+        assert!(
+            entries(&kept).unwrap()[0]
+                .payload
+                .starts_with(b"\x7fELF-86")
+        );
+        let kept = select(&a, 70).unwrap();
+        assert_eq!(entries(&kept).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn select_names_what_a_fat_binary_holds_when_nothing_runs() {
+        let b = fatbin(&[
+            (KIND_ELF, 90, 0, b"\x7fELF-90", 0),
+            (KIND_PTX, 90, 0, b"// 90\0", 0),
+        ]);
+        let e = select(&b, 80).unwrap_err();
+        assert_eq!(
+            e,
+            FatbinError::NoUsableImage {
+                held: "sm_90 cubin, compute_90 PTX".into()
+            }
+        );
+        assert_eq!(
+            select(b"not a fat binary", 80).unwrap_err(),
+            FatbinError::NoUsableImage {
+                held: "no entries".into()
+            }
+        );
     }
 
     #[test]

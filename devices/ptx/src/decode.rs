@@ -546,6 +546,7 @@ fn kernel_info(
     let mut max_threads = MAX_THREADS_PER_BLOCK;
     let mut reqntid = None;
     let mut min_blocks = None;
+    let mut max_regs = u32::MAX;
     for (d, nums) in &f.perf {
         let dims = || -> Result<[u32; 3], LoadError> {
             let mut v = [1u32; 3];
@@ -576,7 +577,17 @@ fn kernel_info(
                 reqntid = Some(v);
             }
             "minnctapersm" => min_blocks = nums.first().copied(),
-            "maxnreg" | "maxnctapersm" | "noreturn" | "explicitcluster" | "reqnctapercluster"
+            // The register budget a real compiler must fit in: what the
+            // kernel reports as its register use (the interpreter has no
+            // register file to allocate).
+            "maxnreg" => {
+                max_regs = nums
+                    .first()
+                    .and_then(|&n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| LoadError::invalid(f.line, "bad .maxnreg"))?;
+            }
+            "maxnctapersm" | "noreturn" | "explicitcluster" | "reqnctapercluster"
             | "maxclusterrank" | "blocksareclusters" => {}
             other => {
                 return Err(LoadError::unsupported(
@@ -595,7 +606,7 @@ fn kernel_info(
         local_bytes: funcs[id as usize].local_bytes as usize,
         max_threads_per_block: max_threads,
         reqntid,
-        num_regs: funcs[id as usize].declared_regs,
+        num_regs: funcs[id as usize].declared_regs.min(max_regs),
     };
     let layout = KernelLayout {
         func: id,

@@ -87,7 +87,8 @@ pub struct KernelInfo {
     pub max_threads_per_block: u32,
     /// `.reqntid`, when declared.
     pub reqntid: Option<[u32; 3]>,
-    /// Registers declared in the PTX (64-bit registers count twice), for cuFuncGetAttribute.
+    /// Registers declared in the PTX (64-bit registers count twice), at most `.maxnreg`, for
+    /// cuFuncGetAttribute.
     pub num_regs: u32,
 }
 

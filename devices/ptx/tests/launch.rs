@@ -214,6 +214,24 @@ fn bad_configurations_are_rejected() {
 }
 
 #[test]
+fn maxnreg_caps_the_registers_a_kernel_reports() {
+    let ptx = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry limited() .maxnreg 16 { .reg .b32 %r<40>; ret; }
+.visible .entry free() { .reg .b32 %r<40>; ret; }
+.visible .entry bad() .maxnreg 0 { ret; }
+"#;
+    let err = Module::load(ptx).unwrap_err();
+    assert!(err.to_string().contains(".maxnreg"), "{err}");
+    let ptx = ptx.replace(".visible .entry bad() .maxnreg 0 { ret; }", "");
+    let m = Module::load(&ptx).unwrap();
+    assert_eq!(m.kernel("limited").unwrap().num_regs, 16);
+    assert!(m.kernel("free").unwrap().num_regs >= 40);
+}
+
+#[test]
 fn reqntid_and_maxntid_are_enforced() {
     let ptx = r#"
 .version 8.0

@@ -123,6 +123,8 @@ fn attributes(workers: usize) -> Vec<i32> {
         (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
         (attr::RESERVED_SHARED_MEMORY_PER_BLOCK, 1024),
         (attr::HOST_NUMA_ID, -1),
+        // No large tensor-map allocation class: the selection is a no-op.
+        (attr::TENSOR_MAP_LARGE_TENSOR_MIN_SIZE, i32::MAX),
     ] {
         a[k] = v;
     }
@@ -629,6 +631,61 @@ mod tests {
         let c = d.open("a").unwrap();
         assert_eq!(c.alloc(u64::MAX - 10), Err(DeviceError::OutOfMemory));
         assert_eq!(d.memory_used(), 0);
+    }
+
+    /// A cubin for sm_`arch` (ELF ABI 7) with kernel `saxpy(int, float*, float*)`
+    /// and a `__device__` variable.
+    fn cubin(arch: u32) -> Vec<u8> {
+        use vgpu_fatbin::cubin::{SHT_NOBITS, STO_CUDA_ENTRY, STT_FUNC, STT_OBJECT};
+        let mut b = vgpu_fatbin::testutils::ElfBuilder::new();
+        let text = b.section(".text.saxpy", 1, vec![0; 32]);
+        b.section(
+            ".nv.info.saxpy",
+            0x7000_0000,
+            vgpu_fatbin::testutils::ElfBuilder::nv_info(&[(0, 0, 4), (1, 8, 8), (2, 16, 8)]),
+        );
+        let glob = b.section(".nv.global", SHT_NOBITS, vec![]);
+        b.symbol("saxpy", STT_FUNC, 1, STO_CUDA_ENTRY, text, 32);
+        b.symbol("counter", STT_OBJECT, 1, 0, glob, 4);
+        let mut img = b.build();
+        img[8] = 7;
+        img[48..52].copy_from_slice(&(arch | (arch << 16) | 0x500).to_le_bytes());
+        img
+    }
+
+    #[test]
+    fn cubins_load_their_kernels_but_cannot_launch_them() {
+        let d = dev(1 << 20);
+        let c = d.open("a").unwrap();
+        let m = c.load_module(&cubin(80), 1 << 20).unwrap();
+        assert_eq!(m.kernels().len(), 1);
+        assert_eq!(m.kernels()[0].name, "saxpy");
+        assert_eq!(m.kernels()[0].param_offsets, [0, 8, 16]);
+        assert_eq!(m.globals()[0].name, "counter");
+        let dims = LaunchDims {
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_bytes: 0,
+        };
+        let e = c
+            .launch(&*m, 0, &dims, &[0; 24], 0, &RunControl::default())
+            .unwrap_err();
+        assert_eq!(
+            e.cu_result(),
+            vgpu_proto::cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
+            "{e}"
+        );
+        assert!(e.to_string().contains("saxpy"), "{e}");
+        // SASS for another architecture is refused at load, as a device of
+        // compute capability 8.0 refuses it.
+        let Err(e) = c.load_module(&cubin(90), 1 << 20) else {
+            panic!("an sm_90 cubin loaded on compute capability 8.0");
+        };
+        assert_eq!(
+            e.cu_result(),
+            vgpu_proto::cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
+            "{e}"
+        );
     }
 
     #[test]

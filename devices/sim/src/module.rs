@@ -26,10 +26,35 @@ pub const OPTIN_MAX_SHARED: usize = 163 << 10;
 const BINARY_VERSION: i32 = 80;
 /// Most registers per thread reported.
 const MAX_REGS_PER_THREAD: u32 = 255;
+/// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK` of a cubin kernel.
+const MAX_THREADS_PER_BLOCK: i32 = 1024;
+
+/// Of a fat binary with no PTX the simulated GPU may run, the cubin it would
+/// take on a real device of its compute capability, decompressed, and what
+/// it is ("sm_80 cubin").
+fn sass_only(image: &[u8]) -> Option<(Vec<u8>, String)> {
+    let entries = vgpu_fatbin::entries(image).ok()?;
+    let arch = BINARY_VERSION as u32;
+    if entries
+        .iter()
+        .any(|e| e.kind == vgpu_fatbin::KIND_PTX && e.arch <= arch)
+    {
+        return None;
+    }
+    let best = entries
+        .iter()
+        .filter(|e| e.kind == vgpu_fatbin::KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch)
+        .max_by_key(|e| e.arch)?;
+    Some((best.contents().ok()?, best.describe()))
+}
 
 /// A module loaded on the simulated GPU.
 pub struct SimModule {
-    module: Module,
+    /// The interpreted code; `None` for a cubin, whose kernels are known
+    /// (names, parameters) but whose SASS the simulated GPU cannot run.
+    module: Option<Module>,
+    /// What a cubin module holds, for the launch error ("sm_80 cubin").
+    sass: String,
     kernels: Vec<KernelDesc>,
     globals: Vec<GlobalDesc>,
     addrs: Vec<u64>,
@@ -64,13 +89,13 @@ impl SimModule {
         budget: u64,
     ) -> Result<SimModule, DeviceError> {
         if image.starts_with(ELF_MAGIC) {
-            return Err(DeviceError::InvalidImage {
-                code: cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
-                message: "the simulated GPU runs PTX only, not cubins: load PTX (e.g. from NVRTC) or a fat binary that carries PTX".into(),
-            });
+            return Self::load_cubin(memory, image, "cubin".into(), budget);
         }
         let from_fatbin;
         let image = if vgpu_fatbin::is_fatbin(image) {
+            if let Some((elf, what)) = sass_only(image) {
+                return Self::load_cubin(memory, &elf, what, budget);
+            }
             from_fatbin = vgpu_fatbin::ptx_for(image, BINARY_VERSION as u32).map_err(|e| {
                 DeviceError::InvalidImage {
                     code: match e {
@@ -112,9 +137,10 @@ impl SimModule {
             globals: Vec::new(),
             addrs: Vec::new(),
             memory: Arc::clone(memory),
-            module,
+            module: None,
+            sass: String::new(),
         };
-        for g in m.module.globals() {
+        for g in module.globals() {
             // On failure, `m` is dropped and frees the globals allocated so far.
             let (addr, buf) = memory.alloc(g.size as u64)?;
             m.addrs.push(addr);
@@ -131,16 +157,14 @@ impl SimModule {
                 size: g.size as u64,
             });
         }
-        let const_bytes: usize = m
-            .module
+        let const_bytes: usize = module
             .globals()
             .iter()
             .filter(|g| g.space == GlobalSpace::Const)
             .map(|g| g.size)
             .sum();
         let version = ptx_version(text);
-        m.kernels = m
-            .module
+        m.kernels = module
             .kernels()
             .iter()
             .map(|k| {
@@ -164,6 +188,81 @@ impl SimModule {
                 }
             })
             .collect();
+        m.module = Some(module);
+        Ok(m)
+    }
+
+    /// A cubin module: its kernels (names, parameter layouts) and variables
+    /// are known, so libraries that look their kernels up and query them
+    /// (cuBLAS at `cublasCreate`) work; launching one fails with
+    /// `CUDA_ERROR_NO_BINARY_FOR_GPU`, as the simulated GPU cannot run SASS.
+    fn load_cubin(
+        memory: &Arc<ContextMemory>,
+        elf: &[u8],
+        what: String,
+        budget: u64,
+    ) -> Result<SimModule, DeviceError> {
+        let c = vgpu_fatbin::cubin::read(elf).map_err(|e| DeviceError::InvalidImage {
+            code: cuda::CUDA_ERROR_INVALID_IMAGE,
+            message: e.to_string(),
+        })?;
+        // What a device of this compute capability would refuse at load.
+        let arch = BINARY_VERSION as u32;
+        if let Some(a) = c.arch
+            && (a / 10 != arch / 10 || a > arch)
+        {
+            return Err(DeviceError::InvalidImage {
+                code: cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
+                message: format!(
+                    "an sm_{a} cubin does not run on compute capability {}.{}, and the simulated GPU runs PTX only: build with -gencode arch=compute_XX,code=compute_XX",
+                    arch / 10,
+                    arch % 10
+                ),
+            });
+        }
+        let need: u64 = c
+            .variables
+            .iter()
+            .map(|v| aligned(v.size.max(1)).unwrap_or(u64::MAX))
+            .fold(0u64, u64::saturating_add);
+        if need > budget {
+            return Err(DeviceError::OutOfMemory);
+        }
+        let mut m = SimModule {
+            module: None,
+            sass: what,
+            kernels: Vec::new(),
+            globals: Vec::new(),
+            addrs: Vec::new(),
+            memory: Arc::clone(memory),
+        };
+        for v in &c.variables {
+            // On failure, `m` is dropped and frees what was allocated so far.
+            let (addr, _) = memory.alloc(v.size)?;
+            m.addrs.push(addr);
+            m.globals.push(GlobalDesc {
+                name: v.name.clone(),
+                addr,
+                size: v.size,
+            });
+        }
+        m.kernels = c
+            .kernels
+            .iter()
+            .map(|k| {
+                let mut a = vec![0; func_attr::COUNT];
+                a[func_attr::MAX_THREADS_PER_BLOCK] = MAX_THREADS_PER_BLOCK;
+                a[func_attr::BINARY_VERSION] = BINARY_VERSION;
+                a[func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES] = DEFAULT_MAX_DYNAMIC_SHARED as i32;
+                a[func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT] = -1;
+                KernelDesc {
+                    name: k.name.clone(),
+                    param_offsets: k.params.iter().map(|p| p.offset).collect(),
+                    param_sizes: k.params.iter().map(|p| p.size).collect(),
+                    attributes: a,
+                }
+            })
+            .collect();
         Ok(m)
     }
 
@@ -183,6 +282,15 @@ impl SimModule {
             .kernels
             .get(kernel)
             .ok_or_else(|| DeviceError::NotSupported(format!("no kernel #{kernel}")))?;
+        let Some(module) = &self.module else {
+            return Err(DeviceError::InvalidLaunch {
+                code: cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
+                message: format!(
+                    "kernel `{}` comes from a {} (SASS), which the simulated GPU cannot run: it runs PTX (build with -gencode arch=compute_XX,code=compute_XX)",
+                    k.name, self.sass
+                ),
+            });
+        };
         let ptx_control = Arc::new(LaunchControl::new());
         ptx_control.set_deadline(control.deadline());
         let forward = Arc::clone(&ptx_control);
@@ -190,7 +298,7 @@ impl SimModule {
             Signal::Yield => forward.request_yield(),
             Signal::Cancel => forward.cancel(),
         }));
-        let r = self.module.launch(&Launch {
+        let r = module.launch(&Launch {
             kernel: &k.name,
             grid: dims.grid,
             block: dims.block,

@@ -1,0 +1,73 @@
+//! Entry points libraries resolve by name with `dlsym` rather than through
+//! `cuGetProcAddress`: the pre-`_v2` names NVIDIA's driver still exports
+//! (cuBLAS and cuFFT look up `cuCtxPushCurrent`, `cuCtxPopCurrent`,
+//! `cuDevicePrimaryCtxRelease`, `cuDevicePrimaryCtxReset` and refuse to start
+//! without them), whose ABI is that of the `_v2` forms, and small queries
+//! those libraries need (`cuStreamGetCtx`, occupancy with flags).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::{c_int, c_uint};
+
+use vgpu_proto::cuda;
+
+use crate::driver as drv;
+use crate::exports::{self, CUdevice, CUhandle, h, p};
+use crate::ffi::{CUresult, ffi};
+use crate::out;
+
+/// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`: the only occupancy flag.
+const OCCUPANCY_FLAGS_KNOWN: c_uint = 0x1;
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent(ctx: CUhandle) -> CUresult {
+    exports::cuCtxPushCurrent_v2(ctx)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUhandle) -> CUresult {
+    // SAFETY: same contract as cuCtxPopCurrent_v2.
+    unsafe { exports::cuCtxPopCurrent_v2(pctx) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    exports::cuDevicePrimaryCtxRelease_v2(dev)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
+    exports::cuDevicePrimaryCtxReset_v2(dev)
+}
+
+/// `cuStreamGetCtx`: a VM's streams live on its one device; the context is
+/// the current one (the primary context when none is current).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(stream: CUhandle, pctx: *mut CUhandle) -> CUresult {
+    ffi("cuStreamGetCtx", || {
+        drv::stream_params(h(stream))?;
+        let c = match drv::current_ctx() {
+            Some(c) => c,
+            None => drv::primary_handle(0)?,
+        };
+        out!(pctx, p(c))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    n: *mut c_int,
+    f: CUhandle,
+    block: c_int,
+    smem: usize,
+    flags: c_uint,
+) -> CUresult {
+    ffi(
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        || {
+            if flags & !OCCUPANCY_FLAGS_KNOWN != 0 {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            out!(n, drv::occupancy_blocks_per_sm(h(f), block, smem)?)
+        },
+    )
+}

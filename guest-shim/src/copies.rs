@@ -1,0 +1,501 @@
+//! Pitched copies and memsets (`cuMemcpy2D`, `cuMemcpy3D`, `cuMemsetD2D*`,
+//! their asynchronous forms) and copies between contexts (`cuMemcpyPeer`).
+//!
+//! A pitched copy moves `Height` × `Depth` rows of `WidthInBytes` bytes. When
+//! both sides are contiguous it is one copy; otherwise rows to the device go
+//! as one asynchronous copy each (the last one waits for a synchronous
+//! call), and rows from the device are read as the one range that covers
+//! them when that range is at most [`MAX_COVER_RATIO`] times the data (else
+//! row by row) and scattered in the guest. CUDA arrays are not supported.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::c_void;
+
+use vgpu_proto::cuda;
+
+use crate::driver::{self as drv, Space};
+use crate::exports::{CUdeviceptr, CUhandle, h};
+use crate::ffi::{CUresult, ffi};
+
+/// `CU_MEMORYTYPE_*`.
+mod memtype {
+    pub const HOST: u32 = 1;
+    pub const DEVICE: u32 = 2;
+    pub const ARRAY: u32 = 3;
+    pub const UNIFIED: u32 = 4;
+}
+
+/// A read from the device covers the rows' whole span when it is at most
+/// this many times the bytes copied.
+pub const MAX_COVER_RATIO: u64 = 4;
+
+/// `CUDA_MEMCPY2D`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Memcpy2D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_memory_type: u32,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array: *mut c_void,
+    src_pitch: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_memory_type: u32,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array: *mut c_void,
+    dst_pitch: usize,
+    width_in_bytes: usize,
+    height: usize,
+}
+
+/// `CUDA_MEMCPY3D`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Memcpy3D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_z: usize,
+    src_lod: usize,
+    src_memory_type: u32,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array: *mut c_void,
+    reserved0: *mut c_void,
+    src_pitch: usize,
+    src_height: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_z: usize,
+    dst_lod: usize,
+    dst_memory_type: u32,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array: *mut c_void,
+    reserved1: *mut c_void,
+    dst_pitch: usize,
+    dst_height: usize,
+    width_in_bytes: usize,
+    height: usize,
+    depth: usize,
+}
+
+/// One side of a pitched copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Side {
+    /// Host or device, and the base address.
+    device: bool,
+    base: u64,
+    x: u64,
+    y: u64,
+    z: u64,
+    pitch: u64,
+    /// Rows per slice (3-D).
+    height: u64,
+}
+
+impl Side {
+    fn new(memory_type: u32, host: u64, device: u64, array: *mut c_void) -> drv::CuRes<Self> {
+        let (is_device, base) = match memory_type {
+            memtype::HOST => (false, host),
+            memtype::DEVICE => (true, device),
+            memtype::UNIFIED => (matches!(drv::space_of(device)?, Space::Device), device),
+            memtype::ARRAY => {
+                let _ = array;
+                return Err(drv::unsupported("copies to or from CUDA arrays"));
+            }
+            _ => return Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        };
+        if base == 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(Side {
+            device: is_device,
+            base,
+            x: 0,
+            y: 0,
+            z: 0,
+            pitch: 0,
+            height: 0,
+        })
+    }
+
+    /// Address of row `row` of slice `slice`.
+    fn row(&self, row: u64, slice: u64) -> drv::CuRes<u64> {
+        let rows = self
+            .z
+            .checked_add(slice)
+            .and_then(|z| z.checked_mul(self.height))
+            .and_then(|r| r.checked_add(self.y))
+            .and_then(|r| r.checked_add(row))
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        rows.checked_mul(self.pitch)
+            .and_then(|o| o.checked_add(self.x))
+            .and_then(|o| o.checked_add(self.base))
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// The shape of a pitched copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    width: u64,
+    height: u64,
+    depth: u64,
+}
+
+/// Runs a pitched copy.
+fn copy(src: Side, dst: Side, s: Shape, stream: u64, sync: bool) -> drv::CuRes<()> {
+    if s.width == 0 || s.height == 0 || s.depth == 0 {
+        return Ok(());
+    }
+    // Rows must fit in their pitch (a single row needs no pitch).
+    for side in [&src, &dst] {
+        let multi_row = s.height > 1 || s.depth > 1;
+        if multi_row && side.pitch < side.x.saturating_add(s.width) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        if s.depth > 1 && side.height < side.y.saturating_add(s.height) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let total = s
+        .width
+        .checked_mul(s.height)
+        .and_then(|b| b.checked_mul(s.depth))
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let contiguous = |side: &Side| {
+        (s.height == 1 || side.pitch == s.width) && (s.depth == 1 || side.height == s.height)
+    };
+    let rows: Vec<(u64, u64)> = if contiguous(&src) && contiguous(&dst) {
+        vec![(0, 0)]
+    } else {
+        (0..s.depth)
+            .flat_map(|z| (0..s.height).map(move |y| (y, z)))
+            .collect()
+    };
+    let len = if rows.len() == 1 { total } else { s.width };
+    let len_usize = usize::try_from(len).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let n = rows.len();
+    match (src.device, dst.device) {
+        (false, true) => {
+            for (i, &(y, z)) in rows.iter().enumerate() {
+                let from = src.row(y, z)? as *const u8;
+                // SAFETY: the caller's host rows are readable for the copy's width (CUDA
+                // contract for the source of a pitched copy).
+                let bytes = unsafe { std::slice::from_raw_parts(from, len_usize) };
+                drv::memcpy_htod(dst.row(y, z)?, bytes, stream, sync && i + 1 == n)?;
+            }
+            Ok(())
+        }
+        (true, true) => {
+            for (i, &(y, z)) in rows.iter().enumerate() {
+                drv::memcpy_dtod(
+                    dst.row(y, z)?,
+                    src.row(y, z)?,
+                    len,
+                    stream,
+                    sync && i + 1 == n,
+                )?;
+            }
+            Ok(())
+        }
+        (true, false) => {
+            let first = src.row(0, 0)?;
+            let end = src
+                .row(s.height - 1, s.depth - 1)?
+                .checked_add(s.width)
+                .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+            let span = end - first;
+            if rows.len() > 1 && span <= total.saturating_mul(MAX_COVER_RATIO) {
+                let mut cover =
+                    vec![0u8; usize::try_from(span).map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?];
+                drv::memcpy_dtoh(&mut cover, first, stream)?;
+                for &(y, z) in &rows {
+                    let at = (src.row(y, z)? - first) as usize;
+                    // SAFETY: the caller's host rows are writable for the copy's width (CUDA
+                    // contract for the destination of a pitched copy).
+                    let to = unsafe {
+                        std::slice::from_raw_parts_mut(dst.row(y, z)? as *mut u8, len_usize)
+                    };
+                    to.copy_from_slice(&cover[at..at + len_usize]);
+                }
+                return Ok(());
+            }
+            for &(y, z) in &rows {
+                // SAFETY: as above.
+                let to =
+                    unsafe { std::slice::from_raw_parts_mut(dst.row(y, z)? as *mut u8, len_usize) };
+                drv::memcpy_dtoh(to, src.row(y, z)?, stream)?;
+            }
+            Ok(())
+        }
+        (false, false) => {
+            for &(y, z) in &rows {
+                // SAFETY: both host rows are valid for the copy's width (CUDA contract); copy
+                // handles overlap.
+                unsafe {
+                    std::ptr::copy(
+                        src.row(y, z)? as *const u8,
+                        dst.row(y, z)? as *mut u8,
+                        len_usize,
+                    )
+                };
+            }
+            Ok(())
+        }
+    }
+}
+
+fn copy_2d(p: *const Memcpy2D, stream: u64, sync: bool) -> drv::CuRes<()> {
+    // SAFETY: NULL or the caller's CUDA_MEMCPY2D (CUDA contract).
+    let p = unsafe { p.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let mut src = Side::new(
+        p.src_memory_type,
+        p.src_host as u64,
+        p.src_device,
+        p.src_array,
+    )?;
+    let mut dst = Side::new(
+        p.dst_memory_type,
+        p.dst_host as u64,
+        p.dst_device,
+        p.dst_array,
+    )?;
+    (src.x, src.y, src.pitch) = (p.src_x_in_bytes as u64, p.src_y as u64, p.src_pitch as u64);
+    (dst.x, dst.y, dst.pitch) = (p.dst_x_in_bytes as u64, p.dst_y as u64, p.dst_pitch as u64);
+    let shape = Shape {
+        width: p.width_in_bytes as u64,
+        height: p.height as u64,
+        depth: 1,
+    };
+    copy(src, dst, shape, stream, sync)
+}
+
+fn copy_3d(p: *const Memcpy3D, stream: u64, sync: bool) -> drv::CuRes<()> {
+    // SAFETY: NULL or the caller's CUDA_MEMCPY3D (CUDA contract).
+    let p = unsafe { p.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    if p.src_lod != 0 || p.dst_lod != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut src = Side::new(
+        p.src_memory_type,
+        p.src_host as u64,
+        p.src_device,
+        p.src_array,
+    )?;
+    let mut dst = Side::new(
+        p.dst_memory_type,
+        p.dst_host as u64,
+        p.dst_device,
+        p.dst_array,
+    )?;
+    (src.x, src.y, src.z) = (p.src_x_in_bytes as u64, p.src_y as u64, p.src_z as u64);
+    (src.pitch, src.height) = (p.src_pitch as u64, p.src_height as u64);
+    (dst.x, dst.y, dst.z) = (p.dst_x_in_bytes as u64, p.dst_y as u64, p.dst_z as u64);
+    (dst.pitch, dst.height) = (p.dst_pitch as u64, p.dst_height as u64);
+    let shape = Shape {
+        width: p.width_in_bytes as u64,
+        height: p.height as u64,
+        depth: p.depth as u64,
+    };
+    copy(src, dst, shape, stream, sync)
+}
+
+/// A 2-D memset: `height` rows of `width` elements (`value` of `elem` bytes),
+/// `pitch` bytes apart.
+fn memset_2d(
+    dst: u64,
+    pitch: usize,
+    (value, elem): (u32, u32),
+    width: usize,
+    height: usize,
+    stream: u64,
+    sync: bool,
+) -> drv::CuRes<()> {
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    let row_bytes = (width as u64)
+        .checked_mul(u64::from(elem))
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    if height > 1 && (pitch as u64) < row_bytes {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if height == 1 || pitch as u64 == row_bytes {
+        let count = (width as u64)
+            .checked_mul(height as u64)
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        return drv::memset(dst, value, elem, count, stream, sync);
+    }
+    for y in 0..height {
+        let at = (y as u64)
+            .checked_mul(pitch as u64)
+            .and_then(|o| o.checked_add(dst))
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        drv::memset(
+            at,
+            value,
+            elem,
+            width as u64,
+            stream,
+            sync && y + 1 == height,
+        )?;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2D_v2(p: *const Memcpy2D) -> CUresult {
+    ffi("cuMemcpy2D_v2", || copy_2d(p, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(p: *const Memcpy2D) -> CUresult {
+    ffi("cuMemcpy2DUnaligned_v2", || copy_2d(p, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, stream: CUhandle) -> CUresult {
+    ffi("cuMemcpy2DAsync_v2", || copy_2d(p, h(stream), false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3D_v2(p: *const Memcpy3D) -> CUresult {
+    ffi("cuMemcpy3D_v2", || copy_3d(p, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(p: *const Memcpy3D, stream: CUhandle) -> CUresult {
+    ffi("cuMemcpy3DAsync_v2", || copy_3d(p, h(stream), false))
+}
+
+macro_rules! memset_2d_exports {
+    ($($sync:ident, $async_:ident, $t:ty, $elem:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $sync(dst: CUdeviceptr, pitch: usize, v: $t, w: usize, ht: usize) -> CUresult {
+            ffi(stringify!($sync), || memset_2d(dst, pitch, (u32::from(v), $elem), w, ht, 0, true))
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $async_(
+            dst: CUdeviceptr,
+            pitch: usize,
+            v: $t,
+            w: usize,
+            ht: usize,
+            stream: CUhandle,
+        ) -> CUresult {
+            ffi(stringify!($async_), || {
+                memset_2d(dst, pitch, (u32::from(v), $elem), w, ht, h(stream), false)
+            })
+        }
+    )*};
+}
+
+memset_2d_exports! {
+    cuMemsetD2D8_v2, cuMemsetD2D8Async, u8, 1;
+    cuMemsetD2D16_v2, cuMemsetD2D16Async, u16, 2;
+    cuMemsetD2D32_v2, cuMemsetD2D32Async, u32, 4;
+}
+
+/// `cuMemcpyPeer`: the VM's contexts share its one device, so a copy between
+/// them is a device-to-device copy.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeer(
+    dst: CUdeviceptr,
+    _dst_ctx: CUhandle,
+    src: CUdeviceptr,
+    _src_ctx: CUhandle,
+    n: usize,
+) -> CUresult {
+    ffi("cuMemcpyPeer", || {
+        drv::memcpy_dtod(dst, src, n as u64, 0, true)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeerAsync(
+    dst: CUdeviceptr,
+    _dst_ctx: CUhandle,
+    src: CUdeviceptr,
+    _src_ctx: CUhandle,
+    n: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemcpyPeerAsync", || {
+        drv::memcpy_dtod(dst, src, n as u64, h(stream), false)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(base: u64, pitch: u64) -> Side {
+        Side {
+            device: false,
+            base,
+            x: 0,
+            y: 0,
+            z: 0,
+            pitch,
+            height: 0,
+        }
+    }
+
+    #[test]
+    fn host_to_host_rows_respect_both_pitches() {
+        let src: Vec<u8> = (0..40).collect();
+        let mut dst = vec![0u8; 60];
+        let mut s = side(src.as_ptr() as u64, 10);
+        s.x = 2;
+        s.y = 1;
+        let d = side(dst.as_mut_ptr() as u64, 20);
+        let shape = Shape {
+            width: 3,
+            height: 2,
+            depth: 1,
+        };
+        copy(s, d, shape, 0, true).unwrap();
+        assert_eq!(&dst[0..3], &[12, 13, 14]);
+        assert_eq!(&dst[20..23], &[22, 23, 24]);
+        assert!(dst[3..20].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_pitch_narrower_than_a_row_is_refused() {
+        let src = [0u8; 16];
+        let mut dst = [0u8; 16];
+        let shape = Shape {
+            width: 8,
+            height: 2,
+            depth: 1,
+        };
+        let r = copy(
+            side(src.as_ptr() as u64, 4),
+            side(dst.as_mut_ptr() as u64, 8),
+            shape,
+            0,
+            true,
+        );
+        assert_eq!(r, Err(cuda::CUDA_ERROR_INVALID_VALUE));
+        // Zero-sized copies do nothing and succeed.
+        let empty = Shape {
+            width: 0,
+            height: 2,
+            depth: 1,
+        };
+        assert_eq!(copy(side(1, 0), side(2, 0), empty, 0, true), Ok(()));
+    }
+
+    #[test]
+    fn row_addresses_do_not_overflow() {
+        let mut s = side(u64::MAX - 8, 16);
+        s.height = 4;
+        assert_eq!(s.row(0, 0), Ok(u64::MAX - 8));
+        assert_eq!(s.row(1, 0), Err(cuda::CUDA_ERROR_INVALID_VALUE));
+    }
+}

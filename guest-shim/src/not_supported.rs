@@ -1,0 +1,56 @@
+//! Entry points vgpu exports but does not implement yet, so that libraries
+//! which resolve them with `dlsym` when they start (cuBLAS and cuFFT look up
+//! the graph, stream-capture, stream memory operation and tensor-map
+//! functions and refuse to start if any is missing) load and run everything
+//! else. Each call returns `CUDA_ERROR_NOT_SUPPORTED`, as CUDA does for a
+//! feature a device lacks, and logs which function was refused
+//! (`VGPU_LOG=debug`). docs/compatibility.md lists them.
+#![allow(non_snake_case)]
+
+use vgpu_proto::cuda;
+
+use crate::ffi::CUresult;
+
+macro_rules! not_supported {
+    ($($name:ident: $what:literal;)*) => {
+        $(
+            #[doc = concat!("`", stringify!($name), "`: ", $what, ", not supported yet.")]
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $name() -> CUresult {
+                crate::debug!(concat!(stringify!($name), ": ", $what, " is not supported yet"));
+                cuda::CUDA_ERROR_NOT_SUPPORTED
+            }
+        )*
+
+        /// The names exported here.
+        pub const NAMES: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+not_supported! {
+    cuStreamBeginCapture_v2: "stream capture";
+    cuStreamEndCapture: "stream capture";
+    cuGraphInstantiate: "CUDA graphs";
+    cuGraphLaunch: "CUDA graphs";
+    cuGraphDestroy: "CUDA graphs";
+    cuGraphExecDestroy: "CUDA graphs";
+    cuGraphGetNodes: "CUDA graphs";
+    cuGraphNodeGetType: "CUDA graphs";
+    cuGraphKernelNodeGetParams: "CUDA graphs";
+    cuGraphExecKernelNodeSetParams: "CUDA graphs";
+    cuStreamWaitValue32: "stream memory operations";
+    cuStreamBatchMemOp: "stream memory operations";
+    cuTensorMapEncodeTiled: "tensor maps (TMA)";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_is_not_supported() {
+        assert_eq!(NAMES.len(), 13);
+        assert_eq!(cuGraphLaunch(), cuda::CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(cuTensorMapEncodeTiled(), cuda::CUDA_ERROR_NOT_SUPPORTED);
+    }
+}

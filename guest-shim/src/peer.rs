@@ -1,0 +1,121 @@
+//! Peer access and device lookup by PCI location. A VM sees one device, so
+//! the answers are those of a single-GPU machine: no device is a peer of
+//! another, peer access cannot be enabled, and the only PCI bus id that
+//! names a device is the VM's device's own.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_int, c_uint};
+
+use vgpu_proto::cuda;
+
+use crate::driver as drv;
+use crate::exports::{CUdevice, CUhandle, c_name, h};
+use crate::ffi::{CUresult, ffi};
+use crate::out;
+
+fn check_device(dev: CUdevice) -> drv::CuRes<()> {
+    if (0..drv::device_count()?).contains(&dev) {
+        Ok(())
+    } else {
+        Err(cuda::CUDA_ERROR_INVALID_DEVICE)
+    }
+}
+
+/// Parses `[domain:]bus:device[.function]` (hexadecimal), as
+/// `cuDeviceGetByPCIBusId` accepts it.
+fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
+    let (s, _function) = s.split_once('.').unwrap_or((s, "0"));
+    let parts: Vec<&str> = s.split(':').collect();
+    let hex = |p: &str| u32::from_str_radix(p, 16).ok();
+    match parts.as_slice() {
+        [bus, dev] => Some((0, hex(bus)?, hex(dev)?)),
+        [domain, bus, dev] => Some((hex(domain)?, hex(bus)?, hex(dev)?)),
+        _ => None,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
+    dev: *mut CUdevice,
+    bus_id: *const c_char,
+) -> CUresult {
+    ffi("cuDeviceGetByPCIBusId", || {
+        // SAFETY: the caller's C string (CUDA contract).
+        let wanted = parse_bus_id(unsafe { c_name(bus_id) }?.trim())
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        for d in 0..drv::device_count()? {
+            let ours = drv::device_pci_bus_id(d)?;
+            if parse_bus_id(&ours) == Some(wanted) {
+                return out!(dev, d);
+            }
+        }
+        Err(cuda::CUDA_ERROR_INVALID_DEVICE)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
+    ffi("cuDeviceCanAccessPeer", || {
+        check_device(dev)?;
+        check_device(peer)?;
+        out!(can, 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
+    value: *mut c_int,
+    _attribute: c_int,
+    src: CUdevice,
+    dst: CUdevice,
+) -> CUresult {
+    ffi("cuDeviceGetP2PAttribute", || {
+        check_device(src)?;
+        check_device(dst)?;
+        if value.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // A device is not its own peer, and there is no other device.
+        Err(cuda::CUDA_ERROR_INVALID_DEVICE)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxEnablePeerAccess(peer: CUhandle, flags: c_uint) -> CUresult {
+    ffi("cuCtxEnablePeerAccess", || {
+        drv::ctx_get_current()?;
+        if flags != 0 || h(peer) == 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        Err(cuda::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDisablePeerAccess(peer: CUhandle) -> CUresult {
+    ffi("cuCtxDisablePeerAccess", || {
+        drv::ctx_get_current()?;
+        if h(peer) == 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        Err(cuda::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_parse_with_and_without_a_domain() {
+        assert_eq!(parse_bus_id("00000000:65:00.0"), Some((0, 0x65, 0)));
+        assert_eq!(parse_bus_id("0000:65:00.0"), Some((0, 0x65, 0)));
+        assert_eq!(parse_bus_id("65:1f"), Some((0, 0x65, 0x1f)));
+        assert_eq!(parse_bus_id("1:2:3:4"), None);
+        assert_eq!(parse_bus_id("zz:00.0"), None);
+    }
+}

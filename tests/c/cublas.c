@@ -1,0 +1,78 @@
+/*
+ * NVIDIA's cuBLAS on vgpu (PyPI nvidia-cublas-cu12, linked against NVIDIA's
+ * CUDA 12 runtime): it creates and destroys its handle through vgpu's
+ * libcuda.so.1. Its kernels ship as cubins only (SASS): on a real GPU they
+ * run; on the simulated GPU, which interprets PTX, a call that launches one
+ * must fail cleanly (an error status, the context still usable), never crash
+ * or hang. (cuFFT is not covered yet: docs/compatibility.md says why.)
+ *
+ * Usage: libraries [sim|gpu]. Each check prints "ok <what>" or "FAIL <what>";
+ * the exit status is the number of failures.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+static int failures;
+
+static void expect(const char *what, int cond, int code) {
+    if (cond) {
+        printf("ok %s\n", what);
+    } else {
+        printf("FAIL %s (status %d)\n", what, code);
+        failures++;
+    }
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    int sim = argc < 2 || strcmp(argv[1], "gpu") != 0;
+    enum { N = 64 };
+
+    cublasHandle_t blas;
+    cublasStatus_t bs = cublasCreate(&blas);
+    expect("cublasCreate", bs == CUBLAS_STATUS_SUCCESS, bs);
+    int version = 0;
+    bs = cublasGetVersion(blas, &version);
+    expect("cublasGetVersion", bs == CUBLAS_STATUS_SUCCESS && version >= 120000, version);
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    bs = cublasSetStream(blas, stream);
+    expect("cublasSetStream", bs == CUBLAS_STATUS_SUCCESS, bs);
+
+    float *x, *y;
+    cudaMalloc((void **)&x, N * sizeof(float));
+    cudaMalloc((void **)&y, N * sizeof(float));
+    float h[N];
+    for (int i = 0; i < N; i++) h[i] = (float)i;
+    bs = cublasSetVector(N, sizeof(float), h, 1, x, 1);
+    expect("cublasSetVector", bs == CUBLAS_STATUS_SUCCESS, bs);
+    bs = cublasSetVector(N, sizeof(float), h, 1, y, 1);
+    float alpha = 2.0f;
+    bs = cublasSaxpy(blas, N, &alpha, x, 1, y, 1);
+    cudaError_t sync = cudaStreamSynchronize(stream);
+    if (sim) {
+        /* cuBLAS's kernels are SASS: the launch fails, and says so. */
+        expect("cublasSaxpy fails cleanly on the simulated GPU",
+               bs != CUBLAS_STATUS_SUCCESS || sync != cudaSuccess, bs);
+    } else {
+        float out[N];
+        cublasGetVector(N, sizeof(float), y, 1, out, 1);
+        expect("cublasSaxpy", bs == CUBLAS_STATUS_SUCCESS && out[N - 1] == 3.0f * (N - 1), bs);
+    }
+    cudaGetLastError();
+    bs = cublasDestroy(blas);
+    expect("cublasDestroy", bs == CUBLAS_STATUS_SUCCESS, bs);
+
+    /* The context is still usable. */
+    float back[N];
+    cudaError_t e = cudaMemcpy(back, x, sizeof back, cudaMemcpyDeviceToHost);
+    expect("the context still works", e == cudaSuccess && back[5] == 5.0f, e);
+    cudaFree(x);
+    cudaFree(y);
+    cudaStreamDestroy(stream);
+    printf("# cublas: %d failed\n", failures);
+    return failures;
+}

@@ -1,0 +1,496 @@
+/*
+ * The driver API a CUDA runtime and its libraries resolve beyond the basics,
+ * called from C the way cuda.h declares it, against vgpu's libcuda.so:
+ * modules and libraries (enumeration, names, parameter info, globals,
+ * loading from files, CUDA 12 libraries loaded with no current context),
+ * the JIT linker (two PTX modules, one calling a function the other
+ * defines, and a register limit), pitched 2-D/3-D copies and memsets,
+ * pointer attributes, peer queries, PCI bus ids, stream capture queries and
+ * CUDA 13's context entry points.
+ *
+ * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is
+ * the number of failures.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
+typedef struct CUlinkState_st *CUlinkState;
+
+typedef struct {
+    size_t srcXInBytes, srcY;
+    unsigned int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    unsigned int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    unsigned int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    unsigned int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+
+enum { HOST = 1, DEVICE = 2 };
+
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDeviceGetPCIBusId(char *, int, CUdevice);
+CUresult cuDeviceGetByPCIBusId(CUdevice *, const char *);
+CUresult cuDeviceCanAccessPeer(int *, CUdevice, CUdevice);
+CUresult cuDeviceGetP2PAttribute(int *, int, CUdevice, CUdevice);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuCtxCreate_v4(CUcontext *, void *, unsigned int, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxSynchronize_v2(CUcontext);
+CUresult cuCtxGetDevice_v2(CUdevice *, CUcontext);
+CUresult cuCtxEnablePeerAccess(CUcontext, unsigned int);
+CUresult cuCtxDisablePeerAccess(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocHost_v2(void **, size_t);
+CUresult cuMemFreeHost(void *);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
+CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *);
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *, CUstream);
+CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *);
+CUresult cuMemsetD2D32_v2(CUdeviceptr, size_t, unsigned int, size_t, size_t);
+CUresult cuMemsetD2D8Async(CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream);
+CUresult cuMemcpyPeer(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
+CUresult cuPointerGetAttributes(unsigned int, int *, void **, CUdeviceptr);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamIsCapturing(CUstream, int *);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleLoadDataEx(CUmodule *, const void *, unsigned int, int *, void **);
+CUresult cuModuleLoad(CUmodule *, const char *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuModuleGetLoadingMode(int *);
+CUresult cuModuleGetFunctionCount(unsigned int *, CUmodule);
+CUresult cuModuleEnumerateFunctions(CUfunction *, unsigned int, CUmodule);
+CUresult cuFuncGetName(const char **, CUfunction);
+CUresult cuFuncGetModule(CUmodule *, CUfunction);
+CUresult cuFuncGetParamInfo(CUfunction, size_t, size_t *, size_t *);
+CUresult cuFuncGetAttribute(int *, int, CUfunction);
+CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void *, unsigned int, void *, void *,
+                           unsigned int);
+CUresult cuLibraryUnload(CUlibrary);
+CUresult cuLibraryGetModule(CUmodule *, CUlibrary);
+CUresult cuLibraryGetKernel(CUkernel *, CUlibrary, const char *);
+CUresult cuLibraryGetKernelCount(unsigned int *, CUlibrary);
+CUresult cuLibraryEnumerateKernels(CUkernel *, unsigned int, CUlibrary);
+CUresult cuLibraryGetGlobal(CUdeviceptr *, size_t *, CUlibrary, const char *);
+CUresult cuKernelGetName(const char **, CUkernel);
+CUresult cuKernelGetFunction(CUfunction *, CUkernel);
+CUresult cuKernelGetAttribute(int *, int, CUkernel, CUdevice);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+CUresult cuLinkCreate_v2(unsigned int, int *, void **, CUlinkState *);
+CUresult cuLinkAddData_v2(CUlinkState, int, void *, size_t, const char *, unsigned int, int *,
+                          void **);
+CUresult cuLinkComplete(CUlinkState, void **, size_t *);
+CUresult cuLinkDestroy(CUlinkState);
+CUresult cuGetErrorName(CUresult, const char **);
+
+static int failures;
+
+static void check(const char *what, CUresult got, CUresult want) {
+    if (got == want) {
+        printf("ok %s\n", what);
+    } else {
+        const char *name = "?";
+        cuGetErrorName(got, &name);
+        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
+        failures++;
+    }
+    fflush(stdout);
+}
+
+static void expect(const char *what, int cond) {
+    printf(cond ? "ok %s\n" : "FAIL %s\n", what);
+    if (!cond) failures++;
+    fflush(stdout);
+}
+
+static const char MODULE[] =
+    ".version 7.0\n"
+    ".target sm_52\n"
+    ".address_size 64\n"
+    ".visible .global .align 4 .u32 counter = 7;\n"
+    ".visible .entry add_one(.param .u64 p, .param .u32 n)\n"
+    "{\n"
+    "  .reg .pred %p1; .reg .b32 %r<6>; .reg .b64 %rd<5>;\n"
+    "  ld.param.u64 %rd1, [p]; ld.param.u32 %r1, [n];\n"
+    "  mov.u32 %r2, %ctaid.x; mov.u32 %r3, %ntid.x; mov.u32 %r4, %tid.x;\n"
+    "  mad.lo.s32 %r2, %r2, %r3, %r4;\n"
+    "  setp.ge.u32 %p1, %r2, %r1;\n"
+    "  @%p1 bra DONE;\n"
+    "  cvta.to.global.u64 %rd2, %rd1; mul.wide.u32 %rd3, %r2, 4; add.s64 %rd4, %rd2, %rd3;\n"
+    "  ld.global.u32 %r5, [%rd4]; add.u32 %r5, %r5, 1; st.global.u32 [%rd4], %r5;\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n"
+    ".visible .entry noop()\n"
+    "{\n"
+    "  .reg .b32 %r<40>;\n"
+    "  ret;\n"
+    "}\n";
+
+static const char CALLER[] =
+    "//\n// calls a function another module defines\n//\n"
+    ".version 7.0\n"
+    ".target sm_52\n"
+    ".address_size 64\n"
+    ".extern .func (.param .b32 ret0) twice\n(\n  .param .b32 x\n)\n;\n"
+    ".visible .entry apply(.param .u64 p)\n"
+    "{\n"
+    "  .reg .b32 %r<3>; .reg .b64 %rd<3>;\n"
+    "  ld.param.u64 %rd1, [p]; cvta.to.global.u64 %rd2, %rd1;\n"
+    "  ld.global.u32 %r1, [%rd2];\n"
+    "  {\n"
+    "  .param .b32 param0;\n"
+    "  st.param.b32 [param0+0], %r1;\n"
+    "  .param .b32 retval0;\n"
+    "  call.uni (retval0), twice, (param0);\n"
+    "  ld.param.b32 %r2, [retval0+0];\n"
+    "  }\n"
+    "  st.global.u32 [%rd2], %r2;\n"
+    "  ret;\n"
+    "}\n";
+
+static const char CALLEE[] =
+    ".version 7.0\n"
+    ".target sm_52\n"
+    ".address_size 64\n"
+    ".visible .func (.param .b32 ret0) twice(.param .b32 x)\n"
+    "{\n"
+    "  .reg .b32 %r<3>;\n"
+    "  ld.param.b32 %r1, [x];\n"
+    "  add.u32 %r2, %r1, %r1;\n"
+    "  st.param.b32 [ret0+0], %r2;\n"
+    "  ret;\n"
+    "}\n";
+
+static void modules(void) {
+    int mode = 0;
+    check("cuModuleGetLoadingMode", cuModuleGetLoadingMode(&mode), 0);
+    expect("lazy loading, CUDA's default", mode == 2);
+
+    CUmodule m;
+    check("cuModuleLoadData", cuModuleLoadData(&m, MODULE), 0);
+    unsigned int count = 0;
+    check("cuModuleGetFunctionCount", cuModuleGetFunctionCount(&count, m), 0);
+    expect("two kernels", count == 2);
+    CUfunction fs[2] = {0};
+    check("cuModuleEnumerateFunctions", cuModuleEnumerateFunctions(fs, 2, m), 0);
+    const char *n0 = "", *n1 = "";
+    check("cuFuncGetName", cuFuncGetName(&n0, fs[0]), 0);
+    cuFuncGetName(&n1, fs[1]);
+    expect("names in module order", !strcmp(n0, "add_one") && !strcmp(n1, "noop"));
+    CUmodule owner = 0;
+    check("cuFuncGetModule", cuFuncGetModule(&owner, fs[0]), 0);
+    expect("the function's module", owner == m);
+    size_t off = 99, size = 99;
+    check("cuFuncGetParamInfo", cuFuncGetParamInfo(fs[0], 1, &off, &size), 0);
+    expect("second parameter at 8, 4 bytes", off == 8 && size == 4);
+    check("cuFuncGetParamInfo past the end", cuFuncGetParamInfo(fs[0], 2, &off, &size), 1);
+    check("cuModuleGetFunctionCount of a forged module",
+          cuModuleGetFunctionCount(&count, (CUmodule)0x7f0000001000ull), 400);
+    check("cuModuleUnload", cuModuleUnload(m), 0);
+
+    /* From a file, and a file that does not exist. */
+    char path[] = "/tmp/vgpu-module-XXXXXX";
+    int fd = mkstemp(path);
+    expect("temporary file", fd >= 0);
+    expect("module written", write(fd, MODULE, strlen(MODULE)) == (ssize_t)strlen(MODULE));
+    close(fd);
+    check("cuModuleLoad", cuModuleLoad(&m, path), 0);
+    unlink(path);
+    check("cuModuleUnload (file)", cuModuleUnload(m), 0);
+    check("cuModuleLoad of a missing file", cuModuleLoad(&m, "/nonexistent/vgpu.ptx"),
+          301 /* FILE_NOT_FOUND */);
+
+    /* A register limit given to the JIT reaches the kernel. */
+    int opts[1] = {0 /* CU_JIT_MAX_REGISTERS */};
+    void *vals[1] = {(void *)(uintptr_t)16};
+    check("cuModuleLoadDataEx with CU_JIT_MAX_REGISTERS", cuModuleLoadDataEx(&m, MODULE, 1, opts, vals), 0);
+    CUfunction noop;
+    cuModuleGetFunction(&noop, m, "noop");
+    int regs = 0;
+    check("cuFuncGetAttribute NUM_REGS", cuFuncGetAttribute(&regs, 4, noop), 0);
+    expect("at most 16 registers", regs > 0 && regs <= 16);
+    cuModuleUnload(m);
+}
+
+static void libraries(CUcontext ctx) {
+    /* CUDA 12 runtimes load libraries before any context is current. */
+    check("no current context", cuCtxSetCurrent(NULL), 0);
+    CUlibrary lib;
+    check("cuLibraryLoadData without a context", cuLibraryLoadData(&lib, MODULE, 0, 0, 0, 0, 0, 0), 0);
+    unsigned int count = 0;
+    check("cuLibraryGetKernelCount", cuLibraryGetKernelCount(&count, lib), 0);
+    expect("two kernels in the library", count == 2);
+    CUkernel ks[2] = {0};
+    check("cuLibraryEnumerateKernels", cuLibraryEnumerateKernels(ks, 2, lib), 0);
+    const char *name = "";
+    check("cuKernelGetName", cuKernelGetName(&name, ks[1]), 0);
+    expect("kernel name", !strcmp(name, "noop"));
+    CUkernel k;
+    check("cuLibraryGetKernel", cuLibraryGetKernel(&k, lib, "add_one"), 0);
+    int max_threads = 0;
+    check("cuKernelGetAttribute", cuKernelGetAttribute(&max_threads, 0, k, 0), 0);
+    expect("max threads per block", max_threads >= 128);
+    check("cuKernelGetAttribute of another device", cuKernelGetAttribute(&max_threads, 0, k, 1),
+          101 /* INVALID_DEVICE */);
+    CUdeviceptr g = 0;
+    size_t gsize = 0;
+    check("cuLibraryGetGlobal", cuLibraryGetGlobal(&g, &gsize, lib, "counter"), 0);
+    unsigned int value = 0;
+    check("set a context", cuCtxSetCurrent(ctx), 0);
+
+    CUmodule m;
+    check("cuLibraryGetModule", cuLibraryGetModule(&m, lib), 0);
+    CUfunction f;
+    check("the library's module has the kernel", cuModuleGetFunction(&f, m, "add_one"), 0);
+    check("cuKernelGetFunction", cuKernelGetFunction(&f, k), 0);
+    check("read the library's global", cuMemcpyDtoH_v2(&value, g, 4), 0);
+    expect("global initialised", gsize == 4 && value == 7);
+    unsigned int n = 1;
+    void *args[] = {&g, &n};
+    check("launch the library's kernel", cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, 0, args, 0), 0);
+    check("read it back", cuMemcpyDtoH_v2(&value, g, 4), 0);
+    expect("the kernel ran", value == 8);
+    check("cuLibraryUnload", cuLibraryUnload(lib), 0);
+    check("cuLibraryGetModule after unload", cuLibraryGetModule(&m, lib), 400);
+}
+
+static void linker(void) {
+    char info[256] = "", error[256] = "";
+    int opts[5] = {3, 4, 5, 6, 0};
+    void *vals[5] = {info, (void *)(uintptr_t)sizeof info, error, (void *)(uintptr_t)sizeof error,
+                     (void *)(uintptr_t)24};
+    CUlinkState st;
+    check("cuLinkCreate", cuLinkCreate_v2(5, opts, vals, &st), 0);
+    check("cuLinkAddData caller", cuLinkAddData_v2(st, 1, (void *)CALLER, sizeof CALLER, "caller", 0, 0, 0), 0);
+    check("cuLinkAddData callee", cuLinkAddData_v2(st, 1, (void *)CALLEE, sizeof CALLEE, "callee", 0, 0, 0), 0);
+    check("cuLinkAddData of a cubin is refused",
+          cuLinkAddData_v2(st, 0, (void *)"\x7f" "ELF", 4, "cubin", 0, 0, 0), 801 /* NOT_SUPPORTED */);
+    expect("the error log says why", strstr(error, "cannot be linked") != NULL);
+    void *image = 0;
+    size_t size = 0;
+    check("cuLinkComplete", cuLinkComplete(st, &image, &size), 0);
+    expect("an image", image && size > 0);
+    expect("the info log", strstr(info, "linked 2 PTX inputs") != NULL);
+    CUmodule m;
+    check("load the linked image", cuModuleLoadData(&m, image), 0);
+    check("cuLinkDestroy", cuLinkDestroy(st), 0);
+    CUfunction f;
+    check("the linked kernel", cuModuleGetFunction(&f, m, "apply"), 0);
+    int regs = 0;
+    cuFuncGetAttribute(&regs, 4, f);
+    expect("the link's register limit", regs > 0 && regs <= 24);
+    CUdeviceptr d;
+    cuMemAlloc_v2(&d, 4);
+    unsigned int v = 21;
+    cuMemcpyHtoD_v2(d, &v, 4);
+    void *args[] = {&d};
+    check("launch across modules", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, args, 0), 0);
+    check("read the result", cuMemcpyDtoH_v2(&v, d, 4), 0);
+    expect("twice(21) == 42", v == 42);
+    cuMemFree_v2(d);
+    cuModuleUnload(m);
+}
+
+static void copies(void) {
+    enum { W = 24, H = 5, DPITCH = 64, D = 3 };
+    unsigned char src[H][W + 8], back[H][W], host3[D][H][W], out3[D][H][W];
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W + 8; x++) src[y][x] = (unsigned char)(y * 40 + x);
+    CUdeviceptr dev;
+    check("allocate a pitched area", cuMemAlloc_v2(&dev, DPITCH * H * D), 0);
+    cuMemsetD8_v2(dev, 0xee, DPITCH * H * D);
+
+    CUDA_MEMCPY2D up = {0};
+    up.srcMemoryType = HOST; up.srcHost = src; up.srcPitch = W + 8; up.srcXInBytes = 4;
+    up.dstMemoryType = DEVICE; up.dstDevice = dev; up.dstPitch = DPITCH;
+    up.WidthInBytes = W; up.Height = H;
+    check("cuMemcpy2D host to device", cuMemcpy2D_v2(&up), 0);
+    CUDA_MEMCPY2D down = {0};
+    down.srcMemoryType = DEVICE; down.srcDevice = dev; down.srcPitch = DPITCH;
+    down.dstMemoryType = HOST; down.dstHost = back; down.dstPitch = W;
+    down.WidthInBytes = W; down.Height = H;
+    check("cuMemcpy2D device to host", cuMemcpy2D_v2(&down), 0);
+    int same = 1;
+    for (int y = 0; y < H; y++) same &= !memcmp(back[y], &src[y][4], W);
+    expect("2-D round trip", same);
+    unsigned char gap = 0;
+    cuMemcpyDtoH_v2(&gap, dev + W, 1);
+    expect("bytes between rows untouched", gap == 0xee);
+    check("cuMemcpy2D with a pitch narrower than a row",
+          cuMemcpy2D_v2(&(CUDA_MEMCPY2D){.srcMemoryType = HOST, .srcHost = src, .srcPitch = 8,
+                                         .dstMemoryType = DEVICE, .dstDevice = dev, .dstPitch = DPITCH,
+                                         .WidthInBytes = W, .Height = H}),
+          1);
+
+    /* Device to device, asynchronously on a stream, at an offset row. */
+    CUstream s;
+    cuStreamCreate(&s, 0);
+    CUDA_MEMCPY2D dd = {0};
+    dd.srcMemoryType = DEVICE; dd.srcDevice = dev; dd.srcPitch = DPITCH;
+    dd.dstMemoryType = DEVICE; dd.dstDevice = dev + DPITCH * H; dd.dstPitch = DPITCH; dd.dstY = 1;
+    dd.WidthInBytes = W; dd.Height = H - 1;
+    check("cuMemcpy2DAsync device to device", cuMemcpy2DAsync_v2(&dd, s), 0);
+    check("cuStreamSynchronize", cuStreamSynchronize(s), 0);
+    unsigned char row[W];
+    cuMemcpyDtoH_v2(row, dev + DPITCH * H + DPITCH * 2, W);
+    expect("device rows moved", !memcmp(row, &src[1][4], W));
+
+    /* 2-D memsets. */
+    check("cuMemsetD2D32", cuMemsetD2D32_v2(dev, DPITCH, 0x01020304u, W / 4, H), 0);
+    unsigned int words[W / 4];
+    cuMemcpyDtoH_v2(words, dev + DPITCH * (H - 1), W);
+    expect("last row set", words[0] == 0x01020304u && words[W / 4 - 1] == 0x01020304u);
+    check("cuMemsetD2D8Async", cuMemsetD2D8Async(dev, DPITCH, 0x5a, 3, H, s), 0);
+    cuStreamSynchronize(s);
+    unsigned char b[4];
+    cuMemcpyDtoH_v2(b, dev + DPITCH * 2, 4);
+    expect("bytes set, the rest kept", b[0] == 0x5a && b[2] == 0x5a && b[3] == 0x01);
+
+    /* 3-D: slices of H rows, DPITCH bytes each, on the device. */
+    for (int z = 0; z < D; z++)
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++) host3[z][y][x] = (unsigned char)(z * 77 + y * 7 + x);
+    CUDA_MEMCPY3D u3 = {0};
+    u3.srcMemoryType = HOST; u3.srcHost = host3; u3.srcPitch = W; u3.srcHeight = H;
+    u3.dstMemoryType = DEVICE; u3.dstDevice = dev; u3.dstPitch = DPITCH; u3.dstHeight = H;
+    u3.WidthInBytes = W; u3.Height = H; u3.Depth = D;
+    check("cuMemcpy3D host to device", cuMemcpy3D_v2(&u3), 0);
+    CUDA_MEMCPY3D d3 = {0};
+    d3.srcMemoryType = DEVICE; d3.srcDevice = dev; d3.srcPitch = DPITCH; d3.srcHeight = H;
+    d3.dstMemoryType = HOST; d3.dstHost = out3; d3.dstPitch = W; d3.dstHeight = H;
+    d3.WidthInBytes = W; d3.Height = H; d3.Depth = D;
+    check("cuMemcpy3D device to host", cuMemcpy3D_v2(&d3), 0);
+    expect("3-D round trip", !memcmp(host3, out3, sizeof host3));
+
+    CUdeviceptr other;
+    cuMemAlloc_v2(&other, 16);
+    check("cuMemcpyPeer within the VM's device", cuMemcpyPeer(other, 0, dev, 0, 16), 0);
+    cuMemFree_v2(other);
+    cuStreamDestroy_v2(s);
+    cuMemFree_v2(dev);
+}
+
+static void pointers(void) {
+    CUdeviceptr dev;
+    cuMemAlloc_v2(&dev, 4096);
+    unsigned int type = 0;
+    check("memory type of device memory", cuPointerGetAttribute(&type, 2, dev + 100), 0);
+    expect("CU_MEMORYTYPE_DEVICE", type == 2);
+    CUdeviceptr start = 0;
+    size_t range = 0;
+    cuPointerGetAttribute(&start, 11, dev + 100);
+    cuPointerGetAttribute(&range, 12, dev + 100);
+    expect("range of the allocation", start == dev && range >= 4096);
+    void *pinned;
+    cuMemAllocHost_v2(&pinned, 4096);
+    check("memory type of pinned memory", cuPointerGetAttribute(&type, 2, (CUdeviceptr)pinned), 0);
+    expect("CU_MEMORYTYPE_HOST", type == 1);
+    int local;
+    check("an unknown pointer alone", cuPointerGetAttribute(&type, 2, (CUdeviceptr)&local), 1);
+    int attrs[3] = {2, 4, 9};
+    unsigned int t = 99;
+    void *hp = 0;
+    int ordinal = 0;
+    void *data[3] = {&t, &hp, &ordinal};
+    check("an unknown pointer in a batch", cuPointerGetAttributes(3, attrs, data, (CUdeviceptr)&local), 0);
+    expect("unregistered host memory", t == 0 && hp == (void *)&local && ordinal == -2);
+    cuMemFreeHost(pinned);
+    cuMemFree_v2(dev);
+}
+
+static void device_and_peers(CUcontext ctx) {
+    char bus[32] = "";
+    check("cuDeviceGetPCIBusId", cuDeviceGetPCIBusId(bus, sizeof bus, 0), 0);
+    CUdevice d = -1;
+    check("cuDeviceGetByPCIBusId", cuDeviceGetByPCIBusId(&d, bus), 0);
+    expect("the same device", d == 0);
+    check("cuDeviceGetByPCIBusId of another bus", cuDeviceGetByPCIBusId(&d, "00ff:1f:1f.0"), 101);
+    int can = 1;
+    check("cuDeviceCanAccessPeer", cuDeviceCanAccessPeer(&can, 0, 0), 0);
+    expect("no peer", can == 0);
+    int v;
+    check("cuDeviceGetP2PAttribute of one device", cuDeviceGetP2PAttribute(&v, 1, 0, 0), 101);
+    check("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess(ctx, 0), 217);
+    check("cuCtxDisablePeerAccess", cuCtxDisablePeerAccess(ctx), 705);
+
+    CUstream s;
+    cuStreamCreate(&s, 0);
+    int status = 7;
+    check("cuStreamIsCapturing", cuStreamIsCapturing(s, &status), 0);
+    expect("not capturing", status == 0);
+    cuStreamDestroy_v2(s);
+
+    check("cuCtxSynchronize_v2 (current)", cuCtxSynchronize_v2(NULL), 0);
+    check("cuCtxSynchronize_v2 (given)", cuCtxSynchronize_v2(ctx), 0);
+    d = -1;
+    check("cuCtxGetDevice_v2", cuCtxGetDevice_v2(&d, ctx), 0);
+    expect("device 0", d == 0);
+    CUcontext c4;
+    check("cuCtxCreate_v4 without parameters", cuCtxCreate_v4(&c4, NULL, 0, 0), 0);
+    check("destroy it", cuCtxDestroy_v2(c4), 0);
+    cuCtxSetCurrent(ctx);
+}
+
+int main(void) {
+    CUdevice dev;
+    CUcontext ctx;
+    check("cuInit", cuInit(0), 0);
+    check("cuDeviceGet", cuDeviceGet(&dev, 0), 0);
+    check("cuCtxCreate", cuCtxCreate_v2(&ctx, 0, dev), 0);
+    modules();
+    libraries(ctx);
+    linker();
+    copies();
+    pointers();
+    device_and_peers(ctx);
+    check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
+    printf("# driver_api_ext: %d failed\n", failures);
+    return failures;
+}

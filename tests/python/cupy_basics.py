@@ -1,0 +1,115 @@
+"""CuPy on vgpu: arrays, elementwise arithmetic, reductions and the kernels
+CuPy compiles at run time (ElementwiseKernel, ReductionKernel, RawKernel),
+each result checked against NumPy. Run through vgpu's libcuda.so.1 with
+CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX, which the simulated GPU runs) and
+CUPY_ACCELERATORS="" (CUB's kernels ship as cubins only). Prints one line per
+check and PASS at the end; exits 1 on the first failure.
+"""
+
+import sys
+
+import cupy as cp
+import numpy as np
+
+checks = 0
+
+
+def check(what, ok, detail=""):
+    global checks
+    checks += 1
+    if not ok:
+        print(f"FAIL {what} {detail}")
+        sys.exit(1)
+    print(f"ok {what}")
+
+
+def close(what, got, want, rtol=1e-5):
+    got = cp.asnumpy(got) if isinstance(got, cp.ndarray) else got
+    check(what, np.allclose(got, want, rtol=rtol), f"got {got!r}, want {want!r}")
+
+
+# Devices and memory: the VM's slice.
+check("one device", cp.cuda.runtime.getDeviceCount() == 1)
+free, total = cp.cuda.runtime.memGetInfo()
+check("memGetInfo reports the slice", total == int(sys.argv[1]) and 0 < free <= total,
+      f"free {free} total {total}")
+props = cp.cuda.runtime.getDeviceProperties(0)
+check("device properties", props["major"] >= 5 and props["multiProcessorCount"] > 0)
+
+# Creation and copies.
+h = np.arange(1000, dtype=np.float32)
+a = cp.asarray(h)
+close("host to device and back", a, h)
+close("arange", cp.arange(10, dtype=cp.int32), np.arange(10, dtype=np.int32))
+close("zeros/ones", cp.zeros(5) + cp.ones(5), np.ones(5))
+close("linspace", cp.linspace(0, 1, 11), np.linspace(0, 1, 11))
+close("full", cp.full((3, 4), 7.5), np.full((3, 4), 7.5))
+
+# Elementwise arithmetic, ufuncs and broadcasting.
+close("a * 2 + 1", a * 2 + 1, h * 2 + 1)
+close("sin/exp", cp.sin(a[:50]) + cp.exp(a[:5].sum() * 0), np.sin(h[:50]) + 1)
+m = cp.arange(12, dtype=cp.float64).reshape(3, 4)
+mh = np.arange(12, dtype=np.float64).reshape(3, 4)
+close("broadcast", m + cp.arange(4), mh + np.arange(4))
+close("where", cp.where(a > 500, a, -a), np.where(h > 500, h, -h))
+close("int64 floor division", cp.arange(100) // 7, np.arange(100) // 7)
+close("transpose copy", cp.ascontiguousarray(m.T), mh.T)
+
+# Reductions (CuPy's own kernels).
+close("sum", a.sum(), h.sum(), rtol=1e-4)
+close("max/min", cp.stack([a.max(), a.min()]), [h.max(), h.min()])
+close("mean", a.mean(), h.mean(), rtol=1e-4)
+close("argmax", cp.argmax(cp.sin(a)), np.argmax(np.sin(h)))
+close("sum over an axis", m.sum(axis=0), mh.sum(axis=0))
+close("prod over an axis", m[:, 1:3].prod(axis=1), mh[:, 1:3].prod(axis=1))
+close("count_nonzero", cp.count_nonzero(a % 3 == 0), np.count_nonzero(h % 3 == 0))
+
+# Kernels compiled at run time.
+sqdiff = cp.ElementwiseKernel("T x, T y", "T z", "z = (x - y) * (x - y)", "vgpu_sqdiff")
+close("ElementwiseKernel", sqdiff(a, a[::-1].copy()), (h - h[::-1]) ** 2)
+l2 = cp.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "vgpu_l2norm")
+close("ReductionKernel", l2(a), np.sqrt((h.astype(np.float64) ** 2).sum()), rtol=1e-4)
+raw = cp.RawKernel(r'''
+extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+''', "saxpy")
+y = cp.ones(1000, dtype=cp.float32)
+raw(((1000 + 127) // 128,), (128,), (cp.float32(3), a, y, cp.int32(1000)))
+close("RawKernel", y, 3 * h + 1)
+mod = cp.RawModule(code=r'''
+template<typename T> __global__ void fill(T* p, T v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v;
+}
+''', options=("-std=c++14",), name_expressions=("fill<int>",))
+z = cp.zeros(300, dtype=cp.int32)
+mod.get_function("fill<int>")((3,), (128,), (z, cp.int32(42), cp.int32(300)))
+close("RawModule template", z, np.full(300, 42))
+
+# Streams and events.
+s = cp.cuda.Stream(non_blocking=True)
+with s:
+    b = a * 3
+    e = s.record()
+e.synchronize()
+s.synchronize()
+close("work on a non-blocking stream", b, h * 3)
+start, end = cp.cuda.Event(), cp.cuda.Event()
+start.record()
+c = (a * a).sum()
+end.record()
+end.synchronize()
+check("event timing", cp.cuda.get_elapsed_time(start, end) >= 0)
+
+# Memory is charged to the slice and returns to it.
+big = cp.empty(32 << 20, dtype=cp.uint8)
+free_mid, _ = cp.cuda.runtime.memGetInfo()
+check("an allocation is charged to the slice", free_mid <= free - (32 << 20), f"{free_mid}")
+del big
+cp.get_default_memory_pool().free_all_blocks()
+free_end, _ = cp.cuda.runtime.memGetInfo()
+check("freed memory returns to the slice", free_end >= free_mid + (32 << 20), f"{free_end}")
+
+print(f"PASS {checks} checks")

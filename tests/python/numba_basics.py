@@ -1,0 +1,174 @@
+"""numba-cuda on vgpu: @cuda.jit kernels with shared memory, atomics, raw
+pointer arguments, device functions, device arrays, streams, events, pinned
+host memory and a register limit, each result checked against
+NumPy. numba compiles with NVVM (PyPI's nvidia-cuda-nvcc-cu12) and, without
+nvJitLink installed, links through the driver's cuLink* API, which vgpu
+answers with PTX the simulated GPU runs. Prints one line per check and PASS
+at the end; exits 1 on the first failure.
+"""
+
+import sys
+import warnings
+
+import numpy as np
+from numba import cuda, float32, int32, types
+
+warnings.simplefilter("ignore")
+checks = 0
+
+
+def check(what, ok, detail=""):
+    global checks
+    checks += 1
+    if not ok:
+        print(f"FAIL {what} {detail}")
+        sys.exit(1)
+    print(f"ok {what}")
+
+
+def close(what, got, want):
+    check(what, np.allclose(got, want), f"got {got!r}, want {want!r}")
+
+
+dev = cuda.get_current_device()
+check("one device", len(cuda.gpus) == 1 and dev.compute_capability >= (5, 0))
+free, total = cuda.current_context().get_memory_info()
+check("memory info reports the slice", total == int(sys.argv[1]), f"{total}")
+
+n = 1000
+h = np.arange(n, dtype=np.float32)
+
+
+@cuda.jit
+def axpy(a, x, y, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+d_x = cuda.to_device(h)
+d_y = cuda.to_device(np.ones(n, dtype=np.float32))
+d_out = cuda.device_array(n, dtype=np.float32)
+axpy[(n + 127) // 128, 128](np.float32(2), d_x, d_y, d_out)
+close("axpy with device arrays", d_out.copy_to_host(), 2 * h + 1)
+
+# Shared memory and barriers: a block sum.
+TPB = 128
+
+
+@cuda.jit
+def block_sum(x, out):
+    s = cuda.shared.array(TPB, dtype=float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = TPB // 2
+    while step > 0:
+        if t < step:
+            s[t] += s[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = s[0]
+
+
+blocks = (n + TPB - 1) // TPB
+partial = cuda.device_array(blocks, dtype=np.float32)
+block_sum[blocks, TPB](d_x, partial)
+close("shared memory block sums", partial.copy_to_host().sum(), h.sum())
+
+# Atomics: a histogram.
+
+
+@cuda.jit
+def histogram(x, bins):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(bins, int(x[i]) % 16, 1)
+
+
+bins = cuda.to_device(np.zeros(16, dtype=np.int32))
+histogram[blocks, TPB](d_x, bins)
+close("atomic histogram", bins.copy_to_host(), np.bincount(h.astype(np.int64) % 16, minlength=16))
+
+
+@cuda.jit
+def atomic_max(x, m):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.max(m, 0, x[i])
+
+
+m = cuda.to_device(np.zeros(1, dtype=np.float32))
+atomic_max[blocks, TPB](d_x, m)
+close("atomic max", m.copy_to_host()[0], h.max())
+
+# Device functions.
+
+
+@cuda.jit(device=True)
+def cube(v):
+    return v * v * v
+
+
+@cuda.jit
+def cubes(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = cube(x[i])
+
+
+small = cuda.to_device(np.arange(10, dtype=np.float64))
+cubed = cuda.device_array(10, dtype=np.float64)
+cubes[1, 32](small, cubed)
+close("device function", cubed.copy_to_host(), np.arange(10.0) ** 3)
+
+# Raw pointer arguments.
+
+
+@cuda.jit(types.void(types.CPointer(types.float32), types.int32))
+def scale_raw(p, count):
+    i = cuda.grid(1)
+    if i < count:
+        p[i] = p[i] * 3
+
+
+raw = cuda.to_device(h)
+scale_raw[blocks, TPB](raw.device_ctypes_pointer.value, n)
+close("raw pointer argument", raw.copy_to_host(), h * 3)
+
+# Streams and events.
+stream = cuda.stream()
+start, end = cuda.event(), cuda.event()
+hp = cuda.pinned_array(n, dtype=np.float32)
+hp[:] = h
+start.record(stream)
+ds = cuda.to_device(hp, stream=stream)
+d2 = cuda.device_array(n, dtype=np.float32, stream=stream)
+axpy[blocks, TPB, stream](np.float32(1), ds, ds, d2)
+res = cuda.pinned_array(n, dtype=np.float32)
+d2.copy_to_host(res, stream=stream)
+end.record(stream)
+end.synchronize()
+close("kernel and pinned copies on a stream", res, 2 * h)
+check("event timing", cuda.event_elapsed_time(start, end) >= 0)
+
+# A register limit reaches the kernel.
+
+
+@cuda.jit(max_registers=32)
+def limited(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = x[i] + 1
+
+
+limited[blocks, TPB](d_x, d_out)
+close("kernel with max_registers", d_out.copy_to_host(), h + 1)
+regs = limited.get_regs_per_thread()
+if isinstance(regs, dict):  # one entry per compiled signature
+    regs = max(regs.values())
+check("max_registers is honoured", 0 < regs <= 32, f"{regs} registers")
+
+print(f"PASS {checks} checks")

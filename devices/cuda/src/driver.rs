@@ -1160,6 +1160,20 @@ impl Drop for Current<'_> {
     }
 }
 
+fn vmm_fn<F>(f: Option<F>, call: &'static str) -> DrvResult<F> {
+    f.ok_or(Failed {
+        call,
+        code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+    })
+}
+
+fn vmm_size(v: u64, call: &'static str) -> DrvResult<usize> {
+    usize::try_from(v).map_err(|_| Failed {
+        call,
+        code: cuda::CUDA_ERROR_OUT_OF_MEMORY,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1197,18 +1211,4 @@ mod tests {
         );
         assert!(e.to_string().contains("is not a usable CUDA driver"), "{e}");
     }
-}
-
-fn vmm_fn<F>(f: Option<F>, call: &'static str) -> DrvResult<F> {
-    f.ok_or(Failed {
-        call,
-        code: cuda::CUDA_ERROR_NOT_SUPPORTED,
-    })
-}
-
-fn vmm_size(v: u64, call: &'static str) -> DrvResult<usize> {
-    usize::try_from(v).map_err(|_| Failed {
-        call,
-        code: cuda::CUDA_ERROR_OUT_OF_MEMORY,
-    })
 }

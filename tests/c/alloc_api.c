@@ -296,7 +296,7 @@ static void managed(void) {
     int local = 0;
     check("cuPointerGetAttributes on stack memory", cuPointerGetAttributes(3, attrs, data, (CUdeviceptr)(uintptr_t)&local), 0);
     expect("defaults for host memory", m == 0 && dp == 0);
-    check("cuPointerGetAttribute on stack memory", cuPointerGetAttribute(&m, 8, (CUdeviceptr)(uintptr_t)&local), 1);
+    check("cuPointerGetAttribute on stack memory", cuPointerGetAttribute(&m, 2, (CUdeviceptr)(uintptr_t)&local), 1);
 
     check("cuMemAdvise SET_READ_MOSTLY", cuMemAdvise(p, n * 4, 1, 0), 0);
     check("cuMemAdvise SET_PREFERRED_LOCATION cpu", cuMemAdvise(p, n * 4, 3, -1), 0);

@@ -60,7 +60,9 @@ done
 
 # Modules the guest loads at boot; their dependencies are computed from
 # modules.dep. Built-in ones (serial 8250 on the cloud kernel) are skipped.
-WANTED_MODULES="virtio_pci virtio_console vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport vsock_loopback ${VGPU_GUEST_MODULES:-}"
+# virtio_blk and ext4 let a test attach a read-only disk (the host's Python
+# and packages for the CuPy guest test, tests/python/disk.sh).
+WANTED_MODULES="virtio_pci virtio_console vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport vsock_loopback virtio_blk ext4 ${VGPU_GUEST_MODULES:-}"
 KERNEL_META=linux-image-cloud-amd64
 MULTIARCH=x86_64-linux-gnu
 # Fixed timestamp for every file in the image, so identical inputs give an

@@ -8,7 +8,8 @@
 
 use std::process::Command;
 
-use vgpu_tests::harness::{TestVm, Vgpud, artifacts, workspace_root};
+use vgpu_tests::harness::{TestVm, Vgpud, artifacts, cuda_guest, workspace_root};
+use vgpu_tests::qemu::{self, Guest};
 
 #[test]
 fn a_cuda_python_program_runs_unmodified() {
@@ -96,4 +97,76 @@ fn numba_cuda_runs_unmodified() {
         d.log()
     );
     d.wait_memory_used("numba", 0, std::time::Duration::from_secs(5));
+}
+
+/// CuPy, unmodified, in a real Linux guest under QEMU that installed the guest
+/// shim: the host's Python and packages arrive on a read-only virtio disk
+/// (tests/python/disk.sh) mounted at the same path, and the kernels CuPy
+/// compiles run on vgpud's simulated GPU over the vsock device.
+#[test]
+fn cupy_runs_unmodified_in_a_qemu_guest() {
+    if let Some(reason) = qemu::skip_reason() {
+        println!("SKIPPED: cannot boot QEMU guests here: {reason}");
+        return;
+    }
+    let probe = Command::new("python3")
+        .args(["-c", "import cupy, sys; print(sys.prefix)"])
+        .output();
+    let Some(prefix) = probe
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
+        println!("SKIPPED: CuPy (cupy-cuda12x) is not installed; run scripts/prereqs.sh");
+        return;
+    };
+    const GUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+    let disk = qemu::out_dir().join("python-cupy.img");
+    let st = Command::new(workspace_root().join("tests/python/disk.sh"))
+        .arg(&disk)
+        .args([
+            "cupy",
+            "cupy_backends",
+            "cupyx",
+            "numpy",
+            "numpy.libs",
+            "cuda/pathfinder",
+            "nvidia/cuda_nvrtc",
+            "nvidia/cuda_runtime",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success(), "tests/python/disk.sh failed");
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 << 20).vsock(3)]);
+    let body = format!(
+        "mkdir -p {prefix} && mount -t ext4 -o ro /dev/vda {prefix} || exit 93\n\
+         export HOME=/tmp CUPY_CACHE_DIR=/tmp/cupy CUPY_COMPILE_WITH_PTX=1 CUPY_ACCELERATORS=\n\
+         export LD_LIBRARY_PATH={prefix}/lib-extra\n\
+         {prefix}/bin/python3 /payload/cupy_guest.py\n\
+         echo \"cupy status $?\"\n"
+    );
+    let script = workspace_root().join("tests/python/cupy_guest.py");
+    let mut spec = cuda_guest(
+        &d,
+        "vm1",
+        "vm-cupy",
+        &[],
+        &[(script, "/payload/cupy_guest.py")],
+        &body,
+    );
+    spec.memory_mib = 1024;
+    spec.timeout = GUEST_TIMEOUT;
+    spec.extra_args.extend([
+        "-drive".to_string(),
+        format!("file={},format=raw,if=virtio,readonly=on", disk.display()),
+    ]);
+    let mut guest = d.guest_ok(Guest::boot(&spec), "boot");
+    let outcome = d.guest_ok(guest.wait_exit(GUEST_TIMEOUT), "guest run");
+    let out = outcome.output_text();
+    assert!(
+        out.contains("cupy status 0") && out.contains("PASS"),
+        "{out}\nvgpud log:\n{}",
+        d.log()
+    );
+    d.wait_memory_used("vm1", 0, std::time::Duration::from_secs(10));
 }

@@ -86,6 +86,75 @@ fn tenants_cannot_read_write_or_free_each_others_memory() {
     h.child.wait().unwrap();
 }
 
+/// A client blocked in `cuCtxSynchronize` behind kernels that would run for
+/// minutes is killed: its session notices the hang-up while it waits,
+/// cancels the kernels and frees the slice at once, long before the
+/// watchdog (30 s) would have ended them.
+#[test]
+fn a_client_killed_while_waiting_for_long_kernels_frees_its_slice_at_once() {
+    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("driver_api");
+    let mut child = Command::new(prog)
+        .args(["wait", &(32 * MIB).to_string()])
+        .env("VGPU_TRANSPORT", d.transport("vm1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        assert!(!l.starts_with("FAIL"), "{l}");
+        if l == "waiting" {
+            break;
+        }
+    }
+    assert_eq!(d.vm("vm1")["memory_used"], 32 * MIB);
+    // Let the synchronize reach vgpud and block there.
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = std::time::Instant::now();
+    // Well under the 30 s watchdog, with room for a loaded machine (the
+    // session checks every 100 ms; on an idle one this takes ~0.1 s).
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    println!("slice freed {:?} after the kill", killed.elapsed());
+    assert!(d.vm("vm1")["sessions"].as_array().unwrap().is_empty());
+    assert!(d.is_running(), "vgpud died");
+}
+
+/// SIGTERM stops vgpud promptly even while a client waits for kernels that
+/// would run for minutes: the sessions end, their kernels are cancelled, and
+/// the daemon logs its orderly stop.
+#[test]
+fn vgpud_stops_within_seconds_of_sigterm_with_kernels_running() {
+    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("driver_api");
+    let mut child = Command::new(prog)
+        .args(["wait", &MIB.to_string()])
+        .env("VGPU_TRANSPORT", d.transport("vm1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    assert!(lines.any(|l| l.unwrap() == "waiting"));
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) of the daemon this test started.
+    assert_eq!(unsafe { libc::kill(d.pid() as i32, libc::SIGTERM) }, 0);
+    let t = std::time::Instant::now();
+    while d.is_running() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "vgpud still runs 5 s after SIGTERM:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("vgpud stopped {:?} after SIGTERM", t.elapsed());
+    assert!(d.log().contains("vgpud stopped"), "{}", d.log());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn killing_a_client_mid_call_releases_its_memory_and_others_carry_on() {
     let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);

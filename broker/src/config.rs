@@ -19,6 +19,9 @@ pub const DEFAULT_SIM_MEMORY: u64 = 8 << 30;
 pub const DEFAULT_DEVICE_NAME: &str = "gpu0";
 /// Default kernel watchdog.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
+/// Longest kernel watchdog a config may set (`watchdog_ms`): the watchdog
+/// cannot be disabled, or one kernel could hold the device forever.
+pub const MAX_WATCHDOG_MS: u64 = 3_600_000;
 /// Default compute weight of a VM.
 pub const DEFAULT_WEIGHT: u32 = 1;
 /// Largest accepted weight.
@@ -655,7 +658,14 @@ fn parse_device(
         None => None,
     };
     let watchdog = match &r.watchdog_ms {
-        Some(w) if *w.get_ref() == 0 => None,
+        Some(w) if *w.get_ref() == 0 || *w.get_ref() > MAX_WATCHDOG_MS => {
+            return Err(cx.err(
+                w.span(),
+                format!(
+                    "watchdog_ms must be between 1 and {MAX_WATCHDOG_MS} (1 hour): the watchdog cannot be disabled, or one kernel could hold the device forever"
+                ),
+            ));
+        }
         Some(w) => Some(Duration::from_millis(*w.get_ref())),
         None => Some(DEFAULT_WATCHDOG),
     };
@@ -1182,6 +1192,16 @@ guest_cid = 3
             err("[[device]]\nname = \"g\"\nkind = \"cuda\"\nmemory = \"1GiB\"\n")
                 .contains("sim\" only")
         );
+        // The watchdog cannot be disabled, and has a maximum.
+        for ms in [0, MAX_WATCHDOG_MS + 1] {
+            let e = err(&format!(
+                "[[device]]\nname = \"g\"\nkind = \"sim\"\nwatchdog_ms = {ms}\n"
+            ));
+            assert!(
+                e.starts_with("vgpu.toml:4:") && e.contains("cannot be disabled"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::debug;
 use vgpu_proto::cuda;
@@ -33,6 +33,12 @@ use crate::error::CuError;
 pub const MAX_QUEUED_JOBS: usize = 4096;
 /// Most bytes of copy data queued per session before the submitter waits.
 pub const MAX_QUEUED_BYTES: usize = 64 << 20;
+/// How often a session waiting for its work checks that its client is
+/// still connected ([`Engine::watch_hangup`]).
+pub const HANGUP_POLL: Duration = Duration::from_millis(100);
+
+/// Tells whether the session's client has gone (its connection closed).
+pub type HangupProbe = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// When an event's latest record completed.
 #[derive(Debug, Default)]
@@ -189,6 +195,9 @@ struct State {
     errors: BTreeMap<u64, CuError>,
     poisoned: BTreeMap<u64, CuError>,
     shutdown: bool,
+    /// The client disconnected while the session waited: queued work was
+    /// dropped, running work cancelled, and waits return at once.
+    abandoned: bool,
 }
 
 struct Shared {
@@ -221,6 +230,8 @@ impl Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     worker: Option<JoinHandle<()>>,
+    /// Probe of the client's connection, checked while waiting.
+    hangup: Option<HangupProbe>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -245,7 +256,51 @@ impl Engine {
                 current: Mutex::new(None),
             }),
             worker: None,
+            hangup: None,
         }
+    }
+
+    /// Makes waits for this session's work (synchronizing calls, and
+    /// back-pressure on a full queue) notice a client that disconnected: they
+    /// check `probe` every [`HANGUP_POLL`], and when it says the client has
+    /// gone, queued work is dropped, running work is cancelled, and the wait
+    /// returns an error, so the session ends and frees its slice promptly
+    /// instead of after its kernels (or the watchdog).
+    pub fn watch_hangup(&mut self, probe: HangupProbe) {
+        self.hangup = Some(probe);
+    }
+
+    /// Blocks on the engine's condition variable once; with a hangup probe,
+    /// at most [`HANGUP_POLL`], abandoning the work when the client has gone.
+    fn block<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let Some(probe) = &self.hangup else {
+            return self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        };
+        let (mut st, _) = self
+            .shared
+            .cv
+            .wait_timeout(st, HANGUP_POLL)
+            .unwrap_or_else(|p| p.into_inner());
+        if !st.abandoned && probe() {
+            debug!(
+                queued = st.queue.len(),
+                "the client disconnected while its session waited; abandoning its work"
+            );
+            st.abandoned = true;
+            st.queue.clear();
+            st.queued_bytes = 0;
+            if let Some(c) = self
+                .shared
+                .current
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                c.cancel();
+            }
+            self.shared.cv.notify_all();
+        }
+        st
     }
 
     /// Submits a job of context `ctx`; returns its sequence number. Blocks
@@ -270,10 +325,16 @@ impl Engine {
             return seq;
         }
         let bytes = job.bytes();
-        while !st.queue.is_empty()
+        while !st.abandoned
+            && !st.queue.is_empty()
             && (st.queue.len() >= MAX_QUEUED_JOBS || st.queued_bytes + bytes > MAX_QUEUED_BYTES)
         {
-            st = self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.block(st);
+        }
+        if st.abandoned {
+            // The client is gone: nothing more runs for it.
+            st.submitted = seq;
+            return seq;
         }
         st.submitted = seq;
         st.queued_bytes += bytes;
@@ -343,18 +404,36 @@ impl Engine {
         self.shared.lock().completed >= seq
     }
 
-    /// Waits until job `seq` (and everything before it) has run.
-    pub fn wait(&self, seq: u64) {
+    /// Waits until job `seq` (and everything before it) has run; an error
+    /// when the client disconnected meanwhile ([`Engine::watch_hangup`]).
+    pub fn wait(&self, seq: u64) -> Result<(), CuError> {
         let mut st = self.shared.lock();
         while st.completed < seq {
+            if st.abandoned {
+                return Err(CuError::new(
+                    cuda::CUDA_ERROR_UNKNOWN,
+                    "the client disconnected; its work was abandoned",
+                ));
+            }
+            st = self.block(st);
+        }
+        Ok(())
+    }
+
+    /// Waits until nothing is queued or running, even for a client that
+    /// disconnected (its cancelled work stops at the next point it can): for
+    /// releasing what queued work could still touch.
+    pub fn settle(&self) {
+        let mut st = self.shared.lock();
+        while st.running || !st.queue.is_empty() {
             st = self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     /// Waits until everything submitted has run.
-    pub fn drain(&self) {
+    pub fn drain(&self) -> Result<(), CuError> {
         let seq = self.submitted();
-        self.wait(seq);
+        self.wait(seq)
     }
 
     /// Takes the first error of context `ctx`'s asynchronous work (or of a
@@ -497,7 +576,7 @@ mod tests {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
         let seqs: Vec<u64> = (0..100).map(|i| e.submit(1, step(&log, i))).collect();
-        e.wait(*seqs.last().unwrap());
+        e.wait(*seqs.last().unwrap()).unwrap();
         assert_eq!(*log.lock().unwrap(), (0..100).collect::<Vec<_>>());
         assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
     }
@@ -532,7 +611,7 @@ mod tests {
         assert!(n <= MAX_QUEUED_JOBS + 1, "{n} submitted past a full queue");
         gate.store(true, std::sync::atomic::Ordering::Release);
         let e = t.join().unwrap();
-        e.drain();
+        e.drain().unwrap();
         assert_eq!(log.lock().unwrap().len(), MAX_QUEUED_JOBS + 11);
     }
 
@@ -550,7 +629,7 @@ mod tests {
         e.submit(1, Job::Other(Box::new(fault)));
         e.submit(1, step(&log, 1));
         let seq = e.submit(2, step(&log, 2));
-        e.wait(seq);
+        e.wait(seq).unwrap();
         // The job of the faulted context never ran; the other context's did.
         assert_eq!(*log.lock().unwrap(), vec![0, 2]);
         assert_eq!(e.take_error(1).unwrap().code, 700);
@@ -611,12 +690,50 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_notices_a_client_that_hung_up_and_abandons_its_work() {
+        let mut e = engine();
+        let gone = Arc::new(AtomicBool::new(false));
+        let probe = Arc::clone(&gone);
+        e.watch_hangup(Arc::new(move || {
+            probe.load(std::sync::atomic::Ordering::Acquire)
+        }));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let control = Arc::new(RunControl::default());
+        let first = e.submit(
+            1,
+            Job::Other(Box::new(Step {
+                log: Arc::clone(&log),
+                id: 0,
+                gate: Some(Arc::new(AtomicBool::new(false))),
+                result: Ok(()),
+                control: Some(Arc::clone(&control)),
+            })),
+        );
+        let last = e.submit(1, step(&log, 1));
+        assert!(first < last);
+        let hang_up = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            gone.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let t = Instant::now();
+        let r = e.wait(last);
+        hang_up.join().unwrap();
+        assert!(r.is_err(), "the wait ends with an error");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(control.cancelled(), "the running job was cancelled");
+        e.settle();
+        assert!(log.lock().unwrap().is_empty(), "the queued job never ran");
+        // Later waits return at once.
+        assert!(e.drain().is_err());
+    }
+
+    #[test]
     fn event_records_complete_in_order() {
         let mut e = engine();
         let clock = Arc::new(EventClock::default());
         assert_eq!(clock.get().seq, 0);
         let seq = e.record(1, &clock);
-        e.wait(seq);
+        e.wait(seq).unwrap();
         let r = clock.get();
         assert_eq!(r.seq, seq);
         assert!(r.time.is_some());

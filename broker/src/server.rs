@@ -99,6 +99,21 @@ pub fn serve<R: Read, W: Write>(
     writer: W,
     transport: &str,
 ) -> Result<SessionSummary, ServeError> {
+    serve_watched(broker, tenant, reader, writer, transport, None)
+}
+
+/// [`serve`], with a probe of the client's connection that the session
+/// checks while it waits for its work: a client that disconnects during a
+/// synchronizing call has its work abandoned at once (see
+/// [`crate::engine::Engine::watch_hangup`]).
+pub fn serve_watched<R: Read, W: Write>(
+    broker: &Broker,
+    tenant: Arc<Tenant>,
+    reader: R,
+    writer: W,
+    transport: &str,
+    hangup: Option<crate::engine::HangupProbe>,
+) -> Result<SessionSummary, ServeError> {
     let mut r = BufReader::with_capacity(IO_BUFFER, reader);
     let mut w = Replier {
         w: BufWriter::with_capacity(IO_BUFFER, writer),
@@ -135,6 +150,9 @@ pub fn serve<R: Read, W: Write>(
                 return Err(ServeError::Refused(e.message));
             }
         };
+    if let Some(probe) = hangup {
+        session.watch_hangup(probe);
+    }
     let info = Arc::clone(session.info());
     let mut out = Vec::new();
     hello_reply.encode(&mut out);
@@ -167,6 +185,27 @@ pub fn serve<R: Read, W: Write>(
     result.map(|()| summary)
 }
 
+/// Characters of a guest's shim version shown in a refusal.
+const SHIM_VERSION_SHOWN: usize = 64;
+/// Characters of a guest's process name kept.
+const PROCESS_NAME_KEPT: usize = 256;
+
+/// A guest-supplied string as the host keeps it: at most `max` characters,
+/// control characters escaped (so that logs keep one line per entry).
+fn guest_text(s: &str, max: usize) -> String {
+    s.chars()
+        .take(max)
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// The handshake every transport performs: checks a `Hello` against the server's protocol
 /// version and the tenant's state, and opens a session of `tenant`. On refusal the error is what
 /// the client gets (its status and message); the transport then closes the session.
@@ -182,7 +221,7 @@ pub fn accept_hello(
             format!(
                 "guest shim speaks protocol {} (shim {}), vgpud {} speaks {}: install the matching guest shim",
                 hello.protocol_version,
-                hello.shim_version,
+                guest_text(&hello.shim_version, SHIM_VERSION_SHOWN),
                 vgpu_proto::VERSION,
                 vgpu_proto::PROTOCOL_VERSION
             ),
@@ -209,7 +248,7 @@ pub fn accept_hello(
     let info = Arc::new(SessionInfo {
         id: broker.next_session_id(),
         pid: hello.pid,
-        process_name: hello.process_name.chars().take(256).collect(),
+        process_name: guest_text(&hello.process_name, PROCESS_NAME_KEPT),
         transport: transport.to_string(),
         started: SystemTime::now(),
         memory: AtomicU64::new(0),
@@ -741,6 +780,27 @@ mod tests {
         assert_eq!(e, CUDA_ERROR_SYSTEM_DRIVER_MISMATCH);
         assert!(m.contains("protocol 99"), "{m}");
         assert!(matches!(h.join().unwrap(), Err(ServeError::Refused(_))));
+    }
+
+    #[test]
+    fn guest_strings_are_cut_and_escaped_before_they_are_kept() {
+        let b = broker(Duration::ZERO);
+        let (mut c, h) = connect(&b, "vm1");
+        let r = c.call(
+            &Hello {
+                protocol_version: 99,
+                pid: 1,
+                shim_version: format!("1.0\n{}", "v".repeat(1 << 20)),
+                process_name: "x".into(),
+            },
+            &[],
+        );
+        let (_, m) = r.unwrap_err();
+        assert!(m.len() < 512, "{} bytes", m.len());
+        assert!(m.contains("1.0\\nvvv") && !m.contains('\n'), "{m}");
+        drop(h.join());
+        assert_eq!(guest_text("a\u{1b}[2Jb", 10), "a\\u{1b}[2Jb");
+        assert_eq!(guest_text(&"é".repeat(1000), 256).chars().count(), 256);
     }
 
     #[test]

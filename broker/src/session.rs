@@ -215,6 +215,12 @@ fn reply<M: Message>(out: &mut Vec<u8>, m: M) -> Result<(), CuError> {
 
 impl Session {
     /// Opens a session of `tenant`; `info` describes the peer.
+    /// Makes the session's waits notice a client that disconnected
+    /// ([`crate::engine::Engine::watch_hangup`]).
+    pub fn watch_hangup(&mut self, probe: crate::engine::HangupProbe) {
+        self.engine.watch_hangup(probe);
+    }
+
     pub fn new(tenant: Arc<Tenant>, info: Arc<SessionInfo>) -> Result<Session, CuError> {
         let dev = tenant.context().map_err(CuError::from)?;
         let device = tenant.device().info().clone();
@@ -334,7 +340,7 @@ impl Session {
         if req.flags() & msg::ASYNC_OK != 0 {
             let ctx = self.req_ctx(req);
             if sync && r.is_ok() {
-                self.engine.drain();
+                self.engine.drain()?;
                 r = self.surface_async_error(ctx);
             } else if let (false, Err(e)) = (sync, &r) {
                 // No reply was wanted: the error surfaces at the next synchronizing call.
@@ -388,7 +394,7 @@ impl Session {
             }
             // The bytes stay the client's only until this request returns: run after the
             // session's earlier work, like a copy from pageable memory.
-            self.engine.drain();
+            self.engine.drain()?;
         };
         self.note_seq(ctx, m.stream, seq);
         if let Some(e) = failed {
@@ -419,7 +425,7 @@ impl Session {
         }
         self.allocs.check(m.src, m.len, "copy source")?;
         // A synchronous copy waits for earlier work and reports its errors.
-        self.engine.drain();
+        self.engine.drain()?;
         self.surface_async_error(ctx)?;
         let dev = Arc::clone(&self.dev);
         sink.write(m.len, &mut |segs| {
@@ -486,7 +492,7 @@ impl Session {
             }
             R::CtxSynchronize(m) => {
                 let seq = self.ctx(m.ctx)?.last_seq;
-                self.engine.wait(seq);
+                self.engine.wait(seq)?;
                 self.pools_after_sync();
                 self.surface_async_error(m.ctx)?;
                 reply(out, msg::Empty {})
@@ -560,7 +566,11 @@ impl Session {
             }
             R::MemFree(m) => {
                 self.ctx(m.ctx)?;
-                if m.ptr == 0 || self.free_pool_block(m.ptr).is_some() {
+                if m.ptr == 0 {
+                    return reply(out, msg::Empty {});
+                }
+                if let Some(r) = self.free_pool_block(m.ptr) {
+                    r?;
                     return reply(out, msg::Empty {});
                 }
                 match self.allocs.find(m.ptr) {
@@ -589,7 +599,7 @@ impl Session {
                     }
                 }
                 // cuMemFree synchronizes: pending work may still use the memory.
-                self.engine.drain();
+                self.engine.drain()?;
                 self.free_allocation(m.ptr);
                 reply(out, msg::Empty {})
             }
@@ -638,7 +648,7 @@ impl Session {
                 }
                 self.allocs.check(m.src, m.len, "copy source")?;
                 // A synchronous copy waits for earlier work and reports its errors.
-                self.engine.drain();
+                self.engine.drain()?;
                 self.surface_async_error(ctx)?;
                 msg::Empty {}.encode(out);
                 let start = out.len();
@@ -727,7 +737,7 @@ impl Session {
             }
             R::StreamSynchronize(m) => {
                 let seq = self.stream_seq(m.ctx, m.stream)?;
-                self.engine.wait(seq);
+                self.engine.wait(seq)?;
                 self.pools_after_sync();
                 self.surface_async_error(self.stream_ctx(m.ctx, m.stream)?)?;
                 reply(out, msg::Empty {})
@@ -797,7 +807,7 @@ impl Session {
             R::EventSynchronize(m) => {
                 let ev = self.event(m.event)?;
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
-                self.engine.wait(rec.seq);
+                self.engine.wait(rec.seq)?;
                 self.pools_after_sync();
                 self.surface_async_error(ctx)?;
                 reply(out, msg::Empty {})
@@ -1021,7 +1031,7 @@ impl Session {
 
     fn unload_module(&mut self, h: u64) {
         // Kernels of the module may still be queued or running.
-        self.engine.drain();
+        self.engine.settle();
         for base in self
             .allocs
             .bases_where(|a| a.kind == AllocKind::ModuleGlobal(h))
@@ -1305,7 +1315,7 @@ impl Session {
 
     /// Frees everything a context owns (allocations, streams, events).
     fn release_context_resources(&mut self, ctx: u64) {
-        self.engine.drain();
+        self.engine.settle();
         for base in self.allocs.bases_where(|a| a.ctx == ctx) {
             self.free_allocation(base);
         }

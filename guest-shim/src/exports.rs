@@ -998,7 +998,32 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
     match parts.len() {
         0 => Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU),
         1 => Ok(parts.swap_remove(0)),
-        _ => Ok(Cow::Owned(parts.concat())),
+        _ => Ok(link_translation_units(&parts)
+            .map(|ptx| Cow::Owned(ptx.into_bytes()))
+            .unwrap_or_else(|| Cow::Owned(parts.concat()))),
+    }
+}
+
+/// The fat binaries of several translation units as one module: when each
+/// carries PTX the device runs, their PTX linked into one text
+/// ([`crate::linker::link_ptx`]), so that every unit's kernels load (a
+/// module is one image). `None` when a unit has no such PTX or the texts do
+/// not link (the fat binaries are then sent as they are).
+fn link_translation_units(parts: &[Cow<'_, [u8]>]) -> Option<String> {
+    let arch = drv::device_arch().ok()?;
+    let texts = parts
+        .iter()
+        .map(|p| {
+            let ptx = vgpu_fatbin::ptx_for(p, arch).ok()?;
+            String::from_utf8(ptx).ok()
+        })
+        .collect::<Option<Vec<String>>>()?;
+    match crate::linker::link_ptx(&texts) {
+        Ok(linked) => Some(linked),
+        Err(e) => {
+            crate::debug!("the translation units' PTX does not link ({e}): sent as they are");
+            None
+        }
     }
 }
 

@@ -9,6 +9,8 @@
  *   driver_api fill BYTES          allocate BYTES in chunks until OUT_OF_MEMORY, report
  *   driver_api hold BYTES          allocate BYTES, print the pointer, then copy forever
  *   driver_api probe PTR           try to read, write and free a pointer we do not own
+ *   driver_api wait BYTES          allocate BYTES, queue long kernels, print "waiting",
+ *                                  then wait for them in cuCtxSynchronize
  * Each check prints "ok <what>" or "FAIL <what>: <code>"; the exit status is
  * the number of failures.
  */
@@ -61,6 +63,9 @@ CUresult cuEventElapsedTime(float *, CUevent, CUevent);
 CUresult cuEventDestroy_v2(CUevent);
 CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuModuleLoadData(void **, const void *);
+CUresult cuModuleGetFunction(void **, void *, const char *);
+CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
 
 static int failures;
 
@@ -233,12 +238,36 @@ static int probe(CUdeviceptr foreign) {
     return failures;
 }
 
+/* A kernel that spins for minutes on the simulated GPU. */
+static const char SPIN[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".visible .entry spin(.param .u64 p)\n{\n .reg .pred %p; .reg .b64 %rd<4>;\n"
+    " mov.u64 %rd1, 0;\nLOOP:\n add.u64 %rd1, %rd1, 1;\n setp.lt.u64 %p, %rd1, 4000000000;\n"
+    " @%p bra LOOP;\n ld.param.u64 %rd2, [p]; cvta.to.global.u64 %rd3, %rd2;\n"
+    " st.global.u64 [%rd3], %rd1;\n ret;\n}\n";
+
+static int wait_for_kernels(size_t bytes) {
+    setup();
+    CUdeviceptr d;
+    void *m, *f;
+    check("cuMemAlloc", cuMemAlloc_v2(&d, bytes), 0);
+    check("load the spinning kernel", cuModuleLoadData(&m, SPIN), 0);
+    check("cuModuleGetFunction", cuModuleGetFunction(&f, m, "spin"), 0);
+    void *args[] = {&d};
+    for (int i = 0; i < 8; i++)
+        check("launch", cuLaunchKernel(f, 4, 1, 1, 32, 1, 1, 0, 0, args, 0), 0);
+    printf("waiting\n");
+    fflush(stdout);
+    return cuCtxSynchronize() != 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "basic";
     if (!strcmp(mode, "basic")) return basic();
     if (!strcmp(mode, "fill") && argc > 2) return fill(strtoull(argv[2], 0, 0));
     if (!strcmp(mode, "hold") && argc > 2) return hold(strtoull(argv[2], 0, 0));
     if (!strcmp(mode, "probe") && argc > 2) return probe(strtoull(argv[2], 0, 0));
-    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR\n", argv[0]);
+    if (!strcmp(mode, "wait") && argc > 2) return wait_for_kernels(strtoull(argv[2], 0, 0));
+    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR | wait BYTES\n", argv[0]);
     return 100;
 }

@@ -208,6 +208,73 @@ static const char CALLEE[] =
     "  ret;\n"
     "}\n";
 
+/* A fat binary (header and one uncompressed PTX entry for compute_52), as
+ * nvcc lays it out, in `buf`; returns its size. */
+static size_t make_fatbin(unsigned char *buf, const char *ptx) {
+    size_t text = strlen(ptx) + 1, padded = (text + 7) / 8 * 8;
+    memset(buf, 0, 16 + 72 + padded);
+    uint32_t magic = 0xBA55ED50u, u32;
+    uint16_t u16;
+    uint64_t u64 = 72 + padded;
+    memcpy(buf, &magic, 4);
+    u16 = 1; memcpy(buf + 4, &u16, 2);
+    u16 = 16; memcpy(buf + 6, &u16, 2);
+    memcpy(buf + 8, &u64, 8);
+    unsigned char *e = buf + 16;
+    u16 = 1; memcpy(e, &u16, 2);          /* kind: PTX */
+    u16 = 0x0101; memcpy(e + 2, &u16, 2); /* entry version */
+    u32 = 72; memcpy(e + 4, &u32, 4);     /* header size */
+    u32 = (uint32_t)padded; memcpy(e + 8, &u32, 4);
+    u32 = 52; memcpy(e + 28, &u32, 4);    /* compute_52 */
+    u32 = 64; memcpy(e + 32, &u32, 4);    /* address bits */
+    memcpy(e + 72, ptx, text);
+    return 16 + 72 + padded;
+}
+
+static const char UNIT_A[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".visible .entry unit_a(.param .u64 p)\n{\n  .reg .b32 %r<2>; .reg .b64 %rd<3>;\n"
+    "  ld.param.u64 %rd1, [p]; cvta.to.global.u64 %rd2, %rd1;\n"
+    "  mov.u32 %r1, 11; st.global.u32 [%rd2], %r1;\n  ret;\n}\n";
+static const char UNIT_B[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".visible .entry unit_b(.param .u64 p)\n{\n  .reg .b32 %r<2>; .reg .b64 %rd<3>;\n"
+    "  ld.param.u64 %rd1, [p]; cvta.to.global.u64 %rd2, %rd1;\n"
+    "  mov.u32 %r1, 22; st.global.u32 [%rd2+4], %r1;\n  ret;\n}\n";
+
+/* nvcc's __fatBinC_Wrapper_t version 2: a fat binary and a NULL-terminated
+ * list of the translation units' prelinked fat binaries. Both units'
+ * kernels must load as one module, and run. */
+static void translation_units(void) {
+    static unsigned char fat_a[1024] __attribute__((aligned(8)));
+    static unsigned char fat_b[1024] __attribute__((aligned(8)));
+    make_fatbin(fat_a, UNIT_A);
+    make_fatbin(fat_b, UNIT_B);
+    static const void *prelinked[2];
+    prelinked[0] = fat_b;
+    prelinked[1] = NULL;
+    static struct { int magic, version; const void *data; const void **prelinked; } wrapper;
+    wrapper.magic = 0x466243B1;
+    wrapper.version = 2;
+    wrapper.data = fat_a;
+    wrapper.prelinked = prelinked;
+    CUmodule m;
+    check("two translation units in one wrapper", cuModuleLoadData(&m, &wrapper), 0);
+    CUfunction a, b;
+    check("the first unit's kernel", cuModuleGetFunction(&a, m, "unit_a"), 0);
+    check("the second unit's kernel", cuModuleGetFunction(&b, m, "unit_b"), 0);
+    CUdeviceptr d;
+    cuMemAlloc_v2(&d, 8);
+    void *args[] = {&d};
+    cuLaunchKernel(a, 1, 1, 1, 1, 1, 1, 0, 0, args, 0);
+    cuLaunchKernel(b, 1, 1, 1, 1, 1, 1, 0, 0, args, 0);
+    unsigned int v[2] = {0, 0};
+    check("read both results", cuMemcpyDtoH_v2(v, d, 8), 0);
+    expect("both units ran", v[0] == 11 && v[1] == 22);
+    cuMemFree_v2(d);
+    cuModuleUnload(m);
+}
+
 static void modules(void) {
     int mode = 0;
     check("cuModuleGetLoadingMode", cuModuleGetLoadingMode(&mode), 0);
@@ -485,6 +552,7 @@ int main(void) {
     check("cuDeviceGet", cuDeviceGet(&dev, 0), 0);
     check("cuCtxCreate", cuCtxCreate_v2(&ctx, 0, dev), 0);
     modules();
+    translation_units();
     libraries(ctx);
     linker();
     copies();

@@ -8,7 +8,14 @@
 //! entry is in the kernel before the call that caused it returns, so a crash
 //! of vgpud loses nothing; admin changes are also `fdatasync`ed, so they
 //! survive a crash of the machine.
+//!
+//! A guest must not be able to fill the host's disk through it: the log
+//! rotates at [`AuditLimits::max_bytes`] keeping [`AuditLimits::keep`] old
+//! files, session events of one VM are rate-limited (a token bucket; what is
+//! dropped is counted in one `audit.suppressed` entry), and strings a guest
+//! supplies are cut to [`GUEST_TEXT_MAX`] characters ([`guest_text`]).
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -16,7 +23,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde_json::{Map, Value, json};
@@ -25,6 +32,52 @@ use tracing::error;
 
 /// Mode of a newly created audit log: the daemon's user writes, its group reads.
 pub const AUDIT_LOG_MODE: u32 = 0o640;
+/// Characters of a guest-supplied string kept in an entry.
+pub const GUEST_TEXT_MAX: usize = 256;
+
+/// Bounds on what the audit log may take from the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditLimits {
+    /// The log rotates when it would pass this many bytes.
+    pub max_bytes: u64,
+    /// Rotated files kept (`audit.jsonl.1` … `.N`): at most
+    /// `(keep + 1) × max_bytes` on disk.
+    pub keep: u32,
+    /// Session events per second one VM may add, on average.
+    pub vm_events_per_s: u32,
+    /// Session events one VM may add at once.
+    pub vm_burst: u32,
+}
+
+impl Default for AuditLimits {
+    fn default() -> Self {
+        AuditLimits {
+            max_bytes: 64 << 20,
+            keep: 4,
+            vm_events_per_s: 20,
+            vm_burst: 200,
+        }
+    }
+}
+
+/// A guest-supplied string as the log keeps it: at most [`GUEST_TEXT_MAX`]
+/// characters, marked when cut (JSON encoding escapes control characters).
+pub fn guest_text(s: &str) -> String {
+    if s.chars().count() <= GUEST_TEXT_MAX {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(GUEST_TEXT_MAX).collect();
+    t.push_str("…(cut)");
+    t
+}
+
+/// One VM's session-event budget.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    suppressed: u64,
+}
 
 /// Why the audit log could not be opened.
 #[derive(Debug, Error)]
@@ -97,7 +150,19 @@ pub fn peer_cred(s: &UnixStream) -> io::Result<Actor> {
 #[derive(Debug)]
 pub struct AuditLog {
     path: PathBuf,
-    file: Mutex<File>,
+    limits: AuditLimits,
+    /// The file and its size.
+    file: Mutex<(File, u64)>,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+fn open_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(AUDIT_LOG_MODE)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// Whether an entry must reach the disk before the call returns.
@@ -110,8 +175,14 @@ pub enum Durability {
 }
 
 impl AuditLog {
-    /// Opens (creating it and its directory if needed) the log at `path` for appending.
+    /// Opens (creating it and its directory if needed) the log at `path` for
+    /// appending, with the default [`AuditLimits`].
     pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
+        Self::open_with(path, AuditLimits::default())
+    }
+
+    /// Opens the log at `path` with `limits`.
+    pub fn open_with(path: &Path, limits: AuditLimits) -> Result<AuditLog, AuditError> {
         let err = |source| AuditError {
             path: path.to_path_buf(),
             source,
@@ -119,17 +190,40 @@ impl AuditLog {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(err)?;
         }
-        let file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(AUDIT_LOG_MODE)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(err)?;
+        let file = open_file(path).map_err(err)?;
+        let size = file.metadata().map_err(err)?.len();
         Ok(AuditLog {
             path: path.to_path_buf(),
-            file: Mutex::new(file),
+            limits,
+            file: Mutex::new((file, size)),
+            buckets: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The path of rotated file `n` (`audit.jsonl.1` is the newest).
+    pub fn rotated(&self, n: u32) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(format!(".{n}"));
+        PathBuf::from(p)
+    }
+
+    /// Moves the current file to `.1` (and `.1` to `.2`, …, dropping the
+    /// oldest) and starts a new one.
+    fn rotate(&self, slot: &mut (File, u64)) -> io::Result<()> {
+        if self.limits.keep == 0 {
+            slot.0.set_len(0)?;
+            slot.1 = 0;
+            return Ok(());
+        }
+        for n in (1..self.limits.keep).rev() {
+            let from = self.rotated(n);
+            if from.exists() {
+                std::fs::rename(&from, self.rotated(n + 1))?;
+            }
+        }
+        std::fs::rename(&self.path, self.rotated(1))?;
+        *slot = (open_file(&self.path)?, 0);
+        Ok(())
     }
 
     /// The log's path.
@@ -148,7 +242,14 @@ impl AuditLog {
         }
         let mut line = serde_json::to_vec(&Value::Object(m)).unwrap_or_default();
         line.push(b'\n');
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.1 > 0
+            && slot.1 + line.len() as u64 > self.limits.max_bytes
+            && let Err(e) = self.rotate(&mut slot)
+        {
+            error!(path = %self.path.display(), error = %e, "cannot rotate the audit log");
+        }
+        let f = &mut slot.0;
         // One write of the whole line: O_APPEND keeps concurrent lines whole.
         let r = f.write_all(&line).and_then(|()| {
             if durability == Durability::Synced {
@@ -157,9 +258,51 @@ impl AuditLog {
                 Ok(())
             }
         });
-        if let Err(e) = r {
-            error!(path = %self.path.display(), error = %e, event, "cannot write the audit log");
+        match r {
+            Ok(()) => slot.1 += line.len() as u64,
+            Err(e) => {
+                error!(path = %self.path.display(), error = %e, event, "cannot write the audit log")
+            }
         }
+    }
+
+    /// Appends a session event of `vm`, within the VM's rate budget: past it
+    /// the event is dropped and counted, and the count is recorded
+    /// (`audit.suppressed`) with the VM's next event that fits. Returns
+    /// whether `event` was written.
+    pub fn record_vm(&self, vm: &str, event: &str, fields: Value) -> bool {
+        let (allowed, suppressed) = {
+            let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            let burst = f64::from(self.limits.vm_burst.max(1));
+            let b = buckets.entry(vm.to_string()).or_insert(Bucket {
+                tokens: burst,
+                at: now,
+                suppressed: 0,
+            });
+            let refill =
+                now.duration_since(b.at).as_secs_f64() * f64::from(self.limits.vm_events_per_s);
+            b.tokens = (b.tokens + refill).min(burst);
+            b.at = now;
+            if b.tokens >= 1.0 {
+                b.tokens -= 1.0;
+                (true, std::mem::take(&mut b.suppressed))
+            } else {
+                b.suppressed += 1;
+                (false, 0)
+            }
+        };
+        if suppressed > 0 {
+            self.record(
+                "audit.suppressed",
+                json!({ "vm": vm, "events": suppressed, "why": "the VM's session events passed its rate limit" }),
+                Durability::Written,
+            );
+        }
+        if allowed {
+            self.record(event, fields, Durability::Written);
+        }
+        allowed
     }
 
     /// Records an admin change by `actor`: `what` was asked, with the state
@@ -270,6 +413,71 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, AUDIT_LOG_MODE);
+    }
+
+    #[test]
+    fn the_log_rotates_and_keeps_a_bounded_number_of_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.jsonl");
+        let limits = AuditLimits {
+            max_bytes: 4096,
+            keep: 2,
+            vm_events_per_s: 1_000_000,
+            vm_burst: 1_000_000,
+        };
+        let log = AuditLog::open_with(&p, limits).unwrap();
+        for i in 0..1000 {
+            log.record_vm("vm1", "session.open", json!({ "vm": "vm1", "i": i }));
+        }
+        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        assert!(size(&p) <= 4096, "{}", size(&p));
+        assert!(size(&log.rotated(1)) > 0 && size(&log.rotated(1)) <= 4096);
+        assert!(size(&log.rotated(2)) > 0);
+        assert!(!log.rotated(3).exists(), "only `keep` rotated files");
+        // The newest entry is in the current file, whole.
+        let text = std::fs::read_to_string(&p).unwrap();
+        let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(last["i"], 999);
+    }
+
+    #[test]
+    fn a_flood_of_one_vms_events_is_cut_and_counted_and_others_are_not_affected() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.jsonl");
+        let limits = AuditLimits {
+            vm_events_per_s: 1,
+            vm_burst: 10,
+            ..AuditLimits::default()
+        };
+        let log = AuditLog::open_with(&p, limits).unwrap();
+        let written = (0..1000)
+            .filter(|_| log.record_vm("noisy", "session.refused", json!({ "vm": "noisy" })))
+            .count();
+        assert!((10..=12).contains(&written), "{written}");
+        assert!(log.record_vm("quiet", "session.open", json!({ "vm": "quiet" })));
+        // Later, the next event of the noisy VM records what was dropped.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(log.record_vm("noisy", "session.open", json!({ "vm": "noisy" })));
+        let text = std::fs::read_to_string(&p).unwrap();
+        let suppressed: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| v["event"] == "audit.suppressed")
+            .collect();
+        assert_eq!(suppressed.len(), 1, "{text}");
+        assert_eq!(
+            suppressed[0]["events"].as_u64().unwrap() + written as u64,
+            1000
+        );
+    }
+
+    #[test]
+    fn guest_strings_are_cut() {
+        assert_eq!(guest_text("short"), "short");
+        let long = "x".repeat(4 << 20);
+        let t = guest_text(&long);
+        assert!(t.len() < GUEST_TEXT_MAX + 16, "{}", t.len());
+        assert!(t.ends_with("…(cut)"));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,7 +28,7 @@ use vgpu_broker::tenant::Tenant;
 use vgpu_proto::frame::{FrameError, HEADER_LEN, Header};
 use vgpu_proto::msg;
 
-use crate::audit::{AuditLog, Durability};
+use crate::audit::{AuditLog, guest_text};
 
 /// How often [`SessionHub::wait_ended`] looks.
 const POLL: Duration = Duration::from_millis(10);
@@ -148,23 +149,35 @@ impl SessionHub {
             let (pid, process) =
                 info.map_or((0, String::new()), |s| (s.pid, s.process_name.clone()));
             self.audit(
+                &vm,
                 "session.open",
                 json!({
                     "vm": vm, "session": reply.session_id, "pid": pid,
-                    "process": process, "transport": transport,
+                    "process": guest_text(&process), "transport": transport,
                 }),
             );
             *opened.borrow_mut() = Some((pid, process, Instant::now()));
         };
         let writer = FirstFrameTap::new(stream, on_first_frame);
-        let result =
-            vgpu_broker::server::serve(broker, Arc::clone(&tenant), stream, writer, transport);
+        let fd = stream.as_raw_fd();
+        // `fd` is `stream`'s, which outlives the session: serve_watched
+        // returns before `stream` is dropped, and the probe with it.
+        let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
+        let result = vgpu_broker::server::serve_watched(
+            broker,
+            Arc::clone(&tenant),
+            stream,
+            writer,
+            transport,
+            Some(hangup),
+        );
         let ended = self.lock().remove(&conn).and_then(|c| c.ended);
         let id = session.get();
         let closed = |reason: &str| {
             let (pid, process, since) = opened.borrow().clone().unzip3();
             json!({
-                "vm": vm, "session": id, "pid": pid, "process": process,
+                "vm": vm, "session": id, "pid": pid,
+                "process": process.as_deref().map(guest_text),
                 "transport": transport, "reason": reason,
                 "duration_s": since.map(|s| s.elapsed().as_secs_f64()),
             })
@@ -176,33 +189,36 @@ impl SessionHub {
             (Ok(s), ended) => {
                 let mut v = closed(ended.map_or("client disconnected", EndReason::as_str));
                 v["requests"] = s.requests.into();
-                self.audit("session.close", v);
+                self.audit(&vm, "session.close", v);
             }
             (Err(ServeError::Refused(m)), _) => {
                 self.audit(
+                    &vm,
                     "session.refused",
-                    json!({ "vm": vm, "transport": transport, "error": m }),
+                    json!({ "vm": vm, "transport": transport, "error": guest_text(m) }),
                 );
             }
             (Err(ServeError::Frame(FrameError::Truncated | FrameError::Io(_))), ended)
                 if id != 0 =>
             {
                 self.audit(
+                    &vm,
                     "session.close",
                     closed(ended.map_or("connection lost mid-request", EndReason::as_str)),
                 );
             }
             (Err(e), _) => {
                 let mut v = closed("error");
-                v["error"] = error_chain(e).into();
-                self.audit("session.error", v);
+                v["error"] = guest_text(&error_chain(e)).into();
+                self.audit(&vm, "session.error", v);
             }
         }
     }
 
-    fn audit(&self, event: &str, fields: Value) {
+    /// Records a session event of `vm`, within the VM's audit rate budget.
+    fn audit(&self, vm: &str, event: &str, fields: Value) {
         if let Some(a) = &self.audit {
-            a.record(event, fields, Durability::Written);
+            a.record_vm(vm, event, fields);
         }
     }
 
@@ -255,6 +271,19 @@ impl SessionHub {
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// Whether the peer of a connected unix socket has gone: it closed or shut
+/// down its end (`POLLRDHUP`, `POLLHUP`) or the socket failed (`POLLERR`).
+fn peer_gone(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout (never blocks).
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 trait Unzip3<A, B, C> {

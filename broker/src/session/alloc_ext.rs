@@ -186,7 +186,7 @@ impl Session {
                     self.ext.current_pool = None;
                 }
                 // Work may still use its free blocks: they go back once it is done.
-                self.engine.drain();
+                self.engine.drain()?;
                 self.release_free_blocks(m.pool, 0);
                 let busy = self.pool(m.pool)?.used > 0;
                 if busy {
@@ -457,7 +457,7 @@ impl Session {
                     Ok(())
                 }
                 AllocKind::Device | AllocKind::Managed | AllocKind::MappedHost => {
-                    self.engine.drain();
+                    self.engine.drain()?;
                     self.free_allocation(ptr);
                     Ok(())
                 }
@@ -476,16 +476,18 @@ impl Session {
 
     /// `cuMemFree` of a pool block: it is returned to its pool (the work before it is done).
     /// `None` when `ptr` is not a pool block.
-    pub(super) fn free_pool_block(&mut self, ptr: u64) -> Option<()> {
+    pub(super) fn free_pool_block(&mut self, ptr: u64) -> Option<Result<(), CuError>> {
         match self.allocs.find(ptr) {
             Some((base, a)) if base == ptr => {
                 let AllocKind::PoolBlock(pool) = a.kind else {
                     return None;
                 };
-                self.engine.drain();
+                if let Err(e) = self.engine.drain() {
+                    return Some(Err(e));
+                }
                 self.pool_free(pool, ptr);
                 self.pools_after_sync();
-                Some(())
+                Some(Ok(()))
             }
             _ => None,
         }
@@ -503,8 +505,9 @@ impl Session {
             p.used = p.used.saturating_sub(b.charged);
             self.tenant.usage.sub(UsageKind::PoolUsed, b.charged);
         }
-        if p.destroyed && p.used == 0 {
-            self.engine.drain();
+        // A destroyed pool goes once its work is done (if the client hung up, the session's
+        // end releases it).
+        if p.destroyed && p.used == 0 && self.engine.drain().is_ok() {
             self.release_free_blocks(pool, 0);
             self.ext.pools.remove(pool);
         }

@@ -356,7 +356,7 @@ impl Session {
     fn mem_unmap(&mut self, ptr: u64, size: u64) -> Result<(), CuError> {
         let bases = self.mappings_in(ptr, size)?;
         // Queued work may still use the memory.
-        self.engine.drain();
+        self.engine.drain()?;
         for b in bases {
             self.allocs.remove(b);
             if let Some(m) = self.ext.vmm.mappings.remove(&b)

@@ -1,0 +1,347 @@
+//! Fuzz targets: every parser that reads bytes a guest (or an operator's
+//! config file) controls, one function per parser taking the raw input.
+//!
+//! The same functions run under libFuzzer (`fuzz/`, `cargo fuzz run
+//! TARGET`) and in this crate's tests, which replay the seed corpora in
+//! `fuzz/corpus/<target>/` and a deterministic burst of mutations of them
+//! under a cost oracle: an input that panics, allocates more than
+//! [`MAX_INPUT_ALLOC`] or runs longer than [`MAX_INPUT_TIME`] is a finding.
+//! A target returns normally for every input: errors are the expected answer
+//! to bad input.
+
+use std::path::Path;
+use std::time::Duration;
+
+use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::QueueOwnedT;
+use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress};
+
+use vgpu_vmm::vsock::packet::{GuestMem, TxPacket, parse_rx_chain};
+
+/// Most bytes one input may allocate (peak) before it counts as a finding.
+pub const MAX_INPUT_ALLOC: usize = 256 << 20;
+/// Longest one input may run before it counts as a finding.
+pub const MAX_INPUT_TIME: Duration = Duration::from_secs(1);
+
+/// A fuzz target.
+pub type Target = fn(&[u8]);
+
+/// Every target by name (the names of `fuzz/fuzz_targets/*.rs` and of the
+/// corpus directories).
+pub const TARGETS: &[(&str, Target)] = &[
+    ("frame", frame),
+    ("ptx", ptx),
+    ("fatbin", fatbin),
+    ("config", config),
+    ("vsock_chain", vsock_chain),
+    ("vgpu_chain", vgpu_chain),
+];
+
+/// A protocol frame from the guest: the header, then the request payload
+/// decoded as the header's opcode says.
+pub fn frame(data: &[u8]) {
+    let Some(head) = data.get(..vgpu_proto::frame::HEADER_LEN) else {
+        return;
+    };
+    let mut h = [0u8; vgpu_proto::frame::HEADER_LEN];
+    h.copy_from_slice(head);
+    let opcode = match vgpu_proto::frame::Header::decode(&h) {
+        Ok(header) => header.opcode,
+        Err(_) => u16::from_le_bytes([data[4], data[5]]),
+    };
+    let _ = vgpu_proto::msg::Request::decode(opcode, &data[vgpu_proto::frame::HEADER_LEN..]);
+}
+
+/// A PTX module (what `cuModuleLoadData` sends), loaded by the interpreter's
+/// front end.
+pub fn ptx(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = vgpu_ptx::Module::load(text);
+    }
+}
+
+/// A fat binary or cubin: entries, the images a device would keep, the PTX
+/// it would run, and a cubin's kernels and variables.
+pub fn fatbin(data: &[u8]) {
+    if let Ok(entries) = vgpu_fatbin::entries(data) {
+        for e in entries.iter().take(16) {
+            let _ = e.contents();
+        }
+    }
+    let _ = vgpu_fatbin::select(data, 80);
+    let _ = vgpu_fatbin::ptx_for(data, 80);
+    let _ = vgpu_fatbin::cubin::read(data);
+}
+
+/// A config file (the operator's, but parsed with the same care).
+pub fn config(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = vgpu_broker::config::Config::parse(Path::new("fuzz.toml"), text);
+    }
+}
+
+/// Guest memory of the chain targets.
+const MEM_SIZE: usize = 1 << 20;
+/// Where the descriptor table and rings of the mock queue live.
+const QUEUE_ADDR: u64 = 0;
+/// Queue size of the mock queue.
+const QUEUE_SIZE: u16 = 16;
+/// Where the input's payload bytes are written in guest memory.
+const PAYLOAD_ADDR: u64 = 0x8000;
+/// Bytes describing one descriptor in an input.
+const DESC_BYTES: usize = 12;
+
+/// Builds a descriptor chain from an input and hands it to `parse`: the
+/// first byte is the descriptor count (1 to 8), each descriptor takes
+/// [`DESC_BYTES`] (address u32 — scaled so some fall outside guest memory —,
+/// length u32, flags u16, next u16), and the rest is written to guest memory
+/// as the buffers' contents.
+fn with_chain(data: &[u8], parse: impl FnOnce(&GuestMem, virtio_queue::Queue)) {
+    let Some((&count, rest)) = data.split_first() else {
+        return;
+    };
+    let count = usize::from(count % 8) + 1;
+    let Some(descs) = rest.get(..count * DESC_BYTES) else {
+        return;
+    };
+    let payload = &rest[count * DESC_BYTES..];
+    let Ok(mem) = GuestMem::from_ranges(&[(GuestAddress(0), MEM_SIZE)]) else {
+        return;
+    };
+    let raw: Vec<RawDescriptor> = descs
+        .chunks_exact(DESC_BYTES)
+        .map(|d| {
+            let addr =
+                u64::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]])) % (2 * MEM_SIZE as u64);
+            let len = u32::from_le_bytes([d[4], d[5], d[6], d[7]]);
+            let flags =
+                u16::from_le_bytes([d[8], d[9]]) & (VRING_DESC_F_NEXT | VRING_DESC_F_WRITE) as u16;
+            let next = u16::from_le_bytes([d[10], d[11]]) % QUEUE_SIZE;
+            RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+        })
+        .collect();
+    let q = MockSplitQueue::create(&mem, GuestAddress(QUEUE_ADDR), QUEUE_SIZE);
+    if q.add_desc_chains(&raw, 0).is_err() {
+        return;
+    }
+    let room = MEM_SIZE - PAYLOAD_ADDR as usize;
+    let _ = mem.write_slice(
+        &payload[..payload.len().min(room)],
+        GuestAddress(PAYLOAD_ADDR),
+    );
+    let Ok(queue) = q.create_queue::<virtio_queue::Queue>() else {
+        return;
+    };
+    parse(&mem, queue);
+}
+
+/// A vsock device chain: a tx packet (header, length checks) and an rx chain.
+pub fn vsock_chain(data: &[u8]) {
+    with_chain(data, |mem, mut queue| {
+        let Ok(mut chains) = queue.iter(mem) else {
+            return;
+        };
+        if let Some(chain) = chains.next() {
+            let tx = chain.clone();
+            let _ = TxPacket::parse(tx, mem);
+            let _ = parse_rx_chain(chain, mem);
+        }
+    });
+}
+
+/// A virtio-vgpu request chain.
+pub fn vgpu_chain(data: &[u8]) {
+    with_chain(data, |mem, mut queue| {
+        let Ok(mut chains) = queue.iter(mem) else {
+            return;
+        };
+        if let Some(chain) = chains.next() {
+            let _ = vgpu_vmm::vgpu_dev::chain::parse_chain(chain, mem);
+        }
+    });
+}
+
+/// Seed inputs of a target, built from the project's fixtures: real frames,
+/// the kernel corpus's PTX, a real cubin and fat binaries, the example
+/// configs, and well-formed descriptor chains.
+pub fn seeds(target: &str) -> Vec<Vec<u8>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let read_dir = |dir: &str, ext: &str| -> Vec<Vec<u8>> {
+        let mut files: Vec<_> = std::fs::read_dir(root.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .collect();
+        files.sort();
+        files.iter().filter_map(|p| std::fs::read(p).ok()).collect()
+    };
+    match target {
+        "frame" => {
+            use vgpu_proto::msg::{self, Op};
+            let mut v = Vec::new();
+            let mut push = |opcode: u16, payload: Vec<u8>| {
+                let mut f = Vec::new();
+                let _ = vgpu_proto::frame::write_frame(&mut f, opcode, 0, 1, 0, &[&payload]);
+                v.push(f);
+            };
+            push(
+                msg::Hello::OPCODE,
+                msg::encode(&msg::Hello {
+                    protocol_version: vgpu_proto::PROTOCOL_VERSION,
+                    pid: 1,
+                    shim_version: "0.1".into(),
+                    process_name: "seed".into(),
+                }),
+            );
+            push(
+                msg::MemAlloc::OPCODE,
+                msg::encode(&msg::MemAlloc { ctx: 1, size: 4096 }),
+            );
+            let mut launch = msg::encode(&msg::LaunchKernel {
+                ctx: 1,
+                stream: 0,
+                function: 2,
+                grid_x: 1,
+                grid_y: 1,
+                grid_z: 1,
+                block_x: 32,
+                block_y: 1,
+                block_z: 1,
+                shared_bytes: 0,
+            });
+            launch.extend_from_slice(&[0; 16]);
+            push(msg::LaunchKernel::OPCODE, launch);
+            let mut load = msg::encode(&msg::ModuleLoad { ctx: 1 });
+            load.extend_from_slice(b".version 7.0\n.target sm_52\n.address_size 64\n");
+            push(msg::ModuleLoad::OPCODE, load);
+            push(
+                msg::ModuleGetFunction::OPCODE,
+                msg::encode(&msg::ModuleGetFunction {
+                    ctx: 1,
+                    module: 2,
+                    name: "k".into(),
+                }),
+            );
+            v
+        }
+        "ptx" => read_dir("tests/kernels/ptx", "ptx"),
+        "fatbin" => {
+            let mut v = read_dir("devices/cuda/testdata", "cubin");
+            let ptx = read_dir("tests/kernels/ptx", "ptx");
+            for text in ptx.iter().take(4) {
+                v.push(vgpu_fatbin::write(&[vgpu_fatbin::NewEntry {
+                    kind: vgpu_fatbin::KIND_PTX,
+                    arch: 52,
+                    flags: 0,
+                    payload: text,
+                    uncompressed_len: 0,
+                }]));
+            }
+            v
+        }
+        "config" => read_dir("examples", "toml"),
+        "vsock_chain" | "vgpu_chain" => {
+            // Two descriptors: a readable header then a writable reply.
+            let mut one = vec![1u8];
+            for (addr, len, flags, next) in [
+                (PAYLOAD_ADDR as u32, 64u32, VRING_DESC_F_NEXT as u16, 1u16),
+                (
+                    PAYLOAD_ADDR as u32 + 0x1000,
+                    4096,
+                    VRING_DESC_F_WRITE as u16,
+                    0,
+                ),
+            ] {
+                one.extend_from_slice(&addr.to_le_bytes());
+                one.extend_from_slice(&len.to_le_bytes());
+                one.extend_from_slice(&flags.to_le_bytes());
+                one.extend_from_slice(&next.to_le_bytes());
+            }
+            one.extend_from_slice(&[0u8; 64]);
+            vec![one]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// A small deterministic pseudo-random generator (xorshift64*), so that the
+/// mutation runs of the tests repeat exactly.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed (0 is replaced).
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.max(1))
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value below `n` (`n` > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// One mutation of `input`, as libFuzzer's basic mutators do: flip bits,
+/// set bytes to interesting values, insert, erase, duplicate a block, or
+/// splice with `other`.
+pub fn mutate(input: &[u8], other: &[u8], rng: &mut Rng) -> Vec<u8> {
+    const INTERESTING: [u8; 8] = [0, 1, 0x7f, 0x80, 0xff, b'.', b'{', b';'];
+    let mut v = input.to_vec();
+    for _ in 0..=rng.below(4) {
+        match rng.below(7) {
+            0 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                v[i] ^= 1 << rng.below(8);
+            }
+            1 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                v[i] = INTERESTING[rng.below(INTERESTING.len())];
+            }
+            2 => {
+                let i = rng.below(v.len() + 1);
+                v.insert(i, rng.next_u64() as u8);
+            }
+            3 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                let n = rng.below(v.len() - i).min(64) + 1;
+                v.drain(i..(i + n).min(v.len()));
+            }
+            4 if !v.is_empty() && v.len() < (1 << 20) => {
+                let i = rng.below(v.len());
+                let n = rng.below(v.len() - i).min(256) + 1;
+                let block: Vec<u8> = v[i..(i + n).min(v.len())].to_vec();
+                let at = rng.below(v.len() + 1);
+                v.splice(at..at, block);
+            }
+            5 if !other.is_empty() => {
+                let cut = rng.below(v.len() + 1);
+                let from = rng.below(other.len());
+                v.truncate(cut);
+                v.extend_from_slice(&other[from..]);
+            }
+            _ => {
+                // A 4-byte little-endian field set to an extreme value.
+                if v.len() >= 4 {
+                    let i = rng.below(v.len() - 3);
+                    let x: u32 = [0, 1, u32::MAX, 0x8000_0000, 0x7fff_ffff][rng.below(5)];
+                    v[i..i + 4].copy_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+    }
+    v
+}

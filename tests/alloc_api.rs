@@ -110,7 +110,13 @@ fn a_killed_process_returns_every_kind_and_the_breakdown_shows_it() {
     let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
     let prog = build_c_program("alloc_api");
     let mut holders = Vec::new();
-    for (kind, mib) in [("managed", 3), ("mapped", 5), ("pool", 7), ("vmm", 4)] {
+    for (kind, mib) in [
+        ("managed", 3),
+        ("mapped", 5),
+        ("registered", 1),
+        ("pool", 7),
+        ("vmm", 4),
+    ] {
         let mut child = Command::new(&prog)
             .args(["hold", kind, &(mib * MIB).to_string()])
             .env("VGPU_TRANSPORT", d.transport("vm1"))
@@ -129,11 +135,11 @@ fn a_killed_process_returns_every_kind_and_the_breakdown_shows_it() {
         holders.push(child);
     }
     let vm = d.vm("vm1");
-    assert_eq!(vm["memory_used"], 19 * MIB, "{vm}");
+    assert_eq!(vm["memory_used"], 20 * MIB, "{vm}");
     assert_eq!(by_kind_of(&vm, "vmm_physical"), 4 * MIB, "{vm}");
     let by_kind = &vm["memory_by_kind"];
     assert_eq!(by_kind["managed"], 3 * MIB, "{vm}");
-    assert_eq!(by_kind["mapped_host"], 5 * MIB, "{vm}");
+    assert_eq!(by_kind["mapped_host"], 6 * MIB, "{vm}");
     assert_eq!(by_kind["pool_reserved"], 7 * MIB, "{vm}");
     assert_eq!(by_kind["pool_used"], 7 * MIB, "{vm}");
     assert_eq!(by_kind["plain"], 0, "{vm}");

@@ -486,6 +486,7 @@ static void vmm(void) {
     check("read a", cuMemcpyDtoH_v2(&v[0], va + gran - 4, 4), 0);
     check("read b", cuMemcpyDtoH_v2(&v[1], va + gran, 4), 0);
     expect("the kernel ran on a, b is intact", v[0] == 42 && v[1] == 99);
+    check("cuMemFree of mapped memory is refused", cuMemFree_v2(va), 1);
     CUmemGenericAllocationHandle r = 0;
     check("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(va + gran + 8)), 0);
     expect("it is b", r == b);

@@ -474,11 +474,16 @@ impl Session {
         }
     }
 
-    /// `cuMemFree` of a pool block: it is returned to its pool (the work before it is done).
-    /// `None` when `ptr` is not a pool block.
+    /// `cuMemFree` of a pool block: it is returned to its pool (the work before it is done);
+    /// of a VMM mapping: refused. `None` for other pointers.
     pub(super) fn free_pool_block(&mut self, ptr: u64) -> Option<Result<(), CuError>> {
         match self.allocs.find(ptr) {
             Some((base, a)) if base == ptr => {
+                if a.kind == AllocKind::VmmMapping {
+                    return Some(Err(CuError::invalid_value(
+                        "mapped memory is released with cuMemUnmap and cuMemRelease, not cuMemFree",
+                    )));
+                }
                 let AllocKind::PoolBlock(pool) = a.kind else {
                     return None;
                 };

@@ -18,7 +18,7 @@
 //! query, a synchronous device-to-host copy) every region the device owns is copied back and
 //! becomes the host's. Copies and memsets that name mirrored memory work on the mirror, after
 //! taking it back from the device if needed. Whole regions move: simple and correct, at the
-//! cost of copying a region that neither side changed (docs/compatibility.md has figures).
+//! cost of copying a region that neither side changed (docs/memory.md has figures).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, OnceLock};

@@ -615,16 +615,21 @@ impl Drop for Generation {
             // A kernel may still run in it: destroying it can take as long as
             // the driver needs to tear the context down. Never on a broker thread.
             let (ctx, id) = (self.ctx, self.id);
+            // Physical memory is the device's, not the context's: released after it.
+            let vmm = self.take_vmm();
             let spawned = std::thread::Builder::new()
                 .name("vgpu-cuda-reaper".into())
-                .spawn(move || match d.ctx_destroy(ctx) {
-                    Ok(()) => debug!(generation = id, "broken CUDA context destroyed"),
-                    Err(f) => warn!(
-                        generation = id,
-                        call = f.call,
-                        code = f.code,
-                        "destroying a broken CUDA context failed"
-                    ),
+                .spawn(move || {
+                    match d.ctx_destroy(ctx) {
+                        Ok(()) => debug!(generation = id, "broken CUDA context destroyed"),
+                        Err(f) => warn!(
+                            generation = id,
+                            call = f.call,
+                            code = f.code,
+                            "destroying a broken CUDA context failed"
+                        ),
+                    }
+                    vmm::release(&d, vmm);
                 });
             if let Err(e) = spawned {
                 warn!(error = %e, "cannot start a thread to destroy a broken CUDA context; it leaks");

@@ -8,6 +8,7 @@ use tracing::warn;
 use vgpu_broker::device::DeviceError;
 
 use super::{CudaContext, Generation, Range, RangeKind, lock};
+use crate::driver::Driver;
 use crate::error::Op;
 
 /// One physical allocation.
@@ -35,21 +36,35 @@ fn unknown(addr: u64, len: u64) -> DeviceError {
 impl Generation {
     /// Unmaps, unreserves and releases everything (the context goes away).
     pub(super) fn release_vmm(&self) {
+        let v = self.take_vmm();
+        release(self.driver(), v);
+    }
+
+    /// Takes the context's VMM state out, uncounting its physical memory and mappings.
+    pub(super) fn take_vmm(&self) -> Vmm {
         let v = std::mem::take(&mut *lock(&self.vmm));
-        let d = self.driver();
-        for (va, size) in v.mapped {
-            if let Err(f) = d.vmm_unmap(va, size) {
-                warn!(call = f.call, code = f.code, "unmapping VM memory failed");
-            }
-            lock(&self.ranges).remove(&va);
+        let mut ranges = lock(&self.ranges);
+        for va in v.mapped.keys() {
+            ranges.remove(va);
         }
-        for (va, size) in v.reserved {
-            let _ = d.vmm_free(va, size);
+        let phys: u64 = v.phys.values().map(|p| p.size).sum();
+        self.shared.used.fetch_sub(phys, Ordering::Relaxed);
+        v
+    }
+}
+
+/// Unmaps, unreserves and releases what `v` holds (VMM calls need no current context).
+pub(super) fn release(d: &Driver, v: Vmm) {
+    for (va, size) in v.mapped {
+        if let Err(f) = d.vmm_unmap(va, size) {
+            warn!(call = f.call, code = f.code, "unmapping VM memory failed");
         }
-        for p in v.phys.values() {
-            let _ = d.vmm_release(p.handle);
-            self.shared.used.fetch_sub(p.size, Ordering::Relaxed);
-        }
+    }
+    for (va, size) in v.reserved {
+        let _ = d.vmm_free(va, size);
+    }
+    for p in v.phys.values() {
+        let _ = d.vmm_release(p.handle);
     }
 }
 

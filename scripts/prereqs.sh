@@ -20,6 +20,7 @@ fi
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v cpio >/dev/null 2>&1 || missing+=(cpio)
+command -v mke2fs >/dev/null 2>&1 || missing+=(e2fsprogs)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
@@ -27,6 +28,14 @@ if [ ${#missing[@]} -gt 0 ] && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
     log "installing ${missing[*]}"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+# cargo-fuzz for scripts/fuzz.sh (a short libFuzzer run of every target in
+# the test command). It builds from crates.io once (a few minutes).
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    log "installing cargo-fuzz 0.13.2 (for scripts/fuzz.sh)"
+    cargo install --locked --quiet cargo-fuzz@0.13.2 \
+        || log "cargo-fuzz could not be installed; the fuzz run will be skipped"
 fi
 
 if [ "$(id -u)" -eq 0 ]; then

@@ -102,6 +102,48 @@ fn nvcc_programs_run_streams_events_and_callbacks() {
     run_nvcc_program("streams", 30, ALL_RUNTIMES);
 }
 
+/// Device-side printf and assert through the runtime, shim, vgpud and the simulated GPU:
+/// `printf` text reaches the program's stdout at the synchronizing call, a failed `assert`
+/// prints CUDA's message and makes the context fail with cudaErrorAssert (710), sticky for that
+/// process only: another VM, and the same VM's next process, run normally.
+#[test]
+fn nvcc_programs_run_device_printf_and_assert() {
+    let dir = nvcc_programs();
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    for cudart in ["static", "shared"] {
+        let prog = dir.join(format!("device_io.{cudart}"));
+        let r = run_with_shim(&d, "vm1", &prog, &[]);
+        assert_passed(&r, &format!("device_io (cudart {cudart})"), 8);
+        // The program captured its own fds; what it saw is echoed as `#   ` lines.
+        assert!(
+            r.stdout
+                .contains("#   device_io: fmt d=-7 u=42 x=beef lld=-1234567890123 f=3.142 e=6.02e+23 s=str c=Z p=%"),
+            "{}",
+            r.stdout
+        );
+
+        let r = run_with_shim(&d, "vm1", &prog, &["assert"]);
+        assert_passed(&r, &format!("device_io assert (cudart {cudart})"), 7);
+        let msg = "device_io.cu:44: void check_values(const int *, int): block: [0,0,0], thread: [13,0,0] Assertion `v[i] != 13` failed.";
+        assert!(
+            r.stdout.contains(msg),
+            "CUDA's assert message: {}",
+            r.stdout
+        );
+
+        // The fault poisoned that process's context only.
+        let r = run_with_shim(&d, "vm2", &prog, &[]);
+        assert_passed(&r, &format!("device_io in another VM (cudart {cudart})"), 8);
+        let r = run_with_shim(&d, "vm1", &prog, &[]);
+        assert_passed(
+            &r,
+            &format!("device_io after the assert (cudart {cudart})"),
+            8,
+        );
+        d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    }
+}
+
 /// The directory of PyPI's CUDA runtime of a major version
 /// (`nvidia-cuda-runtime-cu12`, `nvidia-cuda-runtime` 13), with include/ and lib/.
 fn pypi_cudart(major: u32) -> PathBuf {

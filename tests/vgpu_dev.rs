@@ -1052,3 +1052,74 @@ fn hostile_descriptor_chains_are_refused_and_vgpud_keeps_serving() {
     let st = h.stats("other");
     assert_eq!((st.dropped_chains, st.refused_requests), (0, 0));
 }
+
+/// Device `printf` over the device transport: the synchronizing call's reply frame carries
+/// `FLAG_OUTPUT` for a session that enabled the feature, and `TakeOutput` returns the text.
+#[test]
+fn device_printf_output_is_flagged_and_fetched_over_the_device() {
+    let h = Host::start(&[("vm1", 64)]);
+    let g = h.guest("vm1", 32 * MIB);
+    let mut s = DevSession::open(&g, 1).unwrap();
+    s.hello("printf").unwrap();
+    let f = s
+        .call(
+            &msg::SetFeatures {
+                features: msg::FEATURE_DEVICE_OUTPUT,
+            },
+            &[],
+        )
+        .unwrap();
+    assert_eq!(f.features, msg::FEATURE_DEVICE_OUTPUT);
+    let ctx = s.ctx_create().unwrap();
+    let ptx = include_str!("../devices/ptx/fixtures/deviceio.compute_80.ptx");
+    let module = s
+        .call(&msg::ModuleLoad { ctx }, ptx.as_bytes())
+        .unwrap()
+        .handle;
+    let lanes = s
+        .call(
+            &msg::ModuleGetFunction {
+                ctx,
+                module,
+                name: "lanes".into(),
+            },
+            &[],
+        )
+        .unwrap();
+    s.post_sg(
+        &msg::LaunchKernel {
+            ctx,
+            stream: 0,
+            function: lanes.function,
+            grid_x: 1,
+            grid_y: 1,
+            grid_z: 1,
+            block_x: 32,
+            block_y: 1,
+            block_z: 1,
+            shared_bytes: 0,
+        },
+        &[],
+    )
+    .unwrap();
+    let p = s
+        .submit_call(&msg::CtxSynchronize { ctx }, &[], &[])
+        .unwrap();
+    let c = g.wait(p, DEFAULT_TIMEOUT).unwrap();
+    let hb: [u8; HEADER_LEN] = c.reply[..HEADER_LEN].try_into().unwrap();
+    let header = Header::decode(&hb).unwrap();
+    assert_eq!(header.status, 0);
+    assert!(header.has_output(), "{header:?}");
+    let o = s
+        .call(
+            &msg::TakeOutput {
+                max_bytes: 60 << 10,
+            },
+            &[],
+        )
+        .unwrap();
+    let want: String = (0..32).map(|l| format!("lane {l:02}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), want);
+    assert_eq!(o.more, 0);
+    s.close().unwrap();
+}

@@ -11,6 +11,7 @@ use std::time::Instant;
 use thiserror::Error;
 use vgpu_proto::cuda::{self, CuResult};
 
+use crate::devio::LaunchOutput;
 use crate::error::CuError;
 
 /// Granularity of virtual memory management allocations (`cuMemGetAllocationGranularity`):
@@ -217,12 +218,14 @@ pub type SignalHook = Arc<dyn Fn(Signal) + Send + Sync>;
 /// How a running launch is steered: preemption between thread blocks,
 /// cancellation when its session ends, and a watchdog deadline. A device
 /// that keeps its own control state attaches a hook to receive the signals.
+/// It also says where the launch's device-side `printf` and `assert` output goes.
 #[derive(Default)]
 pub struct RunControl {
     yield_requested: AtomicBool,
     cancelled: AtomicBool,
     deadline: Mutex<Option<Instant>>,
     hook: Mutex<Option<SignalHook>>,
+    output: Mutex<Option<Arc<LaunchOutput>>>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -296,6 +299,17 @@ impl RunControl {
     /// Stops routing signals.
     pub fn detach(&self) {
         *self.hook.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+    /// Sets where the launch's `printf` text and `assert` messages go.
+    pub fn set_output(&self, output: Option<Arc<LaunchOutput>>) {
+        *self.output.lock().unwrap_or_else(|p| p.into_inner()) = output;
+    }
+    /// Where the launch's `printf` text and `assert` messages go; `None` discards them.
+    pub fn output(&self) -> Option<Arc<LaunchOutput>> {
+        self.output
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

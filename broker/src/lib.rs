@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod device;
+pub mod devio;
 pub mod engine;
 pub mod error;
 pub mod handles;

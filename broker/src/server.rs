@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 use vgpu_proto::cuda;
-use vgpu_proto::frame::{self, FLAG_REPLY, FrameError, MAX_PAYLOAD};
+use vgpu_proto::frame::{self, FLAG_OUTPUT, FLAG_REPLY, FrameError, MAX_PAYLOAD};
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
 use vgpu_proto::wire::DecodeError;
 
@@ -71,16 +71,36 @@ struct Replier<W: Write> {
 
 impl<W: Write> Replier<W> {
     fn ok(&mut self, opcode: u16, call_id: u64, payload: &[u8]) -> Result<(), ServeError> {
-        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, 0, &[payload])
+        self.ok_with(opcode, FLAG_REPLY, call_id, payload)
+    }
+
+    fn ok_with(
+        &mut self,
+        opcode: u16,
+        flags: u16,
+        call_id: u64,
+        payload: &[u8],
+    ) -> Result<(), ServeError> {
+        frame::write_frame(&mut self.w, opcode, flags, call_id, 0, &[payload])
             .map_err(ServeError::Io)
     }
 
     fn err(&mut self, opcode: u16, call_id: u64, e: &CuError) -> Result<(), ServeError> {
+        self.err_with(opcode, FLAG_REPLY, call_id, e)
+    }
+
+    fn err_with(
+        &mut self,
+        opcode: u16,
+        flags: u16,
+        call_id: u64,
+        e: &CuError,
+    ) -> Result<(), ServeError> {
         let mut msg = e.message.as_bytes();
         if msg.len() > MAX_PAYLOAD {
             msg = &msg[..MAX_PAYLOAD];
         }
-        frame::write_frame(&mut self.w, opcode, FLAG_REPLY, call_id, e.code, &[msg])
+        frame::write_frame(&mut self.w, opcode, flags, call_id, e.code, &[msg])
             .map_err(ServeError::Io)
     }
 
@@ -285,8 +305,10 @@ fn session_loop<R: Read, W: Write>(
             Err(e) => return Err(e.into()),
         };
         summary.requests += 1;
-        if h.is_reply() {
-            return Err(ServeError::Protocol("the client sent a reply frame".into()));
+        if h.is_reply() || h.has_output() {
+            return Err(ServeError::Protocol(
+                "the client sent a reply frame or reply flags".into(),
+            ));
         }
         let is_async = h.is_async();
         let decoded = Request::decode(h.opcode, payload);
@@ -324,9 +346,15 @@ fn session_loop<R: Read, W: Write>(
         .map_err(|_| ServeError::Panic(name))?;
         // Errors of asynchronous requests were kept by the session for the
         // next synchronizing call of their context.
+        // Device output released by a synchronizing call: the client fetches it.
+        let flags = if !is_async && session.output_ready() {
+            FLAG_REPLY | FLAG_OUTPUT
+        } else {
+            FLAG_REPLY
+        };
         match (result, is_async) {
-            (Ok(()), false) => w.ok(h.opcode, h.call_id, &out)?,
-            (Err(e), false) => w.err(h.opcode, h.call_id, &e)?,
+            (Ok(()), false) => w.ok_with(h.opcode, flags, h.call_id, &out)?,
+            (Err(e), false) => w.err_with(h.opcode, flags, h.call_id, &e)?,
             (_, true) => {}
         }
     }
@@ -817,6 +845,53 @@ mod tests {
         assert_eq!((h.call_id, h.status), (78, CUDA_ERROR_INVALID_VALUE));
         assert!(String::from_utf8_lossy(&p).contains("truncated"));
         alloc(&mut c, ctx, 16).unwrap();
+    }
+
+    #[test]
+    fn device_output_is_a_feature_the_client_enables() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let (f, _) = c.call(&SetFeatures { features: u64::MAX }, &[]).unwrap();
+        assert_eq!(f.features, FEATURES, "only the features the server knows");
+        c.call(&CtxSynchronize { ctx }, &[]).unwrap();
+        assert_eq!(c.last_flags, FLAG_REPLY, "no output waits");
+        let (o, _) = c.call(&TakeOutput { max_bytes: 1 << 30 }, &[]).unwrap();
+        assert!(o.stdout.is_empty() && o.stderr.is_empty() && o.more == 0);
+        c.call(
+            &CtxSetLimit {
+                ctx,
+                limit: 1,
+                value: 4096,
+            },
+            &[],
+        )
+        .unwrap();
+        let e = c
+            .call(
+                &CtxSetLimit {
+                    ctx,
+                    limit: 1,
+                    value: 1 << 40,
+                },
+                &[],
+            )
+            .unwrap_err();
+        assert_eq!(e.0, CUDA_ERROR_OUT_OF_MEMORY);
+        let e = c
+            .call(
+                &CtxSetLimit {
+                    ctx,
+                    limit: 0,
+                    value: 1,
+                },
+                &[],
+            )
+            .unwrap_err();
+        assert_eq!(e.0, CUDA_ERROR_UNSUPPORTED_LIMIT);
+        // The OUTPUT flag is the server's to send: in a request it breaks the protocol.
+        frame::write_frame(&mut c.stream, Ping::OPCODE, FLAG_OUTPUT, 90, 0, &[]).unwrap();
+        let mut p = Vec::new();
+        assert!(frame::read_frame(&mut c.stream, &mut p).is_err());
     }
 
     #[test]

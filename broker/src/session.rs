@@ -15,6 +15,7 @@ use vgpu_proto::msg::{self, Message, Request};
 use crate::device::{
     DeviceContext, DeviceInfo, DeviceModule, KernelDesc, LaunchDims, LaunchProgress, RunControl,
 };
+use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Job, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
@@ -187,6 +188,7 @@ pub struct Session {
     functions: HandleTable<FunctionState>,
     allocs: Allocations,
     engine: Engine,
+    output: SessionOutput,
     ext: alloc_ext::AllocExt,
 }
 
@@ -238,6 +240,7 @@ impl Session {
             modules: HandleTable::new(HandleKind::Module),
             functions: HandleTable::new(HandleKind::Function),
             allocs: Allocations::default(),
+            output: SessionOutput::default(),
             ext: alloc_ext::AllocExt::default(),
         })
     }
@@ -255,6 +258,12 @@ impl Session {
     /// The tenant.
     pub fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
+    }
+
+    /// Whether device output released by a synchronizing call waits for the client: its
+    /// replies then carry `FLAG_OUTPUT` (see [`crate::devio`]).
+    pub fn output_ready(&self) -> bool {
+        self.output.ready()
     }
 
     /// Bytes of the slice this session holds.
@@ -346,6 +355,10 @@ impl Session {
                 // No reply was wanted: the error surfaces at the next synchronizing call.
                 self.engine.defer_error(ctx, e.clone());
             }
+        }
+        if sync && devio::synchronizes(req) {
+            // CUDA prints device printf output at synchronizing calls.
+            self.output.release();
         }
         if let Err(e) = &r
             && e.code != cuda::CUDA_ERROR_NOT_READY
@@ -443,6 +456,34 @@ impl Session {
         match req {
             R::Hello(_) => Err(CuError::invalid_value("the session is already open")),
             R::Goodbye(_) | R::Ping(_) => reply(out, msg::Empty {}),
+            R::SetFeatures(m) => {
+                let features = m.features & msg::FEATURES;
+                if features & msg::FEATURE_DEVICE_OUTPUT != 0 {
+                    self.output.enable();
+                }
+                reply(out, msg::FeatureSet { features })
+            }
+            R::TakeOutput(m) => {
+                // A reply never exceeds what one frame carries.
+                let max = (m.max_bytes as usize).min(MAX_BULK_CHUNK);
+                let (stdout, stderr, more) = self.output.take(max);
+                reply(
+                    out,
+                    msg::DeviceOutput {
+                        stdout,
+                        stderr,
+                        more: u32::from(more),
+                    },
+                )
+            }
+            R::CtxSetLimit(m) => {
+                self.ctx(m.ctx)?;
+                if !devio::is_host_limit(m.limit) {
+                    return Err(devio::unsupported_limit(m.limit));
+                }
+                self.output.set_fifo_size(m.value)?;
+                reply(out, msg::Empty {})
+            }
             R::DeviceGetCount(_) => reply(out, msg::Count { count: 1 }),
             R::DeviceGetProperties(m) => {
                 self.check_device(m.device)?;
@@ -1161,7 +1202,8 @@ impl Session {
             tenant: Arc::clone(&self.tenant),
             ticket: self.tenant.queue_kernel(),
         };
-        Ok(self.engine.submit(ctx, Job::Other(Box::new(work))))
+        let work = self.output.wrap(Box::new(work));
+        Ok(self.engine.submit(ctx, Job::Other(work)))
     }
 
     fn tenant_json(&self) -> String {

@@ -163,6 +163,8 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
 pub struct TestClient<S: Read + Write> {
     /// The stream.
     pub stream: S,
+    /// Flags of the last reply (`FLAG_OUTPUT` says device output waits).
+    pub last_flags: u16,
     call_id: u64,
     payload: Vec<u8>,
 }
@@ -175,6 +177,7 @@ impl<S: Read + Write> TestClient<S> {
     pub fn new(stream: S) -> Self {
         Self {
             stream,
+            last_flags: 0,
             call_id: 0,
             payload: Vec::new(),
         }
@@ -204,6 +207,7 @@ impl<S: Read + Write> TestClient<S> {
             h.is_reply() && h.call_id == self.call_id,
             "unexpected reply {h:?}"
         );
+        self.last_flags = h.flags;
         if h.status != 0 {
             return Err((
                 h.status,

@@ -42,6 +42,10 @@ pub const DEVICE_WINDOW: usize = 8;
 /// or a short error message.
 const CHUNK_REPLY_BUFFER: usize = 4096;
 
+/// Most bytes of device output one `TakeOutput` asks for: its reply fits the device
+/// transport's reply buffer.
+pub const OUTPUT_CHUNK: u32 = (DEVICE_REPLY_BUFFER - 1024) as u32;
+
 /// Asynchronous frames are sent once this many bytes are pending, once
 /// [`DEFAULT_FLUSH_INTERVAL`] has passed since the last send, or at the next
 /// synchronous call, whichever comes first. `VGPU_ASYNC_BATCH=0` sends each
@@ -113,6 +117,10 @@ pub struct Client {
     flush_interval: Duration,
     last_flush: Instant,
     broken: Option<String>,
+    /// A reply said device output is waiting (`FLAG_OUTPUT`).
+    output_pending: bool,
+    /// Where fetched device output goes: (bytes, stderr?).
+    output_sink: fn(&[u8], bool),
 }
 
 impl std::fmt::Debug for Client {
@@ -179,10 +187,18 @@ impl Client {
             flush_interval,
             last_flush: Instant::now(),
             broken: None,
+            output_pending: false,
+            output_sink: crate::devout::write,
         }
     }
 
-    /// Performs the handshake.
+    /// Sends fetched device output to `sink` instead of the process's stdout and stderr.
+    pub fn set_output_sink(&mut self, sink: fn(&[u8], bool)) {
+        self.output_sink = sink;
+    }
+
+    /// Performs the handshake, then enables the optional features vgpud has (a vgpud without
+    /// `SetFeatures` answers `CUDA_ERROR_NOT_SUPPORTED`: none).
     pub fn hello(&mut self, process_name: &str) -> Result<msg::HelloReply, CallError> {
         let req = msg::Hello {
             protocol_version: vgpu_proto::PROTOCOL_VERSION,
@@ -190,7 +206,38 @@ impl Client {
             shim_version: vgpu_proto::VERSION.to_string(),
             process_name: process_name.to_string(),
         };
-        Ok(self.call(&req, &[])?.0)
+        let hello = self.call(&req, &[])?.0;
+        let features = msg::SetFeatures {
+            features: msg::FEATURE_DEVICE_OUTPUT,
+        };
+        match self.call(&features, &[]) {
+            Ok(_) => {}
+            Err(e) if e.code == cuda::CUDA_ERROR_NOT_SUPPORTED => {}
+            Err(e) => return Err(e),
+        }
+        Ok(hello)
+    }
+
+    /// Fetches the device output a reply announced and writes it out. Best effort: an error
+    /// here loses the output, not the call's result.
+    fn take_output(&mut self) {
+        while std::mem::take(&mut self.output_pending) {
+            let req = msg::TakeOutput {
+                max_bytes: OUTPUT_CHUNK,
+            };
+            match self.call_inner(&req, &[]) {
+                Ok((o, _)) => {
+                    (self.output_sink)(&o.stderr, true);
+                    (self.output_sink)(&o.stdout, false);
+                    self.output_pending |= o.more != 0;
+                }
+                Err(e) => {
+                    crate::debug!("device output lost: {}", e.message);
+                    self.output_pending = false;
+                    break;
+                }
+            }
+        }
     }
 
     fn check(&self) -> Result<(), CallError> {
@@ -333,6 +380,7 @@ impl Client {
         let mut hb = [0u8; HEADER_LEN];
         hb.copy_from_slice(&self.rbuf[..HEADER_LEN]);
         let h = Header::decode(&hb).map_err(|e| CallError::lost(&io::Error::other(e)))?;
+        self.output_pending |= h.has_output();
         if !h.is_reply()
             || h.call_id != id
             || h.opcode != O::OPCODE
@@ -389,6 +437,7 @@ impl Client {
         }
         self.check()?;
         let r = self.device_chunks(reqs, outs);
+        self.take_output();
         r.map_err(|e| self.fail(e))
     }
 
@@ -462,6 +511,7 @@ impl Client {
         let mut hb = [0u8; HEADER_LEN];
         hb.copy_from_slice(&reply[..HEADER_LEN]);
         let h = Header::decode(&hb).map_err(|e| CallError::lost(&io::Error::other(e)))?;
+        self.output_pending |= h.has_output();
         if !h.is_reply() || h.call_id != id || h.opcode != O::OPCODE {
             return Err(CallError::lost(&io::Error::other(format!(
                 "unexpected reply {h:?} to call {id}"
@@ -535,6 +585,7 @@ impl Client {
             .read_exact(&mut hb)
             .map_err(|e| CallError::lost(&e))?;
         let h = Header::decode(&hb).map_err(|e| CallError::lost(&io::Error::other(e)))?;
+        self.output_pending |= h.has_output();
         if !h.is_reply() || h.call_id != call_id || h.opcode != opcode {
             return Err(CallError::lost(&io::Error::other(format!(
                 "unexpected frame {h:?} while waiting for call {call_id}"
@@ -560,6 +611,7 @@ impl Client {
     pub fn call<O: Op>(&mut self, req: &O, tail: &[u8]) -> Result<(O::Reply, Vec<u8>), CallError> {
         self.check()?;
         let r = self.call_inner(req, tail);
+        self.take_output();
         r.map_err(|e| self.fail(e))
     }
 
@@ -627,6 +679,7 @@ impl Client {
                 .read_exact(out)
                 .map_err(|e| CallError::lost(&e))
         })();
+        self.take_output();
         r.map_err(|e| self.fail(e))
     }
 }
@@ -705,6 +758,66 @@ mod tests {
         let e = c.call(&msg::MemAlloc { ctx: 1, size: 2 }, &[]).unwrap_err();
         assert_eq!(e, CallError::new(2, "slice full"));
         t.join().unwrap();
+    }
+
+    static SEEN: std::sync::Mutex<Vec<(bool, Vec<u8>)>> = std::sync::Mutex::new(Vec::new());
+
+    fn collect(text: &[u8], err: bool) {
+        if !text.is_empty() {
+            SEEN.lock().unwrap().push((err, text.to_vec()));
+        }
+    }
+
+    #[test]
+    fn a_reply_flagged_output_makes_the_client_fetch_and_write_it() {
+        use vgpu_proto::msg::{Message, Op};
+        let (mut c, mut server) = pair();
+        c.set_output_sink(collect);
+        let t = std::thread::spawn(move || {
+            let mut p = Vec::new();
+            let h = frame::read_frame(&mut server, &mut p).unwrap();
+            assert_eq!(h.opcode, msg::CtxSynchronize::OPCODE);
+            let flags = frame::FLAG_REPLY | frame::FLAG_OUTPUT;
+            frame::write_frame(&mut server, h.opcode, flags, h.call_id, 710, &[b"assert"]).unwrap();
+            for (stdout, stderr, more) in [
+                (
+                    &b"hello\n"[..],
+                    &b"a.cu:1: k: Assertion `x` failed.\n"[..],
+                    1,
+                ),
+                (b"more\n", b"", 0),
+            ] {
+                let h = frame::read_frame(&mut server, &mut p).unwrap();
+                assert_eq!(h.opcode, msg::TakeOutput::OPCODE);
+                let mut out = Vec::new();
+                msg::DeviceOutput {
+                    stdout: stdout.to_vec(),
+                    stderr: stderr.to_vec(),
+                    more,
+                }
+                .encode(&mut out);
+                frame::write_frame(
+                    &mut server,
+                    h.opcode,
+                    frame::FLAG_REPLY,
+                    h.call_id,
+                    0,
+                    &[&out],
+                )
+                .unwrap();
+            }
+        });
+        let e = c.call(&msg::CtxSynchronize { ctx: 1 }, &[]).unwrap_err();
+        assert_eq!(e, CallError::new(710, "assert"));
+        t.join().unwrap();
+        assert_eq!(
+            *SEEN.lock().unwrap(),
+            vec![
+                (true, b"a.cu:1: k: Assertion `x` failed.\n".to_vec()),
+                (false, b"hello\n".to_vec()),
+                (false, b"more\n".to_vec()),
+            ]
+        );
     }
 
     #[test]

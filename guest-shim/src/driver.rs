@@ -432,6 +432,23 @@ pub fn ctx_synchronize_of(c: u64) -> CuRes<()> {
     crate::alloc_api::after_sync()
 }
 
+/// `cuCtxSetLimit` for a limit vgpud enforces (`CU_LIMIT_PRINTF_FIFO_SIZE`). An older vgpud
+/// without the op enforces none: accepted.
+pub fn ctx_set_limit(limit: u32, value: u64) -> CuRes<()> {
+    let c = ctx()?;
+    match driver()?.call(
+        &msg::CtxSetLimit {
+            ctx: c,
+            limit,
+            value,
+        },
+        &[],
+    ) {
+        Err(cuda::CUDA_ERROR_NOT_SUPPORTED) => Ok(()),
+        r => r.map(|_| ()),
+    }
+}
+
 /// `cuDevicePrimaryCtxRetain`.
 pub fn primary_retain(dev: i32) -> CuRes<u64> {
     let d = driver()?;

@@ -358,7 +358,8 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
         drv::ctx_get_device()?;
         let v = match limit {
             LIMIT_STACK_SIZE => 1024,
-            LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
+            LIMIT_PRINTF_FIFO_SIZE => crate::devout::printf_fifo_size(),
+            LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
             // Device-runtime (dynamic parallelism) limits: CUDA's defaults.
             LIMIT_DEV_RUNTIME_SYNC_DEPTH => 2,
             LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => 2048,
@@ -377,11 +378,16 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetLimit(limit: c_int, _value: usize) -> CUresult {
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
     ffi("cuCtxSetLimit", || {
         drv::ctx_get_device()?;
         match limit {
-            LIMIT_STACK_SIZE | LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => Ok(()),
+            LIMIT_PRINTF_FIFO_SIZE => {
+                drv::ctx_set_limit(limit as u32, value as u64)?;
+                crate::devout::set_printf_fifo_size(value);
+                Ok(())
+            }
+            LIMIT_STACK_SIZE | LIMIT_MALLOC_HEAP_SIZE => Ok(()),
             _ => Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
         }
     })

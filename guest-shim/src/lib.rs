@@ -17,6 +17,7 @@ pub mod compat;
 pub mod copies;
 pub mod ctx_storage;
 pub mod devlink;
+pub mod devout;
 pub mod driver;
 pub mod export_tables;
 pub mod exports;

@@ -4,7 +4,7 @@
 //! offset size field
 //!      0    4 magic        0x55504756 ("VGPU" in memory order)
 //!      4    2 opcode       message number (see `msg`)
-//!      6    2 flags        FLAG_ASYNC | FLAG_REPLY
+//!      6    2 flags        FLAG_ASYNC | FLAG_REPLY | FLAG_OUTPUT
 //!      8    8 call_id      chosen by the client, echoed in the reply
 //!     16    4 payload_len  bytes after the header, <= MAX_PAYLOAD
 //!     20    4 status       replies: the CUresult; requests: 0
@@ -28,8 +28,13 @@ pub const MAX_BULK_CHUNK: usize = 4 << 20;
 pub const FLAG_ASYNC: u16 = 1 << 0;
 /// The frame is a reply.
 pub const FLAG_REPLY: u16 = 1 << 1;
-/// Flags a peer may set; any other bit is a protocol error.
-pub const KNOWN_FLAGS: u16 = FLAG_ASYNC | FLAG_REPLY;
+/// Reply flag, sent only to clients that enabled [`crate::msg::FEATURE_DEVICE_OUTPUT`]:
+/// device-side `printf`/`assert` output is waiting; the client fetches it with
+/// [`crate::msg::TakeOutput`]. The payload is unchanged.
+pub const FLAG_OUTPUT: u16 = 1 << 2;
+/// Flags a peer may set; any other bit is a protocol error (and `FLAG_OUTPUT` is one in a
+/// request).
+pub const KNOWN_FLAGS: u16 = FLAG_ASYNC | FLAG_REPLY | FLAG_OUTPUT;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +130,11 @@ impl Header {
     /// Whether the frame is a reply.
     pub fn is_reply(&self) -> bool {
         self.flags & FLAG_REPLY != 0
+    }
+
+    /// Whether a reply says device output is waiting ([`FLAG_OUTPUT`]).
+    pub fn has_output(&self) -> bool {
+        self.flags & FLAG_OUTPUT != 0
     }
 }
 

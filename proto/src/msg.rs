@@ -16,6 +16,12 @@ pub const REQ_TAIL: u8 = 1 << 1;
 /// The reply payload ends with bulk bytes after the last field.
 pub const REPLY_TAIL: u8 = 1 << 2;
 
+/// [`SetFeatures`] bit: the client fetches device-side `printf`/`assert` output with
+/// [`TakeOutput`] when a reply carries [`crate::frame::FLAG_OUTPUT`].
+pub const FEATURE_DEVICE_OUTPUT: u64 = 1 << 0;
+/// Every feature this build knows.
+pub const FEATURES: u64 = FEATURE_DEVICE_OUTPUT;
+
 /// A field of a message, for the catalogue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field {
@@ -241,6 +247,17 @@ wire_structs! {
         /// The names, each followed by a NUL byte.
         pub names: String,
     }
+    /// The optional features the server enabled (a subset of those asked for).
+    pub struct FeatureSet { pub features: u64 }
+    /// Device-side output released by synchronizing calls, oldest first.
+    pub struct DeviceOutput {
+        /// `printf` text, for the process's stdout.
+        pub stdout: Vec<u8>,
+        /// Failed `assert` messages, for the process's stderr.
+        pub stderr: Vec<u8>,
+        /// Non-zero when more is waiting (ask again).
+        pub more: u32,
+    }
     /// A 128-bit token naming exported memory within a VM.
     pub struct Token { pub hi: u64, pub lo: u64 }
 }
@@ -259,6 +276,12 @@ ops! {
     Goodbye = 0x0002 => Empty, ASYNC_OK, "process exit" {}
     /// Round trip without side effects.
     Ping = 0x0003 => Empty, 0, "vgpu-bench" {}
+    /// Enables optional features (`FEATURE_*` bits); the reply says which the server has.
+    /// Servers without it answer `CUDA_ERROR_NOT_SUPPORTED`: no optional feature.
+    SetFeatures = 0x0004 => FeatureSet, 0, "cuInit" { features: u64 }
+    /// Takes up to `max_bytes` of the device output synchronizing calls released (see
+    /// `FLAG_OUTPUT`).
+    TakeOutput = 0x0005 => DeviceOutput, 0, "device printf and assert" { max_bytes: u32 }
 
     /// Number of devices the tenant sees.
     DeviceGetCount = 0x0101 => Count, 0, "cuDeviceGetCount" {}
@@ -285,6 +308,8 @@ ops! {
     PrimaryCtxGetState = 0x0207 => PrimaryState, 0, "cuDevicePrimaryCtxGetState" { device: u32 }
     /// Sets primary context flags.
     PrimaryCtxSetFlags = 0x0208 => Empty, 0, "cuDevicePrimaryCtxSetFlags_v2" { device: u32, flags: u32 }
+    /// Sets a `CUlimit` the host enforces (`CU_LIMIT_PRINTF_FIFO_SIZE`).
+    CtxSetLimit = 0x0209 => Empty, 0, "cuCtxSetLimit" { ctx: u64, limit: u32, value: u64 }
 
     /// Allocates device memory, charged to the tenant's slice.
     MemAlloc = 0x0301 => Ptr, 0, "cuMemAlloc_v2" { ctx: u64, size: u64 }

@@ -30,6 +30,9 @@ use vgpu_proto::msg;
 pub const SPIN_PTX: &str = include_str!("../gpu/kernels/spin.sm_52.ptx");
 /// A module with 48 MiB of globals (`tests/gpu/kernels/big_global.cu`).
 pub const BIG_GLOBAL_PTX: &str = include_str!("../gpu/kernels/big_global.sm_52.ptx");
+/// Kernels calling `printf` and `assert` (NVRTC's `vprintf` and `__assertfail`;
+/// `devices/ptx/fixtures/deviceio.cu`).
+pub const DEVICE_IO_PTX: &str = include_str!("../../devices/ptx/fixtures/deviceio.compute_52.ptx");
 /// Bytes of `big_table` in [`BIG_GLOBAL_PTX`].
 pub const BIG_GLOBAL_BYTES: u64 = 48 << 20;
 
@@ -459,6 +462,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("fat_binaries_with_ptx_run", fat_binaries_with_ptx_run),
     ("kernel_corpus", kernel_corpus),
     ("faults_stay_in_their_vm", faults_stay_in_their_vm),
+    ("device_printf_and_assert", device_printf_and_assert),
     ("watchdog", watchdog),
     ("compute_shares", compute_shares),
     (
@@ -1106,6 +1110,108 @@ pub fn faults_stay_in_their_vm(t: &Target) {
     let ka = vector_add(&mut a);
     add_works(&mut a, &ka, 5000).unwrap();
     add_works(&mut b, &kb, 5000).unwrap();
+}
+
+/// Device-side `printf` and `assert`. Every executor runs the kernels and fails a failed
+/// assert with `CUDA_ERROR_ASSERT` (710), sticky for that context only. Where the device hands
+/// its output to the broker (the simulated GPU), the `printf` text and CUDA's assert message
+/// reach the client at the synchronizing call, flagged on its reply.
+pub fn device_printf_and_assert(t: &Target) {
+    let rig = Rig::new((t.make)(None), &[("a", 64 * MIB, 1), ("b", 64 * MIB, 1)]);
+    let returns_output = rig.device.info().kind == "sim";
+    let mut a = rig.session("a");
+    let (f, _) = a
+        .client
+        .call(
+            &msg::SetFeatures {
+                features: msg::FEATURE_DEVICE_OUTPUT,
+            },
+            &[],
+        )
+        .unwrap();
+    assert_eq!(f.features, msg::FEATURE_DEVICE_OUTPUT);
+    let m = a.load(DEVICE_IO_PTX.as_bytes()).unwrap();
+    let hello = a.kernel(m, "hello").unwrap();
+    a.launch(&hello, [4, 1, 1], [64, 1, 1], 0, &[Arg::I32(77)])
+        .unwrap();
+    let s = a.alloc(16).unwrap();
+    a.htod(s, b"vgpu\0").unwrap();
+    let formats = a.kernel(m, "formats").unwrap();
+    a.launch(
+        &formats,
+        [1, 1, 1],
+        [32, 1, 1],
+        0,
+        &[
+            Arg::Ptr(s),
+            Arg::F32(2.5),
+            Arg::F64(-1.25e-5),
+            Arg::I64(1 << 40),
+        ],
+    )
+    .unwrap();
+    a.sync().unwrap();
+    let take = |a: &mut Session| {
+        let (o, _) = a
+            .client
+            .call(&msg::TakeOutput { max_bytes: 1 << 20 }, &[])
+            .unwrap();
+        assert_eq!(o.more, 0);
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    if returns_output {
+        assert_ne!(a.client.last_flags & vgpu_proto::frame::FLAG_OUTPUT, 0);
+        let (out, err) = take(&mut a);
+        for b in 0..4 {
+            let line = format!("block {b} of 4 says hello (tag 77)\n");
+            assert_eq!(out.matches(&line).count(), 1, "{out}");
+        }
+        assert!(
+            out.ends_with(
+                "d=-7 u=42 x=0xbeef lld=1099511627776 f=2.500 e=-1.25e-05 g=-1.25e-05 s=vgpu c=Z p=%\nreturned 9\n"
+            ),
+            "{out}"
+        );
+        assert_eq!(err, "");
+        a.sync().unwrap();
+        assert_eq!(a.client.last_flags & vgpu_proto::frame::FLAG_OUTPUT, 0);
+    }
+
+    let v: Vec<u8> = (0..64i32).flat_map(|i| i.to_le_bytes()).collect();
+    let p = a.alloc(256).unwrap();
+    a.htod(p, &v).unwrap();
+    let check = a.kernel(m, "check").unwrap();
+    a.launch(
+        &check,
+        [2, 1, 1],
+        [32, 1, 1],
+        0,
+        &[Arg::Ptr(p), Arg::I32(64)],
+    )
+    .unwrap();
+    assert_eq!(a.sync(), Err(cuda::CUDA_ERROR_ASSERT));
+    if returns_output {
+        let (_, err) = take(&mut a);
+        assert!(
+            err.starts_with("deviceio.cu:")
+                && err.ends_with(
+                    ": check: block: [0,0,0], thread: [13,0,0] Assertion `v[i] != 13` failed.\n"
+                ),
+            "{err}"
+        );
+    }
+    assert_eq!(a.alloc(64), Err(cuda::CUDA_ERROR_ASSERT), "sticky");
+    assert_eq!(a.sync(), Err(cuda::CUDA_ERROR_ASSERT), "sticky");
+    let mut b = rig.session("b");
+    let kb = vector_add(&mut b);
+    add_works(&mut b, &kb, 3000).unwrap();
+    a.close();
+    let mut a = rig.session("a");
+    let ka = vector_add(&mut a);
+    add_works(&mut a, &ka, 3000).unwrap();
 }
 
 /// Launches `spin` for `ns` nanoseconds (one thread); `out` receives the time spun.

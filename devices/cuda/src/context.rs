@@ -1037,7 +1037,22 @@ impl DeviceContext for CudaContext {
             }
             return Err(e);
         }
-        g.wait(end, control.deadline(), Some((control, name)))?;
+        if let Err(e) = g.wait(end, control.deadline(), Some((control, name))) {
+            if e.cu_result() == cuda::CUDA_ERROR_ASSERT
+                && let Some(out) = control.output()
+            {
+                // NVIDIA's driver prints the assertion message to vgpud's stdout (/dev/null),
+                // not to anything attributable to this VM: say at least where it happened.
+                out.assert_failed(
+                    format!(
+                        "kernel `{name}`: device-side assert triggered (vgpu's real-GPU executor \
+                         cannot return CUDA's assertion message)\n"
+                    )
+                    .as_bytes(),
+                );
+            }
+            return Err(e);
+        }
         let ms = {
             let _c = g.enter()?;
             g.driver()

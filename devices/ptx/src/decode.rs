@@ -136,6 +136,8 @@ struct ModuleCtx {
     shared_vars: Vec<SharedVar>,
     globals: Vec<GlobalVar>,
     sigs: Vec<Sig>,
+    /// `.extern` functions the interpreter runs itself, by function id.
+    builtins: HashMap<u32, Builtin>,
 }
 
 /// A function's parameter interface as callers see it.
@@ -316,6 +318,7 @@ pub(crate) fn decode(ast: &Ast) -> Result<Program, LoadError> {
         shared_vars: Vec::new(),
         globals: Vec::new(),
         sigs: Vec::new(),
+        builtins: HashMap::new(),
     };
     let mut func_decls: Vec<&FuncDecl> = Vec::new();
     let mut func_ids: HashMap<&str, u32> = HashMap::new();
@@ -377,6 +380,13 @@ pub(crate) fn decode(ast: &Ast) -> Result<Program, LoadError> {
         };
         m.sigs.push(sig);
     }
+    for (id, f) in func_decls.iter().enumerate() {
+        if f.body.is_none()
+            && let Some(b) = builtin(f, &m.sigs[id])
+        {
+            m.builtins.insert(id as u32, b);
+        }
+    }
     // Pass 2: bodies.
     let mut funcs = Vec::with_capacity(func_decls.len());
     for (id, f) in func_decls.iter().enumerate() {
@@ -415,6 +425,19 @@ pub(crate) fn decode(ast: &Ast) -> Result<Program, LoadError> {
         kernels,
         layouts,
     })
+}
+
+/// The built-in an undefined function declaration names, when its signature is the one nvcc
+/// declares: `vprintf(.b64, .b64) -> .b32` and `__assertfail(.b64, .b64, .b32, .b64, .b64)`.
+fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
+    let sizes: Vec<u32> = sig.formals.iter().map(|&(_, s)| s).collect();
+    match f.name.as_str() {
+        "vprintf" if sizes == [8, 8] && sig.rets.len() <= 1 => Some(Builtin::Vprintf),
+        "__assertfail" if sizes == [8, 8, 4, 8, 8] && sig.rets.is_empty() => {
+            Some(Builtin::AssertFail)
+        }
+        _ => None,
+    }
 }
 
 fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadError> {
@@ -2503,6 +2526,9 @@ impl FnCtx<'_> {
                 "call to `{fname}` has the wrong number of arguments"
             )));
         }
+        if let Some(&kind) = self.m.builtins.get(&fid) {
+            return self.builtin_call(ins, kind, args, ret_args, &sig);
+        }
         let mut info = CallInfo {
             func: fid,
             args: Vec::new(),
@@ -2552,6 +2578,43 @@ impl FnCtx<'_> {
         }
         self.callees.push(fid);
         Ok(Op::Call(Box::new(info)))
+    }
+
+    /// A call of `vprintf` or `__assertfail`: the argument and result `.param` variables of the
+    /// caller, read and written by the interpreter.
+    fn builtin_call(
+        &mut self,
+        ins: &Instr,
+        kind: Builtin,
+        args: &[Operand],
+        rets: &[Operand],
+        sig: &Sig,
+    ) -> DResult<Op> {
+        let param = |o: &Operand, size: u32| match o {
+            Operand::Name(n) => match self.lookup(n) {
+                Some(Name::FParam { off, size: s }) if s >= size => Ok((off, size)),
+                _ => Err(LoadError::unsupported(
+                    ins.line,
+                    format!("call arguments of `{kind:?}` must be .param variables of their size"),
+                )),
+            },
+            _ => Err(LoadError::unsupported(
+                ins.line,
+                "call arguments must be .param variables",
+            )),
+        };
+        let mut call = BuiltinCall {
+            kind,
+            args: Vec::with_capacity(args.len()),
+            ret: None,
+        };
+        for (a, &(_, size)) in args.iter().zip(&sig.formals) {
+            call.args.push(param(a, size)?);
+        }
+        if let (Some(r), Some(&(_, size))) = (rets.first(), sig.rets.first()) {
+            call.ret = Some(param(r, size.min(4))?);
+        }
+        Ok(Op::CallBuiltin(Box::new(call)))
     }
 
     fn sel_bar(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {

@@ -58,6 +58,8 @@ pub enum FaultKind {
     MisalignedAddress,
     /// `trap` executed or a similar fatal kernel condition (CUDA_ERROR_LAUNCH_FAILED, 719).
     Trap,
+    /// A device-side `assert` failed (`__assertfail`; CUDA_ERROR_ASSERT, 710).
+    Assert,
     /// The watchdog deadline passed, or the block deadlocked at a barrier
     /// (CUDA_ERROR_LAUNCH_TIMEOUT, 702).
     Timeout,
@@ -96,6 +98,8 @@ pub const CUDA_ERROR_INVALID_CONFIGURATION: u32 = 9;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: u32 = 700;
 /// `CUDA_ERROR_LAUNCH_TIMEOUT`.
 pub const CUDA_ERROR_LAUNCH_TIMEOUT: u32 = 702;
+/// `CUDA_ERROR_ASSERT`.
+pub const CUDA_ERROR_ASSERT: u32 = 710;
 /// `CUDA_ERROR_ILLEGAL_INSTRUCTION`.
 pub const CUDA_ERROR_ILLEGAL_INSTRUCTION: u32 = 715;
 /// `CUDA_ERROR_MISALIGNED_ADDRESS`.
@@ -119,6 +123,7 @@ impl Fault {
             FaultKind::IllegalAddress => CUDA_ERROR_ILLEGAL_ADDRESS,
             FaultKind::MisalignedAddress => CUDA_ERROR_MISALIGNED_ADDRESS,
             FaultKind::Trap | FaultKind::Cancelled => CUDA_ERROR_LAUNCH_FAILED,
+            FaultKind::Assert => CUDA_ERROR_ASSERT,
             FaultKind::Timeout => CUDA_ERROR_LAUNCH_TIMEOUT,
             FaultKind::IllegalInstruction => CUDA_ERROR_ILLEGAL_INSTRUCTION,
             FaultKind::InvalidConfig => CUDA_ERROR_INVALID_VALUE,

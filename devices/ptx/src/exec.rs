@@ -23,6 +23,7 @@ use crate::error::{Fault, FaultKind};
 use crate::float::{self, bits32, bits64, ftz32};
 use crate::ir::*;
 use crate::mem::{AccessError, KernelView, Width};
+use crate::printf::{self, DeviceOutput};
 use crate::{GlobalMemory, LaunchControl};
 
 /// Base of the generic-address window for shared memory (above every global address).
@@ -71,6 +72,8 @@ pub(crate) struct Ctx<'a> {
     pub grid_id: u64,
     /// Set when any worker faulted: the others stop at their next check.
     pub stop: &'a AtomicBool,
+    /// Where `printf` and `assert` output goes.
+    pub output: Option<&'a dyn DeviceOutput>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1325,6 +1328,13 @@ impl<'a> Worker<'a> {
                         self.do_call(warp, info, m, inst.line)?;
                         continue 'outer;
                     }
+                    Op::CallBuiltin(b) => {
+                        if m != 0 {
+                            warp.stack[depth].pc = pc + 1;
+                            self.builtin(warp, b, m, inst.line)?;
+                            continue 'outer;
+                        }
+                    }
                     Op::Ret if in_callee => {
                         if m == 0 {
                             pc += 1;
@@ -1861,6 +1871,141 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
+    /// `vprintf` or `__assertfail` for the lanes in `m`, in lane order.
+    fn builtin(
+        &mut self,
+        warp: &mut Warp,
+        b: &BuiltinCall,
+        m: u32,
+        line: u32,
+    ) -> Result<(), Fault> {
+        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+        let Some(frame) = warp.frames.last() else {
+            return Ok(());
+        };
+        let pb = frame.param_bytes;
+        let arg = |l: usize, i: usize| -> u64 {
+            let Some(&(off, size)) = b.args.get(i) else {
+                return 0;
+            };
+            let s = l * pb + off as usize;
+            frame.params.get(s..s + size as usize).map_or(0, read_le)
+        };
+        match b.kind {
+            Builtin::Vprintf => {
+                let mut rets = [0u64; 32];
+                for l in 0..32 {
+                    if m >> l & 1 != 0 {
+                        rets[l] = self.vprintf(w, l as u32, arg(l, 0), arg(l, 1)) as u32 as u64;
+                    }
+                }
+                if let (Some((off, size)), Some(frame)) = (b.ret, warp.frames.last_mut()) {
+                    for l in 0..32 {
+                        let s = l * pb + off as usize;
+                        if m >> l & 1 != 0
+                            && let Some(to) = frame.params.get_mut(s..s + size as usize)
+                        {
+                            write_le(to, rets[l]);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Builtin::AssertFail => {
+                let mut first = None;
+                for l in 0..32 {
+                    if m >> l & 1 == 0 {
+                        continue;
+                    }
+                    let lane = l as u32;
+                    let expr = self.read_cstr(w, lane, arg(l, 0), printf::MAX_FORMAT);
+                    let file = self.read_cstr(w, lane, arg(l, 1), printf::MAX_FORMAT);
+                    let func = self.read_cstr(w, lane, arg(l, 3), printf::MAX_FORMAT);
+                    let text = format!(
+                        "{}:{}: {}: block: [{},{},{}], thread: [{},{},{}] Assertion `{}` failed.\n",
+                        String::from_utf8_lossy(&file),
+                        arg(l, 2) as u32,
+                        String::from_utf8_lossy(&func),
+                        self.block_idx[0],
+                        self.block_idx[1],
+                        self.block_idx[2],
+                        w.tid[0][l],
+                        w.tid[1][l],
+                        w.tid[2][l],
+                        String::from_utf8_lossy(&expr),
+                    );
+                    if let Some(out) = self.ctx.output {
+                        out.assert_failed(text.as_bytes());
+                    }
+                    first.get_or_insert((lane, text));
+                }
+                let (lane, text) = first.unwrap_or_default();
+                Err(fault(
+                    FaultKind::Assert,
+                    format!(
+                        "device-side assert triggered ({}) {}",
+                        text.trim_end(),
+                        self.where_(w, lane, line)
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// One lane's `vprintf(fmt, args)`: formats into the launch's output; returns the number
+    /// of arguments read (-1 for a null format), as CUDA's `printf` does.
+    fn vprintf(&mut self, w: WarpRef<'_>, lane: u32, fmt: u64, args: u64) -> i32 {
+        if fmt == 0 {
+            return -1;
+        }
+        let Some(out) = self.ctx.output else {
+            return 0;
+        };
+        let fmt = self.read_cstr(w, lane, fmt, printf::MAX_FORMAT);
+        let mut text = Vec::new();
+        let room = out.room();
+        let n = printf::format(
+            &fmt,
+            &mut LaneArgs {
+                worker: self,
+                w,
+                lane,
+                base: args,
+                at: 0,
+            },
+            &mut text,
+            // One byte more than fits tells a record that does not fit (dropped whole).
+            room.saturating_add(1),
+        );
+        if text.len() <= room {
+            out.printf(&text);
+        }
+        n
+    }
+
+    /// The NUL-terminated string at generic address `addr` as lane `lane` sees it: at most
+    /// `max` bytes, ending early where memory cannot be read.
+    fn read_cstr(&mut self, w: WarpRef<'_>, lane: u32, addr: u64, max: usize) -> Vec<u8> {
+        let mut s = Vec::new();
+        if addr == 0 {
+            return s;
+        }
+        for i in 0..max as u64 {
+            match self.load_any(
+                w,
+                lane,
+                Space::Generic,
+                addr.wrapping_add(i),
+                1,
+                Ordering::Relaxed,
+            ) {
+                Ok(0) | Err(_) => break,
+                Ok(c) => s.push(c as u8),
+            }
+        }
+        s
+    }
+
     fn special(&self, w: WarpRef<'_>, s: Sreg) -> [u64; 32] {
         let c = self.ctx;
         let uni = |v: u64| [v; 32];
@@ -1981,6 +2126,41 @@ impl<'a> Worker<'a> {
 struct WarpRef<'w> {
     tid: &'w [[u32; 32]; 3],
     idx: u32,
+}
+
+/// A `vprintf` argument buffer in one lane's view of device memory.
+struct LaneArgs<'x, 'a, 'w> {
+    worker: &'x mut Worker<'a>,
+    w: WarpRef<'w>,
+    lane: u32,
+    base: u64,
+    at: u64,
+}
+
+impl printf::Args for LaneArgs<'_, '_, '_> {
+    fn next(&mut self, size: usize) -> Option<u64> {
+        if self.base == 0 {
+            return None;
+        }
+        let at = self.at.next_multiple_of(size as u64);
+        let v = self
+            .worker
+            .load_any(
+                self.w,
+                self.lane,
+                Space::Generic,
+                self.base.wrapping_add(at),
+                size,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        self.at = at + size as u64;
+        Some(v)
+    }
+
+    fn string(&mut self, addr: u64, max: usize) -> Vec<u8> {
+        self.worker.read_cstr(self.w, self.lane, addr, max)
+    }
 }
 
 fn warp_ref(tid: &[[u32; 32]; 3], idx: u32, _valid: u32) -> WarpRef<'_> {

@@ -382,6 +382,25 @@ pub(crate) struct CallInfo {
     pub rets: Vec<(u32, u32, u32)>,
 }
 
+/// A function the interpreter provides itself (CUDA's device runtime calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Builtin {
+    /// `vprintf(fmt, args)`: device-side `printf`.
+    Vprintf,
+    /// `__assertfail(message, file, line, function, charSize)`: a failed device `assert`.
+    AssertFail,
+}
+
+/// A call of a [`Builtin`].
+#[derive(Debug, Clone)]
+pub(crate) struct BuiltinCall {
+    pub kind: Builtin,
+    /// (caller param-area offset, size) per argument.
+    pub args: Vec<(u32, u32)>,
+    /// (caller param-area offset, size) of the return value.
+    pub ret: Option<(u32, u32)>,
+}
+
 /// One decoded operation.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
@@ -627,6 +646,8 @@ pub(crate) enum Op {
         rpc: u32,
     },
     Call(Box<CallInfo>),
+    /// A call of `vprintf` or `__assertfail`, declared `.extern` and run by the interpreter.
+    CallBuiltin(Box<BuiltinCall>),
     Ret,
     Exit,
     Trap,

@@ -24,6 +24,7 @@ mod ir;
 mod lexer;
 pub mod mem;
 mod parser;
+pub mod printf;
 pub mod testutils;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,12 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use error::{
-    CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_ILLEGAL_INSTRUCTION, CUDA_ERROR_INVALID_CONFIGURATION,
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_LAUNCH_TIMEOUT,
-    CUDA_ERROR_MISALIGNED_ADDRESS, Fault, FaultKind, LoadError, LoadErrorKind,
+    CUDA_ERROR_ASSERT, CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUDA_ERROR_INVALID_CONFIGURATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED,
+    CUDA_ERROR_LAUNCH_TIMEOUT, CUDA_ERROR_MISALIGNED_ADDRESS, Fault, FaultKind, LoadError,
+    LoadErrorKind,
 };
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
 pub use mem::{AllocError, Buffer, OutOfRange};
+pub use printf::DeviceOutput;
 
 /// Most threads in one block.
 pub const MAX_THREADS_PER_BLOCK: u32 = decode::MAX_THREADS_PER_BLOCK;
@@ -147,12 +150,14 @@ pub struct Launch<'a> {
     pub control: &'a LaunchControl,
 }
 
-/// Controls a running launch from another thread.
+/// Controls a running launch from another thread, and says where its device-side `printf` and
+/// `assert` output goes.
 #[derive(Debug, Default)]
 pub struct LaunchControl {
     yield_requested: AtomicBool,
     cancelled: AtomicBool,
     deadline: Mutex<Option<Instant>>,
+    output: Mutex<Option<Arc<dyn DeviceOutput>>>,
 }
 
 impl LaunchControl {
@@ -206,6 +211,23 @@ impl LaunchControl {
         match self.deadline.lock() {
             Ok(g) => *g,
             Err(p) => *p.into_inner(),
+        }
+    }
+
+    /// Sends the launch's `printf` text and `assert` messages to `output` (read when a launch
+    /// or resumption starts). Without one, `printf` prints nothing and returns 0.
+    pub fn set_output(&self, output: Option<Arc<dyn DeviceOutput>>) {
+        match self.output.lock() {
+            Ok(mut g) => *g = output,
+            Err(p) => *p.into_inner() = output,
+        }
+    }
+
+    /// Where `printf` and `assert` output goes.
+    pub fn output(&self) -> Option<Arc<dyn DeviceOutput>> {
+        match self.output.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
         }
     }
 }
@@ -346,6 +368,7 @@ impl Module {
         static GRID_ID: AtomicU64 = AtomicU64::new(1);
         let stop = AtomicBool::new(false);
         let workers = (launch.workers.max(1) as u64).min(remaining) as usize;
+        let output = launch.control.output();
         let ctx = exec::Ctx {
             prog: &self.prog,
             layout,
@@ -364,6 +387,7 @@ impl Module {
             workers: workers as u32,
             grid_id: GRID_ID.fetch_add(1, Ordering::Relaxed),
             stop: &stop,
+            output: output.as_deref(),
         };
         let next = AtomicU64::new(launch.start_block);
         let run = |smid: u32| -> (Stats, Option<(u64, Fault)>) {

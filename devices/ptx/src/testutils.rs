@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::{
     Buffer, Fault, GLOBAL_BASE, GlobalMemory, KernelInfo, Launch, LaunchControl, Module, Progress,
@@ -256,4 +256,49 @@ pub const ARCHS: [&str; 3] = ["compute_52", "compute_80", "compute_90"];
 /// Loads a fixture module.
 pub fn load_fixture(name: &str, arch: &str) -> Module {
     Module::load(&fixture(name, arch)).unwrap_or_else(|e| panic!("{name}.{arch}: {e}"))
+}
+
+/// A [`crate::DeviceOutput`] collecting `printf` text and `assert` messages, bounded like
+/// CUDA's printf FIFO.
+#[derive(Debug)]
+pub struct TestOutput {
+    limit: usize,
+    text: Mutex<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TestOutput {
+    /// Takes at most `limit` bytes of `printf` text.
+    pub fn new(limit: usize) -> TestOutput {
+        TestOutput {
+            limit,
+            text: Mutex::new((Vec::new(), Vec::new())),
+        }
+    }
+
+    /// The `printf` text so far.
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.text.lock().unwrap().0).into_owned()
+    }
+
+    /// The `assert` messages so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.text.lock().unwrap().1).into_owned()
+    }
+}
+
+impl crate::DeviceOutput for TestOutput {
+    fn room(&self) -> usize {
+        self.limit.saturating_sub(self.text.lock().unwrap().0.len())
+    }
+
+    fn printf(&self, text: &[u8]) {
+        let mut t = self.text.lock().unwrap();
+        if t.0.len() + text.len() <= self.limit {
+            t.0.extend_from_slice(text);
+        }
+    }
+
+    fn assert_failed(&self, message: &[u8]) {
+        self.text.lock().unwrap().1.extend_from_slice(message);
+    }
 }

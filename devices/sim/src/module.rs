@@ -9,6 +9,7 @@ use vgpu_broker::device::{
     DeviceError, DeviceModule, GlobalDesc, KernelDesc, LaunchDims, LaunchProgress, RunControl,
     Signal,
 };
+use vgpu_broker::devio::LaunchOutput;
 use vgpu_proto::cuda::{self, func_attr};
 use vgpu_ptx::{FaultKind, GlobalSpace, Launch, LaunchControl, LoadErrorKind, Module, Progress};
 
@@ -298,6 +299,11 @@ impl SimModule {
             Signal::Yield => forward.request_yield(),
             Signal::Cancel => forward.cancel(),
         }));
+        ptx_control.set_output(
+            control
+                .output()
+                .map(|o| Arc::new(Output(o)) as Arc<dyn vgpu_ptx::DeviceOutput>),
+        );
         let r = module.launch(&Launch {
             kernel: &k.name,
             grid: dims.grid,
@@ -323,6 +329,25 @@ impl SimModule {
                 message: f.message,
             }),
         }
+    }
+}
+
+/// The broker's per-launch output buffer, as the interpreter writes `printf` text and `assert`
+/// messages into it.
+#[derive(Debug)]
+struct Output(Arc<LaunchOutput>);
+
+impl vgpu_ptx::DeviceOutput for Output {
+    fn room(&self) -> usize {
+        self.0.room()
+    }
+
+    fn printf(&self, text: &[u8]) {
+        self.0.printf(text);
+    }
+
+    fn assert_failed(&self, message: &[u8]) {
+        self.0.assert_failed(message);
     }
 }
 

@@ -30,7 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGua
 use std::time::Duration;
 
 use tracing::{debug, error, info, warn};
-use vgpu_proto::frame::{FLAG_ASYNC, FLAG_REPLY, HEADER_LEN, Header};
+use vgpu_proto::frame::{FLAG_ASYNC, FLAG_OUTPUT, FLAG_REPLY, HEADER_LEN, Header};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
@@ -892,7 +892,7 @@ impl VgpuDevice {
         let mut hb = [0u8; HEADER_LEN];
         hb.copy_from_slice(&inline[..HEADER_LEN]);
         let header = Header::decode(&hb).map_err(|e| format!("bad frame header: {e}"))?;
-        if header.flags & FLAG_REPLY != 0 {
+        if header.flags & (FLAG_REPLY | FLAG_OUTPUT) != 0 {
             return Err("a request frame has the REPLY flag".into());
         }
         let is_async = header.flags & FLAG_ASYNC != 0;
@@ -979,7 +979,7 @@ fn split_batch(
         };
         let hb: &[u8; HEADER_LEN] = hb.try_into().map_err(|_| "a frame header".to_string())?;
         let header = Header::decode(hb).map_err(|e| format!("frame {i}: bad header: {e}"))?;
-        if header.flags & FLAG_REPLY != 0 || header.flags & FLAG_ASYNC == 0 {
+        if header.flags & (FLAG_REPLY | FLAG_OUTPUT) != 0 || header.flags & FLAG_ASYNC == 0 {
             return Err(format!("frame {i} is not an asynchronous request"));
         }
         let start = at + HEADER_LEN;

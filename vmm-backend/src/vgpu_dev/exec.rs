@@ -50,6 +50,11 @@ pub enum Reply {
 pub trait SessionExecutor: Send {
     /// Executes one frame; frames arrive in the order the guest submitted them.
     fn call(&mut self, call: Call<'_>) -> Reply;
+    /// Whether device-side `printf`/`assert` output waits for the guest: the reply frame then
+    /// carries `FLAG_OUTPUT` (the guest fetches it with `TakeOutput`).
+    fn output_ready(&self) -> bool {
+        false
+    }
 }
 
 /// The GPU side of a device: sessions, and what the config space reports.

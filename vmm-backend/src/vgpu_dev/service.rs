@@ -179,6 +179,10 @@ impl BrokerSession {
 }
 
 impl SessionExecutor for BrokerSession {
+    fn output_ready(&self) -> bool {
+        self.session.as_ref().is_some_and(Session::output_ready)
+    }
+
     fn call(&mut self, c: Call<'_>) -> Reply {
         let Some(session) = self.session.as_mut() else {
             return self.handshake(&c);

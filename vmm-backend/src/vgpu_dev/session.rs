@@ -20,7 +20,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use tracing::{debug, warn};
 use vgpu_broker::CuError;
 use vgpu_proto::cuda;
-use vgpu_proto::frame::{FLAG_REPLY, HEADER_LEN, Header};
+use vgpu_proto::frame::{FLAG_OUTPUT, FLAG_REPLY, HEADER_LEN, Header};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::chain::{GuestMem, Segments};
@@ -442,9 +442,14 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
                 // shortened to fit rather than losing the reply.
                 truncate_message(&mut payload, done.reply_cap.saturating_sub(HEADER_LEN));
             }
+            let flags = if exec.output_ready() {
+                FLAG_REPLY | FLAG_OUTPUT
+            } else {
+                FLAG_REPLY
+            };
             let h = Header {
                 opcode: header.opcode,
-                flags: FLAG_REPLY,
+                flags,
                 call_id: header.call_id,
                 payload_len: payload.len() as u32,
                 status,

@@ -85,6 +85,14 @@ fn nvcc_programs_run_memory_and_errors() {
 }
 
 #[test]
+fn nvcc_programs_run_pools_managed_and_mapped_memory() {
+    // Not on CUDA 13: cudaMemAdvise and cudaMemPrefetchAsync take a cudaMemLocation there
+    // instead of a device number, so a program built with 11.8's headers passes an invalid
+    // location (CUDA itself refuses it the same way).
+    run_nvcc_program("alloc_api", 60, &["static", "shared", "cudart12"]);
+}
+
+#[test]
 fn nvcc_programs_run_kernels() {
     run_nvcc_program("kernels", 20, ALL_RUNTIMES);
 }

@@ -14,6 +14,10 @@ use vgpu_proto::cuda::{self, CuResult};
 use crate::devio::LaunchOutput;
 use crate::error::CuError;
 
+/// Granularity of virtual memory management allocations (`cuMemGetAllocationGranularity`):
+/// physical memory sizes, reservations and mappings are multiples of it.
+pub const VMM_GRANULARITY: u64 = 2 << 20;
+
 /// Static description of a device.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
@@ -336,6 +340,74 @@ pub trait DeviceContext: Send + Sync {
     fn alloc(&self, size: u64) -> Result<u64, DeviceError>;
     /// Frees an allocation made by `alloc`.
     fn free(&self, ptr: u64) -> Result<(), DeviceError>;
+    /// Allocates `size` bytes at an address that is a multiple of `align` (a power of two):
+    /// managed and mapped host memory, whose guest mirror is mapped at the same address. Freed
+    /// by `free`. The default asks `alloc` for the size, then for the size rounded up to 2 MiB
+    /// (which real allocators align), and refuses with `NotSupported` when neither is aligned.
+    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        let p = self.alloc(size)?;
+        if align <= 1 || p % align == 0 {
+            return Ok(p);
+        }
+        let _ = self.free(p);
+        let big = align.max(2 << 20);
+        let rounded = size
+            .checked_add(big - 1)
+            .map(|s| s / big * big)
+            .ok_or(DeviceError::OutOfMemory)?;
+        let p = self.alloc(rounded)?;
+        if p % align == 0 {
+            return Ok(p);
+        }
+        let _ = self.free(p);
+        Err(DeviceError::NotSupported(format!(
+            "this device cannot place allocations at {align}-byte boundaries"
+        )))
+    }
+    /// Virtual memory management: creates `size` bytes of physical memory (a multiple of
+    /// [`VMM_GRANULARITY`]), not yet mapped anywhere; returns its id. The broker charged it.
+    fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {
+        let _ = size;
+        Err(DeviceError::NotSupported(
+            "this device has no virtual memory management".into(),
+        ))
+    }
+    /// Releases physical memory made by `phys_create` (the broker unmapped it everywhere).
+    fn phys_release(&self, id: u64) -> Result<(), DeviceError> {
+        let _ = id;
+        Err(DeviceError::NotSupported(
+            "this device has no virtual memory management".into(),
+        ))
+    }
+    /// Reserves `size` bytes of device address space at a multiple of `align`.
+    fn va_reserve(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        let _ = (size, align);
+        Err(DeviceError::NotSupported(
+            "this device has no virtual memory management".into(),
+        ))
+    }
+    /// Frees a reservation made by `va_reserve` (nothing is mapped in it any more).
+    fn va_free(&self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        let _ = (addr, size);
+        Err(DeviceError::NotSupported(
+            "this device has no virtual memory management".into(),
+        ))
+    }
+    /// Maps all of physical memory `id` (`size` bytes) at `va`, inside a reservation, with
+    /// read-write access for this context.
+    fn map(&self, va: u64, size: u64, id: u64) -> Result<(), DeviceError> {
+        let _ = (va, size, id);
+        Err(DeviceError::NotSupported(
+            "this device has no virtual memory management".into(),
+        ))
+    }
+    /// Removes a mapping made by `map`.
+    fn unmap(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        let _ = (va, size);
+        Err(DeviceError::NotSupported(
+            "this device has no virtual memory management".into(),
+        ))
+    }
     /// Host to device.
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError>;
     /// Device to host.

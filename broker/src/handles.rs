@@ -28,6 +28,10 @@ pub enum HandleKind {
     Module = 0x3D,
     /// `CUfunction`.
     Function = 0x7F,
+    /// `CUmemoryPool`.
+    MemPool = 0x2A,
+    /// `CUmemGenericAllocationHandle`.
+    MemHandle = 0x35,
 }
 
 const INDEX_BITS: u32 = 16;

@@ -21,6 +21,7 @@ pub mod size;
 pub mod tenant;
 #[doc(hidden)]
 pub mod testutils;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -143,6 +143,29 @@ pub enum AllocKind {
     Device,
     /// A module global: lives and dies with its module (handle).
     ModuleGlobal(u64),
+    /// `cuMemAllocManaged`: freed by `cuMemFree`; the guest mirrors it at the same address.
+    Managed,
+    /// Mapped host memory (`cuMemHostAlloc`/`cuMemHostRegister` with `DEVICEMAP`).
+    MappedHost,
+    /// A block handed out by memory pool (handle) `cuMemAllocAsync`; the pool holds the charge.
+    PoolBlock(u64),
+    /// A `cuMemMap` mapping the device may access; its physical memory holds the charge.
+    VmmMapping,
+}
+
+impl AllocKind {
+    /// The usage counter the allocation's charge goes to (`None`: plain memory).
+    pub fn usage(self) -> Option<crate::usage::UsageKind> {
+        use crate::usage::UsageKind;
+        match self {
+            AllocKind::Device
+            | AllocKind::ModuleGlobal(_)
+            | AllocKind::PoolBlock(_)
+            | AllocKind::VmmMapping => None,
+            AllocKind::Managed => Some(UsageKind::Managed),
+            AllocKind::MappedHost => Some(UsageKind::MappedHost),
+        }
+    }
 }
 
 /// One live allocation.
@@ -163,6 +186,7 @@ pub struct Allocation {
 pub struct Allocations {
     map: BTreeMap<u64, Allocation>,
     charged: u64,
+    held: u64,
 }
 
 impl Allocations {
@@ -199,9 +223,20 @@ impl Allocations {
         }
     }
 
-    /// Bytes charged for these allocations.
+    /// Bytes charged for these allocations, and for memory held without a live allocation
+    /// (see [`Allocations::hold`]).
     pub fn charged(&self) -> u64 {
-        self.charged
+        self.charged + self.held
+    }
+
+    /// Counts `bytes` the session holds outside any live allocation (a pool's free blocks).
+    pub fn hold(&mut self, bytes: u64) {
+        self.held += bytes;
+    }
+
+    /// Stops counting `bytes` of [`Allocations::hold`].
+    pub fn unhold(&mut self, bytes: u64) {
+        self.held = self.held.saturating_sub(bytes);
     }
 
     /// Number of live allocations.

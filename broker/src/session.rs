@@ -23,6 +23,12 @@ use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
 use crate::tenant::{SessionInfo, Tenant};
 
+mod alloc_ext;
+pub use alloc_ext::{
+    ACCESS_READ, ACCESS_READWRITE, MAPPED_KIND_HOST_ALLOC, MAPPED_KIND_HOST_REGISTER,
+    MAPPED_KIND_MANAGED, MIRROR_PAGE, guest_attributes, pool_attr, va_limit,
+};
+
 /// `CU_STREAM_LEGACY`.
 pub const STREAM_LEGACY: u64 = 0x1;
 /// `CU_STREAM_PER_THREAD`.
@@ -183,6 +189,7 @@ pub struct Session {
     allocs: Allocations,
     engine: Engine,
     output: SessionOutput,
+    ext: alloc_ext::AllocExt,
 }
 
 impl std::fmt::Debug for Session {
@@ -234,6 +241,7 @@ impl Session {
             functions: HandleTable::new(HandleKind::Function),
             allocs: Allocations::default(),
             output: SessionOutput::default(),
+            ext: alloc_ext::AllocExt::default(),
         })
     }
 
@@ -485,7 +493,7 @@ impl Session {
                         name: self.device.name.clone(),
                         uuid: self.device.uuid,
                         total_mem: self.tenant.slice.limit(),
-                        attributes: self.device.attributes.clone(),
+                        attributes: guest_attributes(&self.device.attributes),
                     },
                 )
             }
@@ -526,6 +534,7 @@ impl Session {
             R::CtxSynchronize(m) => {
                 let seq = self.ctx(m.ctx)?.last_seq;
                 self.engine.wait(seq)?;
+                self.pools_after_sync();
                 self.surface_async_error(m.ctx)?;
                 reply(out, msg::Empty {})
             }
@@ -601,8 +610,17 @@ impl Session {
                 if m.ptr == 0 {
                     return reply(out, msg::Empty {});
                 }
+                if let Some(r) = self.free_pool_block(m.ptr) {
+                    r?;
+                    return reply(out, msg::Empty {});
+                }
                 match self.allocs.find(m.ptr) {
-                    Some((base, a)) if base == m.ptr && a.kind == AllocKind::Device => {}
+                    Some((base, a))
+                        if base == m.ptr
+                            && matches!(
+                                a.kind,
+                                AllocKind::Device | AllocKind::Managed | AllocKind::MappedHost
+                            ) => {}
                     Some((base, _)) if base != m.ptr => {
                         return Err(CuError::invalid_value(format!(
                             "{:#x} is inside the allocation at {base:#x}, not its start: pass the pointer cuMemAlloc returned",
@@ -761,6 +779,7 @@ impl Session {
             R::StreamSynchronize(m) => {
                 let seq = self.stream_seq(m.ctx, m.stream)?;
                 self.engine.wait(seq)?;
+                self.pools_after_sync();
                 self.surface_async_error(self.stream_ctx(m.ctx, m.stream)?)?;
                 reply(out, msg::Empty {})
             }
@@ -830,6 +849,7 @@ impl Session {
                 let ev = self.event(m.event)?;
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
                 self.engine.wait(rec.seq)?;
+                self.pools_after_sync();
                 self.surface_async_error(ctx)?;
                 reply(out, msg::Empty {})
             }
@@ -988,6 +1008,7 @@ impl Session {
                     json: self.tenant_json(),
                 },
             ),
+            _ => self.dispatch_alloc_ext(req, out),
         }
     }
 
@@ -1206,6 +1227,7 @@ impl Session {
             "device_kind": self.device.kind,
             "memory_total": self.tenant.slice.limit(),
             "memory_used": self.tenant.slice.used(),
+            "memory_by_kind": self.tenant.usage.breakdown(self.tenant.slice.used()),
             "kernels": st.kernels.load(Ordering::Relaxed),
             "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
             "bytes_dtoh": st.bytes_dtoh.load(Ordering::Relaxed),
@@ -1324,6 +1346,9 @@ impl Session {
                 tracing::warn!(session = self.info.id, error = %e, "device refused to free {base:#x}");
             }
             self.tenant.slice.refund(a.charged);
+            if let Some(k) = a.kind.usage() {
+                self.tenant.usage.sub(k, a.charged);
+            }
             self.info
                 .memory
                 .store(self.allocs.charged(), Ordering::Relaxed);
@@ -1363,6 +1388,7 @@ impl Drop for Session {
         let bytes = self.allocs.charged();
         let engine = std::mem::replace(&mut self.engine, Engine::new(Arc::clone(&self.dev)));
         drop(engine);
+        self.release_alloc_ext();
         for h in self.modules.handles_where(|_| true) {
             self.unload_module(h);
         }

@@ -66,6 +66,8 @@ pub struct Tenant {
     sessions: Mutex<BTreeMap<u64, Arc<SessionInfo>>>,
     /// Counters.
     pub stats: TenantStats,
+    /// Memory charged, by kind.
+    pub usage: crate::usage::MemUsage,
     closed: AtomicBool,
     scheduler: Arc<Scheduler>,
     sched_id: TenantId,
@@ -102,6 +104,7 @@ impl Tenant {
             context: Mutex::new(None),
             sessions: Mutex::new(BTreeMap::new()),
             stats: TenantStats::default(),
+            usage: crate::usage::MemUsage::default(),
             closed: AtomicBool::new(false),
             scheduler,
             sched_id,

@@ -209,12 +209,12 @@ fn log_err<T>(op: &str, r: Result<T, CallError>) -> CuRes<T> {
 }
 
 impl Driver {
-    fn call<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<O::Reply> {
+    pub(crate) fn call<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<O::Reply> {
         let r = lock(&self.client).call(req, tail).map(|(r, _)| r);
         log_err(std::any::type_name::<O>(), r)
     }
 
-    fn post<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<()> {
+    pub(crate) fn post<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<()> {
         let mut c = lock(&self.client);
         let r = c.post(req, tail);
         if c.pending() > 0 && !self.flush_armed.swap(true, Ordering::AcqRel) {
@@ -378,6 +378,7 @@ pub fn ctx_destroy(c: u64) -> CuRes<()> {
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
     let _ = with_ctx_stack(|s| s.retain(|&x| x != c));
     crate::ctx_storage::context_gone(c);
+    crate::alloc_api::context_gone(c);
     Ok(())
 }
 
@@ -428,7 +429,7 @@ pub fn ctx_synchronize() -> CuRes<()> {
 /// is one of this process's).
 pub fn ctx_synchronize_of(c: u64) -> CuRes<()> {
     driver()?.call(&msg::CtxSynchronize { ctx: c }, &[])?;
-    Ok(())
+    crate::alloc_api::after_sync()
 }
 
 /// `cuCtxSetLimit` for a limit vgpud enforces (`CU_LIMIT_PRINTF_FIFO_SIZE`). An older vgpud
@@ -560,7 +561,9 @@ fn primary_gone(d: &Driver) -> CuRes<()> {
     // Libraries loaded in the primary context went with it, and so did the
     // references they held.
     lock(&d.library_retains).clear();
-    crate::ctx_storage::context_gone(primary_peek(d)?);
+    let c = primary_peek(d)?;
+    crate::ctx_storage::context_gone(c);
+    crate::alloc_api::context_gone(c);
     Ok(())
 }
 
@@ -620,6 +623,9 @@ pub fn mem_alloc_pitch(width: u64, height: u64, elem_size: u32) -> CuRes<(u64, u
 pub fn mem_free(ptr: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
+    if let Some(r) = crate::alloc_api::free_hook(ptr) {
+        return r;
+    }
     d.call(&msg::MemFree { ctx: c, ptr }, &[])?;
     lock(&d.device_ranges).remove(&ptr);
     Ok(())
@@ -639,8 +645,30 @@ pub fn mem_get_address_range(ptr: u64) -> CuRes<(u64, u64)> {
     Ok((r.base, r.size))
 }
 
+/// Records device memory allocated outside `mem_alloc` (pool blocks), for `cuMemcpy`.
+pub fn note_device_range(ptr: u64, size: u64) {
+    if let Ok(d) = driver() {
+        lock(&d.device_ranges).insert(ptr, size);
+    }
+}
+
+/// Forgets a range recorded by [`note_device_range`].
+pub fn forget_device_range(ptr: u64) {
+    if let Ok(d) = driver() {
+        lock(&d.device_ranges).remove(&ptr);
+    }
+}
+
 /// Host to device; `sync` waits for completion (and earlier errors).
 pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
+    if let Some(r) = crate::alloc_api::htod_hook(dst, src) {
+        return r;
+    }
+    memcpy_htod_raw(dst, src, stream, sync)
+}
+
+/// [`memcpy_htod`] to device memory, never to a mirror.
+pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
     if src.is_empty() {
@@ -669,6 +697,15 @@ pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
 
 /// Device to host (always waits: the data must arrive).
 pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
+    if let Some(r) = crate::alloc_api::dtoh_hook(dst, src) {
+        return r;
+    }
+    memcpy_dtoh_raw(dst, src, stream)?;
+    crate::alloc_api::after_sync()
+}
+
+/// [`memcpy_dtoh`] from device memory, never from a mirror.
+pub(crate) fn memcpy_dtoh_raw(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
     let chunks: Vec<&mut [u8]> = dst.chunks_mut(d.chunk).collect();
@@ -692,6 +729,9 @@ pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuR
     let d = driver()?;
     if len == 0 {
         return Ok(());
+    }
+    if let Some(r) = crate::alloc_api::dtod_hook(dst, src, len, stream, sync) {
+        return r;
     }
     let req = msg::MemcpyDtoD {
         ctx: c,
@@ -758,6 +798,9 @@ pub enum Space {
 
 /// Classifies a pointer for `cuMemcpy`.
 pub fn space_of(ptr: u64) -> CuRes<Space> {
+    if let Some(dev) = crate::alloc_api::space_hook(ptr) {
+        return Ok(if dev { Space::Device } else { Space::Host });
+    }
     Ok(if driver()?.is_device_ptr(ptr) {
         Space::Device
     } else {
@@ -778,6 +821,9 @@ pub fn memset(
     let d = driver()?;
     if count == 0 {
         return Ok(());
+    }
+    if let Some(r) = crate::alloc_api::memset_hook(dst, value, elem_size, count) {
+        return r;
     }
     let req = msg::Memset {
         ctx: c,
@@ -818,11 +864,14 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     if flags & MEMHOSTALLOC_DEVICEMAP != 0 {
-        crate::debug!(
-            "cuMemHostAlloc: CU_MEMHOSTALLOC_DEVICEMAP (zero-copy host memory) is not supported"
-        );
-        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+        return crate::alloc_api::host_alloc_mapped(size, flags);
     }
+    let p = host_alloc_plain(d, size)?;
+    crate::alloc_api::note_host_flags(p as usize, flags);
+    Ok(p)
+}
+
+fn host_alloc_plain(d: &Driver, size: usize) -> CuRes<*mut u8> {
     if size >= HOST_ALLOC_HUGE_MIN {
         let m = HugeMapping::new(size).map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
         let p = m.as_non_null().as_ptr();
@@ -849,6 +898,9 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
 /// returned; anything else is refused without being touched.
 pub fn host_free(addr: usize) -> CuRes<()> {
     let d = driver()?;
+    if let Some(r) = crate::alloc_api::host_free_hook(addr) {
+        return r;
+    }
     let alloc = lock(&d.host_allocs)
         .remove(&addr)
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
@@ -880,14 +932,17 @@ pub fn host_register(addr: usize, size: usize, flags: u32) -> CuRes<()> {
     let end = addr
         .checked_add(size)
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
-    if flags & (MEMHOSTREGISTER_DEVICEMAP | MEMHOSTREGISTER_IOMEMORY) != 0 {
-        crate::debug!("cuMemHostRegister: mapped (DEVICEMAP) and I/O memory are not supported");
+    if flags & MEMHOSTREGISTER_IOMEMORY != 0 {
+        crate::debug!("cuMemHostRegister: I/O memory is not supported");
         return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
     }
     let mut regs = lock(&d.host_registered);
     let before = regs.range(..end).next_back();
     if before.is_some_and(|(&start, &len)| start + len > addr) {
         return Err(cuda::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    }
+    if flags & MEMHOSTREGISTER_DEVICEMAP != 0 {
+        crate::alloc_api::register_mapped(addr, size, flags)?;
     }
     regs.insert(addr, size);
     Ok(())
@@ -897,6 +952,11 @@ pub fn host_register(addr: usize, size: usize, flags: u32) -> CuRes<()> {
 pub fn host_unregister(addr: usize) -> CuRes<()> {
     let d = driver()?;
     ctx()?;
+    if lock(&d.host_registered).contains_key(&addr)
+        && let Some(r) = crate::alloc_api::unregister_hook(addr)
+    {
+        r?;
+    }
     lock(&d.host_registered)
         .remove(&addr)
         .map(drop)
@@ -948,17 +1008,15 @@ pub fn stream_params(s: u64) -> CuRes<(u32, i32)> {
 /// `cuStreamSynchronize`.
 pub fn stream_synchronize(s: u64) -> CuRes<()> {
     let c = ctx()?;
-    driver()?
-        .call(&msg::StreamSynchronize { ctx: c, stream: s }, &[])
-        .map(drop)
+    driver()?.call(&msg::StreamSynchronize { ctx: c, stream: s }, &[])?;
+    crate::alloc_api::after_sync()
 }
 
 /// `cuStreamQuery`.
 pub fn stream_query(s: u64) -> CuRes<()> {
     let c = ctx()?;
-    driver()?
-        .call(&msg::StreamQuery { ctx: c, stream: s }, &[])
-        .map(drop)
+    driver()?.call(&msg::StreamQuery { ctx: c, stream: s }, &[])?;
+    crate::alloc_api::after_sync()
 }
 
 /// `cuStreamWaitEvent`.
@@ -1007,17 +1065,15 @@ pub fn event_record(e: u64, s: u64) -> CuRes<()> {
 /// `cuEventQuery`.
 pub fn event_query(e: u64) -> CuRes<()> {
     let c = ctx()?;
-    driver()?
-        .call(&msg::EventQuery { ctx: c, event: e }, &[])
-        .map(drop)
+    driver()?.call(&msg::EventQuery { ctx: c, event: e }, &[])?;
+    crate::alloc_api::after_sync()
 }
 
 /// `cuEventSynchronize`.
 pub fn event_synchronize(e: u64) -> CuRes<()> {
     let c = ctx()?;
-    driver()?
-        .call(&msg::EventSynchronize { ctx: c, event: e }, &[])
-        .map(drop)
+    driver()?.call(&msg::EventSynchronize { ctx: c, event: e }, &[])?;
+    crate::alloc_api::after_sync()
 }
 
 /// `cuEventElapsedTime` in milliseconds.
@@ -1194,6 +1250,7 @@ pub fn launch(
         block_z: block[2],
         shared_bytes: shared,
     };
+    crate::alloc_api::before_launch(stream)?;
     d.post(&req, params)
 }
 

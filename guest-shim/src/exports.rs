@@ -712,12 +712,14 @@ pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemHostGetDevicePointer_v2(
-    _d: *mut CUdeviceptr,
-    _p: *mut c_void,
-    _flags: c_uint,
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    d: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
 ) -> CUresult {
-    drv::unsupported("cuMemHostGetDevicePointer (mapped host memory)")
+    ffi("cuMemHostGetDevicePointer_v2", || {
+        out!(d, crate::alloc_api::host_device_pointer(p as usize, flags)?)
+    })
 }
 
 // ---- streams and events ---------------------------------------------------------------

@@ -10,6 +10,8 @@
 //! Layers: [`exports`] is the C ABI, a thin wrapper over [`driver`] (safe
 //! Rust), which talks through [`client`] over a [`transport`].
 
+pub mod alloc_api;
+pub mod alloc_exports;
 pub mod client;
 pub mod compat;
 pub mod copies;

@@ -41,7 +41,6 @@ not_supported! {
     cuStreamWaitValue32: "stream memory operations";
     cuStreamBatchMemOp: "stream memory operations";
     cuTensorMapEncodeTiled: "tensor maps (TMA)";
-    cuMemPrefetchAsync: "managed memory prefetch";
 }
 
 #[cfg(test)]
@@ -50,7 +49,7 @@ mod tests {
 
     #[test]
     fn every_refusal_is_not_supported() {
-        assert_eq!(NAMES.len(), 14);
+        assert_eq!(NAMES.len(), 13);
         assert_eq!(cuGraphLaunch(), cuda::CUDA_ERROR_NOT_SUPPORTED);
         assert_eq!(cuTensorMapEncodeTiled(), cuda::CUDA_ERROR_NOT_SUPPORTED);
     }

@@ -148,6 +148,9 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     ffi("cuPointerGetAttribute", || {
+        if let Some(r) = crate::alloc_exports::pointer_attr_hook(attribute, ptr, data) {
+            return r;
+        }
         let v = value(attribute, ptr, drv::allocation_of(ptr)?)?;
         write(data, v)
     })
@@ -170,6 +173,10 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         let data = unsafe { std::slice::from_raw_parts(data, n as usize) };
         let alloc = drv::allocation_of(ptr)?;
         for (&a, &d) in attributes.iter().zip(data) {
+            if let Some(r) = crate::alloc_exports::pointer_attr_hook(a, ptr, d) {
+                r?;
+                continue;
+            }
             let v = match value(a, ptr, alloc) {
                 Ok(v) => v,
                 Err(e) if e == cuda::CUDA_ERROR_NOT_SUPPORTED => return Err(e),

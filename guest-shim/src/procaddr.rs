@@ -8,6 +8,7 @@
 
 use std::ffi::c_void;
 
+use crate::alloc_exports::*;
 use crate::compat::*;
 use crate::copies::*;
 use crate::exports::*;
@@ -156,6 +157,89 @@ fn table() -> &'static [Entry] {
             e!(
                 "cuMemHostGetDevicePointer",
                 (3020, f!(cuMemHostGetDevicePointer_v2))
+            ),
+            e!("cuMemHostGetFlags", (2030, f!(cuMemHostGetFlags))),
+            e!("cuMemAllocManaged", (6000, f!(cuMemAllocManaged))),
+            e!("cuStreamAttachMemAsync", (6000, f!(cuStreamAttachMemAsync))),
+            e!(
+                "cuMemPrefetchAsync",
+                (8000, f!(cuMemPrefetchAsync)),
+                (12020, f!(cuMemPrefetchAsync_v2))
+            ),
+            e!(
+                "cuMemAdvise",
+                (8000, f!(cuMemAdvise)),
+                (12020, f!(cuMemAdvise_v2))
+            ),
+            e!("cuMemRangeGetAttribute", (8000, f!(cuMemRangeGetAttribute))),
+            e!(
+                "cuMemRangeGetAttributes",
+                (8000, f!(cuMemRangeGetAttributes))
+            ),
+            e!("cuPointerSetAttribute", (6000, f!(cuPointerSetAttribute))),
+            e!("cuMemAllocAsync", (11020, f!(cuMemAllocAsync))),
+            e!(
+                "cuMemAllocFromPoolAsync",
+                (11020, f!(cuMemAllocFromPoolAsync))
+            ),
+            e!("cuMemFreeAsync", (11020, f!(cuMemFreeAsync))),
+            e!("cuMemPoolCreate", (11020, f!(cuMemPoolCreate))),
+            e!("cuMemPoolDestroy", (11020, f!(cuMemPoolDestroy))),
+            e!(
+                "cuDeviceGetDefaultMemPool",
+                (11020, f!(cuDeviceGetDefaultMemPool))
+            ),
+            e!("cuDeviceGetMemPool", (11020, f!(cuDeviceGetMemPool))),
+            e!("cuDeviceSetMemPool", (11020, f!(cuDeviceSetMemPool))),
+            e!("cuMemPoolSetAttribute", (11020, f!(cuMemPoolSetAttribute))),
+            e!("cuMemPoolGetAttribute", (11020, f!(cuMemPoolGetAttribute))),
+            e!("cuMemPoolTrimTo", (11020, f!(cuMemPoolTrimTo))),
+            e!("cuMemPoolSetAccess", (11020, f!(cuMemPoolSetAccess))),
+            e!("cuMemPoolGetAccess", (11020, f!(cuMemPoolGetAccess))),
+            e!(
+                "cuMemPoolExportToShareableHandle",
+                (11020, f!(cuMemPoolExportToShareableHandle))
+            ),
+            e!(
+                "cuMemPoolImportFromShareableHandle",
+                (11020, f!(cuMemPoolImportFromShareableHandle))
+            ),
+            e!(
+                "cuMemPoolExportPointer",
+                (11020, f!(cuMemPoolExportPointer))
+            ),
+            e!(
+                "cuMemPoolImportPointer",
+                (11020, f!(cuMemPoolImportPointer))
+            ),
+            e!(
+                "cuMemGetAllocationGranularity",
+                (10020, f!(cuMemGetAllocationGranularity))
+            ),
+            e!("cuMemCreate", (10020, f!(cuMemCreate))),
+            e!("cuMemRelease", (10020, f!(cuMemRelease))),
+            e!("cuMemAddressReserve", (10020, f!(cuMemAddressReserve))),
+            e!("cuMemAddressFree", (10020, f!(cuMemAddressFree))),
+            e!("cuMemMap", (10020, f!(cuMemMap))),
+            e!("cuMemMapArrayAsync", (11010, f!(cuMemMapArrayAsync))),
+            e!("cuMemUnmap", (10020, f!(cuMemUnmap))),
+            e!("cuMemSetAccess", (10020, f!(cuMemSetAccess))),
+            e!("cuMemGetAccess", (10020, f!(cuMemGetAccess))),
+            e!(
+                "cuMemGetAllocationPropertiesFromHandle",
+                (10020, f!(cuMemGetAllocationPropertiesFromHandle))
+            ),
+            e!(
+                "cuMemRetainAllocationHandle",
+                (11000, f!(cuMemRetainAllocationHandle))
+            ),
+            e!(
+                "cuMemExportToShareableHandle",
+                (10020, f!(cuMemExportToShareableHandle))
+            ),
+            e!(
+                "cuMemImportFromShareableHandle",
+                (10020, f!(cuMemImportFromShareableHandle))
             ),
             e!("cuStreamCreate", (2000, f!(cuStreamCreate))),
             e!(

@@ -644,6 +644,18 @@ fn vm_detail(v: &Value) -> String {
                 )),
         );
     }
+    let k = &v["memory_by_kind"];
+    if k.is_object() {
+        out += &format!(
+            "memory by kind: plain {}, pools {} reserved ({} in use), managed {}, mapped host {}, VMM physical {}\n",
+            json_bytes(&k["plain"]),
+            json_bytes(&k["pool_reserved"]),
+            json_bytes(&k["pool_used"]),
+            json_bytes(&k["managed"]),
+            json_bytes(&k["mapped_host"]),
+            json_bytes(&k["vmm_physical"]),
+        );
+    }
     let st = &v["stats"];
     out += &format!(
         "copies: {} to the device, {} from it; errors {}; sessions opened {}\n",

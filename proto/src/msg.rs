@@ -258,6 +258,8 @@ wire_structs! {
         /// Non-zero when more is waiting (ask again).
         pub more: u32,
     }
+    /// A 128-bit token naming exported memory within a VM.
+    pub struct Token { pub hi: u64, pub lo: u64 }
 }
 
 ops! {
@@ -397,6 +399,63 @@ ops! {
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).
     TenantInfo = 0x0701 => Json, 0, "vgpu-smi" {}
+
+    /// Allocates page-aligned device memory that the guest process also maps at the same
+    /// address (its host mirror): managed memory (`kind` 1) or mapped host memory (`kind` 2:
+    /// `cuMemHostAlloc` with `DEVICEMAP`; 3: `cuMemHostRegister` with `DEVICEMAP`). Charged to
+    /// the slice; freed by `MemFree`.
+    MemAllocMapped = 0x0801 => Ptr, 0, "cuMemAllocManaged, cuMemHostAlloc, cuMemHostRegister_v2" {
+        ctx: u64, size: u64, kind: u32,
+    }
+    /// Creates a memory pool (`max_size` 0: unbounded except by the slice).
+    MemPoolCreate = 0x0810 => Handle, 0, "cuMemPoolCreate" { ctx: u64, max_size: u64 }
+    /// Destroys a pool; its free blocks go back to the slice, blocks in use when the last one is freed.
+    MemPoolDestroy = 0x0811 => Empty, 0, "cuMemPoolDestroy" { ctx: u64, pool: u64 }
+    /// The device's current pool (`default` 0) or its default pool (`default` 1).
+    DeviceGetMemPool = 0x0812 => Handle, 0, "cuDeviceGetMemPool, cuDeviceGetDefaultMemPool" {
+        device: u32, default: u32,
+    }
+    /// Makes `pool` the device's current pool (the one `cuMemAllocAsync` uses).
+    DeviceSetMemPool = 0x0813 => Empty, 0, "cuDeviceSetMemPool" { device: u32, pool: u64 }
+    /// Sets a `CUmemPool_attribute` (thresholds, reuse flags, high-water marks reset).
+    MemPoolSetAttribute = 0x0814 => Empty, 0, "cuMemPoolSetAttribute" {
+        pool: u64, attribute: i32, value: u64,
+    }
+    /// A `CUmemPool_attribute`.
+    MemPoolGetAttribute = 0x0815 => Bytes, 0, "cuMemPoolGetAttribute" { pool: u64, attribute: i32 }
+    /// Releases the pool's free blocks until at most `keep` bytes stay reserved.
+    MemPoolTrimTo = 0x0816 => Empty, 0, "cuMemPoolTrimTo" { pool: u64, keep: u64 }
+    /// Allocates from a pool (`pool` 0: the device's current pool), ordered on `stream`.
+    MemAllocAsync = 0x0817 => Ptr, 0, "cuMemAllocAsync, cuMemAllocFromPoolAsync" {
+        ctx: u64, stream: u64, pool: u64, size: u64,
+    }
+    /// Returns a pool block to its pool, ordered on `stream` (or frees a plain allocation there).
+    MemFreeAsync = 0x0818 => Empty, ASYNC_OK, "cuMemFreeAsync" { ctx: u64, stream: u64, ptr: u64 }
+
+    /// Creates physical memory (a multiple of the granularity), charged to the slice at once.
+    MemCreate = 0x0830 => Handle, 0, "cuMemCreate" { ctx: u64, size: u64 }
+    /// Releases a physical memory handle; mapped memory lives until unmapped.
+    MemRelease = 0x0831 => Empty, 0, "cuMemRelease" { handle: u64 }
+    /// Reserves device address space (bounded per VM).
+    MemAddressReserve = 0x0832 => Ptr, 0, "cuMemAddressReserve" { ctx: u64, size: u64, align: u64 }
+    /// Frees a reservation.
+    MemAddressFree = 0x0833 => Empty, 0, "cuMemAddressFree" { ptr: u64, size: u64 }
+    /// Maps a whole physical allocation at `ptr` inside a reservation (`offset` must be 0).
+    MemMap = 0x0834 => Empty, 0, "cuMemMap" { ptr: u64, size: u64, offset: u64, handle: u64 }
+    /// Unmaps the mappings that make up `[ptr, ptr + size)`.
+    MemUnmap = 0x0835 => Empty, 0, "cuMemUnmap" { ptr: u64, size: u64 }
+    /// Sets the device's access (`CUmemAccess_flags`) to the mappings in `[ptr, ptr + size)`.
+    MemSetAccess = 0x0836 => Empty, 0, "cuMemSetAccess" { ptr: u64, size: u64, flags: u32 }
+    /// The device's access to the mapping containing `ptr`.
+    MemGetAccess = 0x0837 => Value, 0, "cuMemGetAccess" { ptr: u64 }
+    /// A new reference to the physical memory mapped at `ptr`.
+    MemRetainAllocationHandle = 0x0838 => Handle, 0, "cuMemRetainAllocationHandle" { ptr: u64 }
+    /// The size of the physical memory a handle names.
+    MemGetAllocationSize = 0x0839 => Bytes, 0, "cuMemGetAllocationPropertiesFromHandle" { handle: u64 }
+    /// Exports physical memory for other processes of the same VM.
+    MemExport = 0x083a => Token, 0, "cuMemExportToShareableHandle" { handle: u64 }
+    /// Imports physical memory exported in the same VM (another VM's token is refused).
+    MemImport = 0x083b => Handle, 0, "cuMemImportFromShareableHandle" { hi: u64, lo: u64 }
 }
 
 /// Encodes a request payload (without bulk tail).

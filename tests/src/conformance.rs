@@ -465,7 +465,229 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("device_printf_and_assert", device_printf_and_assert),
     ("watchdog", watchdog),
     ("compute_shares", compute_shares),
+    (
+        "mirrored_memory_is_aligned_and_charged",
+        mirrored_memory_is_aligned_and_charged,
+    ),
+    (
+        "pools_charge_their_reservation",
+        pools_charge_their_reservation,
+    ),
+    ("vmm_charges_physical_memory", vmm_charges_physical_memory),
 ];
+
+impl Session {
+    /// Any request, with its `CUresult` on failure.
+    pub fn request<O: vgpu_proto::msg::Op>(&mut self, req: &O) -> Result<O::Reply, Code> {
+        code(self.client.call(req, &[])).map(|r| r.0)
+    }
+}
+
+/// Managed and mapped host memory (`MemAllocMapped`): page-aligned, so that the guest can
+/// mirror it at the same address; charged to the slice; freed by `MemFree`.
+pub fn mirrored_memory_is_aligned_and_charged(t: &Target) {
+    let rig = Rig::new((t.make)(None), &[("a", 16 * MIB, 1)]);
+    let mut s = rig.session("a");
+    let ctx = s.ctx;
+    let (free0, _) = s.mem_info().unwrap();
+    let mut ptrs = Vec::new();
+    for kind in [1, 2, 3] {
+        let p = s
+            .request(&msg::MemAllocMapped {
+                ctx,
+                size: 10_000,
+                kind,
+            })
+            .unwrap()
+            .ptr;
+        assert_eq!(p % 4096, 0, "kind {kind}: {p:#x}");
+        let data = pattern(12_288, kind.into());
+        s.htod(p, &data).unwrap();
+        assert!(s.dtoh(p, data.len()).unwrap() == data, "kind {kind}");
+        ptrs.push(p);
+    }
+    let (free1, _) = s.mem_info().unwrap();
+    assert!(free0 - free1 >= 3 * 12_288, "{free0} -> {free1}");
+    assert_eq!(
+        s.request(&msg::MemAllocMapped {
+            ctx,
+            size: 32 * MIB,
+            kind: 1
+        })
+        .unwrap_err(),
+        cuda::CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!(
+        s.request(&msg::MemAllocMapped {
+            ctx,
+            size: 1,
+            kind: 9
+        })
+        .unwrap_err(),
+        cuda::CUDA_ERROR_INVALID_VALUE
+    );
+    for p in ptrs {
+        s.free(p).unwrap();
+    }
+    assert_eq!(s.mem_info().unwrap().0, free0);
+}
+
+/// Stream-ordered pools: the reservation is charged, freed blocks are reused, the release
+/// threshold and trimming give memory back, forged pools are refused.
+pub fn pools_charge_their_reservation(t: &Target) {
+    let rig = Rig::new((t.make)(None), &[("a", 16 * MIB, 1)]);
+    let mut s = rig.session("a");
+    let ctx = s.ctx;
+    let (free0, _) = s.mem_info().unwrap();
+    let pool = s
+        .request(&msg::DeviceGetMemPool {
+            device: 0,
+            default: 1,
+        })
+        .unwrap()
+        .handle;
+    let alloc = |s: &mut Session, size| {
+        s.request(&msg::MemAllocAsync {
+            ctx,
+            stream: 0,
+            pool: 0,
+            size,
+        })
+        .map(|r| r.ptr)
+    };
+    let a = alloc(&mut s, 4 * MIB).unwrap();
+    s.memset(a, 0x01020304, 4, MIB).unwrap();
+    assert_eq!(s.dtoh(a + 4 * MIB - 4, 4).unwrap(), [4, 3, 2, 1]);
+    assert_eq!(s.mem_info().unwrap().0, free0 - 4 * MIB);
+    s.request(&msg::MemPoolSetAttribute {
+        pool,
+        attribute: 4,
+        value: u64::MAX,
+    })
+    .unwrap();
+    s.request(&msg::MemFreeAsync {
+        ctx,
+        stream: 0,
+        ptr: a,
+    })
+    .unwrap();
+    assert!(
+        s.dtoh(a, 4).is_err(),
+        "a freed block is not the guest's any more"
+    );
+    let b = alloc(&mut s, 4 * MIB).unwrap();
+    assert_eq!(b, a, "the free block is reused");
+    s.request(&msg::MemFreeAsync {
+        ctx,
+        stream: 0,
+        ptr: b,
+    })
+    .unwrap();
+    s.sync().unwrap();
+    let reserved = |s: &mut Session| {
+        s.request(&msg::MemPoolGetAttribute { pool, attribute: 5 })
+            .unwrap()
+            .bytes
+    };
+    assert_eq!(reserved(&mut s), 4 * MIB, "kept below the threshold");
+    assert_eq!(s.mem_info().unwrap().0, free0 - 4 * MIB);
+    s.request(&msg::MemPoolTrimTo { pool, keep: 0 }).unwrap();
+    assert_eq!(reserved(&mut s), 0);
+    assert_eq!(s.mem_info().unwrap().0, free0);
+    // Past the slice; free blocks of any pool are released to make room first.
+    let big = alloc(&mut s, 12 * MIB).unwrap();
+    assert_eq!(
+        alloc(&mut s, 8 * MIB).unwrap_err(),
+        cuda::CUDA_ERROR_OUT_OF_MEMORY
+    );
+    s.request(&msg::MemFreeAsync {
+        ctx,
+        stream: 0,
+        ptr: big,
+    })
+    .unwrap();
+    s.sync().unwrap();
+    alloc(&mut s, 16 * MIB).unwrap();
+    assert_eq!(
+        s.request(&msg::MemAllocAsync {
+            ctx,
+            stream: 0,
+            pool: 0x2a_0000_0001,
+            size: 1
+        })
+        .unwrap_err(),
+        cuda::CUDA_ERROR_INVALID_VALUE
+    );
+    s.close();
+    assert_eq!(rig.broker.tenant("a").unwrap().slice.used(), 0);
+}
+
+/// Virtual memory management: physical memory is charged when created, maps where it was
+/// reserved, and every byte goes back.
+pub fn vmm_charges_physical_memory(t: &Target) {
+    let rig = Rig::new((t.make)(None), &[("a", 16 * MIB, 1)]);
+    let mut s = rig.session("a");
+    let ctx = s.ctx;
+    let (free0, _) = s.mem_info().unwrap();
+    let g = vgpu_broker::device::VMM_GRANULARITY;
+    let h = s.request(&msg::MemCreate { ctx, size: g }).unwrap().handle;
+    assert_eq!(s.mem_info().unwrap().0, free0 - g, "charged when created");
+    let va = s
+        .request(&msg::MemAddressReserve {
+            ctx,
+            size: 2 * g,
+            align: 0,
+        })
+        .unwrap()
+        .ptr;
+    s.request(&msg::MemMap {
+        ptr: va + g,
+        size: g,
+        offset: 0,
+        handle: h,
+    })
+    .unwrap();
+    assert!(
+        s.htod(va + g, b"x").is_err(),
+        "no access before cuMemSetAccess"
+    );
+    s.request(&msg::MemSetAccess {
+        ptr: va + g,
+        size: g,
+        flags: 3,
+    })
+    .unwrap();
+    assert_eq!(s.dtoh(va + 2 * g - 4, 4).unwrap(), [0; 4], "zeroed");
+    let data = pattern(g as usize, 3);
+    s.htod(va + g, &data).unwrap();
+    assert!(s.dtoh(va + g, data.len()).unwrap() == data);
+    s.request(&msg::MemRelease { handle: h }).unwrap();
+    assert!(
+        s.dtoh(va + g, 4).is_ok(),
+        "mapped memory outlives its handle"
+    );
+    assert_eq!(
+        s.request(&msg::MemCreate {
+            ctx,
+            size: 16 * MIB
+        })
+        .unwrap_err(),
+        cuda::CUDA_ERROR_OUT_OF_MEMORY
+    );
+    s.request(&msg::MemUnmap {
+        ptr: va + g,
+        size: g,
+    })
+    .unwrap();
+    s.request(&msg::MemAddressFree {
+        ptr: va,
+        size: 2 * g,
+    })
+    .unwrap();
+    assert_eq!(s.mem_info().unwrap().0, free0);
+    s.close();
+    assert_eq!(rig.broker.tenant("a").unwrap().slice.used(), 0);
+}
 
 /// What the device reports, and what a VM sees of it.
 pub fn device_properties(t: &Target) {

@@ -270,6 +270,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
         "accepting_sessions": t.is_open(),
         "memory_limit": t.slice.limit(),
         "memory_used": t.slice.used(),
+        "memory_by_kind": t.usage.breakdown(t.slice.used()),
         "weight": s.weight,
         "priority": s.priority.as_str(),
         "policy": policy,

@@ -403,6 +403,22 @@ pub fn render(rt: &Runtime) -> String {
             &l,
             t.slice.used() as f64,
         );
+        let k = t.usage.breakdown(t.slice.used());
+        for (kind, bytes) in [
+            ("plain", k.plain),
+            ("pool_reserved", k.pool_reserved),
+            ("pool_used", k.pool_used),
+            ("managed", k.managed),
+            ("mapped_host", k.mapped_host),
+            ("vmm_physical", k.vmm_physical),
+        ] {
+            e.gauge(
+                "vgpu_vm_memory_bytes",
+                "The VM's charged memory by kind of allocation (pool_used is part of pool_reserved).",
+                &[("vm", &t.name), ("device", &t.device_name), ("kind", kind)],
+                bytes as f64,
+            );
+        }
         e.gauge(
             "vgpu_vm_fb_limit_bytes",
             "The VM's memory slice (hard limit).",

@@ -31,6 +31,8 @@ use crate::error::{Op, is_context_fatal};
 use crate::gather::{Cursor, gather, scatter};
 use crate::module::CudaModule;
 
+mod vmm;
+
 /// Every allocation is charged in units of this many bytes (the driver's
 /// small-allocation alignment).
 pub const ALLOC_GRANULARITY: u64 = 512;
@@ -114,6 +116,10 @@ enum RangeKind {
     Alloc,
     /// A module global.
     Global,
+    /// A mapping of physical memory (`vmm`); the physical memory holds the charge.
+    Mapped,
+    /// `alloc_aligned`: an aligned address inside a larger `cuMemAlloc` at this base.
+    AllocAt(u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +146,7 @@ pub(crate) struct Generation {
     events: Mutex<Vec<Event>>,
     staging: Mutex<Vec<Staging>>,
     scratch: Mutex<Option<u64>>,
+    vmm: Mutex<vmm::Vmm>,
     /// Held while a launch issues its start event, kernel and end event, so
     /// the events of two launches never interleave on the stream.
     submit: Mutex<()>,
@@ -185,6 +192,7 @@ impl Generation {
             events: Mutex::new(Vec::new()),
             staging: Mutex::new(Vec::new()),
             scratch: Mutex::new(None),
+            vmm: Mutex::new(vmm::Vmm::default()),
             submit: Mutex::new(()),
         })
     }
@@ -607,16 +615,21 @@ impl Drop for Generation {
             // A kernel may still run in it: destroying it can take as long as
             // the driver needs to tear the context down. Never on a broker thread.
             let (ctx, id) = (self.ctx, self.id);
+            // Physical memory is the device's, not the context's: released after it.
+            let vmm = self.take_vmm();
             let spawned = std::thread::Builder::new()
                 .name("vgpu-cuda-reaper".into())
-                .spawn(move || match d.ctx_destroy(ctx) {
-                    Ok(()) => debug!(generation = id, "broken CUDA context destroyed"),
-                    Err(f) => warn!(
-                        generation = id,
-                        call = f.call,
-                        code = f.code,
-                        "destroying a broken CUDA context failed"
-                    ),
+                .spawn(move || {
+                    match d.ctx_destroy(ctx) {
+                        Ok(()) => debug!(generation = id, "broken CUDA context destroyed"),
+                        Err(f) => warn!(
+                            generation = id,
+                            call = f.call,
+                            code = f.code,
+                            "destroying a broken CUDA context failed"
+                        ),
+                    }
+                    vmm::release(&d, vmm);
                 });
             if let Err(e) = spawned {
                 warn!(error = %e, "cannot start a thread to destroy a broken CUDA context; it leaks");
@@ -625,6 +638,7 @@ impl Drop for Generation {
         }
         // Healthy: release what it holds, then the context (which frees the rest).
         if let Ok(_c) = Current::push(&d, self.ctx) {
+            self.release_vmm();
             for s in std::mem::take(&mut *lock(&self.staging)) {
                 self.free_staging(s);
             }
@@ -837,14 +851,19 @@ impl DeviceContext for CudaContext {
         let r = {
             let mut ranges = lock(&g.ranges);
             match ranges.get(&ptr) {
-                Some(r) if r.kind == RangeKind::Alloc => {}
+                Some(r) if matches!(r.kind, RangeKind::Alloc | RangeKind::AllocAt(_)) => {}
                 _ => return Err(DeviceError::InvalidAddress { addr: ptr, len: 0 }),
             }
             ranges.remove(&ptr)
         };
+        let mut base = ptr;
         if let Some(r) = r {
             g.shared.used.fetch_sub(r.charged, Ordering::Relaxed);
+            if let RangeKind::AllocAt(b) = r.kind {
+                base = b;
+            }
         }
+        let ptr = base;
         // A broken context frees nothing one by one: destroying it frees everything.
         if g.broken().is_none() {
             let res = g
@@ -857,6 +876,60 @@ impl DeviceContext for CudaContext {
         drop(g);
         self.inner.retire_if_idle();
         Ok(())
+    }
+
+    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        if align <= 256 {
+            return self.alloc(size);
+        }
+        if !align.is_power_of_two() || align > 1 << 30 {
+            return Err(DeviceError::NotSupported(format!(
+                "allocation alignment {align} is not a power of two up to 1 GiB"
+            )));
+        }
+        // Room to move up to an aligned address inside one allocation.
+        let total = size
+            .checked_add(align - 1)
+            .ok_or(DeviceError::OutOfMemory)?;
+        let base = self.alloc(total)?;
+        let at = (base + align - 1) & !(align - 1);
+        let g = self.inner.generation()?;
+        let mut ranges = lock(&g.ranges);
+        if let Some(r) = ranges.remove(&base) {
+            ranges.insert(
+                at,
+                Range {
+                    size,
+                    charged: r.charged,
+                    kind: RangeKind::AllocAt(base),
+                },
+            );
+        }
+        Ok(at)
+    }
+
+    fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {
+        self.vmm_phys_create(size)
+    }
+
+    fn phys_release(&self, id: u64) -> Result<(), DeviceError> {
+        self.vmm_phys_release(id)
+    }
+
+    fn va_reserve(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        self.vmm_reserve(size, align)
+    }
+
+    fn va_free(&self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.vmm_free(addr, size)
+    }
+
+    fn map(&self, va: u64, size: u64, id: u64) -> Result<(), DeviceError> {
+        self.vmm_map(va, size, id)
+    }
+
+    fn unmap(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.vmm_unmap(va, size)
     }
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {

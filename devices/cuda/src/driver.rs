@@ -42,6 +42,7 @@ mod abi {
     pub const V3020: i32 = 3020;
     pub const V4000: i32 = 4000;
     pub const V9000: i32 = 9000;
+    pub const V10020: i32 = 10020;
     pub const V11040: i32 = 11040;
     pub const V12030: i32 = 12030;
     pub const V12040: i32 = 12040;
@@ -194,6 +195,35 @@ struct Functions {
     module_enumerate_functions: Option<unsafe extern "C" fn(*mut P, c_uint, P) -> R>,
     func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, P) -> R>,
     func_get_param_info: Option<unsafe extern "C" fn(P, usize, *mut usize, *mut usize) -> R>,
+    // Virtual memory management, CUDA 10.2 (optional).
+    mem_create: Option<unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> R>,
+    mem_release: Option<unsafe extern "C" fn(u64) -> R>,
+    mem_address_reserve: Option<unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> R>,
+    mem_address_free: Option<unsafe extern "C" fn(u64, usize) -> R>,
+    mem_map: Option<unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R>,
+    mem_unmap: Option<unsafe extern "C" fn(u64, usize) -> R>,
+    mem_set_access: Option<unsafe extern "C" fn(u64, usize, *const MemAccessDesc, usize) -> R>,
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemAllocationProp {
+    type_: c_int,
+    requested_handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    win32_handle_meta_data: P,
+    alloc_flags: [u8; 8],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemAccessDesc {
+    location_type: c_int,
+    location_id: c_int,
+    flags: c_int,
 }
 
 type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut P, c_int, u64, *mut c_int) -> R;
@@ -505,6 +535,18 @@ impl Driver {
                 abi::V12040,
                 "cuFuncGetParamInfo"
             ),
+            mem_create: optional!(r, "cuMemCreate", abi::V10020, "cuMemCreate"),
+            mem_release: optional!(r, "cuMemRelease", abi::V10020, "cuMemRelease"),
+            mem_address_reserve: optional!(
+                r,
+                "cuMemAddressReserve",
+                abi::V10020,
+                "cuMemAddressReserve"
+            ),
+            mem_address_free: optional!(r, "cuMemAddressFree", abi::V10020, "cuMemAddressFree"),
+            mem_map: optional!(r, "cuMemMap", abi::V10020, "cuMemMap"),
+            mem_unmap: optional!(r, "cuMemUnmap", abi::V10020, "cuMemUnmap"),
+            mem_set_access: optional!(r, "cuMemSetAccess", abi::V10020, "cuMemSetAccess"),
         };
         if f.ctx_create_v2.is_none() && f.ctx_create_v4.is_none() {
             return Err(CudaError::MissingSymbol {
@@ -662,6 +704,91 @@ impl Driver {
         // SAFETY: valid out-pointer.
         check("cuMemAlloc_v2", unsafe { (self.f.mem_alloc)(&mut p, size) })?;
         Ok(p)
+    }
+
+    /// Whether the driver has the virtual memory management calls.
+    pub fn has_vmm(&self) -> bool {
+        self.f.mem_create.is_some()
+            && self.f.mem_release.is_some()
+            && self.f.mem_address_reserve.is_some()
+            && self.f.mem_address_free.is_some()
+            && self.f.mem_map.is_some()
+            && self.f.mem_unmap.is_some()
+            && self.f.mem_set_access.is_some()
+    }
+
+    /// `cuMemCreate`: `size` bytes of pinned memory on device `dev`.
+    pub fn vmm_create(&self, size: u64, dev: i32) -> DrvResult<u64> {
+        let f = vmm_fn(self.f.mem_create, "cuMemCreate")?;
+        let size = vmm_size(size, "cuMemCreate")?;
+        let prop = MemAllocationProp {
+            type_: 1,
+            requested_handle_types: 0,
+            location_type: 1,
+            location_id: dev,
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        };
+        let mut h = 0u64;
+        // SAFETY: valid out-pointer and properties.
+        check("cuMemCreate", unsafe { f(&mut h, size, &prop, 0) })?;
+        Ok(h)
+    }
+
+    /// `cuMemRelease`.
+    pub fn vmm_release(&self, h: u64) -> DrvResult<()> {
+        let f = vmm_fn(self.f.mem_release, "cuMemRelease")?;
+        // SAFETY: the driver checks the handle.
+        check("cuMemRelease", unsafe { f(h) })
+    }
+
+    /// `cuMemAddressReserve`.
+    pub fn vmm_reserve(&self, size: u64, align: u64) -> DrvResult<u64> {
+        let f = vmm_fn(self.f.mem_address_reserve, "cuMemAddressReserve")?;
+        let size = vmm_size(size, "cuMemAddressReserve")?;
+        let align = vmm_size(align, "cuMemAddressReserve")?;
+        let mut p = 0u64;
+        // SAFETY: valid out-pointer.
+        check("cuMemAddressReserve", unsafe {
+            f(&mut p, size, align, 0, 0)
+        })?;
+        Ok(p)
+    }
+
+    /// `cuMemAddressFree`.
+    pub fn vmm_free(&self, addr: u64, size: u64) -> DrvResult<()> {
+        let f = vmm_fn(self.f.mem_address_free, "cuMemAddressFree")?;
+        let size = vmm_size(size, "cuMemAddressFree")?;
+        // SAFETY: the driver checks the range.
+        check("cuMemAddressFree", unsafe { f(addr, size) })
+    }
+
+    /// `cuMemMap` of all of `h` at `va`, then `cuMemSetAccess` read-write for device `dev`.
+    pub fn vmm_map(&self, va: u64, size: u64, h: u64, dev: i32) -> DrvResult<()> {
+        let map = vmm_fn(self.f.mem_map, "cuMemMap")?;
+        let access = vmm_fn(self.f.mem_set_access, "cuMemSetAccess")?;
+        let size = vmm_size(size, "cuMemMap")?;
+        // SAFETY: the driver checks the range and the handle.
+        check("cuMemMap", unsafe { map(va, size, 0, h, 0) })?;
+        let desc = MemAccessDesc {
+            location_type: 1,
+            location_id: dev,
+            flags: 3,
+        };
+        // SAFETY: one valid descriptor.
+        let r = check("cuMemSetAccess", unsafe { access(va, size, &desc, 1) });
+        if r.is_err() {
+            let _ = self.vmm_unmap(va, size as u64);
+        }
+        r
+    }
+
+    /// `cuMemUnmap`.
+    pub fn vmm_unmap(&self, va: u64, size: u64) -> DrvResult<()> {
+        let f = vmm_fn(self.f.mem_unmap, "cuMemUnmap")?;
+        let size = vmm_size(size, "cuMemUnmap")?;
+        // SAFETY: the driver checks the range.
+        check("cuMemUnmap", unsafe { f(va, size) })
     }
 
     /// `cuMemFree_v2` in the current context.
@@ -1031,6 +1158,20 @@ impl Drop for Current<'_> {
             );
         }
     }
+}
+
+fn vmm_fn<F>(f: Option<F>, call: &'static str) -> DrvResult<F> {
+    f.ok_or(Failed {
+        call,
+        code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+    })
+}
+
+fn vmm_size(v: u64, call: &'static str) -> DrvResult<usize> {
+    usize::try_from(v).map_err(|_| Failed {
+        call,
+        code: cuda::CUDA_ERROR_OUT_OF_MEMORY,
+    })
 }
 
 #[cfg(test)]

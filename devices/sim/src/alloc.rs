@@ -56,6 +56,34 @@ impl AddressSpace {
         Some(start)
     }
 
+    /// Reserves `size` bytes (already aligned to [`ALLOC_ALIGN`]) at a multiple of `align` (a
+    /// power of two), next-fit like [`AddressSpace::reserve`].
+    pub fn reserve_aligned(&mut self, size: u64, align: u64) -> Option<u64> {
+        if align <= ALLOC_ALIGN {
+            return self.reserve(size);
+        }
+        let fit = |s: u64, l: u64| -> Option<u64> {
+            let a = s.checked_add(align - 1)? & !(align - 1);
+            let end = a.checked_add(size)?;
+            (end <= s + l).then_some(a)
+        };
+        let (start, len, at) = self
+            .free
+            .range(self.cursor..)
+            .chain(self.free.range(..self.cursor))
+            .find_map(|(s, l)| fit(*s, *l).map(|a| (*s, *l, a)))?;
+        self.free.remove(&start);
+        if at > start {
+            self.free.insert(start, at - start);
+        }
+        let end = at + size;
+        if start + len > end {
+            self.free.insert(end, start + len - end);
+        }
+        self.cursor = end;
+        Some(at)
+    }
+
     /// Returns a reserved range, merging it with free neighbours.
     pub fn release(&mut self, start: u64, size: u64) {
         let mut s = start;
@@ -104,6 +132,18 @@ mod tests {
         a.release(v[3], 256);
         a.release(v[2], 256);
         a.release(v[0], 256);
+        assert_eq!(a.fragments(), 1);
+    }
+
+    #[test]
+    fn aligned_reservations_split_the_free_range() {
+        let mut a = AddressSpace::default();
+        let x = a.reserve(256).unwrap();
+        let y = a.reserve_aligned(8192, 4096).unwrap();
+        assert_eq!(y % 4096, 0);
+        assert!(y > x);
+        a.release(y, 8192);
+        a.release(x, 256);
         assert_eq!(a.fragments(), 1);
     }
 

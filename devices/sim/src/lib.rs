@@ -164,6 +164,7 @@ impl Device for SimDevice {
             inner: Arc::new(ContextMemory {
                 memory: Arc::clone(&self.memory),
                 allocs: RwLock::new(BTreeMap::new()),
+                vmm: Mutex::new(Vmm::default()),
             }),
             workers: self.config.workers.max(1),
         }))
@@ -185,6 +186,17 @@ pub struct SimContext {
 pub(crate) struct ContextMemory {
     memory: Arc<SimMemory>,
     allocs: RwLock<BTreeMap<u64, Arc<Buffer>>>,
+    vmm: Mutex<Vmm>,
+}
+
+/// Virtual memory management state of a context: physical allocations by id, address
+/// reservations, and which entries of `allocs` are mappings (not allocations of their own).
+#[derive(Default)]
+struct Vmm {
+    next_id: u64,
+    phys: BTreeMap<u64, Arc<Buffer>>,
+    reserved: BTreeMap<u64, u64>,
+    mapped: BTreeMap<u64, u64>,
 }
 
 impl std::fmt::Debug for SimContext {
@@ -219,6 +231,20 @@ impl ContextMemory {
     }
 
     pub(crate) fn alloc(&self, size: u64) -> Result<(u64, Arc<Buffer>), DeviceError> {
+        self.alloc_aligned(size, ALLOC_ALIGN)
+    }
+
+    /// Like `alloc`, at a multiple of `align` (a power of two).
+    pub(crate) fn alloc_aligned(
+        &self,
+        size: u64,
+        align: u64,
+    ) -> Result<(u64, Arc<Buffer>), DeviceError> {
+        if !align.is_power_of_two() || align > 1 << 30 {
+            return Err(DeviceError::NotSupported(format!(
+                "allocation alignment {align} is not a power of two up to 1 GiB"
+            )));
+        }
         let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
         // Reserve capacity first; give it back on any failure below.
         let prev = self.memory.used.fetch_add(rounded, Ordering::Relaxed);
@@ -243,7 +269,7 @@ impl ContextMemory {
             .space
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .reserve(rounded);
+            .reserve_aligned(rounded, align);
         let Some(base) = base else {
             self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
             return Err(DeviceError::OutOfMemory);
@@ -277,11 +303,146 @@ impl ContextMemory {
     }
 }
 
+impl ContextMemory {
+    fn vmm(&self) -> std::sync::MutexGuard<'_, Vmm> {
+        self.vmm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {
+        let prev = self.memory.used.fetch_add(size, Ordering::Relaxed);
+        if prev.checked_add(size).is_none_or(|n| n > self.memory.total) {
+            self.memory.used.fetch_sub(size, Ordering::Relaxed);
+            return Err(DeviceError::OutOfMemory);
+        }
+        let buf = usize::try_from(size)
+            .map_err(|_| DeviceError::OutOfMemory)
+            .and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory));
+        let buf = match buf {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                self.memory.used.fetch_sub(size, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        let mut v = self.vmm();
+        v.next_id += 1;
+        let id = v.next_id;
+        v.phys.insert(id, buf);
+        Ok(id)
+    }
+
+    fn phys_release(&self, id: u64) -> Result<(), DeviceError> {
+        let buf = self
+            .vmm()
+            .phys
+            .remove(&id)
+            .ok_or(DeviceError::InvalidAddress { addr: id, len: 0 })?;
+        self.memory
+            .used
+            .fetch_sub(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn va_reserve(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        let size = aligned(size).ok_or(DeviceError::OutOfMemory)?;
+        let addr = self
+            .memory
+            .space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reserve_aligned(size, align.max(ALLOC_ALIGN))
+            .ok_or(DeviceError::OutOfMemory)?;
+        self.vmm().reserved.insert(addr, size);
+        Ok(addr)
+    }
+
+    fn va_free(&self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        let mut v = self.vmm();
+        match v.reserved.get(&addr) {
+            Some(&s) if s == aligned(size).unwrap_or(0) => {}
+            _ => return Err(DeviceError::InvalidAddress { addr, len: size }),
+        }
+        v.reserved.remove(&addr);
+        self.memory
+            .space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(addr, aligned(size).unwrap_or(size));
+        Ok(())
+    }
+
+    fn map(&self, va: u64, size: u64, id: u64) -> Result<(), DeviceError> {
+        let mut v = self.vmm();
+        let buf = v
+            .phys
+            .get(&id)
+            .cloned()
+            .ok_or(DeviceError::InvalidAddress { addr: id, len: 0 })?;
+        if buf.len() as u64 != size {
+            return Err(DeviceError::NotSupported(
+                "a mapping covers one whole physical allocation".into(),
+            ));
+        }
+        let inside = v
+            .reserved
+            .range(..=va)
+            .next_back()
+            .is_some_and(|(&b, &l)| va.checked_add(size).is_some_and(|e| e <= b + l));
+        let overlaps = v
+            .mapped
+            .range(..va.saturating_add(size))
+            .next_back()
+            .is_some_and(|(&b, &l)| b + l > va);
+        if !inside || overlaps {
+            return Err(DeviceError::InvalidAddress {
+                addr: va,
+                len: size,
+            });
+        }
+        v.mapped.insert(va, size);
+        self.allocs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(va, buf);
+        Ok(())
+    }
+
+    fn unmap(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        let mut v = self.vmm();
+        if v.mapped.get(&va) != Some(&size) {
+            return Err(DeviceError::InvalidAddress {
+                addr: va,
+                len: size,
+            });
+        }
+        v.mapped.remove(&va);
+        self.allocs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&va);
+        Ok(())
+    }
+}
+
 impl Drop for ContextMemory {
     fn drop(&mut self) {
-        let allocs = std::mem::take(self.allocs.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut allocs = std::mem::take(self.allocs.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let vmm = std::mem::take(self.vmm.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for va in vmm.mapped.keys() {
+            allocs.remove(va);
+        }
         for (base, buf) in allocs {
             self.release(base, &buf);
+        }
+        let mut space = self.memory.space.lock().unwrap_or_else(|p| p.into_inner());
+        for (addr, size) in vmm.reserved {
+            space.release(addr, size);
+        }
+        drop(space);
+        for buf in vmm.phys.values() {
+            self.memory
+                .used
+                .fetch_sub(buf.len() as u64, Ordering::Relaxed);
         }
     }
 }
@@ -293,6 +454,34 @@ impl DeviceContext for SimContext {
 
     fn free(&self, ptr: u64) -> Result<(), DeviceError> {
         self.inner.free(ptr)
+    }
+
+    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        self.inner.alloc_aligned(size, align).map(|(base, _)| base)
+    }
+
+    fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {
+        self.inner.phys_create(size)
+    }
+
+    fn phys_release(&self, id: u64) -> Result<(), DeviceError> {
+        self.inner.phys_release(id)
+    }
+
+    fn va_reserve(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        self.inner.va_reserve(size, align)
+    }
+
+    fn va_free(&self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.inner.va_free(addr, size)
+    }
+
+    fn map(&self, va: u64, size: u64, id: u64) -> Result<(), DeviceError> {
+        self.inner.map(va, size, id)
+    }
+
+    fn unmap(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.inner.unmap(va, size)
     }
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {

@@ -133,6 +133,34 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
         human(used),
         human(total),
     )));
+    let k = &info["memory_by_kind"];
+    if k.is_object() {
+        // Plain memory always; the other kinds when the VM uses them.
+        let n = |key: &str| k[key].as_u64().unwrap_or(0);
+        let mut parts = vec![format!("plain {}", human(n("plain")))];
+        if n("pool_reserved") > 0 {
+            parts.push(format!(
+                "pools {} ({} used)",
+                human(n("pool_reserved")),
+                human(n("pool_used"))
+            ));
+        }
+        for (key, label) in [
+            ("managed", "managed"),
+            ("mapped_host", "mapped"),
+            ("vmm_physical", "VMM"),
+        ] {
+            if n(key) > 0 {
+                parts.push(format!("{label} {}", human(n(key))));
+            }
+        }
+        let line = format!("By kind: {}", parts.join(", "));
+        out.push(row(&format!(
+            " {}{}",
+            " ".repeat(GPU_COL),
+            fit(&line, INNER_WIDTH - 1 - GPU_COL)
+        )));
+    }
     out.push(row(&format!(
         " {}Transport: {}",
         " ".repeat(GPU_COL),
@@ -180,10 +208,15 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
         .filter(|s| me.is_none() || s["session"].as_u64() != me)
         .cloned()
         .collect();
+    let mut memory =
+        serde_json::json!({ "total": info["memory_total"], "used": info["memory_used"] });
+    if info["memory_by_kind"].is_object() {
+        memory["by_kind"] = info["memory_by_kind"].clone();
+    }
     serde_json::json!({
         "vm": info["vm"],
         "device": { "name": dev.name, "uuid": dev.uuid, "kind": info["device_kind"] },
-        "memory": { "total": info["memory_total"], "used": info["memory_used"] },
+        "memory": memory,
         "kernels": info["kernels"],
         "transport": {
             "endpoint": dev.transport,
@@ -289,6 +322,27 @@ mod tests {
                 "{l:?}"
             );
         }
+    }
+
+    #[test]
+    fn memory_by_kind_shows_the_kinds_in_use() {
+        let mut i = info("a", 12 << 20, 64 << 20, serde_json::json!([]));
+        i["memory_by_kind"] = serde_json::json!({
+            "plain": 1u64 << 20, "pool_reserved": 4u64 << 20, "pool_used": 2u64 << 20,
+            "managed": 3u64 << 20, "mapped_host": 0, "vmm_physical": 4u64 << 20,
+        });
+        let t = render_table(&i, &dev("g"));
+        assert_aligned(&t);
+        assert!(
+            t.iter().any(|l| l
+                .contains("By kind: plain 1MiB, pools 4MiB (2MiB used), managed 3MiB, VMM 4MiB")),
+            "{}",
+            t.join("\n")
+        );
+        let j = render_json(&i, &dev("g"));
+        assert_eq!(j["memory"]["by_kind"]["managed"], 3u64 << 20);
+        i["memory_by_kind"]["mapped_host"] = serde_json::json!(u64::MAX);
+        assert_aligned(&render_table(&i, &dev("g")));
     }
 
     #[test]

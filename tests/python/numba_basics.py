@@ -1,6 +1,6 @@
 """numba-cuda on vgpu: @cuda.jit kernels with shared memory, atomics, raw
-pointer arguments, device functions, device arrays, streams, events, pinned
-host memory and a register limit, each result checked against
+pointer arguments, device functions, device arrays, streams, events, pinned,
+mapped and managed host memory, and a register limit, each result checked against
 NumPy. numba compiles with NVVM (PyPI's nvidia-cuda-nvcc-cu12) and, without
 nvJitLink installed, links through the driver's cuLink* API, which vgpu
 answers with PTX the simulated GPU runs. Prints one line per check and PASS
@@ -170,5 +170,19 @@ regs = limited.get_regs_per_thread()
 if isinstance(regs, dict):  # one entry per compiled signature
     regs = max(regs.values())
 check("max_registers is honoured", 0 < regs <= 32, f"{regs} registers")
+
+# Mapped (zero-copy) host memory: kernels read and write the guest's pages.
+mapped = cuda.mapped_array(n, dtype=np.float32)
+mapped[:] = h
+axpy[blocks, TPB](np.float32(1), mapped, mapped, mapped)
+cuda.synchronize()
+close("kernel on mapped host memory", mapped, 2 * h)
+
+# Managed memory: one array the host and kernels both use.
+managed = cuda.managed_array(n, dtype=np.float32)
+managed[:] = h
+axpy[blocks, TPB](np.float32(2), managed, managed, managed)
+cuda.synchronize()
+close("kernel on managed memory", managed, 3 * h)
 
 print(f"PASS {checks} checks")

@@ -915,17 +915,25 @@ mod tests {
         // Within a few intervals the weight went up and the p99 is under 50 ms.
         let start = Instant::now();
         let mut met = None;
+        let mut missed = false;
         while start.elapsed() < Duration::from_secs(20) {
-            // At weight 1 its queue grows and the controller must act.
+            // At weight 1 its queue usually grows and the controller must act;
+            // on some machines weight 1 already meets the target.
             let p = p99_over(&inf, Duration::from_secs(1));
-            if inf.sched_stats().weight > 1 && p.is_some_and(|p| p < TARGET) {
+            if p.is_some_and(|p| p < TARGET) {
                 met = Some(start.elapsed());
                 break;
             }
+            missed |= p.is_some();
         }
         let st = inf.sched_stats();
         let converged = met.unwrap_or_else(|| panic!("inference p99 never met its target: {st:?}"));
-        assert!(st.weight > 1 && st.weight <= 16, "{st:?}");
+        // Within the bounds; when the test saw it miss, the controller had to
+        // raise the weight to meet the target.
+        assert!(st.weight <= 16, "{st:?}");
+        if missed {
+            assert!(st.weight > 1, "{st:?}");
+        }
         // And it holds: four more one-second windows under the target (one
         // may miss on a loaded machine).
         let mut held = Vec::new();

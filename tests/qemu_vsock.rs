@@ -1,4 +1,4 @@
-//! A real guest talks to vgpud's vhost-user vsock device (vgpu_vmm::vsock)
+//! A real guest talks to vgpud's vhost-user vsock device (vgpu_vhost_vsock)
 //! under QEMU's `vhost-user-vsock-pci`: the guest gets its configured CID,
 //! guest→host connections to CID 2 reach `<uds_path>_<port>`, a refused port
 //! resets the guest's connect, and host→guest connections made with
@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vgpu_tests::qemu::{self, Guest, GuestSpec};
-use vgpu_vmm::vsock::{PortConnector, StopHandle, VsockConfig, serve};
+use vgpu_vhost_vsock::{PortConnector, StopHandle, VsockConfig, serve};
 
 const GUEST_TIMEOUT: Duration = Duration::from_secs(180);
 const SOCKET_WAIT: Duration = Duration::from_secs(10);

@@ -1,6 +1,6 @@
 //! The virtio-vgpu device driven in-process: vgpud's daemon (broker, simulated GPU, the device
 //! on a vhost-user socket) and an in-process vhost-user frontend playing QEMU and the guest's
-//! `vgpu` module (`vgpu_vmm::vgpu_dev::testutils`): real virtqueues in shared memfd memory,
+//! `vgpu` module (`vgpu_vmm_testutils::vgpu`): real virtqueues in shared memfd memory,
 //! request chains in indirect tables, bulk data as scatter-gather lists of 4 KiB pages spread over
 //! guest memory.
 //!
@@ -16,11 +16,11 @@ use vgpu_broker::config::Config;
 use vgpu_proto::cuda;
 use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header};
 use vgpu_proto::msg::{self, Message, Op};
-use vgpu_vmm::daemon::Daemon;
-use vgpu_vmm::vgpu_dev::testutils::{
+use vgpud::daemon::Daemon;
+use vgpu_vmm_testutils::vgpu::{
     DEFAULT_TIMEOUT, DevError, DevGuest, DevGuestOptions, DevSession, GuestBuf, Request,
 };
-use vgpu_vmm::vgpu_dev::wire::{
+use vgpu_vhost_vgpu::wire::{
     self, CTRL_QUEUE, REQ_CALL, ReqHeader, S_BAD_REQUEST, S_NO_SESSION, S_PROTOCOL, SUBMIT_QUEUE,
 };
 
@@ -92,7 +92,7 @@ impl Host {
             .collect()
     }
 
-    fn stats(&self, vm: &str) -> vgpu_vmm::vgpu_dev::VgpuDevStatsSnapshot {
+    fn stats(&self, vm: &str) -> vgpu_vhost_vgpu::VgpuDevStatsSnapshot {
         self.daemon.runtime().vgpu_dev_of(vm).unwrap().1
     }
 }
@@ -460,7 +460,7 @@ fn batches_of_asynchronous_frames_run_in_order_on_the_gpu() {
     let st = host.stats("batch");
     assert_eq!(st.batches, 3, "{st:?}");
     assert_eq!(st.refused_requests, 0, "{st:?}");
-    let text = vgpu_vmm::metrics::render(host.daemon.runtime());
+    let text = vgpud::metrics::render(host.daemon.runtime());
     assert!(
         text.lines()
             .any(|l| l.starts_with("vgpu_vm_vgpu_device_batches_total{")
@@ -577,7 +577,7 @@ fn removing_a_vm_ends_its_device_sessions_and_reports_them() {
     let r = h
         .daemon
         .runtime()
-        .remove_vm(vgpu_vmm::audit::Actor::Daemon, "gone")
+        .remove_vm(vgpud::audit::Actor::Daemon, "gone")
         .unwrap();
     assert_eq!(r.sessions_ended, 2, "{r:?}");
     assert_eq!(r.memory_released, 12 * MIB, "{r:?}");
@@ -716,7 +716,7 @@ fn pauses_at_random_moments_lose_and_corrupt_nothing() {
     );
     assert_eq!(h.used("vm1"), SIZE as u64);
     // The same counters on the Prometheus endpoint, named as the operator's guide says.
-    let text = vgpu_vmm::metrics::render(h.daemon.runtime());
+    let text = vgpud::metrics::render(h.daemon.runtime());
     let guide =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/admin.md"))
             .unwrap();
@@ -988,7 +988,7 @@ fn hostile_descriptor_chains_are_refused_and_vgpud_keeps_serving() {
     assert!(h.stats("evil").dropped_chains >= chains.len() as u64 - 1);
     // Absurd segment counts: more descriptors than a chain may have, via an indirect table.
     let many: Vec<_> = (0..1100u64)
-        .map(|i| vgpu_vmm::vgpu_dev::chain::Segment {
+        .map(|i| vgpu_vhost_vgpu::chain::Segment {
             addr: base + 0x4000 + i * 8,
             len: 8,
         })

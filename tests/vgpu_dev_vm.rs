@@ -30,7 +30,7 @@ const MIB: u64 = 1 << 20;
 /// The device ID QEMU presents: its generic device accepts only IDs it has a name for, so the
 /// VMs are configured with `vgpu_device_id = 21`, which the module binds (besides vgpud's
 /// default 63).
-const DEVICE_ID: u16 = vgpu_vmm::vgpu_dev::QEMU_DEVICE_ID;
+const DEVICE_ID: u16 = vgpu_vhost_vgpu::QEMU_DEVICE_ID;
 /// Queues and their size, and the config space size, as the device serves them.
 const NUM_VQS: usize = 2;
 const VQ_SIZE: u16 = 1024;

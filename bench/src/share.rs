@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vgpu_broker::config::{Config, Policy};
 use vgpu_broker::tenant::Tenant;
-use vgpu_vmm::daemon::Daemon;
+use vgpud::daemon::Daemon;
 
 use crate::stats::{median, percentile};
 
@@ -90,7 +90,7 @@ pub struct Params {
 /// to the control plane (clients, sessions, the scheduler), as a real GPU
 /// leaves the host's CPUs to the host.
 fn sim_workers() -> usize {
-    vgpu_vmm::daemon::default_workers().saturating_sub(1).max(1)
+    vgpud::daemon::default_workers().saturating_sub(1).max(1)
 }
 
 fn unix_ns() -> u64 {
@@ -796,7 +796,7 @@ fn priority(k: Kernel, seconds: u64) -> Result<Priority, String> {
 /// difference between them. Returns (rate on, rate off, geometric mean of
 /// the rounds' on/off ratios).
 fn overhead(k: Kernel, seconds: u64) -> Result<(f64, f64, f64), String> {
-    let workers = (vgpu_vmm::daemon::default_workers().saturating_sub(1) / 2).max(1);
+    let workers = (vgpud::daemon::default_workers().saturating_sub(1) / 2).max(1);
     let mut b = vm("b", 1, "normal");
     b.device = "gpu1";
     let host = Host::start_on(

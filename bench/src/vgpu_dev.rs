@@ -24,13 +24,13 @@ use vgpu_broker::config::Config;
 use vgpu_hugemem::HugeMapping;
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;
-use vgpu_vmm::daemon::Daemon;
+use vgpud::daemon::Daemon;
 
-use vgpu_vmm::vgpu_dev::testutils::{
+use vgpu_vmm_testutils::vgpu::{
     DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, GuestBuf, Pending,
 };
-use vgpu_vmm::vgpu_dev::wire::S_OK;
-use vgpu_vmm::vsock::testutils::{GuestOptions, GuestRam, HUGE_PAGE, TestGuest, free_huge_pages};
+use vgpu_vhost_vgpu::wire::S_OK;
+use vgpu_vmm_testutils::vsock::{GuestOptions, GuestRam, HUGE_PAGE, TestGuest, free_huge_pages};
 
 use crate::stats::median;
 

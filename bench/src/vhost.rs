@@ -25,12 +25,12 @@ use vgpu_broker::config::Config;
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
 use vgpu_proto::msg::{self, Request};
-use vgpu_vmm::daemon::Daemon;
-use vgpu_vmm::vgpu_dev::testutils::{
+use vgpud::daemon::Daemon;
+use vgpu_vmm_testutils::vgpu::{
     DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, Pending,
 };
-use vgpu_vmm::vgpu_dev::wire::{MAX_BATCH_FRAMES, S_OK};
-use vgpu_vmm::vsock::testutils::{GuestOptions, TestGuest};
+use vgpu_vhost_vgpu::wire::{MAX_BATCH_FRAMES, S_OK};
+use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 
 use crate::stats::{median, percentile};
 
@@ -178,7 +178,7 @@ struct DevRemote {
     inflight: VecDeque<Pending>,
 }
 
-fn dev_err(what: &str) -> impl FnOnce(vgpu_vmm::vgpu_dev::testutils::DevError) -> String + '_ {
+fn dev_err(what: &str) -> impl FnOnce(vgpu_vmm_testutils::vgpu::DevError) -> String + '_ {
     move |e| format!("{what} (virtio-vgpu): {e}")
 }
 

@@ -637,7 +637,7 @@ mod tests {
     #[test]
     fn log_tail_keeps_the_last_lines() {
         let mut log: String = (0..100).map(|i| format!("line {i}\n")).collect();
-        log += "DEBUG vgpu_vmm::admin: admin request method=GET path=/v1/vms/x\n";
+        log += "DEBUG vgpud::admin: admin request method=GET path=/v1/vms/x\n";
         let tail = log_tail(&log);
         assert!(
             tail.starts_with("line 40\n") && tail.ends_with("line 99"),

@@ -18,7 +18,7 @@ use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
 
-use vgpu_vmm::vsock::packet::{GuestMem, TxPacket, parse_rx_chain};
+use vgpu_vhost_vsock::packet::{GuestMem, TxPacket, parse_rx_chain};
 
 /// Most bytes one input may allocate (peak) before it counts as a finding.
 pub const MAX_INPUT_ALLOC: usize = 256 << 20;
@@ -158,7 +158,7 @@ pub fn vgpu_chain(data: &[u8]) {
             return;
         };
         if let Some(chain) = chains.next() {
-            let _ = vgpu_vmm::vgpu_dev::chain::parse_chain(chain, mem);
+            let _ = vgpu_vhost_vgpu::chain::parse_chain(chain, mem);
         }
     });
 }

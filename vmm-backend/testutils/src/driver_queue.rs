@@ -1,7 +1,7 @@
 //! The driver side of one split virtqueue in shared guest memory, as a guest kernel drives it:
 //! descriptors, the avail ring with Linux's kick rule, the used ring and `used_event`. Shared by
-//! the in-process test frontends of the vsock device (`vsock::testutils`) and the virtio-vgpu
-//! device (`vgpu_dev::testutils`). Not part of the product.
+//! the in-process test frontends of the vsock device ([`crate::vsock`]) and the virtio-vgpu
+//! device ([`crate::vgpu`]). Not part of the product.
 
 use std::collections::HashMap;
 use std::io;
@@ -11,7 +11,7 @@ use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_USED_F_NO_
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::vgpu_dev::chain::GuestMem;
+use vgpu_vhost_user::GuestMem;
 
 /// Guest page size (the queue structures are page-aligned).
 const PAGE: u64 = 4096;

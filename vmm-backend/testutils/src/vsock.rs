@@ -10,7 +10,7 @@
 //! The driver also checks the device: packets with wrong addressing, or data beyond the credit
 //! the guest granted, are recorded in [`TestGuest::violations`].
 //!
-//! Not part of the product; exposed (hidden) so integration tests and the benchmarks can use it.
+//! Not part of the product: a dev-dependency of the tests, and a dependency of the benchmarks.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -33,13 +33,13 @@ use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestRegion
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::packet::{
+use vgpu_vhost_vsock::packet::{
     GuestMem, PKT_HEADER_SIZE, PacketHeader, VSOCK_HOST_CID, VSOCK_OP_CREDIT_REQUEST,
     VSOCK_OP_CREDIT_UPDATE, VSOCK_OP_REQUEST, VSOCK_OP_RESPONSE, VSOCK_OP_RST, VSOCK_OP_RW,
     VSOCK_OP_SHUTDOWN, VSOCK_SHUTDOWN_BOTH, VSOCK_SHUTDOWN_RCV, VSOCK_SHUTDOWN_SEND,
     VSOCK_TYPE_STREAM,
 };
-use super::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
+use vgpu_vhost_vsock::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 use crate::driver_queue::DriverQueue;
 
 /// How long blocking harness calls wait by default.
@@ -1384,15 +1384,15 @@ impl GuestStream {
     }
 }
 
-/// A [`VsockServer`](super::VsockServer) running on its own thread with sockets in a private
+/// A [`VsockServer`](vgpu_vhost_vsock::VsockServer) running on its own thread with sockets in a private
 /// temporary directory; stopped (and the directory removed) on drop.
 #[derive(Debug)]
 pub struct TestServer {
     pub dir: std::path::PathBuf,
-    pub config: super::VsockConfig,
-    pub stats: Arc<super::VsockStats>,
-    stop: super::StopHandle,
-    thread: Option<std::thread::JoinHandle<Result<(), super::Error>>>,
+    pub config: vgpu_vhost_vsock::VsockConfig,
+    pub stats: Arc<vgpu_vhost_vsock::VsockStats>,
+    stop: vgpu_vhost_vsock::StopHandle,
+    thread: Option<std::thread::JoinHandle<Result<(), vgpu_vhost_vsock::Error>>>,
 }
 
 fn private_dir() -> io::Result<std::path::PathBuf> {
@@ -1407,16 +1407,16 @@ fn private_dir() -> io::Result<std::path::PathBuf> {
 impl TestServer {
     /// Starts a device for CID 3 with `connector`; `tweak` may adjust the configuration.
     pub fn start(
-        connector: Arc<dyn super::PortConnector>,
-        tweak: impl FnOnce(&mut super::VsockConfig),
+        connector: Arc<dyn vgpu_vhost_vsock::PortConnector>,
+        tweak: impl FnOnce(&mut vgpu_vhost_vsock::VsockConfig),
     ) -> io::Result<TestServer> {
         let dir = private_dir()?;
-        let mut config = super::VsockConfig::new(3, dir.join("vhost.sock"), dir.join("vsock"));
+        let mut config = vgpu_vhost_vsock::VsockConfig::new(3, dir.join("vhost.sock"), dir.join("vsock"));
         tweak(&mut config);
         let server =
-            super::VsockServer::bind(config.clone(), connector).map_err(io::Error::other)?;
+            vgpu_vhost_vsock::VsockServer::bind(config.clone(), connector).map_err(io::Error::other)?;
         let stats = server.stats();
-        let stop = super::StopHandle::new()?;
+        let stop = vgpu_vhost_vsock::StopHandle::new()?;
         let s2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("vsock-test-server".into())
@@ -1439,8 +1439,8 @@ impl TestServer {
     pub fn wait_stats(
         &self,
         timeout: Duration,
-        cond: impl Fn(&super::VsockStatsSnapshot) -> bool,
-    ) -> Result<super::VsockStatsSnapshot, super::VsockStatsSnapshot> {
+        cond: impl Fn(&vgpu_vhost_vsock::VsockStatsSnapshot) -> bool,
+    ) -> Result<vgpu_vhost_vsock::VsockStatsSnapshot, vgpu_vhost_vsock::VsockStatsSnapshot> {
         let deadline = Instant::now() + timeout;
         loop {
             let s = self.stats.snapshot();
@@ -1455,12 +1455,12 @@ impl TestServer {
     }
 
     /// Stops the server and returns its result.
-    pub fn stop(mut self) -> Result<(), super::Error> {
+    pub fn stop(mut self) -> Result<(), vgpu_vhost_vsock::Error> {
         self.stop.stop();
         match self.thread.take() {
             Some(t) => t
                 .join()
-                .unwrap_or_else(|_| Err(super::Error::Daemon("server thread panicked".into()))),
+                .unwrap_or_else(|_| Err(vgpu_vhost_vsock::Error::Daemon("server thread panicked".into()))),
             None => Ok(()),
         }
     }
@@ -1503,7 +1503,7 @@ impl ChannelConnector {
     }
 }
 
-impl super::PortConnector for ChannelConnector {
+impl vgpu_vhost_vsock::PortConnector for ChannelConnector {
     fn connect(&self, port: u32) -> Option<io::Result<std::os::unix::net::UnixStream>> {
         if !self.ports.contains(&port) {
             return None;
@@ -1525,7 +1525,7 @@ impl super::PortConnector for ChannelConnector {
 #[derive(Debug, Clone, Copy)]
 pub struct EchoConnector(pub u32);
 
-impl super::PortConnector for EchoConnector {
+impl vgpu_vhost_vsock::PortConnector for EchoConnector {
     fn connect(&self, port: u32) -> Option<io::Result<std::os::unix::net::UnixStream>> {
         if port != self.0 {
             return None;

@@ -23,7 +23,7 @@ use crate::audit::{Actor, peer_cred};
 use crate::daemon::{OpError, Runtime, scheduling_json};
 use crate::listener::{ListenerError, bind_socket};
 use crate::metrics::{self, uuid_string};
-use crate::sessions::unix_seconds;
+use crate::session_hub::unix_seconds;
 use crate::usage::{device_usage, vm_usage};
 
 /// Mode of the admin socket: the daemon's user only.
@@ -717,7 +717,7 @@ mod tests {
 
     #[test]
     fn the_openapi_document_describes_every_route() {
-        let doc = include_str!("../../docs/admin-api.yaml");
+        let doc = include_str!("../../../docs/admin-api.yaml");
         for path in [
             "/v1/info:",
             "/v1/devices:",

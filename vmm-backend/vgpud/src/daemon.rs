@@ -16,6 +16,8 @@ use vgpu_broker::device::Device;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, BrokerError, VmUpdate};
 use vgpu_sim::{SimConfig, SimDevice};
+use vgpu_vhost_vgpu::{self as vgpu_dev, VgpuDevConfig, VgpuDevServer, VgpuDevStats};
+use vgpu_vhost_vsock::{self as vsock, StopHandle, VsockConfig, VsockServer, VsockStats};
 
 use crate::admin::AdminServer;
 use crate::audit::{Actor, AuditError, AuditLog, Durability};
@@ -24,9 +26,8 @@ use crate::inventory::Inventory;
 use crate::listener::{Listener, ListenerError};
 use crate::metrics::MetricsServer;
 use crate::reload::{self, Change, ChangeError};
-use crate::sessions::{EndReason, SessionHub};
-use crate::vgpu_dev::{self, BrokerService, VgpuDevConfig, VgpuDevServer, VgpuDevStats};
-use crate::vsock::{self, StopHandle, VsockConfig, VsockServer, VsockStats};
+use crate::session_hub::{EndReason, SessionHub};
+use crate::vgpu_service::BrokerService;
 
 /// How long removing a VM waits for its sessions to end and release their memory.
 pub const SESSION_END_TIMEOUT: Duration = Duration::from_secs(10);

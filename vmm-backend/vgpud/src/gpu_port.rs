@@ -10,8 +10,8 @@ use tracing::warn;
 use vgpu_broker::Broker;
 use vgpu_broker::tenant::Tenant;
 
-use crate::sessions::SessionHub;
-use crate::vsock::PortConnector;
+use crate::session_hub::SessionHub;
+use vgpu_vhost_vsock::PortConnector;
 
 /// Serves the GPU port of one VM in-process.
 pub struct GpuPortConnector {

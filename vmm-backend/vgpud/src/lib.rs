@@ -3,29 +3,30 @@
 //! - [`daemon`]: builds devices and the broker from the config, runs
 //!   everything and applies live changes (API requests, `SIGHUP` reloads);
 //! - [`listener`]: unix-socket listeners, one per VM;
-//! - [`sessions`]: session threads, ending a VM's sessions, session audit;
+//! - [`session_hub`]: session threads, ending a VM's sessions, session audit;
 //! - [`admin`]: the REST/JSON admin API;
 //! - [`metrics`]: the Prometheus text endpoint;
 //! - [`audit`]: the append-only JSON-lines audit log;
 //! - [`reload`]: live changes checked with the config file's rules;
 //! - [`inventory`]: the host's real GPUs through NVML;
 //! - [`usage`]: compute usage of VMs and devices;
-//! - [`vsock`]: the vhost-user virtio-vsock device for VMs;
-//! - [`vgpu_dev`]: the vhost-user virtio-vgpu device (paravirtual GPU, zero-copy transfers);
-//! - [`gpu_port`]: serves the GPU port of each VM's vsock device in-process.
+//! - [`gpu_port`]: serves the GPU port of each VM's vsock device in-process;
+//! - [`vgpu_service`]: the broker behind each VM's virtio-vgpu device.
+//!
+//! The vhost-user devices are crates of their own, composed here: `vgpu-vhost-vsock`
+//! (`vmm-backend/vhost-vsock`), `vgpu-vhost-vgpu` (`vmm-backend/vhost-vgpu`), sharing
+//! `vgpu-vhost-user` (`vmm-backend/vhost-user`).
 
 pub mod admin;
 pub mod audit;
 pub mod daemon;
-mod driver_queue;
 pub mod gpu_port;
 pub mod inventory;
 pub mod listener;
 pub mod metrics;
 pub mod passthrough;
 pub mod reload;
-pub mod sessions;
+pub mod session_hub;
 pub mod tuning;
 pub mod usage;
-pub mod vgpu_dev;
-pub mod vsock;
+pub mod vgpu_service;

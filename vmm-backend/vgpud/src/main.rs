@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vgpu_broker::config::Config;
-use vgpu_vmm::audit::Actor;
-use vgpu_vmm::daemon::Daemon;
+use vgpud::audit::Actor;
+use vgpud::daemon::Daemon;
 
 /// Shares GPUs between VMs at the CUDA API level, with hard memory slices and time-sliced compute.
 #[derive(Debug, Parser)]

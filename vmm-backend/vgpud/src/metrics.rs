@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 
 use crate::admin::{HttpResponse, read_request, write_response};
 use crate::daemon::Runtime;
-use crate::sessions::unix_seconds;
+use crate::session_hub::unix_seconds;
 use crate::usage::{device_usage, vm_usage};
 
 /// Content type of the text exposition format.

@@ -18,7 +18,7 @@ use vgpu_proto::frame::FLAG_ASYNC;
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, REQ_TAIL, Request};
 use vgpu_proto::wire::DecodeError;
 
-use super::exec::{Call, Reply, SessionExecutor, VgpuService};
+use vgpu_vhost_vgpu::{Call, Reply, SessionExecutor, VgpuService};
 use crate::audit::{AuditLog, Durability};
 
 /// Runs the sessions of one VM's virtio-vgpu device on the broker.

@@ -19,7 +19,7 @@ use super::wire::{
     CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, F_BATCH, MAX_DATA, MAX_INLINE,
     MAX_SEGMENTS, NUM_QUEUES, SUBMIT_QUEUE,
 };
-use crate::vsock::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config};
+use vgpu_vhost_user::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config};
 
 /// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
 pub struct VgpuBackend {

@@ -18,7 +18,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
 use super::wire::{MAX_DATA, MAX_INLINE, MAX_REPLY, MAX_SEGMENTS, REQ_HEADER_LEN, RESP_HEADER_LEN};
 
 /// Guest memory as seen by this device (the same map the vsock device uses).
-pub use crate::vsock::packet::GuestMem;
+pub use vgpu_vhost_user::GuestMem;
 
 /// Most device-readable bytes a request can use.
 pub const MAX_READABLE: usize = REQ_HEADER_LEN + MAX_INLINE + MAX_DATA;

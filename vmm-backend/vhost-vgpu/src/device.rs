@@ -38,14 +38,14 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
 use super::exec::VgpuService;
-use super::session::{self, BatchJob, CallJob, Msg};
+use super::session_thread::{self, BatchJob, CallJob, Msg};
 use super::stats::VgpuDevStats;
 use super::wire::{
     CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, NUM_QUEUES, REQ_BATCH, REQ_CALL,
     REQ_CLOSE, REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST,
     S_BUSY, S_NO_SESSION, S_OK, SUBMIT_QUEUE, status_name,
 };
-use crate::vsock::{LogLimiter, next_chain, signal, vring_ready};
+use vgpu_vhost_user::{LogLimiter, next_chain, signal, vring_ready};
 
 /// Most sessions (open file descriptors of the device) per VM.
 pub const MAX_SESSIONS: usize = 256;
@@ -809,7 +809,7 @@ impl VgpuDevice {
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name(format!("vgpu-dev-{}-{session}", self.shared.name))
-            .spawn(move || session::run(shared, session, token, exec, rx));
+            .spawn(move || session_thread::run(shared, session, token, exec, rx));
         if let Err(e) = spawned {
             error!(vm = %self.shared.name, error = %e, "cannot start a session thread");
             return Action::Respond(S_BUSY);
@@ -1014,8 +1014,8 @@ type BatchFrames = (Vec<(Header, std::ops::Range<usize>)>, Vec<u8>);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vgpu_dev::exec::{Call, Reply, SessionExecutor};
-    use crate::vgpu_dev::wire::{
+    use crate::exec::{Call, Reply, SessionExecutor};
+    use crate::wire::{
         MAX_BATCH_FRAMES, REQ_BATCH, REQ_CALL, S_PROTOCOL, S_REPLY_TOO_LARGE, SUBMIT_QUEUE,
     };
     use std::sync::mpsc::{Receiver, Sender};

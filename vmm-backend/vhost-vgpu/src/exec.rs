@@ -1,7 +1,8 @@
 //! What the device asks of the GPU side: open a session per guest file descriptor and execute
 //! its protocol frames, with the bulk bytes left in guest memory.
 //!
-//! [`crate::vgpu_dev::BrokerService`] implements this over the broker; tests use small fakes.
+//! vgpud's `BrokerService` (`vmm-backend/vgpud/src/vgpu_service.rs`) implements this over the
+//! broker; tests use small fakes.
 
 use vgpu_proto::frame::Header;
 

@@ -23,11 +23,8 @@ mod backend;
 pub mod chain;
 mod device;
 pub mod exec;
-mod service;
-mod session;
+mod session_thread;
 mod stats;
-#[doc(hidden)]
-pub mod testutils;
 pub mod wire;
 
 use std::io;
@@ -36,23 +33,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::info;
 use vhost::vhost_user::Listener;
-use vhost_user_backend::VhostUserDaemon;
-use vm_memory::GuestMemoryAtomic;
-use vmm_sys_util::epoll::EventSet;
+use vgpu_vhost_user::{
+    SOCKET_MODE, SocketError, bind_socket, run_until_disconnect, serve_vmm_connections,
+    start_daemon,
+};
 
 pub use backend::VgpuBackend;
 pub use device::{MAX_SESSIONS, VgpuDevice};
 pub use exec::{BulkSink, BulkSource, Call, NoBulk, Reply, SessionExecutor, VgpuService};
-pub use service::BrokerService;
-pub use session::MAX_REORDER;
+pub use session_thread::MAX_REORDER;
 pub use stats::{VgpuDevStats, VgpuDevStatsSnapshot};
-
-use crate::vsock::{
-    SESSION_RETRY_DELAY, StopHandle, bind, run_until_disconnect, wait_either, wait_stop,
-};
-use chain::GuestMem;
+pub use vgpu_vhost_user::StopHandle;
 
 /// The device ID when `vgpu_device_id` is not configured: the last one the virtio PCI transport
 /// can carry (PCI device ID 0x1040 + 63 = 0x107f), unassigned by the VIRTIO specification (whose
@@ -73,16 +66,26 @@ pub enum Error {
     /// The configuration cannot work.
     #[error("invalid virtio-vgpu device configuration: {0}")]
     InvalidConfig(String),
-    /// The vhost-user socket could not be bound (or the path is not a socket), or waiting on it
-    /// failed.
+    /// The vhost-user socket could not be bound (it is served by another process, the path is not
+    /// a socket, or binding failed).
     #[error(transparent)]
-    Socket(#[from] crate::vsock::Error),
+    Socket(#[from] SocketError),
     /// An epoll or eventfd operation failed.
     #[error("virtio-vgpu event loop failure")]
     EventLoop(#[source] io::Error),
     /// The vhost-user daemon could not be created or started.
     #[error("vhost-user daemon failure: {0}")]
     Daemon(String),
+}
+
+impl From<vgpu_vhost_user::Error> for Error {
+    fn from(e: vgpu_vhost_user::Error) -> Self {
+        match e {
+            vgpu_vhost_user::Error::Socket(e) => Error::Socket(e),
+            vgpu_vhost_user::Error::EventLoop(e) => Error::EventLoop(e),
+            vgpu_vhost_user::Error::Daemon(why) => Error::Daemon(why),
+        }
+    }
 }
 
 /// Configuration of one VM's virtio-vgpu device.
@@ -144,11 +147,11 @@ impl std::fmt::Debug for VgpuDevServer {
 }
 
 impl VgpuDevServer {
-    /// Validates `config` and binds the vhost-user socket (a stale socket from an earlier run is
-    /// replaced; other files are not).
+    /// Validates `config` and binds the vhost-user socket with [`bind_socket`] (a stale socket
+    /// from an earlier run is replaced, a live one or another file is refused).
     pub fn bind(config: VgpuDevConfig, service: Arc<dyn VgpuService>) -> Result<Self, Error> {
         config.validate()?;
-        let listener = bind(&config.socket)?;
+        let listener = bind_socket(&config.socket, SOCKET_MODE)?;
         Ok(VgpuDevServer {
             config,
             service,
@@ -173,71 +176,44 @@ impl VgpuDevServer {
             return Err(Error::Daemon("server already ran".into()));
         };
         let mut listener = Listener::from(l);
-        let result = self.run_loop(&mut listener, stop);
-        drop(listener);
-        let _ = std::fs::remove_file(&self.config.socket);
-        info!(vm = %self.config.vm, "virtio-vgpu device stopped");
-        result
-    }
-
-    fn run_loop(&mut self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
         info!(
             vm = %self.config.vm,
             socket = %self.config.socket.display(),
             device_id = self.config.device_id,
             "virtio-vgpu device waiting for the VMM"
         );
-        loop {
-            if wait_either(stop, listener).map_err(Error::Socket)? {
-                return Ok(());
-            }
-            if let Err(e) = self.serve_frontend(listener, stop) {
-                warn!(vm = %self.config.vm, error = %e, "VMM session failed");
-                if wait_stop(stop, SESSION_RETRY_DELAY).map_err(Error::Socket)? {
-                    return Ok(());
-                }
-            }
-            if stop.is_stopped() {
-                return Ok(());
-            }
-        }
+        let result = serve_vmm_connections(
+            &format!("vgpu-dev-{}", self.config.vm),
+            &mut listener,
+            stop,
+            None,
+            |listener| self.serve_frontend(listener, stop),
+        )
+        .map_err(Error::from);
+        drop(listener);
+        let _ = std::fs::remove_file(&self.config.socket);
+        info!(vm = %self.config.vm, "virtio-vgpu device stopped");
+        result
     }
 
-    fn serve_frontend(&mut self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
+    fn serve_frontend(&self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
         let vm = self.config.vm.clone();
         let device = VgpuDevice::new(&vm, self.service.clone(), self.stats.clone());
         let backend = Arc::new(
             VgpuBackend::new(device, self.service.clone(), self.config.queue_size)
                 .map_err(Error::EventLoop)?,
         );
-        let mut daemon = VhostUserDaemon::new(
+        let daemon = start_daemon(
             format!("vgpu-dev-{vm}"),
             backend.clone(),
-            GuestMemoryAtomic::new(GuestMem::new()),
-        )
-        .map_err(|e| Error::Daemon(e.to_string()))?;
-        for handler in daemon.get_epoll_handlers() {
-            handler
-                .register_listener(
-                    backend.rescan_fd(),
-                    EventSet::IN,
-                    u64::from(device::RESCAN_EVENT),
-                )
-                .map_err(Error::EventLoop)?;
-        }
-        // The listener is readable, so this accept does not block.
-        daemon
-            .start(listener)
-            .map_err(|e| Error::Daemon(e.to_string()))?;
+            backend.rescan_fd(),
+            device::RESCAN_EVENT,
+            listener,
+        )?;
         self.stats.add_frontend_connection();
         info!(vm = %vm, "VMM connected to the virtio-vgpu device");
 
-        let (stopped, result) = run_until_disconnect(daemon, format!("vgpu-dev-{vm}-wait"), stop)
-            .map_err(|e| match e {
-            crate::vsock::Error::EventLoop(e) => Error::EventLoop(e),
-            crate::vsock::Error::Daemon(why) => Error::Daemon(why),
-            other => Error::Socket(other),
-        })?;
+        let (stopped, result) = run_until_disconnect(daemon, format!("vgpu-dev-{vm}-wait"), stop)?;
         backend.reclaim_exit_fds();
         let reason = if stopped {
             "vgpud stopping"

@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn the_c_header_agrees() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../guest-shim/kmod/vgpu_virtio.h");
+            .join("../../guest-shim/kmod/vgpu_virtio.h");
         let text = std::fs::read_to_string(&path).unwrap();
         let define = |name: &str| -> u64 {
             let line = text
@@ -334,11 +334,11 @@ mod tests {
         }
         assert_eq!(
             define("VIRTIO_ID_VGPU_DEFAULT"),
-            u64::from(crate::vgpu_dev::DEFAULT_DEVICE_ID)
+            u64::from(crate::DEFAULT_DEVICE_ID)
         );
         assert_eq!(
             define("VIRTIO_ID_VGPU_QEMU"),
-            u64::from(crate::vgpu_dev::QEMU_DEVICE_ID)
+            u64::from(crate::QEMU_DEVICE_ID)
         );
         // What the config module tells VMM users (and vgpuctl attach-args prints).
         use vgpu_broker::config::{VGPU_CONFIG_SIZE, VGPU_QUEUE_SIZE, VGPU_QUEUES};

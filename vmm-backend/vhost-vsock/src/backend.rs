@@ -1,41 +1,25 @@
 //! The `VhostUserBackend` glue between vhost-user-backend's vring worker and [`VsockDevice`].
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::{Mutex, MutexGuard};
 
 use tracing::{debug, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
-use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::bindings::virtio_ring::{
-    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
-};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
-use super::device::{VsockDevice, vring_ready};
+use vgpu_vhost_user::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config, vring_ready};
+
+use super::device::VsockDevice;
 use super::packet::GuestMem;
 use super::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 
 /// Custom event id of the device's inner epoll fd in the vring worker. Ids `0..NUM_QUEUES` are the
 /// queues and `NUM_QUEUES` is the worker's exit event.
 pub const BACKEND_EVENT: u16 = NUM_QUEUES as u16 + 1;
-
-/// Virtio features offered to the driver.
-pub const VIRTIO_FEATURES: u64 =
-    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX) | (1 << VIRTIO_RING_F_INDIRECT_DESC);
-
-/// vhost-user protocol features offered to the frontend.
-pub fn protocol_features() -> VhostUserProtocolFeatures {
-    VhostUserProtocolFeatures::MQ
-        | VhostUserProtocolFeatures::CONFIG
-        | VhostUserProtocolFeatures::RESET_DEVICE
-        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-}
 
 /// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
 pub struct VsockBackend {
@@ -44,69 +28,6 @@ pub struct VsockBackend {
     queue_size: usize,
     config_space: [u8; 8],
     exit: ExitEvents,
-}
-
-/// A backend's vring-worker exit event. vhost-user-backend turns each consumer
-/// it is handed into a raw fd and never closes it; [`ExitEvents::reclaim`]
-/// does, once the workers have exited.
-#[derive(Debug)]
-pub(crate) struct ExitEvents {
-    exit: (EventConsumer, EventNotifier),
-    handed_out: Mutex<Vec<RawFd>>,
-}
-
-impl ExitEvents {
-    /// A fresh exit event.
-    pub(crate) fn new() -> io::Result<Self> {
-        Ok(Self {
-            exit: new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?,
-            handed_out: Mutex::new(Vec::new()),
-        })
-    }
-
-    /// A copy for `VhostUserBackend::exit_event`, remembered for [`ExitEvents::reclaim`].
-    pub(crate) fn hand_out(&self) -> Option<(EventConsumer, EventNotifier)> {
-        let consumer = self.exit.0.try_clone().ok()?;
-        let notifier = self.exit.1.try_clone().ok()?;
-        self.handed_out
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(consumer.as_raw_fd());
-        Some((consumer, notifier))
-    }
-
-    /// Closes the copies the library leaked. Call only after the daemon is
-    /// dropped, when its vring workers have exited.
-    ///
-    /// A descriptor is closed only if it still refers to our own eventfd (same `eventfd-id` in
-    /// `/proc/self/fdinfo`), so a library that closes it itself cannot make us close someone
-    /// else's descriptor.
-    pub(crate) fn reclaim(&self) {
-        let Some(ours) = eventfd_id(self.exit.0.as_raw_fd()) else {
-            return;
-        };
-        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
-        for fd in fds {
-            if fd != self.exit.0.as_raw_fd() && eventfd_id(fd) == Some(ours) {
-                // SAFETY: `fd` is a duplicate of our exit eventfd (checked just above) that the
-                // library converted into a raw fd and abandoned; nothing else owns it.
-                drop(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-}
-
-/// The bytes `[offset, offset + size)` of a read-only config space (empty,
-/// with a warning, when the range is outside it).
-pub(crate) fn read_config(space: &[u8], offset: u32, size: u32) -> Vec<u8> {
-    let start = offset as usize;
-    match start.checked_add(size as usize) {
-        Some(end) if end <= space.len() => space[start..end].to_vec(),
-        _ => {
-            warn!(offset, size, "config space read out of range");
-            Vec::new()
-        }
-    }
 }
 
 impl std::fmt::Debug for VsockBackend {
@@ -228,18 +149,12 @@ impl VhostUserBackend for VsockBackend {
     }
 }
 
-/// The kernel's id of the eventfd behind `fd` (`eventfd-id` in fdinfo), if `fd` is an eventfd.
-pub(crate) fn eventfd_id(fd: RawFd) -> Option<u64> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("eventfd-id:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vsock::{PortConnector, VsockStats};
+    use crate::{PortConnector, VsockStats};
+    use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+    use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
     use std::os::unix::net::UnixStream;
     use std::sync::Arc;
 
@@ -290,24 +205,5 @@ mod tests {
                 .contains(VhostUserProtocolFeatures::CONFIG)
         );
         assert!(b.exit_event(0).is_some());
-    }
-
-    #[test]
-    fn abandoned_exit_fds_are_reclaimed_but_foreign_fds_are_not() {
-        use std::os::fd::IntoRawFd;
-        let b = backend();
-        // What vhost-user-backend does with the consumer.
-        let (consumer, _notifier) = b.exit_event(0).unwrap();
-        let fd = consumer.into_raw_fd();
-        assert!(eventfd_id(fd).is_some());
-        // A number the library closed and that now belongs to an unrelated eventfd.
-        let stranger = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
-        b.exit.handed_out.lock().unwrap().push(stranger.as_raw_fd());
-        b.reclaim_exit_fds();
-        assert!(eventfd_id(fd).is_none(), "abandoned duplicate closed");
-        assert!(
-            eventfd_id(stranger.as_raw_fd()).is_some(),
-            "unrelated eventfd untouched"
-        );
     }
 }

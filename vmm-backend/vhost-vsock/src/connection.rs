@@ -631,7 +631,7 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vsock::packet::{VSOCK_OP_RW, VSOCK_SHUTDOWN_SEND};
+    use crate::packet::{VSOCK_OP_RW, VSOCK_SHUTDOWN_SEND};
     use std::io::Read;
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
@@ -687,7 +687,7 @@ mod tests {
                 0,
             ))])
             .unwrap();
-        crate::vsock::packet::parse_rx_chain(chain, m).unwrap()
+        crate::packet::parse_rx_chain(chain, m).unwrap()
     }
 
     fn established(buf_alloc: u32, peer_buf_alloc: u32) -> (Connection, UnixStream) {

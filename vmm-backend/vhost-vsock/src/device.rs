@@ -12,13 +12,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 use vhost_user_backend::{VringRwLock, VringT};
-use virtio_queue::DescriptorChain;
-use virtio_queue::{QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
+use virtio_queue::QueueOwnedT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::connection::{ConnKey, Connection, Origin};
@@ -27,6 +25,7 @@ use super::packet::{
     VSOCK_OP_REQUEST, VSOCK_OP_RST, VSOCK_TYPE_STREAM, parse_rx_chain,
 };
 use super::{PortConnector, VsockStats};
+use vgpu_vhost_user::{LogLimiter, next_chain, signal, vring_ready};
 
 /// Most simultaneous connections per device. Each holds at most `tx_buffer_size` bytes of
 /// buffered guest data, so this also bounds the memory a guest can make us hold.
@@ -56,10 +55,6 @@ const CLIENT_EVENTS: EventSet = EventSet::IN
 /// Epoll events handled per `epoll_wait`.
 const EPOLL_BATCH: usize = 64;
 
-/// Rate limit for guest-triggered error logs.
-const LOG_WINDOW: Duration = Duration::from_secs(1);
-const LOG_BURST: u32 = 10;
-
 /// Which queue a dropped chain came from, for logs.
 #[derive(Debug, Clone, Copy)]
 enum QueueName {
@@ -72,40 +67,6 @@ impl QueueName {
         match self {
             QueueName::Rx => "rx",
             QueueName::Tx => "tx",
-        }
-    }
-}
-
-/// Keeps a hostile guest from flooding the log.
-#[derive(Debug)]
-pub(crate) struct LogLimiter {
-    window_start: Instant,
-    in_window: u32,
-    suppressed: u64,
-}
-
-impl LogLimiter {
-    pub(crate) fn new() -> Self {
-        LogLimiter {
-            window_start: Instant::now(),
-            in_window: 0,
-            suppressed: 0,
-        }
-    }
-
-    /// Whether to log now; also reports how many messages were suppressed before.
-    pub(crate) fn allow(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        if now.duration_since(self.window_start) >= LOG_WINDOW {
-            self.window_start = now;
-            self.in_window = 0;
-        }
-        if self.in_window < LOG_BURST {
-            self.in_window += 1;
-            Some(std::mem::take(&mut self.suppressed))
-        } else {
-            self.suppressed += 1;
-            None
         }
     }
 }
@@ -897,40 +858,10 @@ pub fn forward_path(uds_path: &Path, port: u32) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Takes the next available chain; an error means the available ring itself is corrupt (for
-/// example an index more than a queue size ahead).
-pub(crate) fn next_chain<'m>(
-    vring: &VringRwLock,
-    mem: &'m GuestMemoryLoadGuard<GuestMem>,
-) -> Result<Option<DescriptorChain<&'m GuestMem>>, virtio_queue::Error> {
-    let mut state = vring.get_mut();
-    let mut iter = state.get_queue_mut().iter(&**mem)?;
-    Ok(iter.next())
-}
-
-/// Whether a vring may be used: started by the frontend and enabled.
-pub fn vring_ready(vring: &VringRwLock) -> bool {
-    let state = vring.get_ref();
-    state.get_queue().ready() && state.is_enabled()
-}
-
-pub(crate) fn signal(vring: &VringRwLock, name: &str) {
-    let needed = match vring.needs_notification() {
-        Ok(n) => n,
-        Err(e) => {
-            warn!(queue = name, error = %e, "cannot check notification suppression");
-            true
-        }
-    };
-    if needed && let Err(e) = vring.signal_used_queue() {
-        warn!(queue = name, error = %e, "cannot signal the guest");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vsock::packet::{
+    use crate::packet::{
         VSOCK_OP_RESPONSE, VSOCK_OP_RW, VSOCK_OP_SHUTDOWN, VSOCK_SHUTDOWN_BOTH,
     };
     use std::io::Write;
@@ -1299,7 +1230,7 @@ mod tests {
     fn must_finish(f: impl FnOnce() -> Rig + Send + 'static) -> Rig {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || tx.send(f()).unwrap());
-        rx.recv_timeout(Duration::from_secs(10))
+        rx.recv_timeout(std::time::Duration::from_secs(10))
             .expect("queue processing spun on a corrupt ring")
     }
 
@@ -1369,7 +1300,7 @@ mod tests {
         assert_eq!(used_len(&rig, &rxq, 1), (1, PKT_HEADER_SIZE as u32));
         assert_eq!(
             rx_header(&rig, BUFS + 0x20000).op,
-            crate::vsock::packet::VSOCK_OP_CREDIT_UPDATE
+            crate::packet::VSOCK_OP_CREDIT_UPDATE
         );
         let h = rx_header(&rig, BUFS + 0x30000);
         assert_eq!((h.op, h.len), (VSOCK_OP_RW, 4));

@@ -20,38 +20,30 @@ mod connection;
 mod device;
 pub mod packet;
 mod stats;
-#[doc(hidden)]
-pub mod testutils;
 
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread;
-use std::time::Duration;
 
 use thiserror::Error;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 use vhost::vhost_user::Listener;
-use vhost_user_backend::VhostUserDaemon;
-use vm_memory::GuestMemoryAtomic;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vgpu_vhost_user::{
+    IdleWork, SOCKET_MODE, SocketError, bind_socket, run_until_disconnect, serve_vmm_connections,
+    start_daemon,
+};
 
-pub use backend::{BACKEND_EVENT, VIRTIO_FEATURES, protocol_features};
+pub use backend::BACKEND_EVENT;
 pub use device::{
     HOST_PORT_BASE, MAX_CONNECT_LINE, MAX_CONNECTIONS, MAX_PENDING_HOST_CLIENTS, forward_path,
 };
 pub use stats::{VsockStats, VsockStatsSnapshot};
+pub use vgpu_vhost_user::{StopHandle, VIRTIO_FEATURES, protocol_features};
 
 use backend::VsockBackend;
-pub(crate) use backend::{ExitEvents, read_config};
 use device::VsockDevice;
-pub(crate) use device::{LogLimiter, next_chain, signal, vring_ready};
-use packet::GuestMem;
 
 /// The vsock port on the host where vgpud serves the GPU (`vgpu_proto::GPU_VSOCK_PORT`). The
 /// device itself does not treat it specially: vgpud's [`PortConnector`] serves it in-process.
@@ -91,24 +83,26 @@ pub enum Error {
     /// The configuration is unusable.
     #[error("invalid vsock configuration: {0}")]
     InvalidConfig(String),
-    /// A socket path exists and is not a socket, so it was not replaced.
-    #[error("{0} exists and is not a unix socket; refusing to replace it")]
-    PathInUse(PathBuf),
-    /// Binding a listening socket failed.
-    #[error("cannot listen on {path}")]
-    Bind {
-        /// The socket path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// A socket could not be bound (it is served by another process, the path is not a socket,
+    /// or binding failed).
+    #[error(transparent)]
+    Socket(#[from] SocketError),
     /// An epoll or eventfd operation failed.
     #[error("vsock event loop failure")]
     EventLoop(#[source] io::Error),
     /// The vhost-user daemon could not be created or started.
     #[error("vhost-user daemon failure: {0}")]
     Daemon(String),
+}
+
+impl From<vgpu_vhost_user::Error> for Error {
+    fn from(e: vgpu_vhost_user::Error) -> Self {
+        match e {
+            vgpu_vhost_user::Error::Socket(e) => Error::Socket(e),
+            vgpu_vhost_user::Error::EventLoop(e) => Error::EventLoop(e),
+            vgpu_vhost_user::Error::Daemon(why) => Error::Daemon(why),
+        }
+    }
 }
 
 /// Configuration of one VM's vsock device.
@@ -189,89 +183,6 @@ impl PortConnector for ForwardAll {
     }
 }
 
-#[derive(Debug)]
-struct StopInner {
-    stopped: AtomicBool,
-    event: EventFd,
-}
-
-/// Asks [`serve`] / [`VsockServer::run`] to return. Clone it freely; `stop` is idempotent.
-#[derive(Debug, Clone)]
-pub struct StopHandle {
-    inner: Arc<StopInner>,
-}
-
-impl StopHandle {
-    /// Creates a handle that has not fired.
-    pub fn new() -> io::Result<Self> {
-        Ok(StopHandle {
-            inner: Arc::new(StopInner {
-                stopped: AtomicBool::new(false),
-                event: EventFd::new(EFD_NONBLOCK)?,
-            }),
-        })
-    }
-
-    /// Fires the handle: the server closes every connection and returns.
-    pub fn stop(&self) {
-        self.inner.stopped.store(true, Ordering::SeqCst);
-        // The eventfd stays readable from now on, waking every waiter.
-        if let Err(e) = self.inner.event.write(1) {
-            warn!(error = %e, "cannot signal vsock stop event");
-        }
-    }
-
-    /// Whether [`stop`](Self::stop) was called.
-    pub fn is_stopped(&self) -> bool {
-        self.inner.stopped.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn fd(&self) -> i32 {
-        self.inner.event.as_raw_fd()
-    }
-}
-
-/// Removes a stale socket at `path`; refuses to touch anything that is not a socket.
-fn clear_stale_socket(path: &Path) -> Result<(), Error> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            std::fs::remove_file(path).map_err(|source| Error::Bind {
-                path: path.to_owned(),
-                source,
-            })
-        }
-        Ok(_) => Err(Error::PathInUse(path.to_owned())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(Error::Bind {
-            path: path.to_owned(),
-            source,
-        }),
-    }
-}
-
-pub(crate) fn bind(path: &Path) -> Result<UnixListener, Error> {
-    clear_stale_socket(path)?;
-    UnixListener::bind(path).map_err(|source| Error::Bind {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-/// What woke the idle server.
-enum Wake {
-    Stop,
-    Frontend,
-    HostClient,
-}
-
-/// Pause after a VMM session that failed to start before accepting the next one.
-pub(crate) const SESSION_RETRY_DELAY: Duration = Duration::from_millis(100);
-
-const TOKEN_STOP: u64 = 1;
-const TOKEN_VMM: u64 = 2;
-const TOKEN_UDS: u64 = 3;
-const TOKEN_DONE: u64 = 4;
-
 /// A bound vsock device server: both sockets exist once this is constructed.
 #[derive(Debug)]
 pub struct VsockServer {
@@ -288,17 +199,43 @@ impl std::fmt::Debug for dyn PortConnector {
     }
 }
 
+/// While no VM is attached, host clients of the hybrid-vsock socket are closed at once instead of
+/// hanging.
+struct TurnAwayHostClients<'a> {
+    uds_listener: &'a UnixListener,
+    stats: &'a VsockStats,
+}
+
+impl IdleWork for TurnAwayHostClients<'_> {
+    fn fd(&self) -> RawFd {
+        self.uds_listener.as_raw_fd()
+    }
+
+    fn run(&self) {
+        if self.uds_listener.set_nonblocking(true).is_err() {
+            return;
+        }
+        while let Ok((stream, _)) = self.uds_listener.accept() {
+            debug!("no VM attached; closing host vsock client");
+            self.stats.add_refused();
+            drop(stream);
+        }
+        let _ = self.uds_listener.set_nonblocking(false);
+    }
+}
+
 impl VsockServer {
-    /// Validates `config` and binds the vhost-user socket and the hybrid-vsock socket (stale
-    /// sockets from an earlier run are replaced; other files are not).
+    /// Validates `config` and binds the vhost-user socket and the hybrid-vsock socket with
+    /// [`bind_socket`] (a stale socket from an earlier run is replaced, a live one or another
+    /// file is refused).
     pub fn bind(config: VsockConfig, connector: Arc<dyn PortConnector>) -> Result<Self, Error> {
         config.validate()?;
-        let vmm_listener = bind(&config.socket)?;
-        let uds_listener = match bind(&config.uds_path) {
+        let vmm_listener = bind_socket(&config.socket, SOCKET_MODE)?;
+        let uds_listener = match bind_socket(&config.uds_path, SOCKET_MODE) {
             Ok(l) => l,
             Err(e) => {
                 let _ = std::fs::remove_file(&config.socket);
-                return Err(e);
+                return Err(e.into());
             }
         };
         Ok(VsockServer {
@@ -326,7 +263,24 @@ impl VsockServer {
             return Err(Error::Daemon("server already ran".into()));
         };
         let mut listener = Listener::from(vmm);
-        let result = self.run_loop(&mut listener, stop);
+        info!(
+            guest_cid = self.config.guest_cid,
+            socket = %self.config.socket.display(),
+            uds_path = %self.config.uds_path.display(),
+            "vsock device waiting for the VMM"
+        );
+        let idle = TurnAwayHostClients {
+            uds_listener: &self.uds_listener,
+            stats: &self.stats,
+        };
+        let result = serve_vmm_connections(
+            &format!("vsock-{}", self.config.guest_cid),
+            &mut listener,
+            stop,
+            Some(&idle),
+            |listener| self.serve_frontend(listener, stop),
+        )
+        .map_err(Error::from);
         drop(listener);
         let _ = std::fs::remove_file(&self.config.socket);
         let _ = std::fs::remove_file(&self.config.uds_path);
@@ -334,82 +288,7 @@ impl VsockServer {
         result
     }
 
-    fn run_loop(&mut self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
-        info!(
-            guest_cid = self.config.guest_cid,
-            socket = %self.config.socket.display(),
-            uds_path = %self.config.uds_path.display(),
-            "vsock device waiting for the VMM"
-        );
-        loop {
-            match self.wait_idle(listener, stop)? {
-                Wake::Stop => return Ok(()),
-                Wake::HostClient => self.turn_away_host_clients(),
-                Wake::Frontend => {
-                    if let Err(e) = self.serve_frontend(listener, stop) {
-                        warn!(guest_cid = self.config.guest_cid, error = %e, "VMM session failed");
-                        // A persistent failure (say, out of descriptors) must not spin.
-                        if wait_stop(stop, SESSION_RETRY_DELAY)? {
-                            return Ok(());
-                        }
-                    }
-                    if stop.is_stopped() {
-                        return Ok(());
-                    }
-                }
-            }
-        }
-    }
-
-    fn wait_idle(&self, listener: &Listener, stop: &StopHandle) -> Result<Wake, Error> {
-        let epoll = Epoll::new().map_err(Error::EventLoop)?;
-        for (fd, token) in [
-            (stop.fd(), TOKEN_STOP),
-            (listener.as_raw_fd(), TOKEN_VMM),
-            (self.uds_listener.as_raw_fd(), TOKEN_UDS),
-        ] {
-            epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token),
-                )
-                .map_err(Error::EventLoop)?;
-        }
-        let mut events = [EpollEvent::default(); 3];
-        loop {
-            let n = match epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::EventLoop(e)),
-            };
-            let tokens: Vec<u64> = events[..n].iter().map(|e| e.data()).collect();
-            if tokens.contains(&TOKEN_STOP) || stop.is_stopped() {
-                return Ok(Wake::Stop);
-            }
-            if tokens.contains(&TOKEN_VMM) {
-                return Ok(Wake::Frontend);
-            }
-            if tokens.contains(&TOKEN_UDS) {
-                return Ok(Wake::HostClient);
-            }
-        }
-    }
-
-    /// No VM is attached: host clients are closed at once instead of hanging.
-    fn turn_away_host_clients(&self) {
-        if self.uds_listener.set_nonblocking(true).is_err() {
-            return;
-        }
-        while let Ok((stream, _)) = self.uds_listener.accept() {
-            debug!("no VM attached; closing host vsock client");
-            self.stats.add_refused();
-            drop(stream);
-        }
-        let _ = self.uds_listener.set_nonblocking(false);
-    }
-
-    fn serve_frontend(&mut self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
+    fn serve_frontend(&self, listener: &mut Listener, stop: &StopHandle) -> Result<(), Error> {
         let cid = self.config.guest_cid;
         let uds = self.uds_listener.try_clone().map_err(Error::EventLoop)?;
         let device = VsockDevice::new(
@@ -424,21 +303,13 @@ impl VsockServer {
         let backend = Arc::new(
             VsockBackend::new(device, cid, self.config.queue_size).map_err(Error::EventLoop)?,
         );
-        let mut daemon = VhostUserDaemon::new(
+        let daemon = start_daemon(
             format!("vsock-{cid}"),
             backend.clone(),
-            GuestMemoryAtomic::new(GuestMem::new()),
-        )
-        .map_err(|e| Error::Daemon(e.to_string()))?;
-        for handler in daemon.get_epoll_handlers() {
-            handler
-                .register_listener(backend.epoll_fd(), EventSet::IN, u64::from(BACKEND_EVENT))
-                .map_err(Error::EventLoop)?;
-        }
-        // The listener is readable, so this accept does not block.
-        daemon
-            .start(listener)
-            .map_err(|e| Error::Daemon(e.to_string()))?;
+            backend.epoll_fd(),
+            BACKEND_EVENT,
+            listener,
+        )?;
         self.stats.add_frontend_connection();
         info!(guest_cid = cid, "VMM connected to the vsock device");
 
@@ -455,90 +326,6 @@ impl VsockServer {
             Err(e) => info!(guest_cid = cid, error = %e, "{reason}"),
         }
         Ok(())
-    }
-}
-
-/// Runs a started vhost-user daemon (one VMM connection) until the VMM disconnects or `stop`
-/// fires, then drops it, which stops and joins its vring workers: nothing touches the device
-/// afterwards. Returns whether `stop` fired and how the connection ended.
-pub(crate) fn run_until_disconnect<T>(
-    mut daemon: VhostUserDaemon<T>,
-    waiter_name: String,
-    stop: &StopHandle,
-) -> Result<(bool, Result<(), vhost_user_backend::Error>), Error>
-where
-    T: vhost_user_backend::VhostUserBackend<Bitmap = (), Vring = vhost_user_backend::VringRwLock>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-{
-    let shutdown = daemon.shutdown_handle();
-    let done = EventFd::new(EFD_NONBLOCK).map_err(Error::EventLoop)?;
-    let done_signal = done.try_clone().map_err(Error::EventLoop)?;
-    let waiter = thread::Builder::new()
-        .name(waiter_name)
-        .spawn(move || {
-            let result = daemon.wait();
-            let _ = done_signal.write(1);
-            (daemon, result)
-        })
-        .map_err(|e| Error::Daemon(e.to_string()))?;
-    let stopped = wait_either(stop, &done)?;
-    if stopped && let Some(handle) = shutdown {
-        handle.shutdown();
-    }
-    let (daemon, result) = waiter
-        .join()
-        .map_err(|_| Error::Daemon("vhost-user thread panicked".into()))?;
-    drop(daemon);
-    Ok((stopped, result))
-}
-
-/// Waits up to `delay` for `stop`; true if it fired.
-pub(crate) fn wait_stop(stop: &StopHandle, delay: Duration) -> Result<bool, Error> {
-    let epoll = Epoll::new().map_err(Error::EventLoop)?;
-    epoll
-        .ctl(
-            ControlOperation::Add,
-            stop.fd(),
-            EpollEvent::new(EventSet::IN, TOKEN_STOP),
-        )
-        .map_err(Error::EventLoop)?;
-    let mut events = [EpollEvent::default(); 1];
-    let ms = i32::try_from(delay.as_millis()).unwrap_or(i32::MAX);
-    match epoll.wait(ms, &mut events) {
-        Ok(_) | Err(_) => Ok(stop.is_stopped()),
-    }
-}
-
-/// Waits until `stop` fires (returns true) or `other` becomes readable —
-/// a completion eventfd, or a listener with a VMM waiting (returns false).
-pub(crate) fn wait_either(stop: &StopHandle, other: &impl AsRawFd) -> Result<bool, Error> {
-    let epoll = Epoll::new().map_err(Error::EventLoop)?;
-    for (fd, token) in [(stop.fd(), TOKEN_STOP), (other.as_raw_fd(), TOKEN_DONE)] {
-        epoll
-            .ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, token),
-            )
-            .map_err(Error::EventLoop)?;
-    }
-    let mut events = [EpollEvent::default(); 2];
-    loop {
-        match epoll.wait(-1, &mut events) {
-            Ok(n) => {
-                if stop.is_stopped() || events[..n].iter().any(|e| e.data() == TOKEN_STOP) {
-                    return Ok(true);
-                }
-                if n > 0 {
-                    return Ok(false);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::EventLoop(e)),
-        }
     }
 }
 
@@ -607,7 +394,10 @@ mod tests {
         std::fs::write(&uds, b"precious").unwrap();
         let err =
             VsockServer::bind(VsockConfig::new(3, &sock, &uds), Arc::new(ForwardAll)).unwrap_err();
-        assert!(matches!(err, Error::PathInUse(_)), "{err}");
+        assert!(
+            matches!(err, Error::Socket(SocketError::NotASocket(_))),
+            "{err}"
+        );
         assert_eq!(std::fs::read(&uds).unwrap(), b"precious");
     }
 
@@ -618,7 +408,7 @@ mod tests {
         let server = VsockServer::bind(cfg.clone(), Arc::new(ForwardAll)).unwrap();
         let stop = StopHandle::new().unwrap();
         let s2 = stop.clone();
-        let t = thread::spawn(move || server.run(&s2));
+        let t = std::thread::spawn(move || server.run(&s2));
         // A host client while no VM is attached is closed at once.
         let mut c = UnixStream::connect(&cfg.uds_path).unwrap();
         let mut buf = [0u8; 1];

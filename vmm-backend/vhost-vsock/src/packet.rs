@@ -16,7 +16,7 @@ use std::ops::Deref;
 use thiserror::Error;
 use virtio_queue::DescriptorChain;
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, ReadVolatile, VolatileMemoryError,
+    GuestAddress, GuestMemoryBackend, ReadVolatile, VolatileMemoryError,
     WriteVolatile,
 };
 
@@ -58,7 +58,7 @@ pub const MAX_PKT_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_CHAIN_DESCRIPTORS: usize = 1024;
 
 /// Guest memory as seen by this device.
-pub type GuestMem = GuestMemoryMmap<()>;
+pub use vgpu_vhost_user::GuestMem;
 
 /// Why a descriptor chain was refused.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

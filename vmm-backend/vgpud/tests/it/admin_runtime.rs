@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
 use vgpu_proto::msg;
-use vgpu_vmm::audit::Actor;
-use vgpu_vmm::daemon::Daemon;
-use vgpu_vmm::vsock::testutils::{GuestOptions, TestGuest};
+use vgpud::audit::Actor;
+use vgpud::daemon::Daemon;
+use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 
 const MIB: u64 = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -287,7 +287,7 @@ fn metrics_are_valid_prometheus_text_with_the_right_values() {
     );
 
     // The dashboard and the operator's guide use exactly what is exported.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let exported: std::collections::BTreeSet<&str> =
         scrape.samples.iter().map(|s| s.metric.as_str()).collect();
     let dashboard = std::fs::read_to_string(root.join("docs/grafana-dashboard.json")).unwrap();

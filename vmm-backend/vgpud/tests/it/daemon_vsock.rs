@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
 use vgpu_proto::msg;
-use vgpu_vmm::daemon::Daemon;
-use vgpu_vmm::vsock::testutils::{GuestOptions, GuestStream, TestGuest};
+use vgpud::daemon::Daemon;
+use vgpu_vmm_testutils::vsock::{GuestOptions, GuestStream, TestGuest};
 
 const MIB: u64 = 1 << 20;
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use vgpu_vmm::vsock::ForwardAll;
-use vgpu_vmm::vsock::testutils::{
+use vgpu_vhost_vsock::ForwardAll;
+use vgpu_vmm_testutils::vsock::{
     ChannelConnector, EchoConnector, GuestOptions, TestServer, pattern,
 };
 

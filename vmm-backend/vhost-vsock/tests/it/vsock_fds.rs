@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use vgpu_vmm::vsock::testutils::{EchoConnector, GuestOptions, TestServer};
+use vgpu_vmm_testutils::vsock::{EchoConnector, GuestOptions, TestServer};
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")

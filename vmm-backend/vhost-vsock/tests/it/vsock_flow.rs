@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use vgpu_vmm::vsock::testutils::{
+use vgpu_vmm_testutils::vsock::{
     ChannelConnector, EchoConnector, GuestOptions, TestServer, pattern,
 };
 

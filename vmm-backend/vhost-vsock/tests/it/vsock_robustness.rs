@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use vgpu_vmm::vsock::packet::{
+use vgpu_vhost_vsock::packet::{
     PKT_HEADER_SIZE, VSOCK_OP_REQUEST, VSOCK_OP_RST, VSOCK_OP_RW, VSOCK_TYPE_STREAM,
 };
-use vgpu_vmm::vsock::testutils::{EchoConnector, GuestOptions, RawDesc, TestGuest, TestServer};
-use vgpu_vmm::vsock::{MAX_CONNECTIONS, PortConnector};
+use vgpu_vmm_testutils::vsock::{EchoConnector, GuestOptions, RawDesc, TestGuest, TestServer};
+use vgpu_vhost_vsock::{MAX_CONNECTIONS, PortConnector};
 
 const ECHO: u32 = 9999;
 const REFUSED: u32 = 6666;

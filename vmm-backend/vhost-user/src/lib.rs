@@ -1,0 +1,45 @@
+//! vhost-user plumbing shared by vgpud's devices (`vgpu-vhost-vsock`, `vgpu-vhost-vgpu`), as
+//! rust-vmm's vhost-device crates share theirs:
+//!
+//! - [`socket`]: the one socket binder (refuses a live socket, replaces a stale one, sets the
+//!   mode);
+//! - [`serve`]: the connection loop (one VMM connection after the other until a [`StopHandle`]
+//!   fires) and starting a vhost-user daemon for a connection;
+//! - [`vring`]: features, taking chains off a queue, signalling the guest, vring-worker exit
+//!   events, a log limiter for guest-triggered messages;
+//! - [`GuestMem`]: the guest memory map every scatter-gather chain is resolved against.
+
+pub mod serve;
+pub mod socket;
+pub mod vring;
+
+use std::io;
+
+use thiserror::Error;
+
+pub use serve::{
+    IdleWork, SESSION_RETRY_DELAY, StopHandle, run_until_disconnect, serve_vmm_connections,
+    start_daemon, wait_either, wait_stop,
+};
+pub use socket::{SOCKET_MODE, SocketError, bind_socket};
+pub use vring::{
+    ExitEvents, LogLimiter, VIRTIO_FEATURES, next_chain, protocol_features, read_config, signal,
+    vring_ready,
+};
+
+/// The guest's memory as the VMM shared it: every descriptor address is resolved against it.
+pub type GuestMem = vm_memory::GuestMemoryMmap<()>;
+
+/// Why a device's connection loop failed.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The device socket could not be bound.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// An epoll or eventfd operation failed.
+    #[error("vhost-user event loop failure")]
+    EventLoop(#[source] io::Error),
+    /// The vhost-user daemon could not be created or started.
+    #[error("vhost-user daemon failure: {0}")]
+    Daemon(String),
+}

@@ -1,0 +1,211 @@
+//! Helpers every vhost-user device of vgpud uses on its vring worker threads: the features
+//! offered, taking chains off a queue, signalling the guest, the worker exit events and a log
+//! limiter for guest-triggered messages.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tracing::warn;
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryLoadGuard;
+use vmm_sys_util::event::{
+    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
+};
+
+use crate::GuestMem;
+
+/// Virtio features offered to the driver.
+pub const VIRTIO_FEATURES: u64 =
+    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX) | (1 << VIRTIO_RING_F_INDIRECT_DESC);
+
+/// vhost-user protocol features offered to the frontend.
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+}
+
+
+/// A backend's vring-worker exit event. vhost-user-backend turns each consumer
+/// it is handed into a raw fd and never closes it; [`ExitEvents::reclaim`]
+/// does, once the workers have exited.
+#[derive(Debug)]
+pub struct ExitEvents {
+    exit: (EventConsumer, EventNotifier),
+    handed_out: Mutex<Vec<RawFd>>,
+}
+
+impl ExitEvents {
+    /// A fresh exit event.
+    pub fn new() -> io::Result<Self> {
+        Ok(Self {
+            exit: new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?,
+            handed_out: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A copy for `VhostUserBackend::exit_event`, remembered for [`ExitEvents::reclaim`].
+    pub fn hand_out(&self) -> Option<(EventConsumer, EventNotifier)> {
+        let consumer = self.exit.0.try_clone().ok()?;
+        let notifier = self.exit.1.try_clone().ok()?;
+        self.handed_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
+    }
+
+    /// Closes the copies the library leaked. Call only after the daemon is
+    /// dropped, when its vring workers have exited.
+    ///
+    /// A descriptor is closed only if it still refers to our own eventfd (same `eventfd-id` in
+    /// `/proc/self/fdinfo`), so a library that closes it itself cannot make us close someone
+    /// else's descriptor.
+    pub fn reclaim(&self) {
+        let Some(ours) = eventfd_id(self.exit.0.as_raw_fd()) else {
+            return;
+        };
+        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            if fd != self.exit.0.as_raw_fd() && eventfd_id(fd) == Some(ours) {
+                // SAFETY: `fd` is a duplicate of our exit eventfd (checked just above) that the
+                // library converted into a raw fd and abandoned; nothing else owns it.
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+}
+
+/// The bytes `[offset, offset + size)` of a read-only config space (empty,
+/// with a warning, when the range is outside it).
+pub fn read_config(space: &[u8], offset: u32, size: u32) -> Vec<u8> {
+    let start = offset as usize;
+    match start.checked_add(size as usize) {
+        Some(end) if end <= space.len() => space[start..end].to_vec(),
+        _ => {
+            warn!(offset, size, "config space read out of range");
+            Vec::new()
+        }
+    }
+}
+
+
+/// The kernel's id of the eventfd behind `fd` (`eventfd-id` in fdinfo), if `fd` is an eventfd.
+pub fn eventfd_id(fd: RawFd) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("eventfd-id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+
+/// Rate limit for guest-triggered error logs.
+const LOG_WINDOW: Duration = Duration::from_secs(1);
+const LOG_BURST: u32 = 10;
+
+/// Keeps a hostile guest from flooding the log.
+#[derive(Debug)]
+pub struct LogLimiter {
+    window_start: Instant,
+    in_window: u32,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    pub fn new() -> Self {
+        LogLimiter {
+            window_start: Instant::now(),
+            in_window: 0,
+            suppressed: 0,
+        }
+    }
+
+    /// Whether to log now; also reports how many messages were suppressed before.
+    pub fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if now.duration_since(self.window_start) >= LOG_WINDOW {
+            self.window_start = now;
+            self.in_window = 0;
+        }
+        if self.in_window < LOG_BURST {
+            self.in_window += 1;
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        }
+    }
+}
+
+
+/// Takes the next available chain; an error means the available ring itself is corrupt (for
+/// example an index more than a queue size ahead).
+pub fn next_chain<'m>(
+    vring: &VringRwLock,
+    mem: &'m GuestMemoryLoadGuard<GuestMem>,
+) -> Result<Option<DescriptorChain<&'m GuestMem>>, virtio_queue::Error> {
+    let mut state = vring.get_mut();
+    let mut iter = state.get_queue_mut().iter(&**mem)?;
+    Ok(iter.next())
+}
+
+/// Whether a vring may be used: started by the frontend and enabled.
+pub fn vring_ready(vring: &VringRwLock) -> bool {
+    let state = vring.get_ref();
+    state.get_queue().ready() && state.is_enabled()
+}
+
+pub fn signal(vring: &VringRwLock, name: &str) {
+    let needed = match vring.needs_notification() {
+        Ok(n) => n,
+        Err(e) => {
+            warn!(queue = name, error = %e, "cannot check notification suppression");
+            true
+        }
+    };
+    if needed && let Err(e) = vring.signal_used_queue() {
+        warn!(queue = name, error = %e, "cannot signal the guest");
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abandoned_exit_fds_are_reclaimed_but_foreign_fds_are_not() {
+        use std::os::fd::IntoRawFd;
+        let exit = ExitEvents::new().unwrap();
+        // What vhost-user-backend does with the consumer.
+        let (consumer, _notifier) = exit.hand_out().unwrap();
+        let fd = consumer.into_raw_fd();
+        assert!(eventfd_id(fd).is_some());
+        // A number the library closed and that now belongs to an unrelated eventfd.
+        let stranger = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        exit.handed_out.lock().unwrap().push(stranger.as_raw_fd());
+        exit.reclaim();
+        assert!(eventfd_id(fd).is_none(), "abandoned duplicate closed");
+        assert!(
+            eventfd_id(stranger.as_raw_fd()).is_some(),
+            "unrelated eventfd untouched"
+        );
+    }
+
+    #[test]
+    fn config_reads_are_bounds_checked() {
+        let space = [1u8, 2, 3, 4];
+        assert_eq!(read_config(&space, 1, 2), vec![2, 3]);
+        assert!(read_config(&space, 2, 4).is_empty());
+        assert!(read_config(&space, u32::MAX, 2).is_empty());
+    }
+}

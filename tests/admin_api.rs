@@ -2,7 +2,7 @@
 //! what it changes, and how it refuses (400 with a message, 404, 405, 409,
 //! 403 / no connection for other users).
 
-mod admin_support;
+use crate::admin_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! vgpuctl against a running vgpud: every command, tables by default, JSON
 //! with --json, and the documented exit codes; `vgpud --check-config`.
 
-mod admin_support;
+use crate::admin_support;
 
 use std::process::Command;
 

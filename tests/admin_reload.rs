@@ -1,7 +1,7 @@
 //! SIGHUP reloads of a running vgpud, and the audit log: who changed what,
 //! before and after, and every session of every VM.
 
-mod admin_support;
+use crate::admin_support;
 
 use std::process::Command;
 

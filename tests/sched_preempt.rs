@@ -6,8 +6,7 @@
 //! (hundreds of ms), so that "preempted" and "ran to completion" are far
 //! apart even with the scheduling noise of a loaded 2-core machine.
 
-#[path = "sched_common.rs"]
-mod common;
+use crate::sched_common as common;
 
 use std::time::Duration;
 

@@ -4,8 +4,7 @@
 //! configured shares. Bounds are loose (a noisy 2-core machine);
 //! `vgpu-bench share` measures the same properties precisely.
 
-#[path = "sched_common.rs"]
-mod common;
+use crate::sched_common as common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! same generated kubelet gRPC API, and a real vgpud (in process) with two
 //! simulated GPUs and two profiles.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,7 +16,7 @@ use vgpu_broker::config::Config;
 use vgpu_k8s::admin::AdminClient;
 use vgpu_k8s::api::deviceplugin as dp;
 use vgpu_k8s::plugin::{self, PluginConfig};
-use vgpu_vmm::daemon::Daemon;
+use vgpud::daemon::Daemon;
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(20);

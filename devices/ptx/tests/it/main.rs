@@ -1,0 +1,13 @@
+//! Integration tests of the PTX interpreter: one test binary, one module per topic (a new topic
+//! is a new file here plus a `mod` line below).
+
+mod basic;
+mod corpus;
+mod deviceio;
+mod faults;
+mod floatops;
+mod half;
+mod intops;
+mod launch;
+mod memory;
+mod warp;

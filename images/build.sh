@@ -98,26 +98,18 @@ done
 export PATH="$PATH:/usr/sbin:/sbin"
 if [ ${#missing[@]} -gt 0 ]; then
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-    if [ "$(id -u)" -ne 0 ]; then
-        die "missing host tools; install them with: sudo apt-get install -y ${missing[*]}"
-    fi
-    log "installing host prerequisites: apt-get install -y ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2 \
-        || { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2; } \
-        || die "could not install ${missing[*]}"
+    # Never installed from here: tests run this script, and an apt job in the middle of a test
+    # run fails on the dpkg lock whenever another one runs. scripts/prereqs.sh installs them.
+    die "missing host tools (${missing[*]}); install them with scripts/prereqs.sh" \
+        "(or: sudo apt-get install -y ${missing[*]})"
 fi
 
 # --- resolve package versions (local apt lists; no network) ------------------
 candidate() { apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ { print $2; exit }'; }
 
-APT_UPDATED=0
 apt_update_once() {
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        [ "$(id -u)" -eq 0 ] || die "apt lists do not know '$1'; run: sudo apt-get update"
-        log "apt lists do not know '$1'; running apt-get update"
-        apt-get update -qq >&2 || die "apt-get update failed"
-        APT_UPDATED=1
-    fi
+    # Never updated from here (tests run this script; see the host prerequisites above).
+    die "apt lists do not know '$1'; run scripts/prereqs.sh (it runs apt-get update)"
 }
 
 # apt-cache takes ~0.5 s a call here, so the resolution is cached for as long
@@ -158,10 +150,6 @@ if [ -z "$KERNEL_PKG" ] || [ -z "$KERNEL_VER" ] || [ -z "$BUSYBOX_VER" ]; then
     }
     KERNEL_VER="$(resolve_version "$KERNEL_PKG")"
     BUSYBOX_VER="$(resolve_version busybox-static)"
-    # apt-get update changes the lists: sign them again.
-    [ "$APT_UPDATED" -eq 0 ] || LISTS_SIG="$( { printf '%s\n' "kernel_pkg=${VGPU_GUEST_KERNEL_PKG:-}";
-        stat -c '%n %s %Y' /var/lib/apt/lists/*Packages* /etc/apt/preferences /etc/apt/preferences.d/* 2>/dev/null || true; } \
-        | sha256sum | awk '{ print $1 }')"
     printf 'LISTS_SIG=%s\nKERNEL_PKG=%s\nKERNEL_VER=%s\nBUSYBOX_VER=%s\n' \
         "$LISTS_SIG" "$KERNEL_PKG" "$KERNEL_VER" "$BUSYBOX_VER" >"$RESOLVED"
 fi

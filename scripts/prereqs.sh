@@ -27,10 +27,30 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v libvirtd >/dev/null 2>&1 || missing+=(libvirt-daemon-system)
 command -v virsh >/dev/null 2>&1 || missing+=(libvirt-clients)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
-if [ ${#missing[@]} -gt 0 ] && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
-    log "installing ${missing[*]}"
+# The host tools images/build.sh uses to build the guest image (it never installs them itself:
+# the tests run it, and an apt job during a test run fails whenever another one holds the lock).
+for tool in dpkg-deb:dpkg gzip:gzip depmod:kmod ldd:libc-bin flock:util-linux \
+    sha256sum:coreutils file:file; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 \
+        || PATH="$PATH:/usr/sbin:/sbin" command -v "${tool%%:*}" >/dev/null 2>&1 \
+        || missing+=("${tool#*:}")
+done
+# images/build.sh resolves the guest kernel and busybox from the local apt lists.
+apt_lists_stale=0
+if command -v apt-cache >/dev/null 2>&1; then
+    apt-cache depends linux-image-cloud-amd64 2>/dev/null | grep -q 'Depends: linux-image-' \
+        || apt_lists_stale=1
+    case "$(apt-cache policy busybox-static 2>/dev/null | awk '/Candidate:/ { print $2; exit }')" in
+    "" | "(none)") apt_lists_stale=1 ;;
+    esac
+fi
+if { [ ${#missing[@]} -gt 0 ] || [ "$apt_lists_stale" -eq 1 ]; } \
+    && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+    fi
 fi
 
 # cargo-fuzz for scripts/fuzz.sh (a short libFuzzer run of every target in

@@ -80,11 +80,10 @@ if [ "$FORCE" = 0 ] && [ -x "$WRAPPER" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$
 fi
 
 [ "$(id -u)" -eq 0 ] || die "building the trixie root needs root (debootstrap and chroot); run as root or point VGPU_QEMU11 at a QEMU >= 10.2"
-if ! command -v debootstrap >/dev/null; then
-    log "installing debootstrap (apt-get install debootstrap)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >"$OUT/apt-debootstrap.log" 2>&1 \
-        || die "debootstrap is missing and could not be installed; see $OUT/apt-debootstrap.log"
-fi
+# Never installed from here (tests run this script; an apt job during a test run fails on the
+# dpkg lock whenever another one runs): scripts/prereqs.sh installs debootstrap.
+command -v debootstrap >/dev/null \
+    || die "debootstrap is missing; install it with scripts/prereqs.sh (or: sudo apt-get install -y debootstrap)"
 
 T0=$(date +%s)
 TMP="$OUT/root.tmp"

@@ -26,7 +26,7 @@
 //!
 //! Environment: `VGPU_QEMU` (QEMU binary), `VGPU_QEMU_ACCEL` (`tcg`, `kvm` or
 //! `auto`, the default: KVM only when a probe guest boots with it),
-//! `VGPU_NO_INSTALL=1` (never install QEMU), `VGPU_REPO_ROOT` (the checkout).
+//! `VGPU_REPO_ROOT` (the checkout). Tests never install packages: `scripts/prereqs.sh` does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -97,7 +97,7 @@ const CUDA_LIBS: &[&str] = &["-lcuda", "-lm", "-ldl"];
 /// Errors of the QEMU harness. Messages say what to do where they can.
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
-    /// QEMU is not installed and could not be installed here.
+    /// QEMU is not installed.
     #[error(
         "QEMU ({QEMU_BINARY}) is not installed{detail}; install it with `sudo {}` \
          (Debian bookworm-backports qemu-system-x86) or point VGPU_QEMU at a binary",
@@ -106,7 +106,7 @@ pub enum QemuError {
     QemuMissing {
         /// The installer script.
         script: PathBuf,
-        /// Why it was not installed automatically.
+        /// Why it was not found.
         detail: String,
     },
     /// A program could not be started.
@@ -283,64 +283,20 @@ pub fn find_qemu() -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Finds QEMU, installing it with `images/install-qemu.sh` when it is missing,
-/// this process runs as root and `VGPU_NO_INSTALL` is not set.
+/// Finds QEMU. Tests never install it (an apt job during a test run fails whenever another one
+/// holds the dpkg lock): `scripts/prereqs.sh` does, with `images/install-qemu.sh`.
 pub fn ensure_qemu() -> Result<PathBuf, QemuError> {
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _serialized = lock(&INSTALL);
     if let Some(qemu) = find_qemu() {
         return Ok(qemu);
     }
-    let script = install_script();
-    if std::env::var_os("VGPU_QEMU").is_some() {
-        return Err(QemuError::QemuMissing {
-            script,
-            detail: " (VGPU_QEMU does not name a file)".to_string(),
-        });
-    }
-    if std::env::var_os("VGPU_NO_INSTALL").is_some() {
-        return Err(QemuError::QemuMissing {
-            script,
-            detail: " (VGPU_NO_INSTALL is set)".to_string(),
-        });
-    }
-    if !is_root() {
-        return Err(QemuError::QemuMissing {
-            script,
-            detail: " (installing needs root)".to_string(),
-        });
-    }
-    tracing::info!(script = %script.display(), "QEMU is missing; installing it");
-    let status = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .status()
-        .map_err(|source| QemuError::Spawn {
-            program: script.display().to_string(),
-            source,
-        })?;
-    if !status.success() {
-        return Err(QemuError::QemuMissing {
-            detail: format!(
-                " ({} failed: {status}; see its output above)",
-                script.display()
-            ),
-            script,
-        });
-    }
-    find_qemu().ok_or_else(|| QemuError::QemuMissing {
-        detail: format!(
-            " ({} succeeded but {QEMU_BINARY} is still not on PATH)",
-            script.display()
-        ),
-        script,
+    let detail = if std::env::var_os("VGPU_QEMU").is_some() {
+        " (VGPU_QEMU does not name a file)"
+    } else {
+        " (tests do not install packages; scripts/prereqs.sh does)"
+    };
+    Err(QemuError::QemuMissing {
+        script: install_script(),
+        detail: detail.to_string(),
     })
 }
 
@@ -1269,7 +1225,7 @@ impl std::fmt::Debug for Guest {
 }
 
 impl Guest {
-    /// Installs QEMU and builds the image if needed, then starts the guest.
+    /// Finds QEMU and builds the image if needed, then starts the guest.
     /// Returns once QEMU runs; use [`Guest::wait_for_line`] and
     /// [`Guest::wait_exit`] to follow it.
     pub fn boot(spec: &GuestSpec) -> Result<Guest, QemuError> {
@@ -1627,7 +1583,7 @@ pub fn skip_reason() -> Option<String> {
         .get_or_init(|| match ensure_qemu() {
             Ok(_) => None,
             Err(e @ QemuError::QemuMissing { .. }) => Some(e.to_string()),
-            Err(e) => Some(format!("cannot find or install QEMU: {e}")),
+            Err(e) => Some(format!("cannot find QEMU: {e}")),
         })
         .clone()
 }

@@ -75,6 +75,7 @@ fn a_fixed_cap_holds_when_the_vm_runs_alone() {
     // Alone under fair (the whole device), then fixed (live), 2 s each.
     let t0 = unix_ns();
     let (f0, f1) = (t0 + 2 * SEC, t0 + 4 * SEC);
+    let a0 = host.busy("capped");
     sleep_until(f0);
     let mut cfg = broker.scheduling("gpu0").unwrap();
     cfg.policy = Policy::Fixed;
@@ -83,16 +84,26 @@ fn a_fixed_cap_holds_when_the_vm_runs_alone() {
     sleep_until(f1);
     let b1 = host.busy("capped");
     let r = collect(c);
-    let share = (b1 - b0).as_secs_f64() / ((f1 - f0) as f64 / 1e9);
+    let window = (f1 - f0) as f64 / 1e9;
+    // The cap is 1/4 of the device's time. A busy machine can only lower what the VM gets (its
+    // client may not keep the queue full), so the cap is checked from above, and from below
+    // only that the capped VM still runs.
+    let share = (b1 - b0).as_secs_f64() / window;
     assert!(
-        (0.10..=0.35).contains(&share),
+        (0.01..=0.35).contains(&share),
         "broker: capped VM had {share} of the device"
     );
+    // The client sees the cap too: its kernel rate falls to about the cap's fraction of what it
+    // was alone. Alone, the VM had `alone_share` of the device (measured in the same run: 1 on
+    // an idle machine, less when the machine is too busy for the client to keep the queue
+    // full), so the bound is scaled by it.
+    let alone_share = (b0 - a0).as_secs_f64() / ((f0 - t0) as f64 / 1e9);
     let alone = r.kernels_between(t0, f0) as f64;
     let capped = r.kernels_between(f0, f1) as f64;
     assert!(
-        capped / alone <= 0.35,
-        "client: {capped} kernels capped vs {alone} alone"
+        capped / alone <= 0.35 / alone_share.clamp(0.35, 1.0),
+        "client: {capped} kernels capped vs {alone} alone (alone, the VM had {alone_share} \
+         of the device)"
     );
 }
 
@@ -189,15 +200,22 @@ fn weight_and_priority_changes_apply_live() {
     let equal = shares(&s0, &s1)[0];
     let weighted = shares(&s1b, &s2)[0];
     let batch = shares(&s2b, &s3)[0];
+    // Shares of the device between a and b in the same window, so a busy machine slows both
+    // alike. It can leave one client short of queued work, and the work-conserving scheduler
+    // then gives the other more: so each change is checked against the share a had before it
+    // (same run) with margins, not against exact values.
     assert!(
-        (0.35..=0.65).contains(&equal),
+        (0.30..=0.70).contains(&equal),
         "equal weights: a had {equal}"
     );
     assert!(
-        (0.65..=0.95).contains(&weighted),
-        "weight 4:1: a had {weighted}"
+        weighted >= 0.60 && weighted >= equal + 0.15,
+        "weight 4:1: a had {weighted} (with equal weights {equal})"
     );
-    assert!(batch <= 0.20, "a as batch had {batch}");
+    assert!(
+        batch <= 0.25 && batch <= weighted - 0.35,
+        "a as batch had {batch} (as normal with weight 4, {weighted})"
+    );
     let st = broker.tenant("a").unwrap().sched_stats();
     assert_eq!((st.weight, st.priority.as_str()), (4, "batch"));
 }

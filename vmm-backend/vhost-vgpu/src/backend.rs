@@ -13,7 +13,8 @@ use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::chain::GuestMem;
-use super::device::{RESCAN_EVENT, VgpuDevice};
+use super::device::VgpuDevice;
+use super::shared::RESCAN_EVENT;
 use super::exec::VgpuService;
 use super::wire::{
     CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, F_BATCH, MAX_DATA, MAX_INLINE,

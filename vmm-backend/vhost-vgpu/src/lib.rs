@@ -24,6 +24,7 @@ pub mod chain;
 mod device;
 pub mod exec;
 mod session_thread;
+mod shared;
 mod stats;
 pub mod wire;
 
@@ -207,7 +208,7 @@ impl VgpuDevServer {
             format!("vgpu-dev-{vm}"),
             backend.clone(),
             backend.rescan_fd(),
-            device::RESCAN_EVENT,
+            shared::RESCAN_EVENT,
             listener,
         )?;
         self.stats.add_frontend_connection();

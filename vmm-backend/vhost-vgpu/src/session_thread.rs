@@ -24,7 +24,7 @@ use vgpu_proto::frame::{FLAG_OUTPUT, FLAG_REPLY, HEADER_LEN, Header};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::chain::{GuestMem, Segments};
-use super::device::{Completion, Shared};
+use super::shared::{BatchJob, CallJob, Completion, Msg, Shared};
 use super::exec::{BulkSink, BulkSource, Call, Reply, SessionExecutor};
 use super::wire::{
     CTRL_QUEUE, MAX_SEGMENTS, RespHeader, S_BAD_REQUEST, S_NO_SESSION, S_OK, S_PROTOCOL,
@@ -34,62 +34,6 @@ use super::wire::{
 /// Most frames a session holds back while waiting for an earlier sequence number: every chain of
 /// both queues at once.
 pub const MAX_REORDER: u64 = 2 * MAX_SEGMENTS as u64;
-
-/// A frame for a session thread.
-pub(crate) struct CallJob {
-    /// Sequence number.
-    pub seq: u64,
-    /// The frame header.
-    pub header: Header,
-    /// Inline payload bytes (after the frame header).
-    pub inline: Vec<u8>,
-    /// Request data (the rest of the payload) in guest memory.
-    pub data: Segments,
-    /// Where reply data goes.
-    pub reply_data: Segments,
-    /// How to return the chain.
-    pub done: Completion,
-    /// The device refused the frame: it only takes its place in the sequence.
-    pub refused: bool,
-}
-
-/// The frames of a `BATCH` request, for a session thread: they run one after the other in their
-/// sequence numbers' place, and the chain is completed once, after the last.
-pub(crate) struct BatchJob {
-    /// Sequence number of the first frame.
-    pub seq: u64,
-    /// Frames (and sequence numbers) the batch takes.
-    pub count: u64,
-    /// Each frame's header and where its payload lies in `bytes`; empty when refused.
-    pub frames: Vec<(Header, std::ops::Range<usize>)>,
-    /// The frames' bytes, as the guest wrote them.
-    pub bytes: Vec<u8>,
-    /// How to return the chain.
-    pub done: Completion,
-    /// The device refused the batch's frames: they only take their places in the sequence.
-    pub refused: bool,
-}
-
-/// What the device sends a session thread.
-pub(crate) enum Msg {
-    /// A frame.
-    Call(Box<CallJob>),
-    /// Several asynchronous frames.
-    Batch(Box<BatchJob>),
-    /// Close the session, then complete this chain.
-    Close(Completion),
-}
-
-impl Msg {
-    /// The chain the message completes.
-    pub(crate) fn done(&self) -> &Completion {
-        match self {
-            Msg::Call(j) => &j.done,
-            Msg::Batch(b) => &b.done,
-            Msg::Close(c) => c,
-        }
-    }
-}
 
 /// Frames waiting for their turn.
 enum Held {

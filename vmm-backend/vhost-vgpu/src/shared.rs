@@ -1,0 +1,465 @@
+//! What the device's vring worker and its session threads share: the device generation and
+//! pause state ([`Shared`], see `device.rs` on resets and pauses), how a request chain is
+//! returned to the guest ([`Completion`]), and the messages a session thread receives ([`Msg`]).
+//! The device (`device.rs`) and the session threads (`session_thread.rs`) both depend on this
+//! module, not on each other.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use tracing::{debug, error, info, warn};
+use vgpu_proto::frame::Header;
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::chain::{GuestMem, Segments};
+use super::stats::VgpuDevStats;
+use super::wire::{
+    CTRL_QUEUE, NUM_QUEUES, RESP_HEADER_LEN, RespHeader, S_OK, status_name,
+};
+use vgpu_vhost_user::{LogLimiter, signal, vring_ready};
+
+pub(crate) struct SessionEntry {
+    pub(crate) token: u64,
+    pub(crate) tx: mpsc::Sender<Msg>,
+}
+
+/// Device event id of the event a resumed device writes so that the vring worker looks at both
+/// queues again: the first id after the queues' kicks (`0..NUM_QUEUES`) and vhost-user-backend's
+/// exit event (`NUM_QUEUES`), the only ones it accepts for a listener of the backend's own.
+pub(crate) const RESCAN_EVENT: u16 = NUM_QUEUES as u16 + 1;
+const _: () = assert!(
+    RESCAN_EVENT as usize > NUM_QUEUES,
+    "ids up to NUM_QUEUES are taken"
+);
+
+/// How often a paused device looks whether its queues run again.
+pub(crate) const PAUSE_POLL: Duration = Duration::from_millis(2);
+
+/// Where a queue stood when the VMM stopped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingState {
+    pub(crate) desc: u64,
+    pub(crate) avail: u64,
+    pub(crate) used: u64,
+    pub(crate) next_avail: u16,
+}
+
+impl RingState {
+    pub(crate) fn of(vring: &VringRwLock) -> RingState {
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        RingState {
+            desc: q.desc_table(),
+            avail: q.avail_ring(),
+            used: q.used_ring(),
+            next_avail: q.next_avail(),
+        }
+    }
+}
+
+/// A completion that waits for the device to run again.
+pub(crate) struct Parked {
+    pub(crate) done: Completion,
+    pub(crate) resp: RespHeader,
+    pub(crate) reply: Vec<u8>,
+}
+
+/// A paused device (see the module docs).
+#[derive(Default)]
+pub(crate) struct Pause {
+    /// The queues (known once the device took a chain).
+    pub(crate) rings: Option<[VringRwLock; 2]>,
+    /// Paused now.
+    pub(crate) active: bool,
+    /// Where each queue stood when stopped.
+    pub(crate) saved: [Option<RingState>; 2],
+    /// Completions to return when the device runs again.
+    pub(crate) parked: Vec<Parked>,
+}
+
+/// State shared by the queue thread and the session threads.
+pub(crate) struct Shared {
+    /// The device generation; see the module docs.
+    pub(crate) gate: RwLock<u64>,
+    pub(crate) sessions: Mutex<HashMap<u32, SessionEntry>>,
+    pub(crate) stats: Arc<VgpuDevStats>,
+    pub(crate) limiter: Mutex<LogLimiter>,
+    pub(crate) next_token: AtomicU64,
+    pub(crate) name: String,
+    /// True while paused; requests then wait to touch guest memory. Set under the gate's write
+    /// lock (so no request is in guest memory once it is set), cleared under the pause lock.
+    pub(crate) paused: AtomicBool,
+    pub(crate) pause: Mutex<Pause>,
+    pub(crate) resumed: Condvar,
+    /// Written when the device resumes, so that the queue thread looks at both rings again: a
+    /// kick that arrived while the device was still paused (the VMM restarting the queues one by
+    /// one while the guest already runs) found nothing to do, and the guest will not kick again
+    /// for the chains it made available. The backend registers it with the vring worker.
+    pub(crate) rescan: OnceLock<EventFd>,
+}
+
+impl Shared {
+    pub(crate) fn sessions(&self) -> MutexGuard<'_, HashMap<u32, SessionEntry>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        *self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `epoch` is the current generation.
+    pub(crate) fn is_current(&self, epoch: u64) -> bool {
+        self.generation() == epoch
+    }
+
+    /// Holds off resets while a request of generation `epoch` touches guest memory; `None` if the
+    /// device was reset since. Waits while the device is paused.
+    pub(crate) fn enter(&self, epoch: u64) -> Option<RwLockReadGuard<'_, u64>> {
+        loop {
+            let g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            if *g != epoch {
+                return None;
+            }
+            if !self.paused.load(Ordering::Acquire) {
+                return Some(g);
+            }
+            drop(g);
+            let p = self.pause_state();
+            if p.active {
+                let _ = self
+                    .resumed
+                    .wait_timeout(p, PAUSE_POLL)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+
+    /// Like [`Shared::enter`], without waiting: `Err(())` while paused.
+    pub(crate) fn try_enter(&self, epoch: u64) -> Result<Option<RwLockReadGuard<'_, u64>>, ()> {
+        let g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        if *g != epoch {
+            return Ok(None);
+        }
+        if self.paused.load(Ordering::Acquire) {
+            return Err(());
+        }
+        Ok(Some(g))
+    }
+
+    pub(crate) fn pause_state(&self) -> MutexGuard<'_, Pause> {
+        self.pause.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends every session and invalidates every chain taken so far (see the module docs). Waits
+    /// only for requests that are touching guest memory right now.
+    pub(crate) fn reset(&self, reason: &str) {
+        let dropped = {
+            let mut g = self.gate.write().unwrap_or_else(|p| p.into_inner());
+            *g += 1;
+            let mut p = self.pause_state();
+            p.active = false;
+            p.saved = [None, None];
+            self.paused.store(false, Ordering::Release);
+            std::mem::take(&mut p.parked).len()
+        };
+        self.resumed.notify_all();
+        for _ in 0..dropped {
+            self.stats.add_stale();
+        }
+        // Dropping the senders ends the session threads once their current call returns; the
+        // sessions then release their memory.
+        let n = {
+            let mut s = self.sessions();
+            let n = s.len();
+            s.clear();
+            n
+        };
+        self.stats.add_device_reset();
+        info!(vm = %self.name, sessions = n, reason, "virtio-vgpu device reset");
+    }
+
+    /// Remembers the device's queues (for pauses).
+    pub(crate) fn know_rings(&self, ctrl: &VringRwLock, submit: &VringRwLock) {
+        self.pause_state().rings = Some([ctrl.clone(), submit.clone()]);
+    }
+
+    /// The VMM stopped queue `queue` (`GET_VRING_BASE`): a pause, decided when the queues start
+    /// again, or (no session open, queues unknown) a reset at once.
+    pub(crate) fn stop_queue(self: &Arc<Self>, queue: usize) {
+        let mut p = self.pause_state();
+        if !p.active {
+            let pause = queue == CTRL_QUEUE && p.rings.is_some() && !self.sessions().is_empty();
+            drop(p);
+            if !pause {
+                if queue == CTRL_QUEUE {
+                    self.reset("the VMM stopped the queues");
+                }
+                return;
+            }
+            // From now on no request touches guest memory: wait for those that are.
+            let g = self.gate.write().unwrap_or_else(|e| e.into_inner());
+            p = self.pause_state();
+            p.active = true;
+            p.saved = [None, None];
+            self.paused.store(true, Ordering::Release);
+            drop(g);
+            let shared = Arc::clone(self);
+            let spawned = std::thread::Builder::new()
+                .name(format!("vgpu-dev-{}-pause", self.name))
+                .spawn(move || shared.watch_pause());
+            if let Err(e) = spawned {
+                error!(vm = %self.name, error = %e, "cannot watch a paused device; resetting it");
+                drop(p);
+                self.reset("the VMM stopped the queues");
+                return;
+            }
+            self.stats.add_pause();
+            info!(vm = %self.name, sessions = self.sessions().len(), "virtio-vgpu device paused");
+        }
+        let state = p
+            .rings
+            .as_ref()
+            .and_then(|r| r.get(queue))
+            .map(RingState::of);
+        if let Some(slot) = p.saved.get_mut(queue) {
+            *slot = state;
+        }
+    }
+
+    /// Waits, on its own thread, until a paused device's queues run again, then resumes or
+    /// resets it.
+    pub(crate) fn watch_pause(&self) {
+        loop {
+            std::thread::sleep(PAUSE_POLL);
+            if !self.try_resolve_pause() {
+                return;
+            }
+        }
+    }
+
+    /// Decides a pause once the queues run again: resumes the device if they run where they
+    /// stopped, resets it if not. Returns whether it is still paused.
+    pub(crate) fn try_resolve_pause(&self) -> bool {
+        let mut p = self.pause_state();
+        if !p.active {
+            return false;
+        }
+        let Some(rings) = p.rings.clone() else {
+            return true;
+        };
+        if !rings.iter().all(vring_ready) {
+            return true;
+        }
+        let same = rings
+            .iter()
+            .zip(&p.saved)
+            .all(|(r, saved)| saved.is_none_or(|s| s == RingState::of(r)));
+        if !same {
+            drop(p);
+            self.reset("the guest driver started afresh");
+            return false;
+        }
+        p.active = false;
+        let parked = std::mem::take(&mut p.parked);
+        self.paused.store(false, Ordering::Release);
+        drop(p);
+        self.resumed.notify_all();
+        for c in &parked {
+            c.done.finish_quietly(self, c.resp, &c.reply);
+        }
+        for (q, r) in rings.iter().enumerate() {
+            signal(r, queue_name(q));
+        }
+        if let Some(rescan) = self.rescan.get()
+            && let Err(e) = rescan.write(1)
+        {
+            warn!(vm = %self.name, error = %e, "cannot ask for the queues to be looked at again after a resume");
+        }
+        self.stats.add_resume();
+        info!(vm = %self.name, returned = parked.len(), "virtio-vgpu device resumed");
+        false
+    }
+
+    /// Forgets session `session` if it is still the one identified by `token`.
+    pub(crate) fn remove_session(&self, session: u32, token: u64) {
+        let mut s = self.sessions();
+        if s.get(&session).is_some_and(|e| e.token == token) {
+            s.remove(&session);
+        }
+    }
+
+    /// Logs a guest-caused error, rate-limited.
+    pub(crate) fn log_guest(&self, msg: std::fmt::Arguments<'_>) {
+        let allowed = self
+            .limiter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allow();
+        match allowed {
+            Some(0) => error!(vm = %self.name, "{msg}"),
+            Some(n) => {
+                error!(vm = %self.name, suppressed = n, "{msg} (earlier similar errors suppressed)")
+            }
+            None => {}
+        }
+    }
+}
+
+/// How to return one chain to the guest.
+#[derive(Clone)]
+pub(crate) struct Completion {
+    pub(crate) vring: VringRwLock,
+    pub(crate) mem: GuestMemoryAtomic<GuestMem>,
+    pub(crate) head: u16,
+    /// The response header's place.
+    pub(crate) resp: Segments,
+    /// The reply area.
+    pub(crate) reply: Segments,
+    /// Bytes of the reply area.
+    pub(crate) reply_cap: usize,
+    pub(crate) epoch: u64,
+    pub(crate) queue: usize,
+}
+
+impl Completion {
+    /// Writes the response header and `reply` (which must fit the reply area) and returns the
+    /// chain, unless the device was reset since the chain was taken; then tells the guest.
+    pub(crate) fn finish(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) {
+        if self.finish_quietly(shared, resp, reply) {
+            self.notify();
+        }
+    }
+
+    /// Like [`Completion::finish`], without telling the guest: returns whether the guest is
+    /// owed a [`Completion::notify`] (the chain was returned). A session thread that has more
+    /// frames waiting returns the chains of several posted frames and tells the guest once.
+    pub(crate) fn finish_quietly(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) -> bool {
+        let _gate = match shared.try_enter(self.epoch) {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                shared.stats.add_stale();
+                return false;
+            }
+            Err(()) => {
+                // Paused: returned when the device runs again (or dropped by a reset).
+                let mut p = shared.pause_state();
+                if p.active {
+                    p.parked.push(Parked {
+                        done: self.clone(),
+                        resp,
+                        reply: reply.to_vec(),
+                    });
+                    return false;
+                }
+                drop(p);
+                return self.finish_quietly(shared, resp, reply);
+            }
+        };
+        if resp.status != S_OK {
+            debug!(
+                head = self.head,
+                status = status_name(resp.status),
+                "request refused"
+            );
+        }
+        let mem = self.mem.memory();
+        let mut used = 0u32;
+        if self.resp.len() >= RESP_HEADER_LEN {
+            if let Err(e) = self.resp.write_from(&mem, &resp.to_bytes()) {
+                shared.log_guest(format_args!("cannot write a response header: {e}"));
+            }
+            used = RESP_HEADER_LEN as u32;
+        }
+        if !reply.is_empty() {
+            match self.reply.write_from(&mem, reply) {
+                Ok(n) => used += n as u32,
+                Err(e) => shared.log_guest(format_args!("cannot write a reply: {e}")),
+            }
+        }
+        used = used.saturating_add(u32::try_from(resp.data_len).unwrap_or(u32::MAX));
+        if let Err(e) = self.vring.add_used(self.head, used) {
+            shared.log_guest(format_args!("cannot return chain {}: {e}", self.head));
+            return false;
+        }
+        true
+    }
+
+    /// Interrupts the guest for the chains returned on this chain's queue, unless the guest's
+    /// `used_event` says it does not want one yet.
+    pub(crate) fn notify(&self) {
+        signal(&self.vring, queue_name(self.queue));
+    }
+
+    /// The queue the chain came from.
+    pub(crate) fn queue(&self) -> usize {
+        self.queue
+    }
+}
+
+pub(crate) fn queue_name(q: usize) -> &'static str {
+    if q == CTRL_QUEUE { "ctrl" } else { "submit" }
+}
+
+
+/// A frame for a session thread.
+pub(crate) struct CallJob {
+    /// Sequence number.
+    pub seq: u64,
+    /// The frame header.
+    pub header: Header,
+    /// Inline payload bytes (after the frame header).
+    pub inline: Vec<u8>,
+    /// Request data (the rest of the payload) in guest memory.
+    pub data: Segments,
+    /// Where reply data goes.
+    pub reply_data: Segments,
+    /// How to return the chain.
+    pub done: Completion,
+    /// The device refused the frame: it only takes its place in the sequence.
+    pub refused: bool,
+}
+
+/// The frames of a `BATCH` request, for a session thread: they run one after the other in their
+/// sequence numbers' place, and the chain is completed once, after the last.
+pub(crate) struct BatchJob {
+    /// Sequence number of the first frame.
+    pub seq: u64,
+    /// Frames (and sequence numbers) the batch takes.
+    pub count: u64,
+    /// Each frame's header and where its payload lies in `bytes`; empty when refused.
+    pub frames: Vec<(Header, std::ops::Range<usize>)>,
+    /// The frames' bytes, as the guest wrote them.
+    pub bytes: Vec<u8>,
+    /// How to return the chain.
+    pub done: Completion,
+    /// The device refused the batch's frames: they only take their places in the sequence.
+    pub refused: bool,
+}
+
+/// What the device sends a session thread.
+pub(crate) enum Msg {
+    /// A frame.
+    Call(Box<CallJob>),
+    /// Several asynchronous frames.
+    Batch(Box<BatchJob>),
+    /// Close the session, then complete this chain.
+    Close(Completion),
+}
+
+impl Msg {
+    /// The chain the message completes.
+    pub(crate) fn done(&self) -> &Completion {
+        match self {
+            Msg::Call(j) => &j.done,
+            Msg::Batch(b) => &b.done,
+            Msg::Close(c) => c,
+        }
+    }
+}
+

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use vgpu_broker::Broker;
 use vgpu_broker::config::Config;
 use vgpu_tests::harness::{build_c_program, workspace_root};
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 
 /// Threads per block of `spin`.
 pub const BLOCK: u32 = 32;

@@ -16,7 +16,7 @@ use vgpu_broker::config::Config;
 use vgpu_proto::cuda;
 use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header};
 use vgpu_proto::msg::{self, Message, Op};
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 use vgpu_vmm_testutils::vgpu::{
     DEFAULT_TIMEOUT, DevError, DevGuest, DevGuestOptions, DevSession, GuestBuf, Request,
 };

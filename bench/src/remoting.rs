@@ -11,7 +11,7 @@ use vgpu_broker::config::Config;
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
 use vgpu_proto::msg::{self, Request};
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 
 use crate::stats::{median, percentile};
 

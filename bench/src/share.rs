@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vgpu_broker::config::{Config, Policy};
 use vgpu_broker::tenant::Tenant;
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 
 use crate::stats::{median, percentile};
 

@@ -24,7 +24,7 @@ use vgpu_broker::config::Config;
 use vgpu_hugemem::HugeMapping;
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 
 use vgpu_vmm_testutils::vgpu::{
     DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, GuestBuf, Pending,

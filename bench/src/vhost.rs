@@ -25,7 +25,7 @@ use vgpu_broker::config::Config;
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
 use vgpu_proto::msg::{self, Request};
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 use vgpu_vmm_testutils::vgpu::{
     DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, Pending,
 };

@@ -16,7 +16,7 @@ use vgpu_broker::config::Config;
 use vgpu_k8s::admin::AdminClient;
 use vgpu_k8s::api::deviceplugin as dp;
 use vgpu_k8s::plugin::{self, PluginConfig};
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(20);

@@ -19,12 +19,10 @@ use vgpu_sim::{SimConfig, SimDevice};
 use vgpu_vhost_vgpu::{self as vgpu_dev, VgpuDevConfig, VgpuDevServer, VgpuDevStats};
 use vgpu_vhost_vsock::{self as vsock, StopHandle, VsockConfig, VsockServer, VsockStats};
 
-use crate::admin::AdminServer;
 use crate::audit::{Actor, AuditError, AuditLog, Durability};
 use crate::gpu_port::GpuPortConnector;
 use crate::inventory::Inventory;
 use crate::listener::{Listener, ListenerError};
-use crate::metrics::MetricsServer;
 use crate::reload::{self, Change, ChangeError};
 use crate::session_hub::{EndReason, SessionHub};
 use crate::vgpu_service::BrokerService;
@@ -248,34 +246,45 @@ pub fn build_devices(config: &Config) -> Result<NamedDevices, DaemonError> {
         .collect()
 }
 
-/// Why an admin operation failed: an HTTP status and a message that says
-/// what to do.
+/// What kind of failure an admin operation met (the admin API maps each to an HTTP status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpErrorKind {
+    /// The request is invalid.
+    Invalid,
+    /// No such VM or device.
+    NotFound,
+    /// The request conflicts with the current state (e.g. shrinking a slice below its use).
+    Conflict,
+    /// vgpud failed to carry it out.
+    Failed,
+}
+
+/// Why an admin operation failed: its kind and a message that says what to do.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{message}")]
 pub struct OpError {
-    /// 400 (invalid request), 404 (unknown VM or device), 409 (conflicts
-    /// with the current state, e.g. shrinking a slice below its use), 500.
-    pub status: u16,
+    /// What kind of failure.
+    pub kind: OpErrorKind,
     /// What went wrong and what to do.
     pub message: String,
 }
 
 impl OpError {
-    fn new(status: u16, message: impl Into<String>) -> Self {
+    fn new(kind: OpErrorKind, message: impl Into<String>) -> Self {
         Self {
-            status,
+            kind,
             message: message.into(),
         }
     }
     fn not_found_vm(name: &str) -> Self {
         Self::new(
-            404,
+            OpErrorKind::NotFound,
             format!("no VM named `{name}`; `vgpuctl vm list` shows the VMs"),
         )
     }
     fn not_found_device(name: &str) -> Self {
         Self::new(
-            404,
+            OpErrorKind::NotFound,
             format!("no device named `{name}`; `vgpuctl device list` shows the devices"),
         )
     }
@@ -283,7 +292,7 @@ impl OpError {
 
 impl From<ChangeError> for OpError {
     fn from(e: ChangeError) -> Self {
-        OpError::new(400, e.to_string())
+        OpError::new(OpErrorKind::Invalid, e.to_string())
     }
 }
 
@@ -300,12 +309,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 impl From<DaemonError> for OpError {
     fn from(e: DaemonError) -> Self {
-        let status = match &e {
-            DaemonError::Listener(_) | DaemonError::Vsock { .. } => 409,
-            DaemonError::SocketOwner { .. } => 400,
-            _ => 500,
+        let kind = match &e {
+            DaemonError::Listener(_) | DaemonError::Vsock { .. } => OpErrorKind::Conflict,
+            DaemonError::SocketOwner { .. } => OpErrorKind::Invalid,
+            _ => OpErrorKind::Failed,
         };
-        OpError::new(status, error_chain(&e))
+        OpError::new(kind, error_chain(&e))
     }
 }
 
@@ -593,7 +602,7 @@ impl Runtime {
     /// Sizes the slices of VMs whose profile is a fraction of a real GPU.
     fn resolve_profiles(&self, c: &mut Config) -> Result<(), OpError> {
         c.resolve_profile_memory(|d| self.broker.device(d).map(|x| x.info().total_memory))
-            .map_err(|e| OpError::new(400, e))
+            .map_err(|e| OpError::new(OpErrorKind::Invalid, e))
     }
 
     fn add_vm_locked(&self, body: &Value) -> Result<VmConfig, OpError> {
@@ -675,13 +684,13 @@ impl Runtime {
         let changes = reload::json_to_table(body)?;
         if changes.is_empty() {
             return Err(OpError::new(
-                400,
+                OpErrorKind::Invalid,
                 "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min and/or weight_max",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {
             return Err(OpError::new(
-                400,
+                OpErrorKind::Invalid,
                 format!(
                     "`{k}` cannot change while the VM runs (memory, weight and priority can); remove the VM and add it again to change it"
                 ),
@@ -713,7 +722,7 @@ impl Runtime {
         };
         self.broker.update_vm(&new.name, &u).map_err(|e| match e {
             BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
-            other => OpError::new(409, other.to_string()),
+            other => OpError::new(OpErrorKind::Conflict, other.to_string()),
         })?;
         if let Some(t) = self.broker.tenant(&new.name) {
             t.scheduler()
@@ -787,13 +796,13 @@ impl Runtime {
         let changes = reload::json_to_table(body)?;
         if changes.is_empty() {
             return Err(OpError::new(
-                400,
+                OpErrorKind::Invalid,
                 "nothing to change: give policy, slice_ms and/or batch_min_share",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(OpError::new(
-                400,
+                OpErrorKind::Invalid,
                 format!(
                     "`{k}` is not a scheduling setting: use policy, slice_ms or batch_min_share"
                 ),
@@ -807,11 +816,11 @@ impl Runtime {
         if let Some(p) = policy {
             let s = p
                 .as_str()
-                .ok_or_else(|| OpError::new(400, "policy must be \"fair\" or \"fixed\""))?;
+                .ok_or_else(|| OpError::new(OpErrorKind::Invalid, "policy must be \"fair\" or \"fixed\""))?;
             candidate.devices[i].scheduling.policy =
                 vgpu_broker::config::Policy::parse(s).ok_or_else(|| {
                     OpError::new(
-                        400,
+                        OpErrorKind::Invalid,
                         format!("unknown policy `{s}`: use \"fair\" (weighted, work-conserving) or \"fixed\" (hard caps)"),
                     )
                 })?;
@@ -822,7 +831,7 @@ impl Runtime {
                 .map(|v| {
                     v.as_integer()
                         .and_then(|i| u64::try_from(i).ok())
-                        .ok_or_else(|| OpError::new(400, format!("{k} must be a whole number")))
+                        .ok_or_else(|| OpError::new(OpErrorKind::Invalid, format!("{k} must be a whole number")))
                 })
                 .transpose()
         };
@@ -836,7 +845,7 @@ impl Runtime {
         let s = checked.devices[i].scheduling;
         self.broker
             .set_scheduling(device, s)
-            .map_err(|e| OpError::new(409, e.to_string()))?;
+            .map_err(|e| OpError::new(OpErrorKind::Conflict, e.to_string()))?;
         self.write().running.devices[i].scheduling = s;
         info!(
             device,
@@ -862,7 +871,7 @@ impl Runtime {
                 let msg = format!("the config file is invalid, nothing was changed: {e}");
                 error!("{msg}");
                 self.record(actor, "config.reload", json!({ "file": path }), Err(&msg));
-                return Err(OpError::new(400, msg));
+                return Err(OpError::new(OpErrorKind::Invalid, msg));
             }
         };
         // Passthrough assignments change only if the new set is consistent.
@@ -874,7 +883,7 @@ impl Runtime {
                 );
                 error!("{msg}");
                 self.record(actor, "config.reload", json!({ "file": path }), Err(&msg));
-                return Err(OpError::new(400, msg));
+                return Err(OpError::new(OpErrorKind::Invalid, msg));
             }
         }
         let report = self.apply_file(&new);
@@ -1031,7 +1040,7 @@ impl Runtime {
     fn reload_update(&self, new: &VmConfig) -> Result<(), OpError> {
         let Some(old) = self.vm_config(&new.name) else {
             return Err(OpError::new(
-                409,
+                OpErrorKind::Conflict,
                 format!(
                     "VM `{}` was removed through the API; restart vgpud or rename it in the file to add it again",
                     new.name
@@ -1068,7 +1077,7 @@ impl Runtime {
     ) -> Result<(), OpError> {
         self.broker
             .set_scheduling(device, s)
-            .map_err(|e| OpError::new(409, e.to_string()))?;
+            .map_err(|e| OpError::new(OpErrorKind::Conflict, e.to_string()))?;
         if let Some(d) = self
             .write()
             .running
@@ -1091,22 +1100,10 @@ pub fn scheduling_json(s: &vgpu_broker::config::SchedulingConfig) -> Value {
     })
 }
 
-/// A running vgpud.
-pub struct Daemon {
-    rt: Arc<Runtime>,
-    admin: Option<AdminServer>,
-    metrics: Option<MetricsServer>,
-}
-
-impl std::fmt::Debug for Daemon {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Daemon").field("runtime", &self.rt).finish()
-    }
-}
-
-impl Daemon {
-    /// Starts everything the config declares.
-    pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
+impl Runtime {
+    /// Builds the broker and the devices the config declares and starts every VM's transports;
+    /// the admin API and the metrics endpoint are started on top of it by [`crate::Daemon`].
+    pub fn start(config: &Config) -> Result<Arc<Runtime>, DaemonError> {
         let audit = match &config.admin.audit_log {
             Some(p) => Some(Arc::new(AuditLog::open(p)?)),
             None => None,
@@ -1151,77 +1148,34 @@ impl Daemon {
             let t = rt.start_vm(vm)?;
             rt.write().transports.insert(vm.name.clone(), t);
         }
-        let metrics = match config.admin.metrics_listen {
-            Some(addr) => {
-                let m = MetricsServer::start(Arc::clone(&rt), addr)
-                    .map_err(|source| DaemonError::Metrics { addr, source })?;
-                info!(addr = %m.local_addr(), "metrics endpoint listening");
-                *rt.metrics_addr.lock().unwrap_or_else(|p| p.into_inner()) = Some(m.local_addr());
-                Some(m)
-            }
-            None => None,
-        };
-        let admin = match &config.admin.socket {
-            Some(p) => {
-                let a = AdminServer::start(Arc::clone(&rt), p, &config.path)?;
-                info!(socket = %p.display(), "admin API listening");
-                Some(a)
-            }
-            None => None,
-        };
-        if let Some(a) = &rt.audit {
-            a.record(
-                "daemon.start",
-                json!({
-                    "actor": Actor::Daemon, "pid": std::process::id(),
-                    "version": env!("CARGO_PKG_VERSION"), "config": config.path,
-                    "vms": config.vms.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
-                }),
-                Durability::Synced,
-            );
-        }
-        crate::tuning::Tuner::start(&rt);
-        Ok(Daemon { rt, admin, metrics })
-    }
-
-    /// The broker.
-    pub fn broker(&self) -> &Arc<Broker> {
-        &self.rt.broker
-    }
-
-    /// The runtime (what the admin API works on).
-    pub fn runtime(&self) -> &Arc<Runtime> {
-        &self.rt
+        Ok(rt)
     }
 
     /// Paths of the VM sockets.
     pub fn socket_paths(&self) -> Vec<PathBuf> {
-        self.rt
-            .read()
+        self.read()
             .transports
             .values()
             .filter_map(|t| t.listener.as_ref().map(|l| l.path().to_path_buf()))
             .collect()
     }
 
-    /// Reloads the config file (`SIGHUP`).
-    pub fn reload(&self, actor: Actor, path: &Path) -> Result<ReloadReport, OpError> {
-        self.rt.reload(actor, path)
+    /// Records where the metrics endpoint listens (shown by the admin API).
+    pub(crate) fn set_metrics_addr(&self, addr: SocketAddr) {
+        *self.metrics_addr.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
     }
 
-    /// Stops listening and removes the sockets; every session ends and
-    /// releases its resources (bounded wait).
-    pub fn shutdown(self) {
-        self.rt.tuner.stop();
-        drop(self.admin);
-        drop(self.metrics);
-        let transports = std::mem::take(&mut self.rt.write().transports);
+    /// Ends every VM's transports and sessions (bounded wait) and records the stop; the admin
+    /// API and the metrics endpoint are stopped first.
+    pub(crate) fn shutdown(&self) {
+        self.tuner.stop();
+        let transports = std::mem::take(&mut self.write().transports);
         drop(transports);
-        self.rt.hub.end_all(EndReason::Shutdown);
-        if !self.rt.hub.wait_ended(None, SESSION_END_TIMEOUT) {
+        self.hub.end_all(EndReason::Shutdown);
+        if !self.hub.wait_ended(None, SESSION_END_TIMEOUT) {
             warn!("some sessions were still finishing when vgpud stopped");
         }
-        if let Some(a) = &self.rt.audit {
+        if let Some(a) = &self.audit {
             a.record(
                 "daemon.stop",
                 json!({ "actor": Actor::Daemon, "pid": std::process::id() }),

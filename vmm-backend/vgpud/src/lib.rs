@@ -1,11 +1,14 @@
 //! vgpud: the host daemon that connects VMs and processes to the vgpu broker.
 //!
-//! - [`daemon`]: builds devices and the broker from the config, runs
-//!   everything and applies live changes (API requests, `SIGHUP` reloads);
+//! - [`Daemon`] (`app.rs`): a running vgpud: the runtime plus the admin API and the metrics
+//!   endpoint;
+//! - [`daemon`]: the [`daemon::Runtime`]: builds devices and the broker from the config, runs
+//!   the VMs' transports and applies live changes (API requests, `SIGHUP` reloads);
 //! - [`listener`]: unix-socket listeners, one per VM;
 //! - [`session_hub`]: session threads, ending a VM's sessions, session audit;
 //! - [`admin`]: the REST/JSON admin API;
 //! - [`metrics`]: the Prometheus text endpoint;
+//! - [`http`]: the HTTP/1.1 layer both share;
 //! - [`audit`]: the append-only JSON-lines audit log;
 //! - [`reload`]: live changes checked with the config file's rules;
 //! - [`inventory`]: the host's real GPUs through NVML;
@@ -18,9 +21,11 @@
 //! `vgpu-vhost-user` (`vmm-backend/vhost-user`).
 
 pub mod admin;
+mod app;
 pub mod audit;
 pub mod daemon;
 pub mod gpu_port;
+pub mod http;
 pub mod inventory;
 pub mod listener;
 pub mod metrics;
@@ -30,3 +35,5 @@ pub mod session_hub;
 pub mod tuning;
 pub mod usage;
 pub mod vgpu_service;
+
+pub use app::Daemon;

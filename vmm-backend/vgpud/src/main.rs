@@ -7,7 +7,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vgpu_broker::config::Config;
 use vgpud::audit::Actor;
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 
 /// Shares GPUs between VMs at the CUDA API level, with hard memory slices and time-sliced compute.
 #[derive(Debug, Parser)]

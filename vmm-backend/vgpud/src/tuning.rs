@@ -879,7 +879,7 @@ mod tests {
             audit.display()
         );
         let config = Config::parse(&dir.path().join("t.toml"), &src).unwrap();
-        let d = crate::daemon::Daemon::start(&config).unwrap();
+        let d = crate::Daemon::start(&config).unwrap();
         let b = Arc::clone(d.broker());
         let (inf, tr) = (
             b.tenant("inference").unwrap(),
@@ -986,7 +986,7 @@ mod tests {
              [[vm]]\nname = \"b\"\nmemory = \"64MiB\"\n\
              [[vm]]\nname = \"quiet\"\nmemory = \"64MiB\"\n";
         let config = Config::parse(&dir.path().join("t.toml"), src).unwrap();
-        let d = crate::daemon::Daemon::start(&config).unwrap();
+        let d = crate::Daemon::start(&config).unwrap();
         let b = Arc::clone(d.broker());
         // training peaked at 100 MiB of its 512 MiB slice.
         let tr = b.tenant("training").unwrap();

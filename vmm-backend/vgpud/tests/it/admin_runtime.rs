@@ -14,7 +14,8 @@ use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
 use vgpu_proto::msg;
 use vgpud::audit::Actor;
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
+use vgpud::daemon::OpErrorKind;
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 
 const MIB: u64 = 1 << 20;
@@ -128,7 +129,7 @@ fn removing_a_vm_ends_its_unix_and_vsock_sessions_and_releases_everything() {
     assert!(unix.call(&msg::Ping {}, &[]).is_err());
     // vm2 is untouched.
     assert!(d.broker().tenant("vm2").is_some());
-    assert!(rt.remove_vm(Actor::Daemon, "vm1").unwrap_err().status == 404);
+    assert!(rt.remove_vm(Actor::Daemon, "vm1").unwrap_err().kind == OpErrorKind::NotFound);
 
     wait_for("the session records", || {
         audit(dir.path())
@@ -386,7 +387,7 @@ fn a_reload_applies_what_changed_in_the_file_and_keeps_runtime_changes() {
     // An invalid file changes nothing and says where the error is.
     std::fs::write(&path, "[[vm]]\nname = \"x\"\nmemory = \"lots\"\n").unwrap();
     let e = d.reload(Actor::Daemon, &path).unwrap_err();
-    assert_eq!(e.status, 400);
+    assert_eq!(e.kind, OpErrorKind::Invalid);
     assert!(
         e.message.contains("vgpud.toml:3:") && e.message.contains("nothing was changed"),
         "{e}"

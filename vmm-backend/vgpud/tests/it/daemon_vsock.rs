@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
 use vgpu_proto::msg;
-use vgpud::daemon::Daemon;
+use vgpud::Daemon;
 use vgpu_vmm_testutils::vsock::{GuestOptions, GuestStream, TestGuest};
 
 const MIB: u64 = 1 << 20;

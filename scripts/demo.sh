@@ -67,7 +67,7 @@ step "Installing prerequisites (C compiler, QEMU, image tools) if missing"
 scripts/prereqs.sh
 
 step "Building vgpud, the guest shim (libcuda.so.1), vgpu-smi and vgpuctl (release)"
-cargo build --release --locked -p vgpu-vmm -p vgpu-shim -p vgpu-host-tools
+cargo build --release --locked -p vgpud -p vgpu-shim -p vgpu-host-tools
 REL="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 QEMU="$(command -v qemu-system-x86_64)" || fail "QEMU is not installed (images/install-qemu.sh)"
 

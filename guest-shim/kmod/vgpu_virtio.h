@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The virtio-vgpu device interface (device side: vgpud, vmm-backend/src/vgpu_dev/wire.rs).
+ * The virtio-vgpu device interface (device side: vgpud, vmm-backend/vhost-vgpu/src/wire.rs).
  *
  * A request is one descriptor chain. Its device-readable bytes are
  *   struct virtio_vgpu_req | inline bytes (inline_len) | request data (the rest)

@@ -23,6 +23,10 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="$ROOT/tests/out/gpu"
 TESTS=(conformance_cuda conformance_sim)
+# The test binary of each (conformance_sim is a module of the e2e binary, run with its name as a
+# filter).
+test_binary() { if [[ "$1" == conformance_sim ]]; then echo e2e; else echo "$1"; fi; }
+test_filter() { if [[ "$1" == conformance_sim ]]; then echo "conformance_sim::"; fi; }
 # Seconds each binary may run.
 LIMIT_CUDA=420
 LIMIT_SIM=120
@@ -31,12 +35,12 @@ build() {
     mkdir -p "$BIN"
     for t in "${TESTS[@]}"; do
         local exe
-        exe="$(cd "$ROOT" && cargo test --release -p vgpu-tests --test "$t" --no-run \
+        exe="$(cd "$ROOT" && cargo test --release -p vgpu-tests --test "$(test_binary "$t")" --no-run \
             --message-format=json 2>/dev/null |
             sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
         if [[ -z "$exe" || ! -x "$exe" ]]; then
             echo "build: cargo did not produce the $t test binary" >&2
-            (cd "$ROOT" && cargo test --release -p vgpu-tests --test "$t" --no-run) >&2
+            (cd "$ROOT" && cargo test --release -p vgpu-tests --test "$(test_binary "$t")" --no-run) >&2
             exit 1
         fi
         objcopy --strip-debug "$exe" "$BIN/$t"
@@ -77,7 +81,8 @@ run_one() {
     local name="$1" limit="$2"
     echo "== $name (limit ${limit}s)"
     local t0=$SECONDS
-    RUST_BACKTRACE=1 timeout "$limit" "$BIN/$name" --nocapture --test-threads=1 2>&1 |
+    # shellcheck disable=SC2046 # the filter is one word or none
+    RUST_BACKTRACE=1 timeout "$limit" "$BIN/$name" $(test_filter "$name") --nocapture --test-threads=1 2>&1 |
         tee "$OUTDIR/$name.log"
     local rc=${PIPESTATUS[0]}
     STATUS[$name]="exit $rc after $((SECONDS - t0))s"

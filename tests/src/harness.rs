@@ -53,7 +53,7 @@ pub fn artifacts() -> &'static Artifacts {
             "build",
             "-q",
             "-p",
-            "vgpu-vmm",
+            "vgpud",
             "-p",
             "vgpu-shim",
             "-p",

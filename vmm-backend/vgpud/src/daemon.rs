@@ -99,7 +99,7 @@ pub enum DaemonError {
 
 /// A VM's vsock device while it runs.
 #[derive(Debug)]
-pub struct VsockDevice {
+pub struct RunningVsock {
     /// VM name.
     pub vm: String,
     /// Its configuration.
@@ -110,7 +110,7 @@ pub struct VsockDevice {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Drop for VsockDevice {
+impl Drop for RunningVsock {
     fn drop(&mut self) {
         self.stop.stop();
         if let Some(t) = self.thread.take() {
@@ -121,7 +121,7 @@ impl Drop for VsockDevice {
 
 /// A VM's virtio-vgpu device while it runs.
 #[derive(Debug)]
-pub struct VgpuDevice {
+pub struct RunningVgpuDev {
     /// Its configuration.
     pub config: VgpuDevConfig,
     /// Its counters.
@@ -130,7 +130,7 @@ pub struct VgpuDevice {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Drop for VgpuDevice {
+impl Drop for RunningVgpuDev {
     fn drop(&mut self) {
         self.stop.stop();
         if let Some(t) = self.thread.take() {
@@ -145,9 +145,9 @@ pub struct VmTransports {
     /// Its unix-socket listener.
     pub listener: Option<Listener>,
     /// Its vsock device.
-    pub vsock: Option<VsockDevice>,
+    pub vsock: Option<RunningVsock>,
     /// Its virtio-vgpu device.
-    pub vgpu_dev: Option<VgpuDevice>,
+    pub vgpu_dev: Option<RunningVgpuDev>,
 }
 
 /// Worker threads of a simulated GPU when the config does not say.
@@ -1190,7 +1190,7 @@ fn start_vsock(
     vm: &str,
     config: VsockConfig,
     connector: Arc<GpuPortConnector>,
-) -> Result<VsockDevice, DaemonError> {
+) -> Result<RunningVsock, DaemonError> {
     let err = |source| DaemonError::Vsock {
         vm: vm.to_string(),
         source,
@@ -1208,7 +1208,7 @@ fn start_vsock(
             }
         })
         .map_err(|e| err(vsock::Error::EventLoop(e)))?;
-    Ok(VsockDevice {
+    Ok(RunningVsock {
         vm: vm.to_string(),
         config,
         stats,
@@ -1234,7 +1234,7 @@ fn start_vgpu_dev(
     vm: &str,
     config: VgpuDevConfig,
     service: Arc<BrokerService>,
-) -> Result<VgpuDevice, DaemonError> {
+) -> Result<RunningVgpuDev, DaemonError> {
     let err = |source| DaemonError::VgpuDev {
         vm: vm.to_string(),
         source,
@@ -1252,7 +1252,7 @@ fn start_vgpu_dev(
             }
         })
         .map_err(|e| err(vgpu_dev::Error::EventLoop(e)))?;
-    Ok(VgpuDevice {
+    Ok(RunningVgpuDev {
         config,
         stats,
         stop,

@@ -16,13 +16,13 @@ use vgpu_broker::config::Config;
 use vgpu_proto::cuda;
 use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header};
 use vgpu_proto::msg::{self, Message, Op};
-use vgpud::Daemon;
-use vgpu_vmm_testutils::vgpu::{
-    DEFAULT_TIMEOUT, DevError, DevGuest, DevGuestOptions, DevSession, GuestBuf, Request,
-};
 use vgpu_vhost_vgpu::wire::{
     self, CTRL_QUEUE, REQ_CALL, ReqHeader, S_BAD_REQUEST, S_NO_SESSION, S_PROTOCOL, SUBMIT_QUEUE,
 };
+use vgpu_vmm_testutils::vgpu::{
+    DEFAULT_TIMEOUT, DevError, DevGuest, DevGuestOptions, DevSession, GuestBuf, Request,
+};
+use vgpud::Daemon;
 
 const MIB: u64 = 1 << 20;
 /// A raw chain: (guest address, length, device-writable) per descriptor.

@@ -26,10 +26,10 @@ use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;
 use vgpud::Daemon;
 
+use vgpu_vhost_vgpu::wire::S_OK;
 use vgpu_vmm_testutils::vgpu::{
     DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, GuestBuf, Pending,
 };
-use vgpu_vhost_vgpu::wire::S_OK;
 use vgpu_vmm_testutils::vsock::{GuestOptions, GuestRam, HUGE_PAGE, TestGuest, free_huge_pages};
 
 use crate::stats::median;

@@ -25,12 +25,10 @@ use vgpu_broker::config::Config;
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
 use vgpu_proto::msg::{self, Request};
-use vgpud::Daemon;
-use vgpu_vmm_testutils::vgpu::{
-    DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, Pending,
-};
 use vgpu_vhost_vgpu::wire::{MAX_BATCH_FRAMES, S_OK};
+use vgpu_vmm_testutils::vgpu::{DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, Pending};
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
+use vgpud::Daemon;
 
 use crate::stats::{median, percentile};
 

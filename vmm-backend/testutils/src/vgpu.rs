@@ -31,13 +31,13 @@ use virtio_bindings::bindings::virtio_ring::{
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
+use crate::driver_queue::DriverQueue;
+use crate::vsock::{GuestRam, memfd_region, on_frontend, region_info, vhost_err};
 use vgpu_vhost_vgpu::chain::{GuestMem, Segment, Segments};
 use vgpu_vhost_vgpu::wire::{
     CONFIG_SIZE, CTRL_QUEUE, ConfigSpace, F_BATCH, NUM_QUEUES, REQ_BATCH, REQ_CALL, REQ_CLOSE,
     REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_OK, SUBMIT_QUEUE,
 };
-use crate::driver_queue::DriverQueue;
-use crate::vsock::{GuestRam, memfd_region, on_frontend, region_info, vhost_err};
 
 /// How long blocking calls wait by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -819,7 +819,11 @@ impl std::fmt::Display for DevError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DevError::Device(s) => {
-                write!(f, "device status {s} ({})", vgpu_vhost_vgpu::wire::status_name(*s))
+                write!(
+                    f,
+                    "device status {s} ({})",
+                    vgpu_vhost_vgpu::wire::status_name(*s)
+                )
             }
             DevError::Cuda(c, m) => write!(f, "CUresult {c}: {m}"),
             DevError::Io(e) => write!(f, "{e}"),

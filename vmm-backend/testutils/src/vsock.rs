@@ -33,6 +33,7 @@ use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestRegion
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::driver_queue::DriverQueue;
 use vgpu_vhost_vsock::packet::{
     GuestMem, PKT_HEADER_SIZE, PacketHeader, VSOCK_HOST_CID, VSOCK_OP_CREDIT_REQUEST,
     VSOCK_OP_CREDIT_UPDATE, VSOCK_OP_REQUEST, VSOCK_OP_RESPONSE, VSOCK_OP_RST, VSOCK_OP_RW,
@@ -40,7 +41,6 @@ use vgpu_vhost_vsock::packet::{
     VSOCK_TYPE_STREAM,
 };
 use vgpu_vhost_vsock::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
-use crate::driver_queue::DriverQueue;
 
 /// How long blocking harness calls wait by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -1411,10 +1411,11 @@ impl TestServer {
         tweak: impl FnOnce(&mut vgpu_vhost_vsock::VsockConfig),
     ) -> io::Result<TestServer> {
         let dir = private_dir()?;
-        let mut config = vgpu_vhost_vsock::VsockConfig::new(3, dir.join("vhost.sock"), dir.join("vsock"));
+        let mut config =
+            vgpu_vhost_vsock::VsockConfig::new(3, dir.join("vhost.sock"), dir.join("vsock"));
         tweak(&mut config);
-        let server =
-            vgpu_vhost_vsock::VsockServer::bind(config.clone(), connector).map_err(io::Error::other)?;
+        let server = vgpu_vhost_vsock::VsockServer::bind(config.clone(), connector)
+            .map_err(io::Error::other)?;
         let stats = server.stats();
         let stop = vgpu_vhost_vsock::StopHandle::new()?;
         let s2 = stop.clone();
@@ -1458,9 +1459,11 @@ impl TestServer {
     pub fn stop(mut self) -> Result<(), vgpu_vhost_vsock::Error> {
         self.stop.stop();
         match self.thread.take() {
-            Some(t) => t
-                .join()
-                .unwrap_or_else(|_| Err(vgpu_vhost_vsock::Error::Daemon("server thread panicked".into()))),
+            Some(t) => t.join().unwrap_or_else(|_| {
+                Err(vgpu_vhost_vsock::Error::Daemon(
+                    "server thread panicked".into(),
+                ))
+            }),
             None => Ok(()),
         }
     }

@@ -93,4 +93,3 @@ impl Daemon {
         self.rt.shutdown();
     }
 }
-

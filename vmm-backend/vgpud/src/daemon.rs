@@ -814,9 +814,9 @@ impl Runtime {
         };
         let policy = changes.get("policy");
         if let Some(p) = policy {
-            let s = p
-                .as_str()
-                .ok_or_else(|| OpError::new(OpErrorKind::Invalid, "policy must be \"fair\" or \"fixed\""))?;
+            let s = p.as_str().ok_or_else(|| {
+                OpError::new(OpErrorKind::Invalid, "policy must be \"fair\" or \"fixed\"")
+            })?;
             candidate.devices[i].scheduling.policy =
                 vgpu_broker::config::Policy::parse(s).ok_or_else(|| {
                     OpError::new(
@@ -831,7 +831,12 @@ impl Runtime {
                 .map(|v| {
                     v.as_integer()
                         .and_then(|i| u64::try_from(i).ok())
-                        .ok_or_else(|| OpError::new(OpErrorKind::Invalid, format!("{k} must be a whole number")))
+                        .ok_or_else(|| {
+                            OpError::new(
+                                OpErrorKind::Invalid,
+                                format!("{k} must be a whole number"),
+                            )
+                        })
                 })
                 .transpose()
         };

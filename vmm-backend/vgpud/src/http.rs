@@ -176,4 +176,3 @@ pub fn write_response<W: Write>(mut w: W, resp: &HttpResponse) -> io::Result<()>
     w.write_all(&body)?;
     w.flush()
 }
-

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vgpu_broker::config::Config;
-use vgpud::audit::Actor;
 use vgpud::Daemon;
+use vgpud::audit::Actor;
 
 /// Shares GPUs between VMs at the CUDA API level, with hard memory slices and time-sliced compute.
 #[derive(Debug, Parser)]

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use crate::http::{HttpResponse, read_request, write_response};
 use crate::daemon::Runtime;
+use crate::http::{HttpResponse, read_request, write_response};
 use crate::session_hub::unix_seconds;
 use crate::usage::{device_usage, vm_usage};
 

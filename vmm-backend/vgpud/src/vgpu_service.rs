@@ -18,8 +18,8 @@ use vgpu_proto::frame::FLAG_ASYNC;
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, REQ_TAIL, Request};
 use vgpu_proto::wire::DecodeError;
 
-use vgpu_vhost_vgpu::{Call, Reply, SessionExecutor, VgpuService};
 use crate::audit::{AuditLog, Durability};
+use vgpu_vhost_vgpu::{Call, Reply, SessionExecutor, VgpuService};
 
 /// Runs the sessions of one VM's virtio-vgpu device on the broker.
 pub struct BrokerService {

@@ -268,7 +268,6 @@ pub fn wait_either(stop: &StopHandle, other: &impl AsRawFd) -> Result<bool, Erro
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,7 +34,6 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
 }
 
-
 /// A backend's vring-worker exit event. vhost-user-backend turns each consumer
 /// it is handed into a raw fd and never closes it; [`ExitEvents::reclaim`]
 /// does, once the workers have exited.
@@ -98,7 +97,6 @@ pub fn read_config(space: &[u8], offset: u32, size: u32) -> Vec<u8> {
     }
 }
 
-
 /// The kernel's id of the eventfd behind `fd` (`eventfd-id` in fdinfo), if `fd` is an eventfd.
 pub fn eventfd_id(fd: RawFd) -> Option<u64> {
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
@@ -106,7 +104,6 @@ pub fn eventfd_id(fd: RawFd) -> Option<u64> {
         .find_map(|l| l.strip_prefix("eventfd-id:"))
         .and_then(|v| v.trim().parse().ok())
 }
-
 
 /// Rate limit for guest-triggered error logs.
 const LOG_WINDOW: Duration = Duration::from_secs(1);
@@ -146,7 +143,6 @@ impl LogLimiter {
     }
 }
 
-
 /// Takes the next available chain; an error means the available ring itself is corrupt (for
 /// example an index more than a queue size ahead).
 pub fn next_chain<'m>(
@@ -176,7 +172,6 @@ pub fn signal(vring: &VringRwLock, name: &str) {
         warn!(queue = name, error = %e, "cannot signal the guest");
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -14,8 +14,8 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::chain::GuestMem;
 use super::device::VgpuDevice;
-use super::shared::RESCAN_EVENT;
 use super::exec::VgpuService;
+use super::shared::RESCAN_EVENT;
 use super::wire::{
     CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, F_BATCH, MAX_DATA, MAX_INLINE,
     MAX_SEGMENTS, NUM_QUEUES, SUBMIT_QUEUE,

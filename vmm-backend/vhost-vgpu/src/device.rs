@@ -37,14 +37,12 @@ use vmm_sys_util::eventfd::EventFd;
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
 use super::exec::VgpuService;
 use super::session_thread;
-use super::shared::{
-    BatchJob, CallJob, Completion, Msg, Pause, SessionEntry, Shared, queue_name,
-};
+use super::shared::{BatchJob, CallJob, Completion, Msg, Pause, SessionEntry, Shared, queue_name};
 use super::stats::VgpuDevStats;
 use super::wire::{
-    CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_BATCH, REQ_CALL,
-    REQ_CLOSE, REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST,
-    S_BUSY, S_NO_SESSION, S_OK, SUBMIT_QUEUE,
+    CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_BATCH, REQ_CALL, REQ_CLOSE,
+    REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST, S_BUSY,
+    S_NO_SESSION, S_OK, SUBMIT_QUEUE,
 };
 use vgpu_vhost_user::{LogLimiter, next_chain, vring_ready};
 

@@ -35,11 +35,11 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use tracing::info;
-use vhost::vhost_user::Listener;
 use vgpu_vhost_user::{
     SOCKET_MODE, SocketError, bind_socket, run_until_disconnect, serve_vmm_connections,
     start_daemon,
 };
+use vhost::vhost_user::Listener;
 
 pub use backend::VgpuBackend;
 pub use device::{MAX_SESSIONS, VgpuDevice};

@@ -24,8 +24,8 @@ use vgpu_proto::frame::{FLAG_OUTPUT, FLAG_REPLY, HEADER_LEN, Header};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::chain::{GuestMem, Segments};
-use super::shared::{BatchJob, CallJob, Completion, Msg, Shared};
 use super::exec::{BulkSink, BulkSource, Call, Reply, SessionExecutor};
+use super::shared::{BatchJob, CallJob, Completion, Msg, Shared};
 use super::wire::{
     CTRL_QUEUE, MAX_SEGMENTS, RespHeader, S_BAD_REQUEST, S_NO_SESSION, S_OK, S_PROTOCOL,
     S_REPLY_TOO_LARGE,

@@ -19,9 +19,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{GuestMem, Segments};
 use super::stats::VgpuDevStats;
-use super::wire::{
-    CTRL_QUEUE, NUM_QUEUES, RESP_HEADER_LEN, RespHeader, S_OK, status_name,
-};
+use super::wire::{CTRL_QUEUE, NUM_QUEUES, RESP_HEADER_LEN, RespHeader, S_OK, status_name};
 use vgpu_vhost_user::{LogLimiter, signal, vring_ready};
 
 pub(crate) struct SessionEntry {
@@ -406,7 +404,6 @@ pub(crate) fn queue_name(q: usize) -> &'static str {
     if q == CTRL_QUEUE { "ctrl" } else { "submit" }
 }
 
-
 /// A frame for a session thread.
 pub(crate) struct CallJob {
     /// Sequence number.
@@ -462,4 +459,3 @@ impl Msg {
         }
     }
 }
-

@@ -861,9 +861,7 @@ pub fn forward_path(uds_path: &Path, port: u32) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::{
-        VSOCK_OP_RESPONSE, VSOCK_OP_RW, VSOCK_OP_SHUTDOWN, VSOCK_SHUTDOWN_BOTH,
-    };
+    use crate::packet::{VSOCK_OP_RESPONSE, VSOCK_OP_RW, VSOCK_OP_SHUTDOWN, VSOCK_SHUTDOWN_BOTH};
     use std::io::Write;
     use std::sync::Mutex;
     use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};

@@ -29,11 +29,11 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use tracing::{debug, info};
-use vhost::vhost_user::Listener;
 use vgpu_vhost_user::{
     IdleWork, SOCKET_MODE, SocketError, bind_socket, run_until_disconnect, serve_vmm_connections,
     start_daemon,
 };
+use vhost::vhost_user::Listener;
 
 pub use backend::BACKEND_EVENT;
 pub use device::{

@@ -16,8 +16,7 @@ use std::ops::Deref;
 use thiserror::Error;
 use virtio_queue::DescriptorChain;
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, ReadVolatile, VolatileMemoryError,
-    WriteVolatile,
+    GuestAddress, GuestMemoryBackend, ReadVolatile, VolatileMemoryError, WriteVolatile,
 };
 
 /// Size of `struct virtio_vsock_hdr`.

@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
 use vgpu_proto::msg;
-use vgpud::audit::Actor;
-use vgpud::Daemon;
-use vgpud::daemon::OpErrorKind;
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
+use vgpud::Daemon;
+use vgpud::audit::Actor;
+use vgpud::daemon::OpErrorKind;
 
 const MIB: u64 = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(10);

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
 use vgpu_proto::msg;
-use vgpud::Daemon;
 use vgpu_vmm_testutils::vsock::{GuestOptions, GuestStream, TestGuest};
+use vgpud::Daemon;
 
 const MIB: u64 = 1 << 20;
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use vgpu_vhost_vsock::packet::{
     PKT_HEADER_SIZE, VSOCK_OP_REQUEST, VSOCK_OP_RST, VSOCK_OP_RW, VSOCK_TYPE_STREAM,
 };
-use vgpu_vmm_testutils::vsock::{EchoConnector, GuestOptions, RawDesc, TestGuest, TestServer};
 use vgpu_vhost_vsock::{MAX_CONNECTIONS, PortConnector};
+use vgpu_vmm_testutils::vsock::{EchoConnector, GuestOptions, RawDesc, TestGuest, TestServer};
 
 const ECHO: u32 = 9999;
 const REFUSED: u32 = 6666;

@@ -117,6 +117,12 @@ pub struct LogLimiter {
     suppressed: u64,
 }
 
+impl Default for LogLimiter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl LogLimiter {
     pub fn new() -> Self {
         LogLimiter {

@@ -15,6 +15,7 @@ use vgpu_broker::config::{Config, DeviceKind, DeviceModel, VmConfig, VmMode};
 use vgpu_broker::device::Device;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, BrokerError, VmUpdate};
+use vgpu_seccomp::ThreadKind;
 use vgpu_sim::{SimConfig, SimDevice};
 
 use crate::admin::AdminServer;
@@ -1248,6 +1249,11 @@ fn start_vsock(
     let thread = std::thread::Builder::new()
         .name(format!("vgpu-vsock-{vm}"))
         .spawn(move || {
+            // The VMM's messages and the guest's queues are handled only under the vhost allowlist.
+            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Vhost) {
+                tracing::error!(vm = %name, error = %e, "vsock device not started");
+                return;
+            }
             if let Err(e) = server.run(&stop2) {
                 tracing::error!(vm = %name, error = %e, "vsock device stopped");
             }
@@ -1292,6 +1298,11 @@ fn start_vgpu_dev(
     let thread = std::thread::Builder::new()
         .name(format!("vgpu-dev-{vm}"))
         .spawn(move || {
+            // The VMM's messages and the guest's queues are handled only under the vhost allowlist.
+            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Vhost) {
+                tracing::error!(vm = %name, error = %e, "virtio-vgpu device not started");
+                return;
+            }
             if let Err(e) = server.run(&stop2) {
                 tracing::error!(vm = %name, error = %e, "virtio-vgpu device stopped");
             }

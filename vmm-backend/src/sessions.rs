@@ -27,6 +27,7 @@ use vgpu_broker::server::ServeError;
 use vgpu_broker::tenant::Tenant;
 use vgpu_proto::frame::{FrameError, HEADER_LEN, Header};
 use vgpu_proto::msg;
+use vgpu_seccomp::ThreadKind;
 
 use crate::audit::{AuditLog, guest_text};
 
@@ -115,6 +116,12 @@ impl SessionHub {
         let hub = Arc::clone(self);
         let name = format!("vgpu-session-{}", tenant.name);
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            // The guest's frames are parsed only under the session allowlist.
+            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Session) {
+                error!(vm = %tenant.name, error = %e, "session not started");
+                hub.lock().remove(&id);
+                return;
+            }
             hub.run(&broker, tenant, &stream, &transport, id);
         });
         if let Err(e) = spawned {

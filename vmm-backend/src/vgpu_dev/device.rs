@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use tracing::{debug, error, info, warn};
 use vgpu_proto::frame::{FLAG_ASYNC, FLAG_OUTPUT, FLAG_REPLY, HEADER_LEN, Header};
+use vgpu_seccomp::ThreadKind;
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
@@ -809,7 +810,14 @@ impl VgpuDevice {
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name(format!("vgpu-dev-{}-{session}", self.shared.name))
-            .spawn(move || session::run(shared, session, token, exec, rx));
+            .spawn(move || {
+                // The guest's requests are parsed only under the session allowlist.
+                if let Err(e) = vgpu_seccomp::enter(ThreadKind::Session) {
+                    error!(vm = %shared.name, error = %e, "session not started");
+                    return;
+                }
+                session::run(shared, session, token, exec, rx)
+            });
         if let Err(e) = spawned {
             error!(vm = %self.shared.name, error = %e, "cannot start a session thread");
             return Action::Respond(S_BUSY);

@@ -179,6 +179,7 @@ impl SessionHub {
             Some(hangup),
         );
         let ended = self.lock().remove(&conn).and_then(|c| c.ended);
+        crate::release_freed_memory();
         let id = session.get();
         let closed = |reason: &str| {
             let (pid, process, since) = opened.borrow().clone().unzip3();

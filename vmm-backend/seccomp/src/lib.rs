@@ -480,14 +480,11 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 extern "C" fn on_sigsys(_signal: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo_t for SIGSYS raised by seccomp,
-    // whose `si_syscall` int sits at SI_SYSCALL_OFFSET.
-    let nr = unsafe {
-        info.cast::<u8>()
-            .add(SI_SYSCALL_OFFSET)
-            .cast::<i32>()
-            .read_unaligned()
-    };
+    // SAFETY: the kernel passes a valid siginfo_t for SIGSYS raised by
+    // seccomp; `si_syscall` lies within it, at SI_SYSCALL_OFFSET.
+    let field = unsafe { info.cast::<u8>().add(SI_SYSCALL_OFFSET) };
+    // SAFETY: `field` points at the int `si_syscall` inside the siginfo_t.
+    let nr = unsafe { field.cast::<i32>().read_unaligned() };
     let mut name = [0u8; THREAD_NAME_LEN];
     // SAFETY: PR_GET_NAME writes at most TASK_COMM_LEN bytes into `name`.
     unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };

@@ -816,7 +816,8 @@ impl VgpuDevice {
                     error!(vm = %shared.name, error = %e, "session not started");
                     return;
                 }
-                session::run(shared, session, token, exec, rx)
+                session::run(shared, session, token, exec, rx);
+                crate::release_freed_memory();
             });
         if let Err(e) = spawned {
             error!(vm = %self.shared.name, error = %e, "cannot start a session thread");

@@ -13,6 +13,7 @@ pub mod devio;
 pub mod engine;
 pub mod error;
 pub mod handles;
+pub mod limits;
 pub mod memory;
 pub mod scheduler;
 pub mod server;
@@ -47,6 +48,8 @@ pub struct VmUpdate {
     pub weight: Option<u32>,
     /// New scheduling class.
     pub priority: Option<Priority>,
+    /// New budgets (sessions, connections, modules).
+    pub limits: Option<limits::VmLimits>,
 }
 
 /// Why a broker operation was refused.
@@ -215,6 +218,9 @@ impl Broker {
             t.slice
                 .resize(m)
                 .map_err(|e| BrokerError::Refused(e.message))?;
+        }
+        if let Some(l) = u.limits {
+            t.limits.set_limits(l);
         }
         let mut s = t.settings();
         if let Some(w) = u.weight {

@@ -660,7 +660,8 @@ impl Runtime {
     }
 
     fn update_vm_locked(&self, name: &str, body: &Value) -> Result<VmConfig, OpError> {
-        const LIVE_KEYS: [&str; 7] = [
+        const LIVE_KEYS: [&str; 8] = [
+            "limits",
             "memory",
             "weight",
             "priority",
@@ -676,7 +677,7 @@ impl Runtime {
         if changes.is_empty() {
             return Err(OpError::new(
                 400,
-                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min and/or weight_max",
+                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min, weight_max and/or limits",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {
@@ -710,6 +711,7 @@ impl Runtime {
             memory: (new.memory != old.memory).then_some(new.memory),
             weight: (new.weight != old.weight).then_some(new.weight),
             priority: (new.priority != old.priority).then_some(new.priority),
+            limits: (new.limits != old.limits).then_some(new.limits),
         };
         self.broker.update_vm(&new.name, &u).map_err(|e| match e {
             BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
@@ -1039,7 +1041,8 @@ impl Runtime {
             ));
         };
         let mut entry = reload::vm_table(&old);
-        const LIVE: [&str; 8] = [
+        const LIVE: [&str; 9] = [
+            "limits",
             "memory",
             "weight",
             "priority",

@@ -278,6 +278,9 @@ const CONTROL: &[libc::c_long] = &[
     libc::SYS_set_tid_address,
     libc::SYS_wait4,
     libc::SYS_waitid,
+    // NVIDIA's user-space libraries link /dev/char entries to their device nodes.
+    libc::SYS_symlinkat,
+    libc::SYS_mknodat,
 ];
 
 /// x86-64 only forms of [`CONTROL`] calls.
@@ -290,6 +293,8 @@ const CONTROL_LEGACY: &[libc::c_long] = &[
     libc::SYS_chown,
     libc::SYS_pipe,
     libc::SYS_getdents,
+    libc::SYS_symlink,
+    libc::SYS_mknod,
 ];
 #[cfg(not(target_arch = "x86_64"))]
 const CONTROL_LEGACY: &[libc::c_long] = &[];

@@ -158,7 +158,7 @@ fn main() -> ExitCode {
         .devices
         .iter()
         .any(|d| matches!(d.kind, DeviceKind::Cuda { .. }));
-    if let Err(e) = vgpu_seccomp::install(args.seccomp.into(), !real_gpu) {
+    if let Err(e) = vgpu_seccomp::install(args.seccomp.into(), real_gpu) {
         eprintln!("vgpud: {e}");
         return ExitCode::FAILURE;
     }

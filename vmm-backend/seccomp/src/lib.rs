@@ -263,6 +263,8 @@ const CONTROL: &[libc::c_long] = &[
     libc::SYS_sched_setaffinity,
     libc::SYS_sched_getparam,
     libc::SYS_sched_getscheduler,
+    libc::SYS_sched_get_priority_max,
+    libc::SYS_sched_get_priority_min,
     libc::SYS_getpriority,
     libc::SYS_setpriority,
     libc::SYS_timerfd_create,
@@ -383,6 +385,87 @@ pub fn filter(kind: ThreadKind, mismatch: SeccompAction) -> Result<BpfProgram, E
     })
 }
 
+/// Calls no vgpud thread makes, even with the CUDA driver loaded: running
+/// programs, tracing, mounts and namespaces, kernel modules, BPF, perf, keys,
+/// clocks, credentials, reboot.
+pub const DRIVER_DENIED: &[libc::c_long] = &[
+    libc::SYS_execve,
+    libc::SYS_execveat,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_setns,
+    libc::SYS_unshare,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_syslog,
+    libc::SYS_acct,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_personality,
+    libc::SYS_userfaultfd,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_setuid,
+    libc::SYS_setgid,
+    libc::SYS_setreuid,
+    libc::SYS_setregid,
+    libc::SYS_setresuid,
+    libc::SYS_setresgid,
+    libc::SYS_setfsuid,
+    libc::SYS_setfsgid,
+    libc::SYS_setgroups,
+    libc::SYS_capset,
+    libc::SYS_quotactl,
+    libc::SYS_fanotify_init,
+    libc::SYS_fsopen,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_fork,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_vfork,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_ioperm,
+];
+
+/// The control filter when the CUDA driver is loaded: everything but
+/// [`DRIVER_DENIED`], which gets `denied`.
+fn denylist(denied: &SeccompAction) -> Result<BpfProgram, Error> {
+    let rules = DRIVER_DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, denied.clone(), ARCH).map_err(
+        |source| Error::Build {
+            kind: "control (real GPU)",
+            source,
+        },
+    )?;
+    filter.try_into().map_err(|source| Error::Compile {
+        kind: "control (real GPU)",
+        source,
+    })
+}
+
 /// The action for calls outside the list under `mode` (`None`: no filter).
 fn mismatch_action(mode: Mode) -> Option<SeccompAction> {
     match mode {
@@ -404,11 +487,13 @@ fn apply(kind: ThreadKind, program: &BpfProgram) -> Result<(), Error> {
 /// any other thread starts, so that every thread runs at least under the
 /// control filter.
 ///
-/// `confine_sessions` is false when a real GPU is configured: the CUDA driver
-/// opens device files and makes `ioctl`s from the threads that call it (a
-/// session's), and what it needs cannot be enumerated without a GPU, so those
-/// sessions run under the control filter only.
-pub fn install(mode: Mode, confine_sessions: bool) -> Result<(), Error> {
+/// `real_gpu` says a CUDA device is configured. The CUDA driver runs in the
+/// threads that call it (sessions, engines) and makes calls that cannot be
+/// enumerated without a GPU, so then the control filter is [`DRIVER_DENIED`]
+/// (a denylist) instead of the control allowlist, and sessions add no filter
+/// of their own. Vhost threads, which never call the driver, keep theirs.
+pub fn install(mode: Mode, real_gpu: bool) -> Result<(), Error> {
+    let confine_sessions = !real_gpu;
     let Some(mismatch) = mismatch_action(mode) else {
         POLICY
             .set(Policy {
@@ -420,7 +505,11 @@ pub fn install(mode: Mode, confine_sessions: bool) -> Result<(), Error> {
             .map_err(|_| Error::AlreadyInstalled)?;
         return Ok(());
     };
-    let control = filter(ThreadKind::Control, mismatch.clone())?;
+    let control = if real_gpu {
+        denylist(&mismatch)?
+    } else {
+        filter(ThreadKind::Control, mismatch.clone())?
+    };
     let policy = Policy {
         mode,
         confine_sessions,
@@ -432,7 +521,7 @@ pub fn install(mode: Mode, confine_sessions: bool) -> Result<(), Error> {
     }
     POLICY.set(policy).map_err(|_| Error::AlreadyInstalled)?;
     apply(ThreadKind::Control, &control)?;
-    tracing::info!(mode = ?mode, confine_sessions, "seccomp filters installed");
+    tracing::info!(mode = ?mode, real_gpu, "seccomp filters installed");
     Ok(())
 }
 
@@ -656,6 +745,28 @@ mod tests {
         assert_eq!(exec, Some(libc::EPERM));
         assert!(socket);
         assert_eq!(trace, Some(libc::EPERM));
+    }
+
+    #[test]
+    fn with_a_real_gpu_the_control_filter_denies_only_the_dangerous_calls() {
+        let (exec, priority) = std::thread::spawn(|| {
+            let program = denylist(&SeccompAction::Errno(libc::EPERM as u32)).unwrap();
+            apply(ThreadKind::Control, &program).unwrap();
+            let path = c"/nonexistent/vgpu";
+            let argv = [path.as_ptr(), std::ptr::null()];
+            // SAFETY: valid path and argv; refused by the filter.
+            let exec = errno_of(unsafe {
+                libc::syscall(libc::SYS_execve, path.as_ptr(), argv.as_ptr(), 0)
+            });
+            // SAFETY: plain query with a valid policy (what the CUDA driver asks).
+            let priority =
+                unsafe { libc::syscall(libc::SYS_sched_get_priority_max, libc::SCHED_FIFO) };
+            (exec, priority)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(exec, Some(libc::EPERM));
+        assert!(priority > 0, "{priority}");
     }
 
     #[test]

@@ -231,3 +231,61 @@ fn without_a_daemon_cuinit_reports_no_device_and_says_why() {
         "{stderr}"
     );
 }
+
+/// `(thread name, seccomp mode, filter count)` of every thread of `pid`.
+fn seccomp_of_threads(pid: u32) -> Vec<(String, u32, u32)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue; // the thread ended meanwhile
+        };
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().parse::<u32>().unwrap())
+                .unwrap_or_else(|| panic!("no {name} in {}", dir.display()))
+        };
+        threads.push((
+            comm.trim().to_string(),
+            field("Seccomp:"),
+            field("Seccomp_filters:"),
+        ));
+    }
+    threads
+}
+
+/// Every vgpud thread runs under a system-call filter, and the threads that
+/// read what guests and VMMs send (sessions, vhost-user devices) add their own,
+/// narrower one on top of the daemon's.
+#[test]
+fn every_vgpud_thread_runs_under_a_seccomp_filter() {
+    /// `SECCOMP_MODE_FILTER` in /proc/PID/status.
+    const MODE_FILTER: u32 = 2;
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB).vsock(41)]);
+    let holder = hold(&d, "vm1", MIB);
+    let threads = seccomp_of_threads(d.pid());
+    let named = |prefix: &str| {
+        threads
+            .iter()
+            .filter(|(name, ..)| name.starts_with(prefix))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        threads.iter().all(|(_, mode, _)| *mode == MODE_FILTER),
+        "{threads:?}"
+    );
+    let base = named("vgpud")[0].2;
+    assert!(base >= 1, "{threads:?}");
+    for kind in ["vgpu-session-", "vgpu-vsock-"] {
+        let list = named(kind);
+        assert!(!list.is_empty(), "no {kind} thread: {threads:?}");
+        assert!(list.iter().all(|t| t.2 > base), "{kind}: {threads:?}");
+    }
+    drop(holder);
+    assert!(d.log().contains("seccomp filters installed"), "{}", d.log());
+}

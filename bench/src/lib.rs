@@ -3,6 +3,7 @@
 
 pub mod remoting;
 pub mod share;
+pub mod soak;
 pub mod stats;
 pub mod vgpu_dev;
 pub mod vhost;

@@ -62,6 +62,45 @@ enum Bench {
         #[arg(long)]
         sync_only: bool,
     },
+    /// Soak: concurrent sessions over the unix socket and the vsock device of a vgpud process,
+    /// mixed checked calls, random client kills; checks replies, slices and vgpud's memory.
+    Soak {
+        /// Concurrent sessions (half over the unix socket, half over the vsock device).
+        #[arg(long, default_value_t = 64)]
+        sessions: usize,
+        /// Calls per session.
+        #[arg(long, default_value_t = 10_000)]
+        calls: usize,
+        /// Percentage of sessions killed once, at a random point, and restarted.
+        #[arg(long, default_value_t = 25)]
+        kill_percent: u32,
+        /// The vgpud binary (default: the one next to vgpu-bench).
+        #[arg(long, value_name = "PATH")]
+        vgpud: Option<std::path::PathBuf>,
+        /// Seed of the random choices (calls, kill points).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `path`, or the vgpud built next to this binary.
+fn sibling_vgpud(path: Option<std::path::PathBuf>) -> Result<std::path::PathBuf, String> {
+    if let Some(p) = path {
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("locating vgpu-bench: {e}"))?;
+    let vgpud = exe.with_file_name("vgpud");
+    if vgpud.exists() {
+        Ok(vgpud)
+    } else {
+        Err(format!(
+            "no vgpud next to {} (build it with `cargo build -p vgpud`, or pass --vgpud)",
+            exe.display()
+        ))
+    }
 }
 
 fn main() -> ExitCode {
@@ -92,6 +131,25 @@ fn main() -> ExitCode {
             seconds,
             runs,
             sync_only,
+        }),
+        Bench::Soak {
+            sessions,
+            calls,
+            kill_percent,
+            vgpud,
+            seed,
+            json,
+        } => sibling_vgpud(vgpud).and_then(|vgpud| {
+            vgpu_bench::soak::run(
+                &vgpu_bench::soak::Params {
+                    sessions,
+                    calls,
+                    kill_percent,
+                    vgpud,
+                    seed,
+                },
+                json,
+            )
         }),
     };
     match r {

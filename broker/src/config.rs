@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::limits::{MAX_MODULE_BYTES, MAX_MODULES, MAX_SESSIONS, VmLimits};
 use crate::size::parse_size;
 
 /// Default memory of a simulated device.
@@ -320,6 +321,9 @@ pub struct VmConfig {
     pub socket_owner: Option<String>,
     /// Service targets and weight bounds for the tuning controller.
     pub tuning: VmTuning,
+    /// Budgets besides memory: the config's `[limits]`, overridden by the
+    /// VM's own `[vm.limits]` table.
+    pub limits: VmLimits,
 }
 
 /// A VM's service targets and the bounds within which the tuning
@@ -526,6 +530,8 @@ pub struct Config {
     pub profiles: Vec<ProfileConfig>,
     /// `[tuning]`.
     pub tuning: TuningConfig,
+    /// `[limits]`: every VM's budgets unless its own `[vm.limits]` says otherwise.
+    pub limits: VmLimits,
 }
 
 #[derive(Deserialize)]
@@ -539,6 +545,7 @@ enum RawSize {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     admin: Option<RawAdmin>,
+    limits: Option<RawLimits>,
     #[serde(default)]
     device: Vec<Spanned<RawDevice>>,
     #[serde(default)]
@@ -619,6 +626,16 @@ struct RawVm {
     min_share: Option<Spanned<u32>>,
     weight_min: Option<Spanned<u32>>,
     weight_max: Option<Spanned<u32>>,
+    limits: Option<RawLimits>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    sessions: Option<Spanned<u32>>,
+    connections: Option<Spanned<u32>>,
+    modules: Option<Spanned<u32>>,
+    module_bytes: Option<Spanned<RawSize>>,
 }
 
 struct Ctx<'a> {
@@ -722,8 +739,12 @@ impl Config {
         if let Some(s) = &admin.socket {
             sockets.insert(s.clone());
         }
+        let limits = match &raw.limits {
+            Some(l) => parse_limits(&cx, VmLimits::default(), l, "limits")?,
+            None => VmLimits::default(),
+        };
         for v in &raw.vm {
-            let vm = parse_vm(&cx, v, &devices, &profiles)?;
+            let vm = parse_vm(&cx, v, &devices, &profiles, &limits)?;
             if !vm_names.insert(vm.name.clone()) {
                 return Err(cx.err(
                     v.get_ref().name.span(),
@@ -789,6 +810,7 @@ impl Config {
             vms,
             profiles,
             tuning,
+            limits,
         })
     }
 
@@ -1148,6 +1170,7 @@ fn parse_passthrough(
         profile: None,
         socket_owner: None,
         tuning: VmTuning::default(),
+        limits: VmLimits::default(),
     })
 }
 
@@ -1199,11 +1222,56 @@ fn parse_schedule(cx: &Ctx<'_>, r: &RawVm) -> Result<Vec<WeightWindow>, ConfigEr
     Ok(out)
 }
 
+/// `base` with what `raw` sets, each checked against its range.
+fn parse_limits(
+    cx: &Ctx<'_>,
+    base: VmLimits,
+    raw: &RawLimits,
+    table: &str,
+) -> Result<VmLimits, ConfigError> {
+    let count = |v: &Option<Spanned<u32>>, key: &str, max: u32, default: u32| match v {
+        None => Ok(default),
+        Some(n) if (1..=max).contains(n.get_ref()) => Ok(*n.get_ref()),
+        Some(n) => Err(cx.err(
+            n.span(),
+            format!(
+                "{table}.{key} must be between 1 and {max} (got {})",
+                n.get_ref()
+            ),
+        )),
+    };
+    let module_bytes = match &raw.module_bytes {
+        None => base.module_bytes,
+        Some(b) => {
+            let bytes = cx.size(b, &format!("{table}.module_bytes"))?;
+            if !(1..=MAX_MODULE_BYTES).contains(&bytes) {
+                return Err(cx.err(
+                    b.span(),
+                    format!("{table}.module_bytes must be between 1 B and 64 GiB"),
+                ));
+            }
+            bytes
+        }
+    };
+    Ok(VmLimits {
+        sessions: count(&raw.sessions, "sessions", MAX_SESSIONS, base.sessions)?,
+        connections: count(
+            &raw.connections,
+            "connections",
+            MAX_SESSIONS,
+            base.connections,
+        )?,
+        modules: count(&raw.modules, "modules", MAX_MODULES, base.modules)?,
+        module_bytes,
+    })
+}
+
 fn parse_vm(
     cx: &Ctx<'_>,
     v: &Spanned<RawVm>,
     devices: &[DeviceConfig],
     profiles: &[ProfileConfig],
+    limits: &VmLimits,
 ) -> Result<VmConfig, ConfigError> {
     let r = v.get_ref();
     let name = r.name.get_ref().clone();
@@ -1383,6 +1451,10 @@ fn parse_vm(
         profile: profile.map(|p| p.name.clone()),
         socket_owner,
         tuning,
+        limits: match &r.limits {
+            Some(l) => parse_limits(cx, *limits, l, "limits")?,
+            None => *limits,
+        },
     })
 }
 
@@ -1935,6 +2007,42 @@ guest_cid = 3
             "[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\nprofile = \"q4\"\n",
         );
         assert!(e.contains("`profile` applies to shared VMs only"), "{e}");
+    }
+
+    #[test]
+    fn limits_default_per_file_and_per_vm() {
+        let c = parse(
+            "[limits]\nsessions = 8\nmodule_bytes = \"64MiB\"\n\
+             [[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n\
+             [[vm]]\nname = \"b\"\nmemory = \"1GiB\"\n[vm.limits]\nsessions = 2\nmodules = 16\n",
+        )
+        .unwrap();
+        assert_eq!(c.limits.sessions, 8);
+        let a = &c.vms[0].limits;
+        assert_eq!((a.sessions, a.module_bytes), (8, 64 << 20));
+        assert_eq!(a.connections, crate::limits::DEFAULT_CONNECTIONS);
+        let b = &c.vms[1].limits;
+        assert_eq!((b.sessions, b.modules, b.module_bytes), (2, 16, 64 << 20));
+        let none = parse("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n").unwrap();
+        assert_eq!(none.vms[0].limits, VmLimits::default());
+    }
+
+    #[test]
+    fn limits_out_of_range_name_the_key_and_line() {
+        let e = err("[limits]\nsessions = 0\n");
+        assert!(
+            e.starts_with("vgpu.toml:2:") && e.contains("limits.sessions must be between 1 and"),
+            "{e}"
+        );
+        let e = err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n[vm.limits]\nconnections = 100000\n");
+        assert!(
+            e.starts_with("vgpu.toml:5:") && e.contains("limits.connections"),
+            "{e}"
+        );
+        let e = err("[limits]\nmodule_bytes = \"1TiB\"\n");
+        assert!(e.contains("limits.module_bytes must be between"), "{e}");
+        let e = err("[limits]\nhandles = 5\n");
+        assert!(e.contains("handles"), "{e}");
     }
 
     #[test]

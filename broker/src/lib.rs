@@ -13,6 +13,7 @@ pub mod devio;
 pub mod engine;
 pub mod error;
 pub mod handles;
+pub mod limits;
 pub mod memory;
 pub mod scheduler;
 pub mod server;
@@ -38,6 +39,18 @@ use crate::tenant::Tenant;
 
 pub use error::CuError;
 
+/// Returns the heap memory freed by an ended session to the system. glibc keeps
+/// freed memory in per-thread arenas; a session's thread has exited, so what its
+/// arena held would otherwise stay in the daemon's resident set until another
+/// thread reuses the arena.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A live change to a VM (any subset of its settings).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VmUpdate {
@@ -47,6 +60,8 @@ pub struct VmUpdate {
     pub weight: Option<u32>,
     /// New scheduling class.
     pub priority: Option<Priority>,
+    /// New budgets (sessions, connections, modules).
+    pub limits: Option<limits::VmLimits>,
 }
 
 /// Why a broker operation was refused.
@@ -215,6 +230,9 @@ impl Broker {
             t.slice
                 .resize(m)
                 .map_err(|e| BrokerError::Refused(e.message))?;
+        }
+        if let Some(l) = u.limits {
+            t.limits.set_limits(l);
         }
         let mut s = t.settings();
         if let Some(w) = u.weight {

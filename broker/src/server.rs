@@ -23,8 +23,6 @@ use crate::tenant::{SessionInfo, Tenant};
 
 /// Buffer size of the session's reader and writer.
 const IO_BUFFER: usize = 256 << 10;
-/// Most live sessions one tenant may have.
-pub const MAX_SESSIONS_PER_TENANT: usize = 1024;
 
 /// Why a session ended abnormally.
 #[derive(Debug, Error)]
@@ -256,11 +254,12 @@ pub fn accept_hello(
             ),
         ));
     }
-    if tenant.sessions().len() >= MAX_SESSIONS_PER_TENANT {
+    let allowed = tenant.limits.limits().sessions;
+    if tenant.sessions().len() >= allowed as usize {
         return Err(CuError::new(
             cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
             format!(
-                "VM `{}` already has {MAX_SESSIONS_PER_TENANT} sessions",
+                "VM `{}` already has {allowed} sessions, its limit (limits.sessions)",
                 tenant.name
             ),
         ));

@@ -71,6 +71,8 @@ struct ModuleState {
     ctx: u64,
     module: Arc<dyn DeviceModule>,
     functions: HashMap<String, u64>,
+    /// Bytes of its image, charged to the VM's `limits.module_bytes`.
+    image_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -1018,7 +1020,19 @@ impl Session {
         })
     }
 
+    /// Loads a module charged to the VM's module budgets (before it is parsed:
+    /// a VM past its budget costs vgpud no parsing).
     fn load_module(&mut self, ctx: u64, image: &[u8]) -> Result<u64, CuError> {
+        let bytes = image.len() as u64;
+        self.tenant.limits.charge_module(&self.tenant.name, bytes)?;
+        let loaded = self.load_module_image(ctx, image);
+        if loaded.is_err() {
+            self.tenant.limits.refund_module(bytes);
+        }
+        loaded
+    }
+
+    fn load_module_image(&mut self, ctx: u64, image: &[u8]) -> Result<u64, CuError> {
         let (free, _) = self.tenant.slice.info();
         let module = self.dev.load_module(image, free).map_err(|e| {
             let e = CuError::from(e);
@@ -1046,6 +1060,7 @@ impl Session {
             ctx,
             module,
             functions: HashMap::new(),
+            image_bytes: image.len() as u64,
         }) {
             Some(h) => h,
             None => {
@@ -1085,6 +1100,7 @@ impl Session {
             for f in st.functions.values() {
                 self.functions.remove(*f);
             }
+            self.tenant.limits.refund_module(st.image_bytes);
         }
         self.info
             .memory

@@ -68,6 +68,8 @@ pub struct Tenant {
     pub stats: TenantStats,
     /// Memory charged, by kind.
     pub usage: crate::usage::MemUsage,
+    /// Budgets besides memory, and what the VM's sessions hold against them.
+    pub limits: crate::limits::LimitUse,
     closed: AtomicBool,
     scheduler: Arc<Scheduler>,
     sched_id: TenantId,
@@ -105,6 +107,7 @@ impl Tenant {
             sessions: Mutex::new(BTreeMap::new()),
             stats: TenantStats::default(),
             usage: crate::usage::MemUsage::default(),
+            limits: crate::limits::LimitUse::new(vm.limits),
             closed: AtomicBool::new(false),
             scheduler,
             sched_id,

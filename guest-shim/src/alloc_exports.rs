@@ -189,7 +189,8 @@ pub unsafe extern "C" fn cuMemRangeGetAttributes(
 /// `cuPointerGetAttribute(s)` for memory this module hands out, called by [`crate::pointer`]
 /// before its own answer: managed and mapped host memory (all attributes), and the pool of a
 /// `cuMemAllocAsync` block. `None`: not such memory (or another attribute); `data` NULL skips
-/// the write. Values are written in the types [`crate::pointer`] uses (booleans are one byte).
+/// the write. Values are written in the types [`crate::pointer`] uses (booleans are one byte,
+/// except `IS_MANAGED`, an unsigned int).
 pub fn pointer_attr_hook(
     attribute: c_int,
     ptr: CUdeviceptr,
@@ -220,7 +221,7 @@ pub fn pointer_attr_hook(
         ptr_attr::SYNC_MEMOPS | ptr_attr::IS_LEGACY_CUDA_IPC_CAPABLE => write(Ok(0), 1),
         ptr_attr::IS_GPU_DIRECT_RDMA_CAPABLE | 21 => write(Ok(0), 1),
         ptr_attr::BUFFER_ID | ptr_attr::MEMORY_BLOCK_ID => write(Ok(i.buffer_id), 8),
-        ptr_attr::IS_MANAGED => write(Ok(u64::from(i.managed)), 1),
+        ptr_attr::IS_MANAGED => write(Ok(u64::from(i.managed)), 4),
         ptr_attr::DEVICE_ORDINAL => write(Ok(0), 4),
         ptr_attr::RANGE_START_ADDR | ptr_attr::MAPPING_BASE_ADDR => write(Ok(i.range.0), 8),
         ptr_attr::RANGE_SIZE | ptr_attr::MAPPING_SIZE => write(Ok(i.range.1), 8),

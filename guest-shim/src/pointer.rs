@@ -96,7 +96,9 @@ fn value(a: i32, ptr: u64, alloc: Option<Allocation>) -> drv::CuRes<Value> {
         attr::HOST_POINTER if known && !device => U64(ptr),
         attr::SYNC_MEMOPS if known => Bool(false),
         attr::BUFFER_ID if known => U64(range.map_or(0, |r| r.0)),
-        attr::IS_MANAGED => Bool(false),
+        // An unsigned int, not a one-byte bool: callers (XLA, NVIDIA's runtime)
+        // read four bytes, often uninitialised.
+        attr::IS_MANAGED => U32(0),
         attr::DEVICE_ORDINAL if known => I32(0),
         attr::IS_LEGACY_CUDA_IPC_CAPABLE if known => Bool(false),
         attr::RANGE_START_ADDR | attr::MAPPING_BASE_ADDR if known => U64(range.map_or(0, |r| r.0)),
@@ -120,8 +122,8 @@ fn fallback(a: i32, ptr: u64, known: bool) -> Value {
         attr::MEMORY_TYPE => Value::U32(0),
         attr::HOST_POINTER if !known => Value::U64(ptr),
         attr::DEVICE_ORDINAL => Value::I32(NO_DEVICE_ORDINAL),
-        attr::IS_MANAGED
-        | attr::SYNC_MEMOPS
+        attr::IS_MANAGED => Value::U32(0),
+        attr::SYNC_MEMOPS
         | attr::IS_LEGACY_CUDA_IPC_CAPABLE
         | attr::MAPPED
         | attr::IS_GPU_DIRECT_RDMA_CAPABLE
@@ -217,7 +219,7 @@ mod tests {
             value(attr::DEVICE_POINTER, 0x1010, a),
             Ok(Value::U64(0x1010))
         );
-        assert_eq!(value(attr::IS_MANAGED, 0x1010, a), Ok(Value::Bool(false)));
+        assert_eq!(value(attr::IS_MANAGED, 0x1010, a), Ok(Value::U32(0)));
         assert_eq!(
             value(attr::HOST_POINTER, 0x1010, a),
             Err(cuda::CUDA_ERROR_INVALID_VALUE)
@@ -239,10 +241,7 @@ mod tests {
             fallback(attr::DEVICE_ORDINAL, 0xdead, false),
             Value::I32(-2)
         );
-        assert_eq!(
-            fallback(attr::IS_MANAGED, 0xdead, false),
-            Value::Bool(false)
-        );
+        assert_eq!(fallback(attr::IS_MANAGED, 0xdead, false), Value::U32(0));
         // Device memory has no host pointer.
         assert_eq!(fallback(attr::HOST_POINTER, 0x1000, true), Value::U64(0));
     }

@@ -285,6 +285,13 @@ static void managed(void) {
     size_t size = 0;
     check("IS_MANAGED", cuPointerGetAttribute(&m, 8, p + 100), 0);
     expect("is managed", m == 1);
+    /* IS_MANAGED is an unsigned int: all four bytes are written. */
+    unsigned not_managed = 0xdeadbe00u;
+    CUdeviceptr plain = 0;
+    check("cuMemAlloc for IS_MANAGED", cuMemAlloc_v2(&plain, 64), 0);
+    check("IS_MANAGED of device memory", cuPointerGetAttribute(&not_managed, 8, plain), 0);
+    expect("device memory is not managed, in all four bytes", not_managed == 0);
+    check("cuMemFree", cuMemFree_v2(plain), 0);
     check("RANGE_START_ADDR", cuPointerGetAttribute(&start, 11, p + 100), 0);
     check("RANGE_SIZE", cuPointerGetAttribute(&size, 12, p + 100), 0);
     expect("the range is the allocation", start == p && size == n * 4);

@@ -13,6 +13,9 @@
  *                                  then wait for them in cuCtxSynchronize
  *   driver_api bomb                launch a kernel declaring a million registers: refused
  *                                  with LAUNCH_OUT_OF_RESOURCES, and the context goes on
+ *   driver_api modules N           load modules until one is refused (at most N): prints
+ *                                  "loaded K" and the refusal's code, then checks that
+ *                                  unloading one makes room for another
  * Each check prints "ok <what>" or "FAIL <what>: <code>"; the exit status is
  * the number of failures.
  */
@@ -66,6 +69,7 @@ CUresult cuEventDestroy_v2(CUevent);
 CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuModuleLoadData(void **, const void *);
 CUresult cuModuleGetFunction(void **, void *, const char *);
+CUresult cuModuleUnload(void *);
 CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
 
@@ -289,6 +293,36 @@ static int bomb(void) {
     return failures;
 }
 
+/* A small module: one empty kernel. */
+static const char TINY[] =
+    ".version 7.0\n.target sm_70\n.address_size 64\n"
+    ".visible .entry tiny()\n{\n    ret;\n}\n";
+
+static int modules(unsigned long long most) {
+    setup();
+    void *m[4096];
+    unsigned long long loaded = 0;
+    CUresult refused = 0;
+    if (most > 4096) most = 4096;
+    while (loaded < most) {
+        CUresult r = cuModuleLoadData(&m[loaded], TINY);
+        if (r != 0) {
+            refused = r;
+            break;
+        }
+        loaded++;
+    }
+    printf("loaded %llu\n", loaded);
+    printf("refused %d\n", refused);
+    if (refused != 0 && loaded > 0) {
+        check("cuModuleUnload", cuModuleUnload(m[loaded - 1]), 0);
+        check("a module loads again after an unload", cuModuleLoadData(&m[loaded - 1], TINY), 0);
+    }
+    void *f;
+    if (loaded > 0) check("its kernels work", cuModuleGetFunction(&f, m[0], "tiny"), 0);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "basic";
     if (!strcmp(mode, "basic")) return basic();
@@ -297,6 +331,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "probe") && argc > 2) return probe(strtoull(argv[2], 0, 0));
     if (!strcmp(mode, "wait") && argc > 2) return wait_for_kernels(strtoull(argv[2], 0, 0));
     if (!strcmp(mode, "bomb")) return bomb();
-    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR | wait BYTES | bomb\n", argv[0]);
+    if (!strcmp(mode, "modules") && argc > 2) return modules(strtoull(argv[2], 0, 0));
+    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR | wait BYTES | bomb | modules N\n", argv[0]);
     return 100;
 }

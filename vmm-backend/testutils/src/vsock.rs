@@ -1177,6 +1177,21 @@ pub struct GuestStream {
     key: GKey,
 }
 
+/// A socket the guest program drops without closing it (a process killed or ending without
+/// `close`) is aborted with an RST, as the guest kernel does when it releases the socket.
+impl Drop for GuestStream {
+    fn drop(&mut self) {
+        let mut g = self.guest.lock();
+        let key = self.key;
+        if g.conns.remove(&key).is_some() {
+            let mut h = g.header(key, VSOCK_OP_RST);
+            h.buf_alloc = 0;
+            g.control.push_back(Ctrl::Raw(h));
+            g.flush_control();
+        }
+    }
+}
+
 /// A guest socket as a byte stream (what a protocol client wants): reads and writes wait up to
 /// [`DEFAULT_TIMEOUT`].
 impl io::Read for GuestStream {
@@ -1363,14 +1378,7 @@ impl GuestStream {
 
     /// Aborts the connection with an RST.
     pub fn reset(self) {
-        let mut g = self.guest.lock();
-        let key = self.key;
-        if g.conns.remove(&key).is_some() {
-            let mut h = g.header(key, VSOCK_OP_RST);
-            h.buf_alloc = 0;
-            g.control.push_back(Ctrl::Raw(h));
-            g.flush_control();
-        }
+        drop(self);
     }
 
     /// Whether the device reset the connection.

@@ -106,6 +106,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
         "memory_limit": t.slice.limit(),
         "memory_used": t.slice.used(),
         "memory_by_kind": t.usage.breakdown(t.slice.used()),
+        "limits": limits_json(t),
         "weight": s.weight,
         "priority": s.priority.as_str(),
         "policy": policy,
@@ -124,6 +125,18 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
         "vgpu_device": vgpu_device,
         "config": config,
         "tuning": tuning,
+    })
+}
+
+/// A VM's budgets and what its sessions hold against them.
+fn limits_json(t: &Tenant) -> Value {
+    let l = t.limits.limits();
+    let m = t.limits.modules();
+    json!({
+        "sessions": { "limit": l.sessions, "used": t.sessions().len() },
+        "connections": { "limit": l.connections },
+        "modules": { "limit": l.modules, "used": m.count },
+        "module_bytes": { "limit": l.module_bytes, "used": m.bytes },
     })
 }
 

@@ -15,6 +15,7 @@ use vgpu_broker::config::{Config, DeviceKind, DeviceModel, VmConfig, VmMode};
 use vgpu_broker::device::Device;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, BrokerError, VmUpdate};
+use vgpu_seccomp::ThreadKind;
 use vgpu_sim::{SimConfig, SimDevice};
 use vgpu_vhost_vgpu::{self as vgpu_dev, VgpuDevConfig, VgpuDevServer, VgpuDevStats};
 use vgpu_vhost_vsock::{self as vsock, StopHandle, VsockConfig, VsockServer, VsockStats};
@@ -669,7 +670,8 @@ impl Runtime {
     }
 
     fn update_vm_locked(&self, name: &str, body: &Value) -> Result<VmConfig, OpError> {
-        const LIVE_KEYS: [&str; 7] = [
+        const LIVE_KEYS: [&str; 8] = [
+            "limits",
             "memory",
             "weight",
             "priority",
@@ -685,7 +687,7 @@ impl Runtime {
         if changes.is_empty() {
             return Err(OpError::new(
                 OpErrorKind::Invalid,
-                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min and/or weight_max",
+                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min, weight_max and/or limits",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {
@@ -719,6 +721,7 @@ impl Runtime {
             memory: (new.memory != old.memory).then_some(new.memory),
             weight: (new.weight != old.weight).then_some(new.weight),
             priority: (new.priority != old.priority).then_some(new.priority),
+            limits: (new.limits != old.limits).then_some(new.limits),
         };
         self.broker.update_vm(&new.name, &u).map_err(|e| match e {
             BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
@@ -1053,7 +1056,8 @@ impl Runtime {
             ));
         };
         let mut entry = reload::vm_table(&old);
-        const LIVE: [&str; 8] = [
+        const LIVE: [&str; 9] = [
+            "limits",
             "memory",
             "weight",
             "priority",
@@ -1208,6 +1212,11 @@ fn start_vsock(
     let thread = std::thread::Builder::new()
         .name(format!("vgpu-vsock-{vm}"))
         .spawn(move || {
+            // The VMM's messages and the guest's queues are handled only under the vhost allowlist.
+            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Vhost) {
+                tracing::error!(vm = %name, error = %e, "vsock device not started");
+                return;
+            }
             if let Err(e) = server.run(&stop2) {
                 tracing::error!(vm = %name, error = %e, "vsock device stopped");
             }
@@ -1252,6 +1261,11 @@ fn start_vgpu_dev(
     let thread = std::thread::Builder::new()
         .name(format!("vgpu-dev-{vm}"))
         .spawn(move || {
+            // The VMM's messages and the guest's queues are handled only under the vhost allowlist.
+            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Vhost) {
+                tracing::error!(vm = %name, error = %e, "virtio-vgpu device not started");
+                return;
+            }
             if let Err(e) = server.run(&stop2) {
                 tracing::error!(vm = %name, error = %e, "virtio-vgpu device stopped");
             }

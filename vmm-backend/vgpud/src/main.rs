@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use vgpu_broker::config::Config;
+use vgpu_broker::config::{Config, DeviceKind};
 use vgpud::Daemon;
 use vgpud::audit::Actor;
 
@@ -22,6 +22,31 @@ struct Args {
     /// Log filter, e.g. `info`, `debug`, `vgpu_broker=debug` (overrides RUST_LOG).
     #[arg(long, value_name = "FILTER")]
     log: Option<String>,
+    /// System-call filters per thread kind: `on` aborts on a call outside a thread's allowlist,
+    /// `log` lets it through and has the kernel log it, `off` installs none (debugging only).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = SeccompArg::On)]
+    seccomp: SeccompArg,
+}
+
+/// `--seccomp` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SeccompArg {
+    /// Enforce the allowlists (default).
+    On,
+    /// Allow and log calls outside the allowlists.
+    Log,
+    /// No filters.
+    Off,
+}
+
+impl From<SeccompArg> for vgpu_seccomp::Mode {
+    fn from(arg: SeccompArg) -> Self {
+        match arg {
+            SeccompArg::On => vgpu_seccomp::Mode::Enforce,
+            SeccompArg::Log => vgpu_seccomp::Mode::Log,
+            SeccompArg::Off => vgpu_seccomp::Mode::Off,
+        }
+    }
 }
 
 fn block_signals() -> libc::sigset_t {
@@ -128,6 +153,15 @@ fn main() -> ExitCode {
     // Block SIGINT/SIGTERM/SIGHUP before any thread starts so that only
     // sigwaitinfo sees them.
     let signals = block_signals();
+    // Every thread starts from here, so every thread inherits the control filter.
+    let real_gpu = config
+        .devices
+        .iter()
+        .any(|d| matches!(d.kind, DeviceKind::Cuda { .. }));
+    if let Err(e) = vgpu_seccomp::install(args.seccomp.into(), real_gpu) {
+        eprintln!("vgpud: {e}");
+        return ExitCode::FAILURE;
+    }
     let daemon = match Daemon::start(&config) {
         Ok(d) => d,
         Err(e) => {

@@ -16,6 +16,7 @@ use serde_json::Value;
 use thiserror::Error;
 use toml::{Table, Value as Toml};
 use vgpu_broker::config::{Config, DeviceConfig, DeviceKind, DeviceModel, VmConfig, VmMode};
+use vgpu_broker::limits::VmLimits;
 
 /// Pseudo file name used in messages about API requests.
 pub const REQUEST_SOURCE: &str = "request";
@@ -119,6 +120,9 @@ pub fn vm_table(v: &VmConfig) -> Table {
             .collect();
         t.insert("schedule".into(), Toml::Array(windows));
     }
+    // Always written out: a VM's budgets may differ from the file's `[limits]`
+    // even where they equal the built-in defaults.
+    t.insert("limits".into(), Toml::Table(limits_table(&v.limits)));
     let tu = &v.tuning;
     if let Some(d) = tu.target_wait_p99 {
         t.insert(
@@ -135,6 +139,19 @@ pub fn vm_table(v: &VmConfig) -> Table {
             t.insert(key.into(), Toml::Integer(i64::from(x)));
         }
     }
+    t
+}
+
+/// A `[limits]` table.
+fn limits_table(l: &VmLimits) -> Table {
+    let mut t = Table::new();
+    t.insert("sessions".into(), Toml::Integer(i64::from(l.sessions)));
+    t.insert(
+        "connections".into(),
+        Toml::Integer(i64::from(l.connections)),
+    );
+    t.insert("modules".into(), Toml::Integer(i64::from(l.modules)));
+    t.insert("module_bytes".into(), Toml::Integer(l.module_bytes as i64));
     t
 }
 
@@ -187,6 +204,9 @@ pub fn render(c: &Config) -> String {
             format!("{}ms", c.tuning.interval.as_millis()).into(),
         );
         doc.insert("tuning".into(), Toml::Table(tu));
+    }
+    if c.limits != VmLimits::default() {
+        doc.insert("limits".into(), Toml::Table(limits_table(&c.limits)));
     }
     if !c.vms.is_empty() {
         doc.insert(
@@ -329,6 +349,7 @@ fn live_updatable(a: &VmConfig, b: &VmConfig) -> bool {
         schedule: Vec::new(),
         profile: None,
         tuning: Default::default(),
+        limits: Default::default(),
         ..v.clone()
     };
     strip(a) == strip(b)

@@ -21,17 +21,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 use vgpu_broker::Broker;
 use vgpu_broker::server::ServeError;
 use vgpu_broker::tenant::Tenant;
 use vgpu_proto::frame::{FrameError, HEADER_LEN, Header};
 use vgpu_proto::msg;
+use vgpu_seccomp::ThreadKind;
 
 use crate::audit::{AuditLog, guest_text};
 
 /// How often [`SessionHub::wait_ended`] looks.
 const POLL: Duration = Duration::from_millis(10);
+/// How long a new connection may take to send its `Hello`; a connection that
+/// sends nothing is closed then.
+pub const GREETING_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Why a session was ended from the host side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +67,8 @@ pub struct SessionHub {
     audit: Option<Arc<AuditLog>>,
     live: Mutex<HashMap<u64, Conn>>,
     next: AtomicU64,
+    /// Connections closed because their VM held its `limits.connections`.
+    refused: AtomicU64,
 }
 
 impl std::fmt::Debug for SessionHub {
@@ -80,7 +86,13 @@ impl SessionHub {
             audit,
             live: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
+            refused: AtomicU64::new(0),
         }
+    }
+
+    /// Connections refused so far because their VM held its `limits.connections`.
+    pub fn refused_connections(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Conn>> {
@@ -98,7 +110,26 @@ impl SessionHub {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         match stream.try_clone() {
             Ok(s) => {
-                self.lock().insert(
+                let mut live = self.lock();
+                // Past it a new connection is closed at once, so a guest flooding
+                // its socket costs vgpud no thread and no other VM anything.
+                let allowed = tenant.limits.limits().connections as usize;
+                let held = live.values().filter(|c| c.vm == tenant.name).count();
+                if held >= allowed {
+                    drop(live);
+                    let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    // Logged at 1, 2, 4, 8, … refusals: a flood cannot flood the log.
+                    if refused.is_power_of_two() {
+                        warn!(
+                            vm = %tenant.name,
+                            refused,
+                            allowed,
+                            "connection limit (limits.connections) reached; new connections are closed"
+                        );
+                    }
+                    return;
+                }
+                live.insert(
                     id,
                     Conn {
                         vm: tenant.name.clone(),
@@ -115,6 +146,12 @@ impl SessionHub {
         let hub = Arc::clone(self);
         let name = format!("vgpu-session-{}", tenant.name);
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            // The guest's frames are parsed only under the session allowlist.
+            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Session) {
+                error!(vm = %tenant.name, error = %e, "session not started");
+                hub.lock().remove(&id);
+                return;
+            }
             hub.run(&broker, tenant, &stream, &transport, id);
         });
         if let Err(e) = spawned {
@@ -134,7 +171,17 @@ impl SessionHub {
         let vm = tenant.name.clone();
         let session = Cell::new(0u64);
         let opened = RefCell::new(None::<(u32, String, Instant)>);
+        // The greeting deadline holds until the first reply (to the Hello).
+        if let Err(e) = stream.set_read_timeout(Some(GREETING_DEADLINE)) {
+            error!(vm = %vm, error = %e, "cannot set the greeting deadline; connection dropped");
+            self.lock().remove(&conn);
+            return;
+        }
         let on_first_frame = |h: Header, payload: &[u8]| {
+            if let Err(e) = stream.set_read_timeout(None) {
+                // The session then ends at its first quiet moment; the client reconnects.
+                error!(vm = %vm, error = %e, "cannot lift the greeting deadline");
+            }
             if h.status != 0 {
                 return; // a refusal: reported below from serve's result
             }
@@ -172,6 +219,7 @@ impl SessionHub {
             Some(hangup),
         );
         let ended = self.lock().remove(&conn).and_then(|c| c.ended);
+        vgpu_broker::release_freed_memory();
         let id = session.get();
         let closed = |reason: &str| {
             let (pid, process, since) = opened.borrow().clone().unzip3();
@@ -197,6 +245,15 @@ impl SessionHub {
                     "session.refused",
                     json!({ "vm": vm, "transport": transport, "error": guest_text(m) }),
                 );
+            }
+            (Err(ServeError::Frame(FrameError::Io(e))), _)
+                if id == 0
+                    && matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+            {
+                debug!(vm = %vm, "no Hello within the greeting deadline; connection closed");
             }
             (Err(ServeError::Frame(FrameError::Truncated | FrameError::Io(_))), ended)
                 if id != 0 =>

@@ -30,6 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use tracing::{debug, error, warn};
 use vgpu_proto::frame::{FLAG_ASYNC, FLAG_OUTPUT, FLAG_REPLY, HEADER_LEN, Header};
+use vgpu_seccomp::ThreadKind;
 use vhost_user_backend::{VringRwLock, VringT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
@@ -426,7 +427,15 @@ impl VgpuDevice {
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name(format!("vgpu-dev-{}-{session}", self.shared.name))
-            .spawn(move || session_thread::run(shared, session, token, exec, rx));
+            .spawn(move || {
+                // The guest's requests are parsed only under the session allowlist.
+                if let Err(e) = vgpu_seccomp::enter(ThreadKind::Session) {
+                    error!(vm = %shared.name, error = %e, "session not started");
+                    return;
+                }
+                session_thread::run(shared, session, token, exec, rx);
+                vgpu_broker::release_freed_memory();
+            });
         if let Err(e) = spawned {
             error!(vm = %self.shared.name, error = %e, "cannot start a session thread");
             return Action::Respond(S_BUSY);

@@ -1,0 +1,158 @@
+//! Attacks a hostile guest can make on vgpud's host resources, one test per
+//! class not covered elsewhere (the register bomb and disconnects with queued
+//! work are in shim_c.rs, oversized strings in the audit tests): vgpud
+//! survives, answers the attacker with an error or a closed connection, keeps
+//! serving another VM, and stays within its limits.
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, hold, run_against};
+
+const MIB: u64 = 1 << 20;
+/// vgpud's per-VM connection limit (`MAX_CONNECTIONS_PER_VM`).
+const CONNECTION_LIMIT: usize = 1024;
+/// Connections past the limit the attacker opens.
+const EXTRA: usize = 64;
+/// vgpud's greeting deadline, with room for a loaded machine.
+const DEADLINE_WITH_SLACK: Duration = Duration::from_secs(30);
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn driver_api_works(d: &Vgpud, vm: &str) {
+    let prog = build_c_program("driver_api");
+    let r = run_against(d, vm, &prog, &["basic"]);
+    assert!(
+        r.failures().is_empty() && r.code == 0,
+        "{vm}: {}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+}
+
+/// A guest opens connections to its GPU socket and never says Hello: past
+/// the per-VM limit new connections are closed at once (no thread each), the
+/// idle ones are closed at the greeting deadline, another VM is served all
+/// along, and the attacker's VM works again afterwards.
+#[test]
+fn a_connection_flood_costs_vgpud_one_bounded_set_of_threads() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let threads_before = threads_of(d.pid());
+    let socket = d.socket("vm1");
+    let mut flood = Vec::new();
+    for _ in 0..CONNECTION_LIMIT + EXTRA {
+        let s = UnixStream::connect(&socket).expect("connect");
+        s.set_read_timeout(Some(DEADLINE_WITH_SLACK)).unwrap();
+        flood.push(s);
+    }
+    // The other VM is served while the flood is held.
+    driver_api_works(&d, "vm2");
+    let peak = threads_of(d.pid());
+    // One thread per held connection, plus a few for vm2's session.
+    assert!(
+        peak <= threads_before + CONNECTION_LIMIT + 8,
+        "vgpud runs {peak} threads (from {threads_before}) for {} idle connections",
+        flood.len()
+    );
+    // Every idle connection ends: refused at once or closed at the deadline.
+    let start = Instant::now();
+    for (i, s) in flood.iter_mut().enumerate() {
+        let mut byte = [0u8; 1];
+        let n = s.read(&mut byte).unwrap_or_else(|e| {
+            panic!(
+                "connection {i} still open after {:?}: {e}\n{}",
+                start.elapsed(),
+                d.log()
+            )
+        });
+        assert_eq!(n, 0, "connection {i} got data without a Hello");
+    }
+    println!(
+        "{} idle connections closed within {:?}; threads {threads_before} -> {peak}",
+        flood.len(),
+        start.elapsed()
+    );
+    assert!(d.log().contains("connection limit"), "{}", d.log());
+    drop(flood);
+    driver_api_works(&d, "vm1");
+    driver_api_works(&d, "vm2");
+}
+
+/// A VM with small budgets: its processes past `limits.sessions` are refused
+/// at `cuInit` with `CUDA_ERROR_DEVICE_UNAVAILABLE`, its modules past
+/// `limits.modules` with `CUDA_ERROR_OUT_OF_MEMORY` (before vgpud parses
+/// them), an unload makes room again, and another VM is not affected.
+#[test]
+fn budgets_refuse_sessions_and_modules_past_the_vms_limits() {
+    /// `CUDA_ERROR_OUT_OF_MEMORY`.
+    const OUT_OF_MEMORY: &str = "refused 2";
+    let d = Vgpud::start_config(
+        r#"
+[admin]
+socket = "@DIR@/admin.sock"
+
+[[device]]
+name = "gpu0"
+kind = "sim"
+memory = "1GiB"
+
+[[vm]]
+name = "small"
+memory = "64MiB"
+unix_socket = "@DIR@/small.sock"
+[vm.limits]
+sessions = 2
+modules = 5
+
+[[vm]]
+name = "other"
+memory = "64MiB"
+unix_socket = "@DIR@/other.sock"
+"#,
+    );
+    let prog = build_c_program("driver_api");
+    // Modules: five load, the sixth is refused; the other VM loads 64.
+    let r = run_against(&d, "small", &prog, &["modules", "100"]);
+    assert!(r.stdout.contains("loaded 5\n"), "{}\n{}", r.stdout, d.log());
+    assert!(r.stdout.contains(OUT_OF_MEMORY), "{}", r.stdout);
+    assert!(r.failures().is_empty(), "{}", r.stdout);
+    let r = run_against(&d, "other", &prog, &["modules", "64"]);
+    assert!(r.stdout.contains("loaded 64\n"), "{}", r.stdout);
+    // Sessions: two processes hold the VM's sessions; a third is refused.
+    let a = hold(&d, "small", MIB);
+    let b = hold(&d, "small", MIB);
+    let r = run_against(&d, "small", &prog, &["basic"]);
+    assert!(
+        r.stdout
+            .contains("FAIL cuInit: got 46 (CUDA_ERROR_DEVICE_UNAVAILABLE)"),
+        "a third session was admitted:\n{}",
+        r.stdout
+    );
+    driver_api_works(&d, "other");
+    drop(a);
+    drop(b);
+    // Sessions end when their processes do; the VM takes new ones again.
+    let start = Instant::now();
+    while d.vm("small")["sessions"]
+        .as_array()
+        .is_some_and(|s| !s.is_empty())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "sessions did not end"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    driver_api_works(&d, "small");
+}

@@ -13,6 +13,10 @@ use toml::Spanned;
 
 use crate::size::parse_size;
 
+pub mod memory;
+
+pub use memory::{MemoryConfig, Overcommit, Overflow, VmMemory};
+
 /// Default memory of a simulated device.
 pub const DEFAULT_SIM_MEMORY: u64 = 8 << 30;
 /// Name of the device created when the file declares none.
@@ -126,6 +130,8 @@ pub struct DeviceConfig {
     pub watchdog: Option<Duration>,
     /// How the device's compute time is shared.
     pub scheduling: SchedulingConfig,
+    /// How far the slices of its VMs may add up past its memory.
+    pub overcommit: Overcommit,
 }
 
 /// Default time slice.
@@ -320,6 +326,8 @@ pub struct VmConfig {
     pub socket_owner: Option<String>,
     /// Service targets and weight bounds for the tuning controller.
     pub tuning: VmTuning,
+    /// Reservation and overflow (`reserved`, `overflow`, `overflow_limit`).
+    pub memory_policy: VmMemory,
 }
 
 /// A VM's service targets and the bounds within which the tuning
@@ -526,6 +534,8 @@ pub struct Config {
     pub profiles: Vec<ProfileConfig>,
     /// `[tuning]`.
     pub tuning: TuningConfig,
+    /// `[memory]`.
+    pub memory: MemoryConfig,
 }
 
 #[derive(Deserialize)]
@@ -546,6 +556,13 @@ struct RawConfig {
     #[serde(default)]
     profile: Vec<Spanned<RawProfile>>,
     tuning: Option<RawTuning>,
+    memory: Option<RawMemory>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMemory {
+    host_overflow_budget: Option<Spanned<RawSize>>,
 }
 
 #[derive(Deserialize)]
@@ -585,6 +602,7 @@ struct RawDevice {
     policy: Option<Spanned<String>>,
     slice_ms: Option<Spanned<u64>>,
     batch_min_share: Option<Spanned<u32>>,
+    overcommit: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -619,6 +637,9 @@ struct RawVm {
     min_share: Option<Spanned<u32>>,
     weight_min: Option<Spanned<u32>>,
     weight_max: Option<Spanned<u32>>,
+    reserved: Option<Spanned<RawSize>>,
+    overflow: Option<Spanned<String>>,
+    overflow_limit: Option<Spanned<RawSize>>,
 }
 
 struct Ctx<'a> {
@@ -695,6 +716,7 @@ impl Config {
                 workers: None,
                 watchdog: Some(DEFAULT_WATCHDOG),
                 scheduling: SchedulingConfig::default(),
+                overcommit: Overcommit::default(),
             });
         }
 
@@ -782,14 +804,57 @@ impl Config {
         }
 
         let tuning = parse_tuning(&cx, raw.tuning.as_ref())?;
-        Ok(Config {
+        let memory = parse_memory(&cx, raw.memory.as_ref())?;
+        let config = Config {
             path: path.to_path_buf(),
             admin,
             devices,
             vms,
             profiles,
             tuning,
-        })
+            memory,
+        };
+        // Slices and reservations must fit the devices whose memory is known
+        // now (simulated ones); a real GPU's are checked once it is open.
+        let known = |d: &str| {
+            config
+                .devices
+                .iter()
+                .find(|x| x.name == d && x.kind == DeviceKind::Sim)
+                .map(|x| x.memory)
+        };
+        if let Err(e) = config.check_memory_fit(known) {
+            let span = raw
+                .vm
+                .iter()
+                .find(|v| v.get_ref().name.get_ref() == &e.vm)
+                .map_or(0..0, |v| v.span());
+            return Err(cx.err(span, e.message));
+        }
+        Ok(config)
+    }
+
+    /// Checks that on every device whose memory `total` knows, the slices add up to at most
+    /// `overcommit` times its memory and the reservations to at most its memory.
+    pub fn check_memory_fit(
+        &self,
+        total: impl Fn(&str) -> Option<u64>,
+    ) -> Result<(), memory::FitError> {
+        for d in &self.devices {
+            let Some(t) = total(&d.name) else { continue };
+            let vms: Vec<memory::SliceOf<'_>> = self
+                .vms
+                .iter()
+                .filter(|v| v.mode == VmMode::Shared && v.device == d.name)
+                .map(|v| memory::SliceOf {
+                    name: &v.name,
+                    memory: v.memory,
+                    reserved: v.memory_policy.reserved,
+                })
+                .collect();
+            memory::check_device_fit(&d.name, t, d.overcommit, &vms)?;
+        }
+        Ok(())
     }
 
     /// A profile by name.
@@ -829,8 +894,14 @@ impl Config {
                     vm.name, p.name, vm.device
                 ));
             }
+            let mp = &mut vm.memory_policy;
+            if mp.overflow == Overflow::Host && mp.overflow_limit == 0 {
+                mp.overflow_limit = vm.memory;
+            }
+            mp.check(vm.memory)
+                .map_err(|(_, m)| format!("VM `{}`: {m}", vm.name))?;
         }
-        Ok(())
+        self.check_memory_fit(&total).map_err(|e| e.message)
     }
 }
 
@@ -1016,6 +1087,18 @@ fn parse_device(
         }
         scheduling.batch_min_share = *b.get_ref();
     }
+    let overcommit = match &r.overcommit {
+        Some(o) => Overcommit::from_f64(*o.get_ref()).ok_or_else(|| {
+            cx.err(
+                o.span(),
+                format!(
+                    "overcommit must be between 1.0 (slices fit the device) and {}",
+                    memory::MAX_OVERCOMMIT
+                ),
+            )
+        })?,
+        None => Overcommit::default(),
+    };
     Ok(DeviceConfig {
         name,
         kind,
@@ -1023,6 +1106,7 @@ fn parse_device(
         workers,
         watchdog,
         scheduling,
+        overcommit,
     })
 }
 
@@ -1098,7 +1182,13 @@ fn parse_passthrough(
             ),
         ));
     }
-    let shared_only: [(&str, Option<std::ops::Range<usize>>); 12] = [
+    let shared_only: [(&str, Option<std::ops::Range<usize>>); 15] = [
+        ("reserved", r.reserved.as_ref().map(|x| x.span())),
+        ("overflow", r.overflow.as_ref().map(|x| x.span())),
+        (
+            "overflow_limit",
+            r.overflow_limit.as_ref().map(|x| x.span()),
+        ),
         ("socket_owner", r.socket_owner.as_ref().map(|x| x.span())),
         ("profile", r.profile.as_ref().map(|x| x.span())),
         ("device", r.device.as_ref().map(|x| x.span())),
@@ -1148,6 +1238,7 @@ fn parse_passthrough(
         profile: None,
         socket_owner: None,
         tuning: VmTuning::default(),
+        memory_policy: VmMemory::default(),
     })
 }
 
@@ -1367,6 +1458,7 @@ fn parse_vm(
         None => None,
     };
     let tuning = parse_vm_tuning(cx, r, weight)?;
+    let memory_policy = parse_vm_memory(cx, v, memory)?;
     Ok(VmConfig {
         name,
         device,
@@ -1383,6 +1475,56 @@ fn parse_vm(
         profile: profile.map(|p| p.name.clone()),
         socket_owner,
         tuning,
+        memory_policy,
+    })
+}
+
+fn parse_vm_memory(cx: &Ctx<'_>, v: &Spanned<RawVm>, memory: u64) -> Result<VmMemory, ConfigError> {
+    let r = v.get_ref();
+    let reserved = match &r.reserved {
+        Some(s) => cx.size(s, "reserved")?,
+        None => 0,
+    };
+    let overflow = match &r.overflow {
+        Some(o) => Overflow::parse(o.get_ref()).ok_or_else(|| {
+            cx.err(
+                o.span(),
+                format!(
+                    "unknown overflow `{}`: use \"none\" (allocations past the device fail) or \"host\" (they go to host memory)",
+                    o.get_ref()
+                ),
+            )
+        })?,
+        None => Overflow::None,
+    };
+    let overflow_limit = match (&r.overflow_limit, overflow) {
+        (Some(s), _) => cx.size(s, "overflow_limit")?,
+        // With overflow and no limit, the whole slice may overflow.
+        (None, Overflow::Host) => memory,
+        (None, Overflow::None) => 0,
+    };
+    let m = VmMemory {
+        reserved,
+        overflow,
+        overflow_limit,
+    };
+    m.check(memory).map_err(|(key, msg)| {
+        let span = match key {
+            "reserved" => r.reserved.as_ref().map(|s| s.span()),
+            _ => r.overflow_limit.as_ref().map(|s| s.span()),
+        };
+        cx.err(span.unwrap_or(v.span()), msg)
+    })?;
+    Ok(m)
+}
+
+fn parse_memory(cx: &Ctx<'_>, raw: Option<&RawMemory>) -> Result<MemoryConfig, ConfigError> {
+    let host_overflow_budget = match raw.and_then(|r| r.host_overflow_budget.as_ref()) {
+        Some(s) => Some(cx.size(s, "host_overflow_budget")?),
+        None => None,
+    };
+    Ok(MemoryConfig {
+        host_overflow_budget,
     })
 }
 

@@ -159,6 +159,7 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         profile: None,
         socket_owner: None,
         tuning: crate::config::VmTuning::default(),
+        memory_policy: crate::config::VmMemory::default(),
     }
 }
 

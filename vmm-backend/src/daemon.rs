@@ -659,8 +659,11 @@ impl Runtime {
     }
 
     fn update_vm_locked(&self, name: &str, body: &Value) -> Result<VmConfig, OpError> {
-        const LIVE_KEYS: [&str; 7] = [
+        const LIVE_KEYS: [&str; 10] = [
             "memory",
+            "reserved",
+            "overflow",
+            "overflow_limit",
             "weight",
             "priority",
             "target_wait_p99",
@@ -675,14 +678,14 @@ impl Runtime {
         if changes.is_empty() {
             return Err(OpError::new(
                 400,
-                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min and/or weight_max",
+                "nothing to change: give memory, reserved, overflow, overflow_limit, weight, priority, target_wait_p99, min_share, weight_min and/or weight_max",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {
             return Err(OpError::new(
                 400,
                 format!(
-                    "`{k}` cannot change while the VM runs (memory, weight and priority can); remove the VM and add it again to change it"
+                    "`{k}` cannot change while the VM runs (memory, reserved, overflow, weight and priority can); remove the VM and add it again to change it"
                 ),
             ));
         }
@@ -709,6 +712,7 @@ impl Runtime {
             memory: (new.memory != old.memory).then_some(new.memory),
             weight: (new.weight != old.weight).then_some(new.weight),
             priority: (new.priority != old.priority).then_some(new.priority),
+            memory_policy: (new.memory_policy != old.memory_policy).then_some(new.memory_policy),
         };
         self.broker.update_vm(&new.name, &u).map_err(|e| match e {
             BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
@@ -1007,8 +1011,13 @@ impl Runtime {
                 }
             }
         }
-        // `[tuning]` applies at once (the controller reads it every round).
+        // `[tuning]` applies at once (the controller reads it every round), and so does the
+        // host overflow budget.
         self.write().running.tuning = new.tuning;
+        self.write().running.memory = new.memory;
+        if let Some(b) = new.memory.host_overflow_budget {
+            self.broker.host_budget().set_limit(b);
+        }
         self.write().baseline = baseline;
         report
     }
@@ -1038,8 +1047,11 @@ impl Runtime {
             ));
         };
         let mut entry = reload::vm_table(&old);
-        const LIVE: [&str; 8] = [
+        const LIVE: [&str; 11] = [
             "memory",
+            "reserved",
+            "overflow",
+            "overflow_limit",
             "weight",
             "priority",
             "schedule",
@@ -1122,6 +1134,10 @@ impl Daemon {
         let config = &config;
         for d in &config.devices {
             broker.set_scheduling(&d.name, d.scheduling)?;
+            broker.set_overcommit(&d.name, d.overcommit)?;
+        }
+        if let Some(b) = config.memory.host_overflow_budget {
+            broker.host_budget().set_limit(b);
         }
         let rt = Arc::new(Runtime {
             passthrough: RwLock::new(passthrough),

@@ -63,6 +63,7 @@ fn device_table(d: &DeviceConfig) -> Table {
         "batch_min_share".into(),
         Toml::Integer(i64::from(d.scheduling.batch_min_share)),
     );
+    t.insert("overcommit".into(), Toml::Float(d.overcommit.as_f64()));
     t
 }
 
@@ -118,6 +119,17 @@ pub fn vm_table(v: &VmConfig) -> Table {
             })
             .collect();
         t.insert("schedule".into(), Toml::Array(windows));
+    }
+    let mp = &v.memory_policy;
+    if mp.reserved > 0 {
+        t.insert("reserved".into(), Toml::Integer(mp.reserved as i64));
+    }
+    if mp.overflow != vgpu_broker::config::Overflow::None {
+        t.insert("overflow".into(), mp.overflow.as_str().into());
+        t.insert(
+            "overflow_limit".into(),
+            Toml::Integer(mp.overflow_limit as i64),
+        );
     }
     let tu = &v.tuning;
     if let Some(d) = tu.target_wait_p99 {
@@ -187,6 +199,11 @@ pub fn render(c: &Config) -> String {
             format!("{}ms", c.tuning.interval.as_millis()).into(),
         );
         doc.insert("tuning".into(), Toml::Table(tu));
+    }
+    if let Some(b) = c.memory.host_overflow_budget {
+        let mut m = Table::new();
+        m.insert("host_overflow_budget".into(), Toml::Integer(b as i64));
+        doc.insert("memory".into(), Toml::Table(m));
     }
     if !c.vms.is_empty() {
         doc.insert(
@@ -329,6 +346,7 @@ fn live_updatable(a: &VmConfig, b: &VmConfig) -> bool {
         schedule: Vec::new(),
         profile: None,
         tuning: Default::default(),
+        memory_policy: Default::default(),
         ..v.clone()
     };
     strip(a) == strip(b)
@@ -387,7 +405,7 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
                 };
                 if &same_but_scheduling != nd {
                     out.push(Change::NeedsRestart(format!(
-                        "device `{}` changed its kind, memory, workers or watchdog: restart vgpud to rebuild it",
+                        "device `{}` changed its kind, memory, workers, watchdog or overcommit: restart vgpud to rebuild it",
                         nd.name
                     )));
                 }

@@ -161,6 +161,24 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
             fit(&line, INNER_WIDTH - 1 - GPU_COL)
         )));
     }
+    let mp = &info["memory_placement"];
+    if mp.is_object() {
+        // Where the slice's bytes are: device memory, or host memory when the device was full.
+        let n = |key: &str| mp[key].as_u64().unwrap_or(0);
+        let mut line = format!(
+            "Placement: device {}, host overflow {}",
+            human(n("device")),
+            human(n("host_overflow"))
+        );
+        if n("reserved") > 0 {
+            line += &format!(", reserved {}", human(n("reserved")));
+        }
+        out.push(row(&format!(
+            " {}{}",
+            " ".repeat(GPU_COL),
+            fit(&line, INNER_WIDTH - 1 - GPU_COL)
+        )));
+    }
     out.push(row(&format!(
         " {}Transport: {}",
         " ".repeat(GPU_COL),
@@ -212,6 +230,9 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
         serde_json::json!({ "total": info["memory_total"], "used": info["memory_used"] });
     if info["memory_by_kind"].is_object() {
         memory["by_kind"] = info["memory_by_kind"].clone();
+    }
+    if info["memory_placement"].is_object() {
+        memory["placement"] = info["memory_placement"].clone();
     }
     serde_json::json!({
         "vm": info["vm"],

@@ -1986,9 +1986,67 @@ guest_cid = 3
     }
 
     #[test]
+    fn memory_keys_parse_and_slices_must_fit_the_overcommit() {
+        const DEV: &str = "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"4GiB\"\n";
+        // Two VMs of 3 GiB on a 4 GiB device: refused by default, at the VM that went over.
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"3GiB\"\n[[vm]]\nname = \"b\"\nmemory = \"3GiB\"\n"
+        ));
+        assert!(e.starts_with("vgpu.toml:8: "), "{e}");
+        assert!(e.contains("`overcommit`"), "{e}");
+        let c = parse(&format!("{DEV}overcommit = 1.5\n[[memory]]\n"));
+        assert!(c.is_err(), "[memory] is a table, not an array");
+        let c = parse(&format!(
+            "[memory]\nhost_overflow_budget = \"8GiB\"\n{DEV}overcommit = 1.5\n\
+             [[vm]]\nname = \"a\"\nmemory = \"3GiB\"\nreserved = \"2GiB\"\noverflow = \"host\"\n\
+             [[vm]]\nname = \"b\"\nmemory = \"3GiB\"\nreserved = \"2GiB\"\noverflow = \"host\"\noverflow_limit = \"1GiB\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.devices[0].overcommit.as_f64(), 1.5);
+        assert_eq!(c.memory.host_overflow_budget, Some(8 << 30));
+        let a = c.vms[0].memory_policy;
+        assert_eq!(
+            (a.reserved, a.overflow, a.overflow_limit),
+            (2 << 30, Overflow::Host, 3 << 30),
+            "without a limit the whole slice may overflow"
+        );
+        assert_eq!(c.vms[1].memory_policy.overflow_limit, 1 << 30);
+        // Reservations past the device, past the slice; limits without overflow.
+        let e = err(&format!(
+            "{DEV}overcommit = 2\n[[vm]]\nname = \"a\"\nmemory = \"3GiB\"\nreserved = \"3GiB\"\n\
+             [[vm]]\nname = \"b\"\nmemory = \"3GiB\"\nreserved = \"2GiB\"\n"
+        ));
+        assert!(
+            e.contains("`reserved`") && e.contains("reservations"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\nreserved = \"2GiB\"\n"
+        ));
+        assert!(
+            e.starts_with("vgpu.toml:8: reserved = 2.0 GiB is more than"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\noverflow_limit = \"1GiB\"\n"
+        ));
+        assert!(e.contains("overflow = \"host\""), "{e}");
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\noverflow = \"disk\"\n"
+        ));
+        assert!(e.contains("unknown overflow `disk`"), "{e}");
+        let e = err(&format!("{DEV}overcommit = 0.5\n"));
+        assert!(e.contains("overcommit must be between 1.0"), "{e}");
+        let e = err(
+            "[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\nreserved = \"1GiB\"\n",
+        );
+        assert!(e.contains("`reserved` applies to shared VMs only"), "{e}");
+    }
+
+    #[test]
     fn profiles_size_vms_from_their_device() {
         let c = parse(
-            "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"8GiB\"\n\
+            "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"8GiB\"\novercommit = 1.5\n\
              [[profile]]\nname = \"q8\"\nmemory = \"1/8\"\n\
              [[profile]]\nname = \"q4\"\nmemory = \"1/4\"\nweight = 2\npriority = \"normal\"\n\
              [[profile]]\nname = \"q2\"\nmemory = \"1/2\"\nweight = 4\npriority = \"realtime\"\n\

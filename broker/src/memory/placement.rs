@@ -24,8 +24,9 @@
 //!
 //! A background thread per device *promotes* host-resident allocations back
 //! to device memory when room appears (memory freed, a reservation lowered),
-//! taking only memory that is free and not reserved by another VM, so that a
-//! promotion never has to be undone by the next claim.
+//! under the rules an allocation would be placed by: into the VM's own
+//! reservation, into free memory nobody reserved, or, borrowing, into another
+//! VM's free reservation (then the owner's next claim demotes it again).
 //!
 //! Moves happen through [`DeviceContext::migrate`], which waits for a safe
 //! point of the owning VM (none of its kernels or copies running).
@@ -127,16 +128,6 @@ struct TenantLedger {
     host: u64,
     movable: BTreeMap<u64, Movable>,
     stats: Arc<MoveStats>,
-}
-
-impl TenantLedger {
-    fn movable_on_device(&self) -> u64 {
-        self.movable
-            .values()
-            .filter(|m| m.residence == Residence::Device)
-            .map(|m| m.charged)
-            .sum()
-    }
 }
 
 #[derive(Default)]
@@ -432,7 +423,10 @@ impl DevicePlacement {
                     let others = l.unclaimed_reservations_except(id);
                     let t = &l.tenants[&id];
                     let own = t.device + c <= t.policy.reserved && free >= c;
-                    if free.saturating_sub(others) < c && !own {
+                    // Back into borrowed memory under the rule an allocation borrows by.
+                    let past = (t.device + c).saturating_sub(t.policy.reserved);
+                    let borrow = free >= c && t.host - c + past <= t.policy.overflow_limit;
+                    if free.saturating_sub(others) < c && !own && !borrow {
                         continue;
                     }
                     let t = l.tenants.get_mut(&id).expect("listed");
@@ -694,13 +688,13 @@ impl TenantMemory {
                     t.device += bytes;
                     return Ok(Residence::Device);
                 }
-                // Borrow another VM's free reservation only if everything this VM has on
-                // the device could move to host memory when the owner claims it.
-                let could_move = t.host + t.movable_on_device() + bytes;
+                // Borrow another VM's free reservation only if everything this VM holds past
+                // its own reservation could move to host memory when the owner claims it.
+                let past = (t.device + bytes).saturating_sub(t.policy.reserved);
                 if overflow
                     && free >= bytes
-                    && could_move <= t.policy.overflow_limit
-                    && could_move - t.host <= budget_free
+                    && t.host + past <= t.policy.overflow_limit
+                    && past <= budget_free
                 {
                     t.device += bytes;
                     return Ok(Residence::Device);

@@ -837,6 +837,22 @@ mod tests {
     }
 
     #[test]
+    fn scattered_free_memory_is_one_allocation_away() {
+        const MIB: u64 = 1 << 20;
+        let d = dev(64 * MIB);
+        let c = d.open("a").unwrap();
+        let p: Vec<u64> = (0..16).map(|_| c.alloc(4 * MIB).unwrap()).collect();
+        for q in p.iter().step_by(2) {
+            c.free(*q).unwrap();
+        }
+        // Free memory lies in eight 4 MiB holes; the largest allocation that fits is still
+        // the free total.
+        let big = c.alloc(32 * MIB).unwrap();
+        assert_eq!(d.memory_used(), 64 * MIB);
+        c.free(big).unwrap();
+    }
+
+    #[test]
     fn a_huge_request_fails_cleanly() {
         let d = dev(u64::MAX / 2);
         let c = d.open("a").unwrap();

@@ -330,7 +330,7 @@ impl DevicePlacement {
                 })
                 .map(|(k, t)| (*k, t.device - t.policy.reserved))
                 .collect();
-            victims.sort_by(|a, b| b.1.cmp(&a.1));
+            victims.sort_by_key(|v| std::cmp::Reverse(v.1));
             let mut planned = 0u64;
             for (vid, _) in victims {
                 if planned >= need {
@@ -345,7 +345,7 @@ impl DevicePlacement {
                     .filter(|(_, m)| m.residence == Residence::Device && !m.moving)
                     .map(|(p, m)| (*p, m.charged))
                     .collect();
-                cands.sort_by(|a, b| b.1.cmp(&a.1));
+                cands.sort_by_key(|c| std::cmp::Reverse(c.1));
                 let mut host_planned = 0u64;
                 for (ptr, c) in cands {
                     if planned >= need {

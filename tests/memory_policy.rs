@@ -286,6 +286,19 @@ fn slices_that_do_not_fit_are_refused_at_load_reload_and_live_naming_overcommit(
         (1 << 30, Some("host"), 1 << 30),
         "{v:#}"
     );
+    // Shrinking the slice under the limit is fine; `--overflow none` drops the limit.
+    d.vgpuctl_json(&["vm", "set", "vm1", "--memory", "1GiB"]);
+    let v = d.vgpuctl_json(&["vm", "set", "vm1", "--overflow", "none"]);
+    let m = &v["memory_placement"];
+    assert_eq!(
+        (
+            m["overflow"].as_str(),
+            n(m, "overflow_limit"),
+            n(m, "reserved")
+        ),
+        (Some("none"), 0, 1 << 30),
+        "{v:#}"
+    );
     let o = d.vgpuctl(&["vm", "set", "vm2", "--overflow-limit", "1GiB"]);
     assert!(
         o.code != 0 && o.stderr.contains("overflow_limit applies"),

@@ -690,7 +690,13 @@ impl Runtime {
             ));
         }
         let mut entry = reload::vm_table(&old);
+        // Without overflow there is no limit: `overflow = "none"` drops the old one.
+        let drops_limit = changes.get("overflow").and_then(|v| v.as_str()) == Some("none")
+            && !changes.contains_key("overflow_limit");
         entry.extend(changes);
+        if drops_limit {
+            entry.remove("overflow_limit");
+        }
         let new = self.validated_vm_entry(name, entry)?;
         self.apply_vm_update(&old, &new)?;
         Ok(new)

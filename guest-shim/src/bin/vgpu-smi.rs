@@ -367,6 +367,25 @@ mod tests {
     }
 
     #[test]
+    fn placement_shows_device_and_host_overflow() {
+        let mut i = info("a", 12 << 20, 64 << 20, serde_json::json!([]));
+        i["memory_placement"] = serde_json::json!({
+            "device": 8u64 << 20, "host_overflow": 4u64 << 20, "reserved": 2u64 << 20,
+            "overflow": "host", "overflow_limit": 32u64 << 20,
+        });
+        let t = render_table(&i, &dev("g"));
+        assert_aligned(&t);
+        assert!(
+            t.iter()
+                .any(|l| l.contains("Placement: device 8MiB, host overflow 4MiB, reserved 2MiB")),
+            "{}",
+            t.join("\n")
+        );
+        let j = render_json(&i, &dev("g"));
+        assert_eq!(j["memory"]["placement"]["host_overflow"], 4u64 << 20);
+    }
+
+    #[test]
     fn every_line_has_the_same_width_with_short_and_long_values() {
         let short = render_table(&info("a", 0, 1 << 20, serde_json::json!([])), &dev("g"));
         assert_aligned(&short);

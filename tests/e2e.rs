@@ -16,6 +16,7 @@ mod attacks;
 mod conformance_sim;
 mod kernels_c;
 mod libvirt_domain;
+mod memory_policy;
 mod python_driver;
 mod qemu_boot;
 mod qemu_vsock;

@@ -49,6 +49,19 @@ enum Bench {
         #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::GuestWait::Block)]
         guest_wait: vgpu_bench::vgpu_dev::GuestWait,
     },
+    /// Host overflow on the simulated GPU: a kernel over device-resident vs host-overflowed
+    /// memory, and one demotion/promotion vs a memcpy of the same size.
+    Overflow {
+        /// Repetitions; medians are reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Size of the kernel's buffer in MiB.
+        #[arg(long, default_value_t = 4)]
+        kernel_mib: u64,
+        /// Size of the buffer moved between device and host memory, in MiB.
+        #[arg(long, default_value_t = 256)]
+        move_mib: u64,
+    },
     /// Compute-share accuracy of the scheduler with saturating tenants.
     Share {
         /// Seconds per measurement window.
@@ -122,6 +135,15 @@ fn main() -> ExitCode {
             sizes_mib: sizes,
             ram: guest_ram,
             wait: guest_wait,
+        }),
+        Bench::Overflow {
+            runs,
+            kernel_mib,
+            move_mib,
+        } => vgpu_bench::overflow::run(vgpu_bench::overflow::Params {
+            runs,
+            kernel_mib,
+            move_mib,
         }),
         Bench::Share {
             seconds,

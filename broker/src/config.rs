@@ -14,6 +14,10 @@ use toml::Spanned;
 use crate::limits::{MAX_MODULE_BYTES, MAX_MODULES, MAX_SESSIONS, VmLimits};
 use crate::size::parse_size;
 
+pub mod memory;
+
+pub use memory::{MemoryConfig, Overcommit, Overflow, VmMemory};
+
 /// Default memory of a simulated device.
 pub const DEFAULT_SIM_MEMORY: u64 = 8 << 30;
 /// Name of the device created when the file declares none.
@@ -127,6 +131,8 @@ pub struct DeviceConfig {
     pub watchdog: Option<Duration>,
     /// How the device's compute time is shared.
     pub scheduling: SchedulingConfig,
+    /// How far the slices of its VMs may add up past its memory.
+    pub overcommit: Overcommit,
 }
 
 /// Default time slice.
@@ -324,6 +330,8 @@ pub struct VmConfig {
     /// Budgets besides memory: the config's `[limits]`, overridden by the
     /// VM's own `[vm.limits]` table.
     pub limits: VmLimits,
+    /// Reservation and overflow (`reserved`, `overflow`, `overflow_limit`).
+    pub memory_policy: VmMemory,
 }
 
 /// A VM's service targets and the bounds within which the tuning
@@ -532,6 +540,8 @@ pub struct Config {
     pub tuning: TuningConfig,
     /// `[limits]`: every VM's budgets unless its own `[vm.limits]` says otherwise.
     pub limits: VmLimits,
+    /// `[memory]`.
+    pub memory: MemoryConfig,
 }
 
 #[derive(Deserialize)]
@@ -553,6 +563,13 @@ struct RawConfig {
     #[serde(default)]
     profile: Vec<Spanned<RawProfile>>,
     tuning: Option<RawTuning>,
+    memory: Option<RawMemory>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMemory {
+    host_overflow_budget: Option<Spanned<RawSize>>,
 }
 
 #[derive(Deserialize)]
@@ -592,6 +609,7 @@ struct RawDevice {
     policy: Option<Spanned<String>>,
     slice_ms: Option<Spanned<u64>>,
     batch_min_share: Option<Spanned<u32>>,
+    overcommit: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -626,6 +644,9 @@ struct RawVm {
     min_share: Option<Spanned<u32>>,
     weight_min: Option<Spanned<u32>>,
     weight_max: Option<Spanned<u32>>,
+    reserved: Option<Spanned<RawSize>>,
+    overflow: Option<Spanned<String>>,
+    overflow_limit: Option<Spanned<RawSize>>,
     limits: Option<RawLimits>,
 }
 
@@ -712,6 +733,7 @@ impl Config {
                 workers: None,
                 watchdog: Some(DEFAULT_WATCHDOG),
                 scheduling: SchedulingConfig::default(),
+                overcommit: Overcommit::default(),
             });
         }
 
@@ -803,7 +825,8 @@ impl Config {
         }
 
         let tuning = parse_tuning(&cx, raw.tuning.as_ref())?;
-        Ok(Config {
+        let memory = parse_memory(&cx, raw.memory.as_ref())?;
+        let config = Config {
             path: path.to_path_buf(),
             admin,
             devices,
@@ -811,7 +834,49 @@ impl Config {
             profiles,
             tuning,
             limits,
-        })
+            memory,
+        };
+        // Slices and reservations must fit the devices whose memory is known
+        // now (simulated ones); a real GPU's are checked once it is open.
+        let known = |d: &str| {
+            config
+                .devices
+                .iter()
+                .find(|x| x.name == d && x.kind == DeviceKind::Sim)
+                .map(|x| x.memory)
+        };
+        if let Err(e) = config.check_memory_fit(known) {
+            let span = raw
+                .vm
+                .iter()
+                .find(|v| v.get_ref().name.get_ref() == &e.vm)
+                .map_or(0..0, |v| v.span());
+            return Err(cx.err(span, e.message));
+        }
+        Ok(config)
+    }
+
+    /// Checks that on every device whose memory `total` knows, the slices add up to at most
+    /// `overcommit` times its memory and the reservations to at most its memory.
+    pub fn check_memory_fit(
+        &self,
+        total: impl Fn(&str) -> Option<u64>,
+    ) -> Result<(), memory::FitError> {
+        for d in &self.devices {
+            let Some(t) = total(&d.name) else { continue };
+            let vms: Vec<memory::SliceOf<'_>> = self
+                .vms
+                .iter()
+                .filter(|v| v.mode == VmMode::Shared && v.device == d.name)
+                .map(|v| memory::SliceOf {
+                    name: &v.name,
+                    memory: v.memory,
+                    reserved: v.memory_policy.reserved,
+                })
+                .collect();
+            memory::check_device_fit(&d.name, t, d.overcommit, &vms)?;
+        }
+        Ok(())
     }
 
     /// A profile by name.
@@ -851,8 +916,14 @@ impl Config {
                     vm.name, p.name, vm.device
                 ));
             }
+            let mp = &mut vm.memory_policy;
+            if mp.overflow == Overflow::Host && mp.overflow_limit == 0 {
+                mp.overflow_limit = vm.memory;
+            }
+            mp.check(vm.memory)
+                .map_err(|(_, m)| format!("VM `{}`: {m}", vm.name))?;
         }
-        Ok(())
+        self.check_memory_fit(&total).map_err(|e| e.message)
     }
 }
 
@@ -1038,6 +1109,18 @@ fn parse_device(
         }
         scheduling.batch_min_share = *b.get_ref();
     }
+    let overcommit = match &r.overcommit {
+        Some(o) => Overcommit::from_f64(*o.get_ref()).ok_or_else(|| {
+            cx.err(
+                o.span(),
+                format!(
+                    "overcommit must be between 1.0 (slices fit the device) and {}",
+                    memory::MAX_OVERCOMMIT
+                ),
+            )
+        })?,
+        None => Overcommit::default(),
+    };
     Ok(DeviceConfig {
         name,
         kind,
@@ -1045,6 +1128,7 @@ fn parse_device(
         workers,
         watchdog,
         scheduling,
+        overcommit,
     })
 }
 
@@ -1120,7 +1204,13 @@ fn parse_passthrough(
             ),
         ));
     }
-    let shared_only: [(&str, Option<std::ops::Range<usize>>); 12] = [
+    let shared_only: [(&str, Option<std::ops::Range<usize>>); 15] = [
+        ("reserved", r.reserved.as_ref().map(|x| x.span())),
+        ("overflow", r.overflow.as_ref().map(|x| x.span())),
+        (
+            "overflow_limit",
+            r.overflow_limit.as_ref().map(|x| x.span()),
+        ),
         ("socket_owner", r.socket_owner.as_ref().map(|x| x.span())),
         ("profile", r.profile.as_ref().map(|x| x.span())),
         ("device", r.device.as_ref().map(|x| x.span())),
@@ -1171,6 +1261,7 @@ fn parse_passthrough(
         socket_owner: None,
         tuning: VmTuning::default(),
         limits: VmLimits::default(),
+        memory_policy: VmMemory::default(),
     })
 }
 
@@ -1435,6 +1526,7 @@ fn parse_vm(
         None => None,
     };
     let tuning = parse_vm_tuning(cx, r, weight)?;
+    let memory_policy = parse_vm_memory(cx, v, memory)?;
     Ok(VmConfig {
         name,
         device,
@@ -1455,6 +1547,56 @@ fn parse_vm(
             Some(l) => parse_limits(cx, *limits, l, "limits")?,
             None => *limits,
         },
+        memory_policy,
+    })
+}
+
+fn parse_vm_memory(cx: &Ctx<'_>, v: &Spanned<RawVm>, memory: u64) -> Result<VmMemory, ConfigError> {
+    let r = v.get_ref();
+    let reserved = match &r.reserved {
+        Some(s) => cx.size(s, "reserved")?,
+        None => 0,
+    };
+    let overflow = match &r.overflow {
+        Some(o) => Overflow::parse(o.get_ref()).ok_or_else(|| {
+            cx.err(
+                o.span(),
+                format!(
+                    "unknown overflow `{}`: use \"none\" (allocations past the device fail) or \"host\" (they go to host memory)",
+                    o.get_ref()
+                ),
+            )
+        })?,
+        None => Overflow::None,
+    };
+    let overflow_limit = match (&r.overflow_limit, overflow) {
+        (Some(s), _) => cx.size(s, "overflow_limit")?,
+        // With overflow and no limit, the whole slice may overflow.
+        (None, Overflow::Host) => memory,
+        (None, Overflow::None) => 0,
+    };
+    let m = VmMemory {
+        reserved,
+        overflow,
+        overflow_limit,
+    };
+    m.check(memory).map_err(|(key, msg)| {
+        let span = match key {
+            "reserved" => r.reserved.as_ref().map(|s| s.span()),
+            _ => r.overflow_limit.as_ref().map(|s| s.span()),
+        };
+        cx.err(span.unwrap_or(v.span()), msg)
+    })?;
+    Ok(m)
+}
+
+fn parse_memory(cx: &Ctx<'_>, raw: Option<&RawMemory>) -> Result<MemoryConfig, ConfigError> {
+    let host_overflow_budget = match raw.and_then(|r| r.host_overflow_budget.as_ref()) {
+        Some(s) => Some(cx.size(s, "host_overflow_budget")?),
+        None => None,
+    };
+    Ok(MemoryConfig {
+        host_overflow_budget,
     })
 }
 
@@ -1916,9 +2058,67 @@ guest_cid = 3
     }
 
     #[test]
+    fn memory_keys_parse_and_slices_must_fit_the_overcommit() {
+        const DEV: &str = "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"4GiB\"\n";
+        // Two VMs of 3 GiB on a 4 GiB device: refused by default, at the VM that went over.
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"3GiB\"\n[[vm]]\nname = \"b\"\nmemory = \"3GiB\"\n"
+        ));
+        assert!(e.starts_with("vgpu.toml:8: "), "{e}");
+        assert!(e.contains("`overcommit`"), "{e}");
+        let c = parse(&format!("{DEV}overcommit = 1.5\n[[memory]]\n"));
+        assert!(c.is_err(), "[memory] is a table, not an array");
+        let c = parse(&format!(
+            "[memory]\nhost_overflow_budget = \"8GiB\"\n{DEV}overcommit = 1.5\n\
+             [[vm]]\nname = \"a\"\nmemory = \"3GiB\"\nreserved = \"2GiB\"\noverflow = \"host\"\n\
+             [[vm]]\nname = \"b\"\nmemory = \"3GiB\"\nreserved = \"2GiB\"\noverflow = \"host\"\noverflow_limit = \"1GiB\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.devices[0].overcommit.as_f64(), 1.5);
+        assert_eq!(c.memory.host_overflow_budget, Some(8 << 30));
+        let a = c.vms[0].memory_policy;
+        assert_eq!(
+            (a.reserved, a.overflow, a.overflow_limit),
+            (2 << 30, Overflow::Host, 3 << 30),
+            "without a limit the whole slice may overflow"
+        );
+        assert_eq!(c.vms[1].memory_policy.overflow_limit, 1 << 30);
+        // Reservations past the device, past the slice; limits without overflow.
+        let e = err(&format!(
+            "{DEV}overcommit = 2\n[[vm]]\nname = \"a\"\nmemory = \"3GiB\"\nreserved = \"3GiB\"\n\
+             [[vm]]\nname = \"b\"\nmemory = \"3GiB\"\nreserved = \"2GiB\"\n"
+        ));
+        assert!(
+            e.contains("`reserved`") && e.contains("reservations"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\nreserved = \"2GiB\"\n"
+        ));
+        assert!(
+            e.starts_with("vgpu.toml:8: reserved = 2.0 GiB is more than"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\noverflow_limit = \"1GiB\"\n"
+        ));
+        assert!(e.contains("overflow = \"host\""), "{e}");
+        let e = err(&format!(
+            "{DEV}[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\noverflow = \"disk\"\n"
+        ));
+        assert!(e.contains("unknown overflow `disk`"), "{e}");
+        let e = err(&format!("{DEV}overcommit = 0.5\n"));
+        assert!(e.contains("overcommit must be between 1.0"), "{e}");
+        let e = err(
+            "[[vm]]\nname = \"p\"\nmode = \"passthrough\"\npci = \"0000:3b:00.0\"\nreserved = \"1GiB\"\n",
+        );
+        assert!(e.contains("`reserved` applies to shared VMs only"), "{e}");
+    }
+
+    #[test]
     fn profiles_size_vms_from_their_device() {
         let c = parse(
-            "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"8GiB\"\n\
+            "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"8GiB\"\novercommit = 1.5\n\
              [[profile]]\nname = \"q8\"\nmemory = \"1/8\"\n\
              [[profile]]\nname = \"q4\"\nmemory = \"1/4\"\nweight = 2\npriority = \"normal\"\n\
              [[profile]]\nname = \"q2\"\nmemory = \"1/2\"\nweight = 4\npriority = \"realtime\"\n\

@@ -18,6 +18,15 @@ use crate::error::CuError;
 /// physical memory sizes, reservations and mappings are multiples of it.
 pub const VMM_GRANULARITY: u64 = 2 << 20;
 
+/// Where an allocation's bytes live (docs/memory.md, "Overflow and address stability").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residence {
+    /// Device memory.
+    Device,
+    /// Host memory the device's kernels can address (overflow).
+    Host,
+}
+
 /// Static description of a device.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
@@ -363,6 +372,23 @@ pub trait DeviceContext: Send + Sync {
         Err(DeviceError::NotSupported(format!(
             "this device cannot place allocations at {align}-byte boundaries"
         )))
+    }
+    /// Allocates `size` bytes of host memory at a device address kernels can use like device
+    /// memory (overflow when the device is full). Freed by `free`; moved by `migrate`.
+    fn alloc_host(&self, size: u64) -> Result<u64, DeviceError> {
+        let _ = size;
+        Err(DeviceError::NotSupported(
+            "this device cannot place allocations in host memory".into(),
+        ))
+    }
+    /// Moves the backing of the allocation at `ptr` (made by `alloc` or `alloc_host`) to
+    /// `to`, keeping its address and contents. Waits until none of this context's kernels or
+    /// copies is running (a running kernel is asked to yield).
+    fn migrate(&self, ptr: u64, to: Residence) -> Result<(), DeviceError> {
+        let _ = (ptr, to);
+        Err(DeviceError::NotSupported(
+            "this device cannot move allocations between device and host memory".into(),
+        ))
     }
     /// Virtual memory management: creates `size` bytes of physical memory (a multiple of
     /// [`VMM_GRANULARITY`]), not yet mapped anywhere; returns its id. The broker charged it.

@@ -34,6 +34,7 @@ use crate::config::{
     MAX_BATCH_MIN_SHARE, MAX_SLICE, MAX_WEIGHT, MIN_SLICE, Priority, SchedulingConfig, VmConfig,
 };
 use crate::device::Device;
+use crate::memory::placement::{DevicePlacement, HostBudget};
 use crate::scheduler::{Clock, LocalClock, Scheduler};
 use crate::tenant::Tenant;
 
@@ -62,6 +63,8 @@ pub struct VmUpdate {
     pub priority: Option<Priority>,
     /// New budgets (sessions, connections, modules).
     pub limits: Option<limits::VmLimits>,
+    /// New reservation and overflow settings.
+    pub memory_policy: Option<config::VmMemory>,
 }
 
 /// Why a broker operation was refused.
@@ -94,6 +97,9 @@ pub struct Broker {
     devices: Vec<(String, Arc<dyn Device>)>,
     /// One scheduler per device, in the order of `devices`.
     schedulers: Vec<Arc<Scheduler>>,
+    /// One memory ledger per device, in the order of `devices`.
+    placements: Vec<Arc<DevicePlacement>>,
+    host_budget: Arc<HostBudget>,
     tenants: RwLock<BTreeMap<String, Arc<Tenant>>>,
     next_session: AtomicU64,
 }
@@ -128,9 +134,18 @@ impl Broker {
                 ))
             })
             .collect();
+        let host_budget = Arc::new(HostBudget::new(
+            config::memory::default_host_overflow_budget(),
+        ));
+        let placements = devices
+            .iter()
+            .map(|(n, d)| DevicePlacement::new(n, d.info().total_memory, Arc::clone(&host_budget)))
+            .collect();
         Self {
             devices,
             schedulers,
+            placements,
+            host_budget,
             tenants: RwLock::new(BTreeMap::new()),
             next_session: AtomicU64::new(1),
         }
@@ -154,6 +169,28 @@ impl Broker {
             .map(|i| &self.schedulers[i])
     }
 
+    /// The memory ledger of the named device.
+    pub fn placement(&self, device: &str) -> Option<&Arc<DevicePlacement>> {
+        self.devices
+            .iter()
+            .position(|d| d.0 == device)
+            .map(|i| &self.placements[i])
+    }
+
+    /// The host memory all VMs' overflow may take together.
+    pub fn host_budget(&self) -> &Arc<HostBudget> {
+        &self.host_budget
+    }
+
+    /// Sets how far the slices on `device` may add up past its memory; refused (naming
+    /// `overcommit`) when the VMs' slices do not fit.
+    pub fn set_overcommit(&self, device: &str, oc: config::Overcommit) -> Result<(), BrokerError> {
+        self.placement(device)
+            .ok_or_else(|| BrokerError::NoSuchDevice(device.to_string()))?
+            .set_overcommit(oc)
+            .map_err(BrokerError::Refused)
+    }
+
     /// Adds a tenant for a VM entry.
     pub fn add_tenant(&self, vm: &VmConfig) -> Result<Arc<Tenant>, BrokerError> {
         let unknown = || BrokerError::UnknownDevice {
@@ -166,7 +203,12 @@ impl Broker {
         if t.contains_key(&vm.name) {
             return Err(BrokerError::DuplicateTenant(vm.name.clone()));
         }
+        let placement = self.placement(&vm.device).ok_or_else(unknown)?;
+        let memory = placement
+            .register(&vm.name, vm.memory, vm.memory_policy)
+            .map_err(BrokerError::Refused)?;
         let tenant = Arc::new(Tenant::new(vm, Arc::clone(device), Arc::clone(scheduler)));
+        tenant.attach_placement(memory);
         t.insert(vm.name.clone(), Arc::clone(&tenant));
         Ok(tenant)
     }
@@ -221,15 +263,29 @@ impl Broker {
                 "weight must be between 1 and {MAX_WEIGHT}"
             )));
         }
-        if let Some(m) = u.memory {
-            if m == 0 {
-                return Err(BrokerError::Refused(
-                    "the memory slice must be larger than 0".into(),
-                ));
+        if let Some(m) = u.memory
+            && m == 0
+        {
+            return Err(BrokerError::Refused(
+                "the memory slice must be larger than 0".into(),
+            ));
+        }
+        if u.memory.is_some() || u.memory_policy.is_some() {
+            let old_slice = t.slice.limit();
+            let slice = u.memory.unwrap_or(old_slice);
+            if let Some(pm) = t.placement() {
+                let old = pm.snapshot().policy;
+                pm.set_policy(slice, u.memory_policy.unwrap_or(old))
+                    .map_err(BrokerError::Refused)?;
+                if let Err(e) = t.slice.resize(slice) {
+                    let _ = pm.set_policy(old_slice, old);
+                    return Err(BrokerError::Refused(e.message));
+                }
+            } else {
+                t.slice
+                    .resize(slice)
+                    .map_err(|e| BrokerError::Refused(e.message))?;
             }
-            t.slice
-                .resize(m)
-                .map_err(|e| BrokerError::Refused(e.message))?;
         }
         if let Some(l) = u.limits {
             t.limits.set_limits(l);

@@ -5,8 +5,11 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY` with nothing changed. The allocation table is how
 //! the broker validates every device pointer a guest passes.
 
+pub mod movable;
+pub mod placement;
+
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::CuError;
 use crate::size::Human;
@@ -15,6 +18,14 @@ use crate::size::Human;
 #[derive(Debug)]
 pub struct MemorySlice {
     state: Mutex<SliceState>,
+    /// Where charged bytes are admitted to device memory (reservations, overcommit).
+    admission: OnceLock<Arc<dyn placement::Admission>>,
+}
+
+impl std::fmt::Debug for dyn placement::Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admission")
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -56,15 +67,44 @@ impl MemorySlice {
                 peak: 0,
                 hourly: [(0, 0); 24],
             }),
+            admission: OnceLock::new(),
         }
+    }
+
+    /// Sends every later [`MemorySlice::charge`] and [`MemorySlice::refund`] through `a`
+    /// (the VM's entry in its device's memory ledger). Set once.
+    pub fn set_admission(&self, a: Arc<dyn placement::Admission>) {
+        let _ = self.admission.set(a);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SliceState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Charges `bytes`; refuses when the slice would overflow.
+    /// Charges `bytes` of device memory; refuses when the slice would overflow, or when the
+    /// device has no room for the VM (its reservations and the others').
     pub fn charge(&self, bytes: u64) -> Result<(), CuError> {
+        self.charge_unplaced(bytes)?;
+        if let Some(a) = self.admission.get()
+            && let Err(e) = a.admit(bytes)
+        {
+            self.refund_unplaced(bytes);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Returns `bytes` charged by [`MemorySlice::charge`].
+    pub fn refund(&self, bytes: u64) {
+        self.refund_unplaced(bytes);
+        if let Some(a) = self.admission.get() {
+            a.release(bytes);
+        }
+    }
+
+    /// Charges `bytes` to the slice only: the caller places them (a movable allocation,
+    /// see [`placement::TenantMemory::place`]).
+    pub fn charge_unplaced(&self, bytes: u64) -> Result<(), CuError> {
         let mut s = self.lock();
         match s.used.checked_add(bytes) {
             Some(n) if n <= s.limit => {
@@ -81,8 +121,8 @@ impl MemorySlice {
         }
     }
 
-    /// Returns `bytes` to the slice.
-    pub fn refund(&self, bytes: u64) {
+    /// Returns `bytes` of [`MemorySlice::charge_unplaced`] to the slice.
+    pub fn refund_unplaced(&self, bytes: u64) {
         let mut s = self.lock();
         s.used = s.used.saturating_sub(bytes);
     }

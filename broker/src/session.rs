@@ -1244,6 +1244,16 @@ impl Session {
             "memory_total": self.tenant.slice.limit(),
             "memory_used": self.tenant.slice.used(),
             "memory_by_kind": self.tenant.usage.breakdown(self.tenant.slice.used()),
+            "memory_placement": self.tenant.placement().map(|m| {
+                let m = m.snapshot();
+                serde_json::json!({
+                    "device": m.device,
+                    "host_overflow": m.host,
+                    "reserved": m.policy.reserved,
+                    "overflow": m.policy.overflow.as_str(),
+                    "overflow_limit": m.policy.overflow_limit,
+                })
+            }),
             "kernels": st.kernels.load(Ordering::Relaxed),
             "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
             "bytes_dtoh": st.bytes_dtoh.load(Ordering::Relaxed),
@@ -1333,12 +1343,19 @@ impl Session {
         }
         let charged = round_up(size, self.device.alloc_granularity)
             .ok_or_else(|| CuError::out_of_memory("allocation size overflows"))?;
-        self.tenant.slice.charge(charged)?;
-        let ptr = match self.dev.alloc(size) {
-            Ok(p) => p,
-            Err(e) => {
-                self.tenant.slice.refund(charged);
-                return Err(e.into());
+        let ptr = match self.tenant.placement().cloned() {
+            Some(pm) => {
+                crate::memory::movable::allocate(&pm, &self.tenant, &self.dev, size, charged)?
+            }
+            None => {
+                self.tenant.slice.charge(charged)?;
+                match self.dev.alloc(size) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        self.tenant.slice.refund(charged);
+                        return Err(e.into());
+                    }
+                }
             }
         };
         self.allocs.insert(
@@ -1361,7 +1378,13 @@ impl Session {
             if let Err(e) = self.dev.free(base) {
                 tracing::warn!(session = self.info.id, error = %e, "device refused to free {base:#x}");
             }
-            self.tenant.slice.refund(a.charged);
+            match (a.kind, self.tenant.placement()) {
+                (AllocKind::Device, Some(pm)) => {
+                    pm.untrack(base);
+                    self.tenant.slice.refund_unplaced(a.charged);
+                }
+                _ => self.tenant.slice.refund(a.charged),
+            }
             if let Some(k) = a.kind.usage() {
                 self.tenant.usage.sub(k, a.charged);
             }

@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use crate::config::{Priority, VmConfig};
 use crate::device::{Device, DeviceContext, DeviceError};
 use crate::memory::MemorySlice;
+use crate::memory::placement::TenantMemory;
 use crate::scheduler::{KernelTicket, SchedStats, Scheduler, TenantId};
 
 /// Mutable scheduling settings of a tenant.
@@ -73,6 +74,7 @@ pub struct Tenant {
     closed: AtomicBool,
     scheduler: Arc<Scheduler>,
     sched_id: TenantId,
+    placement: std::sync::OnceLock<Arc<TenantMemory>>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -111,7 +113,21 @@ impl Tenant {
             closed: AtomicBool::new(false),
             scheduler,
             sched_id,
+            placement: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Connects the tenant to its entry in the device's memory ledger: from now on every
+    /// charge of its slice is admitted there (reservations, overcommit, overflow).
+    pub fn attach_placement(&self, m: Arc<TenantMemory>) {
+        if self.placement.set(Arc::clone(&m)).is_ok() {
+            self.slice.set_admission(m);
+        }
+    }
+
+    /// The tenant's entry in its device's memory ledger (`None` until attached).
+    pub fn placement(&self) -> Option<&Arc<TenantMemory>> {
+        self.placement.get()
     }
 
     /// The tenant's device.

@@ -160,6 +160,7 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         socket_owner: None,
         tuning: crate::config::VmTuning::default(),
         limits: crate::limits::VmLimits::default(),
+        memory_policy: crate::config::VmMemory::default(),
     }
 }
 

@@ -229,13 +229,23 @@ pub struct VmAddArgs {
 
 /// Arguments of `vm set`.
 #[derive(Debug, Args)]
-#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["memory", "weight", "priority", "target_wait_p99", "min_share", "weight_min", "weight_max"]))]
+#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["memory", "reserved", "overflow", "overflow_limit", "weight", "priority", "target_wait_p99", "min_share", "weight_min", "weight_max"]))]
 pub struct VmSetArgs {
     /// VM name.
     pub name: String,
-    /// New memory slice, e.g. 4GiB (refused below what the VM uses).
+    /// New memory slice, e.g. 4GiB (refused below what the VM uses, or when the device's
+    /// slices would add up past its overcommit).
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
+    /// Device memory guaranteed to the VM, e.g. 1GiB (reservations add up to at most the device).
+    #[arg(long, value_name = "SIZE")]
+    pub reserved: Option<String>,
+    /// Where allocations go when the device is full: none (they fail) or host (host memory).
+    #[arg(long, value_enum)]
+    pub overflow: Option<OverflowArg>,
+    /// Most host memory the VM's allocations may overflow to, e.g. 2GiB (with --overflow host).
+    #[arg(long, value_name = "SIZE")]
+    pub overflow_limit: Option<String>,
     /// New compute share weight (1-10000).
     #[arg(long)]
     pub weight: Option<u32>,
@@ -254,6 +264,15 @@ pub struct VmSetArgs {
     /// Highest weight the tuning controller may set.
     #[arg(long)]
     pub weight_max: Option<u32>,
+}
+
+/// `overflow` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OverflowArg {
+    /// Allocations past the device's free memory fail with CUDA_ERROR_OUT_OF_MEMORY.
+    None,
+    /// They go to host memory, at the same device addresses.
+    Host,
 }
 
 /// Why a command failed.
@@ -644,6 +663,22 @@ fn vm_detail(v: &Value) -> String {
                 )),
         );
     }
+    let mp = &v["memory_placement"];
+    if mp.is_object() {
+        out += &format!(
+            "placement: {} on the device ({} borrowed past the reservation of {}), {} overflowed to host (overflow {}, limit {}); demotions {} ({}), promotions {} ({})\n",
+            json_bytes(&mp["device_bytes"]),
+            json_bytes(&mp["borrowed_bytes"]),
+            json_bytes(&mp["reserved"]),
+            json_bytes(&mp["host_bytes"]),
+            json_str(&mp["overflow"]),
+            json_bytes(&mp["overflow_limit"]),
+            json_str(&mp["demotions"]),
+            json_bytes(&mp["demoted_bytes"]),
+            json_str(&mp["promotions"]),
+            json_bytes(&mp["promoted_bytes"]),
+        );
+    }
     let k = &v["memory_by_kind"];
     if k.is_object() {
         out += &format!(
@@ -917,6 +952,19 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 let mut body = serde_json::Map::new();
                 if let Some(m) = &a.memory {
                     body.insert("memory".into(), m.clone().into());
+                }
+                if let Some(r) = &a.reserved {
+                    body.insert("reserved".into(), r.clone().into());
+                }
+                if let Some(o) = a.overflow {
+                    let o = match o {
+                        OverflowArg::None => "none",
+                        OverflowArg::Host => "host",
+                    };
+                    body.insert("overflow".into(), o.into());
+                }
+                if let Some(l) = &a.overflow_limit {
+                    body.insert("overflow_limit".into(), l.clone().into());
                 }
                 if let Some(w) = a.weight {
                     body.insert("weight".into(), w.into());

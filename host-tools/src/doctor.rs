@@ -560,7 +560,7 @@ pub fn memory_checks(devices: &[DeviceMemory], mem: Option<(u64, u64)>) -> Vec<C
                 &name,
                 Status::Warn,
                 format!("the VMs' slices add up to {} on a {} device: over-committed, so a VM can get out-of-memory before its slice is full", bytes(d.sliced), bytes(d.memory)),
-                "shrink slices (vgpuctl vm set NAME --memory SIZE) or move VMs to another device, unless over-commit is intended",
+                "if the device's `overcommit` is intended, give the VMs that need a guarantee `reserved` memory and the others `overflow = \"host\"` (docs/memory.md); otherwise shrink slices (vgpuctl vm set NAME --memory SIZE)",
             )
         } else {
             pass(&name, format!("{} of {} sliced", bytes(d.sliced), bytes(d.memory)))
@@ -735,7 +735,7 @@ mod tests {
     fn slices_come_from_the_config() {
         let c = Config::parse(
             Path::new("t.toml"),
-            "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"1GiB\"\n[[vm]]\nname = \"a\"\nmemory = \"768MiB\"\n[[vm]]\nname = \"b\"\nmemory = \"512MiB\"\n",
+            "[[device]]\nname = \"g\"\nkind = \"sim\"\nmemory = \"1GiB\"\novercommit = 1.5\n[[vm]]\nname = \"a\"\nmemory = \"768MiB\"\n[[vm]]\nname = \"b\"\nmemory = \"512MiB\"\n",
         )
         .unwrap();
         let d = devices_of_config(&c);

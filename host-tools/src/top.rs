@@ -290,6 +290,11 @@ fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
             Cell::from(name.to_string()),
             Cell::from(v["device"].as_str().unwrap_or("?").to_string()),
             memory_cell(&v["memory_used"], &v["memory_limit"]),
+            // Host-overflow bytes (docs/memory.md): yellow while any are overflowed.
+            match v["memory_placement"]["host_bytes"].as_u64() {
+                Some(h) if h > 0 => Cell::from(bytes(h)).style(Style::default().fg(Color::Yellow)),
+                _ => Cell::from("-"),
+            },
             share_cell,
             weight_cell(v),
             Cell::from(fmt(|r| rate(r.kernels))),
@@ -307,6 +312,7 @@ fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
         "VM",
         "DEVICE",
         "MEMORY",
+        "HOST",
         "SHARE / CONFIGURED",
         "WEIGHT",
         "KERNEL/S",
@@ -322,6 +328,7 @@ fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
             Constraint::Length(10),
             Constraint::Length(7),
             Constraint::Length(30),
+            Constraint::Length(9),
             Constraint::Length(20),
             Constraint::Length(6),
             Constraint::Length(8),
@@ -382,6 +389,7 @@ pub fn run(a: &TopArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
                     json!({
                         "name": v["name"], "device": v["device"],
                         "memory_used": v["memory_used"], "memory_limit": v["memory_limit"],
+                        "host_overflow_bytes": v["memory_placement"]["host_bytes"],
                         "share_1s": v["usage"]["share_1s"], "configured_share": v["usage"]["configured_share"],
                         "kernels_per_s": r.kernels, "htod_bytes_per_s": r.htod, "dtoh_bytes_per_s": r.dtoh,
                         "sessions": v["sessions"].as_array().map_or(0, Vec::len), "state": v["state"],

@@ -199,6 +199,7 @@ mod tests {
             workers: None,
             watchdog: None,
             scheduling: Default::default(),
+            overcommit: Default::default(),
         }
     }
 

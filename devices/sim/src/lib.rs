@@ -9,16 +9,16 @@
 pub mod alloc;
 pub mod module;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use vgpu_broker::device::{
     Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, LaunchDims, LaunchProgress,
-    RunControl, pieces_len,
+    Residence, RunControl, pieces_len,
 };
 use vgpu_proto::cuda::attr;
-use vgpu_ptx::{Buffer, GlobalMemory};
+use vgpu_ptx::{Buffer, GlobalMemory, LaunchControl};
 
 use crate::alloc::{ALLOC_ALIGN, AddressSpace, aligned};
 
@@ -26,6 +26,12 @@ use crate::alloc::{ALLOC_ALIGN, AddressSpace, aligned};
 pub const DEVICE_NAME: &str = "vgpu Simulated GPU";
 /// Compute capability it reports (PTX for sm_52 … sm_90 loads).
 pub const COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+
+/// Times a migration polls for its safe point (asking running launches to yield each time)
+/// before it queues for it.
+const MIGRATION_POLLS: usize = 50;
+/// Pause between two polls.
+const MIGRATION_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Settings of a simulated device.
 #[derive(Debug, Clone)]
@@ -47,11 +53,13 @@ pub struct SimDevice {
     config: SimConfig,
 }
 
-/// Device-wide memory state: the address space and the capacity in use.
+/// Device-wide memory state: the address space, the capacity in use, and the host memory
+/// that overflowed allocations use (not counted against the capacity).
 #[derive(Debug, Default)]
 struct SimMemory {
     space: Mutex<AddressSpace>,
     used: AtomicU64,
+    host_used: AtomicU64,
     total: u64,
 }
 
@@ -165,6 +173,9 @@ impl Device for SimDevice {
                 memory: Arc::clone(&self.memory),
                 allocs: RwLock::new(BTreeMap::new()),
                 vmm: Mutex::new(Vmm::default()),
+                host: Mutex::new(BTreeSet::new()),
+                gate: RwLock::new(()),
+                launches: Mutex::new(Vec::new()),
             }),
             workers: self.config.workers.max(1),
         }))
@@ -172,6 +183,13 @@ impl Device for SimDevice {
 
     fn memory_used(&self) -> u64 {
         self.memory.used.load(Ordering::Relaxed)
+    }
+}
+
+impl SimDevice {
+    /// Bytes of host memory that overflowed allocations of all contexts use.
+    pub fn host_memory_used(&self) -> u64 {
+        self.memory.host_used.load(Ordering::Relaxed)
     }
 }
 
@@ -187,6 +205,13 @@ pub(crate) struct ContextMemory {
     memory: Arc<SimMemory>,
     allocs: RwLock<BTreeMap<u64, Arc<Buffer>>>,
     vmm: Mutex<Vmm>,
+    /// Bases of the allocations whose backing is host memory (overflow).
+    host: Mutex<BTreeSet<u64>>,
+    /// Held shared by every kernel run and copy, exclusively by a migration: the safe point
+    /// at which an allocation's backing may change under its address.
+    gate: RwLock<()>,
+    /// The launches running now, asked to yield when a migration waits for the gate.
+    launches: Mutex<Vec<Arc<LaunchControl>>>,
 }
 
 /// Virtual memory management state of a context: physical allocations by id, address
@@ -281,6 +306,132 @@ impl ContextMemory {
         Ok((base, buf))
     }
 
+    /// Registers (`on`) or forgets a running launch's control.
+    pub(crate) fn running(&self, c: &Arc<LaunchControl>, on: bool) {
+        let mut l = self.launches.lock().unwrap_or_else(|p| p.into_inner());
+        if on {
+            l.push(Arc::clone(c));
+        } else {
+            l.retain(|x| !Arc::ptr_eq(x, c));
+        }
+    }
+
+    /// Exclusive hold of the gate: no kernel or copy of this context runs meanwhile. Running
+    /// launches are asked to yield (they resume from their next block once the gate is free).
+    fn exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        let yield_all = || {
+            for c in self
+                .launches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+            {
+                c.request_yield();
+            }
+        };
+        for _ in 0..MIGRATION_POLLS {
+            yield_all();
+            match self.gate.try_write() {
+                Ok(g) => return g,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(MIGRATION_POLL),
+            }
+        }
+        yield_all();
+        self.gate.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shared hold of the gate: no migration runs meanwhile.
+    fn shared(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Allocates `size` bytes of host memory at a device address (overflow); not counted
+    /// against the device's capacity.
+    fn alloc_host(&self, size: u64) -> Result<u64, DeviceError> {
+        let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
+        let buf = usize::try_from(size)
+            .map_err(|_| DeviceError::OutOfMemory)
+            .and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory))?;
+        let base = self
+            .memory
+            .space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reserve(rounded)
+            .ok_or(DeviceError::OutOfMemory)?;
+        self.memory.host_used.fetch_add(rounded, Ordering::Relaxed);
+        self.host
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(base);
+        self.allocs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(base, Arc::new(buf));
+        Ok(base)
+    }
+
+    /// Moves the backing of the allocation at `ptr` to `to` under the same address, at a
+    /// safe point: running kernels of this context are asked to yield, and copies finish.
+    fn migrate(&self, ptr: u64, to: Residence) -> Result<(), DeviceError> {
+        let _excl = self.exclusive();
+        let old = self
+            .allocs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ptr)
+            .cloned()
+            .ok_or(DeviceError::InvalidAddress { addr: ptr, len: 0 })?;
+        let on_host = self
+            .host
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&ptr);
+        if on_host == (to == Residence::Host) {
+            return Ok(());
+        }
+        let rounded = aligned((old.len() as u64).max(1)).unwrap_or(ALLOC_ALIGN);
+        if to == Residence::Device {
+            let prev = self.memory.used.fetch_add(rounded, Ordering::Relaxed);
+            if prev
+                .checked_add(rounded)
+                .is_none_or(|n| n > self.memory.total)
+            {
+                self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
+                return Err(DeviceError::OutOfMemory);
+            }
+        }
+        let new = match Buffer::new_zeroed(old.len()) {
+            Ok(b) => Arc::new(b),
+            Err(_) => {
+                if to == Residence::Device {
+                    self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
+                }
+                return Err(DeviceError::OutOfMemory);
+            }
+        };
+        new.copy_from(0, &old, 0, old.len())
+            .map_err(|_| DeviceError::InvalidAddress {
+                addr: ptr,
+                len: old.len() as u64,
+            })?;
+        self.allocs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ptr, new);
+        let mut host = self.host.lock().unwrap_or_else(|p| p.into_inner());
+        if to == Residence::Host {
+            host.insert(ptr);
+            self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
+            self.memory.host_used.fetch_add(rounded, Ordering::Relaxed);
+        } else {
+            host.remove(&ptr);
+            self.memory.host_used.fetch_sub(rounded, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     pub(crate) fn free(&self, ptr: u64) -> Result<(), DeviceError> {
         let buf = self
             .allocs
@@ -299,7 +450,16 @@ impl ContextMemory {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .release(base, size);
-        self.memory.used.fetch_sub(size, Ordering::Relaxed);
+        let on_host = self
+            .host
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&base);
+        if on_host {
+            self.memory.host_used.fetch_sub(size, Ordering::Relaxed);
+        } else {
+            self.memory.used.fetch_sub(size, Ordering::Relaxed);
+        }
     }
 }
 
@@ -453,7 +613,16 @@ impl DeviceContext for SimContext {
     }
 
     fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+        let _g = self.inner.shared();
         self.inner.free(ptr)
+    }
+
+    fn alloc_host(&self, size: u64) -> Result<u64, DeviceError> {
+        self.inner.alloc_host(size)
+    }
+
+    fn migrate(&self, ptr: u64, to: Residence) -> Result<(), DeviceError> {
+        self.inner.migrate(ptr, to)
     }
 
     fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
@@ -485,6 +654,7 @@ impl DeviceContext for SimContext {
     }
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let _g = self.inner.shared();
         let (buf, off) = self.inner.range(dst, data.len() as u64)?;
         buf.write(off, data)
             .map_err(|_| DeviceError::InvalidAddress {
@@ -494,6 +664,7 @@ impl DeviceContext for SimContext {
     }
 
     fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let _g = self.inner.shared();
         let len = out.len() as u64;
         let (buf, off) = self.inner.range(src, len)?;
         buf.read(off, out)
@@ -501,6 +672,7 @@ impl DeviceContext for SimContext {
     }
 
     fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
+        let _g = self.inner.shared();
         let len = pieces_len(dst, pieces.iter().map(|p| p.len()))?;
         let (buf, off) = self.inner.range(dst, len)?;
         buf.write_gathered(off, pieces)
@@ -508,6 +680,7 @@ impl DeviceContext for SimContext {
     }
 
     fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let _g = self.inner.shared();
         let len = pieces_len(src, pieces.iter().map(|p| p.len()))?;
         let (buf, off) = self.inner.range(src, len)?;
         buf.read_scattered(off, pieces)
@@ -515,6 +688,7 @@ impl DeviceContext for SimContext {
     }
 
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
+        let _g = self.inner.shared();
         let (s, soff) = self.inner.range(src, len)?;
         let (d, doff) = self.inner.range(dst, len)?;
         d.copy_from(doff, &s, soff, len as usize)
@@ -522,6 +696,7 @@ impl DeviceContext for SimContext {
     }
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+        let _g = self.inner.shared();
         let bytes = vgpu_broker::device::memset_len(dst, elem_size, count)?;
         let (buf, off) = self.inner.range(dst, bytes)?;
         let pattern = &value.to_le_bytes()[..elem_size as usize];
@@ -553,6 +728,7 @@ impl DeviceContext for SimContext {
             .as_any()
             .downcast_ref::<module::SimModule>()
             .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
+        let _g = self.inner.shared();
         m.launch(
             &self.inner,
             kernel,
@@ -623,6 +799,57 @@ mod tests {
         let _q = c.alloc(4096).unwrap();
         drop(c);
         assert_eq!(d.memory_used(), 0, "a dropped context frees its memory");
+    }
+
+    #[test]
+    fn migration_keeps_the_address_and_the_data_and_moves_the_capacity() {
+        let d = dev(8192);
+        let c = d.open("a").unwrap();
+        let p = c.alloc(4096).unwrap();
+        c.write(p + 100, b"stays put").unwrap();
+        c.migrate(p, Residence::Host).unwrap();
+        assert_eq!((d.memory_used(), d.host_memory_used()), (0, 4096));
+        // The device's capacity is free for others while the data lives on the host.
+        let q = c.alloc(8192).unwrap();
+        let mut out = [0u8; 9];
+        c.read(p + 100, &mut out).unwrap();
+        assert_eq!(&out, b"stays put");
+        c.write(p, b"x").unwrap();
+        assert_eq!(
+            c.migrate(p, Residence::Device),
+            Err(DeviceError::OutOfMemory)
+        );
+        c.free(q).unwrap();
+        c.migrate(p, Residence::Device).unwrap();
+        assert_eq!((d.memory_used(), d.host_memory_used()), (4096, 0));
+        c.read(p + 100, &mut out).unwrap();
+        assert_eq!(&out, b"stays put");
+        let h = c.alloc_host(1000).unwrap();
+        assert_eq!(d.host_memory_used(), 1024);
+        c.free(h).unwrap();
+        c.migrate(p, Residence::Host).unwrap();
+        drop(c);
+        assert_eq!(
+            (d.memory_used(), d.host_memory_used()),
+            (0, 0),
+            "a dropped context frees host memory too"
+        );
+    }
+
+    #[test]
+    fn scattered_free_memory_is_one_allocation_away() {
+        const MIB: u64 = 1 << 20;
+        let d = dev(64 * MIB);
+        let c = d.open("a").unwrap();
+        let p: Vec<u64> = (0..16).map(|_| c.alloc(4 * MIB).unwrap()).collect();
+        for q in p.iter().step_by(2) {
+            c.free(*q).unwrap();
+        }
+        // Free memory lies in eight 4 MiB holes; the largest allocation that fits is still
+        // the free total.
+        let big = c.alloc(32 * MIB).unwrap();
+        assert_eq!(d.memory_used(), 64 * MIB);
+        c.free(big).unwrap();
     }
 
     #[test]

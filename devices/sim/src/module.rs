@@ -304,6 +304,8 @@ impl SimModule {
                 .output()
                 .map(|o| Arc::new(Output(o)) as Arc<dyn vgpu_ptx::DeviceOutput>),
         );
+        // A migration of this context's memory asks the launch to yield (see `ContextMemory::migrate`).
+        memory.running(&ptx_control, true);
         let r = module.launch(&Launch {
             kernel: &k.name,
             grid: dims.grid,
@@ -316,6 +318,7 @@ impl SimModule {
             workers,
             control: &ptx_control,
         });
+        memory.running(&ptx_control, false);
         control.detach();
         match r {
             Ok(Progress::Completed(_)) => Ok(LaunchProgress::Completed),

@@ -161,6 +161,24 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
             fit(&line, INNER_WIDTH - 1 - GPU_COL)
         )));
     }
+    let mp = &info["memory_placement"];
+    if mp.is_object() {
+        // Where the slice's bytes are: device memory, or host memory when the device was full.
+        let n = |key: &str| mp[key].as_u64().unwrap_or(0);
+        let mut line = format!(
+            "Placement: device {}, host overflow {}",
+            human(n("device")),
+            human(n("host_overflow"))
+        );
+        if n("reserved") > 0 {
+            line += &format!(", reserved {}", human(n("reserved")));
+        }
+        out.push(row(&format!(
+            " {}{}",
+            " ".repeat(GPU_COL),
+            fit(&line, INNER_WIDTH - 1 - GPU_COL)
+        )));
+    }
     out.push(row(&format!(
         " {}Transport: {}",
         " ".repeat(GPU_COL),
@@ -212,6 +230,9 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
         serde_json::json!({ "total": info["memory_total"], "used": info["memory_used"] });
     if info["memory_by_kind"].is_object() {
         memory["by_kind"] = info["memory_by_kind"].clone();
+    }
+    if info["memory_placement"].is_object() {
+        memory["placement"] = info["memory_placement"].clone();
     }
     serde_json::json!({
         "vm": info["vm"],
@@ -343,6 +364,25 @@ mod tests {
         assert_eq!(j["memory"]["by_kind"]["managed"], 3u64 << 20);
         i["memory_by_kind"]["mapped_host"] = serde_json::json!(u64::MAX);
         assert_aligned(&render_table(&i, &dev("g")));
+    }
+
+    #[test]
+    fn placement_shows_device_and_host_overflow() {
+        let mut i = info("a", 12 << 20, 64 << 20, serde_json::json!([]));
+        i["memory_placement"] = serde_json::json!({
+            "device": 8u64 << 20, "host_overflow": 4u64 << 20, "reserved": 2u64 << 20,
+            "overflow": "host", "overflow_limit": 32u64 << 20,
+        });
+        let t = render_table(&i, &dev("g"));
+        assert_aligned(&t);
+        assert!(
+            t.iter()
+                .any(|l| l.contains("Placement: device 8MiB, host overflow 4MiB, reserved 2MiB")),
+            "{}",
+            t.join("\n")
+        );
+        let j = render_json(&i, &dev("g"));
+        assert_eq!(j["memory"]["placement"]["host_overflow"], 4u64 << 20);
     }
 
     #[test]

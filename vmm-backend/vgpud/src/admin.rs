@@ -107,6 +107,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
         "memory_used": t.slice.used(),
         "memory_by_kind": t.usage.breakdown(t.slice.used()),
         "limits": limits_json(t),
+        "memory_placement": t.placement().map(|m| vm_placement_json(&m.snapshot())),
         "weight": s.weight,
         "priority": s.priority.as_str(),
         "policy": policy,
@@ -140,6 +141,22 @@ fn limits_json(t: &Tenant) -> Value {
     })
 }
 
+/// A VM's memory placement: reservation, overflow settings, where its bytes are, and moves.
+pub fn vm_placement_json(m: &vgpu_broker::memory::placement::TenantMemorySnapshot) -> Value {
+    json!({
+        "reserved": m.policy.reserved,
+        "overflow": m.policy.overflow.as_str(),
+        "overflow_limit": m.policy.overflow_limit,
+        "device_bytes": m.device,
+        "host_bytes": m.host,
+        "borrowed_bytes": m.borrowed,
+        "demotions": m.demotions,
+        "demoted_bytes": m.demoted_bytes,
+        "promotions": m.promotions,
+        "promoted_bytes": m.promoted_bytes,
+    })
+}
+
 /// The JSON description of a device.
 pub fn device_json(rt: &Runtime, name: &str) -> Option<Value> {
     let broker = rt.broker();
@@ -158,6 +175,17 @@ pub fn device_json(rt: &Runtime, name: &str) -> Option<Value> {
         "memory_total": i.total_memory,
         "memory_used": d.memory_used(),
         "memory_sliced": vms.iter().map(|t| t.slice.limit()).sum::<u64>(),
+        "memory_placement": broker.placement(name).map(|p| {
+            let s = p.snapshot();
+            json!({
+                "overcommit": s.overcommit.map(|o| o.as_f64()),
+                "device_bytes": s.device_used,
+                "host_bytes": s.host_used,
+                "reserved": s.reserved,
+                "host_overflow_budget": broker.host_budget().limit(),
+                "host_overflow_used": broker.host_budget().used(),
+            })
+        }),
         "utilization": device_usage(broker, name).map(|u| u.utilization_1s),
         "usage": device_usage(broker, name),
         "scheduling": broker.scheduling(name).map(|s| scheduling_json(&s)),

@@ -670,9 +670,12 @@ impl Runtime {
     }
 
     fn update_vm_locked(&self, name: &str, body: &Value) -> Result<VmConfig, OpError> {
-        const LIVE_KEYS: [&str; 8] = [
+        const LIVE_KEYS: [&str; 11] = [
             "limits",
             "memory",
+            "reserved",
+            "overflow",
+            "overflow_limit",
             "weight",
             "priority",
             "target_wait_p99",
@@ -687,19 +690,25 @@ impl Runtime {
         if changes.is_empty() {
             return Err(OpError::new(
                 OpErrorKind::Invalid,
-                "nothing to change: give memory, weight, priority, target_wait_p99, min_share, weight_min, weight_max and/or limits",
+                "nothing to change: give memory, reserved, overflow, overflow_limit, weight, priority, target_wait_p99, min_share, weight_min, weight_max and/or limits",
             ));
         }
         if let Some(k) = changes.keys().find(|k| !LIVE_KEYS.contains(&k.as_str())) {
             return Err(OpError::new(
                 OpErrorKind::Invalid,
                 format!(
-                    "`{k}` cannot change while the VM runs (memory, weight and priority can); remove the VM and add it again to change it"
+                    "`{k}` cannot change while the VM runs (memory, reserved, overflow, weight and priority can); remove the VM and add it again to change it"
                 ),
             ));
         }
         let mut entry = reload::vm_table(&old);
+        // Without overflow there is no limit: `overflow = "none"` drops the old one.
+        let drops_limit = changes.get("overflow").and_then(|v| v.as_str()) == Some("none")
+            && !changes.contains_key("overflow_limit");
         entry.extend(changes);
+        if drops_limit {
+            entry.remove("overflow_limit");
+        }
         let new = self.validated_vm_entry(name, entry)?;
         self.apply_vm_update(&old, &new)?;
         Ok(new)
@@ -722,6 +731,7 @@ impl Runtime {
             weight: (new.weight != old.weight).then_some(new.weight),
             priority: (new.priority != old.priority).then_some(new.priority),
             limits: (new.limits != old.limits).then_some(new.limits),
+            memory_policy: (new.memory_policy != old.memory_policy).then_some(new.memory_policy),
         };
         self.broker.update_vm(&new.name, &u).map_err(|e| match e {
             BrokerError::NoSuchVm(n) => OpError::not_found_vm(&n),
@@ -1025,8 +1035,13 @@ impl Runtime {
                 }
             }
         }
-        // `[tuning]` applies at once (the controller reads it every round).
+        // `[tuning]` applies at once (the controller reads it every round), and so does the
+        // host overflow budget.
         self.write().running.tuning = new.tuning;
+        self.write().running.memory = new.memory;
+        if let Some(b) = new.memory.host_overflow_budget {
+            self.broker.host_budget().set_limit(b);
+        }
         self.write().baseline = baseline;
         report
     }
@@ -1056,9 +1071,12 @@ impl Runtime {
             ));
         };
         let mut entry = reload::vm_table(&old);
-        const LIVE: [&str; 9] = [
+        const LIVE: [&str; 12] = [
             "limits",
             "memory",
+            "reserved",
+            "overflow",
+            "overflow_limit",
             "weight",
             "priority",
             "schedule",
@@ -1129,6 +1147,10 @@ impl Runtime {
         let config = &config;
         for d in &config.devices {
             broker.set_scheduling(&d.name, d.scheduling)?;
+            broker.set_overcommit(&d.name, d.overcommit)?;
+        }
+        if let Some(b) = config.memory.host_overflow_budget {
+            broker.host_budget().set_limit(b);
         }
         let rt = Arc::new(Runtime {
             passthrough: RwLock::new(passthrough),

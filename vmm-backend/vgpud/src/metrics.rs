@@ -364,6 +364,26 @@ pub fn render(rt: &Runtime) -> String {
             &dl[..1],
             on_dev.len() as f64,
         );
+        if let Some(p) = broker.placement(name).map(|p| p.snapshot()) {
+            e.gauge(
+                "vgpu_device_overcommit",
+                "How far the slices of the device's VMs may add up past its memory (`overcommit`).",
+                &dl[..1],
+                p.overcommit.map_or(0.0, |o| o.as_f64()),
+            );
+            e.gauge(
+                "vgpu_device_memory_reserved_bytes",
+                "Reservations of the device's VMs added up.",
+                &dl[..1],
+                p.reserved as f64,
+            );
+            e.gauge(
+                "vgpu_device_memory_host_overflow_bytes",
+                "Memory of the device's VMs overflowed to host memory.",
+                &dl[..1],
+                p.host_used as f64,
+            );
+        }
         if let Some(s) = broker.scheduling(name) {
             e.gauge(
                 "vgpu_device_info",
@@ -425,6 +445,61 @@ pub fn render(rt: &Runtime) -> String {
             &l,
             t.slice.limit() as f64,
         );
+        if let Some(m) = t.placement().map(|m| m.snapshot()) {
+            for (name, help, v) in [
+                (
+                    "vgpu_vm_memory_reserved_bytes",
+                    "Device memory guaranteed to the VM (`reserved`).",
+                    m.policy.reserved,
+                ),
+                (
+                    "vgpu_vm_memory_device_bytes",
+                    "The VM's charged memory that lives in device memory.",
+                    m.device,
+                ),
+                (
+                    "vgpu_vm_memory_host_overflow_bytes",
+                    "The VM's charged memory overflowed to host memory (same device addresses).",
+                    m.host,
+                ),
+                (
+                    "vgpu_vm_memory_borrowed_bytes",
+                    "Device memory the VM holds past its reservation (not guaranteed).",
+                    m.borrowed,
+                ),
+                (
+                    "vgpu_vm_memory_overflow_limit_bytes",
+                    "Most host memory the VM may overflow to (`overflow_limit`).",
+                    m.policy.overflow_limit,
+                ),
+            ] {
+                e.gauge(name, help, &l, v as f64);
+            }
+            for (name, help, v) in [
+                (
+                    "vgpu_vm_memory_demotions_total",
+                    "Allocations of the VM moved from device to host memory (another VM claimed its reservation).",
+                    m.demotions,
+                ),
+                (
+                    "vgpu_vm_memory_demoted_bytes_total",
+                    "Bytes of the VM moved from device to host memory.",
+                    m.demoted_bytes,
+                ),
+                (
+                    "vgpu_vm_memory_promotions_total",
+                    "Allocations of the VM moved back from host to device memory.",
+                    m.promotions,
+                ),
+                (
+                    "vgpu_vm_memory_promoted_bytes_total",
+                    "Bytes of the VM moved back from host to device memory.",
+                    m.promoted_bytes,
+                ),
+            ] {
+                e.counter(name, help, &l, v as f64);
+            }
+        }
         e.gauge(
             "vgpu_vm_weight",
             "The VM's base compute weight.",

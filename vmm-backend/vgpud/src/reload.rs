@@ -64,6 +64,7 @@ fn device_table(d: &DeviceConfig) -> Table {
         "batch_min_share".into(),
         Toml::Integer(i64::from(d.scheduling.batch_min_share)),
     );
+    t.insert("overcommit".into(), Toml::Float(d.overcommit.as_f64()));
     t
 }
 
@@ -123,6 +124,17 @@ pub fn vm_table(v: &VmConfig) -> Table {
     // Always written out: a VM's budgets may differ from the file's `[limits]`
     // even where they equal the built-in defaults.
     t.insert("limits".into(), Toml::Table(limits_table(&v.limits)));
+    let mp = &v.memory_policy;
+    if mp.reserved > 0 {
+        t.insert("reserved".into(), Toml::Integer(mp.reserved as i64));
+    }
+    if mp.overflow != vgpu_broker::config::Overflow::None {
+        t.insert("overflow".into(), mp.overflow.as_str().into());
+        t.insert(
+            "overflow_limit".into(),
+            Toml::Integer(mp.overflow_limit as i64),
+        );
+    }
     let tu = &v.tuning;
     if let Some(d) = tu.target_wait_p99 {
         t.insert(
@@ -207,6 +219,11 @@ pub fn render(c: &Config) -> String {
     }
     if c.limits != VmLimits::default() {
         doc.insert("limits".into(), Toml::Table(limits_table(&c.limits)));
+    }
+    if let Some(b) = c.memory.host_overflow_budget {
+        let mut m = Table::new();
+        m.insert("host_overflow_budget".into(), Toml::Integer(b as i64));
+        doc.insert("memory".into(), Toml::Table(m));
     }
     if !c.vms.is_empty() {
         doc.insert(
@@ -350,6 +367,7 @@ fn live_updatable(a: &VmConfig, b: &VmConfig) -> bool {
         profile: None,
         tuning: Default::default(),
         limits: Default::default(),
+        memory_policy: Default::default(),
         ..v.clone()
     };
     strip(a) == strip(b)
@@ -408,7 +426,7 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
                 };
                 if &same_but_scheduling != nd {
                     out.push(Change::NeedsRestart(format!(
-                        "device `{}` changed its kind, memory, workers or watchdog: restart vgpud to rebuild it",
+                        "device `{}` changed its kind, memory, workers, watchdog or overcommit: restart vgpud to rebuild it",
                         nd.name
                     )));
                 }

@@ -1,0 +1,130 @@
+//! Host overflow on the simulated GPU (docs/memory.md): a kernel over a
+//! device-resident buffer vs the same buffer overflowed to host memory (same
+//! address), and the cost of moving 256 MiB between device and host memory
+//! (one demotion, one promotion) vs a plain memcpy of the same size, all
+//! measured in the same run.
+
+use std::time::Instant;
+
+use vgpu_broker::device::{Device, DeviceContext, LaunchDims, Residence, RunControl};
+use vgpu_sim::{SimConfig, SimDevice};
+
+use crate::stats::median;
+
+/// Benchmark parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Repetitions; medians are reported.
+    pub runs: usize,
+    /// Size of the kernel's buffer in MiB.
+    pub kernel_mib: u64,
+    /// Size moved by a demotion/promotion in MiB.
+    pub move_mib: u64,
+}
+
+/// `inc(p, n)`: `p[i] += 1` for every `i < n`.
+const PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
+.visible .entry inc(.param .u64 p, .param .u32 n)\n{\n\
+ .reg .pred %p; .reg .b32 %r<7>; .reg .b64 %rd<5>;\n\
+ ld.param.u64 %rd1, [p]; ld.param.u32 %r1, [n];\n\
+ mov.u32 %r2, %ctaid.x; mov.u32 %r3, %ntid.x; mov.u32 %r4, %tid.x;\n\
+ mad.lo.s32 %r5, %r2, %r3, %r4;\n setp.ge.u32 %p, %r5, %r1;\n @%p bra DONE;\n\
+ cvta.to.global.u64 %rd2, %rd1;\n mul.wide.u32 %rd3, %r5, 4;\n add.s64 %rd4, %rd2, %rd3;\n\
+ ld.global.u32 %r6, [%rd4];\n add.s32 %r6, %r6, 1;\n st.global.u32 [%rd4], %r6;\nDONE:\n ret;\n}\n\0";
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u32 = 256;
+
+fn secs(f: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn kernel_seconds(ctx: &dyn DeviceContext, ptr: u64, bytes: u64) -> Result<f64, String> {
+    let m = ctx
+        .load_module(PTX.as_bytes(), MIB)
+        .map_err(|e| e.to_string())?;
+    let k = &m.kernels()[0];
+    let n = u32::try_from(bytes / 4).map_err(|_| "buffer too large".to_string())?;
+    let mut params = vec![0u8; k.param_offsets[1] as usize + 4];
+    params[..8].copy_from_slice(&ptr.to_le_bytes());
+    let o = k.param_offsets[1] as usize;
+    params[o..o + 4].copy_from_slice(&n.to_le_bytes());
+    let dims = LaunchDims {
+        grid: [n.div_ceil(BLOCK), 1, 1],
+        block: [BLOCK, 1, 1],
+        shared_bytes: 0,
+    };
+    secs(|| {
+        ctx.launch(&*m, 0, &dims, &params, 0, &RunControl::default())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Runs the benchmark and prints its table.
+pub fn run(p: Params) -> Result<(), String> {
+    let runs = p.runs.max(1);
+    let sim = SimDevice::new(SimConfig {
+        name: "bench".into(),
+        memory: 4 * p.move_mib.max(p.kernel_mib) * MIB,
+        workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        watchdog: None,
+    });
+    let ctx = sim.open("bench").map_err(|e| e.to_string())?;
+    let kbytes = p.kernel_mib * MIB;
+    let kbuf = ctx.alloc(kbytes).map_err(|e| e.to_string())?;
+    let (mut on_dev, mut on_host) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        ctx.migrate(kbuf, Residence::Device)
+            .map_err(|e| e.to_string())?;
+        on_dev.push(kernel_seconds(&*ctx, kbuf, kbytes)?);
+        ctx.migrate(kbuf, Residence::Host)
+            .map_err(|e| e.to_string())?;
+        on_host.push(kernel_seconds(&*ctx, kbuf, kbytes)?);
+    }
+    let mbytes = p.move_mib * MIB;
+    let mbuf = ctx.alloc(mbytes).map_err(|e| e.to_string())?;
+    ctx.memset(mbuf, 0x5a, 1, mbytes)
+        .map_err(|e| e.to_string())?;
+    let len = usize::try_from(mbytes).map_err(|e| e.to_string())?;
+    let src = vec![0x5au8; len];
+    let mut dst = vec![0u8; len];
+    let (mut copy, mut demote, mut promote) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        copy.push(secs(|| {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&dst);
+            Ok(())
+        })?);
+        demote.push(secs(|| {
+            ctx.migrate(mbuf, Residence::Host)
+                .map_err(|e| e.to_string())
+        })?);
+        promote.push(secs(|| {
+            ctx.migrate(mbuf, Residence::Device)
+                .map_err(|e| e.to_string())
+        })?);
+    }
+    let (kd, kh) = (median(&on_dev), median(&on_host));
+    let (c, d, pr) = (median(&copy), median(&demote), median(&promote));
+    println!("host overflow on the simulated GPU (medians of {runs} runs)");
+    println!(
+        "kernel over {} MiB: device-resident {:.1} ms, host-overflowed {:.1} ms, ratio {:.2}",
+        p.kernel_mib,
+        kd * 1e3,
+        kh * 1e3,
+        kh / kd
+    );
+    println!(
+        "{} MiB: memcpy {:.1} ms (baseline); demotion {:.1} ms ({:.2}x); promotion {:.1} ms ({:.2}x)",
+        p.move_mib,
+        c * 1e3,
+        d * 1e3,
+        d / c,
+        pr * 1e3,
+        pr / c
+    );
+    Ok(())
+}

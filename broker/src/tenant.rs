@@ -68,6 +68,8 @@ pub struct Tenant {
     pub stats: TenantStats,
     /// Memory charged, by kind.
     pub usage: crate::usage::MemUsage,
+    /// Pending host functions of the VM's processes.
+    pub host_gates: crate::host_gate::HostGates,
     closed: AtomicBool,
     scheduler: Arc<Scheduler>,
     sched_id: TenantId,
@@ -105,6 +107,7 @@ impl Tenant {
             sessions: Mutex::new(BTreeMap::new()),
             stats: TenantStats::default(),
             usage: crate::usage::MemUsage::default(),
+            host_gates: crate::host_gate::HostGates::default(),
             closed: AtomicBool::new(false),
             scheduler,
             sched_id,

@@ -292,7 +292,6 @@ impl Session {
             R::StreamWaitEvent(m) => (m.ctx, m.stream),
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
-            R::StreamHostFunc(m) => (m.ctx, m.stream),
             _ => return crate::engine::NO_CONTEXT,
         };
         self.streams.get(stream).map_or(ctx, |s| s.ctx)
@@ -308,7 +307,6 @@ impl Session {
             R::StreamWaitEvent(m) => (m.ctx, m.stream),
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
-            R::StreamHostFunc(m) => (m.ctx, m.stream),
             _ => return None,
         };
         self.lane(ctx, stream).ok()

@@ -355,8 +355,9 @@ ops! {
         ctx: u64, stream: u64, event: u64, flags: u32,
     }
     /// Stops the stream at a host function until `HostFuncDone` names the same token (chosen by
-    /// the client; unique among the VM's pending host functions).
-    StreamHostFunc = 0x0410 => Empty, ASYNC_OK, "cuLaunchHostFunc, cuStreamAddCallback" {
+    /// the client; unique among the VM's pending host functions). Synchronous, so that the token
+    /// is known before the client waits for it, but it waits for nothing.
+    StreamHostFunc = 0x0410 => Empty, 0, "cuLaunchHostFunc, cuStreamAddCallback" {
         ctx: u64, stream: u64, token_hi: u64, token_lo: u64,
     }
     /// Waits at most `timeout_ms` (capped by the host) until the stream reaches a host function;

@@ -4,5 +4,6 @@
 pub mod remoting;
 pub mod share;
 pub mod stats;
+pub mod streams;
 pub mod vgpu_dev;
 pub mod vhost;

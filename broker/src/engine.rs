@@ -127,6 +127,16 @@ pub struct LaneSpec {
     pub priority: i32,
 }
 
+impl LaneKey {
+    /// A non-zero id of the lane for the device ([`crate::device::current_lane`]).
+    pub fn id(self) -> u64 {
+        match self {
+            LaneKey::Legacy(ctx) => (ctx << 1).max(2),
+            LaneKey::Stream(h) => (h << 1) | 1,
+        }
+    }
+}
+
 impl LaneSpec {
     /// The legacy default stream of context `ctx`.
     pub fn legacy(ctx: u64) -> Self {
@@ -731,7 +741,9 @@ impl Engine {
                 l.running = Some(seq);
             }
             drop(st);
-            let r = job.run(seq, self.shared.dev.as_ref());
+            let r = crate::device::with_lane(spec.key.id(), || {
+                job.run(seq, self.shared.dev.as_ref())
+            });
             let mut st = self.shared.lock();
             self.shared.finish(&mut st, spec.key, seq, ctx, r);
             return seq;
@@ -775,7 +787,8 @@ impl Engine {
         lane.last = seq;
         lane.running = Some(seq);
         drop(st);
-        let r = f(self.shared.dev.as_ref()).map_err(CuError::from);
+        let r = crate::device::with_lane(spec.key.id(), || f(self.shared.dev.as_ref()))
+            .map_err(CuError::from);
         let mut st = self.shared.lock();
         self.shared.finish(&mut st, spec.key, seq, ctx, r);
         Some(seq)
@@ -981,7 +994,7 @@ fn worker_loop(shared: &Arc<Shared>) {
         drop(st);
         let r = match poisoned {
             Some(p) => Err(p),
-            None => e.job.run(seq, shared.dev.as_ref()),
+            None => crate::device::with_lane(key.id(), || e.job.run(seq, shared.dev.as_ref())),
         };
         let mut st = shared.lock();
         st.controls.remove(&seq);

@@ -53,7 +53,7 @@ struct Gpu {
     s2: cuda::exports::CUhandle,
 }
 
-fn check(r: i32, what: &str) {
+fn check(r: u32, what: &str) {
     assert_eq!(r, 0, "{what} failed with CUresult {r}");
 }
 

@@ -117,10 +117,7 @@ impl Cu {
     fn read(&self, p: u64) -> u32 {
         let mut v = 0u32;
         // SAFETY: 4 bytes into a u32.
-        assert_eq!(
-            unsafe { (self.dtoh)((&raw mut v).cast(), p, 4) },
-            SUCCESS
-        );
+        assert_eq!(unsafe { (self.dtoh)((&raw mut v).cast(), p, 4) }, SUCCESS);
         v
     }
 
@@ -222,14 +219,20 @@ fn streams_events_and_host_functions_follow_cuda() {
     let get_fn = load!(lib, "cuModuleGetFunction": (*mut H, H, *const c_char) -> R);
     let ptx = CString::new(FLAG_PTX).unwrap();
     let mut ctx: H = std::ptr::null_mut();
-    let (mut module, mut wait_flag, mut set_flag): (H, H, H) =
-        (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut module, mut wait_flag, mut set_flag): (H, H, H) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
     // SAFETY: valid pointers throughout.
     unsafe {
         assert_eq!(init(0), SUCCESS);
         assert_eq!(ctx_create(&mut ctx, 0, 0), SUCCESS);
         assert_eq!(load_data(&mut module, ptx.as_ptr().cast()), SUCCESS);
-        assert_eq!(get_fn(&mut wait_flag, module, c"wait_flag".as_ptr()), SUCCESS);
+        assert_eq!(
+            get_fn(&mut wait_flag, module, c"wait_flag".as_ptr()),
+            SUCCESS
+        );
         assert_eq!(get_fn(&mut set_flag, module, c"set_flag".as_ptr()), SUCCESS);
     }
     let cu = Arc::new(Cu {
@@ -346,7 +349,11 @@ fn the_legacy_stream_synchronizes_with_blocking_streams_only(cu: &Cu) {
     cu.wait_on(cu.launch, blocking, flag, out);
     cu.set(y, 3, std::ptr::null_mut());
     assert_eq!(cu.query(std::ptr::null_mut()), NOT_READY);
-    assert_eq!(cu.query(LEGACY), NOT_READY, "CU_STREAM_LEGACY is the same stream");
+    assert_eq!(
+        cu.query(LEGACY),
+        NOT_READY,
+        "CU_STREAM_LEGACY is the same stream"
+    );
     cu.set(flag, 1, releaser);
     cu.sync(std::ptr::null_mut());
     assert_eq!(cu.read(y), 3);
@@ -393,7 +400,10 @@ fn per_thread_default_streams_are_per_thread(cu: &Arc<Cu>) {
         c2.wait_on(c2.launch_ptsz, std::ptr::null_mut(), flag, out);
         assert_eq!(c2.query(PER_THREAD), NOT_READY);
         // SAFETY: as above.
-        assert_eq!(unsafe { (c2.stream_query_ptsz)(std::ptr::null_mut()) }, NOT_READY);
+        assert_eq!(
+            unsafe { (c2.stream_query_ptsz)(std::ptr::null_mut()) },
+            NOT_READY
+        );
         s2.store(true, Ordering::Release);
         // The thread ends: its per-thread stream goes once its work is done.
     });
@@ -402,7 +412,10 @@ fn per_thread_default_streams_are_per_thread(cu: &Arc<Cu>) {
     // This thread's per-thread stream is another one, and idle.
     assert_eq!(cu.query(PER_THREAD), SUCCESS);
     // SAFETY: as above.
-    assert_eq!(unsafe { (cu.stream_query_ptsz)(std::ptr::null_mut()) }, SUCCESS);
+    assert_eq!(
+        unsafe { (cu.stream_query_ptsz)(std::ptr::null_mut()) },
+        SUCCESS
+    );
     // The legacy stream waits for per-thread streams (they are blocking).
     cu.set(y, 6, std::ptr::null_mut());
     assert_eq!(cu.query(std::ptr::null_mut()), NOT_READY);
@@ -454,7 +467,11 @@ fn later_work_waits_for_a_host_function(cu: &Cu) {
         SUCCESS
     );
     cu.set(v, 4, s1);
-    assert_eq!(cu.query(s1), NOT_READY, "the fill waits for the host function");
+    assert_eq!(
+        cu.query(s1),
+        NOT_READY,
+        "the fill waits for the host function"
+    );
     let releaser = std::thread::spawn(|| {
         std::thread::sleep(Duration::from_millis(50));
         RELEASE.store(true, Ordering::Release);
@@ -476,7 +493,10 @@ fn stream_callbacks_get_their_stream_and_status(cu: &Cu) {
         SUCCESS
     );
     cu.sync(s1);
-    assert_eq!(*CALLBACK.lock().unwrap(), Some((s1 as usize, SUCCESS, 0x5eed)));
+    assert_eq!(
+        *CALLBACK.lock().unwrap(),
+        Some((s1 as usize, SUCCESS, 0x5eed))
+    );
     // Flags must be 0.
     // SAFETY: as above.
     assert_ne!(

@@ -308,7 +308,9 @@ pub struct Gate {
 
 impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gate").field("state", &self.state()).finish()
+        f.debug_struct("Gate")
+            .field("state", &self.state())
+            .finish()
     }
 }
 
@@ -601,7 +603,10 @@ fn spawn_if_needed(shared: &Arc<Shared>, st: &mut State) {
         .spawn(move || worker_loop(&s));
     match spawned {
         Ok(h) => {
+            // Counted idle until it takes its first job, so that the next
+            // submission does not start another one for the same work.
             st.workers += 1;
+            st.idle_workers += 1;
             shared
                 .handles
                 .lock()
@@ -741,9 +746,8 @@ impl Engine {
                 l.running = Some(seq);
             }
             drop(st);
-            let r = crate::device::with_lane(spec.key.id(), || {
-                job.run(seq, self.shared.dev.as_ref())
-            });
+            let r =
+                crate::device::with_lane(spec.key.id(), || job.run(seq, self.shared.dev.as_ref()));
             let mut st = self.shared.lock();
             self.shared.finish(&mut st, spec.key, seq, ctx, r);
             return seq;
@@ -937,9 +941,14 @@ impl Engine {
 }
 
 fn worker_loop(shared: &Arc<Shared>) {
+    // Counted idle when it was started.
+    let mut counted = true;
     loop {
         let mut st = shared.lock();
-        st.idle_workers += 1;
+        if !counted {
+            st.idle_workers += 1;
+        }
+        counted = false;
         let key = loop {
             if st.shutdown {
                 st.idle_workers -= 1;
@@ -1013,8 +1022,13 @@ impl Drop for Engine {
             }
             self.shared.cv.notify_all();
         }
-        let handles =
-            std::mem::take(&mut *self.shared.handles.lock().unwrap_or_else(|p| p.into_inner()));
+        let handles = std::mem::take(
+            &mut *self
+                .shared
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         for h in handles {
             let _ = h.join();
         }
@@ -1287,7 +1301,10 @@ mod tests {
         e.wait_job(other).unwrap();
         assert!(!e.is_done(blocked) && !e.is_done(after));
         assert!(!e.lane_idle(&s1) && e.lane_idle(&s2));
-        assert!(!e.is_complete(other), "a prefix wait still covers the first lane");
+        assert!(
+            !e.is_complete(other),
+            "a prefix wait still covers the first lane"
+        );
         gate.store(true, std::sync::atomic::Ordering::Release);
         e.wait_lane(&s1).unwrap();
         assert_eq!(*log.lock().unwrap(), vec![2, 0, 1]);
@@ -1306,7 +1323,10 @@ mod tests {
         assert!(e.wait_for(&s2, rec).is_some());
         let waiting = e.submit(&s2, step(&log, 1));
         std::thread::sleep(Duration::from_millis(30));
-        assert!(!e.is_done(waiting), "the waiting lane holds until the record");
+        assert!(
+            !e.is_done(waiting),
+            "the waiting lane holds until the record"
+        );
         gate.store(true, std::sync::atomic::Ordering::Release);
         e.wait_job(waiting).unwrap();
         assert_eq!(*log.lock().unwrap(), vec![0, 1]);
@@ -1333,7 +1353,10 @@ mod tests {
         assert!(!e.is_done(legacy));
         g_block.store(true, std::sync::atomic::Ordering::Release);
         e.wait_job(later).unwrap();
-        assert!(!e.lane_idle(&nonblocking), "the non-blocking stream still runs");
+        assert!(
+            !e.lane_idle(&nonblocking),
+            "the non-blocking stream still runs"
+        );
         g_nonblock.store(true, std::sync::atomic::Ordering::Release);
         e.drain().unwrap();
         assert_eq!(*log.lock().unwrap(), vec![1, 2, 3, 0]);

@@ -829,9 +829,12 @@ impl Session {
             R::StreamHostFunc(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 let gate = Arc::new(Gate::default());
-                self.tenant
-                    .host_gates
-                    .register(self.info.id, m.token_hi, m.token_lo, Arc::clone(&gate))?;
+                self.tenant.host_gates.register(
+                    self.info.id,
+                    m.token_hi,
+                    m.token_lo,
+                    Arc::clone(&gate),
+                )?;
                 self.engine.submit(&lane, Job::Gate(gate));
                 reply(out, msg::Empty {})
             }

@@ -409,9 +409,9 @@ pub fn lookup(name: &str, cuda_version: i32, flags: u64) -> Lookup {
         || name.ends_with("_ptsz")
         || name.ends_with("_ptds");
     match variants.iter().rev().find(|(v, _)| *v <= cuda_version) {
-        Some((_, Some(f))) if per_thread => Lookup::Found(
-            crate::per_thread::variant_of(*f).unwrap_or(*f) as *mut c_void,
-        ),
+        Some((_, Some(f))) if per_thread => {
+            Lookup::Found(crate::per_thread::variant_of(*f).unwrap_or(*f) as *mut c_void)
+        }
         Some((_, Some(f))) => Lookup::Found(*f as *mut c_void),
         Some((_, None)) => Lookup::NotFound,
         None => Lookup::VersionTooLow,

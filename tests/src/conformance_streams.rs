@@ -118,7 +118,9 @@ impl Session {
 }
 
 fn flag_kernels(s: &mut Session) -> (Kernel, Kernel) {
-    let m = s.load(FLAG_PTX.as_bytes()).expect("loading the flag kernels");
+    let m = s
+        .load(FLAG_PTX.as_bytes())
+        .expect("loading the flag kernels");
     (
         s.kernel(m, "wait_flag").expect("wait_flag"),
         s.kernel(m, "set_flag").expect("set_flag"),
@@ -140,8 +142,15 @@ pub fn streams_run_concurrently(t: &Target) {
     let s1 = s.stream(NON_BLOCKING).unwrap();
     let s2 = s.stream(NON_BLOCKING).unwrap();
     s.set_on(s1, flag, 0).unwrap();
-    s.launch_on(s1, &wait, [1; 3], [1; 3], 0, &[Arg::Ptr(flag), Arg::Ptr(out)])
-        .unwrap();
+    s.launch_on(
+        s1,
+        &wait,
+        [1; 3],
+        [1; 3],
+        0,
+        &[Arg::Ptr(flag), Arg::Ptr(out)],
+    )
+    .unwrap();
     s.set_on(s2, other, 9).unwrap();
     s.sync_stream(s2).unwrap();
     assert_eq!(s.read_u32(other), Ok(9));
@@ -173,8 +182,15 @@ pub fn event_waits_order_streams(t: &Target) {
     let s3 = s.stream(NON_BLOCKING).unwrap();
     let ev = s.event().unwrap();
     s.set_on(s1, flag, 0).unwrap();
-    s.launch_on(s1, &wait, [1; 3], [1; 3], 0, &[Arg::Ptr(flag), Arg::Ptr(out)])
-        .unwrap();
+    s.launch_on(
+        s1,
+        &wait,
+        [1; 3],
+        [1; 3],
+        0,
+        &[Arg::Ptr(flag), Arg::Ptr(out)],
+    )
+    .unwrap();
     s.record_on(s1, ev).unwrap();
     s.stream_wait(s2, ev).unwrap();
     s.set_on(s2, x, 5).unwrap();

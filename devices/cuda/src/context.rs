@@ -1082,15 +1082,8 @@ impl DeviceContext for CudaContext {
             let d = g.driver();
             d.event_record(start, stream)
                 .map_err(|f| g.fail(f, Op::Other))?;
-            d.launch(
-                f,
-                dims.grid,
-                dims.block,
-                dims.shared_bytes,
-                stream,
-                params,
-            )
-            .map_err(|f| g.fail(f, Op::Launch))?;
+            d.launch(f, dims.grid, dims.block, dims.shared_bytes, stream, params)
+                .map_err(|f| g.fail(f, Op::Launch))?;
             d.event_record(end, stream)
                 .map_err(|f| g.fail(f, Op::Other))
         })();

@@ -930,6 +930,24 @@ impl Engine {
         got
     }
 
+    /// Makes later work of lane `spec` wait for every job up to `seq` (of any
+    /// lane); nothing when they are done. A pool block freed on one stream
+    /// and reused on another waits so for the work before its free, as
+    /// CUDA's internal dependencies of stream-ordered pools do.
+    pub fn wait_for_prefix(&mut self, spec: &LaneSpec, seq: u64) -> Option<u64> {
+        let deps: Vec<u64> = self
+            .shared
+            .lock()
+            .unfinished
+            .range(..=seq)
+            .map(|(&s, _)| s)
+            .collect();
+        if deps.is_empty() {
+            return None;
+        }
+        Some(self.submit_after(spec, Job::Barrier, &deps))
+    }
+
     /// Makes later work of lane `spec` wait for job `seq` (an event's
     /// record, `cuStreamWaitEvent`); nothing when it is done already.
     pub fn wait_for(&mut self, spec: &LaneSpec, seq: u64) -> Option<u64> {

@@ -179,6 +179,11 @@ impl Cu {
     }
 }
 
+/// A plain integer as a host function's argument (never dereferenced).
+fn tag(n: usize) -> *mut c_void {
+    std::ptr::without_provenance_mut(n)
+}
+
 static LOG: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 static HOST_THREADS: Mutex<Vec<std::thread::ThreadId>> = Mutex::new(Vec::new());
 static RELEASE: AtomicBool = AtomicBool::new(false);
@@ -186,7 +191,7 @@ static CALLBACK: Mutex<Option<(usize, R, usize)>> = Mutex::new(None);
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
 unsafe extern "C" fn log_value(data: *mut c_void) {
-    LOG.lock().unwrap().push(data as u64);
+    LOG.lock().unwrap().push(data.addr() as u64);
     HOST_THREADS
         .lock()
         .unwrap()
@@ -202,7 +207,7 @@ unsafe extern "C" fn block_until_released(_data: *mut c_void) {
 }
 
 unsafe extern "C" fn callback(stream: H, status: R, data: *mut c_void) {
-    *CALLBACK.lock().unwrap() = Some((stream as usize, status, data as usize));
+    *CALLBACK.lock().unwrap() = Some((stream.addr(), status, data.addr()));
 }
 
 #[test]
@@ -401,6 +406,7 @@ fn per_thread_default_streams_are_per_thread(cu: &Arc<Cu>) {
         assert_eq!(c2.query(PER_THREAD), NOT_READY);
         // SAFETY: as above.
         assert_eq!(
+            // SAFETY: as the comment above the assertion says.
             unsafe { (c2.stream_query_ptsz)(std::ptr::null_mut()) },
             NOT_READY
         );
@@ -413,6 +419,7 @@ fn per_thread_default_streams_are_per_thread(cu: &Arc<Cu>) {
     assert_eq!(cu.query(PER_THREAD), SUCCESS);
     // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as the comment above the assertion says.
         unsafe { (cu.stream_query_ptsz)(std::ptr::null_mut()) },
         SUCCESS
     );
@@ -432,14 +439,15 @@ fn host_functions_run_in_stream_order_on_a_shim_thread(cu: &Cu) {
     cu.wait_on(cu.launch, s1, flag, out);
     // SAFETY: host functions with plain integers as arguments.
     unsafe {
-        assert_eq!((cu.host_func)(s1, log_value, 1 as *mut c_void), SUCCESS);
-        assert_eq!((cu.host_func)(s1, log_value, 2 as *mut c_void), SUCCESS);
+        assert_eq!((cu.host_func)(s1, log_value, tag(1)), SUCCESS);
+        assert_eq!((cu.host_func)(s1, log_value, tag(2)), SUCCESS);
     }
     cu.set(w, 9, s1);
     // A host function on another stream is not held by s1.
     // SAFETY: as above.
     assert_eq!(
-        unsafe { (cu.host_func)(releaser, log_value, 7 as *mut c_void) },
+        // SAFETY: as the comment above the assertion says.
+        unsafe { (cu.host_func)(releaser, log_value, tag(7)) },
         SUCCESS
     );
     cu.sync(releaser);
@@ -463,6 +471,7 @@ fn later_work_waits_for_a_host_function(cu: &Cu) {
     let before = CALLS.load(Ordering::SeqCst);
     // SAFETY: a host function that takes no argument.
     assert_eq!(
+        // SAFETY: as the comment above the assertion says.
         unsafe { (cu.host_func)(s1, block_until_released, std::ptr::null_mut()) },
         SUCCESS
     );
@@ -489,7 +498,8 @@ fn stream_callbacks_get_their_stream_and_status(cu: &Cu) {
     *CALLBACK.lock().unwrap() = None;
     // SAFETY: a callback with a plain integer argument.
     assert_eq!(
-        unsafe { (cu.add_callback)(s1, callback, 0x5eed as *mut c_void, 0) },
+        // SAFETY: as the comment above the assertion says.
+        unsafe { (cu.add_callback)(s1, callback, tag(0x5eed), 0) },
         SUCCESS
     );
     cu.sync(s1);
@@ -500,6 +510,7 @@ fn stream_callbacks_get_their_stream_and_status(cu: &Cu) {
     // Flags must be 0.
     // SAFETY: as above.
     assert_ne!(
+        // SAFETY: as the comment above the assertion says.
         unsafe { (cu.add_callback)(s1, callback, std::ptr::null_mut(), 1) },
         SUCCESS
     );

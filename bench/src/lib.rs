@@ -6,5 +6,6 @@ pub mod remoting;
 pub mod share;
 pub mod soak;
 pub mod stats;
+pub mod streams;
 pub mod vgpu_dev;
 pub mod vhost;

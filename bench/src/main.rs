@@ -75,6 +75,21 @@ enum Bench {
         #[arg(long)]
         sync_only: bool,
     },
+    /// Kernels of two streams vs one stream, and a 64 MiB copy during a kernel vs after it.
+    Streams {
+        /// Kernels per measurement (alternating between two streams in the concurrent case).
+        #[arg(long, default_value_t = 8)]
+        kernels: usize,
+        /// Target length of one kernel in milliseconds.
+        #[arg(long, default_value_t = 40)]
+        kernel_ms: u64,
+        /// Repetitions; medians and spreads are reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Worker threads of the simulated GPU.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+    },
     /// Soak: concurrent sessions over the unix socket and the vsock device of a vgpud process,
     /// mixed checked calls, random client kills; checks replies, slices and vgpud's memory.
     Soak {
@@ -173,6 +188,20 @@ fn main() -> ExitCode {
                 json,
             )
         }),
+        Bench::Streams {
+            kernels,
+            kernel_ms,
+            runs,
+            workers,
+        } => {
+            vgpu_bench::streams::run(vgpu_bench::streams::Params {
+                kernels,
+                kernel_ms,
+                runs,
+                workers,
+            });
+            Ok(())
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

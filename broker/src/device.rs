@@ -212,6 +212,30 @@ pub trait DeviceModule: Send + Sync + Any {
     }
 }
 
+thread_local! {
+    /// The engine lane whose job runs on this thread (0: none).
+    static LANE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The engine lane (a guest stream, see [`crate::engine`]) whose job the
+/// calling thread runs; 0 for work outside any lane (allocation, module
+/// loading, reads of a synchronous copy, which the engine orders itself).
+/// An executor with several hardware queues may issue each lane's work on a
+/// queue of its own, so that the work of different streams overlaps; the
+/// order between lanes is the engine's (a job starts only once what it
+/// depends on has completed).
+pub fn current_lane() -> u64 {
+    LANE.with(std::cell::Cell::get)
+}
+
+/// Runs `f` as work of lane `lane` (see [`current_lane`]).
+pub fn with_lane<R>(lane: u64, f: impl FnOnce() -> R) -> R {
+    let before = LANE.with(|l| l.replace(lane));
+    let r = f();
+    LANE.with(|l| l.set(before));
+    r
+}
+
 /// A signal sent to a running launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {

@@ -1,25 +1,42 @@
-//! Per-session ordered execution of device work.
+//! Per-session execution of device work, one queue per stream.
 //!
-//! All work a session submits (copies, memsets, event records, launches) runs
-//! in submission order, one job at a time. That satisfies every CUDA ordering
-//! rule at once: per-stream order, the legacy default stream's
-//! synchronisation with other streams, and `cuStreamWaitEvent` (the awaited
-//! record always precedes the waiting work). A wait for a stream, an event
-//! or a context is a wait for a prefix of the sequence.
+//! Each stream of a session is a *lane*: a queue whose jobs run one at a
+//! time, in submission order. Lanes run concurrently with each other, on a
+//! small pool of worker threads per session ([`DEFAULT_WORKERS`]), so two
+//! streams of independent kernels share the device and a copy on one stream
+//! proceeds while a kernel runs on another. Jobs of different lanes are
+//! ordered only by dependencies, as CUDA orders streams:
+//!
+//! - an event record is a job of its lane; `cuStreamWaitEvent` adds a
+//!   barrier job to the waiting lane that depends on the record job current
+//!   at the time of the call;
+//! - the legacy default stream of a context ([`LaneKind::Legacy`]) waits for
+//!   the work submitted before on the context's blocking streams, and
+//!   blocking streams ([`LaneKind::Blocking`], which includes per-thread
+//!   default streams) wait for the work submitted before on the legacy
+//!   stream; non-blocking streams ([`LaneKind::NonBlocking`]) do neither;
+//! - a host function is a [`Gate`]: when its lane reaches it the lane stops
+//!   until the guest has run the function and opened the gate.
+//!
+//! Among lanes that are ready at the same time, the one with the highest
+//! stream priority (the lowest number) starts first, then the oldest job.
+//! Priorities order one session's lanes only: the share of the device
+//! between VMs is the scheduler's ([`crate::scheduler`]), unchanged.
 //!
 //! Errors are kept per context, as CUDA keeps them: the first error of a
 //! context's asynchronous work is reported by its next synchronizing call,
 //! and a sticky error (a kernel fault) poisons that context only — its later
 //! work is skipped and every call in it fails — until it is destroyed.
 //!
-//! Quick jobs submitted while nothing is queued run inline on the session
-//! thread (no hand-off); anything else goes to a worker thread, so the session
-//! keeps answering queries while a kernel runs. The queue is bounded in jobs
-//! and bytes: a client flooding asynchronous calls is slowed down by
-//! back-pressure on its own connection, never by growing the daemon.
+//! Quick jobs submitted to an idle lane whose dependencies are done run
+//! inline on the session thread (no hand-off); anything else goes to a
+//! worker, so the session keeps answering queries while kernels run. The
+//! queues are bounded in jobs and bytes (all lanes together): a client
+//! flooding asynchronous calls is slowed down by back-pressure on its own
+//! connection, never by growing the daemon.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,13 +46,16 @@ use vgpu_proto::cuda;
 use crate::device::{DeviceContext, DeviceError, RunControl};
 use crate::error::CuError;
 
-/// Most jobs queued per session before the submitter waits.
+/// Most jobs queued per session (all lanes) before the submitter waits.
 pub const MAX_QUEUED_JOBS: usize = 4096;
 /// Most bytes of copy data queued per session before the submitter waits.
 pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 /// How often a session waiting for its work checks that its client is
 /// still connected ([`Engine::watch_hangup`]).
 pub const HANGUP_POLL: Duration = Duration::from_millis(100);
+/// Worker threads a session's engine starts at most (lazily, one per lane
+/// that is ready while the others are busy).
+pub const DEFAULT_WORKERS: usize = 8;
 
 /// Tells whether the session's client has gone (its connection closed).
 pub type HangupProbe = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -69,6 +89,62 @@ impl EventClock {
         let mut r = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if r.seq == seq {
             r.time = Some(Instant::now());
+        }
+    }
+}
+
+/// Which queue a job goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LaneKey {
+    /// The legacy default stream of a context.
+    Legacy(u64),
+    /// A created stream (its handle).
+    Stream(u64),
+}
+
+/// How a lane synchronizes with the legacy default stream of its context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneKind {
+    /// The legacy default stream itself.
+    Legacy,
+    /// A blocking stream (created without `CU_STREAM_NON_BLOCKING`, or a
+    /// per-thread default stream).
+    Blocking,
+    /// A `CU_STREAM_NON_BLOCKING` stream.
+    NonBlocking,
+}
+
+/// A lane: its key, context, kind and priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneSpec {
+    /// Queue key.
+    pub key: LaneKey,
+    /// The context its work belongs to.
+    pub ctx: u64,
+    /// Synchronization with the legacy stream.
+    pub kind: LaneKind,
+    /// Stream priority: lower numbers start first among ready lanes.
+    pub priority: i32,
+}
+
+impl LaneKey {
+    /// A non-zero id of the lane for the device ([`crate::device::current_lane`]).
+    pub fn id(self) -> u64 {
+        match self {
+            LaneKey::Legacy(ctx) => (ctx << 1).max(2),
+            LaneKey::Stream(h) => (h << 1) | 1,
+        }
+    }
+}
+
+impl LaneSpec {
+    /// The legacy default stream of context `ctx`.
+    pub fn legacy(ctx: u64) -> Self {
+        Self {
+            key: LaneKey::Legacy(ctx),
+            ctx,
+            kind: LaneKind::Legacy,
+            priority: 0,
         }
     }
 }
@@ -122,6 +198,11 @@ pub enum Job {
     },
     /// Event record.
     Record(Arc<EventClock>),
+    /// Nothing to run: holds its lane until its dependencies are done
+    /// (`cuStreamWaitEvent`).
+    Barrier,
+    /// A host function: the lane stops here until the gate is opened.
+    Gate(Arc<Gate>),
     /// Anything else (kernel launches).
     Other(Box<dyn Work>),
 }
@@ -133,24 +214,27 @@ impl std::fmt::Debug for Job {
             Job::Copy { dst, src, len } => write!(f, "Copy({dst:#x} <- {src:#x}, {len})"),
             Job::Memset { dst, count, .. } => write!(f, "Memset({dst:#x}, {count})"),
             Job::Record(_) => write!(f, "Record"),
+            Job::Barrier => write!(f, "Barrier"),
+            Job::Gate(_) => write!(f, "Gate"),
             Job::Other(_) => write!(f, "Work"),
         }
     }
 }
 
 /// Copies and fills up to this size count as quick (run inline when idle);
-/// larger ones go to the worker so the session thread keeps decoding the
+/// larger ones go to a worker so the session thread keeps decoding the
 /// next requests while they run.
 pub const QUICK_BYTES: u64 = 256 << 10;
 
 impl Job {
     fn quick(&self) -> bool {
         match self {
-            Job::Write { .. } | Job::Record(_) => true,
+            Job::Write { .. } | Job::Record(_) | Job::Barrier => true,
             Job::Copy { len, .. } => *len <= QUICK_BYTES,
             Job::Memset {
                 count, elem_size, ..
             } => count.saturating_mul(u64::from(*elem_size)) <= QUICK_BYTES,
+            Job::Gate(_) => false,
             Job::Other(w) => w.quick(),
         }
     }
@@ -177,34 +261,302 @@ impl Job {
                 clock.complete(seq);
                 Ok(())
             }
+            Job::Barrier | Job::Gate(_) => Ok(()),
             Job::Other(w) => w.run(dev),
         }
+    }
+}
+
+/// Where a host function's lane stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateState {
+    /// Earlier work of the lane is still pending.
+    Pending,
+    /// The lane reached the gate: the host function may run.
+    Reached,
+    /// The host function ran (or was given up): the lane goes on.
+    Opened,
+    /// The session ended (or its context failed) before the lane reached
+    /// the gate: the host function must not run.
+    Abandoned(String),
+}
+
+/// The link from a reached gate back to its engine.
+struct GateLink {
+    shared: Weak<Shared>,
+    key: LaneKey,
+    seq: u64,
+    ctx: u64,
+}
+
+#[derive(Default)]
+struct GateInner {
+    state: Option<GateState>,
+    link: Option<GateLink>,
+    /// Opened before the lane reached it (a client that skipped the wait).
+    opened_early: bool,
+}
+
+/// A host function's place in its lane (`cuLaunchHostFunc`): the lane stops
+/// at the gate until [`Gate::open`]; [`Gate::wait_reached`] tells the guest
+/// when to run the function.
+#[derive(Default)]
+pub struct Gate {
+    inner: Mutex<GateInner>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, GateInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where the gate stands.
+    pub fn state(&self) -> GateState {
+        self.lock().state.clone().unwrap_or(GateState::Pending)
+    }
+
+    /// Waits until the lane reaches the gate (or the gate is opened or
+    /// abandoned), at most `timeout`; returns the state then.
+    pub fn wait_reached(&self, timeout: Duration) -> GateState {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.lock();
+        loop {
+            match &g.state {
+                None | Some(GateState::Pending) => {}
+                Some(s) => return s.clone(),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return GateState::Pending;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The host function ran: the lane goes on.
+    pub fn open(&self) {
+        let link = {
+            let mut g = self.lock();
+            match g.state {
+                Some(GateState::Opened | GateState::Abandoned(_)) => return,
+                Some(GateState::Reached) => {}
+                _ => g.opened_early = true,
+            }
+            g.state = Some(GateState::Opened);
+            self.cv.notify_all();
+            g.link.take()
+        };
+        if let Some(l) = link
+            && let Some(shared) = l.shared.upgrade()
+        {
+            let mut st = shared.lock();
+            if st.gated.remove(&l.seq).is_some() {
+                shared.finish(&mut st, l.key, l.seq, l.ctx, Ok(()));
+            }
+        }
+    }
+
+    /// The lane will never reach the gate: the host function must not run.
+    pub fn abandon(&self, why: &str) {
+        let mut g = self.lock();
+        if matches!(g.state, None | Some(GateState::Pending)) {
+            g.state = Some(GateState::Abandoned(why.to_string()));
+            g.link = None;
+            self.cv.notify_all();
+        }
+    }
+
+    /// The lane reached the gate (engine lock held): returns whether it was
+    /// already opened.
+    fn reach(&self, link: GateLink) -> bool {
+        let mut g = self.lock();
+        if g.opened_early || matches!(g.state, Some(GateState::Opened)) {
+            return true;
+        }
+        if matches!(g.state, Some(GateState::Abandoned(_))) {
+            return true;
+        }
+        g.state = Some(GateState::Reached);
+        g.link = Some(link);
+        self.cv.notify_all();
+        false
     }
 }
 
 /// Key of errors that belong to no context (a malformed asynchronous request).
 pub const NO_CONTEXT: u64 = 0;
 
+struct Entry {
+    seq: u64,
+    ctx: u64,
+    job: Job,
+    deps: Vec<u64>,
+}
+
+struct Lane {
+    spec: LaneSpec,
+    queue: VecDeque<Entry>,
+    /// The job running (or the gate the lane is stopped at).
+    running: Option<u64>,
+    /// The last job submitted to the lane.
+    last: u64,
+    /// The stream was destroyed: the lane goes once idle.
+    forgotten: bool,
+}
+
+impl Lane {
+    fn new(spec: LaneSpec) -> Self {
+        Self {
+            spec,
+            queue: VecDeque::new(),
+            running: None,
+            last: 0,
+            forgotten: false,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.running.is_none() && self.queue.is_empty()
+    }
+}
+
 #[derive(Default)]
 struct State {
-    queue: VecDeque<(u64, u64, Job)>,
+    lanes: HashMap<LaneKey, Lane>,
+    /// Jobs submitted and not finished, with their context.
+    unfinished: BTreeMap<u64, u64>,
+    queued: usize,
     queued_bytes: usize,
     submitted: u64,
-    completed: u64,
-    running: bool,
     errors: BTreeMap<u64, CuError>,
     poisoned: BTreeMap<u64, CuError>,
+    /// Controls of the jobs running, by sequence number.
+    controls: BTreeMap<u64, Arc<RunControl>>,
+    /// Lanes stopped at a gate, by the gate job's sequence number.
+    gated: BTreeMap<u64, (LaneKey, Arc<Gate>)>,
+    workers: usize,
+    idle_workers: usize,
+    max_workers: usize,
     shutdown: bool,
     /// The client disconnected while the session waited: queued work was
     /// dropped, running work cancelled, and waits return at once.
     abandoned: bool,
 }
 
+impl State {
+    fn is_done(&self, seq: u64) -> bool {
+        seq == 0 || (seq <= self.submitted && !self.unfinished.contains_key(&seq))
+    }
+
+    /// Whether every job up to `seq` has finished.
+    fn prefix_done(&self, seq: u64) -> bool {
+        self.unfinished.keys().next().is_none_or(|&s| s > seq)
+    }
+
+    /// The jobs a new job of `spec` must wait for besides its lane's earlier
+    /// jobs: the legacy stream's implicit synchronization.
+    fn implicit_deps(&self, spec: &LaneSpec) -> Vec<u64> {
+        match spec.kind {
+            LaneKind::NonBlocking => Vec::new(),
+            LaneKind::Blocking => self
+                .lanes
+                .get(&LaneKey::Legacy(spec.ctx))
+                .map(|l| l.last)
+                .filter(|&s| !self.is_done(s))
+                .into_iter()
+                .collect(),
+            LaneKind::Legacy => self
+                .lanes
+                .values()
+                .filter(|l| l.spec.ctx == spec.ctx && l.spec.kind == LaneKind::Blocking)
+                .map(|l| l.last)
+                .filter(|&s| !self.is_done(s))
+                .collect(),
+        }
+    }
+
+    /// Everything a synchronize on `spec` waits for: the lane's last job and
+    /// its implicit dependencies.
+    fn lane_targets(&self, spec: &LaneSpec) -> Vec<u64> {
+        let mut t = self.implicit_deps(spec);
+        if let Some(l) = self.lanes.get(&spec.key) {
+            t.push(l.last);
+        }
+        t
+    }
+
+    fn ready(&self, lane: &Lane) -> bool {
+        lane.running.is_none()
+            && lane
+                .queue
+                .front()
+                .is_some_and(|e| e.deps.iter().all(|&d| self.is_done(d)))
+    }
+
+    /// The lane to run next: ready, highest priority, oldest job first.
+    fn pick(&self) -> Option<LaneKey> {
+        self.lanes
+            .values()
+            .filter(|l| self.ready(l))
+            .min_by_key(|l| (l.spec.priority, l.queue.front().map_or(0, |e| e.seq)))
+            .map(|l| l.spec.key)
+    }
+
+    fn ready_lanes(&self) -> usize {
+        self.lanes.values().filter(|l| self.ready(l)).count()
+    }
+
+    fn busy(&self) -> bool {
+        self.lanes.values().any(|l| !l.idle())
+    }
+
+    /// Drops queued work and releases lanes stopped at gates (the client
+    /// has gone or the session ends).
+    fn discard(&mut self, why: &str) -> usize {
+        let mut dropped = 0;
+        for lane in self.lanes.values_mut() {
+            for e in lane.queue.drain(..) {
+                self.unfinished.remove(&e.seq);
+                if let Job::Gate(g) = &e.job {
+                    g.abandon(why);
+                }
+                dropped += 1;
+            }
+        }
+        for (seq, (key, g)) in std::mem::take(&mut self.gated) {
+            g.abandon(why);
+            self.unfinished.remove(&seq);
+            if let Some(l) = self.lanes.get_mut(&key) {
+                l.running = None;
+            }
+        }
+        self.queued = 0;
+        self.queued_bytes = 0;
+        for c in self.controls.values() {
+            c.cancel();
+        }
+        dropped
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     cv: Condvar,
     dev: Arc<dyn DeviceContext>,
-    current: Mutex<Option<Arc<RunControl>>>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -212,9 +564,23 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn finish(&self, st: &mut State, seq: u64, ctx: u64, result: Result<(), CuError>) {
-        st.running = false;
-        st.completed = seq;
+    fn finish(
+        &self,
+        st: &mut State,
+        key: LaneKey,
+        seq: u64,
+        ctx: u64,
+        result: Result<(), CuError>,
+    ) {
+        st.unfinished.remove(&seq);
+        if let Some(l) = st.lanes.get_mut(&key) {
+            if l.running == Some(seq) {
+                l.running = None;
+            }
+            if l.forgotten && l.idle() {
+                st.lanes.remove(&key);
+            }
+        }
         if let Err(e) = result {
             debug!(error = %e, seq, ctx, "asynchronous work failed");
             if cuda::is_sticky(e.code) {
@@ -226,10 +592,40 @@ impl Shared {
     }
 }
 
-/// A session's ordered work queue.
+/// Starts a worker when more lanes are ready than workers are idle.
+fn spawn_if_needed(shared: &Arc<Shared>, st: &mut State) {
+    if st.shutdown || st.workers >= st.max_workers || st.ready_lanes() <= st.idle_workers {
+        return;
+    }
+    let s = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name("vgpu-engine".into())
+        .spawn(move || worker_loop(&s));
+    match spawned {
+        Ok(h) => {
+            // Counted idle until it takes its first job, so that the next
+            // submission does not start another one for the same work.
+            st.workers += 1;
+            st.idle_workers += 1;
+            shared
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(h);
+        }
+        Err(e) => {
+            // The workers already running take the work in turn.
+            tracing::warn!(error = %e, "cannot start an engine worker thread");
+            if st.workers == 0 {
+                panic!("no engine worker thread could be started: {e}");
+            }
+        }
+    }
+}
+
+/// A session's work queues.
 pub struct Engine {
     shared: Arc<Shared>,
-    worker: Option<JoinHandle<()>>,
     /// Probe of the client's connection, checked while waiting.
     hangup: Option<HangupProbe>,
 }
@@ -239,23 +635,30 @@ impl std::fmt::Debug for Engine {
         let st = self.shared.lock();
         f.debug_struct("Engine")
             .field("submitted", &st.submitted)
-            .field("completed", &st.completed)
-            .field("queued", &st.queue.len())
+            .field("unfinished", &st.unfinished.len())
+            .field("lanes", &st.lanes.len())
             .finish()
     }
 }
 
 impl Engine {
-    /// An engine running work on `dev`.
+    /// An engine running work on `dev` with up to [`DEFAULT_WORKERS`] workers.
     pub fn new(dev: Arc<dyn DeviceContext>) -> Self {
+        Self::with_workers(dev, DEFAULT_WORKERS)
+    }
+
+    /// An engine with at most `workers` worker threads (at least one).
+    pub fn with_workers(dev: Arc<dyn DeviceContext>, workers: usize) -> Self {
         Self {
             shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    max_workers: workers.max(1),
+                    ..State::default()
+                }),
                 cv: Condvar::new(),
                 dev,
-                current: Mutex::new(None),
+                handles: Mutex::new(Vec::new()),
             }),
-            worker: None,
             hangup: None,
         }
     }
@@ -283,100 +686,115 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner());
         if !st.abandoned && probe() {
             debug!(
-                queued = st.queue.len(),
+                queued = st.queued,
                 "the client disconnected while its session waited; abandoning its work"
             );
             st.abandoned = true;
-            st.queue.clear();
-            st.queued_bytes = 0;
-            if let Some(c) = self
-                .shared
-                .current
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-            {
-                c.cancel();
-            }
+            st.discard("the client disconnected");
             self.shared.cv.notify_all();
         }
         st
     }
 
-    /// Submits a job of context `ctx`; returns its sequence number. Blocks
-    /// while the queue is full.
-    pub fn submit(&mut self, ctx: u64, job: Job) -> u64 {
+    /// Submits a job of lane `spec`; returns its sequence number. Blocks
+    /// while the queues are full.
+    pub fn submit(&mut self, spec: &LaneSpec, job: Job) -> u64 {
+        self.submit_after(spec, job, &[])
+    }
+
+    /// Submits a job that also waits for the jobs `after` (sequence numbers
+    /// already submitted).
+    pub fn submit_after(&mut self, spec: &LaneSpec, job: Job, after: &[u64]) -> u64 {
+        let ctx = spec.ctx;
         let mut st = self.shared.lock();
-        let seq = st.submitted + 1;
         if let Some(p) = st.poisoned.get(&ctx) {
             // A context with a sticky error runs nothing more.
             let e = p.clone();
+            let seq = st.submitted + 1;
             st.submitted = seq;
-            self.shared.finish(&mut st, seq, ctx, Err(e));
-            return seq;
-        }
-        if st.queue.is_empty() && !st.running && job.quick() {
-            st.submitted = seq;
-            st.running = true;
-            drop(st);
-            let r = job.run(seq, self.shared.dev.as_ref());
-            let mut st = self.shared.lock();
-            self.shared.finish(&mut st, seq, ctx, r);
+            if let Job::Gate(g) = &job {
+                g.abandon("the context has a sticky error");
+            }
+            self.shared.finish(&mut st, spec.key, seq, ctx, Err(e));
             return seq;
         }
         let bytes = job.bytes();
         while !st.abandoned
-            && !st.queue.is_empty()
-            && (st.queue.len() >= MAX_QUEUED_JOBS || st.queued_bytes + bytes > MAX_QUEUED_BYTES)
+            && st.queued > 0
+            && (st.queued >= MAX_QUEUED_JOBS || st.queued_bytes + bytes > MAX_QUEUED_BYTES)
         {
             st = self.block(st);
         }
+        let seq = st.submitted + 1;
+        st.submitted = seq;
         if st.abandoned {
             // The client is gone: nothing more runs for it.
-            st.submitted = seq;
+            if let Job::Gate(g) = &job {
+                g.abandon("the client disconnected");
+            }
             return seq;
         }
-        st.submitted = seq;
+        let mut deps = st.implicit_deps(spec);
+        deps.extend(after.iter().copied().filter(|&s| !st.is_done(s)));
+        let lane = st.lanes.entry(spec.key).or_insert_with(|| Lane::new(*spec));
+        lane.spec.priority = spec.priority;
+        lane.last = seq;
+        let inline = lane.idle() && deps.is_empty() && job.quick();
+        st.unfinished.insert(seq, ctx);
+        if inline {
+            if let Some(l) = st.lanes.get_mut(&spec.key) {
+                l.running = Some(seq);
+            }
+            drop(st);
+            let r =
+                crate::device::with_lane(spec.key.id(), || job.run(seq, self.shared.dev.as_ref()));
+            let mut st = self.shared.lock();
+            self.shared.finish(&mut st, spec.key, seq, ctx, r);
+            return seq;
+        }
+        st.queued += 1;
         st.queued_bytes += bytes;
-        st.queue.push_back((seq, ctx, job));
+        if let Some(l) = st.lanes.get_mut(&spec.key) {
+            l.queue.push_back(Entry {
+                seq,
+                ctx,
+                job,
+                deps,
+            });
+        }
+        spawn_if_needed(&self.shared, &mut st);
         self.shared.cv.notify_all();
-        drop(st);
-        self.ensure_worker();
         seq
     }
 
-    fn ensure_worker(&mut self) {
-        if self.worker.is_some() {
-            return;
-        }
-        let shared = Arc::clone(&self.shared);
-        self.worker = Some(
-            std::thread::Builder::new()
-                .name("vgpu-engine".into())
-                .spawn(move || worker_loop(&shared))
-                .expect("spawning an engine thread"),
-        );
-    }
-
-    /// Runs `f` inline as the next job if nothing is queued or running
-    /// (avoiding a copy of borrowed data); `None` when the engine is busy and
-    /// the caller must submit an owned job instead.
+    /// Runs `f` inline as the next job of lane `spec` if the lane is idle and
+    /// its implicit dependencies are done (avoiding a copy of borrowed data);
+    /// `None` when the caller must wait ([`Engine::wait_lane`]) or submit an
+    /// owned job instead.
     pub fn try_inline(
         &mut self,
-        ctx: u64,
+        spec: &LaneSpec,
         f: impl FnOnce(&dyn DeviceContext) -> Result<(), DeviceError>,
     ) -> Option<u64> {
+        let ctx = spec.ctx;
         let mut st = self.shared.lock();
-        if !st.queue.is_empty() || st.running || st.poisoned.contains_key(&ctx) {
+        if st.poisoned.contains_key(&ctx)
+            || st.lanes.get(&spec.key).is_some_and(|l| !l.idle())
+            || !st.implicit_deps(spec).is_empty()
+        {
             return None;
         }
         let seq = st.submitted + 1;
         st.submitted = seq;
-        st.running = true;
+        st.unfinished.insert(seq, ctx);
+        let lane = st.lanes.entry(spec.key).or_insert_with(|| Lane::new(*spec));
+        lane.last = seq;
+        lane.running = Some(seq);
         drop(st);
-        let r = f(self.shared.dev.as_ref()).map_err(CuError::from);
+        let r = crate::device::with_lane(spec.key.id(), || f(self.shared.dev.as_ref()))
+            .map_err(CuError::from);
         let mut st = self.shared.lock();
-        self.shared.finish(&mut st, seq, ctx, r);
+        self.shared.finish(&mut st, spec.key, seq, ctx, r);
         Some(seq)
     }
 
@@ -394,30 +812,79 @@ impl Engine {
         st.poisoned.remove(&ctx);
     }
 
+    /// Forgets a lane (its stream was destroyed); its pending work still runs.
+    pub fn forget_lane(&self, key: LaneKey) {
+        let mut st = self.shared.lock();
+        if let Some(l) = st.lanes.get_mut(&key) {
+            l.forgotten = true;
+            if l.idle() {
+                st.lanes.remove(&key);
+            }
+        }
+    }
+
     /// Sequence number of the last submitted job.
     pub fn submitted(&self) -> u64 {
         self.shared.lock().submitted
     }
 
-    /// Whether job `seq` (and everything before it) has run.
+    /// Whether every job up to `seq` (of every lane) has run.
     pub fn is_complete(&self, seq: u64) -> bool {
-        self.shared.lock().completed >= seq
+        self.shared.lock().prefix_done(seq)
     }
 
-    /// Waits until job `seq` (and everything before it) has run; an error
-    /// when the client disconnected meanwhile ([`Engine::watch_hangup`]).
-    pub fn wait(&self, seq: u64) -> Result<(), CuError> {
+    /// Whether job `seq` has run (and with it every earlier job of its lane).
+    pub fn is_done(&self, seq: u64) -> bool {
+        self.shared.lock().is_done(seq)
+    }
+
+    /// Whether lane `spec` has nothing pending (for `cuStreamQuery`): its
+    /// jobs, and for the legacy stream the blocking streams' earlier work.
+    pub fn lane_idle(&self, spec: &LaneSpec) -> bool {
+        let st = self.shared.lock();
+        st.lane_targets(spec).iter().all(|&s| st.is_done(s))
+    }
+
+    fn wait_until(&self, mut done: impl FnMut(&State) -> bool) -> Result<(), CuError> {
         let mut st = self.shared.lock();
-        while st.completed < seq {
+        loop {
+            // Once the client is gone its dropped work never completes: every
+            // later wait fails at once.
             if st.abandoned {
                 return Err(CuError::new(
                     cuda::CUDA_ERROR_UNKNOWN,
                     "the client disconnected; its work was abandoned",
                 ));
             }
+            if done(&st) {
+                return Ok(());
+            }
             st = self.block(st);
         }
-        Ok(())
+    }
+
+    /// Waits until every job up to `seq` (of every lane) has run; an error
+    /// when the client disconnected meanwhile ([`Engine::watch_hangup`]).
+    pub fn wait(&self, seq: u64) -> Result<(), CuError> {
+        self.wait_until(|st| st.prefix_done(seq))
+    }
+
+    /// Waits until job `seq` has run (and every earlier job of its lane).
+    pub fn wait_job(&self, seq: u64) -> Result<(), CuError> {
+        self.wait_until(|st| st.is_done(seq))
+    }
+
+    /// Waits until lane `spec` has nothing pending (`cuStreamSynchronize`),
+    /// see [`Engine::lane_idle`].
+    pub fn wait_lane(&self, spec: &LaneSpec) -> Result<(), CuError> {
+        let targets = self.shared.lock().lane_targets(spec);
+        self.wait_until(|st| targets.iter().all(|&s| st.is_done(s)))
+    }
+
+    /// Waits until no work of context `ctx` is pending (`cuCtxSynchronize`).
+    pub fn wait_ctx(&self, ctx: u64) -> Result<(), CuError> {
+        let last = self.submitted();
+        self.wait_until(|st| st.unfinished.range(..=last).all(|(_, &c)| c != ctx))
     }
 
     /// Waits until nothing is queued or running, even for a client that
@@ -425,7 +892,7 @@ impl Engine {
     /// releasing what queued work could still touch.
     pub fn settle(&self) {
         let mut st = self.shared.lock();
-        while st.running || !st.queue.is_empty() {
+        while st.busy() {
             st = self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -454,42 +921,111 @@ impl Engine {
         self.shared.lock().poisoned.get(&ctx).cloned()
     }
 
-    /// Records `clock` as an event record job of context `ctx`.
-    pub fn record(&mut self, ctx: u64, clock: &Arc<EventClock>) -> u64 {
+    /// Records `clock` as an event record job of lane `spec`.
+    pub fn record(&mut self, spec: &LaneSpec, clock: &Arc<EventClock>) -> u64 {
         let seq = self.submitted() + 1;
         clock.set(EventRecord { seq, time: None });
-        let got = self.submit(ctx, Job::Record(Arc::clone(clock)));
+        let got = self.submit(spec, Job::Record(Arc::clone(clock)));
         debug_assert_eq!(got, seq);
         got
     }
+
+    /// Makes later work of lane `spec` wait for every job up to `seq` (of any
+    /// lane); nothing when they are done. A pool block freed on one stream
+    /// and reused on another waits so for the work before its free, as
+    /// CUDA's internal dependencies of stream-ordered pools do.
+    pub fn wait_for_prefix(&mut self, spec: &LaneSpec, seq: u64) -> Option<u64> {
+        let deps: Vec<u64> = self
+            .shared
+            .lock()
+            .unfinished
+            .range(..=seq)
+            .map(|(&s, _)| s)
+            .collect();
+        if deps.is_empty() {
+            return None;
+        }
+        Some(self.submit_after(spec, Job::Barrier, &deps))
+    }
+
+    /// Makes later work of lane `spec` wait for job `seq` (an event's
+    /// record, `cuStreamWaitEvent`); nothing when it is done already.
+    pub fn wait_for(&mut self, spec: &LaneSpec, seq: u64) -> Option<u64> {
+        if self.is_done(seq) {
+            return None;
+        }
+        Some(self.submit_after(spec, Job::Barrier, &[seq]))
+    }
 }
 
-fn worker_loop(shared: &Shared) {
+fn worker_loop(shared: &Arc<Shared>) {
+    // Counted idle when it was started.
+    let mut counted = true;
     loop {
         let mut st = shared.lock();
-        while st.queue.is_empty() && !st.shutdown {
+        if !counted {
+            st.idle_workers += 1;
+        }
+        counted = false;
+        let key = loop {
+            if st.shutdown {
+                st.idle_workers -= 1;
+                st.workers -= 1;
+                return;
+            }
+            if let Some(k) = st.pick() {
+                break k;
+            }
             st = shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        if st.shutdown {
-            return;
-        }
-        let (seq, ctx, job) = st.queue.pop_front().expect("queue is not empty");
-        st.queued_bytes -= job.bytes();
-        st.running = true;
+        };
+        st.idle_workers -= 1;
+        let Some(e) = st.lanes.get_mut(&key).and_then(|l| {
+            let e = l.queue.pop_front()?;
+            l.running = Some(e.seq);
+            Some(e)
+        }) else {
+            continue;
+        };
+        st.queued -= 1;
+        st.queued_bytes -= e.job.bytes();
+        let (seq, ctx) = (e.seq, e.ctx);
         let poisoned = st.poisoned.get(&ctx).cloned();
-        let control = match &job {
+        if let Job::Gate(g) = &e.job {
+            if let Some(p) = poisoned {
+                g.abandon("the context has a sticky error");
+                shared.finish(&mut st, key, seq, ctx, Err(p));
+                continue;
+            }
+            let link = GateLink {
+                shared: Arc::downgrade(shared),
+                key,
+                seq,
+                ctx,
+            };
+            if g.reach(link) {
+                shared.finish(&mut st, key, seq, ctx, Ok(()));
+            } else {
+                st.gated.insert(seq, (key, Arc::clone(g)));
+            }
+            continue;
+        }
+        let control = match &e.job {
             Job::Other(w) => w.control(),
             _ => None,
         };
-        *shared.current.lock().unwrap_or_else(|p| p.into_inner()) = control;
+        if let Some(c) = &control {
+            st.controls.insert(seq, Arc::clone(c));
+        }
+        // Other lanes may be ready too: they get a worker of their own.
+        spawn_if_needed(shared, &mut st);
         drop(st);
         let r = match poisoned {
             Some(p) => Err(p),
-            None => job.run(seq, shared.dev.as_ref()),
+            None => crate::device::with_lane(key.id(), || e.job.run(seq, shared.dev.as_ref())),
         };
-        *shared.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let mut st = shared.lock();
-        shared.finish(&mut st, seq, ctx, r);
+        st.controls.remove(&seq);
+        shared.finish(&mut st, key, seq, ctx, r);
     }
 }
 
@@ -498,25 +1034,21 @@ impl Drop for Engine {
         {
             let mut st = self.shared.lock();
             st.shutdown = true;
-            let dropped = st.queue.len();
-            st.queue.clear();
-            st.queued_bytes = 0;
+            let dropped = st.discard("the session ended");
             if dropped > 0 {
                 debug!(dropped, "session ended with queued work; discarding it");
             }
             self.shared.cv.notify_all();
         }
-        if let Some(c) = self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            c.cancel();
-        }
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
+        let handles = std::mem::take(
+            &mut *self
+                .shared
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for h in handles {
+            let _ = h.join();
         }
     }
 }
@@ -529,6 +1061,28 @@ mod tests {
     use super::*;
     use crate::device::Device;
     use crate::testutils::MemDevice;
+
+    const L1: LaneSpec = LaneSpec {
+        key: LaneKey::Legacy(1),
+        ctx: 1,
+        kind: LaneKind::Legacy,
+        priority: 0,
+    };
+    const L2: LaneSpec = LaneSpec {
+        key: LaneKey::Legacy(2),
+        ctx: 2,
+        kind: LaneKind::Legacy,
+        priority: 0,
+    };
+
+    fn stream(h: u64, kind: LaneKind, priority: i32) -> LaneSpec {
+        LaneSpec {
+            key: LaneKey::Stream(h),
+            ctx: 1,
+            kind,
+            priority,
+        }
+    }
 
     fn engine() -> Engine {
         let d = MemDevice::new(1 << 20, Duration::ZERO);
@@ -575,7 +1129,7 @@ mod tests {
     fn jobs_run_in_submission_order() {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
-        let seqs: Vec<u64> = (0..100).map(|i| e.submit(1, step(&log, i))).collect();
+        let seqs: Vec<u64> = (0..100).map(|i| e.submit(&L1, step(&log, i))).collect();
         e.wait(*seqs.last().unwrap()).unwrap();
         assert_eq!(*log.lock().unwrap(), (0..100).collect::<Vec<_>>());
         assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
@@ -587,7 +1141,7 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(AtomicBool::new(false));
         e.submit(
-            1,
+            &L1,
             Job::Other(Box::new(Step {
                 log: Arc::clone(&log),
                 id: 0,
@@ -600,7 +1154,7 @@ mod tests {
         let (s2, l2) = (Arc::clone(&submitted), Arc::clone(&log));
         let t = std::thread::spawn(move || {
             for i in 1..=MAX_QUEUED_JOBS + 10 {
-                e.submit(1, step(&l2, i));
+                e.submit(&L1, step(&l2, i));
                 s2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             e
@@ -626,27 +1180,30 @@ mod tests {
             result: Err(CuError::new(cuda::CUDA_ERROR_ILLEGAL_ADDRESS, "boom")),
             control: None,
         };
-        e.submit(1, Job::Other(Box::new(fault)));
-        e.submit(1, step(&log, 1));
-        let seq = e.submit(2, step(&log, 2));
+        e.submit(&L1, Job::Other(Box::new(fault)));
+        e.submit(&L1, step(&log, 1));
+        let seq = e.submit(&L2, step(&log, 2));
         e.wait(seq).unwrap();
-        // The job of the faulted context never ran; the other context's did.
-        assert_eq!(*log.lock().unwrap(), vec![0, 2]);
+        // The job of the faulted context never ran; the other context's did
+        // (the contexts' legacy streams run concurrently: any order).
+        let mut ran = log.lock().unwrap().clone();
+        ran.sort_unstable();
+        assert_eq!(ran, vec![0, 2]);
         assert_eq!(e.take_error(1).unwrap().code, 700);
         assert_eq!(e.take_error(1).unwrap().code, 700);
         assert!(e.take_error(2).is_none());
-        assert!(e.try_inline(1, |_| Ok(())).is_none());
+        assert!(e.try_inline(&L1, |_| Ok(())).is_none());
         // Destroying the context clears it.
         e.clear_context(1);
         assert!(e.take_error(1).is_none());
-        assert!(e.try_inline(1, |_| Ok(())).is_some());
+        assert!(e.try_inline(&L1, |_| Ok(())).is_some());
     }
 
     #[test]
     fn non_sticky_errors_are_reported_once() {
         let mut e = engine();
         e.submit(
-            1,
+            &L1,
             Job::Memset {
                 dst: 0x1,
                 value: 0,
@@ -673,7 +1230,7 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let control = Arc::new(RunControl::default());
         e.submit(
-            1,
+            &L1,
             Job::Other(Box::new(Step {
                 log: Arc::clone(&log),
                 id: 0,
@@ -682,7 +1239,7 @@ mod tests {
                 control: Some(Arc::clone(&control)),
             })),
         );
-        e.submit(1, step(&log, 1));
+        e.submit(&L1, step(&log, 1));
         std::thread::sleep(Duration::from_millis(20));
         drop(e);
         assert!(control.cancelled());
@@ -700,7 +1257,7 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let control = Arc::new(RunControl::default());
         let first = e.submit(
-            1,
+            &L1,
             Job::Other(Box::new(Step {
                 log: Arc::clone(&log),
                 id: 0,
@@ -709,7 +1266,7 @@ mod tests {
                 control: Some(Arc::clone(&control)),
             })),
         );
-        let last = e.submit(1, step(&log, 1));
+        let last = e.submit(&L1, step(&log, 1));
         assert!(first < last);
         let hang_up = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(150));
@@ -732,10 +1289,153 @@ mod tests {
         let mut e = engine();
         let clock = Arc::new(EventClock::default());
         assert_eq!(clock.get().seq, 0);
-        let seq = e.record(1, &clock);
+        let seq = e.record(&L1, &clock);
         e.wait(seq).unwrap();
         let r = clock.get();
         assert_eq!(r.seq, seq);
         assert!(r.time.is_some());
+    }
+
+    fn gated(log: &Arc<Mutex<Vec<usize>>>, id: usize, gate: &Arc<AtomicBool>) -> Job {
+        Job::Other(Box::new(Step {
+            log: Arc::clone(log),
+            id,
+            gate: Some(Arc::clone(gate)),
+            result: Ok(()),
+            control: None,
+        }))
+    }
+
+    #[test]
+    fn independent_lanes_do_not_wait_for_each_other() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(AtomicBool::new(false));
+        let s1 = stream(0x10, LaneKind::NonBlocking, 0);
+        let s2 = stream(0x20, LaneKind::NonBlocking, 0);
+        let blocked = e.submit(&s1, gated(&log, 0, &gate));
+        let after = e.submit(&s1, step(&log, 1));
+        let other = e.submit(&s2, step(&log, 2));
+        e.wait_job(other).unwrap();
+        assert!(!e.is_done(blocked) && !e.is_done(after));
+        assert!(!e.lane_idle(&s1) && e.lane_idle(&s2));
+        assert!(
+            !e.is_complete(other),
+            "a prefix wait still covers the first lane"
+        );
+        gate.store(true, std::sync::atomic::Ordering::Release);
+        e.wait_lane(&s1).unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![2, 0, 1]);
+    }
+
+    #[test]
+    fn an_event_wait_orders_work_across_lanes() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(AtomicBool::new(false));
+        let s1 = stream(0x10, LaneKind::NonBlocking, 0);
+        let s2 = stream(0x20, LaneKind::NonBlocking, 0);
+        e.submit(&s1, gated(&log, 0, &gate));
+        let clock = Arc::new(EventClock::default());
+        let rec = e.record(&s1, &clock);
+        assert!(e.wait_for(&s2, rec).is_some());
+        let waiting = e.submit(&s2, step(&log, 1));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            !e.is_done(waiting),
+            "the waiting lane holds until the record"
+        );
+        gate.store(true, std::sync::atomic::Ordering::Release);
+        e.wait_job(waiting).unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![0, 1]);
+        // Waiting for a record that is done adds nothing.
+        assert!(e.wait_for(&s2, rec).is_none());
+    }
+
+    #[test]
+    fn the_legacy_stream_synchronizes_with_blocking_streams_only() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (g_block, g_nonblock) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let blocking = stream(0x10, LaneKind::Blocking, 0);
+        let nonblocking = stream(0x20, LaneKind::NonBlocking, 0);
+        e.submit(&nonblocking, gated(&log, 0, &g_nonblock));
+        e.submit(&blocking, gated(&log, 1, &g_block));
+        let legacy = e.submit(&L1, step(&log, 2));
+        // Blocking work submitted after the legacy job waits for it.
+        let later = e.submit(&blocking, step(&log, 3));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!e.is_done(legacy));
+        g_block.store(true, std::sync::atomic::Ordering::Release);
+        e.wait_job(later).unwrap();
+        assert!(
+            !e.lane_idle(&nonblocking),
+            "the non-blocking stream still runs"
+        );
+        g_nonblock.store(true, std::sync::atomic::Ordering::Release);
+        e.drain().unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![1, 2, 3, 0]);
+    }
+
+    #[test]
+    fn higher_priority_lanes_start_first() {
+        let d = MemDevice::new(1 << 20, Duration::ZERO);
+        let mut e = Engine::with_workers(d.open("t").unwrap(), 1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(AtomicBool::new(false));
+        let busy = stream(0x10, LaneKind::NonBlocking, 0);
+        let low = stream(0x20, LaneKind::NonBlocking, 0);
+        let high = stream(0x30, LaneKind::NonBlocking, -2);
+        e.submit(&busy, gated(&log, 0, &gate));
+        std::thread::sleep(Duration::from_millis(20));
+        e.submit(&low, step(&log, 1));
+        e.submit(&high, step(&log, 2));
+        gate.store(true, std::sync::atomic::Ordering::Release);
+        e.drain().unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![0, 2, 1]);
+    }
+
+    #[test]
+    fn a_gate_holds_its_lane_until_opened() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let s1 = stream(0x10, LaneKind::NonBlocking, 0);
+        let g = Arc::new(Gate::default());
+        let gate_seq = e.submit(&s1, Job::Gate(Arc::clone(&g)));
+        let after = e.submit(&s1, step(&log, 1));
+        assert_eq!(g.wait_reached(Duration::from_secs(10)), GateState::Reached);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!e.is_done(gate_seq) && !e.is_done(after));
+        assert!(log.lock().unwrap().is_empty());
+        g.open();
+        e.wait_job(after).unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![1]);
+        assert_eq!(g.state(), GateState::Opened);
+    }
+
+    #[test]
+    fn dropping_the_engine_abandons_unreached_gates() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(AtomicBool::new(false));
+        let control = Arc::new(RunControl::default());
+        let s1 = stream(0x10, LaneKind::NonBlocking, 0);
+        e.submit(
+            &s1,
+            Job::Other(Box::new(Step {
+                log: Arc::clone(&log),
+                id: 0,
+                gate: Some(gate),
+                result: Ok(()),
+                control: Some(Arc::clone(&control)),
+            })),
+        );
+        let g = Arc::new(Gate::default());
+        e.submit(&s1, Job::Gate(Arc::clone(&g)));
+        drop(e);
+        assert!(matches!(g.state(), GateState::Abandoned(_)));
     }
 }

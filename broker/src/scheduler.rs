@@ -1638,7 +1638,14 @@ struct State {
     /// `false`: kernels take the device first come, first served, with no
     /// slices, caps, priorities or accounting (a baseline for benchmarks).
     enabled: bool,
-    bypass_busy: bool,
+    /// With scheduling off: the tenant whose kernels hold the device, and
+    /// how many of them run.
+    bypass: Option<(TenantId, usize)>,
+    /// Kernels of one tenant running at once under one grant, by the core
+    /// waiter that holds the device for them (see [`KernelTicket::acquire`]).
+    holds: HashMap<WaiterId, Vec<WaiterId>>,
+    /// The hold each running kernel belongs to.
+    member_of: HashMap<WaiterId, WaiterId>,
     shutdown: bool,
     tod_read: Option<Nanos>,
     wake: Option<Nanos>,
@@ -1686,10 +1693,14 @@ impl Inner {
             }
             self.granted.notify_all();
         }
-        if let Some(w) = fx.preempt
-            && let Some(c) = st.controls.get(&w)
-        {
-            c.request_yield();
+        if let Some(w) = fx.preempt {
+            // Every kernel running under the grant yields.
+            let members = st.holds.get(&w).cloned().unwrap_or_else(|| vec![w]);
+            for m in members {
+                if let Some(c) = st.controls.get(&m) {
+                    c.request_yield();
+                }
+            }
         }
         let wake = st.core.next_wake(now);
         if wake != st.wake {
@@ -1765,7 +1776,9 @@ impl Scheduler {
                     controls: HashMap::new(),
                     next_waiter: 1,
                     enabled: true,
-                    bypass_busy: false,
+                    bypass: None,
+                    holds: HashMap::new(),
+                    member_of: HashMap::new(),
                     shutdown: false,
                     tod_read: None,
                     wake: None,
@@ -1826,7 +1839,7 @@ impl Scheduler {
             return Ok(());
         }
         st.core.end_idle_anticipation(now);
-        if st.core.busy() || st.bypass_busy {
+        if st.core.busy() || st.bypass.is_some() {
             return Err(format!(
                 "device `{}` has kernels queued or running; switch scheduling on or off when it is idle",
                 self.inner.device
@@ -1977,7 +1990,9 @@ impl KernelTicket {
     ) -> Result<Option<WaiterId>, Cancelled> {
         let mut st = inner.lock();
         if !st.enabled {
-            while st.bypass_busy {
+            // First come, first served; kernels of the tenant holding the
+            // device run alongside each other.
+            while st.bypass.is_some_and(|(t, _)| t != self.tenant) {
                 if control.cancelled() {
                     return Err(Cancelled);
                 }
@@ -1986,7 +2001,8 @@ impl KernelTicket {
             if control.cancelled() {
                 return Err(Cancelled);
             }
-            st.bypass_busy = true;
+            let n = st.bypass.map_or(0, |(_, n)| n);
+            st.bypass = Some((self.tenant, n + 1));
             control.clear_yield();
             return Ok(None);
         }
@@ -1996,12 +2012,19 @@ impl KernelTicket {
         st.next_waiter += 1;
         st.controls.insert(id, Arc::clone(control));
         let queued_at = (!self.started).then_some(self.queued_at);
+        if self.join(&mut st, id, queued_at, now) {
+            return Ok(Some(id));
+        }
         let fx = st.core.arrive(self.tenant, id, queued_at, now);
         inner.apply(&mut st, fx, now);
         loop {
             if st.core.running_waiter() == Some(id) {
                 let now = inner.now();
                 st.core.started(id, now);
+                st.holds.insert(id, vec![id]);
+                st.member_of.insert(id, id);
+                // Kernels of the tenant waiting behind this one may join it now.
+                inner.granted.notify_all();
                 return Ok(Some(id));
             }
             if control.cancelled() {
@@ -2011,8 +2034,41 @@ impl KernelTicket {
                 inner.apply(&mut st, fx, now);
                 return Err(Cancelled);
             }
+            // Another kernel of this tenant got the device meanwhile: run
+            // alongside it instead of waiting for it.
+            let now = inner.now();
+            if st.core.joinable(self.tenant).is_some() {
+                let fx = st.core.cancel(id, now);
+                inner.apply(&mut st, fx, now);
+                if self.join(&mut st, id, queued_at, now) {
+                    return Ok(Some(id));
+                }
+                let fx = st.core.arrive(self.tenant, id, queued_at, now);
+                inner.apply(&mut st, fx, now);
+            }
             st = inner.granted.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Runs kernel `id` under the grant of a kernel of the same tenant that
+    /// holds the device and is not being preempted: the tenant's kernels of
+    /// different streams share the device as they would share a GPU. The
+    /// tenant's device time is the time it holds the device, however many
+    /// of its kernels run; a preemption stops them all.
+    fn join(&self, st: &mut State, id: WaiterId, queued_at: Option<Nanos>, now: Nanos) -> bool {
+        let Some(hold) = st.core.joinable(self.tenant) else {
+            return false;
+        };
+        let Some(members) = st.holds.get_mut(&hold) else {
+            return false;
+        };
+        members.push(id);
+        st.member_of.insert(id, hold);
+        st.core.joined(self.tenant, queued_at, now);
+        if let Some(c) = st.controls.get(&id) {
+            c.clear_yield();
+        }
+        true
     }
 
     /// When the kernel was launched, on the scheduler's clock.
@@ -2069,7 +2125,10 @@ impl Grant<'_> {
         }
         match self.waiter {
             None => {
-                st.bypass_busy = false;
+                st.bypass = match st.bypass {
+                    Some((t, n)) if n > 1 => Some((t, n - 1)),
+                    _ => None,
+                };
                 if outcome != Outcome::Yielded {
                     st.core.unqueued_quiet(self.ticket.tenant);
                 }
@@ -2078,8 +2137,22 @@ impl Grant<'_> {
             Some(w) => {
                 st.controls.remove(&w);
                 inner.refresh_time_of_day(&mut st, now);
-                let fx = st.core.release(w, outcome, now);
-                inner.apply(&mut st, fx, now);
+                let hold = st.member_of.remove(&w).unwrap_or(w);
+                let last = match st.holds.get_mut(&hold) {
+                    Some(m) => {
+                        m.retain(|x| *x != w);
+                        m.is_empty()
+                    }
+                    None => true,
+                };
+                if last {
+                    // The tenant's last running kernel gives the device back.
+                    st.holds.remove(&hold);
+                    let fx = st.core.release(hold, outcome, now);
+                    inner.apply(&mut st, fx, now);
+                } else {
+                    st.core.member_finished(self.ticket.tenant, outcome);
+                }
             }
         }
     }
@@ -2092,6 +2165,54 @@ impl Drop for Grant<'_> {
 }
 
 impl Core {
+    /// The waiter holding the device for tenant `id` if another kernel of
+    /// `id` may run alongside it: it has started and is not being preempted.
+    pub fn joinable(&self, id: TenantId) -> Option<WaiterId> {
+        let r = self.running?;
+        if r.tenant != id || !r.started || r.preempting {
+            return None;
+        }
+        r.waiter
+    }
+
+    /// A kernel of `id` joined the running grant of its tenant: its
+    /// launch-to-start wait ends now.
+    pub fn joined(&mut self, id: TenantId, queued_at: Option<Nanos>, now: Nanos) {
+        let slice = self.slice();
+        let Some(e) = self.entities.get_mut(&id) else {
+            return;
+        };
+        if let Some(q) = queued_at {
+            let wait = now.saturating_sub(q);
+            e.queue_wait += wait;
+            let deadline = e.target_wait.unwrap_or(2 * slice);
+            if e.priority == Priority::Realtime && wait > deadline {
+                e.deadline_misses += 1;
+            }
+            if e.recent_waits.len() == RECENT_WAITS {
+                e.recent_waits.pop_front();
+            }
+            e.recent_waits.push_back(wait);
+            e.waits_recorded += 1;
+        }
+    }
+
+    /// A kernel that ran alongside others of its tenant stopped while they
+    /// still run (the grant stays with them).
+    pub fn member_finished(&mut self, id: TenantId, outcome: Outcome) {
+        let Some(e) = self.entities.get_mut(&id) else {
+            return;
+        };
+        match outcome {
+            Outcome::Completed => {
+                e.kernels += 1;
+                e.pending = e.pending.saturating_sub(1);
+            }
+            Outcome::Failed => e.pending = e.pending.saturating_sub(1),
+            Outcome::Yielded => {}
+        }
+    }
+
     /// Pending count bookkeeping for kernels that ran with scheduling disabled.
     fn unqueued_quiet(&mut self, id: TenantId) {
         if let Some(e) = self.entities.get_mut(&id) {
@@ -3152,6 +3273,51 @@ mod tests {
         assert!(sched.set_enabled(false).is_ok());
         assert!(!sched.enabled());
         assert_eq!(sched.stats(a).unwrap().kernels, 1);
+    }
+
+    #[test]
+    fn kernels_of_one_tenant_share_its_grant_and_yield_together() {
+        let sched = Arc::new(Scheduler::new(
+            "gpu0",
+            SchedulingConfig::default(),
+            Arc::new(LocalClock),
+        ));
+        let a = sched.add_tenant(&crate::testutils::vm("a", 1 << 20));
+        let b = sched.add_tenant(&crate::testutils::vm("b", 1 << 20));
+        let (mut t1, mut t2) = (sched.queue_kernel(a), sched.queue_kernel(a));
+        let (c1, c2) = (
+            Arc::new(RunControl::default()),
+            Arc::new(RunControl::default()),
+        );
+        let g1 = t1.acquire(&c1).unwrap();
+        // The second kernel of the same VM runs alongside the first.
+        let g2 = t2.acquire(&c2).unwrap();
+        let s2 = Arc::clone(&sched);
+        let other = std::thread::spawn(move || {
+            let mut tb = s2.queue_kernel(b);
+            let cb = Arc::new(RunControl::default());
+            tb.acquire(&cb).map(|g| g.finish(Outcome::Completed))
+        });
+        // Another VM waits: at the slice's end both kernels are asked to yield.
+        let t = Instant::now();
+        while !(c1.yield_requested() && c2.yield_requested()) {
+            assert!(t.elapsed() < Duration::from_secs(10), "no preemption");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        g1.finish(Outcome::Yielded);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!other.is_finished(), "the device is held until both yield");
+        g2.finish(Outcome::Yielded);
+        other.join().unwrap().unwrap();
+        // Both resume and complete; each counts once.
+        let g1 = t1.acquire(&c1).unwrap();
+        let g2 = t2.acquire(&c2).unwrap();
+        g1.finish(Outcome::Completed);
+        g2.finish(Outcome::Completed);
+        let st = sched.stats(a).unwrap();
+        assert_eq!((st.kernels, st.queued), (2, 0));
+        assert_eq!(st.preemptions, 1);
+        assert_eq!(sched.stats(b).unwrap().kernels, 1);
     }
 
     #[test]

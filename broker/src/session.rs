@@ -16,7 +16,7 @@ use crate::device::{
     DeviceContext, DeviceInfo, DeviceModule, KernelDesc, LaunchDims, LaunchProgress, RunControl,
 };
 use crate::devio::{self, SessionOutput};
-use crate::engine::{Engine, EventClock, Job, Work};
+use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
 use crate::memory::{AllocKind, Allocation, Allocations};
@@ -43,6 +43,9 @@ pub const EVENT_DISABLE_TIMING: u32 = 0x2;
 pub const EVENT_INTERPROCESS: u32 = 0x4;
 /// Stream priorities accepted: `[GREATEST_PRIORITY, 0]` (lower is higher priority).
 pub const GREATEST_STREAM_PRIORITY: i32 = -5;
+/// Longest a `HostFuncWait` waits before answering "not reached yet" (the
+/// shim asks again), so a session thread is never held indefinitely.
+pub const HOST_FUNC_MAX_WAIT_MS: u32 = 1000;
 /// Pitch alignment of `cuMemAllocPitch`.
 pub const PITCH_ALIGNMENT: u64 = 512;
 /// The one device ordinal a tenant sees.
@@ -51,13 +54,13 @@ pub const DEVICE_ORDINAL: u32 = 0;
 #[derive(Debug)]
 struct CtxState {
     primary: bool,
-    last_seq: u64,
 }
 
 #[derive(Debug)]
 struct StreamState {
     ctx: u64,
-    last_seq: u64,
+    flags: u32,
+    priority: i32,
 }
 
 #[derive(Debug)]
@@ -296,6 +299,21 @@ impl Session {
         self.streams.get(stream).map_or(ctx, |s| s.ctx)
     }
 
+    /// The lane of a request's work, for a synchronous form to wait on.
+    fn req_lane(&self, req: &Request) -> Option<LaneSpec> {
+        use Request as R;
+        let (ctx, stream) = match req {
+            R::MemcpyHtoD(m) => (m.ctx, m.stream),
+            R::MemcpyDtoD(m) => (m.ctx, m.stream),
+            R::Memset(m) => (m.ctx, m.stream),
+            R::StreamWaitEvent(m) => (m.ctx, m.stream),
+            R::EventRecord(m) => (m.ctx, m.stream),
+            R::LaunchKernel(m) => (m.ctx, m.stream),
+            _ => return None,
+        };
+        self.lane(ctx, stream).ok()
+    }
+
     /// Executes one request. On success the reply payload is in `out`.
     ///
     /// `sync` says whether the client waits for the reply. An op that may be
@@ -351,7 +369,12 @@ impl Session {
         if req.flags() & msg::ASYNC_OK != 0 {
             let ctx = self.req_ctx(req);
             if sync && r.is_ok() {
-                self.engine.drain()?;
+                // The synchronous form waits for its stream (with the legacy
+                // stream's implicit synchronization), not for other streams.
+                match self.req_lane(req) {
+                    Some(lane) => self.engine.wait_lane(&lane)?,
+                    None => self.engine.drain()?,
+                }
                 r = self.surface_async_error(ctx);
             } else if let (false, Err(e)) = (sync, &r) {
                 // No reply was wanted: the error surfaces at the next synchronizing call.
@@ -379,7 +402,8 @@ impl Session {
         data: &dyn BulkSource,
         out: &mut Vec<u8>,
     ) -> Result<(), CuError> {
-        let ctx = self.stream_ctx(m.ctx, m.stream)?;
+        let lane = self.lane(m.ctx, m.stream)?;
+        let ctx = lane.ctx;
         let len = inline.len() as u64 + data.len();
         self.allocs.check(m.dst, len, "copy destination")?;
         self.tenant
@@ -394,13 +418,13 @@ impl Session {
                 }
                 Ok(())
             };
-            if let Some(seq) = self.engine.try_inline(ctx, copy) {
+            if let Some(seq) = self.engine.try_inline(&lane, copy) {
                 break seq;
             }
             if self.engine.poisoned(ctx).is_some() {
                 // Runs nothing: the context's sticky error is recorded for this copy.
                 break self.engine.submit(
-                    ctx,
+                    &lane,
                     Job::Write {
                         dst: m.dst,
                         data: Vec::new(),
@@ -408,10 +432,10 @@ impl Session {
                 );
             }
             // The bytes stay the client's only until this request returns: run after the
-            // session's earlier work, like a copy from pageable memory.
-            self.engine.drain()?;
+            // stream's earlier work, like a copy from pageable memory.
+            self.engine.wait_lane(&lane)?;
         };
-        self.note_seq(ctx, m.stream, seq);
+        let _ = seq;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -425,7 +449,8 @@ impl Session {
         sink: &mut dyn BulkSink,
         out: &mut Vec<u8>,
     ) -> Result<(), CuError> {
-        let ctx = self.stream_ctx(m.ctx, m.stream)?;
+        let lane = self.lane(m.ctx, m.stream)?;
+        let ctx = lane.ctx;
         if m.len as usize > MAX_BULK_CHUNK {
             return Err(CuError::invalid_value(format!(
                 "one device-to-host request carries at most {MAX_BULK_CHUNK} bytes"
@@ -439,8 +464,8 @@ impl Session {
             )));
         }
         self.allocs.check(m.src, m.len, "copy source")?;
-        // A synchronous copy waits for earlier work and reports its errors.
-        self.engine.drain()?;
+        // A synchronous copy waits for its stream's earlier work and reports its errors.
+        self.engine.wait_lane(&lane)?;
         self.surface_async_error(ctx)?;
         let dev = Arc::clone(&self.dev);
         sink.write(m.len, &mut |segs| {
@@ -534,8 +559,8 @@ impl Session {
                 reply(out, msg::Empty {})
             }
             R::CtxSynchronize(m) => {
-                let seq = self.ctx(m.ctx)?.last_seq;
-                self.engine.wait(seq)?;
+                self.ctx(m.ctx)?;
+                self.engine.wait_ctx(m.ctx)?;
                 self.pools_after_sync();
                 self.surface_async_error(m.ctx)?;
                 reply(out, msg::Empty {})
@@ -662,36 +687,39 @@ impl Session {
                 reply(out, msg::Range { base, size: a.size })
             }
             R::MemcpyHtoD(m) => {
-                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let lane = self.lane(m.ctx, m.stream)?;
                 let len = tail.len() as u64;
                 self.allocs.check(m.dst, len, "copy destination")?;
                 self.tenant
                     .stats
                     .bytes_htod
                     .fetch_add(len, Ordering::Relaxed);
-                let seq = match self.engine.try_inline(ctx, |d| d.write(m.dst, tail)) {
-                    Some(seq) => seq,
-                    None => self.engine.submit(
-                        ctx,
+                if self
+                    .engine
+                    .try_inline(&lane, |d| d.write(m.dst, tail))
+                    .is_none()
+                {
+                    self.engine.submit(
+                        &lane,
                         Job::Write {
                             dst: m.dst,
                             data: tail.to_vec(),
                         },
-                    ),
-                };
-                self.note_seq(ctx, m.stream, seq);
+                    );
+                }
                 reply(out, msg::Empty {})
             }
             R::MemcpyDtoH(m) => {
-                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let lane = self.lane(m.ctx, m.stream)?;
+                let ctx = lane.ctx;
                 if m.len as usize > MAX_BULK_CHUNK {
                     return Err(CuError::invalid_value(format!(
                         "one device-to-host request carries at most {MAX_BULK_CHUNK} bytes"
                     )));
                 }
                 self.allocs.check(m.src, m.len, "copy source")?;
-                // A synchronous copy waits for earlier work and reports its errors.
-                self.engine.drain()?;
+                // A synchronous copy waits for its stream's earlier work and reports its errors.
+                self.engine.wait_lane(&lane)?;
                 self.surface_async_error(ctx)?;
                 msg::Empty {}.encode(out);
                 let start = out.len();
@@ -706,22 +734,21 @@ impl Session {
                 Ok(())
             }
             R::MemcpyDtoD(m) => {
-                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let lane = self.lane(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;
                 self.allocs.check(m.dst, m.len, "copy destination")?;
-                let seq = self.engine.submit(
-                    ctx,
+                self.engine.submit(
+                    &lane,
                     Job::Copy {
                         dst: m.dst,
                         src: m.src,
                         len: m.len,
                     },
                 );
-                self.note_seq(ctx, m.stream, seq);
                 reply(out, msg::Empty {})
             }
             R::Memset(m) => {
-                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let lane = self.lane(m.ctx, m.stream)?;
                 if !matches!(m.elem_size, 1 | 2 | 4) {
                     return Err(CuError::invalid_value(
                         "memset element size must be 1, 2 or 4",
@@ -738,8 +765,8 @@ impl Session {
                     )));
                 }
                 self.allocs.check(m.dst, bytes, "memset destination")?;
-                let seq = self.engine.submit(
-                    ctx,
+                self.engine.submit(
+                    &lane,
                     Job::Memset {
                         dst: m.dst,
                         value: m.value,
@@ -747,7 +774,6 @@ impl Session {
                         count: m.count,
                     },
                 );
-                self.note_seq(ctx, m.stream, seq);
                 reply(out, msg::Empty {})
             }
 
@@ -759,12 +785,12 @@ impl Session {
                         m.flags
                     )));
                 }
-                let last_seq = self.engine.submitted();
                 let h = self
                     .streams
                     .insert(StreamState {
                         ctx: m.ctx,
-                        last_seq,
+                        flags: m.flags,
+                        priority: m.priority.clamp(GREATEST_STREAM_PRIORITY, 0),
                     })
                     .ok_or_else(|| CuError::out_of_memory("too many streams in this process"))?;
                 reply(out, msg::Handle { handle: h })
@@ -776,28 +802,55 @@ impl Session {
                         "the default stream cannot be destroyed",
                     ));
                 }
+                // Its pending work still completes; the lane goes once idle.
+                self.engine.forget_lane(LaneKey::Stream(m.stream));
                 reply(out, msg::Empty {})
             }
             R::StreamSynchronize(m) => {
-                let seq = self.stream_seq(m.ctx, m.stream)?;
-                self.engine.wait(seq)?;
+                let lane = self.lane(m.ctx, m.stream)?;
+                self.engine.wait_lane(&lane)?;
                 self.pools_after_sync();
-                self.surface_async_error(self.stream_ctx(m.ctx, m.stream)?)?;
+                self.surface_async_error(lane.ctx)?;
                 reply(out, msg::Empty {})
             }
             R::StreamQuery(m) => {
-                let seq = self.stream_seq(m.ctx, m.stream)?;
-                if !self.engine.is_complete(seq) {
+                let lane = self.lane(m.ctx, m.stream)?;
+                if !self.engine.lane_idle(&lane) {
                     return Err(CuError::not_ready());
                 }
-                self.surface_async_error(self.stream_ctx(m.ctx, m.stream)?)?;
+                self.surface_async_error(lane.ctx)?;
                 reply(out, msg::Empty {})
             }
             R::StreamWaitEvent(m) => {
-                self.stream_ctx(m.ctx, m.stream)?;
-                self.event(m.event)?;
-                // Work runs in submission order, so the awaited record already precedes
-                // everything submitted after this call.
+                let lane = self.lane(m.ctx, m.stream)?;
+                let rec = self.event(m.event)?.clock.get();
+                // Later work of the stream waits for the record current now (none: no wait).
+                self.engine.wait_for(&lane, rec.seq);
+                reply(out, msg::Empty {})
+            }
+            R::StreamHostFunc(m) => {
+                let lane = self.lane(m.ctx, m.stream)?;
+                let gate = Arc::new(Gate::default());
+                self.tenant.host_gates.register(
+                    self.info.id,
+                    m.token_hi,
+                    m.token_lo,
+                    Arc::clone(&gate),
+                )?;
+                self.engine.submit(&lane, Job::Gate(gate));
+                reply(out, msg::Empty {})
+            }
+            R::HostFuncWait(m) => {
+                let state = self.tenant.host_gates.wait(
+                    self.info.id,
+                    m.token_hi,
+                    m.token_lo,
+                    Duration::from_millis(u64::from(m.timeout_ms.min(HOST_FUNC_MAX_WAIT_MS))),
+                )?;
+                reply(out, msg::Value { value: state })
+            }
+            R::HostFuncDone(m) => {
+                self.tenant.host_gates.open(m.token_hi, m.token_lo)?;
                 reply(out, msg::Empty {})
             }
 
@@ -832,16 +885,15 @@ impl Session {
                 reply(out, msg::Empty {})
             }
             R::EventRecord(m) => {
-                let ctx = self.stream_ctx(m.ctx, m.stream)?;
+                let lane = self.lane(m.ctx, m.stream)?;
                 let clock = Arc::clone(&self.event(m.event)?.clock);
-                let seq = self.engine.record(ctx, &clock);
-                self.note_seq(ctx, m.stream, seq);
+                self.engine.record(&lane, &clock);
                 reply(out, msg::Empty {})
             }
             R::EventQuery(m) => {
                 let ev = self.event(m.event)?;
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
-                if rec.seq != 0 && !self.engine.is_complete(rec.seq) {
+                if !self.engine.is_done(rec.seq) {
                     return Err(CuError::not_ready());
                 }
                 self.surface_async_error(ctx)?;
@@ -850,7 +902,7 @@ impl Session {
             R::EventSynchronize(m) => {
                 let ev = self.event(m.event)?;
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
-                self.engine.wait(rec.seq)?;
+                self.engine.wait_job(rec.seq)?;
                 self.pools_after_sync();
                 self.surface_async_error(ctx)?;
                 reply(out, msg::Empty {})
@@ -947,9 +999,8 @@ impl Session {
                 )
             }
             R::LaunchKernel(m) => {
-                let ctx = self.stream_ctx(m.ctx, m.stream)?;
-                let seq = self.launch(ctx, m, tail)?;
-                self.note_seq(ctx, m.stream, seq);
+                let lane = self.lane(m.ctx, m.stream)?;
+                self.launch(&lane, m, tail)?;
                 reply(out, msg::Empty {})
             }
             R::FuncGetAttribute(m) => {
@@ -1150,7 +1201,12 @@ impl Session {
         Ok(h)
     }
 
-    fn launch(&mut self, ctx: u64, m: &msg::LaunchKernel, params: &[u8]) -> Result<u64, CuError> {
+    fn launch(
+        &mut self,
+        lane: &LaneSpec,
+        m: &msg::LaunchKernel,
+        params: &[u8],
+    ) -> Result<u64, CuError> {
         let f = self.function(m.function)?;
         let a = &f.desc.attributes;
         let grid = [m.grid_x, m.grid_y, m.grid_z];
@@ -1219,7 +1275,7 @@ impl Session {
             ticket: self.tenant.queue_kernel(),
         };
         let work = self.output.wrap(Box::new(work));
-        Ok(self.engine.submit(ctx, Job::Other(work)))
+        Ok(self.engine.submit(lane, Job::Other(work)))
     }
 
     fn tenant_json(&self) -> String {
@@ -1298,23 +1354,25 @@ impl Session {
         }
     }
 
-    /// The sequence number a synchronize on this stream waits for.
-    fn stream_seq(&self, ctx: u64, stream: u64) -> Result<u64, CuError> {
+    /// Validates a (context, stream) pair; returns the stream's lane. The
+    /// default stream (0, `CU_STREAM_LEGACY`, and `CU_STREAM_PER_THREAD`
+    /// from a shim that does not map it to a stream of its own) is the
+    /// context's legacy stream.
+    fn lane(&self, ctx: u64, stream: u64) -> Result<LaneSpec, CuError> {
         let owner = self.stream_ctx(ctx, stream)?;
         Ok(match self.streams.get(stream) {
-            Some(s) => s.last_seq,
-            // The default stream synchronizes with all work of its context.
-            None => self.contexts.get(owner).map_or(0, |c| c.last_seq),
+            Some(s) => LaneSpec {
+                key: LaneKey::Stream(stream),
+                ctx: owner,
+                kind: if s.flags & STREAM_NON_BLOCKING != 0 {
+                    LaneKind::NonBlocking
+                } else {
+                    LaneKind::Blocking
+                },
+                priority: s.priority,
+            },
+            None => LaneSpec::legacy(owner),
         })
-    }
-
-    fn note_seq(&mut self, ctx: u64, stream: u64, seq: u64) {
-        if let Some(c) = self.contexts.get_mut(ctx) {
-            c.last_seq = seq;
-        }
-        if let Some(s) = self.streams.get_mut(stream) {
-            s.last_seq = seq;
-        }
     }
 
     fn event(&self, event: u64) -> Result<&EventState, CuError> {
@@ -1331,9 +1389,8 @@ impl Session {
     }
 
     fn new_context(&mut self, primary: bool) -> Result<u64, CuError> {
-        let last_seq = self.engine.submitted();
         self.contexts
-            .insert(CtxState { primary, last_seq })
+            .insert(CtxState { primary })
             .ok_or_else(|| CuError::out_of_memory("too many contexts in this process"))
     }
 
@@ -1402,7 +1459,9 @@ impl Session {
         }
         for h in self.streams.handles_where(|s| s.ctx == ctx) {
             self.streams.remove(h);
+            self.engine.forget_lane(LaneKey::Stream(h));
         }
+        self.engine.forget_lane(LaneKey::Legacy(ctx));
         for h in self.events.handles_where(|e| e.ctx == ctx) {
             self.events.remove(h);
         }
@@ -1427,6 +1486,7 @@ impl Drop for Session {
         let bytes = self.allocs.charged();
         let engine = std::mem::replace(&mut self.engine, Engine::new(Arc::clone(&self.dev)));
         drop(engine);
+        self.tenant.host_gates.end_session(self.info.id);
         self.release_alloc_ext();
         for h in self.modules.handles_where(|_| true) {
             self.unload_module(h);

@@ -71,6 +71,8 @@ pub struct Tenant {
     pub usage: crate::usage::MemUsage,
     /// Budgets besides memory, and what the VM's sessions hold against them.
     pub limits: crate::limits::LimitUse,
+    /// Pending host functions of the VM's processes.
+    pub host_gates: crate::host_gate::HostGates,
     closed: AtomicBool,
     scheduler: Arc<Scheduler>,
     sched_id: TenantId,
@@ -110,6 +112,7 @@ impl Tenant {
             stats: TenantStats::default(),
             usage: crate::usage::MemUsage::default(),
             limits: crate::limits::LimitUse::new(vm.limits),
+            host_gates: crate::host_gate::HostGates::default(),
             closed: AtomicBool::new(false),
             scheduler,
             sched_id,

@@ -1004,6 +1004,7 @@ pub fn pool_check(pool: u64) -> CuRes<()> {
 /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool` 0: the current pool).
 pub fn alloc_async(size: u64, pool: u64, stream: u64) -> CuRes<u64> {
     let c = ctx()?;
+    let stream = drv::wire_stream(stream)?;
     let ptr = drv::driver()?
         .call(
             &msg::MemAllocAsync {
@@ -1034,7 +1035,7 @@ pub fn free_async(ptr: u64, stream: u64) -> CuRes<()> {
     drv::driver()?.post(
         &msg::MemFreeAsync {
             ctx: c,
-            stream,
+            stream: drv::wire_stream(stream)?,
             ptr,
         },
         &[],

@@ -376,6 +376,7 @@ pub fn ctx_create(flags: u32, dev: i32) -> CuRes<u64> {
 pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
+    forget_per_thread_stream(c);
     let _ = with_ctx_stack(|s| s.retain(|&x| x != c));
     crate::ctx_storage::context_gone(c);
     crate::alloc_api::context_gone(c);
@@ -670,6 +671,7 @@ pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
 /// [`memcpy_htod`] to device memory, never to a mirror.
 pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
     let c = ctx()?;
+    let stream = wire_stream(stream)?;
     let d = driver()?;
     if src.is_empty() {
         return Ok(());
@@ -707,6 +709,7 @@ pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
 /// [`memcpy_dtoh`] from device memory, never from a mirror.
 pub(crate) fn memcpy_dtoh_raw(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     let c = ctx()?;
+    let stream = wire_stream(stream)?;
     let d = driver()?;
     let chunks: Vec<&mut [u8]> = dst.chunks_mut(d.chunk).collect();
     let reqs: Vec<msg::MemcpyDtoH> = chunks
@@ -726,6 +729,7 @@ pub(crate) fn memcpy_dtoh_raw(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()
 /// Device to device.
 pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuRes<()> {
     let c = ctx()?;
+    let stream = wire_stream(stream)?;
     let d = driver()?;
     if len == 0 {
         return Ok(());
@@ -818,6 +822,7 @@ pub fn memset(
     sync: bool,
 ) -> CuRes<()> {
     let c = ctx()?;
+    let stream = wire_stream(stream)?;
     let d = driver()?;
     if count == 0 {
         return Ok(());
@@ -965,6 +970,78 @@ pub fn host_unregister(addr: usize) -> CuRes<()> {
 
 // ---- streams and events ----------------------------------------------------
 
+thread_local! {
+    /// Set while a `_ptsz`/`_ptds` entry point runs: stream 0 (and the
+    /// implicit stream of synchronous calls) means the per-thread default
+    /// stream, as for a program built with `--default-stream per-thread`.
+    static PER_THREAD_DEFAULT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This thread's per-thread default streams, destroyed when it exits.
+    static PER_THREAD_STREAMS: RefCell<PerThreadStreams> = const { RefCell::new(PerThreadStreams(Vec::new())) };
+}
+
+/// A thread's per-thread default streams: (context, stream handle).
+struct PerThreadStreams(Vec<(u64, u64)>);
+
+impl Drop for PerThreadStreams {
+    fn drop(&mut self) {
+        let Ok(d) = driver() else {
+            return;
+        };
+        for (ctx, stream) in self.0.drain(..) {
+            // The context may be gone already; then so is the stream.
+            let _ = d.call(&msg::StreamDestroy { ctx, stream }, &[]);
+        }
+    }
+}
+
+/// Runs `f` as a `_ptsz`/`_ptds` entry point: stream 0 is the calling
+/// thread's per-thread default stream.
+pub fn with_per_thread_default<T>(f: impl FnOnce() -> T) -> T {
+    let before = PER_THREAD_DEFAULT.with(|c| c.replace(true));
+    let r = f();
+    PER_THREAD_DEFAULT.with(|c| c.set(before));
+    r
+}
+
+/// The stream handle to send for `s`: the calling thread's per-thread
+/// default stream of the current context for `CU_STREAM_PER_THREAD` (and for
+/// 0 inside a `_ptsz`/`_ptds` entry point), a blocking stream the shim
+/// creates on first use; `s` itself otherwise.
+pub fn wire_stream(s: u64) -> CuRes<u64> {
+    let per_thread =
+        s == STREAM_PER_THREAD || (s == 0 && PER_THREAD_DEFAULT.with(std::cell::Cell::get));
+    if !per_thread {
+        return Ok(s);
+    }
+    let c = ctx()?;
+    let known = PER_THREAD_STREAMS
+        .try_with(|p| p.borrow().0.iter().find(|e| e.0 == c).map(|e| e.1))
+        .map_err(|_| cuda::CUDA_ERROR_DEINITIALIZED)?;
+    if let Some(h) = known {
+        return Ok(h);
+    }
+    let h = driver()?
+        .call(
+            &msg::StreamCreate {
+                ctx: c,
+                flags: 0,
+                priority: 0,
+            },
+            &[],
+        )?
+        .handle;
+    PER_THREAD_STREAMS
+        .try_with(|p| p.borrow_mut().0.push((c, h)))
+        .map_err(|_| cuda::CUDA_ERROR_DEINITIALIZED)?;
+    Ok(h)
+}
+
+/// Forgets the calling thread's per-thread default stream of context `c`
+/// (it was destroyed with the context).
+fn forget_per_thread_stream(c: u64) {
+    let _ = PER_THREAD_STREAMS.try_with(|p| p.borrow_mut().0.retain(|e| e.0 != c));
+}
+
 /// `cuStreamCreateWithPriority`.
 pub fn stream_create(flags: u32, priority: i32) -> CuRes<u64> {
     let c = ctx()?;
@@ -1008,6 +1085,7 @@ pub fn stream_params(s: u64) -> CuRes<(u32, i32)> {
 /// `cuStreamSynchronize`.
 pub fn stream_synchronize(s: u64) -> CuRes<()> {
     let c = ctx()?;
+    let s = wire_stream(s)?;
     driver()?.call(&msg::StreamSynchronize { ctx: c, stream: s }, &[])?;
     crate::alloc_api::after_sync()
 }
@@ -1015,6 +1093,7 @@ pub fn stream_synchronize(s: u64) -> CuRes<()> {
 /// `cuStreamQuery`.
 pub fn stream_query(s: u64) -> CuRes<()> {
     let c = ctx()?;
+    let s = wire_stream(s)?;
     driver()?.call(&msg::StreamQuery { ctx: c, stream: s }, &[])?;
     crate::alloc_api::after_sync()
 }
@@ -1022,6 +1101,7 @@ pub fn stream_query(s: u64) -> CuRes<()> {
 /// `cuStreamWaitEvent`.
 pub fn stream_wait_event(s: u64, e: u64, flags: u32) -> CuRes<()> {
     let c = ctx()?;
+    let s = wire_stream(s)?;
     driver()?.post(
         &msg::StreamWaitEvent {
             ctx: c,
@@ -1052,6 +1132,7 @@ pub fn event_destroy(e: u64) -> CuRes<()> {
 /// `cuEventRecord`.
 pub fn event_record(e: u64, s: u64) -> CuRes<()> {
     let c = ctx()?;
+    let s = wire_stream(s)?;
     driver()?.post(
         &msg::EventRecord {
             ctx: c,
@@ -1240,7 +1321,7 @@ pub fn launch(
     }
     let req = msg::LaunchKernel {
         ctx: c,
-        stream,
+        stream: wire_stream(stream)?,
         function: f,
         grid_x: grid[0],
         grid_y: grid[1],

@@ -763,10 +763,9 @@ pub type CUhostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 /// `CUstreamCallback`.
 pub type CUstreamCallback = Option<unsafe extern "C" fn(CUhandle, CUresult, *mut c_void)>;
 
-/// `cuLaunchHostFunc`: the function runs once the stream's earlier work is
-/// done and before its later work starts. vgpu runs it on the calling
-/// thread after waiting for the stream (CUDA runs it on a driver thread;
-/// the order is the same, but the call blocks until the stream drains).
+/// `cuLaunchHostFunc`: the function runs on a shim thread once the stream's
+/// earlier work is done, and the stream's later work waits for it
+/// ([`crate::host_func`]).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLaunchHostFunc(
     stream: CUhandle,
@@ -775,10 +774,7 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 ) -> CUresult {
     ffi("cuLaunchHostFunc", || {
         let f = f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
-        drv::stream_synchronize(h(stream))?;
-        // SAFETY: the caller's host function with the caller's argument, called once as CUDA does.
-        unsafe { f(data) };
-        Ok(())
+        crate::host_func::launch_host_func(h(stream), crate::host_func::HostCall::Func { f, data })
     })
 }
 
@@ -792,17 +788,14 @@ pub unsafe extern "C" fn cuStreamAddCallback(
     flags: c_uint,
 ) -> CUresult {
     ffi("cuStreamAddCallback", || {
-        let callback = callback.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let f = callback.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
         if flags != 0 {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        let status = match drv::stream_synchronize(h(stream)) {
-            Ok(()) => cuda::CUDA_SUCCESS,
-            Err(e) => e,
-        };
-        // SAFETY: the caller's callback with its stream, the stream's status and its argument.
-        unsafe { callback(stream, status, data) };
-        Ok(())
+        crate::host_func::launch_host_func(
+            h(stream),
+            crate::host_func::HostCall::Callback { f, stream, data },
+        )
     })
 }
 

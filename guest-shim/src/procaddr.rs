@@ -390,10 +390,14 @@ fn strip_variant(name: &str) -> &str {
     n
 }
 
-/// Looks up `name` for callers built against `cuda_version`. The per-thread
-/// default stream flag selects the same functions: vgpu runs a session's work
-/// in submission order, which satisfies both default-stream semantics.
-pub fn lookup(name: &str, cuda_version: i32, _flags: u64) -> Lookup {
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+pub const PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
+
+/// Looks up `name` for callers built against `cuda_version`. With the
+/// per-thread default stream flag, or a `_ptsz`/`_ptds` name, an entry point
+/// that uses the default stream comes in its per-thread variant
+/// ([`crate::per_thread`]).
+pub fn lookup(name: &str, cuda_version: i32, flags: u64) -> Lookup {
     let Some((_, variants)) = table()
         .iter()
         .find(|e| e.0 == name)
@@ -401,7 +405,13 @@ pub fn lookup(name: &str, cuda_version: i32, _flags: u64) -> Lookup {
     else {
         return Lookup::NotFound;
     };
+    let per_thread = flags & PER_THREAD_DEFAULT_STREAM != 0
+        || name.ends_with("_ptsz")
+        || name.ends_with("_ptds");
     match variants.iter().rev().find(|(v, _)| *v <= cuda_version) {
+        Some((_, Some(f))) if per_thread => {
+            Lookup::Found(crate::per_thread::variant_of(*f).unwrap_or(*f) as *mut c_void)
+        }
         Some((_, Some(f))) => Lookup::Found(*f as *mut c_void),
         Some((_, None)) => Lookup::NotFound,
         None => Lookup::VersionTooLow,
@@ -439,7 +449,22 @@ mod tests {
         );
         assert_eq!(
             found("cuMemcpyHtoDAsync_v2_ptsz", 12000),
-            cuMemcpyHtoDAsync_v2 as *const () as usize
+            crate::per_thread::cuMemcpyHtoDAsync_v2_ptsz as *const () as usize
+        );
+        // The flag selects the per-thread variant where there is one.
+        match lookup("cuLaunchKernel", 12000, PER_THREAD_DEFAULT_STREAM) {
+            Lookup::Found(p) => assert_eq!(
+                p as usize,
+                crate::per_thread::cuLaunchKernel_ptsz as *const () as usize
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            found("cuMemAlloc", 12000),
+            match lookup("cuMemAlloc", 12000, PER_THREAD_DEFAULT_STREAM) {
+                Lookup::Found(p) => p as usize,
+                other => panic!("{other:?}"),
+            }
         );
     }
 

@@ -354,6 +354,22 @@ ops! {
     StreamWaitEvent = 0x0405 => Empty, ASYNC_OK, "cuStreamWaitEvent" {
         ctx: u64, stream: u64, event: u64, flags: u32,
     }
+    /// Stops the stream at a host function until `HostFuncDone` names the same token (chosen by
+    /// the client; unique among the VM's pending host functions). Synchronous, so that the token
+    /// is known before the client waits for it, but it waits for nothing.
+    StreamHostFunc = 0x0410 => Empty, 0, "cuLaunchHostFunc, cuStreamAddCallback" {
+        ctx: u64, stream: u64, token_hi: u64, token_lo: u64,
+    }
+    /// Waits at most `timeout_ms` (capped by the host) until the stream reaches a host function;
+    /// `value`: 0 not yet, 1 reached (run it, then send `HostFuncDone`), 2 never (do not run it).
+    /// Sent on a connection of its own, so the process's synchronizing calls never wait for it.
+    HostFuncWait = 0x0411 => Value, 0, "cuLaunchHostFunc, cuStreamAddCallback" {
+        token_hi: u64, token_lo: u64, timeout_ms: u32,
+    }
+    /// The host function ran: its stream goes on.
+    HostFuncDone = 0x0412 => Empty, ASYNC_OK, "cuLaunchHostFunc, cuStreamAddCallback" {
+        token_hi: u64, token_lo: u64,
+    }
 
     /// Creates an event.
     EventCreate = 0x0501 => Handle, 0, "cuEventCreate" { ctx: u64, flags: u32 }

@@ -283,6 +283,19 @@ impl Session {
         shared: u32,
         args: &[Arg],
     ) -> Result<(), Code> {
+        self.launch_on(0, k, grid, block, shared, args)
+    }
+
+    /// `cuLaunchKernel` on `stream`, asynchronous.
+    pub fn launch_on(
+        &mut self,
+        stream: u64,
+        k: &Kernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<(), Code> {
         if args.len() != k.offsets.len() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -303,7 +316,7 @@ impl Session {
         }
         let m = msg::LaunchKernel {
             ctx: self.ctx,
-            stream: 0,
+            stream,
             function: k.handle,
             grid_x: grid[0],
             grid_y: grid[1],
@@ -474,12 +487,27 @@ pub const CHECKS: &[(&str, Check)] = &[
         pools_charge_their_reservation,
     ),
     ("vmm_charges_physical_memory", vmm_charges_physical_memory),
+    (
+        "streams_run_concurrently",
+        crate::conformance_streams::streams_run_concurrently,
+    ),
+    (
+        "event_waits_order_streams",
+        crate::conformance_streams::event_waits_order_streams,
+    ),
 ];
 
 impl Session {
     /// Any request, with its `CUresult` on failure.
     pub fn request<O: vgpu_proto::msg::Op>(&mut self, req: &O) -> Result<O::Reply, Code> {
         code(self.client.call(req, &[])).map(|r| r.0)
+    }
+
+    /// Any asynchronous request (its errors surface at a later synchronizing call).
+    pub fn post<O: vgpu_proto::msg::Op>(&mut self, req: &O) -> Result<(), Code> {
+        self.client
+            .post(req, &[])
+            .map_err(|_| cuda::CUDA_ERROR_UNKNOWN)
     }
 }
 

@@ -240,7 +240,7 @@ impl Session {
                 reply(out, msg::Empty {})
             }
             R::MemAllocAsync(m) => {
-                self.stream_ctx(m.ctx, m.stream)?;
+                let lane = self.lane(m.ctx, m.stream)?;
                 let pool = if m.pool == 0 {
                     self.current_pool()?
                 } else {
@@ -248,6 +248,15 @@ impl Session {
                     m.pool
                 };
                 let ptr = self.pool_alloc(pool, m.size)?;
+                // A reused block may have been freed on another stream whose earlier work
+                // still runs: this stream's later work waits for it.
+                let freed = self
+                    .ext
+                    .pools
+                    .get(pool)
+                    .and_then(|p| p.blocks.get(&ptr))
+                    .map_or(0, |b| b.freed_seq);
+                self.engine.wait_for_prefix(&lane, freed);
                 reply(out, msg::Ptr { ptr })
             }
             R::MemFreeAsync(m) => {

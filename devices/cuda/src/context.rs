@@ -47,6 +47,10 @@ const MEMHOSTALLOC_PORTABLE: u32 = 1;
 const STREAM_NON_BLOCKING: u32 = 1;
 /// `CU_EVENT_DEFAULT`: timing enabled.
 const EVENT_TIMING: u32 = 0;
+/// CUDA streams per VM context besides its default one: the work of guest
+/// streams (engine lanes) is spread over them, so copies and kernels of
+/// different streams overlap on the GPU.
+pub const LANE_STREAMS: usize = 4;
 /// Device bytes used to copy between overlapping ranges (memmove semantics).
 const OVERLAP_SCRATCH: u64 = 4 << 20;
 /// Polls of a pending event that only yield the thread before sleeping.
@@ -140,7 +144,12 @@ pub(crate) struct Generation {
     id: u64,
     pub(crate) shared: Arc<DeviceShared>,
     ctx: Ctx,
+    /// Work outside any lane (zeroing new memory), and lanes whose stream
+    /// could not be created.
     pub(crate) stream: Stream,
+    /// The streams of guest streams' work, created on first use, picked by
+    /// lane ([`vgpu_broker::device::current_lane`]).
+    lane_streams: Mutex<Vec<Option<Stream>>>,
     broken: Mutex<Option<DeviceError>>,
     ranges: Mutex<BTreeMap<u64, Range>>,
     events: Mutex<Vec<Event>>,
@@ -187,6 +196,7 @@ impl Generation {
             shared: Arc::clone(shared),
             ctx,
             stream,
+            lane_streams: Mutex::new(vec![None; LANE_STREAMS]),
             broken: Mutex::new(None),
             ranges: Mutex::new(BTreeMap::new()),
             events: Mutex::new(Vec::new()),
@@ -289,14 +299,55 @@ impl Generation {
         lock(&self.events).push(e);
     }
 
-    /// Records an event on the stream and waits for it: everything issued
-    /// on the stream before has completed.
+    /// The CUDA stream of the calling thread's lane: one of
+    /// [`LANE_STREAMS`] by lane, the default stream outside any lane. The
+    /// engine orders lanes (a job starts once what it depends on completed,
+    /// and every call here waits for its own work), so any lane may use any
+    /// of them.
+    pub(crate) fn lane_stream(&self) -> Stream {
+        let lane = vgpu_broker::device::current_lane();
+        if lane == 0 {
+            return self.stream;
+        }
+        let i = (lane as usize) % LANE_STREAMS;
+        let mut pool = lock(&self.lane_streams);
+        if let Some(s) = pool[i] {
+            return s;
+        }
+        let created = self.enter().ok().and_then(|_c| {
+            self.driver()
+                .stream_create(STREAM_NON_BLOCKING)
+                .map_err(|f| {
+                    warn!(
+                        call = f.call,
+                        code = f.code,
+                        "cannot create a CUDA stream for a guest stream; using the VM's default one"
+                    );
+                })
+                .ok()
+        });
+        match created {
+            Some(s) => {
+                pool[i] = Some(s);
+                s
+            }
+            None => self.stream,
+        }
+    }
+
+    /// Records an event on the calling lane's stream and waits for it:
+    /// everything issued on that stream before has completed.
     fn finish(&self) -> Result<(), DeviceError> {
+        self.finish_on(self.lane_stream())
+    }
+
+    /// Records an event on `stream` and waits for it.
+    pub(crate) fn finish_on(&self, stream: Stream) -> Result<(), DeviceError> {
         let ev = self.take_event()?;
         {
             let _c = self.enter()?;
             self.driver()
-                .event_record(ev, self.stream)
+                .event_record(ev, stream)
                 .map_err(|f| self.fail(f, Op::Other))?;
         }
         self.wait(ev, None, None)?;
@@ -452,12 +503,13 @@ impl Generation {
                     len: len as u64,
                 });
             }
+            let stream = self.lane_stream();
             let _c = self.enter()?;
             // SAFETY: the half stays untouched until `done[half]` completes:
             // it is waited for before reuse and before the buffer is released.
-            unsafe { d.memcpy_htod_async(at, staged, len, self.stream) }
+            unsafe { d.memcpy_htod_async(at, staged, len, stream) }
                 .map_err(|f| self.fail(f, Op::Other))?;
-            d.event_record(st.done[half], self.stream)
+            d.event_record(st.done[half], stream)
                 .map_err(|f| self.fail(f, Op::Other))?;
             issued[half] = true;
             at += len as u64;
@@ -487,13 +539,14 @@ impl Generation {
     fn issue_read(&self, st: &Staging, src: u64, i: usize, len: usize) -> Result<(), DeviceError> {
         let d = self.driver();
         let half = i % 2;
+        let stream = self.lane_stream();
         let _c = self.enter()?;
         // SAFETY: within the 2 * STAGING_CHUNK byte buffer.
         let dst = unsafe { st.buf.0.add(half * STAGING_CHUNK) };
         // SAFETY: this half is not read until `done[half]` completes.
-        unsafe { d.memcpy_dtoh_async(dst, src + (i * STAGING_CHUNK) as u64, len, self.stream) }
+        unsafe { d.memcpy_dtoh_async(dst, src + (i * STAGING_CHUNK) as u64, len, stream) }
             .map_err(|f| self.fail(f, Op::Other))?;
-        d.event_record(st.done[half], self.stream)
+        d.event_record(st.done[half], stream)
             .map_err(|f| self.fail(f, Op::Other))
     }
 
@@ -555,9 +608,10 @@ impl Generation {
         }
         let d = self.driver();
         let overlap = src < dst.saturating_add(len) && dst < src.saturating_add(len);
+        let stream = self.lane_stream();
         if !overlap {
             let _c = self.enter()?;
-            d.memcpy_dtod_async(dst, src, len as usize, self.stream)
+            d.memcpy_dtod_async(dst, src, len as usize, stream)
                 .map_err(|f| self.fail(f, Op::Other))?;
             drop(_c);
             return self.finish();
@@ -581,8 +635,8 @@ impl Generation {
             let k = if dst > src { chunks - 1 - k } else { k };
             let off = k * OVERLAP_SCRATCH;
             let n = (len - off).min(OVERLAP_SCRATCH) as usize;
-            d.memcpy_dtod_async(buf, src + off, n, self.stream)
-                .and_then(|()| d.memcpy_dtod_async(dst + off, buf, n, self.stream))
+            d.memcpy_dtod_async(buf, src + off, n, stream)
+                .and_then(|()| d.memcpy_dtod_async(dst + off, buf, n, stream))
                 .map_err(|f| self.fail(f, Op::Other))?;
         }
         drop(_c);
@@ -596,13 +650,14 @@ impl Generation {
         if count == 0 {
             return Ok(());
         }
+        let stream = self.lane_stream();
         {
             let _c = self.enter()?;
             self.driver()
-                .memset_async(dst, value, elem_size, count as usize, self.stream)
+                .memset_async(dst, value, elem_size, count as usize, stream)
                 .map_err(|f| self.fail(f, Op::Other))?;
         }
-        self.finish()
+        self.finish_on(stream)
     }
 }
 
@@ -647,6 +702,9 @@ impl Drop for Generation {
             }
             if let Some(b) = lock(&self.scratch).take() {
                 let _ = d.mem_free(b);
+            }
+            for s in lock(&self.lane_streams).iter().flatten() {
+                let _ = d.stream_destroy(*s);
             }
             let _ = d.stream_destroy(self.stream);
         }
@@ -820,8 +878,7 @@ impl DeviceContext for CudaContext {
             let d = g.driver();
             let p = d.mem_alloc(size).map_err(|f| g.fail(f, Op::Other))?;
             // `cuMemAlloc` memory is uninitialised and may hold what another VM freed: zero it
-            // on the VM's stream, ahead of everything the VM does with it (no wait needed: all
-            // of the VM's work runs on that stream).
+            // before the VM can use it (its work runs on several streams: wait for the fill).
             let len = usize::try_from(size).unwrap_or(usize::MAX);
             if let Err(f) = d.memset_async(p, 0, 1, len, g.stream) {
                 let e = g.fail(f, Op::Other);
@@ -830,6 +887,14 @@ impl DeviceContext for CudaContext {
             }
             p
         };
+        if let Err(e) = g.finish_on(g.stream) {
+            if g.broken().is_none()
+                && let Ok(_c) = g.enter()
+            {
+                let _ = g.driver().mem_free(p);
+            }
+            return Err(e);
+        }
         let charged = round_up(size.max(1), ALLOC_GRANULARITY);
         lock(&g.ranges).insert(
             p,
@@ -1010,22 +1075,16 @@ impl DeviceContext for CudaContext {
                 return Err(e);
             }
         };
+        let stream = g.lane_stream();
         let issued = (|| {
             let _order = lock(&g.submit);
             let _c = g.enter()?;
             let d = g.driver();
-            d.event_record(start, g.stream)
+            d.event_record(start, stream)
                 .map_err(|f| g.fail(f, Op::Other))?;
-            d.launch(
-                f,
-                dims.grid,
-                dims.block,
-                dims.shared_bytes,
-                g.stream,
-                params,
-            )
-            .map_err(|f| g.fail(f, Op::Launch))?;
-            d.event_record(end, g.stream)
+            d.launch(f, dims.grid, dims.block, dims.shared_bytes, stream, params)
+                .map_err(|f| g.fail(f, Op::Launch))?;
+            d.event_record(end, stream)
                 .map_err(|f| g.fail(f, Op::Other))
         })();
         if let Err(e) = issued {

@@ -25,6 +25,7 @@ mod lexer;
 pub mod mem;
 mod parser;
 pub mod printf;
+pub mod slots;
 pub mod testutils;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +41,7 @@ pub use error::{
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
 pub use mem::{AllocError, Buffer, OutOfRange};
 pub use printf::DeviceOutput;
+pub use slots::WorkerSlots;
 
 /// Most threads in one block.
 pub const MAX_THREADS_PER_BLOCK: u32 = decode::MAX_THREADS_PER_BLOCK;
@@ -166,6 +168,7 @@ pub struct LaunchControl {
     cancelled: AtomicBool,
     deadline: Mutex<Option<Instant>>,
     output: Mutex<Option<Arc<dyn DeviceOutput>>>,
+    slots: Mutex<Option<Arc<WorkerSlots>>>,
 }
 
 impl LaunchControl {
@@ -234,6 +237,24 @@ impl LaunchControl {
     /// Where `printf` and `assert` output goes.
     pub fn output(&self) -> Option<Arc<dyn DeviceOutput>> {
         match self.output.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Makes the launch's workers share `slots` with the other launches
+    /// running at the same time (read when a launch or resumption starts).
+    /// Without slots a launch's workers run unconstrained.
+    pub fn set_slots(&self, slots: Option<Arc<WorkerSlots>>) {
+        match self.slots.lock() {
+            Ok(mut g) => *g = slots,
+            Err(p) => *p.into_inner() = slots,
+        }
+    }
+
+    /// The execution slots the launch shares.
+    pub fn slots(&self) -> Option<Arc<WorkerSlots>> {
+        match self.slots.lock() {
             Ok(g) => g.clone(),
             Err(p) => p.into_inner().clone(),
         }
@@ -418,15 +439,31 @@ impl Module {
             output: output.as_deref(),
         };
         let next = AtomicU64::new(launch.start_block);
+        let slots = launch.control.slots();
+        let halt = || {
+            stop.load(Ordering::Relaxed)
+                || launch.control.yield_requested()
+                || launch.control.is_cancelled()
+                || next.load(Ordering::Relaxed) >= total
+        };
         let run = |smid: u32| -> (Stats, Option<(u64, Fault)>) {
             let mut w = match exec::Worker::new(&ctx, smid) {
                 Ok(w) => w,
                 Err(f) => return (Stats::default(), Some((0, f))),
             };
             let mut fault = None;
+            let mut held = None;
             loop {
                 if stop.load(Ordering::Relaxed) || launch.control.yield_requested() {
                     break;
+                }
+                if let Some(s) = &slots
+                    && held.is_none()
+                {
+                    held = s.acquire(halt);
+                    if held.is_none() {
+                        break;
+                    }
                 }
                 let b = next.fetch_add(1, Ordering::SeqCst);
                 if b >= total {
@@ -439,7 +476,12 @@ impl Module {
                     stop.store(true, Ordering::SeqCst);
                     break;
                 }
+                if slots.as_ref().is_some_and(|s| s.contended()) {
+                    // Another launch's worker waits: let it run a block.
+                    held = None;
+                }
             }
+            drop(held);
             (
                 Stats {
                     thread_instructions: w.insts,

@@ -50,6 +50,9 @@ pub struct SimConfig {
 pub struct SimDevice {
     info: DeviceInfo,
     memory: Arc<SimMemory>,
+    /// Execution slots (one per worker), shared by every launch running at
+    /// once: kernels of different streams share the workers.
+    slots: Arc<vgpu_ptx::WorkerSlots>,
     config: SimConfig,
 }
 
@@ -157,6 +160,7 @@ impl SimDevice {
                 total: config.memory,
                 ..SimMemory::default()
             }),
+            slots: Arc::new(vgpu_ptx::WorkerSlots::new(config.workers)),
             config,
         }
     }
@@ -178,6 +182,7 @@ impl Device for SimDevice {
                 launches: Mutex::new(Vec::new()),
             }),
             workers: self.config.workers.max(1),
+            slots: Arc::clone(&self.slots),
         }))
     }
 
@@ -197,6 +202,8 @@ impl SimDevice {
 pub struct SimContext {
     inner: Arc<ContextMemory>,
     workers: usize,
+    /// The device's execution slots, shared by the launches running at once.
+    slots: Arc<vgpu_ptx::WorkerSlots>,
 }
 
 /// A tenant's allocations; shared with its loaded modules, whose globals
@@ -736,6 +743,7 @@ impl DeviceContext for SimContext {
             params,
             start_block,
             self.workers,
+            &self.slots,
             control,
         )
     }

@@ -277,6 +277,7 @@ impl SimModule {
         params: &[u8],
         start_block: u64,
         workers: usize,
+        slots: &Arc<vgpu_ptx::WorkerSlots>,
         control: &RunControl,
     ) -> Result<LaunchProgress, DeviceError> {
         let k = self
@@ -294,6 +295,7 @@ impl SimModule {
         };
         let ptx_control = Arc::new(LaunchControl::new());
         ptx_control.set_deadline(control.deadline());
+        ptx_control.set_slots(Some(Arc::clone(slots)));
         let forward = Arc::clone(&ptx_control);
         control.attach(Arc::new(move |s| match s {
             Signal::Yield => forward.request_yield(),

@@ -141,6 +141,11 @@ impl CudaContext {
                 let _ = d.vmm_unmap(va, size);
                 return Err(g.fail(f, Op::Other));
             }
+            // The VM's work runs on several streams: the fill completes first.
+            if let Err(e) = g.finish_on(g.stream) {
+                let _ = d.vmm_unmap(va, size);
+                return Err(e);
+            }
             if let Some(p) = lock(&g.vmm).phys.get_mut(&id) {
                 p.zeroed = true;
             }

@@ -1,0 +1,243 @@
+//! Concurrency of streams on the simulated GPU, through the guest shim, a
+//! unix socket and vgpud: kernels of two streams against the same kernels on
+//! one stream, and a 64 MiB host-to-device copy during a kernel of about the
+//! same length against the copy after the kernel. Both baselines are
+//! measured in the same run; medians and spreads (min–max) over the runs.
+// The setup drives the shim's C ABI with one uniform safety argument: every
+// call passes valid pointers. Splitting it per call would only add noise.
+#![allow(clippy::multiple_unsafe_ops_per_block)]
+
+use std::ffi::{CString, c_void};
+use std::time::{Duration, Instant};
+
+use vgpu_broker::config::Config;
+use vgpud::Daemon;
+
+use crate::stats::median;
+
+/// Parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Kernels per measurement (split over two streams in the concurrent case).
+    pub kernels: usize,
+    /// Target length of one kernel.
+    pub kernel_ms: u64,
+    /// Repetitions (medians are reported).
+    pub runs: usize,
+    /// Worker threads of the simulated GPU.
+    pub workers: usize,
+}
+
+/// Bytes of the copy of the overlap measurement.
+pub const COPY_BYTES: usize = 64 << 20;
+/// Threads per block of the spin kernel; each launch is one block, so that
+/// a kernel fills one worker and two streams can fill two.
+const BLOCK: u32 = 32;
+
+/// Ratios of one run (concurrent / serial).
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    /// Kernels on one stream, seconds.
+    pub serial: f64,
+    /// The same kernels on two streams, seconds.
+    pub two_streams: f64,
+    /// Kernel then copy on one stream, seconds.
+    pub copy_serial: f64,
+    /// Kernel and copy on two streams, seconds.
+    pub copy_overlap: f64,
+}
+
+struct Gpu {
+    spin: cuda::exports::CUhandle,
+    out: u64,
+    host: Vec<u8>,
+    dst: u64,
+    s1: cuda::exports::CUhandle,
+    s2: cuda::exports::CUhandle,
+}
+
+fn check(r: u32, what: &str) {
+    assert_eq!(r, 0, "{what} failed with CUresult {r}");
+}
+
+impl Gpu {
+    fn launch(&self, iters: u32, stream: cuda::exports::CUhandle) {
+        let mut out = self.out;
+        let mut n = iters;
+        let mut params = [(&raw mut out).cast::<c_void>(), (&raw mut n).cast()];
+        // SAFETY: `spin(float *out, unsigned iters)`; params points at both.
+        let r = unsafe {
+            cuda::exports::cuLaunchKernel(
+                self.spin,
+                1,
+                1,
+                1,
+                BLOCK,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check(r, "cuLaunchKernel");
+    }
+
+    fn copy(&self, stream: cuda::exports::CUhandle) {
+        // SAFETY: `host` holds COPY_BYTES bytes; `dst` is an allocation of that size.
+        let r = unsafe {
+            cuda::exports::cuMemcpyHtoDAsync_v2(
+                self.dst,
+                self.host.as_ptr().cast(),
+                COPY_BYTES,
+                stream,
+            )
+        };
+        check(r, "cuMemcpyHtoDAsync");
+    }
+
+    fn sync(&self) {
+        check(cuda::exports::cuCtxSynchronize(), "cuCtxSynchronize");
+    }
+
+    fn time(&self, f: impl FnOnce()) -> f64 {
+        let t = Instant::now();
+        f();
+        self.sync();
+        t.elapsed().as_secs_f64()
+    }
+}
+
+fn setup(sock: &std::path::Path) -> Gpu {
+    use cuda::exports::*;
+    // SAFETY: set before the shim reads it, before other threads use the environment.
+    unsafe { std::env::set_var("VGPU_TRANSPORT", format!("unix:{}", sock.display())) };
+    check(cuInit(0), "cuInit");
+    let ptx = CString::new(include_str!("../kernels/spin.ptx")).expect("PTX text");
+    let mut ctx = std::ptr::null_mut();
+    let (mut module, mut spin) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut out, mut dst) = (0u64, 0u64);
+    let (mut s1, mut s2) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid out-pointers and a NUL-terminated image.
+    unsafe {
+        check(cuCtxCreate_v2(&mut ctx, 0, 0), "cuCtxCreate");
+        check(
+            cuModuleLoadData(&mut module, ptx.as_ptr().cast()),
+            "cuModuleLoadData",
+        );
+        check(
+            cuModuleGetFunction(&mut spin, module, c"spin".as_ptr()),
+            "cuModuleGetFunction",
+        );
+        check(cuMemAlloc_v2(&mut out, 4 * BLOCK as usize), "cuMemAlloc");
+        check(cuMemAlloc_v2(&mut dst, COPY_BYTES), "cuMemAlloc");
+        check(cuStreamCreate(&mut s1, 1), "cuStreamCreate");
+        check(cuStreamCreate(&mut s2, 1), "cuStreamCreate");
+    }
+    Gpu {
+        spin,
+        out,
+        host: vec![0x5a; COPY_BYTES],
+        dst,
+        s1,
+        s2,
+    }
+}
+
+/// Iterations of `spin` for a kernel of about `target`.
+fn calibrate(g: &Gpu, target: Duration) -> u32 {
+    let mut iters = 1000u32;
+    loop {
+        let t = g.time(|| g.launch(iters, g.s1));
+        if t >= target.as_secs_f64() / 4.0 || iters >= u32::MAX / 64 {
+            let scaled = f64::from(iters) * target.as_secs_f64() / t.max(1e-6);
+            return scaled.clamp(1.0, f64::from(u32::MAX)) as u32;
+        }
+        iters *= 4;
+    }
+}
+
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(v), lo, hi)
+}
+
+/// Runs the benchmark and prints the figures; returns every run's figures.
+pub fn run(p: Params) -> Vec<Figures> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("bench.sock");
+    let cfg = format!(
+        "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\nworkers = {}\n\n[[vm]]\nname = \"bench\"\nmemory = \"512MiB\"\nunix_socket = \"{}\"\n",
+        p.workers,
+        sock.display()
+    );
+    let config = Config::parse(&dir.path().join("bench.toml"), &cfg).expect("bench config");
+    let daemon = Daemon::start(&config).expect("starting vgpud in-process");
+    let g = setup(&sock);
+    let iters = calibrate(&g, Duration::from_millis(p.kernel_ms));
+    // A kernel about as long as the copy, for the overlap measurement.
+    let copy_s = median(&(0..3).map(|_| g.time(|| g.copy(g.s2))).collect::<Vec<_>>());
+    let kernel_s = g.time(|| g.launch(iters, g.s1));
+    let copy_iters = ((f64::from(iters) * copy_s / kernel_s.max(1e-6)) as u32).max(1);
+    let mut runs = Vec::new();
+    for _ in 0..p.runs {
+        let serial = g.time(|| {
+            for _ in 0..p.kernels {
+                g.launch(iters, g.s1);
+            }
+        });
+        let two_streams = g.time(|| {
+            for i in 0..p.kernels {
+                g.launch(iters, if i % 2 == 0 { g.s1 } else { g.s2 });
+            }
+        });
+        let copy_serial = g.time(|| {
+            g.launch(copy_iters, g.s1);
+            g.copy(g.s1);
+        });
+        let copy_overlap = g.time(|| {
+            g.launch(copy_iters, g.s1);
+            g.copy(g.s2);
+        });
+        runs.push(Figures {
+            serial,
+            two_streams,
+            copy_serial,
+            copy_overlap,
+        });
+    }
+    let col = |f: fn(&Figures) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
+    let (sm, _, _) = col(|f| f.serial);
+    let (tm, _, _) = col(|f| f.two_streams);
+    let (rm, rlo, rhi) = col(|f| f.two_streams / f.serial);
+    let (cm, _, _) = col(|f| f.copy_serial);
+    let (om, _, _) = col(|f| f.copy_overlap);
+    let (qm, qlo, qhi) = col(|f| f.copy_overlap / f.copy_serial);
+    println!(
+        "streams: simulated GPU with {} workers, shim + unix socket; {} runs, medians [min-max]",
+        p.workers, p.runs
+    );
+    println!(
+        "{} kernels of {:.1} ms (1 block each): one stream {:.1} ms, two streams {:.1} ms, ratio {:.2}x [{:.2}-{:.2}] (goal <= 0.60x)",
+        p.kernels,
+        kernel_s * 1e3,
+        sm * 1e3,
+        tm * 1e3,
+        rm,
+        rlo,
+        rhi
+    );
+    println!(
+        "64 MiB host-to-device copy ({:.1} ms alone) with a kernel of about the same length: serialized {:.1} ms, overlapped {:.1} ms, ratio {:.2}x [{:.2}-{:.2}] (ideal 0.50x)",
+        copy_s * 1e3,
+        cm * 1e3,
+        om * 1e3,
+        qm,
+        qlo,
+        qhi
+    );
+    daemon.shutdown();
+    runs
+}

@@ -1,0 +1,530 @@
+//! Streams as CUDA defines them, through the shim, vgpud and the simulated
+//! GPU: order within a stream, event waits across streams, the legacy
+//! default stream against blocking, non-blocking and per-thread streams,
+//! kernels of different streams running at once, copies during kernels,
+//! and host functions.
+//!
+//! Nothing here depends on timing: a `wait_flag` kernel spins until a flag
+//! in device memory is set, so "still running" and "not started" are facts
+//! until the test sets the flag (from another stream, which is itself what
+//! some checks prove possible). A broken implementation fails with the
+//! watchdog's `CUDA_ERROR_LAUNCH_TIMEOUT` or a wrong value, never a hang.
+// The test drives a C ABI with one uniform safety argument: every call passes
+// valid pointers and sizes. Splitting it per call would only add noise.
+#![allow(clippy::multiple_unsafe_ops_per_block)]
+
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use libloading::Library;
+use vgpu_tests::conformance_streams::FLAG_PTX;
+use vgpu_tests::harness::{TestVm, Vgpud, artifacts};
+
+type R = c_int;
+type H = *mut c_void;
+
+const SUCCESS: R = 0;
+const NOT_READY: R = 600;
+const NON_BLOCKING: c_uint = 1;
+const LEGACY: H = 1 as H;
+const PER_THREAD: H = 2 as H;
+
+macro_rules! load {
+    ($lib:expr, $name:literal: $($t:tt)*) => {{
+        // SAFETY: the symbol is a driver function with this C signature.
+        let s: libloading::Symbol<'_, unsafe extern "C" fn $($t)*> = unsafe { $lib.get($name.as_bytes()) }.unwrap();
+        *s
+    }};
+}
+
+type Launch = unsafe extern "C" fn(
+    H,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    H,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> R;
+
+/// The driver entry points the test uses.
+struct Cu {
+    ctx_set_current: unsafe extern "C" fn(H) -> R,
+    stream_create: unsafe extern "C" fn(*mut H, c_uint) -> R,
+    stream_create_prio: unsafe extern "C" fn(*mut H, c_uint, c_int) -> R,
+    stream_get_priority: unsafe extern "C" fn(H, *mut c_int) -> R,
+    stream_destroy: unsafe extern "C" fn(H) -> R,
+    stream_sync: unsafe extern "C" fn(H) -> R,
+    stream_query: unsafe extern "C" fn(H) -> R,
+    stream_query_ptsz: unsafe extern "C" fn(H) -> R,
+    stream_wait_event: unsafe extern "C" fn(H, H, c_uint) -> R,
+    event_create: unsafe extern "C" fn(*mut H, c_uint) -> R,
+    event_record: unsafe extern "C" fn(H, H) -> R,
+    event_query: unsafe extern "C" fn(H) -> R,
+    alloc: unsafe extern "C" fn(*mut u64, usize) -> R,
+    memset_async: unsafe extern "C" fn(u64, c_uint, usize, H) -> R,
+    dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> R,
+    dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, H) -> R,
+    launch: Launch,
+    launch_ptsz: Launch,
+    host_func: unsafe extern "C" fn(H, unsafe extern "C" fn(*mut c_void), *mut c_void) -> R,
+    add_callback:
+        unsafe extern "C" fn(H, unsafe extern "C" fn(H, R, *mut c_void), *mut c_void, c_uint) -> R,
+    wait_flag: H,
+    set_flag: H,
+    ctx: H,
+}
+
+// SAFETY: the function pointers and handles are plain values the driver
+// accepts from any thread.
+unsafe impl Send for Cu {}
+// SAFETY: as above.
+unsafe impl Sync for Cu {}
+
+impl Cu {
+    fn alloc(&self, bytes: usize) -> u64 {
+        let mut p = 0u64;
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { (self.alloc)(&mut p, bytes) }, SUCCESS);
+        p
+    }
+
+    fn stream(&self, flags: c_uint) -> H {
+        let mut s: H = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { (self.stream_create)(&mut s, flags) }, SUCCESS);
+        s
+    }
+
+    fn event(&self) -> H {
+        let mut e: H = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { (self.event_create)(&mut e, 0) }, SUCCESS);
+        e
+    }
+
+    fn set(&self, p: u64, v: u32, s: H) {
+        // SAFETY: p is a live allocation of at least 4 bytes.
+        assert_eq!(unsafe { (self.memset_async)(p, v, 1, s) }, SUCCESS);
+    }
+
+    fn read(&self, p: u64) -> u32 {
+        let mut v = 0u32;
+        // SAFETY: 4 bytes into a u32.
+        assert_eq!(unsafe { (self.dtoh)((&raw mut v).cast(), p, 4) }, SUCCESS);
+        v
+    }
+
+    /// `wait_flag(flag, out)` on `s`: spins until `*flag != 0`, then writes
+    /// `*flag + 1` to `out`.
+    fn wait_on(&self, launch: Launch, s: H, flag: u64, out: u64) {
+        let (mut a, mut b) = (flag, out);
+        let mut params = [(&raw mut a).cast::<c_void>(), (&raw mut b).cast()];
+        // SAFETY: the kernel takes two pointers; params points at them.
+        let r = unsafe {
+            launch(
+                self.wait_flag,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, SUCCESS);
+    }
+
+    /// `set_flag(flag, value)` on `s`.
+    fn set_by_kernel(&self, s: H, flag: u64, value: u32) {
+        let (mut a, mut b) = (flag, value);
+        let mut params = [(&raw mut a).cast::<c_void>(), (&raw mut b).cast()];
+        // SAFETY: the kernel takes a pointer and a u32; params points at them.
+        let r = unsafe {
+            (self.launch)(
+                self.set_flag,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, SUCCESS);
+    }
+
+    fn query(&self, s: H) -> R {
+        // SAFETY: a stream handle of this process (or a special one).
+        unsafe { (self.stream_query)(s) }
+    }
+
+    fn sync(&self, s: H) {
+        // SAFETY: as above.
+        assert_eq!(unsafe { (self.stream_sync)(s) }, SUCCESS);
+    }
+}
+
+/// A plain integer as a host function's argument (never dereferenced).
+fn tag(n: usize) -> *mut c_void {
+    std::ptr::without_provenance_mut(n)
+}
+
+static LOG: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static HOST_THREADS: Mutex<Vec<std::thread::ThreadId>> = Mutex::new(Vec::new());
+static RELEASE: AtomicBool = AtomicBool::new(false);
+static CALLBACK: Mutex<Option<(usize, R, usize)>> = Mutex::new(None);
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn log_value(data: *mut c_void) {
+    LOG.lock().unwrap().push(data.addr() as u64);
+    HOST_THREADS
+        .lock()
+        .unwrap()
+        .push(std::thread::current().id());
+}
+
+unsafe extern "C" fn block_until_released(_data: *mut c_void) {
+    let t = Instant::now();
+    while !RELEASE.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    CALLS.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn callback(stream: H, status: R, data: *mut c_void) {
+    *CALLBACK.lock().unwrap() = Some((stream.addr(), status, data.addr()));
+}
+
+#[test]
+fn streams_events_and_host_functions_follow_cuda() {
+    // Two simulated workers; a watchdog turns a missing overlap into an error.
+    let d = Vgpud::start_with(&[TestVm::new("vm", 64 << 20)], "watchdog_ms = 20000");
+    // SAFETY: set before the shim reads it; this binary has a single test.
+    unsafe { std::env::set_var("VGPU_TRANSPORT", d.transport("vm")) };
+    // SAFETY: loading our own shim.
+    let lib = unsafe { Library::new(artifacts().lib_dir.join("libcuda.so.1")) }.unwrap();
+    let init = load!(lib, "cuInit": (c_uint) -> R);
+    let ctx_create = load!(lib, "cuCtxCreate_v2": (*mut H, c_uint, c_int) -> R);
+    let load_data = load!(lib, "cuModuleLoadData": (*mut H, *const c_void) -> R);
+    let get_fn = load!(lib, "cuModuleGetFunction": (*mut H, H, *const c_char) -> R);
+    let ptx = CString::new(FLAG_PTX).unwrap();
+    let mut ctx: H = std::ptr::null_mut();
+    let (mut module, mut wait_flag, mut set_flag): (H, H, H) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: valid pointers throughout.
+    unsafe {
+        assert_eq!(init(0), SUCCESS);
+        assert_eq!(ctx_create(&mut ctx, 0, 0), SUCCESS);
+        assert_eq!(load_data(&mut module, ptx.as_ptr().cast()), SUCCESS);
+        assert_eq!(
+            get_fn(&mut wait_flag, module, c"wait_flag".as_ptr()),
+            SUCCESS
+        );
+        assert_eq!(get_fn(&mut set_flag, module, c"set_flag".as_ptr()), SUCCESS);
+    }
+    let cu = Arc::new(Cu {
+        ctx_set_current: load!(lib, "cuCtxSetCurrent": (H) -> R),
+        stream_create: load!(lib, "cuStreamCreate": (*mut H, c_uint) -> R),
+        stream_create_prio: load!(lib, "cuStreamCreateWithPriority": (*mut H, c_uint, c_int) -> R),
+        stream_get_priority: load!(lib, "cuStreamGetPriority": (H, *mut c_int) -> R),
+        stream_destroy: load!(lib, "cuStreamDestroy_v2": (H) -> R),
+        stream_sync: load!(lib, "cuStreamSynchronize": (H) -> R),
+        stream_query: load!(lib, "cuStreamQuery": (H) -> R),
+        stream_query_ptsz: load!(lib, "cuStreamQuery_ptsz": (H) -> R),
+        stream_wait_event: load!(lib, "cuStreamWaitEvent": (H, H, c_uint) -> R),
+        event_create: load!(lib, "cuEventCreate": (*mut H, c_uint) -> R),
+        event_record: load!(lib, "cuEventRecord": (H, H) -> R),
+        event_query: load!(lib, "cuEventQuery": (H) -> R),
+        alloc: load!(lib, "cuMemAlloc_v2": (*mut u64, usize) -> R),
+        memset_async: load!(lib, "cuMemsetD32Async": (u64, c_uint, usize, H) -> R),
+        dtoh: load!(lib, "cuMemcpyDtoH_v2": (*mut c_void, u64, usize) -> R),
+        dtoh_async: load!(lib, "cuMemcpyDtoHAsync_v2": (*mut c_void, u64, usize, H) -> R),
+        launch: load!(lib, "cuLaunchKernel": (H, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, H, *mut *mut c_void, *mut *mut c_void) -> R),
+        launch_ptsz: load!(lib, "cuLaunchKernel_ptsz": (H, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, H, *mut *mut c_void, *mut *mut c_void) -> R),
+        host_func: load!(lib, "cuLaunchHostFunc": (H, unsafe extern "C" fn(*mut c_void), *mut c_void) -> R),
+        add_callback: load!(lib, "cuStreamAddCallback": (H, unsafe extern "C" fn(H, R, *mut c_void), *mut c_void, c_uint) -> R),
+        wait_flag,
+        set_flag,
+        ctx,
+    });
+
+    kernels_of_two_streams_run_at_once(&cu);
+    copies_and_queries_proceed_while_a_kernel_runs(&cu);
+    event_waits_order_work_across_streams(&cu);
+    the_legacy_stream_synchronizes_with_blocking_streams_only(&cu);
+    per_thread_default_streams_are_per_thread(&cu);
+    host_functions_run_in_stream_order_on_a_shim_thread(&cu);
+    later_work_waits_for_a_host_function(&cu);
+    stream_callbacks_get_their_stream_and_status(&cu);
+    priorities_are_kept(&cu);
+}
+
+fn kernels_of_two_streams_run_at_once(cu: &Cu) {
+    let (flag, out) = (cu.alloc(4), cu.alloc(4));
+    let (s1, s2) = (cu.stream(NON_BLOCKING), cu.stream(NON_BLOCKING));
+    cu.set(flag, 0, s1);
+    cu.wait_on(cu.launch, s1, flag, out);
+    // Only a kernel running at the same time can end the first one.
+    cu.set_by_kernel(s2, flag, 41);
+    cu.sync(s1);
+    assert_eq!(cu.read(out), 42, "the waiting kernel saw the other's write");
+    cu.sync(s2);
+}
+
+fn copies_and_queries_proceed_while_a_kernel_runs(cu: &Cu) {
+    let (flag, out, other) = (cu.alloc(4), cu.alloc(4), cu.alloc(4));
+    let (s1, s2) = (cu.stream(NON_BLOCKING), cu.stream(NON_BLOCKING));
+    let ev = cu.event();
+    cu.set(flag, 0, s1);
+    cu.set(other, 7, s2);
+    cu.wait_on(cu.launch, s1, flag, out);
+    // SAFETY: handles of this process.
+    assert_eq!(unsafe { (cu.event_record)(ev, s1) }, SUCCESS);
+    // A copy on the other stream completes while the kernel still spins.
+    let mut v = 0u32;
+    // SAFETY: 4 bytes into a u32.
+    let r = unsafe { (cu.dtoh_async)((&raw mut v).cast(), other, 4, s2) };
+    assert_eq!(r, SUCCESS);
+    cu.sync(s2);
+    assert_eq!(v, 7);
+    assert_eq!(cu.query(s1), NOT_READY, "the kernel waits for its flag");
+    assert_eq!(cu.query(s2), SUCCESS);
+    // SAFETY: an event of this process.
+    assert_eq!(unsafe { (cu.event_query)(ev) }, NOT_READY);
+    // A fill on the other stream releases it.
+    cu.set(flag, 1, s2);
+    cu.sync(s1);
+    // SAFETY: as above.
+    assert_eq!(unsafe { (cu.event_query)(ev) }, SUCCESS);
+    assert_eq!(cu.read(out), 2);
+}
+
+fn event_waits_order_work_across_streams(cu: &Cu) {
+    let (flag, out, x) = (cu.alloc(4), cu.alloc(4), cu.alloc(4));
+    let (s1, s2, s3) = (
+        cu.stream(NON_BLOCKING),
+        cu.stream(NON_BLOCKING),
+        cu.stream(NON_BLOCKING),
+    );
+    let ev = cu.event();
+    cu.set(flag, 0, s1);
+    cu.set(x, 1, s2);
+    cu.sync(s2);
+    cu.wait_on(cu.launch, s1, flag, out);
+    // SAFETY: handles of this process.
+    unsafe {
+        assert_eq!((cu.event_record)(ev, s1), SUCCESS);
+        assert_eq!((cu.stream_wait_event)(s2, ev, 0), SUCCESS);
+    }
+    cu.set(x, 5, s2);
+    assert_eq!(cu.query(s2), NOT_READY, "s2 waits for the event on s1");
+    // Re-recording the event later does not move s2's wait.
+    cu.set(flag, 3, s3);
+    cu.sync(s2);
+    assert_eq!((cu.read(out), cu.read(x)), (4, 5));
+}
+
+fn the_legacy_stream_synchronizes_with_blocking_streams_only(cu: &Cu) {
+    let (flag, out, y) = (cu.alloc(4), cu.alloc(4), cu.alloc(4));
+    let blocking = cu.stream(0);
+    let nonblocking = cu.stream(NON_BLOCKING);
+    let releaser = cu.stream(NON_BLOCKING);
+
+    // Legacy work waits for the blocking stream's earlier work.
+    cu.set(flag, 0, releaser);
+    cu.sync(releaser);
+    cu.wait_on(cu.launch, blocking, flag, out);
+    cu.set(y, 3, std::ptr::null_mut());
+    assert_eq!(cu.query(std::ptr::null_mut()), NOT_READY);
+    assert_eq!(
+        cu.query(LEGACY),
+        NOT_READY,
+        "CU_STREAM_LEGACY is the same stream"
+    );
+    cu.set(flag, 1, releaser);
+    cu.sync(std::ptr::null_mut());
+    assert_eq!(cu.read(y), 3);
+
+    // ... but not for a non-blocking stream's.
+    cu.set(flag, 0, releaser);
+    cu.sync(releaser);
+    cu.wait_on(cu.launch, nonblocking, flag, out);
+    cu.set(y, 4, std::ptr::null_mut());
+    cu.sync(std::ptr::null_mut());
+    assert_eq!(cu.read(y), 4);
+    assert_eq!(cu.query(nonblocking), NOT_READY);
+    // The legacy stream itself can release it.
+    cu.set(flag, 1, std::ptr::null_mut());
+    cu.sync(nonblocking);
+
+    // A blocking stream's later work waits for earlier legacy work.
+    cu.set(flag, 0, std::ptr::null_mut());
+    cu.wait_on(cu.launch, std::ptr::null_mut(), flag, out);
+    cu.set(y, 5, blocking);
+    assert_eq!(cu.query(blocking), NOT_READY);
+    cu.set(flag, 1, releaser);
+    cu.sync(blocking);
+    assert_eq!(cu.read(y), 5);
+    // SAFETY: streams of this process.
+    unsafe {
+        for s in [blocking, nonblocking, releaser] {
+            assert_eq!((cu.stream_destroy)(s), SUCCESS);
+        }
+    }
+}
+
+fn per_thread_default_streams_are_per_thread(cu: &Arc<Cu>) {
+    let (flag, out, y) = (cu.alloc(4), cu.alloc(4), cu.alloc(4));
+    let releaser = cu.stream(NON_BLOCKING);
+    cu.set(flag, 0, releaser);
+    cu.sync(releaser);
+    let (c2, started) = (Arc::clone(cu), Arc::new(AtomicBool::new(false)));
+    let s2 = Arc::clone(&started);
+    let other = std::thread::spawn(move || {
+        // SAFETY: the test's context.
+        assert_eq!(unsafe { (c2.ctx_set_current)(c2.ctx) }, SUCCESS);
+        // `_ptsz` with stream 0 is this thread's per-thread stream.
+        c2.wait_on(c2.launch_ptsz, std::ptr::null_mut(), flag, out);
+        assert_eq!(c2.query(PER_THREAD), NOT_READY);
+        // SAFETY: as above.
+        assert_eq!(
+            // SAFETY: as the comment above the assertion says.
+            unsafe { (c2.stream_query_ptsz)(std::ptr::null_mut()) },
+            NOT_READY
+        );
+        s2.store(true, Ordering::Release);
+        // The thread ends: its per-thread stream goes once its work is done.
+    });
+    other.join().unwrap();
+    assert!(started.load(Ordering::Acquire));
+    // This thread's per-thread stream is another one, and idle.
+    assert_eq!(cu.query(PER_THREAD), SUCCESS);
+    // SAFETY: as above.
+    assert_eq!(
+        // SAFETY: as the comment above the assertion says.
+        unsafe { (cu.stream_query_ptsz)(std::ptr::null_mut()) },
+        SUCCESS
+    );
+    // The legacy stream waits for per-thread streams (they are blocking).
+    cu.set(y, 6, std::ptr::null_mut());
+    assert_eq!(cu.query(std::ptr::null_mut()), NOT_READY);
+    cu.set(flag, 1, releaser);
+    cu.sync(std::ptr::null_mut());
+    assert_eq!((cu.read(out), cu.read(y)), (2, 6));
+}
+
+fn host_functions_run_in_stream_order_on_a_shim_thread(cu: &Cu) {
+    let (flag, out, w) = (cu.alloc(4), cu.alloc(4), cu.alloc(4));
+    let (s1, releaser) = (cu.stream(NON_BLOCKING), cu.stream(NON_BLOCKING));
+    LOG.lock().unwrap().clear();
+    cu.set(flag, 0, s1);
+    cu.wait_on(cu.launch, s1, flag, out);
+    // SAFETY: host functions with plain integers as arguments.
+    unsafe {
+        assert_eq!((cu.host_func)(s1, log_value, tag(1)), SUCCESS);
+        assert_eq!((cu.host_func)(s1, log_value, tag(2)), SUCCESS);
+    }
+    cu.set(w, 9, s1);
+    // A host function on another stream is not held by s1.
+    // SAFETY: as above.
+    assert_eq!(
+        // SAFETY: as the comment above the assertion says.
+        unsafe { (cu.host_func)(releaser, log_value, tag(7)) },
+        SUCCESS
+    );
+    cu.sync(releaser);
+    assert_eq!(
+        *LOG.lock().unwrap(),
+        vec![7],
+        "s1's functions wait for its kernel"
+    );
+    cu.set(flag, 1, releaser);
+    cu.sync(s1);
+    assert_eq!(*LOG.lock().unwrap(), vec![7, 1, 2]);
+    assert_eq!(cu.read(w), 9);
+    let main = std::thread::current().id();
+    assert!(HOST_THREADS.lock().unwrap().iter().all(|t| *t != main));
+}
+
+fn later_work_waits_for_a_host_function(cu: &Cu) {
+    let v = cu.alloc(4);
+    let s1 = cu.stream(NON_BLOCKING);
+    RELEASE.store(false, Ordering::Release);
+    let before = CALLS.load(Ordering::SeqCst);
+    // SAFETY: a host function that takes no argument.
+    assert_eq!(
+        // SAFETY: as the comment above the assertion says.
+        unsafe { (cu.host_func)(s1, block_until_released, std::ptr::null_mut()) },
+        SUCCESS
+    );
+    cu.set(v, 4, s1);
+    assert_eq!(
+        cu.query(s1),
+        NOT_READY,
+        "the fill waits for the host function"
+    );
+    let releaser = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(50));
+        RELEASE.store(true, Ordering::Release);
+    });
+    // A synchronize while the host function runs does not keep it from
+    // finishing (it has a connection of its own).
+    cu.sync(s1);
+    releaser.join().unwrap();
+    assert_eq!(CALLS.load(Ordering::SeqCst), before + 1);
+    assert_eq!(cu.read(v), 4);
+}
+
+fn stream_callbacks_get_their_stream_and_status(cu: &Cu) {
+    let s1 = cu.stream(0);
+    *CALLBACK.lock().unwrap() = None;
+    // SAFETY: a callback with a plain integer argument.
+    assert_eq!(
+        // SAFETY: as the comment above the assertion says.
+        unsafe { (cu.add_callback)(s1, callback, tag(0x5eed), 0) },
+        SUCCESS
+    );
+    cu.sync(s1);
+    assert_eq!(
+        *CALLBACK.lock().unwrap(),
+        Some((s1 as usize, SUCCESS, 0x5eed))
+    );
+    // Flags must be 0.
+    // SAFETY: as above.
+    assert_ne!(
+        // SAFETY: as the comment above the assertion says.
+        unsafe { (cu.add_callback)(s1, callback, std::ptr::null_mut(), 1) },
+        SUCCESS
+    );
+}
+
+fn priorities_are_kept(cu: &Cu) {
+    let mut s: H = std::ptr::null_mut();
+    let mut p: c_int = 0;
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!((cu.stream_create_prio)(&mut s, NON_BLOCKING, -1), SUCCESS);
+        assert_eq!((cu.stream_get_priority)(s, &mut p), SUCCESS);
+    }
+    assert_eq!(p, -1);
+    cu.set(cu.alloc(4), 1, s);
+    cu.sync(s);
+}

@@ -1207,7 +1207,7 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 ///
 /// # Safety
 /// `params` and `extra` must follow the cuLaunchKernel contract for this function's parameters.
-unsafe fn pack_params(
+pub(crate) unsafe fn pack_params(
     f: u64,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,

@@ -185,6 +185,9 @@ unsafe fn kernel_kind(prm: *const KernelNodeParams, v2: bool) -> CuRes<NodeKind>
         // SAFETY: a v2 structure (this function's contract).
         f = h(unsafe { (*prm.cast::<KernelNodeParamsV2>()).kern });
     }
+    if f == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
     drv::func_layout(f)?;
     // SAFETY: kernelParams/extra follow the cuLaunchKernel contract (CUDA's for this structure).
     let packed = unsafe { crate::exports::pack_params(f, k.kernel_params, k.extra) }?;

@@ -275,7 +275,8 @@ impl Exec {
                 }
             }
         }
-        for stale in self.uploaded.drain(handles.len()..) {
+        let keep = handles.len().min(self.uploaded.len());
+        for stale in self.uploaded.drain(keep..) {
             let _ = d.call(
                 &msg::GraphExecDestroy {
                     ctx: self.ctx,

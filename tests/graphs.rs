@@ -69,3 +69,57 @@ fn graph_allocations_are_charged_to_the_slice_and_refused_past_it() {
     let slice = 64 * MIB;
     run_mode(slice, &["mem", &slice.to_string()], 40);
 }
+
+/// The directory of PyPI's CUDA runtime of a major version (as tests/runtime.rs finds it).
+fn pypi_cudart(major: u32) -> std::path::PathBuf {
+    let module = if major == 12 {
+        "nvidia.cuda_runtime"
+    } else {
+        "nvidia.cu13"
+    };
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            &format!("import {module} as m; print(list(m.__path__)[0])"),
+        ])
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "PyPI's CUDA {major} runtime ({module}) is not installed: run scripts/prereqs.sh"
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// tests/cuda/graphs.cu (nvcc 11.8) on NVIDIA's own runtimes: capture, replay, an
+/// invalidated capture, a node-by-node graph with a host node, exec parameter changes.
+#[test]
+fn nvcc_program_uses_graphs_through_the_cuda_runtime() {
+    let dir = vgpu_tests::harness::artifacts()
+        .profile_dir
+        .join("cuda-programs-graphs");
+    let st = std::process::Command::new(
+        vgpu_tests::harness::workspace_root().join("tests/cuda/build.sh"),
+    )
+    .arg(&dir)
+    .env("CUDA_VARIANTS", "static shared cudart12 cudart13")
+    .env("CUDART12_DIR", pypi_cudart(12))
+    .env("CUDART13_DIR", pypi_cudart(13))
+    .status()
+    .expect("running tests/cuda/build.sh");
+    assert!(st.success(), "tests/cuda/build.sh failed");
+    let d = Vgpud::start(&[TestVm::new("vm", 64 * MIB)]);
+    for rt in ["static", "shared", "cudart12", "cudart13"] {
+        let r = vgpu_tests::harness::run_with_shim(&d, "vm", &dir.join(format!("graphs.{rt}")), &[]);
+        assert!(
+            r.failures().is_empty() && r.code == 0,
+            "graphs.{rt}:\n{}\n{}\n{}",
+            r.stdout,
+            r.stderr,
+            d.log()
+        );
+        let checks = r.stdout.lines().filter(|l| l.starts_with("ok ")).count();
+        assert!(checks >= 20, "graphs.{rt}: {checks} checks\n{}", r.stdout);
+        d.wait_memory_used("vm", 0, Duration::from_secs(5));
+    }
+}

@@ -110,7 +110,8 @@ fn nvcc_program_uses_graphs_through_the_cuda_runtime() {
     assert!(st.success(), "tests/cuda/build.sh failed");
     let d = Vgpud::start(&[TestVm::new("vm", 64 * MIB)]);
     for rt in ["static", "shared", "cudart12", "cudart13"] {
-        let r = vgpu_tests::harness::run_with_shim(&d, "vm", &dir.join(format!("graphs.{rt}")), &[]);
+        let r =
+            vgpu_tests::harness::run_with_shim(&d, "vm", &dir.join(format!("graphs.{rt}")), &[]);
         assert!(
             r.failures().is_empty() && r.code == 0,
             "graphs.{rt}:\n{}\n{}\n{}",

@@ -49,6 +49,19 @@ enum Bench {
         #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::GuestWait::Block)]
         guest_wait: vgpu_bench::vgpu_dev::GuestWait,
     },
+    /// A CUDA graph of small kernels replayed with one request vs the same kernels launched one
+    /// by one (shim over a unix socket, and the protocol client over unix and vhost-user vsock).
+    Graphs {
+        /// Kernels in the graph (and launches in the baseline).
+        #[arg(long, default_value_t = 100)]
+        kernels: usize,
+        /// Repetitions; medians and spreads are reported.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        /// Graph launches (and batches of launches) timed per run.
+        #[arg(long, default_value_t = 20)]
+        batches: usize,
+    },
     /// Compute-share accuracy of the scheduler with saturating tenants.
     Share {
         /// Seconds per measurement window.
@@ -83,6 +96,15 @@ fn main() -> ExitCode {
             sizes_mib: sizes,
             ram: guest_ram,
             wait: guest_wait,
+        }),
+        Bench::Graphs {
+            kernels,
+            runs,
+            batches,
+        } => vgpu_bench::graphs::run(vgpu_bench::graphs::Params {
+            kernels,
+            runs,
+            batches,
         }),
         Bench::Share {
             seconds,

@@ -86,7 +86,13 @@ impl Memcpy3D {
     /// A one-dimensional copy of `len` bytes from `src` to `dst`, each (device?, address): what
     /// `cuGraphMemcpyNodeGetParams` reports for a captured plain copy.
     pub fn linear(src: (bool, u64), dst: (bool, u64), len: usize) -> Self {
-        let kind = |device: bool| if device { memtype::DEVICE } else { memtype::HOST };
+        let kind = |device: bool| {
+            if device {
+                memtype::DEVICE
+            } else {
+                memtype::HOST
+            }
+        };
         let null = std::ptr::null_mut();
         Self {
             src_x_in_bytes: 0,
@@ -274,6 +280,12 @@ fn copy(src: Side, dst: Side, s: Shape, stream: u64, sync: bool) -> drv::CuRes<(
             Ok(())
         }
         (false, false) => {
+            if crate::stream_capture::recording() {
+                // A graph node copying host to host would have to run in the shim; not provided.
+                return Err(drv::unsupported(
+                    "graph memcpy nodes between two host buffers",
+                ));
+            }
             for &(y, z) in &rows {
                 // SAFETY: both host rows are valid for the copy's width (CUDA contract); copy
                 // handles overlap.

@@ -287,64 +287,195 @@ fn table() -> &'static [Entry] {
             e!("cuPointerGetAttribute", (4000, f!(cuPointerGetAttribute))),
             e!("cuPointerGetAttributes", (7000, f!(cuPointerGetAttributes))),
             e!("cuStreamIsCapturing", (10000, f!(cuStreamIsCapturing))),
-            e!("cuStreamBeginCapture", (10000, f!(cuStreamBeginCapture)), (10010, f!(cuStreamBeginCapture_v2))),
-            e!("cuStreamBeginCaptureToGraph", (12030, f!(cuStreamBeginCaptureToGraph))),
+            e!(
+                "cuStreamBeginCapture",
+                (10000, f!(cuStreamBeginCapture)),
+                (10010, f!(cuStreamBeginCapture_v2))
+            ),
+            e!(
+                "cuStreamBeginCaptureToGraph",
+                (12030, f!(cuStreamBeginCaptureToGraph))
+            ),
             e!("cuStreamEndCapture", (10000, f!(cuStreamEndCapture))),
-            e!("cuStreamUpdateCaptureDependencies", (11030, f!(cuStreamUpdateCaptureDependencies)), (12030, f!(cuStreamUpdateCaptureDependencies_v2))),
+            e!(
+                "cuStreamUpdateCaptureDependencies",
+                (11030, f!(cuStreamUpdateCaptureDependencies)),
+                (12030, f!(cuStreamUpdateCaptureDependencies_v2))
+            ),
             e!("cuGraphCreate", (10000, f!(cuGraphCreate))),
             e!("cuGraphDestroy", (10000, f!(cuGraphDestroy))),
             e!("cuGraphClone", (10000, f!(cuGraphClone))),
-            e!("cuGraphNodeFindInClone", (10000, f!(cuGraphNodeFindInClone))),
+            e!(
+                "cuGraphNodeFindInClone",
+                (10000, f!(cuGraphNodeFindInClone))
+            ),
             e!("cuGraphGetNodes", (10000, f!(cuGraphGetNodes))),
             e!("cuGraphGetRootNodes", (10000, f!(cuGraphGetRootNodes))),
-            e!("cuGraphGetEdges", (10000, f!(cuGraphGetEdges)), (12030, f!(cuGraphGetEdges_v2))),
-            e!("cuGraphAddDependencies", (10000, f!(cuGraphAddDependencies)), (12030, f!(cuGraphAddDependencies_v2))),
-            e!("cuGraphRemoveDependencies", (10000, f!(cuGraphRemoveDependencies)), (12030, f!(cuGraphRemoveDependencies_v2))),
-            e!("cuGraphNodeGetDependencies", (10000, f!(cuGraphNodeGetDependencies)), (12030, f!(cuGraphNodeGetDependencies_v2))),
-            e!("cuGraphNodeGetDependentNodes", (10000, f!(cuGraphNodeGetDependentNodes)), (12030, f!(cuGraphNodeGetDependentNodes_v2))),
+            e!(
+                "cuGraphGetEdges",
+                (10000, f!(cuGraphGetEdges)),
+                (12030, f!(cuGraphGetEdges_v2))
+            ),
+            e!(
+                "cuGraphAddDependencies",
+                (10000, f!(cuGraphAddDependencies)),
+                (12030, f!(cuGraphAddDependencies_v2))
+            ),
+            e!(
+                "cuGraphRemoveDependencies",
+                (10000, f!(cuGraphRemoveDependencies)),
+                (12030, f!(cuGraphRemoveDependencies_v2))
+            ),
+            e!(
+                "cuGraphNodeGetDependencies",
+                (10000, f!(cuGraphNodeGetDependencies)),
+                (12030, f!(cuGraphNodeGetDependencies_v2))
+            ),
+            e!(
+                "cuGraphNodeGetDependentNodes",
+                (10000, f!(cuGraphNodeGetDependentNodes)),
+                (12030, f!(cuGraphNodeGetDependentNodes_v2))
+            ),
             e!("cuGraphNodeGetType", (10000, f!(cuGraphNodeGetType))),
             e!("cuGraphDestroyNode", (10000, f!(cuGraphDestroyNode))),
             e!("cuGraphDebugDotPrint", (11030, f!(cuGraphDebugDotPrint))),
             e!("cuGraphAddEmptyNode", (10000, f!(cuGraphAddEmptyNode))),
-            e!("cuGraphAddKernelNode", (10000, f!(cuGraphAddKernelNode)), (12000, f!(cuGraphAddKernelNode_v2))),
-            e!("cuGraphKernelNodeGetParams", (10000, f!(cuGraphKernelNodeGetParams)), (12000, f!(cuGraphKernelNodeGetParams_v2))),
-            e!("cuGraphKernelNodeSetParams", (10000, f!(cuGraphKernelNodeSetParams)), (12000, f!(cuGraphKernelNodeSetParams_v2))),
+            e!(
+                "cuGraphAddKernelNode",
+                (10000, f!(cuGraphAddKernelNode)),
+                (12000, f!(cuGraphAddKernelNode_v2))
+            ),
+            e!(
+                "cuGraphKernelNodeGetParams",
+                (10000, f!(cuGraphKernelNodeGetParams)),
+                (12000, f!(cuGraphKernelNodeGetParams_v2))
+            ),
+            e!(
+                "cuGraphKernelNodeSetParams",
+                (10000, f!(cuGraphKernelNodeSetParams)),
+                (12000, f!(cuGraphKernelNodeSetParams_v2))
+            ),
             e!("cuGraphAddMemcpyNode", (10000, f!(cuGraphAddMemcpyNode))),
-            e!("cuGraphMemcpyNodeGetParams", (10000, f!(cuGraphMemcpyNodeGetParams))),
-            e!("cuGraphMemcpyNodeSetParams", (10000, f!(cuGraphMemcpyNodeSetParams))),
+            e!(
+                "cuGraphMemcpyNodeGetParams",
+                (10000, f!(cuGraphMemcpyNodeGetParams))
+            ),
+            e!(
+                "cuGraphMemcpyNodeSetParams",
+                (10000, f!(cuGraphMemcpyNodeSetParams))
+            ),
             e!("cuGraphAddMemsetNode", (10000, f!(cuGraphAddMemsetNode))),
-            e!("cuGraphMemsetNodeGetParams", (10000, f!(cuGraphMemsetNodeGetParams))),
-            e!("cuGraphMemsetNodeSetParams", (10000, f!(cuGraphMemsetNodeSetParams))),
+            e!(
+                "cuGraphMemsetNodeGetParams",
+                (10000, f!(cuGraphMemsetNodeGetParams))
+            ),
+            e!(
+                "cuGraphMemsetNodeSetParams",
+                (10000, f!(cuGraphMemsetNodeSetParams))
+            ),
             e!("cuGraphAddHostNode", (10000, f!(cuGraphAddHostNode))),
-            e!("cuGraphHostNodeGetParams", (10000, f!(cuGraphHostNodeGetParams))),
-            e!("cuGraphHostNodeSetParams", (10000, f!(cuGraphHostNodeSetParams))),
-            e!("cuGraphAddChildGraphNode", (10000, f!(cuGraphAddChildGraphNode))),
-            e!("cuGraphChildGraphNodeGetGraph", (10000, f!(cuGraphChildGraphNodeGetGraph))),
-            e!("cuGraphAddEventRecordNode", (11010, f!(cuGraphAddEventRecordNode))),
-            e!("cuGraphEventRecordNodeGetEvent", (11010, f!(cuGraphEventRecordNodeGetEvent))),
-            e!("cuGraphEventRecordNodeSetEvent", (11010, f!(cuGraphEventRecordNodeSetEvent))),
-            e!("cuGraphExecEventRecordNodeSetEvent", (11010, f!(cuGraphExecEventRecordNodeSetEvent))),
-            e!("cuGraphAddEventWaitNode", (11010, f!(cuGraphAddEventWaitNode))),
-            e!("cuGraphEventWaitNodeGetEvent", (11010, f!(cuGraphEventWaitNodeGetEvent))),
-            e!("cuGraphEventWaitNodeSetEvent", (11010, f!(cuGraphEventWaitNodeSetEvent))),
-            e!("cuGraphExecEventWaitNodeSetEvent", (11010, f!(cuGraphExecEventWaitNodeSetEvent))),
-            e!("cuGraphAddMemAllocNode", (11040, f!(cuGraphAddMemAllocNode))),
-            e!("cuGraphMemAllocNodeGetParams", (11040, f!(cuGraphMemAllocNodeGetParams))),
+            e!(
+                "cuGraphHostNodeGetParams",
+                (10000, f!(cuGraphHostNodeGetParams))
+            ),
+            e!(
+                "cuGraphHostNodeSetParams",
+                (10000, f!(cuGraphHostNodeSetParams))
+            ),
+            e!(
+                "cuGraphAddChildGraphNode",
+                (10000, f!(cuGraphAddChildGraphNode))
+            ),
+            e!(
+                "cuGraphChildGraphNodeGetGraph",
+                (10000, f!(cuGraphChildGraphNodeGetGraph))
+            ),
+            e!(
+                "cuGraphAddEventRecordNode",
+                (11010, f!(cuGraphAddEventRecordNode))
+            ),
+            e!(
+                "cuGraphEventRecordNodeGetEvent",
+                (11010, f!(cuGraphEventRecordNodeGetEvent))
+            ),
+            e!(
+                "cuGraphEventRecordNodeSetEvent",
+                (11010, f!(cuGraphEventRecordNodeSetEvent))
+            ),
+            e!(
+                "cuGraphExecEventRecordNodeSetEvent",
+                (11010, f!(cuGraphExecEventRecordNodeSetEvent))
+            ),
+            e!(
+                "cuGraphAddEventWaitNode",
+                (11010, f!(cuGraphAddEventWaitNode))
+            ),
+            e!(
+                "cuGraphEventWaitNodeGetEvent",
+                (11010, f!(cuGraphEventWaitNodeGetEvent))
+            ),
+            e!(
+                "cuGraphEventWaitNodeSetEvent",
+                (11010, f!(cuGraphEventWaitNodeSetEvent))
+            ),
+            e!(
+                "cuGraphExecEventWaitNodeSetEvent",
+                (11010, f!(cuGraphExecEventWaitNodeSetEvent))
+            ),
+            e!(
+                "cuGraphAddMemAllocNode",
+                (11040, f!(cuGraphAddMemAllocNode))
+            ),
+            e!(
+                "cuGraphMemAllocNodeGetParams",
+                (11040, f!(cuGraphMemAllocNodeGetParams))
+            ),
             e!("cuGraphAddMemFreeNode", (11040, f!(cuGraphAddMemFreeNode))),
-            e!("cuGraphMemFreeNodeGetParams", (11040, f!(cuGraphMemFreeNodeGetParams))),
+            e!(
+                "cuGraphMemFreeNodeGetParams",
+                (11040, f!(cuGraphMemFreeNodeGetParams))
+            ),
             e!("cuDeviceGraphMemTrim", (11040, f!(cuDeviceGraphMemTrim))),
-            e!("cuGraphInstantiate", (10000, f!(cuGraphInstantiate)), (11000, f!(cuGraphInstantiate_v2)), (12000, f!(cuGraphInstantiateWithFlags))),
-            e!("cuGraphInstantiateWithFlags", (11040, f!(cuGraphInstantiateWithFlags))),
-            e!("cuGraphInstantiateWithParams", (12000, f!(cuGraphInstantiateWithParams))),
+            e!(
+                "cuGraphInstantiate",
+                (10000, f!(cuGraphInstantiate)),
+                (11000, f!(cuGraphInstantiate_v2)),
+                (12000, f!(cuGraphInstantiateWithFlags))
+            ),
+            e!(
+                "cuGraphInstantiateWithFlags",
+                (11040, f!(cuGraphInstantiateWithFlags))
+            ),
+            e!(
+                "cuGraphInstantiateWithParams",
+                (12000, f!(cuGraphInstantiateWithParams))
+            ),
             e!("cuGraphExecGetFlags", (12000, f!(cuGraphExecGetFlags))),
             e!("cuGraphUpload", (11010, f!(cuGraphUpload))),
             e!("cuGraphLaunch", (10000, f!(cuGraphLaunch))),
             e!("cuGraphExecDestroy", (10000, f!(cuGraphExecDestroy))),
-            e!("cuGraphExecUpdate", (10020, f!(cuGraphExecUpdate)), (12000, f!(cuGraphExecUpdate_v2))),
-            e!("cuGraphExecKernelNodeSetParams", (10010, f!(cuGraphExecKernelNodeSetParams)), (12000, f!(cuGraphExecKernelNodeSetParams_v2))),
-            e!("cuGraphExecMemcpyNodeSetParams", (10020, f!(cuGraphExecMemcpyNodeSetParams))),
-            e!("cuGraphExecMemsetNodeSetParams", (10020, f!(cuGraphExecMemsetNodeSetParams))),
-            e!("cuGraphExecHostNodeSetParams", (10020, f!(cuGraphExecHostNodeSetParams))),
+            e!(
+                "cuGraphExecUpdate",
+                (10020, f!(cuGraphExecUpdate)),
+                (12000, f!(cuGraphExecUpdate_v2))
+            ),
+            e!(
+                "cuGraphExecKernelNodeSetParams",
+                (10010, f!(cuGraphExecKernelNodeSetParams)),
+                (12000, f!(cuGraphExecKernelNodeSetParams_v2))
+            ),
+            e!(
+                "cuGraphExecMemcpyNodeSetParams",
+                (10020, f!(cuGraphExecMemcpyNodeSetParams))
+            ),
+            e!(
+                "cuGraphExecMemsetNodeSetParams",
+                (10020, f!(cuGraphExecMemsetNodeSetParams))
+            ),
+            e!(
+                "cuGraphExecHostNodeSetParams",
+                (10020, f!(cuGraphExecHostNodeSetParams))
+            ),
             e!(
                 "cuStreamGetCaptureInfo",
                 (10010, f!(cuStreamGetCaptureInfo)),

@@ -109,7 +109,9 @@ fn is_legacy(stream: u64) -> bool {
 pub fn record(f: impl FnOnce() -> CuRes<()>) -> CuRes<Vec<Op>> {
     RECORDING.with(|r| *r.borrow_mut() = Some(Vec::new()));
     let res = f();
-    let ops = RECORDING.with(|r| r.borrow_mut().take()).unwrap_or_default();
+    let ops = RECORDING
+        .with(|r| r.borrow_mut().take())
+        .unwrap_or_default();
     res.map(|()| ops)
 }
 
@@ -416,9 +418,13 @@ pub fn capture_graph_launch(exec: u64, stream: u64) -> Option<CuRes<()>> {
             Ok(c) => c,
             Err(e) => return Some(Err(e)),
         };
-        Some(st.add(stream, NodeKind::Child(child)).map(drop).inspect_err(|_| {
-            let _ = graph::registry().destroy_graph(child);
-        }))
+        Some(
+            st.add(stream, NodeKind::Child(child))
+                .map(drop)
+                .inspect_err(|_| {
+                    let _ = graph::registry().destroy_graph(child);
+                }),
+        )
     })
 }
 
@@ -586,7 +592,9 @@ fn info(stream: u64) -> CuRes<(c_int, u64, u64, Vec<u64>)> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamBeginCapture(stream: CUhandle) -> CUresult {
-    ffi("cuStreamBeginCapture", || begin(h(stream), MODE_GLOBAL, None))
+    ffi("cuStreamBeginCapture", || {
+        begin(h(stream), MODE_GLOBAL, None)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -711,17 +719,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
 ) -> CUresult {
     ffi("cuStreamGetCaptureInfo_v2", || {
         // SAFETY: NULL or valid out-pointers (CUDA contract).
-        unsafe {
-            write_info(
-                stream,
-                st,
-                id,
-                graph,
-                deps,
-                std::ptr::null_mut(),
-                num_deps,
-            )
-        }
+        unsafe { write_info(stream, st, id, graph, deps, std::ptr::null_mut(), num_deps) }
     })
 }
 

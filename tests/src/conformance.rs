@@ -1937,11 +1937,7 @@ pub fn graphs_replay_as_one_request(t: &Target) {
     push_op(&mut nodes, &copy, &[]);
     let instantiate = |s: &mut Session, replace: u64, list: &[u8]| {
         let ctx = s.ctx;
-        code(
-            s.client
-                .call(&msg::GraphInstantiate { ctx, replace }, list),
-        )
-        .map(|r| r.0.handle)
+        code(s.client.call(&msg::GraphInstantiate { ctx, replace }, list)).map(|r| r.0.handle)
     };
     let exec = instantiate(&mut s, 0, &nodes).unwrap();
     for _ in 0..3 {
@@ -2014,8 +2010,12 @@ pub fn graphs_replay_as_one_request(t: &Target) {
     refused(&mut s, &many, "too many nodes");
     // Handles are per session: a forged value or a destroyed graph's handle names nothing.
     let stale = instantiate(&mut s, 0, &[]).unwrap();
-    s.request(&msg::GraphExecDestroy { ctx, exec: stale }).unwrap();
-    for (bad, what) in [(stale, "a destroyed graph"), (0x6702_dead_beef, "a forged handle")] {
+    s.request(&msg::GraphExecDestroy { ctx, exec: stale })
+        .unwrap();
+    for (bad, what) in [
+        (stale, "a destroyed graph"),
+        (0x6702_dead_beef, "a forged handle"),
+    ] {
         assert_eq!(
             instantiate(&mut s, bad, &nodes),
             Err(cuda::CUDA_ERROR_INVALID_VALUE),

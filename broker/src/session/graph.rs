@@ -103,7 +103,11 @@ impl Session {
         })
     }
 
-    fn graph_instantiate(&mut self, m: &msg::GraphInstantiate, tail: &[u8]) -> Result<u64, CuError> {
+    fn graph_instantiate(
+        &mut self,
+        m: &msg::GraphInstantiate,
+        tail: &[u8],
+    ) -> Result<u64, CuError> {
         self.ctx(m.ctx)?;
         let old_bytes = match m.replace {
             0 => 0,
@@ -146,11 +150,10 @@ impl Session {
                 "a process may hold at most {MAX_GRAPH_EXECS} executable graphs"
             )));
         }
-        let h = self
-            .graphs
-            .execs
-            .insert(exec)
-            .ok_or_else(|| CuError::out_of_memory("too many executable graphs in this process"))?;
+        let h =
+            self.graphs.execs.insert(exec).ok_or_else(|| {
+                CuError::out_of_memory("too many executable graphs in this process")
+            })?;
         self.graphs.bytes += tail.len();
         Ok(h)
     }
@@ -166,8 +169,8 @@ impl Session {
         let bad = |e: vgpu_proto::wire::DecodeError| CuError::invalid_value(e.to_string());
         match n.opcode {
             MEM_ALLOC_NODE => {
-                let (a, _) = msg::decode_exact::<msg::GraphMemAllocNode>(n.payload, false)
-                    .map_err(bad)?;
+                let (a, _) =
+                    msg::decode_exact::<msg::GraphMemAllocNode>(n.payload, false).map_err(bad)?;
                 if a.size == 0 || !a.size.is_multiple_of(crate::device::VMM_GRANULARITY) {
                     return Err(CuError::invalid_value(
                         "a graph allocation's size must be a multiple of the granularity",
@@ -292,7 +295,11 @@ impl Session {
     /// Maps `size` bytes of new physical memory, charged to the slice, at `ptr`.
     fn graph_map(&mut self, ctx: u64, ptr: u64, size: u64) -> Result<(), CuError> {
         let mut out = Vec::new();
-        self.dispatch(&Request::MemCreate(msg::MemCreate { ctx, size }), &[], &mut out)?;
+        self.dispatch(
+            &Request::MemCreate(msg::MemCreate { ctx, size }),
+            &[],
+            &mut out,
+        )?;
         let (h, _) = msg::decode_exact::<msg::Handle>(&out, false)
             .map_err(|e| CuError::invalid_value(e.to_string()))?;
         let handle = h.handle;

@@ -912,7 +912,9 @@ pub unsafe extern "C" fn cuGraphHostNodeSetParams(
     node: CUhandle,
     prm: *const HostNodeParams,
 ) -> CUresult {
-    ffi("cuGraphHostNodeSetParams", || set_kind(node, host_kind(prm)?))
+    ffi("cuGraphHostNodeSetParams", || {
+        set_kind(node, host_kind(prm)?)
+    })
 }
 
 #[unsafe(no_mangle)]

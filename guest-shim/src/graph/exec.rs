@@ -315,7 +315,8 @@ impl Exec {
 
 /// `cuGraphInstantiateWithFlags`: returns the executable graph.
 pub fn instantiate(g: u64, flags: u64) -> CuRes<u64> {
-    let known = FLAG_AUTO_FREE_ON_LAUNCH | FLAG_UPLOAD | FLAG_DEVICE_LAUNCH | FLAG_USE_NODE_PRIORITY;
+    let known =
+        FLAG_AUTO_FREE_ON_LAUNCH | FLAG_UPLOAD | FLAG_DEVICE_LAUNCH | FLAG_USE_NODE_PRIORITY;
     if flags & !known != 0 || flags & FLAG_DEVICE_LAUNCH != 0 {
         // Device-side launch needs a device runtime vgpu does not have.
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);

@@ -161,7 +161,13 @@ pub struct KernelParams {
 impl Clone for KernelParams {
     fn clone(&self) -> Self {
         // The copy's pointer table points into its own buffer.
-        Self::new(self.f, self.grid, self.block, self.shared, self.params.to_vec())
+        Self::new(
+            self.f,
+            self.grid,
+            self.block,
+            self.shared,
+            self.params.to_vec(),
+        )
     }
 }
 
@@ -356,7 +362,9 @@ impl Registry {
 
     /// A graph, mutably.
     pub fn graph_mut(&mut self, g: u64) -> CuRes<&mut Graph> {
-        self.graphs.get_mut(&g).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+        self.graphs
+            .get_mut(&g)
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
     }
 
     /// A node of any graph.

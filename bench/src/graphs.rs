@@ -409,6 +409,9 @@ fn spread(v: &[Sample], f: fn(&Sample) -> f64) -> (f64, f64, f64) {
     (median(&x), lo, hi)
 }
 
+/// A table row: its figure's name, and the figure for launches and for the graph.
+type Row = (&'static str, fn(&Sample) -> f64, fn(&Sample) -> f64);
+
 fn print(p: Params, r: &Report) {
     println!(
         "graphs: a graph of {} one-block kernels vs {} launches, {} batches x {} runs \
@@ -419,7 +422,7 @@ fn print(p: Params, r: &Report) {
         "{:<26} {:<11} {:>24} {:>24} {:>22}",
         "path", "figure", "launches", "graph", "graph/launches"
     );
-    let rows: [(&str, fn(&Sample) -> f64, fn(&Sample) -> f64); 2] = [
+    let rows: [Row; 2] = [
         ("submit", |s| s.launches_submit, |s| s.graph_submit),
         ("end to end", |s| s.launches_total, |s| s.graph_total),
     ];

@@ -604,9 +604,8 @@ pub extern "C" fn cuStreamBeginCapture_v2(stream: CUhandle, mode: c_int) -> CUre
 
 /// Reads `n` node handles from a caller array.
 ///
-/// # Safety
-/// `p` must be NULL (only with `n` 0) or valid for reads of `n` handles.
-pub(crate) unsafe fn node_list(p: *const CUhandle, n: usize) -> CuRes<Vec<u64>> {
+/// `p` is NULL (only with `n` 0) or valid for reads of `n` handles (CUDA's contract).
+pub(crate) fn node_list(p: *const CUhandle, n: usize) -> CuRes<Vec<u64>> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -629,7 +628,7 @@ pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
 ) -> CUresult {
     ffi("cuStreamBeginCaptureToGraph", || {
         // SAFETY: `deps` holds `num_deps` nodes (CUDA contract).
-        let deps = unsafe { node_list(deps, num_deps) }?;
+        let deps = node_list(deps, num_deps)?;
         begin(h(stream), mode, Some((h(graph), deps)))
     })
 }
@@ -667,9 +666,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo(
 
 /// Writes the optional outputs of `cuStreamGetCaptureInfo_v2/_v3`.
 ///
-/// # Safety
-/// Each pointer must be NULL or valid for a write of its type.
-unsafe fn write_info(
+/// Each pointer is NULL or valid for a write of its type (CUDA's contract).
+fn write_info(
     stream: CUhandle,
     st: *mut c_int,
     id: *mut u64,
@@ -718,8 +716,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     num_deps: *mut usize,
 ) -> CUresult {
     ffi("cuStreamGetCaptureInfo_v2", || {
-        // SAFETY: NULL or valid out-pointers (CUDA contract).
-        unsafe { write_info(stream, st, id, graph, deps, std::ptr::null_mut(), num_deps) }
+        write_info(stream, st, id, graph, deps, std::ptr::null_mut(), num_deps)
     })
 }
 
@@ -734,8 +731,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     num_deps: *mut usize,
 ) -> CUresult {
     ffi("cuStreamGetCaptureInfo_v3", || {
-        // SAFETY: NULL or valid out-pointers (CUDA contract).
-        unsafe { write_info(stream, st, id, graph, deps, edges, num_deps) }
+        write_info(stream, st, id, graph, deps, edges, num_deps)
     })
 }
 
@@ -748,7 +744,7 @@ pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies(
 ) -> CUresult {
     ffi("cuStreamUpdateCaptureDependencies", || {
         // SAFETY: `deps` holds `num_deps` nodes (CUDA contract).
-        let new = unsafe { node_list(deps, num_deps) }?;
+        let new = node_list(deps, num_deps)?;
         if flags > SET_CAPTURE_DEPENDENCIES {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }

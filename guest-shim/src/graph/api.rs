@@ -175,9 +175,8 @@ fn single(ops: Vec<Op>) -> CuRes<Op> {
 
 /// A kernel node's work from its parameters.
 ///
-/// # Safety
-/// `prm` must be NULL or a valid `CUDA_KERNEL_NODE_PARAMS` (`v2`: of the second version).
-unsafe fn kernel_kind(prm: *const KernelNodeParams, v2: bool) -> CuRes<NodeKind> {
+/// Pointer contract (CUDA's): `prm` must be NULL or a valid `CUDA_KERNEL_NODE_PARAMS` (`v2`: of the second version).
+fn kernel_kind(prm: *const KernelNodeParams, v2: bool) -> CuRes<NodeKind> {
     // SAFETY: NULL or valid (this function's contract).
     let k = unsafe { prm.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     let mut f = h(k.func);
@@ -251,9 +250,8 @@ fn host_kind(prm: *const HostNodeParams) -> CuRes<NodeKind> {
 
 /// Adds a node made by `kind` to `graph` after `n` dependencies at `deps`; writes its handle.
 ///
-/// # Safety
-/// `deps` must hold `n` node handles (or be NULL with `n` 0).
-unsafe fn add(
+/// Pointer contract (CUDA's): `deps` must hold `n` node handles (or be NULL with `n` 0).
+fn add(
     out: *mut CUhandle,
     graph: CUhandle,
     deps: *const CUhandle,
@@ -263,8 +261,7 @@ unsafe fn add(
     if out.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: this function's contract.
-    let deps = unsafe { node_list(deps, n) }?;
+    let deps = node_list(deps, n)?;
     registry().graph(h(graph))?;
     let kind = kind()?;
     let node = registry().add_node(h(graph), kind, &deps)?;
@@ -273,9 +270,8 @@ unsafe fn add(
 
 /// Writes up to `*n` handles of `list` to `arr` (or only the count when `arr` is NULL).
 ///
-/// # Safety
-/// `n` must be a valid in/out count; `arr` NULL or valid for `*n` writes.
-unsafe fn write_list(list: &[u64], arr: *mut CUhandle, n: *mut usize) -> CuRes<()> {
+/// Pointer contract (CUDA's): `n` must be a valid in/out count; `arr` NULL or valid for `*n` writes.
+fn write_list(list: &[u64], arr: *mut CUhandle, n: *mut usize) -> CuRes<()> {
     if n.is_null() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
@@ -286,8 +282,9 @@ unsafe fn write_list(list: &[u64], arr: *mut CUhandle, n: *mut usize) -> CuRes<(
     let cap = unsafe { n.read() };
     for i in 0..cap {
         let v = list.get(i).map_or(std::ptr::null_mut(), |&x| p(x));
-        // SAFETY: `arr` holds `cap` entries (this function's contract).
-        unsafe { arr.add(i).write(v) };
+        let slot = arr.wrapping_add(i);
+        // SAFETY: `arr` holds `cap` entries (this function's contract) and `i < cap`.
+        unsafe { slot.write(v) };
     }
     if cap > list.len() {
         out!(n, list.len())?;
@@ -295,11 +292,19 @@ unsafe fn write_list(list: &[u64], arr: *mut CUhandle, n: *mut usize) -> CuRes<(
     Ok(())
 }
 
+/// The value of an in/out count (0 for NULL).
+fn read_count(n: *mut usize) -> usize {
+    if n.is_null() {
+        return 0;
+    }
+    // SAFETY: a non-NULL in/out count argument (CUDA contract).
+    unsafe { n.read() }
+}
+
 /// Clears `n` 8-byte edge data entries (vgpu keeps default edges only).
 ///
-/// # Safety
-/// `edges` must be NULL or valid for `n` writes of `CUgraphEdgeData`.
-unsafe fn clear_edges(edges: *mut u64, n: usize) {
+/// Pointer contract (CUDA's): `edges` must be NULL or valid for `n` writes of `CUgraphEdgeData`.
+fn clear_edges(edges: *mut u64, n: usize) {
     if !edges.is_null() {
         // SAFETY: this function's contract.
         unsafe { std::ptr::write_bytes(edges, 0, n) };
@@ -308,9 +313,8 @@ unsafe fn clear_edges(edges: *mut u64, n: usize) {
 
 /// Refuses edge data other than the default.
 ///
-/// # Safety
-/// `edges` must be NULL or valid for `n` reads of `CUgraphEdgeData`.
-unsafe fn default_edges(edges: *const u64, n: usize) -> CuRes<()> {
+/// Pointer contract (CUDA's): `edges` must be NULL or valid for `n` reads of `CUgraphEdgeData`.
+fn default_edges(edges: *const u64, n: usize) -> CuRes<()> {
     if edges.is_null() || n == 0 {
         return Ok(());
     }
@@ -382,8 +386,7 @@ pub unsafe extern "C" fn cuGraphGetNodes(
 ) -> CUresult {
     ffi("cuGraphGetNodes", || {
         let list = registry().graph(h(graph))?.order.clone();
-        // SAFETY: CUDA contract for the in/out count and array.
-        unsafe { write_list(&list, nodes, n) }
+        write_list(&list, nodes, n)
     })
 }
 
@@ -403,16 +406,14 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(
             .copied()
             .collect();
         drop(reg);
-        // SAFETY: CUDA contract for the in/out count and array.
-        unsafe { write_list(&list, nodes, n) }
+        write_list(&list, nodes, n)
     })
 }
 
 /// `cuGraphGetEdges` for both versions.
 ///
-/// # Safety
-/// CUDA's contract for the arrays and count.
-unsafe fn get_edges(
+/// Pointer contract (CUDA's): CUDA's contract for the arrays and count.
+fn get_edges(
     graph: CUhandle,
     from: *mut CUhandle,
     to: *mut CUhandle,
@@ -425,19 +426,15 @@ unsafe fn get_edges(
     }
     let froms: Vec<u64> = list.iter().map(|e| e.0).collect();
     let tos: Vec<u64> = list.iter().map(|e| e.1).collect();
-    // SAFETY: CUDA contract (this function's).
-    let cap = unsafe { n.read() };
-    // SAFETY: as above.
-    unsafe {
-        if !from.is_null() {
-            write_list(&froms, from, n)?;
-            n.write(cap);
-            write_list(&tos, to, n)?;
-            clear_edges(edges, cap);
-        } else {
-            write_list(&froms, from, n)?;
-        }
+    let cap = read_count(n);
+    if from.is_null() {
+        return write_list(&froms, from, n);
     }
+    write_list(&froms, from, n)?;
+    // SAFETY: `n` is a valid in/out count (CUDA contract, non-NULL checked above).
+    unsafe { n.write(cap) };
+    write_list(&tos, to, n)?;
+    clear_edges(edges, cap);
     Ok(())
 }
 
@@ -448,8 +445,7 @@ pub unsafe extern "C" fn cuGraphGetEdges(
     to: *mut CUhandle,
     n: *mut usize,
 ) -> CUresult {
-    // SAFETY: CUDA contract.
-    ffi("cuGraphGetEdges", || unsafe {
+    ffi("cuGraphGetEdges", || {
         get_edges(graph, from, to, std::ptr::null_mut(), n)
     })
 }
@@ -462,25 +458,22 @@ pub unsafe extern "C" fn cuGraphGetEdges_v2(
     edges: *mut u64,
     n: *mut usize,
 ) -> CUresult {
-    // SAFETY: CUDA contract.
-    ffi("cuGraphGetEdges_v2", || unsafe {
+    ffi("cuGraphGetEdges_v2", || {
         get_edges(graph, from, to, edges, n)
     })
 }
 
 /// Adds (or with `remove`, removes) `n` edges.
 ///
-/// # Safety
-/// `from` and `to` must hold `n` nodes each.
-unsafe fn change_deps(
+/// Pointer contract (CUDA's): `from` and `to` must hold `n` nodes each.
+fn change_deps(
     graph: CUhandle,
     from: *const CUhandle,
     to: *const CUhandle,
     n: usize,
     remove: bool,
 ) -> CuRes<()> {
-    // SAFETY: this function's contract.
-    let (from, to) = unsafe { (node_list(from, n)?, node_list(to, n)?) };
+    let (from, to) = (node_list(from, n)?, node_list(to, n)?);
     let mut reg = registry();
     let g = h(graph);
     for (f, t) in from.iter().zip(&to) {
@@ -505,8 +498,7 @@ pub unsafe extern "C" fn cuGraphAddDependencies(
     to: *const CUhandle,
     n: usize,
 ) -> CUresult {
-    // SAFETY: CUDA contract.
-    ffi("cuGraphAddDependencies", || unsafe {
+    ffi("cuGraphAddDependencies", || {
         change_deps(graph, from, to, n, false)
     })
 }
@@ -519,8 +511,7 @@ pub unsafe extern "C" fn cuGraphAddDependencies_v2(
     edges: *const u64,
     n: usize,
 ) -> CUresult {
-    // SAFETY: CUDA contract.
-    ffi("cuGraphAddDependencies_v2", || unsafe {
+    ffi("cuGraphAddDependencies_v2", || {
         default_edges(edges, n)?;
         change_deps(graph, from, to, n, false)
     })
@@ -533,8 +524,7 @@ pub unsafe extern "C" fn cuGraphRemoveDependencies(
     to: *const CUhandle,
     n: usize,
 ) -> CUresult {
-    // SAFETY: CUDA contract.
-    ffi("cuGraphRemoveDependencies", || unsafe {
+    ffi("cuGraphRemoveDependencies", || {
         change_deps(graph, from, to, n, true)
     })
 }
@@ -547,8 +537,7 @@ pub unsafe extern "C" fn cuGraphRemoveDependencies_v2(
     edges: *const u64,
     n: usize,
 ) -> CUresult {
-    // SAFETY: CUDA contract.
-    ffi("cuGraphRemoveDependencies_v2", || unsafe {
+    ffi("cuGraphRemoveDependencies_v2", || {
         default_edges(edges, n)?;
         change_deps(graph, from, to, n, true)
     })
@@ -562,8 +551,7 @@ pub unsafe extern "C" fn cuGraphNodeGetDependencies(
 ) -> CUresult {
     ffi("cuGraphNodeGetDependencies", || {
         let list = registry().node(h(node))?.deps.clone();
-        // SAFETY: CUDA contract for the in/out count and array.
-        unsafe { write_list(&list, deps, n) }
+        write_list(&list, deps, n)
     })
 }
 
@@ -576,13 +564,10 @@ pub unsafe extern "C" fn cuGraphNodeGetDependencies_v2(
 ) -> CUresult {
     ffi("cuGraphNodeGetDependencies_v2", || {
         let list = registry().node(h(node))?.deps.clone();
-        // SAFETY: CUDA contract for the in/out count and arrays.
-        unsafe {
-            let cap = if n.is_null() { 0 } else { n.read() };
-            write_list(&list, deps, n)?;
-            if !deps.is_null() {
-                clear_edges(edges, cap);
-            }
+        let cap = read_count(n);
+        write_list(&list, deps, n)?;
+        if !deps.is_null() {
+            clear_edges(edges, cap);
         }
         Ok(())
     })
@@ -596,8 +581,7 @@ pub unsafe extern "C" fn cuGraphNodeGetDependentNodes(
 ) -> CUresult {
     ffi("cuGraphNodeGetDependentNodes", || {
         let list = registry().dependents(h(node))?;
-        // SAFETY: CUDA contract for the in/out count and array.
-        unsafe { write_list(&list, out, n) }
+        write_list(&list, out, n)
     })
 }
 
@@ -610,13 +594,10 @@ pub unsafe extern "C" fn cuGraphNodeGetDependentNodes_v2(
 ) -> CUresult {
     ffi("cuGraphNodeGetDependentNodes_v2", || {
         let list = registry().dependents(h(node))?;
-        // SAFETY: CUDA contract for the in/out count and arrays.
-        unsafe {
-            let cap = if n.is_null() { 0 } else { n.read() };
-            write_list(&list, out, n)?;
-            if !out.is_null() {
-                clear_edges(edges, cap);
-            }
+        let cap = read_count(n);
+        write_list(&list, out, n)?;
+        if !out.is_null() {
+            clear_edges(edges, cap);
         }
         Ok(())
     })
@@ -662,8 +643,7 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     deps: *const CUhandle,
     n: usize,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the dependency array.
-    ffi("cuGraphAddEmptyNode", || unsafe {
+    ffi("cuGraphAddEmptyNode", || {
         add(out, graph, deps, n, || Ok(NodeKind::Empty))
     })
 }
@@ -676,8 +656,7 @@ pub unsafe extern "C" fn cuGraphAddKernelNode(
     n: usize,
     prm: *const KernelNodeParams,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the arrays and parameters.
-    ffi("cuGraphAddKernelNode", || unsafe {
+    ffi("cuGraphAddKernelNode", || {
         add(out, graph, deps, n, || kernel_kind(prm, false))
     })
 }
@@ -690,17 +669,15 @@ pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
     n: usize,
     prm: *const KernelNodeParamsV2,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the arrays and parameters.
-    ffi("cuGraphAddKernelNode_v2", || unsafe {
+    ffi("cuGraphAddKernelNode_v2", || {
         add(out, graph, deps, n, || kernel_kind(prm.cast(), true))
     })
 }
 
 /// Writes a kernel node's parameters.
 ///
-/// # Safety
-/// `prm` must be NULL or valid for a write of the version's structure.
-unsafe fn kernel_get(node: CUhandle, prm: *mut KernelNodeParams, v2: bool) -> CuRes<()> {
+/// Pointer contract (CUDA's): `prm` must be NULL or valid for a write of the version's structure.
+fn kernel_get(node: CUhandle, prm: *mut KernelNodeParams, v2: bool) -> CuRes<()> {
     let reg = registry();
     let NodeKind::Kernel(k) = &reg.node(h(node))?.kind else {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
@@ -744,8 +721,7 @@ pub unsafe extern "C" fn cuGraphKernelNodeGetParams(
     node: CUhandle,
     prm: *mut KernelNodeParams,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the out-structure.
-    ffi("cuGraphKernelNodeGetParams", || unsafe {
+    ffi("cuGraphKernelNodeGetParams", || {
         kernel_get(node, prm, false)
     })
 }
@@ -755,8 +731,7 @@ pub unsafe extern "C" fn cuGraphKernelNodeGetParams_v2(
     node: CUhandle,
     prm: *mut KernelNodeParamsV2,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the out-structure.
-    ffi("cuGraphKernelNodeGetParams_v2", || unsafe {
+    ffi("cuGraphKernelNodeGetParams_v2", || {
         kernel_get(node, prm.cast(), true)
     })
 }
@@ -766,9 +741,8 @@ pub unsafe extern "C" fn cuGraphKernelNodeSetParams(
     node: CUhandle,
     prm: *const KernelNodeParams,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the parameters.
     ffi("cuGraphKernelNodeSetParams", || {
-        set_kind(node, unsafe { kernel_kind(prm, false) }?)
+        set_kind(node, kernel_kind(prm, false)?)
     })
 }
 
@@ -777,9 +751,8 @@ pub unsafe extern "C" fn cuGraphKernelNodeSetParams_v2(
     node: CUhandle,
     prm: *const KernelNodeParamsV2,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the parameters.
     ffi("cuGraphKernelNodeSetParams_v2", || {
-        set_kind(node, unsafe { kernel_kind(prm.cast(), true) }?)
+        set_kind(node, kernel_kind(prm.cast(), true)?)
     })
 }
 
@@ -792,8 +765,7 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
     prm: *const Memcpy3D,
     _ctx: CUhandle,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the arrays and parameters.
-    ffi("cuGraphAddMemcpyNode", || unsafe {
+    ffi("cuGraphAddMemcpyNode", || {
         add(out, graph, deps, n, || memcpy_kind(prm))
     })
 }
@@ -831,8 +803,7 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
     prm: *const MemsetNodeParams,
     _ctx: CUhandle,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the arrays and parameters.
-    ffi("cuGraphAddMemsetNode", || unsafe {
+    ffi("cuGraphAddMemsetNode", || {
         add(out, graph, deps, n, || memset_kind(prm))
     })
 }
@@ -879,8 +850,7 @@ pub unsafe extern "C" fn cuGraphAddHostNode(
     n: usize,
     prm: *const HostNodeParams,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the arrays and parameters.
-    ffi("cuGraphAddHostNode", || unsafe {
+    ffi("cuGraphAddHostNode", || {
         add(out, graph, deps, n, || host_kind(prm))
     })
 }
@@ -925,8 +895,7 @@ pub unsafe extern "C" fn cuGraphAddChildGraphNode(
     n: usize,
     child: CUhandle,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the arrays.
-    ffi("cuGraphAddChildGraphNode", || unsafe {
+    ffi("cuGraphAddChildGraphNode", || {
         add(out, graph, deps, n, || {
             // The node gets a copy: later changes to `child` do not reach it (as in CUDA).
             let mut reg = registry();
@@ -960,8 +929,7 @@ macro_rules! event_node {
             n: usize,
             event: CUhandle,
         ) -> CUresult {
-            // SAFETY: CUDA contract for the arrays.
-            ffi(stringify!($add), || unsafe {
+            ffi(stringify!($add), || {
                 add(out, graph, deps, n, || {
                     if event.is_null() {
                         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
@@ -1027,18 +995,15 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         // SAFETY: the caller's CUDA_MEM_ALLOC_NODE_PARAMS (CUDA contract).
         let size = unsafe { (*prm).bytesize } as u64;
         let mut ptr = 0;
-        // SAFETY: CUDA contract for the arrays.
-        unsafe {
-            add(out, graph, deps, n, || {
-                let (p, reserved) = reserve(size)?;
-                ptr = p;
-                Ok(NodeKind::MemAlloc {
-                    bytesize: size,
-                    ptr,
-                    reserved,
-                })
+        add(out, graph, deps, n, || {
+            let (p, reserved) = reserve(size)?;
+            ptr = p;
+            Ok(NodeKind::MemAlloc {
+                bytesize: size,
+                ptr,
+                reserved,
             })
-        }?;
+        })?;
         // SAFETY: as above; `dptr` is the structure's out-field.
         unsafe { (*prm).dptr = ptr };
         Ok(())
@@ -1079,8 +1044,7 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     n: usize,
     dptr: CUdeviceptr,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the arrays.
-    ffi("cuGraphAddMemFreeNode", || unsafe {
+    ffi("cuGraphAddMemFreeNode", || {
         add(out, graph, deps, n, || {
             if !is_graph_alloc(dptr) {
                 return Err(cuda::CUDA_ERROR_INVALID_VALUE);
@@ -1272,9 +1236,8 @@ pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
     node: CUhandle,
     prm: *const KernelNodeParams,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the parameters.
     ffi("cuGraphExecKernelNodeSetParams", || {
-        exec::set_node(h(e), h(node), unsafe { kernel_kind(prm, false) }?)
+        exec::set_node(h(e), h(node), kernel_kind(prm, false)?)
     })
 }
 
@@ -1284,9 +1247,8 @@ pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams_v2(
     node: CUhandle,
     prm: *const KernelNodeParamsV2,
 ) -> CUresult {
-    // SAFETY: CUDA contract for the parameters.
     ffi("cuGraphExecKernelNodeSetParams_v2", || {
-        exec::set_node(h(e), h(node), unsafe { kernel_kind(prm.cast(), true) }?)
+        exec::set_node(h(e), h(node), kernel_kind(prm.cast(), true)?)
     })
 }
 

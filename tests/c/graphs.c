@@ -335,6 +335,27 @@ static void mode_capture(void) {
     check("launch again", cuGraphLaunch(e, NULL), 0);
     check("synchronize", cuCtxSynchronize(), 0);
     expect("default-stream replays", all_equal(hz, hx, 1.0f, 6.0f));
+    /* A graph launched on a capturing stream becomes a child graph node. */
+    CUstream s2;
+    CUgraph outer = NULL;
+    CUgraphExec eo;
+    check("stream 2", cuStreamCreate(&s2, 1), 0);
+    check("begin capture of a graph launch", cuStreamBeginCapture_v2(s2, MODE_GLOBAL), 0);
+    check("captured graph launch", cuGraphLaunch(e, s2), 0);
+    check("end", cuStreamEndCapture(s2, &outer), 0);
+    CUgraphNode child = NULL;
+    size_t one = 1;
+    int ct = -1;
+    check("outer nodes", cuGraphGetNodes(outer, &child, &one), 0);
+    cuGraphNodeGetType(child, &ct);
+    expect("one child graph node", one == 1 && ct == NODE_GRAPH);
+    for (int i = 0; i < N; i++) hx[i] = (float)(i % 7);
+    check("instantiate outer", cuGraphInstantiateWithFlags(&eo, outer, 0), 0);
+    check("launch outer", cuGraphLaunch(eo, s2), 0);
+    check("sync", cuStreamSynchronize(s2), 0);
+    expect("the child graph ran", all_equal(hz, hx, 1.0f, 6.0f));
+    check("destroy outer exec", cuGraphExecDestroy(eo), 0);
+    check("destroy outer", cuGraphDestroy(outer), 0);
     check("exec destroy", cuGraphExecDestroy(e), 0);
     check("launch of a destroyed exec", cuGraphLaunch(e, s), 1);
     check("graph destroy", cuGraphDestroy(g), 0);

@@ -19,7 +19,7 @@ use crate::handles::{HandleKind, HandleTable};
 
 /// Most executable graphs one session may hold.
 pub const MAX_GRAPH_EXECS: usize = 4096;
-/// Most bytes of uploaded graph nodes one session may hold.
+/// Most bytes one session's executable graphs may hold (decoded nodes and their bulk bytes).
 pub const MAX_GRAPH_BYTES: usize = 64 << 20;
 
 /// One node, decoded and checked at upload.
@@ -115,10 +115,13 @@ impl Session {
                 CuError::invalid_value(format!("{h:#x} is not an executable graph of this process"))
             })?,
         };
+        let too_big = |bytes: usize| {
+            CuError::out_of_memory(format!(
+                "this process's executable graphs would hold {bytes} bytes, more than {MAX_GRAPH_BYTES}"
+            ))
+        };
         if self.graphs.bytes - old_bytes + tail.len() > MAX_GRAPH_BYTES {
-            return Err(CuError::out_of_memory(format!(
-                "this process's executable graphs would exceed {MAX_GRAPH_BYTES} bytes"
-            )));
+            return Err(too_big(self.graphs.bytes - old_bytes + tail.len()));
         }
         let list = graph::split_nodes(tail).map_err(|e| CuError::invalid_value(e.to_string()))?;
         let allocs: Vec<(u64, u64)> = list
@@ -134,15 +137,27 @@ impl Session {
                 .map_err(|e| CuError::new(e.code, format!("graph node {i}: {}", e.message)))?;
             nodes.push(node);
         }
+        // What the graph holds in memory: its decoded nodes and their bulk bytes.
+        let bytes = nodes.len() * std::mem::size_of::<Node>()
+            + nodes
+                .iter()
+                .map(|n| match n {
+                    Node::Op(_, t) => t.len(),
+                    _ => 0,
+                })
+                .sum::<usize>();
+        if self.graphs.bytes - old_bytes + bytes > MAX_GRAPH_BYTES {
+            return Err(too_big(self.graphs.bytes - old_bytes + bytes));
+        }
         let exec = Arc::new(GraphExec {
             ctx: m.ctx,
             nodes,
-            bytes: tail.len(),
+            bytes,
         });
         if m.replace != 0 {
             let slot = self.graphs.execs.get_mut(m.replace).expect("checked above");
             *slot = exec;
-            self.graphs.bytes = self.graphs.bytes - old_bytes + tail.len();
+            self.graphs.bytes = self.graphs.bytes - old_bytes + bytes;
             return Ok(m.replace);
         }
         if self.graphs.execs.len() >= MAX_GRAPH_EXECS {
@@ -154,7 +169,7 @@ impl Session {
             self.graphs.execs.insert(exec).ok_or_else(|| {
                 CuError::out_of_memory("too many executable graphs in this process")
             })?;
-        self.graphs.bytes += tail.len();
+        self.graphs.bytes += bytes;
         Ok(h)
     }
 
@@ -356,7 +371,89 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::net::UnixStream;
+
+    use vgpu_proto::cuda;
+    use vgpu_proto::graph::push_op;
+
     use super::*;
+    use crate::testutils::{MemDevice, TestClient, vm};
+
+    /// A session of a broker on the in-memory device, with a context and an event.
+    fn open() -> (TestClient<UnixStream>, u64, u64) {
+        let dev: Arc<dyn crate::device::Device> =
+            Arc::new(MemDevice::new(1 << 30, std::time::Duration::ZERO));
+        let b = Arc::new(crate::Broker::new(vec![("gpu0".into(), dev)]));
+        b.add_tenant(&vm("vm1", 1 << 20)).unwrap();
+        let (c, s) = UnixStream::pair().unwrap();
+        let t = b.tenant("vm1").unwrap();
+        std::thread::spawn(move || crate::server::serve(&b, t, &s, &s, "test"));
+        let mut c = TestClient::new(c);
+        c.hello().unwrap();
+        let ctx = c
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        let event = c
+            .call(&msg::EventCreate { ctx, flags: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        (c, ctx, event)
+    }
+
+    #[test]
+    fn a_session_cannot_hold_more_graph_memory_than_its_budget() {
+        let (mut c, ctx, event) = open();
+        let mut nodes = Vec::new();
+        let record = msg::EventRecord {
+            ctx,
+            stream: 0,
+            event,
+        };
+        for _ in 0..vgpu_proto::graph::MAX_GRAPH_NODES {
+            push_op(&mut nodes, &record, &[]);
+        }
+        let per_graph = vgpu_proto::graph::MAX_GRAPH_NODES * std::mem::size_of::<Node>();
+        let fit = MAX_GRAPH_BYTES / per_graph;
+        let mut execs = Vec::new();
+        for _ in 0..fit {
+            let r = c.call(&msg::GraphInstantiate { ctx, replace: 0 }, &nodes);
+            execs.push(r.unwrap().0.handle);
+        }
+        let err = c
+            .call(&msg::GraphInstantiate { ctx, replace: 0 }, &nodes)
+            .unwrap_err();
+        assert_eq!(err.0, cuda::CUDA_ERROR_OUT_OF_MEMORY, "{}", err.1);
+        // Destroying one makes room again.
+        c.call(
+            &msg::GraphExecDestroy {
+                ctx,
+                exec: execs[0],
+            },
+            &[],
+        )
+        .unwrap();
+        c.call(&msg::GraphInstantiate { ctx, replace: 0 }, &nodes)
+            .unwrap();
+        // The replayed graph records the event 65536 times.
+        c.call(
+            &msg::GraphLaunch {
+                ctx,
+                stream: 0,
+                exec: execs[1],
+            },
+            &[],
+        )
+        .unwrap();
+    }
 
     #[test]
     fn nodes_run_on_the_launch_stream() {

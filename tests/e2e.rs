@@ -14,6 +14,7 @@ mod admin_reload;
 mod alloc_api;
 mod attacks;
 mod conformance_sim;
+mod graphs;
 mod kernels_c;
 mod libvirt_domain;
 mod memory_policy;

@@ -1,6 +1,7 @@
 //! vgpu benchmarks. Each prints its figures next to a baseline measured in
 //! the same run and the ratio between them; medians over repeated runs.
 
+pub mod graphs;
 pub mod overflow;
 pub mod remoting;
 pub mod share;

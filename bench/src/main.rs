@@ -62,6 +62,19 @@ enum Bench {
         #[arg(long, default_value_t = 256)]
         move_mib: u64,
     },
+    /// A CUDA graph of small kernels replayed with one request vs the same kernels launched one
+    /// by one (shim over a unix socket, and the protocol client over unix and vhost-user vsock).
+    Graphs {
+        /// Kernels in the graph (and launches in the baseline).
+        #[arg(long, default_value_t = 100)]
+        kernels: usize,
+        /// Repetitions; medians and spreads are reported.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        /// Graph launches (and batches of launches) timed per run.
+        #[arg(long, default_value_t = 20)]
+        batches: usize,
+    },
     /// Compute-share accuracy of the scheduler with saturating tenants.
     Share {
         /// Seconds per measurement window.
@@ -159,6 +172,15 @@ fn main() -> ExitCode {
             runs,
             kernel_mib,
             move_mib,
+        }),
+        Bench::Graphs {
+            kernels,
+            runs,
+            batches,
+        } => vgpu_bench::graphs::run(vgpu_bench::graphs::Params {
+            kernels,
+            runs,
+            batches,
         }),
         Bench::Share {
             seconds,

@@ -32,6 +32,8 @@ pub enum HandleKind {
     MemPool = 0x2A,
     /// `CUmemGenericAllocationHandle`.
     MemHandle = 0x35,
+    /// `CUgraphExec` (the host's part of one; the shim holds the rest).
+    GraphExec = 0x67,
 }
 
 const INDEX_BITS: u32 = 16;

@@ -24,6 +24,7 @@ use crate::scheduler::{KernelTicket, Outcome};
 use crate::tenant::{SessionInfo, Tenant};
 
 mod alloc_ext;
+mod graph;
 pub use alloc_ext::{
     ACCESS_READ, ACCESS_READWRITE, MAPPED_KIND_HOST_ALLOC, MAPPED_KIND_HOST_REGISTER,
     MAPPED_KIND_MANAGED, MIRROR_PAGE, guest_attributes, pool_attr, va_limit,
@@ -195,6 +196,7 @@ pub struct Session {
     engine: Engine,
     output: SessionOutput,
     ext: alloc_ext::AllocExt,
+    graphs: graph::Graphs,
 }
 
 impl std::fmt::Debug for Session {
@@ -247,6 +249,7 @@ impl Session {
             allocs: Allocations::default(),
             output: SessionOutput::default(),
             ext: alloc_ext::AllocExt::default(),
+            graphs: graph::Graphs::default(),
         })
     }
 
@@ -294,6 +297,7 @@ impl Session {
             R::StreamWaitEvent(m) => (m.ctx, m.stream),
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
+            R::GraphLaunch(m) => (m.ctx, m.stream),
             _ => return crate::engine::NO_CONTEXT,
         };
         self.streams.get(stream).map_or(ctx, |s| s.ctx)
@@ -1061,7 +1065,10 @@ impl Session {
                     json: self.tenant_json(),
                 },
             ),
-            _ => self.dispatch_alloc_ext(req, out),
+            _ => match self.dispatch_graph(req, tail, out) {
+                Some(r) => r,
+                None => self.dispatch_alloc_ext(req, out),
+            },
         }
     }
 

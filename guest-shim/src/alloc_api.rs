@@ -1004,6 +1004,9 @@ pub fn pool_check(pool: u64) -> CuRes<()> {
 /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool` 0: the current pool).
 pub fn alloc_async(size: u64, pool: u64, stream: u64) -> CuRes<u64> {
     let c = ctx()?;
+    if let Some(r) = crate::stream_capture::capture_mem_alloc(stream, size) {
+        return r;
+    }
     let stream = drv::wire_stream(stream)?;
     let ptr = drv::driver()?
         .call(
@@ -1024,6 +1027,12 @@ pub fn alloc_async(size: u64, pool: u64, stream: u64) -> CuRes<u64> {
 /// `cuMemFreeAsync`: no round trip; an error surfaces at the next synchronizing call.
 pub fn free_async(ptr: u64, stream: u64) -> CuRes<()> {
     let c = ctx()?;
+    if let Some(r) = crate::stream_capture::capture_mem_free(stream, ptr) {
+        return r;
+    }
+    if crate::graph::api::is_graph_alloc(ptr) {
+        return crate::graph::api::free_graph_alloc(ptr, Some(stream));
+    }
     if state().regions.contains_key(&ptr) {
         // Managed memory: its mirror goes at once (CUDA frees it in stream order; the guest
         // may not touch it after this call either way).

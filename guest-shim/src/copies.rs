@@ -82,6 +82,48 @@ pub struct Memcpy3D {
     depth: usize,
 }
 
+impl Memcpy3D {
+    /// A one-dimensional copy of `len` bytes from `src` to `dst`, each (device?, address): what
+    /// `cuGraphMemcpyNodeGetParams` reports for a captured plain copy.
+    pub fn linear(src: (bool, u64), dst: (bool, u64), len: usize) -> Self {
+        let kind = |device: bool| {
+            if device {
+                memtype::DEVICE
+            } else {
+                memtype::HOST
+            }
+        };
+        let null = std::ptr::null_mut();
+        Self {
+            src_x_in_bytes: 0,
+            src_y: 0,
+            src_z: 0,
+            src_lod: 0,
+            src_memory_type: kind(src.0),
+            src_host: if src.0 { null } else { src.1 as *const c_void },
+            src_device: if src.0 { src.1 } else { 0 },
+            src_array: null,
+            reserved0: null,
+            src_pitch: 0,
+            src_height: 0,
+            dst_x_in_bytes: 0,
+            dst_y: 0,
+            dst_z: 0,
+            dst_lod: 0,
+            dst_memory_type: kind(dst.0),
+            dst_host: if dst.0 { null } else { dst.1 as *mut c_void },
+            dst_device: if dst.0 { dst.1 } else { 0 },
+            dst_array: null,
+            reserved1: null,
+            dst_pitch: 0,
+            dst_height: 0,
+            width_in_bytes: len,
+            height: 1,
+            depth: 1,
+        }
+    }
+}
+
 /// One side of a pitched copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Side {
@@ -209,7 +251,12 @@ fn copy(src: Side, dst: Side, s: Shape, stream: u64, sync: bool) -> drv::CuRes<(
                 .checked_add(s.width)
                 .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
             let span = end - first;
-            if rows.len() > 1 && span <= total.saturating_mul(MAX_COVER_RATIO) {
+            // Recording a graph node keeps one transfer per row: a cover buffer would not
+            // outlive the call.
+            if rows.len() > 1
+                && span <= total.saturating_mul(MAX_COVER_RATIO)
+                && !crate::stream_capture::recording()
+            {
                 let mut cover =
                     vec![0u8; usize::try_from(span).map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?];
                 drv::memcpy_dtoh(&mut cover, first, stream)?;
@@ -233,6 +280,12 @@ fn copy(src: Side, dst: Side, s: Shape, stream: u64, sync: bool) -> drv::CuRes<(
             Ok(())
         }
         (false, false) => {
+            if crate::stream_capture::recording() {
+                // A graph node copying host to host would have to run in the shim; not provided.
+                return Err(drv::unsupported(
+                    "graph memcpy nodes between two host buffers",
+                ));
+            }
             for &(y, z) in &rows {
                 // SAFETY: both host rows are valid for the copy's width (CUDA contract); copy
                 // handles overlap.
@@ -274,7 +327,7 @@ fn copy_2d(p: *const Memcpy2D, stream: u64, sync: bool) -> drv::CuRes<()> {
     copy(src, dst, shape, stream, sync)
 }
 
-fn copy_3d(p: *const Memcpy3D, stream: u64, sync: bool) -> drv::CuRes<()> {
+pub(crate) fn copy_3d(p: *const Memcpy3D, stream: u64, sync: bool) -> drv::CuRes<()> {
     // SAFETY: NULL or the caller's CUDA_MEMCPY3D (CUDA contract).
     let p = unsafe { p.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     if p.src_lod != 0 || p.dst_lod != 0 {
@@ -306,7 +359,7 @@ fn copy_3d(p: *const Memcpy3D, stream: u64, sync: bool) -> drv::CuRes<()> {
 
 /// A 2-D memset: `height` rows of `width` elements (`value` of `elem` bytes),
 /// `pitch` bytes apart.
-fn memset_2d(
+pub(crate) fn memset_2d(
     dst: u64,
     pitch: usize,
     (value, elem): (u32, u32),

@@ -429,6 +429,7 @@ pub fn ctx_synchronize() -> CuRes<()> {
 /// `cuCtxSynchronize_v2`: waits for a given context (the host checks that it
 /// is one of this process's).
 pub fn ctx_synchronize_of(c: u64) -> CuRes<()> {
+    crate::stream_capture::check_unsafe()?;
     driver()?.call(&msg::CtxSynchronize { ctx: c }, &[])?;
     crate::alloc_api::after_sync()
 }
@@ -597,6 +598,7 @@ pub fn primary_set_flags(dev: i32, flags: u32) -> CuRes<()> {
 /// `cuMemAlloc`.
 pub fn mem_alloc(size: u64) -> CuRes<u64> {
     let c = ctx()?;
+    crate::stream_capture::check_unsafe()?;
     let d = driver()?;
     let ptr = d.call(&msg::MemAlloc { ctx: c, size }, &[])?.ptr;
     lock(&d.device_ranges).insert(ptr, size);
@@ -624,6 +626,10 @@ pub fn mem_alloc_pitch(width: u64, height: u64, elem_size: u32) -> CuRes<(u64, u
 pub fn mem_free(ptr: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
+    crate::stream_capture::check_unsafe()?;
+    if crate::graph::api::is_graph_alloc(ptr) {
+        return crate::graph::api::free_graph_alloc(ptr, None);
+    }
     if let Some(r) = crate::alloc_api::free_hook(ptr) {
         return r;
     }
@@ -662,6 +668,14 @@ pub fn forget_device_range(ptr: u64) {
 
 /// Host to device; `sync` waits for completion (and earlier errors).
 pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
+    let op = || crate::graph::Op::HtoD {
+        dst,
+        src: src.as_ptr() as usize,
+        len: src.len(),
+    };
+    if let Some(r) = crate::stream_capture::intercept(stream, sync, op) {
+        return r;
+    }
     if let Some(r) = crate::alloc_api::htod_hook(dst, src) {
         return r;
     }
@@ -699,6 +713,16 @@ pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> 
 
 /// Device to host (always waits: the data must arrive).
 pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
+    let op = || crate::graph::Op::DtoH {
+        dst: dst.as_ptr() as usize,
+        src,
+        len: dst.len(),
+    };
+    // Synchronous unless on a stream of its own (cuMemcpyDtoHAsync).
+    let sync = stream == 0 || stream == 1;
+    if let Some(r) = crate::stream_capture::intercept(stream, sync, op) {
+        return r;
+    }
     if let Some(r) = crate::alloc_api::dtoh_hook(dst, src) {
         return r;
     }
@@ -733,6 +757,10 @@ pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuR
     let d = driver()?;
     if len == 0 {
         return Ok(());
+    }
+    let op = || crate::graph::Op::DtoD { dst, src, len };
+    if let Some(r) = crate::stream_capture::intercept(stream, sync, op) {
+        return r;
     }
     if let Some(r) = crate::alloc_api::dtod_hook(dst, src, len, stream, sync) {
         return r;
@@ -826,6 +854,15 @@ pub fn memset(
     let d = driver()?;
     if count == 0 {
         return Ok(());
+    }
+    let op = || crate::graph::Op::Memset {
+        dst,
+        value,
+        elem: elem_size,
+        count,
+    };
+    if let Some(r) = crate::stream_capture::intercept(stream, sync, op) {
+        return r;
     }
     if let Some(r) = crate::alloc_api::memset_hook(dst, value, elem_size, count) {
         return r;
@@ -1085,6 +1122,7 @@ pub fn stream_params(s: u64) -> CuRes<(u32, i32)> {
 /// `cuStreamSynchronize`.
 pub fn stream_synchronize(s: u64) -> CuRes<()> {
     let c = ctx()?;
+    crate::stream_capture::check_stream_sync(s)?;
     let s = wire_stream(s)?;
     driver()?.call(&msg::StreamSynchronize { ctx: c, stream: s }, &[])?;
     crate::alloc_api::after_sync()
@@ -1093,6 +1131,7 @@ pub fn stream_synchronize(s: u64) -> CuRes<()> {
 /// `cuStreamQuery`.
 pub fn stream_query(s: u64) -> CuRes<()> {
     let c = ctx()?;
+    crate::stream_capture::check_stream_sync(s)?;
     let s = wire_stream(s)?;
     driver()?.call(&msg::StreamQuery { ctx: c, stream: s }, &[])?;
     crate::alloc_api::after_sync()
@@ -1101,6 +1140,9 @@ pub fn stream_query(s: u64) -> CuRes<()> {
 /// `cuStreamWaitEvent`.
 pub fn stream_wait_event(s: u64, e: u64, flags: u32) -> CuRes<()> {
     let c = ctx()?;
+    if let Some(r) = crate::stream_capture::on_stream_wait(s, e, flags) {
+        return r;
+    }
     let s = wire_stream(s)?;
     driver()?.post(
         &msg::StreamWaitEvent {
@@ -1132,6 +1174,9 @@ pub fn event_destroy(e: u64) -> CuRes<()> {
 /// `cuEventRecord`.
 pub fn event_record(e: u64, s: u64) -> CuRes<()> {
     let c = ctx()?;
+    if let Some(r) = crate::stream_capture::on_event_record(e, s) {
+        return r;
+    }
     let s = wire_stream(s)?;
     driver()?.post(
         &msg::EventRecord {
@@ -1146,6 +1191,7 @@ pub fn event_record(e: u64, s: u64) -> CuRes<()> {
 /// `cuEventQuery`.
 pub fn event_query(e: u64) -> CuRes<()> {
     let c = ctx()?;
+    crate::stream_capture::check_event(e)?;
     driver()?.call(&msg::EventQuery { ctx: c, event: e }, &[])?;
     crate::alloc_api::after_sync()
 }
@@ -1153,6 +1199,7 @@ pub fn event_query(e: u64) -> CuRes<()> {
 /// `cuEventSynchronize`.
 pub fn event_synchronize(e: u64) -> CuRes<()> {
     let c = ctx()?;
+    crate::stream_capture::check_event(e)?;
     driver()?.call(&msg::EventSynchronize { ctx: c, event: e }, &[])?;
     crate::alloc_api::after_sync()
 }
@@ -1331,6 +1378,16 @@ pub fn launch(
         block_z: block[2],
         shared_bytes: shared,
     };
+    let op = || crate::graph::Op::Kernel {
+        f,
+        grid,
+        block,
+        shared,
+        params: params.to_vec(),
+    };
+    if let Some(r) = crate::stream_capture::intercept(stream, false, op) {
+        return r;
+    }
     crate::alloc_api::before_launch(stream)?;
     d.post(&req, params)
 }

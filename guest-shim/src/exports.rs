@@ -774,6 +774,10 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 ) -> CUresult {
     ffi("cuLaunchHostFunc", || {
         let f = f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        // On a capturing stream it becomes a host node of the graph.
+        if let Some(r) = crate::stream_capture::capture_host(h(stream), f as usize, data as usize) {
+            return r;
+        }
         crate::host_func::launch_host_func(h(stream), crate::host_func::HostCall::Func { f, data })
     })
 }
@@ -792,6 +796,8 @@ pub unsafe extern "C" fn cuStreamAddCallback(
         if flags != 0 {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
+        // CUDA refuses stream callbacks during capture (and invalidates it).
+        crate::stream_capture::check_stream_sync(h(stream))?;
         crate::host_func::launch_host_func(
             h(stream),
             crate::host_func::HostCall::Callback { f, stream, data },
@@ -1200,7 +1206,7 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 ///
 /// # Safety
 /// `params` and `extra` must follow the cuLaunchKernel contract for this function's parameters.
-unsafe fn pack_params(
+pub(crate) unsafe fn pack_params(
     f: u64,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,

@@ -22,6 +22,7 @@ pub mod driver;
 pub mod export_tables;
 pub mod exports;
 pub mod ffi;
+pub mod graph;
 pub mod host_func;
 pub mod integrity;
 pub mod library;

@@ -1,7 +1,6 @@
 //! Entry points vgpu exports but does not implement yet, so that libraries
 //! which resolve them with `dlsym` when they start (cuBLAS and cuFFT look up
-//! the graph, stream-capture, stream memory operation and tensor-map
-//! functions and refuse to start if any is missing) load and run everything
+//! the stream memory operation and tensor-map functions and refuse to start if any is missing) load and run everything
 //! else. Each call returns `CUDA_ERROR_NOT_SUPPORTED`, as CUDA does for a
 //! feature a device lacks, and logs which function was refused
 //! (`VGPU_LOG=debug`). docs/compatibility.md lists them.
@@ -28,16 +27,6 @@ macro_rules! not_supported {
 }
 
 not_supported! {
-    cuStreamBeginCapture_v2: "stream capture";
-    cuStreamEndCapture: "stream capture";
-    cuGraphInstantiate: "CUDA graphs";
-    cuGraphLaunch: "CUDA graphs";
-    cuGraphDestroy: "CUDA graphs";
-    cuGraphExecDestroy: "CUDA graphs";
-    cuGraphGetNodes: "CUDA graphs";
-    cuGraphNodeGetType: "CUDA graphs";
-    cuGraphKernelNodeGetParams: "CUDA graphs";
-    cuGraphExecKernelNodeSetParams: "CUDA graphs";
     cuStreamWaitValue32: "stream memory operations";
     cuStreamBatchMemOp: "stream memory operations";
     cuTensorMapEncodeTiled: "tensor maps (TMA)";
@@ -49,8 +38,8 @@ mod tests {
 
     #[test]
     fn every_refusal_is_not_supported() {
-        assert_eq!(NAMES.len(), 13);
-        assert_eq!(cuGraphLaunch(), cuda::CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(NAMES.len(), 3);
+        assert_eq!(cuStreamWaitValue32(), cuda::CUDA_ERROR_NOT_SUPPORTED);
         assert_eq!(cuTensorMapEncodeTiled(), cuda::CUDA_ERROR_NOT_SUPPORTED);
     }
 }

@@ -12,6 +12,7 @@ use crate::alloc_exports::*;
 use crate::compat::*;
 use crate::copies::*;
 use crate::exports::*;
+use crate::graph::api::*;
 use crate::library::*;
 use crate::linker::*;
 use crate::peer::*;
@@ -287,6 +288,195 @@ fn table() -> &'static [Entry] {
             e!("cuPointerGetAttributes", (7000, f!(cuPointerGetAttributes))),
             e!("cuStreamIsCapturing", (10000, f!(cuStreamIsCapturing))),
             e!(
+                "cuStreamBeginCapture",
+                (10000, f!(cuStreamBeginCapture)),
+                (10010, f!(cuStreamBeginCapture_v2))
+            ),
+            e!(
+                "cuStreamBeginCaptureToGraph",
+                (12030, f!(cuStreamBeginCaptureToGraph))
+            ),
+            e!("cuStreamEndCapture", (10000, f!(cuStreamEndCapture))),
+            e!(
+                "cuStreamUpdateCaptureDependencies",
+                (11030, f!(cuStreamUpdateCaptureDependencies)),
+                (12030, f!(cuStreamUpdateCaptureDependencies_v2))
+            ),
+            e!("cuGraphCreate", (10000, f!(cuGraphCreate))),
+            e!("cuGraphDestroy", (10000, f!(cuGraphDestroy))),
+            e!("cuGraphClone", (10000, f!(cuGraphClone))),
+            e!(
+                "cuGraphNodeFindInClone",
+                (10000, f!(cuGraphNodeFindInClone))
+            ),
+            e!("cuGraphGetNodes", (10000, f!(cuGraphGetNodes))),
+            e!("cuGraphGetRootNodes", (10000, f!(cuGraphGetRootNodes))),
+            e!(
+                "cuGraphGetEdges",
+                (10000, f!(cuGraphGetEdges)),
+                (12030, f!(cuGraphGetEdges_v2))
+            ),
+            e!(
+                "cuGraphAddDependencies",
+                (10000, f!(cuGraphAddDependencies)),
+                (12030, f!(cuGraphAddDependencies_v2))
+            ),
+            e!(
+                "cuGraphRemoveDependencies",
+                (10000, f!(cuGraphRemoveDependencies)),
+                (12030, f!(cuGraphRemoveDependencies_v2))
+            ),
+            e!(
+                "cuGraphNodeGetDependencies",
+                (10000, f!(cuGraphNodeGetDependencies)),
+                (12030, f!(cuGraphNodeGetDependencies_v2))
+            ),
+            e!(
+                "cuGraphNodeGetDependentNodes",
+                (10000, f!(cuGraphNodeGetDependentNodes)),
+                (12030, f!(cuGraphNodeGetDependentNodes_v2))
+            ),
+            e!("cuGraphNodeGetType", (10000, f!(cuGraphNodeGetType))),
+            e!("cuGraphDestroyNode", (10000, f!(cuGraphDestroyNode))),
+            e!("cuGraphDebugDotPrint", (11030, f!(cuGraphDebugDotPrint))),
+            e!("cuGraphAddEmptyNode", (10000, f!(cuGraphAddEmptyNode))),
+            e!(
+                "cuGraphAddKernelNode",
+                (10000, f!(cuGraphAddKernelNode)),
+                (12000, f!(cuGraphAddKernelNode_v2))
+            ),
+            e!(
+                "cuGraphKernelNodeGetParams",
+                (10000, f!(cuGraphKernelNodeGetParams)),
+                (12000, f!(cuGraphKernelNodeGetParams_v2))
+            ),
+            e!(
+                "cuGraphKernelNodeSetParams",
+                (10000, f!(cuGraphKernelNodeSetParams)),
+                (12000, f!(cuGraphKernelNodeSetParams_v2))
+            ),
+            e!("cuGraphAddMemcpyNode", (10000, f!(cuGraphAddMemcpyNode))),
+            e!(
+                "cuGraphMemcpyNodeGetParams",
+                (10000, f!(cuGraphMemcpyNodeGetParams))
+            ),
+            e!(
+                "cuGraphMemcpyNodeSetParams",
+                (10000, f!(cuGraphMemcpyNodeSetParams))
+            ),
+            e!("cuGraphAddMemsetNode", (10000, f!(cuGraphAddMemsetNode))),
+            e!(
+                "cuGraphMemsetNodeGetParams",
+                (10000, f!(cuGraphMemsetNodeGetParams))
+            ),
+            e!(
+                "cuGraphMemsetNodeSetParams",
+                (10000, f!(cuGraphMemsetNodeSetParams))
+            ),
+            e!("cuGraphAddHostNode", (10000, f!(cuGraphAddHostNode))),
+            e!(
+                "cuGraphHostNodeGetParams",
+                (10000, f!(cuGraphHostNodeGetParams))
+            ),
+            e!(
+                "cuGraphHostNodeSetParams",
+                (10000, f!(cuGraphHostNodeSetParams))
+            ),
+            e!(
+                "cuGraphAddChildGraphNode",
+                (10000, f!(cuGraphAddChildGraphNode))
+            ),
+            e!(
+                "cuGraphChildGraphNodeGetGraph",
+                (10000, f!(cuGraphChildGraphNodeGetGraph))
+            ),
+            e!(
+                "cuGraphAddEventRecordNode",
+                (11010, f!(cuGraphAddEventRecordNode))
+            ),
+            e!(
+                "cuGraphEventRecordNodeGetEvent",
+                (11010, f!(cuGraphEventRecordNodeGetEvent))
+            ),
+            e!(
+                "cuGraphEventRecordNodeSetEvent",
+                (11010, f!(cuGraphEventRecordNodeSetEvent))
+            ),
+            e!(
+                "cuGraphExecEventRecordNodeSetEvent",
+                (11010, f!(cuGraphExecEventRecordNodeSetEvent))
+            ),
+            e!(
+                "cuGraphAddEventWaitNode",
+                (11010, f!(cuGraphAddEventWaitNode))
+            ),
+            e!(
+                "cuGraphEventWaitNodeGetEvent",
+                (11010, f!(cuGraphEventWaitNodeGetEvent))
+            ),
+            e!(
+                "cuGraphEventWaitNodeSetEvent",
+                (11010, f!(cuGraphEventWaitNodeSetEvent))
+            ),
+            e!(
+                "cuGraphExecEventWaitNodeSetEvent",
+                (11010, f!(cuGraphExecEventWaitNodeSetEvent))
+            ),
+            e!(
+                "cuGraphAddMemAllocNode",
+                (11040, f!(cuGraphAddMemAllocNode))
+            ),
+            e!(
+                "cuGraphMemAllocNodeGetParams",
+                (11040, f!(cuGraphMemAllocNodeGetParams))
+            ),
+            e!("cuGraphAddMemFreeNode", (11040, f!(cuGraphAddMemFreeNode))),
+            e!(
+                "cuGraphMemFreeNodeGetParams",
+                (11040, f!(cuGraphMemFreeNodeGetParams))
+            ),
+            e!("cuDeviceGraphMemTrim", (11040, f!(cuDeviceGraphMemTrim))),
+            e!(
+                "cuGraphInstantiate",
+                (10000, f!(cuGraphInstantiate)),
+                (11000, f!(cuGraphInstantiate_v2)),
+                (12000, f!(cuGraphInstantiateWithFlags))
+            ),
+            e!(
+                "cuGraphInstantiateWithFlags",
+                (11040, f!(cuGraphInstantiateWithFlags))
+            ),
+            e!(
+                "cuGraphInstantiateWithParams",
+                (12000, f!(cuGraphInstantiateWithParams))
+            ),
+            e!("cuGraphExecGetFlags", (12000, f!(cuGraphExecGetFlags))),
+            e!("cuGraphUpload", (11010, f!(cuGraphUpload))),
+            e!("cuGraphLaunch", (10000, f!(cuGraphLaunch))),
+            e!("cuGraphExecDestroy", (10000, f!(cuGraphExecDestroy))),
+            e!(
+                "cuGraphExecUpdate",
+                (10020, f!(cuGraphExecUpdate)),
+                (12000, f!(cuGraphExecUpdate_v2))
+            ),
+            e!(
+                "cuGraphExecKernelNodeSetParams",
+                (10010, f!(cuGraphExecKernelNodeSetParams)),
+                (12000, f!(cuGraphExecKernelNodeSetParams_v2))
+            ),
+            e!(
+                "cuGraphExecMemcpyNodeSetParams",
+                (10020, f!(cuGraphExecMemcpyNodeSetParams))
+            ),
+            e!(
+                "cuGraphExecMemsetNodeSetParams",
+                (10020, f!(cuGraphExecMemsetNodeSetParams))
+            ),
+            e!(
+                "cuGraphExecHostNodeSetParams",
+                (10020, f!(cuGraphExecHostNodeSetParams))
+            ),
+            e!(
                 "cuStreamGetCaptureInfo",
                 (10010, f!(cuStreamGetCaptureInfo)),
                 (11030, f!(cuStreamGetCaptureInfo_v2)),
@@ -471,7 +661,11 @@ mod tests {
     #[test]
     fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
         assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
-        assert_eq!(lookup("cuGraphLaunch", 12000, 0), Lookup::NotFound);
+        assert_eq!(lookup("cuGraphAddNode", 12020, 0), Lookup::NotFound);
+        assert_eq!(
+            found("cuGraphInstantiate", 12000),
+            cuGraphInstantiateWithFlags as *const () as usize
+        );
         // CUDA 13 asks for the ABIs it was built with.
         assert_eq!(
             found("cuCtxCreate", 13000),

@@ -11,6 +11,7 @@
 
 pub mod cuda;
 pub mod frame;
+pub mod graph;
 pub mod msg;
 pub mod spec;
 pub mod wire;

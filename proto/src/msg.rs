@@ -260,6 +260,13 @@ wire_structs! {
     }
     /// A 128-bit token naming exported memory within a VM.
     pub struct Token { pub hi: u64, pub lo: u64 }
+    /// A graph memory allocation node ([`crate::graph::MEM_ALLOC_NODE`]): at each launch,
+    /// `size` bytes charged to the slice are mapped at `ptr`, an address the shim reserved with
+    /// `MemAddressReserve` when it created the node.
+    pub struct GraphMemAllocNode { pub ptr: u64, pub size: u64 }
+    /// A graph memory free node ([`crate::graph::MEM_FREE_NODE`]): unmaps and uncharges the
+    /// graph allocation at `ptr` once the work before it is done.
+    pub struct GraphMemFreeNode { pub ptr: u64 }
 }
 
 ops! {
@@ -472,6 +479,19 @@ ops! {
     MemExport = 0x083a => Token, 0, "cuMemExportToShareableHandle" { handle: u64 }
     /// Imports physical memory exported in the same VM (another VM's token is refused).
     MemImport = 0x083b => Handle, 0, "cuMemImportFromShareableHandle" { hi: u64, lo: u64 }
+
+    /// Uploads an executable graph: the bulk tail holds its nodes in a topological order
+    /// ([`crate::graph`]), each an ordinary stream request (kernel launch, device copy, memset,
+    /// event record or wait) or a graph memory node. `replace` (0 for a new graph) names an
+    /// executable graph of this session whose nodes are replaced (`cuGraphExecUpdate`,
+    /// `cuGraphExec*NodeSetParams`); the reply is the executable graph's handle.
+    GraphInstantiate = 0x0901 => Handle, REQ_TAIL, "cuGraphInstantiate*, cuGraphUpload, cuGraphExecUpdate, cuGraphExec*NodeSetParams" {
+        ctx: u64, replace: u64,
+    }
+    /// Runs an executable graph on `stream`: one request for all its nodes.
+    GraphLaunch = 0x0902 => Empty, ASYNC_OK, "cuGraphLaunch" { ctx: u64, stream: u64, exec: u64 }
+    /// Destroys an executable graph (launches already sent still run).
+    GraphExecDestroy = 0x0903 => Empty, 0, "cuGraphExecDestroy" { ctx: u64, exec: u64 }
 }
 
 /// Encodes a request payload (without bulk tail).

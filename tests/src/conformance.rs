@@ -495,6 +495,7 @@ pub const CHECKS: &[(&str, Check)] = &[
         "event_waits_order_streams",
         crate::conformance_streams::event_waits_order_streams,
     ),
+    ("graphs_replay_as_one_request", graphs_replay_as_one_request),
 ];
 
 impl Session {
@@ -1886,4 +1887,289 @@ pub mod cuda_executor {
             "use_tables read the module variables"
         );
     }
+}
+
+/// A kernel's packed parameter buffer.
+fn packed(k: &Kernel, args: &[Arg]) -> Vec<u8> {
+    let size = k
+        .offsets
+        .iter()
+        .zip(&k.sizes)
+        .map(|(o, s)| (o + s) as usize)
+        .max()
+        .unwrap_or(0);
+    let mut buf = vec![0u8; size];
+    for (a, &off) in args.iter().zip(&k.offsets) {
+        let b = a.to_le_bytes();
+        buf[off as usize..off as usize + b.len()].copy_from_slice(&b);
+    }
+    buf
+}
+
+/// Executable graphs (issue 16): the nodes are uploaded once, in a topological order; each
+/// launch is one request that replays them through the ordinary per-operation paths. Forged and
+/// hostile node lists are refused; graph allocations are charged to the slice while mapped.
+pub fn graphs_replay_as_one_request(t: &Target) {
+    use vgpu_proto::graph::{MEM_ALLOC_NODE, MEM_FREE_NODE, push_node, push_op};
+    let rig = Rig::new((t.make)(None), &[("a", 16 * MIB, 1), ("b", 16 * MIB, 1)]);
+    let mut s = rig.session("a");
+    let mut other = rig.session("b");
+    let ctx = s.ctx;
+    let k = vector_add(&mut s);
+    let n = 1024usize;
+    let bytes = (n * 4) as u64;
+    let (pa, pb, pc) = (
+        s.alloc(bytes).unwrap(),
+        s.alloc(bytes).unwrap(),
+        s.alloc(bytes).unwrap(),
+    );
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| 2.0 * i as f32 + 0.5).collect();
+    s.htod(pa, &f32s(&a)).unwrap();
+    s.htod(pb, &f32s(&b)).unwrap();
+    // c = 0; c = a + b; a = c: each launch adds b to a.
+    let launch = msg::LaunchKernel {
+        ctx,
+        stream: 0,
+        function: k.handle,
+        grid_x: (n as u32).div_ceil(128),
+        grid_y: 1,
+        grid_z: 1,
+        block_x: 128,
+        block_y: 1,
+        block_z: 1,
+        shared_bytes: 0,
+    };
+    let params = packed(
+        &k,
+        &[Arg::Ptr(pa), Arg::Ptr(pb), Arg::Ptr(pc), Arg::I32(n as i32)],
+    );
+    let mut nodes = Vec::new();
+    let memset = msg::Memset {
+        ctx,
+        stream: 0,
+        dst: pc,
+        value: 0,
+        elem_size: 4,
+        count: n as u64,
+    };
+    push_op(&mut nodes, &memset, &[]);
+    push_op(&mut nodes, &launch, &params);
+    let copy = msg::MemcpyDtoD {
+        ctx,
+        stream: 0,
+        dst: pa,
+        src: pc,
+        len: bytes,
+    };
+    push_op(&mut nodes, &copy, &[]);
+    let instantiate = |s: &mut Session, replace: u64, list: &[u8]| {
+        let ctx = s.ctx;
+        code(s.client.call(&msg::GraphInstantiate { ctx, replace }, list)).map(|r| r.0.handle)
+    };
+    let exec = instantiate(&mut s, 0, &nodes).unwrap();
+    for _ in 0..3 {
+        s.client
+            .post(
+                &msg::GraphLaunch {
+                    ctx,
+                    stream: 0,
+                    exec,
+                },
+                &[],
+            )
+            .unwrap();
+    }
+    s.sync().unwrap();
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + 3.0 * y).collect();
+    assert!(s.dtoh(pa, n * 4).unwrap() == f32s(&want), "3 replays");
+
+    // Forged and hostile node lists.
+    let refused = |s: &mut Session, list: &[u8], what: &str| {
+        assert_eq!(
+            instantiate(s, 0, list),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE),
+            "{what}"
+        );
+    };
+    let mut nested = Vec::new();
+    push_op(
+        &mut nested,
+        &msg::GraphLaunch {
+            ctx,
+            stream: 0,
+            exec,
+        },
+        &[],
+    );
+    refused(&mut s, &nested, "a graph launch inside a graph");
+    let mut alloc_op = Vec::new();
+    push_op(&mut alloc_op, &msg::MemAlloc { ctx, size: 4096 }, &[]);
+    refused(&mut s, &alloc_op, "an allocation request as a node");
+    refused(&mut s, &nodes[..nodes.len() - 3], "a truncated node list");
+    let foreign = other.alloc(4096).unwrap();
+    let mut theirs = Vec::new();
+    push_op(
+        &mut theirs,
+        &msg::Memset {
+            dst: foreign,
+            ..memset.clone()
+        },
+        &[],
+    );
+    refused(&mut s, &theirs, "another VM's pointer");
+    let mut short = Vec::new();
+    push_op(&mut short, &launch, &params[..4]);
+    refused(&mut s, &short, "parameters of the wrong size");
+    let mut odd = Vec::new();
+    push_op(
+        &mut odd,
+        &msg::Memset {
+            elem_size: 3,
+            ..memset.clone()
+        },
+        &[],
+    );
+    refused(&mut s, &odd, "a memset of 3-byte elements");
+    let mut many = Vec::new();
+    for _ in 0..=vgpu_proto::graph::MAX_GRAPH_NODES {
+        push_op(&mut many, &msg::EventRecord::default(), &[]);
+    }
+    refused(&mut s, &many, "too many nodes");
+    // Handles are per session: a forged value or a destroyed graph's handle names nothing.
+    let stale = instantiate(&mut s, 0, &[]).unwrap();
+    s.request(&msg::GraphExecDestroy { ctx, exec: stale })
+        .unwrap();
+    for (bad, what) in [
+        (stale, "a destroyed graph"),
+        (0x6702_dead_beef, "a forged handle"),
+    ] {
+        assert_eq!(
+            instantiate(&mut s, bad, &nodes),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE),
+            "replacing {what}"
+        );
+        assert_eq!(
+            s.request(&msg::GraphLaunch {
+                ctx,
+                stream: 0,
+                exec: bad
+            }),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE),
+            "launching {what}"
+        );
+    }
+    // A node's pointer is checked again at every launch.
+    s.free(pc).unwrap();
+    assert_eq!(
+        s.request(&msg::GraphLaunch {
+            ctx,
+            stream: 0,
+            exec
+        }),
+        Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        "a launch after the memory was freed"
+    );
+    s.request(&msg::GraphExecDestroy { ctx, exec }).unwrap();
+
+    // Graph allocations: charged while mapped, refused past the slice.
+    let g = vgpu_broker::device::VMM_GRANULARITY;
+    let (free0, _) = s.mem_info().unwrap();
+    let va = s
+        .request(&msg::MemAddressReserve {
+            ctx,
+            size: 16 * MIB,
+            align: 0,
+        })
+        .unwrap()
+        .ptr;
+    let mut mem = Vec::new();
+    push_node(
+        &mut mem,
+        MEM_ALLOC_NODE,
+        &msg::GraphMemAllocNode { ptr: va, size: g },
+        &[],
+    );
+    push_op(
+        &mut mem,
+        &msg::Memset {
+            dst: va,
+            value: 7,
+            count: g / 4,
+            ..memset.clone()
+        },
+        &[],
+    );
+    push_op(
+        &mut mem,
+        &msg::MemcpyDtoD {
+            ctx,
+            stream: 0,
+            dst: pb,
+            src: va + g - bytes,
+            len: bytes,
+        },
+        &[],
+    );
+    let alloc_only = mem.clone();
+    push_node(
+        &mut mem,
+        MEM_FREE_NODE,
+        &msg::GraphMemFreeNode { ptr: va },
+        &[],
+    );
+    let exec = instantiate(&mut s, 0, &mem).unwrap();
+    for _ in 0..2 {
+        s.request(&msg::GraphLaunch {
+            ctx,
+            stream: 0,
+            exec,
+        })
+        .unwrap();
+    }
+    assert_eq!(s.dtoh(pb, 4).unwrap(), 7u32.to_le_bytes(), "graph memory");
+    assert_eq!(s.mem_info().unwrap().0, free0, "freed inside the graph");
+    let exec2 = instantiate(&mut s, 0, &alloc_only).unwrap();
+    s.request(&msg::GraphLaunch {
+        ctx,
+        stream: 0,
+        exec: exec2,
+    })
+    .unwrap();
+    assert_eq!(s.mem_info().unwrap().0, free0 - g, "charged while mapped");
+    assert_eq!(
+        s.request(&msg::GraphLaunch {
+            ctx,
+            stream: 0,
+            exec: exec2
+        }),
+        Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        "relaunch before the free"
+    );
+    s.request(&msg::MemUnmap { ptr: va, size: g }).unwrap();
+    assert_eq!(s.mem_info().unwrap().0, free0);
+    let mut huge = Vec::new();
+    push_node(
+        &mut huge,
+        MEM_ALLOC_NODE,
+        &msg::GraphMemAllocNode {
+            ptr: va,
+            size: 16 * MIB,
+        },
+        &[],
+    );
+    let exec3 = instantiate(&mut s, 0, &huge).unwrap();
+    assert_eq!(
+        s.request(&msg::GraphLaunch {
+            ctx,
+            stream: 0,
+            exec: exec3
+        }),
+        Err(cuda::CUDA_ERROR_OUT_OF_MEMORY),
+        "past the slice"
+    );
+    assert_eq!(s.mem_info().unwrap().0, free0);
+    s.close();
+    other.close();
+    assert_eq!(rig.broker.tenant("a").unwrap().slice.used(), 0);
 }

@@ -400,6 +400,21 @@ impl Session {
         Ok(())
     }
 
+    /// Whether `[ptr, ptr + size)` lies in one address reservation of this process.
+    pub(in crate::session) fn va_is_reserved(&self, ptr: u64, size: u64) -> bool {
+        self.ext
+            .vmm
+            .reserved
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(b, s)| ptr.checked_add(size).is_some_and(|e| e <= b + s))
+    }
+
+    /// Whether memory is mapped at `ptr`.
+    pub(in crate::session) fn va_is_mapped(&self, ptr: u64) -> bool {
+        self.mapping_at(ptr).is_ok()
+    }
+
     fn mapping_at(&self, ptr: u64) -> Result<(u64, &Mapping), CuError> {
         self.ext
             .vmm

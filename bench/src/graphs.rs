@@ -1,0 +1,462 @@
+//! The cost of a CUDA graph launch: a graph of `kernels` small kernels replayed with one request,
+//! against the same kernels launched one by one, in the same run; amortized per kernel.
+//!
+//! Paths, each against an in-process vgpud on the simulated GPU:
+//! - the guest shim's C ABI over a unix socket: the graph is made by stream capture and launched
+//!   with `cuGraphLaunch`; the baseline is `cuLaunchKernel` on the same stream;
+//! - the shim's protocol client over the unix socket and over the vhost-user vsock device (an
+//!   in-process frontend, as in `vgpu-bench vhost`): `GraphLaunch` vs `LaunchKernel` requests.
+//!
+//! Two figures per path: *submit*, the time the caller spends issuing the work (the launches or
+//! the one graph launch), and *end to end*, issuing plus waiting for completion
+//! (`cuStreamSynchronize`). Medians over runs, with the spread (lowest and highest run).
+
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Instant;
+
+use cuda::client::Client;
+use vgpu_broker::config::Config;
+use vgpu_proto::graph::push_op;
+use vgpu_proto::msg;
+use vgpud::Daemon;
+use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
+
+use crate::share::SPIN_PTX;
+use crate::stats::median;
+
+/// Parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Kernels per graph.
+    pub kernels: usize,
+    /// Repetitions (medians and spreads are reported).
+    pub runs: usize,
+    /// Batches (graph launches, or `kernels` launches) timed per run.
+    pub batches: usize,
+}
+
+const VM: &str = "bench";
+const GUEST_CID: u64 = 3;
+/// Threads of one small kernel (one block).
+const THREADS: u32 = 32;
+/// Multiply-adds per thread: the kernel does almost nothing.
+const SPIN_ITERS: u32 = 1;
+const NS_PER_US: f64 = 1e3;
+
+/// Per-kernel times of one run, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sample {
+    /// Issuing `kernels` launches, per kernel.
+    pub launches_submit: f64,
+    /// Issuing one graph launch, per kernel.
+    pub graph_submit: f64,
+    /// Launches and their completion, per kernel.
+    pub launches_total: f64,
+    /// A graph launch and its completion, per kernel.
+    pub graph_total: f64,
+}
+
+/// A way of launching the kernels and the graph.
+trait LaunchPath {
+    /// Issues `kernels` launches.
+    fn launches(&mut self) -> Result<(), String>;
+    /// Issues one launch of the graph.
+    fn graph(&mut self) -> Result<(), String>;
+    /// Waits for the work issued.
+    fn sync(&mut self) -> Result<(), String>;
+}
+
+fn sample(p: &mut dyn LaunchPath, kernels: usize, batches: usize) -> Result<Sample, String> {
+    let per = (kernels * batches) as f64;
+    let mut time = |graph: bool| -> Result<(f64, f64), String> {
+        p.sync()?;
+        let mut submit = 0.0;
+        let t = Instant::now();
+        for _ in 0..batches {
+            let s = Instant::now();
+            if graph {
+                p.graph()?;
+            } else {
+                p.launches()?;
+            }
+            submit += s.elapsed().as_nanos() as f64;
+        }
+        p.sync()?;
+        Ok((submit / per, t.elapsed().as_nanos() as f64 / per))
+    };
+    let (launches_submit, launches_total) = time(false)?;
+    let (graph_submit, graph_total) = time(true)?;
+    Ok(Sample {
+        launches_submit,
+        graph_submit,
+        launches_total,
+        graph_total,
+    })
+}
+
+fn err(what: &str) -> impl FnOnce(cuda::client::CallError) -> String + '_ {
+    move |e| format!("{what}: {} ({})", e.message, e.code)
+}
+
+/// The shim's protocol client with a kernel and an uploaded graph of it.
+struct Remote {
+    client: Client,
+    ctx: u64,
+    launch: msg::LaunchKernel,
+    params: Vec<u8>,
+    kernels: usize,
+    exec: u64,
+}
+
+impl Remote {
+    fn open(stream: Box<dyn cuda::transport::Stream>, kernels: usize) -> Result<Remote, String> {
+        let mut client = Client::new(stream);
+        client.hello("vgpu-bench").map_err(err("handshake"))?;
+        let ctx = client
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .map_err(err("CtxCreate"))?
+            .0
+            .handle;
+        let out = client
+            .call(
+                &msg::MemAlloc {
+                    ctx,
+                    size: u64::from(THREADS) * 4,
+                },
+                &[],
+            )
+            .map_err(err("MemAlloc"))?
+            .0
+            .ptr;
+        let module = client
+            .call(&msg::ModuleLoad { ctx }, SPIN_PTX.as_bytes())
+            .map_err(err("ModuleLoad"))?
+            .0
+            .handle;
+        let f = client
+            .call(
+                &msg::ModuleGetFunction {
+                    ctx,
+                    module,
+                    name: "spin".into(),
+                },
+                &[],
+            )
+            .map_err(err("ModuleGetFunction"))?
+            .0;
+        let mut params = vec![0u8; 12];
+        params[f.param_offsets[0] as usize..][..8].copy_from_slice(&out.to_le_bytes());
+        params[f.param_offsets[1] as usize..][..4].copy_from_slice(&SPIN_ITERS.to_le_bytes());
+        let launch = msg::LaunchKernel {
+            ctx,
+            stream: 0,
+            function: f.function,
+            grid_x: 1,
+            grid_y: 1,
+            grid_z: 1,
+            block_x: THREADS,
+            block_y: 1,
+            block_z: 1,
+            shared_bytes: 0,
+        };
+        let mut nodes = Vec::new();
+        for _ in 0..kernels {
+            push_op(&mut nodes, &launch, &params);
+        }
+        let exec = client
+            .call(&msg::GraphInstantiate { ctx, replace: 0 }, &nodes)
+            .map_err(err("GraphInstantiate"))?
+            .0
+            .handle;
+        Ok(Remote {
+            client,
+            ctx,
+            launch,
+            params,
+            kernels,
+            exec,
+        })
+    }
+}
+
+impl LaunchPath for Remote {
+    fn launches(&mut self) -> Result<(), String> {
+        for _ in 0..self.kernels {
+            self.client
+                .post(&self.launch, &self.params)
+                .map_err(err("LaunchKernel"))?;
+        }
+        self.client.flush().map_err(err("flush"))
+    }
+
+    fn graph(&mut self) -> Result<(), String> {
+        let l = msg::GraphLaunch {
+            ctx: self.ctx,
+            stream: 0,
+            exec: self.exec,
+        };
+        self.client.post(&l, &[]).map_err(err("GraphLaunch"))?;
+        self.client.flush().map_err(err("flush"))
+    }
+
+    fn sync(&mut self) -> Result<(), String> {
+        self.client
+            .call(&msg::CtxSynchronize { ctx: self.ctx }, &[])
+            .map_err(err("CtxSynchronize"))
+            .map(drop)
+    }
+}
+
+/// The guest shim's C ABI in this process (over the unix socket `VGPU_TRANSPORT` names).
+struct Shim {
+    f: cuda::exports::CUhandle,
+    stream: cuda::exports::CUhandle,
+    out: u64,
+    kernels: usize,
+    exec: cuda::exports::CUhandle,
+}
+
+fn check(what: &str, r: u32) -> Result<(), String> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what} failed with CUresult {r}"))
+    }
+}
+
+impl Shim {
+    fn open(kernels: usize) -> Result<Shim, String> {
+        use cuda::exports::*;
+        use cuda::graph::api::*;
+        use cuda::stream_capture::*;
+        check("cuInit", cuInit(0))?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuCtxCreate", unsafe { cuCtxCreate_v2(&mut ctx, 0, 0) })?;
+        let ptx = std::ffi::CString::new(SPIN_PTX).map_err(|e| e.to_string())?;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated image and a valid out-pointer.
+        check("cuModuleLoadData", unsafe {
+            cuModuleLoadData(&mut module, ptx.as_ptr().cast())
+        })?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and name.
+        check("cuModuleGetFunction", unsafe {
+            cuModuleGetFunction(&mut f, module, c"spin".as_ptr())
+        })?;
+        let mut out = 0u64;
+        // SAFETY: valid out-pointer.
+        check("cuMemAlloc", unsafe {
+            cuMemAlloc_v2(&mut out, THREADS as usize * 4)
+        })?;
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; CU_STREAM_NON_BLOCKING.
+        check("cuStreamCreate", unsafe { cuStreamCreate(&mut stream, 1) })?;
+        let mut shim = Shim {
+            f,
+            stream,
+            out,
+            kernels,
+            exec: std::ptr::null_mut(),
+        };
+        check("cuStreamBeginCapture", cuStreamBeginCapture_v2(stream, 0))?;
+        shim.launches()?;
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuStreamEndCapture", unsafe {
+            cuStreamEndCapture(stream, &mut graph)
+        })?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuGraphInstantiate", unsafe {
+            cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+        })?;
+        check("cuGraphDestroy", cuGraphDestroy(graph))?;
+        shim.exec = exec;
+        Ok(shim)
+    }
+}
+
+impl LaunchPath for Shim {
+    fn launches(&mut self) -> Result<(), String> {
+        let mut out = self.out;
+        let mut iters = SPIN_ITERS;
+        let mut args: [*mut std::ffi::c_void; 2] = [(&raw mut out).cast(), (&raw mut iters).cast()];
+        for _ in 0..self.kernels {
+            // SAFETY: the kernel's two parameters, valid for the call.
+            let r = unsafe {
+                cuda::exports::cuLaunchKernel(
+                    self.f,
+                    1,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    0,
+                    self.stream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            check("cuLaunchKernel", r)?;
+        }
+        Ok(())
+    }
+
+    fn graph(&mut self) -> Result<(), String> {
+        check(
+            "cuGraphLaunch",
+            cuda::graph::api::cuGraphLaunch(self.exec, self.stream),
+        )
+    }
+
+    fn sync(&mut self) -> Result<(), String> {
+        check(
+            "cuStreamSynchronize",
+            cuda::exports::cuStreamSynchronize(self.stream),
+        )
+    }
+}
+
+fn config(dir: &Path) -> Result<Config, String> {
+    let text = format!(
+        "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\n\n\
+         [[vm]]\nname = \"{VM}\"\nmemory = \"256MiB\"\n\
+         unix_socket = \"{}\"\nvhost_user_socket = \"{}\"\nguest_cid = {GUEST_CID}\n",
+        dir.join("bench.sock").display(),
+        dir.join("bench.vhost.sock").display(),
+    );
+    Config::parse(&dir.join("bench.toml"), &text).map_err(|e| format!("benchmark config: {e}"))
+}
+
+/// Every path's samples, one per run.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// (path name, samples).
+    pub paths: Vec<(&'static str, Vec<Sample>)>,
+}
+
+/// Measures every path `runs` times and returns the samples.
+pub fn measure(p: Params) -> Result<Report, String> {
+    if p.kernels == 0 || p.runs == 0 || p.batches == 0 {
+        return Err("--kernels, --runs and --batches must be at least 1".into());
+    }
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let config = config(dir.path())?;
+    let daemon = Daemon::start(&config).map_err(|e| format!("starting vgpud in-process: {e}"))?;
+    // SAFETY: set before the shim reads it, before this process's other threads use the
+    // environment.
+    unsafe {
+        std::env::set_var(
+            "VGPU_TRANSPORT",
+            format!("unix:{}", dir.path().join("bench.sock").display()),
+        )
+    };
+    let mut shim = Shim::open(p.kernels)?;
+    let unix = UnixStream::connect(dir.path().join("bench.sock"))
+        .map_err(|e| format!("connecting to the unix socket: {e}"))?;
+    let mut unix = Remote::open(Box::new(unix), p.kernels)?;
+    let guest = TestGuest::start(
+        &dir.path().join("bench.vhost.sock"),
+        GuestOptions {
+            busy_poll: true,
+            ..GuestOptions::default()
+        },
+    )
+    .map_err(|e| format!("attaching the in-process vhost-user frontend: {e}"))?;
+    let stream = guest
+        .connect(vgpu_proto::GPU_VSOCK_PORT)
+        .map_err(|e| format!("connecting to the GPU port over vsock: {e}"))?;
+    let mut vhost = Remote::open(Box::new(stream), p.kernels)?;
+
+    let mut report = Report {
+        paths: vec![
+            ("shim, unix socket", Vec::new()),
+            ("client, unix socket", Vec::new()),
+            ("client, vhost-user vsock", Vec::new()),
+        ],
+    };
+    // Warm-up, then interleaved runs so that load on the machine hits every path alike.
+    for path in [&mut shim as &mut dyn LaunchPath, &mut unix, &mut vhost] {
+        sample(path, p.kernels, 1)?;
+    }
+    for _ in 0..p.runs {
+        let paths: [&mut dyn LaunchPath; 3] = [&mut shim, &mut unix, &mut vhost];
+        for (i, path) in paths.into_iter().enumerate() {
+            report.paths[i].1.push(sample(path, p.kernels, p.batches)?);
+        }
+    }
+    drop(vhost);
+    drop(guest);
+    drop(unix);
+    daemon.shutdown();
+    Ok(report)
+}
+
+/// Median and (lowest, highest) of a figure over runs.
+fn spread(v: &[Sample], f: fn(&Sample) -> f64) -> (f64, f64, f64) {
+    let x: Vec<f64> = v.iter().map(f).collect();
+    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = x.iter().copied().fold(0.0, f64::max);
+    (median(&x), lo, hi)
+}
+
+/// A table row: its figure's name, and the figure for launches and for the graph.
+type Row = (&'static str, fn(&Sample) -> f64, fn(&Sample) -> f64);
+
+fn print(p: Params, r: &Report) {
+    println!(
+        "graphs: a graph of {} one-block kernels vs {} launches, {} batches x {} runs \
+         (medians, [lowest-highest run]), per kernel, simulated GPU",
+        p.kernels, p.kernels, p.batches, p.runs
+    );
+    println!(
+        "{:<26} {:<11} {:>24} {:>24} {:>22}",
+        "path", "figure", "launches", "graph", "graph/launches"
+    );
+    let rows: [Row; 2] = [
+        ("submit", |s| s.launches_submit, |s| s.graph_submit),
+        ("end to end", |s| s.launches_total, |s| s.graph_total),
+    ];
+    for (name, samples) in &r.paths {
+        for (fig, l, g) in rows {
+            let (lm, llo, lhi) = spread(samples, l);
+            let (gm, glo, ghi) = spread(samples, g);
+            let ratios: Vec<Sample> = samples
+                .iter()
+                .map(|s| Sample {
+                    launches_submit: g(s) / l(s),
+                    ..Sample::default()
+                })
+                .collect();
+            let (rm, rlo, rhi) = spread(&ratios, |s| s.launches_submit);
+            println!(
+                "{name:<26} {fig:<11} {:>7.3}us [{:.3}-{:.3}] {:>7.3}us [{:.3}-{:.3}] {:>6.3}x [{:.3}-{:.3}]",
+                lm / NS_PER_US,
+                llo / NS_PER_US,
+                lhi / NS_PER_US,
+                gm / NS_PER_US,
+                glo / NS_PER_US,
+                ghi / NS_PER_US,
+                rm,
+                rlo,
+                rhi
+            );
+        }
+    }
+}
+
+/// Runs the benchmark and prints the figures with their ratios.
+pub fn run(p: Params) -> Result<(), String> {
+    let report = measure(p)?;
+    print(p, &report);
+    Ok(())
+}

@@ -1,0 +1,546 @@
+//! Executable graphs: instantiation, upload, launch and update.
+//!
+//! At instantiation the graph is copied (later changes to it do not affect the executable
+//! graph, as in CUDA), its nodes are put in a topological order, child graphs are inlined and
+//! every node becomes its [`Op`]s. Runs of device operations (kernels, device copies, memsets,
+//! event records and waits, graph allocations) are uploaded to vgpud as one executable graph
+//! each (`GraphInstantiate`); a launch sends one `GraphLaunch` per run. Operations that need the
+//! guest process (copies from or to host memory, host functions) run in the shim between runs:
+//! host-to-device bytes are sent when the launch reaches them; a device-to-host copy and a host
+//! function first wait for the stream's earlier work. A graph made only of device work is one
+//! request per launch.
+
+use std::sync::Arc;
+
+use vgpu_proto::cuda;
+use vgpu_proto::frame::MAX_BULK_CHUNK;
+use vgpu_proto::graph::{MEM_ALLOC_NODE, MEM_FREE_NODE, push_node, push_op};
+use vgpu_proto::msg;
+
+use super::{MAX_NODES, NodeKind, Op, Registry, registry};
+use crate::driver::{self as drv, CuRes};
+
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+pub const FLAG_AUTO_FREE_ON_LAUNCH: u64 = 0x1;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`.
+pub const FLAG_UPLOAD: u64 = 0x2;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`.
+pub const FLAG_DEVICE_LAUNCH: u64 = 0x4;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`.
+pub const FLAG_USE_NODE_PRIORITY: u64 = 0x8;
+
+/// `CUgraphExecUpdateResult` values.
+pub mod update_result {
+    /// `CU_GRAPH_EXEC_UPDATE_SUCCESS`.
+    pub const SUCCESS: i32 = 0;
+    /// `CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED`.
+    pub const TOPOLOGY_CHANGED: i32 = 2;
+    /// `CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED`.
+    pub const NODE_TYPE_CHANGED: i32 = 3;
+    /// `CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED`.
+    pub const PARAMETERS_CHANGED: i32 = 5;
+    /// `CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED`.
+    pub const NOT_SUPPORTED: i32 = 6;
+}
+
+/// One step of a launch.
+#[derive(Debug, Clone)]
+enum Step {
+    /// An uploaded run of device operations; `sync` when it maps graph memory (its launch then
+    /// waits, so that running out of the slice fails `cuGraphLaunch`).
+    Device { handle: u64, sync: bool },
+    /// An operation the shim runs.
+    Host(Op),
+}
+
+/// An executable graph.
+#[derive(Debug)]
+pub struct Exec {
+    /// The context it was instantiated in.
+    pub ctx: u64,
+    /// A private copy of the graph it was made from (updated by `cuGraphExecUpdate` and the
+    /// `cuGraphExec*SetParams` calls).
+    pub source: u64,
+    /// The original graph's nodes in topological order; node `i` of `source` in that order
+    /// stands for `nodes[i]`.
+    pub nodes: Vec<u64>,
+    /// The copy's nodes in the same order.
+    pub copy_nodes: Vec<u64>,
+    /// Uploaded runs (vgpud handles).
+    uploaded: Vec<u64>,
+    /// What a launch does; `None` until (re)uploaded.
+    plan: Option<Arc<Vec<Step>>>,
+    /// `FLAG_*` given at instantiation.
+    flags: u64,
+}
+
+/// The operations of a node, with child graphs inlined.
+fn node_ops(reg: &Registry, kind: &NodeKind, out: &mut Vec<Op>, depth: usize) -> CuRes<()> {
+    if out.len() > MAX_NODES || depth > MAX_NODES {
+        return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    match kind {
+        NodeKind::Kernel(k) => out.push(k.op()),
+        NodeKind::Memcpy(_, ops) | NodeKind::Memset(_, ops) => out.extend(ops.iter().cloned()),
+        NodeKind::Host { f, data } => out.push(Op::Host { f: *f, data: *data }),
+        NodeKind::Child(c) => {
+            for n in reg.topo_order(*c)? {
+                let kind = reg.node(n)?.kind.clone();
+                node_ops(reg, &kind, out, depth + 1)?;
+            }
+        }
+        NodeKind::Empty => {}
+        NodeKind::EventRecord(e) => out.push(Op::EventRecord(*e)),
+        NodeKind::EventWait(e) => out.push(Op::EventWait(*e)),
+        NodeKind::MemAlloc { ptr, reserved, .. } => out.push(Op::MemAlloc {
+            ptr: *ptr,
+            size: *reserved,
+        }),
+        NodeKind::MemFree(p) => out.push(Op::MemFree { ptr: *p }),
+    }
+    Ok(())
+}
+
+/// Appends a device operation to a run's node list; `false` for an operation the shim runs.
+fn encode(ctx: u64, op: &Op, out: &mut Vec<u8>) -> bool {
+    match op {
+        Op::Kernel {
+            f,
+            grid,
+            block,
+            shared,
+            params,
+        } => push_op(
+            out,
+            &msg::LaunchKernel {
+                ctx,
+                stream: 0,
+                function: *f,
+                grid_x: grid[0],
+                grid_y: grid[1],
+                grid_z: grid[2],
+                block_x: block[0],
+                block_y: block[1],
+                block_z: block[2],
+                shared_bytes: *shared,
+            },
+            params,
+        ),
+        Op::Memset {
+            dst,
+            value,
+            elem,
+            count,
+        } => push_op(
+            out,
+            &msg::Memset {
+                ctx,
+                stream: 0,
+                dst: *dst,
+                value: *value,
+                elem_size: *elem,
+                count: *count,
+            },
+            &[],
+        ),
+        Op::DtoD { dst, src, len } => push_op(
+            out,
+            &msg::MemcpyDtoD {
+                ctx,
+                stream: 0,
+                dst: *dst,
+                src: *src,
+                len: *len,
+            },
+            &[],
+        ),
+        Op::EventRecord(e) => push_op(
+            out,
+            &msg::EventRecord {
+                ctx,
+                stream: 0,
+                event: *e,
+            },
+            &[],
+        ),
+        Op::EventWait(e) => push_op(
+            out,
+            &msg::StreamWaitEvent {
+                ctx,
+                stream: 0,
+                event: *e,
+                flags: 0,
+            },
+            &[],
+        ),
+        Op::MemAlloc { ptr, size } => push_node(
+            out,
+            MEM_ALLOC_NODE,
+            &msg::GraphMemAllocNode {
+                ptr: *ptr,
+                size: *size,
+            },
+            &[],
+        ),
+        Op::MemFree { ptr } => push_node(
+            out,
+            MEM_FREE_NODE,
+            &msg::GraphMemFreeNode { ptr: *ptr },
+            &[],
+        ),
+        Op::HtoD { .. } | Op::DtoH { .. } | Op::Host { .. } => return false,
+    }
+    true
+}
+
+impl Exec {
+    /// The operations of every node, in order.
+    fn ops(&self, reg: &Registry) -> CuRes<Vec<Op>> {
+        let mut ops = Vec::new();
+        for n in &self.copy_nodes {
+            let kind = reg.node(*n)?.kind.clone();
+            node_ops(reg, &kind, &mut ops, 0)?;
+        }
+        if ops.len() > MAX_NODES {
+            return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(ops)
+    }
+
+    /// Uploads the runs of device operations (replacing those uploaded before) if needed.
+    fn upload(&mut self, reg: &Registry) -> CuRes<Arc<Vec<Step>>> {
+        if let Some(p) = &self.plan {
+            return Ok(Arc::clone(p));
+        }
+        let ops = self.ops(reg)?;
+        if self.flags & FLAG_AUTO_FREE_ON_LAUNCH != 0
+            && ops.iter().any(|o| matches!(o, Op::MemAlloc { .. }))
+        {
+            crate::debug!("CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH is not supported");
+            return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let d = drv::driver()?;
+        // Runs of device operations, each at most one bulk chunk of nodes.
+        let mut runs: Vec<(Vec<u8>, bool)> = Vec::new();
+        let mut layout: Vec<Option<usize>> = Vec::new();
+        let mut cur: Option<(Vec<u8>, bool)> = None;
+        let mut hosts = Vec::new();
+        for op in ops {
+            let mut bytes = Vec::new();
+            if encode(self.ctx, &op, &mut bytes) {
+                let full = cur
+                    .as_ref()
+                    .is_some_and(|(b, _)| !b.is_empty() && b.len() + bytes.len() > MAX_BULK_CHUNK);
+                if let Some(run) = cur.take_if(|_| full) {
+                    runs.push(run);
+                    layout.push(Some(runs.len() - 1));
+                }
+                let (buf, alloc) = cur.get_or_insert_with(|| (Vec::new(), false));
+                buf.extend_from_slice(&bytes);
+                *alloc |= matches!(op, Op::MemAlloc { .. });
+            } else {
+                if let Some(run) = cur.take() {
+                    runs.push(run);
+                    layout.push(Some(runs.len() - 1));
+                }
+                hosts.push(op);
+                layout.push(None);
+            }
+        }
+        if let Some(run) = cur.take() {
+            runs.push(run);
+            layout.push(Some(runs.len() - 1));
+        }
+        let mut handles = Vec::with_capacity(runs.len());
+        for (i, (bytes, _)) in runs.iter().enumerate() {
+            let replace = self.uploaded.get(i).copied().unwrap_or(0);
+            let r = d.call(
+                &msg::GraphInstantiate {
+                    ctx: self.ctx,
+                    replace,
+                },
+                bytes,
+            );
+            match r {
+                Ok(h) => handles.push(h.handle),
+                Err(e) => {
+                    // Keep what vgpud holds known, so that destroying the graph frees it.
+                    for (j, h) in handles.iter().enumerate() {
+                        match self.uploaded.get_mut(j) {
+                            Some(slot) => *slot = *h,
+                            None => self.uploaded.push(*h),
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let keep = handles.len().min(self.uploaded.len());
+        for stale in self.uploaded.drain(keep..) {
+            let _ = d.call(
+                &msg::GraphExecDestroy {
+                    ctx: self.ctx,
+                    exec: stale,
+                },
+                &[],
+            );
+        }
+        self.uploaded = handles;
+        let mut hosts = hosts.into_iter();
+        let plan: Vec<Step> = layout
+            .into_iter()
+            .map(|l| match l {
+                Some(i) => Step::Device {
+                    handle: self.uploaded[i],
+                    sync: runs[i].1,
+                },
+                None => Step::Host(hosts.next().expect("one host op per slot")),
+            })
+            .collect();
+        let plan = Arc::new(plan);
+        self.plan = Some(Arc::clone(&plan));
+        Ok(plan)
+    }
+
+    /// The `CUDA_GRAPH_INSTANTIATE_FLAG_*` it was instantiated with.
+    pub fn flags(&self) -> u64 {
+        self.flags
+    }
+
+    /// Marks the executable graph changed: the next launch or upload sends it again.
+    pub fn changed(&mut self) {
+        self.plan = None;
+    }
+}
+
+/// `cuGraphInstantiateWithFlags`: returns the executable graph.
+pub fn instantiate(g: u64, flags: u64) -> CuRes<u64> {
+    let known =
+        FLAG_AUTO_FREE_ON_LAUNCH | FLAG_UPLOAD | FLAG_DEVICE_LAUNCH | FLAG_USE_NODE_PRIORITY;
+    if flags & !known != 0 || flags & FLAG_DEVICE_LAUNCH != 0 {
+        // Device-side launch needs a device runtime vgpu does not have.
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
+    let mut reg = registry();
+    let nodes = reg.topo_order(g)?;
+    let source = reg.clone_graph(g)?;
+    let copy_nodes = reg.topo_order(source)?;
+    for n in &copy_nodes {
+        reg.cloned_from.remove(n);
+    }
+    let mut exec = Exec {
+        ctx,
+        source,
+        nodes,
+        copy_nodes,
+        uploaded: Vec::new(),
+        plan: None,
+        flags,
+    };
+    if let Err(e) = exec.upload(&reg) {
+        let _ = destroy_parts(&mut reg, exec);
+        return Err(e);
+    }
+    let h = reg.handle();
+    reg.execs.insert(h, exec);
+    Ok(h)
+}
+
+fn destroy_parts(reg: &mut Registry, exec: Exec) -> CuRes<()> {
+    let _ = reg.destroy_graph(exec.source);
+    if let Ok(d) = drv::driver() {
+        for h in exec.uploaded {
+            d.call(
+                &msg::GraphExecDestroy {
+                    ctx: exec.ctx,
+                    exec: h,
+                },
+                &[],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `cuGraphExecDestroy`.
+pub fn destroy(e: u64) -> CuRes<()> {
+    let mut reg = registry();
+    let exec = reg.execs.remove(&e).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    destroy_parts(&mut reg, exec)
+}
+
+/// `cuGraphUpload`: sends the executable graph now if it changed.
+pub fn upload(e: u64) -> CuRes<()> {
+    let mut reg = registry();
+    let mut exec = reg.execs.remove(&e).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let r = exec.upload(&reg).map(drop);
+    reg.execs.insert(e, exec);
+    r
+}
+
+/// `cuGraphLaunch`.
+pub fn launch(e: u64, stream: u64) -> CuRes<()> {
+    if let Some(r) = crate::stream_capture::capture_graph_launch(e, stream) {
+        return r;
+    }
+    let stream = drv::wire_stream(stream)?;
+    let (ctx, plan) = {
+        let mut reg = registry();
+        let mut exec = reg.execs.remove(&e).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let r = exec.upload(&reg);
+        let ctx = exec.ctx;
+        reg.execs.insert(e, exec);
+        (ctx, r?)
+    };
+    let d = drv::driver()?;
+    for step in plan.iter() {
+        match step {
+            Step::Device { handle, sync } => {
+                let req = msg::GraphLaunch {
+                    ctx,
+                    stream,
+                    exec: *handle,
+                };
+                if *sync {
+                    d.call(&req, &[])?;
+                } else {
+                    crate::alloc_api::before_launch(stream)?;
+                    d.post(&req, &[])?;
+                }
+            }
+            Step::Host(op) => run_host(op, stream)?,
+        }
+    }
+    Ok(())
+}
+
+/// Runs an operation that needs the guest process, in stream order.
+fn run_host(op: &Op, stream: u64) -> CuRes<()> {
+    match *op {
+        Op::HtoD { dst, src, len } => {
+            // SAFETY: the node's host source, which CUDA requires to stay valid and readable for
+            // the copy's size while the graph may run.
+            let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
+            drv::memcpy_htod(dst, bytes, stream, false)
+        }
+        Op::DtoH { dst, src, len } => {
+            // SAFETY: the node's host destination, which CUDA requires to stay valid and writable
+            // for the copy's size while the graph may run.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
+            drv::memcpy_dtoh(bytes, src, stream)
+        }
+        Op::Host { f, data } => {
+            drv::stream_synchronize(stream)?;
+            // SAFETY: `f` is the CUhostFn the application gave for this node (never 0: checked
+            // when the node was made), called once per launch with its argument, as CUDA does.
+            let f: unsafe extern "C" fn(*mut std::ffi::c_void) = unsafe { std::mem::transmute(f) };
+            // SAFETY: as above.
+            unsafe { f(data as *mut std::ffi::c_void) };
+            Ok(())
+        }
+        _ => Err(cuda::CUDA_ERROR_UNKNOWN),
+    }
+}
+
+/// The position of original node `node` in executable graph `exec`, and the copy's node there.
+pub fn exec_node(reg: &Registry, e: u64, node: u64) -> CuRes<(usize, u64)> {
+    let exec = reg.execs.get(&e).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let i = exec
+        .nodes
+        .iter()
+        .position(|&n| n == node)
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    Ok((i, exec.copy_nodes[i]))
+}
+
+/// Replaces the work of `node` in `exec` (`cuGraphExec*NodeSetParams`); the kind must stay.
+pub fn set_node(e: u64, node: u64, kind: NodeKind) -> CuRes<()> {
+    let mut reg = registry();
+    let (_, copy) = exec_node(&reg, e, node)?;
+    let slot = reg.node_mut(copy)?;
+    if slot.kind.type_code() != kind.type_code() {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if matches!(
+        slot.kind,
+        NodeKind::MemAlloc { .. } | NodeKind::MemFree(_) | NodeKind::Child(_)
+    ) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    slot.kind = kind;
+    reg.execs.get_mut(&e).expect("found above").changed();
+    Ok(())
+}
+
+/// `cuGraphExecUpdate`: gives `exec` the parameters of graph `g`, whose topology must be the
+/// same. Returns (`CUgraphExecUpdateResult`, the node that failed or 0).
+pub fn update(e: u64, g: u64) -> CuRes<(i32, u64)> {
+    let mut reg = registry();
+    let order = reg.topo_order(g)?;
+    let exec = reg.execs.get(&e).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let copy_nodes = exec.copy_nodes.clone();
+    if order.len() != copy_nodes.len() {
+        return Ok((update_result::TOPOLOGY_CHANGED, 0));
+    }
+    let index_of = |list: &[u64], n: u64| list.iter().position(|&x| x == n);
+    let mut kinds = Vec::with_capacity(order.len());
+    for (new, old) in order.iter().zip(&copy_nodes) {
+        let (nn, on) = (reg.node(*new)?, reg.node(*old)?);
+        let mut nd: Vec<_> = nn.deps.iter().map(|d| index_of(&order, *d)).collect();
+        let mut od: Vec<_> = on.deps.iter().map(|d| index_of(&copy_nodes, *d)).collect();
+        nd.sort_unstable();
+        od.sort_unstable();
+        if nd != od {
+            return Ok((update_result::TOPOLOGY_CHANGED, *new));
+        }
+        if nn.kind.type_code() != on.kind.type_code() {
+            return Ok((update_result::NODE_TYPE_CHANGED, *new));
+        }
+        match (&nn.kind, &on.kind) {
+            (NodeKind::MemAlloc { .. } | NodeKind::MemFree(_), _) => {
+                let same = format!("{:?}", nn.kind) == format!("{:?}", on.kind);
+                if !same {
+                    return Ok((update_result::NOT_SUPPORTED, *new));
+                }
+            }
+            (NodeKind::Child(a), NodeKind::Child(b)) => {
+                let (a, b) = (reg.graph(*a)?.order.len(), reg.graph(*b)?.order.len());
+                if a != b {
+                    return Ok((update_result::PARAMETERS_CHANGED, *new));
+                }
+            }
+            _ => {}
+        }
+        kinds.push(nn.kind.clone());
+    }
+    for (old, kind) in copy_nodes.iter().zip(kinds) {
+        let kind = match kind {
+            NodeKind::Child(c) => {
+                let copy = reg.clone_graph(c)?;
+                reg.graph_mut(copy)?.owned = true;
+                NodeKind::Child(copy)
+            }
+            k => k,
+        };
+        let slot = reg.node_mut(*old)?;
+        if let NodeKind::Child(c) = std::mem::replace(&mut slot.kind, kind) {
+            let _ = reg.destroy_graph(c);
+        }
+    }
+    reg.execs.get_mut(&e).expect("found above").changed();
+    Ok((update_result::SUCCESS, 0))
+}
+
+/// A copy of `exec`'s graph, for a launch captured into another graph.
+pub fn source_clone(e: u64) -> CuRes<u64> {
+    let mut reg = registry();
+    let source = reg
+        .execs
+        .get(&e)
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?
+        .source;
+    let c = reg.clone_graph(source)?;
+    reg.graph_mut(c)?.owned = true;
+    Ok(c)
+}

@@ -1,0 +1,915 @@
+/*
+ * Stream capture and CUDA graphs through vgpu's libcuda.so, called from C the
+ * way cuda.h declares them:
+ *
+ *   graphs MODE SAXPY_PTX [ARG]
+ *
+ * capture   a copy/memset/kernel/copy sequence captured and replayed with new host data
+ * fork      cross-stream capture through events (fork and join), and an unjoined fork
+ * errors    CUDA's errors for illegal calls during capture, per capture mode
+ * explicit  graphs built node by node: dependencies, queries, host and child nodes,
+ *           dot output, clone
+ * update    cuGraphExecUpdate and cuGraphExec*NodeSetParams taking effect
+ * mem SLICE graph allocation nodes charged to the slice and refused past it
+ * bench N   prints the time per kernel of N launches and of a graph of N kernels
+ *
+ * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is
+ * the number of failures.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS;
+
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value, elementSize;
+    size_t width, height;
+} CUDA_MEMSET_NODE_PARAMS;
+
+typedef struct {
+    void (*fn)(void *);
+    void *userData;
+} CUDA_HOST_NODE_PARAMS;
+
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    unsigned int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    unsigned int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+
+typedef struct {
+    unsigned char poolProps[88];
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+enum { HOST = 1, DEVICE = 2 };
+enum { MODE_GLOBAL = 0, MODE_THREAD_LOCAL = 1, MODE_RELAXED = 2 };
+enum { NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_GRAPH = 4 };
+enum { NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11 };
+
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);
+CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+CUresult cuMemsetD32_v2(CUdeviceptr, unsigned int, size_t);
+CUresult cuMemsetD32Async(CUdeviceptr, unsigned int, size_t, CUstream);
+CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned int);
+CUresult cuEventCreate(CUevent *, unsigned int);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventQuery(CUevent);
+CUresult cuEventDestroy_v2(CUevent);
+CUresult cuGetErrorName(CUresult, const char **);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuStreamIsCapturing(CUstream, int *);
+CUresult cuStreamGetCaptureInfo_v2(CUstream, int *, unsigned long long *, CUgraph *,
+                                   const CUgraphNode **, size_t *);
+CUresult cuThreadExchangeStreamCaptureMode(int *);
+CUresult cuGraphCreate(CUgraph *, unsigned int);
+CUresult cuGraphDestroy(CUgraph);
+CUresult cuGraphClone(CUgraph *, CUgraph);
+CUresult cuGraphNodeFindInClone(CUgraphNode *, CUgraphNode, CUgraph);
+CUresult cuGraphGetNodes(CUgraph, CUgraphNode *, size_t *);
+CUresult cuGraphGetRootNodes(CUgraph, CUgraphNode *, size_t *);
+CUresult cuGraphGetEdges(CUgraph, CUgraphNode *, CUgraphNode *, size_t *);
+CUresult cuGraphNodeGetType(CUgraphNode, int *);
+CUresult cuGraphNodeGetDependencies(CUgraphNode, CUgraphNode *, size_t *);
+CUresult cuGraphNodeGetDependentNodes(CUgraphNode, CUgraphNode *, size_t *);
+CUresult cuGraphAddDependencies(CUgraph, const CUgraphNode *, const CUgraphNode *, size_t);
+CUresult cuGraphRemoveDependencies(CUgraph, const CUgraphNode *, const CUgraphNode *, size_t);
+CUresult cuGraphAddKernelNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                              const CUDA_KERNEL_NODE_PARAMS *);
+CUresult cuGraphKernelNodeGetParams(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+CUresult cuGraphKernelNodeSetParams(CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
+CUresult cuGraphAddMemsetNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                              const CUDA_MEMSET_NODE_PARAMS *, CUcontext);
+CUresult cuGraphAddMemcpyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                              const CUDA_MEMCPY3D *, CUcontext);
+CUresult cuGraphAddHostNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                            const CUDA_HOST_NODE_PARAMS *);
+CUresult cuGraphAddEmptyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr);
+CUresult cuGraphDebugDotPrint(CUgraph, const char *, unsigned int);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphUpload(CUgraphExec, CUstream);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphExecUpdate(CUgraphExec, CUgraph, CUgraphNode *, int *);
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
+CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *,
+                                        CUcontext);
+
+static int failures;
+
+static void check(const char *what, CUresult got, CUresult want) {
+    if (got == want) {
+        printf("ok %s\n", what);
+    } else {
+        const char *name = "?";
+        cuGetErrorName(got, &name);
+        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
+        failures++;
+    }
+    fflush(stdout);
+}
+
+static void expect(const char *what, int cond) {
+    if (cond) {
+        printf("ok %s\n", what);
+    } else {
+        printf("FAIL %s\n", what);
+        failures++;
+    }
+    fflush(stdout);
+}
+
+#define N 4096
+#define BYTES (N * sizeof(float))
+#define ONE 0x3f800000u /* 1.0f */
+#define TWO 0x40000000u /* 2.0f */
+
+static CUcontext ctx;
+static CUfunction saxpy;
+
+static void setup(const char *ptx_path) {
+    CUdevice dev;
+    CUmodule mod;
+    check("cuInit", cuInit(0), 0);
+    check("cuDeviceGet", cuDeviceGet(&dev, 0), 0);
+    check("cuCtxCreate", cuCtxCreate_v2(&ctx, 0, dev), 0);
+    FILE *f = fopen(ptx_path, "rb");
+    if (!f) {
+        printf("FAIL cannot open %s\n", ptx_path);
+        exit(1);
+    }
+    static char ptx[1 << 20];
+    size_t n = fread(ptx, 1, sizeof ptx - 1, f);
+    fclose(f);
+    ptx[n] = 0;
+    check("load saxpy", cuModuleLoadData(&mod, ptx), 0);
+    check("get saxpy", cuModuleGetFunction(&saxpy, mod, "saxpy"), 0);
+}
+
+/* y = a*x + y over N floats. */
+static CUresult launch_saxpy(CUstream s, float a, CUdeviceptr x, CUdeviceptr y) {
+    int n = N;
+    void *args[] = {&n, &a, &x, &y};
+    return cuLaunchKernel(saxpy, N / 128, 1, 1, 128, 1, 1, 0, s, args, NULL);
+}
+
+/* Kernel node parameters for saxpy; the argument storage is static per slot. */
+static CUDA_KERNEL_NODE_PARAMS saxpy_params(int slot, float a, CUdeviceptr x, CUdeviceptr y) {
+    static int n[8];
+    static float as[8];
+    static CUdeviceptr xs[8], ys[8];
+    static void *args[8][4];
+    n[slot] = N;
+    as[slot] = a;
+    xs[slot] = x;
+    ys[slot] = y;
+    args[slot][0] = &n[slot];
+    args[slot][1] = &as[slot];
+    args[slot][2] = &xs[slot];
+    args[slot][3] = &ys[slot];
+    CUDA_KERNEL_NODE_PARAMS p = {saxpy, N / 128, 1, 1, 128, 1, 1, 0, args[slot], NULL};
+    return p;
+}
+
+/* Whether every y[i] == c + k * x[i]. */
+static int all_equal(const float *y, const float *x, float c, float k) {
+    for (int i = 0; i < N; i++) {
+        if (y[i] != c + k * x[i]) {
+            printf("  [%d] = %g, want %g\n", i, y[i], c + k * x[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void read_back(float *h, CUdeviceptr d) {
+    check("read back", cuMemcpyDtoH_v2(h, d, BYTES), 0);
+}
+
+static size_t node_count(CUgraph g) {
+    size_t n = 0;
+    cuGraphGetNodes(g, NULL, &n);
+    return n;
+}
+
+static void mode_capture(void) {
+    static float hx[N], hz[N], x0[N];
+    CUdeviceptr x, y, z;
+    CUstream s;
+    CUgraph g = NULL, g2 = NULL;
+    CUgraphExec e;
+    int status = -1;
+    unsigned long long id = 0;
+    check("alloc x", cuMemAlloc_v2(&x, BYTES), 0);
+    check("alloc y", cuMemAlloc_v2(&y, BYTES), 0);
+    check("alloc z", cuMemAlloc_v2(&z, BYTES), 0);
+    check("zero z", cuMemsetD32_v2(z, 0, N), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+
+    check("begin capture", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("is capturing", cuStreamIsCapturing(s, &status), 0);
+    expect("status is active", status == 1);
+    check("capture info", cuStreamGetCaptureInfo_v2(s, &status, &id, &g2, NULL, NULL), 0);
+    expect("capture info names a graph", status == 1 && id != 0 && g2 != NULL);
+    check("captured HtoD", cuMemcpyHtoDAsync_v2(x, hx, BYTES, s), 0);
+    check("captured memset", cuMemsetD32Async(y, ONE, N, s), 0);
+    check("captured kernel 1", launch_saxpy(s, 1.0f, x, y), 0);
+    check("captured kernel 2", launch_saxpy(s, 2.0f, x, y), 0);
+    check("captured kernel 3", launch_saxpy(s, 3.0f, x, y), 0);
+    check("captured DtoD", cuMemcpyDtoDAsync_v2(z, y, BYTES, s), 0);
+    check("captured DtoH", cuMemcpyDtoHAsync_v2(hz, z, BYTES, s), 0);
+    check("end capture", cuStreamEndCapture(s, &g), 0);
+    expect("the graph is the one capture info named", g == g2);
+    check("not capturing any more", cuStreamIsCapturing(s, &status), 0);
+    expect("status is none", status == 0);
+
+    /* Capturing ran nothing. */
+    read_back(x0, z);
+    expect("capture did not run the work", x0[0] == 0.0f && x0[N - 1] == 0.0f);
+
+    expect("7 nodes", node_count(g) == 7);
+    CUgraphNode nodes[7];
+    size_t n = 7;
+    check("get nodes", cuGraphGetNodes(g, nodes, &n), 0);
+    int want[7] = {NODE_MEMCPY, NODE_MEMSET, NODE_KERNEL, NODE_KERNEL, NODE_KERNEL, NODE_MEMCPY,
+                   NODE_MEMCPY};
+    int types_ok = 1;
+    for (int i = 0; i < 7; i++) {
+        int t = -1;
+        cuGraphNodeGetType(nodes[i], &t);
+        types_ok &= t == want[i];
+    }
+    expect("node types in capture order", types_ok);
+    size_t edges = 0;
+    check("edge count", cuGraphGetEdges(g, NULL, NULL, &edges), 0);
+    expect("a chain of 6 edges", edges == 6);
+    CUDA_KERNEL_NODE_PARAMS kp;
+    check("kernel node params", cuGraphKernelNodeGetParams(nodes[3], &kp), 0);
+    expect("captured kernel parameters", kp.func == saxpy && kp.gridDimX == N / 128 &&
+                                             kp.blockDimX == 128 &&
+                                             *(float *)kp.kernelParams[1] == 2.0f);
+
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    check("upload", cuGraphUpload(e, s), 0);
+    int replay_ok = 1;
+    for (int rep = 0; rep < 5; rep++) {
+        for (int i = 0; i < N; i++) hx[i] = (float)((i % 97) * (rep + 1));
+        memset(hz, 0, sizeof hz);
+        CUresult r = cuGraphLaunch(e, s);
+        CUresult r2 = cuStreamSynchronize(s);
+        if (r != 0 || r2 != 0) printf("  launch %d: %d %d\n", rep, r, r2);
+        replay_ok &= r == 0 && r2 == 0 && all_equal(hz, hx, 1.0f, 6.0f);
+    }
+    expect("5 replays with new host data compute y = 1 + 6x", replay_ok);
+    /* The graph on the legacy stream, twice back to back. */
+    for (int i = 0; i < N; i++) hx[i] = (float)(i % 13);
+    check("launch on the default stream", cuGraphLaunch(e, NULL), 0);
+    check("launch again", cuGraphLaunch(e, NULL), 0);
+    check("synchronize", cuCtxSynchronize(), 0);
+    expect("default-stream replays", all_equal(hz, hx, 1.0f, 6.0f));
+    /* A graph launched on a capturing stream becomes a child graph node. */
+    CUstream s2;
+    CUgraph outer = NULL;
+    CUgraphExec eo;
+    check("stream 2", cuStreamCreate(&s2, 1), 0);
+    check("begin capture of a graph launch", cuStreamBeginCapture_v2(s2, MODE_GLOBAL), 0);
+    check("captured graph launch", cuGraphLaunch(e, s2), 0);
+    check("end", cuStreamEndCapture(s2, &outer), 0);
+    CUgraphNode child = NULL;
+    size_t one = 1;
+    int ct = -1;
+    check("outer nodes", cuGraphGetNodes(outer, &child, &one), 0);
+    cuGraphNodeGetType(child, &ct);
+    expect("one child graph node", one == 1 && ct == NODE_GRAPH);
+    for (int i = 0; i < N; i++) hx[i] = (float)(i % 7);
+    check("instantiate outer", cuGraphInstantiateWithFlags(&eo, outer, 0), 0);
+    check("launch outer", cuGraphLaunch(eo, s2), 0);
+    check("sync", cuStreamSynchronize(s2), 0);
+    expect("the child graph ran", all_equal(hz, hx, 1.0f, 6.0f));
+    check("destroy outer exec", cuGraphExecDestroy(eo), 0);
+    check("destroy outer", cuGraphDestroy(outer), 0);
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("launch of a destroyed exec", cuGraphLaunch(e, s), 1);
+    check("graph destroy", cuGraphDestroy(g), 0);
+    check("stream destroy", cuStreamDestroy_v2(s), 0);
+}
+
+static void mode_fork(void) {
+    static float ha[N], hx[N];
+    CUdeviceptr x, a, b;
+    CUstream s1, s2;
+    CUevent fork, join;
+    CUgraph g = NULL;
+    CUgraphExec e;
+    int status = -1;
+    for (int i = 0; i < N; i++) hx[i] = (float)(i % 31);
+    check("alloc", cuMemAlloc_v2(&x, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&a, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&b, BYTES), 0);
+    check("x", cuMemcpyHtoD_v2(x, hx, BYTES), 0);
+    check("stream 1", cuStreamCreate(&s1, 1), 0);
+    check("stream 2", cuStreamCreate(&s2, 1), 0);
+    check("event", cuEventCreate(&fork, 2), 0);
+    check("event", cuEventCreate(&join, 2), 0);
+
+    check("begin", cuStreamBeginCapture_v2(s1, MODE_GLOBAL), 0);
+    check("s1: a = 1", cuMemsetD32Async(a, ONE, N, s1), 0);
+    check("fork: record", cuEventRecord(fork, s1), 0);
+    check("captured event cannot be queried", cuEventQuery(fork), 907);
+    check("fork: s2 waits", cuStreamWaitEvent(s2, fork, 0), 0);
+    check("s2 capturing", cuStreamIsCapturing(s2, &status), 0);
+    expect("s2 joined the capture", status == 1);
+    check("s2: b = 2", cuMemsetD32Async(b, TWO, N, s2), 0);
+    check("s1: a += 2x", launch_saxpy(s1, 2.0f, x, a), 0);
+    check("s2: b += 3x", launch_saxpy(s2, 3.0f, x, b), 0);
+    check("end on the joined stream", cuStreamEndCapture(s2, &g), 903);
+    /* 903 invalidated the capture: start again. */
+    check("end the invalidated capture", cuStreamEndCapture(s1, &g), 901);
+
+    check("begin again", cuStreamBeginCapture_v2(s1, MODE_GLOBAL), 0);
+    check("s1: a = 1", cuMemsetD32Async(a, ONE, N, s1), 0);
+    check("fork", cuEventRecord(fork, s1), 0);
+    check("s2 waits", cuStreamWaitEvent(s2, fork, 0), 0);
+    check("s2: b = 2", cuMemsetD32Async(b, TWO, N, s2), 0);
+    check("s1: a += 2x", launch_saxpy(s1, 2.0f, x, a), 0);
+    check("s2: b += 3x", launch_saxpy(s2, 3.0f, x, b), 0);
+    check("join: record on s2", cuEventRecord(join, s2), 0);
+    check("join: s1 waits", cuStreamWaitEvent(s1, join, 0), 0);
+    check("s1: a += b", launch_saxpy(s1, 1.0f, b, a), 0);
+    check("end", cuStreamEndCapture(s1, &g), 0);
+    check("s2 no longer capturing", cuStreamIsCapturing(s2, &status), 0);
+    expect("s2 status none", status == 0);
+    expect("5 nodes", node_count(g) == 5);
+    size_t roots = 0, edges = 0;
+    check("roots", cuGraphGetRootNodes(g, NULL, &roots), 0);
+    check("edges", cuGraphGetEdges(g, NULL, NULL, &edges), 0);
+    expect("one root, five edges (fork and join)", roots == 1 && edges == 5);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    for (int rep = 0; rep < 3; rep++) {
+        check("launch", cuGraphLaunch(e, s1), 0);
+    }
+    check("sync", cuStreamSynchronize(s1), 0);
+    read_back(ha, a);
+    expect("a = (1 + 2x) + (2 + 3x)", all_equal(ha, hx, 3.0f, 5.0f));
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("graph destroy", cuGraphDestroy(g), 0);
+
+    /* A fork never joined back. */
+    check("begin", cuStreamBeginCapture_v2(s1, MODE_GLOBAL), 0);
+    check("memset", cuMemsetD32Async(a, ONE, N, s1), 0);
+    check("fork", cuEventRecord(fork, s1), 0);
+    check("s2 waits", cuStreamWaitEvent(s2, fork, 0), 0);
+    check("s2 work", cuMemsetD32Async(b, ONE, N, s2), 0);
+    check("end with an unjoined fork", cuStreamEndCapture(s1, &g), 904);
+    check("s2 released", cuStreamIsCapturing(s2, &status), 0);
+    expect("s2 not capturing", status == 0);
+    check("s2 works normally again", cuMemsetD32Async(b, TWO, N, s2), 0);
+    check("sync s2", cuStreamSynchronize(s2), 0);
+}
+
+static CUstream thread_stream;
+static CUresult thread_result;
+
+static void *alloc_in_thread(void *arg) {
+    (void)arg;
+    CUdeviceptr p = 0;
+    cuCtxSetCurrent(ctx);
+    thread_result = cuMemAlloc_v2(&p, 4096);
+    if (thread_result == 0) cuMemFree_v2(p);
+    return NULL;
+}
+
+static void *end_in_thread(void *arg) {
+    CUgraph g = NULL;
+    (void)arg;
+    cuCtxSetCurrent(ctx);
+    thread_result = cuStreamEndCapture(thread_stream, &g);
+    if (thread_result == 0) cuGraphDestroy(g);
+    return NULL;
+}
+
+static CUresult in_thread(void *(*f)(void *)) {
+    pthread_t t;
+    pthread_create(&t, NULL, f, NULL);
+    pthread_join(t, NULL);
+    return thread_result;
+}
+
+static void mode_errors(void) {
+    CUdeviceptr d = 0, p = 0;
+    CUstream s, blocking, other;
+    CUevent ev;
+    CUgraph g = NULL;
+    int status = -1, mode;
+    check("alloc", cuMemAlloc_v2(&d, BYTES), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+    check("blocking stream", cuStreamCreate(&blocking, 0), 0);
+    check("other stream", cuStreamCreate(&other, 1), 0);
+    check("event", cuEventCreate(&ev, 0), 0);
+
+    check("the legacy stream cannot capture", cuStreamBeginCapture_v2(NULL, MODE_GLOBAL), 900);
+    check("end without a capture", cuStreamEndCapture(s, &g), 401);
+    check("bad mode", cuStreamBeginCapture_v2(s, 7), 1);
+
+    /* Global mode: cuMemAlloc is unsafe; the capture is invalidated. */
+    check("begin global", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("begin twice", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 401);
+    check("cuMemAlloc during global capture", cuMemAlloc_v2(&p, 4096), 900);
+    check("capture info", cuStreamIsCapturing(s, &status), 0);
+    expect("status invalidated", status == 2);
+    check("work on an invalidated capture", cuMemsetD32Async(d, 0, N, s), 901);
+    check("end invalidated", cuStreamEndCapture(s, &g), 901);
+
+    /* Synchronizing a capturing stream. */
+    check("begin", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("memset", cuMemsetD32Async(d, 0, N, s), 0);
+    check("cuStreamSynchronize of a capturing stream", cuStreamSynchronize(s), 900);
+    check("end invalidated", cuStreamEndCapture(s, &g), 901);
+
+    /* cuCtxSynchronize and a synchronous copy are unsafe during a global capture. */
+    check("begin", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("cuCtxSynchronize during capture", cuCtxSynchronize(), 900);
+    check("end invalidated", cuStreamEndCapture(s, &g), 901);
+
+    /* Another thread is refused during a global capture, but not during a thread-local one. */
+    check("begin global", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("other thread's cuMemAlloc during global capture", in_thread(alloc_in_thread), 900);
+    check("end invalidated", cuStreamEndCapture(s, &g), 901);
+    check("begin thread-local", cuStreamBeginCapture_v2(s, MODE_THREAD_LOCAL), 0);
+    check("other thread's cuMemAlloc during thread-local capture", in_thread(alloc_in_thread),
+          0);
+    check("this thread's cuMemAlloc during thread-local capture", cuMemAlloc_v2(&p, 4096), 900);
+    check("end invalidated", cuStreamEndCapture(s, &g), 901);
+
+    /* Relaxed capture: unsafe calls are allowed. */
+    check("begin relaxed", cuStreamBeginCapture_v2(s, MODE_RELAXED), 0);
+    check("cuMemAlloc during relaxed capture", cuMemAlloc_v2(&p, 4096), 0);
+    check("cuMemFree during relaxed capture", cuMemFree_v2(p), 0);
+    check("memset", cuMemsetD32Async(d, 0, N, s), 0);
+    check("end relaxed", cuStreamEndCapture(s, &g), 0);
+    check("destroy", cuGraphDestroy(g), 0);
+
+    /* The thread's own mode relaxes a global capture. */
+    check("begin global", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    mode = MODE_RELAXED;
+    check("exchange mode", cuThreadExchangeStreamCaptureMode(&mode), 0);
+    expect("previous mode was global", mode == MODE_GLOBAL);
+    check("cuMemAlloc with a relaxed thread mode", cuMemAlloc_v2(&p, 4096), 0);
+    check("cuMemFree with a relaxed thread mode", cuMemFree_v2(p), 0);
+    check("exchange back", cuThreadExchangeStreamCaptureMode(&mode), 0);
+    expect("previous mode was relaxed", mode == MODE_RELAXED);
+    check("memset", cuMemsetD32Async(d, 0, N, s), 0);
+    thread_stream = s;
+    check("end from another thread", in_thread(end_in_thread), 908);
+    check("end on the capturing thread", cuStreamEndCapture(s, &g), 0);
+    check("destroy", cuGraphDestroy(g), 0);
+    check("bad thread mode", cuThreadExchangeStreamCaptureMode(&(int){9}), 1);
+
+    /* A relaxed capture may be ended by another thread. */
+    check("begin relaxed", cuStreamBeginCapture_v2(s, MODE_RELAXED), 0);
+    check("end relaxed from another thread", in_thread(end_in_thread), 0);
+
+    /* The legacy stream while a blocking stream captures. */
+    check("begin on a blocking stream", cuStreamBeginCapture_v2(blocking, MODE_GLOBAL), 0);
+    check("legacy stream work", cuMemsetD8Async(d, 0, 1, NULL), 906);
+    check("end invalidated", cuStreamEndCapture(blocking, &g), 901);
+
+    /* Waiting for an event recorded outside the capture. */
+    check("record outside", cuEventRecord(ev, other), 0);
+    check("begin", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("wait for an uncaptured event", cuStreamWaitEvent(s, ev, 0), 905);
+    check("end invalidated", cuStreamEndCapture(s, &g), 901);
+
+    /* After all this the context still works. */
+    check("memset", cuMemsetD32Async(d, ONE, N, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    check("ctx sync", cuCtxSynchronize(), 0);
+}
+
+static int host_calls;
+static float host_seen;
+static float host_y[N];
+
+static void host_fn(void *arg) {
+    host_calls++;
+    host_seen = ((float *)arg)[7];
+}
+
+static void mode_explicit(const char *dot_path) {
+    static float hx[N], hw[N];
+    CUdeviceptr x, y, w;
+    CUgraph g, child, copy;
+    CUgraphNode ms_y, k_y, ms_w, k_w, empty, dtoh, host, child_node, k_copy;
+    CUgraphExec e, e2;
+    CUstream s;
+    for (int i = 0; i < N; i++) hx[i] = (float)(i % 17);
+    check("alloc", cuMemAlloc_v2(&x, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&y, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&w, BYTES), 0);
+    check("x", cuMemcpyHtoD_v2(x, hx, BYTES), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+
+    check("graph create", cuGraphCreate(&g, 0), 0);
+    CUDA_MEMSET_NODE_PARAMS m1 = {y, 0, ONE, 4, N, 1};
+    check("memset node y", cuGraphAddMemsetNode(&ms_y, g, NULL, 0, &m1, ctx), 0);
+    CUDA_KERNEL_NODE_PARAMS kp = saxpy_params(0, 2.0f, x, y);
+    check("kernel node y", cuGraphAddKernelNode(&k_y, g, &ms_y, 1, &kp), 0);
+    CUDA_MEMSET_NODE_PARAMS m2 = {w, 0, TWO, 4, N, 1};
+    check("memset node w", cuGraphAddMemsetNode(&ms_w, g, NULL, 0, &m2, ctx), 0);
+    CUDA_KERNEL_NODE_PARAMS kp2 = saxpy_params(1, 3.0f, x, w);
+    check("kernel node w (no dependency yet)", cuGraphAddKernelNode(&k_w, g, NULL, 0, &kp2), 0);
+    check("add dependency", cuGraphAddDependencies(g, &ms_w, &k_w, 1), 0);
+    check("add it twice", cuGraphAddDependencies(g, &ms_w, &k_w, 1), 1);
+    CUgraphNode both[2] = {k_y, k_w};
+    check("empty join node", cuGraphAddEmptyNode(&empty, g, both, 2), 0);
+    CUDA_MEMCPY3D c = {0};
+    c.srcMemoryType = DEVICE;
+    c.srcDevice = y;
+    c.dstMemoryType = HOST;
+    c.dstHost = host_y;
+    c.WidthInBytes = BYTES;
+    c.Height = 1;
+    c.Depth = 1;
+    check("memcpy node DtoH", cuGraphAddMemcpyNode(&dtoh, g, &empty, 1, &c, ctx), 0);
+    CUDA_HOST_NODE_PARAMS hp = {host_fn, host_y};
+    check("host node", cuGraphAddHostNode(&host, g, &dtoh, 1, &hp), 0);
+    check("child graph", cuGraphCreate(&child, 0), 0);
+    CUgraphNode child_ms;
+    CUDA_MEMSET_NODE_PARAMS m3 = {x + 4 * (N - 1), 0, 0, 4, 1, 1};
+    check("child memset node", cuGraphAddMemsetNode(&child_ms, child, NULL, 0, &m3, ctx), 0);
+    check("child graph node", cuGraphAddChildGraphNode(&child_node, g, &host, 1, child), 0);
+    check("bad dependency", cuGraphAddEmptyNode(&(CUgraphNode){0}, g, &child_ms, 1), 1);
+    check("bad kernel node", cuGraphAddKernelNode(&(CUgraphNode){0}, g, NULL, 0,
+                                                  &(CUDA_KERNEL_NODE_PARAMS){0}), 1);
+
+    expect("8 nodes", node_count(g) == 8);
+    size_t n = 0;
+    check("roots", cuGraphGetRootNodes(g, NULL, &n), 0);
+    expect("two roots", n == 2);
+    CUgraphNode deps[4];
+    n = 4;
+    check("dependencies of the join", cuGraphNodeGetDependencies(empty, deps, &n), 0);
+    expect("join depends on both kernels", n == 2 && deps[0] == k_y && deps[1] == k_w);
+    n = 4;
+    check("dependents", cuGraphNodeGetDependentNodes(ms_w, deps, &n), 0);
+    expect("memset w feeds kernel w", n == 1 && deps[0] == k_w);
+    int t = -1;
+    check("type", cuGraphNodeGetType(child_node, &t), 0);
+    expect("child node type", t == NODE_GRAPH);
+    check("type", cuGraphNodeGetType(host, &t), 0);
+    expect("host node type", t == NODE_HOST);
+    /* A cycle is refused at instantiation. */
+    check("make a cycle", cuGraphAddDependencies(g, &child_node, &ms_y, 1), 0);
+    check("instantiate a cycle", cuGraphInstantiateWithFlags(&e, g, 0), 1);
+    check("remove it", cuGraphRemoveDependencies(g, &child_node, &ms_y, 1), 0);
+    check("dot print", cuGraphDebugDotPrint(g, dot_path, 0), 0);
+    FILE *f = fopen(dot_path, "r");
+    char buf[8192] = {0};
+    if (f) {
+        fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+    }
+    expect("dot output names kernels and edges",
+           strstr(buf, "digraph") && strstr(buf, "saxpy") && strstr(buf, "->"));
+
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    /* Changing the graph after instantiation does not change the executable graph. */
+    CUDA_KERNEL_NODE_PARAMS kp9 = saxpy_params(2, 9.0f, x, y);
+    check("set params in the graph", cuGraphKernelNodeSetParams(k_y, &kp9), 0);
+    for (int rep = 0; rep < 3; rep++) {
+        check("launch", cuGraphLaunch(e, s), 0);
+    }
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("host node ran once per launch", host_calls == 3);
+    expect("host node saw the copy before it", host_seen == 1.0f + 2.0f * hx[7]);
+    hx[N - 1] = 0; /* the child graph zeroed it at the end of the first launch */
+    expect("y = 1 + 2x", all_equal(host_y, hx, 1.0f, 2.0f));
+    read_back(hw, w);
+    expect("w = 2 + 3x", all_equal(hw, hx, 2.0f, 3.0f));
+
+    /* Clone: the copy has its own nodes; the graph's later change (a = 9) is in it. */
+    check("clone", cuGraphClone(&copy, g), 0);
+    check("find in clone", cuGraphNodeFindInClone(&k_copy, k_y, copy), 0);
+    expect("clone node differs", k_copy != k_y);
+    CUDA_KERNEL_NODE_PARAMS kp5 = saxpy_params(3, 5.0f, x, y);
+    check("set the clone's kernel", cuGraphKernelNodeSetParams(k_copy, &kp5), 0);
+    check("instantiate clone", cuGraphInstantiateWithFlags(&e2, copy, 0), 0);
+    check("launch clone", cuGraphLaunch(e2, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("clone computes y = 1 + 5x", all_equal(host_y, hx, 1.0f, 5.0f));
+    check("launch original", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("original still computes y = 1 + 2x", all_equal(host_y, hx, 1.0f, 2.0f));
+    expect("host node ran 5 times", host_calls == 5);
+    check("destroy exec", cuGraphExecDestroy(e), 0);
+    check("destroy exec", cuGraphExecDestroy(e2), 0);
+    check("destroy child", cuGraphDestroy(child), 0);
+    check("destroy clone", cuGraphDestroy(copy), 0);
+    check("destroy", cuGraphDestroy(g), 0);
+    check("destroyed graph", cuGraphGetNodes(g, NULL, &n), 1);
+}
+
+/* Captures memset(y = fill) then saxpy(a) on y, plus `extra` more kernels. */
+static CUgraph capture_saxpy(CUstream s, unsigned fill, float a, CUdeviceptr x, CUdeviceptr y,
+                             int extra) {
+    CUgraph g = NULL;
+    check("begin", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("memset", cuMemsetD32Async(y, fill, N, s), 0);
+    check("kernel", launch_saxpy(s, a, x, y), 0);
+    for (int i = 0; i < extra; i++) check("extra kernel", launch_saxpy(s, 0.0f, x, y), 0);
+    check("end", cuStreamEndCapture(s, &g), 0);
+    return g;
+}
+
+static void mode_update(void) {
+    static float hx[N], hy[N];
+    CUdeviceptr x, y;
+    CUstream s;
+    CUgraphExec e;
+    CUgraphNode err = NULL, nodes[2];
+    int result = -1;
+    for (int i = 0; i < N; i++) hx[i] = (float)(i % 23);
+    check("alloc", cuMemAlloc_v2(&x, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&y, BYTES), 0);
+    check("x", cuMemcpyHtoD_v2(x, hx, BYTES), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+    CUgraph g1 = capture_saxpy(s, ONE, 2.0f, x, y, 0);
+    size_t n = 2;
+    check("nodes", cuGraphGetNodes(g1, nodes, &n), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g1, 0), 0);
+    check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    read_back(hy, y);
+    expect("y = 1 + 2x", all_equal(hy, hx, 1.0f, 2.0f));
+
+    CUgraph g2 = capture_saxpy(s, ONE, 4.0f, x, y, 0);
+    check("exec update", cuGraphExecUpdate(e, g2, &err, &result), 0);
+    expect("update result success", result == 0);
+    check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    read_back(hy, y);
+    expect("updated: y = 1 + 4x", all_equal(hy, hx, 1.0f, 4.0f));
+
+    CUgraph g3 = capture_saxpy(s, ONE, 8.0f, x, y, 1);
+    check("update with another topology", cuGraphExecUpdate(e, g3, &err, &result), 910);
+    expect("result: topology changed", result == 2);
+    check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    read_back(hy, y);
+    expect("a refused update changes nothing", all_equal(hy, hx, 1.0f, 4.0f));
+
+    CUDA_KERNEL_NODE_PARAMS kp = saxpy_params(0, 7.0f, x, y);
+    check("exec kernel node set params", cuGraphExecKernelNodeSetParams(e, nodes[1], &kp), 0);
+    CUDA_MEMSET_NODE_PARAMS mp = {y, 0, TWO, 4, N, 1};
+    check("exec memset node set params", cuGraphExecMemsetNodeSetParams(e, nodes[0], &mp, ctx),
+          0);
+    check("set params of a node of the wrong type",
+          cuGraphExecMemsetNodeSetParams(e, nodes[1], &mp, ctx), 1);
+    check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    read_back(hy, y);
+    expect("set params: y = 2 + 7x", all_equal(hy, hx, 2.0f, 7.0f));
+    check("destroy", cuGraphExecDestroy(e), 0);
+    cuGraphDestroy(g1);
+    cuGraphDestroy(g2);
+    cuGraphDestroy(g3);
+}
+
+static size_t free_mem(void) {
+    size_t f = 0, t = 0;
+    cuMemGetInfo_v2(&f, &t);
+    return f;
+}
+
+static void mode_mem(size_t slice) {
+    static float hy[N];
+    CUdeviceptr y;
+    CUstream s;
+    CUgraph g, g2, g3;
+    CUgraphNode alloc, ms, cp, fr;
+    CUgraphExec e, e2, e3;
+    check("alloc y", cuMemAlloc_v2(&y, BYTES), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+    size_t before = free_mem();
+    size_t size = 8 << 20;
+
+    /* alloc -> memset -> copy out -> free: nothing stays charged. */
+    check("graph", cuGraphCreate(&g, 0), 0);
+    CUDA_MEM_ALLOC_NODE_PARAMS ap = {0};
+    ap.poolProps[0] = 1;  /* pinned */
+    ap.poolProps[8] = 1;  /* location: device */
+    ap.bytesize = size;
+    check("mem alloc node", cuGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap), 0);
+    expect("alloc node gives an address", ap.dptr != 0);
+    CUDA_MEMSET_NODE_PARAMS mp = {ap.dptr, 0, TWO, 4, size / 4, 1};
+    check("memset node", cuGraphAddMemsetNode(&ms, g, &alloc, 1, &mp, ctx), 0);
+    CUDA_MEMCPY3D c = {0};
+    c.srcMemoryType = DEVICE;
+    c.srcDevice = ap.dptr + size - BYTES;
+    c.dstMemoryType = DEVICE;
+    c.dstDevice = y;
+    c.WidthInBytes = BYTES;
+    c.Height = 1;
+    c.Depth = 1;
+    check("memcpy node", cuGraphAddMemcpyNode(&cp, g, &ms, 1, &c, ctx), 0);
+    check("mem free node", cuGraphAddMemFreeNode(&fr, g, &cp, 1, ap.dptr), 0);
+    int t = -1;
+    cuGraphNodeGetType(alloc, &t);
+    expect("alloc node type", t == NODE_MEM_ALLOC);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    for (int rep = 0; rep < 3; rep++) check("launch alloc/free graph", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    read_back(hy, y);
+    expect("the graph's memory held its memset", hy[0] == 2.0f && hy[N - 1] == 2.0f);
+    expect("freed within the graph: nothing charged", free_mem() == before);
+
+    /* alloc without free: charged until cuMemFree; a second launch first needs the free. */
+    check("graph 2", cuGraphCreate(&g2, 0), 0);
+    CUDA_MEM_ALLOC_NODE_PARAMS ap2 = ap;
+    ap2.dptr = 0;
+    check("alloc node", cuGraphAddMemAllocNode(&alloc, g2, NULL, 0, &ap2), 0);
+    CUDA_MEMSET_NODE_PARAMS mp2 = {ap2.dptr, 0, ONE, 4, size / 4, 1};
+    check("memset node", cuGraphAddMemsetNode(&ms, g2, &alloc, 1, &mp2, ctx), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e2, g2, 0), 0);
+    check("launch", cuGraphLaunch(e2, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("the allocation is charged to the slice", before - free_mem() == size);
+    check("relaunch before the free", cuGraphLaunch(e2, s), 1);
+    check("free the graph's allocation", cuMemFree_v2(ap2.dptr), 0);
+    expect("freed: uncharged", free_mem() == before);
+    check("launch after the free", cuGraphLaunch(e2, s), 0);
+    check("free async", cuMemFreeAsync(ap2.dptr, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("freed again: uncharged", free_mem() == before);
+
+    /* Past the slice: the launch fails with out of memory. */
+    check("graph 3", cuGraphCreate(&g3, 0), 0);
+    CUDA_MEM_ALLOC_NODE_PARAMS ap3 = ap;
+    ap3.bytesize = slice + (2 << 20);
+    ap3.dptr = 0;
+    check("huge alloc node", cuGraphAddMemAllocNode(&alloc, g3, NULL, 0, &ap3), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e3, g3, 0), 0);
+    check("launch past the slice", cuGraphLaunch(e3, s), 2);
+    expect("nothing charged", free_mem() == before);
+
+    /* Stream-ordered allocation captured into a graph. */
+    CUgraph g4;
+    CUgraphExec e4;
+    CUdeviceptr p = 0;
+    check("begin", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    check("captured cuMemAllocAsync", cuMemAllocAsync(&p, size, s), 0);
+    check("captured memset", cuMemsetD32Async(p, ONE, size / 4, s), 0);
+    check("captured copy", cuMemcpyDtoDAsync_v2(y, p, BYTES, s), 0);
+    check("captured cuMemFreeAsync", cuMemFreeAsync(p, s), 0);
+    check("end", cuStreamEndCapture(s, &g4), 0);
+    size_t n = 8;
+    CUgraphNode nodes[8];
+    check("nodes", cuGraphGetNodes(g4, nodes, &n), 0);
+    int t0 = -1, t3 = -1;
+    cuGraphNodeGetType(nodes[0], &t0);
+    cuGraphNodeGetType(nodes[3], &t3);
+    expect("alloc and free nodes", n == 4 && t0 == NODE_MEM_ALLOC && t3 == NODE_MEM_FREE);
+    check("instantiate", cuGraphInstantiateWithFlags(&e4, g4, 0), 0);
+    check("launch", cuGraphLaunch(e4, s), 0);
+    check("launch again", cuGraphLaunch(e4, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    read_back(hy, y);
+    expect("captured allocation held its memset", hy[0] == 1.0f && hy[N - 1] == 1.0f);
+    expect("nothing stays charged", free_mem() == before);
+    cuGraphExecDestroy(e);
+    cuGraphExecDestroy(e2);
+    cuGraphExecDestroy(e3);
+    cuGraphExecDestroy(e4);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* One tiny kernel (1 block of 32 threads over 32 elements). */
+static CUresult tiny(CUstream s, CUdeviceptr x, CUdeviceptr y) {
+    int n = 32;
+    float a = 1.0f;
+    void *args[] = {&n, &a, &x, &y};
+    return cuLaunchKernel(saxpy, 1, 1, 1, 32, 1, 1, 0, s, args, NULL);
+}
+
+static void mode_bench(int kernels, int reps) {
+    CUdeviceptr x, y;
+    CUstream s;
+    CUgraph g;
+    CUgraphExec e;
+    check("alloc", cuMemAlloc_v2(&x, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&y, BYTES), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+    check("begin", cuStreamBeginCapture_v2(s, MODE_GLOBAL), 0);
+    for (int i = 0; i < kernels; i++) tiny(s, x, y);
+    check("end", cuStreamEndCapture(s, &g), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    check("warm up", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        for (int i = 0; i < kernels; i++) tiny(s, x, y);
+        cuStreamSynchronize(s);
+        double t1 = now();
+        cuGraphLaunch(e, s);
+        cuStreamSynchronize(s);
+        double t2 = now();
+        printf("sample launches_us %.3f graph_us %.3f\n", (t1 - t0) * 1e6 / kernels,
+               (t2 - t1) * 1e6 / kernels);
+    }
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: graphs MODE SAXPY_PTX [ARG]\n");
+        return 2;
+    }
+    setup(argv[2]);
+    const char *m = argv[1];
+    if (!strcmp(m, "capture")) mode_capture();
+    else if (!strcmp(m, "fork")) mode_fork();
+    else if (!strcmp(m, "errors")) mode_errors();
+    else if (!strcmp(m, "explicit")) mode_explicit(argc > 3 ? argv[3] : "/tmp/vgpu-graph.dot");
+    else if (!strcmp(m, "update")) mode_update();
+    else if (!strcmp(m, "mem") && argc > 3) mode_mem(strtoull(argv[3], NULL, 0));
+    else if (!strcmp(m, "bench") && argc > 4) mode_bench(atoi(argv[3]), atoi(argv[4]));
+    else {
+        fprintf(stderr, "unknown mode %s\n", m);
+        return 2;
+    }
+    printf("done\n");
+    return failures;
+}

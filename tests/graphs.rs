@@ -1,0 +1,126 @@
+//! Stream capture and CUDA graphs through the shim, vgpud and the simulated GPU
+//! (`tests/c/graphs.c`): captured sequences replayed with correct results, cross-stream
+//! capture through events, CUDA's errors for illegal calls during capture, graphs built node
+//! by node, executable graph updates, and graph allocations charged to the slice.
+
+use std::time::Duration;
+
+use vgpu_tests::harness::{Run, TestVm, Vgpud, build_c_program, ptx, run_against};
+
+const MIB: u64 = 1 << 20;
+
+fn saxpy_ptx() -> String {
+    ptx("saxpy.sm_80.ptx").display().to_string()
+}
+
+/// Runs one mode of the C program against a fresh VM and checks that every check passed.
+fn run_mode(slice: u64, args: &[&str], min_checks: usize) -> Run {
+    let d = Vgpud::start(&[TestVm::new("vm", slice)]);
+    let prog = build_c_program("graphs");
+    let ptx = saxpy_ptx();
+    let mut all = vec![args[0], ptx.as_str()];
+    all.extend_from_slice(&args[1..]);
+    let r = run_against(&d, "vm", &prog, &all);
+    assert!(
+        r.failures().is_empty() && r.code == 0 && r.stdout.contains("done"),
+        "{}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+    let checks = r.stdout.lines().filter(|l| l.starts_with("ok ")).count();
+    assert!(checks >= min_checks, "{checks} checks:\n{}", r.stdout);
+    // The process ended and everything it held went back to the slice.
+    d.wait_memory_used("vm", 0, Duration::from_secs(5));
+    r
+}
+
+#[test]
+fn a_captured_sequence_replays_with_new_host_data() {
+    run_mode(64 * MIB, &["capture"], 40);
+}
+
+#[test]
+fn capture_forks_and_joins_streams_through_events() {
+    run_mode(64 * MIB, &["fork"], 40);
+}
+
+#[test]
+fn illegal_calls_during_capture_fail_as_in_cuda() {
+    run_mode(64 * MIB, &["errors"], 50);
+}
+
+#[test]
+fn graphs_built_node_by_node_run_in_dependency_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let dot = dir.path().join("graph.dot");
+    run_mode(64 * MIB, &["explicit", dot.to_str().unwrap()], 50);
+    let text = std::fs::read_to_string(&dot).unwrap();
+    assert!(text.contains("host") && text.contains("memcpy"), "{text}");
+}
+
+#[test]
+fn executable_graph_updates_take_effect() {
+    run_mode(64 * MIB, &["update"], 30);
+}
+
+#[test]
+fn graph_allocations_are_charged_to_the_slice_and_refused_past_it() {
+    let slice = 64 * MIB;
+    run_mode(slice, &["mem", &slice.to_string()], 40);
+}
+
+/// The directory of PyPI's CUDA runtime of a major version (as tests/runtime.rs finds it).
+fn pypi_cudart(major: u32) -> std::path::PathBuf {
+    let module = if major == 12 {
+        "nvidia.cuda_runtime"
+    } else {
+        "nvidia.cu13"
+    };
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            &format!("import {module} as m; print(list(m.__path__)[0])"),
+        ])
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "PyPI's CUDA {major} runtime ({module}) is not installed: run scripts/prereqs.sh"
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// tests/cuda/graphs.cu (nvcc 11.8) on NVIDIA's own runtimes: capture, replay, an
+/// invalidated capture, a node-by-node graph with a host node, exec parameter changes.
+#[test]
+fn nvcc_program_uses_graphs_through_the_cuda_runtime() {
+    let dir = vgpu_tests::harness::artifacts()
+        .profile_dir
+        .join("cuda-programs-graphs");
+    let st = std::process::Command::new(
+        vgpu_tests::harness::workspace_root().join("tests/cuda/build.sh"),
+    )
+    .arg(&dir)
+    .env("CUDA_VARIANTS", "static shared cudart12 cudart13")
+    .env("CUDART12_DIR", pypi_cudart(12))
+    .env("CUDART13_DIR", pypi_cudart(13))
+    .status()
+    .expect("running tests/cuda/build.sh");
+    assert!(st.success(), "tests/cuda/build.sh failed");
+    let d = Vgpud::start(&[TestVm::new("vm", 64 * MIB)]);
+    for rt in ["static", "shared", "cudart12", "cudart13"] {
+        let r =
+            vgpu_tests::harness::run_with_shim(&d, "vm", &dir.join(format!("graphs.{rt}")), &[]);
+        assert!(
+            r.failures().is_empty() && r.code == 0,
+            "graphs.{rt}:\n{}\n{}\n{}",
+            r.stdout,
+            r.stderr,
+            d.log()
+        );
+        let checks = r.stdout.lines().filter(|l| l.starts_with("ok ")).count();
+        assert!(checks >= 20, "graphs.{rt}: {checks} checks\n{}", r.stdout);
+        d.wait_memory_used("vm", 0, Duration::from_secs(5));
+    }
+}

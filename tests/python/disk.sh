@@ -30,6 +30,7 @@ if [ -f "$OUT" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
     exit 0
 fi
 
+mkdir -p "$(dirname "$OUT")"
 STAGE="$(mktemp -d "${OUT}.stage.XXXXXX")"
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib/python$VER/site-packages" "$STAGE/lib-extra"

@@ -19,8 +19,8 @@ use cuda::client::Client;
 use vgpu_broker::config::Config;
 use vgpu_proto::graph::push_op;
 use vgpu_proto::msg;
-use vgpud::Daemon;
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
+use vgpud::Daemon;
 
 use crate::share::SPIN_PTX;
 use crate::stats::median;

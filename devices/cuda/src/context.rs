@@ -47,10 +47,11 @@ const MEMHOSTALLOC_PORTABLE: u32 = 1;
 const STREAM_NON_BLOCKING: u32 = 1;
 /// `CU_EVENT_DEFAULT`: timing enabled.
 const EVENT_TIMING: u32 = 0;
-/// CUDA streams per VM context besides its default one: the work of guest
-/// streams (engine lanes) is spread over them, so copies and kernels of
-/// different streams overlap on the GPU.
-pub const LANE_STREAMS: usize = 4;
+/// Most CUDA streams per VM context besides its default one. Each guest
+/// stream (engine lane) gets one of its own, in the order they first run
+/// work, so copies and kernels of different streams overlap on the GPU; past
+/// this many, later lanes share them.
+pub const LANE_STREAMS: usize = 32;
 /// Device bytes used to copy between overlapping ranges (memmove semantics).
 const OVERLAP_SCRATCH: u64 = 4 << 20;
 /// Polls of a pending event that only yield the thread before sleeping.
@@ -147,9 +148,9 @@ pub(crate) struct Generation {
     /// Work outside any lane (zeroing new memory), and lanes whose stream
     /// could not be created.
     pub(crate) stream: Stream,
-    /// The streams of guest streams' work, created on first use, picked by
-    /// lane ([`vgpu_broker::device::current_lane`]).
-    lane_streams: Mutex<Vec<Option<Stream>>>,
+    /// The streams of guest streams' work, created on first use, by lane
+    /// ([`vgpu_broker::device::current_lane`]).
+    lane_streams: Mutex<Vec<(u64, Stream)>>,
     broken: Mutex<Option<DeviceError>>,
     ranges: Mutex<BTreeMap<u64, Range>>,
     events: Mutex<Vec<Event>>,
@@ -196,7 +197,7 @@ impl Generation {
             shared: Arc::clone(shared),
             ctx,
             stream,
-            lane_streams: Mutex::new(vec![None; LANE_STREAMS]),
+            lane_streams: Mutex::new(Vec::new()),
             broken: Mutex::new(None),
             ranges: Mutex::new(BTreeMap::new()),
             events: Mutex::new(Vec::new()),
@@ -299,20 +300,23 @@ impl Generation {
         lock(&self.events).push(e);
     }
 
-    /// The CUDA stream of the calling thread's lane: one of
-    /// [`LANE_STREAMS`] by lane, the default stream outside any lane. The
-    /// engine orders lanes (a job starts once what it depends on completed,
-    /// and every call here waits for its own work), so any lane may use any
-    /// of them.
+    /// The CUDA stream of the calling thread's lane: a stream of its own for
+    /// each of the first [`LANE_STREAMS`] lanes, a shared one past them, the
+    /// default stream outside any lane. The engine orders lanes (a job starts
+    /// once what it depends on completed, and every call here waits for its
+    /// own work), so sharing a stream costs overlap, never order.
     pub(crate) fn lane_stream(&self) -> Stream {
         let lane = vgpu_broker::device::current_lane();
         if lane == 0 {
             return self.stream;
         }
-        let i = (lane as usize) % LANE_STREAMS;
         let mut pool = lock(&self.lane_streams);
-        if let Some(s) = pool[i] {
+        if let Some(&(_, s)) = pool.iter().find(|(l, _)| *l == lane) {
             return s;
+        }
+        if pool.len() >= LANE_STREAMS {
+            // Lane ids of guest streams are odd: spread them by their upper bits.
+            return pool[((lane >> 1) as usize) % pool.len()].1;
         }
         let created = self.enter().ok().and_then(|_c| {
             self.driver()
@@ -328,7 +332,7 @@ impl Generation {
         });
         match created {
             Some(s) => {
-                pool[i] = Some(s);
+                pool.push((lane, s));
                 s
             }
             None => self.stream,
@@ -703,8 +707,8 @@ impl Drop for Generation {
             if let Some(b) = lock(&self.scratch).take() {
                 let _ = d.mem_free(b);
             }
-            for s in lock(&self.lane_streams).iter().flatten() {
-                let _ = d.stream_destroy(*s);
+            for &(_, s) in lock(&self.lane_streams).iter() {
+                let _ = d.stream_destroy(s);
             }
             let _ = d.stream_destroy(self.stream);
         }

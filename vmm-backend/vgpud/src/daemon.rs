@@ -1217,6 +1217,26 @@ impl Runtime {
     }
 }
 
+/// Starts thread `thread` serving a vhost-user device (`what`) of VM `vm`: the VMM's messages
+/// and the guest's queues are handled only under the vhost seccomp allowlist.
+fn spawn_device_thread<E: std::fmt::Display>(
+    thread: String,
+    vm: &str,
+    what: &'static str,
+    run: impl FnOnce() -> Result<(), E> + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let vm = vm.to_string();
+    std::thread::Builder::new().name(thread).spawn(move || {
+        if let Err(e) = vgpu_seccomp::enter(ThreadKind::Vhost) {
+            tracing::error!(vm = %vm, error = %e, device = what, "device not started");
+            return;
+        }
+        if let Err(e) = run() {
+            tracing::error!(vm = %vm, error = %e, device = what, "device stopped");
+        }
+    })
+}
+
 fn start_vsock(
     vm: &str,
     config: VsockConfig,
@@ -1230,20 +1250,10 @@ fn start_vsock(
     let stats = server.stats();
     let stop = StopHandle::new().map_err(|e| err(vsock::Error::EventLoop(e)))?;
     let stop2 = stop.clone();
-    let name = vm.to_string();
-    let thread = std::thread::Builder::new()
-        .name(format!("vgpu-vsock-{vm}"))
-        .spawn(move || {
-            // The VMM's messages and the guest's queues are handled only under the vhost allowlist.
-            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Vhost) {
-                tracing::error!(vm = %name, error = %e, "vsock device not started");
-                return;
-            }
-            if let Err(e) = server.run(&stop2) {
-                tracing::error!(vm = %name, error = %e, "vsock device stopped");
-            }
-        })
-        .map_err(|e| err(vsock::Error::EventLoop(e)))?;
+    let thread = spawn_device_thread(format!("vgpu-vsock-{vm}"), vm, "vsock", move || {
+        server.run(&stop2)
+    })
+    .map_err(|e| err(vsock::Error::EventLoop(e)))?;
     Ok(RunningVsock {
         vm: vm.to_string(),
         config,
@@ -1279,20 +1289,10 @@ fn start_vgpu_dev(
     let stats = server.stats();
     let stop = StopHandle::new().map_err(|e| err(vgpu_dev::Error::EventLoop(e)))?;
     let stop2 = stop.clone();
-    let name = vm.to_string();
-    let thread = std::thread::Builder::new()
-        .name(format!("vgpu-dev-{vm}"))
-        .spawn(move || {
-            // The VMM's messages and the guest's queues are handled only under the vhost allowlist.
-            if let Err(e) = vgpu_seccomp::enter(ThreadKind::Vhost) {
-                tracing::error!(vm = %name, error = %e, "virtio-vgpu device not started");
-                return;
-            }
-            if let Err(e) = server.run(&stop2) {
-                tracing::error!(vm = %name, error = %e, "virtio-vgpu device stopped");
-            }
-        })
-        .map_err(|e| err(vgpu_dev::Error::EventLoop(e)))?;
+    let thread = spawn_device_thread(format!("vgpu-dev-{vm}"), vm, "virtio-vgpu", move || {
+        server.run(&stop2)
+    })
+    .map_err(|e| err(vgpu_dev::Error::EventLoop(e)))?;
     Ok(RunningVgpuDev {
         config,
         stats,

@@ -2,12 +2,15 @@
 //! class not covered elsewhere (the register bomb and disconnects with queued
 //! work are in shim_c.rs, oversized strings in the audit tests): vgpud
 //! survives, answers the attacker with an error or a closed connection, keeps
-//! serving another VM, and stays within its limits.
+//! serving another VM, and stays within its limits. Covered here: a connection
+//! flood, the per-VM budgets, a flood of forged contexts and a declaration bomb.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use vgpu_broker::testutils::TestClient;
+use vgpu_proto::msg;
 use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, hold, run_against};
 
 const MIB: u64 = 1 << 20;
@@ -155,4 +158,159 @@ unix_socket = "@DIR@/other.sock"
         std::thread::sleep(Duration::from_millis(50));
     }
     driver_api_works(&d, "small");
+}
+
+/// vgpud's resident memory, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    let kib: u64 = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib * 1024
+}
+
+/// A protocol session of `vm` with a context of its own.
+fn session(d: &Vgpud, vm: &str) -> (TestClient<UnixStream>, u64) {
+    let mut c = TestClient::new(UnixStream::connect(d.socket(vm)).unwrap());
+    c.hello().unwrap();
+    let ctx = c
+        .call(
+            &msg::CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .unwrap()
+        .0
+        .handle;
+    (c, ctx)
+}
+
+/// Fills posted (no reply wanted) in contexts the guest made up.
+fn post_forged_fills(c: &mut TestClient<UnixStream>, seeds: std::ops::Range<u64>) {
+    for i in seeds {
+        // Spread over the whole value space, so each names another "context".
+        let forged = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        c.post(
+            &msg::Memset {
+                ctx: forged,
+                stream: 0,
+                dst: 0,
+                value: 0,
+                elem_size: 1,
+                count: 1,
+            },
+            &[],
+        )
+        .unwrap();
+    }
+}
+
+/// A guest posts work naming hundreds of thousands of contexts it made up.
+/// Each is refused; the refusal surfaces at the guest's next synchronizing
+/// call, as a malformed request's does; vgpud keeps nothing per forged value
+/// (its memory stays flat) and serves another VM throughout.
+#[test]
+fn a_forged_context_flood_leaves_nothing_behind() {
+    /// Forged fills posted before the baseline is taken.
+    const WARM_UP: u64 = 20_000;
+    /// Forged fills posted after it. Kept per value, their errors (a message each) would
+    /// take well over 64 MiB.
+    const FLOOD: u64 = 400_000;
+    /// Growth allowed for allocator noise.
+    const SLACK: u64 = 24 * MIB;
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let (mut c, ctx) = session(&d, "vm1");
+    post_forged_fills(&mut c, 0..WARM_UP);
+    let refused = c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap_err();
+    assert_ne!(refused.0, 0, "a forged context's fill surfaces as an error");
+    let before = rss_of(d.pid());
+    post_forged_fills(&mut c, WARM_UP..WARM_UP + FLOOD);
+    // The first refusal surfaces once; then the session is clean again.
+    assert!(c.call(&msg::CtxSynchronize { ctx }, &[]).is_err());
+    assert_eq!(
+        c.call(&msg::CtxSynchronize { ctx }, &[]).map(|_| ()),
+        Ok(())
+    );
+    let after = rss_of(d.pid());
+    assert!(
+        after <= before + SLACK,
+        "vgpud grew from {} to {} MiB over {FLOOD} forged contexts",
+        before / MIB,
+        after / MIB
+    );
+    // The attacker's own context works, and so does another VM.
+    let p = c
+        .call(&msg::MemAlloc { ctx, size: 4096 }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    c.call(
+        &msg::Memset {
+            ctx,
+            stream: 0,
+            dst: p,
+            value: 7,
+            elem_size: 1,
+            count: 4096,
+        },
+        &[],
+    )
+    .unwrap();
+    driver_api_works(&d, "vm2");
+}
+
+/// PTX whose declarations name a quarter of a billion registers in 7 KiB
+/// loads in bounded memory and time: declarations are never expanded. The
+/// attacker gets an answer for every load, vgpud's memory stays flat, and
+/// another VM is served.
+#[test]
+fn a_declaration_bomb_costs_its_size_not_what_it_declares() {
+    /// Declaration lines per module, each of 2^20 registers.
+    const LINES: usize = 256;
+    /// Modules loaded (and unloaded) in a row.
+    const LOADS: usize = 16;
+    const SLACK: u64 = 32 * MIB;
+    let mut ptx =
+        String::from(".version 7.0\n.target sm_52\n.address_size 64\n.visible .entry bomb()\n{\n");
+    for i in 0..LINES {
+        ptx.push_str(&format!(" .reg .b32 %q{i}_<1048576>;\n"));
+    }
+    ptx.push_str(" ret;\n}\n");
+    let mut image = ptx.into_bytes();
+    image.push(0);
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let (mut c, ctx) = session(&d, "vm1");
+    let before = rss_of(d.pid());
+    for _ in 0..LOADS {
+        match c.call(&msg::ModuleLoad { ctx }, &image) {
+            Ok((m, _)) => {
+                c.call(
+                    &msg::ModuleUnload {
+                        ctx,
+                        module: m.handle,
+                    },
+                    &[],
+                )
+                .unwrap();
+            }
+            // A refusal is an answer too; it must name the reason.
+            Err((code, why)) => assert!(code != 0 && !why.is_empty(), "{code}: {why}"),
+        }
+    }
+    let after = rss_of(d.pid());
+    assert!(
+        after <= before + SLACK,
+        "vgpud grew from {} to {} MiB loading {LOADS} declaration bombs",
+        before / MIB,
+        after / MIB
+    );
+    driver_api_works(&d, "vm2");
 }

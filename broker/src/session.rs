@@ -287,7 +287,9 @@ impl Session {
     }
 
     /// The context a request's work belongs to (the stream's, for a stream of
-    /// this session), or `NO_CONTEXT`.
+    /// this session), or `NO_CONTEXT`: also for a context this session does not
+    /// have, so that errors kept for later are keyed by real contexts only and
+    /// a flood of forged values leaves nothing behind.
     fn req_ctx(&self, req: &Request) -> u64 {
         use Request as R;
         let (ctx, stream) = match req {
@@ -300,7 +302,12 @@ impl Session {
             R::GraphLaunch(m) => (m.ctx, m.stream),
             _ => return crate::engine::NO_CONTEXT,
         };
-        self.streams.get(stream).map_or(ctx, |s| s.ctx)
+        let ctx = self.streams.get(stream).map_or(ctx, |s| s.ctx);
+        if self.contexts.get(ctx).is_some() {
+            ctx
+        } else {
+            crate::engine::NO_CONTEXT
+        }
     }
 
     /// The lane of a request's work, for a synchronous form to wait on.

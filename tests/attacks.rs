@@ -314,3 +314,57 @@ fn a_declaration_bomb_costs_its_size_not_what_it_declares() {
     );
     driver_api_works(&d, "vm2");
 }
+
+/// A cubin of the simulated GPU's architecture built to make a naive reader
+/// quadratic: 30 000 kernels, each with a parameter section of its own (30 000
+/// sections to look names up in). vgpud answers every load, stays flat in
+/// memory and serves another VM.
+#[test]
+fn a_cubin_bomb_is_read_in_one_pass() {
+    use vgpu_fatbin::cubin::{SHT_NOBITS, STO_CUDA_ENTRY, STT_FUNC};
+    use vgpu_fatbin::testutils::ElfBuilder;
+    /// Kernels, and parameter sections.
+    const KERNELS: usize = 30_000;
+    /// Loads in a row.
+    const LOADS: usize = 4;
+    /// Offset of `e_flags` in an ELF64 header; the simulated GPU's architecture, sm_80.
+    const E_FLAGS: usize = 48;
+    const SM_80: u32 = 80;
+    const SLACK: u64 = 64 * MIB;
+    let mut b = ElfBuilder::new();
+    let text = b.section(".text", SHT_NOBITS, Vec::new());
+    let info = ElfBuilder::nv_info(&[(0, 0, 8), (1, 8, 8)]);
+    for k in 0..KERNELS {
+        b.section(&format!(".nv.info.k{k}"), 0x7000_0000, info.clone());
+        b.symbol(&format!("k{k}"), STT_FUNC, 1, STO_CUDA_ENTRY, text, 16);
+    }
+    let mut image = b.build();
+    image[E_FLAGS..E_FLAGS + 4].copy_from_slice(&SM_80.to_le_bytes());
+    assert!(image.len() < 8 << 20, "one request: {} bytes", image.len());
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let (mut c, ctx) = session(&d, "vm1");
+    let before = rss_of(d.pid());
+    for _ in 0..LOADS {
+        match c.call(&msg::ModuleLoad { ctx }, &image) {
+            Ok((m, _)) => {
+                c.call(
+                    &msg::ModuleUnload {
+                        ctx,
+                        module: m.handle,
+                    },
+                    &[],
+                )
+                .unwrap();
+            }
+            Err((code, why)) => assert!(code != 0 && !why.is_empty(), "{code}: {why}"),
+        }
+    }
+    let after = rss_of(d.pid());
+    assert!(
+        after <= before + SLACK,
+        "vgpud grew from {} to {} MiB loading {LOADS} cubin bombs",
+        before / MIB,
+        after / MIB
+    );
+    driver_api_works(&d, "vm2");
+}

@@ -38,7 +38,9 @@ use vmm_sys_util::eventfd::EventFd;
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
 use super::exec::VgpuService;
 use super::session_thread;
-use super::shared::{BatchJob, CallJob, Completion, Msg, Pause, SessionEntry, Shared, queue_name};
+use super::shared::{
+    BatchJob, CallJob, Completion, InFlight, Msg, Pause, SessionEntry, Shared, queue_name,
+};
 use super::stats::VgpuDevStats;
 use super::wire::{
     CTRL_QUEUE, MAX_BATCH_FRAMES, MAX_DATA, MAX_INLINE, MAX_REPLY, REQ_BATCH, REQ_CALL, REQ_CLOSE,
@@ -93,6 +95,7 @@ impl VgpuDevice {
                 pause: Mutex::new(Pause::default()),
                 resumed: Condvar::new(),
                 rescan: OnceLock::new(),
+                in_flight: InFlight::new(),
             }),
             mem: None,
             event_idx: false,
@@ -104,7 +107,18 @@ impl VgpuDevice {
     /// The event the device writes when it resumes after a pause: the queue thread must then
     /// look at both queues again, as after a kick (see [`RESCAN_EVENT`]). Set once.
     pub fn set_rescan_event(&self, event: EventFd) {
+        match event.try_clone() {
+            Ok(e) => self.shared.in_flight.set_rescan_event(e),
+            Err(e) => {
+                warn!(error = %e, "cannot share the rescan event; a guest past the in-flight limit waits for its next kick")
+            }
+        }
         let _ = self.shared.rescan.set(event);
+    }
+
+    /// Descriptor chains the device holds now (taken from the rings, not yet returned).
+    pub fn chains_in_flight(&self) -> usize {
+        self.shared.in_flight.count()
     }
 
     /// Installs the guest memory (called on every memory-table change).
@@ -174,6 +188,15 @@ impl VgpuDevice {
             }
             let mut popped = false;
             loop {
+                if !self.shared.in_flight.has_room() {
+                    // The rest stays in the ring until chains return (the rescan event).
+                    self.shared.stats.add_throttle();
+                    self.shared.log_guest(format_args!(
+                        "the guest has {} requests in flight; taking no more until some return",
+                        self.shared.in_flight.count()
+                    ));
+                    return;
+                }
                 let mem = atomic.memory();
                 let chain = match next_chain(vring, &mem) {
                     Ok(Some(c)) => c,
@@ -248,6 +271,7 @@ impl VgpuDevice {
             reply_cap: 0,
             epoch,
             queue,
+            _held: self.shared.in_flight.take(),
         }
         .finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
     }
@@ -279,6 +303,7 @@ impl VgpuDevice {
             reply_cap,
             epoch,
             queue,
+            _held: self.shared.in_flight.take(),
         };
         if have < REQ_HEADER_LEN || chain.writable.len() < RESP_HEADER_LEN {
             self.shared.stats.add_dropped_chain();
@@ -1296,6 +1321,54 @@ mod tests {
         assert_eq!(r.ctrl_sync(3, &d).status, S_BAD_REQUEST);
         let d = r.request(4, Rig::call_hdr(9, 3, f.len(), 64), &f, &[], 0);
         assert_eq!(r.ctrl_sync(4, &d).status, S_OK);
+    }
+
+    /// A guest with more chains in flight than the device takes at once (a hostile guest reposting
+    /// chains gets there; the limit is lowered here): the device stops taking them at the limit
+    /// and leaves the rest in the ring; as chains return it is asked (the rescan event) to look
+    /// again, and every request completes, in order.
+    #[test]
+    fn past_the_in_flight_limit_chains_wait_in_the_ring() {
+        use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+        const LIMIT: usize = 4;
+        const CALLS: u64 = 10;
+        let mut r = rig_with_gates(1);
+        let rescan = EventFd::new(EFD_NONBLOCK).unwrap();
+        r.dev.set_rescan_event(rescan.try_clone().unwrap());
+        r.dev.shared.in_flight.set_limit(LIMIT);
+        r.open(0, 1);
+        // The first frame blocks its session until the gate opens; the others queue behind it.
+        for seq in 1..=CALLS {
+            let op = if seq == 1 { OP_BLOCK } else { OP_ECHO };
+            let f = frame(op, FLAG_ASYNC, seq, 0, b"");
+            let d = r.request(seq, Rig::call_hdr(1, seq, f.len(), 0), &f, &[], 0);
+            r.push(SUBMIT_QUEUE, &d);
+        }
+        r.run();
+        assert_eq!(r.dev.chains_in_flight(), LIMIT);
+        assert_eq!(r.used_idx(SUBMIT_QUEUE), 0);
+        assert!(r.stats.snapshot().in_flight_throttles >= 1);
+        r.gate_tx[0].send(()).unwrap();
+        // The test plays the vring worker: a rescan event means look at the rings again.
+        let deadline = Instant::now() + WAIT;
+        while r.used_idx(SUBMIT_QUEUE) < CALLS as u16 {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {CALLS} returned",
+                r.used_idx(SUBMIT_QUEUE)
+            );
+            if rescan.read().is_ok() {
+                r.run();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let order: Vec<u64> = r.seen.try_iter().map(|(_, id)| id).collect();
+        assert_eq!(order, (1..=CALLS).collect::<Vec<_>>());
+        let deadline = Instant::now() + WAIT;
+        while r.dev.chains_in_flight() != 0 {
+            assert!(Instant::now() < deadline, "chains still counted as held");
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Every kind of hostile request is refused for its own chain; the device keeps serving.

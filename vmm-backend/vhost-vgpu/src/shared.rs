@@ -5,7 +5,7 @@
 //! module, not on each other.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -35,6 +35,85 @@ const _: () = assert!(
     RESCAN_EVENT as usize > NUM_QUEUES,
     "ids up to NUM_QUEUES are taken"
 );
+
+/// Most descriptor chains the device holds at once (taken from the rings and not yet returned):
+/// both queues full, which is all a guest playing by the rules can hand it. A guest that places
+/// one chain in its avail ring again and again could otherwise hand it chains without end.
+pub(crate) const MAX_IN_FLIGHT: usize = NUM_QUEUES * crate::DEFAULT_QUEUE_SIZE as usize;
+
+/// The chains the device holds. Past the limit the queue thread takes no more from the rings;
+/// the first chain returned after that asks it, through the rescan event, to look again.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    count: AtomicUsize,
+    limit: AtomicUsize,
+    /// The queue thread stopped at the limit and waits for a rescan.
+    throttled: AtomicBool,
+    rescan: OnceLock<EventFd>,
+}
+
+impl InFlight {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(InFlight {
+            count: AtomicUsize::new(0),
+            limit: AtomicUsize::new(MAX_IN_FLIGHT),
+            throttled: AtomicBool::new(false),
+            rescan: OnceLock::new(),
+        })
+    }
+
+    /// The event to write when the queue thread must look at the rings again. Set once.
+    pub(crate) fn set_rescan_event(&self, event: EventFd) {
+        let _ = self.rescan.set(event);
+    }
+
+    /// Changes the limit (tests).
+    #[cfg(test)]
+    pub(crate) fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::SeqCst);
+    }
+
+    /// Chains held now.
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Whether the device may take another chain. When it may not, the next chain returned asks
+    /// the queue thread to look again.
+    pub(crate) fn has_room(&self) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if self.count.load(Ordering::SeqCst) < limit {
+            return true;
+        }
+        self.throttled.store(true, Ordering::SeqCst);
+        // A chain returned between the check and the flag would not have asked: look again.
+        self.count.load(Ordering::SeqCst) < limit
+    }
+
+    /// Counts one chain taken from a ring until the returned token is dropped.
+    pub(crate) fn take(self: &Arc<Self>) -> Arc<InFlightToken> {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Arc::new(InFlightToken(Arc::clone(self)))
+    }
+}
+
+/// One chain the device holds, shared by every copy of its [`Completion`]: dropped when the chain
+/// is returned or abandoned (a reset), whichever way that happens.
+#[derive(Debug)]
+pub(crate) struct InFlightToken(Arc<InFlight>);
+
+impl Drop for InFlightToken {
+    fn drop(&mut self) {
+        let f = &self.0;
+        f.count.fetch_sub(1, Ordering::SeqCst);
+        if f.throttled.swap(false, Ordering::SeqCst)
+            && let Some(e) = f.rescan.get()
+            && let Err(e) = e.write(1)
+        {
+            warn!(error = %e, "cannot ask the queue thread to take the chains it left in the rings");
+        }
+    }
+}
 
 /// How often a paused device looks whether its queues run again.
 pub(crate) const PAUSE_POLL: Duration = Duration::from_millis(2);
@@ -100,6 +179,8 @@ pub(crate) struct Shared {
     /// one while the guest already runs) found nothing to do, and the guest will not kick again
     /// for the chains it made available. The backend registers it with the vring worker.
     pub(crate) rescan: OnceLock<EventFd>,
+    /// The chains the device holds.
+    pub(crate) in_flight: Arc<InFlight>,
 }
 
 impl Shared {
@@ -323,6 +404,8 @@ pub(crate) struct Completion {
     pub(crate) reply_cap: usize,
     pub(crate) epoch: u64,
     pub(crate) queue: usize,
+    /// Counts the chain as held until the last copy of this completion is dropped.
+    pub(crate) _held: Arc<InFlightToken>,
 }
 
 impl Completion {

@@ -61,6 +61,8 @@ counters! {
     resumes,
     /// VMM (vhost-user frontend) connections accepted.
     frontend_connections,
+    /// Times the device stopped taking chains because the guest had as many in flight as both queues hold (only a guest that reposts chains it has not got back gets there).
+    in_flight_throttles,
 }
 
 impl VgpuDevStats {
@@ -102,6 +104,10 @@ impl VgpuDevStats {
 
     pub(crate) fn add_dropped_chain(&self) {
         Self::add(&self.dropped_chains, 1);
+    }
+
+    pub(crate) fn add_throttle(&self) {
+        Self::add(&self.in_flight_throttles, 1);
     }
 
     pub(crate) fn add_refused(&self) {

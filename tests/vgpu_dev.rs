@@ -561,6 +561,71 @@ fn sessions_end_by_close_reboot_or_violation_and_free_their_memory() {
     assert!(h.stats("vm1").device_resets >= 1);
 }
 
+/// A guest process closed while its session waits in a synchronizing call behind a kernel that
+/// would spin until the watchdog (30 s): the session notices the close, cancels the kernel and
+/// frees its memory at once, not when the kernel ends.
+#[test]
+fn a_session_closed_while_it_waits_for_kernels_ends_at_once() {
+    let h = Host::start(&[("vm1", 64)]);
+    let g = h.guest("vm1", 16 * MIB);
+    let (mut s, ctx) = session(&g, 1);
+    let module = s
+        .call(
+            &msg::ModuleLoad { ctx },
+            vgpu_tests::conformance_streams::FLAG_PTX.as_bytes(),
+        )
+        .unwrap()
+        .handle;
+    let function = s
+        .call(
+            &msg::ModuleGetFunction {
+                ctx,
+                module,
+                name: "wait_flag".into(),
+            },
+            &[],
+        )
+        .unwrap()
+        .function;
+    let flag = alloc(&mut s, ctx, 4).unwrap();
+    let out = alloc(&mut s, ctx, 4).unwrap();
+    alloc(&mut s, ctx, 8 * MIB).unwrap();
+    let params = g.alloc(16, false).unwrap();
+    let mut p = flag.to_le_bytes().to_vec();
+    p.extend_from_slice(&out.to_le_bytes());
+    g.write_buf(&params, 0, &p).unwrap();
+    // The flag is never set: the kernel spins until the watchdog stops it.
+    s.post_sg(
+        &msg::LaunchKernel {
+            ctx,
+            stream: 0,
+            function,
+            grid_x: 1,
+            grid_y: 1,
+            grid_z: 1,
+            block_x: 1,
+            block_y: 1,
+            block_z: 1,
+            shared_bytes: 0,
+        },
+        &params.segments(0, 16),
+    )
+    .unwrap();
+    let waiting = s
+        .submit_call(&msg::CtxSynchronize { ctx }, &[], &[])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        g.poll(waiting).is_none(),
+        "the synchronize waits for the kernel"
+    );
+    let start = Instant::now();
+    s.close().unwrap();
+    // `wait_used` allows 20 s, less than the watchdog's 30.
+    h.wait_used("vm1", 0);
+    println!("closed and freed in {:?}", start.elapsed());
+}
+
 /// Removing a VM through the admin plane ends its device sessions, waits until they have released
 /// their memory, and says how many there were; the other VM is untouched.
 #[test]

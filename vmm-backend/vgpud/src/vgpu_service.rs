@@ -5,6 +5,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde_json::json;
@@ -51,7 +52,7 @@ impl BrokerService {
 }
 
 impl VgpuService for BrokerService {
-    fn open(&self) -> Result<Box<dyn SessionExecutor>, String> {
+    fn open(&self, gone: Arc<AtomicBool>) -> Result<Box<dyn SessionExecutor>, String> {
         if !self.tenant.is_open() {
             return Err(format!(
                 "VM `{}` is not accepting sessions",
@@ -64,6 +65,7 @@ impl VgpuService for BrokerService {
             transport: self.transport.clone(),
             audit: self.audit.clone(),
             session: None,
+            gone,
             opened: None,
             requests: 0,
             out: Vec::new(),
@@ -86,6 +88,8 @@ struct BrokerSession {
     transport: String,
     audit: Option<Arc<AuditLog>>,
     session: Option<Session>,
+    /// Set when the guest closed the session or the device was reset.
+    gone: Arc<AtomicBool>,
     /// When the handshake succeeded (for the audit record of the close).
     opened: Option<Instant>,
     requests: u64,
@@ -143,7 +147,10 @@ impl BrokerSession {
             &hello,
             &self.transport,
         ) {
-            Ok((session, reply)) => {
+            Ok((mut session, reply)) => {
+                // Waits for the session's work end when the guest closes the session.
+                let gone = Arc::clone(&self.gone);
+                session.watch_hangup(Arc::new(move || gone.load(Ordering::Acquire)));
                 info!(
                     tenant = %self.tenant.name,
                     session = session.id(),

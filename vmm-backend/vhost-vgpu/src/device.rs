@@ -351,6 +351,8 @@ impl VgpuDevice {
             Ok(Classified::Open) => self.open(hdr.session),
             Ok(Classified::Close) => match self.shared.sessions().remove(&hdr.session) {
                 Some(entry) => {
+                    // A call still waiting for the session's work gives up (the process is gone).
+                    entry.gone.store(true, Ordering::Release);
                     // The thread completes the chain once the session has released everything.
                     if let Err(mpsc::SendError(Msg::Close(done))) = entry.tx.send(Msg::Close(done))
                     {
@@ -440,7 +442,8 @@ impl VgpuDevice {
             warn!(vm = %self.shared.name, "session limit {MAX_SESSIONS} reached");
             return Action::Respond(S_BUSY);
         }
-        let exec = match self.service.open() {
+        let gone = Arc::new(AtomicBool::new(false));
+        let exec = match self.service.open(Arc::clone(&gone)) {
             Ok(e) => e,
             Err(why) => {
                 warn!(vm = %self.shared.name, session, "cannot open a session: {why}");
@@ -465,7 +468,7 @@ impl VgpuDevice {
             error!(vm = %self.shared.name, error = %e, "cannot start a session thread");
             return Action::Respond(S_BUSY);
         }
-        sessions.insert(session, SessionEntry { token, tx });
+        sessions.insert(session, SessionEntry { token, tx, gone });
         self.shared.stats.session_opened();
         debug!(vm = %self.shared.name, session, "virtio-vgpu session opened");
         Action::Respond(S_OK)
@@ -776,7 +779,7 @@ mod tests {
     }
 
     impl VgpuService for FakeService {
-        fn open(&self) -> Result<Box<dyn SessionExecutor>, String> {
+        fn open(&self, _gone: Arc<AtomicBool>) -> Result<Box<dyn SessionExecutor>, String> {
             Ok(Box::new(Fake {
                 seen: self.seen.lock().unwrap().clone(),
                 gate: self.gates.lock().unwrap().pop(),

@@ -4,6 +4,9 @@
 //! vgpud's `BrokerService` (`vmm-backend/vgpud/src/vgpu_service.rs`) implements this over the
 //! broker; tests use small fakes.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
 use vgpu_proto::frame::Header;
 
 pub use vgpu_broker::session::{BulkSink, BulkSource, NoBulk};
@@ -60,8 +63,11 @@ pub trait SessionExecutor: Send {
 
 /// The GPU side of a device: sessions, and what the config space reports.
 pub trait VgpuService: Send + Sync {
-    /// Opens a session (when the guest opens the device).
-    fn open(&self) -> Result<Box<dyn SessionExecutor>, String>;
+    /// Opens a session (when the guest opens the device). `gone` becomes true once the guest
+    /// closed the session or the device was reset, while the session thread may still be inside
+    /// a call: a call waiting for the session's work then gives up, so the session ends and frees
+    /// its memory without waiting for its kernels.
+    fn open(&self, gone: Arc<AtomicBool>) -> Result<Box<dyn SessionExecutor>, String>;
     /// The VM's memory slice in bytes.
     fn slice_size(&self) -> u64;
     /// The GPU's name.

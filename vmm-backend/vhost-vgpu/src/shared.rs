@@ -25,6 +25,9 @@ use vgpu_vhost_user::{LogLimiter, signal, vring_ready};
 pub(crate) struct SessionEntry {
     pub(crate) token: u64,
     pub(crate) tx: mpsc::Sender<Msg>,
+    /// Set when the guest closed the session or the device was reset (see
+    /// [`crate::exec::VgpuService::open`]).
+    pub(crate) gone: Arc<AtomicBool>,
 }
 
 /// Device event id of the event a resumed device writes so that the vring worker looks at both
@@ -256,6 +259,9 @@ impl Shared {
         let n = {
             let mut s = self.sessions();
             let n = s.len();
+            for e in s.values() {
+                e.gone.store(true, Ordering::Release);
+            }
             s.clear();
             n
         };

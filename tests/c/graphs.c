@@ -556,11 +556,13 @@ static void mode_errors(void) {
 
 static int host_calls;
 static float host_seen;
+static pthread_t host_thread;
 static float host_y[N];
 
 static void host_fn(void *arg) {
     host_calls++;
     host_seen = ((float *)arg)[7];
+    host_thread = pthread_self();
 }
 
 static void mode_explicit(const char *dot_path) {
@@ -649,6 +651,8 @@ static void mode_explicit(const char *dot_path) {
     }
     check("sync", cuStreamSynchronize(s), 0);
     expect("host node ran once per launch", host_calls == 3);
+    expect("host node ran on the host-function thread, not in cuGraphLaunch",
+           !pthread_equal(host_thread, pthread_self()));
     expect("host node saw the copy before it", host_seen == 1.0f + 2.0f * hx[7]);
     hx[N - 1] = 0; /* the child graph zeroed it at the end of the first launch */
     expect("y = 1 + 2x", all_equal(host_y, hx, 1.0f, 2.0f));

@@ -431,13 +431,19 @@ fn run_host(op: &Op, stream: u64) -> CuRes<()> {
             drv::memcpy_dtoh(bytes, src, stream)
         }
         Op::Host { f, data } => {
-            drv::stream_synchronize(stream)?;
             // SAFETY: `f` is the CUhostFn the application gave for this node (never 0: checked
-            // when the node was made), called once per launch with its argument, as CUDA does.
+            // when the node was made); it is called once per launch with its argument, as CUDA
+            // does.
             let f: unsafe extern "C" fn(*mut std::ffi::c_void) = unsafe { std::mem::transmute(f) };
-            // SAFETY: as above.
-            unsafe { f(data as *mut std::ffi::c_void) };
-            Ok(())
+            // Runs on the host-function thread when the stream reaches it; the graph's later
+            // nodes on the stream wait for it, and the launch does not.
+            crate::host_func::launch_host_func(
+                stream,
+                crate::host_func::HostCall::Func {
+                    f,
+                    data: data as *mut std::ffi::c_void,
+                },
+            )
         }
         _ => Err(cuda::CUDA_ERROR_UNKNOWN),
     }

@@ -87,6 +87,9 @@ fn a_connection_flood_costs_vgpud_one_bounded_set_of_threads() {
         start.elapsed()
     );
     assert!(d.log().contains("connection limit"), "{}", d.log());
+    let refused = |vm: &str| d.vm(vm)["limits"]["connections"]["refused"].as_u64();
+    assert!(refused("vm1") >= Some(EXTRA as u64), "{:?}", refused("vm1"));
+    assert_eq!(refused("vm2"), Some(0));
     drop(flood);
     driver_api_works(&d, "vm1");
     driver_api_works(&d, "vm2");
@@ -132,6 +135,10 @@ unix_socket = "@DIR@/other.sock"
     assert!(r.failures().is_empty(), "{}", r.stdout);
     let r = run_against(&d, "other", &prog, &["modules", "64"]);
     assert!(r.stdout.contains("loaded 64\n"), "{}", r.stdout);
+    // Each refusal is counted for the VM that hit its budget, and only for it.
+    let refused = |vm: &str, b: &str| d.vm(vm)["limits"][b]["refused"].as_u64();
+    assert_eq!(refused("small", "modules"), Some(1));
+    assert_eq!(refused("other", "modules"), Some(0));
     // Sessions: two processes hold the VM's sessions; a third is refused.
     let a = hold(&d, "small", MIB);
     let b = hold(&d, "small", MIB);
@@ -142,6 +149,7 @@ unix_socket = "@DIR@/other.sock"
         "a third session was admitted:\n{}",
         r.stdout
     );
+    assert_eq!(refused("small", "sessions"), Some(1));
     driver_api_works(&d, "other");
     drop(a);
     drop(b);

@@ -7,6 +7,7 @@
 //! gives for running out of that resource, and no other VM notices.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_proto::cuda;
 
@@ -56,6 +57,41 @@ impl Default for VmLimits {
 #[derive(Debug, Default)]
 pub struct LimitUse {
     inner: Mutex<(VmLimits, ModuleUse)>,
+    /// Refusals so far, by [`Budget`].
+    refused: [AtomicU64; Budget::ALL.len()],
+}
+
+/// One of a VM's budgets besides memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// `limits.sessions`.
+    Sessions,
+    /// `limits.connections`.
+    Connections,
+    /// `limits.modules`.
+    Modules,
+    /// `limits.module_bytes`.
+    ModuleBytes,
+}
+
+impl Budget {
+    /// Every budget, in the order the API and metrics list them.
+    pub const ALL: [Budget; 4] = [
+        Budget::Sessions,
+        Budget::Connections,
+        Budget::Modules,
+        Budget::ModuleBytes,
+    ];
+
+    /// The budget's config key (under `[limits]`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Budget::Sessions => "sessions",
+            Budget::Connections => "connections",
+            Budget::Modules => "modules",
+            Budget::ModuleBytes => "module_bytes",
+        }
+    }
 }
 
 /// Modules loaded by a VM's sessions.
@@ -72,7 +108,18 @@ impl LimitUse {
     pub fn new(limits: VmLimits) -> Self {
         LimitUse {
             inner: Mutex::new((limits, ModuleUse::default())),
+            refused: Default::default(),
         }
+    }
+
+    /// Counts a request refused for passing `budget`.
+    pub fn note_refused(&self, budget: Budget) {
+        self.refused[budget as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests refused so far for passing `budget`.
+    pub fn refused(&self, budget: Budget) -> u64 {
+        self.refused[budget as usize].load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (VmLimits, ModuleUse)> {
@@ -101,6 +148,7 @@ impl LimitUse {
         let mut g = self.lock();
         let (limits, held) = *g;
         if held.count >= limits.modules {
+            self.note_refused(Budget::Modules);
             return Err(CuError::new(
                 cuda::CUDA_ERROR_OUT_OF_MEMORY,
                 format!(
@@ -111,6 +159,7 @@ impl LimitUse {
         }
         let total = held.bytes.saturating_add(bytes);
         if total > limits.module_bytes {
+            self.note_refused(Budget::ModuleBytes);
             return Err(CuError::new(
                 cuda::CUDA_ERROR_OUT_OF_MEMORY,
                 format!(

@@ -256,6 +256,7 @@ pub fn accept_hello(
     }
     let allowed = tenant.limits.limits().sessions;
     if tenant.sessions().len() >= allowed as usize {
+        tenant.limits.note_refused(crate::limits::Budget::Sessions);
         return Err(CuError::new(
             cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
             format!(

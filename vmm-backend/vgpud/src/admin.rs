@@ -131,13 +131,15 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
 
 /// A VM's budgets and what its sessions hold against them.
 fn limits_json(t: &Tenant) -> Value {
+    use vgpu_broker::limits::Budget;
     let l = t.limits.limits();
     let m = t.limits.modules();
+    let refused = |b| t.limits.refused(b);
     json!({
-        "sessions": { "limit": l.sessions, "used": t.sessions().len() },
-        "connections": { "limit": l.connections },
-        "modules": { "limit": l.modules, "used": m.count },
-        "module_bytes": { "limit": l.module_bytes, "used": m.bytes },
+        "sessions": { "limit": l.sessions, "used": t.sessions().len(), "refused": refused(Budget::Sessions) },
+        "connections": { "limit": l.connections, "refused": refused(Budget::Connections) },
+        "modules": { "limit": l.modules, "used": m.count, "refused": refused(Budget::Modules) },
+        "module_bytes": { "limit": l.module_bytes, "used": m.bytes, "refused": refused(Budget::ModuleBytes) },
     })
 }
 

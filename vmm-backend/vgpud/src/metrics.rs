@@ -439,6 +439,40 @@ pub fn render(rt: &Runtime) -> String {
                 bytes as f64,
             );
         }
+        {
+            use vgpu_broker::limits::Budget;
+            let lim = t.limits.limits();
+            let m = t.limits.modules();
+            for b in Budget::ALL {
+                let labels = [("vm", t.name.as_str()), ("budget", b.key())];
+                let (limit, used) = match b {
+                    Budget::Sessions => (u64::from(lim.sessions), Some(t.sessions().len() as u64)),
+                    Budget::Connections => (u64::from(lim.connections), None),
+                    Budget::Modules => (u64::from(lim.modules), Some(u64::from(m.count))),
+                    Budget::ModuleBytes => (lim.module_bytes, Some(m.bytes)),
+                };
+                e.gauge(
+                    "vgpu_vm_limit",
+                    "The VM's budgets besides memory (`[limits]`, `[vm.limits]`).",
+                    &labels,
+                    limit as f64,
+                );
+                if let Some(used) = used {
+                    e.gauge(
+                        "vgpu_vm_limit_used",
+                        "What the VM's sessions hold against each budget.",
+                        &labels,
+                        used as f64,
+                    );
+                }
+                e.counter(
+                    "vgpu_vm_limit_refused_total",
+                    "Requests refused because the VM held a budget (sessions at cuInit, connections at connect, modules at load).",
+                    &labels,
+                    t.limits.refused(b) as f64,
+                );
+            }
+        }
         e.gauge(
             "vgpu_vm_fb_limit_bytes",
             "The VM's memory slice (hard limit).",

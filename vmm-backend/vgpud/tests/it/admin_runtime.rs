@@ -253,6 +253,18 @@ fn metrics_are_valid_prometheus_text_with_the_right_values() {
     assert_eq!(value("vgpu_vm_fb_used_bytes", &vm2), (8 * MIB) as f64);
     assert_eq!(value("vgpu_vm_fb_limit_bytes", &vm2), (32 * MIB) as f64);
     assert_eq!(value("vgpu_vm_sessions", &vm2), 1.0);
+    // Budgets besides memory: the default limits, what is held, nothing refused yet.
+    let budget = |b| [("vm", "vm2"), ("budget", b)];
+    assert_eq!(value("vgpu_vm_limit", &budget("sessions")), 1024.0);
+    assert_eq!(value("vgpu_vm_limit_used", &budget("sessions")), 1.0);
+    assert_eq!(
+        value("vgpu_vm_limit", &budget("module_bytes")),
+        (1u64 << 30) as f64
+    );
+    assert_eq!(
+        value("vgpu_vm_limit_refused_total", &budget("modules")),
+        0.0
+    );
     assert_eq!(
         value(
             "vgpu_vm_copy_bytes_total",

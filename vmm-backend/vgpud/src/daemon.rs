@@ -1217,6 +1217,24 @@ impl Runtime {
     }
 }
 
+impl crate::tuning::TuningHost for Runtime {
+    fn broker(&self) -> &Arc<Broker> {
+        Runtime::broker(self)
+    }
+
+    fn running_config(&self) -> Config {
+        Runtime::running_config(self)
+    }
+
+    fn tuner(&self) -> &Arc<crate::tuning::Tuner> {
+        Runtime::tuner(self)
+    }
+
+    fn record_tuning(&self, actor: Actor, detail: Value) {
+        Runtime::record_tuning(self, actor, detail);
+    }
+}
+
 /// Starts thread `thread` serving a vhost-user device (`what`) of VM `vm`: the VMM's messages
 /// and the guest's queues are handled only under the vhost seccomp allowlist.
 fn spawn_device_thread<E: std::fmt::Display>(

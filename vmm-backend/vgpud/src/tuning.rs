@@ -28,14 +28,27 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use tracing::{info, warn};
-use vgpu_broker::config::{MAX_WEIGHT, Policy, Priority, TuneMode, VmConfig, VmMode};
+use vgpu_broker::Broker;
+use vgpu_broker::config::{Config, MAX_WEIGHT, Policy, Priority, TuneMode, VmConfig, VmMode};
 use vgpu_broker::size::Human;
 
 use crate::audit::Actor;
-use crate::daemon::Runtime;
 use crate::usage::{device_usage, vm_usage};
+
+/// What the controller reads and changes of the running daemon. The daemon's `Runtime`
+/// implements it, so the controller does not depend on the daemon that owns it.
+pub trait TuningHost: Send + Sync {
+    /// The broker whose VMs are tuned.
+    fn broker(&self) -> &Arc<Broker>;
+    /// The running configuration (`[tuning]` and the VMs' targets).
+    fn running_config(&self) -> Config;
+    /// The controller itself (its state and counters).
+    fn tuner(&self) -> &Arc<Tuner>;
+    /// Records a weight change in the audit log.
+    fn record_tuning(&self, actor: Actor, detail: Value);
+}
 
 /// Intervals a VM must be comfortably within its targets before a raise is
 /// undone (and a device free of misses before its donors get their weight
@@ -166,7 +179,7 @@ fn step(w: u32) -> u32 {
 impl Tuner {
     /// Starts the controller thread for `rt` (it reads `[tuning]` from the
     /// running config at every round, so reloads take effect).
-    pub fn start(rt: &Arc<Runtime>) {
+    pub fn start<H: TuningHost + 'static>(rt: &Arc<H>) {
         let weak = Arc::downgrade(rt);
         let tuner = Arc::clone(rt.tuner());
         let t2 = Arc::clone(&tuner);
@@ -191,7 +204,7 @@ impl Tuner {
                     let Some(rt) = weak.upgrade() else { return };
                     let mode = rt.running_config().tuning.mode;
                     if mode != TuneMode::Off {
-                        t2.run_once(&rt, mode);
+                        t2.run_once(rt.as_ref(), mode);
                     }
                 }
             });
@@ -237,7 +250,7 @@ impl Tuner {
 
     /// One round of the controller: observe every VM over the interval since
     /// the last round, decide, and (in `auto` mode) apply.
-    pub fn run_once(&self, rt: &Runtime, mode: TuneMode) -> Vec<WeightChange> {
+    pub fn run_once(&self, rt: &dyn TuningHost, mode: TuneMode) -> Vec<WeightChange> {
         let mut st = self.lock();
         let now = Instant::now();
         let elapsed = st.last_run.map(|t| now - t);
@@ -585,7 +598,7 @@ pub fn recommended_slice(high_water: u64, slice: u64) -> u64 {
 }
 
 /// Analyses the running daemon.
-pub fn analyze(rt: &Runtime) -> Analysis {
+pub fn analyze(rt: &dyn TuningHost) -> Analysis {
     let broker = rt.broker();
     let config = rt.running_config();
     let mut hotspots = Vec::new();
@@ -952,20 +965,25 @@ mod tests {
             misses <= 1,
             "converged after {converged:?}, then p99s {held:?}; changes {changes:#?}"
         );
-        assert!(
-            changes
-                .iter()
-                .any(|c| c.vm == "inference" && c.to > c.from && c.applied)
-        );
-        let log = std::fs::read_to_string(&audit).unwrap();
-        let line = log
-            .lines()
-            .find(|l| l.contains("\"vm.tune\""))
-            .expect("vm.tune in the audit log");
-        assert!(
-            line.contains("p99 wait") && line.contains("\"tuner\""),
-            "{line}"
-        );
+        let raised = changes
+            .iter()
+            .any(|c| c.vm == "inference" && c.to > c.from && c.applied);
+        if missed {
+            // It had to act, and said why in the audit log.
+            assert!(raised, "{changes:#?}");
+            let log = std::fs::read_to_string(&audit).unwrap();
+            let line = log
+                .lines()
+                .find(|l| l.contains("\"vm.tune\""))
+                .expect("vm.tune in the audit log");
+            assert!(
+                line.contains("p99 wait") && line.contains("\"tuner\""),
+                "{line}"
+            );
+        } else if !raised {
+            // Weight 1 met the target on this machine: nothing to change, and nothing changed.
+            assert_eq!(st.weight, st.baseline_weight, "{changes:#?}");
+        }
         eprintln!(
             "controller: target met after {converged:?} ({} rounds), weight {} (baseline {}); then p99 {held:?}",
             d.runtime().tuner().runs(),
@@ -1011,7 +1029,7 @@ mod tests {
         for h in hs {
             h.join().unwrap();
         }
-        let a = analyze(d.runtime());
+        let a = analyze(d.runtime().as_ref());
         let top = &a.hotspots[0];
         let pair = [top.waiting.as_str(), top.running.as_str()];
         assert!(pair == ["a", "b"] || pair == ["b", "a"], "{a:#?}");

@@ -17,8 +17,8 @@ pub mod host_gate;
 pub mod limits;
 pub mod memory;
 pub mod scheduler;
-pub mod server;
 pub mod session;
+pub mod session_loop;
 pub mod size;
 pub mod tenant;
 #[doc(hidden)]

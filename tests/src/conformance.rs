@@ -4,7 +4,7 @@
 //!
 //! Every check builds an in-process broker over a fresh device, opens
 //! sessions with the broker's protocol [`TestClient`] over a socket pair
-//! (`broker::server::serve` on the other end), and asserts what a guest
+//! (`broker::session_loop::serve` on the other end), and asserts what a guest
 //! would see: copies that round-trip, slices that hold, foreign pointers
 //! refused, every corpus kernel correct, faults confined to their VM, the
 //! watchdog, and compute shares.
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_broker::Broker;
 use vgpu_broker::device::Device;
-use vgpu_broker::server::{ServeError, SessionSummary, serve};
+use vgpu_broker::session_loop::{ServeError, SessionSummary, serve};
 use vgpu_broker::testutils::{CallError, TestClient, vm};
 use vgpu_corpus::{Arch, Arg, Gpu, ModuleId};
 use vgpu_proto::cuda::{self, attr};

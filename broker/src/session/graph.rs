@@ -387,7 +387,7 @@ mod tests {
         b.add_tenant(&vm("vm1", 1 << 20)).unwrap();
         let (c, s) = UnixStream::pair().unwrap();
         let t = b.tenant("vm1").unwrap();
-        std::thread::spawn(move || crate::server::serve(&b, t, &s, &s, "test"));
+        std::thread::spawn(move || crate::session_loop::serve(&b, t, &s, &s, "test"));
         let mut c = TestClient::new(c);
         c.hello().unwrap();
         let ctx = c

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use tracing::{debug, error, warn};
 use vgpu_broker::Broker;
-use vgpu_broker::server::ServeError;
+use vgpu_broker::session_loop::ServeError;
 use vgpu_broker::tenant::Tenant;
 use vgpu_proto::frame::{FrameError, HEADER_LEN, Header};
 use vgpu_proto::msg;
@@ -213,7 +213,7 @@ impl SessionHub {
         // `fd` is `stream`'s, which outlives the session: serve_watched
         // returns before `stream` is dropped, and the probe with it.
         let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
-        let result = vgpu_broker::server::serve_watched(
+        let result = vgpu_broker::session_loop::serve_watched(
             broker,
             Arc::clone(&tenant),
             stream,

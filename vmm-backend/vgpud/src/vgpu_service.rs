@@ -1,6 +1,6 @@
 //! The broker behind the device: every session of the device is a broker session of the VM's
 //! tenant, with the same handshake, ordering and error rules as the stream transports
-//! (`vgpu_broker::server`), and bulk bytes copied straight between guest pages and device memory
+//! (`vgpu_broker::session_loop`), and bulk bytes copied straight between guest pages and device memory
 //! (`Session::handle_bulk`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -141,7 +141,7 @@ impl BrokerSession {
             Ok(_) => return Reply::Violation("Hello carries bulk bytes".into()),
             Err(e) => return Reply::Violation(format!("malformed Hello: {e}")),
         };
-        match vgpu_broker::server::accept_hello(
+        match vgpu_broker::session_loop::accept_hello(
             &self.broker,
             Arc::clone(&self.tenant),
             &hello,

@@ -11,7 +11,6 @@
 //! the one graph launch), and *end to end*, issuing plus waiting for completion
 //! (`cuStreamSynchronize`). Medians over runs, with the spread (lowest and highest run).
 
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Instant;
 
@@ -361,9 +360,12 @@ pub fn measure(p: Params) -> Result<Report, String> {
         )
     };
     let mut shim = Shim::open(p.kernels)?;
-    let unix = UnixStream::connect(dir.path().join("bench.sock"))
-        .map_err(|e| format!("connecting to the unix socket: {e}"))?;
-    let mut unix = Remote::open(Box::new(unix), p.kernels)?;
+    // As the shim connects (its reads poll briefly before they block).
+    let unix = cuda::transport::connect(&cuda::transport::Endpoint::Unix(
+        dir.path().join("bench.sock"),
+    ))
+    .map_err(|e| format!("connecting to the unix socket: {e}"))?;
+    let mut unix = Remote::open(unix, p.kernels)?;
     let guest = TestGuest::start(
         &dir.path().join("bench.vhost.sock"),
         GuestOptions {

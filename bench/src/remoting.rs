@@ -55,10 +55,13 @@ fn time_total(iters: usize, mut f: impl FnMut(), mut finish: impl FnMut()) -> f6
 }
 
 /// The floor any socket transport pays: a 24-byte ping-pong over a unix
-/// socket pair between two threads (one frame header each way), p50 in ns.
-fn raw_socket_rtt(iters: usize) -> f64 {
+/// socket pair between two threads (one frame header each way), p50 in ns;
+/// both ends read with a spin of `spin` (zero: blocking reads).
+fn raw_socket_rtt(iters: usize, spin: std::time::Duration) -> f64 {
     use std::io::{Read, Write};
-    let (mut a, mut b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    use vgpu_proto::spin::SpinRead;
+    let (a, b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let (mut a, mut b) = (SpinRead::with_spin(a, spin), SpinRead::with_spin(b, spin));
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 24];
         while b.read_exact(&mut buf).is_ok() {
@@ -182,6 +185,7 @@ pub fn run(p: Params) -> (Figures, Figures) {
     let mut d = Vec::new();
     let mut s = Vec::new();
     let mut raw = Vec::new();
+    let mut polled = Vec::new();
     // Warm-up.
     direct(
         &daemon,
@@ -200,9 +204,11 @@ pub fn run(p: Params) -> (Figures, Figures) {
     for _ in 0..p.runs {
         d.push(direct(&daemon, p));
         s.push(through_shim(p, ptr));
-        raw.push(raw_socket_rtt(p.iters));
+        raw.push(raw_socket_rtt(p.iters, std::time::Duration::ZERO));
+        polled.push(raw_socket_rtt(p.iters, vgpu_proto::spin::DEFAULT_SPIN));
     }
     let raw = median(&raw);
+    let polled = median(&polled);
     let med = |v: &[Figures], f: fn(&Figures) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
     let dm = Figures {
         sync_p50: med(&d, |f| f.sync_p50),
@@ -231,10 +237,17 @@ pub fn run(p: Params) -> (Figures, Figures) {
     );
     println!(
         "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",
-        "  baseline: raw socket-pair ping-pong, p50",
+        "  floor: socket ping-pong, blocking, p50",
         raw / 1e3,
         sm.sync_p50 / 1e3,
         sm.sync_p50 / raw
+    );
+    println!(
+        "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",
+        "  floor: socket ping-pong, polling, p50",
+        polled / 1e3,
+        sm.sync_p50 / 1e3,
+        sm.sync_p50 / polled
     );
     println!(
         "{:<44} {:>10.2}us {:>10.2}us {:>7.1}x",

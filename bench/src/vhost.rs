@@ -13,7 +13,6 @@
 //! 64-byte `Memset`s posted asynchronously and closed by one synchronous
 //! call (the amortized cost of an asynchronous call).
 
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -409,9 +408,12 @@ pub fn measure(p: Params) -> Result<Report, String> {
     let daemon = Daemon::start(&config).map_err(|e| format!("starting vgpud in-process: {e}"))?;
 
     let mut direct = Direct::open(&daemon)?;
-    let unix = UnixStream::connect(dir.path().join("bench.sock"))
-        .map_err(|e| format!("connecting to the unix socket: {e}"))?;
-    let mut unix = Remote::open(Box::new(unix))?;
+    // As the shim connects (its reads poll briefly before they block).
+    let unix = cuda::transport::connect(&cuda::transport::Endpoint::Unix(
+        dir.path().join("bench.sock"),
+    ))
+    .map_err(|e| format!("connecting to the unix socket: {e}"))?;
+    let mut unix = Remote::open(unix)?;
     let guest = TestGuest::start(
         &dir.path().join("bench.vhost.sock"),
         GuestOptions {

@@ -9,6 +9,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use vgpu_proto::spin::SpinRead;
 use vgpu_proto::{GPU_VSOCK_PORT, HOST_CID};
 
 use crate::devlink::{DEFAULT_DEVICE, DevLink};
@@ -145,8 +146,9 @@ impl std::fmt::Debug for StreamLink {
 /// Connects to a stream endpoint (unix or vsock); a device endpoint is opened with [`open`].
 pub fn connect(ep: &Endpoint) -> io::Result<Box<dyn Stream>> {
     Ok(match ep {
-        Endpoint::Unix(p) => Box::new(UnixStream::connect(p)?),
-        Endpoint::Vsock { cid, port } => Box::new(connect_vsock(*cid, *port)?),
+        // Replies are polled for briefly before the thread blocks (see `vgpu_proto::spin`).
+        Endpoint::Unix(p) => Box::new(SpinRead::new(UnixStream::connect(p)?)),
+        Endpoint::Vsock { cid, port } => Box::new(SpinRead::new(connect_vsock(*cid, *port)?)),
         Endpoint::Device(p) => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

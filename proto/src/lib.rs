@@ -14,6 +14,7 @@ pub mod frame;
 pub mod graph;
 pub mod msg;
 pub mod spec;
+pub mod spin;
 pub mod wire;
 
 /// Protocol version spoken by this build. A server refuses other versions.

@@ -61,6 +61,18 @@ struct Conn {
     ended: Option<EndReason>,
 }
 
+/// How long a session thread polls for the next request before it blocks: a unix socket's
+/// client writes it straight into the socket, so polling catches back-to-back calls without a
+/// wake-up. On the vsock device the bytes come through the device's own thread, which needs a
+/// CPU to move them: there the session thread blocks at once rather than compete with it.
+fn read_spin(transport: &str) -> Duration {
+    if transport.starts_with("unix:") {
+        vgpu_proto::spin::DEFAULT_SPIN
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// The live connections of all VMs.
 #[derive(Default)]
 pub struct SessionHub {
@@ -216,7 +228,7 @@ impl SessionHub {
         let result = vgpu_broker::session_loop::serve_watched(
             broker,
             Arc::clone(&tenant),
-            stream,
+            vgpu_proto::spin::SpinRead::with_spin(stream, read_spin(transport)),
             writer,
             transport,
             Some(hangup),

@@ -456,9 +456,9 @@ fn print(p: Params, r: &Report) {
     }
 }
 
-/// Runs the benchmark and prints the figures with their ratios.
-pub fn run(p: Params) -> Result<(), String> {
+/// Runs the benchmark, prints the figures with their ratios and returns them.
+pub fn run(p: Params) -> Result<Report, String> {
     let report = measure(p)?;
     print(p, &report);
-    Ok(())
+    Ok(report)
 }

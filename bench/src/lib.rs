@@ -8,5 +8,6 @@ pub mod share;
 pub mod soak;
 pub mod stats;
 pub mod streams;
+pub mod summary;
 pub mod vgpu_dev;
 pub mod vhost;

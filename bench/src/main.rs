@@ -11,6 +11,10 @@ struct Args {
     /// Benchmark to run.
     #[command(subcommand)]
     bench: Bench,
+    /// After the report, print the headline figures as `vgpu-bench-summary` JSON lines (what
+    /// `all` collects).
+    #[arg(long, global = true)]
+    summary: bool,
 }
 
 /// Benchmarks.
@@ -103,6 +107,16 @@ enum Bench {
         #[arg(long, default_value_t = 2)]
         workers: usize,
     },
+    /// Every benchmark with figures of the call path, copies, graphs and streams, each in a
+    /// process of its own, then one table of their ratios.
+    All {
+        /// Fewer calls, runs and sizes: a quick look rather than figures to report.
+        #[arg(long)]
+        quick: bool,
+        /// Print the table as JSON instead.
+        #[arg(long)]
+        json: bool,
+    },
     /// Soak: concurrent sessions over the unix socket and the vsock device of a vgpud process,
     /// mixed checked calls, random client kills; checks replies, slices and vgpud's memory.
     Soak {
@@ -144,14 +158,68 @@ fn sibling_vgpud(path: Option<std::path::PathBuf>) -> Result<std::path::PathBuf,
     }
 }
 
+/// The benchmarks `all` runs, with their arguments (full, quick).
+const ALL: [(&str, &[&str], &[&str]); 5] = [
+    ("remoting", &[], &["--iters", "5000", "--runs", "3"]),
+    ("vhost", &[], &["--iters", "2000", "--runs", "3"]),
+    (
+        "vgpu-dev",
+        &["--sizes", "1,16,256"],
+        &["--sizes", "1,16", "--runs", "3"],
+    ),
+    ("graphs", &[], &["--runs", "3", "--batches", "10"]),
+    ("streams", &[], &["--runs", "3", "--kernel-ms", "20"]),
+];
+
+/// Runs every benchmark of [`ALL`] in a child process and prints their figures as one table.
+fn all(quick: bool, json: bool) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating vgpu-bench: {e}"))?;
+    let mut figures = Vec::new();
+    for (bench, full, short) in ALL {
+        let out = std::process::Command::new(&exe)
+            .arg(bench)
+            .args(if quick { short } else { full })
+            .arg("--summary")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running vgpu-bench {bench}: {e}"))?;
+        let (found, report) = vgpu_bench::summary::parse(&String::from_utf8_lossy(&out.stdout));
+        if !json {
+            print!("{report}");
+            println!();
+        }
+        if !out.status.success() || found.is_empty() {
+            return Err(format!("vgpu-bench {bench} failed ({})", out.status));
+        }
+        figures.extend(found);
+    }
+    if json {
+        println!("{}", vgpu_bench::summary::to_json(&figures));
+    } else {
+        println!("all: each figure against the baseline measured beside it in the same run");
+        print!("{}", vgpu_bench::summary::table(&figures));
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let r = match Args::parse().bench {
+    let args = Args::parse();
+    let summary = args.summary;
+    let emit = |figures: Vec<vgpu_bench::summary::Figure>| {
+        if summary {
+            vgpu_bench::summary::emit(&figures);
+        }
+    };
+    let r = match args.bench {
         Bench::Remoting { iters, runs } => {
-            vgpu_bench::remoting::run(vgpu_bench::remoting::Params { iters, runs });
+            let (direct, shim) =
+                vgpu_bench::remoting::run(vgpu_bench::remoting::Params { iters, runs });
+            emit(vgpu_bench::summary::remoting(&direct, &shim));
             Ok(())
         }
         Bench::Vhost { iters, runs } => {
             vgpu_bench::vhost::run(vgpu_bench::vhost::Params { iters, runs })
+                .map(|r| emit(vgpu_bench::summary::vhost(&r)))
         }
         Bench::VgpuDev {
             runs,
@@ -163,7 +231,8 @@ fn main() -> ExitCode {
             sizes_mib: sizes,
             ram: guest_ram,
             wait: guest_wait,
-        }),
+        })
+        .map(|r| emit(vgpu_bench::summary::vgpu_dev(&r))),
         Bench::Overflow {
             runs,
             kernel_mib,
@@ -181,7 +250,8 @@ fn main() -> ExitCode {
             kernels,
             runs,
             batches,
-        }),
+        })
+        .map(|r| emit(vgpu_bench::summary::graphs(&r))),
         Bench::Share {
             seconds,
             runs,
@@ -191,6 +261,7 @@ fn main() -> ExitCode {
             runs,
             sync_only,
         }),
+        Bench::All { quick, json } => all(quick, json),
         Bench::Soak {
             sessions,
             calls,
@@ -216,12 +287,13 @@ fn main() -> ExitCode {
             runs,
             workers,
         } => {
-            vgpu_bench::streams::run(vgpu_bench::streams::Params {
+            let figures = vgpu_bench::streams::run(vgpu_bench::streams::Params {
                 kernels,
                 kernel_ms,
                 runs,
                 workers,
             });
+            emit(vgpu_bench::summary::streams(&figures));
             Ok(())
         }
     };

@@ -721,11 +721,11 @@ pub fn report(r: &Results, runs: usize) -> String {
     out
 }
 
-/// Runs the benchmark and prints the tables.
-pub fn run(p: Params) -> Result<(), String> {
+/// Runs the benchmark, prints the tables and returns them.
+pub fn run(p: Params) -> Result<Results, String> {
     let results = measure(&p)?;
     print!("{}", report(&results, p.runs));
-    Ok(())
+    Ok(results)
 }
 
 #[cfg(test)]

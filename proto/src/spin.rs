@@ -1,39 +1,161 @@
 //! Reading a socket the way a request/reply protocol wants: poll for bytes
-//! for a few microseconds before blocking. A reply usually comes back within
-//! a few microseconds, but a thread that blocked first pays the scheduler's
-//! wake-up, which on some virtual machines costs 50 µs; polling first turns
-//! that into the time the other side takes. Past the spin the reader blocks
-//! as before, so an idle connection costs no CPU.
+//! for a few microseconds before blocking, when that pays. A reply usually
+//! comes back within a few microseconds, but on a virtual machine whose CPUs
+//! idle, a thread that blocked first pays the halted CPU's wake-up, about
+//! 50 µs; polling first turns that into the time the other side takes.
+//!
+//! On a busy machine the opposite holds: no CPU halts, wake-ups are fast,
+//! and a polling thread takes the CPU the other side needs. So the spin
+//! adapts ([`AdaptiveSpin`]): it grows while polling catches replies and
+//! shrinks to nothing while it does not, probing now and then; a poller that
+//! finds itself preempted blocks at once. Past the spin the reader blocks as
+//! before, so an idle connection costs no CPU.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
-/// How long a read polls before it blocks: a little longer than the slow
-/// wake-up it avoids, so a reply that takes as long as a wake-up is still
-/// caught.
+/// The longest a wait polls before it blocks: a little longer than the slow
+/// wake-up it avoids, so a reply that takes as long as a wake-up is caught.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(60);
-/// Polls between yields of the CPU while spinning: on a machine with fewer
-/// CPUs than busy threads the other side may need this one's.
-const POLLS_PER_YIELD: u32 = 8;
+/// The shortest spin worth making (about two round trips over a unix socket
+/// when both ends poll); below it the spin is switched off.
+const MIN_SPIN: Duration = Duration::from_micros(8);
+/// With the spin off, one wait in this many polls for the whole maximum to
+/// see whether polling pays again.
+const PROBE_EVERY: u32 = 16;
+/// A gap this long between two polls means the poller was preempted: the
+/// machine has more runnable threads than CPUs, the other side may be
+/// waiting for this one's, and polling on only delays it: block at once.
+pub const PREEMPTED: Duration = Duration::from_micros(15);
 
-/// A socket whose reads poll for up to `spin` before they block; writes go
-/// straight through.
+/// How long the waits of one connection poll, learned from how they went.
+#[derive(Debug, Clone)]
+pub struct AdaptiveSpin {
+    max: Duration,
+    now: Duration,
+    /// Waits since the last probe while the spin is off.
+    idle_waits: u32,
+}
+
+impl AdaptiveSpin {
+    /// Spins of at most `max` (zero: never poll).
+    pub fn new(max: Duration) -> Self {
+        AdaptiveSpin {
+            max,
+            now: max,
+            idle_waits: 0,
+        }
+    }
+
+    /// How long the next wait may poll.
+    pub fn budget(&mut self) -> Duration {
+        if self.max.is_zero() || !self.now.is_zero() {
+            return self.now;
+        }
+        self.idle_waits += 1;
+        if self.idle_waits >= PROBE_EVERY {
+            self.idle_waits = 0;
+            return self.max;
+        }
+        Duration::ZERO
+    }
+
+    /// A wait that polled found its data while polling (`true`: the spin goes back to its
+    /// maximum) or had to block (`false`: it halves, and stops below [`MIN_SPIN`]).
+    pub fn record(&mut self, caught: bool) {
+        self.now = if caught {
+            self.max
+        } else if self.now / 2 < MIN_SPIN {
+            Duration::ZERO
+        } else {
+            self.now / 2
+        };
+    }
+
+    /// The current spin.
+    pub fn current(&self) -> Duration {
+        self.now
+    }
+}
+
+/// The clock of one wait that polls before it blocks.
 #[derive(Debug)]
-pub struct SpinRead<S> {
-    inner: S,
+pub struct Poll {
+    start: Instant,
+    last: Instant,
     spin: Duration,
 }
 
+impl Poll {
+    /// A wait that may poll for `spin`.
+    pub fn new(spin: Duration) -> Self {
+        let now = Instant::now();
+        Poll {
+            start: now,
+            last: now,
+            spin,
+        }
+    }
+
+    /// Whether to poll again (after a CPU pause hint), or block now: the spin is over, or the
+    /// poller was preempted since the last poll ([`PREEMPTED`]).
+    pub fn again(&mut self) -> bool {
+        let now = Instant::now();
+        let preempted = now - self.last >= PREEMPTED;
+        self.last = now;
+        if preempted || now - self.start >= self.spin {
+            return false;
+        }
+        std::hint::spin_loop();
+        true
+    }
+}
+
+/// Waits with `try_once` (`Ok(None)`: nothing yet) for up to `spin`'s budget, then with
+/// `block`; tells `spin` how it went. Data there at the first try says nothing either way.
+pub fn wait<T, E>(
+    spin: &mut AdaptiveSpin,
+    mut try_once: impl FnMut() -> Result<Option<T>, E>,
+    block: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    if let Some(v) = try_once()? {
+        return Ok(v);
+    }
+    let budget = spin.budget();
+    if budget.is_zero() {
+        return block();
+    }
+    let mut poll = Poll::new(budget);
+    while poll.again() {
+        if let Some(v) = try_once()? {
+            spin.record(true);
+            return Ok(v);
+        }
+    }
+    spin.record(false);
+    block()
+}
+
+/// A socket whose reads poll before they block ([`AdaptiveSpin`]); writes go straight through.
+#[derive(Debug)]
+pub struct SpinRead<S> {
+    inner: S,
+    spin: AdaptiveSpin,
+}
+
 impl<S> SpinRead<S> {
-    /// `inner`, read with [`DEFAULT_SPIN`].
+    /// `inner`, read with spins of up to [`DEFAULT_SPIN`].
     pub fn new(inner: S) -> Self {
         Self::with_spin(inner, DEFAULT_SPIN)
     }
 
-    /// `inner`, read with a spin of `spin` (zero: block at once, as `inner` does).
+    /// `inner`, read with spins of up to `spin` (zero: block at once, as `inner` does).
     pub fn with_spin(inner: S, spin: Duration) -> Self {
-        SpinRead { inner, spin }
+        SpinRead {
+            inner,
+            spin: AdaptiveSpin::new(spin),
+        }
     }
 
     /// The socket.
@@ -69,30 +191,30 @@ fn try_recv(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
 
 impl<S: Read + AsFd> Read for SpinRead<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() || self.spin.is_zero() {
+        if buf.is_empty() {
             return self.inner.read(buf);
         }
-        let start = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            match try_recv(&self.inner, buf) {
-                Ok(Some(n)) => return Ok(n),
-                Ok(None) => {}
+        let SpinRead { inner, spin } = self;
+        let mut not_a_socket = false;
+        let r = wait(
+            spin,
+            || match try_recv(&*inner, buf) {
+                Ok(got) => Ok(got.map(Some)),
                 // Not a socket (a test's pipe): read it plainly.
                 Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => {
-                    return self.inner.read(buf);
+                    not_a_socket = true;
+                    Err(e)
                 }
-                Err(e) => return Err(e),
-            }
-            if start.elapsed() >= self.spin {
-                return self.inner.read(buf);
-            }
-            polls += 1;
-            if polls.is_multiple_of(POLLS_PER_YIELD) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+                Err(e) => Err(e),
+            },
+            // Blocking needs `inner` mutably: done below.
+            || Ok(None),
+        );
+        match r {
+            Ok(Some(n)) => Ok(n),
+            Ok(None) => inner.read(buf),
+            Err(_) if not_a_socket => inner.read(buf),
+            Err(e) => Err(e),
         }
     }
 }
@@ -148,5 +270,41 @@ mod tests {
         r.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"ping");
         assert!(w.get_ref().peer_addr().is_ok());
+    }
+
+    #[test]
+    fn the_spin_shrinks_to_nothing_while_it_misses_and_probes_its_way_back() {
+        let mut s = AdaptiveSpin::new(DEFAULT_SPIN);
+        assert_eq!(s.budget(), DEFAULT_SPIN);
+        let mut misses = 0;
+        while !s.current().is_zero() {
+            s.record(false);
+            misses += 1;
+        }
+        assert_eq!(misses, 3, "60 -> 30 -> 15 -> off");
+        // Off: no polling, except one probe of the whole maximum in PROBE_EVERY waits.
+        let budgets: Vec<Duration> = (0..PROBE_EVERY).map(|_| s.budget()).collect();
+        assert_eq!(budgets.iter().filter(|b| !b.is_zero()).count(), 1);
+        assert_eq!(budgets.last(), Some(&DEFAULT_SPIN));
+        // A probe that catches its data switches polling back on at the maximum.
+        s.record(true);
+        assert_eq!(s.current(), DEFAULT_SPIN);
+        // A zero maximum never polls.
+        let mut never = AdaptiveSpin::new(Duration::ZERO);
+        assert!((0..100).all(|_| never.budget().is_zero()));
+    }
+
+    #[test]
+    fn data_there_at_once_leaves_the_spin_alone() {
+        let mut s = AdaptiveSpin::new(DEFAULT_SPIN);
+        s.record(false);
+        let before = s.current();
+        let got: Result<u8, ()> = wait(&mut s, || Ok(Some(7)), || Ok(0));
+        assert_eq!(got, Ok(7));
+        assert_eq!(s.current(), before);
+        // Nothing while polling: the blocking form answers, and the spin shrinks.
+        let got: Result<u8, ()> = wait(&mut s, || Ok(None), || Ok(9));
+        assert_eq!(got, Ok(9));
+        assert!(s.current() < before);
     }
 }

@@ -134,31 +134,6 @@ impl BulkSink for GuestSink<'_> {
     }
 }
 
-/// Waits for the next message: polls for [`vgpu_proto::spin::DEFAULT_SPIN`] first (a guest
-/// issuing calls back to back sends the next one within microseconds, and a blocked thread's
-/// wake-up can cost 50 µs), then blocks.
-fn recv_spinning(rx: &Receiver<Msg>) -> Result<Msg, std::sync::mpsc::RecvError> {
-    let start = std::time::Instant::now();
-    let mut polls = 0u32;
-    while start.elapsed() < vgpu_proto::spin::DEFAULT_SPIN {
-        match rx.try_recv() {
-            Ok(m) => return Ok(m),
-            Err(TryRecvError::Disconnected) => return Err(std::sync::mpsc::RecvError),
-            Err(TryRecvError::Empty) => {}
-        }
-        polls += 1;
-        if polls.is_multiple_of(SPIN_POLLS_PER_YIELD) {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-    rx.recv()
-}
-
-/// Polls between yields of the CPU while waiting for a message.
-const SPIN_POLLS_PER_YIELD: u32 = 8;
-
 /// Runs one session until it is closed, breaks the protocol or the device is reset (the channel
 /// closes). The executor is dropped on return, releasing everything the session holds.
 pub(crate) fn run(
@@ -182,7 +157,7 @@ pub(crate) fn run(
                 if let Some(c) = owed.take() {
                     c.notify();
                 }
-                match recv_spinning(&rx) {
+                match rx.recv() {
                     Ok(m) => m,
                     Err(_) => break,
                 }

@@ -113,18 +113,19 @@ impl Poll {
 }
 
 /// Waits with `try_once` (`Ok(None)`: nothing yet) for up to `spin`'s budget, then with
-/// `block`; tells `spin` how it went. Data there at the first try says nothing either way.
+/// `block` (at once with no budget, without a first try); tells `spin` how it went. Data there
+/// at the first try says nothing either way.
 pub fn wait<T, E>(
     spin: &mut AdaptiveSpin,
     mut try_once: impl FnMut() -> Result<Option<T>, E>,
     block: impl FnOnce() -> Result<T, E>,
 ) -> Result<T, E> {
-    if let Some(v) = try_once()? {
-        return Ok(v);
-    }
     let budget = spin.budget();
     if budget.is_zero() {
         return block();
+    }
+    if let Some(v) = try_once()? {
+        return Ok(v);
     }
     let mut poll = Poll::new(budget);
     while poll.again() {
@@ -195,25 +196,17 @@ impl<S: Read + AsFd> Read for SpinRead<S> {
             return self.inner.read(buf);
         }
         let SpinRead { inner, spin } = self;
-        let mut not_a_socket = false;
-        let r = wait(
+        // `Ok(None)`: block; that needs `inner` mutably, so it is done here.
+        let polled = wait(
             spin,
-            || match try_recv(&*inner, buf) {
-                Ok(got) => Ok(got.map(Some)),
-                // Not a socket (a test's pipe): read it plainly.
-                Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => {
-                    not_a_socket = true;
-                    Err(e)
-                }
-                Err(e) => Err(e),
-            },
-            // Blocking needs `inner` mutably: done below.
+            || try_recv(&*inner, buf).map(|got| got.map(Some)),
             || Ok(None),
         );
-        match r {
+        match polled {
             Ok(Some(n)) => Ok(n),
             Ok(None) => inner.read(buf),
-            Err(_) if not_a_socket => inner.read(buf),
+            // Not a socket (a test's pipe): read it plainly.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => inner.read(buf),
             Err(e) => Err(e),
         }
     }

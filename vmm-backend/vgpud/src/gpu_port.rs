@@ -58,11 +58,14 @@ impl PortConnector for GpuPortConnector {
         // The device never blocks: the session runs on its own thread and
         // talks to the device through a socket pair.
         Some(UnixStream::pair().map(|(device_end, session_end)| {
+            // The requests come through the device's own thread, which needs a CPU to move
+            // them: the session thread blocks at once rather than compete with it.
             self.hub.spawn(
                 Arc::clone(&self.broker),
                 Arc::clone(&self.tenant),
                 session_end,
                 self.transport.clone(),
+                std::time::Duration::ZERO,
             );
             device_end
         }))

@@ -87,11 +87,14 @@ fn accept_loop(
                 continue;
             }
         };
+        // The client writes its requests straight into the socket: polling for the next one
+        // catches back-to-back calls without a wake-up.
         hub.spawn(
             Arc::clone(broker),
             Arc::clone(tenant),
             stream,
             transport.to_string(),
+            vgpu_proto::spin::DEFAULT_SPIN,
         );
     }
 }

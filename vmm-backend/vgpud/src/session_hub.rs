@@ -61,18 +61,6 @@ struct Conn {
     ended: Option<EndReason>,
 }
 
-/// How long a session thread polls for the next request before it blocks: a unix socket's
-/// client writes it straight into the socket, so polling catches back-to-back calls without a
-/// wake-up. On the vsock device the bytes come through the device's own thread, which needs a
-/// CPU to move them: there the session thread blocks at once rather than compete with it.
-fn read_spin(transport: &str) -> Duration {
-    if transport.starts_with("unix:") {
-        vgpu_proto::spin::DEFAULT_SPIN
-    } else {
-        Duration::ZERO
-    }
-}
-
 /// The live connections of all VMs.
 #[derive(Default)]
 pub struct SessionHub {
@@ -111,13 +99,15 @@ impl SessionHub {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs a session of `tenant` over `stream` on its own thread.
+    /// Runs a session of `tenant` over `stream` on its own thread, which polls for up to
+    /// `read_spin` for each request before it blocks (`vgpu_proto::spin`).
     pub fn spawn(
         self: &Arc<Self>,
         broker: Arc<Broker>,
         tenant: Arc<Tenant>,
         stream: UnixStream,
         transport: String,
+        read_spin: Duration,
     ) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         match stream.try_clone() {
@@ -167,7 +157,7 @@ impl SessionHub {
                 hub.lock().remove(&id);
                 return;
             }
-            hub.run(&broker, tenant, &stream, &transport, id);
+            hub.run(&broker, tenant, &stream, &transport, read_spin, id);
         });
         if let Err(e) = spawned {
             self.lock().remove(&id);
@@ -181,6 +171,7 @@ impl SessionHub {
         tenant: Arc<Tenant>,
         stream: &UnixStream,
         transport: &str,
+        read_spin: Duration,
         conn: u64,
     ) {
         let vm = tenant.name.clone();
@@ -228,7 +219,7 @@ impl SessionHub {
         let result = vgpu_broker::session_loop::serve_watched(
             broker,
             Arc::clone(&tenant),
-            vgpu_proto::spin::SpinRead::with_spin(stream, read_spin(transport)),
+            vgpu_proto::spin::SpinRead::with_spin(stream, read_spin),
             writer,
             transport,
             Some(hangup),

@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use tracing::{debug, error, warn};
 use vgpu_proto::frame::{FLAG_ASYNC, FLAG_OUTPUT, FLAG_REPLY, HEADER_LEN, Header};
@@ -94,7 +94,6 @@ impl VgpuDevice {
                 paused: AtomicBool::new(false),
                 pause: Mutex::new(Pause::default()),
                 resumed: Condvar::new(),
-                rescan: OnceLock::new(),
                 in_flight: InFlight::new(),
             }),
             mem: None,
@@ -107,13 +106,7 @@ impl VgpuDevice {
     /// The event the device writes when it resumes after a pause: the queue thread must then
     /// look at both queues again, as after a kick (see [`RESCAN_EVENT`]). Set once.
     pub fn set_rescan_event(&self, event: EventFd) {
-        match event.try_clone() {
-            Ok(e) => self.shared.in_flight.set_rescan_event(e),
-            Err(e) => {
-                warn!(error = %e, "cannot share the rescan event; a guest past the in-flight limit waits for its next kick")
-            }
-        }
-        let _ = self.shared.rescan.set(event);
+        self.shared.in_flight.set_rescan_event(event);
     }
 
     /// Descriptor chains the device holds now (taken from the rings, not yet returned).

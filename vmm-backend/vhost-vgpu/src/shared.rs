@@ -70,6 +70,14 @@ impl InFlight {
         let _ = self.rescan.set(event);
     }
 
+    /// Asks the queue thread to look at both rings again (nothing before the event is set).
+    pub(crate) fn request_rescan(&self) -> Result<(), std::io::Error> {
+        match self.rescan.get() {
+            Some(e) => e.write(1),
+            None => Ok(()),
+        }
+    }
+
     /// Changes the limit (tests).
     #[cfg(test)]
     pub(crate) fn set_limit(&self, limit: usize) {
@@ -110,8 +118,7 @@ impl Drop for InFlightToken {
         let f = &self.0;
         f.count.fetch_sub(1, Ordering::SeqCst);
         if f.throttled.swap(false, Ordering::SeqCst)
-            && let Some(e) = f.rescan.get()
-            && let Err(e) = e.write(1)
+            && let Err(e) = f.request_rescan()
         {
             warn!(error = %e, "cannot ask the queue thread to take the chains it left in the rings");
         }
@@ -177,12 +184,12 @@ pub(crate) struct Shared {
     pub(crate) paused: AtomicBool,
     pub(crate) pause: Mutex<Pause>,
     pub(crate) resumed: Condvar,
-    /// Written when the device resumes, so that the queue thread looks at both rings again: a
-    /// kick that arrived while the device was still paused (the VMM restarting the queues one by
-    /// one while the guest already runs) found nothing to do, and the guest will not kick again
-    /// for the chains it made available. The backend registers it with the vring worker.
-    pub(crate) rescan: OnceLock<EventFd>,
-    /// The chains the device holds.
+    /// The chains the device holds, and the rescan event: written when the device resumes, so
+    /// that the queue thread looks at both rings again (a kick that arrived while the device was
+    /// still paused, the VMM restarting the queues one by one while the guest already runs,
+    /// found nothing to do, and the guest will not kick again for the chains it made
+    /// available), and when the first chain returns after the in-flight limit stopped it. The
+    /// backend registers the event with the vring worker.
     pub(crate) in_flight: Arc<InFlight>,
 }
 
@@ -361,9 +368,7 @@ impl Shared {
         for (q, r) in rings.iter().enumerate() {
             signal(r, queue_name(q));
         }
-        if let Some(rescan) = self.rescan.get()
-            && let Err(e) = rescan.write(1)
-        {
+        if let Err(e) = self.in_flight.request_rescan() {
             warn!(vm = %self.name, error = %e, "cannot ask for the queues to be looked at again after a resume");
         }
         self.stats.add_resume();

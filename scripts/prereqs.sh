@@ -87,6 +87,11 @@ if ! python3 -c 'import nvidia.cublas' >/dev/null 2>&1; then
     pip_install --no-deps nvidia-cublas-cu12==12.9.3.13 \
         || log "cuBLAS could not be installed; its test will fail and say so"
 fi
+if ! python3 -c 'import nvidia.cufft' >/dev/null 2>&1; then
+    log "installing NVIDIA's cuFFT from PyPI for the library test (about 200 MB)"
+    pip_install --no-deps nvidia-cufft-cu12==11.4.1.4 \
+        || log "cuFFT could not be installed; its test will fail and say so"
+fi
 if ! python3 -c 'import nvidia.cu13' >/dev/null 2>&1; then
     log "installing NVIDIA's CUDA 13 runtime from PyPI for the runtime tests"
     pip_install nvidia-cuda-runtime==13.5.37 \

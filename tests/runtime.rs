@@ -219,28 +219,35 @@ fn pypi_package(module: &str) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-#[test]
-fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
+/// Builds tests/c/NAME.c against PyPI's CUDA 12 runtime and the PyPI
+/// package `nvidia.PACKAGE`'s library `LIB` (e.g. `libcublas.so.12`).
+fn build_library_program(name: &str, package: &str, lib: &str) -> PathBuf {
     let rt = pypi_cudart(12);
-    let blas = pypi_package("cublas");
-    let prog = artifacts().profile_dir.join("c-cublas");
+    let pkg = pypi_package(package);
+    let prog = artifacts().profile_dir.join(format!("c-{name}"));
     let st = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&prog)
-        .arg(workspace_root().join("tests/c/cublas.c"))
+        .arg(workspace_root().join(format!("tests/c/{name}.c")))
         .arg(format!("-I{}", rt.join("include").display()))
-        .arg(format!("-I{}", blas.join("include").display()))
+        .arg(format!("-I{}", pkg.join("include").display()))
         .arg(format!("-L{}", rt.join("lib").display()))
-        .arg(format!("-L{}", blas.join("lib").display()))
-        .args(["-l:libcudart.so.12", "-l:libcublas.so.12"])
+        .arg(format!("-L{}", pkg.join("lib").display()))
+        .args(["-l:libcudart.so.12", &format!("-l:{lib}"), "-lm"])
         .arg(format!(
             "-Wl,-rpath,{}:{}",
             rt.join("lib").display(),
-            blas.join("lib").display()
+            pkg.join("lib").display()
         ))
         .status()
         .expect("running cc");
-    assert!(st.success(), "building tests/c/cublas.c failed");
+    assert!(st.success(), "building tests/c/{name}.c failed");
+    prog
+}
+
+#[test]
+fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
+    let prog = build_library_program("cublas", "cublas", "libcublas.so.12");
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
     let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
     assert_passed(&r, "cublas", 7);
@@ -250,6 +257,25 @@ fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
         "{}\n{}",
         r.stderr,
         d.log()
+    );
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+/// cuFFT's transforms (C2C forward and inverse at a power of two and at
+/// 1000, R2C on a stream) give the CPU's DFT on the simulated GPU: cuFFT
+/// builds its kernels as PTX at run time and walks them through the driver's
+/// module-tools table.
+#[test]
+fn cufft_transforms_match_the_cpu_on_the_simulated_gpu() {
+    let prog = build_library_program("cufft", "cufft", "libcufft.so.11");
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
+    let r = run_with_shim(&d, "vm1", &prog, &[]);
+    assert_passed(&r, "cufft", 14);
+    // Nothing refused on the way, and every buffer cuFFT took came back.
+    assert!(
+        !r.stderr.contains("vgpu does not implement"),
+        "{}",
+        r.stderr
     );
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }

@@ -104,8 +104,61 @@ impl std::fmt::Debug for Driver {
 
 static DRIVER: OnceLock<CuRes<Driver>> = OnceLock::new();
 
+/// Contexts a thread may have pushed at once (`cuCtxPushCurrent` past it
+/// fails with `CUDA_ERROR_OUT_OF_MEMORY`; libraries nest two or three).
+const MAX_CTX_STACK: usize = 64;
+
+/// A thread's context stack. It owns no heap memory, so the thread-local
+/// holding it has no destructor and stays usable while a thread (or the
+/// process, in `exit`) runs other libraries' destructors: cuFFT frees its
+/// buffers from one, after the thread's destructible locals are gone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CtxStack {
+    entries: [u64; MAX_CTX_STACK],
+    len: usize,
+}
+
+impl CtxStack {
+    const EMPTY: CtxStack = CtxStack {
+        entries: [0; MAX_CTX_STACK],
+        len: 0,
+    };
+
+    fn last(&self) -> Option<u64> {
+        self.len.checked_sub(1).map(|i| self.entries[i])
+    }
+
+    fn push(&mut self, c: u64) -> CuRes<()> {
+        let slot = self
+            .entries
+            .get_mut(self.len)
+            .ok_or(cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
+        *slot = c;
+        self.len += 1;
+        Ok(())
+    }
+
+    fn pop(&mut self) -> Option<u64> {
+        let top = self.last()?;
+        self.len -= 1;
+        Some(top)
+    }
+
+    /// Removes every entry equal to `c`, keeping the others' order.
+    fn remove_all(&mut self, c: u64) {
+        let mut kept = 0;
+        for i in 0..self.len {
+            if self.entries[i] != c {
+                self.entries[kept] = self.entries[i];
+                kept += 1;
+            }
+        }
+        self.len = kept;
+    }
+}
+
 thread_local! {
-    static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static CTX_STACK: RefCell<CtxStack> = const { RefCell::new(CtxStack::EMPTY) };
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -343,11 +396,9 @@ pub fn device_pci_bus_id(dev: i32) -> CuRes<String> {
 
 // ---- contexts --------------------------------------------------------------
 
-/// Runs `f` on the calling thread's context stack. While the thread's
-/// locals are being destroyed (a runtime tearing down from a thread-exit or
-/// `atexit` hook) the stack is gone: `CUDA_ERROR_DEINITIALIZED`, as CUDA
-/// answers calls made while it shuts down.
-fn with_ctx_stack<R>(f: impl FnOnce(&mut Vec<u64>) -> R) -> CuRes<R> {
+/// Runs `f` on the calling thread's context stack (which has no destructor,
+/// so it is there while other libraries' thread-exit and `atexit` hooks run).
+fn with_ctx_stack<R>(f: impl FnOnce(&mut CtxStack) -> R) -> CuRes<R> {
     CTX_STACK
         .try_with(|s| f(&mut s.borrow_mut()))
         .map_err(|_| cuda::CUDA_ERROR_DEINITIALIZED)
@@ -355,7 +406,7 @@ fn with_ctx_stack<R>(f: impl FnOnce(&mut Vec<u64>) -> R) -> CuRes<R> {
 
 /// The calling thread's current context.
 pub fn current_ctx() -> Option<u64> {
-    with_ctx_stack(|s| s.last().copied()).ok().flatten()
+    with_ctx_stack(|s| s.last()).ok().flatten()
 }
 
 fn ctx() -> CuRes<u64> {
@@ -368,7 +419,7 @@ pub fn ctx_create(flags: u32, dev: i32) -> CuRes<u64> {
     let d = driver()?;
     check_device(dev)?;
     let h = d.call(&msg::CtxCreate { device: 0, flags }, &[])?.handle;
-    with_ctx_stack(|s| s.push(h))?;
+    with_ctx_stack(|s| s.push(h))??;
     Ok(h)
 }
 
@@ -377,7 +428,7 @@ pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
     forget_per_thread_stream(c);
-    let _ = with_ctx_stack(|s| s.retain(|&x| x != c));
+    let _ = with_ctx_stack(|s| s.remove_all(c));
     crate::ctx_storage::context_gone(c);
     crate::alloc_api::context_gone(c);
     Ok(())
@@ -388,10 +439,8 @@ pub fn ctx_set_current(c: u64) -> CuRes<()> {
     driver()?;
     with_ctx_stack(|s| {
         s.pop();
-        if c != 0 {
-            s.push(c);
-        }
-    })
+        if c != 0 { s.push(c) } else { Ok(()) }
+    })?
 }
 
 /// `cuCtxPushCurrent`.
@@ -400,7 +449,7 @@ pub fn ctx_push(c: u64) -> CuRes<()> {
     if c == 0 {
         return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
     }
-    with_ctx_stack(|s| s.push(c))
+    with_ctx_stack(|s| s.push(c))?
 }
 
 /// `cuCtxPopCurrent`.
@@ -1512,4 +1561,32 @@ pub fn occupancy_max_block_size(
 pub fn unsupported(what: &str) -> CuResult {
     crate::debug!("{what}: not supported by vgpu");
     cuda::CUDA_ERROR_NOT_SUPPORTED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_context_stack_is_last_in_first_out_and_bounded() {
+        let mut s = CtxStack::EMPTY;
+        assert_eq!(s.pop(), None);
+        for c in 1..=MAX_CTX_STACK as u64 {
+            s.push(c).expect("room");
+        }
+        assert_eq!(s.push(99), Err(cuda::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(s.last(), Some(MAX_CTX_STACK as u64));
+        s.remove_all(MAX_CTX_STACK as u64);
+        s.remove_all(1);
+        assert_eq!(s.pop(), Some(MAX_CTX_STACK as u64 - 1));
+        assert_eq!(s.len, MAX_CTX_STACK - 3);
+        assert_eq!(s.entries[0], 2, "the order below is kept");
+    }
+
+    #[test]
+    fn the_context_stack_needs_no_destructor() {
+        // So the thread-local holding it stays readable while other
+        // libraries' thread-exit and atexit hooks call the driver.
+        assert!(!std::mem::needs_drop::<RefCell<CtxStack>>());
+    }
 }

@@ -75,6 +75,11 @@ pub const INTEGRITY_CHECK: [u8; 16] = [
 pub const RUNTIME_13_REQUIRED: [u8; 16] = [
     0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2,
 ];
+/// Module tools (`CU_ETID_ToolsModule` in NVIDIA's symbol names): cuFFT
+/// walks the kernels of each module it loads through entry 7.
+pub const TOOLS_MODULE: [u8; 16] = [
+    0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e,
+];
 /// Context checks of the CUDA ≥ 12 runtime.
 pub const CONTEXT_CHECKS: [u8; 16] = [
     0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e,
@@ -155,35 +160,75 @@ static CONTEXT_CHECKS_TABLE: Table<4> = Table([
     entry!(context_check_flags as extern "C" fn() -> _),
 ]);
 
-/// Entry `I` of [`RUNTIME_13_REQUIRED`]: unknown, refused.
-extern "C" fn runtime_13_unknown<const I: usize>() -> CUresult {
+/// Which table an [`unknown_entry`] belongs to, for its warning.
+const RUNTIME_13: u8 = 0;
+/// See [`RUNTIME_13`].
+const MODULE_TOOLS: u8 = 1;
+
+/// Entry `I` of table `T` ([`RUNTIME_13`] or [`MODULE_TOOLS`]): what it does
+/// is not known and no tested runtime or library calls it; it is refused with
+/// a warning naming itself, so a program that needs it says so.
+extern "C" fn unknown_entry<const T: u8, const I: usize>() -> CUresult {
+    let table = match T {
+        RUNTIME_13 => "21318c60",
+        _ => "6e163fbe",
+    };
     crate::warn!(
-        "the CUDA 13 runtime called entry {I} of export table 21318c60, which vgpu does not implement"
+        "entry {I} of the driver's export table {table} was called; vgpu does not implement it"
     );
     cuda::CUDA_ERROR_NOT_SUPPORTED
 }
 
-/// Entries of [`RUNTIME_13_REQUIRED`] vgpu fills (with refusals), after the size.
+macro_rules! unknown {
+    ($t:expr, $i:literal) => {
+        entry!(unknown_entry::<{ $t }, $i> as extern "C" fn() -> _)
+    };
+}
+
+/// Entries of [`RUNTIME_13_REQUIRED`] vgpu fills, with the size.
 const RUNTIME_13_ENTRIES: usize = 16;
 
 static RUNTIME_13_TABLE: Table<RUNTIME_13_ENTRIES> = Table([
     Table::<RUNTIME_13_ENTRIES>::SIZE,
-    entry!(runtime_13_unknown::<1> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<2> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<3> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<4> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<5> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<6> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<7> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<8> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<9> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<10> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<11> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<12> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<13> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<14> as extern "C" fn() -> _),
-    entry!(runtime_13_unknown::<15> as extern "C" fn() -> _),
+    unknown!(RUNTIME_13, 1),
+    unknown!(RUNTIME_13, 2),
+    unknown!(RUNTIME_13, 3),
+    entry!(context_query_4 as extern "C" fn(_, _) -> _),
+    unknown!(RUNTIME_13, 5),
+    unknown!(RUNTIME_13, 6),
+    unknown!(RUNTIME_13, 7),
+    unknown!(RUNTIME_13, 8),
+    unknown!(RUNTIME_13, 9),
+    unknown!(RUNTIME_13, 10),
+    unknown!(RUNTIME_13, 11),
+    unknown!(RUNTIME_13, 12),
+    unknown!(RUNTIME_13, 13),
+    unknown!(RUNTIME_13, 14),
+    unknown!(RUNTIME_13, 15),
 ]);
+
+/// Entries of [`TOOLS_MODULE`] vgpu fills, with the size (the table NVIDIA's
+/// driver hands out is at least this long: its known entries reach 55).
+const MODULE_TOOLS_ENTRIES: usize = 64;
+
+static MODULE_TOOLS_TABLE: Table<MODULE_TOOLS_ENTRIES> = {
+    let mut t = [NULL; MODULE_TOOLS_ENTRIES];
+    t[0] = Table::<MODULE_TOOLS_ENTRIES>::SIZE;
+    fill_unknown(&mut t);
+    t[MODULE_FOR_EACH_FUNCTION] =
+        entry!(module_for_each_function as unsafe extern "C" fn(_, _, _, _) -> _);
+    Table(t)
+};
+
+/// Fills every entry after the size with [`unknown_entry`] of [`MODULE_TOOLS`].
+const fn fill_unknown(t: &mut [*const c_void; MODULE_TOOLS_ENTRIES]) {
+    macro_rules! fill {
+        ($($i:literal)*) => { $( t[$i] = unknown!(MODULE_TOOLS, $i); )* };
+    }
+    fill!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+          32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
+          61 62 63);
+}
 
 /// The table for `id`, if vgpu provides it.
 pub fn lookup(id: &[u8; 16]) -> Option<(&'static str, *const c_void)> {
@@ -198,6 +243,7 @@ pub fn lookup(id: &[u8; 16]) -> Option<(&'static str, *const c_void)> {
         INTEGRITY_CHECK => ("integrity check", INTEGRITY_CHECK_TABLE.start()),
         CONTEXT_CHECKS => ("context checks", CONTEXT_CHECKS_TABLE.start()),
         RUNTIME_13_REQUIRED => ("CUDA 13 runtime table", RUNTIME_13_TABLE.start()),
+        TOOLS_MODULE => ("module tools", MODULE_TOOLS_TABLE.start()),
         _ => return None,
     })
 }
@@ -405,6 +451,67 @@ unsafe extern "C" fn integrity_token(
     })
 }
 
+// ---- module tools and the CUDA 13 table ---------------------------------------------
+
+/// The entry of [`TOOLS_MODULE`] that walks a module's kernels.
+const MODULE_FOR_EACH_FUNCTION: usize = 7;
+
+/// What [`module_for_each_function`] calls for each kernel: the caller's
+/// value, the kernel's function handle and its module.
+type FunctionVisitor =
+    unsafe extern "C" fn(user: *mut c_void, function: CUhandle, module: CUhandle);
+
+/// Calls `visit` for each kernel of `module` (in `ctx`, or the current
+/// context when NULL) and returns how many it visited; 0 when the module or
+/// context is not valid. cuFFT 11.4 calls it after loading each of its
+/// modules and keeps the handles it is given, then launches them: it treats
+/// a return of 0 as a failure (every cuFFT module holds at least one kernel).
+unsafe extern "C" fn module_for_each_function(
+    ctx: CUhandle,
+    module: CUhandle,
+    visit: Option<FunctionVisitor>,
+    user: *mut c_void,
+) -> c_uint {
+    let Some(visit) = visit else {
+        return 0;
+    };
+    let functions = with_context(ctx as u64, || {
+        crate::library::module_functions(module as u64, usize::MAX)
+    });
+    crate::debug!(
+        "cudart.module_for_each_function({module:?}) -> {:?}",
+        functions.as_ref().map(Vec::len)
+    );
+    let Ok(functions) = functions else {
+        return 0;
+    };
+    for &f in &functions {
+        // SAFETY: `visit` is the caller's function of this signature; the
+        // handles are valid while the module is loaded.
+        unsafe { visit(user, f as CUhandle, module) };
+    }
+    c_uint::try_from(functions.len()).unwrap_or(c_uint::MAX)
+}
+
+/// Runs `f` with `ctx` current (the current context when 0).
+fn with_context<R>(ctx: u64, f: impl FnOnce() -> drv::CuRes<R>) -> drv::CuRes<R> {
+    if ctx == 0 {
+        return f();
+    }
+    drv::ctx_push(ctx)?;
+    let r = f();
+    let _ = drv::ctx_pop();
+    r
+}
+
+/// Entry 4 of [`RUNTIME_13_REQUIRED`]: a query about a context, with an out
+/// pointer, whose meaning is not known. cuFFT 11.4 calls it and carries on
+/// when it is refused, so it is refused quietly (logged with `VGPU_LOG=debug`).
+extern "C" fn context_query_4(_ctx: CUhandle, _result: *mut c_void) -> CUresult {
+    crate::debug!("entry 4 of export table 21318c60 (a context query) -> CUDA_ERROR_NOT_SUPPORTED");
+    cuda::CUDA_ERROR_NOT_SUPPORTED
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,6 +528,7 @@ mod tests {
             INTEGRITY_CHECK,
             CONTEXT_CHECKS,
             RUNTIME_13_REQUIRED,
+            TOOLS_MODULE,
         ] {
             let (name, t) = lookup(&id).expect("known table");
             // SAFETY: `t` is the start of one of the static tables above.

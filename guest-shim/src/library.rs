@@ -105,7 +105,7 @@ fn read_module_file(name: *const c_char) -> drv::CuRes<Vec<u8>> {
 }
 
 /// Looks every kernel of a module up, at most `max`.
-fn enumerate(m: u64, max: usize) -> drv::CuRes<Vec<u64>> {
+pub(crate) fn module_functions(m: u64, max: usize) -> drv::CuRes<Vec<u64>> {
     drv::module_function_names(m)?
         .iter()
         .take(max)
@@ -177,7 +177,7 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
     m: CUhandle,
 ) -> CUresult {
     ffi("cuModuleEnumerateFunctions", || {
-        write_handles(functions, n, &enumerate(module(m)?, n as usize)?)
+        write_handles(functions, n, &module_functions(module(m)?, n as usize)?)
     })
 }
 
@@ -304,7 +304,7 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
     ffi("cuLibraryEnumerateKernels", || {
         library(lib)?;
         let lib = module(lib)?;
-        let handles = drv::in_library_context(|| enumerate(lib, n as usize))?;
+        let handles = drv::in_library_context(|| module_functions(lib, n as usize))?;
         write_handles(kernels, n, &handles)
     })
 }

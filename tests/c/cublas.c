@@ -4,7 +4,7 @@
  * libcuda.so.1. Its kernels ship as cubins only (SASS): on a real GPU they
  * run; on the simulated GPU, which interprets PTX, a call that launches one
  * must fail cleanly (an error status, the context still usable), never crash
- * or hang. (cuFFT is not covered yet: docs/compatibility.md says why.)
+ * or hang. (cuFFT, whose kernels are PTX, runs: tests/c/cufft.c.)
  *
  * Usage: libraries [sim|gpu]. Each check prints "ok <what>" or "FAIL <what>";
  * the exit status is the number of failures.

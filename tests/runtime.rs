@@ -94,7 +94,7 @@ fn nvcc_programs_run_pools_managed_and_mapped_memory() {
 
 #[test]
 fn nvcc_programs_run_kernels() {
-    run_nvcc_program("kernels", 20, ALL_RUNTIMES);
+    run_nvcc_program("kernels", 25, ALL_RUNTIMES);
 }
 
 #[test]

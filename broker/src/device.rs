@@ -196,6 +196,9 @@ pub struct GlobalDesc {
     pub addr: u64,
     /// Size in bytes.
     pub size: u64,
+    /// A `__managed__` variable (`.attribute(.managed)`): the guest process
+    /// also reaches it through host memory, as managed memory.
+    pub managed: bool,
 }
 
 /// A loaded module. Dropping it unloads it and frees its globals.

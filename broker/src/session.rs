@@ -13,7 +13,8 @@ use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg::{self, Message, Request};
 
 use crate::device::{
-    DeviceContext, DeviceInfo, DeviceModule, KernelDesc, LaunchDims, LaunchProgress, RunControl,
+    DeviceContext, DeviceInfo, DeviceModule, GlobalDesc, KernelDesc, LaunchDims, LaunchProgress,
+    RunControl,
 };
 use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
@@ -985,27 +986,24 @@ impl Session {
                 reply(out, msg::Names { names })
             }
             R::ModuleGetGlobal(m) => {
-                self.ctx(m.ctx)?;
-                let st = self
-                    .modules
-                    .get(m.module)
-                    .ok_or_else(|| CuError::invalid_handle("not a module of this process"))?;
-                let g = st
-                    .module
-                    .globals()
-                    .iter()
-                    .find(|g| g.name == m.name)
-                    .ok_or_else(|| {
-                        CuError::new(
-                            cuda::CUDA_ERROR_NOT_FOUND,
-                            format!("the module has no global named `{}`", m.name),
-                        )
-                    })?;
+                let g = self.module_global(m.ctx, m.module, &m.name)?;
                 reply(
                     out,
                     msg::Range {
                         base: g.addr,
                         size: g.size,
+                    },
+                )
+            }
+            R::ModuleGetGlobalInfo(m) => {
+                let g = self.module_global(m.ctx, m.module, &m.name)?;
+                let flags = if g.managed { msg::GLOBAL_MANAGED } else { 0 };
+                reply(
+                    out,
+                    msg::GlobalInfo {
+                        base: g.addr,
+                        size: g.size,
+                        flags,
                     },
                 )
             }
@@ -1077,6 +1075,26 @@ impl Session {
                 None => self.dispatch_alloc_ext(req, out),
             },
         }
+    }
+
+    /// The variable `name` of module `module` in context `ctx`.
+    fn module_global(&self, ctx: u64, module: u64, name: &str) -> Result<GlobalDesc, CuError> {
+        self.ctx(ctx)?;
+        let st = self
+            .modules
+            .get(module)
+            .ok_or_else(|| CuError::invalid_handle("not a module of this process"))?;
+        st.module
+            .globals()
+            .iter()
+            .find(|g| g.name == name)
+            .cloned()
+            .ok_or_else(|| {
+                CuError::new(
+                    cuda::CUDA_ERROR_NOT_FOUND,
+                    format!("the module has no global named `{name}`"),
+                )
+            })
     }
 
     fn function(&self, h: u64) -> Result<&FunctionState, CuError> {

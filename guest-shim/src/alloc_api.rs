@@ -103,11 +103,15 @@ pub struct Region {
     pub device_owned: bool,
     /// A unique id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
     pub id: u64,
+    /// The module of a `__managed__` variable (0: an allocation). Its mirror pages are
+    /// shared with the module's other variables and counted in `State::module_pages`.
+    pub module: u64,
 }
 
 impl Region {
+    /// Whether the region owns its mirror mapping (`mapped` bytes at `host`).
     fn owns_mapping(&self) -> bool {
-        self.kind != RegionKind::Registered
+        self.kind != RegionKind::Registered && self.module == 0
     }
 
     fn visible_to(&self, stream: u64) -> bool {
@@ -142,6 +146,8 @@ struct State {
     pools: HashMap<u64, ()>,
     /// `cuMemAllocAsync` blocks: pointer → pool, for `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`.
     pool_blocks: HashMap<u64, u64>,
+    /// Mirror pages of `__managed__` module variables → how many variables use each.
+    module_pages: BTreeMap<u64, u32>,
 }
 
 fn state() -> MutexGuard<'static, State> {
@@ -353,7 +359,9 @@ pub fn context_gone(c: u64) {
 }
 
 fn drop_region(st: &mut State, r: Region) {
-    if r.owns_mapping() {
+    if r.module != 0 {
+        release_pages(st, r.dev, r.len);
+    } else if r.owns_mapping() {
         // SAFETY: the mapping was created by `map_mirror` for exactly this range and nothing
         // else refers to it now that the region is gone.
         unsafe { libc::munmap(r.host as *mut libc::c_void, r.mapped) };
@@ -462,6 +470,7 @@ pub fn alloc_managed(size: usize, flags: u32) -> CuRes<u64> {
             },
             device_owned: false,
             id: 0,
+            module: 0,
         },
     );
     Ok(ptr)
@@ -484,6 +493,7 @@ pub fn host_alloc_mapped(size: usize, flags: u32) -> CuRes<*mut u8> {
             advice: Advice::default(),
             device_owned: false,
             id: 0,
+            module: 0,
         },
     );
     Ok(ptr as *mut u8)
@@ -529,9 +539,108 @@ pub fn free_hook(ptr: u64) -> Option<CuRes<()>> {
     let mut st = state();
     st.pool_blocks.remove(&ptr);
     match st.regions.get(&ptr) {
-        Some(r) if r.kind == RegionKind::Managed => Some(free_region(&mut st, ptr)),
+        Some(r) if r.kind == RegionKind::Managed && r.module == 0 => {
+            Some(free_region(&mut st, ptr))
+        }
         Some(_) => Some(Err(cuda::CUDA_ERROR_INVALID_VALUE)),
         None => None,
+    }
+}
+
+// ---- __managed__ module variables ---------------------------------------------------------
+
+/// The guest pages `[addr, addr + len)` touches.
+fn pages_of(addr: u64, len: usize) -> impl Iterator<Item = u64> {
+    let first = addr / PAGE as u64 * PAGE as u64;
+    let end = addr.saturating_add(len.max(1) as u64);
+    (first..end).step_by(PAGE)
+}
+
+/// Drops a variable's references to its mirror pages, unmapping the pages no variable uses.
+fn release_pages(st: &mut State, addr: u64, len: usize) {
+    for page in pages_of(addr, len) {
+        let Some(n) = st.module_pages.get_mut(&page) else {
+            continue;
+        };
+        *n -= 1;
+        if *n == 0 {
+            st.module_pages.remove(&page);
+            // SAFETY: the page was mapped by `map_mirror` for module variables only, and the
+            // last variable on it is gone.
+            unsafe { libc::munmap(page as *mut libc::c_void, PAGE) };
+        }
+    }
+}
+
+/// A `__managed__` variable of module `module` at device address `addr` (what
+/// `cuModuleGetGlobal` answered): the process reaches it at the same address, as managed
+/// memory, from now on. Its mirror pages are mapped (shared with the module's other managed
+/// variables) and filled with the device's bytes; coherence is then that of
+/// `cuMemAllocManaged`. Asking again is a no-op. Fails with `CUDA_ERROR_NOT_SUPPORTED` when
+/// the process already uses the address for something else.
+pub fn adopt_module_variable(module: u64, addr: u64, len: usize, ctx: u64) -> CuRes<()> {
+    let mut st = state();
+    if st.regions.get(&addr).is_some_and(|r| r.module == module) {
+        return Ok(());
+    }
+    let mut taken = Vec::new();
+    for page in pages_of(addr, len) {
+        if let Some(n) = st.module_pages.get_mut(&page) {
+            *n += 1;
+            taken.push(page);
+            continue;
+        }
+        if !map_mirror(page, PAGE) {
+            crate::warn!(
+                "the __managed__ variable at {addr:#x} cannot be mapped into this process (the address is in use): the host cannot reach it"
+            );
+            for p in taken {
+                release_pages(&mut st, p, 1);
+            }
+            return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        st.module_pages.insert(page, 1);
+        taken.push(page);
+    }
+    insert(
+        &mut st,
+        Region {
+            kind: RegionKind::Managed,
+            dev: addr,
+            host: addr as usize,
+            len,
+            mapped: 0,
+            ctx,
+            flags: ATTACH_GLOBAL,
+            attach: Attach::Global,
+            advice: Advice {
+                preferred: DEVICE_INVALID,
+                last_prefetch: DEVICE_INVALID,
+                ..Advice::default()
+            },
+            // The device holds the variable's bytes (its initializer, or what kernels wrote):
+            // they come to the mirror now, since the host reads it directly.
+            device_owned: true,
+            id: 0,
+            module,
+        },
+    );
+    pull(&mut st, addr)
+}
+
+/// A module was unloaded: its `__managed__` variables' mirrors go.
+pub fn module_gone(module: u64) {
+    let mut st = state();
+    let gone: Vec<u64> = st
+        .regions
+        .values()
+        .filter(|r| r.module == module)
+        .map(|r| r.dev)
+        .collect();
+    for dev in gone {
+        if let Some(r) = st.regions.remove(&dev) {
+            drop_region(&mut st, r);
+        }
     }
 }
 
@@ -564,6 +673,7 @@ pub fn register_mapped(addr: usize, size: usize, flags: u32) -> CuRes<()> {
             advice: Advice::default(),
             device_owned: false,
             id: 0,
+            module: 0,
         },
     );
     Ok(())

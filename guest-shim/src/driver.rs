@@ -1305,6 +1305,7 @@ pub fn module_unload(m: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
     d.call(&msg::ModuleUnload { ctx: c, module: m }, &[])?;
+    crate::alloc_api::module_gone(m);
     lock(&d.modules).remove(&m);
     lock(&d.functions).retain(|_, f| f.module != m);
     Ok(())
@@ -1349,20 +1350,49 @@ pub fn module_function_names(m: u64) -> CuRes<Vec<String>> {
     Ok(r.names.split_terminator('\0').map(str::to_string).collect())
 }
 
-/// `cuModuleGetGlobal`: (address, size).
+/// `cuModuleGetGlobal`: (address, size). A `__managed__` variable becomes reachable from
+/// the process at its address ([`crate::alloc_api::adopt_module_variable`]).
 pub fn module_get_global(m: u64, name: &str) -> CuRes<(u64, u64)> {
+    module_global(m, name).map(|(base, size, _)| (base, size))
+}
+
+/// A module variable's (address, size, whether it is `__managed__`); see
+/// [`module_get_global`].
+pub fn module_global(m: u64, name: &str) -> CuRes<(u64, u64, bool)> {
     let c = ctx()?;
     let d = driver()?;
-    let r = d.call(
-        &msg::ModuleGetGlobal {
+    let info = d.call(
+        &msg::ModuleGetGlobalInfo {
             ctx: c,
             module: m,
             name: name.to_string(),
         },
         &[],
-    )?;
-    lock(&d.device_ranges).insert(r.base, r.size);
-    Ok((r.base, r.size))
+    );
+    let (base, size, flags) = match info {
+        Ok(r) => (r.base, r.size, r.flags),
+        // A vgpud from before `ModuleGetGlobalInfo`: no managed variables.
+        Err(e) if e == cuda::CUDA_ERROR_NOT_SUPPORTED => {
+            let r = d.call(
+                &msg::ModuleGetGlobal {
+                    ctx: c,
+                    module: m,
+                    name: name.to_string(),
+                },
+                &[],
+            )?;
+            (r.base, r.size, 0)
+        }
+        Err(e) => return Err(e),
+    };
+    let managed = flags & msg::GLOBAL_MANAGED != 0;
+    if managed {
+        let len = usize::try_from(size).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+        crate::alloc_api::adopt_module_variable(m, base, len, c)?;
+    } else {
+        lock(&d.device_ranges).insert(base, size);
+    }
+    Ok((base, size, managed))
 }
 
 /// The cached layout of a function.

@@ -331,6 +331,33 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     })
 }
 
+/// `cuLibraryGetManaged`: a `__managed__` variable, reachable from the host at the
+/// address it returns (`CUDA_ERROR_NOT_FOUND` for a variable that is not managed).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetManaged(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    lib: CUhandle,
+    name: *const c_char,
+) -> CUresult {
+    ffi("cuLibraryGetManaged", || {
+        // SAFETY: `name` is the caller's C string (CUDA contract).
+        let name = unsafe { c_name(name) }?;
+        let lib = library(lib)?;
+        let (a, s, managed) = drv::in_library_context(|| drv::module_global(lib, name))?;
+        if !managed {
+            return Err(cuda::CUDA_ERROR_NOT_FOUND);
+        }
+        if !dptr.is_null() {
+            out!(dptr, a)?;
+        }
+        if !bytes.is_null() {
+            out!(bytes, s as usize)?;
+        }
+        Ok(())
+    })
+}
+
 // ---- kernels -------------------------------------------------------------------
 
 #[unsafe(no_mangle)]

@@ -30,6 +30,7 @@ not_supported! {
     cuStreamWaitValue32: "stream memory operations";
     cuStreamBatchMemOp: "stream memory operations";
     cuTensorMapEncodeTiled: "tensor maps (TMA)";
+    cuLibraryGetUnifiedFunction: "unified functions (host and device share code on systems with HMM)";
 }
 
 #[cfg(test)]
@@ -38,7 +39,7 @@ mod tests {
 
     #[test]
     fn every_refusal_is_not_supported() {
-        assert_eq!(NAMES.len(), 3);
+        assert_eq!(NAMES.len(), 4);
         assert_eq!(cuStreamWaitValue32(), cuda::CUDA_ERROR_NOT_SUPPORTED);
         assert_eq!(cuTensorMapEncodeTiled(), cuda::CUDA_ERROR_NOT_SUPPORTED);
     }

@@ -550,6 +550,7 @@ fn table() -> &'static [Entry] {
                 (12040, f!(cuLibraryEnumerateKernels))
             ),
             e!("cuLibraryGetGlobal", (12000, f!(cuLibraryGetGlobal))),
+            e!("cuLibraryGetManaged", (12000, f!(cuLibraryGetManaged))),
             e!("cuKernelGetFunction", (12000, f!(cuKernelGetFunction))),
             e!("cuKernelGetName", (12030, f!(cuKernelGetName))),
             e!("cuKernelGetLibrary", (12050, f!(cuKernelGetLibrary))),

@@ -9,6 +9,9 @@
 
 use crate::wire::{DecodeError, Reader, Wire, Writer};
 
+/// [`GlobalInfo`] flag: a `__managed__` variable (`.attribute(.managed)`).
+pub const GLOBAL_MANAGED: u32 = 1 << 0;
+
 /// The op may be sent with `FLAG_ASYNC` (no reply; errors surface later).
 pub const ASYNC_OK: u8 = 1 << 0;
 /// The request payload ends with bulk bytes after the last field.
@@ -215,6 +218,8 @@ wire_structs! {
     pub struct Pitched { pub ptr: u64, pub pitch: u64 }
     /// A device address range.
     pub struct Range { pub base: u64, pub size: u64 }
+    /// A module variable: its address, size and [`GLOBAL_MANAGED`]-style flags.
+    pub struct GlobalInfo { pub base: u64, pub size: u64, pub flags: u32 }
     /// Memory of the tenant's slice.
     pub struct MemInfo { pub free: u64, pub total: u64 }
     /// Primary context state.
@@ -418,6 +423,12 @@ ops! {
     /// The names of a module's kernels.
     ModuleFunctionNames = 0x0608 => Names, 0, "cuModuleGetFunctionCount, cuModuleEnumerateFunctions, cuLibraryGetKernelCount, cuLibraryEnumerateKernels" {
         ctx: u64, module: u64,
+    }
+
+    /// A module variable's address, size and flags ([`GLOBAL_MANAGED`]); replaces
+    /// `ModuleGetGlobal` for shims that mirror `__managed__` variables.
+    ModuleGetGlobalInfo = 0x0609 => GlobalInfo, 0, "cuModuleGetGlobal_v2, cuLibraryGetGlobal, cuLibraryGetManaged" {
+        ctx: u64, module: u64, name: String,
     }
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).

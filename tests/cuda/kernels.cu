@@ -164,6 +164,17 @@ __global__ void constant_lookup(const int *idx, int *out, int n)
 
 __global__ void read_hits(int *out) { *out = g_hits; }
 
+// __managed__ variables: one address for host code and kernels (the runtime asks the
+// driver for it with cuModuleGetGlobal / cuLibraryGetManaged when it registers the module).
+__managed__ int m_counter = 5;
+__managed__ float m_values[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+
+__global__ void bump_managed(int n)
+{
+    atomicAdd(&m_counter, n);
+    if (threadIdx.x < 4) m_values[threadIdx.x] *= 2.0f;
+}
+
 __device__ __noinline__ float poly(float x) { return (x * x - 2.0f) * x + 1.0f; }
 
 __global__ void call_device_function(const float *in, float *out, int n)
@@ -511,6 +522,29 @@ static void test_params_constants_functions()
     cudaFree(dy);
 }
 
+static void test_managed_variables()
+{
+    CHECK("__managed__ initializer seen by the host", m_counter == 5 && m_values[3] == 4.0f,
+          "counter %d values[3] %g", m_counter, m_values[3]);
+    m_counter = 10; // a host write the next launch sees
+    bump_managed<<<2, 32>>>(1);
+    if (launched("bump_managed")) {
+        CUDA_OK(cudaDeviceSynchronize());
+        CHECK("a kernel's updates to __managed__ variables reach the host",
+              m_counter == 10 + 64 && m_values[0] == 4.0f && m_values[3] == 16.0f,
+              "counter %d values %g %g", m_counter, m_values[0], m_values[3]);
+    }
+    int *p = nullptr;
+    CHECK_CUDA("cudaGetSymbolAddress of a __managed__ variable",
+               cudaGetSymbolAddress((void **)&p, m_counter));
+    CHECK("its symbol address is the host's address", p == &m_counter, "%p vs %p", (void *)p,
+          (void *)&m_counter);
+    int from_device = -1;
+    CUDA_OK(cudaMemcpyFromSymbol(&from_device, m_counter, sizeof(int)));
+    CHECK("cudaMemcpyFromSymbol reads it", from_device == m_counter, "got %d want %d",
+          from_device, m_counter);
+}
+
 static void test_launch_errors()
 {
     int *d;
@@ -571,6 +605,7 @@ int main()
     test_histograms();
     test_grids();
     test_params_constants_functions();
+    test_managed_variables();
     test_launch_errors();
     return finish();
 }

@@ -98,6 +98,8 @@ fn cubin_declarations(image: &[u8]) -> Result<ptx::Declarations, ImageError> {
                     cubin::Space::Const => ptx::Space::Const,
                 },
                 size: v.size,
+                // Whether a cubin's variable is managed is not read from the ELF.
+                managed: false,
             })
             .collect(),
     })

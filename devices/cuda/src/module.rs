@@ -178,6 +178,7 @@ impl CudaModule {
                             name: v.name.clone(),
                             addr,
                             size,
+                            managed: v.managed,
                         });
                     }
                 }

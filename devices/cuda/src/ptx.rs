@@ -46,6 +46,8 @@ pub struct Variable {
     pub space: Space,
     /// Size in bytes.
     pub size: u64,
+    /// Declared `.attribute(.managed)` (`__managed__`).
+    pub managed: bool,
 }
 
 /// What a PTX module declares.
@@ -244,6 +246,7 @@ fn without_attributes<'a>(tokens: &[&'a str]) -> Vec<&'a str> {
 }
 
 fn variables(stmt: &[&str], out: &mut Vec<Variable>) {
+    let managed = stmt.windows(2).any(|w| w == [".attribute", "("]) && stmt.contains(&".managed");
     let stmt = without_attributes(stmt);
     let mut i = 0;
     let mut external = false;
@@ -285,7 +288,12 @@ fn variables(stmt: &[&str], out: &mut Vec<Variable>) {
     for d in split_commas(stmt.get(i..).unwrap_or(&[])) {
         if let Some((name, count)) = declarator(d) {
             let size = count.saturating_mul(elem).saturating_mul(vector);
-            out.push(Variable { name, space, size });
+            out.push(Variable {
+                name,
+                space,
+                size,
+                managed,
+            });
         }
     }
 }
@@ -547,6 +555,8 @@ mod tests {
             ]
         );
         assert_eq!(d.variables[2].space, Space::Const);
+        let managed: Vec<bool> = d.variables.iter().map(|v| v.managed).collect();
+        assert_eq!(managed, [false, false, false, true, false]);
         assert_eq!(d.entries.len(), 1);
         assert_eq!(d.entries[0].name, "bare");
         assert!(d.entries[0].params.is_empty());

@@ -467,6 +467,7 @@ fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadError> {
                 size,
                 align: var_align(v)? as usize,
                 init,
+                managed: v.managed,
             });
             m.names.insert(v.name.clone(), Name::Global(idx));
         }
@@ -1196,6 +1197,7 @@ impl FnCtx<'_> {
                     size,
                     align: var_align(v)? as usize,
                     init,
+                    managed: v.managed,
                 });
                 self.bind(&v.name, Name::Global(idx));
             }

@@ -127,6 +127,8 @@ pub struct GlobalVar {
     pub align: usize,
     /// Initial bytes (empty means all zero; otherwise exactly `size` bytes).
     pub init: Vec<u8>,
+    /// Declared `.attribute(.managed)` (`__managed__`).
+    pub managed: bool,
 }
 
 /// A loaded module: parsed and pre-decoded PTX. Immutable, so it can be shared by launches on

@@ -46,6 +46,8 @@ pub(crate) struct VarDecl {
     /// Array dimensions; `None` is `[]` (size from the initializer, or extern dynamic shared).
     pub dims: Vec<Option<u64>>,
     pub init: Option<Init>,
+    /// `.attribute(.managed)`.
+    pub managed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -382,6 +384,7 @@ impl<'a> Parser<'a> {
         let mut align = None;
         let mut vec = 1;
         let mut ty = None;
+        let mut managed = false;
         while let Some(d) = self.peek_dot() {
             self.pos += 1;
             match d {
@@ -394,8 +397,10 @@ impl<'a> Parser<'a> {
                 "attribute" => {
                     self.expect_punct('(')?;
                     while !self.eat_punct(')') {
-                        if self.next().is_none() {
-                            return Err(self.err("unterminated .attribute"));
+                        match self.next() {
+                            None => return Err(self.err("unterminated .attribute")),
+                            Some(Tok::Dot(a)) if a == "managed" => managed = true,
+                            Some(_) => {}
                         }
                     }
                 }
@@ -430,6 +435,7 @@ impl<'a> Parser<'a> {
             name,
             dims,
             init,
+            managed,
         })
     }
 

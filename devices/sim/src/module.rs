@@ -156,6 +156,7 @@ impl SimModule {
                 name: g.name.clone(),
                 addr,
                 size: g.size as u64,
+                managed: g.managed,
             });
         }
         let const_bytes: usize = module
@@ -245,6 +246,8 @@ impl SimModule {
                 name: v.name.clone(),
                 addr,
                 size: v.size,
+                // A cubin's variables: whether one is managed is not read from the ELF.
+                managed: false,
             });
         }
         m.kernels = c

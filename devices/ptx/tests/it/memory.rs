@@ -416,3 +416,23 @@ fn three_d_geometry_and_special_registers() {
         assert_eq!(seen, total);
     }
 }
+
+#[test]
+fn managed_variables_are_marked() {
+    let m = vgpu_ptx::Module::load(
+        ".version 7.0\n.target sm_52\n.address_size 64\n\
+         .global .attribute(.managed) .align 4 .u32 counter = 5;\n\
+         .visible .global .attribute(.managed) .align 4 .b8 vals[16];\n\
+         .global .align 4 .u32 plain;\n",
+    )
+    .expect("loads");
+    let managed: Vec<(&str, bool)> = m
+        .globals()
+        .iter()
+        .map(|g| (g.name.as_str(), g.managed))
+        .collect();
+    assert_eq!(
+        managed,
+        [("counter", true), ("vals", true), ("plain", false)]
+    );
+}

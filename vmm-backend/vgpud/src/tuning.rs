@@ -258,7 +258,10 @@ impl Tuner {
         st.runs += 1;
         let broker = rt.broker();
         let config = rt.running_config();
+        // New changes and advice (history, counts, metrics) and everything
+        // in force this round (`latest`, which repeats advice not taken).
         let mut changes = Vec::new();
+        let mut current = Vec::new();
         for dev in &config.devices {
             let mut obs = Vec::new();
             for vm in config
@@ -485,6 +488,13 @@ impl Tuner {
                     m.ok_streak = 0;
                     m.since_relax = (to < o.weight && o.adjust > 0).then_some(0);
                 }
+                if repeats_advice(st.last.get(&name), &ch) {
+                    // Advice not taken is still the advice, but not news: it
+                    // stays in `latest` without growing the history or counts.
+                    current.push(ch);
+                    continue;
+                }
+                current.push(ch.clone());
                 let c = st.counts.entry(name.clone()).or_default();
                 if ch.to > ch.from {
                     c.0 += 1;
@@ -495,7 +505,7 @@ impl Tuner {
                 changes.push(ch);
             }
         }
-        st.pending = changes.clone();
+        st.pending = current;
         st.history.extend(changes.iter().cloned());
         let excess = st.history.len().saturating_sub(256);
         st.history.drain(..excess);
@@ -506,6 +516,15 @@ impl Tuner {
     pub fn history(&self) -> Vec<WeightChange> {
         self.lock().history.clone()
     }
+}
+
+/// Whether `ch` is advice the VM already got and did not take: in `advise`
+/// mode the weight never moves, so every round would advise it again.
+fn repeats_advice(last: Option<&WeightChange>, ch: &WeightChange) -> bool {
+    !ch.applied
+        && last.is_some_and(|l| {
+            !l.applied && l.device == ch.device && l.from == ch.from && l.to == ch.to
+        })
 }
 
 // ---------------------------------------------------------------------------
@@ -1061,6 +1080,30 @@ mod tests {
         // VMs that never allocated get no advice.
         assert!(!a.recommendations.iter().any(|r| r.vm == "quiet"));
         d.shutdown();
+    }
+
+    #[test]
+    fn advice_not_taken_is_recorded_once() {
+        let advice = |from, to, applied| WeightChange {
+            vm: "vm1".into(),
+            device: "gpu0".into(),
+            from,
+            to,
+            baseline: 1,
+            reason: "p99 wait over target".into(),
+            time: 0,
+            applied,
+        };
+        let first = advice(1, 2, false);
+        assert!(!repeats_advice(None, &first));
+        assert!(repeats_advice(Some(&first), &advice(1, 2, false)));
+        // Different advice, and changes made in auto mode, are news.
+        assert!(!repeats_advice(Some(&first), &advice(1, 3, false)));
+        assert!(!repeats_advice(Some(&first), &advice(1, 2, true)));
+        assert!(!repeats_advice(
+            Some(&advice(1, 2, true)),
+            &advice(1, 2, true)
+        ));
     }
 
     #[test]

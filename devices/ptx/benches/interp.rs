@@ -3,6 +3,8 @@
 //!
 //! * saxpy over 1M floats (memory-bound, 12 PTX instructions per thread)
 //! * tiled 256x256 matmul with shared memory and barriers (compute-bound)
+//! * launches of a tiny kernel (32 threads per block, 6 instructions): per-launch overhead of the
+//!   persistent worker pool against starting threads for every launch, in the same process
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -118,6 +120,87 @@ fn matmul(workers: usize) {
     );
 }
 
+/// A tiny kernel: each thread stores its global index.
+const TINY_PTX: &str = ".version 8.0
+.target sm_80
+.address_size 64
+.visible .entry tiny(.param .u64 out)
+{
+.reg .b32 %r<4>;
+.reg .b64 %rd<4>;
+ld.param.u64 %rd1, [out];
+mov.u32 %r1, %tid.x;
+mov.u32 %r2, %ctaid.x;
+mad.lo.s32 %r3, %r2, 32, %r1;
+mul.wide.u32 %rd2, %r3, 4;
+add.s64 %rd3, %rd1, %rd2;
+st.global.u32 [%rd3], %r3;
+ret;
+}
+";
+
+/// Launches of the tiny kernel timed one by one.
+const TINY_LAUNCHES: usize = 2000;
+/// Threads per block of the tiny kernel.
+const TINY_BLOCK: u32 = 32;
+
+/// Per-launch times of `TINY_LAUNCHES` launches of `blocks` blocks on `workers` workers:
+/// (median, 10th percentile, 90th percentile).
+fn tiny_launches(
+    m: &Module,
+    mem: &TestMemory,
+    out: u64,
+    blocks: u32,
+    workers: usize,
+) -> [Duration; 3] {
+    let cfg = Config {
+        grid: [blocks, 1, 1],
+        block: [TINY_BLOCK, 1, 1],
+        dynamic_shared: 0,
+        workers,
+    };
+    let mut times = Vec::with_capacity(TINY_LAUNCHES);
+    for _ in 0..TINY_LAUNCHES {
+        let t = Instant::now();
+        run(m, "tiny", &cfg, &[Arg::U64(out)], mem, &[]).expect("tiny");
+        times.push(t.elapsed());
+    }
+    let got: Vec<u32> = mem.read(out, (blocks * TINY_BLOCK) as usize);
+    assert!(
+        got.iter().enumerate().all(|(i, &v)| v == i as u32),
+        "tiny result"
+    );
+    times.sort();
+    let at = |q: usize| times[(times.len() - 1) * q / 100];
+    [at(50), at(10), at(90)]
+}
+
+fn tiny(blocks: u32, workers: usize) {
+    let m = Module::load(TINY_PTX).expect("tiny kernel");
+    let mem = TestMemory::new();
+    let out = mem.alloc((blocks * TINY_BLOCK) as usize * 4);
+    // Warm the pool up (its threads start at the first launch that needs them).
+    tiny_launches(&m, &mem, out, blocks, workers);
+    let mut rows = Vec::new();
+    for spawn in [true, false] {
+        vgpu_ptx::set_spawn_per_launch(spawn);
+        rows.push(tiny_launches(&m, &mem, out, blocks, workers));
+    }
+    vgpu_ptx::set_spawn_per_launch(false);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let [spawn, pool] = [rows[0], rows[1]];
+    println!(
+        "tiny {blocks} block(s) x {TINY_BLOCK}, {workers} worker(s)   spawn {:>7.1} us (p10 {:.1}, p90 {:.1})   pool {:>7.1} us (p10 {:.1}, p90 {:.1})   pool/spawn {:.2}",
+        us(spawn[0]),
+        us(spawn[1]),
+        us(spawn[2]),
+        us(pool[0]),
+        us(pool[1]),
+        us(pool[2]),
+        pool[0].as_secs_f64() / spawn[0].as_secs_f64()
+    );
+}
+
 fn main() {
     // `cargo test --benches` runs this too; keep that quick by skipping the timing loops.
     if std::env::args().any(|a| a == "--test") {
@@ -127,10 +210,17 @@ fn main() {
     println!(
         "vgpu-ptx interpreter benchmark (medians; native = plain Rust, same process; {cores} cores)"
     );
-    saxpy(1);
-    matmul(1);
-    if cores > 1 {
-        saxpy(cores);
-        matmul(cores);
+    // `VGPU_PTX_BENCH=tiny` runs only the launch-overhead figures.
+    let only_tiny = std::env::var("VGPU_PTX_BENCH").is_ok_and(|v| v == "tiny");
+    if !only_tiny {
+        saxpy(1);
+        matmul(1);
+        if cores > 1 {
+            saxpy(cores);
+            matmul(cores);
+        }
     }
+    tiny(1, 1);
+    tiny(4, 4);
+    tiny(8, 8);
 }

@@ -4,8 +4,9 @@
 //! compact instruction form with resolved registers. [`Module::launch`] runs a kernel with CUDA
 //! semantics: 3-D grids and blocks, warps of 32 lanes executing in lockstep with IPDOM
 //! reconvergence, barriers, atomics, shuffles and votes, and bounds-checked global, shared, local,
-//! constant and parameter memory. Thread blocks are spread over worker threads; a launch can
-//! yield between blocks and resume later with identical results.
+//! constant and parameter memory. Thread blocks are spread over the calling thread and threads of
+//! a persistent pool shared by all launches (`pool`); a launch can yield between blocks and resume
+//! later with identical results.
 //!
 //! Device memory belongs to the caller: global accesses go through [`GlobalMemory::lookup`], which
 //! returns the tenant's [`Buffer`] containing an address. Shared, local and parameter memory are
@@ -24,10 +25,12 @@ mod ir;
 mod lexer;
 pub mod mem;
 mod parser;
+mod pool;
 pub mod printf;
 pub mod slots;
 pub mod testutils;
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,8 +43,13 @@ pub use error::{
 };
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
 pub use mem::{AllocError, Buffer, OutOfRange};
+pub use pool::{MAX_POOL_THREADS, set_spawn_per_launch};
 pub use printf::DeviceOutput;
 pub use slots::WorkerSlots;
+
+/// What one worker of a launch did: its counters, and the first block it faulted in with the
+/// fault.
+type WorkerResult = (Stats, Option<(u64, Fault)>);
 
 /// Most threads in one block.
 pub const MAX_THREADS_PER_BLOCK: u32 = decode::MAX_THREADS_PER_BLOCK;
@@ -156,7 +164,8 @@ pub struct Launch<'a> {
     pub memory: &'a dyn GlobalMemory,
     /// Linear block index to start from: 0, or a [`Progress::Yielded`] `next_block`.
     pub start_block: u64,
-    /// Worker threads to use (at least 1).
+    /// Workers to use (at least 1): the calling thread and up to `workers - 1` threads of the
+    /// process's interpreter pool, as many as are free.
     pub workers: usize,
     /// Yield, cancel and watchdog controls.
     pub control: &'a LaunchControl,
@@ -448,7 +457,7 @@ impl Module {
                 || launch.control.is_cancelled()
                 || next.load(Ordering::Relaxed) >= total
         };
-        let run = |smid: u32| -> (Stats, Option<(u64, Fault)>) {
+        let run = |smid: u32| -> WorkerResult {
             let mut w = match exec::Worker::new(&ctx, smid) {
                 Ok(w) => w,
                 Err(f) => return (Stats::default(), Some((0, f))),
@@ -492,32 +501,22 @@ impl Module {
                 fault,
             )
         };
-        let results: Vec<(Stats, Option<(u64, Fault)>)> = if workers == 1 {
-            vec![run(0)]
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = (1..workers)
-                    .map(|i| s.spawn(move || run(i as u32)))
-                    .collect();
-                let mut out = vec![run(0)];
-                for h in handles {
-                    match h.join() {
-                        Ok(r) => out.push(r),
-                        Err(_) => out.push((
-                            Stats::default(),
-                            Some((
-                                u64::MAX,
-                                Fault::new(
-                                    FaultKind::Trap,
-                                    "interpreter worker panicked".to_string(),
-                                ),
-                            )),
-                        )),
-                    }
-                }
-                out
-            })
-        };
+        let results: Mutex<Vec<WorkerResult>> = Mutex::new(Vec::with_capacity(workers));
+        pool::run(workers as u32, &|smid| {
+            let r = catch_unwind(AssertUnwindSafe(|| run(smid))).unwrap_or_else(|_| {
+                // Stop the other workers; the launch fails instead of the process.
+                stop.store(true, Ordering::SeqCst);
+                (
+                    Stats::default(),
+                    Some((
+                        u64::MAX,
+                        Fault::new(FaultKind::Trap, "interpreter worker panicked".to_string()),
+                    )),
+                )
+            });
+            results.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+        });
+        let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
         let mut stats = Stats::default();
         let mut first: Option<(u64, Fault)> = None;
         for (s, f) in results {

@@ -351,3 +351,41 @@ fn a_fault_in_one_worker_stops_the_launch() {
         "the lowest faulting block is reported: {f}"
     );
 }
+
+/// Launches from several threads at once share the persistent worker pool (and, here, a set of
+/// slots): every one completes with the right result and a faulting one fails on its own.
+#[test]
+fn concurrent_launches_share_the_worker_pool() {
+    const SUBMITTERS: usize = 4;
+    const ROUNDS: usize = 5;
+    const UNMAPPED: u64 = 0x1000;
+    let slots = std::sync::Arc::new(WorkerSlots::new(3));
+    let reference = matmul_setup(32);
+    launch_at(&reference, 0, 1, &LaunchControl::new()).unwrap();
+    let want: Vec<u32> = reference.mem.read(reference.c, 32 * 32);
+    std::thread::scope(|scope| {
+        for t in 0..SUBMITTERS {
+            let (slots, want) = (&slots, &want);
+            scope.spawn(move || {
+                let mut s = matmul_setup(32);
+                for _ in 0..ROUNDS {
+                    let control = LaunchControl::new();
+                    control.set_slots(Some(std::sync::Arc::clone(slots)));
+                    if t == 0 {
+                        // An unmapped input: every block faults, the lowest one is reported.
+                        let a = std::mem::replace(&mut s.a, UNMAPPED);
+                        let f = launch_at(&s, 0, 4, &control).unwrap_err();
+                        assert_eq!(f.kind, FaultKind::IllegalAddress, "{f}");
+                        assert!(f.message.contains("block (0, 0, 0)"), "{f}");
+                        s.a = a;
+                        continue;
+                    }
+                    s.mem.write(s.c, &vec![0u32; 32 * 32]);
+                    let p = launch_at(&s, 0, 4, &control).unwrap();
+                    assert_eq!(p.stats().blocks, 4);
+                    assert_eq!(&s.mem.read::<u32>(s.c, 32 * 32), want);
+                }
+            });
+        }
+    });
+}

@@ -1,0 +1,535 @@
+//! Module scope: variable sizes, alignments and initial images, parameter layouts, the
+//! `decode` entry point, built-in declarations, kernel information and the call graph checks.
+
+use super::*;
+
+pub(super) fn align_up(v: u64, a: u64) -> u64 {
+    if a <= 1 {
+        v
+    } else {
+        v.div_ceil(a).saturating_mul(a)
+    }
+}
+
+pub(super) fn var_elem(v: &VarDecl) -> Result<(Ty, u64), LoadError> {
+    let ty = Ty::parse(&v.ty)
+        .ok_or_else(|| LoadError::invalid(v.line, format!("unknown type `.{}`", v.ty)))?;
+    Ok((ty, ty.bytes() as u64 * u64::from(v.vec)))
+}
+
+pub(super) fn var_size(v: &VarDecl) -> Result<Option<u64>, LoadError> {
+    let (_, elem) = var_elem(v)?;
+    let mut n = elem;
+    for d in &v.dims {
+        match d {
+            Some(k) => {
+                n = n
+                    .checked_mul(*k)
+                    .ok_or_else(|| LoadError::invalid(v.line, "variable too large"))?
+            }
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(n))
+}
+
+pub(super) fn var_align(v: &VarDecl) -> Result<u64, LoadError> {
+    let (_, elem) = var_elem(v)?;
+    let a = v.align.unwrap_or(elem.max(1));
+    if !a.is_power_of_two() || a > 4096 {
+        return Err(LoadError::invalid(v.line, format!("bad alignment {a}")));
+    }
+    Ok(a.max(1))
+}
+
+/// Flattens an initializer into element literals.
+pub(super) fn flatten(init: &Init, out: &mut Vec<Lit>, line: usize) -> Result<(), LoadError> {
+    match init {
+        Init::Scalar(l) => out.push(l.clone()),
+        Init::List(items) => {
+            for i in items {
+                flatten(i, out, line)?;
+                if out.len() > (1 << 26) {
+                    return Err(LoadError::invalid(line, "initializer too large"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn lit_bits(l: &Lit, ty: Ty, line: usize) -> Result<u64, LoadError> {
+    Ok(match (l, ty) {
+        (Lit::Int(v), Ty::F32) => u64::from((*v as i64 as f32).to_bits()),
+        (Lit::Int(v), Ty::F64) => (*v as i64 as f64).to_bits(),
+        (Lit::Int(v), Ty::F16) => u64::from(float::f32_to_f16(*v as i64 as f32, Rnd::Rn)),
+        (Lit::Int(v), _) => *v,
+        (Lit::F32(b), Ty::F64) => (f64::from(f32::from_bits(*b))).to_bits(),
+        (Lit::F32(b), Ty::F16) => u64::from(float::f32_to_f16(f32::from_bits(*b), Rnd::Rn)),
+        (Lit::F32(b), _) => u64::from(*b),
+        (Lit::F64(b), Ty::F32) => u64::from((f64::from_bits(*b) as f32).to_bits()),
+        (Lit::F64(b), Ty::F16) => u64::from(float::f32_to_f16(f64::from_bits(*b) as f32, Rnd::Rn)),
+        (Lit::F64(b), _) => *b,
+        (Lit::Sym(name, off), _) => {
+            return Err(LoadError::unsupported(
+                line,
+                format!("address-valued variable initializers (`{name}+{off}`) are not supported"),
+            ));
+        }
+    })
+}
+
+/// Builds the initial bytes of a module variable.
+pub(super) fn global_image(v: &VarDecl) -> Result<(usize, Vec<u8>), LoadError> {
+    let (ty, elem) = var_elem(v)?;
+    let mut lits = Vec::new();
+    if let Some(init) = &v.init {
+        flatten(init, &mut lits, v.line)?;
+    }
+    let ebytes = ty.bytes() as u64;
+    let size = match var_size(v)? {
+        Some(s) => s,
+        None => ebytes.saturating_mul(lits.len() as u64).max(elem),
+    };
+    if size > MAX_GLOBAL_VAR_BYTES {
+        return Err(LoadError::unsupported(
+            v.line,
+            format!("variable `{}` is too large", v.name),
+        ));
+    }
+    if (lits.len() as u64).saturating_mul(ebytes) > size {
+        return Err(LoadError::invalid(
+            v.line,
+            format!("too many initializers for `{}`", v.name),
+        ));
+    }
+    let mut init = Vec::new();
+    if !lits.is_empty() {
+        init = vec![0u8; size as usize];
+        for (i, l) in lits.iter().enumerate() {
+            let bits = lit_bits(l, ty, v.line)?;
+            let at = i * ebytes as usize;
+            init[at..at + ebytes as usize].copy_from_slice(&bits.to_le_bytes()[..ebytes as usize]);
+        }
+    }
+    Ok((size as usize, init))
+}
+
+/// (offset, size) per parameter, the driver-facing descriptions, and the total size.
+type ParamLayout = (Vec<(u32, u32)>, Vec<ParamInfo>, u32);
+
+/// Lays out a parameter list.
+pub(super) fn layout_params(list: &[VarDecl], start: u32) -> Result<ParamLayout, LoadError> {
+    let mut off = u64::from(start);
+    let mut out = Vec::new();
+    let mut infos = Vec::new();
+    for p in list {
+        if p.space != VarSpace::Param {
+            return Err(LoadError::unsupported(
+                p.line,
+                "only .param parameters are supported",
+            ));
+        }
+        let size =
+            var_size(p)?.ok_or_else(|| LoadError::invalid(p.line, "parameter without a size"))?;
+        let align = var_align(p)?;
+        off = align_up(off, align);
+        if off + size > 64 * 1024 {
+            return Err(LoadError::invalid(p.line, "parameters exceed 64 KiB"));
+        }
+        out.push((off as u32, size as u32));
+        infos.push(ParamInfo {
+            offset: off as usize,
+            size: size as usize,
+            align: align as usize,
+        });
+        off += size;
+    }
+    Ok((out, infos, off as u32))
+}
+
+pub(crate) fn decode(ast: &Ast) -> Result<Program, LoadError> {
+    if ast.address_size != 64 {
+        return Err(LoadError::unsupported(
+            0,
+            format!(
+                ".address_size {} is not supported (only 64)",
+                ast.address_size
+            ),
+        ));
+    }
+    if ast.version.0 == 0 {
+        return Err(LoadError::invalid(1, "missing .version directive"));
+    }
+    if ast.target.is_empty() {
+        return Err(LoadError::invalid(1, "missing .target directive"));
+    }
+    let mut m = ModuleCtx {
+        names: HashMap::new(),
+        shared_vars: Vec::new(),
+        globals: Vec::new(),
+        sigs: Vec::new(),
+        builtins: HashMap::new(),
+    };
+    let mut func_decls: Vec<&FuncDecl> = Vec::new();
+    let mut func_ids: HashMap<&str, u32> = HashMap::new();
+    // Pass 1: module variables and function signatures.
+    for item in &ast.items {
+        match item {
+            Item::Var(v) => add_module_var(&mut m, v)?,
+            Item::Func(f) => {
+                if let Some(&id) = func_ids.get(f.name.as_str()) {
+                    // A prototype followed by the definition (or a duplicate definition).
+                    let prev = func_decls[id as usize];
+                    if prev.body.is_some() && f.body.is_some() {
+                        return Err(LoadError::invalid(
+                            f.line,
+                            format!("function `{}` defined twice", f.name),
+                        ));
+                    }
+                    if f.body.is_some() {
+                        func_decls[id as usize] = f;
+                    }
+                    continue;
+                }
+                if m.names.contains_key(&f.name) {
+                    return Err(LoadError::invalid(
+                        f.line,
+                        format!("`{}` is already defined", f.name),
+                    ));
+                }
+                let id = func_decls.len() as u32;
+                func_ids.insert(&f.name, id);
+                func_decls.push(f);
+                m.names.insert(f.name.clone(), Name::Func(id));
+            }
+        }
+    }
+    for f in &func_decls {
+        let sig = if f.is_entry {
+            let (formals, kparams, total) = layout_params(&f.params, 0)?;
+            Sig {
+                formals,
+                formal_names: f.params.iter().map(|p| p.name.clone()).collect(),
+                param_bytes: total,
+                is_entry: true,
+                kparams,
+                ..Sig::default()
+            }
+        } else {
+            let (rets, _, after) = layout_params(&f.rets, 0)?;
+            let (formals, _, total) = layout_params(&f.params, after)?;
+            Sig {
+                rets,
+                formals,
+                formal_names: f.params.iter().map(|p| p.name.clone()).collect(),
+                ret_names: f.rets.iter().map(|p| p.name.clone()).collect(),
+                param_bytes: total,
+                is_entry: false,
+                kparams: Vec::new(),
+            }
+        };
+        m.sigs.push(sig);
+    }
+    for (id, f) in func_decls.iter().enumerate() {
+        if f.body.is_none()
+            && let Some(b) = builtin(f, &m.sigs[id])
+        {
+            m.builtins.insert(id as u32, b);
+        }
+    }
+    // Pass 2: bodies.
+    let mut funcs = Vec::with_capacity(func_decls.len());
+    for (id, f) in func_decls.iter().enumerate() {
+        funcs.push(decode_func(&mut m, f, id as u32)?);
+    }
+    for f in &mut funcs {
+        cfg::assign_reconvergence(&mut f.code);
+    }
+    // Kernels and their layouts.
+    let mut kernels = Vec::new();
+    let mut layouts = Vec::new();
+    for (id, f) in func_decls.iter().enumerate() {
+        if !f.is_entry || f.body.is_none() {
+            continue;
+        }
+        let (info, layout) = kernel_info(&m, &funcs, f, id as u32)?;
+        kernels.push(info);
+        layouts.push(layout);
+    }
+    for (id, f) in funcs.iter().enumerate() {
+        for &c in &f.callees {
+            if !funcs[c as usize].defined {
+                return Err(LoadError::unsupported(
+                    funcs[id].line,
+                    format!(
+                        "call to external function `{}` (no definition in this module)",
+                        funcs[c as usize].name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(Program {
+        funcs,
+        globals: m.globals,
+        kernels,
+        layouts,
+    })
+}
+
+/// The built-in an undefined function declaration names, when its signature is the one nvcc
+/// declares: `vprintf(.b64, .b64) -> .b32` and `__assertfail(.b64, .b64, .b32, .b64, .b64)`.
+pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
+    let sizes: Vec<u32> = sig.formals.iter().map(|&(_, s)| s).collect();
+    match f.name.as_str() {
+        "vprintf" if sizes == [8, 8] && sig.rets.len() <= 1 => Some(Builtin::Vprintf),
+        "__assertfail" if sizes == [8, 8, 4, 8, 8] && sig.rets.is_empty() => {
+            Some(Builtin::AssertFail)
+        }
+        _ => None,
+    }
+}
+
+pub(super) fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadError> {
+    if m.names.contains_key(&v.name) {
+        return Err(LoadError::invalid(
+            v.line,
+            format!("`{}` is already defined", v.name),
+        ));
+    }
+    match v.space {
+        VarSpace::Global | VarSpace::Const => {
+            if v.is_extern {
+                return Err(LoadError::unsupported(
+                    v.line,
+                    format!("external variable `{}` (no linker)", v.name),
+                ));
+            }
+            let (size, init) = global_image(v)?;
+            let idx = m.globals.len() as u32;
+            m.globals.push(GlobalVar {
+                name: v.name.clone(),
+                space: if v.space == VarSpace::Global {
+                    GlobalSpace::Global
+                } else {
+                    GlobalSpace::Const
+                },
+                size,
+                align: var_align(v)? as usize,
+                init,
+                managed: v.managed,
+            });
+            m.names.insert(v.name.clone(), Name::Global(idx));
+        }
+        VarSpace::Shared => {
+            let id = new_shared(m, v)?;
+            m.names.insert(v.name.clone(), Name::Shared(id));
+        }
+        _ => {
+            return Err(LoadError::unsupported(
+                v.line,
+                "module-scope .local/.param variables are not supported",
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn new_shared(m: &mut ModuleCtx, v: &VarDecl) -> Result<u32, LoadError> {
+    if v.init.is_some() {
+        return Err(LoadError::invalid(
+            v.line,
+            "shared variables cannot have initializers",
+        ));
+    }
+    let size = var_size(v)?;
+    let is_extern = v.is_extern || size.is_none();
+    let size = size.unwrap_or(0);
+    if size > MAX_SHARED_DECL_BYTES {
+        return Err(LoadError::invalid(
+            v.line,
+            format!("shared variable `{}` is too large", v.name),
+        ));
+    }
+    let id = m.shared_vars.len() as u32;
+    m.shared_vars.push(SharedVar {
+        size,
+        align: var_align(v)?,
+        is_extern,
+    });
+    Ok(id)
+}
+
+pub(super) fn kernel_info(
+    m: &ModuleCtx,
+    funcs: &[Func],
+    f: &FuncDecl,
+    id: u32,
+) -> Result<(KernelInfo, KernelLayout), LoadError> {
+    // Reachable functions and recursion.
+    let mut reach = vec![false; funcs.len()];
+    let mut stack = vec![id];
+    while let Some(x) = stack.pop() {
+        if std::mem::replace(&mut reach[x as usize], true) {
+            continue;
+        }
+        stack.extend(funcs[x as usize].callees.iter().copied());
+    }
+    let recursive = has_cycle(funcs, id);
+    // Shared layout: every shared variable referenced by a reachable function.
+    let mut shared_off = vec![u64::MAX; m.shared_vars.len()];
+    let mut off = 0u64;
+    let mut dyn_align = 16u64;
+    for (fid, r) in reach.iter().enumerate() {
+        if !*r {
+            continue;
+        }
+        for &sv in &funcs[fid].shared_refs {
+            let var = &m.shared_vars[sv as usize];
+            if shared_off[sv as usize] != u64::MAX {
+                continue;
+            }
+            if var.is_extern {
+                dyn_align = dyn_align.max(var.align);
+                continue;
+            }
+            off = align_up(off, var.align);
+            shared_off[sv as usize] = off;
+            off += var.size;
+        }
+    }
+    let static_shared = off;
+    let dyn_base = align_up(off, dyn_align);
+    for (sv, var) in m.shared_vars.iter().enumerate() {
+        if var.is_extern {
+            shared_off[sv] = dyn_base;
+        }
+    }
+    let local_per_thread = if recursive {
+        funcs[id as usize].local_bytes + RECURSIVE_STACK_BYTES
+    } else {
+        max_chain_local(funcs, id, &mut HashMap::new())
+    };
+    if local_per_thread > MAX_LOCAL_BYTES {
+        return Err(LoadError::unsupported(
+            f.line,
+            format!("kernel `{}` needs too much local memory", f.name),
+        ));
+    }
+    let sig = &m.sigs[id as usize];
+    let mut max_threads = MAX_THREADS_PER_BLOCK;
+    let mut reqntid = None;
+    let mut min_blocks = None;
+    let mut max_regs = u32::MAX;
+    for (d, nums) in &f.perf {
+        let dims = || -> Result<[u32; 3], LoadError> {
+            let mut v = [1u32; 3];
+            if nums.is_empty() || nums.len() > 3 {
+                return Err(LoadError::invalid(f.line, format!("bad .{d}")));
+            }
+            for (i, n) in nums.iter().enumerate() {
+                v[i] = u32::try_from(*n)
+                    .ok()
+                    .filter(|&x| x > 0)
+                    .ok_or_else(|| LoadError::invalid(f.line, format!("bad .{d}")))?;
+            }
+            Ok(v)
+        };
+        match d.as_str() {
+            "maxntid" => {
+                let v = dims()?;
+                let prod = u64::from(v[0]) * u64::from(v[1]) * u64::from(v[2]);
+                max_threads = max_threads.min(prod.min(u64::from(MAX_THREADS_PER_BLOCK)) as u32);
+            }
+            "reqntid" => {
+                let v = dims()?;
+                let prod = u64::from(v[0]) * u64::from(v[1]) * u64::from(v[2]);
+                if prod > u64::from(MAX_THREADS_PER_BLOCK) {
+                    return Err(LoadError::invalid(f.line, ".reqntid exceeds 1024 threads"));
+                }
+                max_threads = max_threads.min(prod as u32);
+                reqntid = Some(v);
+            }
+            "minnctapersm" => min_blocks = nums.first().copied(),
+            // The register budget a real compiler must fit in: what the
+            // kernel reports as its register use (the interpreter has no
+            // register file to allocate).
+            "maxnreg" => {
+                max_regs = nums
+                    .first()
+                    .and_then(|&n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| LoadError::invalid(f.line, "bad .maxnreg"))?;
+            }
+            "maxnctapersm" | "noreturn" | "explicitcluster" | "reqnctapercluster"
+            | "maxclusterrank" | "blocksareclusters" => {}
+            other => {
+                return Err(LoadError::unsupported(
+                    f.line,
+                    format!("unsupported kernel directive `.{other}`"),
+                ));
+            }
+        }
+    }
+    let _ = min_blocks;
+    let info = KernelInfo {
+        name: f.name.clone(),
+        params: sig.kparams.clone(),
+        param_bytes: sig.param_bytes as usize,
+        static_shared_bytes: static_shared as usize,
+        local_bytes: funcs[id as usize].local_bytes as usize,
+        max_threads_per_block: max_threads,
+        reqntid,
+        num_regs: funcs[id as usize].declared_regs.min(max_regs),
+    };
+    let layout = KernelLayout {
+        func: id,
+        shared_off,
+        dyn_shared_base: dyn_base,
+        local_per_thread,
+    };
+    Ok((info, layout))
+}
+
+pub(super) fn has_cycle(funcs: &[Func], root: u32) -> bool {
+    // Iterative DFS with colours: 0 white, 1 grey, 2 black.
+    let mut colour = vec![0u8; funcs.len()];
+    let mut stack: Vec<(u32, usize)> = vec![(root, 0)];
+    colour[root as usize] = 1;
+    while let Some(&mut (node, ref mut i)) = stack.last_mut() {
+        let callees = &funcs[node as usize].callees;
+        if *i < callees.len() {
+            let c = callees[*i];
+            *i += 1;
+            match colour[c as usize] {
+                1 => return true,
+                0 => {
+                    colour[c as usize] = 1;
+                    stack.push((c, 0));
+                }
+                _ => {}
+            }
+        } else {
+            colour[node as usize] = 2;
+            stack.pop();
+        }
+    }
+    false
+}
+
+pub(super) fn max_chain_local(funcs: &[Func], f: u32, memo: &mut HashMap<u32, u64>) -> u64 {
+    // Only called for acyclic call graphs, so the recursion depth is bounded by the number of
+    // functions; hostile modules with thousands of nested functions are still finite.
+    if let Some(&v) = memo.get(&f) {
+        return v;
+    }
+    let own = funcs[f as usize].local_bytes;
+    let mut best = 0u64;
+    for &c in &funcs[f as usize].callees {
+        best = best.max(max_chain_local(funcs, c, memo));
+    }
+    let v = own.saturating_add(best);
+    memo.insert(f, v);
+    v
+}

@@ -1,0 +1,333 @@
+//! Calls and returns, built-in functions (`vprintf`, `__assertfail`, `malloc`, …) and special
+//! registers.
+
+use super::*;
+
+impl<'a> Worker<'a> {
+    pub(super) fn pop_frame(&mut self, warp: &mut Warp) {
+        if warp.frames.len() <= 1 {
+            return;
+        }
+        let Some(callee) = warp.frames.pop() else {
+            return;
+        };
+        if let Some(caller) = warp.frames.last_mut() {
+            let (cpb, ppb) = (callee.param_bytes, caller.param_bytes);
+            for &(src, dst, size) in &callee.ret_copy {
+                let (src, dst, size) = (src as usize, dst as usize, size as usize);
+                for l in 0..32 {
+                    if callee.call_mask >> l & 1 != 0 {
+                        let s = l * cpb + src;
+                        let d = l * ppb + dst;
+                        if let (Some(from), true) = (
+                            callee.params.get(s..s + size),
+                            d + size <= caller.params.len(),
+                        ) {
+                            caller.params[d..d + size].copy_from_slice(from);
+                        }
+                    }
+                }
+            }
+        }
+        self.frame_pool.push(callee);
+    }
+
+    pub(super) fn do_call(
+        &mut self,
+        warp: &mut Warp,
+        info: &CallInfo,
+        m: u32,
+        line: u32,
+    ) -> Result<(), Fault> {
+        let prog = self.ctx.prog;
+        let callee_fn = &prog.funcs[info.func as usize];
+        let w = WarpRef {
+            tid: &warp.tid,
+            idx: warp.idx,
+        };
+        if warp.frames.len() >= MAX_CALL_DEPTH {
+            return Err(fault(
+                FaultKind::IllegalAddress,
+                format!(
+                    "call stack overflow (depth {MAX_CALL_DEPTH}) {}",
+                    self.where_(w, m.trailing_zeros(), line)
+                ),
+            ));
+        }
+        let Some(caller) = warp.frames.last() else {
+            return Ok(());
+        };
+        let caller_fn = &prog.funcs[caller.func as usize];
+        let local_base = caller.local_base + caller_fn.local_bytes;
+        if local_base + callee_fn.local_bytes > self.local_stride as u64 {
+            return Err(fault(
+                FaultKind::IllegalAddress,
+                format!(
+                    "stack overflow calling `{}` {}",
+                    callee_fn.name,
+                    self.where_(w, m.trailing_zeros(), line)
+                ),
+            ));
+        }
+        let mut f = self.new_frame(callee_fn, info.func, local_base);
+        f.call_mask = m;
+        f.ret_copy.extend_from_slice(&info.rets);
+        let caller = warp
+            .frames
+            .last()
+            .ok_or_else(|| fault(FaultKind::Trap, "no caller frame".into()))?;
+        let (cpb, fpb) = (caller.param_bytes, f.param_bytes);
+        for &(src, dst, size) in &info.args {
+            let (src, dst, size) = (src as usize, dst as usize, size as usize);
+            for l in 0..32 {
+                if m >> l & 1 != 0 {
+                    let s = l * cpb + src;
+                    let d = l * fpb + dst;
+                    if let (Some(from), Some(to)) = (
+                        caller.params.get(s..s + size),
+                        f.params.get_mut(d..d + size),
+                    ) {
+                        to.copy_from_slice(from);
+                    }
+                }
+            }
+        }
+        warp.frames.push(f);
+        warp.stack.push(Entry {
+            pc: 0,
+            rpc: NONE,
+            mask: m,
+            call: true,
+        });
+        warp.stack.push(Entry {
+            pc: 0,
+            rpc: NONE,
+            mask: m,
+            call: false,
+        });
+        Ok(())
+    }
+
+    /// `vprintf` or `__assertfail` for the lanes in `m`, in lane order.
+    pub(super) fn builtin(
+        &mut self,
+        warp: &mut Warp,
+        b: &BuiltinCall,
+        m: u32,
+        line: u32,
+    ) -> Result<(), Fault> {
+        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+        let Some(frame) = warp.frames.last() else {
+            return Ok(());
+        };
+        let pb = frame.param_bytes;
+        let arg = |l: usize, i: usize| -> u64 {
+            let Some(&(off, size)) = b.args.get(i) else {
+                return 0;
+            };
+            let s = l * pb + off as usize;
+            frame.params.get(s..s + size as usize).map_or(0, read_le)
+        };
+        match b.kind {
+            Builtin::Vprintf => {
+                let mut rets = [0u64; 32];
+                for l in 0..32 {
+                    if m >> l & 1 != 0 {
+                        rets[l] = self.vprintf(w, l as u32, arg(l, 0), arg(l, 1)) as u32 as u64;
+                    }
+                }
+                if let (Some((off, size)), Some(frame)) = (b.ret, warp.frames.last_mut()) {
+                    for l in 0..32 {
+                        let s = l * pb + off as usize;
+                        if m >> l & 1 != 0
+                            && let Some(to) = frame.params.get_mut(s..s + size as usize)
+                        {
+                            write_le(to, rets[l]);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Builtin::AssertFail => {
+                let mut first = None;
+                for l in 0..32 {
+                    if m >> l & 1 == 0 {
+                        continue;
+                    }
+                    let lane = l as u32;
+                    let expr = self.read_cstr(w, lane, arg(l, 0), printf::MAX_FORMAT);
+                    let file = self.read_cstr(w, lane, arg(l, 1), printf::MAX_FORMAT);
+                    let func = self.read_cstr(w, lane, arg(l, 3), printf::MAX_FORMAT);
+                    let text = format!(
+                        "{}:{}: {}: block: [{},{},{}], thread: [{},{},{}] Assertion `{}` failed.\n",
+                        String::from_utf8_lossy(&file),
+                        arg(l, 2) as u32,
+                        String::from_utf8_lossy(&func),
+                        self.block_idx[0],
+                        self.block_idx[1],
+                        self.block_idx[2],
+                        w.tid[0][l],
+                        w.tid[1][l],
+                        w.tid[2][l],
+                        String::from_utf8_lossy(&expr),
+                    );
+                    if let Some(out) = self.ctx.output {
+                        out.assert_failed(text.as_bytes());
+                    }
+                    first.get_or_insert((lane, text));
+                }
+                let (lane, text) = first.unwrap_or_default();
+                Err(fault(
+                    FaultKind::Assert,
+                    format!(
+                        "device-side assert triggered ({}) {}",
+                        text.trim_end(),
+                        self.where_(w, lane, line)
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// One lane's `vprintf(fmt, args)`: formats into the launch's output; returns the number
+    /// of arguments read (-1 for a null format), as CUDA's `printf` does.
+    pub(super) fn vprintf(&mut self, w: WarpRef<'_>, lane: u32, fmt: u64, args: u64) -> i32 {
+        if fmt == 0 {
+            return -1;
+        }
+        let Some(out) = self.ctx.output else {
+            return 0;
+        };
+        let fmt = self.read_cstr(w, lane, fmt, printf::MAX_FORMAT);
+        let mut text = Vec::new();
+        let room = out.room();
+        let n = printf::format(
+            &fmt,
+            &mut LaneArgs {
+                worker: self,
+                w,
+                lane,
+                base: args,
+                at: 0,
+            },
+            &mut text,
+            // One byte more than fits tells a record that does not fit (dropped whole).
+            room.saturating_add(1),
+        );
+        if text.len() <= room {
+            out.printf(&text);
+        }
+        n
+    }
+
+    /// The NUL-terminated string at generic address `addr` as lane `lane` sees it: at most
+    /// `max` bytes, ending early where memory cannot be read.
+    pub(super) fn read_cstr(
+        &mut self,
+        w: WarpRef<'_>,
+        lane: u32,
+        addr: u64,
+        max: usize,
+    ) -> Vec<u8> {
+        let mut s = Vec::new();
+        if addr == 0 {
+            return s;
+        }
+        for i in 0..max as u64 {
+            match self.load_any(
+                w,
+                lane,
+                Space::Generic,
+                addr.wrapping_add(i),
+                1,
+                Ordering::Relaxed,
+            ) {
+                Ok(0) | Err(_) => break,
+                Ok(c) => s.push(c as u8),
+            }
+        }
+        s
+    }
+
+    pub(super) fn special(&self, w: WarpRef<'_>, s: Sreg) -> [u64; 32] {
+        let c = self.ctx;
+        let uni = |v: u64| [v; 32];
+        match s {
+            Sreg::Tid(i) => {
+                let mut out = [0u64; 32];
+                for l in 0..32 {
+                    out[l] = u64::from(w.tid[usize::from(i) % 3][l]);
+                }
+                out
+            }
+            Sreg::Ntid(i) => uni(u64::from(c.block[usize::from(i) % 3])),
+            Sreg::Ctaid(i) | Sreg::ClusterId(i) => {
+                uni(u64::from(self.block_idx[usize::from(i) % 3]))
+            }
+            Sreg::Nctaid(i) | Sreg::NClusterId(i) => uni(u64::from(c.grid[usize::from(i) % 3])),
+            Sreg::ClusterCtaId(_) | Sreg::ClusterCtaRank | Sreg::IsExplicitCluster => uni(0),
+            Sreg::ClusterNCtaId(_) | Sreg::ClusterNCtaRank => uni(1),
+            Sreg::LaneId => std::array::from_fn(|l| l as u64),
+            Sreg::WarpId => uni(u64::from(w.idx)),
+            Sreg::NWarpId => uni(u64::from(NWARPID)),
+            Sreg::SmId => uni(u64::from(self.smid)),
+            Sreg::NSmId => uni(u64::from(c.workers)),
+            Sreg::GridId => uni(c.grid_id),
+            Sreg::Clock => uni(clock_base().elapsed().as_nanos() as u64 & 0xffff_ffff),
+            Sreg::Clock64 => uni(clock_base().elapsed().as_nanos() as u64),
+            Sreg::GlobalTimer | Sreg::GlobalTimerLo | Sreg::GlobalTimerHi => {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                uni(match s {
+                    Sreg::GlobalTimerLo => t & 0xffff_ffff,
+                    Sreg::GlobalTimerHi => t >> 32,
+                    _ => t,
+                })
+            }
+            Sreg::LanemaskEq => std::array::from_fn(|l| 1u64 << l),
+            Sreg::LanemaskLe => std::array::from_fn(|l| lowmask(l as u32 + 1)),
+            Sreg::LanemaskLt => std::array::from_fn(|l| lowmask(l as u32)),
+            Sreg::LanemaskGe => std::array::from_fn(|l| 0xffff_ffff & !lowmask(l as u32)),
+            Sreg::LanemaskGt => std::array::from_fn(|l| 0xffff_ffff & !lowmask(l as u32 + 1)),
+            Sreg::DynamicSmemSize => uni(u64::from(c.dyn_shared)),
+            Sreg::TotalSmemSize => uni(c.shared_size as u64),
+        }
+    }
+}
+
+/// A `vprintf` argument buffer in one lane's view of device memory.
+struct LaneArgs<'x, 'a, 'w> {
+    worker: &'x mut Worker<'a>,
+    w: WarpRef<'w>,
+    lane: u32,
+    base: u64,
+    at: u64,
+}
+
+impl printf::Args for LaneArgs<'_, '_, '_> {
+    fn next(&mut self, size: usize) -> Option<u64> {
+        if self.base == 0 {
+            return None;
+        }
+        let at = self.at.next_multiple_of(size as u64);
+        let v = self
+            .worker
+            .load_any(
+                self.w,
+                self.lane,
+                Space::Generic,
+                self.base.wrapping_add(at),
+                size,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        self.at = at + size as u64;
+        Some(v)
+    }
+
+    fn string(&mut self, addr: u64, max: usize) -> Vec<u8> {
+        self.worker.read_cstr(self.w, self.lane, addr, max)
+    }
+}

@@ -97,6 +97,13 @@ fn nvcc_programs_run_kernels() {
     run_nvcc_program("kernels", 25, ALL_RUNTIMES);
 }
 
+/// `cudaLaunchCooperativeKernel` and cooperative groups' grid barrier (a program built for
+/// compute_70), on every runtime.
+#[test]
+fn nvcc_programs_run_cooperative_launches() {
+    run_nvcc_program("cooperative", 12, ALL_RUNTIMES);
+}
+
 #[test]
 fn nvcc_programs_run_streams_events_and_callbacks() {
     run_nvcc_program("streams", 30, ALL_RUNTIMES);

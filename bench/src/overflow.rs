@@ -55,6 +55,7 @@ fn kernel_seconds(ctx: &dyn DeviceContext, ptr: u64, bytes: u64) -> Result<f64, 
         grid: [n.div_ceil(BLOCK), 1, 1],
         block: [BLOCK, 1, 1],
         shared_bytes: 0,
+        cooperative: false,
     };
     secs(|| {
         ctx.launch(&*m, 0, &dims, &params, 0, &RunControl::default())

@@ -172,6 +172,9 @@ pub struct LaunchDims {
     pub block: [u32; 3],
     /// Dynamic shared memory in bytes.
     pub shared_bytes: u32,
+    /// A cooperative launch (`cuLaunchCooperativeKernel`): every block runs at once, and
+    /// blocks may wait for each other (cooperative groups' `grid.sync()`).
+    pub cooperative: bool,
 }
 
 /// A kernel's parameter layout and attributes.

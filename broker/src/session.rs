@@ -300,6 +300,7 @@ impl Session {
             R::StreamWaitEvent(m) => (m.ctx, m.stream),
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
+            R::LaunchCooperative(m) => (m.ctx, m.stream),
             R::GraphLaunch(m) => (m.ctx, m.stream),
             _ => return crate::engine::NO_CONTEXT,
         };
@@ -321,6 +322,7 @@ impl Session {
             R::StreamWaitEvent(m) => (m.ctx, m.stream),
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
+            R::LaunchCooperative(m) => (m.ctx, m.stream),
             _ => return None,
         };
         self.lane(ctx, stream).ok()
@@ -1009,7 +1011,24 @@ impl Session {
             }
             R::LaunchKernel(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
-                self.launch(&lane, m, tail)?;
+                self.launch(&lane, m, tail, false)?;
+                reply(out, msg::Empty {})
+            }
+            R::LaunchCooperative(c) => {
+                let lane = self.lane(c.ctx, c.stream)?;
+                let m = msg::LaunchKernel {
+                    ctx: c.ctx,
+                    stream: c.stream,
+                    function: c.function,
+                    grid_x: c.grid_x,
+                    grid_y: c.grid_y,
+                    grid_z: c.grid_z,
+                    block_x: c.block_x,
+                    block_y: c.block_y,
+                    block_z: c.block_z,
+                    shared_bytes: c.shared_bytes,
+                };
+                self.launch(&lane, &m, tail, true)?;
                 reply(out, msg::Empty {})
             }
             R::FuncGetAttribute(m) => {
@@ -1075,6 +1094,44 @@ impl Session {
                 None => self.dispatch_alloc_ext(req, out),
             },
         }
+    }
+
+    /// A cooperative launch's blocks must all fit on the device at once, as CUDA requires
+    /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`), on a device that launches cooperatively.
+    fn check_cooperative(
+        &self,
+        f: &FunctionState,
+        grid: [u32; 3],
+        threads: u64,
+        shared_bytes: u32,
+    ) -> Result<(), CuError> {
+        if self.device.attribute(attr::COOPERATIVE_LAUNCH) == 0 {
+            return Err(CuError::new(
+                cuda::CUDA_ERROR_NOT_SUPPORTED,
+                "the device does not launch cooperatively",
+            ));
+        }
+        let dev = |a: usize| i64::from(self.device.attribute(a));
+        let func = |a: usize| i64::from(f.desc.attributes.get(a).copied().unwrap_or(0));
+        let per_sm = cuda::blocks_per_multiprocessor(
+            &dev,
+            &func,
+            i64::try_from(threads).unwrap_or(i64::MAX),
+            i64::from(shared_bytes),
+        );
+        let most =
+            u64::try_from(per_sm.saturating_mul(dev(attr::MULTIPROCESSOR_COUNT))).unwrap_or(0);
+        let blocks = grid.iter().map(|&g| u64::from(g)).product::<u64>();
+        if blocks > most {
+            return Err(CuError::new(
+                cuda::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+                format!(
+                    "a cooperative launch of {blocks} blocks of kernel `{}`: at most {most} fit on the device at once ({per_sm} per multiprocessor)",
+                    f.desc.name
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The variable `name` of module `module` in context `ctx`.
@@ -1238,6 +1295,7 @@ impl Session {
         lane: &LaneSpec,
         m: &msg::LaunchKernel,
         params: &[u8],
+        cooperative: bool,
     ) -> Result<u64, CuError> {
         let f = self.function(m.function)?;
         let a = &f.desc.attributes;
@@ -1285,6 +1343,9 @@ impl Session {
                 m.shared_bytes, f.desc.name
             )));
         }
+        if cooperative {
+            self.check_cooperative(f, grid, threads, m.shared_bytes)?;
+        }
         let module = Arc::clone(
             &self
                 .modules
@@ -1299,6 +1360,7 @@ impl Session {
                 grid,
                 block,
                 shared_bytes: m.shared_bytes,
+                cooperative,
             },
             params: params.to_vec(),
             control: Arc::new(RunControl::default()),

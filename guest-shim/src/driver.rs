@@ -1412,6 +1412,36 @@ pub fn launch(
     stream: u64,
     params: &[u8],
 ) -> CuRes<()> {
+    launch_with(f, grid, block, shared, stream, params, false)
+}
+
+/// `cuLaunchCooperativeKernel`: every block at once (vgpud refuses a grid larger than the
+/// device holds at once with `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`). Not capturable into a
+/// graph here: `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the capture is invalidated.
+pub fn launch_cooperative(
+    f: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: u64,
+    params: &[u8],
+) -> CuRes<()> {
+    if crate::stream_capture::recording() {
+        return Err(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    crate::stream_capture::check_stream_sync(stream)?;
+    launch_with(f, grid, block, shared, stream, params, true)
+}
+
+fn launch_with(
+    f: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: u64,
+    params: &[u8],
+    cooperative: bool,
+) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
     // Launch limits fail at the launch, as CUDA reports them, not at the next
@@ -1468,6 +1498,21 @@ pub fn launch(
         return r;
     }
     crate::alloc_api::before_launch(stream)?;
+    if cooperative {
+        let req = msg::LaunchCooperative {
+            ctx: req.ctx,
+            stream: req.stream,
+            function: req.function,
+            grid_x: req.grid_x,
+            grid_y: req.grid_y,
+            grid_z: req.grid_z,
+            block_x: req.block_x,
+            block_y: req.block_y,
+            block_z: req.block_z,
+            shared_bytes: req.shared_bytes,
+        };
+        return d.post(&req, params);
+    }
     d.post(&req, params)
 }
 
@@ -1511,7 +1556,6 @@ pub fn func_set_attribute(f: u64, attribute: i32, value: i32) -> CuRes<()> {
 
 /// Occupancy: resident blocks of `block_size` threads per multiprocessor.
 pub fn occupancy_blocks_per_sm(f: u64, block_size: i32, dyn_smem: usize) -> CuRes<i32> {
-    use vgpu_proto::cuda::{attr, func_attr};
     let d = driver()?;
     let l = func_layout(f)?;
     if block_size <= 0 {
@@ -1519,27 +1563,12 @@ pub fn occupancy_blocks_per_sm(f: u64, block_size: i32, dyn_smem: usize) -> CuRe
     }
     let dev = |a: usize| i64::from(d.props.attributes.get(a).copied().unwrap_or(0));
     let fa = |a: usize| i64::from(l.attributes.get(a).copied().unwrap_or(0));
-    if i64::from(block_size) > fa(func_attr::MAX_THREADS_PER_BLOCK) {
-        return Ok(0);
-    }
-    let warp = dev(attr::WARP_SIZE).max(1);
-    let warps = (i64::from(block_size) + warp - 1) / warp;
-    let by_threads = dev(attr::MAX_THREADS_PER_MULTIPROCESSOR) / (warps * warp);
-    let regs = fa(func_attr::NUM_REGS).max(1) * warps * warp;
-    let by_regs = dev(attr::MAX_REGISTERS_PER_MULTIPROCESSOR) / regs.max(1);
-    let smem = fa(func_attr::SHARED_SIZE_BYTES)
-        + dyn_smem as i64
-        + dev(attr::RESERVED_SHARED_MEMORY_PER_BLOCK);
-    let by_smem = if smem > 0 {
-        dev(attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) / smem
-    } else {
-        i64::MAX
-    };
-    let n = by_threads
-        .min(by_regs)
-        .min(by_smem)
-        .min(dev(attr::MAX_BLOCKS_PER_MULTIPROCESSOR))
-        .max(0);
+    let n = cuda::blocks_per_multiprocessor(
+        &dev,
+        &fa,
+        i64::from(block_size),
+        i64::try_from(dyn_smem).unwrap_or(i64::MAX),
+    );
     Ok(i32::try_from(n).unwrap_or(i32::MAX))
 }
 

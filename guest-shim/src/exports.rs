@@ -1292,6 +1292,26 @@ pub unsafe extern "C" fn cuLaunchKernel(
     })
 }
 
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: CUhandle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUhandle,
+    params: *mut *mut c_void,
+) -> CUresult {
+    ffi("cuLaunchCooperativeKernel", || {
+        // SAFETY: `params` follows the cuLaunchCooperativeKernel contract (no `extra`).
+        let packed = unsafe { pack_params(h(f), params, std::ptr::null_mut()) }?;
+        drv::launch_cooperative(h(f), [gx, gy, gz], [bx, by, bz], shared, h(stream), &packed)
+    })
+}
+
 /// `CUlaunchConfig`.
 #[repr(C)]
 #[derive(Debug)]
@@ -1343,15 +1363,14 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         }
         // SAFETY: non-NULL pointer to the caller's launch configuration.
         let c = unsafe { &*config };
+        let mut cooperative = false;
         if c.num_attrs > 0 && !c.attrs.is_null() {
             // SAFETY: `attrs` has `num_attrs` entries (CUDA contract).
             let attrs =
                 unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs.min(64) as usize) };
             for a in attrs {
                 match a.id {
-                    LAUNCH_ATTRIBUTE_COOPERATIVE if a.value[0] != 0 => {
-                        return Err(drv::unsupported("cooperative launches"));
-                    }
+                    LAUNCH_ATTRIBUTE_COOPERATIVE => cooperative = a.value[0] != 0,
                     LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION if a.value[..3].iter().any(|&d| d > 1) => {
                         return Err(drv::unsupported("thread block clusters"));
                     }
@@ -1361,7 +1380,12 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         }
         // SAFETY: params/extra follow the cuLaunchKernel contract.
         let packed = unsafe { pack_params(h(f), params, extra) }?;
-        drv::launch(
+        let launch = if cooperative {
+            drv::launch_cooperative
+        } else {
+            drv::launch
+        };
+        launch(
             h(f),
             [c.grid_x, c.grid_y, c.grid_z],
             [c.block_x, c.block_y, c.block_z],

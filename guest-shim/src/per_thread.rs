@@ -42,6 +42,10 @@ per_thread! {
         f: CUhandle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shared: c_uint, stream: CUhandle, params: *mut *mut c_void, extra: *mut *mut c_void
     );
+    cuLaunchCooperativeKernel_ptsz => cuLaunchCooperativeKernel(
+        f: CUhandle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: CUhandle, params: *mut *mut c_void
+    );
     cuMemcpyHtoDAsync_v2_ptsz => cuMemcpyHtoDAsync_v2(
         dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUhandle
     );

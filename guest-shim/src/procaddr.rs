@@ -503,6 +503,10 @@ fn table() -> &'static [Entry] {
             e!("cuModuleGetGlobal", (3020, f!(cuModuleGetGlobal_v2))),
             e!("cuLaunchKernel", (4000, f!(cuLaunchKernel))),
             e!("cuLaunchKernelEx", (11060, f!(cuLaunchKernelEx))),
+            e!(
+                "cuLaunchCooperativeKernel",
+                (9000, f!(cuLaunchCooperativeKernel))
+            ),
             e!("cuFuncGetAttribute", (2020, f!(cuFuncGetAttribute))),
             e!("cuFuncSetAttribute", (9000, f!(cuFuncSetAttribute))),
             e!("cuFuncSetCacheConfig", (3000, f!(cuFuncSetCacheConfig))),

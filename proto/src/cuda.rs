@@ -215,6 +215,40 @@ pub mod func_attr {
     pub const COUNT: usize = 16;
 }
 
+/// Occupancy: how many blocks of `block_size` threads with `dyn_smem` bytes of dynamic shared
+/// memory fit on one multiprocessor at once, from the device's attributes (`dev`, by
+/// [`attr`] number) and the kernel's (`func`, by [`func_attr`] number), as
+/// `cuOccupancyMaxActiveBlocksPerMultiprocessor` computes it. A cooperative launch may have
+/// this many blocks per multiprocessor.
+pub fn blocks_per_multiprocessor(
+    dev: &dyn Fn(usize) -> i64,
+    func: &dyn Fn(usize) -> i64,
+    block_size: i64,
+    dyn_smem: i64,
+) -> i64 {
+    if block_size <= 0 || block_size > func(func_attr::MAX_THREADS_PER_BLOCK) {
+        return 0;
+    }
+    let warp = dev(attr::WARP_SIZE).max(1);
+    let warps = (block_size + warp - 1) / warp;
+    let by_threads = dev(attr::MAX_THREADS_PER_MULTIPROCESSOR) / (warps * warp);
+    let regs = func(func_attr::NUM_REGS).max(1) * warps * warp;
+    let by_regs = dev(attr::MAX_REGISTERS_PER_MULTIPROCESSOR) / regs.max(1);
+    let smem = func(func_attr::SHARED_SIZE_BYTES)
+        .saturating_add(dyn_smem)
+        .saturating_add(dev(attr::RESERVED_SHARED_MEMORY_PER_BLOCK));
+    let by_smem = if smem > 0 {
+        dev(attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) / smem
+    } else {
+        i64::MAX
+    };
+    by_threads
+        .min(by_regs)
+        .min(by_smem)
+        .min(dev(attr::MAX_BLOCKS_PER_MULTIPROCESSOR))
+        .max(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

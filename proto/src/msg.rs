@@ -430,6 +430,15 @@ ops! {
     ModuleGetGlobalInfo = 0x0609 => GlobalInfo, 0, "cuModuleGetGlobal_v2, cuLibraryGetGlobal, cuLibraryGetManaged" {
         ctx: u64, module: u64, name: String,
     }
+    /// Launches a kernel cooperatively: every block at once, so blocks may wait for each other
+    /// (cooperative groups' `grid.sync()`); at most as many blocks as fit on the device at
+    /// once. As `LaunchKernel` otherwise.
+    LaunchCooperative = 0x060a => Empty, ASYNC_OK | REQ_TAIL, "cuLaunchCooperativeKernel, cuLaunchKernelEx" {
+        ctx: u64, stream: u64, function: u64,
+        grid_x: u32, grid_y: u32, grid_z: u32,
+        block_x: u32, block_y: u32, block_z: u32,
+        shared_bytes: u32,
+    }
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).
     TenantInfo = 0x0701 => Json, 0, "vgpu-smi" {}

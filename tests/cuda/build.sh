@@ -49,12 +49,18 @@ if ! command -v "$CCBIN" >/dev/null 2>&1; then
     exit 0
 fi
 
-PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs)
+PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs cooperative)
 # PTX only (code=compute_52, no code=sm_52 cubin): the simulated GPU
 # interprets PTX. compute_52 is the oldest target nvcc 11.8 does not call
-# deprecated (compute_35/37 warn).
-GENCODE=(-gencode arch=compute_52,code=compute_52)
-FLAGS=(-ccbin "$CCBIN" "${GENCODE[@]}" -O2 -std=c++14 -Xcompiler -Wall)
+# deprecated (compute_35/37 warn). cooperative.cu needs compute 6.0 (a
+# grid-wide barrier): compute_70.
+gencode_of() {
+    case "$1" in
+        cooperative) echo "-gencode arch=compute_70,code=compute_70" ;;
+        *) echo "-gencode arch=compute_52,code=compute_52" ;;
+    esac
+}
+BASE_FLAGS=(-ccbin "$CCBIN" -O2 -std=c++14 -Xcompiler -Wall)
 # shellcheck disable=SC2206
 EXTRA=(${NVCC_FLAGS:-})
 
@@ -63,6 +69,8 @@ VARIANTS=(${CUDA_VARIANTS:-static shared})
 
 mkdir -p "$OUT"
 for prog in "${PROGRAMS[@]}"; do
+    # shellcheck disable=SC2207
+    FLAGS=("${BASE_FLAGS[@]}" $(gencode_of "$prog"))
     for variant in "${VARIANTS[@]}"; do
         case "$variant" in
             static | shared) rt="$variant" link=() ;;

@@ -296,6 +296,29 @@ impl Session {
         shared: u32,
         args: &[Arg],
     ) -> Result<(), Code> {
+        self.launch_as(stream, k, [grid, block], shared, args, false)
+    }
+
+    /// `cuLaunchCooperativeKernel` on the default stream, asynchronous.
+    pub fn launch_cooperative(
+        &mut self,
+        k: &Kernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        args: &[Arg],
+    ) -> Result<(), Code> {
+        self.launch_as(0, k, [grid, block], 0, args, true)
+    }
+
+    fn launch_as(
+        &mut self,
+        stream: u64,
+        k: &Kernel,
+        [grid, block]: [[u32; 3]; 2],
+        shared: u32,
+        args: &[Arg],
+        cooperative: bool,
+    ) -> Result<(), Code> {
         if args.len() != k.offsets.len() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -326,9 +349,24 @@ impl Session {
             block_z: block[2],
             shared_bytes: shared,
         };
-        self.client
-            .post(&m, &buf)
-            .map_err(|_| cuda::CUDA_ERROR_UNKNOWN)
+        let sent = if cooperative {
+            let c = msg::LaunchCooperative {
+                ctx: m.ctx,
+                stream: m.stream,
+                function: m.function,
+                grid_x: m.grid_x,
+                grid_y: m.grid_y,
+                grid_z: m.grid_z,
+                block_x: m.block_x,
+                block_y: m.block_y,
+                block_z: m.block_z,
+                shared_bytes: m.shared_bytes,
+            };
+            self.client.post(&c, &buf)
+        } else {
+            self.client.post(&m, &buf)
+        };
+        sent.map_err(|_| cuda::CUDA_ERROR_UNKNOWN)
     }
 
     /// `cuEventCreate`.
@@ -496,7 +534,60 @@ pub const CHECKS: &[(&str, Check)] = &[
         crate::conformance_streams::event_waits_order_streams,
     ),
     ("graphs_replay_as_one_request", graphs_replay_as_one_request),
+    ("cooperative_launches", cooperative_launches),
 ];
+
+/// Cooperative groups' grid barrier (`grid.sync()`, compute 6.0), as NVRTC compiles it.
+pub const COOPERATIVE_PTX: &str =
+    include_str!("../../devices/ptx/fixtures/cooperative.compute_80.ptx");
+
+/// A cooperative launch runs every block at once, so a grid-wide barrier orders them; a grid
+/// larger than the device holds at once is refused with
+/// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE` and the context carries on.
+pub fn cooperative_launches(t: &Target) {
+    let rig = Rig::new((t.make)(None), &[("a", 64 * MIB, 1)]);
+    assert_eq!(
+        rig.device.info().attribute(cuda::attr::COOPERATIVE_LAUNCH),
+        1
+    );
+    let mut a = rig.session("a");
+    let m = a.load(COOPERATIVE_PTX.as_bytes()).unwrap();
+    let ring = a.kernel(m, "ring").unwrap();
+    const BLOCKS: u32 = 4;
+    const THREADS: u32 = 32;
+    const PHASES: i32 = 3;
+    let n = (BLOCKS * THREADS) as usize;
+    let data = a.alloc(n as u64 * 4).unwrap();
+    let out = a.alloc(n as u64 * 4).unwrap();
+    a.launch_cooperative(
+        &ring,
+        [BLOCKS, 1, 1],
+        [THREADS, 1, 1],
+        &[Arg::Ptr(data), Arg::Ptr(out), Arg::I32(PHASES)],
+    )
+    .unwrap();
+    a.sync().unwrap();
+    let got = a.dtoh(out, n * 4).unwrap();
+    for (i, v) in got.chunks(4).enumerate() {
+        let v = i32::from_le_bytes(v.try_into().unwrap());
+        assert_eq!(
+            v as usize,
+            (i + PHASES as usize * THREADS as usize) % n,
+            "element {i}"
+        );
+    }
+    // Far more blocks than any device holds at once.
+    let e = a
+        .launch_cooperative(
+            &ring,
+            [1 << 20, 1, 1],
+            [THREADS, 1, 1],
+            &[Arg::Ptr(data), Arg::Ptr(out), Arg::I32(PHASES)],
+        )
+        .and_then(|()| a.sync());
+    assert_eq!(e, Err(cuda::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE));
+    a.sync().expect("the context carries on");
+}
 
 impl Session {
     /// Any request, with its `CUresult` on failure.
@@ -1561,6 +1652,7 @@ pub mod cuda_executor {
         grid: [1, 1, 1],
         block: [1, 1, 1],
         shared_bytes: 0,
+        cooperative: false,
     };
 
     /// Kernel time comes from CUDA events: a 50 ms kernel measures 50 ms.
@@ -1623,6 +1715,7 @@ pub mod cuda_executor {
             grid: [1, 1, 1],
             block: [64, 1, 1],
             shared_bytes: 0,
+            cooperative: false,
         };
         let e = a
             .launch(m.as_ref(), 0, &dims, &params, 0, &RunControl::default())
@@ -1874,6 +1967,7 @@ pub mod cuda_executor {
             grid: [3, 1, 1],
             block: [128, 1, 1],
             shared_bytes: 0,
+            cooperative: false,
         };
         ctx.launch(m.as_ref(), i, &dims, &params, 0, &RunControl::default())
             .unwrap();

@@ -1086,8 +1086,25 @@ impl DeviceContext for CudaContext {
             let d = g.driver();
             d.event_record(start, stream)
                 .map_err(|f| g.fail(f, Op::Other))?;
-            d.launch(f, dims.grid, dims.block, dims.shared_bytes, stream, params)
-                .map_err(|f| g.fail(f, Op::Launch))?;
+            if dims.cooperative {
+                let offsets = &m
+                    .kernels()
+                    .get(kernel)
+                    .ok_or_else(|| DeviceError::NotSupported(format!("no kernel #{kernel}")))?
+                    .param_offsets;
+                d.launch_cooperative(
+                    f,
+                    dims.grid,
+                    dims.block,
+                    dims.shared_bytes,
+                    stream,
+                    params,
+                    offsets,
+                )
+            } else {
+                d.launch(f, dims.grid, dims.block, dims.shared_bytes, stream, params)
+            }
+            .map_err(|f| g.fail(f, Op::Launch))?;
             d.event_record(end, stream)
                 .map_err(|f| g.fail(f, Op::Other))
         })();

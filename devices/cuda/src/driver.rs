@@ -190,6 +190,21 @@ struct Functions {
         *mut P,
         *mut P,
     ) -> R,
+    /// `cuLaunchCooperativeKernel` (CUDA 9): the launch of `cuLaunchKernel` without `extra`.
+    launch_cooperative_kernel: Option<
+        unsafe extern "C" fn(
+            P,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            P,
+            *mut P,
+        ) -> R,
+    >,
     // CUDA 12.3 / 12.4 (optional).
     module_get_function_count: Option<unsafe extern "C" fn(*mut c_uint, P) -> R>,
     module_enumerate_functions: Option<unsafe extern "C" fn(*mut P, c_uint, P) -> R>,
@@ -516,6 +531,12 @@ impl Driver {
                 "cuFuncSetAttribute"
             ),
             launch_kernel: required!(r, library, "cuLaunchKernel", abi::V4000, "cuLaunchKernel"),
+            launch_cooperative_kernel: optional!(
+                r,
+                "cuLaunchCooperativeKernel",
+                abi::V9000,
+                "cuLaunchCooperativeKernel"
+            ),
             module_get_function_count: optional!(
                 r,
                 "cuModuleGetFunctionCount",
@@ -1085,6 +1106,59 @@ impl Driver {
                 s.0,
                 std::ptr::null_mut(),
                 extra.as_mut_ptr(),
+            )
+        })
+    }
+
+    /// `cuLaunchCooperativeKernel`: every block at once. It takes one pointer per
+    /// parameter, not a packed buffer: `offsets` are the parameters' offsets in `params`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_cooperative(
+        &self,
+        f: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: Stream,
+        params: &[u8],
+        offsets: &[u32],
+    ) -> DrvResult<()> {
+        let launch = self.f.launch_cooperative_kernel.ok_or(Failed {
+            call: "cuLaunchCooperativeKernel",
+            code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+        })?;
+        if offsets.iter().any(|&o| o as usize > params.len()) {
+            return Err(Failed {
+                call: "cuLaunchCooperativeKernel",
+                code: cuda::CUDA_ERROR_INVALID_VALUE,
+            });
+        }
+        // An aligned copy, alive across the call: each parameter pointer points into it.
+        let mut buf: Vec<u64> = vec![0; params.len().div_ceil(8).max(1)];
+        // SAFETY: `buf` holds at least `params.len()` bytes; u64 has no invalid bit patterns.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), params.len()) };
+        bytes.copy_from_slice(params);
+        let base = buf.as_mut_ptr().cast::<u8>();
+        let mut pointers: Vec<P> = offsets
+            .iter()
+            .map(|&o| base.wrapping_add(o as usize).cast::<c_void>())
+            .collect();
+        // SAFETY: a live function and stream; one pointer per kernel parameter, each into
+        // `buf` at the parameter's offset (checked against its length above), alive across
+        // the call, which copies the values.
+        check("cuLaunchCooperativeKernel", unsafe {
+            launch(
+                f.0,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                s.0,
+                pointers.as_mut_ptr(),
             )
         })
     }

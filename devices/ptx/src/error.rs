@@ -73,6 +73,9 @@ pub enum FaultKind {
     /// The block's register file would pass what one block may hold
     /// (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, 701; not sticky: nothing ran).
     OutOfResources,
+    /// A cooperative launch with more blocks than can run at once
+    /// (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, 720; not sticky: nothing ran).
+    CooperativeTooLarge,
 }
 
 /// A launch failed.
@@ -111,6 +114,8 @@ pub const CUDA_ERROR_ILLEGAL_INSTRUCTION: u32 = 715;
 pub const CUDA_ERROR_MISALIGNED_ADDRESS: u32 = 716;
 /// `CUDA_ERROR_LAUNCH_FAILED`.
 pub const CUDA_ERROR_LAUNCH_FAILED: u32 = 719;
+/// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`.
+pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: u32 = 720;
 
 impl Fault {
     pub(crate) fn new(kind: FaultKind, message: impl Into<String>) -> Fault {
@@ -133,6 +138,7 @@ impl Fault {
             FaultKind::IllegalInstruction => CUDA_ERROR_ILLEGAL_INSTRUCTION,
             FaultKind::InvalidConfig => CUDA_ERROR_INVALID_VALUE,
             FaultKind::OutOfResources => CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+            FaultKind::CooperativeTooLarge => CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
         }
     }
 
@@ -141,7 +147,7 @@ impl Fault {
     pub fn is_sticky(&self) -> bool {
         !matches!(
             self.kind,
-            FaultKind::InvalidConfig | FaultKind::OutOfResources
+            FaultKind::InvalidConfig | FaultKind::OutOfResources | FaultKind::CooperativeTooLarge
         )
     }
 }

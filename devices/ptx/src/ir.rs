@@ -370,6 +370,9 @@ pub(crate) enum Sreg {
     ClusterId(u8),
     NClusterId(u8),
     IsExplicitCluster,
+    /// `%envreg<N>`: driver-defined; a cooperative launch's grid workspace is in 1 (high
+    /// half) and 2 (low half), where cooperative groups' `grid.sync()` finds it.
+    EnvReg(u8),
 }
 
 /// A function call: which function, and how parameter bytes move.

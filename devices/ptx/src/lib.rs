@@ -180,6 +180,7 @@ pub struct LaunchControl {
     deadline: Mutex<Option<Instant>>,
     output: Mutex<Option<Arc<dyn DeviceOutput>>>,
     slots: Mutex<Option<Arc<WorkerSlots>>>,
+    grid_workspace: AtomicU64,
 }
 
 impl LaunchControl {
@@ -270,7 +271,29 @@ impl LaunchControl {
             Err(p) => p.into_inner().clone(),
         }
     }
+
+    /// Makes the launch cooperative (`cuLaunchCooperativeKernel`), with its grid workspace at
+    /// device address `workspace` (at least [`GRID_WORKSPACE_BYTES`] zeroed bytes; 0: an
+    /// ordinary launch). Every block of a cooperative launch runs at once, on a thread of its
+    /// own, as a GPU keeps them co-resident, so blocks may wait for each other: cooperative
+    /// groups' `grid.sync()` finds the workspace in `%envreg1`/`%envreg2` and keeps its
+    /// barrier there. At most [`MAX_COOPERATIVE_BLOCKS`] blocks; such a launch neither yields
+    /// nor shares execution slots. Read when a launch starts.
+    pub fn set_grid_workspace(&self, workspace: u64) {
+        self.grid_workspace.store(workspace, Ordering::SeqCst);
+    }
+
+    /// The grid workspace of a cooperative launch (0: not cooperative).
+    pub fn grid_workspace(&self) -> u64 {
+        self.grid_workspace.load(Ordering::SeqCst)
+    }
 }
+
+/// Bytes of a cooperative launch's grid workspace (cooperative groups keep a 32-bit barrier
+/// counter at offset 4).
+pub const GRID_WORKSPACE_BYTES: u64 = 16;
+/// Most blocks a cooperative launch may have: each runs on a host thread of its own.
+pub const MAX_COOPERATIVE_BLOCKS: u64 = 1024;
 
 /// Execution counters of one launch call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -425,9 +448,24 @@ impl Module {
         if remaining == 0 {
             return Ok(Progress::Completed(Stats::default()));
         }
+        let grid_workspace = launch.control.grid_workspace();
+        let cooperative = grid_workspace != 0;
+        if cooperative && (launch.start_block != 0 || total > MAX_COOPERATIVE_BLOCKS) {
+            return Err(Fault::new(
+                FaultKind::CooperativeTooLarge,
+                format!(
+                    "a cooperative launch of {total} blocks: at most {MAX_COOPERATIVE_BLOCKS} run at once"
+                ),
+            ));
+        }
         static GRID_ID: AtomicU64 = AtomicU64::new(1);
         let stop = AtomicBool::new(false);
-        let workers = (launch.workers.max(1) as u64).min(remaining) as usize;
+        // Every block of a cooperative launch has a worker of its own.
+        let workers = if cooperative {
+            remaining as usize
+        } else {
+            (launch.workers.max(1) as u64).min(remaining) as usize
+        };
         let output = launch.control.output();
         let ctx = exec::Ctx {
             prog: &self.prog,
@@ -448,9 +486,11 @@ impl Module {
             grid_id: GRID_ID.fetch_add(1, Ordering::Relaxed),
             stop: &stop,
             output: output.as_deref(),
+            grid_workspace,
         };
         let next = AtomicU64::new(launch.start_block);
-        let slots = launch.control.slots();
+        // Blocks of a cooperative launch may wait for each other: none may wait for a slot.
+        let slots = launch.control.slots().filter(|_| !cooperative);
         let halt = || {
             stop.load(Ordering::Relaxed)
                 || launch.control.yield_requested()
@@ -465,7 +505,10 @@ impl Module {
             let mut fault = None;
             let mut held = None;
             loop {
-                if stop.load(Ordering::Relaxed) || launch.control.yield_requested() {
+                // A cooperative launch does not yield: its blocks wait for each other.
+                if stop.load(Ordering::Relaxed)
+                    || (!cooperative && launch.control.yield_requested())
+                {
                     break;
                 }
                 if let Some(s) = &slots
@@ -502,7 +545,7 @@ impl Module {
             )
         };
         let results: Mutex<Vec<WorkerResult>> = Mutex::new(Vec::with_capacity(workers));
-        pool::run(workers as u32, &|smid| {
+        let task = |smid: u32| {
             let r = catch_unwind(AssertUnwindSafe(|| run(smid))).unwrap_or_else(|_| {
                 // Stop the other workers; the launch fails instead of the process.
                 stop.store(true, Ordering::SeqCst);
@@ -515,7 +558,37 @@ impl Module {
                 )
             });
             results.lock().unwrap_or_else(|p| p.into_inner()).push(r);
-        });
+        };
+        if cooperative {
+            // Threads of its own, all at once: pool threads may be busy with other launches,
+            // and a block waiting at a grid-wide barrier needs every other block running.
+            std::thread::scope(|s| {
+                for smid in 1..workers as u32 {
+                    let task = &task;
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("vgpu-ptx-coop-{smid}"))
+                        .spawn_scoped(s, move || task(smid));
+                    if spawned.is_err() {
+                        // Without its thread a block would never arrive: fail the launch.
+                        stop.store(true, Ordering::SeqCst);
+                        results.lock().unwrap_or_else(|p| p.into_inner()).push((
+                            Stats::default(),
+                            Some((
+                                u64::MAX,
+                                Fault::new(
+                                    FaultKind::CooperativeTooLarge,
+                                    "cannot start a thread for every block of a cooperative launch",
+                                ),
+                            )),
+                        ));
+                        break;
+                    }
+                }
+                task(0);
+            });
+        } else {
+            pool::run(workers as u32, &task);
+        }
         let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
         let mut stats = Stats::default();
         let mut first: Option<(u64, Fault)> = None;

@@ -114,6 +114,7 @@ fn attributes(workers: usize) -> Vec<i32> {
         (attr::MULTIPROCESSOR_COUNT, sms),
         (attr::SURFACE_ALIGNMENT, 512),
         (attr::CONCURRENT_KERNELS, 1),
+        (attr::COOPERATIVE_LAUNCH, 1),
         (attr::MEMORY_CLOCK_RATE, 1_215_000),
         (attr::GLOBAL_MEMORY_BUS_WIDTH, 5120),
         (attr::L2_CACHE_SIZE, 40 << 20),
@@ -901,6 +902,7 @@ mod tests {
             grid: [1, 1, 1],
             block: [32, 1, 1],
             shared_bytes: 0,
+            cooperative: false,
         };
         let e = c
             .launch(&*m, 0, &dims, &[0; 24], 0, &RunControl::default())

@@ -309,6 +309,15 @@ impl SimModule {
                 .output()
                 .map(|o| Arc::new(Output(o)) as Arc<dyn vgpu_ptx::DeviceOutput>),
         );
+        // A cooperative launch's grid barrier lives in a small zeroed allocation of the
+        // context's own, for the launch's duration.
+        let workspace = if dims.cooperative {
+            let (addr, _) = memory.alloc(vgpu_ptx::GRID_WORKSPACE_BYTES)?;
+            ptx_control.set_grid_workspace(addr);
+            Some(addr)
+        } else {
+            None
+        };
         // A migration of this context's memory asks the launch to yield (see `ContextMemory::migrate`).
         memory.running(&ptx_control, true);
         let r = module.launch(&Launch {
@@ -325,6 +334,9 @@ impl SimModule {
         });
         memory.running(&ptx_control, false);
         control.detach();
+        if let Some(addr) = workspace {
+            let _ = memory.free(addr);
+        }
         match r {
             Ok(Progress::Completed(_)) => Ok(LaunchProgress::Completed),
             Ok(Progress::Yielded { next_block, .. }) => Ok(LaunchProgress::Yielded { next_block }),

@@ -145,6 +145,9 @@ pub(super) fn unsupported(ins: &Instr) -> LoadError {
     )
 }
 
+/// `%envreg0` to `%envreg31`.
+const ENVREGS: u8 = 32;
+
 pub(super) fn special_reg(name: &str) -> Option<Sreg> {
     let comp = |c: &str| match c {
         "x" => Some(0u8),
@@ -192,6 +195,12 @@ pub(super) fn special_reg(name: &str) -> Option<Sreg> {
         "%ntid" => Sreg::Ntid(0),
         "%ctaid" => Sreg::Ctaid(0),
         "%nctaid" => Sreg::Nctaid(0),
-        _ => return None,
+        _ => {
+            let n: u8 = name.strip_prefix("%envreg")?.parse().ok()?;
+            if n >= ENVREGS {
+                return None;
+            }
+            Sreg::EnvReg(n)
+        }
     })
 }

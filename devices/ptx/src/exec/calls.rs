@@ -293,6 +293,9 @@ impl<'a> Worker<'a> {
             Sreg::LanemaskGt => std::array::from_fn(|l| 0xffff_ffff & !lowmask(l as u32 + 1)),
             Sreg::DynamicSmemSize => uni(u64::from(c.dyn_shared)),
             Sreg::TotalSmemSize => uni(c.shared_size as u64),
+            Sreg::EnvReg(1) => uni(c.grid_workspace >> 32),
+            Sreg::EnvReg(2) => uni(c.grid_workspace & 0xffff_ffff),
+            Sreg::EnvReg(_) => uni(0),
         }
     }
 }

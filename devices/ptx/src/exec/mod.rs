@@ -74,6 +74,8 @@ pub(crate) struct Ctx<'a> {
     pub stop: &'a AtomicBool,
     /// Where `printf` and `assert` output goes.
     pub output: Option<&'a dyn DeviceOutput>,
+    /// A cooperative launch's grid workspace (0: not cooperative).
+    pub grid_workspace: u64,
 }
 
 #[derive(Clone, Copy, Debug)]

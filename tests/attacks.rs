@@ -3,7 +3,8 @@
 //! work are in shim_c.rs, oversized strings in the audit tests): vgpud
 //! survives, answers the attacker with an error or a closed connection, keeps
 //! serving another VM, and stays within its limits. Covered here: a connection
-//! flood, the per-VM budgets, a flood of forged contexts and a declaration bomb.
+//! flood, the per-VM budgets (sessions, modules, streams, events, queued copy
+//! data), a flood of forged contexts and a declaration bomb.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
@@ -356,4 +357,262 @@ fn loads_leave_vgpud_flat(image: &[u8], loads: usize, slack: u64) {
         after / MIB
     );
     driver_api_works(&d, "vm2");
+}
+
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+const OUT_OF_MEMORY: u32 = 2;
+
+/// A config of two VMs on the simulated GPU: `small` with the `[vm.limits]`
+/// lines given, `other` with the defaults.
+fn two_vms_with_limits(limits: &str) -> Vgpud {
+    Vgpud::start_config(&format!(
+        r#"
+[admin]
+socket = "@DIR@/admin.sock"
+
+[[device]]
+name = "gpu0"
+kind = "sim"
+memory = "1GiB"
+
+[[vm]]
+name = "small"
+memory = "256MiB"
+unix_socket = "@DIR@/small.sock"
+[vm.limits]
+{limits}
+
+[[vm]]
+name = "other"
+memory = "256MiB"
+unix_socket = "@DIR@/other.sock"
+"#
+    ))
+}
+
+fn create_stream(c: &mut TestClient<UnixStream>, ctx: u64) -> Result<u64, (u32, String)> {
+    c.call(
+        &msg::StreamCreate {
+            ctx,
+            flags: 0,
+            priority: 0,
+        },
+        &[],
+    )
+    .map(|r| r.0.handle)
+}
+
+fn create_event(c: &mut TestClient<UnixStream>, ctx: u64) -> Result<u64, (u32, String)> {
+    c.call(&msg::EventCreate { ctx, flags: 0 }, &[])
+        .map(|r| r.0.handle)
+}
+
+/// A guest floods stream and event creation from several processes: past
+/// its VM's `limits.streams` and `limits.events` each creation gets
+/// `CUDA_ERROR_OUT_OF_MEMORY` (as a real driver out of room says), the
+/// refusals are counted for that VM only, another VM keeps creating streams
+/// meanwhile, a destroy makes room again (create/destroy cycles far past the
+/// budget keep working), and a process's end returns what it held.
+#[test]
+fn a_stream_and_event_flood_is_refused_at_the_vms_budget() {
+    const STREAMS: u64 = 64;
+    const EVENTS: u64 = 32;
+    /// Processes of the attacking VM.
+    const PROCESSES: usize = 4;
+    /// Create/destroy cycles after the flood.
+    const CYCLES: usize = 1000;
+    let d = two_vms_with_limits(&format!("streams = {STREAMS}\nevents = {EVENTS}\n"));
+    let mut attackers: Vec<_> = (0..PROCESSES).map(|_| session(&d, "small")).collect();
+    let mut streams = Vec::new();
+    let mut refused = 0;
+    for round in 0..STREAMS as usize {
+        for (i, (c, ctx)) in attackers.iter_mut().enumerate() {
+            match create_stream(c, *ctx) {
+                Ok(s) => streams.push((i, s)),
+                Err((code, why)) => {
+                    assert_eq!(code, OUT_OF_MEMORY, "round {round}: {why}");
+                    assert!(why.contains("limits.streams"), "{why}");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(streams.len() as u64, STREAMS);
+    for (c, ctx) in attackers.iter_mut() {
+        while let Ok(_e) = create_event(c, *ctx) {}
+    }
+    // The other VM is not held to the attacker's budget.
+    let (mut o, octx) = session(&d, "other");
+    for _ in 0..2 * STREAMS {
+        create_stream(&mut o, octx).unwrap();
+    }
+    let limits = |vm: &str| d.vm(vm)["limits"].clone();
+    let small = limits("small");
+    assert_eq!(small["streams"]["used"].as_u64(), Some(STREAMS), "{small}");
+    assert_eq!(small["streams"]["refused"].as_u64(), Some(refused));
+    assert_eq!(small["events"]["used"].as_u64(), Some(EVENTS), "{small}");
+    assert_eq!(small["events"]["refused"].as_u64(), Some(PROCESSES as u64));
+    let other = limits("other");
+    assert_eq!(other["streams"]["used"].as_u64(), Some(2 * STREAMS));
+    assert_eq!(other["streams"]["refused"].as_u64(), Some(0));
+    // A destroy makes room; cycles far past the budget keep working.
+    let (i, s) = streams.pop().unwrap();
+    let (c, ctx) = &mut attackers[i];
+    c.call(
+        &msg::StreamDestroy {
+            ctx: *ctx,
+            stream: s,
+        },
+        &[],
+    )
+    .unwrap();
+    for _ in 0..CYCLES {
+        let s = create_stream(c, *ctx).unwrap();
+        c.call(
+            &msg::StreamDestroy {
+                ctx: *ctx,
+                stream: s,
+            },
+            &[],
+        )
+        .unwrap();
+    }
+    // The processes' ends return everything.
+    drop(attackers);
+    let start = Instant::now();
+    while limits("small")["streams"]["used"].as_u64() != Some(0)
+        || limits("small")["events"]["used"].as_u64() != Some(0)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "budgets not returned: {}",
+            limits("small")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (mut c, ctx) = session(&d, "small");
+    for _ in 0..STREAMS {
+        create_stream(&mut c, ctx).unwrap();
+    }
+    driver_api_works(&d, "other");
+}
+
+/// A guest's processes post many large host-to-device copies behind a stream
+/// that does not move (a host function not run yet), without ever
+/// synchronizing. The VM's queued copy data stays within its
+/// `limits.queued_bytes` (its sessions wait: back-pressure, no error), vgpud's
+/// memory grows by about that much and not by what was sent, another VM is
+/// served meanwhile, and once the streams move every copy lands.
+#[test]
+fn a_queued_copy_flood_stays_within_the_vms_queued_bytes() {
+    /// The attacking VM's budget.
+    const BUDGET: u64 = 32 * MIB;
+    /// Processes of the attacking VM; alone, each could queue 64 MiB.
+    const PROCESSES: u64 = 4;
+    /// Copies each posts, of `COPY` bytes: 96 MiB each, 384 MiB in all.
+    const COPIES: u64 = 24;
+    const COPY: u64 = 4 * MIB;
+    /// Growth allowed besides the budget: the sessions' frame buffers (one
+    /// frame each) and allocator noise.
+    const SLACK: u64 = 48 * MIB;
+    let d = two_vms_with_limits("queued_bytes = \"32MiB\"\n");
+    let (mut opener, _) = session(&d, "small");
+    let before = rss_of(d.pid());
+    let mut writers = Vec::new();
+    let mut checks = Vec::new();
+    for i in 0..PROCESSES {
+        let (mut c, ctx) = session(&d, "small");
+        let p = c
+            .call(&msg::MemAlloc { ctx, size: COPY }, &[])
+            .unwrap()
+            .0
+            .ptr;
+        c.call(
+            &msg::StreamHostFunc {
+                ctx,
+                stream: 0,
+                token_hi: 0xF100D,
+                token_lo: i,
+            },
+            &[],
+        )
+        .unwrap();
+        let mut s = c.stream.try_clone().unwrap();
+        writers.push(std::thread::spawn(move || {
+            let mut w = TestClient::new(&mut s);
+            for k in 0..COPIES {
+                let data = vec![(i * COPIES + k) as u8; COPY as usize];
+                w.post(
+                    &msg::MemcpyHtoD {
+                        ctx,
+                        stream: 0,
+                        dst: p,
+                    },
+                    &data,
+                )
+                .unwrap();
+            }
+        }));
+        checks.push((c, ctx, p, i));
+    }
+    // Sample while the flood is held back.
+    let queued = || d.vm("small")["limits"]["queued_bytes"].clone();
+    let start = Instant::now();
+    let mut peak_used = 0;
+    let mut peak_rss = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        let q = queued();
+        peak_used = peak_used.max(q["used"].as_u64().unwrap());
+        peak_rss = peak_rss.max(rss_of(d.pid()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "queued {} MiB at most (budget {} MiB); vgpud RSS {} -> {} MiB while {} MiB were posted",
+        peak_used / MIB,
+        BUDGET / MIB,
+        before / MIB,
+        peak_rss / MIB,
+        PROCESSES * COPIES * COPY / MIB
+    );
+    assert_eq!(peak_used, BUDGET, "{}", queued());
+    assert!(queued()["refused"].as_u64() >= Some(1), "{}", queued());
+    assert!(
+        peak_rss <= before + BUDGET + SLACK,
+        "vgpud grew from {} to {} MiB",
+        before / MIB,
+        peak_rss / MIB
+    );
+    // Another VM is served while the attacker's sessions wait.
+    driver_api_works(&d, "other");
+    // The streams move: every copy lands, in order.
+    for i in 0..PROCESSES {
+        opener
+            .call(
+                &msg::HostFuncDone {
+                    token_hi: 0xF100D,
+                    token_lo: i,
+                },
+                &[],
+            )
+            .unwrap();
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    for (mut c, ctx, p, i) in checks {
+        c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
+        let (_, v) = c
+            .call(
+                &msg::MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: p + COPY - 8,
+                    len: 8,
+                },
+                &[],
+            )
+            .unwrap();
+        assert_eq!(v, vec![(i * COPIES + COPIES - 1) as u8; 8]);
+    }
+    assert_eq!(queued()["used"].as_u64(), Some(0));
 }

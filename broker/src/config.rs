@@ -11,7 +11,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::limits::{MAX_MODULE_BYTES, MAX_MODULES, MAX_SESSIONS, VmLimits};
+use crate::limits::{
+    MAX_GRAPH_BYTES, MAX_HANDLES, MAX_MODULE_BYTES, MAX_MODULES, MAX_QUEUED_BYTES, MAX_SESSIONS,
+    MIN_QUEUED_BYTES, VmLimits,
+};
 use crate::size::parse_size;
 
 pub mod memory;
@@ -657,6 +660,11 @@ struct RawLimits {
     connections: Option<Spanned<u32>>,
     modules: Option<Spanned<u32>>,
     module_bytes: Option<Spanned<RawSize>>,
+    streams: Option<Spanned<u32>>,
+    events: Option<Spanned<u32>>,
+    handles: Option<Spanned<u32>>,
+    queued_bytes: Option<Spanned<RawSize>>,
+    graph_bytes: Option<Spanned<RawSize>>,
 }
 
 struct Ctx<'a> {
@@ -1331,17 +1339,20 @@ fn parse_limits(
             ),
         )),
     };
-    let module_bytes = match &raw.module_bytes {
-        None => base.module_bytes,
-        Some(b) => {
-            let bytes = cx.size(b, &format!("{table}.module_bytes"))?;
-            if !(1..=MAX_MODULE_BYTES).contains(&bytes) {
-                return Err(cx.err(
-                    b.span(),
-                    format!("{table}.module_bytes must be between 1 B and 64 GiB"),
-                ));
-            }
-            bytes
+    let size = |v: &Option<Spanned<RawSize>>, key: &str, (min, max): (u64, u64), default: u64| {
+        let Some(b) = v else { return Ok(default) };
+        let bytes = cx.size(b, &format!("{table}.{key}"))?;
+        if (min..=max).contains(&bytes) {
+            Ok(bytes)
+        } else {
+            Err(cx.err(
+                b.span(),
+                format!(
+                    "{table}.{key} must be between {} and {}",
+                    crate::size::format_size(min),
+                    crate::size::format_size(max)
+                ),
+            ))
         }
     };
     Ok(VmLimits {
@@ -1353,7 +1364,27 @@ fn parse_limits(
             base.connections,
         )?,
         modules: count(&raw.modules, "modules", MAX_MODULES, base.modules)?,
-        module_bytes,
+        module_bytes: size(
+            &raw.module_bytes,
+            "module_bytes",
+            (1, MAX_MODULE_BYTES),
+            base.module_bytes,
+        )?,
+        streams: count(&raw.streams, "streams", MAX_HANDLES, base.streams)?,
+        events: count(&raw.events, "events", MAX_HANDLES, base.events)?,
+        handles: count(&raw.handles, "handles", MAX_HANDLES, base.handles)?,
+        queued_bytes: size(
+            &raw.queued_bytes,
+            "queued_bytes",
+            (MIN_QUEUED_BYTES, MAX_QUEUED_BYTES),
+            base.queued_bytes,
+        )?,
+        graph_bytes: size(
+            &raw.graph_bytes,
+            "graph_bytes",
+            (1, MAX_GRAPH_BYTES),
+            base.graph_bytes,
+        )?,
     })
 }
 
@@ -2225,6 +2256,23 @@ guest_cid = 3
         assert_eq!((b.sessions, b.modules, b.module_bytes), (2, 16, 64 << 20));
         let none = parse("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n").unwrap();
         assert_eq!(none.vms[0].limits, VmLimits::default());
+        let c = parse(
+            "[limits]\nstreams = 64\nevents = 128\nhandles = 256\nqueued_bytes = \"32MiB\"\n\
+             graph_bytes = \"8MiB\"\n[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n\
+             [vm.limits]\nstreams = 8\n",
+        )
+        .unwrap();
+        let a = &c.vms[0].limits;
+        assert_eq!(
+            (
+                a.streams,
+                a.events,
+                a.handles,
+                a.queued_bytes,
+                a.graph_bytes
+            ),
+            (8, 128, 256, 32 << 20, 8 << 20)
+        );
     }
 
     #[test]
@@ -2241,8 +2289,27 @@ guest_cid = 3
         );
         let e = err("[limits]\nmodule_bytes = \"1TiB\"\n");
         assert!(e.contains("limits.module_bytes must be between"), "{e}");
-        let e = err("[limits]\nhandles = 5\n");
-        assert!(e.contains("handles"), "{e}");
+        let e = err("[limits]\nthreads = 5\n");
+        assert!(e.contains("threads"), "{e}");
+        let e = err("[limits]\nstreams = 0\n");
+        assert!(
+            e.starts_with("vgpu.toml:2:") && e.contains("limits.streams must be between 1 and"),
+            "{e}"
+        );
+        let e = err("[limits]\nhandles = 4194305\n");
+        assert!(
+            e.contains("limits.handles must be between 1 and 4194304"),
+            "{e}"
+        );
+        let e =
+            err("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n[vm.limits]\nqueued_bytes = \"1MiB\"\n");
+        assert!(
+            e.starts_with("vgpu.toml:5:")
+                && e.contains("limits.queued_bytes must be between 16MiB and 16GiB"),
+            "{e}"
+        );
+        let e = err("[limits]\ngraph_bytes = \"65GiB\"\n");
+        assert!(e.contains("limits.graph_bytes must be between"), "{e}");
     }
 
     #[test]

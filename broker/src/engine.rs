@@ -33,7 +33,11 @@
 //! worker, so the session keeps answering queries while kernels run. The
 //! queues are bounded in jobs and bytes (all lanes together): a client
 //! flooding asynchronous calls is slowed down by back-pressure on its own
-//! connection, never by growing the daemon.
+//! connection, never by growing the daemon. The bytes queued are also charged
+//! to the VM's `limits.queued_bytes`, shared by its sessions
+//! ([`Engine::with_budget`]): a session whose VM has spent it waits until
+//! queued work of the VM runs (a VM with nothing queued always takes one job,
+//! so a single job larger than the budget cannot wait forever).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -45,6 +49,7 @@ use vgpu_proto::cuda;
 
 use crate::device::{DeviceContext, DeviceError, RunControl};
 use crate::error::CuError;
+use crate::limits::{Budget, LimitUse, QUEUE_ROOM_POLL};
 
 /// Most jobs queued per session (all lanes) before the submitter waits.
 pub const MAX_QUEUED_JOBS: usize = 4096;
@@ -454,6 +459,8 @@ struct State {
     /// The client disconnected while the session waited: queued work was
     /// dropped, running work cancelled, and waits return at once.
     abandoned: bool,
+    /// The VM's budgets: `queued_bytes` is charged with every byte queued here.
+    vm: Option<Arc<LimitUse>>,
 }
 
 impl State {
@@ -523,6 +530,22 @@ impl State {
         self.lanes.values().any(|l| !l.idle())
     }
 
+    /// Returns `bytes` of queued work to the VM's `queued_bytes`.
+    fn unqueue(&self, bytes: usize) {
+        if let Some(vm) = &self.vm {
+            vm.unqueue(bytes as u64);
+        }
+    }
+
+    /// Whether a job of lane `spec` that also waits for `after` would run
+    /// inline now (see [`Engine::submit_after`]) rather than be queued.
+    fn runs_inline(&self, spec: &LaneSpec, after: &[u64], quick: bool) -> bool {
+        quick
+            && self.lanes.get(&spec.key).is_none_or(Lane::idle)
+            && self.implicit_deps(spec).is_empty()
+            && after.iter().all(|&s| self.is_done(s))
+    }
+
     /// Drops queued work and releases lanes stopped at gates (the client
     /// has gone or the session ends).
     fn discard(&mut self, why: &str) -> usize {
@@ -544,7 +567,8 @@ impl State {
             }
         }
         self.queued = 0;
-        self.queued_bytes = 0;
+        let bytes = std::mem::take(&mut self.queued_bytes);
+        self.unqueue(bytes);
         for c in self.controls.values() {
             c.cancel();
         }
@@ -647,12 +671,23 @@ impl Engine {
         Self::with_workers(dev, DEFAULT_WORKERS)
     }
 
+    /// An engine whose queued bytes are charged to a VM's `queued_bytes`
+    /// (shared with the VM's other sessions).
+    pub fn with_budget(dev: Arc<dyn DeviceContext>, vm: Arc<LimitUse>) -> Self {
+        Self::build(dev, DEFAULT_WORKERS, Some(vm))
+    }
+
     /// An engine with at most `workers` worker threads (at least one).
     pub fn with_workers(dev: Arc<dyn DeviceContext>, workers: usize) -> Self {
+        Self::build(dev, workers, None)
+    }
+
+    fn build(dev: Arc<dyn DeviceContext>, workers: usize, vm: Option<Arc<LimitUse>>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     max_workers: workers.max(1),
+                    vm,
                     ..State::default()
                 }),
                 cv: Condvar::new(),
@@ -679,11 +714,20 @@ impl Engine {
         let Some(probe) = &self.hangup else {
             return self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         };
-        let (mut st, _) = self
+        let (st, _) = self
             .shared
             .cv
             .wait_timeout(st, HANGUP_POLL)
             .unwrap_or_else(|p| p.into_inner());
+        self.check_hangup(st, probe)
+    }
+
+    /// Abandons the session's work if its client has gone.
+    fn check_hangup<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        probe: &HangupProbe,
+    ) -> MutexGuard<'a, State> {
         if !st.abandoned && probe() {
             debug!(
                 queued = st.queued,
@@ -719,16 +763,54 @@ impl Engine {
             return seq;
         }
         let bytes = job.bytes();
-        while !st.abandoned
-            && st.queued > 0
-            && (st.queued >= MAX_QUEUED_JOBS || st.queued_bytes + bytes > MAX_QUEUED_BYTES)
-        {
-            st = self.block(st);
+        let quick = job.quick();
+        let mut charged = false;
+        let mut waited = false;
+        loop {
+            while !st.abandoned
+                && st.queued > 0
+                && (st.queued >= MAX_QUEUED_JOBS || st.queued_bytes + bytes > MAX_QUEUED_BYTES)
+            {
+                st = self.block(st);
+            }
+            if st.abandoned || bytes == 0 || st.runs_inline(spec, after, quick) {
+                break;
+            }
+            let Some(vm) = st.vm.clone() else { break };
+            if vm.try_queue(bytes as u64) {
+                charged = true;
+                break;
+            }
+            // The VM's queued work is at its budget: wait for some of it to run.
+            if !waited {
+                waited = true;
+                vm.note_refused(Budget::QueuedBytes);
+                debug!(
+                    bytes,
+                    queued = vm.used(Budget::QueuedBytes),
+                    "the VM's queued work is at its limit (limits.queued_bytes); the session waits"
+                );
+            }
+            if st.queued > 0 {
+                // Our own work running returns bytes too, and wakes us.
+                st = self.block(st);
+            } else {
+                // Only other sessions of the VM hold queued bytes.
+                drop(st);
+                vm.wait_queue_room(bytes as u64, QUEUE_ROOM_POLL.min(HANGUP_POLL));
+                st = self.shared.lock();
+                if let Some(probe) = &self.hangup {
+                    st = self.check_hangup(st, probe);
+                }
+            }
         }
         let seq = st.submitted + 1;
         st.submitted = seq;
         if st.abandoned {
             // The client is gone: nothing more runs for it.
+            if charged {
+                st.unqueue(bytes);
+            }
             if let Job::Gate(g) = &job {
                 g.abandon("the client disconnected");
             }
@@ -741,6 +823,11 @@ impl Engine {
         lane.last = seq;
         let inline = lane.idle() && deps.is_empty() && job.quick();
         st.unfinished.insert(seq, ctx);
+        if inline && charged {
+            // Decided under the same lock as the charge: not expected, but then
+            // nothing is queued.
+            st.unqueue(bytes);
+        }
         if inline {
             if let Some(l) = st.lanes.get_mut(&spec.key) {
                 l.running = Some(seq);
@@ -988,6 +1075,7 @@ fn worker_loop(shared: &Arc<Shared>) {
         };
         st.queued -= 1;
         st.queued_bytes -= e.job.bytes();
+        st.unqueue(e.job.bytes());
         let (seq, ctx) = (e.seq, e.ctx);
         let poisoned = st.poisoned.get(&ctx).cloned();
         if let Job::Gate(g) = &e.job {

@@ -13,6 +13,14 @@
 //! Handles are only meaningful within their session: a guest cannot name
 //! another session's (or tenant's) objects, and a forged or stale value is
 //! refused.
+//!
+//! A table may count its live handles against one of its VM's budgets
+//! ([`HandleTable::budgeted`]): a handle is charged when inserted and returned
+//! when removed, and whatever is still live when the table goes (the session
+//! ends) is returned then, so nothing leaks from the VM's budget.
+
+use crate::error::CuError;
+use crate::limits::HandleBudget;
 
 /// What a handle names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +44,22 @@ pub enum HandleKind {
     GraphExec = 0x67,
 }
 
+impl HandleKind {
+    /// What the handles name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            HandleKind::Context => "contexts",
+            HandleKind::Stream => "streams",
+            HandleKind::Event => "events",
+            HandleKind::Module => "modules",
+            HandleKind::Function => "functions",
+            HandleKind::MemPool => "memory pools",
+            HandleKind::MemHandle => "allocation handles",
+            HandleKind::GraphExec => "executable graphs",
+        }
+    }
+}
+
 const INDEX_BITS: u32 = 16;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const GEN_MASK: u64 = 0x00FF_FFFF;
@@ -57,6 +81,7 @@ pub struct HandleTable<T> {
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
     live: usize,
+    budget: Option<HandleBudget>,
 }
 
 impl<T> std::fmt::Debug for HandleTable<T> {
@@ -64,6 +89,7 @@ impl<T> std::fmt::Debug for HandleTable<T> {
         f.debug_struct("HandleTable")
             .field("kind", &self.kind)
             .field("live", &self.live)
+            .field("budget", &self.budget.as_ref().map(|b| b.budget))
             .finish()
     }
 }
@@ -76,7 +102,37 @@ impl<T> HandleTable<T> {
             slots: Vec::new(),
             free: Vec::new(),
             live: 0,
+            budget: None,
         }
+    }
+
+    /// An empty table for `kind` handles, each charged to `budget` while live.
+    pub fn budgeted(kind: HandleKind, budget: HandleBudget) -> Self {
+        let mut t = Self::new(kind);
+        t.budget = Some(budget);
+        t
+    }
+
+    /// Counts the table's handles against `budget` from now on (the live ones
+    /// are charged at once, even past the budget: they exist already).
+    pub fn set_budget(&mut self, budget: HandleBudget) {
+        self.return_budget();
+        budget.use_.force_charge(budget.budget, self.live as u64);
+        self.budget = Some(budget);
+    }
+
+    fn return_budget(&mut self) {
+        if let Some(b) = &self.budget {
+            b.use_.refund(b.budget, self.live as u64);
+        }
+    }
+
+    /// Removes every entry (returning them to the budget).
+    pub fn clear(&mut self) {
+        self.return_budget();
+        self.slots.clear();
+        self.free.clear();
+        self.live = 0;
     }
 
     fn encode(&self, index: u32, generation: u32) -> u64 {
@@ -95,10 +151,17 @@ impl<T> HandleTable<T> {
         (slot.generation == generation && slot.value.is_some()).then_some((index, generation))
     }
 
-    /// Inserts a value; `None` when the table is full.
-    pub fn insert(&mut self, value: T) -> Option<u64> {
+    /// Inserts a value; `CUDA_ERROR_OUT_OF_MEMORY` when the table is full or
+    /// the VM's budget for the kind is spent (the refusal is counted).
+    pub fn insert(&mut self, value: T) -> Result<u64, CuError> {
         if self.live >= MAX_ENTRIES {
-            return None;
+            return Err(CuError::out_of_memory(format!(
+                "too many {} in this process (at most {MAX_ENTRIES})",
+                self.kind.name()
+            )));
+        }
+        if let Some(b) = &self.budget {
+            b.use_.charge(b.budget, 1)?;
         }
         let index = match self.free.pop() {
             Some(i) => i,
@@ -107,7 +170,8 @@ impl<T> HandleTable<T> {
                     generation: 0,
                     value: None,
                 });
-                u32::try_from(self.slots.len() - 1).ok()?
+                // Below MAX_ENTRIES (checked above), so it fits the index bits.
+                (self.slots.len() - 1) as u32
             }
         };
         let slot = &mut self.slots[index as usize];
@@ -115,7 +179,7 @@ impl<T> HandleTable<T> {
         slot.value = Some(value);
         let generation = slot.generation;
         self.live += 1;
-        Some(self.encode(index, generation))
+        Ok(self.encode(index, generation))
     }
 
     /// The value a handle names.
@@ -136,6 +200,9 @@ impl<T> HandleTable<T> {
         let v = self.slots[i].value.take();
         self.free.push(i as u32);
         self.live -= 1;
+        if let Some(b) = &self.budget {
+            b.use_.refund(b.budget, 1);
+        }
         v
     }
 
@@ -161,6 +228,12 @@ impl<T> HandleTable<T> {
     /// Handles of the live entries for which `f` holds.
     pub fn handles_where(&self, mut f: impl FnMut(&T) -> bool) -> Vec<u64> {
         self.iter().filter(|(_, v)| f(v)).map(|(h, _)| h).collect()
+    }
+}
+
+impl<T> Drop for HandleTable<T> {
+    fn drop(&mut self) {
+        self.return_budget();
     }
 }
 
@@ -217,7 +290,57 @@ mod tests {
         for _ in 0..MAX_ENTRIES {
             t.insert(()).unwrap();
         }
-        assert!(t.insert(()).is_none());
+        assert!(t.insert(()).is_err());
         assert_eq!(t.len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn a_budgeted_table_charges_live_handles_and_returns_them() {
+        use std::sync::Arc;
+
+        use crate::limits::{Budget, LimitUse, VmLimits};
+
+        let vm = Arc::new(LimitUse::new(VmLimits {
+            streams: 3,
+            ..VmLimits::default()
+        }));
+        let budget = || HandleBudget {
+            use_: Arc::clone(&vm),
+            budget: Budget::Streams,
+        };
+        let mut a = HandleTable::budgeted(HandleKind::Stream, budget());
+        let mut b = HandleTable::budgeted(HandleKind::Stream, budget());
+        let h = a.insert(1).unwrap();
+        a.insert(2).unwrap();
+        b.insert(3).unwrap();
+        // The budget is the VM's: the two tables share it.
+        let e = b.insert(4).unwrap_err();
+        assert_eq!(e.code, vgpu_proto::cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(vm.refused(Budget::Streams), 1);
+        // A removal makes room; a forged removal returns nothing.
+        assert!(a.remove(h ^ (1 << INDEX_BITS)).is_none());
+        a.remove(h).unwrap();
+        assert_eq!(vm.used(Budget::Streams), 2);
+        b.insert(4).unwrap();
+        // Far past the budget in create/destroy pairs: nothing leaks.
+        for _ in 0..10_000 {
+            b.clear();
+            b.insert(5).unwrap();
+            let h = b.insert(6).unwrap();
+            b.remove(h).unwrap();
+        }
+        assert_eq!(vm.used(Budget::Streams), 2);
+        // A dropped table (an ended session) returns what it held.
+        drop(a);
+        assert_eq!(vm.used(Budget::Streams), 1);
+        drop(b);
+        assert_eq!(vm.used(Budget::Streams), 0);
+        // A table counted late charges its live handles at once.
+        let mut c = HandleTable::new(HandleKind::Stream);
+        c.insert(()).unwrap();
+        c.set_budget(budget());
+        assert_eq!(vm.used(Budget::Streams), 1);
+        drop(c);
+        assert_eq!(vm.used(Budget::Streams), 0);
     }
 }

@@ -1,13 +1,18 @@
 //! Per-VM budgets for what a guest can make vgpud hold besides device memory:
-//! sessions, connections, loaded modules and their image bytes.
+//! sessions, connections, loaded modules and their image bytes, handles
+//! (streams, events and every other kind), bytes of queued asynchronous work
+//! and bytes of executable graphs.
 //!
 //! Each has a safe default; a config's `[limits]` table changes the default
 //! for every VM, and a VM's `[vm.limits]` table overrides it for that VM
 //! (docs/admin.md). Past a budget the guest gets the CUDA error a real driver
-//! gives for running out of that resource, and no other VM notices.
+//! gives for running out of that resource, and no other VM notices; past
+//! `queued_bytes` its sessions wait instead (back-pressure), as a driver
+//! whose queues are full blocks the caller.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use vgpu_proto::cuda;
 
@@ -21,12 +26,34 @@ pub const DEFAULT_CONNECTIONS: u32 = 1024;
 pub const DEFAULT_MODULES: u32 = 4096;
 /// Default bytes of module images a VM's sessions may have loaded at once.
 pub const DEFAULT_MODULE_BYTES: u64 = 1 << 30;
+/// Default streams a VM's sessions may hold at once.
+pub const DEFAULT_STREAMS: u32 = 16384;
+/// Default events a VM's sessions may hold at once.
+pub const DEFAULT_EVENTS: u32 = 65536;
+/// Default other handles (contexts, functions, memory pools, allocation
+/// handles, executable graphs) a VM's sessions may hold at once.
+pub const DEFAULT_HANDLES: u32 = 65536;
+/// Default bytes of queued asynchronous work (copy data, launch parameters)
+/// a VM's sessions may hold at once.
+pub const DEFAULT_QUEUED_BYTES: u64 = 256 << 20;
+/// Default bytes of executable graphs a VM's sessions may hold at once.
+pub const DEFAULT_GRAPH_BYTES: u64 = 256 << 20;
 /// Largest `sessions` or `connections` a config may set: each costs vgpud a thread.
 pub const MAX_SESSIONS: u32 = 4096;
 /// Largest `modules` a config may set.
 pub const MAX_MODULES: u32 = 1 << 20;
 /// Largest `module_bytes` a config may set.
 pub const MAX_MODULE_BYTES: u64 = 64 << 30;
+/// Largest `streams`, `events` or `handles` a config may set (each costs vgpud
+/// a few hundred bytes at most).
+pub const MAX_HANDLES: u32 = 1 << 22;
+/// Smallest `queued_bytes` a config may set: one frame's data (8 MiB) and its
+/// fields always fit, so a single copy never exceeds the budget.
+pub const MIN_QUEUED_BYTES: u64 = 16 << 20;
+/// Largest `queued_bytes` a config may set.
+pub const MAX_QUEUED_BYTES: u64 = 16 << 30;
+/// Largest `graph_bytes` a config may set.
+pub const MAX_GRAPH_BYTES: u64 = 64 << 30;
 
 /// A VM's budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +66,17 @@ pub struct VmLimits {
     pub modules: u32,
     /// Bytes of module images loaded at once across the VM's sessions (`module_bytes`).
     pub module_bytes: u64,
+    /// Streams held at once across the VM's sessions (`streams`).
+    pub streams: u32,
+    /// Events held at once across the VM's sessions (`events`).
+    pub events: u32,
+    /// Other handles held at once across the VM's sessions (`handles`):
+    /// contexts, functions, memory pools, allocation handles, executable graphs.
+    pub handles: u32,
+    /// Bytes of queued asynchronous work across the VM's sessions (`queued_bytes`).
+    pub queued_bytes: u64,
+    /// Bytes of executable graphs across the VM's sessions (`graph_bytes`).
+    pub graph_bytes: u64,
 }
 
 impl Default for VmLimits {
@@ -48,17 +86,30 @@ impl Default for VmLimits {
             connections: DEFAULT_CONNECTIONS,
             modules: DEFAULT_MODULES,
             module_bytes: DEFAULT_MODULE_BYTES,
+            streams: DEFAULT_STREAMS,
+            events: DEFAULT_EVENTS,
+            handles: DEFAULT_HANDLES,
+            queued_bytes: DEFAULT_QUEUED_BYTES,
+            graph_bytes: DEFAULT_GRAPH_BYTES,
         }
     }
 }
 
-/// What a VM's sessions hold against [`VmLimits`], and the limits themselves
-/// (changed live by the admin API and reloads).
-#[derive(Debug, Default)]
-pub struct LimitUse {
-    inner: Mutex<(VmLimits, ModuleUse)>,
-    /// Refusals so far, by [`Budget`].
-    refused: [AtomicU64; Budget::ALL.len()],
+impl VmLimits {
+    /// The limit of `budget`.
+    pub fn get(&self, budget: Budget) -> u64 {
+        match budget {
+            Budget::Sessions => u64::from(self.sessions),
+            Budget::Connections => u64::from(self.connections),
+            Budget::Modules => u64::from(self.modules),
+            Budget::ModuleBytes => self.module_bytes,
+            Budget::Streams => u64::from(self.streams),
+            Budget::Events => u64::from(self.events),
+            Budget::Handles => u64::from(self.handles),
+            Budget::QueuedBytes => self.queued_bytes,
+            Budget::GraphBytes => self.graph_bytes,
+        }
+    }
 }
 
 /// One of a VM's budgets besides memory.
@@ -72,15 +123,30 @@ pub enum Budget {
     Modules,
     /// `limits.module_bytes`.
     ModuleBytes,
+    /// `limits.streams`.
+    Streams,
+    /// `limits.events`.
+    Events,
+    /// `limits.handles`.
+    Handles,
+    /// `limits.queued_bytes`.
+    QueuedBytes,
+    /// `limits.graph_bytes`.
+    GraphBytes,
 }
 
 impl Budget {
     /// Every budget, in the order the API and metrics list them.
-    pub const ALL: [Budget; 4] = [
+    pub const ALL: [Budget; 9] = [
         Budget::Sessions,
         Budget::Connections,
         Budget::Modules,
         Budget::ModuleBytes,
+        Budget::Streams,
+        Budget::Events,
+        Budget::Handles,
+        Budget::QueuedBytes,
+        Budget::GraphBytes,
     ];
 
     /// The budget's config key (under `[limits]`).
@@ -90,6 +156,24 @@ impl Budget {
             Budget::Connections => "connections",
             Budget::Modules => "modules",
             Budget::ModuleBytes => "module_bytes",
+            Budget::Streams => "streams",
+            Budget::Events => "events",
+            Budget::Handles => "handles",
+            Budget::QueuedBytes => "queued_bytes",
+            Budget::GraphBytes => "graph_bytes",
+        }
+    }
+
+    /// What the budget counts, for messages ("3 streams").
+    fn what(self) -> &'static str {
+        match self {
+            Budget::Sessions => "sessions",
+            Budget::Connections => "connections",
+            Budget::Modules => "modules",
+            Budget::Streams => "streams",
+            Budget::Events => "events",
+            Budget::Handles => "handles (contexts, functions, pools, graphs)",
+            Budget::ModuleBytes | Budget::QueuedBytes | Budget::GraphBytes => "bytes",
         }
     }
 }
@@ -103,11 +187,52 @@ pub struct ModuleUse {
     pub bytes: u64,
 }
 
+/// How long a session waiting for room in its VM's `queued_bytes` sleeps
+/// before it looks again (it is woken earlier when queued work of the VM runs).
+pub const QUEUE_ROOM_POLL: Duration = Duration::from_millis(100);
+
+struct Held {
+    limits: VmLimits,
+    /// What the VM's sessions hold, by [`Budget`] (not kept for sessions and
+    /// connections, which the tenant and the session hub count).
+    used: [u64; Budget::ALL.len()],
+}
+
+/// What a VM's sessions hold against [`VmLimits`], and the limits themselves
+/// (changed live by the admin API and reloads).
+pub struct LimitUse {
+    inner: Mutex<Held>,
+    /// Signalled when queued bytes are returned (sessions waiting for room).
+    room: Condvar,
+    /// Refusals so far, by [`Budget`] (for `queued_bytes`: waits for room).
+    refused: [AtomicU64; Budget::ALL.len()],
+}
+
+impl std::fmt::Debug for LimitUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.lock();
+        f.debug_struct("LimitUse")
+            .field("limits", &g.limits)
+            .field("used", &g.used)
+            .finish()
+    }
+}
+
+impl Default for LimitUse {
+    fn default() -> Self {
+        Self::new(VmLimits::default())
+    }
+}
+
 impl LimitUse {
     /// Budgets `limits`, nothing held.
     pub fn new(limits: VmLimits) -> Self {
         LimitUse {
-            inner: Mutex::new((limits, ModuleUse::default())),
+            inner: Mutex::new(Held {
+                limits,
+                used: [0; Budget::ALL.len()],
+            }),
+            room: Condvar::new(),
             refused: Default::default(),
         }
     }
@@ -117,48 +242,103 @@ impl LimitUse {
         self.refused[budget as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Requests refused so far for passing `budget`.
+    /// Requests refused so far for passing `budget` (for `queued_bytes`: the
+    /// times a session waited for room).
     pub fn refused(&self, budget: Budget) -> u64 {
         self.refused[budget as usize].load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (VmLimits, ModuleUse)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The budgets.
     pub fn limits(&self) -> VmLimits {
-        self.lock().0
+        self.lock().limits
     }
 
     /// Replaces the budgets; what is already held stays (new loads are refused
     /// until use falls below a lowered budget).
     pub fn set_limits(&self, limits: VmLimits) {
-        self.lock().0 = limits;
+        self.lock().limits = limits;
+        // A raised `queued_bytes` may let waiting sessions go on.
+        self.room.notify_all();
+    }
+
+    /// What the VM's sessions hold against `budget` now (0 for sessions and
+    /// connections, which are counted elsewhere).
+    pub fn used(&self, budget: Budget) -> u64 {
+        self.lock().used[budget as usize]
     }
 
     /// Modules held now.
     pub fn modules(&self) -> ModuleUse {
-        self.lock().1
+        let g = self.lock();
+        ModuleUse {
+            count: u32::try_from(g.used[Budget::Modules as usize]).unwrap_or(u32::MAX),
+            bytes: g.used[Budget::ModuleBytes as usize],
+        }
+    }
+
+    /// Charges `n` of `budget` (a count or bytes), or refuses with
+    /// `CUDA_ERROR_OUT_OF_MEMORY` (what a driver out of room for the object
+    /// says) when the VM would pass it. The refusal is counted.
+    pub fn charge(&self, budget: Budget, n: u64) -> Result<(), CuError> {
+        let mut g = self.lock();
+        let limit = g.limits.get(budget);
+        let held = g.used[budget as usize];
+        let total = held.saturating_add(n);
+        if total > limit {
+            drop(g);
+            self.note_refused(budget);
+            return Err(CuError::new(
+                cuda::CUDA_ERROR_OUT_OF_MEMORY,
+                format!(
+                    "the VM's processes hold {held} {}; {n} more would pass its limit of {limit} \
+                     (limits.{}); release some first",
+                    budget.what(),
+                    budget.key()
+                ),
+            ));
+        }
+        g.used[budget as usize] = total;
+        Ok(())
+    }
+
+    /// Charges `n` of `budget` without checking its limit (for what exists
+    /// already, such as a table's live handles when it starts to be counted).
+    pub fn force_charge(&self, budget: Budget, n: u64) {
+        let mut g = self.lock();
+        let u = &mut g.used[budget as usize];
+        *u = u.saturating_add(n);
+    }
+
+    /// Returns `n` of `budget` charged by [`charge`](Self::charge).
+    pub fn refund(&self, budget: Budget, n: u64) {
+        let mut g = self.lock();
+        let u = &mut g.used[budget as usize];
+        *u = u.saturating_sub(n);
     }
 
     /// Charges a module of `bytes` image bytes, or says which budget it passes
     /// (`CUDA_ERROR_OUT_OF_MEMORY`, as a driver out of room for a module says).
     pub fn charge_module(&self, vm: &str, bytes: u64) -> Result<(), CuError> {
         let mut g = self.lock();
-        let (limits, held) = *g;
-        if held.count >= limits.modules {
+        let limits = g.limits;
+        let count = g.used[Budget::Modules as usize];
+        if count >= u64::from(limits.modules) {
+            drop(g);
             self.note_refused(Budget::Modules);
             return Err(CuError::new(
                 cuda::CUDA_ERROR_OUT_OF_MEMORY,
                 format!(
-                    "VM `{vm}` already has {} modules loaded, its limit (limits.modules); unload one first",
-                    held.count
+                    "VM `{vm}` already has {count} modules loaded, its limit (limits.modules); unload one first"
                 ),
             ));
         }
-        let total = held.bytes.saturating_add(bytes);
+        let total = g.used[Budget::ModuleBytes as usize].saturating_add(bytes);
         if total > limits.module_bytes {
+            drop(g);
             self.note_refused(Budget::ModuleBytes);
             return Err(CuError::new(
                 cuda::CUDA_ERROR_OUT_OF_MEMORY,
@@ -169,19 +349,62 @@ impl LimitUse {
                 ),
             ));
         }
-        g.1 = ModuleUse {
-            count: held.count + 1,
-            bytes: total,
-        };
+        g.used[Budget::Modules as usize] = count + 1;
+        g.used[Budget::ModuleBytes as usize] = total;
         Ok(())
     }
 
     /// Returns a module charged by [`charge_module`](Self::charge_module).
     pub fn refund_module(&self, bytes: u64) {
-        let mut g = self.lock();
-        g.1.count = g.1.count.saturating_sub(1);
-        g.1.bytes = g.1.bytes.saturating_sub(bytes);
+        self.refund(Budget::Modules, 1);
+        self.refund(Budget::ModuleBytes, bytes);
     }
+
+    /// Charges `bytes` of queued work if the VM's queued work leaves room for
+    /// them, or if it has none queued at all (so that one item always goes
+    /// through); `false` when the caller must wait ([`wait_queue_room`](Self::wait_queue_room)).
+    pub fn try_queue(&self, bytes: u64) -> bool {
+        let mut g = self.lock();
+        let held = g.used[Budget::QueuedBytes as usize];
+        if held > 0 && held.saturating_add(bytes) > g.limits.queued_bytes {
+            return false;
+        }
+        g.used[Budget::QueuedBytes as usize] = held.saturating_add(bytes);
+        true
+    }
+
+    /// Returns `bytes` of queued work charged by [`try_queue`](Self::try_queue)
+    /// (it ran or was dropped) and wakes the sessions waiting for room.
+    pub fn unqueue(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.refund(Budget::QueuedBytes, bytes);
+        self.room.notify_all();
+    }
+
+    /// Waits until queued work of the VM is returned, or `timeout` passes.
+    pub fn wait_queue_room(&self, bytes: u64, timeout: Duration) {
+        let g = self.lock();
+        let full = |g: &mut Held| {
+            let held = g.used[Budget::QueuedBytes as usize];
+            held > 0 && held.saturating_add(bytes) > g.limits.queued_bytes
+        };
+        let _ = self
+            .room
+            .wait_timeout_while(g, timeout, full)
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+/// A handle table's share of a VM's budget: charged for every live handle,
+/// returned when the handle is removed or the table dropped.
+#[derive(Debug, Clone)]
+pub struct HandleBudget {
+    /// The VM's budgets.
+    pub use_: Arc<LimitUse>,
+    /// The budget the table's handles count against.
+    pub budget: Budget,
 }
 
 #[cfg(test)]
@@ -218,5 +441,61 @@ mod tests {
         });
         assert!(use_.charge_module("vm1", 1).is_err());
         assert_eq!(use_.modules().count, 2);
+    }
+
+    #[test]
+    fn counted_budgets_refuse_past_the_limit_count_refusals_and_take_refunds() {
+        let use_ = LimitUse::new(VmLimits {
+            streams: 2,
+            ..VmLimits::default()
+        });
+        use_.charge(Budget::Streams, 1).unwrap();
+        use_.charge(Budget::Streams, 1).unwrap();
+        let e = use_.charge(Budget::Streams, 1).unwrap_err();
+        assert_eq!(e.code, cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(e.message.contains("limits.streams"), "{}", e.message);
+        assert_eq!(use_.refused(Budget::Streams), 1);
+        assert_eq!(use_.refused(Budget::Events), 0);
+        // Other budgets are independent.
+        use_.charge(Budget::Events, 100).unwrap();
+        use_.refund(Budget::Streams, 1);
+        assert_eq!(use_.used(Budget::Streams), 1);
+        use_.charge(Budget::Streams, 1).unwrap();
+        // Refunds never go below zero.
+        use_.refund(Budget::Streams, 10);
+        assert_eq!(use_.used(Budget::Streams), 0);
+    }
+
+    #[test]
+    fn queued_bytes_admit_one_item_when_empty_and_wait_for_room_otherwise() {
+        let use_ = Arc::new(LimitUse::new(VmLimits {
+            queued_bytes: 100,
+            ..VmLimits::default()
+        }));
+        // Nothing queued: even an item past the budget goes (it cannot wait for anything).
+        assert!(use_.try_queue(150));
+        assert!(!use_.try_queue(1));
+        use_.unqueue(150);
+        assert!(use_.try_queue(60));
+        assert!(use_.try_queue(40));
+        assert!(!use_.try_queue(1));
+        assert_eq!(use_.used(Budget::QueuedBytes), 100);
+        // A waiter is woken when queued work is returned.
+        let u2 = Arc::clone(&use_);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            u2.unqueue(60);
+        });
+        let start = std::time::Instant::now();
+        use_.wait_queue_room(50, Duration::from_secs(10));
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(use_.try_queue(50));
+        t.join().unwrap();
+        // A raised budget lets waiters on.
+        use_.set_limits(VmLimits {
+            queued_bytes: 1000,
+            ..use_.limits()
+        });
+        assert!(use_.try_queue(500));
     }
 }

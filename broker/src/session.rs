@@ -20,6 +20,7 @@ use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
+use crate::limits::{Budget, HandleBudget};
 use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
 use crate::tenant::{SessionInfo, Tenant};
@@ -235,23 +236,32 @@ impl Session {
         let dev = tenant.context().map_err(CuError::from)?;
         let device = tenant.device().info().clone();
         tenant.add_session(Arc::clone(&info));
-        Ok(Session {
+        let vm = Arc::clone(&tenant.limits);
+        let budget = |budget| HandleBudget {
+            use_: Arc::clone(&vm),
+            budget,
+        };
+        let mut s = Session {
             info,
-            engine: Engine::new(Arc::clone(&dev)),
-            tenant,
-            device,
-            dev,
-            contexts: HandleTable::new(HandleKind::Context),
+            engine: Engine::with_budget(Arc::clone(&dev), Arc::clone(&vm)),
+            contexts: HandleTable::budgeted(HandleKind::Context, budget(Budget::Handles)),
             primary: Primary::default(),
-            streams: HandleTable::new(HandleKind::Stream),
-            events: HandleTable::new(HandleKind::Event),
+            streams: HandleTable::budgeted(HandleKind::Stream, budget(Budget::Streams)),
+            events: HandleTable::budgeted(HandleKind::Event, budget(Budget::Events)),
+            // Modules have budgets of their own (`modules`, `module_bytes`).
             modules: HandleTable::new(HandleKind::Module),
-            functions: HandleTable::new(HandleKind::Function),
+            functions: HandleTable::budgeted(HandleKind::Function, budget(Budget::Handles)),
             allocs: Allocations::default(),
             output: SessionOutput::default(),
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
-        })
+            tenant,
+            device,
+            dev,
+        };
+        s.ext.set_budget(budget(Budget::Handles));
+        s.graphs.set_budget(budget(Budget::Handles));
+        Ok(s)
     }
 
     /// Session id.
@@ -799,14 +809,11 @@ impl Session {
                         m.flags
                     )));
                 }
-                let h = self
-                    .streams
-                    .insert(StreamState {
-                        ctx: m.ctx,
-                        flags: m.flags,
-                        priority: m.priority.clamp(GREATEST_STREAM_PRIORITY, 0),
-                    })
-                    .ok_or_else(|| CuError::out_of_memory("too many streams in this process"))?;
+                let h = self.streams.insert(StreamState {
+                    ctx: m.ctx,
+                    flags: m.flags,
+                    priority: m.priority.clamp(GREATEST_STREAM_PRIORITY, 0),
+                })?;
                 reply(out, msg::Handle { handle: h })
             }
             R::StreamDestroy(m) => {
@@ -882,14 +889,11 @@ impl Session {
                         "CU_EVENT_INTERPROCESS requires CU_EVENT_DISABLE_TIMING",
                     ));
                 }
-                let h = self
-                    .events
-                    .insert(EventState {
-                        ctx: m.ctx,
-                        flags: m.flags,
-                        clock: Arc::new(EventClock::default()),
-                    })
-                    .ok_or_else(|| CuError::out_of_memory("too many events in this process"))?;
+                let h = self.events.insert(EventState {
+                    ctx: m.ctx,
+                    flags: m.flags,
+                    clock: Arc::new(EventClock::default()),
+                })?;
                 reply(out, msg::Handle { handle: h })
             }
             R::EventDestroy(m) => {
@@ -1202,10 +1206,10 @@ impl Session {
             functions: HashMap::new(),
             image_bytes: image.len() as u64,
         }) {
-            Some(h) => h,
-            None => {
+            Ok(h) => h,
+            Err(e) => {
                 self.tenant.slice.refund(total);
-                return Err(CuError::out_of_memory("too many modules in this process"));
+                return Err(e);
             }
         };
         for (addr, size, charged) in charges {
@@ -1275,15 +1279,12 @@ impl Session {
             .map(|(o, s)| (o + s) as usize)
             .max()
             .unwrap_or(0);
-        let h = self
-            .functions
-            .insert(FunctionState {
-                module,
-                kernel,
-                desc,
-                param_bytes,
-            })
-            .ok_or_else(|| CuError::out_of_memory("too many functions in this process"))?;
+        let h = self.functions.insert(FunctionState {
+            module,
+            kernel,
+            desc,
+            param_bytes,
+        })?;
         if let Some(st) = self.modules.get_mut(module) {
             st.functions.insert(name.to_string(), h);
         }
@@ -1483,9 +1484,7 @@ impl Session {
     }
 
     fn new_context(&mut self, primary: bool) -> Result<u64, CuError> {
-        self.contexts
-            .insert(CtxState { primary })
-            .ok_or_else(|| CuError::out_of_memory("too many contexts in this process"))
+        self.contexts.insert(CtxState { primary })
     }
 
     fn allocate(&mut self, ctx: u64, size: u64) -> Result<u64, CuError> {

@@ -965,6 +965,232 @@ mod tests {
         assert_eq!(b.device("gpu0").unwrap().memory_used(), 0);
     }
 
+    fn set_limits(b: &Broker, tenant: &str, f: impl FnOnce(&mut crate::limits::VmLimits)) {
+        let t = b.tenant(tenant).unwrap();
+        let mut l = t.limits.limits();
+        f(&mut l);
+        t.limits.set_limits(l);
+    }
+
+    fn stream(c: &mut TestClient<UnixStream>, ctx: u64) -> Result<u64, (u32, String)> {
+        c.call(
+            &StreamCreate {
+                ctx,
+                flags: 0,
+                priority: 0,
+            },
+            &[],
+        )
+        .map(|r| r.0.handle)
+    }
+
+    fn event(c: &mut TestClient<UnixStream>, ctx: u64) -> Result<u64, (u32, String)> {
+        c.call(&EventCreate { ctx, flags: 0 }, &[])
+            .map(|r| r.0.handle)
+    }
+
+    fn wait_budget(b: &Broker, tenant: &str, budget: crate::limits::Budget, want: u64) {
+        let t = b.tenant(tenant).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while t.limits.used(budget) != want {
+            assert!(
+                Instant::now() < deadline,
+                "{} stuck at {}",
+                budget.key(),
+                t.limits.used(budget)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn stream_event_and_handle_budgets_are_the_vms_and_come_back() {
+        use crate::limits::Budget;
+        let b = broker(Duration::ZERO);
+        set_limits(&b, "vm1", |l| {
+            l.streams = 3;
+            l.events = 2;
+            l.handles = 3;
+        });
+        let (mut c1, _h1, ctx1) = open(&b, "vm1");
+        let (mut c2, h2, ctx2) = open(&b, "vm1");
+        // Streams: the VM's sessions share its budget; past it, OUT_OF_MEMORY.
+        let s1 = stream(&mut c1, ctx1).unwrap();
+        stream(&mut c2, ctx2).unwrap();
+        stream(&mut c2, ctx2).unwrap();
+        let (code, msg) = stream(&mut c1, ctx1).unwrap_err();
+        assert_eq!(code, CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(msg.contains("limits.streams"), "{msg}");
+        // The other VM does not notice.
+        let (mut o, _ho, octx) = open(&b, "vm2");
+        for _ in 0..8 {
+            stream(&mut o, octx).unwrap();
+        }
+        // A destroy makes room; create/destroy far past the budget keeps working.
+        c1.call(
+            &StreamDestroy {
+                ctx: ctx1,
+                stream: s1,
+            },
+            &[],
+        )
+        .unwrap();
+        for _ in 0..200 {
+            let s = stream(&mut c1, ctx1).unwrap();
+            c1.call(
+                &StreamDestroy {
+                    ctx: ctx1,
+                    stream: s,
+                },
+                &[],
+            )
+            .unwrap();
+        }
+        // Events likewise.
+        let e1 = event(&mut c1, ctx1).unwrap();
+        event(&mut c2, ctx2).unwrap();
+        assert_eq!(
+            event(&mut c1, ctx1).unwrap_err().0,
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        c1.call(
+            &EventDestroy {
+                ctx: ctx1,
+                event: e1,
+            },
+            &[],
+        )
+        .unwrap();
+        event(&mut c1, ctx1).unwrap();
+        // Other handles: the two contexts hold two of three; one more context fits.
+        let (extra, _) = c1
+            .call(
+                &CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap();
+        let e = c1.call(
+            &CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        );
+        assert_eq!(e.unwrap_err().0, CUDA_ERROR_OUT_OF_MEMORY);
+        c1.call(&CtxDestroy { ctx: extra.handle }, &[]).unwrap();
+        let t = b.tenant("vm1").unwrap();
+        assert_eq!(t.limits.used(Budget::Handles), 2);
+        assert_eq!(t.limits.refused(Budget::Streams), 1);
+        assert_eq!(t.limits.refused(Budget::Events), 1);
+        assert_eq!(t.limits.refused(Budget::Handles), 1);
+        assert_eq!(b.tenant("vm2").unwrap().limits.refused(Budget::Streams), 0);
+        // A session's end returns everything it held.
+        drop(c2);
+        h2.join().unwrap().unwrap();
+        assert_eq!(t.limits.used(Budget::Streams), 0);
+        assert_eq!(t.limits.used(Budget::Events), 1);
+        assert_eq!(t.limits.used(Budget::Handles), 1);
+        stream(&mut c1, ctx1).unwrap();
+    }
+
+    #[test]
+    fn queued_copies_wait_for_room_in_the_vms_budget_and_complete() {
+        use crate::limits::Budget;
+        const SESSIONS: usize = 3;
+        const COPIES: usize = 12;
+        const BUDGET: u64 = 4 * MIB;
+        let b = broker(Duration::ZERO);
+        set_limits(&b, "vm1", |l| l.queued_bytes = BUDGET);
+        let (mut opener, _ho, _) = open(&b, "vm1");
+        let mut writers = Vec::new();
+        let mut checks = Vec::new();
+        for i in 0..SESSIONS as u64 {
+            let (mut c, h, ctx) = open(&b, "vm1");
+            let p = alloc(&mut c, ctx, MIB).unwrap();
+            // The stream stops at a host function until the opener says it ran:
+            // every copy after it is queued.
+            c.call(
+                &StreamHostFunc {
+                    ctx,
+                    stream: 0,
+                    token_hi: 7,
+                    token_lo: i,
+                },
+                &[],
+            )
+            .unwrap();
+            let mut s = c.stream.try_clone().unwrap();
+            writers.push(std::thread::spawn(move || {
+                let mut w = TestClient::new(&mut s);
+                for k in 0..COPIES as u64 {
+                    let data = vec![(i * 16 + k) as u8; (MIB / 2) as usize];
+                    w.post(
+                        &MemcpyHtoD {
+                            ctx,
+                            stream: 0,
+                            dst: p,
+                        },
+                        &data,
+                    )
+                    .unwrap();
+                }
+            }));
+            checks.push((c, h, ctx, p, i));
+        }
+        let t = b.tenant("vm1").unwrap();
+        // The VM's sessions queue up to the budget, no further.
+        wait_budget(&b, "vm1", Budget::QueuedBytes, BUDGET);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(t.limits.used(Budget::QueuedBytes), BUDGET);
+        assert!(t.limits.refused(Budget::QueuedBytes) >= 1);
+        // The other VM is not held back.
+        let (mut o, _h, octx) = open(&b, "vm2");
+        let q = alloc(&mut o, octx, MIB).unwrap();
+        o.call(
+            &MemcpyHtoD {
+                ctx: octx,
+                stream: 0,
+                dst: q,
+            },
+            &[1; 1000],
+        )
+        .unwrap();
+        for i in 0..SESSIONS as u64 {
+            opener
+                .call(
+                    &HostFuncDone {
+                        token_hi: 7,
+                        token_lo: i,
+                    },
+                    &[],
+                )
+                .unwrap();
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        for (mut c, _h, ctx, p, i) in checks {
+            // Call ids restart in the cloned client; a fresh sync call still works.
+            c.call(&CtxSynchronize { ctx }, &[]).unwrap();
+            let (_, v) = c
+                .call(
+                    &MemcpyDtoH {
+                        ctx,
+                        stream: 0,
+                        src: p,
+                        len: 4,
+                    },
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(v, vec![(i * 16 + COPIES as u64 - 1) as u8; 4]);
+        }
+        wait_budget(&b, "vm1", Budget::QueuedBytes, 0);
+    }
+
     #[test]
     fn an_async_flood_is_bounded_and_the_session_stays_usable() {
         let b = broker(Duration::from_micros(200));

@@ -70,7 +70,7 @@ pub struct Tenant {
     /// Memory charged, by kind.
     pub usage: crate::usage::MemUsage,
     /// Budgets besides memory, and what the VM's sessions hold against them.
-    pub limits: crate::limits::LimitUse,
+    pub limits: Arc<crate::limits::LimitUse>,
     /// Pending host functions of the VM's processes.
     pub host_gates: crate::host_gate::HostGates,
     closed: AtomicBool,
@@ -111,7 +111,7 @@ impl Tenant {
             sessions: Mutex::new(BTreeMap::new()),
             stats: TenantStats::default(),
             usage: crate::usage::MemUsage::default(),
-            limits: crate::limits::LimitUse::new(vm.limits),
+            limits: Arc::new(crate::limits::LimitUse::new(vm.limits)),
             host_gates: crate::host_gate::HostGates::default(),
             closed: AtomicBool::new(false),
             scheduler,

@@ -135,6 +135,14 @@ pub(super) struct AllocExt {
     vmm_held: u64,
 }
 
+impl AllocExt {
+    /// Counts the memory pools and allocation handles against `budget`.
+    pub(super) fn set_budget(&mut self, budget: crate::limits::HandleBudget) {
+        self.pools.set_budget(budget.clone());
+        self.vmm.set_budget(budget);
+    }
+}
+
 impl Default for AllocExt {
     fn default() -> Self {
         Self {
@@ -165,13 +173,7 @@ impl Session {
             }
             R::MemPoolCreate(m) => {
                 self.ctx(m.ctx)?;
-                let h = self
-                    .ext
-                    .pools
-                    .insert(PoolState::new(m.max_size))
-                    .ok_or_else(|| {
-                        CuError::out_of_memory("too many memory pools in this process")
-                    })?;
+                let h = self.ext.pools.insert(PoolState::new(m.max_size))?;
                 reply(out, msg::Handle { handle: h })
             }
             R::MemPoolDestroy(m) => {
@@ -328,11 +330,7 @@ impl Session {
         if let Some(h) = self.ext.default_pool {
             return Ok(h);
         }
-        let h = self
-            .ext
-            .pools
-            .insert(PoolState::new(0))
-            .ok_or_else(|| CuError::out_of_memory("too many memory pools in this process"))?;
+        let h = self.ext.pools.insert(PoolState::new(0))?;
         self.ext.default_pool = Some(h);
         Ok(h)
     }

@@ -6,7 +6,8 @@
 //! nodes could not do one by one, and it keeps the stream semantics the engine gives them.
 //!
 //! Hostile input is bounded: a graph holds at most [`graph::MAX_GRAPH_NODES`] nodes, a session at
-//! most [`MAX_GRAPH_EXECS`] executable graphs and [`MAX_GRAPH_BYTES`] bytes of them.
+//! most [`MAX_GRAPH_EXECS`] executable graphs and [`MAX_GRAPH_BYTES`] bytes of them, and a VM's
+//! sessions together their VM's `limits.handles` handles and `limits.graph_bytes` bytes.
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use vgpu_proto::msg::{self, Request};
 use super::{ACCESS_READWRITE, Session, reply};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
+use crate::limits::{Budget, HandleBudget, LimitUse};
 
 /// Most executable graphs one session may hold.
 pub const MAX_GRAPH_EXECS: usize = 4096;
@@ -48,6 +50,8 @@ pub(super) struct Graphs {
     bytes: usize,
     /// Graph allocations mapped now: address → size.
     mapped: std::collections::BTreeMap<u64, u64>,
+    /// The VM's budgets, charged `bytes` (`limits.graph_bytes`).
+    vm: Option<Arc<LimitUse>>,
 }
 
 impl Default for Graphs {
@@ -56,6 +60,42 @@ impl Default for Graphs {
             execs: HandleTable::new(HandleKind::GraphExec),
             bytes: 0,
             mapped: Default::default(),
+            vm: None,
+        }
+    }
+}
+
+impl Graphs {
+    /// Counts the executable graphs against `budget` (their handles) and their
+    /// bytes against the same VM's `graph_bytes`.
+    pub(super) fn set_budget(&mut self, budget: HandleBudget) {
+        let vm = Arc::clone(&budget.use_);
+        vm.force_charge(Budget::GraphBytes, self.bytes as u64);
+        if let Some(old) = self.vm.replace(vm) {
+            old.refund(Budget::GraphBytes, self.bytes as u64);
+        }
+        self.execs.set_budget(budget);
+    }
+
+    /// Changes the bytes held from `old` to `new`, charged to the VM's
+    /// `graph_bytes` (`CUDA_ERROR_OUT_OF_MEMORY` past it).
+    fn rebytes(&mut self, old: usize, new: usize) -> Result<(), CuError> {
+        if let Some(vm) = &self.vm {
+            if new > old {
+                vm.charge(Budget::GraphBytes, (new - old) as u64)?;
+            } else {
+                vm.refund(Budget::GraphBytes, (old - new) as u64);
+            }
+        }
+        self.bytes = self.bytes - old + new;
+        Ok(())
+    }
+}
+
+impl Drop for Graphs {
+    fn drop(&mut self) {
+        if let Some(vm) = &self.vm {
+            vm.refund(Budget::GraphBytes, self.bytes as u64);
         }
     }
 }
@@ -96,7 +136,7 @@ impl Session {
                         m.exec
                     ))
                 })?;
-                self.graphs.bytes -= g.bytes;
+                self.graphs.rebytes(g.bytes, 0)?;
                 reply(out, msg::Empty {})
             }),
             _ => return None,
@@ -155,9 +195,9 @@ impl Session {
             bytes,
         });
         if m.replace != 0 {
+            self.graphs.rebytes(old_bytes, bytes)?;
             let slot = self.graphs.execs.get_mut(m.replace).expect("checked above");
             *slot = exec;
-            self.graphs.bytes = self.graphs.bytes - old_bytes + bytes;
             return Ok(m.replace);
         }
         if self.graphs.execs.len() >= MAX_GRAPH_EXECS {
@@ -165,11 +205,14 @@ impl Session {
                 "a process may hold at most {MAX_GRAPH_EXECS} executable graphs"
             )));
         }
-        let h =
-            self.graphs.execs.insert(exec).ok_or_else(|| {
-                CuError::out_of_memory("too many executable graphs in this process")
-            })?;
-        self.graphs.bytes += bytes;
+        self.graphs.rebytes(0, bytes)?;
+        let h = match self.graphs.execs.insert(exec) {
+            Ok(h) => h,
+            Err(e) => {
+                self.graphs.rebytes(bytes, 0)?;
+                return Err(e);
+            }
+        };
         Ok(h)
     }
 

@@ -129,18 +129,22 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
     })
 }
 
-/// A VM's budgets and what its sessions hold against them.
+/// A VM's budgets and what its sessions hold against them, by config key
+/// (`connections` has no `used`: the session hub counts them).
 fn limits_json(t: &Tenant) -> Value {
     use vgpu_broker::limits::Budget;
     let l = t.limits.limits();
-    let m = t.limits.modules();
-    let refused = |b| t.limits.refused(b);
-    json!({
-        "sessions": { "limit": l.sessions, "used": t.sessions().len(), "refused": refused(Budget::Sessions) },
-        "connections": { "limit": l.connections, "refused": refused(Budget::Connections) },
-        "modules": { "limit": l.modules, "used": m.count, "refused": refused(Budget::Modules) },
-        "module_bytes": { "limit": l.module_bytes, "used": m.bytes, "refused": refused(Budget::ModuleBytes) },
-    })
+    let mut out = serde_json::Map::new();
+    for b in Budget::ALL {
+        let mut v = json!({ "limit": l.get(b), "refused": t.limits.refused(b) });
+        match b {
+            Budget::Connections => {}
+            Budget::Sessions => v["used"] = json!(t.sessions().len()),
+            _ => v["used"] = json!(t.limits.used(b)),
+        }
+        out.insert(b.key().into(), v);
+    }
+    Value::Object(out)
 }
 
 /// A VM's memory placement: reservation, overflow settings, where its bytes are, and moves.

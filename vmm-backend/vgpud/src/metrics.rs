@@ -442,15 +442,14 @@ pub fn render(rt: &Runtime) -> String {
         {
             use vgpu_broker::limits::Budget;
             let lim = t.limits.limits();
-            let m = t.limits.modules();
             for b in Budget::ALL {
                 let labels = [("vm", t.name.as_str()), ("budget", b.key())];
-                let (limit, used) = match b {
-                    Budget::Sessions => (u64::from(lim.sessions), Some(t.sessions().len() as u64)),
-                    Budget::Connections => (u64::from(lim.connections), None),
-                    Budget::Modules => (u64::from(lim.modules), Some(u64::from(m.count))),
-                    Budget::ModuleBytes => (lim.module_bytes, Some(m.bytes)),
+                let used = match b {
+                    Budget::Sessions => Some(t.sessions().len() as u64),
+                    Budget::Connections => None,
+                    _ => Some(t.limits.used(b)),
                 };
+                let limit = lim.get(b);
                 e.gauge(
                     "vgpu_vm_limit",
                     "The VM's budgets besides memory (`[limits]`, `[vm.limits]`).",
@@ -467,7 +466,7 @@ pub fn render(rt: &Runtime) -> String {
                 }
                 e.counter(
                     "vgpu_vm_limit_refused_total",
-                    "Requests refused because the VM held a budget (sessions at cuInit, connections at connect, modules at load).",
+                    "Requests refused because the VM held a budget (sessions at cuInit, connections at connect, modules at load, streams, events and handles at creation, graph bytes at instantiation; queued_bytes: submissions that waited for room).",
                     &labels,
                     t.limits.refused(b) as f64,
                 );

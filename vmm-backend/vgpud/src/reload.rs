@@ -164,6 +164,11 @@ fn limits_table(l: &VmLimits) -> Table {
     );
     t.insert("modules".into(), Toml::Integer(i64::from(l.modules)));
     t.insert("module_bytes".into(), Toml::Integer(l.module_bytes as i64));
+    t.insert("streams".into(), Toml::Integer(i64::from(l.streams)));
+    t.insert("events".into(), Toml::Integer(i64::from(l.events)));
+    t.insert("handles".into(), Toml::Integer(i64::from(l.handles)));
+    t.insert("queued_bytes".into(), Toml::Integer(l.queued_bytes as i64));
+    t.insert("graph_bytes".into(), Toml::Integer(l.graph_bytes as i64));
     t
 }
 

@@ -99,6 +99,13 @@ pub(in crate::session) struct VmmState {
     mappings: BTreeMap<u64, Mapping>,
 }
 
+impl VmmState {
+    /// Counts the allocation handles against `budget`.
+    pub(in crate::session) fn set_budget(&mut self, budget: crate::limits::HandleBudget) {
+        self.handles.set_budget(budget);
+    }
+}
+
 impl Default for VmmState {
     fn default() -> Self {
         Self {
@@ -197,11 +204,7 @@ impl Session {
             }
             return Ok(h);
         }
-        self.ext
-            .vmm
-            .handles
-            .insert((mem, 1))
-            .ok_or_else(|| CuError::out_of_memory("too many allocation handles in this process"))
+        self.ext.vmm.handles.insert((mem, 1))
     }
 
     fn mem_create(&mut self, ctx: u64, size: u64) -> Result<u64, CuError> {
@@ -505,7 +508,7 @@ impl Session {
             }
             self.tenant.usage.release_va(size);
         }
-        self.ext.vmm.handles = HandleTable::new(HandleKind::MemHandle);
+        self.ext.vmm.handles.clear();
         self.vmm_note_memory();
     }
 }

@@ -265,6 +265,19 @@ fn metrics_are_valid_prometheus_text_with_the_right_values() {
         value("vgpu_vm_limit_refused_total", &budget("modules")),
         0.0
     );
+    assert_eq!(value("vgpu_vm_limit", &budget("streams")), 16384.0);
+    assert_eq!(value("vgpu_vm_limit", &budget("events")), 65536.0);
+    // The session's context is one handle.
+    assert_eq!(value("vgpu_vm_limit_used", &budget("handles")), 1.0);
+    assert_eq!(
+        value("vgpu_vm_limit", &budget("queued_bytes")),
+        (256u64 << 20) as f64
+    );
+    assert_eq!(value("vgpu_vm_limit_used", &budget("queued_bytes")), 0.0);
+    assert_eq!(
+        value("vgpu_vm_limit", &budget("graph_bytes")),
+        (256u64 << 20) as f64
+    );
     assert_eq!(
         value(
             "vgpu_vm_copy_bytes_total",

@@ -501,8 +501,9 @@ fn definition(returns: bool) -> String {
         "atom.global.add.u64 %vstart, [{HEAD_SYMBOL}], %vb;"
     ));
     p.line("add.u64 %vend, %vstart, %vb;");
+    let full = p.label();
     p.line(&format!("setp.gt.u64 %vp, %vend, {BUFFER_SIZE};"));
-    p.line(&format!("@%vp bra {fail};"));
+    p.line(&format!("@%vp bra {full};"));
     p.line(&format!("mov.u64 %vrec, {BUFFER_SYMBOL};"));
     p.line("add.u64 %vrec, %vrec, %vstart;");
     p.line("st.global.u32 [%vrec], %vtotal;");
@@ -529,6 +530,15 @@ fn definition(returns: bool) -> String {
         p.line(&format!("st.param.b32 [{RET}], %vn;"));
     }
     p.line("ret;");
+    // The buffer is full. The one reservation that straddles its end marks the end of the
+    // records, so the host does not read what an earlier launch left past them.
+    p.place(&full);
+    p.line(&format!("setp.ge.u64 %vp, %vstart, {BUFFER_SIZE};"));
+    p.line(&format!("@%vp bra {fail};"));
+    p.line(&format!("mov.u64 %vrec, {BUFFER_SYMBOL};"));
+    p.line("add.u64 %vrec, %vrec, %vstart;");
+    p.line("mov.u32 %vt, 0;");
+    p.line("st.global.u32 [%vrec], %vt;");
     p.place(&fail);
     if returns {
         p.line("mov.u32 %vt, -1;");

@@ -29,7 +29,8 @@ use vgpu_proto::cuda;
 use crate::driver::{Ctx, Current, Driver, Event, Failed, HostPtr, Stream};
 use crate::error::{Op, is_context_fatal};
 use crate::gather::{Cursor, gather, scatter};
-use crate::module::CudaModule;
+use crate::module::{CudaModule, PrintfBuffer};
+use crate::printf;
 
 mod vmm;
 
@@ -650,6 +651,50 @@ impl Generation {
         r
     }
 
+    /// After a launch of a kernel of a module with a printf buffer ([`printf`]): reads the
+    /// records the launch wrote, resets the head and hands the records' text to the launch's
+    /// output. Nothing is read from a broken context (its launch's text is lost with it). The
+    /// copies run on the calling lane's stream, after the kernel. Launches of the same module
+    /// running at the same time on other streams share its buffer: their records may come
+    /// with this launch's text, or be lost when they land between the read and the reset.
+    fn take_printf(&self, b: PrintfBuffer, control: &RunControl) -> Result<(), DeviceError> {
+        if self.broken().is_some() {
+            return Ok(());
+        }
+        let mut head = [0u8; printf::HEAD_SIZE];
+        self.read_scattered(b.head, &mut [&mut head], printf::HEAD_SIZE as u64)?;
+        let used = u64::from_le_bytes(head);
+        if used == 0 {
+            return Ok(());
+        }
+        let out = control.output();
+        let mut buf = Vec::new();
+        if out.is_some() {
+            // Never more than the buffer, whatever a kernel wrote into the head.
+            let len = used.min(printf::BUFFER_SIZE as u64);
+            buf.resize(len as usize, 0);
+            self.read_scattered(b.buf, &mut [&mut buf], len)?;
+        }
+        self.write_gathered(
+            b.head,
+            &[&[0u8; printf::HEAD_SIZE]],
+            printf::HEAD_SIZE as u64,
+        )?;
+        if let Some(out) = out {
+            let records = printf::deliver(&buf, &|| out.room(), &mut |t| {
+                out.printf(t);
+            });
+            debug!(records, bytes = buf.len(), "device printf text returned");
+        }
+        if used > printf::BUFFER_SIZE as u64 {
+            debug!(
+                reserved = used,
+                "the printf buffer filled up: later records were dropped"
+            );
+        }
+        Ok(())
+    }
+
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
         if count == 0 {
             return Ok(());
@@ -1117,7 +1162,14 @@ impl DeviceContext for CudaContext {
             }
             return Err(e);
         }
-        if let Err(e) = g.wait(end, control.deadline(), Some((control, name))) {
+        let waited = g.wait(end, control.deadline(), Some((control, name)));
+        if let Some(b) = m.printf_buffer() {
+            // This launch's printf text goes to this launch's output, whatever its outcome.
+            if let Err(e) = g.take_printf(b, control) {
+                debug!(kernel = %name, error = %e, "reading back the kernel's printf buffer failed");
+            }
+        }
+        if let Err(e) = waited {
             if e.cu_result() == cuda::CUDA_ERROR_ASSERT
                 && let Some(out) = control.output()
             {

@@ -5,9 +5,10 @@
 //! variables. Cubins and fat binaries are read by `vgpu-fatbin` (the one
 //! reader of those formats), PTX by [`ptx::scan`].
 
+use tracing::debug;
 use vgpu_fatbin::cubin::{self, ELF_MAGIC};
 
-use crate::ptx;
+use crate::{printf, ptx};
 /// Zero bytes appended to every image copy, so that a driver reading a
 /// little past a declared end reads zeros, never daemon memory.
 pub const GUARD_BYTES: usize = 4096;
@@ -33,6 +34,9 @@ pub struct Prepared {
     pub bytes: Vec<u8>,
     /// What the image declares, as far as it can be read here.
     pub decls: ptx::Declarations,
+    /// Whether the image was rewritten to return device `printf` text ([`printf::rewrite`]):
+    /// it defines [`printf::HEAD_SYMBOL`] and [`printf::BUFFER_SYMBOL`].
+    pub printf: bool,
 }
 
 /// Why an image was refused before the driver saw it.
@@ -167,15 +171,38 @@ fn fatbin_declarations(image: &[u8]) -> ptx::Declarations {
     d
 }
 
+/// The PTX a device of architecture `arch` (80 for compute capability 8.0) would JIT-compile
+/// from fat binary `image`, when it calls `vprintf`: loading that PTX, rewritten, instead of
+/// the fat binary returns its `printf` text. `None` when the fat binary has no such PTX (its
+/// cubins' `printf` text goes where NVIDIA's driver prints it).
+fn fatbin_printf_ptx(image: &[u8], arch: u32) -> Option<String> {
+    let text = vgpu_fatbin::ptx_for(image, arch).ok()?;
+    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+    let text = std::str::from_utf8(&text[..end]).ok()?;
+    printf::rewrite(text)
+}
+
 /// Checks an image, copies it with a NUL (PTX) and guard bytes, and reads
-/// its declarations.
-pub fn prepare(image: &[u8]) -> Result<Prepared, ImageError> {
-    let (kind, body, decls) = if image.starts_with(ELF_MAGIC) {
-        (Kind::Elf, image, cubin_declarations(image)?)
+/// its declarations. PTX that declares `vprintf` is rewritten to return its
+/// `printf` text ([`printf`]); so is the PTX of a fat binary a device of
+/// architecture `arch` would use, which is then loaded instead of the fat
+/// binary (`arch` `None`: fat binaries are loaded as they are).
+pub fn prepare_for(image: &[u8], arch: Option<u32>) -> Result<Prepared, ImageError> {
+    let rewritten;
+    let (kind, body, decls, printf) = if image.starts_with(ELF_MAGIC) {
+        (Kind::Elf, image, cubin_declarations(image)?, false)
     } else if vgpu_fatbin::is_fatbin(image) {
         let len = fatbin_len(image)? as usize;
         let body = &image[..len];
-        (Kind::Fatbin, body, fatbin_declarations(body))
+        match arch.and_then(|a| fatbin_printf_ptx(body, a)) {
+            Some(text) => {
+                debug!("loading a fat binary's PTX, rewritten to return its printf text");
+                rewritten = text;
+                let decls = ptx::scan(&rewritten);
+                (Kind::Ptx, rewritten.as_bytes(), decls, true)
+            }
+            None => (Kind::Fatbin, body, fatbin_declarations(body), false),
+        }
     } else {
         // PTX: text up to the first NUL.
         let end = image.iter().position(|&b| b == 0).unwrap_or(image.len());
@@ -183,12 +210,29 @@ pub fn prepare(image: &[u8]) -> Result<Prepared, ImageError> {
         if !text.contains(".entry") && !text.contains(".version") {
             return Err(ImageError::Unknown);
         }
-        (Kind::Ptx, &image[..end], ptx::scan(text))
+        match printf::rewrite(text) {
+            Some(t) => {
+                rewritten = t;
+                let decls = ptx::scan(&rewritten);
+                (Kind::Ptx, rewritten.as_bytes(), decls, true)
+            }
+            None => (Kind::Ptx, &image[..end], ptx::scan(text), false),
+        }
     };
     let mut bytes = Vec::with_capacity(body.len() + GUARD_BYTES);
     bytes.extend_from_slice(body);
     bytes.resize(body.len() + GUARD_BYTES, 0);
-    Ok(Prepared { kind, bytes, decls })
+    Ok(Prepared {
+        kind,
+        bytes,
+        decls,
+        printf,
+    })
+}
+
+/// [`prepare_for`] without an architecture: fat binaries are loaded as they are.
+pub fn prepare(image: &[u8]) -> Result<Prepared, ImageError> {
+    prepare_for(image, None)
 }
 
 #[cfg(test)]
@@ -389,5 +433,84 @@ pub(crate) mod tests {
             ImageError::Unknown
         );
         assert_eq!(prepare(b"").unwrap_err(), ImageError::Unknown);
+    }
+
+    const PRINTING: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
+        .extern .func (.param .b32 func_retval0) vprintf\n(\n.param .b64 p0,\n.param .b64 p1\n)\n;\n\
+        .visible .entry k() { ret; }\n";
+
+    #[test]
+    fn ptx_without_vprintf_is_loaded_byte_for_byte() {
+        let text = b".version 8.0\n.target sm_80\n// vprintf\n.entry k() { ret; }";
+        let p = prepare(text).unwrap();
+        assert!(!p.printf);
+        assert_eq!(&p.bytes[..text.len()], text);
+        assert!(p.bytes[text.len()..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn ptx_calling_vprintf_gets_a_printf_buffer_charged_as_globals() {
+        let p = prepare(PRINTING.as_bytes()).unwrap();
+        assert!(p.printf);
+        assert_eq!(p.kind, Kind::Ptx);
+        let text = std::str::from_utf8(&p.bytes[..p.bytes.len() - GUARD_BYTES]).unwrap();
+        assert!(!text.contains(".extern .func"), "{text}");
+        assert_eq!(p.decls.entries[0].name, "k");
+        let v: Vec<(&str, u64)> = p
+            .decls
+            .variables
+            .iter()
+            .map(|v| (v.name.as_str(), v.size))
+            .collect();
+        assert_eq!(
+            v,
+            [
+                (printf::HEAD_SYMBOL, printf::HEAD_SIZE as u64),
+                (printf::BUFFER_SYMBOL, printf::BUFFER_SIZE as u64)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fat_binary_whose_ptx_calls_vprintf_is_loaded_as_that_ptx_rewritten() {
+        let cubin = sample();
+        let fat = vgpu_fatbin::write(&[
+            vgpu_fatbin::NewEntry {
+                kind: vgpu_fatbin::KIND_ELF,
+                arch: 80,
+                flags: 0,
+                payload: &cubin,
+                uncompressed_len: 0,
+            },
+            vgpu_fatbin::NewEntry {
+                kind: vgpu_fatbin::KIND_PTX,
+                arch: 52,
+                flags: 0,
+                payload: PRINTING.as_bytes(),
+                uncompressed_len: 0,
+            },
+        ]);
+        // Without an architecture, or with none the PTX runs on: the fat binary as it is.
+        for arch in [None, Some(50)] {
+            let p = prepare_for(&fat, arch).unwrap();
+            assert_eq!((p.kind, p.printf), (Kind::Fatbin, false), "{arch:?}");
+        }
+        let p = prepare_for(&fat, Some(80)).unwrap();
+        assert_eq!((p.kind, p.printf), (Kind::Ptx, true));
+        assert_eq!(
+            p.decls.entries[0].name, "k",
+            "the declarations of what is loaded"
+        );
+        assert_eq!(p.bytes[p.bytes.len() - GUARD_BYTES], 0, "NUL-terminated");
+        // A fat binary whose PTX does not call vprintf stays as it is.
+        let quiet = vgpu_fatbin::write(&[vgpu_fatbin::NewEntry {
+            kind: vgpu_fatbin::KIND_PTX,
+            arch: 52,
+            flags: 0,
+            payload: b".version 7.0\n.target sm_52\n.entry k() { ret; }",
+            uncompressed_len: 0,
+        }]);
+        let p = prepare_for(&quiet, Some(80)).unwrap();
+        assert_eq!((p.kind, p.printf), (Kind::Fatbin, false));
     }
 }

@@ -19,6 +19,7 @@ pub mod error;
 mod gather;
 pub mod image;
 pub mod module;
+pub mod printf;
 pub mod ptx;
 pub mod select;
 

@@ -9,12 +9,23 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use tracing::{debug, warn};
 use vgpu_broker::device::{DeviceError, DeviceModule, GlobalDesc, KernelDesc};
-use vgpu_proto::cuda::{self, func_attr};
+use vgpu_proto::cuda::{self, attr, func_attr};
 
 use crate::context::{ALLOC_GRANULARITY, ContextInner, Generation};
 use crate::driver::{Function, ListedKernel, Module};
 use crate::error::Op;
 use crate::image::{self, Kind};
+use crate::printf;
+
+/// Where a module's device `printf` records go ([`printf`]): device addresses of its
+/// `__vgpu_printf_head` and `__vgpu_printf_buf` globals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PrintfBuffer {
+    /// The head counter (bytes reserved).
+    pub head: u64,
+    /// The buffer ([`printf::BUFFER_SIZE`] bytes).
+    pub buf: u64,
+}
 
 fn charge(size: u64) -> u64 {
     size.max(1)
@@ -32,6 +43,8 @@ pub struct CudaModule {
     /// The dynamic shared memory limit each function has on the device now.
     dynamic_shared: Vec<AtomicI32>,
     globals: Vec<GlobalDesc>,
+    /// Its printf buffer, when the image was rewritten to return `printf` text.
+    printf: Option<PrintfBuffer>,
 }
 
 impl std::fmt::Debug for CudaModule {
@@ -39,6 +52,7 @@ impl std::fmt::Debug for CudaModule {
         f.debug_struct("CudaModule")
             .field("kernels", &self.kernels.len())
             .field("globals", &self.globals.len())
+            .field("printf", &self.printf.is_some())
             .finish()
     }
 }
@@ -52,10 +66,11 @@ impl CudaModule {
         image: &[u8],
         budget: u64,
     ) -> Result<CudaModule, DeviceError> {
-        let prepared = image::prepare(image).map_err(|e| DeviceError::InvalidImage {
-            code: cuda::CUDA_ERROR_INVALID_IMAGE,
-            message: e.to_string(),
-        })?;
+        let prepared =
+            image::prepare_for(image, device_arch(&g)).map_err(|e| DeviceError::InvalidImage {
+                code: cuda::CUDA_ERROR_INVALID_IMAGE,
+                message: e.to_string(),
+            })?;
         // What the image declares is known before the driver allocates
         // anything: refuse early when that alone exceeds the budget.
         let declared: u64 = prepared
@@ -92,9 +107,13 @@ impl CudaModule {
             functions: Vec::new(),
             dynamic_shared: Vec::new(),
             globals: Vec::new(),
+            printf: None,
         };
         m.read_kernels(&g, &prepared)?;
         m.read_globals(&g, &prepared)?;
+        if prepared.printf {
+            m.printf = m.find_printf_buffer();
+        }
         let total: u64 = m.globals.iter().map(|x| charge(x.size)).sum();
         if total > budget {
             return Err(DeviceError::OutOfMemory);
@@ -106,9 +125,31 @@ impl CudaModule {
             kind = ?prepared.kind,
             kernels = m.kernels.len(),
             globals = m.globals.len(),
+            printf = m.printf.is_some(),
             "module loaded"
         );
         Ok(m)
+    }
+
+    /// The printf buffer among its globals (both are `.visible`, so found by name; a module
+    /// where they are missing or too small prints nothing back).
+    fn find_printf_buffer(&self) -> Option<PrintfBuffer> {
+        let find = |name: &str, size: usize| {
+            self.globals
+                .iter()
+                .find(|x| x.name == name && x.size >= size as u64)
+                .map(|x| x.addr)
+        };
+        let b = PrintfBuffer {
+            head: find(printf::HEAD_SYMBOL, printf::HEAD_SIZE)?,
+            buf: find(printf::BUFFER_SYMBOL, printf::BUFFER_SIZE)?,
+        };
+        Some(b)
+    }
+
+    /// Its printf buffer, when its `printf` text is returned.
+    pub(crate) fn printf_buffer(&self) -> Option<PrintfBuffer> {
+        self.printf
     }
 
     fn read_kernels(
@@ -231,6 +272,20 @@ impl CudaModule {
         cur.fetch_max(want, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// The architecture of the generation's GPU (80 for compute capability 8.0), which picks the
+/// PTX of a fat binary the driver would JIT-compile; `None` when the driver does not say.
+fn device_arch(g: &Generation) -> Option<u32> {
+    let d = g.driver();
+    let dev = g.shared.dev;
+    let major = d
+        .device_attribute(dev, attr::COMPUTE_CAPABILITY_MAJOR as i32)
+        .ok()?;
+    let minor = d
+        .device_attribute(dev, attr::COMPUTE_CAPABILITY_MINOR as i32)
+        .ok()?;
+    u32::try_from(major * 10 + minor).ok()
 }
 
 impl DeviceModule for CudaModule {

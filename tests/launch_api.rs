@@ -148,7 +148,7 @@ fn launch_entry_points_behave_like_cuda() {
             1
         );
 
-        // cuLaunchKernelEx with a basic attribute, and a cooperative one (unsupported).
+        // cuLaunchKernelEx with a basic attribute, and a cooperative one (every block at once).
         assert_eq!(htod(c, [0u8; 4000].as_ptr().cast(), bytes), 0);
         let mut args: Vec<*mut c_void> = vec![
             (&mut a as *mut u64).cast(),
@@ -185,10 +185,24 @@ fn launch_entry_points_behave_like_cuda() {
             attrs: &coop,
             ..cfg
         };
+        assert_eq!(htod(c, [0u8; 4000].as_ptr().cast(), bytes), 0);
         assert_eq!(
             launch_ex(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()),
-            801
+            0
         );
+        assert_eq!(dtoh(out.as_mut_ptr().cast(), c, bytes), 0);
+        assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
+        // Past what the device holds at once: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
+        let huge = LaunchConfig {
+            grid: [1 << 20, 1, 1],
+            ..cfg
+        };
+        assert_eq!(
+            launch_ex(&huge, f, args.as_mut_ptr(), std::ptr::null_mut()),
+            0,
+            "asynchronous: the error comes at the next synchronization"
+        );
+        assert_eq!(dtoh(out.as_mut_ptr().cast(), c, bytes), 720);
 
         // Function attributes of the tiled matmul (two 16x16 float tiles of shared memory).
         let mut mm = std::ptr::null_mut();

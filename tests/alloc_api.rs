@@ -50,7 +50,7 @@ fn stream_ordered_pools_charge_their_reservation() {
 
 #[test]
 fn virtual_memory_management_maps_charged_physical_memory() {
-    run_mode(&["vmm"], 40);
+    run_mode(&["vmm"], 50);
 }
 
 #[test]

@@ -249,11 +249,13 @@ impl Allocations {
         (ptr - base < a.size).then_some((base, a))
     }
 
-    /// Validates that `[ptr, ptr+len)` lies inside one live allocation.
+    /// Validates that `[ptr, ptr+len)` lies inside one live allocation, or inside adjacent
+    /// `cuMemMap` mappings (virtual memory management makes one range of several physical
+    /// allocations, and CUDA copies and launches across them).
     pub fn check(&self, ptr: u64, len: u64, what: &str) -> Result<(), CuError> {
-        let inside = self
-            .find(ptr)
-            .is_some_and(|(base, a)| ptr.checked_add(len).is_some_and(|end| end <= base + a.size));
+        let inside = ptr
+            .checked_add(len)
+            .is_some_and(|end| self.covered(ptr, end));
         if inside {
             Ok(())
         } else {
@@ -261,6 +263,31 @@ impl Allocations {
                 "{what} range {ptr:#x}+{len} is not inside one of this process's live allocations"
             )))
         }
+    }
+
+    /// Whether `[ptr, end)` lies in one allocation or in a chain of mappings without gaps.
+    fn covered(&self, ptr: u64, end: u64) -> bool {
+        let Some((base, a)) = self.find(ptr) else {
+            return false;
+        };
+        let mut reach = base + a.size;
+        if end <= reach {
+            return true;
+        }
+        if a.kind != AllocKind::VmmMapping {
+            return false;
+        }
+        // Each step moves to the mapping that starts where the last one ended.
+        for (&next, b) in self.map.range(reach..) {
+            if next != reach || b.kind != AllocKind::VmmMapping {
+                return false;
+            }
+            reach = next + b.size;
+            if end <= reach {
+                return true;
+            }
+        }
+        false
     }
 
     /// Bytes charged for these allocations, and for memory held without a live allocation
@@ -365,6 +392,25 @@ mod tests {
         let e = t.check(0x5000, 4, "copy destination").unwrap_err();
         assert_eq!(e.code, 1);
         assert!(e.message.contains("copy destination range 0x5000+4"));
+    }
+
+    #[test]
+    fn ranges_may_span_adjacent_mappings_only() {
+        let mapping = |size| Allocation {
+            kind: AllocKind::VmmMapping,
+            ..dev(size)
+        };
+        let mut t = Allocations::default();
+        t.insert(0x10000, mapping(0x1000));
+        t.insert(0x11000, mapping(0x1000));
+        t.insert(0x12000, mapping(0x1000));
+        t.insert(0x14000, mapping(0x1000)); // after a gap
+        t.insert(0x15000, dev(0x1000)); // adjacent, but not a mapping
+        assert!(t.check(0x10ff0, 0x20, "x").is_ok(), "two mappings");
+        assert!(t.check(0x10000, 0x3000, "x").is_ok(), "three, whole");
+        assert!(t.check(0x12ff0, 0x20, "x").is_err(), "into the gap");
+        assert!(t.check(0x14ff0, 0x20, "x").is_err(), "into plain memory");
+        assert!(t.check(0x10000, u64::MAX, "x").is_err());
     }
 
     #[test]

@@ -251,7 +251,34 @@ impl GlobalMemory for ContextMemory {
     }
 }
 
+/// One allocation's part of a range: the buffer, the offset in it, the bytes.
+type Piece = (Arc<Buffer>, usize, usize);
+
+/// Most allocations one copy may span (adjacent `cuMemMap` mappings of 2 MiB and more).
+const MAX_PIECES: usize = 1 << 16;
+
 impl ContextMemory {
+    /// The allocations holding `[addr, addr+len)`, in order: one, or adjacent ones without a
+    /// gap (virtual memory management maps several physical allocations side by side; the
+    /// broker decides which ranges a guest may name).
+    fn pieces(&self, addr: u64, len: u64) -> Result<Vec<Piece>, DeviceError> {
+        let bad = DeviceError::InvalidAddress { addr, len };
+        let end = addr.checked_add(len).ok_or(bad.clone())?;
+        let mut out = Vec::new();
+        let mut at = addr;
+        while at < end || out.is_empty() {
+            let (base, buf) = self.lookup(at).ok_or(bad.clone())?;
+            let off = at - base;
+            let n = (buf.len() as u64 - off).min(end - at);
+            out.push((buf, off as usize, n as usize));
+            at += n;
+            if out.len() > MAX_PIECES || (n == 0 && at < end) {
+                return Err(bad);
+            }
+        }
+        Ok(out)
+    }
+
     /// The allocation holding `[addr, addr+len)` and the offset of `addr` in it.
     fn range(&self, addr: u64, len: u64) -> Result<(Arc<Buffer>, usize), DeviceError> {
         let bad = DeviceError::InvalidAddress { addr, len };
@@ -663,56 +690,105 @@ impl DeviceContext for SimContext {
 
     fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
         let _g = self.inner.shared();
-        let (buf, off) = self.inner.range(dst, data.len() as u64)?;
-        buf.write(off, data)
-            .map_err(|_| DeviceError::InvalidAddress {
-                addr: dst,
-                len: data.len() as u64,
-            })
+        let len = data.len() as u64;
+        let bad = || DeviceError::InvalidAddress { addr: dst, len };
+        let mut at = 0;
+        for (buf, off, n) in self.inner.pieces(dst, len)? {
+            buf.write(off, &data[at..at + n]).map_err(|_| bad())?;
+            at += n;
+        }
+        Ok(())
     }
 
     fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
         let _g = self.inner.shared();
         let len = out.len() as u64;
-        let (buf, off) = self.inner.range(src, len)?;
-        buf.read(off, out)
-            .map_err(|_| DeviceError::InvalidAddress { addr: src, len })
+        let bad = || DeviceError::InvalidAddress { addr: src, len };
+        let mut at = 0;
+        for (buf, off, n) in self.inner.pieces(src, len)? {
+            buf.read(off, &mut out[at..at + n]).map_err(|_| bad())?;
+            at += n;
+        }
+        Ok(())
     }
 
     fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
-        let _g = self.inner.shared();
         let len = pieces_len(dst, pieces.iter().map(|p| p.len()))?;
-        let (buf, off) = self.inner.range(dst, len)?;
-        buf.write_gathered(off, pieces)
-            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len })
+        {
+            let _g = self.inner.shared();
+            if let Ok((buf, off)) = self.inner.range(dst, len) {
+                return buf
+                    .write_gathered(off, pieces)
+                    .map_err(|_| DeviceError::InvalidAddress { addr: dst, len });
+            }
+        }
+        // Across adjacent mappings: one staging copy.
+        self.write(dst, &pieces.concat())
     }
 
     fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
-        let _g = self.inner.shared();
         let len = pieces_len(src, pieces.iter().map(|p| p.len()))?;
-        let (buf, off) = self.inner.range(src, len)?;
-        buf.read_scattered(off, pieces)
-            .map_err(|_| DeviceError::InvalidAddress { addr: src, len })
+        {
+            let _g = self.inner.shared();
+            if let Ok((buf, off)) = self.inner.range(src, len) {
+                return buf
+                    .read_scattered(off, pieces)
+                    .map_err(|_| DeviceError::InvalidAddress { addr: src, len });
+            }
+        }
+        // Across adjacent mappings: one staging copy.
+        let mut all = vec![0u8; len as usize];
+        self.read(src, &mut all)?;
+        let mut at = 0;
+        for p in pieces.iter_mut() {
+            p.copy_from_slice(&all[at..at + p.len()]);
+            at += p.len();
+        }
+        Ok(())
     }
 
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
-        let _g = self.inner.shared();
-        let (s, soff) = self.inner.range(src, len)?;
-        let (d, doff) = self.inner.range(dst, len)?;
-        d.copy_from(doff, &s, soff, len as usize)
-            .map_err(|_| DeviceError::InvalidAddress { addr: dst, len })
+        {
+            let _g = self.inner.shared();
+            if let (Ok((s, soff)), Ok((d, doff))) =
+                (self.inner.range(src, len), self.inner.range(dst, len))
+            {
+                return d
+                    .copy_from(doff, &s, soff, len as usize)
+                    .map_err(|_| DeviceError::InvalidAddress { addr: dst, len });
+            }
+        }
+        // Across adjacent mappings: through host memory, in bounded chunks.
+        const CHUNK: u64 = 4 << 20;
+        let mut buf = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let n = CHUNK.min(len - done);
+            buf.resize(n as usize, 0);
+            self.read(src + done, &mut buf)?;
+            self.write(dst + done, &buf)?;
+            done += n;
+        }
+        Ok(())
     }
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
         let _g = self.inner.shared();
         let bytes = vgpu_broker::device::memset_len(dst, elem_size, count)?;
-        let (buf, off) = self.inner.range(dst, bytes)?;
+        let bad = || DeviceError::InvalidAddress {
+            addr: dst,
+            len: bytes,
+        };
         let pattern = &value.to_le_bytes()[..elem_size as usize];
-        buf.fill(off, pattern, count as usize)
-            .map_err(|_| DeviceError::InvalidAddress {
-                addr: dst,
-                len: bytes,
-            })
+        for (buf, off, n) in self.inner.pieces(dst, bytes)? {
+            // Mappings are granular (2 MiB), so pieces hold whole elements.
+            if n % elem_size as usize != 0 {
+                return Err(bad());
+            }
+            buf.fill(off, pattern, n / elem_size as usize)
+                .map_err(|_| bad())?;
+        }
+        Ok(())
     }
 
     fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {

@@ -294,6 +294,8 @@ impl LaunchControl {
 pub const GRID_WORKSPACE_BYTES: u64 = 16;
 /// Most blocks a cooperative launch may have: each runs on a host thread of its own.
 pub const MAX_COOPERATIVE_BLOCKS: u64 = 1024;
+/// Most register memory all blocks of a cooperative launch may hold at once.
+pub const MAX_COOPERATIVE_REGISTER_FILE: u64 = 256 << 20;
 
 /// Execution counters of one launch call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -455,6 +457,19 @@ impl Module {
                 FaultKind::CooperativeTooLarge,
                 format!(
                     "a cooperative launch of {total} blocks: at most {MAX_COOPERATIVE_BLOCKS} run at once"
+                ),
+            ));
+        }
+        // All blocks of a cooperative launch hold their registers at once (an ordinary launch
+        // holds at most one block's per worker).
+        if cooperative && file.saturating_mul(total) > MAX_COOPERATIVE_REGISTER_FILE {
+            return Err(Fault::new(
+                FaultKind::CooperativeTooLarge,
+                format!(
+                    "a cooperative launch of {total} blocks of kernel `{}` would hold {} MiB of registers at once, more than {} MiB",
+                    launch.kernel,
+                    file.saturating_mul(total) >> 20,
+                    MAX_COOPERATIVE_REGISTER_FILE >> 20
                 ),
             ));
         }

@@ -11,6 +11,7 @@ use tracing::debug;
 use vgpu_proto::cuda::{self, attr, func_attr};
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg::{self, Message, Request};
+use vgpu_proto::pagehash;
 
 use crate::device::{
     DeviceContext, DeviceInfo, DeviceModule, GlobalDesc, KernelDesc, LaunchDims, LaunchProgress,
@@ -755,6 +756,49 @@ impl Session {
                     .stats
                     .bytes_dtoh
                     .fetch_add(m.len, Ordering::Relaxed);
+                Ok(())
+            }
+            R::MemcpyDtoHDelta(m) => {
+                let lane = self.lane(m.ctx, m.stream)?;
+                let ctx = lane.ctx;
+                if m.len as usize > MAX_BULK_CHUNK {
+                    return Err(CuError::invalid_value(format!(
+                        "one device-to-host request carries at most {MAX_BULK_CHUNK} bytes"
+                    )));
+                }
+                let pages = pagehash::pages(m.len as usize);
+                if tail.len() != pages * 8 {
+                    return Err(CuError::invalid_value(format!(
+                        "a delta copy of {} bytes takes {pages} page hashes, got {} bytes of them",
+                        m.len,
+                        tail.len()
+                    )));
+                }
+                self.allocs.check(m.src, m.len, "copy source")?;
+                self.engine.wait_lane(&lane)?;
+                self.surface_async_error(ctx)?;
+                let mut now = vec![0u8; m.len as usize];
+                self.dev.read(m.src, &mut now).map_err(CuError::from)?;
+                msg::Empty {}.encode(out);
+                let bitmap_at = out.len();
+                out.resize(bitmap_at + pages.div_ceil(8), 0);
+                let mut sent = 0u64;
+                for (i, (page, theirs)) in now
+                    .chunks(pagehash::DELTA_PAGE)
+                    .zip(tail.chunks_exact(8))
+                    .enumerate()
+                {
+                    let theirs = u64::from_le_bytes(theirs.try_into().unwrap_or([0; 8]));
+                    if pagehash::page_hash(page) != theirs {
+                        out[bitmap_at + i / 8] |= 1 << (i % 8);
+                        out.extend_from_slice(page);
+                        sent += page.len() as u64;
+                    }
+                }
+                self.tenant
+                    .stats
+                    .bytes_dtoh
+                    .fetch_add(sent, Ordering::Relaxed);
                 Ok(())
             }
             R::MemcpyDtoD(m) => {

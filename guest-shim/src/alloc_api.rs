@@ -25,6 +25,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use vgpu_proto::cuda::{self, CuResult};
 use vgpu_proto::msg;
+use vgpu_proto::pagehash;
 
 use crate::driver::{self as drv, CuRes};
 
@@ -103,6 +104,9 @@ pub struct Region {
     pub device_owned: bool,
     /// A unique id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
     pub id: u64,
+    /// The hash of each page (`vgpu_proto::pagehash`) as the host and the device both held it
+    /// at the last move; empty when unknown. A move then carries only the pages that differ.
+    pub hashes: Vec<u64>,
     /// The module of a `__managed__` variable (0: an allocation). Its mirror pages are
     /// shared with the module's other variables and counted in `State::module_pages`.
     pub module: u64,
@@ -186,9 +190,32 @@ fn push(st: &mut State, dev: u64, stream: u64) -> CuRes<()> {
     }
     // SAFETY: the region is registered, so its mirror is mapped.
     let bytes = unsafe { mirror(r) };
-    drv::memcpy_htod_raw(r.dev, bytes, stream, false)?;
+    let now = pagehash::page_hashes(bytes);
+    let mut pushed = 0u64;
+    if r.hashes.len() == now.len() {
+        // Only the runs of pages the host changed since the last move.
+        let mut i = 0;
+        while i < now.len() {
+            if now[i] == r.hashes[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < now.len() && now[i] != r.hashes[i] {
+                i += 1;
+            }
+            let from = start * pagehash::DELTA_PAGE;
+            let to = (i * pagehash::DELTA_PAGE).min(bytes.len());
+            drv::memcpy_htod_raw(r.dev + from as u64, &bytes[from..to], stream, false)?;
+            pushed += (to - from) as u64;
+        }
+    } else {
+        drv::memcpy_htod_raw(r.dev, bytes, stream, false)?;
+        pushed = bytes.len() as u64;
+    }
+    r.hashes = now;
     r.device_owned = true;
-    st.stats.pushed += r.len as u64;
+    st.stats.pushed += pushed;
     Ok(())
 }
 
@@ -201,10 +228,21 @@ fn pull(st: &mut State, dev: u64) -> CuRes<()> {
     }
     // SAFETY: the region is registered, so its mirror is mapped.
     let bytes = unsafe { mirror(r) };
-    // Marked first: a failed pull (an earlier kernel's error) leaves the host the owner.
+    // Marked first: a failed pull (an earlier kernel's error) leaves the host the owner, and
+    // what the mirror holds unknown to the hashes.
     r.device_owned = false;
-    drv::memcpy_dtoh_raw(bytes, r.dev, 0)?;
-    st.stats.pulled += r.len as u64;
+    let hashes = std::mem::take(&mut r.hashes);
+    let pulled = if hashes.len() == pagehash::pages(bytes.len()) {
+        let mut hashes = hashes;
+        let n = drv::memcpy_dtoh_delta(bytes, r.dev, &mut hashes)?;
+        r.hashes = hashes;
+        n
+    } else {
+        drv::memcpy_dtoh_raw(bytes, r.dev, 0)?;
+        r.hashes = pagehash::page_hashes(bytes);
+        bytes.len() as u64
+    };
+    st.stats.pulled += pulled;
     Ok(())
 }
 
@@ -470,6 +508,7 @@ pub fn alloc_managed(size: usize, flags: u32) -> CuRes<u64> {
             },
             device_owned: false,
             id: 0,
+            hashes: Vec::new(),
             module: 0,
         },
     );
@@ -493,6 +532,7 @@ pub fn host_alloc_mapped(size: usize, flags: u32) -> CuRes<*mut u8> {
             advice: Advice::default(),
             device_owned: false,
             id: 0,
+            hashes: Vec::new(),
             module: 0,
         },
     );
@@ -622,6 +662,7 @@ pub fn adopt_module_variable(module: u64, addr: u64, len: usize, ctx: u64) -> Cu
             // they come to the mirror now, since the host reads it directly.
             device_owned: true,
             id: 0,
+            hashes: Vec::new(),
             module,
         },
     );
@@ -673,6 +714,7 @@ pub fn register_mapped(addr: usize, size: usize, flags: u32) -> CuRes<()> {
             advice: Advice::default(),
             device_owned: false,
             id: 0,
+            hashes: Vec::new(),
             module: 0,
         },
     );

@@ -799,6 +799,66 @@ pub(crate) fn memcpy_dtoh_raw(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()
     log_err("MemcpyDtoH", r)
 }
 
+/// Device to host of what changed: `dst` holds what the device held when `hashes` (one per
+/// page of `dst`, `vgpu_proto::pagehash`) were taken; only the pages whose bytes differ now
+/// travel, and their hashes are updated. Returns the bytes received.
+pub(crate) fn memcpy_dtoh_delta(dst: &mut [u8], src: u64, hashes: &mut [u64]) -> CuRes<u64> {
+    use vgpu_proto::pagehash::{self, DELTA_PAGE};
+    let c = ctx()?;
+    let d = driver()?;
+    // Whole pages per request, and a reply (bitmap and pages) within one chunk's frame.
+    let chunk = (d.chunk / DELTA_PAGE).max(1) * DELTA_PAGE;
+    let mut got = 0u64;
+    for (i, (part, theirs)) in dst
+        .chunks_mut(chunk)
+        .zip(hashes.chunks_mut(chunk / DELTA_PAGE))
+        .enumerate()
+    {
+        let req = msg::MemcpyDtoHDelta {
+            ctx: c,
+            stream: 0,
+            src: src + (i * chunk) as u64,
+            len: part.len() as u64,
+        };
+        let tail: Vec<u8> = theirs.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let r = lock(&d.client).call(&req, &tail);
+        let reply = match r {
+            Ok((_, reply)) => reply,
+            // A vgpud from before delta copies.
+            Err(e) if e.code == cuda::CUDA_ERROR_NOT_SUPPORTED => {
+                memcpy_dtoh_raw(part, req.src, 0)?;
+                for (h, page) in theirs.iter_mut().zip(part.chunks(DELTA_PAGE)) {
+                    *h = pagehash::page_hash(page);
+                }
+                got += part.len() as u64;
+                continue;
+            }
+            Err(e) => return log_err("MemcpyDtoHDelta", Err(e)),
+        };
+        let pages = theirs.len();
+        let (bitmap, mut data) = reply
+            .split_at_checked(pages.div_ceil(8))
+            .ok_or(cuda::CUDA_ERROR_UNKNOWN)?;
+        for (p, (page, h)) in part
+            .chunks_mut(DELTA_PAGE)
+            .zip(theirs.iter_mut())
+            .enumerate()
+        {
+            if bitmap[p / 8] & (1 << (p % 8)) == 0 {
+                continue;
+            }
+            let (bytes, rest) = data
+                .split_at_checked(page.len())
+                .ok_or(cuda::CUDA_ERROR_UNKNOWN)?;
+            page.copy_from_slice(bytes);
+            *h = pagehash::page_hash(page);
+            got += page.len() as u64;
+            data = rest;
+        }
+    }
+    Ok(got)
+}
+
 /// Device to device.
 pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuRes<()> {
     let c = ctx()?;

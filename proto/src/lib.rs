@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod frame;
 pub mod graph;
 pub mod msg;
+pub mod pagehash;
 pub mod spec;
 pub mod spin;
 pub mod wire;

@@ -351,6 +351,13 @@ ops! {
     Memset = 0x0309 => Empty, ASYNC_OK, "cuMemsetD8_v2, cuMemsetD16_v2, cuMemsetD32_v2 and their Async forms" {
         ctx: u64, stream: u64, dst: u64, value: u32, elem_size: u32, count: u64,
     }
+    /// Device to host copy of what changed: the request's bulk tail holds the guest's hash of
+    /// each page of its copy of `[src, src+len)` (`vgpu_proto::pagehash`, 8 bytes per page);
+    /// the reply's tail holds a bitmap of the pages that differ (bit `i % 8` of byte `i / 8`)
+    /// followed by those pages' bytes, in order. `len` is at most MAX_BULK_CHUNK.
+    MemcpyDtoHDelta = 0x0310 => Empty, REQ_TAIL | REPLY_TAIL, "cuCtxSynchronize and other synchronizing calls (managed memory)" {
+        ctx: u64, stream: u64, src: u64, len: u64,
+    }
 
     /// Creates a stream.
     StreamCreate = 0x0401 => Handle, 0, "cuStreamCreate, cuStreamCreateWithPriority" {

@@ -15,6 +15,8 @@
  *                              slice is whole again
  *   alloc_api hold KIND BYTES  allocate BYTES of KIND, print "holding", sleep (to be killed)
  *   alloc_api bench MIB        launch + synchronize over MIB of managed memory: the mirror cost
+ *   alloc_api delta            16 MiB of managed memory, touched a page at a time: only changed
+ *                              pages move (vgpud's byte counters show it to the caller)
  *
  * Prints "ok <what>" / "FAIL <what>"; the exit status is the failure count.
  */
@@ -644,6 +646,36 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* Moves of managed memory carry only the pages that changed: scattered host writes and kernels
+ * on a few elements leave every element right, and cost pages, not the buffer. */
+static void delta(void) {
+    const unsigned n = 4u * MIB + 77; /* 16 MiB and a partial page */
+    CUdeviceptr q = 0;
+    check("cuMemAllocManaged 16 MiB", cuMemAllocManaged(&q, (size_t)n * 4, 1), 0);
+    unsigned *g = (unsigned *)(uintptr_t)q;
+    for (unsigned i = 0; i < n; i++) g[i] = i;
+    check("first launch", inc(q, 1, 0), 0);
+    check("first synchronize", cuCtxSynchronize(), 0);
+    unsigned rounds = 8, touched[3] = {5, n / 2, n - 1};
+    for (unsigned r = 0; r < rounds; r++) {
+        for (unsigned t = 0; t < 3; t++) g[touched[t]] += 10;
+        /* A kernel on one element in the last, partial page. */
+        inc(q + (size_t)(n - 2) * 4, 1, 0);
+        cuCtxSynchronize();
+    }
+    int good = 1;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned want = i;
+        if (i == 0) want += 1;
+        if (i == 5 || i == n / 2 || i == n - 1) want += 10 * rounds;
+        if (i == n - 2) want += rounds;
+        good &= g[i] == want;
+    }
+    expect("every element is right after page-sized moves", good);
+    check("cuMemFree", cuMemFree_v2(q), 0);
+    printf("delta: %u rounds over %u MiB\n", rounds, (unsigned)((size_t)n * 4 / MIB));
+}
+
 static void bench(size_t mib) {
     size_t bytes = mib * MIB;
     CUdeviceptr p = 0, d = 0;
@@ -695,6 +727,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "fill") && argc > 2) fill(argv[2]);
     else if (!strcmp(argv[1], "hold") && argc > 3) hold(argv[2], strtoull(argv[3], NULL, 0));
     else if (!strcmp(argv[1], "bench") && argc > 2) bench(strtoull(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "delta")) delta();
     else return 2;
     return failures;
 }

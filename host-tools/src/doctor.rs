@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use serde_json::{Value, json};
-use vgpu_broker::config::{Config, DeviceKind, VmMode};
+use vgpu_config::{Config, DeviceKind, VmMode};
 
 use crate::api::Client;
 use crate::cli::{CliError, print_json};

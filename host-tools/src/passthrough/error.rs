@@ -130,7 +130,7 @@ pub enum PassthroughError {
     State(#[from] StateError),
     /// The vgpud config could not be loaded.
     #[error(transparent)]
-    Config(#[from] vgpu_broker::config::ConfigError),
+    Config(#[from] vgpu_config::ConfigError),
     /// The VFIO check failed.
     #[error(transparent)]
     Vfio(#[from] VfioCheckError),

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
-use vgpu_broker::config::{Config, DeviceKind, VmMode};
+use vgpu_config::{Config, DeviceKind, VmMode};
 
 use super::error::PassthroughError;
 use super::pci::{PciAddress, PciDevice, VFIO_PCI};

@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 use tracing::{info, warn};
-use vgpu_broker::config::{Config, DeviceKind, VmConfig, VmMode};
+use vgpu_config::{Config, DeviceKind, VmConfig, VmMode};
 
 /// NVIDIA's PCI vendor ID.
 pub const NVIDIA_VENDOR: u16 = 0x10de;

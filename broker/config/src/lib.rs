@@ -2036,7 +2036,7 @@ guest_cid = 3
 
     #[test]
     fn the_example_config_in_the_repository_is_valid() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/vgpud.toml");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vgpud.toml");
         let c = Config::load(&path).unwrap();
         assert_eq!(c.vms.len(), 2);
         assert_eq!(c.devices[0].watchdog, Some(Duration::from_secs(30)));

@@ -23,10 +23,10 @@ use serde::Serialize;
 use vgpu_config::{Config, DeviceKind, VmMode};
 
 use super::error::PassthroughError;
-use super::pci::{PciAddress, PciDevice, VFIO_PCI};
-use super::procfs::{Holder, Procfs};
 use super::state::State;
 use crate::api::{ApiError, Client};
+use vgpu_pci::procfs::{Holder, Procfs};
+use vgpu_pci::{PciAddress, PciDevice, VFIO_PCI};
 
 /// The process name of the vgpu daemon.
 pub const VGPUD_COMM: &str = "vgpud";

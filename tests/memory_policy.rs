@@ -15,10 +15,10 @@ use std::sync::Arc;
 use admin_support::{Admin, DIR, MIB, admin_table, run};
 use serde_json::Value;
 use vgpu_broker::Broker;
-use vgpu_broker::config::{Overcommit, Overflow, VmMemory};
 use vgpu_broker::device::{Device, Residence};
 use vgpu_broker::memory::movable;
 use vgpu_broker::testutils::vm;
+use vgpu_config::{Overcommit, Overflow, VmMemory};
 use vgpu_sim::{SimConfig, SimDevice};
 use vgpu_tests::harness::{artifacts, build_c_program};
 

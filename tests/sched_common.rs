@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use vgpu_broker::Broker;
-use vgpu_broker::config::Config;
+use vgpu_config::Config;
 use vgpu_tests::harness::{build_c_program, workspace_root};
 use vgpud::Daemon;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{GRID, Host, Vm, calibrate, collect, serial, sleep_until, unix_ns, wait_busy};
 use vgpu_broker::VmUpdate;
-use vgpu_broker::config::Policy;
+use vgpu_config::Policy;
 
 const KERNEL: Duration = Duration::from_millis(8);
 const SEC: u64 = 1_000_000_000;
@@ -187,7 +187,7 @@ fn weight_and_priority_changes_apply_live() {
         .update_vm(
             "a",
             &VmUpdate {
-                priority: Some(vgpu_broker::config::Priority::Batch),
+                priority: Some(vgpu_config::Priority::Batch),
                 ..VmUpdate::default()
             },
         )

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use vgpu_broker::config::Config;
+use vgpu_config::Config;
 use vgpu_proto::cuda;
 use vgpu_proto::frame::{FLAG_ASYNC, HEADER_LEN, Header};
 use vgpu_proto::msg::{self, Message, Op};

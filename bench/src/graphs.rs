@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use cuda::client::Client;
-use vgpu_broker::config::Config;
+use vgpu_config::Config;
 use vgpu_proto::graph::push_op;
 use vgpu_proto::msg;
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};

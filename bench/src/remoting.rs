@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Instant, SystemTime};
 
-use vgpu_broker::config::Config;
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
+use vgpu_config::Config;
 use vgpu_proto::msg::{self, Request};
 use vgpud::Daemon;
 

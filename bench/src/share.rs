@@ -25,8 +25,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vgpu_broker::config::{Config, Policy};
 use vgpu_broker::tenant::Tenant;
+use vgpu_config::{Config, Policy};
 use vgpud::Daemon;
 
 use crate::stats::{median, percentile};

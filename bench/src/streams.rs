@@ -10,7 +10,7 @@
 use std::ffi::{CString, c_void};
 use std::time::{Duration, Instant};
 
-use vgpu_broker::config::Config;
+use vgpu_config::Config;
 use vgpud::Daemon;
 
 use crate::stats::median;

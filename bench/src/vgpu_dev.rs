@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use cuda::client::Client;
 use std::collections::VecDeque;
-use vgpu_broker::config::Config;
+use vgpu_config::Config;
 use vgpu_hugemem::HugeMapping;
 use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;

@@ -20,9 +20,9 @@ use std::time::{Instant, SystemTime};
 
 use cuda::client::Client;
 use std::collections::VecDeque;
-use vgpu_broker::config::Config;
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
+use vgpu_config::Config;
 use vgpu_proto::msg::{self, Request};
 use vgpu_vhost_vgpu::wire::{MAX_BATCH_FRAMES, S_OK};
 use vgpu_vmm_testutils::vgpu::{DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, Pending};

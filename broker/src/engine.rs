@@ -49,7 +49,8 @@ use vgpu_proto::cuda;
 
 use crate::device::{DeviceContext, DeviceError, RunControl};
 use crate::error::CuError;
-use crate::limits::{Budget, LimitUse, QUEUE_ROOM_POLL};
+use crate::limits::{LimitUse, QUEUE_ROOM_POLL};
+use vgpu_config::limits::Budget;
 
 /// Most jobs queued per session (all lanes) before the submitter waits.
 pub const MAX_QUEUED_JOBS: usize = 4096;

@@ -298,7 +298,8 @@ mod tests {
     fn a_budgeted_table_charges_live_handles_and_returns_them() {
         use std::sync::Arc;
 
-        use crate::limits::{Budget, LimitUse, VmLimits};
+        use crate::limits::LimitUse;
+        use vgpu_config::limits::{Budget, VmLimits};
 
         let vm = Arc::new(LimitUse::new(VmLimits {
             streams: 3,

@@ -7,7 +7,6 @@
 //! simulated GPU or a real one — through the transport-independent session
 //! loop in [`server`].
 
-pub mod config;
 pub mod device;
 pub mod devio;
 pub mod engine;
@@ -19,7 +18,6 @@ pub mod memory;
 pub mod scheduler;
 pub mod session;
 pub mod session_loop;
-pub mod size;
 pub mod tenant;
 #[doc(hidden)]
 pub mod testutils;
@@ -31,13 +29,13 @@ use std::sync::{Arc, RwLock};
 
 use thiserror::Error;
 
-use crate::config::{
-    MAX_BATCH_MIN_SHARE, MAX_SLICE, MAX_WEIGHT, MIN_SLICE, Priority, SchedulingConfig, VmConfig,
-};
 use crate::device::Device;
 use crate::memory::placement::{DevicePlacement, HostBudget};
 use crate::scheduler::{Clock, LocalClock, Scheduler};
 use crate::tenant::Tenant;
+use vgpu_config::{
+    MAX_BATCH_MIN_SHARE, MAX_SLICE, MAX_WEIGHT, MIN_SLICE, Priority, SchedulingConfig, VmConfig,
+};
 
 pub use error::CuError;
 
@@ -63,9 +61,9 @@ pub struct VmUpdate {
     /// New scheduling class.
     pub priority: Option<Priority>,
     /// New budgets (sessions, connections, modules).
-    pub limits: Option<limits::VmLimits>,
+    pub limits: Option<vgpu_config::limits::VmLimits>,
     /// New reservation and overflow settings.
-    pub memory_policy: Option<config::VmMemory>,
+    pub memory_policy: Option<vgpu_config::VmMemory>,
 }
 
 /// Why a broker operation was refused.
@@ -136,7 +134,7 @@ impl Broker {
             })
             .collect();
         let host_budget = Arc::new(HostBudget::new(
-            config::memory::default_host_overflow_budget(),
+            vgpu_config::memory::default_host_overflow_budget(),
         ));
         let placements = devices
             .iter()
@@ -185,7 +183,11 @@ impl Broker {
 
     /// Sets how far the slices on `device` may add up past its memory; refused (naming
     /// `overcommit`) when the VMs' slices do not fit.
-    pub fn set_overcommit(&self, device: &str, oc: config::Overcommit) -> Result<(), BrokerError> {
+    pub fn set_overcommit(
+        &self,
+        device: &str,
+        oc: vgpu_config::Overcommit,
+    ) -> Result<(), BrokerError> {
         self.placement(device)
             .ok_or_else(|| BrokerError::NoSuchDevice(device.to_string()))?
             .set_overcommit(oc)

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::CuError;
-use crate::size::Human;
+use vgpu_config::size::Human;
 
 /// A tenant's memory slice: limit and bytes charged.
 #[derive(Debug)]

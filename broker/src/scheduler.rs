@@ -59,8 +59,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info};
 
-use crate::config::{Policy, Priority, SchedulingConfig, TimeOfDay, VmConfig, WeightWindow};
 use crate::device::{RunControl, Signal};
+use vgpu_config::{Policy, Priority, SchedulingConfig, TimeOfDay, VmConfig, WeightWindow};
 
 /// A tenant's id in its device's scheduler.
 pub type TenantId = u64;
@@ -2224,7 +2224,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DEFAULT_SLICE;
+    use vgpu_config::DEFAULT_SLICE;
 
     const US: Nanos = 1_000;
     const MS: Nanos = 1_000_000;

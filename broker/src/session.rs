@@ -21,10 +21,11 @@ use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
-use crate::limits::{Budget, HandleBudget};
+use crate::limits::HandleBudget;
 use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
 use crate::tenant::{SessionInfo, Tenant};
+use vgpu_config::limits::Budget;
 
 mod alloc_ext;
 mod graph;

@@ -256,7 +256,9 @@ pub fn accept_hello(
     }
     let allowed = tenant.limits.limits().sessions;
     if tenant.sessions().len() >= allowed as usize {
-        tenant.limits.note_refused(crate::limits::Budget::Sessions);
+        tenant
+            .limits
+            .note_refused(vgpu_config::limits::Budget::Sessions);
         return Err(CuError::new(
             cuda::CUDA_ERROR_DEVICE_UNAVAILABLE,
             format!(
@@ -965,7 +967,7 @@ mod tests {
         assert_eq!(b.device("gpu0").unwrap().memory_used(), 0);
     }
 
-    fn set_limits(b: &Broker, tenant: &str, f: impl FnOnce(&mut crate::limits::VmLimits)) {
+    fn set_limits(b: &Broker, tenant: &str, f: impl FnOnce(&mut vgpu_config::limits::VmLimits)) {
         let t = b.tenant(tenant).unwrap();
         let mut l = t.limits.limits();
         f(&mut l);
@@ -989,7 +991,7 @@ mod tests {
             .map(|r| r.0.handle)
     }
 
-    fn wait_budget(b: &Broker, tenant: &str, budget: crate::limits::Budget, want: u64) {
+    fn wait_budget(b: &Broker, tenant: &str, budget: vgpu_config::limits::Budget, want: u64) {
         let t = b.tenant(tenant).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while t.limits.used(budget) != want {
@@ -1005,7 +1007,7 @@ mod tests {
 
     #[test]
     fn stream_event_and_handle_budgets_are_the_vms_and_come_back() {
-        use crate::limits::Budget;
+        use vgpu_config::limits::Budget;
         let b = broker(Duration::ZERO);
         set_limits(&b, "vm1", |l| {
             l.streams = 3;
@@ -1098,7 +1100,7 @@ mod tests {
 
     #[test]
     fn queued_copies_wait_for_room_in_the_vms_budget_and_complete() {
-        use crate::limits::Budget;
+        use vgpu_config::limits::Budget;
         const SESSIONS: usize = 3;
         const COPIES: usize = 12;
         const BUDGET: u64 = 4 * MIB;

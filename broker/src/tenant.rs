@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use crate::config::{Priority, VmConfig};
 use crate::device::{Device, DeviceContext, DeviceError};
 use crate::memory::MemorySlice;
 use crate::memory::placement::TenantMemory;
 use crate::scheduler::{KernelTicket, SchedStats, Scheduler, TenantId};
+use vgpu_config::{Priority, VmConfig};
 
 /// Mutable scheduling settings of a tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

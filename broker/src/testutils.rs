@@ -10,8 +10,8 @@ use std::time::Duration;
 use vgpu_proto::frame::{self, FLAG_ASYNC};
 use vgpu_proto::msg::{self, Op};
 
-use crate::config::{Priority, VmConfig};
 use crate::device::{Device, DeviceContext, DeviceError, DeviceInfo};
+use vgpu_config::{Priority, VmConfig};
 
 /// Base address of the in-memory device's allocations.
 pub const MEM_DEVICE_BASE: u64 = 0x7000_0000_0000;
@@ -153,14 +153,14 @@ pub fn vm(name: &str, memory: u64) -> VmConfig {
         vhost_user_socket: None,
         guest_cid: None,
         vsock_uds_path: None,
-        device_model: crate::config::DeviceModel::Vsock,
+        device_model: vgpu_config::DeviceModel::Vsock,
         schedule: Vec::new(),
-        mode: crate::config::VmMode::Shared,
+        mode: vgpu_config::VmMode::Shared,
         profile: None,
         socket_owner: None,
-        tuning: crate::config::VmTuning::default(),
-        limits: crate::limits::VmLimits::default(),
-        memory_policy: crate::config::VmMemory::default(),
+        tuning: vgpu_config::VmTuning::default(),
+        limits: vgpu_config::limits::VmLimits::default(),
+        memory_policy: vgpu_config::VmMemory::default(),
     }
 }
 

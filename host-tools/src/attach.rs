@@ -18,7 +18,7 @@
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 
-use vgpu_broker::config::{
+use vgpu_config::{
     QEMU_VGPU_DEVICE_ID, VGPU_CONFIG_SIZE, VGPU_QUEUE_SIZE, VGPU_QUEUES, qemu_presents_device_id,
 };
 
@@ -95,7 +95,7 @@ impl VmTransport {
                 c["vgpu_device_id"]
                     .as_u64()
                     .and_then(|v| u16::try_from(v).ok())
-                    .unwrap_or(vgpu_broker::config::DEFAULT_VGPU_DEVICE_ID)
+                    .unwrap_or(vgpu_config::DEFAULT_VGPU_DEVICE_ID)
             }),
         }
     }

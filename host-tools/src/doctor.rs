@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use serde_json::{Value, json};
-use vgpu_broker::config::{Config, DeviceKind, VmMode};
+use vgpu_config::{Config, DeviceKind, VmMode};
 
 use crate::api::Client;
 use crate::cli::{CliError, print_json};
@@ -334,7 +334,7 @@ pub fn qemu_checks(qemu: Option<&Path>) -> Vec<Check> {
 
 /// IOMMU groups and VFIO (passthrough VMs only).
 pub fn iommu_checks(sysfs: &Path, devfs: &Path) -> Vec<Check> {
-    let groups = std::fs::read_dir(sysfs.join("kernel/iommu_groups"))
+    let groups = std::fs::read_dir(sysfs.join(vgpu_pci::sysfs::IOMMU_GROUPS))
         .map(|d| d.count())
         .unwrap_or(0);
     let iommu = if groups > 0 {
@@ -348,8 +348,10 @@ pub fn iommu_checks(sysfs: &Path, devfs: &Path) -> Vec<Check> {
         )
     };
     let vfio_dev = devfs.join("vfio/vfio").exists();
-    let vfio_pci =
-        sysfs.join("bus/pci/drivers/vfio-pci").exists() || sysfs.join("module/vfio_pci").exists();
+    let vfio_pci = sysfs
+        .join(vgpu_pci::sysfs::driver_dir(vgpu_pci::VFIO_PCI))
+        .exists()
+        || sysfs.join("module/vfio_pci").exists();
     let vfio = match (vfio_dev, vfio_pci) {
         (true, true) => pass("vfio", "/dev/vfio/vfio and the vfio-pci driver are present"),
         (true, false) => check(

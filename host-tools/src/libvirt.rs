@@ -48,11 +48,11 @@ pub fn attachment(vm: &VmTransport) -> Result<Attachment, String> {
         ));
     };
     let model = match vm.vgpu_device_id {
-        Some(id) if !vgpu_broker::config::qemu_presents_device_id(id) => {
+        Some(id) if !vgpu_config::qemu_presents_device_id(id) => {
             return Err(format!(
                 "VM {} uses virtio device ID {id}, which QEMU cannot present: set vgpu_device_id = {} in its [[vm]] entry",
                 vm.name,
-                vgpu_broker::config::QEMU_VGPU_DEVICE_ID
+                vgpu_config::QEMU_VGPU_DEVICE_ID
             ));
         }
         Some(device_id) => Model::Vgpu { device_id },

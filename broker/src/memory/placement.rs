@@ -36,10 +36,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use crate::config::{Overcommit, Overflow, VmMemory};
 use crate::device::{DeviceContext, Residence};
 use crate::error::CuError;
-use crate::size::Human;
+use vgpu_config::size::Human;
+use vgpu_config::{Overcommit, Overflow, VmMemory};
 
 /// How often the promotion thread looks for room even without a wake-up.
 pub const REBALANCE_INTERVAL: Duration = Duration::from_millis(200);
@@ -161,7 +161,7 @@ impl Ledger {
         change: Option<(u64, u64, u64)>,
         extra: Option<(&str, u64, u64)>,
     ) -> Result<(), String> {
-        let mut vms: Vec<crate::config::memory::SliceOf<'_>> = self
+        let mut vms: Vec<vgpu_config::memory::SliceOf<'_>> = self
             .tenants
             .iter()
             .map(|(id, t)| {
@@ -169,7 +169,7 @@ impl Ledger {
                     Some((cid, s, r)) if cid == *id => (s, r),
                     _ => (t.slice, t.policy.reserved),
                 };
-                crate::config::memory::SliceOf {
+                vgpu_config::memory::SliceOf {
                     name: &t.name,
                     memory: slice,
                     reserved,
@@ -177,15 +177,15 @@ impl Ledger {
             })
             .collect();
         if let Some((name, memory, reserved)) = extra {
-            vms.push(crate::config::memory::SliceOf {
+            vms.push(vgpu_config::memory::SliceOf {
                 name,
                 memory,
                 reserved,
             });
         }
         // Without an overcommit (a broker nobody configured) only reservations are checked.
-        let oc = overcommit.unwrap_or(crate::config::memory::UNCHECKED_OVERCOMMIT);
-        crate::config::memory::check_device_fit(device, total, oc, &vms).map_err(|e| e.message)
+        let oc = overcommit.unwrap_or(vgpu_config::memory::UNCHECKED_OVERCOMMIT);
+        vgpu_config::memory::check_device_fit(device, total, oc, &vms).map_err(|e| e.message)
     }
 }
 

@@ -17,7 +17,8 @@ use vgpu_proto::msg::{self, Request};
 use super::{ACCESS_READWRITE, Session, reply};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
-use crate::limits::{Budget, HandleBudget, LimitUse};
+use crate::limits::{HandleBudget, LimitUse};
+use vgpu_config::limits::Budget;
 
 /// Most executable graphs one session may hold.
 pub const MAX_GRAPH_EXECS: usize = 4096;

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use vgpu_broker::config::{DeviceConfig, DeviceKind};
 use vgpu_broker::device::{Device, DeviceContext, DeviceError, DeviceInfo};
+use vgpu_config::{DeviceConfig, DeviceKind};
 use vgpu_proto::cuda::attr;
 
 pub use context::{ALLOC_GRANULARITY, CudaContext, KernelTimes};

@@ -4,11 +4,11 @@ use serde_json::json;
 
 use super::checks::{self, describe};
 use super::error::PassthroughError;
-use super::pci::{PciAddress, PciDevice, VFIO_PCI};
 use super::rollback::{Action, Step, execute};
 use super::state::{Binding, now_secs};
-use super::sysfs::driver_dir;
 use super::{Host, Report};
+use vgpu_pci::sysfs::driver_dir;
+use vgpu_pci::{PciAddress, PciDevice, VFIO_PCI};
 
 /// The steps that move `d` to vfio-pci, each with its undo.
 fn bind_steps(d: &PciDevice) -> Vec<Step> {

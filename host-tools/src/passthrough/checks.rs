@@ -1,8 +1,8 @@
 //! Preconditions shared by the commands.
 
 use super::error::PassthroughError;
-use super::pci::{PciAddress, PciDevice, VFIO_PCI, group_members, iommu_enabled};
-use super::sysfs::{Sysfs, driver_dir};
+use vgpu_pci::sysfs::{Sysfs, driver_dir};
+use vgpu_pci::{PciAddress, PciDevice, VFIO_PCI, group_members, iommu_enabled};
 
 /// The NVIDIA GPU (physical or virtual function) at `a`.
 pub fn nvidia_gpu(s: &dyn Sysfs, a: PciAddress) -> Result<PciDevice, PassthroughError> {

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-use super::pci::{PciAddress, PciError};
 use super::state::StateError;
 use super::vfio::VfioCheckError;
+use vgpu_pci::{PciAddress, PciError};
 
 /// Exit code of a refusal or a failure that left the host as it was.
 pub const EXIT_FAILED: u8 = 1;
@@ -130,7 +130,7 @@ pub enum PassthroughError {
     State(#[from] StateError),
     /// The vgpud config could not be loaded.
     #[error(transparent)]
-    Config(#[from] vgpu_broker::config::ConfigError),
+    Config(#[from] vgpu_config::ConfigError),
     /// The VFIO check failed.
     #[error(transparent)]
     Vfio(#[from] VfioCheckError),

@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 
 use super::checks::describe;
 use super::error::PassthroughError;
-use super::pci::{PciDevice, group_members, iommu_enabled, nvidia_gpus};
 use super::{Host, Report};
+use vgpu_pci::{PciDevice, group_members, iommu_enabled, nvidia_gpus};
 
 fn peers(h: &Host<'_>, d: &PciDevice) -> Vec<PciDevice> {
     let Some(g) = d.iommu_group else {
@@ -37,7 +37,7 @@ pub fn list(h: &Host<'_>) -> Result<Report, PassthroughError> {
         notes.push(format!(
             "no NVIDIA GPU under {}",
             h.sysfs
-                .path(std::path::Path::new(super::sysfs::PCI_DEVICES))
+                .path(std::path::Path::new(vgpu_pci::sysfs::PCI_DEVICES))
                 .display()
         ));
     }

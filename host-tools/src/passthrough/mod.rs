@@ -1,9 +1,10 @@
 //! `vgpuctl passthrough`: prepares, verifies and tracks VFIO assignments of
 //! whole GPUs and SR-IOV virtual functions (see docs/passthrough.md).
 //!
-//! - [`sysfs`]: the [`Sysfs`](sysfs::Sysfs) seam, rooted at `--sysfs-root`;
-//! - [`pci`]: PCI devices, IOMMU groups and SR-IOV functions as sysfs shows them;
-//! - [`procfs`]: the NVIDIA driver's GPU information and open device nodes;
+//! The host is read through the `vgpu-pci` crate (`host-tools/pci/`, shared with
+//! vgpud): its `Sysfs` seam rooted at `--sysfs-root`, PCI devices, IOMMU groups
+//! and SR-IOV functions, and procfs (the NVIDIA driver's GPUs, open device nodes).
+//!
 //! - [`usage`]: whether a GPU is free, shared by vgpud or assigned;
 //! - [`rollback`]: sysfs changes as steps that undo themselves on failure;
 //! - [`state`]: the state file recording the drivers devices had;
@@ -15,12 +16,9 @@ pub mod bind;
 pub mod checks;
 pub mod error;
 pub mod list;
-pub mod pci;
-pub mod procfs;
 pub mod rollback;
 pub mod sriov;
 pub mod state;
-pub mod sysfs;
 pub mod testutils;
 pub mod usage;
 pub mod verify;
@@ -33,12 +31,12 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 
 pub use error::PassthroughError;
-use pci::PciAddress;
-use procfs::Procfs;
 use state::{DEFAULT_STATE_DIR, StateStore};
-use sysfs::{RealSysfs, Sysfs};
 use usage::UsageContext;
 use verify::Vmm;
+use vgpu_pci::PciAddress;
+use vgpu_pci::procfs::Procfs;
+use vgpu_pci::sysfs::{RealSysfs, Sysfs};
 
 /// The host's sysfs.
 pub const DEFAULT_SYSFS: &str = "/sys";

@@ -12,8 +12,8 @@
 use std::path::Path;
 
 use super::error::{PassthroughError, write_hint};
-use super::pci::{PciAddress, PciDevice};
-use super::sysfs::{NO_OVERRIDE, PCI_DRIVERS_PROBE, Sysfs, attr, driver_dir};
+use vgpu_pci::sysfs::{NO_OVERRIDE, PCI_DRIVERS_PROBE, Sysfs, attr, driver_dir};
+use vgpu_pci::{PciAddress, PciDevice};
 
 /// One idempotent change to sysfs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,7 +283,7 @@ impl Action {
                 let rel = pf.sysfs_dir().join("sriov_drivers_autoprobe");
                 let read = |s: &dyn Sysfs| {
                     attr(s, &rel).map_err(|source| {
-                        PassthroughError::Pci(super::pci::PciError::Read {
+                        PassthroughError::Pci(vgpu_pci::PciError::Read {
                             path: s.path(&rel),
                             source,
                         })

@@ -4,10 +4,10 @@ use serde_json::json;
 
 use super::checks;
 use super::error::PassthroughError;
-use super::pci::{PciAddress, PciDevice, Sriov, VFIO_PCI};
 use super::rollback::{Action, Step, execute};
-use super::sysfs::attr;
 use super::{Host, Report};
+use vgpu_pci::sysfs::attr;
+use vgpu_pci::{PciAddress, PciDevice, Sriov, VFIO_PCI};
 
 /// The physical function at `a`, with its SR-IOV capability.
 fn physical_function(h: &Host<'_>, a: PciAddress) -> Result<(PciDevice, Sriov), PassthroughError> {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::pci::PciAddress;
+use vgpu_pci::PciAddress;
 
 /// Default directory of the state file.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/vgpu";

@@ -22,13 +22,13 @@ use std::sync::Mutex;
 
 use clap::Parser;
 
-use super::pci::{PciAddress, VFIO_PCI};
-use super::procfs::NVIDIA_GPUS;
-use super::sysfs::{
+use super::{Host, PassthroughArgs, PassthroughError, Report, execute};
+use vgpu_pci::procfs::NVIDIA_GPUS;
+use vgpu_pci::sysfs::{
     IOMMU_CLASS, IOMMU_GROUPS, NO_OVERRIDE, PCI_DEVICES, PCI_DRIVERS, PCI_DRIVERS_PROBE, RealSysfs,
     Sysfs,
 };
-use super::{Host, PassthroughArgs, PassthroughError, Report, execute};
+use vgpu_pci::{PciAddress, VFIO_PCI};
 
 /// The data-center GPU of [`FakeHost::datacenter`]: SR-IOV capable, bound to nvidia.
 pub const A100: &str = "0000:3b:00.0";

@@ -20,13 +20,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
-use vgpu_broker::config::{Config, DeviceKind, VmMode};
+use vgpu_config::{Config, DeviceKind, VmMode};
 
 use super::error::PassthroughError;
-use super::pci::{PciAddress, PciDevice, VFIO_PCI};
-use super::procfs::{Holder, Procfs};
 use super::state::State;
 use crate::api::{ApiError, Client};
+use vgpu_pci::procfs::{Holder, Procfs};
+use vgpu_pci::{PciAddress, PciDevice, VFIO_PCI};
 
 /// The process name of the vgpu daemon.
 pub const VGPUD_COMM: &str = "vgpud";

@@ -6,8 +6,8 @@ use serde_json::json;
 
 use super::checks::{self, describe};
 use super::error::PassthroughError;
-use super::pci::{PciAddress, PciDevice, VFIO_PCI, group_type};
 use super::{Host, Report, vfio};
+use vgpu_pci::{PciAddress, PciDevice, VFIO_PCI, group_type};
 
 /// Size of the 64-bit MMIO window OVMF reserves by default, in MiB.
 pub const OVMF_DEFAULT_MMIO64_MIB: u64 = 32 << 10;
@@ -121,7 +121,7 @@ pub fn verify(h: &Host<'_>, a: PciAddress) -> Result<Report, PassthroughError> {
 
 /// Total size of the device's BARs, from its `resource` file.
 fn bar_total(h: &Host<'_>, a: PciAddress) -> u64 {
-    let Ok(Some(text)) = super::sysfs::attr(h.sysfs, &a.sysfs_dir().join("resource")) else {
+    let Ok(Some(text)) = vgpu_pci::sysfs::attr(h.sysfs, &a.sysfs_dir().join("resource")) else {
         return 0;
     };
     text.lines()

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde_json::json;
 use vgpu_host_tools::passthrough::PassthroughError;
-use vgpu_host_tools::passthrough::sysfs::Sysfs;
 use vgpu_host_tools::passthrough::testutils::{A100, A100_VF0, FakeHost, L4, RTX, diff};
+use vgpu_pci::sysfs::Sysfs;
 
 fn host() -> (tempfile::TempDir, FakeHost) {
     let d = tempfile::tempdir().unwrap();

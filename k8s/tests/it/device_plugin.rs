@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::Kubelet;
 use tokio_stream::StreamExt;
-use vgpu_broker::config::Config;
+use vgpu_config::Config;
 use vgpu_k8s::admin::AdminClient;
 use vgpu_k8s::api::deviceplugin as dp;
 use vgpu_k8s::plugin::{self, PluginConfig};

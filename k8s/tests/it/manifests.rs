@@ -118,7 +118,7 @@ fn the_daemonset_runs_the_plugin_with_the_paths_the_kubelet_uses() {
     // The admin socket the plugin asks for is the one vgpud's config opens.
     let cm = &documents("configmap.yaml")[0];
     let toml = cm["data"]["vgpud.toml"].as_str().unwrap();
-    let config = vgpu_broker::config::Config::parse(std::path::Path::new("vgpud.toml"), toml)
+    let config = vgpu_config::Config::parse(std::path::Path::new("vgpud.toml"), toml)
         .expect("the ConfigMap's vgpud.toml is valid");
     assert_eq!(
         config.admin.socket.as_deref().and_then(|p| p.to_str()),

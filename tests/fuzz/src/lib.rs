@@ -78,7 +78,7 @@ pub fn fatbin(data: &[u8]) {
 /// A config file (the operator's, but parsed with the same care).
 pub fn config(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = vgpu_broker::config::Config::parse(Path::new("fuzz.toml"), text);
+        let _ = vgpu_config::Config::parse(Path::new("fuzz.toml"), text);
     }
 }
 

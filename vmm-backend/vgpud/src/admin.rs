@@ -83,7 +83,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
     let vm_cfg = rt.vm_config(&t.name);
     let config = vm_cfg
         .as_ref()
-        .map(|c| serde_json::to_value(crate::reload::vm_table(c)).unwrap_or(Value::Null));
+        .map(|c| serde_json::to_value(vgpu_config::reload::vm_table(c)).unwrap_or(Value::Null));
     let sst = t.sched_stats();
     let tuning = vm_cfg.as_ref().map(|c| {
         let tu = &c.tuning;
@@ -92,7 +92,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
             "baseline_weight": sst.baseline_weight,
             "adjust": sst.weight_adjust,
             "weight_min": tu.weight_min.unwrap_or(1),
-            "weight_max": tu.weight_max.unwrap_or_else(|| c.weight.saturating_mul(4).min(vgpu_broker::config::MAX_WEIGHT)),
+            "weight_max": tu.weight_max.unwrap_or_else(|| c.weight.saturating_mul(4).min(vgpu_config::MAX_WEIGHT)),
             "target_wait_p99_s": tu.target_wait_p99.map(|d| d.as_secs_f64()),
             "min_share": tu.min_share,
             "last_change": rt.tuner().last_change(&t.name),
@@ -132,7 +132,7 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
 /// A VM's budgets and what its sessions hold against them, by config key
 /// (`connections` has no `used`: the session hub counts them).
 fn limits_json(t: &Tenant) -> Value {
-    use vgpu_broker::limits::Budget;
+    use vgpu_config::limits::Budget;
     let l = t.limits.limits();
     let mut out = serde_json::Map::new();
     for b in Budget::ALL {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::json;
 use tracing::info;
 use vgpu_broker::Broker;
-use vgpu_broker::config::Config;
+use vgpu_config::Config;
 
 use crate::admin::AdminServer;
 use crate::audit::{Actor, Durability};

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use thiserror::Error;
 use tracing::{error, info, warn};
-use vgpu_broker::config::{Config, DeviceKind, DeviceModel, VmConfig, VmMode};
 use vgpu_broker::device::Device;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, BrokerError, VmUpdate};
+use vgpu_config::reload::{self, Change, ChangeError};
+use vgpu_config::{Config, DeviceKind, DeviceModel, VmConfig, VmMode};
 use vgpu_seccomp::ThreadKind;
 use vgpu_sim::{SimConfig, SimDevice};
 use vgpu_vhost_vgpu::{self as vgpu_dev, VgpuDevConfig, VgpuDevServer, VgpuDevStats};
@@ -24,7 +25,6 @@ use crate::audit::{Actor, AuditError, AuditLog, Durability};
 use crate::gpu_port::GpuPortConnector;
 use crate::inventory::Inventory;
 use crate::listener::{Listener, ListenerError};
-use crate::reload::{self, Change, ChangeError};
 use crate::session_hub::{EndReason, SessionHub};
 use crate::vgpu_service::BrokerService;
 
@@ -831,7 +831,7 @@ impl Runtime {
                 OpError::new(OpErrorKind::Invalid, "policy must be \"fair\" or \"fixed\"")
             })?;
             candidate.devices[i].scheduling.policy =
-                vgpu_broker::config::Policy::parse(s).ok_or_else(|| {
+                vgpu_config::Policy::parse(s).ok_or_else(|| {
                     OpError::new(
                         OpErrorKind::Invalid,
                         format!("unknown policy `{s}`: use \"fair\" (weighted, work-conserving) or \"fixed\" (hard caps)"),
@@ -1100,7 +1100,7 @@ impl Runtime {
     fn reload_scheduling(
         &self,
         device: &str,
-        s: vgpu_broker::config::SchedulingConfig,
+        s: vgpu_config::SchedulingConfig,
     ) -> Result<(), OpError> {
         self.broker
             .set_scheduling(device, s)
@@ -1119,7 +1119,7 @@ impl Runtime {
 }
 
 /// The JSON form of a device's scheduling settings.
-pub fn scheduling_json(s: &vgpu_broker::config::SchedulingConfig) -> Value {
+pub fn scheduling_json(s: &vgpu_config::SchedulingConfig) -> Value {
     json!({
         "policy": s.policy.as_str(),
         "slice_ms": s.slice.as_millis() as u64,

@@ -220,14 +220,11 @@ impl Inventory {
 
 /// NVML's bus id (`00000000:3B:00.0`) as sysfs writes it (`0000:3b:00.0`).
 pub fn sysfs_address(bus_id: &str) -> Option<String> {
-    let (domain, rest) = bus_id.trim().split_once(':')?;
-    let domain = u32::from_str_radix(domain, 16).ok()?;
-    let (bus, devfn) = rest.split_once(':')?;
-    let (dev, func) = devfn.split_once('.')?;
-    let bus = u8::from_str_radix(bus, 16).ok()?;
-    let dev = u8::from_str_radix(dev, 16).ok()?;
-    let func = func.parse::<u8>().ok()?;
-    Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func}"))
+    bus_id
+        .trim()
+        .parse::<vgpu_pci::PciAddress>()
+        .ok()
+        .map(|a| a.to_string())
 }
 
 /// SR-IOV virtual functions (enabled, supported) of a PCI device.

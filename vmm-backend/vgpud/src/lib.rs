@@ -10,12 +10,12 @@
 //! - [`metrics`]: the Prometheus text endpoint;
 //! - [`http`]: the HTTP/1.1 layer both share;
 //! - [`audit`]: the append-only JSON-lines audit log;
-//! - [`reload`]: live changes checked with the config file's rules;
 //! - [`inventory`]: the host's real GPUs through NVML;
 //! - [`usage`]: compute usage of VMs and devices;
 //! - [`gpu_port`]: serves the GPU port of each VM's vsock device in-process;
 //! - [`vgpu_service`]: the broker behind each VM's virtio-vgpu device.
 //!
+//! The config file, its rendering and the reload diff are `vgpu-config` (`broker/config`).
 //! The vhost-user devices are crates of their own, composed here: `vgpu-vhost-vsock`
 //! (`vmm-backend/vhost-vsock`), `vgpu-vhost-vgpu` (`vmm-backend/vhost-vgpu`), sharing
 //! `vgpu-vhost-user` (`vmm-backend/vhost-user`).
@@ -30,7 +30,6 @@ pub mod inventory;
 pub mod listener;
 pub mod metrics;
 pub mod passthrough;
-pub mod reload;
 pub mod session_hub;
 pub mod tuning;
 pub mod usage;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use tracing_subscriber::EnvFilter;
-use vgpu_broker::config::{Config, DeviceKind};
+use vgpu_config::{Config, DeviceKind};
 use vgpud::Daemon;
 use vgpud::audit::Actor;
 

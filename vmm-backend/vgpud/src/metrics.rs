@@ -440,7 +440,7 @@ pub fn render(rt: &Runtime) -> String {
             );
         }
         {
-            use vgpu_broker::limits::Budget;
+            use vgpu_config::limits::Budget;
             let lim = t.limits.limits();
             for b in Budget::ALL {
                 let labels = [("vm", t.name.as_str()), ("budget", b.key())];

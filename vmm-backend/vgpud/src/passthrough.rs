@@ -24,23 +24,16 @@
 //! device it knows its PCI address and calls
 //! [`PassthroughRegistry::check_shared_device`].
 
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 use tracing::{info, warn};
-use vgpu_broker::config::{Config, DeviceKind, VmConfig, VmMode};
-
-/// NVIDIA's PCI vendor ID.
-pub const NVIDIA_VENDOR: u16 = 0x10de;
-/// The driver that hands devices to VMs.
-pub const VFIO_PCI: &str = "vfio-pci";
-/// Where PCI devices are listed, relative to the sysfs root.
-const PCI_DEVICES: &str = "bus/pci/devices";
-/// Where the NVIDIA driver describes each GPU, relative to procfs.
-const NVIDIA_GPUS: &str = "driver/nvidia/gpus";
+use vgpu_config::{Config, DeviceKind, VmConfig, VmMode};
+use vgpu_pci::procfs::Procfs;
+use vgpu_pci::sysfs::RealSysfs;
+use vgpu_pci::{NVIDIA_VENDOR, PciAddress, PciError, PciLinks, VFIO_PCI};
 
 /// Roots of the host's sysfs and procfs (tests point them at fake trees).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,51 +155,20 @@ pub enum PassthroughError {
         /// Its VM.
         vm: String,
     },
-    /// sysfs could not be read.
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        /// What.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: io::Error,
-    },
+    /// sysfs could not be read (or holds what the kernel does not write).
+    #[error(transparent)]
+    Sysfs(#[from] PciError),
 }
 
 /// Normalizes a PCI address to `dddd:bb:dd.f` (lowercase; 8-digit domains
 /// as NVML writes them and domain-less `bb:dd.f` accepted).
 pub fn normalize_pci(s: &str) -> Result<String, PassthroughError> {
-    let bad = || PassthroughError::BadAddress(s.to_string());
-    let hex = |t: &str, max: usize| {
-        (!t.is_empty() && t.len() <= max && t.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| u32::from_str_radix(t, 16).ok())
-            .flatten()
-    };
-    let (rest, f) = s.rsplit_once('.').ok_or_else(bad)?;
-    let parts: Vec<&str> = rest.split(':').collect();
-    let (d, b, dev) = match parts.as_slice() {
-        [d, b, dev] => (hex(d, 8).ok_or_else(bad)?, *b, *dev),
-        [b, dev] => (0, *b, *dev),
-        _ => return Err(bad()),
-    };
-    let (b, dev, f) = (
-        hex(b, 2).ok_or_else(bad)?,
-        hex(dev, 2).ok_or_else(bad)?,
-        hex(f, 1).ok_or_else(bad)?,
-    );
-    if dev > 0x1f || f > 7 {
-        return Err(bad());
-    }
-    Ok(format!("{d:04x}:{b:02x}:{dev:02x}.{f:x}"))
+    parse_pci(s).map(|a| a.to_string())
 }
 
-/// What sysfs shows of a passthrough device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PciInfo {
-    vendor: u16,
-    driver: Option<String>,
-    group: Option<u32>,
-    physfn: Option<String>,
+fn parse_pci(s: &str) -> Result<PciAddress, PassthroughError> {
+    s.parse()
+        .map_err(|_| PassthroughError::BadAddress(s.to_string()))
 }
 
 /// A passthrough VM and its device.
@@ -244,17 +206,6 @@ pub struct AssignmentStatus {
 pub struct PassthroughRegistry {
     roots: HostRoots,
     assignments: Vec<Assignment>,
-}
-
-fn link_name(p: &Path) -> Result<Option<String>, PassthroughError> {
-    match std::fs::read_link(p) {
-        Ok(t) => Ok(t.file_name().map(|n| n.to_string_lossy().into_owned())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(PassthroughError::Read {
-            path: p.to_path_buf(),
-            source,
-        }),
-    }
 }
 
 impl PassthroughRegistry {
@@ -309,34 +260,9 @@ impl PassthroughRegistry {
             .map(|a| a.vm.as_str())
     }
 
-    fn read_info(&self, pci: &str) -> Result<Option<PciInfo>, PassthroughError> {
-        let dir = self.roots.sysfs.join(PCI_DEVICES).join(pci);
-        if !dir.exists() {
-            return Ok(None);
-        }
-        let path = dir.join("vendor");
-        let vendor = std::fs::read_to_string(&path)
-            .map_err(|source| PassthroughError::Read {
-                path: path.clone(),
-                source,
-            })
-            .and_then(|v| {
-                u16::from_str_radix(v.trim().trim_start_matches("0x"), 16).map_err(|_| {
-                    PassthroughError::Read {
-                        path: path.clone(),
-                        source: io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            format!("`{}`", v.trim()),
-                        ),
-                    }
-                })
-            })?;
-        Ok(Some(PciInfo {
-            vendor,
-            driver: link_name(&dir.join("driver"))?,
-            group: link_name(&dir.join("iommu_group"))?.and_then(|g| g.parse().ok()),
-            physfn: link_name(&dir.join("physfn"))?,
-        }))
+    fn read_info(&self, pci: &str) -> Result<Option<PciLinks>, PassthroughError> {
+        let sysfs = RealSysfs::new(&self.roots.sysfs);
+        Ok(PciLinks::read(&sysfs, parse_pci(pci)?)?)
     }
 
     /// Checks a VM before it is added (at load, or by the admin API): a
@@ -372,7 +298,7 @@ impl PassthroughRegistry {
             let Some(o) = self.read_info(&other.pci)? else {
                 continue;
             };
-            if let (Some(g), Some(og)) = (info.group, o.group)
+            if let (Some(g), Some(og)) = (info.iommu_group, o.iommu_group)
                 && g == og
             {
                 return Err(PassthroughError::SameGroup {
@@ -383,7 +309,7 @@ impl PassthroughRegistry {
                     group: g,
                 });
             }
-            if o.physfn.as_deref() == Some(pci.as_str()) {
+            if o.physfn.is_some_and(|p| p.to_string() == pci) {
                 return Err(PassthroughError::GpuAndVf {
                     vm_pf: vm.name.clone(),
                     pf: pci,
@@ -391,7 +317,7 @@ impl PassthroughRegistry {
                     vf: other.pci.clone(),
                 });
             }
-            if info.physfn.as_deref() == Some(other.pci.as_str()) {
+            if info.physfn.is_some_and(|p| p.to_string() == other.pci) {
                 return Err(PassthroughError::GpuAndVf {
                     vm_pf: other.vm.clone(),
                     pf: other.pci.clone(),
@@ -405,18 +331,9 @@ impl PassthroughRegistry {
 
     /// The PCI address the NVIDIA driver reports for a `GPU-…` UUID.
     fn address_of_uuid(&self, uuid: &str) -> Option<String> {
-        let rd = std::fs::read_dir(self.roots.procfs.join(NVIDIA_GPUS)).ok()?;
-        rd.filter_map(Result::ok).find_map(|e| {
-            let text = std::fs::read_to_string(e.path().join("information")).ok()?;
-            let found = text.lines().any(|l| {
-                l.split_once(':').is_some_and(|(k, v)| {
-                    k.trim() == "GPU UUID" && v.trim().eq_ignore_ascii_case(uuid)
-                })
-            });
-            found
-                .then(|| normalize_pci(e.file_name().to_str()?).ok())
-                .flatten()
-        })
+        Procfs::new(&self.roots.procfs)
+            .address_of_uuid(uuid)
+            .map(|a| a.to_string())
     }
 
     fn check_cuda_device(
@@ -467,11 +384,11 @@ impl PassthroughRegistry {
                 vm: a.vm.clone(),
             });
         }
-        let Some(group) = self.read_info(pci)?.and_then(|i| i.group) else {
+        let Some(group) = self.read_info(pci)?.and_then(|i| i.iommu_group) else {
             return Ok(());
         };
         for a in &self.assignments {
-            if self.read_info(&a.pci)?.and_then(|i| i.group) == Some(group) {
+            if self.read_info(&a.pci)?.and_then(|i| i.iommu_group) == Some(group) {
                 return Err(PassthroughError::SharedDeviceInGroup {
                     device: device.to_string(),
                     pci: pci.to_string(),
@@ -521,8 +438,8 @@ impl PassthroughRegistry {
                     pci: a.pci.clone(),
                     state,
                     driver: info.as_ref().and_then(|i| i.driver.clone()),
-                    iommu_group: info.as_ref().and_then(|i| i.group),
-                    physfn: info.and_then(|i| i.physfn),
+                    iommu_group: info.as_ref().and_then(|i| i.iommu_group),
+                    physfn: info.and_then(|i| i.physfn).map(|a| a.to_string()),
                     hint,
                 }
             })
@@ -539,6 +456,9 @@ impl PassthroughRegistry {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+    use std::path::Path;
+    use vgpu_pci::procfs::NVIDIA_GPUS;
+    use vgpu_pci::sysfs::PCI_DEVICES;
 
     /// A minimal host tree: devices with vendor, driver, group and physfn
     /// links laid out as the kernel lays them out.

@@ -121,7 +121,7 @@ impl SessionHub {
                     drop(live);
                     tenant
                         .limits
-                        .note_refused(vgpu_broker::limits::Budget::Connections);
+                        .note_refused(vgpu_config::limits::Budget::Connections);
                     let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
                     // Logged at 1, 2, 4, 8, … refusals: a flood cannot flood the log.
                     if refused.is_power_of_two() {

@@ -31,8 +31,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 use vgpu_broker::Broker;
-use vgpu_broker::config::{Config, MAX_WEIGHT, Policy, Priority, TuneMode, VmConfig, VmMode};
-use vgpu_broker::size::Human;
+use vgpu_config::size::Human;
+use vgpu_config::{Config, MAX_WEIGHT, Policy, Priority, TuneMode, VmConfig, VmMode};
 
 use crate::audit::Actor;
 use crate::usage::{device_usage, vm_usage};
@@ -806,7 +806,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
 
 /// A slice size as the config writes it, with a space ("8 GiB", "1536 MiB").
 fn size(b: u64) -> String {
-    let s = vgpu_broker::size::format_size(b);
+    let s = vgpu_config::size::format_size(b);
     match s.find(|c: char| c.is_ascii_alphabetic()) {
         Some(i) => format!("{} {}", &s[..i], &s[i..]),
         None => s,
@@ -841,10 +841,10 @@ mod tests {
     }
 
     use std::sync::atomic::{AtomicBool, Ordering};
-    use vgpu_broker::config::Config;
     use vgpu_broker::device::RunControl;
     use vgpu_broker::scheduler::Outcome;
     use vgpu_broker::tenant::Tenant;
+    use vgpu_config::Config;
 
     /// Runs "kernels" of `kernel` on `t` (sleeping in 100 us steps, stopping
     /// early at a yield request): `burst` launched at once every `period`

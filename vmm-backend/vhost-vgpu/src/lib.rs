@@ -51,15 +51,15 @@ pub use vgpu_vhost_user::StopHandle;
 /// The device ID when `vgpu_device_id` is not configured: the last one the virtio PCI transport
 /// can carry (PCI device ID 0x1040 + 63 = 0x107f), unassigned by the VIRTIO specification (whose
 /// IDs run from 1 into the forties).
-pub const DEFAULT_DEVICE_ID: u16 = vgpu_broker::config::DEFAULT_VGPU_DEVICE_ID;
+pub const DEFAULT_DEVICE_ID: u16 = vgpu_config::DEFAULT_VGPU_DEVICE_ID;
 /// The device ID to configure for QEMU, whose generic device presents only IDs it has a name for
-/// (`vgpu_broker::config::qemu_presents_device_id`); the guest module binds it besides
+/// (`vgpu_config::qemu_presents_device_id`); the guest module binds it besides
 /// [`DEFAULT_DEVICE_ID`], and only when the config space carries the vgpu magic.
-pub const QEMU_DEVICE_ID: u16 = vgpu_broker::config::QEMU_VGPU_DEVICE_ID;
+pub const QEMU_DEVICE_ID: u16 = vgpu_config::QEMU_VGPU_DEVICE_ID;
 /// Largest device ID a modern virtio PCI device can have (Linux binds 0x1040..=0x107f).
-pub const MAX_DEVICE_ID: u16 = vgpu_broker::config::MAX_VGPU_DEVICE_ID;
+pub const MAX_DEVICE_ID: u16 = vgpu_config::MAX_VGPU_DEVICE_ID;
 /// Default (and largest) virtqueue size: the most descriptors a request chain may use.
-pub const DEFAULT_QUEUE_SIZE: u16 = vgpu_broker::config::VGPU_QUEUE_SIZE;
+pub const DEFAULT_QUEUE_SIZE: u16 = vgpu_config::VGPU_QUEUE_SIZE;
 
 /// Why the device could not be served.
 #[derive(Debug, Error)]

@@ -341,7 +341,7 @@ mod tests {
             u64::from(crate::QEMU_DEVICE_ID)
         );
         // What the config module tells VMM users (and vgpuctl attach-args prints).
-        use vgpu_broker::config::{VGPU_CONFIG_SIZE, VGPU_QUEUE_SIZE, VGPU_QUEUES};
+        use vgpu_config::{VGPU_CONFIG_SIZE, VGPU_QUEUE_SIZE, VGPU_QUEUES};
         assert_eq!(
             (VGPU_QUEUES, VGPU_CONFIG_SIZE, usize::from(VGPU_QUEUE_SIZE)),
             (NUM_QUEUES, CONFIG_SIZE, MAX_SEGMENTS)

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
+use vgpu_config::Config;
 use vgpu_proto::msg;
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 use vgpud::Daemon;

@@ -8,8 +8,8 @@ use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use vgpu_broker::config::Config;
 use vgpu_broker::testutils::TestClient;
+use vgpu_config::Config;
 use vgpu_proto::msg;
 use vgpu_vmm_testutils::vsock::{GuestOptions, GuestStream, TestGuest};
 use vgpud::Daemon;

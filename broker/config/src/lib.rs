@@ -1,6 +1,15 @@
 //! The vgpud configuration file (TOML): devices, VMs and the admin socket.
 //!
 //! Errors name `file:line` and say how to fix the entry (design.md §3).
+//!
+//! This crate is plain data and rules, with no broker inside: vgpud reads its
+//! file with it and hands the broker what it needs, and `vgpuctl` reads the
+//! same file to check it and to find the VMs' devices and sockets.
+//! - [`memory`]: the `[memory]` table and each VM's reservation and overflow;
+//! - [`limits`]: the per-VM budgets (`[limits]`, `[vm.limits]`);
+//! - [`size`]: byte sizes as the file writes them (`2GiB`);
+//! - [`reload`]: a configuration rendered back to TOML, live changes checked
+//!   with the file's rules, and the diff a reload applies.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -17,7 +26,10 @@ use crate::limits::{
 };
 use crate::size::parse_size;
 
+pub mod limits;
 pub mod memory;
+pub mod reload;
+pub mod size;
 
 pub use memory::{MemoryConfig, Overcommit, Overflow, VmMemory};
 
@@ -2024,7 +2036,7 @@ guest_cid = 3
 
     #[test]
     fn the_example_config_in_the_repository_is_valid() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/vgpud.toml");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vgpud.toml");
         let c = Config::load(&path).unwrap();
         assert_eq!(c.vms.len(), 2);
         assert_eq!(c.devices[0].watchdog, Some(Duration::from_secs(30)));

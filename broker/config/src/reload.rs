@@ -9,14 +9,18 @@
 //!
 //! A reload compares the file as it was last applied with the file now, and
 //! applies what changed (see [`diff`]).
+//!
+//! Everything here is pure: rendering, validating and diffing configurations.
+//! vgpud's runtime (`vmm-backend/vgpud/src/daemon.rs`) applies the changes.
 
 use std::path::Path;
 
 use serde_json::Value;
 use thiserror::Error;
 use toml::{Table, Value as Toml};
-use vgpu_broker::config::{Config, DeviceConfig, DeviceKind, DeviceModel, VmConfig, VmMode};
-use vgpu_broker::limits::VmLimits;
+
+use crate::limits::VmLimits;
+use crate::{Config, DeviceConfig, DeviceKind, DeviceModel, VmConfig, VmMode};
 
 /// Pseudo file name used in messages about API requests.
 pub const REQUEST_SOURCE: &str = "request";
@@ -128,7 +132,7 @@ pub fn vm_table(v: &VmConfig) -> Table {
     if mp.reserved > 0 {
         t.insert("reserved".into(), Toml::Integer(mp.reserved as i64));
     }
-    if mp.overflow != vgpu_broker::config::Overflow::None {
+    if mp.overflow != crate::Overflow::None {
         t.insert("overflow".into(), mp.overflow.as_str().into());
         t.insert(
             "overflow_limit".into(),
@@ -213,7 +217,7 @@ pub fn render(c: &Config) -> String {
             .collect();
         doc.insert("profile".into(), Toml::Array(profiles));
     }
-    if c.tuning != vgpu_broker::config::TuningConfig::default() {
+    if c.tuning != crate::TuningConfig::default() {
         let mut tu = Table::new();
         tu.insert("mode".into(), c.tuning.mode.as_str().into());
         tu.insert(
@@ -353,9 +357,9 @@ pub enum Change {
         /// Device name.
         device: String,
         /// Before.
-        old: vgpu_broker::config::SchedulingConfig,
+        old: crate::SchedulingConfig,
         /// After.
-        new: vgpu_broker::config::SchedulingConfig,
+        new: crate::SchedulingConfig,
     },
     /// A change that needs a restart of vgpud (devices added, removed or
     /// rebuilt; `[admin]` settings); the message says what.
@@ -477,8 +481,8 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
 mod tests {
     use std::time::Duration;
 
+    use crate::Policy;
     use serde_json::json;
-    use vgpu_broker::config::Policy;
 
     use super::*;
 

@@ -1,4 +1,15 @@
-//! PCI devices, their IOMMU groups and SR-IOV functions, as sysfs shows them.
+//! PCI devices, their IOMMU groups and SR-IOV functions, as sysfs shows them,
+//! and the GPUs the NVIDIA driver describes in procfs: the one reader of
+//! these trees for vgpud (which checks its passthrough VMs) and `vgpuctl`
+//! (which lists, binds and verifies devices). It is host inspection, not
+//! configuration, so it is a crate of its own beside `vgpu-config`.
+//!
+//! - [`sysfs`]: the [`Sysfs`](sysfs::Sysfs) seam, every path relative to a
+//!   root that tests point at a fake tree;
+//! - this module: [`PciAddress`], [`PciDevice`] (vendor, class, driver,
+//!   IOMMU group, SR-IOV VFs), [`PciLinks`] (what vgpud needs of a device),
+//!   IOMMU groups and the NVIDIA GPUs of a host;
+//! - [`procfs`]: the NVIDIA driver's GPU information and open device nodes.
 
 use std::fmt;
 use std::io;
@@ -8,7 +19,10 @@ use std::str::FromStr;
 use serde::Serialize;
 use thiserror::Error;
 
-use super::sysfs::{IOMMU_CLASS, IOMMU_GROUPS, NO_OVERRIDE, PCI_DEVICES, Sysfs, attr, link_name};
+pub mod procfs;
+pub mod sysfs;
+
+use crate::sysfs::{IOMMU_CLASS, IOMMU_GROUPS, NO_OVERRIDE, PCI_DEVICES, Sysfs, attr, link_name};
 
 /// NVIDIA's PCI vendor ID.
 pub const NVIDIA_VENDOR: u16 = 0x10de;
@@ -234,30 +248,40 @@ fn address_link(s: &dyn Sysfs, rel: &Path) -> Result<Option<PciAddress>, PciErro
     })
 }
 
-impl PciDevice {
-    /// Reads a device; [`PciError::NotFound`] when it does not exist.
-    pub fn read(s: &dyn Sysfs, address: PciAddress) -> Result<PciDevice, PciError> {
+/// A hex attribute the kernel always writes (`vendor`, `device`, `class`).
+fn required_hex(s: &dyn Sysfs, dir: &Path, name: &str) -> Result<u32, PciError> {
+    let rel = dir.join(name);
+    hex_attr(s, &rel)?.ok_or_else(|| PciError::Read {
+        path: s.path(&rel),
+        source: io::Error::from(io::ErrorKind::NotFound),
+    })
+}
+
+/// What vgpud checks of a passthrough device: who made it and the kernel's
+/// links to its driver, IOMMU group and physical function.
+/// [`PciDevice::read`] reads these and the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciLinks {
+    /// Vendor ID.
+    pub vendor: u16,
+    /// Bound driver.
+    pub driver: Option<String>,
+    /// IOMMU group (None: the IOMMU is off or does not cover the device).
+    pub iommu_group: Option<u32>,
+    /// The physical function of a virtual function.
+    pub physfn: Option<PciAddress>,
+}
+
+impl PciLinks {
+    /// Reads a device's vendor and links; `None` when it does not exist.
+    pub fn read(s: &dyn Sysfs, address: PciAddress) -> Result<Option<PciLinks>, PciError> {
         let dir = address.sysfs_dir();
         if !s.exists(&dir) {
-            return Err(PciError::NotFound {
-                address,
-                dir: s.path(Path::new(PCI_DEVICES)),
-            });
+            return Ok(None);
         }
-        let required = |name: &str| -> Result<u32, PciError> {
-            let rel = dir.join(name);
-            hex_attr(s, &rel)?.ok_or_else(|| PciError::Read {
-                path: s.path(&rel),
-                source: io::Error::from(io::ErrorKind::NotFound),
-            })
-        };
-        let vendor = required("vendor")? as u16;
-        let device = required("device")? as u16;
-        let class = required("class")?;
-        let driver = link_name(s, &dir.join("driver")).map_err(read_err(s, &dir.join("driver")))?;
-        let driver_override = attr(s, &dir.join("driver_override"))
-            .map_err(read_err(s, &dir.join("driver_override")))?
-            .filter(|o| o != NO_OVERRIDE && !o.is_empty());
+        let vendor = required_hex(s, &dir, "vendor")? as u16;
+        let driver_rel = dir.join("driver");
+        let driver = link_name(s, &driver_rel).map_err(read_err(s, &driver_rel))?;
         let group_rel = dir.join("iommu_group");
         let iommu_group = match link_name(s, &group_rel).map_err(read_err(s, &group_rel))? {
             None => None,
@@ -266,6 +290,30 @@ impl PciDevice {
                 value: g,
             })?),
         };
+        Ok(Some(PciLinks {
+            vendor,
+            driver,
+            iommu_group,
+            physfn: address_link(s, &dir.join("physfn"))?,
+        }))
+    }
+}
+
+impl PciDevice {
+    /// Reads a device; [`PciError::NotFound`] when it does not exist.
+    pub fn read(s: &dyn Sysfs, address: PciAddress) -> Result<PciDevice, PciError> {
+        let dir = address.sysfs_dir();
+        let Some(links) = PciLinks::read(s, address)? else {
+            return Err(PciError::NotFound {
+                address,
+                dir: s.path(Path::new(PCI_DEVICES)),
+            });
+        };
+        let device = required_hex(s, &dir, "device")? as u16;
+        let class = required_hex(s, &dir, "class")?;
+        let driver_override = attr(s, &dir.join("driver_override"))
+            .map_err(read_err(s, &dir.join("driver_override")))?
+            .filter(|o| o != NO_OVERRIDE && !o.is_empty());
         let sriov = match dec_attr(s, &dir.join("sriov_totalvfs"))? {
             Some(total) => Some(Sriov {
                 total,
@@ -273,7 +321,6 @@ impl PciDevice {
             }),
             None => None,
         };
-        let physfn = address_link(s, &dir.join("physfn"))?;
         let mut indexed: Vec<(u32, PciAddress)> = Vec::new();
         if sriov.is_some() {
             for name in s.list(&dir).map_err(read_err(s, &dir))? {
@@ -289,14 +336,14 @@ impl PciDevice {
         indexed.sort();
         Ok(PciDevice {
             address,
-            vendor,
+            vendor: links.vendor,
             device,
             class,
-            driver,
+            driver: links.driver,
             driver_override,
-            iommu_group,
+            iommu_group: links.iommu_group,
             sriov,
-            physfn,
+            physfn: links.physfn,
             virtfns: indexed.into_iter().map(|(_, a)| a).collect(),
         })
     }
@@ -451,5 +498,36 @@ mod tests {
         let vf4 = pf.with_routing_id(pf.routing_id() + 4 + 4);
         assert_eq!(vf4.to_string(), "0000:3b:01.0");
         assert_eq!(vf4.routing_id(), pf.routing_id() + 8);
+    }
+
+    #[test]
+    fn links_need_only_the_vendor_and_read_what_the_kernel_links() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let s = crate::sysfs::RealSysfs::new(d.path());
+        let dev = d.path().join("devices/pci0000:00/0000:3b:00.4");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(d.path().join(PCI_DEVICES)).unwrap();
+        symlink(&dev, d.path().join(PCI_DEVICES).join("0000:3b:00.4")).unwrap();
+        std::fs::write(dev.join("vendor"), "0x10de\n").unwrap();
+        symlink("../../../bus/pci/drivers/vfio-pci", dev.join("driver")).unwrap();
+        symlink("../../../kernel/iommu_groups/60", dev.join("iommu_group")).unwrap();
+        symlink("../0000:3b:00.0", dev.join("physfn")).unwrap();
+        let a: PciAddress = "0000:3b:00.4".parse().unwrap();
+        assert_eq!(
+            PciLinks::read(&s, a).unwrap(),
+            Some(PciLinks {
+                vendor: NVIDIA_VENDOR,
+                driver: Some(VFIO_PCI.into()),
+                iommu_group: Some(60),
+                physfn: Some("0000:3b:00.0".parse().unwrap()),
+            })
+        );
+        assert_eq!(
+            PciLinks::read(&s, "0000:3c:00.0".parse().unwrap()).unwrap(),
+            None
+        );
+        // A whole device needs its IDs and class too.
+        assert!(matches!(PciDevice::read(&s, a), Err(PciError::Read { .. })));
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::pci::PciAddress;
+use crate::PciAddress;
 
 /// Where the NVIDIA kernel driver describes each GPU, relative to procfs.
 pub const NVIDIA_GPUS: &str = "driver/nvidia/gpus";

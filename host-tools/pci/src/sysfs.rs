@@ -1,11 +1,12 @@
 //! The sysfs seam: every read and write of `/sys` made by `vgpuctl passthrough`
-//! goes through [`Sysfs`], with paths relative to a configurable root.
+//! and every read vgpud makes of its passthrough devices goes through
+//! [`Sysfs`], with paths relative to a configurable root.
 //!
 //! [`RealSysfs`] is the implementation for hosts (and for read-only use of a
 //! tree built by tests). Writing to real sysfs has side effects that a plain
 //! file cannot have (writing `sriov_numvfs` creates devices, writing a
-//! driver's `bind` creates the `driver` link), so tests use
-//! [`FakeSysfs`](super::testutils::FakeSysfs), which reads through
+//! driver's `bind` creates the `driver` link), so `vgpuctl`'s tests use its
+//! `FakeSysfs` (`host-tools/src/passthrough/testutils.rs`), which reads through
 //! [`RealSysfs`] and emulates the kernel's reaction to each write.
 
 use std::fs::OpenOptions;

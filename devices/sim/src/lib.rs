@@ -53,6 +53,9 @@ pub struct SimDevice {
     /// Execution slots (one per worker), shared by every launch running at
     /// once: kernels of different streams share the workers.
     slots: Arc<vgpu_ptx::WorkerSlots>,
+    /// Held by the cooperative launch running (one at a time on the device): its blocks run at
+    /// once outside the slots, so two of them must not add up.
+    cooperative: Arc<Mutex<()>>,
     config: SimConfig,
 }
 
@@ -162,6 +165,7 @@ impl SimDevice {
                 ..SimMemory::default()
             }),
             slots: Arc::new(vgpu_ptx::WorkerSlots::new(config.workers)),
+            cooperative: Arc::new(Mutex::new(())),
             config,
         }
     }
@@ -184,6 +188,7 @@ impl Device for SimDevice {
             }),
             workers: self.config.workers.max(1),
             slots: Arc::clone(&self.slots),
+            cooperative: Arc::clone(&self.cooperative),
         }))
     }
 
@@ -205,6 +210,8 @@ pub struct SimContext {
     workers: usize,
     /// The device's execution slots, shared by the launches running at once.
     slots: Arc<vgpu_ptx::WorkerSlots>,
+    /// The device's cooperative-launch lock.
+    cooperative: Arc<Mutex<()>>,
 }
 
 /// A tenant's allocations; shared with its loaded modules, whose globals
@@ -813,6 +820,10 @@ impl DeviceContext for SimContext {
             .downcast_ref::<module::SimModule>()
             .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
         let _g = self.inner.shared();
+        // Cooperative launches run one at a time on the device, whichever VM they come from.
+        let _one = dims
+            .cooperative
+            .then(|| self.cooperative.lock().unwrap_or_else(|p| p.into_inner()));
         m.launch(
             &self.inner,
             kernel,

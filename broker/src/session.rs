@@ -20,6 +20,7 @@ use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
+use crate::hostshare::{Direction, SharedCopy};
 use crate::limits::{Budget, HandleBudget};
 use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
@@ -199,6 +200,7 @@ pub struct Session {
     output: SessionOutput,
     ext: alloc_ext::AllocExt,
     graphs: graph::Graphs,
+    shares: crate::hostshare::SharedRegions,
 }
 
 impl std::fmt::Debug for Session {
@@ -225,13 +227,30 @@ fn reply<M: Message>(out: &mut Vec<u8>, m: M) -> Result<(), CuError> {
 }
 
 impl Session {
-    /// Opens a session of `tenant`; `info` describes the peer.
     /// Makes the session's waits notice a client that disconnected
     /// ([`crate::engine::Engine::watch_hangup`]).
     pub fn watch_hangup(&mut self, probe: crate::engine::HangupProbe) {
         self.engine.watch_hangup(probe);
     }
 
+    /// Lets the session map host memory the client shares (`HostShare`): the descriptors its
+    /// transport received wait in `inbox`. Only unix-socket sessions have one; others refuse
+    /// `HostShare` with `CUDA_ERROR_NOT_SUPPORTED`.
+    pub fn accept_fds(&mut self, inbox: Arc<crate::hostshare::FdInbox>) {
+        self.shares.set_inbox(inbox);
+    }
+
+    /// Whether the client sent more descriptors than the session queues (a protocol violation).
+    pub fn fds_overflowed(&self) -> bool {
+        self.shares.inbox().is_some_and(|i| i.overflowed())
+    }
+
+    /// Shared host regions held.
+    pub fn shared_regions(&self) -> usize {
+        self.shares.len()
+    }
+
+    /// Opens a session of `tenant`; `info` describes the peer.
     pub fn new(tenant: Arc<Tenant>, info: Arc<SessionInfo>) -> Result<Session, CuError> {
         let dev = tenant.context().map_err(CuError::from)?;
         let device = tenant.device().info().clone();
@@ -255,12 +274,14 @@ impl Session {
             output: SessionOutput::default(),
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
+            shares: crate::hostshare::SharedRegions::default(),
             tenant,
             device,
             dev,
         };
         s.ext.set_budget(budget(Budget::Handles));
         s.graphs.set_budget(budget(Budget::Handles));
+        s.shares.set_budget(budget(Budget::Handles));
         Ok(s)
     }
 
@@ -312,6 +333,8 @@ impl Session {
             R::LaunchKernel(m) => (m.ctx, m.stream),
             R::LaunchCooperative(m) => (m.ctx, m.stream),
             R::GraphLaunch(m) => (m.ctx, m.stream),
+            R::MemcpyHtoDShared(m) => (m.ctx, m.stream),
+            R::MemcpyDtoHShared(m) => (m.ctx, m.stream),
             _ => return crate::engine::NO_CONTEXT,
         };
         let ctx = self.streams.get(stream).map_or(ctx, |s| s.ctx);
@@ -333,6 +356,8 @@ impl Session {
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
             R::LaunchCooperative(m) => (m.ctx, m.stream),
+            R::MemcpyHtoDShared(m) => (m.ctx, m.stream),
+            R::MemcpyDtoHShared(m) => (m.ctx, m.stream),
             _ => return None,
         };
         self.lane(ctx, stream).ok()
@@ -500,6 +525,30 @@ impl Session {
             .bytes_dtoh
             .fetch_add(m.len, Ordering::Relaxed);
         reply(out, msg::Empty {})
+    }
+
+    /// Queues a copy between a shared region and device memory on `lane`: one copy, no bytes
+    /// held by vgpud (so not charged to `queued_bytes`); the job keeps the region mapped.
+    fn submit_shared(
+        &mut self,
+        lane: &LaneSpec,
+        region: Arc<crate::hostshare::SharedRegion>,
+        dir: Direction,
+        dev: u64,
+        offset: u64,
+        len: u64,
+    ) {
+        if len == 0 {
+            return;
+        }
+        let copy = SharedCopy {
+            region,
+            dir,
+            dev,
+            offset,
+            len,
+        };
+        self.engine.submit(lane, Job::Other(Box::new(copy)));
     }
 
     fn dispatch(&mut self, req: &Request, tail: &[u8], out: &mut Vec<u8>) -> Result<(), CuError> {
@@ -756,6 +805,36 @@ impl Session {
                     .bytes_dtoh
                     .fetch_add(m.len, Ordering::Relaxed);
                 Ok(())
+            }
+            R::HostShare(m) => {
+                let handle = self.shares.share(m.size)?;
+                reply(out, msg::Handle { handle })
+            }
+            R::HostUnshare(m) => {
+                self.shares.unshare(m.region)?;
+                reply(out, msg::Empty {})
+            }
+            R::MemcpyHtoDShared(m) => {
+                let lane = self.lane(m.ctx, m.stream)?;
+                self.allocs.check(m.dst, m.len, "copy destination")?;
+                let region = self.shares.get(m.region, m.offset, m.len)?;
+                self.tenant
+                    .stats
+                    .bytes_htod
+                    .fetch_add(m.len, Ordering::Relaxed);
+                self.submit_shared(&lane, region, Direction::ToDevice, m.dst, m.offset, m.len);
+                reply(out, msg::Empty {})
+            }
+            R::MemcpyDtoHShared(m) => {
+                let lane = self.lane(m.ctx, m.stream)?;
+                self.allocs.check(m.src, m.len, "copy source")?;
+                let region = self.shares.get(m.region, m.offset, m.len)?;
+                self.tenant
+                    .stats
+                    .bytes_dtoh
+                    .fetch_add(m.len, Ordering::Relaxed);
+                self.submit_shared(&lane, region, Direction::ToHost, m.src, m.offset, m.len);
+                reply(out, msg::Empty {})
             }
             R::MemcpyDtoD(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;

@@ -100,7 +100,10 @@ impl SessionHub {
     }
 
     /// Runs a session of `tenant` over `stream` on its own thread, which polls for up to
-    /// `read_spin` for each request before it blocks (`vgpu_proto::spin`).
+    /// `read_spin` for each request before it blocks (`vgpu_proto::spin`). With `accept_fds`
+    /// (a guest process connected to the socket directly, never the socket pair of a vsock
+    /// device's thread) the session receives descriptors and may map the host memory the
+    /// client shares (`HostShare`).
     pub fn spawn(
         self: &Arc<Self>,
         broker: Arc<Broker>,
@@ -108,6 +111,7 @@ impl SessionHub {
         stream: UnixStream,
         transport: String,
         read_spin: Duration,
+        accept_fds: bool,
     ) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         match stream.try_clone() {
@@ -157,7 +161,7 @@ impl SessionHub {
                 hub.lock().remove(&id);
                 return;
             }
-            hub.run(&broker, tenant, &stream, &transport, read_spin, id);
+            hub.run(&broker, tenant, &stream, &transport, read_spin, accept_fds, id);
         });
         if let Err(e) = spawned {
             self.lock().remove(&id);
@@ -172,6 +176,7 @@ impl SessionHub {
         stream: &UnixStream,
         transport: &str,
         read_spin: Duration,
+        accept_fds: bool,
         conn: u64,
     ) {
         let vm = tenant.name.clone();
@@ -216,13 +221,19 @@ impl SessionHub {
         // `fd` is `stream`'s, which outlives the session: serve_watched
         // returns before `stream` is dropped, and the probe with it.
         let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
-        let result = vgpu_broker::session_loop::serve_watched(
+        let mut reader = vgpu_proto::spin::SpinRead::with_spin(stream, read_spin);
+        let inbox = accept_fds.then(vgpu_broker::hostshare::FdInbox::new);
+        if let Some(inbox) = &inbox {
+            reader = reader.receiving_fds(Arc::clone(inbox) as Arc<dyn vgpu_proto::fdpass::FdSink>);
+        }
+        let result = vgpu_broker::session_loop::serve_with_fds(
             broker,
             Arc::clone(&tenant),
-            vgpu_proto::spin::SpinRead::with_spin(stream, read_spin),
+            reader,
             writer,
             transport,
             Some(hangup),
+            inbox,
         );
         let ended = self.lock().remove(&conn).and_then(|c| c.ended);
         vgpu_broker::release_freed_memory();

@@ -208,6 +208,13 @@ impl SharedRegion {
         self.len == 0
     }
 
+    /// A copy of the region's bytes.
+    #[cfg(test)]
+    fn to_vec(&self) -> Vec<u8> {
+        // SAFETY: the whole live mapping.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }.to_vec()
+    }
+
     /// Checks that `[offset, offset + len)` lies inside the region.
     pub fn check(&self, offset: u64, len: u64) -> Result<(), CuError> {
         match offset.checked_add(len) {
@@ -343,6 +350,9 @@ impl SharedRegions {
         // The descriptor is taken (and closed on every failure below) even when the request is
         // refused, so that it cannot be used by a later request instead.
         let fd = inbox.take().ok_or(ShareError::NoDescriptor)?;
+        if size == 0 || size > MAX_REGION_BYTES {
+            return Err(ShareError::BadSize(size).into());
+        }
         if self.table.len() >= MAX_SHARED_REGIONS {
             return Err(CuError::out_of_memory(format!(
                 "this process shares {MAX_SHARED_REGIONS} host regions already"
@@ -390,5 +400,251 @@ impl SharedRegions {
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::{AsFd, FromRawFd};
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    use vgpu_proto::cuda;
+    use vgpu_proto::msg::{self, Op, Request, decode_exact};
+
+    use super::*;
+    use crate::Broker;
+    use crate::session::Session;
+    use crate::session_loop::accept_hello;
+    use crate::testutils::{MemDevice, TestClient, vm};
+
+    const MIB: u64 = 1 << 20;
+
+    fn broker() -> Arc<Broker> {
+        let dev: Arc<dyn crate::device::Device> =
+            Arc::new(MemDevice::new(1 << 30, Duration::ZERO));
+        let b = Arc::new(Broker::new(vec![("gpu0".into(), dev)]));
+        b.add_tenant(&vm("vm1", 64 * MIB)).unwrap();
+        b
+    }
+
+    /// A memfd of `len` bytes holding `fill` (0: a pattern), with `seals` added.
+    fn memfd(len: u64, seals: libc::c_int, fill: u8) -> OwnedFd {
+        // SAFETY: a NUL-terminated name; the result is checked.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"t".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut f = std::fs::File::from(fd);
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| if fill == 0 { (i % 251) as u8 } else { fill })
+            .collect();
+        f.write_all(&bytes).unwrap();
+        let fd = OwnedFd::from(f);
+        // SAFETY: fcntl on our descriptor.
+        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }, 0);
+        fd
+    }
+
+    fn session(b: &Arc<Broker>, inbox: Option<Arc<FdInbox>>) -> (Session, u64) {
+        let hello = msg::Hello {
+            protocol_version: vgpu_proto::PROTOCOL_VERSION,
+            pid: 1,
+            shim_version: "t".into(),
+            process_name: "share".into(),
+        };
+        let (mut s, _) = accept_hello(b, b.tenant("vm1").unwrap(), &hello, "test").unwrap();
+        if let Some(i) = inbox {
+            s.accept_fds(i);
+        }
+        let mut out = Vec::new();
+        let req = Request::CtxCreate(msg::CtxCreate {
+            device: 0,
+            flags: 0,
+        });
+        s.handle(&req, &[], &mut out, true).unwrap();
+        (s, decode_exact::<msg::Handle>(&out, false).unwrap().0.handle)
+    }
+
+    fn call(s: &mut Session, req: Request) -> Result<Vec<u8>, CuError> {
+        let mut out = Vec::new();
+        s.handle(&req, &[], &mut out, true).map(|()| out)
+    }
+
+    fn share(s: &mut Session, size: u64) -> Result<u64, CuError> {
+        let out = call(s, Request::HostShare(msg::HostShare { size }))?;
+        Ok(decode_exact::<msg::Handle>(&out, false).unwrap().0.handle)
+    }
+
+    const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+    #[test]
+    fn shared_copies_run_between_the_mapping_and_device_memory() {
+        let b = broker();
+        let inbox = FdInbox::new();
+        let (mut s, ctx) = session(&b, Some(Arc::clone(&inbox)));
+        let fd = memfd(MIB, SEALED, 0);
+        let pattern = |i: u64| (i % 251) as u8;
+        // The guest's own view of the buffer.
+        let guest = SharedRegion::map(&fd, MIB).unwrap();
+        inbox.accept(fd);
+        let region = share(&mut s, MIB).unwrap();
+        assert_eq!(s.shared_regions(), 1);
+        let out = call(&mut s, Request::MemAlloc(msg::MemAlloc { ctx, size: MIB })).unwrap();
+        let p = decode_exact::<msg::Ptr>(&out, false).unwrap().0.ptr;
+        // Host to device from an offset, then back to another offset, asynchronously.
+        let htod = Request::MemcpyHtoDShared(msg::MemcpyHtoDShared {
+            ctx,
+            stream: 0,
+            dst: p,
+            region,
+            offset: 4096,
+            len: 8192,
+        });
+        let mut out = Vec::new();
+        s.handle(&htod, &[], &mut out, false).unwrap();
+        let dtoh = Request::MemcpyDtoHShared(msg::MemcpyDtoHShared {
+            ctx,
+            stream: 0,
+            src: p + 100,
+            region,
+            offset: 0,
+            len: 100,
+        });
+        // Unsharing does not pull the mapping from under queued copies.
+        s.handle(&dtoh, &[], &mut out, false).unwrap();
+        call(&mut s, Request::CtxSynchronize(msg::CtxSynchronize { ctx })).unwrap();
+        let want: Vec<u8> = (4196..4296).map(pattern).collect();
+        let seen = guest.to_vec();
+        assert_eq!(&seen[..100], &want[..]);
+        assert_eq!(seen[100], pattern(100));
+        call(&mut s, Request::HostUnshare(msg::HostUnshare { region })).unwrap();
+        assert_eq!(s.shared_regions(), 0);
+        // A stale region is refused.
+        let e = call(&mut s, htod).unwrap_err();
+        assert_eq!(e.code, cuda::CUDA_ERROR_INVALID_VALUE, "{e:?}");
+    }
+
+    #[test]
+    fn hostile_shares_get_clear_errors_and_hold_nothing() {
+        let b = broker();
+        let inbox = FdInbox::new();
+        let (mut s, ctx) = session(&b, Some(Arc::clone(&inbox)));
+        let inval = cuda::CUDA_ERROR_INVALID_VALUE;
+        // No descriptor.
+        let e = share(&mut s, 4096).unwrap_err();
+        assert_eq!(e.code, inval);
+        assert!(e.message.contains("without a descriptor"), "{e:?}");
+        // Not sealed; sealed against growing only; not a memfd; too small; size 0 or huge.
+        inbox.accept(memfd(4096, 0, 0));
+        let e = share(&mut s, 4096).unwrap_err();
+        assert!(e.message.contains("not sealed"), "{e:?}");
+        inbox.accept(memfd(4096, libc::F_SEAL_GROW, 0));
+        assert!(share(&mut s, 4096).is_err());
+        let (a, _b) = UnixStream::pair().unwrap();
+        inbox.accept(OwnedFd::from(a));
+        let e = share(&mut s, 4096).unwrap_err();
+        assert!(e.message.contains("not a sealable memfd"), "{e:?}");
+        inbox.accept(memfd(4096, SEALED, 0));
+        let e = share(&mut s, 8192).unwrap_err();
+        assert!(e.message.contains("fewer than"), "{e:?}");
+        inbox.accept(memfd(4096, SEALED, 0));
+        assert_eq!(share(&mut s, 0).unwrap_err().code, inval);
+        inbox.accept(memfd(4096, SEALED, 0));
+        assert_eq!(share(&mut s, u64::MAX).unwrap_err().code, inval);
+        // Every refused descriptor was consumed and closed; nothing is held.
+        assert!(inbox.is_empty());
+        assert_eq!(s.shared_regions(), 0);
+        // Offsets past the end, overflowing ranges, forged regions, foreign device pointers.
+        inbox.accept(memfd(4096, SEALED, 0));
+        let region = share(&mut s, 4096).unwrap();
+        let out = call(&mut s, Request::MemAlloc(msg::MemAlloc { ctx, size: 8192 })).unwrap();
+        let p = decode_exact::<msg::Ptr>(&out, false).unwrap().0.ptr;
+        let copy = |region, offset, len, dst| {
+            Request::MemcpyHtoDShared(msg::MemcpyHtoDShared {
+                ctx,
+                stream: 0,
+                dst,
+                region,
+                offset,
+                len,
+            })
+        };
+        for req in [
+            copy(region, 4000, 200, p),
+            copy(region, u64::MAX, 2, p),
+            copy(region, 1, u64::MAX, p),
+            copy(region ^ 1, 0, 16, p),
+            copy(0xdead_beef, 0, 16, p),
+            copy(region, 0, 16, 0x10),
+            copy(region, 0, 4096, p + 8000),
+        ] {
+            let e = call(&mut s, req).unwrap_err();
+            assert_eq!(e.code, inval, "{e:?}");
+        }
+        let e = call(&mut s, Request::HostUnshare(msg::HostUnshare { region: 77 })).unwrap_err();
+        assert_eq!(e.code, cuda::CUDA_ERROR_INVALID_HANDLE);
+        // The region counts against the VM's handles and is returned with the session.
+        let handles = b.tenant("vm1").unwrap().limits.used(crate::limits::Budget::Handles);
+        drop(s);
+        let after = b.tenant("vm1").unwrap().limits.used(crate::limits::Budget::Handles);
+        assert!(after + 2 <= handles, "{handles} -> {after}");
+    }
+
+    #[test]
+    fn sessions_without_an_inbox_refuse_to_share() {
+        let b = broker();
+        let (mut s, _) = session(&b, None);
+        let e = share(&mut s, 4096).unwrap_err();
+        assert_eq!(e.code, cuda::CUDA_ERROR_NOT_SUPPORTED, "{e:?}");
+    }
+
+    #[test]
+    fn descriptors_past_the_inbox_end_the_session() {
+        let b = broker();
+        let (c, srv) = UnixStream::pair().unwrap();
+        let b2 = Arc::clone(&b);
+        let t = b.tenant("vm1").unwrap();
+        let served = std::thread::spawn(move || {
+            let inbox = FdInbox::new();
+            let r = vgpu_proto::spin::SpinRead::new(&srv)
+                .receiving_fds(Arc::clone(&inbox) as Arc<dyn FdSink>);
+            crate::session_loop::serve_with_fds(&b2, t, r, &srv, "test", None, Some(inbox))
+        });
+        let mut client = TestClient::new(&c);
+        client.hello().unwrap();
+        // One HostShare with its descriptor works over the socket.
+        let fd = memfd(4096, SEALED, 1);
+        let mut frame = Vec::new();
+        let p = msg::encode(&msg::HostShare { size: 4096 });
+        vgpu_proto::frame::write_frame(&mut frame, msg::HostShare::OPCODE, 0, 99, 0, &[&p])
+            .unwrap();
+        vgpu_proto::fdpass::send_with_fd(c.as_fd(), &frame, fd.as_fd()).unwrap();
+        let mut payload = Vec::new();
+        let h = vgpu_proto::frame::read_frame(&mut &c, &mut payload).unwrap();
+        assert_eq!(h.status, 0, "{}", String::from_utf8_lossy(&payload));
+        // A flood of descriptors with pings: the session ends with a protocol error.
+        let ping = {
+            let mut f = Vec::new();
+            vgpu_proto::frame::write_frame(&mut f, msg::Ping::OPCODE, 0, 100, 0, &[]).unwrap();
+            f
+        };
+        for _ in 0..=MAX_QUEUED_FDS {
+            if vgpu_proto::fdpass::send_with_fd(c.as_fd(), &ping, fd.as_fd()).is_err() {
+                break;
+            }
+        }
+        let r = served.join().unwrap();
+        assert!(
+            matches!(&r, Err(crate::session_loop::ServeError::Protocol(m)) if m.contains("descriptors")),
+            "{r:?}"
+        );
+        assert!(b.tenant("vm1").unwrap().sessions().is_empty());
     }
 }

@@ -376,7 +376,30 @@ impl Session {
         out: &mut Vec<u8>,
         sync: bool,
     ) -> Result<(), CuError> {
-        let r = self.dispatch(req, tail, out);
+        let r = match req {
+            // Synchronous shared copies may run inline whatever their size.
+            Request::MemcpyHtoDShared(m) if sync => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToDevice,
+                    m.dst,
+                    true,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
+            Request::MemcpyDtoHShared(m) if sync => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToHost,
+                    m.src,
+                    true,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
+            _ => self.dispatch(req, tail, out),
+        };
         self.complete_call(req, r, sync)
     }
 
@@ -527,19 +550,36 @@ impl Session {
         reply(out, msg::Empty {})
     }
 
-    /// Queues a copy between a shared region and device memory on `lane`: one copy, no bytes
-    /// held by vgpud (so not charged to `queued_bytes`); the job keeps the region mapped.
-    fn submit_shared(
+    /// `MemcpyHtoDShared` / `MemcpyDtoHShared`: one copy between a shared region
+    /// (`(region, offset, len)`) and device memory at `dev`, checked like any copy. It is queued
+    /// on its stream holding the region (so an unshare cannot pull the mapping from under it)
+    /// and no bytes (so it is not charged to `queued_bytes`: the data stays in the guest's
+    /// memory). Sent synchronously to an idle stream it runs at once on the session thread,
+    /// whatever its size: the client waits for it anyway, and a hand-off to a worker would
+    /// only add a wake-up.
+    fn shared_copy(
         &mut self,
-        lane: &LaneSpec,
-        region: Arc<crate::hostshare::SharedRegion>,
+        ctx: u64,
+        stream: u64,
+        (region, offset, len): (u64, u64, u64),
         dir: Direction,
         dev: u64,
-        offset: u64,
-        len: u64,
-    ) {
+        sync: bool,
+    ) -> Result<(), CuError> {
+        let lane = self.lane(ctx, stream)?;
+        let what = match dir {
+            Direction::ToDevice => "copy destination",
+            Direction::ToHost => "copy source",
+        };
+        self.allocs.check(dev, len, what)?;
+        let region = self.shares.get(region, offset, len)?;
+        let counter = match dir {
+            Direction::ToDevice => &self.tenant.stats.bytes_htod,
+            Direction::ToHost => &self.tenant.stats.bytes_dtoh,
+        };
+        counter.fetch_add(len, Ordering::Relaxed);
         if len == 0 {
-            return;
+            return Ok(());
         }
         let copy = SharedCopy {
             region,
@@ -548,7 +588,22 @@ impl Session {
             offset,
             len,
         };
-        self.engine.submit(lane, Job::Other(Box::new(copy)));
+        if sync {
+            let mut failed = None;
+            let ran = self.engine.try_inline(&lane, |d| {
+                let r = match copy.dir {
+                    Direction::ToDevice => copy.region.copy_in(d, copy.dev, copy.offset, copy.len),
+                    Direction::ToHost => copy.region.copy_out(d, copy.dev, copy.offset, copy.len),
+                };
+                failed = r.err();
+                Ok(())
+            });
+            if ran.is_some() {
+                return failed.map_or(Ok(()), Err);
+            }
+        }
+        self.engine.submit(&lane, Job::Other(Box::new(copy)));
+        Ok(())
     }
 
     fn dispatch(&mut self, req: &Request, tail: &[u8], out: &mut Vec<u8>) -> Result<(), CuError> {
@@ -814,28 +869,24 @@ impl Session {
                 self.shares.unshare(m.region)?;
                 reply(out, msg::Empty {})
             }
-            R::MemcpyHtoDShared(m) => {
-                let lane = self.lane(m.ctx, m.stream)?;
-                self.allocs.check(m.dst, m.len, "copy destination")?;
-                let region = self.shares.get(m.region, m.offset, m.len)?;
-                self.tenant
-                    .stats
-                    .bytes_htod
-                    .fetch_add(m.len, Ordering::Relaxed);
-                self.submit_shared(&lane, region, Direction::ToDevice, m.dst, m.offset, m.len);
-                reply(out, msg::Empty {})
-            }
-            R::MemcpyDtoHShared(m) => {
-                let lane = self.lane(m.ctx, m.stream)?;
-                self.allocs.check(m.src, m.len, "copy source")?;
-                let region = self.shares.get(m.region, m.offset, m.len)?;
-                self.tenant
-                    .stats
-                    .bytes_dtoh
-                    .fetch_add(m.len, Ordering::Relaxed);
-                self.submit_shared(&lane, region, Direction::ToHost, m.src, m.offset, m.len);
-                reply(out, msg::Empty {})
-            }
+            R::MemcpyHtoDShared(m) => self.shared_copy(
+                m.ctx,
+                m.stream,
+                (m.region, m.offset, m.len),
+                Direction::ToDevice,
+                m.dst,
+                false,
+            )
+            .and_then(|()| reply(out, msg::Empty {})),
+            R::MemcpyDtoHShared(m) => self.shared_copy(
+                m.ctx,
+                m.stream,
+                (m.region, m.offset, m.len),
+                Direction::ToHost,
+                m.src,
+                false,
+            )
+            .and_then(|()| reply(out, msg::Empty {})),
             R::MemcpyDtoD(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;

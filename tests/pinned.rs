@@ -38,7 +38,11 @@ fn assert_passed(r: &Run, d: &Vgpud) {
     );
     let n = r.stdout.lines().filter(|l| l.starts_with("ok ")).count();
     assert!(n >= 140, "only {n} checks\n{}", r.stdout);
-    for l in r.stdout.lines().filter(|l| l.contains("straddl") && l.ends_with("data")) {
+    for l in r
+        .stdout
+        .lines()
+        .filter(|l| l.contains("straddl") && l.ends_with("data"))
+    {
         eprintln!("{l}");
     }
     // Every byte of device memory came back.

@@ -118,7 +118,8 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
     ok(unsafe { cuMemAlloc_v2(&mut dev, max) }, "cuMemAlloc")?;
     let mut pinned_ptr = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
-    ok(unsafe { cuMemAllocHost_v2(&mut pinned_ptr, max) }, "cuMemAllocHost")?;
+    let r = unsafe { cuMemAllocHost_v2(&mut pinned_ptr, max) };
+    ok(r, "cuMemAllocHost")?;
     // SAFETY: cuMemAllocHost returned `max` writable bytes, ours until cuMemFreeHost below.
     let pinned = unsafe { std::slice::from_raw_parts_mut(pinned_ptr.cast::<u8>(), max) };
     pinned.fill(0x5a);
@@ -132,18 +133,25 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
         for _ in 0..p.runs {
             runs[0].push(rate(n, || copy(&mut host[..n], &pinned[..n])));
             runs[1].push(rate(n, || copy(&mut pinned[..n], &host[..n])));
-            // SAFETY (all four): `dev` holds `max` bytes; the host pointers hold at least `n`.
-            runs[2].push(rate(n, || unsafe {
-                assert_eq!(cuMemcpyHtoD_v2(dev, pinned.as_ptr().cast(), n), 0);
+            runs[2].push(rate(n, || {
+                // SAFETY: `dev` holds `max` bytes; the host buffer at least `n`.
+                let r = unsafe { cuMemcpyHtoD_v2(dev, pinned.as_ptr().cast(), n) };
+                assert_eq!(r, 0);
             }));
-            runs[3].push(rate(n, || unsafe {
-                assert_eq!(cuMemcpyDtoH_v2(pinned.as_mut_ptr().cast(), dev, n), 0);
+            runs[3].push(rate(n, || {
+                // SAFETY: as above.
+                let r = unsafe { cuMemcpyDtoH_v2(pinned.as_mut_ptr().cast(), dev, n) };
+                assert_eq!(r, 0);
             }));
-            runs[4].push(rate(n, || unsafe {
-                assert_eq!(cuMemcpyHtoD_v2(dev, pageable.as_ptr().cast(), n), 0);
+            runs[4].push(rate(n, || {
+                // SAFETY: as above.
+                let r = unsafe { cuMemcpyHtoD_v2(dev, pageable.as_ptr().cast(), n) };
+                assert_eq!(r, 0);
             }));
-            runs[5].push(rate(n, || unsafe {
-                assert_eq!(cuMemcpyDtoH_v2(pageable.as_mut_ptr().cast(), dev, n), 0);
+            runs[5].push(rate(n, || {
+                // SAFETY: as above.
+                let r = unsafe { cuMemcpyDtoH_v2(pageable.as_mut_ptr().cast(), dev, n) };
+                assert_eq!(r, 0);
             }));
         }
         rows.push(Row {
@@ -230,7 +238,10 @@ mod tests {
             pageable_dtoh: r(2e9),
         };
         let s = report(&[row], 5);
-        assert!(s.contains("95%") && s.contains("30%") && s.contains("20%"), "{s}");
+        assert!(
+            s.contains("95%") && s.contains("30%") && s.contains("20%"),
+            "{s}"
+        );
         assert!(s.contains("9.50 (8.55-10.45)"), "{s}");
     }
 

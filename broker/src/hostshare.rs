@@ -240,7 +240,10 @@ impl SharedRegion {
         // guest may write these bytes concurrently: the copy then sees some mix of old and new
         // bytes, as a DMA engine would, which the device copies as plain bytes.
         let src = unsafe {
-            std::slice::from_raw_parts(self.ptr.as_ptr().add(offset as usize), len as usize)
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr().wrapping_add(offset as usize),
+                len as usize,
+            )
         };
         dev.write(dst, src).map_err(CuError::from)
     }
@@ -257,7 +260,10 @@ impl SharedRegion {
         // SAFETY: as in `copy_in`; vgpud keeps no other reference into the mapping while the
         // device fills these bytes (each copy builds its own slice for its duration).
         let dst = unsafe {
-            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset as usize), len as usize)
+            std::slice::from_raw_parts_mut(
+                self.ptr.as_ptr().wrapping_add(offset as usize),
+                len as usize,
+            )
         };
         dev.read(src, dst).map_err(CuError::from)
     }
@@ -374,10 +380,9 @@ impl SharedRegions {
 
     /// `HostUnshare`.
     pub fn unshare(&mut self, region: u64) -> Result<(), CuError> {
-        let r = self
-            .table
-            .remove(region)
-            .ok_or_else(|| CuError::invalid_handle(format!("{region:#x} is not a shared region")))?;
+        let r = self.table.remove(region).ok_or_else(|| {
+            CuError::invalid_handle(format!("{region:#x} is not a shared region"))
+        })?;
         self.bytes -= r.len();
         Ok(())
     }
@@ -422,8 +427,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn broker() -> Arc<Broker> {
-        let dev: Arc<dyn crate::device::Device> =
-            Arc::new(MemDevice::new(1 << 30, Duration::ZERO));
+        let dev: Arc<dyn crate::device::Device> = Arc::new(MemDevice::new(1 << 30, Duration::ZERO));
         let b = Arc::new(Broker::new(vec![("gpu0".into(), dev)]));
         b.add_tenant(&vm("vm1", 64 * MIB)).unwrap();
         b
@@ -433,10 +437,7 @@ mod tests {
     fn memfd(len: u64, seals: libc::c_int, fill: u8) -> OwnedFd {
         // SAFETY: a NUL-terminated name; the result is checked.
         let fd = unsafe {
-            libc::memfd_create(
-                c"t".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
+            libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
         };
         assert!(fd >= 0);
         // SAFETY: a fresh descriptor we own.
@@ -448,7 +449,8 @@ mod tests {
         f.write_all(&bytes).unwrap();
         let fd = OwnedFd::from(f);
         // SAFETY: fcntl on our descriptor.
-        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }, 0);
+        let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+        assert_eq!(r, 0);
         fd
     }
 
@@ -469,7 +471,10 @@ mod tests {
             flags: 0,
         });
         s.handle(&req, &[], &mut out, true).unwrap();
-        (s, decode_exact::<msg::Handle>(&out, false).unwrap().0.handle)
+        (
+            s,
+            decode_exact::<msg::Handle>(&out, false).unwrap().0.handle,
+        )
     }
 
     fn call(s: &mut Session, req: Request) -> Result<Vec<u8>, CuError> {
@@ -588,12 +593,24 @@ mod tests {
             let e = call(&mut s, req).unwrap_err();
             assert_eq!(e.code, inval, "{e:?}");
         }
-        let e = call(&mut s, Request::HostUnshare(msg::HostUnshare { region: 77 })).unwrap_err();
+        let e = call(
+            &mut s,
+            Request::HostUnshare(msg::HostUnshare { region: 77 }),
+        )
+        .unwrap_err();
         assert_eq!(e.code, cuda::CUDA_ERROR_INVALID_HANDLE);
         // The region counts against the VM's handles and is returned with the session.
-        let handles = b.tenant("vm1").unwrap().limits.used(crate::limits::Budget::Handles);
+        let handles = b
+            .tenant("vm1")
+            .unwrap()
+            .limits
+            .used(crate::limits::Budget::Handles);
         drop(s);
-        let after = b.tenant("vm1").unwrap().limits.used(crate::limits::Budget::Handles);
+        let after = b
+            .tenant("vm1")
+            .unwrap()
+            .limits
+            .used(crate::limits::Budget::Handles);
         assert!(after + 2 <= handles, "{handles} -> {after}");
     }
 

@@ -869,24 +869,26 @@ impl Session {
                 self.shares.unshare(m.region)?;
                 reply(out, msg::Empty {})
             }
-            R::MemcpyHtoDShared(m) => self.shared_copy(
-                m.ctx,
-                m.stream,
-                (m.region, m.offset, m.len),
-                Direction::ToDevice,
-                m.dst,
-                false,
-            )
-            .and_then(|()| reply(out, msg::Empty {})),
-            R::MemcpyDtoHShared(m) => self.shared_copy(
-                m.ctx,
-                m.stream,
-                (m.region, m.offset, m.len),
-                Direction::ToHost,
-                m.src,
-                false,
-            )
-            .and_then(|()| reply(out, msg::Empty {})),
+            R::MemcpyHtoDShared(m) => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToDevice,
+                    m.dst,
+                    false,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
+            R::MemcpyDtoHShared(m) => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToHost,
+                    m.src,
+                    false,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
             R::MemcpyDtoD(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;

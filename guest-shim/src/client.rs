@@ -223,12 +223,8 @@ impl Client {
             self.flush()?;
             let id = self.frame(req, 0, 0);
             if let Some(ch) = &self.fd_channel {
-                vgpu_proto::fdpass::send_with_fd(
-                    std::os::fd::AsFd::as_fd(ch),
-                    &self.scratch,
-                    fd,
-                )
-                .map_err(|e| CallError::lost(&e))?;
+                vgpu_proto::fdpass::send_with_fd(std::os::fd::AsFd::as_fd(ch), &self.scratch, fd)
+                    .map_err(|e| CallError::lost(&e))?;
             }
             let h = self.read_header(id, O::OPCODE)?;
             if h.status != 0 {
@@ -241,9 +237,8 @@ impl Client {
             stream
                 .read_exact(&mut self.rbuf)
                 .map_err(|e| CallError::lost(&e))?;
-            let (r, _) = msg::decode_reply::<O>(&self.rbuf).map_err(|e| {
-                CallError::lost(&io::Error::other(format!("malformed reply: {e}")))
-            })?;
+            let (r, _) = msg::decode_reply::<O>(&self.rbuf)
+                .map_err(|e| CallError::lost(&io::Error::other(format!("malformed reply: {e}"))))?;
             Ok(r)
         })();
         self.take_output();

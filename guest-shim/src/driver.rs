@@ -1044,7 +1044,9 @@ fn host_alloc_plain(d: &Driver, size: usize) -> CuRes<*mut u8> {
                     // An older vgpud, or a transport without descriptors: stop trying.
                     d.share_pinned.store(false, Ordering::Relaxed);
                 }
-                crate::debug!("cuMemHostAlloc: not shared with vgpud ({e}); a private buffer instead");
+                crate::debug!(
+                    "cuMemHostAlloc: not shared with vgpud ({e}); a private buffer instead"
+                );
             }
         }
     }

@@ -63,21 +63,25 @@ pub fn recv_with_fds(
     if mh.msg_flags & libc::MSG_CTRUNC != 0 {
         sink.overflow();
     }
-    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled, within
-    // `msg_controllen`; each SCM_RIGHTS payload holds whole descriptors, now owned by us.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&mh);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
-                for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                    let fd = data.add(i).read_unaligned();
-                    sink.accept(OwnedFd::from_raw_fd(fd));
-                }
+    // SAFETY: `mh` describes the control buffer the kernel filled (`msg_controllen` bytes).
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&mh) };
+    while !c.is_null() {
+        // SAFETY: `c` points at a whole `cmsghdr` inside the control buffer (CMSG_FIRSTHDR and
+        // CMSG_NXTHDR return null otherwise).
+        let hdr = unsafe { c.read_unaligned() };
+        if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: the data of the header `c` points at, inside the control buffer.
+            let data = unsafe { libc::CMSG_DATA(c) }.cast::<RawFd>();
+            let bytes = (hdr.cmsg_len as usize).saturating_sub(data as usize - c as usize);
+            for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                // SAFETY: the `i`-th descriptor of this SCM_RIGHTS payload, within `cmsg_len`.
+                let fd = unsafe { data.wrapping_add(i).read_unaligned() };
+                // SAFETY: the kernel installed `fd` in this process for us; nobody else owns it.
+                sink.accept(unsafe { OwnedFd::from_raw_fd(fd) });
             }
-            c = libc::CMSG_NXTHDR(&mh, c);
         }
+        // SAFETY: `c` is a header of `mh`'s control buffer; the next one or null.
+        c = unsafe { libc::CMSG_NXTHDR(&mh, c) };
     }
     Ok(n)
 }
@@ -100,17 +104,20 @@ pub fn send_with_fd(sock: BorrowedFd<'_>, bytes: &[u8], fd: BorrowedFd<'_>) -> i
         if attach {
             mh.msg_control = control.as_mut_ptr().cast();
             mh.msg_controllen = cmsg_space(1) as _;
-            // SAFETY: the control buffer holds CMSG_SPACE(one descriptor) bytes, aligned; the
-            // header and its data are written inside it.
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(&mh);
-                (*c).cmsg_level = libc::SOL_SOCKET;
-                (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-                libc::CMSG_DATA(c)
-                    .cast::<RawFd>()
-                    .write_unaligned(fd.as_raw_fd());
-            }
+            // SAFETY: the control buffer set just above holds CMSG_SPACE(one descriptor) bytes.
+            let c = unsafe { libc::CMSG_FIRSTHDR(&mh) };
+            // SAFETY: cmsghdr is plain data; all-zero is a valid value.
+            let mut hdr: libc::cmsghdr = unsafe { std::mem::zeroed() };
+            hdr.cmsg_level = libc::SOL_SOCKET;
+            hdr.cmsg_type = libc::SCM_RIGHTS;
+            // SAFETY: pure arithmetic on its argument.
+            hdr.cmsg_len = unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as _;
+            // SAFETY: `c` points at the start of the control buffer, which has room for a header.
+            unsafe { c.write_unaligned(hdr) };
+            // SAFETY: the data of that header, inside the control buffer.
+            let data = unsafe { libc::CMSG_DATA(c) }.cast::<RawFd>();
+            // SAFETY: CMSG_SPACE(one descriptor) leaves room for one descriptor at `data`.
+            unsafe { data.write_unaligned(fd.as_raw_fd()) };
         }
         // SAFETY: `mh` points at `iov` (valid for reads of `rest.len()` bytes) and, when
         // attaching, at `control`; both outlive the call.

@@ -55,6 +55,15 @@ impl EndReason {
     }
 }
 
+/// How a session thread reads its socket.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// Longest poll before a read blocks.
+    spin: Duration,
+    /// Whether descriptors are received (direct unix-socket clients only).
+    fds: bool,
+}
+
 struct Conn {
     vm: String,
     stream: UnixStream,
@@ -161,7 +170,11 @@ impl SessionHub {
                 hub.lock().remove(&id);
                 return;
             }
-            hub.run(&broker, tenant, &stream, &transport, read_spin, accept_fds, id);
+            let reading = Reading {
+                spin: read_spin,
+                fds: accept_fds,
+            };
+            hub.run(&broker, tenant, &stream, &transport, reading, id);
         });
         if let Err(e) = spawned {
             self.lock().remove(&id);
@@ -175,8 +188,7 @@ impl SessionHub {
         tenant: Arc<Tenant>,
         stream: &UnixStream,
         transport: &str,
-        read_spin: Duration,
-        accept_fds: bool,
+        reading: Reading,
         conn: u64,
     ) {
         let vm = tenant.name.clone();
@@ -221,8 +233,8 @@ impl SessionHub {
         // `fd` is `stream`'s, which outlives the session: serve_watched
         // returns before `stream` is dropped, and the probe with it.
         let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
-        let mut reader = vgpu_proto::spin::SpinRead::with_spin(stream, read_spin);
-        let inbox = accept_fds.then(vgpu_broker::hostshare::FdInbox::new);
+        let mut reader = vgpu_proto::spin::SpinRead::with_spin(stream, reading.spin);
+        let inbox = reading.fds.then(vgpu_broker::hostshare::FdInbox::new);
         if let Some(inbox) = &inbox {
             reader = reader.receiving_fds(Arc::clone(inbox) as Arc<dyn vgpu_proto::fdpass::FdSink>);
         }

@@ -12,6 +12,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 use thiserror::Error;
+use vgpu_hugemem::{HUGE_PAGE, HugeMapping};
 use vgpu_proto::msg;
 
 use crate::client::{CallError, Client};
@@ -61,8 +62,14 @@ pub fn enabled() -> bool {
 #[derive(Debug)]
 pub struct SharedBuffer {
     ptr: NonNull<u8>,
+    /// Bytes the application asked for.
     len: usize,
+    /// Bytes of the memfd and the mapping (from [`HUGE_PAGE`] on, whole huge pages).
+    mapped: usize,
     region: u64,
+    /// From [`HUGE_PAGE`] on: the huge-page-aligned, advised address range the memfd is mapped
+    /// over (its `Drop` unmaps the range); `None`: the mapping is unmapped by our `Drop`.
+    reservation: Option<HugeMapping>,
 }
 
 // SAFETY: the mapping is owned by this value; the application reaches it through the raw
@@ -74,7 +81,21 @@ unsafe impl Sync for SharedBuffer {}
 impl SharedBuffer {
     /// Creates a sealed memfd of `len` bytes, maps it and shares it over `client`.
     pub fn create(client: &mut Client, len: usize) -> Result<Self, ShareError> {
-        let size = len.max(1);
+        let len = len.max(1);
+        // Large buffers are whole huge pages, aligned and advised, like the shim's private ones.
+        let reservation = if len >= HUGE_PAGE {
+            Some(HugeMapping::new(len).map_err(|e| ShareError::Sys {
+                call: "mmap",
+                source: std::io::Error::other(e.to_string()),
+            })?)
+        } else {
+            None
+        };
+        let size = if reservation.is_some() {
+            len.next_multiple_of(HUGE_PAGE)
+        } else {
+            len
+        };
         // SAFETY: a NUL-terminated name and flags; the result is checked.
         let raw = unsafe {
             libc::memfd_create(
@@ -99,14 +120,19 @@ impl SharedBuffer {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
             return Err(sys("fcntl(F_ADD_SEALS)"));
         }
-        // SAFETY: a fresh shared mapping of our sealed file (it cannot shrink under us), at an
-        // address of the kernel's choosing; checked below.
+        let (at, fixed) = match &reservation {
+            Some(r) => (r.as_non_null().as_ptr().cast(), libc::MAP_FIXED),
+            None => (std::ptr::null_mut(), 0),
+        };
+        // SAFETY: a shared mapping of our sealed file (it cannot shrink under us): at an address
+        // of the kernel's choosing, or over the whole of our own reservation (`size` bytes),
+        // which nothing else uses; checked below.
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                at,
                 size,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | fixed,
                 fd.as_raw_fd(),
                 0,
             )
@@ -117,10 +143,17 @@ impl SharedBuffer {
         let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
             return Err(sys("mmap"));
         };
+        if reservation.is_some() {
+            // Advice only: shared memory uses huge pages where the host's shmem THP mode allows.
+            // SAFETY: our own mapping; the advice changes no contents.
+            unsafe { libc::madvise(p, size, libc::MADV_HUGEPAGE) };
+        }
         let mut buf = SharedBuffer {
             ptr,
-            len: size,
+            len,
+            mapped: size,
             region: 0,
+            reservation,
         };
         let req = msg::HostShare { size: size as u64 };
         let reply = client
@@ -153,8 +186,11 @@ impl SharedBuffer {
 
 impl Drop for SharedBuffer {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `create`, unmapped once; vgpud's own mapping is separate.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if self.reservation.is_none() {
+            // SAFETY: the mapping made in `create`, unmapped once; vgpud's own mapping is
+            // separate. (A reservation unmaps its whole range itself.)
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+        }
     }
 }
 

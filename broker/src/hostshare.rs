@@ -7,7 +7,11 @@
 //!
 //! - it is a memfd (sealing works only there) sealed against shrinking and growing: a guest that
 //!   could shrink the file under the mapping would make vgpud's copies fault (`SIGBUS`);
-//! - it is at least as large as the size declared, which is bounded ([`MAX_REGION_BYTES`]).
+//! - it is at least as large as the size declared, which is bounded ([`MAX_REGION_BYTES`]);
+//! - it is not on hugetlbfs (a page missing from the pool would fault vgpud too);
+//! - once mapped and sealed by vgpud with `F_SEAL_FUTURE_WRITE` (no hole punching, no new
+//!   writable mapping; the guest's own mapping still writes), it has no hole: every page is
+//!   allocated and charged to the guest, never by vgpud's copies to vgpud.
 //!
 //! Descriptors wait in a bounded per-session queue ([`FdInbox`]) between the reader that
 //! received them and the `HostShare` that takes them; past [`MAX_QUEUED_FDS`] they are closed
@@ -40,6 +44,8 @@ pub const MAX_REGION_BYTES: u64 = 64 << 30;
 pub const MAX_SHARED_BYTES: u64 = 256 << 30;
 /// Seals a region's memfd must carry.
 pub const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+/// `statfs.f_type` of hugetlbfs.
+const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
 
 /// Why a descriptor was not mapped.
 #[derive(Debug, Error)]
@@ -70,6 +76,16 @@ pub enum ShareError {
     /// `fstat` or `mmap` failed.
     #[error("cannot map the memfd")]
     Map(#[source] std::io::Error),
+    /// A hugetlbfs memfd: a page missing from the pool would fault vgpud (`SIGBUS`).
+    #[error("hugetlbfs memfds are not shared")]
+    HugeTlb,
+    /// vgpud could not seal the file against hole punching (the guest set `F_SEAL_SEAL`).
+    #[error("cannot add F_SEAL_FUTURE_WRITE (leave F_SEAL_SEAL unset)")]
+    Reseal(#[source] std::io::Error),
+    /// Not every page of the region is allocated: vgpud's copies would allocate them, charged
+    /// to vgpud instead of the guest.
+    #[error("the memfd has a hole at byte {0}: allocate it whole (fallocate) before sharing")]
+    Hole(u64),
 }
 
 impl From<ShareError> for CuError {
@@ -176,6 +192,16 @@ impl SharedRegion {
         if have < size {
             return Err(ShareError::TooSmall { have, want: size });
         }
+        // SAFETY: `sf` is plain data filled by fstatfs on a descriptor we own.
+        let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor and a valid out pointer.
+        if unsafe { libc::fstatfs(raw, &mut sf) } != 0 {
+            return Err(ShareError::Map(std::io::Error::last_os_error()));
+        }
+        #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+        if i64::from(sf.f_type as i64) == HUGETLBFS_MAGIC {
+            return Err(ShareError::HugeTlb);
+        }
         let len = usize::try_from(size).map_err(|_| ShareError::BadSize(size))?;
         // SAFETY: a fresh shared mapping of a file we hold open, at an address the kernel
         // picks; the result is checked. The file cannot shrink (sealed), so every byte of the
@@ -195,7 +221,23 @@ impl SharedRegion {
         }
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| ShareError::Map(std::io::Error::other("mmap returned null")))?;
-        Ok(Self { ptr, len })
+        // Unmapped again on every failure below.
+        let region = Self { ptr, len };
+        // With our writable mapping made, no new writable mapping, no write(2) and, above all,
+        // no hole punching (fallocate, MADV_REMOVE) any more: the guest's own mapping, made
+        // before, still writes. So every page stays allocated, charged to the guest.
+        // SAFETY: fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_FUTURE_WRITE) } != 0 {
+            return Err(ShareError::Reseal(std::io::Error::last_os_error()));
+        }
+        // SAFETY: lseek on a descriptor we own (the offset is not used after).
+        let hole = unsafe { libc::lseek(raw, 0, libc::SEEK_HOLE) };
+        let hole =
+            u64::try_from(hole).map_err(|_| ShareError::Map(std::io::Error::last_os_error()))?;
+        if hole < size {
+            return Err(ShareError::Hole(hole));
+        }
+        Ok(region)
     }
 
     /// Bytes mapped.
@@ -487,7 +529,7 @@ mod tests {
         Ok(decode_exact::<msg::Handle>(&out, false).unwrap().0.handle)
     }
 
-    const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
     #[test]
     fn shared_copies_run_between_the_mapping_and_device_memory() {
@@ -496,11 +538,32 @@ mod tests {
         let (mut s, ctx) = session(&b, Some(Arc::clone(&inbox)));
         let fd = memfd(MIB, SEALED, 0);
         let pattern = |i: u64| (i % 251) as u8;
-        // The guest's own view of the buffer.
-        let guest = SharedRegion::map(&fd, MIB).unwrap();
+        // The guest's own view of the buffer (a plain mapping, unmapped by the region's drop).
+        // SAFETY: a fresh shared mapping of our memfd, checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                MIB as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let guest = SharedRegion {
+            ptr: NonNull::new(p.cast()).unwrap(),
+            len: MIB as usize,
+        };
+        let guest_fd = fd.try_clone().unwrap();
         inbox.accept(fd);
         let region = share(&mut s, MIB).unwrap();
         assert_eq!(s.shared_regions(), 1);
+        // The guest can no longer punch holes into it; its own mapping still writes.
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate on our descriptor.
+        let r = unsafe { libc::fallocate(guest_fd.as_raw_fd(), punch, 0, 4096) };
+        assert_eq!(r, -1, "hole punching must be refused once shared");
         let out = call(&mut s, Request::MemAlloc(msg::MemAlloc { ctx, size: MIB })).unwrap();
         let p = decode_exact::<msg::Ptr>(&out, false).unwrap().0.ptr;
         // Host to device from an offset, then back to another offset, asynchronously.
@@ -561,6 +624,20 @@ mod tests {
         assert!(e.message.contains("fewer than"), "{e:?}");
         inbox.accept(memfd(4096, SEALED, 0));
         assert_eq!(share(&mut s, 0).unwrap_err().code, inval);
+        // Sealed with F_SEAL_SEAL (vgpud cannot forbid hole punching), or sparse.
+        inbox.accept(memfd(4096, SEALED | libc::F_SEAL_SEAL, 0));
+        let e = share(&mut s, 4096).unwrap_err();
+        assert!(e.message.contains("F_SEAL_FUTURE_WRITE"), "{e:?}");
+        let sparse = memfd(4096, 0, 0);
+        // SAFETY: plain calls on our descriptor.
+        let grown = unsafe { libc::ftruncate(sparse.as_raw_fd(), 3 * 4096) };
+        assert_eq!(grown, 0);
+        // SAFETY: as above.
+        let sealed = unsafe { libc::fcntl(sparse.as_raw_fd(), libc::F_ADD_SEALS, SEALED) };
+        assert_eq!(sealed, 0);
+        inbox.accept(sparse);
+        let e = share(&mut s, 3 * 4096).unwrap_err();
+        assert!(e.message.contains("hole at byte 4096"), "{e:?}");
         inbox.accept(memfd(4096, SEALED, 0));
         assert_eq!(share(&mut s, u64::MAX).unwrap_err().code, inval);
         // Every refused descriptor was consumed and closed; nothing is held.

@@ -19,8 +19,9 @@ use crate::client::{CallError, Client};
 
 /// Name of the memfds (shown in `/proc/PID/maps`).
 const MEMFD_NAME: &CStr = c"vgpu-pinned";
-/// Seals that make the buffer's size fixed for good (vgpud checks shrink and grow).
-const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+/// Seals that make the buffer's size fixed for good. Not `F_SEAL_SEAL`: vgpud adds
+/// `F_SEAL_FUTURE_WRITE` once it has mapped the buffer, so that no hole can be punched into it.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 /// The environment variable that turns sharing off (`0`).
 pub const SHARE_ENV: &str = "VGPU_SHARE_PINNED";
 
@@ -116,6 +117,13 @@ impl SharedBuffer {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), flen) } != 0 {
             return Err(sys("ftruncate"));
         }
+        // Every page allocated now (and faulted in by MAP_POPULATE below), charged to this
+        // process: vgpud refuses a file with holes, which its copies would fill at its own
+        // cost. A real driver's page-locking allocates pinned memory up front too.
+        // SAFETY: as above.
+        if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, flen) } != 0 {
+            return Err(sys("fallocate"));
+        }
         // SAFETY: as above.
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
             return Err(sys("fcntl(F_ADD_SEALS)"));
@@ -132,7 +140,8 @@ impl SharedBuffer {
                 at,
                 size,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | fixed,
+                // Populated: every page faulted in now (vgpud checks that the file has no holes).
+                libc::MAP_SHARED | libc::MAP_POPULATE | fixed,
                 fd.as_raw_fd(),
                 0,
             )

@@ -18,6 +18,7 @@ mod graphs;
 mod kernels_c;
 mod libvirt_domain;
 mod memory_policy;
+mod pinned;
 mod python_driver;
 mod qemu_boot;
 mod qemu_vsock;

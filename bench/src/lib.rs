@@ -3,6 +3,7 @@
 
 pub mod graphs;
 pub mod overflow;
+pub mod pinned;
 pub mod remoting;
 pub mod share;
 pub mod soak;

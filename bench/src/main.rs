@@ -53,6 +53,16 @@ enum Bench {
         #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::GuestWait::Block)]
         guest_wait: vgpu_bench::vgpu_dev::GuestWait,
     },
+    /// Copies from and to pinned (`cuMemAllocHost`, shared with vgpud) vs pageable memory over
+    /// the unix socket, vs the memcpy floor of the same pages.
+    Pinned {
+        /// Repetitions; medians and spreads are reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Copy sizes in MiB, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 256])]
+        sizes: Vec<usize>,
+    },
     /// Host overflow on the simulated GPU: a kernel over device-resident vs host-overflowed
     /// memory, and one demotion/promotion vs a memcpy of the same size.
     Overflow {
@@ -159,11 +169,16 @@ fn sibling_vgpud(path: Option<std::path::PathBuf>) -> Result<std::path::PathBuf,
 }
 
 /// The benchmarks `all` runs, with their arguments (full, quick).
-const ALL: [(&str, &[&str], &[&str]); 5] = [
+const ALL: [(&str, &[&str], &[&str]); 6] = [
     ("remoting", &[], &["--iters", "5000", "--runs", "3"]),
     ("vhost", &[], &["--iters", "2000", "--runs", "3"]),
     (
         "vgpu-dev",
+        &["--sizes", "1,16,256"],
+        &["--sizes", "1,16", "--runs", "3"],
+    ),
+    (
+        "pinned",
         &["--sizes", "1,16,256"],
         &["--sizes", "1,16", "--runs", "3"],
     ),
@@ -233,6 +248,11 @@ fn main() -> ExitCode {
             wait: guest_wait,
         })
         .map(|r| emit(vgpu_bench::summary::vgpu_dev(&r))),
+        Bench::Pinned { runs, sizes } => vgpu_bench::pinned::run(&vgpu_bench::pinned::Params {
+            runs,
+            sizes_mib: sizes,
+        })
+        .map(|r| emit(vgpu_bench::summary::pinned(&r))),
         Bench::Overflow {
             runs,
             kernel_mib,

@@ -207,6 +207,31 @@ pub fn vgpu_dev(r: &crate::vgpu_dev::Results) -> Vec<Figure> {
     out
 }
 
+/// `pinned`: copies from and to pinned and pageable memory over the unix socket, against the
+/// memcpy floor of the same pinned pages.
+pub fn pinned(rows: &[crate::pinned::Row]) -> Vec<Figure> {
+    let mut out = Vec::new();
+    for r in rows {
+        let mib = r.bytes >> 20;
+        for (what, v, floor) in [
+            ("pinned HtoD", r.pinned_htod, r.floor_htod),
+            ("pinned DtoH", r.pinned_dtoh, r.floor_dtoh),
+            ("pageable HtoD", r.pageable_htod, r.floor_htod),
+            ("pageable DtoH", r.pageable_dtoh, r.floor_dtoh),
+        ] {
+            out.push(Figure::new(
+                "pinned",
+                &format!("{what} {mib} MiB, unix socket"),
+                v.median / BYTES_PER_GB,
+                floor.median / BYTES_PER_GB,
+                "memcpy floor",
+                "GB/s",
+            ));
+        }
+    }
+    out
+}
+
 /// `graphs`: a graph launch against the same kernels launched one by one, per kernel.
 pub fn graphs(r: &crate::graphs::Report) -> Vec<Figure> {
     let mut out = Vec::new();

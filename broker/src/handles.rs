@@ -42,6 +42,8 @@ pub enum HandleKind {
     MemHandle = 0x35,
     /// `CUgraphExec` (the host's part of one; the shim holds the rest).
     GraphExec = 0x67,
+    /// A shared region of page-locked host memory (`HostShare`).
+    HostShare = 0x48,
 }
 
 impl HandleKind {
@@ -56,6 +58,7 @@ impl HandleKind {
             HandleKind::MemPool => "memory pools",
             HandleKind::MemHandle => "allocation handles",
             HandleKind::GraphExec => "executable graphs",
+            HandleKind::HostShare => "shared host regions",
         }
     }
 }

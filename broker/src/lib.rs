@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod handles;
 pub mod host_gate;
+pub mod hostshare;
 pub mod limits;
 pub mod memory;
 pub mod scheduler;

@@ -21,6 +21,7 @@ use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
+use crate::hostshare::{Direction, SharedCopy};
 use crate::limits::HandleBudget;
 use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
@@ -201,6 +202,7 @@ pub struct Session {
     output: SessionOutput,
     ext: alloc_ext::AllocExt,
     graphs: graph::Graphs,
+    shares: crate::hostshare::SharedRegions,
 }
 
 impl std::fmt::Debug for Session {
@@ -227,13 +229,30 @@ fn reply<M: Message>(out: &mut Vec<u8>, m: M) -> Result<(), CuError> {
 }
 
 impl Session {
-    /// Opens a session of `tenant`; `info` describes the peer.
     /// Makes the session's waits notice a client that disconnected
     /// ([`crate::engine::Engine::watch_hangup`]).
     pub fn watch_hangup(&mut self, probe: crate::engine::HangupProbe) {
         self.engine.watch_hangup(probe);
     }
 
+    /// Lets the session map host memory the client shares (`HostShare`): the descriptors its
+    /// transport received wait in `inbox`. Only unix-socket sessions have one; others refuse
+    /// `HostShare` with `CUDA_ERROR_NOT_SUPPORTED`.
+    pub fn accept_fds(&mut self, inbox: Arc<crate::hostshare::FdInbox>) {
+        self.shares.set_inbox(inbox);
+    }
+
+    /// Whether the client sent more descriptors than the session queues (a protocol violation).
+    pub fn fds_overflowed(&self) -> bool {
+        self.shares.inbox().is_some_and(|i| i.overflowed())
+    }
+
+    /// Shared host regions held.
+    pub fn shared_regions(&self) -> usize {
+        self.shares.len()
+    }
+
+    /// Opens a session of `tenant`; `info` describes the peer.
     pub fn new(tenant: Arc<Tenant>, info: Arc<SessionInfo>) -> Result<Session, CuError> {
         let dev = tenant.context().map_err(CuError::from)?;
         let device = tenant.device().info().clone();
@@ -257,12 +276,14 @@ impl Session {
             output: SessionOutput::default(),
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
+            shares: crate::hostshare::SharedRegions::default(),
             tenant,
             device,
             dev,
         };
         s.ext.set_budget(budget(Budget::Handles));
         s.graphs.set_budget(budget(Budget::Handles));
+        s.shares.set_budget(budget(Budget::Handles));
         Ok(s)
     }
 
@@ -314,6 +335,8 @@ impl Session {
             R::LaunchKernel(m) => (m.ctx, m.stream),
             R::LaunchCooperative(m) => (m.ctx, m.stream),
             R::GraphLaunch(m) => (m.ctx, m.stream),
+            R::MemcpyHtoDShared(m) => (m.ctx, m.stream),
+            R::MemcpyDtoHShared(m) => (m.ctx, m.stream),
             _ => return crate::engine::NO_CONTEXT,
         };
         let ctx = self.streams.get(stream).map_or(ctx, |s| s.ctx);
@@ -335,6 +358,8 @@ impl Session {
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
             R::LaunchCooperative(m) => (m.ctx, m.stream),
+            R::MemcpyHtoDShared(m) => (m.ctx, m.stream),
+            R::MemcpyDtoHShared(m) => (m.ctx, m.stream),
             _ => return None,
         };
         self.lane(ctx, stream).ok()
@@ -353,7 +378,30 @@ impl Session {
         out: &mut Vec<u8>,
         sync: bool,
     ) -> Result<(), CuError> {
-        let r = self.dispatch(req, tail, out);
+        let r = match req {
+            // Synchronous shared copies may run inline whatever their size.
+            Request::MemcpyHtoDShared(m) if sync => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToDevice,
+                    m.dst,
+                    true,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
+            Request::MemcpyDtoHShared(m) if sync => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToHost,
+                    m.src,
+                    true,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
+            _ => self.dispatch(req, tail, out),
+        };
         self.complete_call(req, r, sync)
     }
 
@@ -502,6 +550,62 @@ impl Session {
             .bytes_dtoh
             .fetch_add(m.len, Ordering::Relaxed);
         reply(out, msg::Empty {})
+    }
+
+    /// `MemcpyHtoDShared` / `MemcpyDtoHShared`: one copy between a shared region
+    /// (`(region, offset, len)`) and device memory at `dev`, checked like any copy. It is queued
+    /// on its stream holding the region (so an unshare cannot pull the mapping from under it)
+    /// and no bytes (so it is not charged to `queued_bytes`: the data stays in the guest's
+    /// memory). Sent synchronously to an idle stream it runs at once on the session thread,
+    /// whatever its size: the client waits for it anyway, and a hand-off to a worker would
+    /// only add a wake-up.
+    fn shared_copy(
+        &mut self,
+        ctx: u64,
+        stream: u64,
+        (region, offset, len): (u64, u64, u64),
+        dir: Direction,
+        dev: u64,
+        sync: bool,
+    ) -> Result<(), CuError> {
+        let lane = self.lane(ctx, stream)?;
+        let what = match dir {
+            Direction::ToDevice => "copy destination",
+            Direction::ToHost => "copy source",
+        };
+        self.allocs.check(dev, len, what)?;
+        let region = self.shares.get(region, offset, len)?;
+        let counter = match dir {
+            Direction::ToDevice => &self.tenant.stats.bytes_htod,
+            Direction::ToHost => &self.tenant.stats.bytes_dtoh,
+        };
+        counter.fetch_add(len, Ordering::Relaxed);
+        if len == 0 {
+            return Ok(());
+        }
+        let copy = SharedCopy {
+            region,
+            dir,
+            dev,
+            offset,
+            len,
+        };
+        if sync {
+            let mut failed = None;
+            let ran = self.engine.try_inline(&lane, |d| {
+                let r = match copy.dir {
+                    Direction::ToDevice => copy.region.copy_in(d, copy.dev, copy.offset, copy.len),
+                    Direction::ToHost => copy.region.copy_out(d, copy.dev, copy.offset, copy.len),
+                };
+                failed = r.err();
+                Ok(())
+            });
+            if ran.is_some() {
+                return failed.map_or(Ok(()), Err);
+            }
+        }
+        self.engine.submit(&lane, Job::Other(Box::new(copy)));
+        Ok(())
     }
 
     fn dispatch(&mut self, req: &Request, tail: &[u8], out: &mut Vec<u8>) -> Result<(), CuError> {
@@ -802,6 +906,34 @@ impl Session {
                     .fetch_add(sent, Ordering::Relaxed);
                 Ok(())
             }
+            R::HostShare(m) => {
+                let handle = self.shares.share(m.size)?;
+                reply(out, msg::Handle { handle })
+            }
+            R::HostUnshare(m) => {
+                self.shares.unshare(m.region)?;
+                reply(out, msg::Empty {})
+            }
+            R::MemcpyHtoDShared(m) => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToDevice,
+                    m.dst,
+                    false,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
+            R::MemcpyDtoHShared(m) => self
+                .shared_copy(
+                    m.ctx,
+                    m.stream,
+                    (m.region, m.offset, m.len),
+                    Direction::ToHost,
+                    m.src,
+                    false,
+                )
+                .and_then(|()| reply(out, msg::Empty {})),
             R::MemcpyDtoD(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;

@@ -132,6 +132,22 @@ pub fn serve_watched<R: Read, W: Write>(
     transport: &str,
     hangup: Option<crate::engine::HangupProbe>,
 ) -> Result<SessionSummary, ServeError> {
+    serve_with_fds(broker, tenant, reader, writer, transport, hangup, None)
+}
+
+/// [`serve_watched`] on a transport that passes descriptors (a unix socket read with
+/// `vgpu_proto::spin::SpinRead::receiving_fds` into `fds`): the session may then map the host
+/// memory the client shares (`HostShare`, [`crate::hostshare`]). A client that sends more
+/// descriptors than the inbox queues breaks the protocol.
+pub fn serve_with_fds<R: Read, W: Write>(
+    broker: &Broker,
+    tenant: Arc<Tenant>,
+    reader: R,
+    writer: W,
+    transport: &str,
+    hangup: Option<crate::engine::HangupProbe>,
+    fds: Option<Arc<crate::hostshare::FdInbox>>,
+) -> Result<SessionSummary, ServeError> {
     let mut r = BufReader::with_capacity(IO_BUFFER, reader);
     let mut w = Replier {
         w: BufWriter::with_capacity(IO_BUFFER, writer),
@@ -170,6 +186,9 @@ pub fn serve_watched<R: Read, W: Write>(
         };
     if let Some(probe) = hangup {
         session.watch_hangup(probe);
+    }
+    if let Some(inbox) = fds {
+        session.accept_fds(inbox);
     }
     let info = Arc::clone(session.info());
     let mut out = Vec::new();
@@ -307,6 +326,12 @@ fn session_loop<R: Read, W: Write>(
             Err(e) => return Err(e.into()),
         };
         summary.requests += 1;
+        if session.fds_overflowed() {
+            return Err(ServeError::Protocol(format!(
+                "the client sent more than {} descriptors ahead of their requests",
+                crate::hostshare::MAX_QUEUED_FDS
+            )));
+        }
         if h.is_reply() || h.has_output() {
             return Err(ServeError::Protocol(
                 "the client sent a reply frame or reply flags".into(),

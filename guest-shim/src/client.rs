@@ -121,6 +121,8 @@ pub struct Client {
     output_pending: bool,
     /// Where fetched device output goes: (bytes, stderr?).
     output_sink: fn(&[u8], bool),
+    /// The unix socket again, for frames that carry a descriptor ([`Client::call_with_fd`]).
+    fd_channel: Option<std::os::unix::net::UnixStream>,
 }
 
 impl std::fmt::Debug for Client {
@@ -136,7 +138,11 @@ impl Client {
     /// A client over a connection; call [`Client::hello`] next.
     pub fn with_link(link: Link) -> Self {
         match link {
-            Link::Stream(StreamLink(s)) => Self::new(s),
+            Link::Stream(StreamLink(s, fds)) => {
+                let mut c = Self::new(s);
+                c.fd_channel = fds;
+                c
+            }
             Link::Device(d) => {
                 let mut c = Self::build(Conn::Device(d));
                 c.rbuf = vec![0; DEVICE_REPLY_BUFFER];
@@ -189,7 +195,54 @@ impl Client {
             broken: None,
             output_pending: false,
             output_sink: crate::devout::write,
+            fd_channel: None,
         }
+    }
+
+    /// Whether this connection can pass descriptors (a unix socket).
+    pub fn passes_fds(&self) -> bool {
+        self.fd_channel.is_some()
+    }
+
+    /// Sends a synchronous request with `fd` attached (`SCM_RIGHTS`) and waits for its reply.
+    /// Only on a unix socket ([`Client::passes_fds`]); elsewhere `CUDA_ERROR_NOT_SUPPORTED`.
+    pub fn call_with_fd<O: Op>(
+        &mut self,
+        req: &O,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<O::Reply, CallError> {
+        self.check()?;
+        let r = (|| {
+            if self.fd_channel.is_none() {
+                return Err(CallError::new(
+                    cuda::CUDA_ERROR_NOT_SUPPORTED,
+                    "this transport cannot pass descriptors",
+                ));
+            }
+            // Earlier frames first: the descriptor must arrive with this frame's bytes.
+            self.flush()?;
+            let id = self.frame(req, 0, 0);
+            if let Some(ch) = &self.fd_channel {
+                vgpu_proto::fdpass::send_with_fd(std::os::fd::AsFd::as_fd(ch), &self.scratch, fd)
+                    .map_err(|e| CallError::lost(&e))?;
+            }
+            let h = self.read_header(id, O::OPCODE)?;
+            if h.status != 0 {
+                return Err(self.read_error(&h));
+            }
+            self.rbuf.resize(h.payload_len as usize, 0);
+            let Conn::Stream(stream) = &mut self.conn else {
+                return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a stream"));
+            };
+            stream
+                .read_exact(&mut self.rbuf)
+                .map_err(|e| CallError::lost(&e))?;
+            let (r, _) = msg::decode_reply::<O>(&self.rbuf)
+                .map_err(|e| CallError::lost(&io::Error::other(format!("malformed reply: {e}"))))?;
+            Ok(r)
+        })();
+        self.take_output();
+        r.map_err(|e| self.fail(e))
     }
 
     /// Sends fetched device output to `sink` instead of the process's stdout and stderr.

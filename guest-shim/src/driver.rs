@@ -47,6 +47,10 @@ pub struct Driver {
     chunk: usize,
     device_ranges: Mutex<BTreeMap<u64, u64>>,
     host_allocs: Mutex<HashMap<usize, HostAlloc>>,
+    /// Pinned buffers shared with vgpud ([`crate::pinned`]): start → (length, region).
+    shared_pinned: Mutex<BTreeMap<usize, (usize, u64)>>,
+    /// Whether `cuMemHostAlloc` tries to share its buffers (unix socket, not turned off).
+    share_pinned: AtomicBool,
     /// `cuMemHostRegister`ed ranges: start → length.
     host_registered: Mutex<BTreeMap<usize, usize>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
@@ -199,6 +203,7 @@ fn connect() -> CuRes<Driver> {
     let device = client
         .device()
         .map(|d| (d.info().device_id, d.info().session));
+    let share_pinned = client.passes_fds() && crate::pinned::enabled();
     Ok(Driver {
         client: Mutex::new(client),
         props,
@@ -208,6 +213,8 @@ fn connect() -> CuRes<Driver> {
         chunk,
         device_ranges: Mutex::new(BTreeMap::new()),
         host_allocs: Mutex::new(HashMap::new()),
+        shared_pinned: Mutex::new(BTreeMap::new()),
+        share_pinned: AtomicBool::new(share_pinned),
         host_registered: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
@@ -299,6 +306,16 @@ impl Driver {
                 let _ = c.flush();
             }
         }
+    }
+
+    /// The shared region and offset of `[addr, addr + len)` when it lies inside one pinned
+    /// buffer shared with vgpud.
+    fn shared_range(&self, addr: usize, len: usize) -> Option<(u64, u64)> {
+        let m = lock(&self.shared_pinned);
+        if m.is_empty() {
+            return None;
+        }
+        crate::pinned::lookup(&m, addr, len)
     }
 
     /// Whether `ptr` lies in device memory this process allocated.
@@ -739,6 +756,21 @@ pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> 
     if src.is_empty() {
         return Ok(());
     }
+    if let Some((region, offset)) = d.shared_range(src.as_ptr() as usize, src.len()) {
+        let req = msg::MemcpyHtoDShared {
+            ctx: c,
+            stream,
+            dst,
+            region,
+            offset,
+            len: src.len() as u64,
+        };
+        return if sync {
+            d.call(&req, &[]).map(drop)
+        } else {
+            d.post(&req, &[])
+        };
+    }
     let chunks: Vec<&[u8]> = src.chunks(d.chunk).collect();
     let last = chunks.len() - 1;
     for (i, chunk) in chunks.into_iter().enumerate() {
@@ -775,8 +807,38 @@ pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     if let Some(r) = crate::alloc_api::dtoh_hook(dst, src) {
         return r;
     }
+    if let Some(r) = memcpy_dtoh_shared(dst, src, stream, sync) {
+        return r;
+    }
     memcpy_dtoh_raw(dst, src, stream)?;
     crate::alloc_api::after_sync()
+}
+
+/// [`memcpy_dtoh`] into a pinned buffer shared with vgpud: no bytes travel, and on a stream of
+/// its own the copy is asynchronous, as CUDA's copies to pinned memory are. `None`: `dst` is
+/// not inside one shared buffer.
+fn memcpy_dtoh_shared(dst: &mut [u8], src: u64, stream: u64, sync: bool) -> Option<CuRes<()>> {
+    let d = driver().ok()?;
+    if dst.is_empty() {
+        return None;
+    }
+    let (region, offset) = d.shared_range(dst.as_ptr() as usize, dst.len())?;
+    Some((|| {
+        let req = msg::MemcpyDtoHShared {
+            ctx: ctx()?,
+            stream: wire_stream(stream)?,
+            src,
+            region,
+            offset,
+            len: dst.len() as u64,
+        };
+        if sync {
+            d.call(&req, &[])?;
+            crate::alloc_api::after_sync()
+        } else {
+            d.post(&req, &[])
+        }
+    })())
 }
 
 /// [`memcpy_dtoh`] from device memory, never from a mirror.
@@ -912,6 +974,7 @@ pub fn allocation_of(ptr: u64) -> CuRes<Option<Allocation>> {
             HostAlloc::Mapped {
                 _unmapped_on_drop: m,
             } => m.len(),
+            HostAlloc::Shared(b) => b.len(),
         };
         inside(base, len).then_some((base, len))
     });
@@ -998,6 +1061,8 @@ enum HostAlloc {
     /// A huge-page-advised mapping of its own, held for its `Drop` (which unmaps it); the
     /// application reaches it through the pointer `host_alloc` returned.
     Mapped { _unmapped_on_drop: HugeMapping },
+    /// A sealed memfd shared with vgpud ([`crate::pinned`]), unmapped by its `Drop`.
+    Shared(crate::pinned::SharedBuffer),
 }
 
 /// `cuMemHostAlloc` buffers at least this large get a huge-page-advised mapping of their own: in
@@ -1023,6 +1088,28 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
 }
 
 fn host_alloc_plain(d: &Driver, size: usize) -> CuRes<*mut u8> {
+    if d.share_pinned.load(Ordering::Relaxed) {
+        let shared = crate::pinned::SharedBuffer::create(&mut lock(&d.client), size);
+        match shared {
+            Ok(b) => {
+                let p = b.addr();
+                lock(&d.shared_pinned).insert(p, (b.len(), b.region()));
+                lock(&d.host_allocs).insert(p, HostAlloc::Shared(b));
+                return Ok(p as *mut u8);
+            }
+            Err(e) => {
+                let refused = matches!(&e, crate::pinned::ShareError::Refused { code, .. }
+                    if *code == cuda::CUDA_ERROR_NOT_SUPPORTED);
+                if refused {
+                    // An older vgpud, or a transport without descriptors: stop trying.
+                    d.share_pinned.store(false, Ordering::Relaxed);
+                }
+                crate::debug!(
+                    "cuMemHostAlloc: not shared with vgpud ({e}); a private buffer instead"
+                );
+            }
+        }
+    }
     if size >= HOST_ALLOC_HUGE_MIN {
         let m = HugeMapping::new(size).map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
         let p = m.as_non_null().as_ptr();
@@ -1055,6 +1142,14 @@ pub fn host_free(addr: usize) -> CuRes<()> {
     let alloc = lock(&d.host_allocs)
         .remove(&addr)
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    if let HostAlloc::Shared(b) = &alloc {
+        lock(&d.shared_pinned).remove(&addr);
+        // vgpud keeps the region mapped for copies still queued; this process's mapping goes.
+        let r = d.call(&msg::HostUnshare { region: b.region() }, &[]);
+        if let Err(code) = r {
+            crate::debug!("cuMemFreeHost: HostUnshare failed ({code})");
+        }
+    }
     // A mapping unmaps itself when dropped.
     let HostAlloc::Heap(size) = alloc else {
         return Ok(());

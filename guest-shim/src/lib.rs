@@ -31,6 +31,7 @@ pub mod log;
 pub mod not_supported;
 pub mod peer;
 pub mod per_thread;
+pub mod pinned;
 pub mod pointer;
 pub mod procaddr;
 pub mod stream_capture;

@@ -134,8 +134,9 @@ pub enum Link {
     Device(DevLink),
 }
 
-/// A boxed stream (with a `Debug` impl).
-pub struct StreamLink(pub Box<dyn Stream>);
+/// A boxed stream (with a `Debug` impl), and for a unix socket a second handle on it through
+/// which descriptors travel (`SCM_RIGHTS`: pinned host memory shared with vgpud).
+pub struct StreamLink(pub Box<dyn Stream>, pub Option<UnixStream>);
 
 impl std::fmt::Debug for StreamLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -162,7 +163,15 @@ pub fn connect(ep: &Endpoint) -> io::Result<Box<dyn Stream>> {
 pub fn open(ep: &Endpoint) -> io::Result<Link> {
     match ep {
         Endpoint::Device(p) => Ok(Link::Device(DevLink::open(p)?)),
-        other => Ok(Link::Stream(StreamLink(connect(other)?))),
+        Endpoint::Unix(p) => {
+            let sock = UnixStream::connect(p)?;
+            let fds = sock.try_clone()?;
+            Ok(Link::Stream(StreamLink(
+                Box::new(SpinRead::new(sock)),
+                Some(fds),
+            )))
+        }
+        other => Ok(Link::Stream(StreamLink(connect(other)?, None))),
     }
 }
 

@@ -507,6 +507,22 @@ ops! {
     /// Imports physical memory exported in the same VM (another VM's token is refused).
     MemImport = 0x083b => Handle, 0, "cuMemImportFromShareableHandle" { hi: u64, lo: u64 }
 
+    /// Shares `size` bytes of page-locked host memory with vgpud (unix socket only): the request
+    /// carries a sealed memfd by `SCM_RIGHTS`; the reply names the region for the `*Shared`
+    /// copies. Refused with `CUDA_ERROR_NOT_SUPPORTED` where descriptors cannot travel.
+    HostShare = 0x0840 => Handle, 0, "cuMemHostAlloc, cuMemAllocHost" { size: u64 }
+    /// Ends a region's sharing; copies already queued from or to it still complete.
+    HostUnshare = 0x0841 => Empty, 0, "cuMemFreeHost" { region: u64 }
+    /// Host to device copy of `len` bytes at `offset` of a shared region: no bulk bytes.
+    MemcpyHtoDShared = 0x0842 => Empty, ASYNC_OK, "cuMemcpyHtoD_v2, cuMemcpyHtoDAsync_v2, cuMemcpy" {
+        ctx: u64, stream: u64, dst: u64, region: u64, offset: u64, len: u64,
+    }
+    /// Device to host copy of `len` bytes into `offset` of a shared region: no bulk bytes; as
+    /// asynchronous as a copy to pinned memory is in CUDA.
+    MemcpyDtoHShared = 0x0843 => Empty, ASYNC_OK, "cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpy" {
+        ctx: u64, stream: u64, src: u64, region: u64, offset: u64, len: u64,
+    }
+
     /// Uploads an executable graph: the bulk tail holds its nodes in a topological order
     /// ([`crate::graph`]), each an ordinary stream request (kernel launch, device copy, memset,
     /// event record or wait) or a graph memory node. `replace` (0 for a new graph) names an

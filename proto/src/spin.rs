@@ -13,7 +13,10 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::fdpass::{FdSink, recv_with_fds};
 
 /// The longest a wait polls before it blocks: a little longer than the slow
 /// wake-up it avoids, so a reply that takes as long as a wake-up is caught.
@@ -139,10 +142,22 @@ pub fn wait<T, E>(
 }
 
 /// A socket whose reads poll before they block ([`AdaptiveSpin`]); writes go straight through.
-#[derive(Debug)]
+/// With [`SpinRead::receiving_fds`] it reads with `recvmsg` and hands the descriptors that
+/// arrive to a sink ([`crate::fdpass`]).
 pub struct SpinRead<S> {
     inner: S,
     spin: AdaptiveSpin,
+    fds: Option<Arc<dyn FdSink>>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for SpinRead<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpinRead")
+            .field("inner", &self.inner)
+            .field("spin", &self.spin)
+            .field("receives_fds", &self.fds.is_some())
+            .finish()
+    }
 }
 
 impl<S> SpinRead<S> {
@@ -156,7 +171,16 @@ impl<S> SpinRead<S> {
         SpinRead {
             inner,
             spin: AdaptiveSpin::new(spin),
+            fds: None,
         }
+    }
+
+    /// Reads with `recvmsg` from now on: descriptors that arrive go to `sink` (a unix socket
+    /// only; without a sink they are closed by the kernel when the bytes are read).
+    #[must_use]
+    pub fn receiving_fds(mut self, sink: Arc<dyn FdSink>) -> Self {
+        self.fds = Some(sink);
+        self
     }
 
     /// The socket.
@@ -166,7 +190,18 @@ impl<S> SpinRead<S> {
 }
 
 /// One non-blocking receive: `Ok(None)` when no byte is there yet.
-fn try_recv(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+fn try_recv(
+    fd: &impl AsFd,
+    buf: &mut [u8],
+    sink: Option<&dyn FdSink>,
+) -> io::Result<Option<usize>> {
+    if let Some(sink) = sink {
+        return match recv_with_fds(fd.as_fd(), buf, libc::MSG_DONTWAIT, sink) {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
     loop {
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and the
         // descriptor is open for as long as `fd` is borrowed.
@@ -195,15 +230,17 @@ impl<S: Read + AsFd> Read for SpinRead<S> {
         if buf.is_empty() {
             return self.inner.read(buf);
         }
-        let SpinRead { inner, spin } = self;
+        let SpinRead { inner, spin, fds } = self;
+        let sink = fds.as_deref();
         // `Ok(None)`: block; that needs `inner` mutably, so it is done here.
         let polled = wait(
             spin,
-            || try_recv(&*inner, buf).map(|got| got.map(Some)),
+            || try_recv(&*inner, buf, sink).map(|got| got.map(Some)),
             || Ok(None),
         );
         match polled {
             Ok(Some(n)) => Ok(n),
+            Ok(None) if let Some(sink) = sink => recv_with_fds(inner.as_fd(), buf, 0, sink),
             Ok(None) => inner.read(buf),
             // Not a socket (a test's pipe): read it plainly.
             Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => inner.read(buf),

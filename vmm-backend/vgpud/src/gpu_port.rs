@@ -66,6 +66,8 @@ impl PortConnector for GpuPortConnector {
                 session_end,
                 self.transport.clone(),
                 std::time::Duration::ZERO,
+                // The peer is the device's thread: no descriptors come this way.
+                false,
             );
             device_end
         }))

@@ -95,6 +95,8 @@ fn accept_loop(
             stream,
             transport.to_string(),
             vgpu_proto::spin::DEFAULT_SPIN,
+            // The guest process itself: it may share page-locked memory by descriptor.
+            true,
         );
     }
 }

@@ -55,6 +55,15 @@ impl EndReason {
     }
 }
 
+/// How a session thread reads its socket.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// Longest poll before a read blocks.
+    spin: Duration,
+    /// Whether descriptors are received (direct unix-socket clients only).
+    fds: bool,
+}
+
 struct Conn {
     vm: String,
     stream: UnixStream,
@@ -100,7 +109,10 @@ impl SessionHub {
     }
 
     /// Runs a session of `tenant` over `stream` on its own thread, which polls for up to
-    /// `read_spin` for each request before it blocks (`vgpu_proto::spin`).
+    /// `read_spin` for each request before it blocks (`vgpu_proto::spin`). With `accept_fds`
+    /// (a guest process connected to the socket directly, never the socket pair of a vsock
+    /// device's thread) the session receives descriptors and may map the host memory the
+    /// client shares (`HostShare`).
     pub fn spawn(
         self: &Arc<Self>,
         broker: Arc<Broker>,
@@ -108,6 +120,7 @@ impl SessionHub {
         stream: UnixStream,
         transport: String,
         read_spin: Duration,
+        accept_fds: bool,
     ) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         match stream.try_clone() {
@@ -157,7 +170,11 @@ impl SessionHub {
                 hub.lock().remove(&id);
                 return;
             }
-            hub.run(&broker, tenant, &stream, &transport, read_spin, id);
+            let reading = Reading {
+                spin: read_spin,
+                fds: accept_fds,
+            };
+            hub.run(&broker, tenant, &stream, &transport, reading, id);
         });
         if let Err(e) = spawned {
             self.lock().remove(&id);
@@ -171,7 +188,7 @@ impl SessionHub {
         tenant: Arc<Tenant>,
         stream: &UnixStream,
         transport: &str,
-        read_spin: Duration,
+        reading: Reading,
         conn: u64,
     ) {
         let vm = tenant.name.clone();
@@ -216,13 +233,19 @@ impl SessionHub {
         // `fd` is `stream`'s, which outlives the session: serve_watched
         // returns before `stream` is dropped, and the probe with it.
         let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
-        let result = vgpu_broker::session_loop::serve_watched(
+        let mut reader = vgpu_proto::spin::SpinRead::with_spin(stream, reading.spin);
+        let inbox = reading.fds.then(vgpu_broker::hostshare::FdInbox::new);
+        if let Some(inbox) = &inbox {
+            reader = reader.receiving_fds(Arc::clone(inbox) as Arc<dyn vgpu_proto::fdpass::FdSink>);
+        }
+        let result = vgpu_broker::session_loop::serve_with_fds(
             broker,
             Arc::clone(&tenant),
-            vgpu_proto::spin::SpinRead::with_spin(stream, read_spin),
+            reader,
             writer,
             transport,
             Some(hangup),
+            inbox,
         );
         let ended = self.lock().remove(&conn).and_then(|c| c.ended);
         vgpu_broker::release_freed_memory();

@@ -290,7 +290,7 @@ pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> (u16
     let body = body.unwrap_or("");
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: vgpud\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: vgpud\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("request");

@@ -7,29 +7,33 @@
 //! not allowed), 404 (unknown VM, device or path), 405 (method not allowed),
 //! 409 (conflicts with the current state), 413 (body too large).
 
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tracing::{debug, warn};
 use vgpu_broker::tenant::Tenant;
 
-use crate::audit::{Actor, peer_cred};
+use crate::audit::Actor;
 use crate::daemon::{OpError, OpErrorKind, Runtime, scheduling_json};
-use crate::http::{HttpRequest, HttpResponse, read_request, write_response};
+use crate::http::{HttpRequest, HttpResponse};
 use crate::listener::{ListenerError, bind_socket};
 use crate::metrics::{self, uuid_string};
+use crate::server::{Handler, HttpServer, Limits, Listen, Peer};
 use crate::session_hub::unix_seconds;
 use crate::usage::{device_usage, vm_usage};
 
 /// Mode of the admin socket: the daemon's user only.
 pub const ADMIN_SOCKET_MODE: u32 = 0o600;
-/// A client that sends nothing for this long is dropped.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The admin API's bounds: a few operators and controllers at once; a request (a reload, a
+/// drain) may take a while, but not forever.
+const LIMITS: Limits = Limits {
+    connections: 64,
+    requests: 8,
+    deadline: Duration::from_secs(120),
+};
 
 impl From<OpError> for HttpResponse {
     fn from(e: OpError) -> Self {
@@ -448,8 +452,7 @@ pub fn permitted(actor: &Actor) -> bool {
 /// The running admin server.
 pub struct AdminServer {
     path: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    server: Option<HttpServer>,
 }
 
 impl std::fmt::Debug for AdminServer {
@@ -469,78 +472,42 @@ impl AdminServer {
         config_path: &Path,
     ) -> Result<AdminServer, ListenerError> {
         let l = bind_socket(path, ADMIN_SOCKET_MODE)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = Arc::clone(&stop);
         let config_path = config_path.to_path_buf();
-        let thread = std::thread::Builder::new()
-            .name("vgpu-admin".into())
-            .spawn(move || serve_admin(&l, &rt, &config_path, &stop2))
-            .map_err(|source| ListenerError::Bind {
-                path: path.to_path_buf(),
-                source,
+        let handler: Handler =
+            Arc::new(move |peer: &Peer, req: HttpRequest| handle(&rt, &config_path, peer, &req));
+        let server =
+            HttpServer::start("admin", Listen::Unix(l), LIMITS, handler).map_err(|source| {
+                ListenerError::Bind {
+                    path: path.to_path_buf(),
+                    source,
+                }
             })?;
         Ok(AdminServer {
             path: path.to_path_buf(),
-            stop,
-            thread: Some(thread),
+            server: Some(server),
         })
     }
 }
 
-fn serve_admin(l: &UnixListener, rt: &Arc<Runtime>, config_path: &Path, stop: &AtomicBool) {
-    for conn in l.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(stream) = conn else { continue };
-        let rt = Arc::clone(rt);
-        let config_path = config_path.to_path_buf();
-        let _ = std::thread::Builder::new()
-            .name("vgpu-admin-conn".into())
-            .spawn(move || handle_conn(&rt, &config_path, stream));
-    }
-}
-
-fn handle_conn(rt: &Runtime, config_path: &Path, stream: UnixStream) {
-    let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
-    let actor = match peer_cred(&stream) {
-        Ok(a) => a,
-        Err(e) => {
-            warn!(error = %e, "cannot read the admin client's credentials; refused");
-            let _ = write_response(
-                &stream,
-                &HttpResponse::error(403, "cannot identify the client"),
-            );
-            return;
-        }
+/// One admin request from `peer`: only root and the daemon's own user may use the API.
+fn handle(rt: &Runtime, config_path: &Path, peer: &Peer, req: &HttpRequest) -> HttpResponse {
+    let Some(actor) = peer else {
+        return HttpResponse::error(403, "cannot identify the client");
     };
-    let resp = match read_request(&stream) {
-        Ok(_) if !permitted(&actor) => {
-            warn!(?actor, "admin request from a user that is not allowed");
-            HttpResponse::error(
-                403,
-                "only root and vgpud's own user may use the admin API; run vgpuctl as one of them (e.g. with sudo)",
-            )
-        }
-        Ok(req) => {
-            debug!(method = %req.method, path = %req.path, ?actor, "admin request");
-            route(rt, config_path, actor, &req)
-        }
-        Err(resp) => resp,
-    };
-    if let Err(e) = write_response(&stream, &resp) {
-        // The client went away (a connect-only probe, a killed vgpuctl).
-        debug!(error = %e, "cannot write an admin response");
+    if !permitted(actor) {
+        warn!(?actor, "admin request from a user that is not allowed");
+        return HttpResponse::error(
+            403,
+            "only root and vgpud's own user may use the admin API; run vgpuctl as one of them (e.g. with sudo)",
+        );
     }
+    debug!(method = %req.method, path = %req.path, ?actor, "admin request");
+    route(rt, config_path, *actor, req)
 }
 
 impl Drop for AdminServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = UnixStream::connect(&self.path);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        drop(self.server.take());
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -548,55 +515,6 @@ impl Drop for AdminServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::MAX_BODY;
-
-    #[test]
-    fn requests_parse_and_bad_ones_get_400() {
-        let r = read_request(&b"GET /v1/vms?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"[..]).unwrap();
-        assert_eq!((r.method.as_str(), r.path.as_str()), ("GET", "/v1/vms"));
-        let r = read_request(&b"POST /v1/vms HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"[..]).unwrap();
-        assert_eq!(r.body, b"{}");
-        for bad in [
-            &b""[..],
-            b"GET\r\n\r\n",
-            b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
-            b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab",
-        ] {
-            assert_eq!(read_request(bad).unwrap_err().status, 400);
-        }
-        let big = format!(
-            "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
-            MAX_BODY + 1
-        );
-        assert_eq!(read_request(big.as_bytes()).unwrap_err().status, 413);
-    }
-
-    #[test]
-    fn responses_carry_their_content_type_and_allow_header() {
-        let mut out = Vec::new();
-        write_response(
-            &mut out,
-            &HttpResponse::not_allowed("PUT", "/v1/info", "GET"),
-        )
-        .unwrap();
-        let s = String::from_utf8(out).unwrap();
-        assert!(s.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{s}");
-        assert!(
-            s.contains("Allow: GET\r\n") && s.contains("application/json"),
-            "{s}"
-        );
-        let mut out = Vec::new();
-        write_response(
-            &mut out,
-            &HttpResponse::text(200, metrics::CONTENT_TYPE, "a 1\n".into()),
-        )
-        .unwrap();
-        let s = String::from_utf8(out).unwrap();
-        assert!(
-            s.contains("Content-Length: 4\r\n") && s.ends_with("\r\n\r\na 1\n"),
-            "{s}"
-        );
-    }
 
     #[test]
     fn the_openapi_document_describes_every_route() {

@@ -20,7 +20,6 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -121,7 +120,7 @@ pub enum Actor {
 }
 
 /// The credentials of the process at the other end of a unix socket.
-pub fn peer_cred(s: &UnixStream) -> io::Result<Actor> {
+pub fn peer_cred(s: &impl AsRawFd) -> io::Result<Actor> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -361,6 +360,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use std::os::unix::net::UnixStream;
 
     use super::*;
 

@@ -1,7 +1,5 @@
-//! The small HTTP/1.1 layer the admin API (unix socket) and the metrics endpoint (TCP) share:
-//! one request per connection, bounded head and body.
-
-use std::io::{self, BufRead, BufReader, Read, Write};
+//! The requests and responses the admin API (unix socket) and the metrics endpoint (TCP)
+//! handle; [`crate::server`] carries them over HTTP/1.1.
 
 use serde_json::{Value, json};
 
@@ -75,6 +73,21 @@ impl HttpResponse {
             )
         }
     }
+    /// The content type and the body's bytes (JSON pretty-printed), ending with a newline.
+    pub fn encode(&self) -> (&'static str, Vec<u8>) {
+        let (ctype, mut body) = match &self.body {
+            Body::Json(v) => (
+                "application/json",
+                serde_json::to_vec_pretty(v).unwrap_or_default(),
+            ),
+            Body::Text(t, s) => (*t, s.as_bytes().to_vec()),
+        };
+        if !body.ends_with(b"\n") {
+            body.push(b'\n');
+        }
+        (ctype, body)
+    }
+
     /// The JSON body (Null for text).
     pub fn json_body(&self) -> &Value {
         match &self.body {
@@ -84,95 +97,20 @@ impl HttpResponse {
     }
 }
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        201 => "Created",
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        409 => "Conflict",
-        413 => "Payload Too Large",
-        503 => "Service Unavailable",
-        _ => "Error",
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Reads one HTTP/1.1 request.
-pub fn read_request<R: Read>(r: R) -> Result<HttpRequest, HttpResponse> {
-    let mut r = BufReader::new(r.take((MAX_HEAD + MAX_BODY) as u64));
-    let mut head_len = 0;
-    let mut line = String::new();
-    let mut next_line = |r: &mut BufReader<_>, line: &mut String| -> Result<(), HttpResponse> {
-        line.clear();
-        let n = r
-            .read_line(line)
-            .map_err(|_| HttpResponse::error(400, "unreadable request"))?;
-        head_len += n;
-        if n == 0 || head_len > MAX_HEAD {
-            return Err(HttpResponse::error(
-                400,
-                "incomplete or oversized request head",
-            ));
-        }
-        Ok(())
-    };
-    next_line(&mut r, &mut line)?;
-    let mut parts = line.split_whitespace();
-    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
-        return Err(HttpResponse::error(400, "malformed request line"));
-    };
-    let method = method.to_string();
-    let path = target.split('?').next().unwrap_or("").to_string();
-    let mut content_length = 0usize;
-    loop {
-        next_line(&mut r, &mut line)?;
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':')
-            && k.trim().eq_ignore_ascii_case("content-length")
-        {
-            content_length = v
-                .trim()
-                .parse()
-                .map_err(|_| HttpResponse::error(400, "bad Content-Length"))?;
-        }
+    #[test]
+    fn bodies_are_encoded_with_their_content_type_and_a_final_newline() {
+        let (t, b) = HttpResponse::error(404, "nope").encode();
+        assert_eq!(t, "application/json");
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["error"], "nope");
+        assert!(b.ends_with(b"\n"));
+        let (t, b) = HttpResponse::text(200, "text/plain", "a 1".into()).encode();
+        assert_eq!((t, b.as_slice()), ("text/plain", &b"a 1\n"[..]));
+        let r = HttpResponse::not_allowed("PUT", "/v1/info", "GET");
+        assert_eq!((r.status, r.allow), (405, Some("GET")));
     }
-    if content_length > MAX_BODY {
-        return Err(HttpResponse::error(413, "request body too large"));
-    }
-    let mut body = vec![0; content_length];
-    r.read_exact(&mut body)
-        .map_err(|_| HttpResponse::error(400, "request body shorter than Content-Length"))?;
-    Ok(HttpRequest { method, path, body })
-}
-
-/// Writes a response and closes the exchange.
-pub fn write_response<W: Write>(mut w: W, resp: &HttpResponse) -> io::Result<()> {
-    let (ctype, mut body) = match &resp.body {
-        Body::Json(v) => (
-            "application/json",
-            serde_json::to_vec_pretty(v).unwrap_or_default(),
-        ),
-        Body::Text(t, s) => (*t, s.as_bytes().to_vec()),
-    };
-    if !body.ends_with(b"\n") {
-        body.push(b'\n');
-    }
-    let allow = resp
-        .allow
-        .map(|a| format!("Allow: {a}\r\n"))
-        .unwrap_or_default();
-    write!(
-        w,
-        "HTTP/1.1 {} {}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
-        resp.status,
-        reason(resp.status),
-        body.len()
-    )?;
-    w.write_all(&body)?;
-    w.flush()
 }

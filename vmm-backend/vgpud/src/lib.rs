@@ -30,6 +30,7 @@ pub mod inventory;
 pub mod listener;
 pub mod metrics;
 pub mod passthrough;
+pub mod server;
 pub mod session_hub;
 pub mod tuning;
 pub mod usage;

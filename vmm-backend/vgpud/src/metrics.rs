@@ -10,16 +10,14 @@
 
 use std::fmt::Write as _;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tracing::{debug, warn};
-
 use crate::daemon::Runtime;
-use crate::http::{HttpResponse, read_request, write_response};
+use crate::http::{HttpRequest, HttpResponse};
+use crate::server::{Handler, HttpServer, Limits, Listen, Peer};
 use crate::session_hub::unix_seconds;
 use crate::usage::{device_usage, vm_usage};
 
@@ -27,7 +25,13 @@ use crate::usage::{device_usage, vm_usage};
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Most scrapes served at once; more get 503.
 const MAX_CONCURRENT: usize = 8;
-/// A scraper that sends nothing for this long is dropped.
+/// The metrics endpoint's bounds: scrapers are few and a scrape is quick.
+const LIMITS: Limits = Limits {
+    connections: 4 * MAX_CONCURRENT,
+    requests: MAX_CONCURRENT,
+    deadline: CLIENT_TIMEOUT,
+};
+/// Longest time a scrape may take, from its body to its answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -785,18 +789,10 @@ pub fn render(rt: &Runtime) -> String {
 }
 
 /// The running metrics endpoint.
+#[derive(Debug)]
 pub struct MetricsServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for MetricsServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetricsServer")
-            .field("addr", &self.addr)
-            .finish()
-    }
+    _server: HttpServer,
 }
 
 impl MetricsServer {
@@ -805,15 +801,11 @@ impl MetricsServer {
     pub fn start(rt: Arc<Runtime>, addr: SocketAddr) -> io::Result<MetricsServer> {
         let l = TcpListener::bind(addr)?;
         let addr = l.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("vgpu-metrics".into())
-            .spawn(move || serve(&l, &rt, &stop2))?;
+        let handler: Handler = Arc::new(move |_: &Peer, req: HttpRequest| respond(&rt, &req));
+        let server = HttpServer::start("metrics", Listen::Tcp(l), LIMITS, handler)?;
         Ok(MetricsServer {
             addr,
-            stop,
-            thread: Some(thread),
+            _server: server,
         })
     }
 
@@ -823,69 +815,12 @@ impl MetricsServer {
     }
 }
 
-fn serve(l: &TcpListener, rt: &Arc<Runtime>, stop: &AtomicBool) {
-    let busy = Arc::new(AtomicUsize::new(0));
-    for conn in l.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(stream) = conn else { continue };
-        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT {
-            busy.fetch_sub(1, Ordering::AcqRel);
-            let _ = write_response(
-                &stream,
-                &HttpResponse::error(503, "too many scrapes at once"),
-            );
-            continue;
-        }
-        let rt = Arc::clone(rt);
-        let busy2 = Arc::clone(&busy);
-        let spawned = std::thread::Builder::new()
-            .name("vgpu-metrics-conn".into())
-            .spawn(move || {
-                handle(&rt, stream);
-                busy2.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            busy.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-fn handle(rt: &Runtime, stream: TcpStream) {
-    let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
-    let resp = match read_request(&stream) {
-        Ok(req) => match (req.method.as_str(), req.path.as_str()) {
-            ("GET", "/metrics") => HttpResponse::text(200, CONTENT_TYPE, render(rt)),
-            (_, "/metrics") => HttpResponse::error(405, "only GET /metrics is served here"),
-            _ => HttpResponse::error(404, "not found: metrics are at /metrics"),
-        },
-        Err(r) => r,
-    };
-    if let Err(e) = write_response(&stream, &resp) {
-        debug!(error = %e, "cannot write a metrics response");
-    }
-    let _ = stream.shutdown(Shutdown::Both);
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Wake the accept loop (an unspecified address is reached on loopback).
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(if wake.is_ipv4() {
-                std::net::Ipv4Addr::LOCALHOST.into()
-            } else {
-                std::net::Ipv6Addr::LOCALHOST.into()
-            });
-        }
-        if TcpStream::connect_timeout(&wake, CLIENT_TIMEOUT).is_err() {
-            warn!(addr = %wake, "cannot wake the metrics endpoint");
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+/// What the metrics endpoint answers `req`.
+fn respond(rt: &Runtime, req: &HttpRequest) -> HttpResponse {
+    match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/metrics") => HttpResponse::text(200, CONTENT_TYPE, render(rt)),
+        (_, "/metrics") => HttpResponse::error(405, "only GET /metrics is served here"),
+        _ => HttpResponse::error(404, "not found: metrics are at /metrics"),
     }
 }
 

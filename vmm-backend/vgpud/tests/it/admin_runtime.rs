@@ -186,7 +186,11 @@ fn metric_names(expr: &str) -> Vec<String> {
 
 fn scrape(addr: std::net::SocketAddr) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     let (head, body) = resp.split_once("\r\n\r\n").unwrap();
@@ -341,7 +345,7 @@ fn metrics_are_valid_prometheus_text_with_the_right_values() {
 
     // Only GET /metrics.
     let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET /other HTTP/1.1\r\n\r\n").unwrap();
+    write!(s, "GET /other HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");

@@ -838,7 +838,8 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 v
             }
             VmCommand::Add(a) => {
-                let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+                let path =
+                    |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
                 let body = api::VmEntry {
                     name: a.name.clone(),
                     memory: a.memory.clone().map(api::Size::Text),

@@ -236,8 +236,10 @@ fn draw_devices(f: &mut Frame, area: Rect, s: &Snapshot) {
 fn weight_cell(v: &api::Vm) -> Cell<'static> {
     let w = v.usage.weight_now;
     match &v.tuning {
-        Some(t) if t.adjust != 0 => Cell::from(format!("{w} ({}{:+})", t.baseline_weight, t.adjust))
-            .style(Style::default().fg(Color::Cyan)),
+        Some(t) if t.adjust != 0 => {
+            Cell::from(format!("{w} ({}{:+})", t.baseline_weight, t.adjust))
+                .style(Style::default().fg(Color::Cyan))
+        }
         _ => Cell::from(w.to_string()),
     }
 }
@@ -246,12 +248,17 @@ fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
     let rows = s.vms.iter().map(|v| {
         let name = v.name.as_str();
         let (sh, configured) = (v.usage.share_1s, v.usage.configured_share);
-        let share_cell = Cell::from(format!("{} {}/{}", bar(sh), percent(sh), percent(configured)))
-            .style(Style::default().fg(if sh > configured + 0.05 {
-                Color::Yellow
-            } else {
-                Color::Green
-            }));
+        let share_cell = Cell::from(format!(
+            "{} {}/{}",
+            bar(sh),
+            percent(sh),
+            percent(configured)
+        ))
+        .style(Style::default().fg(if sh > configured + 0.05 {
+            Color::Yellow
+        } else {
+            Color::Green
+        }));
         let r = view.rates(name);
         let fmt = |g: fn(&Rates) -> String| r.as_ref().map_or_else(|| "-".to_string(), g);
         let state = v.state.clone();
@@ -485,12 +492,7 @@ mod tests {
         let t0 = Instant::now();
         let mut view = View::default();
         view.push(snapshot(t0, 100, 0, 0.5));
-        view.push(snapshot(
-            t0 + Duration::from_secs(2),
-            300,
-            4 << 20,
-            0.5,
-        ));
+        view.push(snapshot(t0 + Duration::from_secs(2), 300, 4 << 20, 0.5));
         let r = view.rates("vm1").unwrap();
         assert_eq!((r.kernels, r.htod), (100.0, f64::from(2u32 << 20)));
         let text = render_text(&view, 132, 16);

@@ -204,7 +204,11 @@ fn every_schema_has_the_fields_of_its_type() {
             ));
         }
     }
-    assert!(failures.is_empty(), "docs/admin-api.yaml and vgpu-api differ:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "docs/admin-api.yaml and vgpu-api differ:\n{}",
+        failures.join("\n")
+    );
     // Every schema of the document is one of the above (Size is a scalar: bytes or text).
     let checked: BTreeSet<&str> = cases.iter().map(|c| c.0).chain(["Size"]).collect();
     let all: BTreeSet<&str> = doc
@@ -214,7 +218,10 @@ fn every_schema_has_the_fields_of_its_type() {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(all, checked, "a schema without a type, or a type without a schema");
+    assert_eq!(
+        all, checked,
+        "a schema without a type, or a type without a schema"
+    );
 }
 
 #[test]

@@ -15,8 +15,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::Value;
-use vgpu_api as api;
 use tracing::{debug, warn};
+use vgpu_api as api;
 use vgpu_broker::tenant::Tenant;
 
 use crate::audit::{Actor, peer_cred};

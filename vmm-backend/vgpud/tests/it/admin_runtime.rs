@@ -450,8 +450,7 @@ fn call(d: &Daemon, config: &Path, method: &str, path: &str, body: Option<Value>
 /// `vgpuctl` reads vgpud's replies as `vgpu_api` types: each reply deserializes, and
 /// serializes back to exactly the JSON vgpud sent (no field dropped, renamed or reshaped).
 fn round_trips<T: serde::de::DeserializeOwned + serde::Serialize>(what: &str, v: &Value) -> T {
-    let t: T = serde_json::from_value(v.clone())
-        .unwrap_or_else(|e| panic!("{what}: {e}\n{v:#}"));
+    let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{what}: {e}\n{v:#}"));
     assert_eq!(&serde_json::to_value(&t).unwrap(), v, "{what}");
     t
 }
@@ -473,7 +472,13 @@ fn every_reply_round_trips_through_the_api_types() {
     let sched = json!({ "slice_ms": 3 });
     let s: vgpu_api::Scheduling = round_trips(
         "scheduling",
-        &call(&d, &path, "PATCH", "/v1/devices/gpu0/scheduling", Some(sched)),
+        &call(
+            &d,
+            &path,
+            "PATCH",
+            "/v1/devices/gpu0/scheduling",
+            Some(sched),
+        ),
     );
     assert_eq!(s.slice_ms, 3);
     round_trips::<vgpu_api::Inventory>("gpus", &call(&d, &path, "GET", "/v1/gpus", None));
@@ -503,10 +508,7 @@ fn every_reply_round_trips_through_the_api_types() {
     .unwrap();
     round_trips::<vgpu_api::Vm>("vm add", &call(&d, &path, "POST", "/v1/vms", Some(entry)));
     round_trips::<vgpu_api::Analysis>("analyze", &call(&d, &path, "GET", "/v1/analyze", None));
-    round_trips::<vgpu_api::Vm>(
-        "drain",
-        &call(&d, &path, "POST", "/v1/vms/vm4/drain", None),
-    );
+    round_trips::<vgpu_api::Vm>("drain", &call(&d, &path, "POST", "/v1/vms/vm4/drain", None));
     let r: vgpu_api::Removal =
         round_trips("remove", &call(&d, &path, "DELETE", "/v1/vms/vm4", None));
     assert!(r.complete);

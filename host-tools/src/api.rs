@@ -5,8 +5,11 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use thiserror::Error;
+use vgpu_api::ApiErrorBody;
 
 /// How long to wait for the daemon.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,6 +54,26 @@ fn connect_hint(e: &std::io::Error) -> &'static str {
     }
 }
 
+/// The message of an error response (`{"error": "…"}`).
+fn error_message(text: &str) -> String {
+    serde_json::from_str::<ApiErrorBody>(text).map_or_else(|_| "request failed".into(), |e| e.error)
+}
+
+/// A request body as JSON.
+fn to_body<B: Serialize + ?Sized>(body: &B) -> Result<Value, ApiError> {
+    serde_json::to_value(body).map_err(|e| ApiError::Malformed(format!("request body: {e}")))
+}
+
+/// A response read as its `vgpu_api` type. The JSON itself is what `--json` prints (it keeps
+/// fields a newer vgpud adds); the type is what vgpuctl's tables read.
+pub fn typed<T: DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
+    T::deserialize(v).map_err(|e| {
+        ApiError::Malformed(format!(
+            "the response does not have the shape vgpuctl knows ({e}); are vgpud and vgpuctl the same version?"
+        ))
+    })
+}
+
 /// An admin API client.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -83,11 +106,10 @@ impl Client {
         if (200..300).contains(&status) {
             Ok(json)
         } else {
-            let message = json["error"]
-                .as_str()
-                .unwrap_or("request failed")
-                .to_string();
-            Err(ApiError::Status { status, message })
+            Err(ApiError::Status {
+                status,
+                message: error_message(&text),
+            })
         }
     }
 
@@ -97,21 +119,20 @@ impl Client {
         if (200..300).contains(&status) {
             return Ok(text);
         }
-        let message = serde_json::from_str::<Value>(&text)
-            .ok()
-            .and_then(|j| j["error"].as_str().map(str::to_string))
-            .unwrap_or_else(|| "request failed".into());
-        Err(ApiError::Status { status, message })
+        Err(ApiError::Status {
+            status,
+            message: error_message(&text),
+        })
     }
 
-    /// POST with a JSON body.
-    pub fn post(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
-        self.request("POST", path, Some(body))
+    /// POST with a JSON body (a `vgpu_api` request type, or any JSON).
+    pub fn post<B: Serialize + ?Sized>(&self, path: &str, body: &B) -> Result<Value, ApiError> {
+        self.request("POST", path, Some(&to_body(body)?))
     }
 
-    /// PATCH with a JSON body.
-    pub fn patch(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
-        self.request("PATCH", path, Some(body))
+    /// PATCH with a JSON body (a `vgpu_api` request type, or any JSON).
+    pub fn patch<B: Serialize + ?Sized>(&self, path: &str, body: &B) -> Result<Value, ApiError> {
+        self.request("PATCH", path, Some(&to_body(body)?))
     }
 
     /// DELETE.

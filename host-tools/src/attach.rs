@@ -22,7 +22,7 @@ use vgpu_config::{
     QEMU_VGPU_DEVICE_ID, VGPU_CONFIG_SIZE, VGPU_QUEUE_SIZE, VGPU_QUEUES, qemu_presents_device_id,
 };
 
-use crate::api::Client;
+use crate::api::{Client, typed};
 use crate::cli::{CliError, print_json};
 
 /// Guest memory when `--guest-memory` is not given.
@@ -82,12 +82,13 @@ pub struct VmTransport {
 }
 
 impl VmTransport {
-    /// From the admin API's VM JSON.
-    pub fn from_json(v: &Value) -> Self {
-        let c = &v["config"];
+    /// From the admin API's VM. Its transports are read from `config`, the VM's `[[vm]]`
+    /// entry, whose keys are the config file's (vgpu-config renders it).
+    pub fn from_vm(v: &vgpu_api::Vm) -> Self {
+        let c = v.config.as_ref().unwrap_or(&Value::Null);
         let s = |k: &str| c[k].as_str().map(str::to_string);
         Self {
-            name: v["name"].as_str().unwrap_or_default().to_string(),
+            name: v.name.clone(),
             vhost_user_socket: s("vhost_user_socket"),
             guest_cid: c["guest_cid"].as_u64(),
             unix_socket: s("unix_socket"),
@@ -277,8 +278,7 @@ pub fn run(a: &AttachArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
             a.guest_memory
         )));
     }
-    let v = c.get(&format!("/v1/vms/{}", a.name))?;
-    let vm = VmTransport::from_json(&v);
+    let vm = VmTransport::from_vm(&typed(&c.get(&format!("/v1/vms/{}", a.name))?)?);
     let mem = GuestMemory {
         size: a.guest_memory.clone(),
         huge_pages: a.huge_pages,
@@ -384,14 +384,20 @@ mod tests {
             "--memory size=2G,shared=on --generic-vhost-user socket=/run/vgpu/g1.vgpu.sock,device_type=63,queue_sizes=[1024,1024]"
         );
         // The VM's JSON (its running config) says which device it has.
-        let v = serde_json::json!({
-            "name": "g1",
-            "config": {"vhost_user_socket": "/s", "device_model": "vgpu", "vgpu_device_id": 21}
-        });
-        assert_eq!(VmTransport::from_json(&v).vgpu_device_id, Some(21));
-        let v =
-            serde_json::json!({"name": "v", "config": {"vhost_user_socket": "/s", "guest_cid": 3}});
-        assert_eq!(VmTransport::from_json(&v).vgpu_device_id, None);
+        let v = vgpu_api::Vm {
+            name: "g1".into(),
+            config: Some(serde_json::json!(
+                {"vhost_user_socket": "/s", "device_model": "vgpu", "vgpu_device_id": 21}
+            )),
+            ..Default::default()
+        };
+        assert_eq!(VmTransport::from_vm(&v).vgpu_device_id, Some(21));
+        let v = vgpu_api::Vm {
+            name: "v".into(),
+            config: Some(serde_json::json!({"vhost_user_socket": "/s", "guest_cid": 3})),
+            ..Default::default()
+        };
+        assert_eq!(VmTransport::from_vm(&v).vgpu_device_id, None);
     }
 
     #[test]

@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
-use crate::api::{ApiError, Client};
-use crate::table::{Align, Table, duration, json_bytes, json_percent, json_str};
+use vgpu_api as api;
+
+use crate::api::{ApiError, Client, typed};
+use crate::table::{Align, Table, bytes, duration, or_dash, percent};
 
 /// Default admin socket.
 pub const DEFAULT_SOCKET: &str = "/run/vgpu/admin.sock";
@@ -315,7 +317,7 @@ pub fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-fn vm_table(vms: &[Value]) -> String {
+fn vm_table(vms: &[api::Vm]) -> String {
     let mut t = Table::new(&[
         ("VM", Align::Left),
         ("DEVICE", Align::Left),
@@ -331,23 +333,23 @@ fn vm_table(vms: &[Value]) -> String {
     ]);
     for v in vms {
         t.row(vec![
-            json_str(&v["name"]),
-            json_str(&v["device"]),
-            json_bytes(&v["memory_used"]),
-            json_bytes(&v["memory_limit"]),
-            json_str(&v["weight"]),
-            json_str(&v["priority"]),
-            json_percent(&v["usage"]["share_10s"]),
-            json_percent(&v["usage"]["configured_share"]),
-            v["sessions"].as_array().map_or(0, Vec::len).to_string(),
-            json_str(&v["stats"]["kernels"]),
-            json_str(&v["state"]),
+            v.name.clone(),
+            v.device.clone(),
+            bytes(v.memory_used),
+            bytes(v.memory_limit),
+            v.weight.to_string(),
+            v.priority.clone(),
+            percent(v.usage.share_10s),
+            percent(v.usage.configured_share),
+            v.sessions.len().to_string(),
+            v.stats.kernels.to_string(),
+            v.state.clone(),
         ]);
     }
     t.render()
 }
 
-fn device_table(devices: &[Value]) -> String {
+fn device_table(devices: &[api::Device]) -> String {
     let mut t = Table::new(&[
         ("NAME", Align::Left),
         ("KIND", Align::Left),
@@ -361,38 +363,29 @@ fn device_table(devices: &[Value]) -> String {
         ("VMS", Align::Left),
     ]);
     for d in devices {
+        let sched = d.scheduling.as_ref();
         t.row(vec![
-            json_str(&d["name"]),
-            json_str(&d["kind"]),
-            json_str(&d["model"]),
-            json_bytes(&d["memory_used"]),
-            json_bytes(&d["memory_total"]),
-            json_bytes(&d["memory_sliced"]),
-            json_percent(&d["utilization"]),
-            json_str(&d["scheduling"]["policy"]),
-            d["scheduling"]["slice_ms"]
-                .as_u64()
-                .map_or("-".into(), |m| format!("{m} ms")),
-            d["vms"]
-                .as_array()
-                .map(|v| {
-                    v.iter()
-                        .filter_map(Value::as_str)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default(),
+            d.name.clone(),
+            d.kind.clone(),
+            d.model.clone(),
+            bytes(d.memory_used),
+            bytes(d.memory_total),
+            bytes(d.memory_sliced),
+            d.utilization.map_or("-".into(), percent),
+            or_dash(sched.map(|s| &s.policy)),
+            sched.map_or("-".into(), |s| format!("{} ms", s.slice_ms)),
+            d.vms.join(","),
         ]);
     }
     t.render()
 }
 
-fn gpu_table(report: &Value) -> String {
-    let gpus = report["gpus"].as_array().map_or(&[][..], Vec::as_slice);
+fn gpu_table(report: &api::Inventory) -> String {
+    let gpus = &report.gpus;
     if gpus.is_empty() {
         return format!(
             "No NVIDIA GPU found: {}\n",
-            report["reason"].as_str().unwrap_or("NVML reported none")
+            report.reason.as_deref().unwrap_or("NVML reported none")
         );
     }
     let mut t = Table::new(&[
@@ -409,32 +402,23 @@ fn gpu_table(report: &Value) -> String {
         ("VFS", Align::Right),
     ]);
     for g in gpus {
-        let mig = match g["mig_enabled"].as_bool() {
-            Some(true) => format!(
-                "on ({} instances)",
-                g["mig_instances"].as_array().map_or(0, Vec::len)
-            ),
+        let mig = match g.mig_enabled {
+            Some(true) => format!("on ({} instances)", g.mig_instances.len()),
             Some(false) => "off".into(),
             None => "-".into(),
         };
         t.row(vec![
-            json_str(&g["index"]),
-            json_str(&g["name"]),
-            json_str(&g["uuid"]),
-            json_str(&g["pci"]),
-            json_bytes(&g["memory_used"]),
-            json_bytes(&g["memory_total"]),
-            g["utilization_gpu"]
-                .as_u64()
-                .map_or("-".into(), |u| format!("{u}%")),
-            g["temperature_c"]
-                .as_u64()
-                .map_or("-".into(), |c| format!("{c}C")),
-            g["power_w"]
-                .as_f64()
-                .map_or("-".into(), |w| format!("{w:.0} W")),
+            g.index.to_string(),
+            or_dash(g.name.as_ref()),
+            or_dash(g.uuid.as_ref()),
+            or_dash(g.pci.as_ref()),
+            g.memory_used.map_or("-".into(), bytes),
+            g.memory_total.map_or("-".into(), bytes),
+            g.utilization_gpu.map_or("-".into(), |u| format!("{u}%")),
+            g.temperature_c.map_or("-".into(), |c| format!("{c}C")),
+            g.power_w.map_or("-".into(), |w| format!("{w:.0} W")),
             mig,
-            match (g["sriov_vfs"].as_u64(), g["sriov_vfs_total"].as_u64()) {
+            match (g.sriov_vfs, g.sriov_vfs_total) {
                 (Some(n), Some(t)) => format!("{n}/{t}"),
                 _ => "-".into(),
             },
@@ -442,25 +426,25 @@ fn gpu_table(report: &Value) -> String {
     }
     let mut out = format!(
         "NVIDIA driver {}\n",
-        report["driver_version"].as_str().unwrap_or("?")
+        report.driver_version.as_deref().unwrap_or("?")
     );
     out += &t.render();
     for g in gpus {
-        for m in g["mig_instances"].as_array().into_iter().flatten() {
+        for m in &g.mig_instances {
             out += &format!(
                 "  GPU {} MIG {}: {} {} {}\n",
-                json_str(&g["index"]),
-                json_str(&m["index"]),
-                json_str(&m["name"]),
-                json_str(&m["uuid"]),
-                json_bytes(&m["memory_total"])
+                g.index,
+                m.index,
+                or_dash(m.name.as_ref()),
+                or_dash(m.uuid.as_ref()),
+                m.memory_total.map_or("-".into(), bytes)
             );
         }
     }
     out
 }
 
-fn session_table(v: &Value) -> String {
+fn session_table(v: &api::Vm) -> String {
     let mut t = Table::new(&[
         ("SESSION", Align::Right),
         ("PID", Align::Right),
@@ -468,13 +452,13 @@ fn session_table(v: &Value) -> String {
         ("MEMORY", Align::Right),
         ("TRANSPORT", Align::Left),
     ]);
-    for s in v["sessions"].as_array().into_iter().flatten() {
+    for s in &v.sessions {
         t.row(vec![
-            json_str(&s["id"]),
-            json_str(&s["pid"]),
-            json_str(&s["process"]),
-            json_bytes(&s["memory_used"]),
-            json_str(&s["transport"]),
+            s.id.to_string(),
+            s.pid.to_string(),
+            s.process.clone(),
+            bytes(s.memory_used),
+            s.transport.clone(),
         ]);
     }
     t.render()
@@ -484,15 +468,15 @@ fn secs_ms(s: f64) -> String {
     format!("{:.2} ms", s * 1e3)
 }
 
-fn json_ms(v: &Value) -> String {
-    v.as_f64().map_or("-".into(), secs_ms)
+/// A number of seconds as JSON writes it (`300.0`).
+fn secs(s: f64) -> String {
+    Value::from(s).to_string()
 }
 
 /// `vgpuctl analyze` for people.
-fn analysis_text(v: &Value) -> String {
-    let list = |k: &str| v[k].as_array().map_or(&[][..], Vec::as_slice);
+fn analysis_text(v: &api::Analysis) -> String {
     let mut out = String::new();
-    let hs = list("hotspots");
+    let hs = &v.hotspots;
     out += "hotspots (the VM pairs that contend most over the last hour):\n";
     if hs.is_empty() {
         out += "  none: no VM waited behind another\n";
@@ -507,16 +491,12 @@ fn analysis_text(v: &Value) -> String {
         ]);
         for h in hs {
             t.row(vec![
-                json_str(&h["device"]),
-                json_str(&h["waiting"]),
-                json_str(&h["running"]),
-                h["last_hour_s"]
-                    .as_f64()
-                    .map_or("-".into(), |s| format!("{s:.2} s")),
-                h["peak_minute_s"]
-                    .as_f64()
-                    .map_or("-".into(), |s| format!("{s:.2} s")),
-                h["peak_minute_start"].as_u64().map_or("-".into(), |t| {
+                h.device.clone(),
+                h.waiting.clone(),
+                h.running.clone(),
+                format!("{:.2} s", h.last_hour_s),
+                format!("{:.2} s", h.peak_minute_s),
+                h.peak_minute_start.map_or("-".into(), |t| {
                     let hm = (t % 86_400) / 60;
                     format!("{:02}:{:02} UTC", hm / 60, hm % 60)
                 }),
@@ -525,66 +505,61 @@ fn analysis_text(v: &Value) -> String {
         out += &t.render();
     }
     out += "\nbottlenecks:\n";
-    let bs = list("bottlenecks");
-    if bs.is_empty() {
+    if v.bottlenecks.is_empty() {
         out += "  none\n";
     }
-    for b in bs {
-        out += &format!("  [{}] {}\n", json_str(&b["kind"]), json_str(&b["detail"]));
+    for b in &v.bottlenecks {
+        out += &format!("  [{}] {}\n", b.kind, b.detail);
     }
     out += "\nrecommendations:\n";
-    let rs = list("recommendations");
-    if rs.is_empty() {
+    if v.recommendations.is_empty() {
         out += "  none\n";
     }
-    for r in rs {
-        out += &format!("  {}\n", json_str(&r["text"]));
+    for r in &v.recommendations {
+        out += &format!("  {}\n", r.text);
     }
-    let tu = &v["tuning"];
+    let tu = &v.tuning;
     out += &format!(
         "\ntuning: mode {}, every {} s, {} rounds\n",
-        json_str(&tu["mode"]),
-        json_str(&tu["interval_s"]),
-        json_str(&tu["runs"])
+        tu.mode,
+        secs(tu.interval_s),
+        tu.runs
     );
-    for c in tu["latest"].as_array().map_or(&[][..], Vec::as_slice) {
+    for c in &tu.latest {
         out += &format!(
             "  {} {}: weight {} → {}: {}\n",
-            if c["applied"].as_bool() == Some(true) {
-                "changed"
-            } else {
-                "advised"
-            },
-            json_str(&c["vm"]),
-            json_str(&c["from"]),
-            json_str(&c["to"]),
-            json_str(&c["reason"])
+            if c.applied { "changed" } else { "advised" },
+            c.vm,
+            c.from,
+            c.to,
+            c.reason
         );
     }
     out
 }
 
 /// The contention matrix and the waste of a device (`vgpuctl device show`).
-fn device_detail(d: &Value) -> String {
-    let u = &d["usage"];
+fn device_detail(d: &api::Device) -> String {
+    let Some(u) = &d.usage else {
+        return "usage: -\n".into();
+    };
     let mut out = format!(
         "utilization: {} (1s) {} (10s) {} (1 min) {} (10 min)\n\
          idle with work queued: {} (must stay 0); idle at fixed caps: {}; anticipation: {}; hand-over: {}\n\
          memory: {} free, {} in no slice, fragmentation {}\n",
-        json_percent(&u["utilization_1s"]),
-        json_percent(&u["utilization_10s"]),
-        json_percent(&u["utilization_60s"]),
-        json_percent(&u["utilization_10m"]),
-        json_ms(&u["idle_with_work_s"]),
-        json_ms(&u["idle_capped_s"]),
-        json_ms(&u["anticipation_s"]),
-        json_ms(&u["handover_s"]),
-        json_bytes(&u["memory_free"]),
-        json_bytes(&u["memory_unsliced"]),
-        json_percent(&u["fragmentation"]),
+        percent(u.utilization_1s),
+        percent(u.utilization_10s),
+        percent(u.utilization_60s),
+        percent(u.utilization_10m),
+        secs_ms(u.idle_with_work_s),
+        secs_ms(u.idle_capped_s),
+        secs_ms(u.anticipation_s),
+        secs_ms(u.handover_s),
+        bytes(u.memory_free),
+        bytes(u.memory_unsliced),
+        percent(u.fragmentation),
     );
-    let pairs = u["contention"].as_array().map_or(&[][..], Vec::as_slice);
-    if !pairs.is_empty() {
+    if !u.contention.is_empty() {
         let mut t = Table::new(&[
             ("WAITING", Align::Left),
             ("BEHIND", Align::Left),
@@ -592,19 +567,13 @@ fn device_detail(d: &Value) -> String {
             ("LAST HOUR", Align::Right),
             ("PEAK MINUTE", Align::Right),
         ]);
-        for p in pairs {
+        for p in &u.contention {
             t.row(vec![
-                json_str(&p["waiting"]),
-                json_str(&p["running"]),
-                p["total_s"]
-                    .as_f64()
-                    .map_or("-".into(), |s| format!("{s:.2} s")),
-                p["last_hour_s"]
-                    .as_f64()
-                    .map_or("-".into(), |s| format!("{s:.2} s")),
-                p["peak_minute_s"]
-                    .as_f64()
-                    .map_or("-".into(), |s| format!("{s:.2} s")),
+                p.waiting.clone(),
+                p.running.clone(),
+                format!("{:.2} s", p.total_s),
+                format!("{:.2} s", p.last_hour_s),
+                format!("{:.2} s", p.peak_minute_s),
             ]);
         }
         out += "\ncontention (time WAITING had a kernel ready while BEHIND ran):\n";
@@ -613,122 +582,116 @@ fn device_detail(d: &Value) -> String {
     out
 }
 
-fn vm_detail(v: &Value) -> String {
+/// A device counter of `stats`, `-` when the device does not report it.
+fn counter(stats: &api::Counters, name: &str) -> String {
+    or_dash(stats.get(name))
+}
+
+fn vm_detail(v: &api::Vm) -> String {
     let mut out = vm_table(std::slice::from_ref(v));
-    let u = &v["usage"];
+    let u = &v.usage;
     out += &format!(
-        "\nshare: {} (1s) {} (10s) {} (1 min) {} (10 min), configured {}; busy {}\n",
-        json_percent(&u["share_1s"]),
-        json_percent(&u["share_10s"]),
-        json_percent(&u["share_60s"]),
-        json_percent(&u["share_10m"]),
-        json_percent(&u["configured_share"]),
-        u["busy_s"]
-            .as_f64()
-            .map_or("-".into(), |b| format!("{b:.1} s")),
+        "\nshare: {} (1s) {} (10s) {} (1 min) {} (10 min), configured {}; busy {:.1} s\n",
+        percent(u.share_1s),
+        percent(u.share_10s),
+        percent(u.share_60s),
+        percent(u.share_10m),
+        percent(u.configured_share),
+        u.busy_s,
     );
-    let target = u["target_wait_p99_s"]
-        .as_f64()
+    let target = u
+        .target_wait_p99_s
         .map_or(String::new(), |t| format!(" (target {})", secs_ms(t)));
     out += &format!(
         "launch-to-start wait: p50 {} p90 {} p99 {}{target}; deadline misses {}; think time {}\n",
-        json_ms(&u["queue_wait_p50_s"]),
-        json_ms(&u["queue_wait_p90_s"]),
-        json_ms(&u["queue_wait_p99_s"]),
-        json_str(&u["deadline_misses"]),
-        json_ms(&u["think_time_s"]),
+        secs_ms(u.queue_wait_p50_s),
+        secs_ms(u.queue_wait_p90_s),
+        secs_ms(u.queue_wait_p99_s),
+        u.deadline_misses,
+        secs_ms(u.think_time_s),
     );
     out += &format!(
         "memory: {} used, peak {}, 24 h high-water {}, slice {}\n",
-        json_bytes(&u["memory_used"]),
-        json_bytes(&u["memory_peak"]),
-        json_bytes(&u["memory_high_water_24h"]),
-        json_bytes(&u["memory_limit"]),
+        bytes(u.memory_used),
+        bytes(u.memory_peak),
+        bytes(u.memory_high_water_24h),
+        bytes(u.memory_limit),
     );
-    if let Some(t) = v["tuning"].as_object() {
+    if let Some(t) = &v.tuning {
         out += &format!(
             "tuning: mode {}, weight {} (baseline {}, bounds {}–{}){}\n",
-            json_str(&t["mode"]),
-            json_str(&v["weight"]),
-            json_str(&t["baseline_weight"]),
-            json_str(&t["weight_min"]),
-            json_str(&t["weight_max"]),
-            t.get("last_change")
-                .and_then(Value::as_object)
-                .map_or(String::new(), |c| format!(
-                    "; last change {} → {}: {}",
-                    json_str(&c["from"]),
-                    json_str(&c["to"]),
-                    json_str(&c["reason"])
-                )),
+            t.mode,
+            v.weight,
+            t.baseline_weight,
+            t.weight_min,
+            t.weight_max,
+            t.last_change.as_ref().map_or(String::new(), |c| format!(
+                "; last change {} → {}: {}",
+                c.from, c.to, c.reason
+            )),
         );
     }
-    let mp = &v["memory_placement"];
-    if mp.is_object() {
+    if let Some(mp) = &v.memory_placement {
         out += &format!(
             "placement: {} on the device ({} borrowed past the reservation of {}), {} overflowed to host (overflow {}, limit {}); demotions {} ({}), promotions {} ({})\n",
-            json_bytes(&mp["device_bytes"]),
-            json_bytes(&mp["borrowed_bytes"]),
-            json_bytes(&mp["reserved"]),
-            json_bytes(&mp["host_bytes"]),
-            json_str(&mp["overflow"]),
-            json_bytes(&mp["overflow_limit"]),
-            json_str(&mp["demotions"]),
-            json_bytes(&mp["demoted_bytes"]),
-            json_str(&mp["promotions"]),
-            json_bytes(&mp["promoted_bytes"]),
+            bytes(mp.device_bytes),
+            bytes(mp.borrowed_bytes),
+            bytes(mp.reserved),
+            bytes(mp.host_bytes),
+            mp.overflow,
+            bytes(mp.overflow_limit),
+            mp.demotions,
+            bytes(mp.demoted_bytes),
+            mp.promotions,
+            bytes(mp.promoted_bytes),
         );
     }
-    let k = &v["memory_by_kind"];
-    if k.is_object() {
-        out += &format!(
-            "memory by kind: plain {}, pools {} reserved ({} in use), managed {}, mapped host {}, VMM physical {}\n",
-            json_bytes(&k["plain"]),
-            json_bytes(&k["pool_reserved"]),
-            json_bytes(&k["pool_used"]),
-            json_bytes(&k["managed"]),
-            json_bytes(&k["mapped_host"]),
-            json_bytes(&k["vmm_physical"]),
-        );
-    }
-    let st = &v["stats"];
+    let k = &v.memory_by_kind;
+    out += &format!(
+        "memory by kind: plain {}, pools {} reserved ({} in use), managed {}, mapped host {}, VMM physical {}\n",
+        bytes(k.plain),
+        bytes(k.pool_reserved),
+        bytes(k.pool_used),
+        bytes(k.managed),
+        bytes(k.mapped_host),
+        bytes(k.vmm_physical),
+    );
+    let st = &v.stats;
     out += &format!(
         "copies: {} to the device, {} from it; errors {}; sessions opened {}\n",
-        json_bytes(&st["bytes_htod"]),
-        json_bytes(&st["bytes_dtoh"]),
-        json_str(&st["errors"]),
-        json_str(&st["sessions_total"]),
+        bytes(st.bytes_htod),
+        bytes(st.bytes_dtoh),
+        st.errors,
+        st.sessions_total,
     );
-    if let Some(p) = v["unix_socket"].as_str() {
+    if let Some(p) = &v.unix_socket {
         out += &format!("unix socket: {p}\n");
     }
-    if v["vsock"].is_object() {
-        let vs = &v["vsock"];
+    if let Some(vs) = &v.vsock {
         out += &format!(
             "vsock: cid {} on {} ({} open connections, {} device resets)\n",
-            json_str(&vs["guest_cid"]),
-            json_str(&vs["socket"]),
-            json_str(&vs["stats"]["connections_open"]),
-            json_str(&vs["stats"]["device_resets"]),
+            vs.guest_cid,
+            vs.socket,
+            counter(&vs.stats, "connections_open"),
+            counter(&vs.stats, "device_resets"),
         );
     }
-    if v["vgpu_device"].is_object() {
-        let vd = &v["vgpu_device"];
-        let st = &vd["stats"];
+    if let Some(vd) = &v.vgpu_device {
+        let st = &vd.stats;
         out += &format!(
             "virtio-vgpu device: ID {} on {} ({} open sessions; {} in place from the guest, {} to it; \
              {} device resets, {} pauses, {} resumed)\n",
-            json_str(&vd["device_id"]),
-            json_str(&vd["socket"]),
-            json_str(&st["sessions_open"]),
-            json_bytes(&st["bytes_from_guest"]),
-            json_bytes(&st["bytes_to_guest"]),
-            json_str(&st["device_resets"]),
-            json_str(&st["pauses"]),
-            json_str(&st["resumes"]),
+            vd.device_id,
+            vd.socket,
+            counter(st, "sessions_open"),
+            st.get("bytes_from_guest").map_or("-".into(), |b| bytes(*b)),
+            st.get("bytes_to_guest").map_or("-".into(), |b| bytes(*b)),
+            counter(st, "device_resets"),
+            counter(st, "pauses"),
+            counter(st, "resumes"),
         );
     }
-    if v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
+    if !v.sessions.is_empty() {
         out.push('\n');
         out += &session_table(v);
     }
@@ -783,27 +746,25 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
             let devices = c.get("/v1/devices")?;
             let vms = c.get("/v1/vms")?;
             if !cli.json {
+                let i: api::Info = typed(&info)?;
                 println!(
                     "vgpud {} (pid {}, protocol {}), up {}",
-                    json_str(&info["version"]),
-                    json_str(&info["pid"]),
-                    json_str(&info["protocol_version"]),
-                    duration(info["uptime_s"].as_u64().unwrap_or(0)),
+                    i.version,
+                    i.pid,
+                    i.protocol_version,
+                    duration(i.uptime_s),
                 );
-                println!("config: {}", json_str(&info["config"]));
-                if let Some(m) = info["metrics_listen"].as_str() {
+                println!("config: {}", i.config);
+                if let Some(m) = &i.metrics_listen {
                     println!("metrics: http://{m}/metrics");
                 }
-                if let Some(a) = info["audit_log"].as_str() {
+                if let Some(a) = &i.audit_log {
                     println!("audit log: {a}");
                 }
                 println!();
-                print!(
-                    "{}",
-                    device_table(devices.as_array().map_or(&[], Vec::as_slice))
-                );
+                print!("{}", device_table(&typed::<Vec<api::Device>>(&devices)?));
                 println!();
-                print!("{}", vm_table(vms.as_array().map_or(&[], Vec::as_slice)));
+                print!("{}", vm_table(&typed::<Vec<api::Vm>>(&vms)?));
                 return Ok(());
             }
             json!({ "daemon": info, "devices": devices, "vms": vms })
@@ -813,12 +774,9 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 let devices = c.get("/v1/devices")?;
                 let gpus = c.get("/v1/gpus")?;
                 if !cli.json {
-                    print!(
-                        "{}",
-                        device_table(devices.as_array().map_or(&[], Vec::as_slice))
-                    );
+                    print!("{}", device_table(&typed::<Vec<api::Device>>(&devices)?));
                     println!();
-                    print!("{}", gpu_table(&gpus));
+                    print!("{}", gpu_table(&typed(&gpus)?));
                     return Ok(());
                 }
                 json!({ "devices": devices, "gpus": gpus })
@@ -826,45 +784,36 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
             DeviceCommand::Show { name } => {
                 let d = c.get(&format!("/v1/devices/{name}"))?;
                 if !cli.json {
-                    print!("{}", device_table(std::slice::from_ref(&d)));
+                    let dev: api::Device = typed(&d)?;
+                    print!("{}", device_table(std::slice::from_ref(&dev)));
                     println!(
                         "uuid {}; batch class keeps at least {}% of the device",
-                        json_str(&d["uuid"]),
-                        json_str(&d["scheduling"]["batch_min_share"])
+                        dev.uuid,
+                        or_dash(dev.scheduling.as_ref().map(|s| s.batch_min_share))
                     );
-                    print!("{}", device_detail(&d));
+                    print!("{}", device_detail(&dev));
                     return Ok(());
                 }
                 d
             }
             DeviceCommand::Set(a) => {
-                let mut body = serde_json::Map::new();
-                if let Some(p) = &a.policy {
-                    body.insert("policy".into(), p.clone().into());
-                }
-                if let Some(s) = a.slice_ms {
-                    body.insert("slice_ms".into(), s.into());
-                }
-                if let Some(b) = a.batch_min_share {
-                    body.insert("batch_min_share".into(), b.into());
-                }
+                let body = api::SchedulingUpdate {
+                    policy: a.policy.clone(),
+                    slice_ms: a.slice_ms,
+                    batch_min_share: a.batch_min_share,
+                };
                 if body.is_empty() {
                     return Err(CliError::Failed(
                         "nothing to change: give --policy, --slice-ms and/or --batch-min-share"
                             .into(),
                     ));
                 }
-                let s = c.patch(
-                    &format!("/v1/devices/{}/scheduling", a.name),
-                    &Value::Object(body),
-                )?;
+                let s = c.patch(&format!("/v1/devices/{}/scheduling", a.name), &body)?;
                 if !cli.json {
+                    let sched: api::Scheduling = typed(&s)?;
                     println!(
                         "device {}: policy {}, slice {} ms, batch minimum share {}%",
-                        a.name,
-                        json_str(&s["policy"]),
-                        json_str(&s["slice_ms"]),
-                        json_str(&s["batch_min_share"])
+                        a.name, sched.policy, sched.slice_ms, sched.batch_min_share
                     );
                     return Ok(());
                 }
@@ -875,7 +824,7 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
             VmCommand::List => {
                 let vms = c.get("/v1/vms")?;
                 if !cli.json {
-                    print!("{}", vm_table(vms.as_array().map_or(&[], Vec::as_slice)));
+                    print!("{}", vm_table(&typed::<Vec<api::Vm>>(&vms)?));
                     return Ok(());
                 }
                 vms
@@ -883,49 +832,36 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
             VmCommand::Show { name } => {
                 let v = c.get(&format!("/v1/vms/{name}"))?;
                 if !cli.json {
-                    print!("{}", vm_detail(&v));
+                    print!("{}", vm_detail(&typed(&v)?));
                     return Ok(());
                 }
                 v
             }
             VmCommand::Add(a) => {
-                let mut body = json!({ "name": a.name });
-                let m = body.as_object_mut().expect("object");
-                let mut put = |k: &str, v: Option<Value>| {
-                    if let Some(v) = v {
-                        m.insert(k.into(), v);
-                    }
+                let path =
+                    |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+                let body = api::VmEntry {
+                    name: a.name.clone(),
+                    memory: a.memory.clone().map(api::Size::Text),
+                    profile: a.profile.clone(),
+                    socket_owner: a.socket_owner.clone(),
+                    device: a.device.clone(),
+                    weight: a.weight,
+                    priority: a.priority.map(|p| p.as_str().into()),
+                    unix_socket: path(&a.unix_socket),
+                    vhost_user_socket: path(&a.vhost_user_socket),
+                    guest_cid: a.guest_cid,
+                    vsock_uds_path: path(&a.vsock_uds_path),
+                    ..Default::default()
                 };
-                put("memory", a.memory.clone().map(Value::from));
-                put("profile", a.profile.clone().map(Value::from));
-                put("socket_owner", a.socket_owner.clone().map(Value::from));
-                put("device", a.device.clone().map(Value::from));
-                put("weight", a.weight.map(Value::from));
-                put("priority", a.priority.map(|p| p.as_str().into()));
-                put(
-                    "unix_socket",
-                    a.unix_socket.as_ref().map(|p| p.to_string_lossy().into()),
-                );
-                put(
-                    "vhost_user_socket",
-                    a.vhost_user_socket
-                        .as_ref()
-                        .map(|p| p.to_string_lossy().into()),
-                );
-                put("guest_cid", a.guest_cid.map(Value::from));
-                put(
-                    "vsock_uds_path",
-                    a.vsock_uds_path
-                        .as_ref()
-                        .map(|p| p.to_string_lossy().into()),
-                );
                 let v = c.post("/v1/vms", &body)?;
                 if !cli.json {
+                    let vm: api::Vm = typed(&v)?;
                     println!(
                         "VM {} added: {} slice on {}",
                         a.name,
-                        json_bytes(&v["memory_limit"]),
-                        json_str(&v["device"])
+                        bytes(vm.memory_limit),
+                        vm.device
                     );
                     return Ok(());
                 }
@@ -934,11 +870,12 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
             VmCommand::Remove { name } => {
                 let r = c.delete(&format!("/v1/vms/{name}"))?;
                 if !cli.json {
+                    let r: api::Removal = typed(&r)?;
                     println!(
                         "VM {name} removed: {} session(s) ended, {} released{}",
-                        json_str(&r["sessions_ended"]),
-                        json_bytes(&r["memory_released"]),
-                        if r["complete"] == false {
+                        r.sessions_ended,
+                        bytes(r.memory_released),
+                        if !r.complete {
                             " (some sessions are still finishing a call)"
                         } else {
                             ""
@@ -949,49 +886,34 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 r
             }
             VmCommand::Set(a) => {
-                let mut body = serde_json::Map::new();
-                if let Some(m) = &a.memory {
-                    body.insert("memory".into(), m.clone().into());
-                }
-                if let Some(r) = &a.reserved {
-                    body.insert("reserved".into(), r.clone().into());
-                }
-                if let Some(o) = a.overflow {
-                    let o = match o {
-                        OverflowArg::None => "none",
-                        OverflowArg::Host => "host",
-                    };
-                    body.insert("overflow".into(), o.into());
-                }
-                if let Some(l) = &a.overflow_limit {
-                    body.insert("overflow_limit".into(), l.clone().into());
-                }
-                if let Some(w) = a.weight {
-                    body.insert("weight".into(), w.into());
-                }
-                if let Some(p) = a.priority {
-                    body.insert("priority".into(), p.as_str().into());
-                }
-                if let Some(t) = &a.target_wait_p99 {
-                    body.insert("target_wait_p99".into(), t.clone().into());
-                }
-                for (k, v) in [
-                    ("min_share", a.min_share),
-                    ("weight_min", a.weight_min),
-                    ("weight_max", a.weight_max),
-                ] {
-                    if let Some(v) = v {
-                        body.insert(k.into(), v.into());
-                    }
-                }
-                let v = c.patch(&format!("/v1/vms/{}", a.name), &Value::Object(body))?;
+                let body = api::VmUpdate {
+                    memory: a.memory.clone().map(api::Size::Text),
+                    reserved: a.reserved.clone().map(api::Size::Text),
+                    overflow: a.overflow.map(|o| {
+                        match o {
+                            OverflowArg::None => "none",
+                            OverflowArg::Host => "host",
+                        }
+                        .into()
+                    }),
+                    overflow_limit: a.overflow_limit.clone().map(api::Size::Text),
+                    weight: a.weight,
+                    priority: a.priority.map(|p| p.as_str().into()),
+                    target_wait_p99: a.target_wait_p99.clone(),
+                    min_share: a.min_share,
+                    weight_min: a.weight_min,
+                    weight_max: a.weight_max,
+                    limits: None,
+                };
+                let v = c.patch(&format!("/v1/vms/{}", a.name), &body)?;
                 if !cli.json {
+                    let vm: api::Vm = typed(&v)?;
                     println!(
                         "VM {}: slice {}, weight {}, priority {}",
                         a.name,
-                        json_bytes(&v["memory_limit"]),
-                        json_str(&v["weight"]),
-                        json_str(&v["priority"])
+                        bytes(vm.memory_limit),
+                        vm.weight,
+                        vm.priority
                     );
                     return Ok(());
                 }
@@ -1003,13 +925,14 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                 timeout,
             } => {
                 let mut v = c.post(&format!("/v1/vms/{name}/drain"), &json!({}))?;
+                let sessions = |v: &Value| typed::<api::Vm>(v).map(|vm| vm.sessions.len());
                 if *wait {
                     let deadline = Instant::now() + Duration::from_secs(*timeout);
-                    while v["sessions"].as_array().is_some_and(|s| !s.is_empty()) {
+                    while sessions(&v)? > 0 {
                         if Instant::now() >= deadline {
                             return Err(CliError::Timeout(format!(
                                 "VM {name} still has {} session(s) after {timeout} s; they keep running (new ones are refused); `vgpuctl vm remove {name}` ends them",
-                                v["sessions"].as_array().map_or(0, Vec::len)
+                                sessions(&v)?
                             )));
                         }
                         std::thread::sleep(DRAIN_POLL);
@@ -1017,7 +940,7 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                     }
                 }
                 if !cli.json {
-                    let n = v["sessions"].as_array().map_or(0, Vec::len);
+                    let n = sessions(&v)?;
                     println!(
                         "VM {name} is draining: new sessions are refused; {n} session(s) running"
                     );
@@ -1032,7 +955,7 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
         Command::Analyze => {
             let v = c.get("/v1/analyze")?;
             if !cli.json {
-                print!("{}", analysis_text(&v));
+                print!("{}", analysis_text(&typed(&v)?));
                 return Ok(());
             }
             v
@@ -1048,21 +971,20 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
         Command::Reload => {
             let r = c.post("/v1/reload", &json!({}))?;
             if !cli.json {
-                for (k, label) in [
-                    ("applied", "applied"),
-                    ("refused", "REFUSED"),
-                    ("restart_needed", "needs a restart"),
+                let report: api::ReloadReport = typed(&r)?;
+                for (lines, label) in [
+                    (&report.applied, "applied"),
+                    (&report.refused, "REFUSED"),
+                    (&report.restart_needed, "needs a restart"),
                 ] {
-                    for line in r[k].as_array().into_iter().flatten() {
-                        println!("{label}: {}", json_str(line));
+                    for line in lines {
+                        println!("{label}: {line}");
                     }
                 }
-                if r.as_object()
-                    .is_some_and(|o| o.values().all(|v| v.as_array().is_some_and(Vec::is_empty)))
-                {
+                if report.is_empty() {
                     println!("nothing changed");
                 }
-                if r["refused"].as_array().is_some_and(|a| !a.is_empty()) {
+                if !report.refused.is_empty() {
                     return Err(CliError::Failed(
                         "some changes were refused; fix the file and reload again".into(),
                     ));
@@ -1228,18 +1150,43 @@ mod tests {
 
     #[test]
     fn analysis_and_tuning_read_as_sentences() {
-        let a = json!({
-            "hotspots": [{ "device": "gpu0", "waiting": "inference", "running": "training",
-                           "last_hour_s": 41.2, "total_s": 50.0, "peak_minute_start": 1_700_000_520u64,
-                           "peak_minute_s": 9.8 }],
-            "bottlenecks": [{ "kind": "oversized_slice", "device": "gpu0", "vm": "training",
-                              "detail": "`training` has a 8 GiB slice and used at most 4.2 GiB in 24 h" }],
-            "recommendations": [{ "vm": "training", "setting": "memory", "from": 8u64 << 30, "to": 5u64 << 30,
-                                  "text": "training: slice 8 GiB, peak 4.2 GiB in 24 h: shrink to 5 GiB" }],
-            "tuning": { "mode": "advise", "interval_s": 300.0, "runs": 12,
-                        "latest": [{ "vm": "inference", "from": 3, "to": 4, "applied": false,
-                                     "reason": "p99 wait 9.0 ms vs target 5.0 ms" }] },
-        });
+        let a = api::Analysis {
+            hotspots: vec![api::Hotspot {
+                device: "gpu0".into(),
+                waiting: "inference".into(),
+                running: "training".into(),
+                last_hour_s: 41.2,
+                total_s: 50.0,
+                peak_minute_start: Some(1_700_000_520),
+                peak_minute_s: 9.8,
+            }],
+            bottlenecks: vec![api::Bottleneck {
+                kind: "oversized_slice".into(),
+                device: "gpu0".into(),
+                vm: Some("training".into()),
+                detail: "`training` has a 8 GiB slice and used at most 4.2 GiB in 24 h".into(),
+            }],
+            recommendations: vec![api::Recommendation {
+                vm: "training".into(),
+                setting: "memory".into(),
+                from: 8 << 30,
+                to: 5 << 30,
+                text: "training: slice 8 GiB, peak 4.2 GiB in 24 h: shrink to 5 GiB".into(),
+            }],
+            tuning: api::TuningReport {
+                mode: "advise".into(),
+                interval_s: 300.0,
+                runs: 12,
+                latest: vec![api::WeightChange {
+                    vm: "inference".into(),
+                    from: 3,
+                    to: 4,
+                    reason: "p99 wait 9.0 ms vs target 5.0 ms".into(),
+                    ..Default::default()
+                }],
+                history: vec![],
+            },
+        };
         let t = analysis_text(&a);
         for want in [
             "inference  training",
@@ -1247,23 +1194,41 @@ mod tests {
             "22:22 UTC",
             "[oversized_slice]",
             "shrink to 5 GiB",
+            "tuning: mode advise, every 300.0 s, 12 rounds",
             "advised inference: weight 3 → 4: p99 wait 9.0 ms vs target 5.0 ms",
         ] {
             assert!(t.contains(want), "{want:?} not in\n{t}");
         }
-        let empty = analysis_text(
-            &json!({ "hotspots": [], "bottlenecks": [], "recommendations": [], "tuning": {} }),
-        );
+        let empty = analysis_text(&api::Analysis::default());
         assert!(
             empty.contains("none: no VM waited behind another"),
             "{empty}"
         );
-        let vm = json!({
-            "name": "inference", "weight": 4, "usage": { "queue_wait_p99_s": 0.004, "target_wait_p99_s": 0.005,
-            "memory_peak": 1u64 << 30, "share_10m": 0.3 },
-            "tuning": { "mode": "auto", "baseline_weight": 3, "weight_min": 1, "weight_max": 12,
-                        "last_change": { "from": 3, "to": 4, "reason": "p99 wait 9.0 ms vs target 5.0 ms" } },
-        });
+        let vm = api::Vm {
+            name: "inference".into(),
+            weight: 4,
+            usage: api::VmUsage {
+                queue_wait_p99_s: 0.004,
+                target_wait_p99_s: Some(0.005),
+                memory_peak: 1 << 30,
+                share_10m: 0.3,
+                ..Default::default()
+            },
+            tuning: Some(api::VmTuning {
+                mode: "auto".into(),
+                baseline_weight: 3,
+                weight_min: 1,
+                weight_max: 12,
+                last_change: Some(api::WeightChange {
+                    from: 3,
+                    to: 4,
+                    reason: "p99 wait 9.0 ms vs target 5.0 ms".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let d = vm_detail(&vm);
         assert!(d.contains("p99 4.00 ms (target 5.00 ms)"), "{d}");
         assert!(
@@ -1272,8 +1237,21 @@ mod tests {
             ),
             "{d}"
         );
-        let dev = json!({ "usage": { "idle_with_work_s": 0.0, "fragmentation": 0.5,
-            "contention": [{ "waiting": "a", "running": "b", "total_s": 1.5, "last_hour_s": 1.5, "peak_minute_s": 1.0 }] } });
+        let dev = api::Device {
+            usage: Some(api::DeviceUsage {
+                fragmentation: 0.5,
+                contention: vec![api::ContentionUsage {
+                    waiting: "a".into(),
+                    running: "b".into(),
+                    total_s: 1.5,
+                    last_hour_s: 1.5,
+                    peak_minute_s: 1.0,
+                    peak_minute_start: None,
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let d = device_detail(&dev);
         assert!(
             d.contains("idle with work queued: 0.00 ms (must stay 0)") && d.contains("1.50 s"),
@@ -1283,13 +1261,34 @@ mod tests {
 
     #[test]
     fn tables_show_what_operators_look_for() {
-        let vm = json!({
-            "name": "vm1", "device": "gpu0", "memory_used": 16u64 << 20, "memory_limit": 64u64 << 20,
-            "weight": 3, "priority": "normal", "state": "running",
-            "usage": { "configured_share": 0.75, "share_10s": null },
-            "sessions": [{ "id": 4, "pid": 99, "process": "train", "memory_used": 16u64 << 20, "transport": "unix:/s" }],
-            "stats": { "kernels": 12, "bytes_htod": 1024, "bytes_dtoh": 0, "errors": 0, "sessions_total": 1 },
-        });
+        let vm = api::Vm {
+            name: "vm1".into(),
+            device: "gpu0".into(),
+            memory_used: 16 << 20,
+            memory_limit: 64 << 20,
+            weight: 3,
+            priority: "normal".into(),
+            state: "running".into(),
+            usage: api::VmUsage {
+                configured_share: 0.75,
+                ..Default::default()
+            },
+            sessions: vec![api::Session {
+                id: 4,
+                pid: 99,
+                process: "train".into(),
+                memory_used: 16 << 20,
+                transport: "unix:/s".into(),
+                started: 0,
+            }],
+            stats: api::VmStats {
+                kernels: 12,
+                bytes_htod: 1024,
+                sessions_total: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         let t = vm_table(std::slice::from_ref(&vm));
         assert!(
             t.contains("16 MiB") && t.contains("64 MiB") && t.contains("75%"),
@@ -1299,9 +1298,21 @@ mod tests {
         assert!(d.contains("train") && d.contains("99"), "{d}");
         assert!(!d.contains("virtio-vgpu"), "{d}");
         let mut dev = vm.clone();
-        dev["vgpu_device"] = json!({ "device_id": 21, "socket": "/run/vgpu/vm1.vgpu.sock",
-            "stats": { "sessions_open": 2, "bytes_from_guest": 3u64 << 20, "bytes_to_guest": 0,
-                       "device_resets": 1, "pauses": 4, "resumes": 3 } });
+        dev.vgpu_device = Some(api::VmVgpuDevice {
+            device_id: 21,
+            socket: "/run/vgpu/vm1.vgpu.sock".into(),
+            stats: [
+                ("sessions_open", 2),
+                ("bytes_from_guest", 3 << 20),
+                ("bytes_to_guest", 0),
+                ("device_resets", 1),
+                ("pauses", 4),
+                ("resumes", 3),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        });
         let d = vm_detail(&dev);
         assert!(
             d.contains(
@@ -1309,17 +1320,37 @@ mod tests {
             ) && d.contains("1 device resets, 4 pauses, 3 resumed"),
             "{d}"
         );
-        let g =
-            gpu_table(&json!({ "nvml": false, "reason": "no NVIDIA driver found: x", "gpus": [] }));
+        let g = gpu_table(&api::Inventory {
+            reason: Some("no NVIDIA driver found: x".into()),
+            ..Default::default()
+        });
         assert_eq!(g, "No NVIDIA GPU found: no NVIDIA driver found: x\n");
-        let g = gpu_table(
-            &json!({ "nvml": true, "driver_version": "550.54", "gpus": [{
-            "index": 0, "name": "NVIDIA H100", "uuid": "GPU-1", "pci": "0000:3b:00.0",
-            "memory_total": 80u64 << 30, "memory_used": 1u64 << 30, "utilization_gpu": 12,
-            "temperature_c": 40, "power_w": 71.5, "mig_enabled": true,
-            "mig_instances": [{ "index": 0, "name": "1g.10gb", "uuid": "MIG-1", "memory_total": 10u64 << 30 }],
-            "sriov_vfs": 0, "sriov_vfs_total": 16 }] }),
-        );
+        let g = gpu_table(&api::Inventory {
+            nvml: true,
+            driver_version: Some("550.54".into()),
+            reason: None,
+            gpus: vec![api::Gpu {
+                index: 0,
+                name: Some("NVIDIA H100".into()),
+                uuid: Some("GPU-1".into()),
+                pci: Some("0000:3b:00.0".into()),
+                memory_total: Some(80 << 30),
+                memory_used: Some(1 << 30),
+                utilization_gpu: Some(12),
+                temperature_c: Some(40),
+                power_w: Some(71.5),
+                mig_enabled: Some(true),
+                mig_instances: vec![api::MigInstance {
+                    index: 0,
+                    name: Some("1g.10gb".into()),
+                    uuid: Some("MIG-1".into()),
+                    memory_total: Some(10 << 30),
+                }],
+                sriov_vfs: Some(0),
+                sriov_vfs_total: Some(16),
+                ..Default::default()
+            }],
+        });
         assert!(
             g.contains("NVIDIA driver 550.54")
                 && g.contains("on (1 instances)")

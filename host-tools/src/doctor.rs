@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use vgpu_config::{Config, DeviceKind, VmMode};
 
-use crate::api::Client;
+use crate::api::{Client, typed};
 use crate::cli::{CliError, print_json};
 use crate::table::bytes;
 
@@ -489,16 +489,14 @@ pub fn devices_of_config(c: &Config) -> Vec<DeviceMemory> {
 }
 
 /// Devices from the running daemon's `/v1/devices`.
-pub fn devices_of_daemon(devices: &Value) -> Vec<DeviceMemory> {
+pub fn devices_of_daemon(devices: &[vgpu_api::Device]) -> Vec<DeviceMemory> {
     devices
-        .as_array()
-        .into_iter()
-        .flatten()
+        .iter()
         .map(|d| DeviceMemory {
-            name: d["name"].as_str().unwrap_or("?").into(),
-            simulated: d["kind"] == "sim",
-            memory: d["memory_total"].as_u64().unwrap_or(0),
-            sliced: d["memory_sliced"].as_u64().unwrap_or(0),
+            name: d.name.clone(),
+            simulated: d.kind == "sim",
+            memory: d.memory_total,
+            sliced: d.memory_sliced,
         })
         .collect()
 }
@@ -584,15 +582,16 @@ pub fn checks(a: &DoctorArgs, c: &Client) -> Vec<Check> {
     out.extend(qemu_checks(a.qemu.as_deref()));
     out.extend(iommu_checks(&a.sysfs, &a.devfs));
     out.push(nvidia_check());
-    let daemon = c.get("/v1/info").ok();
+    let daemon = c
+        .get("/v1/info")
+        .and_then(|i| typed::<vgpu_api::Info>(&i))
+        .ok();
     out.push(match &daemon {
         Some(i) => pass(
             "vgpud",
             format!(
                 "vgpud {} is running (pid {}, {} VMs)",
-                i["version"].as_str().unwrap_or("?"),
-                i["pid"],
-                i["vms"]
+                i.version, i.pid, i.vms
             ),
         ),
         None => check(
@@ -631,7 +630,11 @@ pub fn checks(a: &DoctorArgs, c: &Client) -> Vec<Check> {
         }
     }
     if devices.is_none() && daemon.is_some() {
-        devices = c.get("/v1/devices").ok().map(|d| devices_of_daemon(&d));
+        devices = c
+            .get("/v1/devices")
+            .and_then(|d| typed::<Vec<vgpu_api::Device>>(&d))
+            .ok()
+            .map(|d| devices_of_daemon(&d));
     }
     match devices {
         Some(d) => out.extend(memory_checks(&d, meminfo(&a.meminfo))),

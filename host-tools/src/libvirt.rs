@@ -16,7 +16,7 @@ use clap::Args;
 use serde_json::json;
 use vgpu_libvirt::{Attachment, Model};
 
-use crate::api::Client;
+use crate::api::{Client, typed};
 use crate::attach::VmTransport;
 use crate::cli::{CliError, print_json};
 
@@ -154,8 +154,7 @@ fn can_connect(p: &Path, uid: u32, gid: u32) -> bool {
 
 /// Runs `vm attach`.
 pub fn attach(a: &DomainArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
-    let v = c.get(&format!("/v1/vms/{}", a.name))?;
-    let vm = VmTransport::from_json(&v);
+    let vm = VmTransport::from_vm(&typed(&c.get(&format!("/v1/vms/{}", a.name))?)?);
     let att = attachment(&vm).map_err(CliError::Failed)?;
     let before = virsh(
         &a.connect,

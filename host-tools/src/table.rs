@@ -100,6 +100,16 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
+/// A ratio (0–1) as a percentage.
+pub fn percent(r: f64) -> String {
+    format!("{:.0}%", r * 100.0)
+}
+
+/// A value as text, `-` when absent (what the tables show for a value vgpud did not give).
+pub fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
 /// A JSON byte count as people read it (`-` when absent).
 pub fn json_bytes(v: &Value) -> String {
     v.as_u64().map_or_else(|| "-".into(), bytes)

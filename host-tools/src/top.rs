@@ -19,9 +19,11 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use serde_json::{Value, json};
 
-use crate::api::{ApiError, Client};
+use vgpu_api as api;
+
+use crate::api::{ApiError, Client, typed};
 use crate::cli::{CliError, print_json};
-use crate::table::{bandwidth, bytes, duration, rate};
+use crate::table::{bandwidth, bytes, duration, or_dash, percent, rate};
 
 /// Width of the memory and share bars, in cells.
 const BAR: usize = 10;
@@ -54,22 +56,21 @@ pub struct Snapshot {
     /// When it was taken.
     pub at: Instant,
     /// `/v1/info`.
-    pub info: Value,
+    pub info: api::Info,
     /// `/v1/devices`.
-    pub devices: Vec<Value>,
+    pub devices: Vec<api::Device>,
     /// `/v1/vms`.
-    pub vms: Vec<Value>,
+    pub vms: Vec<api::Vm>,
 }
 
 impl Snapshot {
     /// Takes a sample.
     pub fn take(c: &Client) -> Result<Snapshot, ApiError> {
-        let list = |v: Value| v.as_array().cloned().unwrap_or_default();
         Ok(Snapshot {
             at: Instant::now(),
-            info: c.get("/v1/info")?,
-            devices: list(c.get("/v1/devices")?),
-            vms: list(c.get("/v1/vms")?),
+            info: typed(&c.get("/v1/info")?)?,
+            devices: typed(&c.get("/v1/devices")?)?,
+            vms: typed(&c.get("/v1/vms")?)?,
         })
     }
 }
@@ -110,16 +111,13 @@ impl View {
         if dt <= 0.0 {
             return None;
         }
-        let find = |s: &Snapshot| s.vms.iter().find(|v| v["name"] == vm).cloned();
+        let find = |s: &Snapshot| s.vms.iter().find(|v| v.name == vm).map(|v| v.stats);
         let (a, b) = (find(p)?, find(c)?);
-        let d = |k: &str| {
-            let (x, y) = (a["stats"][k].as_u64()?, b["stats"][k].as_u64()?);
-            Some(y.saturating_sub(x) as f64 / dt)
-        };
+        let d = |x: u64, y: u64| y.saturating_sub(x) as f64 / dt;
         Some(Rates {
-            kernels: d("kernels")?,
-            htod: d("bytes_htod")?,
-            dtoh: d("bytes_dtoh")?,
+            kernels: d(a.kernels, b.kernels),
+            htod: d(a.bytes_htod, b.bytes_htod),
+            dtoh: d(a.bytes_dtoh, b.bytes_dtoh),
         })
     }
 }
@@ -138,26 +136,17 @@ fn level_color(ratio: f64) -> Color {
     }
 }
 
-fn ratio(used: &Value, total: &Value) -> f64 {
-    match (used.as_u64(), total.as_u64()) {
-        (Some(u), Some(t)) if t > 0 => u as f64 / t as f64,
-        _ => 0.0,
+fn ratio(used: u64, total: u64) -> f64 {
+    if total > 0 {
+        used as f64 / total as f64
+    } else {
+        0.0
     }
 }
 
-fn pct(v: &Value) -> String {
-    v.as_f64()
-        .map_or_else(|| "-".into(), |r| format!("{:.0}%", r * 100.0))
-}
-
-fn memory_cell<'a>(used: &Value, total: &Value) -> Cell<'a> {
+fn memory_cell<'a>(used: u64, total: u64) -> Cell<'a> {
     let r = ratio(used, total);
-    let text = format!(
-        "{} {}/{}",
-        bar(r),
-        used.as_u64().map_or("-".into(), bytes),
-        total.as_u64().map_or("-".into(), bytes)
-    );
+    let text = format!("{} {}/{}", bar(r), bytes(used), bytes(total));
     Cell::from(text).style(Style::default().fg(level_color(r)))
 }
 
@@ -192,9 +181,9 @@ fn draw_header(f: &mut Frame, area: Rect, view: &View) {
         )),
         (Some(s), None) => Line::from(format!(
             "vgpud {} · pid {} · up {} · {} device(s) · {} VM(s)",
-            s.info["version"].as_str().unwrap_or("?"),
-            s.info["pid"],
-            duration(s.info["uptime_s"].as_u64().unwrap_or(0)),
+            s.info.version,
+            s.info.pid,
+            duration(s.info.uptime_s),
             s.devices.len(),
             s.vms.len()
         )),
@@ -208,23 +197,19 @@ fn draw_header(f: &mut Frame, area: Rect, view: &View) {
 
 fn draw_devices(f: &mut Frame, area: Rect, s: &Snapshot) {
     let rows = s.devices.iter().map(|d| {
-        let sched = &d["scheduling"];
+        let sched = d.scheduling.as_ref();
         Row::new(vec![
-            Cell::from(d["name"].as_str().unwrap_or("?").to_string()),
-            Cell::from(format!(
-                "{} {}",
-                d["kind"].as_str().unwrap_or("?"),
-                d["model"].as_str().unwrap_or("")
-            )),
-            memory_cell(&d["memory_used"], &d["memory_total"]),
-            Cell::from(d["memory_sliced"].as_u64().map_or("-".into(), bytes)),
-            Cell::from(pct(&d["utilization"])),
+            Cell::from(d.name.clone()),
+            Cell::from(format!("{} {}", d.kind, d.model)),
+            memory_cell(d.memory_used, d.memory_total),
+            Cell::from(bytes(d.memory_sliced)),
+            Cell::from(d.utilization.map_or("-".into(), percent)),
             Cell::from(format!(
                 "{} {} ms",
-                sched["policy"].as_str().unwrap_or("-"),
-                sched["slice_ms"]
+                sched.map_or("-", |s| s.policy.as_str()),
+                or_dash(sched.map(|s| s.slice_ms))
             )),
-            Cell::from(d["vms"].as_array().map_or(0, Vec::len).to_string()),
+            Cell::from(d.vms.len().to_string()),
         ])
     });
     let header = Row::new(["DEVICE", "KIND", "MEMORY", "SLICED", "UTIL", "SCHED", "VMS"])
@@ -248,50 +233,41 @@ fn draw_devices(f: &mut Frame, area: Rect, s: &Snapshot) {
 
 /// The weight in force; with the tuning controller's adjustment on top of
 /// the baseline as `4 (3+1)`, highlighted.
-fn weight_cell(v: &Value) -> Cell<'static> {
-    let now = v["usage"]["weight_now"]
-        .as_u64()
-        .or_else(|| v["weight"].as_u64());
-    let adjust = v["tuning"]["adjust"].as_i64().unwrap_or(0);
-    let base = v["tuning"]["baseline_weight"].as_u64();
-    match (now, base) {
-        (Some(w), Some(b)) if adjust != 0 => {
-            Cell::from(format!("{w} ({b}{adjust:+})")).style(Style::default().fg(Color::Cyan))
+fn weight_cell(v: &api::Vm) -> Cell<'static> {
+    let w = v.usage.weight_now;
+    match &v.tuning {
+        Some(t) if t.adjust != 0 => {
+            Cell::from(format!("{w} ({}{:+})", t.baseline_weight, t.adjust))
+                .style(Style::default().fg(Color::Cyan))
         }
-        (Some(w), _) => Cell::from(w.to_string()),
-        _ => Cell::from("-"),
+        _ => Cell::from(w.to_string()),
     }
 }
 
 fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
     let rows = s.vms.iter().map(|v| {
-        let name = v["name"].as_str().unwrap_or("?");
-        let u = &v["usage"];
-        let share = u["share_1s"].as_f64();
-        let configured = u["configured_share"].as_f64().unwrap_or(0.0);
-        let share_cell = match share {
-            Some(sh) => Cell::from(format!(
-                "{} {}/{}",
-                bar(sh),
-                pct(&json!(sh)),
-                pct(&json!(configured))
-            ))
-            .style(Style::default().fg(if sh > configured + 0.05 {
-                Color::Yellow
-            } else {
-                Color::Green
-            })),
-            None => Cell::from(format!("{} -/{}", " ".repeat(BAR), pct(&json!(configured)))),
-        };
+        let name = v.name.as_str();
+        let (sh, configured) = (v.usage.share_1s, v.usage.configured_share);
+        let share_cell = Cell::from(format!(
+            "{} {}/{}",
+            bar(sh),
+            percent(sh),
+            percent(configured)
+        ))
+        .style(Style::default().fg(if sh > configured + 0.05 {
+            Color::Yellow
+        } else {
+            Color::Green
+        }));
         let r = view.rates(name);
         let fmt = |g: fn(&Rates) -> String| r.as_ref().map_or_else(|| "-".to_string(), g);
-        let state = v["state"].as_str().unwrap_or("?").to_string();
+        let state = v.state.clone();
         Row::new(vec![
             Cell::from(name.to_string()),
-            Cell::from(v["device"].as_str().unwrap_or("?").to_string()),
-            memory_cell(&v["memory_used"], &v["memory_limit"]),
+            Cell::from(v.device.clone()),
+            memory_cell(v.memory_used, v.memory_limit),
             // Host-overflow bytes (docs/memory.md): yellow while any are overflowed.
-            match v["memory_placement"]["host_bytes"].as_u64() {
+            match v.memory_placement.as_ref().map(|p| p.host_bytes) {
                 Some(h) if h > 0 => Cell::from(bytes(h)).style(Style::default().fg(Color::Yellow)),
                 _ => Cell::from("-"),
             },
@@ -300,7 +276,7 @@ fn draw_vms(f: &mut Frame, area: Rect, s: &Snapshot, view: &View) {
             Cell::from(fmt(|r| rate(r.kernels))),
             Cell::from(fmt(|r| bandwidth(r.htod))),
             Cell::from(fmt(|r| bandwidth(r.dtoh))),
-            Cell::from(v["sessions"].as_array().map_or(0, Vec::len).to_string()),
+            Cell::from(v.sessions.len().to_string()),
             Cell::from(state.clone()).style(if state == "draining" {
                 Style::default().fg(Color::Yellow)
             } else {
@@ -385,14 +361,14 @@ pub fn run(a: &TopArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
                 .vms
                 .iter()
                 .map(|v| {
-                    let r = view.rates(v["name"].as_str().unwrap_or_default()).unwrap_or_default();
+                    let r = view.rates(&v.name).unwrap_or_default();
                     json!({
-                        "name": v["name"], "device": v["device"],
-                        "memory_used": v["memory_used"], "memory_limit": v["memory_limit"],
-                        "host_overflow_bytes": v["memory_placement"]["host_bytes"],
-                        "share_1s": v["usage"]["share_1s"], "configured_share": v["usage"]["configured_share"],
+                        "name": v.name, "device": v.device,
+                        "memory_used": v.memory_used, "memory_limit": v.memory_limit,
+                        "host_overflow_bytes": v.memory_placement.as_ref().map(|p| p.host_bytes),
+                        "share_1s": v.usage.share_1s, "configured_share": v.usage.configured_share,
                         "kernels_per_s": r.kernels, "htod_bytes_per_s": r.htod, "dtoh_bytes_per_s": r.dtoh,
-                        "sessions": v["sessions"].as_array().map_or(0, Vec::len), "state": v["state"],
+                        "sessions": v.sessions.len(), "state": v.state,
                     })
                 })
                 .collect();
@@ -459,29 +435,55 @@ pub fn run(a: &TopArgs, c: &Client, json_out: bool) -> Result<(), CliError> {
 mod tests {
     use super::*;
 
-    fn snapshot(at: Instant, kernels: u64, htod: u64, share: Option<f64>) -> Snapshot {
+    fn snapshot(at: Instant, kernels: u64, htod: u64, share: f64) -> Snapshot {
+        let vm = |name: &str, used: u64, limit: u64, weight: u32, state: &str, sessions: usize| {
+            api::Vm {
+                name: name.into(),
+                device: "gpu0".into(),
+                memory_used: used,
+                memory_limit: limit,
+                weight,
+                state: state.into(),
+                sessions: vec![api::Session::default(); sessions],
+                usage: api::VmUsage {
+                    weight_now: weight,
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        };
+        let mut vm1 = vm("vm1", 1 << 30, 2 << 30, 3, "running", 2);
+        vm1.usage.share_1s = share;
+        vm1.usage.configured_share = 0.75;
+        vm1.stats.kernels = kernels;
+        vm1.stats.bytes_htod = htod;
+        let mut vm2 = vm("vm2", 0, 4 << 30, 1, "draining", 0);
+        vm2.usage.configured_share = 0.25;
         Snapshot {
             at,
-            info: json!({ "version": "0.1.0", "pid": 42, "uptime_s": 65 }),
-            devices: vec![json!({
-                "name": "gpu0", "kind": "sim", "model": "vgpu simulated GPU",
-                "memory_total": 8u64 << 30, "memory_used": 3u64 << 30, "memory_sliced": 6u64 << 30,
-                "utilization": share, "scheduling": { "policy": "fair", "slice_ms": 2 }, "vms": ["vm1", "vm2"],
-            })],
-            vms: vec![
-                json!({
-                    "name": "vm1", "device": "gpu0", "memory_used": 1u64 << 30, "memory_limit": 2u64 << 30,
-                    "weight": 3, "state": "running", "sessions": [{}, {}],
-                    "usage": { "share_1s": share, "configured_share": 0.75 },
-                    "stats": { "kernels": kernels, "bytes_htod": htod, "bytes_dtoh": 0 },
+            info: api::Info {
+                version: "0.1.0".into(),
+                pid: 42,
+                uptime_s: 65,
+                ..Default::default()
+            },
+            devices: vec![api::Device {
+                name: "gpu0".into(),
+                kind: "sim".into(),
+                model: "vgpu simulated GPU".into(),
+                memory_total: 8 << 30,
+                memory_used: 3 << 30,
+                memory_sliced: 6 << 30,
+                utilization: Some(share),
+                scheduling: Some(api::Scheduling {
+                    policy: "fair".into(),
+                    slice_ms: 2,
+                    batch_min_share: 5,
                 }),
-                json!({
-                    "name": "vm2", "device": "gpu0", "memory_used": 0, "memory_limit": 4u64 << 30,
-                    "weight": 1, "state": "draining", "sessions": [],
-                    "usage": { "share_1s": null, "configured_share": 0.25 },
-                    "stats": { "kernels": 0, "bytes_htod": 0, "bytes_dtoh": 0 },
-                }),
-            ],
+                vms: vec!["vm1".into(), "vm2".into()],
+                ..Default::default()
+            }],
+            vms: vec![vm1, vm2],
         }
     }
 
@@ -489,13 +491,8 @@ mod tests {
     fn a_frame_shows_bars_shares_and_rates() {
         let t0 = Instant::now();
         let mut view = View::default();
-        view.push(snapshot(t0, 100, 0, Some(0.5)));
-        view.push(snapshot(
-            t0 + Duration::from_secs(2),
-            300,
-            4 << 20,
-            Some(0.5),
-        ));
+        view.push(snapshot(t0, 100, 0, 0.5));
+        view.push(snapshot(t0 + Duration::from_secs(2), 300, 4 << 20, 0.5));
         let r = view.rates("vm1").unwrap();
         assert_eq!((r.kernels, r.htod), (100.0, f64::from(2u32 << 20)));
         let text = render_text(&view, 132, 16);
@@ -516,7 +513,7 @@ mod tests {
     #[test]
     fn errors_show_in_the_header_and_rates_need_two_samples() {
         let mut view = View::default();
-        view.push(snapshot(Instant::now(), 1, 1, None));
+        view.push(snapshot(Instant::now(), 1, 1, 0.0));
         assert!(view.rates("vm1").is_none());
         view.error = Some("cannot connect to vgpud".into());
         let text = render_text(&view, 132, 12);
@@ -524,6 +521,6 @@ mod tests {
             text.contains("cannot connect to vgpud (retrying)"),
             "{text}"
         );
-        assert!(text.contains(" -/75%"), "{text}");
+        assert!(text.contains(" 0%/75%"), "{text}");
     }
 }

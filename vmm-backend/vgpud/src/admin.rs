@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::{debug, warn};
+use vgpu_api as api;
 use vgpu_broker::tenant::Tenant;
 
 use crate::audit::Actor;
-use crate::daemon::{OpError, OpErrorKind, Runtime, scheduling_json};
+use crate::daemon::{OpError, OpErrorKind, Runtime, scheduling};
 use crate::http::{HttpRequest, HttpResponse};
 use crate::listener::{ListenerError, bind_socket};
 use crate::metrics::{self, uuid_string};
@@ -47,43 +48,40 @@ impl From<OpError> for HttpResponse {
     }
 }
 
-/// The JSON description of a VM.
-pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
+/// A VM as the API shows it.
+pub fn vm(rt: &Runtime, t: &Tenant) -> api::Vm {
     let s = t.settings();
-    let sessions: Vec<Value> = t
+    let sessions: Vec<api::Session> = t
         .sessions()
         .iter()
-        .map(|x| {
-            json!({
-                "id": x.id,
-                "pid": x.pid,
-                "process": x.process_name,
-                "transport": x.transport,
-                "started": unix_seconds(x.started),
-                "memory_used": x.memory.load(Ordering::Relaxed),
-            })
+        .map(|x| api::Session {
+            id: x.id,
+            pid: x.pid,
+            process: x.process_name.clone(),
+            transport: x.transport.clone(),
+            started: unix_seconds(x.started),
+            memory_used: x.memory.load(Ordering::Relaxed),
         })
         .collect();
     let mut pids: Vec<u32> = t.sessions().iter().map(|x| x.pid).collect();
     pids.sort_unstable();
     pids.dedup();
     let st = &t.stats;
-    let vsock = rt.vsock_of(&t.name).map(|(c, stats)| {
-        json!({
-            "guest_cid": c.guest_cid,
-            "socket": c.socket,
-            "uds_path": c.uds_path,
-            "stats": stats,
-        })
+    let vsock = rt.vsock_of(&t.name).map(|(c, stats)| api::VmVsock {
+        guest_cid: c.guest_cid,
+        socket: path_string(&c.socket),
+        uds_path: path_string(&c.uds_path),
+        stats: counters(&stats),
     });
-    let vgpu_device = rt
-        .vgpu_dev_of(&t.name)
-        .map(|(c, stats)| json!({ "device_id": c.device_id, "socket": c.socket, "stats": stats }));
+    let vgpu_device = rt.vgpu_dev_of(&t.name).map(|(c, stats)| api::VmVgpuDevice {
+        device_id: c.device_id,
+        socket: path_string(&c.socket),
+        stats: counters(&stats),
+    });
     let policy = rt
         .broker()
         .scheduling(&t.device_name)
-        .map(|s| s.policy.as_str());
-    let u = vm_usage(rt.broker(), t);
+        .map(|s| s.policy.as_str().to_string());
     let vm_cfg = rt.vm_config(&t.name);
     let config = vm_cfg
         .as_ref()
@@ -91,84 +89,125 @@ pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
     let sst = t.sched_stats();
     let tuning = vm_cfg.as_ref().map(|c| {
         let tu = &c.tuning;
-        json!({
-            "mode": rt.running_config().tuning.mode.as_str(),
-            "baseline_weight": sst.baseline_weight,
-            "adjust": sst.weight_adjust,
-            "weight_min": tu.weight_min.unwrap_or(1),
-            "weight_max": tu.weight_max.unwrap_or_else(|| c.weight.saturating_mul(4).min(vgpu_config::MAX_WEIGHT)),
-            "target_wait_p99_s": tu.target_wait_p99.map(|d| d.as_secs_f64()),
-            "min_share": tu.min_share,
-            "last_change": rt.tuner().last_change(&t.name),
-        })
+        api::VmTuning {
+            mode: rt.running_config().tuning.mode.as_str().into(),
+            baseline_weight: sst.baseline_weight,
+            adjust: sst.weight_adjust,
+            weight_min: tu.weight_min.unwrap_or(1),
+            weight_max: tu
+                .weight_max
+                .unwrap_or_else(|| c.weight.saturating_mul(4).min(vgpu_config::MAX_WEIGHT)),
+            target_wait_p99_s: tu.target_wait_p99.map(|d| d.as_secs_f64()),
+            min_share: tu.min_share,
+            last_change: rt.tuner().last_change(&t.name),
+        }
     });
-    json!({
-        "name": t.name,
-        "device": t.device_name,
-        "state": if t.is_open() { "running" } else { "draining" },
-        "accepting_sessions": t.is_open(),
-        "memory_limit": t.slice.limit(),
-        "memory_used": t.slice.used(),
-        "memory_by_kind": t.usage.breakdown(t.slice.used()),
-        "limits": limits_json(t),
-        "memory_placement": t.placement().map(|m| vm_placement_json(&m.snapshot())),
-        "weight": s.weight,
-        "priority": s.priority.as_str(),
-        "policy": policy,
-        "usage": u,
-        "sessions": sessions,
-        "processes": pids.len(),
-        "stats": {
-            "sessions_total": st.sessions_total.load(Ordering::Relaxed),
-            "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
-            "bytes_dtoh": st.bytes_dtoh.load(Ordering::Relaxed),
-            "kernels": st.kernels.load(Ordering::Relaxed),
-            "errors": st.errors.load(Ordering::Relaxed),
+    let by_kind = t.usage.breakdown(t.slice.used());
+    api::Vm {
+        name: t.name.clone(),
+        device: t.device_name.clone(),
+        state: if t.is_open() { "running" } else { "draining" }.into(),
+        accepting_sessions: t.is_open(),
+        memory_limit: t.slice.limit(),
+        memory_used: t.slice.used(),
+        memory_by_kind: api::MemoryByKind {
+            plain: by_kind.plain,
+            pool_reserved: by_kind.pool_reserved,
+            pool_used: by_kind.pool_used,
+            managed: by_kind.managed,
+            mapped_host: by_kind.mapped_host,
+            vmm_physical: by_kind.vmm_physical,
         },
-        "unix_socket": rt.unix_socket_of(&t.name),
-        "vsock": vsock,
-        "vgpu_device": vgpu_device,
-        "config": config,
-        "tuning": tuning,
-    })
+        limits: limits(t),
+        memory_placement: t.placement().map(|m| vm_placement(&m.snapshot())),
+        weight: s.weight,
+        priority: s.priority.as_str().into(),
+        policy,
+        usage: vm_usage(rt.broker(), t),
+        sessions,
+        processes: pids.len() as u64,
+        stats: api::VmStats {
+            sessions_total: st.sessions_total.load(Ordering::Relaxed),
+            bytes_htod: st.bytes_htod.load(Ordering::Relaxed),
+            bytes_dtoh: st.bytes_dtoh.load(Ordering::Relaxed),
+            kernels: st.kernels.load(Ordering::Relaxed),
+            errors: st.errors.load(Ordering::Relaxed),
+        },
+        unix_socket: rt.unix_socket_of(&t.name).map(|p| path_string(&p)),
+        vsock,
+        vgpu_device,
+        config,
+        tuning,
+    }
+}
+
+/// The JSON description of a VM.
+pub fn vm_json(rt: &Runtime, t: &Tenant) -> Value {
+    to_json(&vm(rt, t))
+}
+
+/// A path as the API writes it.
+fn path_string(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// A device's counters (a struct of `u64`s) as the API's open set of counters.
+fn counters<T: serde::Serialize>(stats: &T) -> api::Counters {
+    serde_json::to_value(stats)
+        .and_then(serde_json::from_value)
+        .unwrap_or_default()
+}
+
+/// Any API type as JSON.
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
 /// A VM's budgets and what its sessions hold against them, by config key
 /// (`connections` has no `used`: the session hub counts them).
-fn limits_json(t: &Tenant) -> Value {
+fn limits(t: &Tenant) -> api::VmLimits {
     use vgpu_config::limits::Budget;
     let l = t.limits.limits();
-    let mut out = serde_json::Map::new();
-    for b in Budget::ALL {
-        let mut v = json!({ "limit": l.get(b), "refused": t.limits.refused(b) });
-        match b {
-            Budget::Connections => {}
-            Budget::Sessions => v["used"] = json!(t.sessions().len()),
-            _ => v["used"] = json!(t.limits.used(b)),
-        }
-        out.insert(b.key().into(), v);
+    let budget = |b: Budget| api::Budget {
+        limit: l.get(b),
+        refused: t.limits.refused(b),
+        used: match b {
+            Budget::Connections => None,
+            Budget::Sessions => Some(t.sessions().len() as u64),
+            _ => Some(t.limits.used(b)),
+        },
+    };
+    api::VmLimits {
+        sessions: budget(Budget::Sessions),
+        connections: budget(Budget::Connections),
+        modules: budget(Budget::Modules),
+        module_bytes: budget(Budget::ModuleBytes),
+        streams: budget(Budget::Streams),
+        events: budget(Budget::Events),
+        handles: budget(Budget::Handles),
+        queued_bytes: budget(Budget::QueuedBytes),
+        graph_bytes: budget(Budget::GraphBytes),
     }
-    Value::Object(out)
 }
 
 /// A VM's memory placement: reservation, overflow settings, where its bytes are, and moves.
-pub fn vm_placement_json(m: &vgpu_broker::memory::placement::TenantMemorySnapshot) -> Value {
-    json!({
-        "reserved": m.policy.reserved,
-        "overflow": m.policy.overflow.as_str(),
-        "overflow_limit": m.policy.overflow_limit,
-        "device_bytes": m.device,
-        "host_bytes": m.host,
-        "borrowed_bytes": m.borrowed,
-        "demotions": m.demotions,
-        "demoted_bytes": m.demoted_bytes,
-        "promotions": m.promotions,
-        "promoted_bytes": m.promoted_bytes,
-    })
+pub fn vm_placement(m: &vgpu_broker::memory::placement::TenantMemorySnapshot) -> api::VmPlacement {
+    api::VmPlacement {
+        reserved: m.policy.reserved,
+        overflow: m.policy.overflow.as_str().into(),
+        overflow_limit: m.policy.overflow_limit,
+        device_bytes: m.device,
+        host_bytes: m.host,
+        borrowed_bytes: m.borrowed,
+        demotions: m.demotions,
+        demoted_bytes: m.demoted_bytes,
+        promotions: m.promotions,
+        promoted_bytes: m.promoted_bytes,
+    }
 }
 
-/// The JSON description of a device.
-pub fn device_json(rt: &Runtime, name: &str) -> Option<Value> {
+/// A device as the API shows it.
+pub fn device(rt: &Runtime, name: &str) -> Option<api::Device> {
     let broker = rt.broker();
     let d = broker.device(name)?;
     let i = d.info();
@@ -177,44 +216,50 @@ pub fn device_json(rt: &Runtime, name: &str) -> Option<Value> {
         .into_iter()
         .filter(|t| t.device_name == name)
         .collect();
-    Some(json!({
-        "name": name,
-        "kind": i.kind,
-        "model": i.name,
-        "uuid": uuid_string(&i.uuid),
-        "memory_total": i.total_memory,
-        "memory_used": d.memory_used(),
-        "memory_sliced": vms.iter().map(|t| t.slice.limit()).sum::<u64>(),
-        "memory_placement": broker.placement(name).map(|p| {
+    let usage = device_usage(broker, name);
+    Some(api::Device {
+        name: name.to_string(),
+        kind: i.kind.into(),
+        model: i.name.clone(),
+        uuid: uuid_string(&i.uuid),
+        memory_total: i.total_memory,
+        memory_used: d.memory_used(),
+        memory_sliced: vms.iter().map(|t| t.slice.limit()).sum::<u64>(),
+        memory_placement: broker.placement(name).map(|p| {
             let s = p.snapshot();
-            json!({
-                "overcommit": s.overcommit.map(|o| o.as_f64()),
-                "device_bytes": s.device_used,
-                "host_bytes": s.host_used,
-                "reserved": s.reserved,
-                "host_overflow_budget": broker.host_budget().limit(),
-                "host_overflow_used": broker.host_budget().used(),
-            })
+            api::DevicePlacement {
+                overcommit: s.overcommit.map(|o| o.as_f64()),
+                device_bytes: s.device_used,
+                host_bytes: s.host_used,
+                reserved: s.reserved,
+                host_overflow_budget: broker.host_budget().limit(),
+                host_overflow_used: broker.host_budget().used(),
+            }
         }),
-        "utilization": device_usage(broker, name).map(|u| u.utilization_1s),
-        "usage": device_usage(broker, name),
-        "scheduling": broker.scheduling(name).map(|s| scheduling_json(&s)),
-        "vms": vms.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-    }))
+        utilization: usage.as_ref().map(|u| u.utilization_1s),
+        usage,
+        scheduling: broker.scheduling(name).map(|s| scheduling(&s)),
+        vms: vms.iter().map(|t| t.name.clone()).collect(),
+    })
+}
+
+/// The JSON description of a device.
+pub fn device_json(rt: &Runtime, name: &str) -> Option<Value> {
+    device(rt, name).map(|d| to_json(&d))
 }
 
 /// The profiles with, per device, the slice a VM of the profile gets, how
 /// many such VMs the device holds (`slots`), how many more fit in its
 /// unsliced memory now (`free`) and the VMs created from the profile.
-pub fn profiles_json(rt: &Runtime) -> Value {
+pub fn profiles(rt: &Runtime) -> Vec<api::Profile> {
     let config = rt.running_config();
     let broker = rt.broker();
     let tenants = broker.tenants();
-    let profiles: Vec<Value> = config
+    config
         .profiles
         .iter()
         .map(|p| {
-            let devices: Vec<Value> = broker
+            let devices = broker
                 .devices()
                 .iter()
                 .map(|(name, d)| {
@@ -231,29 +276,43 @@ pub fn profiles_json(rt: &Runtime) -> Value {
                         .filter(|v| &v.device == name && v.profile.as_deref() == Some(&p.name))
                         .map(|v| v.name.clone())
                         .collect();
-                    let slots = total.checked_div(size).unwrap_or(0);
-                    let free = total.saturating_sub(sliced).checked_div(size).unwrap_or(0);
-                    json!({
-                        "device": name,
-                        "memory_total": total,
-                        "memory_sliced": sliced,
-                        "memory": size,
-                        "slots": slots,
-                        "free": free,
-                        "vms": vms,
-                    })
+                    api::ProfileDevice {
+                        device: name.clone(),
+                        memory_total: total,
+                        memory_sliced: sliced,
+                        memory: size,
+                        slots: total.checked_div(size).unwrap_or(0),
+                        free: total.saturating_sub(sliced).checked_div(size).unwrap_or(0),
+                        vms,
+                    }
                 })
                 .collect();
-            json!({
-                "name": p.name,
-                "memory": p.memory.to_config_string(),
-                "weight": p.weight,
-                "priority": p.priority.as_str(),
-                "devices": devices,
-            })
+            api::Profile {
+                name: p.name.clone(),
+                memory: p.memory.to_config_string(),
+                weight: p.weight,
+                priority: p.priority.as_str().into(),
+                devices,
+            }
         })
-        .collect();
-    Value::Array(profiles)
+        .collect()
+}
+
+/// The daemon as `GET /v1/info` shows it.
+pub fn info(rt: &Runtime, config_path: &Path) -> api::Info {
+    api::Info {
+        name: "vgpud".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        protocol_version: vgpu_proto::PROTOCOL_VERSION,
+        pid: std::process::id(),
+        started: unix_seconds(rt.started()),
+        uptime_s: rt.started().elapsed().map_or(0, |d| d.as_secs()),
+        config: path_string(config_path),
+        metrics_listen: rt.metrics_addr().map(|a| a.to_string()),
+        audit_log: rt.audit().map(|a| path_string(a.path())),
+        devices: rt.broker().devices().len() as u64,
+        vms: rt.broker().tenants().len() as u64,
+    }
 }
 
 fn parse_body(req: &HttpRequest) -> Result<Value, HttpResponse> {
@@ -279,19 +338,7 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
     let body = || parse_body(req);
     match segs.as_slice() {
         ["v1", "info"] => match m {
-            "GET" => HttpResponse::ok(json!({
-                "name": "vgpud",
-                "version": env!("CARGO_PKG_VERSION"),
-                "protocol_version": vgpu_proto::PROTOCOL_VERSION,
-                "pid": std::process::id(),
-                "started": unix_seconds(rt.started()),
-                "uptime_s": rt.started().elapsed().map_or(0, |d| d.as_secs()),
-                "config": config_path,
-                "metrics_listen": rt.metrics_addr().map(|a| a.to_string()),
-                "audit_log": rt.audit().map(|a| a.path().to_path_buf()),
-                "devices": rt.broker().devices().len(),
-                "vms": rt.broker().tenants().len(),
-            })),
+            "GET" => HttpResponse::ok(to_json(&info(rt, config_path))),
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
         ["v1", "devices"] => match m {
@@ -328,24 +375,22 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
                         ),
                     )
                 },
-                |s| HttpResponse::ok(scheduling_json(&s)),
+                |s| HttpResponse::ok(to_json(&scheduling(&s))),
             ),
             "PATCH" | "PUT" => match body() {
                 Ok(b) => rt
                     .set_scheduling(actor, name, &b)
-                    .map_or_else(HttpResponse::from, HttpResponse::ok),
+                    .map_or_else(HttpResponse::from, |s| HttpResponse::ok(to_json(&s))),
                 Err(r) => r,
             },
             _ => HttpResponse::not_allowed(m, p, "GET, PATCH, PUT"),
         },
         ["v1", "gpus"] => match m {
-            "GET" => HttpResponse::ok(
-                serde_json::to_value(rt.inventory().report()).unwrap_or(Value::Null),
-            ),
+            "GET" => HttpResponse::ok(to_json(&rt.inventory().report())),
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
         ["v1", "profiles"] => match m {
-            "GET" => HttpResponse::ok(profiles_json(rt)),
+            "GET" => HttpResponse::ok(to_json(&profiles(rt))),
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
         ["v1", "passthrough"] => match m {
@@ -353,9 +398,7 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
         ["v1", "analyze"] => match m {
-            "GET" => HttpResponse::ok(
-                serde_json::to_value(crate::tuning::analyze(rt)).unwrap_or(Value::Null),
-            ),
+            "GET" => HttpResponse::ok(to_json(&crate::tuning::analyze(rt))),
             _ => HttpResponse::not_allowed(m, p, "GET"),
         },
         ["v1", "metrics"] => match m {
@@ -365,9 +408,7 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
         ["v1", "reload"] => match m {
             "POST" => rt
                 .reload(actor, config_path)
-                .map_or_else(HttpResponse::from, |r| {
-                    HttpResponse::ok(serde_json::to_value(r).unwrap_or(Value::Null))
-                }),
+                .map_or_else(HttpResponse::from, |r| HttpResponse::ok(to_json(&r))),
             _ => HttpResponse::not_allowed(m, p, "POST"),
         },
         ["v1", "vms"] => match m {
@@ -412,11 +453,11 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
                 Err(r) => r,
             },
             "DELETE" => match rt.remove_vm(actor, name) {
-                Ok(r) => HttpResponse::ok(json!({
-                    "removed": name,
-                    "sessions_ended": r.sessions_ended,
-                    "memory_released": r.memory_released,
-                    "complete": r.complete,
+                Ok(r) => HttpResponse::ok(to_json(&api::Removal {
+                    removed: (*name).to_string(),
+                    sessions_ended: r.sessions_ended as u64,
+                    memory_released: r.memory_released,
+                    complete: r.complete,
                 })),
                 Err(e) => e.into(),
             },

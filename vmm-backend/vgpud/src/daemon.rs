@@ -330,19 +330,8 @@ pub struct Removal {
     pub complete: bool,
 }
 
-/// What a reload did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ReloadReport {
-    /// Changes applied.
-    pub applied: Vec<String>,
-    /// Changes refused, with the reason.
-    pub refused: Vec<String>,
-    /// Changes that need a restart of vgpud.
-    pub restart_needed: Vec<String>,
-    /// Every applied or refused change with the state before and after
-    /// (what the audit log records).
-    pub changes: Vec<Value>,
-}
+/// What a reload did (`POST /v1/reload`).
+pub use vgpu_api::ReloadReport;
 
 struct State {
     /// The configuration running now (the file plus API changes).
@@ -780,9 +769,9 @@ impl Runtime {
         actor: Actor,
         device: &str,
         body: &Value,
-    ) -> Result<Value, OpError> {
+    ) -> Result<vgpu_api::Scheduling, OpError> {
         let _g = self.serialise();
-        let before = self.broker.scheduling(device).map(|s| scheduling_json(&s));
+        let before = self.broker.scheduling(device).map(|s| scheduling(&s));
         let r = self.set_scheduling_locked(device, body);
         match &r {
             Ok(after) => self.record(
@@ -801,7 +790,11 @@ impl Runtime {
         r
     }
 
-    fn set_scheduling_locked(&self, device: &str, body: &Value) -> Result<Value, OpError> {
+    fn set_scheduling_locked(
+        &self,
+        device: &str,
+        body: &Value,
+    ) -> Result<vgpu_api::Scheduling, OpError> {
         const KEYS: [&str; 3] = ["policy", "slice_ms", "batch_min_share"];
         if self.broker.device(device).is_none() {
             return Err(OpError::not_found_device(device));
@@ -871,7 +864,7 @@ impl Runtime {
             slice_ms = s.slice.as_millis() as u64,
             "scheduling changed"
         );
-        Ok(scheduling_json(&s))
+        Ok(scheduling(&s))
     }
 
     /// Reloads the config file: applies what changed in it since it was
@@ -994,15 +987,13 @@ impl Runtime {
                 }
                 Change::RemoveVm(_) | Change::NeedsRestart(_) => None,
             };
-            let mut record = json!({ "change": what, "before": before, "after": after });
-            match &r {
-                Ok(()) => record["result"] = "ok".into(),
-                Err(e) => {
-                    record["result"] = "refused".into();
-                    record["error"] = e.message.clone().into();
-                }
-            }
-            report.changes.push(record);
+            report.changes.push(vgpu_api::ReloadChange {
+                change: what.clone(),
+                before,
+                after,
+                result: if r.is_ok() { "ok" } else { "refused" }.into(),
+                error: r.as_ref().err().map(|e| e.message.clone()),
+            });
             match (r, &change) {
                 (Ok(()), Change::Scheduling { device, new, .. }) => {
                     if let Some(d) = baseline.devices.iter_mut().find(|d| &d.name == device) {
@@ -1118,13 +1109,18 @@ impl Runtime {
     }
 }
 
-/// The JSON form of a device's scheduling settings.
+/// A device's scheduling settings as the API shows them.
+pub fn scheduling(s: &vgpu_config::SchedulingConfig) -> vgpu_api::Scheduling {
+    vgpu_api::Scheduling {
+        policy: s.policy.as_str().into(),
+        slice_ms: s.slice.as_millis() as u64,
+        batch_min_share: s.batch_min_share,
+    }
+}
+
+/// The JSON form of a device's scheduling settings (the audit log's `before` and `after`).
 pub fn scheduling_json(s: &vgpu_config::SchedulingConfig) -> Value {
-    json!({
-        "policy": s.policy.as_str(),
-        "slice_ms": s.slice.as_millis() as u64,
-        "batch_min_share": s.batch_min_share,
-    })
+    serde_json::to_value(scheduling(s)).unwrap_or(Value::Null)
 }
 
 impl Runtime {

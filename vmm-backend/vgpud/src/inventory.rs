@@ -13,7 +13,6 @@ use std::sync::Mutex;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::error::NvmlError;
-use serde::Serialize;
 
 /// The library NVML is loaded from (the driver installs the `.so.1` name;
 /// the unversioned name needs the development package).
@@ -25,66 +24,9 @@ const SYSFS_PCI: &str = "/sys/bus/pci/devices";
 /// NVML reports milliwatts.
 const MILLIWATTS_PER_WATT: f64 = 1000.0;
 
-/// A MIG instance of a GPU.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct MigInstance {
-    /// Index of the instance on its GPU.
-    pub index: u32,
-    /// Name (e.g. `NVIDIA H100 80GB HBM3 MIG 1g.10gb`).
-    pub name: Option<String>,
-    /// `MIG-…` UUID (what a `[[device]] uuid` names).
-    pub uuid: Option<String>,
-    /// Memory in bytes.
-    pub memory_total: Option<u64>,
-}
-
-/// A real GPU.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Gpu {
-    /// NVML index.
-    pub index: u32,
-    /// Product name.
-    pub name: Option<String>,
-    /// `GPU-…` UUID.
-    pub uuid: Option<String>,
-    /// PCI address, `DDDD:BB:DD.F` (as `lspci -D` and sysfs write it).
-    pub pci: Option<String>,
-    /// Memory in bytes.
-    pub memory_total: Option<u64>,
-    /// Memory in use (all processes, not only vgpud's).
-    pub memory_used: Option<u64>,
-    /// GPU utilization in percent over the driver's last sample period.
-    pub utilization_gpu: Option<u32>,
-    /// Memory-controller utilization in percent.
-    pub utilization_memory: Option<u32>,
-    /// Die temperature in °C.
-    pub temperature_c: Option<u32>,
-    /// Power draw in watts.
-    pub power_w: Option<f64>,
-    /// Whether MIG mode is on (None: the GPU has no MIG).
-    pub mig_enabled: Option<bool>,
-    /// Whether MIG mode will be on after the next GPU reset.
-    pub mig_pending: Option<bool>,
-    /// MIG instances (when MIG is on).
-    pub mig_instances: Vec<MigInstance>,
-    /// SR-IOV virtual functions enabled (None: no SR-IOV).
-    pub sriov_vfs: Option<u32>,
-    /// SR-IOV virtual functions the GPU supports.
-    pub sriov_vfs_total: Option<u32>,
-}
-
-/// What NVML found.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Report {
-    /// Whether NVML could be loaded and initialised.
-    pub nvml: bool,
-    /// Driver version.
-    pub driver_version: Option<String>,
-    /// Why there are no GPUs, in words (None when NVML works).
-    pub reason: Option<String>,
-    /// The GPUs.
-    pub gpus: Vec<Gpu>,
-}
+/// What NVML found: `GET /v1/gpus` (the API crate's [`vgpu_api::Inventory`]).
+pub use vgpu_api::Inventory as Report;
+pub use vgpu_api::{Gpu, MigInstance};
 
 /// NVML, initialised on first use; a failure is remembered and retried
 /// only by [`Inventory::refresh`].

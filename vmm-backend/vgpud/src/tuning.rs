@@ -27,7 +27,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 use vgpu_broker::Broker;
@@ -36,6 +35,8 @@ use vgpu_config::{Config, MAX_WEIGHT, Policy, Priority, TuneMode, VmConfig, VmMo
 
 use crate::audit::Actor;
 use crate::usage::{device_usage, vm_usage};
+
+pub use vgpu_api::{Analysis, Bottleneck, Hotspot, Recommendation, TuningReport, WeightChange};
 
 /// What the controller reads and changes of the running daemon. The daemon's `Runtime`
 /// implements it, so the controller does not depend on the daemon that owns it.
@@ -63,27 +64,6 @@ const MIN_SAMPLES: usize = 20;
 const OVERSIZED: f64 = 0.6;
 /// Headroom kept above the high-water mark when shrinking a slice.
 const SLICE_HEADROOM: f64 = 1.15;
-
-/// A weight change the controller made or would make.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WeightChange {
-    /// The VM.
-    pub vm: String,
-    /// Its device.
-    pub device: String,
-    /// Weight in force before.
-    pub from: u32,
-    /// Weight after.
-    pub to: u32,
-    /// The baseline it adjusts (schedule window or base weight).
-    pub baseline: u32,
-    /// Why, with the numbers.
-    pub reason: String,
-    /// Unix time (seconds).
-    pub time: u64,
-    /// Applied (`auto`) or only advised.
-    pub applied: bool,
-}
 
 #[derive(Debug, Default, Clone)]
 struct VmMarks {
@@ -530,25 +510,6 @@ fn repeats_advice(last: Option<&WeightChange>, ch: &WeightChange) -> bool {
 // ---------------------------------------------------------------------------
 // Analysis
 
-/// A pair of VMs that contend.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Hotspot {
-    /// Device.
-    pub device: String,
-    /// The VM that waited.
-    pub waiting: String,
-    /// The VM it waited behind.
-    pub running: String,
-    /// Contention over the last hour, in seconds.
-    pub last_hour_s: f64,
-    /// Since both VMs were created, in seconds.
-    pub total_s: f64,
-    /// Start (Unix seconds) of the minute with the most contention.
-    pub peak_minute_start: Option<u64>,
-    /// Contention in that minute, in seconds.
-    pub peak_minute_s: f64,
-}
-
 /// Every kind of [`Bottleneck`].
 pub const BOTTLENECK_KINDS: [&str; 5] = [
     "capped_while_idle",
@@ -557,48 +518,6 @@ pub const BOTTLENECK_KINDS: [&str; 5] = [
     "memory_full_compute_idle",
     "target_missed_at_bound",
 ];
-
-/// Something that limits the device.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Bottleneck {
-    /// `capped_while_idle`, `oversized_slice`, `fragmentation`,
-    /// `memory_full_compute_idle`.
-    pub kind: &'static str,
-    /// Device.
-    pub device: String,
-    /// The VM concerned, if one.
-    pub vm: Option<String>,
-    /// What, with the numbers.
-    pub detail: String,
-}
-
-/// A concrete change to make.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Recommendation {
-    /// The VM.
-    pub vm: String,
-    /// `memory` or `weight` (or `policy`).
-    pub setting: &'static str,
-    /// Current value (bytes for memory).
-    pub from: u64,
-    /// Recommended value.
-    pub to: u64,
-    /// The sentence an operator reads.
-    pub text: String,
-}
-
-/// What `vgpuctl analyze` shows.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Analysis {
-    /// The most contended pairs, the worst first.
-    pub hotspots: Vec<Hotspot>,
-    /// What limits the devices.
-    pub bottlenecks: Vec<Bottleneck>,
-    /// Changes with numbers.
-    pub recommendations: Vec<Recommendation>,
-    /// The controller: mode, interval, rounds run, and its latest changes.
-    pub tuning: serde_json::Value,
-}
 
 /// The slice size to recommend for a high-water mark: 15 % headroom,
 /// rounded up to 1 GiB (slices of 4 GiB or more), 256 MiB (1 GiB or more)
@@ -653,7 +572,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
             slices.push(u.memory_limit);
             if policy == Some(Policy::Fixed) && u.capped_wait_s > 0.0 && du.utilization_60s < 0.9 {
                 bottlenecks.push(Bottleneck {
-                    kind: "capped_while_idle",
+                    kind: "capped_while_idle".into(),
                     device: dev.name.clone(),
                     vm: Some(vm.name.clone()),
                     detail: format!(
@@ -669,7 +588,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
                 let to = (u.weight_now + step(u.weight_now)).min(hi.max(u.weight_now + 1));
                 recs.push(Recommendation {
                     vm: vm.name.clone(),
-                    setting: "weight",
+                    setting: "weight".into(),
                     from: u64::from(u.weight_now),
                     to: u64::from(to),
                     text: format!(
@@ -687,7 +606,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
                 let to = recommended_slice(hw, u.memory_limit);
                 if to < u.memory_limit {
                     bottlenecks.push(Bottleneck {
-                        kind: "oversized_slice",
+                        kind: "oversized_slice".into(),
                         device: dev.name.clone(),
                         vm: Some(vm.name.clone()),
                         detail: format!(
@@ -699,7 +618,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
                     });
                     recs.push(Recommendation {
                         vm: vm.name.clone(),
-                        setting: "memory",
+                        setting: "memory".into(),
                         from: u.memory_limit,
                         to,
                         text: format!(
@@ -720,7 +639,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
                     if to > u.weight_now {
                         recs.push(Recommendation {
                             vm: vm.name.clone(),
-                            setting: "weight",
+                            setting: "weight".into(),
                             from: u64::from(u.weight_now),
                             to: u64::from(to),
                             text: format!(
@@ -734,7 +653,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
                         });
                     } else {
                         bottlenecks.push(Bottleneck {
-                            kind: "target_missed_at_bound",
+                            kind: "target_missed_at_bound".into(),
                             device: dev.name.clone(),
                             vm: Some(vm.name.clone()),
                             detail: format!(
@@ -756,7 +675,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
             && du.memory_free >= typical
         {
             bottlenecks.push(Bottleneck {
-                kind: "fragmentation",
+                kind: "fragmentation".into(),
                 device: dev.name.clone(),
                 vm: None,
                 detail: format!(
@@ -774,7 +693,7 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
             .map_or(0, |d| d.info().total_memory);
         if total > 0 && (du.memory_free as f64) < 0.05 * total as f64 && du.utilization_60s < 0.5 {
             bottlenecks.push(Bottleneck {
-                kind: "memory_full_compute_idle",
+                kind: "memory_full_compute_idle".into(),
                 device: dev.name.clone(),
                 vm: None,
                 detail: format!(
@@ -794,13 +713,13 @@ pub fn analyze(rt: &dyn TuningHost) -> Analysis {
         hotspots,
         bottlenecks,
         recommendations: recs,
-        tuning: json!({
-            "mode": config.tuning.mode.as_str(),
-            "interval_s": config.tuning.interval.as_secs_f64(),
-            "runs": tuner.runs(),
-            "latest": tuner.pending(),
-            "history": tuner.history(),
-        }),
+        tuning: TuningReport {
+            mode: config.tuning.mode.as_str().into(),
+            interval_s: config.tuning.interval.as_secs_f64(),
+            runs: tuner.runs(),
+            latest: tuner.pending(),
+            history: tuner.history(),
+        },
     }
 }
 

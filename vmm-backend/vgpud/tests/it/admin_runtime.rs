@@ -432,3 +432,93 @@ fn a_reload_applies_what_changed_in_the_file_and_keeps_runtime_changes() {
     assert_eq!(reloads[4]["result"], "refused");
     d.shutdown();
 }
+
+/// Routes `method path` (with `body`) and returns the JSON reply.
+fn call(d: &Daemon, config: &Path, method: &str, path: &str, body: Option<Value>) -> Value {
+    let req = vgpud::http::HttpRequest {
+        method: method.into(),
+        path: path.into(),
+        body: body.map(|b| b.to_string().into_bytes()).unwrap_or_default(),
+    };
+    let resp = vgpud::admin::route(d.runtime(), config, Actor::Daemon, &req);
+    assert!(
+        (200..300).contains(&resp.status),
+        "{method} {path}: {resp:?}"
+    );
+    match resp.body {
+        vgpud::http::Body::Json(v) => v,
+        other => panic!("{method} {path}: not JSON: {other:?}"),
+    }
+}
+
+/// `vgpuctl` reads vgpud's replies as `vgpu_api` types: each reply deserializes, and
+/// serializes back to exactly the JSON vgpud sent (no field dropped, renamed or reshaped).
+fn round_trips<T: serde::de::DeserializeOwned + serde::Serialize>(what: &str, v: &Value) -> T {
+    let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{what}: {e}\n{v:#}"));
+    assert_eq!(&serde_json::to_value(&t).unwrap(), v, "{what}");
+    t
+}
+
+#[test]
+fn every_reply_round_trips_through_the_api_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "\n[[profile]]\nname = \"q4\"\nmemory = \"1/4\"\n";
+    let (d, path) = start_with(dir.path(), extra);
+    let mut unix = TestClient::new(UnixStream::connect(dir.path().join("vm1.sock")).unwrap());
+    allocate(&mut unix, 8 * MIB);
+    let guest = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+
+    round_trips::<vgpu_api::Info>("info", &call(&d, &path, "GET", "/v1/info", None));
+    let devices: Vec<vgpu_api::Device> =
+        round_trips("devices", &call(&d, &path, "GET", "/v1/devices", None));
+    assert!(devices[0].usage.is_some() && devices[0].scheduling.is_some());
+    round_trips::<vgpu_api::Device>("device", &call(&d, &path, "GET", "/v1/devices/gpu0", None));
+    let sched = json!({ "slice_ms": 3 });
+    let s: vgpu_api::Scheduling = round_trips(
+        "scheduling",
+        &call(
+            &d,
+            &path,
+            "PATCH",
+            "/v1/devices/gpu0/scheduling",
+            Some(sched),
+        ),
+    );
+    assert_eq!(s.slice_ms, 3);
+    round_trips::<vgpu_api::Inventory>("gpus", &call(&d, &path, "GET", "/v1/gpus", None));
+    let profiles: Vec<vgpu_api::Profile> =
+        round_trips("profiles", &call(&d, &path, "GET", "/v1/profiles", None));
+    assert_eq!(profiles[0].devices[0].memory, 256 * MIB);
+    let vms: Vec<vgpu_api::Vm> = round_trips("vms", &call(&d, &path, "GET", "/v1/vms", None));
+    let vm1 = vms.iter().find(|v| v.name == "vm1").unwrap();
+    assert_eq!(vm1.sessions.len(), 1);
+    assert!(vm1.vsock.is_some() && vm1.unix_socket.is_some() && vm1.tuning.is_some());
+    assert_eq!(vm1.limits.connections.used, None);
+    let body = serde_json::to_value(vgpu_api::VmUpdate {
+        weight: Some(2),
+        ..Default::default()
+    })
+    .unwrap();
+    let vm: vgpu_api::Vm = round_trips(
+        "vm update",
+        &call(&d, &path, "PATCH", "/v1/vms/vm2", Some(body)),
+    );
+    assert_eq!(vm.weight, 2);
+    let entry = serde_json::to_value(vgpu_api::VmEntry {
+        name: "vm4".into(),
+        memory: Some(vgpu_api::Size::Text("16MiB".into())),
+        ..Default::default()
+    })
+    .unwrap();
+    round_trips::<vgpu_api::Vm>("vm add", &call(&d, &path, "POST", "/v1/vms", Some(entry)));
+    round_trips::<vgpu_api::Analysis>("analyze", &call(&d, &path, "GET", "/v1/analyze", None));
+    round_trips::<vgpu_api::Vm>("drain", &call(&d, &path, "POST", "/v1/vms/vm4/drain", None));
+    let r: vgpu_api::Removal =
+        round_trips("remove", &call(&d, &path, "DELETE", "/v1/vms/vm4", None));
+    assert!(r.complete);
+    std::fs::write(&path, config_text(dir.path(), extra, 9, 4)).unwrap();
+    let report: vgpu_api::ReloadReport =
+        round_trips("reload", &call(&d, &path, "POST", "/v1/reload", None));
+    assert!(!report.changes.is_empty(), "{report:?}");
+    drop(guest);
+}

@@ -440,6 +440,26 @@ pub struct VmUsage {
     pub memory_limit: u64,
 }
 
+/// A passthrough VM's device as the host shows it now (`GET /v1/passthrough`, an array).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassthroughAssignment {
+    /// The VM.
+    pub vm: String,
+    /// Its device (PCI address).
+    pub pci: String,
+    /// `ready` (bound to vfio-pci), `unbound` (no driver), `host-driver` (bound to another
+    /// driver) or `missing` (no such device now; VFs appear only once enabled).
+    pub state: String,
+    /// Bound driver.
+    pub driver: Option<String>,
+    /// IOMMU group.
+    pub iommu_group: Option<u32>,
+    /// The GPU of a virtual function.
+    pub physfn: Option<String>,
+    /// What to do when not ready.
+    pub hint: Option<String>,
+}
+
 /// A session: one guest process's connection.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {

@@ -168,6 +168,11 @@ fn every_schema_has_the_fields_of_its_type() {
         ("VmPlacement", &[], fields(&VmPlacement::default())),
         ("VmUsage", &[], fields(&VmUsage::default())),
         ("Session", &[], fields(&Session::default())),
+        (
+            "PassthroughAssignment",
+            &[],
+            fields(&PassthroughAssignment::default()),
+        ),
         ("Profile", &[], fields(&Profile::default())),
         (
             "Profile",

@@ -180,26 +180,8 @@ pub struct Assignment {
     pub pci: String,
 }
 
-/// An assignment as the host shows it now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AssignmentStatus {
-    /// The VM.
-    pub vm: String,
-    /// Its device.
-    pub pci: String,
-    /// `ready` (bound to vfio-pci), `unbound` (no driver), `host-driver`
-    /// (bound to another driver) or `missing` (no such device now; VFs
-    /// appear only once enabled).
-    pub state: &'static str,
-    /// Bound driver.
-    pub driver: Option<String>,
-    /// IOMMU group.
-    pub iommu_group: Option<u32>,
-    /// The GPU of a virtual function.
-    pub physfn: Option<String>,
-    /// What to do when not ready.
-    pub hint: Option<String>,
-}
+/// An assignment as the host shows it now (the admin API's type).
+pub use vgpu_api::PassthroughAssignment as AssignmentStatus;
 
 /// The config's passthrough VMs, checked against the host.
 #[derive(Debug, Clone)]
@@ -236,7 +218,7 @@ impl PassthroughRegistry {
             }
         }
         for s in reg.status() {
-            match s.state {
+            match s.state.as_str() {
                 "ready" => info!(vm = %s.vm, pci = %s.pci, "passthrough device bound to vfio-pci"),
                 _ => {
                     warn!(vm = %s.vm, pci = %s.pci, state = s.state, hint = s.hint.as_deref().unwrap_or(""), "passthrough device not ready")
@@ -436,7 +418,7 @@ impl PassthroughRegistry {
                 AssignmentStatus {
                     vm: a.vm.clone(),
                     pci: a.pci.clone(),
-                    state,
+                    state: state.to_string(),
                     driver: info.as_ref().and_then(|i| i.driver.clone()),
                     iommu_group: info.as_ref().and_then(|i| i.iommu_group),
                     physfn: info.and_then(|i| i.physfn).map(|a| a.to_string()),

@@ -486,6 +486,10 @@ fn every_reply_round_trips_through_the_api_types() {
     );
     assert_eq!(s.slice_ms, 3);
     round_trips::<vgpu_api::Inventory>("gpus", &call(&d, &path, "GET", "/v1/gpus", None));
+    let _: Vec<vgpu_api::PassthroughAssignment> = round_trips(
+        "passthrough",
+        &call(&d, &path, "GET", "/v1/passthrough", None),
+    );
     let profiles: Vec<vgpu_api::Profile> =
         round_trips("profiles", &call(&d, &path, "GET", "/v1/profiles", None));
     assert_eq!(profiles[0].devices[0].memory, 256 * MIB);

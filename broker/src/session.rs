@@ -380,26 +380,9 @@ impl Session {
     ) -> Result<(), CuError> {
         let r = match req {
             // Synchronous shared copies may run inline whatever their size.
-            Request::MemcpyHtoDShared(m) if sync => self
-                .shared_copy(
-                    m.ctx,
-                    m.stream,
-                    (m.region, m.offset, m.len),
-                    Direction::ToDevice,
-                    m.dst,
-                    true,
-                )
-                .and_then(|()| reply(out, msg::Empty {})),
-            Request::MemcpyDtoHShared(m) if sync => self
-                .shared_copy(
-                    m.ctx,
-                    m.stream,
-                    (m.region, m.offset, m.len),
-                    Direction::ToHost,
-                    m.src,
-                    true,
-                )
-                .and_then(|()| reply(out, msg::Empty {})),
+            Request::MemcpyHtoDShared(_) | Request::MemcpyDtoHShared(_) if sync => {
+                self.shared_request(req, true, out)
+            }
             _ => self.dispatch(req, tail, out),
         };
         self.complete_call(req, r, sync)
@@ -559,6 +542,34 @@ impl Session {
     /// memory). Sent synchronously to an idle stream it runs at once on the session thread,
     /// whatever its size: the client waits for it anyway, and a hand-off to a worker would
     /// only add a wake-up.
+    /// A `MemcpyHtoDShared` or `MemcpyDtoHShared` request (`inline`: run now, on this thread).
+    fn shared_request(
+        &mut self,
+        req: &Request,
+        inline: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CuError> {
+        let (ctx, stream, range, dir, dev) = match req {
+            Request::MemcpyHtoDShared(m) => (
+                m.ctx,
+                m.stream,
+                (m.region, m.offset, m.len),
+                Direction::ToDevice,
+                m.dst,
+            ),
+            Request::MemcpyDtoHShared(m) => (
+                m.ctx,
+                m.stream,
+                (m.region, m.offset, m.len),
+                Direction::ToHost,
+                m.src,
+            ),
+            _ => return Err(CuError::invalid_value("not a shared-memory copy")),
+        };
+        self.shared_copy(ctx, stream, range, dir, dev, inline)?;
+        reply(out, msg::Empty {})
+    }
+
     fn shared_copy(
         &mut self,
         ctx: u64,
@@ -914,26 +925,7 @@ impl Session {
                 self.shares.unshare(m.region)?;
                 reply(out, msg::Empty {})
             }
-            R::MemcpyHtoDShared(m) => self
-                .shared_copy(
-                    m.ctx,
-                    m.stream,
-                    (m.region, m.offset, m.len),
-                    Direction::ToDevice,
-                    m.dst,
-                    false,
-                )
-                .and_then(|()| reply(out, msg::Empty {})),
-            R::MemcpyDtoHShared(m) => self
-                .shared_copy(
-                    m.ctx,
-                    m.stream,
-                    (m.region, m.offset, m.len),
-                    Direction::ToHost,
-                    m.src,
-                    false,
-                )
-                .and_then(|()| reply(out, msg::Empty {})),
+            R::MemcpyHtoDShared(_) | R::MemcpyDtoHShared(_) => self.shared_request(req, false, out),
             R::MemcpyDtoD(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;
@@ -1197,19 +1189,7 @@ impl Session {
             }
             R::LaunchCooperative(c) => {
                 let lane = self.lane(c.ctx, c.stream)?;
-                let m = msg::LaunchKernel {
-                    ctx: c.ctx,
-                    stream: c.stream,
-                    function: c.function,
-                    grid_x: c.grid_x,
-                    grid_y: c.grid_y,
-                    grid_z: c.grid_z,
-                    block_x: c.block_x,
-                    block_y: c.block_y,
-                    block_z: c.block_z,
-                    shared_bytes: c.shared_bytes,
-                };
-                self.launch(&lane, &m, tail, true)?;
+                self.launch(&lane, &c.launch(), tail, true)?;
                 reply(out, msg::Empty {})
             }
             R::FuncGetAttribute(m) => {

@@ -546,9 +546,7 @@ pub fn library_load(f: impl FnOnce() -> CuRes<u64>) -> CuRes<u64> {
         return f();
     }
     let d = driver()?;
-    ctx_push(primary_retain(0)?)?;
-    let r = f();
-    let _ = ctx_pop();
+    let r = in_context(primary_retain(0)?, f);
     match r {
         Ok(lib) => {
             lock(&d.library_retains).insert(lib);
@@ -597,7 +595,15 @@ pub fn in_library_context<R>(f: impl FnOnce() -> CuRes<R>) -> CuRes<R> {
     if current_ctx().is_some() {
         return f();
     }
-    ctx_push(primary_handle(0)?)?;
+    in_context(primary_handle(0)?, f)
+}
+
+/// Runs `f` with `ctx` pushed as the current context (0: the current one, as it is).
+pub fn in_context<R>(ctx: u64, f: impl FnOnce() -> CuRes<R>) -> CuRes<R> {
+    if ctx == 0 {
+        return f();
+    }
+    ctx_push(ctx)?;
     let r = f();
     let _ = ctx_pop();
     r
@@ -1654,19 +1660,7 @@ fn launch_with(
     }
     crate::alloc_api::before_launch(stream)?;
     if cooperative {
-        let req = msg::LaunchCooperative {
-            ctx: req.ctx,
-            stream: req.stream,
-            function: req.function,
-            grid_x: req.grid_x,
-            grid_y: req.grid_y,
-            grid_z: req.grid_z,
-            block_x: req.block_x,
-            block_y: req.block_y,
-            block_z: req.block_z,
-            shared_bytes: req.shared_bytes,
-        };
-        return d.post(&req, params);
+        return d.post(&req.cooperative(), params);
     }
     d.post(&req, params)
 }

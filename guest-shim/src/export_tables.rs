@@ -475,7 +475,7 @@ unsafe extern "C" fn module_for_each_function(
     let Some(visit) = visit else {
         return 0;
     };
-    let functions = with_context(ctx as u64, || {
+    let functions = drv::in_context(ctx as u64, || {
         crate::library::module_functions(module as u64, usize::MAX)
     });
     crate::debug!(
@@ -491,17 +491,6 @@ unsafe extern "C" fn module_for_each_function(
         unsafe { visit(user, f as CUhandle, module) };
     }
     c_uint::try_from(functions.len()).unwrap_or(c_uint::MAX)
-}
-
-/// Runs `f` with `ctx` current (the current context when 0).
-fn with_context<R>(ctx: u64, f: impl FnOnce() -> drv::CuRes<R>) -> drv::CuRes<R> {
-    if ctx == 0 {
-        return f();
-    }
-    drv::ctx_push(ctx)?;
-    let r = f();
-    let _ = drv::ctx_pop();
-    r
 }
 
 /// Entry 4 of [`RUNTIME_13_REQUIRED`]: a query about a context, with an out

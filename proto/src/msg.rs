@@ -537,6 +537,42 @@ ops! {
     GraphExecDestroy = 0x0903 => Empty, 0, "cuGraphExecDestroy" { ctx: u64, exec: u64 }
 }
 
+impl LaunchKernel {
+    /// The same launch, cooperative.
+    pub fn cooperative(&self) -> LaunchCooperative {
+        LaunchCooperative {
+            ctx: self.ctx,
+            stream: self.stream,
+            function: self.function,
+            grid_x: self.grid_x,
+            grid_y: self.grid_y,
+            grid_z: self.grid_z,
+            block_x: self.block_x,
+            block_y: self.block_y,
+            block_z: self.block_z,
+            shared_bytes: self.shared_bytes,
+        }
+    }
+}
+
+impl LaunchCooperative {
+    /// The same launch's fields as an ordinary launch carries them.
+    pub fn launch(&self) -> LaunchKernel {
+        LaunchKernel {
+            ctx: self.ctx,
+            stream: self.stream,
+            function: self.function,
+            grid_x: self.grid_x,
+            grid_y: self.grid_y,
+            grid_z: self.grid_z,
+            block_x: self.block_x,
+            block_y: self.block_y,
+            block_z: self.block_z,
+            shared_bytes: self.shared_bytes,
+        }
+    }
+}
+
 /// Encodes a request payload (without bulk tail).
 pub fn encode<M: Message>(m: &M) -> Vec<u8> {
     let mut v = Vec::new();

@@ -350,19 +350,7 @@ impl Session {
             shared_bytes: shared,
         };
         let sent = if cooperative {
-            let c = msg::LaunchCooperative {
-                ctx: m.ctx,
-                stream: m.stream,
-                function: m.function,
-                grid_x: m.grid_x,
-                grid_y: m.grid_y,
-                grid_z: m.grid_z,
-                block_x: m.block_x,
-                block_y: m.block_y,
-                block_z: m.block_z,
-                shared_bytes: m.shared_bytes,
-            };
-            self.client.post(&c, &buf)
+            self.client.post(&m.cooperative(), &buf)
         } else {
             self.client.post(&m, &buf)
         };

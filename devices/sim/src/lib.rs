@@ -17,7 +17,7 @@ use vgpu_broker::device::{
     Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, LaunchDims, LaunchProgress,
     Residence, RunControl, pieces_len,
 };
-use vgpu_proto::cuda::attr;
+use vgpu_proto::cuda::{self, attr};
 use vgpu_ptx::{Buffer, GlobalMemory, LaunchControl};
 
 use crate::alloc::{ALLOC_ALIGN, AddressSpace, aligned};
@@ -821,9 +821,11 @@ impl DeviceContext for SimContext {
             .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
         let _g = self.inner.shared();
         // Cooperative launches run one at a time on the device, whichever VM they come from.
-        let _one = dims
-            .cooperative
-            .then(|| self.cooperative.lock().unwrap_or_else(|p| p.into_inner()));
+        let _one = if dims.cooperative {
+            Some(cooperative_turn(&self.cooperative, control)?)
+        } else {
+            None
+        };
         m.launch(
             &self.inner,
             kernel,
@@ -837,9 +839,57 @@ impl DeviceContext for SimContext {
     }
 }
 
+/// How often a cooperative launch waiting for its turn looks at its cancellation and deadline.
+const COOPERATIVE_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Waits for the device's cooperative-launch lock the way a launch waits for the device: a
+/// cancelled launch (its client went away) stops waiting, and the watchdog's deadline counts.
+fn cooperative_turn<'a>(
+    lock: &'a Mutex<()>,
+    control: &RunControl,
+) -> Result<std::sync::MutexGuard<'a, ()>, DeviceError> {
+    loop {
+        match lock.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        if control.cancelled() {
+            return Err(DeviceError::Fault {
+                code: cuda::CUDA_ERROR_LAUNCH_FAILED,
+                message: "cancelled while waiting for another cooperative launch".into(),
+            });
+        }
+        if control
+            .deadline()
+            .is_some_and(|d| std::time::Instant::now() >= d)
+        {
+            return Err(DeviceError::Fault {
+                code: cuda::CUDA_ERROR_LAUNCH_TIMEOUT,
+                message: "the watchdog expired while waiting for another cooperative launch".into(),
+            });
+        }
+        std::thread::sleep(COOPERATIVE_POLL);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cancelled_launch_stops_waiting_for_its_cooperative_turn() {
+        let lock = Mutex::new(());
+        let held = lock.lock().unwrap();
+        let control = RunControl::default();
+        control.cancel();
+        let e = cooperative_turn(&lock, &control).unwrap_err();
+        assert!(
+            matches!(e, DeviceError::Fault { code, .. } if code == cuda::CUDA_ERROR_LAUNCH_FAILED)
+        );
+        drop(held);
+        assert!(cooperative_turn(&lock, &RunControl::default()).is_ok());
+    }
 
     fn dev(memory: u64) -> SimDevice {
         SimDevice::new(SimConfig {

@@ -123,6 +123,8 @@ pub struct Client {
     output_sink: fn(&[u8], bool),
     /// The unix socket again, for frames that carry a descriptor ([`Client::call_with_fd`]).
     fd_channel: Option<std::os::unix::net::UnixStream>,
+    /// Tells the stream how long a reply should take, when its reads poll.
+    expect: Option<vgpu_proto::spin::Expectation>,
 }
 
 impl std::fmt::Debug for Client {
@@ -138,9 +140,14 @@ impl Client {
     /// A client over a connection; call [`Client::hello`] next.
     pub fn with_link(link: Link) -> Self {
         match link {
-            Link::Stream(StreamLink(s, fds)) => {
-                let mut c = Self::new(s);
+            Link::Stream(StreamLink {
+                stream,
+                fds,
+                expect,
+            }) => {
+                let mut c = Self::new(stream);
                 c.fd_channel = fds;
+                c.expect = expect;
                 c
             }
             Link::Device(d) => {
@@ -196,6 +203,7 @@ impl Client {
             output_pending: false,
             output_sink: crate::devout::write,
             fd_channel: None,
+            expect: None,
         }
     }
 
@@ -657,6 +665,19 @@ impl Client {
             return CallError::lost(&e);
         }
         CallError::new(h.status, String::from_utf8_lossy(&m).into_owned())
+    }
+
+    /// [`Client::call`] for a request whose reply is expected in about `d` (a copy vgpud
+    /// makes in place): a stream that polls for replies polls that long for this one.
+    pub fn call_expecting<O: Op>(
+        &mut self,
+        req: &O,
+        d: Duration,
+    ) -> Result<(O::Reply, Vec<u8>), CallError> {
+        if let Some(e) = &self.expect {
+            e.next_wait(d);
+        }
+        self.call(req, &[])
     }
 
     /// Sends a synchronous request and waits for its reply; returns the reply

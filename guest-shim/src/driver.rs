@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use vgpu_hugemem::{HUGE_PAGE, HugeMapping};
 use vgpu_proto::cuda::{self, CuResult};
@@ -31,6 +32,12 @@ pub const MEMHOSTREGISTER_IOMEMORY: u32 = 0x4;
 pub const MEMHOSTREGISTER_KNOWN: u32 = 0xf;
 /// Alignment of `cuMemAllocHost` buffers.
 pub const HOST_ALLOC_ALIGN: usize = 4096;
+/// A slow host's memcpy speed, for how long a copy vgpud makes in place should take: the wait
+/// for its reply polls about that long before it blocks (a blocked thread's wake-up costs about
+/// 50 µs on a VM whose CPUs idle, as long as a 1 MiB copy).
+const IN_PLACE_COPY_BYTES_PER_SEC: f64 = 1024.0 * 1024.0 * 1024.0;
+/// What an in-place copy's reply takes besides the copy: the round trip and vgpud's checks.
+const IN_PLACE_COPY_SPIN_BASE: Duration = vgpu_proto::spin::DEFAULT_SPIN;
 
 /// State of an initialised driver.
 pub struct Driver {
@@ -271,6 +278,18 @@ fn log_err<T>(op: &str, r: Result<T, CallError>) -> CuRes<T> {
 impl Driver {
     pub(crate) fn call<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<O::Reply> {
         let r = lock(&self.client).call(req, tail).map(|(r, _)| r);
+        log_err(std::any::type_name::<O>(), r)
+    }
+
+    /// A synchronous copy of `len` bytes that vgpud makes in place (a pinned buffer it shares):
+    /// the reply comes after the copy, so the wait may poll for about as long as the copy takes
+    /// ([`IN_PLACE_COPY_SPIN_BASE`] plus `len` at [`IN_PLACE_COPY_BYTES_PER_SEC`]) instead of
+    /// blocking and paying a wake-up.
+    pub(crate) fn call_copy_in_place<O: msg::Op>(&self, req: &O, len: usize) -> CuRes<O::Reply> {
+        let copy = Duration::from_secs_f64(len as f64 / IN_PLACE_COPY_BYTES_PER_SEC);
+        let r = lock(&self.client)
+            .call_expecting(req, IN_PLACE_COPY_SPIN_BASE + copy)
+            .map(|(r, _)| r);
         log_err(std::any::type_name::<O>(), r)
     }
 
@@ -772,7 +791,7 @@ pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> 
             len: src.len() as u64,
         };
         return if sync {
-            d.call(&req, &[]).map(drop)
+            d.call_copy_in_place(&req, src.len()).map(drop)
         } else {
             d.post(&req, &[])
         };
@@ -839,7 +858,7 @@ fn memcpy_dtoh_shared(dst: &mut [u8], src: u64, stream: u64, sync: bool) -> Opti
             len: dst.len() as u64,
         };
         if sync {
-            d.call(&req, &[])?;
+            d.call_copy_in_place(&req, dst.len())?;
             crate::alloc_api::after_sync()
         } else {
             d.post(&req, &[])

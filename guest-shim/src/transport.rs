@@ -5,11 +5,11 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use vgpu_proto::spin::SpinRead;
+use vgpu_proto::spin::{Expectation, SpinRead};
 use vgpu_proto::{GPU_VSOCK_PORT, HOST_CID};
 
 use crate::devlink::{DEFAULT_DEVICE, DevLink};
@@ -134,9 +134,16 @@ pub enum Link {
     Device(DevLink),
 }
 
-/// A boxed stream (with a `Debug` impl), and for a unix socket a second handle on it through
-/// which descriptors travel (`SCM_RIGHTS`: pinned host memory shared with vgpud).
-pub struct StreamLink(pub Box<dyn Stream>, pub Option<UnixStream>);
+/// A connected stream and what comes with it.
+pub struct StreamLink {
+    /// The stream.
+    pub stream: Box<dyn Stream>,
+    /// For a unix socket, a second handle on it through which descriptors travel
+    /// (`SCM_RIGHTS`: pinned host memory shared with vgpud).
+    pub fds: Option<UnixStream>,
+    /// How to tell the stream's reads how long the next reply should take, when they poll.
+    pub expect: Option<Expectation>,
+}
 
 impl std::fmt::Debug for StreamLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -146,32 +153,41 @@ impl std::fmt::Debug for StreamLink {
 
 /// Connects to a stream endpoint (unix or vsock); a device endpoint is opened with [`open`].
 pub fn connect(ep: &Endpoint) -> io::Result<Box<dyn Stream>> {
-    Ok(match ep {
-        // Replies are polled for briefly before the thread blocks (see `vgpu_proto::spin`).
-        Endpoint::Unix(p) => Box::new(SpinRead::new(UnixStream::connect(p)?)),
-        Endpoint::Vsock { cid, port } => Box::new(SpinRead::new(connect_vsock(*cid, *port)?)),
-        Endpoint::Device(p) => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is a device, not a stream", p.display()),
-            ));
+    connect_link(ep).map(|l| l.stream)
+}
+
+/// Connects to a stream endpoint. Replies are polled for briefly before the thread blocks
+/// (see `vgpu_proto::spin`).
+fn connect_link(ep: &Endpoint) -> io::Result<StreamLink> {
+    fn link(
+        s: SpinRead<impl Read + Write + AsFd + Send + 'static>,
+        fds: Option<UnixStream>,
+    ) -> StreamLink {
+        StreamLink {
+            expect: Some(s.expectation()),
+            stream: Box::new(s),
+            fds,
         }
-    })
+    }
+    match ep {
+        Endpoint::Unix(p) => {
+            let sock = UnixStream::connect(p)?;
+            let fds = sock.try_clone()?;
+            Ok(link(SpinRead::new(sock), Some(fds)))
+        }
+        Endpoint::Vsock { cid, port } => Ok(link(SpinRead::new(connect_vsock(*cid, *port)?), None)),
+        Endpoint::Device(p) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is a device, not a stream", p.display()),
+        )),
+    }
 }
 
 /// Connects to any endpoint.
 pub fn open(ep: &Endpoint) -> io::Result<Link> {
     match ep {
         Endpoint::Device(p) => Ok(Link::Device(DevLink::open(p)?)),
-        Endpoint::Unix(p) => {
-            let sock = UnixStream::connect(p)?;
-            let fds = sock.try_clone()?;
-            Ok(Link::Stream(StreamLink(
-                Box::new(SpinRead::new(sock)),
-                Some(fds),
-            )))
-        }
-        other => Ok(Link::Stream(StreamLink(connect(other)?, None))),
+        other => connect_link(other).map(Link::Stream),
     }
 }
 

@@ -14,6 +14,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::fdpass::{FdSink, recv_with_fds};
@@ -21,6 +22,9 @@ use crate::fdpass::{FdSink, recv_with_fds};
 /// The longest a wait polls before it blocks: a little longer than the slow
 /// wake-up it avoids, so a reply that takes as long as a wake-up is caught.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(60);
+/// The longest a wait whose caller said how long it expects to take ([`AdaptiveSpin::expect`])
+/// polls: a synchronous copy of a few MiB that a pinned buffer lets vgpud make in place.
+pub const MAX_EXPECTED_SPIN: Duration = Duration::from_millis(1);
 /// The shortest spin worth making (about two round trips over a unix socket
 /// when both ends poll); below it the spin is switched off.
 const MIN_SPIN: Duration = Duration::from_micros(8);
@@ -39,6 +43,11 @@ pub struct AdaptiveSpin {
     now: Duration,
     /// Waits since the last probe while the spin is off.
     idle_waits: u32,
+    /// What the caller expects the next wait to take ([`AdaptiveSpin::expect`]).
+    expected: Duration,
+    /// The current wait polls for an expected time: how it goes says nothing about the
+    /// connection's usual replies, so it leaves the spin as it is.
+    expecting: bool,
 }
 
 impl AdaptiveSpin {
@@ -48,11 +57,26 @@ impl AdaptiveSpin {
             max,
             now: max,
             idle_waits: 0,
+            expected: Duration::ZERO,
+            expecting: false,
         }
+    }
+
+    /// The next wait is expected to take about `d` (work of a known size, such as a copy
+    /// made in place): it may poll that long, up to [`MAX_EXPECTED_SPIN`], even with the spin
+    /// off, and does not change the spin. A connection that never polls (zero maximum) does
+    /// not poll for it either.
+    pub fn expect(&mut self, d: Duration) {
+        self.expected = d.min(MAX_EXPECTED_SPIN);
     }
 
     /// How long the next wait may poll.
     pub fn budget(&mut self) -> Duration {
+        let expected = std::mem::take(&mut self.expected);
+        self.expecting = !self.max.is_zero() && expected > self.now;
+        if self.expecting {
+            return expected;
+        }
         if self.max.is_zero() || !self.now.is_zero() {
             return self.now;
         }
@@ -67,6 +91,9 @@ impl AdaptiveSpin {
     /// A wait that polled found its data while polling (`true`: the spin goes back to its
     /// maximum) or had to block (`false`: it halves, and stops below [`MIN_SPIN`]).
     pub fn record(&mut self, caught: bool) {
+        if std::mem::take(&mut self.expecting) {
+            return;
+        }
         self.now = if caught {
             self.max
         } else if self.now / 2 < MIN_SPIN {
@@ -141,6 +168,26 @@ pub fn wait<T, E>(
     block()
 }
 
+/// Tells a [`SpinRead`]'s next wait how long it should take ([`AdaptiveSpin::expect`]), from
+/// whoever writes the request, without a borrow of the reader.
+#[derive(Debug, Clone, Default)]
+pub struct Expectation(Arc<AtomicU64>);
+
+impl Expectation {
+    /// The next wait of the reader should take about `d`.
+    pub fn next_wait(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.0.store(nanos, Ordering::Relaxed);
+    }
+
+    fn take(&self) -> Option<Duration> {
+        match self.0.swap(0, Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+}
+
 /// A socket whose reads poll before they block ([`AdaptiveSpin`]); writes go straight through.
 /// With [`SpinRead::receiving_fds`] it reads with `recvmsg` and hands the descriptors that
 /// arrive to a sink ([`crate::fdpass`]).
@@ -148,6 +195,7 @@ pub struct SpinRead<S> {
     inner: S,
     spin: AdaptiveSpin,
     fds: Option<Arc<dyn FdSink>>,
+    expected: Expectation,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for SpinRead<S> {
@@ -172,6 +220,7 @@ impl<S> SpinRead<S> {
             inner,
             spin: AdaptiveSpin::new(spin),
             fds: None,
+            expected: Expectation::default(),
         }
     }
 
@@ -181,6 +230,11 @@ impl<S> SpinRead<S> {
     pub fn receiving_fds(mut self, sink: Arc<dyn FdSink>) -> Self {
         self.fds = Some(sink);
         self
+    }
+
+    /// A handle that tells the next read how long it should wait ([`AdaptiveSpin::expect`]).
+    pub fn expectation(&self) -> Expectation {
+        self.expected.clone()
     }
 
     /// The socket.
@@ -230,7 +284,15 @@ impl<S: Read + AsFd> Read for SpinRead<S> {
         if buf.is_empty() {
             return self.inner.read(buf);
         }
-        let SpinRead { inner, spin, fds } = self;
+        let SpinRead {
+            inner,
+            spin,
+            fds,
+            expected,
+        } = self;
+        if let Some(d) = expected.take() {
+            spin.expect(d);
+        }
         let sink = fds.as_deref();
         // `Ok(None)`: block; that needs `inner` mutably, so it is done here.
         let polled = wait(
@@ -322,6 +384,41 @@ mod tests {
         // A zero maximum never polls.
         let mut never = AdaptiveSpin::new(Duration::ZERO);
         assert!((0..100).all(|_| never.budget().is_zero()));
+    }
+
+    #[test]
+    fn an_expected_wait_polls_past_the_maximum_once_and_leaves_the_spin_alone() {
+        let mut s = AdaptiveSpin::new(DEFAULT_SPIN);
+        while !s.current().is_zero() {
+            s.record(false);
+        }
+        // Off, yet a wait of known length polls for it (capped), once.
+        s.expect(Duration::from_micros(300));
+        assert_eq!(s.budget(), Duration::from_micros(300));
+        s.record(false);
+        assert!(
+            s.current().is_zero(),
+            "a missed expected wait changes nothing"
+        );
+        s.expect(Duration::from_secs(1));
+        assert_eq!(s.budget(), MAX_EXPECTED_SPIN);
+        s.record(true);
+        assert!(
+            s.current().is_zero(),
+            "a caught expected wait changes nothing"
+        );
+        // The expectation was for one wait only.
+        assert!((1..PROBE_EVERY).all(|_| s.budget().is_zero()));
+        // Shorter than the current spin: the usual spin, which learns as usual.
+        let mut on = AdaptiveSpin::new(DEFAULT_SPIN);
+        on.expect(Duration::from_micros(1));
+        assert_eq!(on.budget(), DEFAULT_SPIN);
+        on.record(false);
+        assert!(on.current() < DEFAULT_SPIN);
+        // A connection that never polls ignores expectations.
+        let mut never = AdaptiveSpin::new(Duration::ZERO);
+        never.expect(Duration::from_micros(300));
+        assert!(never.budget().is_zero());
     }
 
     #[test]

@@ -334,6 +334,68 @@ fn slices_that_do_not_fit_are_refused_at_load_reload_and_live_naming_overcommit(
     assert_eq!(o.code, 0, "{o:?}");
 }
 
+#[test]
+fn overcommit_changes_live_through_vgpuctl_and_reload() {
+    let d = Admin::start(&exact_fit());
+    let overcommit =
+        |d: &Admin| d.get("/v1/devices/gpu0")["memory_placement"]["overcommit"].as_f64();
+    // Raised live, it lets a slice grow past the device.
+    let v = d.vgpuctl_json(&["device", "set", "gpu0", "--overcommit", "1.5"]);
+    assert_eq!(
+        v["memory_placement"]["overcommit"].as_f64(),
+        Some(1.5),
+        "{v:#}"
+    );
+    d.vgpuctl_json(&["vm", "set", "vm1", "--memory", "4GiB"]);
+    // Cut below what the slices add up to (6 GiB on 4 GiB): refused, naming it; nothing moves.
+    let o = d.vgpuctl(&["device", "set", "gpu0", "--overcommit", "1.0"]);
+    assert!(o.code != 0 && o.stderr.contains("overcommit"), "{o:?}");
+    let o = d.vgpuctl(&["device", "set", "gpu0", "--overcommit", "20"]);
+    assert!(o.code != 0 && o.stderr.contains("between 1.0"), "{o:?}");
+    let (status, _, body) = d.http("PATCH", "/v1/devices/gpu0", Some(r#"{"workers": 2}"#));
+    assert_eq!(status, 400, "{body:#}");
+    assert_eq!(overcommit(&d), Some(1.5));
+
+    // Reload: a raise applies before the slice it makes room for (4 + 3 GiB on 2.0 × 4 GiB).
+    let file = |oc: &str, vm2: &str| {
+        exact_fit()
+            .replace(
+                "workers = 1\n",
+                &format!("workers = 1\novercommit = {oc}\n"),
+            )
+            .replace(
+                "memory = \"2GiB\"\nunix_socket = \"@DIR@/vm2.sock\"",
+                &format!("memory = \"{vm2}\"\nunix_socket = \"@DIR@/vm2.sock\""),
+            )
+    };
+    d.write_config(&file("2.0", "3GiB"));
+    let (status, _, body) = d.http("POST", "/v1/reload", None);
+    assert_eq!(status, 200, "{body:#}");
+    assert!(
+        body["refused"].as_array().is_some_and(Vec::is_empty),
+        "{body:#}"
+    );
+    assert_eq!(overcommit(&d), Some(2.0));
+    assert_eq!(d.get("/v1/vms/vm2")["memory_limit"], 3u64 << 30);
+    // A cut applies after the slices shrink; here vm1's live 4 GiB still does not fit 1.0,
+    // so the cut is refused and tried again at the next reload.
+    d.write_config(&file("1.0", "2GiB"));
+    let (_, _, body) = d.http("POST", "/v1/reload", None);
+    assert!(body.to_string().contains("overcommit"), "{body:#}");
+    assert_eq!(d.get("/v1/vms/vm2")["memory_limit"], 2u64 << 30);
+    assert_eq!(overcommit(&d), Some(2.0));
+    d.vgpuctl_json(&["vm", "set", "vm1", "--memory", "2GiB"]);
+    let (status, _, body) = d.http("POST", "/v1/reload", None);
+    assert_eq!(status, 200, "{body:#}");
+    assert!(
+        body["applied"]
+            .to_string()
+            .contains("set overcommit of device `gpu0` to 1"),
+        "{body:#}"
+    );
+    assert_eq!(overcommit(&d), Some(1.0));
+}
+
 // In-process: the placement rules with the simulated GPU.
 
 const KIB64: u64 = 64 << 10;

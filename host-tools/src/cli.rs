@@ -113,7 +113,7 @@ pub enum DeviceCommand {
         /// Device name (the `[[device]] name`).
         name: String,
     },
-    /// Change a device's scheduling live.
+    /// Change a device's scheduling or overcommit live.
     Set(DeviceSetArgs),
 }
 
@@ -131,6 +131,10 @@ pub struct DeviceSetArgs {
     /// Minimum share of device time the batch class keeps, in percent (0-50).
     #[arg(long, value_name = "PERCENT")]
     pub batch_min_share: Option<u32>,
+    /// How far the slices of the device's VMs may add up past its memory (1.0-16); refused
+    /// when the slices do not fit it.
+    #[arg(long, value_name = "MULTIPLE")]
+    pub overcommit: Option<f64>,
 }
 
 /// Scheduling class.
@@ -802,22 +806,49 @@ fn run_api(cli: &Cli, c: &Client) -> Result<(), CliError> {
                     slice_ms: a.slice_ms,
                     batch_min_share: a.batch_min_share,
                 };
-                if body.is_empty() {
+                if body.is_empty() && a.overcommit.is_none() {
                     return Err(CliError::Failed(
-                        "nothing to change: give --policy, --slice-ms and/or --batch-min-share"
+                        "nothing to change: give --policy, --slice-ms, --batch-min-share and/or --overcommit"
                             .into(),
                     ));
                 }
-                let s = c.patch(&format!("/v1/devices/{}/scheduling", a.name), &body)?;
+                // JSON: the reply of each change made, under its name when there are two.
+                let mut replies = serde_json::Map::new();
+                if let Some(oc) = a.overcommit {
+                    let update = api::DeviceUpdate {
+                        overcommit: Some(oc),
+                    };
+                    let d = c.patch(&format!("/v1/devices/{}", a.name), &update)?;
+                    if !cli.json {
+                        let dev: api::Device = typed(&d)?;
+                        let now = dev.memory_placement.and_then(|p| p.overcommit);
+                        println!("device {}: overcommit {}", a.name, or_dash(now));
+                    }
+                    replies.insert("device".into(), d);
+                }
+                if !body.is_empty() {
+                    let s = c.patch(&format!("/v1/devices/{}/scheduling", a.name), &body)?;
+                    if !cli.json {
+                        let sched: api::Scheduling = typed(&s)?;
+                        println!(
+                            "device {}: policy {}, slice {} ms, batch minimum share {}%",
+                            a.name, sched.policy, sched.slice_ms, sched.batch_min_share
+                        );
+                    }
+                    replies.insert("scheduling".into(), s);
+                }
                 if !cli.json {
-                    let sched: api::Scheduling = typed(&s)?;
-                    println!(
-                        "device {}: policy {}, slice {} ms, batch minimum share {}%",
-                        a.name, sched.policy, sched.slice_ms, sched.batch_min_share
-                    );
                     return Ok(());
                 }
-                s
+                if replies.len() == 1 {
+                    replies
+                        .into_iter()
+                        .map(|(_, v)| v)
+                        .next()
+                        .unwrap_or(Value::Null)
+                } else {
+                    Value::Object(replies)
+                }
             }
         },
         Command::Vm { command } => match command {

@@ -361,6 +361,16 @@ pub enum Change {
         /// After.
         new: crate::SchedulingConfig,
     },
+    /// A device whose `overcommit` changed. A raise comes first in a diff (VMs added or grown
+    /// by the same change may need it), a cut last (after the VMs it must fit shrank or left).
+    Overcommit {
+        /// Device name.
+        device: String,
+        /// Before.
+        old: crate::memory::Overcommit,
+        /// After.
+        new: crate::memory::Overcommit,
+    },
     /// A change that needs a restart of vgpud (devices added, removed or
     /// rebuilt; `[admin]` settings); the message says what.
     NeedsRestart(String),
@@ -383,8 +393,8 @@ fn live_updatable(a: &VmConfig, b: &VmConfig) -> bool {
 }
 
 /// What changed from `old` to `new`, in an order that can be applied one
-/// by one: removals first (freeing names, CIDs and sockets), then
-/// replacements, updates, additions and scheduling.
+/// by one: raised overcommits, removals (freeing names, CIDs and sockets),
+/// replacements, updates, additions, scheduling, then lowered overcommits.
 pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
     let mut out = Vec::new();
     let shared = |c: &Config| -> Vec<VmConfig> {
@@ -396,6 +406,7 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
     };
     let (olds, news) = (shared(old), shared(new));
     let find = |list: &[VmConfig], name: &str| list.iter().find(|v| v.name == name).cloned();
+    let (mut raised, mut lowered) = (Vec::new(), Vec::new());
     for o in &olds {
         if find(&news, &o.name).is_none() {
             out.push(Change::RemoveVm(o.name.clone()));
@@ -429,15 +440,28 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
                 nd.name
             ))),
             Some(od) => {
-                let same_but_scheduling = DeviceConfig {
+                let same_but_live = DeviceConfig {
                     scheduling: nd.scheduling,
+                    overcommit: nd.overcommit,
                     ..od.clone()
                 };
-                if &same_but_scheduling != nd {
+                if &same_but_live != nd {
                     out.push(Change::NeedsRestart(format!(
-                        "device `{}` changed its kind, memory, workers, watchdog or overcommit: restart vgpud to rebuild it",
+                        "device `{}` changed its kind, memory, workers or watchdog: restart vgpud to rebuild it",
                         nd.name
                     )));
+                }
+                if od.overcommit != nd.overcommit {
+                    let change = Change::Overcommit {
+                        device: nd.name.clone(),
+                        old: od.overcommit,
+                        new: nd.overcommit,
+                    };
+                    if nd.overcommit > od.overcommit {
+                        raised.push(change);
+                    } else {
+                        lowered.push(change);
+                    }
                 }
                 if od.scheduling != nd.scheduling {
                     out.push(Change::Scheduling {
@@ -474,7 +498,9 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
             "passthrough VMs changed: vgpud only records them; use `vgpuctl passthrough` to prepare their devices".into(),
         ));
     }
-    out
+    raised.append(&mut out);
+    raised.append(&mut lowered);
+    raised
 }
 
 #[cfg(test)]
@@ -680,6 +706,24 @@ pci = "0000:3b:00.0"
         let grown = FULL.replace("memory = \"8GiB\"", "memory = \"16GiB\"");
         assert!(
             matches!(&diff(&old, &parse(&grown))[..], [Change::NeedsRestart(m)] if m.contains("gpu0"))
+        );
+        // Overcommit changes live: a raise before the VMs that need it, a cut after.
+        let oc = |c: &str, v: &str| {
+            c.replace(
+                "name = \"gpu0\"",
+                &format!("name = \"gpu0\"\novercommit = {v}"),
+            )
+        };
+        let grows = oc(FULL, "2.0") + "\n[[vm]]\nname = \"new\"\ndevice = \"gpu0\"\nmemory = 1\n";
+        let d = diff(&old, &parse(&grows));
+        assert!(
+            matches!(&d[..], [Change::Overcommit { device, new, .. }, Change::AddVm(_)] if device == "gpu0" && new.as_f64() == 2.0),
+            "{d:?}"
+        );
+        let d = diff(&parse(&grows), &old);
+        assert!(
+            matches!(&d[..], [Change::RemoveVm(_), Change::Overcommit { new, .. }] if new.as_f64() == 1.0),
+            "{d:?}"
         );
         let admin = FULL.replace("9400", "9401");
         assert!(

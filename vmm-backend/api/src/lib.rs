@@ -112,6 +112,16 @@ impl SchedulingUpdate {
     }
 }
 
+/// The body of `PATCH /v1/devices/{device}`: the device settings that change live besides its
+/// scheduling.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceUpdate {
+    /// How far the slices of the device's VMs may add up past its memory (1.0-16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overcommit: Option<f64>,
+}
+
 /// Time one VM had a kernel waiting while another ran (an entry of the contention matrix).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ContentionUsage {

@@ -150,6 +150,13 @@ fn every_schema_has_the_fields_of_its_type() {
         ("Info", &[], fields(&Info::default())),
         ("Scheduling", &[], fields(&Scheduling::default())),
         ("Scheduling", &[], fields(&scheduling_update)),
+        (
+            "DeviceUpdate",
+            &[],
+            fields(&DeviceUpdate {
+                overcommit: Some(1.5),
+            }),
+        ),
         ("DeviceUsage", &[], fields(&DeviceUsage::default())),
         ("Contention", &[], fields(&ContentionUsage::default())),
         ("Device", &[], fields(&Device::default())),

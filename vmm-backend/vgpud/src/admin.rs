@@ -363,7 +363,17 @@ pub fn route(rt: &Runtime, config_path: &Path, actor: Actor, req: &HttpRequest) 
                 },
                 HttpResponse::ok,
             ),
-            _ => HttpResponse::not_allowed(m, p, "GET"),
+            "PATCH" | "PUT" => match body() {
+                Ok(b) => match rt.set_device(actor, name, &b) {
+                    Ok(()) => device_json(rt, name).map_or_else(
+                        || HttpResponse::error(404, format!("device `{name}` is gone")),
+                        HttpResponse::ok,
+                    ),
+                    Err(e) => HttpResponse::from(e),
+                },
+                Err(r) => r,
+            },
+            _ => HttpResponse::not_allowed(m, p, "GET, PATCH, PUT"),
         },
         ["v1", "devices", name, "scheduling"] => match m {
             "GET" => rt.broker().scheduling(name).map_or_else(

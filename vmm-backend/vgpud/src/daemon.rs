@@ -867,6 +867,52 @@ impl Runtime {
         Ok(scheduling(&s))
     }
 
+    /// Changes a device's settings that are not scheduling (`overcommit`), live.
+    pub fn set_device(&self, actor: Actor, device: &str, body: &Value) -> Result<(), OpError> {
+        let _g = self.serialise();
+        let before = self.overcommit_json(device);
+        let r = self.set_device_locked(device, body);
+        let detail = match &r {
+            Ok(()) => {
+                json!({ "device": device, "before": before, "after": self.overcommit_json(device) })
+            }
+            Err(_) => json!({ "device": device, "request": body }),
+        };
+        self.record(
+            actor,
+            "device.set",
+            detail,
+            r.as_ref().map(|_| ()).map_err(|e| e.message.as_str()),
+        );
+        r
+    }
+
+    fn set_device_locked(&self, device: &str, body: &Value) -> Result<(), OpError> {
+        if self.broker.device(device).is_none() {
+            return Err(OpError::not_found_device(device));
+        }
+        let update: vgpu_api::DeviceUpdate = serde_json::from_value(body.clone())
+            .map_err(|e| OpError::new(OpErrorKind::Invalid, format!("bad device change: {e}")))?;
+        let Some(oc) = update.overcommit else {
+            return Err(OpError::new(
+                OpErrorKind::Invalid,
+                "nothing to change: give overcommit",
+            ));
+        };
+        let oc = vgpu_config::Overcommit::from_f64(oc).ok_or_else(|| {
+            OpError::new(
+                OpErrorKind::Invalid,
+                format!(
+                    "overcommit must be between 1.0 (slices fit the device) and {}",
+                    vgpu_config::memory::MAX_OVERCOMMIT
+                ),
+            )
+        })?;
+        self.apply_overcommit(device, oc)?;
+        info!(device, overcommit = oc.as_f64(), "overcommit changed");
+        Ok(())
+    }
+
     /// Reloads the config file: applies what changed in it since it was
     /// last applied, with the same rules as the API.
     pub fn reload(&self, actor: Actor, path: &Path) -> Result<ReloadReport, OpError> {
@@ -945,6 +991,7 @@ impl Runtime {
                 Change::Scheduling { device, .. } => {
                     self.broker.scheduling(device).map(|s| scheduling_json(&s))
                 }
+                Change::Overcommit { device, .. } => self.overcommit_json(device),
                 Change::AddVm(_) | Change::NeedsRestart(_) => None,
             };
             let (what, r) = match &change {
@@ -970,6 +1017,10 @@ impl Runtime {
                     ),
                     self.reload_scheduling(device, *new),
                 ),
+                Change::Overcommit { device, new, .. } => (
+                    format!("set overcommit of device `{device}` to {new}"),
+                    self.apply_overcommit(device, *new),
+                ),
                 Change::NeedsRestart(msg) => {
                     warn!("config reload: {msg}");
                     report.restart_needed.push(msg.clone());
@@ -985,6 +1036,7 @@ impl Runtime {
                 Change::Scheduling { device, .. } => {
                     self.broker.scheduling(device).map(|s| scheduling_json(&s))
                 }
+                Change::Overcommit { device, .. } => self.overcommit_json(device),
                 Change::RemoveVm(_) | Change::NeedsRestart(_) => None,
             };
             report.changes.push(vgpu_api::ReloadChange {
@@ -998,6 +1050,13 @@ impl Runtime {
                 (Ok(()), Change::Scheduling { device, new, .. }) => {
                     if let Some(d) = baseline.devices.iter_mut().find(|d| &d.name == device) {
                         d.scheduling = *new;
+                    }
+                    info!("config reload: {what}");
+                    report.applied.push(what);
+                }
+                (Ok(()), Change::Overcommit { device, new, .. }) => {
+                    if let Some(d) = baseline.devices.iter_mut().find(|d| &d.name == device) {
+                        d.overcommit = *new;
                     }
                     info!("config reload: {what}");
                     report.applied.push(what);
@@ -1086,6 +1145,32 @@ impl Runtime {
         }
         let checked = self.validated_vm_entry(&new.name, entry)?;
         self.apply_vm_update(&old, &checked)
+    }
+
+    /// Sets a device's `overcommit` in the broker and the running config; refused (naming
+    /// `overcommit`) when the device's slices do not fit it.
+    fn apply_overcommit(&self, device: &str, oc: vgpu_config::Overcommit) -> Result<(), OpError> {
+        self.broker
+            .set_overcommit(device, oc)
+            .map_err(|e| OpError::new(OpErrorKind::Conflict, e.to_string()))?;
+        if let Some(d) = self
+            .write()
+            .running
+            .devices
+            .iter_mut()
+            .find(|d| d.name == device)
+        {
+            d.overcommit = oc;
+        }
+        Ok(())
+    }
+
+    /// A device's overcommit as the audit log records it.
+    fn overcommit_json(&self, device: &str) -> Option<Value> {
+        self.broker
+            .placement(device)
+            .and_then(|p| p.snapshot().overcommit)
+            .map(|o| json!({ "overcommit": o.as_f64() }))
     }
 
     fn reload_scheduling(

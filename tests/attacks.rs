@@ -4,7 +4,8 @@
 //! survives, answers the attacker with an error or a closed connection, keeps
 //! serving another VM, and stays within its limits. Covered here: a connection
 //! flood, the per-VM budgets (sessions, modules, streams, events, queued copy
-//! data), a flood of forged contexts and a declaration bomb.
+//! data, interpreter state), a flood of forged contexts, a declaration bomb,
+//! deep recursion with large frames and slow module loads.
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
@@ -615,4 +616,348 @@ fn a_queued_copy_flood_stays_within_the_vms_queued_bytes() {
         assert_eq!(v, vec![(i * COPIES + COPIES - 1) as u8; 8]);
     }
     assert_eq!(queued()["used"].as_u64(), Some(0));
+}
+
+/// Hand-written PTX for the interpreter-state attacks: `heavy` gives each thread 128 KiB of
+/// local memory (128 MiB for a block of 1024 threads), and `deep` recurses `depth` calls into
+/// `rec`, whose frames hold 65536 64-bit registers (16 MiB per warp and call).
+const INTERPRETER_BOMBS: &str = r#"
+.version 7.0
+.target sm_52
+.address_size 64
+
+.func (.param .b32 ret) rec(.param .b32 n)
+{
+    .reg .b64 %big<65536>;
+    .reg .b32 %r<4>;
+    .reg .pred %p<2>;
+    ld.param.b32 %r1, [n];
+    setp.eq.s32 %p1, %r1, 0;
+    @%p1 bra DONE;
+    sub.s32 %r2, %r1, 1;
+    {
+    .param .b32 a;
+    .param .b32 rv;
+    st.param.b32 [a], %r2;
+    call.uni (rv), rec, (a);
+    ld.param.b32 %r3, [rv];
+    }
+    add.s32 %r1, %r3, 1;
+DONE:
+    st.param.b32 [ret], %r1;
+    ret;
+}
+
+.visible .entry deep(.param .u64 out, .param .u32 depth)
+{
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [depth];
+    {
+    .param .b32 a;
+    .param .b32 rv;
+    st.param.b32 [a], %r1;
+    call.uni (rv), rec, (a);
+    ld.param.b32 %r2, [rv];
+    }
+    st.global.u32 [%rd1], %r2;
+    ret;
+}
+
+.visible .entry heavy(.param .u64 out)
+{
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<5>;
+    .local .align 8 .b8 depot[131072];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %ctaid.x;
+    mov.u64 %rd2, depot;
+    st.local.u32 [%rd2], %r1;
+    ld.local.u32 %r2, [%rd2];
+    mul.wide.u32 %rd3, %r1, 4;
+    add.u64 %rd4, %rd1, %rd3;
+    st.global.u32 [%rd4], %r2;
+    ret;
+}
+"#;
+
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`.
+const ILLEGAL_ADDRESS: u32 = 700;
+/// `CUDA_ERROR_INVALID_PTX`.
+const INVALID_PTX: u32 = 218;
+
+/// Loads [`INTERPRETER_BOMBS`] and allocates a small output buffer: (module, buffer).
+fn load_bombs(c: &mut TestClient<UnixStream>, ctx: u64) -> (u64, u64) {
+    let module = c
+        .call(&msg::ModuleLoad { ctx }, INTERPRETER_BOMBS.as_bytes())
+        .unwrap()
+        .0
+        .handle;
+    let out = c
+        .call(&msg::MemAlloc { ctx, size: 4096 }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    (module, out)
+}
+
+/// Launches kernel `name` of `module` with 64-bit `out` and, when given, a 32-bit second
+/// parameter, on `blocks` blocks of `threads`; then synchronizes: the launch's result.
+fn launch_and_sync(
+    c: &mut TestClient<UnixStream>,
+    ctx: u64,
+    module: u64,
+    name: &str,
+    [blocks, threads]: [u32; 2],
+    out: u64,
+    second: Option<u32>,
+) -> Result<(), (u32, String)> {
+    let f = c
+        .call(
+            &msg::ModuleGetFunction {
+                ctx,
+                module,
+                name: name.into(),
+            },
+            &[],
+        )
+        .unwrap()
+        .0;
+    let size = f
+        .param_offsets
+        .iter()
+        .zip(&f.param_sizes)
+        .map(|(o, s)| (o + s) as usize)
+        .max()
+        .unwrap_or(0);
+    let mut params = vec![0u8; size];
+    params[f.param_offsets[0] as usize..][..8].copy_from_slice(&out.to_le_bytes());
+    if let Some(v) = second {
+        params[f.param_offsets[1] as usize..][..4].copy_from_slice(&v.to_le_bytes());
+    }
+    c.post(
+        &msg::LaunchKernel {
+            ctx,
+            stream: 0,
+            function: f.function,
+            grid_x: blocks,
+            grid_y: 1,
+            grid_z: 1,
+            block_x: threads,
+            block_y: 1,
+            block_z: 1,
+            shared_bytes: 0,
+        },
+        &params,
+    )
+    .unwrap();
+    c.call(&msg::CtxSynchronize { ctx }, &[]).map(|_| ())
+}
+
+/// A VM whose kernels need more interpreter state than its `limits.interpreter_bytes`: each
+/// launch gets `CUDA_ERROR_OUT_OF_MEMORY` (not sticky: the context goes on, and a smaller
+/// launch runs), the refusals are counted for that VM only, and another VM runs the same
+/// kernels at the same time.
+#[test]
+fn a_vm_past_its_interpreter_budget_is_refused_and_another_vm_runs() {
+    /// Refused launches of the attacker.
+    const ATTEMPTS: usize = 8;
+    let d = two_vms_with_limits("interpreter_bytes = \"64MiB\"\n");
+    let (mut a, actx) = session(&d, "small");
+    let (amod, aout) = load_bombs(&mut a, actx);
+    let other = std::thread::scope(|s| {
+        // The other VM runs 128 MiB blocks (within its default budget) meanwhile.
+        let other = s.spawn(|| {
+            let (mut o, octx) = session(&d, "other");
+            let (omod, oout) = load_bombs(&mut o, octx);
+            let mut ran = 0;
+            for _ in 0..ATTEMPTS {
+                launch_and_sync(&mut o, octx, omod, "heavy", [4, 1024], oout, None)
+                    .unwrap_or_else(|e| panic!("the other VM's launch failed: {e:?}"));
+                ran += 1;
+            }
+            let (_, v) = o
+                .call(
+                    &msg::MemcpyDtoH {
+                        ctx: octx,
+                        stream: 0,
+                        src: oout,
+                        len: 16,
+                    },
+                    &[],
+                )
+                .unwrap();
+            (ran, v)
+        });
+        for i in 0..ATTEMPTS {
+            let (code, why) = launch_and_sync(&mut a, actx, amod, "heavy", [4, 1024], aout, None)
+                .expect_err("a 128 MiB block ran on a 64 MiB budget");
+            assert_eq!(code, OUT_OF_MEMORY, "attempt {i}: {why}");
+            assert!(why.contains("interpreter budget"), "{why}");
+        }
+        other.join().unwrap()
+    });
+    assert_eq!(other.0, ATTEMPTS);
+    assert_eq!(other.1, [0u32, 1, 2, 3].map(u32::to_le_bytes).concat());
+    // Not sticky: 256 threads × 128 KiB (32 MiB) fit the attacker's budget, in the same context.
+    launch_and_sync(&mut a, actx, amod, "heavy", [2, 256], aout, None).unwrap();
+    let budget = |vm: &str| d.vm(vm)["limits"]["interpreter_bytes"].clone();
+    let small = budget("small");
+    assert_eq!(small["limit"].as_u64(), Some(64 * MIB), "{small}");
+    assert!(
+        small["refused"].as_u64() >= Some(ATTEMPTS as u64),
+        "{small}"
+    );
+    assert_eq!(small["used"].as_u64(), Some(0), "{small}");
+    assert_eq!(budget("other")["refused"].as_u64(), Some(0));
+    assert_eq!(budget("other")["used"].as_u64(), Some(0));
+    driver_api_works(&d, "other");
+}
+
+/// A kernel that recurses 60 calls deep through a function with 16 MiB of registers per warp
+/// (32 warps: 30 GiB if every frame were kept) faults as a stack overflow
+/// (`CUDA_ERROR_ILLEGAL_ADDRESS`, sticky for that context only) within the block's frame
+/// limit; vgpud's memory stays bounded, and another VM is served.
+#[test]
+fn deep_recursion_with_large_frames_fails_cleanly() {
+    /// Growth allowed: one block's frames (128 MiB) and allocator noise.
+    const SLACK: u64 = 192 * MIB;
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let (mut c, ctx) = session(&d, "vm1");
+    let (module, out) = load_bombs(&mut c, ctx);
+    let before = rss_of(d.pid());
+    let start = Instant::now();
+    let (code, why) = launch_and_sync(&mut c, ctx, module, "deep", [1, 1024], out, Some(60))
+        .expect_err("the recursion finished");
+    let after = rss_of(d.pid());
+    println!(
+        "deep recursion refused in {:?}; vgpud RSS {} -> {} MiB",
+        start.elapsed(),
+        before / MIB,
+        after / MIB
+    );
+    assert_eq!(code, ILLEGAL_ADDRESS, "{why}");
+    assert!(why.contains("call stack overflow"), "{why}");
+    assert!(
+        after <= before + SLACK,
+        "vgpud grew from {} to {} MiB",
+        before / MIB,
+        after / MIB
+    );
+    assert_eq!(
+        d.vm("vm1")["limits"]["interpreter_bytes"]["used"].as_u64(),
+        Some(0)
+    );
+    // A shallow recursion runs in a fresh session of the same VM.
+    let (mut c2, ctx2) = session(&d, "vm1");
+    let (module2, out2) = load_bombs(&mut c2, ctx2);
+    launch_and_sync(&mut c2, ctx2, module2, "deep", [1, 32], out2, Some(3)).unwrap();
+    let (_, v) = c2
+        .call(
+            &msg::MemcpyDtoH {
+                ctx: ctx2,
+                stream: 0,
+                src: out2,
+                len: 4,
+            },
+            &[],
+        )
+        .unwrap();
+    assert_eq!(v, 3u32.to_le_bytes());
+    driver_api_works(&d, "vm2");
+}
+
+/// PTX of `n` trivial kernels: a module the loader needs seconds for (each kernel's
+/// reachability walks every function), in under 1 MiB.
+fn slow_module(n: usize) -> Vec<u8> {
+    let mut s = String::from(".version 7.0\n.target sm_52\n.address_size 64\n");
+    for i in 0..n {
+        s.push_str(&format!(".visible .entry k{i}()\n{{\n ret;\n}}\n"));
+    }
+    s.into_bytes()
+}
+
+/// A module that takes seconds to load: on a device whose watchdog is 50 ms the load is cut
+/// at the deadline with `CUDA_ERROR_INVALID_PTX` (sooner than the same load takes where the
+/// watchdog is long), and the session answers at once afterwards; a guest that disconnects
+/// mid-load has its load stopped and its session ended before the load would have finished.
+#[test]
+fn slow_module_loads_are_cut_by_the_watchdog_and_stop_when_the_guest_leaves() {
+    /// Kernels of the slow module.
+    const KERNELS: usize = 10_000;
+    let d = Vgpud::start_config(
+        r#"
+[admin]
+socket = "@DIR@/admin.sock"
+
+[[device]]
+name = "quick"
+kind = "sim"
+memory = "256MiB"
+watchdog_ms = 50
+
+[[device]]
+name = "patient"
+kind = "sim"
+memory = "256MiB"
+watchdog_ms = 600000
+
+[[vm]]
+name = "cut"
+device = "quick"
+memory = "64MiB"
+unix_socket = "@DIR@/cut.sock"
+
+[[vm]]
+name = "full"
+device = "patient"
+memory = "64MiB"
+unix_socket = "@DIR@/full.sock"
+"#,
+    );
+    let image = slow_module(KERNELS);
+    // The whole load, where the watchdog allows it.
+    let (mut f, fctx) = session(&d, "full");
+    let start = Instant::now();
+    f.call(&msg::ModuleLoad { ctx: fctx }, &image)
+        .expect("the module is valid");
+    let full = start.elapsed();
+    // The same load under a 50 ms watchdog.
+    let (mut c, ctx) = session(&d, "cut");
+    let start = Instant::now();
+    let (code, why) = c
+        .call(&msg::ModuleLoad { ctx }, &image)
+        .expect_err("the load outlived the watchdog");
+    let cut = start.elapsed();
+    println!("module of {KERNELS} kernels: loaded in {full:?}; cut after {cut:?}");
+    assert_eq!(code, INVALID_PTX, "{why}");
+    assert!(why.contains("watchdog (50 ms)"), "{why}");
+    assert!(cut < full, "cut after {cut:?}, a full load takes {full:?}");
+    // The session answers, and a small module loads.
+    c.call(&msg::MemAlloc { ctx, size: 4096 }, &[]).unwrap();
+    assert_eq!(d.vm("cut")["limits"]["modules"]["used"].as_u64(), Some(0));
+    c.call(&msg::ModuleLoad { ctx }, INTERPRETER_BOMBS.as_bytes())
+        .unwrap();
+    // A guest that sends the load and leaves: its session ends well before the load would.
+    let (mut g, gctx) = session(&d, "full");
+    let sessions = || d.vm("full")["sessions"].as_array().map_or(0, Vec::len);
+    assert_eq!(sessions(), 2);
+    g.send_only(&msg::ModuleLoad { ctx: gctx }, &image).unwrap();
+    let start = Instant::now();
+    drop(g);
+    while sessions() > 1 {
+        assert!(
+            start.elapsed() < full,
+            "the departed guest's session still loads after {:?}\n{}",
+            start.elapsed(),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "a departed guest's load stopped within {:?}",
+        start.elapsed()
+    );
+    driver_api_works(&d, "full");
 }

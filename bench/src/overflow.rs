@@ -43,7 +43,7 @@ fn secs(f: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
 
 fn kernel_seconds(ctx: &dyn DeviceContext, ptr: u64, bytes: u64) -> Result<f64, String> {
     let m = ctx
-        .load_module(PTX.as_bytes(), MIB)
+        .load_module(PTX.as_bytes(), MIB, &Default::default())
         .map_err(|e| e.to_string())?;
     let k = &m.kernels()[0];
     let n = u32::try_from(bytes / 4).map_err(|_| "buffer too large".to_string())?;

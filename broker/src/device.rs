@@ -94,6 +94,11 @@ pub enum DeviceError {
         /// Why.
         message: String,
     },
+    /// A module load stopped before it finished: past its deadline, or its client has gone.
+    /// `CUDA_ERROR_INVALID_PTX`, what `cuModuleLoadData` returns when the JIT compilation of a
+    /// module fails.
+    #[error("{0}")]
+    LoadStopped(String),
     /// A driver call failed (real GPU).
     #[error("{call} failed with {}", cuda::result_name(*code).unwrap_or("an unknown CUresult"))]
     Driver {
@@ -111,6 +116,7 @@ impl DeviceError {
             DeviceError::OutOfMemory => cuda::CUDA_ERROR_OUT_OF_MEMORY,
             DeviceError::InvalidAddress { .. } => cuda::CUDA_ERROR_INVALID_VALUE,
             DeviceError::NotSupported(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
+            DeviceError::LoadStopped(_) => cuda::CUDA_ERROR_INVALID_PTX,
             DeviceError::InvalidImage { code, .. }
             | DeviceError::Fault { code, .. }
             | DeviceError::InvalidLaunch { code, .. }
@@ -254,6 +260,20 @@ pub enum Signal {
 /// A device's listener for signals to the launch it is running.
 pub type SignalHook = Arc<dyn Fn(Signal) + Send + Sync>;
 
+/// Host memory a tenant's launches may hold in device state kept on the host (the simulated
+/// GPU's interpreter: register files, call frames, local and shared memory of running blocks),
+/// shared by the tenant's launches: taken as a launch starts and as it needs more, given back
+/// when it ends (`limits.interpreter_bytes`, docs/admin.md).
+pub trait HostStateBudget: Send + Sync + std::fmt::Debug {
+    /// Takes `bytes`; `false`, taking nothing, when they do not fit (the refusal is counted).
+    fn take(&self, bytes: u64) -> bool;
+    /// Gives back `bytes` taken by [`HostStateBudget::take`].
+    fn give_back(&self, bytes: u64);
+}
+
+/// Asks whether the client a request came from has gone (see [`RunControl::watch_hangup`]).
+pub type HangupCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// How a running launch is steered: preemption between thread blocks,
 /// cancellation when its session ends, and a watchdog deadline. A device
 /// that keeps its own control state attaches a hook to receive the signals.
@@ -265,6 +285,8 @@ pub struct RunControl {
     deadline: Mutex<Option<Instant>>,
     hook: Mutex<Option<SignalHook>>,
     output: Mutex<Option<Arc<LaunchOutput>>>,
+    state_budget: Mutex<Option<Arc<dyn HostStateBudget>>>,
+    hangup: Mutex<Option<HangupCheck>>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -349,6 +371,46 @@ impl RunControl {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+    /// Charges the host memory the launch's device state takes to `budget` (devices that
+    /// keep such state on the host, such as the simulated GPU).
+    pub fn set_state_budget(&self, budget: Option<Arc<dyn HostStateBudget>>) {
+        *self.state_budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
+    }
+    /// The budget the launch's host-side device state is charged to.
+    pub fn state_budget(&self) -> Option<Arc<dyn HostStateBudget>> {
+        self.state_budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    /// Lets [`RunControl::poll_cancelled`] cancel the work when `check` says its client has
+    /// gone: for work the device runs on the caller's thread (a module load), which nothing
+    /// else could cancel.
+    pub fn watch_hangup(&self, check: Option<HangupCheck>) {
+        *self.hangup.lock().unwrap_or_else(|p| p.into_inner()) = check;
+    }
+    /// Whether the work is cancelled, asking the hangup check first (and cancelling when the
+    /// client has gone). A device calls it every so often during long work on the caller's
+    /// thread; with a hangup check it costs a system call, so not in a tight loop.
+    pub fn poll_cancelled(&self) -> bool {
+        if self.cancelled() {
+            return true;
+        }
+        let check = self
+            .hangup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if check.is_some_and(|c| c()) {
+            self.cancel();
+            return true;
+        }
+        false
+    }
+    /// Whether the watchdog deadline has passed.
+    pub fn past_deadline(&self) -> bool {
+        self.deadline().is_some_and(|d| Instant::now() >= d)
     }
 }
 
@@ -493,9 +555,17 @@ pub trait DeviceContext: Send + Sync {
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError>;
     /// Fills `count` elements of `elem_size` (1, 2 or 4) bytes with the low bytes of `value`.
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError>;
-    /// Loads a module image, refusing it with `OutOfMemory` when its globals need more than `budget` bytes.
-    fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {
-        let _ = (image, budget);
+    /// Loads a module image, refusing it with `OutOfMemory` when its globals need more than
+    /// `budget` bytes. A device that parses or compiles the image itself stops when `control`
+    /// is cancelled ([`RunControl::poll_cancelled`]) or past its deadline, failing with
+    /// [`DeviceError::LoadStopped`].
+    fn load_module(
+        &self,
+        image: &[u8],
+        budget: u64,
+        control: &RunControl,
+    ) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+        let _ = (image, budget, control);
         Err(DeviceError::NotSupported(
             "this device does not run kernels".into(),
         ))

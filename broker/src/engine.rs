@@ -709,6 +709,12 @@ impl Engine {
         self.hangup = Some(probe);
     }
 
+    /// The probe given to [`Engine::watch_hangup`], for work the session runs on its own
+    /// thread (a module load).
+    pub fn hangup_probe(&self) -> Option<HangupProbe> {
+        self.hangup.clone()
+    }
+
     /// Blocks on the engine's condition variable once; with a hangup probe,
     /// at most [`HANGUP_POLL`], abandoning the work when the client has gone.
     fn block<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {

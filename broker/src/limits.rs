@@ -1,7 +1,7 @@
 //! Per-VM budgets for what a guest can make vgpud hold besides device memory:
 //! sessions, connections, loaded modules and their image bytes, handles
-//! (streams, events and every other kind), bytes of queued asynchronous work
-//! and bytes of executable graphs.
+//! (streams, events and every other kind), bytes of queued asynchronous work,
+//! bytes of executable graphs and host memory of interpreter state.
 //!
 //! Each has a safe default; a config's `[limits]` table changes the default
 //! for every VM, and a VM's `[vm.limits]` table overrides it for that VM
@@ -238,6 +238,19 @@ impl LimitUse {
     }
 }
 
+/// The VM's `interpreter_bytes`, as devices that keep launch state on the host take from it.
+/// Each refused take is counted: a launch cut to fewer workers, a launch refused, a call frame
+/// refused.
+impl crate::device::HostStateBudget for LimitUse {
+    fn take(&self, bytes: u64) -> bool {
+        self.charge(Budget::InterpreterBytes, bytes).is_ok()
+    }
+
+    fn give_back(&self, bytes: u64) {
+        self.refund(Budget::InterpreterBytes, bytes);
+    }
+}
+
 /// A handle table's share of a VM's budget: charged for every live handle,
 /// returned when the handle is removed or the table dropped.
 #[derive(Debug, Clone)]
@@ -305,6 +318,23 @@ mod tests {
         // Refunds never go below zero.
         use_.refund(Budget::Streams, 10);
         assert_eq!(use_.used(Budget::Streams), 0);
+    }
+
+    #[test]
+    fn interpreter_state_is_taken_from_interpreter_bytes_and_refusals_counted() {
+        use crate::device::HostStateBudget;
+        let use_ = LimitUse::new(VmLimits {
+            interpreter_bytes: 100,
+            ..VmLimits::default()
+        });
+        assert!(use_.take(60));
+        assert!(!use_.take(41));
+        assert!(use_.take(40));
+        assert_eq!(use_.used(Budget::InterpreterBytes), 100);
+        assert_eq!(use_.refused(Budget::InterpreterBytes), 1);
+        use_.give_back(100);
+        assert_eq!(use_.used(Budget::InterpreterBytes), 0);
+        assert_eq!(use_.refused(Budget::QueuedBytes), 0);
     }
 
     #[test]

@@ -14,8 +14,8 @@ use vgpu_proto::msg::{self, Message, Request};
 use vgpu_proto::pagehash;
 
 use crate::device::{
-    DeviceContext, DeviceInfo, DeviceModule, GlobalDesc, KernelDesc, LaunchDims, LaunchProgress,
-    RunControl,
+    DeviceContext, DeviceError, DeviceInfo, DeviceModule, GlobalDesc, KernelDesc, LaunchDims,
+    LaunchProgress, RunControl,
 };
 use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
@@ -1335,14 +1335,36 @@ impl Session {
 
     fn load_module_image(&mut self, ctx: u64, image: &[u8]) -> Result<u64, CuError> {
         let (free, _) = self.tenant.slice.info();
-        let module = self.dev.load_module(image, free).map_err(|e| {
-            let e = CuError::from(e);
-            if e.code == cuda::CUDA_ERROR_OUT_OF_MEMORY {
-                CuError::out_of_memory("the module's globals do not fit the memory slice")
-            } else {
-                e
-            }
-        })?;
+        // Parsing runs on this session's thread: bounded by the device's watchdog like a
+        // kernel, and stopped when the client disconnects.
+        let watchdog = self.device.watchdog;
+        let control =
+            RunControl::with_deadline(watchdog.and_then(|w| Instant::now().checked_add(w)));
+        control.watch_hangup(self.engine.hangup_probe());
+        let module = self
+            .dev
+            .load_module(image, free, &control)
+            .map_err(|e| match e {
+                DeviceError::LoadStopped(why) if control.cancelled() => CuError::new(
+                    cuda::CUDA_ERROR_INVALID_PTX,
+                    format!("the module load was stopped: the client disconnected ({why})"),
+                ),
+                DeviceError::LoadStopped(why) => CuError::new(
+                    cuda::CUDA_ERROR_INVALID_PTX,
+                    format!(
+                        "loading the module took longer than the device's watchdog ({} ms) allows: {why}",
+                        watchdog.map_or(0, |w| w.as_millis())
+                    ),
+                ),
+                e => {
+                    let e = CuError::from(e);
+                    if e.code == cuda::CUDA_ERROR_OUT_OF_MEMORY {
+                        CuError::out_of_memory("the module's globals do not fit the memory slice")
+                    } else {
+                        e
+                    }
+                }
+            })?;
         let charges: Vec<(u64, u64, u64)> = module
             .globals()
             .iter()
@@ -1782,6 +1804,8 @@ impl Work for LaunchWork {
             tenant,
             mut ticket,
         } = *self;
+        // Host-side device state (the simulated GPU's interpreter) is the VM's.
+        control.set_state_budget(Some(Arc::clone(&tenant.limits) as _));
         let mut start = 0;
         // The watchdog counts the kernel's running time only, not its waits
         // for the device.

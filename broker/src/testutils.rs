@@ -224,6 +224,11 @@ impl<S: Read + Write> TestClient<S> {
         Ok((r, t.to_vec()))
     }
 
+    /// Sends a synchronous request without reading its reply (a guest that leaves mid-call).
+    pub fn send_only<O: Op>(&mut self, req: &O, tail: &[u8]) -> std::io::Result<()> {
+        self.send(req, tail, 0)
+    }
+
     /// Sends an asynchronous request (no reply).
     pub fn post<O: Op>(&mut self, req: &O, tail: &[u8]) -> std::io::Result<()> {
         self.send(req, tail, FLAG_ASYNC)

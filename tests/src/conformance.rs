@@ -1651,7 +1651,9 @@ pub mod cuda_executor {
     pub fn measures_kernel_time(t: &Target) {
         let dev = open(&driver_of(t), None);
         let ctx = dev.open_context("timing").unwrap();
-        let m = ctx.load_module(SPIN_PTX.as_bytes(), 1 << 20).unwrap();
+        let m = ctx
+            .load_module(SPIN_PTX.as_bytes(), 1 << 20, &Default::default())
+            .unwrap();
         let k = &m.kernels()[0];
         assert_eq!(k.name, "spin");
         assert_eq!(
@@ -1697,6 +1699,7 @@ pub mod cuda_executor {
             .load_module(
                 vgpu_corpus::ptx("oob", vgpu_corpus::Arch::Sm52).as_bytes(),
                 1 << 20,
+                &Default::default(),
             )
             .unwrap();
         let buf = a.alloc(1024).unwrap();
@@ -1738,7 +1741,7 @@ pub mod cuda_executor {
         let ctx = dev.open_context("jit").unwrap();
         let bad = ".version 7.0\n.target sm_52\n.address_size 64\n\
                    .visible .entry k(.param .u64 p)\n{\n\tret;\n"; // the body is never closed
-        match ctx.load_module(bad.as_bytes(), 1 << 20) {
+        match ctx.load_module(bad.as_bytes(), 1 << 20, &Default::default()) {
             Err(DeviceError::InvalidImage { code, message }) => {
                 assert_eq!(code, cuda::CUDA_ERROR_INVALID_PTX, "{message}");
                 let prefix =
@@ -1762,12 +1765,12 @@ pub mod cuda_executor {
         let ctx = dev.open_context("globals").unwrap();
         let used = vgpu_broker::device::Device::memory_used(&*dev);
         assert!(matches!(
-            ctx.load_module(BIG_GLOBAL_PTX.as_bytes(), 1 << 20),
+            ctx.load_module(BIG_GLOBAL_PTX.as_bytes(), 1 << 20, &Default::default()),
             Err(DeviceError::OutOfMemory)
         ));
         assert_eq!(vgpu_broker::device::Device::memory_used(&*dev), used);
         let m = ctx
-            .load_module(BIG_GLOBAL_PTX.as_bytes(), 64 << 20)
+            .load_module(BIG_GLOBAL_PTX.as_bytes(), 64 << 20, &Default::default())
             .unwrap();
         let g = &m.globals()[0];
         assert_eq!(
@@ -1885,7 +1888,7 @@ pub mod cuda_executor {
             info.attribute(attr::COMPUTE_CAPABILITY_MINOR),
         );
         let ctx = dev.open_context("cubin").unwrap();
-        let r = ctx.load_module(LAYOUTS_CUBIN, 1 << 20);
+        let r = ctx.load_module(LAYOUTS_CUBIN, 1 << 20, &Default::default());
         if cc != (9, 0) {
             let e = r.err().expect("an sm_90 cubin on another architecture");
             assert!(

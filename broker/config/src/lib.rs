@@ -21,8 +21,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::limits::{
-    MAX_GRAPH_BYTES, MAX_HANDLES, MAX_MODULE_BYTES, MAX_MODULES, MAX_QUEUED_BYTES, MAX_SESSIONS,
-    MIN_QUEUED_BYTES, VmLimits,
+    MAX_GRAPH_BYTES, MAX_HANDLES, MAX_INTERPRETER_BYTES, MAX_MODULE_BYTES, MAX_MODULES,
+    MAX_QUEUED_BYTES, MAX_SESSIONS, MIN_INTERPRETER_BYTES, MIN_QUEUED_BYTES, VmLimits,
 };
 use crate::size::parse_size;
 
@@ -677,6 +677,7 @@ struct RawLimits {
     handles: Option<Spanned<u32>>,
     queued_bytes: Option<Spanned<RawSize>>,
     graph_bytes: Option<Spanned<RawSize>>,
+    interpreter_bytes: Option<Spanned<RawSize>>,
 }
 
 struct Ctx<'a> {
@@ -1396,6 +1397,12 @@ fn parse_limits(
             "graph_bytes",
             (1, MAX_GRAPH_BYTES),
             base.graph_bytes,
+        )?,
+        interpreter_bytes: size(
+            &raw.interpreter_bytes,
+            "interpreter_bytes",
+            (MIN_INTERPRETER_BYTES, MAX_INTERPRETER_BYTES),
+            base.interpreter_bytes,
         )?,
     })
 }
@@ -2322,6 +2329,30 @@ guest_cid = 3
         );
         let e = err("[limits]\ngraph_bytes = \"65GiB\"\n");
         assert!(e.contains("limits.graph_bytes must be between"), "{e}");
+        let e = err(
+            "[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n[vm.limits]\ninterpreter_bytes = \"1MiB\"\n",
+        );
+        assert!(
+            e.starts_with("vgpu.toml:5:")
+                && e.contains("limits.interpreter_bytes must be between 64MiB and 64GiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn interpreter_bytes_default_per_file_and_per_vm() {
+        let c = parse(
+            "[limits]\ninterpreter_bytes = \"2GiB\"\n[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n\
+             [[vm]]\nname = \"b\"\nmemory = \"1GiB\"\n[vm.limits]\ninterpreter_bytes = \"128MiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.vms[0].limits.interpreter_bytes, 2 << 30);
+        assert_eq!(c.vms[1].limits.interpreter_bytes, 128 << 20);
+        let none = parse("[[vm]]\nname = \"a\"\nmemory = \"1GiB\"\n").unwrap();
+        assert_eq!(
+            none.vms[0].limits.interpreter_bytes,
+            crate::limits::DEFAULT_INTERPRETER_BYTES
+        );
     }
 
     #[test]

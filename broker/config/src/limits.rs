@@ -22,6 +22,10 @@ pub const DEFAULT_HANDLES: u32 = 65536;
 pub const DEFAULT_QUEUED_BYTES: u64 = 256 << 20;
 /// Default bytes of executable graphs a VM's sessions may hold at once.
 pub const DEFAULT_GRAPH_BYTES: u64 = 256 << 20;
+/// Default host memory a VM's running launches may hold in interpreter state
+/// on the simulated GPU (register files, call frames, local and shared memory
+/// of the blocks running at once).
+pub const DEFAULT_INTERPRETER_BYTES: u64 = 1 << 30;
 /// Largest `sessions` or `connections` a config may set: each costs vgpud a thread.
 pub const MAX_SESSIONS: u32 = 4096;
 /// Largest `modules` a config may set.
@@ -38,6 +42,11 @@ pub const MIN_QUEUED_BYTES: u64 = 16 << 20;
 pub const MAX_QUEUED_BYTES: u64 = 16 << 30;
 /// Largest `graph_bytes` a config may set.
 pub const MAX_GRAPH_BYTES: u64 = 64 << 30;
+/// Smallest `interpreter_bytes` a config may set: one block with the largest
+/// register file the interpreter accepts (64 MiB) always fits.
+pub const MIN_INTERPRETER_BYTES: u64 = 64 << 20;
+/// Largest `interpreter_bytes` a config may set.
+pub const MAX_INTERPRETER_BYTES: u64 = 64 << 30;
 
 /// A VM's budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +70,9 @@ pub struct VmLimits {
     pub queued_bytes: u64,
     /// Bytes of executable graphs across the VM's sessions (`graph_bytes`).
     pub graph_bytes: u64,
+    /// Host memory of interpreter state across the VM's running launches
+    /// (`interpreter_bytes`).
+    pub interpreter_bytes: u64,
 }
 
 impl Default for VmLimits {
@@ -75,6 +87,7 @@ impl Default for VmLimits {
             handles: DEFAULT_HANDLES,
             queued_bytes: DEFAULT_QUEUED_BYTES,
             graph_bytes: DEFAULT_GRAPH_BYTES,
+            interpreter_bytes: DEFAULT_INTERPRETER_BYTES,
         }
     }
 }
@@ -92,6 +105,7 @@ impl VmLimits {
             Budget::Handles => u64::from(self.handles),
             Budget::QueuedBytes => self.queued_bytes,
             Budget::GraphBytes => self.graph_bytes,
+            Budget::InterpreterBytes => self.interpreter_bytes,
         }
     }
 }
@@ -117,11 +131,13 @@ pub enum Budget {
     QueuedBytes,
     /// `limits.graph_bytes`.
     GraphBytes,
+    /// `limits.interpreter_bytes`.
+    InterpreterBytes,
 }
 
 impl Budget {
     /// Every budget, in the order the API and metrics list them.
-    pub const ALL: [Budget; 9] = [
+    pub const ALL: [Budget; 10] = [
         Budget::Sessions,
         Budget::Connections,
         Budget::Modules,
@@ -131,6 +147,7 @@ impl Budget {
         Budget::Handles,
         Budget::QueuedBytes,
         Budget::GraphBytes,
+        Budget::InterpreterBytes,
     ];
 
     /// The budget's config key (under `[limits]`).
@@ -145,6 +162,7 @@ impl Budget {
             Budget::Handles => "handles",
             Budget::QueuedBytes => "queued_bytes",
             Budget::GraphBytes => "graph_bytes",
+            Budget::InterpreterBytes => "interpreter_bytes",
         }
     }
 
@@ -157,7 +175,10 @@ impl Budget {
             Budget::Streams => "streams",
             Budget::Events => "events",
             Budget::Handles => "handles (contexts, functions, pools, graphs)",
-            Budget::ModuleBytes | Budget::QueuedBytes | Budget::GraphBytes => "bytes",
+            Budget::ModuleBytes
+            | Budget::QueuedBytes
+            | Budget::GraphBytes
+            | Budget::InterpreterBytes => "bytes",
         }
     }
 }

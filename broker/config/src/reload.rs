@@ -173,6 +173,10 @@ fn limits_table(l: &VmLimits) -> Table {
     t.insert("handles".into(), Toml::Integer(i64::from(l.handles)));
     t.insert("queued_bytes".into(), Toml::Integer(l.queued_bytes as i64));
     t.insert("graph_bytes".into(), Toml::Integer(l.graph_bytes as i64));
+    t.insert(
+        "interpreter_bytes".into(),
+        Toml::Integer(l.interpreter_bytes as i64),
+    );
     t
 }
 

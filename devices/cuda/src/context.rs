@@ -1088,7 +1088,18 @@ impl DeviceContext for CudaContext {
         g.memset(dst, value, elem_size, count)
     }
 
-    fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+    fn load_module(
+        &self,
+        image: &[u8],
+        budget: u64,
+        control: &RunControl,
+    ) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+        // The driver's JIT cannot be interrupted: a load is checked before it starts only.
+        if control.poll_cancelled() || control.past_deadline() {
+            return Err(DeviceError::LoadStopped(
+                "the module load was cancelled before it started".into(),
+            ));
+        }
         let g = self.inner.generation()?;
         let m = CudaModule::load(&self.inner, g, image, budget)?;
         Ok(Arc::new(m))

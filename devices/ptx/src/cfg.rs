@@ -1,15 +1,29 @@
 //! Control-flow analysis: immediate post-dominators give every conditional branch its
 //! reconvergence point (the classic SIMT-stack / IPDOM scheme).
 
+use crate::error::LoadError;
 use crate::ir::{Inst, NONE, Op};
+use crate::watch::Ticker;
 
 /// Sets `rpc` of every `bra` to the first instruction of its block's immediate post-dominator
 /// (`NONE` when the paths only meet at function exit).
+#[cfg(test)]
 pub(crate) fn assign_reconvergence(code: &mut [Inst]) {
+    let _ = assign_reconvergence_watched(code, &mut Ticker::none(), 0);
+}
+
+/// [`assign_reconvergence`] of the function at PTX line `line`, asking `ticker` whether to go
+/// on as it goes (hostile control flow can make the fixed point slow).
+pub(crate) fn assign_reconvergence_watched(
+    code: &mut [Inst],
+    ticker: &mut Ticker<'_>,
+    line: usize,
+) -> Result<(), LoadError> {
     let n = code.len();
     if n == 0 {
-        return;
+        return Ok(());
     }
+    ticker.tick(n as u64, line)?;
     // Basic-block leaders.
     let mut leader = vec![false; n + 1];
     leader[0] = true;
@@ -94,6 +108,7 @@ pub(crate) fn assign_reconvergence(code: &mut [Inst]) {
     let mut changed = true;
     while changed {
         changed = false;
+        ticker.tick(order.len() as u64, line)?;
         for &b in order.iter().rev() {
             if b == exit {
                 continue;
@@ -125,6 +140,7 @@ pub(crate) fn assign_reconvergence(code: &mut [Inst]) {
             };
         }
     }
+    Ok(())
 }
 
 fn intersect(ipdom: &[usize], po: &[usize], mut a: usize, mut b: usize) -> usize {

@@ -10,6 +10,10 @@ pub enum LoadErrorKind {
     /// Valid PTX that this interpreter does not implement (for example tensor-core or texture
     /// instructions).
     NotSupported,
+    /// The load ran past its deadline ([`crate::LoadWatch`]); the module may be valid.
+    TimedOut,
+    /// The load was cancelled ([`crate::LoadWatch`]): its requester has gone.
+    Cancelled,
 }
 
 /// A module failed to load; `line` is the 1-based PTX line (0 when no line applies).
@@ -76,6 +80,10 @@ pub enum FaultKind {
     /// A cooperative launch with more blocks than can run at once
     /// (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, 720; not sticky: nothing ran).
     CooperativeTooLarge,
+    /// The tenant's budget for interpreter state ([`crate::StateBudget`]) has no room for even
+    /// one block of the launch (CUDA_ERROR_OUT_OF_MEMORY, 2, as a driver that cannot allocate a
+    /// launch's local memory reports; not sticky: nothing ran).
+    OutOfMemory,
 }
 
 /// A launch failed.
@@ -97,6 +105,8 @@ impl std::error::Error for Fault {}
 
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub const CUDA_ERROR_INVALID_VALUE: u32 = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
 /// `CUDA_ERROR_INVALID_CONFIGURATION` (the runtime's cudaErrorInvalidConfiguration value, which
 /// the driver reports for bad launch geometry as CUDA_ERROR_INVALID_VALUE on some paths).
 pub const CUDA_ERROR_INVALID_CONFIGURATION: u32 = 9;
@@ -139,6 +149,7 @@ impl Fault {
             FaultKind::InvalidConfig => CUDA_ERROR_INVALID_VALUE,
             FaultKind::OutOfResources => CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
             FaultKind::CooperativeTooLarge => CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+            FaultKind::OutOfMemory => CUDA_ERROR_OUT_OF_MEMORY,
         }
     }
 
@@ -147,7 +158,10 @@ impl Fault {
     pub fn is_sticky(&self) -> bool {
         !matches!(
             self.kind,
-            FaultKind::InvalidConfig | FaultKind::OutOfResources | FaultKind::CooperativeTooLarge
+            FaultKind::InvalidConfig
+                | FaultKind::OutOfResources
+                | FaultKind::CooperativeTooLarge
+                | FaultKind::OutOfMemory
         )
     }
 }

@@ -1,6 +1,7 @@
 //! PTX tokenizer.
 
 use crate::error::{LoadError, LoadErrorKind};
+use crate::watch::Ticker;
 
 /// One token, with the 1-based line it starts on.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,12 +46,22 @@ fn err(line: usize, message: String) -> LoadError {
 }
 
 /// Splits PTX text into tokens, dropping comments.
+#[cfg(test)]
 pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, LoadError> {
+    tokenize_watched(src, &mut Ticker::none())
+}
+
+/// [`tokenize`], asking `ticker` whether to go on as it goes.
+pub(crate) fn tokenize_watched(
+    src: &str,
+    ticker: &mut Ticker<'_>,
+) -> Result<Vec<Token>, LoadError> {
     let b = src.as_bytes();
     let mut out = Vec::with_capacity(src.len() / 4);
     let mut i = 0;
     let mut line = 1usize;
     while i < b.len() {
+        ticker.tick(1, line)?;
         let c = b[i];
         match c {
             b'\n' => {

@@ -29,6 +29,7 @@ mod pool;
 pub mod printf;
 pub mod slots;
 pub mod testutils;
+mod watch;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +47,7 @@ pub use mem::{AllocError, Buffer, OutOfRange};
 pub use pool::{MAX_POOL_THREADS, set_spawn_per_launch};
 pub use printf::DeviceOutput;
 pub use slots::WorkerSlots;
+pub use watch::LoadWatch;
 
 /// What one worker of a launch did: its counters, and the first block it faulted in with the
 /// fault.
@@ -65,6 +67,11 @@ const REGISTER_BYTES: u64 = 8;
 /// thread at 1024 threads); a launch needing more fails with
 /// `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
 pub const MAX_BLOCK_REGISTER_FILE: u64 = 64 << 20;
+/// Most bytes all call frames of one block may hold at once: the registers, predicates and
+/// parameter areas of the kernel's frames and of every function they call, recursion included.
+/// Twice [`MAX_BLOCK_REGISTER_FILE`], so a kernel within that limit keeps room for calls; a
+/// call past it faults as a stack overflow (`CUDA_ERROR_ILLEGAL_ADDRESS`).
+pub const MAX_BLOCK_FRAME_BYTES: u64 = 2 * MAX_BLOCK_REGISTER_FILE;
 pub const MAX_BLOCK_DIM: [u32; 3] = [1024, 1024, 64];
 /// Largest grid dimensions (x, y, z).
 pub const MAX_GRID_DIM: [u32; 3] = [0x7fff_ffff, 65535, 65535];
@@ -171,6 +178,35 @@ pub struct Launch<'a> {
     pub control: &'a LaunchControl,
 }
 
+/// Host memory a tenant's running launches may hold in interpreter state, shared by all of
+/// them ([`LaunchControl::set_state_budget`]). A launch takes, when it starts, what each of its
+/// workers needs for one block (the kernel's register frames for every warp, local memory for
+/// every thread, shared memory), running on fewer workers when the budget has room for fewer,
+/// and fails with [`FaultKind::OutOfMemory`] when it has room for none; call frames past that
+/// are taken as calls need them. Everything is given back when the launch (or resumption) ends.
+pub trait StateBudget: Send + Sync + std::fmt::Debug {
+    /// Takes `bytes`; `false`, taking nothing, when they do not fit.
+    fn take(&self, bytes: u64) -> bool;
+    /// Gives back `bytes` taken by [`StateBudget::take`].
+    fn give_back(&self, bytes: u64);
+}
+
+/// What a launch took from its [`StateBudget`], given back when dropped.
+struct Taken<'a> {
+    budget: Option<&'a dyn StateBudget>,
+    bytes: u64,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.budget
+            && self.bytes > 0
+        {
+            b.give_back(self.bytes);
+        }
+    }
+}
+
 /// Controls a running launch from another thread, and says where its device-side `printf` and
 /// `assert` output goes.
 #[derive(Debug, Default)]
@@ -181,6 +217,7 @@ pub struct LaunchControl {
     output: Mutex<Option<Arc<dyn DeviceOutput>>>,
     slots: Mutex<Option<Arc<WorkerSlots>>>,
     grid_workspace: AtomicU64,
+    state_budget: Mutex<Option<Arc<dyn StateBudget>>>,
 }
 
 impl LaunchControl {
@@ -287,6 +324,55 @@ impl LaunchControl {
     pub fn grid_workspace(&self) -> u64 {
         self.grid_workspace.load(Ordering::SeqCst)
     }
+
+    /// Charges the launch's interpreter state to `budget` (read when a launch or resumption
+    /// starts). Without one, a launch's state is bounded per block only.
+    pub fn set_state_budget(&self, budget: Option<Arc<dyn StateBudget>>) {
+        match self.state_budget.lock() {
+            Ok(mut g) => *g = budget,
+            Err(p) => *p.into_inner() = budget,
+        }
+    }
+
+    /// The budget the launch's interpreter state is charged to.
+    pub fn state_budget(&self) -> Option<Arc<dyn StateBudget>> {
+        match self.state_budget.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// Takes one block's interpreter state (`per_block` bytes) for each of `workers` workers from
+/// `budget`, halving the workers while it has no room; a cooperative launch needs them all.
+/// Returns the workers that may run and what was taken.
+fn take_state<'a>(
+    budget: Option<&'a dyn StateBudget>,
+    per_block: u64,
+    workers: usize,
+    cooperative: bool,
+    kernel: &str,
+) -> Result<(usize, Taken<'a>), Fault> {
+    let Some(b) = budget else {
+        return Ok((workers, Taken { budget, bytes: 0 }));
+    };
+    let mut n = workers.max(1);
+    loop {
+        let bytes = per_block.saturating_mul(n as u64);
+        if b.take(bytes) {
+            return Ok((n, Taken { budget, bytes }));
+        }
+        if cooperative || n == 1 {
+            return Err(Fault::new(
+                FaultKind::OutOfMemory,
+                format!(
+                    "kernel `{kernel}`: {n} block(s) at once need {} MiB of interpreter state (registers, local and shared memory), more than the tenant's interpreter budget has left",
+                    bytes.div_ceil(1 << 20)
+                ),
+            ));
+        }
+        n = (n / 2).max(1);
+    }
 }
 
 /// Bytes of a cooperative launch's grid workspace (cooperative groups keep a 32-bit barrier
@@ -337,9 +423,21 @@ impl Module {
     /// Parses and pre-decodes PTX text. Unknown or unsupported instructions fail here with
     /// [`LoadErrorKind::NotSupported`] and their line; syntax errors with `InvalidPtx`.
     pub fn load(ptx: &str) -> Result<Module, LoadError> {
-        let toks = lexer::tokenize(ptx)?;
-        let ast = parser::parse(&toks)?;
-        let prog = decode::decode(&ast)?;
+        Self::load_in(ptx, &mut watch::Ticker::none())
+    }
+
+    /// [`Module::load`], asking `watch` every few tens of microseconds of work whether to go
+    /// on: a load it stops fails with the [`LoadErrorKind`] it gives (`TimedOut` or
+    /// `Cancelled`), however large or slow the module, and keeps nothing.
+    pub fn load_watched(ptx: &str, watch: &mut dyn LoadWatch) -> Result<Module, LoadError> {
+        Self::load_in(ptx, &mut watch::Ticker::new(watch))
+    }
+
+    fn load_in(ptx: &str, ticker: &mut watch::Ticker<'_>) -> Result<Module, LoadError> {
+        let toks = lexer::tokenize_watched(ptx, ticker)?;
+        let ast = parser::parse_watched(&toks, ticker)?;
+        drop(toks);
+        let prog = decode::decode(&ast, ticker)?;
         Ok(Module { prog })
     }
 
@@ -481,6 +579,22 @@ impl Module {
         } else {
             (launch.workers.max(1) as u64).min(remaining) as usize
         };
+        // The state every worker holds for its block, taken from the tenant's budget before
+        // anything runs.
+        let kfunc = &self.prog.funcs[layout.func as usize];
+        let nwarps = nthreads.div_ceil(WARP_SIZE);
+        let frames_paid = nwarps.saturating_mul(exec::frame_bytes(kfunc));
+        let per_block = frames_paid
+            .saturating_add(layout.local_per_thread.saturating_mul(nwarps * WARP_SIZE))
+            .saturating_add(shared_size as u64);
+        let budget = launch.control.state_budget();
+        let (workers, _taken) = take_state(
+            budget.as_deref(),
+            per_block,
+            workers,
+            cooperative,
+            &info.name,
+        )?;
         let output = launch.control.output();
         let ctx = exec::Ctx {
             prog: &self.prog,
@@ -502,6 +616,8 @@ impl Module {
             stop: &stop,
             output: output.as_deref(),
             grid_workspace,
+            budget: budget.as_deref(),
+            frames_paid,
         };
         let next = AtomicU64::new(launch.start_block);
         // Blocks of a cooperative launch may wait for each other: none may wait for a slot.

@@ -3,6 +3,7 @@
 
 use crate::error::LoadError;
 use crate::lexer::{Tok, Token};
+use crate::watch::Ticker;
 
 /// Deepest `{...}` nesting accepted (scopes and initializers); deeper input is rejected instead of
 /// risking stack exhaustion.
@@ -148,12 +149,13 @@ pub(crate) enum Operand {
     SymOff(String, i64),
 }
 
-struct Parser<'a> {
+struct Parser<'a, 't> {
     toks: &'a [Token],
     pos: usize,
+    ticker: &'a mut Ticker<'t>,
 }
 
-impl<'a> Parser<'a> {
+impl<'a> Parser<'a, '_> {
     fn peek(&self) -> Option<&'a Tok> {
         self.toks.get(self.pos).map(|t| &t.kind)
     }
@@ -276,6 +278,7 @@ impl<'a> Parser<'a> {
         };
         while let Some(tok) = self.peek() {
             let line = self.line();
+            self.ticker.tick(1, line)?;
             match tok {
                 Tok::Dot(d) => match d.as_str() {
                     "version" => {
@@ -563,6 +566,7 @@ impl<'a> Parser<'a> {
         let mut depth = 1usize;
         loop {
             let line = self.line();
+            self.ticker.tick(1, line)?;
             match self.peek() {
                 None => return Err(self.err("unterminated function body")),
                 Some(Tok::Punct('{')) => {
@@ -796,8 +800,19 @@ impl<'a> Parser<'a> {
 }
 
 /// Parses PTX tokens into a module syntax tree.
+#[cfg(test)]
 pub(crate) fn parse(toks: &[Token]) -> Result<Ast, LoadError> {
-    Parser { toks, pos: 0 }.module()
+    parse_watched(toks, &mut Ticker::none())
+}
+
+/// [`parse`], asking `ticker` whether to go on as it goes.
+pub(crate) fn parse_watched(toks: &[Token], ticker: &mut Ticker<'_>) -> Result<Ast, LoadError> {
+    Parser {
+        toks,
+        pos: 0,
+        ticker,
+    }
+    .module()
 }
 
 #[cfg(test)]

@@ -302,3 +302,57 @@ impl crate::DeviceOutput for TestOutput {
         self.text.lock().unwrap().1.extend_from_slice(message);
     }
 }
+
+/// A [`crate::StateBudget`] of `limit` bytes that remembers its peak use and refusals.
+#[derive(Debug)]
+pub struct CountingBudget {
+    limit: u64,
+    used: Mutex<u64>,
+    peak: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl CountingBudget {
+    /// A budget of `limit` bytes, nothing taken.
+    pub fn new(limit: u64) -> CountingBudget {
+        CountingBudget {
+            limit,
+            used: Mutex::new(0),
+            peak: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes taken now.
+    pub fn used(&self) -> u64 {
+        *self.used.lock().unwrap()
+    }
+
+    /// Most bytes taken at once so far.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+impl crate::StateBudget for CountingBudget {
+    fn take(&self, bytes: u64) -> bool {
+        let mut u = self.used.lock().unwrap();
+        if u.saturating_add(bytes) > self.limit {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        *u += bytes;
+        self.peak.fetch_max(*u, Ordering::Relaxed);
+        true
+    }
+
+    fn give_back(&self, bytes: u64) {
+        let mut u = self.used.lock().unwrap();
+        *u = u.checked_sub(bytes).expect("gave back more than was taken");
+    }
+}

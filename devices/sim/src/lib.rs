@@ -798,11 +798,17 @@ impl DeviceContext for SimContext {
         Ok(())
     }
 
-    fn load_module(&self, image: &[u8], budget: u64) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+    fn load_module(
+        &self,
+        image: &[u8],
+        budget: u64,
+        control: &RunControl,
+    ) -> Result<Arc<dyn DeviceModule>, DeviceError> {
         Ok(Arc::new(module::SimModule::load(
             &self.inner,
             image,
             budget,
+            control,
         )?))
     }
 
@@ -1030,7 +1036,9 @@ mod tests {
     fn cubins_load_their_kernels_but_cannot_launch_them() {
         let d = dev(1 << 20);
         let c = d.open("a").unwrap();
-        let m = c.load_module(&cubin(80), 1 << 20).unwrap();
+        let m = c
+            .load_module(&cubin(80), 1 << 20, &RunControl::default())
+            .unwrap();
         assert_eq!(m.kernels().len(), 1);
         assert_eq!(m.kernels()[0].name, "saxpy");
         assert_eq!(m.kernels()[0].param_offsets, [0, 8, 16]);
@@ -1052,7 +1060,7 @@ mod tests {
         assert!(e.to_string().contains("saxpy"), "{e}");
         // SASS for another architecture is refused at load, as a device of
         // compute capability 8.0 refuses it.
-        let Err(e) = c.load_module(&cubin(90), 1 << 20) else {
+        let Err(e) = c.load_module(&cubin(90), 1 << 20, &RunControl::default()) else {
             panic!("an sm_90 cubin loaded on compute capability 8.0");
         };
         assert_eq!(
@@ -1060,6 +1068,94 @@ mod tests {
             vgpu_proto::cuda::CUDA_ERROR_NO_BINARY_FOR_GPU,
             "{e}"
         );
+    }
+
+    /// A kernel whose 1024 threads hold 64 KiB of local memory each (64 MiB a block).
+    const LOCAL_HEAVY: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
+        .visible .entry heavy()\n{\n .local .align 8 .b8 depot[65536];\n ret;\n}\n";
+
+    #[derive(Debug)]
+    struct Budget(std::sync::Mutex<(u64, u64)>);
+
+    impl vgpu_broker::device::HostStateBudget for Budget {
+        fn take(&self, bytes: u64) -> bool {
+            let mut g = self.0.lock().unwrap();
+            if g.0 + bytes > g.1 {
+                return false;
+            }
+            g.0 += bytes;
+            true
+        }
+        fn give_back(&self, bytes: u64) {
+            self.0.lock().unwrap().0 -= bytes;
+        }
+    }
+
+    #[test]
+    fn launches_take_their_interpreter_state_from_the_controls_budget() {
+        let d = dev(1 << 20);
+        let c = d.open("a").unwrap();
+        let m = c
+            .load_module(LOCAL_HEAVY.as_bytes(), 1 << 20, &RunControl::default())
+            .unwrap();
+        let dims = LaunchDims {
+            grid: [2, 1, 1],
+            block: [1024, 1, 1],
+            shared_bytes: 0,
+            cooperative: false,
+        };
+        let small = Arc::new(Budget(Mutex::new((0, 32 << 20))));
+        let control = RunControl::default();
+        control.set_state_budget(Some(Arc::clone(&small) as _));
+        let e = c.launch(&*m, 0, &dims, &[], 0, &control).unwrap_err();
+        assert_eq!(
+            e.cu_result(),
+            vgpu_proto::cuda::CUDA_ERROR_OUT_OF_MEMORY,
+            "{e}"
+        );
+        assert!(
+            matches!(e, DeviceError::InvalidLaunch { .. }),
+            "not sticky: {e:?}"
+        );
+        let big = Arc::new(Budget(Mutex::new((0, 128 << 20))));
+        control.set_state_budget(Some(Arc::clone(&big) as _));
+        assert_eq!(
+            c.launch(&*m, 0, &dims, &[], 0, &control).unwrap(),
+            LaunchProgress::Completed
+        );
+        assert_eq!(small.0.lock().unwrap().0, 0);
+        assert_eq!(
+            big.0.lock().unwrap().0,
+            0,
+            "given back when the launch ended"
+        );
+    }
+
+    #[test]
+    fn module_loads_stop_past_their_deadline_or_when_cancelled() {
+        let d = dev(1 << 20);
+        let c = d.open("a").unwrap();
+        let mut ptx = String::from(".version 7.0\n.target sm_52\n.address_size 64\n");
+        for i in 0..500 {
+            ptx.push_str(&format!(".visible .entry k{i}()\n{{\n ret;\n}}\n"));
+        }
+        let past = RunControl::with_deadline(Some(std::time::Instant::now()));
+        let Err(e) = c.load_module(ptx.as_bytes(), 1 << 20, &past) else {
+            panic!("a load past its deadline finished");
+        };
+        assert!(matches!(e, DeviceError::LoadStopped(_)), "{e:?}");
+        assert_eq!(e.cu_result(), vgpu_proto::cuda::CUDA_ERROR_INVALID_PTX);
+        let gone = RunControl::default();
+        gone.watch_hangup(Some(Arc::new(|| true)));
+        let Err(e) = c.load_module(ptx.as_bytes(), 1 << 20, &gone) else {
+            panic!("a load whose client has gone finished");
+        };
+        assert!(e.to_string().contains("cancelled"), "{e}");
+        assert!(gone.cancelled());
+        let m = c
+            .load_module(ptx.as_bytes(), 1 << 20, &RunControl::default())
+            .unwrap();
+        assert_eq!(m.kernels().len(), 500);
     }
 
     #[test]

@@ -4,14 +4,15 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use vgpu_broker::device::{
-    DeviceError, DeviceModule, GlobalDesc, KernelDesc, LaunchDims, LaunchProgress, RunControl,
-    Signal,
+    DeviceError, DeviceModule, GlobalDesc, HostStateBudget, KernelDesc, LaunchDims, LaunchProgress,
+    RunControl, Signal,
 };
 use vgpu_broker::devio::LaunchOutput;
 use vgpu_proto::cuda::{self, func_attr};
-use vgpu_ptx::{GlobalSpace, Launch, LaunchControl, LoadErrorKind, Module, Progress};
+use vgpu_ptx::{GlobalSpace, Launch, LaunchControl, LoadErrorKind, LoadWatch, Module, Progress};
 
 use crate::ContextMemory;
 use crate::alloc::aligned;
@@ -29,6 +30,49 @@ const BINARY_VERSION: i32 = 80;
 const MAX_REGS_PER_THREAD: u32 = 255;
 /// `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK` of a cubin kernel.
 const MAX_THREADS_PER_BLOCK: i32 = 1024;
+/// How often a module load asks whether its client is still connected (a system call); the
+/// deadline and the cancel flag are checked at every question of the interpreter's loader.
+const HANGUP_CHECK_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The interpreter's loader asks this whether to go on: past the load's deadline it stops with
+/// `TimedOut`, once its client has gone (or the load was cancelled) with `Cancelled`.
+struct LoadGate<'a> {
+    control: &'a RunControl,
+    /// When the client was last asked about (`None`: not yet).
+    last_hangup_check: Option<Instant>,
+}
+
+impl LoadWatch for LoadGate<'_> {
+    fn check(&mut self) -> Option<LoadErrorKind> {
+        if self.control.past_deadline() {
+            return Some(LoadErrorKind::TimedOut);
+        }
+        let due = self
+            .last_hangup_check
+            .is_none_or(|t| t.elapsed() >= HANGUP_CHECK_INTERVAL);
+        let cancelled = if due {
+            self.last_hangup_check = Some(Instant::now());
+            self.control.poll_cancelled()
+        } else {
+            self.control.cancelled()
+        };
+        cancelled.then_some(LoadErrorKind::Cancelled)
+    }
+}
+
+/// The tenant's budget for host-side device state, as the interpreter takes from it.
+#[derive(Debug)]
+struct StateBudget(Arc<dyn HostStateBudget>);
+
+impl vgpu_ptx::StateBudget for StateBudget {
+    fn take(&self, bytes: u64) -> bool {
+        self.0.take(bytes)
+    }
+
+    fn give_back(&self, bytes: u64) {
+        self.0.give_back(bytes);
+    }
+}
 
 /// Of a fat binary with no PTX the simulated GPU may run, the cubin it would
 /// take on a real device of its compute capability, decompressed, and what
@@ -83,11 +127,13 @@ fn ptx_version(text: &str) -> i32 {
 
 impl SimModule {
     /// Parses an image, allocates its globals (at most `budget` bytes) and
-    /// writes their initial values.
+    /// writes their initial values. Parsing stops past `control`'s deadline or
+    /// once it is cancelled (its client has gone).
     pub(crate) fn load(
         memory: &Arc<ContextMemory>,
         image: &[u8],
         budget: u64,
+        control: &RunControl,
     ) -> Result<SimModule, DeviceError> {
         if image.starts_with(ELF_MAGIC) {
             return Self::load_cubin(memory, image, "cubin".into(), budget);
@@ -118,12 +164,22 @@ impl SimModule {
             code: cuda::CUDA_ERROR_INVALID_IMAGE,
             message: format!("the module image is neither PTX text nor a known binary format: {e}"),
         })?;
-        let module = Module::load(text).map_err(|e| DeviceError::InvalidImage {
-            code: match e.kind {
-                LoadErrorKind::InvalidPtx => cuda::CUDA_ERROR_INVALID_PTX,
-                LoadErrorKind::NotSupported => cuda::CUDA_ERROR_NOT_SUPPORTED,
+        let mut gate = LoadGate {
+            control,
+            last_hangup_check: None,
+        };
+        let module = Module::load_watched(text, &mut gate).map_err(|e| match e.kind {
+            LoadErrorKind::InvalidPtx => DeviceError::InvalidImage {
+                code: cuda::CUDA_ERROR_INVALID_PTX,
+                message: e.to_string(),
             },
-            message: e.to_string(),
+            LoadErrorKind::NotSupported => DeviceError::InvalidImage {
+                code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+                message: e.to_string(),
+            },
+            LoadErrorKind::TimedOut | LoadErrorKind::Cancelled => {
+                DeviceError::LoadStopped(format!("{} (at PTX line {})", e.message, e.line))
+            }
         })?;
         let need: u64 = module
             .globals()
@@ -299,6 +355,11 @@ impl SimModule {
         let ptx_control = Arc::new(LaunchControl::new());
         ptx_control.set_deadline(control.deadline());
         ptx_control.set_slots(Some(Arc::clone(slots)));
+        ptx_control.set_state_budget(
+            control
+                .state_budget()
+                .map(|b| Arc::new(StateBudget(b)) as Arc<dyn vgpu_ptx::StateBudget>),
+        );
         let forward = Arc::clone(&ptx_control);
         control.attach(Arc::new(move |s| match s {
             Signal::Yield => forward.request_yield(),

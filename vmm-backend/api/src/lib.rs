@@ -374,6 +374,8 @@ pub struct VmLimits {
     pub queued_bytes: Budget,
     /// Bytes of executable graphs.
     pub graph_bytes: Budget,
+    /// Host memory of interpreter state of running launches.
+    pub interpreter_bytes: Budget,
 }
 
 /// Where a VM's memory lives: reservation, overflow, and moves.
@@ -669,6 +671,9 @@ pub struct Limits {
     /// Bytes of executable graphs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph_bytes: Option<Size>,
+    /// Host memory of interpreter state of running launches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter_bytes: Option<Size>,
 }
 
 /// The body of `POST /v1/vms`: a `[[vm]]` entry of the config file.

@@ -98,6 +98,7 @@ fn limits() -> Limits {
         handles: Some(1),
         queued_bytes: size(),
         graph_bytes: size(),
+        interpreter_bytes: size(),
     }
 }
 

@@ -187,6 +187,7 @@ fn limits(t: &Tenant) -> api::VmLimits {
         handles: budget(Budget::Handles),
         queued_bytes: budget(Budget::QueuedBytes),
         graph_bytes: budget(Budget::GraphBytes),
+        interpreter_bytes: budget(Budget::InterpreterBytes),
     }
 }
 

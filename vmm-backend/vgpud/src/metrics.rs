@@ -470,7 +470,7 @@ pub fn render(rt: &Runtime) -> String {
                 }
                 e.counter(
                     "vgpu_vm_limit_refused_total",
-                    "Requests refused because the VM held a budget (sessions at cuInit, connections at connect, modules at load, streams, events and handles at creation, graph bytes at instantiation; queued_bytes: submissions that waited for room).",
+                    "Requests refused because the VM held a budget (sessions at cuInit, connections at connect, modules at load, streams, events and handles at creation, graph bytes at instantiation, interpreter state at launch and call (interpreter_bytes; a launch cut to fewer workers counts); queued_bytes: submissions that waited for room).",
                     &labels,
                     t.limits.refused(b) as f64,
                 );

@@ -10,6 +10,7 @@ use crate::ir::*;
 use crate::parser::{
     Ast, FuncDecl, Init, Instr, Item, Lit, Operand, RegName, Stmt, VarDecl, VarSpace,
 };
+use crate::watch::Ticker;
 use crate::{GlobalSpace, GlobalVar, KernelInfo, ParamInfo};
 
 /// Threads per block CUDA allows.

@@ -148,7 +148,7 @@ pub(super) fn layout_params(list: &[VarDecl], start: u32) -> Result<ParamLayout,
     Ok((out, infos, off as u32))
 }
 
-pub(crate) fn decode(ast: &Ast) -> Result<Program, LoadError> {
+pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, LoadError> {
     if ast.address_size != 64 {
         return Err(LoadError::unsupported(
             0,
@@ -241,10 +241,12 @@ pub(crate) fn decode(ast: &Ast) -> Result<Program, LoadError> {
     // Pass 2: bodies.
     let mut funcs = Vec::with_capacity(func_decls.len());
     for (id, f) in func_decls.iter().enumerate() {
+        let stmts = f.body.as_ref().map_or(1, |b| b.len() as u64 + 1);
+        ticker.tick(stmts, f.line)?;
         funcs.push(decode_func(&mut m, f, id as u32)?);
     }
     for f in &mut funcs {
-        cfg::assign_reconvergence(&mut f.code);
+        cfg::assign_reconvergence_watched(&mut f.code, ticker, f.line)?;
     }
     // Kernels and their layouts.
     let mut kernels = Vec::new();
@@ -253,6 +255,8 @@ pub(crate) fn decode(ast: &Ast) -> Result<Program, LoadError> {
         if !f.is_entry || f.body.is_none() {
             continue;
         }
+        // Reachability and recursion walk the call graph once per kernel.
+        ticker.tick(funcs.len() as u64, f.line)?;
         let (info, layout) = kernel_info(&m, &funcs, f, id as u32)?;
         kernels.push(info);
         layouts.push(layout);

@@ -29,7 +29,7 @@ impl<'a> Worker<'a> {
                 }
             }
         }
-        self.frame_pool.push(callee);
+        self.recycle(callee);
     }
 
     pub(super) fn do_call(
@@ -69,7 +69,22 @@ impl<'a> Worker<'a> {
                 ),
             ));
         }
-        let mut f = self.new_frame(callee_fn, info.func, local_base);
+        // Each frame's registers count against the block's limit and the tenant's budget: a
+        // recursion with large frames stops there, as a stack overflow, instead of holding
+        // depth × warps × registers of host memory.
+        let mut f = self
+            .new_frame(callee_fn, info.func, local_base)
+            .map_err(|(_, why)| {
+                fault(
+                    FaultKind::IllegalAddress,
+                    format!(
+                        "call stack overflow calling `{}` at depth {}: the block's call frames {why} {}",
+                        callee_fn.name,
+                        warp.frames.len(),
+                        self.where_(w, m.trailing_zeros(), line)
+                    ),
+                )
+            })?;
         f.call_mask = m;
         f.ret_copy.extend_from_slice(&info.rets);
         let caller = warp

@@ -24,7 +24,7 @@ use crate::float::{self, bits32, bits64, ftz32};
 use crate::ir::*;
 use crate::mem::{AccessError, KernelView, Width};
 use crate::printf::{self, DeviceOutput};
-use crate::{GlobalMemory, LaunchControl};
+use crate::{GlobalMemory, LaunchControl, MAX_BLOCK_FRAME_BYTES, StateBudget};
 
 /// Base of the generic-address window for shared memory (above every global address).
 pub const SHARED_WINDOW: u64 = 0x0001_0000_0000_0000;
@@ -46,6 +46,26 @@ const NWARPID: u32 = 64;
 const MAX_VIEWS: usize = 64;
 /// Barriers per block.
 const NUM_BARRIERS: usize = 16;
+/// Bytes of one register row of a frame (one 64-bit value per lane).
+const REGISTER_ROW_BYTES: u64 = 32 * 8;
+/// Bytes of one predicate of a frame (a lane mask).
+const PREDICATE_BYTES: u64 = 4;
+/// Lanes of a warp, each with its own `.param` area in a frame.
+const LANES: u64 = 32;
+/// Largest frame (in bytes) a worker keeps for reuse after its call returns; larger ones are
+/// freed, so that the memory a worker holds follows its live frames.
+const POOLED_FRAME_MAX: u64 = 64 << 10;
+/// Smallest piece of the tenant's interpreter budget a worker takes at once for call frames
+/// past what its launch reserved (fewer trips to a budget shared by the tenant's launches).
+const FRAME_BUDGET_CHUNK: u64 = 1 << 20;
+
+/// Host bytes of a frame of `func` as the interpreter lays it out: register rows, predicate
+/// masks and the per-lane `.param` area.
+pub(crate) fn frame_bytes(func: &Func) -> u64 {
+    u64::from(func.nregs) * REGISTER_ROW_BYTES
+        + u64::from(func.npreds) * PREDICATE_BYTES
+        + u64::from(func.param_bytes) * LANES
+}
 
 fn clock_base() -> Instant {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -76,6 +96,11 @@ pub(crate) struct Ctx<'a> {
     pub output: Option<&'a dyn DeviceOutput>,
     /// A cooperative launch's grid workspace (0: not cooperative).
     pub grid_workspace: u64,
+    /// The tenant's budget for interpreter state, charged for call frames past `frames_paid`.
+    pub budget: Option<&'a dyn StateBudget>,
+    /// Bytes of frames per worker the launch already took from `budget` (the kernel's own
+    /// frames of one block).
+    pub frames_paid: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -98,6 +123,24 @@ struct Frame {
     /// For callee frames: the call's return-value copies and the calling lanes.
     ret_copy: Vec<(u32, u32, u32)>,
     call_mask: u32,
+}
+
+/// Why a frame could not be set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FrameRefusal {
+    /// The block's frames would pass [`MAX_BLOCK_FRAME_BYTES`].
+    BlockLimit,
+    /// The tenant's interpreter budget has no room left.
+    Budget,
+}
+
+impl Frame {
+    /// Host bytes the frame holds, by capacity.
+    fn bytes(&self) -> u64 {
+        self.regs.capacity() as u64 * REGISTER_ROW_BYTES
+            + self.preds.capacity() as u64 * PREDICATE_BYTES
+            + self.params.capacity() as u64
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -154,6 +197,22 @@ pub(crate) struct Worker<'a> {
     budget: u32,
     frame_pool: Vec<Frame>,
     sibling_stop: bool,
+    /// Host bytes of every frame this worker owns (in its warps and its pool), by capacity.
+    frame_bytes: u64,
+    /// Bytes of frames paid for: the launch's share plus `frame_extra`.
+    frame_paid: u64,
+    /// Bytes this worker took from the tenant's budget itself (given back when it ends).
+    frame_extra: u64,
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.ctx.budget
+            && self.frame_extra > 0
+        {
+            b.give_back(self.frame_extra);
+        }
+    }
 }
 
 fn fault(kind: FaultKind, msg: String) -> Fault {

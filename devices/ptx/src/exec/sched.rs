@@ -27,9 +27,25 @@ impl<'a> Worker<'a> {
             budget: CHECK_INTERVAL,
             frame_pool: Vec::new(),
             sibling_stop: false,
+            frame_bytes: 0,
+            frame_paid: ctx.frames_paid,
+            frame_extra: 0,
         };
         for wi in 0..ctx.nwarps {
-            let frame = w.new_frame(kfunc, ctx.layout.func, 0);
+            // The launch checked the kernel's register file against the block limits: a
+            // refusal here is of the same kind (nothing ran yet).
+            let frame = w
+                .new_frame(kfunc, ctx.layout.func, 0)
+                .map_err(|(kind, why)| {
+                    let kind = match kind {
+                        FrameRefusal::BlockLimit => FaultKind::OutOfResources,
+                        FrameRefusal::Budget => FaultKind::OutOfMemory,
+                    };
+                    fault(
+                        kind,
+                        format!("kernel `{}`: its frames {why}", ctx.kernel_name),
+                    )
+                })?;
             let first = wi * 32;
             let n = (ctx.nthreads - first).min(32);
             let valid = if n == 32 { FULL } else { (1u32 << n) - 1 };
@@ -55,8 +71,25 @@ impl<'a> Worker<'a> {
         Ok(w)
     }
 
-    /// Builds a frame for `func` with its hidden registers initialised.
-    pub(super) fn new_frame(&mut self, func: &Func, id: u32, local_base: u64) -> Frame {
+    /// Gives a frame that is no longer used back to the pool, or frees it when it is large.
+    pub(super) fn recycle(&mut self, f: Frame) {
+        let bytes = f.bytes();
+        if bytes > POOLED_FRAME_MAX {
+            self.frame_bytes = self.frame_bytes.saturating_sub(bytes);
+        } else {
+            self.frame_pool.push(f);
+        }
+    }
+
+    /// Builds a frame for `func` with its hidden registers initialised. Its memory counts
+    /// against the block's [`MAX_BLOCK_FRAME_BYTES`] and, past what the launch reserved, the
+    /// tenant's budget; either refusal says why (nothing is allocated then).
+    pub(super) fn new_frame(
+        &mut self,
+        func: &Func,
+        id: u32,
+        local_base: u64,
+    ) -> Result<Frame, (FrameRefusal, String)> {
         let mut f = self.frame_pool.pop().unwrap_or(Frame {
             func: id,
             regs: Vec::new(),
@@ -67,15 +100,53 @@ impl<'a> Worker<'a> {
             ret_copy: Vec::new(),
             call_mask: 0,
         });
+        let old = f.bytes();
+        let pb = func.param_bytes as usize * LANES as usize;
+        let new = (f.regs.capacity().max(func.nregs as usize) as u64) * REGISTER_ROW_BYTES
+            + (f.preds.capacity().max(func.npreds as usize) as u64) * PREDICATE_BYTES
+            + f.params.capacity().max(pb) as u64;
+        let total = self.frame_bytes - old + new;
+        if total > MAX_BLOCK_FRAME_BYTES {
+            self.frame_pool.push(f);
+            return Err((
+                FrameRefusal::BlockLimit,
+                format!(
+                    "would hold {} MiB of registers and parameters, more than a block may ({} MiB)",
+                    total >> 20,
+                    MAX_BLOCK_FRAME_BYTES >> 20
+                ),
+            ));
+        }
+        if total > self.frame_paid
+            && let Some(b) = self.ctx.budget
+        {
+            let take = (total - self.frame_paid).max(FRAME_BUDGET_CHUNK);
+            if !b.take(take) {
+                self.frame_pool.push(f);
+                return Err((
+                    FrameRefusal::Budget,
+                    format!(
+                        "need {} MiB more host memory than the tenant's interpreter budget has left",
+                        (total - self.frame_paid).div_ceil(1 << 20)
+                    ),
+                ));
+            }
+            self.frame_extra += take;
+            self.frame_paid += take;
+        }
         f.func = id;
         f.local_base = local_base;
         f.regs.clear();
+        f.regs.reserve_exact(func.nregs as usize);
         f.regs.resize(func.nregs as usize, [0u64; 32]);
         f.preds.clear();
+        f.preds.reserve_exact(func.npreds as usize);
         f.preds.resize(func.npreds as usize, 0);
         f.param_bytes = func.param_bytes as usize;
         f.params.clear();
-        f.params.resize(func.param_bytes as usize * 32, 0);
+        f.params.reserve_exact(pb);
+        f.params.resize(pb, 0);
+        self.frame_bytes = self.frame_bytes - old + f.bytes();
         f.ret_copy.clear();
         f.call_mask = 0;
         for &(r, init) in &func.init_regs {
@@ -85,7 +156,7 @@ impl<'a> Worker<'a> {
         for &(p, v) in &func.init_preds {
             f.preds[p as usize] = if v { FULL } else { 0 };
         }
-        f
+        Ok(f)
     }
 
     pub(super) fn sym_value(&self, init: SymInit, local_base: u64) -> u64 {
@@ -141,10 +212,11 @@ impl<'a> Worker<'a> {
         ];
         self.bars = [Barrier::default(); NUM_BARRIERS];
         self.exited_threads = 0;
-        for w in &mut self.warps {
+        let mut warps = std::mem::take(&mut self.warps);
+        for w in &mut warps {
             while w.frames.len() > 1 {
                 if let Some(f) = w.frames.pop() {
-                    self.frame_pool.push(f);
+                    self.recycle(f);
                 }
             }
             w.stack.clear();
@@ -158,7 +230,6 @@ impl<'a> Worker<'a> {
             w.carry = 0;
             w.red = None;
         }
-        let mut warps = std::mem::take(&mut self.warps);
         let r = self.schedule(&mut warps);
         self.warps = warps;
         self.blocks += 1;

@@ -2,6 +2,7 @@
 //! is a new file here plus a `mod` line below).
 
 mod basic;
+mod budget;
 mod cooperative;
 mod corpus;
 mod deviceio;

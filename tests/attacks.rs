@@ -3,9 +3,12 @@
 //! work are in shim_c.rs, oversized strings in the audit tests): vgpud
 //! survives, answers the attacker with an error or a closed connection, keeps
 //! serving another VM, and stays within its limits. Covered here: a connection
-//! flood, the per-VM budgets (sessions, modules, streams, events, queued copy
-//! data, interpreter state), a flood of forged contexts, a declaration bomb,
-//! deep recursion with large frames and slow module loads.
+//! flood, the per-VM budgets (sessions, modules, streams, events, handles,
+//! queued copy data, executable graphs, interpreter state), a flood of forged
+//! contexts, a declaration bomb, a cubin bomb, deep recursion with large
+//! frames, slow module loads and a virtio-vgpu queue flood with hostile
+//! descriptors. Every test runs vgpud under a hard memory limit
+//! ([`DATA_LIMIT`]) and ends with [`survived`].
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
@@ -52,7 +55,7 @@ fn driver_api_works(d: &Vgpud, vm: &str) {
 /// along, and the attacker's VM works again afterwards.
 #[test]
 fn a_connection_flood_costs_vgpud_one_bounded_set_of_threads() {
-    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut d = start_limited(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
     let threads_before = threads_of(d.pid());
     let socket = d.socket("vm1");
     let mut flood = Vec::new();
@@ -94,7 +97,7 @@ fn a_connection_flood_costs_vgpud_one_bounded_set_of_threads() {
     assert_eq!(refused("vm2"), Some(0));
     drop(flood);
     driver_api_works(&d, "vm1");
-    driver_api_works(&d, "vm2");
+    survived(&mut d, "vm2");
 }
 
 /// A VM with small budgets: its processes past `limits.sessions` are refused
@@ -105,7 +108,7 @@ fn a_connection_flood_costs_vgpud_one_bounded_set_of_threads() {
 fn budgets_refuse_sessions_and_modules_past_the_vms_limits() {
     /// `CUDA_ERROR_OUT_OF_MEMORY`.
     const OUT_OF_MEMORY: &str = "refused 2";
-    let d = Vgpud::start_config(
+    let mut d = Vgpud::start_config_limited(
         r#"
 [admin]
 socket = "@DIR@/admin.sock"
@@ -128,6 +131,7 @@ name = "other"
 memory = "64MiB"
 unix_socket = "@DIR@/other.sock"
 "#,
+        DATA_LIMIT,
     );
     let prog = build_c_program("driver_api");
     // Modules: five load, the sixth is refused; the other VM loads 64.
@@ -168,6 +172,7 @@ unix_socket = "@DIR@/other.sock"
         std::thread::sleep(Duration::from_millis(50));
     }
     driver_api_works(&d, "small");
+    survived(&mut d, "other");
 }
 
 /// vgpud's resident memory, in bytes.
@@ -236,7 +241,7 @@ fn a_forged_context_flood_leaves_nothing_behind() {
     const FLOOD: u64 = 400_000;
     /// Growth allowed for allocator noise.
     const SLACK: u64 = 24 * MIB;
-    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut d = start_limited(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
     let (mut c, ctx) = session(&d, "vm1");
     post_forged_fills(&mut c, 0..WARM_UP);
     let refused = c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap_err();
@@ -274,7 +279,7 @@ fn a_forged_context_flood_leaves_nothing_behind() {
         &[],
     )
     .unwrap();
-    driver_api_works(&d, "vm2");
+    survived(&mut d, "vm2");
 }
 
 /// PTX whose declarations name a quarter of a billion registers in 7 KiB
@@ -332,7 +337,7 @@ fn a_cubin_bomb_is_read_in_one_pass() {
 /// refusal names its reason), vgpud's resident memory grows by at most `slack`, and another VM
 /// is served afterwards.
 fn loads_leave_vgpud_flat(image: &[u8], loads: usize, slack: u64) {
-    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut d = start_limited(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
     let (mut c, ctx) = session(&d, "vm1");
     let before = rss_of(d.pid());
     for _ in 0..loads {
@@ -357,7 +362,7 @@ fn loads_leave_vgpud_flat(image: &[u8], loads: usize, slack: u64) {
         before / MIB,
         after / MIB
     );
-    driver_api_works(&d, "vm2");
+    survived(&mut d, "vm2");
 }
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
@@ -366,8 +371,9 @@ const OUT_OF_MEMORY: u32 = 2;
 /// A config of two VMs on the simulated GPU: `small` with the `[vm.limits]`
 /// lines given, `other` with the defaults.
 fn two_vms_with_limits(limits: &str) -> Vgpud {
-    Vgpud::start_config(&format!(
-        r#"
+    Vgpud::start_config_limited(
+        &format!(
+            r#"
 [admin]
 socket = "@DIR@/admin.sock"
 
@@ -388,7 +394,9 @@ name = "other"
 memory = "256MiB"
 unix_socket = "@DIR@/other.sock"
 "#
-    ))
+        ),
+        DATA_LIMIT,
+    )
 }
 
 fn create_stream(c: &mut TestClient<UnixStream>, ctx: u64) -> Result<u64, (u32, String)> {
@@ -422,7 +430,7 @@ fn a_stream_and_event_flood_is_refused_at_the_vms_budget() {
     const PROCESSES: usize = 4;
     /// Create/destroy cycles after the flood.
     const CYCLES: usize = 1000;
-    let d = two_vms_with_limits(&format!("streams = {STREAMS}\nevents = {EVENTS}\n"));
+    let mut d = two_vms_with_limits(&format!("streams = {STREAMS}\nevents = {EVENTS}\n"));
     let mut attackers: Vec<_> = (0..PROCESSES).map(|_| session(&d, "small")).collect();
     let mut streams = Vec::new();
     let mut refused = 0;
@@ -495,7 +503,7 @@ fn a_stream_and_event_flood_is_refused_at_the_vms_budget() {
     for _ in 0..STREAMS {
         create_stream(&mut c, ctx).unwrap();
     }
-    driver_api_works(&d, "other");
+    survived(&mut d, "other");
 }
 
 /// A guest's processes post many large host-to-device copies behind a stream
@@ -516,7 +524,7 @@ fn a_queued_copy_flood_stays_within_the_vms_queued_bytes() {
     /// Growth allowed besides the budget: the sessions' frame buffers (one
     /// frame each) and allocator noise.
     const SLACK: u64 = 48 * MIB;
-    let d = two_vms_with_limits("queued_bytes = \"32MiB\"\n");
+    let mut d = two_vms_with_limits("queued_bytes = \"32MiB\"\n");
     let (mut opener, _) = session(&d, "small");
     let before = rss_of(d.pid());
     let mut writers = Vec::new();
@@ -616,6 +624,653 @@ fn a_queued_copy_flood_stays_within_the_vms_queued_bytes() {
         assert_eq!(v, vec![(i * COPIES + COPIES - 1) as u8; 8]);
     }
     assert_eq!(queued()["used"].as_u64(), Some(0));
+    survived(&mut d, "other");
+}
+
+// ---------------------------------------------------------------------------
+// vgpud under a memory limit, and the attacks on the graph, handle and
+// virtio-vgpu queue budgets
+// ---------------------------------------------------------------------------
+
+/// Private writable memory vgpud may map in every attack test (`RLIMIT_DATA`,
+/// [`Vgpud::start_config_limited`]): past it an allocation fails and vgpud
+/// aborts, which [`survived`] catches. Measured on this machine (debug build):
+/// 13 MiB idle with two VMs; 2.6 GiB with one VM's 1024 connections held (a
+/// session thread costs its 2 MiB stack and thread-local data, 2.6 MiB in
+/// all). The simulated GPU maps device memory as the VMs allocate it. So the
+/// limit is one VM's whole connection budget plus 64 threads at 3 MiB, the
+/// slices of these tests (at most 512 MiB), the host memory the other budgets
+/// let a VM hold (queued copy data and executable graphs, 256 MiB each by
+/// default; 2048 virtio-vgpu chains in flight with at most 64 KiB of inline
+/// bytes each, 128 MiB) and 128 MiB for the rest: 4544 MiB.
+const DATA_LIMIT: u64 =
+    (CONNECTION_LIMIT as u64 + 64) * 3 * MIB + 512 * MIB + 640 * MIB + 128 * MIB;
+
+/// [`Vgpud::start`] under [`DATA_LIMIT`].
+fn start_limited(vms: &[TestVm]) -> Vgpud {
+    Vgpud::start_config_limited(&Vgpud::config_for(vms, ""), DATA_LIMIT)
+}
+
+/// A `VmHWM:`-style line of `/proc/PID/status`, in bytes.
+fn status_bytes(pid: u32, key: &str) -> u64 {
+    let kib: u64 = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib * 1024
+}
+
+/// The end of every attack test: vgpud is alive, ran under [`DATA_LIMIT`],
+/// and serves `other` (a VM with a unix socket).
+fn survived(d: &mut Vgpud, other: &str) {
+    assert!(d.is_running(), "vgpud died; log:\n{}", d.log());
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).unwrap();
+    let soft: Option<u64> = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max data size"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok());
+    assert_eq!(soft, Some(DATA_LIMIT), "{limits}");
+    driver_api_works(d, other);
+    assert!(d.is_running(), "vgpud died; log:\n{}", d.log());
+    println!(
+        "vgpud survived: peak resident {} MiB, private data {} MiB of its {} MiB limit",
+        status_bytes(d.pid(), "VmHWM:") / MIB,
+        status_bytes(d.pid(), "VmData:") / MIB,
+        DATA_LIMIT / MIB
+    );
+}
+
+/// Polls `what` (a VM's `limits.BUDGET.used`) until it is 0.
+fn wait_returned(d: &Vgpud, vm: &str, budget: &str) {
+    let start = Instant::now();
+    loop {
+        let v = d.vm(vm)["limits"][budget].clone();
+        if v["used"].as_u64() == Some(0) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{vm}'s {budget} not returned: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A graph of `nodes` event records, as the shim uploads at `cuGraphInstantiate`.
+fn event_graph(c: &mut TestClient<UnixStream>, ctx: u64, nodes: usize) -> Vec<u8> {
+    let event = create_event(c, ctx).unwrap();
+    let mut bytes = Vec::new();
+    for _ in 0..nodes {
+        vgpu_proto::graph::push_op(
+            &mut bytes,
+            &msg::EventRecord {
+                ctx,
+                stream: 0,
+                event,
+            },
+            &[],
+        );
+    }
+    bytes
+}
+
+fn instantiate(
+    c: &mut TestClient<UnixStream>,
+    ctx: u64,
+    nodes: &[u8],
+) -> Result<u64, (u32, String)> {
+    c.call(&msg::GraphInstantiate { ctx, replace: 0 }, nodes)
+        .map(|r| r.0.handle)
+}
+
+/// A guest's processes instantiate executable graphs without end: past its
+/// VM's `limits.graph_bytes` each instantiation gets `CUDA_ERROR_OUT_OF_MEMORY`
+/// (what the shim's `cuGraphInstantiate` returns), the VM holds no more than
+/// its budget, another VM instantiates more than that meanwhile, a destroyed
+/// graph makes room, and the processes' ends return everything.
+#[test]
+fn a_graph_flood_is_refused_at_the_vms_graph_bytes() {
+    const BUDGET: u64 = 4 * MIB;
+    /// Nodes per graph.
+    const NODES: usize = 1024;
+    const PROCESSES: usize = 3;
+    let mut d = two_vms_with_limits("graph_bytes = \"4MiB\"\n");
+    let graph_bytes = |vm: &str| d.vm(vm)["limits"]["graph_bytes"].clone();
+    let mut attackers: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            let (mut c, ctx) = session(&d, "small");
+            let nodes = event_graph(&mut c, ctx, NODES);
+            (c, ctx, nodes, Vec::new())
+        })
+        .collect();
+    // What one graph holds, as vgpud counts it.
+    let (c, ctx, nodes, execs) = &mut attackers[0];
+    execs.push(instantiate(c, *ctx, nodes).unwrap());
+    let per_graph = graph_bytes("small")["used"].as_u64().unwrap();
+    assert!(per_graph > 0 && per_graph < BUDGET / 8, "{per_graph}");
+    // The flood, the processes in turn; each stops at its first refusal.
+    let mut refused = [false; PROCESSES];
+    while refused.contains(&false) {
+        for (i, (c, ctx, nodes, execs)) in attackers.iter_mut().enumerate() {
+            if refused[i] {
+                continue;
+            }
+            match instantiate(c, *ctx, nodes) {
+                Ok(h) => execs.push(h),
+                Err((code, why)) => {
+                    assert_eq!(code, OUT_OF_MEMORY, "{why}");
+                    assert!(why.contains("limits.graph_bytes"), "{why}");
+                    refused[i] = true;
+                }
+            }
+        }
+    }
+    let held: usize = attackers.iter().map(|a| a.3.len()).sum();
+    let small = graph_bytes("small");
+    println!("{held} graphs of {per_graph} bytes instantiated, then refused: {small}");
+    assert_eq!(held as u64, BUDGET / per_graph, "{small}");
+    assert_eq!(small["used"].as_u64(), Some(held as u64 * per_graph));
+    assert_eq!(small["refused"].as_u64(), Some(PROCESSES as u64));
+    // The other VM is not held to the attacker's budget.
+    let (mut o, octx) = session(&d, "other");
+    let onodes = event_graph(&mut o, octx, NODES);
+    for _ in 0..2 * held {
+        instantiate(&mut o, octx, &onodes).unwrap();
+    }
+    let other = graph_bytes("other");
+    assert_eq!(other["used"].as_u64(), Some(2 * held as u64 * per_graph));
+    assert_eq!(other["refused"].as_u64(), Some(0));
+    // The graphs held are real: one runs. A destroy makes room for another.
+    let (c, ctx, nodes, execs) = &mut attackers[0];
+    c.call(
+        &msg::GraphLaunch {
+            ctx: *ctx,
+            stream: 0,
+            exec: execs[0],
+        },
+        &[],
+    )
+    .unwrap();
+    c.call(&msg::CtxSynchronize { ctx: *ctx }, &[]).unwrap();
+    let exec = execs.pop().unwrap();
+    c.call(&msg::GraphExecDestroy { ctx: *ctx, exec }, &[])
+        .unwrap();
+    assert!(instantiate(c, *ctx, nodes).is_ok());
+    assert!(instantiate(c, *ctx, nodes).is_err());
+    // The processes' ends return everything.
+    drop(attackers);
+    wait_returned(&d, "small", "graph_bytes");
+    let (mut c, ctx) = session(&d, "small");
+    let nodes = event_graph(&mut c, ctx, NODES);
+    for _ in 0..held {
+        instantiate(&mut c, ctx, &nodes).unwrap();
+    }
+    survived(&mut d, "other");
+}
+
+/// A guest's processes create contexts and memory pools (and look kernels up)
+/// without end: these count together against the VM's `limits.handles`, past
+/// which each creation gets `CUDA_ERROR_OUT_OF_MEMORY`, counted for that VM
+/// only; another VM creates twice as many meanwhile, a destroy of one kind
+/// makes room for another, and the processes' ends return everything.
+#[test]
+fn a_handle_flood_is_refused_at_the_vms_handles_budget() {
+    const HANDLES: u64 = 48;
+    const PROCESSES: usize = 3;
+    /// Create/destroy cycles after the flood.
+    const CYCLES: usize = 500;
+    let mut d = two_vms_with_limits(&format!("handles = {HANDLES}\n"));
+    let handles = |vm: &str| d.vm(vm)["limits"]["handles"].clone();
+    let create_ctx = |c: &mut TestClient<UnixStream>| {
+        c.call(
+            &msg::CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .map(|r| r.0.handle)
+    };
+    let create_pool = |c: &mut TestClient<UnixStream>, ctx: u64| {
+        c.call(&msg::MemPoolCreate { ctx, max_size: 0 }, &[])
+            .map(|r| r.0.handle)
+    };
+    // Each process holds a context (from `session`); a kernel lookup is a handle too.
+    let mut attackers: Vec<_> = (0..PROCESSES).map(|_| session(&d, "small")).collect();
+    assert_eq!(handles("small")["used"].as_u64(), Some(PROCESSES as u64));
+    let mut image = std::fs::read(vgpu_tests::harness::ptx("saxpy.sm_80.ptx")).unwrap();
+    image.push(0);
+    let (c, ctx) = &mut attackers[0];
+    let module = c
+        .call(&msg::ModuleLoad { ctx: *ctx }, &image)
+        .unwrap()
+        .0
+        .handle;
+    c.call(
+        &msg::ModuleGetFunction {
+            ctx: *ctx,
+            module,
+            name: "saxpy".into(),
+        },
+        &[],
+    )
+    .unwrap();
+    let start = handles("small")["used"].as_u64().unwrap();
+    assert_eq!(start, PROCESSES as u64 + 1, "a function is a handle");
+    // The flood: contexts and pools in turn, the processes in turn.
+    let mut held = Vec::new();
+    let mut refused = [false; PROCESSES];
+    let mut k = 0;
+    while refused.contains(&false) {
+        for (i, (c, ctx)) in attackers.iter_mut().enumerate() {
+            if refused[i] {
+                continue;
+            }
+            k += 1;
+            let r = if k % 2 == 0 {
+                create_ctx(c).map(|h| (i, true, h))
+            } else {
+                create_pool(c, *ctx).map(|h| (i, false, h))
+            };
+            match r {
+                Ok(h) => held.push(h),
+                Err((code, why)) => {
+                    assert_eq!(code, OUT_OF_MEMORY, "{why}");
+                    assert!(why.contains("limits.handles"), "{why}");
+                    refused[i] = true;
+                }
+            }
+        }
+    }
+    let small = handles("small");
+    println!(
+        "{} contexts and pools created, then refused: {small}",
+        held.len()
+    );
+    assert_eq!(held.len() as u64, HANDLES - start, "{small}");
+    assert_eq!(small["used"].as_u64(), Some(HANDLES));
+    assert_eq!(small["refused"].as_u64(), Some(PROCESSES as u64));
+    // The other VM is not held to the attacker's budget.
+    let (mut o, octx) = session(&d, "other");
+    for i in 0..2 * HANDLES {
+        if i % 2 == 0 {
+            create_ctx(&mut o).unwrap();
+        } else {
+            create_pool(&mut o, octx).unwrap();
+        }
+    }
+    let other = handles("other");
+    assert_eq!(other["used"].as_u64(), Some(2 * HANDLES + 1), "{other}");
+    assert_eq!(other["refused"].as_u64(), Some(0));
+    // A context destroyed makes room for a pool; cycles far past the budget keep working.
+    let (i, _, h) = *held.iter().find(|(_, is_ctx, _)| *is_ctx).unwrap();
+    let (c, ctx) = &mut attackers[i];
+    c.call(&msg::CtxDestroy { ctx: h }, &[]).unwrap();
+    for _ in 0..CYCLES {
+        let pool = create_pool(c, *ctx).unwrap();
+        c.call(&msg::MemPoolDestroy { ctx: *ctx, pool }, &[])
+            .unwrap();
+    }
+    assert!(create_pool(c, *ctx).is_ok());
+    assert!(create_pool(c, *ctx).is_err());
+    // The processes' ends return everything.
+    drop(attackers);
+    wait_returned(&d, "small", "handles");
+    let (mut c, _) = session(&d, "small");
+    for _ in 1..HANDLES {
+        create_ctx(&mut c).unwrap();
+    }
+    survived(&mut d, "other");
+}
+
+/// A raw descriptor: address, length, `VRING_DESC_F_*` flags, where `next` points.
+type WiredDesc = (u64, u32, u16, vgpu_vmm_testutils::vgpu::Next);
+
+/// Most descriptor chains a virtio-vgpu device holds at once: both queues
+/// full (`MAX_IN_FLIGHT` in `vmm-backend/vhost-vgpu/src/shared.rs`).
+const MAX_IN_FLIGHT: usize = 2 * 1024;
+
+/// vgpud with two VMs on virtio-vgpu devices (and unix sockets, for
+/// [`survived`]), the simulated GPU's watchdog at `watchdog_ms`.
+fn two_device_vms(watchdog_ms: u64) -> Vgpud {
+    let mut text = format!(
+        "[admin]\nsocket = \"@DIR@/admin.sock\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\n\
+         memory = \"1GiB\"\nworkers = 2\nwatchdog_ms = {watchdog_ms}\n"
+    );
+    for vm in ["evil", "other"] {
+        text += &format!(
+            "\n[[vm]]\nname = \"{vm}\"\nmemory = \"256MiB\"\nunix_socket = \"@DIR@/{vm}.sock\"\n\
+             vhost_user_socket = \"@DIR@/{vm}.vhost.sock\"\ndevice_model = \"vgpu\"\n"
+        );
+    }
+    Vgpud::start_config_limited(&text, DATA_LIMIT)
+}
+
+/// A VMM and guest driver for a device VM of `d` (the in-process frontend
+/// over vgpud's real vhost-user socket).
+fn device_guest(d: &Vgpud, vm: &str) -> vgpu_vmm_testutils::vgpu::DevGuest {
+    use vgpu_vmm_testutils::vgpu::{DevGuest, DevGuestOptions};
+    let opts = DevGuestOptions {
+        queue_size: 1024,
+        memory: 64 * MIB,
+        ..Default::default()
+    };
+    DevGuest::start(&d.dir().join(format!("{vm}.vhost.sock")), opts).unwrap()
+}
+
+/// A device session past its handshake, with a context.
+fn device_session(
+    g: &vgpu_vmm_testutils::vgpu::DevGuest,
+    id: u32,
+) -> (vgpu_vmm_testutils::vgpu::DevSession, u64) {
+    let mut s = vgpu_vmm_testutils::vgpu::DevSession::open(g, id).unwrap();
+    s.hello("attacker").unwrap();
+    let ctx = s.ctx_create().unwrap();
+    (s, ctx)
+}
+
+/// A device session copies a pattern to the GPU and back.
+fn device_roundtrip(s: &mut vgpu_vmm_testutils::vgpu::DevSession, ctx: u64) {
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7) as u8).collect();
+    let p = s
+        .call(
+            &msg::MemAlloc {
+                ctx,
+                size: data.len() as u64,
+            },
+            &[],
+        )
+        .unwrap()
+        .ptr;
+    s.call(
+        &msg::MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst: p,
+        },
+        &data,
+    )
+    .unwrap();
+    let back = s.guest().alloc(data.len(), false).unwrap();
+    s.call_sg(
+        &msg::MemcpyDtoH {
+            ctx,
+            stream: 0,
+            src: p,
+            len: data.len() as u64,
+        },
+        &[],
+        &back.segments(0, data.len()),
+    )
+    .unwrap();
+    let mut got = vec![0u8; data.len()];
+    s.guest().read_buf(&back, 0, &mut got).unwrap();
+    assert!(got == data, "the round trip changed the data");
+    s.call(&msg::MemFree { ctx, ptr: p }, &[]).unwrap();
+}
+
+/// A hostile guest driver over real vhost-user: its session waits behind a
+/// kernel that spins until the watchdog, and meanwhile the driver places one
+/// control and one submission chain, each carrying the most inline bytes a
+/// request may (64 KiB), on the rings again and again without getting them
+/// back. vgpud takes no more than both queues' worth of chains (2048) and then
+/// stops reading the rings (its memory grows by at most those chains'
+/// bytes, not by what the guest posts), another VM's device is served all
+/// along, and once the kernel stops every placing is answered (the repeats
+/// refused as repeated sequence numbers): nothing hangs. Then chains that loop
+/// or point outside the ring or guest memory are refused one by one.
+#[test]
+fn a_virtio_queue_flood_is_held_to_the_in_flight_limit() {
+    use vgpu_proto::msg::Message;
+    use vgpu_vhost_vgpu::wire::{CTRL_QUEUE, MAX_INLINE, REQ_CALL, ReqHeader, SUBMIT_QUEUE};
+    use vgpu_vmm_testutils::vgpu::{DEFAULT_TIMEOUT, DevError, Next};
+    /// The attacker's kernel spins this long.
+    const WATCHDOG_MS: u64 = 20_000;
+    /// Placings the guest tries to make: four times what the device may hold.
+    const TARGET: usize = 4 * MAX_IN_FLIGHT;
+    /// How long the guest tries after the device last took something.
+    const STALL: Duration = Duration::from_secs(2);
+    /// Growth allowed besides the chains held: allocator noise, thread stacks.
+    const SLACK: u64 = 48 * MIB;
+    let mut d = two_device_vms(WATCHDOG_MS);
+    let g = device_guest(&d, "evil");
+    let go = device_guest(&d, "other");
+    let (mut o, octx) = device_session(&go, 1);
+    device_roundtrip(&mut o, octx);
+    let (mut s, ctx) = device_session(&g, 1);
+    let dst = s
+        .call(
+            &msg::MemAlloc {
+                ctx,
+                size: MAX_INLINE as u64,
+            },
+            &[],
+        )
+        .unwrap()
+        .ptr;
+    // Busy: a kernel that spins until the watchdog, and a synchronize waiting for it.
+    let module = s
+        .call(
+            &msg::ModuleLoad { ctx },
+            vgpu_tests::conformance_streams::FLAG_PTX.as_bytes(),
+        )
+        .unwrap()
+        .handle;
+    let function = s
+        .call(
+            &msg::ModuleGetFunction {
+                ctx,
+                module,
+                name: "wait_flag".into(),
+            },
+            &[],
+        )
+        .unwrap()
+        .function;
+    let flag = s.call(&msg::MemAlloc { ctx, size: 4 }, &[]).unwrap().ptr;
+    let out = s.call(&msg::MemAlloc { ctx, size: 4 }, &[]).unwrap().ptr;
+    let mut params = flag.to_le_bytes().to_vec();
+    params.extend_from_slice(&out.to_le_bytes());
+    let launch_started = Instant::now();
+    s.post_sg(
+        &msg::LaunchKernel {
+            ctx,
+            stream: 0,
+            function,
+            grid_x: 1,
+            grid_y: 1,
+            grid_z: 1,
+            block_x: 1,
+            block_y: 1,
+            block_z: 1,
+            shared_bytes: 0,
+        },
+        &{
+            let buf = g.alloc(params.len(), false).unwrap();
+            g.write_buf(&buf, 0, &params).unwrap();
+            buf.segments(0, params.len())
+        },
+    )
+    .unwrap();
+    let sync = s
+        .submit_call(&msg::CtxSynchronize { ctx }, &[], &[])
+        .unwrap();
+    // The two requests to post over and over: copies carrying 64 KiB inline.
+    let copy = msg::MemcpyHtoD {
+        ctx,
+        stream: 0,
+        dst,
+    };
+    let mut fields = Vec::new();
+    copy.encode(&mut fields);
+    let extra = MAX_INLINE - vgpu_proto::frame::HEADER_LEN - fields.len();
+    let mut request = |asynchronous: bool| {
+        let mut r = s.frame_request(&copy, asynchronous, extra);
+        r.inline.resize(MAX_INLINE, 0x5a);
+        r.hdr.reply_cap = if asynchronous { 0 } else { 64 };
+        r
+    };
+    let ctrl_req = request(false);
+    let sub_req = request(true);
+    let ctrl = g.submit(CTRL_QUEUE, &ctrl_req, 64).unwrap();
+    let sub = g.submit(SUBMIT_QUEUE, &sub_req, 0).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = rss_of(d.pid());
+    // The flood.
+    let mut posted = [0usize; 2];
+    let mut peak = before;
+    let mut progress = Instant::now();
+    while posted.iter().sum::<usize>() < TARGET && progress.elapsed() < STALL {
+        let n = [g.repost(&ctrl, 64), g.repost(&sub, 64)];
+        posted[0] += n[0];
+        posted[1] += n[1];
+        if n != [0, 0] {
+            progress = Instant::now();
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peak = peak.max(rss_of(d.pid()));
+    }
+    let flood_time = launch_started.elapsed();
+    let stats = |vm: &str| d.vm(vm)["vgpu_device"]["stats"].clone();
+    println!(
+        "the guest placed its chains {posted:?} more times in {flood_time:?}; vgpud RSS {} -> {} MiB; {}",
+        before / MIB,
+        peak / MIB,
+        stats("evil")
+    );
+    assert!(
+        flood_time < Duration::from_millis(WATCHDOG_MS),
+        "the flood outlasted the kernel: nothing was measured"
+    );
+    let total = posted.iter().sum::<usize>();
+    assert!(
+        total < TARGET,
+        "the device kept taking chains ({total}) while the session was busy"
+    );
+    assert!(total >= MAX_IN_FLIGHT, "{posted:?}");
+    assert!(stats("evil")["in_flight_throttles"].as_u64() >= Some(1));
+    assert!(
+        d.log()
+            .contains(&format!("the guest has {MAX_IN_FLIGHT} requests in flight")),
+        "{}",
+        d.log()
+    );
+    assert!(
+        peak <= before + (MAX_IN_FLIGHT * MAX_INLINE) as u64 + SLACK,
+        "vgpud grew from {} to {} MiB",
+        before / MIB,
+        peak / MIB
+    );
+    // The other VM's device is served while the attacker's is full.
+    device_roundtrip(&mut o, octx);
+    assert_eq!(stats("other")["in_flight_throttles"].as_u64(), Some(0));
+    // The kernel stops at the watchdog; every placing is answered.
+    let synced = g
+        .wait(sync, Duration::from_millis(WATCHDOG_MS) + DEFAULT_TIMEOUT)
+        .unwrap();
+    match vgpu_vmm_testutils::vgpu::DevSession::reply_of::<msg::CtxSynchronize>(&synced) {
+        Err(DevError::Cuda(702, _)) => {}
+        other => panic!("the synchronize ended with {other:?}"),
+    }
+    let deadline = Instant::now() + DEFAULT_TIMEOUT;
+    while g.returned(&ctrl) < 1 + posted[0] as u64 || g.returned(&sub) < 1 + posted[1] as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "{} and {} of {posted:?} placings came back; {}",
+            g.returned(&ctrl),
+            g.returned(&sub),
+            stats("evil")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    g.wait(ctrl, DEFAULT_TIMEOUT).unwrap();
+    g.wait(sub, DEFAULT_TIMEOUT).unwrap();
+    let refused = stats("evil")["refused_requests"].as_u64().unwrap();
+    assert!(refused >= total as u64, "{refused} of {total} refused");
+    assert!(
+        d.log().contains("is stale, repeated or too far ahead"),
+        "{}",
+        d.log()
+    );
+    // Hostile chains, each refused on its own (none has a response descriptor).
+    let end = g.memory_size();
+    let area = g.alloc(64 * 1024, true).unwrap().pages[0];
+    let mut hdr = ReqHeader {
+        kind: REQ_CALL,
+        session: 1,
+        seq: 1 << 40,
+        inline_len: 0,
+        reply_cap: 0,
+        reserved: 0,
+    }
+    .to_bytes()
+    .to_vec();
+    hdr.resize(64, 0);
+    g.write_mem(area, &hdr).unwrap();
+    let table = area + 0x1000;
+    // An indirect table whose one descriptor links to itself.
+    let mut looped = Vec::new();
+    looped.extend_from_slice(&area.to_le_bytes());
+    looped.extend_from_slice(&64u32.to_le_bytes());
+    looped.extend_from_slice(&1u16.to_le_bytes()); // VRING_DESC_F_NEXT
+    looped.extend_from_slice(&0u16.to_le_bytes());
+    g.write_mem(table, &looped).unwrap();
+    const NEXT: u16 = 1;
+    const INDIRECT: u16 = 4;
+    let chains: Vec<(&str, Vec<WiredDesc>)> = vec![
+        ("a loop", vec![(area, 64, NEXT, Next::Desc(0))]),
+        (
+            "a loop of two",
+            vec![
+                (area, 32, NEXT, Next::Desc(1)),
+                (area, 32, NEXT, Next::Desc(0)),
+            ],
+        ),
+        (
+            "next out of range",
+            vec![(area, 64, NEXT, Next::Raw(60_000))],
+        ),
+        (
+            "an indirect table that loops",
+            vec![(table, 16, INDIRECT, Next::Raw(0))],
+        ),
+        (
+            "an indirect table of absurd length",
+            vec![(table, 0xffff_fff0, INDIRECT, Next::Raw(0))],
+        ),
+        (
+            "an indirect table outside guest RAM",
+            vec![(end + 4096, 64, INDIRECT, Next::Raw(0))],
+        ),
+        (
+            "a descriptor of 4 GiB",
+            vec![(area, u32::MAX, 0, Next::Raw(0))],
+        ),
+    ];
+    let dropped = stats("evil")["dropped_chains"].as_u64().unwrap();
+    for (name, chain) in &chains {
+        for queue in [CTRL_QUEUE, SUBMIT_QUEUE] {
+            let t = g.submit_wired(queue, chain).unwrap();
+            g.wait_raw(queue, t, DEFAULT_TIMEOUT)
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{}", d.log()));
+        }
+    }
+    let now = stats("evil")["dropped_chains"].as_u64().unwrap();
+    assert_eq!(now - dropped, 2 * chains.len() as u64, "{}", stats("evil"));
+    // The attacker's VM is served again, and so is the other.
+    let (mut s2, ctx2) = device_session(&g, 2);
+    device_roundtrip(&mut s2, ctx2);
+    device_roundtrip(&mut o, octx);
+    assert_eq!(stats("other")["dropped_chains"].as_u64(), Some(0));
+    survived(&mut d, "other");
 }
 
 /// Hand-written PTX for the interpreter-state attacks: `heavy` gives each thread 128 KiB of
@@ -763,7 +1418,7 @@ fn launch_and_sync(
 fn a_vm_past_its_interpreter_budget_is_refused_and_another_vm_runs() {
     /// Refused launches of the attacker.
     const ATTEMPTS: usize = 8;
-    let d = two_vms_with_limits("interpreter_bytes = \"64MiB\"\n");
+    let mut d = two_vms_with_limits("interpreter_bytes = \"64MiB\"\n");
     let (mut a, actx) = session(&d, "small");
     let (amod, aout) = load_bombs(&mut a, actx);
     let other = std::thread::scope(|s| {
@@ -812,7 +1467,7 @@ fn a_vm_past_its_interpreter_budget_is_refused_and_another_vm_runs() {
     assert_eq!(small["used"].as_u64(), Some(0), "{small}");
     assert_eq!(budget("other")["refused"].as_u64(), Some(0));
     assert_eq!(budget("other")["used"].as_u64(), Some(0));
-    driver_api_works(&d, "other");
+    survived(&mut d, "other");
 }
 
 /// A kernel that recurses 60 calls deep through a function with 16 MiB of registers per warp
@@ -823,7 +1478,7 @@ fn a_vm_past_its_interpreter_budget_is_refused_and_another_vm_runs() {
 fn deep_recursion_with_large_frames_fails_cleanly() {
     /// Growth allowed: one block's frames (128 MiB) and allocator noise.
     const SLACK: u64 = 192 * MIB;
-    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut d = start_limited(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
     let (mut c, ctx) = session(&d, "vm1");
     let (module, out) = load_bombs(&mut c, ctx);
     let before = rss_of(d.pid());
@@ -865,7 +1520,7 @@ fn deep_recursion_with_large_frames_fails_cleanly() {
         )
         .unwrap();
     assert_eq!(v, 3u32.to_le_bytes());
-    driver_api_works(&d, "vm2");
+    survived(&mut d, "vm2");
 }
 
 /// PTX of `n` trivial kernels: a module the loader needs seconds for (each kernel's
@@ -886,7 +1541,7 @@ fn slow_module(n: usize) -> Vec<u8> {
 fn slow_module_loads_are_cut_by_the_watchdog_and_stop_when_the_guest_leaves() {
     /// Kernels of the slow module.
     const KERNELS: usize = 10_000;
-    let d = Vgpud::start_config(
+    let mut d = Vgpud::start_config_limited(
         r#"
 [admin]
 socket = "@DIR@/admin.sock"
@@ -915,6 +1570,7 @@ device = "patient"
 memory = "64MiB"
 unix_socket = "@DIR@/full.sock"
 "#,
+        DATA_LIMIT,
     );
     let image = slow_module(KERNELS);
     // The whole load, where the watchdog allows it.
@@ -959,5 +1615,5 @@ unix_socket = "@DIR@/full.sock"
         "a departed guest's load stopped within {:?}",
         start.elapsed()
     );
-    driver_api_works(&d, "full");
+    survived(&mut d, "full");
 }

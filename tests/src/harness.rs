@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -182,6 +183,11 @@ impl Vgpud {
     /// Like [`Vgpud::start`], with extra lines for the `[[device]]` table
     /// (e.g. `watchdog_ms = 300`).
     pub fn start_with(vms: &[TestVm], device_extra: &str) -> Vgpud {
+        Self::start_config(&Self::config_for(vms, device_extra))
+    }
+
+    /// The config text [`Vgpud::start_with`] runs vgpud with.
+    pub fn config_for(vms: &[TestVm], device_extra: &str) -> String {
         let mut cfg = format!(
             "[admin]\nsocket = \"{DIR_PLACEHOLDER}/admin.sock\"\n\n[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"4GiB\"\nworkers = 2\n{device_extra}\n",
         );
@@ -201,7 +207,7 @@ impl Vgpud {
                 );
             }
         }
-        Self::start_config(&cfg)
+        cfg
     }
 
     /// Starts vgpud with a complete config text, in which `@DIR@`
@@ -210,22 +216,50 @@ impl Vgpud {
     /// config names is there (the listeners accept, the vhost-user sockets
     /// exist: connecting to those would attach a VMM).
     pub fn start_config(config_text: &str) -> Vgpud {
+        Self::spawn(config_text, None)
+    }
+
+    /// Like [`Vgpud::start_config`], under a hard limit of `data_limit` bytes on vgpud's
+    /// private writable memory (`RLIMIT_DATA`: its heap, thread stacks and the simulated GPU's
+    /// memory, not the guest memory it maps shared). An allocation past it fails, and vgpud
+    /// aborts: a test that checks [`Vgpud::is_running`] afterwards sees it.
+    pub fn start_config_limited(config_text: &str, data_limit: u64) -> Vgpud {
+        Self::spawn(config_text, Some(data_limit))
+    }
+
+    fn spawn(config_text: &str, data_limit: Option<u64>) -> Vgpud {
         let a = artifacts();
         let dir = tempfile::tempdir().expect("tempdir");
         let text = config_text.replace(DIR_PLACEHOLDER, &dir.path().to_string_lossy());
         let config = dir.path().join("vgpud.toml");
         std::fs::write(&config, &text).expect("config");
         let log = std::fs::File::create(dir.path().join("vgpud.log")).expect("log");
-        let child = Command::new(&a.vgpud)
-            .arg("--config")
+        let mut cmd = Command::new(&a.vgpud);
+        cmd.arg("--config")
             .arg(&config)
             .arg("--log")
             .arg("debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting vgpud");
+            .stderr(log);
+        if let Some(bytes) = data_limit {
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            let set_limit = move || {
+                // SAFETY: `setrlimit` only reads `limit`, a plain value owned by this closure.
+                if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            // SAFETY: the closure runs in the forked child before `exec`; it calls only
+            // `setrlimit`, a system call that is async-signal-safe, and allocates nothing
+            // (`last_os_error` reads `errno`).
+            unsafe { cmd.pre_exec(set_limit) };
+        }
+        let child = cmd.spawn().expect("starting vgpud");
         let mut d = Vgpud { child, dir };
         let (listeners, vhost) = config_sockets(&text);
         let deadline = Instant::now() + STARTUP_TIMEOUT;

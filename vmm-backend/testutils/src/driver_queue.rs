@@ -33,6 +33,9 @@ pub(crate) struct DriverQueue {
     free: Vec<u16>,
     /// Per head: the descriptors of the chain and the caller's token.
     chains: HashMap<u16, (Vec<u16>, u64)>,
+    /// Per head: times it was placed on the avail ring again while the device had it
+    /// ([`DriverQueue::repost`]); its descriptors are freed when the last one comes back.
+    reposts: HashMap<u16, u64>,
     avail_idx: u16,
     published: u16,
     last_used: u16,
@@ -56,6 +59,7 @@ impl DriverQueue {
             used: align(avail + 6 + 2 * n, 4),
             free: (0..size).rev().collect(),
             chains: HashMap::new(),
+            reposts: HashMap::new(),
             avail_idx: 0,
             published: 0,
             last_used: 0,
@@ -131,6 +135,38 @@ impl DriverQueue {
         true
     }
 
+    /// Places the chain of `token` (still with the device) on the avail ring again, at most
+    /// `max` times and only as far as the ring allows: no more than `size` entries past the
+    /// device's `avail_event` (where it last said it had read to, at or behind where it is), so
+    /// the ring never claims more entries than it holds. A hostile driver: Linux never hands the
+    /// device a chain it has not got back. Not yet visible ([`DriverQueue::publish`]). Returns
+    /// how many it placed. Needs `VIRTIO_RING_F_EVENT_IDX` (without it, places none).
+    pub(crate) fn repost(&mut self, mem: &GuestMem, token: u64, max: usize) -> usize {
+        if !self.event_idx {
+            return 0;
+        }
+        let Some(head) = self
+            .chains
+            .iter()
+            .find_map(|(h, (_, t))| (*t == token).then_some(*h))
+        else {
+            return 0;
+        };
+        let read_to = u16::from_le(
+            mem.load::<u16>(self.avail_event_addr(), Ordering::Acquire)
+                .unwrap_or(0),
+        );
+        let ahead = usize::from(self.avail_idx.wrapping_sub(read_to));
+        let n = max.min(usize::from(self.size).saturating_sub(ahead));
+        for _ in 0..n {
+            let slot = u64::from(self.avail_idx % self.size);
+            let _ = mem.write_obj(head.to_le(), GuestAddress(self.avail + 4 + 2 * slot));
+            self.avail_idx = self.avail_idx.wrapping_add(1);
+        }
+        *self.reposts.entry(head).or_default() += n as u64;
+        n
+    }
+
     /// Makes added chains visible to the device and kicks it as Linux does: with EVENT_IDX only
     /// when the device asked for it (its `avail_event` lies between the old and the new index),
     /// else unless it set `NO_NOTIFY`.
@@ -187,6 +223,14 @@ impl DriverQueue {
         let len: u32 = u32::from_le(mem.read_obj(GuestAddress(elem.0 + 4)).unwrap_or(0));
         self.last_used = self.last_used.wrapping_add(1);
         let head = u16::try_from(id).unwrap_or(u16::MAX);
+        if let Some(n) = self.reposts.get_mut(&head)
+            && *n > 0
+        {
+            // One of several placings of a reposted chain: it stays with the device.
+            *n -= 1;
+            return Some((self.chains.get(&head).map(|c| c.1), len));
+        }
+        self.reposts.remove(&head);
         let token = self.chains.remove(&head).map(|(ids, token)| {
             self.free.extend(ids);
             token

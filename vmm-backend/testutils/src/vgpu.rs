@@ -170,6 +170,8 @@ struct Inner {
     table_base: [u64; NUM_QUEUES],
     free_tables: [Vec<u16>; NUM_QUEUES],
     done: HashMap<(usize, u64), u32>,
+    /// Times each chain came back (more than once for a reposted one).
+    returns: HashMap<(usize, u64), u64>,
     /// Token of the next chain: heads are reused, tokens never.
     next_token: u64,
     heap_next: u64,
@@ -183,6 +185,7 @@ impl Inner {
             while let Some((token, len)) = self.queues[q].pop_used(&self.mem) {
                 self.queues[q].rearm(&self.mem);
                 self.done.insert((q, token.unwrap_or(0)), len);
+                *self.returns.entry((q, token.unwrap_or(0))).or_default() += 1;
             }
         }
     }
@@ -266,6 +269,7 @@ impl DevGuest {
             table_base,
             free_tables: [slots(), slots()],
             done: HashMap::new(),
+            returns: HashMap::new(),
             next_token: 1,
             heap_next: heap,
             heap_end: size,
@@ -645,6 +649,56 @@ impl DevGuest {
             .ok_or_else(|| io::Error::other("queue full"))
     }
 
+    /// Places the chain of `p`, not returned yet, on its avail ring again, up to `max` times as
+    /// far as the ring allows, and makes it visible: what a hostile driver that hands the device
+    /// one request over and over does. Returns how many times it was placed (0 once the device
+    /// stops reading the ring). Each placing comes back on its own ([`DevGuest::returned`]);
+    /// wait for all of them before waiting for `p`, which frees its slot. Needs
+    /// `VIRTIO_RING_F_EVENT_IDX`.
+    pub fn repost(&self, p: &Pending, max: usize) -> usize {
+        let mut g = self.lock();
+        let g = &mut *g;
+        g.reap();
+        let q = &mut g.queues[p.queue];
+        let n = q.repost(&g.mem, p.token, max);
+        q.publish(&g.mem);
+        n
+    }
+
+    /// Times the chain of `p` came back so far (once, unless it was reposted).
+    pub fn returned(&self, p: &Pending) -> u64 {
+        let mut g = self.lock();
+        g.reap();
+        g.returns.get(&(p.queue, p.token)).copied().unwrap_or(0)
+    }
+
+    /// Posts raw descriptors as they are given (hostile-input tests): `(addr, len, flags, next)`
+    /// with `flags` the `VRING_DESC_F_*` bits (`NEXT` only where given) and `next` an index into
+    /// `descs` ([`Next::Desc`]) or a ring index ([`Next::Raw`], possibly out of range). The
+    /// first is the head; returns a token for [`DevGuest::wait_raw`].
+    pub fn submit_wired(&self, queue: usize, descs: &[(u64, u32, u16, Next)]) -> io::Result<u64> {
+        let mut g = self.lock();
+        let g = &mut *g;
+        let token = g.next_token;
+        let q = &mut g.queues[queue];
+        let ids = q
+            .take(descs.len())
+            .ok_or_else(|| io::Error::other("queue full"))?;
+        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
+            let next = match next {
+                Next::Desc(j) => *ids
+                    .get(j)
+                    .ok_or_else(|| io::Error::other("next names no descriptor of the chain"))?,
+                Next::Raw(r) => r,
+            };
+            q.write_table_entry(&g.mem, ids[i], (addr, len, flags, next));
+        }
+        q.push(&g.mem, ids, token);
+        q.publish(&g.mem);
+        g.next_token += 1;
+        Ok(token)
+    }
+
     /// Waits until the raw chain `token` on `queue` is returned; its used length.
     pub fn wait_raw(&self, queue: usize, token: u64, timeout: Duration) -> io::Result<u32> {
         let deadline = Instant::now() + timeout;
@@ -762,6 +816,7 @@ impl DevGuest {
                 g.free_tables[q] = (0..SLOTS_PER_QUEUE).rev().collect();
             }
             g.done.clear();
+            g.returns.clear();
         }
         self.setup(false, [0; NUM_QUEUES])
     }
@@ -802,6 +857,15 @@ impl DevGuest {
             .take();
         drop(fe);
     }
+}
+
+/// Where a raw descriptor of [`DevGuest::submit_wired`] points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The descriptor at this index of the same list.
+    Desc(usize),
+    /// This ring index, whatever it holds.
+    Raw(u16),
 }
 
 /// Why a session call failed.
@@ -1009,6 +1073,19 @@ impl DevSession {
             ..Default::default()
         };
         Ok(self.guest.submit(SUBMIT_QUEUE, &req, 0)?)
+    }
+
+    /// The request for one frame of `req` with `data_len` bytes of bulk data after its fields
+    /// (to be added to its inline bytes or as data segments), taking the session's next
+    /// sequence number: for tests that post it their own way.
+    pub fn frame_request<O: Op>(
+        &mut self,
+        req: &O,
+        asynchronous: bool,
+        data_len: usize,
+    ) -> Request {
+        let flags = if asynchronous { FLAG_ASYNC } else { 0 };
+        self.frame(req, flags, data_len)
     }
 
     /// Submits an asynchronous frame without waiting.

@@ -54,7 +54,7 @@ fn capture_forks_and_joins_streams_through_events() {
 /// watchdog fails it with `CUDA_ERROR_LAUNCH_TIMEOUT`.
 #[test]
 fn independent_branches_of_a_graph_run_at_the_same_time() {
-    run_mode_with(64 * MIB, &["branches"], 60, "watchdog_ms = 20000");
+    run_mode_with(64 * MIB, &["branches"], 80, "watchdog_ms = 20000");
 }
 
 #[test]

@@ -161,6 +161,8 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long)
 CUresult cuGraphUpload(CUgraphExec, CUstream);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphNodeSetEnabled(CUgraphExec, CUgraphNode, unsigned int);
+CUresult cuGraphNodeGetEnabled(CUgraphExec, CUgraphNode, unsigned int *);
 CUresult cuGraphExecUpdate(CUgraphExec, CUgraph, CUgraphNode *, int *);
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
 CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *,
@@ -465,6 +467,31 @@ static void mode_branches(void) {
     expect("after the captured join", read_u32(done) == 1 && read_u32(out) == 6);
     check("exec destroy", cuGraphExecDestroy(e), 0);
     check("graph destroy", cuGraphDestroy(cap), 0);
+
+    /* cuGraphNodeSetEnabled: flag = 0 -> [done = 1] -> empty; the memset disabled, then again. */
+    unsigned on = 7;
+    check("graph", cuGraphCreate(&g, 0), 0);
+    check("memset root", cuGraphAddMemsetNode(&m, g, NULL, 0, &zero, ctx), 0);
+    check("memset done", cuGraphAddMemsetNode(&last, g, &m, 1, &mark, ctx), 0);
+    check("empty", cuGraphAddEmptyNode(&j, g, &last, 1), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    check("enabled at first", cuGraphNodeGetEnabled(e, last, &on), 0);
+    expect("reported enabled", on == 1);
+    check("disable", cuGraphNodeSetEnabled(e, last, 0), 0);
+    check("get", cuGraphNodeGetEnabled(e, last, &on), 0);
+    expect("reported disabled", on == 0);
+    check("an empty node cannot be disabled", cuGraphNodeSetEnabled(e, j, 0), 1);
+    check("clear", cuMemsetD32_v2(done, 0, 1), 0);
+    check("set flag", cuMemsetD32_v2(flag, 9, 1), 0);
+    check("launch with the node disabled", cuGraphLaunch(e, s1), 0);
+    check("sync", cuStreamSynchronize(s1), 0);
+    expect("the disabled node did not run, the others did", read_u32(done) == 0 && read_u32(flag) == 0);
+    check("enable", cuGraphNodeSetEnabled(e, last, 1), 0);
+    check("launch with the node enabled", cuGraphLaunch(e, s1), 0);
+    check("sync", cuStreamSynchronize(s1), 0);
+    expect("the enabled node ran", read_u32(done) == 1);
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("graph destroy", cuGraphDestroy(g), 0);
 }
 
 static void mode_fork(void) {

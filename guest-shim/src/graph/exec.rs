@@ -75,6 +75,8 @@ pub struct Exec {
     plan: Option<Arc<Vec<Step>>>,
     /// `FLAG_*` given at instantiation.
     flags: u64,
+    /// Nodes of `copy_nodes` disabled with `cuGraphNodeSetEnabled`: they run as empty nodes.
+    disabled: std::collections::HashSet<u64>,
 }
 
 /// One operation of an executable graph: an [`Op`], or (`None`) a join point that waits for its
@@ -106,6 +108,7 @@ fn node_ops(kind: &NodeKind, out: &mut Vec<Op>) {
 fn graph_ops(
     reg: &Registry,
     nodes: &[u64],
+    disabled: &std::collections::HashSet<u64>,
     entry: Option<usize>,
     out: &mut Vec<PlanOp>,
     depth: usize,
@@ -141,10 +144,19 @@ fn graph_ops(
         };
         let last = if let NodeKind::Child(c) = node.kind {
             let start = join(out, incoming);
-            graph_ops(reg, &reg.topo_order(c)?, start, out, depth + 1)?
+            graph_ops(
+                reg,
+                &reg.topo_order(c)?,
+                &Default::default(),
+                start,
+                out,
+                depth + 1,
+            )?
         } else {
             ops.clear();
-            node_ops(&node.kind, &mut ops);
+            if !disabled.contains(&n) {
+                node_ops(&node.kind, &mut ops);
+            }
             if ops.is_empty() {
                 join(out, incoming)
             } else {
@@ -274,7 +286,7 @@ impl Exec {
     /// The operations of every node, in a topological order, with their dependencies.
     fn ops(&self, reg: &Registry) -> CuRes<Vec<PlanOp>> {
         let mut ops = Vec::new();
-        graph_ops(reg, &self.copy_nodes, None, &mut ops, 0)?;
+        graph_ops(reg, &self.copy_nodes, &self.disabled, None, &mut ops, 0)?;
         if ops.len() > MAX_NODES {
             return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
         }
@@ -442,6 +454,7 @@ pub fn instantiate(g: u64, flags: u64) -> CuRes<u64> {
         uploaded: Vec::new(),
         plan: None,
         flags,
+        disabled: Default::default(),
     };
     if let Err(e) = exec.upload(&reg) {
         let _ = destroy_parts(&mut reg, exec);
@@ -582,6 +595,42 @@ pub fn set_node(e: u64, node: u64, kind: NodeKind) -> CuRes<()> {
     slot.kind = kind;
     reg.execs.get_mut(&e).expect("found above").changed();
     Ok(())
+}
+
+/// `cuGraphNodeSetEnabled`: a disabled kernel, memcpy or memset node of `exec` runs as an empty
+/// node (its dependencies still order the graph) until enabled again.
+pub fn set_enabled(e: u64, node: u64, enabled: bool) -> CuRes<()> {
+    let mut reg = registry();
+    let (_, copy) = exec_node(&reg, e, node)?;
+    if !matches!(
+        reg.node(copy)?.kind,
+        NodeKind::Kernel(_) | NodeKind::Memcpy(..) | NodeKind::Memset(..)
+    ) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let exec = reg.execs.get_mut(&e).expect("found above");
+    let changed = if enabled {
+        exec.disabled.remove(&copy)
+    } else {
+        exec.disabled.insert(copy)
+    };
+    if changed {
+        exec.changed();
+    }
+    Ok(())
+}
+
+/// `cuGraphNodeGetEnabled`.
+pub fn enabled(e: u64, node: u64) -> CuRes<bool> {
+    let reg = registry();
+    let (_, copy) = exec_node(&reg, e, node)?;
+    if !matches!(
+        reg.node(copy)?.kind,
+        NodeKind::Kernel(_) | NodeKind::Memcpy(..) | NodeKind::Memset(..)
+    ) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(!reg.execs[&e].disabled.contains(&copy))
 }
 
 /// `cuGraphExecUpdate`: gives `exec` the parameters of graph `g`, whose topology must be the

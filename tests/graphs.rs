@@ -15,7 +15,12 @@ fn saxpy_ptx() -> String {
 
 /// Runs one mode of the C program against a fresh VM and checks that every check passed.
 fn run_mode(slice: u64, args: &[&str], min_checks: usize) -> Run {
-    let d = Vgpud::start(&[TestVm::new("vm", slice)]);
+    run_mode_with(slice, args, min_checks, "")
+}
+
+/// [`run_mode`] with extra `[device]` settings.
+fn run_mode_with(slice: u64, args: &[&str], min_checks: usize, device: &str) -> Run {
+    let d = Vgpud::start_with(&[TestVm::new("vm", slice)], device);
     let prog = build_c_program("graphs");
     let ptx = saxpy_ptx();
     let mut all = vec![args[0], ptx.as_str()];
@@ -43,6 +48,13 @@ fn a_captured_sequence_replays_with_new_host_data() {
 #[test]
 fn capture_forks_and_joins_streams_through_events() {
     run_mode(64 * MIB, &["fork"], 40);
+}
+
+/// Nothing here depends on timing: a replay of the branches one after the other spins until the
+/// watchdog fails it with `CUDA_ERROR_LAUNCH_TIMEOUT`.
+#[test]
+fn independent_branches_of_a_graph_run_at_the_same_time() {
+    run_mode_with(64 * MIB, &["branches"], 80, "watchdog_ms = 20000");
 }
 
 #[test]

@@ -10,13 +10,19 @@
 //! Two figures per path: *submit*, the time the caller spends issuing the work (the launches or
 //! the one graph launch), and *end to end*, issuing plus waiting for completion
 //! (`cuStreamSynchronize`). Medians over runs, with the spread (lowest and highest run).
+//!
+//! *Fork/join* (over the protocol client and the unix socket): a graph of two independent
+//! branches of [`BRANCH_KERNELS`] longer kernels (about [`BRANCH_KERNEL_TARGET`] each) against the
+//! same kernels in one chain, launch to completion, in the same run. vgpud runs a graph's
+//! independent branches at the same time, so on a device with room for both the branches take
+//! about half the chain's time.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cuda::client::Client;
 use vgpu_config::Config;
-use vgpu_proto::graph::push_op;
+use vgpu_proto::graph::{push_deps, push_op};
 use vgpu_proto::msg;
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 use vgpud::Daemon;
@@ -42,6 +48,21 @@ const THREADS: u32 = 32;
 /// Multiply-adds per thread: the kernel does almost nothing.
 const SPIN_ITERS: u32 = 1;
 const NS_PER_US: f64 = 1e3;
+/// Kernels per branch of the fork/join case.
+pub const BRANCH_KERNELS: usize = 4;
+/// What one kernel of the fork/join case takes alone.
+pub const BRANCH_KERNEL_TARGET: Duration = Duration::from_millis(5);
+/// The fork/join case's kernels start at this many iterations before calibration.
+const CALIBRATE_START_ITERS: u32 = 256;
+
+/// One run of the fork/join case, in nanoseconds from launch to completion.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ForkJoin {
+    /// The kernels in one chain.
+    pub chain: f64,
+    /// The same kernels in two independent branches.
+    pub branches: f64,
+}
 
 /// Per-kernel times of one run, in nanoseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -104,6 +125,8 @@ struct Remote {
     ctx: u64,
     launch: msg::LaunchKernel,
     params: Vec<u8>,
+    /// Where the iteration count sits in `params`.
+    iters_at: usize,
     kernels: usize,
     exec: u64,
 }
@@ -179,9 +202,82 @@ impl Remote {
             ctx,
             launch,
             params,
+            iters_at: f.param_offsets[1] as usize,
             kernels,
             exec,
         })
+    }
+}
+
+impl Remote {
+    /// The kernel's launch and parameters for `iters` iterations per thread.
+    fn spin(&self, iters: u32) -> Vec<u8> {
+        let mut params = self.params.clone();
+        params[self.iters_at..][..4].copy_from_slice(&iters.to_le_bytes());
+        params
+    }
+
+    /// Runs graph `exec` and waits for it; its time in nanoseconds.
+    fn run(&mut self, exec: u64) -> Result<f64, String> {
+        self.sync()?;
+        let t = Instant::now();
+        let l = msg::GraphLaunch {
+            ctx: self.ctx,
+            stream: 0,
+            exec,
+        };
+        self.client.post(&l, &[]).map_err(err("GraphLaunch"))?;
+        self.sync()?;
+        Ok(t.elapsed().as_nanos() as f64)
+    }
+
+    fn upload(&mut self, nodes: &[u8]) -> Result<u64, String> {
+        let ctx = self.ctx;
+        Ok(self
+            .client
+            .call(&msg::GraphInstantiate { ctx, replace: 0 }, nodes)
+            .map_err(err("GraphInstantiate"))?
+            .0
+            .handle)
+    }
+
+    /// Uploads the fork/join case's graphs: (one chain, two branches).
+    fn fork_join_graphs(&mut self) -> Result<(u64, u64), String> {
+        // Iterations for a kernel of about BRANCH_KERNEL_TARGET.
+        let mut iters = CALIBRATE_START_ITERS;
+        loop {
+            let mut one = Vec::new();
+            push_op(&mut one, &self.launch, &self.spin(iters));
+            let exec = self.upload(&one)?;
+            let t = Duration::from_nanos(self.run(exec)? as u64);
+            self.client
+                .call(
+                    &msg::GraphExecDestroy {
+                        ctx: self.ctx,
+                        exec,
+                    },
+                    &[],
+                )
+                .map_err(err("GraphExecDestroy"))?;
+            if t >= BRANCH_KERNEL_TARGET / 4 || iters >= u32::MAX / 8 {
+                let scale = BRANCH_KERNEL_TARGET.as_secs_f64() / t.as_secs_f64().max(1e-6);
+                iters = ((f64::from(iters) * scale) as u32).max(1);
+                break;
+            }
+            iters *= 4;
+        }
+        let params = self.spin(iters);
+        let mut chain = Vec::new();
+        let mut branches = Vec::new();
+        for i in 0..2 * BRANCH_KERNELS {
+            push_op(&mut chain, &self.launch, &params);
+            if i == BRANCH_KERNELS {
+                // The second branch starts with a root of its own.
+                push_deps(&mut branches, &[]);
+            }
+            push_op(&mut branches, &self.launch, &params);
+        }
+        Ok((self.upload(&chain)?, self.upload(&branches)?))
     }
 }
 
@@ -341,6 +437,8 @@ fn config(dir: &Path) -> Result<Config, String> {
 pub struct Report {
     /// (path name, samples).
     pub paths: Vec<(&'static str, Vec<Sample>)>,
+    /// The fork/join case, one per run.
+    pub fork_join: Vec<ForkJoin>,
 }
 
 /// Measures every path `runs` times and returns the samples.
@@ -385,7 +483,9 @@ pub fn measure(p: Params) -> Result<Report, String> {
             ("client, unix socket", Vec::new()),
             ("client, vhost-user vsock", Vec::new()),
         ],
+        fork_join: Vec::new(),
     };
+    let (chain, branches) = unix.fork_join_graphs()?;
     // Warm-up, then interleaved runs so that load on the machine hits every path alike.
     for path in [&mut shim as &mut dyn LaunchPath, &mut unix, &mut vhost] {
         sample(path, p.kernels, 1)?;
@@ -395,6 +495,10 @@ pub fn measure(p: Params) -> Result<Report, String> {
         for (i, path) in paths.into_iter().enumerate() {
             report.paths[i].1.push(sample(path, p.kernels, p.batches)?);
         }
+        report.fork_join.push(ForkJoin {
+            chain: unix.run(chain)?,
+            branches: unix.run(branches)?,
+        });
     }
     drop(vhost);
     drop(guest);
@@ -456,9 +560,40 @@ fn print(p: Params, r: &Report) {
     }
 }
 
+/// Median, lowest and highest of `f` over the fork/join runs.
+pub fn fork_join_spread(r: &Report, f: fn(&ForkJoin) -> f64) -> (f64, f64, f64) {
+    let x: Vec<f64> = r.fork_join.iter().map(f).collect();
+    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = x.iter().copied().fold(0.0, f64::max);
+    (median(&x), lo, hi)
+}
+
+fn print_fork_join(r: &Report) {
+    const NS_PER_MS: f64 = 1e6;
+    let (cm, clo, chi) = fork_join_spread(r, |f| f.chain);
+    let (bm, blo, bhi) = fork_join_spread(r, |f| f.branches);
+    let (rm, rlo, rhi) = fork_join_spread(r, |f| f.branches / f.chain);
+    println!(
+        "fork/join (client, unix socket): {} kernels of ~{} ms in one chain {:.2}ms [{:.2}-{:.2}], \
+         in two independent branches {:.2}ms [{:.2}-{:.2}], branches/chain {:.3}x [{:.3}-{:.3}]",
+        2 * BRANCH_KERNELS,
+        BRANCH_KERNEL_TARGET.as_millis(),
+        cm / NS_PER_MS,
+        clo / NS_PER_MS,
+        chi / NS_PER_MS,
+        bm / NS_PER_MS,
+        blo / NS_PER_MS,
+        bhi / NS_PER_MS,
+        rm,
+        rlo,
+        rhi
+    );
+}
+
 /// Runs the benchmark, prints the figures with their ratios and returns them.
 pub fn run(p: Params) -> Result<Report, String> {
     let report = measure(p)?;
     print(p, &report);
+    print_fork_join(&report);
     Ok(report)
 }

@@ -256,7 +256,25 @@ pub fn graphs(r: &crate::graphs::Report) -> Vec<Figure> {
             "us",
         ));
     }
+    out.extend(graph_branches(r));
     out
+}
+
+/// `graphs`' fork/join case: two independent branches against the same kernels in one chain.
+fn graph_branches(r: &crate::graphs::Report) -> Option<Figure> {
+    if r.fork_join.is_empty() {
+        return None;
+    }
+    let (chain, _, _) = crate::graphs::fork_join_spread(r, |f| f.chain);
+    let (branches, _, _) = crate::graphs::fork_join_spread(r, |f| f.branches);
+    Some(Figure::new(
+        "graphs",
+        "two independent branches, launch to completion",
+        branches / 1e6,
+        chain / 1e6,
+        "the same kernels in one chain",
+        "ms",
+    ))
 }
 
 /// `streams`: two streams against one.

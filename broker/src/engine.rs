@@ -106,7 +106,23 @@ pub enum LaneKey {
     Legacy(u64),
     /// A created stream (its handle).
     Stream(u64),
+    /// A branch of graphs launched on a stream: `stream` is the launch lane's
+    /// [`LaneKey::id`], `branch` (1 to [`MAX_GRAPH_BRANCHES`] - 1) the branch
+    /// (branch 0 is the launch lane itself).
+    Graph {
+        /// The launch lane's id.
+        stream: u64,
+        /// The branch.
+        branch: u32,
+    },
 }
+
+/// Most lanes one graph launch uses (its launch lane included); a graph with
+/// more independent branches shares them out, which costs overlap, never order.
+pub const MAX_GRAPH_BRANCHES: u32 = 32;
+/// Bit set in the lane ids of graph branches (ids of streams and contexts, from
+/// handles, stay below it).
+const GRAPH_LANE_BIT: u64 = 1 << 63;
 
 /// How a lane synchronizes with the legacy default stream of its context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +155,9 @@ impl LaneKey {
         match self {
             LaneKey::Legacy(ctx) => (ctx << 1).max(2),
             LaneKey::Stream(h) => (h << 1) | 1,
+            LaneKey::Graph { stream, branch } => {
+                GRAPH_LANE_BIT | (stream << 6) | u64::from(branch % MAX_GRAPH_BRANCHES)
+            }
         }
     }
 }
@@ -915,6 +934,12 @@ impl Engine {
                 st.lanes.remove(&key);
             }
         }
+    }
+
+    /// Sequence number of the last job submitted to lane `key` (0 when none
+    /// is known: the lane is new or went idle after its stream was forgotten).
+    pub fn lane_last(&self, key: LaneKey) -> u64 {
+        self.shared.lock().lanes.get(&key).map_or(0, |l| l.last)
     }
 
     /// Sequence number of the last submitted job.

@@ -1634,6 +1634,10 @@ impl Session {
     /// context's legacy stream.
     fn lane(&self, ctx: u64, stream: u64) -> Result<LaneSpec, CuError> {
         let owner = self.stream_ctx(ctx, stream)?;
+        if let Some(branch) = self.graphs.route {
+            // A node of a graph launch: its branch's lane.
+            return Ok(branch);
+        }
         Ok(match self.streams.get(stream) {
             Some(s) => LaneSpec {
                 key: LaneKey::Stream(stream),

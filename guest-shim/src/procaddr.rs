@@ -476,6 +476,8 @@ fn table() -> &'static [Entry] {
                 "cuGraphExecHostNodeSetParams",
                 (10020, f!(cuGraphExecHostNodeSetParams))
             ),
+            e!("cuGraphNodeSetEnabled", (11060, f!(cuGraphNodeSetEnabled))),
+            e!("cuGraphNodeGetEnabled", (11060, f!(cuGraphNodeGetEnabled))),
             e!(
                 "cuStreamGetCaptureInfo",
                 (10010, f!(cuStreamGetCaptureInfo)),
@@ -667,6 +669,14 @@ mod tests {
     fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
         assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
         assert_eq!(lookup("cuGraphAddNode", 12020, 0), Lookup::NotFound);
+        assert_eq!(
+            found("cuGraphNodeSetEnabled", 12000),
+            crate::graph::api::cuGraphNodeSetEnabled as *const () as usize
+        );
+        assert_eq!(
+            lookup("cuGraphNodeGetEnabled", 11000, 0),
+            Lookup::VersionTooLow
+        );
         assert_eq!(
             found("cuGraphInstantiate", 12000),
             cuGraphInstantiateWithFlags as *const () as usize

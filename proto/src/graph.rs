@@ -4,14 +4,20 @@
 //! ```text
 //! offset size field
 //!      0    2 opcode   a request opcode (LaunchKernel, MemcpyDtoD, Memset, EventRecord,
-//!                      StreamWaitEvent) or MEM_ALLOC_NODE / MEM_FREE_NODE
+//!                      StreamWaitEvent), MEM_ALLOC_NODE / MEM_FREE_NODE / EMPTY_NODE,
+//!                      or DEPS_NODE (the dependencies of the next node)
 //!      2    4 len      bytes of the node's payload that follow
 //!      6  len payload  the request's fields (and bulk tail: a launch's packed parameters),
 //!                      exactly as that request would carry them on its own
 //! ```
 //!
-//! The host replays the nodes in this order on the launch stream, each through the same path as
-//! the ordinary request (its `ctx` and `stream` fields are replaced by the launch's).
+//! A node depends on the node before it, unless a [`DEPS_NODE`] comes first: its payload is the
+//! list of the nodes the next node depends on (`u32` indices into the list of nodes, pseudo-nodes
+//! not counted, each smaller than the next node's own index; an empty list makes it a root). The
+//! host replays the nodes through the same path as the ordinary request each stands for (its `ctx`
+//! and `stream` fields replaced by the launch's), after the work before the launch on the launch
+//! stream and before the work after it there; nodes that do not depend on each other (directly or
+//! through others) may run at the same time, as independent branches of a CUDA graph do.
 
 use thiserror::Error;
 
@@ -21,7 +27,12 @@ use crate::msg::{Message, Op};
 pub const MEM_ALLOC_NODE: u16 = 0x09f0;
 /// Opcode of a [`crate::msg::GraphMemFreeNode`] inside a graph (not a request of its own).
 pub const MEM_FREE_NODE: u16 = 0x09f1;
-/// Most nodes one executable graph may hold.
+/// Opcode of a join point inside a graph (empty payload): a node that does nothing but wait for
+/// its dependencies.
+pub const EMPTY_NODE: u16 = 0x09f3;
+/// Opcode of a dependency list inside a graph: the dependencies of the node that follows.
+pub const DEPS_NODE: u16 = 0x09f2;
+/// Most nodes one executable graph may hold (dependency lists not counted).
 pub const MAX_GRAPH_NODES: usize = 1 << 16;
 /// Bytes before each node's payload.
 pub const NODE_HEADER_LEN: usize = 6;
@@ -38,6 +49,20 @@ pub enum NodeListError {
     /// More nodes than [`MAX_GRAPH_NODES`].
     #[error("a graph holds at most {MAX_GRAPH_NODES} nodes")]
     TooManyNodes,
+    /// A dependency list that is not followed by a node, or whose length is not a multiple of 4.
+    #[error("graph node {index}: a dependency list must be whole u32 indices followed by a node")]
+    BadDeps {
+        /// Position of the node the list is for.
+        index: usize,
+    },
+    /// A dependency on the node itself or on a later one.
+    #[error("graph node {index} depends on node {dep}, which is not before it")]
+    ForwardDep {
+        /// Position of the node.
+        index: usize,
+        /// The dependency named.
+        dep: u32,
+    },
 }
 
 /// One node of a list: its opcode and payload.
@@ -64,13 +89,76 @@ pub fn push_op<O: Op>(out: &mut Vec<u8>, req: &O, tail: &[u8]) {
     push_node(out, O::OPCODE, req, tail);
 }
 
-/// Splits a node list; refuses truncated nodes and lists longer than [`MAX_GRAPH_NODES`].
+/// Appends a dependency list for the node appended next: the indices of the nodes it depends on.
+pub fn push_deps(out: &mut Vec<u8>, deps: &[u32]) {
+    out.extend_from_slice(&DEPS_NODE.to_le_bytes());
+    out.extend_from_slice(&((deps.len() * 4) as u32).to_le_bytes());
+    for d in deps {
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+}
+
+/// A node and the nodes it depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphNode<'a> {
+    /// The node.
+    pub node: NodeBytes<'a>,
+    /// Indices of the nodes it depends on (each smaller than its own), sorted, no duplicates.
+    pub deps: Vec<u32>,
+}
+
+/// Splits a node list and resolves its dependency lists ([`DEPS_NODE`]); refuses truncated
+/// nodes, lists longer than [`MAX_GRAPH_NODES`], malformed dependency lists and dependencies
+/// that are not on earlier nodes.
+pub fn split_graph(bytes: &[u8]) -> Result<Vec<GraphNode<'_>>, NodeListError> {
+    let mut out: Vec<GraphNode<'_>> = Vec::new();
+    let mut pending: Option<Vec<u32>> = None;
+    for n in split_nodes(bytes)? {
+        let index = out.len();
+        if n.opcode == DEPS_NODE {
+            if pending.is_some() || !n.payload.len().is_multiple_of(4) {
+                return Err(NodeListError::BadDeps { index });
+            }
+            let mut deps = Vec::with_capacity(n.payload.len() / 4);
+            for c in n.payload.chunks_exact(4) {
+                let dep = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                if dep as usize >= index {
+                    return Err(NodeListError::ForwardDep { index, dep });
+                }
+                deps.push(dep);
+            }
+            deps.sort_unstable();
+            deps.dedup();
+            pending = Some(deps);
+            continue;
+        }
+        let deps = pending.take().unwrap_or_else(|| match index {
+            0 => Vec::new(),
+            i => vec![(i - 1) as u32],
+        });
+        out.push(GraphNode { node: n, deps });
+    }
+    if pending.is_some() {
+        return Err(NodeListError::BadDeps { index: out.len() });
+    }
+    Ok(out)
+}
+
+/// Splits a node list; refuses truncated nodes and lists longer than [`MAX_GRAPH_NODES`]
+/// (dependency lists, [`DEPS_NODE`], are returned as nodes but not counted: each must precede a
+/// node, see [`split_graph`]).
 pub fn split_nodes(mut bytes: &[u8]) -> Result<Vec<NodeBytes<'_>>, NodeListError> {
     let mut nodes = Vec::new();
+    let mut counted = 0usize;
+    let mut deps_run = 0usize;
     while !bytes.is_empty() {
-        let index = nodes.len();
-        if index == MAX_GRAPH_NODES {
-            return Err(NodeListError::TooManyNodes);
+        let index = counted;
+        if index == MAX_GRAPH_NODES || deps_run > 1 {
+            return Err(if deps_run > 1 {
+                NodeListError::BadDeps { index }
+            } else {
+                NodeListError::TooManyNodes
+            });
         }
         if bytes.len() < NODE_HEADER_LEN {
             return Err(NodeListError::Truncated { index });
@@ -80,6 +168,12 @@ pub fn split_nodes(mut bytes: &[u8]) -> Result<Vec<NodeBytes<'_>>, NodeListError
         let rest = &bytes[NODE_HEADER_LEN..];
         if rest.len() < len {
             return Err(NodeListError::Truncated { index });
+        }
+        if opcode == DEPS_NODE {
+            deps_run += 1;
+        } else {
+            counted += 1;
+            deps_run = 0;
         }
         nodes.push(NodeBytes {
             opcode,
@@ -129,6 +223,55 @@ mod tests {
                 NodeListError::Truncated { index: 0 }
             );
         }
+    }
+
+    #[test]
+    fn dependency_lists_name_earlier_nodes() {
+        let mut list = Vec::new();
+        let rec = msg::EventRecord::default();
+        push_op(&mut list, &rec, &[]);
+        push_deps(&mut list, &[]);
+        push_op(&mut list, &rec, &[]);
+        push_op(&mut list, &rec, &[]);
+        push_deps(&mut list, &[2, 0, 0]);
+        push_op(&mut list, &rec, &[]);
+        let deps: Vec<Vec<u32>> = split_graph(&list)
+            .unwrap()
+            .into_iter()
+            .map(|n| n.deps)
+            .collect();
+        assert_eq!(deps, vec![vec![], vec![], vec![1], vec![0, 2]]);
+
+        let mut fwd = Vec::new();
+        push_op(&mut fwd, &rec, &[]);
+        push_deps(&mut fwd, &[1]);
+        push_op(&mut fwd, &rec, &[]);
+        assert_eq!(
+            split_graph(&fwd).unwrap_err(),
+            NodeListError::ForwardDep { index: 1, dep: 1 }
+        );
+        let mut dangling = Vec::new();
+        push_op(&mut dangling, &rec, &[]);
+        push_deps(&mut dangling, &[0]);
+        assert_eq!(
+            split_graph(&dangling).unwrap_err(),
+            NodeListError::BadDeps { index: 1 }
+        );
+        let mut twice = Vec::new();
+        push_deps(&mut twice, &[]);
+        push_deps(&mut twice, &[]);
+        push_op(&mut twice, &rec, &[]);
+        assert!(matches!(
+            split_graph(&twice).unwrap_err(),
+            NodeListError::BadDeps { .. }
+        ));
+        let mut ragged = Vec::new();
+        push_node(&mut ragged, DEPS_NODE, &msg::Empty {}, &[1, 2, 3]);
+        push_op(&mut ragged, &rec, &[]);
+        assert!(matches!(
+            split_graph(&ragged).unwrap_err(),
+            NodeListError::BadDeps { .. }
+        ));
     }
 
     #[test]

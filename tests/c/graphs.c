@@ -11,6 +11,9 @@
  *           dot output, clone
  * update    cuGraphExecUpdate and cuGraphExec*NodeSetParams taking effect
  * mem SLICE graph allocation nodes charged to the slice and refused past it
+ * branches  a graph's independent branches run at the same time: a kernel of one spins until a
+ *           kernel of the other sets its flag (built node by node, with a child graph, and by
+ *           capture); run against a watchdog, a replay in one order fails with 702
  * bench N   prints the time per kernel of N launches and of a graph of N kernels
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is
@@ -158,6 +161,8 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long)
 CUresult cuGraphUpload(CUgraphExec, CUstream);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphNodeSetEnabled(CUgraphExec, CUgraphNode, unsigned int);
+CUresult cuGraphNodeGetEnabled(CUgraphExec, CUgraphNode, unsigned int *);
 CUresult cuGraphExecUpdate(CUgraphExec, CUgraph, CUgraphNode *, int *);
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
 CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *,
@@ -360,6 +365,133 @@ static void mode_capture(void) {
     check("launch of a destroyed exec", cuGraphLaunch(e, s), 1);
     check("graph destroy", cuGraphDestroy(g), 0);
     check("stream destroy", cuStreamDestroy_v2(s), 0);
+}
+
+/* wait_flag(flag, out): spins until *flag != 0, then *out = *flag + 1; set_flag(flag, v). */
+static const char FLAG_PTX[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".visible .entry wait_flag(.param .u64 flag, .param .u64 out)\n{\n"
+    ".reg .pred %p<2>;\n.reg .b32 %r<3>;\n.reg .b64 %rd<3>;\n"
+    "ld.param.u64 %rd1, [flag];\nld.param.u64 %rd2, [out];\n"
+    "$Lspin:\nld.volatile.global.u32 %r1, [%rd1];\nsetp.eq.u32 %p1, %r1, 0;\n@%p1 bra $Lspin;\n"
+    "add.u32 %r2, %r1, 1;\nst.global.u32 [%rd2], %r2;\nret;\n}\n"
+    ".visible .entry set_flag(.param .u64 flag, .param .u32 value)\n{\n"
+    ".reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n"
+    "ld.param.u64 %rd1, [flag];\nld.param.u32 %r1, [value];\n"
+    "st.volatile.global.u32 [%rd1], %r1;\nret;\n}\n";
+
+static unsigned read_u32(CUdeviceptr p) {
+    unsigned v = 0;
+    cuMemcpyDtoH_v2(&v, p, sizeof v);
+    return v;
+}
+
+static void mode_branches(void) {
+    CUmodule mod;
+    CUfunction wait_flag, set_flag;
+    CUdeviceptr flag, out, done;
+    CUstream s1, s2;
+    CUevent fork, join;
+    CUgraph g, child, cap;
+    CUgraphExec e;
+    check("load flag kernels", cuModuleLoadData(&mod, FLAG_PTX), 0);
+    check("wait_flag", cuModuleGetFunction(&wait_flag, mod, "wait_flag"), 0);
+    check("set_flag", cuModuleGetFunction(&set_flag, mod, "set_flag"), 0);
+    check("alloc", cuMemAlloc_v2(&flag, 4), 0);
+    check("alloc", cuMemAlloc_v2(&out, 4), 0);
+    check("alloc", cuMemAlloc_v2(&done, 4), 0);
+    check("stream", cuStreamCreate(&s1, 1), 0);
+    check("stream", cuStreamCreate(&s2, 1), 0);
+    unsigned five = 5;
+    void *wait_args[] = {&flag, &out};
+    void *set_args[] = {&flag, &five};
+    CUDA_KERNEL_NODE_PARAMS wp = {wait_flag, 1, 1, 1, 1, 1, 1, 0, wait_args, NULL};
+    CUDA_KERNEL_NODE_PARAMS sp = {set_flag, 1, 1, 1, 1, 1, 1, 0, set_args, NULL};
+    CUDA_MEMSET_NODE_PARAMS zero = {flag, 0, 0, 4, 1, 1};
+    CUDA_MEMSET_NODE_PARAMS mark = {done, 0, 1, 4, 1, 1};
+
+    /* flag = 0 -> {wait_flag, set_flag} -> empty join -> done = 1 */
+    CUgraphNode m, w, st, j, last;
+    check("graph", cuGraphCreate(&g, 0), 0);
+    check("memset root", cuGraphAddMemsetNode(&m, g, NULL, 0, &zero, ctx), 0);
+    check("wait_flag node", cuGraphAddKernelNode(&w, g, &m, 1, &wp), 0);
+    check("set_flag node", cuGraphAddKernelNode(&st, g, &m, 1, &sp), 0);
+    CUgraphNode both[] = {w, st};
+    check("join", cuGraphAddEmptyNode(&j, g, both, 2), 0);
+    check("after the join", cuGraphAddMemsetNode(&last, g, &j, 1, &mark, ctx), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    for (int rep = 0; rep < 2; rep++) {
+        check("clear", cuMemsetD32_v2(done, 0, 1), 0);
+        check("launch", cuGraphLaunch(e, s1), 0);
+        check("branches ran at the same time", cuStreamSynchronize(s1), 0);
+        expect("wait_flag saw the flag", read_u32(out) == 6);
+        expect("the node after the join ran", read_u32(done) == 1);
+    }
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("graph destroy", cuGraphDestroy(g), 0);
+
+    /* The two branches inside a child graph, between two nodes of the parent. */
+    check("child", cuGraphCreate(&child, 0), 0);
+    check("child wait_flag", cuGraphAddKernelNode(&w, child, NULL, 0, &wp), 0);
+    check("child set_flag", cuGraphAddKernelNode(&st, child, NULL, 0, &sp), 0);
+    check("parent", cuGraphCreate(&g, 0), 0);
+    check("memset root", cuGraphAddMemsetNode(&m, g, NULL, 0, &zero, ctx), 0);
+    check("child node", cuGraphAddChildGraphNode(&j, g, &m, 1, child), 0);
+    check("after the child", cuGraphAddMemsetNode(&last, g, &j, 1, &mark, ctx), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    check("clear", cuMemsetD32_v2(done, 0, 1), 0);
+    check("launch", cuGraphLaunch(e, s1), 0);
+    check("a child graph's branches ran at the same time", cuStreamSynchronize(s1), 0);
+    expect("after the child graph", read_u32(done) == 1 && read_u32(out) == 6);
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("graph destroy", cuGraphDestroy(g), 0);
+    check("child destroy", cuGraphDestroy(child), 0);
+
+    /* Captured: s1 forks to s2 through an event and joins back. */
+    check("event", cuEventCreate(&fork, 2), 0);
+    check("event", cuEventCreate(&join, 2), 0);
+    check("begin", cuStreamBeginCapture_v2(s1, MODE_GLOBAL), 0);
+    check("s1: flag = 0", cuMemsetD32Async(flag, 0, 1, s1), 0);
+    check("fork", cuEventRecord(fork, s1), 0);
+    check("s2 waits", cuStreamWaitEvent(s2, fork, 0), 0);
+    check("s1: wait_flag", cuLaunchKernel(wait_flag, 1, 1, 1, 1, 1, 1, 0, s1, wait_args, NULL), 0);
+    check("s2: set_flag", cuLaunchKernel(set_flag, 1, 1, 1, 1, 1, 1, 0, s2, set_args, NULL), 0);
+    check("join", cuEventRecord(join, s2), 0);
+    check("s1 waits", cuStreamWaitEvent(s1, join, 0), 0);
+    check("s1: done = 1", cuMemsetD32Async(done, 1, 1, s1), 0);
+    check("end", cuStreamEndCapture(s1, &cap), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, cap, 0), 0);
+    check("clear", cuMemsetD32_v2(done, 0, 1), 0);
+    check("launch", cuGraphLaunch(e, s1), 0);
+    check("captured branches ran at the same time", cuStreamSynchronize(s1), 0);
+    expect("after the captured join", read_u32(done) == 1 && read_u32(out) == 6);
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("graph destroy", cuGraphDestroy(cap), 0);
+
+    /* cuGraphNodeSetEnabled: flag = 0 -> [done = 1] -> empty; the memset disabled, then again. */
+    unsigned on = 7;
+    check("graph", cuGraphCreate(&g, 0), 0);
+    check("memset root", cuGraphAddMemsetNode(&m, g, NULL, 0, &zero, ctx), 0);
+    check("memset done", cuGraphAddMemsetNode(&last, g, &m, 1, &mark, ctx), 0);
+    check("empty", cuGraphAddEmptyNode(&j, g, &last, 1), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    check("enabled at first", cuGraphNodeGetEnabled(e, last, &on), 0);
+    expect("reported enabled", on == 1);
+    check("disable", cuGraphNodeSetEnabled(e, last, 0), 0);
+    check("get", cuGraphNodeGetEnabled(e, last, &on), 0);
+    expect("reported disabled", on == 0);
+    check("an empty node cannot be disabled", cuGraphNodeSetEnabled(e, j, 0), 1);
+    check("clear", cuMemsetD32_v2(done, 0, 1), 0);
+    check("set flag", cuMemsetD32_v2(flag, 9, 1), 0);
+    check("launch with the node disabled", cuGraphLaunch(e, s1), 0);
+    check("sync", cuStreamSynchronize(s1), 0);
+    expect("the disabled node did not run, the others did", read_u32(done) == 0 && read_u32(flag) == 0);
+    check("enable", cuGraphNodeSetEnabled(e, last, 1), 0);
+    check("launch with the node enabled", cuGraphLaunch(e, s1), 0);
+    check("sync", cuStreamSynchronize(s1), 0);
+    expect("the enabled node ran", read_u32(done) == 1);
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("graph destroy", cuGraphDestroy(g), 0);
 }
 
 static void mode_fork(void) {
@@ -905,6 +1037,7 @@ int main(int argc, char **argv) {
     const char *m = argv[1];
     if (!strcmp(m, "capture")) mode_capture();
     else if (!strcmp(m, "fork")) mode_fork();
+    else if (!strcmp(m, "branches")) mode_branches();
     else if (!strcmp(m, "errors")) mode_errors();
     else if (!strcmp(m, "explicit")) mode_explicit(argc > 3 ? argv[3] : "/tmp/vgpu-graph.dot");
     else if (!strcmp(m, "update")) mode_update();

@@ -114,7 +114,7 @@ impl Rig {
 /// A failed call's `CUresult`.
 pub type Code = u32;
 
-fn code<T>(r: Result<T, CallError>) -> Result<T, Code> {
+pub(crate) fn code<T>(r: Result<T, CallError>) -> Result<T, Code> {
     r.map_err(|e| e.0)
 }
 
@@ -129,7 +129,7 @@ pub struct Kernel {
 
 /// One guest process: a protocol session with one context.
 pub struct Session {
-    client: TestClient<UnixStream>,
+    pub(crate) client: TestClient<UnixStream>,
     served: Option<JoinHandle<Result<SessionSummary, ServeError>>>,
     /// Its context.
     pub ctx: u64,
@@ -522,6 +522,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         crate::conformance_streams::event_waits_order_streams,
     ),
     ("graphs_replay_as_one_request", graphs_replay_as_one_request),
+    (
+        "graph_branches_run_concurrently",
+        crate::conformance_streams::graph_branches_run_concurrently,
+    ),
     ("cooperative_launches", cooperative_launches),
 ];
 
@@ -1979,7 +1983,7 @@ pub mod cuda_executor {
 }
 
 /// A kernel's packed parameter buffer.
-fn packed(k: &Kernel, args: &[Arg]) -> Vec<u8> {
+pub(crate) fn packed(k: &Kernel, args: &[Arg]) -> Vec<u8> {
     let size = k
         .offsets
         .iter()

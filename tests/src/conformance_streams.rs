@@ -200,3 +200,149 @@ pub fn event_waits_order_streams(t: &Target) {
     assert_eq!((s.read_u32(out), s.read_u32(x)), (Ok(3), Ok(5)));
     s.close();
 }
+
+/// Executable graphs follow their dependencies: two branches of one graph run at the same time
+/// (a kernel of one spins until a kernel of the other sets its flag, so a replay in one order
+/// fails with the watchdog), a join waits for both, and the whole graph runs after the work before
+/// the launch on its stream and before the work after it.
+pub fn graph_branches_run_concurrently(t: &Target) {
+    use vgpu_proto::graph::{push_deps, push_op};
+
+    use crate::conformance::{code, packed};
+
+    let rig = Rig::new((t.make)(Some(WATCHDOG)), &[("a", 16 * MIB, 1)]);
+    let mut s = rig.session("a");
+    let ctx = s.ctx;
+    let (wait, set) = flag_kernels(&mut s);
+    let mut mem = || s.alloc(4).unwrap();
+    let [
+        pre,
+        pre_out,
+        flag,
+        out,
+        joined,
+        gate,
+        gate_out,
+        after,
+        other,
+    ] = [(); 9].map(|()| mem());
+    for p in [pre, flag, joined, gate, after] {
+        s.set_on(0, p, 0).unwrap();
+    }
+    s.sync().unwrap();
+    let s1 = s.stream(NON_BLOCKING).unwrap();
+    let s2 = s.stream(NON_BLOCKING).unwrap();
+    let kernel = |k: &Kernel, args: &[Arg]| {
+        let m = msg::LaunchKernel {
+            ctx,
+            stream: 0,
+            function: k.handle,
+            grid_x: 1,
+            grid_y: 1,
+            grid_z: 1,
+            block_x: 1,
+            block_y: 1,
+            block_z: 1,
+            shared_bytes: 0,
+        };
+        (m, packed(k, args))
+    };
+    // 0: wait_flag(flag) and 1: set_flag(flag, 5), both roots; 2: joined = 1 after both;
+    // 3: wait_flag(gate) after 1, on a branch of its own. (At most two kernels spin at once:
+    // the simulated GPU of the suite has two execution slots.)
+    let mut nodes = Vec::new();
+    let (w, wp) = kernel(&wait, &[Arg::Ptr(flag), Arg::Ptr(out)]);
+    push_op(&mut nodes, &w, &wp);
+    let (st, sp) = kernel(&set, &[Arg::Ptr(flag), Arg::U32(5)]);
+    push_deps(&mut nodes, &[]);
+    push_op(&mut nodes, &st, &sp);
+    push_deps(&mut nodes, &[0, 1]);
+    push_op(
+        &mut nodes,
+        &msg::Memset {
+            ctx,
+            stream: 0,
+            dst: joined,
+            value: 1,
+            elem_size: 4,
+            count: 1,
+        },
+        &[],
+    );
+    let (g, gp) = kernel(&wait, &[Arg::Ptr(gate), Arg::Ptr(gate_out)]);
+    push_deps(&mut nodes, &[1]);
+    push_op(&mut nodes, &g, &gp);
+    let exec = code(
+        s.client
+            .call(&msg::GraphInstantiate { ctx, replace: 0 }, &nodes),
+    )
+    .expect("uploading the graph")
+    .0
+    .handle;
+
+    // s1: a kernel that waits for `pre`, the graph, then a fill of `after`.
+    s.launch_on(
+        s1,
+        &wait,
+        [1; 3],
+        [1; 3],
+        0,
+        &[Arg::Ptr(pre), Arg::Ptr(pre_out)],
+    )
+    .unwrap();
+    s.post(&msg::GraphLaunch {
+        ctx,
+        stream: s1,
+        exec,
+    })
+    .unwrap();
+    s.set_on(s1, after, 7).unwrap();
+    s.set_on(s2, other, 9).unwrap();
+    s.sync_stream(s2).unwrap();
+    assert_eq!(s.query(s1), Err(cuda::CUDA_ERROR_NOT_READY));
+    assert_eq!(
+        (s.read_u32(flag), s.read_u32(joined)),
+        (Ok(0), Ok(0)),
+        "no branch of the graph runs before the work before it on its stream"
+    );
+    s.launch_on(s2, &set, [1; 3], [1; 3], 0, &[Arg::Ptr(pre), Arg::U32(1)])
+        .unwrap();
+    // The two branches meet: `joined` is set once both ran, which needs them at the same time.
+    let deadline = std::time::Instant::now() + 2 * WATCHDOG;
+    while s.read_u32(joined) != Ok(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the graph's branches did not run at the same time: {:?}",
+            s.sync_stream(s1)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(s.read_u32(out), Ok(6), "the join ran after both branches");
+    // The third branch still waits for its gate: the work after the graph waits for it.
+    assert_eq!(s.query(s1), Err(cuda::CUDA_ERROR_NOT_READY));
+    assert_eq!(
+        s.read_u32(after),
+        Ok(0),
+        "work after the launch waits for every branch"
+    );
+    s.launch_on(s2, &set, [1; 3], [1; 3], 0, &[Arg::Ptr(gate), Arg::U32(2)])
+        .unwrap();
+    assert_eq!(s.sync_stream(s1), Ok(()));
+    assert_eq!(
+        (s.read_u32(gate_out), s.read_u32(after), s.read_u32(pre_out)),
+        (Ok(3), Ok(7), Ok(2))
+    );
+    // Launched again on the legacy stream, it runs the same way.
+    for p in [flag, joined] {
+        s.set_on(0, p, 0).unwrap();
+    }
+    s.post(&msg::GraphLaunch {
+        ctx,
+        stream: 0,
+        exec,
+    })
+    .unwrap();
+    assert_eq!(s.sync(), Ok(()), "a second launch");
+    assert_eq!((s.read_u32(joined), s.read_u32(out)), (Ok(1), Ok(6)));
+    s.close();
+}

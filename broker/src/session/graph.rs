@@ -1,9 +1,19 @@
 //! Executable graphs (`cuGraphInstantiate`, `cuGraphLaunch`): the shim uploads a graph's nodes
-//! once, in a topological order ([`vgpu_proto::graph`]); a launch is then one request, and the
-//! session replays the nodes on the launch stream, each through the same path as the ordinary
-//! request it stands for. A replayed node is validated again (handles, pointers against the
-//! process's allocations, sizes) exactly as that request would be, so a graph can do nothing its
-//! nodes could not do one by one, and it keeps the stream semantics the engine gives them.
+//! once, in a topological order, with their dependencies ([`vgpu_proto::graph`]); a launch is
+//! then one request, and the session replays the nodes, each through the same path as the
+//! ordinary request it stands for. A replayed node is validated again (handles, pointers against
+//! the process's allocations, sizes) exactly as that request would be, so a graph can do nothing
+//! its nodes could not do one by one.
+//!
+//! The replay follows the dependency graph: at upload every node gets a *branch* (a node
+//! continues the branch of its first dependency that no earlier node continued, otherwise it
+//! starts a new one), and at launch each branch is a lane of the engine — branch 0 the launch
+//! stream's own lane, the others internal lanes ([`LaneKey::Graph`]). A node whose dependencies
+//! lie on other branches first gets a barrier job on its lane that waits for them, so
+//! independent branches run at the same time and joins wait, as in CUDA. The other branches
+//! start after a barrier of the launch lane (the work before the launch), and the launch lane
+//! ends with a barrier that waits for every branch, so work after the launch on that stream —
+//! and anything that synchronizes with it — waits for the whole graph.
 //!
 //! Hostile input is bounded: a graph holds at most [`graph::MAX_GRAPH_NODES`] nodes, a session at
 //! most [`MAX_GRAPH_EXECS`] executable graphs and [`MAX_GRAPH_BYTES`] bytes of them, and a VM's
@@ -11,10 +21,11 @@
 
 use std::sync::Arc;
 
-use vgpu_proto::graph::{self, MEM_ALLOC_NODE, MEM_FREE_NODE};
+use vgpu_proto::graph::{self, EMPTY_NODE, MEM_ALLOC_NODE, MEM_FREE_NODE};
 use vgpu_proto::msg::{self, Request};
 
 use super::{ACCESS_READWRITE, Session, reply};
+use crate::engine::{Job, LaneKey, LaneKind, LaneSpec, MAX_GRAPH_BRANCHES};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
 use crate::limits::{HandleBudget, LimitUse};
@@ -25,6 +36,11 @@ pub const MAX_GRAPH_EXECS: usize = 4096;
 /// Most bytes one session's executable graphs may hold (decoded nodes and their bulk bytes).
 pub const MAX_GRAPH_BYTES: usize = 64 << 20;
 
+/// What one node of an executable graph holds besides its bulk bytes and dependencies: the
+/// decoded node, its dependency list and its branch.
+const NODE_BYTES: usize =
+    std::mem::size_of::<Node>() + std::mem::size_of::<Vec<u32>>() + std::mem::size_of::<u32>();
+
 /// One node, decoded and checked at upload.
 #[derive(Debug)]
 enum Node {
@@ -34,6 +50,8 @@ enum Node {
     MemAlloc { ptr: u64, size: u64 },
     /// Unmap the graph allocation at `ptr`.
     MemFree { ptr: u64 },
+    /// Nothing but its dependencies (a join point).
+    Empty,
 }
 
 /// An uploaded executable graph.
@@ -41,7 +59,38 @@ enum Node {
 struct GraphExec {
     ctx: u64,
     nodes: Vec<Node>,
+    /// Each node's dependencies (indices of earlier nodes).
+    deps: Vec<Vec<u32>>,
+    /// Each node's branch (0: the launch lane), see [`branches`].
+    branch: Vec<u32>,
+    /// How many branches (lanes) a launch uses.
+    branches: u32,
     bytes: usize,
+}
+
+/// Gives each node a branch: a node continues the branch of its first dependency that no earlier
+/// node continued; otherwise (a root, or a node after a fork) it starts a new branch. Past
+/// [`MAX_GRAPH_BRANCHES`] branches share lanes. Returns the branches and how many lanes they use.
+fn branches(deps: &[Vec<u32>]) -> (Vec<u32>, u32) {
+    let mut continued = vec![false; deps.len()];
+    let mut branch = Vec::with_capacity(deps.len());
+    let mut started = 0u32;
+    for d in deps {
+        let cont = d.iter().find(|&&p| !continued[p as usize]);
+        let b = match cont {
+            Some(&p) => {
+                continued[p as usize] = true;
+                branch[p as usize]
+            }
+            None => {
+                let b = started % MAX_GRAPH_BRANCHES;
+                started = started.saturating_add(1);
+                b
+            }
+        };
+        branch.push(b);
+    }
+    (branch, started.clamp(1, MAX_GRAPH_BRANCHES))
 }
 
 /// A session's executable graphs.
@@ -53,6 +102,9 @@ pub(super) struct Graphs {
     mapped: std::collections::BTreeMap<u64, u64>,
     /// The VM's budgets, charged `bytes` (`limits.graph_bytes`).
     vm: Option<Arc<LimitUse>>,
+    /// While a launch replays a node: the lane of the node's branch, which the node's request
+    /// uses instead of its stream's ([`Session::lane`]).
+    pub(super) route: Option<LaneSpec>,
 }
 
 impl Default for Graphs {
@@ -62,6 +114,7 @@ impl Default for Graphs {
             bytes: 0,
             mapped: Default::default(),
             vm: None,
+            route: None,
         }
     }
 }
@@ -164,22 +217,26 @@ impl Session {
         if self.graphs.bytes - old_bytes + tail.len() > MAX_GRAPH_BYTES {
             return Err(too_big(self.graphs.bytes - old_bytes + tail.len()));
         }
-        let list = graph::split_nodes(tail).map_err(|e| CuError::invalid_value(e.to_string()))?;
+        let list = graph::split_graph(tail).map_err(|e| CuError::invalid_value(e.to_string()))?;
         let allocs: Vec<(u64, u64)> = list
             .iter()
-            .filter(|n| n.opcode == MEM_ALLOC_NODE)
-            .filter_map(|n| msg::decode_exact::<msg::GraphMemAllocNode>(n.payload, false).ok())
+            .filter(|n| n.node.opcode == MEM_ALLOC_NODE)
+            .filter_map(|n| msg::decode_exact::<msg::GraphMemAllocNode>(n.node.payload, false).ok())
             .map(|(a, _)| (a.ptr, a.size))
             .collect();
         let mut nodes = Vec::with_capacity(list.len());
-        for (i, n) in list.iter().enumerate() {
+        let mut deps = Vec::with_capacity(list.len());
+        for (i, n) in list.into_iter().enumerate() {
             let node = self
-                .check_node(m.ctx, n, &allocs)
+                .check_node(m.ctx, &n.node, &allocs)
                 .map_err(|e| CuError::new(e.code, format!("graph node {i}: {}", e.message)))?;
             nodes.push(node);
+            deps.push(n.deps);
         }
-        // What the graph holds in memory: its decoded nodes and their bulk bytes.
-        let bytes = nodes.len() * std::mem::size_of::<Node>()
+        let (branch, lanes) = branches(&deps);
+        // What the graph holds in memory: its decoded nodes, dependencies and bulk bytes.
+        let bytes = nodes.len() * NODE_BYTES
+            + deps.iter().map(|d| d.len() * 4).sum::<usize>()
             + nodes
                 .iter()
                 .map(|n| match n {
@@ -193,6 +250,9 @@ impl Session {
         let exec = Arc::new(GraphExec {
             ctx: m.ctx,
             nodes,
+            deps,
+            branch,
+            branches: lanes,
             bytes,
         });
         if m.replace != 0 {
@@ -245,6 +305,10 @@ impl Session {
                     ptr: a.ptr,
                     size: a.size,
                 });
+            }
+            EMPTY_NODE => {
+                msg::decode_exact::<msg::Empty>(n.payload, false).map_err(bad)?;
+                return Ok(Node::Empty);
             }
             MEM_FREE_NODE => {
                 let (f, _) =
@@ -336,19 +400,91 @@ impl Session {
                 )));
             }
         }
+        let launch = self.lane(m.ctx, m.stream)?;
+        let r = self.replay(&g, m, &launch);
+        self.graphs.route = None;
+        r
+    }
+
+    /// Replays `g`'s nodes, branch by branch (see the module's doc).
+    fn replay(
+        &mut self,
+        g: &GraphExec,
+        m: &msg::GraphLaunch,
+        launch: &LaneSpec,
+    ) -> Result<(), CuError> {
+        let lanes: Vec<LaneSpec> = (0..g.branches)
+            .map(|b| match b {
+                0 => *launch,
+                branch => LaneSpec {
+                    key: LaneKey::Graph {
+                        stream: launch.key.id(),
+                        branch,
+                    },
+                    ctx: launch.ctx,
+                    kind: LaneKind::NonBlocking,
+                    priority: launch.priority,
+                },
+            })
+            .collect();
+        // The other branches start after the work before the launch on its stream (with the
+        // legacy stream's implicit synchronization, which the barrier gets as any job does).
+        let fork = (g.branches > 1).then(|| self.engine.submit(launch, Job::Barrier));
+        let mut started = vec![false; lanes.len()];
+        started[0] = true;
+        // The last job of each node (0: none, or done).
+        let mut done = vec![0u64; g.nodes.len()];
         let mut scratch = Vec::new();
-        for n in &g.nodes {
-            scratch.clear();
-            match n {
-                Node::Op(req, tail) => {
-                    let r = on_stream(req, m.ctx, m.stream);
-                    self.dispatch(&r, tail, &mut scratch)?;
+        let replayed: Result<(), CuError> = 'nodes: {
+            for (i, n) in g.nodes.iter().enumerate() {
+                let b = g.branch[i] as usize;
+                let lane = lanes[b];
+                let mut after: Vec<u64> = g.deps[i]
+                    .iter()
+                    .filter(|&&d| g.branch[d as usize] as usize != b)
+                    .map(|&d| done[d as usize])
+                    .filter(|&s| s != 0)
+                    .collect();
+                if !started[b] {
+                    started[b] = true;
+                    after.extend(fork);
                 }
-                Node::MemAlloc { ptr, size } => self.graph_map(m.ctx, *ptr, *size)?,
-                Node::MemFree { ptr } => self.graph_free(*ptr)?,
+                if !after.is_empty() {
+                    self.engine.submit_after(&lane, Job::Barrier, &after);
+                }
+                scratch.clear();
+                self.graphs.route = Some(lane);
+                let r = match n {
+                    Node::Op(req, tail) => {
+                        let r = on_stream(req, m.ctx, m.stream);
+                        self.dispatch(&r, tail, &mut scratch)
+                    }
+                    Node::MemAlloc { ptr, size } => self.graph_map(m.ctx, *ptr, *size),
+                    Node::MemFree { ptr } => self.graph_free(*ptr),
+                    Node::Empty => Ok(()),
+                };
+                self.graphs.route = None;
+                if let Err(e) = r {
+                    break 'nodes Err(e);
+                }
+                done[i] = self.engine.lane_last(lane.key);
+            }
+            Ok(())
+        };
+        if g.branches > 1 {
+            // Later work on the launch stream waits for every branch.
+            let ends: Vec<u64> = lanes[1..]
+                .iter()
+                .map(|l| self.engine.lane_last(l.key))
+                .filter(|&s| s != 0)
+                .collect();
+            self.engine.submit_after(launch, Job::Barrier, &ends);
+            for l in &lanes[1..] {
+                // Their pending work still runs; the lanes go once idle.
+                self.engine.forget_lane(l.key);
             }
         }
-        Ok(())
+        replayed
     }
 
     /// Maps `size` bytes of new physical memory, charged to the slice, at `ptr`.
@@ -465,7 +601,8 @@ mod tests {
         for _ in 0..vgpu_proto::graph::MAX_GRAPH_NODES {
             push_op(&mut nodes, &record, &[]);
         }
-        let per_graph = vgpu_proto::graph::MAX_GRAPH_NODES * std::mem::size_of::<Node>();
+        // Each node but the first depends on the one before it.
+        let per_graph = vgpu_proto::graph::MAX_GRAPH_NODES * (NODE_BYTES + 4) - 4;
         let fit = MAX_GRAPH_BYTES / per_graph;
         let mut execs = Vec::new();
         for _ in 0..fit {
@@ -497,6 +634,22 @@ mod tests {
             &[],
         )
         .unwrap();
+    }
+
+    #[test]
+    fn independent_nodes_get_branches_of_their_own() {
+        // A chain stays on the launch lane.
+        let chain = vec![vec![], vec![0], vec![1]];
+        assert_eq!(branches(&chain), (vec![0, 0, 0], 1));
+        // Fork after 0 into 1 and 2, join in 3, then 4 after 3; a second root 5.
+        let fork_join = vec![vec![], vec![0], vec![0], vec![1, 2], vec![3], vec![]];
+        assert_eq!(branches(&fork_join), (vec![0, 0, 1, 0, 0, 2], 3));
+        // More roots than lanes share them.
+        let roots = vec![vec![]; MAX_GRAPH_BRANCHES as usize + 2];
+        let (b, lanes) = branches(&roots);
+        assert_eq!(lanes, MAX_GRAPH_BRANCHES);
+        assert_eq!(b[MAX_GRAPH_BRANCHES as usize], 0);
+        assert_eq!(b[MAX_GRAPH_BRANCHES as usize + 1], 1);
     }
 
     #[test]

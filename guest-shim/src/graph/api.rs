@@ -1276,6 +1276,35 @@ pub unsafe extern "C" fn cuGraphExecMemsetNodeSetParams(
     })
 }
 
+/// `cuGraphNodeSetEnabled`: a disabled kernel, memcpy or memset node runs as an empty node.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphNodeSetEnabled(e: CUhandle, node: CUhandle, on: c_uint) -> CUresult {
+    ffi("cuGraphNodeSetEnabled", || {
+        exec::set_enabled(h(e), h(node), on != 0)
+    })
+}
+
+/// `cuGraphNodeGetEnabled`.
+///
+/// # Safety
+/// `on` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetEnabled(
+    e: CUhandle,
+    node: CUhandle,
+    on: *mut c_uint,
+) -> CUresult {
+    ffi("cuGraphNodeGetEnabled", || {
+        if on.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let v = exec::enabled(h(e), h(node))?;
+        // SAFETY: non-NULL, and the caller's writable out-pointer (CUDA contract).
+        unsafe { *on = c_uint::from(v) };
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphExecHostNodeSetParams(
     e: CUhandle,

@@ -2,9 +2,12 @@
 //!
 //! At instantiation the graph is copied (later changes to it do not affect the executable
 //! graph, as in CUDA), its nodes are put in a topological order, child graphs are inlined and
-//! every node becomes its [`Op`]s. Runs of device operations (kernels, device copies, memsets,
-//! event records and waits, graph allocations) are uploaded to vgpud as one executable graph
-//! each (`GraphInstantiate`); a launch sends one `GraphLaunch` per run. Operations that need the
+//! every node becomes its [`Op`]s, with the dependencies between them (a node's first operation
+//! depends on the last operations of the nodes it depends on, its others on the one before).
+//! Runs of device operations (kernels, device copies, memsets, event records and waits, graph
+//! allocations) are uploaded to vgpud as one executable graph each (`GraphInstantiate`), with
+//! those dependencies, so that vgpud runs independent branches at the same time; a launch sends
+//! one `GraphLaunch` per run. Operations that need the
 //! guest process (copies from or to host memory, host functions) run in the shim between runs:
 //! host-to-device bytes are sent when the launch reaches them; a device-to-host copy and a host
 //! function first wait for the stream's earlier work. A graph made only of device work is one
@@ -14,7 +17,7 @@ use std::sync::Arc;
 
 use vgpu_proto::cuda;
 use vgpu_proto::frame::MAX_BULK_CHUNK;
-use vgpu_proto::graph::{MEM_ALLOC_NODE, MEM_FREE_NODE, push_node, push_op};
+use vgpu_proto::graph::{EMPTY_NODE, MEM_ALLOC_NODE, MEM_FREE_NODE, push_deps, push_node, push_op};
 use vgpu_proto::msg;
 
 use super::{MAX_NODES, NodeKind, Op, Registry, registry};
@@ -72,24 +75,21 @@ pub struct Exec {
     plan: Option<Arc<Vec<Step>>>,
     /// `FLAG_*` given at instantiation.
     flags: u64,
+    /// Nodes of `copy_nodes` disabled with `cuGraphNodeSetEnabled`: they run as empty nodes.
+    disabled: std::collections::HashSet<u64>,
 }
 
-/// The operations of a node, with child graphs inlined.
-fn node_ops(reg: &Registry, kind: &NodeKind, out: &mut Vec<Op>, depth: usize) -> CuRes<()> {
-    if out.len() > MAX_NODES || depth > MAX_NODES {
-        return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
-    }
+/// One operation of an executable graph: an [`Op`], or (`None`) a join point that waits for its
+/// dependencies and does nothing else; and the operations it depends on (indices, all earlier).
+type PlanOp = (Option<Op>, Vec<usize>);
+
+/// The operations of a node that is not a child graph.
+fn node_ops(kind: &NodeKind, out: &mut Vec<Op>) {
     match kind {
         NodeKind::Kernel(k) => out.push(k.op()),
         NodeKind::Memcpy(_, ops) | NodeKind::Memset(_, ops) => out.extend(ops.iter().cloned()),
         NodeKind::Host { f, data } => out.push(Op::Host { f: *f, data: *data }),
-        NodeKind::Child(c) => {
-            for n in reg.topo_order(*c)? {
-                let kind = reg.node(n)?.kind.clone();
-                node_ops(reg, &kind, out, depth + 1)?;
-            }
-        }
-        NodeKind::Empty => {}
+        NodeKind::Child(_) | NodeKind::Empty => {}
         NodeKind::EventRecord(e) => out.push(Op::EventRecord(*e)),
         NodeKind::EventWait(e) => out.push(Op::EventWait(*e)),
         NodeKind::MemAlloc { ptr, reserved, .. } => out.push(Op::MemAlloc {
@@ -98,7 +98,96 @@ fn node_ops(reg: &Registry, kind: &NodeKind, out: &mut Vec<Op>, depth: usize) ->
         }),
         NodeKind::MemFree(p) => out.push(Op::MemFree { ptr: *p }),
     }
-    Ok(())
+}
+
+/// Appends the operations of `nodes` (a graph's nodes in topological order; child graphs
+/// inlined) to `out` with their dependencies; the graph's roots depend on `entry`. Returns the
+/// operation the graph's end stands for (`None`: nothing, i.e. `entry`'s). Where several
+/// operations meet (a node without operations of its own, or a child graph, that depends on
+/// several) a join point stands for them, so that every node ends in at most one operation.
+fn graph_ops(
+    reg: &Registry,
+    nodes: &[u64],
+    disabled: &std::collections::HashSet<u64>,
+    entry: Option<usize>,
+    out: &mut Vec<PlanOp>,
+    depth: usize,
+) -> CuRes<Option<usize>> {
+    if depth > MAX_NODES {
+        return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let mut end: std::collections::HashMap<u64, Option<usize>> = Default::default();
+    let mut depended: std::collections::HashSet<u64> = Default::default();
+    let mut ops = Vec::new();
+    for &n in nodes {
+        let node = reg.node(n)?;
+        let mut incoming: Vec<usize> = if node.deps.is_empty() {
+            entry.into_iter().collect()
+        } else {
+            node.deps
+                .iter()
+                .filter_map(|d| end.get(d).copied().flatten())
+                .collect()
+        };
+        incoming.sort_unstable();
+        incoming.dedup();
+        depended.extend(node.deps.iter().copied());
+        let join = |out: &mut Vec<PlanOp>, incoming: Vec<usize>| -> Option<usize> {
+            match incoming.len() {
+                0 => None,
+                1 => Some(incoming[0]),
+                _ => {
+                    out.push((None, incoming));
+                    Some(out.len() - 1)
+                }
+            }
+        };
+        let last = if let NodeKind::Child(c) = node.kind {
+            let start = join(out, incoming);
+            graph_ops(
+                reg,
+                &reg.topo_order(c)?,
+                &Default::default(),
+                start,
+                out,
+                depth + 1,
+            )?
+        } else {
+            ops.clear();
+            if !disabled.contains(&n) {
+                node_ops(&node.kind, &mut ops);
+            }
+            if ops.is_empty() {
+                join(out, incoming)
+            } else {
+                let mut deps = incoming;
+                for op in ops.drain(..) {
+                    out.push((Some(op), deps));
+                    deps = vec![out.len() - 1];
+                }
+                Some(out.len() - 1)
+            }
+        };
+        if out.len() > MAX_NODES {
+            return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        end.insert(n, last);
+    }
+    let exits: Vec<usize> = nodes
+        .iter()
+        .filter(|n| !depended.contains(n))
+        .filter_map(|n| end.get(n).copied().flatten())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    Ok(match exits.len() {
+        0 => entry,
+        1 => Some(exits[0]),
+        _ => {
+            out.push((None, exits));
+            Some(out.len() - 1)
+        }
+    })
 }
 
 /// Appends a device operation to a run's node list; `false` for an operation the shim runs.
@@ -194,13 +283,10 @@ fn encode(ctx: u64, op: &Op, out: &mut Vec<u8>) -> bool {
 }
 
 impl Exec {
-    /// The operations of every node, in order.
-    fn ops(&self, reg: &Registry) -> CuRes<Vec<Op>> {
+    /// The operations of every node, in a topological order, with their dependencies.
+    fn ops(&self, reg: &Registry) -> CuRes<Vec<PlanOp>> {
         let mut ops = Vec::new();
-        for n in &self.copy_nodes {
-            let kind = reg.node(*n)?.kind.clone();
-            node_ops(reg, &kind, &mut ops, 0)?;
-        }
+        graph_ops(reg, &self.copy_nodes, &self.disabled, None, &mut ops, 0)?;
         if ops.len() > MAX_NODES {
             return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
         }
@@ -214,7 +300,7 @@ impl Exec {
         }
         let ops = self.ops(reg)?;
         if self.flags & FLAG_AUTO_FREE_ON_LAUNCH != 0
-            && ops.iter().any(|o| matches!(o, Op::MemAlloc { .. }))
+            && ops.iter().any(|o| matches!(o.0, Some(Op::MemAlloc { .. })))
         {
             crate::debug!("CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH is not supported");
             return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
@@ -225,25 +311,56 @@ impl Exec {
         let mut layout: Vec<Option<usize>> = Vec::new();
         let mut cur: Option<(Vec<u8>, bool)> = None;
         let mut hosts = Vec::new();
-        for op in ops {
+        // Where each operation went: (run, position in it); `usize::MAX` for host operations.
+        let mut placed: Vec<(usize, u32)> = Vec::with_capacity(ops.len());
+        // Nodes in the run being built.
+        let mut in_run = 0u32;
+        for (op, deps) in ops {
             let mut bytes = Vec::new();
-            if encode(self.ctx, &op, &mut bytes) {
+            let device = match &op {
+                Some(op) => encode(self.ctx, op, &mut bytes),
+                None => {
+                    push_node(&mut bytes, EMPTY_NODE, &msg::Empty {}, &[]);
+                    true
+                }
+            };
+            if device {
                 let full = cur
                     .as_ref()
                     .is_some_and(|(b, _)| !b.is_empty() && b.len() + bytes.len() > MAX_BULK_CHUNK);
                 if let Some(run) = cur.take_if(|_| full) {
                     runs.push(run);
                     layout.push(Some(runs.len() - 1));
+                    in_run = 0;
                 }
+                let run = runs.len();
+                // Dependencies inside this run; earlier runs (and host operations) are done
+                // before it starts.
+                let mut local: Vec<u32> = deps
+                    .iter()
+                    .filter_map(|&d| placed.get(d))
+                    .filter(|(r, _)| *r == run)
+                    .map(|&(_, p)| p)
+                    .collect();
+                local.sort_unstable();
+                local.dedup();
+                let default: &[u32] = if in_run == 0 { &[] } else { &[in_run - 1] };
                 let (buf, alloc) = cur.get_or_insert_with(|| (Vec::new(), false));
+                if local != default {
+                    push_deps(buf, &local);
+                }
                 buf.extend_from_slice(&bytes);
-                *alloc |= matches!(op, Op::MemAlloc { .. });
+                *alloc |= matches!(op, Some(Op::MemAlloc { .. }));
+                placed.push((run, in_run));
+                in_run += 1;
             } else {
                 if let Some(run) = cur.take() {
                     runs.push(run);
                     layout.push(Some(runs.len() - 1));
                 }
-                hosts.push(op);
+                in_run = 0;
+                placed.push((usize::MAX, 0));
+                hosts.push(op.expect("host operations are operations"));
                 layout.push(None);
             }
         }
@@ -337,6 +454,7 @@ pub fn instantiate(g: u64, flags: u64) -> CuRes<u64> {
         uploaded: Vec::new(),
         plan: None,
         flags,
+        disabled: Default::default(),
     };
     if let Err(e) = exec.upload(&reg) {
         let _ = destroy_parts(&mut reg, exec);
@@ -477,6 +595,42 @@ pub fn set_node(e: u64, node: u64, kind: NodeKind) -> CuRes<()> {
     slot.kind = kind;
     reg.execs.get_mut(&e).expect("found above").changed();
     Ok(())
+}
+
+/// `cuGraphNodeSetEnabled`: a disabled kernel, memcpy or memset node of `exec` runs as an empty
+/// node (its dependencies still order the graph) until enabled again.
+pub fn set_enabled(e: u64, node: u64, enabled: bool) -> CuRes<()> {
+    let mut reg = registry();
+    let (_, copy) = exec_node(&reg, e, node)?;
+    if !matches!(
+        reg.node(copy)?.kind,
+        NodeKind::Kernel(_) | NodeKind::Memcpy(..) | NodeKind::Memset(..)
+    ) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let exec = reg.execs.get_mut(&e).expect("found above");
+    let changed = if enabled {
+        exec.disabled.remove(&copy)
+    } else {
+        exec.disabled.insert(copy)
+    };
+    if changed {
+        exec.changed();
+    }
+    Ok(())
+}
+
+/// `cuGraphNodeGetEnabled`.
+pub fn enabled(e: u64, node: u64) -> CuRes<bool> {
+    let reg = registry();
+    let (_, copy) = exec_node(&reg, e, node)?;
+    if !matches!(
+        reg.node(copy)?.kind,
+        NodeKind::Kernel(_) | NodeKind::Memcpy(..) | NodeKind::Memset(..)
+    ) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(!reg.execs[&e].disabled.contains(&copy))
 }
 
 /// `cuGraphExecUpdate`: gives `exec` the parameters of graph `g`, whose topology must be the

@@ -16,14 +16,15 @@
 //!   numeric `device_type` and one queue size per queue.
 
 use clap::{Args, ValueEnum};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use vgpu_config::{
     QEMU_VGPU_DEVICE_ID, VGPU_CONFIG_SIZE, VGPU_QUEUE_SIZE, VGPU_QUEUES, qemu_presents_device_id,
 };
 
 use crate::api::{Client, typed};
-use crate::cli::{CliError, print_json};
+use crate::outcome::{CliError, print_json};
+pub use crate::vm_transport::VmTransport;
 
 /// Guest memory when `--guest-memory` is not given.
 pub const DEFAULT_GUEST_MEMORY: &str = "2G";
@@ -63,43 +64,6 @@ pub struct AttachArgs {
     /// cloud-hypervisor hybrid vsock: the guest's CID.
     #[arg(long, value_name = "CID", default_value_t = DEFAULT_HYBRID_CID)]
     pub cid: u64,
-}
-
-/// What the arguments are built from (the VM's running config).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VmTransport {
-    /// VM name.
-    pub name: String,
-    /// `vhost_user_socket`.
-    pub vhost_user_socket: Option<String>,
-    /// `guest_cid`.
-    pub guest_cid: Option<u64>,
-    /// `unix_socket`.
-    pub unix_socket: Option<String>,
-    /// The virtio device ID, when the VM's `vhost_user_socket` serves the virtio-vgpu device
-    /// (`device_model = "vgpu"`).
-    pub vgpu_device_id: Option<u16>,
-}
-
-impl VmTransport {
-    /// From the admin API's VM. Its transports are read from `config`, the VM's `[[vm]]`
-    /// entry, whose keys are the config file's (vgpu-config renders it).
-    pub fn from_vm(v: &vgpu_api::Vm) -> Self {
-        let c = v.config.as_ref().unwrap_or(&Value::Null);
-        let s = |k: &str| c[k].as_str().map(str::to_string);
-        Self {
-            name: v.name.clone(),
-            vhost_user_socket: s("vhost_user_socket"),
-            guest_cid: c["guest_cid"].as_u64(),
-            unix_socket: s("unix_socket"),
-            vgpu_device_id: (c["device_model"] == "vgpu").then(|| {
-                c["vgpu_device_id"]
-                    .as_u64()
-                    .and_then(|v| u16::try_from(v).ok())
-                    .unwrap_or(vgpu_config::DEFAULT_VGPU_DEVICE_ID)
-            }),
-        }
-    }
 }
 
 /// Guest RAM as the VMM should allocate it: shared (vgpud maps it), optionally in huge pages.

@@ -20,22 +20,15 @@ use serde_json::{Value, json};
 
 use vgpu_api as api;
 
-use crate::api::{ApiError, Client, typed};
+use crate::api::{Client, typed};
+pub use crate::outcome::{
+    CliError, EXIT_CHECK_FAILED, EXIT_REFUSED, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE,
+    print_json,
+};
 use crate::table::{Align, Table, bytes, duration, or_dash, percent};
 
 /// Default admin socket.
 pub const DEFAULT_SOCKET: &str = "/run/vgpu/admin.sock";
-
-/// Exit code: the daemon refused the request (unknown VM, invalid change).
-pub const EXIT_REFUSED: u8 = 1;
-/// Exit code: the command line is wrong (clap).
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code: the daemon could not be reached.
-pub const EXIT_UNREACHABLE: u8 = 3;
-/// Exit code: `doctor` found a failing check.
-pub const EXIT_CHECK_FAILED: u8 = 4;
-/// Exit code: `vm drain --wait` timed out.
-pub const EXIT_TIMEOUT: u8 = 5;
 
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
@@ -279,46 +272,6 @@ pub enum OverflowArg {
     None,
     /// They go to host memory, at the same device addresses.
     Host,
-}
-
-/// Why a command failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// The admin API refused or could not be reached.
-    #[error(transparent)]
-    Api(#[from] ApiError),
-    /// A passthrough operation failed.
-    #[error(transparent)]
-    Passthrough(#[from] crate::passthrough::PassthroughError),
-    /// A local operation failed (writing man pages, attach arguments, …).
-    #[error("{0}")]
-    Failed(String),
-    /// `doctor` found failing checks.
-    #[error("{0} check(s) failed; see the fixes above")]
-    ChecksFailed(usize),
-    /// A wait timed out.
-    #[error("{0}")]
-    Timeout(String),
-}
-
-impl CliError {
-    /// The process exit code for this error.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            CliError::Api(ApiError::Connect { .. } | ApiError::Io(_) | ApiError::Malformed(_)) => {
-                EXIT_UNREACHABLE
-            }
-            CliError::ChecksFailed(_) => EXIT_CHECK_FAILED,
-            CliError::Timeout(_) => EXIT_TIMEOUT,
-            CliError::Passthrough(e) => e.exit_code(),
-            _ => EXIT_REFUSED,
-        }
-    }
-}
-
-/// Prints JSON, pretty.
-pub fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 fn vm_table(vms: &[api::Vm]) -> String {
@@ -1091,6 +1044,7 @@ const DRAIN_POLL: Duration = Duration::from_millis(200);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ApiError;
 
     #[test]
     fn every_flag_and_command_has_help() {

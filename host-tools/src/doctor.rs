@@ -24,7 +24,7 @@ use serde_json::json;
 use vgpu_config::{Config, DeviceKind, VmMode};
 
 use crate::api::{Client, typed};
-use crate::cli::{CliError, print_json};
+use crate::outcome::{CliError, print_json};
 use crate::table::bytes;
 
 /// The KVM API version every Linux since 2.6.22 reports.

@@ -7,7 +7,9 @@
 //! - [`attach`]: VMM arguments for a VM;
 //! - [`libvirt`]: `vm attach`/`detach` of libvirt domains;
 //! - [`manpages`]: man pages generated from the command definitions;
-//! - [`table`]: tables and human-readable numbers.
+//! - [`table`]: tables and human-readable numbers;
+//! - [`outcome`]: a command's error, exit codes and JSON output (used by every command module);
+//! - [`vm_transport`]: a VM's transports from its running config (for `attach` and `libvirt`).
 
 pub mod api;
 pub mod attach;
@@ -15,6 +17,8 @@ pub mod cli;
 pub mod doctor;
 pub mod libvirt;
 pub mod manpages;
+pub mod outcome;
 pub mod passthrough;
 pub mod table;
 pub mod top;
+pub mod vm_transport;

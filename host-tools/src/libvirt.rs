@@ -17,8 +17,8 @@ use serde_json::json;
 use vgpu_libvirt::{Attachment, Model};
 
 use crate::api::{Client, typed};
-use crate::attach::VmTransport;
-use crate::cli::{CliError, print_json};
+use crate::outcome::{CliError, print_json};
+use crate::vm_transport::VmTransport;
 
 /// libvirt's system URI.
 pub const DEFAULT_URI: &str = "qemu:///system";

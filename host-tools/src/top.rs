@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use vgpu_api as api;
 
 use crate::api::{ApiError, Client, typed};
-use crate::cli::{CliError, print_json};
+use crate::outcome::{CliError, print_json};
 use crate::table::{bandwidth, bytes, duration, or_dash, percent, rate};
 
 /// Width of the memory and share bars, in cells.

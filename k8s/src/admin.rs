@@ -1,13 +1,18 @@
 //! A small blocking client of vgpud's admin API (REST/JSON over HTTP/1.1 on
-//! a unix socket; docs/admin-api.yaml).
+//! a unix socket; docs/admin-api.yaml). The plugin reads and writes the
+//! bodies as the `vgpu-api` types vgpud serializes them from, so a field
+//! renamed in vgpud is a compile error here, not a slot that silently
+//! disappears.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use thiserror::Error;
+use vgpu_api::{PassthroughAssignment, Profile, Removal, Vm, VmEntry};
 
 /// Why an admin request failed.
 #[derive(Debug, Error)]
@@ -25,6 +30,26 @@ pub enum AdminError {
     /// The reply is not HTTP with a JSON body.
     #[error("vgpud sent a reply that is not HTTP/JSON: {0}")]
     Reply(String),
+    /// The reply is JSON, but not of the shape of its `vgpu-api` type.
+    #[error(
+        "vgpud's answer to {path} does not have the shape this plugin knows; are vgpud and the plugin the same version?"
+    )]
+    Shape {
+        /// The request path.
+        path: String,
+        /// What did not match.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A request body cannot be encoded.
+    #[error("cannot encode the body of {path}")]
+    Encode {
+        /// The request path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: serde_json::Error,
+    },
     /// vgpud refused the request.
     #[error("vgpud answered {status}: {message}")]
     Status {
@@ -104,5 +129,49 @@ impl AdminClient {
     /// `GET path`.
     pub fn get(&self, path: &str) -> Result<Value, AdminError> {
         self.request("GET", path, None)
+    }
+
+    /// One request whose 2xx reply is read as `T`.
+    fn typed<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, AdminError> {
+        let reply = self.request(method, path, body)?;
+        T::deserialize(reply).map_err(|source| AdminError::Shape {
+            path: path.to_string(),
+            source,
+        })
+    }
+
+    /// `GET /v1/profiles`.
+    pub fn profiles(&self) -> Result<Vec<Profile>, AdminError> {
+        self.typed("GET", "/v1/profiles", None)
+    }
+
+    /// `GET /v1/vms`.
+    pub fn vms(&self) -> Result<Vec<Vm>, AdminError> {
+        self.typed("GET", "/v1/vms", None)
+    }
+
+    /// `GET /v1/passthrough`.
+    pub fn passthrough(&self) -> Result<Vec<PassthroughAssignment>, AdminError> {
+        self.typed("GET", "/v1/passthrough", None)
+    }
+
+    /// `POST /v1/vms`: creates a VM; vgpud's view of it.
+    pub fn create_vm(&self, entry: &VmEntry) -> Result<Vm, AdminError> {
+        const PATH: &str = "/v1/vms";
+        let body = serde_json::to_value(entry).map_err(|source| AdminError::Encode {
+            path: PATH.to_string(),
+            source,
+        })?;
+        self.typed("POST", PATH, Some(&body))
+    }
+
+    /// `DELETE /v1/vms/{name}`: what was released.
+    pub fn remove_vm(&self, name: &str) -> Result<Removal, AdminError> {
+        self.typed("DELETE", &format!("/v1/vms/{name}"), None)
     }
 }

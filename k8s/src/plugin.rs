@@ -20,7 +20,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
 use tokio_stream::Stream;
@@ -28,6 +27,7 @@ use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
+use vgpu_api::VmEntry;
 
 use crate::admin::{AdminClient, AdminError};
 use crate::api::deviceplugin as dp;
@@ -123,10 +123,8 @@ impl Shared {
     async fn refresh(&self) -> Arc<Inventory> {
         let r = self
             .admin(|a| {
-                Ok(Inventory::from_json(
-                    &a.get("/v1/profiles")?,
-                    &a.get("/v1/vms")?,
-                ))
+                Ok(Inventory::from_api(&a.profiles()?, &a.vms()?)
+                    .with_passthrough(&a.passthrough()?))
             })
             .await;
         let inv = match r {
@@ -178,22 +176,31 @@ impl Shared {
             .unwrap_or(self.config.cid_base);
         std::fs::create_dir_all(&dir)
             .map_err(|e| Status::internal(format!("cannot create {}: {e}", dir.display())))?;
-        let mut body = json!({
-            "name": vm,
-            "device": slot.device,
-            "profile": slot.profile,
-            "unix_socket": dir.join("cuda.sock"),
-            "vhost_user_socket": dir.join("vhost.sock"),
-            "vsock_uds_path": dir.join("vsock"),
-            "guest_cid": cid,
-        });
-        if let Some(o) = &self.config.socket_owner {
-            body["socket_owner"] = o.clone().into();
+        let utf8 = |p: PathBuf| {
+            p.into_os_string().into_string().map_err(|p| {
+                Status::invalid_argument(format!(
+                    "the socket path {} is not UTF-8; choose a --socket-root that is",
+                    Path::new(&p).display()
+                ))
+            })
+        };
+        let entry = VmEntry {
+            name: vm.clone(),
+            device: Some(slot.device.clone()),
+            profile: Some(slot.profile.clone()),
+            unix_socket: Some(utf8(dir.join("cuda.sock"))?),
+            vhost_user_socket: Some(utf8(dir.join("vhost.sock"))?),
+            vsock_uds_path: Some(utf8(dir.join("vsock"))?),
+            guest_cid: Some(cid),
+            socket_owner: self.config.socket_owner.clone(),
+            ..VmEntry::default()
+        };
+        if self.config.socket_owner.is_some() {
             // The directory must let the owner reach its sockets.
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
         }
-        self.admin(move |a| a.request("POST", "/v1/vms", Some(&body)))
+        self.admin(move |a| a.create_vm(&entry))
             .await
             .map_err(|e| {
                 let _ = std::fs::remove_dir(&dir);
@@ -229,10 +236,10 @@ impl Shared {
         }
         for s in stale {
             let vm = s.vm_name();
-            let path = format!("/v1/vms/{vm}");
-            match self.admin(move |a| a.request("DELETE", &path, None)).await {
+            let name = vm.clone();
+            match self.admin(move |a| a.remove_vm(&name)).await {
                 Ok(r) => {
-                    info!(vm = %vm, memory_released = %r["memory_released"], "released: no pod holds the slot any more");
+                    info!(vm = %vm, memory_released = r.memory_released, "released: no pod holds the slot any more");
                     let _ = std::fs::remove_dir_all(self.config.socket_root.join(&vm));
                 }
                 Err(e) => warn!(vm = %vm, error = %e, "cannot release"),

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::Value;
+use vgpu_api::{PASSTHROUGH_READY, PassthroughAssignment, Profile, Vm};
 
 /// The resource (under the domain) of GPUs and VFs passed through whole
 /// (`vgpuctl passthrough`), for KubeVirt's `permittedHostDevices`.
@@ -103,23 +103,15 @@ pub struct Inventory {
     /// Guest CIDs in use by any VM.
     pub cids: BTreeSet<u64>,
     /// Devices assigned to passthrough VMs: (PCI address, bound to vfio-pci, IOMMU group).
-    pub passthrough: Vec<(String, bool, Option<u64>)>,
+    pub passthrough: Vec<(String, bool, Option<u32>)>,
 }
 
 impl Inventory {
     /// Adds `GET /v1/passthrough`'s answer.
-    pub fn with_passthrough(mut self, p: &Value) -> Inventory {
-        self.passthrough = p
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| {
-                Some((
-                    a["pci"].as_str()?.to_string(),
-                    a["state"] == "ready",
-                    a["iommu_group"].as_u64(),
-                ))
-            })
+    pub fn with_passthrough(mut self, assignments: &[PassthroughAssignment]) -> Inventory {
+        self.passthrough = assignments
+            .iter()
+            .map(|a| (a.pci.clone(), a.state == PASSTHROUGH_READY, a.iommu_group))
             .collect();
         self
     }
@@ -135,45 +127,37 @@ impl Inventory {
     }
 
     /// Reads `GET /v1/profiles` and `GET /v1/vms` answers.
-    pub fn from_json(profiles: &Value, vms: &Value) -> Inventory {
-        let mut inv = Inventory {
-            reachable: true,
-            ..Inventory::default()
-        };
-        for p in profiles.as_array().into_iter().flatten() {
-            let Some(name) = p["name"].as_str() else {
-                continue;
-            };
-            let gpus = p["devices"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|d| {
-                    let total = d["memory_total"].as_u64()?;
-                    let sliced = d["memory_sliced"].as_u64().unwrap_or(0);
-                    Some(GpuSlots {
-                        device: d["device"].as_str()?.to_string(),
-                        slice: d["memory"].as_u64()?,
-                        slots: d["slots"].as_u64()?,
-                        free: d["free"].as_u64()?,
-                        unsliced: total.saturating_sub(sliced),
+    pub fn from_api(profiles: &[Profile], vms: &[Vm]) -> Inventory {
+        let profiles = profiles
+            .iter()
+            .map(|p| ProfileSlots {
+                name: p.name.clone(),
+                gpus: p
+                    .devices
+                    .iter()
+                    .map(|d| GpuSlots {
+                        device: d.device.clone(),
+                        slice: d.memory,
+                        slots: d.slots,
+                        free: d.free,
+                        unsliced: d.memory_total.saturating_sub(d.memory_sliced),
                     })
-                })
-                .collect();
-            inv.profiles.push(ProfileSlots {
-                name: name.to_string(),
-                gpus,
-            });
+                    .collect(),
+            })
+            .collect();
+        Inventory {
+            reachable: true,
+            profiles,
+            allocated: vms
+                .iter()
+                .filter_map(|v| SlotId::from_vm_name(&v.name))
+                .collect(),
+            cids: vms
+                .iter()
+                .filter_map(|v| v.vsock.as_ref().map(|s| s.guest_cid))
+                .collect(),
+            passthrough: Vec::new(),
         }
-        for v in vms.as_array().into_iter().flatten() {
-            if let Some(s) = v["name"].as_str().and_then(SlotId::from_vm_name) {
-                inv.allocated.insert(s);
-            }
-            if let Some(c) = v["vsock"]["guest_cid"].as_u64() {
-                inv.cids.insert(c);
-            }
-        }
-        inv
     }
 
     /// The profile named `name`.
@@ -275,22 +259,49 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use vgpu_api::{ProfileDevice, VmVsock};
 
     const GIB: u64 = 1 << 30;
 
+    fn device(name: &str, sliced: u64, free: u64) -> ProfileDevice {
+        ProfileDevice {
+            device: name.into(),
+            memory_total: 8 * GIB,
+            memory_sliced: sliced,
+            memory: 2 * GIB,
+            slots: 4,
+            free,
+            vms: Vec::new(),
+        }
+    }
+
+    fn q4(devices: Vec<ProfileDevice>) -> Vec<Profile> {
+        vec![Profile {
+            name: "q4".into(),
+            memory: "1/4".into(),
+            weight: 1,
+            priority: "normal".into(),
+            devices,
+        }]
+    }
+
     fn inv() -> Inventory {
-        let profiles = json!([
-            {"name": "q4", "devices": [
-                {"device": "gpu0", "memory_total": 8 * GIB, "memory_sliced": 4 * GIB, "memory": 2 * GIB, "slots": 4, "free": 2},
-                {"device": "gpu1", "memory_total": 8 * GIB, "memory_sliced": 0, "memory": 2 * GIB, "slots": 4, "free": 4}
-            ]}
-        ]);
-        let vms = json!([
-            {"name": "k8s-gpu0_q4_1", "vsock": {"guest_cid": 1000}},
-            {"name": "other", "vsock": null}
-        ]);
-        Inventory::from_json(&profiles, &vms)
+        let profiles = q4(vec![device("gpu0", 4 * GIB, 2), device("gpu1", 0, 4)]);
+        let vms = [
+            Vm {
+                name: "k8s-gpu0_q4_1".into(),
+                vsock: Some(VmVsock {
+                    guest_cid: 1000,
+                    ..VmVsock::default()
+                }),
+                ..Vm::default()
+            },
+            Vm {
+                name: "other".into(),
+                ..Vm::default()
+            },
+        ];
+        Inventory::from_api(&profiles, &vms)
     }
 
     #[test]
@@ -340,11 +351,8 @@ mod tests {
     #[test]
     fn slots_whose_ids_are_too_long_for_the_kubelet_are_not_offered() {
         let long = "g".repeat(57);
-        let profiles = json!([{"name": "q4", "devices": [
-            {"device": long, "memory_total": 8 * GIB, "memory_sliced": 0, "memory": 2 * GIB, "slots": 4, "free": 4},
-            {"device": "gpu1", "memory_total": 8 * GIB, "memory_sliced": 0, "memory": 2 * GIB, "slots": 4, "free": 4}
-        ]}]);
-        let i = Inventory::from_json(&profiles, &json!([]));
+        let profiles = q4(vec![device(&long, 0, 4), device("gpu1", 0, 4)]);
+        let i = Inventory::from_api(&profiles, &[]);
         let d = i.devices("q4");
         assert_eq!(d.len(), 4);
         assert!(
@@ -355,10 +363,17 @@ mod tests {
 
     #[test]
     fn passthrough_devices_are_healthy_when_bound_to_vfio() {
-        let i = inv().with_passthrough(&json!([
-            {"vm": "p1", "pci": "0000:3b:00.4", "state": "ready", "iommu_group": 61},
-            {"vm": "p2", "pci": "0000:3b:00.5", "state": "host-driver", "iommu_group": 62}
-        ]));
+        let assigned = |vm: &str, pci: &str, state: &str, group| PassthroughAssignment {
+            vm: vm.into(),
+            pci: pci.into(),
+            state: state.into(),
+            iommu_group: Some(group),
+            ..PassthroughAssignment::default()
+        };
+        let i = inv().with_passthrough(&[
+            assigned("p1", "0000:3b:00.4", "ready", 61),
+            assigned("p2", "0000:3b:00.5", "host-driver", 62),
+        ]);
         assert!(i.resources().contains(PASSTHROUGH));
         assert_eq!(
             i.devices(PASSTHROUGH),

@@ -186,6 +186,21 @@ pub struct Sriov {
     pub enabled: u32,
 }
 
+impl Sriov {
+    /// Reads a function's SR-IOV capability (`sriov_totalvfs`, `sriov_numvfs`); `None` when it
+    /// has none or does not exist.
+    pub fn read(s: &dyn Sysfs, address: PciAddress) -> Result<Option<Sriov>, PciError> {
+        let dir = address.sysfs_dir();
+        let Some(total) = dec_attr(s, &dir.join("sriov_totalvfs"))? else {
+            return Ok(None);
+        };
+        Ok(Some(Sriov {
+            total,
+            enabled: dec_attr(s, &dir.join("sriov_numvfs"))?.unwrap_or(0),
+        }))
+    }
+}
+
 /// A PCI function as sysfs shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PciDevice {
@@ -314,13 +329,7 @@ impl PciDevice {
         let driver_override = attr(s, &dir.join("driver_override"))
             .map_err(read_err(s, &dir.join("driver_override")))?
             .filter(|o| o != NO_OVERRIDE && !o.is_empty());
-        let sriov = match dec_attr(s, &dir.join("sriov_totalvfs"))? {
-            Some(total) => Some(Sriov {
-                total,
-                enabled: dec_attr(s, &dir.join("sriov_numvfs"))?.unwrap_or(0),
-            }),
-            None => None,
-        };
+        let sriov = Sriov::read(s, address)?;
         let mut indexed: Vec<(u32, PciAddress)> = Vec::new();
         if sriov.is_some() {
             for name in s.list(&dir).map_err(read_err(s, &dir))? {
@@ -529,5 +538,33 @@ mod tests {
         );
         // A whole device needs its IDs and class too.
         assert!(matches!(PciDevice::read(&s, a), Err(PciError::Read { .. })));
+    }
+
+    #[test]
+    fn sriov_counts_come_from_sysfs_and_garbage_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let s = crate::sysfs::RealSysfs::new(d.path());
+        let a: PciAddress = "0000:3b:00.0".parse().unwrap();
+        let dev = d.path().join(a.sysfs_dir());
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("sriov_numvfs"), "4\n").unwrap();
+        std::fs::write(dev.join("sriov_totalvfs"), "16\n").unwrap();
+        assert_eq!(
+            Sriov::read(&s, a).unwrap(),
+            Some(Sriov {
+                total: 16,
+                enabled: 4
+            })
+        );
+        // No such device, or no SR-IOV capability.
+        assert_eq!(
+            Sriov::read(&s, "0000:3c:00.0".parse().unwrap()).unwrap(),
+            None
+        );
+        std::fs::write(dev.join("sriov_totalvfs"), "lots\n").unwrap();
+        assert!(matches!(
+            Sriov::read(&s, a),
+            Err(PciError::Malformed { value, .. }) if value == "lots"
+        ));
     }
 }

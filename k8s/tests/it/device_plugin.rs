@@ -285,3 +285,66 @@ async fn the_plugin_registers_reports_allocates_releases_and_survives_a_kubelet_
     plugin.await.unwrap().unwrap();
     drop(daemon);
 }
+
+/// A PCI address no host has (segment `ffff`), so the device is `missing` in vgpud's
+/// `GET /v1/passthrough` whatever the machine.
+const ABSENT_PCI: &str = "ffff:ff:1f.7";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passthrough_assignment_is_offered_and_refused_until_bound_to_vfio() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugin_dir).unwrap();
+    let pod_resources = dir.path().join("pod-resources.sock");
+    let text = format!(
+        "[admin]\nsocket = \"{}\"\n\n\
+         [[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\nworkers = 1\n\n\
+         [[vm]]\nname = \"train\"\nmode = \"passthrough\"\npci = \"{ABSENT_PCI}\"\n",
+        dir.path().join("admin.sock").display()
+    );
+    let daemon = Daemon::start(&Config::parse(Path::new("vgpud.toml"), &text).unwrap()).unwrap();
+    let mut kubelet = Kubelet::start(&plugin_dir, &pod_resources);
+    let mut config = PluginConfig::new(&dir.path().join("admin.sock"), &plugin_dir);
+    config.pod_resources = pod_resources;
+    config.socket_root = dir.path().join("vms");
+    config.poll = Duration::from_millis(100);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let plugin = tokio::spawn(plugin::run(config, async {
+        let _ = stopped.await;
+    }));
+
+    // The only resource: vgpud's passthrough device, read from GET /v1/passthrough.
+    let r = kubelet
+        .next_registration(WAIT)
+        .await
+        .expect("the plugin registers the passthrough resource");
+    assert_eq!(r.resource_name, "vgpu.io/passthrough");
+    let mut p = kubelet.plugin(&r.endpoint).await;
+    let mut watch = p.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+    let list = until(&mut watch, "the passthrough device", |r| {
+        !r.devices.is_empty()
+    })
+    .await;
+    assert_eq!(
+        health(&list),
+        BTreeMap::from([(ABSENT_PCI.to_string(), "Unhealthy".to_string())]),
+        "a device not bound to vfio-pci is not offered as healthy"
+    );
+    let refused = p
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec![ABSENT_PCI.into()],
+            }],
+        })
+        .await
+        .expect_err("an unbound device is not handed to a pod");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    assert!(
+        refused.message().contains("vgpuctl passthrough bind"),
+        "{refused}"
+    );
+
+    let _ = stop.send(());
+    plugin.await.unwrap().unwrap();
+    drop(daemon);
+}

@@ -452,6 +452,9 @@ pub struct VmUsage {
     pub memory_limit: u64,
 }
 
+/// [`PassthroughAssignment::state`] of a device bound to vfio-pci, ready for its VM.
+pub const PASSTHROUGH_READY: &str = "ready";
+
 /// A passthrough VM's device as the host shows it now (`GET /v1/passthrough`, an array).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PassthroughAssignment {

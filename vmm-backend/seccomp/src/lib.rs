@@ -225,7 +225,7 @@ const BASE_LEGACY: &[libc::c_long] = &[
 const BASE_LEGACY: &[libc::c_long] = &[];
 
 /// What only control threads may do beyond [`BASE`]: create and remove files
-/// and sockets, bind and listen, change owners and modes, wait for signals,
+/// and sockets, bind and listen, change owners and modes, open a signalfd,
 /// `ioctl` (terminals, GPUs, VFIO), the CUDA driver's memory and scheduling calls.
 const CONTROL: &[libc::c_long] = &[
     libc::SYS_openat,
@@ -252,7 +252,7 @@ const CONTROL: &[libc::c_long] = &[
     libc::SYS_ioctl,
     libc::SYS_pipe2,
     libc::SYS_close_range,
-    libc::SYS_rt_sigtimedwait,
+    libc::SYS_signalfd4,
     libc::SYS_memfd_create,
     libc::SYS_mlock,
     libc::SYS_munlock,

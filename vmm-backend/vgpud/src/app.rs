@@ -32,6 +32,19 @@ impl Daemon {
     /// Starts everything the config declares.
     pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
         let rt = Runtime::start(config)?;
+        // Recorded before the admin API listens, so that the log's first entry is the start and
+        // every change made through the API comes after it.
+        if let Some(a) = rt.audit() {
+            a.record(
+                "daemon.start",
+                json!({
+                    "actor": Actor::Daemon, "pid": std::process::id(),
+                    "version": env!("CARGO_PKG_VERSION"), "config": config.path,
+                    "vms": config.vms.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
+                }),
+                Durability::Synced,
+            );
+        }
         let metrics = match config.admin.metrics_listen {
             Some(addr) => {
                 let m = MetricsServer::start(Arc::clone(&rt), addr)
@@ -50,17 +63,6 @@ impl Daemon {
             }
             None => None,
         };
-        if let Some(a) = rt.audit() {
-            a.record(
-                "daemon.start",
-                json!({
-                    "actor": Actor::Daemon, "pid": std::process::id(),
-                    "version": env!("CARGO_PKG_VERSION"), "config": config.path,
-                    "vms": config.vms.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
-                }),
-                Durability::Synced,
-            );
-        }
         crate::tuning::Tuner::start(&rt);
         Ok(Daemon { rt, admin, metrics })
     }

@@ -1,7 +1,8 @@
 //! Inventory of the host's real NVIDIA GPUs through NVML (`nvml-wrapper`,
 //! which loads `libnvidia-ml.so.1` at run time, so vgpud runs without the
 //! driver): name, UUID, PCI address, memory, utilization, temperature, power,
-//! MIG mode and instances, and SR-IOV virtual functions (from sysfs).
+//! MIG mode and instances, and SR-IOV virtual functions (from sysfs, read by `vgpu-pci` as
+//! `vgpuctl passthrough` reads them).
 //!
 //! Without the driver the report says so plainly; the simulated devices are
 //! listed by the admin API either way.
@@ -13,14 +14,17 @@ use std::sync::Mutex;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::error::NvmlError;
+use tracing::debug;
+use vgpu_pci::sysfs::RealSysfs;
+use vgpu_pci::{PciAddress, Sriov};
 
 /// The library NVML is loaded from (the driver installs the `.so.1` name;
 /// the unversioned name needs the development package).
 pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 /// Environment variable that overrides [`NVML_LIBRARY`] (a full path).
 pub const NVML_LIBRARY_ENV: &str = "VGPU_NVML_LIBRARY";
-/// Where PCI devices are described.
-const SYSFS_PCI: &str = "/sys/bus/pci/devices";
+/// The host's sysfs.
+const SYSFS: &str = "/sys";
 /// NVML reports milliwatts.
 const MILLIWATTS_PER_WATT: f64 = 1000.0;
 
@@ -32,7 +36,7 @@ pub use vgpu_api::{Gpu, MigInstance};
 /// only by [`Inventory::refresh`].
 pub struct Inventory {
     library: PathBuf,
-    sysfs_pci: PathBuf,
+    sysfs: RealSysfs,
     nvml: Mutex<Option<Result<Nvml, String>>>,
 }
 
@@ -48,7 +52,7 @@ impl Default for Inventory {
     fn default() -> Self {
         let library = std::env::var_os(NVML_LIBRARY_ENV)
             .map_or_else(|| PathBuf::from(NVML_LIBRARY), PathBuf::from);
-        Self::new(&library, Path::new(SYSFS_PCI))
+        Self::new(&library, Path::new(SYSFS))
     }
 }
 
@@ -67,11 +71,11 @@ pub fn explain(library: &Path, e: &NvmlError) -> String {
 
 impl Inventory {
     /// An inventory loading NVML from `library`, with SR-IOV information
-    /// from `sysfs_pci` (normally `/sys/bus/pci/devices`).
-    pub fn new(library: &Path, sysfs_pci: &Path) -> Self {
+    /// from the sysfs tree at `sysfs` (normally `/sys`).
+    pub fn new(library: &Path, sysfs: &Path) -> Self {
         Self {
             library: library.to_path_buf(),
-            sysfs_pci: sysfs_pci.to_path_buf(),
+            sysfs: RealSysfs::new(sysfs),
             nvml: Mutex::new(None),
         }
     }
@@ -133,15 +137,21 @@ impl Inventory {
                 }
             }
         }
-        let pci = d.pci_info().ok().and_then(|p| sysfs_address(&p.bus_id));
-        let (sriov_vfs, sriov_vfs_total) = pci
-            .as_deref()
-            .map_or((None, None), |a| sriov(&self.sysfs_pci, a));
+        let pci = d
+            .pci_info()
+            .ok()
+            .and_then(|p| p.bus_id.trim().parse::<PciAddress>().ok());
+        let sriov = pci.and_then(|a| {
+            Sriov::read(&self.sysfs, a)
+                .map_err(|e| debug!(pci = %a, error = %e, "SR-IOV capability unreadable"))
+                .ok()
+                .flatten()
+        });
         Some(Gpu {
             index,
             name: d.name().ok(),
             uuid: d.uuid().ok(),
-            pci,
+            pci: pci.map(|a| a.to_string()),
             memory_total: mem.as_ref().map(|m| m.total),
             memory_used: mem.as_ref().map(|m| m.used),
             utilization_gpu: util.as_ref().map(|u| u.gpu),
@@ -154,29 +164,10 @@ impl Inventory {
             mig_enabled,
             mig_pending: mig.as_ref().map(|m| m.pending != 0),
             mig_instances,
-            sriov_vfs,
-            sriov_vfs_total,
+            sriov_vfs: sriov.map(|s| s.enabled),
+            sriov_vfs_total: sriov.map(|s| s.total),
         })
     }
-}
-
-/// NVML's bus id (`00000000:3B:00.0`) as sysfs writes it (`0000:3b:00.0`).
-pub fn sysfs_address(bus_id: &str) -> Option<String> {
-    bus_id
-        .trim()
-        .parse::<vgpu_pci::PciAddress>()
-        .ok()
-        .map(|a| a.to_string())
-}
-
-/// SR-IOV virtual functions (enabled, supported) of a PCI device.
-pub fn sriov(sysfs_pci: &Path, address: &str) -> (Option<u32>, Option<u32>) {
-    let read = |f: &str| {
-        std::fs::read_to_string(sysfs_pci.join(address).join(f))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-    };
-    (read("sriov_numvfs"), read("sriov_totalvfs"))
 }
 
 #[cfg(test)]
@@ -187,7 +178,7 @@ mod tests {
     fn without_the_driver_the_report_says_so_plainly() {
         let inv = Inventory::new(
             Path::new("/nonexistent/libnvidia-ml.so.1"),
-            Path::new(SYSFS_PCI),
+            Path::new(SYSFS),
         );
         let r = inv.report();
         assert!(!r.nvml);
@@ -202,29 +193,5 @@ mod tests {
         assert_eq!(inv.report().reason.as_deref(), Some(reason.as_str()));
         inv.refresh();
         assert!(!inv.report().nvml);
-    }
-
-    #[test]
-    fn nvml_bus_ids_become_sysfs_addresses() {
-        assert_eq!(
-            sysfs_address("00000000:3B:00.0").as_deref(),
-            Some("0000:3b:00.0")
-        );
-        assert_eq!(
-            sysfs_address("0001:C1:1F.7").as_deref(),
-            Some("0001:c1:1f.7")
-        );
-        assert_eq!(sysfs_address("garbage"), None);
-    }
-
-    #[test]
-    fn sriov_counts_come_from_sysfs() {
-        let dir = tempfile::tempdir().unwrap();
-        let dev = dir.path().join("0000:3b:00.0");
-        std::fs::create_dir_all(&dev).unwrap();
-        std::fs::write(dev.join("sriov_numvfs"), "4\n").unwrap();
-        std::fs::write(dev.join("sriov_totalvfs"), "16\n").unwrap();
-        assert_eq!(sriov(dir.path(), "0000:3b:00.0"), (Some(4), Some(16)));
-        assert_eq!(sriov(dir.path(), "0000:3c:00.0"), (None, None));
     }
 }

@@ -10,6 +10,7 @@
 //! - [`metrics`]: the Prometheus text endpoint;
 //! - [`http`]: the HTTP/1.1 layer both share;
 //! - [`audit`]: the append-only JSON-lines audit log;
+//! - [`signals`]: `SIGHUP`/`SIGTERM`/`SIGINT` read from a signalfd on tokio, with their sender;
 //! - [`inventory`]: the host's real GPUs through NVML;
 //! - [`usage`]: compute usage of VMs and devices;
 //! - [`gpu_port`]: serves the GPU port of each VM's vsock device in-process;
@@ -32,6 +33,7 @@ pub mod metrics;
 pub mod passthrough;
 pub mod server;
 pub mod session_hub;
+pub mod signals;
 pub mod tuning;
 pub mod usage;
 pub mod vgpu_service;

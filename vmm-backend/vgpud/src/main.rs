@@ -8,6 +8,7 @@ use tracing_subscriber::EnvFilter;
 use vgpu_config::{Config, DeviceKind};
 use vgpud::Daemon;
 use vgpud::audit::Actor;
+use vgpud::signals::{self, SignalError, Signals};
 
 /// Shares GPUs between VMs at the CUDA API level, with hard memory slices and time-sliced compute.
 #[derive(Debug, Parser)]
@@ -49,18 +50,16 @@ impl From<SeccompArg> for vgpu_seccomp::Mode {
     }
 }
 
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut set) };
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: `set` is an initialised sigset_t and `sig` a valid signal number.
-        unsafe { libc::sigaddset(&mut set, sig) };
+/// An error with its causes, `outer: inner: …`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
     }
-    // SAFETY: `set` is initialised; the old mask is not wanted (NULL).
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    set
+    s
 }
 
 /// Points standard output at `/dev/null`. vgpud writes nothing there (logs go to stderr), but
@@ -77,27 +76,33 @@ fn discard_stdout() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Waits for one of the blocked signals; returns it with its sender.
-fn wait_for_signal(set: &libc::sigset_t) -> Actor {
+/// Serves signals until `SIGTERM` or `SIGINT`: each `SIGHUP` reloads the config file at `path`.
+/// Runs on the main thread's tokio runtime; a reload runs on it too (nothing else does), and
+/// signals that arrive meanwhile wait in the signalfd.
+async fn serve_signals(
+    signals: &Signals,
+    daemon: &Daemon,
+    path: &std::path::Path,
+) -> Result<(), SignalError> {
     loop {
-        // SAFETY: siginfo_t is plain data, filled by sigwaitinfo.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is initialised and blocked in every thread (threads
-        // inherit the mask); `info` is valid for writes.
-        let sig = unsafe { libc::sigwaitinfo(set, &mut info) };
-        if sig < 0 {
-            continue; // EINTR
-        }
-        // SAFETY: for signals sent by kill(2) the kernel fills si_pid;
-        // otherwise it reads as 0 (the struct was zeroed).
-        let pid = unsafe { info.si_pid() };
-        // SAFETY: as above, for si_uid.
-        let uid = unsafe { info.si_uid() };
-        return Actor::Signal {
-            signal: sig,
-            pid,
-            uid,
+        let actor = signals.next().await?;
+        let Actor::Signal { signal, pid, .. } = actor else {
+            continue;
         };
+        if signal != libc::SIGHUP {
+            tracing::info!(signal, sender = pid, "shutting down");
+            return Ok(());
+        }
+        tracing::info!(sender = pid, config = %path.display(), "SIGHUP: reloading the config");
+        match daemon.reload(actor, path) {
+            Ok(r) => tracing::info!(
+                applied = r.applied.len(),
+                refused = r.refused.len(),
+                restart_needed = r.restart_needed.len(),
+                "config reloaded"
+            ),
+            Err(e) => tracing::error!("config not reloaded: {e}"),
+        }
     }
 }
 
@@ -150,9 +155,15 @@ fn main() -> ExitCode {
     if let Err(e) = discard_stdout() {
         tracing::warn!(error = %e, "cannot point stdout at /dev/null; kernels' printf output may reach it");
     }
-    // Block SIGINT/SIGTERM/SIGHUP before any thread starts so that only
-    // sigwaitinfo sees them.
-    let signals = block_signals();
+    // Block SIGINT/SIGTERM/SIGHUP before any thread starts: every thread inherits the mask, so
+    // the signals wait for the signalfd read on this thread's runtime.
+    let signal_set = match signals::block() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vgpud: {}", chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
     // Every thread starts from here, so every thread inherits the control filter.
     let real_gpu = config
         .devices
@@ -170,26 +181,25 @@ fn main() -> ExitCode {
         }
     };
     tracing::info!(config = %path.display(), vms = config.vms.len(), "vgpud ready");
-    loop {
-        let actor = wait_for_signal(&signals);
-        let Actor::Signal { signal, pid, .. } = actor else {
-            continue;
-        };
-        if signal != libc::SIGHUP {
-            tracing::info!(signal, sender = pid, "shutting down");
-            break;
+    // The main thread's control-plane runtime: it only reads signals (and runs the reloads they
+    // ask for); the admin API and metrics have runtimes of their own (server.rs).
+    let served = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(SignalError::Open)
+        .and_then(|rt| {
+            rt.block_on(async {
+                let signals = Signals::open(&signal_set)?;
+                serve_signals(&signals, &daemon, &path).await
+            })
+        });
+    let code = match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %chain(&e), "signals cannot be read; shutting down");
+            ExitCode::FAILURE
         }
-        tracing::info!(sender = pid, config = %path.display(), "SIGHUP: reloading the config");
-        match daemon.reload(actor, &path) {
-            Ok(r) => tracing::info!(
-                applied = r.applied.len(),
-                refused = r.refused.len(),
-                restart_needed = r.restart_needed.len(),
-                "config reloaded"
-            ),
-            Err(e) => tracing::error!("config not reloaded: {e}"),
-        }
-    }
+    };
     daemon.shutdown();
-    ExitCode::SUCCESS
+    code
 }

@@ -30,6 +30,7 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 use tracing::{info, warn};
+use vgpu_api::PASSTHROUGH_READY;
 use vgpu_config::{Config, DeviceKind, VmConfig, VmMode};
 use vgpu_pci::procfs::Procfs;
 use vgpu_pci::sysfs::RealSysfs;
@@ -219,7 +220,9 @@ impl PassthroughRegistry {
         }
         for s in reg.status() {
             match s.state.as_str() {
-                "ready" => info!(vm = %s.vm, pci = %s.pci, "passthrough device bound to vfio-pci"),
+                PASSTHROUGH_READY => {
+                    info!(vm = %s.vm, pci = %s.pci, "passthrough device bound to vfio-pci")
+                }
                 _ => {
                     warn!(vm = %s.vm, pci = %s.pci, state = s.state, hint = s.hint.as_deref().unwrap_or(""), "passthrough device not ready")
                 }
@@ -409,7 +412,7 @@ impl PassthroughRegistry {
                             a.pci
                         )),
                     ),
-                    Some(i) if i.driver.as_deref() == Some(VFIO_PCI) => ("ready", None),
+                    Some(i) if i.driver.as_deref() == Some(VFIO_PCI) => (PASSTHROUGH_READY, None),
                     Some(i) => (
                         if i.driver.is_some() { "host-driver" } else { "unbound" },
                         Some(format!("run `vgpuctl passthrough bind {}` before starting the VM", a.pci)),

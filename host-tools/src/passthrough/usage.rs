@@ -169,18 +169,32 @@ impl UsageContext {
                 return;
             }
         };
-        for d in devices.as_array().into_iter().flatten() {
-            let name = d["name"].as_str().unwrap_or("?");
-            if let Some(a) = d["pci"].as_str().and_then(|p| p.parse::<PciAddress>().ok()) {
-                self.shared
-                    .entry(a)
-                    .or_default()
-                    .push(format!("device `{name}` of the running vgpud"));
-            } else if d["kind"].as_str() == Some("cuda")
-                && !config.is_some_and(|c| c.devices.iter().any(|cd| cd.name == name))
-            {
+        let devices: Vec<vgpu_api::Device> = match serde_json::from_value(devices) {
+            Ok(d) => d,
+            Err(e) => {
                 self.notes.push(format!(
-                    "vgpud's device `{name}` has no PCI address in the admin API; pass --config to resolve it from its UUID"
+                    "vgpud's admin API answered /v1/devices with an unexpected shape ({e}): is vgpuctl as new as vgpud?"
+                ));
+                return;
+            }
+        };
+        for d in devices.iter().filter(|d| d.kind == "cuda") {
+            // The API names a real GPU by its UUID; the NVIDIA driver's procfs ties it to a PCI
+            // address.
+            let resolved = d
+                .uuid
+                .starts_with("GPU-")
+                .then(|| self.procfs.address_of_uuid(&d.uuid))
+                .flatten();
+            if let Some(a) = resolved {
+                self.shared.entry(a).or_default().push(format!(
+                    "device `{}` of the running vgpud (uuid {})",
+                    d.name, d.uuid
+                ));
+            } else if !config.is_some_and(|c| c.devices.iter().any(|cd| cd.name == d.name)) {
+                self.notes.push(format!(
+                    "vgpud's device `{}` (uuid `{}`) is not in the NVIDIA driver's /proc/driver/nvidia/gpus: its PCI address is unknown",
+                    d.name, d.uuid
                 ));
             }
         }

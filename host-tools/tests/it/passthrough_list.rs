@@ -225,27 +225,38 @@ fn fake_vgpud(h: &FakeHost, devices: Value) -> std::thread::JoinHandle<String> {
 #[test]
 fn the_running_daemon_marks_the_devices_it_shares() {
     let (_d, h) = host();
+    // What vgpud answers: `vgpu_api::Device`s, real GPUs named by UUID.
+    let device = |name: &str, kind: &str, uuid: &str| vgpu_api::Device {
+        name: name.into(),
+        kind: kind.into(),
+        uuid: uuid.into(),
+        ..Default::default()
+    };
     let server = fake_vgpud(
         &h,
-        json!([
-            { "name": "gpu0", "kind": "cuda", "pci": "0000:65:00.0" },
-            { "name": "gpu1", "kind": "cuda" },
-            { "name": "sim0", "kind": "sim" },
-        ]),
+        serde_json::to_value([
+            device("gpu0", "cuda", A100_UUID),
+            device("gpu1", "cuda", "GPU-00000000-0000-0000-0000-000000000000"),
+            device("sim0", "sim", "sim-0"),
+        ])
+        .unwrap(),
     );
     let r = h.run(&["list"]).unwrap();
     let req = server.join().unwrap();
     assert!(req.starts_with("GET /v1/devices HTTP/1.1"), "{req}");
-    let rtx = &gpu(&r.json, RTX)["usage"];
-    assert_eq!(rtx["state"], "shared");
+    let a100 = &gpu(&r.json, A100)["usage"];
+    assert_eq!(a100["state"], "shared", "{a100}");
     assert!(
-        rtx["by"][0]
+        a100["by"][0]
             .as_str()
             .unwrap()
             .contains("`gpu0` of the running vgpud"),
-        "{rtx}"
+        "{a100}"
     );
     let notes = r.json["notes"].to_string();
-    assert!(notes.contains("`gpu1` has no PCI address"), "{notes}");
+    assert!(
+        notes.contains("`gpu1`") && notes.contains("PCI address is unknown"),
+        "{notes}"
+    );
     assert!(!notes.contains("sim0"), "{notes}");
 }

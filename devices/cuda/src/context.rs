@@ -1,7 +1,7 @@
 //! One VM's CUDA context: memory, copies staged through pinned buffers,
 //! kernel launches timed with events, and isolation of sticky errors.
 //!
-//! A VM's [`CudaContext`] owns one *generation* at a time: a real
+//! A VM's [`crate::CudaContext`] (`vm_context.rs`) owns one *generation* at a time: a real
 //! `CUcontext` with its stream, event pool, staging buffers and the ranges
 //! (allocations and module globals) made in it. Every driver call pushes the
 //! generation's context on the calling thread and pops it afterwards, so any
@@ -21,18 +21,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
-use vgpu_broker::device::{
-    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, RunControl, pieces_len,
-};
+use vgpu_broker::device::{DeviceError, RunControl};
 use vgpu_proto::cuda;
 
 use crate::driver::{Ctx, Current, Driver, Event, Failed, HostPtr, Stream};
 use crate::error::{Op, is_context_fatal};
 use crate::gather::{Cursor, gather, scatter};
-use crate::module::{CudaModule, PrintfBuffer};
-use crate::printf;
+use crate::printf::{self, PrintfBuffer};
 
-mod vmm;
+pub(crate) mod vmm;
 
 /// Every allocation is charged in units of this many bytes (the driver's
 /// small-allocation alignment).
@@ -94,11 +91,11 @@ fn clear_staging(st: &Staging, total: u64) {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn round_up(v: u64, to: u64) -> u64 {
+pub(crate) fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to).saturating_mul(to)
 }
 
@@ -117,7 +114,7 @@ pub(crate) struct DeviceShared {
 
 /// What a range of device memory is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RangeKind {
+pub(crate) enum RangeKind {
     /// `alloc`.
     Alloc,
     /// A module global.
@@ -129,15 +126,15 @@ enum RangeKind {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Range {
-    size: u64,
-    charged: u64,
-    kind: RangeKind,
+pub(crate) struct Range {
+    pub(crate) size: u64,
+    pub(crate) charged: u64,
+    pub(crate) kind: RangeKind,
 }
 
 /// A pinned host buffer of two [`STAGING_CHUNK`] halves with an event each.
-struct Staging {
-    buf: HostPtr,
+pub(crate) struct Staging {
+    pub(crate) buf: HostPtr,
     done: [Event; 2],
 }
 
@@ -153,14 +150,14 @@ pub(crate) struct Generation {
     /// ([`vgpu_broker::device::current_lane`]).
     lane_streams: Mutex<Vec<(u64, Stream)>>,
     broken: Mutex<Option<DeviceError>>,
-    ranges: Mutex<BTreeMap<u64, Range>>,
+    pub(crate) ranges: Mutex<BTreeMap<u64, Range>>,
     events: Mutex<Vec<Event>>,
-    staging: Mutex<Vec<Staging>>,
+    pub(crate) staging: Mutex<Vec<Staging>>,
     scratch: Mutex<Option<u64>>,
-    vmm: Mutex<vmm::Vmm>,
+    pub(crate) vmm: Mutex<vmm::Vmm>,
     /// Held while a launch issues its start event, kernel and end event, so
     /// the events of two launches never interleave on the stream.
-    submit: Mutex<()>,
+    pub(crate) submit: Mutex<()>,
 }
 
 impl std::fmt::Debug for Generation {
@@ -256,7 +253,7 @@ impl Generation {
         lock(&self.ranges).is_empty()
     }
 
-    fn check_range(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
+    pub(crate) fn check_range(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
         let bad = DeviceError::InvalidAddress { addr, len };
         let r = lock(&self.ranges);
         let (&base, range) = r.range(..=addr).next_back().ok_or(bad.clone())?;
@@ -287,7 +284,7 @@ impl Generation {
         }
     }
 
-    fn take_event(&self) -> Result<Event, DeviceError> {
+    pub(crate) fn take_event(&self) -> Result<Event, DeviceError> {
         if let Some(e) = lock(&self.events).pop() {
             return Ok(e);
         }
@@ -297,7 +294,7 @@ impl Generation {
             .map_err(|f| self.fail(f, Op::Other))
     }
 
-    fn put_event(&self, e: Event) {
+    pub(crate) fn put_event(&self, e: Event) {
         lock(&self.events).push(e);
     }
 
@@ -342,7 +339,7 @@ impl Generation {
 
     /// Records an event on the calling lane's stream and waits for it:
     /// everything issued on that stream before has completed.
-    fn finish(&self) -> Result<(), DeviceError> {
+    pub(crate) fn finish(&self) -> Result<(), DeviceError> {
         self.finish_on(self.lane_stream())
     }
 
@@ -364,7 +361,7 @@ impl Generation {
     /// (→ `CUDA_ERROR_LAUNCH_TIMEOUT`, which breaks the context: a running
     /// kernel cannot be stopped), or `control` is cancelled and the grace
     /// period ends.
-    fn wait(
+    pub(crate) fn wait(
         &self,
         ev: Event,
         deadline: Option<Instant>,
@@ -472,7 +469,12 @@ impl Generation {
     /// Host to device from pieces laid back to back (one piece for a plain copy, the guest pages
     /// of a transfer for a scatter-gather one) through pinned memory: the pieces fill whole
     /// staging chunks, one half filling while the other is copied.
-    fn write_gathered(&self, dst: u64, pieces: &[&[u8]], total: u64) -> Result<(), DeviceError> {
+    pub(crate) fn write_gathered(
+        &self,
+        dst: u64,
+        pieces: &[&[u8]],
+        total: u64,
+    ) -> Result<(), DeviceError> {
         let st = self.take_staging()?;
         let r = self.write_staged(&st, dst, pieces, total);
         self.release_staging(st, r.is_ok(), total);
@@ -529,7 +531,7 @@ impl Generation {
 
     /// Device to host into pieces filled in order, through pinned memory, the next chunk in
     /// flight while the previous one is copied out.
-    fn read_scattered(
+    pub(crate) fn read_scattered(
         &self,
         src: u64,
         pieces: &mut [&mut [u8]],
@@ -607,7 +609,7 @@ impl Generation {
         // A broken context keeps it until the context itself is destroyed.
     }
 
-    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
+    pub(crate) fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
         if len == 0 || dst == src {
             return Ok(());
         }
@@ -657,7 +659,11 @@ impl Generation {
     /// copies run on the calling lane's stream, after the kernel. Launches of the same module
     /// running at the same time on other streams share its buffer: their records may come
     /// with this launch's text, or be lost when they land between the read and the reset.
-    fn take_printf(&self, b: PrintfBuffer, control: &RunControl) -> Result<(), DeviceError> {
+    pub(crate) fn take_printf(
+        &self,
+        b: PrintfBuffer,
+        control: &RunControl,
+    ) -> Result<(), DeviceError> {
         if self.broken().is_some() {
             return Ok(());
         }
@@ -695,7 +701,13 @@ impl Generation {
         Ok(())
     }
 
-    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+    pub(crate) fn memset(
+        &self,
+        dst: u64,
+        value: u32,
+        elem_size: u32,
+        count: u64,
+    ) -> Result<(), DeviceError> {
         if count == 0 {
             return Ok(());
         }
@@ -776,7 +788,7 @@ pub struct KernelTimes {
 }
 
 impl KernelTimes {
-    fn record(&self, t: Duration) {
+    pub(crate) fn record(&self, t: Duration) {
         let ns = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
         self.count.fetch_add(1, Ordering::Relaxed);
         self.total_ns.fetch_add(ns, Ordering::Relaxed);
@@ -802,16 +814,27 @@ impl KernelTimes {
 /// State of a VM's context shared with its modules.
 pub(crate) struct ContextInner {
     shared: Arc<DeviceShared>,
-    tenant: String,
+    pub(crate) tenant: String,
     slot: Mutex<Option<Arc<Generation>>>,
-    generations: AtomicU64,
-    times: KernelTimes,
+    pub(crate) generations: AtomicU64,
+    pub(crate) times: KernelTimes,
 }
 
 impl ContextInner {
+    /// The state of `tenant`'s context on the device of `shared`, before its first generation.
+    pub(crate) fn new(shared: &Arc<DeviceShared>, tenant: &str) -> Self {
+        ContextInner {
+            shared: Arc::clone(shared),
+            tenant: tenant.to_string(),
+            slot: Mutex::new(None),
+            generations: AtomicU64::new(0),
+            times: KernelTimes::default(),
+        }
+    }
+
     /// The live generation, creating one if there is none (or if a broken
     /// one is no longer used by anything).
-    fn generation(&self) -> Result<Arc<Generation>, DeviceError> {
+    pub(crate) fn generation(&self) -> Result<Arc<Generation>, DeviceError> {
         let mut slot = lock(&self.slot);
         if let Some(g) = slot.as_ref() {
             match g.broken() {
@@ -832,7 +855,7 @@ impl ContextInner {
     }
 
     /// The current generation as it is (broken or not), without creating one.
-    fn existing(&self) -> Option<Arc<Generation>> {
+    pub(crate) fn existing(&self) -> Option<Arc<Generation>> {
         lock(&self.slot).clone()
     }
 
@@ -846,367 +869,6 @@ impl ContextInner {
             debug!(vm = %self.tenant, "destroying the VM's broken GPU context");
             *slot = None;
         }
-    }
-}
-
-/// One VM's view of a GPU: its own CUDA context (recreated after a sticky error).
-pub struct CudaContext {
-    inner: Arc<ContextInner>,
-}
-
-impl std::fmt::Debug for CudaContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaContext")
-            .field("tenant", &self.inner.tenant)
-            .field("generation", &self.inner.existing())
-            .finish()
-    }
-}
-
-impl CudaContext {
-    /// Opens the context of `tenant` (creates its `CUcontext` now).
-    pub(crate) fn new(
-        shared: &Arc<DeviceShared>,
-        tenant: &str,
-    ) -> Result<CudaContext, DeviceError> {
-        let inner = Arc::new(ContextInner {
-            shared: Arc::clone(shared),
-            tenant: tenant.to_string(),
-            slot: Mutex::new(None),
-            generations: AtomicU64::new(0),
-            times: KernelTimes::default(),
-        });
-        inner.generation()?;
-        Ok(CudaContext { inner })
-    }
-
-    /// The error that made the VM's current context unusable, if any. The
-    /// broker can use it to give a VM's next session a fresh context at once
-    /// (see docs/cuda.md).
-    pub fn broken(&self) -> Option<DeviceError> {
-        self.inner.existing().and_then(|g| g.broken())
-    }
-
-    /// How many `CUcontext`s this VM has had (1 until a sticky error).
-    pub fn generations(&self) -> u64 {
-        self.inner.generations.load(Ordering::Relaxed)
-    }
-
-    /// GPU time of the VM's kernels.
-    pub fn kernel_times(&self) -> &KernelTimes {
-        &self.inner.times
-    }
-
-    /// Non-zero bytes in the VM's idle staging buffers: 0, since every copy clears what it left
-    /// in its buffer before the buffer goes back to the pool (see `clear_staging`). For tests.
-    pub fn staging_bytes_at_rest(&self) -> usize {
-        let Some(g) = self.inner.existing() else {
-            return 0;
-        };
-        lock(&g.staging)
-            .iter()
-            .map(|st| {
-                // SAFETY: a pooled (idle) buffer of 2 * STAGING_CHUNK bytes: no copy uses it
-                // while the pool's lock is held, and it is only read here.
-                let bytes = unsafe { std::slice::from_raw_parts(st.buf.0, 2 * STAGING_CHUNK) };
-                bytes.iter().filter(|&&b| b != 0).count()
-            })
-            .sum()
-    }
-}
-
-impl DeviceContext for CudaContext {
-    fn health(&self) -> Result<(), DeviceError> {
-        self.broken().map_or(Ok(()), Err)
-    }
-
-    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
-        let g = self.inner.generation()?;
-        let p = {
-            let _c = g.enter()?;
-            let d = g.driver();
-            let p = d.mem_alloc(size).map_err(|f| g.fail(f, Op::Other))?;
-            // `cuMemAlloc` memory is uninitialised and may hold what another VM freed: zero it
-            // before the VM can use it (its work runs on several streams: wait for the fill).
-            let len = usize::try_from(size).unwrap_or(usize::MAX);
-            if let Err(f) = d.memset_async(p, 0, 1, len, g.stream) {
-                let e = g.fail(f, Op::Other);
-                let _ = d.mem_free(p);
-                return Err(e);
-            }
-            p
-        };
-        if let Err(e) = g.finish_on(g.stream) {
-            if g.broken().is_none()
-                && let Ok(_c) = g.enter()
-            {
-                let _ = g.driver().mem_free(p);
-            }
-            return Err(e);
-        }
-        let charged = round_up(size.max(1), ALLOC_GRANULARITY);
-        lock(&g.ranges).insert(
-            p,
-            Range {
-                size,
-                charged,
-                kind: RangeKind::Alloc,
-            },
-        );
-        g.shared.used.fetch_add(charged, Ordering::Relaxed);
-        Ok(p)
-    }
-
-    fn free(&self, ptr: u64) -> Result<(), DeviceError> {
-        let g = self
-            .inner
-            .existing()
-            .ok_or(DeviceError::InvalidAddress { addr: ptr, len: 0 })?;
-        let r = {
-            let mut ranges = lock(&g.ranges);
-            match ranges.get(&ptr) {
-                Some(r) if matches!(r.kind, RangeKind::Alloc | RangeKind::AllocAt(_)) => {}
-                _ => return Err(DeviceError::InvalidAddress { addr: ptr, len: 0 }),
-            }
-            ranges.remove(&ptr)
-        };
-        let mut base = ptr;
-        if let Some(r) = r {
-            g.shared.used.fetch_sub(r.charged, Ordering::Relaxed);
-            if let RangeKind::AllocAt(b) = r.kind {
-                base = b;
-            }
-        }
-        let ptr = base;
-        // A broken context frees nothing one by one: destroying it frees everything.
-        if g.broken().is_none() {
-            let res = g
-                .enter()
-                .and_then(|_c| g.driver().mem_free(ptr).map_err(|f| g.fail(f, Op::Other)));
-            if let Err(e) = res {
-                debug!(error = %e, "cuMemFree failed; the memory is freed with the context");
-            }
-        }
-        drop(g);
-        self.inner.retire_if_idle();
-        Ok(())
-    }
-
-    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
-        if align <= 256 {
-            return self.alloc(size);
-        }
-        if !align.is_power_of_two() || align > 1 << 30 {
-            return Err(DeviceError::NotSupported(format!(
-                "allocation alignment {align} is not a power of two up to 1 GiB"
-            )));
-        }
-        // Room to move up to an aligned address inside one allocation.
-        let total = size
-            .checked_add(align - 1)
-            .ok_or(DeviceError::OutOfMemory)?;
-        let base = self.alloc(total)?;
-        let at = (base + align - 1) & !(align - 1);
-        let g = self.inner.generation()?;
-        let mut ranges = lock(&g.ranges);
-        if let Some(r) = ranges.remove(&base) {
-            ranges.insert(
-                at,
-                Range {
-                    size,
-                    charged: r.charged,
-                    kind: RangeKind::AllocAt(base),
-                },
-            );
-        }
-        Ok(at)
-    }
-
-    fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {
-        self.vmm_phys_create(size)
-    }
-
-    fn phys_release(&self, id: u64) -> Result<(), DeviceError> {
-        self.vmm_phys_release(id)
-    }
-
-    fn va_reserve(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
-        self.vmm_reserve(size, align)
-    }
-
-    fn va_free(&self, addr: u64, size: u64) -> Result<(), DeviceError> {
-        self.vmm_free(addr, size)
-    }
-
-    fn map(&self, va: u64, size: u64, id: u64) -> Result<(), DeviceError> {
-        self.vmm_map(va, size, id)
-    }
-
-    fn unmap(&self, va: u64, size: u64) -> Result<(), DeviceError> {
-        self.vmm_unmap(va, size)
-    }
-
-    fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
-        self.write_gathered(dst, &[data])
-    }
-
-    fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
-        self.read_scattered(src, &mut [out])
-    }
-
-    fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
-        let total = pieces_len(dst, pieces.iter().map(|p| p.len()))?;
-        let g = self.inner.generation()?;
-        g.check_range(dst, total)?;
-        if total == 0 {
-            return Ok(());
-        }
-        g.write_gathered(dst, pieces, total)
-    }
-
-    fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
-        let total = pieces_len(src, pieces.iter().map(|p| p.len()))?;
-        let g = self.inner.generation()?;
-        g.check_range(src, total)?;
-        if total == 0 {
-            return Ok(());
-        }
-        g.read_scattered(src, pieces, total)
-    }
-
-    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
-        let g = self.inner.generation()?;
-        g.check_range(src, len)?;
-        g.check_range(dst, len)?;
-        g.copy(dst, src, len)
-    }
-
-    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
-        let bytes = vgpu_broker::device::memset_len(dst, elem_size, count)?;
-        let g = self.inner.generation()?;
-        g.check_range(dst, bytes)?;
-        g.memset(dst, value, elem_size, count)
-    }
-
-    fn load_module(
-        &self,
-        image: &[u8],
-        budget: u64,
-        control: &RunControl,
-    ) -> Result<Arc<dyn DeviceModule>, DeviceError> {
-        // The driver's JIT cannot be interrupted: a load is checked before it starts only.
-        if control.poll_cancelled() || control.past_deadline() {
-            return Err(DeviceError::LoadStopped(
-                "the module load was cancelled before it started".into(),
-            ));
-        }
-        let g = self.inner.generation()?;
-        let m = CudaModule::load(&self.inner, g, image, budget)?;
-        Ok(Arc::new(m))
-    }
-
-    fn launch(
-        &self,
-        module: &dyn DeviceModule,
-        kernel: usize,
-        dims: &LaunchDims,
-        params: &[u8],
-        start_block: u64,
-        control: &RunControl,
-    ) -> Result<LaunchProgress, DeviceError> {
-        let m = module
-            .as_any()
-            .downcast_ref::<CudaModule>()
-            .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
-        if start_block != 0 {
-            return Err(DeviceError::InvalidLaunch {
-                code: cuda::CUDA_ERROR_INVALID_VALUE,
-                message: "a real GPU runs whole grids: launches cannot resume from a block".into(),
-            });
-        }
-        let g = m.generation()?;
-        let (f, name) = m.function(kernel)?;
-        m.ensure_dynamic_shared(kernel, dims.shared_bytes)?;
-        let start = g.take_event()?;
-        let end = match g.take_event() {
-            Ok(e) => e,
-            Err(e) => {
-                g.put_event(start);
-                return Err(e);
-            }
-        };
-        let stream = g.lane_stream();
-        let issued = (|| {
-            let _order = lock(&g.submit);
-            let _c = g.enter()?;
-            let d = g.driver();
-            d.event_record(start, stream)
-                .map_err(|f| g.fail(f, Op::Other))?;
-            if dims.cooperative {
-                let offsets = &m
-                    .kernels()
-                    .get(kernel)
-                    .ok_or_else(|| DeviceError::NotSupported(format!("no kernel #{kernel}")))?
-                    .param_offsets;
-                d.launch_cooperative(
-                    f,
-                    dims.grid,
-                    dims.block,
-                    dims.shared_bytes,
-                    stream,
-                    params,
-                    offsets,
-                )
-            } else {
-                d.launch(f, dims.grid, dims.block, dims.shared_bytes, stream, params)
-            }
-            .map_err(|f| g.fail(f, Op::Launch))?;
-            d.event_record(end, stream)
-                .map_err(|f| g.fail(f, Op::Other))
-        })();
-        if let Err(e) = issued {
-            if g.broken().is_none() {
-                // Nothing of this launch is pending once the stream drains.
-                let _ = g.finish();
-                g.put_event(start);
-                g.put_event(end);
-            }
-            return Err(e);
-        }
-        let waited = g.wait(end, control.deadline(), Some((control, name)));
-        if let Some(b) = m.printf_buffer() {
-            // This launch's printf text goes to this launch's output, whatever its outcome.
-            if let Err(e) = g.take_printf(b, control) {
-                debug!(kernel = %name, error = %e, "reading back the kernel's printf buffer failed");
-            }
-        }
-        if let Err(e) = waited {
-            if e.cu_result() == cuda::CUDA_ERROR_ASSERT
-                && let Some(out) = control.output()
-            {
-                // NVIDIA's driver prints the assertion message to vgpud's stdout (/dev/null),
-                // not to anything attributable to this VM: say at least where it happened.
-                out.assert_failed(
-                    format!(
-                        "kernel `{name}`: device-side assert triggered (vgpu's real-GPU executor \
-                         cannot return CUDA's assertion message)\n"
-                    )
-                    .as_bytes(),
-                );
-            }
-            return Err(e);
-        }
-        let ms = {
-            let _c = g.enter()?;
-            g.driver()
-                .event_elapsed_ms(start, end)
-                .map_err(|f| g.fail(f, Op::Other))?
-        };
-        g.put_event(start);
-        g.put_event(end);
-        let t = Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default();
-        self.inner.times.record(t);
-        Ok(LaunchProgress::Completed)
     }
 }
 

@@ -22,6 +22,7 @@ pub mod module;
 pub mod printf;
 pub mod ptx;
 pub mod select;
+pub mod vm_context;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,10 +32,11 @@ use vgpu_broker::device::{Device, DeviceContext, DeviceError, DeviceInfo};
 use vgpu_config::{DeviceConfig, DeviceKind};
 use vgpu_proto::cuda::attr;
 
-pub use context::{ALLOC_GRANULARITY, CudaContext, KernelTimes};
+pub use context::{ALLOC_GRANULARITY, KernelTimes};
 pub use driver::Driver;
 pub use error::CudaError;
 pub use select::Selector;
+pub use vm_context::CudaContext;
 
 use crate::context::DeviceShared;
 use crate::select::{VISIBLE_DEVICES, Visibility};

@@ -15,17 +15,7 @@ use crate::context::{ALLOC_GRANULARITY, ContextInner, Generation};
 use crate::driver::{Function, ListedKernel, Module};
 use crate::error::Op;
 use crate::image::{self, Kind};
-use crate::printf;
-
-/// Where a module's device `printf` records go ([`printf`]): device addresses of its
-/// `__vgpu_printf_head` and `__vgpu_printf_buf` globals.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PrintfBuffer {
-    /// The head counter (bytes reserved).
-    pub head: u64,
-    /// The buffer ([`printf::BUFFER_SIZE`] bytes).
-    pub buf: u64,
-}
+use crate::printf::{self, PrintfBuffer};
 
 fn charge(size: u64) -> u64 {
     size.max(1)

@@ -34,6 +34,16 @@ use std::fmt::Write as _;
 
 use vgpu_ptx::printf::{self, BufferArgs};
 
+/// Where a module's device `printf` records go ((this module)): device addresses of its
+/// `__vgpu_printf_head` and `__vgpu_printf_buf` globals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PrintfBuffer {
+    /// The head counter (bytes reserved).
+    pub head: u64,
+    /// The buffer ([`BUFFER_SIZE`] bytes).
+    pub buf: u64,
+}
+
 /// Size of a module's printf buffer: CUDA's default printf FIFO (1 MiB).
 pub const BUFFER_SIZE: usize = 1 << 20;
 /// Size of the head counter, in bytes.

@@ -1,0 +1,377 @@
+//! One VM's view of a GPU ([`CudaContext`]), the broker's `DeviceContext` on a real GPU: it
+//! routes each call to the VM's live CUDA context generation ([`crate::context`]), creating a
+//! fresh one after a sticky error, and loads modules into it ([`crate::module`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::debug;
+use vgpu_broker::device::{
+    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, RunControl, pieces_len,
+};
+use vgpu_proto::cuda;
+
+use crate::context::{
+    ALLOC_GRANULARITY, ContextInner, DeviceShared, KernelTimes, Range, RangeKind, STAGING_CHUNK,
+    lock, round_up,
+};
+use crate::error::Op;
+use crate::module::CudaModule;
+
+mod vmm;
+
+/// One VM's view of a GPU: its own CUDA context (recreated after a sticky error).
+pub struct CudaContext {
+    inner: Arc<ContextInner>,
+}
+
+impl std::fmt::Debug for CudaContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaContext")
+            .field("tenant", &self.inner.tenant)
+            .field("generation", &self.inner.existing())
+            .finish()
+    }
+}
+
+impl CudaContext {
+    /// Opens the context of `tenant` (creates its `CUcontext` now).
+    pub(crate) fn new(
+        shared: &Arc<DeviceShared>,
+        tenant: &str,
+    ) -> Result<CudaContext, DeviceError> {
+        let inner = Arc::new(ContextInner::new(shared, tenant));
+        inner.generation()?;
+        Ok(CudaContext { inner })
+    }
+
+    /// The error that made the VM's current context unusable, if any. The
+    /// broker can use it to give a VM's next session a fresh context at once
+    /// (see docs/cuda.md).
+    pub fn broken(&self) -> Option<DeviceError> {
+        self.inner.existing().and_then(|g| g.broken())
+    }
+
+    /// How many `CUcontext`s this VM has had (1 until a sticky error).
+    pub fn generations(&self) -> u64 {
+        self.inner.generations.load(Ordering::Relaxed)
+    }
+
+    /// GPU time of the VM's kernels.
+    pub fn kernel_times(&self) -> &KernelTimes {
+        &self.inner.times
+    }
+
+    /// Non-zero bytes in the VM's idle staging buffers: 0, since every copy clears what it left
+    /// in its buffer before the buffer goes back to the pool (see `clear_staging`). For tests.
+    pub fn staging_bytes_at_rest(&self) -> usize {
+        let Some(g) = self.inner.existing() else {
+            return 0;
+        };
+        lock(&g.staging)
+            .iter()
+            .map(|st| {
+                // SAFETY: a pooled (idle) buffer of 2 * STAGING_CHUNK bytes: no copy uses it
+                // while the pool's lock is held, and it is only read here.
+                let bytes = unsafe { std::slice::from_raw_parts(st.buf.0, 2 * STAGING_CHUNK) };
+                bytes.iter().filter(|&&b| b != 0).count()
+            })
+            .sum()
+    }
+}
+
+impl DeviceContext for CudaContext {
+    fn health(&self) -> Result<(), DeviceError> {
+        self.broken().map_or(Ok(()), Err)
+    }
+
+    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
+        let g = self.inner.generation()?;
+        let p = {
+            let _c = g.enter()?;
+            let d = g.driver();
+            let p = d.mem_alloc(size).map_err(|f| g.fail(f, Op::Other))?;
+            // `cuMemAlloc` memory is uninitialised and may hold what another VM freed: zero it
+            // before the VM can use it (its work runs on several streams: wait for the fill).
+            let len = usize::try_from(size).unwrap_or(usize::MAX);
+            if let Err(f) = d.memset_async(p, 0, 1, len, g.stream) {
+                let e = g.fail(f, Op::Other);
+                let _ = d.mem_free(p);
+                return Err(e);
+            }
+            p
+        };
+        if let Err(e) = g.finish_on(g.stream) {
+            if g.broken().is_none()
+                && let Ok(_c) = g.enter()
+            {
+                let _ = g.driver().mem_free(p);
+            }
+            return Err(e);
+        }
+        let charged = round_up(size.max(1), ALLOC_GRANULARITY);
+        lock(&g.ranges).insert(
+            p,
+            Range {
+                size,
+                charged,
+                kind: RangeKind::Alloc,
+            },
+        );
+        g.shared.used.fetch_add(charged, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    fn free(&self, ptr: u64) -> Result<(), DeviceError> {
+        let g = self
+            .inner
+            .existing()
+            .ok_or(DeviceError::InvalidAddress { addr: ptr, len: 0 })?;
+        let r = {
+            let mut ranges = lock(&g.ranges);
+            match ranges.get(&ptr) {
+                Some(r) if matches!(r.kind, RangeKind::Alloc | RangeKind::AllocAt(_)) => {}
+                _ => return Err(DeviceError::InvalidAddress { addr: ptr, len: 0 }),
+            }
+            ranges.remove(&ptr)
+        };
+        let mut base = ptr;
+        if let Some(r) = r {
+            g.shared.used.fetch_sub(r.charged, Ordering::Relaxed);
+            if let RangeKind::AllocAt(b) = r.kind {
+                base = b;
+            }
+        }
+        let ptr = base;
+        // A broken context frees nothing one by one: destroying it frees everything.
+        if g.broken().is_none() {
+            let res = g
+                .enter()
+                .and_then(|_c| g.driver().mem_free(ptr).map_err(|f| g.fail(f, Op::Other)));
+            if let Err(e) = res {
+                debug!(error = %e, "cuMemFree failed; the memory is freed with the context");
+            }
+        }
+        drop(g);
+        self.inner.retire_if_idle();
+        Ok(())
+    }
+
+    fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        if align <= 256 {
+            return self.alloc(size);
+        }
+        if !align.is_power_of_two() || align > 1 << 30 {
+            return Err(DeviceError::NotSupported(format!(
+                "allocation alignment {align} is not a power of two up to 1 GiB"
+            )));
+        }
+        // Room to move up to an aligned address inside one allocation.
+        let total = size
+            .checked_add(align - 1)
+            .ok_or(DeviceError::OutOfMemory)?;
+        let base = self.alloc(total)?;
+        let at = (base + align - 1) & !(align - 1);
+        let g = self.inner.generation()?;
+        let mut ranges = lock(&g.ranges);
+        if let Some(r) = ranges.remove(&base) {
+            ranges.insert(
+                at,
+                Range {
+                    size,
+                    charged: r.charged,
+                    kind: RangeKind::AllocAt(base),
+                },
+            );
+        }
+        Ok(at)
+    }
+
+    fn phys_create(&self, size: u64) -> Result<u64, DeviceError> {
+        self.vmm_phys_create(size)
+    }
+
+    fn phys_release(&self, id: u64) -> Result<(), DeviceError> {
+        self.vmm_phys_release(id)
+    }
+
+    fn va_reserve(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
+        self.vmm_reserve(size, align)
+    }
+
+    fn va_free(&self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.vmm_free(addr, size)
+    }
+
+    fn map(&self, va: u64, size: u64, id: u64) -> Result<(), DeviceError> {
+        self.vmm_map(va, size, id)
+    }
+
+    fn unmap(&self, va: u64, size: u64) -> Result<(), DeviceError> {
+        self.vmm_unmap(va, size)
+    }
+
+    fn write(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+        self.write_gathered(dst, &[data])
+    }
+
+    fn read(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.read_scattered(src, &mut [out])
+    }
+
+    fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
+        let total = pieces_len(dst, pieces.iter().map(|p| p.len()))?;
+        let g = self.inner.generation()?;
+        g.check_range(dst, total)?;
+        if total == 0 {
+            return Ok(());
+        }
+        g.write_gathered(dst, pieces, total)
+    }
+
+    fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
+        let total = pieces_len(src, pieces.iter().map(|p| p.len()))?;
+        let g = self.inner.generation()?;
+        g.check_range(src, total)?;
+        if total == 0 {
+            return Ok(());
+        }
+        g.read_scattered(src, pieces, total)
+    }
+
+    fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
+        let g = self.inner.generation()?;
+        g.check_range(src, len)?;
+        g.check_range(dst, len)?;
+        g.copy(dst, src, len)
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
+        let bytes = vgpu_broker::device::memset_len(dst, elem_size, count)?;
+        let g = self.inner.generation()?;
+        g.check_range(dst, bytes)?;
+        g.memset(dst, value, elem_size, count)
+    }
+
+    fn load_module(
+        &self,
+        image: &[u8],
+        budget: u64,
+        control: &RunControl,
+    ) -> Result<Arc<dyn DeviceModule>, DeviceError> {
+        // The driver's JIT cannot be interrupted: a load is checked before it starts only.
+        if control.poll_cancelled() || control.past_deadline() {
+            return Err(DeviceError::LoadStopped(
+                "the module load was cancelled before it started".into(),
+            ));
+        }
+        let g = self.inner.generation()?;
+        let m = CudaModule::load(&self.inner, g, image, budget)?;
+        Ok(Arc::new(m))
+    }
+
+    fn launch(
+        &self,
+        module: &dyn DeviceModule,
+        kernel: usize,
+        dims: &LaunchDims,
+        params: &[u8],
+        start_block: u64,
+        control: &RunControl,
+    ) -> Result<LaunchProgress, DeviceError> {
+        let m = module
+            .as_any()
+            .downcast_ref::<CudaModule>()
+            .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
+        if start_block != 0 {
+            return Err(DeviceError::InvalidLaunch {
+                code: cuda::CUDA_ERROR_INVALID_VALUE,
+                message: "a real GPU runs whole grids: launches cannot resume from a block".into(),
+            });
+        }
+        let g = m.generation()?;
+        let (f, name) = m.function(kernel)?;
+        m.ensure_dynamic_shared(kernel, dims.shared_bytes)?;
+        let start = g.take_event()?;
+        let end = match g.take_event() {
+            Ok(e) => e,
+            Err(e) => {
+                g.put_event(start);
+                return Err(e);
+            }
+        };
+        let stream = g.lane_stream();
+        let issued = (|| {
+            let _order = lock(&g.submit);
+            let _c = g.enter()?;
+            let d = g.driver();
+            d.event_record(start, stream)
+                .map_err(|f| g.fail(f, Op::Other))?;
+            if dims.cooperative {
+                let offsets = &m
+                    .kernels()
+                    .get(kernel)
+                    .ok_or_else(|| DeviceError::NotSupported(format!("no kernel #{kernel}")))?
+                    .param_offsets;
+                d.launch_cooperative(
+                    f,
+                    dims.grid,
+                    dims.block,
+                    dims.shared_bytes,
+                    stream,
+                    params,
+                    offsets,
+                )
+            } else {
+                d.launch(f, dims.grid, dims.block, dims.shared_bytes, stream, params)
+            }
+            .map_err(|f| g.fail(f, Op::Launch))?;
+            d.event_record(end, stream)
+                .map_err(|f| g.fail(f, Op::Other))
+        })();
+        if let Err(e) = issued {
+            if g.broken().is_none() {
+                // Nothing of this launch is pending once the stream drains.
+                let _ = g.finish();
+                g.put_event(start);
+                g.put_event(end);
+            }
+            return Err(e);
+        }
+        let waited = g.wait(end, control.deadline(), Some((control, name)));
+        if let Some(b) = m.printf_buffer() {
+            // This launch's printf text goes to this launch's output, whatever its outcome.
+            if let Err(e) = g.take_printf(b, control) {
+                debug!(kernel = %name, error = %e, "reading back the kernel's printf buffer failed");
+            }
+        }
+        if let Err(e) = waited {
+            if e.cu_result() == cuda::CUDA_ERROR_ASSERT
+                && let Some(out) = control.output()
+            {
+                // NVIDIA's driver prints the assertion message to vgpud's stdout (/dev/null),
+                // not to anything attributable to this VM: say at least where it happened.
+                out.assert_failed(
+                    format!(
+                        "kernel `{name}`: device-side assert triggered (vgpu's real-GPU executor \
+                         cannot return CUDA's assertion message)\n"
+                    )
+                    .as_bytes(),
+                );
+            }
+            return Err(e);
+        }
+        let ms = {
+            let _c = g.enter()?;
+            g.driver()
+                .event_elapsed_ms(start, end)
+                .map_err(|f| g.fail(f, Op::Other))?
+        };
+        g.put_event(start);
+        g.put_event(end);
+        let t = Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default();
+        self.inner.times.record(t);
+        Ok(LaunchProgress::Completed)
+    }
+}

@@ -15,7 +15,7 @@ use vgpu_broker::device::Device;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, BrokerError, VmUpdate};
 use vgpu_config::reload::{self, Change, ChangeError};
-use vgpu_config::{Config, DeviceKind, DeviceModel, VmConfig, VmMode};
+use vgpu_config::{Config, DeviceConfig, DeviceKind, DeviceModel, VmConfig, VmMode};
 use vgpu_seccomp::ThreadKind;
 use vgpu_sim::{SimConfig, SimDevice};
 use vgpu_vhost_vgpu::{self as vgpu_dev, VgpuDevConfig, VgpuDevServer, VgpuDevStats};
@@ -1153,6 +1153,12 @@ impl Runtime {
         self.broker
             .set_overcommit(device, oc)
             .map_err(|e| OpError::new(OpErrorKind::Conflict, e.to_string()))?;
+        self.update_running_device(device, |d| d.overcommit = oc);
+        Ok(())
+    }
+
+    /// Changes device `device`'s entry in the running config.
+    fn update_running_device(&self, device: &str, f: impl FnOnce(&mut DeviceConfig)) {
         if let Some(d) = self
             .write()
             .running
@@ -1160,9 +1166,8 @@ impl Runtime {
             .iter_mut()
             .find(|d| d.name == device)
         {
-            d.overcommit = oc;
+            f(d);
         }
-        Ok(())
     }
 
     /// A device's overcommit as the audit log records it.
@@ -1181,15 +1186,7 @@ impl Runtime {
         self.broker
             .set_scheduling(device, s)
             .map_err(|e| OpError::new(OpErrorKind::Conflict, e.to_string()))?;
-        if let Some(d) = self
-            .write()
-            .running
-            .devices
-            .iter_mut()
-            .find(|d| d.name == device)
-        {
-            d.scheduling = s;
-        }
+        self.update_running_device(device, |d| d.scheduling = s);
         Ok(())
     }
 }

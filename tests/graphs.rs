@@ -82,6 +82,14 @@ fn graph_allocations_are_charged_to_the_slice_and_refused_past_it() {
     run_mode(slice, &["mem", &slice.to_string()], 40);
 }
 
+/// The generic node API of CUDA 12.2+: nodes of every provided type added with
+/// `cuGraphAddNode(_v2)`, parameters changed in a graph and in an executable graph, an allocation
+/// node's address filled in and charged, and refused types.
+#[test]
+fn the_generic_node_api_builds_and_changes_every_provided_node_type() {
+    run_mode(64 * MIB, &["generic"], 70);
+}
+
 /// The directory of PyPI's CUDA runtime of a major version (as tests/runtime.rs finds it).
 fn pypi_cudart(major: u32) -> std::path::PathBuf {
     let module = if major == 12 {

@@ -91,8 +91,11 @@ fn a_rust_program_drives_the_shim_through_libloading() {
         cu.proc::<usize>("cuMemAlloc", 3000).is_none(),
         "pre-3.2 ABI must not be answered"
     );
-    // A driver function vgpu does not provide (graph nodes of a generic kind).
-    assert!(cu.proc::<usize>("cuGraphAddNode", 12030).is_none());
+    // A driver function vgpu does not provide (batch memory-operation graph nodes).
+    assert!(
+        cu.proc::<usize>("cuGraphAddBatchMemOpNode", 12030)
+            .is_none()
+    );
 
     let mut ctx = std::ptr::null_mut();
     // SAFETY: valid out-pointers and arguments throughout.

@@ -13,6 +13,7 @@ use crate::compat::*;
 use crate::copies::*;
 use crate::exports::*;
 use crate::graph::api::*;
+use crate::graph::generic::*;
 use crate::library::*;
 use crate::linker::*;
 use crate::peer::*;
@@ -337,6 +338,16 @@ fn table() -> &'static [Entry] {
                 (12030, f!(cuGraphNodeGetDependentNodes_v2))
             ),
             e!("cuGraphNodeGetType", (10000, f!(cuGraphNodeGetType))),
+            e!(
+                "cuGraphAddNode",
+                (12020, f!(cuGraphAddNode)),
+                (12030, f!(cuGraphAddNode_v2))
+            ),
+            e!("cuGraphNodeSetParams", (12020, f!(cuGraphNodeSetParams))),
+            e!(
+                "cuGraphExecNodeSetParams",
+                (12020, f!(cuGraphExecNodeSetParams))
+            ),
             e!("cuGraphDestroyNode", (10000, f!(cuGraphDestroyNode))),
             e!("cuGraphDebugDotPrint", (11030, f!(cuGraphDebugDotPrint))),
             e!("cuGraphAddEmptyNode", (10000, f!(cuGraphAddEmptyNode))),
@@ -668,7 +679,10 @@ mod tests {
     #[test]
     fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
         assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
-        assert_eq!(lookup("cuGraphAddNode", 12020, 0), Lookup::NotFound);
+        assert_eq!(
+            lookup("cuGraphAddBatchMemOpNode", 12020, 0),
+            Lookup::NotFound
+        );
         assert_eq!(
             found("cuGraphNodeSetEnabled", 12000),
             crate::graph::api::cuGraphNodeSetEnabled as *const () as usize
@@ -693,6 +707,36 @@ mod tests {
         assert_eq!(
             found("cuCtxSynchronize", 12090),
             cuCtxSynchronize as *const () as usize
+        );
+    }
+
+    #[test]
+    fn the_generic_node_api_resolves_by_the_version_cuda_introduced_it() {
+        use crate::graph::generic;
+        assert_eq!(lookup("cuGraphAddNode", 12010, 0), Lookup::VersionTooLow);
+        assert_eq!(
+            found("cuGraphAddNode", 12020),
+            generic::cuGraphAddNode as *const () as usize
+        );
+        assert_eq!(
+            found("cuGraphAddNode", 12030),
+            generic::cuGraphAddNode_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuGraphAddNode_v2", 12090),
+            generic::cuGraphAddNode_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuGraphNodeSetParams", 12020),
+            generic::cuGraphNodeSetParams as *const () as usize
+        );
+        assert_eq!(
+            lookup("cuGraphExecNodeSetParams", 12010, 0),
+            Lookup::VersionTooLow
+        );
+        assert_eq!(
+            found("cuGraphExecNodeSetParams", 13000),
+            generic::cuGraphExecNodeSetParams as *const () as usize
         );
     }
 

@@ -11,6 +11,9 @@
  *           dot output, clone
  * update    cuGraphExecUpdate and cuGraphExec*NodeSetParams taking effect
  * mem SLICE graph allocation nodes charged to the slice and refused past it
+ * generic   the generic node API (cuGraphAddNode(_v2), cuGraphNodeSetParams,
+ *           cuGraphExecNodeSetParams): every provided node type, parameter changes, an
+ *           allocation node charged to the slice, refused types
  * branches  a graph's independent branches run at the same time: a kernel of one spins until a
  *           kernel of the other sets its flag (built node by node, with a child graph, and by
  *           capture); run against a watchdog, a replay in one order fails with 702
@@ -167,6 +170,76 @@ CUresult cuGraphExecUpdate(CUgraphExec, CUgraph, CUgraphNode *, int *);
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
 CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *,
                                         CUcontext);
+
+/*
+ * The generic node API of CUDA 12.2+ (cuGraphAddNode, cuGraphNodeSetParams,
+ * cuGraphExecNodeSetParams). The nvcc 11.8 cuda.h other C tests build against lacks these
+ * types, so they are declared here as CUDA 12.x's cuda.h lays them out (the shim asserts the
+ * same sizes and offsets); a build with a CUDA 12.2+ cuda.h would take its definitions.
+ */
+#if !defined(CUDA_VERSION) || CUDA_VERSION < 12020
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    void *kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v3;
+
+typedef struct {
+    int flags;
+    int reserved;
+    CUcontext copyCtx;
+    CUDA_MEMCPY3D copyParams;
+} CUDA_MEMCPY_NODE_PARAMS;
+
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value, elementSize;
+    size_t width, height;
+    CUcontext ctx;
+} CUDA_MEMSET_NODE_PARAMS_v2;
+
+typedef struct {
+    CUgraph graph;
+    int ownership;
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
+
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS_v3 kernel;
+        CUDA_MEMCPY_NODE_PARAMS memcpy;
+        CUDA_MEMSET_NODE_PARAMS_v2 memset;
+        CUDA_HOST_NODE_PARAMS host; /* CUDA_HOST_NODE_PARAMS_v2: the same fields */
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
+        struct { CUevent event; } eventWait;
+        struct { CUevent event; } eventRecord;
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* CUDA_MEM_ALLOC_NODE_PARAMS_v2: the same fields */
+        struct { CUdeviceptr dptr; } free;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+typedef struct {
+    unsigned char from_port, to_port, type, reserved[5];
+} CUgraphEdgeData;
+
+CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+CUresult cuGraphAddNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *,
+                           size_t, CUgraphNodeParams *);
+CUresult cuGraphNodeSetParams(CUgraphNode, CUgraphNodeParams *);
+CUresult cuGraphExecNodeSetParams(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
+#endif
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is 256 bytes");
+enum { NODE_EMPTY = 5, NODE_WAIT_EVENT = 6, NODE_EVENT_RECORD = 7, NODE_EXT_SEMAS_SIGNAL = 8 };
+enum { NODE_EXT_SEMAS_WAIT = 9, NODE_BATCH_MEM_OP = 12, NODE_CONDITIONAL = 13 };
 
 static int failures;
 
@@ -986,6 +1059,226 @@ static void mode_mem(size_t slice) {
     cuGraphExecDestroy(e4);
 }
 
+/* Parameters of the generic API for saxpy(a) on y (argument storage per slot). */
+static CUgraphNodeParams generic_saxpy(int slot, float a, CUdeviceptr x, CUdeviceptr y) {
+    CUDA_KERNEL_NODE_PARAMS k = saxpy_params(slot, a, x, y);
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = NODE_KERNEL;
+    p.kernel.func = k.func;
+    p.kernel.gridDimX = k.gridDimX;
+    p.kernel.gridDimY = p.kernel.gridDimZ = 1;
+    p.kernel.blockDimX = k.blockDimX;
+    p.kernel.blockDimY = p.kernel.blockDimZ = 1;
+    p.kernel.kernelParams = k.kernelParams;
+    return p;
+}
+
+static CUgraphNodeParams generic_memset(CUdeviceptr dst, unsigned value, size_t words) {
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = NODE_MEMSET;
+    p.memset.dst = dst;
+    p.memset.value = value;
+    p.memset.elementSize = 4;
+    p.memset.width = words;
+    p.memset.height = 1;
+    p.memset.ctx = ctx;
+    return p;
+}
+
+static CUgraphNodeParams generic_dtod(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = NODE_MEMCPY;
+    p.memcpy.copyCtx = ctx;
+    p.memcpy.copyParams.srcMemoryType = DEVICE;
+    p.memcpy.copyParams.srcDevice = src;
+    p.memcpy.copyParams.dstMemoryType = DEVICE;
+    p.memcpy.copyParams.dstDevice = dst;
+    p.memcpy.copyParams.WidthInBytes = bytes;
+    p.memcpy.copyParams.Height = 1;
+    p.memcpy.copyParams.Depth = 1;
+    return p;
+}
+
+static CUgraphNodeParams generic_of_type(int type) {
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = type;
+    return p;
+}
+
+static void count_call(void *counter) { (*(int *)counter)++; }
+
+static void mode_generic(void) {
+    static float hx[N], hz[N];
+    CUdeviceptr x, y, z;
+    CUstream s;
+    CUevent ev;
+    CUgraph g, g2, child;
+    CUgraphNode ms, k, cp, rec, join, host, sub, n0;
+    CUgraphExec e, e2;
+    int t = -1, host_calls_generic = 0;
+    for (int i = 0; i < N; i++) hx[i] = (float)(i % 13);
+    check("alloc", cuMemAlloc_v2(&x, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&y, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&z, BYTES), 0);
+    check("x", cuMemcpyHtoD_v2(x, hx, BYTES), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+    check("event", cuEventCreate(&ev, 0), 0);
+
+    /* memset y -> saxpy(2) -> copy y to z, and an event record; an empty node joins them. */
+    check("graph", cuGraphCreate(&g, 0), 0);
+    CUgraphNodeParams p = generic_memset(y, ONE, N);
+    check("generic memset node", cuGraphAddNode(&ms, g, NULL, 0, &p), 0);
+    p = generic_saxpy(0, 2.0f, x, y);
+    check("generic kernel node", cuGraphAddNode(&k, g, &ms, 1, &p), 0);
+    p = generic_dtod(z, y, BYTES);
+    check("generic memcpy node", cuGraphAddNode(&cp, g, &k, 1, &p), 0);
+    p = generic_of_type(NODE_EVENT_RECORD);
+    p.eventRecord.event = ev;
+    check("generic event record node", cuGraphAddNode(&rec, g, &k, 1, &p), 0);
+    p = generic_of_type(NODE_HOST);
+    p.host.fn = count_call;
+    p.host.userData = &host_calls_generic;
+    check("generic host node", cuGraphAddNode(&host, g, &cp, 1, &p), 0);
+    CUgraphNode both[2] = {host, rec};
+    CUgraphEdgeData edges[2];
+    memset(edges, 0, sizeof edges);
+    edges[1].type = 1; /* CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC */
+    p = generic_of_type(NODE_EMPTY);
+    check("programmatic edge data refused", cuGraphAddNode_v2(&join, g, both, edges, 2, &p), 801);
+    edges[1].type = 0;
+    check("generic empty join (_v2, default edges)",
+          cuGraphAddNode_v2(&join, g, both, edges, 2, &p), 0);
+    check("generic empty join (_v2, NULL edge data)",
+          cuGraphAddNode_v2(&n0, g, both, NULL, 2, &p), 0);
+    check("child graph", cuGraphCreate(&child, 0), 0);
+    p = generic_of_type(NODE_GRAPH);
+    p.graph.graph = child;
+    check("generic child graph node (clone)", cuGraphAddNode(&sub, g, &join, 1, &p), 0);
+    expect("8 nodes", node_count(g) == 8);
+    cuGraphNodeGetType(k, &t);
+    expect("kernel node type", t == NODE_KERNEL);
+    cuGraphNodeGetType(cp, &t);
+    expect("memcpy node type", t == NODE_MEMCPY);
+    cuGraphNodeGetType(rec, &t);
+    expect("event record node type", t == NODE_EVENT_RECORD);
+    cuGraphNodeGetType(sub, &t);
+    expect("child node type", t == NODE_GRAPH);
+    size_t n = 4;
+    CUgraphNode deps[4];
+    check("join dependencies", cuGraphNodeGetDependencies(join, deps, &n), 0);
+    expect("join depends on the host node and the record", n == 2 && deps[0] == host &&
+                                                              deps[1] == rec);
+
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    check("z", cuMemcpyDtoH_v2(hz, z, BYTES), 0);
+    expect("z = 1 + 2x", all_equal(hz, hx, 1.0f, 2.0f));
+    check("the event node recorded the event", cuEventQuery(ev), 0);
+    expect("the host node ran once", host_calls_generic == 1);
+
+    /* cuGraphNodeSetParams changes the graph, not the executable graph made before. */
+    p = generic_saxpy(1, 3.0f, x, y);
+    check("node set params (kernel)", cuGraphNodeSetParams(k, &p), 0);
+    check("node set params of another type", cuGraphNodeSetParams(ms, &p), 1);
+    check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    check("z", cuMemcpyDtoH_v2(hz, z, BYTES), 0);
+    expect("the executable graph still computes z = 1 + 2x", all_equal(hz, hx, 1.0f, 2.0f));
+    check("instantiate again", cuGraphInstantiateWithFlags(&e2, g, 0), 0);
+    check("launch", cuGraphLaunch(e2, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    check("z", cuMemcpyDtoH_v2(hz, z, BYTES), 0);
+    expect("the new one computes z = 1 + 3x", all_equal(hz, hx, 1.0f, 3.0f));
+
+    /* cuGraphExecNodeSetParams changes the executable graph. */
+    p = generic_saxpy(2, 5.0f, x, y);
+    check("exec node set params (kernel)", cuGraphExecNodeSetParams(e, k, &p), 0);
+    p = generic_memset(y, TWO, N);
+    check("exec node set params (memset)", cuGraphExecNodeSetParams(e, ms, &p), 0);
+    check("exec node set params of another type", cuGraphExecNodeSetParams(e, k, &p), 1);
+    p = generic_of_type(NODE_GRAPH);
+    p.graph.graph = child;
+    check("exec node set params of a child graph node", cuGraphExecNodeSetParams(e, sub, &p),
+          801);
+    check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    check("z", cuMemcpyDtoH_v2(hz, z, BYTES), 0);
+    expect("exec set params: z = 2 + 5x", all_equal(hz, hx, 2.0f, 5.0f));
+    expect("the host node ran once per launch (4)", host_calls_generic == 4);
+
+    /* Types vgpu does not build, unknown types and reserved fields. */
+    int refused[] = {NODE_EXT_SEMAS_SIGNAL, NODE_EXT_SEMAS_WAIT, NODE_BATCH_MEM_OP,
+                     NODE_CONDITIONAL};
+    for (int i = 0; i < 4; i++) {
+        p = generic_of_type(refused[i]);
+        check("refused node type: not supported", cuGraphAddNode(&n0, g, NULL, 0, &p), 801);
+    }
+    p = generic_of_type(99);
+    check("unknown node type", cuGraphAddNode(&n0, g, NULL, 0, &p), 1);
+    p = generic_of_type(NODE_EMPTY);
+    p.reserved0[1] = 1;
+    check("reserved field set", cuGraphAddNode(&n0, g, NULL, 0, &p), 1);
+    expect("nothing added by refused calls", node_count(g) == 8);
+
+    /* An allocation node through the generic API: its address comes back and is charged. */
+    size_t before = free_mem(), size = 8 << 20;
+    check("graph 2", cuGraphCreate(&g2, 0), 0);
+    CUgraphNode alloc, ms2, cp2, wait, fr;
+    p = generic_of_type(NODE_MEM_ALLOC);
+    p.alloc.poolProps[0] = 1; /* pinned */
+    p.alloc.poolProps[8] = 1; /* location: device */
+    p.alloc.bytesize = size;
+    check("generic mem alloc node", cuGraphAddNode(&alloc, g2, NULL, 0, &p), 0);
+    CUdeviceptr a = p.alloc.dptr;
+    expect("the alloc node's dptr was filled in", a != 0);
+    check("set params of an alloc node", cuGraphNodeSetParams(alloc, &p), 1);
+    p = generic_memset(a, TWO, size / 4);
+    check("memset the allocation", cuGraphAddNode(&ms2, g2, &alloc, 1, &p), 0);
+    p = generic_dtod(y, a + size - BYTES, BYTES);
+    check("copy out of it", cuGraphAddNode(&cp2, g2, &ms2, 1, &p), 0);
+    p = generic_of_type(NODE_WAIT_EVENT);
+    p.eventWait.event = ev;
+    check("generic event wait node", cuGraphAddNode(&wait, g2, &cp2, 1, &p), 0);
+    cuGraphNodeGetType(wait, &t);
+    expect("event wait node type", t == NODE_WAIT_EVENT);
+    CUgraphExec e3;
+    check("instantiate", cuGraphInstantiateWithFlags(&e3, g2, 0), 0);
+    check("launch", cuGraphLaunch(e3, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("the allocation is charged to the slice", before - free_mem() == size);
+    static float hy[N];
+    read_back(hy, y);
+    expect("the allocation held its memset", hy[0] == 2.0f && hy[N - 1] == 2.0f);
+    check("free it", cuMemFree_v2(a), 0);
+    expect("freed: uncharged", free_mem() == before);
+    /* A generic free node: launches alloc, memset, copy, free; nothing stays charged. */
+    p = generic_of_type(NODE_MEM_FREE);
+    p.free.dptr = a;
+    check("generic mem free node", cuGraphAddNode(&fr, g2, &wait, 1, &p), 0);
+    cuGraphNodeGetType(fr, &t);
+    expect("free node type", t == NODE_MEM_FREE);
+    p.free.dptr = y;
+    check("free node of a non-graph allocation", cuGraphAddNode(&n0, g2, NULL, 0, &p), 1);
+    CUgraphExec e4;
+    check("instantiate with the free", cuGraphInstantiateWithFlags(&e4, g2, 0), 0);
+    for (int rep = 0; rep < 2; rep++) check("launch", cuGraphLaunch(e4, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("freed within the graph: nothing charged", free_mem() == before);
+
+    cuGraphExecDestroy(e);
+    cuGraphExecDestroy(e2);
+    cuGraphExecDestroy(e3);
+    cuGraphExecDestroy(e4);
+    check("destroy", cuGraphDestroy(g), 0);
+    check("destroy", cuGraphDestroy(g2), 0);
+    check("destroy child", cuGraphDestroy(child), 0);
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1042,6 +1335,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(m, "explicit")) mode_explicit(argc > 3 ? argv[3] : "/tmp/vgpu-graph.dot");
     else if (!strcmp(m, "update")) mode_update();
     else if (!strcmp(m, "mem") && argc > 3) mode_mem(strtoull(argv[3], NULL, 0));
+    else if (!strcmp(m, "generic")) mode_generic();
     else if (!strcmp(m, "bench") && argc > 4) mode_bench(atoi(argv[3]), atoi(argv[4]));
     else {
         fprintf(stderr, "unknown mode %s\n", m);

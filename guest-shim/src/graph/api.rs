@@ -176,7 +176,7 @@ fn single(ops: Vec<Op>) -> CuRes<Op> {
 /// A kernel node's work from its parameters.
 ///
 /// Pointer contract (CUDA's): `prm` must be NULL or a valid `CUDA_KERNEL_NODE_PARAMS` (`v2`: of the second version).
-fn kernel_kind(prm: *const KernelNodeParams, v2: bool) -> CuRes<NodeKind> {
+pub(super) fn kernel_kind(prm: *const KernelNodeParams, v2: bool) -> CuRes<NodeKind> {
     // SAFETY: NULL or valid (this function's contract).
     let k = unsafe { prm.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     let mut f = h(k.func);
@@ -202,7 +202,7 @@ fn kernel_kind(prm: *const KernelNodeParams, v2: bool) -> CuRes<NodeKind> {
 }
 
 /// A memcpy node's work from a `CUDA_MEMCPY3D`.
-fn memcpy_kind(prm: *const Memcpy3D) -> CuRes<NodeKind> {
+pub(super) fn memcpy_kind(prm: *const Memcpy3D) -> CuRes<NodeKind> {
     // SAFETY: NULL or the caller's CUDA_MEMCPY3D (CUDA contract).
     let copy = *unsafe { prm.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     let ops = record(|| crate::copies::copy_3d(prm, 0, false))?;
@@ -210,7 +210,7 @@ fn memcpy_kind(prm: *const Memcpy3D) -> CuRes<NodeKind> {
 }
 
 /// A memset node's work.
-fn memset_kind(prm: *const MemsetNodeParams) -> CuRes<NodeKind> {
+pub(super) fn memset_kind(prm: *const MemsetNodeParams) -> CuRes<NodeKind> {
     // SAFETY: NULL or the caller's CUDA_MEMSET_NODE_PARAMS (CUDA contract).
     let m = *unsafe { prm.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     if !matches!(m.element_size, 1 | 2 | 4) || m.width == 0 || m.height == 0 {
@@ -238,7 +238,7 @@ fn memset_kind(prm: *const MemsetNodeParams) -> CuRes<NodeKind> {
     Ok(NodeKind::Memset(params, ops))
 }
 
-fn host_kind(prm: *const HostNodeParams) -> CuRes<NodeKind> {
+pub(super) fn host_kind(prm: *const HostNodeParams) -> CuRes<NodeKind> {
     // SAFETY: NULL or the caller's CUDA_HOST_NODE_PARAMS (CUDA contract).
     let p = unsafe { prm.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     let f = p.f.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
@@ -251,7 +251,7 @@ fn host_kind(prm: *const HostNodeParams) -> CuRes<NodeKind> {
 /// Adds a node made by `kind` to `graph` after `n` dependencies at `deps`; writes its handle.
 ///
 /// Pointer contract (CUDA's): `deps` must hold `n` node handles (or be NULL with `n` 0).
-fn add(
+pub(super) fn add(
     out: *mut CUhandle,
     graph: CUhandle,
     deps: *const CUhandle,
@@ -314,7 +314,7 @@ fn clear_edges(edges: *mut u64, n: usize) {
 /// Refuses edge data other than the default.
 ///
 /// Pointer contract (CUDA's): `edges` must be NULL or valid for `n` reads of `CUgraphEdgeData`.
-fn default_edges(edges: *const u64, n: usize) -> CuRes<()> {
+pub(super) fn default_edges(edges: *const u64, n: usize) -> CuRes<()> {
     if edges.is_null() || n == 0 {
         return Ok(());
     }
@@ -706,7 +706,7 @@ fn kernel_get(node: CUhandle, prm: *mut KernelNodeParams, v2: bool) -> CuRes<()>
 }
 
 /// Replaces a node's work (same type) in its graph.
-fn set_kind(node: CUhandle, kind: NodeKind) -> CuRes<()> {
+pub(super) fn set_kind(node: CUhandle, kind: NodeKind) -> CuRes<()> {
     let mut reg = registry();
     let slot = reg.node_mut(h(node))?;
     if slot.kind.type_code() != kind.type_code() {
@@ -887,6 +887,15 @@ pub unsafe extern "C" fn cuGraphHostNodeSetParams(
     })
 }
 
+/// A child graph node's work: a copy of `child` (later changes to `child` do not reach it, as
+/// in CUDA).
+pub(super) fn child_kind(child: CUhandle) -> CuRes<NodeKind> {
+    let mut reg = registry();
+    let copy = reg.clone_graph(h(child))?;
+    reg.graph_mut(copy)?.owned = true;
+    Ok(NodeKind::Child(copy))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphAddChildGraphNode(
     out: *mut CUhandle,
@@ -896,13 +905,7 @@ pub unsafe extern "C" fn cuGraphAddChildGraphNode(
     child: CUhandle,
 ) -> CUresult {
     ffi("cuGraphAddChildGraphNode", || {
-        add(out, graph, deps, n, || {
-            // The node gets a copy: later changes to `child` do not reach it (as in CUDA).
-            let mut reg = registry();
-            let copy = reg.clone_graph(h(child))?;
-            reg.graph_mut(copy)?.owned = true;
-            Ok(NodeKind::Child(copy))
-        })
+        add(out, graph, deps, n, || child_kind(child))
     })
 }
 
@@ -980,6 +983,37 @@ event_node!(
     EventWait
 );
 
+/// Adds a memory allocation node of `size` bytes (its address reserved now); returns the address.
+///
+/// Pointer contract (CUDA's): as [`add`].
+pub(super) fn add_mem_alloc(
+    out: *mut CUhandle,
+    graph: CUhandle,
+    deps: *const CUhandle,
+    n: usize,
+    size: u64,
+) -> CuRes<u64> {
+    let mut ptr = 0;
+    add(out, graph, deps, n, || {
+        let (p, reserved) = reserve(size)?;
+        ptr = p;
+        Ok(NodeKind::MemAlloc {
+            bytesize: size,
+            ptr,
+            reserved,
+        })
+    })?;
+    Ok(ptr)
+}
+
+/// A memory free node's work: `dptr` must be a graph allocation.
+pub(super) fn mem_free_kind(dptr: CUdeviceptr) -> CuRes<NodeKind> {
+    if !is_graph_alloc(dptr) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(NodeKind::MemFree(dptr))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     out: *mut CUhandle,
@@ -994,16 +1028,7 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         }
         // SAFETY: the caller's CUDA_MEM_ALLOC_NODE_PARAMS (CUDA contract).
         let size = unsafe { (*prm).bytesize } as u64;
-        let mut ptr = 0;
-        add(out, graph, deps, n, || {
-            let (p, reserved) = reserve(size)?;
-            ptr = p;
-            Ok(NodeKind::MemAlloc {
-                bytesize: size,
-                ptr,
-                reserved,
-            })
-        })?;
+        let ptr = add_mem_alloc(out, graph, deps, n, size)?;
         // SAFETY: as above; `dptr` is the structure's out-field.
         unsafe { (*prm).dptr = ptr };
         Ok(())
@@ -1045,12 +1070,7 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     dptr: CUdeviceptr,
 ) -> CUresult {
     ffi("cuGraphAddMemFreeNode", || {
-        add(out, graph, deps, n, || {
-            if !is_graph_alloc(dptr) {
-                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-            }
-            Ok(NodeKind::MemFree(dptr))
-        })
+        add(out, graph, deps, n, || mem_free_kind(dptr))
     })
 }
 

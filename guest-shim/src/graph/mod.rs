@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod exec;
+pub mod generic;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -38,10 +39,18 @@ pub mod node_type {
     pub const WAIT_EVENT: i32 = 6;
     /// `CU_GRAPH_NODE_TYPE_EVENT_RECORD`.
     pub const EVENT_RECORD: i32 = 7;
+    /// `CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL` (not provided).
+    pub const EXT_SEMAS_SIGNAL: i32 = 8;
+    /// `CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT` (not provided).
+    pub const EXT_SEMAS_WAIT: i32 = 9;
     /// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`.
     pub const MEM_ALLOC: i32 = 10;
     /// `CU_GRAPH_NODE_TYPE_MEM_FREE`.
     pub const MEM_FREE: i32 = 11;
+    /// `CU_GRAPH_NODE_TYPE_BATCH_MEM_OP` (not provided).
+    pub const BATCH_MEM_OP: i32 = 12;
+    /// `CU_GRAPH_NODE_TYPE_CONDITIONAL` (not provided).
+    pub const CONDITIONAL: i32 = 13;
 }
 
 /// Most nodes one graph may hold (children included when instantiated).

@@ -13,6 +13,7 @@ use crate::compat::*;
 use crate::copies::*;
 use crate::exports::*;
 use crate::graph::api::*;
+use crate::graph::attrs::*;
 use crate::graph::generic::*;
 use crate::library::*;
 use crate::linker::*;
@@ -344,6 +345,18 @@ fn table() -> &'static [Entry] {
                 (12030, f!(cuGraphAddNode_v2))
             ),
             e!("cuGraphNodeSetParams", (12020, f!(cuGraphNodeSetParams))),
+            e!(
+                "cuGraphKernelNodeSetAttribute",
+                (11000, f!(cuGraphKernelNodeSetAttribute))
+            ),
+            e!(
+                "cuGraphKernelNodeGetAttribute",
+                (11000, f!(cuGraphKernelNodeGetAttribute))
+            ),
+            e!(
+                "cuGraphKernelNodeCopyAttributes",
+                (11000, f!(cuGraphKernelNodeCopyAttributes))
+            ),
             e!(
                 "cuGraphExecNodeSetParams",
                 (12020, f!(cuGraphExecNodeSetParams))
@@ -737,6 +750,10 @@ mod tests {
         assert_eq!(
             found("cuGraphExecNodeSetParams", 13000),
             generic::cuGraphExecNodeSetParams as *const () as usize
+        );
+        assert_eq!(
+            found("cuGraphKernelNodeSetAttribute", 11000),
+            crate::graph::attrs::cuGraphKernelNodeSetAttribute as *const () as usize
         );
     }
 

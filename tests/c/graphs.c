@@ -170,6 +170,14 @@ CUresult cuGraphExecUpdate(CUgraphExec, CUgraph, CUgraphNode *, int *);
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS *);
 CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS *,
                                         CUcontext);
+typedef union {
+    char pad[64];
+    int priority;
+    int cooperative;
+} CUkernelNodeAttrValue;
+enum { ATTR_COOPERATIVE = 2, ATTR_PRIORITY = 8 };
+CUresult cuGraphKernelNodeSetAttribute(CUgraphNode, int, const CUkernelNodeAttrValue *);
+CUresult cuGraphKernelNodeGetAttribute(CUgraphNode, int, CUkernelNodeAttrValue *);
 
 /*
  * The generic node API of CUDA 12.2+ (cuGraphAddNode, cuGraphNodeSetParams,
@@ -1210,6 +1218,22 @@ static void mode_generic(void) {
     check("z", cuMemcpyDtoH_v2(hz, z, BYTES), 0);
     expect("exec set params: z = 2 + 5x", all_equal(hz, hx, 2.0f, 5.0f));
     expect("the host node ran once per launch (4)", host_calls_generic == 4);
+
+    /* Kernel node attributes: the default priority only (docs/graphs.md). */
+    CUkernelNodeAttrValue av;
+    memset(&av, 0, sizeof av);
+    check("set the default priority", cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av), 0);
+    av.priority = -1;
+    check("another node priority: not supported",
+          cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av), 801);
+    av.priority = 7;
+    check("get the priority", cuGraphKernelNodeGetAttribute(k, ATTR_PRIORITY, &av), 0);
+    expect("the priority is the default", av.priority == 0);
+    av.cooperative = 1;
+    check("cooperative node: not supported",
+          cuGraphKernelNodeSetAttribute(k, ATTR_COOPERATIVE, &av), 801);
+    check("attribute of a memset node", cuGraphKernelNodeSetAttribute(ms, ATTR_PRIORITY, &av),
+          1);
 
     /* Types vgpu does not build, unknown types and reserved fields. */
     int refused[] = {NODE_EXT_SEMAS_SIGNAL, NODE_EXT_SEMAS_WAIT, NODE_BATCH_MEM_OP,

@@ -9,6 +9,7 @@
 //! ([`crate::stream_capture::record`]), so a node is checked exactly as the call it stands for.
 
 pub mod api;
+pub mod attrs;
 pub mod exec;
 pub mod generic;
 

@@ -361,6 +361,10 @@ fn table() -> &'static [Entry] {
                 "cuGraphExecNodeSetParams",
                 (12020, f!(cuGraphExecNodeSetParams))
             ),
+            e!(
+                "cuGraphExecChildGraphNodeSetParams",
+                (11010, f!(cuGraphExecChildGraphNodeSetParams))
+            ),
             e!("cuGraphDestroyNode", (10000, f!(cuGraphDestroyNode))),
             e!("cuGraphDebugDotPrint", (11030, f!(cuGraphDebugDotPrint))),
             e!("cuGraphAddEmptyNode", (10000, f!(cuGraphAddEmptyNode))),

@@ -1119,12 +1119,22 @@ static CUgraphNodeParams generic_of_type(int type) {
 
 static void count_call(void *counter) { (*(int *)counter)++; }
 
+/* Whether every w[i] == v. */
+static int all_are(CUdeviceptr w, float v) {
+    static float hw[N];
+    read_back(hw, w);
+    for (int i = 0; i < N; i++)
+        if (hw[i] != v) return 0;
+    return 1;
+}
+
 static void mode_generic(void) {
     static float hx[N], hz[N];
-    CUdeviceptr x, y, z;
+    CUdeviceptr x, y, z, w;
     CUstream s;
     CUevent ev;
-    CUgraph g, g2, child;
+    CUgraph g, g2, child, child2, child3;
+    CUgraphNode cn;
     CUgraphNode ms, k, cp, rec, join, host, sub, n0;
     CUgraphExec e, e2;
     int t = -1, host_calls_generic = 0;
@@ -1132,6 +1142,7 @@ static void mode_generic(void) {
     check("alloc", cuMemAlloc_v2(&x, BYTES), 0);
     check("alloc", cuMemAlloc_v2(&y, BYTES), 0);
     check("alloc", cuMemAlloc_v2(&z, BYTES), 0);
+    check("alloc", cuMemAlloc_v2(&w, BYTES), 0);
     check("x", cuMemcpyHtoD_v2(x, hx, BYTES), 0);
     check("stream", cuStreamCreate(&s, 1), 0);
     check("event", cuEventCreate(&ev, 0), 0);
@@ -1163,6 +1174,8 @@ static void mode_generic(void) {
     check("generic empty join (_v2, NULL edge data)",
           cuGraphAddNode_v2(&n0, g, both, NULL, 2, &p), 0);
     check("child graph", cuGraphCreate(&child, 0), 0);
+    p = generic_memset(w, ONE, N);
+    check("child memset w = 1", cuGraphAddNode(&cn, child, NULL, 0, &p), 0);
     p = generic_of_type(NODE_GRAPH);
     p.graph.graph = child;
     check("generic child graph node (clone)", cuGraphAddNode(&sub, g, &join, 1, &p), 0);
@@ -1188,6 +1201,7 @@ static void mode_generic(void) {
     expect("z = 1 + 2x", all_equal(hz, hx, 1.0f, 2.0f));
     check("the event node recorded the event", cuEventQuery(ev), 0);
     expect("the host node ran once", host_calls_generic == 1);
+    expect("the child graph ran: w = 1", all_are(w, 1.0f));
 
     /* cuGraphNodeSetParams changes the graph, not the executable graph made before. */
     p = generic_saxpy(1, 3.0f, x, y);
@@ -1209,14 +1223,25 @@ static void mode_generic(void) {
     p = generic_memset(y, TWO, N);
     check("exec node set params (memset)", cuGraphExecNodeSetParams(e, ms, &p), 0);
     check("exec node set params of another type", cuGraphExecNodeSetParams(e, k, &p), 1);
+    check("child graph 2", cuGraphCreate(&child2, 0), 0);
+    p = generic_memset(w, TWO, N);
+    check("child 2 memset w = 2", cuGraphAddNode(&cn, child2, NULL, 0, &p), 0);
+    check("child graph 3", cuGraphCreate(&child3, 0), 0);
+    CUgraphNode c3;
+    check("child 3 memset", cuGraphAddNode(&c3, child3, NULL, 0, &p), 0);
+    check("child 3 second memset", cuGraphAddNode(&cn, child3, &c3, 1, &p), 0);
     p = generic_of_type(NODE_GRAPH);
-    p.graph.graph = child;
-    check("exec node set params of a child graph node", cuGraphExecNodeSetParams(e, sub, &p),
-          801);
+    p.graph.graph = child3;
+    check("exec set params: a child graph of another shape",
+          cuGraphExecNodeSetParams(e, sub, &p), 1);
+    p.graph.graph = child2;
+    check("set params of a child graph node in a graph", cuGraphNodeSetParams(sub, &p), 801);
+    check("exec set params of a child graph node", cuGraphExecNodeSetParams(e, sub, &p), 0);
     check("launch", cuGraphLaunch(e, s), 0);
     check("sync", cuStreamSynchronize(s), 0);
     check("z", cuMemcpyDtoH_v2(hz, z, BYTES), 0);
     expect("exec set params: z = 2 + 5x", all_equal(hz, hx, 2.0f, 5.0f));
+    expect("the new child graph ran: w = 2", all_are(w, 2.0f));
     expect("the host node ran once per launch (4)", host_calls_generic == 4);
 
     /* Kernel node attributes: the default priority only (docs/graphs.md). */
@@ -1301,6 +1326,8 @@ static void mode_generic(void) {
     check("destroy", cuGraphDestroy(g), 0);
     check("destroy", cuGraphDestroy(g2), 0);
     check("destroy child", cuGraphDestroy(child), 0);
+    check("destroy child 2", cuGraphDestroy(child2), 0);
+    check("destroy child 3", cuGraphDestroy(child3), 0);
 }
 
 static double now(void) {

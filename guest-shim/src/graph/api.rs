@@ -1326,6 +1326,17 @@ pub unsafe extern "C" fn cuGraphNodeGetEnabled(
 }
 
 #[unsafe(no_mangle)]
+pub extern "C" fn cuGraphExecChildGraphNodeSetParams(
+    e: CUhandle,
+    node: CUhandle,
+    child: CUhandle,
+) -> CUresult {
+    ffi("cuGraphExecChildGraphNodeSetParams", || {
+        exec::set_child(h(e), h(node), h(child))
+    })
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphExecHostNodeSetParams(
     e: CUhandle,
     node: CUhandle,

@@ -597,6 +597,65 @@ pub fn set_node(e: u64, node: u64, kind: NodeKind) -> CuRes<()> {
     Ok(())
 }
 
+/// Whether graphs `a` and `b` have the same shape: as many nodes, in the same insertion order,
+/// of the same types, with the same dependencies (child graphs: as many nodes).
+fn same_shape(reg: &Registry, a: u64, b: u64) -> CuRes<bool> {
+    let (ga, gb) = (reg.graph(a)?, reg.graph(b)?);
+    if ga.order.len() != gb.order.len() {
+        return Ok(false);
+    }
+    let index_of = |list: &[u64], n: u64| list.iter().position(|&x| x == n);
+    for (na, nb) in ga.order.iter().zip(&gb.order) {
+        let (na, nb) = (&ga.nodes[na], &gb.nodes[nb]);
+        if na.kind.type_code() != nb.kind.type_code() {
+            return Ok(false);
+        }
+        let da: Vec<_> = na.deps.iter().map(|d| index_of(&ga.order, *d)).collect();
+        let db: Vec<_> = nb.deps.iter().map(|d| index_of(&gb.order, *d)).collect();
+        if da != db {
+            return Ok(false);
+        }
+        if let (NodeKind::Child(ca), NodeKind::Child(cb)) = (&na.kind, &nb.kind)
+            && reg.graph(*ca)?.order.len() != reg.graph(*cb)?.order.len()
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Whether graph `g` (its child graphs included) holds allocation or free nodes.
+fn has_mem_nodes(reg: &Registry, g: u64) -> CuRes<bool> {
+    for node in reg.graph(g)?.nodes.values() {
+        match node.kind {
+            NodeKind::MemAlloc { .. } | NodeKind::MemFree(_) => return Ok(true),
+            NodeKind::Child(c) if has_mem_nodes(reg, c)? => return Ok(true),
+            _ => {}
+        }
+    }
+    Ok(false)
+}
+
+/// `cuGraphExecChildGraphNodeSetParams`: the child graph node `node` of `exec` runs a copy of
+/// `child`, which must have the shape of the graph it replaces and no allocation or free
+/// nodes (as in CUDA).
+pub fn set_child(e: u64, node: u64, child: u64) -> CuRes<()> {
+    let mut reg = registry();
+    let (_, copy) = exec_node(&reg, e, node)?;
+    let NodeKind::Child(old) = reg.node(copy)?.kind else {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    };
+    if !same_shape(&reg, old, child)? || has_mem_nodes(&reg, child)? || has_mem_nodes(&reg, old)? {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let new = reg.clone_graph(child)?;
+    reg.graph_mut(new)?.owned = true;
+    reg.node_mut(copy)?.kind = NodeKind::Child(new);
+    let _ = reg.destroy_graph(old);
+    reg.execs.get_mut(&e).expect("found above").changed();
+    Ok(())
+}
+
 /// `cuGraphNodeSetEnabled`: a disabled kernel, memcpy or memset node of `exec` runs as an empty
 /// node (its dependencies still order the graph) until enabled again.
 pub fn set_enabled(e: u64, node: u64, enabled: bool) -> CuRes<()> {

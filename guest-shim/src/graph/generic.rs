@@ -307,7 +307,10 @@ fn fixed_params(ty: c_int) -> CuRes<NodeKind> {
             Err(cuda::CUDA_ERROR_INVALID_VALUE)
         }
         _ => {
-            crate::debug!("changing a child graph node's graph is not provided by vgpu");
+            crate::debug!(
+                "changing a child graph node's graph in a graph is not provided by vgpu \
+                 (in an executable graph it is)"
+            );
             Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
         }
     }
@@ -363,7 +366,15 @@ pub unsafe extern "C" fn cuGraphExecNodeSetParams(
     ffi("cuGraphExecNodeSetParams", || {
         let p = read_params(prm)?;
         let kind = match p.ty {
-            node_type::MEM_ALLOC | node_type::MEM_FREE | node_type::GRAPH => fixed_params(p.ty)?,
+            node_type::GRAPH => {
+                // SAFETY: the member of the type's union (CUDA contract); a handle and an int.
+                let c = unsafe { p.params.graph };
+                if c.ownership != OWNERSHIP_CLONE {
+                    return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+                }
+                return exec::set_child(h(e), h(node), h(c.graph));
+            }
+            node_type::MEM_ALLOC | node_type::MEM_FREE => fixed_params(p.ty)?,
             _ => plain_kind(p)?,
         };
         exec::set_node(h(e), h(node), kind)

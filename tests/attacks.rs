@@ -648,7 +648,7 @@ const DATA_LIMIT: u64 =
 
 /// [`Vgpud::start`] under [`DATA_LIMIT`].
 fn start_limited(vms: &[TestVm]) -> Vgpud {
-    Vgpud::start_config_limited(&Vgpud::config_for(vms, ""), DATA_LIMIT)
+    Vgpud::start_limited(vms, DATA_LIMIT)
 }
 
 /// A `VmHWM:`-style line of `/proc/PID/status`, in bytes.
@@ -670,13 +670,11 @@ fn status_bytes(pid: u32, key: &str) -> u64 {
 /// and serves `other` (a VM with a unix socket).
 fn survived(d: &mut Vgpud, other: &str) {
     assert!(d.is_running(), "vgpud died; log:\n{}", d.log());
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).unwrap();
-    let soft: Option<u64> = limits
-        .lines()
-        .find_map(|l| l.strip_prefix("Max data size"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|v| v.parse().ok());
-    assert_eq!(soft, Some(DATA_LIMIT), "{limits}");
+    assert_eq!(
+        d.data_limit(),
+        Some(DATA_LIMIT),
+        "vgpud ran without its limit"
+    );
     driver_api_works(d, other);
     assert!(d.is_running(), "vgpud died; log:\n{}", d.log());
     println!(

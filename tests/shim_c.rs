@@ -92,7 +92,7 @@ fn tenants_cannot_read_write_or_free_each_others_memory() {
 /// watchdog (30 s) would have ended them.
 #[test]
 fn a_client_killed_while_waiting_for_long_kernels_frees_its_slice_at_once() {
-    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let mut d = Vgpud::start_limited(&[TestVm::new("vm1", 64 * MIB)], HOSTILE_DATA_LIMIT);
     let prog = build_c_program("driver_api");
     let mut child = Command::new(prog)
         .args(["wait", &(32 * MIB).to_string()])
@@ -120,6 +120,7 @@ fn a_client_killed_while_waiting_for_long_kernels_frees_its_slice_at_once() {
     println!("slice freed {:?} after the kill", killed.elapsed());
     assert!(d.vm("vm1")["sessions"].as_array().unwrap().is_empty());
     assert!(d.is_running(), "vgpud died");
+    assert_eq!(d.data_limit(), Some(HOSTILE_DATA_LIMIT));
 }
 
 /// SIGTERM stops vgpud promptly even while a client waits for kernels that
@@ -155,6 +156,11 @@ fn vgpud_stops_within_seconds_of_sigterm_with_kernels_running() {
     let _ = child.wait();
 }
 
+/// Private memory vgpud may map in the tests of hostile clients below (`RLIMIT_DATA`): two VMs'
+/// slices (128 MiB), a few session threads and the daemon's own 15 MiB, with room to spare. A
+/// regression that made vgpud allocate what the guest declares would abort it there.
+const HOSTILE_DATA_LIMIT: u64 = 1 << 30;
+
 /// The vgpud resident set in KiB (`VmRSS`).
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -171,7 +177,10 @@ fn rss_kib(pid: u32) -> u64 {
 /// (701, not sticky), vgpud's memory stays put, and another VM runs normally.
 #[test]
 fn a_register_bomb_is_refused_and_vgpud_does_not_grow() {
-    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut d = Vgpud::start_limited(
+        &[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)],
+        HOSTILE_DATA_LIMIT,
+    );
     let prog = build_c_program("driver_api");
     let before = rss_kib(d.pid());
     let r = run_against(&d, "vm1", &prog, &["bomb"]);
@@ -189,11 +198,15 @@ fn a_register_bomb_is_refused_and_vgpud_does_not_grow() {
     let r = run_against(&d, "vm2", &prog, &["basic"]);
     assert!(r.failures().is_empty(), "{}", r.stdout);
     assert!(d.is_running(), "vgpud died");
+    assert_eq!(d.data_limit(), Some(HOSTILE_DATA_LIMIT));
 }
 
 #[test]
 fn killing_a_client_mid_call_releases_its_memory_and_others_carry_on() {
-    let mut d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let mut d = Vgpud::start_limited(
+        &[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)],
+        HOSTILE_DATA_LIMIT,
+    );
     let mut h = hold(&d, "vm1", 32 * MIB);
     let prog = build_c_program("driver_api");
     assert_eq!(d.vm("vm1")["memory_used"], 32 * MIB);
@@ -210,6 +223,7 @@ fn killing_a_client_mid_call_releases_its_memory_and_others_carry_on() {
     assert!(r.failures().is_empty(), "{}", r.stdout);
     let r = run_against(&d, "vm1", &prog, &["fill", &(64 * MIB).to_string()]);
     assert!(r.failures().is_empty(), "{}", r.stdout);
+    assert_eq!(d.data_limit(), Some(HOSTILE_DATA_LIMIT));
 }
 
 #[test]

@@ -186,6 +186,22 @@ impl Vgpud {
         Self::start_config(&Self::config_for(vms, device_extra))
     }
 
+    /// [`Vgpud::start`] under a hard limit on vgpud's private memory (`RLIMIT_DATA`), for tests
+    /// of hostile guests: past it an allocation fails and vgpud aborts, which the test sees.
+    pub fn start_limited(vms: &[TestVm], data_limit: u64) -> Vgpud {
+        Self::start_config_limited(&Self::config_for(vms, ""), data_limit)
+    }
+
+    /// The `Max data size` soft limit vgpud runs under (`None`: unlimited or unreadable).
+    pub fn data_limit(&self) -> Option<u64> {
+        std::fs::read_to_string(format!("/proc/{}/limits", self.pid()))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("Max data size"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    }
+
     /// The config text [`Vgpud::start_with`] runs vgpud with.
     pub fn config_for(vms: &[TestVm], device_extra: &str) -> String {
         let mut cfg = format!(

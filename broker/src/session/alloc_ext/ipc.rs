@@ -292,3 +292,222 @@ impl Session {
         self.store_memory();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+
+    use vgpu_proto::cuda;
+    use vgpu_proto::msg;
+
+    use crate::testutils::{MemDevice, TestClient, vm};
+
+    type Client = TestClient<UnixStream>;
+
+    /// A broker on the in-memory device with VMs `vm1` (handles budget `handles`) and `vm2`.
+    fn broker(handles: u32) -> std::sync::Arc<crate::Broker> {
+        let dev: std::sync::Arc<dyn crate::device::Device> =
+            std::sync::Arc::new(MemDevice::new(1 << 30, std::time::Duration::ZERO));
+        let b = std::sync::Arc::new(crate::Broker::new(vec![("gpu0".into(), dev)]));
+        let mut v1 = vm("vm1", 64 << 20);
+        v1.limits.handles = handles;
+        b.add_tenant(&v1).unwrap();
+        b.add_tenant(&vm("vm2", 64 << 20)).unwrap();
+        b
+    }
+
+    /// A session (a process) of `tenant`, with a context.
+    fn session(b: &std::sync::Arc<crate::Broker>, tenant: &str) -> (Client, u64) {
+        let (c, s) = UnixStream::pair().unwrap();
+        let t = b.tenant(tenant).unwrap();
+        let b = std::sync::Arc::clone(b);
+        std::thread::spawn(move || crate::session_loop::serve(&b, t, &s, &s, "test"));
+        let mut c = TestClient::new(c);
+        c.hello().unwrap();
+        let ctx = c
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        (c, ctx)
+    }
+
+    fn alloc(c: &mut Client, ctx: u64, size: u64) -> u64 {
+        c.call(&msg::MemAlloc { ctx, size }, &[]).unwrap().0.ptr
+    }
+
+    fn export(c: &mut Client, ctx: u64, ptr: u64) -> Result<msg::Token, cuda::CuResult> {
+        c.call(&msg::IpcGetMemHandle { ctx, ptr }, &[])
+            .map(|r| r.0)
+            .map_err(|e| e.0)
+    }
+
+    fn open(c: &mut Client, ctx: u64, t: &msg::Token) -> Result<msg::Range, cuda::CuResult> {
+        c.call(
+            &msg::IpcOpenMemHandle {
+                ctx,
+                hi: t.hi,
+                lo: t.lo,
+            },
+            &[],
+        )
+        .map(|r| r.0)
+        .map_err(|e| e.0)
+    }
+
+    fn close(c: &mut Client, ctx: u64, ptr: u64) -> Result<(), cuda::CuResult> {
+        c.call(&msg::IpcCloseMemHandle { ctx, ptr }, &[])
+            .map(drop)
+            .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn forged_foreign_and_own_tokens_are_refused() {
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let (mut foreign, fctx) = session(&b, "vm2");
+        let p = alloc(&mut a, actx, 4096);
+        let t = export(&mut a, actx, p).unwrap();
+        assert_ne!((t.hi, t.lo), (0, 0));
+        assert_ne!(t.hi ^ t.lo, p, "the token is not the address");
+        // Another VM: refused, as are forged tokens (one bit off, zero).
+        assert_eq!(
+            open(&mut foreign, fctx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        let forged = msg::Token {
+            hi: t.hi,
+            lo: t.lo ^ 1,
+        };
+        assert_eq!(
+            open(&mut other, octx, &forged),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        let zero = msg::Token { hi: 0, lo: 0 };
+        assert_eq!(
+            open(&mut other, octx, &zero),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The exporting process itself: CUDA's answer.
+        assert_eq!(
+            open(&mut a, actx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_CONTEXT)
+        );
+        // A bad context is refused before the token is looked at.
+        assert!(open(&mut other, 0xdead, &t).is_err());
+        // The same VM opens it at the exporter's address; a double close is refused.
+        let r = open(&mut other, octx, &t).unwrap();
+        assert_eq!((r.base, r.size), (p, 4096));
+        close(&mut other, octx, p).unwrap();
+        assert_eq!(
+            close(&mut other, octx, p),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        );
+        // Closing what was never opened, or the exporter's own memory, is refused.
+        assert_eq!(
+            close(&mut a, actx, p),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        );
+        // Only cuMemAlloc memory is exported.
+        assert_eq!(
+            export(&mut a, actx, p + 4096 * 1024),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn memory_is_charged_once_and_outlives_the_exporters_free() {
+        let b = broker(1024);
+        let t1 = b.tenant("vm1").unwrap();
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let p = alloc(&mut a, actx, 1 << 20);
+        let used = t1.slice.used();
+        assert!(used >= 1 << 20);
+        let t = export(&mut a, actx, p).unwrap();
+        open(&mut other, octx, &t).unwrap();
+        open(&mut other, octx, &t).unwrap();
+        assert_eq!(t1.slice.used(), used, "opening charges nothing more");
+        c_free(&mut a, actx, p);
+        assert_eq!(t1.slice.used(), used, "still open elsewhere");
+        // The freed allocation's token opens no more.
+        let (mut late, lctx) = session(&b, "vm1");
+        assert_eq!(
+            open(&mut late, lctx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The importer still reaches it; the last of its two openings gives it back.
+        other
+            .call(
+                &msg::Memset {
+                    ctx: octx,
+                    stream: 0,
+                    dst: p,
+                    value: 7,
+                    elem_size: 1,
+                    count: 16,
+                },
+                &[],
+            )
+            .unwrap();
+        close(&mut other, octx, p).unwrap();
+        assert_eq!(t1.slice.used(), used);
+        close(&mut other, octx, p).unwrap();
+        assert_eq!(t1.slice.used(), 0);
+    }
+
+    fn c_free(c: &mut Client, ctx: u64, ptr: u64) {
+        c.call(&msg::MemFree { ctx, ptr }, &[]).unwrap();
+    }
+
+    #[test]
+    fn exports_and_openings_count_against_the_handles_budget() {
+        let b = broker(8);
+        let (mut a, actx) = session(&b, "vm1");
+        let mut refused = None;
+        for i in 0..64 {
+            let p = alloc(&mut a, actx, 4096);
+            if let Err(e) = export(&mut a, actx, p) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        let (i, e) = refused.expect("exports are bounded");
+        assert!(i < 8, "{i} exports");
+        assert_eq!(e, cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+
+    #[test]
+    fn a_session_that_ends_releases_what_it_exported_and_opened() {
+        let b = broker(1024);
+        let t1 = b.tenant("vm1").unwrap();
+        let (mut a, actx) = session(&b, "vm1");
+        let p = alloc(&mut a, actx, 4096);
+        let t = export(&mut a, actx, p).unwrap();
+        {
+            let (mut other, octx) = session(&b, "vm1");
+            open(&mut other, octx, &t).unwrap();
+            drop(a);
+            // The exporter's end leaves the memory to the importer.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let (mut late, lctx) = session(&b, "vm1");
+            while open(&mut late, lctx, &t) != Err(cuda::CUDA_ERROR_INVALID_HANDLE) {
+                assert!(std::time::Instant::now() < deadline);
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert!(t1.slice.used() > 0);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while t1.slice.used() != 0 {
+            assert!(std::time::Instant::now() < deadline, "memory leaked");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}

@@ -510,7 +510,10 @@ pub struct CUipcHandle {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut CUipcHandle, dptr: CUdeviceptr) -> CUresult {
+pub unsafe extern "C" fn cuIpcGetMemHandle(
+    handle: *mut CUipcHandle,
+    dptr: CUdeviceptr,
+) -> CUresult {
     ffi("cuIpcGetMemHandle", || {
         if handle.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);

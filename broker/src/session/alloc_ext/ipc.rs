@@ -411,10 +411,7 @@ mod tests {
             Err(cuda::CUDA_ERROR_INVALID_VALUE)
         );
         // Closing what was never opened, or the exporter's own memory, is refused.
-        assert_eq!(
-            close(&mut a, actx, p),
-            Err(cuda::CUDA_ERROR_INVALID_VALUE)
-        );
+        assert_eq!(close(&mut a, actx, p), Err(cuda::CUDA_ERROR_INVALID_VALUE));
         // Only cuMemAlloc memory is exported.
         assert_eq!(
             export(&mut a, actx, p + 4096 * 1024),

@@ -15,6 +15,7 @@ mod alloc_api;
 mod attacks;
 mod conformance_sim;
 mod graphs;
+mod ipc;
 mod kernels_c;
 mod libvirt_domain;
 mod memory_policy;

@@ -44,6 +44,8 @@ pub enum HandleKind {
     GraphExec = 0x67,
     /// A shared region of page-locked host memory (`HostShare`).
     HostShare = 0x48,
+    /// An allocation exported or opened by `cuIpcGetMemHandle`/`cuIpcOpenMemHandle`.
+    IpcMem = 0x49,
 }
 
 impl HandleKind {
@@ -59,6 +61,7 @@ impl HandleKind {
             HandleKind::MemHandle => "allocation handles",
             HandleKind::GraphExec => "executable graphs",
             HandleKind::HostShare => "shared host regions",
+            HandleKind::IpcMem => "interprocess memory handles",
         }
     }
 }

@@ -191,6 +191,9 @@ pub enum AllocKind {
     PoolBlock(u64),
     /// A `cuMemMap` mapping the device may access; its physical memory holds the charge.
     VmmMapping,
+    /// Another process's `cuMemAlloc` memory opened by `cuIpcOpenMemHandle`: closed by
+    /// `cuIpcCloseMemHandle`; the exporter's allocation holds the charge.
+    IpcImport,
 }
 
 impl AllocKind {
@@ -201,7 +204,8 @@ impl AllocKind {
             AllocKind::Device
             | AllocKind::ModuleGlobal(_)
             | AllocKind::PoolBlock(_)
-            | AllocKind::VmmMapping => None,
+            | AllocKind::VmmMapping
+            | AllocKind::IpcImport => None,
             AllocKind::Managed => Some(UsageKind::Managed),
             AllocKind::MappedHost => Some(UsageKind::MappedHost),
         }

@@ -795,6 +795,11 @@ impl Session {
                             m.ptr
                         )));
                     }
+                    Some((_, a)) if a.kind == AllocKind::IpcImport => {
+                        return Err(CuError::invalid_value(
+                            "memory opened with cuIpcOpenMemHandle is closed with cuIpcCloseMemHandle, not freed",
+                        ));
+                    }
                     Some(_) => {
                         return Err(CuError::invalid_value(
                             "module globals are freed by unloading their module",
@@ -1707,20 +1712,12 @@ impl Session {
     }
 
     fn free_allocation(&mut self, base: u64) {
+        // Memory shared with other processes of the VM outlives this process's use of it.
+        if self.ipc_free(base) {
+            return;
+        }
         if let Some(a) = self.allocs.remove(base) {
-            if let Err(e) = self.dev.free(base) {
-                tracing::warn!(session = self.info.id, error = %e, "device refused to free {base:#x}");
-            }
-            match (a.kind, self.tenant.placement()) {
-                (AllocKind::Device, Some(pm)) => {
-                    pm.untrack(base);
-                    self.tenant.slice.refund_unplaced(a.charged);
-                }
-                _ => self.tenant.slice.refund(a.charged),
-            }
-            if let Some(k) = a.kind.usage() {
-                self.tenant.usage.sub(k, a.charged);
-            }
+            release_allocation(&self.tenant, self.dev.as_ref(), base, &a);
             self.info
                 .memory
                 .store(self.allocs.charged(), Ordering::Relaxed);
@@ -1751,6 +1748,23 @@ impl Session {
             self.release_context_resources(h);
             self.engine.clear_context(h);
         }
+    }
+}
+
+/// Gives an allocation's device memory back to the device and its charge back to the VM.
+fn release_allocation(tenant: &Tenant, dev: &dyn DeviceContext, base: u64, a: &Allocation) {
+    if let Err(e) = dev.free(base) {
+        tracing::warn!(tenant = %tenant.name, error = %e, "device refused to free {base:#x}");
+    }
+    match (a.kind, tenant.placement()) {
+        (AllocKind::Device, Some(pm)) => {
+            pm.untrack(base);
+            tenant.slice.refund_unplaced(a.charged);
+        }
+        _ => tenant.slice.refund(a.charged),
+    }
+    if let Some(k) = a.kind.usage() {
+        tenant.usage.sub(k, a.charged);
     }
 }
 

@@ -1212,6 +1212,88 @@ pub fn refuse_pool_sharing(what: &str) -> CuResult {
     cuda::CUDA_ERROR_NOT_SUPPORTED
 }
 
+// ---- legacy interprocess memory (cuIpc*) ----------------------------------------------------
+
+/// `CU_IPC_HANDLE_SIZE`: bytes of a `CUipcMemHandle` or `CUipcEventHandle`.
+pub const IPC_HANDLE_SIZE: usize = 64;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the only `cuIpcOpenMemHandle` flag (no peers here).
+pub const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
+/// What a `CUipcMemHandle` vgpu made holds before its token.
+const IPC_MAGIC: &[u8; 8] = b"VGPUIPC1";
+
+/// Memory this process opened with `cuIpcOpenMemHandle`: base → times opened.
+fn ipc_opened() -> MutexGuard<'static, HashMap<u64, u32>> {
+    static S: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
+    S.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// `cuIpcGetMemHandle`: a handle naming the `cuMemAlloc` allocation containing `ptr`, which
+/// other processes of the same VM can open. It holds a random token vgpud made, never an
+/// address.
+pub fn ipc_get_mem_handle(ptr: u64) -> CuRes<[u8; IPC_HANDLE_SIZE]> {
+    let c = ctx()?;
+    let t = drv::driver()?.call(&msg::IpcGetMemHandle { ctx: c, ptr }, &[])?;
+    let mut h = [0u8; IPC_HANDLE_SIZE];
+    h[..8].copy_from_slice(IPC_MAGIC);
+    h[8..16].copy_from_slice(&t.hi.to_le_bytes());
+    h[16..24].copy_from_slice(&t.lo.to_le_bytes());
+    Ok(h)
+}
+
+/// `cuIpcOpenMemHandle(_v2)`: the device pointer of memory another process of the VM exported.
+pub fn ipc_open_mem_handle(handle: &[u8; IPC_HANDLE_SIZE], flags: u32) -> CuRes<u64> {
+    let c = ctx()?;
+    if flags & !IPC_MEM_LAZY_ENABLE_PEER_ACCESS != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if &handle[..8] != IPC_MAGIC {
+        crate::debug!("cuIpcOpenMemHandle: not a handle vgpu made");
+        return Err(cuda::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&handle[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let r = drv::driver()?.call(
+        &msg::IpcOpenMemHandle {
+            ctx: c,
+            hi: word(8),
+            lo: word(16),
+        },
+        &[],
+    )?;
+    *ipc_opened().entry(r.base).or_insert(0) += 1;
+    drv::note_device_range(r.base, r.size);
+    Ok(r.base)
+}
+
+/// `cuIpcCloseMemHandle`.
+pub fn ipc_close_mem_handle(ptr: u64) -> CuRes<()> {
+    let c = ctx()?;
+    drv::driver()?.call(&msg::IpcCloseMemHandle { ctx: c, ptr }, &[])?;
+    let mut o = ipc_opened();
+    if let Some(n) = o.get_mut(&ptr) {
+        *n -= 1;
+        if *n == 0 {
+            o.remove(&ptr);
+            drv::forget_device_range(ptr);
+        }
+    }
+    Ok(())
+}
+
+/// Why event handles do not cross processes: what `cuIpcGetEventHandle` and
+/// `cuIpcOpenEventHandle` return, with the reason in the debug log.
+pub fn refuse_ipc_events(what: &str) -> CuResult {
+    crate::debug!(
+        "{what}: events are not shared between processes (interprocess memory is, within the VM)"
+    );
+    cuda::CUDA_ERROR_NOT_SUPPORTED
+}
+
 // ---- virtual memory management ------------------------------------------------------------
 
 /// Granularity of physical allocations, reservations and mappings.

@@ -499,6 +499,70 @@ pub extern "C" fn cuMemPoolImportPointer(
     api::refuse_pool_sharing("cuMemPoolImportPointer")
 }
 
+// ---- legacy interprocess memory --------------------------------------------------------------
+
+/// `CUipcMemHandle` and `CUipcEventHandle`: opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUipcHandle {
+    /// What the exporter wrote.
+    pub reserved: [u8; api::IPC_HANDLE_SIZE],
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcGetMemHandle(
+    handle: *mut CUipcHandle,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    ffi("cuIpcGetMemHandle", || {
+        if handle.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let reserved = api::ipc_get_mem_handle(dptr)?;
+        out!(handle, CUipcHandle { reserved })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
+    dptr: *mut CUdeviceptr,
+    handle: CUipcHandle,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuIpcOpenMemHandle", || {
+        if dptr.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(dptr, api::ipc_open_mem_handle(&handle.reserved, flags)?)
+    })
+}
+
+/// The CUDA 4.1 name of `cuIpcOpenMemHandle_v2` (the same ABI).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenMemHandle(
+    dptr: *mut CUdeviceptr,
+    handle: CUipcHandle,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's contract is `cuIpcOpenMemHandle_v2`'s.
+    unsafe { cuIpcOpenMemHandle_v2(dptr, handle, flags) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
+    ffi("cuIpcCloseMemHandle", || api::ipc_close_mem_handle(dptr))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuIpcGetEventHandle(_handle: *mut CUipcHandle, _event: CUhandle) -> CUresult {
+    api::refuse_ipc_events("cuIpcGetEventHandle")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuIpcOpenEventHandle(_event: *mut CUhandle, _handle: CUipcHandle) -> CUresult {
+    api::refuse_ipc_events("cuIpcOpenEventHandle")
+}
+
 // ---- virtual memory management ------------------------------------------------------------
 
 /// `CUmemAllocationProp`.

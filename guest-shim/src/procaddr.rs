@@ -244,6 +244,15 @@ fn table() -> &'static [Entry] {
                 "cuMemImportFromShareableHandle",
                 (10020, f!(cuMemImportFromShareableHandle))
             ),
+            e!("cuIpcGetMemHandle", (4010, f!(cuIpcGetMemHandle))),
+            e!(
+                "cuIpcOpenMemHandle",
+                (4010, f!(cuIpcOpenMemHandle)),
+                (11000, f!(cuIpcOpenMemHandle_v2))
+            ),
+            e!("cuIpcCloseMemHandle", (4010, f!(cuIpcCloseMemHandle))),
+            e!("cuIpcGetEventHandle", (4010, f!(cuIpcGetEventHandle))),
+            e!("cuIpcOpenEventHandle", (4010, f!(cuIpcOpenEventHandle))),
             e!("cuStreamCreate", (2000, f!(cuStreamCreate))),
             e!(
                 "cuStreamCreateWithPriority",

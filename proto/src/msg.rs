@@ -506,6 +506,17 @@ ops! {
     MemExport = 0x083a => Token, 0, "cuMemExportToShareableHandle" { handle: u64 }
     /// Imports physical memory exported in the same VM (another VM's token is refused).
     MemImport = 0x083b => Handle, 0, "cuMemImportFromShareableHandle" { hi: u64, lo: u64 }
+    /// Exports the `cuMemAlloc` allocation containing `ptr` for other processes of the same
+    /// VM: a random token naming it (the same token each time for one allocation).
+    IpcGetMemHandle = 0x083c => Token, 0, "cuIpcGetMemHandle" { ctx: u64, ptr: u64 }
+    /// Opens memory another process of the same VM exported: the reply is its range in this
+    /// process. A token of another VM, an unknown or freed one, is refused; so is opening
+    /// in the process that exported it (`CUDA_ERROR_INVALID_CONTEXT`).
+    IpcOpenMemHandle = 0x083d => Range, 0, "cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2" {
+        ctx: u64, hi: u64, lo: u64,
+    }
+    /// Closes one opening of memory `IpcOpenMemHandle` returned (after the work before it).
+    IpcCloseMemHandle = 0x083e => Empty, 0, "cuIpcCloseMemHandle" { ctx: u64, ptr: u64 }
 
     /// Shares `size` bytes of page-locked host memory with vgpud (unix socket only): the request
     /// carries a sealed memfd by `SCM_RIGHTS`; the reply names the region for the `*Shared`

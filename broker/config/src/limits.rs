@@ -64,7 +64,8 @@ pub struct VmLimits {
     /// Events held at once across the VM's sessions (`events`).
     pub events: u32,
     /// Other handles held at once across the VM's sessions (`handles`):
-    /// contexts, functions, memory pools, allocation handles, executable graphs.
+    /// contexts, functions, memory pools, allocation handles, executable graphs,
+    /// interprocess memory handles exported or opened.
     pub handles: u32,
     /// Bytes of queued asynchronous work across the VM's sessions (`queued_bytes`).
     pub queued_bytes: u64,

@@ -22,6 +22,7 @@ use crate::handles::{HandleKind, HandleTable};
 use crate::memory::{AllocKind, Allocation};
 use crate::usage::UsageKind;
 
+mod ipc;
 mod vmm;
 pub use vmm::{ACCESS_READ, ACCESS_READWRITE, va_limit};
 
@@ -133,12 +134,15 @@ pub(super) struct AllocExt {
     vmm: vmm::VmmState,
     /// Bytes of physical memory the session holds (counted in its memory figure).
     vmm_held: u64,
+    /// Memory shared with other processes of the VM (`cuIpc*MemHandle`).
+    ipc: ipc::IpcState,
 }
 
 impl AllocExt {
     /// Counts the memory pools and allocation handles against `budget`.
     pub(super) fn set_budget(&mut self, budget: crate::limits::HandleBudget) {
         self.pools.set_budget(budget.clone());
+        self.ipc.set_budget(budget.clone());
         self.vmm.set_budget(budget);
     }
 }
@@ -151,6 +155,7 @@ impl Default for AllocExt {
             current_pool: None,
             vmm: vmm::VmmState::default(),
             vmm_held: 0,
+            ipc: ipc::IpcState::default(),
         }
     }
 }
@@ -164,6 +169,9 @@ impl Session {
     ) -> Result<(), CuError> {
         use Request as R;
         if let Some(r) = self.dispatch_vmm(req, out) {
+            return r;
+        }
+        if let Some(r) = self.dispatch_ipc(req, out) {
             return r;
         }
         match req {
@@ -474,6 +482,9 @@ impl Session {
                 AllocKind::VmmMapping => Err(CuError::invalid_value(
                     "mapped memory is released with cuMemUnmap and cuMemRelease",
                 )),
+                AllocKind::IpcImport => Err(CuError::invalid_value(
+                    "memory opened with cuIpcOpenMemHandle is closed with cuIpcCloseMemHandle",
+                )),
             },
             _ => Err(CuError::invalid_value(format!(
                 "{ptr:#x} is not the start of a live allocation of this process"
@@ -568,6 +579,7 @@ impl Session {
 
     /// Releases pools and virtual memory (the session ended; its work was discarded).
     pub(super) fn release_alloc_ext(&mut self) {
+        self.release_ipc();
         self.release_vmm();
         self.release_pools();
     }

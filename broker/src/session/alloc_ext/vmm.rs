@@ -70,7 +70,7 @@ fn exports() -> std::sync::MutexGuard<'static, Exports> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
-fn random_token() -> u128 {
+pub(super) fn random_token() -> u128 {
     let mut b = [0u8; 16];
     if std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))

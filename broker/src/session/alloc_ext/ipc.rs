@@ -1,0 +1,510 @@
+//! Legacy interprocess memory (`cuIpcGetMemHandle`, `cuIpcOpenMemHandle`,
+//! `cuIpcCloseMemHandle`) between processes of one VM.
+//!
+//! An export is a random 128-bit token naming one `cuMemAlloc` allocation; only sessions of
+//! the same VM can open it (the VM's sessions share one device context, so the memory is
+//! opened at the address the exporter has). Tokens of another VM are refused: memory is
+//! never shared between VMs.
+//!
+//! The rule for freeing: the exporter's `cuMemFree` (or its exit) ends its own use and the
+//! token (no new opening), but the memory stays allocated, and charged once to the VM, until
+//! the last process that opened it closes it (or exits). Nothing is ever freed on the device
+//! while a process of the VM can still reach it. Exports and openings are handles, counted
+//! against the VM's `handles` budget.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use vgpu_proto::cuda;
+use vgpu_proto::msg::{self, Request};
+
+use super::super::{Session, release_allocation, reply};
+use crate::device::DeviceContext;
+use crate::error::CuError;
+use crate::handles::{HandleKind, HandleTable};
+use crate::memory::{AllocKind, Allocation};
+use crate::tenant::Tenant;
+
+/// One exported allocation, shared by its exporter and the sessions that opened it.
+pub(in crate::session) struct IpcMem {
+    token: u128,
+    base: u64,
+    size: u64,
+    /// The exporting session.
+    owner: u64,
+    tenant: Arc<Tenant>,
+    dev: Arc<dyn DeviceContext>,
+    /// The exporter's allocation, once the exporter let go of it: released when the last
+    /// opening closes.
+    orphan: Mutex<Option<Allocation>>,
+}
+
+impl std::fmt::Debug for IpcMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcMem")
+            .field("base", &self.base)
+            .field("size", &self.size)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl Drop for IpcMem {
+    fn drop(&mut self) {
+        forget_token(self.token);
+        let orphan = self.orphan.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = orphan.take() {
+            release_allocation(&self.tenant, self.dev.as_ref(), self.base, &a);
+        }
+    }
+}
+
+/// Exported allocations of every VM by token (each checked against the VM that opens it).
+type Exports = HashMap<u128, Weak<IpcMem>>;
+
+fn exports() -> MutexGuard<'static, Exports> {
+    static E: OnceLock<Mutex<Exports>> = OnceLock::new();
+    E.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn forget_token(token: u128) {
+    exports().remove(&token);
+}
+
+/// A token no other export holds.
+fn fresh_token() -> u128 {
+    loop {
+        let t = super::vmm::random_token();
+        if t != 0 && !exports().contains_key(&t) {
+            return t;
+        }
+    }
+}
+
+/// A session's exports and openings.
+#[derive(Debug)]
+pub(in crate::session) struct IpcState {
+    /// Allocations this session exported, by handle.
+    exported: HandleTable<Arc<IpcMem>>,
+    /// Base address → handle in `exported`.
+    exported_at: BTreeMap<u64, u64>,
+    /// Memory this session opened (and how many times), by handle.
+    opened: HandleTable<(Arc<IpcMem>, u32)>,
+    /// Base address → handle in `opened`.
+    opened_at: BTreeMap<u64, u64>,
+}
+
+impl Default for IpcState {
+    fn default() -> Self {
+        Self {
+            exported: HandleTable::new(HandleKind::IpcMem),
+            exported_at: BTreeMap::new(),
+            opened: HandleTable::new(HandleKind::IpcMem),
+            opened_at: BTreeMap::new(),
+        }
+    }
+}
+
+impl IpcState {
+    /// Counts exports and openings against `budget`.
+    pub(in crate::session) fn set_budget(&mut self, budget: crate::limits::HandleBudget) {
+        self.exported.set_budget(budget.clone());
+        self.opened.set_budget(budget);
+    }
+}
+
+fn split(t: u128) -> msg::Token {
+    msg::Token {
+        hi: (t >> 64) as u64,
+        lo: t as u64,
+    }
+}
+
+impl Session {
+    /// The interprocess memory requests; `None` for other requests.
+    pub(in crate::session) fn dispatch_ipc(
+        &mut self,
+        req: &Request,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<(), CuError>> {
+        use Request as R;
+        Some(match req {
+            R::IpcGetMemHandle(m) => self
+                .ipc_export(m.ctx, m.ptr)
+                .and_then(|t| reply(out, split(t))),
+            R::IpcOpenMemHandle(m) => self
+                .ipc_open(m.ctx, (u128::from(m.hi) << 64) | u128::from(m.lo))
+                .and_then(|(base, size)| reply(out, msg::Range { base, size })),
+            R::IpcCloseMemHandle(m) => self
+                .ipc_close(m.ctx, m.ptr)
+                .and_then(|()| reply(out, msg::Empty {})),
+            _ => return None,
+        })
+    }
+
+    fn ipc_export(&mut self, ctx: u64, ptr: u64) -> Result<u128, CuError> {
+        self.ctx(ctx)?;
+        let (base, a) = match self.allocs.find(ptr) {
+            Some((base, a)) if a.kind == AllocKind::Device => (base, *a),
+            Some(_) => {
+                return Err(CuError::invalid_value(format!(
+                    "{ptr:#x} is not memory from cuMemAlloc: only cuMemAlloc allocations can be exported with cuIpcGetMemHandle"
+                )));
+            }
+            None => {
+                return Err(CuError::invalid_value(format!(
+                    "{ptr:#x} is not inside a live allocation of this process"
+                )));
+            }
+        };
+        if let Some(h) = self.ext.ipc.exported_at.get(&base)
+            && let Some(m) = self.ext.ipc.exported.get(*h)
+        {
+            return Ok(m.token);
+        }
+        let token = fresh_token();
+        let mem = Arc::new(IpcMem {
+            token,
+            base,
+            size: a.size,
+            owner: self.info.id,
+            tenant: Arc::clone(&self.tenant),
+            dev: Arc::clone(&self.dev),
+            orphan: Mutex::new(None),
+        });
+        // Budget first: a refused export leaves no token behind.
+        let weak = Arc::downgrade(&mem);
+        let h = self.ext.ipc.exported.insert(mem)?;
+        self.ext.ipc.exported_at.insert(base, h);
+        exports().insert(token, weak);
+        Ok(token)
+    }
+
+    fn ipc_open(&mut self, ctx: u64, token: u128) -> Result<(u64, u64), CuError> {
+        self.ctx(ctx)?;
+        let found = exports().get(&token).and_then(Weak::upgrade);
+        let Some(mem) = found else {
+            return Err(CuError::invalid_handle(
+                "no memory of this VM was exported under this IPC handle (or its exporter freed it)",
+            ));
+        };
+        if !Arc::ptr_eq(&mem.tenant, &self.tenant) {
+            tracing::warn!(
+                tenant = %self.tenant.name,
+                session = self.info.id,
+                "refused an IPC memory handle of another VM"
+            );
+            return Err(CuError::invalid_handle(
+                "this IPC handle was exported by another VM: memory is never shared between VMs",
+            ));
+        }
+        if mem.owner == self.info.id {
+            return Err(CuError::new(
+                cuda::CUDA_ERROR_INVALID_CONTEXT,
+                "an IPC handle cannot be opened in the process that exported it",
+            ));
+        }
+        let (base, size) = (mem.base, mem.size);
+        if let Some(&h) = self.ext.ipc.opened_at.get(&base)
+            && let Some(e) = self.ext.ipc.opened.get_mut(h)
+        {
+            e.1 = e.1.saturating_add(1);
+            return Ok((base, size));
+        }
+        let h = self.ext.ipc.opened.insert((mem, 1))?;
+        self.ext.ipc.opened_at.insert(base, h);
+        self.allocs.insert(
+            base,
+            Allocation {
+                size,
+                charged: 0,
+                ctx,
+                kind: AllocKind::IpcImport,
+            },
+        );
+        Ok((base, size))
+    }
+
+    fn ipc_close(&mut self, ctx: u64, ptr: u64) -> Result<(), CuError> {
+        self.ctx(ctx)?;
+        let Some(&h) = self.ext.ipc.opened_at.get(&ptr) else {
+            return Err(CuError::invalid_value(format!(
+                "{ptr:#x} is not memory this process opened with cuIpcOpenMemHandle (or it was closed)"
+            )));
+        };
+        let last = match self.ext.ipc.opened.get_mut(h) {
+            Some(e) => {
+                e.1 -= 1;
+                e.1 == 0
+            }
+            None => true,
+        };
+        if last {
+            // Queued work of this process may still use the memory.
+            self.engine.drain()?;
+            self.ipc_drop_opened(ptr);
+        }
+        Ok(())
+    }
+
+    /// Ends this session's opening of the memory at `base` (every count).
+    fn ipc_drop_opened(&mut self, base: u64) {
+        if let Some(h) = self.ext.ipc.opened_at.remove(&base) {
+            self.ext.ipc.opened.remove(h);
+            self.allocs.remove(base);
+        }
+    }
+
+    /// `free_allocation`'s part for shared memory: an opening is closed; an exported
+    /// allocation leaves this session and its token goes, but the memory is released only
+    /// when no other process has it open. `false` for memory that is not shared.
+    pub(in crate::session) fn ipc_free(&mut self, base: u64) -> bool {
+        if self.ext.ipc.opened_at.contains_key(&base) {
+            self.ipc_drop_opened(base);
+            return true;
+        }
+        let Some(h) = self.ext.ipc.exported_at.remove(&base) else {
+            return false;
+        };
+        let Some(mem) = self.ext.ipc.exported.remove(h) else {
+            return false;
+        };
+        forget_token(mem.token);
+        if let Some(a) = self.allocs.remove(base) {
+            *mem.orphan.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);
+        }
+        // The last reference releases the memory (now, if nobody has it open).
+        drop(mem);
+        self.store_memory();
+        true
+    }
+
+    /// Ends every export and opening (the session ended; its work was discarded).
+    pub(in crate::session) fn release_ipc(&mut self) {
+        for base in self.ext.ipc.opened_at.keys().copied().collect::<Vec<_>>() {
+            self.ipc_drop_opened(base);
+        }
+        for base in self.ext.ipc.exported_at.keys().copied().collect::<Vec<_>>() {
+            self.ipc_free(base);
+        }
+        self.store_memory();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+
+    use vgpu_proto::cuda;
+    use vgpu_proto::msg;
+
+    use crate::testutils::{MemDevice, TestClient, vm};
+
+    type Client = TestClient<UnixStream>;
+
+    /// A broker on the in-memory device with VMs `vm1` (handles budget `handles`) and `vm2`.
+    fn broker(handles: u32) -> std::sync::Arc<crate::Broker> {
+        let dev: std::sync::Arc<dyn crate::device::Device> =
+            std::sync::Arc::new(MemDevice::new(1 << 30, std::time::Duration::ZERO));
+        let b = std::sync::Arc::new(crate::Broker::new(vec![("gpu0".into(), dev)]));
+        let mut v1 = vm("vm1", 64 << 20);
+        v1.limits.handles = handles;
+        b.add_tenant(&v1).unwrap();
+        b.add_tenant(&vm("vm2", 64 << 20)).unwrap();
+        b
+    }
+
+    /// A session (a process) of `tenant`, with a context.
+    fn session(b: &std::sync::Arc<crate::Broker>, tenant: &str) -> (Client, u64) {
+        let (c, s) = UnixStream::pair().unwrap();
+        let t = b.tenant(tenant).unwrap();
+        let b = std::sync::Arc::clone(b);
+        std::thread::spawn(move || crate::session_loop::serve(&b, t, &s, &s, "test"));
+        let mut c = TestClient::new(c);
+        c.hello().unwrap();
+        let ctx = c
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        (c, ctx)
+    }
+
+    fn alloc(c: &mut Client, ctx: u64, size: u64) -> u64 {
+        c.call(&msg::MemAlloc { ctx, size }, &[]).unwrap().0.ptr
+    }
+
+    fn export(c: &mut Client, ctx: u64, ptr: u64) -> Result<msg::Token, cuda::CuResult> {
+        c.call(&msg::IpcGetMemHandle { ctx, ptr }, &[])
+            .map(|r| r.0)
+            .map_err(|e| e.0)
+    }
+
+    fn open(c: &mut Client, ctx: u64, t: &msg::Token) -> Result<msg::Range, cuda::CuResult> {
+        c.call(
+            &msg::IpcOpenMemHandle {
+                ctx,
+                hi: t.hi,
+                lo: t.lo,
+            },
+            &[],
+        )
+        .map(|r| r.0)
+        .map_err(|e| e.0)
+    }
+
+    fn close(c: &mut Client, ctx: u64, ptr: u64) -> Result<(), cuda::CuResult> {
+        c.call(&msg::IpcCloseMemHandle { ctx, ptr }, &[])
+            .map(drop)
+            .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn forged_foreign_and_own_tokens_are_refused() {
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let (mut foreign, fctx) = session(&b, "vm2");
+        let p = alloc(&mut a, actx, 4096);
+        let t = export(&mut a, actx, p).unwrap();
+        assert_ne!((t.hi, t.lo), (0, 0));
+        assert_ne!(t.hi ^ t.lo, p, "the token is not the address");
+        // Another VM: refused, as are forged tokens (one bit off, zero).
+        assert_eq!(
+            open(&mut foreign, fctx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        let forged = msg::Token {
+            hi: t.hi,
+            lo: t.lo ^ 1,
+        };
+        assert_eq!(
+            open(&mut other, octx, &forged),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        let zero = msg::Token { hi: 0, lo: 0 };
+        assert_eq!(
+            open(&mut other, octx, &zero),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The exporting process itself: CUDA's answer.
+        assert_eq!(
+            open(&mut a, actx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_CONTEXT)
+        );
+        // A bad context is refused before the token is looked at.
+        assert!(open(&mut other, 0xdead, &t).is_err());
+        // The same VM opens it at the exporter's address; a double close is refused.
+        let r = open(&mut other, octx, &t).unwrap();
+        assert_eq!((r.base, r.size), (p, 4096));
+        close(&mut other, octx, p).unwrap();
+        assert_eq!(
+            close(&mut other, octx, p),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        );
+        // Closing what was never opened, or the exporter's own memory, is refused.
+        assert_eq!(close(&mut a, actx, p), Err(cuda::CUDA_ERROR_INVALID_VALUE));
+        // Only cuMemAlloc memory is exported.
+        assert_eq!(
+            export(&mut a, actx, p + 4096 * 1024),
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn memory_is_charged_once_and_outlives_the_exporters_free() {
+        let b = broker(1024);
+        let t1 = b.tenant("vm1").unwrap();
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let p = alloc(&mut a, actx, 1 << 20);
+        let used = t1.slice.used();
+        assert!(used >= 1 << 20);
+        let t = export(&mut a, actx, p).unwrap();
+        open(&mut other, octx, &t).unwrap();
+        open(&mut other, octx, &t).unwrap();
+        assert_eq!(t1.slice.used(), used, "opening charges nothing more");
+        c_free(&mut a, actx, p);
+        assert_eq!(t1.slice.used(), used, "still open elsewhere");
+        // The freed allocation's token opens no more.
+        let (mut late, lctx) = session(&b, "vm1");
+        assert_eq!(
+            open(&mut late, lctx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The importer still reaches it; the last of its two openings gives it back.
+        other
+            .call(
+                &msg::Memset {
+                    ctx: octx,
+                    stream: 0,
+                    dst: p,
+                    value: 7,
+                    elem_size: 1,
+                    count: 16,
+                },
+                &[],
+            )
+            .unwrap();
+        close(&mut other, octx, p).unwrap();
+        assert_eq!(t1.slice.used(), used);
+        close(&mut other, octx, p).unwrap();
+        assert_eq!(t1.slice.used(), 0);
+    }
+
+    fn c_free(c: &mut Client, ctx: u64, ptr: u64) {
+        c.call(&msg::MemFree { ctx, ptr }, &[]).unwrap();
+    }
+
+    #[test]
+    fn exports_and_openings_count_against_the_handles_budget() {
+        let b = broker(8);
+        let (mut a, actx) = session(&b, "vm1");
+        let mut refused = None;
+        for i in 0..64 {
+            let p = alloc(&mut a, actx, 4096);
+            if let Err(e) = export(&mut a, actx, p) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        let (i, e) = refused.expect("exports are bounded");
+        assert!(i < 8, "{i} exports");
+        assert_eq!(e, cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+
+    #[test]
+    fn a_session_that_ends_releases_what_it_exported_and_opened() {
+        let b = broker(1024);
+        let t1 = b.tenant("vm1").unwrap();
+        let (mut a, actx) = session(&b, "vm1");
+        let p = alloc(&mut a, actx, 4096);
+        let t = export(&mut a, actx, p).unwrap();
+        {
+            let (mut other, octx) = session(&b, "vm1");
+            open(&mut other, octx, &t).unwrap();
+            drop(a);
+            // The exporter's end leaves the memory to the importer.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let (mut late, lctx) = session(&b, "vm1");
+            while open(&mut late, lctx, &t) != Err(cuda::CUDA_ERROR_INVALID_HANDLE) {
+                assert!(std::time::Instant::now() < deadline);
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert!(t1.slice.used() > 0);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while t1.slice.used() != 0 {
+            assert!(std::time::Instant::now() < deadline, "memory leaked");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}

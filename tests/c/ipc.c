@@ -1,0 +1,264 @@
+/*
+ * Legacy interprocess memory (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle)
+ * between processes of one VM, from a plain C program against vgpu's libcuda.so. The test
+ * harness (tests/ipc.rs) runs it several times and passes the 64-byte handle as hex:
+ *
+ *   ipc export N         allocate N words, fill word i with i, print "handle HEX" and
+ *                        "holding"; on a line of stdin check what the importer wrote
+ *                        (word 0 = 0xC0FFEE, word i = i + 1), free the memory, print "freed";
+ *                        on another line exit
+ *   ipc import HEX N     open the handle (through cuGetProcAddress_v2), read it, run a kernel
+ *                        on it, write to it; forged handles, double close and event handles
+ *   ipc open HEX CODE    open the handle, expecting CODE
+ *   ipc hold HEX N       open the handle, print "holding"; on a line of stdin read it, run a
+ *                        kernel on it, close it
+ *
+ * Prints "ok <what>" / "FAIL <what>"; the exit status is the failure count.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent;
+typedef struct { unsigned char reserved[64]; } CUipcMemHandle;
+typedef struct { unsigned char reserved[64]; } CUipcEventHandle;
+
+CUresult cuInit(unsigned int);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, int);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+CUresult cuEventCreate(CUevent *, unsigned int);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned int);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+CUresult cuIpcGetEventHandle(CUipcEventHandle *, CUevent);
+CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+CUresult cuGetErrorName(CUresult, const char **);
+
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
+#define CU_EVENT_DISABLE_TIMING 2
+#define CU_EVENT_INTERPROCESS 4
+#define MARK 0xC0FFEEu
+
+static const char *INC_PTX =
+    ".version 7.0\n"
+    ".target sm_52\n"
+    ".address_size 64\n"
+    ".visible .entry inc(.param .u64 p, .param .u32 n)\n"
+    "{\n"
+    "  .reg .pred %pr;\n"
+    "  .reg .b32 %r<7>;\n"
+    "  .reg .b64 %rd<5>;\n"
+    "  ld.param.u64 %rd1, [p];\n"
+    "  ld.param.u32 %r1, [n];\n"
+    "  mov.u32 %r2, %ctaid.x;\n"
+    "  mov.u32 %r3, %ntid.x;\n"
+    "  mov.u32 %r4, %tid.x;\n"
+    "  mad.lo.s32 %r5, %r2, %r3, %r4;\n"
+    "  setp.ge.u32 %pr, %r5, %r1;\n"
+    "  @%pr bra DONE;\n"
+    "  cvta.to.global.u64 %rd2, %rd1;\n"
+    "  mul.wide.u32 %rd3, %r5, 4;\n"
+    "  add.s64 %rd4, %rd2, %rd3;\n"
+    "  ld.global.u32 %r6, [%rd4];\n"
+    "  add.s32 %r6, %r6, 1;\n"
+    "  st.global.u32 [%rd4], %r6;\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n";
+
+static int failures;
+static CUfunction inc_fn;
+
+static void check(const char *what, CUresult got, CUresult want) {
+    if (got == want) {
+        printf("ok %s\n", what);
+    } else {
+        const char *name = "?";
+        cuGetErrorName(got, &name);
+        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
+        failures++;
+    }
+    fflush(stdout);
+}
+
+static void expect(const char *what, int cond) {
+    printf("%s %s\n", cond ? "ok" : "FAIL", what);
+    if (!cond) failures++;
+    fflush(stdout);
+}
+
+static void setup(void) {
+    CUcontext ctx;
+    CUmodule mod;
+    if (cuInit(0) || cuCtxCreate_v2(&ctx, 0, 0) || cuModuleLoadData(&mod, INC_PTX) ||
+        cuModuleGetFunction(&inc_fn, mod, "inc")) {
+        printf("FAIL setup\n");
+        exit(100);
+    }
+}
+
+static CUresult inc(CUdeviceptr p, unsigned n) {
+    void *args[] = {&p, &n};
+    CUresult r = cuLaunchKernel(inc_fn, (n + 127) / 128, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
+    return r ? r : cuCtxSynchronize();
+}
+
+static void wait_line(void) {
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) exit(failures + 50);
+}
+
+static CUipcMemHandle parse(const char *hex) {
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    for (int i = 0; i < 64 && hex[2 * i] && hex[2 * i + 1]; i++)
+        sscanf(hex + 2 * i, "%2hhx", &h.reserved[i]);
+    return h;
+}
+
+static unsigned *read_words(CUdeviceptr p, unsigned n) {
+    unsigned *w = calloc(n, 4);
+    check("read the shared memory", cuMemcpyDtoH_v2(w, p, (size_t)n * 4), 0);
+    return w;
+}
+
+static void export_mem(unsigned n) {
+    CUdeviceptr d = 0;
+    check("cuMemAlloc", cuMemAlloc_v2(&d, (size_t)n * 4), 0);
+    unsigned *w = malloc((size_t)n * 4);
+    for (unsigned i = 0; i < n; i++) w[i] = i;
+    check("fill", cuMemcpyHtoD_v2(d, w, (size_t)n * 4), 0);
+    CUipcMemHandle h, again, inner;
+    check("cuIpcGetMemHandle", cuIpcGetMemHandle(&h, d), 0);
+    check("cuIpcGetMemHandle again", cuIpcGetMemHandle(&again, d), 0);
+    check("cuIpcGetMemHandle inside the allocation", cuIpcGetMemHandle(&inner, d + 64), 0);
+    expect("one allocation has one handle",
+           !memcmp(&h, &again, sizeof h) && !memcmp(&h, &inner, sizeof h));
+    int raw = 0;
+    for (int i = 0; i + 8 <= 64; i++) raw |= !memcmp(h.reserved + i, &d, 8);
+    expect("the handle does not carry the device address", !raw);
+    CUipcMemHandle none;
+    check("cuIpcGetMemHandle of memory that is not allocated",
+          cuIpcGetMemHandle(&none, 0x1000), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr own = 0;
+    check("opening in the exporting process",
+          cuIpcOpenMemHandle_v2(&own, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+          CUDA_ERROR_INVALID_CONTEXT);
+    printf("handle ");
+    for (int i = 0; i < 64; i++) printf("%02x", h.reserved[i]);
+    printf("\nholding\n");
+    fflush(stdout);
+    wait_line();
+    unsigned *r = read_words(d, n);
+    int same = r[0] == MARK;
+    for (unsigned i = 1; i < n; i++) same &= r[i] == i + 1;
+    expect("the exporter sees the importer's kernel and copy", same);
+    check("cuMemFree of exported memory", cuMemFree_v2(d), 0);
+    check("its handle is gone from this process", cuIpcGetMemHandle(&again, d),
+          CUDA_ERROR_INVALID_VALUE);
+    printf("freed\n");
+    fflush(stdout);
+    wait_line();
+}
+
+static void import_mem(const char *hex, unsigned n) {
+    CUipcMemHandle h = parse(hex);
+    CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned) = NULL;
+    int status = -1;
+    check("cuGetProcAddress_v2(cuIpcOpenMemHandle)",
+          cuGetProcAddress_v2("cuIpcOpenMemHandle", (void **)&open_fn, 12000, 0, &status), 0);
+    expect("it is found", open_fn != NULL && status == 0);
+    if (!open_fn) return;
+    CUdeviceptr p = 0, q = 0;
+    check("cuIpcOpenMemHandle", open_fn(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), 0);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    check("cuMemGetAddressRange of opened memory", cuMemGetAddressRange_v2(&base, &size, p + 8), 0);
+    expect("the range is the exported allocation", base == p && size == (size_t)n * 4);
+    unsigned *w = read_words(p, n);
+    int same = 1;
+    for (unsigned i = 0; i < n; i++) same &= w[i] == i;
+    expect("the importer reads the exporter's data", same);
+    check("a kernel on opened memory", inc(p, n), 0);
+    unsigned mark = MARK;
+    check("a copy into opened memory", cuMemcpyHtoD_v2(p, &mark, 4), 0);
+    unsigned *r = read_words(p, n);
+    expect("the kernel changed it", r[0] == MARK && r[n - 1] == n);
+    check("cuMemFree of opened memory", cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+    CUipcMemHandle re;
+    check("re-exporting opened memory", cuIpcGetMemHandle(&re, p), CUDA_ERROR_INVALID_VALUE);
+    check("opening it again", cuIpcOpenMemHandle_v2(&q, h, 0), 0);
+    expect("at the same address", q == p);
+    check("close", cuIpcCloseMemHandle(p), 0);
+    check("close the second opening", cuIpcCloseMemHandle(q), 0);
+    check("a third close", cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+    check("closed memory is out of reach", cuMemcpyHtoD_v2(p, &mark, 4),
+          CUDA_ERROR_INVALID_VALUE);
+    /* Forged handles: a changed token, someone else's bytes, bad flags. */
+    CUipcMemHandle forged = h;
+    forged.reserved[12] ^= 0x5a;
+    check("a forged token", cuIpcOpenMemHandle_v2(&q, forged, 0), CUDA_ERROR_INVALID_HANDLE);
+    CUipcMemHandle junk;
+    memset(&junk, 0x41, sizeof junk);
+    check("a handle vgpu did not make", cuIpcOpenMemHandle_v2(&q, junk, 0),
+          CUDA_ERROR_INVALID_HANDLE);
+    check("unknown flags", cuIpcOpenMemHandle_v2(&q, h, 0x10), CUDA_ERROR_INVALID_VALUE);
+    /* Event handles are refused. */
+    CUevent e;
+    check("an interprocess event",
+          cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS), 0);
+    CUipcEventHandle eh;
+    memset(&eh, 0, sizeof eh);
+    check("cuIpcGetEventHandle", cuIpcGetEventHandle(&eh, e), CUDA_ERROR_NOT_SUPPORTED);
+    check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, eh), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+static void open_only(const char *hex, int want) {
+    CUdeviceptr p = 0;
+    check("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2(&p, parse(hex), 0), want);
+    if (want == 0) check("close", cuIpcCloseMemHandle(p), 0);
+}
+
+static void hold(const char *hex, unsigned n) {
+    CUdeviceptr p = 0;
+    check("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2(&p, parse(hex), 0), 0);
+    printf("holding\n");
+    fflush(stdout);
+    wait_line();
+    unsigned *r = read_words(p, n);
+    expect("opened memory outlives the exporter's free", r[0] == MARK && r[n - 1] == n);
+    check("a kernel on it", inc(p, n), 0);
+    r = read_words(p, n);
+    expect("the kernel changed it", r[0] == MARK + 1 && r[n - 1] == n + 1);
+    check("close", cuIpcCloseMemHandle(p), 0);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    setup();
+    if (!strcmp(argv[1], "export")) export_mem((unsigned)strtoul(argv[2], NULL, 0));
+    else if (!strcmp(argv[1], "import") && argc > 3)
+        import_mem(argv[2], (unsigned)strtoul(argv[3], NULL, 0));
+    else if (!strcmp(argv[1], "open") && argc > 3) open_only(argv[2], atoi(argv[3]));
+    else if (!strcmp(argv[1], "hold") && argc > 3)
+        hold(argv[2], (unsigned)strtoul(argv[3], NULL, 0));
+    else return 2;
+    return failures;
+}

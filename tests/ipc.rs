@@ -1,0 +1,173 @@
+//! Legacy interprocess memory (`cuIpc*MemHandle`) through shim → vgpud → simulated GPU, from
+//! a C program (tests/c/ipc.c) run as an exporter and as importers: processes of one VM share
+//! `cuMemAlloc` memory (reads, writes and kernels on both sides), the memory is charged once
+//! to the VM, another VM's process and forged handles are refused, memory opened elsewhere
+//! outlives its exporter's free until the last close, and the VM's use returns to 0.
+
+use std::io::{BufRead, BufReader, Lines, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use vgpu_tests::harness::{Run, TestVm, Vgpud, build_c_program, run_against};
+
+const MIB: u64 = 1 << 20;
+/// Words of the shared allocation.
+const WORDS: &str = "65536";
+/// `CUDA_ERROR_INVALID_HANDLE`.
+const INVALID_HANDLE: &str = "400";
+
+fn assert_passed(r: &Run, d: &Vgpud, min_checks: usize) {
+    assert!(
+        r.failures().is_empty() && r.code == 0,
+        "exit {}\n{}\n{}\n{}",
+        r.code,
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+    let n = r.stdout.lines().filter(|l| l.starts_with("ok ")).count();
+    assert!(n >= min_checks, "only {n} checks\n{}", r.stdout);
+}
+
+/// A program kept running, driven line by line on its stdin.
+struct Held {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+    checks: usize,
+}
+
+impl Held {
+    fn start(d: &Vgpud, vm: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(build_c_program("ipc"))
+            .args(args)
+            .env("VGPU_TRANSPORT", d.transport(vm))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting the ipc program");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Held {
+            child,
+            lines,
+            checks: 0,
+        }
+    }
+
+    /// Reads output until `until`; returns the last line seen that starts with `prefix`.
+    fn read_until(&mut self, until: &str, prefix: &str) -> String {
+        let mut found = String::new();
+        for l in self.lines.by_ref() {
+            let l = l.expect("program output");
+            assert!(!l.starts_with("FAIL"), "{l}");
+            if l.starts_with("ok ") {
+                self.checks += 1;
+            }
+            if let Some(v) = l.strip_prefix(prefix) {
+                found = v.to_string();
+            }
+            if l == until {
+                return found;
+            }
+        }
+        panic!("the program ended before printing {until:?}");
+    }
+
+    fn next_step(&mut self) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"go\n").expect("writing to the program");
+        stdin.flush().expect("writing to the program");
+    }
+
+    /// Lets the program finish; asserts it passed every check.
+    fn finish(mut self) -> usize {
+        self.next_step();
+        for l in self.lines.by_ref() {
+            let l = l.expect("program output");
+            assert!(!l.starts_with("FAIL"), "{l}");
+            if l.starts_with("ok ") {
+                self.checks += 1;
+            }
+        }
+        let st = self.child.wait().expect("waiting for the program");
+        assert!(st.success(), "exit {st}");
+        self.checks
+    }
+}
+
+/// Waits until vgpud has ended every session of `vm` but `n` (a killed process's goes soon after).
+fn wait_sessions(d: &Vgpud, vm: &str, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.vm(vm)["sessions"].as_array().map_or(0, Vec::len) != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            d.vm(vm)["sessions"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn memory_used(d: &Vgpud, vm: &str) -> u64 {
+    d.vm(vm)["memory_used"].as_u64().expect("memory_used")
+}
+
+#[test]
+fn processes_of_one_vm_share_memory_and_other_vms_are_refused() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let prog = build_c_program("ipc");
+    let mut exporter = Held::start(&d, "vm1", &["export", WORDS]);
+    let handle = exporter.read_until("holding", "handle ");
+    assert_eq!(handle.len(), 128, "{handle}");
+    let charged = memory_used(&d, "vm1");
+    assert!(charged >= 256 << 10, "{charged} bytes charged");
+
+    // Another process of the VM opens it, reads, runs a kernel on it, writes, closes.
+    let r = run_against(&d, "vm1", &prog, &["import", &handle, WORDS]);
+    assert_passed(&r, &d, 20);
+    assert_eq!(memory_used(&d, "vm1"), charged, "charged once, to the VM");
+
+    // A process of another VM is refused, and nothing is charged there.
+    let r = run_against(&d, "vm2", &prog, &["open", &handle, INVALID_HANDLE]);
+    assert_passed(&r, &d, 1);
+    assert!(
+        d.log().contains("another VM"),
+        "vgpud says why:\n{}",
+        d.log()
+    );
+    assert_eq!(memory_used(&d, "vm2"), 0);
+
+    // A process holds it open while the exporter frees it: the memory stays, charged once.
+    let mut holder = Held::start(&d, "vm1", &["hold", &handle, WORDS]);
+    holder.read_until("holding", "-");
+    assert_eq!(memory_used(&d, "vm1"), charged);
+    exporter.next_step();
+    exporter.read_until("freed", "-");
+    assert!(exporter.finish() >= 10);
+    assert_eq!(memory_used(&d, "vm1"), charged, "still open in the holder");
+    // The freed allocation's handle opens no more.
+    let r = run_against(&d, "vm1", &prog, &["open", &handle, INVALID_HANDLE]);
+    assert_passed(&r, &d, 1);
+    // The holder still reads and runs kernels on it; its close gives the memory back.
+    assert!(holder.finish() >= 5);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+#[test]
+fn an_exporter_that_exits_leaves_nothing_behind() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("ipc");
+    let mut exporter = Held::start(&d, "vm1", &["export", WORDS]);
+    let handle = exporter.read_until("holding", "handle ");
+    let mut holder = Held::start(&d, "vm1", &["hold", &handle, WORDS]);
+    holder.read_until("holding", "-");
+    exporter.child.kill().expect("killing the exporter");
+    exporter.child.wait().expect("waiting for the exporter");
+    wait_sessions(&d, "vm1", 1);
+    let r = run_against(&d, "vm1", &prog, &["open", &handle, INVALID_HANDLE]);
+    assert_passed(&r, &d, 1);
+    assert!(memory_used(&d, "vm1") > 0, "the holder keeps the memory");
+    holder.child.kill().expect("killing the holder");
+    holder.child.wait().expect("waiting for the holder");
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}

@@ -7,8 +7,11 @@ use clap::Parser;
 use vgpu_k8s::sidecar::{self, Hooks};
 
 /// Adds vgpu devices and shared memory to the domains of VMIs that request vgpu resources.
+///
+/// No `--version` flag of clap's: `--version` is the hook API version virt-launcher passes (clap
+/// refuses the clash at start, or would print the program's version and exit).
 #[derive(Parser, Debug)]
-#[command(name = "vgpu-kubevirt-sidecar", version)]
+#[command(name = "vgpu-kubevirt-sidecar")]
 struct Args {
     /// The hook socket virt-launcher dials.
     #[arg(long, default_value = "/var/run/kubevirt-hooks/vgpu.sock")]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what vgpu's demo and tests need on a Debian 12 machine with Rust:
-# a C compiler, QEMU (bookworm-backports), the guest image tools (cpio,
+# a C compiler, QEMU (bookworm-backports), the container image tools (umoci,
+# skopeo), the guest image tools (cpio,
 # debootstrap for the QEMU 11.1 root of the virtio-vgpu tests), NVRTC (for
 # the PTX fixture drift check) and Debian's CUDA 11.8 toolkit (nvcc, with
 # g++-11, for the CUDA runtime programs in tests/cuda/). Idempotent; prints
@@ -27,6 +28,11 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v libvirtd >/dev/null 2>&1 || missing+=(libvirt-daemon-system)
 command -v virsh >/dev/null 2>&1 || missing+=(libvirt-clients)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+# scripts/build-image.sh makes the container images without a daemon (umoci); skopeo reads them
+# back and converts them (k8s/tests/it/image.rs; docs/kubernetes.md). strip is in binutils.
+command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+command -v strip >/dev/null 2>&1 || missing+=(binutils)
 # The host tools images/build.sh uses to build the guest image (it never installs them itself:
 # the tests run it, and an apt job during a test run fails whenever another one holds the lock).
 for tool in dpkg-deb:dpkg gzip:gzip depmod:kmod ldd:libc-bin flock:util-linux \

@@ -4,5 +4,6 @@
 mod support;
 
 mod device_plugin;
+mod image;
 mod manifests;
 mod sidecar;

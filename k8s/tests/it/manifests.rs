@@ -27,7 +27,7 @@ fn deploy(name: &str) -> PathBuf {
 }
 
 /// The YAML documents of a file, as JSON (PyYAML, which kubernetes-validate needs anyway).
-fn documents(name: &str) -> Vec<Value> {
+pub(crate) fn documents(name: &str) -> Vec<Value> {
     let out = Command::new("python3")
         .args([
             "-c",

@@ -8,7 +8,8 @@
  *                        (word 0 = 0xC0FFEE, word i = i + 1), free the memory, print "freed";
  *                        on another line exit
  *   ipc import HEX N     open the handle (through cuGetProcAddress_v2), read it, run a kernel
- *                        on it, write to it; forged handles, double close and event handles
+ *                        on it, write to it; forged handles, double close; event handles
+ *                        (plain events refused, forged and own handles refused)
  *   ipc open HEX CODE    open the handle, expecting CODE
  *   ipc hold HEX N       open the handle, print "holding"; on a line of stdin read it, run a
  *                        kernel on it, close it
@@ -220,14 +221,26 @@ static void import_mem(const char *hex, unsigned n) {
     check("a handle vgpu did not make", cuIpcOpenMemHandle_v2(&q, junk, 0),
           CUDA_ERROR_INVALID_HANDLE);
     check("unknown flags", cuIpcOpenMemHandle_v2(&q, h, 0x10), CUDA_ERROR_INVALID_VALUE);
-    /* Event handles are refused. */
-    CUevent e;
+    /* Event handles: only interprocess events are exported; forged and own handles refused. */
+    CUevent e, plain, opened;
     check("an interprocess event",
           cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS), 0);
+    check("a plain event", cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING), 0);
     CUipcEventHandle eh;
     memset(&eh, 0, sizeof eh);
-    check("cuIpcGetEventHandle", cuIpcGetEventHandle(&eh, e), CUDA_ERROR_NOT_SUPPORTED);
-    check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, eh), CUDA_ERROR_NOT_SUPPORTED);
+    check("cuIpcGetEventHandle of an event without CU_EVENT_INTERPROCESS",
+          cuIpcGetEventHandle(&eh, plain), CUDA_ERROR_INVALID_HANDLE);
+    check("cuIpcGetEventHandle", cuIpcGetEventHandle(&eh, e), 0);
+    check("cuIpcOpenEventHandle in the exporting process", cuIpcOpenEventHandle(&opened, eh),
+          CUDA_ERROR_INVALID_CONTEXT);
+    CUipcEventHandle forged_e = eh;
+    forged_e.reserved[12] ^= 0x5a;
+    check("a forged event token", cuIpcOpenEventHandle(&opened, forged_e),
+          CUDA_ERROR_INVALID_HANDLE);
+    CUipcEventHandle as_event;
+    memcpy(&as_event, &h, sizeof as_event);
+    check("a memory handle as an event handle", cuIpcOpenEventHandle(&opened, as_event),
+          CUDA_ERROR_INVALID_HANDLE);
 }
 
 static void open_only(const char *hex, int want) {

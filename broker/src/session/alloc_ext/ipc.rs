@@ -837,4 +837,34 @@ mod tests {
         assert!(i < 8, "{i} exports");
         assert_eq!(e, cuda::CUDA_ERROR_OUT_OF_MEMORY);
     }
+
+    #[test]
+    fn event_handles_return_to_the_budget() {
+        use vgpu_config::limits::Budget;
+        let b = broker(1024);
+        let t1 = b.tenant("vm1").unwrap();
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let base = t1.limits.used(Budget::Handles);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        let opened = open_event(&mut other, octx, &t).unwrap();
+        assert_eq!(t1.limits.used(Budget::Handles), base + 2);
+        status(
+            &mut other,
+            &msg::EventDestroy {
+                ctx: octx,
+                event: opened,
+            },
+        )
+        .unwrap();
+        assert_eq!(t1.limits.used(Budget::Handles), base + 1);
+        // An export ends with its session (and so does the session's context).
+        drop(a);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while t1.limits.used(Budget::Handles) + 1 != base {
+            assert!(std::time::Instant::now() < deadline, "handles leaked");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
 }

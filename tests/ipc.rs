@@ -2,7 +2,9 @@
 //! a C program (tests/c/ipc.c) run as an exporter and as importers: processes of one VM share
 //! `cuMemAlloc` memory (reads, writes and kernels on both sides), the memory is charged once
 //! to the VM, another VM's process and forged handles are refused, memory opened elsewhere
-//! outlives its exporter's free until the last close, and the VM's use returns to 0.
+//! outlives its exporter's free until the last close, and the VM's use returns to 0. IPC
+//! events order an importer's stream after the exporter's record, and a wait whose exporter
+//! dies ends with an error.
 
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -82,6 +84,11 @@ impl Held {
     /// Lets the program finish; asserts it passed every check.
     fn finish(mut self) -> usize {
         self.next_step();
+        self.end()
+    }
+
+    /// Reads the program's output to its end; asserts it passed every check.
+    fn end(mut self) -> usize {
         for l in self.lines.by_ref() {
             let l = l.expect("program output");
             assert!(!l.starts_with("FAIL"), "{l}");
@@ -170,4 +177,65 @@ fn an_exporter_that_exits_leaves_nothing_behind() {
     holder.child.kill().expect("killing the holder");
     holder.child.wait().expect("waiting for the holder");
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+/// Starts an exporter of one word and an interprocess event whose record is held back.
+fn event_exporter(d: &Vgpud, args: &[&str]) -> (Held, String, String) {
+    let mut exporter = Held::start(d, "vm1", args);
+    let mut mem = String::new();
+    let mut ev = String::new();
+    for l in exporter.lines.by_ref() {
+        let l = l.expect("program output");
+        assert!(!l.starts_with("FAIL"), "{l}");
+        if let Some(h) = l.strip_prefix("handle ") {
+            mem = h.to_string();
+        } else if let Some(h) = l.strip_prefix("event ") {
+            ev = h.to_string();
+        } else if l == "holding" {
+            break;
+        }
+    }
+    assert_eq!((mem.len(), ev.len()), (128, 128), "{mem} {ev}");
+    (exporter, mem, ev)
+}
+
+#[test]
+fn an_ipc_event_orders_the_importers_stream_after_the_exporters_record() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let (mut exporter, mem, ev) = event_exporter(&d, &["evexport"]);
+    // Another VM cannot open the event.
+    let prog = build_c_program("ipc");
+    let r = run_against(&d, "vm2", &prog, &["evopen", &ev, INVALID_HANDLE]);
+    assert_passed(&r, &d, 1);
+    assert!(
+        d.log().contains("IPC event handle of another VM"),
+        "{}",
+        d.log()
+    );
+    let mut importer = Held::start(&d, "vm1", &["evimport", &mem, &ev]);
+    importer.read_until("waiting", "-");
+    // Only now does the exporter's stream go on: its record, then the importer's kernel.
+    exporter.next_step();
+    exporter.read_until("released", "-");
+    assert!(importer.end() >= 10);
+    assert!(
+        exporter.finish() >= 5,
+        "the exporter checks what the importer wrote"
+    );
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    wait_sessions(&d, "vm1", 0);
+}
+
+#[test]
+fn an_exporter_that_dies_ends_the_importers_wait_with_an_error() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    // The exporter's record waits behind a kernel that spins for minutes: it never runs.
+    let (mut exporter, mem, ev) = event_exporter(&d, &["evexport", "spin"]);
+    let mut importer = Held::start(&d, "vm1", &["evorphan", &mem, &ev]);
+    importer.read_until("waiting", "-");
+    exporter.child.kill().expect("killing the exporter");
+    exporter.child.wait().expect("waiting for the exporter");
+    assert!(importer.end() >= 8);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    wait_sessions(&d, "vm1", 0);
 }

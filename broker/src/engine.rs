@@ -40,7 +40,7 @@
 //! so a single job larger than the budget cannot wait forever).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,18 @@ pub type HangupProbe = Arc<dyn Fn() -> bool + Send + Sync>;
 #[derive(Debug, Default)]
 pub struct EventClock {
     inner: Mutex<EventRecord>,
+    /// Told of the event's records (an event exported to other processes).
+    listener: OnceLock<Arc<dyn ClockListener>>,
+}
+
+/// Follows an event's records from outside its session (`cuIpcGetEventHandle`).
+pub trait ClockListener: Send + Sync + std::fmt::Debug {
+    /// A record job `seq` was submitted: it is the event's latest record now.
+    fn recorded(&self, seq: u64);
+    /// Record job `seq` ran.
+    fn completed(&self, seq: u64);
+    /// The event is gone and no record of it is pending: no record completes any more.
+    fn ended(&self);
 }
 
 /// The latest record of an event.
@@ -87,14 +99,42 @@ impl EventClock {
         *self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Tells `l` of the event's records from now on; `false` when another listener
+    /// follows it already.
+    pub fn listen(&self, l: Arc<dyn ClockListener>) -> bool {
+        self.listener.set(l).is_ok()
+    }
+
+    /// The listener following the event, if any.
+    pub fn listener(&self) -> Option<&Arc<dyn ClockListener>> {
+        self.listener.get()
+    }
+
     fn set(&self, r: EventRecord) {
         *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = r;
+        if let Some(l) = self.listener.get() {
+            l.recorded(r.seq);
+        }
     }
 
     fn complete(&self, seq: u64) {
-        let mut r = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if r.seq == seq {
-            r.time = Some(Instant::now());
+        {
+            let mut r = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if r.seq == seq {
+                r.time = Some(Instant::now());
+            }
+        }
+        if let Some(l) = self.listener.get() {
+            l.completed(seq);
+        }
+    }
+}
+
+impl Drop for EventClock {
+    fn drop(&mut self) {
+        // The event and every pending record of it are gone.
+        if let Some(l) = self.listener.get() {
+            l.ended();
         }
     }
 }
@@ -320,6 +360,8 @@ struct GateInner {
     link: Option<GateLink>,
     /// Opened before the lane reached it (a client that skipped the wait).
     opened_early: bool,
+    /// Opened with an error ([`Gate::fail`]): the lane's context reports it.
+    error: Option<CuError>,
 }
 
 /// A host function's place in its lane (`cuLaunchHostFunc`): the lane stops
@@ -373,6 +415,25 @@ impl Gate {
 
     /// The host function ran: the lane goes on.
     pub fn open(&self) {
+        self.settle(Ok(()));
+    }
+
+    /// What the gate was opened with (`None` while it is not opened).
+    pub fn outcome(&self) -> Option<Result<(), CuError>> {
+        let g = self.lock();
+        match g.state {
+            Some(GateState::Opened) => Some(g.error.clone().map_or(Ok(()), Err)),
+            _ => None,
+        }
+    }
+
+    /// The lane goes on, its context reporting `e` (what it waited for can no longer
+    /// happen, as when the exporter of an interprocess event ended).
+    pub fn fail(&self, e: CuError) {
+        self.settle(Err(e));
+    }
+
+    fn settle(&self, result: Result<(), CuError>) {
         let link = {
             let mut g = self.lock();
             match g.state {
@@ -381,6 +442,7 @@ impl Gate {
                 _ => g.opened_early = true,
             }
             g.state = Some(GateState::Opened);
+            g.error = result.clone().err();
             self.cv.notify_all();
             g.link.take()
         };
@@ -389,7 +451,7 @@ impl Gate {
         {
             let mut st = shared.lock();
             if st.gated.remove(&l.seq).is_some() {
-                shared.finish(&mut st, l.key, l.seq, l.ctx, Ok(()));
+                shared.finish(&mut st, l.key, l.seq, l.ctx, result);
             }
         }
     }
@@ -404,20 +466,20 @@ impl Gate {
         }
     }
 
-    /// The lane reached the gate (engine lock held): returns whether it was
-    /// already opened.
-    fn reach(&self, link: GateLink) -> bool {
+    /// The lane reached the gate (engine lock held): what it was opened with
+    /// when it was already opened (or abandoned).
+    fn reach(&self, link: GateLink) -> Option<Result<(), CuError>> {
         let mut g = self.lock();
         if g.opened_early || matches!(g.state, Some(GateState::Opened)) {
-            return true;
+            return Some(g.error.clone().map_or(Ok(()), Err));
         }
         if matches!(g.state, Some(GateState::Abandoned(_))) {
-            return true;
+            return Some(Ok(()));
         }
         g.state = Some(GateState::Reached);
         g.link = Some(link);
         self.cv.notify_all();
-        false
+        None
     }
 }
 
@@ -568,15 +630,17 @@ impl State {
 
     /// Drops queued work and releases lanes stopped at gates (the client
     /// has gone or the session ends).
-    fn discard(&mut self, why: &str) -> usize {
-        let mut dropped = 0;
+    /// Returns the jobs dropped, for the caller to drop once the engine's lock is released
+    /// (a dropped event record may end an interprocess event, which wakes other sessions).
+    fn discard(&mut self, why: &str) -> Vec<Job> {
+        let mut dropped = Vec::new();
         for lane in self.lanes.values_mut() {
             for e in lane.queue.drain(..) {
                 self.unfinished.remove(&e.seq);
                 if let Job::Gate(g) = &e.job {
                     g.abandon(why);
                 }
-                dropped += 1;
+                dropped.push(e.job);
             }
         }
         for (seq, (key, g)) in std::mem::take(&mut self.gated) {
@@ -736,7 +800,7 @@ impl Engine {
 
     /// Blocks on the engine's condition variable once; with a hangup probe,
     /// at most [`HANGUP_POLL`], abandoning the work when the client has gone.
-    fn block<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn block<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         let Some(probe) = &self.hangup else {
             return self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         };
@@ -750,7 +814,7 @@ impl Engine {
 
     /// Abandons the session's work if its client has gone.
     fn check_hangup<'a>(
-        &self,
+        &'a self,
         mut st: MutexGuard<'a, State>,
         probe: &HangupProbe,
     ) -> MutexGuard<'a, State> {
@@ -760,8 +824,11 @@ impl Engine {
                 "the client disconnected while its session waited; abandoning its work"
             );
             st.abandoned = true;
-            st.discard("the client disconnected");
+            let dropped = st.discard("the client disconnected");
             self.shared.cv.notify_all();
+            drop(st);
+            drop(dropped);
+            return self.shared.lock();
         }
         st
     }
@@ -1122,8 +1189,8 @@ fn worker_loop(shared: &Arc<Shared>) {
                 seq,
                 ctx,
             };
-            if g.reach(link) {
-                shared.finish(&mut st, key, seq, ctx, Ok(()));
+            if let Some(r) = g.reach(link) {
+                shared.finish(&mut st, key, seq, ctx, r);
             } else {
                 st.gated.insert(seq, (key, Arc::clone(g)));
             }
@@ -1151,15 +1218,20 @@ fn worker_loop(shared: &Arc<Shared>) {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        {
+        let dropped = {
             let mut st = self.shared.lock();
             st.shutdown = true;
             let dropped = st.discard("the session ended");
-            if dropped > 0 {
-                debug!(dropped, "session ended with queued work; discarding it");
+            if !dropped.is_empty() {
+                debug!(
+                    dropped = dropped.len(),
+                    "session ended with queued work; discarding it"
+                );
             }
             self.shared.cv.notify_all();
-        }
+            dropped
+        };
+        drop(dropped);
         let handles = std::mem::take(
             &mut *self
                 .shared

@@ -46,6 +46,8 @@ pub enum HandleKind {
     HostShare = 0x48,
     /// An allocation exported or opened by `cuIpcGetMemHandle`/`cuIpcOpenMemHandle`.
     IpcMem = 0x49,
+    /// An event exported or opened by `cuIpcGetEventHandle`/`cuIpcOpenEventHandle`.
+    IpcEvent = 0x4a,
 }
 
 impl HandleKind {
@@ -62,6 +64,7 @@ impl HandleKind {
             HandleKind::GraphExec => "executable graphs",
             HandleKind::HostShare => "shared host regions",
             HandleKind::IpcMem => "interprocess memory handles",
+            HandleKind::IpcEvent => "interprocess event handles",
         }
     }
 }

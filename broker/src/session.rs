@@ -74,6 +74,8 @@ struct EventState {
     ctx: u64,
     flags: u32,
     clock: Arc<EventClock>,
+    /// Its part in interprocess sharing (`cuIpcGetEventHandle`, `cuIpcOpenEventHandle`).
+    ipc: Option<alloc_ext::ipc::event::EventLink>,
 }
 
 struct ModuleState {
@@ -1018,7 +1020,12 @@ impl Session {
             }
             R::StreamWaitEvent(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
-                let rec = self.event(m.event)?.clock.get();
+                let ev = self.event(m.event)?;
+                if let Some(shared) = alloc_ext::ipc::event::opened(ev) {
+                    self.ipc_event_stream_wait(&lane, &shared)?;
+                    return reply(out, msg::Empty {});
+                }
+                let rec = ev.clock.get();
                 // Later work of the stream waits for the record current now (none: no wait).
                 self.engine.wait_for(&lane, rec.seq);
                 reply(out, msg::Empty {})
@@ -1067,23 +1074,36 @@ impl Session {
                     ctx: m.ctx,
                     flags: m.flags,
                     clock: Arc::new(EventClock::default()),
+                    ipc: None,
                 })?;
                 reply(out, msg::Handle { handle: h })
             }
             R::EventDestroy(m) => {
-                self.events
+                let ev = self
+                    .events
                     .remove(m.event)
                     .ok_or_else(|| CuError::invalid_handle("not an event of this process"))?;
+                self.ipc_event_gone(ev.ipc);
                 reply(out, msg::Empty {})
             }
             R::EventRecord(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
-                let clock = Arc::clone(&self.event(m.event)?.clock);
+                let ev = self.event(m.event)?;
+                if alloc_ext::ipc::event::opened(ev).is_some() {
+                    return Err(CuError::not_supported(
+                        "recording an event opened with cuIpcOpenEventHandle is not supported by vgpu: record it in the process that exported it",
+                    ));
+                }
+                let clock = Arc::clone(&ev.clock);
                 self.engine.record(&lane, &clock);
                 reply(out, msg::Empty {})
             }
             R::EventQuery(m) => {
                 let ev = self.event(m.event)?;
+                if let Some(shared) = alloc_ext::ipc::event::opened(ev) {
+                    Self::ipc_event_query(&shared)?;
+                    return reply(out, msg::Empty {});
+                }
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
                 if !self.engine.is_done(rec.seq) {
                     return Err(CuError::not_ready());
@@ -1093,6 +1113,10 @@ impl Session {
             }
             R::EventSynchronize(m) => {
                 let ev = self.event(m.event)?;
+                if let Some(shared) = alloc_ext::ipc::event::opened(ev) {
+                    self.ipc_event_synchronize(&shared)?;
+                    return reply(out, msg::Empty {});
+                }
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
                 self.engine.wait_job(rec.seq)?;
                 self.pools_after_sync();
@@ -1736,7 +1760,9 @@ impl Session {
         }
         self.engine.forget_lane(LaneKey::Legacy(ctx));
         for h in self.events.handles_where(|e| e.ctx == ctx) {
-            self.events.remove(h);
+            if let Some(ev) = self.events.remove(h) {
+                self.ipc_event_gone(ev.ipc);
+            }
         }
         for h in self.modules.handles_where(|m| m.ctx == ctx) {
             self.unload_module(h);

@@ -1285,13 +1285,72 @@ pub fn ipc_close_mem_handle(ptr: u64) -> CuRes<()> {
     Ok(())
 }
 
-/// Why event handles do not cross processes: what `cuIpcGetEventHandle` and
-/// `cuIpcOpenEventHandle` return, with the reason in the debug log.
-pub fn refuse_ipc_events(what: &str) -> CuResult {
-    crate::debug!(
-        "{what}: events are not shared between processes (interprocess memory is, within the VM)"
-    );
-    cuda::CUDA_ERROR_NOT_SUPPORTED
+/// What a `CUipcEventHandle` vgpu made holds before its token.
+const IPC_EVENT_MAGIC: &[u8; 8] = b"VGPUIPE1";
+
+/// Events this process opened with `cuIpcOpenEventHandle` (recording them is refused).
+fn ipc_events_opened() -> MutexGuard<'static, std::collections::HashSet<u64>> {
+    static S: OnceLock<Mutex<std::collections::HashSet<u64>>> = OnceLock::new();
+    S.get_or_init(|| Mutex::new(std::collections::HashSet::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// `cuIpcGetEventHandle`: a handle naming an event created with `CU_EVENT_INTERPROCESS |
+/// CU_EVENT_DISABLE_TIMING`, which other processes of the same VM can open (a random token
+/// vgpud made).
+pub fn ipc_get_event_handle(event: u64) -> CuRes<[u8; IPC_HANDLE_SIZE]> {
+    let c = ctx()?;
+    let t = drv::driver()?.call(&msg::IpcGetEventHandle { ctx: c, event }, &[])?;
+    let mut h = [0u8; IPC_HANDLE_SIZE];
+    h[..8].copy_from_slice(IPC_EVENT_MAGIC);
+    h[8..16].copy_from_slice(&t.hi.to_le_bytes());
+    h[16..24].copy_from_slice(&t.lo.to_le_bytes());
+    Ok(h)
+}
+
+/// `cuIpcOpenEventHandle`: an event of this process following one another process of the VM
+/// exported (waits, queries and synchronizations; recording it is refused).
+pub fn ipc_open_event_handle(handle: &[u8; IPC_HANDLE_SIZE]) -> CuRes<u64> {
+    let c = ctx()?;
+    if &handle[..8] != IPC_EVENT_MAGIC {
+        crate::debug!("cuIpcOpenEventHandle: not an event handle vgpu made");
+        return Err(cuda::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&handle[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let e = drv::driver()?
+        .call(
+            &msg::IpcOpenEventHandle {
+                ctx: c,
+                hi: word(8),
+                lo: word(16),
+            },
+            &[],
+        )?
+        .handle;
+    ipc_events_opened().insert(e);
+    Ok(e)
+}
+
+/// `cuEventRecord` of an event opened with `cuIpcOpenEventHandle`: refused at once (vgpu
+/// records an interprocess event in its exporting process only).
+pub fn check_ipc_event_record(event: u64) -> CuRes<()> {
+    if ipc_events_opened().contains(&event) {
+        crate::debug!(
+            "cuEventRecord: an event opened with cuIpcOpenEventHandle is recorded by its exporter only"
+        );
+        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(())
+}
+
+/// An event was destroyed.
+pub fn forget_ipc_event(event: u64) {
+    ipc_events_opened().remove(&event);
 }
 
 // ---- virtual memory management ------------------------------------------------------------

@@ -554,13 +554,33 @@ pub extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuIpcGetEventHandle(_handle: *mut CUipcHandle, _event: CUhandle) -> CUresult {
-    api::refuse_ipc_events("cuIpcGetEventHandle")
+pub unsafe extern "C" fn cuIpcGetEventHandle(
+    handle: *mut CUipcHandle,
+    event: CUhandle,
+) -> CUresult {
+    ffi("cuIpcGetEventHandle", || {
+        if handle.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let reserved = api::ipc_get_event_handle(event as u64)?;
+        out!(handle, CUipcHandle { reserved })
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuIpcOpenEventHandle(_event: *mut CUhandle, _handle: CUipcHandle) -> CUresult {
-    api::refuse_ipc_events("cuIpcOpenEventHandle")
+pub unsafe extern "C" fn cuIpcOpenEventHandle(
+    event: *mut CUhandle,
+    handle: CUipcHandle,
+) -> CUresult {
+    ffi("cuIpcOpenEventHandle", || {
+        if event.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(
+            event,
+            api::ipc_open_event_handle(&handle.reserved)? as CUhandle
+        )
+    })
 }
 
 // ---- virtual memory management ------------------------------------------------------------

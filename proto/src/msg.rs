@@ -517,6 +517,13 @@ ops! {
     }
     /// Closes one opening of memory `IpcOpenMemHandle` returned (after the work before it).
     IpcCloseMemHandle = 0x083e => Empty, 0, "cuIpcCloseMemHandle" { ctx: u64, ptr: u64 }
+    /// Exports an event created with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING` for
+    /// other processes of the same VM: a random token naming it (the same each time).
+    IpcGetEventHandle = 0x083f => Token, 0, "cuIpcGetEventHandle" { ctx: u64, event: u64 }
+    /// Opens an event another process of the same VM exported: the reply is an event of this
+    /// process that `StreamWaitEvent`, `EventQuery` and `EventSynchronize` accept (recording
+    /// it is refused). A token of another VM, an unknown one, or one of this process is refused.
+    IpcOpenEventHandle = 0x0844 => Handle, 0, "cuIpcOpenEventHandle" { ctx: u64, hi: u64, lo: u64 }
 
     /// Shares `size` bytes of page-locked host memory with vgpud (unix socket only): the request
     /// carries a sealed memfd by `SCM_RIGHTS`; the reply names the region for the `*Shared`

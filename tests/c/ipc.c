@@ -8,10 +8,24 @@
  *                        (word 0 = 0xC0FFEE, word i = i + 1), free the memory, print "freed";
  *                        on another line exit
  *   ipc import HEX N     open the handle (through cuGetProcAddress_v2), read it, run a kernel
- *                        on it, write to it; forged handles, double close and event handles
+ *                        on it, write to it; forged handles, double close; event handles
+ *                        (plain events refused, forged and own handles refused)
  *   ipc open HEX CODE    open the handle, expecting CODE
  *   ipc hold HEX N       open the handle, print "holding"; on a line of stdin read it, run a
  *                        kernel on it, close it
+ *   ipc evexport [spin]  export one word of memory (0) and an interprocess event, print
+ *                        "handle HEX", "event HEX" and "holding"; its stream stops at a host
+ *                        function until a line of stdin, then sets the word to MARK and records
+ *                        the event; prints "released"; on another line exits. With "spin" the
+ *                        stream stops at a kernel that spins for minutes instead (the harness
+ *                        kills the process)
+ *   ipc evimport HEX EV  open both; the event is not ready; a kernel incrementing the word runs
+ *                        after cuStreamWaitEvent on it (print "waiting", then synchronize):
+ *                        the word must be MARK + 1, not MARK (the kernel ran after the record)
+ *   ipc evopen EV CODE   open the event handle, expecting CODE
+ *   ipc evorphan HEX EV  open both, wait on the event in a stream, print "waiting" and
+ *                        cuEventSynchronize: the exporter is killed meanwhile, so every wait
+ *                        ends with CUDA_ERROR_INVALID_HANDLE
  *
  * Prints "ok <what>" / "FAIL <what>"; the exit status is the failure count.
  */
@@ -44,6 +58,15 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned int);
 CUresult cuIpcCloseMemHandle(CUdeviceptr);
 CUresult cuIpcGetEventHandle(CUipcEventHandle *, CUevent);
 CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
+CUresult cuEventDestroy_v2(CUevent);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventQuery(CUevent);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned int);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuLaunchHostFunc(CUstream, void (*)(void *), void *);
+CUresult cuMemsetD32Async(CUdeviceptr, unsigned int, size_t, CUstream);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 CUresult cuGetErrorName(CUresult, const char **);
 
@@ -51,6 +74,7 @@ CUresult cuGetErrorName(CUresult, const char **);
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_NOT_READY 600
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
 #define CU_EVENT_DISABLE_TIMING 2
 #define CU_EVENT_INTERPROCESS 4
@@ -220,14 +244,26 @@ static void import_mem(const char *hex, unsigned n) {
     check("a handle vgpu did not make", cuIpcOpenMemHandle_v2(&q, junk, 0),
           CUDA_ERROR_INVALID_HANDLE);
     check("unknown flags", cuIpcOpenMemHandle_v2(&q, h, 0x10), CUDA_ERROR_INVALID_VALUE);
-    /* Event handles are refused. */
-    CUevent e;
+    /* Event handles: only interprocess events are exported; forged and own handles refused. */
+    CUevent e, plain, opened;
     check("an interprocess event",
           cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS), 0);
+    check("a plain event", cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING), 0);
     CUipcEventHandle eh;
     memset(&eh, 0, sizeof eh);
-    check("cuIpcGetEventHandle", cuIpcGetEventHandle(&eh, e), CUDA_ERROR_NOT_SUPPORTED);
-    check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, eh), CUDA_ERROR_NOT_SUPPORTED);
+    check("cuIpcGetEventHandle of an event without CU_EVENT_INTERPROCESS",
+          cuIpcGetEventHandle(&eh, plain), CUDA_ERROR_INVALID_HANDLE);
+    check("cuIpcGetEventHandle", cuIpcGetEventHandle(&eh, e), 0);
+    check("cuIpcOpenEventHandle in the exporting process", cuIpcOpenEventHandle(&opened, eh),
+          CUDA_ERROR_INVALID_CONTEXT);
+    CUipcEventHandle forged_e = eh;
+    forged_e.reserved[12] ^= 0x5a;
+    check("a forged event token", cuIpcOpenEventHandle(&opened, forged_e),
+          CUDA_ERROR_INVALID_HANDLE);
+    CUipcEventHandle as_event;
+    memcpy(&as_event, &h, sizeof as_event);
+    check("a memory handle as an event handle", cuIpcOpenEventHandle(&opened, as_event),
+          CUDA_ERROR_INVALID_HANDLE);
 }
 
 static void open_only(const char *hex, int want) {
@@ -250,13 +286,154 @@ static void hold(const char *hex, unsigned n) {
     check("close", cuIpcCloseMemHandle(p), 0);
 }
 
+static CUipcEventHandle parse_event(const char *hex) {
+    CUipcMemHandle m = parse(hex);
+    CUipcEventHandle e;
+    memcpy(&e, &m, sizeof e);
+    return e;
+}
+
+static void print_hex(const char *what, const unsigned char *b) {
+    printf("%s ", what);
+    for (int i = 0; i < 64; i++) printf("%02x", b[i]);
+    printf("\n");
+}
+
+/* The exporter's host function: holds its stream until the harness says go. */
+static void hold_stream(void *arg) {
+    (void)arg;
+    wait_line();
+}
+
+/* A kernel that spins for minutes on the simulated GPU (cancelled when its process dies). */
+static const char SPIN_PTX[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".visible .entry spin(.param .u64 p)\n{\n .reg .pred %p; .reg .b64 %rd<4>;\n"
+    " mov.u64 %rd1, 0;\nLOOP:\n add.u64 %rd1, %rd1, 1;\n setp.lt.u64 %p, %rd1, 4000000000;\n"
+    " @%p bra LOOP;\n ld.param.u64 %rd2, [p]; cvta.to.global.u64 %rd3, %rd2;\n"
+    " st.global.u64 [%rd3], %rd1;\n ret;\n}\n";
+
+static void export_event(int spin) {
+    CUdeviceptr d = 0;
+    CUstream s;
+    CUevent e;
+    check("cuMemAlloc", cuMemAlloc_v2(&d, 4), 0);
+    unsigned zero = 0;
+    check("zero", cuMemcpyHtoD_v2(d, &zero, 4), 0);
+    check("cuStreamCreate", cuStreamCreate(&s, 0), 0);
+    check("an interprocess event",
+          cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS), 0);
+    CUipcMemHandle h;
+    CUipcEventHandle eh;
+    check("cuIpcGetMemHandle", cuIpcGetMemHandle(&h, d), 0);
+    check("cuIpcGetEventHandle", cuIpcGetEventHandle(&eh, e), 0);
+    if (spin) {
+        CUmodule m;
+        CUfunction f;
+        CUdeviceptr scratch = 0;
+        check("cuMemAlloc", cuMemAlloc_v2(&scratch, 8), 0);
+        check("load the spinning kernel", cuModuleLoadData(&m, SPIN_PTX), 0);
+        check("cuModuleGetFunction", cuModuleGetFunction(&f, m, "spin"), 0);
+        void *args[] = {&scratch};
+        check("the spinning kernel", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args, NULL), 0);
+    } else {
+        check("the host function", cuLaunchHostFunc(s, hold_stream, NULL), 0);
+    }
+    check("set the word after it", cuMemsetD32Async(d, MARK, 1, s), 0);
+    check("record the event after it", cuEventRecord(e, s), 0);
+    check("its record is pending", cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    print_hex("handle", h.reserved);
+    print_hex("event", eh.reserved);
+    printf("holding\n");
+    fflush(stdout);
+    if (spin) {
+        /* Killed while its record waits behind the kernel. */
+        wait_line();
+        return;
+    }
+    check("the stream ran", cuStreamSynchronize(s), 0);
+    printf("released\n");
+    fflush(stdout);
+    wait_line();
+    unsigned w = 0;
+    check("read", cuMemcpyDtoH_v2(&w, d, 4), 0);
+    expect("the importer's kernel ran after the record", w == MARK + 1);
+    check("destroy", cuEventDestroy_v2(e), 0);
+    check("free", cuMemFree_v2(d), 0);
+}
+
+static void import_event(const char *hex, const char *evhex) {
+    CUdeviceptr p = 0;
+    CUevent e;
+    CUstream s;
+    check("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2(&p, parse(hex), 0), 0);
+    CUresult (*open_fn)(CUevent *, CUipcEventHandle) = NULL;
+    int status = -1;
+    check("cuGetProcAddress_v2(cuIpcOpenEventHandle)",
+          cuGetProcAddress_v2("cuIpcOpenEventHandle", (void **)&open_fn, 12000, 0, &status), 0);
+    expect("it is found", open_fn != NULL && status == 0);
+    if (!open_fn) return;
+    check("cuIpcOpenEventHandle", open_fn(&e, parse_event(evhex)), 0);
+    check("the exporter's record is pending here too", cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    check("recording an opened event", cuEventRecord(e, NULL), CUDA_ERROR_NOT_SUPPORTED);
+    check("cuStreamCreate", cuStreamCreate(&s, 0), 0);
+    check("cuStreamWaitEvent on it", cuStreamWaitEvent(s, e, 0), 0);
+    void *args[2];
+    unsigned n = 1;
+    args[0] = &p;
+    args[1] = &n;
+    check("a kernel after the wait", cuLaunchKernel(inc_fn, 1, 1, 1, 32, 1, 1, 0, s, args, NULL),
+          0);
+    check("still pending once the wait is in place", cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    printf("waiting\n");
+    fflush(stdout);
+    check("the stream ran", cuStreamSynchronize(s), 0);
+    unsigned w = 0;
+    check("read", cuMemcpyDtoH_v2(&w, p, 4), 0);
+    expect("the kernel ran after the exporter's record (MARK + 1)", w == MARK + 1);
+    check("the event is done", cuEventQuery(e), 0);
+    check("cuEventSynchronize", cuEventSynchronize(e), 0);
+    check("destroy", cuEventDestroy_v2(e), 0);
+    check("close", cuIpcCloseMemHandle(p), 0);
+}
+
+static void orphan_event(const char *hex, const char *evhex) {
+    CUdeviceptr p = 0;
+    CUevent e;
+    CUstream s;
+    check("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2(&p, parse(hex), 0), 0);
+    check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, parse_event(evhex)), 0);
+    check("cuStreamCreate", cuStreamCreate(&s, 0), 0);
+    check("cuStreamWaitEvent on it", cuStreamWaitEvent(s, e, 0), 0);
+    printf("waiting\n");
+    fflush(stdout);
+    check("cuEventSynchronize ends when the exporter is gone", cuEventSynchronize(e),
+          CUDA_ERROR_INVALID_HANDLE);
+    check("so does the stream's wait", cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+    check("and the query", cuEventQuery(e), CUDA_ERROR_INVALID_HANDLE);
+    check("the context still works", cuCtxSynchronize(), 0);
+    check("destroy", cuEventDestroy_v2(e), 0);
+    check("close", cuIpcCloseMemHandle(p), 0);
+}
+
 int main(int argc, char **argv) {
+    if ((argc == 2 || argc == 3) && !strcmp(argv[1], "evexport")) {
+        setup();
+        export_event(argc == 3 && !strcmp(argv[2], "spin"));
+        return failures;
+    }
     if (argc < 3) return 2;
     setup();
     if (!strcmp(argv[1], "export")) export_mem((unsigned)strtoul(argv[2], NULL, 0));
     else if (!strcmp(argv[1], "import") && argc > 3)
         import_mem(argv[2], (unsigned)strtoul(argv[3], NULL, 0));
     else if (!strcmp(argv[1], "open") && argc > 3) open_only(argv[2], atoi(argv[3]));
+    else if (!strcmp(argv[1], "evimport") && argc > 3) import_event(argv[2], argv[3]);
+    else if (!strcmp(argv[1], "evopen") && argc > 3) {
+        CUevent e;
+        check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, parse_event(argv[2])),
+              atoi(argv[3]));
+    } else if (!strcmp(argv[1], "evorphan") && argc > 3) orphan_event(argv[2], argv[3]);
     else if (!strcmp(argv[1], "hold") && argc > 3)
         hold(argv[2], (unsigned)strtoul(argv[3], NULL, 0));
     else return 2;

@@ -22,7 +22,7 @@ use crate::handles::{HandleKind, HandleTable};
 use crate::memory::{AllocKind, Allocation};
 use crate::usage::UsageKind;
 
-mod ipc;
+pub(super) mod ipc;
 mod vmm;
 pub use vmm::{ACCESS_READ, ACCESS_READWRITE, va_limit};
 

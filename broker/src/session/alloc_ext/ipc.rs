@@ -12,6 +12,8 @@
 //! while a process of the VM can still reach it. Exports and openings are handles, counted
 //! against the VM's `handles` budget.
 
+pub(in crate::session) mod event;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
@@ -94,6 +96,8 @@ pub(in crate::session) struct IpcState {
     opened: HandleTable<(Arc<IpcMem>, u32)>,
     /// Base address → handle in `opened`.
     opened_at: BTreeMap<u64, u64>,
+    /// Events this session exported or opened (their budget handles).
+    events: HandleTable<()>,
 }
 
 impl Default for IpcState {
@@ -103,6 +107,7 @@ impl Default for IpcState {
             exported_at: BTreeMap::new(),
             opened: HandleTable::new(HandleKind::IpcMem),
             opened_at: BTreeMap::new(),
+            events: HandleTable::new(HandleKind::IpcEvent),
         }
     }
 }
@@ -111,7 +116,8 @@ impl IpcState {
     /// Counts exports and openings against `budget`.
     pub(in crate::session) fn set_budget(&mut self, budget: crate::limits::HandleBudget) {
         self.exported.set_budget(budget.clone());
-        self.opened.set_budget(budget);
+        self.opened.set_budget(budget.clone());
+        self.events.set_budget(budget);
     }
 }
 
@@ -140,6 +146,12 @@ impl Session {
             R::IpcCloseMemHandle(m) => self
                 .ipc_close(m.ctx, m.ptr)
                 .and_then(|()| reply(out, msg::Empty {})),
+            R::IpcGetEventHandle(m) => self
+                .ipc_event_export(m.ctx, m.event)
+                .and_then(|t| reply(out, split(t))),
+            R::IpcOpenEventHandle(m) => self
+                .ipc_event_open(m.ctx, (u128::from(m.hi) << 64) | u128::from(m.lo))
+                .and_then(|handle| reply(out, msg::Handle { handle })),
             _ => return None,
         })
     }
@@ -504,6 +516,354 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while t1.slice.used() != 0 {
             assert!(std::time::Instant::now() < deadline, "memory leaked");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    const IPC_EVENT: u32 =
+        super::super::super::EVENT_INTERPROCESS | super::super::super::EVENT_DISABLE_TIMING;
+
+    fn event(c: &mut Client, ctx: u64, flags: u32) -> u64 {
+        c.call(&msg::EventCreate { ctx, flags }, &[])
+            .unwrap()
+            .0
+            .handle
+    }
+
+    fn export_event(c: &mut Client, ctx: u64, event: u64) -> Result<msg::Token, cuda::CuResult> {
+        c.call(&msg::IpcGetEventHandle { ctx, event }, &[])
+            .map(|r| r.0)
+            .map_err(|e| e.0)
+    }
+
+    fn open_event(c: &mut Client, ctx: u64, t: &msg::Token) -> Result<u64, cuda::CuResult> {
+        c.call(
+            &msg::IpcOpenEventHandle {
+                ctx,
+                hi: t.hi,
+                lo: t.lo,
+            },
+            &[],
+        )
+        .map(|r| r.0.handle)
+        .map_err(|e| e.0)
+    }
+
+    /// Holds the exporter's default stream at a host function gate, then records `ev` behind it.
+    fn held_record(c: &mut Client, ctx: u64, ev: u64, gate: u64) {
+        c.call(
+            &msg::StreamHostFunc {
+                ctx,
+                stream: 0,
+                token_hi: 7,
+                token_lo: gate,
+            },
+            &[],
+        )
+        .unwrap();
+        // Posted: a call of asynchronous work also waits for it.
+        c.post(
+            &msg::EventRecord {
+                ctx,
+                stream: 0,
+                event: ev,
+            },
+            &[],
+        )
+        .unwrap();
+        // Answered in order: the record is submitted, and held.
+        assert_eq!(
+            status(c, &msg::EventQuery { ctx, event: ev }),
+            Err(cuda::CUDA_ERROR_NOT_READY)
+        );
+    }
+
+    fn status<O: vgpu_proto::msg::Op>(c: &mut Client, req: &O) -> Result<(), cuda::CuResult> {
+        c.call(req, &[]).map(drop).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn ipc_event_tokens_are_checked() {
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let (mut foreign, fctx) = session(&b, "vm2");
+        let plain = event(&mut a, actx, super::super::super::EVENT_DISABLE_TIMING);
+        assert_eq!(
+            export_event(&mut a, actx, plain),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE),
+            "an event without CU_EVENT_INTERPROCESS"
+        );
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        assert_ne!((t.hi, t.lo), (0, 0));
+        assert_eq!(
+            export_event(&mut a, actx, ev).unwrap(),
+            t,
+            "one token per event"
+        );
+        assert_eq!(
+            open_event(&mut foreign, fctx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        let forged = msg::Token {
+            hi: t.hi ^ 1,
+            lo: t.lo,
+        };
+        assert_eq!(
+            open_event(&mut other, octx, &forged),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(
+            open_event(&mut a, actx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_CONTEXT)
+        );
+        let opened = open_event(&mut other, octx, &t).unwrap();
+        assert_eq!(
+            export_event(&mut other, octx, opened),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE),
+            "an opened event is not exported again"
+        );
+        // A memory token is not an event token.
+        let p = alloc(&mut a, actx, 4096);
+        let mt = export(&mut a, actx, p).unwrap();
+        assert_eq!(
+            open_event(&mut other, octx, &mt),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The exporter's destroy ends new openings.
+        status(
+            &mut a,
+            &msg::EventDestroy {
+                ctx: actx,
+                event: ev,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            open_event(&mut other, octx, &t),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+    }
+
+    #[test]
+    fn an_opened_event_orders_the_importers_stream_after_the_exporters_record() {
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        let opened = open_event(&mut other, octx, &t).unwrap();
+        // Never recorded: done.
+        status(
+            &mut other,
+            &msg::EventQuery {
+                ctx: octx,
+                event: opened,
+            },
+        )
+        .unwrap();
+        held_record(&mut a, actx, ev, 1);
+        assert_eq!(
+            status(
+                &mut other,
+                &msg::EventQuery {
+                    ctx: octx,
+                    event: opened
+                }
+            ),
+            Err(cuda::CUDA_ERROR_NOT_READY)
+        );
+        // Recording an opened event is refused.
+        assert_eq!(
+            status(
+                &mut other,
+                &msg::EventRecord {
+                    ctx: octx,
+                    stream: 0,
+                    event: opened
+                }
+            ),
+            Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
+        );
+        let p = alloc(&mut other, octx, 4096);
+        other
+            .post(
+                &msg::StreamWaitEvent {
+                    ctx: octx,
+                    stream: 0,
+                    event: opened,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap();
+        other
+            .post(
+                &msg::Memset {
+                    ctx: octx,
+                    stream: 0,
+                    dst: p,
+                    value: 9,
+                    elem_size: 1,
+                    count: 16,
+                },
+                &[],
+            )
+            .unwrap();
+        // The importer's stream is held by the exporter's pending record.
+        assert_eq!(
+            status(
+                &mut other,
+                &msg::StreamQuery {
+                    ctx: octx,
+                    stream: 0
+                }
+            ),
+            Err(cuda::CUDA_ERROR_NOT_READY)
+        );
+        // The exporter's host function runs: its record, then the importer's memset, run.
+        status(
+            &mut a,
+            &msg::HostFuncDone {
+                token_hi: 7,
+                token_lo: 1,
+            },
+        )
+        .unwrap();
+        status(
+            &mut other,
+            &msg::EventSynchronize {
+                ctx: octx,
+                event: opened,
+            },
+        )
+        .unwrap();
+        status(
+            &mut other,
+            &msg::EventQuery {
+                ctx: octx,
+                event: opened,
+            },
+        )
+        .unwrap();
+        status(
+            &mut other,
+            &msg::StreamSynchronize {
+                ctx: octx,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn the_exporters_end_ends_the_importers_wait_with_an_error() {
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        let opened = open_event(&mut other, octx, &t).unwrap();
+        held_record(&mut a, actx, ev, 2);
+        other
+            .post(
+                &msg::StreamWaitEvent {
+                    ctx: octx,
+                    stream: 0,
+                    event: opened,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap();
+        // The exporter goes with its record pending: the wait fails, it does not hang.
+        drop(a);
+        assert_eq!(
+            status(
+                &mut other,
+                &msg::StreamSynchronize {
+                    ctx: octx,
+                    stream: 0
+                }
+            ),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(
+            status(
+                &mut other,
+                &msg::EventSynchronize {
+                    ctx: octx,
+                    event: opened
+                }
+            ),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(
+            status(
+                &mut other,
+                &msg::EventQuery {
+                    ctx: octx,
+                    event: opened
+                }
+            ),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The context is not poisoned: later work runs.
+        status(&mut other, &msg::CtxSynchronize { ctx: octx }).unwrap();
+        status(
+            &mut other,
+            &msg::EventDestroy {
+                ctx: octx,
+                event: opened,
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn event_exports_and_openings_count_against_the_handles_budget() {
+        let b = broker(8);
+        let (mut a, actx) = session(&b, "vm1");
+        let mut refused = None;
+        for i in 0..64 {
+            let ev = event(&mut a, actx, IPC_EVENT);
+            if let Err(e) = export_event(&mut a, actx, ev) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        let (i, e) = refused.expect("event exports are bounded");
+        assert!(i < 8, "{i} exports");
+        assert_eq!(e, cuda::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+
+    #[test]
+    fn event_handles_return_to_the_budget() {
+        use vgpu_config::limits::Budget;
+        let b = broker(1024);
+        let t1 = b.tenant("vm1").unwrap();
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut other, octx) = session(&b, "vm1");
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let base = t1.limits.used(Budget::Handles);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        let opened = open_event(&mut other, octx, &t).unwrap();
+        assert_eq!(t1.limits.used(Budget::Handles), base + 2);
+        status(
+            &mut other,
+            &msg::EventDestroy {
+                ctx: octx,
+                event: opened,
+            },
+        )
+        .unwrap();
+        assert_eq!(t1.limits.used(Budget::Handles), base + 1);
+        // An export ends with its session (and so does the session's context).
+        drop(a);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while t1.limits.used(Budget::Handles) + 1 != base {
+            assert!(std::time::Instant::now() < deadline, "handles leaked");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }

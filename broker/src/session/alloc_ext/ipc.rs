@@ -202,22 +202,7 @@ impl Session {
                 "no memory of this VM was exported under this IPC handle (or its exporter freed it)",
             ));
         };
-        if !Arc::ptr_eq(&mem.tenant, &self.tenant) {
-            tracing::warn!(
-                tenant = %self.tenant.name,
-                session = self.info.id,
-                "refused an IPC memory handle of another VM"
-            );
-            return Err(CuError::invalid_handle(
-                "this IPC handle was exported by another VM: memory is never shared between VMs",
-            ));
-        }
-        if mem.owner == self.info.id {
-            return Err(CuError::new(
-                cuda::CUDA_ERROR_INVALID_CONTEXT,
-                "an IPC handle cannot be opened in the process that exported it",
-            ));
-        }
+        self.check_ipc_opener(&mem.tenant, mem.owner, "memory")?;
         let (base, size) = (mem.base, mem.size);
         if let Some(&h) = self.ext.ipc.opened_at.get(&base)
             && let Some(e) = self.ext.ipc.opened.get_mut(h)
@@ -237,6 +222,34 @@ impl Session {
             },
         );
         Ok((base, size))
+    }
+
+    /// Whether this session may open an IPC export of `tenant` made by session `owner`: only
+    /// another process of the same VM may (`what`: "memory", "events").
+    pub(in crate::session) fn check_ipc_opener(
+        &self,
+        tenant: &Arc<Tenant>,
+        owner: u64,
+        what: &str,
+    ) -> Result<(), CuError> {
+        if !Arc::ptr_eq(tenant, &self.tenant) {
+            tracing::warn!(
+                tenant = %self.tenant.name,
+                session = self.info.id,
+                what,
+                "refused an IPC handle of another VM"
+            );
+            return Err(CuError::invalid_handle(format!(
+                "this IPC handle was exported by another VM: {what} are never shared between VMs"
+            )));
+        }
+        if owner == self.info.id {
+            return Err(CuError::new(
+                cuda::CUDA_ERROR_INVALID_CONTEXT,
+                format!("an IPC handle of {what} cannot be opened in the process that exported it"),
+            ));
+        }
+        Ok(())
     }
 
     fn ipc_close(&mut self, ctx: u64, ptr: u64) -> Result<(), CuError> {

@@ -263,22 +263,7 @@ impl Session {
                 "no event of this VM was exported under this IPC handle (or its exporter destroyed it)",
             ));
         };
-        if !Arc::ptr_eq(&ev.tenant, &self.tenant) {
-            tracing::warn!(
-                tenant = %self.tenant.name,
-                session = self.info.id,
-                "refused an IPC event handle of another VM"
-            );
-            return Err(CuError::invalid_handle(
-                "this IPC handle was exported by another VM: events are never shared between VMs",
-            ));
-        }
-        if ev.owner == self.info.id {
-            return Err(CuError::new(
-                cuda::CUDA_ERROR_INVALID_CONTEXT,
-                "an IPC event handle cannot be opened in the process that exported it",
-            ));
-        }
+        self.check_ipc_opener(&ev.tenant, ev.owner, "events")?;
         let handle = self.ext.ipc.events.insert(())?;
         let made = self.events.insert(EventState {
             ctx,

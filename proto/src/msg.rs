@@ -520,10 +520,6 @@ ops! {
     /// Exports an event created with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING` for
     /// other processes of the same VM: a random token naming it (the same each time).
     IpcGetEventHandle = 0x083f => Token, 0, "cuIpcGetEventHandle" { ctx: u64, event: u64 }
-    /// Opens an event another process of the same VM exported: the reply is an event of this
-    /// process that `StreamWaitEvent`, `EventQuery` and `EventSynchronize` accept (recording
-    /// it is refused). A token of another VM, an unknown one, or one of this process is refused.
-    IpcOpenEventHandle = 0x0844 => Handle, 0, "cuIpcOpenEventHandle" { ctx: u64, hi: u64, lo: u64 }
 
     /// Shares `size` bytes of page-locked host memory with vgpud (unix socket only): the request
     /// carries a sealed memfd by `SCM_RIGHTS`; the reply names the region for the `*Shared`
@@ -540,6 +536,10 @@ ops! {
     MemcpyDtoHShared = 0x0843 => Empty, ASYNC_OK, "cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpy" {
         ctx: u64, stream: u64, src: u64, region: u64, offset: u64, len: u64,
     }
+    /// Opens an event another process of the same VM exported: the reply is an event of this
+    /// process that `StreamWaitEvent`, `EventQuery` and `EventSynchronize` accept (recording
+    /// it is refused). A token of another VM, an unknown one, or one of this process is refused.
+    IpcOpenEventHandle = 0x0844 => Handle, 0, "cuIpcOpenEventHandle" { ctx: u64, hi: u64, lo: u64 }
 
     /// Uploads an executable graph: the bulk tail holds its nodes in a topological order
     /// ([`crate::graph`]), each an ordinary stream request (kernel launch, device copy, memset,

@@ -1131,15 +1131,7 @@ fn parse_device(
         scheduling.batch_min_share = *b.get_ref();
     }
     let overcommit = match &r.overcommit {
-        Some(o) => Overcommit::from_f64(*o.get_ref()).ok_or_else(|| {
-            cx.err(
-                o.span(),
-                format!(
-                    "overcommit must be between 1.0 (slices fit the device) and {}",
-                    memory::MAX_OVERCOMMIT
-                ),
-            )
-        })?,
+        Some(o) => Overcommit::checked(*o.get_ref()).map_err(|m| cx.err(o.span(), m))?,
         None => Overcommit::default(),
     };
     Ok(DeviceConfig {

@@ -37,6 +37,13 @@ impl Overcommit {
             .then(|| Overcommit((f * 1000.0).round() as u32))
     }
 
+    /// [`Overcommit::from_f64`], saying what is allowed when `f` is not.
+    pub fn checked(f: f64) -> Result<Overcommit, String> {
+        Self::from_f64(f).ok_or_else(|| {
+            format!("overcommit must be between 1.0 (slices fit the device) and {MAX_OVERCOMMIT}")
+        })
+    }
+
     /// The multiple.
     pub fn as_f64(self) -> f64 {
         f64::from(self.0) / 1000.0

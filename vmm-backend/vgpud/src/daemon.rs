@@ -899,15 +899,8 @@ impl Runtime {
                 "nothing to change: give overcommit",
             ));
         };
-        let oc = vgpu_config::Overcommit::from_f64(oc).ok_or_else(|| {
-            OpError::new(
-                OpErrorKind::Invalid,
-                format!(
-                    "overcommit must be between 1.0 (slices fit the device) and {}",
-                    vgpu_config::memory::MAX_OVERCOMMIT
-                ),
-            )
-        })?;
+        let oc = vgpu_config::Overcommit::checked(oc)
+            .map_err(|m| OpError::new(OpErrorKind::Invalid, m))?;
         self.apply_overcommit(device, oc)?;
         info!(device, overcommit = oc.as_f64(), "overcommit changed");
         Ok(())

@@ -348,3 +348,111 @@ async fn a_passthrough_assignment_is_offered_and_refused_until_bound_to_vfio() {
     plugin.await.unwrap().unwrap();
     drop(daemon);
 }
+
+/// The whole passthrough path on a host (a fake sysfs tree that changes as the kernel's does):
+/// vgpud reads the assigned A100 there, the plugin offers it as unhealthy while the nvidia
+/// driver has it, `vgpuctl passthrough bind` hands it to vfio-pci, and the plugin then offers it
+/// as healthy and allocates it with the VFIO group's node and `PCI_RESOURCE_VGPU_IO_PASSTHROUGH`
+/// (what KubeVirt's `permittedHostDevices` reads). Unbinding takes it away again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passthrough_gpu_bound_with_vgpuctl_is_allocated_to_a_pod() {
+    use vgpu_host_tools::passthrough::testutils::{A100, A100_GROUP, FakeHost};
+
+    let dir = tempfile::tempdir().unwrap();
+    let host = Arc::new(FakeHost::datacenter(dir.path()));
+    let plugin_dir = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugin_dir).unwrap();
+    let pod_resources = dir.path().join("pod-resources.sock");
+    let text = format!(
+        "[admin]\nsocket = \"{}\"\n\n\
+         [[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"1GiB\"\nworkers = 1\n\n\
+         [[vm]]\nname = \"train\"\nmode = \"passthrough\"\npci = \"{A100}\"\n",
+        host.socket().display()
+    );
+    let roots = vgpud::passthrough::HostRoots {
+        sysfs: host.sys(),
+        procfs: host.proc(),
+    };
+    let daemon = Daemon::start_with(
+        &Config::parse(Path::new("vgpud.toml"), &text).unwrap(),
+        roots,
+    )
+    .unwrap();
+    let mut kubelet = Kubelet::start(&plugin_dir, &pod_resources);
+    let mut config = PluginConfig::new(&host.socket(), &plugin_dir);
+    config.pod_resources = pod_resources;
+    config.socket_root = dir.path().join("vms");
+    config.poll = Duration::from_millis(100);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let plugin = tokio::spawn(plugin::run(config, async {
+        let _ = stopped.await;
+    }));
+
+    let r = kubelet
+        .next_registration(WAIT)
+        .await
+        .expect("the plugin registers the passthrough resource");
+    assert_eq!(r.resource_name, "vgpu.io/passthrough");
+    let mut p = kubelet.plugin(&r.endpoint).await;
+    let mut watch = p.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+    let list = until(&mut watch, "the A100", |r| !r.devices.is_empty()).await;
+    assert_eq!(
+        health(&list),
+        BTreeMap::from([(A100.to_string(), "Unhealthy".to_string())]),
+        "the nvidia driver still has the GPU"
+    );
+    let request = || dp::AllocateRequest {
+        container_requests: vec![dp::ContainerAllocateRequest {
+            devices_ids: vec![A100.into()],
+        }],
+    };
+    let refused = p.allocate(request()).await.expect_err("not bound yet");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+
+    // The operator binds it, as docs/kubernetes.md says; vgpud sees the new driver.
+    vgpuctl_passthrough(&host, "bind").await;
+    until(&mut watch, "the bound A100 offered as healthy", |r| {
+        health(r).get(A100).map(String::as_str) == Some("Healthy")
+    })
+    .await;
+    let granted = p
+        .allocate(request())
+        .await
+        .expect("a bound GPU is allocated")
+        .into_inner();
+    let c = &granted.container_responses[0];
+    assert_eq!(
+        c.envs.get(&plugin::pci_resource_env("vgpu.io/passthrough")),
+        Some(&A100.to_string()),
+        "KubeVirt finds the address in PCI_RESOURCE_<resource>"
+    );
+    let nodes: Vec<&str> = c.devices.iter().map(|d| d.host_path.as_str()).collect();
+    let group_node = format!("/dev/vfio/{A100_GROUP}");
+    assert_eq!(nodes, ["/dev/vfio/vfio", group_node.as_str()]);
+
+    // Handed back to the host driver, it is no longer offered.
+    vgpuctl_passthrough(&host, "unbind").await;
+    until(&mut watch, "the unbound A100 offered as unhealthy", |r| {
+        health(r).get(A100).map(String::as_str) == Some("Unhealthy")
+    })
+    .await;
+
+    let _ = stop.send(());
+    plugin.await.unwrap().unwrap();
+    drop(daemon);
+}
+
+/// `vgpuctl passthrough COMMAND <the A100>` on the fake host (off the async runtime: it talks to
+/// vgpud's admin API with blocking calls).
+async fn vgpuctl_passthrough(
+    host: &Arc<vgpu_host_tools::passthrough::testutils::FakeHost>,
+    command: &'static str,
+) {
+    let host = Arc::clone(host);
+    tokio::task::spawn_blocking(move || {
+        host.run(&[command, vgpu_host_tools::passthrough::testutils::A100])
+            .unwrap_or_else(|e| panic!("vgpuctl passthrough {command}: {e}"))
+    })
+    .await
+    .unwrap();
+}

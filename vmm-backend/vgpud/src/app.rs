@@ -14,6 +14,7 @@ use crate::admin::AdminServer;
 use crate::audit::{Actor, Durability};
 use crate::daemon::{DaemonError, OpError, ReloadReport, Runtime};
 use crate::metrics::MetricsServer;
+use crate::passthrough::HostRoots;
 
 /// A running vgpud.
 pub struct Daemon {
@@ -31,7 +32,12 @@ impl std::fmt::Debug for Daemon {
 impl Daemon {
     /// Starts everything the config declares.
     pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
-        let rt = Runtime::start(config)?;
+        Self::start_with(config, HostRoots::default())
+    }
+
+    /// [`Daemon::start`], reading passthrough devices from the sysfs and procfs at `host_roots`.
+    pub fn start_with(config: &Config, host_roots: HostRoots) -> Result<Daemon, DaemonError> {
+        let rt = Runtime::start_with(config, host_roots)?;
         // Recorded before the admin API listens, so that the log's first entry is the start and
         // every change made through the API comes after it.
         if let Some(a) = rt.audit() {

@@ -1202,12 +1202,20 @@ impl Runtime {
     /// Builds the broker and the devices the config declares and starts every VM's transports;
     /// the admin API and the metrics endpoint are started on top of it by [`crate::Daemon`].
     pub fn start(config: &Config) -> Result<Arc<Runtime>, DaemonError> {
+        Self::start_with(config, crate::passthrough::HostRoots::default())
+    }
+
+    /// [`Runtime::start`], reading passthrough devices from the sysfs and procfs at `host_roots`
+    /// (a container that mounts the host's `/sys` elsewhere; tests with a fake tree).
+    pub fn start_with(
+        config: &Config,
+        host_roots: crate::passthrough::HostRoots,
+    ) -> Result<Arc<Runtime>, DaemonError> {
         let audit = match &config.admin.audit_log {
             Some(p) => Some(Arc::new(AuditLog::open(p)?)),
             None => None,
         };
         // Passthrough devices leave the shared pool: conflicts stop the start.
-        let host_roots = crate::passthrough::HostRoots::default();
         let passthrough =
             crate::passthrough::PassthroughRegistry::from_config(config, &host_roots)?;
         let broker = Arc::new(Broker::new(build_devices(config)?));

@@ -27,6 +27,13 @@ struct Args {
     /// `log` lets it through and has the kernel log it, `off` installs none (debugging only).
     #[arg(long, value_enum, value_name = "MODE", default_value_t = SeccompArg::On)]
     seccomp: SeccompArg,
+    /// Where the host's sysfs is mounted (a container that mounts it elsewhere): passthrough
+    /// devices, their drivers and IOMMU groups are read there.
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    sysfs_root: PathBuf,
+    /// Where the host's procfs is mounted: the NVIDIA driver's GPUs are read there.
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    proc_root: PathBuf,
 }
 
 /// `--seccomp` values.
@@ -173,7 +180,11 @@ fn main() -> ExitCode {
         eprintln!("vgpud: {e}");
         return ExitCode::FAILURE;
     }
-    let daemon = match Daemon::start(&config) {
+    let roots = vgpud::passthrough::HostRoots {
+        sysfs: args.sysfs_root.clone(),
+        procfs: args.proc_root.clone(),
+    };
+    let daemon = match Daemon::start_with(&config, roots) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("vgpud: {e}");

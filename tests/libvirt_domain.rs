@@ -20,6 +20,8 @@ use vgpu_tests::harness::{Vgpud, artifacts, cuda_guest, guest_cuda_program, gues
 use vgpu_tests::qemu;
 
 const URI: &str = "qemu:///system";
+/// QEMU's namespace in libvirt's domain XML.
+const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
 const MIB: u64 = 1 << 20;
 const SLICE_MIB: u64 = 256;
 const HOLD_MIB: u64 = 48;
@@ -261,4 +263,115 @@ fn a_libvirt_domain_attached_with_vgpuctl_runs_a_cuda_workload_and_frees_its_mem
         "libvirt_domain: define, attach, start, workload, destroy, release, detach in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// The KubeVirt hook sidecar's domains, as libvirt takes them: each sample of virt-launcher's
+/// XML (k8s/tests/fixtures) goes through the sidecar, and Debian's libvirt defines the result.
+/// libvirt then assigns its own PCI addresses (root ports, controllers); none may take the
+/// root-bus slot the sidecar gave the vgpu device, and the device's QEMU arguments and the
+/// shared memory must survive libvirt's rewrite. Only what this host cannot run changes: KVM
+/// (TCG here), KubeVirt's RHEL machine type (plain q35) and its emulator path (Debian's).
+#[test]
+fn kubevirt_domains_from_the_sidecar_are_defined_by_libvirt_without_slot_clashes() {
+    if let Some(why) = libvirt_skip_reason() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let fixtures = qemu::repo_root().join("k8s/tests/fixtures");
+    let read =
+        |f: &str| std::fs::read_to_string(fixtures.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (xml, vmi)) in [
+        ("containerdisk.xml", "vmi-q4.json"),
+        ("hugepages.xml", "vmi-two-q8.json"),
+        ("addresses.xml", "vmi-addresses.json"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = vgpu_k8s::sidecar::on_define_domain(&read(xml), read(vmi).as_bytes(), "vgpu.io")
+            .unwrap_or_else(|e| panic!("{xml}: {e}"));
+        let name = format!("vgpu-kubevirt-sample-{i}");
+        let doc = roxmltree::Document::parse(&out).unwrap();
+        let old_name = doc
+            .descendants()
+            .find(|n| n.has_tag_name("name"))
+            .and_then(|n| n.text())
+            .unwrap();
+        let local = out
+            .replacen("type=\"kvm\"", "type=\"qemu\"", 1)
+            .replace("pc-q35-rhel9.4.0", "q35")
+            .replace("/usr/libexec/qemu-kvm", "/usr/bin/qemu-system-x86_64")
+            .replacen(
+                &format!("<name>{old_name}</name>"),
+                &format!("<name>{name}</name>"),
+                1,
+            );
+        let file = dir.path().join(format!("{name}.xml"));
+        std::fs::write(&file, &local).unwrap();
+        let _ = virsh(&["undefine", &name]);
+        virsh(&["define", file.to_str().unwrap()]).unwrap_or_else(|e| panic!("{xml}: {e}"));
+        let _domain = Domain(name.clone());
+        let defined = virsh(&["dumpxml", "--inactive", &name]).unwrap();
+        let doc = roxmltree::Document::parse(&defined).unwrap();
+
+        let args: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.tag_name().namespace() == Some(QEMU_NS) && n.has_tag_name("arg"))
+            .filter_map(|n| n.attribute("value"))
+            .collect();
+        let ours: Vec<u32> = args
+            .iter()
+            .filter(|a| a.contains("chardev=vgpu-"))
+            .filter_map(|a| a.split(',').find_map(|kv| kv.strip_prefix("addr=0x")))
+            .map(|s| u32::from_str_radix(s, 16).unwrap())
+            .collect();
+        assert!(
+            !ours.is_empty(),
+            "{xml}: libvirt dropped the vgpu device: {args:?}"
+        );
+        let theirs: Vec<u32> = doc
+            .descendants()
+            .filter(|n| {
+                n.has_tag_name("address")
+                    && n.attribute("type") == Some("pci")
+                    && n.attribute("bus")
+                        .and_then(|b| u32::from_str_radix(b.trim_start_matches("0x"), 16).ok())
+                        == Some(0)
+                    && n.parent().is_some_and(|p| !p.has_tag_name("source"))
+            })
+            .filter_map(|n| n.attribute("slot"))
+            .map(|s| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap())
+            .collect();
+        assert!(
+            theirs.len() >= 2,
+            "{xml}: libvirt assigned root-bus addresses: {theirs:?}"
+        );
+        if xml == "addresses.xml" {
+            // The interface's user-chosen 0x1e pushes the device down one slot.
+            assert_eq!(ours, [0x1d], "{xml}: {args:?}");
+        }
+        for slot in &ours {
+            assert!(
+                !theirs.contains(slot),
+                "{xml}: libvirt put a device at the vgpu device's slot {slot:#x}: {theirs:?}"
+            );
+        }
+        let backing = doc
+            .descendants()
+            .find(|n| n.has_tag_name("memoryBacking"))
+            .expect("memoryBacking");
+        assert!(
+            backing
+                .descendants()
+                .any(|n| n.has_tag_name("source") && n.attribute("type") == Some("memfd")),
+            "{xml}: {defined}"
+        );
+        assert!(
+            backing
+                .descendants()
+                .any(|n| n.has_tag_name("access") && n.attribute("mode") == Some("shared")),
+            "{xml}: {defined}"
+        );
+    }
 }

@@ -288,7 +288,8 @@ fn processes_of_one_vm_share_a_pool_and_other_vms_are_refused() {
     let r = run_against(&d, "vm2", &prog, &["open", &pool, INVALID_VALUE]);
     assert_passed(&r, &d, 2);
     assert!(
-        d.log().contains("refused a memory pool handle of another VM"),
+        d.log()
+            .contains("refused a memory pool handle of another VM"),
         "vgpud says why:\n{}",
         d.log()
     );
@@ -298,13 +299,18 @@ fn processes_of_one_vm_share_a_pool_and_other_vms_are_refused() {
     assert_passed(&r, &d, 4);
 
     // Another process imports the block: reads, runs a kernel, writes; charged once.
-    let mut importer = Held::start_program(&d, "pool_ipc", "vm1", &["import", &pool, &ptr, POOL_WORDS]);
+    let mut importer =
+        Held::start_program(&d, "pool_ipc", "vm1", &["import", &pool, &ptr, POOL_WORDS]);
     importer.read_until("holding", "-");
     assert_eq!(memory_used(&d, "vm1"), charged, "charged once, to the VM");
     // The exporter sees the writes and frees its block first: it stays, charged once.
     exporter.next_step();
     exporter.read_until("freed", "-");
-    assert_eq!(memory_used(&d, "vm1"), charged, "still held by the importer");
+    assert_eq!(
+        memory_used(&d, "vm1"),
+        charged,
+        "still held by the importer"
+    );
     // The importer still reads it; its free gives every byte back.
     assert!(importer.finish() >= 10);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
@@ -319,7 +325,6 @@ fn an_importer_that_dies_returns_a_freed_pool_block() {
     let charged = memory_used(&d, "vm1");
     let mut holder = Held::start_program(&d, "pool_ipc", "vm1", &["hold", &pool, &ptr]);
     holder.read_until("holding", "-");
-    exporter.child.stdin.as_mut().expect("stdin");
     // The exporter frees its block while the holder has it open (the holder wrote nothing,
     // so the exporter's check of the importer's writes fails: read past it).
     exporter.next_step();

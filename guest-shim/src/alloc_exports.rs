@@ -520,7 +520,10 @@ pub unsafe extern "C" fn cuMemPoolImportPointer(
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: a `CUmemPoolPtrExportData` (64 bytes) by the CUDA contract; non-NULL.
-        let d = unsafe { data.cast::<[u8; api::POOL_PTR_EXPORT_SIZE]>().read_unaligned() };
+        let d = unsafe {
+            data.cast::<[u8; api::POOL_PTR_EXPORT_SIZE]>()
+                .read_unaligned()
+        };
         out!(ptr, api::pool_import_pointer(h(pool), &d)?)
     })
 }

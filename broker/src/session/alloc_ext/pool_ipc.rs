@@ -89,9 +89,7 @@ impl Drop for SharedBlock {
                 tracing::warn!(tenant = %self.tenant.name, error = %e, "device refused to free shared pool block {:#x}", self.base);
             }
             self.tenant.slice.refund(self.charged);
-            self.tenant
-                .usage
-                .sub(UsageKind::PoolReserved, self.charged);
+            self.tenant.usage.sub(UsageKind::PoolReserved, self.charged);
         }
     }
 }
@@ -506,8 +504,7 @@ mod tests {
 
     /// A broker on the in-memory device with VMs `vm1` (handles budget `handles`) and `vm2`.
     fn broker(handles: u32) -> Arc<crate::Broker> {
-        let dev: Arc<dyn crate::device::Device> =
-            Arc::new(MemDevice::new(1 << 30, Duration::ZERO));
+        let dev: Arc<dyn crate::device::Device> = Arc::new(MemDevice::new(1 << 30, Duration::ZERO));
         let b = Arc::new(crate::Broker::new(vec![("gpu0".into(), dev)]));
         let mut v1 = vm("vm1", 64 * MIB);
         v1.limits.handles = handles;
@@ -636,7 +633,11 @@ mod tests {
     fn wait_used(t: &crate::tenant::Tenant, want: u64) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while t.slice.used() != want {
-            assert!(Instant::now() < deadline, "{} used, want {want}", t.slice.used());
+            assert!(
+                Instant::now() < deadline,
+                "{} used, want {want}",
+                t.slice.used()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -871,7 +872,11 @@ mod tests {
         )
         .unwrap();
         free(&mut a, actx, ptr).unwrap();
-        assert_eq!(t1.limits.used(Budget::Handles), base + 1, "the pool's export");
+        assert_eq!(
+            t1.limits.used(Budget::Handles),
+            base + 1,
+            "the pool's export"
+        );
 
         let b = broker(8);
         let (mut a, actx) = session(&b, "vm1");

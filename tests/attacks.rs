@@ -837,8 +837,15 @@ fn a_handle_flood_is_refused_at_the_vms_handles_budget() {
         .map(|r| r.0.handle)
     };
     let create_pool = |c: &mut TestClient<UnixStream>, ctx: u64| {
-        c.call(&msg::MemPoolCreate { ctx, max_size: 0 }, &[])
-            .map(|r| r.0.handle)
+        c.call(
+            &msg::MemPoolCreate {
+                ctx,
+                max_size: 0,
+                handle_types: 0,
+            },
+            &[],
+        )
+        .map(|r| r.0.handle)
     };
     // Each process holds a context (from `session`); a kernel lookup is a handle too.
     let mut attackers: Vec<_> = (0..PROCESSES).map(|_| session(&d, "small")).collect();

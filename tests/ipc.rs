@@ -4,7 +4,9 @@
 //! to the VM, another VM's process and forged handles are refused, memory opened elsewhere
 //! outlives its exporter's free until the last close, and the VM's use returns to 0. IPC
 //! events order an importer's stream after the exporter's record, and a wait whose exporter
-//! dies ends with an error.
+//! dies ends with an error. Stream-ordered pools (tests/c/pool_ipc.c) are shared the same
+//! way: an imported block outlives its exporter's free, charged once, until its importer frees
+//! it or dies.
 
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -40,14 +42,19 @@ struct Held {
 
 impl Held {
     fn start(d: &Vgpud, vm: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(build_c_program("ipc"))
+        Self::start_program(d, "ipc", vm, args)
+    }
+
+    /// Starts tests/c/`program`.c.
+    fn start_program(d: &Vgpud, program: &str, vm: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(build_c_program(program))
             .args(args)
             .env("VGPU_TRANSPORT", d.transport(vm))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("starting the ipc program");
+            .expect("starting the test program");
         let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         Held {
             child,
@@ -237,5 +244,100 @@ fn an_exporter_that_dies_ends_the_importers_wait_with_an_error() {
     exporter.child.wait().expect("waiting for the exporter");
     assert!(importer.end() >= 8);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    wait_sessions(&d, "vm1", 0);
+}
+
+/// Words of the shared pool block.
+const POOL_WORDS: &str = "65536";
+/// `CUDA_ERROR_INVALID_VALUE`.
+const INVALID_VALUE: &str = "1";
+
+/// Starts a pool exporter; returns it, the path of its pool descriptor and the pointer's
+/// export data.
+fn pool_exporter(d: &Vgpud) -> (Held, String, String) {
+    let mut exporter = Held::start_program(d, "pool_ipc", "vm1", &["export", POOL_WORDS]);
+    let mut pool = String::new();
+    let mut ptr = String::new();
+    for l in exporter.lines.by_ref() {
+        let l = l.expect("program output");
+        assert!(!l.starts_with("FAIL"), "{l}");
+        if l.starts_with("ok ") {
+            exporter.checks += 1;
+        } else if let Some(p) = l.strip_prefix("pool ") {
+            pool = p.to_string();
+        } else if let Some(p) = l.strip_prefix("ptr ") {
+            ptr = p.to_string();
+        } else if l == "holding" {
+            break;
+        }
+    }
+    assert!(pool.starts_with("/proc/"), "{pool}");
+    assert_eq!(ptr.len(), 128, "{ptr}");
+    (exporter, pool, ptr)
+}
+
+#[test]
+fn processes_of_one_vm_share_a_pool_and_other_vms_are_refused() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let prog = build_c_program("pool_ipc");
+    let (mut exporter, pool, ptr) = pool_exporter(&d);
+    let charged = memory_used(&d, "vm1");
+    assert!(charged >= 256 << 10, "{charged} bytes charged");
+
+    // A process of another VM is refused, and nothing is charged there.
+    let r = run_against(&d, "vm2", &prog, &["open", &pool, INVALID_VALUE]);
+    assert_passed(&r, &d, 2);
+    assert!(
+        d.log()
+            .contains("refused a memory pool handle of another VM"),
+        "vgpud says why:\n{}",
+        d.log()
+    );
+    assert_eq!(memory_used(&d, "vm2"), 0);
+    // Forged export data is refused.
+    let r = run_against(&d, "vm1", &prog, &["forged", &pool]);
+    assert_passed(&r, &d, 4);
+
+    // Another process imports the block: reads, runs a kernel, writes; charged once.
+    let mut importer =
+        Held::start_program(&d, "pool_ipc", "vm1", &["import", &pool, &ptr, POOL_WORDS]);
+    importer.read_until("holding", "-");
+    assert_eq!(memory_used(&d, "vm1"), charged, "charged once, to the VM");
+    // The exporter sees the writes and frees its block first: it stays, charged once.
+    exporter.next_step();
+    exporter.read_until("freed", "-");
+    assert_eq!(
+        memory_used(&d, "vm1"),
+        charged,
+        "still held by the importer"
+    );
+    // The importer still reads it; its free gives every byte back.
+    assert!(importer.finish() >= 10);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    assert!(exporter.finish() >= 15);
+    wait_sessions(&d, "vm1", 0);
+}
+
+#[test]
+fn an_importer_that_dies_returns_a_freed_pool_block() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let (mut exporter, pool, ptr) = pool_exporter(&d);
+    let charged = memory_used(&d, "vm1");
+    let mut holder = Held::start_program(&d, "pool_ipc", "vm1", &["hold", &pool, &ptr]);
+    holder.read_until("holding", "-");
+    // The exporter frees its block while the holder has it open (the holder wrote nothing,
+    // so the exporter's check of the importer's writes fails: read past it).
+    exporter.next_step();
+    for l in exporter.lines.by_ref() {
+        if l.expect("program output") == "freed" {
+            break;
+        }
+    }
+    assert_eq!(memory_used(&d, "vm1"), charged);
+    holder.child.kill().expect("killing the holder");
+    holder.child.wait().expect("waiting for the holder");
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    exporter.child.kill().expect("killing the exporter");
+    exporter.child.wait().expect("waiting for the exporter");
     wait_sessions(&d, "vm1", 0);
 }

@@ -48,6 +48,8 @@ pub enum HandleKind {
     IpcMem = 0x49,
     /// An event exported or opened by `cuIpcGetEventHandle`/`cuIpcOpenEventHandle`.
     IpcEvent = 0x4a,
+    /// A memory pool or pool block exported or imported (`cuMemPoolExport*`/`cuMemPoolImport*`).
+    PoolShare = 0x4b,
 }
 
 impl HandleKind {
@@ -65,6 +67,7 @@ impl HandleKind {
             HandleKind::HostShare => "shared host regions",
             HandleKind::IpcMem => "interprocess memory handles",
             HandleKind::IpcEvent => "interprocess event handles",
+            HandleKind::PoolShare => "shared memory pool handles",
         }
     }
 }

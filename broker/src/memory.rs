@@ -194,6 +194,9 @@ pub enum AllocKind {
     /// Another process's `cuMemAlloc` memory opened by `cuIpcOpenMemHandle`: closed by
     /// `cuIpcCloseMemHandle`; the exporter's allocation holds the charge.
     IpcImport,
+    /// A block of another process's pool opened by `cuMemPoolImportPointer`: closed by
+    /// `cuMemFree`/`cuMemFreeAsync`; the exporter's pool (or the orphaned block) holds the charge.
+    PoolImport,
 }
 
 impl AllocKind {
@@ -205,7 +208,8 @@ impl AllocKind {
             | AllocKind::ModuleGlobal(_)
             | AllocKind::PoolBlock(_)
             | AllocKind::VmmMapping
-            | AllocKind::IpcImport => None,
+            | AllocKind::IpcImport
+            | AllocKind::PoolImport => None,
             AllocKind::Managed => Some(UsageKind::Managed),
             AllocKind::MappedHost => Some(UsageKind::MappedHost),
         }

@@ -1737,7 +1737,7 @@ impl Session {
 
     fn free_allocation(&mut self, base: u64) {
         // Memory shared with other processes of the VM outlives this process's use of it.
-        if self.ipc_free(base) {
+        if self.ipc_free(base) || self.pool_import_close(base) {
             return;
         }
         if let Some(a) = self.allocs.remove(base) {

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use vgpu_proto::cuda::{self, CuResult};
+use vgpu_proto::cuda;
 use vgpu_proto::msg;
 use vgpu_proto::pagehash;
 
@@ -1053,7 +1053,8 @@ pub fn pool_of(ptr: u64) -> Option<CuRes<u64>> {
 
 // ---- memory pools ----------------------------------------------------------------------------
 
-/// `cuMemPoolCreate` (one device, pinned device memory, no export handle types).
+/// `cuMemPoolCreate` (one device, pinned device memory; exportable as a POSIX file descriptor
+/// to other processes of the VM, or not at all).
 pub fn pool_create(
     location_type: i32,
     location_id: i32,
@@ -1064,14 +1065,21 @@ pub fn pool_create(
     if location_type != 1 || location_id != 0 {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
-    if handle_types != 0 {
+    if handle_types & !(HANDLE_TYPE_POSIX_FD as u32) != 0 {
         crate::debug!(
-            "cuMemPoolCreate: pools cannot be shared between processes (export handle types {handle_types:#x}); across VMs this is never allowed"
+            "cuMemPoolCreate: pools are exported as POSIX file descriptors only, within the VM (handle types {handle_types:#x}); across VMs this is never allowed"
         );
         return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
     }
     let h = drv::driver()?
-        .call(&msg::MemPoolCreate { ctx: c, max_size }, &[])?
+        .call(
+            &msg::MemPoolCreate {
+                ctx: c,
+                max_size,
+                handle_types,
+            },
+            &[],
+        )?
         .handle;
     state().pools.insert(h, ());
     Ok(h)
@@ -1191,8 +1199,10 @@ pub fn free_async(ptr: u64, stream: u64) -> CuRes<()> {
         drv::stream_synchronize(stream)?;
         return free_hook(ptr).unwrap_or(Ok(()));
     }
-    state().pool_blocks.remove(&ptr);
-    drv::forget_device_range(ptr);
+    if !pool_import_still_open(ptr) {
+        state().pool_blocks.remove(&ptr);
+        drv::forget_device_range(ptr);
+    }
     drv::driver()?.post(
         &msg::MemFreeAsync {
             ctx: c,
@@ -1203,13 +1213,122 @@ pub fn free_async(ptr: u64, stream: u64) -> CuRes<()> {
     )
 }
 
-/// Why pool and allocation sharing stops at the process: what `cuMemPoolExport*` and
-/// `cuMemPoolImport*` return, with the reason in the debug log.
-pub fn refuse_pool_sharing(what: &str) -> CuResult {
-    crate::debug!(
-        "{what}: memory pools are not shared between processes; between VMs sharing is never allowed"
-    );
-    cuda::CUDA_ERROR_NOT_SUPPORTED
+/// What the file descriptor of a pool export holds before its token.
+const POOL_EXPORT_MAGIC: &[u8; 8] = b"VGPUPOL1";
+/// What a `CUmemPoolPtrExportData` vgpu made holds before its token.
+const POOL_PTR_MAGIC: &[u8; 8] = b"VGPUPTR1";
+/// Bytes of a `CUmemPoolPtrExportData`.
+pub const POOL_PTR_EXPORT_SIZE: usize = 64;
+
+/// Blocks this process opened with `cuMemPoolImportPointer`: base → times opened.
+fn pool_imports() -> MutexGuard<'static, HashMap<u64, u32>> {
+    static S: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
+    S.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The token words of `bytes` after an 8-byte tag, if the tag is `magic`.
+fn tagged_token(bytes: &[u8], magic: &[u8; 8]) -> Option<(u64, u64)> {
+    if bytes.len() < 24 || &bytes[..8] != magic {
+        return None;
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    Some((word(8), word(16)))
+}
+
+/// `cuMemPoolExportToShareableHandle`: the bytes the file descriptor holds (a tag and the
+/// VM-local token vgpud made).
+pub fn pool_export(pool: u64, handle_type: i32) -> CuRes<Vec<u8>> {
+    let c = ctx()?;
+    if handle_type != HANDLE_TYPE_POSIX_FD {
+        crate::debug!(
+            "cuMemPoolExportToShareableHandle: pools are exported as POSIX file descriptors only (handle type {handle_type})"
+        );
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let t = drv::driver()?.call(
+        &msg::MemPoolExport {
+            ctx: c,
+            pool,
+            handle_type: handle_type as u32,
+        },
+        &[],
+    )?;
+    let mut bytes = POOL_EXPORT_MAGIC.to_vec();
+    bytes.extend_from_slice(&t.hi.to_le_bytes());
+    bytes.extend_from_slice(&t.lo.to_le_bytes());
+    Ok(bytes)
+}
+
+/// `cuMemPoolImportFromShareableHandle` from the bytes of the file descriptor: a pool handle
+/// that allocates nothing and opens the blocks exported from the pool.
+pub fn pool_import(bytes: &[u8]) -> CuRes<u64> {
+    let c = ctx()?;
+    let Some((hi, lo)) = tagged_token(bytes, POOL_EXPORT_MAGIC) else {
+        crate::debug!("cuMemPoolImportFromShareableHandle: not a pool handle vgpu exported");
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    };
+    let h = drv::driver()?
+        .call(&msg::MemPoolImport { ctx: c, hi, lo }, &[])?
+        .handle;
+    state().pools.insert(h, ());
+    Ok(h)
+}
+
+/// `cuMemPoolExportPointer`: the export data naming the block `ptr` starts.
+pub fn pool_export_pointer(ptr: u64) -> CuRes<[u8; POOL_PTR_EXPORT_SIZE]> {
+    let c = ctx()?;
+    let t = drv::driver()?.call(&msg::MemPoolExportPointer { ctx: c, ptr }, &[])?;
+    let mut d = [0u8; POOL_PTR_EXPORT_SIZE];
+    d[..8].copy_from_slice(POOL_PTR_MAGIC);
+    d[8..16].copy_from_slice(&t.hi.to_le_bytes());
+    d[16..24].copy_from_slice(&t.lo.to_le_bytes());
+    Ok(d)
+}
+
+/// `cuMemPoolImportPointer`: the exporter's address of the block, opened in this process
+/// through the imported `pool` (freed with `cuMemFree`/`cuMemFreeAsync`, once per opening).
+pub fn pool_import_pointer(pool: u64, data: &[u8; POOL_PTR_EXPORT_SIZE]) -> CuRes<u64> {
+    let c = ctx()?;
+    let Some((hi, lo)) = tagged_token(data, POOL_PTR_MAGIC) else {
+        crate::debug!("cuMemPoolImportPointer: not export data vgpu made");
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    };
+    let r = drv::driver()?.call(
+        &msg::MemPoolImportPointer {
+            ctx: c,
+            pool,
+            hi,
+            lo,
+        },
+        &[],
+    )?;
+    *pool_imports().entry(r.base).or_insert(0) += 1;
+    state().pool_blocks.insert(r.base, pool);
+    drv::note_device_range(r.base, r.size);
+    Ok(r.base)
+}
+
+/// A free of `ptr` was sent: `true` when it ended one of several openings of an imported
+/// block, so that the block is still this process's memory.
+pub fn pool_import_still_open(ptr: u64) -> bool {
+    let mut o = pool_imports();
+    match o.get_mut(&ptr) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            true
+        }
+        Some(_) => {
+            o.remove(&ptr);
+            false
+        }
+        None => false,
+    }
 }
 
 // ---- legacy interprocess memory (cuIpc*) ----------------------------------------------------

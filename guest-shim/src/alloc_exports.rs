@@ -466,37 +466,66 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemPoolExportToShareableHandle(
-    _handle: *mut c_void,
-    _pool: CUhandle,
-    _handle_type: c_int,
-    _flags: u64,
+pub unsafe extern "C" fn cuMemPoolExportToShareableHandle(
+    handle: *mut c_void,
+    pool: CUhandle,
+    handle_type: c_int,
+    flags: u64,
 ) -> CUresult {
-    api::refuse_pool_sharing("cuMemPoolExportToShareableHandle")
+    ffi("cuMemPoolExportToShareableHandle", || {
+        if handle.is_null() || flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let bytes = api::pool_export(h(pool), handle_type)?;
+        out!(handle.cast::<c_int>(), api::export_fd(&bytes)?)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemPoolImportFromShareableHandle(
-    _pool: *mut CUhandle,
-    _handle: *mut c_void,
-    _handle_type: c_int,
-    _flags: u64,
+pub unsafe extern "C" fn cuMemPoolImportFromShareableHandle(
+    pool: *mut CUhandle,
+    handle: *mut c_void,
+    handle_type: c_int,
+    flags: u64,
 ) -> CUresult {
-    api::refuse_pool_sharing("cuMemPoolImportFromShareableHandle")
+    ffi("cuMemPoolImportFromShareableHandle", || {
+        if pool.is_null() || flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        if handle_type != api::HANDLE_TYPE_POSIX_FD {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // A POSIX file descriptor travels in the pointer's value, as in CUDA.
+        let bytes = api::import_fd(handle as usize as c_int)?;
+        out!(pool, api::pool_import(&bytes)? as CUhandle)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemPoolExportPointer(_data: *mut c_void, _ptr: CUdeviceptr) -> CUresult {
-    api::refuse_pool_sharing("cuMemPoolExportPointer")
+pub unsafe extern "C" fn cuMemPoolExportPointer(data: *mut c_void, ptr: CUdeviceptr) -> CUresult {
+    ffi("cuMemPoolExportPointer", || {
+        let d = api::pool_export_pointer(ptr)?;
+        out!(data.cast::<[u8; api::POOL_PTR_EXPORT_SIZE]>(), d)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemPoolImportPointer(
-    _ptr: *mut CUdeviceptr,
-    _pool: CUhandle,
-    _data: *mut c_void,
+pub unsafe extern "C" fn cuMemPoolImportPointer(
+    ptr: *mut CUdeviceptr,
+    pool: CUhandle,
+    data: *mut c_void,
 ) -> CUresult {
-    api::refuse_pool_sharing("cuMemPoolImportPointer")
+    ffi("cuMemPoolImportPointer", || {
+        if ptr.is_null() || data.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: a `CUmemPoolPtrExportData` (64 bytes) by the CUDA contract; non-NULL.
+        let d = unsafe {
+            data.cast::<[u8; api::POOL_PTR_EXPORT_SIZE]>()
+                .read_unaligned()
+        };
+        out!(ptr, api::pool_import_pointer(h(pool), &d)?)
+    })
 }
 
 // ---- legacy interprocess memory --------------------------------------------------------------

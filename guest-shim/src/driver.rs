@@ -725,7 +725,9 @@ pub fn mem_free(ptr: u64) -> CuRes<()> {
         return r;
     }
     d.call(&msg::MemFree { ctx: c, ptr }, &[])?;
-    lock(&d.device_ranges).remove(&ptr);
+    if !crate::alloc_api::pool_import_still_open(ptr) {
+        lock(&d.device_ranges).remove(&ptr);
+    }
     Ok(())
 }
 

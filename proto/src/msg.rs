@@ -457,8 +457,9 @@ ops! {
     MemAllocMapped = 0x0801 => Ptr, 0, "cuMemAllocManaged, cuMemHostAlloc, cuMemHostRegister_v2" {
         ctx: u64, size: u64, kind: u32,
     }
-    /// Creates a memory pool (`max_size` 0: unbounded except by the slice).
-    MemPoolCreate = 0x0810 => Handle, 0, "cuMemPoolCreate" { ctx: u64, max_size: u64 }
+    /// Creates a memory pool (`max_size` 0: unbounded except by the slice; `handle_types`: the
+    /// `CUmemAllocationHandleType` bits it may be exported as, 0 for a pool never shared).
+    MemPoolCreate = 0x0810 => Handle, 0, "cuMemPoolCreate" { ctx: u64, max_size: u64, handle_types: u32 }
     /// Destroys a pool; its free blocks go back to the slice, blocks in use when the last one is freed.
     MemPoolDestroy = 0x0811 => Empty, 0, "cuMemPoolDestroy" { ctx: u64, pool: u64 }
     /// The device's current pool (`default` 0) or its default pool (`default` 1).
@@ -481,6 +482,23 @@ ops! {
     }
     /// Returns a pool block to its pool, ordered on `stream` (or frees a plain allocation there).
     MemFreeAsync = 0x0818 => Empty, ASYNC_OK, "cuMemFreeAsync" { ctx: u64, stream: u64, ptr: u64 }
+    /// Exports a pool created with `handle_type` among its handle types for other processes of
+    /// the same VM: a random token naming it (the same token each time for one pool).
+    MemPoolExport = 0x0819 => Token, 0, "cuMemPoolExportToShareableHandle" {
+        ctx: u64, pool: u64, handle_type: u32,
+    }
+    /// Imports a pool another process of the same VM exported: the reply is a pool handle of
+    /// this process that allocates nothing (CUDA's imported pools cannot allocate). A token of
+    /// another VM, an unknown one, or one of this process is refused.
+    MemPoolImport = 0x081a => Handle, 0, "cuMemPoolImportFromShareableHandle" { ctx: u64, hi: u64, lo: u64 }
+    /// Exports the pool block `ptr` starts (its pool must be exportable): a random token naming
+    /// it (the same token each time for one block, until its exporter frees it).
+    MemPoolExportPointer = 0x081b => Token, 0, "cuMemPoolExportPointer" { ctx: u64, ptr: u64 }
+    /// Opens a block exported from the pool that `pool` (an imported pool) names: the reply is
+    /// its range (the exporter's address). Freed by `MemFree`/`MemFreeAsync`, one per opening.
+    MemPoolImportPointer = 0x081c => Range, 0, "cuMemPoolImportPointer" {
+        ctx: u64, pool: u64, hi: u64, lo: u64,
+    }
 
     /// Creates physical memory (a multiple of the granularity), charged to the slice at once.
     MemCreate = 0x0830 => Handle, 0, "cuMemCreate" { ctx: u64, size: u64 }

@@ -430,10 +430,15 @@ static void pools(void) {
     check("cuMemPoolGetAccess", cuMemPoolGetAccess(&acc, mine, &loc), 0);
     expect("read-write", acc == 3);
     char exp[64];
-    check("export of a pool pointer is refused", cuMemPoolExportPointer(exp, a), 801);
-    props.handleTypes = 1;
+    check("export of a block of a pool without handle types is refused",
+          cuMemPoolExportPointer(exp, a), 1);
+    props.handleTypes = 2; /* CU_MEM_HANDLE_TYPE_WIN32 */
     CUmemoryPool shareable = NULL;
-    check("a shareable pool is refused", cuMemPoolCreate(&shareable, &props), 801);
+    check("a pool shared as a Windows handle is refused", cuMemPoolCreate(&shareable, &props), 801);
+    props.handleTypes = 1; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: within the VM */
+    check("a pool shared as a file descriptor", cuMemPoolCreate(&shareable, &props), 0);
+    check("destroying it", cuMemPoolDestroy(shareable), 0);
+    props.handleTypes = 0;
     check("cuMemFree of a pool block", cuMemFree_v2(b), 0);
     check("destroying the default pool is refused", cuMemPoolDestroy(def), 1);
     check("cuMemPoolDestroy with a block in use", cuMemPoolDestroy(mine), 0);

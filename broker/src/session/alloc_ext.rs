@@ -11,6 +11,7 @@
 //! work; a freed block goes back to the device only once the work before its free is done.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use vgpu_proto::cuda::attr;
@@ -23,6 +24,7 @@ use crate::memory::{AllocKind, Allocation};
 use crate::usage::UsageKind;
 
 pub(super) mod ipc;
+mod pool_ipc;
 mod vmm;
 pub use vmm::{ACCESS_READ, ACCESS_READWRITE, va_limit};
 
@@ -34,6 +36,9 @@ pub const MAPPED_KIND_MANAGED: u32 = 1;
 pub const MAPPED_KIND_HOST_ALLOC: u32 = 2;
 /// `MemAllocMapped` kind: `cuMemHostRegister` with `CU_MEMHOSTREGISTER_DEVICEMAP`.
 pub const MAPPED_KIND_HOST_REGISTER: u32 = 3;
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the handle type pools are exported as.
+pub const HANDLE_TYPE_POSIX_FD: u32 = 1;
 
 /// `CUmemPool_attribute` numbers.
 pub mod pool_attr {
@@ -73,7 +78,7 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (91, 0),  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: the device pointer differs
         (attr::HOST_REGISTER_SUPPORTED, 1),
         (attr::MEMORY_POOLS_SUPPORTED, 1),
-        (119, 0), // MEMPOOL_SUPPORTED_HANDLE_TYPES: pools are not shared between processes
+        (119, HANDLE_TYPE_POSIX_FD as i32), // MEMPOOL_SUPPORTED_HANDLE_TYPES (within the VM)
         (attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1),
         (103, 1), // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (within the VM)
         (104, 0), // HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
@@ -92,6 +97,8 @@ struct Block {
     /// The session's last submitted work when the block was freed: the block goes back to
     /// the device only once that work completed.
     freed_seq: u64,
+    /// Exported with `cuMemPoolExportPointer` (until freed).
+    shared: Option<pool_ipc::BlockShare>,
 }
 
 /// A stream-ordered memory pool.
@@ -107,11 +114,20 @@ pub(super) struct PoolState {
     reuse: [u64; 3],
     /// `cuMemPoolDestroy` was called while blocks were in use: released when the last is freed.
     destroyed: bool,
+    /// The `CUmemAllocationHandleType` bits the pool may be exported as (0: never).
+    handle_types: u32,
+    /// Exported with `cuMemPoolExportToShareableHandle`.
+    share: Option<pool_ipc::PoolShare>,
+    /// Imported from another process of the VM: allocates nothing, opens its blocks.
+    imported: Option<Arc<pool_ipc::SharedPool>>,
 }
 
 impl PoolState {
-    fn new(max_size: u64) -> Self {
+    fn new(max_size: u64, handle_types: u32) -> Self {
         Self {
+            handle_types,
+            share: None,
+            imported: None,
             max_size,
             blocks: BTreeMap::new(),
             reserved: 0,
@@ -136,6 +152,8 @@ pub(super) struct AllocExt {
     vmm_held: u64,
     /// Memory shared with other processes of the VM (`cuIpc*MemHandle`).
     ipc: ipc::IpcState,
+    /// Pools and pool blocks shared with other processes of the VM.
+    pool_ipc: pool_ipc::PoolIpcState,
 }
 
 impl AllocExt {
@@ -143,6 +161,7 @@ impl AllocExt {
     pub(super) fn set_budget(&mut self, budget: crate::limits::HandleBudget) {
         self.pools.set_budget(budget.clone());
         self.ipc.set_budget(budget.clone());
+        self.pool_ipc.set_budget(budget.clone());
         self.vmm.set_budget(budget);
     }
 }
@@ -156,6 +175,7 @@ impl Default for AllocExt {
             vmm: vmm::VmmState::default(),
             vmm_held: 0,
             ipc: ipc::IpcState::default(),
+            pool_ipc: pool_ipc::PoolIpcState::default(),
         }
     }
 }
@@ -174,6 +194,9 @@ impl Session {
         if let Some(r) = self.dispatch_ipc(req, out) {
             return r;
         }
+        if let Some(r) = self.dispatch_pool_ipc(req, out) {
+            return r;
+        }
         match req {
             R::MemAllocMapped(m) => {
                 let ptr = self.alloc_mapped(m)?;
@@ -181,7 +204,10 @@ impl Session {
             }
             R::MemPoolCreate(m) => {
                 self.ctx(m.ctx)?;
-                let h = self.ext.pools.insert(PoolState::new(m.max_size))?;
+                let h = self
+                    .ext
+                    .pools
+                    .insert(PoolState::new(m.max_size, m.handle_types))?;
                 reply(out, msg::Handle { handle: h })
             }
             R::MemPoolDestroy(m) => {
@@ -195,6 +221,13 @@ impl Session {
                 if self.ext.current_pool == Some(m.pool) {
                     self.ext.current_pool = None;
                 }
+                if self.pool(m.pool)?.imported.is_some() {
+                    // Blocks opened through it stay open until freed.
+                    self.ext.pools.remove(m.pool);
+                    return reply(out, msg::Empty {});
+                }
+                // Its tokens end; blocks other processes opened stay theirs.
+                self.pool_unshare(m.pool);
                 // Work may still use its free blocks: they go back once it is done.
                 self.engine.drain()?;
                 self.release_free_blocks(m.pool, 0);
@@ -219,7 +252,7 @@ impl Session {
             }
             R::DeviceSetMemPool(m) => {
                 self.check_device(m.device)?;
-                self.pool(m.pool)?;
+                self.allocating_pool(m.pool)?;
                 self.ext.current_pool = Some(m.pool);
                 reply(out, msg::Empty {})
             }
@@ -254,7 +287,7 @@ impl Session {
                 let pool = if m.pool == 0 {
                     self.current_pool()?
                 } else {
-                    self.pool(m.pool)?;
+                    self.allocating_pool(m.pool)?;
                     m.pool
                 };
                 let ptr = self.pool_alloc(pool, m.size)?;
@@ -334,11 +367,22 @@ impl Session {
         }
     }
 
+    /// A pool of this process that allocates (not an imported one).
+    fn allocating_pool(&self, h: u64) -> Result<&PoolState, CuError> {
+        let p = self.pool(h)?;
+        if p.imported.is_some() {
+            return Err(CuError::invalid_value(
+                "an imported memory pool cannot allocate (only cuMemPoolImportPointer opens its blocks)",
+            ));
+        }
+        Ok(p)
+    }
+
     fn default_pool(&mut self) -> Result<u64, CuError> {
         if let Some(h) = self.ext.default_pool {
             return Ok(h);
         }
-        let h = self.ext.pools.insert(PoolState::new(0))?;
+        let h = self.ext.pools.insert(PoolState::new(0, 0))?;
         self.ext.default_pool = Some(h);
         Ok(h)
     }
@@ -452,6 +496,7 @@ impl Session {
                 charged: need,
                 in_use: false,
                 freed_seq: 0,
+                shared: None,
             },
         );
         p.reserved += need;
@@ -485,6 +530,7 @@ impl Session {
                 AllocKind::IpcImport => Err(CuError::invalid_value(
                     "memory opened with cuIpcOpenMemHandle is closed with cuIpcCloseMemHandle",
                 )),
+                AllocKind::PoolImport => self.pool_import_free(ptr),
             },
             _ => Err(CuError::invalid_value(format!(
                 "{ptr:#x} is not the start of a live allocation of this process"
@@ -501,6 +547,9 @@ impl Session {
                     return Some(Err(CuError::invalid_value(
                         "mapped memory is released with cuMemUnmap and cuMemRelease, not cuMemFree",
                     )));
+                }
+                if a.kind == AllocKind::PoolImport {
+                    return Some(self.pool_import_free(ptr));
                 }
                 let AllocKind::PoolBlock(pool) = a.kind else {
                     return None;
@@ -519,6 +568,18 @@ impl Session {
     fn pool_free(&mut self, pool: u64, ptr: u64) {
         self.allocs.remove(ptr);
         let seq = self.engine.submitted();
+        let share = self
+            .ext
+            .pools
+            .get_mut(pool)
+            .and_then(|p| p.blocks.get_mut(&ptr))
+            .and_then(|b| b.shared.take());
+        if let Some(share) = share
+            && self.pool_block_unshare(share)
+        {
+            // Another process has it open: the block leaves the pool, still charged.
+            self.pool_orphan_block(pool, ptr);
+        }
         let Some(p) = self.ext.pools.get_mut(pool) else {
             return;
         };
@@ -535,6 +596,28 @@ impl Session {
             self.ext.pools.remove(pool);
         }
         self.store_memory();
+    }
+
+    /// Takes the block at `ptr`, in use, out of `pool`: another process has it open, and the
+    /// last to free it gives it back to the device (work of this process before the free is
+    /// done first).
+    fn pool_orphan_block(&mut self, pool: u64, ptr: u64) {
+        if let Err(e) = self.engine.drain() {
+            tracing::debug!(session = self.info.id, error = %e, "work before the free of a shared pool block failed");
+        }
+        let Some(p) = self.ext.pools.get_mut(pool) else {
+            return;
+        };
+        let Some(b) = p.blocks.remove(&ptr) else {
+            return;
+        };
+        p.reserved = p.reserved.saturating_sub(b.charged);
+        if b.in_use {
+            p.used = p.used.saturating_sub(b.charged);
+            self.tenant.usage.sub(UsageKind::PoolUsed, b.charged);
+        }
+        // The slice charge and the reserved figure stay with the orphan until it is released.
+        self.allocs.unhold(b.charged);
     }
 
     /// Gives free blocks of `pool` whose last use is done back to the device and the slice,
@@ -580,6 +663,7 @@ impl Session {
     /// Releases pools and virtual memory (the session ended; its work was discarded).
     pub(super) fn release_alloc_ext(&mut self) {
         self.release_ipc();
+        self.release_pool_ipc();
         self.release_vmm();
         self.release_pools();
     }
@@ -587,13 +671,21 @@ impl Session {
     /// Frees every pool block, in use or not.
     fn release_pools(&mut self) {
         for h in self.ext.pools.handles_where(|_| true) {
+            self.pool_unshare(h);
             let Some(p) = self.ext.pools.remove(h) else {
                 continue;
             };
-            for (ptr, b) in p.blocks {
+            for (ptr, mut b) in p.blocks {
                 if b.in_use {
                     self.allocs.remove(ptr);
                     self.tenant.usage.sub(UsageKind::PoolUsed, b.charged);
+                }
+                if let Some(share) = b.shared.take()
+                    && self.pool_block_unshare(share)
+                {
+                    // Another process has it open: the orphan holds the charge.
+                    self.allocs.unhold(b.charged);
+                    continue;
                 }
                 if let Err(e) = self.dev.free(ptr) {
                     tracing::warn!(session = self.info.id, error = %e, "device refused to free pool block {ptr:#x}");

@@ -214,7 +214,9 @@ static CUdeviceptr import_ptr(CUmemoryPool pool, const char *hex) {
     return p;
 }
 
-static void import_block(const char *path, const char *hex, unsigned n) {
+/* Imports the block, checks the exporter's data, runs a kernel and writes on it, then holds it
+ * until told to go on; `keep` (the "hold" mode, whose process is killed) ends there. */
+static void import_block(const char *path, const char *hex, unsigned n, int keep) {
     CUmemoryPool pool = import_pool(path, 0);
     CUdeviceptr none = 0;
     check("an imported pool cannot allocate",
@@ -233,6 +235,7 @@ static void import_block(const char *path, const char *hex, unsigned n) {
     printf("holding\n");
     fflush(stdout);
     wait_line();
+    if (keep) return;
     r = read_words(p, n);
     same = r[0] == MARK;
     for (unsigned i = 1; i < n; i++) same &= r[i] == i + 1;
@@ -247,13 +250,9 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "export") && argc == 3) {
         export_pool((unsigned)atoi(argv[2]));
     } else if (!strcmp(argv[1], "import") && argc == 5) {
-        import_block(argv[2], argv[3], (unsigned)atoi(argv[4]));
-    } else if (!strcmp(argv[1], "hold") && argc == 4) {
-        CUmemoryPool pool = import_pool(argv[2], 0);
-        import_ptr(pool, argv[3]);
-        printf("holding\n");
-        fflush(stdout);
-        wait_line();
+        import_block(argv[2], argv[3], (unsigned)atoi(argv[4]), 0);
+    } else if (!strcmp(argv[1], "hold") && argc == 5) {
+        import_block(argv[2], argv[3], (unsigned)atoi(argv[4]), 1);
     } else if (!strcmp(argv[1], "open") && argc == 4) {
         import_pool(argv[2], atoi(argv[3]));
     } else if (!strcmp(argv[1], "forged") && argc == 3) {

@@ -576,8 +576,13 @@ fn free_region(st: &mut State, dev: u64) -> CuRes<()> {
 
 /// `cuMemFree` of managed memory (or of a pool block). `None`: an ordinary allocation.
 pub fn free_hook(ptr: u64) -> Option<CuRes<()>> {
+    // A block imported several times stays this process's pool memory until its last free
+    // (`pool_import_still_open`, then `forget_pool_block`).
+    let imported = pool_imports().contains_key(&ptr);
     let mut st = state();
-    st.pool_blocks.remove(&ptr);
+    if !imported {
+        st.pool_blocks.remove(&ptr);
+    }
     match st.regions.get(&ptr) {
         Some(r) if r.kind == RegionKind::Managed && r.module == 0 => {
             Some(free_region(&mut st, ptr))
@@ -1200,7 +1205,7 @@ pub fn free_async(ptr: u64, stream: u64) -> CuRes<()> {
         return free_hook(ptr).unwrap_or(Ok(()));
     }
     if !pool_import_still_open(ptr) {
-        state().pool_blocks.remove(&ptr);
+        forget_pool_block(ptr);
         drv::forget_device_range(ptr);
     }
     drv::driver()?.post(
@@ -1312,6 +1317,11 @@ pub fn pool_import_pointer(pool: u64, data: &[u8; POOL_PTR_EXPORT_SIZE]) -> CuRe
     state().pool_blocks.insert(r.base, pool);
     drv::note_device_range(r.base, r.size);
     Ok(r.base)
+}
+
+/// Forgets the pool of the block at `ptr` (its last free in this process).
+pub fn forget_pool_block(ptr: u64) {
+    state().pool_blocks.remove(&ptr);
 }
 
 /// A free of `ptr` was sent: `true` when it ended one of several openings of an imported

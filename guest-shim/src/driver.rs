@@ -726,6 +726,7 @@ pub fn mem_free(ptr: u64) -> CuRes<()> {
     }
     d.call(&msg::MemFree { ctx: c, ptr }, &[])?;
     if !crate::alloc_api::pool_import_still_open(ptr) {
+        crate::alloc_api::forget_pool_block(ptr);
         lock(&d.device_ranges).remove(&ptr);
     }
     Ok(())

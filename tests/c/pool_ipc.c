@@ -60,8 +60,11 @@ CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *, void *, int, unsigne
 CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *, CUdeviceptr);
 CUresult cuMemPoolImportPointer(CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *);
 CUresult cuStreamSynchronize(CUstream);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 CUresult cuGetErrorName(CUresult, const char **);
 
+#define CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE 17
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
 #define MARK 0xC0FFEEu
@@ -222,6 +225,13 @@ static void import_block(const char *path, const char *hex, unsigned n, int keep
     check("an imported pool cannot allocate",
           cuMemAllocFromPoolAsync(&none, 4096, pool, NULL), CUDA_ERROR_INVALID_VALUE);
     CUdeviceptr p = import_ptr(pool, hex);
+    CUdeviceptr q = import_ptr(pool, hex);
+    expect("a second import gives the same address", q == p);
+    check("free the second import", cuMemFree_v2(q), 0);
+    CUmemoryPool owner = NULL;
+    check("the block still names its pool after one of two frees",
+          cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p), 0);
+    expect("the imported pool", owner == pool);
     unsigned *r = read_words(p, n);
     int same = 1;
     for (unsigned i = 0; i < n; i++) same &= r[i] == i;

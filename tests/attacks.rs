@@ -1,14 +1,14 @@
 //! Attacks a hostile guest can make on vgpud's host resources, one test per
 //! class not covered elsewhere (the register bomb and disconnects with queued
-//! work are in shim_c.rs, oversized strings in the audit tests): vgpud
+//! work are in shim_c.rs, under a memory limit too): vgpud
 //! survives, answers the attacker with an error or a closed connection, keeps
 //! serving another VM, and stays within its limits. Covered here: a connection
 //! flood, the per-VM budgets (sessions, modules, streams, events, handles,
 //! queued copy data, executable graphs, interpreter state), a flood of forged
 //! contexts, a declaration bomb, a cubin bomb, deep recursion with large
-//! frames, slow module loads and a virtio-vgpu queue flood with hostile
-//! descriptors. Every test runs vgpud under a hard memory limit
-//! ([`DATA_LIMIT`]) and ends with [`survived`].
+//! frames, slow module loads, a virtio-vgpu queue flood with hostile
+//! descriptors and oversized guest strings. Every test runs vgpud under a hard
+//! memory limit ([`DATA_LIMIT`], or a tighter one) and ends with [`survived`].
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
@@ -669,19 +669,20 @@ fn status_bytes(pid: u32, key: &str) -> u64 {
 /// The end of every attack test: vgpud is alive, ran under [`DATA_LIMIT`],
 /// and serves `other` (a VM with a unix socket).
 fn survived(d: &mut Vgpud, other: &str) {
+    survived_under(d, other, DATA_LIMIT);
+}
+
+/// [`survived`] for a test that ran vgpud under a tighter `limit`.
+fn survived_under(d: &mut Vgpud, other: &str, limit: u64) {
     assert!(d.is_running(), "vgpud died; log:\n{}", d.log());
-    assert_eq!(
-        d.data_limit(),
-        Some(DATA_LIMIT),
-        "vgpud ran without its limit"
-    );
+    assert_eq!(d.data_limit(), Some(limit), "vgpud ran without its limit");
     driver_api_works(d, other);
     assert!(d.is_running(), "vgpud died; log:\n{}", d.log());
     println!(
         "vgpud survived: peak resident {} MiB, private data {} MiB of its {} MiB limit",
         status_bytes(d.pid(), "VmHWM:") / MIB,
         status_bytes(d.pid(), "VmData:") / MIB,
-        DATA_LIMIT / MIB
+        limit / MIB
     );
 }
 
@@ -1595,6 +1596,19 @@ unix_socket = "@DIR@/full.sock"
     assert_eq!(code, INVALID_PTX, "{why}");
     assert!(why.contains("watchdog (50 ms)"), "{why}");
     assert!(cut < full, "cut after {cut:?}, a full load takes {full:?}");
+    // The stopped load is counted for its VM, in the API and in Prometheus; the full load is
+    // not counted for the other.
+    let stopped = |vm: &str| {
+        let api = d.vm(vm)["stats"]["module_loads_stopped"].as_u64();
+        let prom = d.vm_metric("vgpu_vm_module_loads_stopped_total", vm);
+        assert_eq!(
+            api.map(|n| n as f64),
+            prom,
+            "{vm}: the API and Prometheus differ"
+        );
+        api.unwrap_or_else(|| panic!("{vm}: no module_loads_stopped"))
+    };
+    assert_eq!((stopped("cut"), stopped("full")), (1, 0));
     // The session answers, and a small module loads.
     c.call(&msg::MemAlloc { ctx, size: 4096 }, &[]).unwrap();
     assert_eq!(d.vm("cut")["limits"]["modules"]["used"].as_u64(), Some(0));
@@ -1620,5 +1634,156 @@ unix_socket = "@DIR@/full.sock"
         "a departed guest's load stopped within {:?}",
         start.elapsed()
     );
+    // A load cancelled because its guest left is not a deadline stop.
+    assert_eq!(stopped("full"), 0);
     survived(&mut d, "full");
+}
+
+// ---------------------------------------------------------------------------
+// Oversized guest strings
+// ---------------------------------------------------------------------------
+
+/// Private memory vgpud may map in [`oversized_guest_strings_cost_vgpud_no_memory_or_disk`]:
+/// the daemon idle (13 MiB), [`NAMED_SESSIONS`] session threads at 3 MiB with a frame buffer
+/// each (at most a frame, 8 MiB), the other VM's run of the C program (its 64 MiB slice and a
+/// session) and room to spare. The strings the attacker sends add up to more
+/// ([`ATTACK_BYTES`]): a vgpud that kept them would abort here.
+const STRINGS_DATA_LIMIT: u64 = 512 * MIB;
+/// Characters of each oversized string: half the largest frame.
+const HUGE_STRING: usize = 4 << 20;
+/// Hellos with a wrong protocol version and a [`HUGE_STRING`] shim version, each on its own
+/// connection, one after another.
+const REFUSED_HELLOS: usize = 144;
+/// Sessions opened at once with a [`HUGE_STRING`] process name, held until the end.
+const NAMED_SESSIONS: usize = 16;
+/// What the attacker sends in strings in all.
+const ATTACK_BYTES: u64 = ((REFUSED_HELLOS + NAMED_SESSIONS) * HUGE_STRING) as u64;
+/// Disk the attack may cost in vgpud's log and audit log together: the issue's attack grew
+/// the audit log by 160 MiB.
+const DISK_ALLOWED: u64 = MIB;
+
+/// Bytes of the files in `dir` whose names start with `prefix` (a log and its rotations).
+fn bytes_of_files(dir: &std::path::Path, prefix: &str) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+/// The issue's oversized-string attack and more, with the audit log on: Hellos of a wrong
+/// protocol version with a 4 MiB shim version, then sessions with 4 MiB process names. Each
+/// Hello is refused with `CUDA_ERROR_SYSTEM_DRIVER_MISMATCH` and a short message, each process
+/// name is kept cut, vgpud's memory stays under a limit smaller than what was sent, its log and
+/// audit log grow by well under 1 MiB, and the other VM is served.
+#[test]
+fn oversized_guest_strings_cost_vgpud_no_memory_or_disk() {
+    /// `CUDA_ERROR_SYSTEM_DRIVER_MISMATCH`.
+    const DRIVER_MISMATCH: u32 = 803;
+    /// Longest refusal message allowed: vgpud's text and a cut shim version.
+    const MESSAGE_MAX: usize = 512;
+    /// Longest process name as the admin API shows it (256 characters, escapes aside).
+    const PROCESS_SHOWN_MAX: usize = 1024;
+    const { assert!(ATTACK_BYTES > STRINGS_DATA_LIMIT) };
+    let mut d = Vgpud::start_config_limited(
+        r#"
+[admin]
+socket = "@DIR@/admin.sock"
+audit_log = "@DIR@/audit.jsonl"
+
+[[device]]
+name = "gpu0"
+kind = "sim"
+memory = "1GiB"
+
+[[vm]]
+name = "vm1"
+memory = "64MiB"
+unix_socket = "@DIR@/vm1.sock"
+
+[[vm]]
+name = "vm2"
+memory = "64MiB"
+unix_socket = "@DIR@/vm2.sock"
+"#,
+        STRINGS_DATA_LIMIT,
+    );
+    let disk_before = bytes_of_files(d.dir(), "audit.jsonl") + bytes_of_files(d.dir(), "vgpud.log");
+    // A string with a control character early, as a log-forging attacker would send.
+    let huge = format!("1.0\n{}", "v".repeat(HUGE_STRING - 4));
+    for i in 0..REFUSED_HELLOS {
+        let mut c = TestClient::new(UnixStream::connect(d.socket("vm1")).unwrap());
+        let (code, why) = c
+            .call(
+                &msg::Hello {
+                    protocol_version: vgpu_proto::PROTOCOL_VERSION + 1,
+                    pid: 1,
+                    shim_version: huge.clone(),
+                    process_name: "attacker".into(),
+                },
+                &[],
+            )
+            .expect_err("a Hello of another protocol was accepted");
+        assert_eq!(code, DRIVER_MISMATCH, "Hello {i}: {why}");
+        assert!(why.len() < MESSAGE_MAX, "Hello {i}: {} bytes", why.len());
+        assert!(!why.contains('\n'), "Hello {i}: {why}");
+    }
+    let mut named: Vec<_> = (0..NAMED_SESSIONS)
+        .map(|i| {
+            let mut c = TestClient::new(UnixStream::connect(d.socket("vm1")).unwrap());
+            c.call(
+                &msg::Hello {
+                    protocol_version: vgpu_proto::PROTOCOL_VERSION,
+                    pid: i as u32,
+                    shim_version: vgpu_proto::VERSION.into(),
+                    process_name: huge.clone(),
+                },
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("session {i}: {e:?}"));
+            c
+        })
+        .collect();
+    let sessions = d.vm("vm1")["sessions"].as_array().unwrap().clone();
+    assert_eq!(sessions.len(), NAMED_SESSIONS);
+    for s in &sessions {
+        let name = s["process"].as_str().unwrap();
+        assert!(name.len() <= PROCESS_SHOWN_MAX, "{} bytes", name.len());
+        assert!(name.starts_with("1.0\\nvvv"), "{name:.80}");
+    }
+    // The sessions work; then they end.
+    for c in &mut named {
+        c.call(
+            &msg::CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .unwrap();
+    }
+    drop(named);
+    let start = Instant::now();
+    while !d.vm("vm1")["sessions"].as_array().unwrap().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "sessions did not end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The audit log has every refusal and session, each cut.
+    let audit = std::fs::read_to_string(d.dir().join("audit.jsonl")).unwrap();
+    let count = |event: &str| audit.matches(&format!("\"event\":\"{event}\"")).count();
+    assert!(count("session.refused") > 0, "{audit:.2000}");
+    assert_eq!(count("session.open"), NAMED_SESSIONS, "{audit:.2000}");
+    let disk =
+        bytes_of_files(d.dir(), "audit.jsonl") + bytes_of_files(d.dir(), "vgpud.log") - disk_before;
+    println!(
+        "{} MiB of guest strings sent; vgpud's log and audit log grew by {} KiB",
+        ATTACK_BYTES / MIB,
+        disk / 1024
+    );
+    assert!(disk < DISK_ALLOWED, "the logs grew by {disk} bytes");
+    survived_under(&mut d, "vm2", STRINGS_DATA_LIMIT);
 }

@@ -1378,13 +1378,19 @@ impl Session {
                     cuda::CUDA_ERROR_INVALID_PTX,
                     format!("the module load was stopped: the client disconnected ({why})"),
                 ),
-                DeviceError::LoadStopped(why) => CuError::new(
+                DeviceError::LoadStopped(why) => {
+                    self.tenant
+                        .stats
+                        .module_loads_stopped
+                        .fetch_add(1, Ordering::Relaxed);
+                    CuError::new(
                     cuda::CUDA_ERROR_INVALID_PTX,
                     format!(
                         "loading the module took longer than the device's watchdog ({} ms) allows: {why}",
                         watchdog.map_or(0, |w| w.as_millis())
                     ),
-                ),
+                )
+                }
                 e => {
                     let e = CuError::from(e);
                     if e.code == cuda::CUDA_ERROR_OUT_OF_MEMORY {

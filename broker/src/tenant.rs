@@ -34,6 +34,9 @@ pub struct TenantStats {
     pub kernels: AtomicU64,
     /// Calls that failed.
     pub errors: AtomicU64,
+    /// Module loads stopped at the device's watchdog deadline (not those a departed client
+    /// cancelled).
+    pub module_loads_stopped: AtomicU64,
 }
 
 /// A live session as the admin plane and vgpu-smi see it.

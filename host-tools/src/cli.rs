@@ -615,11 +615,12 @@ fn vm_detail(v: &api::Vm) -> String {
     );
     let st = &v.stats;
     out += &format!(
-        "copies: {} to the device, {} from it; errors {}; sessions opened {}\n",
+        "copies: {} to the device, {} from it; errors {}; sessions opened {}; module loads stopped at the watchdog {}\n",
         bytes(st.bytes_htod),
         bytes(st.bytes_dtoh),
         st.errors,
         st.sessions_total,
+        st.module_loads_stopped,
     );
     if let Some(p) = &v.unix_socket {
         out += &format!("unix socket: {p}\n");

@@ -349,6 +349,18 @@ impl Vgpud {
         http_get(&self.admin_socket(), path)
     }
 
+    /// The value of the Prometheus series `name{vm="VM",…}` on the admin socket's
+    /// `/v1/metrics` (`None` when vgpud exports no such series).
+    pub fn vm_metric(&self, name: &str, vm: &str) -> Option<f64> {
+        let (st, text) = http_get_text(&self.admin_socket(), "/v1/metrics");
+        assert_eq!(st, 200, "{text}");
+        let prefix = format!("{name}{{vm=\"{vm}\"");
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .and_then(|l| l.rsplit_once(' '))
+            .and_then(|(_, v)| v.parse().ok())
+    }
+
     /// A VM's admin JSON.
     pub fn vm(&self, name: &str) -> serde_json::Value {
         let (st, v) = self.get(&format!("/v1/vms/{name}"));
@@ -442,6 +454,25 @@ impl Drop for Vgpud {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A minimal HTTP GET over a unix socket; returns (status, body text).
+pub fn http_get_text(socket: &Path, path: &str) -> (u16, String) {
+    let mut s = UnixStream::connect(socket).expect("admin socket");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: vgpud\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("response");
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_string())
 }
 
 /// A minimal HTTP GET over a unix socket; returns (status, JSON body).

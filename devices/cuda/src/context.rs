@@ -27,6 +27,7 @@ use vgpu_proto::cuda;
 use crate::driver::{Ctx, Current, Driver, Event, Failed, HostPtr, Stream};
 use crate::error::{Op, is_context_fatal};
 use crate::gather::{Cursor, gather, scatter};
+use crate::loader::DeadlineLoader;
 use crate::printf::{self, PrintfBuffer};
 
 pub(crate) mod vmm;
@@ -818,6 +819,8 @@ pub(crate) struct ContextInner {
     slot: Mutex<Option<Arc<Generation>>>,
     pub(crate) generations: AtomicU64,
     pub(crate) times: KernelTimes,
+    /// Module loads, one at a time in the driver, not waited for past their deadline.
+    pub(crate) loader: DeadlineLoader,
 }
 
 impl ContextInner {
@@ -829,6 +832,7 @@ impl ContextInner {
             slot: Mutex::new(None),
             generations: AtomicU64::new(0),
             times: KernelTimes::default(),
+            loader: DeadlineLoader::new(),
         }
     }
 

@@ -18,6 +18,7 @@ pub mod driver;
 pub mod error;
 mod gather;
 pub mod image;
+pub mod loader;
 pub mod module;
 pub mod printf;
 pub mod ptx;

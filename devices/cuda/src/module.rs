@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use tracing::{debug, warn};
-use vgpu_broker::device::{DeviceError, DeviceModule, GlobalDesc, KernelDesc};
+use vgpu_broker::device::{DeviceError, DeviceModule, GlobalDesc, KernelDesc, RunControl};
 use vgpu_proto::cuda::{self, attr, func_attr};
 
 use crate::context::{ALLOC_GRANULARITY, ContextInner, Generation};
 use crate::driver::{Function, ListedKernel, Module};
 use crate::error::Op;
 use crate::image::{self, Kind};
+use crate::loader::LoadStop;
 use crate::printf::{self, PrintfBuffer};
 
 fn charge(size: u64) -> u64 {
@@ -49,14 +50,17 @@ impl std::fmt::Debug for CudaModule {
 
 impl CudaModule {
     /// Loads `image` in generation `g`, refusing it with `OutOfMemory` when
-    /// its globals need more than `budget` bytes.
+    /// its globals need more than `budget` bytes. The driver's load runs on a loader thread
+    /// ([`crate::loader`]): past `control`'s deadline, or when its client is gone, it is
+    /// abandoned (unloaded when it ends) and this returns [`DeviceError::LoadStopped`].
     pub(crate) fn load(
         owner: &Arc<ContextInner>,
         g: Arc<Generation>,
         image: &[u8],
         budget: u64,
+        control: &RunControl,
     ) -> Result<CudaModule, DeviceError> {
-        let prepared =
+        let mut prepared =
             image::prepare_for(image, device_arch(&g)).map_err(|e| DeviceError::InvalidImage {
                 code: cuda::CUDA_ERROR_INVALID_IMAGE,
                 message: e.to_string(),
@@ -72,11 +76,12 @@ impl CudaModule {
         if declared > budget {
             return Err(DeviceError::OutOfMemory);
         }
-        let d = g.driver();
-        let module = {
-            let _c = g.enter()?;
-            d.module_load(&prepared.bytes).map_err(|(f, log)| {
-                let e = g.fail(f, Op::Load);
+        let bytes = std::mem::take(&mut prepared.bytes);
+        let lg = Arc::clone(&g);
+        let load = move || -> Result<Module, DeviceError> {
+            let _c = lg.enter()?;
+            lg.driver().module_load(&bytes).map_err(|(f, log)| {
+                let e = lg.fail(f, Op::Load);
                 match e {
                     DeviceError::InvalidImage { code, message } if !log.is_empty() => {
                         DeviceError::InvalidImage {
@@ -86,8 +91,34 @@ impl CudaModule {
                     }
                     e => e,
                 }
-            })?
+            })
         };
+        let dg = Arc::clone(&g);
+        let discard = move |loaded: Result<Module, DeviceError>| {
+            // Nothing else knows of this module: unloading it here is its only unload.
+            if let Ok(m) = loaded {
+                let r = dg.enter().and_then(|_c| {
+                    dg.driver()
+                        .module_unload(m)
+                        .map_err(|f| dg.fail(f, Op::Other))
+                });
+                if let Err(e) = r {
+                    debug!(error = %e, "unloading an abandoned module failed; it goes with its context");
+                }
+            }
+        };
+        let module = owner
+            .loader
+            .run(
+                control.deadline(),
+                || control.poll_cancelled(),
+                load,
+                discard,
+            )
+            .map_err(|stop| match stop {
+                LoadStop::Spawn => DeviceError::OutOfMemory,
+                stop => DeviceError::LoadStopped(stop.to_string()),
+            })??;
         // From here on, dropping `m` unloads the module.
         let mut m = CudaModule {
             owner: Arc::clone(owner),

@@ -260,14 +260,15 @@ impl DeviceContext for CudaContext {
         budget: u64,
         control: &RunControl,
     ) -> Result<Arc<dyn DeviceModule>, DeviceError> {
-        // The driver's JIT cannot be interrupted: a load is checked before it starts only.
+        // The driver's JIT cannot be interrupted: a load that runs past the deadline is
+        // abandoned to a loader thread (`crate::loader`); one already past it does not start.
         if control.poll_cancelled() || control.past_deadline() {
             return Err(DeviceError::LoadStopped(
                 "the module load was cancelled before it started".into(),
             ));
         }
         let g = self.inner.generation()?;
-        let m = CudaModule::load(&self.inner, g, image, budget)?;
+        let m = CudaModule::load(&self.inner, g, image, budget, control)?;
         Ok(Arc::new(m))
     }
 

@@ -4,7 +4,8 @@
 //! Every offset is checked against the image before it is read; section
 //! lookups by name go through a map built once.
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
 
 /// ELF magic.
 pub const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
@@ -128,6 +129,19 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// Longest name read from a string table; a longer one is cut (names are C++-mangled kernel
+/// and variable names, far shorter in practice).
+pub const MAX_NAME_LEN: usize = 4096;
+/// Bytes of string tables, symbol tables and `.nv.info` sections a reader may scan per byte of
+/// the image, plus [`SCAN_BASE`]. Sections may overlap and names may share bytes, so without a
+/// bound a hostile image of a few KiB makes the reader scan and copy the same bytes for every
+/// section, symbol and kernel (quadratic or worse in its size). Past the budget names read as
+/// empty, symbols are no longer read and parameter layouts are unknown: time and memory stay
+/// linear in the image's size. Real cubins scan each byte about once.
+const SCAN_PER_BYTE: usize = 8;
+/// Scan budget every image gets besides [`SCAN_PER_BYTE`].
+const SCAN_BASE: usize = 64 << 10;
+
 /// A section header (the fields used here).
 #[derive(Debug, Clone, Copy)]
 struct Section {
@@ -147,6 +161,8 @@ pub struct Elf<'a> {
     /// Section index by name (the first of a name), built once: lookups by
     /// name stay linear in the number of sections overall.
     names: HashMap<String, usize>,
+    /// Bytes the reader may still scan ([`SCAN_PER_BYTE`]).
+    scan_left: Cell<usize>,
 }
 
 /// A symbol.
@@ -230,6 +246,11 @@ impl<'a> Elf<'a> {
             sections,
             shstrndx,
             names: HashMap::new(),
+            scan_left: Cell::new(
+                data.len()
+                    .saturating_mul(SCAN_PER_BYTE)
+                    .saturating_add(SCAN_BASE),
+            ),
         };
         for i in (0..elf.sections.len()).rev() {
             let name = elf.section_name(i);
@@ -246,17 +267,31 @@ impl<'a> Elf<'a> {
         &self.data[s.offset as usize..(s.offset + s.size) as usize]
     }
 
+    /// Takes `bytes` from the scan budget; false (and nothing taken) when it is spent.
+    fn scan(&self, bytes: usize) -> bool {
+        let left = self.scan_left.get();
+        if left < bytes {
+            self.scan_left.set(0);
+            return false;
+        }
+        self.scan_left.set(left - bytes);
+        true
+    }
+
+    /// The NUL-terminated string at `at` of string table `table`, at most [`MAX_NAME_LEN`]
+    /// bytes; empty once the scan budget is spent.
     fn string(&self, table: usize, at: u32) -> String {
         let Some(t) = self.sections.get(table) else {
             return String::new();
         };
         let b = self.bytes(t);
         let start = (at as usize).min(b.len());
-        let end = b[start..]
-            .iter()
-            .position(|&c| c == 0)
-            .map_or(b.len(), |i| start + i);
-        String::from_utf8_lossy(&b[start..end]).into_owned()
+        let window = &b[start..b.len().min(start.saturating_add(MAX_NAME_LEN))];
+        let len = window.iter().position(|&c| c == 0).unwrap_or(window.len());
+        if !self.scan(len + 1) {
+            return String::new();
+        }
+        String::from_utf8_lossy(&window[..len]).into_owned()
     }
 
     fn section_name(&self, i: usize) -> String {
@@ -276,6 +311,9 @@ impl<'a> Elf<'a> {
         for s in self.sections.iter().filter(|s| s.kind == SHT_SYMTAB) {
             let table = self.bytes(s);
             for sym in table.chunks_exact(SYM64).skip(1) {
+                if !self.scan(SYM64) {
+                    return out;
+                }
                 let (Some(name), Some(shndx), Some(size)) =
                     (u32_at(sym, 0), u16_at(sym, 6), u64_at(sym, 16))
                 else {
@@ -298,6 +336,9 @@ impl<'a> Elf<'a> {
     /// (ordinal, offset, size), sorted by ordinal.
     pub fn kernel_params(&self, name: &str) -> Option<Vec<(u16, u16, u32)>> {
         let info = self.bytes(self.section_by_name(&format!(".nv.info.{name}"))?);
+        if !self.scan(info.len()) {
+            return None;
+        }
         let mut params = Vec::new();
         let mut at = 0;
         while at + 4 <= info.len() {
@@ -322,15 +363,22 @@ impl<'a> Elf<'a> {
         Some(params)
     }
 
-    /// Kernels with parameter layouts, and module variables.
+    /// Kernels with parameter layouts, and module variables; a name declared again (a second
+    /// symbol table, a repeated symbol) is read once, as the driver knows one kernel or
+    /// variable of a name.
     pub fn declarations(&self) -> Cubin {
         let syms = self.symbols();
         let mut d = Cubin::default();
+        let mut kernels_seen = HashSet::new();
+        let mut variables_seen = HashSet::new();
         for s in &syms {
             let kernel_section = format!(".nv.constant0.{}", s.name);
             let is_entry = s.kind == STT_FUNC
                 && (s.other & STO_CUDA_ENTRY != 0 || self.names.contains_key(&kernel_section));
             if is_entry {
+                if !kernels_seen.insert(s.name.as_str()) {
+                    continue;
+                }
                 let params = self
                     .kernel_params(&s.name)
                     .unwrap_or_default()
@@ -354,6 +402,9 @@ impl<'a> Elf<'a> {
                 } else {
                     continue;
                 };
+                if !variables_seen.insert(s.name.as_str()) {
+                    continue;
+                }
                 d.variables.push(Variable {
                     name: s.name.clone(),
                     space,
@@ -389,6 +440,76 @@ mod tests {
         b.symbol("local_tmp", STT_OBJECT, 0, 0, glob, 8);
         b.symbol("elsewhere", STT_OBJECT, 2, 0, 0, 8);
         b.build()
+    }
+
+    /// An ELF whose `sections` symbol tables all cover the same `symbols` zeroed entries (each
+    /// named at offset 0 of a string table of `strtab` bytes without a NUL), with section names
+    /// from that table too.
+    fn overlapping_symtabs(sections: usize, symbols: usize, strtab: usize) -> Vec<u8> {
+        /// `SHT_STRTAB`.
+        const SHT_STRTAB: u32 = 3;
+        let str_at = EHDR64;
+        let sym_at = str_at + strtab;
+        let sh_at = sym_at + symbols * SYM64;
+        let shnum = sections + 2;
+        let mut img = vec![0u8; sh_at + shnum * SHDR64];
+        img[..4].copy_from_slice(ELF_MAGIC);
+        img[4] = ELFCLASS64;
+        img[5] = ELFDATA2LSB;
+        img[40..48].copy_from_slice(&(sh_at as u64).to_le_bytes());
+        img[58..60].copy_from_slice(&(SHDR64 as u16).to_le_bytes());
+        img[60..62].copy_from_slice(&(shnum as u16).to_le_bytes());
+        img[62..64].copy_from_slice(&1u16.to_le_bytes());
+        img[str_at..sym_at].fill(b'A');
+        let mut header = |i: usize, kind: u32, offset: usize, size: usize| {
+            let h = sh_at + i * SHDR64;
+            img[h + 4..h + 8].copy_from_slice(&kind.to_le_bytes());
+            img[h + 24..h + 32].copy_from_slice(&(offset as u64).to_le_bytes());
+            img[h + 32..h + 40].copy_from_slice(&(size as u64).to_le_bytes());
+            img[h + 40..h + 44].copy_from_slice(&1u32.to_le_bytes());
+        };
+        header(1, SHT_STRTAB, str_at, strtab);
+        for i in 0..sections {
+            header(i + 2, SHT_SYMTAB, sym_at, symbols * SYM64);
+        }
+        img
+    }
+
+    /// Without the scan budget this image of 200 KiB made the reader copy 4 KiB names for
+    /// 1000 × 2730 symbols (11 GiB); now what it reads is bounded by the budget.
+    #[test]
+    fn overlapping_tables_and_long_names_cost_linear_time_and_memory() {
+        let img = overlapping_symtabs(1000, 2730, 64 << 10);
+        let budget = img.len() * SCAN_PER_BYTE + SCAN_BASE;
+        let elf = Elf::parse(&img).unwrap();
+        let syms = elf.symbols();
+        let name_bytes: usize = syms.iter().map(|s| s.name.len() + s.section.len()).sum();
+        assert!(name_bytes <= budget, "{name_bytes} bytes of names");
+        assert!(syms.len() * SYM64 <= budget, "{} symbols", syms.len());
+        assert!(syms.len() < 1000 * 2730);
+        let d = read(&img).unwrap();
+        assert!(d.kernels.is_empty() && d.variables.is_empty());
+        // Within the budget every symbol is read, its name cut to the longest allowed.
+        let img = overlapping_symtabs(2, 10, 64 << 10);
+        let syms = Elf::parse(&img).unwrap().symbols();
+        assert_eq!(syms.len(), 2 * 9);
+        assert!(syms.iter().all(|s| s.name.len() == MAX_NAME_LEN));
+    }
+
+    #[test]
+    fn a_repeated_kernel_or_variable_is_declared_once() {
+        let mut b = ElfBuilder::new();
+        let text = b.section(".text.k", 1, vec![0; 8]);
+        b.section(".nv.info.k", 0x7000_0000, ElfBuilder::nv_info(&[(0, 0, 8)]));
+        let glob = b.section(".nv.global", SHT_NOBITS, vec![]);
+        for _ in 0..3 {
+            b.symbol("k", STT_FUNC, 1, STO_CUDA_ENTRY, text, 8);
+            b.symbol("g", STT_OBJECT, 1, 0, glob, 4);
+        }
+        let d = read(&b.build()).unwrap();
+        assert_eq!(d.kernels.len(), 1);
+        assert_eq!(d.kernels[0].params.len(), 1);
+        assert_eq!(d.variables.len(), 1);
     }
 
     #[test]

@@ -505,6 +505,10 @@ pub struct VmStats {
     pub kernels: u64,
     /// Requests that failed.
     pub errors: u64,
+    /// Module loads stopped at the device's watchdog deadline (`CUDA_ERROR_INVALID_PTX` to
+    /// the guest); absent from older daemons' replies.
+    #[serde(default)]
+    pub module_loads_stopped: u64,
 }
 
 /// A VM's virtio-vsock device.

@@ -132,6 +132,7 @@ pub fn vm(rt: &Runtime, t: &Tenant) -> api::Vm {
             bytes_dtoh: st.bytes_dtoh.load(Ordering::Relaxed),
             kernels: st.kernels.load(Ordering::Relaxed),
             errors: st.errors.load(Ordering::Relaxed),
+            module_loads_stopped: st.module_loads_stopped.load(Ordering::Relaxed),
         },
         unix_socket: rt.unix_socket_of(&t.name).map(|p| path_string(&p)),
         vsock,

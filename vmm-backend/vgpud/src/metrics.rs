@@ -699,6 +699,12 @@ pub fn render(rt: &Runtime) -> String {
             &l,
             get(&st.errors),
         );
+        e.counter(
+            "vgpu_vm_module_loads_stopped_total",
+            "Module loads of the VM stopped at the device's watchdog deadline.",
+            &l,
+            get(&st.module_loads_stopped),
+        );
         e.gauge(
             "vgpu_vm_sessions",
             "Live sessions (guest processes) of the VM.",

@@ -139,9 +139,9 @@ impl Generation {
             Residence::Device => Ok(MemPlace::Device(self.shared.dev)),
             Residence::Host => cfg.host.ok_or_else(|| {
                 DeviceError::NotSupported(format!(
-                    "this GPU's driver ({}) cannot create host memory with cuMemCreate \
-                     (CU_MEM_LOCATION_TYPE_HOST or _HOST_NUMA, CUDA 12.2 or newer), so \
-                     allocations cannot overflow to host memory",
+                    "this driver (version {}) does not take a host location for cuMemCreate \
+                     (CU_MEM_LOCATION_TYPE_HOST or _HOST_NUMA, which NVIDIA drivers take from \
+                     CUDA 12.2), so allocations cannot overflow to host memory",
                     self.driver().version()
                 ))
             }),

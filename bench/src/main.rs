@@ -63,9 +63,16 @@ enum Bench {
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 256])]
         sizes: Vec<usize>,
     },
-    /// Host overflow on the simulated GPU: a kernel over device-resident vs host-overflowed
-    /// memory, and one demotion/promotion vs a memcpy of the same size.
+    /// Host overflow: a kernel over device-resident vs host-overflowed memory, and one
+    /// demotion/promotion vs a copy of the same size (simulated GPU, or a real one).
     Overflow {
+        /// `sim` (the simulated GPU, in process) or `cuda` (CUDA device 0 through the real-GPU
+        /// executor; needs a driver with host `cuMemCreate`, CUDA 12.2+).
+        #[arg(long, default_value = "sim")]
+        device: String,
+        /// The CUDA driver library for `--device cuda`.
+        #[arg(long, default_value = "libcuda.so.1")]
+        cuda_library: String,
         /// Repetitions; medians are reported.
         #[arg(long, default_value_t = 5)]
         runs: usize,
@@ -254,13 +261,27 @@ fn main() -> ExitCode {
         })
         .map(|r| emit(vgpu_bench::summary::pinned(&r))),
         Bench::Overflow {
+            device,
+            cuda_library,
             runs,
             kernel_mib,
             move_mib,
-        } => vgpu_bench::overflow::run(vgpu_bench::overflow::Params {
-            runs,
-            kernel_mib,
-            move_mib,
+        } => match device.as_str() {
+            "sim" => Ok(vgpu_bench::overflow::Target::Sim),
+            "cuda" => Ok(vgpu_bench::overflow::Target::Cuda {
+                library: cuda_library,
+            }),
+            other => Err(format!("--device {other}: expected sim or cuda")),
+        }
+        .and_then(|target| {
+            vgpu_bench::overflow::run(
+                vgpu_bench::overflow::Params {
+                    runs,
+                    kernel_mib,
+                    move_mib,
+                },
+                &target,
+            )
         }),
         Bench::Graphs {
             kernels,

@@ -1,13 +1,30 @@
-//! Host overflow on the simulated GPU (docs/memory.md): a kernel over a
-//! device-resident buffer vs the same buffer overflowed to host memory (same
-//! address), and the cost of moving 256 MiB between device and host memory
-//! (one demotion, one promotion) vs a plain memcpy of the same size, all
-//! measured in the same run.
+//! Host overflow (docs/memory.md): a kernel over a device-resident buffer vs
+//! the same buffer overflowed to host memory (same address), and the cost of
+//! moving 256 MiB between device and host memory (one demotion, one
+//! promotion) vs a plain copy of the same size, all measured in the same run.
+//!
+//! On the simulated GPU (the default) the baseline is a host memcpy; on a real
+//! GPU (`--device cuda`, through `devices/cuda`) it is a device-to-device copy,
+//! and the kernel's bandwidth over device memory vs over host memory read
+//! across PCIe is printed too.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use vgpu_broker::device::{Device, DeviceContext, LaunchDims, Residence, RunControl};
 use vgpu_sim::{SimConfig, SimDevice};
+
+/// Which executor the benchmark runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The simulated GPU, in process.
+    Sim,
+    /// The real-GPU executor on CUDA device 0 of this driver library.
+    Cuda {
+        /// The driver (`libcuda.so.1` by default).
+        library: String,
+    },
+}
 
 use crate::stats::median;
 
@@ -20,6 +37,37 @@ pub struct Params {
     pub kernel_mib: u64,
     /// Size moved by a demotion/promotion in MiB.
     pub move_mib: u64,
+}
+
+fn open(target: &Target, memory: u64) -> Result<Arc<dyn Device>, String> {
+    match target {
+        Target::Sim => Ok(Arc::new(SimDevice::new(SimConfig {
+            name: "bench".into(),
+            memory,
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            watchdog: None,
+        }))),
+        Target::Cuda { library } => {
+            let driver = vgpu_cuda::Driver::load(library).map_err(|e| e.to_string())?;
+            let dev = vgpu_cuda::CudaDevice::with_driver(
+                driver,
+                &vgpu_cuda::Selector::Index(0),
+                vgpu_cuda::CudaOptions {
+                    name: "bench".into(),
+                    watchdog: None,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            if !dev.can_overflow_to_host() {
+                return Err(format!(
+                    "this GPU's driver cannot back GPU addresses with host memory (cuMemCreate \
+                     with a host location, CUDA 12.2+; movable granularity {:?})",
+                    dev.movable_granularity()
+                ));
+            }
+            Ok(dev)
+        }
+    }
 }
 
 /// `inc(p, n)`: `p[i] += 1` for every `i < n`.
@@ -65,15 +113,10 @@ fn kernel_seconds(ctx: &dyn DeviceContext, ptr: u64, bytes: u64) -> Result<f64, 
 }
 
 /// Runs the benchmark and prints its table.
-pub fn run(p: Params) -> Result<(), String> {
+pub fn run(p: Params, target: &Target) -> Result<(), String> {
     let runs = p.runs.max(1);
-    let sim = SimDevice::new(SimConfig {
-        name: "bench".into(),
-        memory: 4 * p.move_mib.max(p.kernel_mib) * MIB,
-        workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
-        watchdog: None,
-    });
-    let ctx = sim.open("bench").map_err(|e| e.to_string())?;
+    let device = open(target, 4 * p.move_mib.max(p.kernel_mib) * MIB)?;
+    let ctx = device.open("bench").map_err(|e| e.to_string())?;
     let kbytes = p.kernel_mib * MIB;
     let kbuf = ctx.alloc(kbytes).map_err(|e| e.to_string())?;
     let (mut on_dev, mut on_host) = (Vec::new(), Vec::new());
@@ -90,14 +133,24 @@ pub fn run(p: Params) -> Result<(), String> {
     ctx.memset(mbuf, 0x5a, 1, mbytes)
         .map_err(|e| e.to_string())?;
     let len = usize::try_from(mbytes).map_err(|e| e.to_string())?;
-    let src = vec![0x5au8; len];
-    let mut dst = vec![0u8; len];
+    let (src, mut dst) = match target {
+        Target::Sim => (vec![0x5au8; len], vec![0u8; len]),
+        Target::Cuda { .. } => (Vec::new(), Vec::new()),
+    };
+    // On a GPU the baseline is a device-to-device copy of the same size.
+    let dev_copy = match target {
+        Target::Sim => None,
+        Target::Cuda { .. } => Some(ctx.alloc(mbytes).map_err(|e| e.to_string())?),
+    };
     let (mut copy, mut demote, mut promote) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
-        copy.push(secs(|| {
-            dst.copy_from_slice(std::hint::black_box(&src));
-            std::hint::black_box(&dst);
-            Ok(())
+        copy.push(secs(|| match dev_copy {
+            Some(to) => ctx.copy(to, mbuf, mbytes).map_err(|e| e.to_string()),
+            None => {
+                dst.copy_from_slice(std::hint::black_box(&src));
+                std::hint::black_box(&dst);
+                Ok(())
+            }
         })?);
         demote.push(secs(|| {
             ctx.migrate(mbuf, Residence::Host)
@@ -110,16 +163,25 @@ pub fn run(p: Params) -> Result<(), String> {
     }
     let (kd, kh) = (median(&on_dev), median(&on_host));
     let (c, d, pr) = (median(&copy), median(&demote), median(&promote));
-    println!("host overflow on the simulated GPU (medians of {runs} runs)");
+    let (on, baseline) = match target {
+        Target::Sim => ("the simulated GPU", "memcpy"),
+        Target::Cuda { .. } => ("a real GPU", "device-to-device copy"),
+    };
+    println!("host overflow on {on} (medians of {runs} runs)");
+    // `inc` reads and writes every byte once.
+    let gbs = |t: f64| 2.0 * kbytes as f64 / t / 1e9;
     println!(
-        "kernel over {} MiB: device-resident {:.1} ms, host-overflowed {:.1} ms, ratio {:.2}",
+        "kernel over {} MiB: device-resident {:.2} ms ({:.1} GB/s), host-overflowed {:.2} ms \
+         ({:.1} GB/s), ratio {:.2}",
         p.kernel_mib,
         kd * 1e3,
+        gbs(kd),
         kh * 1e3,
+        gbs(kh),
         kh / kd
     );
     println!(
-        "{} MiB: memcpy {:.1} ms (baseline); demotion {:.1} ms ({:.2}x); promotion {:.1} ms ({:.2}x)",
+        "{} MiB: {baseline} {:.1} ms (baseline); demotion {:.2} ms ({:.3}x); promotion {:.2} ms ({:.3}x)",
         p.move_mib,
         c * 1e3,
         d * 1e3,
@@ -127,5 +189,19 @@ pub fn run(p: Params) -> Result<(), String> {
         pr * 1e3,
         pr / c
     );
+    let span = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        format!("{:.2}-{:.2}", lo * 1e3, hi * 1e3)
+    };
+    println!(
+        "spread (lowest-highest ms): {baseline} {}, demotion {}, promotion {}",
+        span(&copy),
+        span(&demote),
+        span(&promote)
+    );
+    for p in [Some(kbuf), Some(mbuf), dev_copy].into_iter().flatten() {
+        ctx.free(p).map_err(|e| e.to_string())?;
+    }
     Ok(())
 }

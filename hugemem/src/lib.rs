@@ -59,41 +59,54 @@ impl HugeMapping {
             .max(1)
             .checked_next_multiple_of(HUGE_PAGE)
             .ok_or_else(|| fail(None))?;
-        // Over-map by one huge page so that an aligned start exists, then cut off the slack.
-        let reserve = mapped.checked_add(HUGE_PAGE).ok_or_else(|| fail(None))?;
-        // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing; it
-        // aliases nothing.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                reserve,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(fail(Some(std::io::Error::last_os_error())));
-        }
-        let base = raw as usize;
-        let start = base.next_multiple_of(HUGE_PAGE);
-        let head = start - base;
-        let tail = reserve - head - mapped;
-        if head > 0 {
-            // SAFETY: `base..start` is the front slack of the mapping made above, used by nobody.
-            unsafe { libc::munmap(raw, head) };
-        }
-        if tail > 0 {
-            // SAFETY: the `tail` bytes after `start + mapped` are the back slack of the same
-            // mapping.
-            unsafe { libc::munmap((start + mapped) as *mut libc::c_void, tail) };
-        }
+        let start = map_aligned(mapped).map_err(|e| fail(Some(e)))?;
         // Advice only: without THP (or with it disabled) the memory works with 4 KiB pages.
         // SAFETY: `start..start + mapped` is our own mapping; the advice changes no contents.
-        unsafe { libc::madvise(start as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE) };
-        let ptr = NonNull::new(start as *mut u8).ok_or_else(|| fail(None))?;
-        Ok(HugeMapping { ptr, len, mapped })
+        unsafe { libc::madvise(start.as_ptr().cast(), mapped, libc::MADV_HUGEPAGE) };
+        Ok(HugeMapping {
+            ptr: start,
+            len,
+            mapped,
+        })
+    }
+
+    /// Moves this mapping's pages to a new mapping of the same length without copying them
+    /// (`mremap` with `MREMAP_DONTUNMAP`, Linux 5.7+): the new mapping holds the bytes, and this
+    /// one stays mapped but reads as zeros afterwards (its pages are gone). The caller makes
+    /// sure nothing reads or writes this mapping during the call. Fails, changing nothing,
+    /// where the kernel cannot do it.
+    pub fn take_pages(&self) -> Result<HugeMapping, MapError> {
+        let fail = |source| MapError {
+            len: self.len,
+            source,
+        };
+        let to = map_aligned(self.mapped).map_err(|e| fail(Some(e)))?;
+        // SAFETY: moves the pages of our own private anonymous mapping `ptr..ptr + mapped` onto
+        // `to..to + mapped`, the fresh reservation made above (MREMAP_FIXED replaces it); with
+        // MREMAP_DONTUNMAP the old range stays mapped (empty), so `self` keeps a valid mapping.
+        let moved = unsafe {
+            libc::mremap(
+                self.ptr.as_ptr().cast(),
+                self.mapped,
+                self.mapped,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
+                to.as_ptr().cast::<libc::c_void>(),
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: the reservation made above, used by nobody.
+            unsafe { libc::munmap(to.as_ptr().cast(), self.mapped) };
+            return Err(fail(Some(e)));
+        }
+        // The moved range keeps the old one's advice; repeated in case a kernel does not.
+        // SAFETY: `to..to + mapped` is now our own mapping; the advice changes no contents.
+        unsafe { libc::madvise(to.as_ptr().cast(), self.mapped, libc::MADV_HUGEPAGE) };
+        Ok(HugeMapping {
+            ptr: to,
+            len: self.len,
+            mapped: self.mapped,
+        })
     }
 
     /// The first byte, for owners that manage access to the memory themselves (and never
@@ -101,6 +114,43 @@ impl HugeMapping {
     pub fn as_non_null(&self) -> NonNull<u8> {
         self.ptr
     }
+}
+
+/// A fresh private anonymous read-write mapping of `mapped` bytes (a multiple of [`HUGE_PAGE`])
+/// starting at a [`HUGE_PAGE`] boundary.
+fn map_aligned(mapped: usize) -> Result<NonNull<u8>, std::io::Error> {
+    // Over-map by one huge page so that an aligned start exists, then cut off the slack.
+    let reserve = mapped
+        .checked_add(HUGE_PAGE)
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+    // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing; it
+    // aliases nothing.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserve,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let base = raw as usize;
+    let start = base.next_multiple_of(HUGE_PAGE);
+    let head = start - base;
+    let tail = reserve - head - mapped;
+    if head > 0 {
+        // SAFETY: `base..start` is the front slack of the mapping made above, used by nobody.
+        unsafe { libc::munmap(raw, head) };
+    }
+    if tail > 0 {
+        // SAFETY: the `tail` bytes after `start + mapped` are the back slack of the same mapping.
+        unsafe { libc::munmap((start + mapped) as *mut libc::c_void, tail) };
+    }
+    NonNull::new(start as *mut u8).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Other))
 }
 
 impl std::ops::Deref for HugeMapping {
@@ -134,6 +184,31 @@ pub mod testutils;
 mod tests {
     use super::testutils::{advised_huge, range_of, smaps_entry, thp_mode};
     use super::*;
+
+    #[test]
+    fn pages_move_to_a_new_mapping_without_a_copy() {
+        let len = 2 * HUGE_PAGE + 4096;
+        let mut m = HugeMapping::new(len).unwrap();
+        for (i, b) in m.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let moved = match m.take_pages() {
+            Ok(n) => n,
+            // A kernel before 5.7 (no MREMAP_DONTUNMAP): the caller copies instead.
+            Err(e) => {
+                eprintln!("mremap with MREMAP_DONTUNMAP refused here: {e:?}");
+                return;
+            }
+        };
+        assert_eq!(moved.as_ptr() as usize % HUGE_PAGE, 0, "2 MiB aligned");
+        assert_ne!(moved.as_ptr(), m.as_ptr());
+        assert_eq!(moved.len(), len);
+        assert!(moved.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        assert!(
+            m.iter().all(|&b| b == 0),
+            "the old mapping is empty, still mapped"
+        );
+    }
 
     #[test]
     fn a_mapping_is_aligned_zeroed_advised_and_goes_when_dropped() {

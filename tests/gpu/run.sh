@@ -16,8 +16,12 @@
 # What runs: tests/conformance_cuda.rs (the suite of tests/src/conformance.rs
 # through devices/cuda, the executor's own checks, and a copy-bandwidth
 # benchmark against the driver's pinned copies), and for comparison the same
-# suite on the simulated GPU (tests/conformance_sim.rs). Logs go to $OUT when
-# the device tool sets it.
+# suite on the simulated GPU (tests/conformance_sim.rs). Then, printed only,
+# `vgpu-bench overflow --device cuda`: a kernel's bandwidth over device-resident
+# memory vs the same buffer overflowed to host memory (read across PCIe), and a
+# demotion/promotion vs a device-to-device copy of the same size (needs a driver
+# that creates host memory with cuMemCreate, CUDA 12.2+; otherwise it says so).
+# Logs go to $OUT when the device tool sets it.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,6 +34,9 @@ test_filter() { if [[ "$1" == conformance_sim ]]; then echo "conformance_sim::";
 # Seconds each binary may run.
 LIMIT_CUDA=420
 LIMIT_SIM=120
+LIMIT_BENCH=90
+# The overflow benchmark on the GPU: buffer sizes in MiB.
+BENCH_ARGS=(overflow --device cuda --runs 5 --kernel-mib 256 --move-mib 1024)
 
 build() {
     mkdir -p "$BIN"
@@ -46,6 +53,9 @@ build() {
         objcopy --strip-debug "$exe" "$BIN/$t"
         echo "build: $BIN/$t ($(du -h "$BIN/$t" | cut -f1))"
     done
+    (cd "$ROOT" && cargo build --release -p vgpu-bench) >&2 || exit 1
+    objcopy --strip-debug "$ROOT/target/release/vgpu-bench" "$BIN/vgpu-bench"
+    echo "build: $BIN/vgpu-bench ($(du -h "$BIN/vgpu-bench" | cut -f1))"
     # The newest glibc symbol version the binaries need (the GPU machine must have it).
     echo "build: needs glibc $(objdump -T "$BIN"/* | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)"
 }
@@ -91,6 +101,14 @@ run_one() {
 run_one conformance_cuda "$LIMIT_CUDA"
 run_one conformance_sim "$LIMIT_SIM"
 
+# Printed only: a driver without host cuMemCreate makes it stop with a message, not fail the run.
+BENCH_STATUS="not run (no $BIN/vgpu-bench)"
+if [[ -x "$BIN/vgpu-bench" ]]; then
+    echo "== vgpu-bench ${BENCH_ARGS[*]} (limit ${LIMIT_BENCH}s)"
+    timeout "$LIMIT_BENCH" "$BIN/vgpu-bench" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUTDIR/overflow_bench.log"
+    BENCH_STATUS="exit ${PIPESTATUS[0]}"
+fi
+
 echo
 echo "================ summary ================"
 for t in "${TESTS[@]}"; do
@@ -98,6 +116,8 @@ for t in "${TESTS[@]}"; do
     grep -E '^(SKIPPED|conformance on|  [a-z_]+ +(ok|FAIL) |FAIL |corpus: |copy bandwidth|kernel time|compute shares|CUDA driver|test result)' \
         "$OUTDIR/$t.log" 2>/dev/null | awk '!seen[$0]++' | sed 's/^/  /'
 done
+echo "overflow benchmark (PCIe-resident vs device-resident): $BENCH_STATUS"
+grep -E '^(host overflow|kernel over|[0-9]+ MiB:|error)' "$OUTDIR/overflow_bench.log" 2>/dev/null | sed 's/^/  /'
 fail=0
 for t in "${TESTS[@]}"; do
     [[ "${STATUS[$t]:-}" == "exit 0 after"* ]] || fail=1

@@ -527,6 +527,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         crate::conformance_streams::graph_branches_run_concurrently,
     ),
     ("cooperative_launches", cooperative_launches),
+    (
+        "allocations_move_between_device_and_host",
+        crate::conformance_overflow::allocations_move_between_device_and_host,
+    ),
 ];
 
 /// Cooperative groups' grid barrier (`grid.sync()`, compute 6.0), as NVRTC compiles it.

@@ -2,6 +2,7 @@
 //! using the guest shim, and the QEMU harness that boots real guests.
 
 pub mod conformance;
+pub mod conformance_overflow;
 pub mod conformance_streams;
 pub mod cudalib;
 pub mod harness;

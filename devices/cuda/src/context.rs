@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
@@ -30,6 +30,7 @@ use crate::gather::{Cursor, gather, scatter};
 use crate::loader::DeadlineLoader;
 use crate::printf::{self, PrintfBuffer};
 
+pub(crate) mod movable;
 pub(crate) mod vmm;
 
 /// Every allocation is charged in units of this many bytes (the driver's
@@ -62,6 +63,12 @@ const MAX_POLL_SLEEP: Duration = Duration::from_millis(1);
 /// How long a kernel whose session ended may still run when the device has
 /// no watchdog; past this the VM's context is abandoned.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a move of an allocation waits for the VM's running kernels and copies to finish
+/// before it gives up (the allocation stays where it is).
+pub const MOVE_GATE_WAIT: Duration = Duration::from_secs(10);
+/// Pause between two tries of a move for the VM's gate.
+const MOVE_GATE_POLL: Duration = Duration::from_micros(200);
 
 /// Staging chunks a copy of `total` bytes takes.
 fn chunk_count(total: u64) -> usize {
@@ -109,8 +116,14 @@ pub(crate) struct DeviceShared {
     pub dev: i32,
     /// The `[[device]]` name, for logs.
     pub name: String,
-    /// Bytes allocated by all contexts (charge units).
+    /// Bytes of device memory allocated by all contexts (charge units; a movable allocation's
+    /// whole span while it is device-resident).
     pub used: AtomicU64,
+    /// Bytes of host memory that host-resident movable allocations of all contexts take.
+    pub host_used: AtomicU64,
+    /// How movable allocations are made on this GPU; `None` when the driver or GPU has no
+    /// virtual memory management (every allocation is then a `cuMemAlloc`).
+    pub movable: Option<movable::MovableConfig>,
 }
 
 /// What a range of device memory is.
@@ -124,6 +137,10 @@ pub(crate) enum RangeKind {
     Mapped,
     /// `alloc_aligned`: an aligned address inside a larger `cuMemAlloc` at this base.
     AllocAt(u64),
+    /// `alloc` or `alloc_host` of a movable allocation: its own reserved range, mapped to
+    /// physical memory from `cuMemCreate` on the device or in host memory
+    /// ([`movable`]); the range's `charged` is its span while device-resident, 0 on the host.
+    Movable,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -159,6 +176,11 @@ pub(crate) struct Generation {
     /// Held while a launch issues its start event, kernel and end event, so
     /// the events of two launches never interleave on the stream.
     pub(crate) submit: Mutex<()>,
+    /// Held shared by every copy, fill and launch of the VM until its work completed, and
+    /// exclusively by a move of a movable allocation: the safe point at which an allocation's
+    /// backing may change under its address (a real GPU cannot stop a running kernel, so a
+    /// move waits for it).
+    gate: RwLock<()>,
 }
 
 impl std::fmt::Debug for Generation {
@@ -204,11 +226,36 @@ impl Generation {
             scratch: Mutex::new(None),
             vmm: Mutex::new(vmm::Vmm::default()),
             submit: Mutex::new(()),
+            gate: RwLock::new(()),
         })
     }
 
     pub(crate) fn driver(&self) -> &Driver {
         &self.shared.driver
+    }
+
+    /// Shared hold of the gate: no move of an allocation runs meanwhile.
+    pub(crate) fn work_gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Exclusive hold of the gate: none of the VM's copies, fills or kernels runs meanwhile.
+    /// Polls rather than queues, so that the VM's other work keeps running while a kernel
+    /// finishes (a kernel may be waiting for a copy of another stream: a queued writer would
+    /// block that copy and the kernel with it); `None` when the gate stayed busy for
+    /// [`MOVE_GATE_WAIT`].
+    pub(crate) fn move_gate(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+        let until = Instant::now() + MOVE_GATE_WAIT;
+        loop {
+            match self.gate.try_write() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    std::thread::sleep(MOVE_GATE_POLL);
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
     }
 
     /// The error that broke this generation, if any.

@@ -218,28 +218,112 @@ struct Functions {
     mem_map: Option<unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R>,
     mem_unmap: Option<unsafe extern "C" fn(u64, usize) -> R>,
     mem_set_access: Option<unsafe extern "C" fn(u64, usize, *const MemAccessDesc, usize) -> R>,
+    mem_get_allocation_granularity:
+        Option<unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> R>,
 }
 
-/// `CUmemAllocationProp`.
+/// `CUmemAllocationType`: `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CUmemLocationType`: `CU_MEM_LOCATION_TYPE_DEVICE` (id: device ordinal).
+const MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CUmemLocationType`: `CU_MEM_LOCATION_TYPE_HOST` (id ignored; `cuMemCreate` takes it on
+/// drivers newer than CUDA 12.2).
+const MEM_LOCATION_TYPE_HOST: c_int = 2;
+/// `CUmemLocationType`: `CU_MEM_LOCATION_TYPE_HOST_NUMA` (id: host NUMA node; CUDA 12.2).
+const MEM_LOCATION_TYPE_HOST_NUMA: c_int = 3;
+/// `CUmemAccess_flags`: `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+/// `CUmemAllocationGranularity_flags`: `CU_MEM_ALLOC_GRANULARITY_MINIMUM`, the unit every
+/// `cuMemCreate` size and `cuMemMap` range must be a multiple of.
+const MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+
+/// Where `cuMemCreate` places physical memory (`CUmemLocation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemPlace {
+    /// Device memory of the device with this ordinal.
+    Device(i32),
+    /// Host memory, no NUMA node given (`CU_MEM_LOCATION_TYPE_HOST`).
+    Host,
+    /// Host memory of this NUMA node (`CU_MEM_LOCATION_TYPE_HOST_NUMA`, CUDA 12.2).
+    HostNuma(i32),
+}
+
+impl MemPlace {
+    fn location(self) -> MemLocation {
+        let (type_, id) = match self {
+            MemPlace::Device(d) => (MEM_LOCATION_TYPE_DEVICE, d),
+            MemPlace::Host => (MEM_LOCATION_TYPE_HOST, 0),
+            MemPlace::HostNuma(n) => (MEM_LOCATION_TYPE_HOST_NUMA, n),
+        };
+        MemLocation { type_, id }
+    }
+
+    fn prop(self) -> MemAllocationProp {
+        MemAllocationProp {
+            type_: MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: self.location(),
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: MemAllocFlags::default(),
+        }
+    }
+}
+
+/// `CUmemLocation` (cuda.h, CUDA 12): `{ CUmemLocationType type; int id; }`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemLocation {
+    type_: c_int,
+    id: c_int,
+}
+
+/// The `allocFlags` member of `CUmemAllocationProp`: `{ unsigned char compressionType;
+/// unsigned char gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; }`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemAllocFlags {
+    compression_type: u8,
+    gpu_direct_rdma_capable: u8,
+    usage: u16,
+    reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp` (cuda.h, CUDA 12): type, requested handle types, location, Windows
+/// metadata pointer, allocation flags.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct MemAllocationProp {
     type_: c_int,
     requested_handle_types: c_int,
-    location_type: c_int,
-    location_id: c_int,
+    location: MemLocation,
     win32_handle_meta_data: P,
-    alloc_flags: [u8; 8],
+    alloc_flags: MemAllocFlags,
 }
 
-/// `CUmemAccessDesc`.
+/// `CUmemAccessDesc` (cuda.h, CUDA 12): `{ CUmemLocation location; CUmemAccess_flags flags; }`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct MemAccessDesc {
-    location_type: c_int,
-    location_id: c_int,
+    location: MemLocation,
     flags: c_int,
 }
+
+// The layouts the driver reads (x86-64 and aarch64 Linux, LP64), checked at compile time.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<MemLocation>() == 8);
+    assert!(offset_of!(MemLocation, id) == 4);
+    assert!(size_of::<MemAllocFlags>() == 8);
+    assert!(offset_of!(MemAllocFlags, usage) == 2);
+    assert!(offset_of!(MemAllocFlags, reserved) == 4);
+    assert!(size_of::<MemAllocationProp>() == 32);
+    assert!(offset_of!(MemAllocationProp, requested_handle_types) == 4);
+    assert!(offset_of!(MemAllocationProp, location) == 8);
+    assert!(offset_of!(MemAllocationProp, win32_handle_meta_data) == 16);
+    assert!(offset_of!(MemAllocationProp, alloc_flags) == 24);
+    assert!(size_of::<MemAccessDesc>() == 12);
+    assert!(offset_of!(MemAccessDesc, flags) == 8);
+};
 
 type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut P, c_int, u64, *mut c_int) -> R;
 
@@ -568,6 +652,12 @@ impl Driver {
             mem_map: optional!(r, "cuMemMap", abi::V10020, "cuMemMap"),
             mem_unmap: optional!(r, "cuMemUnmap", abi::V10020, "cuMemUnmap"),
             mem_set_access: optional!(r, "cuMemSetAccess", abi::V10020, "cuMemSetAccess"),
+            mem_get_allocation_granularity: optional!(
+                r,
+                "cuMemGetAllocationGranularity",
+                abi::V10020,
+                "cuMemGetAllocationGranularity"
+            ),
         };
         if f.ctx_create_v2.is_none() && f.ctx_create_v4.is_none() {
             return Err(CudaError::MissingSymbol {
@@ -736,24 +826,46 @@ impl Driver {
             && self.f.mem_map.is_some()
             && self.f.mem_unmap.is_some()
             && self.f.mem_set_access.is_some()
+            && self.f.mem_get_allocation_granularity.is_some()
     }
 
     /// `cuMemCreate`: `size` bytes of pinned memory on device `dev`.
     pub fn vmm_create(&self, size: u64, dev: i32) -> DrvResult<u64> {
+        self.vmm_create_at(size, MemPlace::Device(dev))
+    }
+
+    /// `cuMemCreate`: `size` bytes of pinned memory at `place` (device or host memory).
+    pub fn vmm_create_at(&self, size: u64, place: MemPlace) -> DrvResult<u64> {
         let f = vmm_fn(self.f.mem_create, "cuMemCreate")?;
         let size = vmm_size(size, "cuMemCreate")?;
-        let prop = MemAllocationProp {
-            type_: 1,
-            requested_handle_types: 0,
-            location_type: 1,
-            location_id: dev,
-            win32_handle_meta_data: std::ptr::null_mut(),
-            alloc_flags: [0; 8],
-        };
+        let prop = place.prop();
         let mut h = 0u64;
-        // SAFETY: valid out-pointer and properties.
+        // SAFETY: valid out-pointer; `prop` is a complete `CUmemAllocationProp` (layout checked
+        // at compile time) that outlives the call; flags must be 0.
         check("cuMemCreate", unsafe { f(&mut h, size, &prop, 0) })?;
         Ok(h)
+    }
+
+    /// `cuMemGetAllocationGranularity` (minimum) of physical memory at `place`: what sizes of
+    /// `cuMemCreate` and ranges of `cuMemMap` must be multiples of.
+    pub fn vmm_granularity(&self, place: MemPlace) -> DrvResult<u64> {
+        let f = vmm_fn(
+            self.f.mem_get_allocation_granularity,
+            "cuMemGetAllocationGranularity",
+        )?;
+        let prop = place.prop();
+        let mut g = 0usize;
+        // SAFETY: valid out-pointer and a complete `CUmemAllocationProp` alive across the call.
+        check("cuMemGetAllocationGranularity", unsafe {
+            f(&mut g, &prop, MEM_ALLOC_GRANULARITY_MINIMUM)
+        })?;
+        if g == 0 {
+            return Err(Failed {
+                call: "cuMemGetAllocationGranularity",
+                code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+            });
+        }
+        Ok(g as u64)
     }
 
     /// `cuMemRelease`.
@@ -792,11 +904,10 @@ impl Driver {
         // SAFETY: the driver checks the range and the handle.
         check("cuMemMap", unsafe { map(va, size, 0, h, 0) })?;
         let desc = MemAccessDesc {
-            location_type: 1,
-            location_id: dev,
-            flags: 3,
+            location: MemPlace::Device(dev).location(),
+            flags: MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: one valid descriptor.
+        // SAFETY: one valid descriptor (layout checked at compile time), alive across the call.
         let r = check("cuMemSetAccess", unsafe { access(va, size, &desc, 1) });
         if r.is_err() {
             let _ = self.vmm_unmap(va, size as u64);

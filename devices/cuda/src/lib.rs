@@ -37,7 +37,7 @@ pub use context::{ALLOC_GRANULARITY, KernelTimes};
 pub use driver::Driver;
 pub use error::CudaError;
 pub use select::Selector;
-pub use vm_context::CudaContext;
+pub use vm_context::{AllocPath, CudaContext};
 
 use crate::context::DeviceShared;
 use crate::select::{VISIBLE_DEVICES, Visibility};
@@ -142,8 +142,16 @@ impl CudaDevice {
             attributes,
             watchdog: options.watchdog,
         };
+        let movable = context::movable::probe(
+            &driver,
+            dev,
+            info.attribute(attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
+            info.attribute(attr::HOST_NUMA_ID),
+        );
         tracing::info!(
             device = %options.name,
+            movable_granularity = movable.map_or(0, |m| m.granularity),
+            host_overflow = movable.is_some_and(|m| m.host.is_some()),
             gpu = %info.name,
             uuid = %select::format_uuid(select::GPU_PREFIX, &info.uuid),
             memory = info.total_memory,
@@ -157,6 +165,8 @@ impl CudaDevice {
                 dev,
                 name: options.name,
                 used: AtomicU64::new(0),
+                host_used: AtomicU64::new(0),
+                movable,
             }),
             info,
             selector: selector.clone(),
@@ -166,6 +176,23 @@ impl CudaDevice {
     /// The driver it runs on.
     pub fn driver(&self) -> &Arc<Driver> {
         &self.shared.driver
+    }
+
+    /// Bytes of host memory that host-resident (overflowed) allocations of all contexts take.
+    pub fn host_memory_used(&self) -> u64 {
+        self.shared.host_used.load(Ordering::Relaxed)
+    }
+
+    /// Allocations of at least this many bytes are movable (their own range mapped to
+    /// `cuMemCreate` memory); `None` without virtual memory management.
+    pub fn movable_granularity(&self) -> Option<u64> {
+        self.shared.movable.map(|m| m.granularity)
+    }
+
+    /// Whether movable allocations can be placed in (and moved to) host memory: the driver
+    /// creates host memory with `cuMemCreate` (CUDA 12.2+).
+    pub fn can_overflow_to_host(&self) -> bool {
+        self.shared.movable.is_some_and(|m| m.host.is_some())
     }
 
     /// Opens a VM's context with its concrete type (kernel times, health).

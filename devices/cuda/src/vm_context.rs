@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use tracing::debug;
 use vgpu_broker::device::{
-    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, RunControl, pieces_len,
+    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, Residence, RunControl,
+    pieces_len,
 };
 use vgpu_proto::cuda;
 
@@ -20,6 +21,17 @@ use crate::error::Op;
 use crate::module::CudaModule;
 
 mod vmm;
+
+/// How an allocation of a VM was made (see `context/movable.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocPath {
+    /// `cuMemAlloc`: smaller than the movable granularity, or no virtual memory management on
+    /// this GPU; it cannot move.
+    MemAlloc,
+    /// Its own reserved range mapped to `cuMemCreate` memory, now at this residence; it can
+    /// move between device and host memory under the same address.
+    Movable(Residence),
+}
 
 /// One VM's view of a GPU: its own CUDA context (recreated after a sticky error).
 pub struct CudaContext {
@@ -58,35 +70,21 @@ impl CudaContext {
         self.inner.generations.load(Ordering::Relaxed)
     }
 
-    /// GPU time of the VM's kernels.
-    pub fn kernel_times(&self) -> &KernelTimes {
-        &self.inner.times
+    /// How the allocation at `ptr` was made and where it is; `None` for an address that is no
+    /// allocation's start.
+    pub fn alloc_path(&self, ptr: u64) -> Option<AllocPath> {
+        let g = self.inner.existing()?;
+        if let Some(r) = g.movable_residence(ptr) {
+            return Some(AllocPath::Movable(r));
+        }
+        lock(&g.ranges)
+            .get(&ptr)
+            .filter(|r| matches!(r.kind, RangeKind::Alloc | RangeKind::AllocAt(_)))
+            .map(|_| AllocPath::MemAlloc)
     }
 
-    /// Non-zero bytes in the VM's idle staging buffers: 0, since every copy clears what it left
-    /// in its buffer before the buffer goes back to the pool (see `clear_staging`). For tests.
-    pub fn staging_bytes_at_rest(&self) -> usize {
-        let Some(g) = self.inner.existing() else {
-            return 0;
-        };
-        lock(&g.staging)
-            .iter()
-            .map(|st| {
-                // SAFETY: a pooled (idle) buffer of 2 * STAGING_CHUNK bytes: no copy uses it
-                // while the pool's lock is held, and it is only read here.
-                let bytes = unsafe { std::slice::from_raw_parts(st.buf.0, 2 * STAGING_CHUNK) };
-                bytes.iter().filter(|&&b| b != 0).count()
-            })
-            .sum()
-    }
-}
-
-impl DeviceContext for CudaContext {
-    fn health(&self) -> Result<(), DeviceError> {
-        self.broken().map_or(Ok(()), Err)
-    }
-
-    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
+    /// A `cuMemAlloc` allocation (never movable), zeroed.
+    fn alloc_fixed(&self, size: u64) -> Result<u64, DeviceError> {
         let g = self.inner.generation()?;
         let p = {
             let _c = g.enter()?;
@@ -123,15 +121,98 @@ impl DeviceContext for CudaContext {
         Ok(p)
     }
 
+    /// GPU time of the VM's kernels.
+    pub fn kernel_times(&self) -> &KernelTimes {
+        &self.inner.times
+    }
+
+    /// Non-zero bytes in the VM's idle staging buffers: 0, since every copy clears what it left
+    /// in its buffer before the buffer goes back to the pool (see `clear_staging`). For tests.
+    pub fn staging_bytes_at_rest(&self) -> usize {
+        let Some(g) = self.inner.existing() else {
+            return 0;
+        };
+        lock(&g.staging)
+            .iter()
+            .map(|st| {
+                // SAFETY: a pooled (idle) buffer of 2 * STAGING_CHUNK bytes: no copy uses it
+                // while the pool's lock is held, and it is only read here.
+                let bytes = unsafe { std::slice::from_raw_parts(st.buf.0, 2 * STAGING_CHUNK) };
+                bytes.iter().filter(|&&b| b != 0).count()
+            })
+            .sum()
+    }
+}
+
+impl DeviceContext for CudaContext {
+    fn health(&self) -> Result<(), DeviceError> {
+        self.broken().map_or(Ok(()), Err)
+    }
+
+    fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
+        let g = self.inner.generation()?;
+        if g.movable_size(size) {
+            match g.alloc_movable(size, Residence::Device) {
+                Ok(p) => return Ok(p),
+                Err(DeviceError::OutOfMemory) => return Err(DeviceError::OutOfMemory),
+                Err(e) if g.broken().is_some() => return Err(e),
+                Err(e) => {
+                    debug!(error = %e, size, "a movable allocation failed; using cuMemAlloc");
+                }
+            }
+        }
+        drop(g);
+        self.alloc_fixed(size)
+    }
+
+    fn alloc_host(&self, size: u64) -> Result<u64, DeviceError> {
+        let g = self.inner.generation()?;
+        if !g.movable_size(size) {
+            let unit = g.shared.movable.map_or(0, |c| c.granularity);
+            return Err(DeviceError::NotSupported(if unit == 0 {
+                "this GPU or driver has no virtual memory management, so no allocation can \
+                 live in host memory"
+                    .into()
+            } else {
+                format!(
+                    "only allocations of at least {unit} bytes can live in host memory on a \
+                     real GPU (each takes whole {unit}-byte chunks)"
+                )
+            }));
+        }
+        g.alloc_movable(size, Residence::Host)
+    }
+
+    fn migrate(&self, ptr: u64, to: Residence) -> Result<(), DeviceError> {
+        let g = self.inner.generation()?;
+        if g.movable_residence(ptr).is_none() {
+            return Err(match lock(&g.ranges).get(&ptr).map(|r| r.kind) {
+                Some(RangeKind::Alloc | RangeKind::AllocAt(_)) => DeviceError::NotSupported(
+                    "this allocation is cuMemAlloc memory (smaller than the movable \
+                     granularity, or made without virtual memory management) and cannot move"
+                        .into(),
+                ),
+                _ => DeviceError::InvalidAddress { addr: ptr, len: 0 },
+            });
+        }
+        g.move_movable(ptr, to)
+    }
+
     fn free(&self, ptr: u64) -> Result<(), DeviceError> {
         let g = self
             .inner
             .existing()
             .ok_or(DeviceError::InvalidAddress { addr: ptr, len: 0 })?;
+        // Not while the allocation moves (the broker may free it meanwhile).
+        let work = g.work_gate();
         let r = {
             let mut ranges = lock(&g.ranges);
             match ranges.get(&ptr) {
-                Some(r) if matches!(r.kind, RangeKind::Alloc | RangeKind::AllocAt(_)) => {}
+                Some(r)
+                    if matches!(
+                        r.kind,
+                        RangeKind::Alloc | RangeKind::AllocAt(_) | RangeKind::Movable
+                    ) => {}
                 _ => return Err(DeviceError::InvalidAddress { addr: ptr, len: 0 }),
             }
             ranges.remove(&ptr)
@@ -139,8 +220,16 @@ impl DeviceContext for CudaContext {
         let mut base = ptr;
         if let Some(r) = r {
             g.shared.used.fetch_sub(r.charged, Ordering::Relaxed);
-            if let RangeKind::AllocAt(b) = r.kind {
-                base = b;
+            match r.kind {
+                RangeKind::AllocAt(b) => base = b,
+                RangeKind::Movable => {
+                    g.free_movable(ptr);
+                    drop(work);
+                    drop(g);
+                    self.inner.retire_if_idle();
+                    return Ok(());
+                }
+                _ => {}
             }
         }
         let ptr = base;
@@ -153,6 +242,7 @@ impl DeviceContext for CudaContext {
                 debug!(error = %e, "cuMemFree failed; the memory is freed with the context");
             }
         }
+        drop(work);
         drop(g);
         self.inner.retire_if_idle();
         Ok(())
@@ -160,7 +250,7 @@ impl DeviceContext for CudaContext {
 
     fn alloc_aligned(&self, size: u64, align: u64) -> Result<u64, DeviceError> {
         if align <= 256 {
-            return self.alloc(size);
+            return self.alloc_fixed(size);
         }
         if !align.is_power_of_two() || align > 1 << 30 {
             return Err(DeviceError::NotSupported(format!(
@@ -171,7 +261,8 @@ impl DeviceContext for CudaContext {
         let total = size
             .checked_add(align - 1)
             .ok_or(DeviceError::OutOfMemory)?;
-        let base = self.alloc(total)?;
+        // cuMemAlloc memory: mirrored kinds never move.
+        let base = self.alloc_fixed(total)?;
         let at = (base + align - 1) & !(align - 1);
         let g = self.inner.generation()?;
         let mut ranges = lock(&g.ranges);
@@ -223,6 +314,7 @@ impl DeviceContext for CudaContext {
     fn write_gathered(&self, dst: u64, pieces: &[&[u8]]) -> Result<(), DeviceError> {
         let total = pieces_len(dst, pieces.iter().map(|p| p.len()))?;
         let g = self.inner.generation()?;
+        let _work = g.work_gate();
         g.check_range(dst, total)?;
         if total == 0 {
             return Ok(());
@@ -233,6 +325,7 @@ impl DeviceContext for CudaContext {
     fn read_scattered(&self, src: u64, pieces: &mut [&mut [u8]]) -> Result<(), DeviceError> {
         let total = pieces_len(src, pieces.iter().map(|p| p.len()))?;
         let g = self.inner.generation()?;
+        let _work = g.work_gate();
         g.check_range(src, total)?;
         if total == 0 {
             return Ok(());
@@ -242,6 +335,7 @@ impl DeviceContext for CudaContext {
 
     fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), DeviceError> {
         let g = self.inner.generation()?;
+        let _work = g.work_gate();
         g.check_range(src, len)?;
         g.check_range(dst, len)?;
         g.copy(dst, src, len)
@@ -250,6 +344,7 @@ impl DeviceContext for CudaContext {
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<(), DeviceError> {
         let bytes = vgpu_broker::device::memset_len(dst, elem_size, count)?;
         let g = self.inner.generation()?;
+        let _work = g.work_gate();
         g.check_range(dst, bytes)?;
         g.memset(dst, value, elem_size, count)
     }
@@ -292,6 +387,8 @@ impl DeviceContext for CudaContext {
             });
         }
         let g = m.generation()?;
+        // Held until the kernel completed: a move of an allocation waits for it.
+        let _work = g.work_gate();
         let (f, name) = m.function(kernel)?;
         m.ensure_dynamic_shared(kernel, dims.shared_bytes)?;
         let start = g.take_event()?;

@@ -144,12 +144,7 @@ impl Buffer {
         }
         let (ptr, backing) = if len >= HUGE_BACKING_MIN {
             let m = HugeMapping::new(len).map_err(|_| AllocError { len })?;
-            (
-                m.as_non_null(),
-                Backing::Mapped {
-                    _unmapped_on_drop: m,
-                },
-            )
+            (m.as_non_null(), Backing::Mapped { mapping: m })
         } else {
             let layout =
                 Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { len })?;
@@ -172,6 +167,34 @@ impl Buffer {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// A new buffer holding this one's bytes, made without copying them where this one is a
+    /// mapping of its own: its pages move to the new buffer (`HugeMapping::take_pages`) and this
+    /// one reads as zeros afterwards. `None`, changing nothing, for a heap-backed buffer, while
+    /// a kernel or another host operation uses it, or where the kernel cannot move pages; the
+    /// caller then copies. For moving an allocation's backing (the simulated GPU's demotion and
+    /// promotion) when nothing else holds it.
+    pub fn take_backing(&self) -> Option<Buffer> {
+        let Backing::Mapped { mapping } = &self.backing else {
+            return None;
+        };
+        let access = self.try_acquire_host()?;
+        if access != HostAccess::Exclusive {
+            self.release_host(access);
+            return None;
+        }
+        // Exclusive: no kernel pin and no other host operation touches the bytes while the
+        // pages move.
+        let moved = mapping.take_pages();
+        self.release_host(access);
+        let m = moved.ok()?;
+        Some(Buffer {
+            ptr: m.as_non_null(),
+            len: self.len,
+            backing: Backing::Mapped { mapping: m },
+            state: AtomicUsize::new(0),
+        })
     }
 
     /// True for a zero-length buffer.
@@ -644,10 +667,10 @@ enum Backing {
     None,
     /// The global allocator, with this layout.
     Heap(Layout),
-    /// A huge-page-advised mapping of its own, held for its `Drop` (which unmaps it). The buffer
-    /// reaches it only through its raw pointer (never through the mapping's slices), under the
-    /// pin protocol.
-    Mapped { _unmapped_on_drop: HugeMapping },
+    /// A huge-page-advised mapping of its own, held for its `Drop` (which unmaps it) and for
+    /// [`Buffer::take_backing`]. The buffer reaches its bytes only through its raw pointer
+    /// (never through the mapping's slices), under the pin protocol.
+    Mapped { mapping: HugeMapping },
 }
 
 #[cfg(test)]
@@ -675,6 +698,31 @@ mod tests {
             z.kernel_load(0, Width::B1, Ordering::Relaxed),
             Err(AccessError::OutOfRange)
         );
+    }
+
+    #[test]
+    fn a_mapped_backing_moves_without_a_copy_and_a_pinned_one_does_not() {
+        let len = HUGE_BACKING_MIN + 4096;
+        let b = std::sync::Arc::new(Buffer::new_zeroed(len).unwrap());
+        b.fill(0, &[1, 2, 3, 4], len / 4).unwrap();
+        let pinned = b.kernel_view();
+        assert!(b.take_backing().is_none(), "a kernel holds it");
+        drop(pinned);
+        let Some(n) = b.take_backing() else {
+            // A kernel before 5.7 (no MREMAP_DONTUNMAP): callers copy.
+            return;
+        };
+        let mut out = vec![0u8; len];
+        n.read(0, &mut out).unwrap();
+        assert!(
+            out.iter()
+                .enumerate()
+                .all(|(i, &x)| x == [1, 2, 3, 4][i % 4])
+        );
+        b.read(0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0), "the old backing is empty");
+        let small = Buffer::new_zeroed(HUGE_BACKING_MIN - 1).unwrap();
+        assert!(small.take_backing().is_none(), "heap buffers are copied");
     }
 
     #[test]

@@ -444,20 +444,29 @@ impl ContextMemory {
                 return Err(DeviceError::OutOfMemory);
             }
         }
-        let new = match Buffer::new_zeroed(old.len()) {
-            Ok(b) => Arc::new(b),
-            Err(_) => {
-                if to == Residence::Device {
-                    self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
-                }
-                return Err(DeviceError::OutOfMemory);
+        // Device and host memory are both the host's RAM: the pages of a large backing move to
+        // the new one without a copy (the old one, which nothing uses at the safe point, is left
+        // empty). Small backings, and hosts whose kernel cannot move pages, are copied.
+        let new = match old.take_backing() {
+            Some(b) => Arc::new(b),
+            None => {
+                let new = match Buffer::new_zeroed(old.len()) {
+                    Ok(b) => Arc::new(b),
+                    Err(_) => {
+                        if to == Residence::Device {
+                            self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
+                        }
+                        return Err(DeviceError::OutOfMemory);
+                    }
+                };
+                new.copy_from(0, &old, 0, old.len())
+                    .map_err(|_| DeviceError::InvalidAddress {
+                        addr: ptr,
+                        len: old.len() as u64,
+                    })?;
+                new
             }
         };
-        new.copy_from(0, &old, 0, old.len())
-            .map_err(|_| DeviceError::InvalidAddress {
-                addr: ptr,
-                len: old.len() as u64,
-            })?;
         self.allocs
             .write()
             .unwrap_or_else(|p| p.into_inner())

@@ -26,6 +26,8 @@ pub(crate) struct Vmm {
     pub(crate) phys: BTreeMap<u64, Phys>,
     pub(crate) reserved: BTreeMap<u64, u64>,
     pub(crate) mapped: BTreeMap<u64, u64>,
+    /// Movable allocations (`alloc`, `alloc_host`) by address ([`super::movable`]).
+    pub(crate) movable: BTreeMap<u64, super::movable::Movable>,
 }
 
 pub(crate) fn unknown(addr: u64, len: u64) -> DeviceError {
@@ -48,6 +50,14 @@ impl Generation {
         }
         let phys: u64 = v.phys.values().map(|p| p.size).sum();
         self.shared.used.fetch_sub(phys, Ordering::Relaxed);
+        // Movable allocations: their device bytes are the `charged` of their ranges, which the
+        // generation's drop (the only caller) already uncounted; their host bytes here.
+        for (va, m) in &v.movable {
+            ranges.remove(va);
+            if m.residence == vgpu_broker::device::Residence::Host {
+                self.shared.host_used.fetch_sub(m.span, Ordering::Relaxed);
+            }
+        }
         v
     }
 }
@@ -64,5 +74,8 @@ pub(super) fn release(d: &Driver, v: Vmm) {
     }
     for p in v.phys.values() {
         let _ = d.vmm_release(p.handle);
+    }
+    for (va, m) in v.movable {
+        super::movable::release(d, va, &m);
     }
 }

@@ -3,8 +3,9 @@
 //! `cuMemAlloc` memory (reads, writes and kernels on both sides), the memory is charged once
 //! to the VM, another VM's process and forged handles are refused, memory opened elsewhere
 //! outlives its exporter's free until the last close, and the VM's use returns to 0. IPC
-//! events order an importer's stream after the exporter's record, and a wait whose exporter
-//! dies ends with an error. Stream-ordered pools (tests/c/pool_ipc.c) are shared the same
+//! events order an importer's stream after the exporter's record (and the exporter's after an
+//! importer's record: any holder records the event), a wait whose exporter dies ends with an
+//! error, and an importer killed in `cuEventSynchronize` leaves the others unaffected. Stream-ordered pools (tests/c/pool_ipc.c) are shared the same
 //! way: an imported block outlives its exporter's free, charged once, until its importer frees
 //! it or dies.
 
@@ -243,6 +244,54 @@ fn an_exporter_that_dies_ends_the_importers_wait_with_an_error() {
     exporter.child.kill().expect("killing the exporter");
     exporter.child.wait().expect("waiting for the exporter");
     assert!(importer.end() >= 8);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    wait_sessions(&d, "vm1", 0);
+}
+
+#[test]
+fn an_importers_record_is_the_one_the_exporters_wait_follows() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    // The exporter never records its event: the importer does.
+    let (mut exporter, mem, ev) = event_exporter(&d, &["evshare"]);
+    let mut importer = Held::start(&d, "vm1", &["evrecord", &mem, &ev]);
+    importer.read_until("recorded", "-");
+    // The exporter waits for the importer's record, still held by its host function.
+    exporter.next_step();
+    exporter.read_until("waiting", "-");
+    // The importer's stream goes on: it sets the word to MARK2, then records; only then does
+    // the exporter's kernel increment it (it checks MARK2 + 1).
+    importer.next_step();
+    importer.read_until("released", "-");
+    assert!(exporter.end() >= 11);
+    assert!(importer.finish() >= 9);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    wait_sessions(&d, "vm1", 0);
+}
+
+#[test]
+fn an_importer_killed_in_cu_event_synchronize_leaves_nothing_behind() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let (mut exporter, mem, ev) = event_exporter(&d, &["evexport"]);
+    // An importer blocks in cuEventSynchronize on the exporter's held record, and is killed.
+    let mut doomed = Held::start(&d, "vm1", &["evsyncdie", &ev]);
+    doomed.read_until("waiting", "-");
+    doomed.child.kill().expect("killing the importer");
+    doomed.child.wait().expect("waiting for the importer");
+    for l in doomed.lines.by_ref() {
+        let l = l.expect("program output");
+        assert!(!l.starts_with("FAIL"), "{l}");
+    }
+    // vgpud ends its session (and its wait) although the record it waited for is still held:
+    // the exporter's two (its own and its host functions' connection) remain.
+    wait_sessions(&d, "vm1", 2);
+    // The exporter and another importer are unaffected: the importer's kernel runs after the
+    // exporter's record (it checks MARK + 1), and the exporter sees what it wrote.
+    let mut importer = Held::start(&d, "vm1", &["evimport", &mem, &ev]);
+    importer.read_until("waiting", "-");
+    exporter.next_step();
+    exporter.read_until("released", "-");
+    assert!(importer.end() >= 10);
+    assert!(exporter.finish() >= 5);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
     wait_sessions(&d, "vm1", 0);
 }

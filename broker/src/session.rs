@@ -1021,7 +1021,7 @@ impl Session {
             R::StreamWaitEvent(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 let ev = self.event(m.event)?;
-                if let Some(shared) = alloc_ext::ipc::event::opened(ev) {
+                if let Some(shared) = alloc_ext::ipc::event::recorded_elsewhere(ev) {
                     self.ipc_event_stream_wait(&lane, &shared)?;
                     return reply(out, msg::Empty {});
                 }
@@ -1089,18 +1089,15 @@ impl Session {
             R::EventRecord(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 let ev = self.event(m.event)?;
-                if alloc_ext::ipc::event::opened(ev).is_some() {
-                    return Err(CuError::not_supported(
-                        "recording an event opened with cuIpcOpenEventHandle is not supported by vgpu: record it in the process that exported it",
-                    ));
-                }
+                // An interprocess event (exported or opened) tells the shared event of its
+                // record through its clock: the latest record of every process's event.
                 let clock = Arc::clone(&ev.clock);
                 self.engine.record(&lane, &clock);
                 reply(out, msg::Empty {})
             }
             R::EventQuery(m) => {
                 let ev = self.event(m.event)?;
-                if let Some(shared) = alloc_ext::ipc::event::opened(ev) {
+                if let Some(shared) = alloc_ext::ipc::event::recorded_elsewhere(ev) {
                     Self::ipc_event_query(&shared)?;
                     return reply(out, msg::Empty {});
                 }
@@ -1113,7 +1110,7 @@ impl Session {
             }
             R::EventSynchronize(m) => {
                 let ev = self.event(m.event)?;
-                if let Some(shared) = alloc_ext::ipc::event::opened(ev) {
+                if let Some(shared) = alloc_ext::ipc::event::recorded_elsewhere(ev) {
                     self.ipc_event_synchronize(&shared)?;
                     return reply(out, msg::Empty {});
                 }

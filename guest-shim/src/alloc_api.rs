@@ -1417,14 +1417,6 @@ pub fn ipc_close_mem_handle(ptr: u64) -> CuRes<()> {
 /// What a `CUipcEventHandle` vgpu made holds before its token.
 const IPC_EVENT_MAGIC: &[u8; 8] = b"VGPUIPE1";
 
-/// Events this process opened with `cuIpcOpenEventHandle` (recording them is refused).
-fn ipc_events_opened() -> MutexGuard<'static, std::collections::HashSet<u64>> {
-    static S: OnceLock<Mutex<std::collections::HashSet<u64>>> = OnceLock::new();
-    S.get_or_init(|| Mutex::new(std::collections::HashSet::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
 /// `cuIpcGetEventHandle`: a handle naming an event created with `CU_EVENT_INTERPROCESS |
 /// CU_EVENT_DISABLE_TIMING`, which other processes of the same VM can open (a random token
 /// vgpud made).
@@ -1439,7 +1431,7 @@ pub fn ipc_get_event_handle(event: u64) -> CuRes<[u8; IPC_HANDLE_SIZE]> {
 }
 
 /// `cuIpcOpenEventHandle`: an event of this process following one another process of the VM
-/// exported (waits, queries and synchronizations; recording it is refused).
+/// exported: the same event, which any of them may record and all of them follow.
 pub fn ipc_open_event_handle(handle: &[u8; IPC_HANDLE_SIZE]) -> CuRes<u64> {
     let c = ctx()?;
     if &handle[..8] != IPC_EVENT_MAGIC {
@@ -1451,7 +1443,7 @@ pub fn ipc_open_event_handle(handle: &[u8; IPC_HANDLE_SIZE]) -> CuRes<u64> {
         w.copy_from_slice(&handle[i..i + 8]);
         u64::from_le_bytes(w)
     };
-    let e = drv::driver()?
+    Ok(drv::driver()?
         .call(
             &msg::IpcOpenEventHandle {
                 ctx: c,
@@ -1460,26 +1452,7 @@ pub fn ipc_open_event_handle(handle: &[u8; IPC_HANDLE_SIZE]) -> CuRes<u64> {
             },
             &[],
         )?
-        .handle;
-    ipc_events_opened().insert(e);
-    Ok(e)
-}
-
-/// `cuEventRecord` of an event opened with `cuIpcOpenEventHandle`: refused at once (vgpu
-/// records an interprocess event in its exporting process only).
-pub fn check_ipc_event_record(event: u64) -> CuRes<()> {
-    if ipc_events_opened().contains(&event) {
-        crate::debug!(
-            "cuEventRecord: an event opened with cuIpcOpenEventHandle is recorded by its exporter only"
-        );
-        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
-    }
-    Ok(())
-}
-
-/// An event was destroyed.
-pub fn forget_ipc_event(event: u64) {
-    ipc_events_opened().remove(&event);
+        .handle)
 }
 
 // ---- virtual memory management ------------------------------------------------------------

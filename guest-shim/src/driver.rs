@@ -1401,14 +1401,12 @@ pub fn event_destroy(e: u64) -> CuRes<()> {
     driver()?
         .call(&msg::EventDestroy { ctx: c, event: e }, &[])
         .map(drop)?;
-    crate::alloc_api::forget_ipc_event(e);
     Ok(())
 }
 
 /// `cuEventRecord`.
 pub fn event_record(e: u64, s: u64) -> CuRes<()> {
     let c = ctx()?;
-    crate::alloc_api::check_ipc_event_record(e)?;
     if let Some(r) = crate::stream_capture::on_event_record(e, s) {
         return r;
     }

@@ -23,6 +23,18 @@
  *                        after cuStreamWaitEvent on it (print "waiting", then synchronize):
  *                        the word must be MARK + 1, not MARK (the kernel ran after the record)
  *   ipc evopen EV CODE   open the event handle, expecting CODE
+ *   ipc evshare          export one word of memory (0) and an interprocess event it does not
+ *                        record, print "handle HEX", "event HEX" and "holding"; on a line of
+ *                        stdin (an importer recorded the event meanwhile) the event is not
+ *                        ready; a kernel incrementing the word runs after cuStreamWaitEvent on
+ *                        it (print "waiting", then synchronize): the word must be MARK2 + 1
+ *                        (the kernel ran after the importer's record)
+ *   ipc evrecord HEX EV  open both; record the opened event behind a host function that sets
+ *                        nothing and waits for a line of stdin, after which the stream sets the
+ *                        word to MARK2 (print "recorded" before); prints "released" once its
+ *                        stream ran; on another line exits
+ *   ipc evsyncdie EV     open the event, print "waiting" and block in cuEventSynchronize (the
+ *                        harness kills the process meanwhile)
  *   ipc evorphan HEX EV  open both, wait on the event in a stream, print "waiting" and
  *                        cuEventSynchronize: the exporter is killed meanwhile, so every wait
  *                        ends with CUDA_ERROR_INVALID_HANDLE
@@ -79,6 +91,7 @@ CUresult cuGetErrorName(CUresult, const char **);
 #define CU_EVENT_DISABLE_TIMING 2
 #define CU_EVENT_INTERPROCESS 4
 #define MARK 0xC0FFEEu
+#define MARK2 0xBEEF00u
 
 static const char *INC_PTX =
     ".version 7.0\n"
@@ -375,7 +388,6 @@ static void import_event(const char *hex, const char *evhex) {
     if (!open_fn) return;
     check("cuIpcOpenEventHandle", open_fn(&e, parse_event(evhex)), 0);
     check("the exporter's record is pending here too", cuEventQuery(e), CUDA_ERROR_NOT_READY);
-    check("recording an opened event", cuEventRecord(e, NULL), CUDA_ERROR_NOT_SUPPORTED);
     check("cuStreamCreate", cuStreamCreate(&s, 0), 0);
     check("cuStreamWaitEvent on it", cuStreamWaitEvent(s, e, 0), 0);
     void *args[2];
@@ -416,10 +428,80 @@ static void orphan_event(const char *hex, const char *evhex) {
     check("close", cuIpcCloseMemHandle(p), 0);
 }
 
+/* Exports a word and an event that an importer records. */
+static void share_event(void) {
+    CUdeviceptr d = 0;
+    CUstream s;
+    CUevent e;
+    check("cuMemAlloc", cuMemAlloc_v2(&d, 4), 0);
+    unsigned zero = 0;
+    check("zero", cuMemcpyHtoD_v2(d, &zero, 4), 0);
+    check("cuStreamCreate", cuStreamCreate(&s, 0), 0);
+    check("an interprocess event",
+          cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS), 0);
+    CUipcMemHandle h;
+    CUipcEventHandle eh;
+    check("cuIpcGetMemHandle", cuIpcGetMemHandle(&h, d), 0);
+    check("cuIpcGetEventHandle", cuIpcGetEventHandle(&eh, e), 0);
+    check("never recorded: done", cuEventQuery(e), 0);
+    print_hex("handle", h.reserved);
+    print_hex("event", eh.reserved);
+    printf("holding\n");
+    fflush(stdout);
+    wait_line();
+    check("the importer's record is pending here", cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    check("cuStreamWaitEvent on it", cuStreamWaitEvent(s, e, 0), 0);
+    void *args[2];
+    unsigned n = 1;
+    args[0] = &d;
+    args[1] = &n;
+    check("a kernel after the wait", cuLaunchKernel(inc_fn, 1, 1, 1, 32, 1, 1, 0, s, args, NULL),
+          0);
+    check("still pending once the wait is in place", cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    printf("waiting\n");
+    fflush(stdout);
+    check("the stream ran", cuStreamSynchronize(s), 0);
+    unsigned w = 0;
+    check("read", cuMemcpyDtoH_v2(&w, d, 4), 0);
+    expect("the kernel ran after the importer's record (MARK2 + 1)", w == MARK2 + 1);
+    check("the event is done", cuEventQuery(e), 0);
+    check("cuEventSynchronize", cuEventSynchronize(e), 0);
+    check("destroy", cuEventDestroy_v2(e), 0);
+    check("free", cuMemFree_v2(d), 0);
+}
+
+/* Records an opened event behind a host function. */
+static void record_opened(const char *hex, const char *evhex) {
+    CUdeviceptr p = 0;
+    CUevent e;
+    CUstream s;
+    check("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2(&p, parse(hex), 0), 0);
+    check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, parse_event(evhex)), 0);
+    check("cuStreamCreate", cuStreamCreate(&s, 0), 0);
+    check("the host function", cuLaunchHostFunc(s, hold_stream, NULL), 0);
+    check("set the word after it", cuMemsetD32Async(p, MARK2, 1, s), 0);
+    check("record the opened event after it", cuEventRecord(e, s), 0);
+    check("its record is pending", cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    printf("recorded\n");
+    fflush(stdout);
+    check("the stream ran", cuStreamSynchronize(s), 0);
+    check("the record is done", cuEventQuery(e), 0);
+    printf("released\n");
+    fflush(stdout);
+    wait_line();
+    check("destroy", cuEventDestroy_v2(e), 0);
+    check("close", cuIpcCloseMemHandle(p), 0);
+}
+
 int main(int argc, char **argv) {
     if ((argc == 2 || argc == 3) && !strcmp(argv[1], "evexport")) {
         setup();
         export_event(argc == 3 && !strcmp(argv[2], "spin"));
+        return failures;
+    }
+    if (argc == 2 && !strcmp(argv[1], "evshare")) {
+        setup();
+        share_event();
         return failures;
     }
     if (argc < 3) return 2;
@@ -434,6 +516,16 @@ int main(int argc, char **argv) {
         check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, parse_event(argv[2])),
               atoi(argv[3]));
     } else if (!strcmp(argv[1], "evorphan") && argc > 3) orphan_event(argv[2], argv[3]);
+    else if (!strcmp(argv[1], "evrecord") && argc > 3) record_opened(argv[2], argv[3]);
+    else if (!strcmp(argv[1], "evsyncdie")) {
+        CUevent e;
+        check("cuIpcOpenEventHandle", cuIpcOpenEventHandle(&e, parse_event(argv[2])), 0);
+        printf("waiting\n");
+        fflush(stdout);
+        cuEventSynchronize(e);
+        printf("FAIL cuEventSynchronize returned while its process was to be killed\n");
+        return 1;
+    }
     else if (!strcmp(argv[1], "hold") && argc > 3)
         hold(argv[2], (unsigned)strtoul(argv[3], NULL, 0));
     else return 2;

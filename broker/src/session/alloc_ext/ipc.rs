@@ -687,18 +687,6 @@ mod tests {
             ),
             Err(cuda::CUDA_ERROR_NOT_READY)
         );
-        // Recording an opened event is refused.
-        assert_eq!(
-            status(
-                &mut other,
-                &msg::EventRecord {
-                    ctx: octx,
-                    stream: 0,
-                    event: opened
-                }
-            ),
-            Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
-        );
         let p = alloc(&mut other, octx, 4096);
         other
             .post(
@@ -879,5 +867,290 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "handles leaked");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+    }
+
+    /// Posts a wait for `ev` on stream 0, then a memset behind it; returns the memory.
+    fn wait_then_memset(c: &mut Client, ctx: u64, ev: u64) {
+        c.post(
+            &msg::StreamWaitEvent {
+                ctx,
+                stream: 0,
+                event: ev,
+                flags: 0,
+            },
+            &[],
+        )
+        .unwrap();
+        let p = alloc(c, ctx, 4096);
+        c.post(
+            &msg::Memset {
+                ctx,
+                stream: 0,
+                dst: p,
+                value: 5,
+                elem_size: 1,
+                count: 64,
+            },
+            &[],
+        )
+        .unwrap();
+    }
+
+    fn query(c: &mut Client, ctx: u64, event: u64) -> Result<(), cuda::CuResult> {
+        status(c, &msg::EventQuery { ctx, event })
+    }
+
+    fn stream_query(c: &mut Client, ctx: u64) -> Result<(), cuda::CuResult> {
+        status(c, &msg::StreamQuery { ctx, stream: 0 })
+    }
+
+    fn release(c: &mut Client, gate: u64) {
+        status(
+            c,
+            &msg::HostFuncDone {
+                token_hi: 7,
+                token_lo: gate,
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn any_holder_records_the_shared_event_and_waits_follow_the_latest_record_then() {
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut x, xctx) = session(&b, "vm1");
+        let (mut y, yctx) = session(&b, "vm1");
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        let xe = open_event(&mut x, xctx, &t).unwrap();
+        let ye = open_event(&mut y, yctx, &t).unwrap();
+        // The importer x records the event, behind a host function of its own.
+        held_record(&mut x, xctx, xe, 10);
+        // The exporter and the other importer follow x's record.
+        assert_eq!(query(&mut a, actx, ev), Err(cuda::CUDA_ERROR_NOT_READY));
+        assert_eq!(query(&mut y, yctx, ye), Err(cuda::CUDA_ERROR_NOT_READY));
+        // The exporter's stream waits for x's record (the latest at the time of the wait).
+        wait_then_memset(&mut a, actx, ev);
+        assert_eq!(stream_query(&mut a, actx), Err(cuda::CUDA_ERROR_NOT_READY));
+        // y records it too, and its record runs at once: now the latest, and done, for all.
+        status(
+            &mut y,
+            &msg::EventRecord {
+                ctx: yctx,
+                stream: 0,
+                event: ye,
+            },
+        )
+        .unwrap();
+        query(&mut y, yctx, ye).unwrap();
+        query(&mut a, actx, ev).unwrap();
+        query(&mut x, xctx, xe).unwrap();
+        status(
+            &mut a,
+            &msg::EventSynchronize {
+                ctx: actx,
+                event: ev,
+            },
+        )
+        .unwrap();
+        // The exporter's earlier wait still follows the record it captured: x's, held.
+        assert_eq!(stream_query(&mut a, actx), Err(cuda::CUDA_ERROR_NOT_READY));
+        // x's host function runs: its record, then the exporter's memset.
+        release(&mut x, 10);
+        status(
+            &mut a,
+            &msg::StreamSynchronize {
+                ctx: actx,
+                stream: 0,
+            },
+        )
+        .unwrap();
+        // The exporter records again: its record is the latest for the importers.
+        held_record(&mut a, actx, ev, 11);
+        assert_eq!(query(&mut x, xctx, xe), Err(cuda::CUDA_ERROR_NOT_READY));
+        wait_then_memset(&mut y, yctx, ye);
+        assert_eq!(stream_query(&mut y, yctx), Err(cuda::CUDA_ERROR_NOT_READY));
+        release(&mut a, 11);
+        status(
+            &mut y,
+            &msg::StreamSynchronize {
+                ctx: yctx,
+                stream: 0,
+            },
+        )
+        .unwrap();
+        query(&mut x, xctx, xe).unwrap();
+    }
+
+    #[test]
+    fn an_importer_that_ends_with_its_record_pending_fails_the_waits_for_it() {
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut x, xctx) = session(&b, "vm1");
+        let (mut y, yctx) = session(&b, "vm1");
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        let xe = open_event(&mut x, xctx, &t).unwrap();
+        let ye = open_event(&mut y, yctx, &t).unwrap();
+        held_record(&mut x, xctx, xe, 20);
+        wait_then_memset(&mut a, actx, ev);
+        // x goes with its record pending: it never runs, and nothing hangs for it.
+        drop(x);
+        assert_eq!(
+            status(
+                &mut a,
+                &msg::StreamSynchronize {
+                    ctx: actx,
+                    stream: 0
+                }
+            ),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(
+            query(&mut a, actx, ev),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(
+            status(
+                &mut y,
+                &msg::EventSynchronize {
+                    ctx: yctx,
+                    event: ye
+                }
+            ),
+            Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        );
+        // The error is not sticky: a new record (here y's) makes the event usable again.
+        status(
+            &mut y,
+            &msg::EventRecord {
+                ctx: yctx,
+                stream: 0,
+                event: ye,
+            },
+        )
+        .unwrap();
+        query(&mut a, actx, ev).unwrap();
+        wait_then_memset(&mut a, actx, ev);
+        status(
+            &mut a,
+            &msg::StreamSynchronize {
+                ctx: actx,
+                stream: 0,
+            },
+        )
+        .unwrap();
+    }
+
+    /// Instantiates a graph of `nodes` (each after the one before) in `c`.
+    fn graph(c: &mut Client, ctx: u64, nodes: &[u8]) -> u64 {
+        c.call(&msg::GraphInstantiate { ctx, replace: 0 }, nodes)
+            .unwrap()
+            .0
+            .handle
+    }
+
+    #[test]
+    fn graph_event_nodes_on_an_opened_event_wait_for_and_record_the_shared_event() {
+        use vgpu_proto::graph::push_op;
+        let b = broker(1024);
+        let (mut a, actx) = session(&b, "vm1");
+        let (mut x, xctx) = session(&b, "vm1");
+        let ev = event(&mut a, actx, IPC_EVENT);
+        let t = export_event(&mut a, actx, ev).unwrap();
+        let xe = open_event(&mut x, xctx, &t).unwrap();
+        let p = alloc(&mut x, xctx, 4096);
+        // A graph that waits for the event, then fills memory.
+        let mut nodes = Vec::new();
+        push_op(
+            &mut nodes,
+            &msg::StreamWaitEvent {
+                ctx: xctx,
+                stream: 0,
+                event: xe,
+                flags: 0,
+            },
+            &[],
+        );
+        push_op(
+            &mut nodes,
+            &msg::Memset {
+                ctx: xctx,
+                stream: 0,
+                dst: p,
+                value: 1,
+                elem_size: 1,
+                count: 16,
+            },
+            &[],
+        );
+        let waits = graph(&mut x, xctx, &nodes);
+        held_record(&mut a, actx, ev, 30);
+        x.post(
+            &msg::GraphLaunch {
+                ctx: xctx,
+                stream: 0,
+                exec: waits,
+            },
+            &[],
+        )
+        .unwrap();
+        // The launched graph is held at the exporter's record.
+        assert_eq!(stream_query(&mut x, xctx), Err(cuda::CUDA_ERROR_NOT_READY));
+        release(&mut a, 30);
+        status(
+            &mut x,
+            &msg::StreamSynchronize {
+                ctx: xctx,
+                stream: 0,
+            },
+        )
+        .unwrap();
+        // A graph that records the opened event: the exporter follows its record.
+        let mut nodes = Vec::new();
+        push_op(
+            &mut nodes,
+            &msg::EventRecord {
+                ctx: xctx,
+                stream: 0,
+                event: xe,
+            },
+            &[],
+        );
+        let records = graph(&mut x, xctx, &nodes);
+        status(
+            &mut x,
+            &msg::StreamHostFunc {
+                ctx: xctx,
+                stream: 0,
+                token_hi: 7,
+                token_lo: 31,
+            },
+        )
+        .unwrap();
+        x.post(
+            &msg::GraphLaunch {
+                ctx: xctx,
+                stream: 0,
+                exec: records,
+            },
+            &[],
+        )
+        .unwrap();
+        assert_eq!(query(&mut x, xctx, xe), Err(cuda::CUDA_ERROR_NOT_READY));
+        assert_eq!(query(&mut a, actx, ev), Err(cuda::CUDA_ERROR_NOT_READY));
+        wait_then_memset(&mut a, actx, ev);
+        assert_eq!(stream_query(&mut a, actx), Err(cuda::CUDA_ERROR_NOT_READY));
+        release(&mut x, 31);
+        status(
+            &mut a,
+            &msg::StreamSynchronize {
+                ctx: actx,
+                stream: 0,
+            },
+        )
+        .unwrap();
+        query(&mut a, actx, ev).unwrap();
     }
 }

@@ -175,6 +175,38 @@ fn launch_entry_points_behave_like_cuda() {
         );
         assert_eq!(dtoh(out.as_mut_ptr().cast(), c, bytes), 0);
         assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
+        // A kernel priority of its own (carried as LaunchKernelPriority), in range and past it
+        // (clamped, as CUDA clamps it), alone and with the cooperative attribute.
+        for p in [-3i32, -40, 9] {
+            let mut prio = LaunchAttribute {
+                id: 8,
+                pad: [0; 4],
+                value: [0; 16],
+            };
+            prio.value[0] = p as u32;
+            let mut coop = LaunchAttribute {
+                id: 2,
+                pad: [0; 4],
+                value: [0; 16],
+            };
+            coop.value[0] = 1;
+            let both = [prio, coop];
+            for n in [1, 2] {
+                let cfg = LaunchConfig {
+                    attrs: both.as_ptr(),
+                    num_attrs: n,
+                    ..cfg
+                };
+                assert_eq!(htod(c, [0u8; 4000].as_ptr().cast(), bytes), 0);
+                assert_eq!(
+                    launch_ex(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()),
+                    0,
+                    "priority {p}, {n} attributes"
+                );
+                assert_eq!(dtoh(out.as_mut_ptr().cast(), c, bytes), 0, "priority {p}");
+                assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
+            }
+        }
         let mut coop = LaunchAttribute {
             id: 2,
             pad: [0; 4],

@@ -19,8 +19,11 @@
 //!   until the guest has run the function and opened the gate.
 //!
 //! Among lanes that are ready at the same time, the one with the highest
-//! stream priority (the lowest number) starts first, then the oldest job.
-//! Priorities order one session's lanes only: the share of the device
+//! priority (the lowest number) starts first, then the oldest job. A lane's
+//! priority is its stream's, unless the job at its front has a priority of
+//! its own (a kernel launched with `CU_LAUNCH_ATTRIBUTE_PRIORITY`, or a graph
+//! kernel node's priority: [`Engine::submit_with_priority`]); priorities never
+//! reorder the jobs of one lane. Priorities order one session's lanes only: the share of the device
 //! between VMs is the scheduler's ([`crate::scheduler`]), unchanged.
 //!
 //! Errors are kept per context, as CUDA keeps them: the first error of a
@@ -491,6 +494,8 @@ struct Entry {
     ctx: u64,
     job: Job,
     deps: Vec<u64>,
+    /// The job's own priority, over its lane's while it is at the front.
+    priority: Option<i32>,
 }
 
 struct Lane {
@@ -595,12 +600,19 @@ impl State {
                 .is_some_and(|e| e.deps.iter().all(|&d| self.is_done(d)))
     }
 
-    /// The lane to run next: ready, highest priority, oldest job first.
+    /// The lane to run next: ready, highest priority (its front job's own, else
+    /// the lane's), oldest job first.
     fn pick(&self) -> Option<LaneKey> {
         self.lanes
             .values()
             .filter(|l| self.ready(l))
-            .min_by_key(|l| (l.spec.priority, l.queue.front().map_or(0, |e| e.seq)))
+            .min_by_key(|l| {
+                let front = l.queue.front();
+                (
+                    front.and_then(|e| e.priority).unwrap_or(l.spec.priority),
+                    front.map_or(0, |e| e.seq),
+                )
+            })
             .map(|l| l.spec.key)
     }
 
@@ -842,6 +854,30 @@ impl Engine {
     /// Submits a job that also waits for the jobs `after` (sequence numbers
     /// already submitted).
     pub fn submit_after(&mut self, spec: &LaneSpec, job: Job, after: &[u64]) -> u64 {
+        self.submit_full(spec, job, after, None)
+    }
+
+    /// Submits a job of lane `spec` that starts, once it is at the front of its
+    /// lane, with `priority` instead of the lane's (lower numbers first among
+    /// ready lanes; `None`: the lane's). The lane's order is unchanged.
+    /// `after` as for [`Engine::submit_after`].
+    pub fn submit_with_priority(
+        &mut self,
+        spec: &LaneSpec,
+        job: Job,
+        after: &[u64],
+        priority: Option<i32>,
+    ) -> u64 {
+        self.submit_full(spec, job, after, priority)
+    }
+
+    fn submit_full(
+        &mut self,
+        spec: &LaneSpec,
+        job: Job,
+        after: &[u64],
+        priority: Option<i32>,
+    ) -> u64 {
         let ctx = spec.ctx;
         let mut st = self.shared.lock();
         if let Some(p) = st.poisoned.get(&ctx) {
@@ -940,6 +976,7 @@ impl Engine {
                 ctx,
                 job,
                 deps,
+                priority,
             });
         }
         spawn_if_needed(&self.shared, &mut st);
@@ -1588,6 +1625,35 @@ mod tests {
         gate.store(true, std::sync::atomic::Ordering::Release);
         e.drain().unwrap();
         assert_eq!(*log.lock().unwrap(), vec![0, 2, 1]);
+    }
+
+    #[test]
+    fn a_job_priority_overrides_its_lanes_and_never_reorders_it() {
+        let d = MemDevice::new(1 << 20, Duration::ZERO);
+        let mut e = Engine::with_workers(d.open("t").unwrap(), 1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(AtomicBool::new(false));
+        let busy = stream(0x10, LaneKind::NonBlocking, 0);
+        let a = stream(0x20, LaneKind::NonBlocking, 0);
+        let b = stream(0x30, LaneKind::NonBlocking, 0);
+        let c = stream(0x40, LaneKind::NonBlocking, -5);
+        e.submit(&busy, gated(&log, 0, &gate));
+        std::thread::sleep(Duration::from_millis(20));
+        // Equal priorities: the older job first.
+        e.submit_with_priority(&a, step(&log, 1), &[], Some(-1));
+        // A job with a high priority of its own, behind an ordinary job of its lane:
+        // the lane's order holds (2 before 3), and 3 then goes before the older 4.
+        e.submit(&b, step(&log, 2));
+        e.submit_with_priority(&b, step(&log, 3), &[], Some(-4));
+        e.submit_with_priority(&a, step(&log, 4), &[], Some(-1));
+        // A job of a high-priority stream lowered below every other.
+        e.submit_with_priority(&c, step(&log, 5), &[], Some(0));
+        e.submit_with_priority(&a, step(&log, 6), &[], Some(-2));
+        gate.store(true, std::sync::atomic::Ordering::Release);
+        e.drain().unwrap();
+        // Ready after the busy job: a(1,-1) b(2,0) c(5,0) -> 1; then a(4,-1) b(2,0) c(5,0) -> 4;
+        // then a(6,-2) -> 6; then b(2,0) c(5,0): older first -> 2; then b(3,-4) -> 3; then 5.
+        assert_eq!(*log.lock().unwrap(), vec![0, 1, 4, 6, 2, 3, 5]);
     }
 
     #[test]

@@ -336,6 +336,7 @@ impl Session {
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
             R::LaunchCooperative(m) => (m.ctx, m.stream),
+            R::LaunchKernelPriority(m) => (m.ctx, m.stream),
             R::GraphLaunch(m) => (m.ctx, m.stream),
             R::MemcpyHtoDShared(m) => (m.ctx, m.stream),
             R::MemcpyDtoHShared(m) => (m.ctx, m.stream),
@@ -360,6 +361,7 @@ impl Session {
             R::EventRecord(m) => (m.ctx, m.stream),
             R::LaunchKernel(m) => (m.ctx, m.stream),
             R::LaunchCooperative(m) => (m.ctx, m.stream),
+            R::LaunchKernelPriority(m) => (m.ctx, m.stream),
             R::MemcpyHtoDShared(m) => (m.ctx, m.stream),
             R::MemcpyDtoHShared(m) => (m.ctx, m.stream),
             _ => return None,
@@ -1210,12 +1212,27 @@ impl Session {
             }
             R::LaunchKernel(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
-                self.launch(&lane, m, tail, false)?;
+                self.launch(&lane, m, tail, false, None)?;
                 reply(out, msg::Empty {})
             }
             R::LaunchCooperative(c) => {
                 let lane = self.lane(c.ctx, c.stream)?;
-                self.launch(&lane, &c.launch(), tail, true)?;
+                self.launch(&lane, &c.launch(), tail, true, None)?;
+                reply(out, msg::Empty {})
+            }
+            R::LaunchKernelPriority(p) => {
+                let lane = self.lane(p.ctx, p.stream)?;
+                let cooperative = match p.cooperative {
+                    0 => false,
+                    1 => true,
+                    v => {
+                        return Err(CuError::invalid_value(format!(
+                            "cooperative must be 0 or 1, not {v}"
+                        )));
+                    }
+                };
+                let priority = p.priority.clamp(GREATEST_STREAM_PRIORITY, 0);
+                self.launch(&lane, &p.launch(), tail, cooperative, Some(priority))?;
                 reply(out, msg::Empty {})
             }
             R::FuncGetAttribute(m) => {
@@ -1508,6 +1525,7 @@ impl Session {
         m: &msg::LaunchKernel,
         params: &[u8],
         cooperative: bool,
+        priority: Option<i32>,
     ) -> Result<u64, CuError> {
         let f = self.function(m.function)?;
         let a = &f.desc.attributes;
@@ -1581,7 +1599,9 @@ impl Session {
             ticket: self.tenant.queue_kernel(),
         };
         let work = self.output.wrap(Box::new(work));
-        Ok(self.engine.submit(lane, Job::Other(work)))
+        Ok(self
+            .engine
+            .submit_with_priority(lane, Job::Other(work), &[], priority))
     }
 
     fn tenant_json(&self) -> String {

@@ -1315,7 +1315,7 @@ fn forget_per_thread_stream(c: u64) {
 pub fn stream_create(flags: u32, priority: i32) -> CuRes<u64> {
     let c = ctx()?;
     let d = driver()?;
-    let priority = priority.clamp(-5, 0);
+    let priority = priority.clamp(GREATEST_PRIORITY, 0);
     let h = d
         .call(
             &msg::StreamCreate {
@@ -1596,7 +1596,7 @@ pub fn launch(
     stream: u64,
     params: &[u8],
 ) -> CuRes<()> {
-    launch_with(f, grid, block, shared, stream, params, false)
+    launch_with(f, grid, block, shared, stream, params, false, None)
 }
 
 /// `cuLaunchCooperativeKernel`: every block at once (vgpud refuses a grid larger than the
@@ -1614,9 +1614,47 @@ pub fn launch_cooperative(
         return Err(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     crate::stream_capture::check_stream_sync(stream)?;
-    launch_with(f, grid, block, shared, stream, params, true)
+    launch_with(f, grid, block, shared, stream, params, true, None)
 }
 
+/// Highest stream and kernel priority the device reports (`cuCtxGetStreamPriorityRange`'s
+/// greatest; its least is 0). Priorities outside `[GREATEST_PRIORITY, 0]` are clamped, as CUDA
+/// clamps them.
+pub const GREATEST_PRIORITY: i32 = -5;
+
+/// `cuLaunchKernelEx`: a launch with the attributes vgpu keeps, cooperative and a priority of
+/// its own (`CU_LAUNCH_ATTRIBUTE_PRIORITY`, clamped to the device's range; `None`: the
+/// stream's).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_ex(
+    f: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: u64,
+    params: &[u8],
+    cooperative: bool,
+    priority: Option<i32>,
+) -> CuRes<()> {
+    if cooperative {
+        if crate::stream_capture::recording() {
+            return Err(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        crate::stream_capture::check_stream_sync(stream)?;
+    }
+    launch_with(
+        f,
+        grid,
+        block,
+        shared,
+        stream,
+        params,
+        cooperative,
+        priority,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
 fn launch_with(
     f: u64,
     grid: [u32; 3],
@@ -1625,6 +1663,7 @@ fn launch_with(
     stream: u64,
     params: &[u8],
     cooperative: bool,
+    priority: Option<i32>,
 ) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
@@ -1671,21 +1710,28 @@ fn launch_with(
         block_z: block[2],
         shared_bytes: shared,
     };
+    // The stream's own priority: a launch priority equal to it changes nothing, and the
+    // captured node's priority is the stream's unless the launch has its own (CUDA).
+    let stream_priority = stream_params(stream).map_or(0, |(_, p)| p);
+    let priority = priority.map(|p| p.clamp(GREATEST_PRIORITY, 0));
     let op = || crate::graph::Op::Kernel {
         f,
         grid,
         block,
         shared,
         params: params.to_vec(),
+        priority: priority.unwrap_or(stream_priority),
     };
     if let Some(r) = crate::stream_capture::intercept(stream, false, op) {
         return r;
     }
     crate::alloc_api::before_launch(stream)?;
-    if cooperative {
-        return d.post(&req.cooperative(), params);
+    match priority {
+        // Only a priority that differs from the stream's needs the newer op.
+        Some(p) if p != stream_priority => d.post(&req.with_priority(cooperative, p), params),
+        _ if cooperative => d.post(&req.cooperative(), params),
+        _ => d.post(&req, params),
     }
-    d.post(&req, params)
 }
 
 /// `cuFuncGetAttribute` (live: reflects `cuFuncSetAttribute`).

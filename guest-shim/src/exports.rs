@@ -325,7 +325,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
             out!(least, 0)?;
         }
         if !greatest.is_null() {
-            out!(greatest, -5)?;
+            out!(greatest, drv::GREATEST_PRIORITY)?;
         }
         Ok(())
     })
@@ -901,6 +901,8 @@ const LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
 const MAX_EXTRA_PAIRS: usize = 64;
 /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
 const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+/// `CU_LAUNCH_ATTRIBUTE_PRIORITY`: the kernel's own priority (`int`).
+const LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
 /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
 const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 
@@ -1364,6 +1366,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         // SAFETY: non-NULL pointer to the caller's launch configuration.
         let c = unsafe { &*config };
         let mut cooperative = false;
+        let mut priority = None;
         if c.num_attrs > 0 && !c.attrs.is_null() {
             // SAFETY: `attrs` has `num_attrs` entries (CUDA contract).
             let attrs =
@@ -1371,6 +1374,10 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
             for a in attrs {
                 match a.id {
                     LAUNCH_ATTRIBUTE_COOPERATIVE => cooperative = a.value[0] != 0,
+                    // `int priority`: the union's first word.
+                    LAUNCH_ATTRIBUTE_PRIORITY => {
+                        priority = Some(a.value[0] as i32);
+                    }
                     LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION if a.value[..3].iter().any(|&d| d > 1) => {
                         return Err(drv::unsupported("thread block clusters"));
                     }
@@ -1380,18 +1387,15 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         }
         // SAFETY: params/extra follow the cuLaunchKernel contract.
         let packed = unsafe { pack_params(h(f), params, extra) }?;
-        let launch = if cooperative {
-            drv::launch_cooperative
-        } else {
-            drv::launch
-        };
-        launch(
+        drv::launch_ex(
             h(f),
             [c.grid_x, c.grid_y, c.grid_z],
             [c.block_x, c.block_y, c.block_z],
             c.shared_bytes,
             h(c.stream),
             &packed,
+            cooperative,
+            priority,
         )
     })
 }

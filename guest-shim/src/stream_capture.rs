@@ -207,7 +207,12 @@ fn node_of(op: Op) -> NodeKind {
             block,
             shared,
             params,
-        } => NodeKind::Kernel(KernelParams::new(f, grid, block, shared, params)),
+            priority,
+        } => {
+            let mut k = KernelParams::new(f, grid, block, shared, params);
+            k.priority = priority;
+            NodeKind::Kernel(k)
+        }
         Op::Memset {
             dst,
             value,

@@ -446,6 +446,17 @@ ops! {
         block_x: u32, block_y: u32, block_z: u32,
         shared_bytes: u32,
     }
+    /// Launches a kernel with a priority of its own (`CU_LAUNCH_ATTRIBUTE_PRIORITY`): among the
+    /// session's ready streams it starts as if its stream had `priority` (lower numbers first;
+    /// clamped to the device's range), without reordering its stream. `cooperative` is 0 or 1
+    /// (`LaunchCooperative`'s rules). As `LaunchKernel` otherwise; also a graph kernel node
+    /// whose priority is used (`CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`).
+    LaunchKernelPriority = 0x060b => Empty, ASYNC_OK | REQ_TAIL, "cuLaunchKernelEx, cuGraphLaunch" {
+        ctx: u64, stream: u64, function: u64,
+        grid_x: u32, grid_y: u32, grid_z: u32,
+        block_x: u32, block_y: u32, block_z: u32,
+        shared_bytes: u32, cooperative: u32, priority: i32,
+    }
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).
     TenantInfo = 0x0701 => Json, 0, "vgpu-smi" {}
@@ -592,6 +603,44 @@ impl LaunchKernel {
 }
 
 impl LaunchCooperative {
+    /// The same launch's fields as an ordinary launch carries them.
+    pub fn launch(&self) -> LaunchKernel {
+        LaunchKernel {
+            ctx: self.ctx,
+            stream: self.stream,
+            function: self.function,
+            grid_x: self.grid_x,
+            grid_y: self.grid_y,
+            grid_z: self.grid_z,
+            block_x: self.block_x,
+            block_y: self.block_y,
+            block_z: self.block_z,
+            shared_bytes: self.shared_bytes,
+        }
+    }
+}
+
+impl LaunchKernel {
+    /// The same launch with a priority of its own.
+    pub fn with_priority(&self, cooperative: bool, priority: i32) -> LaunchKernelPriority {
+        LaunchKernelPriority {
+            ctx: self.ctx,
+            stream: self.stream,
+            function: self.function,
+            grid_x: self.grid_x,
+            grid_y: self.grid_y,
+            grid_z: self.grid_z,
+            block_x: self.block_x,
+            block_y: self.block_y,
+            block_z: self.block_z,
+            shared_bytes: self.shared_bytes,
+            cooperative: u32::from(cooperative),
+            priority,
+        }
+    }
+}
+
+impl LaunchKernelPriority {
     /// The same launch's fields as an ordinary launch carries them.
     pub fn launch(&self) -> LaunchKernel {
         LaunchKernel {

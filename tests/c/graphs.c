@@ -1244,16 +1244,43 @@ static void mode_generic(void) {
     expect("the new child graph ran: w = 2", all_are(w, 2.0f));
     expect("the host node ran once per launch (4)", host_calls_generic == 4);
 
-    /* Kernel node attributes: the default priority only (docs/graphs.md). */
+    /* Kernel node attributes: the priority, clamped to the device's range [-5, 0]
+     * (docs/graphs.md); used by graphs instantiated with USE_NODE_PRIORITY. */
     CUkernelNodeAttrValue av;
     memset(&av, 0, sizeof av);
-    check("set the default priority", cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av), 0);
-    av.priority = -1;
-    check("another node priority: not supported",
-          cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av), 801);
+    check("get the priority", cuGraphKernelNodeGetAttribute(k, ATTR_PRIORITY, &av), 0);
+    expect("a new node has the default priority 0", av.priority == 0);
+    av.priority = -3;
+    check("set a node priority", cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av), 0);
     av.priority = 7;
     check("get the priority", cuGraphKernelNodeGetAttribute(k, ATTR_PRIORITY, &av), 0);
-    expect("the priority is the default", av.priority == 0);
+    expect("the priority is kept", av.priority == -3);
+    av.priority = -40;
+    check("set a priority past the highest", cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av),
+          0);
+    check("get the priority", cuGraphKernelNodeGetAttribute(k, ATTR_PRIORITY, &av), 0);
+    expect("clamped to the highest, -5", av.priority == -5);
+    av.priority = 9;
+    check("set a priority below the lowest", cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av),
+          0);
+    check("get the priority", cuGraphKernelNodeGetAttribute(k, ATTR_PRIORITY, &av), 0);
+    expect("clamped to the lowest, 0", av.priority == 0);
+    av.priority = -2;
+    check("set a node priority", cuGraphKernelNodeSetAttribute(k, ATTR_PRIORITY, &av), 0);
+    p = generic_saxpy(1, 3.0f, x, y);
+    check("node set params keeps the priority", cuGraphNodeSetParams(k, &p), 0);
+    check("get the priority", cuGraphKernelNodeGetAttribute(k, ATTR_PRIORITY, &av), 0);
+    expect("still -2", av.priority == -2);
+    {
+        CUgraphExec ep;
+        /* CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY: the kernel runs with its own. */
+        check("instantiate with node priorities", cuGraphInstantiateWithFlags(&ep, g, 0x8), 0);
+        check("launch", cuGraphLaunch(ep, s), 0);
+        check("sync", cuStreamSynchronize(s), 0);
+        check("z", cuMemcpyDtoH_v2(hz, z, BYTES), 0);
+        expect("the prioritized node computed z = 1 + 3x", all_equal(hz, hx, 1.0f, 3.0f));
+        check("destroy", cuGraphExecDestroy(ep), 0);
+    }
     av.cooperative = 1;
     check("cooperative node: not supported",
           cuGraphKernelNodeSetAttribute(k, ATTR_COOPERATIVE, &av), 801);

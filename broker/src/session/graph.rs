@@ -159,6 +159,7 @@ fn on_stream(req: &Request, ctx: u64, stream: u64) -> Request {
     let mut r = req.clone();
     match &mut r {
         Request::LaunchKernel(m) => (m.ctx, m.stream) = (ctx, stream),
+        Request::LaunchKernelPriority(m) => (m.ctx, m.stream) = (ctx, stream),
         Request::MemcpyDtoD(m) => (m.ctx, m.stream) = (ctx, stream),
         Request::Memset(m) => (m.ctx, m.stream) = (ctx, stream),
         Request::EventRecord(m) => (m.ctx, m.stream) = (ctx, stream),
@@ -331,9 +332,14 @@ impl Session {
                 self.allocs.check(p, len, what)
             }
         };
-        match &req {
-            Request::LaunchKernel(m) => {
-                let f = self.function(m.function)?;
+        let kernel = match &req {
+            Request::LaunchKernel(m) => Some(m.function),
+            Request::LaunchKernelPriority(m) if m.cooperative == 0 => Some(m.function),
+            _ => None,
+        };
+        match (&req, kernel) {
+            (_, Some(function)) => {
+                let f = self.function(function)?;
                 if tail.len() != f.param_bytes {
                     return Err(CuError::invalid_value(format!(
                         "kernel `{}` takes {} bytes of parameters, got {}",
@@ -343,11 +349,11 @@ impl Session {
                     )));
                 }
             }
-            Request::MemcpyDtoD(m) => {
+            (Request::MemcpyDtoD(m), None) => {
                 check(m.src, m.len, "copy source")?;
                 check(m.dst, m.len, "copy destination")?;
             }
-            Request::Memset(m) => {
+            (Request::Memset(m), None) => {
                 if !matches!(m.elem_size, 1 | 2 | 4) {
                     return Err(CuError::invalid_value(
                         "memset element size must be 1, 2 or 4",
@@ -359,13 +365,13 @@ impl Session {
                     .ok_or_else(|| CuError::invalid_value("memset size overflows"))?;
                 check(m.dst, bytes, "memset destination")?;
             }
-            Request::EventRecord(m) => {
+            (Request::EventRecord(m), None) => {
                 self.event(m.event)?;
             }
-            Request::StreamWaitEvent(m) => {
+            (Request::StreamWaitEvent(m), None) => {
                 self.event(m.event)?;
             }
-            other => {
+            (other, None) => {
                 return Err(CuError::invalid_value(format!(
                     "{} cannot be a graph node",
                     other.name()
@@ -450,7 +456,16 @@ impl Session {
                     after.extend(fork);
                 }
                 if !after.is_empty() {
-                    self.engine.submit_after(&lane, Job::Barrier, &after);
+                    // The join before a kernel with a priority of its own starts with that
+                    // priority too, so the kernel is not held behind its lane's.
+                    let priority = match n {
+                        Node::Op(Request::LaunchKernelPriority(p), _) => {
+                            Some(p.priority.clamp(super::GREATEST_STREAM_PRIORITY, 0))
+                        }
+                        _ => None,
+                    };
+                    self.engine
+                        .submit_with_priority(&lane, Job::Barrier, &after, priority);
                 }
                 scratch.clear();
                 self.graphs.route = Some(lane);

@@ -712,6 +712,8 @@ pub(super) fn set_kind(node: CUhandle, kind: NodeKind) -> CuRes<()> {
     if slot.kind.type_code() != kind.type_code() {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
+    let mut kind = kind;
+    kind.keep_attributes(&slot.kind);
     slot.kind = kind;
     Ok(())
 }

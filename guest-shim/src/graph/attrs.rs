@@ -1,8 +1,9 @@
 //! Kernel node attributes (`cuGraphKernelNodeSetAttribute`, `…GetAttribute`,
-//! `…CopyAttributes`). vgpu keeps none: every kernel node has the default attributes. A node
-//! priority (`CU_LAUNCH_ATTRIBUTE_PRIORITY`) other than the default 0 is refused with
-//! `CUDA_ERROR_NOT_SUPPORTED`: a graph's branches run at the launch stream's priority
-//! ([docs/graphs.md](../../../docs/graphs.md)); other attributes are refused the same way.
+//! `…CopyAttributes`). vgpu keeps a node's priority (`CU_LAUNCH_ATTRIBUTE_PRIORITY`, clamped to
+//! the device's range as CUDA clamps it), which a graph instantiated with
+//! `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY` runs the node with
+//! ([docs/graphs.md](../../../docs/graphs.md)); other attributes are refused with
+//! `CUDA_ERROR_NOT_SUPPORTED`.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_int;
@@ -17,8 +18,6 @@ use crate::out;
 
 /// `CU_LAUNCH_ATTRIBUTE_PRIORITY`.
 pub const ATTRIBUTE_PRIORITY: c_int = 8;
-/// A node's priority when none is set (CUDA's default).
-const DEFAULT_PRIORITY: c_int = 0;
 
 /// `CUkernelNodeAttrValue` (`CUlaunchAttributeValue`): a 64-byte union; `priority` is the
 /// `int` at its start.
@@ -31,23 +30,28 @@ pub struct KernelNodeAttrValue {
 
 const _: () = assert!(size_of::<KernelNodeAttrValue>() == 64);
 
-/// Checks that `node` is a kernel node of a graph.
-fn kernel_node(node: CUhandle) -> CuRes<()> {
-    match registry().node(h(node))?.kind {
-        NodeKind::Kernel(_) => Ok(()),
+/// A kernel node's priority; `CUDA_ERROR_INVALID_VALUE` for another node.
+fn kernel_priority(node: CUhandle) -> CuRes<c_int> {
+    match &registry().node(h(node))?.kind {
+        NodeKind::Kernel(k) => Ok(k.priority),
+        _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Sets a kernel node's priority.
+fn set_kernel_priority(node: CUhandle, priority: c_int) -> CuRes<()> {
+    match &mut registry().node_mut(h(node))?.kind {
+        NodeKind::Kernel(k) => {
+            k.priority = priority;
+            Ok(())
+        }
         _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
     }
 }
 
 /// The refusal of an attribute vgpu does not keep.
 fn refuse(attr: c_int) -> CUresult {
-    if attr == ATTRIBUTE_PRIORITY {
-        drv::unsupported(
-            "kernel node priorities other than 0 (graph branches run at the launch stream's priority)",
-        )
-    } else {
-        drv::unsupported(&format!("kernel node attribute {attr}"))
-    }
+    drv::unsupported(&format!("kernel node attribute {attr}"))
 }
 
 #[unsafe(no_mangle)]
@@ -57,13 +61,13 @@ pub unsafe extern "C" fn cuGraphKernelNodeSetAttribute(
     value: *const KernelNodeAttrValue,
 ) -> CUresult {
     ffi("cuGraphKernelNodeSetAttribute", || {
-        kernel_node(node)?;
+        kernel_priority(node)?;
         // SAFETY: NULL or the caller's CUkernelNodeAttrValue (CUDA contract).
         let v = unsafe { value.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
-        if attr == ATTRIBUTE_PRIORITY && v.words[0] == DEFAULT_PRIORITY {
-            return Ok(());
+        if attr != ATTRIBUTE_PRIORITY {
+            return Err(refuse(attr));
         }
-        Err(refuse(attr))
+        set_kernel_priority(node, v.words[0].clamp(drv::GREATEST_PRIORITY, 0))
     })
 }
 
@@ -74,21 +78,21 @@ pub unsafe extern "C" fn cuGraphKernelNodeGetAttribute(
     value: *mut KernelNodeAttrValue,
 ) -> CUresult {
     ffi("cuGraphKernelNodeGetAttribute", || {
-        kernel_node(node)?;
+        let priority = kernel_priority(node)?;
         if attr != ATTRIBUTE_PRIORITY {
             return Err(refuse(attr));
         }
         let mut v = KernelNodeAttrValue { words: [0; 16] };
-        v.words[0] = DEFAULT_PRIORITY;
+        v.words[0] = priority;
         out!(value, v)
     })
 }
 
-/// Both nodes have the default attributes: there is nothing to copy.
+/// Copies the attributes vgpu keeps (the priority) from `src` to `dst`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: CUhandle, src: CUhandle) -> CUresult {
     ffi("cuGraphKernelNodeCopyAttributes", || {
-        kernel_node(dst)?;
-        kernel_node(src)
+        kernel_priority(dst)?;
+        set_kernel_priority(dst, kernel_priority(src)?)
     })
 }

@@ -191,7 +191,9 @@ fn graph_ops(
 }
 
 /// Appends a device operation to a run's node list; `false` for an operation the shim runs.
-fn encode(ctx: u64, op: &Op, out: &mut Vec<u8>) -> bool {
+/// With `node_priority` (`FLAG_USE_NODE_PRIORITY`) a kernel carries its node's priority
+/// (`LaunchKernelPriority`); otherwise it runs at the launch stream's.
+fn encode(ctx: u64, op: &Op, node_priority: bool, out: &mut Vec<u8>) -> bool {
     match op {
         Op::Kernel {
             f,
@@ -199,9 +201,9 @@ fn encode(ctx: u64, op: &Op, out: &mut Vec<u8>) -> bool {
             block,
             shared,
             params,
-        } => push_op(
-            out,
-            &msg::LaunchKernel {
+            priority,
+        } => {
+            let launch = msg::LaunchKernel {
                 ctx,
                 stream: 0,
                 function: *f,
@@ -212,9 +214,13 @@ fn encode(ctx: u64, op: &Op, out: &mut Vec<u8>) -> bool {
                 block_y: block[1],
                 block_z: block[2],
                 shared_bytes: *shared,
-            },
-            params,
-        ),
+            };
+            if node_priority {
+                push_op(out, &launch.with_priority(false, *priority), params);
+            } else {
+                push_op(out, &launch, params);
+            }
+        }
         Op::Memset {
             dst,
             value,
@@ -318,7 +324,12 @@ impl Exec {
         for (op, deps) in ops {
             let mut bytes = Vec::new();
             let device = match &op {
-                Some(op) => encode(self.ctx, op, &mut bytes),
+                Some(op) => encode(
+                    self.ctx,
+                    op,
+                    self.flags & FLAG_USE_NODE_PRIORITY != 0,
+                    &mut bytes,
+                ),
                 None => {
                     push_node(&mut bytes, EMPTY_NODE, &msg::Empty {}, &[]);
                     true
@@ -592,6 +603,8 @@ pub fn set_node(e: u64, node: u64, kind: NodeKind) -> CuRes<()> {
     ) {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
+    let mut kind = kind;
+    kind.keep_attributes(&slot.kind);
     slot.kind = kind;
     reg.execs.get_mut(&e).expect("found above").changed();
     Ok(())

@@ -78,6 +78,9 @@ pub enum Op {
         shared: u32,
         /// Packed parameter buffer.
         params: Vec<u8>,
+        /// The node's priority (`CU_LAUNCH_ATTRIBUTE_PRIORITY`, clamped to the device's range):
+        /// used when the graph is instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`.
+        priority: i32,
     },
     /// A memset of `count` elements.
     Memset {
@@ -166,18 +169,23 @@ pub struct KernelParams {
     pub params: Box<[u8]>,
     /// One pointer per parameter into `params`, for `kernelParams` in the queries.
     pub arg_ptrs: Box<[usize]>,
+    /// The node's priority attribute (`CU_LAUNCH_ATTRIBUTE_PRIORITY`; 0 unless set, captured
+    /// from the launch or its stream).
+    pub priority: i32,
 }
 
 impl Clone for KernelParams {
     fn clone(&self) -> Self {
         // The copy's pointer table points into its own buffer.
-        Self::new(
+        let mut k = Self::new(
             self.f,
             self.grid,
             self.block,
             self.shared,
             self.params.to_vec(),
-        )
+        );
+        k.priority = self.priority;
+        k
     }
 }
 
@@ -196,6 +204,7 @@ impl KernelParams {
             shared,
             params,
             arg_ptrs,
+            priority: 0,
         }
     }
 
@@ -207,6 +216,7 @@ impl KernelParams {
             block: self.block,
             shared: self.shared,
             params: self.params.to_vec(),
+            priority: self.priority,
         }
     }
 }
@@ -266,6 +276,14 @@ pub enum NodeKind {
 }
 
 impl NodeKind {
+    /// Keeps the attributes of `old` (a kernel node's priority) in new parameters of the same
+    /// node: setting a node's parameters leaves its attributes, as in CUDA.
+    pub fn keep_attributes(&mut self, old: &NodeKind) {
+        if let (NodeKind::Kernel(new), NodeKind::Kernel(old)) = (self, old) {
+            new.priority = old.priority;
+        }
+    }
+
     /// The `CUgraphNodeType`.
     pub fn type_code(&self) -> i32 {
         match self {

@@ -28,6 +28,60 @@ type H = *mut c_void;
 const SUCCESS: R = 0;
 const NOT_READY: R = 600;
 const NON_BLOCKING: c_uint = 1;
+/// The simulated device's execution units in this test (`workers`, the harness's default).
+const WORKERS: c_uint = 2;
+/// CUDA's greatest (highest) stream priority, as the shim reports it.
+const GREATEST_PRIORITY: c_int = -5;
+/// `hold(flag, started)`: each block counts itself in `*started`, then spins until `*flag != 0`.
+/// `stamp(counter, out, work)`: thread 0 of each block counts to `work`, then takes the next
+/// ticket of `*counter` and writes it to `out[blockIdx.x]`: the order in which blocks ended.
+const PRIORITY_PTX: &str = "\
+.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry hold(.param .u64 flag, .param .u64 started)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [flag];
+    ld.param.u64 %rd2, [started];
+    atom.global.add.u32 %r2, [%rd2], 1;
+$Lspin:
+    ld.volatile.global.u32 %r1, [%rd1];
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 bra $Lspin;
+    ret;
+}
+
+.visible .entry stamp(.param .u64 counter, .param .u64 out, .param .u32 work)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<5>;
+    mov.u32 %r1, %tid.x;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra $Ldone;
+    ld.param.u32 %r4, [work];
+    mov.u32 %r5, 0;
+$Lwork:
+    setp.ge.u32 %p2, %r5, %r4;
+    @%p2 bra $Lstamp;
+    add.u32 %r5, %r5, 1;
+    bra $Lwork;
+$Lstamp:
+    ld.param.u64 %rd1, [counter];
+    ld.param.u64 %rd2, [out];
+    atom.global.add.u32 %r2, [%rd1], 1;
+    mov.u32 %r3, %ctaid.x;
+    mul.wide.u32 %rd3, %r3, 4;
+    add.u64 %rd4, %rd2, %rd3;
+    st.global.u32 [%rd4], %r2;
+$Ldone:
+    ret;
+}
+";
 const LEGACY: H = 1 as H;
 const PER_THREAD: H = 2 as H;
 
@@ -78,6 +132,8 @@ struct Cu {
         unsafe extern "C" fn(H, unsafe extern "C" fn(H, R, *mut c_void), *mut c_void, c_uint) -> R,
     wait_flag: H,
     set_flag: H,
+    hold: H,
+    stamp: H,
     ctx: H,
 }
 
@@ -223,6 +279,12 @@ fn streams_events_and_host_functions_follow_cuda() {
     let load_data = load!(lib, "cuModuleLoadData": (*mut H, *const c_void) -> R);
     let get_fn = load!(lib, "cuModuleGetFunction": (*mut H, H, *const c_char) -> R);
     let ptx = CString::new(FLAG_PTX).unwrap();
+    let priority_ptx = CString::new(PRIORITY_PTX).unwrap();
+    let (mut priority_module, mut hold, mut stamp): (H, H, H) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
     let mut ctx: H = std::ptr::null_mut();
     let (mut module, mut wait_flag, mut set_flag): (H, H, H) = (
         std::ptr::null_mut(),
@@ -239,6 +301,18 @@ fn streams_events_and_host_functions_follow_cuda() {
             SUCCESS
         );
         assert_eq!(get_fn(&mut set_flag, module, c"set_flag".as_ptr()), SUCCESS);
+        assert_eq!(
+            load_data(&mut priority_module, priority_ptx.as_ptr().cast()),
+            SUCCESS
+        );
+        assert_eq!(
+            get_fn(&mut hold, priority_module, c"hold".as_ptr()),
+            SUCCESS
+        );
+        assert_eq!(
+            get_fn(&mut stamp, priority_module, c"stamp".as_ptr()),
+            SUCCESS
+        );
     }
     let cu = Arc::new(Cu {
         ctx_set_current: load!(lib, "cuCtxSetCurrent": (H) -> R),
@@ -263,6 +337,8 @@ fn streams_events_and_host_functions_follow_cuda() {
         add_callback: load!(lib, "cuStreamAddCallback": (H, unsafe extern "C" fn(H, R, *mut c_void), *mut c_void, c_uint) -> R),
         wait_flag,
         set_flag,
+        hold,
+        stamp,
         ctx,
     });
 
@@ -275,6 +351,7 @@ fn streams_events_and_host_functions_follow_cuda() {
     later_work_waits_for_a_host_function(&cu);
     stream_callbacks_get_their_stream_and_status(&cu);
     priorities_are_kept(&cu);
+    a_higher_priority_streams_kernel_overtakes_a_lower_one(&cu);
 }
 
 fn kernels_of_two_streams_run_at_once(cu: &Cu) {
@@ -527,4 +604,122 @@ fn priorities_are_kept(cu: &Cu) {
     assert_eq!(p, -1);
     cu.set(cu.alloc(4), 1, s);
     cu.sync(s);
+}
+
+/// Among one VM's kernels waiting for the device's execution units, a higher-priority stream's
+/// blocks go first, as a GPU's block scheduler prefers them: with every unit held by a spinning
+/// kernel, a low-priority kernel queued first and a high-priority one queued second, the
+/// high-priority kernel's blocks all end before the low-priority kernel's, but for a few blocks
+/// at the start and at the tail. (Without priorities the two share the units block by block.)
+fn a_higher_priority_streams_kernel_overtakes_a_lower_one(cu: &Cu) {
+    const BLOCKS: c_uint = 16;
+    /// Loop iterations per block: a few milliseconds of interpretation.
+    const WORK: u32 = 20_000;
+    let bytes = BLOCKS as usize * 4;
+    let (flag, started, counter) = (cu.alloc(4), cu.alloc(4), cu.alloc(4));
+    let (low_out, high_out) = (cu.alloc(bytes), cu.alloc(bytes));
+    let (hold, release) = (cu.stream(NON_BLOCKING), cu.stream(NON_BLOCKING));
+    let (mut low, mut high): (H, H) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!((cu.stream_create_prio)(&mut low, NON_BLOCKING, 0), SUCCESS);
+        assert_eq!(
+            (cu.stream_create_prio)(&mut high, NON_BLOCKING, GREATEST_PRIORITY),
+            SUCCESS
+        );
+    }
+    for p in [flag, started, counter] {
+        cu.set(p, 0, hold);
+    }
+    cu.sync(hold);
+    // One spinning block per execution unit; wait until both spin.
+    let (mut f, mut st) = (flag, started);
+    let mut params = [(&raw mut f).cast::<c_void>(), (&raw mut st).cast()];
+    // SAFETY: the kernel takes two pointers; params points at them.
+    let r = unsafe {
+        (cu.launch)(
+            cu.hold,
+            WORKERS,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            hold,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, SUCCESS);
+    let t = Instant::now();
+    while cu.read(started) < WORKERS {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the holding blocks never ran"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (s, dst) in [(low, low_out), (high, high_out)] {
+        let (mut c, mut d, mut w) = (counter, dst, WORK);
+        let mut params = [
+            (&raw mut c).cast::<c_void>(),
+            (&raw mut d).cast(),
+            (&raw mut w).cast(),
+        ];
+        // SAFETY: the kernel takes two pointers and a u32; params points at them.
+        let r = unsafe {
+            (cu.launch)(
+                cu.stamp,
+                BLOCKS,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, SUCCESS);
+    }
+    // Sent now (the query is synchronous); give both kernels time to queue for the units.
+    assert_eq!(cu.query(high), NOT_READY);
+    std::thread::sleep(Duration::from_millis(100));
+    // A fill needs no execution unit: it releases the spinning blocks.
+    cu.set(flag, 1, release);
+    for s in [hold, low, high, release] {
+        cu.sync(s);
+    }
+    let read = |p: u64| {
+        let mut v = vec![0u32; BLOCKS as usize];
+        // SAFETY: `bytes` bytes into a vector of that size.
+        let r = unsafe { (cu.dtoh)(v.as_mut_ptr().cast(), p, bytes) };
+        assert_eq!(r, SUCCESS);
+        v
+    };
+    let (lo, hi) = (read(low_out), read(high_out));
+    let mut all: Vec<u32> = lo.iter().chain(&hi).copied().collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..2 * BLOCKS).collect::<Vec<_>>(),
+        "every block ran once"
+    );
+    // Low-priority blocks may have started before the high-priority kernel queued for the units
+    // (at most one per unit) and on the units the high-priority kernel's last blocks leave free
+    // (at most one per unit); none starts while a high-priority block waits. Sharing the units
+    // block by block would put about half of the low-priority blocks before the last high one.
+    let hi_last = hi.iter().max().unwrap();
+    let low_before = lo.iter().filter(|&t| t < hi_last).count();
+    assert!(
+        low_before <= 2 * WORKERS as usize,
+        "the high-priority kernel's blocks ran first: low {lo:?}, high {hi:?}"
+    );
+    for s in [hold, release, low, high] {
+        // SAFETY: streams of this process.
+        assert_eq!(unsafe { (cu.stream_destroy)(s) }, SUCCESS);
+    }
 }

@@ -227,6 +227,9 @@ pub trait DeviceModule: Send + Sync + Any {
 thread_local! {
     /// The engine lane whose job runs on this thread (0: none).
     static LANE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The priority of the job that runs on this thread (CUDA's: lower numbers first; 0 outside
+    /// any job).
+    static PRIORITY: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
 }
 
 /// The engine lane (a guest stream, see [`crate::engine`]) whose job the
@@ -242,9 +245,23 @@ pub fn current_lane() -> u64 {
 
 /// Runs `f` as work of lane `lane` (see [`current_lane`]).
 pub fn with_lane<R>(lane: u64, f: impl FnOnce() -> R) -> R {
+    with_lane_at(lane, 0, f)
+}
+
+/// The priority of the job the calling thread runs (its own, else its stream's; lower numbers
+/// first, as CUDA's stream priorities): among one VM's kernels competing for the device's
+/// execution units, a device lets the highest priority go first (see [`with_lane_at`]).
+pub fn current_priority() -> i32 {
+    PRIORITY.with(std::cell::Cell::get)
+}
+
+/// Runs `f` as work of lane `lane` at `priority` (see [`current_lane`], [`current_priority`]).
+pub fn with_lane_at<R>(lane: u64, priority: i32, f: impl FnOnce() -> R) -> R {
     let before = LANE.with(|l| l.replace(lane));
+    let before_priority = PRIORITY.with(|p| p.replace(priority));
     let r = f();
     LANE.with(|l| l.set(before));
+    PRIORITY.with(|p| p.set(before_priority));
     r
 }
 

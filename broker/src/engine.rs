@@ -962,8 +962,10 @@ impl Engine {
                 l.running = Some(seq);
             }
             drop(st);
-            let r =
-                crate::device::with_lane(spec.key.id(), || job.run(seq, self.shared.dev.as_ref()));
+            let at = priority.unwrap_or(spec.priority);
+            let r = crate::device::with_lane_at(spec.key.id(), at, || {
+                job.run(seq, self.shared.dev.as_ref())
+            });
             let mut st = self.shared.lock();
             self.shared.finish(&mut st, spec.key, seq, ctx, r);
             return seq;
@@ -1008,8 +1010,10 @@ impl Engine {
         lane.last = seq;
         lane.running = Some(seq);
         drop(st);
-        let r = crate::device::with_lane(spec.key.id(), || f(self.shared.dev.as_ref()))
-            .map_err(CuError::from);
+        let r = crate::device::with_lane_at(spec.key.id(), spec.priority, || {
+            f(self.shared.dev.as_ref())
+        })
+        .map_err(CuError::from);
         let mut st = self.shared.lock();
         self.shared.finish(&mut st, spec.key, seq, ctx, r);
         Some(seq)
@@ -1202,10 +1206,11 @@ fn worker_loop(shared: &Arc<Shared>) {
             st = shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         };
         st.idle_workers -= 1;
-        let Some(e) = st.lanes.get_mut(&key).and_then(|l| {
+        let Some((e, at)) = st.lanes.get_mut(&key).and_then(|l| {
             let e = l.queue.pop_front()?;
             l.running = Some(e.seq);
-            Some(e)
+            let at = e.priority.unwrap_or(l.spec.priority);
+            Some((e, at))
         }) else {
             continue;
         };
@@ -1245,7 +1250,9 @@ fn worker_loop(shared: &Arc<Shared>) {
         drop(st);
         let r = match poisoned {
             Some(p) => Err(p),
-            None => crate::device::with_lane(key.id(), || e.job.run(seq, shared.dev.as_ref())),
+            None => {
+                crate::device::with_lane_at(key.id(), at, || e.job.run(seq, shared.dev.as_ref()))
+            }
         };
         let mut st = shared.lock();
         st.controls.remove(&seq);

@@ -216,6 +216,8 @@ pub struct LaunchControl {
     deadline: Mutex<Option<Instant>>,
     output: Mutex<Option<Arc<dyn DeviceOutput>>>,
     slots: Mutex<Option<Arc<WorkerSlots>>>,
+    /// CUDA's priority of the launch (lower numbers first) when it competes for slots.
+    priority: std::sync::atomic::AtomicI32,
     grid_workspace: AtomicU64,
     state_budget: Mutex<Option<Arc<dyn StateBudget>>>,
 }
@@ -299,6 +301,17 @@ impl LaunchControl {
             Ok(mut g) => *g = slots,
             Err(p) => *p.into_inner() = slots,
         }
+    }
+
+    /// Sets the launch's priority among the launches sharing its slots (CUDA's stream
+    /// priorities: lower numbers first; default 0).
+    pub fn set_priority(&self, priority: i32) {
+        self.priority.store(priority, Ordering::Relaxed);
+    }
+
+    /// The launch's priority (see [`LaunchControl::set_priority`]).
+    pub fn priority(&self) -> i32 {
+        self.priority.load(Ordering::Relaxed)
     }
 
     /// The execution slots the launch shares.
@@ -622,6 +635,7 @@ impl Module {
         let next = AtomicU64::new(launch.start_block);
         // Blocks of a cooperative launch may wait for each other: none may wait for a slot.
         let slots = launch.control.slots().filter(|_| !cooperative);
+        let priority = launch.control.priority();
         let halt = || {
             stop.load(Ordering::Relaxed)
                 || launch.control.yield_requested()
@@ -645,7 +659,7 @@ impl Module {
                 if let Some(s) = &slots
                     && held.is_none()
                 {
-                    held = s.acquire(halt);
+                    held = s.acquire(priority, halt);
                     if held.is_none() {
                         break;
                     }
@@ -661,8 +675,9 @@ impl Module {
                     stop.store(true, Ordering::SeqCst);
                     break;
                 }
-                if slots.as_ref().is_some_and(|s| s.contended()) {
-                    // Another launch's worker waits: let it run a block.
+                if slots.as_ref().is_some_and(|s| s.contended(priority)) {
+                    // Another launch's worker of this priority or a higher one waits: let it
+                    // run a block.
                     held = None;
                 }
             }
@@ -718,7 +733,7 @@ impl Module {
                 task(0);
             });
         } else {
-            pool::run(workers as u32, &task);
+            pool::run(workers as u32, priority, &task);
         }
         let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
         let mut stats = Stats::default();

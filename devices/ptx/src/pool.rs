@@ -43,6 +43,9 @@ struct Job {
     end: u32,
     /// Pool threads running a worker of this job. Changed only under the pool lock.
     active: AtomicU32,
+    /// The launch's priority (CUDA's: lower numbers first): idle threads serve the highest
+    /// priority's offers first, then the oldest.
+    priority: i32,
     /// Signalled (with the pool lock) when `active` drops to zero.
     done: Condvar,
 }
@@ -114,13 +117,20 @@ impl Pool {
     fn serve(&self) {
         let mut st = self.lock();
         loop {
-            let Some(job) = st.jobs.front().cloned() else {
+            // The highest priority's offer, the oldest among equals.
+            let Some((at, job)) = st
+                .jobs
+                .iter()
+                .enumerate()
+                .min_by_key(|(i, j)| (j.priority, *i))
+                .map(|(i, j)| (i, Arc::clone(j)))
+            else {
                 st = self.work.wait(st).unwrap_or_else(|p| p.into_inner());
                 continue;
             };
             let index = job.next.fetch_add(1, Ordering::Relaxed);
             if index + 1 >= job.end {
-                st.jobs.pop_front();
+                st.jobs.remove(at);
             }
             job.active.fetch_add(1, Ordering::Relaxed);
             drop(st);
@@ -158,7 +168,11 @@ impl Drop for Withdraw<'_> {
 /// returns once `task(0)` has returned and every offered worker a pool thread took has returned.
 /// Offered workers no pool thread took by then never run, so `task` must not need all of them
 /// (the launch's workers share one block counter, so `task(0)` alone runs every block).
-pub fn run(workers: u32, task: &Task<'_>) {
+///
+/// `priority` is the launch's (CUDA's: lower numbers first): idle pool threads take the offered
+/// workers of the highest-priority launch first, so a high-priority kernel gets its helpers
+/// before a lower-priority one that was offered earlier.
+pub fn run(workers: u32, priority: i32, task: &Task<'_>) {
     if workers <= 1 {
         task(0);
         return;
@@ -187,6 +201,7 @@ pub fn run(workers: u32, task: &Task<'_>) {
         next: AtomicU32::new(1),
         end: workers,
         active: AtomicU32::new(0),
+        priority,
         done: Condvar::new(),
     });
     {
@@ -211,7 +226,7 @@ mod tests {
     fn every_claimed_worker_runs_once_and_the_caller_always_runs() {
         for workers in [1u32, 2, 3, 8] {
             let seen: Vec<AtomicUsize> = (0..workers).map(|_| AtomicUsize::new(0)).collect();
-            run(workers, &|i| {
+            run(workers, 0, &|i| {
                 seen[i as usize].fetch_add(1, Ordering::SeqCst);
             });
             assert_eq!(seen[0].load(Ordering::SeqCst), 1);
@@ -226,7 +241,7 @@ mod tests {
             for _ in 0..6 {
                 s.spawn(|| {
                     for _ in 0..50 {
-                        run(4, &|_| {
+                        run(4, 0, &|_| {
                             total.fetch_add(1, Ordering::SeqCst);
                         });
                     }
@@ -240,13 +255,13 @@ mod tests {
     #[test]
     fn a_panicking_worker_leaves_the_pool_serving() {
         // Pool threads catch the panic; the next launch still gets helpers or runs inline.
-        run(3, &|i| {
+        run(3, 0, &|i| {
             if i != 0 {
                 panic!("worker {i} fails on purpose");
             }
         });
         let ran = AtomicUsize::new(0);
-        run(3, &|_| {
+        run(3, 0, &|_| {
             ran.fetch_add(1, Ordering::SeqCst);
         });
         assert!(ran.load(Ordering::SeqCst) >= 1);

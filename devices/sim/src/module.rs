@@ -355,6 +355,7 @@ impl SimModule {
         let ptx_control = Arc::new(LaunchControl::new());
         ptx_control.set_deadline(control.deadline());
         ptx_control.set_slots(Some(Arc::clone(slots)));
+        ptx_control.set_priority(vgpu_broker::device::current_priority());
         ptx_control.set_state_budget(
             control
                 .state_budget()

@@ -37,6 +37,12 @@ fn a_real_gpu_conforms() {
         driver.library(),
         driver.has_param_info()
     );
+    // Printed for tests/gpu/run.sh's summary: whether another context's kernel faults on a VMM
+    // mapping decides whether movable allocations and guests' cuMemCreate are on.
+    println!(
+        "VMM isolation probe: {}",
+        cuda_executor::open(&driver, None).vmm_isolation()
+    );
     let d2 = Arc::clone(&driver);
     let target_driver = Arc::clone(&driver);
     let target = Target {

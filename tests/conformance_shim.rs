@@ -26,6 +26,11 @@ fn the_real_gpu_executor_conforms_over_the_shim() {
         driver.has_param_info(),
         "the shim answers cuFuncGetParamInfo: kernel layouts come from the driver"
     );
+    let isolation = cuda_executor::open(&driver, None).vmm_isolation().clone();
+    println!("VMM isolation probe over the shim: {isolation}");
+    // The probe's two contexts are contexts of one remote VM, which share its address space:
+    // the probe must see that, and the suite then checks that VMM features are refused.
+    assert_eq!(isolation, vgpu_cuda::VmmIsolation::Shared);
     let d2 = Arc::clone(&driver);
     let target = Target {
         name: "cuda over the shim".into(),

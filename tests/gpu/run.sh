@@ -21,6 +21,10 @@
 # memory vs the same buffer overflowed to host memory (read across PCIe), and a
 # demotion/promotion vs a device-to-device copy of the same size (needs a driver
 # that creates host memory with cuMemCreate, CUDA 12.2+; otherwise it says so).
+# The summary repeats conformance_cuda's "VMM isolation probe: ..." line: the
+# verdict of the probe vgpud runs when it opens a GPU (docs/memory.md). Anything
+# but "isolated" turns off movable allocations (no host overflow) and guests'
+# cuMemCreate on that GPU, and the checks then expect those refused.
 # Logs go to $OUT when the device tool sets it.
 set -uo pipefail
 
@@ -113,7 +117,7 @@ echo
 echo "================ summary ================"
 for t in "${TESTS[@]}"; do
     echo "$t: ${STATUS[$t]:-not run}"
-    grep -E '^(SKIPPED|conformance on|  [a-z_]+ +(ok|FAIL) |FAIL |corpus: |copy bandwidth|kernel time|compute shares|CUDA driver|test result)' \
+    grep -E '^(SKIPPED|conformance on|  [a-z_]+ +(ok|FAIL) |FAIL |corpus: |copy bandwidth|kernel time|compute shares|CUDA driver|VMM isolation probe|test result)' \
         "$OUTDIR/$t.log" 2>/dev/null | awk '!seen[$0]++' | sed 's/^/  /'
 done
 echo "overflow benchmark (PCIe-resident vs device-resident): $BENCH_STATUS"

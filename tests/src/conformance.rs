@@ -746,6 +746,23 @@ pub fn vmm_charges_physical_memory(t: &Target) {
     let ctx = s.ctx;
     let (free0, _) = s.mem_info().unwrap();
     let g = vgpu_broker::device::VMM_GRANULARITY;
+    if let Some(why) = cuda_executor::vmm_refusal(t) {
+        // The real-GPU executor's isolation probe did not prove VMM mappings private to their
+        // VM: guests' cuMemCreate is refused, and refunded.
+        assert_eq!(
+            s.request(&msg::MemCreate { ctx, size: g }).unwrap_err(),
+            cuda::CUDA_ERROR_NOT_SUPPORTED,
+            "cuMemCreate where VMM isolation is not proven"
+        );
+        assert_eq!(
+            s.mem_info().unwrap().0,
+            free0,
+            "a refused cuMemCreate charges nothing"
+        );
+        println!("conformance [{}]: guests' VMM is off here: {why}", t.name);
+        s.close();
+        return;
+    }
     let h = s.request(&msg::MemCreate { ctx, size: g }).unwrap().handle;
     assert_eq!(s.mem_info().unwrap().0, free0 - g, "charged when created");
     let va = s
@@ -1553,6 +1570,13 @@ pub mod cuda_executor {
         .expect("opening CUDA device 0")
     }
 
+    /// Why the real-GPU executor refuses guests' `cuMemCreate` on the target's device (its
+    /// VMM isolation probe did not prove isolation); `None` on other targets.
+    pub fn vmm_refusal(t: &Target) -> Option<String> {
+        let d = t.cuda_driver.as_ref()?;
+        open(d, None).vmm_isolation().refusal()
+    }
+
     fn driver_of(t: &Target) -> Arc<Driver> {
         t.cuda_driver
             .clone()
@@ -2216,6 +2240,25 @@ pub fn graphs_replay_as_one_request(t: &Target) {
         &[],
     );
     let exec = instantiate(&mut s, 0, &mem).unwrap();
+    if let Some(why) = cuda_executor::vmm_refusal(t) {
+        // Graph memory is cuMemCreate memory: refused where the real-GPU executor's isolation
+        // probe did not prove VMM mappings private to their VM, and nothing stays charged.
+        assert_eq!(
+            s.request(&msg::GraphLaunch {
+                ctx,
+                stream: 0,
+                exec
+            }),
+            Err(cuda::CUDA_ERROR_NOT_SUPPORTED),
+            "graph memory where VMM isolation is not proven"
+        );
+        assert_eq!(s.mem_info().unwrap().0, free0, "a refused graph allocation");
+        println!("conformance [{}]: graph memory is off here: {why}", t.name);
+        s.close();
+        other.close();
+        assert_eq!(rig.broker.tenant("a").unwrap().slice.used(), 0);
+        return;
+    }
     for _ in 0..2 {
         s.request(&msg::GraphLaunch {
             ctx,

@@ -124,6 +124,9 @@ pub(crate) struct DeviceShared {
     /// How movable allocations are made on this GPU; `None` when the driver or GPU has no
     /// virtual memory management (every allocation is then a `cuMemAlloc`).
     pub movable: Option<movable::MovableConfig>,
+    /// What the VMM isolation probe found; movable allocations and guests' `cuMemCreate` are
+    /// off unless it is [`VmmIsolation::Isolated`](crate::VmmIsolation::Isolated).
+    pub vmm_isolation: crate::VmmIsolation,
 }
 
 /// What a range of device memory is.

@@ -18,6 +18,7 @@ pub mod driver;
 pub mod error;
 mod gather;
 pub mod image;
+pub mod isolation;
 pub mod loader;
 pub mod module;
 pub mod printf;
@@ -36,6 +37,7 @@ use vgpu_proto::cuda::attr;
 pub use context::{ALLOC_GRANULARITY, KernelTimes};
 pub use driver::Driver;
 pub use error::CudaError;
+pub use isolation::VmmIsolation;
 pub use select::Selector;
 pub use vm_context::{AllocPath, CudaContext};
 
@@ -142,14 +144,37 @@ impl CudaDevice {
             attributes,
             watchdog: options.watchdog,
         };
-        let movable = context::movable::probe(
-            &driver,
-            dev,
-            info.attribute(attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
-            info.attribute(attr::HOST_NUMA_ID),
-        );
+        let vmm_supported = info.attribute(attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
+        let vmm_isolation = isolation::probe(&driver, dev, info.uuid, vmm_supported);
+        match vmm_isolation.refusal() {
+            None => tracing::info!(
+                device = %options.name,
+                vmm_isolation = %vmm_isolation,
+                "VMM isolation probe: another context's kernel faulted on a cuMemCreate \
+                 mapping, so VMM mappings are private to their VM; movable allocations and \
+                 guests' cuMemCreate are on"
+            ),
+            Some(why) => tracing::warn!(
+                device = %options.name,
+                vmm_isolation = %vmm_isolation,
+                "VMM isolation probe: {why}; on this device movable allocations are off \
+                 (allocations cannot overflow to host memory, as with overflow = \"none\") \
+                 and guests' cuMemCreate fails with CUDA_ERROR_NOT_SUPPORTED"
+            ),
+        }
+        let movable = if vmm_isolation.proven() {
+            context::movable::probe(
+                &driver,
+                dev,
+                vmm_supported,
+                info.attribute(attr::HOST_NUMA_ID),
+            )
+        } else {
+            None
+        };
         tracing::info!(
             device = %options.name,
+            vmm_isolation = vmm_isolation.as_str(),
             movable_granularity = movable.map_or(0, |m| m.granularity),
             host_overflow = movable.is_some_and(|m| m.host.is_some()),
             gpu = %info.name,
@@ -167,6 +192,7 @@ impl CudaDevice {
                 used: AtomicU64::new(0),
                 host_used: AtomicU64::new(0),
                 movable,
+                vmm_isolation,
             }),
             info,
             selector: selector.clone(),
@@ -187,6 +213,13 @@ impl CudaDevice {
     /// `cuMemCreate` memory); `None` without virtual memory management.
     pub fn movable_granularity(&self) -> Option<u64> {
         self.shared.movable.map(|m| m.granularity)
+    }
+
+    /// What the VMM isolation probe found when the device was opened ([`isolation`]); movable
+    /// allocations and guests' `cuMemCreate` are on only when it is
+    /// [`VmmIsolation::Isolated`].
+    pub fn vmm_isolation(&self) -> &VmmIsolation {
+        &self.shared.vmm_isolation
     }
 
     /// Whether movable allocations can be placed in (and moved to) host memory: the driver

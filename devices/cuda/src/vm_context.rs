@@ -169,16 +169,20 @@ impl DeviceContext for CudaContext {
         let g = self.inner.generation()?;
         if !g.movable_size(size) {
             let unit = g.shared.movable.map_or(0, |c| c.granularity);
-            return Err(DeviceError::NotSupported(if unit == 0 {
-                "this GPU or driver has no virtual memory management, so no allocation can \
+            return Err(DeviceError::NotSupported(
+                if let Some(why) = g.shared.vmm_isolation.refusal() {
+                    format!("{why}, so no allocation can live in host memory")
+                } else if unit == 0 {
+                    "this GPU or driver has no virtual memory management, so no allocation can \
                  live in host memory"
-                    .into()
-            } else {
-                format!(
-                    "only allocations of at least {unit} bytes can live in host memory on a \
+                        .into()
+                } else {
+                    format!(
+                        "only allocations of at least {unit} bytes can live in host memory on a \
                      real GPU (each takes whole {unit}-byte chunks)"
-                )
-            }));
+                    )
+                },
+            ));
         }
         g.alloc_movable(size, Residence::Host)
     }

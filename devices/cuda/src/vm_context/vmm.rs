@@ -13,6 +13,11 @@ use crate::error::Op;
 impl CudaContext {
     pub(super) fn vmm_phys_create(&self, size: u64) -> Result<u64, DeviceError> {
         let g = self.inner.generation()?;
+        // Physical memory is useless unmapped: refusing it keeps every guest mapping away from
+        // a device where other VMs' kernels might reach it.
+        if let Some(why) = g.shared.vmm_isolation.refusal() {
+            return Err(DeviceError::NotSupported(why));
+        }
         let _c = g.enter()?;
         let handle = g
             .driver()

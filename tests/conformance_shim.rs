@@ -32,6 +32,7 @@ fn the_real_gpu_executor_conforms_over_the_shim() {
     // the probe must see that, and the suite then checks that VMM features are refused.
     assert_eq!(isolation, vgpu_cuda::VmmIsolation::Shared);
     let d2 = Arc::clone(&driver);
+    let driver_again = Arc::clone(&driver);
     let target = Target {
         name: "cuda over the shim".into(),
         make: Box::new(move |watchdog| cuda_executor::open(&d2, watchdog)),
@@ -42,6 +43,29 @@ fn the_real_gpu_executor_conforms_over_the_shim() {
     report
         .results
         .extend(run_checks(&target, cuda_executor::CHECKS).results);
+    println!("{report}");
+    assert_eq!(report.failed(), 0, "{report}\nvgpud log:\n{}", d.log());
+
+    // Again as on a GPU that keeps VMM mappings private to their context, so that the
+    // executor's guest VMM and movable-allocation code runs too (the probe is overridden for
+    // this process only; vgpud never does that).
+    vgpu_cuda::override_vmm_isolation(Some(vgpu_cuda::VmmIsolation::Isolated));
+    let isolated = cuda_executor::open(&driver_again, None)
+        .vmm_isolation()
+        .clone();
+    assert_eq!(isolated, vgpu_cuda::VmmIsolation::Isolated);
+    let d3 = Arc::clone(&driver_again);
+    let target = Target {
+        name: "cuda over the shim, VMM isolation assumed".into(),
+        make: Box::new(move |watchdog| cuda_executor::open(&d3, watchdog)),
+        address_spaces: false,
+        cuda_driver: Some(Arc::clone(&driver_again)),
+    };
+    let mut report = run_suite(&target);
+    report
+        .results
+        .extend(run_checks(&target, cuda_executor::CHECKS).results);
+    vgpu_cuda::override_vmm_isolation(None);
     println!("{report}");
     assert_eq!(report.failed(), 0, "{report}\nvgpud log:\n{}", d.log());
     // The benchmark's code path (its numbers measure the shim and a simulated GPU, not a GPU).

@@ -428,11 +428,28 @@ fn cache() -> &'static Mutex<Verdicts> {
     CACHE.get_or_init(Default::default)
 }
 
+/// Tests only (vgpud never calls it): the verdict every probe of this process gives from now on
+/// instead of probing (`None`: probe again). The conformance suite over vgpu's own shim, whose
+/// contexts share one VM's address space (the probe says `Shared` there), uses it to run the
+/// executor's VMM and movable-allocation code as it would run on a GPU that isolates them.
+#[doc(hidden)]
+pub fn override_verdict(v: Option<VmmIsolation>) {
+    *crate::context::lock(overridden()) = v;
+}
+
+fn overridden() -> &'static Mutex<Option<VmmIsolation>> {
+    static OVERRIDE: OnceLock<Mutex<Option<VmmIsolation>>> = OnceLock::new();
+    OVERRIDE.get_or_init(Default::default)
+}
+
 /// Probes device `dev` (UUID `uuid`) of `d`; `vmm_supported` is its
 /// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
 pub(crate) fn probe(d: &Driver, dev: i32, uuid: [u8; 16], vmm_supported: i32) -> VmmIsolation {
     if !d.has_vmm() || vmm_supported == 0 {
         return VmmIsolation::Unknown("this GPU or driver has no virtual memory management".into());
+    }
+    if let Some(v) = crate::context::lock(overridden()).clone() {
+        return v;
     }
     let key = (d.library().to_string(), uuid);
     if let Some(v) = crate::context::lock(cache()).get(&key) {

@@ -37,7 +37,7 @@ use vgpu_proto::cuda::attr;
 pub use context::{ALLOC_GRANULARITY, KernelTimes};
 pub use driver::Driver;
 pub use error::CudaError;
-pub use isolation::VmmIsolation;
+pub use isolation::{VmmIsolation, override_verdict as override_vmm_isolation};
 pub use select::Selector;
 pub use vm_context::{AllocPath, CudaContext};
 

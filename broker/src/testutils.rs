@@ -249,3 +249,29 @@ impl<S: Read + Write> TestClient<S> {
         self.stream.flush()
     }
 }
+
+/// A session of `tenant` on broker `b` (as a process of that VM opens one), served on a thread,
+/// with a context created: the client and the context's handle.
+pub fn serve_session(
+    b: &Arc<crate::Broker>,
+    tenant: &str,
+) -> (TestClient<std::os::unix::net::UnixStream>, u64) {
+    let (c, s) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+    let t = b.tenant(tenant).expect("a tenant of the broker");
+    let b = Arc::clone(b);
+    std::thread::spawn(move || crate::session_loop::serve(&b, t, &s, &s, "test"));
+    let mut c = TestClient::new(c);
+    c.hello().expect("the handshake");
+    let ctx = c
+        .call(
+            &msg::CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .expect("a context")
+        .0
+        .handle;
+    (c, ctx)
+}

@@ -343,24 +343,7 @@ mod tests {
 
     /// A session (a process) of `tenant`, with a context.
     fn session(b: &std::sync::Arc<crate::Broker>, tenant: &str) -> (Client, u64) {
-        let (c, s) = UnixStream::pair().unwrap();
-        let t = b.tenant(tenant).unwrap();
-        let b = std::sync::Arc::clone(b);
-        std::thread::spawn(move || crate::session_loop::serve(&b, t, &s, &s, "test"));
-        let mut c = TestClient::new(c);
-        c.hello().unwrap();
-        let ctx = c
-            .call(
-                &msg::CtxCreate {
-                    device: 0,
-                    flags: 0,
-                },
-                &[],
-            )
-            .unwrap()
-            .0
-            .handle;
-        (c, ctx)
+        crate::testutils::serve_session(b, tenant)
     }
 
     fn alloc(c: &mut Client, ctx: u64, size: u64) -> u64 {

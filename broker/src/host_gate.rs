@@ -271,6 +271,109 @@ mod tests {
     }
 
     #[test]
+    fn host_copies_move_bytes_only_at_their_gate_and_check_what_the_guest_sends() {
+        use crate::device::Device;
+        use crate::engine::{Engine, Job, LaneKey, LaneKind, LaneSpec};
+        use crate::testutils::MemDevice;
+
+        let dev = MemDevice::new(1 << 20, Duration::ZERO).open("t").unwrap();
+        let p = dev.alloc(64).unwrap();
+        dev.write(p, &[7; 8]).unwrap();
+        let mut engine = Engine::new(Arc::clone(&dev));
+        let lane = LaneSpec {
+            key: LaneKey::Stream(0x10),
+            ctx: 1,
+            kind: LaneKind::NonBlocking,
+            priority: 0,
+        };
+        let h = HostGates::default();
+        let copy = |addr, to_device| HostCopy {
+            dev: Arc::clone(&dev),
+            addr,
+            len: 8,
+            to_device,
+        };
+        // Stream: [write 8 bytes at p] -> [read them back] -> [a host function].
+        let (write, read, func) = (
+            Arc::new(Gate::default()),
+            Arc::new(Gate::default()),
+            Arc::new(Gate::default()),
+        );
+        h.register_copy(1, 0, 1, Arc::clone(&write), Some(copy(p, true)))
+            .unwrap();
+        h.register_copy(1, 0, 2, Arc::clone(&read), Some(copy(p, false)))
+            .unwrap();
+        h.register(1, 0, 3, Arc::clone(&func)).unwrap();
+        engine.submit(&lane, Job::Gate(Arc::clone(&write)));
+        engine.submit(&lane, Job::Gate(Arc::clone(&read)));
+        engine.submit(&lane, Job::Gate(Arc::clone(&func)));
+
+        let mut out = Vec::new();
+        // The read gate is not reached while the write holds the stream: no bytes.
+        assert_eq!(
+            h.wait_read(2, 0, 2, Duration::ZERO, &mut out).unwrap(),
+            HOST_FUNC_PENDING
+        );
+        assert!(out.is_empty());
+        assert!(
+            h.open_write(0, 2, &[1; 8]).is_err(),
+            "not a copy to the device"
+        );
+        assert!(h.open_write(0, 3, &[1; 8]).is_err(), "a host function");
+        assert!(h.open_write(9, 9, &[1; 8]).is_err(), "unknown token");
+        let long = Duration::from_secs(10);
+        assert_eq!(h.wait(2, 0, 1, long).unwrap(), HOST_FUNC_REACHED);
+        assert!(h.open_write(0, 1, &[1; 9]).is_err(), "wrong length");
+        h.open_write(0, 1, &[5; 8]).unwrap();
+        assert_eq!(write.state(), GateState::Opened);
+        assert_eq!(
+            h.wait_read(2, 0, 2, long, &mut out).unwrap(),
+            HOST_FUNC_REACHED
+        );
+        assert_eq!(out, vec![5; 8], "the read sees the write before it");
+        h.open(0, 2).unwrap();
+        assert_eq!(h.wait(2, 0, 3, long).unwrap(), HOST_FUNC_REACHED);
+        h.open(0, 3).unwrap();
+        assert!(h.open_write(0, 1, &[5; 8]).is_err(), "a gate opens once");
+    }
+
+    #[test]
+    fn a_failed_host_copy_opens_its_gate_with_the_error() {
+        use crate::device::Device;
+        use crate::engine::{Engine, Job, LaneKey, LaneKind, LaneSpec};
+        use crate::testutils::MemDevice;
+
+        let dev = MemDevice::new(1 << 20, Duration::ZERO).open("t").unwrap();
+        let mut engine = Engine::new(Arc::clone(&dev));
+        let lane = LaneSpec {
+            key: LaneKey::Stream(0x10),
+            ctx: 1,
+            kind: LaneKind::NonBlocking,
+            priority: 0,
+        };
+        let h = HostGates::default();
+        let gate = Arc::new(Gate::default());
+        // An address the device does not have (freed after the check, say).
+        let copy = HostCopy {
+            dev: Arc::clone(&dev),
+            addr: 0xdead_0000,
+            len: 8,
+            to_device: false,
+        };
+        h.register_copy(1, 0, 1, Arc::clone(&gate), Some(copy))
+            .unwrap();
+        engine.submit(&lane, Job::Gate(Arc::clone(&gate)));
+        let mut out = Vec::new();
+        assert!(
+            h.wait_read(2, 0, 1, Duration::from_secs(10), &mut out)
+                .is_err()
+        );
+        assert!(out.is_empty());
+        assert!(matches!(gate.outcome(), Some(Err(_))));
+        assert!(h.open(0, 1).is_err(), "the entry is gone");
+    }
+
+    #[test]
     fn ending_a_session_abandons_its_gates_and_opens_awaited_ones() {
         let h = HostGates::default();
         let own = Arc::new(Gate::default());

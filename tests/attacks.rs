@@ -15,6 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use vgpu_broker::testutils::TestClient;
+use vgpu_proto::frame::MAX_BULK_CHUNK;
 use vgpu_proto::msg;
 use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, hold, run_against};
 
@@ -1786,4 +1787,104 @@ unix_socket = "@DIR@/vm2.sock"
     );
     assert!(disk < DISK_ALLOWED, "the logs grew by {disk} bytes");
     survived_under(&mut d, "vm2", STRINGS_DATA_LIMIT);
+}
+
+/// A graph's host copy gates (`StreamHostCopy`): sizes are bounded, ranges must lie in the
+/// process's own allocations, and neither another process's nor another VM's session can write
+/// through a gate it did not make, or write more than the gate's length.
+#[test]
+fn host_copy_gates_are_bounded_and_reach_only_their_own_memory() {
+    let d = two_vms_with_limits("");
+    let (mut c, ctx) = session(&d, "small");
+    let (mut other_proc, octx) = session(&d, "small");
+    let (mut other_vm, _) = session(&d, "other");
+    let (mut waiter, _) = session(&d, "small");
+    let p = c
+        .call(&msg::MemAlloc { ctx, size: 4096 }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    let q = other_proc
+        .call(
+            &msg::MemAlloc {
+                ctx: octx,
+                size: 4096,
+            },
+            &[],
+        )
+        .unwrap()
+        .0
+        .ptr;
+    let gate = |dev: u64, len: u64, to_device: u32, lo: u64| msg::StreamHostCopy {
+        ctx,
+        stream: 0,
+        token_hi: 0xC0B1,
+        token_lo: lo,
+        dev,
+        len,
+        to_device,
+    };
+    let refused = [
+        ("no bytes", gate(p, 0, 1, 1)),
+        (
+            "past a bulk chunk",
+            gate(p, (MAX_BULK_CHUNK + 1) as u64, 1, 2),
+        ),
+        ("past the allocation", gate(p + 4000, 200, 1, 3)),
+        ("another process's allocation", gate(q, 8, 1, 4)),
+        ("an unknown direction", gate(p, 8, 2, 5)),
+        ("a wrapping range", gate(u64::MAX - 4, 8, 0, 6)),
+    ];
+    for (what, m) in refused {
+        let e = c.call(&m, &[]).unwrap_err();
+        assert_ne!(e.0, 0, "{what}");
+    }
+    // A real gate: 8 bytes to p.
+    c.call(&gate(p, 8, 1, 7), &[]).unwrap();
+    let token = |lo| msg::HostFuncDoneWrite {
+        token_hi: 0xC0B1,
+        token_lo: lo,
+    };
+    assert!(
+        other_vm.call(&token(7), &[1; 8]).is_err(),
+        "another VM cannot name it"
+    );
+    // Reached at once (the stream is idle).
+    let reached = waiter
+        .call(
+            &msg::HostFuncWait {
+                token_hi: 0xC0B1,
+                token_lo: 7,
+                timeout_ms: 5000,
+            },
+            &[],
+        )
+        .unwrap()
+        .0
+        .value;
+    assert_eq!(reached, 1);
+    assert!(
+        waiter.call(&token(7), &[1; 9]).is_err(),
+        "one byte too many"
+    );
+    assert!(waiter.call(&token(7), &[1; 4]).is_err(), "too few");
+    assert!(
+        waiter.call(&token(6), &[1; 8]).is_err(),
+        "a refused gate's token names nothing"
+    );
+    waiter.call(&token(7), &[0xAB; 8]).unwrap();
+    c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
+    let (_, v) = c
+        .call(
+            &msg::MemcpyDtoH {
+                ctx,
+                stream: 0,
+                src: p,
+                len: 8,
+            },
+            &[],
+        )
+        .unwrap();
+    assert_eq!(v, vec![0xAB; 8]);
+    driver_api_works(&d, "other");
 }

@@ -40,6 +40,14 @@ fn run_mode_with(slice: u64, args: &[&str], min_checks: usize, device: &str) -> 
     r
 }
 
+/// A graph's host copies run when the stream reaches them, after the nodes they depend on: an
+/// HtoD node copies what the host node before it wrote in the same launch, a host node after a
+/// DtoH node reads the copied bytes, and `cuGraphLaunch` does not wait for the stream.
+#[test]
+fn host_copy_nodes_run_in_graph_order_without_blocking_the_launch() {
+    run_mode(64 * MIB, &["hostcopy"], 25);
+}
+
 #[test]
 fn a_captured_sequence_replays_with_new_host_data() {
     run_mode(64 * MIB, &["capture"], 40);

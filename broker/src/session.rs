@@ -21,6 +21,7 @@ use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
+use crate::host_gate::HostCopy;
 use crate::hostshare::{Direction, SharedCopy};
 use crate::limits::HandleBudget;
 use crate::memory::{AllocKind, Allocation, Allocations};
@@ -1055,6 +1056,70 @@ impl Session {
             }
             R::HostFuncDone(m) => {
                 self.tenant.host_gates.open(m.token_hi, m.token_lo)?;
+                reply(out, msg::Empty {})
+            }
+            R::StreamHostCopy(m) => {
+                let lane = self.lane(m.ctx, m.stream)?;
+                if m.len == 0 || m.len as usize > MAX_BULK_CHUNK {
+                    return Err(CuError::invalid_value(format!(
+                        "one host copy gate carries 1 to {MAX_BULK_CHUNK} bytes, not {}",
+                        m.len
+                    )));
+                }
+                let to_device = match m.to_device {
+                    0 => false,
+                    1 => true,
+                    other => {
+                        return Err(CuError::invalid_value(format!(
+                            "to_device is 0 or 1, not {other}"
+                        )));
+                    }
+                };
+                let what = if to_device {
+                    "copy destination"
+                } else {
+                    "copy source"
+                };
+                self.allocs.check(m.dev, m.len, what)?;
+                let gate = Arc::new(Gate::default());
+                self.tenant.host_gates.register_copy(
+                    self.info.id,
+                    m.token_hi,
+                    m.token_lo,
+                    Arc::clone(&gate),
+                    Some(HostCopy {
+                        dev: Arc::clone(&self.dev),
+                        addr: m.dev,
+                        len: m.len as usize,
+                        to_device,
+                    }),
+                )?;
+                let counter = if to_device {
+                    &self.tenant.stats.bytes_htod
+                } else {
+                    &self.tenant.stats.bytes_dtoh
+                };
+                counter.fetch_add(m.len, Ordering::Relaxed);
+                self.engine.submit(&lane, Job::Gate(gate));
+                reply(out, msg::Empty {})
+            }
+            R::HostFuncWaitRead(m) => {
+                let mut bytes = Vec::new();
+                let state = self.tenant.host_gates.wait_read(
+                    self.info.id,
+                    m.token_hi,
+                    m.token_lo,
+                    Duration::from_millis(u64::from(m.timeout_ms.min(HOST_FUNC_MAX_WAIT_MS))),
+                    &mut bytes,
+                )?;
+                msg::Value { value: state }.encode(out);
+                out.extend_from_slice(&bytes);
+                Ok(())
+            }
+            R::HostFuncDoneWrite(m) => {
+                self.tenant
+                    .host_gates
+                    .open_write(m.token_hi, m.token_lo, tail)?;
                 reply(out, msg::Empty {})
             }
 

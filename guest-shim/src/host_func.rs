@@ -17,6 +17,15 @@
 //! runs the function on the calling thread, as earlier versions did.
 //!
 //! [`launch_host_func`] is the one entry point: graph host nodes reuse it.
+//!
+//! A graph's copies from and to host memory run on the same thread, at the
+//! point their stream reaches them ([`launch_host_copy`], `StreamHostCopy`):
+//! a copy to the device reads the host bytes then and sends them with the
+//! gate's opening (`HostFuncDoneWrite`); a copy to the host gets the device
+//! bytes, read when the stream got there, with the answer to its wait
+//! (`HostFuncWaitRead`), and writes them to host memory before opening the
+//! gate. So they see what the graph's earlier host nodes wrote, later host
+//! nodes see what they copied, and `cuGraphLaunch` waits for none of them.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -96,10 +105,42 @@ impl HostCall {
     }
 }
 
+/// A graph's copy between host memory and the device, at most one bulk
+/// chunk.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HostCopy {
+    /// Host bytes at `src` to device address `dst`.
+    ToDevice {
+        /// Device destination.
+        dst: u64,
+        /// Host source address.
+        src: usize,
+        /// Bytes.
+        len: usize,
+    },
+    /// Device bytes at `src` to host address `dst`.
+    ToHost {
+        /// Host destination address.
+        dst: usize,
+        /// Device source.
+        src: u64,
+        /// Bytes.
+        len: usize,
+    },
+}
+
+/// What the thread does when a stream reaches a gate.
+enum Work {
+    /// Runs a host function.
+    Call(HostCall),
+    /// Copies.
+    Copy(HostCopy),
+}
+
 struct Pending {
     token: (u64, u64),
     stream: u64,
-    call: HostCall,
+    work: Work,
 }
 
 struct Runner {
@@ -209,10 +250,56 @@ pub(crate) fn launch_host_func(stream: u64, call: HostCall) -> CuRes<()> {
     r.lock().push_back(Pending {
         token,
         stream: wire,
-        call,
+        work: Work::Call(call),
     });
     r.cv.notify_one();
     Ok(())
+}
+
+/// Copies `copy` when stream `stream` (of the current context) reaches this
+/// point; later work of the stream waits for the copy. `Ok(false)`: this
+/// vgpud (or a process without the host-function thread) cannot; the caller
+/// copies otherwise.
+///
+/// The host memory of `copy` must stay valid until the stream has passed it,
+/// as CUDA requires of a graph's memcpy nodes.
+pub(crate) fn launch_host_copy(stream: u64, copy: HostCopy) -> CuRes<bool> {
+    let d = drv::driver()?;
+    let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
+    let wire = drv::wire_stream(stream)?;
+    let Some(r) = runner() else {
+        return Ok(false);
+    };
+    let (dev, len, to_device) = match copy {
+        HostCopy::ToDevice { dst, len, .. } => (dst, len, 1),
+        HostCopy::ToHost { src, len, .. } => (src, len, 0),
+    };
+    let token = new_token();
+    let sent = d.call(
+        &msg::StreamHostCopy {
+            ctx,
+            stream: wire,
+            token_hi: token.0,
+            token_lo: token.1,
+            dev,
+            len: len as u64,
+            to_device,
+        },
+        &[],
+    );
+    match sent {
+        Ok(_) => {}
+        // A vgpud without host copies.
+        Err(cuda::CUDA_ERROR_NOT_SUPPORTED) => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    r.lock().push_back(Pending {
+        token,
+        stream: wire,
+        work: Work::Copy(copy),
+    });
+    r.cv.notify_one();
+    Ok(true)
 }
 
 /// The fallback: waits for the stream, then runs the function here.
@@ -239,6 +326,77 @@ fn wait(client: &mut Client, token: (u64, u64), timeout_ms: u32) -> Result<i32, 
         .map(|(r, _)| r.value)
 }
 
+fn wait_read(
+    client: &mut Client,
+    token: (u64, u64),
+    timeout_ms: u32,
+    bytes: &mut Vec<u8>,
+) -> Result<i32, CallError> {
+    let (r, tail) = client.call(
+        &msg::HostFuncWaitRead {
+            token_hi: token.0,
+            token_lo: token.1,
+            timeout_ms,
+        },
+        &[],
+    )?;
+    *bytes = tail;
+    Ok(r.value)
+}
+
+fn done(client: &mut Client, token: (u64, u64)) -> Result<(), CallError> {
+    client
+        .call(
+            &msg::HostFuncDone {
+                token_hi: token.0,
+                token_lo: token.1,
+            },
+            &[],
+        )
+        .map(drop)
+}
+
+/// A host copy whose stream reached it: copies (`bytes`: the device's, for a
+/// copy to the host) and opens the gate.
+fn run_copy(
+    client: &mut Client,
+    token: (u64, u64),
+    copy: HostCopy,
+    bytes: &[u8],
+) -> Result<(), CallError> {
+    match copy {
+        HostCopy::ToDevice { src, len, .. } => {
+            // SAFETY: the graph node's host source, which CUDA requires to stay valid and
+            // readable for the copy's size until the graph's launch has passed it; read now, when
+            // the graph's earlier nodes (host nodes included) have run.
+            let data = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
+            client
+                .call(
+                    &msg::HostFuncDoneWrite {
+                        token_hi: token.0,
+                        token_lo: token.1,
+                    },
+                    data,
+                )
+                .map(drop)
+        }
+        HostCopy::ToHost { dst, len, .. } => {
+            if bytes.len() == len {
+                // SAFETY: the graph node's host destination, which CUDA requires to stay valid
+                // and writable for the copy's size until the launch has passed it; `bytes` holds
+                // exactly `len` bytes and is not inside it.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, len) };
+            } else {
+                crate::warn!(
+                    "a graph's device-to-host copy got {} bytes instead of {len}; not copied",
+                    bytes.len()
+                );
+            }
+            done(client, token)
+        }
+    }
+}
+
 fn run_loop(mut client: Client) {
     // The runner is published right after this thread starts.
     let r = loop {
@@ -249,7 +407,8 @@ fn run_loop(mut client: Client) {
     };
     loop {
         // The first pending function of each stream may be next.
-        let candidates: Vec<((u64, u64), u64)> = {
+        // (token, whether the wait brings device bytes)
+        let candidates: Vec<((u64, u64), bool)> = {
             let mut q = r.lock();
             while q.is_empty() {
                 q = r.cv.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -259,7 +418,10 @@ fn run_loop(mut client: Client) {
             for p in q.iter() {
                 if !seen.contains(&p.stream) {
                     seen.push(p.stream);
-                    c.push((p.token, p.stream));
+                    c.push((
+                        p.token,
+                        matches!(p.work, Work::Copy(HostCopy::ToHost { .. })),
+                    ));
                 }
             }
             c
@@ -270,8 +432,12 @@ fn run_loop(mut client: Client) {
             0
         };
         let mut progressed = false;
-        for (token, _) in candidates {
-            let state = wait(&mut client, token, timeout);
+        for (token, reads) in candidates {
+            let mut bytes = Vec::new();
+            let state = match reads {
+                true => wait_read(&mut client, token, timeout, &mut bytes),
+                false => wait(&mut client, token, timeout),
+            };
             if matches!(state, Ok(PENDING)) {
                 continue;
             }
@@ -286,15 +452,15 @@ fn run_loop(mut client: Client) {
             };
             match state {
                 Ok(REACHED) => {
-                    p.call.run(cuda::CUDA_SUCCESS);
-                    if let Err(e) = client.call(
-                        &msg::HostFuncDone {
-                            token_hi: token.0,
-                            token_lo: token.1,
-                        },
-                        &[],
-                    ) {
-                        crate::warn!("host function done, but vgpud was not told: {}", e.message);
+                    let done = match p.work {
+                        Work::Call(call) => {
+                            call.run(cuda::CUDA_SUCCESS);
+                            done(&mut client, token)
+                        }
+                        Work::Copy(copy) => run_copy(&mut client, token, copy, &bytes),
+                    };
+                    if let Err(e) = done {
+                        crate::warn!("host work done, but vgpud was not told: {}", e.message);
                     }
                 }
                 Ok(_) => {

@@ -389,6 +389,24 @@ ops! {
     HostFuncDone = 0x0412 => Empty, ASYNC_OK, "cuLaunchHostFunc, cuStreamAddCallback" {
         token_hi: u64, token_lo: u64,
     }
+    /// Stops the stream at a graph's host copy, as `StreamHostFunc` does at a host function:
+    /// `len` bytes (at most MAX_BULK_CHUNK) at `dev`, inside an allocation of this process;
+    /// `to_device` 1: the guest's bytes go to `dev` (`HostFuncDoneWrite` opens the gate), 0: `dev`'s
+    /// bytes go to the guest (`HostFuncWaitRead` returns them when the stream reaches the gate).
+    StreamHostCopy = 0x0413 => Empty, 0, "cuGraphLaunch" {
+        ctx: u64, stream: u64, token_hi: u64, token_lo: u64, dev: u64, len: u64, to_device: u32,
+    }
+    /// `HostFuncWait` for a host copy; when `value` is 1 (reached) and the copy goes to the guest,
+    /// the reply's bulk tail holds the device bytes, read when the stream reached the gate. Then
+    /// `HostFuncDone` opens the gate.
+    HostFuncWaitRead = 0x0414 => Value, REPLY_TAIL, "cuGraphLaunch" {
+        token_hi: u64, token_lo: u64, timeout_ms: u32,
+    }
+    /// Opens a reached host copy to the device: the bulk tail (exactly the copy's length) is
+    /// written to its destination first.
+    HostFuncDoneWrite = 0x0415 => Empty, REQ_TAIL, "cuGraphLaunch" {
+        token_hi: u64, token_lo: u64,
+    }
 
     /// Creates an event.
     EventCreate = 0x0501 => Handle, 0, "cuEventCreate" { ctx: u64, flags: u32 }

@@ -575,6 +575,140 @@ static void mode_branches(void) {
     check("graph destroy", cuGraphDestroy(g), 0);
 }
 
+/* hostcopy: host node -> HtoD memcpy node -> kernel -> DtoH memcpy node -> host node. The copies
+ * run when the stream reaches them, in the graph's order: the HtoD node copies what the host node
+ * wrote in the same launch, the last host node reads what the DtoH node copied. */
+#define HC_REPS 4
+static unsigned hc_in, hc_out, hc_seen[HC_REPS];
+static int hc_writes, hc_reads;
+static pthread_mutex_t hc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hc_cv = PTHREAD_COND_INITIALIZER;
+static int hc_returned, hc_released_first;
+static CUfunction hc_set_flag;
+static CUdeviceptr hc_flag;
+static CUstream hc_other;
+
+static void hc_write(void *arg) {
+    (void)arg;
+    hc_in = 100 + (unsigned)hc_writes++;
+}
+
+static void hc_read(void *arg) {
+    (void)arg;
+    if (hc_reads < HC_REPS) hc_seen[hc_reads] = hc_out;
+    hc_reads++;
+}
+
+/* Sets the flag once the main thread says cuGraphLaunch returned, or after 20 s if it never does
+ * (then the launch waited for the spinning kernel: recorded as a failure, not a hang). */
+static void *hc_releaser(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(ctx);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    pthread_mutex_lock(&hc_lock);
+    while (!hc_returned) {
+        if (pthread_cond_timedwait(&hc_cv, &hc_lock, &until) != 0) break;
+    }
+    hc_released_first = !hc_returned;
+    pthread_mutex_unlock(&hc_lock);
+    unsigned one = 1;
+    void *args[] = {&hc_flag, &one};
+    cuLaunchKernel(hc_set_flag, 1, 1, 1, 1, 1, 1, 0, hc_other, args, NULL);
+    cuStreamSynchronize(hc_other);
+    return NULL;
+}
+
+static void mode_hostcopy(void) {
+    CUmodule mod;
+    CUfunction wait_flag;
+    CUdeviceptr a, b, out;
+    CUstream s;
+    CUgraph g;
+    CUgraphExec e;
+    CUgraphNode write, htod, k, dtoh, read;
+    check("load flag kernels", cuModuleLoadData(&mod, FLAG_PTX), 0);
+    check("wait_flag", cuModuleGetFunction(&wait_flag, mod, "wait_flag"), 0);
+    check("set_flag", cuModuleGetFunction(&hc_set_flag, mod, "set_flag"), 0);
+    check("alloc", cuMemAlloc_v2(&a, 4), 0);
+    check("alloc", cuMemAlloc_v2(&b, 4), 0);
+    check("alloc", cuMemAlloc_v2(&out, 4), 0);
+    check("alloc", cuMemAlloc_v2(&hc_flag, 4), 0);
+    check("stream", cuStreamCreate(&s, 1), 0);
+    check("stream", cuStreamCreate(&hc_other, 1), 0);
+
+    check("graph", cuGraphCreate(&g, 0), 0);
+    CUDA_HOST_NODE_PARAMS wp = {hc_write, NULL};
+    check("host node writes hc_in", cuGraphAddHostNode(&write, g, NULL, 0, &wp), 0);
+    CUDA_MEMCPY3D c = {0};
+    c.srcMemoryType = HOST;
+    c.srcHost = &hc_in;
+    c.dstMemoryType = DEVICE;
+    c.dstDevice = a;
+    c.WidthInBytes = 4;
+    c.Height = 1;
+    c.Depth = 1;
+    check("memcpy node hc_in -> a", cuGraphAddMemcpyNode(&htod, g, &write, 1, &c, ctx), 0);
+    /* a -> b on the device: the copied value takes a kernel's place between the two copies. */
+    check("memcpy node a -> b",
+          cuGraphAddMemcpyNode(&k, g, &htod, 1,
+                               &(CUDA_MEMCPY3D){.srcMemoryType = DEVICE, .srcDevice = a,
+                                                .dstMemoryType = DEVICE, .dstDevice = b,
+                                                .WidthInBytes = 4, .Height = 1, .Depth = 1},
+                               ctx),
+          0);
+    CUDA_MEMCPY3D d = {0};
+    d.srcMemoryType = DEVICE;
+    d.srcDevice = b;
+    d.dstMemoryType = HOST;
+    d.dstHost = &hc_out;
+    d.WidthInBytes = 4;
+    d.Height = 1;
+    d.Depth = 1;
+    check("memcpy node b -> hc_out", cuGraphAddMemcpyNode(&dtoh, g, &k, 1, &d, ctx), 0);
+    CUDA_HOST_NODE_PARAMS rp = {hc_read, NULL};
+    check("host node reads hc_out", cuGraphAddHostNode(&read, g, &dtoh, 1, &rp), 0);
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+
+    for (int rep = 0; rep < HC_REPS; rep++) check("launch", cuGraphLaunch(e, s), 0);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("every host node ran once per launch", hc_writes == HC_REPS && hc_reads == HC_REPS);
+    for (int rep = 0; rep < HC_REPS; rep++) {
+        printf("launch %d: host node wrote %u, the host node after the DtoH node read %u\n", rep,
+               100 + rep, hc_seen[rep]);
+        expect("the HtoD node copied that launch's host write, the DtoH node was seen",
+               hc_seen[rep] == 100u + (unsigned)rep);
+    }
+    expect("the device holds the last launch's value", read_u32(b) == 100u + HC_REPS - 1);
+
+    /* The launch returns while the stream's earlier kernel spins: its host copies wait on the
+     * stream, not in cuGraphLaunch. */
+    check("flag = 0", cuMemsetD32_v2(hc_flag, 0, 1), 0);
+    void *args[] = {&hc_flag, &out};
+    check("spin on the flag", cuLaunchKernel(wait_flag, 1, 1, 1, 1, 1, 1, 0, s, args, NULL), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, hc_releaser, NULL);
+    check("launch behind a spinning kernel", cuGraphLaunch(e, s), 0);
+    int writes_then = hc_writes;
+    pthread_mutex_lock(&hc_lock);
+    hc_returned = 1;
+    pthread_cond_signal(&hc_cv);
+    pthread_mutex_unlock(&hc_lock);
+    pthread_join(t, NULL);
+    expect("cuGraphLaunch returned before the spinning kernel was released", !hc_released_first);
+    expect("the host node waited for the kernel", writes_then == HC_REPS);
+    check("sync", cuStreamSynchronize(s), 0);
+    expect("the kernel saw the flag", read_u32(out) == 2);
+    expect("the launch behind the kernel copied its own write",
+           hc_reads == HC_REPS + 1 && hc_out == 100u + HC_REPS && read_u32(b) == 100u + HC_REPS);
+
+    check("exec destroy", cuGraphExecDestroy(e), 0);
+    check("graph destroy", cuGraphDestroy(g), 0);
+    check("stream destroy", cuStreamDestroy_v2(s), 0);
+    check("stream destroy", cuStreamDestroy_v2(hc_other), 0);
+}
+
 static void mode_fork(void) {
     static float ha[N], hx[N];
     CUdeviceptr x, a, b;
@@ -1414,6 +1548,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(m, "update")) mode_update();
     else if (!strcmp(m, "mem") && argc > 3) mode_mem(strtoull(argv[3], NULL, 0));
     else if (!strcmp(m, "generic")) mode_generic();
+    else if (!strcmp(m, "hostcopy")) mode_hostcopy();
     else if (!strcmp(m, "bench") && argc > 4) mode_bench(atoi(argv[3]), atoi(argv[4]));
     else {
         fprintf(stderr, "unknown mode %s\n", m);

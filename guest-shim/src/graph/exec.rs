@@ -8,10 +8,12 @@
 //! allocations) are uploaded to vgpud as one executable graph each (`GraphInstantiate`), with
 //! those dependencies, so that vgpud runs independent branches at the same time; a launch sends
 //! one `GraphLaunch` per run. Operations that need the
-//! guest process (copies from or to host memory, host functions) run in the shim between runs:
-//! host-to-device bytes are sent when the launch reaches them; a device-to-host copy and a host
-//! function first wait for the stream's earlier work. A graph made only of device work is one
-//! request per launch.
+//! guest process (copies from or to host memory, host functions) are queued between runs as
+//! gates on the stream ([`crate::host_func`]): the shim's host-function thread runs them when the
+//! stream reaches them, in the graph's order, so a copy from host memory reads what an earlier
+//! host node wrote and a host node after a copy to host memory sees the copied bytes;
+//! `cuGraphLaunch` waits for none of them. A graph made only of device work is one request per
+//! launch.
 
 use std::sync::Arc;
 
@@ -544,20 +546,54 @@ pub fn launch(e: u64, stream: u64) -> CuRes<()> {
     Ok(())
 }
 
-/// Runs an operation that needs the guest process, in stream order.
+/// Runs an operation that needs the guest process, in stream order: on the shim's host-function
+/// thread when the stream reaches it ([`crate::host_func`]). Host copies go in gates of at most
+/// one bulk chunk each. With a vgpud that predates host copies, a copy to the device reads the
+/// host bytes now and one to the host waits for the stream, as before.
 fn run_host(op: &Op, stream: u64) -> CuRes<()> {
+    use crate::host_func::{HostCopy, launch_host_copy};
     match *op {
         Op::HtoD { dst, src, len } => {
-            // SAFETY: the node's host source, which CUDA requires to stay valid and readable for
-            // the copy's size while the graph may run.
-            let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
-            drv::memcpy_htod(dst, bytes, stream, false)
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(MAX_BULK_CHUNK);
+                let copy = HostCopy::ToDevice {
+                    dst: dst + done as u64,
+                    src: src + done,
+                    len: n,
+                };
+                if !launch_host_copy(stream, copy)? {
+                    // SAFETY: the node's host source, which CUDA requires to stay valid and
+                    // readable for the copy's size while the graph may run.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts((src + done) as *const u8, len - done)
+                    };
+                    return drv::memcpy_htod(dst + done as u64, bytes, stream, false);
+                }
+                done += n;
+            }
+            Ok(())
         }
         Op::DtoH { dst, src, len } => {
-            // SAFETY: the node's host destination, which CUDA requires to stay valid and writable
-            // for the copy's size while the graph may run.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
-            drv::memcpy_dtoh(bytes, src, stream)
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(MAX_BULK_CHUNK);
+                let copy = HostCopy::ToHost {
+                    dst: dst + done,
+                    src: src + done as u64,
+                    len: n,
+                };
+                if !launch_host_copy(stream, copy)? {
+                    // SAFETY: the node's host destination, which CUDA requires to stay valid and
+                    // writable for the copy's size while the graph may run.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts_mut((dst + done) as *mut u8, len - done)
+                    };
+                    return drv::memcpy_dtoh(bytes, src + done as u64, stream);
+                }
+                done += n;
+            }
+            Ok(())
         }
         Op::Host { f, data } => {
             // SAFETY: `f` is the CUhostFn the application gave for this node (never 0: checked

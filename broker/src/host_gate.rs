@@ -166,8 +166,15 @@ impl HostGates {
         if state != HOST_FUNC_REACHED {
             return Ok(state);
         }
-        let copy = self.lock().get(&(hi, lo)).and_then(|e| e.copy.clone());
-        let Some(copy) = copy.filter(|c| !c.to_device) else {
+        // The read happens under the registry's lock: the owner's session ends (and frees its
+        // memory) only after `end_session` took that lock, so the bytes are read from memory
+        // the process still holds, never from an address another VM may have been given since.
+        let mut g = self.lock();
+        let Some(copy) = g
+            .get(&(hi, lo))
+            .and_then(|e| e.copy.clone())
+            .filter(|c| !c.to_device)
+        else {
             return Ok(state);
         };
         let start = out.len();
@@ -175,7 +182,9 @@ impl HostGates {
         if let Err(e) = copy.dev.read(copy.addr, &mut out[start..]) {
             out.truncate(start);
             let e = CuError::from(e);
-            if let Some(entry) = self.lock().remove(&(hi, lo)) {
+            let entry = g.remove(&(hi, lo));
+            drop(g);
+            if let Some(entry) = entry {
                 entry.gate.fail(e.clone());
             }
             return Err(e);
@@ -210,8 +219,11 @@ impl HostGates {
             ));
         }
         let e = g.remove(&(hi, lo)).ok_or_else(unknown)?;
+        // Written under the registry's lock, for the reason `wait_read` gives: the owner's
+        // memory is freed only after its session's `end_session` took this lock.
+        let written = copy.dev.write(copy.addr, data);
         drop(g);
-        match copy.dev.write(copy.addr, data) {
+        match written {
             Ok(()) => {
                 e.gate.open();
                 Ok(())

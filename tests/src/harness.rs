@@ -477,23 +477,10 @@ pub fn http_get_text(socket: &Path, path: &str) -> (u16, String) {
 
 /// A minimal HTTP GET over a unix socket; returns (status, JSON body).
 pub fn http_get(socket: &Path, path: &str) -> (u16, serde_json::Value) {
-    let mut s = UnixStream::connect(socket).expect("admin socket");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: vgpud\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("response");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let (status, body) = http_get_text(socket, path);
     (
         status,
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
     )
 }
 

@@ -580,22 +580,7 @@ mod tests {
             Arc::new(MemDevice::new(1 << 30, std::time::Duration::ZERO));
         let b = Arc::new(crate::Broker::new(vec![("gpu0".into(), dev)]));
         b.add_tenant(&vm("vm1", 1 << 20)).unwrap();
-        let (c, s) = UnixStream::pair().unwrap();
-        let t = b.tenant("vm1").unwrap();
-        std::thread::spawn(move || crate::session_loop::serve(&b, t, &s, &s, "test"));
-        let mut c = TestClient::new(c);
-        c.hello().unwrap();
-        let ctx = c
-            .call(
-                &msg::CtxCreate {
-                    device: 0,
-                    flags: 0,
-                },
-                &[],
-            )
-            .unwrap()
-            .0
-            .handle;
+        let (mut c, ctx) = crate::testutils::serve_session(&b, "vm1");
         let event = c
             .call(&msg::EventCreate { ctx, flags: 0 }, &[])
             .unwrap()

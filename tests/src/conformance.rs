@@ -1592,7 +1592,70 @@ pub mod cuda_executor {
         ("cuda_charges_module_globals", charges_module_globals),
         ("cuda_loads_cubins", loads_cubins),
         ("cuda_clears_staging_buffers", clears_staging_buffers),
+        ("cuda_launches_at_priority", launches_at_priority),
     ];
+
+    /// A kernel the engine runs at a non-zero priority is launched with `cuLaunchKernelEx` and
+    /// a `CU_LAUNCH_ATTRIBUTE_PRIORITY` attribute, and computes what it computes at priority 0
+    /// (over the shim, a wrong `CUlaunchConfig` layout would give the driver wrong dimensions,
+    /// stream or parameters).
+    pub fn launches_at_priority(t: &Target) {
+        let d = driver_of(t);
+        if !d.has_launch_priority() {
+            println!("the driver has no cuLaunchKernelEx: launches keep their stream's priority");
+            return;
+        }
+        let dev = open(&d, None);
+        let ctx = dev.open_context("priority").unwrap();
+        let m = ctx
+            .load_module(
+                vgpu_corpus::ptx("vector_add", vgpu_corpus::Arch::Sm52).as_bytes(),
+                1 << 20,
+                &Default::default(),
+            )
+            .unwrap();
+        let n: u32 = 1000;
+        let bytes = u64::from(n) * 4;
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 3.0 * i as f32 + 0.25).collect();
+        let (pa, pb) = (ctx.alloc(bytes).unwrap(), ctx.alloc(bytes).unwrap());
+        ctx.write(pa, &super::f32s(&a)).unwrap();
+        ctx.write(pb, &super::f32s(&b)).unwrap();
+        let want = super::f32s(&a.iter().zip(&b).map(|(x, y)| x + y).collect::<Vec<_>>());
+        let dims = LaunchDims {
+            grid: [n.div_ceil(128), 1, 1],
+            block: [128, 1, 1],
+            shared_bytes: 0,
+            cooperative: false,
+        };
+        for priority in [0, -3, -5] {
+            let pc = ctx.alloc(bytes).unwrap();
+            let mut params = Vec::new();
+            for p in [pa, pb, pc] {
+                params.extend_from_slice(&p.to_le_bytes());
+            }
+            params.extend_from_slice(&n.to_le_bytes());
+            let before = d.priority_launches();
+            vgpu_broker::device::with_lane_at(7, priority, || {
+                ctx.launch(m.as_ref(), 0, &dims, &params, 0, &RunControl::default())
+            })
+            .unwrap_or_else(|e| panic!("launch at priority {priority}: {e}"));
+            let mut c = vec![0u8; bytes as usize];
+            ctx.read(pc, &mut c).unwrap();
+            assert!(
+                c == want,
+                "vector_add at priority {priority} computed a wrong result"
+            );
+            assert_eq!(
+                d.priority_launches() - before,
+                u64::from(priority != 0),
+                "priority {priority}: cuLaunchKernelEx is used exactly for non-zero priorities"
+            );
+            ctx.free(pc).unwrap();
+        }
+        ctx.free(pa).unwrap();
+        ctx.free(pb).unwrap();
+    }
 
     /// Pinned host memory is mapped into every context of the process: after each copy, in
     /// either direction and scattered or not, the staging buffers keep none of the VM's bytes.

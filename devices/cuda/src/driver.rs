@@ -15,6 +15,7 @@
 //! each exactly once, after which it is never used again.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use libloading::Library;
@@ -44,6 +45,7 @@ mod abi {
     pub const V9000: i32 = 9000;
     pub const V10020: i32 = 10020;
     pub const V11040: i32 = 11040;
+    pub const V11080: i32 = 11080;
     pub const V12030: i32 = 12030;
     pub const V12040: i32 = 12040;
     pub const V12050: i32 = 12050;
@@ -205,6 +207,8 @@ struct Functions {
             *mut P,
         ) -> R,
     >,
+    /// `cuLaunchKernelEx` (CUDA 11.8): a launch with attributes (here, its priority).
+    launch_kernel_ex: Option<unsafe extern "C" fn(*const LaunchConfig, P, *mut P, *mut P) -> R>,
     // CUDA 12.3 / 12.4 (optional).
     module_get_function_count: Option<unsafe extern "C" fn(*mut c_uint, P) -> R>,
     module_enumerate_functions: Option<unsafe extern "C" fn(*mut P, c_uint, P) -> R>,
@@ -236,6 +240,49 @@ const MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
 /// `CUmemAllocationGranularity_flags`: `CU_MEM_ALLOC_GRANULARITY_MINIMUM`, the unit every
 /// `cuMemCreate` size and `cuMemMap` range must be a multiple of.
 const MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+
+/// `CUlaunchAttributeID`: `CU_LAUNCH_ATTRIBUTE_PRIORITY` (value: `int priority`).
+const LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
+/// Bytes of `CUlaunchAttributeValue` (a union padded to 64 bytes in cuda.h).
+const LAUNCH_ATTRIBUTE_VALUE_BYTES: usize = 64;
+
+/// `CUlaunchAttribute` (cuda.h, CUDA 12): `{ CUlaunchAttributeID id; char pad[4];
+/// CUlaunchAttributeValue value; }`, the value a 64-byte union whose largest members hold
+/// pointers (so 8-byte aligned).
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchAttribute {
+    id: u32,
+    pad: [u8; 4],
+    value: [u8; LAUNCH_ATTRIBUTE_VALUE_BYTES],
+}
+
+impl LaunchAttribute {
+    /// `CU_LAUNCH_ATTRIBUTE_PRIORITY` with `priority` (the union's `int priority`, its first
+    /// four bytes).
+    fn priority(priority: i32) -> LaunchAttribute {
+        let mut value = [0u8; LAUNCH_ATTRIBUTE_VALUE_BYTES];
+        value[..4].copy_from_slice(&priority.to_ne_bytes());
+        LaunchAttribute {
+            id: LAUNCH_ATTRIBUTE_PRIORITY,
+            pad: [0; 4],
+            value,
+        }
+    }
+}
+
+/// `CUlaunchConfig` (cuda.h, CUDA 12): grid and block dimensions, dynamic shared memory,
+/// stream, attribute array and its length.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    stream: P,
+    attrs: *mut LaunchAttribute,
+    num_attrs: c_uint,
+}
 
 /// Where `cuMemCreate` places physical memory (`CUmemLocation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,6 +369,13 @@ const _: () = {
     assert!(offset_of!(MemAllocationProp, win32_handle_meta_data) == 16);
     assert!(offset_of!(MemAllocationProp, alloc_flags) == 24);
     assert!(size_of::<MemAccessDesc>() == 12);
+    assert!(size_of::<LaunchAttribute>() == 72);
+    assert!(offset_of!(LaunchAttribute, value) == 8);
+    assert!(size_of::<LaunchConfig>() == 56);
+    assert!(offset_of!(LaunchConfig, shared_mem_bytes) == 24);
+    assert!(offset_of!(LaunchConfig, stream) == 32);
+    assert!(offset_of!(LaunchConfig, attrs) == 40);
+    assert!(offset_of!(LaunchConfig, num_attrs) == 48);
     assert!(offset_of!(MemAccessDesc, flags) == 8);
 };
 
@@ -365,6 +419,8 @@ pub struct Driver {
     library: String,
     version: i32,
     f: Functions,
+    /// Kernels launched through `cuLaunchKernelEx` with a priority attribute.
+    priority_launches: AtomicU64,
 }
 
 impl std::fmt::Debug for Driver {
@@ -621,6 +677,7 @@ impl Driver {
                 abi::V9000,
                 "cuLaunchCooperativeKernel"
             ),
+            launch_kernel_ex: optional!(r, "cuLaunchKernelEx", abi::V11080, "cuLaunchKernelEx"),
             module_get_function_count: optional!(
                 r,
                 "cuModuleGetFunctionCount",
@@ -684,6 +741,7 @@ impl Driver {
             library: library.to_string(),
             version,
             f,
+            priority_launches: AtomicU64::new(0),
         }))
     }
 
@@ -1170,8 +1228,22 @@ impl Driver {
         })
     }
 
+    /// Whether the driver has `cuLaunchKernelEx`, so launches can carry a priority.
+    pub fn has_launch_priority(&self) -> bool {
+        self.f.launch_kernel_ex.is_some()
+    }
+
+    /// How many kernels were launched with a priority attribute (`cuLaunchKernelEx`).
+    pub fn priority_launches(&self) -> u64 {
+        self.priority_launches.load(Ordering::Relaxed)
+    }
+
     /// `cuLaunchKernel` with the packed parameter buffer passed through
-    /// `extra` (`CU_LAUNCH_PARAM_BUFFER_POINTER` / `_SIZE`).
+    /// `extra` (`CU_LAUNCH_PARAM_BUFFER_POINTER` / `_SIZE`). A non-zero `priority` (lower
+    /// numbers first, as stream priorities) launches with `cuLaunchKernelEx` and a
+    /// `CU_LAUNCH_ATTRIBUTE_PRIORITY` attribute instead, where the driver has it (CUDA 11.8);
+    /// elsewhere, and at priority 0, the kernel takes its stream's priority.
+    #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &self,
         f: Function,
@@ -1180,6 +1252,7 @@ impl Driver {
         shared: u32,
         s: Stream,
         params: &[u8],
+        priority: i32,
     ) -> DrvResult<()> {
         /// `CU_LAUNCH_PARAM_END`.
         const END: P = std::ptr::null_mut();
@@ -1202,6 +1275,27 @@ impl Driver {
             (&raw mut size).cast(),
             END,
         ];
+        if priority != 0
+            && let Some(launch_ex) = self.f.launch_kernel_ex
+        {
+            let mut attr = LaunchAttribute::priority(priority);
+            let config = LaunchConfig {
+                grid,
+                block,
+                shared_mem_bytes: shared,
+                stream: s.0,
+                attrs: &raw mut attr,
+                num_attrs: 1,
+            };
+            // SAFETY: a live function and stream; `config` is a CUlaunchConfig (layout
+            // checked above) whose one attribute outlives the call; `extra` is a well-formed
+            // CU_LAUNCH_PARAM list whose buffer and size outlive the call.
+            check("cuLaunchKernelEx", unsafe {
+                launch_ex(&config, f.0, std::ptr::null_mut(), extra.as_mut_ptr())
+            })?;
+            self.priority_launches.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         // SAFETY: a live function and stream; `extra` is a well-formed
         // CU_LAUNCH_PARAM list whose buffer and size outlive the call.
         check("cuLaunchKernel", unsafe {

@@ -387,7 +387,7 @@ impl ProbeOps for DriverOps<'_> {
     }
     fn launch(&self, f: Function, params: &[u8]) -> Result<(), Failed> {
         self.d
-            .launch(f, [1, 1, 1], [1, 1, 1], 0, DEFAULT_STREAM, params)
+            .launch(f, [1, 1, 1], [1, 1, 1], 0, DEFAULT_STREAM, params, 0)
     }
     fn sync(&self) -> Result<(), Failed> {
         let ev = self.d.event_create(EVENT_DISABLE_TIMING)?;

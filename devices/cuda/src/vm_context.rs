@@ -404,6 +404,9 @@ impl DeviceContext for CudaContext {
             }
         };
         let stream = g.lane_stream();
+        // The engine's priority for this job (lower first; 0 takes the stream's own).
+        // Cooperative launches keep their stream's priority.
+        let priority = vgpu_broker::device::current_priority();
         let issued = (|| {
             let _order = lock(&g.submit);
             let _c = g.enter()?;
@@ -426,7 +429,15 @@ impl DeviceContext for CudaContext {
                     offsets,
                 )
             } else {
-                d.launch(f, dims.grid, dims.block, dims.shared_bytes, stream, params)
+                d.launch(
+                    f,
+                    dims.grid,
+                    dims.block,
+                    dims.shared_bytes,
+                    stream,
+                    params,
+                    priority,
+                )
             }
             .map_err(|f| g.fail(f, Op::Launch))?;
             d.event_record(end, stream)

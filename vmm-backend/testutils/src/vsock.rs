@@ -1281,9 +1281,12 @@ impl GuestStream {
             };
             if !c.rx_data.is_empty() {
                 let n = buf.len().min(c.rx_data.len());
-                for (dst, src) in buf.iter_mut().zip(c.rx_data.drain(..n)) {
-                    *dst = src;
-                }
+                // Two memcpys (the deque's two halves), as the guest kernel's copy to user space.
+                let (front, back) = c.rx_data.as_slices();
+                let a = n.min(front.len());
+                buf[..a].copy_from_slice(&front[..a]);
+                buf[a..n].copy_from_slice(&back[..n - a]);
+                c.rx_data.drain(..n);
                 c.fwd_cnt = c.fwd_cnt.wrapping_add(n as u32);
                 let close = c.peer_shutdown == VSOCK_SHUTDOWN_BOTH
                     && c.rx_data.is_empty()

@@ -25,6 +25,7 @@ use crate::usage::UsageKind;
 
 pub(super) mod ipc;
 mod pool_ipc;
+mod tokens;
 mod vmm;
 pub use vmm::{ACCESS_READ, ACCESS_READWRITE, va_limit};
 

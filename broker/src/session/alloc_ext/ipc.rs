@@ -14,13 +14,14 @@
 
 pub(in crate::session) mod event;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use vgpu_proto::cuda;
 use vgpu_proto::msg::{self, Request};
 
 use super::super::{Session, release_allocation, reply};
+use super::tokens::TokenTable;
 use crate::device::DeviceContext;
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
@@ -53,7 +54,7 @@ impl std::fmt::Debug for IpcMem {
 
 impl Drop for IpcMem {
     fn drop(&mut self) {
-        forget_token(self.token);
+        EXPORTS.forget(self.token);
         let orphan = self.orphan.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(a) = orphan.take() {
             release_allocation(&self.tenant, self.dev.as_ref(), self.base, &a);
@@ -62,28 +63,7 @@ impl Drop for IpcMem {
 }
 
 /// Exported allocations of every VM by token (each checked against the VM that opens it).
-type Exports = HashMap<u128, Weak<IpcMem>>;
-
-fn exports() -> MutexGuard<'static, Exports> {
-    static E: OnceLock<Mutex<Exports>> = OnceLock::new();
-    E.get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-fn forget_token(token: u128) {
-    exports().remove(&token);
-}
-
-/// A token no other export holds.
-fn fresh_token() -> u128 {
-    loop {
-        let t = super::vmm::random_token();
-        if t != 0 && !exports().contains_key(&t) {
-            return t;
-        }
-    }
-}
+static EXPORTS: TokenTable<Weak<IpcMem>> = TokenTable::new();
 
 /// A session's exports and openings.
 #[derive(Debug)]
@@ -176,7 +156,7 @@ impl Session {
         {
             return Ok(m.token);
         }
-        let token = fresh_token();
+        let token = EXPORTS.fresh();
         let mem = Arc::new(IpcMem {
             token,
             base,
@@ -190,13 +170,13 @@ impl Session {
         let weak = Arc::downgrade(&mem);
         let h = self.ext.ipc.exported.insert(mem)?;
         self.ext.ipc.exported_at.insert(base, h);
-        exports().insert(token, weak);
+        EXPORTS.lock().insert(token, weak);
         Ok(token)
     }
 
     fn ipc_open(&mut self, ctx: u64, token: u128) -> Result<(u64, u64), CuError> {
         self.ctx(ctx)?;
-        let found = exports().get(&token).and_then(Weak::upgrade);
+        let found = EXPORTS.lock().get(&token).and_then(Weak::upgrade);
         let Some(mem) = found else {
             return Err(CuError::invalid_handle(
                 "no memory of this VM was exported under this IPC handle (or its exporter freed it)",
@@ -296,7 +276,7 @@ impl Session {
         let Some(mem) = self.ext.ipc.exported.remove(h) else {
             return false;
         };
-        forget_token(mem.token);
+        EXPORTS.forget(mem.token);
         if let Some(a) = self.allocs.remove(base) {
             *mem.orphan.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);
         }

@@ -16,14 +16,15 @@
 //! the pool's tokens but leaves opened blocks to their importers. Exports, imported pools and
 //! opened blocks are handles counted against the VM's `handles` budget.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use vgpu_proto::cuda;
 use vgpu_proto::msg::{self, Request};
 
 use super::super::{Session, reply};
 use super::PoolState;
+use super::tokens::TokenTable;
 use crate::device::DeviceContext;
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
@@ -49,7 +50,7 @@ impl std::fmt::Debug for SharedPool {
 
 impl Drop for SharedPool {
     fn drop(&mut self) {
-        tokens().remove(&self.token);
+        TOKENS.forget(self.token);
     }
 }
 
@@ -83,7 +84,7 @@ impl std::fmt::Debug for SharedBlock {
 
 impl Drop for SharedBlock {
     fn drop(&mut self) {
-        tokens().remove(&self.token);
+        TOKENS.forget(self.token);
         if *self.orphan.get_mut().unwrap_or_else(|p| p.into_inner()) {
             if let Err(e) = self.dev.free(self.base) {
                 tracing::warn!(tenant = %self.tenant.name, error = %e, "device refused to free shared pool block {:#x}", self.base);
@@ -102,25 +103,7 @@ enum Shared {
 }
 
 /// Exported pools and blocks of every VM by token (each checked against the VM that imports).
-fn tokens() -> MutexGuard<'static, HashMap<u128, Shared>> {
-    static T: OnceLock<Mutex<HashMap<u128, Shared>>> = OnceLock::new();
-    T.get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-/// A token no other export holds, entered for `what` at once.
-fn enter_token(what: impl FnOnce(u128) -> Shared) -> u128 {
-    let mut t = tokens();
-    let token = loop {
-        let token = super::vmm::random_token();
-        if token != 0 && !t.contains_key(&token) {
-            break token;
-        }
-    };
-    t.insert(token, what(token));
-    token
-}
+static TOKENS: TokenTable<Shared> = TokenTable::new();
 
 /// A pool's export: the shared part and its handle in the session's budget table.
 pub(super) type PoolShare = (Arc<SharedPool>, u64);
@@ -213,7 +196,7 @@ impl Session {
         let h = self.ext.pool_ipc.exports.insert(())?;
         let (owner, tenant) = (self.info.id, Arc::clone(&self.tenant));
         let mut shared = None;
-        let token = enter_token(|token| {
+        let token = TOKENS.enter(|token| {
             let s = Arc::new(SharedPool {
                 token,
                 owner,
@@ -255,7 +238,7 @@ impl Session {
 
     fn pool_import(&mut self, ctx: u64, token: u128) -> Result<u64, CuError> {
         self.ctx(ctx)?;
-        let found = match tokens().get(&token) {
+        let found = match TOKENS.lock().get(&token) {
             Some(Shared::Pool(w)) => w.upgrade(),
             _ => None,
         };
@@ -313,7 +296,7 @@ impl Session {
             Arc::clone(&self.dev),
         );
         let mut shared = None;
-        let token = enter_token(|token| {
+        let token = TOKENS.enter(|token| {
             let s = Arc::new(SharedBlock {
                 token,
                 pool: pool_token,
@@ -355,7 +338,7 @@ impl Session {
             ));
         };
         let from = from.token;
-        let found = match tokens().get(&token) {
+        let found = match TOKENS.lock().get(&token) {
             Some(Shared::Block(w)) => w.upgrade(),
             _ => None,
         };
@@ -438,7 +421,7 @@ impl Session {
         let (shared, h) = share;
         self.ext.pool_ipc.exports.remove(h);
         // No import can start once the token is gone, so the count below only falls.
-        tokens().remove(&shared.token);
+        TOKENS.forget(shared.token);
         if Arc::strong_count(&shared) == 1 {
             return false;
         }
@@ -459,7 +442,7 @@ impl Session {
             .filter_map(|b| b.shared.as_ref().map(|(s, _)| s.token))
             .collect();
         {
-            let mut t = tokens();
+            let mut t = TOKENS.lock();
             for token in blocks {
                 t.remove(&token);
             }

@@ -23,13 +23,13 @@
 //!
 //! [`EventClock`]: crate::engine::EventClock
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vgpu_proto::cuda;
 
 use super::super::super::{EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, EventState, Session};
+use super::super::tokens::TokenTable;
 use crate::engine::{ClockListener, EventClock, Gate, GateState, HANGUP_POLL, Job, LaneSpec};
 use crate::error::CuError;
 use crate::tenant::Tenant;
@@ -231,33 +231,12 @@ impl ClockListener for Tap {
 
 impl Drop for IpcEvent {
     fn drop(&mut self) {
-        forget_token(self.token);
+        EXPORTS.forget(self.token);
     }
 }
 
 /// Exported events of every VM by token (each checked against the VM that opens it).
-type Exports = HashMap<u128, Weak<IpcEvent>>;
-
-fn exports() -> MutexGuard<'static, Exports> {
-    static E: OnceLock<Mutex<Exports>> = OnceLock::new();
-    E.get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-fn forget_token(token: u128) {
-    exports().remove(&token);
-}
-
-/// A token no other exported event holds.
-fn fresh_token() -> u128 {
-    loop {
-        let t = super::super::vmm::random_token();
-        if t != 0 && !exports().contains_key(&t) {
-            return t;
-        }
-    }
-}
+static EXPORTS: TokenTable<Weak<IpcEvent>> = TokenTable::new();
 
 /// An event's part in interprocess sharing.
 #[derive(Debug)]
@@ -298,7 +277,7 @@ impl Session {
         let clock: Arc<EventClock> = Arc::clone(&ev.clock);
         // Budget first: a refused export leaves no token behind.
         let handle = self.ext.ipc.events.insert(())?;
-        let token = fresh_token();
+        let token = EXPORTS.fresh();
         let shared = Arc::new(IpcEvent::new(token, self.info.id, Arc::clone(&self.tenant)));
         let recorder = NEXT_RECORDER.fetch_add(1, Ordering::Relaxed);
         {
@@ -324,7 +303,7 @@ impl Session {
                 s.last = Some((Rec { recorder, seq }, stand));
             }
         }
-        exports().insert(token, Arc::downgrade(&shared));
+        EXPORTS.lock().insert(token, Arc::downgrade(&shared));
         if let Some(ev) = self.events.get_mut(event) {
             ev.ipc = Some(EventLink {
                 ev: shared,
@@ -343,7 +322,7 @@ impl Session {
         token: u128,
     ) -> Result<u64, CuError> {
         self.ctx(ctx)?;
-        let found = exports().get(&token).and_then(Weak::upgrade);
+        let found = EXPORTS.lock().get(&token).and_then(Weak::upgrade);
         let Some(ev) = found.filter(|e| !e.lock().destroyed) else {
             return Err(CuError::invalid_handle(
                 "no event of this VM was exported under this IPC handle (or its exporter destroyed it)",
@@ -382,7 +361,7 @@ impl Session {
         self.ext.ipc.events.remove(l.handle);
         if !l.opened {
             l.ev.lock().destroyed = true;
-            forget_token(l.ev.token);
+            EXPORTS.forget(l.ev.token);
         }
     }
 

@@ -7,12 +7,16 @@
 //! kernels share a GPU's SMs.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// How often a worker waiting for a slot checks whether its launch was asked
 /// to stop.
 pub const SLOT_POLL: Duration = Duration::from_millis(1);
+
+/// `first_waiting` when nobody waits.
+const NO_WAITER: i32 = i32::MAX;
 
 /// A device's execution slots.
 ///
@@ -26,6 +30,9 @@ pub struct WorkerSlots {
     state: Mutex<State>,
     cv: Condvar,
     total: usize,
+    /// The priority of the first waiter (`i32::MAX`: none), kept with `state.waiting` so that a
+    /// holder asks between two blocks without taking the lock.
+    first_waiting: AtomicI32,
 }
 
 #[derive(Debug)]
@@ -61,6 +68,7 @@ impl WorkerSlots {
             }),
             cv: Condvar::new(),
             total: n.max(1),
+            first_waiting: AtomicI32::new(NO_WAITER),
         }
     }
 
@@ -87,6 +95,7 @@ impl WorkerSlots {
         let me = (priority, st.next_ticket);
         st.next_ticket += 1;
         st.waiting.insert(me);
+        self.note_first(&st);
         let slot = loop {
             if st.free > 0 && st.waiting.first() == Some(&me) {
                 st.free -= 1;
@@ -102,6 +111,7 @@ impl WorkerSlots {
                 .0;
         };
         st.waiting.remove(&me);
+        self.note_first(&st);
         drop(st);
         // The next waiter may be first now (a slot may still be free).
         self.cv.notify_all();
@@ -111,10 +121,13 @@ impl WorkerSlots {
     /// Whether a worker of the same or a higher priority than `priority` waits for a slot (a
     /// holder at `priority` should give its slot up between two blocks).
     pub fn contended(&self, priority: i32) -> bool {
-        self.lock()
-            .waiting
-            .first()
-            .is_some_and(|&(p, _)| p <= priority)
+        self.first_waiting.load(Ordering::Acquire) <= priority
+    }
+
+    /// Keeps `first_waiting` true to `st.waiting` (called with the lock held).
+    fn note_first(&self, st: &State) {
+        let first = st.waiting.first().map_or(NO_WAITER, |&(p, _)| p);
+        self.first_waiting.store(first, Ordering::Release);
     }
 }
 

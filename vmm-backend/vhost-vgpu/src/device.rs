@@ -1105,6 +1105,74 @@ mod tests {
         assert_eq!((st.pauses, st.resumes, st.device_resets), (1, 1, 0));
     }
 
+    /// A completion returned just before a pause may be signalled while QEMU has detached its
+    /// notifiers (the interrupt is lost) though the ring's suppression state (EVENT_IDX) counts it
+    /// as delivered. The resume interrupts the guest on both queues whatever that state says, so a
+    /// guest waiting for that completion is woken (seen once in CI: a paused VM's copies never
+    /// went on after `cont`).
+    #[test]
+    fn a_resume_interrupts_the_guest_even_when_event_idx_says_it_was_told() {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+        let mut r = rig();
+        let calls: Vec<EventFd> = [&r.ctrl.0, &r.submit.0]
+            .iter()
+            .map(|v| {
+                let e = EventFd::new(EFD_NONBLOCK).unwrap();
+                let fd = e.try_clone().unwrap().into_raw_fd();
+                // SAFETY: `fd` is a fresh duplicate of the eventfd that nothing else owns.
+                v.set_call(Some(unsafe { std::fs::File::from_raw_fd(fd) }));
+                v.set_queue_event_idx(true);
+                e
+            })
+            .collect();
+        r.dev.set_event_idx(true);
+        let signals = |q: usize| calls[q].read().unwrap_or(0);
+        assert_eq!(r.open(0, 5).status, S_OK);
+        r.dev.know_rings(&r.ctrl.0, &r.submit.0);
+        assert_eq!(signals(CTRL_QUEUE), 1, "the open was signalled");
+        // A posted frame completes and is signalled; the interrupt is lost (QEMU stopping).
+        let f = frame(OP_ECHO, FLAG_ASYNC, 2, 0, b"");
+        let d = r.request(1, Rig::call_hdr(5, 1, f.len(), 0), &f, &[], 0);
+        r.push(SUBMIT_QUEUE, &d);
+        r.run();
+        r.wait_used(SUBMIT_QUEUE, 1);
+        let deadline = Instant::now() + WAIT;
+        while signals(SUBMIT_QUEUE) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the posted frame was never signalled"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // `stop`, then `cont`.
+        let stop = r.dev.stopper();
+        for (q, v) in [(CTRL_QUEUE, &r.ctrl.0), (SUBMIT_QUEUE, &r.submit.0)] {
+            v.set_queue_ready(false);
+            stop(q);
+        }
+        assert!(r.dev.is_paused());
+        r.ctrl.0.set_queue_ready(true);
+        r.submit.0.set_queue_ready(true);
+        let deadline = Instant::now() + WAIT;
+        while r.dev.is_paused() {
+            assert!(Instant::now() < deadline, "the device never resumed");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(
+            signals(SUBMIT_QUEUE),
+            1,
+            "no interrupt on the submit queue at the resume"
+        );
+        assert_eq!(
+            signals(CTRL_QUEUE),
+            1,
+            "no interrupt on the control queue at the resume"
+        );
+        let st = r.stats.snapshot();
+        assert_eq!((st.pauses, st.resumes, st.device_resets), (1, 1, 0));
+    }
+
     #[test]
     fn open_call_close_and_calls_after_close() {
         let mut r = rig();

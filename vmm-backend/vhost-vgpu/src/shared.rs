@@ -365,8 +365,14 @@ impl Shared {
         for c in &parked {
             c.done.finish_quietly(self, c.resp, &c.reply);
         }
+        // Unconditionally, whatever the guest's `used_event` says: a completion returned just
+        // before the pause may have been signalled after QEMU detached its notifiers (the signal
+        // is then lost), while the ring's suppression state counts it as delivered, and the guest
+        // would wait for it forever. A spurious interrupt costs the guest one look at its rings.
         for (q, r) in rings.iter().enumerate() {
-            signal(r, queue_name(q));
+            if let Err(e) = r.signal_used_queue() {
+                warn!(vm = %self.name, queue = queue_name(q), error = %e, "cannot interrupt the guest after a resume");
+            }
         }
         if let Err(e) = self.in_flight.request_rescan() {
             warn!(vm = %self.name, error = %e, "cannot ask for the queues to be looked at again after a resume");

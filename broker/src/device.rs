@@ -183,6 +183,29 @@ pub struct LaunchDims {
     pub cooperative: bool,
 }
 
+/// One kernel of a run of kernels launched as one unit ([`DeviceContext::launch_chain`]).
+#[derive(Clone, Copy)]
+pub struct ChainKernel<'a> {
+    /// Its module.
+    pub module: &'a dyn DeviceModule,
+    /// The kernel's index in the module.
+    pub kernel: usize,
+    /// Grid and block (never cooperative).
+    pub dims: LaunchDims,
+    /// The packed parameter buffer.
+    pub params: &'a [u8],
+}
+
+impl std::fmt::Debug for ChainKernel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainKernel")
+            .field("kernel", &self.kernel)
+            .field("dims", &self.dims)
+            .field("params", &self.params.len())
+            .finish()
+    }
+}
+
 /// A kernel's parameter layout and attributes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelDesc {
@@ -600,6 +623,22 @@ pub trait DeviceContext: Send + Sync {
         let _ = (module, kernel, dims, params, start_block, control);
         Err(DeviceError::NotSupported(
             "this device does not run kernels".into(),
+        ))
+    }
+    /// Runs `kernels` one after the other, each after the previous one completed, as one unit
+    /// (a real GPU: one CUDA graph launch), at the calling job's priority
+    /// ([`current_priority`]), until all completed or one failed; the watchdog deadline of
+    /// `control` covers them all. A device that can stop a kernel between thread blocks (the
+    /// simulated GPU) keeps the default, `NotSupported`: the broker then launches the kernels one
+    /// by one with [`DeviceContext::launch`].
+    fn launch_chain(
+        &self,
+        kernels: &[ChainKernel<'_>],
+        control: &RunControl,
+    ) -> Result<(), DeviceError> {
+        let _ = (kernels, control);
+        Err(DeviceError::NotSupported(
+            "this device launches kernels one by one".into(),
         ))
     }
 }

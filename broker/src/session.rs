@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tracing::debug;
@@ -14,8 +14,8 @@ use vgpu_proto::msg::{self, Message, Request};
 use vgpu_proto::pagehash;
 
 use crate::device::{
-    DeviceContext, DeviceError, DeviceInfo, DeviceModule, GlobalDesc, KernelDesc, LaunchDims,
-    LaunchProgress, RunControl,
+    ChainKernel, DeviceContext, DeviceError, DeviceInfo, DeviceModule, GlobalDesc, KernelDesc,
+    LaunchDims, LaunchProgress, RunControl,
 };
 use crate::devio::{self, SessionOutput};
 use crate::engine::{Engine, EventClock, Gate, Job, LaneKey, LaneKind, LaneSpec, Work};
@@ -1592,6 +1592,28 @@ impl Session {
         cooperative: bool,
         priority: Option<i32>,
     ) -> Result<u64, CuError> {
+        let run = self.check_launch(m, params, cooperative)?;
+        let work = LaunchWork {
+            run,
+            control: Arc::new(RunControl::default()),
+            watchdog: self.device.watchdog,
+            tenant: Arc::clone(&self.tenant),
+            ticket: self.tenant.queue_kernel(),
+        };
+        let work = self.output.wrap(Box::new(work));
+        Ok(self
+            .engine
+            .submit_with_priority(lane, Job::Other(work), &[], priority))
+    }
+
+    /// Checks a launch (function, dimensions, parameters, shared memory, a cooperative grid)
+    /// and returns what runs it.
+    fn check_launch(
+        &self,
+        m: &msg::LaunchKernel,
+        params: &[u8],
+        cooperative: bool,
+    ) -> Result<KernelRun, CuError> {
         let f = self.function(m.function)?;
         let a = &f.desc.attributes;
         let grid = [m.grid_x, m.grid_y, m.grid_z];
@@ -1648,7 +1670,7 @@ impl Session {
                 .ok_or_else(|| CuError::invalid_handle("the function's module was unloaded"))?
                 .module,
         );
-        let work = LaunchWork {
+        Ok(KernelRun {
             module,
             kernel: f.kernel,
             dims: LaunchDims {
@@ -1658,15 +1680,7 @@ impl Session {
                 cooperative,
             },
             params: params.to_vec(),
-            control: Arc::new(RunControl::default()),
-            watchdog: self.device.watchdog,
-            tenant: Arc::clone(&self.tenant),
-            ticket: self.tenant.queue_kernel(),
-        };
-        let work = self.output.wrap(Box::new(work));
-        Ok(self
-            .engine
-            .submit_with_priority(lane, Job::Other(work), &[], priority))
+        })
     }
 
     fn tenant_json(&self) -> String {
@@ -1909,15 +1923,29 @@ impl Drop for Session {
     }
 }
 
+/// A checked kernel launch: what the device runs.
+struct KernelRun {
+    module: Arc<dyn DeviceModule>,
+    kernel: usize,
+    dims: LaunchDims,
+    params: Vec<u8>,
+}
+
+impl KernelRun {
+    fn name(&self) -> &str {
+        self.module
+            .kernels()
+            .get(self.kernel)
+            .map_or("?", |k| k.name.as_str())
+    }
+}
+
 /// A kernel launch queued on the session's engine. It runs only while its
 /// tenant holds the device (see [`crate::scheduler`]): when the scheduler
 /// asks it to yield, it gives the device back and resumes from the next
 /// thread block once granted again.
 struct LaunchWork {
-    module: Arc<dyn DeviceModule>,
-    kernel: usize,
-    dims: LaunchDims,
-    params: Vec<u8>,
+    run: KernelRun,
     control: Arc<RunControl>,
     watchdog: Option<std::time::Duration>,
     tenant: Arc<Tenant>,
@@ -1927,10 +1955,7 @@ struct LaunchWork {
 impl Work for LaunchWork {
     fn run(self: Box<Self>, dev: &dyn DeviceContext) -> Result<(), CuError> {
         let LaunchWork {
-            module,
-            kernel,
-            dims,
-            params,
+            run,
             control,
             watchdog,
             tenant,
@@ -1938,60 +1963,165 @@ impl Work for LaunchWork {
         } = *self;
         // Host-side device state (the simulated GPU's interpreter) is the VM's.
         control.set_state_budget(Some(Arc::clone(&tenant.limits) as _));
-        let mut start = 0;
-        // The watchdog counts the kernel's running time only, not its waits
-        // for the device.
-        let mut ran = Duration::ZERO;
-        loop {
+        run_kernel(dev, &run, &control, watchdog, &tenant, &mut ticket)
+    }
+
+    fn bytes(&self) -> usize {
+        self.run.params.len()
+    }
+
+    fn control(&self) -> Option<Arc<RunControl>> {
+        Some(Arc::clone(&self.control))
+    }
+}
+
+/// Runs one kernel under grants of `ticket`, from its first block to its end, yielding the
+/// device when the scheduler asks (a device that can stop between thread blocks).
+fn run_kernel(
+    dev: &dyn DeviceContext,
+    run: &KernelRun,
+    control: &Arc<RunControl>,
+    watchdog: Option<Duration>,
+    tenant: &Tenant,
+    ticket: &mut KernelTicket,
+) -> Result<(), CuError> {
+    let mut start = 0;
+    // The watchdog counts the kernel's running time only, not its waits
+    // for the device.
+    let mut ran = Duration::ZERO;
+    loop {
+        let grant = ticket
+            .acquire(control)
+            .map_err(|e| CuError::new(cuda::CUDA_ERROR_LAUNCH_FAILED, e.to_string()))?;
+        if let Some(limit) = watchdog {
+            let Some(left) = limit.checked_sub(ran).filter(|d| !d.is_zero()) else {
+                grant.finish(Outcome::Failed);
+                return Err(CuError::new(
+                    cuda::CUDA_ERROR_LAUNCH_TIMEOUT,
+                    format!(
+                        "watchdog: kernel `{}` ran longer than {} ms",
+                        run.name(),
+                        limit.as_millis()
+                    ),
+                ));
+            };
+            control.set_deadline(Instant::now().checked_add(left));
+        }
+        let t0 = Instant::now();
+        let r = dev.launch(
+            run.module.as_ref(),
+            run.kernel,
+            &run.dims,
+            &run.params,
+            start,
+            control,
+        );
+        ran += t0.elapsed();
+        match r {
+            Err(e) => {
+                grant.finish(Outcome::Failed);
+                return Err(e.into());
+            }
+            Ok(LaunchProgress::Completed) => {
+                grant.finish(Outcome::Completed);
+                tenant.stats.kernels.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            Ok(LaunchProgress::Yielded { next_block }) => {
+                grant.finish(Outcome::Yielded);
+                if control.cancelled() {
+                    return Err(CuError::new(
+                        cuda::CUDA_ERROR_LAUNCH_FAILED,
+                        "the launch was cancelled",
+                    ));
+                }
+                start = next_block;
+            }
+        }
+    }
+}
+
+/// Most kernels of a graph that run as one job, one device launch (a *chain*, see
+/// `session/graph.rs`): the scheduler gates a real GPU at kernel boundaries, and a chain is one
+/// boundary, so the bound keeps a VM's turn on the device short.
+pub const MAX_GRAPH_CHAIN_KERNELS: usize = 16;
+
+/// Consecutive kernels of one graph branch run as one job ([`DeviceContext::launch_chain`]):
+/// one scheduler grant, one device launch, the watchdog over them all. A device that refuses
+/// chains gets them one by one, and the session stops making chains (`refused`).
+struct ChainWork {
+    runs: Vec<KernelRun>,
+    control: Arc<RunControl>,
+    watchdog: Option<Duration>,
+    tenant: Arc<Tenant>,
+    ticket: KernelTicket,
+    refused: Arc<AtomicBool>,
+}
+
+impl Work for ChainWork {
+    fn run(self: Box<Self>, dev: &dyn DeviceContext) -> Result<(), CuError> {
+        let ChainWork {
+            runs,
+            control,
+            watchdog,
+            tenant,
+            mut ticket,
+            refused,
+        } = *self;
+        control.set_state_budget(Some(Arc::clone(&tenant.limits) as _));
+        if !refused.load(Ordering::Relaxed) {
             let grant = ticket
                 .acquire(&control)
                 .map_err(|e| CuError::new(cuda::CUDA_ERROR_LAUNCH_FAILED, e.to_string()))?;
             if let Some(limit) = watchdog {
-                let Some(left) = limit.checked_sub(ran).filter(|d| !d.is_zero()) else {
-                    grant.finish(Outcome::Failed);
-                    return Err(CuError::new(
-                        cuda::CUDA_ERROR_LAUNCH_TIMEOUT,
-                        format!(
-                            "watchdog: kernel `{}` ran longer than {} ms",
-                            module
-                                .kernels()
-                                .get(kernel)
-                                .map_or("?", |k| k.name.as_str()),
-                            limit.as_millis()
-                        ),
-                    ));
-                };
-                control.set_deadline(Instant::now().checked_add(left));
+                control.set_deadline(Instant::now().checked_add(limit));
             }
-            let t0 = Instant::now();
-            let r = dev.launch(module.as_ref(), kernel, &dims, &params, start, &control);
-            ran += t0.elapsed();
-            match r {
+            let chain: Vec<ChainKernel<'_>> = runs
+                .iter()
+                .map(|r| ChainKernel {
+                    module: r.module.as_ref(),
+                    kernel: r.kernel,
+                    dims: r.dims,
+                    params: &r.params,
+                })
+                .collect();
+            match dev.launch_chain(&chain, &control) {
+                Ok(()) => {
+                    grant.finish(Outcome::Completed);
+                    tenant
+                        .stats
+                        .kernels
+                        .fetch_add(runs.len() as u64, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(DeviceError::NotSupported(why)) => {
+                    // Nothing ran: give the device back and go one by one from now on.
+                    grant.finish(Outcome::Yielded);
+                    debug!(tenant = %tenant.name, %why, "the device refuses chains of kernels");
+                    refused.store(true, Ordering::Relaxed);
+                }
                 Err(e) => {
                     grant.finish(Outcome::Failed);
                     return Err(e.into());
                 }
-                Ok(LaunchProgress::Completed) => {
-                    grant.finish(Outcome::Completed);
-                    tenant.stats.kernels.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
-                Ok(LaunchProgress::Yielded { next_block }) => {
-                    grant.finish(Outcome::Yielded);
-                    if control.cancelled() {
-                        return Err(CuError::new(
-                            cuda::CUDA_ERROR_LAUNCH_FAILED,
-                            "the launch was cancelled",
-                        ));
-                    }
-                    start = next_block;
-                }
             }
         }
+        for (i, run) in runs.iter().enumerate() {
+            let mut own;
+            let t = if i == 0 {
+                &mut ticket
+            } else {
+                own = tenant.queue_kernel();
+                &mut own
+            };
+            control.clear_yield();
+            run_kernel(dev, run, &control, watchdog, &tenant, t)?;
+        }
+        Ok(())
     }
 
     fn bytes(&self) -> usize {
-        self.params.len()
+        self.runs.iter().map(|r| r.params.len()).sum()
     }
 
     fn control(&self) -> Option<Arc<RunControl>> {

@@ -1593,7 +1593,188 @@ pub mod cuda_executor {
         ("cuda_loads_cubins", loads_cubins),
         ("cuda_clears_staging_buffers", clears_staging_buffers),
         ("cuda_launches_at_priority", launches_at_priority),
+        (
+            "cuda_runs_graph_chains_as_cuda_graphs",
+            runs_graph_chains_as_cuda_graphs,
+        ),
     ];
+
+    /// A replayed graph's chain of dependent kernels runs as one CUDA graph: the broker hands
+    /// it to the executor as one job, which captures it once (one instantiation, then the
+    /// cached executable graph) and launches it with one `cuGraphLaunch` per replay; the
+    /// results are those of the kernels one by one, every kernel is counted, a chain longer
+    /// than the bound is split, and a faulting kernel in a chain fails the context as it would
+    /// alone.
+    pub fn runs_graph_chains_as_cuda_graphs(t: &Target) {
+        use vgpu_broker::session::MAX_GRAPH_CHAIN_KERNELS;
+        use vgpu_corpus::{Arch, Arg};
+        use vgpu_proto::graph::push_op;
+        use vgpu_proto::msg;
+
+        use super::{MIB, Rig, code, f32s, packed};
+
+        let d = driver_of(t);
+        if !d.has_graphs() {
+            println!("the driver has no graphs: chains run kernel by kernel");
+            return;
+        }
+        let rig = Rig::new(open(&d, None), &[("a", 64 * MIB, 1)]);
+        let mut s = rig.session("a");
+        let ctx = s.ctx;
+        let m = s
+            .load(vgpu_corpus::ptx("saxpy", Arch::Sm52).as_bytes())
+            .unwrap();
+        let saxpy = s.kernel(m, "saxpy").unwrap();
+        let n = 1000usize;
+        let x: Vec<f32> = (0..n).map(|i| (i % 97) as f32).collect();
+        let (px, py) = (
+            s.alloc(4 * n as u64).unwrap(),
+            s.alloc(4 * n as u64).unwrap(),
+        );
+        s.htod(px, &f32s(&x)).unwrap();
+        s.memset(py, 0, 4, n as u64).unwrap();
+        // y += x, `len` times, each node after the one before (push_op's default dependency).
+        let line = |len: usize| {
+            let launch = msg::LaunchKernel {
+                ctx,
+                stream: 0,
+                function: saxpy.handle,
+                grid_x: (n as u32).div_ceil(128),
+                grid_y: 1,
+                grid_z: 1,
+                block_x: 128,
+                block_y: 1,
+                block_z: 1,
+                shared_bytes: 0,
+            };
+            let params = packed(
+                &saxpy,
+                &[
+                    Arg::I32(n as i32),
+                    Arg::F32(1.0),
+                    Arg::Ptr(px),
+                    Arg::Ptr(py),
+                ],
+            );
+            let mut nodes = Vec::new();
+            for _ in 0..len {
+                push_op(&mut nodes, &launch, &params);
+            }
+            nodes
+        };
+        let instantiate = |s: &mut super::Session, nodes: &[u8]| {
+            code(
+                s.client
+                    .call(&msg::GraphInstantiate { ctx, replace: 0 }, nodes),
+            )
+            .expect("uploading the graph")
+            .0
+            .handle
+        };
+        let launch = |s: &mut super::Session, exec: u64| {
+            s.client
+                .post(
+                    &msg::GraphLaunch {
+                        ctx,
+                        stream: 0,
+                        exec,
+                    },
+                    &[],
+                )
+                .unwrap();
+        };
+        let kernels = || {
+            rig.broker
+                .tenant("a")
+                .unwrap()
+                .stats
+                .kernels
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let mut added = 0usize;
+        let check = |s: &mut super::Session, added: usize, what: &str| {
+            let want: Vec<f32> = x.iter().map(|v| v * added as f32).collect();
+            assert!(s.dtoh(py, 4 * n).unwrap() == f32s(&want), "{what}");
+        };
+
+        // A chain of 5 kernels, replayed 3 times: one instantiation, 3 graph launches.
+        let exec = instantiate(&mut s, &line(5));
+        let (l0, i0, k0) = (d.graph_launches(), d.graph_instantiations(), kernels());
+        for _ in 0..3 {
+            launch(&mut s, exec);
+        }
+        s.sync().unwrap();
+        added += 15;
+        check(&mut s, added, "5 kernels replayed 3 times");
+        assert_eq!(
+            d.graph_launches() - l0,
+            3,
+            "one cuGraphLaunch per replay of the chain"
+        );
+        assert_eq!(
+            d.graph_instantiations() - i0,
+            1,
+            "the executable graph is instantiated once and reused"
+        );
+        assert_eq!(kernels() - k0, 15, "every kernel of the chains is counted");
+
+        // Longer than the bound: split into chains of at most MAX_GRAPH_CHAIN_KERNELS.
+        let long = MAX_GRAPH_CHAIN_KERNELS + 3;
+        let exec = instantiate(&mut s, &line(long));
+        let (l0, i0) = (d.graph_launches(), d.graph_instantiations());
+        for _ in 0..2 {
+            launch(&mut s, exec);
+        }
+        s.sync().unwrap();
+        added += 2 * long;
+        check(&mut s, added, "a chain longer than the bound");
+        assert_eq!(d.graph_launches() - l0, 4, "two chains per replay");
+        assert_eq!(
+            d.graph_instantiations() - i0,
+            2,
+            "a graph for each of the two chains, reused by the second replay"
+        );
+
+        // A faulting kernel in the middle of a chain: the context's error, as alone.
+        let oob = s
+            .load(vgpu_corpus::ptx("oob", Arch::Sm52).as_bytes())
+            .unwrap();
+        let oob = s.kernel(oob, "oob_write").unwrap();
+        let buf = s.alloc(1024).unwrap();
+        let ok = line(1);
+        let mut nodes = ok.clone();
+        push_op(
+            &mut nodes,
+            &msg::LaunchKernel {
+                ctx,
+                stream: 0,
+                function: oob.handle,
+                grid_x: 1,
+                grid_y: 1,
+                grid_z: 1,
+                block_x: 64,
+                block_y: 1,
+                block_z: 1,
+                shared_bytes: 0,
+            },
+            &packed(&oob, &[Arg::Ptr(buf), Arg::I64(1 << 38), Arg::I32(42)]),
+        );
+        nodes.extend_from_slice(&ok);
+        let exec = instantiate(&mut s, &nodes);
+        let l0 = d.graph_launches();
+        launch(&mut s, exec);
+        assert_eq!(s.sync(), Err(cuda::CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert_eq!(
+            d.graph_launches() - l0,
+            1,
+            "the three kernels were one graph"
+        );
+        assert_eq!(
+            s.alloc(4096),
+            Err(cuda::CUDA_ERROR_ILLEGAL_ADDRESS),
+            "the error is sticky"
+        );
+    }
 
     /// A kernel the engine runs at a non-zero priority is launched with `cuLaunchKernelEx` and
     /// a `CU_LAUNCH_ATTRIBUTE_PRIORITY` attribute, and computes what it computes at priority 0

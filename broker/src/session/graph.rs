@@ -15,6 +15,13 @@
 //! ends with a barrier that waits for every branch, so work after the launch on that stream —
 //! and anything that synchronizes with it — waits for the whole graph.
 //!
+//! Consecutive kernel nodes of one branch form a *chain* ([`chains`]) when nothing else lies
+//! between them and no other branch waits for one in its middle; on a device that launches
+//! chains ([`DeviceContext::launch_chain`](crate::device::DeviceContext::launch_chain): a real
+//! GPU, as one CUDA graph) a chain of up to [`MAX_GRAPH_CHAIN_KERNELS`] kernels is one engine
+//! job with one scheduler grant. Elsewhere (the simulated GPU, which preempts between thread
+//! blocks) each kernel stays a job of its own.
+//!
 //! Hostile input is bounded: a graph holds at most [`graph::MAX_GRAPH_NODES`] nodes, a session at
 //! most [`MAX_GRAPH_EXECS`] executable graphs and [`MAX_GRAPH_BYTES`] bytes of them, and a VM's
 //! sessions together their VM's `limits.handles` handles and `limits.graph_bytes` bytes.
@@ -24,7 +31,12 @@ use std::sync::Arc;
 use vgpu_proto::graph::{self, EMPTY_NODE, MEM_ALLOC_NODE, MEM_FREE_NODE};
 use vgpu_proto::msg::{self, Request};
 
-use super::{ACCESS_READWRITE, Session, reply};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::{
+    ACCESS_READWRITE, ChainWork, GREATEST_STREAM_PRIORITY, MAX_GRAPH_CHAIN_KERNELS, Session, reply,
+};
+use crate::device::RunControl;
 use crate::engine::{Job, LaneKey, LaneKind, LaneSpec, MAX_GRAPH_BRANCHES};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
@@ -37,9 +49,9 @@ pub const MAX_GRAPH_EXECS: usize = 4096;
 pub const MAX_GRAPH_BYTES: usize = 64 << 20;
 
 /// What one node of an executable graph holds besides its bulk bytes and dependencies: the
-/// decoded node, its dependency list and its branch.
+/// decoded node, its dependency list, its branch and its chain length.
 const NODE_BYTES: usize =
-    std::mem::size_of::<Node>() + std::mem::size_of::<Vec<u32>>() + std::mem::size_of::<u32>();
+    std::mem::size_of::<Node>() + std::mem::size_of::<Vec<u32>>() + 2 * std::mem::size_of::<u32>();
 
 /// One node, decoded and checked at upload.
 #[derive(Debug)]
@@ -65,7 +77,65 @@ struct GraphExec {
     branch: Vec<u32>,
     /// How many branches (lanes) a launch uses.
     branches: u32,
+    /// For each node, the length of the chain it starts (0: none), see [`chains`].
+    chain: Vec<u32>,
     bytes: usize,
+}
+
+impl Node {
+    /// For a kernel node that may be part of a chain: the priority it runs at (`None`: its
+    /// lane's); `None` for other nodes.
+    fn chain_priority(&self) -> Option<Option<i32>> {
+        match self {
+            Node::Op(Request::LaunchKernel(_), _) => Some(None),
+            Node::Op(Request::LaunchKernelPriority(p), _) if p.cooperative == 0 => {
+                Some(Some(p.priority.clamp(GREATEST_STREAM_PRIORITY, 0)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The chains of a graph: runs of consecutive nodes that are kernels of one branch at one
+/// priority (`priority[i]`: `Some` for a kernel node, with the priority it runs at), where each
+/// node after the first depends only on nodes of its branch and no node of another branch
+/// depends on any node but the last, at most [`MAX_GRAPH_CHAIN_KERNELS`] long. Returns, for
+/// each node, the length of the chain it starts (0 when it starts none of 2 or more nodes).
+fn chains(priority: &[Option<Option<i32>>], deps: &[Vec<u32>], branch: &[u32]) -> Vec<u32> {
+    let n = priority.len();
+    // Nodes another branch waits for.
+    let mut exported = vec![false; n];
+    for (m, d) in deps.iter().enumerate() {
+        for &p in d {
+            if branch[p as usize] != branch[m] {
+                exported[p as usize] = true;
+            }
+        }
+    }
+    let mut len = vec![0u32; n];
+    let mut i = 0;
+    while i < n {
+        let Some(p) = priority[i] else {
+            i += 1;
+            continue;
+        };
+        let b = branch[i];
+        let mut j = i;
+        while j + 1 < n
+            && j + 1 - i < MAX_GRAPH_CHAIN_KERNELS
+            && priority[j + 1] == Some(p)
+            && branch[j + 1] == b
+            && !exported[j]
+            && deps[j + 1].iter().all(|&d| branch[d as usize] == b)
+        {
+            j += 1;
+        }
+        if j > i {
+            len[i] = (j - i + 1) as u32;
+        }
+        i = j + 1;
+    }
+    len
 }
 
 /// Gives each node a branch: a node continues the branch of its first dependency that no earlier
@@ -105,6 +175,11 @@ pub(super) struct Graphs {
     /// While a launch replays a node: the lane of the node's branch, which the node's request
     /// uses instead of its stream's ([`Session::lane`]).
     pub(super) route: Option<LaneSpec>,
+    /// Whether the device was asked if it launches chains of kernels.
+    chains_probed: bool,
+    /// Set when the device refuses chains (at the probe or when one runs): kernels then run one
+    /// by one.
+    chains_refused: Arc<AtomicBool>,
 }
 
 impl Default for Graphs {
@@ -115,6 +190,8 @@ impl Default for Graphs {
             mapped: Default::default(),
             vm: None,
             route: None,
+            chains_probed: false,
+            chains_refused: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -235,6 +312,8 @@ impl Session {
             deps.push(n.deps);
         }
         let (branch, lanes) = branches(&deps);
+        let priority: Vec<_> = nodes.iter().map(Node::chain_priority).collect();
+        let chain = chains(&priority, &deps, &branch);
         // What the graph holds in memory: its decoded nodes, dependencies and bulk bytes.
         let bytes = nodes.len() * NODE_BYTES
             + deps.iter().map(|d| d.len() * 4).sum::<usize>()
@@ -254,6 +333,7 @@ impl Session {
             deps,
             branch,
             branches: lanes,
+            chain,
             bytes,
         });
         if m.replace != 0 {
@@ -441,8 +521,11 @@ impl Session {
         // The last job of each node (0: none, or done).
         let mut done = vec![0u64; g.nodes.len()];
         let mut scratch = Vec::new();
+        let chains = g.chain.iter().any(|&c| c > 1) && self.launches_chains();
         let replayed: Result<(), CuError> = 'nodes: {
-            for (i, n) in g.nodes.iter().enumerate() {
+            let mut i = 0;
+            while i < g.nodes.len() {
+                let n = &g.nodes[i];
                 let b = g.branch[i] as usize;
                 let lane = lanes[b];
                 let mut after: Vec<u64> = g.deps[i]
@@ -467,6 +550,19 @@ impl Session {
                     self.engine
                         .submit_with_priority(&lane, Job::Barrier, &after, priority);
                 }
+                let len = if chains { g.chain[i] as usize } else { 0 };
+                if len > 1 {
+                    self.graphs.route = Some(lane);
+                    let r = self.replay_chain(&g.nodes[i..i + len], m, &lane);
+                    self.graphs.route = None;
+                    if let Err(e) = r {
+                        break 'nodes Err(e);
+                    }
+                    let last = self.engine.lane_last(lane.key);
+                    done[i..i + len].fill(last);
+                    i += len;
+                    continue;
+                }
                 scratch.clear();
                 self.graphs.route = Some(lane);
                 let r = match n {
@@ -483,6 +579,7 @@ impl Session {
                     break 'nodes Err(e);
                 }
                 done[i] = self.engine.lane_last(lane.key);
+                i += 1;
             }
             Ok(())
         };
@@ -500,6 +597,74 @@ impl Session {
             }
         }
         replayed
+    }
+
+    /// Whether the device launches chains of kernels as one unit: asked once per session (an
+    /// empty chain), and no longer once a chain was refused.
+    fn launches_chains(&mut self) -> bool {
+        if !self.graphs.chains_probed {
+            self.graphs.chains_probed = true;
+            if let Err(crate::device::DeviceError::NotSupported(_)) =
+                self.dev.launch_chain(&[], &RunControl::default())
+            {
+                self.graphs.chains_refused.store(true, Ordering::Relaxed);
+            }
+        }
+        !self.graphs.chains_refused.load(Ordering::Relaxed)
+    }
+
+    /// Submits a chain's kernels (see [`chains`]) as one job on `lane`; each is checked as its
+    /// launch would be. When one fails its check, the kernels before it still run (as they would
+    /// node by node) and the check's error is returned.
+    fn replay_chain(
+        &mut self,
+        nodes: &[Node],
+        m: &msg::GraphLaunch,
+        lane: &LaneSpec,
+    ) -> Result<(), CuError> {
+        let mut runs = Vec::with_capacity(nodes.len());
+        let mut priority = None;
+        let mut checked = Ok(());
+        for n in nodes {
+            let r = match n {
+                Node::Op(req, tail) => match on_stream(req, m.ctx, m.stream) {
+                    Request::LaunchKernel(k) => self
+                        .lane(k.ctx, k.stream)
+                        .and_then(|_| self.check_launch(&k, tail, false)),
+                    Request::LaunchKernelPriority(p) => {
+                        priority = Some(p.priority.clamp(GREATEST_STREAM_PRIORITY, 0));
+                        self.lane(p.ctx, p.stream)
+                            .and_then(|_| self.check_launch(&p.launch(), tail, false))
+                    }
+                    other => Err(CuError::invalid_value(format!(
+                        "{} is not a kernel launch",
+                        other.name()
+                    ))),
+                },
+                _ => Err(CuError::invalid_value("a chain holds kernel launches only")),
+            };
+            match r {
+                Ok(run) => runs.push(run),
+                Err(e) => {
+                    checked = Err(e);
+                    break;
+                }
+            }
+        }
+        if !runs.is_empty() {
+            let work = ChainWork {
+                runs,
+                control: Arc::new(RunControl::default()),
+                watchdog: self.device.watchdog,
+                tenant: Arc::clone(&self.tenant),
+                ticket: self.tenant.queue_kernel(),
+                refused: Arc::clone(&self.graphs.chains_refused),
+            };
+            let work = self.output.wrap(Box::new(work));
+            self.engine
+                .submit_with_priority(lane, Job::Other(work), &[], priority);
+        }
+        checked
     }
 
     /// Maps `size` bytes of new physical memory, charged to the slice, at `ptr`.
@@ -650,6 +815,53 @@ mod tests {
         assert_eq!(lanes, MAX_GRAPH_BRANCHES);
         assert_eq!(b[MAX_GRAPH_BRANCHES as usize], 0);
         assert_eq!(b[MAX_GRAPH_BRANCHES as usize + 1], 1);
+    }
+
+    #[test]
+    fn consecutive_kernels_of_one_branch_form_chains() {
+        const K: Option<Option<i32>> = Some(None);
+        // A straight line of 4 kernels: one chain.
+        let line = vec![vec![], vec![0], vec![1], vec![2]];
+        let (b, _) = branches(&line);
+        assert_eq!(chains(&[K; 4], &line, &b), vec![4, 0, 0, 0]);
+        // A memset (not a kernel) in the middle splits it; a lone kernel is no chain.
+        assert_eq!(
+            chains(&[K, K, None, K], &line, &b),
+            vec![2, 0, 0, 0],
+            "a non-kernel node ends a chain"
+        );
+        // Another priority starts another chain.
+        let p = [K, K, Some(Some(-2)), Some(Some(-2))];
+        assert_eq!(chains(&p, &line, &b), vec![2, 0, 2, 0]);
+        // Fork after 0 into 1 (branch 0) and 2 (branch 1), 3 after 2 on branch 1, 4 joins 1 and 3.
+        let fork = vec![vec![], vec![0], vec![0], vec![2], vec![1, 3]];
+        let (b, _) = branches(&fork);
+        assert_eq!(b, vec![0, 0, 1, 1, 0]);
+        // 0 is waited for by branch 1: the chain cannot go on past it (1 is alone on its branch
+        // between 0 and 2); 2-3 chain on branch 1; 4 depends on branch 1's 3 (a join).
+        assert_eq!(chains(&[K; 5], &fork, &b), vec![0, 0, 2, 0, 0]);
+        // Nodes of one branch that are not consecutive in the graph's order do not chain.
+        let interleaved = vec![vec![], vec![], vec![0], vec![1]];
+        let (b, _) = branches(&interleaved);
+        assert_eq!(b, vec![0, 1, 0, 1]);
+        assert_eq!(chains(&[K; 4], &interleaved, &b), vec![0; 4]);
+        // A join in the middle (a dependency from another branch) starts a new chain there.
+        let join = vec![vec![], vec![0], vec![], vec![1, 2], vec![3]];
+        let (b, _) = branches(&join);
+        assert_eq!(b, vec![0, 0, 1, 0, 0]);
+        assert_eq!(chains(&[K; 5], &join, &b), vec![2, 0, 0, 2, 0]);
+        // Long runs are cut into chains of at most MAX_GRAPH_CHAIN_KERNELS.
+        let n = 2 * MAX_GRAPH_CHAIN_KERNELS + 3;
+        let long: Vec<Vec<u32>> = (0..n)
+            .map(|i| if i == 0 { vec![] } else { vec![i as u32 - 1] })
+            .collect();
+        let (b, _) = branches(&long);
+        let c = chains(&vec![K; n], &long, &b);
+        let max = MAX_GRAPH_CHAIN_KERNELS as u32;
+        assert_eq!(c[0], max);
+        assert_eq!(c[MAX_GRAPH_CHAIN_KERNELS], max);
+        assert_eq!(c[2 * MAX_GRAPH_CHAIN_KERNELS], 3);
+        assert_eq!(c.iter().filter(|&&l| l > 0).count(), 3);
     }
 
     #[test]

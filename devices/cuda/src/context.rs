@@ -24,6 +24,7 @@ use tracing::{debug, error, warn};
 use vgpu_broker::device::{DeviceError, RunControl};
 use vgpu_proto::cuda;
 
+use crate::chain::GraphCache;
 use crate::driver::{Ctx, Current, Driver, Event, Failed, HostPtr, Stream};
 use crate::error::{Op, is_context_fatal};
 use crate::gather::{Cursor, gather, scatter};
@@ -44,7 +45,7 @@ const STAGING_POOL: usize = 4;
 /// `CU_MEMHOSTALLOC_PORTABLE`.
 const MEMHOSTALLOC_PORTABLE: u32 = 1;
 /// `CU_STREAM_NON_BLOCKING`: the VM's stream never waits for the legacy stream.
-const STREAM_NON_BLOCKING: u32 = 1;
+pub(crate) const STREAM_NON_BLOCKING: u32 = 1;
 /// `CU_EVENT_DEFAULT`: timing enabled.
 const EVENT_TIMING: u32 = 0;
 /// Most CUDA streams per VM context besides its default one. Each guest
@@ -179,6 +180,8 @@ pub(crate) struct Generation {
     /// Held while a launch issues its start event, kernel and end event, so
     /// the events of two launches never interleave on the stream.
     pub(crate) submit: Mutex<()>,
+    /// Executable graphs of chains of kernels ([`crate::chain`]).
+    pub(crate) graphs: Mutex<GraphCache>,
     /// Held shared by every copy, fill and launch of the VM until its work completed, and
     /// exclusively by a move of a movable allocation: the safe point at which an allocation's
     /// backing may change under its address (a real GPU cannot stop a running kernel, so a
@@ -229,6 +232,7 @@ impl Generation {
             scratch: Mutex::new(None),
             vmm: Mutex::new(vmm::Vmm::default()),
             submit: Mutex::new(()),
+            graphs: Mutex::new(GraphCache::default()),
             gate: RwLock::new(()),
         })
     }
@@ -805,6 +809,7 @@ impl Drop for Generation {
         }
         // Healthy: release what it holds, then the context (which frees the rest).
         if let Ok(_c) = Current::push(&d, self.ctx) {
+            lock(&self.graphs).clear(&d);
             self.release_vmm();
             for s in std::mem::take(&mut *lock(&self.staging)) {
                 self.free_staging(s);
@@ -846,6 +851,15 @@ impl KernelTimes {
         self.last_ns.store(ns, Ordering::Relaxed);
     }
 
+    /// `n` kernels that ran as one unit (a chain, one CUDA graph) took `t` together; the
+    /// latest kernel's time is their average.
+    pub(crate) fn record_chain(&self, t: Duration, n: u64) {
+        let ns = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+        self.count.fetch_add(n, Ordering::Relaxed);
+        self.total_ns.fetch_add(ns, Ordering::Relaxed);
+        self.last_ns.store(ns / n.max(1), Ordering::Relaxed);
+    }
+
     /// Kernels completed.
     pub fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
@@ -864,7 +878,7 @@ impl KernelTimes {
 
 /// State of a VM's context shared with its modules.
 pub(crate) struct ContextInner {
-    shared: Arc<DeviceShared>,
+    pub(crate) shared: Arc<DeviceShared>,
     pub(crate) tenant: String,
     slot: Mutex<Option<Arc<Generation>>>,
     pub(crate) generations: AtomicU64,

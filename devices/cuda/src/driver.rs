@@ -43,6 +43,8 @@ mod abi {
     pub const V3020: i32 = 3020;
     pub const V4000: i32 = 4000;
     pub const V9000: i32 = 9000;
+    pub const V10000: i32 = 10000;
+    pub const V10010: i32 = 10010;
     pub const V10020: i32 = 10020;
     pub const V11040: i32 = 11040;
     pub const V11080: i32 = 11080;
@@ -75,7 +77,16 @@ handles! {
     Module;
     /// A `CUfunction`.
     Function;
+    /// A `CUgraph`.
+    Graph;
+    /// A `CUgraphExec`.
+    GraphExec;
 }
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`: a capture that does not forbid other threads' calls.
+const CAPTURE_MODE_RELAXED: c_int = 2;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`: kernel nodes run at their own priority.
+const INSTANTIATE_USE_NODE_PRIORITY: u64 = 8;
 
 /// A pinned host buffer from `cuMemHostAlloc`.
 #[derive(Debug, Clone, Copy)]
@@ -222,6 +233,14 @@ struct Functions {
     mem_map: Option<unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R>,
     mem_unmap: Option<unsafe extern "C" fn(u64, usize) -> R>,
     mem_set_access: Option<unsafe extern "C" fn(u64, usize, *const MemAccessDesc, usize) -> R>,
+    // Graphs, CUDA 10.0 / 11.4 (optional: without them the executor launches kernels one by
+    // one).
+    stream_begin_capture: Option<unsafe extern "C" fn(P, c_int) -> R>,
+    stream_end_capture: Option<unsafe extern "C" fn(P, *mut P) -> R>,
+    graph_instantiate_with_flags: Option<unsafe extern "C" fn(*mut P, P, u64) -> R>,
+    graph_launch: Option<unsafe extern "C" fn(P, P) -> R>,
+    graph_exec_destroy: Option<unsafe extern "C" fn(P) -> R>,
+    graph_destroy: Option<unsafe extern "C" fn(P) -> R>,
     mem_get_allocation_granularity:
         Option<unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> R>,
 }
@@ -421,6 +440,10 @@ pub struct Driver {
     f: Functions,
     /// Kernels launched through `cuLaunchKernelEx` with a priority attribute.
     priority_launches: AtomicU64,
+    /// `cuGraphLaunch` calls.
+    graph_launches: AtomicU64,
+    /// Graphs instantiated (`cuGraphInstantiateWithFlags`).
+    graph_instantiations: AtomicU64,
 }
 
 impl std::fmt::Debug for Driver {
@@ -709,6 +732,32 @@ impl Driver {
             mem_map: optional!(r, "cuMemMap", abi::V10020, "cuMemMap"),
             mem_unmap: optional!(r, "cuMemUnmap", abi::V10020, "cuMemUnmap"),
             mem_set_access: optional!(r, "cuMemSetAccess", abi::V10020, "cuMemSetAccess"),
+            stream_begin_capture: optional!(
+                r,
+                "cuStreamBeginCapture",
+                abi::V10010,
+                "cuStreamBeginCapture_v2"
+            ),
+            stream_end_capture: optional!(
+                r,
+                "cuStreamEndCapture",
+                abi::V10000,
+                "cuStreamEndCapture"
+            ),
+            graph_instantiate_with_flags: optional!(
+                r,
+                "cuGraphInstantiateWithFlags",
+                abi::V11040,
+                "cuGraphInstantiateWithFlags"
+            ),
+            graph_launch: optional!(r, "cuGraphLaunch", abi::V10000, "cuGraphLaunch"),
+            graph_exec_destroy: optional!(
+                r,
+                "cuGraphExecDestroy",
+                abi::V10000,
+                "cuGraphExecDestroy"
+            ),
+            graph_destroy: optional!(r, "cuGraphDestroy", abi::V10000, "cuGraphDestroy"),
             mem_get_allocation_granularity: optional!(
                 r,
                 "cuMemGetAllocationGranularity",
@@ -742,6 +791,8 @@ impl Driver {
             version,
             f,
             priority_launches: AtomicU64::new(0),
+            graph_launches: AtomicU64::new(0),
+            graph_instantiations: AtomicU64::new(0),
         }))
     }
 
@@ -1254,6 +1305,24 @@ impl Driver {
         params: &[u8],
         priority: i32,
     ) -> DrvResult<()> {
+        if self.issue_launch(f, grid, block, shared, s, params, priority)? {
+            self.priority_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// [`Driver::launch`] without counting; `true` when the launch carried a priority.
+    #[allow(clippy::too_many_arguments)]
+    fn issue_launch(
+        &self,
+        f: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: Stream,
+        params: &[u8],
+        priority: i32,
+    ) -> DrvResult<bool> {
         /// `CU_LAUNCH_PARAM_END`.
         const END: P = std::ptr::null_mut();
         /// `CU_LAUNCH_PARAM_BUFFER_POINTER`.
@@ -1293,8 +1362,7 @@ impl Driver {
             check("cuLaunchKernelEx", unsafe {
                 launch_ex(&config, f.0, std::ptr::null_mut(), extra.as_mut_ptr())
             })?;
-            self.priority_launches.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(true);
         }
         // SAFETY: a live function and stream; `extra` is a well-formed
         // CU_LAUNCH_PARAM list whose buffer and size outlive the call.
@@ -1313,6 +1381,123 @@ impl Driver {
                 extra.as_mut_ptr(),
             )
         })
+        .map(|()| false)
+    }
+
+    /// Whether the driver has what [`Driver::capture_graph`] and [`Driver::graph_launch`]
+    /// need (stream capture and graphs, CUDA 11.4).
+    pub fn has_graphs(&self) -> bool {
+        self.f.stream_begin_capture.is_some()
+            && self.f.stream_end_capture.is_some()
+            && self.f.graph_instantiate_with_flags.is_some()
+            && self.f.graph_launch.is_some()
+            && self.f.graph_exec_destroy.is_some()
+            && self.f.graph_destroy.is_some()
+    }
+
+    /// How many `cuGraphLaunch` calls were made.
+    pub fn graph_launches(&self) -> u64 {
+        self.graph_launches.load(Ordering::Relaxed)
+    }
+
+    /// How many graphs were instantiated.
+    pub fn graph_instantiations(&self) -> u64 {
+        self.graph_instantiations.load(Ordering::Relaxed)
+    }
+
+    /// Captures the launches `issue` makes on `s` (through [`Driver::capture_launch`]) into a
+    /// graph: `cuStreamBeginCapture_v2` in relaxed mode, `issue`, `cuStreamEndCapture`. The
+    /// stream must be one nothing else issues work on meanwhile. A failed `issue` still ends
+    /// the capture (and destroys what it captured).
+    pub fn capture_graph(
+        &self,
+        s: Stream,
+        issue: impl FnOnce() -> DrvResult<()>,
+    ) -> DrvResult<Graph> {
+        let begin = graph_fn(self.f.stream_begin_capture, "cuStreamBeginCapture_v2")?;
+        let end = graph_fn(self.f.stream_end_capture, "cuStreamEndCapture")?;
+        // SAFETY: a live stream of the current context; the mode is a CUstreamCaptureMode.
+        check("cuStreamBeginCapture_v2", unsafe {
+            begin(s.0, CAPTURE_MODE_RELAXED)
+        })?;
+        let issued = issue();
+        let mut g: P = std::ptr::null_mut();
+        // SAFETY: the stream is capturing (begun above); valid out-pointer.
+        let ended = check("cuStreamEndCapture", unsafe { end(s.0, &mut g) });
+        match (issued, ended) {
+            (Ok(()), Ok(())) if !g.is_null() => Ok(Graph(g)),
+            (Ok(()), Ok(())) => Err(Failed {
+                call: "cuStreamEndCapture",
+                code: cuda::CUDA_ERROR_UNKNOWN,
+            }),
+            (Err(e), _) | (Ok(()), Err(e)) => {
+                if !g.is_null() {
+                    let _ = self.graph_destroy(Graph(g));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A kernel launch inside [`Driver::capture_graph`]: [`Driver::launch`], not counted as a
+    /// launch (the graph's launch is).
+    #[allow(clippy::too_many_arguments)]
+    pub fn capture_launch(
+        &self,
+        f: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: Stream,
+        params: &[u8],
+        priority: i32,
+    ) -> DrvResult<()> {
+        self.issue_launch(f, grid, block, shared, s, params, priority)
+            .map(drop)
+    }
+
+    /// `cuGraphInstantiateWithFlags`; with `node_priority`, kernel nodes run at the priority
+    /// they were captured with (`CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`).
+    pub fn graph_instantiate(&self, g: Graph, node_priority: bool) -> DrvResult<GraphExec> {
+        let inst = graph_fn(
+            self.f.graph_instantiate_with_flags,
+            "cuGraphInstantiateWithFlags",
+        )?;
+        let flags = if node_priority {
+            INSTANTIATE_USE_NODE_PRIORITY
+        } else {
+            0
+        };
+        let mut e: P = std::ptr::null_mut();
+        // SAFETY: a live graph; valid out-pointer; flags are CUgraphInstantiate_flags.
+        check("cuGraphInstantiateWithFlags", unsafe {
+            inst(&mut e, g.0, flags)
+        })?;
+        self.graph_instantiations.fetch_add(1, Ordering::Relaxed);
+        Ok(GraphExec(e))
+    }
+
+    /// `cuGraphLaunch` on `s`.
+    pub fn graph_launch(&self, e: GraphExec, s: Stream) -> DrvResult<()> {
+        let launch = graph_fn(self.f.graph_launch, "cuGraphLaunch")?;
+        // SAFETY: a live executable graph and stream of the current context.
+        check("cuGraphLaunch", unsafe { launch(e.0, s.0) })?;
+        self.graph_launches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `cuGraphExecDestroy`.
+    pub fn graph_exec_destroy(&self, e: GraphExec) -> DrvResult<()> {
+        let destroy = graph_fn(self.f.graph_exec_destroy, "cuGraphExecDestroy")?;
+        // SAFETY: a live executable graph, destroyed once by its owner.
+        check("cuGraphExecDestroy", unsafe { destroy(e.0) })
+    }
+
+    /// `cuGraphDestroy`.
+    pub fn graph_destroy(&self, g: Graph) -> DrvResult<()> {
+        let destroy = graph_fn(self.f.graph_destroy, "cuGraphDestroy")?;
+        // SAFETY: a live graph, destroyed once by its owner.
+        check("cuGraphDestroy", unsafe { destroy(g.0) })
     }
 
     /// `cuLaunchCooperativeKernel`: every block at once. It takes one pointer per
@@ -1440,6 +1625,13 @@ impl Drop for Current<'_> {
 }
 
 fn vmm_fn<F>(f: Option<F>, call: &'static str) -> DrvResult<F> {
+    f.ok_or(Failed {
+        call,
+        code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+    })
+}
+
+fn graph_fn<F>(f: Option<F>, call: &'static str) -> DrvResult<F> {
     f.ok_or(Failed {
         call,
         code: cuda::CUDA_ERROR_NOT_SUPPORTED,

@@ -13,6 +13,7 @@
 //! machines without a driver and reports a clear error only when a
 //! `kind = "cuda"` device is configured there.
 
+pub mod chain;
 pub mod context;
 pub mod driver;
 pub mod error;

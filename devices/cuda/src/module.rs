@@ -338,6 +338,8 @@ impl Drop for CudaModule {
         // A broken context unloads nothing one by one.
         if g.broken().is_none() {
             let r = g.enter().and_then(|_c| {
+                // Cached graphs that launch its kernels go first.
+                crate::context::lock(&g.graphs).forget(g.driver(), &self.functions);
                 g.driver()
                     .module_unload(self.module)
                     .map_err(|f| g.fail(f, Op::Other))

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tracing::debug;
 use vgpu_broker::device::{
-    DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, Residence, RunControl,
-    pieces_len,
+    ChainKernel, DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, Residence,
+    RunControl, pieces_len,
 };
 use vgpu_proto::cuda;
 
@@ -124,6 +124,12 @@ impl CudaContext {
     /// GPU time of the VM's kernels.
     pub fn kernel_times(&self) -> &KernelTimes {
         &self.inner.times
+    }
+
+    /// How many executable graphs of chains of kernels the VM's context keeps now
+    /// ([`crate::chain`]).
+    pub fn cached_graphs(&self) -> usize {
+        self.inner.existing().map_or(0, |g| lock(&g.graphs).len())
     }
 
     /// Non-zero bytes in the VM's idle staging buffers: 0, since every copy clears what it left
@@ -486,5 +492,46 @@ impl DeviceContext for CudaContext {
         let t = Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default();
         self.inner.times.record(t);
         Ok(LaunchProgress::Completed)
+    }
+
+    fn launch_chain(
+        &self,
+        kernels: &[ChainKernel<'_>],
+        control: &RunControl,
+    ) -> Result<(), DeviceError> {
+        let Some(first) = kernels.first() else {
+            // The broker's probe: whether chains can run here at all.
+            return if self.inner.shared.driver.has_graphs() {
+                Ok(())
+            } else {
+                Err(DeviceError::NotSupported(
+                    "the CUDA driver has no stream capture or graphs".into(),
+                ))
+            };
+        };
+        let m = first
+            .module
+            .as_any()
+            .downcast_ref::<CudaModule>()
+            .ok_or_else(|| DeviceError::NotSupported("module of another device".into()))?;
+        let g = m.generation()?;
+        for k in &kernels[1..] {
+            let same = k
+                .module
+                .as_any()
+                .downcast_ref::<CudaModule>()
+                .and_then(|m| m.generation().ok())
+                .is_some_and(|mg| Arc::ptr_eq(&mg, &g));
+            if !same {
+                return Err(DeviceError::NotSupported(
+                    "the chain's modules live in different CUDA contexts".into(),
+                ));
+            }
+        }
+        // Held until the chain completed: a move of an allocation waits for it.
+        let _work = g.work_gate();
+        let t = crate::chain::launch(&g, kernels, control)?;
+        self.inner.times.record_chain(t, kernels.len() as u64);
+        Ok(())
     }
 }

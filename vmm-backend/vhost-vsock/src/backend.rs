@@ -160,7 +160,7 @@ mod tests {
 
     struct Nothing;
     impl PortConnector for Nothing {
-        fn connect(&self, _port: u32) -> Option<io::Result<UnixStream>> {
+        fn connect(&self, _port: u32) -> Option<io::Result<crate::Endpoint>> {
             None
         }
     }

@@ -1,7 +1,7 @@
 //! Refusals, RSTs and hostile descriptor chains through the real vhost-user path.
 
 use std::io;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;

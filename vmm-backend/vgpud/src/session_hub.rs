@@ -156,8 +156,8 @@ impl SessionHub {
 
     /// Runs a session of `tenant` over `stream` on its own thread, which polls for up to
     /// `read_spin` for each request before it blocks (`vgpu_proto::spin`). With `accept_fds`
-    /// (a guest process connected to the socket directly, never the socket pair of a vsock
-    /// device's thread) the session receives descriptors and may map the host memory the
+    /// (a guest process connected to the socket directly; vsock sessions use
+    /// [`SessionHub::spawn_in_process`]) the session receives descriptors and may map the host memory the
     /// client shares (`HostShare`).
     pub fn spawn(
         self: &Arc<Self>,

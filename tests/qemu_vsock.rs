@@ -34,7 +34,7 @@ const HOST_TO_GUEST_BYTES: usize = 100_000;
 struct RefuseOne;
 
 impl PortConnector for RefuseOne {
-    fn connect(&self, port: u32) -> Option<io::Result<UnixStream>> {
+    fn connect(&self, port: u32) -> Option<io::Result<vgpu_vhost_vsock::Endpoint>> {
         (port == REFUSED_PORT).then(|| {
             Err(io::Error::new(
                 io::ErrorKind::ConnectionRefused,

@@ -1518,7 +1518,7 @@ impl ChannelConnector {
 }
 
 impl vgpu_vhost_vsock::PortConnector for ChannelConnector {
-    fn connect(&self, port: u32) -> Option<io::Result<std::os::unix::net::UnixStream>> {
+    fn connect(&self, port: u32) -> Option<io::Result<vgpu_vhost_vsock::Endpoint>> {
         if !self.ports.contains(&port) {
             return None;
         }
@@ -1529,35 +1529,36 @@ impl vgpu_vhost_vsock::PortConnector for ChannelConnector {
                     .unwrap_or_else(|p| p.into_inner())
                     .send((port, theirs))
                     .map_err(|_| io::Error::other("test dropped the receiver"))?;
-                Ok(ours)
+                Ok(ours.into())
             }),
         )
     }
 }
 
-/// A connector that serves `port` in-process with an echo thread per connection.
+/// A connector that serves `port` in-process with an echo thread per connection, over an
+/// in-process endpoint (`vgpu_vhost_vsock::inproc`, the way vgpud serves the GPU port).
 #[derive(Debug, Clone, Copy)]
 pub struct EchoConnector(pub u32);
 
 impl vgpu_vhost_vsock::PortConnector for EchoConnector {
-    fn connect(&self, port: u32) -> Option<io::Result<std::os::unix::net::UnixStream>> {
+    fn connect(&self, port: u32) -> Option<io::Result<vgpu_vhost_vsock::Endpoint>> {
         if port != self.0 {
             return None;
         }
         Some(
-            std::os::unix::net::UnixStream::pair().and_then(|(ours, theirs)| {
-                std::thread::Builder::new()
-                    .name("vsock-echo".into())
-                    .spawn(move || echo(theirs))?;
-                Ok(ours)
-            }),
+            vgpu_vhost_vsock::inproc::pair(vgpu_vhost_vsock::inproc::DEFAULT_RING_CAPACITY)
+                .and_then(|(ours, theirs)| {
+                    std::thread::Builder::new()
+                        .name("vsock-echo".into())
+                        .spawn(move || echo(theirs))?;
+                    Ok(ours.into())
+                }),
         )
     }
 }
 
 /// Echoes everything read from `s` back to it until end of file.
-pub fn echo(mut s: std::os::unix::net::UnixStream) {
-    use std::io::{Read, Write};
+pub fn echo(mut s: impl io::Read + io::Write) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match s.read(&mut buf) {

@@ -3,7 +3,6 @@
 //! in-process; every other port is forwarded to `<vsock_uds_path>_<port>`.
 
 use std::io;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use tracing::warn;
@@ -11,7 +10,7 @@ use vgpu_broker::Broker;
 use vgpu_broker::tenant::Tenant;
 
 use crate::session_hub::SessionHub;
-use vgpu_vhost_vsock::PortConnector;
+use vgpu_vhost_vsock::{Endpoint, PortConnector, inproc};
 
 /// Serves the GPU port of one VM in-process.
 pub struct GpuPortConnector {
@@ -43,7 +42,7 @@ impl GpuPortConnector {
 }
 
 impl PortConnector for GpuPortConnector {
-    fn connect(&self, port: u32) -> Option<io::Result<UnixStream>> {
+    fn connect(&self, port: u32) -> Option<io::Result<Endpoint>> {
         if port != vgpu_proto::GPU_VSOCK_PORT {
             return None;
         }
@@ -56,23 +55,20 @@ impl PortConnector for GpuPortConnector {
             )));
         }
         // The device never blocks: the session runs on its own thread and
-        // talks to the device through a socket pair.
-        Some(UnixStream::pair().map(|(device_end, session_end)| {
-            // The requests come through the device's own thread, which needs a CPU to move
-            // them: the session thread blocks at once rather than compete with it.
-            self.hub.spawn(
-                Arc::clone(&self.broker),
-                Arc::clone(&self.tenant),
-                session_end,
-                self.transport.clone(),
-                std::time::Duration::ZERO,
-                // The peer is the device's thread: no descriptors come this way.
-                false,
-            );
-            device_end
-        }))
-        .map(|r| {
-            r.inspect_err(|e| warn!(tenant = %self.tenant.name, error = %e, "cannot create a session socket pair"))
-        })
+        // talks to the device thread through the shared rings of an in-process
+        // endpoint (no socket, no system call per packet).
+        Some(
+            inproc::pair(inproc::DEFAULT_RING_CAPACITY)
+                .map(|(device_end, session_end)| {
+                    self.hub.spawn_in_process(
+                        Arc::clone(&self.broker),
+                        Arc::clone(&self.tenant),
+                        session_end,
+                        self.transport.clone(),
+                    );
+                    Endpoint::from(device_end)
+                })
+                .inspect_err(|e| warn!(tenant = %self.tenant.name, error = %e, "cannot create an in-process endpoint")),
+        )
     }
 }

@@ -28,6 +28,7 @@ use vgpu_broker::tenant::Tenant;
 use vgpu_proto::frame::{FrameError, HEADER_LEN, Header};
 use vgpu_proto::msg;
 use vgpu_seccomp::ThreadKind;
+use vgpu_vhost_vsock::inproc::{SessionEnd, SessionShutdown};
 
 use crate::audit::{AuditLog, guest_text};
 
@@ -64,9 +65,54 @@ struct Reading {
     fds: bool,
 }
 
+/// What a session reads its frames from.
+enum Link {
+    /// A unix socket (a guest process connected to the VM's socket directly).
+    Unix(UnixStream, Reading),
+    /// The session end of a vsock device's in-process connection (the GPU port).
+    InProcess(SessionEnd),
+}
+
+impl Link {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Link::Unix(s, _) => s.set_read_timeout(t),
+            Link::InProcess(s) => {
+                s.set_read_timeout(t);
+                Ok(())
+            }
+        }
+    }
+
+    /// How the hub ends the session from outside.
+    fn stopper(&self) -> io::Result<Stopper> {
+        match self {
+            Link::Unix(s, _) => s.try_clone().map(Stopper::Unix),
+            Link::InProcess(s) => Ok(Stopper::InProcess(s.shutdown_handle())),
+        }
+    }
+}
+
+/// Shuts a session's link down from another thread.
+enum Stopper {
+    Unix(UnixStream),
+    InProcess(SessionShutdown),
+}
+
+impl Stopper {
+    fn shutdown(&self) {
+        match self {
+            Stopper::Unix(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            Stopper::InProcess(s) => s.shutdown(),
+        }
+    }
+}
+
 struct Conn {
     vm: String,
-    stream: UnixStream,
+    stream: Stopper,
     ended: Option<EndReason>,
 }
 
@@ -110,8 +156,8 @@ impl SessionHub {
 
     /// Runs a session of `tenant` over `stream` on its own thread, which polls for up to
     /// `read_spin` for each request before it blocks (`vgpu_proto::spin`). With `accept_fds`
-    /// (a guest process connected to the socket directly, never the socket pair of a vsock
-    /// device's thread) the session receives descriptors and may map the host memory the
+    /// (a guest process connected to the socket directly; vsock sessions use
+    /// [`SessionHub::spawn_in_process`]) the session receives descriptors and may map the host memory the
     /// client shares (`HostShare`).
     pub fn spawn(
         self: &Arc<Self>,
@@ -122,8 +168,34 @@ impl SessionHub {
         read_spin: Duration,
         accept_fds: bool,
     ) {
+        let reading = Reading {
+            spin: read_spin,
+            fds: accept_fds,
+        };
+        self.spawn_link(broker, tenant, Link::Unix(stream, reading), transport);
+    }
+
+    /// Runs a session of `tenant` over the session end of a vsock device's in-process
+    /// connection, on its own thread (no descriptors come this way).
+    pub fn spawn_in_process(
+        self: &Arc<Self>,
+        broker: Arc<Broker>,
+        tenant: Arc<Tenant>,
+        end: SessionEnd,
+        transport: String,
+    ) {
+        self.spawn_link(broker, tenant, Link::InProcess(end), transport);
+    }
+
+    fn spawn_link(
+        self: &Arc<Self>,
+        broker: Arc<Broker>,
+        tenant: Arc<Tenant>,
+        link: Link,
+        transport: String,
+    ) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        match stream.try_clone() {
+        match link.stopper() {
             Ok(s) => {
                 let mut live = self.lock();
                 // Past it a new connection is closed at once, so a guest flooding
@@ -170,11 +242,7 @@ impl SessionHub {
                 hub.lock().remove(&id);
                 return;
             }
-            let reading = Reading {
-                spin: read_spin,
-                fds: accept_fds,
-            };
-            hub.run(&broker, tenant, &stream, &transport, reading, id);
+            hub.run(&broker, tenant, &link, &transport, id);
         });
         if let Err(e) = spawned {
             self.lock().remove(&id);
@@ -182,26 +250,18 @@ impl SessionHub {
         }
     }
 
-    fn run(
-        &self,
-        broker: &Broker,
-        tenant: Arc<Tenant>,
-        stream: &UnixStream,
-        transport: &str,
-        reading: Reading,
-        conn: u64,
-    ) {
+    fn run(&self, broker: &Broker, tenant: Arc<Tenant>, link: &Link, transport: &str, conn: u64) {
         let vm = tenant.name.clone();
         let session = Cell::new(0u64);
         let opened = RefCell::new(None::<(u32, String, Instant)>);
         // The greeting deadline holds until the first reply (to the Hello).
-        if let Err(e) = stream.set_read_timeout(Some(GREETING_DEADLINE)) {
+        if let Err(e) = link.set_read_timeout(Some(GREETING_DEADLINE)) {
             error!(vm = %vm, error = %e, "cannot set the greeting deadline; connection dropped");
             self.lock().remove(&conn);
             return;
         }
         let on_first_frame = |h: Header, payload: &[u8]| {
-            if let Err(e) = stream.set_read_timeout(None) {
+            if let Err(e) = link.set_read_timeout(None) {
                 // The session then ends at its first quiet moment; the client reconnects.
                 error!(vm = %vm, error = %e, "cannot lift the greeting deadline");
             }
@@ -228,25 +288,46 @@ impl SessionHub {
             );
             *opened.borrow_mut() = Some((pid, process, Instant::now()));
         };
-        let writer = FirstFrameTap::new(stream, on_first_frame);
-        let fd = stream.as_raw_fd();
-        // `fd` is `stream`'s, which outlives the session: serve_watched
-        // returns before `stream` is dropped, and the probe with it.
-        let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
-        let mut reader = vgpu_proto::spin::SpinRead::with_spin(stream, reading.spin);
-        let inbox = reading.fds.then(vgpu_broker::hostshare::FdInbox::new);
-        if let Some(inbox) = &inbox {
-            reader = reader.receiving_fds(Arc::clone(inbox) as Arc<dyn vgpu_proto::fdpass::FdSink>);
-        }
-        let result = vgpu_broker::session_loop::serve_with_fds(
-            broker,
-            Arc::clone(&tenant),
-            reader,
-            writer,
-            transport,
-            Some(hangup),
-            inbox,
-        );
+        let result = match link {
+            Link::Unix(stream, reading) => {
+                let writer = FirstFrameTap::new(stream, on_first_frame);
+                let fd = stream.as_raw_fd();
+                // `fd` is `stream`'s, which outlives the session: serve_watched
+                // returns before `stream` is dropped, and the probe with it.
+                let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
+                let mut reader = vgpu_proto::spin::SpinRead::with_spin(stream, reading.spin);
+                let inbox = reading.fds.then(vgpu_broker::hostshare::FdInbox::new);
+                if let Some(inbox) = &inbox {
+                    reader = reader
+                        .receiving_fds(Arc::clone(inbox) as Arc<dyn vgpu_proto::fdpass::FdSink>);
+                }
+                vgpu_broker::session_loop::serve_with_fds(
+                    broker,
+                    Arc::clone(&tenant),
+                    reader,
+                    writer,
+                    transport,
+                    Some(hangup),
+                    inbox,
+                )
+            }
+            Link::InProcess(end) => {
+                let writer = FirstFrameTap::new(end, on_first_frame);
+                let probe = end.shutdown_handle();
+                // The device thread closed its end (guest RST, device reset, VMM gone) or
+                // the guest shut its sending side.
+                let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || probe.peer_gone());
+                vgpu_broker::session_loop::serve_with_fds(
+                    broker,
+                    Arc::clone(&tenant),
+                    end,
+                    writer,
+                    transport,
+                    Some(hangup),
+                    None,
+                )
+            }
+        };
         let ended = self.lock().remove(&conn).and_then(|c| c.ended);
         vgpu_broker::release_freed_memory();
         let id = session.get();
@@ -316,7 +397,7 @@ impl SessionHub {
         let mut n = 0;
         for c in live.values_mut().filter(|c| c.vm == vm) {
             c.ended = Some(reason);
-            let _ = c.stream.shutdown(Shutdown::Both);
+            c.stream.shutdown();
             n += 1;
         }
         n
@@ -327,7 +408,7 @@ impl SessionHub {
         let mut live = self.lock();
         for c in live.values_mut() {
             c.ended = Some(reason);
-            let _ = c.stream.shutdown(Shutdown::Both);
+            c.stream.shutdown();
         }
     }
 

@@ -153,14 +153,13 @@ impl VhostUserBackend for VsockBackend {
 mod tests {
     use super::*;
     use crate::{PortConnector, VsockStats};
-    use std::os::unix::net::UnixStream;
     use std::sync::Arc;
     use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
     use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
     struct Nothing;
     impl PortConnector for Nothing {
-        fn connect(&self, _port: u32) -> Option<io::Result<UnixStream>> {
+        fn connect(&self, _port: u32) -> Option<io::Result<crate::Endpoint>> {
             None
         }
     }

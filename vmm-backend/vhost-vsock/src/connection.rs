@@ -20,9 +20,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
 use tracing::{debug, warn};
+use vm_memory::bitmap::BitmapSlice;
+use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::epoll::EventSet;
 
 use super::VsockStats;
+use super::inproc::DeviceEnd;
 use super::packet::{
     ChainBuffer, GuestMem, MAX_PKT_PAYLOAD, PKT_HEADER_SIZE, PacketHeader, TxPacket,
     VSOCK_HOST_CID, VSOCK_OP_CREDIT_REQUEST, VSOCK_OP_CREDIT_UPDATE, VSOCK_OP_REQUEST,
@@ -36,6 +39,113 @@ const CREDIT_UPDATE_DIVISOR: u32 = 2;
 
 /// An emptied `tx_buf` keeps at most this much capacity, so idle connections hold little memory.
 const TX_BUF_KEEP_CAPACITY: usize = 16 * 1024;
+
+/// The host side of a connection: a unix stream (forwarded ports, host clients, or a stream a
+/// [`PortConnector`](super::PortConnector) hands over) or an in-process endpoint whose bytes move
+/// through shared rings ([`crate::inproc`]).
+#[derive(Debug)]
+pub enum Endpoint {
+    /// A nonblocking unix stream.
+    Stream(UnixStream),
+    /// The device's end of an in-process connection.
+    InProcess(DeviceEnd),
+}
+
+impl From<UnixStream> for Endpoint {
+    fn from(s: UnixStream) -> Self {
+        Endpoint::Stream(s)
+    }
+}
+
+impl From<DeviceEnd> for Endpoint {
+    fn from(d: DeviceEnd) -> Self {
+        Endpoint::InProcess(d)
+    }
+}
+
+impl Endpoint {
+    /// Makes a unix stream nonblocking (an in-process endpoint always is).
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Endpoint::Stream(s) => s.set_nonblocking(true),
+            Endpoint::InProcess(_) => Ok(()),
+        }
+    }
+
+    fn shutdown_write(&self) {
+        match self {
+            Endpoint::Stream(s) => {
+                let _ = s.shutdown(Shutdown::Write);
+            }
+            Endpoint::InProcess(d) => d.shutdown_write(),
+        }
+    }
+
+    /// Whether the peer is gone entirely (not just done writing).
+    fn hung_up(&self) -> bool {
+        match self {
+            Endpoint::Stream(s) => {
+                let mut pfd = libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: 0,
+                    revents: 0,
+                };
+                // SAFETY: `pfd` is a valid pollfd for an fd we own; nfds is 1 and the timeout is
+                // zero.
+                let ret = unsafe { libc::poll(&mut pfd, 1, 0) };
+                ret > 0 && pfd.revents & libc::POLLHUP != 0
+            }
+            Endpoint::InProcess(d) => d.peer_gone(),
+        }
+    }
+}
+
+impl AsRawFd for Endpoint {
+    /// The fd to watch: the socket, or the eventfd of an in-process endpoint.
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Endpoint::Stream(s) => s.as_raw_fd(),
+            Endpoint::InProcess(d) => d.as_raw_fd(),
+        }
+    }
+}
+
+impl Write for &Endpoint {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Endpoint::Stream(s) => (&*s).write(buf),
+            Endpoint::InProcess(d) => (&*d).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl WriteVolatile for &Endpoint {
+    fn write_volatile<B: BitmapSlice>(
+        &mut self,
+        buf: &VolatileSlice<B>,
+    ) -> Result<usize, VolatileMemoryError> {
+        match self {
+            Endpoint::Stream(s) => (&*s).write_volatile(buf),
+            Endpoint::InProcess(d) => (&*d).write_volatile(buf),
+        }
+    }
+}
+
+impl ReadVolatile for &Endpoint {
+    fn read_volatile<B: BitmapSlice>(
+        &mut self,
+        buf: &mut VolatileSlice<B>,
+    ) -> Result<usize, VolatileMemoryError> {
+        match self {
+            Endpoint::Stream(s) => (&*s).read_volatile(buf),
+            Endpoint::InProcess(d) => (&*d).read_volatile(buf),
+        }
+    }
+}
 
 /// Identifies a connection: our (host-side) port and the guest's port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,7 +180,7 @@ enum State {
 pub struct Connection {
     key: ConnKey,
     token: u64,
-    stream: UnixStream,
+    stream: Endpoint,
     origin: Origin,
     state: State,
     guest_cid: u64,
@@ -116,7 +226,7 @@ impl Connection {
     fn new(
         key: ConnKey,
         token: u64,
-        stream: UnixStream,
+        stream: Endpoint,
         origin: Origin,
         guest_cid: u64,
         buf_alloc: u32,
@@ -158,7 +268,7 @@ impl Connection {
     pub fn guest_initiated(
         request: &PacketHeader,
         token: u64,
-        stream: UnixStream,
+        stream: Endpoint,
         origin: Origin,
         guest_cid: u64,
         buf_alloc: u32,
@@ -185,7 +295,7 @@ impl Connection {
         let mut conn = Self::new(
             key,
             token,
-            stream,
+            stream.into(),
             Origin::HostInitiated,
             guest_cid,
             buf_alloc,
@@ -211,7 +321,7 @@ impl Connection {
     }
 
     /// The host stream.
-    pub fn stream(&self) -> &UnixStream {
+    pub fn stream(&self) -> &Endpoint {
         &self.stream
     }
 
@@ -413,7 +523,7 @@ impl Connection {
             return;
         }
         if self.peer_shutdown & VSOCK_SHUTDOWN_SEND != 0 && !self.stream_write_closed {
-            let _ = self.stream.shutdown(Shutdown::Write);
+            self.stream.shutdown_write();
             self.stream_write_closed = true;
         }
         if self.peer_shutdown == VSOCK_SHUTDOWN_BOTH {
@@ -474,6 +584,14 @@ impl Connection {
 
     /// Reacts to readiness of the host stream (edge-triggered).
     pub fn on_stream_event(&mut self, events: EventSet, stats: &VsockStats) {
+        let events = match &self.stream {
+            Endpoint::Stream(_) => events,
+            Endpoint::InProcess(d) => {
+                // One eventfd stands for every change: the session wrote, freed room, or left.
+                d.clear_event();
+                EventSet::IN | EventSet::OUT
+            }
+        };
         if events.intersects(EventSet::OUT | EventSet::ERROR | EventSet::HANG_UP) {
             self.flush(stats);
         }
@@ -510,14 +628,7 @@ impl Connection {
 
     /// Whether the peer of the host stream is gone entirely (not just done writing).
     fn stream_hung_up(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.stream.as_raw_fd(),
-            events: 0,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is a valid pollfd for an fd we own; nfds is 1 and the timeout is zero.
-        let ret = unsafe { libc::poll(&mut pfd, 1, 0) };
-        ret > 0 && pfd.revents & libc::POLLHUP != 0
+        self.stream.hung_up()
     }
 
     /// Produces the next packet for the guest into `rx` (payload at offset 44) and returns its
@@ -694,8 +805,14 @@ mod tests {
         let (ours, theirs) = UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         let req = guest_hdr(VSOCK_OP_REQUEST, 0, peer_buf_alloc, 0);
-        let mut c =
-            Connection::guest_initiated(&req, 1, ours, Origin::Forwarded, GUEST_CID, buf_alloc);
+        let mut c = Connection::guest_initiated(
+            &req,
+            1,
+            ours.into(),
+            Origin::Forwarded,
+            GUEST_CID,
+            buf_alloc,
+        );
         let m = mem();
         let rx = rx_buffer(&m, 4096);
         let stats = VsockStats::default();

@@ -19,7 +19,7 @@ use virtio_queue::QueueOwnedT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use super::connection::{ConnKey, Connection, Origin};
+use super::connection::{ConnKey, Connection, Endpoint, Origin};
 use super::packet::{
     ChainBuffer, ChainError, GuestMem, PKT_HEADER_SIZE, PacketHeader, TxPacket, VSOCK_HOST_CID,
     VSOCK_OP_REQUEST, VSOCK_OP_RST, VSOCK_TYPE_STREAM, parse_rx_chain,
@@ -354,7 +354,7 @@ impl VsockDevice {
         });
     }
 
-    fn register_stream(&mut self, stream: &UnixStream, events: EventSet) -> io::Result<u64> {
+    fn register_stream(&mut self, stream: &impl AsRawFd, events: EventSet) -> io::Result<u64> {
         let token = self.alloc_token();
         self.epoll.ctl(
             ControlOperation::Add,
@@ -388,7 +388,7 @@ impl VsockDevice {
             return;
         }
         let port = h.dst_port;
-        let (stream, origin) = match self.connector.connect(port) {
+        let (stream, origin): (Endpoint, _) = match self.connector.connect(port) {
             Some(Ok(s)) => (s, Origin::InProcess),
             Some(Err(e)) => {
                 self.refuse(h, format_args!("in-process service refused: {e}"));
@@ -397,7 +397,7 @@ impl VsockDevice {
             None => {
                 let path = forward_path(&self.uds_path, port);
                 match connect_nonblocking(&path) {
-                    Ok(s) => (s, Origin::Forwarded),
+                    Ok(s) => (s.into(), Origin::Forwarded),
                     Err(e) => {
                         self.refuse(h, format_args!("{}: {e}", path.display()));
                         return;
@@ -405,7 +405,7 @@ impl VsockDevice {
                 }
             }
         };
-        if let Err(e) = stream.set_nonblocking(true) {
+        if let Err(e) = stream.set_nonblocking() {
             self.refuse(h, format_args!("cannot make the stream nonblocking: {e}"));
             return;
         }
@@ -878,12 +878,12 @@ mod tests {
     /// A connector serving port 7 in-process and refusing port 8.
     struct Pairs(Mutex<Vec<UnixStream>>);
     impl PortConnector for Pairs {
-        fn connect(&self, port: u32) -> Option<io::Result<UnixStream>> {
+        fn connect(&self, port: u32) -> Option<io::Result<crate::Endpoint>> {
             match port {
                 7 => {
                     let (a, b) = UnixStream::pair().unwrap();
                     self.0.lock().unwrap().push(b);
-                    Some(Ok(a))
+                    Some(Ok(a.into()))
                 }
                 8 => Some(Err(io::Error::other("no"))),
                 _ => None,

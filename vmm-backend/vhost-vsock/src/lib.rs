@@ -18,12 +18,13 @@
 mod backend;
 mod connection;
 mod device;
+pub mod inproc;
 pub mod packet;
 mod stats;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -36,6 +37,7 @@ use vgpu_vhost_user::{
 use vhost::vhost_user::Listener;
 
 pub use backend::BACKEND_EVENT;
+pub use connection::Endpoint;
 pub use device::{
     HOST_PORT_BASE, MAX_CONNECT_LINE, MAX_CONNECTIONS, MAX_PENDING_HOST_CLIENTS, forward_path,
 };
@@ -166,11 +168,12 @@ impl VsockConfig {
 ///
 /// Called on the device thread for every guest connection request; it must not block.
 pub trait PortConnector: Send + Sync + 'static {
-    /// `Some(Ok(stream))`: the port is served in-process and the device shuttles bytes between the
-    /// guest connection and `stream` (for example one end of a `UnixStream::pair()` whose other end
-    /// is served by a broker session). `None`: forward to `<uds_path>_<port>`. `Some(Err(_))`
-    /// refuses the connection (the guest gets an RST).
-    fn connect(&self, port: u32) -> Option<io::Result<UnixStream>>;
+    /// `Some(Ok(endpoint))`: the port is served in-process and the device shuttles bytes between
+    /// the guest connection and `endpoint`: an [`inproc::DeviceEnd`] (the service keeps the
+    /// [`inproc::SessionEnd`]; bytes move through shared rings, no socket) or a `UnixStream`.
+    /// `None`: forward to `<uds_path>_<port>`. `Some(Err(_))` refuses the connection (the guest
+    /// gets an RST).
+    fn connect(&self, port: u32) -> Option<io::Result<Endpoint>>;
 }
 
 /// A connector that serves nothing in-process: every port is forwarded.
@@ -178,7 +181,7 @@ pub trait PortConnector: Send + Sync + 'static {
 pub struct ForwardAll;
 
 impl PortConnector for ForwardAll {
-    fn connect(&self, _port: u32) -> Option<io::Result<UnixStream>> {
+    fn connect(&self, _port: u32) -> Option<io::Result<Endpoint>> {
         None
     }
 }
@@ -410,7 +413,7 @@ mod tests {
         let s2 = stop.clone();
         let t = std::thread::spawn(move || server.run(&s2));
         // A host client while no VM is attached is closed at once.
-        let mut c = UnixStream::connect(&cfg.uds_path).unwrap();
+        let mut c = std::os::unix::net::UnixStream::connect(&cfg.uds_path).unwrap();
         let mut buf = [0u8; 1];
         use std::io::Read;
         assert_eq!(c.read(&mut buf).unwrap(), 0);

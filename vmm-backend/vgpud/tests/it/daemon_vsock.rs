@@ -190,3 +190,112 @@ fn other_ports_are_forwarded_to_the_vms_unix_sockets() {
     assert!(g.connect_timeout(9001, Duration::from_secs(5)).is_err());
     d.shutdown();
 }
+
+fn context(c: &mut TestClient<GuestStream>) -> u64 {
+    c.call(
+        &msg::CtxCreate {
+            device: 0,
+            flags: 0,
+        },
+        &[],
+    )
+    .unwrap()
+    .0
+    .handle
+}
+
+/// Copies many times the size of the in-process rings and of the guest's credit: each request
+/// frame is split across hundreds of vsock packets, each reply is larger than the ring the
+/// session writes it into.
+#[test]
+fn frames_far_larger_than_the_in_process_rings_cross_the_gpu_port_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(dir.path());
+    let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+    let mut c = session(&g);
+    c.hello().unwrap();
+    let ctx = context(&mut c);
+    // The largest device-to-host request the protocol allows.
+    let size = 4 * MIB;
+    assert!(size as usize > 8 * vgpu_vhost_vsock::inproc::DEFAULT_RING_CAPACITY);
+    let p = c.call(&msg::MemAlloc { ctx, size }, &[]).unwrap().0.ptr;
+    let data: Vec<u8> = (0..size as usize).map(|i| (i * 31 % 251) as u8).collect();
+    for _ in 0..2 {
+        c.call(
+            &msg::MemcpyHtoD {
+                ctx,
+                stream: 0,
+                dst: p,
+            },
+            &data,
+        )
+        .unwrap();
+        let (_, back) = c
+            .call(
+                &msg::MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: p,
+                    len: size,
+                },
+                &[],
+            )
+            .unwrap();
+        assert!(back == data, "the copy came back changed");
+    }
+    // Small calls still work after the large ones.
+    c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
+    d.shutdown();
+}
+
+/// A guest that resets its connection while the session is in the middle of reading a large
+/// frame: the session ends at once and frees its memory; the VM's next session works.
+#[test]
+fn a_reset_in_the_middle_of_a_large_frame_ends_the_session_and_frees_its_memory() {
+    use vgpu_proto::msg::{Message, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(dir.path());
+    let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+    let mut c = session(&g);
+    c.hello().unwrap();
+    let ctx = context(&mut c);
+    let p = c
+        .call(&msg::MemAlloc { ctx, size: 8 * MIB }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    assert_eq!(d.broker().tenant("vm1").unwrap().slice.used(), 8 * MIB);
+    // A 7 MiB MemcpyHtoD frame (within MAX_PAYLOAD) of which only 3 MiB arrive.
+    let mut fields = Vec::new();
+    msg::MemcpyHtoD {
+        ctx,
+        stream: 0,
+        dst: p,
+    }
+    .encode(&mut fields);
+    let body = vec![0x5au8; 7 * MIB as usize];
+    let mut frame = Vec::new();
+    vgpu_proto::frame::write_frame(
+        &mut frame,
+        <msg::MemcpyHtoD as Op>::OPCODE,
+        0,
+        99,
+        0,
+        &[&fields, &body],
+    )
+    .unwrap();
+    c.stream.write_all(&frame[..3 * MIB as usize]).unwrap();
+    // Dropping the guest socket sends an RST.
+    drop(c);
+    wait_used(&d, "vm1", 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.broker().tenant("vm1").unwrap().sessions().is_empty() {
+        assert!(Instant::now() < deadline, "the session outlived the reset");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut c = session(&g);
+    c.hello().unwrap();
+    let ctx = context(&mut c);
+    c.call(&msg::MemAlloc { ctx, size: 8 * MIB }, &[]).unwrap();
+    d.shutdown();
+}

@@ -1,7 +1,7 @@
 //! Refusals, RSTs and hostile descriptor chains through the real vhost-user path.
 
 use std::io;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -19,7 +19,7 @@ const T: Duration = Duration::from_secs(10);
 /// Echo on `ECHO`, refusal on `REFUSED`, forwarding elsewhere.
 struct Mixed;
 impl PortConnector for Mixed {
-    fn connect(&self, port: u32) -> Option<io::Result<UnixStream>> {
+    fn connect(&self, port: u32) -> Option<io::Result<vgpu_vhost_vsock::Endpoint>> {
         match port {
             REFUSED => Some(Err(io::Error::other("GPU sessions exhausted"))),
             _ => EchoConnector(ECHO).connect(port),

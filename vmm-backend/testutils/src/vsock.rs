@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::VhostUserConfigFlags;
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::vhost_user::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -173,6 +173,19 @@ fn memfd(name: &str, size: u64, ram: GuestRam) -> io::Result<File> {
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size)?;
     Ok(file)
+}
+
+/// Runs `f` with `NEED_REPLY` set, so that it returns once the backend has applied the request
+/// (REPLY_ACK), as QEMU waits for memory-table changes: without it a guest that uses hot-added
+/// memory right away races the backend's update.
+fn acked<T>(
+    fe: &mut Frontend,
+    f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
+) -> vhost::Result<T> {
+    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    let r = f(fe);
+    fe.set_hdr_flags(VhostUserHeaderFlag::empty());
+    r
 }
 
 /// A guest memory region backed by a fresh memfd (shareable with a backend); with
@@ -811,7 +824,8 @@ impl TestGuest {
                     pf & (VhostUserProtocolFeatures::MQ
                         | VhostUserProtocolFeatures::CONFIG
                         | VhostUserProtocolFeatures::RESET_DEVICE
-                        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS),
+                        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+                        | VhostUserProtocolFeatures::REPLY_ACK),
                 )?;
                 fe.get_queue_num()?;
             }
@@ -1041,7 +1055,7 @@ impl TestGuest {
         let mut g = self.lock();
         let new_mem = g.mem.insert_region(region).map_err(io::Error::other)?;
         let info = region_info(&new_mem, gpa)?;
-        self.with_frontend(|fe| fe.add_mem_region(&info).map(|_| ()))?;
+        self.with_frontend(|fe| acked(fe, |fe| fe.add_mem_region(&info).map(|_| ())))?;
         g.mem = new_mem;
         Ok(())
     }
@@ -1050,7 +1064,7 @@ impl TestGuest {
     pub fn remove_memory_region(&self, gpa: u64) -> io::Result<()> {
         let mut g = self.lock();
         let info = region_info(&g.mem, gpa)?;
-        self.with_frontend(|fe| fe.remove_mem_region(&info))?;
+        self.with_frontend(|fe| acked(fe, |fe| fe.remove_mem_region(&info)))?;
         let (new_mem, _) = g
             .mem
             .remove_region(GuestAddress(gpa), info.memory_size)

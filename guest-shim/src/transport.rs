@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -98,6 +98,42 @@ pub fn default_endpoint(device: &Path) -> Endpoint {
 pub trait Stream: Read + Write + Send {}
 impl<T: Read + Write + Send> Stream for T {}
 
+/// The receive buffer the shim asks its guest kernel for on a vsock connection (Linux's default,
+/// 256 KiB, is what the guest advertises to vgpud as `buf_alloc`: replies of device-to-host copies
+/// would stall for a credit update every 256 KiB, each a round of thread wake-ups).
+pub const VSOCK_RECEIVE_BUFFER: u64 = 4 << 20;
+
+/// Linux's `SO_VM_SOCKETS_BUFFER_SIZE` and `SO_VM_SOCKETS_BUFFER_MAX_SIZE` (`linux/vm_sockets.h`),
+/// options of level `AF_VSOCK` taking a `u64`.
+const SO_VM_SOCKETS_BUFFER_SIZE: libc::c_int = 0;
+const SO_VM_SOCKETS_BUFFER_MAX_SIZE: libc::c_int = 2;
+
+/// Raises the connection's receive buffer to [`VSOCK_RECEIVE_BUFFER`] before it connects (the
+/// guest advertises it in its first packet). A kernel that refuses keeps its default, with a
+/// warning: the connection works, only device-to-host copies are slower.
+fn grow_vsock_buffer(fd: &OwnedFd) {
+    for opt in [SO_VM_SOCKETS_BUFFER_MAX_SIZE, SO_VM_SOCKETS_BUFFER_SIZE] {
+        let size = VSOCK_RECEIVE_BUFFER;
+        // SAFETY: `fd` is an open AF_VSOCK socket; the option value is a u64 of the given length.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::AF_VSOCK,
+                opt,
+                std::ptr::from_ref(&size).cast(),
+                std::mem::size_of::<u64>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            crate::warn!(
+                "vsock receive buffer left at the kernel's default (device-to-host copies are slower): {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+    }
+}
+
 fn connect_vsock(cid: u32, port: u32) -> io::Result<File> {
     // SAFETY: plain socket(2) call; the result is checked.
     let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -106,6 +142,7 @@ fn connect_vsock(cid: u32, port: u32) -> io::Result<File> {
     }
     // SAFETY: `fd` is a fresh descriptor we own.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    grow_vsock_buffer(&owned);
     // SAFETY: sockaddr_vm is plain data; zeroed is a valid value.
     let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
     addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;

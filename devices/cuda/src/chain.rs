@@ -153,14 +153,7 @@ pub(crate) fn launch(
     };
     let names: Vec<&str> = resolved.iter().map(|(_, _, n)| *n).collect();
     let label = names.join("`, `");
-    let start = g.take_event()?;
-    let end = match g.take_event() {
-        Ok(e) => e,
-        Err(e) => {
-            g.put_event(start);
-            return Err(e);
-        }
-    };
+    let (start, end) = g.take_event_pair()?;
     let stream = g.lane_stream();
     let issued = (|| {
         let _order = lock(&g.submit);
@@ -215,11 +208,7 @@ pub(crate) fn launch(
         launched
     })();
     if let Err(e) = issued {
-        if g.broken().is_none() {
-            let _ = g.finish();
-            g.put_event(start);
-            g.put_event(end);
-        }
+        g.abandon_launch(start, end);
         return Err(e);
     }
     let waited = g.wait(end, control.deadline(), Some((control, label.as_str())));
@@ -234,29 +223,12 @@ pub(crate) fn launch(
             }
         }
     }
-    if let Err(e) = waited {
-        if e.cu_result() == cuda::CUDA_ERROR_ASSERT
-            && let Some(out) = control.output()
-        {
-            out.assert_failed(
-                format!(
-                    "one of kernels `{label}` (one CUDA graph): device-side assert triggered \
-                     (vgpu's real-GPU executor cannot return CUDA's assertion message)\n"
-                )
-                .as_bytes(),
-            );
-        }
-        return Err(e);
-    }
-    let ms = {
-        let _c = g.enter()?;
-        g.driver()
-            .event_elapsed_ms(start, end)
-            .map_err(|f| g.fail(f, Op::Other))?
-    };
-    g.put_event(start);
-    g.put_event(end);
-    Ok(Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default())
+    g.launch_time(
+        (start, end),
+        waited,
+        control,
+        &format!("one of kernels `{label}` (one CUDA graph)"),
+    )
 }
 
 /// Captures `kernels` on the cache's capture stream and instantiates the graph (the context is

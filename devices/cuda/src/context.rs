@@ -353,6 +353,64 @@ impl Generation {
         lock(&self.events).push(e);
     }
 
+    /// The start and end timing events of one launch.
+    pub(crate) fn take_event_pair(&self) -> Result<(Event, Event), DeviceError> {
+        let start = self.take_event()?;
+        match self.take_event() {
+            Ok(end) => Ok((start, end)),
+            Err(e) => {
+                self.put_event(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// A launch that could not be issued: nothing of it is pending once the stream drains, and
+    /// its events are reused, unless the context broke.
+    pub(crate) fn abandon_launch(&self, start: Event, end: Event) {
+        if self.broken().is_none() {
+            let _ = self.finish();
+            self.put_event(start);
+            self.put_event(end);
+        }
+    }
+
+    /// What a launch whose end event was waited for (`waited`) comes to: a device-side assert is
+    /// reported to the launch's output (`what` says which kernels: NVIDIA's driver prints the
+    /// assertion message to vgpud's stdout, not to anything attributable to this VM), else the
+    /// GPU time between the two events.
+    pub(crate) fn launch_time(
+        &self,
+        (start, end): (Event, Event),
+        waited: Result<(), DeviceError>,
+        control: &RunControl,
+        what: &str,
+    ) -> Result<Duration, DeviceError> {
+        if let Err(e) = waited {
+            if e.cu_result() == cuda::CUDA_ERROR_ASSERT
+                && let Some(out) = control.output()
+            {
+                out.assert_failed(
+                    format!(
+                        "{what}: device-side assert triggered (vgpu's real-GPU executor cannot \
+                         return CUDA's assertion message)\n"
+                    )
+                    .as_bytes(),
+                );
+            }
+            return Err(e);
+        }
+        let ms = {
+            let _c = self.enter()?;
+            self.driver()
+                .event_elapsed_ms(start, end)
+                .map_err(|f| self.fail(f, Op::Other))?
+        };
+        self.put_event(start);
+        self.put_event(end);
+        Ok(Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default())
+    }
+
     /// The CUDA stream of the calling thread's lane: a stream of its own for
     /// each of the first [`LANE_STREAMS`] lanes, a shared one past them, the
     /// default stream outside any lane. The engine orders lanes (a job starts

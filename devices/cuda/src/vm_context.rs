@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tracing::debug;
 use vgpu_broker::device::{
@@ -401,14 +400,7 @@ impl DeviceContext for CudaContext {
         let _work = g.work_gate();
         let (f, name) = m.function(kernel)?;
         m.ensure_dynamic_shared(kernel, dims.shared_bytes)?;
-        let start = g.take_event()?;
-        let end = match g.take_event() {
-            Ok(e) => e,
-            Err(e) => {
-                g.put_event(start);
-                return Err(e);
-            }
-        };
+        let (start, end) = g.take_event_pair()?;
         let stream = g.lane_stream();
         // The engine's priority for this job (lower first; 0 takes the stream's own).
         // Cooperative launches keep their stream's priority.
@@ -450,12 +442,7 @@ impl DeviceContext for CudaContext {
                 .map_err(|f| g.fail(f, Op::Other))
         })();
         if let Err(e) = issued {
-            if g.broken().is_none() {
-                // Nothing of this launch is pending once the stream drains.
-                let _ = g.finish();
-                g.put_event(start);
-                g.put_event(end);
-            }
+            g.abandon_launch(start, end);
             return Err(e);
         }
         let waited = g.wait(end, control.deadline(), Some((control, name)));
@@ -465,31 +452,7 @@ impl DeviceContext for CudaContext {
                 debug!(kernel = %name, error = %e, "reading back the kernel's printf buffer failed");
             }
         }
-        if let Err(e) = waited {
-            if e.cu_result() == cuda::CUDA_ERROR_ASSERT
-                && let Some(out) = control.output()
-            {
-                // NVIDIA's driver prints the assertion message to vgpud's stdout (/dev/null),
-                // not to anything attributable to this VM: say at least where it happened.
-                out.assert_failed(
-                    format!(
-                        "kernel `{name}`: device-side assert triggered (vgpu's real-GPU executor \
-                         cannot return CUDA's assertion message)\n"
-                    )
-                    .as_bytes(),
-                );
-            }
-            return Err(e);
-        }
-        let ms = {
-            let _c = g.enter()?;
-            g.driver()
-                .event_elapsed_ms(start, end)
-                .map_err(|f| g.fail(f, Op::Other))?
-        };
-        g.put_event(start);
-        g.put_event(end);
-        let t = Duration::try_from_secs_f64(f64::from(ms) / 1e3).unwrap_or_default();
+        let t = g.launch_time((start, end), waited, control, &format!("kernel `{name}`"))?;
         self.inner.times.record(t);
         Ok(LaunchProgress::Completed)
     }

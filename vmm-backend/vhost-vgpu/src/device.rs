@@ -1039,6 +1039,23 @@ mod tests {
             self.ctrl_sync(i, &d)
         }
 
+        /// Gives both queues a call eventfd (the guest's interrupts) and returns them, control
+        /// queue first.
+        fn call_events(&self) -> Vec<vmm_sys_util::eventfd::EventFd> {
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+            [&self.ctrl.0, &self.submit.0]
+                .iter()
+                .map(|v| {
+                    let e = EventFd::new(EFD_NONBLOCK).unwrap();
+                    let fd = e.try_clone().unwrap().into_raw_fd();
+                    // SAFETY: `fd` is a fresh duplicate of the eventfd that nothing else owns.
+                    v.set_call(Some(unsafe { std::fs::File::from_raw_fd(fd) }));
+                    e
+                })
+                .collect()
+        }
+
         fn call_hdr(session: u32, seq: u64, inline: usize, reply_cap: u32) -> ReqHeader {
             ReqHeader {
                 kind: REQ_CALL,
@@ -1112,20 +1129,11 @@ mod tests {
     /// went on after `cont`).
     #[test]
     fn a_resume_interrupts_the_guest_even_when_event_idx_says_it_was_told() {
-        use std::os::fd::{FromRawFd, IntoRawFd};
-        use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
         let mut r = rig();
-        let calls: Vec<EventFd> = [&r.ctrl.0, &r.submit.0]
-            .iter()
-            .map(|v| {
-                let e = EventFd::new(EFD_NONBLOCK).unwrap();
-                let fd = e.try_clone().unwrap().into_raw_fd();
-                // SAFETY: `fd` is a fresh duplicate of the eventfd that nothing else owns.
-                v.set_call(Some(unsafe { std::fs::File::from_raw_fd(fd) }));
-                v.set_queue_event_idx(true);
-                e
-            })
-            .collect();
+        let calls = r.call_events();
+        for v in [&r.ctrl.0, &r.submit.0] {
+            v.set_queue_event_idx(true);
+        }
         r.dev.set_event_idx(true);
         let signals = |q: usize| calls[q].read().unwrap_or(0);
         assert_eq!(r.open(0, 5).status, S_OK);
@@ -1740,19 +1748,8 @@ mod tests {
     /// thread sleeps or runs a synchronous frame (which may block): never lost, never late.
     #[test]
     fn posted_completions_are_signalled_once_per_burst() {
-        use std::os::fd::{FromRawFd, IntoRawFd};
-        use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
         let mut r = rig_with_gates(1);
-        let calls: Vec<EventFd> = [&r.ctrl.0, &r.submit.0]
-            .iter()
-            .map(|v| {
-                let e = EventFd::new(EFD_NONBLOCK).unwrap();
-                let fd = e.try_clone().unwrap().into_raw_fd();
-                // SAFETY: `fd` is a fresh duplicate of the eventfd that nothing else owns.
-                v.set_call(Some(unsafe { std::fs::File::from_raw_fd(fd) }));
-                e
-            })
-            .collect();
+        let calls = r.call_events();
         let signals = |q: usize| calls[q].read().unwrap_or(0);
         r.open(0, 1);
         assert_eq!(signals(CTRL_QUEUE), 1, "the open was signalled");

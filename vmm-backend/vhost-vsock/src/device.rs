@@ -28,8 +28,10 @@ use super::packet::{
 use super::{GPU_PORT_BUFFER, MAX_LARGE_RING_BYTES, PortConnector, VsockStats};
 use vgpu_vhost_user::{LogLimiter, next_chain, signal, vring_ready};
 
-/// Most simultaneous connections per device. Each holds at most `tx_buffer_size` bytes of
-/// buffered guest data, so this also bounds the memory a guest can make us hold.
+/// Most simultaneous connections per device. Each holds at most its `buf_alloc` of buffered
+/// guest data in `tx_buf` (`tx_buffer_size`, or `GPU_PORT_BUFFER` for the at most
+/// `MAX_LARGE_RING_BYTES / GPU_PORT_BUFFER` in-process connections with a large ring) plus its
+/// in-process ring, so this also bounds the memory a guest can make us hold.
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Most host clients that connected to `uds_path` but have not finished their `CONNECT` line.
 pub const MAX_PENDING_HOST_CLIENTS: usize = 64;

@@ -1236,6 +1236,24 @@ impl GuestStream {
         self.key.1
     }
 
+    /// The device's receive buffer for this connection (`buf_alloc` of its last packet).
+    pub fn peer_buf_alloc(&self) -> u32 {
+        self.guest
+            .lock()
+            .conns
+            .get(&self.key)
+            .map_or(0, |c| c.peer_buf_alloc)
+    }
+
+    /// The credit the device last granted: bytes this stream may send before it must wait.
+    pub fn peer_credit(&self) -> u32 {
+        self.guest
+            .lock()
+            .conns
+            .get(&self.key)
+            .map_or(0, GConn::peer_credit)
+    }
+
     /// Sends all of `data`, waiting for credit as needed.
     pub fn write_all(&self, data: &[u8]) -> io::Result<()> {
         self.write_all_timeout(data, DEFAULT_TIMEOUT)

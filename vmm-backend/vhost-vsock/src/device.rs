@@ -20,15 +20,18 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::connection::{ConnKey, Connection, Endpoint, Origin};
+use super::inproc::RingLease;
 use super::packet::{
     ChainBuffer, ChainError, GuestMem, PKT_HEADER_SIZE, PacketHeader, TxPacket, VSOCK_HOST_CID,
     VSOCK_OP_REQUEST, VSOCK_OP_RST, VSOCK_TYPE_STREAM, parse_rx_chain,
 };
-use super::{PortConnector, VsockStats};
+use super::{GPU_PORT_BUFFER, MAX_LARGE_RING_BYTES, PortConnector, VsockStats};
 use vgpu_vhost_user::{LogLimiter, next_chain, signal, vring_ready};
 
-/// Most simultaneous connections per device. Each holds at most `tx_buffer_size` bytes of
-/// buffered guest data, so this also bounds the memory a guest can make us hold.
+/// Most simultaneous connections per device. Each holds at most its `buf_alloc` of buffered
+/// guest data in `tx_buf` (`tx_buffer_size`, or `GPU_PORT_BUFFER` for the at most
+/// `MAX_LARGE_RING_BYTES / GPU_PORT_BUFFER` in-process connections with a large ring) plus its
+/// in-process ring, so this also bounds the memory a guest can make us hold.
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Most host clients that connected to `uds_path` but have not finished their `CONNECT` line.
 pub const MAX_PENDING_HOST_CLIENTS: usize = 64;
@@ -416,8 +419,8 @@ impl VsockDevice {
                 return;
             }
         };
-        let conn =
-            Connection::guest_initiated(h, token, stream, origin, self.guest_cid, self.buf_alloc);
+        let buf_alloc = self.buf_alloc_for(&stream);
+        let conn = Connection::guest_initiated(h, token, stream, origin, self.guest_cid, buf_alloc);
         let key = conn.key();
         debug!(
             port,
@@ -429,6 +432,29 @@ impl VsockDevice {
         self.conns.insert(key, conn);
         self.stats.connection_opened();
         self.schedule(key);
+    }
+
+    /// The `buf_alloc` a new guest connection advertises: an in-process endpoint gets a ring of
+    /// [`GPU_PORT_BUFFER`] towards its session while the device's large-ring budget lasts, and
+    /// advertises that much; everything else advertises `tx_buffer_size`.
+    fn buf_alloc_for(&self, stream: &Endpoint) -> u32 {
+        let Endpoint::InProcess(d) = stream else {
+            return self.buf_alloc;
+        };
+        let large = GPU_PORT_BUFFER.max(self.buf_alloc);
+        let Some(lease) = RingLease::try_new(&self.stats, u64::from(large), MAX_LARGE_RING_BYTES)
+        else {
+            debug!(
+                guest_cid = self.guest_cid,
+                "large-ring budget spent; the connection gets a default ring"
+            );
+            return self.buf_alloc;
+        };
+        if d.enlarge_to_session(large as usize, lease) {
+            large
+        } else {
+            self.buf_alloc
+        }
     }
 
     fn handle_tx_packet(&mut self, mem: &GuestMem, pkt: &TxPacket) {

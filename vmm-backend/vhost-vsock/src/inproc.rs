@@ -11,6 +11,12 @@
 //! room the device was waiting for, and when it closes; the session is woken only while it waits.
 //! So a burst of packets costs one wake-up, not one per packet.
 //!
+//! The device may enlarge the ring towards the session before its first write
+//! ([`DeviceEnd::enlarge_to_session`], with a reservation of its per-VM budget); the large ring's
+//! memory is freed and the reservation returned as soon as its data is dead or delivered: the
+//! session end is closed, or the device end is closed (or shut for writing) and the ring is
+//! drained.
+//!
 //! Closing behaves like a socket pair: dropping (or shutting down) one end makes the other read
 //! end of file once the ring is drained, and writes to a closed peer fail with `BrokenPipe`.
 
@@ -23,9 +29,44 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::VsockStats;
+
 /// Default capacity of each ring of an in-process connection (the socket buffer size a
 /// `UnixStream::pair()` has by default is about the same).
 pub const DEFAULT_RING_CAPACITY: usize = 256 * 1024;
+
+/// A reservation of a device's large-ring budget (`VsockStats::large_ring_bytes`), returned when
+/// dropped.
+pub(crate) struct RingLease {
+    stats: Arc<VsockStats>,
+    bytes: u64,
+}
+
+impl RingLease {
+    /// Reserves `bytes` if the device's reservations stay within `limit`.
+    pub(crate) fn try_new(stats: &Arc<VsockStats>, bytes: u64, limit: u64) -> Option<Self> {
+        stats
+            .try_reserve_large_ring(bytes, limit)
+            .then(|| RingLease {
+                stats: Arc::clone(stats),
+                bytes,
+            })
+    }
+}
+
+impl std::fmt::Debug for RingLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingLease")
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl Drop for RingLease {
+    fn drop(&mut self) {
+        self.stats.release_large_ring(self.bytes);
+    }
+}
 
 /// A bounded byte ring; its memory is allocated on the first write.
 #[derive(Debug)]
@@ -133,6 +174,24 @@ struct State {
     session_waiting: bool,
     /// The device found `to_session` full and waits for room (an eventfd write is owed).
     device_wants_room: bool,
+    /// The budget reservation of an enlarged `to_session` ring.
+    lease: Option<RingLease>,
+}
+
+impl State {
+    /// Frees an enlarged `to_session` ring once its data is dead (the session is gone) or
+    /// delivered (the device no longer writes and the ring is drained); the caller drops the
+    /// returned reservation after unlocking.
+    #[must_use]
+    fn release_large_ring(&mut self) -> Option<RingLease> {
+        self.lease.as_ref()?;
+        let device_done = self.device_closed || self.device_write_closed;
+        if self.session_closed || (device_done && self.to_session.len == 0) {
+            self.to_session = Ring::new(DEFAULT_RING_CAPACITY);
+            return self.lease.take();
+        }
+        None
+    }
 }
 
 #[derive(Debug)]
@@ -169,6 +228,7 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             session_write_closed: false,
             session_waiting: false,
             device_wants_room: false,
+            lease: None,
         }),
         cond: Condvar::new(),
         event: EventFd::new(EFD_NONBLOCK)?,
@@ -197,12 +257,33 @@ impl DeviceEnd {
         let _ = self.shared.event.read();
     }
 
+    /// Gives the ring towards the session `capacity` bytes, holding `lease` until the ring is
+    /// freed. Only before the device's first write; returns whether it took effect (otherwise
+    /// the lease is returned at once).
+    pub(crate) fn enlarge_to_session(&self, capacity: usize, lease: RingLease) -> bool {
+        let mut st = self.shared.lock();
+        let untouched = st.to_session.buf.is_empty() && st.to_session.len == 0;
+        if !untouched || st.session_closed || st.lease.is_some() {
+            return false;
+        }
+        st.to_session = Ring::new(capacity);
+        st.lease = Some(lease);
+        true
+    }
+
+    /// Capacity of the ring towards the session.
+    pub fn to_session_capacity(&self) -> usize {
+        self.shared.lock().to_session.cap
+    }
+
     /// Shuts the device's writing side: the session reads end of file after the ring.
     pub fn shutdown_write(&self) {
         let mut st = self.shared.lock();
         st.device_write_closed = true;
         let wake = st.session_waiting;
+        let lease = st.release_large_ring();
         drop(st);
+        drop(lease);
         if wake {
             self.shared.cond.notify_all();
         }
@@ -229,7 +310,9 @@ impl Drop for DeviceEnd {
     fn drop(&mut self) {
         let mut st = self.shared.lock();
         st.device_closed = true;
+        let lease = st.release_large_ring();
         drop(st);
+        drop(lease);
         self.shared.cond.notify_all();
     }
 }
@@ -377,7 +460,9 @@ fn close_session(shared: &Shared) {
         return;
     }
     st.session_closed = true;
+    let lease = st.release_large_ring();
     drop(st);
+    drop(lease);
     shared.cond.notify_all();
     shared.wake_device();
 }
@@ -447,7 +532,9 @@ impl Read for &SessionEnd {
             if st.to_session.len > 0 {
                 let n = st.to_session.pop_into(buf);
                 let wake = std::mem::take(&mut st.device_wants_room);
+                let lease = st.release_large_ring();
                 drop(st);
+                drop(lease);
                 if wake {
                     self.shared.wake_device();
                 }
@@ -624,6 +711,39 @@ mod tests {
             io::ErrorKind::BrokenPipe
         );
         assert_eq!(device_read(&d, 8).unwrap(), b"");
+    }
+
+    #[test]
+    fn an_enlarged_ring_returns_its_reservation_once_drained_or_dead() {
+        let stats = Arc::new(VsockStats::default());
+        let lease = |n| RingLease::try_new(&stats, n, 100).unwrap();
+        // The device closes with data left: the reservation stays until the session drains it.
+        let (d, s) = pair(16).unwrap();
+        assert!(d.enlarge_to_session(64, lease(64)));
+        assert!(
+            RingLease::try_new(&stats, 64, 100).is_none(),
+            "over the budget"
+        );
+        assert_eq!((&d).write(&[3u8; 100]).unwrap(), 64);
+        assert!(
+            !d.enlarge_to_session(80, lease(30)),
+            "only before the first write"
+        );
+        assert_eq!(stats.snapshot().large_ring_bytes, 64);
+        drop(d);
+        let mut buf = [0u8; 40];
+        assert_eq!((&s).read(&mut buf).unwrap(), 40);
+        assert_eq!(stats.snapshot().large_ring_bytes, 64);
+        assert_eq!((&s).read(&mut buf).unwrap(), 24);
+        assert_eq!(stats.snapshot().large_ring_bytes, 0);
+        assert_eq!((&s).read(&mut buf).unwrap(), 0);
+        // The session goes away with data unread: returned at once.
+        let (d, s) = pair(16).unwrap();
+        assert!(d.enlarge_to_session(64, lease(64)));
+        (&d).write_all(&[1u8; 50]).unwrap();
+        drop(s);
+        assert_eq!(stats.snapshot().large_ring_bytes, 0);
+        assert_eq!(d.to_session_capacity(), DEFAULT_RING_CAPACITY);
     }
 
     #[test]

@@ -72,6 +72,18 @@ pub const DEFAULT_TX_BUFFER_SIZE: u32 = 256 * 1024;
 pub const MIN_TX_BUFFER_SIZE: u32 = 4 * 1024;
 /// Largest accepted `tx_buffer_size` (bounds the memory a guest can pin: 1024 connections × this).
 pub const MAX_TX_BUFFER_SIZE: u32 = 16 * 1024 * 1024;
+/// `buf_alloc` of an in-process connection (the GPU port) that got a large ring, and the size of
+/// that ring towards the session. At 256 KiB a guest copying bulk data to vgpud waits for a credit
+/// update (thread wake-ups) every 256 KiB; 4 MiB keeps 64 maximal packets in flight. Since
+/// `fwd_cnt` counts bytes entering the ring, such a connection holds at most twice this much guest
+/// data: a full ring plus `buf_alloc` bytes waiting in its `tx_buf`. A `tx_buffer_size` above this
+/// is used instead.
+pub const GPU_PORT_BUFFER: u32 = 4 * 1024 * 1024;
+/// Per-device (per-VM) budget for the large rings of in-process connections. A connection that
+/// finds it spent gets a `DEFAULT_RING_CAPACITY` ring and advertises `tx_buffer_size`, as every
+/// connection did before; the budget is returned when the ring is freed (the connection closes or
+/// is reset, the device resets, the VMM disconnects, and the session has let go of its end).
+pub const MAX_LARGE_RING_BYTES: u64 = 64 * 1024 * 1024;
 /// Largest virtqueue size a split queue may have.
 pub const MAX_QUEUE_SIZE: u16 = 32768;
 /// The first CID a guest may use (0–2 are reserved).

@@ -17,6 +17,7 @@ pub struct VsockStats {
     device_resets: AtomicU64,
     frontend_connections: AtomicU64,
     dropped_chains: AtomicU64,
+    large_ring_bytes: AtomicU64,
 }
 
 /// A point-in-time copy of [`VsockStats`].
@@ -40,6 +41,9 @@ pub struct VsockStatsSnapshot {
     pub frontend_connections: u64,
     /// Malformed or hostile descriptor chains dropped.
     pub dropped_chains: u64,
+    /// Bytes of large in-process rings reserved now (at most
+    /// [`MAX_LARGE_RING_BYTES`](crate::MAX_LARGE_RING_BYTES)).
+    pub large_ring_bytes: u64,
 }
 
 impl VsockStats {
@@ -56,6 +60,7 @@ impl VsockStats {
             device_resets: get(&self.device_resets),
             frontend_connections: get(&self.frontend_connections),
             dropped_chains: get(&self.dropped_chains),
+            large_ring_bytes: get(&self.large_ring_bytes),
         }
     }
 
@@ -99,6 +104,23 @@ impl VsockStats {
 
     pub(crate) fn add_dropped_chain(&self) {
         self.dropped_chains.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reserves `bytes` of the large-ring budget if the reservation stays within `limit`.
+    pub(crate) fn try_reserve_large_ring(&self, bytes: u64, limit: u64) -> bool {
+        self.large_ring_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                v.checked_add(bytes).filter(|&n| n <= limit)
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn release_large_ring(&self, bytes: u64) {
+        let _ = self
+            .large_ring_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(bytes))
+            });
     }
 }
 

@@ -5,6 +5,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use vgpu_vhost_vsock::{
+    DEFAULT_TX_BUFFER_SIZE, Endpoint, GPU_PORT_BUFFER, MAX_LARGE_RING_BYTES, PortConnector, inproc,
+};
 use vgpu_vmm_testutils::vsock::{
     ChannelConnector, EchoConnector, GuestOptions, TestServer, pattern,
 };
@@ -187,5 +190,121 @@ fn stalled_host_reader_blocks_only_its_connection() {
     let mut ack = [0u8; 3];
     other.read_exact(&mut ack).unwrap();
     assert_eq!(&ack, b"ack");
+    assert!(guest.violations().is_empty(), "{:?}", guest.violations());
+}
+
+/// Serves `PORT` in-process and hands each session end to the test, which reads it only when it
+/// wants to (a session that lags behind the guest, or a hostile guest's connections piling up).
+#[derive(Debug)]
+struct HoldConnector(std::sync::Mutex<std::sync::mpsc::Sender<inproc::SessionEnd>>);
+
+impl PortConnector for HoldConnector {
+    fn connect(&self, port: u32) -> Option<std::io::Result<Endpoint>> {
+        if port != PORT {
+            return None;
+        }
+        Some(
+            inproc::pair(inproc::DEFAULT_RING_CAPACITY).and_then(|(device, session)| {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .send(session)
+                    .map_err(|_| std::io::Error::other("test gone"))?;
+                Ok(device.into())
+            }),
+        )
+    }
+}
+
+/// Reads a session end to end of file and returns how many bytes it delivered.
+fn drain(session: &inproc::SessionEnd) -> usize {
+    session.set_read_timeout(Some(T));
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0;
+    loop {
+        match (&*session).read(&mut buf) {
+            Ok(0) => return total,
+            Ok(n) => total += n,
+            Err(e) => panic!("session read after {total} bytes: {e}"),
+        }
+    }
+}
+
+/// A guest opening more in-process connections than the large-ring budget covers and filling
+/// them all: the first `MAX_LARGE_RING_BYTES / GPU_PORT_BUFFER` advertise `GPU_PORT_BUFFER`, the
+/// rest today's `tx_buffer_size`; each holds at most twice its `buf_alloc` (ring + `tx_buf`) and
+/// gets no credit beyond; the budget comes back when the connections close (guest RST with the
+/// ring drained by the session, the session dropping its end, a device reset), and a later
+/// connection gets a large ring again.
+#[test]
+fn large_rings_are_bounded_per_device_and_returned_on_close() {
+    let (tx, sessions) = std::sync::mpsc::channel();
+    let server =
+        TestServer::start(Arc::new(HoldConnector(std::sync::Mutex::new(tx))), |_| {}).unwrap();
+    let guest = server.guest(GuestOptions::default()).unwrap();
+    let large = (MAX_LARGE_RING_BYTES / u64::from(GPU_PORT_BUFFER)) as usize;
+    let extra = 2;
+    let mut conns = Vec::new();
+    for i in 0..large + extra {
+        let s = guest.connect(PORT).unwrap();
+        let session = sessions.recv_timeout(T).unwrap();
+        let want = if i < large {
+            GPU_PORT_BUFFER
+        } else {
+            DEFAULT_TX_BUFFER_SIZE
+        };
+        assert_eq!(s.peer_buf_alloc(), want, "connection {i}");
+        conns.push((s, session));
+    }
+    assert_eq!(
+        server.stats.snapshot().large_ring_bytes,
+        MAX_LARGE_RING_BYTES
+    );
+
+    // Fill every connection: ring plus tx_buf take exactly 2 × buf_alloc, then the credit is 0.
+    for (i, (s, _)) in conns.iter().enumerate() {
+        let cap = 2 * s.peer_buf_alloc() as usize;
+        s.write_all_timeout(&vec![i as u8; cap], T).unwrap();
+        let err = s
+            .write_all_timeout(b"x", Duration::from_millis(200))
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "connection {i}");
+        assert_eq!(s.peer_credit(), 0, "connection {i}");
+    }
+    assert!(guest.violations().is_empty(), "{:?}", guest.violations());
+
+    // Half of the large connections: the session goes away. The others: the guest resets the
+    // connection and the session reads what was delivered (the full ring) to end of file.
+    let rest = conns.split_off(large / 2);
+    for (s, session) in conns {
+        drop(session);
+        s.close(T).ok();
+    }
+    for (i, (s, session)) in rest.into_iter().enumerate() {
+        let alloc = s.peer_buf_alloc() as usize;
+        s.reset();
+        let got = drain(&session);
+        assert!(
+            got <= 2 * alloc && got >= alloc,
+            "connection {i} delivered {got} bytes of {}",
+            2 * alloc
+        );
+    }
+    server
+        .wait_stats(T, |s| s.large_ring_bytes == 0 && s.connections_open == 0)
+        .unwrap();
+
+    // The budget is back: a new connection gets a large ring, and a device reset returns it.
+    let s = guest.connect(PORT).unwrap();
+    let session = sessions.recv_timeout(T).unwrap();
+    assert_eq!(s.peer_buf_alloc(), GPU_PORT_BUFFER);
+    s.write_all_timeout(&pattern(5, MIB), T).unwrap();
+    assert_eq!(
+        server.stats.snapshot().large_ring_bytes,
+        u64::from(GPU_PORT_BUFFER)
+    );
+    guest.reboot().unwrap();
+    assert_eq!(drain(&session), MIB);
+    server.wait_stats(T, |s| s.large_ring_bytes == 0).unwrap();
     assert!(guest.violations().is_empty(), "{:?}", guest.violations());
 }

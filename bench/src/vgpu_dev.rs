@@ -383,6 +383,10 @@ impl VsockPath {
             socket,
             GuestOptions {
                 busy_poll: wait == GuestWait::Poll,
+                // What a guest kernel advertises for the shim's connection (the shim asks it for
+                // this receive buffer), not Linux's 256 KiB default.
+                buf_alloc: u32::try_from(cuda::transport::VSOCK_RECEIVE_BUFFER)
+                    .map_err(err("the shim's vsock receive buffer"))?,
                 ..GuestOptions::default()
             },
         )

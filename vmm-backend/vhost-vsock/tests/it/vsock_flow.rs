@@ -298,11 +298,17 @@ fn large_rings_are_bounded_per_device_and_returned_on_close() {
     let s = guest.connect(PORT).unwrap();
     let session = sessions.recv_timeout(T).unwrap();
     assert_eq!(s.peer_buf_alloc(), GPU_PORT_BUFFER);
+    let delivered = server.stats.snapshot().bytes_guest_to_host;
     s.write_all_timeout(&pattern(5, MIB), T).unwrap();
     assert_eq!(
         server.stats.snapshot().large_ring_bytes,
         u64::from(GPU_PORT_BUFFER)
     );
+    // The guest's writes return once its packets are queued; the reset would drop those the
+    // device has not taken yet.
+    server
+        .wait_stats(T, |s| s.bytes_guest_to_host >= delivered + MIB as u64)
+        .unwrap();
     guest.reboot().unwrap();
     assert_eq!(drain(&session), MIB);
     server.wait_stats(T, |s| s.large_ring_bytes == 0).unwrap();

@@ -25,6 +25,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use vgpu_hugemem::HugeMapping;
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -68,10 +69,58 @@ impl Drop for RingLease {
     }
 }
 
+/// Rings of at least this many bytes get a mapping of their own ([`HugeMapping`]), unmapped when
+/// the ring goes: a large ring freed to the allocator stays in the process (glibc raises its mmap
+/// threshold after freeing a mapped block, so the next ones come from the heap and are seldom
+/// returned), and vgpud's memory would not come back after a burst of GPU-port connections.
+const MAPPED_RING_BYTES: usize = vgpu_hugemem::HUGE_PAGE;
+
+/// A ring's memory: none yet, a heap block, or a mapping of its own.
+#[derive(Debug, Default)]
+enum RingMem {
+    #[default]
+    None,
+    Heap(Box<[u8]>),
+    Mapped(HugeMapping),
+}
+
+impl RingMem {
+    /// `cap` zeroed bytes, mapped for large rings (on the heap where mapping fails).
+    fn new(cap: usize) -> Self {
+        if cap >= MAPPED_RING_BYTES
+            && let Ok(m) = HugeMapping::new(cap)
+        {
+            return RingMem::Mapped(m);
+        }
+        RingMem::Heap(vec![0u8; cap].into_boxed_slice())
+    }
+}
+
+impl std::ops::Deref for RingMem {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            RingMem::None => &[],
+            RingMem::Heap(b) => b,
+            RingMem::Mapped(m) => m,
+        }
+    }
+}
+
+impl std::ops::DerefMut for RingMem {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            RingMem::None => &mut [],
+            RingMem::Heap(b) => b,
+            RingMem::Mapped(m) => m,
+        }
+    }
+}
+
 /// A bounded byte ring; its memory is allocated on the first write.
 #[derive(Debug)]
 struct Ring {
-    buf: Box<[u8]>,
+    buf: RingMem,
     cap: usize,
     head: usize,
     len: usize,
@@ -80,7 +129,7 @@ struct Ring {
 impl Ring {
     fn new(cap: usize) -> Self {
         Ring {
-            buf: Box::default(),
+            buf: RingMem::None,
             cap: cap.max(1),
             head: 0,
             len: 0,
@@ -107,7 +156,7 @@ impl Ring {
     /// The free room as up to two slices (allocates the ring on first use).
     fn writable(&mut self) -> (&mut [u8], &mut [u8]) {
         if self.buf.is_empty() {
-            self.buf = vec![0u8; self.cap].into_boxed_slice();
+            self.buf = RingMem::new(self.cap);
         }
         let tail = (self.head + self.len) % self.cap;
         let free = self.free();

@@ -254,7 +254,7 @@ fn instantiate(
     let graph = d
         .capture_graph(s, || {
             for (k, (_, f, _)) in kernels.iter().zip(resolved) {
-                d.capture_launch(
+                d.issue_launch(
                     *f,
                     k.dims.grid,
                     k.dims.block,
@@ -262,7 +262,8 @@ fn instantiate(
                     s,
                     k.params,
                     priority,
-                )?;
+                )
+                .map(drop)?;
             }
             Ok(())
         })

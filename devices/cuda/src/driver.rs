@@ -1311,9 +1311,10 @@ impl Driver {
         Ok(())
     }
 
-    /// [`Driver::launch`] without counting; `true` when the launch carried a priority.
+    /// [`Driver::launch`] without counting (also a launch inside [`Driver::capture_graph`]);
+    /// `true` when the launch carried a priority.
     #[allow(clippy::too_many_arguments)]
-    fn issue_launch(
+    pub(crate) fn issue_launch(
         &self,
         f: Function,
         grid: [u32; 3],
@@ -1405,8 +1406,9 @@ impl Driver {
         self.graph_instantiations.load(Ordering::Relaxed)
     }
 
-    /// Captures the launches `issue` makes on `s` (through [`Driver::capture_launch`]) into a
-    /// graph: `cuStreamBeginCapture_v2` in relaxed mode, `issue`, `cuStreamEndCapture`. The
+    /// Captures the launches `issue` makes on `s` (through [`Driver::issue_launch`]: not
+    /// counted as launches, the graph's launch is) into a graph: `cuStreamBeginCapture_v2` in
+    /// relaxed mode, `issue`, `cuStreamEndCapture`. The
     /// stream must be one nothing else issues work on meanwhile. A failed `issue` still ends
     /// the capture (and destroys what it captured).
     pub fn capture_graph(
@@ -1437,23 +1439,6 @@ impl Driver {
                 Err(e)
             }
         }
-    }
-
-    /// A kernel launch inside [`Driver::capture_graph`]: [`Driver::launch`], not counted as a
-    /// launch (the graph's launch is).
-    #[allow(clippy::too_many_arguments)]
-    pub fn capture_launch(
-        &self,
-        f: Function,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-        s: Stream,
-        params: &[u8],
-        priority: i32,
-    ) -> DrvResult<()> {
-        self.issue_launch(f, grid, block, shared, s, params, priority)
-            .map(drop)
     }
 
     /// `cuGraphInstantiateWithFlags`; with `node_priority`, kernel nodes run at the priority

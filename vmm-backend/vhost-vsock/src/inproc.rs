@@ -342,11 +342,6 @@ impl DeviceEnd {
     pub fn peer_gone(&self) -> bool {
         self.shared.lock().session_closed
     }
-
-    /// Bytes waiting for the session.
-    pub fn pending_to_session(&self) -> usize {
-        self.shared.lock().to_session.len
-    }
 }
 
 impl AsRawFd for DeviceEnd {

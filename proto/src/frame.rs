@@ -11,6 +11,7 @@
 //! ```
 
 use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 
 use thiserror::Error;
 
@@ -141,6 +142,14 @@ impl Header {
 /// Reads one frame: its header, and its payload into `payload` (resized).
 /// Returns `FrameError::Closed` on a clean end of stream before the header.
 pub fn read_frame<R: Read>(r: &mut R, payload: &mut Vec<u8>) -> Result<Header, FrameError> {
+    let h = read_header(r)?;
+    read_payload(r, h.payload_len as usize, payload)?;
+    Ok(h)
+}
+
+/// Reads and validates one frame's header, leaving its payload in the stream.
+/// Returns `FrameError::Closed` on a clean end of stream before the header.
+pub fn read_header<R: Read>(r: &mut R) -> Result<Header, FrameError> {
     let mut hb = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -152,17 +161,39 @@ pub fn read_frame<R: Read>(r: &mut R, payload: &mut Vec<u8>) -> Result<Header, F
             Err(e) => return Err(FrameError::Io(e)),
         }
     }
-    let h = Header::decode(&hb)?;
+    Header::decode(&hb)
+}
+
+/// Reads the next `len` bytes of a frame's payload into `payload` (resized).
+pub fn read_payload<R: Read>(
+    r: &mut R,
+    len: usize,
+    payload: &mut Vec<u8>,
+) -> Result<(), FrameError> {
     payload.clear();
-    payload.resize(h.payload_len as usize, 0);
+    payload.resize(len, 0);
     r.read_exact(payload).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             FrameError::Truncated
         } else {
             FrameError::Io(e)
         }
-    })?;
-    Ok(h)
+    })
+}
+
+/// A byte stream that lends the bytes it holds instead of copying them out: a transport whose
+/// buffer is in the receiver's memory (vgpud's in-process vsock rings) hands a frame's bulk bytes
+/// straight to where they go.
+pub trait ReadInPlace {
+    /// Consumes the next `len` bytes, calling `f` with them in order, as runs of one or more
+    /// slices as they arrive. Once `f` breaks, the rest of the `len` bytes is consumed without
+    /// calls, so that the stream stays at a frame boundary. Fails with `UnexpectedEof` if the
+    /// stream ends first.
+    fn read_in_place(
+        &mut self,
+        len: usize,
+        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+    ) -> io::Result<()>;
 }
 
 /// Writes one frame whose payload is the concatenation of `parts`.

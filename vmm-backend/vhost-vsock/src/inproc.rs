@@ -21,11 +21,14 @@
 //! end of file once the ring is drained, and writes to a closed peer fail with `BrokenPipe`.
 
 use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vgpu_hugemem::HugeMapping;
+use vgpu_proto::frame::ReadInPlace;
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -75,52 +78,105 @@ impl Drop for RingLease {
 /// returned), and vgpud's memory would not come back after a burst of GPU-port connections.
 const MAPPED_RING_BYTES: usize = vgpu_hugemem::HUGE_PAGE;
 
-/// A ring's memory: none yet, a heap block, or a mapping of its own.
-#[derive(Debug, Default)]
-enum RingMem {
-    #[default]
-    None,
-    Heap(Box<[u8]>),
-    Mapped(HugeMapping),
+/// A ring's memory: a heap block, or a mapping of its own for large rings. It is read and
+/// written only through [`Span`]s, from raw pointers: the two ends copy in and out of disjoint
+/// parts of it at the same time, outside the state lock.
+struct RingMem {
+    ptr: NonNull<u8>,
+    cap: usize,
+    /// The mapping that holds the bytes; `None`: `ptr` is a leaked `Box<[u8]>` of `cap` bytes.
+    mapping: Option<HugeMapping>,
 }
 
+// SAFETY: `RingMem` owns its bytes like a `Vec<u8>`; what is read and written concurrently is
+// governed by the `Span` rules (disjoint parts, one reader and one writer per ring).
+unsafe impl Send for RingMem {}
+// SAFETY: as above; `&RingMem` gives out nothing but `Span`s.
+unsafe impl Sync for RingMem {}
+
 impl RingMem {
-    /// `cap` zeroed bytes, mapped for large rings (on the heap where mapping fails).
+    /// `cap` zeroed bytes (at least one), mapped for large rings (on the heap where mapping
+    /// fails).
     fn new(cap: usize) -> Self {
         if cap >= MAPPED_RING_BYTES
             && let Ok(m) = HugeMapping::new(cap)
         {
-            return RingMem::Mapped(m);
+            return RingMem {
+                ptr: m.as_non_null(),
+                cap,
+                mapping: Some(m),
+            };
         }
-        RingMem::Heap(vec![0u8; cap].into_boxed_slice())
-    }
-}
-
-impl std::ops::Deref for RingMem {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            RingMem::None => &[],
-            RingMem::Heap(b) => b,
-            RingMem::Mapped(m) => m,
+        let heap: *mut [u8] = Box::into_raw(vec![0u8; cap].into_boxed_slice());
+        RingMem {
+            ptr: NonNull::new(heap.cast::<u8>()).unwrap_or(NonNull::dangling()),
+            cap,
+            mapping: None,
         }
     }
 }
 
-impl std::ops::DerefMut for RingMem {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        match self {
-            RingMem::None => &mut [],
-            RingMem::Heap(b) => b,
-            RingMem::Mapped(m) => m,
+impl Drop for RingMem {
+    fn drop(&mut self) {
+        if self.mapping.is_none() {
+            // SAFETY: `ptr` came from `Box::into_raw` of a `cap`-byte boxed slice in `new`, and
+            // no `Span` outlives the `Arc` that owns this memory.
+            drop(unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    self.ptr.as_ptr(),
+                    self.cap,
+                ))
+            });
         }
+    }
+}
+
+impl std::fmt::Debug for RingMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingMem")
+            .field("cap", &self.cap)
+            .field("mapped", &self.mapping.is_some())
+            .finish()
+    }
+}
+
+/// Up to two runs of a ring's memory (the second after the wrap), taken under the state lock for
+/// a copy made outside it: the readable bytes for the ring's one reader, or the free room for
+/// its one writer. The two never overlap: the reader's part becomes free, and the writer's
+/// readable, only when the copy is committed under the lock. The `Arc` keeps the memory alive
+/// if the ring is replaced meanwhile ([`State::release_large_ring`]).
+struct Span {
+    mem: Arc<RingMem>,
+    parts: [(usize, usize); 2],
+}
+
+impl Span {
+    /// The span's bytes, to read.
+    fn slices(&self) -> [&[u8]; 2] {
+        self.parts.map(|(at, n)| {
+            // SAFETY: `at + n <= cap` (computed by `Ring`); this span is the readable part of
+            // the ring, which its writer does not touch until the read is committed, and there
+            // is one reader per ring at a time (the end's copy lock).
+            unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr().wrapping_add(at), n) }
+        })
+    }
+
+    /// The span's room, to write.
+    #[allow(clippy::mut_from_ref)]
+    fn slices_mut(&self) -> [&mut [u8]; 2] {
+        self.parts.map(|(at, n)| {
+            // SAFETY: `at + n <= cap`; this span is the free part of the ring, which its reader
+            // does not touch until the write is committed, and there is one writer per ring at a
+            // time (the end's copy lock); the two parts do not overlap.
+            unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr().wrapping_add(at), n) }
+        })
     }
 }
 
 /// A bounded byte ring; its memory is allocated on the first write.
 #[derive(Debug)]
 struct Ring {
-    buf: RingMem,
+    mem: Option<Arc<RingMem>>,
     cap: usize,
     head: usize,
     len: usize,
@@ -129,7 +185,7 @@ struct Ring {
 impl Ring {
     fn new(cap: usize) -> Self {
         Ring {
-            buf: RingMem::None,
+            mem: None,
             cap: cap.max(1),
             head: 0,
             len: 0,
@@ -140,69 +196,69 @@ impl Ring {
         self.cap - self.len
     }
 
-    /// The readable bytes as up to two slices.
-    fn readable(&self) -> (&[u8], &[u8]) {
-        if self.len == 0 {
-            return (&[], &[]);
-        }
-        let end = self.head + self.len;
-        if end <= self.cap {
-            (&self.buf[self.head..end], &[])
-        } else {
-            (&self.buf[self.head..], &self.buf[..end - self.cap])
-        }
+    /// Runs of `n` bytes from `at`, wrapping at the end.
+    fn runs(&self, at: usize, n: usize) -> [(usize, usize); 2] {
+        let first = n.min(self.cap - at);
+        [(at, first), (0, n - first)]
     }
 
-    /// The free room as up to two slices (allocates the ring on first use).
-    fn writable(&mut self) -> (&mut [u8], &mut [u8]) {
-        if self.buf.is_empty() {
-            self.buf = RingMem::new(self.cap);
+    /// The readable bytes (`None`: there are none).
+    fn readable(&self) -> Option<Span> {
+        let mem = self.mem.as_ref().filter(|_| self.len > 0)?;
+        Some(Span {
+            mem: Arc::clone(mem),
+            parts: self.runs(self.head, self.len),
+        })
+    }
+
+    /// The free room (`None`: the ring is full); allocates the ring on first use.
+    fn writable(&mut self) -> Option<Span> {
+        if self.free() == 0 {
+            return None;
         }
+        let cap = self.cap;
+        let mem = self.mem.get_or_insert_with(|| Arc::new(RingMem::new(cap)));
+        let mem = Arc::clone(mem);
         let tail = (self.head + self.len) % self.cap;
-        let free = self.free();
-        if tail + free <= self.cap {
-            (&mut self.buf[tail..tail + free], &mut [])
-        } else {
-            let (front, back) = self.buf.split_at_mut(tail);
-            (back, &mut front[..free - (self.cap - tail)])
+        Some(Span {
+            mem,
+            parts: self.runs(tail, self.free()),
+        })
+    }
+
+    /// Whether `span` is of this ring's memory (not of one replaced since it was taken).
+    fn holds(&self, span: &Span) -> bool {
+        self.mem.as_ref().is_some_and(|m| Arc::ptr_eq(m, &span.mem))
+    }
+
+    /// `n` bytes of `span` (from [`Ring::readable`]) were read; nothing if the ring was replaced.
+    fn consume(&mut self, span: &Span, n: usize) {
+        if self.holds(span) {
+            debug_assert!(n <= self.len);
+            self.head = (self.head + n) % self.cap;
+            self.len -= n;
         }
     }
 
-    fn consume(&mut self, n: usize) {
-        debug_assert!(n <= self.len);
-        self.head = (self.head + n) % self.cap;
-        self.len -= n;
-        if self.len == 0 {
-            self.head = 0;
+    /// `n` bytes of `span` (from [`Ring::writable`]) were written; nothing if the ring was
+    /// replaced (its reader is gone, so the bytes are dead).
+    fn commit(&mut self, span: &Span, n: usize) {
+        if self.holds(span) {
+            debug_assert!(n <= self.free());
+            self.len += n;
         }
     }
+}
 
-    fn commit(&mut self, n: usize) {
-        debug_assert!(n <= self.free());
-        self.len += n;
+/// Copies `src` into the start of `span`'s room; returns the bytes copied.
+fn fill(span: &Span, src: &[u8]) -> usize {
+    let mut done = 0;
+    for part in span.slices_mut() {
+        let n = part.len().min(src.len() - done);
+        part[..n].copy_from_slice(&src[done..done + n]);
+        done += n;
     }
-
-    /// Copies out up to `dst.len()` bytes.
-    fn pop_into(&mut self, dst: &mut [u8]) -> usize {
-        let (a, b) = self.readable();
-        let n1 = a.len().min(dst.len());
-        dst[..n1].copy_from_slice(&a[..n1]);
-        let n2 = b.len().min(dst.len() - n1);
-        dst[n1..n1 + n2].copy_from_slice(&b[..n2]);
-        self.consume(n1 + n2);
-        n1 + n2
-    }
-
-    /// Copies in as much of `src` as fits.
-    fn push_from(&mut self, src: &[u8]) -> usize {
-        let (a, b) = self.writable();
-        let n1 = a.len().min(src.len());
-        a[..n1].copy_from_slice(&src[..n1]);
-        let n2 = b.len().min(src.len() - n1);
-        b[..n2].copy_from_slice(&src[n1..n1 + n2]);
-        self.commit(n1 + n2);
-        n1 + n2
-    }
+    done
 }
 
 #[derive(Debug)]
@@ -246,6 +302,13 @@ impl State {
 #[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
+    /// Held by the device end while it copies, in either direction (it never waits): with the
+    /// session's locks below, one reader and one writer per ring at a time ([`Span`]).
+    device_copy: Mutex<()>,
+    /// Held by the session end while it reads (and waits for bytes).
+    session_read: Mutex<()>,
+    /// Held by the session end while it writes (and waits for room).
+    session_write: Mutex<()>,
     /// Wakes the session thread.
     cond: Condvar,
     /// Wakes the device thread (registered in its epoll).
@@ -255,6 +318,11 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes one of the copy locks (which guard no data of their own).
+    fn copying(lock: &Mutex<()>) -> MutexGuard<'_, ()> {
+        lock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn wake_device(&self) {
@@ -279,6 +347,9 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             device_wants_room: false,
             lease: None,
         }),
+        device_copy: Mutex::new(()),
+        session_read: Mutex::new(()),
+        session_write: Mutex::new(()),
         cond: Condvar::new(),
         event: EventFd::new(EFD_NONBLOCK)?,
     });
@@ -311,7 +382,7 @@ impl DeviceEnd {
     /// the lease is returned at once).
     pub(crate) fn enlarge_to_session(&self, capacity: usize, lease: RingLease) -> bool {
         let mut st = self.shared.lock();
-        let untouched = st.to_session.buf.is_empty() && st.to_session.len == 0;
+        let untouched = st.to_session.mem.is_none() && st.to_session.len == 0;
         if !untouched || st.session_closed || st.lease.is_some() {
             return false;
         }
@@ -370,55 +441,67 @@ fn broken_pipe() -> io::Error {
 }
 
 impl DeviceEnd {
+    /// Copies guest payload into the ring towards the session, outside the state lock.
     fn push_volatile<B: BitmapSlice>(
         &self,
         src: &VolatileSlice<'_, B>,
     ) -> Result<usize, VolatileMemoryError> {
+        let _copy = Shared::copying(&self.shared.device_copy);
         let mut st = self.shared.lock();
         if st.session_closed {
             return Err(VolatileMemoryError::IOError(broken_pipe()));
         }
-        if st.to_session.free() == 0 {
+        let Some(span) = st.to_session.writable() else {
             st.device_wants_room = true;
             return Err(would_block());
-        }
-        let (a, b) = st.to_session.writable();
+        };
+        drop(st);
+        let [a, b] = span.slices_mut();
         let n1 = a.len().min(src.len());
-        let s1 = src.subslice(0, n1)?;
-        s1.copy_to(&mut a[..n1]);
+        src.subslice(0, n1)?.copy_to(&mut a[..n1]);
         let n2 = b.len().min(src.len() - n1);
         if n2 > 0 {
             src.subslice(n1, n2)?.copy_to(&mut b[..n2]);
         }
-        st.to_session.commit(n1 + n2);
+        self.committed_to_session(&span, n1 + n2);
+        Ok(n1 + n2)
+    }
+
+    /// Makes `n` bytes written to `span` readable, waking the session if it waits for them.
+    fn committed_to_session(&self, span: &Span, n: usize) {
+        let mut st = self.shared.lock();
+        st.to_session.commit(span, n);
         let wake = st.session_waiting;
         drop(st);
         if wake {
             self.shared.cond.notify_all();
         }
-        Ok(n1 + n2)
     }
 
+    /// Copies the session's output into rx descriptor memory, outside the state lock.
     fn pop_volatile<B: BitmapSlice>(
         &self,
         dst: &mut VolatileSlice<'_, B>,
     ) -> Result<usize, VolatileMemoryError> {
-        let mut st = self.shared.lock();
-        if st.to_device.len == 0 {
+        let _copy = Shared::copying(&self.shared.device_copy);
+        let st = self.shared.lock();
+        let Some(span) = st.to_device.readable() else {
             return if st.session_write_closed || st.session_closed {
                 Ok(0)
             } else {
                 Err(would_block())
             };
-        }
-        let (a, b) = st.to_device.readable();
+        };
+        drop(st);
+        let [a, b] = span.slices();
         let n1 = a.len().min(dst.len());
         dst.subslice(0, n1)?.copy_from(&a[..n1]);
         let n2 = b.len().min(dst.len() - n1);
         if n2 > 0 {
             dst.subslice(n1, n2)?.copy_from(&b[..n2]);
         }
-        st.to_device.consume(n1 + n2);
+        let mut st = self.shared.lock();
+        st.to_device.consume(&span, n1 + n2);
         let wake = st.session_waiting;
         drop(st);
         if wake {
@@ -448,20 +531,22 @@ impl ReadVolatile for &DeviceEnd {
 
 impl Write for &DeviceEnd {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let _copy = Shared::copying(&self.shared.device_copy);
         let mut st = self.shared.lock();
         if st.session_closed {
             return Err(broken_pipe());
         }
-        let n = st.to_session.push_from(buf);
-        if n == 0 && !buf.is_empty() {
-            st.device_wants_room = true;
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let wake = st.session_waiting;
+        let span = match st.to_session.writable() {
+            Some(span) => span,
+            None if buf.is_empty() => return Ok(0),
+            None => {
+                st.device_wants_room = true;
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        };
         drop(st);
-        if wake {
-            self.shared.cond.notify_all();
-        }
+        let n = fill(&span, buf);
+        self.committed_to_session(&span, n);
         Ok(n)
     }
 
@@ -469,6 +554,10 @@ impl Write for &DeviceEnd {
         Ok(())
     }
 }
+
+/// What [`SessionEnd::read_runs`] calls with the readable runs: how many bytes it took, and
+/// whether it wants more.
+type TakeRuns<'a> = dyn FnMut(&[&[u8]]) -> (usize, ControlFlow<()>) + 'a;
 
 /// The session thread's end: blocking reads and writes, like a blocking socket.
 #[derive(Debug)]
@@ -531,6 +620,50 @@ impl SessionEnd {
         st.device_closed || st.device_write_closed
     }
 
+    /// Waits for bytes (or the end of the stream) and calls `f` with the readable ones as runs
+    /// (one or two non-empty slices, in order), outside the state lock: `f` returns how many of
+    /// them it took and whether it wants more. Returns `false` at the end of the stream (no
+    /// call), `true` once `f` breaks.
+    fn read_runs(&self, f: &mut TakeRuns<'_>) -> io::Result<bool> {
+        let deadline = self
+            .read_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|t| Instant::now() + t);
+        let _copy = Shared::copying(&self.shared.session_read);
+        let mut st = self.shared.lock();
+        loop {
+            if st.session_closed {
+                return Ok(false);
+            }
+            if let Some(span) = st.to_session.readable() {
+                drop(st);
+                let [a, b] = span.slices();
+                let both = [a, b];
+                let runs = if b.is_empty() { &both[..1] } else { &both[..] };
+                let (taken, flow) = f(runs);
+                st = self.shared.lock();
+                st.to_session.consume(&span, taken);
+                let wake = std::mem::take(&mut st.device_wants_room);
+                let lease = st.release_large_ring();
+                drop(st);
+                drop(lease);
+                if wake {
+                    self.shared.wake_device();
+                }
+                if flow.is_break() {
+                    return Ok(true);
+                }
+                st = self.shared.lock();
+                continue;
+            }
+            if st.device_closed || st.device_write_closed {
+                return Ok(false);
+            }
+            st = self.wait(st, deadline)?;
+        }
+    }
+
     fn wait<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
@@ -563,32 +696,76 @@ impl Read for &SessionEnd {
         if buf.is_empty() {
             return Ok(0);
         }
-        let deadline = self
-            .read_timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map(|t| Instant::now() + t);
-        let mut st = self.shared.lock();
-        loop {
-            if st.session_closed {
-                return Ok(0);
-            }
-            if st.to_session.len > 0 {
-                let n = st.to_session.pop_into(buf);
-                let wake = std::mem::take(&mut st.device_wants_room);
-                let lease = st.release_large_ring();
-                drop(st);
-                drop(lease);
-                if wake {
-                    self.shared.wake_device();
+        let mut n = 0;
+        self.read_runs(&mut |runs| {
+            n = drain_into(runs, buf);
+            (n, ControlFlow::Break(()))
+        })?;
+        Ok(n)
+    }
+}
+
+/// Copies the start of `runs` into `dst`; returns the bytes copied.
+fn drain_into(runs: &[&[u8]], dst: &mut [u8]) -> usize {
+    let mut done = 0;
+    for run in runs {
+        let n = run.len().min(dst.len() - done);
+        dst[done..done + n].copy_from_slice(&run[..n]);
+        done += n;
+    }
+    done
+}
+
+/// The most bytes [`ReadInPlace::read_in_place`] lends at once: the room they take is given back
+/// to the device when the call returns, so smaller runs let the device refill the ring while the
+/// session works on the bytes.
+pub const IN_PLACE_RUN: usize = 1 << 20;
+
+impl ReadInPlace for &SessionEnd {
+    fn read_in_place(
+        &mut self,
+        len: usize,
+        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+    ) -> io::Result<()> {
+        let mut left = len;
+        let mut wanted = true;
+        while left > 0 {
+            let more = self.read_runs(&mut |runs| {
+                let mut cut = [&[][..]; 2];
+                let mut n = 0;
+                let step = left.min(IN_PLACE_RUN);
+                for (slot, run) in cut.iter_mut().zip(runs) {
+                    let k = run.len().min(step - n);
+                    *slot = &run[..k];
+                    n += k;
                 }
-                return Ok(n);
+                if wanted {
+                    let count = if cut[1].is_empty() { 1 } else { 2 };
+                    wanted = f(&cut[..count]).is_continue();
+                }
+                left -= n;
+                let flow = if left == 0 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                };
+                (n, flow)
+            })?;
+            if !more {
+                return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            if st.device_closed || st.device_write_closed {
-                return Ok(0);
-            }
-            st = self.wait(st, deadline)?;
         }
+        Ok(())
+    }
+}
+
+impl ReadInPlace for SessionEnd {
+    fn read_in_place(
+        &mut self,
+        len: usize,
+        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+    ) -> io::Result<()> {
+        (&*self).read_in_place(len, f)
     }
 }
 
@@ -603,14 +780,20 @@ impl Write for &SessionEnd {
         if buf.is_empty() {
             return Ok(0);
         }
+        let _copy = Shared::copying(&self.shared.session_write);
         let mut st = self.shared.lock();
         loop {
             if st.session_closed || st.session_write_closed || st.device_closed {
                 return Err(broken_pipe());
             }
-            if st.to_device.free() > 0 {
+            if let Some(span) = st.to_device.writable() {
+                drop(st);
+                let n = fill(&span, buf);
+                let mut st = self.shared.lock();
+                // Whether the device may have found the ring empty: decided at the commit, as
+                // it may have drained the ring while the bytes were copied.
                 let was_empty = st.to_device.len == 0;
-                let n = st.to_device.push_from(buf);
+                st.to_device.commit(&span, n);
                 drop(st);
                 if was_empty {
                     self.shared.wake_device();
@@ -657,19 +840,128 @@ mod tests {
         Ok(out)
     }
 
+    fn push(r: &mut Ring, src: &[u8]) -> usize {
+        let Some(span) = r.writable() else { return 0 };
+        let n = fill(&span, src);
+        r.commit(&span, n);
+        n
+    }
+
+    fn pop(r: &mut Ring, dst: &mut [u8]) -> usize {
+        let Some(span) = r.readable() else { return 0 };
+        let n = drain_into(&span.slices(), dst);
+        r.consume(&span, n);
+        n
+    }
+
     #[test]
     fn the_ring_is_bounded_and_wraps() {
         let mut r = Ring::new(8);
-        assert_eq!(r.push_from(b"abcdef"), 6);
+        assert_eq!(push(&mut r, b"abcdef"), 6);
         let mut b = [0u8; 4];
-        assert_eq!(r.pop_into(&mut b), 4);
+        assert_eq!(pop(&mut r, &mut b), 4);
         assert_eq!(&b, b"abcd");
         // 2 bytes left, 6 free; the write wraps around the end.
-        assert_eq!(r.push_from(b"0123456789"), 6);
+        assert_eq!(push(&mut r, b"0123456789"), 6);
         assert_eq!(r.free(), 0);
+        assert!(r.writable().is_none());
         let mut all = [0u8; 16];
-        assert_eq!(r.pop_into(&mut all), 8);
+        assert_eq!(pop(&mut r, &mut all), 8);
         assert_eq!(&all[..8], b"ef012345");
+        assert!(r.readable().is_none());
+    }
+
+    #[test]
+    fn a_copy_into_a_replaced_ring_is_dropped() {
+        let mut r = Ring::new(8);
+        assert_eq!(push(&mut r, b"ab"), 2);
+        let write = r.writable().unwrap();
+        let read = r.readable().unwrap();
+        // The session went away during the copies: the ring is replaced.
+        r = Ring::new(8);
+        assert_eq!(fill(&write, b"cd"), 2);
+        r.commit(&write, 2);
+        r.consume(&read, 2);
+        assert_eq!((r.len, r.head), (0, 0), "the new ring is untouched");
+        // The old memory stayed valid for the copies made meanwhile.
+        assert_eq!(drain_into(&read.slices(), &mut [0u8; 2]), 2);
+    }
+
+    #[test]
+    fn bulk_bytes_are_lent_in_place_through_a_smaller_ring() {
+        const TOTAL: usize = 3 * IN_PLACE_RUN + 12_345;
+        let (d, s) = pair(256 << 10).unwrap();
+        let data: Vec<u8> = (0..TOTAL + 5).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let send = data.clone();
+        let t = std::thread::spawn(move || {
+            let mut off = 0;
+            while off < send.len() {
+                match (&d).write(&send[off..]) {
+                    Ok(n) => off += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            d
+        });
+        let mut got = Vec::new();
+        let mut calls = 0;
+        (&s).read_in_place(TOTAL - 100, &mut |runs| {
+            calls += 1;
+            let n: usize = runs.iter().map(|r| r.len()).sum();
+            assert!((1..=IN_PLACE_RUN).contains(&n), "a run of {n} bytes");
+            assert!(runs.len() <= 2 && runs.iter().all(|r| !r.is_empty()));
+            runs.iter().for_each(|r| got.extend_from_slice(r));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(got, data[..TOTAL - 100], "in order, nothing lost");
+        assert!(
+            calls >= 4,
+            "the ring is smaller than the bytes: {calls} calls"
+        );
+        // A consumer that stops early still consumes its bytes: the stream stays in step.
+        let mut first = 0;
+        (&s).read_in_place(95, &mut |runs| {
+            first += runs.iter().map(|r| r.len()).sum::<usize>();
+            ControlFlow::Break(())
+        })
+        .unwrap();
+        assert!(first > 0);
+        let d = t.join().unwrap();
+        let mut rest = [0u8; 16];
+        assert_eq!((&s).read(&mut rest).unwrap(), 10);
+        assert_eq!(rest[..10], data[TOTAL - 5..]);
+        // The stream ends before the bytes: an error, not a short read.
+        drop(d);
+        let e = (&s)
+            .read_in_place(1, &mut |_| ControlFlow::Continue(()))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn both_ends_copy_at_once_and_lose_nothing() {
+        // The device pushes while the session drains, through a ring a fraction of the data,
+        // with the copies outside the lock: every byte arrives, in order.
+        let (d, s) = pair(4096).unwrap();
+        let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+        let send = data.clone();
+        let t = std::thread::spawn(move || {
+            let mut off = 0;
+            while off < send.len() {
+                let end = (off + 1500).min(send.len());
+                match (&d).write(&send[off..end]) {
+                    Ok(n) => off += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+        let mut got = vec![0u8; data.len()];
+        (&s).read_exact(&mut got).unwrap();
+        t.join().unwrap();
+        assert!(got == data, "the bytes arrived intact and in order");
     }
 
     #[test]

@@ -116,8 +116,10 @@ pub trait BulkSource {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Calls `f` with the bytes, in order, as one or more slices; fails when the memory is no
-    /// longer available (the transport was reset meanwhile).
+    /// Calls `f` with the bytes, in order: once with all of them as one or more slices, or, for
+    /// a transport that receives them while they are used, once per run as it arrives. Stops at
+    /// `f`'s first error and returns it; fails when the memory is no longer available (the
+    /// transport was reset meanwhile). Called at most once per request.
     fn read(&self, f: &mut ReadSlices<'_>) -> Result<(), CuError>;
 }
 
@@ -170,22 +172,45 @@ fn gather(inline: &[u8], data: &dyn BulkSource) -> Result<Vec<u8>, CuError> {
     Ok(all)
 }
 
-/// Writes `inline` then `data` to device memory at `dst`, as one scatter-gather copy.
+/// Writes `inline` then `data` to device memory from `dst` on, as one scatter-gather copy per
+/// run of `data`.
 fn write_gathered(
     d: &dyn DeviceContext,
     dst: u64,
     inline: &[u8],
     data: &dyn BulkSource,
 ) -> Result<(), CuError> {
+    let mut at = dst;
+    let mut first = inline;
     data.read(&mut |segs| {
-        if inline.is_empty() {
-            return d.write_gathered(dst, segs).map_err(CuError::from);
-        }
-        let pieces: Vec<&[u8]> = std::iter::once(inline)
-            .chain(segs.iter().copied())
-            .collect();
-        d.write_gathered(dst, &pieces).map_err(CuError::from)
-    })
+        let len: usize = first.len() + segs.iter().map(|s| s.len()).sum::<usize>();
+        let r = if first.is_empty() {
+            d.write_gathered(at, segs)
+        } else {
+            let pieces: Vec<&[u8]> = std::iter::once(std::mem::take(&mut first))
+                .chain(segs.iter().copied())
+                .collect();
+            d.write_gathered(at, &pieces)
+        };
+        at += len as u64;
+        r.map_err(CuError::from)
+    })?;
+    if !first.is_empty() {
+        // `data` had no run to go with it.
+        d.write(at, first).map_err(CuError::from)?;
+    }
+    Ok(())
+}
+
+/// What a host-to-device copy from borrowed bytes does when its stream is busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhenBusy {
+    /// Wait for the stream, then copy straight from the bytes (as CUDA's copies from pageable
+    /// memory do): the bytes are the guest application's own pages.
+    Wait,
+    /// Queue a copy of the bytes and return: the bytes are the transport's, and an asynchronous
+    /// copy must not hold up the requests behind it.
+    Queue,
 }
 
 /// One guest process's state on the host.
@@ -412,10 +437,28 @@ impl Session {
         sync: bool,
     ) -> Result<(), CuError> {
         let r = match req {
-            Request::MemcpyHtoD(m) => self.htod_from(m, inline, data, out),
+            Request::MemcpyHtoD(m) => self.htod_from(m, inline, data, out, WhenBusy::Wait),
             Request::MemcpyDtoH(m) => self.dtoh_into(m, sink, out),
             _ if data.is_empty() => self.dispatch(req, inline, out),
             _ => gather(inline, data).and_then(|tail| self.dispatch(req, &tail, out)),
+        };
+        self.complete_call(req, r, sync)
+    }
+
+    /// Like [`Session::handle`], for a request whose bulk bytes a transport lends as they arrive
+    /// (`data`, read at most once: [`crate::session_loop::serve_in_place`]). A `MemcpyHtoD` to
+    /// an idle stream goes straight from them to device memory; to a busy stream, its bytes are
+    /// queued as [`Session::handle`] queues them.
+    pub fn handle_lent(
+        &mut self,
+        req: &Request,
+        data: &dyn BulkSource,
+        out: &mut Vec<u8>,
+        sync: bool,
+    ) -> Result<(), CuError> {
+        let r = match req {
+            Request::MemcpyHtoD(m) => self.htod_from(m, &[], data, out, WhenBusy::Queue),
+            _ => gather(&[], data).and_then(|tail| self.dispatch(req, &tail, out)),
         };
         self.complete_call(req, r, sync)
     }
@@ -463,6 +506,7 @@ impl Session {
         inline: &[u8],
         data: &dyn BulkSource,
         out: &mut Vec<u8>,
+        busy: WhenBusy,
     ) -> Result<(), CuError> {
         let lane = self.lane(m.ctx, m.stream)?;
         let ctx = lane.ctx;
@@ -490,6 +534,16 @@ impl Session {
                     Job::Write {
                         dst: m.dst,
                         data: Vec::new(),
+                    },
+                );
+            }
+            if busy == WhenBusy::Queue {
+                let bytes = gather(inline, data)?;
+                break self.engine.submit(
+                    &lane,
+                    Job::Write {
+                        dst: m.dst,
+                        data: bytes,
                     },
                 );
             }

@@ -3,7 +3,9 @@
 //! sockets, vsock connections and the virtio-vgpu device all hand it a reader
 //! and a writer.
 
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::cell::{Cell, RefCell};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -12,17 +14,26 @@ use std::time::SystemTime;
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 use vgpu_proto::cuda;
-use vgpu_proto::frame::{self, FLAG_OUTPUT, FLAG_REPLY, FrameError, MAX_PAYLOAD};
+use vgpu_proto::frame::{self, FLAG_OUTPUT, FLAG_REPLY, FrameError, MAX_PAYLOAD, ReadInPlace};
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
 use vgpu_proto::wire::DecodeError;
 
 use crate::Broker;
 use crate::error::CuError;
-use crate::session::Session;
+use crate::session::{BulkSource, ReadSlices, Session};
 use crate::tenant::{SessionInfo, Tenant};
 
 /// Buffer size of the session's reader and writer.
 const IO_BUFFER: usize = 256 << 10;
+/// Buffer size of the reader of a transport that lends its bytes in place: enough for a run of
+/// small requests; bulk bytes bypass it.
+const IN_PLACE_IO_BUFFER: usize = 16 << 10;
+/// The smallest `MemcpyHtoD` payload whose bytes a lending transport hands straight to device
+/// memory ([`serve_in_place`]); smaller ones are read whole, like any request.
+pub const IN_PLACE_MIN_BYTES: usize = 64 << 10;
+
+/// How the session loop reaches the lending side of its reader `R` (`None`: it does not lend).
+type Lend<R> = fn(&mut R) -> &mut dyn ReadInPlace;
 
 /// Why a session ended abnormally.
 #[derive(Debug, Error)]
@@ -148,7 +159,49 @@ pub fn serve_with_fds<R: Read, W: Write>(
     hangup: Option<crate::engine::HangupProbe>,
     fds: Option<Arc<crate::hostshare::FdInbox>>,
 ) -> Result<SessionSummary, ServeError> {
-    let mut r = BufReader::with_capacity(IO_BUFFER, reader);
+    let r = BufReader::with_capacity(IO_BUFFER, reader);
+    serve_inner(broker, tenant, r, None, writer, transport, hangup, fds)
+}
+
+/// [`serve_watched`] on a transport that lends the bytes it received ([`ReadInPlace`]: vgpud's
+/// in-process vsock rings): the bulk bytes of a `MemcpyHtoD` of at least
+/// [`IN_PLACE_MIN_BYTES`] go from the transport's buffer straight to device memory, run by run
+/// as they arrive, with no copy into a request buffer in between.
+pub fn serve_in_place<R: Read + ReadInPlace, W: Write>(
+    broker: &Broker,
+    tenant: Arc<Tenant>,
+    reader: R,
+    writer: W,
+    transport: &str,
+    hangup: Option<crate::engine::HangupProbe>,
+) -> Result<SessionSummary, ServeError> {
+    fn lend<R: ReadInPlace>(r: &mut R) -> &mut dyn ReadInPlace {
+        r
+    }
+    let r = BufReader::with_capacity(IN_PLACE_IO_BUFFER, reader);
+    serve_inner(
+        broker,
+        tenant,
+        r,
+        Some(lend::<R>),
+        writer,
+        transport,
+        hangup,
+        None,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve_inner<R: Read, W: Write>(
+    broker: &Broker,
+    tenant: Arc<Tenant>,
+    mut r: BufReader<R>,
+    lend: Option<Lend<R>>,
+    writer: W,
+    transport: &str,
+    hangup: Option<crate::engine::HangupProbe>,
+    fds: Option<Arc<crate::hostshare::FdInbox>>,
+) -> Result<SessionSummary, ServeError> {
     let mut w = Replier {
         w: BufWriter::with_capacity(IO_BUFFER, writer),
     };
@@ -208,7 +261,14 @@ pub fn serve_with_fds<R: Read, W: Write>(
         id: info.id,
         requests: 0,
     };
-    let result = session_loop(&mut session, &mut r, &mut w, &mut payload, &mut summary);
+    let result = session_loop(
+        &mut session,
+        &mut r,
+        lend,
+        &mut w,
+        &mut payload,
+        &mut summary,
+    );
     drop(session);
     match &result {
         Ok(()) => {
@@ -307,24 +367,138 @@ pub fn accept_hello(
     Ok((session, reply))
 }
 
+/// The bytes of a `MemcpyHtoD`'s fields, ahead of its bulk bytes.
+fn htod_fields_len() -> usize {
+    let mut b = Vec::new();
+    msg::MemcpyHtoD {
+        ctx: 0,
+        stream: 0,
+        dst: 0,
+    }
+    .encode(&mut b);
+    b.len()
+}
+
+/// The bulk bytes of a request, still in the reader: those its buffer holds, then those the
+/// transport lends ([`ReadInPlace`]).
+struct Lent<'a, R> {
+    r: RefCell<&'a mut BufReader<R>>,
+    lend: Lend<R>,
+    len: usize,
+    taken: Cell<usize>,
+    /// The transport failed while lending: the session cannot go on.
+    broken: RefCell<Option<io::Error>>,
+}
+
+impl<'a, R: Read> Lent<'a, R> {
+    fn new(r: &'a mut BufReader<R>, lend: Lend<R>, len: usize) -> Self {
+        Lent {
+            r: RefCell::new(r),
+            lend,
+            len,
+            taken: Cell::new(0),
+            broken: RefCell::new(None),
+        }
+    }
+
+    /// Takes up to `left` bytes, the buffered ones first, calling `f` with each run until it
+    /// fails (then the rest is skipped); returns `f`'s error, or the transport's.
+    fn take(&self, f: &mut ReadSlices<'_>) -> Result<(), CuError> {
+        let mut r = self.r.borrow_mut();
+        let left = self.len - self.taken.get();
+        let buffered = r.buffer().len().min(left);
+        let mut failed = None;
+        if buffered > 0 {
+            failed = f(&[&r.buffer()[..buffered]]).err();
+            r.consume(buffered);
+            self.taken.set(self.taken.get() + buffered);
+        }
+        let left = self.len - self.taken.get();
+        let io = (self.lend)(r.get_mut()).read_in_place(left, &mut |runs| {
+            if failed.is_some() {
+                return ControlFlow::Break(());
+            }
+            match f(runs) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        });
+        if let Err(e) = io {
+            *self.broken.borrow_mut() = Some(e);
+            return Err(CuError::invalid_value(
+                "the client's stream ended in the middle of the copy's bytes",
+            ));
+        }
+        self.taken.set(self.len);
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Skips what the request did not read, so that the stream is at the next frame; fails if
+    /// the transport broke.
+    fn finish(self) -> Result<(), ServeError> {
+        if self.taken.get() < self.len {
+            let _ = self.take(&mut |_| Ok(()));
+        }
+        match self.broken.into_inner() {
+            None => Ok(()),
+            Some(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(FrameError::Truncated.into())
+            }
+            Some(e) => Err(FrameError::Io(e).into()),
+        }
+    }
+}
+
+impl<R: Read> BulkSource for Lent<'_, R> {
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    fn read(&self, f: &mut ReadSlices<'_>) -> Result<(), CuError> {
+        if self.taken.get() > 0 {
+            return Err(CuError::invalid_value(
+                "the request's bytes were already read",
+            ));
+        }
+        self.take(f)
+    }
+}
+
 fn session_loop<R: Read, W: Write>(
     session: &mut Session,
     r: &mut BufReader<R>,
+    lend: Option<Lend<R>>,
     w: &mut Replier<W>,
     payload: &mut Vec<u8>,
     summary: &mut SessionSummary,
 ) -> Result<(), ServeError> {
     let mut out = Vec::new();
+    let htod_fields = htod_fields_len();
     loop {
         if r.buffer().is_empty() {
             // Nothing more is pending from the client: send the replies now.
             w.flush()?;
         }
-        let h = match frame::read_frame(r, payload) {
+        let h = match frame::read_header(r) {
             Ok(h) => h,
             Err(FrameError::Closed) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
+        // A large host-to-device copy on a lending transport: only its fields are read here.
+        let lent = match lend {
+            Some(lend)
+                if h.opcode == msg::MemcpyHtoD::OPCODE
+                    && h.payload_len as usize >= IN_PLACE_MIN_BYTES =>
+            {
+                Some((lend, h.payload_len as usize - htod_fields))
+            }
+            _ => None,
+        };
+        let bulk = lent.map_or(0, |(_, n)| n);
+        frame::read_payload(r, h.payload_len as usize - bulk, payload)?;
         summary.requests += 1;
         if session.fds_overflowed() {
             return Err(ServeError::Protocol(format!(
@@ -348,6 +522,9 @@ fn session_loop<R: Read, W: Write>(
                 };
                 let ce = CuError::new(code, format!("request {:#06x} rejected: {e}", h.opcode));
                 debug!(session = session.id(), error = %ce, "bad request");
+                if let Some((lend, n)) = lent {
+                    Lent::new(r, lend, n).finish()?;
+                }
                 if is_async {
                     session.defer_error(ce);
                 } else {
@@ -367,10 +544,21 @@ fn session_loop<R: Read, W: Write>(
         }
         out.clear();
         let name = req.name();
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            session.handle(&req, &payload[tail_at..], &mut out, !is_async)
-        }))
-        .map_err(|_| ServeError::Panic(name))?;
+        let result = match lent {
+            Some((lend, n)) => {
+                let data = Lent::new(r, lend, n);
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    session.handle_lent(&req, &data, &mut out, !is_async)
+                }))
+                .map_err(|_| ServeError::Panic(name))?;
+                data.finish()?;
+                result
+            }
+            None => catch_unwind(AssertUnwindSafe(|| {
+                session.handle(&req, &payload[tail_at..], &mut out, !is_async)
+            }))
+            .map_err(|_| ServeError::Panic(name))?,
+        };
         // Errors of asynchronous requests were kept by the session for the
         // next synchronizing call of their context.
         // Device output released by a synchronizing call: the client fetches it.
@@ -394,7 +582,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use vgpu_proto::cuda::*;
-    use vgpu_proto::frame::{HEADER_LEN, MAGIC};
+    use vgpu_proto::frame::{HEADER_LEN, MAGIC, MAX_BULK_CHUNK};
     use vgpu_proto::msg::*;
 
     use super::*;
@@ -1351,6 +1539,215 @@ mod tests {
     }
 
     /// Bulk bytes in borrowed pieces, as the virtio-vgpu device lends guest pages.
+    /// A unix socket that lends what it reads in runs of at most `run` bytes, counting them: a
+    /// stand-in for a transport whose buffer the session may read in place.
+    struct Lending {
+        s: UnixStream,
+        run: usize,
+        lent: Arc<AtomicU64>,
+    }
+
+    impl Read for Lending {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.s.read(buf)
+        }
+    }
+
+    impl ReadInPlace for Lending {
+        fn read_in_place(
+            &mut self,
+            len: usize,
+            f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+        ) -> io::Result<()> {
+            let mut buf = vec![0u8; self.run];
+            let mut left = len;
+            let mut wanted = true;
+            while left > 0 {
+                let n = self.s.read(&mut buf[..left.min(self.run)])?;
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                left -= n;
+                if wanted {
+                    self.lent
+                        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    // Two slices, as a ring's wrap gives them.
+                    let (a, b) = buf[..n].split_at(n / 3);
+                    wanted = f(&[a, b]).is_continue();
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn connect_lending(
+        b: &Arc<Broker>,
+        tenant: &str,
+        lent: &Arc<AtomicU64>,
+    ) -> (TestClient<UnixStream>, Served, u64) {
+        let (c, s) = UnixStream::pair().unwrap();
+        let b2 = Arc::clone(b);
+        let t = b.tenant(tenant).unwrap();
+        let reader = Lending {
+            s: s.try_clone().unwrap(),
+            run: 3000,
+            lent: Arc::clone(lent),
+        };
+        let h = std::thread::spawn(move || serve_in_place(&b2, t, reader, &s, "test", None));
+        let mut c = TestClient::new(c);
+        c.hello().unwrap();
+        let ctx = c
+            .call(
+                &CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        (c, h, ctx)
+    }
+
+    fn read_back(c: &mut TestClient<UnixStream>, ctx: u64, src: u64, len: usize) -> Vec<u8> {
+        let mut got = Vec::new();
+        for at in (0..len).step_by(MAX_BULK_CHUNK) {
+            let n = (len - at).min(MAX_BULK_CHUNK);
+            let req = MemcpyDtoH {
+                ctx,
+                stream: 0,
+                src: src + at as u64,
+                len: n as u64,
+            };
+            got.extend(c.call(&req, &[]).unwrap().1);
+        }
+        got
+    }
+
+    #[test]
+    fn large_copies_from_a_lending_transport_go_to_device_memory_in_place() {
+        let b = broker(Duration::ZERO);
+        let lent = Arc::new(AtomicU64::new(0));
+        let (mut c, h, ctx) = connect_lending(&b, "vm1", &lent);
+        let len = MAX_BULK_CHUNK / 2 + 13;
+        let p = alloc(&mut c, ctx, len as u64).unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 + i / 3000) as u8).collect();
+        // Synchronous, then asynchronous and checked at a synchronizing call.
+        let htod = |dst| MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst,
+        };
+        c.call(&htod(p), &data).unwrap();
+        assert!(read_back(&mut c, ctx, p, len) == data, "the copy arrived");
+        assert!(
+            lent.load(std::sync::atomic::Ordering::Relaxed) >= (len - IN_PLACE_IO_BUFFER) as u64,
+            "the bytes were lent, not read into a request buffer"
+        );
+        let rev: Vec<u8> = data.iter().rev().copied().collect();
+        c.post(&htod(p), &rev).unwrap();
+        c.call(&CtxSynchronize { ctx }, &[]).unwrap();
+        assert!(
+            read_back(&mut c, ctx, p, len) == rev,
+            "the async copy arrived"
+        );
+        // Small copies are read whole, as on any transport.
+        c.call(&htod(p + 1), b"tiny").unwrap();
+        let mut want = rev.clone();
+        want[1..5].copy_from_slice(b"tiny");
+        assert!(
+            read_back(&mut c, ctx, p, len) == want,
+            "the small copy arrived"
+        );
+
+        // A refused copy (a pointer not of this process, a range past the allocation, a forged
+        // stream) skips its bytes: the session answers it and goes on.
+        let (e, _) = c.call(&htod(0xdead_0000), &data).unwrap_err();
+        assert_eq!(e, CUDA_ERROR_INVALID_VALUE);
+        let (e, _) = c.call(&htod(p + 1), &data).unwrap_err();
+        assert_eq!(e, CUDA_ERROR_INVALID_VALUE);
+        let forged = MemcpyHtoD {
+            ctx,
+            stream: 0x0707_0707,
+            dst: p,
+        };
+        let (e, _) = c.call(&forged, &data).unwrap_err();
+        assert_eq!(e, CUDA_ERROR_INVALID_HANDLE);
+        c.post(&htod(0xdead_0000), &data).unwrap();
+        let (e, _) = c.call(&CtxSynchronize { ctx }, &[]).unwrap_err();
+        assert_eq!(
+            e, CUDA_ERROR_INVALID_VALUE,
+            "reported at the next synchronizing call"
+        );
+        assert!(
+            read_back(&mut c, ctx, p, len) == want,
+            "nothing was written"
+        );
+
+        // A client that leaves in the middle of a copy's bytes ends its session, which frees
+        // its memory.
+        let mut head = Vec::new();
+        htod(p).encode(&mut head);
+        let header = frame::Header {
+            opcode: MemcpyHtoD::OPCODE,
+            flags: 0,
+            call_id: 100,
+            payload_len: (head.len() + len) as u32,
+            status: 0,
+        };
+        c.stream.write_all(&header.encode()).unwrap();
+        c.stream.write_all(&head).unwrap();
+        c.stream.write_all(&data[..len / 2]).unwrap();
+        drop(c);
+        let r = h.join().unwrap();
+        assert!(
+            matches!(r, Err(ServeError::Frame(FrameError::Truncated))),
+            "{r:?}"
+        );
+        wait_used(&b, "vm1", 0);
+    }
+
+    #[test]
+    fn a_large_asynchronous_copy_to_a_busy_stream_is_queued_not_waited_for() {
+        // Every device operation takes this long: the stream is busy for a while.
+        let b = broker(Duration::from_millis(300));
+        let lent = Arc::new(AtomicU64::new(0));
+        let (mut c, _h, ctx) = connect_lending(&b, "vm1", &lent);
+        let len = MAX_BULK_CHUNK / 4;
+        let p = alloc(&mut c, ctx, len as u64).unwrap();
+        let s = stream(&mut c, ctx).unwrap();
+        let memset = Memset {
+            ctx,
+            stream: s,
+            dst: p,
+            value: 1,
+            elem_size: 1,
+            count: len as u64,
+        };
+        c.post(&memset, &[]).unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        c.post(
+            &MemcpyHtoD {
+                ctx,
+                stream: s,
+                dst: p,
+            },
+            &data,
+        )
+        .unwrap();
+        // The session answers at once: the copy waits on its stream, not in the session.
+        assert_eq!(
+            c.call(&StreamQuery { ctx, stream: s }, &[]).unwrap_err().0,
+            CUDA_ERROR_NOT_READY
+        );
+        c.call(&StreamSynchronize { ctx, stream: s }, &[]).unwrap();
+        assert!(
+            read_back(&mut c, ctx, p, len) == data,
+            "after the memset, in order"
+        );
+    }
+
     struct Pieces(Vec<Vec<u8>>);
 
     impl crate::session::BulkSource for Pieces {

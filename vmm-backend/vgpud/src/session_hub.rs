@@ -317,14 +317,13 @@ impl SessionHub {
                 // The device thread closed its end (guest RST, device reset, VMM gone) or
                 // the guest shut its sending side.
                 let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || probe.peer_gone());
-                vgpu_broker::session_loop::serve_with_fds(
+                vgpu_broker::session_loop::serve_in_place(
                     broker,
                     Arc::clone(&tenant),
                     end,
                     writer,
                     transport,
                     Some(hangup),
-                    None,
                 )
             }
         };

@@ -612,18 +612,21 @@ mod tests {
         let (mut c, h) = connect(b, tenant);
         let hello = c.hello().unwrap();
         assert_eq!(hello.tenant, tenant);
-        let ctx = c
-            .call(
-                &CtxCreate {
-                    device: 0,
-                    flags: 0,
-                },
-                &[],
-            )
-            .unwrap()
-            .0
-            .handle;
+        let ctx = create_context(&mut c);
         (c, h, ctx)
+    }
+
+    fn create_context(c: &mut TestClient<UnixStream>) -> u64 {
+        c.call(
+            &CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .unwrap()
+        .0
+        .handle
     }
 
     fn alloc(c: &mut TestClient<UnixStream>, ctx: u64, size: u64) -> Result<u64, (u32, String)> {
@@ -1596,17 +1599,7 @@ mod tests {
         let h = std::thread::spawn(move || serve_in_place(&b2, t, reader, &s, "test", None));
         let mut c = TestClient::new(c);
         c.hello().unwrap();
-        let ctx = c
-            .call(
-                &CtxCreate {
-                    device: 0,
-                    flags: 0,
-                },
-                &[],
-            )
-            .unwrap()
-            .0
-            .handle;
+        let ctx = create_context(&mut c);
         (c, h, ctx)
     }
 

@@ -9,7 +9,10 @@
 //! A target returns normally for every input: errors are the expected answer
 //! to bad input.
 
+use std::io::{self, Read};
+use std::ops::ControlFlow;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
@@ -37,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
     ("vsock_chain", vsock_chain),
     ("vgpu_chain", vgpu_chain),
+    ("session", session),
 ];
 
 /// A protocol frame from the guest: the header, then the request payload
@@ -52,6 +56,85 @@ pub fn frame(data: &[u8]) {
         Err(_) => u16::from_le_bytes([data[4], data[5]]),
     };
     let _ = vgpu_proto::msg::Request::decode(opcode, &data[vgpu_proto::frame::HEADER_LEN..]);
+}
+
+/// The VM whose sessions [`session`] serves: a broker over a device whose memory is host
+/// vectors, with a 16 MiB slice.
+fn fuzz_vm() -> &'static (Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tenant>) {
+    static VM: OnceLock<(Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tenant>)> =
+        OnceLock::new();
+    VM.get_or_init(|| {
+        let dev: Arc<dyn vgpu_broker::device::Device> = Arc::new(
+            vgpu_broker::testutils::MemDevice::new(1 << 30, Duration::ZERO),
+        );
+        let broker = Arc::new(vgpu_broker::Broker::new(vec![("gpu0".into(), dev)]));
+        broker
+            .add_tenant(&vgpu_broker::testutils::vm("fuzz", SESSION_SLICE))
+            .expect("a tenant of a fresh broker");
+        let tenant = broker.tenant("fuzz").expect("the tenant just added");
+        (broker, tenant)
+    })
+}
+
+/// The memory slice of [`session`]'s VM.
+const SESSION_SLICE: u64 = 16 << 20;
+/// The runs in which [`session`]'s transport lends its bytes.
+const SESSION_RUN: usize = 1000;
+
+/// A guest's byte stream to its session on vgpud's GPU port: frames served by a broker session
+/// over a transport that lends its bytes in place (`serve_in_place`), a large
+/// `MemcpyHtoD`'s straight into device memory, run by run.
+pub fn session(data: &[u8]) {
+    let (broker, tenant) = fuzz_vm();
+    let stream = LentBytes { data, at: 0 };
+    let _ = vgpu_broker::session_loop::serve_in_place(
+        broker,
+        Arc::clone(tenant),
+        stream,
+        io::sink(),
+        "fuzz",
+        None,
+    );
+}
+
+/// Input bytes as a stream that lends them in runs of [`SESSION_RUN`], each split in two
+/// slices as a ring's wrap splits them.
+struct LentBytes<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Read for LentBytes<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.data.len() - self.at);
+        buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+impl vgpu_proto::frame::ReadInPlace for LentBytes<'_> {
+    fn read_in_place(
+        &mut self,
+        len: usize,
+        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+    ) -> io::Result<()> {
+        let mut left = len;
+        let mut wanted = true;
+        while left > 0 {
+            let n = left.min(SESSION_RUN).min(self.data.len() - self.at);
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let (a, b) = self.data[self.at..self.at + n].split_at(n / 2);
+            if wanted {
+                wanted = f(&[a, b]).is_continue();
+            }
+            self.at += n;
+            left -= n;
+        }
+        Ok(())
+    }
 }
 
 /// A PTX module (what `cuModuleLoadData` sends), loaded by the interpreter's
@@ -228,6 +311,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             );
             v
         }
+        "session" => vec![session_seed()],
         "ptx" => read_dir("tests/kernels/ptx", "ptx"),
         "fatbin" => {
             let mut v = read_dir("devices/cuda/testdata", "cubin");
@@ -266,6 +350,65 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         }
         _ => Vec::new(),
     }
+}
+
+/// A session that allocates, copies 64 KiB in and out and leaves: the handles and the address
+/// are those a fresh session gets (its first context, the device's first allocation).
+fn session_seed() -> Vec<u8> {
+    use vgpu_proto::msg::{self, Op};
+    const FIRST_CONTEXT: u64 = (0x4C << 40) | (1 << 16);
+    const COPY: usize = 64 << 10;
+    let mut s = Vec::new();
+    let mut push = |opcode: u16, flags: u16, payload: Vec<u8>| {
+        let _ = vgpu_proto::frame::write_frame(&mut s, opcode, flags, 1, 0, &[&payload]);
+    };
+    push(
+        msg::Hello::OPCODE,
+        0,
+        msg::encode(&msg::Hello {
+            protocol_version: vgpu_proto::PROTOCOL_VERSION,
+            pid: 1,
+            shim_version: vgpu_proto::VERSION.into(),
+            process_name: "seed".into(),
+        }),
+    );
+    push(
+        msg::CtxCreate::OPCODE,
+        0,
+        msg::encode(&msg::CtxCreate {
+            device: 0,
+            flags: 0,
+        }),
+    );
+    push(
+        msg::MemAlloc::OPCODE,
+        0,
+        msg::encode(&msg::MemAlloc {
+            ctx: FIRST_CONTEXT,
+            size: COPY as u64,
+        }),
+    );
+    let htod = msg::MemcpyHtoD {
+        ctx: FIRST_CONTEXT,
+        stream: 0,
+        dst: vgpu_broker::testutils::MEM_DEVICE_BASE,
+    };
+    let mut copy = msg::encode(&htod);
+    copy.extend((0..COPY).map(|i| i as u8));
+    push(msg::MemcpyHtoD::OPCODE, 0, copy.clone());
+    push(msg::MemcpyHtoD::OPCODE, vgpu_proto::frame::FLAG_ASYNC, copy);
+    push(
+        msg::MemcpyDtoH::OPCODE,
+        0,
+        msg::encode(&msg::MemcpyDtoH {
+            ctx: FIRST_CONTEXT,
+            stream: 0,
+            src: vgpu_broker::testutils::MEM_DEVICE_BASE,
+            len: COPY as u64,
+        }),
+    );
+    push(msg::Goodbye::OPCODE, 0, Vec::new());
+    s
 }
 
 /// A small deterministic pseudo-random generator (xorshift64*), so that the
@@ -344,4 +487,29 @@ pub fn mutate(input: &[u8], other: &[u8], rng: &mut Rng) -> Vec<u8> {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn the_session_seed_reaches_the_copies_in_place() {
+        let (_, tenant) = super::fuzz_vm();
+        let s = &tenant.stats;
+        let before = (
+            s.bytes_htod.load(Ordering::Relaxed),
+            s.bytes_dtoh.load(Ordering::Relaxed),
+        );
+        super::session(&super::session_seed());
+        let after = (
+            s.bytes_htod.load(Ordering::Relaxed),
+            s.bytes_dtoh.load(Ordering::Relaxed),
+        );
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (2 << 16, 1 << 16),
+            "both 64 KiB copies in, one out: the seed's handles and address are a fresh session's"
+        );
+    }
 }

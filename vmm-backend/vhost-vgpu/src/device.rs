@@ -1145,14 +1145,7 @@ mod tests {
         r.push(SUBMIT_QUEUE, &d);
         r.run();
         r.wait_used(SUBMIT_QUEUE, 1);
-        let deadline = Instant::now() + WAIT;
-        while signals(SUBMIT_QUEUE) == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the posted frame was never signalled"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_signalled(&calls, SUBMIT_QUEUE, "the posted frame was never signalled");
         // `stop`, then `cont`.
         let stop = r.dev.stopper();
         for (q, v) in [(CTRL_QUEUE, &r.ctrl.0), (SUBMIT_QUEUE, &r.submit.0)] {
@@ -1772,16 +1765,11 @@ mod tests {
         r.gate_tx[0].send(()).unwrap();
         r.wait_used(SUBMIT_QUEUE, 4);
         // The four posted completions were returned and signalled once, before frame 6 blocked.
-        let deadline = Instant::now() + WAIT;
-        let mut posted = 0;
-        while posted == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the posted frames were never signalled"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-            posted = signals(SUBMIT_QUEUE);
-        }
+        let posted = wait_signalled(
+            &calls,
+            SUBMIT_QUEUE,
+            "the posted frames were never signalled",
+        );
         assert_eq!(posted, 1, "one interrupt for the burst");
         assert_eq!(r.used_idx(CTRL_QUEUE), 2, "frame 6 is still running");
         r.gate_tx[0].send(()).unwrap();
@@ -1792,12 +1780,23 @@ mod tests {
         r.push(SUBMIT_QUEUE, &d);
         r.run();
         r.wait_used(SUBMIT_QUEUE, 5);
+        wait_signalled(
+            &calls,
+            SUBMIT_QUEUE,
+            "the lone posted frame was never signalled",
+        );
+    }
+
+    /// Waits until queue `q` was signalled (its call eventfd counts, and is reset by the read);
+    /// returns the count, or fails with `never` after [`WAIT`].
+    fn wait_signalled(calls: &[vmm_sys_util::eventfd::EventFd], q: usize, never: &str) -> u64 {
         let deadline = Instant::now() + WAIT;
-        while signals(SUBMIT_QUEUE) == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the lone posted frame was never signalled"
-            );
+        loop {
+            let n = calls[q].read().unwrap_or(0);
+            if n > 0 {
+                return n;
+            }
+            assert!(Instant::now() < deadline, "{never}");
             std::thread::sleep(Duration::from_millis(2));
         }
     }

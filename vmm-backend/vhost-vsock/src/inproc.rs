@@ -446,36 +446,50 @@ impl DeviceEnd {
         &self,
         src: &VolatileSlice<'_, B>,
     ) -> Result<usize, VolatileMemoryError> {
+        self.push_with(src.len(), VolatileMemoryError::IOError, |span| {
+            let [a, b] = span.slices_mut();
+            let n1 = a.len().min(src.len());
+            src.subslice(0, n1)?.copy_to(&mut a[..n1]);
+            let n2 = b.len().min(src.len() - n1);
+            if n2 > 0 {
+                src.subslice(n1, n2)?.copy_to(&mut b[..n2]);
+            }
+            Ok(n1 + n2)
+        })
+    }
+
+    /// Copies up to `want` bytes into the ring towards the session with `copy`, outside the
+    /// state lock, and makes them readable: `BrokenPipe` once the session is gone, `WouldBlock`
+    /// (an eventfd write owed when room frees up) while the ring is full.
+    fn push_with<E>(
+        &self,
+        want: usize,
+        io_error: impl Fn(io::Error) -> E,
+        copy: impl FnOnce(&Span) -> Result<usize, E>,
+    ) -> Result<usize, E> {
         let _copy = Shared::copying(&self.shared.device_copy);
         let mut st = self.shared.lock();
         if st.session_closed {
-            return Err(VolatileMemoryError::IOError(broken_pipe()));
+            return Err(io_error(broken_pipe()));
         }
-        let Some(span) = st.to_session.writable() else {
-            st.device_wants_room = true;
-            return Err(would_block());
+        let span = match st.to_session.writable() {
+            Some(span) => span,
+            None if want == 0 => return Ok(0),
+            None => {
+                st.device_wants_room = true;
+                return Err(io_error(io::ErrorKind::WouldBlock.into()));
+            }
         };
         drop(st);
-        let [a, b] = span.slices_mut();
-        let n1 = a.len().min(src.len());
-        src.subslice(0, n1)?.copy_to(&mut a[..n1]);
-        let n2 = b.len().min(src.len() - n1);
-        if n2 > 0 {
-            src.subslice(n1, n2)?.copy_to(&mut b[..n2]);
-        }
-        self.committed_to_session(&span, n1 + n2);
-        Ok(n1 + n2)
-    }
-
-    /// Makes `n` bytes written to `span` readable, waking the session if it waits for them.
-    fn committed_to_session(&self, span: &Span, n: usize) {
+        let n = copy(&span)?;
         let mut st = self.shared.lock();
-        st.to_session.commit(span, n);
+        st.to_session.commit(&span, n);
         let wake = st.session_waiting;
         drop(st);
         if wake {
             self.shared.cond.notify_all();
         }
+        Ok(n)
     }
 
     /// Copies the session's output into rx descriptor memory, outside the state lock.
@@ -531,23 +545,7 @@ impl ReadVolatile for &DeviceEnd {
 
 impl Write for &DeviceEnd {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let _copy = Shared::copying(&self.shared.device_copy);
-        let mut st = self.shared.lock();
-        if st.session_closed {
-            return Err(broken_pipe());
-        }
-        let span = match st.to_session.writable() {
-            Some(span) => span,
-            None if buf.is_empty() => return Ok(0),
-            None => {
-                st.device_wants_room = true;
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-        };
-        drop(st);
-        let n = fill(&span, buf);
-        self.committed_to_session(&span, n);
-        Ok(n)
+        self.push_with(buf.len(), |e| e, |span| Ok(fill(span, buf)))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -728,32 +726,35 @@ impl ReadInPlace for &SessionEnd {
         f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
     ) -> io::Result<()> {
         let mut left = len;
+        if left == 0 {
+            return Ok(());
+        }
         let mut wanted = true;
-        while left > 0 {
-            let more = self.read_runs(&mut |runs| {
-                let mut cut = [&[][..]; 2];
-                let mut n = 0;
-                let step = left.min(IN_PLACE_RUN);
-                for (slot, run) in cut.iter_mut().zip(runs) {
-                    let k = run.len().min(step - n);
-                    *slot = &run[..k];
-                    n += k;
-                }
-                if wanted {
-                    let count = if cut[1].is_empty() { 1 } else { 2 };
-                    wanted = f(&cut[..count]).is_continue();
-                }
-                left -= n;
-                let flow = if left == 0 {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                };
-                (n, flow)
-            })?;
-            if !more {
-                return Err(io::ErrorKind::UnexpectedEof.into());
+        // `read_runs` returns once the last byte is taken (the function breaks) or at the end
+        // of the stream.
+        let done = self.read_runs(&mut |runs| {
+            let mut cut = [&[][..]; 2];
+            let mut n = 0;
+            let step = left.min(IN_PLACE_RUN);
+            for (slot, run) in cut.iter_mut().zip(runs) {
+                let k = run.len().min(step - n);
+                *slot = &run[..k];
+                n += k;
             }
+            if wanted {
+                let count = if cut[1].is_empty() { 1 } else { 2 };
+                wanted = f(&cut[..count]).is_continue();
+            }
+            left -= n;
+            let flow = if left == 0 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            };
+            (n, flow)
+        })?;
+        if !done {
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
         Ok(())
     }

@@ -60,6 +60,12 @@ pub struct Driver {
     share_pinned: AtomicBool,
     /// `cuMemHostRegister`ed ranges: start → length.
     host_registered: Mutex<BTreeMap<usize, usize>>,
+    /// The registered ranges whose whole pages were moved into memfds shared with vgpud
+    /// ([`crate::pinned::AdoptedRange`]), by the start of the registered range.
+    host_adopted: Mutex<HashMap<usize, crate::pinned::AdoptedRange>>,
+    /// Contexts that queued an asynchronous device-to-host copy into a shared region, by
+    /// region: unregistering the region's range waits for them first.
+    shared_dtoh_contexts: Mutex<HashMap<u64, HashSet<u64>>>,
     streams: Mutex<HashMap<u64, (u32, i32)>>,
     functions: Mutex<HashMap<u64, FuncLayout>>,
     /// Modules (libraries) loaded and not unloaded.
@@ -223,6 +229,8 @@ fn connect() -> CuRes<Driver> {
         shared_pinned: Mutex::new(BTreeMap::new()),
         share_pinned: AtomicBool::new(share_pinned),
         host_registered: Mutex::new(BTreeMap::new()),
+        host_adopted: Mutex::new(HashMap::new()),
+        shared_dtoh_contexts: Mutex::new(HashMap::new()),
         streams: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
         modules: Mutex::new(HashSet::new()),
@@ -335,6 +343,26 @@ impl Driver {
             return None;
         }
         crate::pinned::lookup(&m, addr, len)
+    }
+
+    /// Where `[addr, addr + len)` overlaps a shared buffer by at least
+    /// [`crate::pinned::ADOPT_MIN`] bytes without lying inside it: the bytes before the overlap
+    /// and its length ([`crate::pinned::overlap`]). A copy of a whole registered range whose
+    /// ends are not page-aligned is such a copy.
+    fn shared_split(&self, addr: usize, len: usize) -> Option<(usize, usize)> {
+        let m = lock(&self.shared_pinned);
+        if m.is_empty() {
+            return None;
+        }
+        crate::pinned::overlap(&m, addr, len, crate::pinned::ADOPT_MIN)
+    }
+
+    /// Remembers that context `ctx` queued a device-to-host copy into shared region `region`.
+    fn note_shared_dtoh(&self, region: u64, ctx: u64) {
+        lock(&self.shared_dtoh_contexts)
+            .entry(region)
+            .or_default()
+            .insert(ctx);
     }
 
     /// Whether `ptr` lies in device memory this process allocated.
@@ -779,6 +807,7 @@ pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
 /// [`memcpy_htod`] to device memory, never to a mirror.
 pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
     let c = ctx()?;
+    let stream_handle = stream;
     let stream = wire_stream(stream)?;
     let d = driver()?;
     if src.is_empty() {
@@ -798,6 +827,23 @@ pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> 
         } else {
             d.post(&req, &[])
         };
+    }
+    if let Some((head, mid)) = d.shared_split(src.as_ptr() as usize, src.len()) {
+        // The part inside the shared buffer travels without its bytes, the rest as usual; all
+        // but the last part are posted (the stream keeps their order), the last is `sync`.
+        let (head, rest) = src.split_at(head);
+        let (mid, tail) = rest.split_at(mid);
+        let mut at = dst;
+        let parts: Vec<&[u8]> = [head, mid, tail]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect();
+        let last = parts.len() - 1;
+        for (i, p) in parts.into_iter().enumerate() {
+            memcpy_htod_raw(at, p, stream_handle, sync && i == last)?;
+            at += p.len() as u64;
+        }
+        return Ok(());
     }
     let chunks: Vec<&[u8]> = src.chunks(d.chunk).collect();
     let last = chunks.len() - 1;
@@ -835,8 +881,28 @@ pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     if let Some(r) = crate::alloc_api::dtoh_hook(dst, src) {
         return r;
     }
+    memcpy_dtoh_routed(dst, src, stream, sync)
+}
+
+/// [`memcpy_dtoh`] past the hooks: into a shared buffer without bytes, the ordinary way
+/// otherwise, split at a shared buffer's ends when the range covers part of one.
+fn memcpy_dtoh_routed(dst: &mut [u8], src: u64, stream: u64, sync: bool) -> CuRes<()> {
     if let Some(r) = memcpy_dtoh_shared(dst, src, stream, sync) {
         return r;
+    }
+    let split = driver()?.shared_split(dst.as_ptr() as usize, dst.len());
+    if let Some((head, mid)) = split {
+        let (head, rest) = dst.split_at_mut(head);
+        let (mid, tail) = rest.split_at_mut(mid);
+        let mut at = src;
+        for p in [head, mid, tail] {
+            if !p.is_empty() {
+                let n = p.len() as u64;
+                memcpy_dtoh_routed(p, at, stream, sync)?;
+                at += n;
+            }
+        }
+        return Ok(());
     }
     memcpy_dtoh_raw(dst, src, stream)?;
     crate::alloc_api::after_sync()
@@ -864,6 +930,7 @@ fn memcpy_dtoh_shared(dst: &mut [u8], src: u64, stream: u64, sync: bool) -> Opti
             d.call_copy_in_place(&req, dst.len())?;
             crate::alloc_api::after_sync()
         } else {
+            d.note_shared_dtoh(region, req.ctx);
             d.post(&req, &[])
         }
     })())
@@ -1172,6 +1239,7 @@ pub fn host_free(addr: usize) -> CuRes<()> {
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     if let HostAlloc::Shared(b) = &alloc {
         lock(&d.shared_pinned).remove(&addr);
+        lock(&d.shared_dtoh_contexts).remove(&b.region());
         // vgpud keeps the region mapped for copies still queued; this process's mapping goes.
         let r = d.call(&msg::HostUnshare { region: b.region() }, &[]);
         if let Err(code) = r {
@@ -1191,12 +1259,18 @@ pub fn host_free(addr: usize) -> CuRes<()> {
     Ok(())
 }
 
-/// `cuMemHostRegister`: records `addr..addr + size` as registered. The memory stays as it is:
-/// the shim's copies read and write any host memory, so page-locking it in the guest would gain
-/// nothing (with the virtio-vgpu device the `vgpu` module pins an application's pages for the
-/// duration of each transfer anyway). CUDA's rules hold: a range that overlaps a registered
-/// one is refused with `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`; mapped (`DEVICEMAP`) and I/O
-/// memory are not supported.
+/// `cuMemHostRegister`: records `addr..addr + size` as registered. CUDA's rules hold: a range
+/// that overlaps a registered one is refused with `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`;
+/// I/O memory is not supported; mapped (`DEVICEMAP`) ranges get a device mirror
+/// ([`crate::alloc_api`]).
+///
+/// On the unix socket the range's whole pages are moved into a memfd shared with vgpud when
+/// they are private anonymous memory (the heap, `malloc`ed or `mmap`ed buffers):
+/// [`crate::pinned::AdoptedRange`], same addresses and bytes, so that copies from and to them
+/// are one memcpy on the host, as from a `cuMemHostAlloc` buffer. Otherwise (a file mapping,
+/// read-only pages, another transport, `DEVICEMAP`, a small range) the memory stays as it is: the
+/// shim's copies read and write any host memory, and with the virtio-vgpu device the `vgpu`
+/// module pins an application's pages for the duration of each transfer anyway.
 pub fn host_register(addr: usize, size: usize, flags: u32) -> CuRes<()> {
     let d = driver()?;
     ctx()?;
@@ -1217,12 +1291,38 @@ pub fn host_register(addr: usize, size: usize, flags: u32) -> CuRes<()> {
     }
     if flags & MEMHOSTREGISTER_DEVICEMAP != 0 {
         crate::alloc_api::register_mapped(addr, size, flags)?;
+    } else if d.share_pinned.load(Ordering::Relaxed) {
+        adopt_registered(d, addr, size);
     }
     regs.insert(addr, size);
     Ok(())
 }
 
-/// `cuMemHostUnregister`: `addr` must be where a registered range starts.
+/// Shares the whole pages of a registered range with vgpud where possible
+/// ([`host_register`]); anything that fails leaves the range as it was.
+fn adopt_registered(d: &Driver, addr: usize, size: usize) {
+    let adopted = crate::pinned::AdoptedRange::adopt(&mut lock(&d.client), addr, size);
+    match adopted {
+        Ok(Some(r)) => {
+            lock(&d.shared_pinned).insert(r.start(), (r.len(), r.region()));
+            lock(&d.host_adopted).insert(addr, r);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            let refused = matches!(&e, crate::pinned::ShareError::Refused { code, .. }
+                if *code == cuda::CUDA_ERROR_NOT_SUPPORTED);
+            if refused {
+                d.share_pinned.store(false, Ordering::Relaxed);
+            }
+            crate::debug!("cuMemHostRegister: the range stays private ({e})");
+        }
+    }
+}
+
+/// `cuMemHostUnregister`: `addr` must be where a registered range starts. A range whose pages
+/// were shared with vgpud gets them back as private memory, bytes unchanged, once the
+/// device-to-host copies queued into it have run; an error of those copies is returned (as
+/// CUDA may return errors of earlier asynchronous work), after the range was unregistered.
 pub fn host_unregister(addr: usize) -> CuRes<()> {
     let d = driver()?;
     ctx()?;
@@ -1233,8 +1333,42 @@ pub fn host_unregister(addr: usize) -> CuRes<()> {
     }
     lock(&d.host_registered)
         .remove(&addr)
-        .map(drop)
-        .ok_or(cuda::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+        .ok_or(cuda::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)?;
+    let Some(adopted) = lock(&d.host_adopted).remove(&addr) else {
+        return Ok(());
+    };
+    lock(&d.shared_pinned).remove(&adopted.start());
+    let pending = waited_for_shared_dtoh(d, adopted.region());
+    if let Err(code) = d.call(
+        &msg::HostUnshare {
+            region: adopted.region(),
+        },
+        &[],
+    ) {
+        crate::debug!("cuMemHostUnregister: HostUnshare failed ({code})");
+    }
+    if let Err(e) = adopted.restore() {
+        crate::debug!("cuMemHostUnregister: the pages stay shared ({e})");
+    }
+    pending
+}
+
+/// Waits for the contexts that queued device-to-host copies into shared region `region`
+/// (so that nothing writes to it any more) and forgets them; the first error a context
+/// reports, other than its being gone.
+fn waited_for_shared_dtoh(d: &Driver, region: u64) -> CuRes<()> {
+    let contexts = lock(&d.shared_dtoh_contexts)
+        .remove(&region)
+        .unwrap_or_default();
+    let mut first = Ok(());
+    for c in contexts {
+        match d.call(&msg::CtxSynchronize { ctx: c }, &[]) {
+            Err(cuda::CUDA_ERROR_INVALID_CONTEXT | cuda::CUDA_ERROR_CONTEXT_IS_DESTROYED) => {}
+            Err(code) if first.is_ok() => first = Err(code),
+            _ => {}
+        }
+    }
+    first.map(drop)
 }
 
 // ---- streams and events ----------------------------------------------------

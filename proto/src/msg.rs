@@ -571,7 +571,7 @@ ops! {
     /// Shares `size` bytes of page-locked host memory with vgpud (unix socket only): the request
     /// carries a sealed memfd by `SCM_RIGHTS`; the reply names the region for the `*Shared`
     /// copies. Refused with `CUDA_ERROR_NOT_SUPPORTED` where descriptors cannot travel.
-    HostShare = 0x0840 => Handle, 0, "cuMemHostAlloc, cuMemAllocHost" { size: u64 }
+    HostShare = 0x0840 => Handle, 0, "cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister" { size: u64 }
     /// Ends a region's sharing; copies already queued from or to it still complete.
     HostUnshare = 0x0841 => Empty, 0, "cuMemFreeHost" { region: u64 }
     /// Host to device copy of `len` bytes at `offset` of a shared region: no bulk bytes.

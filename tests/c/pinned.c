@@ -10,6 +10,12 @@
  * A range that straddles the end of a pinned buffer (into memory mapped right after it) is
  * copied correctly too (the shim sends it the ordinary way).
  *
+ * cuMemHostRegister'ed malloc buffers (ends not page-aligned): with sharing on, their whole
+ * pages become a memfd shared with vgpud, bytes unchanged; copies over the whole range, over
+ * parts of it and into it asynchronously check their data; unregistering waits for the copies
+ * queued into it and gives the pages back as private memory, bytes unchanged. A registered
+ * file mapping stays the file's: what the device writes into it reaches the file.
+ *
  * Prints "ok <what>" / "FAIL <what>"; the exit status is the failure count.
  */
 #define _GNU_SOURCE
@@ -18,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -39,6 +46,8 @@ CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
 CUresult cuMemAllocHost_v2(void **, size_t);
 CUresult cuMemHostAlloc(void **, size_t, unsigned int);
 CUresult cuMemFreeHost(void *);
+CUresult cuMemHostRegister_v2(void *, size_t, unsigned int);
+CUresult cuMemHostUnregister(void *);
 CUresult cuStreamCreate(CUstream *, unsigned int);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuStreamDestroy_v2(CUstream);
@@ -55,8 +64,8 @@ static void checkr(CUresult r, const char *what) {
     check(r == 0, what);
 }
 
-/* Whether `p` lies in a mapping of the shim's memfds. */
-static int is_shared(const void *p) {
+/* Whether `p` lies in a mapping whose maps line contains `name`. */
+static int in_mapping_named(const void *p, const char *name) {
     FILE *f = fopen("/proc/self/maps", "r");
     char line[512];
     int found = 0;
@@ -65,11 +74,17 @@ static int is_shared(const void *p) {
         unsigned long lo, hi;
         if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)p >= lo &&
             (unsigned long)p < hi)
-            found = strstr(line, "memfd:vgpu-pinned") != NULL;
+            found = strstr(line, name) != NULL;
     }
     fclose(f);
     return found;
 }
+
+/* Whether `p` lies in a mapping of the shim's memfds for cuMemHostAlloc buffers. */
+static int is_shared(const void *p) { return in_mapping_named(p, "memfd:vgpu-pinned"); }
+
+/* Whether `p` lies in a memfd that took over a registered range's pages. */
+static int is_adopted(const void *p) { return in_mapping_named(p, "memfd:vgpu-registered"); }
 
 static void fill(unsigned char *p, size_t n, unsigned seed) {
     for (size_t i = 0; i < n; i++) p[i] = (unsigned char)((i * 131 + seed * 7 + (i >> 12)) & 0xff);
@@ -132,6 +147,94 @@ int main(int argc, char **argv) {
         free(p);
         checkr(cuMemFreeHost(a), "cuMemFreeHost");
         checkr(cuMemFreeHost(b), "cuMemFreeHost");
+    }
+
+    /* cuMemHostRegister'ed malloc buffers, their ends not page-aligned. */
+    static const size_t reg_sizes[] = {4099, (1 << 20) + 17, (9 << 20) + 5};
+    for (size_t i = 0; i < sizeof reg_sizes / sizeof reg_sizes[0]; i++) {
+        size_t n = reg_sizes[i];
+        char name[160];
+        unsigned char *m = malloc(n + 64), *orig = malloc(n), *out = malloc(n);
+        unsigned char *r = m + 3;
+        const unsigned char *inner = (const unsigned char *)(((uintptr_t)r + 8191) & ~(uintptr_t)4095);
+        CUdeviceptr d = 0;
+        fill(r, n, 5);
+        memcpy(orig, r, n);
+        snprintf(name, sizeof name, "registered %zu bytes: cuMemHostRegister", n);
+        checkr(cuMemHostRegister_v2(r, n, 0), name);
+        int adopt = want_shared && n >= (1 << 20);
+        snprintf(name, sizeof name, "registered %zu bytes: %s", n,
+                 adopt ? "whole pages moved into a shared memfd" : "pages stay private");
+        check(is_adopted(inner) == adopt, name);
+        snprintf(name, sizeof name, "registered %zu bytes: registering keeps the bytes", n);
+        check(memcmp(r, orig, n) == 0, name);
+        round_trip(r, out, n, NULL, "registered, whole range, sync");
+        round_trip(out, r, n, s, "registered, whole range, async into it");
+        round_trip(r + n / 4 + 1, out, n / 2, s, "registered, a part from it, async");
+        round_trip(out, r + n / 3, n - n / 3, NULL, "registered, a part into it, sync");
+        /* Device-to-host copies queued into it, then unregistering at once. */
+        checkr(cuMemAlloc_v2(&d, n), "registered: cuMemAlloc");
+        fill(orig, n, 11);
+        checkr(cuMemcpyHtoD_v2(d, orig, n), "registered: HtoD");
+        checkr(cuMemsetD8_v2(d, 0x5c, 1), "registered: memset");
+        orig[0] = 0x5c;
+        memset(r, 0, n);
+        checkr(cuMemcpyDtoHAsync_v2(r, d, n, s), "registered: DtoHAsync into it");
+        snprintf(name, sizeof name, "registered %zu bytes: cuMemHostUnregister", n);
+        checkr(cuMemHostUnregister(r), name);
+        snprintf(name, sizeof name, "registered %zu bytes: the queued copy landed before unregistering returned", n);
+        check(memcmp(r, orig, n) == 0, name);
+        snprintf(name, sizeof name, "registered %zu bytes: unregistered pages are private", n);
+        check(!is_adopted(inner), name);
+        if (adopt) {
+            /* Registered again: a child of fork gets its own copy, as of anonymous memory. */
+            checkr(cuMemHostRegister_v2(r, n, 0), "registered again");
+            pid_t child = fork();
+            if (child == 0) {
+                int same = memcmp(r, orig, n) == 0;
+                memset(r, 0x77, n);
+                _exit(same ? 0 : 1);
+            }
+            int status = -1;
+            waitpid(child, &status, 0);
+            check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "fork: the child sees the registered bytes");
+            check(memcmp(r, orig, n) == 0, "fork: the child's writes do not reach the parent");
+            checkr(cuMemHostUnregister(r), "registered again: cuMemHostUnregister");
+        }
+        r[0] ^= 1;
+        r[n - 1] ^= 1;
+        check(r[0] == (orig[0] ^ 1) && r[n - 1] == (orig[n - 1] ^ 1), "unregistered pages take writes");
+        cuMemFree_v2(d);
+        free(m);
+        free(orig);
+        free(out);
+    }
+
+    /* A registered file mapping stays the file's. */
+    {
+        const size_t n = 2 << 20;
+        char path[] = "/tmp/vgpu-pinned-XXXXXX";
+        int fd = mkstemp(path);
+        unsigned char *f = MAP_FAILED, *back = malloc(n), *src = malloc(n);
+        if (fd >= 0 && ftruncate(fd, (off_t)n) == 0)
+            f = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        check(f != MAP_FAILED, "file mapping: mmap");
+        if (f != MAP_FAILED) {
+            checkr(cuMemHostRegister_v2(f, n, 0), "file mapping: cuMemHostRegister");
+            check(!is_adopted(f + 4096), "file mapping: pages stay the file's");
+            round_trip(src, f, n, NULL, "file mapping, into it, sync");
+            check(pread(fd, back, n, 0) == (ssize_t)n && memcmp(back, f, n) == 0,
+                  "file mapping: what the device wrote is in the file");
+            checkr(cuMemHostUnregister(f), "file mapping: cuMemHostUnregister");
+            munmap(f, n);
+        }
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        free(back);
+        free(src);
     }
 
     /* Several asynchronous copies queued before one synchronization, each into its own part

@@ -53,8 +53,9 @@ enum Bench {
         #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::GuestWait::Block)]
         guest_wait: vgpu_bench::vgpu_dev::GuestWait,
     },
-    /// Copies from and to pinned (`cuMemAllocHost`, shared with vgpud) vs pageable memory over
-    /// the unix socket, vs the memcpy floor of the same pages.
+    /// Copies from and to pinned (`cuMemAllocHost`, shared with vgpud), registered
+    /// (`cuMemHostRegister`) and pageable memory over the unix socket, vs the memcpy floor of
+    /// the same pages.
     Pinned {
         /// Repetitions; medians and spreads are reported.
         #[arg(long, default_value_t = 5)]

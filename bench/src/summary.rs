@@ -207,8 +207,8 @@ pub fn vgpu_dev(r: &crate::vgpu_dev::Results) -> Vec<Figure> {
     out
 }
 
-/// `pinned`: copies from and to pinned and pageable memory over the unix socket, against the
-/// memcpy floor of the same pinned pages.
+/// `pinned`: copies from and to pinned, registered and pageable memory over the unix socket,
+/// against the memcpy floor of the same pinned pages.
 pub fn pinned(rows: &[crate::pinned::Row]) -> Vec<Figure> {
     let mut out = Vec::new();
     for r in rows {
@@ -216,6 +216,8 @@ pub fn pinned(rows: &[crate::pinned::Row]) -> Vec<Figure> {
         for (what, v, floor) in [
             ("pinned HtoD", r.pinned_htod, r.floor_htod),
             ("pinned DtoH", r.pinned_dtoh, r.floor_dtoh),
+            ("registered HtoD", r.registered_htod, r.floor_htod),
+            ("registered DtoH", r.registered_dtoh, r.floor_dtoh),
             ("pageable HtoD", r.pageable_htod, r.floor_htod),
             ("pageable DtoH", r.pageable_dtoh, r.floor_dtoh),
         ] {

@@ -829,20 +829,18 @@ pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> 
         };
     }
     if let Some((head, mid)) = d.shared_split(src.as_ptr() as usize, src.len()) {
-        // The part inside the shared buffer travels without its bytes, the rest as usual; all
-        // but the last part are posted (the stream keeps their order), the last is `sync`.
-        let (head, rest) = src.split_at(head);
-        let (mid, tail) = rest.split_at(mid);
-        let mut at = dst;
-        let parts: Vec<&[u8]> = [head, mid, tail]
-            .into_iter()
-            .filter(|p| !p.is_empty())
-            .collect();
-        let last = parts.len() - 1;
-        for (i, p) in parts.into_iter().enumerate() {
-            memcpy_htod_raw(at, p, stream_handle, sync && i == last)?;
-            at += p.len() as u64;
+        // The part inside the shared buffer travels without its bytes, the rest as usual. The
+        // ends are posted first (the stream keeps the order); the shared part goes last, `sync`,
+        // so that a synchronous copy waits once, polling as long as its copy should take.
+        let (head_bytes, rest) = src.split_at(head);
+        let (mid_bytes, tail) = rest.split_at(mid);
+        let tail_at = dst + (head + mid) as u64;
+        for (at, p) in [(dst, head_bytes), (tail_at, tail)] {
+            if !p.is_empty() {
+                memcpy_htod_raw(at, p, stream_handle, false)?;
+            }
         }
+        memcpy_htod_raw(dst + head as u64, mid_bytes, stream_handle, sync)?;
         return Ok(());
     }
     let chunks: Vec<&[u8]> = src.chunks(d.chunk).collect();
@@ -892,17 +890,16 @@ fn memcpy_dtoh_routed(dst: &mut [u8], src: u64, stream: u64, sync: bool) -> CuRe
     }
     let split = driver()?.shared_split(dst.as_ptr() as usize, dst.len());
     if let Some((head, mid)) = split {
-        let (head, rest) = dst.split_at_mut(head);
-        let (mid, tail) = rest.split_at_mut(mid);
-        let mut at = src;
-        for p in [head, mid, tail] {
+        // The ends first, the shared part last (as for host-to-device copies).
+        let tail_at = src + (head + mid) as u64;
+        let (head_bytes, rest) = dst.split_at_mut(head);
+        let (mid_bytes, tail) = rest.split_at_mut(mid);
+        for (at, p) in [(src, head_bytes), (tail_at, tail)] {
             if !p.is_empty() {
-                let n = p.len() as u64;
                 memcpy_dtoh_routed(p, at, stream, sync)?;
-                at += n;
             }
         }
-        return Ok(());
+        return memcpy_dtoh_routed(mid_bytes, src + head as u64, stream, sync);
     }
     memcpy_dtoh_raw(dst, src, stream)?;
     crate::alloc_api::after_sync()

@@ -213,6 +213,9 @@ const REGISTERED_NAME: &CStr = c"vgpu-registered";
 /// A registered range with fewer whole pages than this stays private: sharing it costs two
 /// copies and two mappings, and a copy that small is mostly the round trip anyway.
 pub const ADOPT_MIN: usize = 64 * 1024;
+/// Most ranges adopted at once: each keeps its memfd open (for a child of `fork`), and the
+/// application's descriptor limit is the application's. Past it, registered ranges stay private.
+pub const MAX_ADOPTED: usize = 64;
 /// Where the kernel lists this process's mappings.
 const SELF_MAPS: &str = "/proc/self/maps";
 
@@ -407,8 +410,8 @@ extern "C" fn privatize_in_child() {
 impl AdoptedRange {
     /// Moves the whole pages of `[addr, addr + len)` into a memfd and shares it over `client`.
     /// `Ok(None)`: nothing to gain or not safely possible (fewer than [`ADOPT_MIN`] bytes of
-    /// whole pages, or pages that are not private anonymous memory, such as a file mapping,
-    /// whose writes must reach the file). The caller makes sure no copy uses the range
+    /// whole pages, [`MAX_ADOPTED`] ranges adopted already, or pages that are not private
+    /// anonymous memory, such as a file mapping, whose writes must reach the file). The caller makes sure no copy uses the range
     /// meanwhile; the application must not write to it while it registers it.
     pub fn adopt(client: &mut Client, addr: usize, len: usize) -> Result<Option<Self>, ShareError> {
         let page = page_size();
@@ -420,7 +423,7 @@ impl AdoptedRange {
             return Ok(None);
         }
         let n = end - start;
-        if !is_private_anonymous(&read_maps()?, start, end) {
+        if lock_adopted().len() >= MAX_ADOPTED || !is_private_anonymous(&read_maps()?, start, end) {
             return Ok(None);
         }
         let fd = sealed_memfd(REGISTERED_NAME, n)?;

@@ -211,6 +211,31 @@ int main(int argc, char **argv) {
         free(out);
     }
 
+    /* At most 64 ranges are shared at once (each keeps a descriptor); later ones stay private
+       and copy the same. */
+    {
+        enum { MANY = 66, PART = 256 << 10 };
+        unsigned char *bufs[MANY];
+        int adopted = 0, all_registered = 1;
+        for (int k = 0; k < MANY; k++) {
+            bufs[k] = malloc(PART);
+            memset(bufs[k], k, PART);
+            all_registered &= cuMemHostRegister_v2(bufs[k], PART, 0) == 0;
+            adopted += is_adopted(bufs[k] + 8192);
+        }
+        check(all_registered, "many: every range registered");
+        check(adopted == (want_shared ? 64 : 0), want_shared ? "many: 64 ranges shared, the rest private"
+                                                           : "many: none shared");
+        round_trip(bufs[0], bufs[MANY - 1], PART, NULL, "many, shared to private");
+        round_trip(bufs[MANY - 1], bufs[1], PART, s, "many, private to shared");
+        int unregistered = 1;
+        for (int k = 0; k < MANY; k++) {
+            unregistered &= cuMemHostUnregister(bufs[k]) == 0 && !is_adopted(bufs[k] + 8192);
+            free(bufs[k]);
+        }
+        check(unregistered, "many: every range unregistered, its pages private");
+    }
+
     /* A registered file mapping stays the file's. */
     {
         const size_t n = 2 << 20;

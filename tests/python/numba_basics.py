@@ -7,6 +7,7 @@ answers with PTX the simulated GPU runs. Prints one line per check and PASS
 at the end; exits 1 on the first failure.
 """
 
+import os
 import sys
 import warnings
 
@@ -153,6 +154,34 @@ end.record(stream)
 end.synchronize()
 close("kernel and pinned copies on a stream", res, 2 * h)
 check("event timing", cuda.event_elapsed_time(start, end) >= 0)
+
+# A NumPy array registered for the duration (cuMemHostRegister), large enough for the shim to
+# share its pages with vgpud over the unix socket; its data the same before, during and after.
+big = np.arange(1 << 20, dtype=np.float32)
+out = np.zeros_like(big)
+
+
+def in_registered_memfd(addr):
+    """Whether addr lies in a memfd the shim moved a registered range's pages into."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return "memfd:vgpu-registered" in line
+    return False
+
+
+with cuda.pinned(big, out):
+    check("registering keeps the array's data", np.array_equal(big, np.arange(1 << 20, dtype=np.float32)))
+    if os.environ.get("VGPU_TRANSPORT", "").startswith("unix:"):
+        check("a registered array's pages are shared with vgpud",
+              in_registered_memfd(big.ctypes.data + 8192) and in_registered_memfd(out.ctypes.data + 8192))
+    db = cuda.to_device(big, stream=stream)
+    db.copy_to_host(out, stream=stream)
+    stream.synchronize()
+close("copies from and to registered arrays", out, big)
+out[:] = 7
+check("a registered array takes writes after unregistering", float(out.sum()) == 7.0 * out.size)
 
 # A register limit reaches the kernel.
 

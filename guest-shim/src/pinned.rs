@@ -230,6 +230,94 @@ fn page_size() -> usize {
     usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
+/// Memory left free beside a second copy of an adopted range, at least.
+const COPY_MARGIN: u64 = 64 << 20;
+/// Where cgroup file systems are mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Limits at least this large mean none (cgroup v1 writes "no limit" as a page-rounded
+/// `i64::MAX`).
+const NO_LIMIT: u64 = 1 << 62;
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// A cgroup level's room left: its limit (`max` or a number) less its usage; `None` without a
+/// limit or with unreadable figures.
+fn headroom(limit: &str, usage: &str) -> Option<u64> {
+    let limit: u64 = limit.trim().parse().ok().filter(|&l| l < NO_LIMIT)?;
+    let usage: u64 = usage.trim().parse().ok()?;
+    Some(limit.saturating_sub(usage))
+}
+
+/// The memory cgroup directories of this process, from its own up to the hierarchy's root, and
+/// the names of their limit and usage files (cgroup v2, else v1's memory controller).
+fn memory_cgroup_dirs(proc_cgroup: &str) -> Vec<(std::path::PathBuf, &'static str, &'static str)> {
+    let root = std::path::Path::new(CGROUP_ROOT);
+    let mut found = None;
+    for line in proc_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let path = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == "memory") {
+            found = Some((
+                root.join("memory"),
+                path,
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ));
+            break;
+        }
+        if controllers.is_empty() && found.is_none() {
+            let base = if root.join("cgroup.controllers").exists() {
+                root.to_path_buf()
+            } else {
+                root.join("unified")
+            };
+            found = Some((base, path, "memory.max", "memory.current"));
+        }
+    }
+    let Some((base, path, limit, usage)) = found else {
+        return Vec::new();
+    };
+    let mut dirs = Vec::new();
+    let mut dir = base.join(path);
+    while dir.starts_with(&base) {
+        dirs.push((dir.clone(), limit, usage));
+        if !dir.pop() {
+            break;
+        }
+    }
+    dirs
+}
+
+/// Whether this process can hold a second copy of `len` bytes for a while: adopting a range and
+/// giving it back each hold the old pages and the new ones at once. Checked against the
+/// system's available memory and the room left under this process's memory cgroup limits, so
+/// that registering a large buffer in a tight container does not end in the OOM killer.
+fn can_afford_copy(len: usize) -> bool {
+    let need = (len as u64).saturating_add(COPY_MARGIN);
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).ok();
+    if read(std::path::Path::new("/proc/meminfo"))
+        .and_then(|m| mem_available(&m))
+        .is_some_and(|a| a < need)
+    {
+        return false;
+    }
+    let cgroup = read(std::path::Path::new("/proc/self/cgroup")).unwrap_or_default();
+    memory_cgroup_dirs(&cgroup)
+        .iter()
+        .all(
+            |(dir, limit, usage)| match (read(&dir.join(limit)), read(&dir.join(usage))) {
+                (Some(l), Some(u)) => headroom(&l, &u).is_none_or(|h| h >= need),
+                _ => true,
+            },
+        )
+}
+
 /// One line of `/proc/PID/maps`: its range, whether it is private and writable, its inode and
 /// its path (empty for anonymous memory).
 #[derive(Debug, PartialEq, Eq)]
@@ -410,8 +498,9 @@ extern "C" fn privatize_in_child() {
 impl AdoptedRange {
     /// Moves the whole pages of `[addr, addr + len)` into a memfd and shares it over `client`.
     /// `Ok(None)`: nothing to gain or not safely possible (fewer than [`ADOPT_MIN`] bytes of
-    /// whole pages, [`MAX_ADOPTED`] ranges adopted already, or pages that are not private
-    /// anonymous memory, such as a file mapping, whose writes must reach the file). The caller makes sure no copy uses the range
+    /// whole pages, [`MAX_ADOPTED`] ranges adopted already, too little memory for a second copy
+    /// of them for a while, or pages that are not private anonymous memory, such as a file
+    /// mapping, whose writes must reach the file). The caller makes sure no copy uses the range
     /// meanwhile; the application must not write to it while it registers it.
     pub fn adopt(client: &mut Client, addr: usize, len: usize) -> Result<Option<Self>, ShareError> {
         let page = page_size();
@@ -423,7 +512,10 @@ impl AdoptedRange {
             return Ok(None);
         }
         let n = end - start;
-        if lock_adopted().len() >= MAX_ADOPTED || !is_private_anonymous(&read_maps()?, start, end) {
+        if lock_adopted().len() >= MAX_ADOPTED
+            || !can_afford_copy(n)
+            || !is_private_anonymous(&read_maps()?, start, end)
+        {
             return Ok(None);
         }
         let fd = sealed_memfd(REGISTERED_NAME, n)?;
@@ -582,6 +674,39 @@ mod tests {
         assert_eq!(split(0x40000, 0x1000), None, "far past it");
         assert_eq!(split(0x0, 0x10000), None, "before it");
         assert_eq!(split(usize::MAX, 2), None);
+    }
+
+    #[test]
+    fn memory_figures_parse() {
+        let meminfo = "MemTotal:       24576000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(mem_available(meminfo), Some(2048 * 1024));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(headroom("1073741824\n", "1000000000\n"), Some(73_741_824));
+        assert_eq!(headroom("max\n", "5"), None, "v2: no limit");
+        assert_eq!(headroom("9223372036854771712", "5"), None, "v1: no limit");
+        assert_eq!(headroom("100", "200"), Some(0), "over the limit");
+        assert!(!can_afford_copy(1 << 60), "more than any machine has");
+    }
+
+    #[test]
+    fn the_memory_cgroup_is_found_for_v1_and_v2() {
+        let v1 = "5:devices:/\n4:memory:/a/b\n0::/\n";
+        let dirs: Vec<_> = memory_cgroup_dirs(v1).into_iter().map(|d| d.0).collect();
+        let m = std::path::Path::new(CGROUP_ROOT).join("memory");
+        assert_eq!(dirs, vec![m.join("a/b"), m.join("a"), m.clone()]);
+        assert!(
+            memory_cgroup_dirs(v1)
+                .iter()
+                .all(|d| d.1 == "memory.limit_in_bytes")
+        );
+        let v2 = memory_cgroup_dirs("0::/user.slice/x.scope\n");
+        assert_eq!(v2.len(), 3, "{v2:?}");
+        assert!(
+            v2.iter()
+                .all(|d| d.1 == "memory.max" && d.2 == "memory.current")
+        );
+        assert!(v2[0].0.ends_with("user.slice/x.scope"));
+        assert!(memory_cgroup_dirs("").is_empty());
     }
 
     #[test]

@@ -548,6 +548,8 @@ struct State {
     abandoned: bool,
     /// The VM's budgets: `queued_bytes` is charged with every byte queued here.
     vm: Option<Arc<LimitUse>>,
+    /// Threads waiting on the engine's condition variable ([`Shared::wait`]).
+    waiting: usize,
 }
 
 impl State {
@@ -684,6 +686,36 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Wakes the threads waiting on the engine; `st` is the locked state. With none waiting,
+    /// nothing is done: a condition variable's notification is a system call even then, and it
+    /// would cost every asynchronous call (a job's submission and its end) one.
+    fn wake(&self, st: &State) {
+        if st.waiting > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits on the engine's condition variable (at most `timeout`), counted in
+    /// [`State::waiting`] so that [`Shared::wake`] knows to notify.
+    fn wait<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, State> {
+        st.waiting += 1;
+        let mut st = match timeout {
+            None => self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+            Some(t) => {
+                self.cv
+                    .wait_timeout(st, t)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+        };
+        st.waiting -= 1;
+        st
+    }
+
     fn finish(
         &self,
         st: &mut State,
@@ -708,7 +740,7 @@ impl Shared {
             }
             st.errors.entry(ctx).or_insert(e);
         }
-        self.cv.notify_all();
+        self.wake(st);
     }
 }
 
@@ -814,13 +846,9 @@ impl Engine {
     /// at most [`HANGUP_POLL`], abandoning the work when the client has gone.
     fn block<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         let Some(probe) = &self.hangup else {
-            return self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            return self.shared.wait(st, None);
         };
-        let (st, _) = self
-            .shared
-            .cv
-            .wait_timeout(st, HANGUP_POLL)
-            .unwrap_or_else(|p| p.into_inner());
+        let st = self.shared.wait(st, Some(HANGUP_POLL));
         self.check_hangup(st, probe)
     }
 
@@ -837,7 +865,7 @@ impl Engine {
             );
             st.abandoned = true;
             let dropped = st.discard("the client disconnected");
-            self.shared.cv.notify_all();
+            self.shared.wake(&st);
             drop(st);
             drop(dropped);
             return self.shared.lock();
@@ -982,7 +1010,7 @@ impl Engine {
             });
         }
         spawn_if_needed(&self.shared, &mut st);
-        self.shared.cv.notify_all();
+        self.shared.wake(&st);
         seq
     }
 
@@ -1120,7 +1148,7 @@ impl Engine {
     pub fn settle(&self) {
         let mut st = self.shared.lock();
         while st.busy() {
-            st = self.shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.shared.wait(st, None);
         }
     }
 
@@ -1203,7 +1231,7 @@ fn worker_loop(shared: &Arc<Shared>) {
             if let Some(k) = st.pick() {
                 break k;
             }
-            st = shared.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = shared.wait(st, None);
         };
         st.idle_workers -= 1;
         let Some((e, at)) = st.lanes.get_mut(&key).and_then(|l| {
@@ -1272,7 +1300,7 @@ impl Drop for Engine {
                     "session ended with queued work; discarding it"
                 );
             }
-            self.shared.cv.notify_all();
+            self.shared.wake(&st);
             dropped
         };
         drop(dropped);

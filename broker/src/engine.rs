@@ -527,7 +527,8 @@ impl Lane {
 
 #[derive(Default)]
 struct State {
-    lanes: HashMap<LaneKey, Lane>,
+    /// Keyed with a fast hasher: looked up at every submission and every job's end.
+    lanes: HashMap<LaneKey, Lane, foldhash::fast::RandomState>,
     /// Jobs submitted and not finished, with their context.
     unfinished: BTreeMap<u64, u64>,
     queued: usize,

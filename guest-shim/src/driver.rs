@@ -1301,7 +1301,8 @@ fn adopt_registered(d: &Driver, addr: usize, size: usize) {
     let adopted = crate::pinned::AdoptedRange::adopt(&mut lock(&d.client), addr, size);
     match adopted {
         Ok(Some(r)) => {
-            lock(&d.shared_pinned).insert(r.start(), (r.len(), r.region()));
+            let (start, entry) = r.entry();
+            lock(&d.shared_pinned).insert(start, entry);
             lock(&d.host_adopted).insert(addr, r);
         }
         Ok(None) => {}

@@ -565,19 +565,15 @@ impl AdoptedRange {
         self.start
     }
 
-    /// Their length (whole pages).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether there are none (never).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// vgpud's name for them.
     pub fn region(&self) -> u64 {
         self.region
+    }
+
+    /// Their entry in a map of shared buffers: start → (length, region), as [`lookup`] and
+    /// [`overlap`] take it.
+    pub fn entry(&self) -> (usize, (usize, u64)) {
+        (self.start, (self.len, self.region))
     }
 
     /// Gives the pages back to private anonymous memory, bytes unchanged. Call it once vgpud

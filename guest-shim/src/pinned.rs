@@ -371,8 +371,8 @@ fn covered_by(maps: &str, start: usize, end: usize, ok: impl Fn(&Vma<'_>) -> boo
 }
 
 /// Whether `[start, end)` is private anonymous read-write memory (the heap, `mmap`ed anonymous
-/// memory, named or not; not a stack or a file): memory the shim may move into a memfd without
-/// anyone else seeing a difference.
+/// memory, named or not; not the main thread's stack or a file): memory the shim may move into a
+/// memfd without anyone else seeing a difference.
 fn is_private_anonymous(maps: &str, start: usize, end: usize) -> bool {
     covered_by(maps, start, end, |v| {
         v.private_rw

@@ -43,6 +43,7 @@
 //! so a single job larger than the budget cannot wait forever).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -677,6 +678,9 @@ impl State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Whether `State::poisoned` has an entry (set and cleared under the state lock): lets
+    /// [`Engine::poisoned`], asked at every request, answer the common case without the lock.
+    any_poisoned: AtomicBool,
     cv: Condvar,
     dev: Arc<dyn DeviceContext>,
     handles: Mutex<Vec<JoinHandle<()>>>,
@@ -738,6 +742,7 @@ impl Shared {
             debug!(error = %e, seq, ctx, "asynchronous work failed");
             if cuda::is_sticky(e.code) {
                 st.poisoned.entry(ctx).or_insert_with(|| e.clone());
+                self.any_poisoned.store(true, Ordering::Release);
             }
             st.errors.entry(ctx).or_insert(e);
         }
@@ -819,6 +824,7 @@ impl Engine {
                     vm,
                     ..State::default()
                 }),
+                any_poisoned: AtomicBool::new(false),
                 cv: Condvar::new(),
                 dev,
                 handles: Mutex::new(Vec::new()),
@@ -1060,6 +1066,9 @@ impl Engine {
         let mut st = self.shared.lock();
         st.errors.remove(&ctx);
         st.poisoned.remove(&ctx);
+        self.shared
+            .any_poisoned
+            .store(!st.poisoned.is_empty(), Ordering::Release);
     }
 
     /// Forgets a lane (its stream was destroyed); its pending work still runs.
@@ -1174,6 +1183,9 @@ impl Engine {
 
     /// The sticky error that poisoned context `ctx`, if any.
     pub fn poisoned(&self, ctx: u64) -> Option<CuError> {
+        if !self.shared.any_poisoned.load(Ordering::Acquire) {
+            return None;
+        }
         self.shared.lock().poisoned.get(&ctx).cloned()
     }
 

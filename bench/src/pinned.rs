@@ -139,40 +139,27 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     for &mib in &p.sizes_mib {
         let n = mib * MIB;
+        // Floor HtoD and DtoH, then HtoD and DtoH from and to pinned, pageable and registered
+        // memory.
         let mut runs: [Vec<f64>; 8] = Default::default();
         for _ in 0..p.runs {
             runs[0].push(rate(n, || copy(&mut host[..n], &pinned[..n])));
             runs[1].push(rate(n, || copy(&mut pinned[..n], &host[..n])));
-            runs[2].push(rate(n, || {
-                // SAFETY: `dev` holds `max` bytes; the host buffer at least `n`.
-                let r = unsafe { cuMemcpyHtoD_v2(dev, pinned.as_ptr().cast(), n) };
-                assert_eq!(r, 0);
-            }));
-            runs[3].push(rate(n, || {
-                // SAFETY: as above.
-                let r = unsafe { cuMemcpyDtoH_v2(pinned.as_mut_ptr().cast(), dev, n) };
-                assert_eq!(r, 0);
-            }));
-            runs[4].push(rate(n, || {
-                // SAFETY: as above.
-                let r = unsafe { cuMemcpyHtoD_v2(dev, pageable.as_ptr().cast(), n) };
-                assert_eq!(r, 0);
-            }));
-            runs[5].push(rate(n, || {
-                // SAFETY: as above.
-                let r = unsafe { cuMemcpyDtoH_v2(pageable.as_mut_ptr().cast(), dev, n) };
-                assert_eq!(r, 0);
-            }));
-            runs[6].push(rate(n, || {
-                // SAFETY: as above.
-                let r = unsafe { cuMemcpyHtoD_v2(dev, registered.as_ptr().cast(), n) };
-                assert_eq!(r, 0);
-            }));
-            runs[7].push(rate(n, || {
-                // SAFETY: as above.
-                let r = unsafe { cuMemcpyDtoH_v2(registered.as_mut_ptr().cast(), dev, n) };
-                assert_eq!(r, 0);
-            }));
+            for (i, buf) in [&mut *pinned, &mut pageable[..], &mut registered[..]]
+                .into_iter()
+                .enumerate()
+            {
+                runs[2 + 2 * i].push(rate(n, || {
+                    // SAFETY: `dev` holds `max` bytes; the host buffer at least `n`.
+                    let r = unsafe { cuMemcpyHtoD_v2(dev, buf.as_ptr().cast(), n) };
+                    assert_eq!(r, 0);
+                }));
+                runs[3 + 2 * i].push(rate(n, || {
+                    // SAFETY: as above.
+                    let r = unsafe { cuMemcpyDtoH_v2(buf.as_mut_ptr().cast(), dev, n) };
+                    assert_eq!(r, 0);
+                }));
+            }
         }
         rows.push(Row {
             bytes: n,

@@ -1541,7 +1541,6 @@ mod tests {
         assert_eq!(v["sessions"][0]["memory_used"], MIB);
     }
 
-    /// Bulk bytes in borrowed pieces, as the virtio-vgpu device lends guest pages.
     /// A unix socket that lends what it reads in runs of at most `run` bytes, counting them: a
     /// stand-in for a transport whose buffer the session may read in place.
     struct Lending {
@@ -1564,20 +1563,23 @@ mod tests {
         ) -> io::Result<()> {
             let mut buf = vec![0u8; self.run];
             let mut left = len;
-            let mut wanted = true;
+            let lent = &self.lent;
+            // Counts what `f` is handed.
+            let mut counted = |runs: &[&[u8]]| {
+                let n: usize = runs.iter().map(|r| r.len()).sum();
+                lent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                f(runs)
+            };
+            let mut to = vgpu_proto::frame::Borrower::new(&mut counted);
             while left > 0 {
                 let n = self.s.read(&mut buf[..left.min(self.run)])?;
                 if n == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
                 left -= n;
-                if wanted {
-                    self.lent
-                        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                    // Two slices, as a ring's wrap gives them.
-                    let (a, b) = buf[..n].split_at(n / 3);
-                    wanted = f(&[a, b]).is_continue();
-                }
+                // Two slices, as a ring's wrap gives them.
+                let (a, b) = buf[..n].split_at(n / 3);
+                to.offer(&[a, b]);
             }
             Ok(())
         }
@@ -1741,6 +1743,7 @@ mod tests {
         );
     }
 
+    /// Bulk bytes in borrowed pieces, as the virtio-vgpu device lends guest pages.
     struct Pieces(Vec<Vec<u8>>);
 
     impl crate::session::BulkSource for Pieces {

@@ -518,17 +518,15 @@ impl AdoptedRange {
         {
             return Ok(None);
         }
-        let fd = sealed_memfd(REGISTERED_NAME, n)?;
-        let inode = std::fs::File::from(fd.try_clone().map_err(|source| ShareError::Sys {
-            call: "dup",
-            source,
-        })?)
-        .metadata()
-        .map_err(|source| ShareError::Sys {
-            call: "fstat",
-            source,
-        })?
-        .ino();
+        let file = std::fs::File::from(sealed_memfd(REGISTERED_NAME, n)?);
+        let inode = file
+            .metadata()
+            .map_err(|source| ShareError::Sys {
+                call: "fstat",
+                source,
+            })?
+            .ino();
+        let fd = OwnedFd::from(file);
         let fresh = map_populated(n, Some(&fd))?;
         let req = msg::HostShare { size: n as u64 };
         let region = match client.call_with_fd(&req, fd.as_fd()) {

@@ -196,6 +196,28 @@ pub trait ReadInPlace {
     ) -> io::Result<()>;
 }
 
+/// The function of one [`ReadInPlace::read_in_place`] call, as its implementations offer it the
+/// runs: it is called until it breaks once, then no more (the bytes are consumed all the same,
+/// as the trait requires).
+pub struct Borrower<'f> {
+    f: &'f mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+    wanted: bool,
+}
+
+impl<'f> Borrower<'f> {
+    /// Offers runs to `f`.
+    pub fn new(f: &'f mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>) -> Self {
+        Borrower { f, wanted: true }
+    }
+
+    /// Hands `runs` to the function if it has not broken yet.
+    pub fn offer(&mut self, runs: &[&[u8]]) {
+        if self.wanted {
+            self.wanted = (self.f)(runs).is_continue();
+        }
+    }
+}
+
 /// Writes one frame whose payload is the concatenation of `parts`.
 pub fn write_frame<W: Write>(
     w: &mut W,

@@ -120,16 +120,14 @@ impl vgpu_proto::frame::ReadInPlace for LentBytes<'_> {
         f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
     ) -> io::Result<()> {
         let mut left = len;
-        let mut wanted = true;
+        let mut to = vgpu_proto::frame::Borrower::new(f);
         while left > 0 {
             let n = left.min(SESSION_RUN).min(self.data.len() - self.at);
             if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
             let (a, b) = self.data[self.at..self.at + n].split_at(n / 2);
-            if wanted {
-                wanted = f(&[a, b]).is_continue();
-            }
+            to.offer(&[a, b]);
             self.at += n;
             left -= n;
         }

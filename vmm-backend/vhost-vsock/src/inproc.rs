@@ -28,7 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vgpu_hugemem::HugeMapping;
-use vgpu_proto::frame::ReadInPlace;
+use vgpu_proto::frame::{Borrower, ReadInPlace};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -729,7 +729,7 @@ impl ReadInPlace for &SessionEnd {
         if left == 0 {
             return Ok(());
         }
-        let mut wanted = true;
+        let mut to = Borrower::new(f);
         // `read_runs` returns once the last byte is taken (the function breaks) or at the end
         // of the stream.
         let done = self.read_runs(&mut |runs| {
@@ -741,10 +741,8 @@ impl ReadInPlace for &SessionEnd {
                 *slot = &run[..k];
                 n += k;
             }
-            if wanted {
-                let count = if cut[1].is_empty() { 1 } else { 2 };
-                wanted = f(&cut[..count]).is_continue();
-            }
+            let count = if cut[1].is_empty() { 1 } else { 2 };
+            to.offer(&cut[..count]);
             left -= n;
             let flow = if left == 0 {
                 ControlFlow::Break(())

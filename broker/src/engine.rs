@@ -1088,6 +1088,12 @@ impl Engine {
         self.shared.lock().lanes.get(&key).map_or(0, |l| l.last)
     }
 
+    /// Whether nothing is queued or running: a wait for this session's work would return at
+    /// once.
+    pub fn idle(&self) -> bool {
+        !self.shared.lock().busy()
+    }
+
     /// Sequence number of the last submitted job.
     pub fn submitted(&self) -> u64 {
         self.shared.lock().submitted

@@ -202,6 +202,33 @@ fn write_gathered(
     Ok(())
 }
 
+/// Synchronous requests whose handling waits for nothing but the session's own queued work and
+/// does bounded work: with that work done they are answered at once
+/// ([`Session::answers_at_once`]). Not here: allocations and frees (a movable placement may
+/// demote another process's memory; a free may return gigabytes), module loads (a compile),
+/// event synchronization (an IPC event waits for another process), host functions, and every
+/// request that creates or destroys a context or stream.
+const QUICK_OPS: &[u16] = &[
+    <msg::Ping as msg::Op>::OPCODE,
+    <msg::TakeOutput as msg::Op>::OPCODE,
+    <msg::DeviceGetCount as msg::Op>::OPCODE,
+    <msg::DeviceGetProperties as msg::Op>::OPCODE,
+    <msg::DeviceTotalMem as msg::Op>::OPCODE,
+    <msg::PrimaryCtxGetState as msg::Op>::OPCODE,
+    <msg::CtxSynchronize as msg::Op>::OPCODE,
+    <msg::MemGetInfo as msg::Op>::OPCODE,
+    <msg::MemGetAddressRange as msg::Op>::OPCODE,
+    <msg::MemcpyHtoD as msg::Op>::OPCODE,
+    <msg::MemcpyDtoH as msg::Op>::OPCODE,
+    <msg::StreamSynchronize as msg::Op>::OPCODE,
+    <msg::StreamQuery as msg::Op>::OPCODE,
+    <msg::EventQuery as msg::Op>::OPCODE,
+    <msg::EventElapsedTime as msg::Op>::OPCODE,
+    <msg::ModuleGetFunction as msg::Op>::OPCODE,
+    <msg::ModuleGetGlobal as msg::Op>::OPCODE,
+    <msg::FuncGetAttribute as msg::Op>::OPCODE,
+];
+
 /// What a host-to-device copy from borrowed bytes does when its stream is busy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WhenBusy {
@@ -334,6 +361,14 @@ impl Session {
     /// replies then carry `FLAG_OUTPUT` (see [`crate::devio`]).
     pub fn output_ready(&self) -> bool {
         self.output.ready()
+    }
+
+    /// Whether a synchronous request with `opcode` would be answered at once: its handling waits
+    /// for nothing but this session's queued work, and none is queued or running. A transport may
+    /// then run it on the thread that received it instead of handing it to the session's own.
+    /// Which bulk bytes the request may carry is the transport's to bound.
+    pub fn answers_at_once(&self, opcode: u16) -> bool {
+        QUICK_OPS.contains(&opcode) && self.engine.idle()
     }
 
     /// Bytes of the slice this session holds.

@@ -633,6 +633,69 @@ mod tests {
         c.call(&MemAlloc { ctx, size }, &[]).map(|r| r.0.ptr)
     }
 
+    #[test]
+    fn a_session_answers_at_once_only_quick_requests_with_nothing_queued() {
+        let b = broker(Duration::from_millis(300));
+        let info = Arc::new(SessionInfo {
+            id: b.next_session_id(),
+            pid: 1,
+            process_name: "test".into(),
+            transport: "test".into(),
+            started: SystemTime::now(),
+            memory: AtomicU64::new(0),
+        });
+        let mut s = Session::new(b.tenant("vm1").unwrap(), info).unwrap();
+        let sync = <CtxSynchronize as Op>::OPCODE;
+        assert!(s.answers_at_once(sync));
+        assert!(s.answers_at_once(<MemcpyDtoH as Op>::OPCODE));
+        for slow in [
+            <ModuleLoad as Op>::OPCODE,
+            <MemAlloc as Op>::OPCODE,
+            <MemFree as Op>::OPCODE,
+            <EventSynchronize as Op>::OPCODE,
+            <CtxCreate as Op>::OPCODE,
+        ] {
+            assert!(!s.answers_at_once(slow), "opcode {slow:#06x}");
+        }
+        let mut out = Vec::new();
+        let create = Request::CtxCreate(CtxCreate {
+            device: 0,
+            flags: 0,
+        });
+        s.handle(&create, &[], &mut out, true).unwrap();
+        let ctx = decode_exact::<Handle>(&out, false).unwrap().0.handle;
+        out.clear();
+        s.handle(
+            &Request::MemAlloc(MemAlloc { ctx, size: MIB }),
+            &[],
+            &mut out,
+            true,
+        )
+        .unwrap();
+        let dst = decode_exact::<Ptr>(&out, false).unwrap().0.ptr;
+        // A posted memset too large to run at once, which the device takes 300 ms for: a
+        // synchronize would wait for it.
+        let memset = Request::Memset(Memset {
+            ctx,
+            stream: 0,
+            dst,
+            value: 1,
+            elem_size: 1,
+            count: MIB,
+        });
+        s.handle(&memset, &[], &mut out, false).unwrap();
+        assert!(!s.answers_at_once(sync), "work is queued");
+        out.clear();
+        s.handle(
+            &Request::CtxSynchronize(CtxSynchronize { ctx }),
+            &[],
+            &mut out,
+            true,
+        )
+        .unwrap();
+        assert!(s.answers_at_once(sync), "the work is done");
+    }
+
     fn wait_used(b: &Broker, tenant: &str, want: u64) {
         let t = b.tenant(tenant).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);

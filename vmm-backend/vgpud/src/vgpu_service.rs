@@ -15,7 +15,7 @@ use vgpu_broker::session::Session;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, CuError};
 use vgpu_proto::cuda;
-use vgpu_proto::frame::FLAG_ASYNC;
+use vgpu_proto::frame::{FLAG_ASYNC, Header};
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, REQ_TAIL, Request};
 use vgpu_proto::wire::DecodeError;
 
@@ -188,6 +188,14 @@ impl BrokerSession {
 impl SessionExecutor for BrokerSession {
     fn output_ready(&self) -> bool {
         self.session.as_ref().is_some_and(Session::output_ready)
+    }
+
+    fn answers_at_once(&self, header: &Header) -> bool {
+        header.flags & FLAG_ASYNC == 0
+            && self
+                .session
+                .as_ref()
+                .is_some_and(|s| s.answers_at_once(header.opcode))
     }
 
     fn call(&mut self, c: Call<'_>) -> Reply {

@@ -37,7 +37,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
 use super::exec::VgpuService;
-use super::session_thread;
+use super::session_thread::{self, RunHere, SessionCore};
 use super::shared::{
     BatchJob, CallJob, Completion, InFlight, Msg, Pause, SessionEntry, Shared, queue_name,
 };
@@ -347,8 +347,7 @@ impl VgpuDevice {
                     // A call still waiting for the session's work gives up (the process is gone).
                     entry.gone.store(true, Ordering::Release);
                     // The thread completes the chain once the session has released everything.
-                    if let Err(mpsc::SendError(Msg::Close(done))) = entry.tx.send(Msg::Close(done))
-                    {
+                    if let Err(Msg::Close(done)) = entry.send(Msg::Close(done)) {
                         done.finish(&self.shared, RespHeader::status(S_OK), &[]);
                     }
                     return;
@@ -366,7 +365,11 @@ impl VgpuDevice {
                     done,
                     refused: false,
                 });
-                self.send_or_refuse(hdr.session, Msg::Call(job), S_NO_SESSION);
+                if queue == CTRL_QUEUE && job.data.is_empty() && job.reply_data.is_empty() {
+                    self.run_here_or_send(hdr.session, job);
+                } else {
+                    self.send_or_refuse(hdr.session, Msg::Call(job), S_NO_SESSION);
+                }
                 return;
             }
         };
@@ -410,11 +413,40 @@ impl VgpuDevice {
         self.send_or_refuse(hdr.session, Msg::Batch(batch), S_NO_SESSION);
     }
 
+    /// Runs a synchronous frame without bulk bytes on this thread when its session's thread is
+    /// idle and the frame is answered at once (see [`session_thread::try_run_here`]); sends it to
+    /// the session thread otherwise.
+    fn run_here_or_send(&self, session: u32, job: Box<CallJob>) {
+        let found = self
+            .shared
+            .sessions()
+            .get(&session)
+            .map(|e| (Arc::clone(&e.core), e.token));
+        let Some((core, token)) = found else {
+            self.send_or_refuse(session, Msg::Call(job), S_NO_SESSION);
+            return;
+        };
+        match session_thread::try_run_here(&self.shared, &core, job) {
+            RunHere::Ran => {}
+            RunHere::Violation(why) => {
+                warn!(session, "session closed: protocol violation: {why}");
+                // The session thread, left without its channel, ends the session.
+                let mut sessions = self.shared.sessions();
+                if sessions.get(&session).is_some_and(|e| e.token == token)
+                    && let Some(entry) = sessions.remove(&session)
+                {
+                    entry.gone.store(true, Ordering::Release);
+                }
+            }
+            RunHere::Declined(job) => self.send_or_refuse(session, Msg::Call(job), S_NO_SESSION),
+        }
+    }
+
     /// Sends `msg` to session `session`'s thread; without such a session, completes its chain
     /// with `status` (a refusal).
     fn send_or_refuse(&self, session: u32, msg: Msg, status: u32) {
         let sent = match self.shared.sessions().get(&session) {
-            Some(entry) => entry.tx.send(msg).map_err(|e| e.0),
+            Some(entry) => entry.send(msg),
             None => Err(msg),
         };
         if let Err(msg) = sent {
@@ -445,6 +477,8 @@ impl VgpuDevice {
         };
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
+        let core = Arc::new(SessionCore::new(exec));
+        let thread_core = Arc::clone(&core);
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name(format!("vgpu-dev-{}-{session}", self.shared.name))
@@ -454,14 +488,14 @@ impl VgpuDevice {
                     error!(vm = %shared.name, error = %e, "session not started");
                     return;
                 }
-                session_thread::run(shared, session, token, exec, rx);
+                session_thread::run(shared, session, token, thread_core, rx);
                 vgpu_broker::release_freed_memory();
             });
         if let Err(e) = spawned {
             error!(vm = %self.shared.name, error = %e, "cannot start a session thread");
             return Action::Respond(S_BUSY);
         }
-        sessions.insert(session, SessionEntry { token, tx, gone });
+        sessions.insert(session, SessionEntry::new(token, tx, gone, core));
         self.shared.stats.session_opened();
         debug!(vm = %self.shared.name, session, "virtio-vgpu session opened");
         Action::Respond(S_OK)
@@ -691,6 +725,9 @@ mod tests {
     const OP_BIG: u16 = 0x14;
     const OP_BIG_ERROR: u16 = 0x15;
 
+    /// Frames with a call id from here up are ones the fake answers at once.
+    const QUICK_CALLS: u64 = 1000;
+
     /// Echoes the payload, writes `inline[0]` × 1000 pattern bytes into the reply data, records
     /// the order of frames, and blocks when told to.
     struct Fake {
@@ -699,6 +736,10 @@ mod tests {
     }
 
     impl SessionExecutor for Fake {
+        fn answers_at_once(&self, header: &Header) -> bool {
+            header.call_id >= QUICK_CALLS
+        }
+
         fn call(&mut self, c: Call<'_>) -> Reply {
             let _ = self.seen.send((c.header.opcode, c.header.call_id));
             let mut payload = c.inline.to_vec();
@@ -1631,6 +1672,127 @@ mod tests {
         let text = String::from_utf8(reply[HEADER_LEN..].to_vec()).unwrap();
         assert!(text.starts_with("kernel fault: "), "{text}");
         assert!(text.ends_with(" […]"), "{text}");
+    }
+
+    #[test]
+    fn quick_frames_run_on_the_queue_thread_only_when_nothing_is_ahead_of_them() {
+        let mut r = rig_with_gates(1);
+        r.open(0, 1);
+        let calls = |r: &Rig| r.stats.snapshot().calls_on_queue_thread;
+        // Nothing ahead: the queue thread answers it (the rig runs the queues on this thread, so
+        // the answer is there when `run` returns).
+        let f = frame(OP_ECHO, 0, QUICK_CALLS, 3, b"abc");
+        let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 0);
+        let n = r.used_idx(CTRL_QUEUE);
+        r.push(CTRL_QUEUE, &d);
+        r.run();
+        assert_eq!(r.used_idx(CTRL_QUEUE), n + 1, "answered within run()");
+        assert_eq!(r.resp(1).status, S_OK);
+        assert_eq!(&r.reply(1, HEADER_LEN + 3)[HEADER_LEN..], b"abc");
+        assert_eq!(calls(&r), 1);
+        // A frame that is not quick goes to the session thread.
+        let f = frame(OP_ECHO, 0, 5, 0, b"");
+        let d = r.request(2, Rig::call_hdr(1, 2, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(2, &d).status, S_OK);
+        assert_eq!(calls(&r), 1);
+        // Bulk bytes (request data) go to the session thread however quick the frame.
+        let f = frame(OP_ECHO, 0, QUICK_CALLS + 1, 2, b"");
+        let d = r.request(3, Rig::call_hdr(1, 3, f.len(), 64), &f, b"xy", 0);
+        assert_eq!(r.ctrl_sync(3, &d).status, S_OK);
+        assert_eq!(calls(&r), 1);
+        // A posted frame that blocks holds the session thread: a quick frame behind it waits
+        // for it and is answered after it, in order.
+        let f = frame(OP_BLOCK, FLAG_ASYNC, 6, 0, b"");
+        let d = r.request(4, Rig::call_hdr(1, 4, f.len(), 0), &f, &[], 0);
+        r.push(SUBMIT_QUEUE, &d);
+        r.run();
+        let deadline = Instant::now() + WAIT;
+        let mut seen = Vec::new();
+        while !seen.contains(&(OP_BLOCK, 6)) {
+            assert!(Instant::now() < deadline, "the blocking frame never ran");
+            if let Ok(s) = r.seen.recv_timeout(Duration::from_millis(10)) {
+                seen.push(s);
+            }
+        }
+        let f = frame(OP_ECHO, 0, QUICK_CALLS + 2, 0, b"");
+        let d = r.request(5, Rig::call_hdr(1, 5, f.len(), 64), &f, &[], 0);
+        let n = r.used_idx(CTRL_QUEUE);
+        r.push(CTRL_QUEUE, &d);
+        r.run();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            r.used_idx(CTRL_QUEUE),
+            n,
+            "answered before the frame ahead of it ran"
+        );
+        r.gate_tx[0].send(()).unwrap();
+        r.wait_used(CTRL_QUEUE, n + 1);
+        assert_eq!(r.resp(5).status, S_OK);
+        assert_eq!(calls(&r), 1, "the session thread ran it");
+        // A quick frame that arrives before its turn waits for the frame ahead of it.
+        let f = frame(OP_ECHO, 0, QUICK_CALLS + 3, 0, b"");
+        let d = r.request(6, Rig::call_hdr(1, 7, f.len(), 64), &f, &[], 0);
+        let n = r.used_idx(CTRL_QUEUE);
+        r.push(CTRL_QUEUE, &d);
+        r.run();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(r.used_idx(CTRL_QUEUE), n, "ran before sequence number 6");
+        let f = frame(OP_ECHO, FLAG_ASYNC, 7, 0, b"");
+        let d = r.request(7, Rig::call_hdr(1, 6, f.len(), 0), &f, &[], 0);
+        r.push(SUBMIT_QUEUE, &d);
+        r.run();
+        r.wait_used(CTRL_QUEUE, n + 1);
+        assert_eq!(r.resp(6).status, S_OK);
+        // Every frame ran once, in sequence order.
+        let deadline = Instant::now() + WAIT;
+        while seen.len() < 7 {
+            assert!(Instant::now() < deadline, "frames seen: {seen:?}");
+            if let Ok(s) = r.seen.recv_timeout(Duration::from_millis(10)) {
+                seen.push(s);
+            }
+        }
+        let ids: Vec<u64> = seen.iter().map(|&(_, id)| id).collect();
+        assert_eq!(
+            ids,
+            [
+                QUICK_CALLS,
+                5,
+                QUICK_CALLS + 1,
+                6,
+                QUICK_CALLS + 2,
+                7,
+                QUICK_CALLS + 3
+            ]
+        );
+        // Idle again: the next quick frame runs on the queue thread.
+        let f = frame(OP_ECHO, 0, QUICK_CALLS + 4, 0, b"");
+        let d = r.request(8, Rig::call_hdr(1, 8, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(8, &d).status, S_OK);
+        assert_eq!(calls(&r), 2);
+    }
+
+    #[test]
+    fn a_protocol_violation_on_the_queue_thread_ends_only_that_session() {
+        let mut r = rig();
+        r.open(0, 1);
+        r.open(1, 2);
+        let f = frame(OP_VIOLATE, 0, QUICK_CALLS, 0, b"");
+        let d = r.request(2, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(2, &d).status, S_PROTOCOL);
+        assert_eq!(r.stats.snapshot().calls_on_queue_thread, 1);
+        let f = frame(OP_ECHO, 0, QUICK_CALLS + 1, 0, b"");
+        let d = r.request(3, Rig::call_hdr(1, 2, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(3, &d).status, S_NO_SESSION);
+        let d = r.request(4, Rig::call_hdr(2, 1, f.len(), 64), &f, &[], 0);
+        assert_eq!(r.ctrl_sync(4, &d).status, S_OK);
+        // The session thread ends the session and releases it.
+        let deadline = Instant::now() + WAIT;
+        while r.stats.snapshot().sessions_open != 1 {
+            assert!(Instant::now() < deadline, "the session never ended");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(r.dev.session_count(), 1);
+        assert_eq!(r.open(5, 1).status, S_OK);
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //! this saves an interrupt and a guest wake-up per posted frame of a multi-chunk copy.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, warn};
 use vgpu_broker::CuError;
@@ -134,35 +135,129 @@ impl BulkSink for GuestSink<'_> {
     }
 }
 
+/// A session's frames in flight and its executor: the session thread's, and the queue thread's
+/// while it runs a frame itself ([`try_run_here`]).
+pub(crate) struct SessionCore {
+    state: Mutex<CoreState>,
+    /// Messages sent to the session thread that it has not taken in yet (under `state`).
+    queued: AtomicU64,
+}
+
+struct CoreState {
+    /// `None` once the session thread ended the session.
+    exec: Option<Box<dyn SessionExecutor>>,
+    /// The sequence number that runs next.
+    next: u64,
+    /// Frames that arrived before their turn.
+    held: BTreeMap<u64, Held>,
+    /// The posted frame whose returned chain (and those before it) the guest has not been told
+    /// of.
+    owed: Option<Completion>,
+}
+
+impl SessionCore {
+    pub(crate) fn new(exec: Box<dyn SessionExecutor>) -> SessionCore {
+        SessionCore {
+            state: Mutex::new(CoreState {
+                exec: Some(exec),
+                next: 1,
+                held: BTreeMap::new(),
+                owed: None,
+            }),
+            queued: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CoreState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a message about to be sent to the session thread.
+    pub(crate) fn will_send(&self) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Uncounts a message that could not be sent.
+    pub(crate) fn unsent(&self) {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What became of a frame offered to [`try_run_here`].
+pub(crate) enum RunHere {
+    /// It ran and its chain was completed.
+    Ran,
+    /// It ran and broke the protocol: the session must end.
+    Violation(String),
+    /// It must go to the session thread.
+    Declined(Box<CallJob>),
+}
+
+/// Runs the synchronous frame `job` on the calling (queue) thread when that cannot wait: the
+/// session thread is idle (nothing sent to it is left, nothing held back, `job` is next in
+/// sequence) and the executor answers the frame at once. One thread wake-up less per round
+/// trip. Never blocks: a session thread that holds the session declines it.
+pub(crate) fn try_run_here(shared: &Shared, core: &SessionCore, job: Box<CallJob>) -> RunHere {
+    let Ok(mut st) = core.state.try_lock() else {
+        return RunHere::Declined(job);
+    };
+    if core.queued.load(Ordering::Acquire) != 0
+        || st.next != job.seq
+        || !st.held.is_empty()
+        || job.refused
+        || !shared.is_current(job.done.epoch)
+    {
+        return RunHere::Declined(job);
+    }
+    let st = &mut *st;
+    let Some(exec) = st.exec.as_mut() else {
+        return RunHere::Declined(job);
+    };
+    if !exec.answers_at_once(&job.header) {
+        return RunHere::Declined(job);
+    }
+    st.next += 1;
+    if let Some(c) = st.owed.take() {
+        c.notify();
+    }
+    shared.stats.add_call_on_queue_thread();
+    match execute(shared, exec.as_mut(), *job) {
+        Executed::Violation(why) => RunHere::Violation(why),
+        Executed::Done | Executed::Owed(_) => RunHere::Ran,
+    }
+}
+
 /// Runs one session until it is closed, breaks the protocol or the device is reset (the channel
 /// closes). The executor is dropped on return, releasing everything the session holds.
 pub(crate) fn run(
     shared: Arc<Shared>,
     session: u32,
     token: u64,
-    mut exec: Box<dyn SessionExecutor>,
+    core: Arc<SessionCore>,
     rx: Receiver<Msg>,
 ) {
-    let mut next = 1u64;
-    let mut held: BTreeMap<u64, Held> = BTreeMap::new();
     let mut close_chain = None;
-    // The posted frame whose returned chain (and those before it) the guest has not been told of.
-    let mut owed: Option<Completion> = None;
+    // Held while there is work; let go only to sleep, so the queue thread can run a frame itself.
+    let mut st = core.lock();
     'outer: loop {
         let msg = match rx.try_recv() {
             Ok(m) => m,
             Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) => {
                 // Nothing more to run now: tell the guest before sleeping.
-                if let Some(c) = owed.take() {
+                if let Some(c) = st.owed.take() {
                     c.notify();
                 }
-                match rx.recv() {
+                drop(st);
+                let m = rx.recv();
+                st = core.lock();
+                match m {
                     Ok(m) => m,
                     Err(_) => break,
                 }
             }
         };
+        core.queued.fetch_sub(1, Ordering::AcqRel);
         let h = match msg {
             Msg::Close(done) => {
                 close_chain = Some(done);
@@ -171,19 +266,24 @@ pub(crate) fn run(
             Msg::Call(job) => Held::Call(job),
             Msg::Batch(batch) => Held::Batch(batch),
         };
+        let st = &mut *st;
         let seq = h.seq();
-        if seq < next || held.contains_key(&seq) || seq > next + MAX_REORDER {
+        if seq < st.next || st.held.contains_key(&seq) || seq > st.next + MAX_REORDER {
             shared.log_guest(format_args!(
-                "session {session}: sequence number {seq} is stale, repeated or too far ahead (next {next})"
+                "session {session}: sequence number {seq} is stale, repeated or too far ahead (next {})",
+                st.next
             ));
             shared.stats.add_refused();
             h.done()
                 .finish(&shared, RespHeader::status(S_BAD_REQUEST), &[]);
             continue;
         }
-        held.insert(seq, h);
-        while let Some(h) = held.remove(&next) {
-            next += h.count();
+        let Some(exec) = st.exec.as_mut() else {
+            break;
+        };
+        st.held.insert(seq, h);
+        while let Some(h) = st.held.remove(&st.next) {
+            st.next += h.count();
             if !shared.is_current(h.done().epoch) {
                 // Queued before a device reset: never run it.
                 shared.stats.add_stale();
@@ -198,7 +298,7 @@ pub(crate) fn run(
                 }
                 Held::Call(job) => {
                     if job.done.queue() == CTRL_QUEUE
-                        && let Some(c) = owed.take()
+                        && let Some(c) = st.owed.take()
                     {
                         // A synchronous frame may run long: posted completions go first.
                         c.notify();
@@ -209,7 +309,7 @@ pub(crate) fn run(
             };
             match executed {
                 Executed::Done => {}
-                Executed::Owed(c) => owed = Some(c),
+                Executed::Owed(c) => st.owed = Some(c),
                 Executed::Violation(why) => {
                     warn!(session, "session closed: protocol violation: {why}");
                     break 'outer;
@@ -217,11 +317,14 @@ pub(crate) fn run(
             }
         }
     }
-    if let Some(c) = owed.take() {
+    if let Some(c) = st.owed.take() {
         c.notify();
     }
     // Nothing reaches this thread once its entry is gone; answer what did.
     shared.remove_session(session, token);
+    let exec = st.exec.take();
+    let held = std::mem::take(&mut st.held);
+    drop(st);
     drop(exec);
     shared.stats.session_closed();
     for h in held.into_values() {

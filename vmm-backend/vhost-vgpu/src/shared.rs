@@ -18,16 +18,44 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{GuestMem, Segments};
+use super::session_thread::SessionCore;
 use super::stats::VgpuDevStats;
 use super::wire::{CTRL_QUEUE, NUM_QUEUES, RESP_HEADER_LEN, RespHeader, S_OK, status_name};
 use vgpu_vhost_user::{LogLimiter, signal, vring_ready};
 
 pub(crate) struct SessionEntry {
     pub(crate) token: u64,
-    pub(crate) tx: mpsc::Sender<Msg>,
+    tx: mpsc::Sender<Msg>,
     /// Set when the guest closed the session or the device was reset (see
     /// [`crate::exec::VgpuService::open`]).
     pub(crate) gone: Arc<AtomicBool>,
+    /// The session's state, shared with its thread.
+    pub(crate) core: Arc<SessionCore>,
+}
+
+impl SessionEntry {
+    pub(crate) fn new(
+        token: u64,
+        tx: mpsc::Sender<Msg>,
+        gone: Arc<AtomicBool>,
+        core: Arc<SessionCore>,
+    ) -> SessionEntry {
+        SessionEntry {
+            token,
+            tx,
+            gone,
+            core,
+        }
+    }
+
+    /// Sends `msg` to the session thread; gives it back when the thread is gone.
+    pub(crate) fn send(&self, msg: Msg) -> Result<(), Msg> {
+        self.core.will_send();
+        self.tx.send(msg).map_err(|e| {
+            self.core.unsent();
+            e.0
+        })
+    }
 }
 
 /// Device event id of the event a resumed device writes so that the vring worker looks at both

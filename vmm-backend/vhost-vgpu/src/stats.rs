@@ -37,6 +37,8 @@ counters! {
     sessions_total,
     /// Protocol frames executed.
     calls,
+    /// Synchronous frames the queue thread ran itself, its session's thread being idle and the frame answered at once (one thread wake-up less each; counted in `calls` too).
+    calls_on_queue_thread,
     /// `BATCH` requests taken (several asynchronous frames in one chain).
     batches,
     /// Request bulk bytes read straight from guest pages (host to device).
@@ -86,6 +88,10 @@ impl VgpuDevStats {
 
     pub(crate) fn add_call(&self) {
         Self::add(&self.calls, 1);
+    }
+
+    pub(crate) fn add_call_on_queue_thread(&self) {
+        Self::add(&self.calls_on_queue_thread, 1);
     }
 
     pub(crate) fn add_batch(&self) {

@@ -408,6 +408,9 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
     // The module accepted the BATCH feature: the shim's asynchronous frames (launches, memsets)
     // and the ioctl test's batches went in BATCH requests.
     assert!(u(&st["batches"]) >= 3, "{v:#}");
+    // Synchronous calls with nothing queued ahead of them (synchronizes, small copies) were
+    // answered by the queue thread, without waking a session thread.
+    assert!(u(&st["calls_on_queue_thread"]) >= 1, "{v:#}");
     assert!(
         u(&st["device_resets"]) >= 1,
         "the module's removal reset the device: {v:#}"

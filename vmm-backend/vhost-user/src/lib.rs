@@ -23,8 +23,8 @@ pub use serve::{
 };
 pub use socket::{SOCKET_MODE, SocketError, bind_socket};
 pub use vring::{
-    ExitEvents, LogLimiter, VIRTIO_FEATURES, next_chain, protocol_features, read_config, signal,
-    vring_ready,
+    ExitEvents, LogLimiter, VIRTIO_FEATURES, has_available, next_chain, protocol_features,
+    read_config, signal, vring_ready,
 };
 
 /// The guest's memory as the VMM shared it: every descriptor address is resolved against it.

@@ -160,6 +160,16 @@ pub fn next_chain<'m>(
     Ok(iter.next())
 }
 
+/// Whether the guest made chains available that the device has not taken yet (reads the
+/// avail index only: cheap enough to poll).
+pub fn has_available(vring: &VringRwLock, mem: &GuestMem) -> bool {
+    let state = vring.get_ref();
+    let q = state.get_queue();
+    q.ready()
+        && q.avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+            .is_ok_and(|idx| idx.0 != q.next_avail())
+}
+
 /// Whether a vring may be used: started by the frontend and enabled.
 pub fn vring_ready(vring: &VringRwLock) -> bool {
     let state = vring.get_ref();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tracing::{debug, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
-use vm_memory::GuestMemoryAtomic;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -20,7 +20,8 @@ use super::wire::{
     CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, F_BATCH, MAX_DATA, MAX_INLINE,
     MAX_SEGMENTS, NUM_QUEUES, SUBMIT_QUEUE,
 };
-use vgpu_vhost_user::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config};
+use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN, Poll};
+use vgpu_vhost_user::{ExitEvents, VIRTIO_FEATURES, has_available, protocol_features, read_config};
 
 /// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
 pub struct VgpuBackend {
@@ -34,7 +35,13 @@ pub struct VgpuBackend {
     /// Written by the device when it resumes (see [`RESCAN_EVENT`]); registered with the vring
     /// worker by [`VgpuBackend::rescan_fd`]'s user.
     rescan: EventFd,
+    /// How long the queue thread polls the rings after taking chains (see `poll_rings`).
+    spin: Mutex<AdaptiveSpin>,
 }
+
+/// Polls in a row after which the queue thread goes back to its event loop (its exit and rescan
+/// events) even while the guest keeps sending.
+const MAX_POLL_ROUNDS: usize = 1024;
 
 impl std::fmt::Debug for VgpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,6 +67,7 @@ impl VgpuBackend {
             service,
             queue_size: usize::from(queue_size),
             exit: ExitEvents::new()?,
+            spin: Mutex::new(AdaptiveSpin::new(DEFAULT_SPIN)),
         })
     }
 
@@ -92,6 +100,40 @@ impl VgpuBackend {
     /// dropped, when its vring workers have exited.
     pub fn reclaim_exit_fds(&self) {
         self.exit.reclaim();
+    }
+}
+
+impl VgpuBackend {
+    /// Polls both rings for new chains for as long as the adaptive spin allows; whether some
+    /// came. The wake-up of a sleeping queue thread costs tens of microseconds on a virtual
+    /// machine whose CPUs halt when idle, longer than the request takes; the spin shrinks to
+    /// nothing while polling catches nothing, and stops when the thread finds itself preempted
+    /// (the CPU is wanted elsewhere), as the unix socket's reads do (`vgpu_proto::spin`).
+    fn poll_rings(
+        &self,
+        mem: &GuestMemoryAtomic<GuestMem>,
+        ctrl: &VringRwLock,
+        submit: &VringRwLock,
+    ) -> bool {
+        let budget = self.spin().budget();
+        if budget.is_zero() {
+            return false;
+        }
+        let guard = mem.memory();
+        let mut poll = Poll::new(budget);
+        let mut caught = false;
+        while poll.again() {
+            if has_available(ctrl, &guard) || has_available(submit, &guard) {
+                caught = true;
+                break;
+            }
+        }
+        self.spin().record(caught);
+        caught
+    }
+
+    fn spin(&self) -> MutexGuard<'_, AdaptiveSpin> {
+        self.spin.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -192,6 +234,23 @@ impl VhostUserBackend for VgpuBackend {
         dev.know_rings(ctrl, submit);
         dev.process_queue(SUBMIT_QUEUE, submit);
         dev.process_queue(CTRL_QUEUE, ctrl);
+        let mut answered = dev.take_answered_here();
+        let mem = dev.memory();
+        drop(dev);
+        let Some(mem) = mem else {
+            return Ok(());
+        };
+        // A guest that got its answer from this thread often sends its next request within
+        // microseconds: watch the rings for it a little while before sleeping (`poll_rings`).
+        // Not after frames handed to session threads: they need the CPU more.
+        let mut rounds = 0;
+        while answered > 0 && rounds < MAX_POLL_ROUNDS && self.poll_rings(&mem, ctrl, submit) {
+            rounds += 1;
+            let mut dev = self.device();
+            dev.process_queue(SUBMIT_QUEUE, submit);
+            dev.process_queue(CTRL_QUEUE, ctrl);
+            answered = dev.take_answered_here();
+        }
         Ok(())
     }
 }

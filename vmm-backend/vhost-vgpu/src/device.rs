@@ -62,6 +62,8 @@ pub struct VgpuDevice {
     batch: bool,
     /// The queues were handed to [`Shared`] (for pauses).
     rings_known: bool,
+    /// Frames this thread answered itself since [`VgpuDevice::take_answered_here`].
+    answered_here: usize,
 }
 
 impl std::fmt::Debug for VgpuDevice {
@@ -100,6 +102,7 @@ impl VgpuDevice {
             event_idx: false,
             batch: false,
             rings_known: false,
+            answered_here: 0,
         }
     }
 
@@ -161,18 +164,30 @@ impl VgpuDevice {
         }
     }
 
-    /// Takes every chain the guest placed on queue `queue`.
-    pub fn process_queue(&mut self, queue: usize, vring: &VringRwLock) {
+    /// How many synchronous frames this (the queue) thread answered itself since the last
+    /// call: a guest waiting on such answers usually sends its next request at once.
+    pub fn take_answered_here(&mut self) -> usize {
+        std::mem::take(&mut self.answered_here)
+    }
+
+    /// The guest's memory, once the VMM shared it.
+    pub fn memory(&self) -> Option<GuestMemoryAtomic<GuestMem>> {
+        self.mem.clone()
+    }
+
+    /// Takes every chain the guest placed on queue `queue`; returns how many it took.
+    pub fn process_queue(&mut self, queue: usize, vring: &VringRwLock) -> usize {
         let Some(atomic) = self.mem.clone() else {
-            return;
+            return 0;
         };
         if !vring_ready(vring) {
-            return;
+            return 0;
         }
         if self.shared.paused.load(Ordering::Acquire) && self.shared.try_resolve_pause() {
-            return;
+            return 0;
         }
         let epoch = self.shared.generation();
+        let mut taken = 0;
         loop {
             if self.event_idx
                 && let Err(e) = vring.disable_notification()
@@ -188,7 +203,7 @@ impl VgpuDevice {
                         "the guest has {} requests in flight; taking no more until some return",
                         self.shared.in_flight.count()
                     ));
-                    return;
+                    return taken;
                 }
                 let mem = atomic.memory();
                 let chain = match next_chain(vring, &mem) {
@@ -203,6 +218,7 @@ impl VgpuDevice {
                     }
                 };
                 popped = true;
+                taken += 1;
                 // Answers given here are signalled by `Completion::finish`; the rest by the
                 // session threads.
                 match parse_chain(chain, &mem) {
@@ -229,6 +245,7 @@ impl VgpuDevice {
                 }
             }
         }
+        taken
     }
 
     fn refuse_chain(
@@ -416,7 +433,7 @@ impl VgpuDevice {
     /// Runs a synchronous frame without bulk bytes on this thread when its session's thread is
     /// idle and the frame is answered at once (see [`session_thread::try_run_here`]); sends it to
     /// the session thread otherwise.
-    fn run_here_or_send(&self, session: u32, job: Box<CallJob>) {
+    fn run_here_or_send(&mut self, session: u32, job: Box<CallJob>) {
         let found = self
             .shared
             .sessions()
@@ -427,7 +444,7 @@ impl VgpuDevice {
             return;
         };
         match session_thread::try_run_here(&self.shared, &core, job) {
-            RunHere::Ran => {}
+            RunHere::Ran => self.answered_here += 1,
             RunHere::Violation(why) => {
                 warn!(session, "session closed: protocol violation: {why}");
                 // The session thread, left without its channel, ends the session.
@@ -1690,6 +1707,12 @@ mod tests {
         assert_eq!(r.resp(1).status, S_OK);
         assert_eq!(&r.reply(1, HEADER_LEN + 3)[HEADER_LEN..], b"abc");
         assert_eq!(calls(&r), 1);
+        assert_eq!(
+            r.dev.take_answered_here(),
+            1,
+            "the queue thread may poll for the next"
+        );
+        assert_eq!(r.dev.take_answered_here(), 0);
         // A frame that is not quick goes to the session thread.
         let f = frame(OP_ECHO, 0, 5, 0, b"");
         let d = r.request(2, Rig::call_hdr(1, 2, f.len(), 64), &f, &[], 0);
@@ -1769,6 +1792,30 @@ mod tests {
         let d = r.request(8, Rig::call_hdr(1, 8, f.len(), 64), &f, &[], 0);
         assert_eq!(r.ctrl_sync(8, &d).status, S_OK);
         assert_eq!(calls(&r), 2);
+    }
+
+    #[test]
+    fn has_available_sees_chains_not_yet_taken() {
+        let mut r = rig();
+        let mem = r.mem.memory();
+        assert!(!vgpu_vhost_user::has_available(&r.ctrl.0, &mem));
+        let d = r.request(
+            0,
+            ReqHeader {
+                kind: REQ_OPEN,
+                session: 1,
+                ..Default::default()
+            },
+            &[],
+            &[],
+            0,
+        );
+        r.push(CTRL_QUEUE, &d);
+        assert!(vgpu_vhost_user::has_available(&r.ctrl.0, &mem));
+        assert!(!vgpu_vhost_user::has_available(&r.submit.0, &mem));
+        r.run();
+        assert!(!vgpu_vhost_user::has_available(&r.ctrl.0, &mem));
+        assert_eq!(r.resp(0).status, S_OK);
     }
 
     #[test]

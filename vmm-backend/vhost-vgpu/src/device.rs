@@ -52,6 +52,12 @@ use vgpu_vhost_user::{LogLimiter, next_chain, vring_ready};
 /// Most sessions (open file descriptors of the device) per VM.
 pub const MAX_SESSIONS: usize = 256;
 
+/// Most bulk bytes (request and reply data together) of a synchronous frame the queue thread
+/// runs itself ([`session_thread::try_run_here`]): a copy of this size holds up the VM's other
+/// chains for well under a millisecond; larger ones go to the session thread, whose wake-up
+/// they amortize.
+pub const MAX_BULK_HERE: usize = 4 << 20;
+
 /// The virtio-vgpu device state of one VM (one VMM connection).
 pub struct VgpuDevice {
     service: Arc<dyn VgpuService>,
@@ -382,7 +388,7 @@ impl VgpuDevice {
                     done,
                     refused: false,
                 });
-                if queue == CTRL_QUEUE && job.data.is_empty() && job.reply_data.is_empty() {
+                if queue == CTRL_QUEUE && job.data.len() + job.reply_data.len() <= MAX_BULK_HERE {
                     self.run_here_or_send(hdr.session, job);
                 } else {
                     self.send_or_refuse(hdr.session, Msg::Call(job), S_NO_SESSION);
@@ -430,8 +436,8 @@ impl VgpuDevice {
         self.send_or_refuse(hdr.session, Msg::Batch(batch), S_NO_SESSION);
     }
 
-    /// Runs a synchronous frame without bulk bytes on this thread when its session's thread is
-    /// idle and the frame is answered at once (see [`session_thread::try_run_here`]); sends it to
+    /// Runs a synchronous frame with at most [`MAX_BULK_HERE`] bulk bytes on this thread when
+    /// its session's thread is idle and the frame is answered at once (see [`session_thread::try_run_here`]); sends it to
     /// the session thread otherwise.
     fn run_here_or_send(&mut self, session: u32, job: Box<CallJob>) {
         let found = self
@@ -1718,15 +1724,25 @@ mod tests {
         let d = r.request(2, Rig::call_hdr(1, 2, f.len(), 64), &f, &[], 0);
         assert_eq!(r.ctrl_sync(2, &d).status, S_OK);
         assert_eq!(calls(&r), 1);
-        // Bulk bytes (request data) go to the session thread however quick the frame.
+        // Bulk bytes are read from and written to guest memory on the queue thread too.
         let f = frame(OP_ECHO, 0, QUICK_CALLS + 1, 2, b"");
         let d = r.request(3, Rig::call_hdr(1, 3, f.len(), 64), &f, b"xy", 0);
         assert_eq!(r.ctrl_sync(3, &d).status, S_OK);
-        assert_eq!(calls(&r), 1);
+        assert_eq!(&r.reply(3, HEADER_LEN + 2)[HEADER_LEN..], b"xy");
+        let f = frame(OP_DTOH, 0, QUICK_CALLS + 5, 1, &[2]);
+        let d = r.request(9, Rig::call_hdr(1, 4, f.len(), 64), &f, &[], 2000);
+        let resp = r.ctrl_sync(9, &d);
+        assert_eq!((resp.status, resp.data_len), (S_OK, 2000));
+        let want: Vec<u8> = (0..2000u64).map(|i| (i % 251) as u8).collect();
+        assert!(
+            r.reply_data(9, 2000) == want,
+            "reply data written on the queue thread"
+        );
+        assert_eq!(calls(&r), 3);
         // A posted frame that blocks holds the session thread: a quick frame behind it waits
         // for it and is answered after it, in order.
         let f = frame(OP_BLOCK, FLAG_ASYNC, 6, 0, b"");
-        let d = r.request(4, Rig::call_hdr(1, 4, f.len(), 0), &f, &[], 0);
+        let d = r.request(4, Rig::call_hdr(1, 5, f.len(), 0), &f, &[], 0);
         r.push(SUBMIT_QUEUE, &d);
         r.run();
         let deadline = Instant::now() + WAIT;
@@ -1738,7 +1754,7 @@ mod tests {
             }
         }
         let f = frame(OP_ECHO, 0, QUICK_CALLS + 2, 0, b"");
-        let d = r.request(5, Rig::call_hdr(1, 5, f.len(), 64), &f, &[], 0);
+        let d = r.request(5, Rig::call_hdr(1, 6, f.len(), 64), &f, &[], 0);
         let n = r.used_idx(CTRL_QUEUE);
         r.push(CTRL_QUEUE, &d);
         r.run();
@@ -1751,24 +1767,24 @@ mod tests {
         r.gate_tx[0].send(()).unwrap();
         r.wait_used(CTRL_QUEUE, n + 1);
         assert_eq!(r.resp(5).status, S_OK);
-        assert_eq!(calls(&r), 1, "the session thread ran it");
+        assert_eq!(calls(&r), 3, "the session thread ran it");
         // A quick frame that arrives before its turn waits for the frame ahead of it.
         let f = frame(OP_ECHO, 0, QUICK_CALLS + 3, 0, b"");
-        let d = r.request(6, Rig::call_hdr(1, 7, f.len(), 64), &f, &[], 0);
+        let d = r.request(6, Rig::call_hdr(1, 8, f.len(), 64), &f, &[], 0);
         let n = r.used_idx(CTRL_QUEUE);
         r.push(CTRL_QUEUE, &d);
         r.run();
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(r.used_idx(CTRL_QUEUE), n, "ran before sequence number 6");
+        assert_eq!(r.used_idx(CTRL_QUEUE), n, "ran before sequence number 7");
         let f = frame(OP_ECHO, FLAG_ASYNC, 7, 0, b"");
-        let d = r.request(7, Rig::call_hdr(1, 6, f.len(), 0), &f, &[], 0);
+        let d = r.request(7, Rig::call_hdr(1, 7, f.len(), 0), &f, &[], 0);
         r.push(SUBMIT_QUEUE, &d);
         r.run();
         r.wait_used(CTRL_QUEUE, n + 1);
         assert_eq!(r.resp(6).status, S_OK);
         // Every frame ran once, in sequence order.
         let deadline = Instant::now() + WAIT;
-        while seen.len() < 7 {
+        while seen.len() < 8 {
             assert!(Instant::now() < deadline, "frames seen: {seen:?}");
             if let Ok(s) = r.seen.recv_timeout(Duration::from_millis(10)) {
                 seen.push(s);
@@ -1781,6 +1797,7 @@ mod tests {
                 QUICK_CALLS,
                 5,
                 QUICK_CALLS + 1,
+                QUICK_CALLS + 5,
                 6,
                 QUICK_CALLS + 2,
                 7,
@@ -1789,9 +1806,9 @@ mod tests {
         );
         // Idle again: the next quick frame runs on the queue thread.
         let f = frame(OP_ECHO, 0, QUICK_CALLS + 4, 0, b"");
-        let d = r.request(8, Rig::call_hdr(1, 8, f.len(), 64), &f, &[], 0);
+        let d = r.request(8, Rig::call_hdr(1, 9, f.len(), 64), &f, &[], 0);
         assert_eq!(r.ctrl_sync(8, &d).status, S_OK);
-        assert_eq!(calls(&r), 2);
+        assert_eq!(calls(&r), 4);
     }
 
     #[test]

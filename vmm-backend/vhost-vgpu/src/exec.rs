@@ -62,8 +62,8 @@ pub trait SessionExecutor: Send {
     /// Whether the synchronous frame with `header` would be answered at once, waiting for
     /// nothing (no earlier work of the session is queued or running, and the call itself only
     /// does bounded work). The device's queue thread then runs it itself instead of waking the
-    /// session's thread: one thread hand-off less per round trip. The device only asks this
-    /// for frames without bulk bytes on either side.
+    /// session's thread: one thread hand-off less per round trip. The device asks this only
+    /// for frames with at most `MAX_BULK_HERE` bulk bytes.
     fn answers_at_once(&self, _header: &Header) -> bool {
         false
     }

@@ -76,6 +76,8 @@ fn reset_error() -> CuError {
 /// Request bulk bytes in guest pages (the inline bytes reach the session separately).
 pub struct GuestSource<'a> {
     shared: &'a Shared,
+    /// The caller holds the gate of `epoch` for the whole call.
+    entered: bool,
     epoch: u64,
     mem: &'a GuestMemoryAtomic<GuestMem>,
     segs: &'a Segments,
@@ -87,7 +89,11 @@ impl BulkSource for GuestSource<'_> {
     }
 
     fn read(&self, f: &mut vgpu_broker::session::ReadSlices<'_>) -> Result<(), CuError> {
-        let _gate = self.shared.enter(self.epoch).ok_or_else(reset_error)?;
+        let _gate = if self.entered {
+            None
+        } else {
+            Some(self.shared.enter(self.epoch).ok_or_else(reset_error)?)
+        };
         let guard = self.mem.memory();
         let slices = self
             .segs
@@ -100,6 +106,8 @@ impl BulkSource for GuestSource<'_> {
 /// Reply bulk bytes, written straight into guest pages.
 pub struct GuestSink<'a> {
     shared: &'a Shared,
+    /// The caller holds the gate of `epoch` for the whole call.
+    entered: bool,
     epoch: u64,
     mem: &'a GuestMemoryAtomic<GuestMem>,
     segs: &'a Segments,
@@ -122,7 +130,11 @@ impl BulkSink for GuestSink<'_> {
                 self.capacity()
             )));
         }
-        let _gate = self.shared.enter(self.epoch).ok_or_else(reset_error)?;
+        let _gate = if self.entered {
+            None
+        } else {
+            Some(self.shared.enter(self.epoch).ok_or_else(reset_error)?)
+        };
         let guard = self.mem.memory();
         let part = self.segs.sub(0, len as usize);
         // SAFETY: `segs` is the reply data of a chain `parse_chain` validated, so its ranges
@@ -195,8 +207,14 @@ pub(crate) enum RunHere {
 
 /// Runs the synchronous frame `job` on the calling (queue) thread when that cannot wait: the
 /// session thread is idle (nothing sent to it is left, nothing held back, `job` is next in
-/// sequence) and the executor answers the frame at once. One thread wake-up less per round
-/// trip. Never blocks: a session thread that holds the session declines it.
+/// sequence), the device is not paused and the executor answers the frame at once. One thread
+/// wake-up less per round trip. Never blocks: a session thread that holds the session, or a
+/// pause, declines it.
+///
+/// The frame runs with the gate of its generation held throughout (taken once, never waited
+/// for): a pause or reset that comes meanwhile waits for it, as for any access to guest memory,
+/// so it never waits for a pause to end. That matters: the VMM's disconnect joins this thread
+/// before it resets the device, which is what ends a pause the VM never resumes.
 pub(crate) fn try_run_here(shared: &Shared, core: &SessionCore, job: Box<CallJob>) -> RunHere {
     let Ok(mut st) = core.state.try_lock() else {
         return RunHere::Declined(job);
@@ -205,10 +223,13 @@ pub(crate) fn try_run_here(shared: &Shared, core: &SessionCore, job: Box<CallJob
         || st.next != job.seq
         || !st.held.is_empty()
         || job.refused
-        || !shared.is_current(job.done.epoch)
     {
         return RunHere::Declined(job);
     }
+    let Ok(Some(_gate)) = shared.try_enter(job.done.epoch) else {
+        // Paused, or reset since the chain was taken: the session thread deals with it.
+        return RunHere::Declined(job);
+    };
     let st = &mut *st;
     let Some(exec) = st.exec.as_mut() else {
         return RunHere::Declined(job);
@@ -221,7 +242,7 @@ pub(crate) fn try_run_here(shared: &Shared, core: &SessionCore, job: Box<CallJob
         c.notify();
     }
     shared.stats.add_call_on_queue_thread();
-    match execute(shared, exec.as_mut(), *job) {
+    match execute(shared, exec.as_mut(), *job, true) {
         Executed::Violation(why) => RunHere::Violation(why),
         Executed::Done | Executed::Owed(_) => RunHere::Ran,
     }
@@ -303,7 +324,7 @@ pub(crate) fn run(
                         // A synchronous frame may run long: posted completions go first.
                         c.notify();
                     }
-                    execute(&shared, exec.as_mut(), *job)
+                    execute(&shared, exec.as_mut(), *job, false)
                 }
                 Held::Batch(batch) => execute_batch(&shared, exec.as_mut(), *batch),
             };
@@ -399,12 +420,14 @@ fn execute_batch(shared: &Shared, exec: &mut dyn SessionExecutor, batch: BatchJo
     for (header, range) in frames {
         let source = GuestSource {
             shared,
+            entered: false,
             epoch: done.epoch,
             mem: &done.mem,
             segs: &none,
         };
         let mut sink = GuestSink {
             shared,
+            entered: false,
             epoch: done.epoch,
             mem: &done.mem,
             segs: &none,
@@ -430,8 +453,24 @@ fn execute_batch(shared: &Shared, exec: &mut dyn SessionExecutor, batch: BatchJo
     }
 }
 
-/// Executes one frame and completes its chain.
-fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Executed {
+/// Completes `done` through the gate, or with the gate held already (`entered`).
+fn complete(shared: &Shared, done: &Completion, entered: bool, resp: RespHeader, reply: &[u8]) {
+    if entered {
+        done.finish_entered(shared, resp, reply);
+    } else {
+        done.finish(shared, resp, reply);
+    }
+}
+
+/// Executes one frame and completes its chain. `entered`: the caller holds the gate of the
+/// chain's generation for the whole call (the queue thread running a frame itself), so guest
+/// memory is reached without taking it again.
+fn execute(
+    shared: &Shared,
+    exec: &mut dyn SessionExecutor,
+    job: CallJob,
+    entered: bool,
+) -> Executed {
     let CallJob {
         header,
         inline,
@@ -442,12 +481,14 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
     } = job;
     let source = GuestSource {
         shared,
+        entered,
         epoch: done.epoch,
         mem: &done.mem,
         segs: &data,
     };
     let mut sink = GuestSink {
         shared,
+        entered,
         epoch: done.epoch,
         mem: &done.mem,
         segs: &reply_data,
@@ -469,7 +510,7 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
         shared.stats.add_to_guest(written, ranges.count() as u64);
     }
     match reply {
-        Reply::None if done.queue() != CTRL_QUEUE => {
+        Reply::None if done.queue() != CTRL_QUEUE && !entered => {
             if done.finish_quietly(shared, RespHeader::status(S_OK), &[]) {
                 Executed::Owed(done)
             } else {
@@ -477,7 +518,7 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
             }
         }
         Reply::None => {
-            done.finish(shared, RespHeader::status(S_OK), &[]);
+            complete(shared, &done, entered, RespHeader::status(S_OK), &[]);
             Executed::Done
         }
         Reply::Frame {
@@ -509,7 +550,7 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
                     reply_len: needed as u32,
                     data_len: written,
                 };
-                done.finish(shared, resp, &[]);
+                complete(shared, &done, entered, resp, &[]);
                 return Executed::Done;
             }
             let mut frame = Vec::with_capacity(needed);
@@ -520,12 +561,12 @@ fn execute(shared: &Shared, exec: &mut dyn SessionExecutor, job: CallJob) -> Exe
                 reply_len: needed as u32,
                 data_len: written,
             };
-            done.finish(shared, resp, &frame);
+            complete(shared, &done, entered, resp, &frame);
             Executed::Done
         }
         Reply::Violation(why) => {
             shared.stats.add_refused();
-            done.finish(shared, RespHeader::status(S_PROTOCOL), &[]);
+            complete(shared, &done, entered, RespHeader::status(S_PROTOCOL), &[]);
             Executed::Violation(why)
         }
     }

@@ -487,6 +487,20 @@ impl Completion {
                 return self.finish_quietly(shared, resp, reply);
             }
         };
+        self.return_chain(shared, resp, reply)
+    }
+
+    /// Like [`Completion::finish`], for a caller that holds the gate of this chain's generation
+    /// already ([`Shared::try_enter`]): the queue thread running a frame itself.
+    pub(crate) fn finish_entered(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) {
+        if self.return_chain(shared, resp, reply) {
+            self.notify();
+        }
+    }
+
+    /// Writes the response and returns the chain; the caller holds the gate. Whether the guest
+    /// is owed a [`Completion::notify`].
+    fn return_chain(&self, shared: &Shared, resp: RespHeader, reply: &[u8]) -> bool {
         if resp.status != S_OK {
             debug!(
                 head = self.head,

@@ -548,6 +548,15 @@ pub fn enter(kind: ThreadKind) -> Result<(), Error> {
     apply(kind, program)
 }
 
+/// Whether a vhost thread may run a session's calls itself (the virtio-vgpu device's queue
+/// thread answering quick calls): its filter allows all a session's does, unless a real GPU is
+/// configured, whose driver runs in the session threads with no filter of their own.
+pub fn vhost_may_run_session_calls() -> bool {
+    POLICY
+        .get()
+        .is_none_or(|p| p.mode == Mode::Off || p.confine_sessions)
+}
+
 /// Largest thread name the kernel keeps (`TASK_COMM_LEN`), with its NUL.
 const THREAD_NAME_LEN: usize = 16;
 /// Offset of `si_syscall` in a `SIGSYS` `siginfo_t` (after the three ints,
@@ -637,6 +646,25 @@ mod tests {
                 let program = filter(kind, mismatch_action(mode).unwrap()).unwrap();
                 assert!(!program.is_empty(), "{kind:?}");
             }
+        }
+    }
+
+    /// What [`vhost_may_run_session_calls`] relies on: a vhost thread may make every call a
+    /// session thread may, with the same argument rules.
+    #[test]
+    fn the_vhost_list_covers_the_session_list() {
+        let vhost = rules(ThreadKind::Vhost);
+        for (nr, session_rules) in rules(ThreadKind::Session) {
+            let v = vhost.get(&nr);
+            assert!(
+                v.is_some(),
+                "call {nr} allowed to sessions, not to vhost threads"
+            );
+            assert_eq!(
+                format!("{:?}", v.unwrap()),
+                format!("{session_rules:?}"),
+                "call {nr}: different argument rules"
+            );
         }
     }
 

@@ -388,7 +388,10 @@ impl VgpuDevice {
                     done,
                     refused: false,
                 });
-                if queue == CTRL_QUEUE && job.data.len() + job.reply_data.len() <= MAX_BULK_HERE {
+                if queue == CTRL_QUEUE
+                    && job.data.len() + job.reply_data.len() <= MAX_BULK_HERE
+                    && vgpu_seccomp::vhost_may_run_session_calls()
+                {
                     self.run_here_or_send(hdr.session, job);
                 } else {
                     self.send_or_refuse(hdr.session, Msg::Call(job), S_NO_SESSION);

@@ -37,9 +37,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{GuestMem, ParsedChain, Refused, Segment, Segments, parse_chain};
 use super::exec::VgpuService;
-use super::session_thread::{self, RunHere, SessionCore};
+use super::session_thread::{self, SessionCore};
 use super::shared::{
-    BatchJob, CallJob, Completion, InFlight, Msg, Pause, SessionEntry, Shared, queue_name,
+    BatchJob, CallJob, Completion, InFlight, Msg, Pause, RunHere, SessionEntry, Shared, queue_name,
 };
 use super::stats::VgpuDevStats;
 use super::wire::{
@@ -53,7 +53,7 @@ use vgpu_vhost_user::{LogLimiter, next_chain, vring_ready};
 pub const MAX_SESSIONS: usize = 256;
 
 /// Most bulk bytes (request and reply data together) of a synchronous frame the queue thread
-/// runs itself ([`session_thread::try_run_here`]): a copy of this size holds up the VM's other
+/// runs itself ([`SessionState::try_run_here`](super::shared::SessionState::try_run_here)): a copy of this size holds up the VM's other
 /// chains for well under a millisecond; larger ones go to the session thread, whose wake-up
 /// they amortize.
 pub const MAX_BULK_HERE: usize = 4 << 20;
@@ -440,7 +440,8 @@ impl VgpuDevice {
     }
 
     /// Runs a synchronous frame with at most [`MAX_BULK_HERE`] bulk bytes on this thread when
-    /// its session's thread is idle and the frame is answered at once (see [`session_thread::try_run_here`]); sends it to
+    /// its session's thread is idle and the frame is answered at once (see
+    /// [`SessionState::try_run_here`](super::shared::SessionState::try_run_here)); sends it to
     /// the session thread otherwise.
     fn run_here_or_send(&mut self, session: u32, job: Box<CallJob>) {
         let found = self
@@ -452,7 +453,7 @@ impl VgpuDevice {
             self.send_or_refuse(session, Msg::Call(job), S_NO_SESSION);
             return;
         };
-        match session_thread::try_run_here(&self.shared, &core, job) {
+        match core.try_run_here(&self.shared, job) {
             RunHere::Ran => self.answered_here += 1,
             RunHere::Violation(why) => {
                 warn!(session, "session closed: protocol violation: {why}");

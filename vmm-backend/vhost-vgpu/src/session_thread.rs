@@ -26,7 +26,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::chain::{GuestMem, Segments};
 use super::exec::{BulkSink, BulkSource, Call, Reply, SessionExecutor};
-use super::shared::{BatchJob, CallJob, Completion, Msg, Shared};
+use super::shared::{BatchJob, CallJob, Completion, Msg, RunHere, SessionState, Shared};
 use super::wire::{
     CTRL_QUEUE, MAX_SEGMENTS, RespHeader, S_BAD_REQUEST, S_NO_SESSION, S_OK, S_PROTOCOL,
     S_REPLY_TOO_LARGE,
@@ -148,7 +148,7 @@ impl BulkSink for GuestSink<'_> {
 }
 
 /// A session's frames in flight and its executor: the session thread's, and the queue thread's
-/// while it runs a frame itself ([`try_run_here`]).
+/// while it runs a frame itself ([`SessionState::try_run_here`]).
 pub(crate) struct SessionCore {
     state: Mutex<CoreState>,
     /// Messages sent to the session thread that it has not taken in yet (under `state`).
@@ -183,26 +183,20 @@ impl SessionCore {
     fn lock(&self) -> MutexGuard<'_, CoreState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
-    /// Counts a message about to be sent to the session thread.
-    pub(crate) fn will_send(&self) {
+impl SessionState for SessionCore {
+    fn will_send(&self) {
         self.queued.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Uncounts a message that could not be sent.
-    pub(crate) fn unsent(&self) {
+    fn unsent(&self) {
         self.queued.fetch_sub(1, Ordering::AcqRel);
     }
-}
 
-/// What became of a frame offered to [`try_run_here`].
-pub(crate) enum RunHere {
-    /// It ran and its chain was completed.
-    Ran,
-    /// It ran and broke the protocol: the session must end.
-    Violation(String),
-    /// It must go to the session thread.
-    Declined(Box<CallJob>),
+    fn try_run_here(&self, shared: &Shared, job: Box<CallJob>) -> RunHere {
+        try_run_here(shared, self, job)
+    }
 }
 
 /// Runs the synchronous frame `job` on the calling (queue) thread when that cannot wait: the
@@ -215,7 +209,7 @@ pub(crate) enum RunHere {
 /// for): a pause or reset that comes meanwhile waits for it, as for any access to guest memory,
 /// so it never waits for a pause to end. That matters: the VMM's disconnect joins this thread
 /// before it resets the device, which is what ends a pause the VM never resumes.
-pub(crate) fn try_run_here(shared: &Shared, core: &SessionCore, job: Box<CallJob>) -> RunHere {
+fn try_run_here(shared: &Shared, core: &SessionCore, job: Box<CallJob>) -> RunHere {
     let Ok(mut st) = core.state.try_lock() else {
         return RunHere::Declined(job);
     };

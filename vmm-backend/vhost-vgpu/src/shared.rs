@@ -18,7 +18,6 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{GuestMem, Segments};
-use super::session_thread::SessionCore;
 use super::stats::VgpuDevStats;
 use super::wire::{CTRL_QUEUE, NUM_QUEUES, RESP_HEADER_LEN, RespHeader, S_OK, status_name};
 use vgpu_vhost_user::{LogLimiter, signal, vring_ready};
@@ -30,7 +29,28 @@ pub(crate) struct SessionEntry {
     /// [`crate::exec::VgpuService::open`]).
     pub(crate) gone: Arc<AtomicBool>,
     /// The session's state, shared with its thread.
-    pub(crate) core: Arc<SessionCore>,
+    pub(crate) core: Arc<dyn SessionState>,
+}
+
+/// What became of a frame offered to [`SessionState::try_run_here`].
+pub(crate) enum RunHere {
+    /// It ran and its chain was completed.
+    Ran,
+    /// It ran and broke the protocol: the session must end.
+    Violation(String),
+    /// It must go to the session thread.
+    Declined(Box<CallJob>),
+}
+
+/// A session's state as the queue thread sees it (`session_thread::SessionCore`).
+pub(crate) trait SessionState: Send + Sync {
+    /// Counts a message about to be sent to the session thread.
+    fn will_send(&self);
+    /// Uncounts a message that could not be sent.
+    fn unsent(&self);
+    /// Runs the synchronous frame `job` on the calling (queue) thread if nothing can make it
+    /// wait; never blocks.
+    fn try_run_here(&self, shared: &Shared, job: Box<CallJob>) -> RunHere;
 }
 
 impl SessionEntry {
@@ -38,7 +58,7 @@ impl SessionEntry {
         token: u64,
         tx: mpsc::Sender<Msg>,
         gone: Arc<AtomicBool>,
-        core: Arc<SessionCore>,
+        core: Arc<dyn SessionState>,
     ) -> SessionEntry {
         SessionEntry {
             token,

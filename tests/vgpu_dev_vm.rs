@@ -279,6 +279,11 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
                 echo '== driver_api'\n\
                 driver_api basic > /tmp/basic.log 2>&1; echo \"driver_api status $?\"\n\
                 grep -c '^ok ' /tmp/basic.log; grep FAIL /tmp/basic.log\n\
+                echo '== latency'\n\
+                driver_api latency 1000; echo \"latency polling status $?\"\n\
+                echo 0 > /sys/module/vgpu/parameters/poll_us\n\
+                driver_api latency 1000; echo \"latency sleeping status $?\"\n\
+                echo 1000 > /sys/module/vgpu/parameters/poll_us\n\
                 echo '== saxpy'\n\
                 gpu-task saxpy /payload/saxpy.ptx 4096 3; echo \"saxpy status $?\"\n\
                 echo '== bigcopy'\n\
@@ -336,6 +341,9 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
         format!("Transport: dev:/dev/vgpu0 (virtio-vgpu device, ID {DEVICE_ID})"),
         "256MiB".to_string(),
         "driver_api status 0".to_string(),
+        // Synchronous calls work with the module polling for answers and with it sleeping.
+        "latency polling status 0".to_string(),
+        "latency sleeping status 0".to_string(),
         "GPU-TASK saxpy n=4096 rounds=3 ok".to_string(),
         "saxpy status 0".to_string(),
         "BIGCOPY round 1 ok: 64 MiB".to_string(),

@@ -25,6 +25,7 @@
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/ktime.h>
 #include <linux/rwsem.h>
 #include <linux/scatterlist.h>
 #include <linux/sched/signal.h>
@@ -43,6 +44,20 @@
 static unsigned int device_id;
 module_param(device_id, uint, 0444);
 MODULE_PARM_DESC(device_id, "another virtio device ID to bind (1-63), besides 63 and 21");
+
+/*
+ * Polling for answers (see vgpu_poll): the most a synchronous call polls before it sleeps, by
+ * default and at most (µs); below VGPU_POLL_US_MIN an open file stops polling, and then one
+ * wait in VGPU_POLL_PROBE_EVERY polls for the whole budget to see whether it pays again.
+ */
+#define VGPU_POLL_US_DEFAULT	1000
+#define VGPU_POLL_US_MAX	10000
+#define VGPU_POLL_US_MIN	8
+#define VGPU_POLL_PROBE_EVERY	16
+
+static unsigned int poll_us = VGPU_POLL_US_DEFAULT;
+module_param(poll_us, uint, 0644);
+MODULE_PARM_DESC(poll_us, "most microseconds a synchronous call polls the control queue for its answer before it sleeps until the interrupt; adapts per open file (0: never poll; at most 10000)");
 
 /* Bulk bytes up to this size are copied instead of pinned. */
 #define VGPU_BOUNCE_MAX		(16 * 1024)
@@ -94,6 +109,8 @@ struct vgpu_file {
 	wait_queue_head_t async_wq;
 	struct xarray tickets;		/* VGPU_CALL_NOWAIT requests not waited for yet */
 	struct kref ref;		/* the open file and every request in flight */
+	unsigned int poll_cur;		/* the current poll budget in µs (vgpu_poll) */
+	unsigned int poll_idle;		/* waits without polling since the last probe */
 };
 
 struct vgpu_pin {
@@ -305,20 +322,30 @@ static void vgpu_complete_locked(struct vgpu_request *r)
 	}
 }
 
+/* Completes the requests the device returned on vq; called with vq_lock held. */
+static bool vgpu_reap_locked(struct virtqueue *vq)
+{
+	struct vgpu_request *r;
+	unsigned int len;
+	bool any = false;
+
+	while ((r = virtqueue_get_buf(vq, &len)) != NULL) {
+		r->used_len = len;
+		vgpu_complete_locked(r);
+		any = true;
+	}
+	return any;
+}
+
 static void vgpu_vq_done(struct virtqueue *vq)
 {
 	struct vgpu_dev *dev = vq->vdev->priv;
-	struct vgpu_request *r;
 	unsigned long flags;
-	unsigned int len;
 
 	spin_lock_irqsave(&dev->vq_lock, flags);
 	do {
 		virtqueue_disable_cb(vq);
-		while ((r = virtqueue_get_buf(vq, &len)) != NULL) {
-			r->used_len = len;
-			vgpu_complete_locked(r);
-		}
+		vgpu_reap_locked(vq);
 	} while (!virtqueue_enable_cb(vq));
 	spin_unlock_irqrestore(&dev->vq_lock, flags);
 	wake_up(&dev->space_wq);
@@ -375,11 +402,84 @@ static int vgpu_submit(struct vgpu_request *r, int q, struct scatterlist **sgs,
 	}
 }
 
-/* Waits for a request the caller owns; on a fatal signal, leaves it to the cleanup work. */
+/*
+ * The poll budget of a file for its next wait (µs), adapted as KVM's halt polling is: after a
+ * wait whose answer came within the most poll_us allows (while polling, or soon after the
+ * caller went to sleep, when a longer poll would have caught it) the whole budget; after a
+ * longer wait (a synchronize behind long kernels, which polling cannot help) half of it, and
+ * below VGPU_POLL_US_MIN none, except for one probe in VGPU_POLL_PROBE_EVERY waits. Threads of
+ * one file race on these hints harmlessly.
+ */
+static unsigned int vgpu_poll_max(void)
+{
+	return min(READ_ONCE(poll_us), (unsigned int)VGPU_POLL_US_MAX);
+}
+
+static unsigned int vgpu_poll_budget(struct vgpu_file *f)
+{
+	unsigned int max = vgpu_poll_max();
+	unsigned int cur = min(READ_ONCE(f->poll_cur), max);
+
+	if (!max || cur)
+		return cur;
+	if (READ_ONCE(f->poll_idle) + 1 < VGPU_POLL_PROBE_EVERY) {
+		WRITE_ONCE(f->poll_idle, READ_ONCE(f->poll_idle) + 1);
+		return 0;
+	}
+	WRITE_ONCE(f->poll_idle, 0);
+	return max;
+}
+
+static void vgpu_poll_record(struct vgpu_file *f, u64 waited_ns)
+{
+	unsigned int max = vgpu_poll_max();
+	unsigned int half = min(READ_ONCE(f->poll_cur), max) / 2;
+
+	if (waited_ns <= (u64)max * NSEC_PER_USEC)
+		WRITE_ONCE(f->poll_cur, max);
+	else
+		WRITE_ONCE(f->poll_cur, half < VGPU_POLL_US_MIN ? 0 : half);
+}
+
+/*
+ * Polls the control queue for a synchronous request's answer for up to `us` before the caller
+ * sleeps. vgpud answers quick calls in microseconds, sooner than its interrupt travels through
+ * the VMM and wakes this CPU from idle. Gives up early when the CPU is wanted elsewhere or a
+ * signal is pending; the device's removal waits for it (remove_sem).
+ */
+static void vgpu_poll(struct vgpu_request *r, unsigned int us)
+{
+	struct vgpu_dev *dev = r->dev;
+	bool reaped = false;
+	u64 end;
+
+	if (!us || !down_read_trylock(&dev->remove_sem))
+		return;
+	end = ktime_get_ns() + (u64)us * NSEC_PER_USEC;
+	while (!READ_ONCE(dev->dead) && !completion_done(&r->done)) {
+		if (need_resched() || signal_pending(current) || ktime_get_ns() > end)
+			break;
+		spin_lock_irq(&dev->vq_lock);
+		reaped |= vgpu_reap_locked(dev->vqs[VIRTIO_VGPU_CTRL_QUEUE]);
+		spin_unlock_irq(&dev->vq_lock);
+		cpu_relax();
+	}
+	up_read(&dev->remove_sem);
+	if (reaped)
+		wake_up(&dev->space_wq);
+}
+
+/*
+ * Waits for a request the caller owns, polling first for the file's budget (in a QEMU TCG
+ * guest that halves a cuCtxSynchronize's round trip); on a fatal signal, leaves the request to
+ * the cleanup work.
+ */
 static int vgpu_wait(struct vgpu_request *r)
 {
 	struct vgpu_dev *dev = r->dev;
+	u64 start = ktime_get_ns();
 
+	vgpu_poll(r, vgpu_poll_budget(r->file));
 	if (wait_for_completion_killable(&r->done)) {
 		spin_lock_irq(&dev->vq_lock);
 		if (!r->completed) {
@@ -390,6 +490,7 @@ static int vgpu_wait(struct vgpu_request *r)
 		spin_unlock_irq(&dev->vq_lock);
 		wait_for_completion(&r->done);
 	}
+	vgpu_poll_record(r->file, ktime_get_ns() - start);
 	return 0;
 }
 
@@ -820,6 +921,7 @@ static int vgpu_open(struct inode *inode, struct file *filp)
 	f->dev = dev;
 	f->session = id;
 	f->next_seq = 1;
+	f->poll_cur = VGPU_POLL_US_MAX;
 	mutex_init(&f->submit_lock);
 	atomic_set(&f->async_inflight, 0);
 	init_waitqueue_head(&f->async_wq);

@@ -16,6 +16,9 @@
  *   driver_api modules N           load modules until one is refused (at most N): prints
  *                                  "loaded K" and the refusal's code, then checks that
  *                                  unloading one makes room for another
+ *   driver_api latency N           N cuCtxSynchronize on an idle context and N 4 KiB
+ *                                  device-to-host copies, timed one by one: prints
+ *                                  "latency sync p50 X us p99 Y us" and the same for "copy"
  * Each check prints "ok <what>" or "FAIL <what>: <code>"; the exit status is
  * the number of failures.
  */
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -323,6 +327,47 @@ static int modules(unsigned long long most) {
     return failures;
 }
 
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void report_latency(const char *what, double *v, size_t n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    printf("latency %s p50 %.1f us p99 %.1f us\n", what, v[n / 2], v[n * 99 / 100]);
+}
+
+/* Synchronous round trips one by one, timed (the figure, not a check). */
+static int latency(size_t n) {
+    if (n == 0) return 100;
+    setup();
+    CUdeviceptr d;
+    unsigned char buf[4096];
+    double *v = calloc(n, sizeof *v);
+    check("cuMemAlloc", cuMemAlloc_v2(&d, sizeof buf), 0);
+    for (size_t i = 0; i < n && !failures; i++) {
+        double t = now_us();
+        if (cuCtxSynchronize() != 0) failures++;
+        v[i] = now_us() - t;
+    }
+    report_latency("sync", v, n);
+    for (size_t i = 0; i < n && !failures; i++) {
+        double t = now_us();
+        if (cuMemcpyDtoH_v2(buf, d, sizeof buf) != 0) failures++;
+        v[i] = now_us() - t;
+    }
+    report_latency("copy", v, n);
+    free(v);
+    check("cuMemFree", cuMemFree_v2(d), 0);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "basic";
     if (!strcmp(mode, "basic")) return basic();
@@ -332,6 +377,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "wait") && argc > 2) return wait_for_kernels(strtoull(argv[2], 0, 0));
     if (!strcmp(mode, "bomb")) return bomb();
     if (!strcmp(mode, "modules") && argc > 2) return modules(strtoull(argv[2], 0, 0));
-    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR | wait BYTES | bomb | modules N\n", argv[0]);
+    if (!strcmp(mode, "latency") && argc > 2) return latency(strtoull(argv[2], 0, 0));
+    fprintf(stderr, "usage: %s basic | fill BYTES | hold BYTES | probe PTR | wait BYTES | bomb | modules N | latency N\n", argv[0]);
     return 100;
 }

@@ -1092,18 +1092,18 @@ mod tests {
             self.resp(i)
         }
 
+        /// An `OPEN` request for `session` at slot `i`.
+        fn open_request(&self, i: u64, session: u32) -> Descs {
+            let hdr = ReqHeader {
+                kind: REQ_OPEN,
+                session,
+                ..Default::default()
+            };
+            self.request(i, hdr, &[], &[], 0)
+        }
+
         fn open(&mut self, i: u64, session: u32) -> RespHeader {
-            let d = self.request(
-                i,
-                ReqHeader {
-                    kind: REQ_OPEN,
-                    session,
-                    ..Default::default()
-                },
-                &[],
-                &[],
-                0,
-            );
+            let d = self.open_request(i, session);
             self.ctrl_sync(i, &d)
         }
 
@@ -1654,17 +1654,7 @@ mod tests {
         let d = r.request(40, Rig::call_hdr(1, 10, good.len(), 64), &good, &[], 0);
         assert_eq!(r.ctrl_sync(40, &d).status, S_OK);
         // Open and close only on the control queue; calls of unknown sessions.
-        let d = r.request(
-            41,
-            ReqHeader {
-                kind: REQ_OPEN,
-                session: 2,
-                ..Default::default()
-            },
-            &[],
-            &[],
-            0,
-        );
+        let d = r.open_request(41, 2);
         r.push(SUBMIT_QUEUE, &d);
         r.run();
         r.wait_used(SUBMIT_QUEUE, 1);
@@ -1820,17 +1810,7 @@ mod tests {
         let mut r = rig();
         let mem = r.mem.memory();
         assert!(!vgpu_vhost_user::has_available(&r.ctrl.0, &mem));
-        let d = r.request(
-            0,
-            ReqHeader {
-                kind: REQ_OPEN,
-                session: 1,
-                ..Default::default()
-            },
-            &[],
-            &[],
-            0,
-        );
+        let d = r.open_request(0, 1);
         r.push(CTRL_QUEUE, &d);
         assert!(vgpu_vhost_user::has_available(&r.ctrl.0, &mem));
         assert!(!vgpu_vhost_user::has_available(&r.submit.0, &mem));

@@ -350,6 +350,7 @@ static int latency(size_t n) {
     CUdeviceptr d;
     unsigned char buf[4096];
     double *v = calloc(n, sizeof *v);
+    if (!v) return 100;
     check("cuMemAlloc", cuMemAlloc_v2(&d, sizeof buf), 0);
     for (size_t i = 0; i < n && !failures; i++) {
         double t = now_us();

@@ -35,7 +35,7 @@ pub struct VgpuBackend {
     /// Written by the device when it resumes (see [`RESCAN_EVENT`]); registered with the vring
     /// worker by [`VgpuBackend::rescan_fd`]'s user.
     rescan: EventFd,
-    /// How long the queue thread polls the rings after taking chains (see `poll_rings`).
+    /// How long the queue thread polls the rings after answering frames itself (`poll_rings`).
     spin: Mutex<AdaptiveSpin>,
 }
 
@@ -101,9 +101,17 @@ impl VgpuBackend {
     pub fn reclaim_exit_fds(&self) {
         self.exit.reclaim();
     }
-}
 
-impl VgpuBackend {
+    /// Takes the chains of both queues (either kick may carry frames the other queue's frames
+    /// wait for: sequence order spans both); returns how many frames this thread answered
+    /// itself.
+    fn process_queues(&self, ctrl: &VringRwLock, submit: &VringRwLock) -> usize {
+        let mut dev = self.device();
+        dev.process_queue(SUBMIT_QUEUE, submit);
+        dev.process_queue(CTRL_QUEUE, ctrl);
+        dev.take_answered_here()
+    }
+
     /// Polls both rings for new chains for as long as the adaptive spin allows; whether some
     /// came. The wake-up of a sleeping queue thread costs tens of microseconds on a virtual
     /// machine whose CPUs halt when idle, longer than the request takes; the spin shrinks to
@@ -228,15 +236,11 @@ impl VhostUserBackend for VgpuBackend {
             debug!(event = device_event, "unexpected virtio-vgpu backend event");
             return Ok(());
         }
-        // Either kick may carry frames the other queue's frames wait for (sequence order spans
-        // both queues): look at both.
-        let mut dev = self.device();
-        dev.know_rings(ctrl, submit);
-        dev.process_queue(SUBMIT_QUEUE, submit);
-        dev.process_queue(CTRL_QUEUE, ctrl);
-        let mut answered = dev.take_answered_here();
-        let mem = dev.memory();
-        drop(dev);
+        let mem = {
+            let mut dev = self.device();
+            dev.know_rings(ctrl, submit);
+            dev.memory()
+        };
         let Some(mem) = mem else {
             return Ok(());
         };
@@ -244,12 +248,12 @@ impl VhostUserBackend for VgpuBackend {
         // microseconds: watch the rings for it a little while before sleeping (`poll_rings`).
         // Not after frames handed to session threads: they need the CPU more.
         let mut rounds = 0;
-        while answered > 0 && rounds < MAX_POLL_ROUNDS && self.poll_rings(&mem, ctrl, submit) {
+        loop {
+            let answered = self.process_queues(ctrl, submit);
+            if answered == 0 || rounds == MAX_POLL_ROUNDS || !self.poll_rings(&mem, ctrl, submit) {
+                break;
+            }
             rounds += 1;
-            let mut dev = self.device();
-            dev.process_queue(SUBMIT_QUEUE, submit);
-            dev.process_queue(CTRL_QUEUE, ctrl);
-            answered = dev.take_answered_here();
         }
         Ok(())
     }

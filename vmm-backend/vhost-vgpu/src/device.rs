@@ -181,19 +181,18 @@ impl VgpuDevice {
         self.mem.clone()
     }
 
-    /// Takes every chain the guest placed on queue `queue`; returns how many it took.
-    pub fn process_queue(&mut self, queue: usize, vring: &VringRwLock) -> usize {
+    /// Takes every chain the guest placed on queue `queue`.
+    pub fn process_queue(&mut self, queue: usize, vring: &VringRwLock) {
         let Some(atomic) = self.mem.clone() else {
-            return 0;
+            return;
         };
         if !vring_ready(vring) {
-            return 0;
+            return;
         }
         if self.shared.paused.load(Ordering::Acquire) && self.shared.try_resolve_pause() {
-            return 0;
+            return;
         }
         let epoch = self.shared.generation();
-        let mut taken = 0;
         loop {
             if self.event_idx
                 && let Err(e) = vring.disable_notification()
@@ -209,7 +208,7 @@ impl VgpuDevice {
                         "the guest has {} requests in flight; taking no more until some return",
                         self.shared.in_flight.count()
                     ));
-                    return taken;
+                    return;
                 }
                 let mem = atomic.memory();
                 let chain = match next_chain(vring, &mem) {
@@ -224,7 +223,6 @@ impl VgpuDevice {
                     }
                 };
                 popped = true;
-                taken += 1;
                 // Answers given here are signalled by `Completion::finish`; the rest by the
                 // session threads.
                 match parse_chain(chain, &mem) {
@@ -251,7 +249,6 @@ impl VgpuDevice {
                 }
             }
         }
-        taken
     }
 
     fn refuse_chain(

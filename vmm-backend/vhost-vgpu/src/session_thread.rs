@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 
 use tracing::{debug, warn};
 use vgpu_broker::CuError;
@@ -73,6 +73,19 @@ fn reset_error() -> CuError {
     )
 }
 
+/// Holds off resets while a request of generation `epoch` touches guest memory (see
+/// [`Shared::enter`]), unless the caller holds that gate already (`entered`).
+fn gate(
+    shared: &Shared,
+    entered: bool,
+    epoch: u64,
+) -> Result<Option<RwLockReadGuard<'_, u64>>, CuError> {
+    if entered {
+        return Ok(None);
+    }
+    shared.enter(epoch).map(Some).ok_or_else(reset_error)
+}
+
 /// Request bulk bytes in guest pages (the inline bytes reach the session separately).
 pub struct GuestSource<'a> {
     shared: &'a Shared,
@@ -89,11 +102,7 @@ impl BulkSource for GuestSource<'_> {
     }
 
     fn read(&self, f: &mut vgpu_broker::session::ReadSlices<'_>) -> Result<(), CuError> {
-        let _gate = if self.entered {
-            None
-        } else {
-            Some(self.shared.enter(self.epoch).ok_or_else(reset_error)?)
-        };
+        let _gate = gate(self.shared, self.entered, self.epoch)?;
         let guard = self.mem.memory();
         let slices = self
             .segs
@@ -130,11 +139,7 @@ impl BulkSink for GuestSink<'_> {
                 self.capacity()
             )));
         }
-        let _gate = if self.entered {
-            None
-        } else {
-            Some(self.shared.enter(self.epoch).ok_or_else(reset_error)?)
-        };
+        let _gate = gate(self.shared, self.entered, self.epoch)?;
         let guard = self.mem.memory();
         let part = self.segs.sub(0, len as usize);
         // SAFETY: `segs` is the reply data of a chain `parse_chain` validated, so its ranges

@@ -1089,6 +1089,17 @@ mod tests {
             self.resp(i)
         }
 
+        /// Sends a synchronous request on the control queue and checks that it is not answered
+        /// a while later (it waits for a frame ahead of it); returns the used index before it.
+        fn push_unanswered(&mut self, descs: &Descs, why: &str) -> u16 {
+            let n = self.used_idx(CTRL_QUEUE);
+            self.push(CTRL_QUEUE, descs);
+            self.run();
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(self.used_idx(CTRL_QUEUE), n, "{why}");
+            n
+        }
+
         /// An `OPEN` request for `session` at slot `i`.
         fn open_request(&self, i: u64, session: u32) -> Descs {
             let hdr = ReqHeader {
@@ -1746,15 +1757,7 @@ mod tests {
         }
         let f = frame(OP_ECHO, 0, QUICK_CALLS + 2, 0, b"");
         let d = r.request(5, Rig::call_hdr(1, 6, f.len(), 64), &f, &[], 0);
-        let n = r.used_idx(CTRL_QUEUE);
-        r.push(CTRL_QUEUE, &d);
-        r.run();
-        std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(
-            r.used_idx(CTRL_QUEUE),
-            n,
-            "answered before the frame ahead of it ran"
-        );
+        let n = r.push_unanswered(&d, "answered before the frame ahead of it ran");
         r.gate_tx[0].send(()).unwrap();
         r.wait_used(CTRL_QUEUE, n + 1);
         assert_eq!(r.resp(5).status, S_OK);
@@ -1762,11 +1765,7 @@ mod tests {
         // A quick frame that arrives before its turn waits for the frame ahead of it.
         let f = frame(OP_ECHO, 0, QUICK_CALLS + 3, 0, b"");
         let d = r.request(6, Rig::call_hdr(1, 8, f.len(), 64), &f, &[], 0);
-        let n = r.used_idx(CTRL_QUEUE);
-        r.push(CTRL_QUEUE, &d);
-        r.run();
-        std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(r.used_idx(CTRL_QUEUE), n, "ran before sequence number 7");
+        let n = r.push_unanswered(&d, "ran before sequence number 7");
         let f = frame(OP_ECHO, FLAG_ASYNC, 7, 0, b"");
         let d = r.request(7, Rig::call_hdr(1, 7, f.len(), 0), &f, &[], 0);
         r.push(SUBMIT_QUEUE, &d);

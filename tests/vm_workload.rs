@@ -115,6 +115,12 @@ fn a_guest_installs_the_shim_and_runs_a_ptx_workload_over_vsock() {
     assert_eq!(vsock["connections_total"], 1, "{v:#}");
     assert_eq!(vsock["frontend_connections"], 1, "{v:#}");
     assert_eq!(vsock["dropped_chains"], 0, "{v:#}");
+    // Quick calls of the idle session (synchronizations, queries) were answered by the device
+    // thread itself.
+    assert!(
+        vsock["calls_on_device_thread"].as_u64().unwrap_or(0) >= 1,
+        "{v:#}"
+    );
     // The two input matrices went in, the product came back, all through
     // the device.
     let matrix = MATMUL_SIZE * MATMUL_SIZE * FLOAT_BYTES;

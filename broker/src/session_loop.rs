@@ -32,6 +32,9 @@ const IN_PLACE_IO_BUFFER: usize = 16 << 10;
 /// memory ([`serve_in_place`]); smaller ones are read whole, like any request.
 pub const IN_PLACE_MIN_BYTES: usize = 64 << 10;
 
+mod ring;
+pub use ring::{MAX_ANSWERED_HERE, MAX_FRAME_HERE, serve_ring};
+
 /// How the session loop reaches the lending side of its reader `R` (`None`: it does not lend).
 type Lend<R> = fn(&mut R) -> &mut dyn ReadInPlace;
 
@@ -90,8 +93,7 @@ impl<W: Write> Replier<W> {
         call_id: u64,
         payload: &[u8],
     ) -> Result<(), ServeError> {
-        frame::write_frame(&mut self.w, opcode, flags, call_id, 0, &[payload])
-            .map_err(ServeError::Io)
+        write_ok(&mut self.w, opcode, flags, call_id, payload)
     }
 
     fn err(&mut self, opcode: u16, call_id: u64, e: &CuError) -> Result<(), ServeError> {
@@ -105,17 +107,38 @@ impl<W: Write> Replier<W> {
         call_id: u64,
         e: &CuError,
     ) -> Result<(), ServeError> {
-        let mut msg = e.message.as_bytes();
-        if msg.len() > MAX_PAYLOAD {
-            msg = &msg[..MAX_PAYLOAD];
-        }
-        frame::write_frame(&mut self.w, opcode, flags, call_id, e.code, &[msg])
-            .map_err(ServeError::Io)
+        write_err(&mut self.w, opcode, flags, call_id, e)
     }
 
     fn flush(&mut self) -> Result<(), ServeError> {
         self.w.flush().map_err(ServeError::Io)
     }
+}
+
+/// Writes a successful reply.
+fn write_ok(
+    w: &mut impl Write,
+    opcode: u16,
+    flags: u16,
+    call_id: u64,
+    payload: &[u8],
+) -> Result<(), ServeError> {
+    frame::write_frame(w, opcode, flags, call_id, 0, &[payload]).map_err(ServeError::Io)
+}
+
+/// Writes a failed call's reply: its `CUresult` and message.
+fn write_err(
+    w: &mut impl Write,
+    opcode: u16,
+    flags: u16,
+    call_id: u64,
+    e: &CuError,
+) -> Result<(), ServeError> {
+    let mut msg = e.message.as_bytes();
+    if msg.len() > MAX_PAYLOAD {
+        msg = &msg[..MAX_PAYLOAD];
+    }
+    frame::write_frame(w, opcode, flags, call_id, e.code, &[msg]).map_err(ServeError::Io)
 }
 
 /// Serves one session of `tenant` until the client leaves or breaks the
@@ -160,7 +183,16 @@ pub fn serve_with_fds<R: Read, W: Write>(
     fds: Option<Arc<crate::hostshare::FdInbox>>,
 ) -> Result<SessionSummary, ServeError> {
     let r = BufReader::with_capacity(IO_BUFFER, reader);
-    serve_inner(broker, tenant, r, None, writer, transport, hangup, fds)
+    serve_inner(
+        broker,
+        tenant,
+        r,
+        run_plain(None),
+        writer,
+        transport,
+        hangup,
+        fds,
+    )
 }
 
 /// [`serve_watched`] on a transport that lends the bytes it received ([`ReadInPlace`]: vgpud's
@@ -183,7 +215,7 @@ pub fn serve_in_place<R: Read + ReadInPlace, W: Write>(
         broker,
         tenant,
         r,
-        Some(lend::<R>),
+        run_plain(Some(lend::<R>)),
         writer,
         transport,
         hangup,
@@ -191,12 +223,49 @@ pub fn serve_in_place<R: Read + ReadInPlace, W: Write>(
     )
 }
 
+/// The loop that serves a session once its handshake is done: it takes the session (and must
+/// drop it before it returns), the reader, the replier, the payload buffer and the summary.
+trait RunSession<R, W: Write>:
+    FnOnce(
+    Session,
+    BufReader<R>,
+    &mut Replier<W>,
+    Vec<u8>,
+    &mut SessionSummary,
+) -> Result<(), ServeError>
+{
+}
+
+impl<R, W: Write, F> RunSession<R, W> for F where
+    F: FnOnce(
+        Session,
+        BufReader<R>,
+        &mut Replier<W>,
+        Vec<u8>,
+        &mut SessionSummary,
+    ) -> Result<(), ServeError>
+{
+}
+
+/// The plain loop: every frame on the session's own thread.
+fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> {
+    move |mut session: Session,
+          mut r: BufReader<R>,
+          w: &mut Replier<W>,
+          mut payload: Vec<u8>,
+          summary: &mut SessionSummary| {
+        let result = session_loop(&mut session, &mut r, lend, w, &mut payload, summary);
+        drop(session);
+        result
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn serve_inner<R: Read, W: Write>(
     broker: &Broker,
     tenant: Arc<Tenant>,
     mut r: BufReader<R>,
-    lend: Option<Lend<R>>,
+    run: impl RunSession<R, W>,
     writer: W,
     transport: &str,
     hangup: Option<crate::engine::HangupProbe>,
@@ -261,15 +330,7 @@ fn serve_inner<R: Read, W: Write>(
         id: info.id,
         requests: 0,
     };
-    let result = session_loop(
-        &mut session,
-        &mut r,
-        lend,
-        &mut w,
-        &mut payload,
-        &mut summary,
-    );
-    drop(session);
+    let result = run(session, r, &mut w, payload, &mut summary);
     match &result {
         Ok(()) => {
             info!(tenant = %tenant.name, session = info.id, requests = summary.requests, "session closed")
@@ -476,103 +537,115 @@ fn session_loop<R: Read, W: Write>(
     summary: &mut SessionSummary,
 ) -> Result<(), ServeError> {
     let mut out = Vec::new();
-    let htod_fields = htod_fields_len();
-    loop {
-        if r.buffer().is_empty() {
-            // Nothing more is pending from the client: send the replies now.
-            w.flush()?;
-        }
-        let h = match frame::read_header(r) {
-            Ok(h) => h,
-            Err(FrameError::Closed) => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        // A large host-to-device copy on a lending transport: only its fields are read here.
-        let lent = match lend {
-            Some(lend)
-                if h.opcode == msg::MemcpyHtoD::OPCODE
-                    && h.payload_len as usize >= IN_PLACE_MIN_BYTES =>
-            {
-                Some((lend, h.payload_len as usize - htod_fields))
-            }
-            _ => None,
-        };
-        let bulk = lent.map_or(0, |(_, n)| n);
-        frame::read_payload(r, h.payload_len as usize - bulk, payload)?;
-        summary.requests += 1;
-        if session.fds_overflowed() {
-            return Err(ServeError::Protocol(format!(
-                "the client sent more than {} descriptors ahead of their requests",
-                crate::hostshare::MAX_QUEUED_FDS
-            )));
-        }
-        if h.is_reply() || h.has_output() {
-            return Err(ServeError::Protocol(
-                "the client sent a reply frame or reply flags".into(),
-            ));
-        }
-        let is_async = h.is_async();
-        let decoded = Request::decode(h.opcode, payload);
-        let (req, tail_at) = match decoded {
-            Ok(d) => d,
-            Err(e) => {
-                let code = match e {
-                    DecodeError::UnknownOpcode(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
-                    _ => cuda::CUDA_ERROR_INVALID_VALUE,
-                };
-                let ce = CuError::new(code, format!("request {:#06x} rejected: {e}", h.opcode));
-                debug!(session = session.id(), error = %ce, "bad request");
-                if let Some((lend, n)) = lent {
-                    Lent::new(r, lend, n).finish()?;
-                }
-                if is_async {
-                    session.defer_error(ce);
-                } else {
-                    w.err(h.opcode, h.call_id, &ce)?;
-                }
-                continue;
-            }
-        };
-        if is_async && req.flags() & ASYNC_OK == 0 {
-            return Err(ServeError::Protocol(format!(
-                "{} cannot be sent asynchronously",
-                req.name()
-            )));
-        }
-        if matches!(req, Request::Goodbye(_)) {
-            return Ok(());
-        }
-        out.clear();
-        let name = req.name();
-        let result = match lent {
-            Some((lend, n)) => {
-                let data = Lent::new(r, lend, n);
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    session.handle_lent(&req, &data, &mut out, !is_async)
-                }))
-                .map_err(|_| ServeError::Panic(name))?;
-                data.finish()?;
-                result
-            }
-            None => catch_unwind(AssertUnwindSafe(|| {
-                session.handle(&req, &payload[tail_at..], &mut out, !is_async)
-            }))
-            .map_err(|_| ServeError::Panic(name))?,
-        };
-        // Errors of asynchronous requests were kept by the session for the
-        // next synchronizing call of their context.
-        // Device output released by a synchronizing call: the client fetches it.
-        let flags = if !is_async && session.output_ready() {
-            FLAG_REPLY | FLAG_OUTPUT
-        } else {
-            FLAG_REPLY
-        };
-        match (result, is_async) {
-            (Ok(()), false) => w.ok_with(h.opcode, flags, h.call_id, &out)?,
-            (Err(e), false) => w.err_with(h.opcode, flags, h.call_id, &e)?,
-            (_, true) => {}
-        }
+    while step(session, r, lend, w, payload, summary, &mut out)?.is_continue() {}
+    Ok(())
+}
+
+/// Reads, runs and answers one frame; breaks when the client said goodbye or left.
+fn step<R: Read, W: Write>(
+    session: &mut Session,
+    r: &mut BufReader<R>,
+    lend: Option<Lend<R>>,
+    w: &mut Replier<W>,
+    payload: &mut Vec<u8>,
+    summary: &mut SessionSummary,
+    out: &mut Vec<u8>,
+) -> Result<ControlFlow<()>, ServeError> {
+    if r.buffer().is_empty() {
+        // Nothing more is pending from the client: send the replies now.
+        w.flush()?;
     }
+    let h = match frame::read_header(r) {
+        Ok(h) => h,
+        Err(FrameError::Closed) => return Ok(ControlFlow::Break(())),
+        Err(e) => return Err(e.into()),
+    };
+    // A large host-to-device copy on a lending transport: only its fields are read here.
+    let lent = match lend {
+        Some(lend)
+            if h.opcode == msg::MemcpyHtoD::OPCODE
+                && h.payload_len as usize >= IN_PLACE_MIN_BYTES =>
+        {
+            Some((lend, h.payload_len as usize - htod_fields_len()))
+        }
+        _ => None,
+    };
+    let bulk = lent.map_or(0, |(_, n)| n);
+    frame::read_payload(r, h.payload_len as usize - bulk, payload)?;
+    summary.requests += 1;
+    if session.fds_overflowed() {
+        return Err(ServeError::Protocol(format!(
+            "the client sent more than {} descriptors ahead of their requests",
+            crate::hostshare::MAX_QUEUED_FDS
+        )));
+    }
+    if h.is_reply() || h.has_output() {
+        return Err(ServeError::Protocol(
+            "the client sent a reply frame or reply flags".into(),
+        ));
+    }
+    let is_async = h.is_async();
+    let decoded = Request::decode(h.opcode, payload);
+    let (req, tail_at) = match decoded {
+        Ok(d) => d,
+        Err(e) => {
+            let code = match e {
+                DecodeError::UnknownOpcode(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
+                _ => cuda::CUDA_ERROR_INVALID_VALUE,
+            };
+            let ce = CuError::new(code, format!("request {:#06x} rejected: {e}", h.opcode));
+            debug!(session = session.id(), error = %ce, "bad request");
+            if let Some((lend, n)) = lent {
+                Lent::new(r, lend, n).finish()?;
+            }
+            if is_async {
+                session.defer_error(ce);
+            } else {
+                w.err(h.opcode, h.call_id, &ce)?;
+            }
+            return Ok(ControlFlow::Continue(()));
+        }
+    };
+    if is_async && req.flags() & ASYNC_OK == 0 {
+        return Err(ServeError::Protocol(format!(
+            "{} cannot be sent asynchronously",
+            req.name()
+        )));
+    }
+    if matches!(req, Request::Goodbye(_)) {
+        return Ok(ControlFlow::Break(()));
+    }
+    out.clear();
+    let name = req.name();
+    let result = match lent {
+        Some((lend, n)) => {
+            let data = Lent::new(r, lend, n);
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                session.handle_lent(&req, &data, out, !is_async)
+            }))
+            .map_err(|_| ServeError::Panic(name))?;
+            data.finish()?;
+            result
+        }
+        None => catch_unwind(AssertUnwindSafe(|| {
+            session.handle(&req, &payload[tail_at..], out, !is_async)
+        }))
+        .map_err(|_| ServeError::Panic(name))?,
+    };
+    // Errors of asynchronous requests were kept by the session for the
+    // next synchronizing call of their context.
+    // Device output released by a synchronizing call: the client fetches it.
+    let flags = if !is_async && session.output_ready() {
+        FLAG_REPLY | FLAG_OUTPUT
+    } else {
+        FLAG_REPLY
+    };
+    match (result, is_async) {
+        (Ok(()), false) => w.ok_with(h.opcode, flags, h.call_id, out)?,
+        (Err(e), false) => w.err_with(h.opcode, flags, h.call_id, &e)?,
+        (_, true) => {}
+    }
+    Ok(ControlFlow::Continue(()))
 }
 
 #[cfg(test)]

@@ -196,6 +196,50 @@ pub trait ReadInPlace {
     ) -> io::Result<()>;
 }
 
+/// Answers frames on the thread that delivered their bytes (a vsock device's queue thread),
+/// so that a quick call needs no hand-off to the thread that serves its stream.
+pub trait AnswerHere: Send + Sync {
+    /// Runs the complete frames at the front of the stream that can be answered at once and
+    /// writes their replies ([`FrameRing::write_here`]). Never waits: it declines whenever the
+    /// serving thread is busy.
+    fn answer_here(&self) -> Answered;
+}
+
+/// What one [`AnswerHere::answer_here`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answered {
+    /// Calls answered.
+    pub calls: usize,
+    /// Whether the stream's own reader must be woken for the bytes left: `false` only when none
+    /// are left but the start of a frame the answerer will take once it is whole.
+    pub wake_reader: bool,
+}
+
+/// A byte stream whose received bytes another thread may take whole frames from while the
+/// stream's own reader waits (vgpud's in-process vsock rings): the reading side of
+/// [`AnswerHere`].
+pub trait FrameRing {
+    /// Bytes readable now.
+    fn readable(&self) -> usize;
+    /// Copies the first readable bytes into `buf` without consuming them; returns how many.
+    fn peek(&self, buf: &mut [u8]) -> usize;
+    /// Consumes `n` readable bytes (at most [`FrameRing::readable`]).
+    fn consume(&self, n: usize);
+    /// Room for [`FrameRing::write_here`] now.
+    fn writable(&self) -> usize;
+    /// Writes as much of `buf` as fits, without waiting, for the thread that called
+    /// [`AnswerHere::answer_here`] to deliver; returns how many bytes it took.
+    fn write_here(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Waits until bytes are readable (`true`), the reader is kicked ([`FrameRing::kick`],
+    /// `true`) or the stream ended with nothing left to read (`false`).
+    fn wait_readable(&self) -> io::Result<bool>;
+    /// Wakes a reader waiting in [`FrameRing::wait_readable`].
+    fn kick(&self);
+    /// Registers the answerer the delivering thread calls after each write (a weak reference:
+    /// the answerer owns the stream).
+    fn answer_with(&self, answerer: std::sync::Weak<dyn AnswerHere>);
+}
+
 /// The function of one [`ReadInPlace::read_in_place`] call, as its implementations offer it the
 /// runs: it is called until it breaks once, then no more (the bytes are consumed all the same,
 /// as the trait requires).

@@ -69,8 +69,9 @@ struct Reading {
 enum Link {
     /// A unix socket (a guest process connected to the VM's socket directly).
     Unix(UnixStream, Reading),
-    /// The session end of a vsock device's in-process connection (the GPU port).
-    InProcess(SessionEnd),
+    /// The session end of a vsock device's in-process connection (the GPU port), shared with
+    /// the device thread's answerer.
+    InProcess(Arc<SessionEnd>),
 }
 
 impl Link {
@@ -184,7 +185,7 @@ impl SessionHub {
         end: SessionEnd,
         transport: String,
     ) {
-        self.spawn_link(broker, tenant, Link::InProcess(end), transport);
+        self.spawn_link(broker, tenant, Link::InProcess(Arc::new(end)), transport);
     }
 
     fn spawn_link(
@@ -312,18 +313,21 @@ impl SessionHub {
                 )
             }
             Link::InProcess(end) => {
-                let writer = FirstFrameTap::new(end, on_first_frame);
+                let writer = FirstFrameTap::new(&**end, on_first_frame);
                 let probe = end.shutdown_handle();
                 // The device thread closed its end (guest RST, device reset, VMM gone) or
                 // the guest shut its sending side.
                 let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || probe.peer_gone());
-                vgpu_broker::session_loop::serve_in_place(
+                // The device thread answers quick calls itself where its seccomp filter allows
+                // all a session's calls.
+                vgpu_broker::session_loop::serve_ring(
                     broker,
                     Arc::clone(&tenant),
-                    end,
+                    Arc::clone(end),
                     writer,
                     transport,
                     Some(hangup),
+                    vgpu_seccomp::vhost_may_run_session_calls(),
                 )
             }
         };

@@ -7,11 +7,14 @@ use std::sync::{Mutex, MutexGuard};
 use tracing::{debug, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
-use vm_memory::GuestMemoryAtomic;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
-use vgpu_vhost_user::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config, vring_ready};
+use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN, Poll};
+use vgpu_vhost_user::{
+    ExitEvents, VIRTIO_FEATURES, has_available, protocol_features, read_config, vring_ready,
+};
 
 use super::device::VsockDevice;
 use super::packet::GuestMem;
@@ -21,6 +24,10 @@ use super::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 /// queues and `NUM_QUEUES` is the worker's exit event.
 pub const BACKEND_EVENT: u16 = NUM_QUEUES as u16 + 1;
 
+/// Rounds in a row the device thread may poll the tx queue and answer what it finds there
+/// before it goes back to its event loop (which also serves host sockets and the VMM).
+const MAX_POLL_ROUNDS: usize = 1024;
+
 /// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
 pub struct VsockBackend {
     device: Mutex<VsockDevice>,
@@ -28,6 +35,9 @@ pub struct VsockBackend {
     queue_size: usize,
     config_space: [u8; 8],
     exit: ExitEvents,
+    /// How long the device thread polls the tx queue after answering calls itself
+    /// (`poll_tx`).
+    spin: Mutex<AdaptiveSpin>,
 }
 
 impl std::fmt::Debug for VsockBackend {
@@ -47,6 +57,7 @@ impl VsockBackend {
             queue_size: usize::from(queue_size),
             config_space: guest_cid.to_le_bytes(),
             exit: ExitEvents::new()?,
+            spin: Mutex::new(AdaptiveSpin::new(DEFAULT_SPIN)),
         })
     }
 
@@ -64,6 +75,48 @@ impl VsockBackend {
     /// Locks the device; a panic on another thread does not make the state unusable for a reset.
     pub fn device(&self) -> MutexGuard<'_, VsockDevice> {
         self.device.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Handles one event of the vring worker; returns the calls answered on this thread meanwhile.
+    fn process(&self, device_event: u16, rx: &VringRwLock, tx: &VringRwLock) -> u64 {
+        let mut dev = self.device();
+        let before = dev.calls_on_device_thread();
+        match device_event {
+            e if usize::from(e) == TX_QUEUE => dev.process_tx(tx),
+            e if usize::from(e) == RX_QUEUE => {}
+            e if usize::from(e) == EVENT_QUEUE => {
+                // The driver posted event buffers; the device only ever needs them for transport
+                // resets after migration, which vhost-user-vsock does not support.
+            }
+            BACKEND_EVENT => dev.process_host_events(vring_ready(rx)),
+            other => debug!(event = other, "unexpected vsock backend event"),
+        }
+        dev.process_rx(rx);
+        dev.calls_on_device_thread() - before
+    }
+
+    /// Watches the tx queue for the guest's next packet for up to the adaptive spin's budget
+    /// (the device lock is not held); returns whether one came.
+    fn poll_tx(&self, mem: &GuestMemoryAtomic<GuestMem>, tx: &VringRwLock) -> bool {
+        let budget = self.spin().budget();
+        if budget.is_zero() {
+            return false;
+        }
+        let guard = mem.memory();
+        let mut poll = Poll::new(budget);
+        let mut caught = false;
+        while poll.again() {
+            if has_available(tx, &guard) {
+                caught = true;
+                break;
+            }
+        }
+        self.spin().record(caught);
+        caught
+    }
+
+    fn spin(&self) -> MutexGuard<'_, AdaptiveSpin> {
+        self.spin.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -133,18 +186,20 @@ impl VhostUserBackend for VsockBackend {
         let (Some(rx), Some(tx)) = (vrings.get(RX_QUEUE), vrings.get(TX_QUEUE)) else {
             return Ok(());
         };
-        let mut dev = self.device();
-        match device_event {
-            e if usize::from(e) == TX_QUEUE => dev.process_tx(tx),
-            e if usize::from(e) == RX_QUEUE => {}
-            e if usize::from(e) == EVENT_QUEUE => {
-                // The driver posted event buffers; the device only ever needs them for transport
-                // resets after migration, which vhost-user-vsock does not support.
-            }
-            BACKEND_EVENT => dev.process_host_events(vring_ready(rx)),
-            other => debug!(event = other, "unexpected vsock backend event"),
+        if self.process(device_event, rx, tx) == 0 {
+            return Ok(());
         }
-        dev.process_rx(rx);
+        // A guest that got its answer from this thread often sends its next request within
+        // microseconds: watch the tx queue for it a little while before sleeping. Not after
+        // calls handed to session threads: they need the CPU more.
+        let Some(mem) = self.device().memory() else {
+            return Ok(());
+        };
+        for _ in 0..MAX_POLL_ROUNDS {
+            if !self.poll_tx(&mem, tx) || self.process(TX_QUEUE as u16, rx, tx) == 0 {
+                break;
+            }
+        }
         Ok(())
     }
 }

@@ -499,7 +499,20 @@ impl Connection {
             tracing::error!(error = %e, "cannot read guest data; resetting the connection");
             self.reset();
         }
+        self.collect_answers(stats);
         self.maybe_credit_update();
+    }
+
+    /// Replies an in-process endpoint's answerer wrote while this thread wrote to it: read them
+    /// now, no eventfd announced them.
+    fn collect_answers(&mut self, stats: &VsockStats) {
+        if let Endpoint::InProcess(d) = &self.stream {
+            let answered = d.take_answered();
+            if answered > 0 {
+                stats.add_calls_on_device_thread(answered as u64);
+                self.readable = true;
+            }
+        }
     }
 
     fn forwarded(&mut self, n: usize, stats: &VsockStats) {
@@ -576,6 +589,7 @@ impl Connection {
         if self.tx_buf.is_empty() && self.tx_buf.capacity() > TX_BUF_KEEP_CAPACITY {
             self.tx_buf = VecDeque::new();
         }
+        self.collect_answers(stats);
         self.maybe_credit_update();
         if self.peer_shutdown != 0 {
             self.apply_peer_shutdown();

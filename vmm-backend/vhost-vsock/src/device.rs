@@ -563,6 +563,16 @@ impl VsockDevice {
         }
     }
 
+    /// Guest memory, once the VMM has set it.
+    pub fn memory(&self) -> Option<GuestMemoryAtomic<GuestMem>> {
+        self.mem.clone()
+    }
+
+    /// Calls answered on this device's thread so far (by in-process endpoints' answerers).
+    pub fn calls_on_device_thread(&self) -> u64 {
+        self.stats.calls_on_device_thread()
+    }
+
     fn has_rx_work(&self) -> bool {
         !self.control.is_empty() || !self.pending.is_empty()
     }

@@ -24,11 +24,11 @@ use std::io::{self, Read, Write};
 use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use vgpu_hugemem::HugeMapping;
-use vgpu_proto::frame::{Borrower, ReadInPlace};
+use vgpu_proto::frame::{AnswerHere, Answered, Borrower, FrameRing, ReadInPlace};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -279,6 +279,11 @@ struct State {
     session_waiting: bool,
     /// The device found `to_session` full and waits for room (an eventfd write is owed).
     device_wants_room: bool,
+    /// The answerer kicked the session ([`FrameRing::kick`]).
+    kicked: bool,
+    /// Frames the answerer answered on the device thread since the device last asked
+    /// ([`DeviceEnd::take_answered`]).
+    answered: usize,
     /// The budget reservation of an enlarged `to_session` ring.
     lease: Option<RingLease>,
 }
@@ -313,6 +318,8 @@ struct Shared {
     cond: Condvar,
     /// Wakes the device thread (registered in its epoll).
     event: EventFd,
+    /// Answers quick frames on the device thread ([`FrameRing::answer_with`]).
+    answerer: OnceLock<Weak<dyn AnswerHere>>,
 }
 
 impl Shared {
@@ -345,6 +352,8 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             session_write_closed: false,
             session_waiting: false,
             device_wants_room: false,
+            kicked: false,
+            answered: 0,
             lease: None,
         }),
         device_copy: Mutex::new(()),
@@ -352,6 +361,7 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
         session_write: Mutex::new(()),
         cond: Condvar::new(),
         event: EventFd::new(EFD_NONBLOCK)?,
+        answerer: OnceLock::new(),
     });
     Ok((
         DeviceEnd {
@@ -467,6 +477,21 @@ impl DeviceEnd {
         io_error: impl Fn(io::Error) -> E,
         copy: impl FnOnce(&Span) -> Result<usize, E>,
     ) -> Result<usize, E> {
+        let n = self.push_only(want, io_error, copy)?;
+        if n > 0 {
+            self.settle();
+        }
+        Ok(n)
+    }
+
+    /// [`DeviceEnd::push_with`] without [`DeviceEnd::settle`]: wakes the session itself unless
+    /// an answerer is registered.
+    fn push_only<E>(
+        &self,
+        want: usize,
+        io_error: impl Fn(io::Error) -> E,
+        copy: impl FnOnce(&Span) -> Result<usize, E>,
+    ) -> Result<usize, E> {
         let _copy = Shared::copying(&self.shared.device_copy);
         let mut st = self.shared.lock();
         if st.session_closed {
@@ -484,12 +509,43 @@ impl DeviceEnd {
         let n = copy(&span)?;
         let mut st = self.shared.lock();
         st.to_session.commit(&span, n);
-        let wake = st.session_waiting;
+        // With an answerer, `settle` decides whether the session is woken.
+        let wake = st.session_waiting && self.shared.answerer.get().is_none();
         drop(st);
         if wake {
             self.shared.cond.notify_all();
         }
         Ok(n)
+    }
+
+    /// After bytes were written towards the session: lets the answerer answer what it can on
+    /// this thread, then wakes the session if bytes are left for it (not for the start of a
+    /// frame the answerer waits to take whole).
+    fn settle(&self) {
+        let Some(answerer) = self.shared.answerer.get() else {
+            return;
+        };
+        let answered = answerer.upgrade().map_or(
+            Answered {
+                calls: 0,
+                wake_reader: true,
+            },
+            |a| a.answer_here(),
+        );
+        let mut st = self.shared.lock();
+        st.answered += answered.calls;
+        let wake =
+            st.session_waiting && (st.kicked || (answered.wake_reader && st.to_session.len > 0));
+        drop(st);
+        if wake {
+            self.shared.cond.notify_all();
+        }
+    }
+
+    /// How many frames the answerer answered on this thread since the last call: their replies
+    /// wait in the ring towards the device, and no eventfd write announced them.
+    pub fn take_answered(&self) -> usize {
+        std::mem::take(&mut self.shared.lock().answered)
     }
 
     /// Copies the session's output into rx descriptor memory, outside the state lock.
@@ -640,15 +696,7 @@ impl SessionEnd {
                 let both = [a, b];
                 let runs = if b.is_empty() { &both[..1] } else { &both[..] };
                 let (taken, flow) = f(runs);
-                st = self.shared.lock();
-                st.to_session.consume(&span, taken);
-                let wake = std::mem::take(&mut st.device_wants_room);
-                let lease = st.release_large_ring();
-                drop(st);
-                drop(lease);
-                if wake {
-                    self.shared.wake_device();
-                }
+                self.consumed(&span, taken);
                 if flow.is_break() {
                     return Ok(true);
                 }
@@ -659,6 +707,20 @@ impl SessionEnd {
                 return Ok(false);
             }
             st = self.wait(st, deadline)?;
+        }
+    }
+
+    /// `n` bytes of `span` (readable bytes of the ring towards the session) were read: frees
+    /// them, tells the device if it waits for room, and frees a large ring that is done.
+    fn consumed(&self, span: &Span, n: usize) {
+        let mut st = self.shared.lock();
+        st.to_session.consume(span, n);
+        let wake = std::mem::take(&mut st.device_wants_room);
+        let lease = st.release_large_ring();
+        drop(st);
+        drop(lease);
+        if wake {
+            self.shared.wake_device();
         }
     }
 
@@ -815,6 +877,96 @@ impl Write for SessionEnd {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// The session's side of answering on the device thread: the answerer (the broker's session
+/// loop) takes whole frames from the ring towards the session while the session thread waits, and
+/// writes their replies for the device thread, which called it, to deliver.
+impl FrameRing for SessionEnd {
+    fn readable(&self) -> usize {
+        let st = self.shared.lock();
+        if st.session_closed {
+            0
+        } else {
+            st.to_session.len
+        }
+    }
+
+    fn peek(&self, buf: &mut [u8]) -> usize {
+        let _copy = Shared::copying(&self.shared.session_read);
+        let st = self.shared.lock();
+        let Some(span) = st.to_session.readable().filter(|_| !st.session_closed) else {
+            return 0;
+        };
+        drop(st);
+        drain_into(&span.slices(), buf)
+    }
+
+    fn consume(&self, n: usize) {
+        let _copy = Shared::copying(&self.shared.session_read);
+        let st = self.shared.lock();
+        let Some(span) = st.to_session.readable() else {
+            return;
+        };
+        drop(st);
+        let n = n.min(span.parts[0].1 + span.parts[1].1);
+        self.consumed(&span, n);
+    }
+
+    fn writable(&self) -> usize {
+        self.shared.lock().to_device.free()
+    }
+
+    fn write_here(&self, buf: &[u8]) -> io::Result<usize> {
+        let _copy = Shared::copying(&self.shared.session_write);
+        let mut st = self.shared.lock();
+        if st.session_closed || st.session_write_closed || st.device_closed {
+            return Err(broken_pipe());
+        }
+        let Some(span) = st.to_device.writable() else {
+            return Ok(0);
+        };
+        drop(st);
+        let n = fill(&span, buf);
+        // No eventfd write: the device thread that called the answerer reads the ring itself
+        // (`DeviceEnd::take_answered`).
+        self.shared.lock().to_device.commit(&span, n);
+        Ok(n)
+    }
+
+    fn wait_readable(&self) -> io::Result<bool> {
+        let mut st = self.shared.lock();
+        loop {
+            if std::mem::take(&mut st.kicked) {
+                return Ok(true);
+            }
+            if st.session_closed {
+                return Ok(false);
+            }
+            if st.to_session.len > 0 {
+                return Ok(true);
+            }
+            if st.device_closed || st.device_write_closed {
+                return Ok(false);
+            }
+            st = self.wait(st, None)?;
+        }
+    }
+
+    fn kick(&self) {
+        let mut st = self.shared.lock();
+        st.kicked = true;
+        let wake = st.session_waiting;
+        drop(st);
+        if wake {
+            self.shared.cond.notify_all();
+        }
+    }
+
+    fn answer_with(&self, answerer: Weak<dyn AnswerHere>) {
+        // Set once per connection: a second answerer is ignored.
+        let _ = self.shared.answerer.set(answerer);
     }
 }
 
@@ -1089,6 +1241,151 @@ mod tests {
         assert_eq!(
             (&s).read(&mut buf).unwrap_err().kind(),
             io::ErrorKind::WouldBlock
+        );
+    }
+    /// A toy answerer: frames are 4 bytes; it answers those not starting with `THEIRS` by
+    /// writing them back reversed, on the thread that calls it.
+    struct Reverser {
+        end: Arc<SessionEnd>,
+        threads: Mutex<Vec<std::thread::ThreadId>>,
+    }
+
+    const THEIRS: u8 = 0xff;
+
+    impl AnswerHere for Reverser {
+        fn answer_here(&self) -> Answered {
+            let mut calls = 0;
+            loop {
+                let mut f = [0u8; 4];
+                if self.end.peek(&mut f) < f.len() {
+                    return Answered {
+                        calls,
+                        wake_reader: false,
+                    };
+                }
+                if f[0] == THEIRS {
+                    return Answered {
+                        calls,
+                        wake_reader: true,
+                    };
+                }
+                self.end.consume(f.len());
+                f.reverse();
+                assert_eq!(self.end.write_here(&f).unwrap(), f.len());
+                self.threads
+                    .lock()
+                    .unwrap()
+                    .push(std::thread::current().id());
+                calls += 1;
+            }
+        }
+    }
+
+    /// Waits for bytes on another thread; the receiver gets `wait_readable`'s answer. Returns
+    /// once that thread sleeps.
+    fn waiter(s: &Arc<SessionEnd>) -> std::sync::mpsc::Receiver<bool> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let end = Arc::clone(s);
+        std::thread::spawn(move || {
+            let _ = tx.send(end.wait_readable().unwrap());
+        });
+        let deadline = Instant::now() + PATIENCE;
+        while !s.shared.lock().session_waiting {
+            assert!(Instant::now() < deadline, "the waiter never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        rx
+    }
+
+    const QUIET: Duration = Duration::from_millis(50);
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn an_answerer_takes_whole_frames_on_the_device_thread() {
+        let (d, s) = pair(64).unwrap();
+        let s = Arc::new(s);
+        let answerer = Arc::new(Reverser {
+            end: Arc::clone(&s),
+            threads: Mutex::new(Vec::new()),
+        });
+        let weak: Arc<dyn AnswerHere> = answerer.clone();
+        s.answer_with(Arc::downgrade(&weak));
+        let woken = waiter(&s);
+        // Half a frame: the answerer waits for the rest, the session is not woken.
+        (&d).write_all(&[1, 2]).unwrap();
+        assert_eq!(d.take_answered(), 0);
+        assert!(woken.recv_timeout(QUIET).is_err(), "woken for half a frame");
+        // The rest, and a second whole frame: both answered here, the replies readable at once
+        // with no eventfd write, the session still asleep.
+        (&d).write_all(&[3, 4, 5, 6, 7, 8]).unwrap();
+        assert_eq!(d.take_answered(), 2);
+        assert_eq!(d.take_answered(), 0, "counted once");
+        assert_eq!(
+            d.shared.event.read().unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert_eq!(device_read(&d, 64).unwrap(), [4, 3, 2, 1, 8, 7, 6, 5]);
+        assert_eq!(
+            *answerer.threads.lock().unwrap(),
+            vec![std::thread::current().id(); 2]
+        );
+        assert!(
+            woken.recv_timeout(QUIET).is_err(),
+            "woken with nothing to read"
+        );
+        assert_eq!(s.readable(), 0);
+        // A frame the answerer leaves: the session is woken and reads it.
+        (&d).write_all(&[THEIRS, 1, 2, 3]).unwrap();
+        assert_eq!(woken.recv_timeout(PATIENCE), Ok(true));
+        assert_eq!(d.take_answered(), 0);
+        let mut buf = [0u8; 4];
+        (&*s).read_exact(&mut buf).unwrap();
+        assert_eq!(buf, [THEIRS, 1, 2, 3]);
+        // The end of the stream with nothing left to read.
+        drop(d);
+        assert!(!s.wait_readable().unwrap());
+    }
+
+    #[test]
+    fn a_kick_wakes_a_waiting_reader_and_is_taken_once() {
+        let (_d, s) = pair(64).unwrap();
+        let s = Arc::new(s);
+        let woken = waiter(&s);
+        s.kick();
+        assert_eq!(woken.recv_timeout(PATIENCE), Ok(true));
+        let again = waiter(&s);
+        assert!(
+            again.recv_timeout(QUIET).is_err(),
+            "the kick was taken twice"
+        );
+        s.kick();
+        assert_eq!(again.recv_timeout(PATIENCE), Ok(true));
+    }
+
+    #[test]
+    fn write_here_never_waits_and_peek_does_not_consume() {
+        let (d, s) = pair(8).unwrap();
+        assert_eq!(s.writable(), 8);
+        assert_eq!(s.write_here(&[9u8; 12]).unwrap(), 8);
+        assert_eq!(
+            s.write_here(&[9u8; 1]).unwrap(),
+            0,
+            "a full ring takes nothing"
+        );
+        assert_eq!(s.writable(), 0);
+        (&d).write_all(&[1, 2, 3]).unwrap();
+        let mut two = [0u8; 2];
+        assert_eq!(s.peek(&mut two), 2);
+        assert_eq!(s.peek(&mut two), 2);
+        assert_eq!((two, s.readable()), ([1, 2], 3));
+        s.consume(2);
+        assert_eq!(s.readable(), 1);
+        s.consume(5);
+        assert_eq!(s.readable(), 0, "consumes at most what is readable");
+        drop(d);
+        assert_eq!(
+            s.write_here(&[1]).unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
         );
     }
 }

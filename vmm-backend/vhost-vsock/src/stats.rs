@@ -18,6 +18,7 @@ pub struct VsockStats {
     frontend_connections: AtomicU64,
     dropped_chains: AtomicU64,
     large_ring_bytes: AtomicU64,
+    calls_on_device_thread: AtomicU64,
 }
 
 /// A point-in-time copy of [`VsockStats`].
@@ -44,6 +45,9 @@ pub struct VsockStatsSnapshot {
     /// Bytes of large in-process rings reserved now (at most
     /// [`MAX_LARGE_RING_BYTES`](crate::MAX_LARGE_RING_BYTES)).
     pub large_ring_bytes: u64,
+    /// Calls an in-process endpoint's answerer answered on the device thread (quick calls of
+    /// an idle session, see [`vgpu_proto::frame::AnswerHere`]).
+    pub calls_on_device_thread: u64,
 }
 
 impl VsockStats {
@@ -61,6 +65,7 @@ impl VsockStats {
             frontend_connections: get(&self.frontend_connections),
             dropped_chains: get(&self.dropped_chains),
             large_ring_bytes: get(&self.large_ring_bytes),
+            calls_on_device_thread: get(&self.calls_on_device_thread),
         }
     }
 
@@ -100,6 +105,15 @@ impl VsockStats {
 
     pub(crate) fn add_frontend_connection(&self) {
         self.frontend_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Calls answered on the device thread so far (`calls_on_device_thread`).
+    pub fn calls_on_device_thread(&self) -> u64 {
+        self.calls_on_device_thread.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_calls_on_device_thread(&self, n: u64) {
+        self.calls_on_device_thread.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn add_dropped_chain(&self) {

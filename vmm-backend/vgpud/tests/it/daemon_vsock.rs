@@ -299,3 +299,107 @@ fn a_reset_in_the_middle_of_a_large_frame_ends_the_session_and_frees_its_memory(
     c.call(&msg::MemAlloc { ctx, size: 8 * MIB }, &[]).unwrap();
     d.shutdown();
 }
+
+fn calls_on_device_thread(d: &Daemon) -> u64 {
+    d.runtime()
+        .vsock_of("vm1")
+        .unwrap()
+        .1
+        .calls_on_device_thread
+}
+
+/// Quick calls of an idle session are answered by the device thread itself, not handed to the
+/// session's thread; the replies are the same and come in order, behind posted work too.
+#[test]
+fn the_device_thread_answers_quick_calls_in_order() {
+    const ROUNDS: usize = 200;
+    const CHUNK: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(dir.path());
+    let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+    let mut c = session(&g);
+    c.hello().unwrap();
+    let ctx = context(&mut c);
+    let p = c
+        .call(&msg::MemAlloc { ctx, size: MIB }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    let before = calls_on_device_thread(&d);
+    for round in 0..ROUNDS {
+        c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
+        let data: Vec<u8> = (0..CHUNK).map(|i| (i * 7 + round) as u8).collect();
+        let dst = p + (round * CHUNK) as u64 % MIB;
+        c.call(
+            &msg::MemcpyHtoD {
+                ctx,
+                stream: 0,
+                dst,
+            },
+            &data,
+        )
+        .unwrap();
+        let (_, back) = c
+            .call(
+                &msg::MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: dst,
+                    len: CHUNK as u64,
+                },
+                &[],
+            )
+            .unwrap();
+        assert!(back == data, "round {round}: the copy came back changed");
+        // A posted memset, then a read right behind it: the read sees the memset.
+        c.post(
+            &msg::Memset {
+                ctx,
+                stream: 0,
+                dst,
+                value: round as u32 % 251,
+                elem_size: 1,
+                count: CHUNK as u64,
+            },
+            &[],
+        )
+        .unwrap();
+        let (_, back) = c
+            .call(
+                &msg::MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: dst,
+                    len: CHUNK as u64,
+                },
+                &[],
+            )
+            .unwrap();
+        assert!(
+            back.iter().all(|&b| u32::from(b) == round as u32 % 251),
+            "round {round}: the read did not see the memset before it"
+        );
+    }
+    // A forged context gets the same error wherever it is answered.
+    let (code, _) = c
+        .call(
+            &msg::CtxSynchronize {
+                ctx: ctx ^ 0xdead_0000,
+            },
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(code, vgpu_proto::cuda::CUDA_ERROR_INVALID_CONTEXT);
+    c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
+    let here = calls_on_device_thread(&d) - before;
+    assert!(here >= 1, "no call was answered on the device thread");
+    assert!(
+        here <= 4 * ROUNDS as u64 + 2,
+        "{here} calls answered on the device thread, more than were quick"
+    );
+    let requests = d.broker().tenant("vm1").unwrap().sessions();
+    assert_eq!(requests.len(), 1);
+    drop(c);
+    wait_used(&d, "vm1", 0);
+    d.shutdown();
+}

@@ -27,6 +27,16 @@ impl CuError {
         Self::new(cuda::CUDA_ERROR_INVALID_VALUE, message)
     }
 
+    /// A request that does not decode: `CUDA_ERROR_NOT_SUPPORTED` for an opcode this broker does
+    /// not know, `CUDA_ERROR_INVALID_VALUE` for a malformed body.
+    pub fn rejected(opcode: u16, e: &vgpu_proto::wire::DecodeError) -> Self {
+        let code = match e {
+            vgpu_proto::wire::DecodeError::UnknownOpcode(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
+            _ => cuda::CUDA_ERROR_INVALID_VALUE,
+        };
+        Self::new(code, format!("request {opcode:#06x} rejected: {e}"))
+    }
+
     /// `CUDA_ERROR_INVALID_HANDLE`.
     pub fn invalid_handle(message: impl Into<String>) -> Self {
         Self::new(cuda::CUDA_ERROR_INVALID_HANDLE, message)

@@ -16,7 +16,6 @@ use tracing::{debug, error, info, warn};
 use vgpu_proto::cuda;
 use vgpu_proto::frame::{self, FLAG_OUTPUT, FLAG_REPLY, FrameError, MAX_PAYLOAD, ReadInPlace};
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
-use vgpu_proto::wire::DecodeError;
 
 use crate::Broker;
 use crate::error::CuError;
@@ -589,11 +588,7 @@ fn step<R: Read, W: Write>(
     let (req, tail_at) = match decoded {
         Ok(d) => d,
         Err(e) => {
-            let code = match e {
-                DecodeError::UnknownOpcode(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
-                _ => cuda::CUDA_ERROR_INVALID_VALUE,
-            };
-            let ce = CuError::new(code, format!("request {:#06x} rejected: {e}", h.opcode));
+            let ce = CuError::rejected(h.opcode, &e);
             debug!(session = session.id(), error = %ce, "bad request");
             if let Some((lend, n)) = lent {
                 Lent::new(r, lend, n).finish()?;

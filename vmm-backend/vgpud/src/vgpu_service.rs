@@ -14,7 +14,6 @@ use tracing::{debug, info, warn};
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, CuError};
-use vgpu_proto::cuda;
 use vgpu_proto::frame::{FLAG_ASYNC, Header};
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, REQ_TAIL, Request};
 use vgpu_proto::wire::DecodeError;
@@ -215,11 +214,7 @@ impl SessionExecutor for BrokerSession {
         let (req, tail_at) = match decoded {
             Ok(d) => d,
             Err(e) => {
-                let code = match e {
-                    DecodeError::UnknownOpcode(_) => cuda::CUDA_ERROR_NOT_SUPPORTED,
-                    _ => cuda::CUDA_ERROR_INVALID_VALUE,
-                };
-                let ce = CuError::new(code, format!("request {:#06x} rejected: {e}", h.opcode));
+                let ce = CuError::rejected(h.opcode, &e);
                 debug!(session = session.id(), error = %ce, "bad request");
                 if is_async {
                     session.defer_error(ce);

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tracing::warn;
+use vgpu_proto::spin::{AdaptiveSpin, Poll};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -15,7 +16,7 @@ use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryLoadGuard;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
 };
@@ -168,6 +169,32 @@ pub fn has_available(vring: &VringRwLock, mem: &GuestMem) -> bool {
     q.ready()
         && q.avail_idx(mem, std::sync::atomic::Ordering::Acquire)
             .is_ok_and(|idx| idx.0 != q.next_avail())
+}
+
+/// Watches `rings` for chains the guest makes available, for up to `spin`'s budget (a device
+/// thread that just answered the guest, which often sends its next request within
+/// microseconds); records the outcome in `spin` and returns whether one came.
+pub fn watch_rings(
+    spin: &Mutex<AdaptiveSpin>,
+    mem: &GuestMemoryAtomic<GuestMem>,
+    rings: &[&VringRwLock],
+) -> bool {
+    let lock = || spin.lock().unwrap_or_else(|p| p.into_inner());
+    let budget = lock().budget();
+    if budget.is_zero() {
+        return false;
+    }
+    let guard = mem.memory();
+    let mut poll = Poll::new(budget);
+    let mut caught = false;
+    while poll.again() {
+        if rings.iter().any(|r| has_available(r, &guard)) {
+            caught = true;
+            break;
+        }
+    }
+    lock().record(caught);
+    caught
 }
 
 /// Whether a vring may be used: started by the frontend and enabled.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tracing::{debug, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -20,8 +20,8 @@ use super::wire::{
     CONFIG_MAGIC, CTRL_QUEUE, ConfigSpace, DEVICE_VERSION, F_BATCH, MAX_DATA, MAX_INLINE,
     MAX_SEGMENTS, NUM_QUEUES, SUBMIT_QUEUE,
 };
-use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN, Poll};
-use vgpu_vhost_user::{ExitEvents, VIRTIO_FEATURES, has_available, protocol_features, read_config};
+use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN};
+use vgpu_vhost_user::{ExitEvents, VIRTIO_FEATURES, protocol_features, read_config, watch_rings};
 
 /// One VMM connection's worth of backend: created when the VMM connects, dropped after it leaves.
 pub struct VgpuBackend {
@@ -35,7 +35,7 @@ pub struct VgpuBackend {
     /// Written by the device when it resumes (see [`RESCAN_EVENT`]); registered with the vring
     /// worker by [`VgpuBackend::rescan_fd`]'s user.
     rescan: EventFd,
-    /// How long the queue thread polls the rings after answering frames itself (`poll_rings`).
+    /// How long the queue thread polls the rings after answering frames itself (`watch_rings`).
     spin: Mutex<AdaptiveSpin>,
 }
 
@@ -110,38 +110,6 @@ impl VgpuBackend {
         dev.process_queue(SUBMIT_QUEUE, submit);
         dev.process_queue(CTRL_QUEUE, ctrl);
         dev.take_answered_here()
-    }
-
-    /// Polls both rings for new chains for as long as the adaptive spin allows; whether some
-    /// came. The wake-up of a sleeping queue thread costs tens of microseconds on a virtual
-    /// machine whose CPUs halt when idle, longer than the request takes; the spin shrinks to
-    /// nothing while polling catches nothing, and stops when the thread finds itself preempted
-    /// (the CPU is wanted elsewhere), as the unix socket's reads do (`vgpu_proto::spin`).
-    fn poll_rings(
-        &self,
-        mem: &GuestMemoryAtomic<GuestMem>,
-        ctrl: &VringRwLock,
-        submit: &VringRwLock,
-    ) -> bool {
-        let budget = self.spin().budget();
-        if budget.is_zero() {
-            return false;
-        }
-        let guard = mem.memory();
-        let mut poll = Poll::new(budget);
-        let mut caught = false;
-        while poll.again() {
-            if has_available(ctrl, &guard) || has_available(submit, &guard) {
-                caught = true;
-                break;
-            }
-        }
-        self.spin().record(caught);
-        caught
-    }
-
-    fn spin(&self) -> MutexGuard<'_, AdaptiveSpin> {
-        self.spin.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -245,12 +213,15 @@ impl VhostUserBackend for VgpuBackend {
             return Ok(());
         };
         // A guest that got its answer from this thread often sends its next request within
-        // microseconds: watch the rings for it a little while before sleeping (`poll_rings`).
+        // microseconds: watch the rings for it a little while before sleeping (`watch_rings`).
         // Not after frames handed to session threads: they need the CPU more.
         let mut rounds = 0;
         loop {
             let answered = self.process_queues(ctrl, submit);
-            if answered == 0 || rounds == MAX_POLL_ROUNDS || !self.poll_rings(&mem, ctrl, submit) {
+            if answered == 0
+                || rounds == MAX_POLL_ROUNDS
+                || !watch_rings(&self.spin, &mem, &[ctrl, submit])
+            {
                 break;
             }
             rounds += 1;

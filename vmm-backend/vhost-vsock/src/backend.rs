@@ -7,13 +7,13 @@ use std::sync::{Mutex, MutexGuard};
 use tracing::{debug, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
-use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN, Poll};
+use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN};
 use vgpu_vhost_user::{
-    ExitEvents, VIRTIO_FEATURES, has_available, protocol_features, read_config, vring_ready,
+    ExitEvents, VIRTIO_FEATURES, protocol_features, read_config, vring_ready, watch_rings,
 };
 
 use super::device::VsockDevice;
@@ -36,7 +36,7 @@ pub struct VsockBackend {
     config_space: [u8; 8],
     exit: ExitEvents,
     /// How long the device thread polls the tx queue after answering calls itself
-    /// (`poll_tx`).
+    /// (`watch_rings`).
     spin: Mutex<AdaptiveSpin>,
 }
 
@@ -93,30 +93,6 @@ impl VsockBackend {
         }
         dev.process_rx(rx);
         dev.calls_on_device_thread() - before
-    }
-
-    /// Watches the tx queue for the guest's next packet for up to the adaptive spin's budget
-    /// (the device lock is not held); returns whether one came.
-    fn poll_tx(&self, mem: &GuestMemoryAtomic<GuestMem>, tx: &VringRwLock) -> bool {
-        let budget = self.spin().budget();
-        if budget.is_zero() {
-            return false;
-        }
-        let guard = mem.memory();
-        let mut poll = Poll::new(budget);
-        let mut caught = false;
-        while poll.again() {
-            if has_available(tx, &guard) {
-                caught = true;
-                break;
-            }
-        }
-        self.spin().record(caught);
-        caught
-    }
-
-    fn spin(&self) -> MutexGuard<'_, AdaptiveSpin> {
-        self.spin.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -196,7 +172,7 @@ impl VhostUserBackend for VsockBackend {
             return Ok(());
         };
         for _ in 0..MAX_POLL_ROUNDS {
-            if !self.poll_tx(&mem, tx) || self.process(TX_QUEUE as u16, rx, tx) == 0 {
+            if !watch_rings(&self.spin, &mem, &[tx]) || self.process(TX_QUEUE as u16, rx, tx) == 0 {
                 break;
             }
         }

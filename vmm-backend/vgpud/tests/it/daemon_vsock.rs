@@ -300,6 +300,16 @@ fn a_reset_in_the_middle_of_a_large_frame_ends_the_session_and_frees_its_memory(
     d.shutdown();
 }
 
+fn read_back(c: &mut TestClient<GuestStream>, ctx: u64, src: u64, len: usize) -> Vec<u8> {
+    let req = msg::MemcpyDtoH {
+        ctx,
+        stream: 0,
+        src,
+        len: len as u64,
+    };
+    c.call(&req, &[]).unwrap().1
+}
+
 fn calls_on_device_thread(d: &Daemon) -> u64 {
     d.runtime()
         .vsock_of("vm1")
@@ -339,17 +349,7 @@ fn the_device_thread_answers_quick_calls_in_order() {
             &data,
         )
         .unwrap();
-        let (_, back) = c
-            .call(
-                &msg::MemcpyDtoH {
-                    ctx,
-                    stream: 0,
-                    src: dst,
-                    len: CHUNK as u64,
-                },
-                &[],
-            )
-            .unwrap();
+        let back = read_back(&mut c, ctx, dst, CHUNK);
         assert!(back == data, "round {round}: the copy came back changed");
         // A posted memset, then a read right behind it: the read sees the memset.
         c.post(
@@ -364,17 +364,7 @@ fn the_device_thread_answers_quick_calls_in_order() {
             &[],
         )
         .unwrap();
-        let (_, back) = c
-            .call(
-                &msg::MemcpyDtoH {
-                    ctx,
-                    stream: 0,
-                    src: dst,
-                    len: CHUNK as u64,
-                },
-                &[],
-            )
-            .unwrap();
+        let back = read_back(&mut c, ctx, dst, CHUNK);
         assert!(
             back.iter().all(|&b| u32::from(b) == round as u32 % 251),
             "round {round}: the read did not see the memset before it"

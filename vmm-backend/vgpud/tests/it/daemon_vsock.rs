@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use vgpu_broker::testutils::TestClient;
 use vgpu_config::Config;
-use vgpu_proto::msg;
+use vgpu_proto::frame::{self, FLAG_ASYNC};
+use vgpu_proto::msg::{self, Message, Op};
 use vgpu_vmm_testutils::vsock::{GuestOptions, GuestStream, TestGuest};
 use vgpud::Daemon;
 
@@ -389,6 +390,83 @@ fn the_device_thread_answers_quick_calls_in_order() {
     );
     let requests = d.broker().tenant("vm1").unwrap().sessions();
     assert_eq!(requests.len(), 1);
+    drop(c);
+    wait_used(&d, "vm1", 0);
+    d.shutdown();
+}
+
+/// A guest that pipelines thousands of frames in one write, split over packets wherever the
+/// guest's driver cuts them: quick calls, failing ones and posted ones interleaved. Every
+/// synchronous one is answered, in order, with its own status, and the posted work is done
+/// before the calls behind it; another VM is served meanwhile.
+#[test]
+fn pipelined_frames_are_answered_in_order_wherever_they_run() {
+    const FRAMES: u64 = 5000;
+    const FORGED_EVERY: u64 = 7;
+    const POSTED_EVERY: u64 = 13;
+    const FIRST_ID: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(dir.path());
+    let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+    let g2 = TestGuest::start(&dir.path().join("vm2.vhost"), GuestOptions::default()).unwrap();
+    let mut c = session(&g);
+    c.hello().unwrap();
+    let ctx = context(&mut c);
+    let p = c
+        .call(&msg::MemAlloc { ctx, size: MIB }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    let mut c2 = session(&g2);
+    c2.hello().unwrap();
+    let ctx2 = context(&mut c2);
+
+    let mut bytes = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..FRAMES {
+        let id = FIRST_ID + i;
+        let mut body = Vec::new();
+        if i % POSTED_EVERY == 0 {
+            msg::Memset {
+                ctx,
+                stream: 0,
+                dst: p,
+                value: (i % 251) as u32,
+                elem_size: 1,
+                count: MIB,
+            }
+            .encode(&mut body);
+            frame::write_frame(&mut bytes, msg::Memset::OPCODE, FLAG_ASYNC, id, 0, &[&body])
+                .unwrap();
+            continue;
+        }
+        let forged = i % FORGED_EVERY == 0;
+        let target = if forged { ctx ^ 0xdead_0000 } else { ctx };
+        msg::CtxSynchronize { ctx: target }.encode(&mut body);
+        frame::write_frame(&mut bytes, msg::CtxSynchronize::OPCODE, 0, id, 0, &[&body]).unwrap();
+        let status = if forged {
+            vgpu_proto::cuda::CUDA_ERROR_INVALID_CONTEXT
+        } else {
+            0
+        };
+        expected.push((id, status));
+    }
+    let before = calls_on_device_thread(&d);
+    c.stream.write_all(&bytes).unwrap();
+    c.stream.flush().unwrap();
+    // The other VM is served while vm1's flood is answered.
+    c2.call(&msg::CtxSynchronize { ctx: ctx2 }, &[]).unwrap();
+    let mut payload = Vec::new();
+    for &(id, status) in &expected {
+        let h = frame::read_frame(&mut c.stream, &mut payload).unwrap();
+        assert!(h.is_reply(), "{h:?}");
+        assert_eq!((h.call_id, h.status), (id, status), "replies out of order");
+    }
+    // The last posted memset ran before the read behind it.
+    let last = (FRAMES - 1) / POSTED_EVERY * POSTED_EVERY;
+    let back = read_back(&mut c, ctx, p, 4096);
+    assert!(back.iter().all(|&b| u64::from(b) == last % 251));
+    assert!(calls_on_device_thread(&d) > before);
     drop(c);
     wait_used(&d, "vm1", 0);
     d.shutdown();

@@ -27,7 +27,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "scripts/fuzz.sh: cargo-fuzz is not installed (scripts/prereqs.sh installs it); skipping the fuzz run"
     exit 0
 fi
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(frame ptx fatbin config vsock_chain vgpu_chain session)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(frame ptx fatbin config vsock_chain vgpu_chain session session_ring)
 
 export RUSTC_BOOTSTRAP=1
 FUZZ_TARGET_DIR="${VGPU_FUZZ_TARGET:-$HOME/.cache/vgpu/fuzz-target}"

@@ -41,6 +41,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("vsock_chain", vsock_chain),
     ("vgpu_chain", vgpu_chain),
     ("session", session),
+    ("session_ring", session_ring),
 ];
 
 /// A protocol frame from the guest: the header, then the request payload
@@ -63,17 +64,20 @@ pub fn frame(data: &[u8]) {
 fn fuzz_vm() -> &'static (Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tenant>) {
     static VM: OnceLock<(Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tenant>)> =
         OnceLock::new();
-    VM.get_or_init(|| {
-        let dev: Arc<dyn vgpu_broker::device::Device> = Arc::new(
-            vgpu_broker::testutils::MemDevice::new(1 << 30, Duration::ZERO),
-        );
-        let broker = Arc::new(vgpu_broker::Broker::new(vec![("gpu0".into(), dev)]));
-        broker
-            .add_tenant(&vgpu_broker::testutils::vm("fuzz", SESSION_SLICE))
-            .expect("a tenant of a fresh broker");
-        let tenant = broker.tenant("fuzz").expect("the tenant just added");
-        (broker, tenant)
-    })
+    VM.get_or_init(new_fuzz_vm)
+}
+
+/// A VM like [`fuzz_vm`]'s, on a broker of its own.
+fn new_fuzz_vm() -> (Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tenant>) {
+    let dev: Arc<dyn vgpu_broker::device::Device> = Arc::new(
+        vgpu_broker::testutils::MemDevice::new(1 << 30, Duration::ZERO),
+    );
+    let broker = Arc::new(vgpu_broker::Broker::new(vec![("gpu0".into(), dev)]));
+    broker
+        .add_tenant(&vgpu_broker::testutils::vm("fuzz", SESSION_SLICE))
+        .expect("a tenant of a fresh broker");
+    let tenant = broker.tenant("fuzz").expect("the tenant just added");
+    (broker, tenant)
 }
 
 /// The memory slice of [`session`]'s VM.
@@ -95,6 +99,74 @@ pub fn session(data: &[u8]) {
         "fuzz",
         None,
     );
+}
+
+/// The bytes the guest's packets carry at a time in [`session_ring`]: not a divisor of any frame
+/// size, so frames straddle packets.
+const RING_PACKET: usize = 977;
+/// How long [`session_ring`] waits for its session to end once the input is written: ten times
+/// the cost oracle's limit (a session past it is a finding anyway).
+const RING_LINGER: Duration = Duration::from_secs(10);
+
+/// The same byte stream as [`session`], the way vgpud serves it: written packet by packet into
+/// an in-process vsock connection (`vgpu_vhost_vsock::inproc`) by this thread, which plays the
+/// device thread and so answers the quick calls itself (`serve_ring` with its answerer), while
+/// a session thread serves the rest; the replies are drained as the device would.
+pub fn session_ring(data: &[u8]) {
+    serve_on_a_ring(fuzz_vm(), data);
+}
+
+/// [`session_ring`] on the VM `vm`.
+fn serve_on_a_ring(vm: &(Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tenant>), data: &[u8]) {
+    use vm_memory::{ReadVolatile, VolatileSlice};
+    let (broker, tenant) = vm;
+    let Ok((device, end)) =
+        vgpu_vhost_vsock::inproc::pair(vgpu_vhost_vsock::inproc::DEFAULT_RING_CAPACITY)
+    else {
+        return;
+    };
+    let end = Arc::new(end);
+    let (broker, tenant) = (Arc::clone(broker), Arc::clone(tenant));
+    let session = std::thread::spawn(move || {
+        let writer: &vgpu_vhost_vsock::inproc::SessionEnd = &end;
+        let _ = vgpu_broker::session_loop::serve_ring(
+            &broker,
+            tenant,
+            Arc::clone(&end),
+            writer,
+            "fuzz",
+            None,
+            true,
+        );
+    });
+    let mut replies = vec![0u8; RING_PACKET];
+    let mut drain = || loop {
+        match (&device).read_volatile(&mut VolatileSlice::from(&mut replies[..])) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+    };
+    let mut at = 0;
+    while at < data.len() && !session.is_finished() {
+        let packet = &data[at..(at + RING_PACKET).min(data.len())];
+        match io::Write::write(&mut &device, packet) {
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(_) => break,
+        }
+        drain();
+    }
+    // The guest shuts its sending side: the session reads the end of its stream after the
+    // bytes before it, answers them and ends. A session that does not end within the time
+    // limit is cut off (the guest goes away: its replies can no longer be written).
+    device.shutdown_write();
+    let deadline = std::time::Instant::now() + RING_LINGER;
+    while !session.is_finished() && std::time::Instant::now() < deadline {
+        drain();
+        std::thread::yield_now();
+    }
+    drop(device);
+    let _ = session.join();
 }
 
 /// Input bytes as a stream that lends them in runs of [`SESSION_RUN`], each split in two
@@ -309,7 +381,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             );
             v
         }
-        "session" => vec![session_seed()],
+        "session" | "session_ring" => vec![session_seed()],
         "ptx" => read_dir("tests/kernels/ptx", "ptx"),
         "fatbin" => {
             let mut v = read_dir("devices/cuda/testdata", "cubin");
@@ -490,6 +562,22 @@ pub fn mutate(input: &[u8], other: &[u8], rng: &mut Rng) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
+
+    #[test]
+    fn the_session_seed_is_served_whole_on_a_ring() {
+        // A VM of its own: the seed's handles are those of a broker's first session.
+        let vm = super::new_fuzz_vm();
+        super::serve_on_a_ring(&vm, &super::session_seed());
+        let s = &vm.1.stats;
+        assert_eq!(
+            (
+                s.bytes_htod.load(Ordering::Relaxed),
+                s.bytes_dtoh.load(Ordering::Relaxed)
+            ),
+            (2 << 16, 1 << 16),
+            "both 64 KiB copies in, one out, through the ring in 977-byte packets"
+        );
+    }
 
     #[test]
     fn the_session_seed_reaches_the_copies_in_place() {

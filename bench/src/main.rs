@@ -50,7 +50,7 @@ enum Bench {
         #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::RamChoice::Auto)]
         guest_ram: vgpu_bench::vgpu_dev::RamChoice,
         /// How the fake guests wait for a request to complete.
-        #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::GuestWait::Block)]
+        #[arg(long, value_enum, default_value_t = vgpu_bench::vgpu_dev::GuestWait::Module)]
         guest_wait: vgpu_bench::vgpu_dev::GuestWait,
     },
     /// Copies from and to pinned (`cuMemAllocHost`, shared with vgpud), registered

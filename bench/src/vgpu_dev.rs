@@ -16,7 +16,7 @@
 //! best run: QEMU `memory-backend-memfd,hugetlb=on`), else by 4 KiB pages; the report says which.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cuda::client::Client;
 use std::collections::VecDeque;
@@ -55,6 +55,23 @@ pub enum GuestWait {
     /// Spin on the used rings: what the device costs without this machine's thread wake-ups on
     /// the guest side (a real guest gets close with KVM's halt polling).
     Poll,
+    /// Spin on the used rings for up to [`MODULE_POLL`], then sleep until the interrupt: what
+    /// the guest module does for a synchronous call at its default `poll_us`.
+    Module,
+}
+
+/// How long the guest module polls for a synchronous call's answer by default
+/// (`VGPU_POLL_US_DEFAULT` in `guest-shim/kmod/vgpu.c`).
+pub const MODULE_POLL: Duration = Duration::from_micros(1000);
+
+impl GuestWait {
+    /// How long a guest polls in each wait before it sleeps.
+    fn poll_first(self) -> Duration {
+        match self {
+            GuestWait::Module => MODULE_POLL,
+            GuestWait::Block | GuestWait::Poll => Duration::ZERO,
+        }
+    }
 }
 
 /// What backs guest RAM in the benchmark.
@@ -182,6 +199,7 @@ impl DevPath {
                 memory: dev_guest_memory(max),
                 ram,
                 busy_poll: wait == GuestWait::Poll,
+                poll_first: wait.poll_first(),
                 ..DevGuestOptions::default()
             },
         )
@@ -667,6 +685,10 @@ pub fn report(r: &Results, runs: usize) -> String {
     let wait = match r.wait {
         GuestWait::Block => "guests sleep until their interrupt (--guest-wait block)",
         GuestWait::Poll => "guests poll their used rings (--guest-wait poll)",
+        GuestWait::Module => {
+            "virtio-vgpu guests poll up to 1 ms, then sleep until their interrupt, as the guest \
+             module does; vsock guests sleep (--guest-wait module)"
+        }
     };
     let mut out = format!(
         "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs, {ram}, {wait}\n\
@@ -774,6 +796,21 @@ mod tests {
             text.contains("19.00               46.5 %               45.0 %"),
             "{text}"
         );
+    }
+
+    /// `--guest-wait module` polls as long as the guest module does by default.
+    #[test]
+    fn module_guests_poll_as_long_as_the_guest_module() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-shim/kmod/vgpu.c");
+        let src = std::fs::read_to_string(src).unwrap();
+        let line = src
+            .lines()
+            .find(|l| l.starts_with("#define VGPU_POLL_US_DEFAULT"))
+            .expect("the module's default poll_us");
+        let us: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert_eq!(GuestWait::Module.poll_first(), Duration::from_micros(us));
+        assert_eq!(MODULE_POLL, Duration::from_micros(us));
+        assert!(GuestWait::Block.poll_first().is_zero());
     }
 
     /// `bench/probes/copy_placement.c`, which docs/vgpu-device.md cites, still builds.

@@ -68,6 +68,9 @@ pub struct DevGuestOptions {
     pub event_idx: bool,
     /// Spin on the used rings instead of sleeping on the call eventfds (benchmarks).
     pub busy_poll: bool,
+    /// Spin on the used rings this long in each wait before sleeping on the call eventfds, as
+    /// the guest module does for a synchronous call (its `poll_us`); zero: sleep at once.
+    pub poll_first: Duration,
     /// Put request chains in indirect tables (Linux does for more than one buffer).
     pub indirect: bool,
     /// What backs guest RAM.
@@ -83,6 +86,7 @@ impl Default for DevGuestOptions {
             memory: 64 << 20,
             event_idx: true,
             busy_poll: false,
+            poll_first: Duration::ZERO,
             indirect: true,
             ram: GuestRam::SmallPages,
             batch: true,
@@ -541,6 +545,7 @@ impl DevGuest {
                 "inline bytes or reply area larger than a harness slot",
             ));
         }
+        let since = Instant::now();
         let deadline = Instant::now() + DEFAULT_TIMEOUT;
         loop {
             let mut g = self.lock();
@@ -552,7 +557,7 @@ impl DevGuest {
             if Instant::now() > deadline {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "queue stays full"));
             }
-            self.idle();
+            self.idle(since);
         }
     }
 
@@ -701,6 +706,7 @@ impl DevGuest {
 
     /// Waits until the raw chain `token` on `queue` is returned; its used length.
     pub fn wait_raw(&self, queue: usize, token: u64, timeout: Duration) -> io::Result<u32> {
+        let since = Instant::now();
         let deadline = Instant::now() + timeout;
         loop {
             let mut g = self.lock();
@@ -712,13 +718,18 @@ impl DevGuest {
             if Instant::now() > deadline {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "no completion"));
             }
-            self.idle();
+            self.idle(since);
         }
     }
 
-    fn idle(&self) {
-        let busy = self.lock().opts.busy_poll;
-        if busy {
+    /// Waits a little for the device, in a wait that began at `since`: spins while the guest
+    /// polls, otherwise sleeps until an interrupt (at most a millisecond).
+    fn idle(&self, since: Instant) {
+        let polls = {
+            let g = self.lock();
+            g.opts.busy_poll || since.elapsed() < g.opts.poll_first
+        };
+        if polls {
             std::hint::spin_loop();
             return;
         }
@@ -765,6 +776,7 @@ impl DevGuest {
 
     /// Waits for `p` to complete.
     pub fn wait(&self, p: Pending, timeout: Duration) -> io::Result<Completed> {
+        let since = Instant::now();
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(c) = self.poll(p) {
@@ -776,7 +788,7 @@ impl DevGuest {
                     format!("request {} on queue {} not completed", p.token, p.queue),
                 ));
             }
-            self.idle();
+            self.idle(since);
         }
     }
 

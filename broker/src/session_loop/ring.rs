@@ -167,7 +167,14 @@ where
                 return result.map(|_| ());
             }
             drop(core);
-            ended = !self.end.wait_readable().map_err(FrameError::Io)?;
+            match self.end.wait_readable() {
+                Ok(more) => ended = !more,
+                Err(e) => {
+                    let session = self.lock().session.take();
+                    drop(session);
+                    return Err(FrameError::Io(e).into());
+                }
+            }
         }
     }
 }

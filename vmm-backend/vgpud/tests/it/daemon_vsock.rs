@@ -301,6 +301,20 @@ fn a_reset_in_the_middle_of_a_large_frame_ends_the_session_and_frees_its_memory(
     d.shutdown();
 }
 
+/// A session of `g`'s VM with a context and 1 MiB of device memory: the client, the context, the
+/// memory's address.
+fn with_a_mib(g: &TestGuest) -> (TestClient<GuestStream>, u64, u64) {
+    let mut c = session(g);
+    c.hello().unwrap();
+    let ctx = context(&mut c);
+    let p = c
+        .call(&msg::MemAlloc { ctx, size: MIB }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    (c, ctx, p)
+}
+
 fn read_back(c: &mut TestClient<GuestStream>, ctx: u64, src: u64, len: usize) -> Vec<u8> {
     let req = msg::MemcpyDtoH {
         ctx,
@@ -328,14 +342,7 @@ fn the_device_thread_answers_quick_calls_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(dir.path());
     let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
-    let mut c = session(&g);
-    c.hello().unwrap();
-    let ctx = context(&mut c);
-    let p = c
-        .call(&msg::MemAlloc { ctx, size: MIB }, &[])
-        .unwrap()
-        .0
-        .ptr;
+    let (mut c, ctx, p) = with_a_mib(&g);
     let before = calls_on_device_thread(&d);
     for round in 0..ROUNDS {
         c.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
@@ -409,14 +416,7 @@ fn pipelined_frames_are_answered_in_order_wherever_they_run() {
     let d = daemon(dir.path());
     let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
     let g2 = TestGuest::start(&dir.path().join("vm2.vhost"), GuestOptions::default()).unwrap();
-    let mut c = session(&g);
-    c.hello().unwrap();
-    let ctx = context(&mut c);
-    let p = c
-        .call(&msg::MemAlloc { ctx, size: MIB }, &[])
-        .unwrap()
-        .0
-        .ptr;
+    let (mut c, ctx, p) = with_a_mib(&g);
     let mut c2 = session(&g2);
     c2.hello().unwrap();
     let ctx2 = context(&mut c2);

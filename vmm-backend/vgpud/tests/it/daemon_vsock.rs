@@ -471,3 +471,63 @@ fn pipelined_frames_are_answered_in_order_wherever_they_run() {
     wait_used(&d, "vm1", 0);
     d.shutdown();
 }
+
+/// A process that floods quick calls and never reads their replies: its replies stop at its own
+/// credit and ring, the device thread stops answering it, and another process of the same VM,
+/// on the same device thread, is served meanwhile; the flood's replies all come, in order, once
+/// it reads them.
+#[test]
+fn a_flood_of_unread_quick_calls_holds_up_no_other_connection() {
+    const FRAMES: u64 = 60_000;
+    const FIRST_ID: u64 = 1 << 20;
+    const OTHER_CALLS: usize = 100;
+    const PATIENCE: Duration = Duration::from_secs(20);
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(dir.path());
+    let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+    let (mut flood, ctx, _) = with_a_mib(&g);
+    let (mut other, other_ctx, _) = with_a_mib(&g);
+    let mut bytes = Vec::new();
+    let mut body = Vec::new();
+    msg::CtxSynchronize { ctx }.encode(&mut body);
+    for i in 0..FRAMES {
+        frame::write_frame(
+            &mut bytes,
+            msg::CtxSynchronize::OPCODE,
+            0,
+            FIRST_ID + i,
+            0,
+            &[&body],
+        )
+        .unwrap();
+    }
+    // More replies than the flooding connection's credit and ring hold.
+    assert!(
+        FRAMES as usize * frame::HEADER_LEN > 4 * vgpu_vhost_vsock::inproc::DEFAULT_RING_CAPACITY
+    );
+    flood.stream.write_all(&bytes).unwrap();
+    flood.stream.flush().unwrap();
+    let t = Instant::now();
+    for _ in 0..OTHER_CALLS {
+        other
+            .call(&msg::CtxSynchronize { ctx: other_ctx }, &[])
+            .unwrap();
+    }
+    assert!(
+        t.elapsed() < PATIENCE,
+        "the other connection waited {:?}",
+        t.elapsed()
+    );
+    let mut payload = Vec::new();
+    for i in 0..FRAMES {
+        let h = frame::read_frame(&mut flood.stream, &mut payload).unwrap();
+        assert_eq!(
+            (h.call_id, h.status),
+            (FIRST_ID + i, 0),
+            "replies out of order"
+        );
+    }
+    assert!(g.violations().is_empty(), "{:?}", g.violations());
+    assert_eq!(d.runtime().vsock_of("vm1").unwrap().1.dropped_chains, 0);
+    d.shutdown();
+}

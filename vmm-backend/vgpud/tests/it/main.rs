@@ -4,3 +4,4 @@
 mod admin_runtime;
 mod daemon_stdout;
 mod daemon_vsock;
+mod gpu_port_ring;

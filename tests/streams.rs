@@ -612,7 +612,7 @@ fn priorities_are_kept(cu: &Cu) {
 /// high-priority kernel's blocks all end before the low-priority kernel's, but for a few blocks
 /// at the start and at the tail. (Without priorities the two share the units block by block.)
 fn a_higher_priority_streams_kernel_overtakes_a_lower_one(cu: &Cu) {
-    const BLOCKS: c_uint = 16;
+    const BLOCKS: c_uint = 32;
     /// Loop iterations per block: a few milliseconds of interpretation.
     const WORK: u32 = 20_000;
     let bytes = BLOCKS as usize * 4;
@@ -710,12 +710,14 @@ fn a_higher_priority_streams_kernel_overtakes_a_lower_one(cu: &Cu) {
     );
     // Low-priority blocks may have started before the high-priority kernel queued for the units
     // (at most one per unit) and on the units the high-priority kernel's last blocks leave free
-    // (at most one per unit); none starts while a high-priority block waits. Sharing the units
-    // block by block would put about half of the low-priority blocks before the last high one.
+    // (at most one per unit); none starts while a high-priority block waits. On a loaded machine
+    // a unit may run a few more before all of the high-priority kernel's workers wait for units
+    // (5 of 16 seen once). Sharing the units block by block would put about half of the
+    // low-priority blocks before the last high one: 16 of these 32.
     let hi_last = hi.iter().max().unwrap();
     let low_before = lo.iter().filter(|&t| t < hi_last).count();
     assert!(
-        low_before <= 2 * WORKERS as usize,
+        low_before <= BLOCKS as usize / 4,
         "the high-priority kernel's blocks ran first: low {lo:?}, high {hi:?}"
     );
     for s in [hold, release, low, high] {

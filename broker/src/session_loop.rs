@@ -253,9 +253,21 @@ fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> 
           w: &mut Replier<W>,
           mut payload: Vec<u8>,
           summary: &mut SessionSummary| {
-        let result = session_loop(&mut session, &mut r, lend, w, &mut payload, summary);
-        drop(session);
-        result
+        // The session is dropped (its memory released) as this returns, before the caller logs
+        // the end.
+        let mut out = Vec::new();
+        while step(
+            &mut session,
+            &mut r,
+            lend,
+            w,
+            &mut payload,
+            summary,
+            &mut out,
+        )?
+        .is_continue()
+        {}
+        Ok(())
     }
 }
 
@@ -525,19 +537,6 @@ impl<R: Read> BulkSource for Lent<'_, R> {
         }
         self.take(f)
     }
-}
-
-fn session_loop<R: Read, W: Write>(
-    session: &mut Session,
-    r: &mut BufReader<R>,
-    lend: Option<Lend<R>>,
-    w: &mut Replier<W>,
-    payload: &mut Vec<u8>,
-    summary: &mut SessionSummary,
-) -> Result<(), ServeError> {
-    let mut out = Vec::new();
-    while step(session, r, lend, w, payload, summary, &mut out)?.is_continue() {}
-    Ok(())
 }
 
 /// Reads, runs and answers one frame; breaks when the client said goodbye or left.

@@ -134,8 +134,9 @@ struct RingCore<R> {
     failed: Option<ServeError>,
     /// The frame the delivering thread answers, copied out of the ring.
     frame: Vec<u8>,
-    /// The reply's payload, then the whole reply.
+    /// A reply's payload (of whichever thread serves the frame).
     out: Vec<u8>,
+    /// The whole reply the delivering thread writes.
     reply: Vec<u8>,
 }
 
@@ -156,10 +157,9 @@ where
         w: &mut Replier<W>,
     ) -> Result<(), ServeError> {
         let mut ended = false;
-        let mut out = Vec::new();
         loop {
             let mut core = self.lock();
-            let result = core.round(&*self.end, lend, w, &mut out, ended);
+            let result = core.round(&*self.end, lend, w, ended);
             if !matches!(result, Ok(ControlFlow::Continue(()))) {
                 let session = core.session.take();
                 drop(core);
@@ -192,7 +192,6 @@ where
         end: &R,
         lend: Lend<SharedRead<R>>,
         w: &mut Replier<W>,
-        out: &mut Vec<u8>,
         ended: bool,
     ) -> Result<ControlFlow<()>, ServeError> {
         if let Some(e) = self.failed.take() {
@@ -213,7 +212,7 @@ where
                 w,
                 &mut self.payload,
                 &mut self.summary,
-                out,
+                &mut self.out,
             )?;
             if flow.is_break() {
                 return Ok(flow);

@@ -103,7 +103,7 @@ struct Primary {
 }
 
 /// What [`BulkSource::read`] calls with the bytes.
-pub type ReadSlices<'a> = dyn FnMut(&[&[u8]]) -> Result<(), CuError> + 'a;
+pub type ReadSlices<'a> = dyn FnMut(&[&[u8]]) -> Result<(), CuError> + Send + 'a;
 /// What [`BulkSink::write`] calls with the room for the bytes.
 pub type WriteSlices<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<(), CuError> + 'a;
 

@@ -1689,7 +1689,7 @@ mod tests {
         fn read_in_place(
             &mut self,
             len: usize,
-            f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+            f: &mut vgpu_proto::frame::RunFn<'_>,
         ) -> io::Result<()> {
             let mut buf = vec![0u8; self.run];
             let mut left = len;

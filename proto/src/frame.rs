@@ -181,6 +181,10 @@ pub fn read_payload<R: Read>(
     })
 }
 
+/// What [`ReadInPlace::read_in_place`] calls with the runs of bytes: `Send`, because a transport
+/// may call it on the thread that receives the bytes while the reader waits for them.
+pub type RunFn<'a> = dyn FnMut(&[&[u8]]) -> ControlFlow<()> + Send + 'a;
+
 /// A byte stream that lends the bytes it holds instead of copying them out: a transport whose
 /// buffer is in the receiver's memory (vgpud's in-process vsock rings) hands a frame's bulk bytes
 /// straight to where they go.
@@ -189,11 +193,7 @@ pub trait ReadInPlace {
     /// slices as they arrive. Once `f` breaks, the rest of the `len` bytes is consumed without
     /// calls, so that the stream stays at a frame boundary. Fails with `UnexpectedEof` if the
     /// stream ends first.
-    fn read_in_place(
-        &mut self,
-        len: usize,
-        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
-    ) -> io::Result<()>;
+    fn read_in_place(&mut self, len: usize, f: &mut RunFn<'_>) -> io::Result<()>;
 }
 
 /// Answers frames on the thread that delivered their bytes (a vsock device's queue thread),
@@ -244,13 +244,13 @@ pub trait FrameRing {
 /// runs: it is called until it breaks once, then no more (the bytes are consumed all the same,
 /// as the trait requires).
 pub struct Borrower<'f> {
-    f: &'f mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+    f: &'f mut RunFn<'f>,
     wanted: bool,
 }
 
 impl<'f> Borrower<'f> {
     /// Offers runs to `f`.
-    pub fn new(f: &'f mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>) -> Self {
+    pub fn new(f: &'f mut RunFn<'f>) -> Self {
         Borrower { f, wanted: true }
     }
 

@@ -109,7 +109,7 @@ where
     fn read_in_place(
         &mut self,
         len: usize,
-        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+        f: &mut vgpu_proto::frame::RunFn<'_>,
     ) -> std::io::Result<()> {
         (&*self.0).read_in_place(len, f)
     }

@@ -10,7 +10,6 @@
 //! to bad input.
 
 use std::io::{self, Read};
-use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -189,7 +188,7 @@ impl vgpu_proto::frame::ReadInPlace for LentBytes<'_> {
     fn read_in_place(
         &mut self,
         len: usize,
-        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
+        f: &mut vgpu_proto::frame::RunFn<'_>,
     ) -> io::Result<()> {
         let mut left = len;
         let mut to = vgpu_proto::frame::Borrower::new(f);

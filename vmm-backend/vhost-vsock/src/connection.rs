@@ -504,9 +504,10 @@ impl Connection {
     }
 
     /// Replies an in-process endpoint's answerer wrote while this thread wrote to it: read them
-    /// now, no eventfd announced them.
+    /// now, no eventfd announced them. Counts the bytes a lending reader took meanwhile.
     fn collect_answers(&mut self, stats: &VsockStats) {
         if let Endpoint::InProcess(d) = &self.stream {
+            stats.add_bytes_lent_in_place(d.take_lent_bytes());
             let answered = d.take_answered();
             if answered > 0 {
                 stats.add_calls_on_device_thread(answered as u64);

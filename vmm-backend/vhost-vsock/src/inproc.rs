@@ -23,12 +23,13 @@
 use std::io::{self, Read, Write};
 use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, RawFd};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use vgpu_hugemem::HugeMapping;
-use vgpu_proto::frame::{AnswerHere, Answered, Borrower, FrameRing, ReadInPlace};
+use vgpu_proto::frame::{AnswerHere, Answered, Borrower, FrameRing, ReadInPlace, RunFn};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -173,6 +174,32 @@ impl Span {
     }
 }
 
+/// A session reader's [`Borrower`], lent to the device thread while the reader waits for the
+/// bytes it borrows (`SessionEnd::read_in_place`).
+struct LentFn {
+    /// The reader's borrower, its lifetime erased: the reader does not return from
+    /// `read_in_place` before it took this back, and never while the device thread calls it.
+    to: NonNull<Borrower<'static>>,
+    /// Bytes the reader still wants.
+    left: usize,
+    /// The function panicked on the device thread: the reader resumes the panic.
+    panic: Option<Box<dyn std::any::Any + Send>>,
+}
+
+// SAFETY: a `Borrower` is `Send` (its function is, `RunFn`); the pointer is dereferenced by one
+// thread at a time: the device thread between taking the `LentFn` out of the state and putting it
+// back (`lent_busy`), and the reader never while it waits for it.
+unsafe impl Send for LentFn {}
+
+impl std::fmt::Debug for LentFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentFn")
+            .field("left", &self.left)
+            .field("panicked", &self.panic.is_some())
+            .finish()
+    }
+}
+
 /// A bounded byte ring; its memory is allocated on the first write.
 #[derive(Debug)]
 struct Ring {
@@ -286,6 +313,18 @@ struct State {
     answered: usize,
     /// The budget reservation of an enlarged `to_session` ring.
     lease: Option<RingLease>,
+    /// The function of a session reader waiting in `read_in_place` with the ring empty, lent to
+    /// the device thread, which calls it with the guest's bytes straight from descriptor memory
+    /// ([`DeviceEnd::lend_here`]); `None` while the device thread calls it (`lent_busy`).
+    lent: Option<LentFn>,
+    /// The device thread is calling the lent function.
+    lent_busy: bool,
+    /// Bytes the device thread handed to a lent function since the device last asked
+    /// ([`DeviceEnd::take_lent_bytes`]).
+    lent_bytes: u64,
+    /// The reader wants its function back (it timed out, or the stream ended) and waits for the
+    /// device thread to return it.
+    lent_wanted: bool,
 }
 
 impl State {
@@ -355,6 +394,10 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             kicked: false,
             answered: 0,
             lease: None,
+            lent: None,
+            lent_busy: false,
+            lent_bytes: 0,
+            lent_wanted: false,
         }),
         device_copy: Mutex::new(()),
         session_read: Mutex::new(()),
@@ -451,11 +494,23 @@ fn broken_pipe() -> io::Error {
 }
 
 impl DeviceEnd {
-    /// Copies guest payload into the ring towards the session, outside the state lock.
+    /// Copies guest payload into the ring towards the session, outside the state lock, or hands
+    /// it to a reader that lends ([`DeviceEnd::lend_here`]).
     fn push_volatile<B: BitmapSlice>(
         &self,
         src: &VolatileSlice<'_, B>,
     ) -> Result<usize, VolatileMemoryError> {
+        if !src.is_empty() && self.lends() {
+            let guard = src.ptr_guard();
+            // SAFETY: vm-memory checked that `src` lies in the guest's mapped memory, which the
+            // caller's memory guard keeps mapped for this call. The guest may write the bytes
+            // meanwhile, as during any copy from its memory: the reader's function only copies
+            // them (into device memory), once.
+            let bytes = unsafe { std::slice::from_raw_parts(guard.as_ptr(), src.len()) };
+            if let Some(n) = self.lend_here(bytes) {
+                return Ok(n);
+            }
+        }
         self.push_with(src.len(), VolatileMemoryError::IOError, |span| {
             let [a, b] = span.slices_mut();
             let n1 = a.len().min(src.len());
@@ -518,6 +573,49 @@ impl DeviceEnd {
         Ok(n)
     }
 
+    /// Whether bytes may go to a lending reader at all: only where an answerer is registered,
+    /// that is where the device thread may run the session's device calls (vgpud registers one
+    /// only where its seccomp filters allow that), which the reader's function makes.
+    fn lends(&self) -> bool {
+        self.shared.answerer.get().is_some()
+    }
+
+    /// Hands the start of `src` straight to a session reader that waits in `read_in_place` for
+    /// bytes with the ring empty and lent its function (`SessionEnd::read_in_place`): the bytes
+    /// are not copied into the ring, and the reader is woken only once it has all it asked for.
+    /// Returns the bytes it took, `None` when no reader lends (the bytes go to the ring).
+    fn lend_here(&self, src: &[u8]) -> Option<usize> {
+        if src.is_empty() {
+            return None;
+        }
+        let _copy = Shared::copying(&self.shared.device_copy);
+        let mut st = self.shared.lock();
+        if st.session_closed || st.to_session.len > 0 {
+            return None;
+        }
+        let mut lent = st.lent.take_if(|l| l.left > 0 && l.panic.is_none())?;
+        st.lent_busy = true;
+        drop(st);
+        let n = src.len().min(lent.left);
+        // SAFETY: the reader's borrower is alive and used by no one else: the reader waits in
+        // `read_in_place` until it took the `LentFn` back, which it cannot while `lent_busy`.
+        let to = unsafe { lent.to.as_mut() };
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| to.offer(&[&src[..n]]))) {
+            lent.panic = Some(panic);
+        }
+        lent.left -= n;
+        let mut st = self.shared.lock();
+        let wake = lent.left == 0 || lent.panic.is_some() || st.lent_wanted;
+        st.lent_busy = false;
+        st.lent_bytes += n as u64;
+        st.lent = Some(lent);
+        drop(st);
+        if wake {
+            self.shared.cond.notify_all();
+        }
+        Some(n)
+    }
+
     /// After bytes were written towards the session: lets the answerer answer what it can on
     /// this thread, then wakes the session if bytes are left for it (not for the start of a
     /// frame the answerer waits to take whole).
@@ -546,6 +644,12 @@ impl DeviceEnd {
     /// wait in the ring towards the device, and no eventfd write announced them.
     pub fn take_answered(&self) -> usize {
         std::mem::take(&mut self.shared.lock().answered)
+    }
+
+    /// How many bytes the device thread handed to a lending reader since the last call
+    /// ([`DeviceEnd::lend_here`]).
+    pub fn take_lent_bytes(&self) -> u64 {
+        std::mem::take(&mut self.shared.lock().lent_bytes)
     }
 
     /// Copies the session's output into rx descriptor memory, outside the state lock.
@@ -601,6 +705,9 @@ impl ReadVolatile for &DeviceEnd {
 
 impl Write for &DeviceEnd {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(n) = self.lends().then(|| self.lend_here(buf)).flatten() {
+            return Ok(n);
+        }
         self.push_with(buf.len(), |e| e, |span| Ok(fill(span, buf)))
     }
 
@@ -679,11 +786,7 @@ impl SessionEnd {
     /// them it took and whether it wants more. Returns `false` at the end of the stream (no
     /// call), `true` once `f` breaks.
     fn read_runs(&self, f: &mut TakeRuns<'_>) -> io::Result<bool> {
-        let deadline = self
-            .read_timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map(|t| Instant::now() + t);
+        let deadline = self.deadline();
         let _copy = Shared::copying(&self.shared.session_read);
         let mut st = self.shared.lock();
         loop {
@@ -722,6 +825,62 @@ impl SessionEnd {
         if wake {
             self.shared.wake_device();
         }
+    }
+
+    /// When a read that starts now times out.
+    fn deadline(&self) -> Option<Instant> {
+        self.read_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|t| Instant::now() + t)
+    }
+
+    /// Lends `to`, which wants `left` more bytes, to the device thread while the ring towards
+    /// the session is empty ([`DeviceEnd::lend_here`]), and waits until the device thread has
+    /// given it all of them, bytes went to the ring instead, the stream ended or the read timed
+    /// out. Returns with the function taken back, the bytes it still wants, and whether the
+    /// read timed out. Resumes a panic of the function on the device thread.
+    fn lend<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        to: &mut Borrower<'_>,
+        left: usize,
+        deadline: Option<Instant>,
+    ) -> (MutexGuard<'a, State>, usize, bool) {
+        st.lent = Some(LentFn {
+            to: NonNull::from(&mut *to).cast::<Borrower<'static>>(),
+            left,
+            panic: None,
+        });
+        let mut timed_out = false;
+        let lent = loop {
+            let want_back = timed_out
+                || st.to_session.len > 0
+                || st.session_closed
+                || st.device_closed
+                || st.device_write_closed;
+            // `None`: the device thread is calling the function; it puts it back before long.
+            if let Some(l) = st
+                .lent
+                .take_if(|l| want_back || l.left == 0 || l.panic.is_some())
+            {
+                break l;
+            }
+            st.lent_wanted = want_back;
+            match self.wait(st, deadline.filter(|_| !want_back)) {
+                Ok(g) => st = g,
+                Err(_) => {
+                    st = self.shared.lock();
+                    timed_out = true;
+                }
+            }
+        };
+        st.lent_wanted = false;
+        if let Some(panic) = lent.panic {
+            drop(st);
+            resume_unwind(panic);
+        }
+        (st, lent.left, timed_out)
     }
 
     fn wait<'a>(
@@ -782,50 +941,60 @@ fn drain_into(runs: &[&[u8]], dst: &mut [u8]) -> usize {
 pub const IN_PLACE_RUN: usize = 1 << 20;
 
 impl ReadInPlace for &SessionEnd {
-    fn read_in_place(
-        &mut self,
-        len: usize,
-        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
-    ) -> io::Result<()> {
+    fn read_in_place(&mut self, len: usize, f: &mut RunFn<'_>) -> io::Result<()> {
         let mut left = len;
         if left == 0 {
             return Ok(());
         }
         let mut to = Borrower::new(f);
-        // `read_runs` returns once the last byte is taken (the function breaks) or at the end
-        // of the stream.
-        let done = self.read_runs(&mut |runs| {
-            let mut cut = [&[][..]; 2];
-            let mut n = 0;
-            let step = left.min(IN_PLACE_RUN);
-            for (slot, run) in cut.iter_mut().zip(runs) {
-                let k = run.len().min(step - n);
-                *slot = &run[..k];
-                n += k;
+        let deadline = self.deadline();
+        let _copy = Shared::copying(&self.shared.session_read);
+        let mut st = self.shared.lock();
+        loop {
+            if st.session_closed {
+                return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            let count = if cut[1].is_empty() { 1 } else { 2 };
-            to.offer(&cut[..count]);
-            left -= n;
-            let flow = if left == 0 {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            };
-            (n, flow)
-        })?;
-        if !done {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+            if let Some(span) = st.to_session.readable() {
+                drop(st);
+                let mut cut = [&[][..]; 2];
+                let mut n = 0;
+                let step = left.min(IN_PLACE_RUN);
+                for (slot, run) in cut.iter_mut().zip(span.slices()) {
+                    let k = run.len().min(step - n);
+                    *slot = &run[..k];
+                    n += k;
+                }
+                let count = if cut[1].is_empty() { 1 } else { 2 };
+                to.offer(&cut[..count]);
+                self.consumed(&span, n);
+                left -= n;
+                if left == 0 {
+                    return Ok(());
+                }
+                st = self.shared.lock();
+                continue;
+            }
+            if st.device_closed || st.device_write_closed {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            if self.shared.answerer.get().is_none() {
+                st = self.wait(st, deadline)?;
+                continue;
+            }
+            let timed_out;
+            (st, left, timed_out) = self.lend(st, &mut to, left, deadline);
+            if left == 0 {
+                return Ok(());
+            }
+            if timed_out {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
         }
-        Ok(())
     }
 }
 
 impl ReadInPlace for SessionEnd {
-    fn read_in_place(
-        &mut self,
-        len: usize,
-        f: &mut dyn FnMut(&[&[u8]]) -> ControlFlow<()>,
-    ) -> io::Result<()> {
+    fn read_in_place(&mut self, len: usize, f: &mut RunFn<'_>) -> io::Result<()> {
         (&*self).read_in_place(len, f)
     }
 }
@@ -1387,5 +1556,171 @@ mod tests {
             s.write_here(&[1]).unwrap_err().kind(),
             io::ErrorKind::BrokenPipe
         );
+    }
+
+    /// An answerer that answers nothing: with it registered, a waiting reader lends.
+    struct Declines;
+
+    impl AnswerHere for Declines {
+        fn answer_here(&self) -> Answered {
+            Answered {
+                calls: 0,
+                wake_reader: true,
+            }
+        }
+    }
+
+    /// A session end with an answerer registered, and the answerer to keep alive.
+    fn lending_pair(capacity: usize) -> (DeviceEnd, Arc<SessionEnd>, Arc<dyn AnswerHere>) {
+        let (d, s) = pair(capacity).unwrap();
+        let answerer: Arc<dyn AnswerHere> = Arc::new(Declines);
+        s.answer_with(Arc::downgrade(&answerer));
+        (d, Arc::new(s), answerer)
+    }
+
+    /// Waits until the session lends its function.
+    fn until_lent(d: &DeviceEnd) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while d.shared.lock().lent.is_none() {
+            assert!(Instant::now() < deadline, "the reader never lent");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Reads `len` bytes in place on another thread; gives them back with the calls made.
+    fn read_lent(
+        s: &Arc<SessionEnd>,
+        len: usize,
+    ) -> std::thread::JoinHandle<(io::Result<()>, Vec<u8>, Vec<std::thread::ThreadId>)> {
+        let s = Arc::clone(s);
+        std::thread::spawn(move || {
+            let (mut got, mut threads) = (Vec::new(), Vec::new());
+            let r = (&*s).read_in_place(len, &mut |runs| {
+                threads.push(std::thread::current().id());
+                for run in runs {
+                    got.extend_from_slice(run);
+                }
+                ControlFlow::Continue(())
+            });
+            (r, got, threads)
+        })
+    }
+
+    #[test]
+    fn bytes_go_from_the_device_thread_straight_to_a_lending_reader() {
+        const TOTAL: usize = 1 << 20;
+        const PIECE: usize = 64 << 10;
+        let data: Vec<u8> = (0..TOTAL + 10).map(|i| (i % 251) as u8).collect();
+        // A 4 KiB ring: a 64 KiB write that went through it would be cut to 4 KiB.
+        let (d, s, _a) = lending_pair(4096);
+        (&d).write_all(&data[..100]).unwrap();
+        let reader = read_lent(&s, TOTAL);
+        let mut at = 100;
+        while at < TOTAL {
+            let end = (at + PIECE).min(data.len());
+            until_lent(&d);
+            let n = (&d).write(&data[at..end]).unwrap();
+            assert_eq!(
+                n,
+                end.min(TOTAL) - at,
+                "the reader takes what it asked for, no more"
+            );
+            at += n;
+        }
+        // The bytes past the read go to the ring, for the next read.
+        (&d).write_all(&data[TOTAL..]).unwrap();
+        let (r, got, threads) = reader.join().unwrap();
+        r.unwrap();
+        assert!(got == data[..TOTAL], "the bytes arrive whole and in order");
+        let here = std::thread::current().id();
+        let on_device = threads.iter().filter(|t| **t == here).count();
+        assert_eq!(
+            on_device,
+            TOTAL.div_ceil(PIECE),
+            "one call per write, on the writing thread"
+        );
+        assert_eq!(
+            threads.len(),
+            on_device + 1,
+            "and one for the bytes the ring held"
+        );
+        let mut rest = [0u8; 16];
+        assert_eq!((&*s).read(&mut rest).unwrap(), 10);
+        assert_eq!(rest[..10], data[TOTAL..]);
+    }
+
+    #[test]
+    fn a_lending_reader_that_times_out_or_is_closed_takes_its_function_back() {
+        let (d, s, _a) = lending_pair(4096);
+        s.set_read_timeout(Some(Duration::from_millis(30)));
+        let (r, got, _) = read_lent(&s, 100).join().unwrap();
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert!(got.is_empty());
+        assert!(d.shared.lock().lent.is_none(), "taken back");
+        assert_eq!((&d).write(b"abc").unwrap(), 3);
+        assert_eq!(
+            d.shared.lock().to_session.len,
+            3,
+            "with no reader waiting, bytes go to the ring"
+        );
+
+        // Half the bytes given on the device thread, then the device end goes away.
+        let (d, s, _a) = lending_pair(4096);
+        let reader = read_lent(&s, 100);
+        until_lent(&d);
+        assert_eq!((&d).write(&[7u8; 50]).unwrap(), 50);
+        drop(d);
+        let (r, got, _) = reader.join().unwrap();
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(got, [7u8; 50]);
+
+        // The session is shut down by another thread while it lends.
+        let (d, s, _a) = lending_pair(4096);
+        let reader = read_lent(&s, 100);
+        until_lent(&d);
+        s.shutdown_handle().shutdown();
+        assert_eq!(
+            reader.join().unwrap().0.unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        assert_eq!(
+            (&d).write(b"x").unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
+    }
+
+    #[test]
+    fn a_panic_of_the_lent_function_on_the_device_thread_reaches_the_reader() {
+        let (d, s, _a) = lending_pair(4096);
+        let s2 = Arc::clone(&s);
+        let reader = std::thread::spawn(move || {
+            (&*s2).read_in_place(100, &mut |_| panic!("the reader's function failed"))
+        });
+        until_lent(&d);
+        assert_eq!(
+            (&d).write(&[1u8; 40]).unwrap(),
+            40,
+            "the device thread goes on"
+        );
+        let e = reader.join().unwrap_err();
+        assert_eq!(
+            e.downcast_ref::<&str>(),
+            Some(&"the reader's function failed")
+        );
+        assert!(d.shared.lock().lent.is_none());
+    }
+
+    #[test]
+    fn without_an_answerer_nothing_is_lent() {
+        let (d, s) = pair(4096).unwrap();
+        let s = Arc::new(s);
+        let reader = read_lent(&s, 100);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(d.shared.lock().lent.is_none());
+        (&d).write_all(&[2u8; 100]).unwrap();
+        let (r, got, threads) = reader.join().unwrap();
+        r.unwrap();
+        assert_eq!(got, [2u8; 100]);
+        assert!(!threads.contains(&std::thread::current().id()));
     }
 }

@@ -19,6 +19,7 @@ pub struct VsockStats {
     dropped_chains: AtomicU64,
     large_ring_bytes: AtomicU64,
     calls_on_device_thread: AtomicU64,
+    bytes_lent_in_place: AtomicU64,
 }
 
 /// A point-in-time copy of [`VsockStats`].
@@ -48,6 +49,10 @@ pub struct VsockStatsSnapshot {
     /// Calls an in-process endpoint's answerer answered on the device thread (quick calls of
     /// an idle session, see [`vgpu_proto::frame::AnswerHere`]).
     pub calls_on_device_thread: u64,
+    /// Guest payload bytes the device thread handed from tx descriptor memory straight to a
+    /// session reading them in place (a large host-to-device copy: no ring in between, see
+    /// [`vgpu_proto::frame::ReadInPlace`]); also counted in `bytes_guest_to_host`.
+    pub bytes_lent_in_place: u64,
 }
 
 impl VsockStats {
@@ -66,6 +71,7 @@ impl VsockStats {
             dropped_chains: get(&self.dropped_chains),
             large_ring_bytes: get(&self.large_ring_bytes),
             calls_on_device_thread: get(&self.calls_on_device_thread),
+            bytes_lent_in_place: get(&self.bytes_lent_in_place),
         }
     }
 
@@ -114,6 +120,10 @@ impl VsockStats {
 
     pub(crate) fn add_calls_on_device_thread(&self, n: u64) {
         self.calls_on_device_thread.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_bytes_lent_in_place(&self, n: u64) {
+        self.bytes_lent_in_place.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn add_dropped_chain(&self) {

@@ -40,6 +40,10 @@ use crate::VsockStats;
 /// `UnixStream::pair()` has by default is about the same).
 pub const DEFAULT_RING_CAPACITY: usize = 256 * 1024;
 
+/// A session writer waiting for room in the ring towards the device is woken once at least this
+/// fraction (1/n) of the ring is free.
+const ROOM_WAKE_DIVISOR: usize = 4;
+
 /// A reservation of a device's large-ring budget (`VsockStats::large_ring_bytes`), returned when
 /// dropped.
 pub(crate) struct RingLease {
@@ -302,8 +306,10 @@ struct State {
     session_closed: bool,
     /// The session shut its writing side.
     session_write_closed: bool,
-    /// The session sleeps on the condition variable.
+    /// The session sleeps on the condition variable for bytes (or a kick, or the end).
     session_waiting: bool,
+    /// The session sleeps on the condition variable for room in `to_device`.
+    session_wants_room: bool,
     /// The device found `to_session` full and waits for room (an eventfd write is owed).
     device_wants_room: bool,
     /// The answerer kicked the session ([`FrameRing::kick`]).
@@ -390,6 +396,7 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             session_closed: false,
             session_write_closed: false,
             session_waiting: false,
+            session_wants_room: false,
             device_wants_room: false,
             kicked: false,
             answered: 0,
@@ -676,7 +683,10 @@ impl DeviceEnd {
         }
         let mut st = self.shared.lock();
         st.to_device.consume(&span, n1 + n2);
-        let wake = st.session_waiting;
+        // A writer waiting for room is woken once a good part of the ring is free, not for every
+        // rx buffer's worth (4 KiB from a Linux guest): one wake-up per burst.
+        let wake = st.session_wants_room
+            && st.to_device.free() >= st.to_device.cap.div_ceil(ROOM_WAKE_DIVISOR);
         drop(st);
         if wake {
             self.shared.cond.notify_all();
@@ -883,6 +893,7 @@ impl SessionEnd {
         (st, lent.left, timed_out)
     }
 
+    /// Waits for bytes, a kick or the end of the stream (until `deadline`).
     fn wait<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
@@ -907,6 +918,15 @@ impl SessionEnd {
         };
         st.session_waiting = false;
         Ok(st)
+    }
+
+    /// Waits for room in the ring towards the device (or its end).
+    fn wait_room<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let mut st = st;
+        st.session_wants_room = true;
+        let mut st = self.shared.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+        st.session_wants_room = false;
+        st
     }
 }
 
@@ -1030,7 +1050,7 @@ impl Write for &SessionEnd {
                 }
                 return Ok(n);
             }
-            st = self.wait(st, None)?;
+            st = self.wait_room(st);
         }
     }
 
@@ -1335,6 +1355,31 @@ mod tests {
         }
         t.join().unwrap();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_session_writer_waiting_for_room_is_woken_once_a_quarter_is_free() {
+        let (d, s) = pair(64).unwrap();
+        let writer = std::thread::spawn(move || (&s).write_all(&[9u8; 200]).unwrap());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !d.shared.lock().session_wants_room {
+            assert!(Instant::now() < deadline, "the writer never waited");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(device_read(&d, 8).unwrap().len(), 8);
+        std::thread::sleep(Duration::from_millis(30));
+        {
+            let st = d.shared.lock();
+            assert!(st.session_wants_room, "8 bytes free do not wake the writer");
+            assert_eq!(st.to_device.len, 56);
+        }
+        let mut got = 8 + device_read(&d, 8).unwrap().len();
+        while got < 200 {
+            got += device_read(&d, 64).map_or(0, |b| b.len());
+            assert!(Instant::now() < deadline, "the writer never woke");
+        }
+        writer.join().unwrap();
+        assert_eq!(got, 200);
     }
 
     #[test]

@@ -348,7 +348,13 @@ fn copy_bytes_go_from_descriptors_to_device_memory() {
     c.hello().unwrap();
     let ctx = context(&mut c);
     let p = c
-        .call(&msg::MemAlloc { ctx, size: LEN as u64 }, &[])
+        .call(
+            &msg::MemAlloc {
+                ctx,
+                size: LEN as u64,
+            },
+            &[],
+        )
         .unwrap()
         .0
         .ptr;

@@ -166,6 +166,24 @@ impl Span {
         })
     }
 
+    /// Bytes in the span.
+    fn len(&self) -> usize {
+        self.parts[0].1 + self.parts[1].1
+    }
+
+    /// The span's first `n` bytes (at most its length), as runs: the first `count` of `runs`.
+    fn first(&self, n: usize) -> ([&[u8]; 2], usize) {
+        let mut runs = [&[][..]; 2];
+        let mut taken = 0;
+        for (slot, run) in runs.iter_mut().zip(self.slices()) {
+            let k = run.len().min(n - taken);
+            *slot = &run[..k];
+            taken += k;
+        }
+        let count = if runs[1].is_empty() { 1 } else { 2 };
+        (runs, count)
+    }
+
     /// The span's room, to write.
     #[allow(clippy::mut_from_ref)]
     fn slices_mut(&self) -> [&mut [u8]; 2] {
@@ -588,30 +606,49 @@ impl DeviceEnd {
     }
 
     /// Hands the start of `src` straight to a session reader that waits in `read_in_place` for
-    /// bytes with the ring empty and lent its function (`SessionEnd::read_in_place`): the bytes
-    /// are not copied into the ring, and the reader is woken only once it has all it asked for.
-    /// Returns the bytes it took, `None` when no reader lends (the bytes go to the ring).
+    /// bytes and lent its function (`SessionEnd::read_in_place`): the bytes are not copied into
+    /// the ring, and the reader is woken only once it has all it asked for. Bytes the ring held
+    /// when the reader lent go first (the reader lends with some there when more are to come).
+    /// Returns the bytes of `src` it took, `None` when no reader lends or it wants none of them
+    /// (the bytes go to the ring).
     fn lend_here(&self, src: &[u8]) -> Option<usize> {
         if src.is_empty() {
             return None;
         }
         let _copy = Shared::copying(&self.shared.device_copy);
         let mut st = self.shared.lock();
-        if st.session_closed || st.to_session.len > 0 {
+        if st.session_closed {
             return None;
         }
         let mut lent = st.lent.take_if(|l| l.left > 0 && l.panic.is_none())?;
         st.lent_busy = true;
+        // This thread reads the ring for the reader, which does not while it lends.
+        let ring = st.to_session.readable();
         drop(st);
-        let n = src.len().min(lent.left);
+        let from_ring = ring.as_ref().map_or(0, |span| span.len().min(lent.left));
+        let n = src.len().min(lent.left - from_ring);
         // SAFETY: the reader's borrower is alive and used by no one else: the reader waits in
         // `read_in_place` until it took the `LentFn` back, which it cannot while `lent_busy`.
         let to = unsafe { lent.to.as_mut() };
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| to.offer(&[&src[..n]]))) {
+        let offered = catch_unwind(AssertUnwindSafe(|| {
+            if let Some(span) = &ring
+                && from_ring > 0
+            {
+                let (runs, count) = span.first(from_ring);
+                to.offer(&runs[..count]);
+            }
+            if n > 0 {
+                to.offer(&[&src[..n]]);
+            }
+        }));
+        if let Err(panic) = offered {
             lent.panic = Some(panic);
         }
-        lent.left -= n;
+        lent.left -= from_ring + n;
         let mut st = self.shared.lock();
+        if let Some(span) = &ring {
+            st.to_session.consume(span, from_ring);
+        }
         let wake = lent.left == 0 || lent.panic.is_some() || st.lent_wanted;
         st.lent_busy = false;
         st.lent_bytes += n as u64;
@@ -620,7 +657,7 @@ impl DeviceEnd {
         if wake {
             self.shared.cond.notify_all();
         }
-        Some(n)
+        (n > 0).then_some(n)
     }
 
     /// After bytes were written towards the session: lets the answerer answer what it can on
@@ -845,10 +882,10 @@ impl SessionEnd {
             .map(|t| Instant::now() + t)
     }
 
-    /// Lends `to`, which wants `left` more bytes, to the device thread while the ring towards
-    /// the session is empty ([`DeviceEnd::lend_here`]), and waits until the device thread has
-    /// given it all of them, bytes went to the ring instead, the stream ended or the read timed
-    /// out. Returns with the function taken back, the bytes it still wants, and whether the
+    /// Lends `to`, which wants `left` more bytes (more than the ring towards the session
+    /// holds), to the device thread ([`DeviceEnd::lend_here`]), and waits until the device
+    /// thread has given it all of them (those in the ring first), the stream ended or the read
+    /// timed out. Returns with the function taken back, the bytes it still wants, and whether the
     /// read timed out. Resumes a panic of the function on the device thread.
     fn lend<'a>(
         &'a self,
@@ -862,17 +899,21 @@ impl SessionEnd {
             left,
             panic: None,
         });
+        if std::mem::take(&mut st.device_wants_room) {
+            // Guest bytes wait in the device for room in the ring: they may come now.
+            self.shared.wake_device();
+        }
         let mut timed_out = false;
         let lent = loop {
-            let want_back = timed_out
-                || st.to_session.len > 0
-                || st.session_closed
-                || st.device_closed
-                || st.device_write_closed;
+            let want_back =
+                timed_out || st.session_closed || st.device_closed || st.device_write_closed;
+            // The ring may hold all the bytes the function wants after all: a copy into it that
+            // began before the function was lent was committed since. This thread takes them.
+            let in_ring = st.to_session.len;
             // `None`: the device thread is calling the function; it puts it back before long.
             if let Some(l) = st
                 .lent
-                .take_if(|l| want_back || l.left == 0 || l.panic.is_some())
+                .take_if(|l| want_back || l.left == 0 || l.panic.is_some() || in_ring >= l.left)
             {
                 break l;
             }
@@ -974,18 +1015,16 @@ impl ReadInPlace for &SessionEnd {
             if st.session_closed {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            if let Some(span) = st.to_session.readable() {
+            let lends = self.shared.answerer.get().is_some();
+            if let Some(span) = st
+                .to_session
+                .readable()
+                .filter(|span| !lends || span.len() >= left)
+            {
                 drop(st);
-                let mut cut = [&[][..]; 2];
-                let mut n = 0;
-                let step = left.min(IN_PLACE_RUN);
-                for (slot, run) in cut.iter_mut().zip(span.slices()) {
-                    let k = run.len().min(step - n);
-                    *slot = &run[..k];
-                    n += k;
-                }
-                let count = if cut[1].is_empty() { 1 } else { 2 };
-                to.offer(&cut[..count]);
+                let n = span.len().min(left).min(IN_PLACE_RUN);
+                let (runs, count) = span.first(n);
+                to.offer(&runs[..count]);
                 self.consumed(&span, n);
                 left -= n;
                 if left == 0 {
@@ -997,10 +1036,12 @@ impl ReadInPlace for &SessionEnd {
             if st.device_closed || st.device_write_closed {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            if self.shared.answerer.get().is_none() {
+            if !lends {
                 st = self.wait(st, deadline)?;
                 continue;
             }
+            // With more bytes to come than the ring holds, the device thread hands over those
+            // it holds, then the rest as they arrive: this thread copies none of them.
             let timed_out;
             (st, left, timed_out) = self.lend(st, &mut to, left, deadline);
             if left == 0 {
@@ -1678,20 +1719,79 @@ mod tests {
         r.unwrap();
         assert!(got == data[..TOTAL], "the bytes arrive whole and in order");
         let here = std::thread::current().id();
-        let on_device = threads.iter().filter(|t| **t == here).count();
-        assert_eq!(
-            on_device,
-            TOTAL.div_ceil(PIECE),
-            "one call per write, on the writing thread"
+        assert!(
+            threads.iter().all(|t| *t == here),
+            "the reader copied nothing itself"
         );
         assert_eq!(
             threads.len(),
-            on_device + 1,
-            "and one for the bytes the ring held"
+            TOTAL.div_ceil(PIECE) + 1,
+            "one call per write, and one for the bytes the ring held"
         );
         let mut rest = [0u8; 16];
         assert_eq!((&*s).read(&mut rest).unwrap(), 10);
         assert_eq!(rest[..10], data[TOTAL..]);
+    }
+
+    #[test]
+    fn a_full_ring_goes_to_a_lending_reader_first_and_the_device_is_told() {
+        let data: Vec<u8> = (0..200u8).collect();
+        let (d, s, _a) = lending_pair(64);
+        assert_eq!((&d).write(&data).unwrap(), 64);
+        assert_eq!(
+            (&d).write(&data[64..]).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        d.clear_event();
+        let reader = read_lent(&s, 200);
+        until_lent(&d);
+        assert!(
+            d.shared.event.read().is_ok(),
+            "the device waiting for room is woken to hand over the rest"
+        );
+        assert_eq!((&d).write(&data[64..]).unwrap(), 136);
+        let (r, got, threads) = reader.join().unwrap();
+        r.unwrap();
+        assert_eq!(got, data);
+        assert_eq!(threads, [std::thread::current().id(); 2]);
+        assert_eq!(d.shared.lock().to_session.len, 0);
+    }
+
+    #[test]
+    fn bytes_committed_to_the_ring_after_the_reader_lent_are_read_by_the_reader() {
+        let (d, s, _a) = lending_pair(4096);
+        let d = Arc::new(d);
+        // A device copy into the ring that began before the reader lent, committed after.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let d = Arc::clone(&d);
+            std::thread::spawn(move || {
+                d.push_with(
+                    100,
+                    |e| e,
+                    |span| {
+                        wait.recv().unwrap();
+                        Ok(fill(span, &[4u8; 100]))
+                    },
+                )
+            })
+        };
+        let reader = read_lent(&s, 100);
+        until_lent(&d);
+        go.send(()).unwrap();
+        assert_eq!(writer.join().unwrap().unwrap(), 100);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !reader.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "the reader waits for bytes the ring holds"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (r, got, threads) = reader.join().unwrap();
+        r.unwrap();
+        assert_eq!(got, [4u8; 100]);
+        assert_ne!(threads[0], std::thread::current().id());
     }
 
     #[test]

@@ -337,9 +337,10 @@ struct State {
     answered: usize,
     /// The budget reservation of an enlarged `to_session` ring.
     lease: Option<RingLease>,
-    /// The function of a session reader waiting in `read_in_place` with the ring empty, lent to
-    /// the device thread, which calls it with the guest's bytes straight from descriptor memory
-    /// ([`DeviceEnd::lend_here`]); `None` while the device thread calls it (`lent_busy`).
+    /// The function of a session reader waiting in `read_in_place` for more bytes than the ring
+    /// holds, lent to the device thread, which calls it with the ring's bytes and then the
+    /// guest's straight from descriptor memory ([`DeviceEnd::lend_here`]); `None` while the
+    /// device thread calls it (`lent_busy`).
     lent: Option<LentFn>,
     /// The device thread is calling the lent function.
     lent_busy: bool,

@@ -253,38 +253,13 @@ fn frames_far_larger_than_the_in_process_rings_cross_the_gpu_port_intact() {
 /// frame: the session ends at once and frees its memory; the VM's next session works.
 #[test]
 fn a_reset_in_the_middle_of_a_large_frame_ends_the_session_and_frees_its_memory() {
-    use vgpu_proto::msg::{Message, Op};
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(dir.path());
     let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
-    let mut c = session(&g);
-    c.hello().unwrap();
-    let ctx = context(&mut c);
-    let p = c
-        .call(&msg::MemAlloc { ctx, size: 8 * MIB }, &[])
-        .unwrap()
-        .0
-        .ptr;
+    let (c, ctx, p) = with_memory(&g, 8 * MIB);
     assert_eq!(d.broker().tenant("vm1").unwrap().slice.used(), 8 * MIB);
     // A 7 MiB MemcpyHtoD frame (within MAX_PAYLOAD) of which only 3 MiB arrive.
-    let mut fields = Vec::new();
-    msg::MemcpyHtoD {
-        ctx,
-        stream: 0,
-        dst: p,
-    }
-    .encode(&mut fields);
-    let body = vec![0x5au8; 7 * MIB as usize];
-    let mut frame = Vec::new();
-    vgpu_proto::frame::write_frame(
-        &mut frame,
-        <msg::MemcpyHtoD as Op>::OPCODE,
-        0,
-        99,
-        0,
-        &[&fields, &body],
-    )
-    .unwrap();
+    let frame = htod_frame(ctx, p, 0, 99, &vec![0x5au8; 7 * MIB as usize]);
     c.stream.write_all(&frame[..3 * MIB as usize]).unwrap();
     // Dropping the guest socket sends an RST.
     drop(c);
@@ -301,17 +276,40 @@ fn a_reset_in_the_middle_of_a_large_frame_ends_the_session_and_frees_its_memory(
     d.shutdown();
 }
 
+/// A whole `MemcpyHtoD` frame of `body` to `dst` on the legacy stream.
+fn htod_frame(ctx: u64, dst: u64, flags: u16, call_id: u64, body: &[u8]) -> Vec<u8> {
+    let mut fields = Vec::new();
+    msg::MemcpyHtoD {
+        ctx,
+        stream: 0,
+        dst,
+    }
+    .encode(&mut fields);
+    let mut frame = Vec::new();
+    frame::write_frame(
+        &mut frame,
+        <msg::MemcpyHtoD as Op>::OPCODE,
+        flags,
+        call_id,
+        0,
+        &[&fields, body],
+    )
+    .unwrap();
+    frame
+}
+
 /// A session of `g`'s VM with a context and 1 MiB of device memory: the client, the context, the
 /// memory's address.
 fn with_a_mib(g: &TestGuest) -> (TestClient<GuestStream>, u64, u64) {
+    with_memory(g, MIB)
+}
+
+/// A session of `g`'s VM with a context and `size` bytes of device memory.
+fn with_memory(g: &TestGuest, size: u64) -> (TestClient<GuestStream>, u64, u64) {
     let mut c = session(g);
     c.hello().unwrap();
     let ctx = context(&mut c);
-    let p = c
-        .call(&msg::MemAlloc { ctx, size: MIB }, &[])
-        .unwrap()
-        .0
-        .ptr;
+    let p = c.call(&msg::MemAlloc { ctx, size }, &[]).unwrap().0.ptr;
     (c, ctx, p)
 }
 
@@ -344,42 +342,13 @@ fn copy_bytes_go_from_descriptors_to_device_memory() {
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(dir.path());
     let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
-    let mut c = session(&g);
-    c.hello().unwrap();
-    let ctx = context(&mut c);
-    let p = c
-        .call(
-            &msg::MemAlloc {
-                ctx,
-                size: LEN as u64,
-            },
-            &[],
-        )
-        .unwrap()
-        .0
-        .ptr;
+    let (mut c, ctx, p) = with_memory(&g, LEN as u64);
     let lent = || d.runtime().vsock_of("vm1").unwrap().1.bytes_lent_in_place;
-    let mut fields = Vec::new();
-    msg::MemcpyHtoD {
-        ctx,
-        stream: 0,
-        dst: p,
-    }
-    .encode(&mut fields);
     // Each round posts a copy whose first bytes arrive before the rest, so that the session
     // thread waits for the rest; a loaded machine may deliver them all first, hence the rounds.
     for round in 0..ROUNDS {
         let body: Vec<u8> = (0..LEN).map(|i| (i % 249) as u8 ^ round).collect();
-        let mut frame = Vec::new();
-        frame::write_frame(
-            &mut frame,
-            <msg::MemcpyHtoD as Op>::OPCODE,
-            FLAG_ASYNC,
-            1000 + u64::from(round),
-            0,
-            &[&fields, &body],
-        )
-        .unwrap();
+        let frame = htod_frame(ctx, p, FLAG_ASYNC, 1000 + u64::from(round), &body);
         c.stream.write_all(&frame[..HEAD]).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         c.stream.write_all(&frame[HEAD..]).unwrap();

@@ -102,7 +102,8 @@ struct Primary {
     flags: u32,
 }
 
-/// What [`BulkSource::read`] calls with the bytes.
+/// What [`BulkSource::read`] calls with the bytes: `Send`, because a transport may call it on the
+/// thread that receives them while the session's thread waits (vgpud's vsock device thread).
 pub type ReadSlices<'a> = dyn FnMut(&[&[u8]]) -> Result<(), CuError> + Send + 'a;
 /// What [`BulkSink::write`] calls with the room for the bytes.
 pub type WriteSlices<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<(), CuError> + 'a;

@@ -3,7 +3,11 @@
 //!
 //! The device thread copies guest payload straight from descriptor memory into the ring towards
 //! the session, and copies the session's output straight from its ring into rx descriptors: no
-//! system call and no kernel copy per packet. The device side never blocks (a full or empty ring
+//! system call and no kernel copy per packet. A session that waits in
+//! [`ReadInPlace::read_in_place`] for more bytes than the ring holds lends its function to the
+//! device thread, which calls it with the ring's bytes and then the guest's straight from
+//! descriptor memory: no copy into the ring at all (where an answerer is registered, that is
+//! where the device thread may run the session's calls). The device side never blocks (a full or empty ring
 //! is `WouldBlock`, like a nonblocking socket); the session side blocks on a condition variable.
 //!
 //! Wake-ups are sent on transitions only: the device thread's epoll watches an eventfd that the

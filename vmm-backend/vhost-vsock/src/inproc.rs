@@ -214,7 +214,7 @@ struct LentFn {
 
 // SAFETY: a `Borrower` is `Send` (its function is, `RunFn`); the pointer is dereferenced by one
 // thread at a time: the device thread between taking the `LentFn` out of the state and putting it
-// back (`lent_busy`), and the reader never while it waits for it.
+// back, and the reader never while it waits for it.
 unsafe impl Send for LentFn {}
 
 impl std::fmt::Debug for LentFn {
@@ -344,10 +344,8 @@ struct State {
     /// The function of a session reader waiting in `read_in_place` for more bytes than the ring
     /// holds, lent to the device thread, which calls it with the ring's bytes and then the
     /// guest's straight from descriptor memory ([`DeviceEnd::lend_here`]); `None` while the
-    /// device thread calls it (`lent_busy`).
+    /// device thread calls it (and when no reader lends).
     lent: Option<LentFn>,
-    /// The device thread is calling the lent function.
-    lent_busy: bool,
     /// Bytes the device thread handed to a lent function since the device last asked
     /// ([`DeviceEnd::take_lent_bytes`]).
     lent_bytes: u64,
@@ -425,7 +423,6 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             answered: 0,
             lease: None,
             lent: None,
-            lent_busy: false,
             lent_bytes: 0,
             lent_wanted: false,
         }),
@@ -530,7 +527,7 @@ impl DeviceEnd {
         &self,
         src: &VolatileSlice<'_, B>,
     ) -> Result<usize, VolatileMemoryError> {
-        if !src.is_empty() && self.lends() {
+        if self.lends() {
             let guard = src.ptr_guard();
             // SAFETY: vm-memory checked that `src` lies in the guest's mapped memory, which the
             // caller's memory guard keeps mapped for this call. The guest may write the bytes
@@ -617,7 +614,7 @@ impl DeviceEnd {
     /// Returns the bytes of `src` it took, `None` when no reader lends or it wants none of them
     /// (the bytes go to the ring).
     fn lend_here(&self, src: &[u8]) -> Option<usize> {
-        if src.is_empty() {
+        if src.is_empty() || !self.lends() {
             return None;
         }
         let _copy = Shared::copying(&self.shared.device_copy);
@@ -626,14 +623,14 @@ impl DeviceEnd {
             return None;
         }
         let mut lent = st.lent.take_if(|l| l.left > 0 && l.panic.is_none())?;
-        st.lent_busy = true;
         // This thread reads the ring for the reader, which does not while it lends.
         let ring = st.to_session.readable();
         drop(st);
         let from_ring = ring.as_ref().map_or(0, |span| span.len().min(lent.left));
         let n = src.len().min(lent.left - from_ring);
         // SAFETY: the reader's borrower is alive and used by no one else: the reader waits in
-        // `read_in_place` until it took the `LentFn` back, which it cannot while `lent_busy`.
+        // `read_in_place` until it took the `LentFn` back, which it cannot while this thread
+        // holds it.
         let to = unsafe { lent.to.as_mut() };
         let offered = catch_unwind(AssertUnwindSafe(|| {
             if let Some(span) = &ring
@@ -655,7 +652,6 @@ impl DeviceEnd {
             st.to_session.consume(span, from_ring);
         }
         let wake = lent.left == 0 || lent.panic.is_some() || st.lent_wanted;
-        st.lent_busy = false;
         st.lent_bytes += n as u64;
         st.lent = Some(lent);
         drop(st);
@@ -757,7 +753,7 @@ impl ReadVolatile for &DeviceEnd {
 
 impl Write for &DeviceEnd {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if let Some(n) = self.lends().then(|| self.lend_here(buf)).flatten() {
+        if let Some(n) = self.lend_here(buf) {
             return Ok(n);
         }
         self.push_with(buf.len(), |e| e, |span| Ok(fill(span, buf)))

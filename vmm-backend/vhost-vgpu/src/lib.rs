@@ -204,6 +204,9 @@ impl VgpuDevServer {
             VgpuBackend::new(device, self.service.clone(), self.config.queue_size)
                 .map_err(Error::EventLoop)?,
         );
+        // Counted before the daemon starts serving, so the count never lags what the VMM
+        // can already observe through the device.
+        self.stats.add_frontend_connection();
         let daemon = start_daemon(
             format!("vgpu-dev-{vm}"),
             backend.clone(),
@@ -211,7 +214,6 @@ impl VgpuDevServer {
             shared::RESCAN_EVENT,
             listener,
         )?;
-        self.stats.add_frontend_connection();
         info!(vm = %vm, "VMM connected to the virtio-vgpu device");
 
         let (stopped, result) = run_until_disconnect(daemon, format!("vgpu-dev-{vm}-wait"), stop)?;

@@ -318,6 +318,9 @@ impl VsockServer {
         let backend = Arc::new(
             VsockBackend::new(device, cid, self.config.queue_size).map_err(Error::EventLoop)?,
         );
+        // Counted before the daemon starts serving, so the count never lags what the VMM
+        // can already observe through the device.
+        self.stats.add_frontend_connection();
         let daemon = start_daemon(
             format!("vsock-{cid}"),
             backend.clone(),
@@ -325,7 +328,6 @@ impl VsockServer {
             BACKEND_EVENT,
             listener,
         )?;
-        self.stats.add_frontend_connection();
         info!(guest_cid = cid, "VMM connected to the vsock device");
 
         let (stopped, result) = run_until_disconnect(daemon, format!("vsock-{cid}-wait"), stop)?;

@@ -733,6 +733,11 @@ impl DevGuest {
             std::hint::spin_loop();
             return;
         }
+        self.sleep();
+    }
+
+    /// Sleeps until an interrupt (at most a millisecond).
+    fn sleep(&self) {
         let mut events = [EpollEvent::default(); NUM_QUEUES];
         if let Ok(n) = self.shared.epoll.wait(1, &mut events)
             && n > 0
@@ -776,6 +781,18 @@ impl DevGuest {
 
     /// Waits for `p` to complete.
     pub fn wait(&self, p: Pending, timeout: Duration) -> io::Result<Completed> {
+        self.wait_as(p, timeout, true)
+    }
+
+    /// Waits for a posted request's chain as the guest module waits for room for more posted
+    /// requests (`wait_event` until the interrupt): sleeping, never spinning, whatever
+    /// [`DevGuestOptions::busy_poll`] says.
+    pub fn wait_posted(&self, p: Pending, timeout: Duration) -> io::Result<Completed> {
+        self.wait_as(p, timeout, false)
+    }
+
+    /// Waits for `p`; `polls`: as the options say (spin, or spin first), otherwise sleep at once.
+    fn wait_as(&self, p: Pending, timeout: Duration, polls: bool) -> io::Result<Completed> {
         let since = Instant::now();
         let deadline = Instant::now() + timeout;
         loop {
@@ -788,7 +805,11 @@ impl DevGuest {
                     format!("request {} on queue {} not completed", p.token, p.queue),
                 ));
             }
-            self.idle(since);
+            if polls {
+                self.idle(since);
+            } else {
+                self.sleep();
+            }
         }
     }
 
@@ -966,19 +987,8 @@ impl DevSession {
 
     /// Builds the request for a frame.
     fn frame<O: Op>(&mut self, req: &O, flags: u16, data_len: usize) -> Request {
-        self.seq += 1;
-        self.call_id += 1;
-        let mut fields = Vec::new();
-        req.encode(&mut fields);
-        let h = Header {
-            opcode: O::OPCODE,
-            flags,
-            call_id: self.call_id,
-            payload_len: (fields.len() + data_len) as u32,
-            status: 0,
-        };
-        let mut inline = h.encode().to_vec();
-        inline.extend_from_slice(&fields);
+        let mut inline = Vec::new();
+        self.encode_frame(req, flags, data_len, &mut inline);
         Request {
             hdr: ReqHeader {
                 kind: REQ_CALL,
@@ -989,6 +999,25 @@ impl DevSession {
             inline,
             ..Default::default()
         }
+    }
+
+    /// Appends one frame of `req` (its header and fields; `data_len` bulk bytes follow it
+    /// elsewhere) to `out`, taking the session's next sequence number, as the shim encodes
+    /// frames: in place, nothing allocated per frame.
+    fn encode_frame<O: Op>(&mut self, req: &O, flags: u16, data_len: usize, out: &mut Vec<u8>) {
+        self.seq += 1;
+        self.call_id += 1;
+        let at = out.len();
+        out.resize(at + HEADER_LEN, 0);
+        req.encode(out);
+        let h = Header {
+            opcode: O::OPCODE,
+            flags,
+            call_id: self.call_id,
+            payload_len: (out.len() - at - HEADER_LEN + data_len) as u32,
+            status: 0,
+        };
+        out[at..at + HEADER_LEN].copy_from_slice(&h.encode());
     }
 
     /// Submits a synchronous frame whose request data and reply data are guest ranges, without
@@ -1071,7 +1100,7 @@ impl DevSession {
         let first = self.seq + 1;
         let mut inline = Vec::new();
         for r in reqs {
-            inline.extend_from_slice(&self.frame(r, FLAG_ASYNC, 0).inline);
+            self.encode_frame(r, FLAG_ASYNC, 0, &mut inline);
         }
         let req = Request {
             hdr: ReqHeader {

@@ -38,6 +38,9 @@ pub const QUERIES: [u16; 5] = [
 pub const BATCH_TAIL_MAX: usize = 4096;
 /// Chunks of one device-to-host copy in flight at once over the device.
 pub const DEVICE_WINDOW: usize = 8;
+/// Requests of one device-to-host copy in flight at once over a stream: two, so that vgpud
+/// reads the next chunk from the device while the shim reads the last one from the socket.
+pub const STREAM_WINDOW: usize = 2;
 /// Reply buffer of each chunk in flight: a copy's reply is a bare frame header,
 /// or a short error message.
 const CHUNK_REPLY_BUFFER: usize = 4096;
@@ -484,20 +487,112 @@ impl Client {
 
     /// [`Client::call_into`] for a list of requests, each with its destination. Over the device,
     /// up to [`DEVICE_WINDOW`] of them are in flight at once, each written straight into its
-    /// destination; the first error is returned once all have finished.
+    /// destination; over a stream, up to [`STREAM_WINDOW`]. The first error is returned once all
+    /// have finished.
     pub fn call_into_chunks<O: Op<Reply = msg::Empty>>(
         &mut self,
         reqs: &[O],
         outs: Vec<&mut [u8]>,
     ) -> Result<(), CallError> {
-        if !matches!(self.conn, Conn::Device(_)) {
-            for (req, out) in reqs.iter().zip(outs) {
-                self.call_into(req, out)?;
+        self.check()?;
+        let r = if matches!(self.conn, Conn::Device(_)) {
+            self.device_chunks(reqs, outs)
+        } else {
+            self.stream_chunks(reqs, outs)
+        };
+        self.take_output();
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// [`Client::call_into_chunks`] over a stream: the next request goes out before the reply
+    /// to the one before it is read, so vgpud reads the next chunk from the device while this
+    /// side reads the last one from the socket. At most [`STREAM_WINDOW`] requests wait (a few
+    /// dozen bytes each): writing them never waits for vgpud, which may be writing a large
+    /// reply that nobody reads yet.
+    fn stream_chunks<O: Op<Reply = msg::Empty>>(
+        &mut self,
+        reqs: &[O],
+        outs: Vec<&mut [u8]>,
+    ) -> Result<(), CallError> {
+        let mut sent = std::collections::VecDeque::with_capacity(STREAM_WINDOW);
+        let mut next = reqs.iter();
+        let mut first: Option<CallError> = None;
+        for out in outs {
+            while sent.len() < STREAM_WINDOW
+                && let Some(req) = next.next()
+            {
+                sent.push_back(self.enqueue(req, &[], 0)?);
             }
+            self.flush()?;
+            let Some(id) = sent.pop_front() else {
+                break;
+            };
+            self.read_bytes_reply(id, O::OPCODE, out, &mut first)?;
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Reads the reply to call `id` (`opcode`), whose payload is bulk bytes only, into `out`. An
+    /// error reply is kept in `first` unless it holds one already; `Err`: the connection is lost.
+    fn read_bytes_reply(
+        &mut self,
+        id: u64,
+        opcode: u16,
+        out: &mut [u8],
+        first: &mut Option<CallError>,
+    ) -> Result<(), CallError> {
+        let h = self.read_header(id, opcode)?;
+        if h.status != 0 {
+            let e = self.try_read_error(&h)?;
+            first.get_or_insert(e);
             return Ok(());
         }
+        if h.payload_len as usize != out.len() {
+            return Err(CallError::lost(&io::Error::other(
+                "reply length does not match the request",
+            )));
+        }
+        self.stream_mut()?
+            .read_exact(out)
+            .map_err(|e| CallError::lost(&e))
+    }
+
+    /// [`Client::call_into_chunks`], then the synchronous call `last` (whose reply carries
+    /// nothing), expected to take about `last_takes`. Over a stream, with at most
+    /// [`STREAM_WINDOW`] requests in `reqs`, every request is sent before any reply is read: one
+    /// wait for all. The first error is returned once all have finished.
+    pub fn call_into_chunks_then<O, L>(
+        &mut self,
+        reqs: &[O],
+        outs: Vec<&mut [u8]>,
+        last: &L,
+        last_takes: Duration,
+    ) -> Result<(), CallError>
+    where
+        O: Op<Reply = msg::Empty>,
+        L: Op<Reply = msg::Empty>,
+    {
+        if matches!(self.conn, Conn::Device(_)) || reqs.len() > STREAM_WINDOW {
+            let chunks = self.call_into_chunks(reqs, outs);
+            let rest = self.call_expecting(last, last_takes).map(drop);
+            return chunks.and(rest);
+        }
         self.check()?;
-        let r = self.device_chunks(reqs, outs);
+        let r = (|| {
+            let mut ids = Vec::with_capacity(reqs.len());
+            for req in reqs {
+                ids.push(self.enqueue(req, &[], 0)?);
+            }
+            let last_id = self.enqueue(last, &[], 0)?;
+            self.flush()?;
+            let mut first = None;
+            for (id, out) in ids.into_iter().zip(outs) {
+                self.read_bytes_reply(id, O::OPCODE, out, &mut first)?;
+            }
+            self.expect_reply_in(last_takes);
+            self.read_bytes_reply(last_id, L::OPCODE, &mut [], &mut first)?;
+            first.map_or(Ok(()), Err)
+        })();
         self.take_output();
         r.map_err(|e| self.fail(e))
     }
@@ -656,15 +751,20 @@ impl Client {
     }
 
     fn read_error(&mut self, h: &Header) -> CallError {
+        self.try_read_error(h).unwrap_or_else(|lost| lost)
+    }
+
+    /// The error an error reply with header `h` carries (`Ok`), or why its message could not be
+    /// read (`Err`: the connection is lost).
+    fn try_read_error(&mut self, h: &Header) -> Result<CallError, CallError> {
         let mut m = vec![0; h.payload_len as usize];
-        let r = match self.stream_mut() {
-            Ok(s) => s.read_exact(&mut m),
-            Err(e) => return e,
-        };
-        if let Err(e) = r {
-            return CallError::lost(&e);
-        }
-        CallError::new(h.status, String::from_utf8_lossy(&m).into_owned())
+        self.stream_mut()?
+            .read_exact(&mut m)
+            .map_err(|e| CallError::lost(&e))?;
+        Ok(CallError::new(
+            h.status,
+            String::from_utf8_lossy(&m).into_owned(),
+        ))
     }
 
     /// [`Client::call`] for a request whose reply is expected in about `d` (a copy vgpud
@@ -674,10 +774,16 @@ impl Client {
         req: &O,
         d: Duration,
     ) -> Result<(O::Reply, Vec<u8>), CallError> {
+        self.expect_reply_in(d);
+        self.call(req, &[])
+    }
+
+    /// The next reply is expected in about `d` (work vgpud does in place before answering): a
+    /// stream that polls for replies polls that long for it.
+    pub fn expect_reply_in(&self, d: Duration) {
         if let Some(e) = &self.expect {
             e.next_wait(d);
         }
-        self.call(req, &[])
     }
 
     /// Sends a synchronous request and waits for its reply; returns the reply
@@ -832,6 +938,120 @@ mod tests {
         let e = c.call(&msg::MemAlloc { ctx: 1, size: 2 }, &[]).unwrap_err();
         assert_eq!(e, CallError::new(2, "slice full"));
         t.join().unwrap();
+    }
+
+    /// A fake vgpud for chunked reads: takes `n` requests, answering each as `answer` says
+    /// (from its index and header: `Err(status)` or the payload) only once `window` requests
+    /// wait (or the last has come), which proves the client sent them before reading any of
+    /// their replies; then answers `then` more requests with nothing. Returns the opcodes it
+    /// saw.
+    fn chunk_server(
+        mut server: UnixStream,
+        n: usize,
+        then: usize,
+        window: usize,
+        answer: impl Fn(usize, &frame::Header) -> Result<Vec<u8>, u32> + Send + 'static,
+    ) -> std::thread::JoinHandle<Vec<u16>> {
+        // A client that waits for a reply before sending the next request fails the test
+        // instead of hanging it.
+        server
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        std::thread::spawn(move || {
+            let mut p = Vec::new();
+            let mut pending = std::collections::VecDeque::new();
+            let mut seen = Vec::new();
+            for i in 0..n + then {
+                let h = frame::read_frame(&mut server, &mut p).unwrap();
+                assert!(!h.is_async());
+                seen.push(h.opcode);
+                if i >= n {
+                    frame::write_frame(&mut server, h.opcode, frame::FLAG_REPLY, h.call_id, 0, &[])
+                        .unwrap();
+                    continue;
+                }
+                pending.push_back((i, h));
+                while pending.len() >= window || (i + 1 == n && !pending.is_empty()) {
+                    let (j, h) = pending.pop_front().unwrap();
+                    let (status, body) = match answer(j, &h) {
+                        Ok(b) => (0, b),
+                        Err(st) => (st, format!("chunk {j} failed").into_bytes()),
+                    };
+                    frame::write_frame(
+                        &mut server,
+                        h.opcode,
+                        frame::FLAG_REPLY,
+                        h.call_id,
+                        status,
+                        &[&body],
+                    )
+                    .unwrap();
+                }
+            }
+            seen
+        })
+    }
+
+    fn dtoh(i: u64, len: u64) -> msg::MemcpyDtoH {
+        msg::MemcpyDtoH {
+            ctx: 1,
+            stream: 0,
+            src: i << 20,
+            len,
+        }
+    }
+
+    #[test]
+    fn chunked_reads_over_a_stream_are_pipelined_and_an_error_keeps_the_stream_in_step() {
+        let (mut c, server) = pair();
+        let reqs: Vec<_> = (0..5).map(|i| dtoh(i, 100)).collect();
+        let t = chunk_server(server, 5, 1, STREAM_WINDOW, |i, h| {
+            if i == 1 {
+                return Err(1);
+            }
+            Ok(vec![(i as u8) ^ (h.call_id as u8) ^ 0x5a; 100])
+        });
+        let mut bufs = vec![vec![0u8; 100]; 5];
+        let e = c
+            .call_into_chunks(&reqs, bufs.iter_mut().map(|b| &mut b[..]).collect())
+            .unwrap_err();
+        assert_eq!(e.code, 1, "the first error: {e:?}");
+        assert!(e.message.contains("chunk 1"), "{e:?}");
+        for (i, b) in bufs.iter().enumerate() {
+            if i != 1 {
+                assert!(
+                    b.iter().all(|&x| x == b[0]) && b[0] != 0,
+                    "chunk {i} landed"
+                );
+            }
+        }
+        // The next call reads its own reply: every reply of the chunks was read.
+        c.call(&msg::Ping {}, &[]).unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn chunks_then_a_last_call_go_out_before_any_reply_is_read() {
+        use vgpu_proto::msg::Op;
+        let (mut c, server) = pair();
+        let reqs = [dtoh(0, 10), dtoh(1, 20)];
+        // The server answers only after it has all three requests.
+        let t = chunk_server(server, 3, 0, 3, |i, _| Ok(vec![7; [10, 20, 0][i]]));
+        let mut a = [0u8; 10];
+        let mut b = [0u8; 20];
+        let last = msg::CtxSynchronize { ctx: 1 };
+        c.call_into_chunks_then(&reqs, vec![&mut a, &mut b], &last, Duration::from_millis(1))
+            .unwrap();
+        assert_eq!((a, b), ([7; 10], [7; 20]));
+        let seen = t.join().unwrap();
+        assert_eq!(
+            seen,
+            [
+                msg::MemcpyDtoH::OPCODE,
+                msg::MemcpyDtoH::OPCODE,
+                msg::CtxSynchronize::OPCODE
+            ]
+        );
     }
 
     static SEEN: std::sync::Mutex<Vec<(bool, Vec<u8>)>> = std::sync::Mutex::new(Vec::new());

@@ -888,12 +888,51 @@ fn memcpy_dtoh_routed(dst: &mut [u8], src: u64, stream: u64, sync: bool) -> CuRe
     if let Some(r) = memcpy_dtoh_shared(dst, src, stream, sync) {
         return r;
     }
-    let split = driver()?.shared_split(dst.as_ptr() as usize, dst.len());
+    let d = driver()?;
+    let split = d.shared_split(dst.as_ptr() as usize, dst.len());
     if let Some((head, mid)) = split {
-        // The ends first, the shared part last (as for host-to-device copies).
         let tail_at = src + (head + mid) as u64;
         let (head_bytes, rest) = dst.split_at_mut(head);
         let (mid_bytes, tail) = rest.split_at_mut(mid);
+        let shares = |p: &[u8]| {
+            !p.is_empty()
+                && (d.shared_range(p.as_ptr() as usize, p.len()).is_some()
+                    || d.shared_split(p.as_ptr() as usize, p.len()).is_some())
+        };
+        if !shares(head_bytes)
+            && !shares(tail)
+            && let Some((region, offset)) = d.shared_range(mid_bytes.as_ptr() as usize, mid)
+        {
+            // The ends first, then the shared part (without bytes). A synchronous copy sends
+            // them all at once: one wait for the whole copy, and the shared part still runs at
+            // once on vgpud's session thread. An asynchronous one posts the shared part after
+            // reading the ends (which wait for the stream), as CUDA's copies to pinned memory
+            // are asynchronous.
+            let c = ctx()?;
+            let wire = wire_stream(stream)?;
+            let shared = msg::MemcpyDtoHShared {
+                ctx: c,
+                stream: wire,
+                src: src + head as u64,
+                region,
+                offset,
+                len: mid as u64,
+            };
+            let (reqs, outs) = dtoh_chunks(c, wire, d.chunk, [(src, head_bytes), (tail_at, tail)]);
+            if sync {
+                let takes = IN_PLACE_COPY_SPIN_BASE
+                    + Duration::from_secs_f64(mid as f64 / IN_PLACE_COPY_BYTES_PER_SEC);
+                let r = lock(&d.client).call_into_chunks_then(&reqs, outs, &shared, takes);
+                log_err("MemcpyDtoH", r)?;
+                return crate::alloc_api::after_sync();
+            }
+            let r = lock(&d.client).call_into_chunks(&reqs, outs);
+            log_err("MemcpyDtoH", r)?;
+            crate::alloc_api::after_sync()?;
+            d.note_shared_dtoh(region, c);
+            return d.post(&shared, &[]);
+        }
+        // The ends first, the shared part last (as for host-to-device copies).
         for (at, p) in [(src, head_bytes), (tail_at, tail)] {
             if !p.is_empty() {
                 memcpy_dtoh_routed(p, at, stream, sync)?;
@@ -938,19 +977,33 @@ pub(crate) fn memcpy_dtoh_raw(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()
     let c = ctx()?;
     let stream = wire_stream(stream)?;
     let d = driver()?;
-    let chunks: Vec<&mut [u8]> = dst.chunks_mut(d.chunk).collect();
-    let reqs: Vec<msg::MemcpyDtoH> = chunks
-        .iter()
-        .enumerate()
-        .map(|(i, chunk)| msg::MemcpyDtoH {
-            ctx: c,
-            stream,
-            src: src + (i * d.chunk) as u64,
-            len: chunk.len() as u64,
-        })
-        .collect();
+    let (reqs, chunks) = dtoh_chunks(c, stream, d.chunk, [(src, dst)]);
     let r = lock(&d.client).call_into_chunks(&reqs, chunks);
     log_err("MemcpyDtoH", r)
+}
+
+/// The `MemcpyDtoH` requests that read each `(device address, destination)` part, in
+/// `chunk`-byte pieces, and the destination of each.
+fn dtoh_chunks<const N: usize>(
+    ctx: u64,
+    stream: u64,
+    chunk: usize,
+    parts: [(u64, &mut [u8]); N],
+) -> (Vec<msg::MemcpyDtoH>, Vec<&mut [u8]>) {
+    let mut reqs = Vec::new();
+    let mut outs = Vec::new();
+    for (src, dst) in parts {
+        for (i, piece) in dst.chunks_mut(chunk).enumerate() {
+            reqs.push(msg::MemcpyDtoH {
+                ctx,
+                stream,
+                src: src + (i * chunk) as u64,
+                len: piece.len() as u64,
+            });
+            outs.push(piece);
+        }
+    }
+    (reqs, outs)
 }
 
 /// Device to host of what changed: `dst` holds what the device held when `hashes` (one per

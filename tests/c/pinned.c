@@ -170,6 +170,7 @@ int main(int argc, char **argv) {
         check(memcmp(r, orig, n) == 0, name);
         round_trip(r, out, n, NULL, "registered, whole range, sync");
         round_trip(out, r, n, s, "registered, whole range, async into it");
+        round_trip(out, r, n, NULL, "registered, whole range, sync into it");
         round_trip(r + n / 4 + 1, out, n / 2, s, "registered, a part from it, async");
         round_trip(out, r + n / 3, n - n / 3, NULL, "registered, a part into it, sync");
         /* Device-to-host copies queued into it, then unregistering at once. */

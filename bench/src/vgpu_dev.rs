@@ -471,19 +471,23 @@ impl VsockPath {
         Ok(())
     }
 
+    /// As the shim's `cuMemcpyDtoH` does it over a stream: chunks pipelined
+    /// ([`Client::call_into_chunks`]).
     fn dtoh(&mut self, bytes: usize) -> Result<(), String> {
-        for (i, c) in self.dst[..bytes].chunks_mut(MAX_BULK_CHUNK).enumerate() {
-            let req = msg::MemcpyDtoH {
+        let outs: Vec<&mut [u8]> = self.dst[..bytes].chunks_mut(MAX_BULK_CHUNK).collect();
+        let reqs: Vec<msg::MemcpyDtoH> = outs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| msg::MemcpyDtoH {
                 ctx: self.ctx,
                 stream: 0,
                 src: self.ptr + (i * MAX_BULK_CHUNK) as u64,
                 len: c.len() as u64,
-            };
-            self.client
-                .call_into(&req, c)
-                .map_err(|e| format!("MemcpyDtoH: {}", e.message))?;
-        }
-        Ok(())
+            })
+            .collect();
+        self.client
+            .call_into_chunks(&reqs, outs)
+            .map_err(|e| format!("MemcpyDtoH: {}", e.message))
     }
 }
 

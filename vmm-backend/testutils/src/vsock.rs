@@ -509,18 +509,15 @@ impl Inner {
             self.violation(format!("packet of {} bytes exceeds the rx buffer", h.len));
             return;
         }
-        let mut data = vec![0u8; h.len as usize];
-        let _ = self
-            .mem
-            .read_slice(&mut data, GuestAddress(addr + PKT_HEADER_SIZE as u64));
         if h.src_cid != VSOCK_HOST_CID || h.dst_cid != self.cid || h.type_ != VSOCK_TYPE_STREAM {
             self.violation(format!("bad addressing in {h:?}"));
             return;
         }
-        self.dispatch(h, data);
+        self.dispatch(h, GuestAddress(addr + PKT_HEADER_SIZE as u64));
     }
 
-    fn dispatch(&mut self, h: PacketHeader, data: Vec<u8>) {
+    /// Handles packet `h`, whose payload lies at `data` in guest memory.
+    fn dispatch(&mut self, h: PacketHeader, data: GuestAddress) {
         let key = (h.dst_port, h.src_port);
         let buf_alloc = self.opts.buf_alloc;
         let Some(c) = self.conns.get_mut(&key) else {
@@ -590,7 +587,21 @@ impl Inner {
                         ));
                     }
                     c.rx_total = c.rx_total.wrapping_add(h.len);
-                    c.rx_data.extend(&data);
+                    // Straight from the rx buffer to what the reader reads, one copy, as a
+                    // Linux guest's `recv` copies from the buffer's skb.
+                    let mut at = c.rx_data.len();
+                    c.rx_data.resize(at + h.len as usize, 0);
+                    let (front, back) = c.rx_data.as_mut_slices();
+                    let mut from = data;
+                    for part in [front, back] {
+                        let skip = at.min(part.len());
+                        let at_part = &mut part[skip..];
+                        at = at.saturating_sub(skip);
+                        if !at_part.is_empty() {
+                            let _ = self.mem.read_slice(at_part, from);
+                            from = GuestAddress(from.0 + at_part.len() as u64);
+                        }
+                    }
                 }
             }
             VSOCK_OP_CREDIT_UPDATE => {}

@@ -25,13 +25,16 @@ use super::packet::{
     ChainBuffer, ChainError, GuestMem, PKT_HEADER_SIZE, PacketHeader, TxPacket, VSOCK_HOST_CID,
     VSOCK_OP_REQUEST, VSOCK_OP_RST, VSOCK_TYPE_STREAM, parse_rx_chain,
 };
-use super::{GPU_PORT_BUFFER, MAX_LARGE_RING_BYTES, PortConnector, VsockStats};
+use super::{
+    GPU_PORT_BUFFER, GPU_PORT_REPLY_RING, MAX_LARGE_RING_BYTES, PortConnector, VsockStats,
+};
 use vgpu_vhost_user::{LogLimiter, next_chain, signal, vring_ready};
 
 /// Most simultaneous connections per device. Each holds at most its `buf_alloc` of buffered
 /// guest data in `tx_buf` (`tx_buffer_size`, or `GPU_PORT_BUFFER` for the at most
-/// `MAX_LARGE_RING_BYTES / GPU_PORT_BUFFER` in-process connections with a large ring) plus its
-/// in-process ring, so this also bounds the memory a guest can make us hold.
+/// `MAX_LARGE_RING_BYTES / (GPU_PORT_BUFFER + GPU_PORT_REPLY_RING)` in-process connections with
+/// large rings) plus its in-process rings, so this also bounds the memory a guest can make us
+/// hold.
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Most host clients that connected to `uds_path` but have not finished their `CONNECT` line.
 pub const MAX_PENDING_HOST_CLIENTS: usize = 64;
@@ -435,22 +438,23 @@ impl VsockDevice {
     }
 
     /// The `buf_alloc` a new guest connection advertises: an in-process endpoint gets a ring of
-    /// [`GPU_PORT_BUFFER`] towards its session while the device's large-ring budget lasts, and
-    /// advertises that much; everything else advertises `tx_buffer_size`.
+    /// [`GPU_PORT_BUFFER`] towards its session (and one of [`GPU_PORT_REPLY_RING`] back) while
+    /// the device's large-ring budget lasts, and advertises that much; everything else
+    /// advertises `tx_buffer_size`.
     fn buf_alloc_for(&self, stream: &Endpoint) -> u32 {
         let Endpoint::InProcess(d) = stream else {
             return self.buf_alloc;
         };
         let large = GPU_PORT_BUFFER.max(self.buf_alloc);
-        let Some(lease) = RingLease::try_new(&self.stats, u64::from(large), MAX_LARGE_RING_BYTES)
-        else {
+        let bytes = u64::from(large) + GPU_PORT_REPLY_RING as u64;
+        let Some(lease) = RingLease::try_new(&self.stats, bytes, MAX_LARGE_RING_BYTES) else {
             debug!(
                 guest_cid = self.guest_cid,
                 "large-ring budget spent; the connection gets a default ring"
             );
             return self.buf_alloc;
         };
-        if d.enlarge_to_session(large as usize, lease) {
+        if d.enlarge(large as usize, GPU_PORT_REPLY_RING, lease) {
             large
         } else {
             self.buf_alloc

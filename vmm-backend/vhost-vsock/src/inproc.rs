@@ -15,11 +15,12 @@
 //! room the device was waiting for, and when it closes; the session is woken only while it waits.
 //! So a burst of packets costs one wake-up, not one per packet.
 //!
-//! The device may enlarge the ring towards the session before its first write
-//! ([`DeviceEnd::enlarge_to_session`], with a reservation of its per-VM budget); the large ring's
-//! memory is freed and the reservation returned as soon as its data is dead or delivered: the
-//! session end is closed, or the device end is closed (or shut for writing) and the ring is
-//! drained.
+//! The device may enlarge both rings before either is used ([`DeviceEnd::enlarge`], with a
+//! reservation of its per-VM budget); the large rings' memory is freed and the reservation
+//! returned as soon as the data of both is dead or delivered. The ring towards the session is
+//! done once the session end is closed, or the device end is closed (or shut for writing) and
+//! the ring is drained; the ring towards the device once the device end is closed, or the
+//! session end is closed and the ring is drained.
 //!
 //! Closing behaves like a socket pair: dropping (or shutting down) one end makes the other read
 //! end of file once the ring is drained, and writes to a closed peer fail with `BrokenPipe`.
@@ -339,7 +340,7 @@ struct State {
     /// Frames the answerer answered on the device thread since the device last asked
     /// ([`DeviceEnd::take_answered`]).
     answered: usize,
-    /// The budget reservation of an enlarged `to_session` ring.
+    /// The budget reservation of enlarged rings.
     lease: Option<RingLease>,
     /// The function of a session reader waiting in `read_in_place` for more bytes than the ring
     /// holds, lent to the device thread, which calls it with the ring's bytes and then the
@@ -355,15 +356,20 @@ struct State {
 }
 
 impl State {
-    /// Frees an enlarged `to_session` ring once its data is dead (the session is gone) or
-    /// delivered (the device no longer writes and the ring is drained); the caller drops the
-    /// returned reservation after unlocking.
+    /// Frees enlarged rings once the data of both is dead or delivered: towards the session
+    /// once the session is gone, or the device no longer writes and the ring is drained;
+    /// towards the device once the device is gone, or the session is and the ring is drained.
+    /// The caller drops the returned reservation after unlocking.
     #[must_use]
     fn release_large_ring(&mut self) -> Option<RingLease> {
         self.lease.as_ref()?;
         let device_done = self.device_closed || self.device_write_closed;
-        if self.session_closed || (device_done && self.to_session.len == 0) {
+        let session_done = self.session_closed || self.session_write_closed;
+        let to_session_done = self.session_closed || (device_done && self.to_session.len == 0);
+        let to_device_done = self.device_closed || (session_done && self.to_device.len == 0);
+        if to_session_done && to_device_done {
             self.to_session = Ring::new(DEFAULT_RING_CAPACITY);
+            self.to_device = Ring::new(DEFAULT_RING_CAPACITY);
             return self.lease.take();
         }
         None
@@ -457,18 +463,29 @@ impl DeviceEnd {
         let _ = self.shared.event.read();
     }
 
-    /// Gives the ring towards the session `capacity` bytes, holding `lease` until the ring is
-    /// freed. Only before the device's first write; returns whether it took effect (otherwise
-    /// the lease is returned at once).
-    pub(crate) fn enlarge_to_session(&self, capacity: usize, lease: RingLease) -> bool {
+    /// Gives the ring towards the session `to_session` bytes and the ring towards the device
+    /// `to_device`, holding `lease` until the rings are freed. Only before either ring is used;
+    /// returns whether it took effect (otherwise the lease is returned at once).
+    pub(crate) fn enlarge(&self, to_session: usize, to_device: usize, lease: RingLease) -> bool {
         let mut st = self.shared.lock();
-        let untouched = st.to_session.mem.is_none() && st.to_session.len == 0;
-        if !untouched || st.session_closed || st.lease.is_some() {
+        let untouched = |r: &Ring| r.mem.is_none() && r.len == 0;
+        if !untouched(&st.to_session)
+            || !untouched(&st.to_device)
+            || st.session_closed
+            || st.device_closed
+            || st.lease.is_some()
+        {
             return false;
         }
-        st.to_session = Ring::new(capacity);
+        st.to_session = Ring::new(to_session);
+        st.to_device = Ring::new(to_device);
         st.lease = Some(lease);
         true
+    }
+
+    /// Capacity of the ring towards the device.
+    pub fn to_device_capacity(&self) -> usize {
+        self.shared.lock().to_device.cap
     }
 
     /// Capacity of the ring towards the session.
@@ -725,7 +742,9 @@ impl DeviceEnd {
         // rx buffer's worth (4 KiB from a Linux guest): one wake-up per burst.
         let wake = st.session_wants_room
             && st.to_device.free() >= st.to_device.cap.div_ceil(ROOM_WAKE_DIVISOR);
+        let lease = st.release_large_ring();
         drop(st);
+        drop(lease);
         if wake {
             self.shared.cond.notify_all();
         }
@@ -1462,31 +1481,62 @@ mod tests {
         let lease = |n| RingLease::try_new(&stats, n, 100).unwrap();
         // The device closes with data left: the reservation stays until the session drains it.
         let (d, s) = pair(16).unwrap();
-        assert!(d.enlarge_to_session(64, lease(64)));
+        assert!(d.enlarge(64, 16, lease(80)));
         assert!(
             RingLease::try_new(&stats, 64, 100).is_none(),
             "over the budget"
         );
         assert_eq!((&d).write(&[3u8; 100]).unwrap(), 64);
-        assert!(
-            !d.enlarge_to_session(80, lease(30)),
-            "only before the first write"
-        );
-        assert_eq!(stats.snapshot().large_ring_bytes, 64);
+        assert!(!d.enlarge(80, 16, lease(16)), "only before the first write");
+        assert_eq!(stats.snapshot().large_ring_bytes, 80);
         drop(d);
         let mut buf = [0u8; 40];
         assert_eq!((&s).read(&mut buf).unwrap(), 40);
-        assert_eq!(stats.snapshot().large_ring_bytes, 64);
+        assert_eq!(stats.snapshot().large_ring_bytes, 80);
         assert_eq!((&s).read(&mut buf).unwrap(), 24);
         assert_eq!(stats.snapshot().large_ring_bytes, 0);
         assert_eq!((&s).read(&mut buf).unwrap(), 0);
         // The session goes away with data unread: returned at once.
         let (d, s) = pair(16).unwrap();
-        assert!(d.enlarge_to_session(64, lease(64)));
+        assert!(d.enlarge(64, 16, lease(80)));
         (&d).write_all(&[1u8; 50]).unwrap();
         drop(s);
         assert_eq!(stats.snapshot().large_ring_bytes, 0);
         assert_eq!(d.to_session_capacity(), DEFAULT_RING_CAPACITY);
+        assert_eq!(d.to_device_capacity(), DEFAULT_RING_CAPACITY);
+    }
+
+    #[test]
+    fn an_enlarged_reply_ring_holds_a_large_reply_and_is_returned_once_delivered() {
+        let stats = Arc::new(VsockStats::default());
+        let lease = |n| RingLease::try_new(&stats, n, 1000).unwrap();
+        let (d, s) = pair(16).unwrap();
+        assert!(d.enlarge(64, 256, lease(320)));
+        assert_eq!(d.to_device_capacity(), 256);
+        // A 200-byte reply goes in at once, no waiting for the device.
+        let reply: Vec<u8> = (0..200u8).collect();
+        assert_eq!((&s).write(&reply).unwrap(), 200);
+        // The session goes away before the device read its reply: the reply is still
+        // delivered, and the reservation returned only then.
+        drop(s);
+        assert_eq!(stats.snapshot().large_ring_bytes, 320);
+        assert_eq!(device_read(&d, 120).unwrap(), &reply[..120]);
+        assert_eq!(stats.snapshot().large_ring_bytes, 320);
+        assert_eq!(device_read(&d, 120).unwrap(), &reply[120..]);
+        assert_eq!(stats.snapshot().large_ring_bytes, 0);
+        assert_eq!(d.to_device_capacity(), DEFAULT_RING_CAPACITY);
+        assert_eq!(device_read(&d, 8).unwrap(), b"");
+        // The device goes away with a reply unread: returned at once.
+        let (d, s) = pair(16).unwrap();
+        assert!(d.enlarge(64, 256, lease(320)));
+        (&s).write_all(&reply).unwrap();
+        drop(d);
+        assert_eq!(stats.snapshot().large_ring_bytes, 0);
+        // Neither ring may be enlarged once one was used.
+        let (d, s) = pair(16).unwrap();
+        (&s).write_all(b"x").unwrap();
+        assert!(!d.enlarge(64, 256, lease(320)));
+        assert_eq!(stats.snapshot().large_ring_bytes, 0);
     }
 
     #[test]

@@ -79,6 +79,12 @@ pub const MAX_TX_BUFFER_SIZE: u32 = 16 * 1024 * 1024;
 /// data: a full ring plus `buf_alloc` bytes waiting in its `tx_buf`. A `tx_buffer_size` above this
 /// is used instead.
 pub const GPU_PORT_BUFFER: u32 = 4 * 1024 * 1024;
+/// Size of the ring from the session back to the device of an in-process connection that got
+/// large rings (the guest's `buf_alloc` bounds what the device sends, not this). A session
+/// writing a large reply (a device-to-host copy) into the default 256 KiB ring slept for room
+/// and was woken every 64 KiB, each wake-up tens of microseconds of both threads on these VMs;
+/// with 1 MiB, once per 256 KiB.
+pub const GPU_PORT_REPLY_RING: usize = 1024 * 1024;
 /// Per-device (per-VM) budget for the large rings of in-process connections. A connection that
 /// finds it spent gets a `DEFAULT_RING_CAPACITY` ring and advertises `tx_buffer_size`, as every
 /// connection did before; the budget is returned when the ring is freed (the connection closes or

@@ -6,7 +6,8 @@ use std::thread;
 use std::time::Duration;
 
 use vgpu_vhost_vsock::{
-    DEFAULT_TX_BUFFER_SIZE, Endpoint, GPU_PORT_BUFFER, MAX_LARGE_RING_BYTES, PortConnector, inproc,
+    DEFAULT_TX_BUFFER_SIZE, Endpoint, GPU_PORT_BUFFER, GPU_PORT_REPLY_RING, MAX_LARGE_RING_BYTES,
+    PortConnector, inproc,
 };
 use vgpu_vmm_testutils::vsock::{
     ChannelConnector, EchoConnector, GuestOptions, TestServer, pattern,
@@ -231,7 +232,8 @@ fn drain(session: &inproc::SessionEnd) -> usize {
 }
 
 /// A guest opening more in-process connections than the large-ring budget covers and filling
-/// them all: the first `MAX_LARGE_RING_BYTES / GPU_PORT_BUFFER` advertise `GPU_PORT_BUFFER`, the
+/// them all: the first `MAX_LARGE_RING_BYTES / (GPU_PORT_BUFFER + GPU_PORT_REPLY_RING)`
+/// advertise `GPU_PORT_BUFFER`, the
 /// rest today's `tx_buffer_size`; each holds at most twice its `buf_alloc` (ring + `tx_buf`) and
 /// gets no credit beyond; the budget comes back when the connections close (guest RST with the
 /// ring drained by the session, the session dropping its end, a device reset), and a later
@@ -242,7 +244,8 @@ fn large_rings_are_bounded_per_device_and_returned_on_close() {
     let server =
         TestServer::start(Arc::new(HoldConnector(std::sync::Mutex::new(tx))), |_| {}).unwrap();
     let guest = server.guest(GuestOptions::default()).unwrap();
-    let large = (MAX_LARGE_RING_BYTES / u64::from(GPU_PORT_BUFFER)) as usize;
+    let per_conn = u64::from(GPU_PORT_BUFFER) + GPU_PORT_REPLY_RING as u64;
+    let large = (MAX_LARGE_RING_BYTES / per_conn) as usize;
     let extra = 2;
     let mut conns = Vec::new();
     for i in 0..large + extra {
@@ -258,7 +261,7 @@ fn large_rings_are_bounded_per_device_and_returned_on_close() {
     }
     assert_eq!(
         server.stats.snapshot().large_ring_bytes,
-        MAX_LARGE_RING_BYTES
+        large as u64 * per_conn
     );
 
     // Fill every connection: ring plus tx_buf take exactly 2 × buf_alloc, then the credit is 0.
@@ -300,10 +303,7 @@ fn large_rings_are_bounded_per_device_and_returned_on_close() {
     assert_eq!(s.peer_buf_alloc(), GPU_PORT_BUFFER);
     let delivered = server.stats.snapshot().bytes_guest_to_host;
     s.write_all_timeout(&pattern(5, MIB), T).unwrap();
-    assert_eq!(
-        server.stats.snapshot().large_ring_bytes,
-        u64::from(GPU_PORT_BUFFER)
-    );
+    assert_eq!(server.stats.snapshot().large_ring_bytes, per_conn);
     // The guest's writes return once its packets are queued; the reset would drop those the
     // device has not taken yet.
     server

@@ -222,38 +222,35 @@ impl Client {
         req: &O,
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<O::Reply, CallError> {
-        self.check()?;
-        let r = (|| {
-            if self.fd_channel.is_none() {
+        self.exchange(|c| {
+            if c.fd_channel.is_none() {
                 return Err(CallError::new(
                     cuda::CUDA_ERROR_NOT_SUPPORTED,
                     "this transport cannot pass descriptors",
                 ));
             }
             // Earlier frames first: the descriptor must arrive with this frame's bytes.
-            self.flush()?;
-            let id = self.frame(req, 0, 0);
-            if let Some(ch) = &self.fd_channel {
-                vgpu_proto::fdpass::send_with_fd(std::os::fd::AsFd::as_fd(ch), &self.scratch, fd)
+            c.flush()?;
+            let id = c.frame(req, 0, 0);
+            if let Some(ch) = &c.fd_channel {
+                vgpu_proto::fdpass::send_with_fd(std::os::fd::AsFd::as_fd(ch), &c.scratch, fd)
                     .map_err(|e| CallError::lost(&e))?;
             }
-            let h = self.read_header(id, O::OPCODE)?;
+            let h = c.read_header(id, O::OPCODE)?;
             if h.status != 0 {
-                return Err(self.read_error(&h));
+                return Err(c.read_error(&h));
             }
-            self.rbuf.resize(h.payload_len as usize, 0);
-            let Conn::Stream(stream) = &mut self.conn else {
+            c.rbuf.resize(h.payload_len as usize, 0);
+            let Conn::Stream(stream) = &mut c.conn else {
                 return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a stream"));
             };
             stream
-                .read_exact(&mut self.rbuf)
+                .read_exact(&mut c.rbuf)
                 .map_err(|e| CallError::lost(&e))?;
-            let (r, _) = msg::decode_reply::<O>(&self.rbuf)
+            let (r, _) = msg::decode_reply::<O>(&c.rbuf)
                 .map_err(|e| CallError::lost(&io::Error::other(format!("malformed reply: {e}"))))?;
             Ok(r)
-        })();
-        self.take_output();
-        r.map_err(|e| self.fail(e))
+        })
     }
 
     /// Sends fetched device output to `sink` instead of the process's stdout and stderr.
@@ -320,6 +317,19 @@ impl Client {
             self.broken = Some(e.message.clone());
         }
         e
+    }
+
+    /// Runs one exchange with vgpud, `f`: refused at once when the connection is lost; after
+    /// it, the device output it announced is fetched, and an error that lost the connection
+    /// marks the client broken.
+    fn exchange<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        self.check()?;
+        let r = f(self);
+        self.take_output();
+        r.map_err(|e| self.fail(e))
     }
 
     /// Encodes a frame's header and fields into `scratch` (bulk bytes not included).
@@ -494,14 +504,13 @@ impl Client {
         reqs: &[O],
         outs: Vec<&mut [u8]>,
     ) -> Result<(), CallError> {
-        self.check()?;
-        let r = if matches!(self.conn, Conn::Device(_)) {
-            self.device_chunks(reqs, outs)
-        } else {
-            self.stream_chunks(reqs, outs)
-        };
-        self.take_output();
-        r.map_err(|e| self.fail(e))
+        self.exchange(|c| {
+            if matches!(c.conn, Conn::Device(_)) {
+                c.device_chunks(reqs, outs)
+            } else {
+                c.stream_chunks(reqs, outs)
+            }
+        })
     }
 
     /// [`Client::call_into_chunks`] over a stream: the next request goes out before the reply
@@ -577,24 +586,21 @@ impl Client {
             let rest = self.call_expecting(last, last_takes).map(drop);
             return chunks.and(rest);
         }
-        self.check()?;
-        let r = (|| {
+        self.exchange(|c| {
             let mut ids = Vec::with_capacity(reqs.len());
             for req in reqs {
-                ids.push(self.enqueue(req, &[], 0)?);
+                ids.push(c.enqueue(req, &[], 0)?);
             }
-            let last_id = self.enqueue(last, &[], 0)?;
-            self.flush()?;
+            let last_id = c.enqueue(last, &[], 0)?;
+            c.flush()?;
             let mut first = None;
             for (id, out) in ids.into_iter().zip(outs) {
-                self.read_bytes_reply(id, O::OPCODE, out, &mut first)?;
+                c.read_bytes_reply(id, O::OPCODE, out, &mut first)?;
             }
-            self.expect_reply_in(last_takes);
-            self.read_bytes_reply(last_id, L::OPCODE, &mut [], &mut first)?;
+            c.expect_reply_in(last_takes);
+            c.read_bytes_reply(last_id, L::OPCODE, &mut [], &mut first)?;
             first.map_or(Ok(()), Err)
-        })();
-        self.take_output();
-        r.map_err(|e| self.fail(e))
+        })
     }
 
     fn device_chunks<O: Op<Reply = msg::Empty>>(
@@ -789,10 +795,7 @@ impl Client {
     /// Sends a synchronous request and waits for its reply; returns the reply
     /// and its bulk tail.
     pub fn call<O: Op>(&mut self, req: &O, tail: &[u8]) -> Result<(O::Reply, Vec<u8>), CallError> {
-        self.check()?;
-        let r = self.call_inner(req, tail);
-        self.take_output();
-        r.map_err(|e| self.fail(e))
+        self.exchange(|c| c.call_inner(req, tail))
     }
 
     fn call_inner<O: Op>(
@@ -832,10 +835,9 @@ impl Client {
         req: &O,
         out: &mut [u8],
     ) -> Result<(), CallError> {
-        self.check()?;
-        let r = (|| {
-            if matches!(self.conn, Conn::Device(_)) {
-                let (_, len, done) = self.device_call(req, &[], out)?;
+        self.exchange(|c| {
+            if matches!(c.conn, Conn::Device(_)) {
+                let (_, len, done) = c.device_call(req, &[], out)?;
                 if len != 0 || done != out.len() {
                     return Err(CallError::lost(&io::Error::other(format!(
                         "the device wrote {done} of {} bytes",
@@ -844,23 +846,12 @@ impl Client {
                 }
                 return Ok(());
             }
-            let id = self.enqueue(req, &[], 0)?;
-            self.flush()?;
-            let h = self.read_header(id, O::OPCODE)?;
-            if h.status != 0 {
-                return Err(self.read_error(&h));
-            }
-            if h.payload_len as usize != out.len() {
-                return Err(CallError::lost(&io::Error::other(
-                    "reply length does not match the request",
-                )));
-            }
-            self.stream_mut()?
-                .read_exact(out)
-                .map_err(|e| CallError::lost(&e))
-        })();
-        self.take_output();
-        r.map_err(|e| self.fail(e))
+            let id = c.enqueue(req, &[], 0)?;
+            c.flush()?;
+            let mut error = None;
+            c.read_bytes_reply(id, O::OPCODE, out, &mut error)?;
+            error.map_or(Ok(()), Err)
+        })
     }
 }
 

@@ -60,6 +60,12 @@ const CLIENT_EVENTS: EventSet = EventSet::IN
     .union(EventSet::EDGE_TRIGGERED);
 /// Epoll events handled per `epoll_wait`.
 const EPOLL_BATCH: usize = 64;
+/// Rx buffers filled between two signals to the guest within one burst (each signal suppressed
+/// while the guest has not asked for one, with `VIRTIO_RING_F_EVENT_IDX`): the guest starts
+/// reading a long burst, and returning buffers, while the device fills the rest of them, instead
+/// of after the last. Of 16, 32 and 64, 32 measured best (a loop of 16 MiB device-to-host
+/// copies: 2.7 → 3.1 GB/s, medians of six alternating runs).
+const RX_SIGNAL_EVERY: usize = 32;
 
 /// Which queue a dropped chain came from, for logs.
 #[derive(Debug, Clone, Copy)]
@@ -594,6 +600,7 @@ impl VsockDevice {
         }
         let mem = atomic.memory();
         let mut used = false;
+        let mut unsignalled = 0;
         let mut rechecked = false;
         while self.has_rx_work() {
             let chain = match next_chain(vring, &mem) {
@@ -641,6 +648,11 @@ impl VsockDevice {
                         self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
                     }
                     used = true;
+                    unsignalled += 1;
+                    if unsignalled == RX_SIGNAL_EVERY {
+                        signal(vring, "rx");
+                        unsignalled = 0;
+                    }
                 }
                 None => {
                     // Nothing to send after all: give the buffer back to the avail ring.
@@ -966,11 +978,19 @@ mod tests {
     }
 
     fn vring(rig: &Rig, base: u64) -> (VringRwLock, MockSplitQueue<'static, GuestMem>) {
+        vring_of(rig, base, QSIZE)
+    }
+
+    fn vring_of(
+        rig: &Rig,
+        base: u64,
+        size: u16,
+    ) -> (VringRwLock, MockSplitQueue<'static, GuestMem>) {
         // The mock needs a memory reference that outlives it; leak one snapshot for the test.
         let m: &'static GuestMem = Box::leak(Box::new(rig.mem.memory().clone()));
-        let q = MockSplitQueue::create(m, GuestAddress(base), QSIZE);
-        let v = VringRwLock::new(rig.mem.clone(), QSIZE).unwrap();
-        v.set_queue_size(QSIZE);
+        let q = MockSplitQueue::create(m, GuestAddress(base), size);
+        let v = VringRwLock::new(rig.mem.clone(), size).unwrap();
+        v.set_queue_size(size);
         v.set_queue_info(
             q.desc_table_addr().raw_value(),
             q.avail_addr().raw_value(),
@@ -1262,6 +1282,42 @@ mod tests {
         let s = rig.stats.snapshot();
         assert_eq!((s.connections_open, s.device_resets), (0, 1));
         assert_eq!(rig.dev.connection_count(), 0);
+    }
+
+    #[test]
+    fn a_long_rx_burst_signals_the_guest_before_its_end() {
+        const BUFFERS: u16 = 40;
+        const PAYLOAD: usize = 4096 - PKT_HEADER_SIZE;
+        let mut rig = rig();
+        let (txv, txq) = vring(&rig, TXQ_BASE);
+        let (rxv, rxq) = vring_of(&rig, RXQ_BASE, 64);
+        // Each signal writes to the call file: a pipe counts them.
+        let (mut calls, call) = std::io::pipe().unwrap();
+        rxv.set_call(Some(std::fs::File::from(OwnedFd::from(call))));
+        let mut req = hdr(VSOCK_OP_REQUEST, 100, 7, 0);
+        req.buf_alloc = 1 << 20;
+        write_pkt(&rig, BUFS, req, b"");
+        push_chain(&txq, 0, &[d(BUFS, 44, 0, 0)]);
+        for i in 0..BUFFERS {
+            let at = BUFS + 0x10000 * (u64::from(i) + 1);
+            push_chain(&rxq, i, &[d(at, 4096, VRING_DESC_F_WRITE as u16, 0)]);
+        }
+        rig.dev.process_tx(&txv);
+        rig.dev.process_rx(&rxv);
+        assert_eq!(used_idx(&rig, &rxq), 1, "the RESPONSE");
+        let mut peer = rig.peers.0.lock().unwrap().pop().unwrap();
+        peer.write_all(&vec![7u8; PAYLOAD * usize::from(BUFFERS - 1)])
+            .unwrap();
+        rig.dev.process_host_events(true);
+        rig.dev.process_rx(&rxv);
+        assert_eq!(used_idx(&rig, &rxq), BUFFERS, "every buffer filled");
+        drop(rxv);
+        let mut bytes = Vec::new();
+        calls.read_to_end(&mut bytes).unwrap();
+        let signals = bytes.len() / std::mem::size_of::<u64>();
+        // One for the RESPONSE, one every RX_SIGNAL_EVERY buffers of the burst, one at its end.
+        let burst = usize::from(BUFFERS - 1);
+        assert_eq!(signals, 1 + burst / RX_SIGNAL_EVERY + 1, "{bytes:?}");
     }
 
     /// Runs `f` on another thread and fails the test if it does not finish promptly.

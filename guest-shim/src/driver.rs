@@ -283,6 +283,12 @@ fn log_err<T>(op: &str, r: Result<T, CallError>) -> CuRes<T> {
     })
 }
 
+/// About how long vgpud takes to copy `len` bytes in place before it answers
+/// ([`IN_PLACE_COPY_SPIN_BASE`] plus `len` at [`IN_PLACE_COPY_BYTES_PER_SEC`]).
+fn in_place_copy_takes(len: usize) -> Duration {
+    IN_PLACE_COPY_SPIN_BASE + Duration::from_secs_f64(len as f64 / IN_PLACE_COPY_BYTES_PER_SEC)
+}
+
 impl Driver {
     pub(crate) fn call<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<O::Reply> {
         let r = lock(&self.client).call(req, tail).map(|(r, _)| r);
@@ -294,9 +300,8 @@ impl Driver {
     /// ([`IN_PLACE_COPY_SPIN_BASE`] plus `len` at [`IN_PLACE_COPY_BYTES_PER_SEC`]) instead of
     /// blocking and paying a wake-up.
     pub(crate) fn call_copy_in_place<O: msg::Op>(&self, req: &O, len: usize) -> CuRes<O::Reply> {
-        let copy = Duration::from_secs_f64(len as f64 / IN_PLACE_COPY_BYTES_PER_SEC);
         let r = lock(&self.client)
-            .call_expecting(req, IN_PLACE_COPY_SPIN_BASE + copy)
+            .call_expecting(req, in_place_copy_takes(len))
             .map(|(r, _)| r);
         log_err(std::any::type_name::<O>(), r)
     }
@@ -920,8 +925,7 @@ fn memcpy_dtoh_routed(dst: &mut [u8], src: u64, stream: u64, sync: bool) -> CuRe
             };
             let (reqs, outs) = dtoh_chunks(c, wire, d.chunk, [(src, head_bytes), (tail_at, tail)]);
             if sync {
-                let takes = IN_PLACE_COPY_SPIN_BASE
-                    + Duration::from_secs_f64(mid as f64 / IN_PLACE_COPY_BYTES_PER_SEC);
+                let takes = in_place_copy_takes(mid);
                 let r = lock(&d.client).call_into_chunks_then(&reqs, outs, &shared, takes);
                 log_err("MemcpyDtoH", r)?;
                 return crate::alloc_api::after_sync();

@@ -170,12 +170,10 @@ impl Segments {
     ) -> Result<(), ChainError> {
         let mut last: Option<&'m GuestRegion> = None;
         for s in &self.segs {
-            let region = match last.filter(|r| holds(r, s)) {
-                Some(r) => Some(r),
-                None => mem
-                    .find_region(GuestAddress(s.addr))
-                    .filter(|r| holds(r, s)),
-            };
+            let region = last.filter(|r| holds(r, s)).or_else(|| {
+                mem.find_region(GuestAddress(s.addr))
+                    .filter(|r| holds(r, s))
+            });
             let Some(r) = region else {
                 // Across a region boundary, or unmapped.
                 for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(s.addr), s.len) {

@@ -599,7 +599,7 @@ impl VsockDevice {
             return;
         }
         let mem = atomic.memory();
-        let mut used = false;
+        // Chains returned since the last signal to the guest.
         let mut unsignalled = 0;
         let mut rechecked = false;
         while self.has_rx_work() {
@@ -638,7 +638,7 @@ impl VsockDevice {
                     if let Err(e) = vring.add_used(head, 0) {
                         self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
                     }
-                    used = true;
+                    unsignalled += 1;
                     continue;
                 }
             };
@@ -647,9 +647,8 @@ impl VsockDevice {
                     if let Err(e) = vring.add_used(head, len) {
                         self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
                     }
-                    used = true;
                     unsignalled += 1;
-                    if unsignalled == RX_SIGNAL_EVERY {
+                    if unsignalled >= RX_SIGNAL_EVERY {
                         signal(vring, "rx");
                         unsignalled = 0;
                     }
@@ -661,7 +660,7 @@ impl VsockDevice {
                 }
             }
         }
-        if used {
+        if unsignalled > 0 {
             signal(vring, "rx");
         }
     }

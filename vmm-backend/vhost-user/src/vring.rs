@@ -16,7 +16,7 @@ use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
 };
@@ -159,6 +159,35 @@ pub fn next_chain<'m>(
     let mut state = vring.get_mut();
     let mut iter = state.get_queue_mut().iter(&**mem)?;
     Ok(iter.next())
+}
+
+/// An available chain as a device that reads its descriptors itself sees it: the head index and
+/// the descriptor table it indexes. Nothing here was read from the table yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainHead {
+    /// The head descriptor's index (what the used ring returns).
+    pub index: u16,
+    /// Guest-physical address of the queue's descriptor table.
+    pub table: GuestAddress,
+    /// Entries of that table (the queue size).
+    pub queue_size: u16,
+}
+
+/// [`next_chain`], for a device that walks the chain itself: takes the next available chain
+/// and returns where its descriptors are.
+pub fn next_head(
+    vring: &VringRwLock,
+    mem: &GuestMemoryLoadGuard<GuestMem>,
+) -> Result<Option<ChainHead>, virtio_queue::Error> {
+    let mut state = vring.get_mut();
+    let queue = state.get_queue_mut();
+    let (table, queue_size) = (GuestAddress(queue.desc_table()), queue.size());
+    let mut iter = queue.iter(&**mem)?;
+    Ok(iter.next().map(|chain| ChainHead {
+        index: chain.head_index(),
+        table,
+        queue_size,
+    }))
 }
 
 /// Whether the guest made chains available that the device has not taken yet (reads the

@@ -9,16 +9,18 @@
 //! can use. Because no writable range overlaps any other range, the device may hand out the
 //! readable ranges as shared slices and the writable ones as exclusive slices at the same time.
 
-use std::ops::Deref;
-
 use thiserror::Error;
-use virtio_queue::DescriptorChain;
+use virtio_bindings::bindings::virtio_ring::VRING_DESC_ALIGN_SIZE;
+use virtio_queue::desc::split::Descriptor;
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress,
+    VolatileMemory, VolatileSlice,
 };
 
 use super::wire::{MAX_DATA, MAX_INLINE, MAX_REPLY, MAX_SEGMENTS, REQ_HEADER_LEN, RESP_HEADER_LEN};
 
+/// An available chain: its head and the descriptor table it indexes.
+pub use vgpu_vhost_user::ChainHead;
 /// Guest memory as seen by this device (the same map the vsock device uses).
 pub use vgpu_vhost_user::GuestMem;
 
@@ -103,8 +105,8 @@ pub struct Segments {
 
 impl Segments {
     /// A stream made of `segs` (empty ones are dropped).
-    pub fn new(segs: Vec<Segment>) -> Self {
-        let segs: Vec<Segment> = segs.into_iter().filter(|s| s.len > 0).collect();
+    pub fn new(mut segs: Vec<Segment>) -> Self {
+        segs.retain(|s| s.len > 0);
         let total = segs.iter().map(|s| s.len).sum();
         Segments { segs, total }
     }
@@ -131,26 +133,31 @@ impl Segments {
 
     /// The bytes `[start, start + len)` of the stream (clamped to its end) as a stream of their own.
     pub fn sub(&self, start: usize, len: usize) -> Segments {
-        let mut out = Vec::new();
-        let mut skip = start;
-        let mut left = len;
-        for s in &self.segs {
-            if left == 0 {
-                break;
-            }
-            if skip >= s.len {
-                skip -= s.len;
-                continue;
-            }
-            let n = (s.len - skip).min(left);
-            out.push(Segment {
-                addr: s.addr + skip as u64,
-                len: n,
-            });
-            left -= n;
-            skip = 0;
+        let len = len.min(self.total.saturating_sub(start));
+        if len == 0 {
+            return Segments::default();
         }
-        Segments::new(out)
+        // The first range holding byte `start`, and the offset of that byte in it.
+        let (mut first, mut skip) = (0, start);
+        while skip >= self.segs[first].len {
+            skip -= self.segs[first].len;
+            first += 1;
+        }
+        // The last range the part reaches.
+        let (mut last, mut reach) = (first, self.segs[first].len - skip);
+        while reach < len {
+            last += 1;
+            reach += self.segs[last].len;
+        }
+        let mut segs = self.segs[first..=last].to_vec();
+        segs[0].addr += skip as u64;
+        segs[0].len -= skip;
+        if let Some(end) = segs.last_mut() {
+            end.len -= reach - len;
+        }
+        // Every range is non-empty: the first starts inside its range and the last ends past
+        // its start.
+        Segments { segs, total: len }
     }
 
     /// The bytes from `start` to the end.
@@ -309,13 +316,119 @@ pub struct Refused {
     pub resp: Option<Segment>,
 }
 
+/// Bytes of one descriptor in a table.
+const DESC_LEN: usize = std::mem::size_of::<Descriptor>();
+
+/// The descriptors of one chain, read from the queue's descriptor table or an indirect table.
+///
+/// It follows the rules of virtio-queue's `DescriptorChain`: the walk ends, silently, at a
+/// loop (after as many descriptors as the table holds), an out-of-range `next` index, an
+/// indirect table that is nested, misaligned or too large, a descriptor it cannot read, or
+/// past 4 GiB in total; [`parse_chain`] tells these from a proper end by the last descriptor's
+/// `NEXT` flag. Unlike `DescriptorChain`, it looks the table up in guest memory once, not once
+/// per descriptor: a chain of a thousand scattered pages costs a thousand small reads.
+struct Descriptors<'m> {
+    mem: &'m GuestMem,
+    /// The table being walked, and all of it as one slice when it lies in one region.
+    table: GuestAddress,
+    slice: Option<VolatileSlice<'m, ()>>,
+    size: u16,
+    next: u16,
+    /// Descriptors the table can still yield (a loop ends when it runs out).
+    ttl: u16,
+    indirect: bool,
+    bytes: u32,
+}
+
+impl<'m> Descriptors<'m> {
+    fn new(head: ChainHead, mem: &'m GuestMem) -> Self {
+        let mut d = Descriptors {
+            mem,
+            table: head.table,
+            slice: None,
+            size: 0,
+            next: head.index,
+            ttl: 0,
+            indirect: false,
+            bytes: 0,
+        };
+        d.walk_table(head.table, head.queue_size);
+        d
+    }
+
+    fn walk_table(&mut self, table: GuestAddress, size: u16) {
+        self.table = table;
+        self.size = size;
+        self.ttl = size;
+        self.slice = self.mem.get_slice(table, usize::from(size) * DESC_LEN).ok();
+    }
+
+    fn read(&self, index: u16) -> Option<Descriptor> {
+        let offset = usize::from(index) * DESC_LEN;
+        match &self.slice {
+            Some(slice) => slice.get_ref::<Descriptor>(offset).ok().map(|r| r.load()),
+            // A table across regions (or not in memory at all): one descriptor at a time.
+            None => self
+                .mem
+                .read_obj(GuestAddress(self.table.0.checked_add(offset as u64)?))
+                .ok(),
+        }
+    }
+}
+
+impl Iterator for Descriptors<'_> {
+    type Item = Descriptor;
+
+    fn next(&mut self) -> Option<Descriptor> {
+        loop {
+            if self.ttl == 0 || self.next >= self.size {
+                return None;
+            }
+            let desc = self.read(self.next)?;
+            if desc.refers_to_indirect_table() {
+                // One level of indirection, a table of whole descriptors, at most 2^16 of them
+                // (virtio 1.2, 2.7.5.3.1).
+                let len = desc.len();
+                if self.indirect || len % VRING_DESC_ALIGN_SIZE != 0 {
+                    return None;
+                }
+                let size = u16::try_from(len / VRING_DESC_ALIGN_SIZE).ok()?;
+                self.indirect = true;
+                self.next = 0;
+                self.walk_table(desc.addr(), size);
+                continue;
+            }
+            // No chain is longer than 2^32 bytes (virtio 1.2, 2.7.5.2).
+            self.bytes = self.bytes.checked_add(desc.len())?;
+            if desc.has_next() {
+                self.next = desc.next();
+                self.ttl -= 1;
+            } else {
+                self.ttl = 0;
+            }
+            return Some(desc);
+        }
+    }
+}
+
+/// Whether `[addr, addr + len)` is guest RAM; `last` is the region of the range checked before,
+/// which a chain's next range is usually in too (then this costs a bounds check, no lookup).
+fn in_memory<'m>(mem: &'m GuestMem, last: &mut Option<&'m GuestRegion>, seg: &Segment) -> bool {
+    if last.is_some_and(|r| holds(r, seg)) {
+        return true;
+    }
+    if !GuestMemoryBackend::check_range(mem, GuestAddress(seg.addr), seg.len) {
+        return false;
+    }
+    if let Some(r) = mem.find_region(GuestAddress(seg.addr)) {
+        *last = Some(r);
+    }
+    true
+}
+
 /// Walks and validates a chain (see the module docs for the rules).
-pub fn parse_chain<M>(chain: DescriptorChain<M>, mem: &GuestMem) -> Result<ParsedChain, Refused>
-where
-    M: Deref,
-    M::Target: vm_memory::GuestMemory,
-{
-    let head = chain.head_index();
+pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refused> {
+    let head = start.index;
     let refuse = |error, resp| Refused { head, error, resp };
     let mut readable = Vec::new();
     let mut writable = Vec::new();
@@ -327,7 +440,8 @@ where
     let mut terminated = false;
     let mut seen_writable = false;
     let (mut rbytes, mut wbytes) = (0u64, 0u64);
-    for desc in chain {
+    let mut region = None;
+    for desc in Descriptors::new(start, mem) {
         if count >= MAX_SEGMENTS {
             first_error.get_or_insert(ChainError::TooManySegments);
             if resp.is_some() || count >= MAX_WALK {
@@ -348,14 +462,14 @@ where
             first_error.get_or_insert(ChainError::Wrapping { index, addr, len });
             continue;
         }
-        if len > 0 && !GuestMemoryBackend::check_range(mem, desc.addr(), len as usize) {
-            first_error.get_or_insert(ChainError::OutsideMemory { index, addr, len });
-            continue;
-        }
         let seg = Segment {
             addr,
             len: len as usize,
         };
+        if len > 0 && !in_memory(mem, &mut region, &seg) {
+            first_error.get_or_insert(ChainError::OutsideMemory { index, addr, len });
+            continue;
+        }
         if count > MAX_SEGMENTS {
             // Only looking for a place to report the error.
             if writable_desc && !seen_writable && seg.len >= RESP_HEADER_LEN {
@@ -425,10 +539,9 @@ mod tests {
     use virtio_bindings::bindings::virtio_ring::{
         VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     };
-    use virtio_queue::QueueOwnedT;
     use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::Bytes;
+    use virtio_queue::{QueueOwnedT, QueueT};
 
     const MEM: u64 = 0x100_0000;
     const BUF: u64 = 0x10_0000;
@@ -459,9 +572,19 @@ mod tests {
             })
             .collect();
         q.add_desc_chains(&raw, 0).unwrap();
+        parse_chain(first_head(&q, m), m)
+    }
+
+    /// The first available chain of `q`, as the device takes it.
+    fn first_head(q: &MockSplitQueue<'_, GuestMem>, m: &GuestMem) -> ChainHead {
         let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+        let (table, queue_size) = (GuestAddress(queue.desc_table()), queue.size());
         let chain = queue.iter(m).unwrap().next().unwrap();
-        parse_chain(chain, m)
+        ChainHead {
+            index: chain.head_index(),
+            table,
+            queue_size,
+        }
     }
 
     #[test]
@@ -636,8 +759,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
-        let chain = queue.iter(&m).unwrap().next().unwrap();
+        let chain = first_head(&q, &m);
         assert_eq!(
             parse_chain(chain, &m).unwrap_err().error,
             ChainError::TooManySegments
@@ -650,8 +772,7 @@ mod tests {
         let q = MockSplitQueue::create(&m, GuestAddress(0), 16);
         q.add_desc_chains(&[d(BUF, 32, NEXT, 1), d(BUF + 64, 32, NEXT, 0)], 0)
             .unwrap();
-        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
-        let chain = queue.iter(&m).unwrap().next().unwrap();
+        let chain = first_head(&q, &m);
         assert_eq!(
             parse_chain(chain, &m).unwrap_err().error,
             ChainError::Unterminated
@@ -660,9 +781,132 @@ mod tests {
         let q = MockSplitQueue::create(&m, GuestAddress(0x8000), 16);
         q.add_desc_chains(&[d(BUF, 24, VRING_DESC_F_INDIRECT as u16, 0)], 0)
             .unwrap();
-        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
-        let chain = queue.iter(&m).unwrap().next().unwrap();
+        let chain = first_head(&q, &m);
         assert!(parse_chain(chain, &m).is_err());
+    }
+
+    /// The walk yields exactly what virtio-queue's `DescriptorChain` yields, for random tables
+    /// with loops, out-of-range indices, nested, misaligned, oversized and unmapped indirect
+    /// tables, and chains past 4 GiB.
+    #[test]
+    fn descriptors_are_walked_as_virtio_queue_walks_them() {
+        const RING: u16 = 16;
+        const INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+        let m = mem();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut pick = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let flags = [0, NEXT, WRITE, NEXT | WRITE, INDIRECT, INDIRECT | NEXT];
+        let tables = [BUF + 0x1000, BUF + 0x2000, MEM - 32, MEM + 0x1000];
+        let table_lens = [0, 16, 24, 64, 128, 0x10_0000];
+        let lens = [0, 32, 4096, 0x8000_0000, u32::MAX];
+        let mut walked = 0;
+        for trial in 0..3000 {
+            let q = MockSplitQueue::create(&m, GuestAddress(0), RING);
+            let random = |pick: &mut dyn FnMut(usize) -> usize| {
+                let f = flags[pick(flags.len())];
+                let (addr, len) = if f & INDIRECT != 0 {
+                    (
+                        tables[pick(tables.len())],
+                        table_lens[pick(table_lens.len())],
+                    )
+                } else {
+                    (BUF + 64 * pick(64) as u64, lens[pick(lens.len())])
+                };
+                d(addr, len, f, pick(usize::from(RING) + 2) as u16)
+            };
+            for i in 0..RING {
+                q.desc_table().store(i, random(&mut pick)).unwrap();
+            }
+            for t in &tables[..2] {
+                for i in 0..8u64 {
+                    let r = random(&mut pick);
+                    m.write_obj(r, GuestAddress(t + i * 16)).unwrap();
+                }
+            }
+            let head = pick(usize::from(RING) + 2) as u16;
+            q.avail().ring().ref_at(0).unwrap().store(head);
+            q.avail().idx().store(1);
+            let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+            let theirs: Vec<_> = queue
+                .iter(&m)
+                .unwrap()
+                .next()
+                .unwrap()
+                .map(|d| (d.addr(), d.len(), d.flags(), d.next()))
+                .collect();
+            let start = ChainHead {
+                index: head,
+                table: q.desc_table_addr(),
+                queue_size: RING,
+            };
+            let ours: Vec<_> = Descriptors::new(start, &m)
+                .map(|d| (d.addr(), d.len(), d.flags(), d.next()))
+                .collect();
+            assert_eq!(ours, theirs, "trial {trial}");
+            walked += ours.len();
+        }
+        // The tables were varied enough to walk something.
+        assert!(walked > 3000, "{walked} descriptors walked");
+    }
+
+    /// A part of a stream holds exactly the guest bytes of that part, for every start and length
+    /// (byte by byte against the stream spelled out).
+    #[test]
+    fn parts_of_a_stream_hold_exactly_their_bytes() {
+        let s = Segments::new(vec![
+            Segment {
+                addr: 0x1000,
+                len: 3,
+            },
+            Segment {
+                addr: 0x9000,
+                len: 0,
+            },
+            Segment {
+                addr: 0x5000,
+                len: 1,
+            },
+            Segment {
+                addr: 0x7000,
+                len: 5,
+            },
+            Segment {
+                addr: 0x2000,
+                len: 2,
+            },
+        ]);
+        let bytes: Vec<u64> = s
+            .segments()
+            .iter()
+            .flat_map(|g| (0..g.len as u64).map(move |i| g.addr + i))
+            .collect();
+        assert_eq!((s.len(), s.count()), (11, 4));
+        for start in 0..=12 {
+            for len in 0..=13 {
+                let part = s.sub(start, len);
+                let got: Vec<u64> = part
+                    .segments()
+                    .iter()
+                    .inspect(|g| assert!(g.len > 0, "empty range in {part:?}"))
+                    .flat_map(|g| (0..g.len as u64).map(move |i| g.addr + i))
+                    .collect();
+                let want = &bytes[start.min(11)..(start + len).min(11)];
+                assert_eq!(got, want, "sub({start}, {len})");
+                assert_eq!(part.len(), want.len(), "sub({start}, {len})");
+            }
+        }
+        assert_eq!(
+            s.tail(4).segments()[0],
+            Segment {
+                addr: 0x7000,
+                len: 5
+            }
+        );
     }
 
     #[test]
@@ -687,8 +931,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
-        let chain = queue.iter(&m).unwrap().next().unwrap();
+        let chain = first_head(&q, &m);
         let c = parse_chain(chain, &m).unwrap();
         assert_eq!((c.readable.count(), c.writable.count()), (599, 1));
     }

@@ -47,7 +47,7 @@ use super::wire::{
     REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST, S_BUSY,
     S_NO_SESSION, S_OK, SUBMIT_QUEUE,
 };
-use vgpu_vhost_user::{LogLimiter, next_chain, vring_ready};
+use vgpu_vhost_user::{LogLimiter, next_head, vring_ready};
 
 /// Most sessions (open file descriptors of the device) per VM.
 pub const MAX_SESSIONS: usize = 256;
@@ -211,7 +211,7 @@ impl VgpuDevice {
                     return;
                 }
                 let mem = atomic.memory();
-                let chain = match next_chain(vring, &mem) {
+                let chain = match next_head(vring, &mem) {
                     Ok(Some(c)) => c,
                     Ok(None) => break,
                     Err(e) => {

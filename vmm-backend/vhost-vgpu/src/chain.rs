@@ -277,7 +277,7 @@ fn holds(r: &GuestRegion, s: &Segment) -> bool {
 fn write_overlap(readable: &[Segment], writable: &[Segment]) -> Option<u64> {
     let span = |s: &Segment| (s.addr, s.addr + s.len as u64);
     let mut w: Vec<(u64, u64)> = writable.iter().filter(|s| s.len > 0).map(span).collect();
-    w.sort_unstable();
+    w.sort_unstable_by_key(|&(start, _)| start);
     if let Some(p) = w.windows(2).find(|p| p[1].0 < p[0].1) {
         return Some(p[1].0);
     }

@@ -18,7 +18,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cuda::client::Client;
+use cuda::client::{Client, device_chunk};
 use std::collections::VecDeque;
 use vgpu_config::Config;
 use vgpu_hugemem::HugeMapping;
@@ -91,9 +91,10 @@ const VSOCK_VM: &str = "vsock";
 const GUEST_CID: u64 = 3;
 const DEVICE_MEMORY: &str = "4GiB";
 const SLICE: &str = "1GiB";
-/// Bulk bytes per request through the device: what the guest module reports as `max_transfer`
-/// with 1024-entry rings (1024 descriptors less 20 reserved and one for misalignment, in 4 KiB
-/// pages, rounded down to 64 KiB).
+/// Most bulk bytes per request through the device: what the guest module reports as
+/// `max_transfer` with 1024-entry rings (1024 descriptors less 20 reserved and one for
+/// misalignment, in 4 KiB pages, rounded down to 64 KiB). A copy of 1 to 2 MiB goes in two
+/// halves, as the shim sends it ([`device_chunk`]).
 const DEV_CHUNK: usize = 4_063_232;
 /// Each measurement moves at least this much, repeating small copies, so that timer and scheduling
 /// noise stay small against it.
@@ -284,10 +285,11 @@ impl DevPath {
     /// Host to device, as the shim does it: every chunk but the last posted without waiting
     /// (at most [`WINDOW`] in flight), the last a call, which returns once all of them ran.
     fn htod(&mut self, bytes: usize) -> Result<(), String> {
+        let chunk = device_chunk(bytes, self.chunk);
         let mut inflight = VecDeque::new();
         let mut off = 0;
         while off < bytes {
-            let n = self.chunk.min(bytes - off);
+            let n = chunk.min(bytes - off);
             let req = msg::MemcpyHtoD {
                 ctx: self.ctx,
                 stream: 0,
@@ -332,11 +334,12 @@ impl DevPath {
     /// Device to host: every chunk a call, at most [`WINDOW`] submitted before the first is
     /// waited for (the module's submit-then-wait ioctls).
     fn dtoh(&mut self, bytes: usize) -> Result<(), String> {
+        let chunk = device_chunk(bytes, self.chunk);
         let mut inflight: VecDeque<(Pending, usize)> = VecDeque::new();
         let mut off = 0;
         while off < bytes || !inflight.is_empty() {
             if off < bytes && inflight.len() < WINDOW {
-                let n = self.chunk.min(bytes - off);
+                let n = chunk.min(bytes - off);
                 let req = msg::MemcpyDtoH {
                     ctx: self.ctx,
                     stream: 0,

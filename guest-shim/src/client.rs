@@ -41,9 +41,33 @@ pub const DEVICE_WINDOW: usize = 8;
 /// Requests of one device-to-host copy in flight at once over a stream: two, so that vgpud
 /// reads the next chunk from the device while the shim reads the last one from the socket.
 pub const STREAM_WINDOW: usize = 2;
+/// A copy over the virtio-vgpu device of at least twice [`DEVICE_HALF_MIN`] and less than
+/// [`DEVICE_SPLIT_BELOW`] bytes goes as two requests, so that the device copies one half while
+/// the guest hands it the other or takes the first one's completion: at 1 MiB a request's own
+/// latency (a round trip is about 2 µs here) is a tenth of its copy. Measured in 2 MiB guest
+/// pages, four alternating runs each: 1 MiB host to device 77–89 % of the floor in one request,
+/// 85–92 % in two; device to host 75–88 % and 85–91 %. At 2 and 4 MiB one request per
+/// `max_transfer` was as fast or faster.
+pub const DEVICE_SPLIT_BELOW: usize = 2 << 20;
+/// The smallest half of a split copy (256 KiB halves of 1 MiB measured 69–82 %: per-request
+/// costs again).
+pub const DEVICE_HALF_MIN: usize = 512 << 10;
+/// Halves start on a guest page.
+const GUEST_PAGE: usize = 4096;
 /// Reply buffer of each chunk in flight: a copy's reply is a bare frame header,
 /// or a short error message.
 const CHUNK_REPLY_BUFFER: usize = 4096;
+
+/// Bulk bytes per request of a `len`-byte copy over the virtio-vgpu device, whose requests
+/// carry at most `max`: two halves between [`DEVICE_HALF_MIN`] twice and
+/// [`DEVICE_SPLIT_BELOW`], else `max`.
+pub fn device_chunk(len: usize, max: usize) -> usize {
+    if (2 * DEVICE_HALF_MIN..DEVICE_SPLIT_BELOW).contains(&len) {
+        len.div_ceil(2).next_multiple_of(GUEST_PAGE).min(max)
+    } else {
+        max
+    }
+}
 
 /// Most bytes of device output one `TakeOutput` asks for: its reply fits the device
 /// transport's reply buffer.
@@ -174,6 +198,15 @@ impl Client {
         match &self.conn {
             Conn::Device(d) => d.max_transfer().clamp(1, MAX_BULK_CHUNK),
             Conn::Stream(_) => MAX_BULK_CHUNK,
+        }
+    }
+
+    /// Bulk bytes per request of a `len`-byte copy on this connection: [`Client::max_chunk`],
+    /// or half the copy on the device ([`device_chunk`]).
+    pub fn chunk_for(&self, len: usize) -> usize {
+        match &self.conn {
+            Conn::Device(_) => device_chunk(len, self.max_chunk()),
+            Conn::Stream(_) => self.max_chunk(),
         }
     }
 
@@ -1019,6 +1052,28 @@ mod tests {
         // The next call reads its own reply: every reply of the chunks was read.
         c.call(&msg::Ping {}, &[]).unwrap();
         t.join().unwrap();
+    }
+
+    #[test]
+    fn copies_of_one_to_two_mib_go_to_the_device_in_two_page_aligned_halves() {
+        const MIB: usize = 1 << 20;
+        let max = 4_063_232;
+        for (len, want) in [
+            (MIB - 1, max),
+            (MIB, MIB / 2),
+            (MIB + 1, MIB / 2 + GUEST_PAGE),
+            (3 * MIB / 2, 3 * MIB / 4),
+            (2 * MIB - 1, MIB),
+            (2 * MIB, max),
+            (16 * MIB, max),
+            (0, max),
+        ] {
+            let chunk = device_chunk(len, max);
+            assert_eq!(chunk, want, "{len} bytes");
+            assert!(len.div_ceil(chunk) <= 2 || chunk == max, "{len} bytes");
+        }
+        // Never more than a request carries.
+        assert_eq!(device_chunk(MIB, 256 << 10), 256 << 10);
     }
 
     #[test]

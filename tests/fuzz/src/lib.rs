@@ -14,10 +14,12 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::QueueOwnedT;
+use virtio_bindings::bindings::virtio_ring::{
+    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
 use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
 use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use vgpu_vhost_vsock::packet::{GuestMem, TxPacket, parse_rx_chain};
@@ -248,8 +250,9 @@ const DESC_BYTES: usize = 12;
 /// Builds a descriptor chain from an input and hands it to `parse`: the
 /// first byte is the descriptor count (1 to 8), each descriptor takes
 /// [`DESC_BYTES`] (address u32 — scaled so some fall outside guest memory —,
-/// length u32, flags u16, next u16), and the rest is written to guest memory
-/// as the buffers' contents.
+/// length u32, flags u16 (its NEXT, WRITE and INDIRECT bits), next u16), and
+/// the rest is written to guest memory as the buffers' contents (and as
+/// indirect tables, for descriptors that point there).
 fn with_chain(data: &[u8], parse: impl FnOnce(&GuestMem, virtio_queue::Queue)) {
     let Some((&count, rest)) = data.split_first() else {
         return;
@@ -268,8 +271,8 @@ fn with_chain(data: &[u8], parse: impl FnOnce(&GuestMem, virtio_queue::Queue)) {
             let addr =
                 u64::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]])) % (2 * MEM_SIZE as u64);
             let len = u32::from_le_bytes([d[4], d[5], d[6], d[7]]);
-            let flags =
-                u16::from_le_bytes([d[8], d[9]]) & (VRING_DESC_F_NEXT | VRING_DESC_F_WRITE) as u16;
+            let flags = u16::from_le_bytes([d[8], d[9]])
+                & (VRING_DESC_F_NEXT | VRING_DESC_F_WRITE | VRING_DESC_F_INDIRECT) as u16;
             let next = u16::from_le_bytes([d[10], d[11]]) % QUEUE_SIZE;
             RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
         })
@@ -306,11 +309,17 @@ pub fn vsock_chain(data: &[u8]) {
 /// A virtio-vgpu request chain.
 pub fn vgpu_chain(data: &[u8]) {
     with_chain(data, |mem, mut queue| {
+        let (table, queue_size) = (GuestAddress(queue.desc_table()), queue.size());
         let Ok(mut chains) = queue.iter(mem) else {
             return;
         };
         if let Some(chain) = chains.next() {
-            let _ = vgpu_vhost_vgpu::chain::parse_chain(chain, mem);
+            let head = vgpu_vhost_vgpu::chain::ChainHead {
+                index: chain.head_index(),
+                table,
+                queue_size,
+            };
+            let _ = vgpu_vhost_vgpu::chain::parse_chain(head, mem);
         }
     });
 }

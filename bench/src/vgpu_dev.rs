@@ -18,7 +18,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cuda::client::{Client, device_chunk};
+use cuda::client::{Client, device_dtoh_chunk};
 use std::collections::VecDeque;
 use vgpu_config::Config;
 use vgpu_hugemem::HugeMapping;
@@ -93,8 +93,8 @@ const DEVICE_MEMORY: &str = "4GiB";
 const SLICE: &str = "1GiB";
 /// Most bulk bytes per request through the device: what the guest module reports as
 /// `max_transfer` with 1024-entry rings (1024 descriptors less 20 reserved and one for
-/// misalignment, in 4 KiB pages, rounded down to 64 KiB). A copy of 1 to 2 MiB goes in two
-/// halves, as the shim sends it ([`device_chunk`]).
+/// misalignment, in 4 KiB pages, rounded down to 64 KiB). A device-to-host copy of 1 to 2 MiB
+/// goes in two halves, as the shim sends it ([`device_dtoh_chunk`]).
 const DEV_CHUNK: usize = 4_063_232;
 /// Each measurement moves at least this much, repeating small copies, so that timer and scheduling
 /// noise stay small against it.
@@ -285,11 +285,10 @@ impl DevPath {
     /// Host to device, as the shim does it: every chunk but the last posted without waiting
     /// (at most [`WINDOW`] in flight), the last a call, which returns once all of them ran.
     fn htod(&mut self, bytes: usize) -> Result<(), String> {
-        let chunk = device_chunk(bytes, self.chunk);
         let mut inflight = VecDeque::new();
         let mut off = 0;
         while off < bytes {
-            let n = chunk.min(bytes - off);
+            let n = self.chunk.min(bytes - off);
             let req = msg::MemcpyHtoD {
                 ctx: self.ctx,
                 stream: 0,
@@ -334,7 +333,7 @@ impl DevPath {
     /// Device to host: every chunk a call, at most [`WINDOW`] submitted before the first is
     /// waited for (the module's submit-then-wait ioctls).
     fn dtoh(&mut self, bytes: usize) -> Result<(), String> {
-        let chunk = device_chunk(bytes, self.chunk);
+        let chunk = device_dtoh_chunk(bytes, self.chunk);
         let mut inflight: VecDeque<(Pending, usize)> = VecDeque::new();
         let mut off = 0;
         while off < bytes || !inflight.is_empty() {

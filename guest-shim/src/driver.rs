@@ -290,10 +290,11 @@ fn in_place_copy_takes(len: usize) -> Duration {
 }
 
 impl Driver {
-    /// Bulk bytes per request of a `len`-byte copy: see [`Client::chunk_for`].
-    fn chunk_for(&self, len: usize) -> usize {
+    /// Bulk bytes per request of a `len`-byte device-to-host copy: on the virtio-vgpu device,
+    /// two halves of a 1 to 2 MiB copy ([`crate::client::device_dtoh_chunk`]).
+    fn dtoh_chunk_for(&self, len: usize) -> usize {
         match self.device {
-            Some(_) => crate::client::device_chunk(len, self.chunk),
+            Some(_) => crate::client::device_dtoh_chunk(len, self.chunk),
             None => self.chunk,
         }
     }
@@ -856,14 +857,13 @@ pub(crate) fn memcpy_htod_raw(dst: u64, src: &[u8], stream: u64, sync: bool) -> 
         memcpy_htod_raw(dst + head as u64, mid_bytes, stream_handle, sync)?;
         return Ok(());
     }
-    let per_request = d.chunk_for(src.len());
-    let chunks: Vec<&[u8]> = src.chunks(per_request).collect();
+    let chunks: Vec<&[u8]> = src.chunks(d.chunk).collect();
     let last = chunks.len() - 1;
     for (i, chunk) in chunks.into_iter().enumerate() {
         let req = msg::MemcpyHtoD {
             ctx: c,
             stream,
-            dst: dst + (i * per_request) as u64,
+            dst: dst + (i * d.chunk) as u64,
         };
         if sync && i == last {
             d.call(&req, chunk)?;
@@ -990,7 +990,7 @@ pub(crate) fn memcpy_dtoh_raw(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()
     let c = ctx()?;
     let stream = wire_stream(stream)?;
     let d = driver()?;
-    let per_request = d.chunk_for(dst.len());
+    let per_request = d.dtoh_chunk_for(dst.len());
     let (reqs, chunks) = dtoh_chunks(c, stream, per_request, [(src, dst)]);
     let r = lock(&d.client).call_into_chunks(&reqs, chunks);
     log_err("MemcpyDtoH", r)

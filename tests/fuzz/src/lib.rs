@@ -17,9 +17,9 @@ use std::time::Duration;
 use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
+use virtio_queue::QueueOwnedT;
 use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use vgpu_vhost_vsock::packet::{GuestMem, TxPacket, parse_rx_chain};
@@ -309,16 +309,7 @@ pub fn vsock_chain(data: &[u8]) {
 /// A virtio-vgpu request chain.
 pub fn vgpu_chain(data: &[u8]) {
     with_chain(data, |mem, mut queue| {
-        let (table, queue_size) = (GuestAddress(queue.desc_table()), queue.size());
-        let Ok(mut chains) = queue.iter(mem) else {
-            return;
-        };
-        if let Some(chain) = chains.next() {
-            let head = vgpu_vhost_vgpu::chain::ChainHead {
-                index: chain.head_index(),
-                table,
-                queue_size,
-            };
+        if let Ok(Some(head)) = vgpu_vhost_vgpu::chain::take_head(&mut queue, mem) {
             let _ = vgpu_vhost_vgpu::chain::parse_chain(head, mem);
         }
     });

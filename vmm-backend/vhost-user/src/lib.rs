@@ -24,7 +24,7 @@ pub use serve::{
 pub use socket::{SOCKET_MODE, SocketError, bind_socket};
 pub use vring::{
     ChainHead, ExitEvents, LogLimiter, VIRTIO_FEATURES, has_available, next_chain, next_head,
-    protocol_features, read_config, signal, vring_ready, watch_rings,
+    protocol_features, read_config, signal, take_head, vring_ready, watch_rings,
 };
 
 /// The guest's memory as the VMM shared it: every descriptor address is resolved against it.

@@ -15,7 +15,7 @@ use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
-use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
@@ -179,10 +179,16 @@ pub fn next_head(
     vring: &VringRwLock,
     mem: &GuestMemoryLoadGuard<GuestMem>,
 ) -> Result<Option<ChainHead>, virtio_queue::Error> {
-    let mut state = vring.get_mut();
-    let queue = state.get_queue_mut();
+    take_head(vring.get_mut().get_queue_mut(), mem)
+}
+
+/// Takes the next available chain of `queue` ([`next_head`] on a bare queue).
+pub fn take_head(
+    queue: &mut Queue,
+    mem: &GuestMem,
+) -> Result<Option<ChainHead>, virtio_queue::Error> {
     let (table, queue_size) = (GuestAddress(queue.desc_table()), queue.size());
-    let mut iter = queue.iter(&**mem)?;
+    let mut iter = queue.iter(mem)?;
     Ok(iter.next().map(|chain| ChainHead {
         index: chain.head_index(),
         table,

@@ -19,10 +19,11 @@ use vm_memory::{
 
 use super::wire::{MAX_DATA, MAX_INLINE, MAX_REPLY, MAX_SEGMENTS, REQ_HEADER_LEN, RESP_HEADER_LEN};
 
-/// An available chain: its head and the descriptor table it indexes.
-pub use vgpu_vhost_user::ChainHead;
 /// Guest memory as seen by this device (the same map the vsock device uses).
 pub use vgpu_vhost_user::GuestMem;
+/// An available chain (its head and the descriptor table it indexes), and taking one from a
+/// queue.
+pub use vgpu_vhost_user::{ChainHead, take_head};
 
 /// Most device-readable bytes a request can use.
 pub const MAX_READABLE: usize = REQ_HEADER_LEN + MAX_INLINE + MAX_DATA;
@@ -177,18 +178,13 @@ impl Segments {
     ) -> Result<(), ChainError> {
         let mut last: Option<&'m GuestRegion> = None;
         for s in &self.segs {
-            let region = last.filter(|r| holds(r, s)).or_else(|| {
-                mem.find_region(GuestAddress(s.addr))
-                    .filter(|r| holds(r, s))
-            });
-            let Some(r) = region else {
+            let Some(r) = region_holding(mem, &mut last, s) else {
                 // Across a region boundary, or unmapped.
                 for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(s.addr), s.len) {
                     f(slice.map_err(|_| ChainError::Unmapped(s.addr))?);
                 }
                 continue;
             };
-            last = Some(r);
             let offset = MemoryRegionAddress(s.addr - r.start_addr().0);
             f(r.get_slice(offset, s.len)
                 .map_err(|_| ChainError::Unmapped(s.addr))?);
@@ -261,6 +257,23 @@ impl Segments {
 
 /// One region of [`GuestMem`].
 type GuestRegion = <GuestMem as GuestMemoryBackend>::R;
+
+/// The region holding all of `s`: `last` when it does (a bounds check), else a lookup, which
+/// `last` then remembers. `None` when no one region holds it (across regions, or unmapped).
+fn region_holding<'m>(
+    mem: &'m GuestMem,
+    last: &mut Option<&'m GuestRegion>,
+    s: &Segment,
+) -> Option<&'m GuestRegion> {
+    if let Some(r) = last.filter(|r| holds(r, s)) {
+        return Some(r);
+    }
+    let r = mem
+        .find_region(GuestAddress(s.addr))
+        .filter(|r| holds(r, s))?;
+    *last = Some(r);
+    Some(r)
+}
 
 /// Whether `s` lies wholly inside region `r`.
 fn holds(r: &GuestRegion, s: &Segment) -> bool {
@@ -411,19 +424,11 @@ impl Iterator for Descriptors<'_> {
     }
 }
 
-/// Whether `[addr, addr + len)` is guest RAM; `last` is the region of the range checked before,
-/// which a chain's next range is usually in too (then this costs a bounds check, no lookup).
+/// Whether `seg` is guest RAM; `last` is the region of the range checked before, which a
+/// chain's next range is usually in too (then this costs a bounds check, no lookup).
 fn in_memory<'m>(mem: &'m GuestMem, last: &mut Option<&'m GuestRegion>, seg: &Segment) -> bool {
-    if last.is_some_and(|r| holds(r, seg)) {
-        return true;
-    }
-    if !GuestMemoryBackend::check_range(mem, GuestAddress(seg.addr), seg.len) {
-        return false;
-    }
-    if let Some(r) = mem.find_region(GuestAddress(seg.addr)) {
-        *last = Some(r);
-    }
-    true
+    region_holding(mem, last, seg).is_some()
+        || GuestMemoryBackend::check_range(mem, GuestAddress(seg.addr), seg.len)
 }
 
 /// Walks and validates a chain (see the module docs for the rules).
@@ -539,9 +544,9 @@ mod tests {
     use virtio_bindings::bindings::virtio_ring::{
         VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     };
+    use virtio_queue::QueueOwnedT;
     use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use virtio_queue::{QueueOwnedT, QueueT};
 
     const MEM: u64 = 0x100_0000;
     const BUF: u64 = 0x10_0000;
@@ -578,13 +583,7 @@ mod tests {
     /// The first available chain of `q`, as the device takes it.
     fn first_head(q: &MockSplitQueue<'_, GuestMem>, m: &GuestMem) -> ChainHead {
         let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
-        let (table, queue_size) = (GuestAddress(queue.desc_table()), queue.size());
-        let chain = queue.iter(m).unwrap().next().unwrap();
-        ChainHead {
-            index: chain.head_index(),
-            table,
-            queue_size,
-        }
+        take_head(&mut queue, m).unwrap().unwrap()
     }
 
     #[test]

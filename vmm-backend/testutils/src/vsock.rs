@@ -59,6 +59,9 @@ const SCRATCH_SIZE: u64 = 64 * 1024;
 const EVENT_BUFFERS: u16 = 4;
 /// Size of `struct virtio_vsock_event`.
 const EVENT_SIZE: u32 = 4;
+/// Guest memory for rx buffers beyond those posted, which a connection holds while its bytes wait
+/// to be read ([`Held::Buffer`]).
+const SPARE_RX_BYTES: u64 = 4 << 20;
 /// Longest single wait on the call eventfds before re-checking.
 const POLL_SLICE: Duration = Duration::from_millis(20);
 
@@ -285,10 +288,20 @@ enum GState {
     Closed,
 }
 
+/// Received bytes a connection holds for its reader.
+#[derive(Debug)]
+enum Held {
+    /// In the rx buffer the device wrote them to (`slot`), from `at` in guest memory: a Linux
+    /// guest keeps the buffer's skb on the socket until `recv` copies the bytes to the program.
+    Buffer { slot: u32, at: u64, left: u32 },
+    /// Copied out of their rx buffer, when no spare buffer was left to post in its place.
+    Copied { bytes: Vec<u8>, read: usize },
+}
+
 #[derive(Debug)]
 struct GConn {
     state: GState,
-    rx_data: VecDeque<u8>,
+    rx_data: VecDeque<Held>,
     rx_total: u32,
     fwd_cnt: u32,
     last_sent_fwd: u32,
@@ -344,6 +357,12 @@ struct Inner {
     tx_slot: u64,
     tx_free: Vec<u32>,
     tx_slots: u32,
+    /// Rx buffer slots neither posted nor held by a connection.
+    rx_spare: Vec<u32>,
+    /// Slots posted when the rx queue is filled: `0..rx_posted`; the rest are spares.
+    rx_posted: u32,
+    /// All rx buffer slots.
+    rx_slots: u32,
     scratch: u64,
     conns: HashMap<GKey, GConn>,
     listeners: HashMap<u32, VecDeque<GKey>>,
@@ -384,6 +403,8 @@ impl Inner {
         for slot in 0..slots {
             self.post_rx(slot);
         }
+        self.rx_posted = slots;
+        self.rx_spare = (slots..self.rx_slots).rev().collect();
         self.rxq.publish(&self.mem);
         if let Some(evq) = self.evq.as_mut() {
             let base = self.rx_base - u64::from(EVENT_BUFFERS) * 64;
@@ -488,12 +509,14 @@ impl Inner {
         }
     }
 
-    fn on_rx(&mut self, slot: u32, len: u32) {
+    /// Handles the packet the device returned in rx buffer `slot`; returns the slot to post in
+    /// its place (a spare one where a connection keeps the buffer for its reader).
+    fn on_rx(&mut self, slot: u32, len: u32) -> u32 {
         self.rx_packets += 1;
         let addr = self.rx_slot_addr(slot);
         if (len as usize) < PKT_HEADER_SIZE {
             self.violation(format!("rx buffer returned with {len} bytes"));
-            return;
+            return slot;
         }
         let mut raw = [0u8; PKT_HEADER_SIZE];
         let _ = self.mem.read_slice(&mut raw, GuestAddress(addr));
@@ -503,21 +526,22 @@ impl Inner {
                 "used length {len} does not match header len {}",
                 h.len
             ));
-            return;
+            return slot;
         }
         if h.len > self.opts.rx_buf_size {
             self.violation(format!("packet of {} bytes exceeds the rx buffer", h.len));
-            return;
+            return slot;
         }
         if h.src_cid != VSOCK_HOST_CID || h.dst_cid != self.cid || h.type_ != VSOCK_TYPE_STREAM {
             self.violation(format!("bad addressing in {h:?}"));
-            return;
+            return slot;
         }
-        self.dispatch(h, GuestAddress(addr + PKT_HEADER_SIZE as u64));
+        self.dispatch(h, slot, GuestAddress(addr + PKT_HEADER_SIZE as u64))
     }
 
-    /// Handles packet `h`, whose payload lies at `data` in guest memory.
-    fn dispatch(&mut self, h: PacketHeader, data: GuestAddress) {
+    /// Handles packet `h`, whose payload lies at `data` in guest memory, in rx buffer `slot`;
+    /// returns the slot to post in its place.
+    fn dispatch(&mut self, h: PacketHeader, slot: u32, data: GuestAddress) -> u32 {
         let key = (h.dst_port, h.src_port);
         let buf_alloc = self.opts.buf_alloc;
         let Some(c) = self.conns.get_mut(&key) else {
@@ -544,12 +568,13 @@ impl Inner {
                     self.control.push_back(Ctrl::Raw(rst));
                 }
             }
-            return;
+            return slot;
         };
         c.peer_buf_alloc = h.buf_alloc;
         c.peer_fwd_cnt = h.fwd_cnt;
         let mut problem = None;
         let mut reply = None;
+        let mut post = slot;
         match h.op {
             VSOCK_OP_RESPONSE => {
                 if c.state == GState::Connecting {
@@ -587,19 +612,24 @@ impl Inner {
                         ));
                     }
                     c.rx_total = c.rx_total.wrapping_add(h.len);
-                    // Straight from the rx buffer to what the reader reads, one copy, as a
-                    // Linux guest's `recv` copies from the buffer's skb.
-                    let mut at = c.rx_data.len();
-                    c.rx_data.resize(at + h.len as usize, 0);
-                    let (front, back) = c.rx_data.as_mut_slices();
-                    let mut from = data;
-                    for part in [front, back] {
-                        let skip = at.min(part.len());
-                        let at_part = &mut part[skip..];
-                        at = at.saturating_sub(skip);
-                        if !at_part.is_empty() {
-                            let _ = self.mem.read_slice(at_part, from);
-                            from = GuestAddress(from.0 + at_part.len() as u64);
+                    // The reader copies the bytes from the rx buffer, once, as a Linux guest's
+                    // `recv` copies them from the buffer's skb; a spare buffer is posted in its
+                    // place. With no spare left, the bytes are copied out now.
+                    if h.len > 0 {
+                        match self.rx_spare.pop() {
+                            Some(spare) => {
+                                c.rx_data.push_back(Held::Buffer {
+                                    slot,
+                                    at: data.0,
+                                    left: h.len,
+                                });
+                                post = spare;
+                            }
+                            None => {
+                                let mut bytes = vec![0; h.len as usize];
+                                let _ = self.mem.read_slice(&mut bytes, data);
+                                c.rx_data.push_back(Held::Copied { bytes, read: 0 });
+                            }
                         }
                     }
                 }
@@ -614,6 +644,54 @@ impl Inner {
         if let Some(op) = reply {
             self.control.push_back(Ctrl::Conn { key, op, flags: 0 });
         }
+        post
+    }
+
+    /// Forgets connection `key`, giving the rx buffers it held back to the spares.
+    fn remove_conn(&mut self, key: GKey) -> Option<GConn> {
+        let c = self.conns.remove(&key)?;
+        for held in &c.rx_data {
+            if let Held::Buffer { slot, .. } = held {
+                self.rx_spare.push(*slot);
+            }
+        }
+        Some(c)
+    }
+
+    /// Copies up to `buf.len()` bytes connection `key` holds into `buf`, giving the rx buffers it
+    /// read to the end back to the spares; returns how many.
+    fn take_rx(&mut self, key: GKey, buf: &mut [u8]) -> usize {
+        let Some(c) = self.conns.get_mut(&key) else {
+            return 0;
+        };
+        let mut n = 0;
+        while n < buf.len() {
+            let Some(held) = c.rx_data.front_mut() else {
+                break;
+            };
+            let done = match held {
+                Held::Buffer { slot, at, left } => {
+                    let k = (buf.len() - n).min(*left as usize);
+                    let _ = self.mem.read_slice(&mut buf[n..n + k], GuestAddress(*at));
+                    n += k;
+                    *at += k as u64;
+                    *left -= k as u32;
+                    (*left == 0).then_some(Some(*slot))
+                }
+                Held::Copied { bytes, read } => {
+                    let k = (buf.len() - n).min(bytes.len() - *read);
+                    buf[n..n + k].copy_from_slice(&bytes[*read..*read + k]);
+                    n += k;
+                    *read += k;
+                    (*read == bytes.len()).then_some(None)
+                }
+            };
+            if let Some(slot) = done {
+                c.rx_data.pop_front();
+                self.rx_spare.extend(slot);
+            }
+        }
+        n
     }
 
     /// Processes everything the device returned and re-posts rx buffers.
@@ -631,8 +709,8 @@ impl Inner {
                 let Some(slot) = slot_of(token) else {
                     continue;
                 };
-                self.on_rx(slot, len);
-                self.post_rx(slot);
+                let post = self.on_rx(slot, len);
+                self.post_rx(post);
                 reposted = true;
             }
             if reposted {
@@ -693,8 +771,9 @@ impl TestGuest {
         let ev_area = u64::from(EVENT_BUFFERS) * 64;
         let rx_base = align(QUEUE_AREA + 3 * qfoot + ev_area, PAGE);
         let rx_slot = align(PKT_HEADER_SIZE as u64 + u64::from(opts.rx_buf_size), 64);
+        let rx_slots = u32::from(n) + u32::try_from(SPARE_RX_BYTES / rx_slot).unwrap_or(0);
         let tx_slots = u32::from(n) / 2;
-        let tx_base = align(rx_base + u64::from(n) * rx_slot, PAGE);
+        let tx_base = align(rx_base + u64::from(rx_slots) * rx_slot, PAGE);
         let tx_slot = align(PKT_HEADER_SIZE as u64 + u64::from(opts.max_tx_payload), 64);
         let scratch = align(tx_base + u64::from(tx_slots) * tx_slot, PAGE);
         let size = align(scratch + SCRATCH_SIZE, MIB2);
@@ -731,6 +810,9 @@ impl TestGuest {
             tx_slot,
             tx_free: (0..tx_slots).rev().collect(),
             tx_slots,
+            rx_spare: Vec::new(),
+            rx_posted: 0,
+            rx_slots,
             scratch,
             conns: HashMap::new(),
             listeners: HashMap::new(),
@@ -967,7 +1049,7 @@ impl TestGuest {
                 key,
             }),
             _ => {
-                self.lock().conns.remove(&key);
+                self.lock().remove_conn(key);
                 Err(io::Error::new(
                     io::ErrorKind::ConnectionRefused,
                     format!("port {port}: connection refused"),
@@ -1208,7 +1290,7 @@ impl Drop for GuestStream {
     fn drop(&mut self) {
         let mut g = self.guest.lock();
         let key = self.key;
-        if g.conns.remove(&key).is_some() {
+        if g.remove_conn(key).is_some() {
             let mut h = g.header(key, VSOCK_OP_RST);
             h.buf_alloc = 0;
             g.control.push_back(Ctrl::Raw(h));
@@ -1323,13 +1405,10 @@ impl GuestStream {
                 return Some(Err(io::ErrorKind::NotConnected.into()));
             };
             if !c.rx_data.is_empty() {
-                let n = buf.len().min(c.rx_data.len());
-                // Two memcpys (the deque's two halves), as the guest kernel's copy to user space.
-                let (front, back) = c.rx_data.as_slices();
-                let a = n.min(front.len());
-                buf[..a].copy_from_slice(&front[..a]);
-                buf[a..n].copy_from_slice(&back[..n - a]);
-                c.rx_data.drain(..n);
+                let n = g.take_rx(key, buf);
+                let Some(c) = g.conns.get_mut(&key) else {
+                    return Some(Ok(n));
+                };
                 c.fwd_cnt = c.fwd_cnt.wrapping_add(n as u32);
                 let close = c.peer_shutdown == VSOCK_SHUTDOWN_BOTH
                     && c.rx_data.is_empty()
@@ -1418,7 +1497,7 @@ impl GuestStream {
                 Some(GState::Closing) => None,
                 _ => Some(()),
             });
-        self.guest.lock().conns.remove(&key);
+        self.guest.lock().remove_conn(key);
         r
     }
 

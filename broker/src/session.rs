@@ -133,6 +133,48 @@ pub trait BulkSink {
     fn write(&mut self, len: u64, f: &mut WriteSlices<'_>) -> Result<(), CuError>;
 }
 
+/// The device memory a checked `MemcpyDtoH` reads, in order ([`Session::dtoh_lent`]).
+pub struct DeviceSource {
+    dev: Arc<dyn DeviceContext>,
+    /// Device address of the next byte to read.
+    next: u64,
+    /// Device address past the last byte.
+    end: u64,
+}
+
+impl std::fmt::Debug for DeviceSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceSource")
+            .field("next", &self.next)
+            .field("end", &self.end)
+            .finish()
+    }
+}
+
+impl DeviceSource {
+    /// Bytes left to read.
+    pub fn left(&self) -> u64 {
+        self.end - self.next
+    }
+
+    /// Reads the next bytes into `segs`, in order; fails past the copy's end or when the device
+    /// fails.
+    pub fn read(&mut self, segs: &mut [&mut [u8]]) -> Result<(), CuError> {
+        let n: u64 = segs.iter().map(|s| s.len() as u64).sum();
+        if n > self.left() {
+            return Err(CuError::invalid_value(format!(
+                "{n} bytes asked of a copy with {} left",
+                self.left()
+            )));
+        }
+        self.dev
+            .read_scattered(self.next, segs)
+            .map_err(CuError::from)?;
+        self.next += n;
+        Ok(())
+    }
+}
+
 /// A source or sink with no bytes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoBulk;
@@ -601,13 +643,6 @@ impl Session {
         sink: &mut dyn BulkSink,
         out: &mut Vec<u8>,
     ) -> Result<(), CuError> {
-        let lane = self.lane(m.ctx, m.stream)?;
-        let ctx = lane.ctx;
-        if m.len as usize > MAX_BULK_CHUNK {
-            return Err(CuError::invalid_value(format!(
-                "one device-to-host request carries at most {MAX_BULK_CHUNK} bytes"
-            )));
-        }
         if m.len > sink.capacity() {
             return Err(CuError::invalid_value(format!(
                 "the copy is {} bytes but the destination holds {}",
@@ -615,19 +650,53 @@ impl Session {
                 sink.capacity()
             )));
         }
+        let mut source = self.dtoh_source(m)?;
+        sink.write(m.len, &mut |segs| source.read(segs))?;
+        reply(out, msg::Empty {})
+    }
+
+    /// The checks and waits of a `MemcpyDtoH` (its size, its source, its stream's earlier work
+    /// and errors), counted in the tenant's statistics: what is left is reading `m.len` bytes
+    /// from the returned source.
+    fn dtoh_source(&mut self, m: &msg::MemcpyDtoH) -> Result<DeviceSource, CuError> {
+        let lane = self.lane(m.ctx, m.stream)?;
+        let ctx = lane.ctx;
+        if m.len as usize > MAX_BULK_CHUNK {
+            return Err(CuError::invalid_value(format!(
+                "one device-to-host request carries at most {MAX_BULK_CHUNK} bytes"
+            )));
+        }
         self.allocs.check(m.src, m.len, "copy source")?;
         // A synchronous copy waits for its stream's earlier work and reports its errors.
         self.engine.wait_lane(&lane)?;
         self.surface_async_error(ctx)?;
-        let dev = Arc::clone(&self.dev);
-        sink.write(m.len, &mut |segs| {
-            dev.read_scattered(m.src, segs).map_err(CuError::from)
-        })?;
         self.tenant
             .stats
             .bytes_dtoh
             .fetch_add(m.len, Ordering::Relaxed);
-        reply(out, msg::Empty {})
+        Ok(DeviceSource {
+            dev: Arc::clone(&self.dev),
+            next: m.src,
+            end: m.src + m.len,
+        })
+    }
+
+    /// Runs a `MemcpyDtoH` but for reading its bytes, for a transport that has them read straight
+    /// into its own buffer as it sends them ([`crate::session_loop`] on vgpud's vsock rings: the
+    /// guest's rx buffers). Like [`Session::handle`], a failure is the call's error (and counted);
+    /// on success the reply is an empty struct followed by the `m.len` bytes the returned source
+    /// reads.
+    pub fn dtoh_lent(&mut self, req: &Request) -> Result<DeviceSource, CuError> {
+        let mut source = None;
+        let r = match req {
+            Request::MemcpyDtoH(m) => self.dtoh_source(m).map(|s| source = Some(s)),
+            _ => Err(CuError::invalid_value(format!(
+                "{} is not a device-to-host copy",
+                req.name()
+            ))),
+        };
+        self.complete_call(req, r, true)?;
+        source.ok_or_else(|| CuError::invalid_value("the copy has no source"))
     }
 
     /// `MemcpyHtoDShared` / `MemcpyDtoHShared`: one copy between a shared region

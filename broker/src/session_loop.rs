@@ -14,7 +14,9 @@ use std::time::SystemTime;
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 use vgpu_proto::cuda;
-use vgpu_proto::frame::{self, FLAG_OUTPUT, FLAG_REPLY, FrameError, MAX_PAYLOAD, ReadInPlace};
+use vgpu_proto::frame::{
+    self, FLAG_OUTPUT, FLAG_REPLY, FrameError, Header, MAX_PAYLOAD, ReadInPlace, WriteInPlace,
+};
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
 
 use crate::Broker;
@@ -28,7 +30,9 @@ const IO_BUFFER: usize = 256 << 10;
 /// small requests; bulk bytes bypass it.
 const IN_PLACE_IO_BUFFER: usize = 16 << 10;
 /// The smallest `MemcpyHtoD` payload whose bytes a lending transport hands straight to device
-/// memory ([`serve_in_place`]); smaller ones are read whole, like any request.
+/// memory ([`serve_in_place`]), and the smallest `MemcpyDtoH` whose bytes go from device memory
+/// straight into a transport that takes them in place ([`serve_ring`]); smaller ones are read
+/// and written whole, like any request.
 pub const IN_PLACE_MIN_BYTES: usize = 64 << 10;
 
 mod ring;
@@ -55,6 +59,11 @@ pub enum ServeError {
     /// A bug: the request handler panicked. The session was closed and released.
     #[error("internal error while handling {0}; the session was closed")]
     Panic(&'static str),
+    /// The device failed while a copy's bytes were being sent after its reply's header: the
+    /// stream was cut in the middle of the frame (the client sees it end), and the session
+    /// closed.
+    #[error("the device failed in the middle of a copy's reply; the session was closed")]
+    ReplyCut(#[source] CuError),
 }
 
 impl From<ServeError> for io::Error {
@@ -260,6 +269,7 @@ fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> 
             &mut session,
             &mut r,
             lend,
+            None,
             w,
             &mut payload,
             summary,
@@ -539,11 +549,14 @@ impl<R: Read> BulkSource for Lent<'_, R> {
     }
 }
 
-/// Reads, runs and answers one frame; breaks when the client said goodbye or left.
+/// Reads, runs and answers one frame; breaks when the client said goodbye or left. `fill`: the
+/// writer's transport, where it takes bytes in place ([`dtoh_in_place`]).
+#[allow(clippy::too_many_arguments)]
 fn step<R: Read, W: Write>(
     session: &mut Session,
     r: &mut BufReader<R>,
     lend: Option<Lend<R>>,
+    fill: Option<&mut dyn WriteInPlace>,
     w: &mut Replier<W>,
     payload: &mut Vec<u8>,
     summary: &mut SessionSummary,
@@ -609,6 +622,13 @@ fn step<R: Read, W: Write>(
     if matches!(req, Request::Goodbye(_)) {
         return Ok(ControlFlow::Break(()));
     }
+    if let (Some(fill), Request::MemcpyDtoH(m)) = (fill, &req)
+        && !is_async
+        && m.len as usize >= IN_PLACE_MIN_BYTES
+    {
+        dtoh_in_place(session, &h, &req, w, fill)?;
+        return Ok(ControlFlow::Continue(()));
+    }
     out.clear();
     let name = req.name();
     let result = match lent {
@@ -640,6 +660,54 @@ fn step<R: Read, W: Write>(
         (_, true) => {}
     }
     Ok(ControlFlow::Continue(()))
+}
+
+/// A large `MemcpyDtoH` on a transport that takes bytes in place: its reply's header goes out
+/// first, then its bytes go from device memory straight into the transport's buffer (vgpud's vsock
+/// device reads them into the guest's rx buffers on its own thread), with no reply buffer and no
+/// ring in between. A device failure after the header cuts the stream (the client sees it end in
+/// the middle of the frame, never a short or wrong copy) and ends the session.
+fn dtoh_in_place<W: Write>(
+    session: &mut Session,
+    h: &Header,
+    req: &Request,
+    w: &mut Replier<W>,
+    fill: &mut dyn WriteInPlace,
+) -> Result<(), ServeError> {
+    let name = req.name();
+    let checked = catch_unwind(AssertUnwindSafe(|| session.dtoh_lent(req)))
+        .map_err(|_| ServeError::Panic(name))?;
+    let flags = if session.output_ready() {
+        FLAG_REPLY | FLAG_OUTPUT
+    } else {
+        FLAG_REPLY
+    };
+    let mut source = match checked {
+        Ok(source) => source,
+        Err(e) => return w.err_with(h.opcode, flags, h.call_id, &e),
+    };
+    let mut fields = Vec::new();
+    msg::Empty {}.encode(&mut fields);
+    let len = source.left() as usize;
+    frame::write_header(&mut w.w, h.opcode, flags, h.call_id, 0, fields.len() + len)
+        .and_then(|()| w.w.write_all(&fields))
+        .map_err(ServeError::Io)?;
+    w.flush()?;
+    let mut failed = None;
+    let written = catch_unwind(AssertUnwindSafe(|| {
+        fill.write_in_place(len, &mut |room| match source.read(&mut [room]) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failed = Some(e);
+                ControlFlow::Break(())
+            }
+        })
+    }))
+    .map_err(|_| ServeError::Panic(name))?;
+    if let Some(e) = failed {
+        return Err(ServeError::ReplyCut(e));
+    }
+    written.map_err(ServeError::Io)
 }
 
 #[cfg(test)]

@@ -196,6 +196,23 @@ pub trait ReadInPlace {
     fn read_in_place(&mut self, len: usize, f: &mut RunFn<'_>) -> io::Result<()>;
 }
 
+/// What [`WriteInPlace::write_in_place`] calls with room for the next bytes, to fill all of it:
+/// `Send`, because a transport may call it on the thread that sends the bytes while the writer
+/// waits.
+pub type FillFn<'a> = dyn FnMut(&mut [u8]) -> ControlFlow<()> + Send + 'a;
+
+/// A byte stream that lets a writer produce bytes straight in the transport's buffer instead of
+/// copying them in: vgpud's in-process vsock rings hand the guest's rx buffers to a large
+/// device-to-host copy's reply, so that its bytes go from device memory to the guest in one copy.
+pub trait WriteInPlace {
+    /// Appends `len` bytes to the stream, produced by `f`: it is called with room for the next
+    /// bytes, in order, until it has filled `len` bytes, possibly on another thread while this
+    /// one waits. If `f` breaks, the bytes it did not fill are never sent: the stream is shut
+    /// for writing and the call fails (`Other`), since the frame they belong to cannot be
+    /// completed. Fails with `BrokenPipe` once the peer is gone.
+    fn write_in_place(&mut self, len: usize, f: &mut FillFn<'_>) -> io::Result<()>;
+}
+
 /// Answers frames on the thread that delivered their bytes (a vsock device's queue thread),
 /// so that a quick call needs no hand-off to the thread that serves its stream.
 pub trait AnswerHere: Send + Sync {
@@ -262,17 +279,17 @@ impl<'f> Borrower<'f> {
     }
 }
 
-/// Writes one frame whose payload is the concatenation of `parts`.
-pub fn write_frame<W: Write>(
+/// Writes the header of a frame whose `payload_len` bytes of payload follow separately
+/// ([`WriteInPlace`]).
+pub fn write_header<W: Write>(
     w: &mut W,
     opcode: u16,
     flags: u16,
     call_id: u64,
     status: u32,
-    parts: &[&[u8]],
+    payload_len: usize,
 ) -> io::Result<()> {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    let payload_len = u32::try_from(len)
+    let payload_len = u32::try_from(payload_len)
         .ok()
         .filter(|&l| l as usize <= MAX_PAYLOAD)
         .ok_or_else(|| io::Error::other(FrameError::TooLarge(u32::MAX)))?;
@@ -283,7 +300,20 @@ pub fn write_frame<W: Write>(
         payload_len,
         status,
     };
-    w.write_all(&h.encode())?;
+    w.write_all(&h.encode())
+}
+
+/// Writes one frame whose payload is the concatenation of `parts`.
+pub fn write_frame<W: Write>(
+    w: &mut W,
+    opcode: u16,
+    flags: u16,
+    call_id: u64,
+    status: u32,
+    parts: &[&[u8]],
+) -> io::Result<()> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    write_header(w, opcode, flags, call_id, status, len)?;
     for p in parts {
         w.write_all(p)?;
     }

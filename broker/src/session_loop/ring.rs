@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use vgpu_proto::frame::{
     AnswerHere, Answered, FLAG_OUTPUT, FLAG_REPLY, FrameError, FrameRing, HEADER_LEN, Header,
-    ReadInPlace,
+    ReadInPlace, WriteInPlace,
 };
 use vgpu_proto::msg::Request;
 
@@ -51,11 +51,11 @@ pub fn serve_ring<R, W: Write>(
 ) -> Result<SessionSummary, ServeError>
 where
     R: FrameRing + Send + Sync + 'static,
-    for<'a> &'a R: Read + ReadInPlace,
+    for<'a> &'a R: Read + ReadInPlace + WriteInPlace,
 {
     fn lend<R>(r: &mut SharedRead<R>) -> &mut dyn ReadInPlace
     where
-        for<'a> &'a R: Read + ReadInPlace,
+        for<'a> &'a R: ReadInPlace,
     {
         r
     }
@@ -143,7 +143,7 @@ struct RingCore<R> {
 impl<R> RingSession<R>
 where
     R: FrameRing + Send + Sync + 'static,
-    for<'a> &'a R: Read + ReadInPlace,
+    for<'a> &'a R: Read + ReadInPlace + WriteInPlace,
 {
     fn lock(&self) -> MutexGuard<'_, RingCore<R>> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
@@ -182,7 +182,7 @@ where
 impl<R> RingCore<R>
 where
     R: FrameRing,
-    for<'a> &'a R: Read + ReadInPlace,
+    for<'a> &'a R: Read + ReadInPlace + WriteInPlace,
 {
     /// One round of the session thread, under the lock: what the delivering thread left, then
     /// every frame the reader's buffer and the ring hold (all the rest of the stream once it
@@ -205,10 +205,13 @@ where
             return Ok(ControlFlow::Break(()));
         };
         while ended || !self.r.buffer().is_empty() || end.readable() > 0 {
+            // The writer's buffer goes first: bytes written in place follow it.
+            let mut fill = end;
             let flow = step(
                 session,
                 &mut self.r,
                 Some(lend),
+                Some(&mut fill),
                 w,
                 &mut self.payload,
                 &mut self.summary,
@@ -305,7 +308,7 @@ where
 impl<R> AnswerHere for RingSession<R>
 where
     R: FrameRing + Send + Sync + 'static,
-    for<'a> &'a R: Read + ReadInPlace,
+    for<'a> &'a R: Read + ReadInPlace + WriteInPlace,
 {
     fn answer_here(&self) -> Answered {
         let mut core = match self.core.try_lock() {

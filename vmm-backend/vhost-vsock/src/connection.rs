@@ -741,6 +741,9 @@ impl Connection {
                 }
                 self.rx_cnt += Wrapping(io.bytes as u32);
                 stats.add_host_to_guest(io.bytes as u64);
+                if let Endpoint::InProcess(d) = &self.stream {
+                    stats.add_bytes_filled_in_place(d.take_filled_bytes());
+                }
                 let mut h = self.header(VSOCK_OP_RW);
                 h.len = io.bytes as u32;
                 Some(h)

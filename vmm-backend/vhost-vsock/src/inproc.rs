@@ -34,7 +34,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use vgpu_hugemem::HugeMapping;
-use vgpu_proto::frame::{AnswerHere, Answered, Borrower, FrameRing, ReadInPlace, RunFn};
+use vgpu_proto::frame::{
+    AnswerHere, Answered, Borrower, FillFn, FrameRing, ReadInPlace, RunFn, WriteInPlace,
+};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -227,6 +229,39 @@ impl std::fmt::Debug for LentFn {
     }
 }
 
+/// The function of a session writer waiting in `write_in_place` (`SessionEnd`), lent to the device
+/// thread, which calls it with rx descriptor memory once the ring towards the device is drained
+/// ([`DeviceEnd::fill_here`]).
+struct LentFill {
+    /// The writer's function, its lifetime erased: the writer does not return from
+    /// `write_in_place` before it took this back, and never while the device thread calls it.
+    to: NonNull<Filler<'static>>,
+    /// Bytes the writer still has to produce.
+    left: usize,
+    /// The function broke: the bytes left are never produced.
+    broke: bool,
+    /// The function panicked on the device thread: the writer resumes the panic.
+    panic: Option<Box<dyn std::any::Any + Send>>,
+}
+
+/// A writer's [`FillFn`], sized so that a pointer to it can be kept.
+struct Filler<'f>(&'f mut FillFn<'f>);
+
+// SAFETY: a `FillFn` is `Send`; the pointer is dereferenced by one thread at a time: the device
+// thread between taking the `LentFill` out of the state and putting it back, and the writer never
+// while it waits for it.
+unsafe impl Send for LentFill {}
+
+impl std::fmt::Debug for LentFill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentFill")
+            .field("left", &self.left)
+            .field("broke", &self.broke)
+            .field("panicked", &self.panic.is_some())
+            .finish()
+    }
+}
+
 /// A bounded byte ring; its memory is allocated on the first write.
 #[derive(Debug)]
 struct Ring {
@@ -353,6 +388,17 @@ struct State {
     /// The reader wants its function back (it timed out, or the stream ended) and waits for the
     /// device thread to return it.
     lent_wanted: bool,
+    /// The function of a session writer waiting in `write_in_place`, lent to the device thread,
+    /// which calls it with rx descriptor memory once the ring towards the device is drained
+    /// ([`DeviceEnd::fill_here`]); `None` while the device thread calls it (and when no writer
+    /// lends).
+    filler: Option<LentFill>,
+    /// Bytes a lent writer's function produced straight in rx descriptor memory since the device
+    /// last asked ([`DeviceEnd::take_filled_bytes`]).
+    filled_bytes: u64,
+    /// The writer wants its function back (the stream ended) and waits for the device thread to
+    /// return it.
+    filler_wanted: bool,
 }
 
 impl State {
@@ -431,6 +477,9 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             lent: None,
             lent_bytes: 0,
             lent_wanted: false,
+            filler: None,
+            filled_bytes: 0,
+            filler_wanted: false,
         }),
         device_copy: Mutex::new(()),
         session_read: Mutex::new(()),
@@ -720,8 +769,15 @@ impl DeviceEnd {
         dst: &mut VolatileSlice<'_, B>,
     ) -> Result<usize, VolatileMemoryError> {
         let _copy = Shared::copying(&self.shared.device_copy);
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
         let Some(span) = st.to_device.readable() else {
+            if let Some(fill) = st
+                .filler
+                .take_if(|f| f.left > 0 && !f.broke && f.panic.is_none())
+            {
+                drop(st);
+                return self.fill_here(fill, dst);
+            }
             return if st.session_write_closed || st.session_closed {
                 Ok(0)
             } else {
@@ -749,6 +805,62 @@ impl DeviceEnd {
             self.shared.cond.notify_all();
         }
         Ok(n1 + n2)
+    }
+}
+
+impl DeviceEnd {
+    /// Lets a session writer waiting in `write_in_place` produce the next bytes of its stream
+    /// straight in `dst` (rx descriptor memory; the ring towards the device is empty, so these
+    /// bytes come next): no ring in between, no copy on the session thread. The writer is woken
+    /// once it has produced all it wanted, its function broke or panicked, or it wants the
+    /// function back. The caller holds the device's copy lock.
+    fn fill_here<B: BitmapSlice>(
+        &self,
+        mut fill: LentFill,
+        dst: &mut VolatileSlice<'_, B>,
+    ) -> Result<usize, VolatileMemoryError> {
+        let n = dst.len().min(fill.left);
+        let guard = dst.ptr_guard_mut();
+        // SAFETY: vm-memory checked that `dst` lies in the guest's mapped memory, which the
+        // caller's memory guard keeps mapped for this call, and `n <= dst.len()`. The guest may
+        // touch the bytes meanwhile, as during any copy into its memory: the writer's function
+        // only writes them (from device memory), and the guest reads them once the buffer is
+        // returned.
+        let room = unsafe { std::slice::from_raw_parts_mut(guard.as_ptr(), n) };
+        // SAFETY: the writer's function is alive and used by no one else: the writer waits in
+        // `write_in_place` until it took the `LentFill` back, which it cannot while this thread
+        // holds it.
+        let to = unsafe { fill.to.as_mut() };
+        match catch_unwind(AssertUnwindSafe(|| (to.0)(room))) {
+            Ok(ControlFlow::Continue(())) => fill.left -= n,
+            Ok(ControlFlow::Break(())) => fill.broke = true,
+            Err(panic) => fill.panic = Some(panic),
+        }
+        let produced = if fill.broke || fill.panic.is_some() {
+            0
+        } else {
+            n
+        };
+        dst.bitmap().mark_dirty(0, produced);
+        let mut st = self.shared.lock();
+        st.filled_bytes += produced as u64;
+        let wake = fill.left == 0 || fill.broke || fill.panic.is_some() || st.filler_wanted;
+        st.filler = Some(fill);
+        drop(st);
+        if wake {
+            self.shared.cond.notify_all();
+        }
+        if produced == 0 {
+            // The writer shuts the stream for writing once it has its function back.
+            return Err(would_block());
+        }
+        Ok(produced)
+    }
+
+    /// How many bytes lent writers produced straight in rx descriptor memory since the last
+    /// call ([`DeviceEnd::fill_here`]).
+    pub fn take_filled_bytes(&self) -> u64 {
+        std::mem::take(&mut self.shared.lock().filled_bytes)
     }
 }
 
@@ -989,6 +1101,142 @@ impl SessionEnd {
         st.session_wants_room = false;
         st
     }
+
+    /// Whether this end may no longer write.
+    fn write_closed(st: &State) -> bool {
+        st.session_closed || st.session_write_closed || st.device_closed
+    }
+
+    /// Lends `f`, which has `left` bytes to produce, to the device thread, which calls it with rx
+    /// descriptor memory once the ring towards the device is drained ([`DeviceEnd::fill_here`]),
+    /// and waits until it has produced them all, broke or panicked, or the stream ended. Returns
+    /// the function taken back.
+    fn lend_fill<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        f: &mut Filler<'_>,
+        left: usize,
+    ) -> (MutexGuard<'a, State>, LentFill) {
+        st.filler = Some(LentFill {
+            to: NonNull::from(&mut *f).cast::<Filler<'static>>(),
+            left,
+            broke: false,
+            panic: None,
+        });
+        drop(st);
+        // The device may have found the ring empty and nothing lent: the bytes may go now.
+        self.shared.wake_device();
+        let mut st = self.shared.lock();
+        let lent = loop {
+            let want_back = Self::write_closed(&st);
+            // `None`: the device thread is calling the function; it puts it back before long.
+            if let Some(l) = st
+                .filler
+                .take_if(|l| want_back || l.left == 0 || l.broke || l.panic.is_some())
+            {
+                break l;
+            }
+            st.filler_wanted = want_back;
+            st = self.wait_room(st);
+        };
+        st.filler_wanted = false;
+        (st, lent)
+    }
+
+    /// Produces `left` bytes with `f` in the ring's free room, where no device thread may run
+    /// it (no answerer: see [`DeviceEnd::lends`]); returns the bytes it did not produce (more than
+    /// none: `f` broke).
+    fn fill_ring(&self, f: &mut FillFn<'_>, mut left: usize) -> io::Result<usize> {
+        let mut st = self.shared.lock();
+        while left > 0 {
+            if Self::write_closed(&st) {
+                return Err(broken_pipe());
+            }
+            let Some(span) = st.to_device.writable() else {
+                st = self.wait_room(st);
+                continue;
+            };
+            drop(st);
+            let mut n = 0;
+            let mut broke = false;
+            for part in span.slices_mut() {
+                let k = part.len().min(left - n);
+                if k == 0 || broke {
+                    break;
+                }
+                broke = f(&mut part[..k]).is_break();
+                if !broke {
+                    n += k;
+                }
+            }
+            st = self.shared.lock();
+            let was_empty = st.to_device.len == 0;
+            st.to_device.commit(&span, n);
+            left -= n;
+            if was_empty && n > 0 {
+                drop(st);
+                self.shared.wake_device();
+                st = self.shared.lock();
+            }
+            if broke {
+                break;
+            }
+        }
+        Ok(left)
+    }
+
+    /// Shuts this end for writing: the device sends what the ring holds, then end of file.
+    fn shutdown_write(&self) {
+        let mut st = self.shared.lock();
+        st.session_write_closed = true;
+        let lease = st.release_large_ring();
+        drop(st);
+        drop(lease);
+        self.shared.wake_device();
+    }
+}
+
+impl WriteInPlace for &SessionEnd {
+    fn write_in_place(&mut self, len: usize, f: &mut FillFn<'_>) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let _copy = Shared::copying(&self.shared.session_write);
+        let st = self.shared.lock();
+        if SessionEnd::write_closed(&st) {
+            return Err(broken_pipe());
+        }
+        let left = if self.shared.answerer.get().is_some() {
+            // The device thread may run the session's device calls: it runs `f` itself, with the
+            // guest's rx buffers.
+            let mut filler = Filler(f);
+            let (st, lent) = self.lend_fill(st, &mut filler, len);
+            drop(st);
+            if let Some(panic) = lent.panic {
+                resume_unwind(panic);
+            }
+            if !lent.broke && lent.left > 0 {
+                return Err(broken_pipe());
+            }
+            lent.left
+        } else {
+            drop(st);
+            self.fill_ring(f, len)?
+        };
+        if left > 0 {
+            self.shutdown_write();
+            return Err(io::Error::other(
+                "the writer could not produce the bytes of its frame; the stream is shut",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl WriteInPlace for SessionEnd {
+    fn write_in_place(&mut self, len: usize, f: &mut FillFn<'_>) -> io::Result<()> {
+        (&*self).write_in_place(len, f)
+    }
 }
 
 impl Read for &SessionEnd {
@@ -1094,7 +1342,7 @@ impl Write for &SessionEnd {
         let _copy = Shared::copying(&self.shared.session_write);
         let mut st = self.shared.lock();
         loop {
-            if st.session_closed || st.session_write_closed || st.device_closed {
+            if SessionEnd::write_closed(&st) {
                 return Err(broken_pipe());
             }
             if let Some(span) = st.to_device.writable() {
@@ -1171,7 +1419,7 @@ impl FrameRing for SessionEnd {
     fn write_here(&self, buf: &[u8]) -> io::Result<usize> {
         let _copy = Shared::copying(&self.shared.session_write);
         let mut st = self.shared.lock();
-        if st.session_closed || st.session_write_closed || st.device_closed {
+        if SessionEnd::write_closed(&st) {
             return Err(broken_pipe());
         }
         let Some(span) = st.to_device.writable() else {
@@ -1918,5 +2166,208 @@ mod tests {
         r.unwrap();
         assert_eq!(got, [2u8; 100]);
         assert!(!threads.contains(&std::thread::current().id()));
+    }
+
+    /// Byte `i` of the test pattern the writers below produce.
+    fn pattern_byte(i: usize) -> u8 {
+        (i % 253) as u8
+    }
+
+    /// Produces `len` bytes of the pattern in place on another thread, breaking (once) after
+    /// `break_at` bytes if given; gives back the result and the threads the function ran on.
+    fn write_filled(
+        s: &Arc<SessionEnd>,
+        len: usize,
+        break_at: Option<usize>,
+    ) -> std::thread::JoinHandle<(io::Result<()>, Vec<std::thread::ThreadId>)> {
+        let s = Arc::clone(s);
+        std::thread::spawn(move || {
+            let (mut at, mut threads) = (0, Vec::new());
+            let r = (&*s).write_in_place(len, &mut |room| {
+                threads.push(std::thread::current().id());
+                if break_at.is_some_and(|b| at + room.len() > b) {
+                    return ControlFlow::Break(());
+                }
+                for b in room.iter_mut() {
+                    *b = pattern_byte(at);
+                    at += 1;
+                }
+                ControlFlow::Continue(())
+            });
+            (r, threads)
+        })
+    }
+
+    /// Waits until the session lends its writing function.
+    fn until_filler(d: &DeviceEnd) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while d.shared.lock().filler.is_none() {
+            assert!(Instant::now() < deadline, "the writer never lent");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Reads from the device end in rx-buffer-sized pieces until `want` bytes came or it
+    /// would block for long; returns what came and how the last read ended.
+    fn device_read_all(d: &DeviceEnd, want: usize) -> (Vec<u8>, io::Result<usize>) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut got = Vec::new();
+        loop {
+            match device_read(d, RX_PIECE.min(want.saturating_sub(got.len()).max(1))) {
+                Ok(piece) if piece.is_empty() => return (got, Ok(0)),
+                Ok(piece) if got.len() + piece.len() >= want => {
+                    let n = piece.len();
+                    got.extend(piece);
+                    return (got, Ok(n));
+                }
+                Ok(piece) => got.extend(piece),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return (got, Err(e)),
+            }
+        }
+    }
+
+    /// A Linux guest's rx buffer payload.
+    const RX_PIECE: usize = 4096;
+
+    #[test]
+    fn a_writer_fills_rx_memory_on_the_device_thread_after_what_the_ring_holds() {
+        const TOTAL: usize = 1 << 20;
+        // A 4 KiB ring: the bytes cannot have gone through it.
+        let (d, s, _a) = lending_pair(4096);
+        (&*s).write_all(b"header").unwrap();
+        let writer = write_filled(&s, TOTAL, None);
+        until_filler(&d);
+        let (got, last) = device_read_all(&d, 6 + TOTAL);
+        last.unwrap();
+        let (r, threads) = writer.join().unwrap();
+        r.unwrap();
+        assert_eq!(&got[..6], b"header", "the ring's bytes go first");
+        assert!(
+            got[6..]
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == pattern_byte(i)),
+            "the bytes arrive whole and in order"
+        );
+        assert_eq!(got.len(), 6 + TOTAL);
+        let here = std::thread::current().id();
+        assert!(
+            threads.iter().all(|t| *t == here),
+            "the writer produced nothing on its own thread"
+        );
+        assert_eq!(d.take_filled_bytes(), TOTAL as u64);
+        assert!(d.shared.lock().filler.is_none(), "taken back");
+        // The stream goes on: the next bytes go through the ring.
+        (&*s).write_all(b"next").unwrap();
+        assert_eq!(device_read(&d, 16).unwrap(), b"next");
+    }
+
+    #[test]
+    fn a_writer_whose_function_breaks_cuts_the_stream() {
+        for lending in [true, false] {
+            let (d, s, _a) = if lending {
+                lending_pair(4096)
+            } else {
+                let (d, s) = pair(4096).unwrap();
+                let keep: Arc<dyn AnswerHere> = Arc::new(Declines);
+                (d, Arc::new(s), keep)
+            };
+            (&*s).write_all(b"header").unwrap();
+            let writer = write_filled(&s, 1 << 20, Some(3 * RX_PIECE));
+            let (got, last) = device_read_all(&d, 1 << 20);
+            let (r, _) = writer.join().unwrap();
+            assert_eq!(
+                r.unwrap_err().kind(),
+                io::ErrorKind::Other,
+                "lending: {lending}"
+            );
+            assert_eq!(
+                last.unwrap(),
+                0,
+                "the device reads end of file (lending: {lending})"
+            );
+            assert_eq!(&got[..6], b"header");
+            assert!(
+                got.len() - 6 <= 3 * RX_PIECE,
+                "none of the bytes the function did not produce are sent (lending: {lending})"
+            );
+            assert!(
+                got[6..]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, b)| *b == pattern_byte(i))
+            );
+            assert_eq!(
+                (&*s).write(b"x").unwrap_err().kind(),
+                io::ErrorKind::BrokenPipe,
+                "the stream is shut for writing"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lending_writer_takes_its_function_back_when_the_stream_ends() {
+        // The device end goes away after part of the bytes.
+        let (d, s, _a) = lending_pair(4096);
+        let writer = write_filled(&s, 1 << 20, None);
+        until_filler(&d);
+        assert_eq!(device_read(&d, RX_PIECE).unwrap().len(), RX_PIECE);
+        drop(d);
+        assert_eq!(
+            writer.join().unwrap().0.unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
+
+        // The session is shut down by another thread while it lends.
+        let (d, s, _a) = lending_pair(4096);
+        let writer = write_filled(&s, 1 << 20, None);
+        until_filler(&d);
+        s.shutdown_handle().shutdown();
+        assert_eq!(
+            writer.join().unwrap().0.unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
+        assert!(d.shared.lock().filler.is_none(), "taken back");
+        assert_eq!(device_read(&d, 16).unwrap(), b"", "end of file");
+    }
+
+    #[test]
+    fn a_panic_of_the_lent_writer_on_the_device_thread_reaches_the_writer() {
+        let (d, s, _a) = lending_pair(4096);
+        let s2 = Arc::clone(&s);
+        let writer = std::thread::spawn(move || {
+            (&*s2).write_in_place(100, &mut |_| panic!("the writer's function failed"))
+        });
+        until_filler(&d);
+        assert_eq!(
+            device_read(&d, 100).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "the device thread goes on"
+        );
+        let e = writer.join().unwrap_err();
+        assert_eq!(
+            e.downcast_ref::<&str>(),
+            Some(&"the writer's function failed")
+        );
+        assert!(d.shared.lock().filler.is_none());
+    }
+
+    #[test]
+    fn without_an_answerer_a_writer_fills_the_ring_itself() {
+        const TOTAL: usize = 64 << 10;
+        let (d, s) = pair(4096).unwrap();
+        let s = Arc::new(s);
+        let writer = write_filled(&s, TOTAL, None);
+        let (got, last) = device_read_all(&d, TOTAL);
+        last.unwrap();
+        let (r, threads) = writer.join().unwrap();
+        r.unwrap();
+        assert!(got.len() == TOTAL && got.iter().enumerate().all(|(i, b)| *b == pattern_byte(i)));
+        assert!(d.shared.lock().filler.is_none(), "nothing was lent");
+        assert!(!threads.contains(&std::thread::current().id()));
+        assert_eq!(d.take_filled_bytes(), 0);
     }
 }

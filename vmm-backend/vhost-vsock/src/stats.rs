@@ -20,6 +20,7 @@ pub struct VsockStats {
     large_ring_bytes: AtomicU64,
     calls_on_device_thread: AtomicU64,
     bytes_lent_in_place: AtomicU64,
+    bytes_filled_in_place: AtomicU64,
 }
 
 /// A point-in-time copy of [`VsockStats`].
@@ -53,6 +54,10 @@ pub struct VsockStatsSnapshot {
     /// session reading them in place (a large host-to-device copy: no ring in between, see
     /// [`vgpu_proto::frame::ReadInPlace`]); also counted in `bytes_guest_to_host`.
     pub bytes_lent_in_place: u64,
+    /// Session bytes produced straight in rx descriptor memory by the device thread (a large
+    /// device-to-host copy's data, read from device memory with no ring in between, see
+    /// [`vgpu_proto::frame::WriteInPlace`]); also counted in `bytes_host_to_guest`.
+    pub bytes_filled_in_place: u64,
 }
 
 impl VsockStats {
@@ -72,6 +77,7 @@ impl VsockStats {
             large_ring_bytes: get(&self.large_ring_bytes),
             calls_on_device_thread: get(&self.calls_on_device_thread),
             bytes_lent_in_place: get(&self.bytes_lent_in_place),
+            bytes_filled_in_place: get(&self.bytes_filled_in_place),
         }
     }
 
@@ -124,6 +130,10 @@ impl VsockStats {
 
     pub(crate) fn add_bytes_lent_in_place(&self, n: u64) {
         self.bytes_lent_in_place.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_bytes_filled_in_place(&self, n: u64) {
+        self.bytes_filled_in_place.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn add_dropped_chain(&self) {

@@ -365,6 +365,74 @@ fn copy_bytes_go_from_descriptors_to_device_memory() {
     d.shutdown();
 }
 
+/// The bytes of a device-to-host copy of 64 KiB or more that the session thread serves go from
+/// device memory straight into the guest's rx buffers on the device thread (no reply buffer, no
+/// ring, `bytes_filled_in_place`), whole and in order; smaller ones, and those the device thread
+/// answers itself (an idle session, a reply that fits the ring), go through the ring. A copy that
+/// fails its checks gets its error, and the session goes on.
+#[test]
+fn copy_bytes_go_from_device_memory_to_rx_buffers() {
+    const LEN: usize = 4 << 20;
+    const IN_PLACE: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(dir.path());
+    let g = TestGuest::start(&dir.path().join("vm1.vhost"), GuestOptions::default()).unwrap();
+    let (mut c, ctx, p) = with_memory(&g, LEN as u64);
+    let body: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    c.call(
+        &msg::MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst: p,
+        },
+        &body,
+    )
+    .unwrap();
+    let filled = || d.runtime().vsock_of("vm1").unwrap().1.bytes_filled_in_place;
+    let before = filled();
+    // Replies larger than the ring towards the device (1 MiB) are always the session thread's.
+    let (mut larger_than_ring, mut in_place) = (0, 0);
+    for (at, len) in [
+        (0, LEN),
+        (7, (1 << 20) + 13),
+        (4096, IN_PLACE),
+        (100, IN_PLACE - 1),
+        (LEN - 3, 3),
+    ] {
+        let back = read_back(&mut c, ctx, p + at as u64, len);
+        assert!(back == body[at..at + len], "{len} bytes from {at}");
+        if len >= IN_PLACE {
+            in_place += len as u64;
+        }
+        if len > 1 << 20 {
+            larger_than_ring += len as u64;
+        }
+    }
+    let filled = filled() - before;
+    assert!(
+        (larger_than_ring..=in_place).contains(&filled),
+        "{filled} bytes went in place: the large copies', not the small ones'"
+    );
+    let (code, message) = c
+        .call(
+            &msg::MemcpyDtoH {
+                ctx,
+                stream: 0,
+                src: p + LEN as u64 - 4096,
+                len: 1 << 20,
+            },
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(
+        code,
+        vgpu_proto::cuda::CUDA_ERROR_INVALID_VALUE,
+        "{message}"
+    );
+    assert!(read_back(&mut c, ctx, p, IN_PLACE) == body[..IN_PLACE]);
+    d.shutdown();
+}
+
 /// Quick calls of an idle session are answered by the device thread itself, not handed to the
 /// session's thread; the replies are the same and come in order, behind posted work too.
 #[test]

@@ -9,6 +9,7 @@
 //!   events, a log limiter for guest-triggered messages;
 //! - [`GuestMem`]: the guest memory map every scatter-gather chain is resolved against.
 
+pub mod memory;
 pub mod serve;
 pub mod socket;
 pub mod vring;
@@ -17,6 +18,7 @@ use std::io;
 
 use thiserror::Error;
 
+pub use memory::{GuestRegion, region_holding};
 pub use serve::{
     IdleWork, SESSION_RETRY_DELAY, StopHandle, run_until_disconnect, serve_vmm_connections,
     start_daemon, wait_either, wait_stop,

@@ -24,6 +24,7 @@ pub use vgpu_vhost_user::GuestMem;
 /// An available chain (its head and the descriptor table it indexes), and taking one from a
 /// queue.
 pub use vgpu_vhost_user::{ChainHead, take_head};
+use vgpu_vhost_user::{GuestRegion, region_holding};
 
 /// Most device-readable bytes a request can use.
 pub const MAX_READABLE: usize = REQ_HEADER_LEN + MAX_INLINE + MAX_DATA;
@@ -178,7 +179,7 @@ impl Segments {
     ) -> Result<(), ChainError> {
         let mut last: Option<&'m GuestRegion> = None;
         for s in &self.segs {
-            let Some(r) = region_holding(mem, &mut last, s) else {
+            let Some(r) = region_holding(mem, &mut last, s.addr, s.len) else {
                 // Across a region boundary, or unmapped.
                 for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(s.addr), s.len) {
                     f(slice.map_err(|_| ChainError::Unmapped(s.addr))?);
@@ -253,33 +254,6 @@ impl Segments {
         })?;
         Ok(f(&mut out))
     }
-}
-
-/// One region of [`GuestMem`].
-type GuestRegion = <GuestMem as GuestMemoryBackend>::R;
-
-/// The region holding all of `s`: `last` when it does (a bounds check), else a lookup, which
-/// `last` then remembers. `None` when no one region holds it (across regions, or unmapped).
-fn region_holding<'m>(
-    mem: &'m GuestMem,
-    last: &mut Option<&'m GuestRegion>,
-    s: &Segment,
-) -> Option<&'m GuestRegion> {
-    if let Some(r) = last.filter(|r| holds(r, s)) {
-        return Some(r);
-    }
-    let r = mem
-        .find_region(GuestAddress(s.addr))
-        .filter(|r| holds(r, s))?;
-    *last = Some(r);
-    Some(r)
-}
-
-/// Whether `s` lies wholly inside region `r`.
-fn holds(r: &GuestRegion, s: &Segment) -> bool {
-    s.addr
-        .checked_sub(r.start_addr().0)
-        .is_some_and(|offset| offset <= r.len() && s.len as u64 <= r.len() - offset)
 }
 
 /// The first guest address where a device-writable range overlaps another range of the chain.
@@ -427,7 +401,7 @@ impl Iterator for Descriptors<'_> {
 /// Whether `seg` is guest RAM; `last` is the region of the range checked before, which a
 /// chain's next range is usually in too (then this costs a bounds check, no lookup).
 fn in_memory<'m>(mem: &'m GuestMem, last: &mut Option<&'m GuestRegion>, seg: &Segment) -> bool {
-    region_holding(mem, last, seg).is_some()
+    region_holding(mem, last, seg.addr, seg.len).is_some()
         || GuestMemoryBackend::check_range(mem, GuestAddress(seg.addr), seg.len)
 }
 

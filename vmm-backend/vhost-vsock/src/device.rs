@@ -166,7 +166,9 @@ pub struct VsockDevice {
     event_idx: bool,
     epoll: Epoll,
     listener: Option<UnixListener>,
-    conns: HashMap<ConnKey, Connection>,
+    /// Looked up for every packet: a fast hasher, seeded per process (the keys are the guest's
+    /// ports, and a guest that made them collide would slow only its own device).
+    conns: HashMap<ConnKey, Connection, foldhash::fast::RandomState>,
     tokens: HashMap<u64, TokenOwner>,
     clients: HashMap<u64, HostClient>,
     pending: VecDeque<ConnKey>,
@@ -215,7 +217,7 @@ impl VsockDevice {
             event_idx: false,
             epoll,
             listener,
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             tokens: HashMap::new(),
             clients: HashMap::new(),
             pending: VecDeque::new(),
@@ -682,7 +684,13 @@ impl VsockDevice {
             };
             conn.in_pending = false;
             let produced = conn.produce(mem, buf, &self.stats);
-            self.schedule(key);
+            // As `schedule`, with the connection at hand: one lookup per packet.
+            if conn.is_closed() {
+                self.remove_conn(key);
+            } else if conn.has_rx_work() {
+                conn.in_pending = true;
+                self.pending.push_back(key);
+            }
             if let Some(h) = produced {
                 return self.write_header(mem, buf, &h);
             }

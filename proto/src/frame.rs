@@ -247,6 +247,10 @@ pub trait FrameRing {
     /// Writes as much of `buf` as fits, without waiting, for the thread that called
     /// [`AnswerHere::answer_here`] to deliver; returns how many bytes it took.
     fn write_here(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Produces up to `len` bytes with `f` straight in the room [`FrameRing::write_here`]
+    /// writes to, without waiting (at most [`FrameRing::writable`] bytes); returns how many it
+    /// produced, fewer than it could only where `f` broke.
+    fn fill_here(&self, len: usize, f: &mut FillFn<'_>) -> io::Result<usize>;
     /// Waits until bytes are readable (`true`), the reader is kicked ([`FrameRing::kick`],
     /// `true`) or the stream ended with nothing left to read (`false`).
     fn wait_readable(&self) -> io::Result<bool>;

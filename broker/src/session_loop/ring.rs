@@ -12,15 +12,16 @@ use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
+use vgpu_proto::frame;
 use vgpu_proto::frame::{
     AnswerHere, Answered, FLAG_OUTPUT, FLAG_REPLY, FrameError, FrameRing, HEADER_LEN, Header,
     ReadInPlace, WriteInPlace,
 };
-use vgpu_proto::msg::Request;
+use vgpu_proto::msg::{self, Message, Request};
 
 use super::{
-    IN_PLACE_IO_BUFFER, Lend, Replier, ServeError, SessionSummary, serve_inner, step, write_err,
-    write_ok,
+    IN_PLACE_IO_BUFFER, IN_PLACE_MIN_BYTES, Lend, Replier, ServeError, SessionSummary, serve_inner,
+    step, write_err, write_ok,
 };
 use crate::Broker;
 use crate::session::Session;
@@ -276,6 +277,12 @@ where
         }
         end.consume(len);
         summary.requests += 1;
+        if let Request::MemcpyDtoH(m) = &req
+            && m.len as usize >= IN_PLACE_MIN_BYTES
+        {
+            *failed = answer_dtoh_here(session, &h, &req, end, reply).err();
+            return Front::Answered;
+        }
         out.clear();
         let tail = &frame[HEADER_LEN + tail_at..];
         let Ok(result) = catch_unwind(AssertUnwindSafe(|| session.handle(&req, tail, out, true)))
@@ -302,6 +309,71 @@ where
             Err(e) => *failed = Some(ServeError::Io(e)),
         }
         Front::Answered
+    }
+}
+
+/// A large `MemcpyDtoH` answered on the delivering thread, whose reply fits the room towards
+/// the client: its bytes go from device memory straight into that room, with no reply buffer (as
+/// the session thread's [`super::dtoh_in_place`] does with the guest's rx buffers). A failure
+/// after the header cuts the stream there; the session thread ends the session.
+fn answer_dtoh_here<R: FrameRing>(
+    session: &mut Session,
+    h: &Header,
+    req: &Request,
+    end: &R,
+    reply: &mut Vec<u8>,
+) -> Result<(), ServeError> {
+    let checked = catch_unwind(AssertUnwindSafe(|| session.dtoh_lent(req)))
+        .map_err(|_| ServeError::Panic(req.name()))?;
+    let flags = if session.output_ready() {
+        FLAG_REPLY | FLAG_OUTPUT
+    } else {
+        FLAG_REPLY
+    };
+    reply.clear();
+    let mut source = match checked {
+        Ok(source) => source,
+        Err(e) => {
+            write_err(reply, h.opcode, flags, h.call_id, &e)?;
+            return write_all_here(end, reply);
+        }
+    };
+    let mut fields = Vec::new();
+    msg::Empty {}.encode(&mut fields);
+    let len = source.left() as usize;
+    frame::write_header(reply, h.opcode, flags, h.call_id, 0, fields.len() + len)
+        .map_err(ServeError::Io)?;
+    reply.extend_from_slice(&fields);
+    write_all_here(end, reply)?;
+    let mut cut = None;
+    let produced = catch_unwind(AssertUnwindSafe(|| {
+        end.fill_here(len, &mut |room| match source.read(&mut [room]) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                cut = Some(e);
+                ControlFlow::Break(())
+            }
+        })
+    }))
+    .map_err(|_| ServeError::Panic(req.name()))?
+    .map_err(ServeError::Io)?;
+    match cut {
+        Some(e) => Err(ServeError::ReplyCut(e)),
+        None if produced < len => Err(ServeError::Io(std::io::Error::other(
+            "the reply's bytes did not fit the room checked for them",
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Writes all of `bytes` towards the client without waiting: the room was checked for them.
+fn write_all_here<R: FrameRing>(end: &R, bytes: &[u8]) -> Result<(), ServeError> {
+    match end.write_here(bytes) {
+        Ok(n) if n == bytes.len() => Ok(()),
+        Ok(_) => Err(ServeError::Io(std::io::Error::other(
+            "a reply did not fit the room checked for it",
+        ))),
+        Err(e) => Err(ServeError::Io(e)),
     }
 }
 

@@ -1433,6 +1433,29 @@ impl FrameRing for SessionEnd {
         Ok(n)
     }
 
+    fn fill_here(&self, len: usize, f: &mut FillFn<'_>) -> io::Result<usize> {
+        let _copy = Shared::copying(&self.shared.session_write);
+        let mut st = self.shared.lock();
+        if SessionEnd::write_closed(&st) {
+            return Err(broken_pipe());
+        }
+        let Some(span) = st.to_device.writable() else {
+            return Ok(0);
+        };
+        drop(st);
+        let mut n = 0;
+        for part in span.slices_mut() {
+            let k = part.len().min(len - n);
+            if k == 0 || f(&mut part[..k]).is_break() {
+                break;
+            }
+            n += k;
+        }
+        // No eventfd write, as for `write_here`.
+        self.shared.lock().to_device.commit(&span, n);
+        Ok(n)
+    }
+
     fn wait_readable(&self) -> io::Result<bool> {
         let mut st = self.shared.lock();
         loop {
@@ -2369,5 +2392,62 @@ mod tests {
         assert!(d.shared.lock().filler.is_none(), "nothing was lent");
         assert!(!threads.contains(&std::thread::current().id()));
         assert_eq!(d.take_filled_bytes(), 0);
+    }
+
+    #[test]
+    fn an_answerer_fills_the_ring_room_without_waiting() {
+        let (d, s) = pair(64).unwrap();
+        (&s).write_all(b"0123456789").unwrap();
+        let mut at = 0;
+        let mut pattern = |room: &mut [u8]| {
+            for b in room.iter_mut() {
+                *b = pattern_byte(at);
+                at += 1;
+            }
+            ControlFlow::Continue(())
+        };
+        assert_eq!(
+            s.fill_here(100, &mut pattern).unwrap(),
+            54,
+            "no more than the room"
+        );
+        assert_eq!(
+            s.fill_here(100, &mut pattern).unwrap(),
+            0,
+            "the ring is full"
+        );
+        let got = device_read(&d, 64).unwrap();
+        assert_eq!(&got[..10], b"0123456789");
+        assert!(
+            got[10..]
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == pattern_byte(i))
+        );
+        // Across the ring's end, up to `len`, and not past a break.
+        assert_eq!(s.fill_here(40, &mut pattern).unwrap(), 40);
+        let mut calls = 0;
+        assert_eq!(
+            s.fill_here(20, &mut |_| {
+                calls += 1;
+                ControlFlow::Break(())
+            })
+            .unwrap(),
+            0
+        );
+        assert_eq!(calls, 1);
+        let got = device_read(&d, 64).unwrap();
+        assert!(
+            got.len() == 40
+                && got
+                    .iter()
+                    .enumerate()
+                    .all(|(i, b)| *b == pattern_byte(54 + i))
+        );
+        drop(d);
+        assert_eq!(
+            s.fill_here(1, &mut pattern).unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
     }
 }

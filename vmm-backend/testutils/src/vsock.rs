@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -87,7 +87,8 @@ pub struct GuestOptions {
     /// Rx buffers to keep posted (0: as many as the queue holds).
     pub rx_buffers: u16,
     /// Blocking calls spin on the used rings instead of sleeping until the interrupt thread
-    /// wakes them (lowest latency, burns a core; for benchmarks).
+    /// wakes them (lowest latency, burns a core; for benchmarks). The guest then asks the device
+    /// for no interrupts, and its interrupt thread looks at the rings every `POLL_SLICE` only.
     pub busy_poll: bool,
 }
 
@@ -717,6 +718,12 @@ impl Inner {
                 self.rxq.publish(&self.mem);
             }
             self.flush_control();
+            if self.opts.busy_poll {
+                // A guest that polls asks for no interrupts (it leaves `used_event` behind), as a
+                // guest whose vCPUs poll its queues does: its callers look themselves, and the
+                // interrupt thread looks every `POLL_SLICE` for what nobody waited for.
+                break;
+            }
             let more_tx = self.txq.rearm(&self.mem);
             let more_rx = self.rxq.rearm(&self.mem);
             if !more_tx && !more_rx {
@@ -728,6 +735,10 @@ impl Inner {
 
 struct Shared {
     inner: Mutex<Inner>,
+    /// The guest polls (`GuestOptions::busy_poll`): the interrupt thread looks on every timeout.
+    polls: bool,
+    /// Interrupts (call eventfd events) the interrupt thread took.
+    interrupts: AtomicU64,
     /// Signalled by the interrupt thread after it processed device output.
     progress: Condvar,
     epoll: Epoll,
@@ -826,6 +837,8 @@ impl TestGuest {
         let frontend = Frontend::connect(socket, NUM_QUEUES as u64).map_err(vhost_err)?;
         let guest = TestGuest {
             shared: Arc::new(Shared {
+                polls: inner.opts.busy_poll,
+                interrupts: AtomicU64::new(0),
                 inner: Mutex::new(inner),
                 progress: Condvar::new(),
                 epoll,
@@ -851,9 +864,11 @@ impl TestGuest {
                     let Some(shared) = weak.upgrade() else {
                         return;
                     };
-                    if let Ok(n) = shared.epoll.wait(ms, &mut events)
-                        && n > 0
-                    {
+                    let n = shared.epoll.wait(ms, &mut events).unwrap_or(0);
+                    if n > 0 {
+                        shared.interrupts.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    if n > 0 || shared.polls {
                         let mut g = shared.inner.lock().unwrap_or_else(|p| p.into_inner());
                         g.pump();
                         drop(g);
@@ -974,6 +989,11 @@ impl TestGuest {
     /// Device misbehaviour seen so far (must stay empty in every test).
     pub fn violations(&self) -> Vec<String> {
         self.lock().violations.clone()
+    }
+
+    /// Interrupts the guest's interrupt thread took so far (a busy-polling guest asks for none).
+    pub fn interrupts(&self) -> u64 {
+        self.shared.interrupts.load(Ordering::Relaxed)
     }
 
     /// Packets received and sent by the guest so far.

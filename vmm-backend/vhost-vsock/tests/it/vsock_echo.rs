@@ -40,6 +40,47 @@ fn in_process_echo_round_trips_and_counts_bytes() {
     assert!(guest.violations().is_empty(), "{:?}", guest.violations());
 }
 
+/// A guest that polls its queues asks for no interrupts, and the device sends none (it honours
+/// `used_event`); the echo works all the same. A guest that sleeps takes them.
+#[test]
+fn a_polling_guest_takes_no_interrupts() {
+    const ROUND_TRIPS: usize = 300;
+    let server = TestServer::start(Arc::new(EchoConnector(GPU_PORT)), |_| {}).unwrap();
+    let mut taken = Vec::new();
+    for busy_poll in [true, false] {
+        let guest = server
+            .guest(GuestOptions {
+                busy_poll,
+                ..GuestOptions::default()
+            })
+            .unwrap();
+        let s = guest.connect(GPU_PORT).unwrap();
+        for i in 0..ROUND_TRIPS {
+            let data = pattern(i as u64, 100 + i);
+            s.write_all(&data).unwrap();
+            let mut back = vec![0u8; data.len()];
+            s.read_exact(&mut back).unwrap();
+            assert!(back == data, "round trip {i} (busy_poll: {busy_poll})");
+        }
+        assert!(guest.violations().is_empty(), "{:?}", guest.violations());
+        taken.push(guest.interrupts());
+        s.close(T).unwrap();
+        drop(guest);
+        server.wait_stats(T, |s| s.connections_open == 0).unwrap();
+    }
+    // The first used entries of each queue may signal once: the guest's `used_event` starts at 0.
+    assert!(
+        taken[0] <= 4,
+        "a polling guest took {} interrupts",
+        taken[0]
+    );
+    assert!(
+        taken[1] >= 10,
+        "a sleeping guest took {} interrupts in {ROUND_TRIPS} round trips",
+        taken[1]
+    );
+}
+
 #[test]
 fn in_process_stream_sees_guest_half_close_and_host_close_reaches_guest() {
     let (conn, rx) = ChannelConnector::new(&[GPU_PORT]);

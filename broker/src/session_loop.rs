@@ -21,7 +21,7 @@ use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
 
 use crate::Broker;
 use crate::error::CuError;
-use crate::session::{BulkSource, ReadSlices, Session};
+use crate::session::{BulkSource, DeviceSource, ReadSlices, Session};
 use crate::tenant::{SessionInfo, Tenant};
 
 /// Buffer size of the session's reader and writer.
@@ -649,10 +649,10 @@ fn step<R: Read, W: Write>(
     // Errors of asynchronous requests were kept by the session for the
     // next synchronizing call of their context.
     // Device output released by a synchronizing call: the client fetches it.
-    let flags = if !is_async && session.output_ready() {
-        FLAG_REPLY | FLAG_OUTPUT
-    } else {
+    let flags = if is_async {
         FLAG_REPLY
+    } else {
+        reply_flags(session)
     };
     match (result, is_async) {
         (Ok(()), false) => w.ok_with(h.opcode, flags, h.call_id, out)?,
@@ -677,37 +677,57 @@ fn dtoh_in_place<W: Write>(
     let name = req.name();
     let checked = catch_unwind(AssertUnwindSafe(|| session.dtoh_lent(req)))
         .map_err(|_| ServeError::Panic(name))?;
-    let flags = if session.output_ready() {
-        FLAG_REPLY | FLAG_OUTPUT
-    } else {
-        FLAG_REPLY
-    };
+    let flags = reply_flags(session);
     let mut source = match checked {
         Ok(source) => source,
         Err(e) => return w.err_with(h.opcode, flags, h.call_id, &e),
     };
-    let mut fields = Vec::new();
-    msg::Empty {}.encode(&mut fields);
     let len = source.left() as usize;
-    frame::write_header(&mut w.w, h.opcode, flags, h.call_id, 0, fields.len() + len)
-        .and_then(|()| w.w.write_all(&fields))
-        .map_err(ServeError::Io)?;
+    write_dtoh_header(&mut w.w, h, flags, len).map_err(ServeError::Io)?;
     w.flush()?;
-    let mut failed = None;
+    let mut cut = None;
     let written = catch_unwind(AssertUnwindSafe(|| {
-        fill.write_in_place(len, &mut |room| match source.read(&mut [room]) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                failed = Some(e);
-                ControlFlow::Break(())
-            }
-        })
+        fill.write_in_place(len, &mut |room| read_next(&mut source, &mut cut, room))
     }))
     .map_err(|_| ServeError::Panic(name))?;
-    if let Some(e) = failed {
+    if let Some(e) = cut {
         return Err(ServeError::ReplyCut(e));
     }
     written.map_err(ServeError::Io)
+}
+
+/// A reply's flags: `FLAG_OUTPUT` once a synchronizing call released device output (the client
+/// fetches it).
+fn reply_flags(session: &Session) -> u16 {
+    if session.output_ready() {
+        FLAG_REPLY | FLAG_OUTPUT
+    } else {
+        FLAG_REPLY
+    }
+}
+
+/// Writes the header and fields of a successful `MemcpyDtoH` reply whose `len` bytes of data
+/// follow separately.
+fn write_dtoh_header(w: &mut impl Write, h: &Header, flags: u16, len: usize) -> io::Result<()> {
+    let mut fields = Vec::new();
+    msg::Empty {}.encode(&mut fields);
+    frame::write_header(w, h.opcode, flags, h.call_id, 0, fields.len() + len)?;
+    w.write_all(&fields)
+}
+
+/// Reads a copy's next bytes into `room`; on a device failure keeps it in `cut` and breaks.
+fn read_next(
+    source: &mut DeviceSource,
+    cut: &mut Option<CuError>,
+    room: &mut [u8],
+) -> ControlFlow<()> {
+    match source.read(&mut [room]) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(e) => {
+            *cut = Some(e);
+            ControlFlow::Break(())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,16 +12,14 @@ use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
-use vgpu_proto::frame;
 use vgpu_proto::frame::{
-    AnswerHere, Answered, FLAG_OUTPUT, FLAG_REPLY, FrameError, FrameRing, HEADER_LEN, Header,
-    ReadInPlace, WriteInPlace,
+    AnswerHere, Answered, FrameError, FrameRing, HEADER_LEN, Header, ReadInPlace, WriteInPlace,
 };
-use vgpu_proto::msg::{self, Message, Request};
+use vgpu_proto::msg::Request;
 
 use super::{
-    IN_PLACE_IO_BUFFER, IN_PLACE_MIN_BYTES, Lend, Replier, ServeError, SessionSummary, serve_inner,
-    step, write_err, write_ok,
+    IN_PLACE_IO_BUFFER, IN_PLACE_MIN_BYTES, Lend, Replier, ServeError, SessionSummary, read_next,
+    reply_flags, serve_inner, step, write_dtoh_header, write_err, write_ok,
 };
 use crate::Broker;
 use crate::session::Session;
@@ -290,11 +288,7 @@ where
             *failed = Some(ServeError::Panic(req.name()));
             return Front::Answered;
         };
-        let flags = if session.output_ready() {
-            FLAG_REPLY | FLAG_OUTPUT
-        } else {
-            FLAG_REPLY
-        };
+        let flags = reply_flags(session);
         reply.clear();
         let written = match &result {
             Ok(()) => write_ok(reply, h.opcode, flags, h.call_id, out),
@@ -325,11 +319,7 @@ fn answer_dtoh_here<R: FrameRing>(
 ) -> Result<(), ServeError> {
     let checked = catch_unwind(AssertUnwindSafe(|| session.dtoh_lent(req)))
         .map_err(|_| ServeError::Panic(req.name()))?;
-    let flags = if session.output_ready() {
-        FLAG_REPLY | FLAG_OUTPUT
-    } else {
-        FLAG_REPLY
-    };
+    let flags = reply_flags(session);
     reply.clear();
     let mut source = match checked {
         Ok(source) => source,
@@ -338,22 +328,12 @@ fn answer_dtoh_here<R: FrameRing>(
             return write_all_here(end, reply);
         }
     };
-    let mut fields = Vec::new();
-    msg::Empty {}.encode(&mut fields);
     let len = source.left() as usize;
-    frame::write_header(reply, h.opcode, flags, h.call_id, 0, fields.len() + len)
-        .map_err(ServeError::Io)?;
-    reply.extend_from_slice(&fields);
+    write_dtoh_header(reply, h, flags, len).map_err(ServeError::Io)?;
     write_all_here(end, reply)?;
     let mut cut = None;
     let produced = catch_unwind(AssertUnwindSafe(|| {
-        end.fill_here(len, &mut |room| match source.read(&mut [room]) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                cut = Some(e);
-                ControlFlow::Break(())
-            }
-        })
+        end.fill_here(len, &mut |room| read_next(&mut source, &mut cut, room))
     }))
     .map_err(|_| ServeError::Panic(req.name()))?
     .map_err(ServeError::Io)?;

@@ -339,6 +339,23 @@ impl Ring {
     }
 }
 
+/// Has `f` fill the start of `span`'s room, up to `len` bytes, run by run until it breaks;
+/// returns the bytes it filled and whether it broke.
+fn produce(span: &Span, len: usize, f: &mut FillFn<'_>) -> (usize, bool) {
+    let mut n = 0;
+    for part in span.slices_mut() {
+        let k = part.len().min(len - n);
+        if k == 0 {
+            break;
+        }
+        if f(&mut part[..k]).is_break() {
+            return (n, true);
+        }
+        n += k;
+    }
+    (n, false)
+}
+
 /// Copies `src` into the start of `span`'s room; returns the bytes copied.
 fn fill(span: &Span, src: &[u8]) -> usize {
     let mut done = 0;
@@ -1157,18 +1174,7 @@ impl SessionEnd {
                 continue;
             };
             drop(st);
-            let mut n = 0;
-            let mut broke = false;
-            for part in span.slices_mut() {
-                let k = part.len().min(left - n);
-                if k == 0 || broke {
-                    break;
-                }
-                broke = f(&mut part[..k]).is_break();
-                if !broke {
-                    n += k;
-                }
-            }
+            let (n, broke) = produce(&span, left, f);
             st = self.shared.lock();
             let was_empty = st.to_device.len == 0;
             st.to_device.commit(&span, n);
@@ -1443,14 +1449,7 @@ impl FrameRing for SessionEnd {
             return Ok(0);
         };
         drop(st);
-        let mut n = 0;
-        for part in span.slices_mut() {
-            let k = part.len().min(len - n);
-            if k == 0 || f(&mut part[..k]).is_break() {
-                break;
-            }
-            n += k;
-        }
+        let (n, _) = produce(&span, len, f);
         // No eventfd write, as for `write_here`.
         self.shared.lock().to_device.commit(&span, n);
         Ok(n)

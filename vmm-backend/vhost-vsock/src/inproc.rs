@@ -1423,20 +1423,12 @@ impl FrameRing for SessionEnd {
     }
 
     fn write_here(&self, buf: &[u8]) -> io::Result<usize> {
-        let _copy = Shared::copying(&self.shared.session_write);
-        let mut st = self.shared.lock();
-        if SessionEnd::write_closed(&st) {
-            return Err(broken_pipe());
-        }
-        let Some(span) = st.to_device.writable() else {
-            return Ok(0);
-        };
-        drop(st);
-        let n = fill(&span, buf);
-        // No eventfd write: the device thread that called the answerer reads the ring itself
-        // (`DeviceEnd::take_answered`).
-        self.shared.lock().to_device.commit(&span, n);
-        Ok(n)
+        let mut at = 0;
+        self.fill_here(buf.len(), &mut |room| {
+            room.copy_from_slice(&buf[at..at + room.len()]);
+            at += room.len();
+            ControlFlow::Continue(())
+        })
     }
 
     fn fill_here(&self, len: usize, f: &mut FillFn<'_>) -> io::Result<usize> {
@@ -1450,7 +1442,8 @@ impl FrameRing for SessionEnd {
         };
         drop(st);
         let (n, _) = produce(&span, len, f);
-        // No eventfd write, as for `write_here`.
+        // No eventfd write: the device thread that called the answerer reads the ring itself
+        // (`DeviceEnd::take_answered`).
         self.shared.lock().to_device.commit(&span, n);
         Ok(n)
     }
@@ -1987,11 +1980,22 @@ mod tests {
 
     /// Waits until the session lends its function.
     fn until_lent(d: &DeviceEnd) {
+        until(d, "the reader never lent", |st| st.lent.is_some());
+    }
+
+    /// Waits until `done` holds of the connection's state; fails saying `what` after 20 s.
+    fn until(d: &DeviceEnd, what: &str, done: impl Fn(&State) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while d.shared.lock().lent.is_none() {
-            assert!(Instant::now() < deadline, "the reader never lent");
+        while !done(&d.shared.lock()) {
+            assert!(Instant::now() < deadline, "{what}");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Joins a thread that must have panicked with `message`.
+    fn assert_panicked_with<T: std::fmt::Debug>(t: std::thread::JoinHandle<T>, message: &str) {
+        let e = t.join().unwrap_err();
+        assert_eq!(e.downcast_ref::<&str>(), Some(&message));
     }
 
     /// Reads `len` bytes in place on another thread; gives them back with the calls made.
@@ -2168,11 +2172,7 @@ mod tests {
             40,
             "the device thread goes on"
         );
-        let e = reader.join().unwrap_err();
-        assert_eq!(
-            e.downcast_ref::<&str>(),
-            Some(&"the reader's function failed")
-        );
+        assert_panicked_with(reader, "the reader's function failed");
         assert!(d.shared.lock().lent.is_none());
     }
 
@@ -2222,11 +2222,7 @@ mod tests {
 
     /// Waits until the session lends its writing function.
     fn until_filler(d: &DeviceEnd) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while d.shared.lock().filler.is_none() {
-            assert!(Instant::now() < deadline, "the writer never lent");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        until(d, "the writer never lent", |st| st.filler.is_some());
     }
 
     /// Reads from the device end in rx-buffer-sized pieces until `want` bytes came or it
@@ -2369,11 +2365,7 @@ mod tests {
             io::ErrorKind::WouldBlock,
             "the device thread goes on"
         );
-        let e = writer.join().unwrap_err();
-        assert_eq!(
-            e.downcast_ref::<&str>(),
-            Some(&"the writer's function failed")
-        );
+        assert_panicked_with(writer, "the writer's function failed");
         assert!(d.shared.lock().filler.is_none());
     }
 

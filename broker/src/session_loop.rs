@@ -265,11 +265,12 @@ fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> 
         // The session is dropped (its memory released) as this returns, before the caller logs
         // the end.
         let mut out = Vec::new();
+        let mut stage = Vec::new();
         while step(
             &mut session,
             &mut r,
             lend,
-            None,
+            InPlace::Staged(&mut stage),
             w,
             &mut payload,
             summary,
@@ -549,14 +550,54 @@ impl<R: Read> BulkSource for Lent<'_, R> {
     }
 }
 
-/// Reads, runs and answers one frame; breaks when the client said goodbye or left. `fill`: the
-/// writer's transport, where it takes bytes in place ([`dtoh_in_place`]).
+/// Where a large device-to-host copy's bytes go, read from device memory with no reply buffer
+/// ([`dtoh_in_place`]).
+pub(crate) enum InPlace<'a> {
+    /// Into the transport's own buffer (vgpud's vsock rings: the guest's rx buffers).
+    Transport(&'a mut dyn WriteInPlace),
+    /// Through a staging buffer of the session's, in pieces of [`STAGE_BYTES`], written to the
+    /// stream as they are read (sockets). It is zeroed once, when it grows, not for every copy.
+    Staged(&'a mut Vec<u8>),
+}
+
+/// The largest piece of a device-to-host copy staged at once ([`InPlace::Staged`]).
+const STAGE_BYTES: usize = 1 << 20;
+
+/// A stream written through a staging buffer ([`InPlace::Staged`]).
+struct Staged<'a, W: Write> {
+    w: &'a mut BufWriter<W>,
+    stage: &'a mut Vec<u8>,
+}
+
+impl<W: Write> WriteInPlace for Staged<'_, W> {
+    fn write_in_place(&mut self, len: usize, f: &mut frame::FillFn<'_>) -> io::Result<()> {
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(STAGE_BYTES);
+            if self.stage.len() < n {
+                self.stage.resize(n, 0);
+            }
+            if f(&mut self.stage[..n]).is_break() {
+                // The session ends: its stream closes in the middle of the frame.
+                return Err(io::Error::other(
+                    "the writer could not produce the bytes of its frame",
+                ));
+            }
+            self.w.write_all(&self.stage[..n])?;
+            left -= n;
+        }
+        Ok(())
+    }
+}
+
+/// Reads, runs and answers one frame; breaks when the client said goodbye or left. `in_place`:
+/// where a large device-to-host copy's bytes go ([`dtoh_in_place`]).
 #[allow(clippy::too_many_arguments)]
 fn step<R: Read, W: Write>(
     session: &mut Session,
     r: &mut BufReader<R>,
     lend: Option<Lend<R>>,
-    fill: Option<&mut dyn WriteInPlace>,
+    in_place: InPlace<'_>,
     w: &mut Replier<W>,
     payload: &mut Vec<u8>,
     summary: &mut SessionSummary,
@@ -622,11 +663,11 @@ fn step<R: Read, W: Write>(
     if matches!(req, Request::Goodbye(_)) {
         return Ok(ControlFlow::Break(()));
     }
-    if let (Some(fill), Request::MemcpyDtoH(m)) = (fill, &req)
+    if let Request::MemcpyDtoH(m) = &req
         && !is_async
         && m.len as usize >= IN_PLACE_MIN_BYTES
     {
-        dtoh_in_place(session, &h, &req, w, fill)?;
+        dtoh_in_place(session, &h, &req, w, in_place)?;
         return Ok(ControlFlow::Continue(()));
     }
     out.clear();
@@ -662,17 +703,17 @@ fn step<R: Read, W: Write>(
     Ok(ControlFlow::Continue(()))
 }
 
-/// A large `MemcpyDtoH` on a transport that takes bytes in place: its reply's header goes out
-/// first, then its bytes go from device memory straight into the transport's buffer (vgpud's vsock
-/// device reads them into the guest's rx buffers on its own thread), with no reply buffer and no
-/// ring in between. A device failure after the header cuts the stream (the client sees it end in
-/// the middle of the frame, never a short or wrong copy) and ends the session.
+/// A large `MemcpyDtoH`: its reply's header goes out first, then its bytes go from device memory
+/// straight into the transport's buffer (vgpud's vsock device reads them into the guest's rx
+/// buffers on its own thread), or through the session's staging buffer to the stream, with no
+/// zeroed reply buffer in between. A device failure after the header cuts the stream (the client
+/// sees it end in the middle of the frame, never a short or wrong copy) and ends the session.
 fn dtoh_in_place<W: Write>(
     session: &mut Session,
     h: &Header,
     req: &Request,
     w: &mut Replier<W>,
-    fill: &mut dyn WriteInPlace,
+    in_place: InPlace<'_>,
 ) -> Result<(), ServeError> {
     let name = req.name();
     let checked = catch_unwind(AssertUnwindSafe(|| session.dtoh_lent(req)))
@@ -684,10 +725,15 @@ fn dtoh_in_place<W: Write>(
     };
     let len = source.left() as usize;
     write_dtoh_header(&mut w.w, h, flags, len).map_err(ServeError::Io)?;
-    w.flush()?;
     let mut cut = None;
-    let written = catch_unwind(AssertUnwindSafe(|| {
-        fill.write_in_place(len, &mut |room| read_next(&mut source, &mut cut, room))
+    let mut read = |room: &mut [u8]| read_next(&mut source, &mut cut, room);
+    let written = catch_unwind(AssertUnwindSafe(|| match in_place {
+        InPlace::Transport(fill) => {
+            // The writer's buffer goes first: the bytes written in place follow it.
+            w.w.flush()?;
+            fill.write_in_place(len, &mut read)
+        }
+        InPlace::Staged(stage) => Staged { w: &mut w.w, stage }.write_in_place(len, &mut read),
     }))
     .map_err(|_| ServeError::Panic(name))?;
     if let Some(e) = cut {
@@ -862,6 +908,52 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Device-to-host copies of 64 KiB and more go through the session's staging buffer in
+    /// pieces, with no zeroed reply buffer: whole, in order, at any offset, and not stale after a
+    /// larger one; a refused one gets its error and the session goes on.
+    #[test]
+    fn large_copies_back_arrive_whole_through_the_staging_buffer() {
+        const LEN: usize = 4 << 20;
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let p = alloc(&mut c, ctx, LEN as u64).unwrap();
+        let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        c.call(
+            &MemcpyHtoD {
+                ctx,
+                stream: 0,
+                dst: p,
+            },
+            &data,
+        )
+        .unwrap();
+        let read = |c: &mut TestClient<UnixStream>, at: usize, len: usize| {
+            c.call(
+                &MemcpyDtoH {
+                    ctx,
+                    stream: 0,
+                    src: p + at as u64,
+                    len: len as u64,
+                },
+                &[],
+            )
+            .map(|(_, back)| back)
+        };
+        for (at, len) in [
+            (0, LEN),
+            (13, (1 << 20) + 7),
+            (4096, IN_PLACE_MIN_BYTES),
+            (5, IN_PLACE_MIN_BYTES - 1),
+            (LEN - STAGE_BYTES - 3, STAGE_BYTES + 3),
+        ] {
+            let back = read(&mut c, at, len).unwrap();
+            assert!(back == data[at..at + len], "{len} bytes from {at}");
+        }
+        let (code, _) = read(&mut c, LEN - 4096, 1 << 20).unwrap_err();
+        assert_eq!(code, CUDA_ERROR_INVALID_VALUE);
+        assert!(read(&mut c, 0, IN_PLACE_MIN_BYTES).unwrap() == data[..IN_PLACE_MIN_BYTES]);
     }
 
     #[test]

@@ -207,9 +207,9 @@ pub type FillFn<'a> = dyn FnMut(&mut [u8]) -> ControlFlow<()> + Send + 'a;
 pub trait WriteInPlace {
     /// Appends `len` bytes to the stream, produced by `f`: it is called with room for the next
     /// bytes, in order, until it has filled `len` bytes, possibly on another thread while this
-    /// one waits. If `f` breaks, the bytes it did not fill are never sent: the stream is shut
-    /// for writing and the call fails (`Other`), since the frame they belong to cannot be
-    /// completed. Fails with `BrokenPipe` once the peer is gone.
+    /// one waits. If `f` breaks, the bytes it did not fill are never sent and the call fails
+    /// (`Other`): the frame they belong to cannot be completed, so the stream must end (vgpud's
+    /// vsock rings shut it for writing at once). Fails with `BrokenPipe` once the peer is gone.
     fn write_in_place(&mut self, len: usize, f: &mut FillFn<'_>) -> io::Result<()>;
 }
 

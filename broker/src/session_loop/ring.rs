@@ -18,8 +18,8 @@ use vgpu_proto::frame::{
 use vgpu_proto::msg::Request;
 
 use super::{
-    IN_PLACE_IO_BUFFER, IN_PLACE_MIN_BYTES, Lend, Replier, ServeError, SessionSummary, read_next,
-    reply_flags, serve_inner, step, write_dtoh_header, write_err, write_ok,
+    IN_PLACE_IO_BUFFER, IN_PLACE_MIN_BYTES, InPlace, Lend, Replier, ServeError, SessionSummary,
+    read_next, reply_flags, serve_inner, step, write_dtoh_header, write_err, write_ok,
 };
 use crate::Broker;
 use crate::session::Session;
@@ -204,13 +204,12 @@ where
             return Ok(ControlFlow::Break(()));
         };
         while ended || !self.r.buffer().is_empty() || end.readable() > 0 {
-            // The writer's buffer goes first: bytes written in place follow it.
             let mut fill = end;
             let flow = step(
                 session,
                 &mut self.r,
                 Some(lend),
-                Some(&mut fill),
+                InPlace::Transport(&mut fill),
                 w,
                 &mut self.payload,
                 &mut self.summary,

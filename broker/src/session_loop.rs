@@ -834,6 +834,24 @@ mod tests {
         c.call(&MemAlloc { ctx, size }, &[]).map(|r| r.0.ptr)
     }
 
+    /// A synchronous `MemcpyHtoD` of `data` to `dst` on the legacy stream.
+    fn put(
+        c: &mut TestClient<UnixStream>,
+        ctx: u64,
+        dst: u64,
+        data: &[u8],
+    ) -> Result<(), (u32, String)> {
+        c.call(
+            &MemcpyHtoD {
+                ctx,
+                stream: 0,
+                dst,
+            },
+            data,
+        )
+        .map(|_| ())
+    }
+
     #[test]
     fn a_session_answers_at_once_only_quick_requests_with_nothing_queued() {
         let b = broker(Duration::from_millis(300));
@@ -920,15 +938,7 @@ mod tests {
         let (mut c, _h, ctx) = open(&b, "vm1");
         let p = alloc(&mut c, ctx, LEN as u64).unwrap();
         let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
-        c.call(
-            &MemcpyHtoD {
-                ctx,
-                stream: 0,
-                dst: p,
-            },
-            &data,
-        )
-        .unwrap();
+        put(&mut c, ctx, p, &data).unwrap();
         let read = |c: &mut TestClient<UnixStream>, at: usize, len: usize| {
             c.call(
                 &MemcpyDtoH {
@@ -962,15 +972,7 @@ mod tests {
         let (mut c, _h, ctx) = open(&b, "vm1");
         let p = alloc(&mut c, ctx, 1000).unwrap();
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
-        c.call(
-            &MemcpyHtoD {
-                ctx,
-                stream: 0,
-                dst: p,
-            },
-            &data,
-        )
-        .unwrap();
+        put(&mut c, ctx, p, &data).unwrap();
         let (_, back) = c
             .call(
                 &MemcpyDtoH {

@@ -360,8 +360,6 @@ struct Inner {
     tx_slots: u32,
     /// Rx buffer slots neither posted nor held by a connection.
     rx_spare: Vec<u32>,
-    /// Slots posted when the rx queue is filled: `0..rx_posted`; the rest are spares.
-    rx_posted: u32,
     /// All rx buffer slots.
     rx_slots: u32,
     scratch: u64,
@@ -404,7 +402,6 @@ impl Inner {
         for slot in 0..slots {
             self.post_rx(slot);
         }
-        self.rx_posted = slots;
         self.rx_spare = (slots..self.rx_slots).rev().collect();
         self.rxq.publish(&self.mem);
         if let Some(evq) = self.evq.as_mut() {
@@ -822,7 +819,6 @@ impl TestGuest {
             tx_free: (0..tx_slots).rev().collect(),
             tx_slots,
             rx_spare: Vec::new(),
-            rx_posted: 0,
             rx_slots,
             scratch,
             conns: HashMap::new(),

@@ -320,11 +320,8 @@ impl VsockDevice {
         let Some(conn) = self.conns.get_mut(&key) else {
             return;
         };
-        if conn.is_closed() {
+        if requeue(&mut self.pending, key, conn) {
             self.remove_conn(key);
-        } else if conn.has_rx_work() && !conn.in_pending {
-            conn.in_pending = true;
-            self.pending.push_back(key);
         }
     }
 
@@ -685,11 +682,8 @@ impl VsockDevice {
             conn.in_pending = false;
             let produced = conn.produce(mem, buf, &self.stats);
             // As `schedule`, with the connection at hand: one lookup per packet.
-            if conn.is_closed() {
+            if requeue(&mut self.pending, key, conn) {
                 self.remove_conn(key);
-            } else if conn.has_rx_work() {
-                conn.in_pending = true;
-                self.pending.push_back(key);
             }
             if let Some(h) = produced {
                 return self.write_header(mem, buf, &h);
@@ -915,6 +909,19 @@ pub fn forward_path(uds_path: &Path, port: u32) -> PathBuf {
     let mut s = uds_path.as_os_str().to_owned();
     s.push(format!("_{port}"));
     PathBuf::from(s)
+}
+
+/// Queues `conn` (`key`) for the rx queue if it has packets owed and is not queued yet; returns
+/// whether it is closed instead (the caller removes it).
+fn requeue(pending: &mut VecDeque<ConnKey>, key: ConnKey, conn: &mut Connection) -> bool {
+    if conn.is_closed() {
+        return true;
+    }
+    if conn.has_rx_work() && !conn.in_pending {
+        conn.in_pending = true;
+        pending.push_back(key);
+    }
+    false
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -358,13 +359,17 @@ fn produce(span: &Span, len: usize, f: &mut FillFn<'_>) -> (usize, bool) {
 
 /// Copies `src` into the start of `span`'s room; returns the bytes copied.
 fn fill(span: &Span, src: &[u8]) -> usize {
-    let mut done = 0;
-    for part in span.slices_mut() {
-        let n = part.len().min(src.len() - done);
-        part[..n].copy_from_slice(&src[done..done + n]);
-        done += n;
+    produce(span, src.len(), &mut copy_from(src)).0
+}
+
+/// A [`FillFn`] that fills the room it is given with the next bytes of `src`, in order.
+fn copy_from(src: &[u8]) -> impl FnMut(&mut [u8]) -> ControlFlow<()> + Send + '_ {
+    let mut at = 0;
+    move |room| {
+        room.copy_from_slice(&src[at..at + room.len()]);
+        at += room.len();
+        ControlFlow::Continue(())
     }
-    done
 }
 
 #[derive(Debug)]
@@ -410,9 +415,6 @@ struct State {
     /// ([`DeviceEnd::fill_here`]); `None` while the device thread calls it (and when no writer
     /// lends).
     filler: Option<LentFill>,
-    /// Bytes a lent writer's function produced straight in rx descriptor memory since the device
-    /// last asked ([`DeviceEnd::take_filled_bytes`]).
-    filled_bytes: u64,
     /// The writer wants its function back (the stream ended) and waits for the device thread to
     /// return it.
     filler_wanted: bool,
@@ -455,6 +457,9 @@ struct Shared {
     event: EventFd,
     /// Answers quick frames on the device thread ([`FrameRing::answer_with`]).
     answerer: OnceLock<Weak<dyn AnswerHere>>,
+    /// Bytes a lent writer's function produced straight in rx descriptor memory since the device
+    /// last asked ([`DeviceEnd::take_filled_bytes`]).
+    filled_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -495,7 +500,6 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             lent_bytes: 0,
             lent_wanted: false,
             filler: None,
-            filled_bytes: 0,
             filler_wanted: false,
         }),
         device_copy: Mutex::new(()),
@@ -504,6 +508,7 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
         cond: Condvar::new(),
         event: EventFd::new(EFD_NONBLOCK)?,
         answerer: OnceLock::new(),
+        filled_bytes: AtomicU64::new(0),
     });
     Ok((
         DeviceEnd {
@@ -859,8 +864,12 @@ impl DeviceEnd {
             n
         };
         dst.bitmap().mark_dirty(0, produced);
+        if produced > 0 {
+            self.shared
+                .filled_bytes
+                .fetch_add(produced as u64, Ordering::Relaxed);
+        }
         let mut st = self.shared.lock();
-        st.filled_bytes += produced as u64;
         let wake = fill.left == 0 || fill.broke || fill.panic.is_some() || st.filler_wanted;
         st.filler = Some(fill);
         drop(st);
@@ -877,7 +886,11 @@ impl DeviceEnd {
     /// How many bytes lent writers produced straight in rx descriptor memory since the last
     /// call ([`DeviceEnd::fill_here`]).
     pub fn take_filled_bytes(&self) -> u64 {
-        std::mem::take(&mut self.shared.lock().filled_bytes)
+        // Asked for every rx packet: a load, and a swap only when there is something to take.
+        match self.shared.filled_bytes.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => self.shared.filled_bytes.swap(0, Ordering::Relaxed),
+        }
     }
 }
 
@@ -1128,12 +1141,12 @@ impl SessionEnd {
     /// descriptor memory once the ring towards the device is drained ([`DeviceEnd::fill_here`]),
     /// and waits until it has produced them all, broke or panicked, or the stream ended. Returns
     /// the function taken back.
-    fn lend_fill<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, State>,
+    fn lend_fill(
+        &self,
+        mut st: MutexGuard<'_, State>,
         f: &mut Filler<'_>,
         left: usize,
-    ) -> (MutexGuard<'a, State>, LentFill) {
+    ) -> LentFill {
         st.filler = Some(LentFill {
             to: NonNull::from(&mut *f).cast::<Filler<'static>>(),
             left,
@@ -1157,38 +1170,49 @@ impl SessionEnd {
             st = self.wait_room(st);
         };
         st.filler_wanted = false;
-        (st, lent)
+        lent
     }
 
     /// Produces `left` bytes with `f` in the ring's free room, where no device thread may run
     /// it (no answerer: see [`DeviceEnd::lends`]); returns the bytes it did not produce (more than
     /// none: `f` broke).
     fn fill_ring(&self, f: &mut FillFn<'_>, mut left: usize) -> io::Result<usize> {
-        let mut st = self.shared.lock();
         while left > 0 {
-            if Self::write_closed(&st) {
-                return Err(broken_pipe());
-            }
-            let Some(span) = st.to_device.writable() else {
-                st = self.wait_room(st);
-                continue;
-            };
-            drop(st);
-            let (n, broke) = produce(&span, left, f);
-            st = self.shared.lock();
-            let was_empty = st.to_device.len == 0;
-            st.to_device.commit(&span, n);
+            let (n, broke) = self.produce_waiting(left, f)?;
             left -= n;
-            if was_empty && n > 0 {
-                drop(st);
-                self.shared.wake_device();
-                st = self.shared.lock();
-            }
             if broke {
                 break;
             }
         }
         Ok(left)
+    }
+
+    /// Waits for room in the ring towards the device (or the end of the stream), has `f` produce
+    /// up to `len` bytes in it, and commits them; returns the bytes produced and whether `f`
+    /// broke. The caller holds the session's write lock.
+    fn produce_waiting(&self, len: usize, f: &mut FillFn<'_>) -> io::Result<(usize, bool)> {
+        let mut st = self.shared.lock();
+        let span = loop {
+            if Self::write_closed(&st) {
+                return Err(broken_pipe());
+            }
+            if let Some(span) = st.to_device.writable() {
+                break span;
+            }
+            st = self.wait_room(st);
+        };
+        drop(st);
+        let (n, broke) = produce(&span, len, f);
+        let mut st = self.shared.lock();
+        // Whether the device may have found the ring empty: decided at the commit, as it may
+        // have drained the ring while the bytes were produced.
+        let was_empty = st.to_device.len == 0;
+        st.to_device.commit(&span, n);
+        drop(st);
+        if was_empty && n > 0 {
+            self.shared.wake_device();
+        }
+        Ok((n, broke))
     }
 
     /// Shuts this end for writing: the device sends what the ring holds, then end of file.
@@ -1216,8 +1240,7 @@ impl WriteInPlace for &SessionEnd {
             // The device thread may run the session's device calls: it runs `f` itself, with the
             // guest's rx buffers.
             let mut filler = Filler(f);
-            let (st, lent) = self.lend_fill(st, &mut filler, len);
-            drop(st);
+            let lent = self.lend_fill(st, &mut filler, len);
             if let Some(panic) = lent.panic {
                 resume_unwind(panic);
             }
@@ -1346,27 +1369,8 @@ impl Write for &SessionEnd {
             return Ok(0);
         }
         let _copy = Shared::copying(&self.shared.session_write);
-        let mut st = self.shared.lock();
-        loop {
-            if SessionEnd::write_closed(&st) {
-                return Err(broken_pipe());
-            }
-            if let Some(span) = st.to_device.writable() {
-                drop(st);
-                let n = fill(&span, buf);
-                let mut st = self.shared.lock();
-                // Whether the device may have found the ring empty: decided at the commit, as
-                // it may have drained the ring while the bytes were copied.
-                let was_empty = st.to_device.len == 0;
-                st.to_device.commit(&span, n);
-                drop(st);
-                if was_empty {
-                    self.shared.wake_device();
-                }
-                return Ok(n);
-            }
-            st = self.wait_room(st);
-        }
+        let (n, _) = self.produce_waiting(buf.len(), &mut copy_from(buf))?;
+        Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -1423,12 +1427,7 @@ impl FrameRing for SessionEnd {
     }
 
     fn write_here(&self, buf: &[u8]) -> io::Result<usize> {
-        let mut at = 0;
-        self.fill_here(buf.len(), &mut |room| {
-            room.copy_from_slice(&buf[at..at + room.len()]);
-            at += room.len();
-            ControlFlow::Continue(())
-        })
+        self.fill_here(buf.len(), &mut copy_from(buf))
     }
 
     fn fill_here(&self, len: usize, f: &mut FillFn<'_>) -> io::Result<usize> {

@@ -83,14 +83,19 @@ impl DriverQueue {
         GuestAddress(self.used + 4 + 8 * u64::from(self.size))
     }
 
-    /// Writes one descriptor `(addr, len, flags, next)` at guest-physical `addr`.
-    pub(crate) fn write_desc(mem: &GuestMem, addr: u64, d: (u64, u32, u16, u16)) {
+    /// The 16 bytes of descriptor `(addr, len, flags, next)`.
+    pub(crate) fn encode_desc(d: (u64, u32, u16, u16)) -> [u8; 16] {
         let mut raw = [0u8; 16];
         raw[0..8].copy_from_slice(&d.0.to_le_bytes());
         raw[8..12].copy_from_slice(&d.1.to_le_bytes());
         raw[12..14].copy_from_slice(&d.2.to_le_bytes());
         raw[14..16].copy_from_slice(&d.3.to_le_bytes());
-        let _ = mem.write_slice(&raw, GuestAddress(addr));
+        raw
+    }
+
+    /// Writes one descriptor `(addr, len, flags, next)` at guest-physical `addr`.
+    pub(crate) fn write_desc(mem: &GuestMem, addr: u64, d: (u64, u32, u16, u16)) {
+        let _ = mem.write_slice(&Self::encode_desc(d), GuestAddress(addr));
     }
 
     /// Takes `n` free descriptor indexes; `None` when fewer are free.

@@ -603,13 +603,21 @@ impl DevGuest {
                 return Ok(None);
             };
             let tbase = g.table_base[queue] + u64::from(t) * TABLE_ENTRIES * 16;
+            // Built in the driver's memory and stored in one go, as Linux fills a table it
+            // allocated: not a guest-memory lookup per descriptor.
+            let mut table = Vec::with_capacity(16 * descs.len());
             for (i, &(a, l, f)) in descs.iter().enumerate() {
                 let (f, next) = if i + 1 < descs.len() {
                     (f | VRING_DESC_F_NEXT as u16, i as u16 + 1)
                 } else {
                     (f, 0)
                 };
-                DriverQueue::write_desc(&g.mem, tbase + 16 * i as u64, (a, l, f, next));
+                table.extend_from_slice(&DriverQueue::encode_desc((a, l, f, next)));
+            }
+            if let Err(e) = g.mem.write_slice(&table, GuestAddress(tbase)) {
+                g.free_tables[queue].push(t);
+                g.free_slots[queue].push(slot);
+                return Err(io::Error::other(e));
             }
             let d = [(
                 tbase,

@@ -11,6 +11,7 @@ pub type GuestRegion = <GuestMem as GuestMemoryBackend>::R;
 /// The region holding all of `[addr, addr + len)`: `last` when it does (a bounds check), else a
 /// lookup, which `last` then remembers. `None` when no one region holds it (across regions, or
 /// unmapped).
+#[inline]
 pub fn region_holding<'m>(
     mem: &'m GuestMem,
     last: &mut Option<&'m GuestRegion>,
@@ -28,6 +29,7 @@ pub fn region_holding<'m>(
 }
 
 /// Whether `[addr, addr + len)` lies wholly inside region `r`.
+#[inline]
 fn holds(r: &GuestRegion, addr: u64, len: usize) -> bool {
     addr.checked_sub(r.start_addr().0)
         .is_some_and(|offset| offset <= r.len() && len as u64 <= r.len() - offset)

@@ -162,6 +162,19 @@ impl Segments {
         Segments { segs, total: len }
     }
 
+    /// Number of ranges holding the first `len` bytes (all of them past the end).
+    pub fn count_in(&self, len: usize) -> usize {
+        let mut reach = 0;
+        self.segs
+            .iter()
+            .take_while(|s| {
+                let before = reach;
+                reach += s.len;
+                before < len
+            })
+            .count()
+    }
+
     /// The bytes from `start` to the end.
     pub fn tail(&self, start: usize) -> Segments {
         self.sub(start, self.total.saturating_sub(start))
@@ -263,17 +276,24 @@ impl Segments {
 /// merged (KSM), and reading it twice is harmless. A range the device writes must alias nothing.
 fn write_overlap(readable: &[Segment], writable: &[Segment]) -> Option<u64> {
     let span = |s: &Segment| (s.addr, s.addr + s.len as u64);
-    let mut w: Vec<(u64, u64)> = writable.iter().filter(|s| s.len > 0).map(span).collect();
+    // Sized up front: collecting through the filter would grow it a range at a time.
+    let mut w: Vec<(u64, u64)> = Vec::with_capacity(writable.len());
+    w.extend(writable.iter().filter(|s| s.len > 0).map(span));
     w.sort_unstable_by_key(|&(start, _)| start);
     if let Some(p) = w.windows(2).find(|p| p[1].0 < p[0].1) {
         return Some(p[1].0);
     }
     // `w` is sorted and disjoint: a readable range overlaps one of them iff it overlaps the last
-    // writable range starting before its end.
+    // writable range starting before its end. Ranges outside the span of all writable ones (a
+    // request's data pages, apart from its response header) need no search.
+    let (Some(&(first, _)), Some(&(_, end))) = (w.first(), w.last()) else {
+        return None;
+    };
     readable
         .iter()
         .filter(|s| s.len > 0)
         .map(span)
+        .filter(|&(a, b)| a < end && first < b)
         .find_map(|(a, b)| {
             let i = w.partition_point(|&(ws, _)| ws < b);
             (i > 0 && w[i - 1].1 > a).then(|| a.max(w[i - 1].0))
@@ -350,6 +370,7 @@ impl<'m> Descriptors<'m> {
         self.slice = self.mem.get_slice(table, usize::from(size) * DESC_LEN).ok();
     }
 
+    #[inline]
     fn read(&self, index: u16) -> Option<Descriptor> {
         let offset = usize::from(index) * DESC_LEN;
         match &self.slice {
@@ -366,6 +387,7 @@ impl<'m> Descriptors<'m> {
 impl Iterator for Descriptors<'_> {
     type Item = Descriptor;
 
+    #[inline]
     fn next(&mut self) -> Option<Descriptor> {
         loop {
             if self.ttl == 0 || self.next >= self.size {
@@ -409,8 +431,10 @@ fn in_memory<'m>(mem: &'m GuestMem, last: &mut Option<&'m GuestRegion>, seg: &Se
 pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refused> {
     let head = start.index;
     let refuse = |error, resp| Refused { head, error, resp };
-    let mut readable = Vec::new();
-    let mut writable = Vec::new();
+    // Every non-empty range, the readable ones first; `split` is where the writable ones begin.
+    // Sized once the walk is in an indirect table, which Linux sizes to hold the whole chain.
+    let mut ranges: Vec<Segment> = Vec::new();
+    let mut split = 0;
     let mut resp = None;
     // The walk goes on after the first error (bounded by MAX_SEGMENTS) to find a safe place for
     // the response header, so that the driver learns its request was refused.
@@ -420,7 +444,11 @@ pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refu
     let mut seen_writable = false;
     let (mut rbytes, mut wbytes) = (0u64, 0u64);
     let mut region = None;
-    for desc in Descriptors::new(start, mem) {
+    let mut descs = Descriptors::new(start, mem);
+    while let Some(desc) = descs.next() {
+        if count == 1 && descs.indirect {
+            ranges.reserve(usize::from(descs.ttl).min(MAX_SEGMENTS));
+        }
         if count >= MAX_SEGMENTS {
             first_error.get_or_insert(ChainError::TooManySegments);
             if resp.is_some() || count >= MAX_WALK {
@@ -463,12 +491,16 @@ pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refu
             }
             seen_writable = true;
             wbytes += u64::from(len);
-            writable.push(seg);
         } else {
             rbytes += u64::from(len);
-            readable.push(seg);
+            split += usize::from(len > 0);
+        }
+        if len > 0 {
+            ranges.push(seg);
         }
     }
+    let writable = ranges.split_off(split);
+    let readable = ranges;
     if count == 0 {
         return Err(refuse(ChainError::Empty, None));
     }
@@ -489,13 +521,9 @@ pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refu
         // The response header descriptor itself may be one of the overlapping ones.
         let resp = resp.filter(|r| {
             let (s, e) = (r.addr, r.addr + r.len as u64);
-            !readable
-                .iter()
-                .chain(&writable)
-                .filter(|x| x.len > 0)
-                .any(|x| {
-                    (x.addr, x.len) != (r.addr, r.len) && x.addr < e && s < x.addr + x.len as u64
-                })
+            !readable.iter().chain(&writable).any(|x| {
+                (x.addr, x.len) != (r.addr, r.len) && x.addr < e && s < x.addr + x.len as u64
+            })
         });
         return Err(refuse(
             first_error.unwrap_or(ChainError::Overlapping(at)),
@@ -505,10 +533,17 @@ pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refu
     if let Some(error) = first_error {
         return Err(refuse(error, resp));
     }
+    // Within the limits checked above, so the totals fit a usize.
     Ok(ParsedChain {
         head,
-        readable: Segments::new(readable),
-        writable: Segments::new(writable),
+        readable: Segments {
+            segs: readable,
+            total: rbytes as usize,
+        },
+        writable: Segments {
+            segs: writable,
+            total: wbytes as usize,
+        },
     })
 }
 
@@ -567,14 +602,17 @@ mod tests {
             &m,
             &[
                 (BUF, 32, false),
+                (BUF + 0x5000, 0, false),
                 (BUF + 0x1000, 100, false),
                 (BUF + 0x2000, 16, true),
+                (BUF + 0x6000, 0, true),
                 (BUF + 0x3000, 4096, true),
             ],
         )
         .unwrap();
         assert_eq!((c.readable.len(), c.writable.len()), (132, 4112));
-        assert_eq!(c.readable.count(), 2);
+        // Empty descriptors hold no bytes and leave no range behind.
+        assert_eq!((c.readable.count(), c.writable.count()), (2, 2));
         let tail = c.readable.tail(40);
         assert_eq!(
             tail.segments(),
@@ -871,6 +909,9 @@ mod tests {
                 let want = &bytes[start.min(11)..(start + len).min(11)];
                 assert_eq!(got, want, "sub({start}, {len})");
                 assert_eq!(part.len(), want.len(), "sub({start}, {len})");
+                if start == 0 {
+                    assert_eq!(s.count_in(len), part.count(), "count_in({len})");
+                }
             }
         }
         assert_eq!(
@@ -907,6 +948,8 @@ mod tests {
         let chain = first_head(&q, &m);
         let c = parse_chain(chain, &m).unwrap();
         assert_eq!((c.readable.count(), c.writable.count()), (599, 1));
+        assert_eq!((c.readable.len(), c.writable.len()), (599 * 64, 64));
+        assert_eq!(c.readable.segments()[598].addr, BUF + 598 * 0x100);
     }
 
     #[test]

@@ -141,7 +141,14 @@ impl BulkSink for GuestSink<'_> {
         }
         let _gate = gate(self.shared, self.entered, self.epoch)?;
         let guard = self.mem.memory();
-        let part = self.segs.sub(0, len as usize);
+        // The whole stream as it is, else a copy of its first ranges.
+        let first;
+        let part = if len as usize == self.segs.len() {
+            self.segs
+        } else {
+            first = self.segs.sub(0, len as usize);
+            &first
+        };
         // SAFETY: `segs` is the reply data of a chain `parse_chain` validated, so its ranges
         // overlap no other range of the chain, and this sink is their only user while `f` runs
         // (one call at a time, `&mut self`).
@@ -505,8 +512,8 @@ fn execute(
         .add_from_guest(data.len() as u64, data.count() as u64);
     let written = sink.written;
     if written > 0 {
-        let ranges = reply_data.sub(0, usize::try_from(written).unwrap_or(usize::MAX));
-        shared.stats.add_to_guest(written, ranges.count() as u64);
+        let ranges = reply_data.count_in(usize::try_from(written).unwrap_or(usize::MAX));
+        shared.stats.add_to_guest(written, ranges as u64);
     }
     match reply {
         Reply::None if done.queue() != CTRL_QUEUE && !entered => {

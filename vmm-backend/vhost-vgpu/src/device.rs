@@ -800,6 +800,13 @@ mod tests {
                     }
                 }
                 OP_VIOLATE => Reply::Violation("told to".into()),
+                OP_BLOCK if c.header.flags & FLAG_ASYNC != 0 => {
+                    // A posted frame that runs long.
+                    if let Some(g) = &self.gate {
+                        let _ = g.recv();
+                    }
+                    Reply::None
+                }
                 OP_BLOCK => {
                     if let Some(g) = &self.gate {
                         let _ = g.recv();
@@ -1991,6 +1998,39 @@ mod tests {
             SUBMIT_QUEUE,
             "the lone posted frame was never signalled",
         );
+    }
+
+    /// A guest that queued many posted frames (and may sleep until told of room) is told while
+    /// the session thread still has some to run, not only once it runs dry.
+    #[test]
+    fn a_deep_queue_of_posted_frames_is_signalled_before_it_runs_dry() {
+        let mut r = rig_with_gates(1);
+        let calls = r.call_events();
+        r.open(0, 1);
+        let _ = calls[CTRL_QUEUE].read();
+        // seq 1 holds the session thread while 2..=12 queue up behind it, all posted: ten
+        // echoes, then 11 runs long (the same gate), then an echo.
+        let f = frame(OP_BLOCK, 0, 1, 0, b"");
+        let d = r.request(1, Rig::call_hdr(1, 1, f.len(), 64), &f, &[], 8);
+        r.push(CTRL_QUEUE, &d);
+        for seq in 2..=12 {
+            let op = if seq == 11 { OP_BLOCK } else { OP_ECHO };
+            let f = frame(op, FLAG_ASYNC, seq, 0, b"");
+            let d = r.request(seq, Rig::call_hdr(1, seq, f.len(), 0), &f, &[], 0);
+            r.push(SUBMIT_QUEUE, &d);
+        }
+        r.run();
+        r.gate_tx[0].send(()).unwrap();
+        r.wait_used(SUBMIT_QUEUE, 9);
+        wait_signalled(
+            &calls,
+            SUBMIT_QUEUE,
+            "posted completions were held back while the guest may wait for room",
+        );
+        assert_eq!(r.used_idx(SUBMIT_QUEUE), 9, "frame 11 is still running");
+        r.gate_tx[0].send(()).unwrap();
+        r.wait_used(SUBMIT_QUEUE, 11);
+        wait_signalled(&calls, SUBMIT_QUEUE, "the last ones were never signalled");
     }
 
     /// Waits until queue `q` was signalled (its call eventfd counts, and is reset by the read);

@@ -56,7 +56,8 @@ pub enum GuestWait {
     /// the guest side (a real guest gets close with KVM's halt polling).
     Poll,
     /// Spin on the used rings for up to [`MODULE_POLL`], then sleep until the interrupt: what
-    /// the guest module does for a synchronous call at its default `poll_us`.
+    /// the guest module does for a synchronous call at its default `poll_us`, and what a vsock
+    /// guest does while the shim's read polls for a copy's reply.
     Module,
 }
 
@@ -65,10 +66,20 @@ pub enum GuestWait {
 pub const MODULE_POLL: Duration = Duration::from_micros(1000);
 
 impl GuestWait {
-    /// How long a guest polls in each wait before it sleeps.
+    /// How long a virtio-vgpu guest polls in each wait before it sleeps.
     fn poll_first(self) -> Duration {
         match self {
             GuestWait::Module => MODULE_POLL,
+            GuestWait::Block | GuestWait::Poll => Duration::ZERO,
+        }
+    }
+
+    /// How long a vsock guest polls in each wait before it sleeps: in `Module` mode as long as
+    /// the shim's reads poll for a copy's reply ([`vgpu_proto::spin::MAX_EXPECTED_SPIN`]), its
+    /// vCPU running meanwhile, so that the device's interrupt wakes no halted vCPU.
+    fn vsock_poll_first(self) -> Duration {
+        match self {
+            GuestWait::Module => vgpu_proto::spin::MAX_EXPECTED_SPIN,
             GuestWait::Block | GuestWait::Poll => Duration::ZERO,
         }
     }
@@ -403,6 +414,7 @@ impl VsockPath {
             socket,
             GuestOptions {
                 busy_poll: wait == GuestWait::Poll,
+                poll_first: wait.vsock_poll_first(),
                 // What a guest kernel advertises for the shim's connection (the shim asks it for
                 // this receive buffer), not Linux's 256 KiB default.
                 buf_alloc: u32::try_from(cuda::transport::VSOCK_RECEIVE_BUFFER)
@@ -692,8 +704,8 @@ pub fn report(r: &Results, runs: usize) -> String {
         GuestWait::Block => "guests sleep until their interrupt (--guest-wait block)",
         GuestWait::Poll => "guests poll their used rings (--guest-wait poll)",
         GuestWait::Module => {
-            "virtio-vgpu guests poll up to 1 ms, then sleep until their interrupt, as the guest \
-             module does; vsock guests sleep (--guest-wait module)"
+            "guests poll up to 1 ms, then sleep until their interrupt, as the guest module does \
+             (virtio-vgpu) and the shim's reads of a copy's reply do (vsock) (--guest-wait module)"
         }
     };
     let mut out = format!(

@@ -90,6 +90,11 @@ pub struct GuestOptions {
     /// wakes them (lowest latency, burns a core; for benchmarks). The guest then asks the device
     /// for no interrupts, and its interrupt thread looks at the rings every `POLL_SLICE` only.
     pub busy_poll: bool,
+    /// Without `busy_poll`: blocking calls pump the rings themselves this long in each wait
+    /// before they sleep until the interrupt thread wakes them, as a guest whose program polls
+    /// its socket (the shim's reads do) keeps its vCPU running, so that the device's interrupt
+    /// is taken at once instead of waking a halted vCPU. Zero: sleep at once.
+    pub poll_first: Duration,
 }
 
 impl Default for GuestOptions {
@@ -104,6 +109,7 @@ impl Default for GuestOptions {
             tx_single_descriptor: false,
             setup_event_queue: false,
             busy_poll: false,
+            poll_first: Duration::ZERO,
             rx_buffers: 0,
         }
     }
@@ -736,6 +742,8 @@ struct Shared {
     polls: bool,
     /// Interrupts (call eventfd events) the interrupt thread took.
     interrupts: AtomicU64,
+    /// Times a blocking call slept until the interrupt thread woke it.
+    sleeps: AtomicU64,
     /// Signalled by the interrupt thread after it processed device output.
     progress: Condvar,
     epoll: Epoll,
@@ -835,6 +843,7 @@ impl TestGuest {
             shared: Arc::new(Shared {
                 polls: inner.opts.busy_poll,
                 interrupts: AtomicU64::new(0),
+                sleeps: AtomicU64::new(0),
                 inner: Mutex::new(inner),
                 progress: Condvar::new(),
                 epoll,
@@ -992,6 +1001,11 @@ impl TestGuest {
         self.shared.interrupts.load(Ordering::Relaxed)
     }
 
+    /// Times a blocking call slept until the interrupt thread woke it (or a slice passed).
+    pub fn sleeps(&self) -> u64 {
+        self.shared.sleeps.load(Ordering::Relaxed)
+    }
+
     /// Packets received and sent by the guest so far.
     pub fn packet_counts(&self) -> (u64, u64) {
         let g = self.lock();
@@ -1004,7 +1018,8 @@ impl TestGuest {
         timeout: Duration,
         mut f: impl FnMut(&mut Inner) -> Option<T>,
     ) -> io::Result<T> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
         let mut g = self.lock();
         loop {
             g.pump();
@@ -1024,8 +1039,13 @@ impl TestGuest {
                 drop(g);
                 std::thread::yield_now();
                 g = self.lock();
+            } else if now - start < g.opts.poll_first {
+                drop(g);
+                std::hint::spin_loop();
+                g = self.lock();
             } else {
                 let slice = (deadline - now).min(POLL_SLICE);
+                self.shared.sleeps.fetch_add(1, Ordering::Relaxed);
                 g = match self.shared.progress.wait_timeout(g, slice) {
                     Ok((g, _)) => g,
                     Err(p) => p.into_inner().0,

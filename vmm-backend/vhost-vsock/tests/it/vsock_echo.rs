@@ -81,6 +81,44 @@ fn a_polling_guest_takes_no_interrupts() {
     );
 }
 
+/// A guest whose program polls for its reply (`poll_first`, as the shim's reads do) takes the
+/// reply by looking at the rings itself, never sleeping until its interrupt thread wakes it; a
+/// guest that sleeps at once does.
+#[test]
+fn a_guest_that_polls_first_takes_its_replies_awake() {
+    const ROUND_TRIPS: usize = 300;
+    let server = TestServer::start(Arc::new(EchoConnector(GPU_PORT)), |_| {}).unwrap();
+    let mut slept = Vec::new();
+    for poll_first in [T, Duration::ZERO] {
+        let guest = server
+            .guest(GuestOptions {
+                poll_first,
+                ..GuestOptions::default()
+            })
+            .unwrap();
+        let s = guest.connect(GPU_PORT).unwrap();
+        let before = guest.sleeps();
+        for i in 0..ROUND_TRIPS {
+            let data = pattern(i as u64, 100 + i);
+            s.write_all(&data).unwrap();
+            let mut back = vec![0u8; data.len()];
+            s.read_exact(&mut back).unwrap();
+            assert!(back == data, "round trip {i} (poll_first: {poll_first:?})");
+        }
+        assert!(guest.violations().is_empty(), "{:?}", guest.violations());
+        slept.push(guest.sleeps() - before);
+        s.close(T).unwrap();
+        drop(guest);
+        server.wait_stats(T, |s| s.connections_open == 0).unwrap();
+    }
+    assert_eq!(slept[0], 0, "a guest polling first slept");
+    assert!(
+        slept[1] >= 10,
+        "a sleeping guest slept {} times in {ROUND_TRIPS} round trips",
+        slept[1]
+    );
+}
+
 #[test]
 fn in_process_stream_sees_guest_half_close_and_host_close_reaches_guest() {
     let (conn, rx) = ChannelConnector::new(&[GPU_PORT]);

@@ -38,12 +38,12 @@ use super::wire::{
 /// both queues at once.
 pub const MAX_REORDER: u64 = 2 * MAX_SEGMENTS as u64;
 
-/// Messages left for the session thread (see [`left`]) at which a held-back posted completion is signalled, if
-/// more than [`DEEP`] were left since the last signal: a guest that filled a deep window of
-/// posted requests sleeps until it is told of room, and so wakes while the thread still has this
-/// much to run, not after the thread ran dry (in a stream of posted `BATCH`es the thread sat idle
-/// a fifth of the time). Shallower bursts (a multi-chunk copy) are told once, when the thread
-/// sleeps or runs a synchronous frame.
+/// Messages left for the session thread (see [`left`]) at which a held-back posted completion
+/// is signalled, if more than [`DEEP`] were left since the last signal: a guest that filled a
+/// deep window of posted requests sleeps until it is told of room, and so wakes while the thread
+/// still has this much to run, not after the thread ran dry (in a stream of posted `BATCH`es the
+/// thread sat idle a fifth of the time). Shallower bursts (a multi-chunk copy) are told once,
+/// when the thread sleeps or runs a synchronous frame.
 const LOW_WATER: u64 = 2;
 /// Messages left for the session thread past which the guest counts as queueing deep.
 const DEEP: u64 = 8;

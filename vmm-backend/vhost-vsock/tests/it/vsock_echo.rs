@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use vgpu_vhost_vsock::ForwardAll;
 use vgpu_vmm_testutils::vsock::{
-    ChannelConnector, EchoConnector, GuestOptions, TestServer, pattern,
+    ChannelConnector, EchoConnector, GuestOptions, GuestStream, TestServer, pattern,
 };
 
 const GPU_PORT: u32 = 9999;
@@ -40,6 +40,17 @@ fn in_process_echo_round_trips_and_counts_bytes() {
     assert!(guest.violations().is_empty(), "{:?}", guest.violations());
 }
 
+/// `rounds` echo round trips of growing sizes on `s`, each checked byte for byte.
+fn echo_round_trips(s: &GuestStream, rounds: usize, what: &str) {
+    for i in 0..rounds {
+        let data = pattern(i as u64, 100 + i);
+        s.write_all(&data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        s.read_exact(&mut back).unwrap();
+        assert!(back == data, "round trip {i} ({what})");
+    }
+}
+
 /// A guest that polls its queues asks for no interrupts, and the device sends none (it honours
 /// `used_event`); the echo works all the same. A guest that sleeps takes them.
 #[test]
@@ -55,13 +66,7 @@ fn a_polling_guest_takes_no_interrupts() {
             })
             .unwrap();
         let s = guest.connect(GPU_PORT).unwrap();
-        for i in 0..ROUND_TRIPS {
-            let data = pattern(i as u64, 100 + i);
-            s.write_all(&data).unwrap();
-            let mut back = vec![0u8; data.len()];
-            s.read_exact(&mut back).unwrap();
-            assert!(back == data, "round trip {i} (busy_poll: {busy_poll})");
-        }
+        echo_round_trips(&s, ROUND_TRIPS, &format!("busy_poll: {busy_poll}"));
         assert!(guest.violations().is_empty(), "{:?}", guest.violations());
         taken.push(guest.interrupts());
         s.close(T).unwrap();
@@ -98,13 +103,7 @@ fn a_guest_that_polls_first_takes_its_replies_awake() {
             .unwrap();
         let s = guest.connect(GPU_PORT).unwrap();
         let before = guest.sleeps();
-        for i in 0..ROUND_TRIPS {
-            let data = pattern(i as u64, 100 + i);
-            s.write_all(&data).unwrap();
-            let mut back = vec![0u8; data.len()];
-            s.read_exact(&mut back).unwrap();
-            assert!(back == data, "round trip {i} (poll_first: {poll_first:?})");
-        }
+        echo_round_trips(&s, ROUND_TRIPS, &format!("poll_first: {poll_first:?}"));
         assert!(guest.violations().is_empty(), "{:?}", guest.violations());
         slept.push(guest.sleeps() - before);
         s.close(T).unwrap();

@@ -1,12 +1,50 @@
 //! Finding guest memory for descriptor ranges: one region lookup per range, or none where the
 //! range lies in the region of the range before it (a chain's buffers usually share a region).
 
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use std::ops::ControlFlow;
+
+use vm_memory::guest_memory::Result as MemResult;
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
+};
 
 use crate::GuestMem;
 
 /// One region of [`GuestMem`].
 pub type GuestRegion = <GuestMem as GuestMemoryBackend>::R;
+
+/// Whether all of `[addr, addr + len)` is guest RAM: [`region_holding`], or else vm-memory's
+/// check of a range across regions.
+#[inline]
+pub fn in_memory<'m>(
+    mem: &'m GuestMem,
+    last: &mut Option<&'m GuestRegion>,
+    addr: u64,
+    len: usize,
+) -> bool {
+    region_holding(mem, last, addr, len).is_some()
+        || GuestMemoryBackend::check_range(mem, GuestAddress(addr), len)
+}
+
+/// Calls `f` with `[addr, addr + len)` as slices of guest memory, in order, until it breaks: one
+/// slice of the region [`region_holding`] finds (the usual case, at most one lookup), else
+/// vm-memory's split at region boundaries, whose slices fail where the range is not guest RAM.
+#[inline]
+pub fn for_each_slice<'m, B>(
+    mem: &'m GuestMem,
+    last: &mut Option<&'m GuestRegion>,
+    addr: u64,
+    len: usize,
+    mut f: impl FnMut(MemResult<VolatileSlice<'m, ()>>) -> ControlFlow<B>,
+) -> ControlFlow<B> {
+    if let Some(r) = region_holding(mem, last, addr, len) {
+        return f(r.get_slice(MemoryRegionAddress(addr - r.start_addr().0), len));
+    }
+    for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(addr), len) {
+        f(slice)?;
+    }
+    ControlFlow::Continue(())
+}
 
 /// The region holding all of `[addr, addr + len)`: `last` when it does (a bounds check), else a
 /// lookup, which `last` then remembers. `None` when no one region holds it (across regions, or
@@ -71,5 +109,30 @@ mod tests {
             region_holding(&mem, &mut last, 0x1000, 0x1000).is_some(),
             "a whole region"
         );
+    }
+
+    #[test]
+    fn ranges_across_regions_are_in_memory_and_split_into_slices() {
+        let mem =
+            GuestMem::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)])
+                .unwrap();
+        let mut last = None;
+        assert!(in_memory(&mem, &mut last, 0xf00, 0x200), "across regions");
+        assert!(!in_memory(&mem, &mut last, 0x1f00, 0x200), "past the end");
+        let lens = |addr, len| {
+            let mut last = None;
+            let mut lens = Vec::new();
+            let flow = for_each_slice(&mem, &mut last, addr, len, |s| match s {
+                Ok(s) => {
+                    lens.push(s.len());
+                    ControlFlow::Continue(())
+                }
+                Err(_) => ControlFlow::Break(()),
+            });
+            (lens, flow.is_break())
+        };
+        assert_eq!(lens(0x10, 0x100), (vec![0x100], false), "one region");
+        assert_eq!(lens(0xf00, 0x200), (vec![0x100, 0x100], false), "split");
+        assert!(lens(0x1f00, 0x200).1, "a range past the end fails");
     }
 }

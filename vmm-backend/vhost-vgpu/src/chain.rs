@@ -9,13 +9,12 @@
 //! can use. Because no writable range overlaps any other range, the device may hand out the
 //! readable ranges as shared slices and the writable ones as exclusive slices at the same time.
 
+use std::ops::ControlFlow;
+
 use thiserror::Error;
 use virtio_bindings::bindings::virtio_ring::VRING_DESC_ALIGN_SIZE;
 use virtio_queue::desc::split::Descriptor;
-use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress,
-    VolatileMemory, VolatileSlice,
-};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, VolatileMemory, VolatileSlice};
 
 use super::wire::{MAX_DATA, MAX_INLINE, MAX_REPLY, MAX_SEGMENTS, REQ_HEADER_LEN, RESP_HEADER_LEN};
 
@@ -24,7 +23,7 @@ pub use vgpu_vhost_user::GuestMem;
 /// An available chain (its head and the descriptor table it indexes), and taking one from a
 /// queue.
 pub use vgpu_vhost_user::{ChainHead, take_head};
-use vgpu_vhost_user::{GuestRegion, region_holding};
+use vgpu_vhost_user::{GuestRegion, for_each_slice, in_memory};
 
 /// Most device-readable bytes a request can use.
 pub const MAX_READABLE: usize = REQ_HEADER_LEN + MAX_INLINE + MAX_DATA;
@@ -192,16 +191,16 @@ impl Segments {
     ) -> Result<(), ChainError> {
         let mut last: Option<&'m GuestRegion> = None;
         for s in &self.segs {
-            let Some(r) = region_holding(mem, &mut last, s.addr, s.len) else {
-                // Across a region boundary, or unmapped.
-                for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(s.addr), s.len) {
-                    f(slice.map_err(|_| ChainError::Unmapped(s.addr))?);
+            let flow = for_each_slice(mem, &mut last, s.addr, s.len, |slice| match slice {
+                Ok(slice) => {
+                    f(slice);
+                    ControlFlow::Continue(())
                 }
-                continue;
-            };
-            let offset = MemoryRegionAddress(s.addr - r.start_addr().0);
-            f(r.get_slice(offset, s.len)
-                .map_err(|_| ChainError::Unmapped(s.addr))?);
+                Err(_) => ControlFlow::Break(ChainError::Unmapped(s.addr)),
+            });
+            if let ControlFlow::Break(e) = flow {
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -420,13 +419,6 @@ impl Iterator for Descriptors<'_> {
     }
 }
 
-/// Whether `seg` is guest RAM; `last` is the region of the range checked before, which a
-/// chain's next range is usually in too (then this costs a bounds check, no lookup).
-fn in_memory<'m>(mem: &'m GuestMem, last: &mut Option<&'m GuestRegion>, seg: &Segment) -> bool {
-    region_holding(mem, last, seg.addr, seg.len).is_some()
-        || GuestMemoryBackend::check_range(mem, GuestAddress(seg.addr), seg.len)
-}
-
 /// Walks and validates a chain (see the module docs for the rules).
 pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refused> {
     let head = start.index;
@@ -473,7 +465,9 @@ pub fn parse_chain(start: ChainHead, mem: &GuestMem) -> Result<ParsedChain, Refu
             addr,
             len: len as usize,
         };
-        if len > 0 && !in_memory(mem, &mut region, &seg) {
+        // `region` is the region of the range checked before, which a chain's next range is
+        // usually in too: then this costs a bounds check, no lookup.
+        if len > 0 && !in_memory(mem, &mut region, seg.addr, seg.len) {
             first_error.get_or_insert(ChainError::OutsideMemory { index, addr, len });
             continue;
         }

@@ -11,16 +11,13 @@
 //! checked against the bytes the chain really holds.
 
 use std::io;
-use std::ops::Deref;
+use std::ops::{ControlFlow, Deref};
 
 use smallvec::SmallVec;
 use thiserror::Error;
-use vgpu_vhost_user::{GuestRegion, region_holding};
+use vgpu_vhost_user::{GuestRegion, for_each_slice, in_memory};
 use virtio_queue::DescriptorChain;
-use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, ReadVolatile,
-    VolatileMemoryError, WriteVolatile,
-};
+use vm_memory::{GuestAddress, ReadVolatile, VolatileMemoryError, WriteVolatile};
 
 /// Size of `struct virtio_vsock_hdr`.
 pub const PKT_HEADER_SIZE: usize = 44;
@@ -240,9 +237,7 @@ impl ChainBuffer {
             }
             let len = desc.len() as usize;
             if len > 0 {
-                if region_holding(mem, &mut last, desc.addr().0, len).is_none()
-                    && !GuestMemoryBackend::check_range(mem, desc.addr(), len)
-                {
+                if !in_memory(mem, &mut last, desc.addr().0, len) {
                     return Err(ChainError::OutsideMemory {
                         index,
                         addr: desc.addr().0,
@@ -300,28 +295,28 @@ impl ChainBuffer {
                 .ok_or_else(|| io::Error::other("guest address overflow"))?;
             let n = (seg_len - skip).min(left);
             skip = 0;
-            if let Some(r) = region_holding(mem, &mut last, start, n) {
-                // The usual case: one slice of one region, found with at most one lookup.
-                let mut slice = r
-                    .get_slice(MemoryRegionAddress(start - r.start_addr().0), n)
-                    .map_err(io::Error::other)?;
-                let got = f(&mut slice)?;
-                done += got;
-                left -= got;
-                if got < n {
-                    return Ok(done);
-                }
-                continue;
-            }
-            for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(start), n) {
-                let mut slice = slice.map_err(io::Error::other)?;
+            // Breaks with an error, or with `Ok` where `f` took fewer bytes than offered.
+            let flow = for_each_slice(mem, &mut last, start, n, |slice| {
+                let mut slice = match slice {
+                    Ok(slice) => slice,
+                    Err(e) => return ControlFlow::Break(Err(io::Error::other(e))),
+                };
                 let want = slice.len();
-                let got = f(&mut slice)?;
-                done += got;
-                left -= got;
-                if got < want {
-                    return Ok(done);
+                match f(&mut slice) {
+                    Ok(got) => {
+                        done += got;
+                        left -= got;
+                        if got < want {
+                            ControlFlow::Break(Ok(()))
+                        } else {
+                            ControlFlow::Continue(())
+                        }
+                    }
+                    Err(e) => ControlFlow::Break(Err(e)),
                 }
+            });
+            if let ControlFlow::Break(stop) = flow {
+                return stop.map(|()| done);
             }
         }
         Ok(done)

@@ -331,6 +331,20 @@ fn calls_on_device_thread(d: &Daemon) -> u64 {
         .calls_on_device_thread
 }
 
+/// Runs `round` (given its number) up to `rounds` times, until vm1's device thread answered a
+/// call itself, which it does only while the session thread is idle: a loaded machine may keep it
+/// busy for a while. Fails saying `none` if it never did.
+fn until_on_device_thread(d: &Daemon, rounds: usize, none: &str, mut round: impl FnMut(usize)) {
+    let before = calls_on_device_thread(d);
+    for i in 0..rounds {
+        round(i);
+        if calls_on_device_thread(d) > before {
+            return;
+        }
+    }
+    panic!("{none}");
+}
+
 /// The bytes of a large host-to-device copy that arrive while the session thread waits for
 /// them go from the guest's tx descriptors to device memory on the device thread (no ring in
 /// between, `bytes_lent_in_place`), whole and in order.
@@ -417,18 +431,15 @@ fn copy_bytes_go_from_device_memory_to_rx_buffers() {
     // A copy that fits the ring, of an idle session, the device thread answers itself, its
     // bytes read from device memory straight into the ring: whole and in order too. A loaded
     // machine may leave the session thread busy when a copy arrives, hence the rounds.
-    let here = calls_on_device_thread(&d);
-    for round in 0..50 {
-        let at = 4096 * round;
-        let back = read_back(&mut c, ctx, p + at as u64, 256 << 10);
-        assert!(back == body[at..at + (256 << 10)], "round {round}");
-        if calls_on_device_thread(&d) > here {
-            break;
-        }
-    }
-    assert!(
-        calls_on_device_thread(&d) > here,
-        "no copy was answered on the device thread"
+    until_on_device_thread(
+        &d,
+        50,
+        "no copy was answered on the device thread",
+        |round| {
+            let at = 4096 * round;
+            let back = read_back(&mut c, ctx, p + at as u64, 256 << 10);
+            assert!(back == body[at..at + (256 << 10)], "round {round}");
+        },
     );
     // Past the allocation's end: larger than the ring (the session thread's), and not.
     for len in [1 << 20, 256 << 10] {
@@ -539,20 +550,13 @@ fn pipelined_frames_are_answered_in_order_wherever_they_run() {
     let mut c2 = session(&g2);
     c2.hello().unwrap();
     let ctx2 = context(&mut c2);
-    let before = calls_on_device_thread(&d);
-    for _ in 0..FLOODS {
+    let none = format!("no frame of {FLOODS} floods ran on the device thread");
+    until_on_device_thread(&d, FLOODS, &none, |_| {
         flood_and_check(&mut c, ctx, p, || {
             // The other VM is served while vm1's flood is answered.
             c2.call(&msg::CtxSynchronize { ctx: ctx2 }, &[]).unwrap();
         });
-        if calls_on_device_thread(&d) > before {
-            break;
-        }
-    }
-    assert!(
-        calls_on_device_thread(&d) > before,
-        "no frame of {FLOODS} floods ran on the device thread"
-    );
+    });
     drop(c);
     wait_used(&d, "vm1", 0);
     d.shutdown();

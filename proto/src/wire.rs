@@ -51,45 +51,56 @@ impl<'a> Writer<'a> {
 /// Reads encoded fields from a payload.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+    /// The bytes not yet consumed.
+    rest: &'a [u8],
+    /// Length of the whole buffer.
+    len: usize,
 }
 
 impl<'a> Reader<'a> {
     /// A reader over `buf`, starting at its first byte.
     pub fn new(buf: &'a [u8]) -> Self {
-        Self { buf, pos: 0 }
+        Self {
+            rest: buf,
+            len: buf.len(),
+        }
     }
 
     /// Bytes consumed so far.
     pub fn position(&self) -> usize {
-        self.pos
+        self.len - self.rest.len()
     }
 
     /// Bytes not yet consumed.
     pub fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        self.rest.len()
+    }
+
+    fn truncated(&self, field: &'static str, needed: usize) -> DecodeError {
+        DecodeError::Truncated {
+            field,
+            needed,
+            left: self.remaining(),
+        }
     }
 
     /// Takes the next `n` bytes.
     pub fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
-        if self.remaining() < n {
-            return Err(DecodeError::Truncated {
-                field,
-                needed: n,
-                left: self.remaining(),
-            });
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
+        let Some((s, rest)) = self.rest.split_at_checked(n) else {
+            return Err(self.truncated(field, n));
+        };
+        self.rest = rest;
         Ok(s)
     }
 
+    /// Takes the next `N` bytes (one length check, as a fixed-size field wants).
+    #[inline]
     fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
-        let s = self.take(N, field)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(s);
-        Ok(a)
+        let Some((a, rest)) = self.rest.split_first_chunk::<N>() else {
+            return Err(self.truncated(field, N));
+        };
+        self.rest = rest;
+        Ok(*a)
     }
 }
 

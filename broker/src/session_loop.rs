@@ -15,7 +15,8 @@ use thiserror::Error;
 use tracing::{debug, error, info, warn};
 use vgpu_proto::cuda;
 use vgpu_proto::frame::{
-    self, FLAG_OUTPUT, FLAG_REPLY, FrameError, Header, MAX_PAYLOAD, ReadInPlace, WriteInPlace,
+    self, FLAG_OUTPUT, FLAG_REPLY, FrameError, HEADER_LEN, Header, MAX_PAYLOAD, ReadInPlace,
+    WriteInPlace,
 };
 use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
 
@@ -607,10 +608,18 @@ fn step<R: Read, W: Write>(
         // Nothing more is pending from the client: send the replies now.
         w.flush()?;
     }
-    let h = match frame::read_header(r) {
-        Ok(h) => h,
-        Err(FrameError::Closed) => return Ok(ControlFlow::Break(())),
-        Err(e) => return Err(e.into()),
+    let h = match r.buffer().first_chunk::<HEADER_LEN>() {
+        // Buffered, as a small frame's header mostly is: decoded where it is.
+        Some(b) => {
+            let h = Header::decode(b);
+            r.consume(HEADER_LEN);
+            h?
+        }
+        None => match frame::read_header(r) {
+            Ok(h) => h,
+            Err(FrameError::Closed) => return Ok(ControlFlow::Break(())),
+            Err(e) => return Err(e.into()),
+        },
     };
     // A large host-to-device copy on a lending transport: only its fields are read here.
     let lent = match lend {
@@ -623,8 +632,39 @@ fn step<R: Read, W: Write>(
         _ => None,
     };
     let bulk = lent.map_or(0, |(_, n)| n);
-    frame::read_payload(r, h.payload_len as usize - bulk, payload)?;
+    let len = h.payload_len as usize - bulk;
     summary.requests += 1;
+    if lent.is_none() && r.buffer().len() >= len {
+        // The whole payload is in the reader's buffer (as with most small frames): served from
+        // there, without copying it out.
+        let flow = serve_frame(
+            session,
+            &h,
+            &r.buffer()[..len],
+            None::<Lent<R>>,
+            w,
+            in_place,
+            out,
+        );
+        r.consume(len);
+        return flow;
+    }
+    frame::read_payload(r, len, payload)?;
+    let data = lent.map(|(lend, n)| Lent::new(r, lend, n));
+    serve_frame(session, &h, payload, data, w, in_place, out)
+}
+
+/// Serves one frame whose header `h` and `payload` (the fields, and the bulk bytes unless `lent`
+/// lends them) were read.
+fn serve_frame<R: Read, W: Write>(
+    session: &mut Session,
+    h: &Header,
+    payload: &[u8],
+    lent: Option<Lent<'_, R>>,
+    w: &mut Replier<W>,
+    in_place: InPlace<'_>,
+    out: &mut Vec<u8>,
+) -> Result<ControlFlow<()>, ServeError> {
     if session.fds_overflowed() {
         return Err(ServeError::Protocol(format!(
             "the client sent more than {} descriptors ahead of their requests",
@@ -643,8 +683,8 @@ fn step<R: Read, W: Write>(
         Err(e) => {
             let ce = CuError::rejected(h.opcode, &e);
             debug!(session = session.id(), error = %ce, "bad request");
-            if let Some((lend, n)) = lent {
-                Lent::new(r, lend, n).finish()?;
+            if let Some(data) = lent {
+                data.finish()?;
             }
             if is_async {
                 session.defer_error(ce);
@@ -667,14 +707,13 @@ fn step<R: Read, W: Write>(
         && !is_async
         && m.len as usize >= IN_PLACE_MIN_BYTES
     {
-        dtoh_in_place(session, &h, &req, w, in_place)?;
+        dtoh_in_place(session, h, &req, w, in_place)?;
         return Ok(ControlFlow::Continue(()));
     }
     out.clear();
     let name = req.name();
     let result = match lent {
-        Some((lend, n)) => {
-            let data = Lent::new(r, lend, n);
+        Some(data) => {
             let result = catch_unwind(AssertUnwindSafe(|| {
                 session.handle_lent(&req, &data, out, !is_async)
             }))
@@ -1375,6 +1414,132 @@ mod tests {
         assert_eq!((h.call_id, h.status), (78, CUDA_ERROR_INVALID_VALUE));
         assert!(String::from_utf8_lossy(&p).contains("truncated"));
         alloc(&mut c, ctx, 16).unwrap();
+    }
+
+    /// A reader that hands out its bytes a few at a time, in sizes cycling through 1 to 13, so
+    /// that frames arrive split at every point of their headers and payloads.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            const MAX_STEP: usize = 13;
+            self.step = self.step % MAX_STEP + 1;
+            let n = self.step.min(buf.len()).min(self.data.len() - self.at);
+            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    /// Serves the frames of `r` to a new session of a fresh broker's `vm1` and returns the
+    /// frames it wrote back.
+    fn serve_script(r: impl Read) -> Vec<(frame::Header, Vec<u8>)> {
+        let b = broker(Duration::ZERO);
+        let mut written = Vec::new();
+        serve(&b, b.tenant("vm1").unwrap(), r, &mut written, "test").unwrap();
+        let mut replies = io::Cursor::new(written);
+        let mut frames = Vec::new();
+        loop {
+            let mut p = Vec::new();
+            match frame::read_frame(&mut replies, &mut p) {
+                Ok(h) => frames.push((h, p)),
+                Err(FrameError::Closed) => return frames,
+                Err(e) => panic!("bad reply stream: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn frames_split_anywhere_are_served_as_whole_ones_are() {
+        // The context and the buffer a fresh broker gives the first session.
+        let (ctx, ptr) = {
+            let b = broker(Duration::ZERO);
+            let (mut c, _h, ctx) = open(&b, "vm1");
+            (ctx, alloc(&mut c, ctx, 4096).unwrap())
+        };
+        let data: Vec<u8> = (0..100u8).collect();
+        let mut script = Vec::new();
+        let mut put = |opcode: u16, flags: u16, id: u64, parts: &[&[u8]]| {
+            frame::write_frame(&mut script, opcode, flags, id, 0, parts).unwrap();
+        };
+        let hello = Hello {
+            protocol_version: vgpu_proto::PROTOCOL_VERSION,
+            pid: 1,
+            shim_version: "test".into(),
+            process_name: "test".into(),
+        };
+        put(Hello::OPCODE, 0, 1, &[&encode(&hello)]);
+        put(
+            CtxCreate::OPCODE,
+            0,
+            2,
+            &[&encode(&CtxCreate {
+                device: 0,
+                flags: 0,
+            })],
+        );
+        put(
+            MemAlloc::OPCODE,
+            0,
+            3,
+            &[&encode(&MemAlloc { ctx, size: 4096 })],
+        );
+        let memset = Memset {
+            ctx,
+            stream: 0,
+            dst: ptr,
+            value: 7,
+            elem_size: 1,
+            count: 64,
+        };
+        put(Memset::OPCODE, frame::FLAG_ASYNC, 4, &[&encode(&memset)]);
+        let htod = MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst: ptr + 64,
+        };
+        put(
+            MemcpyHtoD::OPCODE,
+            frame::FLAG_ASYNC,
+            5,
+            &[&encode(&htod), &data],
+        );
+        put(0x7e7e, 0, 6, &[b"??"]);
+        let dtoh = MemcpyDtoH {
+            ctx,
+            stream: 0,
+            src: ptr,
+            len: 164,
+        };
+        put(MemcpyDtoH::OPCODE, 0, 7, &[&encode(&dtoh)]);
+
+        let whole = serve_script(io::Cursor::new(script.clone()));
+        let ids: Vec<_> = whole.iter().map(|(h, _)| (h.call_id, h.status)).collect();
+        assert_eq!(
+            ids,
+            [
+                (1, 0),
+                (2, 0),
+                (3, 0),
+                (6, CUDA_ERROR_NOT_SUPPORTED),
+                (7, 0)
+            ]
+        );
+        assert_eq!(whole[1].1, encode(&Handle { handle: ctx }));
+        let copied = &whole[4].1;
+        assert_eq!(copied[..64], [7; 64]);
+        assert_eq!(copied[64..], data);
+
+        let split = serve_script(Trickle {
+            data: script,
+            at: 0,
+            step: 0,
+        });
+        assert_eq!(split, whole);
     }
 
     #[test]

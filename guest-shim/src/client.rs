@@ -80,6 +80,11 @@ pub const OUTPUT_CHUNK: u32 = (DEVICE_REPLY_BUFFER - 1024) as u32;
 /// synchronous call, whichever comes first. `VGPU_ASYNC_BATCH=0` sends each
 /// at once.
 pub const DEFAULT_ASYNC_BATCH: usize = 64 << 10;
+/// After a synchronous call vgpud has nothing left of this client's to run: the next batch of
+/// asynchronous frames is sent at this size, and each one after it twice the size of the one
+/// before, up to the batch size, so that vgpud starts on them at once instead of waiting for a
+/// whole batch.
+pub const FIRST_ASYNC_BATCH: usize = 1 << 10;
 /// Longest time an asynchronous frame waits in the batch (`VGPU_FLUSH_US`).
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_micros(50);
 
@@ -143,6 +148,9 @@ pub struct Client {
     batched: usize,
     call_id: u64,
     batch: usize,
+    /// The size at which the next batch is sent: [`FIRST_ASYNC_BATCH`] after a synchronous
+    /// call, doubling with each batch up to `batch`.
+    ramp: usize,
     flush_interval: Duration,
     last_flush: Instant,
     broken: Option<String>,
@@ -226,6 +234,7 @@ impl Client {
             batched: 0,
             call_id: 0,
             batch,
+            ramp: FIRST_ASYNC_BATCH,
             flush_interval,
             last_flush: Instant::now(),
             broken: None,
@@ -354,6 +363,7 @@ impl Client {
     ) -> Result<T, CallError> {
         self.check()?;
         let r = f(self);
+        self.ramp = FIRST_ASYNC_BATCH;
         self.take_output();
         r.map_err(|e| self.fail(e))
     }
@@ -758,7 +768,10 @@ impl Client {
         debug_assert!(O::FLAGS & msg::ASYNC_OK != 0);
         self.check()?;
         let r = self.enqueue(req, tail, FLAG_ASYNC).and_then(|_| {
-            if self.wbuf.len() >= self.batch || self.last_flush.elapsed() >= self.flush_interval {
+            if self.wbuf.len() >= self.ramp.min(self.batch)
+                || self.last_flush.elapsed() >= self.flush_interval
+            {
+                self.ramp = self.ramp.saturating_mul(2);
                 self.flush()
             } else {
                 Ok(())
@@ -934,6 +947,58 @@ mod tests {
         });
         c.call(&msg::Ping {}, &[]).unwrap();
         t.join().unwrap();
+    }
+
+    /// Posts Memsets with only the batch size to flush them, reading what reaches `server` after
+    /// each; returns the sizes of the first `writes` writes.
+    fn batch_sizes(c: &mut Client, server: &mut UnixStream, writes: usize) -> Vec<usize> {
+        let m = msg::Memset {
+            ctx: 1,
+            stream: 0,
+            dst: 2,
+            value: 3,
+            elem_size: 1,
+            count: 4,
+        };
+        server.set_nonblocking(true).unwrap();
+        let mut sizes = Vec::new();
+        let mut b = vec![0u8; DEFAULT_ASYNC_BATCH + BATCH_TAIL_MAX];
+        while sizes.len() < writes {
+            c.post(&m, &[]).unwrap();
+            match server.read(&mut b) {
+                Ok(n) => sizes.push(n),
+                Err(e) => assert_eq!(e.kind(), io::ErrorKind::WouldBlock),
+            }
+        }
+        server.set_nonblocking(false).unwrap();
+        sizes
+    }
+
+    #[test]
+    fn after_a_sync_call_async_batches_start_small_and_double() {
+        let (mut c, mut server) = pair();
+        c.set_flush_interval(Duration::from_secs(3600));
+        let frame_len = HEADER_LEN + msg::encode(&msg::Memset::default()).len();
+        let expected: Vec<usize> = (0..4)
+            .map(|i| (FIRST_ASYNC_BATCH << i).div_ceil(frame_len) * frame_len)
+            .collect();
+        assert_eq!(batch_sizes(&mut c, &mut server, 4), expected);
+        // A synchronous call: vgpud has run everything sent before it, so the next batch is
+        // small again.
+        let t = std::thread::spawn(move || {
+            let mut p = Vec::new();
+            loop {
+                let h = frame::read_frame(&mut server, &mut p).unwrap();
+                if !h.is_async() {
+                    frame::write_frame(&mut server, h.opcode, frame::FLAG_REPLY, h.call_id, 0, &[])
+                        .unwrap();
+                    return server;
+                }
+            }
+        });
+        c.call(&msg::Ping {}, &[]).unwrap();
+        let mut server = t.join().unwrap();
+        assert_eq!(batch_sizes(&mut c, &mut server, 2), expected[..2]);
     }
 
     #[test]

@@ -905,23 +905,24 @@ mod tests {
         (Client::new(Box::new(a)), b)
     }
 
+    /// The asynchronous request these tests post.
+    fn memset() -> msg::Memset {
+        msg::Memset {
+            ctx: 1,
+            stream: 0,
+            dst: 2,
+            value: 3,
+            elem_size: 1,
+            count: 4,
+        }
+    }
+
     #[test]
     fn async_requests_are_batched_until_a_sync_call() {
         let (mut c, mut server) = pair();
         // Only the sync call may flush here, however slowly a loaded machine runs this test.
         c.set_flush_interval(Duration::from_secs(3600));
-        c.post(
-            &msg::Memset {
-                ctx: 1,
-                stream: 0,
-                dst: 2,
-                value: 3,
-                elem_size: 1,
-                count: 4,
-            },
-            &[],
-        )
-        .unwrap();
+        c.post(&memset(), &[]).unwrap();
         server.set_nonblocking(true).unwrap();
         let mut b = [0u8; 64];
         assert!(
@@ -952,14 +953,7 @@ mod tests {
     /// Posts Memsets with only the batch size to flush them, reading what reaches `server` after
     /// each; returns the sizes of the first `writes` writes.
     fn batch_sizes(c: &mut Client, server: &mut UnixStream, writes: usize) -> Vec<usize> {
-        let m = msg::Memset {
-            ctx: 1,
-            stream: 0,
-            dst: 2,
-            value: 3,
-            elem_size: 1,
-            count: 4,
-        };
+        let m = memset();
         server.set_nonblocking(true).unwrap();
         let mut sizes = Vec::new();
         let mut b = vec![0u8; DEFAULT_ASYNC_BATCH + BATCH_TAIL_MAX];
@@ -978,7 +972,7 @@ mod tests {
     fn after_a_sync_call_async_batches_start_small_and_double() {
         let (mut c, mut server) = pair();
         c.set_flush_interval(Duration::from_secs(3600));
-        let frame_len = HEADER_LEN + msg::encode(&msg::Memset::default()).len();
+        let frame_len = HEADER_LEN + msg::encode(&memset()).len();
         let expected: Vec<usize> = (0..4)
             .map(|i| (FIRST_ASYNC_BATCH << i).div_ceil(frame_len) * frame_len)
             .collect();

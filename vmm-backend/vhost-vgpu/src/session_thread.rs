@@ -221,6 +221,11 @@ impl SessionState for SessionCore {
     fn try_run_here(&self, shared: &Shared, job: Box<CallJob>) -> RunHere {
         try_run_here(shared, self, job)
     }
+
+    #[cfg(test)]
+    fn idle(&self) -> bool {
+        self.state.try_lock().is_ok() && self.queued.load(Ordering::Acquire) == 0
+    }
 }
 
 /// Runs the synchronous frame `job` on the calling (queue) thread when that cannot wait: the

@@ -51,6 +51,10 @@ pub(crate) trait SessionState: Send + Sync {
     /// Runs the synchronous frame `job` on the calling (queue) thread if nothing can make it
     /// wait; never blocks.
     fn try_run_here(&self, shared: &Shared, job: Box<CallJob>) -> RunHere;
+    /// Whether the session thread holds nothing and has nothing sent to it left: a frame
+    /// offered now would not find the state taken (tests wait for this).
+    #[cfg(test)]
+    fn idle(&self) -> bool;
 }
 
 impl SessionEntry {

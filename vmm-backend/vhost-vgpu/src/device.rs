@@ -800,16 +800,13 @@ mod tests {
                     }
                 }
                 OP_VIOLATE => Reply::Violation("told to".into()),
-                OP_BLOCK if c.header.flags & FLAG_ASYNC != 0 => {
-                    // A posted frame that runs long.
-                    if let Some(g) = &self.gate {
-                        let _ = g.recv();
-                    }
-                    Reply::None
-                }
                 OP_BLOCK => {
                     if let Some(g) = &self.gate {
                         let _ = g.recv();
+                    }
+                    if c.header.flags & FLAG_ASYNC != 0 {
+                        // A posted frame that ran long.
+                        return Reply::None;
                     }
                     // Try to write guest memory after the gate opened.
                     let r = c.reply_data.write(8, &mut |segs| {

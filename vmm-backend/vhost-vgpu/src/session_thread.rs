@@ -288,10 +288,13 @@ pub(crate) fn run(
     let mut close_chain = None;
     // More than DEEP messages were left at some point since the guest was last told.
     let mut deep = false;
+    // The first message is waited for as every later one is, without the session's state: until
+    // the thread has work, the queue thread may run the session's first quick frame itself.
+    let mut first = rx.recv().ok();
     // Held while there is work; let go only to sleep, so the queue thread can run a frame itself.
     let mut st = core.lock();
     'outer: loop {
-        let msg = match rx.try_recv() {
+        let msg = match first.take().map_or_else(|| rx.try_recv(), Ok) {
             Ok(m) => m,
             Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) => {

@@ -739,14 +739,20 @@ impl Shared {
             }
         }
         if let Err(e) = result {
-            debug!(error = %e, seq, ctx, "asynchronous work failed");
-            if cuda::is_sticky(e.code) {
-                st.poisoned.entry(ctx).or_insert_with(|| e.clone());
-                self.any_poisoned.store(true, Ordering::Release);
-            }
-            st.errors.entry(ctx).or_insert(e);
+            self.keep_error(st, seq, ctx, e);
         }
         self.wake(st);
+    }
+
+    /// Keeps the error of job `seq` of context `ctx` for the context's next synchronizing call;
+    /// a sticky one poisons the context.
+    fn keep_error(&self, st: &mut State, seq: u64, ctx: u64, e: CuError) {
+        debug!(error = %e, seq, ctx, "asynchronous work failed");
+        if cuda::is_sticky(e.code) {
+            st.poisoned.entry(ctx).or_insert_with(|| e.clone());
+            self.any_poisoned.store(true, Ordering::Release);
+        }
+        st.errors.entry(ctx).or_insert(e);
     }
 }
 
@@ -986,25 +992,31 @@ impl Engine {
         lane.spec.priority = spec.priority;
         lane.last = seq;
         let inline = lane.idle() && deps.is_empty() && job.quick();
-        st.unfinished.insert(seq, ctx);
-        if inline && charged {
-            // Decided under the same lock as the charge: not expected, but then
-            // nothing is queued.
-            st.unqueue(bytes);
-        }
         if inline {
-            if let Some(l) = st.lanes.get_mut(&spec.key) {
-                l.running = Some(seq);
+            if charged {
+                // Decided under the same lock as the charge: not expected, but then
+                // nothing is queued.
+                st.unqueue(bytes);
             }
+            // The job runs now, on this thread, and is done when this call returns. Nothing
+            // else looks for it meanwhile: work is submitted, waited for and asked about by the
+            // session's own thread, this one, so nothing depends on the job and nobody waits
+            // for it, and a worker finds its lane idle with nothing queued. So it is neither
+            // entered as unfinished nor marked running, and the lock is not taken again unless
+            // it fails: a posted call's bookkeeping is one acquisition of the lock.
             drop(st);
             let at = priority.unwrap_or(spec.priority);
             let r = crate::device::with_lane_at(spec.key.id(), at, || {
                 job.run(seq, self.shared.dev.as_ref())
             });
-            let mut st = self.shared.lock();
-            self.shared.finish(&mut st, spec.key, seq, ctx, r);
+            if let Err(e) = r {
+                let mut st = self.shared.lock();
+                self.shared.keep_error(&mut st, seq, ctx, e);
+                self.shared.wake(&st);
+            }
             return seq;
         }
+        st.unfinished.insert(seq, ctx);
         st.queued += 1;
         st.queued_bytes += bytes;
         if let Some(l) = st.lanes.get_mut(&spec.key) {
@@ -1040,17 +1052,21 @@ impl Engine {
         }
         let seq = st.submitted + 1;
         st.submitted = seq;
-        st.unfinished.insert(seq, ctx);
-        let lane = st.lanes.entry(spec.key).or_insert_with(|| Lane::new(*spec));
-        lane.last = seq;
-        lane.running = Some(seq);
+        st.lanes
+            .entry(spec.key)
+            .or_insert_with(|| Lane::new(*spec))
+            .last = seq;
+        // Done when this call returns, and looked for by nobody meanwhile: see the inline path
+        // of `submit_full`.
         drop(st);
         let r = crate::device::with_lane_at(spec.key.id(), spec.priority, || {
             f(self.shared.dev.as_ref())
-        })
-        .map_err(CuError::from);
-        let mut st = self.shared.lock();
-        self.shared.finish(&mut st, spec.key, seq, ctx, r);
+        });
+        if let Err(e) = r {
+            let mut st = self.shared.lock();
+            self.shared.keep_error(&mut st, seq, ctx, e.into());
+            self.shared.wake(&st);
+        }
         Some(seq)
     }
 
@@ -1480,6 +1496,55 @@ mod tests {
         e.clear_context(1);
         assert!(e.take_error(1).is_none());
         assert!(e.try_inline(&L1, |_| Ok(())).is_some());
+    }
+
+    #[test]
+    fn inline_jobs_are_done_when_submitted_and_their_errors_surface_later() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        // Quick jobs on an idle lane run on the submitting thread, before `submit` returns.
+        let fill = || Job::Memset {
+            dst: 0x1,
+            value: 0,
+            elem_size: 1,
+            count: 1,
+        };
+        let a = e.submit(&L1, fill());
+        let b = e
+            .try_inline(&L1, |_| Ok(()))
+            .expect("an idle lane runs inline");
+        assert_eq!((a, b), (1, 2));
+        assert!(e.is_done(a) && e.is_done(b) && e.is_complete(b));
+        assert!(e.idle() && e.lane_idle(&L1));
+        assert_eq!((e.lane_last(L1.key), e.submitted()), (b, b));
+        // The failed fill is reported once, by the context's next synchronizing call.
+        e.wait_ctx(1).unwrap();
+        assert_eq!(
+            e.take_error(1).unwrap().code,
+            cuda::CUDA_ERROR_INVALID_VALUE
+        );
+        assert!(e.take_error(1).is_none());
+        // Work submitted after them is numbered after them and waits for nothing.
+        let c = e.submit(&L2, step(&log, 1));
+        assert_eq!(c, b + 1);
+        e.wait(c).unwrap();
+        // A sticky failure of an inline job poisons its context: its later work does not run.
+        let fault = e.try_inline(&L1, |_| {
+            Err(DeviceError::Fault {
+                code: cuda::CUDA_ERROR_ILLEGAL_ADDRESS,
+                message: "boom".into(),
+            })
+        });
+        assert!(fault.is_some());
+        let d = e.submit(&L1, step(&log, 2));
+        e.wait(d).unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![1]);
+        assert_eq!(
+            e.take_error(1).unwrap().code,
+            cuda::CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+        assert!(e.try_inline(&L1, |_| Ok(())).is_none());
+        assert!(e.take_error(2).is_none());
     }
 
     #[test]

@@ -796,6 +796,12 @@ impl DeviceContext for SimContext {
             len: bytes,
         };
         let pattern = &value.to_le_bytes()[..elem_size as usize];
+        if let Ok((buf, off)) = self.inner.range(dst, bytes) {
+            // Inside one allocation, as almost every fill is: no list of pieces.
+            return buf
+                .fill(off, pattern, (bytes / u64::from(elem_size)) as usize)
+                .map_err(|_| bad());
+        }
         for (buf, off, n) in self.inner.pieces(dst, bytes)? {
             // Mappings are granular (2 MiB), so pieces hold whole elements.
             if n % elem_size as usize != 0 {

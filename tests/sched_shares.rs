@@ -212,9 +212,13 @@ fn weight_and_priority_changes_apply_live() {
         weighted >= 0.60 && weighted >= equal + 0.15,
         "weight 4:1: a had {weighted} (with equal weights {equal})"
     );
+    // As batch, a runs only while b has nothing queued: about 5 % of the device on an idle
+    // machine, more when a loaded one leaves b's client slow to refill (27 % once in a CI run).
+    // A priority that were ignored would leave a its weighted share, one treated as a weight
+    // about half: both fail.
     assert!(
-        batch <= 0.25 && batch <= weighted - 0.35,
-        "a as batch had {batch} (as normal with weight 4, {weighted})"
+        batch <= (equal - 0.15).max(0.25) && batch <= weighted - 0.35,
+        "a as batch had {batch} (as normal with equal weights {equal}, with weight 4 {weighted})"
     );
     let st = broker.tenant("a").unwrap().sched_stats();
     assert_eq!((st.weight, st.priority.as_str()), (4, "batch"));

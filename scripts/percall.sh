@@ -27,7 +27,7 @@ trap 'rm -rf "$out"' EXIT
 # Instructions counted in FUNCTION over one callgrind run of the benchmark.
 count() {
     valgrind --tool=callgrind --callgrind-out-file="$out/$1" \
-        --toggle-collect="vgpu_bench::remoting::Direct::$1" \
+        --toggle-collect="vgpu_bench::direct::Direct::$1" \
         target/release/vgpu-bench remoting --iters "$iters" --runs 1 >"$out/$1.log" 2>&1 ||
         { cat "$out/$1.log" >&2; exit 1; }
     awk '/^(summary|totals):/ { print $2; exit }' "$out/$1"

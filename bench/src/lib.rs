@@ -1,6 +1,7 @@
 //! vgpu benchmarks. Each prints its figures next to a baseline measured in
 //! the same run and the ratio between them; medians over repeated runs.
 
+pub mod direct;
 pub mod graphs;
 pub mod overflow;
 pub mod pinned;

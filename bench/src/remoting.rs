@@ -3,16 +3,12 @@
 //! broker, compared with the same calls made directly on a broker session in
 //! the same process.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
-use vgpu_broker::session::Session;
-use vgpu_broker::tenant::SessionInfo;
 use vgpu_config::Config;
-use vgpu_proto::msg::{self, Request};
 use vgpud::Daemon;
 
+use crate::direct::Direct;
 use crate::stats::{median, percentile};
 
 /// Parameters.
@@ -80,88 +76,12 @@ fn raw_socket_rtt(iters: usize, spin: std::time::Duration) -> f64 {
     median(&lat)
 }
 
-/// A broker session of the benchmark's VM called directly (no transport, no encoding), with a
-/// context and a 4 KiB allocation.
-struct Direct {
-    session: Session,
-    out: Vec<u8>,
-    /// `CtxSynchronize` of the context.
-    sync: Request,
-    /// A 64-byte `Memset` of the allocation.
-    memset: Request,
-}
-
-impl Direct {
-    fn open(daemon: &Daemon) -> Self {
-        let tenant = daemon.broker().tenant("bench").expect("bench tenant");
-        let info = Arc::new(SessionInfo {
-            id: u64::MAX,
-            pid: 0,
-            process_name: "direct".into(),
-            transport: "in-process".into(),
-            started: SystemTime::now(),
-            memory: AtomicU64::new(0),
-        });
-        let mut d = Direct {
-            session: Session::new(tenant, info).expect("session"),
-            out: Vec::new(),
-            sync: Request::CtxSynchronize(msg::CtxSynchronize { ctx: 0 }),
-            memset: Request::CtxSynchronize(msg::CtxSynchronize { ctx: 0 }),
-        };
-        let create = Request::CtxCreate(msg::CtxCreate {
-            device: 0,
-            flags: 0,
-        });
-        d.call(&create, true);
-        let ctx = u64::from_le_bytes(d.out[..8].try_into().expect("handle"));
-        d.call(&Request::MemAlloc(msg::MemAlloc { ctx, size: 4096 }), true);
-        let ptr = u64::from_le_bytes(d.out[..8].try_into().expect("ptr"));
-        d.sync = Request::CtxSynchronize(msg::CtxSynchronize { ctx });
-        d.memset = Request::Memset(msg::Memset {
-            ctx,
-            stream: 0,
-            dst: ptr,
-            value: 7,
-            elem_size: 1,
-            count: 64,
-        });
-        d
-    }
-
-    fn call(&mut self, r: &Request, sync: bool) {
-        self.out.clear();
-        self.session
-            .handle(r, &[], &mut self.out, sync)
-            .expect("direct call");
-    }
-
-    /// `n` posted `Memset`s and the `CtxSynchronize` that closes them. A function of its own so
-    /// that callgrind can count its instructions alone
-    /// (`--toggle-collect=vgpu_bench::remoting::Direct::posted_memsets`, docs/performance.md).
-    #[inline(never)]
-    fn posted_memsets(&mut self, n: usize) {
-        let memset = self.memset.clone();
-        for _ in 0..n {
-            self.call(&memset, false);
-        }
-        let sync = self.sync.clone();
-        self.call(&sync, true);
-    }
-
-    /// One `CtxSynchronize`, for callgrind as [`Direct::posted_memsets`].
-    #[inline(never)]
-    fn synchronize(&mut self) {
-        let sync = self.sync.clone();
-        self.call(&sync, true);
-    }
-}
-
 /// Direct calls on a broker session (no transport, no encoding).
 fn direct(daemon: &Daemon, p: Params) -> Figures {
-    let mut d = Direct::open(daemon);
-    let lat = time_each(p.iters, || d.synchronize());
+    let mut d = Direct::open(daemon, "bench").expect("direct session");
+    let lat = time_each(p.iters, || d.synchronize().expect("direct CtxSynchronize"));
     let t = Instant::now();
-    d.posted_memsets(p.iters);
+    d.posted_memsets(p.iters).expect("direct Memsets");
     let async_ns = t.elapsed().as_nanos() as f64 / p.iters as f64;
     Figures {
         sync_p50: median(&lat),

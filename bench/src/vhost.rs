@@ -16,21 +16,18 @@
 //! guest module waits for room for more of them.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use cuda::client::Client;
 use std::collections::VecDeque;
-use vgpu_broker::session::Session;
-use vgpu_broker::tenant::SessionInfo;
 use vgpu_config::Config;
-use vgpu_proto::msg::{self, Request};
+use vgpu_proto::msg;
 use vgpu_vhost_vgpu::wire::{MAX_BATCH_FRAMES, S_OK};
 use vgpu_vmm_testutils::vgpu::{DEFAULT_TIMEOUT, DevGuest, DevGuestOptions, DevSession, Pending};
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 use vgpud::Daemon;
 
+use crate::direct::{BUFFER_BYTES, Direct, memset};
 use crate::stats::{median, percentile};
 
 /// Parameters.
@@ -57,10 +54,6 @@ const MEMSET_FRAME_BYTES: usize = 64;
 const GUEST_CID: u64 = 3;
 const SLICE: &str = "256MiB";
 const DEVICE_MEMORY: &str = "1GiB";
-/// The buffer the `Memset`s write.
-const BUFFER_BYTES: u64 = 4096;
-const MEMSET_BYTES: u64 = 64;
-const MEMSET_VALUE: u32 = 7;
 const PERCENTILE_TAIL: f64 = 99.0;
 /// Warm-up calls, as a fraction of `iters` (plus one).
 const WARMUP_DIVISOR: usize = 10;
@@ -269,64 +262,13 @@ impl DevRemote {
     }
 }
 
-/// The same calls on a broker session of the VM, without transport or encoding.
-struct Direct {
-    session: Session,
-    ctx: u64,
-    ptr: u64,
-    out: Vec<u8>,
-}
-
-impl Direct {
-    fn open(daemon: &Daemon) -> Result<Direct, String> {
-        let tenant = daemon
-            .broker()
-            .tenant(VM)
-            .ok_or("the benchmark VM is missing")?;
-        let info = Arc::new(SessionInfo {
-            id: u64::MAX,
-            pid: 0,
-            process_name: "direct".into(),
-            transport: "in-process".into(),
-            started: SystemTime::now(),
-            memory: AtomicU64::new(0),
-        });
-        let mut session =
-            Session::new(tenant, info).map_err(|e| format!("direct session: {e:?}"))?;
-        let mut out = Vec::new();
-        let create = Request::CtxCreate(msg::CtxCreate {
-            device: 0,
-            flags: 0,
-        });
-        call_direct(&mut session, &create, true, &mut out)?;
-        let ctx = read_u64(&out)?;
-        let alloc = Request::MemAlloc(msg::MemAlloc {
-            ctx,
-            size: BUFFER_BYTES,
-        });
-        call_direct(&mut session, &alloc, true, &mut out)?;
-        let ptr = read_u64(&out)?;
-        Ok(Direct {
-            session,
-            ctx,
-            ptr,
-            out,
-        })
-    }
-}
-
 impl CallPath for Direct {
     fn synchronize(&mut self) -> Result<(), String> {
-        let sync = Request::CtxSynchronize(msg::CtxSynchronize { ctx: self.ctx });
-        call_direct(&mut self.session, &sync, true, &mut self.out)
+        Direct::synchronize(self)
     }
 
     fn memsets(&mut self, n: usize) -> Result<(), String> {
-        let m = Request::Memset(memset(self.ctx, self.ptr));
-        for _ in 0..n {
-            call_direct(&mut self.session, &m, false, &mut self.out)?;
-        }
-        self.synchronize()
+        self.posted_memsets(n)
     }
 }
 
@@ -361,31 +303,6 @@ fn measure_path(p: &mut dyn CallPath, iters: usize) -> Result<Figures, String> {
     })
 }
 
-/// The benchmark's `Memset` of the buffer at `ptr`.
-fn memset(ctx: u64, ptr: u64) -> msg::Memset {
-    msg::Memset {
-        ctx,
-        stream: 0,
-        dst: ptr,
-        value: MEMSET_VALUE,
-        elem_size: 1,
-        count: MEMSET_BYTES,
-    }
-}
-
-fn call_direct(s: &mut Session, r: &Request, sync: bool, out: &mut Vec<u8>) -> Result<(), String> {
-    out.clear();
-    s.handle(r, &[], out, sync)
-        .map_err(|e| format!("direct {}: {e:?}", r.name()))
-}
-
-fn read_u64(out: &[u8]) -> Result<u64, String> {
-    out.get(..8)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_le_bytes)
-        .ok_or_else(|| "short reply from a direct call".to_string())
-}
-
 fn config(dir: &Path) -> Result<Config, String> {
     let text = format!(
         "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"{DEVICE_MEMORY}\"\n\n\
@@ -410,7 +327,7 @@ pub fn measure(p: Params) -> Result<Report, String> {
     let config = config(dir.path())?;
     let daemon = Daemon::start(&config).map_err(|e| format!("starting vgpud in-process: {e}"))?;
 
-    let mut direct = Direct::open(&daemon)?;
+    let mut direct = Direct::open(&daemon, VM)?;
     // As the shim connects (its reads poll briefly before they block).
     let unix = cuda::transport::connect(&cuda::transport::Endpoint::Unix(
         dir.path().join("bench.sock"),

@@ -187,16 +187,42 @@ impl Segments {
     fn for_each_slice<'m>(
         &self,
         mem: &'m GuestMem,
+        f: impl FnMut(VolatileSlice<'m, ()>),
+    ) -> Result<(), ChainError> {
+        self.for_each_slice_in(mem, 0, self.total, f)
+    }
+
+    /// Like [`Segments::for_each_slice`], for bytes `start..start + len` of the stream only
+    /// (clipped to its end), without building the part as a stream of its own.
+    fn for_each_slice_in<'m>(
+        &self,
+        mem: &'m GuestMem,
+        start: usize,
+        len: usize,
         mut f: impl FnMut(VolatileSlice<'m, ()>),
     ) -> Result<(), ChainError> {
         let mut last: Option<&'m GuestRegion> = None;
+        let mut skip = start;
+        let mut left = len.min(self.total.saturating_sub(start));
         for s in &self.segs {
-            let flow = for_each_slice(mem, &mut last, s.addr, s.len, |slice| match slice {
+            if left == 0 {
+                break;
+            }
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            // Inside the range: `addr + len` of every range was checked when it was taken.
+            let addr = s.addr + skip as u64;
+            let n = (s.len - skip).min(left);
+            skip = 0;
+            left -= n;
+            let flow = for_each_slice(mem, &mut last, addr, n, |slice| match slice {
                 Ok(slice) => {
                     f(slice);
                     ControlFlow::Continue(())
                 }
-                Err(_) => ControlFlow::Break(ChainError::Unmapped(s.addr)),
+                Err(_) => ControlFlow::Break(ChainError::Unmapped(addr)),
             });
             if let ControlFlow::Break(e) = flow {
                 return Err(e);
@@ -207,9 +233,19 @@ impl Segments {
 
     /// Copies the first `buf.len()` bytes of the stream into `buf`; returns the bytes copied.
     pub fn read_into(&self, mem: &GuestMem, buf: &mut [u8]) -> Result<usize, ChainError> {
-        let part = self.sub(0, buf.len());
+        self.read_at(mem, 0, buf)
+    }
+
+    /// Copies `buf.len()` bytes of the stream from byte `start` into `buf`; returns the bytes
+    /// copied (fewer where the stream ends first).
+    pub fn read_at(
+        &self,
+        mem: &GuestMem,
+        start: usize,
+        buf: &mut [u8],
+    ) -> Result<usize, ChainError> {
         let mut pos = 0;
-        part.for_each_slice(mem, |s| {
+        self.for_each_slice_in(mem, start, buf.len(), |s| {
             pos += s.copy_to(&mut buf[pos..]);
         })?;
         Ok(pos)
@@ -217,9 +253,8 @@ impl Segments {
 
     /// Copies `data` to the start of the stream (truncated to its length); returns the bytes copied.
     pub fn write_from(&self, mem: &GuestMem, data: &[u8]) -> Result<usize, ChainError> {
-        let part = self.sub(0, data.len());
         let mut pos = 0;
-        part.for_each_slice(mem, |s| {
+        self.for_each_slice_in(mem, 0, data.len(), |s| {
             let n = s.len();
             s.copy_from(&data[pos..pos + n]);
             pos += n;
@@ -915,6 +950,53 @@ mod tests {
                 len: 5
             }
         );
+    }
+
+    /// Reads from any byte of a stream and writes to its start copy exactly the guest bytes the
+    /// stream spells out there, across ranges and past its end.
+    #[test]
+    fn reads_and_writes_touch_exactly_the_streams_bytes() {
+        let m = mem();
+        let seg = |addr, len| Segment { addr, len };
+        let s = Segments::new(vec![
+            seg(0x1000, 3),
+            seg(0x9000, 0),
+            seg(0x5000, 1),
+            seg(0x7000, 5),
+            seg(0x2000, 2),
+        ]);
+        let addrs: Vec<u64> = s
+            .segments()
+            .iter()
+            .flat_map(|g| (0..g.len as u64).map(move |i| g.addr + i))
+            .collect();
+        let pattern = |a: u64| (a % 251) as u8;
+        for &a in &addrs {
+            m.write_obj(pattern(a), GuestAddress(a)).unwrap();
+        }
+        for start in 0..=12 {
+            for len in 0..=13 {
+                let mut buf = vec![0u8; len];
+                let n = s.read_at(&m, start, &mut buf).unwrap();
+                let want: Vec<u8> = addrs[start.min(11)..(start + len).min(11)]
+                    .iter()
+                    .map(|&a| pattern(a))
+                    .collect();
+                assert_eq!(&buf[..n], &want[..], "read_at({start}, {len})");
+            }
+        }
+        for len in 0..=13 {
+            let data: Vec<u8> = (0..len as u8).map(|i| 200 + i).collect();
+            assert_eq!(s.write_from(&m, &data).unwrap(), len.min(11));
+            for (i, &a) in addrs.iter().enumerate() {
+                let want = if i < len { 200 + i as u8 } else { pattern(a) };
+                assert_eq!(m.read_obj::<u8>(GuestAddress(a)).unwrap(), want);
+            }
+            // Put the pattern back for the next length.
+            for &a in &addrs {
+                m.write_obj(pattern(a), GuestAddress(a)).unwrap();
+            }
+        }
     }
 
     #[test]

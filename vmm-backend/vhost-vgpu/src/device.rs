@@ -653,8 +653,7 @@ fn inline_bytes(hdr: &ReqHeader, mem: &GuestMem, chain: &ParsedChain) -> Result<
     let mut inline = vec![0u8; inline_len];
     chain
         .readable
-        .sub(REQ_HEADER_LEN, inline_len)
-        .read_into(mem, &mut inline)
+        .read_at(mem, REQ_HEADER_LEN, &mut inline)
         .map_err(|e| e.to_string())?;
     Ok(inline)
 }

@@ -253,8 +253,14 @@ impl Segments {
 
     /// Copies `data` to the start of the stream (truncated to its length); returns the bytes copied.
     pub fn write_from(&self, mem: &GuestMem, data: &[u8]) -> Result<usize, ChainError> {
+        self.write_at(mem, 0, data)
+    }
+
+    /// Copies `data` into the stream from byte `start` (truncated where the stream ends);
+    /// returns the bytes copied.
+    pub fn write_at(&self, mem: &GuestMem, start: usize, data: &[u8]) -> Result<usize, ChainError> {
         let mut pos = 0;
-        self.for_each_slice_in(mem, 0, data.len(), |s| {
+        self.for_each_slice_in(mem, start, data.len(), |s| {
             let n = s.len();
             s.copy_from(&data[pos..pos + n]);
             pos += n;

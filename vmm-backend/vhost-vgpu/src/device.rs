@@ -266,7 +266,7 @@ impl VgpuDevice {
             queue_name(queue),
             refused.error
         ));
-        let resp = refused
+        let writable = refused
             .resp
             .map(|s| {
                 Segments::new(vec![Segment {
@@ -279,8 +279,7 @@ impl VgpuDevice {
             vring: vring.clone(),
             mem: atomic.clone(),
             head: refused.head,
-            resp,
-            reply: Segments::default(),
+            writable,
             reply_cap: 0,
             epoch,
             queue,
@@ -296,7 +295,7 @@ impl VgpuDevice {
         vring: &VringRwLock,
         atomic: &GuestMemoryAtomic<GuestMem>,
         mem: &GuestMem,
-        chain: ParsedChain,
+        mut chain: ParsedChain,
         epoch: u64,
     ) {
         let mut hdr_bytes = [0u8; REQ_HEADER_LEN];
@@ -307,18 +306,21 @@ impl VgpuDevice {
         } else {
             0
         };
+        let short = have < REQ_HEADER_LEN || chain.writable.len() < RESP_HEADER_LEN;
+        // Classified while the chain still holds its writable stream, which then moves into the
+        // completion.
+        let classified = (!short).then(|| self.classify(queue, &hdr, mem, &chain));
         let done = Completion {
             vring: vring.clone(),
             mem: atomic.clone(),
             head: chain.head,
-            resp: chain.writable.sub(0, RESP_HEADER_LEN),
-            reply: chain.writable.sub(RESP_HEADER_LEN, reply_cap),
+            writable: std::mem::take(&mut chain.writable),
             reply_cap,
             epoch,
             queue,
             _held: self.shared.in_flight.take(),
         };
-        if have < REQ_HEADER_LEN || chain.writable.len() < RESP_HEADER_LEN {
+        let Some(classified) = classified else {
             self.shared.stats.add_dropped_chain();
             self.shared.log_guest(format_args!(
                 "chain {} lacks room for the request or response header",
@@ -326,8 +328,8 @@ impl VgpuDevice {
             ));
             done.finish(&self.shared, RespHeader::status(S_BAD_REQUEST), &[]);
             return;
-        }
-        let action = match self.classify(queue, &hdr, mem, &chain) {
+        };
+        let action = match classified {
             Err(why) => {
                 self.shared.log_guest(format_args!(
                     "bad request on the {} queue (session {}): {why}",
@@ -381,7 +383,7 @@ impl VgpuDevice {
                     header,
                     inline,
                     data: chain.readable.tail(data_start),
-                    reply_data: chain.writable.tail(RESP_HEADER_LEN + reply_cap),
+                    reply_data: done.writable.tail(RESP_HEADER_LEN + reply_cap),
                     done,
                     refused: false,
                 });

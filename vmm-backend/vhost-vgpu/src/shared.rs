@@ -465,11 +465,10 @@ pub(crate) struct Completion {
     pub(crate) vring: VringRwLock,
     pub(crate) mem: GuestMemoryAtomic<GuestMem>,
     pub(crate) head: u16,
-    /// The response header's place.
-    pub(crate) resp: Segments,
-    /// The reply area.
-    pub(crate) reply: Segments,
-    /// Bytes of the reply area.
+    /// The chain's device-writable stream: the response header's place, then the reply area.
+    pub(crate) writable: Segments,
+    /// Bytes of the reply area, after the response header (0 when the stream cannot hold the
+    /// header).
     pub(crate) reply_cap: usize,
     pub(crate) epoch: u64,
     pub(crate) queue: usize,
@@ -534,14 +533,15 @@ impl Completion {
         }
         let mem = self.mem.memory();
         let mut used = 0u32;
-        if self.resp.len() >= RESP_HEADER_LEN {
-            if let Err(e) = self.resp.write_from(&mem, &resp.to_bytes()) {
+        if self.writable.len() >= RESP_HEADER_LEN {
+            if let Err(e) = self.writable.write_at(&mem, 0, &resp.to_bytes()) {
                 shared.log_guest(format_args!("cannot write a response header: {e}"));
             }
             used = RESP_HEADER_LEN as u32;
         }
+        let reply = &reply[..reply.len().min(self.reply_cap)];
         if !reply.is_empty() {
-            match self.reply.write_from(&mem, reply) {
+            match self.writable.write_at(&mem, RESP_HEADER_LEN, reply) {
                 Ok(n) => used += n as u32,
                 Err(e) => shared.log_guest(format_args!("cannot write a reply: {e}")),
             }

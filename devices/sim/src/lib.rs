@@ -798,9 +798,7 @@ impl DeviceContext for SimContext {
         let pattern = &value.to_le_bytes()[..elem_size as usize];
         if let Ok((buf, off)) = self.inner.range(dst, bytes) {
             // Inside one allocation, as almost every fill is: no list of pieces.
-            return buf
-                .fill(off, pattern, (bytes / u64::from(elem_size)) as usize)
-                .map_err(|_| bad());
+            return buf.fill(off, pattern, count as usize).map_err(|_| bad());
         }
         for (buf, off, n) in self.inner.pieces(dst, bytes)? {
             // Mappings are granular (2 MiB), so pieces hold whole elements.

@@ -18,7 +18,7 @@ use std::io;
 
 use thiserror::Error;
 
-pub use memory::{GuestRegion, for_each_slice, in_memory, region_holding};
+pub use memory::{GuestRegion, for_each_slice_of_ranges, in_memory, region_holding};
 pub use serve::{
     IdleWork, SESSION_RETRY_DELAY, StopHandle, run_until_disconnect, serve_vmm_connections,
     start_daemon, wait_either, wait_stop,

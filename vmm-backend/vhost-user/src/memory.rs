@@ -3,7 +3,7 @@
 
 use std::ops::ControlFlow;
 
-use vm_memory::guest_memory::Result as MemResult;
+use vm_memory::guest_memory::{Error as GuestMemoryError, Result as MemResult};
 use vm_memory::{
     GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
 };
@@ -30,7 +30,7 @@ pub fn in_memory<'m>(
 /// slice of the region [`region_holding`] finds (the usual case, at most one lookup), else
 /// vm-memory's split at region boundaries, whose slices fail where the range is not guest RAM.
 #[inline]
-pub fn for_each_slice<'m, B>(
+fn for_each_slice<'m, B>(
     mem: &'m GuestMem,
     last: &mut Option<&'m GuestRegion>,
     addr: u64,
@@ -42,6 +42,42 @@ pub fn for_each_slice<'m, B>(
     }
     for slice in GuestMemoryBackend::get_slices(mem, GuestAddress(addr), len) {
         f(slice)?;
+    }
+    ControlFlow::Continue(())
+}
+
+/// Calls `f` with bytes `offset..offset + len` of the byte stream that `ranges` spell (each a
+/// guest address and a length, in order; clipped where the stream ends) as slices of guest
+/// memory, in order, until it breaks, without building that part as ranges of its own. `f` also
+/// gets the guest address where the slice's part of its range starts. Ranges in the region of
+/// the range before them cost no lookup ([`for_each_slice`]).
+pub fn for_each_slice_of_ranges<'m, B>(
+    mem: &'m GuestMem,
+    ranges: impl IntoIterator<Item = (u64, usize)>,
+    offset: usize,
+    len: usize,
+    mut f: impl FnMut(u64, MemResult<VolatileSlice<'m, ()>>) -> ControlFlow<B>,
+) -> ControlFlow<B> {
+    let mut last: Option<&'m GuestRegion> = None;
+    let (mut skip, mut left) = (offset, len);
+    for (addr, range_len) in ranges {
+        if left == 0 {
+            break;
+        }
+        if skip >= range_len {
+            skip -= range_len;
+            continue;
+        }
+        let n = (range_len - skip).min(left);
+        let Some(start) = addr.checked_add(skip as u64) else {
+            return f(
+                addr,
+                Err(GuestMemoryError::InvalidGuestAddress(GuestAddress(addr))),
+            );
+        };
+        skip = 0;
+        left -= n;
+        for_each_slice(mem, &mut last, start, n, |slice| f(start, slice))?;
     }
     ControlFlow::Continue(())
 }

@@ -23,7 +23,7 @@ pub use vgpu_vhost_user::GuestMem;
 /// An available chain (its head and the descriptor table it indexes), and taking one from a
 /// queue.
 pub use vgpu_vhost_user::{ChainHead, take_head};
-use vgpu_vhost_user::{GuestRegion, for_each_slice, in_memory};
+use vgpu_vhost_user::{for_each_slice_of_ranges, in_memory};
 
 /// Most device-readable bytes a request can use.
 pub const MAX_READABLE: usize = REQ_HEADER_LEN + MAX_INLINE + MAX_DATA;
@@ -201,34 +201,18 @@ impl Segments {
         len: usize,
         mut f: impl FnMut(VolatileSlice<'m, ()>),
     ) -> Result<(), ChainError> {
-        let mut last: Option<&'m GuestRegion> = None;
-        let mut skip = start;
-        let mut left = len.min(self.total.saturating_sub(start));
-        for s in &self.segs {
-            if left == 0 {
-                break;
+        let ranges = self.segs.iter().map(|s| (s.addr, s.len));
+        let flow = for_each_slice_of_ranges(mem, ranges, start, len, |addr, slice| match slice {
+            Ok(slice) => {
+                f(slice);
+                ControlFlow::Continue(())
             }
-            if skip >= s.len {
-                skip -= s.len;
-                continue;
-            }
-            // Inside the range: `addr + len` of every range was checked when it was taken.
-            let addr = s.addr + skip as u64;
-            let n = (s.len - skip).min(left);
-            skip = 0;
-            left -= n;
-            let flow = for_each_slice(mem, &mut last, addr, n, |slice| match slice {
-                Ok(slice) => {
-                    f(slice);
-                    ControlFlow::Continue(())
-                }
-                Err(_) => ControlFlow::Break(ChainError::Unmapped(addr)),
-            });
-            if let ControlFlow::Break(e) = flow {
-                return Err(e);
-            }
+            Err(_) => ControlFlow::Break(ChainError::Unmapped(addr)),
+        });
+        match flow {
+            ControlFlow::Break(e) => Err(e),
+            ControlFlow::Continue(()) => Ok(()),
         }
-        Ok(())
     }
 
     /// Copies the first `buf.len()` bytes of the stream into `buf`; returns the bytes copied.

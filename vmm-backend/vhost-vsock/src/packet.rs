@@ -15,7 +15,7 @@ use std::ops::{ControlFlow, Deref};
 
 use smallvec::SmallVec;
 use thiserror::Error;
-use vgpu_vhost_user::{GuestRegion, for_each_slice, in_memory};
+use vgpu_vhost_user::{GuestRegion, for_each_slice_of_ranges, in_memory};
 use virtio_queue::DescriptorChain;
 use vm_memory::{GuestAddress, ReadVolatile, VolatileMemoryError, WriteVolatile};
 
@@ -277,49 +277,31 @@ impl ChainBuffer {
     where
         F: FnMut(&mut vm_memory::VolatileSlice<'_, ()>) -> io::Result<usize>,
     {
-        let mut skip = offset;
-        let mut left = len;
         let mut done = 0usize;
-        let mut last: Option<&GuestRegion> = None;
-        for &(addr, seg_len) in &self.segments {
-            if left == 0 {
-                break;
-            }
-            if skip >= seg_len {
-                skip -= seg_len;
-                continue;
-            }
-            let start = addr
-                .0
-                .checked_add(skip as u64)
-                .ok_or_else(|| io::Error::other("guest address overflow"))?;
-            let n = (seg_len - skip).min(left);
-            skip = 0;
-            // Breaks with an error, or with `Ok` where `f` took fewer bytes than offered.
-            let flow = for_each_slice(mem, &mut last, start, n, |slice| {
-                let mut slice = match slice {
-                    Ok(slice) => slice,
-                    Err(e) => return ControlFlow::Break(Err(io::Error::other(e))),
-                };
-                let want = slice.len();
-                match f(&mut slice) {
-                    Ok(got) => {
-                        done += got;
-                        left -= got;
-                        if got < want {
-                            ControlFlow::Break(Ok(()))
-                        } else {
-                            ControlFlow::Continue(())
-                        }
+        let ranges = self.segments.iter().map(|&(addr, len)| (addr.0, len));
+        // Breaks with an error, or with `Ok` where `f` took fewer bytes than offered.
+        let flow = for_each_slice_of_ranges(mem, ranges, offset, len, |_, slice| {
+            let mut slice = match slice {
+                Ok(slice) => slice,
+                Err(e) => return ControlFlow::Break(Err(io::Error::other(e))),
+            };
+            let want = slice.len();
+            match f(&mut slice) {
+                Ok(got) => {
+                    done += got;
+                    if got < want {
+                        ControlFlow::Break(Ok(()))
+                    } else {
+                        ControlFlow::Continue(())
                     }
-                    Err(e) => ControlFlow::Break(Err(e)),
                 }
-            });
-            if let ControlFlow::Break(stop) = flow {
-                return stop.map(|()| done);
+                Err(e) => ControlFlow::Break(Err(e)),
             }
+        });
+        match flow {
+            ControlFlow::Break(Err(e)) => Err(e),
+            ControlFlow::Break(Ok(())) | ControlFlow::Continue(()) => Ok(done),
         }
-        Ok(done)
     }
 
     /// Copies `buf.len()` bytes from the chain at `offset` into `buf`; returns the bytes copied

@@ -411,6 +411,9 @@ impl Shared {
         }
         p.active = false;
         let parked = std::mem::take(&mut p.parked);
+        // Counted before the device runs again, so that anything served after the resume (a
+        // request the queue thread takes the moment `paused` clears) finds it counted.
+        self.stats.add_resume();
         self.paused.store(false, Ordering::Release);
         drop(p);
         self.resumed.notify_all();
@@ -429,7 +432,6 @@ impl Shared {
         if let Err(e) = self.in_flight.request_rescan() {
             warn!(vm = %self.name, error = %e, "cannot ask for the queues to be looked at again after a resume");
         }
-        self.stats.add_resume();
         info!(vm = %self.name, returned = parked.len(), "virtio-vgpu device resumed");
         false
     }

@@ -303,6 +303,8 @@ impl Shared {
         let dropped = {
             let mut g = self.gate.write().unwrap_or_else(|p| p.into_inner());
             *g += 1;
+            // Counted before anything the reset does can be seen, as a resume is.
+            self.stats.add_device_reset();
             let mut p = self.pause_state();
             p.active = false;
             p.saved = [None, None];
@@ -324,7 +326,6 @@ impl Shared {
             s.clear();
             n
         };
-        self.stats.add_device_reset();
         info!(vm = %self.name, sessions = n, reason, "virtio-vgpu device reset");
     }
 

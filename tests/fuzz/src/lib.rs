@@ -17,7 +17,6 @@ use std::time::Duration;
 use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
-use virtio_queue::QueueOwnedT;
 use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
@@ -295,13 +294,10 @@ fn with_chain(data: &[u8], parse: impl FnOnce(&GuestMem, virtio_queue::Queue)) {
 /// A vsock device chain: a tx packet (header, length checks) and an rx chain.
 pub fn vsock_chain(data: &[u8]) {
     with_chain(data, |mem, mut queue| {
-        let Ok(mut chains) = queue.iter(mem) else {
-            return;
-        };
-        if let Some(chain) = chains.next() {
-            let tx = chain.clone();
-            let _ = TxPacket::parse(tx, mem);
-            let _ = parse_rx_chain(chain, mem);
+        // Taken as the device takes it (the vsock device's own `next_head`).
+        if let Ok(Some(head)) = vgpu_vhost_vgpu::chain::take_head(&mut queue, mem) {
+            let _ = TxPacket::parse(head, mem);
+            let _ = parse_rx_chain(head, mem);
         }
     });
 }

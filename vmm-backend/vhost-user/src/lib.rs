@@ -7,8 +7,11 @@
 //!   fires) and starting a vhost-user daemon for a connection;
 //! - [`vring`]: features, taking chains off a queue, signalling the guest, vring-worker exit
 //!   events, a log limiter for guest-triggered messages;
+//! - [`descriptors`]: walking a descriptor chain in guest memory, for devices that read their
+//!   descriptors themselves;
 //! - [`GuestMem`]: the guest memory map every scatter-gather chain is resolved against.
 
+pub mod descriptors;
 pub mod memory;
 pub mod serve;
 pub mod socket;
@@ -18,6 +21,7 @@ use std::io;
 
 use thiserror::Error;
 
+pub use descriptors::Descriptors;
 pub use memory::{GuestRegion, for_each_slice_of_ranges, in_memory, region_holding};
 pub use serve::{
     IdleWork, SESSION_RETRY_DELAY, StopHandle, run_until_disconnect, serve_vmm_connections,
@@ -25,7 +29,7 @@ pub use serve::{
 };
 pub use socket::{SOCKET_MODE, SocketError, bind_socket};
 pub use vring::{
-    ChainHead, ExitEvents, LogLimiter, VIRTIO_FEATURES, has_available, next_chain, next_head,
+    ChainHead, ExitEvents, LogLimiter, VIRTIO_FEATURES, add_used, has_available, next_head,
     protocol_features, read_config, signal, take_head, vring_ready, watch_rings,
 };
 

@@ -15,7 +15,7 @@ use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
@@ -150,15 +150,16 @@ impl LogLimiter {
     }
 }
 
-/// Takes the next available chain; an error means the available ring itself is corrupt (for
-/// example an index more than a queue size ahead).
-pub fn next_chain<'m>(
+/// Returns chain `head` to the guest with `len` bytes written, as `VringRwLock::add_used` does,
+/// but in `mem`, the guest memory the caller already holds, instead of loading the vring's own
+/// copy of the map again for every chain.
+pub fn add_used(
     vring: &VringRwLock,
-    mem: &'m GuestMemoryLoadGuard<GuestMem>,
-) -> Result<Option<DescriptorChain<&'m GuestMem>>, virtio_queue::Error> {
-    let mut state = vring.get_mut();
-    let mut iter = state.get_queue_mut().iter(&**mem)?;
-    Ok(iter.next())
+    mem: &GuestMem,
+    head: u16,
+    len: u32,
+) -> Result<(), virtio_queue::Error> {
+    vring.get_mut().get_queue_mut().add_used(mem, head, len)
 }
 
 /// An available chain as a device that reads its descriptors itself sees it: the head index and
@@ -173,8 +174,9 @@ pub struct ChainHead {
     pub queue_size: u16,
 }
 
-/// [`next_chain`], for a device that walks the chain itself: takes the next available chain
-/// and returns where its descriptors are.
+/// Takes the next available chain and returns where its descriptors are, for the device to walk
+/// them itself ([`crate::Descriptors`]); an error means the available ring itself is corrupt
+/// (for example an index more than a queue size ahead).
 pub fn next_head(
     vring: &VringRwLock,
     mem: &GuestMemoryLoadGuard<GuestMem>,

@@ -550,7 +550,7 @@ impl Completion {
             }
         }
         used = used.saturating_add(u32::try_from(resp.data_len).unwrap_or(u32::MAX));
-        if let Err(e) = self.vring.add_used(self.head, used) {
+        if let Err(e) = vgpu_vhost_user::add_used(&self.vring, &mem, self.head, used) {
             shared.log_guest(format_args!("cannot return chain {}: {e}", self.head));
             return false;
         }

@@ -764,7 +764,6 @@ mod tests {
     use std::io::Read;
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Bytes, GuestAddress};
 
     const GUEST_CID: u64 = 3;
@@ -794,28 +793,30 @@ mod tests {
         m.write_slice(&h.to_bytes(), GuestAddress(TX_ADDR)).unwrap();
         m.write_slice(data, GuestAddress(TX_ADDR + PKT_HEADER_SIZE as u64))
             .unwrap();
-        let q = MockSplitQueue::new(m, 16);
-        let chain = q
-            .build_desc_chain(&[RawDescriptor::from(SplitDescriptor::new(
+        let q = crate::packet::mock::queue(m);
+        let chain = crate::packet::mock::chain(
+            &q,
+            &[RawDescriptor::from(SplitDescriptor::new(
                 TX_ADDR,
                 (PKT_HEADER_SIZE + data.len()) as u32,
                 0,
                 0,
-            ))])
-            .unwrap();
+            ))],
+        );
         TxPacket::parse(chain, m).unwrap()
     }
 
     fn rx_buffer(m: &GuestMem, size: u32) -> ChainBuffer {
-        let q = MockSplitQueue::new(m, 16);
-        let chain = q
-            .build_desc_chain(&[RawDescriptor::from(SplitDescriptor::new(
+        let q = crate::packet::mock::queue(m);
+        let chain = crate::packet::mock::chain(
+            &q,
+            &[RawDescriptor::from(SplitDescriptor::new(
                 RX_ADDR,
                 size,
                 VRING_DESC_F_WRITE as u16,
                 0,
-            ))])
-            .unwrap();
+            ))],
+        );
         crate::packet::parse_rx_chain(chain, m).unwrap()
     }
 

@@ -28,7 +28,7 @@ use super::packet::{
 use super::{
     GPU_PORT_BUFFER, GPU_PORT_REPLY_RING, MAX_LARGE_RING_BYTES, PortConnector, VsockStats,
 };
-use vgpu_vhost_user::{LogLimiter, next_chain, signal, vring_ready};
+use vgpu_vhost_user::{LogLimiter, add_used, next_head, signal, vring_ready};
 
 /// Most simultaneous connections per device. Each holds at most its `buf_alloc` of buffered
 /// guest data in `tx_buf` (`tx_buffer_size`, or `GPU_PORT_BUFFER` for the at most
@@ -530,7 +530,7 @@ impl VsockDevice {
             }
             let mut popped = false;
             loop {
-                let chain = match next_chain(vring, &mem) {
+                let chain = match next_head(vring, &mem) {
                     Ok(Some(c)) => c,
                     Ok(None) => break,
                     Err(e) => {
@@ -539,12 +539,12 @@ impl VsockDevice {
                     }
                 };
                 popped = true;
-                let head = chain.head_index();
+                let head = chain.index;
                 match TxPacket::parse(chain, &mem) {
                     Ok(pkt) => self.handle_tx_packet(&mem, &pkt),
                     Err(e) => self.drop_chain(QueueName::Tx, head, &e),
                 }
-                if let Err(e) = vring.add_used(head, 0) {
+                if let Err(e) = add_used(vring, &mem, head, 0) {
                     self.log_guest_error(format_args!("cannot return tx chain {head}: {e}"));
                 }
                 used = true;
@@ -602,7 +602,7 @@ impl VsockDevice {
         let mut unsignalled = 0;
         let mut rechecked = false;
         while self.has_rx_work() {
-            let chain = match next_chain(vring, &mem) {
+            let chain = match next_head(vring, &mem) {
                 Ok(Some(c)) => c,
                 Ok(None) if rechecked => {
                     self.broken_ring(QueueName::Rx, &"available entries cannot be read");
@@ -629,12 +629,12 @@ impl VsockDevice {
                 }
             };
             rechecked = false;
-            let head = chain.head_index();
+            let head = chain.index;
             let buf = match parse_rx_chain(chain, &mem) {
                 Ok(b) => b,
                 Err(e) => {
                     self.drop_chain(QueueName::Rx, head, &e);
-                    if let Err(e) = vring.add_used(head, 0) {
+                    if let Err(e) = add_used(vring, &mem, head, 0) {
                         self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
                     }
                     unsignalled += 1;
@@ -643,7 +643,7 @@ impl VsockDevice {
             };
             match self.fill_rx(&mem, &buf) {
                 Some(len) => {
-                    if let Err(e) = vring.add_used(head, len) {
+                    if let Err(e) = add_used(vring, &mem, head, len) {
                         self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
                     }
                     unsignalled += 1;

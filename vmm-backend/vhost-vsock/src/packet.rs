@@ -11,12 +11,11 @@
 //! checked against the bytes the chain really holds.
 
 use std::io;
-use std::ops::{ControlFlow, Deref};
+use std::ops::ControlFlow;
 
 use smallvec::SmallVec;
 use thiserror::Error;
-use vgpu_vhost_user::{GuestRegion, for_each_slice_of_ranges, in_memory};
-use virtio_queue::DescriptorChain;
+use vgpu_vhost_user::{ChainHead, Descriptors, GuestRegion, for_each_slice_of_ranges, in_memory};
 use vm_memory::{GuestAddress, ReadVolatile, VolatileMemoryError, WriteVolatile};
 
 /// Size of `struct virtio_vsock_hdr`.
@@ -205,24 +204,16 @@ pub struct ChainBuffer {
 const INLINE_SEGMENTS: usize = 2;
 
 impl ChainBuffer {
-    /// Walks `chain` and collects its buffers, refusing descriptors that are not `writable`
+    /// Walks the chain at `head` and collects its buffers, refusing descriptors that are not `writable`
     /// (rx queue) or not readable (tx queue), that lie outside `mem`, or chains that do not end.
-    pub fn from_chain<M>(
-        chain: DescriptorChain<M>,
-        mem: &GuestMem,
-        writable: bool,
-    ) -> Result<Self, ChainError>
-    where
-        M: Deref,
-        M::Target: vm_memory::GuestMemory,
-    {
+    pub fn from_head(head: ChainHead, mem: &GuestMem, writable: bool) -> Result<Self, ChainError> {
         let dir = |w: bool| if w { "writable" } else { "readable" };
         let mut segments = SmallVec::new();
         let mut total = 0usize;
         let mut count = 0usize;
         let mut terminated = false;
         let mut last: Option<&GuestRegion> = None;
-        for desc in chain {
+        for desc in Descriptors::new(head, mem) {
             if count >= MAX_CHAIN_DESCRIPTORS {
                 return Err(ChainError::Unterminated(MAX_CHAIN_DESCRIPTORS));
             }
@@ -253,8 +244,9 @@ impl ChainBuffer {
             return Err(ChainError::Empty);
         }
         if !terminated {
-            // virtio-queue stops a chain silently after `queue_size` descriptors or at a `next`
-            // index outside the table; the last descriptor still asking for a successor tells us.
+            // The walk stops silently after `queue_size` descriptors or at a `next` index outside
+            // the table, as virtio-queue's does; the last descriptor still asking for a successor
+            // tells us.
             return Err(ChainError::Unterminated(count));
         }
         Ok(ChainBuffer { segments, total })
@@ -452,12 +444,8 @@ pub struct TxPacket {
 impl TxPacket {
     /// Validates a tx chain: device-readable descriptors inside guest memory, a complete header,
     /// and a `len` that the chain really holds and that is within the packet limit.
-    pub fn parse<M>(chain: DescriptorChain<M>, mem: &GuestMem) -> Result<Self, ChainError>
-    where
-        M: Deref,
-        M::Target: vm_memory::GuestMemory,
-    {
-        let buffer = ChainBuffer::from_chain(chain, mem, false)?;
+    pub fn parse(head: ChainHead, mem: &GuestMem) -> Result<Self, ChainError> {
+        let buffer = ChainBuffer::from_head(head, mem, false)?;
         if buffer.len() < PKT_HEADER_SIZE {
             return Err(ChainError::ShortHeader(buffer.len()));
         }
@@ -485,19 +473,48 @@ impl TxPacket {
 
 /// Validates an rx chain: device-writable descriptors inside guest memory with room for at least
 /// one header.
-pub fn parse_rx_chain<M>(
-    chain: DescriptorChain<M>,
-    mem: &GuestMem,
-) -> Result<ChainBuffer, ChainError>
-where
-    M: Deref,
-    M::Target: vm_memory::GuestMemory,
-{
-    let buffer = ChainBuffer::from_chain(chain, mem, true)?;
+pub fn parse_rx_chain(head: ChainHead, mem: &GuestMem) -> Result<ChainBuffer, ChainError> {
+    let buffer = ChainBuffer::from_head(head, mem, true)?;
     if buffer.len() < PKT_HEADER_SIZE {
         return Err(ChainError::ShortHeader(buffer.len()));
     }
     Ok(buffer)
+}
+
+/// Chains built on a mock queue, as the device takes them.
+#[cfg(test)]
+pub(crate) mod mock {
+    use super::{ChainHead, GuestMem};
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+
+    /// Entries of the mock queues the tests build.
+    pub(crate) const QUEUE_SIZE: u16 = 16;
+
+    /// A queue of [`QUEUE_SIZE`] entries.
+    pub(crate) fn queue(m: &GuestMem) -> MockSplitQueue<'_, GuestMem> {
+        MockSplitQueue::new(m, QUEUE_SIZE)
+    }
+
+    /// `descs` linked in order, from index 0.
+    pub(crate) fn chain(q: &MockSplitQueue<'_, GuestMem>, descs: &[RawDescriptor]) -> ChainHead {
+        let c = q.build_desc_chain(descs).unwrap();
+        head(q, c.head_index())
+    }
+
+    /// `descs` as written (their own `next` links), the chain starting at index 0.
+    pub(crate) fn chains(q: &MockSplitQueue<'_, GuestMem>, descs: &[RawDescriptor]) -> ChainHead {
+        let c = q.build_multiple_desc_chains(descs).unwrap();
+        head(q, c.head_index())
+    }
+
+    fn head(q: &MockSplitQueue<'_, GuestMem>, index: u16) -> ChainHead {
+        ChainHead {
+            index,
+            table: q.desc_table_addr(),
+            queue_size: QUEUE_SIZE,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -507,7 +524,6 @@ mod tests {
     use std::os::unix::net::UnixStream;
     use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Address, Bytes};
 
     const MEM_SIZE: usize = 0x40_0000;
@@ -539,9 +555,8 @@ mod tests {
     }
 
     fn parse_tx(mem: &GuestMem, descs: &[RawDescriptor]) -> Result<TxPacket, ChainError> {
-        let q = MockSplitQueue::new(mem, 16);
-        let chain = q.build_desc_chain(descs).unwrap();
-        TxPacket::parse(chain, mem)
+        let q = mock::queue(mem);
+        TxPacket::parse(mock::chain(&q, descs), mem)
     }
 
     #[test]
@@ -652,7 +667,7 @@ mod tests {
     #[test]
     fn looping_chain_is_refused() {
         let m = mem();
-        let q = MockSplitQueue::new(&m, 16);
+        let q = mock::queue(&m);
         m.write_slice(&header(0).to_bytes(), GuestAddress(HDR_ADDR))
             .unwrap();
         // Two descriptors pointing at each other.
@@ -670,7 +685,7 @@ mod tests {
                 0,
             )),
         ];
-        let chain = q.build_multiple_desc_chains(&descs).unwrap();
+        let chain = mock::chains(&q, &descs);
         let err = TxPacket::parse(chain, &m).unwrap_err();
         assert!(matches!(err, ChainError::Unterminated(16)), "{err}");
     }
@@ -678,7 +693,7 @@ mod tests {
     #[test]
     fn next_index_outside_table_is_refused() {
         let m = mem();
-        let q = MockSplitQueue::new(&m, 16);
+        let q = mock::queue(&m);
         m.write_slice(&header(0).to_bytes(), GuestAddress(HDR_ADDR))
             .unwrap();
         let descs = [RawDescriptor::from(SplitDescriptor::new(
@@ -687,7 +702,7 @@ mod tests {
             VRING_DESC_F_NEXT as u16,
             999,
         ))];
-        let chain = q.build_multiple_desc_chains(&descs).unwrap();
+        let chain = mock::chains(&q, &descs);
         let err = TxPacket::parse(chain, &m).unwrap_err();
         assert_eq!(err, ChainError::Unterminated(1));
     }
@@ -695,16 +710,16 @@ mod tests {
     #[test]
     fn rx_chain_must_be_writable_and_hold_a_header() {
         let m = mem();
-        let q = MockSplitQueue::new(&m, 16);
-        let chain = q.build_desc_chain(&[desc(HDR_ADDR, 4096, WRITE)]).unwrap();
+        let q = mock::queue(&m);
+        let chain = mock::chain(&q, &[desc(HDR_ADDR, 4096, WRITE)]);
         assert_eq!(parse_rx_chain(chain, &m).unwrap().len(), 4096);
 
-        let chain = q.build_desc_chain(&[desc(HDR_ADDR, 4096, 0)]).unwrap();
+        let chain = mock::chain(&q, &[desc(HDR_ADDR, 4096, 0)]);
         assert!(matches!(
             parse_rx_chain(chain, &m).unwrap_err(),
             ChainError::WrongDirection { .. }
         ));
-        let chain = q.build_desc_chain(&[desc(HDR_ADDR, 20, WRITE)]).unwrap();
+        let chain = mock::chain(&q, &[desc(HDR_ADDR, 20, WRITE)]);
         assert_eq!(
             parse_rx_chain(chain, &m).unwrap_err(),
             ChainError::ShortHeader(20)
@@ -715,7 +730,7 @@ mod tests {
     fn indirect_chain_is_followed() {
         use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_INDIRECT;
         let m = mem();
-        let q = MockSplitQueue::new(&m, 16);
+        let q = mock::queue(&m);
         // Indirect table with a header descriptor chained to a data descriptor.
         let table = GuestAddress(0x30_0000);
         let entries = [
@@ -739,7 +754,7 @@ mod tests {
             VRING_DESC_F_INDIRECT as u16,
             0,
         ));
-        let chain = q.build_multiple_desc_chains(&[head]).unwrap();
+        let chain = mock::chains(&q, &[head]);
         let pkt = TxPacket::parse(chain, &m).unwrap();
         let mut buf = [0u8; 3];
         pkt.buffer.read_at(&m, PKT_HEADER_SIZE, &mut buf).unwrap();
@@ -749,10 +764,11 @@ mod tests {
     #[test]
     fn stream_io_moves_bytes_across_segments() {
         let m = mem();
-        let q = MockSplitQueue::new(&m, 16);
-        let chain = q
-            .build_desc_chain(&[desc(HDR_ADDR, 50, WRITE), desc(DATA_ADDR, 100, WRITE)])
-            .unwrap();
+        let q = mock::queue(&m);
+        let chain = mock::chain(
+            &q,
+            &[desc(HDR_ADDR, 50, WRITE), desc(DATA_ADDR, 100, WRITE)],
+        );
         let rx = parse_rx_chain(chain, &m).unwrap();
         let (mut a, mut b) = UnixStream::pair().unwrap();
         b.set_nonblocking(true).unwrap();
@@ -795,7 +811,7 @@ mod tests {
             (GuestAddress(HALF), MEM_SIZE / 2),
         ])
         .unwrap();
-        let q = MockSplitQueue::new(&m, 16);
+        let q = mock::queue(&m);
         // In the first region, across the boundary, in the second: more descriptors than a
         // buffer holds inline.
         let ranges = [(0x1000, 100), (HALF - 30, 70), (HALF + 0x1000, 50)];
@@ -803,7 +819,7 @@ mod tests {
             .iter()
             .map(|&(addr, len)| desc(addr, len, WRITE))
             .collect();
-        let rx = parse_rx_chain(q.build_desc_chain(&descs).unwrap(), &m).unwrap();
+        let rx = parse_rx_chain(mock::chain(&q, &descs), &m).unwrap();
         assert_eq!(rx.len(), 220);
         let data: Vec<u8> = (0..220u8).collect();
         assert_eq!(rx.write_at(&m, 0, &data).unwrap(), 220);
@@ -818,10 +834,8 @@ mod tests {
         assert_eq!(rx.read_at(&m, 60, &mut back).unwrap(), 150);
         assert_eq!(back, data[60..210]);
         // A range that runs past the end of memory is still refused.
-        let q = MockSplitQueue::new(&m, 16);
-        let past = q
-            .build_desc_chain(&[desc(MEM_SIZE as u64 - 10, 20, WRITE)])
-            .unwrap();
+        let q = mock::queue(&m);
+        let past = mock::chain(&q, &[desc(MEM_SIZE as u64 - 10, 20, WRITE)]);
         assert!(matches!(
             parse_rx_chain(past, &m),
             Err(ChainError::OutsideMemory { .. })

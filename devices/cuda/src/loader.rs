@@ -95,6 +95,8 @@ impl DeadlineLoader {
     /// deadline) or until `cancelled` says the client is gone (asked every [`CANCEL_POLL`]).
     /// When the wait ends first, the result is handed to `discard` on the loader thread once the
     /// load finishes. Waits first for a load already in the driver, within the same deadline.
+    /// A result comes back only once the loader thread holds nothing `load` and `discard`
+    /// captured.
     pub fn run<T, L, D>(
         &self,
         deadline: Option<Instant>,
@@ -125,6 +127,10 @@ impl DeadlineLoader {
                     discard(result);
                     debug!("an abandoned module load finished and was discarded");
                 } else {
+                    // Before the result is delivered: what the discard holds (the module's
+                    // context generation, which a broken context is replaced only without) is
+                    // the waiter's alone once it has the result.
+                    drop(discard);
                     *slot = Slot::Done(result);
                     theirs.done.notify_all();
                     drop(slot);
@@ -243,6 +249,37 @@ mod tests {
         assert_eq!(r, Ok(7));
         wait_idle(&l);
         assert_eq!(discarded.load(Ordering::SeqCst), 0);
+    }
+
+    /// What the closures captured is released before the result comes back: a broken CUDA
+    /// context is replaced only once nothing else holds it, and the waiter's next call may come
+    /// at once (a loaded machine's loader thread once still held it then).
+    #[test]
+    fn a_delivered_result_leaves_nothing_captured_on_the_loader_thread() {
+        /// Lets go of its `Arc` only after a pause, as a descheduled loader thread would.
+        struct SlowToLetGo(#[allow(dead_code)] Arc<()>);
+        impl Drop for SlowToLetGo {
+            fn drop(&mut self) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let l = DeadlineLoader::new();
+        let (for_load, for_discard) = (Arc::new(()), Arc::new(()));
+        let in_load = SlowToLetGo(Arc::clone(&for_load));
+        let in_discard = SlowToLetGo(Arc::clone(&for_discard));
+        let r = l.run(
+            soon(60_000),
+            || false,
+            move || {
+                let _held = &in_load;
+                4u32
+            },
+            move |_| drop(in_discard),
+        );
+        assert_eq!(r, Ok(4));
+        assert_eq!(Arc::strong_count(&for_load), 1, "the load's captures");
+        assert_eq!(Arc::strong_count(&for_discard), 1, "the discard's captures");
+        wait_idle(&l);
     }
 
     #[test]

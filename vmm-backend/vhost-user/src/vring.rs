@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::Ordering;
 use tracing::warn;
 use vgpu_proto::spin::{AdaptiveSpin, Poll};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -15,8 +16,12 @@ use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
+use virtio_queue::{Queue, QueueT};
+
+use vm_memory::{
+    Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard,
+    GuestMemoryRegion, MemoryRegionAddress,
+};
 use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
 };
@@ -185,17 +190,73 @@ pub fn next_head(
 }
 
 /// Takes the next available chain of `queue` ([`next_head`] on a bare queue).
+///
+/// It does what virtio-queue's `queue.iter(mem)?.next()` does (a queue that is not ready, an
+/// avail index that cannot be read or is more than a queue size ahead is an error; a ring entry
+/// that cannot be read is no chain, and the queue does not move past it), reading the avail
+/// index and the ring entry from the region that holds the ring instead of through vm-memory's
+/// generic path, which looked the region up and built a slice for each.
 pub fn take_head(
     queue: &mut Queue,
     mem: &GuestMem,
 ) -> Result<Option<ChainHead>, virtio_queue::Error> {
-    let (table, queue_size) = (GuestAddress(queue.desc_table()), queue.size());
-    let mut iter = queue.iter(mem)?;
-    Ok(iter.next().map(|chain| ChainHead {
-        index: chain.head_index(),
-        table,
-        queue_size,
+    let avail = queue.avail_ring();
+    if !queue.ready() || avail == 0 {
+        return Err(virtio_queue::Error::QueueNotReady);
+    }
+    let mut region = None;
+    let idx = load_le_u16(mem, &mut region, avail.checked_add(AVAIL_IDX_OFFSET))
+        .map_err(virtio_queue::Error::GuestMemory)?;
+    let (next, size) = (queue.next_avail(), queue.size());
+    if idx.wrapping_sub(next) > size {
+        return Err(virtio_queue::Error::InvalidAvailRingIndex);
+    }
+    if idx == next {
+        return Ok(None);
+    }
+    let Some(slot) = next.checked_rem(size) else {
+        return Ok(None);
+    };
+    let entry = avail.checked_add(AVAIL_RING_OFFSET + AVAIL_ENTRY_LEN * u64::from(slot));
+    let Ok(index) = load_le_u16(mem, &mut region, entry) else {
+        return Ok(None);
+    };
+    queue.set_next_avail(next.wrapping_add(1));
+    Ok(Some(ChainHead {
+        index,
+        table: GuestAddress(queue.desc_table()),
+        queue_size: size,
     }))
+}
+
+/// Offset of the avail ring's `idx` field.
+const AVAIL_IDX_OFFSET: u64 = 2;
+/// Offset of the avail ring's first entry.
+const AVAIL_RING_OFFSET: u64 = 4;
+/// Bytes of one avail ring entry.
+const AVAIL_ENTRY_LEN: u64 = 2;
+
+/// Loads the little-endian `u16` at guest address `addr` (`None`: the address overflowed) with
+/// acquire ordering: from `region` when it holds it ([`crate::region_holding`]), else through
+/// vm-memory's generic path.
+fn load_le_u16<'m>(
+    mem: &'m GuestMem,
+    region: &mut Option<&'m crate::GuestRegion>,
+    addr: Option<u64>,
+) -> Result<u16, vm_memory::GuestMemoryError> {
+    let Some(addr) = addr else {
+        return Err(vm_memory::GuestMemoryError::InvalidGuestAddress(
+            GuestAddress(u64::MAX),
+        ));
+    };
+    let loaded = match crate::region_holding(mem, region, addr, std::mem::size_of::<u16>()) {
+        Some(r) => r.load::<u16>(
+            MemoryRegionAddress(addr - r.start_addr().0),
+            Ordering::Acquire,
+        ),
+        None => mem.load::<u16>(GuestAddress(addr), Ordering::Acquire),
+    };
+    loaded.map(u16::from_le)
 }
 
 /// Whether the guest made chains available that the device has not taken yet (reads the
@@ -273,6 +334,83 @@ mod tests {
         assert!(
             eventfd_id(stranger.as_raw_fd()).is_some(),
             "unrelated eventfd untouched"
+        );
+    }
+
+    /// `take_head` takes what virtio-queue's avail iterator takes, fails where it fails and
+    /// leaves the queue where it leaves it: random avail indices (behind, equal, ahead, too far
+    /// ahead), positions, ring entries, and avail rings partly or wholly outside guest memory.
+    #[test]
+    fn chains_are_taken_as_virtio_queue_takes_them() {
+        use virtio_queue::QueueOwnedT;
+        use virtio_queue::mock::MockSplitQueue;
+        const MEM: u64 = 0x10_0000;
+        let mem = GuestMem::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut pick = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let (mut taken, mut refused) = (0, 0);
+        for trial in 0..4000 {
+            let size = [1u16, 2, 16, 256][pick(4) as usize];
+            let mock = MockSplitQueue::create(&mem, GuestAddress(0x1000), size);
+            for i in 0..size {
+                let entry = pick(1 << 16) as u16;
+                mock.avail()
+                    .ring()
+                    .ref_at(usize::from(i))
+                    .unwrap()
+                    .store(entry);
+            }
+            let next = pick(1 << 16) as u16;
+            let idx = match pick(4) {
+                0 => next,
+                1 => next.wrapping_add(pick(u64::from(size) + 1) as u16),
+                2 => next.wrapping_sub(1 + pick(4) as u16),
+                _ => pick(1 << 16) as u16,
+            };
+            mock.avail().idx().store(idx);
+            let avail = match pick(8) {
+                // The ring's index readable, its entries past the end of memory.
+                0 => Some(MEM - 4),
+                // None of it in memory.
+                1 => Some(MEM + 0x1000),
+                _ => None,
+            };
+            let queue_of = || {
+                let mut q: Queue = mock.create_queue().unwrap();
+                q.set_next_avail(next);
+                if let Some(a) = avail {
+                    q.set_avail_ring_address(Some(a as u32), Some(0));
+                }
+                q
+            };
+            let (mut queue, mut theirs_q) = (queue_of(), queue_of());
+            let theirs = theirs_q
+                .iter(&mem)
+                .map(|mut it| it.next().map(|c| c.head_index()));
+            let ours = take_head(&mut queue, &mem).map(|h| {
+                h.map(|h| {
+                    assert_eq!(h.table, GuestAddress(queue.desc_table()));
+                    assert_eq!(h.queue_size, size);
+                    h.index
+                })
+            });
+            assert_eq!(format!("{ours:?}"), format!("{theirs:?}"), "trial {trial}");
+            assert_eq!(queue.next_avail(), theirs_q.next_avail(), "trial {trial}");
+            match ours {
+                Ok(Some(_)) => taken += 1,
+                Err(_) => refused += 1,
+                Ok(None) => {}
+            }
+        }
+        // The states were varied enough to take chains and to refuse rings.
+        assert!(
+            taken > 500 && refused > 500,
+            "{taken} taken, {refused} refused"
         );
     }
 

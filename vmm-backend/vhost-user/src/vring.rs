@@ -205,8 +205,10 @@ pub fn take_head(
         return Err(virtio_queue::Error::QueueNotReady);
     }
     let mut region = None;
-    let idx = load_le_u16(mem, &mut region, avail.checked_add(AVAIL_IDX_OFFSET))
-        .map_err(virtio_queue::Error::GuestMemory)?;
+    let idx_at = avail
+        .checked_add(AVAIL_IDX_OFFSET)
+        .ok_or(virtio_queue::Error::AddressOverflow)?;
+    let idx = load_le_u16(mem, &mut region, idx_at).map_err(virtio_queue::Error::GuestMemory)?;
     let (next, size) = (queue.next_avail(), queue.size());
     if idx.wrapping_sub(next) > size {
         return Err(virtio_queue::Error::InvalidAvailRingIndex);
@@ -218,7 +220,7 @@ pub fn take_head(
         return Ok(None);
     };
     let entry = avail.checked_add(AVAIL_RING_OFFSET + AVAIL_ENTRY_LEN * u64::from(slot));
-    let Ok(index) = load_le_u16(mem, &mut region, entry) else {
+    let Some(Ok(index)) = entry.map(|at| load_le_u16(mem, &mut region, at)) else {
         return Ok(None);
     };
     queue.set_next_avail(next.wrapping_add(1));
@@ -236,19 +238,13 @@ const AVAIL_RING_OFFSET: u64 = 4;
 /// Bytes of one avail ring entry.
 const AVAIL_ENTRY_LEN: u64 = 2;
 
-/// Loads the little-endian `u16` at guest address `addr` (`None`: the address overflowed) with
-/// acquire ordering: from `region` when it holds it ([`crate::region_holding`]), else through
-/// vm-memory's generic path.
+/// Loads the little-endian `u16` at guest address `addr` with acquire ordering: from `region`
+/// when it holds it ([`crate::region_holding`]), else through vm-memory's generic path.
 fn load_le_u16<'m>(
     mem: &'m GuestMem,
     region: &mut Option<&'m crate::GuestRegion>,
-    addr: Option<u64>,
+    addr: u64,
 ) -> Result<u16, vm_memory::GuestMemoryError> {
-    let Some(addr) = addr else {
-        return Err(vm_memory::GuestMemoryError::InvalidGuestAddress(
-            GuestAddress(u64::MAX),
-        ));
-    };
     let loaded = match crate::region_holding(mem, region, addr, std::mem::size_of::<u16>()) {
         Some(r) => r.load::<u16>(
             MemoryRegionAddress(addr - r.start_addr().0),
@@ -373,18 +369,20 @@ mod tests {
                 _ => pick(1 << 16) as u16,
             };
             mock.avail().idx().store(idx);
-            let avail = match pick(8) {
+            let avail = match pick(10) {
                 // The ring's index readable, its entries past the end of memory.
                 0 => Some(MEM - 4),
                 // None of it in memory.
                 1 => Some(MEM + 0x1000),
+                // Its index past the end of the address space.
+                2 => Some(u64::MAX - 1),
                 _ => None,
             };
             let queue_of = || {
                 let mut q: Queue = mock.create_queue().unwrap();
                 q.set_next_avail(next);
                 if let Some(a) = avail {
-                    q.set_avail_ring_address(Some(a as u32), Some(0));
+                    q.set_avail_ring_address(Some(a as u32), Some((a >> 32) as u32));
                 }
                 q
             };

@@ -49,7 +49,11 @@ pub const STREAM_WINDOW: usize = 2;
 /// scattered 4 KiB pages, where the device thread's own work is the limit, 54–59 % either way).
 /// At 2 and 4 MiB one request per `max_transfer` was as fast. A host-to-device copy stays one
 /// request: its first half would be posted, so run by the session's thread while the device
-/// thread waits to run the second, and two halves measured 41–42 % against 75–81 %.
+/// thread waits to run the second, and two halves measured 41–42 % against 75–81 %. As two
+/// synchronous halves, both run on the device thread (`vgpu-bench vgpu-dev`, 1 MiB, medians of
+/// seven alternating pairs of 4-second loops, 2026-12-03): 37.5 → 40.1 GB/s in 2 MiB pages,
+/// 33.3 → 31.2 GB/s in scattered 4 KiB pages, where the device thread is the limit and the
+/// second request only adds its own work; not enough either way to take on.
 pub const DEVICE_SPLIT_BELOW: usize = 2 << 20;
 /// The smallest half of a split copy (256 KiB halves of 1 MiB measured 71–82 % in a loop of that
 /// copy, against 78–89 % in one request: per-request costs again).

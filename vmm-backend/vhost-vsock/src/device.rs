@@ -253,6 +253,9 @@ impl VsockDevice {
     /// peers (including in-process sessions) see end of file.
     pub fn reset(&mut self, reason: &str) {
         let n = self.conns.len();
+        // Counted before the streams close: a peer that sees its end of file finds them counted.
+        self.stats.connections_closed(n as u64);
+        self.stats.add_device_reset();
         for (_, conn) in self.conns.drain() {
             let _ = self.epoll.ctl(
                 ControlOperation::Delete,
@@ -270,8 +273,6 @@ impl VsockDevice {
         self.tokens.clear();
         self.pending.clear();
         self.control.clear();
-        self.stats.connections_closed(n as u64);
-        self.stats.add_device_reset();
         info!(
             guest_cid = self.guest_cid,
             connections = n,

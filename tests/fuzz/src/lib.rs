@@ -294,8 +294,8 @@ fn with_chain(data: &[u8], parse: impl FnOnce(&GuestMem, virtio_queue::Queue)) {
 /// A vsock device chain: a tx packet (header, length checks) and an rx chain.
 pub fn vsock_chain(data: &[u8]) {
     with_chain(data, |mem, mut queue| {
-        // Taken as the device takes it (the vsock device's own `next_head`).
-        if let Ok(Some(head)) = vgpu_vhost_vgpu::chain::take_head(&mut queue, mem) {
+        // Taken as the device takes it (`next_head` on the device's vring).
+        if let Ok(Some(head)) = vgpu_vhost_user::take_head(&mut queue, mem) {
             let _ = TxPacket::parse(head, mem);
             let _ = parse_rx_chain(head, mem);
         }

@@ -5,9 +5,9 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::Ordering;
 use tracing::warn;
 use vgpu_proto::spin::{AdaptiveSpin, Poll};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -17,7 +17,6 @@ use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use virtio_queue::{Queue, QueueT};
-
 use vm_memory::{
     Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard,
     GuestMemoryRegion, MemoryRegionAddress,
@@ -205,10 +204,7 @@ pub fn take_head(
         return Err(virtio_queue::Error::QueueNotReady);
     }
     let mut region = None;
-    let idx_at = avail
-        .checked_add(AVAIL_IDX_OFFSET)
-        .ok_or(virtio_queue::Error::AddressOverflow)?;
-    let idx = load_le_u16(mem, &mut region, idx_at).map_err(virtio_queue::Error::GuestMemory)?;
+    let idx = avail_idx(queue, mem, &mut region)?;
     let (next, size) = (queue.next_avail(), queue.size());
     if idx.wrapping_sub(next) > size {
         return Err(virtio_queue::Error::InvalidAvailRingIndex);
@@ -238,6 +234,19 @@ const AVAIL_RING_OFFSET: u64 = 4;
 /// Bytes of one avail ring entry.
 const AVAIL_ENTRY_LEN: u64 = 2;
 
+/// The avail ring's `idx` field of `queue`, loaded with acquire ordering ([`load_le_u16`]).
+fn avail_idx<'m>(
+    queue: &Queue,
+    mem: &'m GuestMem,
+    region: &mut Option<&'m crate::GuestRegion>,
+) -> Result<u16, virtio_queue::Error> {
+    let at = queue
+        .avail_ring()
+        .checked_add(AVAIL_IDX_OFFSET)
+        .ok_or(virtio_queue::Error::AddressOverflow)?;
+    load_le_u16(mem, region, at).map_err(virtio_queue::Error::GuestMemory)
+}
+
 /// Loads the little-endian `u16` at guest address `addr` with acquire ordering: from `region`
 /// when it holds it ([`crate::region_holding`]), else through vm-memory's generic path.
 fn load_le_u16<'m>(
@@ -260,9 +269,7 @@ fn load_le_u16<'m>(
 pub fn has_available(vring: &VringRwLock, mem: &GuestMem) -> bool {
     let state = vring.get_ref();
     let q = state.get_queue();
-    q.ready()
-        && q.avail_idx(mem, std::sync::atomic::Ordering::Acquire)
-            .is_ok_and(|idx| idx.0 != q.next_avail())
+    q.ready() && avail_idx(q, mem, &mut None).is_ok_and(|idx| idx != q.next_avail())
 }
 
 /// Watches `rings` for chains the guest makes available, for up to `spin`'s budget (a device

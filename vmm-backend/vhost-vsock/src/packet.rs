@@ -204,8 +204,9 @@ pub struct ChainBuffer {
 const INLINE_SEGMENTS: usize = 2;
 
 impl ChainBuffer {
-    /// Walks the chain at `head` and collects its buffers, refusing descriptors that are not `writable`
-    /// (rx queue) or not readable (tx queue), that lie outside `mem`, or chains that do not end.
+    /// Walks the chain at `head` and collects its buffers, refusing descriptors that are not
+    /// `writable` (rx queue) or not readable (tx queue), that lie outside `mem`, or chains that
+    /// do not end.
     pub fn from_head(head: ChainHead, mem: &GuestMem, writable: bool) -> Result<Self, ChainError> {
         let dir = |w: bool| if w { "writable" } else { "readable" };
         let mut segments = SmallVec::new();

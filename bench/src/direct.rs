@@ -95,6 +95,11 @@ impl Direct {
             .ok_or_else(|| "short reply from a direct call".to_string())
     }
 
+    /// One posted call (its errors come back at the next synchronization).
+    pub fn post(&mut self, r: &Request) -> Result<(), String> {
+        self.call(r, false)
+    }
+
     /// One `CtxSynchronize` of the context.
     #[inline(never)]
     pub fn synchronize(&mut self) -> Result<(), String> {

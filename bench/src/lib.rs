@@ -3,6 +3,7 @@
 
 pub mod direct;
 pub mod graphs;
+pub mod handoff;
 pub mod overflow;
 pub mod pinned;
 pub mod remoting;

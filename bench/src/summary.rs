@@ -156,6 +156,7 @@ pub fn vhost(r: &crate::vhost::Report) -> Vec<Figure> {
         ("unix", &r.unix),
         ("vsock", &r.vhost),
         ("virtio-vgpu", &r.dev),
+        ("in-process hand-off", &r.handoff),
     ] {
         for (what, v, b) in [
             ("sync round trip p50", t.sync_p50, r.direct.sync_p50),

@@ -28,6 +28,7 @@ use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 use vgpud::Daemon;
 
 use crate::direct::{BUFFER_BYTES, Direct, memset};
+use crate::handoff::Handoff;
 use crate::stats::{median, percentile};
 
 /// Parameters.
@@ -40,7 +41,7 @@ pub struct Params {
 }
 
 /// The VM the benchmark daemon serves.
-const VM: &str = "bench";
+pub(crate) const VM: &str = "bench";
 /// The VM with the virtio-vgpu device.
 const DEV_VM: &str = "bench-dev";
 /// Posted requests in flight on the virtio-vgpu device before the oldest is reaped (the fake
@@ -94,6 +95,9 @@ pub struct Report {
     pub vhost: Figures,
     /// Frames over the virtio-vgpu device.
     pub dev: Figures,
+    /// The hand-off alone: the calls handed to a session on another thread through an
+    /// in-process ring, with no transport ([`crate::handoff`]).
+    pub handoff: Figures,
 }
 
 fn err(what: &str) -> impl FnOnce(cuda::client::CallError) -> String + '_ {
@@ -273,7 +277,7 @@ impl CallPath for Direct {
 }
 
 /// One way of making the benchmark's calls; [`measure_path`] times every path alike.
-trait CallPath {
+pub(crate) trait CallPath {
     /// One `CtxSynchronize` on the idle context (a synchronous round trip).
     fn synchronize(&mut self) -> Result<(), String>;
     /// `n` asynchronous 64-byte `Memset`s, then the `CtxSynchronize` that closes them.
@@ -303,7 +307,7 @@ fn measure_path(p: &mut dyn CallPath, iters: usize) -> Result<Figures, String> {
     })
 }
 
-fn config(dir: &Path) -> Result<Config, String> {
+pub(crate) fn config(dir: &Path) -> Result<Config, String> {
     let text = format!(
         "[[device]]\nname = \"gpu0\"\nkind = \"sim\"\nmemory = \"{DEVICE_MEMORY}\"\n\n\
          [[vm]]\nname = \"{VM}\"\nmemory = \"{SLICE}\"\n\
@@ -347,19 +351,23 @@ pub fn measure(p: Params) -> Result<Report, String> {
         .map_err(|e| format!("connecting to the GPU port over vsock: {e}"))?;
     let mut vhost = Remote::open(Box::new(stream))?;
     let mut dev = DevRemote::open(&dir.path().join("bench.vgpu.sock"))?;
+    let mut handoff = Handoff::open(&daemon, VM)?;
 
     let warmup = p.iters / WARMUP_DIVISOR + 1;
     measure_path(&mut direct, warmup)?;
     measure_path(&mut unix, warmup)?;
     measure_path(&mut vhost, warmup)?;
     measure_path(&mut dev, warmup)?;
-    let (mut d, mut u, mut v, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    measure_path(&mut handoff, warmup)?;
+    let (mut d, mut u, mut v, mut g, mut h) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Interleaved, so that a burst of load on the machine hits every path.
     for _ in 0..p.runs {
         d.push(measure_path(&mut direct, p.iters)?);
         u.push(measure_path(&mut unix, p.iters)?);
         v.push(measure_path(&mut vhost, p.iters)?);
         g.push(measure_path(&mut dev, p.iters)?);
+        h.push(measure_path(&mut handoff, p.iters)?);
     }
     let violations = guest.violations();
     if !violations.is_empty() {
@@ -367,6 +375,7 @@ pub fn measure(p: Params) -> Result<Report, String> {
             "the device broke the vsock protocol: {violations:?}"
         ));
     }
+    drop(handoff);
     drop(dev);
     drop(vhost);
     drop(guest);
@@ -378,6 +387,7 @@ pub fn measure(p: Params) -> Result<Report, String> {
         unix: Figures::medians(&u),
         vhost: Figures::medians(&v),
         dev: Figures::medians(&g),
+        handoff: Figures::medians(&h),
     })
 }
 
@@ -429,6 +439,19 @@ fn print(p: Params, r: &Report) {
         rate(&r.vhost),
         rate(&r.dev)
     );
+    println!(
+        "reference: the same calls handed to a broker session on another thread through an \
+         in-process ring (no transport), against the direct calls"
+    );
+    for (name, f) in rows {
+        let (d, h) = (f(&r.direct), f(&r.handoff));
+        println!(
+            "  {name:<40} {:>8.3}us {:>9.3}us {:>10.2}x",
+            d / NS_PER_US,
+            h / NS_PER_US,
+            h / d
+        );
+    }
 }
 
 /// Runs the benchmark, prints the figures with their ratios and returns them.
@@ -445,7 +468,7 @@ mod tests {
     #[test]
     fn every_path_completes_real_calls() {
         let r = measure(Params { iters: 50, runs: 1 }).expect("benchmark");
-        for f in [r.direct, r.unix, r.vhost, r.dev] {
+        for f in [r.direct, r.unix, r.vhost, r.dev, r.handoff] {
             assert!(f.sync_p50 > 0.0 && f.sync_p99 >= f.sync_p50, "{r:?}");
             assert!(f.async_ns > 0.0, "{r:?}");
         }

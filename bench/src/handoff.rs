@@ -262,7 +262,8 @@ fn serve(ring: &Ring, mut direct: Direct) {
         }
         idle_since = None;
         let slot = &ring.slots[tail as usize % SLOTS];
-        let r = match slot.op.load(Ordering::Relaxed) {
+        let op = slot.op.load(Ordering::Relaxed);
+        let r = match op {
             OP_MEMSET => {
                 let vs = slot.value_and_size.load(Ordering::Relaxed);
                 direct.post(&Request::Memset(msg::Memset {
@@ -283,10 +284,9 @@ fn serve(ring: &Ring, mut direct: Direct) {
             f.get_or_insert(e);
             ring.failed.store(true, Ordering::Release);
         }
-        let is_sync = slot.op.load(Ordering::Relaxed) == OP_SYNCHRONIZE;
         tail += 1;
         ring.tail.0.store(tail, Ordering::Release);
-        if is_sync {
+        if op == OP_SYNCHRONIZE {
             synced += 1;
             ring.synced.0.store(synced, Ordering::Release);
         }

@@ -7,7 +7,9 @@
 //! daemon, and the same calls made directly on a broker session, are measured
 //! in the same run as baselines. The same calls also go through the
 //! virtio-vgpu device of a second VM ([`DevGuest`]: the frontend playing QEMU
-//! and the guest's `vgpu` module, one descriptor chain per frame).
+//! and the guest's `vgpu` module, one descriptor chain per frame), and, as a reference with no
+//! transport at all, through an in-process ring to a session on another thread
+//! ([`crate::handoff`]).
 //!
 //! Calls: `CtxSynchronize` on an idle context (a synchronous round trip) and
 //! 64-byte `Memset`s posted asynchronously and closed by one synchronous
@@ -84,7 +86,7 @@ impl Figures {
     }
 }
 
-/// Medians of the three paths.
+/// Medians of every path.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Report {
     /// Calls on a broker session in this process.
@@ -321,7 +323,7 @@ pub(crate) fn config(dir: &Path) -> Result<Config, String> {
     Config::parse(&dir.join("bench.toml"), &text).map_err(|e| format!("benchmark config: {e}"))
 }
 
-/// Measures the three paths (`runs` times `iters` calls each, after a
+/// Measures every path (`runs` times `iters` calls each, after a
 /// warm-up) and returns the medians.
 pub fn measure(p: Params) -> Result<Report, String> {
     if p.iters == 0 || p.runs == 0 {

@@ -232,6 +232,7 @@ impl LaunchControl {
     /// [`Progress::Yielded`]. Checked between thread blocks.
     pub fn request_yield(&self) {
         self.yield_requested.store(true, Ordering::SeqCst);
+        self.wake_waiters();
     }
 
     /// Clears a yield request (before resuming a yielded launch with the same control).
@@ -247,6 +248,21 @@ impl LaunchControl {
     /// Stops the launch as soon as possible with [`FaultKind::Cancelled`].
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
+        self.wake_waiters();
+    }
+
+    /// The launch's workers' group among the waiters for its slots: its control's address,
+    /// unique among the launches running at once.
+    fn slot_group(&self) -> u64 {
+        std::ptr::from_ref(self) as usize as u64
+    }
+
+    /// Wakes the launch's workers waiting for a slot, so that they see a yield, a
+    /// cancellation or the end of the launch.
+    fn wake_waiters(&self) {
+        if let Some(s) = self.slots() {
+            s.wake(self.slot_group());
+        }
     }
 
     /// Whether the launch was cancelled.
@@ -636,6 +652,13 @@ impl Module {
         // Blocks of a cooperative launch may wait for each other: none may wait for a slot.
         let slots = launch.control.slots().filter(|_| !cooperative);
         let priority = launch.control.priority();
+        let group = launch.control.slot_group();
+        // Wakes this launch's workers waiting for a slot after something `halt` reads changed.
+        let wake = || {
+            if let Some(s) = &slots {
+                s.wake(group);
+            }
+        };
         let halt = || {
             stop.load(Ordering::Relaxed)
                 || launch.control.yield_requested()
@@ -659,12 +682,18 @@ impl Module {
                 if let Some(s) = &slots
                     && held.is_none()
                 {
-                    held = s.acquire(priority, halt);
+                    held = s
+                        .acquire(priority, group, halt)
+                        .map(|h| (h, Instant::now()));
                     if held.is_none() {
                         break;
                     }
                 }
                 let b = next.fetch_add(1, Ordering::SeqCst);
+                if b + 1 == total {
+                    // The last block is claimed: siblings waiting for a slot can stop.
+                    wake();
+                }
                 if b >= total {
                     break;
                 }
@@ -673,11 +702,15 @@ impl Module {
                         fault = Some((b, f));
                     }
                     stop.store(true, Ordering::SeqCst);
+                    wake();
                     break;
                 }
-                if slots.as_ref().is_some_and(|s| s.contended(priority)) {
-                    // Another launch's worker of this priority or a higher one waits: let it
-                    // run a block.
+                if let (Some(s), Some((_, since))) = (&slots, &held)
+                    && (s.preempted(priority)
+                        || (s.contended(priority) && since.elapsed() >= slots::SLOT_TURN))
+                {
+                    // Another launch's worker of a higher priority waits, or one of this
+                    // priority and this worker had its turn: let it run.
                     held = None;
                 }
             }
@@ -695,6 +728,7 @@ impl Module {
             let r = catch_unwind(AssertUnwindSafe(|| run(smid))).unwrap_or_else(|_| {
                 // Stop the other workers; the launch fails instead of the process.
                 stop.store(true, Ordering::SeqCst);
+                wake();
                 (
                     Stats::default(),
                     Some((

@@ -389,3 +389,81 @@ fn concurrent_launches_share_the_worker_pool() {
         }
     });
 }
+
+/// Many launches at once share two slots while another thread asks random ones to yield or
+/// cancels them: every launch ends (yielded ones resume where they stopped and complete with the
+/// right result), and afterwards every slot is idle and nobody waits.
+#[test]
+fn slots_survive_yields_and_cancels_of_waiting_launches() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const SUBMITTERS: usize = 16;
+    const LAUNCHES: usize = 12;
+    /// Every how many disturbances one is a cancellation (the others ask for a yield).
+    const CANCEL_EVERY: u64 = 8;
+    let slots = Arc::new(WorkerSlots::new(2));
+    let reference = matmul_setup(64);
+    launch_at(&reference, 0, 1, &LaunchControl::new()).unwrap();
+    let want: Vec<u32> = reference.mem.read(reference.c, 64 * 64);
+    let done = AtomicBool::new(false);
+    let live: std::sync::Mutex<Vec<Arc<LaunchControl>>> = Default::default();
+    std::thread::scope(|scope| {
+        let submitters: Vec<_> = (0..SUBMITTERS)
+            .map(|t| {
+                let (slots, live, want) = (&slots, &live, &want);
+                scope.spawn(move || {
+                    let s = matmul_setup(64);
+                    let mut completed = 0;
+                    for _ in 0..LAUNCHES {
+                        s.mem.write(s.c, &vec![0u32; 64 * 64]);
+                        let mut start = 0;
+                        loop {
+                            let control = Arc::new(LaunchControl::new());
+                            control.set_slots(Some(Arc::clone(slots)));
+                            control.set_priority(if t % 4 == 0 { -1 } else { 0 });
+                            live.lock().unwrap().push(Arc::clone(&control));
+                            let r = launch_at(&s, start, 2, &control);
+                            live.lock().unwrap().retain(|c| !Arc::ptr_eq(c, &control));
+                            match r {
+                                Ok(Progress::Yielded { next_block, .. }) => start = next_block,
+                                Ok(Progress::Completed(_)) => {
+                                    assert_eq!(&s.mem.read::<u32>(s.c, 64 * 64), want);
+                                    completed += 1;
+                                    break;
+                                }
+                                Err(f) => {
+                                    assert_eq!(f.kind, FaultKind::Cancelled, "{f}");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    completed
+                })
+            })
+            .collect();
+        let (done, live) = (&done, &live);
+        scope.spawn(move || {
+            let mut x = 0x1234_5678_9abc_def0u64;
+            while !done.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                std::thread::sleep(Duration::from_micros(x % 400));
+                let l = live.lock().unwrap();
+                if let Some(c) = l.get((x >> 8) as usize % l.len().max(1)) {
+                    if x.is_multiple_of(CANCEL_EVERY) {
+                        c.cancel()
+                    } else {
+                        c.request_yield()
+                    }
+                }
+            }
+        });
+        let completed: usize = submitters.into_iter().map(|h| h.join().unwrap()).sum();
+        done.store(true, Ordering::Relaxed);
+        assert!(completed > 0, "some launches complete");
+    });
+    assert_eq!(slots.idle(), 2, "every slot given back");
+    assert_eq!(slots.waiting(), 0, "nobody left waiting");
+}

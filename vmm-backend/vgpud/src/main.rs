@@ -114,6 +114,8 @@ async fn serve_signals(
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts.
+    let arenas = vgpu_broker::limit_heap_arenas();
     let args = Args::parse();
     let filter = args.log.clone().map(EnvFilter::new).unwrap_or_else(|| {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
@@ -124,6 +126,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+    tracing::debug!(
+        ?arenas,
+        "heap arenas capped (None: MALLOC_ARENA_MAX or glibc decides)"
+    );
 
     if let Some(path) = args.check_config {
         return match Config::load(&path) {

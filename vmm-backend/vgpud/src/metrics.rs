@@ -203,6 +203,14 @@ pub fn render(rt: &Runtime) -> String {
         &[],
         unix_seconds(rt.started()) as f64,
     );
+    if let Some(bytes) = vgpu_broker::heap_in_use() {
+        e.gauge(
+            "vgpu_heap_in_use_bytes",
+            "Heap bytes vgpud has allocated and not freed (a leak makes it grow with the work).",
+            &[],
+            bytes as f64,
+        );
+    }
     let tenants = broker.tenants();
     let analysis = crate::tuning::analyze(rt);
     for setting in ["memory", "weight"] {

@@ -14,6 +14,7 @@ fn sessions_killed_under_load_lose_nothing_and_leak_nothing() {
         kill_percent: 50,
         vgpud: artifacts().vgpud.clone(),
         seed: 7,
+        waves: 1,
     };
     let report = measure(&params).expect("the soak ran");
     println!("{report:?} (RSS ratio {:.3})", report.rss_ratio());

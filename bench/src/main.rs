@@ -153,6 +153,10 @@ enum Bench {
         /// Seed of the random choices (calls, kill points).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Soak waves one after the other, each of `--sessions` sessions; vgpud's resident set
+        /// is read after each (memory that grows with every wave is a leak).
+        #[arg(long, default_value_t = 1)]
+        waves: usize,
         /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
@@ -310,6 +314,7 @@ fn main() -> ExitCode {
             kill_percent,
             vgpud,
             seed,
+            waves,
             json,
         } => sibling_vgpud(vgpud).and_then(|vgpud| {
             vgpu_bench::soak::run(
@@ -319,6 +324,7 @@ fn main() -> ExitCode {
                     kill_percent,
                     vgpud,
                     seed,
+                    waves,
                 },
                 json,
             )

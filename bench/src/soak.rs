@@ -13,7 +13,10 @@
 //! ids; a lost, duplicated or misplaced reply fails a call or a data check),
 //! every slice is back to 0 once the sessions end, and vgpud's resident set
 //! after the soak is within [`RSS_GROWTH_LIMIT`] of its baseline, measured
-//! after a warm-up wave of the same sessions.
+//! after a warm-up wave of the same sessions. With several waves the resident
+//! set is read after each, so memory that grows with the work (a leak) can be
+//! told from memory that grows once to a high-water mark (threads, allocator
+//! arenas) and stays.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -47,8 +50,18 @@ const BLOCK: u32 = 256;
 const MAX_HELD: usize = 8;
 /// Largest extra allocation.
 const MAX_ALLOC: u64 = 256 << 10;
-/// Calls per session in the warm-up wave.
-const WARMUP_CALLS: usize = 50;
+/// Most calls per session in the warm-up wave (fewer when the soak's sessions make fewer). Long
+/// enough for its sessions to overlap as the soak's do, so the baseline includes what vgpud
+/// keeps once it has served that many at once (heap arenas' high-water marks, idle threads):
+/// after 50 calls the baseline was 10.9 MiB, after the first full wave of 1000 calls 12.7 MiB
+/// and after thirteen more 12.1–13.5 MiB.
+const WARMUP_CALLS: usize = 500;
+/// vgpud's metric of its heap in use (bytes).
+const HEAP_METRIC: &str = "vgpu_heap_in_use_bytes ";
+/// vgpud's heap in use after the soak may exceed its baseline by this factor.
+pub const HEAP_GROWTH_LIMIT: f64 = 1.10;
+/// Mixed into the seed for the warm-up's choices, so they differ from the first wave's.
+const WARMUP_SEED: u64 = 0x5741_524d;
 /// How long vgpud may take to start, and the slices to drain after the soak.
 const SETTLE: Duration = Duration::from_secs(20);
 /// Between two readings of vgpud's resident set while it settles.
@@ -98,6 +111,9 @@ pub struct Params {
     pub vgpud: PathBuf,
     /// Seed of the random choices.
     pub seed: u64,
+    /// Soak waves, one after the other (at least 1); each has `sessions` sessions of `calls`
+    /// calls and its own kill points.
+    pub waves: usize,
 }
 
 /// What a soak run measured.
@@ -117,12 +133,18 @@ pub struct Report {
     pub seconds: f64,
     /// Device memory still charged to each VM after the sessions ended.
     pub memory_used_after: Vec<(String, u64)>,
-    /// vgpud's resident set after the warm-up wave (KiB).
+    /// vgpud's own resident set (less the VM RAM it maps) after the warm-up wave (KiB).
     pub rss_baseline_kib: u64,
     /// vgpud's largest resident set seen during the soak (KiB).
     pub rss_peak_kib: u64,
-    /// vgpud's resident set after the soak, once settled (KiB).
+    /// vgpud's resident set after the soak (the last wave), once settled (KiB).
     pub rss_after_kib: u64,
+    /// vgpud's settled resident set after each wave (KiB).
+    pub rss_after_waves_kib: Vec<u64>,
+    /// vgpud's heap in use after the warm-up wave (KiB, its `vgpu_heap_in_use_bytes`).
+    pub heap_baseline_kib: u64,
+    /// vgpud's heap in use after each wave (KiB).
+    pub heap_after_waves_kib: Vec<u64>,
     /// vgpud's resident set read as soon as the slices were drained (KiB).
     pub rss_after_first_kib: u64,
 }
@@ -245,30 +267,56 @@ impl Daemon {
         }
     }
 
+    /// vgpud's own resident set (KiB): `VmRSS` less `RssShmem`, the shared memory it maps, which
+    /// is mostly the VM's RAM (the test guest's pages vgpud has touched, bounded by the VM's
+    /// size and not vgpud's to free).
     fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            })
-            .unwrap_or(0)
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+        else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0)
+        };
+        field("VmRSS:").saturating_sub(field("RssShmem:"))
     }
 
-    /// `memory_used` of a VM, from the admin API.
-    fn memory_used(&self, vm: &str) -> Result<u64, String> {
+    /// The body of `GET path` on the admin API.
+    fn admin_get(&self, path: &str) -> Result<String, String> {
         let mut s = UnixStream::connect(self.path("admin.sock"))
             .map_err(|e| format!("connecting to the admin API: {e}"))?;
         write!(
             s,
-            "GET /v1/vms/{vm} HTTP/1.1\r\nHost: vgpud\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: vgpud\r\nConnection: close\r\n\r\n"
         )
         .map_err(|e| format!("admin request: {e}"))?;
         let mut text = String::new();
         s.read_to_string(&mut text)
             .map_err(|e| format!("admin reply: {e}"))?;
-        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+        Ok(text
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// vgpud's heap in use (KiB), from its metrics.
+    fn heap_kib(&self) -> Result<u64, String> {
+        let body = self.admin_get("/v1/metrics")?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(HEAP_METRIC))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|b| b as u64 / 1024)
+            .ok_or_else(|| format!("no {HEAP_METRIC} in vgpud's metrics"))
+    }
+
+    /// `memory_used` of a VM, from the admin API.
+    fn memory_used(&self, vm: &str) -> Result<u64, String> {
+        let body = self.admin_get(&format!("/v1/vms/{vm}"))?;
         let key = "\"memory_used\":";
         body.find(key)
             .and_then(|i| {
@@ -621,8 +669,10 @@ fn wave(
 
 /// Runs the soak and returns what it measured.
 pub fn measure(p: &Params) -> Result<Report, String> {
-    if p.sessions == 0 || p.calls == 0 || p.kill_percent > 100 {
-        return Err("--sessions and --calls must be at least 1, --kill-percent at most 100".into());
+    if p.sessions == 0 || p.calls == 0 || p.waves == 0 || p.kill_percent > 100 {
+        return Err(
+            "--sessions, --calls and --waves must be at least 1, --kill-percent at most 100".into(),
+        );
     }
     let daemon = Daemon::start(&p.vgpud)?;
     let guest = TestGuest::start(&daemon.path("vhost.sock"), GuestOptions::default())
@@ -631,9 +681,20 @@ pub fn measure(p: &Params) -> Result<Report, String> {
         Route::Unix(daemon.path("unix.sock")),
         Route::Vsock(Arc::new(guest)),
     ];
-    // Warm-up: the same sessions, briefly; its end is the baseline.
+    // Warm-up: the same sessions, shorter, killed as the soak's are; its end is the baseline.
     let warm = Arc::new(Tally::default());
-    wave(&daemon, &routes, p, WARMUP_CALLS, false, &warm);
+    let warm_params = Params {
+        seed: p.seed ^ WARMUP_SEED,
+        ..p.clone()
+    };
+    wave(
+        &daemon,
+        &routes,
+        &warm_params,
+        WARMUP_CALLS.min(p.calls),
+        true,
+        &warm,
+    );
     if warm.failures.load(Ordering::Relaxed) > 0 {
         return Err(format!(
             "the warm-up failed: {:?}\n{}",
@@ -643,13 +704,32 @@ pub fn measure(p: &Params) -> Result<Report, String> {
     }
     daemon.settled_usage()?;
     let (rss_baseline_kib, _) = daemon.settled_rss_kib();
+    let heap_baseline_kib = daemon.heap_kib()?;
 
     let tally = Arc::new(Tally::default());
-    let start = Instant::now();
-    let rss_peak_kib = wave(&daemon, &routes, p, p.calls, true, &tally);
-    let seconds = start.elapsed().as_secs_f64();
-    let memory_used_after = daemon.settled_usage()?;
-    let (rss_after_kib, rss_after_first_kib) = daemon.settled_rss_kib();
+    let mut seconds = 0.0;
+    let mut rss_peak_kib = 0;
+    let mut memory_used_after = Vec::new();
+    let (mut rss_after_kib, mut rss_after_first_kib) = (0, 0);
+    let mut rss_after_waves_kib = Vec::with_capacity(p.waves);
+    let mut heap_after_waves_kib = Vec::with_capacity(p.waves);
+    for w in 0..p.waves {
+        // Each wave its own calls and kill points.
+        let pw = Params {
+            seed: p.seed.wrapping_add(w as u64),
+            ..p.clone()
+        };
+        let start = Instant::now();
+        rss_peak_kib = rss_peak_kib.max(wave(&daemon, &routes, &pw, p.calls, true, &tally));
+        seconds += start.elapsed().as_secs_f64();
+        memory_used_after = daemon.settled_usage()?;
+        (rss_after_kib, rss_after_first_kib) = daemon.settled_rss_kib();
+        rss_after_waves_kib.push(rss_after_kib);
+        heap_after_waves_kib.push(daemon.heap_kib()?);
+        if memory_used_after.iter().any(|(_, u)| *u != 0) {
+            break;
+        }
+    }
     if let Route::Vsock(guest) = &routes[1] {
         let violations = guest.violations();
         if !violations.is_empty() {
@@ -674,7 +754,10 @@ pub fn measure(p: &Params) -> Result<Report, String> {
         rss_baseline_kib,
         rss_peak_kib,
         rss_after_kib,
+        rss_after_waves_kib,
         rss_after_first_kib,
+        heap_baseline_kib,
+        heap_after_waves_kib,
     })
 }
 
@@ -690,7 +773,7 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
         println!(
             "{{\"sessions\":{},\"calls_ok\":{},\"failures\":{},\"kills\":{},\"seconds\":{:.3},\
              \"memory_used_after\":{{{}}},\"rss_baseline_kib\":{},\"rss_peak_kib\":{},\
-             \"rss_after_kib\":{},\"rss_after_first_kib\":{},\"rss_ratio\":{:.4}}}",
+             \"rss_after_kib\":{},\"rss_after_waves_kib\":{:?},\"rss_after_first_kib\":{},             \"rss_ratio\":{:.4}}}",
             r.sessions,
             r.calls_ok,
             r.failures,
@@ -700,6 +783,7 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
             r.rss_baseline_kib,
             r.rss_peak_kib,
             r.rss_after_kib,
+            r.rss_after_waves_kib,
             r.rss_after_first_kib,
             r.rss_ratio()
         );
@@ -727,6 +811,16 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
             r.rss_ratio(),
             r.rss_after_first_kib
         );
+        println!(
+            "  vgpud heap in use            baseline {} KiB, after each wave {:?} KiB",
+            r.heap_baseline_kib, r.heap_after_waves_kib
+        );
+        if r.rss_after_waves_kib.len() > 1 {
+            println!(
+                "  vgpud RSS after each wave    {:?} KiB",
+                r.rss_after_waves_kib
+            );
+        }
     }
     r.verdict()
 }

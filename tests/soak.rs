@@ -3,7 +3,7 @@
 //! of device memory, clients killed mid-stream. Every call gets its own reply,
 //! every slice returns to 0 and vgpud's memory returns to its baseline.
 
-use vgpu_bench::soak::{Params, RSS_GROWTH_LIMIT, measure};
+use vgpu_bench::soak::{HEAP_GROWTH_LIMIT, Params, RSS_GROWTH_LIMIT, measure};
 use vgpu_tests::harness::artifacts;
 
 #[test]
@@ -26,6 +26,10 @@ fn sessions_killed_under_load_lose_nothing_and_leak_nothing() {
     for (vm, used) in &report.memory_used_after {
         assert_eq!(*used, 0, "{vm} keeps memory after its sessions ended");
     }
+    assert!(
+        report.heap_ratio() <= HEAP_GROWTH_LIMIT,
+        "vgpud's heap grew: {report:?}"
+    );
     assert!(
         report.rss_ratio() <= RSS_GROWTH_LIMIT,
         "vgpud's memory did not come back: {report:?}"

@@ -13,11 +13,10 @@
 //! ids; a lost, duplicated or misplaced reply fails a call or a data check),
 //! every slice is back to 0 once the sessions end, and vgpud's heap in use and
 //! its resident set after the soak are within [`HEAP_GROWTH_LIMIT`] and
-//! [`RSS_GROWTH_LIMIT`] of their baselines, measured
-//! after a warm-up wave of the same sessions. With several waves the resident
-//! set is read after each, so memory that grows with the work (a leak) can be
-//! told from memory that grows once to a high-water mark (threads, allocator
-//! arenas) and stays.
+//! [`RSS_GROWTH_LIMIT`] of their baselines, measured after a warm-up wave of
+//! the same sessions. With several waves both are read after each, so memory
+//! that grows with the work (a leak) can be told from memory that grows once
+//! to a high-water mark (threads, allocator arenas) and stays.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -144,28 +143,36 @@ pub struct Report {
     pub rss_baseline_kib: u64,
     /// vgpud's largest resident set seen during the soak (KiB).
     pub rss_peak_kib: u64,
-    /// vgpud's resident set after the soak (the last wave), once settled (KiB).
-    pub rss_after_kib: u64,
     /// vgpud's settled resident set after each wave (KiB).
     pub rss_after_waves_kib: Vec<u64>,
     /// vgpud's heap in use after the warm-up wave (KiB, its `vgpu_heap_in_use_bytes`).
     pub heap_baseline_kib: u64,
     /// vgpud's heap in use after each wave (KiB).
     pub heap_after_waves_kib: Vec<u64>,
-    /// vgpud's resident set read as soon as the slices were drained (KiB).
+    /// vgpud's resident set after the last wave, read as soon as the slices were drained
+    /// (KiB).
     pub rss_after_first_kib: u64,
 }
 
 impl Report {
+    /// vgpud's resident set after the soak (the last wave), once settled (KiB).
+    pub fn rss_after_kib(&self) -> u64 {
+        self.rss_after_waves_kib.last().copied().unwrap_or(0)
+    }
+
+    /// vgpud's heap in use after the soak (the last wave) (KiB).
+    pub fn heap_after_kib(&self) -> u64 {
+        self.heap_after_waves_kib.last().copied().unwrap_or(0)
+    }
+
     /// `rss_after / rss_baseline`.
     pub fn rss_ratio(&self) -> f64 {
-        self.rss_after_kib as f64 / self.rss_baseline_kib.max(1) as f64
+        self.rss_after_kib() as f64 / self.rss_baseline_kib.max(1) as f64
     }
 
     /// vgpud's heap in use after the last wave over its baseline.
     pub fn heap_ratio(&self) -> f64 {
-        self.heap_after_waves_kib.last().copied().unwrap_or(0) as f64
-            / self.heap_baseline_kib.max(1) as f64
+        self.heap_after_kib() as f64 / self.heap_baseline_kib.max(1) as f64
     }
 
     /// Why the run failed, if it did.
@@ -185,7 +192,7 @@ impl Report {
             return Err(format!(
                 "vgpud's heap in use grew from {} KiB to {} KiB ({:.3}×, limit {HEAP_GROWTH_LIMIT}×)",
                 self.heap_baseline_kib,
-                self.heap_after_waves_kib.last().copied().unwrap_or(0),
+                self.heap_after_kib(),
                 self.heap_ratio()
             ));
         }
@@ -193,7 +200,7 @@ impl Report {
             return Err(format!(
                 "vgpud grew from {} KiB to {} KiB ({:.3}×, limit {RSS_GROWTH_LIMIT}×)",
                 self.rss_baseline_kib,
-                self.rss_after_kib,
+                self.rss_after_kib(),
                 self.rss_ratio()
             ));
         }
@@ -731,7 +738,7 @@ pub fn measure(p: &Params) -> Result<Report, String> {
     let mut seconds = 0.0;
     let mut rss_peak_kib = 0;
     let mut memory_used_after = Vec::new();
-    let (mut rss_after_kib, mut rss_after_first_kib) = (0, 0);
+    let mut rss_after_first_kib = 0;
     let mut rss_after_waves_kib = Vec::with_capacity(p.waves);
     let mut heap_after_waves_kib = Vec::with_capacity(p.waves);
     for w in 0..p.waves {
@@ -744,8 +751,9 @@ pub fn measure(p: &Params) -> Result<Report, String> {
         rss_peak_kib = rss_peak_kib.max(wave(&daemon, &routes, &pw, p.calls, true, &tally));
         seconds += start.elapsed().as_secs_f64();
         memory_used_after = daemon.settled_usage()?;
-        (rss_after_kib, rss_after_first_kib) = daemon.settled_rss_kib();
-        rss_after_waves_kib.push(rss_after_kib);
+        let (settled, first) = daemon.settled_rss_kib();
+        rss_after_waves_kib.push(settled);
+        rss_after_first_kib = first;
         heap_after_waves_kib.push(daemon.heap_kib()?);
         if memory_used_after.iter().any(|(_, u)| *u != 0) {
             break;
@@ -774,7 +782,6 @@ pub fn measure(p: &Params) -> Result<Report, String> {
         memory_used_after,
         rss_baseline_kib,
         rss_peak_kib,
-        rss_after_kib,
         rss_after_waves_kib,
         rss_after_first_kib,
         heap_baseline_kib,
@@ -805,7 +812,7 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
             used.join(","),
             r.rss_baseline_kib,
             r.rss_peak_kib,
-            r.rss_after_kib,
+            r.rss_after_kib(),
             r.rss_after_waves_kib,
             r.rss_after_first_kib,
             r.rss_ratio(),
@@ -833,7 +840,7 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
             "  vgpud RSS                    baseline {} KiB, peak {} KiB, after {} KiB ({:.3}× baseline, limit {RSS_GROWTH_LIMIT}×; {} KiB at the first reading)",
             r.rss_baseline_kib,
             r.rss_peak_kib,
-            r.rss_after_kib,
+            r.rss_after_kib(),
             r.rss_ratio(),
             r.rss_after_first_kib
         );

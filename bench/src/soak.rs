@@ -40,10 +40,10 @@ use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 /// vgpud's heap in use after the soak may exceed its baseline by this factor. It is the figure
 /// a leak moves: a byte per call leaked by the default soak's 640 000 calls would more than
 /// double it. What it does move without a leak is memory kept at a high-water mark of the
-/// load, in steps of 4-8 KiB that then stay (as a container's capacity grows): with glibc's per-thread caches off (as
-/// the soak runs vgpud) and two busy loops beside it, 136 runs of 10 waves of 64 sessions with
-/// kills ended at 0.98-1.14x, and 40 waves (1251 kills) went 245 → 260 KiB by the 21st wave and
-/// stayed there for the other 19.
+/// load, in steps of 4-8 KiB that then stay (as a container's capacity grows): with glibc's
+/// per-thread caches off (as the soak runs vgpud) and two busy loops beside it, 136 runs of 10
+/// waves of 64 sessions with kills ended at 0.98-1.14x, and 40 waves (1251 kills) went
+/// 245 → 260 KiB by the 21st wave and stayed there for the other 19.
 pub const HEAP_GROWTH_LIMIT: f64 = 1.25;
 
 /// The glibc tunable vgpud runs under in the soak: no per-thread caches of freed chunks

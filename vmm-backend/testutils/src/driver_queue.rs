@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{Ordering, fence};
 
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_USED_F_NO_NOTIFY};
@@ -257,8 +258,51 @@ impl DriverQueue {
         self.used_idx(mem) != self.last_used
     }
 
+    /// The queue's indexes as both sides see them, for a timeout's message: what the driver
+    /// published and where the device said it reads to (`avail_event`), what the device used
+    /// and how far the driver took it, and how many descriptors are free.
+    pub(crate) fn describe(&self, mem: &GuestMem) -> String {
+        let avail_event = u16::from_le(
+            mem.load::<u16>(self.avail_event_addr(), Ordering::Acquire)
+                .unwrap_or(0),
+        );
+        let used_event = u16::from_le(
+            mem.load::<u16>(self.used_event_addr(), Ordering::Acquire)
+                .unwrap_or(0),
+        );
+        let used_flags = u16::from_le(
+            mem.load::<u16>(GuestAddress(self.used), Ordering::Acquire)
+                .unwrap_or(0),
+        );
+        format!(
+            "avail {} (added {}, device reads to {avail_event}), used {} (taken {}, \
+             used_event {used_event}, flags {used_flags:#x}), {} of {} descriptors free, \
+             kick pending {}, call pending {}",
+            self.published,
+            self.avail_idx,
+            self.used_idx(mem),
+            self.last_used,
+            self.free.len(),
+            self.size,
+            eventfd_pending(&self.kick),
+            eventfd_pending(&self.call),
+        )
+    }
+
     /// Clears a pending interrupt.
     pub(crate) fn drain_call(&self) {
         let _ = self.call.read();
     }
+}
+
+/// Whether a non-blocking eventfd holds a count, without taking it (a `poll` of its fd).
+fn eventfd_pending(fd: &EventFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid pollfd for the call's duration; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & libc::POLLIN != 0
 }

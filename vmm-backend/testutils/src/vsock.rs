@@ -698,6 +698,36 @@ impl Inner {
         n
     }
 
+    /// Where the guest's side stands, for a timeout's message: both queues, free tx slots,
+    /// spare rx buffers, control packets not yet sent, and the connections still waiting for
+    /// credit or holding received bytes.
+    fn describe(&self) -> String {
+        let starved = self
+            .conns
+            .values()
+            .filter(|c| c.state == GState::Established && c.peer_credit() == 0)
+            .count();
+        let holding = self
+            .conns
+            .values()
+            .filter(|c| !c.rx_data.is_empty())
+            .count();
+        format!(
+            "tx queue: {}; rx queue: {}; {} of {} tx slots free, {} spare rx buffers, {} control \
+             packets unsent, {} connections ({starved} without credit, {holding} holding \
+             received bytes), {} packets received, {} sent",
+            self.txq.describe(&self.mem),
+            self.rxq.describe(&self.mem),
+            self.tx_free.len(),
+            self.tx_slots,
+            self.rx_spare.len(),
+            self.control.len(),
+            self.conns.len(),
+            self.rx_packets,
+            self.tx_packets,
+        )
+    }
+
     /// Processes everything the device returned and re-posts rx buffers.
     fn pump(&mut self) {
         self.rxq.drain_call();
@@ -1032,7 +1062,7 @@ impl TestGuest {
             if now >= deadline {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "timed out waiting for the device",
+                    format!("timed out waiting for the device ({})", g.describe()),
                 ));
             }
             if g.opts.busy_poll {

@@ -314,3 +314,45 @@ fn large_rings_are_bounded_per_device_and_returned_on_close() {
     server.wait_stats(T, |s| s.large_ring_bytes == 0).unwrap();
     assert!(guest.violations().is_empty(), "{:?}", guest.violations());
 }
+
+/// The number after `label` in `text` (`"avail 3 (…"` → 3).
+fn number_after(text: &str, label: &str) -> u64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {text}"))
+        + label.len();
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {label:?} in {text}"))
+}
+
+/// A read that times out says where both queues stand, so a stall tells which side stopped: here
+/// the host peer never answers, and the message shows that the device took every packet the
+/// guest sent and still holds rx buffers (nothing was owed to the guest).
+#[test]
+fn a_read_timeout_reports_both_queues() {
+    let (conn, rx) = ChannelConnector::new(&[PORT]);
+    let server = TestServer::start(conn, |_| {}).unwrap();
+    let guest = server.guest(GuestOptions::default()).unwrap();
+    let s = guest.connect(PORT).unwrap();
+    let (_, _host) = rx.recv_timeout(T).unwrap();
+    s.write_all_timeout(b"a request nobody answers", T).unwrap();
+    let err = s
+        .read_timeout(&mut [0u8; 64], Duration::from_millis(300))
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    let msg = err.to_string();
+    let (tx, rx_part) = msg
+        .split_once("; rx queue: ")
+        .unwrap_or_else(|| panic!("no rx queue in {msg}"));
+    let tx_avail = number_after(tx, "tx queue: avail ");
+    assert!(tx_avail >= 2, "the connect and the request: {msg}");
+    assert_eq!(number_after(tx, "used "), tx_avail, "all taken: {msg}");
+    assert!(
+        number_after(rx_part, "avail ") > number_after(rx_part, "used "),
+        "rx buffers left with the device: {msg}"
+    );
+    assert!(msg.contains("kick pending false"), "{msg}");
+}

@@ -18,7 +18,11 @@ fn sessions_killed_under_load_lose_nothing_and_leak_nothing() {
     };
     let report = measure(&params).expect("the soak ran");
     println!("{report:?} (RSS ratio {:.3})", report.rss_ratio());
-    assert_eq!(report.failures, 0, "{:?}", report.failure_examples);
+    assert_eq!(
+        report.failures, 0,
+        "{:?}; vgpud's last warnings: {:?}",
+        report.failure_examples, report.vgpud_warnings
+    );
     assert!(report.kills > 0, "no client was killed: {report:?}");
     // Each session makes `calls` calls and a final check.
     let expected = (params.sessions * (params.calls + 1)) as u64;

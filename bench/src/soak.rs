@@ -70,6 +70,8 @@ const DEVICE_MEMORY: &str = "8GiB";
 const BUFFER_ELEMS: u32 = 4096;
 /// Threads per block of the kernel.
 const BLOCK: u32 = 256;
+/// vgpud's warnings and errors a failed soak reports (the last ones).
+const WARNINGS_KEPT: usize = 20;
 /// Extra allocations a session may hold at once.
 const MAX_HELD: usize = 8;
 /// Largest extra allocation.
@@ -149,6 +151,9 @@ pub struct Report {
     pub failures: u64,
     /// The first failures, for the report.
     pub failure_examples: Vec<String>,
+    /// The last warnings and errors vgpud logged, kept when calls failed (what the daemon saw
+    /// of it).
+    pub vgpud_warnings: Vec<String>,
     /// Connections dropped mid-stream.
     pub kills: u64,
     /// Wall time of the soak wave.
@@ -195,8 +200,8 @@ impl Report {
     pub fn verdict(&self) -> Result<(), String> {
         if self.failures > 0 {
             return Err(format!(
-                "{} calls failed: {:?}",
-                self.failures, self.failure_examples
+                "{} calls failed: {:?}; vgpud's last warnings: {:?}",
+                self.failures, self.failure_examples, self.vgpud_warnings
             ));
         }
         if let Some((vm, used)) = self.memory_used_after.iter().find(|(_, u)| *u != 0) {
@@ -629,6 +634,18 @@ impl Session {
     }
 }
 
+/// The last [`WARNINGS_KEPT`] warnings and errors in vgpud's log.
+fn last_warnings(log: &str) -> Vec<String> {
+    let mut lines: Vec<String> = log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .map(str::to_owned)
+        .collect();
+    let skip = lines.len().saturating_sub(WARNINGS_KEPT);
+    lines.drain(..skip);
+    lines
+}
+
 /// Counters shared by the session threads.
 #[derive(Default)]
 struct Tally {
@@ -789,6 +806,11 @@ pub fn measure(p: &Params) -> Result<Report, String> {
             ));
         }
     }
+    let vgpud_warnings = if tally.failures.load(Ordering::Relaxed) > 0 {
+        last_warnings(&daemon.log())
+    } else {
+        Vec::new()
+    };
     let failure_examples = tally
         .examples
         .lock()
@@ -799,6 +821,7 @@ pub fn measure(p: &Params) -> Result<Report, String> {
         calls_ok: tally.ok.load(Ordering::Relaxed),
         failures: tally.failures.load(Ordering::Relaxed),
         failure_examples,
+        vgpud_warnings,
         kills: tally.kills.load(Ordering::Relaxed),
         seconds,
         memory_used_after,
@@ -880,4 +903,26 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
         }
     }
     r.verdict()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_soak_keeps_vgpud_s_last_warnings_and_errors_only() {
+        let mut log = String::new();
+        for i in 0..30 {
+            log.push_str(&format!(
+                "2026-12-04T10:00:00Z  INFO vgpud: session {i} opened\n"
+            ));
+            log.push_str(&format!("2026-12-04T10:00:00Z  WARN vgpud: warning {i}\n"));
+        }
+        log.push_str("2026-12-04T10:00:01Z ERROR vgpu_vhost_vsock: tx ring is unusable\n");
+        let kept = last_warnings(&log);
+        assert_eq!(kept.len(), WARNINGS_KEPT);
+        assert!(kept.iter().all(|l| !l.contains("INFO")), "{kept:?}");
+        assert!(kept[0].ends_with("warning 11"), "{kept:?}");
+        assert!(kept[WARNINGS_KEPT - 1].ends_with("tx ring is unusable"));
+    }
 }

@@ -638,11 +638,12 @@ impl Session {
 fn last_warnings(log: &str) -> Vec<String> {
     let mut lines: Vec<String> = log
         .lines()
+        .rev()
         .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .take(WARNINGS_KEPT)
         .map(str::to_owned)
         .collect();
-    let skip = lines.len().saturating_sub(WARNINGS_KEPT);
-    lines.drain(..skip);
+    lines.reverse();
     lines
 }
 

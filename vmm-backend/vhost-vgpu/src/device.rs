@@ -193,6 +193,8 @@ impl VgpuDevice {
             return;
         }
         let epoch = self.shared.generation();
+        // Whether the last round found nothing although the ring claimed more.
+        let mut rechecked = false;
         loop {
             if self.event_idx
                 && let Err(e) = vring.disable_notification()
@@ -234,7 +236,10 @@ impl VgpuDevice {
                 break;
             }
             match vring.enable_notification() {
-                Ok(true) if popped => continue,
+                // More chains were published meanwhile, perhaps without a kick (the guest read
+                // the old `avail_event`): take them now. Only a second round in a row that finds
+                // none although the ring claims some means an entry that cannot be read.
+                Ok(true) if popped || !rechecked => rechecked = !popped,
                 Ok(true) => {
                     self.shared.log_guest(format_args!(
                         "{} ring claims entries that cannot be read",

@@ -84,6 +84,8 @@ const MAX_ALLOC: u64 = 256 << 10;
 const WARMUP_CALLS: usize = 500;
 /// vgpud's metric of its heap in use (bytes).
 const HEAP_METRIC: &str = "vgpu_heap_in_use_bytes ";
+/// vgpud's metric of the lost wake-ups its vsock devices' audits made up for (per VM).
+const LOST_WAKEUPS_METRIC: &str = "vgpu_vm_vsock_lost_wakeups_total";
 /// Mixed into the seed for the warm-up's choices, so they differ from the first wave's.
 const WARMUP_SEED: u64 = 0x5741_524d;
 /// How long vgpud may take to start, and the slices to drain after the soak.
@@ -151,9 +153,12 @@ pub struct Report {
     pub failures: u64,
     /// The first failures, for the report.
     pub failure_examples: Vec<String>,
-    /// The last warnings and errors vgpud logged, kept when calls failed (what the daemon saw
-    /// of it).
+    /// The last warnings and errors vgpud logged, kept when calls failed or wake-ups were lost
+    /// (what the daemon saw of it).
     pub vgpud_warnings: Vec<String>,
+    /// Wake-ups the vsock device's audit found lost and made up for (calls delayed up to a
+    /// second, not failed; 0 in a healthy run).
+    pub lost_wakeups: u64,
     /// Connections dropped mid-stream.
     pub kills: u64,
     /// Wall time of the soak wave.
@@ -367,6 +372,16 @@ impl Daemon {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map(|b| b as u64 / 1024)
             .ok_or_else(|| format!("no {HEAP_METRIC} in vgpud's metrics"))
+    }
+
+    /// The lost wake-ups vgpud's vsock devices made up for, from its metrics (summed over VMs).
+    fn lost_wakeups(&self) -> Result<u64, String> {
+        let body = self.admin_get("/v1/metrics")?;
+        Ok(body
+            .lines()
+            .filter(|l| l.starts_with(LOST_WAKEUPS_METRIC))
+            .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+            .sum::<f64>() as u64)
     }
 
     /// `memory_used` of a VM, from the admin API.
@@ -807,7 +822,8 @@ pub fn measure(p: &Params) -> Result<Report, String> {
             ));
         }
     }
-    let vgpud_warnings = if tally.failures.load(Ordering::Relaxed) > 0 {
+    let lost_wakeups = daemon.lost_wakeups()?;
+    let vgpud_warnings = if tally.failures.load(Ordering::Relaxed) > 0 || lost_wakeups > 0 {
         last_warnings(&daemon.log())
     } else {
         Vec::new()
@@ -823,6 +839,7 @@ pub fn measure(p: &Params) -> Result<Report, String> {
         failures: tally.failures.load(Ordering::Relaxed),
         failure_examples,
         vgpud_warnings,
+        lost_wakeups,
         kills: tally.kills.load(Ordering::Relaxed),
         seconds,
         memory_used_after,
@@ -849,7 +866,7 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
              \"memory_used_after\":{{{}}},\"rss_baseline_kib\":{},\"rss_peak_kib\":{},\
              \"rss_after_kib\":{},\"rss_after_waves_kib\":{:?},\"rss_after_first_kib\":{},\
              \"rss_ratio\":{:.4},\"heap_baseline_kib\":{},\"heap_after_waves_kib\":{:?},\
-             \"heap_ratio\":{:.4}}}",
+             \"heap_ratio\":{:.4},\"lost_wakeups\":{}}}",
             r.sessions,
             r.calls_ok,
             r.failures,
@@ -864,7 +881,8 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
             r.rss_ratio(),
             r.heap_baseline_kib,
             r.heap_after_waves_kib,
-            r.heap_ratio()
+            r.heap_ratio(),
+            r.lost_wakeups
         );
     } else {
         println!(
@@ -874,6 +892,12 @@ pub fn run(p: &Params, json: bool) -> Result<(), String> {
         println!("  calls completed and checked  {}", r.calls_ok);
         println!("  calls failed or wrong        {}", r.failures);
         println!("  clients killed mid-stream    {}", r.kills);
+        println!("  vsock lost wake-ups made up  {}", r.lost_wakeups);
+        if r.lost_wakeups > 0 {
+            for w in &r.vgpud_warnings {
+                println!("    {w}");
+            }
+        }
         println!(
             "  wall time                    {:.1} s ({:.0} calls/s)",
             r.seconds,

@@ -303,8 +303,11 @@ const CONTROL_LEGACY: &[libc::c_long] = &[];
 
 /// What vhost-user threads may do beyond [`BASE`]: accept the VMM on their
 /// socket, and reach the unix sockets that forwarded vsock ports end in.
-/// It also removes its sockets when it stops.
+/// It also removes its sockets when it stops, and runs the vsock device's
+/// wake-up audit on a timer.
 const VHOST: &[libc::c_long] = &[
+    libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime,
     libc::SYS_accept,
     libc::SYS_accept4,
     libc::SYS_connect,

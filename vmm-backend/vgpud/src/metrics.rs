@@ -751,6 +751,12 @@ pub fn render(rt: &Runtime) -> String {
                 &l,
                 vs.device_resets as f64,
             );
+            e.counter(
+                "vgpu_vm_vsock_lost_wakeups_total",
+                "Wake-ups between the VM's vsock device and its in-process sessions that the device's audit found lost and made up for (0 when healthy; each is logged).",
+                &l,
+                vs.lost_wakeups as f64,
+            );
         }
         if let Some((_, vd)) = rt.vgpu_dev_of(&t.name) {
             e.gauge(

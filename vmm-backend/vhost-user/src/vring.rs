@@ -298,6 +298,30 @@ pub fn watch_rings(
     caught
 }
 
+/// Whether `fd` holds a notification nobody has read yet (an eventfd with a count, a readable
+/// stream): a poll that does not wait.
+pub fn fd_readable(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is a valid pollfd; nfds is 1 and the timeout zero, so the call only reads
+    // the descriptor's state (an fd that is not open reports POLLNVAL, not POLLIN).
+    let ret = unsafe { libc::poll(&mut pfd, 1, 0) };
+    ret > 0 && pfd.revents & libc::POLLIN != 0
+}
+
+/// Whether the guest's kick of `vring` waits unread: the vring worker reads a kick just before
+/// it hands the queue's event to the backend, so one seen here is still on its way.
+pub fn kick_pending(vring: &VringRwLock) -> bool {
+    vring
+        .get_ref()
+        .get_kick()
+        .as_ref()
+        .is_some_and(|k| fd_readable(k.as_raw_fd()))
+}
+
 /// Whether a vring may be used: started by the frontend and enabled.
 pub fn vring_ready(vring: &VringRwLock) -> bool {
     let state = vring.get_ref();

@@ -13,7 +13,8 @@ use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
 use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN};
 use vgpu_vhost_user::{
-    ExitEvents, VIRTIO_FEATURES, protocol_features, read_config, vring_ready, watch_rings,
+    ExitEvents, VIRTIO_FEATURES, kick_pending, protocol_features, read_config, vring_ready,
+    watch_rings,
 };
 
 use super::device::VsockDevice;
@@ -82,13 +83,25 @@ impl VsockBackend {
         let mut dev = self.device();
         let before = dev.calls_on_device_thread();
         match device_event {
-            e if usize::from(e) == TX_QUEUE => dev.process_tx(tx),
+            e if usize::from(e) == TX_QUEUE => {
+                dev.process_tx(tx);
+            }
             e if usize::from(e) == RX_QUEUE => {}
             e if usize::from(e) == EVENT_QUEUE => {
                 // The driver posted event buffers; the device only ever needs them for transport
                 // resets after migration, which vhost-user-vsock does not support.
             }
-            BACKEND_EVENT => dev.process_host_events(vring_ready(rx)),
+            BACKEND_EVENT => {
+                dev.process_host_events(vring_ready(rx));
+                // The wake-up audit ran: chains on the tx queue with no kick on its way were
+                // missed (a kick lost, or a guest that published without one).
+                if dev.take_audit_ran() && !kick_pending(tx) {
+                    let chains = dev.process_tx(tx);
+                    if chains > 0 {
+                        dev.found_unannounced_tx(chains);
+                    }
+                }
+            }
             other => debug!(event = other, "unexpected vsock backend event"),
         }
         dev.process_rx(rx);

@@ -25,7 +25,7 @@ use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice, WriteVolatile}
 use vmm_sys_util::epoll::EventSet;
 
 use super::VsockStats;
-use super::inproc::DeviceEnd;
+use super::inproc::{DeviceEnd, RingAudit};
 use super::packet::{
     ChainBuffer, GuestMem, MAX_PKT_PAYLOAD, PKT_HEADER_SIZE, PacketHeader, TxPacket,
     VSOCK_HOST_CID, VSOCK_OP_CREDIT_REQUEST, VSOCK_OP_CREDIT_UPDATE, VSOCK_OP_REQUEST,
@@ -39,6 +39,31 @@ const CREDIT_UPDATE_DIVISOR: u32 = 2;
 
 /// An emptied `tx_buf` keeps at most this much capacity, so idle connections hold little memory.
 const TX_BUF_KEEP_CAPACITY: usize = 16 * 1024;
+
+/// A wake-up the device's audit found missing on a connection ([`Connection::recover_wakeup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostWakeup {
+    /// The session's output waited while the connection was not marked readable.
+    Output,
+    /// Guest bytes waited for room that the ring towards the session had.
+    Room,
+    /// The connection owed the guest packets but was not queued for the rx queue.
+    Schedule,
+    /// The session slept with unread bytes that had not changed since the last audit.
+    Session,
+}
+
+impl LostWakeup {
+    /// What was lost, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostWakeup::Output => "the session's reply was never announced to the device",
+            LostWakeup::Room => "room for the guest's bytes was never announced to the device",
+            LostWakeup::Schedule => "the connection was never queued for the rx queue",
+            LostWakeup::Session => "the session slept with unread bytes",
+        }
+    }
+}
 
 /// The host side of a connection: a unix stream (forwarded ports, host clients, or a stream a
 /// [`PortConnector`](super::PortConnector) hands over) or an in-process endpoint whose bytes move
@@ -220,6 +245,8 @@ pub struct Connection {
     closed: bool,
     /// The connection sits in the device's pending-rx queue.
     pub in_pending: bool,
+    /// Bytes the session had unread while it slept, at the last audit (`recover_wakeup`).
+    sleeping_on: Option<usize>,
 }
 
 impl Connection {
@@ -261,6 +288,7 @@ impl Connection {
             credit_request_sent: false,
             closed: false,
             in_pending: false,
+            sleeping_on: None,
         }
     }
 
@@ -377,6 +405,50 @@ impl Connection {
             || self.want_credit_request
             || self.want_credit_update
             || (self.can_send_data() && (self.peer_credit() > 0 || !self.credit_request_sent))
+    }
+
+    /// Looks for a wake-up an in-process endpoint owed the device, or the device owed it, that
+    /// never came, and makes up for it (the device's periodic audit): output the device was not
+    /// told of, room for buffered guest bytes, packets owed without a place in the rx queue, or
+    /// a session asleep with the same unread bytes as at the last audit. Returns what was lost
+    /// and where the rings stood; `None` when nothing was (or a wake-up is still on its way).
+    pub fn recover_wakeup(
+        &mut self,
+        stats: &VsockStats,
+    ) -> Option<(LostWakeup, Option<RingAudit>)> {
+        if self.closed {
+            return None;
+        }
+        let Endpoint::InProcess(d) = &self.stream else {
+            return (self.has_rx_work() && !self.in_pending)
+                .then_some((LostWakeup::Schedule, None));
+        };
+        let a = d.audit();
+        if a.event_pending {
+            // The device reads the change on its next event.
+            self.sleeping_on = None;
+            return None;
+        }
+        let sleeping_on =
+            (a.session_waiting && !a.reader_lent && a.to_session > 0).then_some(a.to_session);
+        let stale = sleeping_on.is_some()
+            && std::mem::replace(&mut self.sleeping_on, sleeping_on) == sleeping_on;
+        let lost = if a.has_output() && !self.readable && self.state == State::Established {
+            self.readable = true;
+            LostWakeup::Output
+        } else if !self.tx_buf.is_empty() && a.to_session_free > 0 && !a.ending {
+            self.flush(stats);
+            LostWakeup::Room
+        } else if self.has_rx_work() && !self.in_pending {
+            LostWakeup::Schedule
+        } else if stale {
+            d.wake_session();
+            self.sleeping_on = None;
+            LostWakeup::Session
+        } else {
+            return None;
+        };
+        Some((lost, Some(a)))
     }
 
     /// Aborts the connection: an RST is owed to the guest (unless it still knows nothing of it).

@@ -12,12 +12,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::QueueOwnedT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::timerfd::TimerFd;
 
 use super::connection::{ConnKey, Connection, Endpoint, Origin};
 use super::inproc::RingLease;
@@ -49,11 +51,23 @@ pub const HOST_PORT_BASE: u32 = 1 << 30;
 
 /// Epoll token of the hybrid-vsock listener.
 const LISTENER_TOKEN: u64 = 0;
+/// Epoll token of the wake-up audit's timer (connection tokens count up from 1).
+const AUDIT_TOKEN: u64 = u64::MAX;
+/// How often the device audits its connections for lost wake-ups while it has any
+/// ([`VsockDevice::audit_wakeups`]): a reply whose announcement was lost waits at most this long.
+pub const WAKEUP_AUDIT_INTERVAL: Duration = Duration::from_secs(1);
+/// An audit this late means the device's host events stopped coming (its timer is one of them):
+/// the next tx event runs the audit and says so.
+const AUDIT_OVERDUE: Duration = Duration::from_secs(3);
 /// Events every host stream is registered for.
 const STREAM_EVENTS: EventSet = EventSet::IN
     .union(EventSet::OUT)
     .union(EventSet::READ_HANG_UP)
     .union(EventSet::EDGE_TRIGGERED);
+/// Events the eventfd of an in-process endpoint is registered for: its session writes it on
+/// every change the device must see. Not `OUT`: reading the eventfd ([`crate::inproc::DeviceEnd::clear_event`])
+/// makes it writable, which would report a second, empty event for every real one.
+const INPROC_EVENTS: EventSet = EventSet::IN.union(EventSet::EDGE_TRIGGERED);
 /// Events a host client is registered for while we read its `CONNECT` line.
 const CLIENT_EVENTS: EventSet = EventSet::IN
     .union(EventSet::READ_HANG_UP)
@@ -109,6 +123,20 @@ pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
         return None;
     }
     Some(port)
+}
+
+/// A timer whose reads never block (`TimerFd` opens blocking ones).
+fn nonblocking_timer() -> io::Result<TimerFd> {
+    let timer = TimerFd::new()?;
+    let fd = timer.as_raw_fd();
+    // SAFETY: F_GETFL on a descriptor the timer owns; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: F_SETFL on the same descriptor, with its flags and O_NONBLOCK; no memory is passed.
+    let ok = flags >= 0 && unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } == 0;
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(timer)
 }
 
 /// Connects to a unix socket without ever blocking: a listener with a full backlog yields
@@ -176,6 +204,12 @@ pub struct VsockDevice {
     next_token: u64,
     next_host_port: u32,
     limiter: LogLimiter,
+    /// Fires every [`WAKEUP_AUDIT_INTERVAL`] once the guest's memory is set (nonblocking).
+    audit_timer: TimerFd,
+    audit_armed: bool,
+    last_audit: Instant,
+    /// An audit ran since the backend last asked ([`VsockDevice::take_audit_ran`]).
+    audit_ran: bool,
 }
 
 impl std::fmt::Debug for VsockDevice {
@@ -199,6 +233,12 @@ impl VsockDevice {
         listener: Option<UnixListener>,
     ) -> io::Result<Self> {
         let epoll = Epoll::new()?;
+        let audit_timer = nonblocking_timer()?;
+        epoll.ctl(
+            ControlOperation::Add,
+            audit_timer.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, AUDIT_TOKEN),
+        )?;
         if let Some(l) = &listener {
             l.set_nonblocking(true)?;
             epoll.ctl(
@@ -225,6 +265,10 @@ impl VsockDevice {
             next_token: LISTENER_TOKEN + 1,
             next_host_port: HOST_PORT_BASE,
             limiter: LogLimiter::new(),
+            audit_timer,
+            audit_armed: false,
+            last_audit: Instant::now(),
+            audit_ran: false,
         })
     }
 
@@ -236,6 +280,7 @@ impl VsockDevice {
     /// Installs the guest memory (called on every memory-table change).
     pub fn set_memory(&mut self, mem: GuestMemoryAtomic<GuestMem>) {
         self.mem = Some(mem);
+        self.arm_audit();
     }
 
     /// Records whether `VIRTIO_RING_F_EVENT_IDX` was negotiated.
@@ -421,7 +466,11 @@ impl VsockDevice {
             self.refuse(h, format_args!("cannot make the stream nonblocking: {e}"));
             return;
         }
-        let token = match self.register_stream(&stream, STREAM_EVENTS) {
+        let events = match &stream {
+            Endpoint::Stream(_) => STREAM_EVENTS,
+            Endpoint::InProcess(_) => INPROC_EVENTS,
+        };
+        let token = match self.register_stream(&stream, events) {
             Ok(t) => t,
             Err(e) => {
                 self.refuse(h, format_args!("epoll registration failed: {e}"));
@@ -513,16 +562,26 @@ impl VsockDevice {
         }
     }
 
-    /// Processes every packet the guest placed on the tx queue, then anything owed on rx.
-    pub fn process_tx(&mut self, vring: &VringRwLock) {
+    /// Processes every packet the guest placed on the tx queue; returns how many it took.
+    pub fn process_tx(&mut self, vring: &VringRwLock) -> usize {
         let Some(atomic) = self.mem.clone() else {
-            return;
+            return 0;
         };
         if !vring_ready(vring) {
-            return;
+            return 0;
+        }
+        if self.audit_armed && self.last_audit.elapsed() > AUDIT_OVERDUE {
+            warn!(
+                guest_cid = self.guest_cid,
+                since_ms = self.last_audit.elapsed().as_millis() as u64,
+                "the device's host events stopped coming (the wake-up audit is overdue); auditing now"
+            );
+            self.audit_wakeups();
         }
         let mem = atomic.memory();
-        let mut used = false;
+        let mut taken = 0;
+        // Whether the last round found nothing although the ring claimed more.
+        let mut rechecked = false;
         loop {
             if self.event_idx
                 && let Err(e) = vring.disable_notification()
@@ -548,15 +607,17 @@ impl VsockDevice {
                 if let Err(e) = add_used(vring, &mem, head, 0) {
                     self.log_guest_error(format_args!("cannot return tx chain {head}: {e}"));
                 }
-                used = true;
+                taken += 1;
             }
             if !self.event_idx {
                 break;
             }
             match vring.enable_notification() {
-                // More chains were published meanwhile; but if this round found none although the
-                // ring claims some, the ring is broken and looping would spin forever.
-                Ok(true) if popped => continue,
+                // More chains were published meanwhile: the guest published after this round
+                // looked and before notifications were on again, and may not kick for them.
+                // A round that finds none although the ring claims some twice in a row means
+                // the ring is broken (an entry that cannot be read), and looping would spin.
+                Ok(true) if popped || !rechecked => rechecked = !popped,
                 Ok(true) => {
                     self.broken_ring(QueueName::Tx, &"available entries cannot be read");
                     break;
@@ -568,9 +629,10 @@ impl VsockDevice {
                 }
             }
         }
-        if used {
+        if taken > 0 {
             signal(vring, "tx");
         }
+        taken
     }
 
     /// Guest memory, once the VMM has set it.
@@ -729,6 +791,12 @@ impl VsockDevice {
     }
 
     fn handle_host_event(&mut self, token: u64, evset: EventSet, guest_ready: bool) {
+        if token == AUDIT_TOKEN {
+            // Nonblocking: nothing to read only means another event consumed the expiry.
+            let _ = self.audit_timer.wait();
+            self.audit_wakeups();
+            return;
+        }
         if token == LISTENER_TOKEN {
             self.accept_host_clients(guest_ready);
             return;
@@ -743,6 +811,69 @@ impl VsockDevice {
             Some(TokenOwner::Client) => self.read_client(token),
             None => {}
         }
+    }
+
+    /// Starts the periodic wake-up audit (once the VMM shared the guest's memory).
+    fn arm_audit(&mut self) {
+        if self.audit_armed {
+            return;
+        }
+        match self
+            .audit_timer
+            .reset(WAKEUP_AUDIT_INTERVAL, Some(WAKEUP_AUDIT_INTERVAL))
+        {
+            Ok(()) => {
+                self.audit_armed = true;
+                self.last_audit = Instant::now();
+            }
+            Err(e) => warn!(error = %e, "cannot arm the vsock wake-up audit"),
+        }
+    }
+
+    /// Looks at every connection for a wake-up that was lost between the device and an
+    /// in-process session (or a connection owed packets but not queued), makes up for each,
+    /// and logs it with the rings' state: a safety net under the transition-only wake-ups, so a
+    /// lost one costs a call at most [`WAKEUP_AUDIT_INTERVAL`] instead of the connection. The
+    /// backend then looks at the tx queue for chains whose kick was lost
+    /// ([`VsockDevice::take_audit_ran`]).
+    pub(crate) fn audit_wakeups(&mut self) {
+        self.last_audit = Instant::now();
+        self.audit_ran = true;
+        let mut found = Vec::new();
+        for (key, conn) in &mut self.conns {
+            if let Some((lost, rings)) = conn.recover_wakeup(&self.stats) {
+                found.push((*key, conn.in_pending, lost, rings));
+            }
+        }
+        for (key, in_pending, lost, rings) in found {
+            self.stats.add_lost_wakeup();
+            warn!(
+                guest_cid = self.guest_cid,
+                local_port = key.local_port,
+                peer_port = key.peer_port,
+                in_pending,
+                rings = ?rings,
+                "vsock audit made up for a lost wake-up: {}",
+                lost.as_str()
+            );
+            self.schedule(key);
+        }
+    }
+
+    /// Whether an audit ran since the last call: the backend then looks at the tx queue too,
+    /// for chains whose kick never came ([`VsockDevice::found_unannounced_tx`]).
+    pub fn take_audit_ran(&mut self) -> bool {
+        std::mem::take(&mut self.audit_ran)
+    }
+
+    /// The audit found `chains` tx chains that the guest published without a kick reaching the
+    /// device (none pending either) and processed them: counted and logged as a lost wake-up.
+    pub fn found_unannounced_tx(&mut self, chains: usize) {
+        self.stats.add_lost_wakeup();
+        warn!(
+            guest_cid = self.guest_cid,
+            chains, "vsock audit found tx chains no kick announced and processed them"
+        );
     }
 
     fn accept_host_clients(&mut self, guest_ready: bool) {
@@ -942,8 +1073,13 @@ mod tests {
     const RXQ_BASE: u64 = 0x8000;
     const BUFS: u64 = 0x10_0000;
 
-    /// A connector serving port 7 in-process and refusing port 8.
-    struct Pairs(Mutex<Vec<UnixStream>>);
+    /// A connector serving port 7 with a socket pair, port 11 with in-process rings, and
+    /// refusing port 8.
+    #[derive(Default)]
+    struct Pairs(
+        Mutex<Vec<UnixStream>>,
+        Mutex<Vec<crate::inproc::SessionEnd>>,
+    );
     impl PortConnector for Pairs {
         fn connect(&self, port: u32) -> Option<io::Result<crate::Endpoint>> {
             match port {
@@ -953,6 +1089,11 @@ mod tests {
                     Some(Ok(a.into()))
                 }
                 8 => Some(Err(io::Error::other("no"))),
+                11 => {
+                    let (d, s) = crate::inproc::pair(crate::inproc::DEFAULT_RING_CAPACITY).unwrap();
+                    self.1.lock().unwrap().push(s);
+                    Some(Ok(d.into()))
+                }
                 _ => None,
             }
         }
@@ -970,7 +1111,7 @@ mod tests {
         let mem = GuestMemoryAtomic::new(
             GuestMem::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap(),
         );
-        let peers = Arc::new(Pairs(Mutex::new(Vec::new())));
+        let peers = Arc::new(Pairs::default());
         let stats = Arc::new(VsockStats::default());
         let dir = tempfile::tempdir().unwrap();
         let mut dev = VsockDevice::new(
@@ -1297,6 +1438,135 @@ mod tests {
         let s = rig.stats.snapshot();
         assert_eq!((s.connections_open, s.device_resets), (0, 1));
         assert_eq!(rig.dev.connection_count(), 0);
+    }
+
+    /// The payloads of the data packets the device returned in used entries `from..to` of
+    /// `rxq`, whose chain `i` is the buffer at `BUFS + 0x10000 * (i + 1)`.
+    fn rx_payloads(
+        rig: &Rig,
+        rxq: &MockSplitQueue<'_, GuestMem>,
+        from: u16,
+        to: u16,
+    ) -> Vec<Vec<u8>> {
+        (from..to)
+            .filter_map(|i| {
+                let (id, _) = used_len(rig, rxq, i % QSIZE);
+                let at = BUFS + 0x10000 * (u64::from(id) + 1);
+                let h = rx_header(rig, at);
+                (h.op == VSOCK_OP_RW).then(|| {
+                    let mut data = vec![0u8; h.len as usize];
+                    rig.mem
+                        .memory()
+                        .read_slice(&mut data, GuestAddress(at + PKT_HEADER_SIZE as u64))
+                        .unwrap();
+                    data
+                })
+            })
+            .collect()
+    }
+
+    /// A reply an in-process session left without telling the device (as an answerer's reply
+    /// whose count the device never collected) is found by the periodic audit, delivered,
+    /// counted and logged; a reply announced as usual is not taken for a lost one.
+    #[test]
+    fn the_audit_delivers_a_reply_whose_wake_up_was_lost() {
+        use vgpu_proto::frame::FrameRing;
+        let mut rig = rig();
+        let (txv, txq) = vring(&rig, TXQ_BASE);
+        let (rxv, rxq) = vring(&rig, RXQ_BASE);
+        write_pkt(&rig, BUFS, hdr(VSOCK_OP_REQUEST, 100, 11, 0), b"");
+        write_pkt(&rig, BUFS + 0x1000, hdr(VSOCK_OP_RW, 100, 11, 4), b"ping");
+        push_chain(&txq, 0, &[d(BUFS, 44, 0, 0)]);
+        push_chain(&txq, 1, &[d(BUFS + 0x1000, 48, 0, 0)]);
+        for i in 0..8u16 {
+            let at = BUFS + 0x10000 * (u64::from(i) + 1);
+            push_chain(&rxq, i, &[d(at, 4096, VRING_DESC_F_WRITE as u16, 0)]);
+        }
+        rig.dev.process_tx(&txv);
+        rig.dev.process_rx(&rxv);
+        let session = rig.peers.1.lock().unwrap().pop().unwrap();
+        let mut buf = [0u8; 4];
+        (&session).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+
+        // Announced: the eventfd is pending, so the audit leaves it to the event.
+        let before = used_idx(&rig, &rxq);
+        (&session).write_all(b"one").unwrap();
+        rig.dev.audit_wakeups();
+        assert_eq!(rig.stats.snapshot().lost_wakeups, 0);
+        rig.dev.process_host_events(true);
+        rig.dev.process_rx(&rxv);
+        let after = used_idx(&rig, &rxq);
+        assert_eq!(rx_payloads(&rig, &rxq, before, after), [b"one".to_vec()]);
+
+        // Not announced: nothing moves until the audit's timer fires.
+        assert_eq!(session.write_here(b"pong").unwrap(), 4);
+        rig.dev.process_host_events(true);
+        rig.dev.process_rx(&rxv);
+        let before = after;
+        let after = used_idx(&rig, &rxq);
+        assert!(
+            rx_payloads(&rig, &rxq, before, after).is_empty(),
+            "no event announced the reply"
+        );
+        std::thread::sleep(WAKEUP_AUDIT_INTERVAL + std::time::Duration::from_millis(200));
+        rig.dev.process_host_events(true);
+        rig.dev.process_rx(&rxv);
+        let delivered = rx_payloads(&rig, &rxq, before, used_idx(&rig, &rxq));
+        assert_eq!(
+            delivered,
+            [b"pong".to_vec()],
+            "the audit delivered the reply"
+        );
+        assert_eq!(rig.stats.snapshot().lost_wakeups, 1);
+    }
+
+    /// A tx chain the guest published without a kick reaching the device (and none on its way)
+    /// is found once the audit ran: the backend then looks at the tx queue itself.
+    #[test]
+    fn the_audit_processes_tx_chains_whose_kick_was_lost() {
+        use vhost_user_backend::VhostUserBackend;
+        let rig = rig();
+        let (txv, txq) = vring(&rig, TXQ_BASE);
+        let (rxv, rxq) = vring(&rig, RXQ_BASE);
+        write_pkt(&rig, BUFS, hdr(VSOCK_OP_REQUEST, 100, 7, 0), b"");
+        push_chain(&txq, 0, &[d(BUFS, 44, 0, 0)]);
+        let rx_buf = BUFS + 0x10000;
+        push_chain(&rxq, 0, &[d(rx_buf, 4096, VRING_DESC_F_WRITE as u16, 0)]);
+        let used = |q: &MockSplitQueue<'_, GuestMem>| -> u16 {
+            rig.mem
+                .memory()
+                .read_obj(q.used_addr().unchecked_add(2))
+                .unwrap()
+        };
+        let backend = crate::backend::VsockBackend::new(
+            VsockDevice::new(
+                CID,
+                4096,
+                rig._dir.path().join("w.sock"),
+                rig.peers.clone(),
+                rig.stats.clone(),
+                None,
+            )
+            .unwrap(),
+            CID,
+            QSIZE,
+        )
+        .unwrap();
+        backend.update_memory(rig.mem.clone()).unwrap();
+        let vrings = [rxv, txv];
+        backend
+            .handle_event(crate::BACKEND_EVENT, EventSet::IN, &vrings, 0)
+            .unwrap();
+        assert_eq!(used(&txq), 0, "nothing announced the chain yet");
+        std::thread::sleep(WAKEUP_AUDIT_INTERVAL + std::time::Duration::from_millis(200));
+        backend
+            .handle_event(crate::BACKEND_EVENT, EventSet::IN, &vrings, 0)
+            .unwrap();
+        assert_eq!(used(&txq), 1, "the audit took the chain");
+        assert_eq!(used(&rxq), 1, "and the device answered it");
+        assert_eq!(rx_header(&rig, rx_buf).op, VSOCK_OP_RESPONSE);
+        assert_eq!(rig.stats.snapshot().lost_wakeups, 1);
     }
 
     #[test]

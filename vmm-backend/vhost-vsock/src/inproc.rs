@@ -583,6 +583,70 @@ impl DeviceEnd {
     }
 }
 
+/// Where an in-process connection's rings stand, as the device's wake-up audit sees them
+/// ([`DeviceEnd::audit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingAudit {
+    /// Bytes waiting for the session.
+    pub to_session: usize,
+    /// Room left in the ring towards the session.
+    pub to_session_free: usize,
+    /// Bytes waiting for the device (replies).
+    pub to_device: usize,
+    /// A session writer lent its function and waits for the device to call it.
+    pub filler_lent: bool,
+    /// A session reader lent its function and waits for guest bytes.
+    pub reader_lent: bool,
+    /// The session sleeps waiting for bytes (or a kick).
+    pub session_waiting: bool,
+    /// The session sleeps waiting for room towards the device.
+    pub session_wants_room: bool,
+    /// The device waits for room towards the session (an eventfd write is owed).
+    pub device_wants_room: bool,
+    /// An eventfd write is pending: the device has not seen the last change yet.
+    pub event_pending: bool,
+    /// Either end is closed or shut for writing: nothing is owed.
+    pub ending: bool,
+}
+
+impl RingAudit {
+    /// Whether the session has output for the device: bytes in the ring, or a lent writer.
+    pub fn has_output(&self) -> bool {
+        self.to_device > 0 || self.filler_lent
+    }
+}
+
+impl DeviceEnd {
+    /// A snapshot of both rings and the wake-up flags, for the device's audit of lost
+    /// wake-ups.
+    pub fn audit(&self) -> RingAudit {
+        let st = self.shared.lock();
+        RingAudit {
+            to_session: st.to_session.len,
+            to_session_free: st.to_session.free(),
+            to_device: st.to_device.len,
+            filler_lent: st
+                .filler
+                .as_ref()
+                .is_some_and(|f| f.left > 0 && !f.broke && f.panic.is_none()),
+            reader_lent: st.lent.is_some(),
+            session_waiting: st.session_waiting,
+            session_wants_room: st.session_wants_room,
+            device_wants_room: st.device_wants_room,
+            event_pending: vgpu_vhost_user::fd_readable(self.shared.event.as_raw_fd()),
+            ending: st.session_closed
+                || st.session_write_closed
+                || st.device_closed
+                || st.device_write_closed,
+        }
+    }
+
+    /// Wakes the session thread whatever it waits for (the audit found it asleep with work).
+    pub fn wake_session(&self) {
+        self.shared.cond.notify_all();
+    }
+}
+
 impl AsRawFd for DeviceEnd {
     fn as_raw_fd(&self) -> RawFd {
         self.shared.event.as_raw_fd()

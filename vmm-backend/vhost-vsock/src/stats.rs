@@ -21,6 +21,7 @@ pub struct VsockStats {
     calls_on_device_thread: AtomicU64,
     bytes_lent_in_place: AtomicU64,
     bytes_filled_in_place: AtomicU64,
+    lost_wakeups: AtomicU64,
 }
 
 /// A point-in-time copy of [`VsockStats`].
@@ -58,6 +59,9 @@ pub struct VsockStatsSnapshot {
     /// device-to-host copy's data, read from device memory with no ring in between, see
     /// [`vgpu_proto::frame::WriteInPlace`]); also counted in `bytes_host_to_guest`.
     pub bytes_filled_in_place: u64,
+    /// Wake-ups between the device and in-process sessions that the device's periodic audit
+    /// found lost and made up for (each also logged); 0 in a healthy device.
+    pub lost_wakeups: u64,
 }
 
 impl VsockStats {
@@ -78,6 +82,7 @@ impl VsockStats {
             calls_on_device_thread: get(&self.calls_on_device_thread),
             bytes_lent_in_place: get(&self.bytes_lent_in_place),
             bytes_filled_in_place: get(&self.bytes_filled_in_place),
+            lost_wakeups: get(&self.lost_wakeups),
         }
     }
 
@@ -134,6 +139,10 @@ impl VsockStats {
 
     pub(crate) fn add_bytes_filled_in_place(&self, n: u64) {
         self.bytes_filled_in_place.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_lost_wakeup(&self) {
+        self.lost_wakeups.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn add_dropped_chain(&self) {

@@ -44,6 +44,8 @@ pub(crate) struct DriverQueue {
     pub(crate) event_idx: bool,
     /// The device's kick eventfd.
     pub(crate) kick: EventFd,
+    /// Never kick: a guest that publishes chains without notifying the device.
+    pub(crate) mute: bool,
     /// The device's interrupt eventfd.
     pub(crate) call: EventFd,
 }
@@ -66,6 +68,7 @@ impl DriverQueue {
             last_used: 0,
             event_idx,
             kick: EventFd::new(EFD_NONBLOCK)?,
+            mute: false,
             call: EventFd::new(EFD_NONBLOCK)?,
         })
     }
@@ -199,7 +202,7 @@ impl DriverQueue {
             );
             flags & VRING_USED_F_NO_NOTIFY as u16 == 0
         };
-        if kick {
+        if kick && !self.mute {
             let _ = self.kick.write(1);
         }
     }

@@ -95,6 +95,9 @@ pub struct GuestOptions {
     /// its socket (the shim's reads do) keeps its vCPU running, so that the device's interrupt
     /// is taken at once instead of waking a halted vCPU. Zero: sleep at once.
     pub poll_first: Duration,
+    /// Never kick the tx queue: a buggy or hostile guest whose packets the device finds only
+    /// by its wake-up audit (once a second).
+    pub mute_tx_kicks: bool,
 }
 
 impl Default for GuestOptions {
@@ -111,6 +114,7 @@ impl Default for GuestOptions {
             busy_poll: false,
             poll_first: Duration::ZERO,
             rx_buffers: 0,
+            mute_tx_kicks: false,
         }
     }
 }
@@ -828,7 +832,8 @@ impl TestGuest {
             .map_err(io::Error::other)?;
         let mk = |i: usize| DriverQueue::new(QUEUE_AREA + i as u64 * qfoot, n, opts.event_idx);
         let rxq = mk(RX_QUEUE)?;
-        let txq = mk(TX_QUEUE)?;
+        let mut txq = mk(TX_QUEUE)?;
+        txq.mute = opts.mute_tx_kicks;
         let evq = if opts.setup_event_queue {
             Some(mk(EVENT_QUEUE)?)
         } else {
@@ -1288,6 +1293,7 @@ impl TestGuest {
                 )?;
                 fresh.kick = q.kick.try_clone()?;
                 fresh.call = q.call.try_clone()?;
+                fresh.mute = q.mute;
                 *q = fresh;
             }
             if let Some(evq) = g.evq.as_mut() {
@@ -1633,6 +1639,11 @@ impl TestServer {
     /// Connects a fake VMM + guest.
     pub fn guest(&self, opts: GuestOptions) -> io::Result<TestGuest> {
         TestGuest::start(&self.config.socket, opts)
+    }
+
+    /// The device's counters now.
+    pub fn snapshot(&self) -> vgpu_vhost_vsock::VsockStatsSnapshot {
+        self.stats.snapshot()
     }
 
     /// Waits until `cond` holds for the counters (they are updated asynchronously).

@@ -292,3 +292,27 @@ fn connection_limit_is_enforced() {
     drop(held);
     drop(streams);
 }
+
+/// A guest that never kicks its tx queue (a driver bug, or a hostile guest) is still served,
+/// slowly: the device's wake-up audit finds its packets once a second and counts each find. A
+/// guest that kicks as it should has nothing found.
+#[test]
+fn a_guest_that_never_kicks_tx_is_served_by_the_wake_up_audit() {
+    let server = TestServer::start(Arc::new(Mixed), |_| {}).unwrap();
+    let kicking = server.guest(GuestOptions::default()).unwrap();
+    echo_once(&kicking, b"kicked");
+    assert_eq!(server.snapshot().lost_wakeups, 0);
+    drop(kicking);
+
+    let guest = server
+        .guest(GuestOptions {
+            mute_tx_kicks: true,
+            ..GuestOptions::default()
+        })
+        .unwrap();
+    // The REQUEST, the data and the close each wait for an audit.
+    echo_once(&guest, b"never kicked");
+    let st = server.wait_stats(T, |s| s.lost_wakeups >= 2).unwrap();
+    assert!(st.lost_wakeups >= 2, "{st:?}");
+    assert!(guest.violations().is_empty(), "{:?}", guest.violations());
+}

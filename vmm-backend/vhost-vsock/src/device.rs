@@ -56,6 +56,9 @@ const AUDIT_TOKEN: u64 = u64::MAX;
 /// How often the device audits its connections for lost wake-ups while it has any
 /// ([`VsockDevice::audit_wakeups`]): a reply whose announcement was lost waits at most this long.
 pub const WAKEUP_AUDIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Lost wake-ups of one device logged as warnings one by one; after them, only the 2^k-th
+/// (a guest that never kicks would otherwise log a line a second for good).
+const LOST_WAKEUPS_LOGGED: u64 = 10;
 /// An audit this late means the device's host events stopped coming (its timer is one of them):
 /// the next tx event runs the audit and says so.
 const AUDIT_OVERDUE: Duration = Duration::from_secs(3);
@@ -210,6 +213,8 @@ pub struct VsockDevice {
     last_audit: Instant,
     /// An audit ran since the backend last asked ([`VsockDevice::take_audit_ran`]).
     audit_ran: bool,
+    /// Lost wake-ups this device's audits found.
+    lost_wakeups: u64,
 }
 
 impl std::fmt::Debug for VsockDevice {
@@ -269,6 +274,7 @@ impl VsockDevice {
             audit_armed: false,
             last_audit: Instant::now(),
             audit_ran: false,
+            lost_wakeups: 0,
         })
     }
 
@@ -846,18 +852,28 @@ impl VsockDevice {
             }
         }
         for (key, in_pending, lost, rings) in found {
-            self.stats.add_lost_wakeup();
-            warn!(
-                guest_cid = self.guest_cid,
-                local_port = key.local_port,
-                peer_port = key.peer_port,
-                in_pending,
-                rings = ?rings,
-                "vsock audit made up for a lost wake-up: {}",
-                lost.as_str()
-            );
+            if self.count_lost_wakeup() {
+                warn!(
+                    guest_cid = self.guest_cid,
+                    local_port = key.local_port,
+                    peer_port = key.peer_port,
+                    in_pending,
+                    rings = ?rings,
+                    found = self.lost_wakeups,
+                    "vsock audit made up for a lost wake-up: {}",
+                    lost.as_str()
+                );
+            }
             self.schedule(key);
         }
+    }
+
+    /// Counts a lost wake-up; returns whether to log it as a warning (the first
+    /// [`LOST_WAKEUPS_LOGGED`], then the 2^k-th).
+    fn count_lost_wakeup(&mut self) -> bool {
+        self.stats.add_lost_wakeup();
+        self.lost_wakeups += 1;
+        self.lost_wakeups <= LOST_WAKEUPS_LOGGED || self.lost_wakeups.is_power_of_two()
     }
 
     /// Whether an audit ran since the last call: the backend then looks at the tx queue too,
@@ -869,11 +885,14 @@ impl VsockDevice {
     /// The audit found `chains` tx chains that the guest published without a kick reaching the
     /// device (none pending either) and processed them: counted and logged as a lost wake-up.
     pub fn found_unannounced_tx(&mut self, chains: usize) {
-        self.stats.add_lost_wakeup();
-        warn!(
-            guest_cid = self.guest_cid,
-            chains, "vsock audit found tx chains no kick announced and processed them"
-        );
+        if self.count_lost_wakeup() {
+            warn!(
+                guest_cid = self.guest_cid,
+                chains,
+                found = self.lost_wakeups,
+                "vsock audit found tx chains no kick announced and processed them"
+            );
+        }
     }
 
     fn accept_host_clients(&mut self, guest_ready: bool) {

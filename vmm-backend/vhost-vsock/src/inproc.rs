@@ -607,7 +607,16 @@ pub struct RingAudit {
     pub event_pending: bool,
     /// Either end is closed or shut for writing: nothing is owed.
     pub ending: bool,
+    /// The session was kicked and has not taken the kick yet.
+    pub kicked: bool,
+    /// An answerer is registered (the device thread may answer the session's calls).
+    pub answerer: bool,
+    /// The first bytes waiting for the session (up to [`AUDIT_FRONT_BYTES`]; a frame's header).
+    pub front: [u8; AUDIT_FRONT_BYTES],
 }
+
+/// Bytes of the ring towards the session a [`RingAudit`] shows.
+pub const AUDIT_FRONT_BYTES: usize = 24;
 
 impl RingAudit {
     /// Whether the session has output for the device: bytes in the ring, or a lent writer.
@@ -638,6 +647,18 @@ impl DeviceEnd {
                 || st.session_write_closed
                 || st.device_closed
                 || st.device_write_closed,
+            kicked: st.kicked,
+            answerer: self.shared.answerer.get().is_some(),
+            front: {
+                let mut front = [0u8; AUDIT_FRONT_BYTES];
+                if let Some(span) = st.to_session.readable() {
+                    // Only this (the device) thread writes the ring, into its free room; the
+                    // readable bytes stay as they are until consumed under the state lock,
+                    // which this thread holds. The session may read them meanwhile: reads only.
+                    drain_into(&span.slices(), &mut front);
+                }
+                front
+            },
         }
     }
 
@@ -1992,6 +2013,33 @@ mod tests {
         );
         s.kick();
         assert_eq!(again.recv_timeout(PATIENCE), Ok(true));
+    }
+
+    /// The audit sees each ring's bytes, the front of the session's, and whether a wake-up is
+    /// on its way (an unread eventfd write) or nobody announced the bytes.
+    #[test]
+    fn the_audit_shows_the_rings_and_pending_wake_ups() {
+        let (d, s) = pair(64).unwrap();
+        let a = d.audit();
+        assert_eq!((a.to_session, a.to_device, a.event_pending), (0, 0, false));
+        assert!(!a.has_output());
+        (&d).write_all(b"hello").unwrap();
+        (&s).write_all(b"reply").unwrap();
+        let a = d.audit();
+        assert_eq!((a.to_session, a.to_session_free, a.to_device), (5, 59, 5));
+        assert_eq!(&a.front[..6], b"hello\0");
+        assert!(a.has_output() && a.event_pending, "{a:?}");
+        d.clear_event();
+        assert!(!d.audit().event_pending, "the device took the wake-up");
+        assert_eq!(s.write_here(b"!").unwrap(), 1);
+        let a = d.audit();
+        assert_eq!(
+            (a.to_device, a.event_pending),
+            (6, false),
+            "nobody announced it"
+        );
+        drop(s);
+        assert!(d.audit().ending);
     }
 
     #[test]

@@ -298,6 +298,33 @@ pub fn watch_rings(
     caught
 }
 
+/// Offset of the used ring's first entry; `avail_event` follows the entries.
+const USED_RING_OFFSET: u64 = 4;
+/// Bytes of one used ring entry.
+const USED_ENTRY_LEN: u64 = 8;
+
+/// Where a queue stands as the device sees it, for logs: the next chain it takes, the guest's
+/// avail index, the `avail_event` it last wrote (where it asked for the next kick, with
+/// `VIRTIO_RING_F_EVENT_IDX`), and the next used entry it fills.
+pub fn describe_ring(vring: &VringRwLock, mem: &GuestMem) -> String {
+    let state = vring.get_ref();
+    let q = state.get_queue();
+    let avail = avail_idx(q, mem, &mut None).map_or_else(|e| e.to_string(), |i| i.to_string());
+    let event = q
+        .used_ring()
+        .checked_add(USED_RING_OFFSET + USED_ENTRY_LEN * u64::from(q.size()))
+        .map(|at| load_le_u16(mem, &mut None, at))
+        .map_or_else(
+            || "unaddressable".into(),
+            |r| r.map_or_else(|e| e.to_string(), |v| v.to_string()),
+        );
+    format!(
+        "next avail {}, avail idx {avail}, avail_event {event}, next used {}",
+        q.next_avail(),
+        q.next_used()
+    )
+}
+
 /// Whether `fd` holds a notification nobody has read yet (an eventfd with a count, a readable
 /// stream): a poll that does not wait.
 pub fn fd_readable(fd: RawFd) -> bool {

@@ -6,15 +6,16 @@ use std::sync::{Mutex, MutexGuard};
 
 use tracing::{debug, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringRwLock};
-use vm_memory::GuestMemoryAtomic;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
 use vgpu_proto::spin::{AdaptiveSpin, DEFAULT_SPIN};
 use vgpu_vhost_user::{
-    ExitEvents, VIRTIO_FEATURES, kick_pending, protocol_features, read_config, vring_ready,
-    watch_rings,
+    ExitEvents, VIRTIO_FEATURES, describe_ring, has_available, kick_pending, protocol_features,
+    read_config, vring_ready, watch_rings,
 };
 
 use super::device::VsockDevice;
@@ -93,12 +94,26 @@ impl VsockBackend {
             }
             BACKEND_EVENT => {
                 dev.process_host_events(vring_ready(rx));
-                // The wake-up audit ran: chains on the tx queue with no kick on its way were
-                // missed (a kick lost, or a guest that published without one).
-                if dev.take_audit_ran() && !kick_pending(tx) {
-                    let chains = dev.process_tx(tx);
-                    if chains > 0 {
-                        dev.found_unannounced_tx(chains);
+                // The wake-up audit ran: chains on the tx queue with no kick on its way, the
+                // same as at the audit before, were missed (a kick lost, or a guest that
+                // published without one). Not at the first audit that sees them: the guest may be
+                // between publishing them and kicking.
+                if dev.take_audit_ran()
+                    && let Some(mem) = dev.memory()
+                {
+                    let mem = mem.memory();
+                    let waiting = !kick_pending(tx) && has_available(tx, &mem);
+                    let next = tx.get_ref().get_queue().next_avail();
+                    if dev.tx_unannounced(waiting.then_some(next)) {
+                        let before = format!(
+                            "{}, last chain taken {} ms ago",
+                            describe_ring(tx, &mem),
+                            dev.since_last_tx_ms()
+                        );
+                        let chains = dev.process_tx(tx);
+                        if chains > 0 {
+                            dev.found_unannounced_tx(chains, &before);
+                        }
                     }
                 }
             }

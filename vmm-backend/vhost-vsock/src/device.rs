@@ -215,6 +215,11 @@ pub struct VsockDevice {
     audit_ran: bool,
     /// Lost wake-ups this device's audits found.
     lost_wakeups: u64,
+    /// When `process_tx` last took a chain.
+    last_tx: Instant,
+    /// The tx queue's next chain when the last audit found chains waiting with no kick on its
+    /// way ([`VsockDevice::tx_unannounced`]).
+    tx_unannounced_at: Option<u16>,
 }
 
 impl std::fmt::Debug for VsockDevice {
@@ -275,6 +280,8 @@ impl VsockDevice {
             last_audit: Instant::now(),
             audit_ran: false,
             lost_wakeups: 0,
+            last_tx: Instant::now(),
+            tx_unannounced_at: None,
         })
     }
 
@@ -636,6 +643,7 @@ impl VsockDevice {
             }
         }
         if taken > 0 {
+            self.last_tx = Instant::now();
             signal(vring, "tx");
         }
         taken
@@ -882,14 +890,30 @@ impl VsockDevice {
         std::mem::take(&mut self.audit_ran)
     }
 
+    /// Records that tx chains from `next` on wait with no kick on its way at this audit (`None`:
+    /// none wait); returns whether the same ones waited at the audit before, a second or more
+    /// ago: then no kick is coming for them, and the backend takes them.
+    pub fn tx_unannounced(&mut self, next: Option<u16>) -> bool {
+        let stale = next.is_some() && self.tx_unannounced_at == next;
+        self.tx_unannounced_at = if stale { None } else { next };
+        stale
+    }
+
+    /// Milliseconds since `process_tx` last took a chain.
+    pub fn since_last_tx_ms(&self) -> u64 {
+        self.last_tx.elapsed().as_millis() as u64
+    }
+
     /// The audit found `chains` tx chains that the guest published without a kick reaching the
     /// device (none pending either) and processed them: counted and logged as a lost wake-up.
-    pub fn found_unannounced_tx(&mut self, chains: usize) {
+    /// `before` says where the queue stood (`describe_ring`).
+    pub fn found_unannounced_tx(&mut self, chains: usize, before: &str) {
         if self.count_lost_wakeup() {
             warn!(
                 guest_cid = self.guest_cid,
                 chains,
                 found = self.lost_wakeups,
+                tx = before,
                 "vsock audit found tx chains no kick announced and processed them"
             );
         }
@@ -1541,7 +1565,7 @@ mod tests {
     }
 
     /// A tx chain the guest published without a kick reaching the device (and none on its way)
-    /// is found once the audit ran: the backend then looks at the tx queue itself.
+    /// is found by the second audit that sees it: the backend then looks at the tx queue itself.
     #[test]
     fn the_audit_processes_tx_chains_whose_kick_was_lost() {
         use vhost_user_backend::VhostUserBackend;
@@ -1578,10 +1602,17 @@ mod tests {
             .handle_event(crate::BACKEND_EVENT, EventSet::IN, &vrings, 0)
             .unwrap();
         assert_eq!(used(&txq), 0, "nothing announced the chain yet");
-        std::thread::sleep(WAKEUP_AUDIT_INTERVAL + std::time::Duration::from_millis(200));
-        backend
-            .handle_event(crate::BACKEND_EVENT, EventSet::IN, &vrings, 0)
-            .unwrap();
+        // The first audit that sees it leaves it (the guest may be about to kick), the next one
+        // takes it.
+        let audit = || {
+            std::thread::sleep(WAKEUP_AUDIT_INTERVAL + std::time::Duration::from_millis(200));
+            backend
+                .handle_event(crate::BACKEND_EVENT, EventSet::IN, &vrings, 0)
+                .unwrap();
+        };
+        audit();
+        assert_eq!(used(&txq), 0, "the first audit leaves it");
+        audit();
         assert_eq!(used(&txq), 1, "the audit took the chain");
         assert_eq!(used(&rxq), 1, "and the device answered it");
         assert_eq!(rx_header(&rig, rx_buf).op, VSOCK_OP_RESPONSE);

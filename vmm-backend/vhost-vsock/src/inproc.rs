@@ -418,6 +418,27 @@ struct State {
     /// The writer wants its function back (the stream ended) and waits for the device thread to
     /// return it.
     filler_wanted: bool,
+    /// What the last [`DeviceEnd::settle`] saw and did, for the wake-up audit.
+    last_settle: SettleTrace,
+    /// Where the session last waited for bytes (the function), for the wake-up audit.
+    waiter: &'static str,
+}
+
+/// What a [`DeviceEnd::settle`] saw and did: shown by the wake-up audit ([`RingAudit`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SettleTrace {
+    /// Settles so far on this connection.
+    pub count: u64,
+    /// Calls the answerer answered in the last one.
+    pub calls: usize,
+    /// Whether the answerer asked for the reader to be woken (`None`: no answerer was reached).
+    pub wake_reader: Option<bool>,
+    /// Whether the session was waiting then.
+    pub session_waiting: bool,
+    /// Bytes waiting for the session after the answerer.
+    pub to_session: usize,
+    /// Whether the session was woken.
+    pub woke: bool,
 }
 
 impl State {
@@ -501,6 +522,8 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             lent_wanted: false,
             filler: None,
             filler_wanted: false,
+            last_settle: SettleTrace::default(),
+            waiter: "",
         }),
         device_copy: Mutex::new(()),
         session_read: Mutex::new(()),
@@ -613,6 +636,10 @@ pub struct RingAudit {
     pub answerer: bool,
     /// The first bytes waiting for the session (up to [`AUDIT_FRONT_BYTES`]; a frame's header).
     pub front: [u8; AUDIT_FRONT_BYTES],
+    /// What the last settle after a write towards the session saw and did.
+    pub last_settle: SettleTrace,
+    /// Where the session last waited for bytes.
+    pub waiter: &'static str,
 }
 
 /// Bytes of the ring towards the session a [`RingAudit`] shows.
@@ -649,6 +676,8 @@ impl DeviceEnd {
                 || st.device_write_closed,
             kicked: st.kicked,
             answerer: self.shared.answerer.get().is_some(),
+            last_settle: st.last_settle,
+            waiter: st.waiter,
             front: {
                 let mut front = [0u8; AUDIT_FRONT_BYTES];
                 if let Some(span) = st.to_session.readable() {
@@ -841,7 +870,9 @@ impl DeviceEnd {
         let Some(answerer) = self.shared.answerer.get() else {
             return;
         };
-        let answered = answerer.upgrade().map_or(
+        let upgraded = answerer.upgrade();
+        let reached = upgraded.is_some();
+        let answered = upgraded.map_or(
             Answered {
                 calls: 0,
                 wake_reader: true,
@@ -852,6 +883,14 @@ impl DeviceEnd {
         st.answered += answered.calls;
         let wake =
             st.session_waiting && (st.kicked || (answered.wake_reader && st.to_session.len > 0));
+        st.last_settle = SettleTrace {
+            count: st.last_settle.count + 1,
+            calls: answered.calls,
+            wake_reader: reached.then_some(answered.wake_reader),
+            session_waiting: st.session_waiting,
+            to_session: st.to_session.len,
+            woke: wake,
+        };
         drop(st);
         if wake {
             self.shared.cond.notify_all();
@@ -1103,7 +1142,7 @@ impl SessionEnd {
             if st.device_closed || st.device_write_closed {
                 return Ok(false);
             }
-            st = self.wait(st, deadline)?;
+            st = self.wait(st, deadline, "read")?;
         }
     }
 
@@ -1165,7 +1204,7 @@ impl SessionEnd {
                 break l;
             }
             st.lent_wanted = want_back;
-            match self.wait(st, deadline.filter(|_| !want_back)) {
+            match self.wait(st, deadline.filter(|_| !want_back), "lend") {
                 Ok(g) => st = g,
                 Err(_) => {
                     st = self.shared.lock();
@@ -1181,14 +1220,17 @@ impl SessionEnd {
         (st, lent.left, timed_out)
     }
 
-    /// Waits for bytes, a kick or the end of the stream (until `deadline`).
+    /// Waits for bytes, a kick or the end of the stream (until `deadline`); `waiter` names the
+    /// caller for the wake-up audit.
     fn wait<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
         deadline: Option<Instant>,
+        waiter: &'static str,
     ) -> io::Result<MutexGuard<'a, State>> {
         let mut st = st;
         st.session_waiting = true;
+        st.waiter = waiter;
         let mut st = match deadline {
             None => self.shared.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
             Some(d) => {
@@ -1419,7 +1461,7 @@ impl ReadInPlace for &SessionEnd {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
             if !lends {
-                st = self.wait(st, deadline)?;
+                st = self.wait(st, deadline, "read_in_place")?;
                 continue;
             }
             // With more bytes to come than the ring holds, the device thread hands over those
@@ -1547,7 +1589,7 @@ impl FrameRing for SessionEnd {
             if st.device_closed || st.device_write_closed {
                 return Ok(false);
             }
-            st = self.wait(st, None)?;
+            st = self.wait(st, None, "wait_readable")?;
         }
     }
 

@@ -867,6 +867,7 @@ impl VsockDevice {
                     peer_port = key.peer_port,
                     in_pending,
                     rings = ?rings,
+                    waiter_state = ?rings.map(|r| r.waiter_state()),
                     found = self.lost_wakeups,
                     "vsock audit made up for a lost wake-up: {}",
                     lost.as_str()

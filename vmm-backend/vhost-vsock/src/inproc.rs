@@ -422,6 +422,8 @@ struct State {
     last_settle: SettleTrace,
     /// Where the session last waited for bytes (the function), for the wake-up audit.
     waiter: &'static str,
+    /// The thread that last waited for bytes (its kernel thread id), for the wake-up audit.
+    waiter_tid: i32,
 }
 
 /// What a [`DeviceEnd::settle`] saw and did: shown by the wake-up audit ([`RingAudit`]).
@@ -524,6 +526,7 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             filler_wanted: false,
             last_settle: SettleTrace::default(),
             waiter: "",
+            waiter_tid: 0,
         }),
         device_copy: Mutex::new(()),
         session_read: Mutex::new(()),
@@ -640,12 +643,37 @@ pub struct RingAudit {
     pub last_settle: SettleTrace,
     /// Where the session last waited for bytes.
     pub waiter: &'static str,
+    /// The kernel thread id of the thread that last waited for bytes ([`RingAudit::waiter_state`]).
+    pub waiter_tid: i32,
 }
 
 /// Bytes of the ring towards the session a [`RingAudit`] shows.
 pub const AUDIT_FRONT_BYTES: usize = 24;
 
+/// The scheduler state of thread `tid` of this process (`/proc/self/task/<tid>/stat`'s third
+/// field), `?` when it cannot be read.
+fn thread_state(tid: i32) -> char {
+    if tid <= 0 {
+        return '?';
+    }
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // The command name (in parentheses) may hold spaces: the state follows its end.
+            let rest = &stat[stat.rfind(')')? + 1..];
+            rest.trim_start().chars().next()
+        })
+        .unwrap_or('?')
+}
+
 impl RingAudit {
+    /// The scheduler state of the thread that last waited for bytes, from
+    /// `/proc/self/task/<tid>/stat` (`S`: asleep, `R`: runnable or running; `?`: unknown). Read
+    /// now, not when the audit was taken.
+    pub fn waiter_state(&self) -> char {
+        thread_state(self.waiter_tid)
+    }
+
     /// Whether the session has output for the device: bytes in the ring, or a lent writer.
     pub fn has_output(&self) -> bool {
         self.to_device > 0 || self.filler_lent
@@ -678,6 +706,7 @@ impl DeviceEnd {
             answerer: self.shared.answerer.get().is_some(),
             last_settle: st.last_settle,
             waiter: st.waiter,
+            waiter_tid: st.waiter_tid,
             front: {
                 let mut front = [0u8; AUDIT_FRONT_BYTES];
                 if let Some(span) = st.to_session.readable() {
@@ -1231,6 +1260,8 @@ impl SessionEnd {
         let mut st = st;
         st.session_waiting = true;
         st.waiter = waiter;
+        // SAFETY: gettid takes no arguments and cannot fail.
+        st.waiter_tid = unsafe { libc::gettid() };
         let mut st = match deadline {
             None => self.shared.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
             Some(d) => {

@@ -105,11 +105,7 @@ impl VsockBackend {
                     let waiting = !kick_pending(tx) && has_available(tx, &mem);
                     let next = tx.get_ref().get_queue().next_avail();
                     if dev.tx_unannounced(waiting.then_some(next)) {
-                        let before = format!(
-                            "{}, last chain taken {} ms ago",
-                            describe_ring(tx, &mem),
-                            dev.since_last_tx_ms()
-                        );
+                        let before = describe_ring(tx, &mem);
                         let chains = dev.process_tx(tx);
                         if chains > 0 {
                             dev.found_unannounced_tx(chains, &before);

@@ -211,8 +211,6 @@ pub struct VsockDevice {
     audit_ran: bool,
     /// Lost wake-ups this device's audits found.
     lost_wakeups: u64,
-    /// When `process_tx` last took a chain.
-    last_tx: Instant,
     /// The tx queue's next chain when the last audit found chains waiting with no kick on its
     /// way ([`VsockDevice::tx_unannounced`]).
     tx_unannounced_at: Option<u16>,
@@ -276,7 +274,6 @@ impl VsockDevice {
             last_audit: Instant::now(),
             audit_ran: false,
             lost_wakeups: 0,
-            last_tx: Instant::now(),
             tx_unannounced_at: None,
         })
     }
@@ -635,7 +632,6 @@ impl VsockDevice {
             }
         }
         if taken > 0 {
-            self.last_tx = Instant::now();
             signal(vring, "tx");
         }
         taken
@@ -890,11 +886,6 @@ impl VsockDevice {
         let stale = next.is_some() && self.tx_unannounced_at == next;
         self.tx_unannounced_at = if stale { None } else { next };
         stale
-    }
-
-    /// Milliseconds since `process_tx` last took a chain.
-    pub fn since_last_tx_ms(&self) -> u64 {
-        self.last_tx.elapsed().as_millis() as u64
     }
 
     /// The audit found `chains` tx chains that the guest published without a kick reaching the

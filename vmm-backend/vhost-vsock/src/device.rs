@@ -1416,29 +1416,32 @@ mod tests {
         );
     }
 
-    #[test]
-    fn data_flows_and_reset_closes_in_process_streams() {
-        let mut rig = rig();
-        let (txv, txq) = vring(&rig, TXQ_BASE);
-        let (rxv, rxq) = vring(&rig, RXQ_BASE);
-        write_pkt(&rig, BUFS, hdr(VSOCK_OP_REQUEST, 100, 7, 0), b"");
-        write_pkt(&rig, BUFS + 0x1000, hdr(VSOCK_OP_RW, 100, 7, 4), b"ping");
+    /// A guest connection from port 100 to `port` that sent `ping`, with `rx_buffers` 4 KiB rx
+    /// buffers posted (chain `i` at `BUFS + 0x10000 * (i + 1)`), processed by the device.
+    fn connect_with_ping(
+        rig: &mut Rig,
+        port: u32,
+        rx_buffers: u16,
+    ) -> (VringRwLock, VringRwLock, MockSplitQueue<'static, GuestMem>) {
+        let (txv, txq) = vring(rig, TXQ_BASE);
+        let (rxv, rxq) = vring(rig, RXQ_BASE);
+        write_pkt(rig, BUFS, hdr(VSOCK_OP_REQUEST, 100, port, 0), b"");
+        write_pkt(rig, BUFS + 0x1000, hdr(VSOCK_OP_RW, 100, port, 4), b"ping");
         push_chain(&txq, 0, &[d(BUFS, 44, 0, 0)]);
         push_chain(&txq, 1, &[d(BUFS + 0x1000, 48, 0, 0)]);
-        for i in 0..4u16 {
-            push_chain(
-                &rxq,
-                i,
-                &[d(
-                    BUFS + 0x10000 * (u64::from(i) + 1),
-                    4096,
-                    VRING_DESC_F_WRITE as u16,
-                    0,
-                )],
-            );
+        for i in 0..rx_buffers {
+            let at = BUFS + 0x10000 * (u64::from(i) + 1);
+            push_chain(&rxq, i, &[d(at, 4096, VRING_DESC_F_WRITE as u16, 0)]);
         }
         rig.dev.process_tx(&txv);
         rig.dev.process_rx(&rxv);
+        (txv, rxv, rxq)
+    }
+
+    #[test]
+    fn data_flows_and_reset_closes_in_process_streams() {
+        let mut rig = rig();
+        let (_txv, rxv, rxq) = connect_with_ping(&mut rig, 7, 4);
         let mut peer = rig.peers.0.lock().unwrap().pop().unwrap();
         let mut buf = [0u8; 4];
         peer.read_exact(&mut buf).unwrap();
@@ -1499,18 +1502,7 @@ mod tests {
     fn the_audit_delivers_a_reply_whose_wake_up_was_lost() {
         use vgpu_proto::frame::FrameRing;
         let mut rig = rig();
-        let (txv, txq) = vring(&rig, TXQ_BASE);
-        let (rxv, rxq) = vring(&rig, RXQ_BASE);
-        write_pkt(&rig, BUFS, hdr(VSOCK_OP_REQUEST, 100, 11, 0), b"");
-        write_pkt(&rig, BUFS + 0x1000, hdr(VSOCK_OP_RW, 100, 11, 4), b"ping");
-        push_chain(&txq, 0, &[d(BUFS, 44, 0, 0)]);
-        push_chain(&txq, 1, &[d(BUFS + 0x1000, 48, 0, 0)]);
-        for i in 0..8u16 {
-            let at = BUFS + 0x10000 * (u64::from(i) + 1);
-            push_chain(&rxq, i, &[d(at, 4096, VRING_DESC_F_WRITE as u16, 0)]);
-        }
-        rig.dev.process_tx(&txv);
-        rig.dev.process_rx(&rxv);
+        let (_txv, rxv, rxq) = connect_with_ping(&mut rig, 11, 8);
         let session = rig.peers.1.lock().unwrap().pop().unwrap();
         let mut buf = [0u8; 4];
         (&session).read_exact(&mut buf).unwrap();

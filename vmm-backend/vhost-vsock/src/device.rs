@@ -53,7 +53,7 @@ pub const HOST_PORT_BASE: u32 = 1 << 30;
 const LISTENER_TOKEN: u64 = 0;
 /// Epoll token of the wake-up audit's timer (connection tokens count up from 1).
 const AUDIT_TOKEN: u64 = u64::MAX;
-/// How often the device audits its connections for lost wake-ups while it has any
+/// How often the device audits itself for lost wake-ups, once the VMM shared the guest's memory
 /// ([`VsockDevice::audit_wakeups`]): a reply whose announcement was lost waits at most this long.
 pub const WAKEUP_AUDIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Lost wake-ups of one device logged as warnings one by one; after them, only the 2^k-th

@@ -29,9 +29,9 @@ pub use serve::{
 };
 pub use socket::{SOCKET_MODE, SocketError, bind_socket};
 pub use vring::{
-    ChainHead, ExitEvents, LogLimiter, VIRTIO_FEATURES, add_used, describe_ring, fd_readable,
-    has_available, kick_pending, next_head, protocol_features, read_config, signal, take_head,
-    vring_ready, watch_rings,
+    ChainHead, ExitEvents, LogLimiter, Rearm, VIRTIO_FEATURES, add_used, describe_ring,
+    fd_readable, has_available, kick_pending, next_head, protocol_features, read_config, rearm,
+    signal, take_head, vring_ready, watch_rings,
 };
 
 /// The guest's memory as the VMM shared it: every descriptor address is resolved against it.

@@ -349,6 +349,38 @@ pub fn kick_pending(vring: &VringRwLock) -> bool {
         .is_some_and(|k| fd_readable(k.as_raw_fd()))
 }
 
+/// What a queue's drain loop does after a round, once notifications are on again
+/// ([`rearm`]).
+#[derive(Debug)]
+pub enum Rearm {
+    /// Chains were published meanwhile: take them now (the guest may not kick for them).
+    Again,
+    /// Nothing more: the next kick brings the next chain.
+    Done,
+    /// Twice in a row a round found no chain although the ring claims some: an entry that
+    /// cannot be read. Looping would spin; wait for the next notification.
+    Broken,
+    /// Notifications could not be turned back on.
+    Failed(virtio_queue::Error),
+}
+
+/// Turns kicks back on after a drain round that took chains or not (`popped`) and tells the
+/// loop what to do. With `VIRTIO_RING_F_EVENT_IDX` the device writes `avail_event` and reads the
+/// avail index again: a chain published in between may come without a kick, so it is taken at
+/// once; only a second empty round in a row (`rechecked`, kept by the caller) calls the ring
+/// broken — one empty round followed by more chains is that race, not a broken ring.
+pub fn rearm(vring: &VringRwLock, popped: bool, rechecked: &mut bool) -> Rearm {
+    match vring.enable_notification() {
+        Ok(true) if popped || !*rechecked => {
+            *rechecked = !popped;
+            Rearm::Again
+        }
+        Ok(true) => Rearm::Broken,
+        Ok(false) => Rearm::Done,
+        Err(e) => Rearm::Failed(e),
+    }
+}
+
 /// Whether a vring may be used: started by the frontend and enabled.
 pub fn vring_ready(vring: &VringRwLock) -> bool {
     let state = vring.get_ref();

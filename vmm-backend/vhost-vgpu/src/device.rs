@@ -47,7 +47,7 @@ use super::wire::{
     REQ_HEADER_LEN, REQ_OPEN, RESP_HEADER_LEN, ReqHeader, RespHeader, S_BAD_REQUEST, S_BUSY,
     S_NO_SESSION, S_OK, SUBMIT_QUEUE,
 };
-use vgpu_vhost_user::{LogLimiter, next_head, vring_ready};
+use vgpu_vhost_user::{LogLimiter, Rearm, next_head, rearm, vring_ready};
 
 /// Most sessions (open file descriptors of the device) per VM.
 pub const MAX_SESSIONS: usize = 256;
@@ -193,7 +193,7 @@ impl VgpuDevice {
             return;
         }
         let epoch = self.shared.generation();
-        // Whether the last round found nothing although the ring claimed more.
+        // Whether the last round found nothing although the ring claimed more ([`rearm`]).
         let mut rechecked = false;
         loop {
             if self.event_idx
@@ -235,20 +235,17 @@ impl VgpuDevice {
             if !self.event_idx {
                 break;
             }
-            match vring.enable_notification() {
-                // More chains were published meanwhile, perhaps without a kick (the guest read
-                // the old `avail_event`): take them now. Only a second round in a row that finds
-                // none although the ring claims some means an entry that cannot be read.
-                Ok(true) if popped || !rechecked => rechecked = !popped,
-                Ok(true) => {
+            match rearm(vring, popped, &mut rechecked) {
+                Rearm::Again => {}
+                Rearm::Done => break,
+                Rearm::Broken => {
                     self.shared.log_guest(format_args!(
                         "{} ring claims entries that cannot be read",
                         queue_name(queue)
                     ));
                     break;
                 }
-                Ok(false) => break,
-                Err(e) => {
+                Rearm::Failed(e) => {
                     warn!(error = %e, "cannot enable queue notifications");
                     break;
                 }

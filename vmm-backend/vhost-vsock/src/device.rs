@@ -30,7 +30,7 @@ use super::packet::{
 use super::{
     GPU_PORT_BUFFER, GPU_PORT_REPLY_RING, MAX_LARGE_RING_BYTES, PortConnector, VsockStats,
 };
-use vgpu_vhost_user::{LogLimiter, add_used, next_head, signal, vring_ready};
+use vgpu_vhost_user::{LogLimiter, Rearm, add_used, next_head, rearm, signal, vring_ready};
 
 /// Most simultaneous connections per device. Each holds at most its `buf_alloc` of buffered
 /// guest data in `tx_buf` (`tx_buffer_size`, or `GPU_PORT_BUFFER` for the at most
@@ -582,7 +582,7 @@ impl VsockDevice {
         }
         let mem = atomic.memory();
         let mut taken = 0;
-        // Whether the last round found nothing although the ring claimed more.
+        // Whether the last round found nothing although the ring claimed more ([`rearm`]).
         let mut rechecked = false;
         loop {
             if self.event_idx
@@ -614,18 +614,14 @@ impl VsockDevice {
             if !self.event_idx {
                 break;
             }
-            match vring.enable_notification() {
-                // More chains were published meanwhile: the guest published after this round
-                // looked and before notifications were on again, and may not kick for them.
-                // A round that finds none although the ring claims some twice in a row means
-                // the ring is broken (an entry that cannot be read), and looping would spin.
-                Ok(true) if popped || !rechecked => rechecked = !popped,
-                Ok(true) => {
+            match rearm(vring, popped, &mut rechecked) {
+                Rearm::Again => {}
+                Rearm::Done => break,
+                Rearm::Broken => {
                     self.broken_ring(QueueName::Tx, &"available entries cannot be read");
                     break;
                 }
-                Ok(false) => break,
-                Err(e) => {
+                Rearm::Failed(e) => {
                     warn!(error = %e, "cannot enable tx notifications");
                     break;
                 }

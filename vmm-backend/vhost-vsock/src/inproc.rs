@@ -647,6 +647,13 @@ pub struct RingAudit {
     pub waiter_tid: i32,
 }
 
+thread_local! {
+    /// This thread's kernel thread id, asked once per thread: a session records it each time it
+    /// waits, which must not cost a system call.
+    // SAFETY: gettid takes no arguments and cannot fail.
+    static THREAD_ID: i32 = unsafe { libc::gettid() };
+}
+
 /// Bytes of the ring towards the session a [`RingAudit`] shows.
 pub const AUDIT_FRONT_BYTES: usize = 24;
 
@@ -1260,8 +1267,7 @@ impl SessionEnd {
         let mut st = st;
         st.session_waiting = true;
         st.waiter = waiter;
-        // SAFETY: gettid takes no arguments and cannot fail.
-        st.waiter_tid = unsafe { libc::gettid() };
+        st.waiter_tid = THREAD_ID.with(|id| *id);
         let mut st = match deadline {
             None => self.shared.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
             Some(d) => {

@@ -65,6 +65,18 @@ impl LostWakeup {
     }
 }
 
+/// What the device's audit found on a connection ([`Connection::recover_wakeup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeupFinding {
+    /// The wake-up that was lost.
+    pub lost: LostWakeup,
+    /// Where an in-process endpoint's rings stood.
+    pub rings: Option<RingAudit>,
+    /// Where the session's thread was before the audit made up for the wake-up
+    /// ([`RingAudit::waiter_where`]): asleep, or runnable but not yet run.
+    pub waiter: Option<String>,
+}
+
 /// The host side of a connection: a unix stream (forwarded ports, host clients, or a stream a
 /// [`PortConnector`](super::PortConnector) hands over) or an in-process endpoint whose bytes move
 /// through shared rings ([`crate::inproc`]).
@@ -247,6 +259,9 @@ pub struct Connection {
     pub in_pending: bool,
     /// Bytes the session had unread while it slept, at the last audit (`recover_wakeup`).
     sleeping_on: Option<usize>,
+    /// The output wake-up the last audit found on its way (its count), if any: still on its way
+    /// at the next audit, it was lost.
+    wake_in_flight: Option<u64>,
 }
 
 impl Connection {
@@ -289,6 +304,7 @@ impl Connection {
             closed: false,
             in_pending: false,
             sleeping_on: None,
+            wake_in_flight: None,
         }
     }
 
@@ -411,20 +427,25 @@ impl Connection {
     /// never came, and makes up for it (the device's periodic audit): output the device was not
     /// told of, room for buffered guest bytes, packets owed without a place in the rx queue, or
     /// a session asleep with the same unread bytes as at the last audit. Returns what was lost
-    /// and where the rings stood; `None` when nothing was (or a wake-up is still on its way).
-    pub fn recover_wakeup(
-        &mut self,
-        stats: &VsockStats,
-    ) -> Option<(LostWakeup, Option<RingAudit>)> {
+    /// and where the rings stood (and, if `describe`, where the session's thread was); `None`
+    /// when nothing was (or a wake-up is still on its way).
+    pub fn recover_wakeup(&mut self, stats: &VsockStats, describe: bool) -> Option<WakeupFinding> {
         if self.closed {
             return None;
         }
         let Endpoint::InProcess(d) = &self.stream else {
-            return (self.has_rx_work() && !self.in_pending)
-                .then_some((LostWakeup::Schedule, None));
+            return (self.has_rx_work() && !self.in_pending).then_some(WakeupFinding {
+                lost: LostWakeup::Schedule,
+                rings: None,
+                waiter: None,
+            });
         };
         let a = d.audit();
-        if a.event_pending {
+        // A wake-up on its way at two audits in a row (the same one) was lost after all.
+        let in_flight = a.wake_in_flight.then_some(a.output_wakes_owed);
+        let before = std::mem::replace(&mut self.wake_in_flight, in_flight);
+        let still_in_flight = in_flight.is_some() && before == in_flight;
+        if a.event_pending || (in_flight.is_some() && !still_in_flight) {
             // The device reads the change on its next event.
             self.sleeping_on = None;
             return None;
@@ -433,6 +454,9 @@ impl Connection {
             (a.session_waiting && !a.reader_lent && a.to_session > 0).then_some(a.to_session);
         let stale = sleeping_on.is_some()
             && std::mem::replace(&mut self.sleeping_on, sleeping_on) == sleeping_on;
+        // Read (from /proc) only for a finding that is logged, before this audit wakes anyone.
+        let waiter = || describe.then(|| a.waiter_where());
+        let mut seen = None;
         let lost = if a.has_output() && !self.readable && self.state == State::Established {
             self.readable = true;
             LostWakeup::Output
@@ -442,13 +466,18 @@ impl Connection {
         } else if self.has_rx_work() && !self.in_pending {
             LostWakeup::Schedule
         } else if stale {
+            seen = waiter();
             d.wake_session();
             self.sleeping_on = None;
             LostWakeup::Session
         } else {
             return None;
         };
-        Some((lost, Some(a)))
+        Some(WakeupFinding {
+            lost,
+            rings: Some(a),
+            waiter: seen.or_else(waiter),
+        })
     }
 
     /// Aborts the connection: an RST is owed to the guest (unless it still knows nothing of it).

@@ -59,6 +59,13 @@ pub const WAKEUP_AUDIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Lost wake-ups of one device logged as warnings one by one; after them, only the 2^k-th
 /// (a guest that never kicks would otherwise log a line a second for good).
 const LOST_WAKEUPS_LOGGED: u64 = 10;
+
+/// Whether the `n`-th lost wake-up (from 1) is logged: the first [`LOST_WAKEUPS_LOGGED`], then
+/// only the 2^k-th, so a guest that keeps losing them cannot fill the log.
+fn logs_finding(n: u64) -> bool {
+    n <= LOST_WAKEUPS_LOGGED || n.is_power_of_two()
+}
+
 /// An audit this late means the device's host events stopped coming (its timer is one of them):
 /// the next tx event runs the audit and says so.
 const AUDIT_OVERDUE: Duration = Duration::from_secs(3);
@@ -839,34 +846,34 @@ impl VsockDevice {
         self.audit_ran = true;
         let mut found = Vec::new();
         for (key, conn) in &mut self.conns {
-            if let Some((lost, rings)) = conn.recover_wakeup(&self.stats) {
-                found.push((*key, conn.in_pending, lost, rings));
+            let describe = logs_finding(self.lost_wakeups + found.len() as u64 + 1);
+            if let Some(finding) = conn.recover_wakeup(&self.stats, describe) {
+                found.push((*key, conn.in_pending, finding));
             }
         }
-        for (key, in_pending, lost, rings) in found {
+        for (key, in_pending, finding) in found {
             if self.count_lost_wakeup() {
                 warn!(
                     guest_cid = self.guest_cid,
                     local_port = key.local_port,
                     peer_port = key.peer_port,
                     in_pending,
-                    rings = ?rings,
-                    waiter_state = ?rings.map(|r| r.waiter_state()),
+                    rings = ?finding.rings,
+                    waiter = finding.waiter,
                     found = self.lost_wakeups,
                     "vsock audit made up for a lost wake-up: {}",
-                    lost.as_str()
+                    finding.lost.as_str()
                 );
             }
             self.schedule(key);
         }
     }
 
-    /// Counts a lost wake-up; returns whether to log it as a warning (the first
-    /// [`LOST_WAKEUPS_LOGGED`], then the 2^k-th).
+    /// Counts a lost wake-up; returns whether to log it as a warning ([`logs_finding`]).
     fn count_lost_wakeup(&mut self) -> bool {
         self.stats.add_lost_wakeup();
         self.lost_wakeups += 1;
-        self.lost_wakeups <= LOST_WAKEUPS_LOGGED || self.lost_wakeups.is_power_of_two()
+        logs_finding(self.lost_wakeups)
     }
 
     /// Whether an audit ran since the last call: the backend then looks at the tx queue too,
@@ -1538,6 +1545,48 @@ mod tests {
             "the audit delivered the reply"
         );
         assert_eq!(rig.stats.snapshot().lost_wakeups, 1);
+    }
+
+    /// A reply whose writer committed it but has not written the eventfd yet (preempted between
+    /// the two, say by the device thread it unblocked) is not a lost wake-up: the audit leaves it
+    /// to the write on its way, and takes it only if that is still on its way at the next audit.
+    #[test]
+    fn the_audit_leaves_a_reply_to_its_wake_up_on_the_way() {
+        let mut rig = rig();
+        let (_txv, rxv, rxq) = connect_with_ping(&mut rig, 11, 8);
+        let session = rig.peers.1.lock().unwrap().pop().unwrap();
+        let mut buf = [0u8; 4];
+        (&session).read_exact(&mut buf).unwrap();
+        let deliver = |rig: &mut Rig, before: u16| {
+            rig.dev.process_host_events(true);
+            rig.dev.process_rx(&rxv);
+            rx_payloads(rig, &rxq, before, used_idx(rig, &rxq))
+        };
+
+        let before = used_idx(&rig, &rxq);
+        let announce = session.write_announcing_later(b"one");
+        rig.dev.audit_wakeups();
+        assert_eq!(
+            rig.stats.snapshot().lost_wakeups,
+            0,
+            "its wake-up is on its way"
+        );
+        announce();
+        assert_eq!(deliver(&mut rig, before), [b"one".to_vec()]);
+        // Reading the eventfd made it writable, which reports once more (`OUT`).
+        let before = used_idx(&rig, &rxq);
+        assert!(deliver(&mut rig, before).is_empty());
+
+        let _never = session.write_announcing_later(b"two");
+        rig.dev.audit_wakeups();
+        assert_eq!(rig.stats.snapshot().lost_wakeups, 0);
+        rig.dev.audit_wakeups();
+        assert_eq!(
+            rig.stats.snapshot().lost_wakeups,
+            1,
+            "still on its way a second later: lost"
+        );
+        assert_eq!(deliver(&mut rig, before), [b"two".to_vec()]);
     }
 
     /// A tx chain the guest published without a kick reaching the device (and none on its way)

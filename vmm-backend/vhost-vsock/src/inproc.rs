@@ -424,6 +424,27 @@ struct State {
     waiter: &'static str,
     /// The thread that last waited for bytes (its kernel thread id), for the wake-up audit.
     waiter_tid: i32,
+    /// What the session's last commit of bytes towards the device saw, for the wake-up audit.
+    last_commit: CommitTrace,
+    /// Commits (and lent writers) that owed the device an eventfd write: the session writes it
+    /// after unlocking and then counts it in [`Shared::output_wakes_sent`]. The audit compares the
+    /// two, so output whose wake-up is on its way (its writer preempted between the commit and
+    /// the write, say by the device thread it unblocked) is not taken for a lost one.
+    output_wakes_owed: u64,
+}
+
+/// What the session's last commit of output ([`SessionEnd`]'s writes) saw: shown by the wake-up
+/// audit ([`RingAudit`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitTrace {
+    /// Commits so far on this connection.
+    pub count: u64,
+    /// Bytes the last one committed.
+    pub bytes: usize,
+    /// Whether the ring was empty then (the session then owes the device an eventfd write).
+    pub was_empty: bool,
+    /// Bytes in the ring after it.
+    pub len_after: usize,
 }
 
 /// What a [`DeviceEnd::settle`] saw and did: shown by the wake-up audit ([`RingAudit`]).
@@ -483,6 +504,11 @@ struct Shared {
     /// Bytes a lent writer's function produced straight in rx descriptor memory since the device
     /// last asked ([`DeviceEnd::take_filled_bytes`]).
     filled_bytes: AtomicU64,
+    /// Eventfd writes that announced output, made after the commit that owed them
+    /// ([`State::output_wakes_owed`]): while fewer than owed, a wake-up is on its way.
+    output_wakes_sent: AtomicU64,
+    /// Eventfd writes that failed (none expected), for the wake-up audit.
+    wake_failures: AtomicU64,
 }
 
 impl Shared {
@@ -497,8 +523,16 @@ impl Shared {
 
     fn wake_device(&self) {
         // A full counter (never reached: the device drains it on every event) only means a
-        // wake-up is already pending.
-        let _ = self.event.write(1);
+        // wake-up is already pending; any failure is counted for the audit.
+        if self.event.write(1).is_err() {
+            self.wake_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Announces output whose commit owed the device a wake-up ([`State::output_wakes_owed`]).
+    fn announce_output(&self) {
+        self.wake_device();
+        self.output_wakes_sent.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -527,6 +561,8 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
             last_settle: SettleTrace::default(),
             waiter: "",
             waiter_tid: 0,
+            last_commit: CommitTrace::default(),
+            output_wakes_owed: 0,
         }),
         device_copy: Mutex::new(()),
         session_read: Mutex::new(()),
@@ -535,6 +571,8 @@ pub fn pair(capacity: usize) -> io::Result<(DeviceEnd, SessionEnd)> {
         event: EventFd::new(EFD_NONBLOCK)?,
         answerer: OnceLock::new(),
         filled_bytes: AtomicU64::new(0),
+        output_wakes_sent: AtomicU64::new(0),
+        wake_failures: AtomicU64::new(0),
     });
     Ok((
         DeviceEnd {
@@ -645,6 +683,15 @@ pub struct RingAudit {
     pub waiter: &'static str,
     /// The kernel thread id of the thread that last waited for bytes ([`RingAudit::waiter_state`]).
     pub waiter_tid: i32,
+    /// What the session's last commit of output saw.
+    pub last_commit: CommitTrace,
+    /// A wake-up for output is on its way: committed (or lent) under the lock, the eventfd
+    /// write not made yet.
+    pub wake_in_flight: bool,
+    /// Output wake-ups owed so far (tells one in flight from the next).
+    pub output_wakes_owed: u64,
+    /// Eventfd writes that failed.
+    pub wake_failures: u64,
 }
 
 thread_local! {
@@ -681,6 +728,26 @@ impl RingAudit {
         thread_state(self.waiter_tid)
     }
 
+    /// Where the thread that last waited for bytes is now: its scheduler state, the system call
+    /// it is in (`/proc/self/task/<tid>/syscall`: number and first arguments), the kernel
+    /// function it sleeps in (`wchan`) and its time on the CPU and waiting for one
+    /// (`schedstat`, nanoseconds).
+    pub fn waiter_where(&self) -> String {
+        let tid = self.waiter_tid;
+        let read = |what: &str| {
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/{what}"))
+                .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|e| format!("({e})"))
+        };
+        format!(
+            "state {} syscall [{}] wchan {} schedstat [{}]",
+            self.waiter_state(),
+            read("syscall"),
+            read("wchan"),
+            read("schedstat")
+        )
+    }
+
     /// Whether the session has output for the device: bytes in the ring, or a lent writer.
     pub fn has_output(&self) -> bool {
         self.to_device > 0 || self.filler_lent
@@ -714,6 +781,11 @@ impl DeviceEnd {
             last_settle: st.last_settle,
             waiter: st.waiter,
             waiter_tid: st.waiter_tid,
+            last_commit: st.last_commit,
+            wake_in_flight: self.shared.output_wakes_sent.load(Ordering::Acquire)
+                != st.output_wakes_owed,
+            output_wakes_owed: st.output_wakes_owed,
+            wake_failures: self.shared.wake_failures.load(Ordering::Relaxed),
             front: {
                 let mut front = [0u8; AUDIT_FRONT_BYTES];
                 if let Some(span) = st.to_session.readable() {
@@ -1317,9 +1389,10 @@ impl SessionEnd {
             broke: false,
             panic: None,
         });
+        st.output_wakes_owed += 1;
         drop(st);
         // The device may have found the ring empty and nothing lent: the bytes may go now.
-        self.shared.wake_device();
+        self.shared.announce_output();
         let mut st = self.shared.lock();
         let lent = loop {
             let want_back = Self::write_closed(&st);
@@ -1372,9 +1445,17 @@ impl SessionEnd {
         // have drained the ring while the bytes were produced.
         let was_empty = st.to_device.len == 0;
         st.to_device.commit(&span, n);
+        st.last_commit = CommitTrace {
+            count: st.last_commit.count + 1,
+            bytes: n,
+            was_empty,
+            len_after: st.to_device.len,
+        };
+        let announce = was_empty && n > 0;
+        st.output_wakes_owed += u64::from(announce);
         drop(st);
-        if was_empty && n > 0 {
-            self.shared.wake_device();
+        if announce {
+            self.shared.announce_output();
         }
         Ok((n, broke))
     }
@@ -1387,6 +1468,26 @@ impl SessionEnd {
         drop(st);
         drop(lease);
         self.shared.wake_device();
+    }
+}
+
+#[cfg(test)]
+impl SessionEnd {
+    /// Writes `buf` (which must fit the ring) as a write does, but makes the eventfd write it
+    /// owes only when the returned function is called: a writer preempted between the two.
+    pub(crate) fn write_announcing_later(&self, buf: &[u8]) -> impl FnOnce() + '_ {
+        let mut st = self.shared.lock();
+        let span = st.to_device.writable().expect("room in the ring");
+        assert_eq!(fill(&span, buf), buf.len(), "the bytes fit");
+        let was_empty = st.to_device.len == 0;
+        st.to_device.commit(&span, buf.len());
+        st.output_wakes_owed += u64::from(was_empty);
+        drop(st);
+        move || {
+            if was_empty {
+                self.shared.announce_output();
+            }
+        }
     }
 }
 
@@ -2108,15 +2209,44 @@ mod tests {
         assert_eq!((a.to_session, a.to_session_free, a.to_device), (5, 59, 5));
         assert_eq!(&a.front[..6], b"hello\0");
         assert!(a.has_output() && a.event_pending, "{a:?}");
+        let commit = CommitTrace {
+            count: 1,
+            bytes: 5,
+            was_empty: true,
+            len_after: 5,
+        };
+        assert_eq!(a.last_commit, commit);
+        assert_eq!(
+            (a.wake_in_flight, a.output_wakes_owed, a.wake_failures),
+            (false, 1, 0)
+        );
         d.clear_event();
         assert!(!d.audit().event_pending, "the device took the wake-up");
         assert_eq!(s.write_here(b"!").unwrap(), 1);
         let a = d.audit();
         assert_eq!(
-            (a.to_device, a.event_pending),
-            (6, false),
-            "nobody announced it"
+            (
+                a.to_device,
+                a.event_pending,
+                a.wake_in_flight,
+                a.last_commit
+            ),
+            (6, false, false, commit),
+            "nobody announced it, and nobody owes it"
         );
+        assert!(
+            a.waiter_where().starts_with("state ?"),
+            "no session waited yet: {}",
+            a.waiter_where()
+        );
+        assert_eq!(device_read(&d, 6).unwrap(), b"reply!");
+        let announce = s.write_announcing_later(b"late");
+        let a = d.audit();
+        assert_eq!((a.to_device, a.event_pending), (4, false));
+        assert!(a.wake_in_flight, "committed, the eventfd write still owed");
+        announce();
+        let a = d.audit();
+        assert!(a.event_pending && !a.wake_in_flight, "{a:?}");
         drop(s);
         assert!(d.audit().ending);
     }

@@ -257,8 +257,9 @@ pub struct Connection {
     closed: bool,
     /// The connection sits in the device's pending-rx queue.
     pub in_pending: bool,
-    /// Bytes the session had unread while it slept, at the last audit (`recover_wakeup`).
-    sleeping_on: Option<usize>,
+    /// Bytes the session had unread while it slept at the last audit (`recover_wakeup`), and
+    /// how many writes towards it had been settled by then: the same bytes only if both match.
+    sleeping_on: Option<(usize, u64)>,
     /// The output wake-up the last audit found on its way (its count), if any: still on its way
     /// at the next audit, it was lost.
     wake_in_flight: Option<u64>,
@@ -450,8 +451,10 @@ impl Connection {
             self.sleeping_on = None;
             return None;
         }
-        let sleeping_on =
-            (a.session_waiting && !a.reader_lent && a.to_session > 0).then_some(a.to_session);
+        // New bytes since the last audit (each write towards the session is settled) mean a new
+        // wake-up, perhaps still on its way to a thread that has not run yet.
+        let sleeping_on = (a.session_waiting && !a.reader_lent && a.to_session > 0)
+            .then_some((a.to_session, a.last_settle.count));
         let stale = sleeping_on.is_some()
             && std::mem::replace(&mut self.sleeping_on, sleeping_on) == sleeping_on;
         // Read (from /proc) only for a finding that is logged, before this audit wakes anyone.

@@ -1426,6 +1426,21 @@ mod tests {
         port: u32,
         rx_buffers: u16,
     ) -> (VringRwLock, VringRwLock, MockSplitQueue<'static, GuestMem>) {
+        let (txv, _txq, rxv, rxq) = connect_with_ping_queues(rig, port, rx_buffers);
+        (txv, rxv, rxq)
+    }
+
+    /// [`connect_with_ping`], returning the tx queue too (chains 0 and 1 are taken).
+    fn connect_with_ping_queues(
+        rig: &mut Rig,
+        port: u32,
+        rx_buffers: u16,
+    ) -> (
+        VringRwLock,
+        MockSplitQueue<'static, GuestMem>,
+        VringRwLock,
+        MockSplitQueue<'static, GuestMem>,
+    ) {
         let (txv, txq) = vring(rig, TXQ_BASE);
         let (rxv, rxq) = vring(rig, RXQ_BASE);
         write_pkt(rig, BUFS, hdr(VSOCK_OP_REQUEST, 100, port, 0), b"");
@@ -1438,7 +1453,7 @@ mod tests {
         }
         rig.dev.process_tx(&txv);
         rig.dev.process_rx(&rxv);
-        (txv, rxv, rxq)
+        (txv, txq, rxv, rxq)
     }
 
     #[test]
@@ -1587,6 +1602,66 @@ mod tests {
             "still on its way a second later: lost"
         );
         assert_eq!(deliver(&mut rig, before), [b"two".to_vec()]);
+    }
+
+    /// An answerer waiting for the rest of a frame: writes towards the session do not wake it.
+    struct WantsMore;
+
+    impl vgpu_proto::frame::AnswerHere for WantsMore {
+        fn answer_here(&self) -> vgpu_proto::frame::Answered {
+            vgpu_proto::frame::Answered {
+                calls: 0,
+                wake_reader: false,
+            }
+        }
+    }
+
+    /// A session asleep with unread bytes is woken by the audit only when it finds the same
+    /// bytes at two audits in a row, nothing written towards the session or read in between:
+    /// bytes that came since the last audit brought their own wake-up, which may still be on its
+    /// way to a thread that has not run yet.
+    #[test]
+    fn the_audit_wakes_a_session_asleep_on_the_same_bytes_only() {
+        use vgpu_proto::frame::FrameRing;
+        let mut rig = rig();
+        let (txv, txq, _rxv, _rxq) = connect_with_ping_queues(&mut rig, 11, 8);
+        let session = Arc::new(rig.peers.1.lock().unwrap().pop().unwrap());
+        let mut buf = [0u8; 4];
+        (&*session).read_exact(&mut buf).unwrap();
+        let answerer: Arc<dyn vgpu_proto::frame::AnswerHere> = Arc::new(WantsMore);
+        session.answer_with(Arc::downgrade(&answerer));
+        let (woke, woken) = std::sync::mpsc::channel();
+        let waiter = Arc::clone(&session);
+        std::thread::spawn(move || {
+            let _ = woke.send(waiter.wait_readable().unwrap());
+        });
+        let mut next = 2;
+        let mut send = |rig: &mut Rig, data: &[u8]| {
+            let at = BUFS + 0x1000 * (u64::from(next) + 1);
+            let len = u32::try_from(data.len()).unwrap();
+            write_pkt(rig, at, hdr(VSOCK_OP_RW, 100, 11, len), data);
+            push_chain(&txq, next, &[d(at, 44 + len, 0, 0)]);
+            next += 1;
+            rig.dev.process_tx(&txv);
+        };
+        // The waiter must be asleep before the bytes come.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        send(&mut rig, b"ab");
+        rig.dev.audit_wakeups();
+        // As many unread bytes at the next audit, but others: read (here by this thread), and
+        // new ones written.
+        session.consume(2);
+        send(&mut rig, b"cd");
+        rig.dev.audit_wakeups();
+        assert_eq!(rig.stats.snapshot().lost_wakeups, 0, "new bytes since");
+        assert!(woken.try_recv().is_err(), "the session still sleeps");
+        rig.dev.audit_wakeups();
+        assert_eq!(rig.stats.snapshot().lost_wakeups, 1, "the same bytes");
+        assert_eq!(
+            woken.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(true),
+            "the audit woke the session"
+        );
     }
 
     /// A tx chain the guest published without a kick reaching the device (and none on its way)

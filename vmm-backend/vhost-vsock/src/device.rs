@@ -1430,17 +1430,16 @@ mod tests {
         (txv, rxv, rxq)
     }
 
+    /// The tx queue (as the device and as the guest sees it), then the rx queue.
+    type Queues = (
+        VringRwLock,
+        MockSplitQueue<'static, GuestMem>,
+        VringRwLock,
+        MockSplitQueue<'static, GuestMem>,
+    );
+
     /// [`connect_with_ping`], returning the tx queue too (chains 0 and 1 are taken).
-    fn connect_with_ping_queues(
-        rig: &mut Rig,
-        port: u32,
-        rx_buffers: u16,
-    ) -> (
-        VringRwLock,
-        MockSplitQueue<'static, GuestMem>,
-        VringRwLock,
-        MockSplitQueue<'static, GuestMem>,
-    ) {
+    fn connect_with_ping_queues(rig: &mut Rig, port: u32, rx_buffers: u16) -> Queues {
         let (txv, txq) = vring(rig, TXQ_BASE);
         let (rxv, rxq) = vring(rig, RXQ_BASE);
         write_pkt(rig, BUFS, hdr(VSOCK_OP_REQUEST, 100, port, 0), b"");
@@ -1454,6 +1453,17 @@ mod tests {
         rig.dev.process_tx(&txv);
         rig.dev.process_rx(&rxv);
         (txv, txq, rxv, rxq)
+    }
+
+    /// The queues of [`connect_with_ping_queues`] to the in-process port 11 (8 rx buffers), and
+    /// the session, which has read the ping.
+    fn session_after_ping(rig: &mut Rig) -> (Queues, crate::inproc::SessionEnd) {
+        let queues = connect_with_ping_queues(rig, 11, 8);
+        let session = rig.peers.1.lock().unwrap().pop().unwrap();
+        let mut buf = [0u8; 4];
+        (&session).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+        (queues, session)
     }
 
     #[test]
@@ -1520,11 +1530,7 @@ mod tests {
     fn the_audit_delivers_a_reply_whose_wake_up_was_lost() {
         use vgpu_proto::frame::FrameRing;
         let mut rig = rig();
-        let (_txv, rxv, rxq) = connect_with_ping(&mut rig, 11, 8);
-        let session = rig.peers.1.lock().unwrap().pop().unwrap();
-        let mut buf = [0u8; 4];
-        (&session).read_exact(&mut buf).unwrap();
-        assert_eq!(&buf, b"ping");
+        let ((_, _, rxv, rxq), session) = session_after_ping(&mut rig);
 
         // Announced: the eventfd is pending, so the audit leaves it to the event.
         let before = used_idx(&rig, &rxq);
@@ -1568,10 +1574,7 @@ mod tests {
     #[test]
     fn the_audit_leaves_a_reply_to_its_wake_up_on_the_way() {
         let mut rig = rig();
-        let (_txv, rxv, rxq) = connect_with_ping(&mut rig, 11, 8);
-        let session = rig.peers.1.lock().unwrap().pop().unwrap();
-        let mut buf = [0u8; 4];
-        (&session).read_exact(&mut buf).unwrap();
+        let ((_, _, rxv, rxq), session) = session_after_ping(&mut rig);
         let deliver = |rig: &mut Rig, before: u16| {
             rig.dev.process_host_events(true);
             rig.dev.process_rx(&rxv);
@@ -1624,10 +1627,8 @@ mod tests {
     fn the_audit_wakes_a_session_asleep_on_the_same_bytes_only() {
         use vgpu_proto::frame::FrameRing;
         let mut rig = rig();
-        let (txv, txq, _rxv, _rxq) = connect_with_ping_queues(&mut rig, 11, 8);
-        let session = Arc::new(rig.peers.1.lock().unwrap().pop().unwrap());
-        let mut buf = [0u8; 4];
-        (&*session).read_exact(&mut buf).unwrap();
+        let ((txv, txq, _, _), session) = session_after_ping(&mut rig);
+        let session = Arc::new(session);
         let answerer: Arc<dyn vgpu_proto::frame::AnswerHere> = Arc::new(WantsMore);
         session.answer_with(Arc::downgrade(&answerer));
         let (woke, woken) = std::sync::mpsc::channel();

@@ -445,8 +445,7 @@ impl Connection {
         // A wake-up on its way at two audits in a row (the same one) was lost after all.
         let in_flight = a.wake_in_flight.then_some(a.output_wakes_owed);
         let before = std::mem::replace(&mut self.wake_in_flight, in_flight);
-        let still_in_flight = in_flight.is_some() && before == in_flight;
-        if a.event_pending || (in_flight.is_some() && !still_in_flight) {
+        if a.event_pending || (in_flight.is_some() && before != in_flight) {
             // The device reads the change on its next event.
             self.sleeping_on = None;
             return None;
@@ -457,29 +456,33 @@ impl Connection {
             .then_some((a.to_session, a.last_settle.count));
         let stale = sleeping_on.is_some()
             && std::mem::replace(&mut self.sleeping_on, sleeping_on) == sleeping_on;
-        // Read (from /proc) only for a finding that is logged, before this audit wakes anyone.
-        let waiter = || describe.then(|| a.waiter_where());
-        let mut seen = None;
         let lost = if a.has_output() && !self.readable && self.state == State::Established {
-            self.readable = true;
             LostWakeup::Output
         } else if !self.tx_buf.is_empty() && a.to_session_free > 0 && !a.ending {
-            self.flush(stats);
             LostWakeup::Room
         } else if self.has_rx_work() && !self.in_pending {
             LostWakeup::Schedule
         } else if stale {
-            seen = waiter();
-            d.wake_session();
-            self.sleeping_on = None;
             LostWakeup::Session
         } else {
             return None;
         };
+        // Read (from /proc) only for a finding that is logged, before the make-up below wakes
+        // anyone.
+        let waiter = describe.then(|| a.waiter_where());
+        match lost {
+            LostWakeup::Output => self.readable = true,
+            LostWakeup::Room => self.flush(stats),
+            LostWakeup::Schedule => {}
+            LostWakeup::Session => {
+                d.wake_session();
+                self.sleeping_on = None;
+            }
+        }
         Some(WakeupFinding {
             lost,
             rings: Some(a),
-            waiter: seen.or_else(waiter),
+            waiter,
         })
     }
 

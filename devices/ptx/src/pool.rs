@@ -8,9 +8,12 @@
 //! (streams of any number of sessions) may submit at once without deadlock: a launch whose
 //! helpers are all busy elsewhere simply runs its blocks on its own thread.
 //!
-//! Threads are started lazily, as many as the largest launch asked for less one (the caller is a
-//! worker too), at most [`MAX_POOL_THREADS`], and named `vgpu-ptx-worker-N`. They block on a
-//! condition variable while idle and live as long as the process. A new thread inherits the
+//! Threads are started lazily, whenever an offer has more workers waiting to be taken than there
+//! are idle threads (at most [`MAX_POOL_THREADS`] in all), and named `vgpu-ptx-worker-N`. So
+//! every offered worker gets a thread even while the others run other launches' workers: a
+//! high-priority kernel offered while a lower-priority one holds the pool still gets all its
+//! workers, and they take the device's execution units from it block by block (`slots.rs`).
+//! They block on a condition variable while idle and live as long as the process. A new thread inherits the
 //! seccomp filter of the thread that starts it (the first launch that needs it), which must allow
 //! `clone`/`clone3`; vgpud's common allowlist does for every thread kind.
 //!
@@ -56,6 +59,10 @@ struct State {
     jobs: VecDeque<Arc<Job>>,
     /// Threads started (or being started).
     threads: usize,
+    /// Threads waiting for an offer.
+    idle: usize,
+    /// Threads started that have not yet looked for an offer.
+    starting: usize,
 }
 
 #[derive(Default)]
@@ -87,35 +94,48 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts threads until there are `want` (at most [`MAX_POOL_THREADS`]).
-    fn grow(&'static self, want: usize) {
-        let want = want.min(MAX_POOL_THREADS);
-        let first = {
+    /// Starts threads until every offered worker not yet taken has an idle or starting thread
+    /// to take it (at most [`MAX_POOL_THREADS`] threads in all).
+    fn grow(&'static self) {
+        let (first, n) = {
             let mut st = self.lock();
-            if st.threads >= want {
+            let untaken: usize = st
+                .jobs
+                .iter()
+                .map(|j| j.end.saturating_sub(j.next.load(Ordering::Relaxed)) as usize)
+                .sum();
+            let n = untaken
+                .saturating_sub(st.idle + st.starting)
+                .min(MAX_POOL_THREADS.saturating_sub(st.threads));
+            if n == 0 {
                 return;
             }
             let first = st.threads;
-            st.threads = want;
-            first
+            st.threads += n;
+            st.starting += n;
+            (first, n)
         };
-        for i in first..want {
+        for i in first..first + n {
             let spawned = std::thread::Builder::new()
                 .name(format!("{THREAD_NAME_PREFIX}{i}"))
                 .spawn(move || self.serve());
             if let Err(e) = spawned {
                 // Launches still complete: their callers run the blocks no helper takes.
                 tracing::warn!(error = %e, threads = i, "cannot start an interpreter worker thread");
-                self.lock().threads -= want - i;
+                let mut st = self.lock();
+                let missing = first + n - i;
+                st.threads -= missing;
+                st.starting -= missing;
                 return;
             }
         }
-        tracing::debug!(threads = want, "interpreter worker pool grown");
+        tracing::debug!(threads = first + n, "interpreter worker pool grown");
     }
 
     /// A pool thread: takes offered workers and runs them, forever.
     fn serve(&self) {
         let mut st = self.lock();
+        st.starting -= 1;
         loop {
             // The highest priority's offer, the oldest among equals.
             let Some((at, job)) = st
@@ -125,7 +145,9 @@ impl Pool {
                 .min_by_key(|(i, j)| (j.priority, *i))
                 .map(|(i, j)| (i, Arc::clone(j)))
             else {
+                st.idle += 1;
                 st = self.work.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.idle -= 1;
                 continue;
             };
             let index = job.next.fetch_add(1, Ordering::Relaxed);
@@ -171,7 +193,8 @@ impl Drop for Withdraw<'_> {
 ///
 /// `priority` is the launch's (CUDA's: lower numbers first): idle pool threads take the offered
 /// workers of the highest-priority launch first, so a high-priority kernel gets its helpers
-/// before a lower-priority one that was offered earlier.
+/// before a lower-priority one that was offered earlier; threads are started for offered
+/// workers no idle thread is there to take (see the module's documentation).
 pub fn run(workers: u32, priority: i32, task: &Task<'_>) {
     if workers <= 1 {
         task(0);
@@ -187,7 +210,6 @@ pub fn run(workers: u32, priority: i32, task: &Task<'_>) {
         return;
     }
     let pool = pool();
-    pool.grow(workers as usize - 1);
     // SAFETY: only the lifetime is changed (same fat-pointer layout). Pool threads call the task
     // only for a worker index they claim under the pool lock while the job is offered, and count
     // themselves in `active` before releasing the lock; `Withdraw::drop`, which runs before this
@@ -207,13 +229,14 @@ pub fn run(workers: u32, priority: i32, task: &Task<'_>) {
     {
         let mut st = pool.lock();
         st.jobs.push_back(Arc::clone(&job));
-        let wake = (workers as usize - 1).min(st.threads);
+        let wake = (workers as usize - 1).min(st.idle);
         drop(st);
         for _ in 0..wake {
             pool.work.notify_one();
         }
     }
     let _withdraw = Withdraw { pool, job: &job };
+    pool.grow();
     task(0);
 }
 
@@ -250,6 +273,55 @@ mod tests {
         });
         // Each launch's caller ran its worker 0 at least.
         assert!(total.load(Ordering::SeqCst) >= 6 * 50);
+    }
+
+    #[test]
+    fn an_offer_made_while_every_pool_thread_is_busy_gets_threads_of_its_own() {
+        use std::time::{Duration, Instant};
+        const PATIENCE: Duration = Duration::from_secs(20);
+        let wait_until = |what: &str, done: &dyn Fn() -> bool| {
+            let t = Instant::now();
+            while !done() {
+                assert!(t.elapsed() < PATIENCE, "{what}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // A launch whose workers all block keeps every pool thread there is busy (and more: the
+        // pool grows for it as well).
+        let busy = pool().lock().threads as u32 + 1;
+        let (started, release) = (AtomicUsize::new(0), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                run(busy + 1, 0, &|_| {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    while !release.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                });
+            });
+            wait_until("the blocking launch never had all its workers", &|| {
+                started.load(Ordering::SeqCst) == busy as usize + 1
+            });
+            // Releases the blocking launch also when the check below fails.
+            struct Release<'a>(&'a AtomicBool);
+            impl Drop for Release<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            let _release = Release(&release);
+            // A second launch whose caller's worker finishes only once a helper ran beside it.
+            let helped = AtomicBool::new(false);
+            run(2, 0, &|i| {
+                if i == 0 {
+                    wait_until("no pool thread took the offered worker", &|| {
+                        helped.load(Ordering::SeqCst)
+                    });
+                } else {
+                    helped.store(true, Ordering::SeqCst);
+                }
+            });
+        });
     }
 
     #[test]

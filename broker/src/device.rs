@@ -167,6 +167,24 @@ pub trait Device: Send + Sync {
     fn open(&self, tenant: &str) -> Result<Arc<dyn DeviceContext>, DeviceError>;
     /// Bytes of device memory allocated by all contexts.
     fn memory_used(&self) -> u64;
+    /// How the kernels running at once share the device's execution units now, for a device
+    /// that shares them out itself (the simulated GPU's interpreter workers); `None` where the
+    /// hardware does (a real GPU's block scheduler).
+    fn execution_units(&self) -> Option<ExecutionUnits> {
+        None
+    }
+}
+
+/// A device's execution units at one moment ([`Device::execution_units`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecutionUnits {
+    /// Units the device has.
+    pub total: u32,
+    /// Units running a thread block now.
+    pub busy: u32,
+    /// Workers of running kernels waiting for a unit (kernels of other streams queued behind
+    /// those running, by priority).
+    pub waiting: u32,
 }
 
 /// Grid and block of a launch.

@@ -516,6 +516,12 @@ fn device_detail(d: &api::Device) -> String {
         bytes(u.memory_unsliced),
         percent(u.fragmentation),
     );
+    if let Some(e) = &d.execution_units {
+        out += &format!(
+            "execution units: {} busy of {}, {} kernel workers waiting for one\n",
+            e.busy, e.total, e.waiting
+        );
+    }
     if !u.contention.is_empty() {
         let mut t = Table::new(&[
             ("WAITING", Align::Left),
@@ -1224,6 +1230,11 @@ mod tests {
             "{d}"
         );
         let dev = api::Device {
+            execution_units: Some(api::ExecutionUnits {
+                total: 2,
+                busy: 2,
+                waiting: 3,
+            }),
             usage: Some(api::DeviceUsage {
                 fragmentation: 0.5,
                 contention: vec![api::ContentionUsage {
@@ -1240,7 +1251,9 @@ mod tests {
         };
         let d = device_detail(&dev);
         assert!(
-            d.contains("idle with work queued: 0.00 ms (must stay 0)") && d.contains("1.50 s"),
+            d.contains("idle with work queued: 0.00 ms (must stay 0)")
+                && d.contains("1.50 s")
+                && d.contains("execution units: 2 busy of 2, 3 kernel workers waiting for one"),
             "{d}"
         );
     }

@@ -46,7 +46,7 @@ pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
 pub use mem::{AllocError, Buffer, OutOfRange};
 pub use pool::{MAX_POOL_THREADS, set_spawn_per_launch};
 pub use printf::DeviceOutput;
-pub use slots::WorkerSlots;
+pub use slots::{SlotUsage, WorkerSlots};
 pub use watch::LoadWatch;
 
 /// What one worker of a launch did: its counters, and the first block it faulted in with the

@@ -69,6 +69,15 @@ struct Waiter {
     cv: Condvar,
 }
 
+/// How a device's slots are used at one moment ([`WorkerSlots::usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotUsage {
+    /// Slots held by workers running blocks.
+    pub held: usize,
+    /// Workers waiting for a slot.
+    pub waiting: usize,
+}
+
 /// A held slot, given back on drop.
 #[derive(Debug)]
 pub struct Slot<'a> {
@@ -108,6 +117,15 @@ impl WorkerSlots {
     /// Workers waiting for a slot now.
     pub fn waiting(&self) -> usize {
         self.lock().waiting.len()
+    }
+
+    /// Slots held and workers waiting for one, read together.
+    pub fn usage(&self) -> SlotUsage {
+        let st = self.lock();
+        SlotUsage {
+            held: self.total - st.free,
+            waiting: st.waiting.len(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -213,16 +231,31 @@ mod tests {
         let a = s.acquire(0, 0, || false).unwrap();
         let b = s.acquire(0, 0, || false).unwrap();
         assert!(s.acquire(0, 0, || true).is_none(), "no third slot");
+        assert_eq!(
+            s.usage(),
+            SlotUsage {
+                held: 2,
+                waiting: 0
+            }
+        );
         let s2 = Arc::clone(&s);
         let t = std::thread::spawn(move || s2.acquire(0, 0, || false).is_some());
         while !s.contended(0) {
             std::thread::yield_now();
         }
+        assert_eq!(s.usage().waiting, 1);
         drop(a);
         assert!(t.join().unwrap());
         drop(b);
         assert!(!s.contended(0));
         assert_eq!(s.lock().free, 2);
+        assert_eq!(
+            s.usage(),
+            SlotUsage {
+                held: 0,
+                waiting: 0
+            }
+        );
     }
 
     /// Waiters are served by priority, then in order; a holder yields only to a waiter of its

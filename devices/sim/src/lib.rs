@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use vgpu_broker::device::{
-    Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, LaunchDims, LaunchProgress,
-    Residence, RunControl, pieces_len,
+    Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, ExecutionUnits, LaunchDims,
+    LaunchProgress, Residence, RunControl, pieces_len,
 };
 use vgpu_proto::cuda::{self, attr};
 use vgpu_ptx::{Buffer, GlobalMemory, LaunchControl};
@@ -194,6 +194,16 @@ impl Device for SimDevice {
 
     fn memory_used(&self) -> u64 {
         self.memory.used.load(Ordering::Relaxed)
+    }
+
+    fn execution_units(&self) -> Option<ExecutionUnits> {
+        let u = self.slots.usage();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Some(ExecutionUnits {
+            total: count(self.slots.total()),
+            busy: count(u.held),
+            waiting: count(u.waiting),
+        })
     }
 }
 

@@ -216,8 +216,23 @@ pub struct Device {
     pub usage: Option<DeviceUsage>,
     /// Scheduling settings.
     pub scheduling: Option<Scheduling>,
+    /// How the kernels running at once share its execution units now; `null` for a real GPU,
+    /// whose block scheduler shares them.
+    #[serde(default)]
+    pub execution_units: Option<ExecutionUnits>,
     /// Its VMs' names.
     pub vms: Vec<String>,
+}
+
+/// A simulated GPU's execution units at one moment (its interpreter's workers).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutionUnits {
+    /// Units the device has (the sim device's `workers`).
+    pub total: u32,
+    /// Units running a thread block.
+    pub busy: u32,
+    /// Workers of running kernels waiting for a unit.
+    pub waiting: u32,
 }
 
 // ---------------------------------------------------------------------------

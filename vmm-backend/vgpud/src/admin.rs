@@ -241,6 +241,11 @@ pub fn device(rt: &Runtime, name: &str) -> Option<api::Device> {
         utilization: usage.as_ref().map(|u| u.utilization_1s),
         usage,
         scheduling: broker.scheduling(name).map(|s| scheduling(&s)),
+        execution_units: d.execution_units().map(|u| api::ExecutionUnits {
+            total: u.total,
+            busy: u.busy,
+            waiting: u.waiting,
+        }),
         vms: vms.iter().map(|t| t.name.clone()).collect(),
     })
 }

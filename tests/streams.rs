@@ -33,8 +33,9 @@ const WORKERS: c_uint = 2;
 /// CUDA's greatest (highest) stream priority, as the shim reports it.
 const GREATEST_PRIORITY: c_int = -5;
 /// `hold(flag, started)`: each block counts itself in `*started`, then spins until `*flag != 0`.
-/// `stamp(counter, out, work)`: thread 0 of each block counts to `work`, then takes the next
-/// ticket of `*counter` and writes it to `out[blockIdx.x]`: the order in which blocks ended.
+/// `stamp(counter, out, work, gate)`: thread 0 of each block spins until `*gate != 0`, counts to
+/// `work`, then takes the next ticket of `*counter` and writes it to `out[blockIdx.x]`: the order
+/// in which blocks ended.
 const PRIORITY_PTX: &str = "\
 .version 7.0
 .target sm_52
@@ -55,14 +56,19 @@ $Lspin:
     ret;
 }
 
-.visible .entry stamp(.param .u64 counter, .param .u64 out, .param .u32 work)
+.visible .entry stamp(.param .u64 counter, .param .u64 out, .param .u32 work, .param .u64 gate)
 {
-    .reg .pred %p<3>;
-    .reg .b32 %r<6>;
-    .reg .b64 %rd<5>;
+    .reg .pred %p<4>;
+    .reg .b32 %r<7>;
+    .reg .b64 %rd<6>;
     mov.u32 %r1, %tid.x;
     setp.ne.u32 %p1, %r1, 0;
     @%p1 bra $Ldone;
+    ld.param.u64 %rd5, [gate];
+$Lgate:
+    ld.volatile.global.u32 %r6, [%rd5];
+    setp.eq.u32 %p3, %r6, 0;
+    @%p3 bra $Lgate;
     ld.param.u32 %r4, [work];
     mov.u32 %r5, 0;
 $Lwork:
@@ -351,7 +357,8 @@ fn streams_events_and_host_functions_follow_cuda() {
     later_work_waits_for_a_host_function(&cu);
     stream_callbacks_get_their_stream_and_status(&cu);
     priorities_are_kept(&cu);
-    a_higher_priority_streams_kernel_overtakes_a_lower_one(&cu);
+    a_higher_priority_streams_kernel_goes_first(&cu, &d);
+    a_higher_priority_streams_kernel_overtakes_a_running_one(&cu, &d);
 }
 
 fn kernels_of_two_streams_run_at_once(cu: &Cu) {
@@ -606,32 +613,152 @@ fn priorities_are_kept(cu: &Cu) {
     cu.sync(s);
 }
 
+/// Blocks of each `stamp` kernel of the priority tests.
+const BLOCKS: c_uint = 32;
+/// Loop iterations per block: a few milliseconds of interpretation.
+const WORK: u32 = 20_000;
+
+/// The simulated device's execution units as vgpud's admin API shows them: (busy, waiting).
+fn units(d: &Vgpud) -> (u64, u64) {
+    let (status, dev) = d.get("/v1/devices/gpu0");
+    assert_eq!(status, 200, "{dev}");
+    let u = &dev["execution_units"];
+    assert_eq!(u["total"], WORKERS, "{dev}");
+    (u["busy"].as_u64().unwrap(), u["waiting"].as_u64().unwrap())
+}
+
+/// Waits until `ok` holds for the device's (busy, waiting) execution units.
+fn wait_units(d: &Vgpud, what: &str, ok: impl Fn((u64, u64)) -> bool) {
+    let t = Instant::now();
+    loop {
+        let u = units(d);
+        if ok(u) {
+            return;
+        }
+        // Well within the watchdog, which would end the spinning kernels.
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: execution units (busy, waiting) {u:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Launches `stamp` over [`BLOCKS`] blocks on `s` (see [`PRIORITY_PTX`]).
+fn launch_stamp(cu: &Cu, s: H, counter: u64, out: u64, gate: u64) {
+    let (mut c, mut o, mut w, mut g) = (counter, out, WORK, gate);
+    let mut params = [
+        (&raw mut c).cast::<c_void>(),
+        (&raw mut o).cast(),
+        (&raw mut w).cast(),
+        (&raw mut g).cast(),
+    ];
+    // SAFETY: the kernel takes two pointers, a u32 and a pointer; params points at them.
+    let r = unsafe {
+        (cu.launch)(
+            cu.stamp,
+            BLOCKS,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, SUCCESS);
+}
+
+/// A low- and a high-priority stream, and buffers for their `stamp` kernels' tickets.
+struct Contest {
+    low: H,
+    high: H,
+    /// Another stream, for fills that need no execution unit.
+    side: H,
+    counter: u64,
+    low_out: u64,
+    high_out: u64,
+    /// Always open (1).
+    open: u64,
+}
+
+impl Contest {
+    fn new(cu: &Cu) -> Self {
+        let bytes = BLOCKS as usize * 4;
+        let (mut low, mut high): (H, H) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers.
+        unsafe {
+            assert_eq!((cu.stream_create_prio)(&mut low, NON_BLOCKING, 0), SUCCESS);
+            assert_eq!(
+                (cu.stream_create_prio)(&mut high, NON_BLOCKING, GREATEST_PRIORITY),
+                SUCCESS
+            );
+        }
+        let c = Contest {
+            low,
+            high,
+            side: cu.stream(NON_BLOCKING),
+            counter: cu.alloc(4),
+            low_out: cu.alloc(bytes),
+            high_out: cu.alloc(bytes),
+            open: cu.alloc(4),
+        };
+        cu.set(c.counter, 0, c.side);
+        cu.set(c.open, 1, c.side);
+        cu.sync(c.side);
+        c
+    }
+
+    /// Waits for both kernels; checks every block ran once and that the high-priority kernel's
+    /// blocks ran first: at most `limit` low-priority blocks ended before its last.
+    fn check(self, cu: &Cu, limit: usize, why: &str) {
+        for s in [self.side, self.low, self.high] {
+            cu.sync(s);
+        }
+        let read = |p: u64| {
+            let mut v = vec![0u32; BLOCKS as usize];
+            // SAFETY: `BLOCKS` u32s into a vector of that size.
+            let r = unsafe { (cu.dtoh)(v.as_mut_ptr().cast(), p, v.len() * 4) };
+            assert_eq!(r, SUCCESS);
+            v
+        };
+        let (lo, hi) = (read(self.low_out), read(self.high_out));
+        let mut all: Vec<u32> = lo.iter().chain(&hi).copied().collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..2 * BLOCKS).collect::<Vec<_>>(),
+            "every block ran once"
+        );
+        let hi_last = hi.iter().max().unwrap();
+        let low_before = lo.iter().filter(|&t| t < hi_last).count();
+        assert!(
+            low_before <= limit,
+            "{why}: {low_before} low-priority blocks ended before the high-priority kernel's last (at most {limit}): low {lo:?}, high {hi:?}"
+        );
+        for s in [self.side, self.low, self.high] {
+            // SAFETY: streams of this process.
+            assert_eq!(unsafe { (cu.stream_destroy)(s) }, SUCCESS);
+        }
+    }
+}
+
 /// Among one VM's kernels waiting for the device's execution units, a higher-priority stream's
 /// blocks go first, as a GPU's block scheduler prefers them: with every unit held by a spinning
 /// kernel, a low-priority kernel queued first and a high-priority one queued second, the
-/// high-priority kernel's blocks all end before the low-priority kernel's, but for a few blocks
-/// at the start and at the tail. (Without priorities the two share the units block by block.)
-fn a_higher_priority_streams_kernel_overtakes_a_lower_one(cu: &Cu) {
-    const BLOCKS: c_uint = 32;
-    /// Loop iterations per block: a few milliseconds of interpretation.
-    const WORK: u32 = 20_000;
-    let bytes = BLOCKS as usize * 4;
-    let (flag, started, counter) = (cu.alloc(4), cu.alloc(4), cu.alloc(4));
-    let (low_out, high_out) = (cu.alloc(bytes), cu.alloc(bytes));
-    let (hold, release) = (cu.stream(NON_BLOCKING), cu.stream(NON_BLOCKING));
-    let (mut low, mut high): (H, H) = (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: valid out-pointers.
-    unsafe {
-        assert_eq!((cu.stream_create_prio)(&mut low, NON_BLOCKING, 0), SUCCESS);
-        assert_eq!(
-            (cu.stream_create_prio)(&mut high, NON_BLOCKING, GREATEST_PRIORITY),
-            SUCCESS
-        );
+/// high-priority kernel's blocks all end before the low-priority kernel's, but for a few at its
+/// tail. (Without priorities the two share the units block by block.)
+fn a_higher_priority_streams_kernel_goes_first(cu: &Cu, d: &Vgpud) {
+    let c = Contest::new(cu);
+    let (flag, started) = (cu.alloc(4), cu.alloc(4));
+    for p in [flag, started] {
+        cu.set(p, 0, c.side);
     }
-    for p in [flag, started, counter] {
-        cu.set(p, 0, hold);
-    }
-    cu.sync(hold);
+    cu.sync(c.side);
+    let hold = cu.stream(NON_BLOCKING);
     // One spinning block per execution unit; wait until both spin.
     let (mut f, mut st) = (flag, started);
     let mut params = [(&raw mut f).cast::<c_void>(), (&raw mut st).cast()];
@@ -660,68 +787,50 @@ fn a_higher_priority_streams_kernel_overtakes_a_lower_one(cu: &Cu) {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    for (s, dst) in [(low, low_out), (high, high_out)] {
-        let (mut c, mut d, mut w) = (counter, dst, WORK);
-        let mut params = [
-            (&raw mut c).cast::<c_void>(),
-            (&raw mut d).cast(),
-            (&raw mut w).cast(),
-        ];
-        // SAFETY: the kernel takes two pointers and a u32; params points at them.
-        let r = unsafe {
-            (cu.launch)(
-                cu.stamp,
-                BLOCKS,
-                1,
-                1,
-                32,
-                1,
-                1,
-                0,
-                s,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
-        assert_eq!(r, SUCCESS);
-    }
-    // Sent now (the query is synchronous); give both kernels time to queue for the units.
-    assert_eq!(cu.query(high), NOT_READY);
-    std::thread::sleep(Duration::from_millis(100));
+    launch_stamp(cu, c.low, c.counter, c.low_out, c.open);
+    launch_stamp(cu, c.high, c.counter, c.high_out, c.open);
+    // Every worker of both kernels waits for a unit (each kernel has one per unit).
+    wait_units(
+        d,
+        "both kernels never queued for the units",
+        |(busy, waiting)| busy == u64::from(WORKERS) && waiting == 2 * u64::from(WORKERS),
+    );
     // A fill needs no execution unit: it releases the spinning blocks.
-    cu.set(flag, 1, release);
-    for s in [hold, low, high, release] {
-        cu.sync(s);
-    }
-    let read = |p: u64| {
-        let mut v = vec![0u32; BLOCKS as usize];
-        // SAFETY: `bytes` bytes into a vector of that size.
-        let r = unsafe { (cu.dtoh)(v.as_mut_ptr().cast(), p, bytes) };
-        assert_eq!(r, SUCCESS);
-        v
-    };
-    let (lo, hi) = (read(low_out), read(high_out));
-    let mut all: Vec<u32> = lo.iter().chain(&hi).copied().collect();
-    all.sort_unstable();
-    assert_eq!(
-        all,
-        (0..2 * BLOCKS).collect::<Vec<_>>(),
-        "every block ran once"
-    );
-    // Low-priority blocks may have started before the high-priority kernel queued for the units
-    // (at most one per unit) and on the units the high-priority kernel's last blocks leave free
-    // (at most one per unit); none starts while a high-priority block waits. On a loaded machine
-    // a unit may run a few more before all of the high-priority kernel's workers wait for units
-    // (5 of 16 seen once). Sharing the units block by block would put about half of the
+    cu.set(flag, 1, c.side);
+    cu.sync(hold);
+    // SAFETY: a stream of this process.
+    assert_eq!(unsafe { (cu.stream_destroy)(hold) }, SUCCESS);
+    // The units the spinning blocks give back go to the high-priority kernel's workers; a
+    // low-priority block starts only on a unit the high-priority kernel's last blocks leave
+    // free (one per unit while its last block runs; a few more if that block's thread is kept
+    // off the CPU). Sharing the units block by block would put about half of the
     // low-priority blocks before the last high one: 16 of these 32.
-    let hi_last = hi.iter().max().unwrap();
-    let low_before = lo.iter().filter(|&t| t < hi_last).count();
-    assert!(
-        low_before <= BLOCKS as usize / 4,
-        "the high-priority kernel's blocks ran first: low {lo:?}, high {hi:?}"
+    c.check(cu, BLOCKS as usize / 4, "queued together");
+}
+
+/// A high-priority kernel that arrives while a low-priority one holds every execution unit takes
+/// them from it between two blocks, every unit, not only the one its launch's own thread waits
+/// for: the interpreter's pool gives each of its workers a thread even while the low-priority
+/// kernel's workers hold the pool's others.
+fn a_higher_priority_streams_kernel_overtakes_a_running_one(cu: &Cu, d: &Vgpud) {
+    let c = Contest::new(cu);
+    let gate = cu.alloc(4);
+    cu.set(gate, 0, c.side);
+    cu.sync(c.side);
+    // The low-priority kernel's first blocks, one per unit, spin at the gate.
+    launch_stamp(cu, c.low, c.counter, c.low_out, gate);
+    wait_units(d, "the low-priority kernel never ran", |(busy, waiting)| {
+        busy == u64::from(WORKERS) && waiting == 0
+    });
+    launch_stamp(cu, c.high, c.counter, c.high_out, c.open);
+    wait_units(
+        d,
+        "the high-priority kernel's workers never all queued for the units",
+        |(_, waiting)| waiting == u64::from(WORKERS),
     );
-    for s in [hold, release, low, high] {
-        // SAFETY: streams of this process.
-        assert_eq!(unsafe { (cu.stream_destroy)(s) }, SUCCESS);
-    }
+    cu.set(gate, 1, c.side);
+    // The gated blocks end (one per unit), then every unit goes to the high-priority kernel
+    // until its tail. Keeping one unit for the low-priority kernel would put about a third of
+    // its blocks before the high-priority kernel's last.
+    c.check(cu, WORKERS as usize + BLOCKS as usize / 8, "arriving later");
 }

@@ -166,6 +166,11 @@ fn every_schema_has_the_fields_of_its_type() {
             &["memory_placement"],
             fields(&DevicePlacement::default()),
         ),
+        (
+            "Device",
+            &["execution_units"],
+            fields(&ExecutionUnits::default()),
+        ),
         ("MigInstance", &[], fields(&MigInstance::default())),
         ("Gpu", &[], fields(&Gpu::default())),
         ("Inventory", &[], fields(&Inventory::default())),

@@ -376,6 +376,16 @@ pub fn render(rt: &Runtime) -> String {
             &dl[..1],
             on_dev.len() as f64,
         );
+        if let Some(units) = d.execution_units() {
+            for (state, n) in [("busy", units.busy), ("waiting", units.waiting)] {
+                e.gauge(
+                    "vgpu_device_execution_units",
+                    "Simulated GPU: execution units running a block (busy) and kernel workers waiting for one (waiting).",
+                    &[("device", name), ("state", state)],
+                    f64::from(n),
+                );
+            }
+        }
         if let Some(p) = broker.placement(name).map(|p| p.snapshot()) {
             e.gauge(
                 "vgpu_device_overcommit",

@@ -309,6 +309,16 @@ fn metrics_are_valid_prometheus_text_with_the_right_values() {
         "{used} + {free}"
     );
     assert!(value("DCGM_FI_DEV_GPU_UTIL", &[("device", "gpu0")]) >= 0.0);
+    // The simulated GPU's execution units: no kernel runs.
+    for state in ["busy", "waiting"] {
+        assert_eq!(
+            value(
+                "vgpu_device_execution_units",
+                &[("device", "gpu0"), ("state", state)]
+            ),
+            0.0
+        );
+    }
     assert_eq!(value("vgpu_vm_vsock_connections", &[("vm", "vm1")]), 0.0);
     assert_eq!(value("vgpu_vm_vgpu_device_sessions", &[("vm", "vm3")]), 0.0);
     assert_eq!(

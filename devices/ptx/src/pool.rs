@@ -13,9 +13,9 @@
 //! every offered worker gets a thread even while the others run other launches' workers: a
 //! high-priority kernel offered while a lower-priority one holds the pool still gets all its
 //! workers, and they take the device's execution units from it block by block (`slots.rs`).
-//! They block on a condition variable while idle and live as long as the process. A new thread inherits the
-//! seccomp filter of the thread that starts it (the first launch that needs it), which must allow
-//! `clone`/`clone3`; vgpud's common allowlist does for every thread kind.
+//! They block on a condition variable while idle and live as long as the process. A new thread
+//! inherits the seccomp filter of the thread that starts it (the launch that needs it), which
+//! must allow `clone`/`clone3`; vgpud's common allowlist does for every thread kind.
 //!
 //! A panic in a worker is caught where it runs (the launch turns it into a fault) and again by
 //! the pool thread, which keeps serving.

@@ -2,13 +2,16 @@
 //! GPU: order within a stream, event waits across streams, the legacy
 //! default stream against blocking, non-blocking and per-thread streams,
 //! kernels of different streams running at once, copies during kernels,
-//! and host functions.
+//! and host functions, and stream priorities on the execution units.
 //!
 //! Nothing here depends on timing: a `wait_flag` kernel spins until a flag
 //! in device memory is set, so "still running" and "not started" are facts
 //! until the test sets the flag (from another stream, which is itself what
 //! some checks prove possible). A broken implementation fails with the
 //! watchdog's `CUDA_ERROR_LAUNCH_TIMEOUT` or a wrong value, never a hang.
+//! The priority checks wait for facts too (vgpud's admin API shows the
+//! kernel workers waiting for an execution unit) and count the order in
+//! which blocks end, allowing only for a kernel's tail.
 // The test drives a C ABI with one uniform safety argument: every call passes
 // valid pointers and sizes. Splitting it per call would only add noise.
 #![allow(clippy::multiple_unsafe_ops_per_block)]

@@ -63,6 +63,8 @@ struct State {
     idle: usize,
     /// Threads started that have not yet looked for an offer.
     starting: usize,
+    /// Offered workers no thread has taken yet, over every job (`end - next` added up).
+    untaken: usize,
 }
 
 #[derive(Default)]
@@ -99,12 +101,8 @@ impl Pool {
     fn grow(&'static self) {
         let (first, n) = {
             let mut st = self.lock();
-            let untaken: usize = st
-                .jobs
-                .iter()
-                .map(|j| j.end.saturating_sub(j.next.load(Ordering::Relaxed)) as usize)
-                .sum();
-            let n = untaken
+            let n = st
+                .untaken
                 .saturating_sub(st.idle + st.starting)
                 .min(MAX_POOL_THREADS.saturating_sub(st.threads));
             if n == 0 {
@@ -151,6 +149,7 @@ impl Pool {
                 continue;
             };
             let index = job.next.fetch_add(1, Ordering::Relaxed);
+            st.untaken -= 1;
             if index + 1 >= job.end {
                 st.jobs.remove(at);
             }
@@ -178,7 +177,8 @@ struct Withdraw<'a> {
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         let mut st = self.pool.lock();
-        self.job.next.store(self.job.end, Ordering::Relaxed);
+        let next = self.job.next.swap(self.job.end, Ordering::Relaxed);
+        st.untaken -= self.job.end.saturating_sub(next) as usize;
         st.jobs.retain(|j| !Arc::ptr_eq(j, self.job));
         while self.job.active.load(Ordering::Relaxed) > 0 {
             st = self.job.done.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -229,6 +229,7 @@ pub fn run(workers: u32, priority: i32, task: &Task<'_>) {
     {
         let mut st = pool.lock();
         st.jobs.push_back(Arc::clone(&job));
+        st.untaken += workers as usize - 1;
         let wake = (workers as usize - 1).min(st.idle);
         drop(st);
         for _ in 0..wake {

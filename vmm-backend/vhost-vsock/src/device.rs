@@ -1631,11 +1631,8 @@ mod tests {
         let session = Arc::new(session);
         let answerer: Arc<dyn vgpu_proto::frame::AnswerHere> = Arc::new(WantsMore);
         session.answer_with(Arc::downgrade(&answerer));
-        let (woke, woken) = std::sync::mpsc::channel();
-        let waiter = Arc::clone(&session);
-        std::thread::spawn(move || {
-            let _ = woke.send(waiter.wait_readable().unwrap());
-        });
+        // Asleep before the bytes come.
+        let woken = session.waiter();
         let mut next = 2;
         let mut send = |rig: &mut Rig, data: &[u8]| {
             let at = BUFS + 0x1000 * (u64::from(next) + 1);
@@ -1645,8 +1642,6 @@ mod tests {
             next += 1;
             rig.dev.process_tx(&txv);
         };
-        // The waiter must be asleep before the bytes come.
-        std::thread::sleep(std::time::Duration::from_millis(200));
         send(&mut rig, b"ab");
         rig.dev.audit_wakeups();
         // As many unread bytes at the next audit, but others: read (here by this thread), and

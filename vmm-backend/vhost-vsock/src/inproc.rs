@@ -1473,6 +1473,26 @@ impl SessionEnd {
 
 #[cfg(test)]
 impl SessionEnd {
+    /// Waits for bytes on another thread; the receiver gets `wait_readable`'s answer. Returns
+    /// once that thread sleeps.
+    pub(crate) fn waiter(self: &Arc<Self>) -> std::sync::mpsc::Receiver<bool> {
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let end = Arc::clone(self);
+        std::thread::spawn(move || {
+            let _ = tx.send(end.wait_readable().unwrap());
+        });
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !self.shared.lock().session_waiting {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never slept"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        rx
+    }
+
     /// Writes `buf` (which must fit the ring) as a write does, but makes the eventfd write it
     /// owes only when the returned function is called: a writer preempted between the two.
     pub(crate) fn write_announcing_later(&self, buf: &[u8]) -> impl FnOnce() + '_ {
@@ -2114,22 +2134,6 @@ mod tests {
         }
     }
 
-    /// Waits for bytes on another thread; the receiver gets `wait_readable`'s answer. Returns
-    /// once that thread sleeps.
-    fn waiter(s: &Arc<SessionEnd>) -> std::sync::mpsc::Receiver<bool> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let end = Arc::clone(s);
-        std::thread::spawn(move || {
-            let _ = tx.send(end.wait_readable().unwrap());
-        });
-        let deadline = Instant::now() + PATIENCE;
-        while !s.shared.lock().session_waiting {
-            assert!(Instant::now() < deadline, "the waiter never slept");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        rx
-    }
-
     const QUIET: Duration = Duration::from_millis(50);
     const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -2143,7 +2147,7 @@ mod tests {
         });
         let weak: Arc<dyn AnswerHere> = answerer.clone();
         s.answer_with(Arc::downgrade(&weak));
-        let woken = waiter(&s);
+        let woken = s.waiter();
         // Half a frame: the answerer waits for the rest, the session is not woken.
         (&d).write_all(&[1, 2]).unwrap();
         assert_eq!(d.take_answered(), 0);
@@ -2183,10 +2187,10 @@ mod tests {
     fn a_kick_wakes_a_waiting_reader_and_is_taken_once() {
         let (_d, s) = pair(64).unwrap();
         let s = Arc::new(s);
-        let woken = waiter(&s);
+        let woken = s.waiter();
         s.kick();
         assert_eq!(woken.recv_timeout(PATIENCE), Ok(true));
-        let again = waiter(&s);
+        let again = s.waiter();
         assert!(
             again.recv_timeout(QUIET).is_err(),
             "the kick was taken twice"

@@ -127,6 +127,9 @@ struct TenantLedger {
     device: u64,
     host: u64,
     movable: BTreeMap<u64, Movable>,
+    /// Bytes of a charge within the reservation that wait for demotions to free them: the
+    /// memory those demotions free is the claim's, not free for others (nor for promotions).
+    claiming: u64,
     stats: Arc<MoveStats>,
 }
 
@@ -142,6 +145,31 @@ struct Ledger {
 impl Ledger {
     fn device_used(&self) -> u64 {
         self.tenants.values().map(|t| t.device).sum()
+    }
+
+    /// Device memory free for a charge or promotion of VM `id`: neither used nor freed for
+    /// another VM's claim (`id`'s own claim counts as free for it; `None`: for nobody's).
+    fn free_for(&self, total: u64, id: Option<u64>) -> u64 {
+        let claims: u64 = self
+            .tenants
+            .iter()
+            .filter(|(k, _)| Some(**k) != id)
+            .map(|(_, t)| t.claiming)
+            .sum();
+        total
+            .saturating_sub(self.device_used())
+            .saturating_sub(claims)
+    }
+
+    /// Adds `bytes` to VM `id`'s claims (`add`) or takes them off.
+    fn claim(&mut self, id: u64, bytes: u64, add: bool) {
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.claiming = if add {
+                t.claiming.saturating_add(bytes)
+            } else {
+                t.claiming.saturating_sub(bytes)
+            };
+        }
     }
 
     /// Reserved device memory of VMs other than `id` that they do not use yet.
@@ -301,6 +329,7 @@ impl DevicePlacement {
                 device: 0,
                 host: 0,
                 movable: BTreeMap::new(),
+                claiming: 0,
                 stats: Arc::clone(&stats),
             },
         );
@@ -419,7 +448,9 @@ impl DevicePlacement {
                     if plan.len() >= PROMOTIONS_PER_ROUND {
                         break;
                     }
-                    let free = self.total.saturating_sub(l.device_used());
+                    // Memory a claim is freeing is not room: promoting into it would only be
+                    // demoted again (or, racing the claim round after round, fail it).
+                    let free = l.free_for(self.total, None);
                     let others = l.unclaimed_reservations_except(id);
                     let t = &l.tenants[&id];
                     let own = t.device + c <= t.policy.reserved && free >= c;
@@ -517,6 +548,14 @@ pub struct TenantMemorySnapshot {
     pub promotions: u64,
     /// Bytes promoted.
     pub promoted_bytes: u64,
+}
+
+/// What a charge does next.
+enum Decision {
+    /// Placed (or refused).
+    Done(Result<Residence, CuError>),
+    /// Within the VM's reservation, which borrowers hold: this many bytes must be demoted.
+    Demote(u64),
 }
 
 /// One VM's entry in its device's ledger.
@@ -673,55 +712,82 @@ impl TenantMemory {
 
     fn admit_as(&self, bytes: u64, movable: bool) -> Result<Residence, CuError> {
         let p = &self.placement;
+        // Bytes of this call counted in the VM's claims (its other calls may claim too).
+        let mut claimed = 0;
         for _ in 0..DEMOTION_ROUNDS {
             let need = {
                 let mut l = p.lock();
-                let free = p.total.saturating_sub(l.device_used());
-                let others = l.unclaimed_reservations_except(self.id);
-                let budget_free = p.host.free();
-                let Some(t) = l.tenants.get_mut(&self.id) else {
-                    return Err(CuError::out_of_memory("the VM was removed"));
-                };
-                let own = t.device.saturating_add(bytes) <= t.policy.reserved;
-                let overflow = movable && t.policy.overflow == Overflow::Host;
-                if free.saturating_sub(others) >= bytes || (own && free >= bytes) {
-                    t.device += bytes;
-                    return Ok(Residence::Device);
-                }
-                // Borrow another VM's free reservation only if everything this VM holds past
-                // its own reservation could move to host memory when the owner claims it.
-                let past = (t.device + bytes).saturating_sub(t.policy.reserved);
-                if overflow
-                    && free >= bytes
-                    && t.host + past <= t.policy.overflow_limit
-                    && past <= budget_free
-                {
-                    t.device += bytes;
-                    return Ok(Residence::Device);
-                }
-                if own {
-                    bytes - free
-                } else if overflow && t.host + bytes <= t.policy.overflow_limit {
-                    if p.host.take(bytes) {
-                        t.host += bytes;
-                        return Ok(Residence::Host);
+                match self.decide(&mut l, bytes, movable) {
+                    Decision::Done(r) => {
+                        l.claim(self.id, claimed, false);
+                        return r;
                     }
-                    return Err(CuError::out_of_memory(format!(
-                        "device `{}` is full and the host overflow budget ({}) is used up",
-                        p.device,
-                        Human(p.host.limit())
-                    )));
-                } else {
-                    return Err(CuError::out_of_memory(self.refusal(t, free, others, bytes)));
+                    Decision::Demote(need) => {
+                        // Until this charge is placed, what the demotions free is its own.
+                        if claimed == 0 {
+                            claimed = bytes;
+                            l.claim(self.id, claimed, true);
+                        }
+                        need
+                    }
                 }
             };
             if p.demote_for(self.id, need) == 0 {
                 break;
             }
         }
+        let mut l = p.lock();
+        l.claim(self.id, claimed, false);
+        p.notify(&mut l);
         Err(CuError::out_of_memory(format!(
             "device `{}` could not free this VM's reserved memory: the VMs borrowing it cannot overflow further",
             p.device
+        )))
+    }
+
+    /// Where `bytes` go under the ledger as it is, counting them there; or how many bytes
+    /// borrowers must give back first.
+    fn decide(&self, l: &mut Ledger, bytes: u64, movable: bool) -> Decision {
+        let p = &self.placement;
+        let free = l.free_for(p.total, Some(self.id));
+        let others = l.unclaimed_reservations_except(self.id);
+        let budget_free = p.host.free();
+        let Some(t) = l.tenants.get_mut(&self.id) else {
+            return Decision::Done(Err(CuError::out_of_memory("the VM was removed")));
+        };
+        let own = t.device.saturating_add(bytes) <= t.policy.reserved;
+        let overflow = movable && t.policy.overflow == Overflow::Host;
+        if free.saturating_sub(others) >= bytes || (own && free >= bytes) {
+            t.device += bytes;
+            return Decision::Done(Ok(Residence::Device));
+        }
+        // Borrow another VM's free reservation only if everything this VM holds past its own
+        // reservation could move to host memory when the owner claims it.
+        let past = (t.device + bytes).saturating_sub(t.policy.reserved);
+        if overflow
+            && free >= bytes
+            && t.host + past <= t.policy.overflow_limit
+            && past <= budget_free
+        {
+            t.device += bytes;
+            return Decision::Done(Ok(Residence::Device));
+        }
+        if own {
+            return Decision::Demote(bytes - free);
+        }
+        if overflow && t.host + bytes <= t.policy.overflow_limit {
+            if p.host.take(bytes) {
+                t.host += bytes;
+                return Decision::Done(Ok(Residence::Host));
+            }
+            return Decision::Done(Err(CuError::out_of_memory(format!(
+                "device `{}` is full and the host overflow budget ({}) is used up",
+                p.device,
+                Human(p.host.limit())
+            ))));
+        }
+        Decision::Done(Err(CuError::out_of_memory(
+            self.refusal(t, free, others, bytes),
         )))
     }
 
@@ -769,5 +835,117 @@ impl Drop for TenantMemory {
             p.host.give(t.host);
         }
         p.notify(&mut l);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceError;
+
+    const UNIT: u64 = 1 << 20;
+
+    /// A context that only moves allocations; its second demotion waits until the test opens
+    /// the gate, holding a claim half done.
+    #[derive(Default)]
+    struct Gated {
+        state: Mutex<(u32, bool)>,
+        changed: Condvar,
+    }
+
+    impl Gated {
+        fn wait_for_demotions(&self, n: u32) {
+            let mut s = self.state.lock().unwrap();
+            while s.0 < n {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+
+        fn open(&self) {
+            self.state.lock().unwrap().1 = true;
+            self.changed.notify_all();
+        }
+    }
+
+    impl DeviceContext for Gated {
+        fn alloc(&self, _size: u64) -> Result<u64, DeviceError> {
+            Err(DeviceError::NotSupported("test context".into()))
+        }
+        fn free(&self, _ptr: u64) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn write(&self, _dst: u64, _data: &[u8]) -> Result<(), DeviceError> {
+            Err(DeviceError::NotSupported("test context".into()))
+        }
+        fn read(&self, _src: u64, _out: &mut [u8]) -> Result<(), DeviceError> {
+            Err(DeviceError::NotSupported("test context".into()))
+        }
+        fn copy(&self, _dst: u64, _src: u64, _len: u64) -> Result<(), DeviceError> {
+            Err(DeviceError::NotSupported("test context".into()))
+        }
+        fn memset(&self, _d: u64, _v: u32, _e: u32, _c: u64) -> Result<(), DeviceError> {
+            Err(DeviceError::NotSupported("test context".into()))
+        }
+        fn migrate(&self, _ptr: u64, to: Residence) -> Result<(), DeviceError> {
+            if to == Residence::Host {
+                let mut s = self.state.lock().unwrap();
+                s.0 += 1;
+                self.changed.notify_all();
+                while s.0 >= 2 && !s.1 {
+                    s = self.changed.wait(s).unwrap();
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn memory_a_claim_frees_is_neither_promoted_into_nor_borrowed_by_others() {
+        let p = DevicePlacement::new("gpu0", 8 * UNIT, Arc::new(HostBudget::new(64 * UNIT)));
+        let borrower = p
+            .register(
+                "borrower",
+                8 * UNIT,
+                VmMemory {
+                    overflow: Overflow::Host,
+                    overflow_limit: 8 * UNIT,
+                    ..VmMemory::default()
+                },
+            )
+            .unwrap();
+        let owner = p
+            .register(
+                "owner",
+                4 * UNIT,
+                VmMemory {
+                    reserved: 4 * UNIT,
+                    ..VmMemory::default()
+                },
+            )
+            .unwrap();
+        let ctx = Arc::new(Gated::default());
+        // The borrower fills the device, half of it the owner's free reservation.
+        for ptr in 1..=8 {
+            assert_eq!(borrower.place(UNIT).unwrap(), Residence::Device);
+            borrower.track(ptr, UNIT, Residence::Device, ctx.clone());
+        }
+        // The owner claims two units: the first demotion is done, the second waits.
+        let claim = {
+            let owner = Arc::clone(&owner);
+            std::thread::spawn(move || owner.place(2 * UNIT))
+        };
+        ctx.wait_for_demotions(2);
+        assert_eq!(borrower.snapshot().host, UNIT, "one unit demoted");
+        // The unit the claim freed stays the claim's: no promotion takes it back, and the
+        // borrower's next allocation overflows instead of borrowing it.
+        assert!(!p.promote_round(), "promoted into the claim's memory");
+        assert_eq!(borrower.place(UNIT).unwrap(), Residence::Host);
+        borrower.track(9, UNIT, Residence::Host, ctx.clone());
+        ctx.open();
+        assert_eq!(claim.join().unwrap().unwrap(), Residence::Device);
+        let (b, o) = (borrower.snapshot(), owner.snapshot());
+        assert_eq!((o.device, b.device, b.host), (2 * UNIT, 6 * UNIT, 3 * UNIT));
+        assert_eq!((b.demotions, b.promotions), (2, 0), "{b:?}");
+        assert_eq!(p.snapshot().device_used, 8 * UNIT);
     }
 }

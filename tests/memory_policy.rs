@@ -545,7 +545,8 @@ fn demotion_and_promotion_keep_the_bytes_behind_the_same_address() {
     bctx.read(ptr, &mut back).unwrap();
     assert!(back == data, "the data moved with the allocation");
     assert_eq!(bctx.migrate(ptr, Residence::Host), Ok(()), "already there");
-    // The owner frees: the buffer comes back.
+    // The owner frees: the buffer comes back (once the owner has left its reservation alone
+    // for `RESERVATION_HOLD`).
     octx.free(optr).unwrap();
     opm.untrack(optr);
     owner.slice.refund_unplaced(4 * KIB64);
@@ -559,4 +560,54 @@ fn demotion_and_promotion_keep_the_bytes_behind_the_same_address() {
     assert!(back == data);
     let s = bpm.snapshot();
     assert_eq!((s.demotions, s.promotions), (1, 1));
+}
+
+#[test]
+fn an_owner_allocating_and_freeing_in_a_loop_moves_the_borrower_once_per_hold() {
+    use vgpu_broker::memory::placement::RESERVATION_HOLD;
+    let (b, _sim) = broker(4 * KIB64, 2.0);
+    let borrower = tenant(
+        &b,
+        "borrower",
+        4 * KIB64,
+        VmMemory {
+            overflow: Overflow::Host,
+            overflow_limit: 4 * KIB64,
+            ..VmMemory::default()
+        },
+    );
+    let owner = tenant(
+        &b,
+        "owner",
+        4 * KIB64,
+        VmMemory {
+            reserved: 4 * KIB64,
+            ..VmMemory::default()
+        },
+    );
+    let bpm = borrower.placement().unwrap().clone();
+    movable::allocate(&bpm, &borrower, &borrower.context().unwrap(), KIB64, KIB64).unwrap();
+    assert_eq!(bpm.snapshot().borrowed, KIB64);
+    let octx = owner.context().unwrap();
+    let opm = owner.placement().unwrap().clone();
+    // A program that allocates its whole reservation and frees it again, ten times, with time
+    // between for the promotion thread to act on every free.
+    const CYCLES: u32 = 10;
+    let start = std::time::Instant::now();
+    for _ in 0..CYCLES {
+        let p = movable::allocate(&opm, &owner, &octx, 4 * KIB64, 4 * KIB64).unwrap();
+        octx.free(p).unwrap();
+        opm.untrack(p);
+        owner.slice.refund_unplaced(4 * KIB64);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let elapsed = start.elapsed();
+    // Each hold lets the borrower back in at most once (without the hold: once per cycle).
+    let s = bpm.snapshot();
+    let allowed = 1 + (elapsed.as_secs_f64() / RESERVATION_HOLD.as_secs_f64()) as u64;
+    assert!(
+        (1..=allowed).contains(&s.demotions),
+        "{} demotions in {CYCLES} cycles over {elapsed:?} (1 to {allowed}): {s:?}",
+        s.demotions
+    );
 }

@@ -26,7 +26,8 @@
 //! to device memory when room appears (memory freed, a reservation lowered),
 //! under the rules an allocation would be placed by: into the VM's own
 //! reservation, into free memory nobody reserved, or, borrowing, into another
-//! VM's free reservation (then the owner's next claim demotes it again).
+//! VM's free reservation (then the owner's next claim demotes it again) once
+//! that VM has not allocated within its reservation for [`RESERVATION_HOLD`].
 //!
 //! Moves happen through [`DeviceContext::migrate`], which waits for a safe
 //! point of the owning VM (none of its kernels or copies running).
@@ -34,7 +35,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::device::{DeviceContext, Residence};
 use crate::error::CuError;
@@ -43,6 +44,11 @@ use vgpu_config::{Overcommit, Overflow, VmMemory};
 
 /// How often the promotion thread looks for room even without a wake-up.
 pub const REBALANCE_INTERVAL: Duration = Duration::from_millis(200);
+/// How long a VM's free reserved memory stays out of promotions' reach after the VM last
+/// allocated within its reservation: an owner that allocates and frees in a loop would otherwise
+/// have borrowers promoted into its reservation after every free and demoted again at its next
+/// allocation, each move waiting for the borrower's kernels to yield.
+pub const RESERVATION_HOLD: Duration = Duration::from_secs(2);
 /// Rounds of demotion an allocation tries before it gives up (others may take
 /// the memory freed meanwhile).
 const DEMOTION_ROUNDS: usize = 4;
@@ -130,6 +136,8 @@ struct TenantLedger {
     /// Bytes of a charge within the reservation that wait for demotions to free them: the
     /// memory those demotions free is the claim's, not free for others (nor for promotions).
     claiming: u64,
+    /// When the VM last allocated within its reservation ([`RESERVATION_HOLD`]).
+    reservation_used_at: Option<Instant>,
     stats: Arc<MoveStats>,
 }
 
@@ -140,6 +148,8 @@ struct Ledger {
     tenants: BTreeMap<u64, TenantLedger>,
     next_id: u64,
     dirty: bool,
+    /// [`RESERVATION_HOLD`] (a test shortens or stretches it).
+    hold: Duration,
 }
 
 impl Ledger {
@@ -170,6 +180,20 @@ impl Ledger {
                 t.claiming.saturating_sub(bytes)
             };
         }
+    }
+
+    /// Free reserved memory of VMs other than `id` that allocated within their reservation in
+    /// the last [`RESERVATION_HOLD`]: promotions do not borrow it.
+    fn held_reservations_except(&self, id: u64, now: Instant) -> u64 {
+        self.tenants
+            .iter()
+            .filter(|(k, t)| {
+                **k != id
+                    && t.reservation_used_at
+                        .is_some_and(|at| now.saturating_duration_since(at) < self.hold)
+            })
+            .map(|(_, t)| t.policy.reserved.saturating_sub(t.device))
+            .sum()
     }
 
     /// Reserved device memory of VMs other than `id` that they do not use yet.
@@ -257,7 +281,10 @@ impl DevicePlacement {
         let p = Arc::new(Self {
             device: device.to_string(),
             total,
-            ledger: Mutex::new(Ledger::default()),
+            ledger: Mutex::new(Ledger {
+                hold: RESERVATION_HOLD,
+                ..Ledger::default()
+            }),
             wake: Condvar::new(),
             host,
         });
@@ -278,6 +305,12 @@ impl DevicePlacement {
     /// The device name.
     pub fn device(&self) -> &str {
         &self.device
+    }
+
+    /// Changes [`RESERVATION_HOLD`] for this device (tests).
+    #[cfg(test)]
+    fn set_reservation_hold(&self, hold: Duration) {
+        self.lock().hold = hold;
     }
 
     /// Sets the overcommit; refused (naming `overcommit`) when the VMs' slices do not fit it.
@@ -330,6 +363,7 @@ impl DevicePlacement {
                 host: 0,
                 movable: BTreeMap::new(),
                 claiming: 0,
+                reservation_used_at: None,
                 stats: Arc::clone(&stats),
             },
         );
@@ -431,6 +465,7 @@ impl DevicePlacement {
         {
             let mut l = self.lock();
             l.dirty = false;
+            let now = Instant::now();
             let ids: Vec<u64> = l
                 .tenants
                 .iter()
@@ -452,11 +487,14 @@ impl DevicePlacement {
                     // demoted again (or, racing the claim round after round, fail it).
                     let free = l.free_for(self.total, None);
                     let others = l.unclaimed_reservations_except(id);
+                    let held = l.held_reservations_except(id, now);
                     let t = &l.tenants[&id];
                     let own = t.device + c <= t.policy.reserved && free >= c;
-                    // Back into borrowed memory under the rule an allocation borrows by.
+                    // Back into borrowed memory under the rule an allocation borrows by, but not
+                    // into the reservation of a VM that uses it now.
                     let past = (t.device + c).saturating_sub(t.policy.reserved);
-                    let borrow = free >= c && t.host - c + past <= t.policy.overflow_limit;
+                    let borrow = free.saturating_sub(held) >= c
+                        && t.host - c + past <= t.policy.overflow_limit;
                     if free.saturating_sub(others) < c && !own && !borrow {
                         continue;
                     }
@@ -756,6 +794,10 @@ impl TenantMemory {
             return Decision::Done(Err(CuError::out_of_memory("the VM was removed")));
         };
         let own = t.device.saturating_add(bytes) <= t.policy.reserved;
+        if own {
+            // The reservation is in use: borrowers are not promoted back into it for a while.
+            t.reservation_used_at = Some(Instant::now());
+        }
         let overflow = movable && t.policy.overflow == Overflow::Host;
         if free.saturating_sub(others) >= bytes || (own && free >= bytes) {
             t.device += bytes;
@@ -899,8 +941,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn memory_a_claim_frees_is_neither_promoted_into_nor_borrowed_by_others() {
+    /// An 8-unit device; a borrower that may overflow all of its 8-unit slice, and an owner
+    /// that reserved 4 units and never overflows.
+    fn two_vms() -> (Arc<DevicePlacement>, Arc<TenantMemory>, Arc<TenantMemory>) {
         let p = DevicePlacement::new("gpu0", 8 * UNIT, Arc::new(HostBudget::new(64 * UNIT)));
         let borrower = p
             .register(
@@ -923,6 +966,12 @@ mod tests {
                 },
             )
             .unwrap();
+        (p, borrower, owner)
+    }
+
+    #[test]
+    fn memory_a_claim_frees_is_neither_promoted_into_nor_borrowed_by_others() {
+        let (p, borrower, owner) = two_vms();
         let ctx = Arc::new(Gated::default());
         // The borrower fills the device, half of it the owner's free reservation.
         for ptr in 1..=8 {
@@ -947,5 +996,30 @@ mod tests {
         assert_eq!((o.device, b.device, b.host), (2 * UNIT, 6 * UNIT, 3 * UNIT));
         assert_eq!((b.demotions, b.promotions), (2, 0), "{b:?}");
         assert_eq!(p.snapshot().device_used, 8 * UNIT);
+    }
+
+    #[test]
+    fn borrowers_are_not_promoted_into_a_reservation_its_owner_just_used() {
+        let (p, borrower, owner) = two_vms();
+        p.set_reservation_hold(Duration::from_secs(3600));
+        let ctx = Arc::new(Gated::default());
+        ctx.open();
+        for ptr in 1..=8 {
+            assert_eq!(borrower.place(UNIT).unwrap(), Residence::Device);
+            borrower.track(ptr, UNIT, Residence::Device, ctx.clone());
+        }
+        // The owner claims two units (two of the borrower's are demoted), then frees them.
+        assert_eq!(owner.place(2 * UNIT).unwrap(), Residence::Device);
+        owner.track(100, 2 * UNIT, Residence::Device, ctx.clone());
+        owner.untrack(100);
+        assert_eq!(borrower.snapshot().host, 2 * UNIT);
+        // The owner may allocate again any moment: its reservation stays free.
+        assert!(!p.promote_round(), "promoted into a reservation in use");
+        assert_eq!(p.snapshot().device_used, 6 * UNIT);
+        // Once the owner has left it alone for the hold, the borrower's units come back.
+        p.set_reservation_hold(Duration::ZERO);
+        while p.promote_round() {}
+        let b = borrower.snapshot();
+        assert_eq!((b.device, b.host, b.promotions), (8 * UNIT, 0, 2), "{b:?}");
     }
 }

@@ -419,6 +419,35 @@ fn tenant(b: &Broker, name: &str, slice: u64, m: VmMemory) -> Arc<vgpu_broker::t
     b.add_tenant(&v).unwrap()
 }
 
+/// A VM that may overflow its whole 4-block slice, and one that reserved its 4 blocks.
+fn borrower_and_owner(
+    b: &Broker,
+) -> (
+    Arc<vgpu_broker::tenant::Tenant>,
+    Arc<vgpu_broker::tenant::Tenant>,
+) {
+    let borrower = tenant(
+        b,
+        "borrower",
+        4 * KIB64,
+        VmMemory {
+            overflow: Overflow::Host,
+            overflow_limit: 4 * KIB64,
+            ..VmMemory::default()
+        },
+    );
+    let owner = tenant(
+        b,
+        "owner",
+        4 * KIB64,
+        VmMemory {
+            reserved: 4 * KIB64,
+            ..VmMemory::default()
+        },
+    );
+    (borrower, owner)
+}
+
 #[test]
 fn a_vm_without_overflow_never_takes_another_vms_reservation() {
     let (b, sim) = broker(16 * KIB64, 2.0);
@@ -508,25 +537,7 @@ fn overflow_stays_within_the_vm_limit_and_the_host_budget() {
 #[test]
 fn demotion_and_promotion_keep_the_bytes_behind_the_same_address() {
     let (b, sim) = broker(4 * KIB64, 2.0);
-    let borrower = tenant(
-        &b,
-        "borrower",
-        4 * KIB64,
-        VmMemory {
-            overflow: Overflow::Host,
-            overflow_limit: 4 * KIB64,
-            ..VmMemory::default()
-        },
-    );
-    let owner = tenant(
-        &b,
-        "owner",
-        4 * KIB64,
-        VmMemory {
-            reserved: 4 * KIB64,
-            ..VmMemory::default()
-        },
-    );
+    let (borrower, owner) = borrower_and_owner(&b);
     let bctx = borrower.context().unwrap();
     let bpm = borrower.placement().unwrap().clone();
     let ptr = movable::allocate(&bpm, &borrower, &bctx, 4 * KIB64, 4 * KIB64).unwrap();
@@ -566,25 +577,7 @@ fn demotion_and_promotion_keep_the_bytes_behind_the_same_address() {
 fn an_owner_allocating_and_freeing_in_a_loop_moves_the_borrower_once_per_hold() {
     use vgpu_broker::memory::placement::RESERVATION_HOLD;
     let (b, _sim) = broker(4 * KIB64, 2.0);
-    let borrower = tenant(
-        &b,
-        "borrower",
-        4 * KIB64,
-        VmMemory {
-            overflow: Overflow::Host,
-            overflow_limit: 4 * KIB64,
-            ..VmMemory::default()
-        },
-    );
-    let owner = tenant(
-        &b,
-        "owner",
-        4 * KIB64,
-        VmMemory {
-            reserved: 4 * KIB64,
-            ..VmMemory::default()
-        },
-    );
+    let (borrower, owner) = borrower_and_owner(&b);
     let bpm = borrower.placement().unwrap().clone();
     movable::allocate(&bpm, &borrower, &borrower.context().unwrap(), KIB64, KIB64).unwrap();
     assert_eq!(bpm.snapshot().borrowed, KIB64);

@@ -153,9 +153,15 @@ fn a_vm_claims_its_reservation_from_a_borrower_whose_pointers_data_and_kernels_s
         (32 * MIB, 8 * MIB),
         "{m1:#}"
     );
+    // Exactly the two buffers the claim needed moved, once each: nothing was promoted back into
+    // the memory the claim was freeing (to be demoted again).
     assert_eq!(
-        (n(&m1, "demotions"), n(&m1, "demoted_bytes")),
-        (2, 8 * MIB),
+        (
+            n(&m1, "demotions"),
+            n(&m1, "demoted_bytes"),
+            n(&m1, "promotions")
+        ),
+        (2, 8 * MIB, 0),
         "{m1:#}"
     );
     let dev = d.get("/v1/devices/gpu0");

@@ -171,14 +171,20 @@ impl Ledger {
             .saturating_sub(claims)
     }
 
-    /// Adds `bytes` to VM `id`'s claims (`add`) or takes them off.
-    fn claim(&mut self, id: u64, bytes: u64, add: bool) {
+    /// Adds `bytes` to VM `id`'s claims.
+    fn claim(&mut self, id: u64, bytes: u64) {
         if let Some(t) = self.tenants.get_mut(&id) {
-            t.claiming = if add {
-                t.claiming.saturating_add(bytes)
-            } else {
-                t.claiming.saturating_sub(bytes)
-            };
+            t.claiming = t.claiming.saturating_add(bytes);
+        }
+    }
+
+    /// Takes `bytes` (0: none) off VM `id`'s claims: its charge is placed or refused.
+    fn end_claim(&mut self, id: u64, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        if let Some(t) = self.tenants.get_mut(&id) {
+            t.claiming = t.claiming.saturating_sub(bytes);
         }
     }
 
@@ -466,6 +472,10 @@ impl DevicePlacement {
             let mut l = self.lock();
             l.dirty = false;
             let now = Instant::now();
+            // Memory a claim is freeing is not room: promoting into it would only be demoted
+            // again (or, racing the claim round after round, fail it). Less what this round
+            // plans as it goes.
+            let mut free = l.free_for(self.total, None);
             let ids: Vec<u64> = l
                 .tenants
                 .iter()
@@ -473,6 +483,8 @@ impl DevicePlacement {
                 .map(|(k, _)| *k)
                 .collect();
             for id in ids {
+                let others = l.unclaimed_reservations_except(id);
+                let held = l.held_reservations_except(id, now);
                 let cands: Vec<(u64, u64)> = l.tenants[&id]
                     .movable
                     .iter()
@@ -483,11 +495,6 @@ impl DevicePlacement {
                     if plan.len() >= PROMOTIONS_PER_ROUND {
                         break;
                     }
-                    // Memory a claim is freeing is not room: promoting into it would only be
-                    // demoted again (or, racing the claim round after round, fail it).
-                    let free = l.free_for(self.total, None);
-                    let others = l.unclaimed_reservations_except(id);
-                    let held = l.held_reservations_except(id, now);
                     let t = &l.tenants[&id];
                     let own = t.device + c <= t.policy.reserved && free >= c;
                     // Back into borrowed memory under the rule an allocation borrows by, but not
@@ -501,6 +508,7 @@ impl DevicePlacement {
                     let t = l.tenants.get_mut(&id).expect("listed");
                     // Count the device bytes now so nobody else takes them meanwhile.
                     t.device += c;
+                    free -= c;
                     let m = t.movable.get_mut(&ptr).expect("listed");
                     m.moving = true;
                     plan.push((id, ptr, c, Arc::clone(&m.ctx)));
@@ -757,14 +765,14 @@ impl TenantMemory {
                 let mut l = p.lock();
                 match self.decide(&mut l, bytes, movable) {
                     Decision::Done(r) => {
-                        l.claim(self.id, claimed, false);
+                        l.end_claim(self.id, claimed);
                         return r;
                     }
                     Decision::Demote(need) => {
                         // Until this charge is placed, what the demotions free is its own.
                         if claimed == 0 {
                             claimed = bytes;
-                            l.claim(self.id, claimed, true);
+                            l.claim(self.id, claimed);
                         }
                         need
                     }
@@ -775,7 +783,7 @@ impl TenantMemory {
             }
         }
         let mut l = p.lock();
-        l.claim(self.id, claimed, false);
+        l.end_claim(self.id, claimed);
         p.notify(&mut l);
         Err(CuError::out_of_memory(format!(
             "device `{}` could not free this VM's reserved memory: the VMs borrowing it cannot overflow further",

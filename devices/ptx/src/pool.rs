@@ -96,23 +96,25 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts threads until every offered worker not yet taken has an idle or starting thread
-    /// to take it (at most [`MAX_POOL_THREADS`] threads in all).
-    fn grow(&'static self) {
-        let (first, n) = {
-            let mut st = self.lock();
-            let n = st
-                .untaken
-                .saturating_sub(st.idle + st.starting)
-                .min(MAX_POOL_THREADS.saturating_sub(st.threads));
-            if n == 0 {
-                return;
-            }
-            let first = st.threads;
-            st.threads += n;
-            st.starting += n;
-            (first, n)
-        };
+    /// The threads to start so that every offered worker not yet taken has an idle or starting
+    /// thread to take it (at most [`MAX_POOL_THREADS`] in all): `(first, n)`, counted as
+    /// starting; [`Pool::start`] them once the lock is released.
+    fn threads_wanted(st: &mut State) -> (usize, usize) {
+        let n = st
+            .untaken
+            .saturating_sub(st.idle + st.starting)
+            .min(MAX_POOL_THREADS.saturating_sub(st.threads));
+        let first = st.threads;
+        st.threads += n;
+        st.starting += n;
+        (first, n)
+    }
+
+    /// Starts the `n` threads from number `first` that [`Pool::threads_wanted`] counted.
+    fn start(&'static self, (first, n): (usize, usize)) {
+        if n == 0 {
+            return;
+        }
         for i in first..first + n {
             let spawned = std::thread::Builder::new()
                 .name(format!("{THREAD_NAME_PREFIX}{i}"))
@@ -226,18 +228,20 @@ pub fn run(workers: u32, priority: i32, task: &Task<'_>) {
         priority,
         done: Condvar::new(),
     });
-    {
+    let wanted = {
         let mut st = pool.lock();
         st.jobs.push_back(Arc::clone(&job));
         st.untaken += workers as usize - 1;
         let wake = (workers as usize - 1).min(st.idle);
+        let wanted = Pool::threads_wanted(&mut st);
         drop(st);
         for _ in 0..wake {
             pool.work.notify_one();
         }
-    }
+        wanted
+    };
     let _withdraw = Withdraw { pool, job: &job };
-    pool.grow();
+    pool.start(wanted);
     task(0);
 }
 

@@ -1471,12 +1471,15 @@ impl SessionEnd {
     }
 }
 
+/// How long a test waits for what must happen.
+#[cfg(test)]
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[cfg(test)]
 impl SessionEnd {
     /// Waits for bytes on another thread; the receiver gets `wait_readable`'s answer. Returns
     /// once that thread sleeps.
     pub(crate) fn waiter(self: &Arc<Self>) -> std::sync::mpsc::Receiver<bool> {
-        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
         let (tx, rx) = std::sync::mpsc::channel();
         let end = Arc::clone(self);
         std::thread::spawn(move || {
@@ -2135,7 +2138,6 @@ mod tests {
     }
 
     const QUIET: Duration = Duration::from_millis(50);
-    const PATIENCE: Duration = Duration::from_secs(10);
 
     #[test]
     fn an_answerer_takes_whole_frames_on_the_device_thread() {

@@ -1020,6 +1020,60 @@ impl Engine {
         seq
     }
 
+    /// Submits `jobs` (drained) of lane `spec` in order, as one [`Engine::submit`] each would,
+    /// with one acquisition of the lock for the quick ones at their front when the lane runs
+    /// them inline: a transport hands a run of posted calls of one stream here at once.
+    ///
+    /// Their sequence numbers are taken together, so the jobs are done, in order, when this
+    /// returns, as the calls one by one would leave them; a failure is kept for the context's
+    /// next synchronizing call, and a job after the context was poisoned (by this run or by
+    /// another of its lanes meanwhile) ends with the poisoning error without running, as it
+    /// would have been refused at its submission.
+    pub fn submit_run(&mut self, spec: &LaneSpec, jobs: &mut Vec<Job>) {
+        let ctx = spec.ctx;
+        let quick = jobs.iter().take_while(|j| j.quick()).count();
+        let mut st = self.shared.lock();
+        let inline = quick > 0
+            && !st.abandoned
+            && !st.poisoned.contains_key(&ctx)
+            && st.queued < MAX_QUEUED_JOBS
+            && st.runs_inline(spec, &[], true);
+        if !inline {
+            drop(st);
+            for job in jobs.drain(..) {
+                self.submit_full(spec, job, &[], None);
+            }
+            return;
+        }
+        let first = st.submitted + 1;
+        let last = st.submitted + quick as u64;
+        st.submitted = last;
+        let lane = st.lanes.entry(spec.key).or_insert_with(|| Lane::new(*spec));
+        lane.spec.priority = spec.priority;
+        lane.last = last;
+        drop(st);
+        let dev = self.shared.dev.as_ref();
+        crate::device::with_lane_at(spec.key.id(), spec.priority, || {
+            for (seq, job) in (first..).zip(jobs.drain(..quick)) {
+                if self.shared.any_poisoned.load(Ordering::Acquire) {
+                    let mut st = self.shared.lock();
+                    if let Some(p) = st.poisoned.get(&ctx).cloned() {
+                        self.shared.finish(&mut st, spec.key, seq, ctx, Err(p));
+                        continue;
+                    }
+                }
+                if let Err(e) = job.run(seq, dev) {
+                    let mut st = self.shared.lock();
+                    self.shared.keep_error(&mut st, seq, ctx, e);
+                    self.shared.wake(&st);
+                }
+            }
+        });
+        for job in jobs.drain(..) {
+            self.submit_full(spec, job, &[], None);
+        }
+    }
+
     /// Runs `f` inline as the next job of lane `spec` if the lane is idle and
     /// its implicit dependencies are done (avoiding a copy of borrowed data);
     /// `None` when the caller must wait ([`Engine::wait_lane`]) or submit an
@@ -1551,6 +1605,89 @@ mod tests {
             cuda::CUDA_ERROR_ILLEGAL_ADDRESS
         );
         assert!(e.try_inline(&L1, |_| Ok(())).is_none());
+        assert!(e.take_error(2).is_none());
+    }
+
+    /// A quick job (run inline on an idle lane) that logs `id` and returns `result`.
+    struct Quick {
+        log: Arc<Mutex<Vec<usize>>>,
+        id: usize,
+        result: Result<(), CuError>,
+    }
+
+    impl Work for Quick {
+        fn run(self: Box<Self>, _dev: &dyn DeviceContext) -> Result<(), CuError> {
+            self.log.lock().unwrap().push(self.id);
+            self.result
+        }
+        fn quick(&self) -> bool {
+            true
+        }
+    }
+
+    fn quick(log: &Arc<Mutex<Vec<usize>>>, id: usize, code: Option<u32>) -> Job {
+        Job::Other(Box::new(Quick {
+            log: Arc::clone(log),
+            id,
+            result: code.map_or(Ok(()), |c| Err(CuError::new(c, "failed"))),
+        }))
+    }
+
+    #[test]
+    fn a_run_of_jobs_ends_as_one_submission_each_would_end() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        // Quick jobs on an idle lane run before the call returns, a failure among them kept;
+        // the slow job and the quick one after it are queued behind them.
+        let invalid = Some(cuda::CUDA_ERROR_INVALID_VALUE);
+        let mut jobs = vec![
+            quick(&log, 1, None),
+            quick(&log, 2, invalid),
+            quick(&log, 3, None),
+            step(&log, 4),
+            quick(&log, 5, None),
+        ];
+        e.submit_run(&L1, &mut jobs);
+        assert!(jobs.is_empty());
+        assert_eq!((e.submitted(), e.lane_last(L1.key)), (5, 5));
+        assert!(e.is_done(3));
+        e.wait(5).unwrap();
+        assert_eq!(*log.lock().unwrap(), [1, 2, 3, 4, 5]);
+        assert_eq!(
+            e.take_error(1).unwrap().code,
+            cuda::CUDA_ERROR_INVALID_VALUE
+        );
+        assert!(e.take_error(1).is_none());
+
+        // A busy lane: the run queues behind its work, in order.
+        let gate = Arc::new(AtomicBool::new(false));
+        let held = e.submit(&L1, gated(&log, 6, &gate));
+        let mut jobs = vec![quick(&log, 7, None), quick(&log, 8, None)];
+        e.submit_run(&L1, &mut jobs);
+        assert_eq!(
+            log.lock().unwrap().len(),
+            5,
+            "nothing ran past the busy lane"
+        );
+        gate.store(true, Ordering::Release);
+        e.wait(held + 2).unwrap();
+        assert_eq!(log.lock().unwrap()[5..], [6, 7, 8]);
+
+        // A sticky failure poisons the context: the run's later jobs do not run, and later
+        // runs neither; another context runs its own.
+        let fault = Some(cuda::CUDA_ERROR_ILLEGAL_ADDRESS);
+        let mut jobs = vec![quick(&log, 9, fault), quick(&log, 10, None)];
+        e.submit_run(&L1, &mut jobs);
+        let mut jobs = vec![quick(&log, 11, None)];
+        e.submit_run(&L1, &mut jobs);
+        let mut jobs = vec![quick(&log, 12, None)];
+        e.submit_run(&L2, &mut jobs);
+        e.wait(e.submitted()).unwrap();
+        assert_eq!(log.lock().unwrap()[8..], [9, 12]);
+        assert_eq!(
+            e.take_error(1).unwrap().code,
+            cuda::CUDA_ERROR_ILLEGAL_ADDRESS
+        );
         assert!(e.take_error(2).is_none());
     }
 

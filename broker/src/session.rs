@@ -301,6 +301,9 @@ pub struct Session {
     ext: alloc_ext::AllocExt,
     graphs: graph::Graphs,
     shares: crate::hostshare::SharedRegions,
+    /// The jobs of a run of posted calls ([`Session::handle_posted_memsets`]), kept for the
+    /// next run.
+    run_jobs: Vec<Job>,
 }
 
 impl std::fmt::Debug for Session {
@@ -375,6 +378,7 @@ impl Session {
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
             shares: crate::hostshare::SharedRegions::default(),
+            run_jobs: Vec::new(),
             tenant,
             device,
             dev,
@@ -575,6 +579,72 @@ impl Session {
             debug!(session = self.info.id, op = req.name(), error = %e, "call failed");
         }
         r
+    }
+
+    /// Serves posted `Memset`s (`frames`, in the order the client sent them) as
+    /// [`Session::handle`] would one by one, without replies: a run of them on one stream is
+    /// checked call by call and submitted as one run ([`Engine::submit_run`]), so that a
+    /// transport reading many posted frames at once pays the engine's bookkeeping once for
+    /// them. A call refused by its checks ends the run before it and is served alone (its
+    /// error kept for the context's next synchronizing call); the run after it starts anew.
+    pub fn handle_posted_memsets(&mut self, frames: &[msg::Memset], out: &mut Vec<u8>) {
+        let mut jobs = std::mem::take(&mut self.run_jobs);
+        let mut rest = frames;
+        while let Some(first) = rest.first() {
+            let taken = match self.lane(first.ctx, first.stream) {
+                Ok(lane) => {
+                    for m in rest
+                        .iter()
+                        .take_while(|m| (m.ctx, m.stream) == (first.ctx, first.stream))
+                    {
+                        match self.memset_job(m) {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    let taken = jobs.len();
+                    if taken > 0 {
+                        self.engine.submit_run(&lane, &mut jobs);
+                    }
+                    taken
+                }
+                Err(_) => 0,
+            };
+            if taken == 0 {
+                // Refused by its checks: served alone, which keeps its error for the context's
+                // next synchronizing call as for any posted call (so the result is not needed).
+                out.clear();
+                let _ = self.handle(&Request::Memset(first.clone()), &[], out, false);
+            }
+            rest = &rest[taken.max(1)..];
+        }
+        self.run_jobs = jobs;
+    }
+
+    /// The job of a `Memset` whose element size, length, alignment and destination are valid.
+    fn memset_job(&self, m: &msg::Memset) -> Result<Job, CuError> {
+        if !matches!(m.elem_size, 1 | 2 | 4) {
+            return Err(CuError::invalid_value(
+                "memset element size must be 1, 2 or 4",
+            ));
+        }
+        let bytes = m
+            .count
+            .checked_mul(u64::from(m.elem_size))
+            .ok_or_else(|| CuError::invalid_value("memset size overflows"))?;
+        if !m.dst.is_multiple_of(u64::from(m.elem_size)) {
+            return Err(CuError::invalid_value(format!(
+                "memset destination {:#x} is not aligned to {} bytes",
+                m.dst, m.elem_size
+            )));
+        }
+        self.allocs.check(m.dst, bytes, "memset destination")?;
+        Ok(Job::Memset {
+            dst: m.dst,
+            value: m.value,
+            elem_size: m.elem_size,
+            count: m.count,
+        })
     }
 
     /// `MemcpyHtoD` straight from the client's bytes; see [`Session::handle_bulk`].
@@ -1111,31 +1181,8 @@ impl Session {
             }
             R::Memset(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
-                if !matches!(m.elem_size, 1 | 2 | 4) {
-                    return Err(CuError::invalid_value(
-                        "memset element size must be 1, 2 or 4",
-                    ));
-                }
-                let bytes = m
-                    .count
-                    .checked_mul(u64::from(m.elem_size))
-                    .ok_or_else(|| CuError::invalid_value("memset size overflows"))?;
-                if m.dst % u64::from(m.elem_size) != 0 {
-                    return Err(CuError::invalid_value(format!(
-                        "memset destination {:#x} is not aligned to {} bytes",
-                        m.dst, m.elem_size
-                    )));
-                }
-                self.allocs.check(m.dst, bytes, "memset destination")?;
-                self.engine.submit(
-                    &lane,
-                    Job::Memset {
-                        dst: m.dst,
-                        value: m.value,
-                        elem_size: m.elem_size,
-                        count: m.count,
-                    },
-                );
+                let job = self.memset_job(m)?;
+                self.engine.submit(&lane, job);
                 reply(out, msg::Empty {})
             }
 

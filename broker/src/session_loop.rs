@@ -30,6 +30,10 @@ const IO_BUFFER: usize = 256 << 10;
 /// Buffer size of the reader of a transport that lends its bytes in place: enough for a run of
 /// small requests; bulk bytes bypass it.
 const IN_PLACE_IO_BUFFER: usize = 16 << 10;
+
+/// The most posted `Memset`s served as one run ([`serve_posted_memsets`]): bounds the run's
+/// lists (about 40 bytes a call) whatever a client sends.
+const MAX_POSTED_RUN: usize = 1024;
 /// The smallest `MemcpyHtoD` payload whose bytes a lending transport hands straight to device
 /// memory ([`serve_in_place`]), and the smallest `MemcpyDtoH` whose bytes go from device memory
 /// straight into a transport that takes them in place ([`serve_ring`]); smaller ones are read
@@ -267,6 +271,7 @@ fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> 
         // the end.
         let mut out = Vec::new();
         let mut stage = Vec::new();
+        let mut memsets = Vec::new();
         while step(
             &mut session,
             &mut r,
@@ -276,6 +281,7 @@ fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> 
             &mut payload,
             summary,
             &mut out,
+            &mut memsets,
         )?
         .is_continue()
         {}
@@ -591,7 +597,8 @@ impl<W: Write> WriteInPlace for Staged<'_, W> {
     }
 }
 
-/// Reads, runs and answers one frame; breaks when the client said goodbye or left. `in_place`:
+/// Reads, runs and answers one frame (or a run of posted `Memset`s: [`serve_posted_memsets`]);
+/// breaks when the client said goodbye or left. `in_place`:
 /// where a large device-to-host copy's bytes go ([`dtoh_in_place`]).
 #[allow(clippy::too_many_arguments)]
 fn step<R: Read, W: Write>(
@@ -603,6 +610,7 @@ fn step<R: Read, W: Write>(
     payload: &mut Vec<u8>,
     summary: &mut SessionSummary,
     out: &mut Vec<u8>,
+    memsets: &mut Vec<msg::Memset>,
 ) -> Result<ControlFlow<()>, ServeError> {
     if r.buffer().is_empty() {
         // Nothing more is pending from the client: send the replies now.
@@ -635,6 +643,13 @@ fn step<R: Read, W: Write>(
     let len = h.payload_len as usize - bulk;
     summary.requests += 1;
     if lent.is_none() && r.buffer().len() >= len {
+        if is_posted_memset(&h)
+            && !session.fds_overflowed()
+            && let Ok((m, _)) = msg::decode_exact::<msg::Memset>(&r.buffer()[..len], false)
+        {
+            r.consume(len);
+            return serve_posted_memsets(session, r, m, memsets, summary, out);
+        }
         // The whole payload is in the reader's buffer (as with most small frames): served from
         // there, without copying it out.
         let flow = serve_frame(
@@ -652,6 +667,49 @@ fn step<R: Read, W: Write>(
     frame::read_payload(r, len, payload)?;
     let data = lent.map(|(lend, n)| Lent::new(r, lend, n));
     serve_frame(session, &h, payload, data, w, in_place, out)
+}
+
+/// Whether `h` is the header of a posted `Memset` (asynchronous, no reply flags).
+fn is_posted_memset(h: &Header) -> bool {
+    h.opcode == msg::Memset::OPCODE && h.is_async() && !h.is_reply() && !h.has_output()
+}
+
+/// Serves `first`, a posted `Memset` just read, together with the posted `Memset`s that follow
+/// it whole in the reader's buffer (at most [`MAX_POSTED_RUN`]): decoded where they lie and
+/// handed to the session as one run ([`Session::handle_posted_memsets`]), which pays the
+/// engine's bookkeeping once for a stream's run instead of once per call. A program clearing or
+/// filling buffers with asynchronous memsets sends them so, many to a read. The run ends at the
+/// first frame that is anything else, is not wholly buffered or does not decode: that frame is
+/// read and served on its own by the next step, as before.
+fn serve_posted_memsets<R: Read>(
+    session: &mut Session,
+    r: &mut BufReader<R>,
+    first: msg::Memset,
+    run: &mut Vec<msg::Memset>,
+    summary: &mut SessionSummary,
+    out: &mut Vec<u8>,
+) -> Result<ControlFlow<()>, ServeError> {
+    run.clear();
+    run.push(first);
+    while run.len() < MAX_POSTED_RUN {
+        let buf = r.buffer();
+        let Some(Ok(h)) = buf.first_chunk::<HEADER_LEN>().map(Header::decode) else {
+            break;
+        };
+        let end = HEADER_LEN + h.payload_len as usize;
+        if !is_posted_memset(&h) || buf.len() < end {
+            break;
+        }
+        let Ok((m, _)) = msg::decode_exact::<msg::Memset>(&buf[HEADER_LEN..end], false) else {
+            break;
+        };
+        run.push(m);
+        r.consume(end);
+    }
+    summary.requests += run.len() as u64 - 1;
+    catch_unwind(AssertUnwindSafe(|| session.handle_posted_memsets(run, out)))
+        .map_err(|_| ServeError::Panic("Memset"))?;
+    Ok(ControlFlow::Continue(()))
 }
 
 /// Serves one frame whose header `h` and `payload` (the fields, and the bulk bytes unless `lent`
@@ -1534,6 +1592,111 @@ mod tests {
         assert_eq!(copied[..64], [7; 64]);
         assert_eq!(copied[64..], data);
 
+        let split = serve_script(Trickle {
+            data: script,
+            at: 0,
+            step: 0,
+        });
+        assert_eq!(split, whole);
+    }
+
+    #[test]
+    fn posted_memsets_served_in_runs_leave_what_one_by_one_leaves() {
+        let (ctx, ptr) = {
+            let b = broker(Duration::ZERO);
+            let (mut c, _h, ctx) = open(&b, "vm1");
+            (ctx, alloc(&mut c, ctx, 4096).unwrap())
+        };
+        const MANY: u64 = 1500; // more than one run holds (MAX_POSTED_RUN)
+        let mut script = Vec::new();
+        let mut put = |opcode: u16, flags: u16, id: u64, parts: &[&[u8]]| {
+            frame::write_frame(&mut script, opcode, flags, id, 0, parts).unwrap();
+        };
+        let hello = Hello {
+            protocol_version: vgpu_proto::PROTOCOL_VERSION,
+            pid: 1,
+            shim_version: "test".into(),
+            process_name: "test".into(),
+        };
+        put(Hello::OPCODE, 0, 1, &[&encode(&hello)]);
+        let create = CtxCreate {
+            device: 0,
+            flags: 0,
+        };
+        put(CtxCreate::OPCODE, 0, 2, &[&encode(&create)]);
+        put(
+            MemAlloc::OPCODE,
+            0,
+            3,
+            &[&encode(&MemAlloc { ctx, size: 4096 })],
+        );
+        let fill = |stream: u64, at: u64, value: u32, elem_size: u32, count: u64| Memset {
+            ctx,
+            stream,
+            dst: ptr + at,
+            value,
+            elem_size,
+            count,
+        };
+        let posted = [
+            fill(0, 0, 1, 1, 256),
+            fill(0, 64, 2, 1, 64),
+            // Refused: a forged stream (the context's first error), a bad element size.
+            fill(0xdead, 0, 9, 1, 1),
+            fill(0, 0, 9, 3, 1),
+            fill(0, 128, 3, 1, 64),
+        ];
+        for (id, m) in (10..).zip(&posted) {
+            put(Memset::OPCODE, frame::FLAG_ASYNC, id, &[&encode(m)]);
+        }
+        // A posted Memset too short to decode ends a run: its error has no context.
+        put(Memset::OPCODE, frame::FLAG_ASYNC, 20, &[b"short"]);
+        let posted = [fill(0, 192, 0x0404_0404, 4, 16), fill(0, 4096, 9, 1, 64)];
+        for (id, m) in (21..).zip(&posted) {
+            put(Memset::OPCODE, frame::FLAG_ASYNC, id, &[&encode(m)]);
+        }
+        for i in 0..MANY {
+            let m = fill(0, 1024 + i, (i % 251) as u32, 1, 1);
+            put(Memset::OPCODE, frame::FLAG_ASYNC, 100 + i, &[&encode(&m)]);
+        }
+        let sync = encode(&CtxSynchronize { ctx });
+        for id in 30..33 {
+            put(CtxSynchronize::OPCODE, 0, id, &[&sync]);
+        }
+        let dtoh = MemcpyDtoH {
+            ctx,
+            stream: 0,
+            src: ptr,
+            len: 1024 + MANY,
+        };
+        put(MemcpyDtoH::OPCODE, 0, 40, &[&encode(&dtoh)]);
+
+        let whole = serve_script(io::Cursor::new(script.clone()));
+        let ids: Vec<_> = whole.iter().map(|(h, _)| (h.call_id, h.status)).collect();
+        assert_eq!(
+            ids,
+            [
+                (1, 0),
+                (2, 0),
+                (3, 0),
+                // Each error once, the context's first, then the one of no context.
+                (30, CUDA_ERROR_INVALID_HANDLE),
+                (31, CUDA_ERROR_INVALID_VALUE),
+                (32, 0),
+                (40, 0)
+            ]
+        );
+        assert!(String::from_utf8_lossy(&whole[4].1).contains("rejected"));
+        let mem = &whole[6].1;
+        assert_eq!(mem[..64], [1; 64]);
+        assert_eq!(mem[64..128], [2; 64]);
+        assert_eq!(mem[128..192], [3; 64]);
+        assert_eq!(mem[192..256], [4; 64]);
+        assert_eq!(mem[256..1024], [0; 768]);
+        let many: Vec<u8> = (0..MANY).map(|i| (i % 251) as u8).collect();
+        assert_eq!(mem[1024..], many);
+
+        // Served a few bytes at a time, every frame alone: the same replies.
         let split = serve_script(Trickle {
             data: script,
             at: 0,

@@ -20,7 +20,7 @@ use vgpu_vhost_vgpu::wire::{
     self, CTRL_QUEUE, REQ_CALL, ReqHeader, S_BAD_REQUEST, S_NO_SESSION, S_PROTOCOL, SUBMIT_QUEUE,
 };
 use vgpu_vmm_testutils::vgpu::{
-    DEFAULT_TIMEOUT, DevError, DevGuest, DevGuestOptions, DevSession, GuestBuf, Request,
+    Batch, DEFAULT_TIMEOUT, DevError, DevGuest, DevGuestOptions, DevSession, GuestBuf, Request,
 };
 use vgpud::Daemon;
 
@@ -468,6 +468,91 @@ fn batches_of_asynchronous_frames_run_in_order_on_the_gpu() {
                 && l.ends_with(" 3")),
         "{text}"
     );
+}
+
+#[test]
+fn a_batch_of_mixed_posted_frames_runs_in_order_and_ends_at_a_violation() {
+    let host = Host::start(&[("mixed", 64)]);
+    let g = host.guest("mixed", 64 * MIB);
+    let (mut s, ctx) = session(&g, 1);
+    let ptr = alloc(&mut s, ctx, 4096).unwrap();
+    let fill = |at: u64, value: u32, elem_size: u32, count: u64| msg::Memset {
+        ctx,
+        stream: 0,
+        dst: ptr + at,
+        value,
+        elem_size,
+        count,
+    };
+    let data: Vec<u8> = (100..200).collect();
+    // Fills and uploads (served in runs) around a copy (served alone) and a refused fill.
+    let mut batch = Batch::default();
+    s.add_to_batch(&mut batch, &fill(0, 1, 1, 256), &[]);
+    let upload = msg::MemcpyHtoD {
+        ctx,
+        stream: 0,
+        dst: ptr + 64,
+    };
+    s.add_to_batch(&mut batch, &upload, &data);
+    let copy = msg::MemcpyDtoD {
+        ctx,
+        stream: 0,
+        dst: ptr + 512,
+        src: ptr,
+        len: 128,
+    };
+    s.add_to_batch(&mut batch, &copy, &[]);
+    s.add_to_batch(&mut batch, &fill(128, 3, 1, 64), &[]);
+    s.add_to_batch(&mut batch, &fill(0, 9, 3, 1), &[]);
+    s.add_to_batch(&mut batch, &fill(192, 0x0404_0404, 4, 16), &[]);
+    let p = s.submit_frames(batch).unwrap();
+    assert_eq!(g.wait(p, WAIT).unwrap().resp.status, wire::S_OK);
+    let e = s.call(&msg::CtxSynchronize { ctx }, &[]).unwrap_err();
+    assert!(
+        matches!(e, DevError::Cuda(code, _) if code == vgpu_proto::cuda::CUDA_ERROR_INVALID_VALUE),
+        "{e}"
+    );
+    s.call(&msg::CtxSynchronize { ctx }, &[]).unwrap();
+    let out = g.alloc(1024, false).unwrap();
+    let read = msg::MemcpyDtoH {
+        ctx,
+        stream: 0,
+        src: ptr,
+        len: 1024,
+    };
+    s.call_sg(&read, &[], &out.segments(0, out.len)).unwrap();
+    let mut got = vec![0u8; 1024];
+    g.read_buf(&out, 0, &mut got).unwrap();
+    assert_eq!(got[..64], [1; 64]);
+    assert_eq!(got[64..128], data[..64]);
+    assert_eq!(
+        got[128..192],
+        [3; 64],
+        "the fill after the upload overwrote its end"
+    );
+    assert_eq!(got[192..256], [4; 64]);
+    assert_eq!(
+        got[512..576],
+        [1; 64],
+        "the copy ran after the fill before it"
+    );
+    assert_eq!(got[576..640], data[..64], "and after the upload");
+    assert_eq!(got[640..], [0; 384], "and before the fill after it");
+
+    // A frame that breaks the protocol (an allocation sent without waiting for its reply) ends
+    // the session: the batch's frames after it do not run.
+    let calls = host.stats("mixed").calls;
+    let mut batch = Batch::default();
+    s.add_to_batch(&mut batch, &fill(0, 7, 1, 64), &[]);
+    s.add_to_batch(&mut batch, &msg::MemAlloc { ctx, size: 4096 }, &[]);
+    s.add_to_batch(&mut batch, &fill(0, 8, 1, 64), &[]);
+    let p = s.submit_frames(batch).unwrap();
+    assert_eq!(g.wait(p, WAIT).unwrap().resp.status, wire::S_PROTOCOL);
+    let st = host.stats("mixed");
+    assert_eq!(st.calls - calls, 2, "{st:?}");
+    assert_eq!(st.refused_requests, 1, "{st:?}");
+    assert!(s.call(&msg::CtxSynchronize { ctx }, &[]).is_err());
+    host.wait_used("mixed", 0);
 }
 
 #[test]

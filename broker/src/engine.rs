@@ -1020,41 +1020,43 @@ impl Engine {
         seq
     }
 
-    /// Submits `jobs` (drained) of lane `spec` in order, as one [`Engine::submit`] each would,
-    /// with one acquisition of the lock for the quick ones at their front when the lane runs
-    /// them inline: a transport hands a run of posted calls of one stream here at once.
+    /// Runs `count` quick jobs of lane `spec` inline, in order (`f(i, dev)` runs the `i`th), as
+    /// [`Engine::try_inline`] runs one, with one acquisition of the lock for them all: a
+    /// transport hands a run of posted calls of one stream here at once. Returns the first's
+    /// sequence number; `None`, running nothing, when the caller must submit them instead (the
+    /// lane is busy or waits for other work, or the context is poisoned).
     ///
-    /// Their sequence numbers are taken together, so the jobs are done, in order, when this
-    /// returns, as the calls one by one would leave them; a failure is kept for the context's
-    /// next synchronizing call, and a job after the context was poisoned (by this run or by
-    /// another of its lanes meanwhile) ends with the poisoning error without running, as it
-    /// would have been refused at its submission.
-    pub fn submit_run(&mut self, spec: &LaneSpec, jobs: &mut Vec<Job>) {
+    /// Their sequence numbers are taken together, and they are done, in order, when this
+    /// returns, as the calls one by one would leave them: a failure is kept for the context's
+    /// next synchronizing call, and a job after the context was poisoned (by an earlier job of
+    /// the run, or by another of its lanes meanwhile) ends with the poisoning error without
+    /// running, as its submission would have been refused.
+    pub fn try_inline_run(
+        &mut self,
+        spec: &LaneSpec,
+        count: usize,
+        mut f: impl FnMut(usize, &dyn DeviceContext) -> Result<(), CuError>,
+    ) -> Option<u64> {
         let ctx = spec.ctx;
-        let quick = jobs.iter().take_while(|j| j.quick()).count();
         let mut st = self.shared.lock();
-        let inline = quick > 0
-            && !st.abandoned
-            && !st.poisoned.contains_key(&ctx)
-            && st.queued < MAX_QUEUED_JOBS
-            && st.runs_inline(spec, &[], true);
-        if !inline {
-            drop(st);
-            for job in jobs.drain(..) {
-                self.submit_full(spec, job, &[], None);
-            }
-            return;
+        if count == 0
+            || st.poisoned.contains_key(&ctx)
+            || st.lanes.get(&spec.key).is_some_and(|l| !l.idle())
+            || !st.implicit_deps(spec).is_empty()
+        {
+            return None;
         }
         let first = st.submitted + 1;
-        let last = st.submitted + quick as u64;
+        let last = st.submitted + count as u64;
         st.submitted = last;
-        let lane = st.lanes.entry(spec.key).or_insert_with(|| Lane::new(*spec));
-        lane.spec.priority = spec.priority;
-        lane.last = last;
+        st.lanes
+            .entry(spec.key)
+            .or_insert_with(|| Lane::new(*spec))
+            .last = last;
         drop(st);
         let dev = self.shared.dev.as_ref();
         crate::device::with_lane_at(spec.key.id(), spec.priority, || {
-            for (seq, job) in (first..).zip(jobs.drain(..quick)) {
+            for (i, seq) in (first..=last).enumerate() {
                 if self.shared.any_poisoned.load(Ordering::Acquire) {
                     let mut st = self.shared.lock();
                     if let Some(p) = st.poisoned.get(&ctx).cloned() {
@@ -1062,16 +1064,14 @@ impl Engine {
                         continue;
                     }
                 }
-                if let Err(e) = job.run(seq, dev) {
+                if let Err(e) = f(i, dev) {
                     let mut st = self.shared.lock();
                     self.shared.keep_error(&mut st, seq, ctx, e);
                     self.shared.wake(&st);
                 }
             }
         });
-        for job in jobs.drain(..) {
-            self.submit_full(spec, job, &[], None);
-        }
+        Some(first)
     }
 
     /// Runs `f` inline as the next job of lane `spec` if the lane is idle and
@@ -1608,82 +1608,51 @@ mod tests {
         assert!(e.take_error(2).is_none());
     }
 
-    /// A quick job (run inline on an idle lane) that logs `id` and returns `result`.
-    struct Quick {
-        log: Arc<Mutex<Vec<usize>>>,
-        id: usize,
-        result: Result<(), CuError>,
-    }
-
-    impl Work for Quick {
-        fn run(self: Box<Self>, _dev: &dyn DeviceContext) -> Result<(), CuError> {
-            self.log.lock().unwrap().push(self.id);
-            self.result
-        }
-        fn quick(&self) -> bool {
-            true
-        }
-    }
-
-    fn quick(log: &Arc<Mutex<Vec<usize>>>, id: usize, code: Option<u32>) -> Job {
-        Job::Other(Box::new(Quick {
-            log: Arc::clone(log),
-            id,
-            result: code.map_or(Ok(()), |c| Err(CuError::new(c, "failed"))),
-        }))
-    }
-
     #[test]
-    fn a_run_of_jobs_ends_as_one_submission_each_would_end() {
+    fn a_run_of_inline_jobs_ends_as_one_submission_each_would_end() {
         let mut e = engine();
         let log = Arc::new(Mutex::new(Vec::new()));
-        // Quick jobs on an idle lane run before the call returns, a failure among them kept;
-        // the slow job and the quick one after it are queued behind them.
-        let invalid = Some(cuda::CUDA_ERROR_INVALID_VALUE);
-        let mut jobs = vec![
-            quick(&log, 1, None),
-            quick(&log, 2, invalid),
-            quick(&log, 3, None),
-            step(&log, 4),
-            quick(&log, 5, None),
-        ];
-        e.submit_run(&L1, &mut jobs);
-        assert!(jobs.is_empty());
-        assert_eq!((e.submitted(), e.lane_last(L1.key)), (5, 5));
-        assert!(e.is_done(3));
-        e.wait(5).unwrap();
-        assert_eq!(*log.lock().unwrap(), [1, 2, 3, 4, 5]);
+        let invalid = CuError::new(cuda::CUDA_ERROR_INVALID_VALUE, "failed");
+        let fault = CuError::new(cuda::CUDA_ERROR_ILLEGAL_ADDRESS, "failed");
+        // Each job logs its id and returns its result.
+        let run = |e: &mut Engine, spec: &LaneSpec, jobs: &[(usize, Option<&CuError>)]| {
+            e.try_inline_run(spec, jobs.len(), |i, _| {
+                let (id, err) = jobs[i];
+                log.lock().unwrap().push(id);
+                err.map_or(Ok(()), |e| Err(e.clone()))
+            })
+        };
+        assert_eq!(run(&mut e, &L1, &[]), None, "an empty run takes no number");
+        // On an idle lane they run before the call returns, a failure among them kept.
+        let first = run(&mut e, &L1, &[(1, None), (2, Some(&invalid)), (3, None)]);
+        assert_eq!(first, Some(1));
+        assert_eq!((e.submitted(), e.lane_last(L1.key)), (3, 3));
+        assert!(e.is_done(3) && e.idle());
+        assert_eq!(*log.lock().unwrap(), [1, 2, 3]);
+        // Work submitted after them is numbered after them.
+        assert_eq!(e.submit(&L1, step(&log, 4)), 4);
+        e.wait(4).unwrap();
         assert_eq!(
             e.take_error(1).unwrap().code,
             cuda::CUDA_ERROR_INVALID_VALUE
         );
         assert!(e.take_error(1).is_none());
 
-        // A busy lane: the run queues behind its work, in order.
+        // A busy lane runs nothing of it: the caller submits.
         let gate = Arc::new(AtomicBool::new(false));
-        let held = e.submit(&L1, gated(&log, 6, &gate));
-        let mut jobs = vec![quick(&log, 7, None), quick(&log, 8, None)];
-        e.submit_run(&L1, &mut jobs);
-        assert_eq!(
-            log.lock().unwrap().len(),
-            5,
-            "nothing ran past the busy lane"
-        );
+        let held = e.submit(&L1, gated(&log, 5, &gate));
+        assert_eq!(run(&mut e, &L1, &[(6, None)]), None);
+        assert_eq!(e.submitted(), held);
         gate.store(true, Ordering::Release);
-        e.wait(held + 2).unwrap();
-        assert_eq!(log.lock().unwrap()[5..], [6, 7, 8]);
+        e.wait(held).unwrap();
 
-        // A sticky failure poisons the context: the run's later jobs do not run, and later
-        // runs neither; another context runs its own.
-        let fault = Some(cuda::CUDA_ERROR_ILLEGAL_ADDRESS);
-        let mut jobs = vec![quick(&log, 9, fault), quick(&log, 10, None)];
-        e.submit_run(&L1, &mut jobs);
-        let mut jobs = vec![quick(&log, 11, None)];
-        e.submit_run(&L1, &mut jobs);
-        let mut jobs = vec![quick(&log, 12, None)];
-        e.submit_run(&L2, &mut jobs);
-        e.wait(e.submitted()).unwrap();
-        assert_eq!(log.lock().unwrap()[8..], [9, 12]);
+        // A sticky failure poisons the context: the run's later jobs do not run, nor later
+        // runs; another context runs its own.
+        assert!(run(&mut e, &L1, &[(7, Some(&fault)), (8, None)]).is_some());
+        assert!(e.is_done(e.submitted()));
+        assert_eq!(run(&mut e, &L1, &[(9, None)]), None);
+        assert!(run(&mut e, &L2, &[(10, None)]).is_some());
+        assert_eq!(log.lock().unwrap()[4..], [5, 7, 10]);
         assert_eq!(
             e.take_error(1).unwrap().code,
             cuda::CUDA_ERROR_ILLEGAL_ADDRESS

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 use vgpu_proto::cuda::{self, attr, func_attr};
-use vgpu_proto::frame::MAX_BULK_CHUNK;
+use vgpu_proto::frame::{Header, MAX_BULK_CHUNK};
 use vgpu_proto::msg::{self, Message, Request};
 use vgpu_proto::pagehash;
 
@@ -284,6 +284,77 @@ enum WhenBusy {
 }
 
 /// One guest process's state on the host.
+/// A posted call a transport hands over in a run ([`Session::handle_posted_run`]): the kinds
+/// of asynchronous call a program sends many of in a row, whose work is short.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PostedCall {
+    /// `cuMemsetD*Async`.
+    Memset(msg::Memset),
+    /// `cuMemcpyHtoDAsync` of the bytes at this range of the run's bytes.
+    MemcpyHtoD(msg::MemcpyHtoD, std::ops::Range<usize>),
+}
+
+impl PostedCall {
+    /// The posted call the frame with header `h` and `payload` asks for, if it is one a run
+    /// may hold: an asynchronous `Memset`, or `MemcpyHtoD` whose bytes follow its fields (the
+    /// payload lies at `at` in the run's bytes). `None` for anything else (a synchronous frame,
+    /// one with reply flags, another op), or a payload that does not decode: the transport
+    /// serves that frame on its own, as any.
+    pub fn decode(h: &Header, payload: &[u8], at: usize) -> Option<Self> {
+        use msg::Op;
+        if !h.is_async()
+            || h.is_reply()
+            || h.has_output()
+            || (h.opcode != msg::Memset::OPCODE && h.opcode != msg::MemcpyHtoD::OPCODE)
+        {
+            return None;
+        }
+        match Request::decode(h.opcode, payload).ok()? {
+            (Request::Memset(m), _) => Some(Self::Memset(m)),
+            (Request::MemcpyHtoD(m), pos) => {
+                Some(Self::MemcpyHtoD(m, at + pos..at + payload.len()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The context and stream it names.
+    fn stream(&self) -> (u64, u64) {
+        match self {
+            Self::Memset(m) => (m.ctx, m.stream),
+            Self::MemcpyHtoD(m, _) => (m.ctx, m.stream),
+        }
+    }
+
+    /// The request and its bulk bytes, out of the run's `bytes`.
+    fn request<'a>(&self, bytes: &'a [u8]) -> (Request, &'a [u8]) {
+        match self {
+            Self::Memset(m) => (Request::Memset(m.clone()), &[]),
+            Self::MemcpyHtoD(m, data) => (
+                Request::MemcpyHtoD(m.clone()),
+                bytes.get(data.clone()).unwrap_or_default(),
+            ),
+        }
+    }
+}
+
+/// A checked call of a run ([`Session::handle_posted_run`]).
+#[derive(Debug)]
+enum RunItem {
+    /// Fill `count` elements of `elem_size` bytes at `dst` with `value`.
+    Fill {
+        dst: u64,
+        value: u32,
+        elem_size: u32,
+        count: u64,
+    },
+    /// Write the run's bytes at `data` to `dst`.
+    Write {
+        dst: u64,
+        data: std::ops::Range<usize>,
+    },
+}
+
 pub struct Session {
     info: Arc<SessionInfo>,
     tenant: Arc<Tenant>,
@@ -301,9 +372,9 @@ pub struct Session {
     ext: alloc_ext::AllocExt,
     graphs: graph::Graphs,
     shares: crate::hostshare::SharedRegions,
-    /// The jobs of a run of posted calls ([`Session::handle_posted_memsets`]), kept for the
-    /// next run.
-    run_jobs: Vec<Job>,
+    /// The checked calls of a run of posted calls ([`Session::handle_posted_run`]), kept for
+    /// the next run.
+    run_ready: Vec<RunItem>,
 }
 
 impl std::fmt::Debug for Session {
@@ -378,7 +449,7 @@ impl Session {
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
             shares: crate::hostshare::SharedRegions::default(),
-            run_jobs: Vec::new(),
+            run_ready: Vec::new(),
             tenant,
             device,
             dev,
@@ -581,44 +652,118 @@ impl Session {
         r
     }
 
-    /// Serves posted `Memset`s (`frames`, in the order the client sent them) as
-    /// [`Session::handle`] would one by one, without replies: a run of them on one stream is
-    /// checked call by call and submitted as one run ([`Engine::submit_run`]), so that a
-    /// transport reading many posted frames at once pays the engine's bookkeeping once for
-    /// them. A call refused by its checks ends the run before it and is served alone (its
-    /// error kept for the context's next synchronizing call); the run after it starts anew.
-    pub fn handle_posted_memsets(&mut self, frames: &[msg::Memset], out: &mut Vec<u8>) {
-        let mut jobs = std::mem::take(&mut self.run_jobs);
-        let mut rest = frames;
+    /// Serves posted calls (`calls`, in the order the client sent them; their bulk bytes are
+    /// ranges of `bytes`) as [`Session::handle`] would one by one, without replies. The calls
+    /// of a run on one stream are checked one by one and run inline together
+    /// ([`Engine::try_inline_run`]), so that a transport that read many posted frames at once
+    /// pays the engine's bookkeeping once for them; when the stream is busy they are queued as
+    /// one by one. A call refused by its checks (or a fill too large to run inline) ends the
+    /// run before it and is served alone, its error kept for the context's next synchronizing
+    /// call; the run after it starts anew.
+    pub fn handle_posted_run(&mut self, calls: &[PostedCall], bytes: &[u8], out: &mut Vec<u8>) {
+        let mut ready = std::mem::take(&mut self.run_ready);
+        let mut rest = calls;
         while let Some(first) = rest.first() {
-            let taken = match self.lane(first.ctx, first.stream) {
+            let stream = first.stream();
+            ready.clear();
+            let taken = match self.lane(stream.0, stream.1) {
                 Ok(lane) => {
-                    for m in rest
-                        .iter()
-                        .take_while(|m| (m.ctx, m.stream) == (first.ctx, first.stream))
-                    {
-                        match self.memset_job(m) {
-                            Ok(job) => jobs.push(job),
-                            Err(_) => break,
+                    for call in rest.iter().take_while(|c| c.stream() == stream) {
+                        match self.run_item(call, bytes) {
+                            Some(item) => ready.push(item),
+                            None => break,
                         }
                     }
-                    let taken = jobs.len();
-                    if taken > 0 {
-                        self.engine.submit_run(&lane, &mut jobs);
-                    }
-                    taken
+                    self.run_items(&lane, &ready, bytes);
+                    ready.len()
                 }
                 Err(_) => 0,
             };
             if taken == 0 {
-                // Refused by its checks: served alone, which keeps its error for the context's
-                // next synchronizing call as for any posted call (so the result is not needed).
+                // Served alone, which keeps its error for the context's next synchronizing
+                // call as for any posted call (so the result is not needed here).
                 out.clear();
-                let _ = self.handle(&Request::Memset(first.clone()), &[], out, false);
+                let (req, tail) = first.request(bytes);
+                let _ = self.handle(&req, tail, out, false);
             }
             rest = &rest[taken.max(1)..];
         }
-        self.run_jobs = jobs;
+        self.run_ready = ready;
+    }
+
+    /// What a posted call of a run does, checked as [`Session::dispatch`] checks it; `None`
+    /// when it is refused or is not to run inline.
+    fn run_item(&self, call: &PostedCall, bytes: &[u8]) -> Option<RunItem> {
+        match call {
+            PostedCall::Memset(m) => match self.memset_job(m).ok()? {
+                Job::Memset {
+                    dst,
+                    value,
+                    elem_size,
+                    count,
+                } if count * u64::from(elem_size) <= crate::engine::QUICK_BYTES => {
+                    Some(RunItem::Fill {
+                        dst,
+                        value,
+                        elem_size,
+                        count,
+                    })
+                }
+                _ => None,
+            },
+            PostedCall::MemcpyHtoD(m, data) => {
+                let len = bytes.get(data.clone())?.len() as u64;
+                self.allocs.check(m.dst, len, "copy destination").ok()?;
+                self.tenant
+                    .stats
+                    .bytes_htod
+                    .fetch_add(len, Ordering::Relaxed);
+                Some(RunItem::Write {
+                    dst: m.dst,
+                    data: data.clone(),
+                })
+            }
+        }
+    }
+
+    /// Runs the checked `items` of lane `lane` inline together, or queues them one by one when
+    /// the lane is busy.
+    fn run_items(&mut self, lane: &LaneSpec, items: &[RunItem], bytes: &[u8]) {
+        let ran = self.engine.try_inline_run(lane, items.len(), |i, dev| {
+            match &items[i] {
+                RunItem::Fill {
+                    dst,
+                    value,
+                    elem_size,
+                    count,
+                } => dev.memset(*dst, *value, *elem_size, *count),
+                RunItem::Write { dst, data } => dev.write(*dst, &bytes[data.clone()]),
+            }
+            .map_err(CuError::from)
+        });
+        if ran.is_some() {
+            return;
+        }
+        for item in items {
+            let job = match item {
+                RunItem::Fill {
+                    dst,
+                    value,
+                    elem_size,
+                    count,
+                } => Job::Memset {
+                    dst: *dst,
+                    value: *value,
+                    elem_size: *elem_size,
+                    count: *count,
+                },
+                RunItem::Write { dst, data } => Job::Write {
+                    dst: *dst,
+                    data: bytes[data.clone()].to_vec(),
+                },
+            };
+            self.engine.submit(lane, job);
+        }
     }
 
     /// The job of a `Memset` whose element size, length, alignment and destination are valid.

@@ -22,7 +22,7 @@ use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, Request};
 
 use crate::Broker;
 use crate::error::CuError;
-use crate::session::{BulkSource, DeviceSource, ReadSlices, Session};
+use crate::session::{BulkSource, DeviceSource, PostedCall, ReadSlices, Session};
 use crate::tenant::{SessionInfo, Tenant};
 
 /// Buffer size of the session's reader and writer.
@@ -31,8 +31,8 @@ const IO_BUFFER: usize = 256 << 10;
 /// small requests; bulk bytes bypass it.
 const IN_PLACE_IO_BUFFER: usize = 16 << 10;
 
-/// The most posted `Memset`s served as one run ([`serve_posted_memsets`]): bounds the run's
-/// lists (about 40 bytes a call) whatever a client sends.
+/// The most posted calls served as one run ([`serve_posted_run`]): bounds the run's lists
+/// (about 50 bytes a call) whatever a client sends.
 const MAX_POSTED_RUN: usize = 1024;
 /// The smallest `MemcpyHtoD` payload whose bytes a lending transport hands straight to device
 /// memory ([`serve_in_place`]), and the smallest `MemcpyDtoH` whose bytes go from device memory
@@ -271,7 +271,7 @@ fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> 
         // the end.
         let mut out = Vec::new();
         let mut stage = Vec::new();
-        let mut memsets = Vec::new();
+        let mut run = Vec::new();
         while step(
             &mut session,
             &mut r,
@@ -281,7 +281,7 @@ fn run_plain<R: Read, W: Write>(lend: Option<Lend<R>>) -> impl RunSession<R, W> 
             &mut payload,
             summary,
             &mut out,
-            &mut memsets,
+            &mut run,
         )?
         .is_continue()
         {}
@@ -597,7 +597,7 @@ impl<W: Write> WriteInPlace for Staged<'_, W> {
     }
 }
 
-/// Reads, runs and answers one frame (or a run of posted `Memset`s: [`serve_posted_memsets`]);
+/// Reads, runs and answers one frame (or a run of posted calls: [`serve_posted_run`]);
 /// breaks when the client said goodbye or left. `in_place`:
 /// where a large device-to-host copy's bytes go ([`dtoh_in_place`]).
 #[allow(clippy::too_many_arguments)]
@@ -610,7 +610,7 @@ fn step<R: Read, W: Write>(
     payload: &mut Vec<u8>,
     summary: &mut SessionSummary,
     out: &mut Vec<u8>,
-    memsets: &mut Vec<msg::Memset>,
+    run: &mut Vec<PostedCall>,
 ) -> Result<ControlFlow<()>, ServeError> {
     if r.buffer().is_empty() {
         // Nothing more is pending from the client: send the replies now.
@@ -643,12 +643,10 @@ fn step<R: Read, W: Write>(
     let len = h.payload_len as usize - bulk;
     summary.requests += 1;
     if lent.is_none() && r.buffer().len() >= len {
-        if is_posted_memset(&h)
-            && !session.fds_overflowed()
-            && let Ok((m, _)) = msg::decode_exact::<msg::Memset>(&r.buffer()[..len], false)
+        if !session.fds_overflowed()
+            && let Some(first) = posted_call(&h, &r.buffer()[..len], 0)
         {
-            r.consume(len);
-            return serve_posted_memsets(session, r, m, memsets, summary, out);
+            return serve_posted_run(session, r, first, len, run, summary, out);
         }
         // The whole payload is in the reader's buffer (as with most small frames): served from
         // there, without copying it out.
@@ -669,46 +667,58 @@ fn step<R: Read, W: Write>(
     serve_frame(session, &h, payload, data, w, in_place, out)
 }
 
-/// Whether `h` is the header of a posted `Memset` (asynchronous, no reply flags).
-fn is_posted_memset(h: &Header) -> bool {
-    h.opcode == msg::Memset::OPCODE && h.is_async() && !h.is_reply() && !h.has_output()
+/// The posted call a run may hold that the frame with header `h` and `payload` (at `at` in the
+/// reader's buffer) asks for ([`PostedCall::decode`]); `None` also for a frame whose bulk bytes
+/// a lending transport would take in place.
+fn posted_call(h: &Header, payload: &[u8], at: usize) -> Option<PostedCall> {
+    if payload.len() >= IN_PLACE_MIN_BYTES {
+        return None;
+    }
+    PostedCall::decode(h, payload, at)
 }
 
-/// Serves `first`, a posted `Memset` just read, together with the posted `Memset`s that follow
-/// it whole in the reader's buffer (at most [`MAX_POSTED_RUN`]): decoded where they lie and
-/// handed to the session as one run ([`Session::handle_posted_memsets`]), which pays the
-/// engine's bookkeeping once for a stream's run instead of once per call. A program clearing or
-/// filling buffers with asynchronous memsets sends them so, many to a read. The run ends at the
-/// first frame that is anything else, is not wholly buffered or does not decode: that frame is
-/// read and served on its own by the next step, as before.
-fn serve_posted_memsets<R: Read>(
+/// Serves `first`, a posted call whose `len` payload bytes lie at the front of the reader's
+/// buffer (its header was read), together with the posted calls that follow it whole in the
+/// buffer (at most [`MAX_POSTED_RUN`]): decoded where they lie and handed to the session as one
+/// run ([`Session::handle_posted_run`]), which pays the engine's bookkeeping once for a
+/// stream's run instead of once per call. A program filling or uploading many small buffers
+/// asynchronously sends them so, many to a read. The run ends at the first frame that is
+/// anything else, is not wholly buffered or does not decode: the next step reads and serves
+/// that frame on its own, as any.
+fn serve_posted_run<R: Read>(
     session: &mut Session,
     r: &mut BufReader<R>,
-    first: msg::Memset,
-    run: &mut Vec<msg::Memset>,
+    first: PostedCall,
+    len: usize,
+    run: &mut Vec<PostedCall>,
     summary: &mut SessionSummary,
     out: &mut Vec<u8>,
 ) -> Result<ControlFlow<()>, ServeError> {
     run.clear();
     run.push(first);
+    let mut end = len;
     while run.len() < MAX_POSTED_RUN {
-        let buf = r.buffer();
+        let buf = &r.buffer()[end..];
         let Some(Ok(h)) = buf.first_chunk::<HEADER_LEN>().map(Header::decode) else {
             break;
         };
-        let end = HEADER_LEN + h.payload_len as usize;
-        if !is_posted_memset(&h) || buf.len() < end {
-            break;
-        }
-        let Ok((m, _)) = msg::decode_exact::<msg::Memset>(&buf[HEADER_LEN..end], false) else {
+        let next = HEADER_LEN + h.payload_len as usize;
+        let Some(call) = buf
+            .get(HEADER_LEN..next)
+            .and_then(|payload| posted_call(&h, payload, end + HEADER_LEN))
+        else {
             break;
         };
-        run.push(m);
-        r.consume(end);
+        run.push(call);
+        end += next;
     }
     summary.requests += run.len() as u64 - 1;
-    catch_unwind(AssertUnwindSafe(|| session.handle_posted_memsets(run, out)))
-        .map_err(|_| ServeError::Panic("Memset"))?;
+    let bytes = &r.buffer()[..end];
+    catch_unwind(AssertUnwindSafe(|| {
+        session.handle_posted_run(run, bytes, out)
+    }))
+    .map_err(|_| ServeError::Panic("a run of posted calls"))?;
+    r.consume(end);
     Ok(ControlFlow::Continue(()))
 }
 
@@ -1601,13 +1611,15 @@ mod tests {
     }
 
     #[test]
-    fn posted_memsets_served_in_runs_leave_what_one_by_one_leaves() {
+    fn posted_calls_served_in_runs_leave_what_one_by_one_leaves() {
+        const SIZE: u64 = 1 << 20;
+        const BIG: u64 = 512 << 10; // a fill too large to run inline: queued for a worker
+        const MANY: u64 = 1500; // more than one run holds (MAX_POSTED_RUN)
         let (ctx, ptr) = {
             let b = broker(Duration::ZERO);
             let (mut c, _h, ctx) = open(&b, "vm1");
-            (ctx, alloc(&mut c, ctx, 4096).unwrap())
+            (ctx, alloc(&mut c, ctx, SIZE).unwrap())
         };
-        const MANY: u64 = 1500; // more than one run holds (MAX_POSTED_RUN)
         let mut script = Vec::new();
         let mut put = |opcode: u16, flags: u16, id: u64, parts: &[&[u8]]| {
             frame::write_frame(&mut script, opcode, flags, id, 0, parts).unwrap();
@@ -1628,7 +1640,7 @@ mod tests {
             MemAlloc::OPCODE,
             0,
             3,
-            &[&encode(&MemAlloc { ctx, size: 4096 })],
+            &[&encode(&MemAlloc { ctx, size: SIZE })],
         );
         let fill = |stream: u64, at: u64, value: u32, elem_size: u32, count: u64| Memset {
             ctx,
@@ -1637,6 +1649,11 @@ mod tests {
             value,
             elem_size,
             count,
+        };
+        let htod = |at: u64| MemcpyHtoD {
+            ctx,
+            stream: 0,
+            dst: ptr + at,
         };
         let posted = [
             fill(0, 0, 1, 1, 256),
@@ -1649,12 +1666,31 @@ mod tests {
         for (id, m) in (10..).zip(&posted) {
             put(Memset::OPCODE, frame::FLAG_ASYNC, id, &[&encode(m)]);
         }
+        let data: Vec<u8> = (0..100).collect();
+        put(
+            MemcpyHtoD::OPCODE,
+            frame::FLAG_ASYNC,
+            15,
+            &[&encode(&htod(256)), &data],
+        );
         // A posted Memset too short to decode ends a run: its error has no context.
         put(Memset::OPCODE, frame::FLAG_ASYNC, 20, &[b"short"]);
-        let posted = [fill(0, 192, 0x0404_0404, 4, 16), fill(0, 4096, 9, 1, 64)];
+        let posted = [
+            fill(0, 192, 0x0404_0404, 4, 16),
+            fill(0, SIZE, 9, 1, 64),
+            fill(0, 4096, 5, 1, BIG),
+        ];
         for (id, m) in (21..).zip(&posted) {
             put(Memset::OPCODE, frame::FLAG_ASYNC, id, &[&encode(m)]);
         }
+        // Behind the large fill, on a busy stream: queued, in order.
+        let more: Vec<u8> = (100..200).collect();
+        put(
+            MemcpyHtoD::OPCODE,
+            frame::FLAG_ASYNC,
+            24,
+            &[&encode(&htod(4096)), &more],
+        );
         for i in 0..MANY {
             let m = fill(0, 1024 + i, (i % 251) as u32, 1, 1);
             put(Memset::OPCODE, frame::FLAG_ASYNC, 100 + i, &[&encode(&m)]);
@@ -1667,7 +1703,7 @@ mod tests {
             ctx,
             stream: 0,
             src: ptr,
-            len: 1024 + MANY,
+            len: 8192,
         };
         put(MemcpyDtoH::OPCODE, 0, 40, &[&encode(&dtoh)]);
 
@@ -1692,9 +1728,12 @@ mod tests {
         assert_eq!(mem[64..128], [2; 64]);
         assert_eq!(mem[128..192], [3; 64]);
         assert_eq!(mem[192..256], [4; 64]);
-        assert_eq!(mem[256..1024], [0; 768]);
+        assert_eq!(mem[256..356], data);
+        assert_eq!(mem[356..1024], [0; 668]);
         let many: Vec<u8> = (0..MANY).map(|i| (i % 251) as u8).collect();
-        assert_eq!(mem[1024..], many);
+        assert_eq!(mem[1024..1024 + MANY as usize], many);
+        assert_eq!(mem[4096..4196], more);
+        assert_eq!(mem[4196..], [5; 8192 - 4196]);
 
         // Served a few bytes at a time, every frame alone: the same replies.
         let split = serve_script(Trickle {

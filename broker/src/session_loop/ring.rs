@@ -76,7 +76,7 @@ where
                 frame: Vec::new(),
                 out: Vec::new(),
                 reply: Vec::new(),
-                memsets: Vec::new(),
+                run: Vec::new(),
             }),
         });
         if answer_here {
@@ -138,8 +138,8 @@ struct RingCore<R> {
     out: Vec<u8>,
     /// The whole reply the delivering thread writes.
     reply: Vec<u8>,
-    /// A run of posted `Memset`s the session thread serves together.
-    memsets: Vec<vgpu_proto::msg::Memset>,
+    /// A run of posted calls the session thread serves together.
+    run: Vec<crate::session::PostedCall>,
 }
 
 impl<R> RingSession<R>
@@ -217,7 +217,7 @@ where
                 &mut self.payload,
                 &mut self.summary,
                 &mut self.out,
-                &mut self.memsets,
+                &mut self.run,
             )?;
             if flow.is_break() {
                 return Ok(flow);

@@ -956,6 +956,14 @@ pub struct DevSession {
 /// Reply area a session offers by default.
 pub const DEFAULT_REPLY_CAP: u32 = 64 << 10;
 
+/// The posted frames of one batch, built with [`DevSession::add_to_batch`].
+#[derive(Debug, Default)]
+pub struct Batch {
+    first: u64,
+    count: u32,
+    inline: Vec<u8>,
+}
+
 impl DevSession {
     /// Opens session `id`.
     pub fn open(guest: &DevGuest, id: u32) -> Result<DevSession, DevError> {
@@ -1105,20 +1113,35 @@ impl DevSession {
     /// Submits `reqs` as one `BATCH` request (asynchronous frames without bulk data, taking
     /// consecutive sequence numbers) without waiting.
     pub fn submit_batch<O: Op>(&mut self, reqs: &[O]) -> Result<Pending, DevError> {
-        let first = self.seq + 1;
-        let mut inline = Vec::new();
+        let mut batch = Batch::default();
         for r in reqs {
-            self.encode_frame(r, FLAG_ASYNC, 0, &mut inline);
+            self.add_to_batch(&mut batch, r, &[]);
         }
+        self.submit_frames(batch)
+    }
+
+    /// Adds a posted frame of `req`, with `tail` as the bulk bytes after its fields (inline, in
+    /// the batch's bytes), to `batch`: frames of different ops may share one.
+    pub fn add_to_batch<O: Op>(&mut self, batch: &mut Batch, req: &O, tail: &[u8]) {
+        if batch.count == 0 {
+            batch.first = self.seq + 1;
+        }
+        self.encode_frame(req, FLAG_ASYNC, tail.len(), &mut batch.inline);
+        batch.inline.extend_from_slice(tail);
+        batch.count += 1;
+    }
+
+    /// Submits `batch` as one `BATCH` request, without waiting.
+    pub fn submit_frames(&mut self, batch: Batch) -> Result<Pending, DevError> {
         let req = Request {
             hdr: ReqHeader {
                 kind: REQ_BATCH,
                 session: self.id,
-                seq: first,
-                reply_cap: reqs.len() as u32,
+                seq: batch.first,
+                reply_cap: batch.count,
                 ..Default::default()
             },
-            inline,
+            inline: batch.inline,
             ..Default::default()
         };
         Ok(self.guest.submit(SUBMIT_QUEUE, &req, 0)?)

@@ -3,6 +3,7 @@
 //! (`vgpu_broker::session_loop`), and bulk bytes copied straight between guest pages and device memory
 //! (`Session::handle_bulk`).
 
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use tracing::{debug, info, warn};
-use vgpu_broker::session::Session;
+use vgpu_broker::session::{PostedCall, Session};
 use vgpu_broker::tenant::Tenant;
 use vgpu_broker::{Broker, CuError};
 use vgpu_proto::frame::{FLAG_ASYNC, Header};
@@ -19,7 +20,7 @@ use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, REQ_TAIL, Request};
 use vgpu_proto::wire::DecodeError;
 
 use crate::audit::{AuditLog, Durability};
-use vgpu_vhost_vgpu::{Call, Reply, SessionExecutor, VgpuService};
+use vgpu_vhost_vgpu::{BatchResult, Call, NoBulk, Reply, SessionExecutor, VgpuService};
 
 /// Runs the sessions of one VM's virtio-vgpu device on the broker.
 pub struct BrokerService {
@@ -68,6 +69,7 @@ impl VgpuService for BrokerService {
             opened: None,
             requests: 0,
             out: Vec::new(),
+            run: Vec::new(),
         }))
     }
 
@@ -93,6 +95,8 @@ struct BrokerSession {
     opened: Option<Instant>,
     requests: u64,
     out: Vec<u8>,
+    /// A run of a batch's posted calls, served together ([`Session::handle_posted_run`]).
+    run: Vec<PostedCall>,
 }
 
 fn error_frame(e: &CuError) -> Reply {
@@ -185,6 +189,51 @@ impl BrokerSession {
 }
 
 impl SessionExecutor for BrokerSession {
+    /// The batch's posted `Memset`s and small `MemcpyHtoD`s go to the session in runs (the
+    /// engine's bookkeeping once per stream's run, as on the stream transports); any other
+    /// frame, and every frame before the session is open, as [`BrokerSession::call`] serves it.
+    fn call_batch(&mut self, frames: &[(Header, Range<usize>)], bytes: &[u8]) -> BatchResult {
+        let mut at = 0;
+        while at < frames.len() {
+            if let Some(session) = self.session.as_mut() {
+                self.run.clear();
+                self.run.extend(frames[at..].iter().map_while(|(h, range)| {
+                    PostedCall::decode(h, &bytes[range.clone()], range.start)
+                }));
+                if !self.run.is_empty() {
+                    self.requests += self.run.len() as u64;
+                    let (run, out) = (&self.run, &mut self.out);
+                    let served = catch_unwind(AssertUnwindSafe(|| {
+                        session.handle_posted_run(run, bytes, out)
+                    }));
+                    if served.is_err() {
+                        warn!(tenant = %self.tenant.name, "a run of posted calls panicked; closing the session");
+                        self.end("internal error");
+                        return Err((
+                            at,
+                            "internal error while handling posted calls; the session was closed"
+                                .into(),
+                        ));
+                    }
+                    at += self.run.len();
+                    continue;
+                }
+            }
+            let (header, range) = &frames[at];
+            let reply = self.call(Call {
+                header: *header,
+                inline: &bytes[range.clone()],
+                data: &NoBulk,
+                reply_data: &mut NoBulk,
+            });
+            if let Reply::Violation(why) = reply {
+                return Err((at, why));
+            }
+            at += 1;
+        }
+        Ok(())
+    }
+
     fn output_ready(&self) -> bool {
         self.session.as_ref().is_some_and(Session::output_ready)
     }

@@ -4,6 +4,7 @@
 //! vgpud's `BrokerService` (`vmm-backend/vgpud/src/vgpu_service.rs`) implements this over the
 //! broker; tests use small fakes.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -50,10 +51,33 @@ pub enum Reply {
     Violation(String),
 }
 
+/// What became of a batch ([`SessionExecutor::call_batch`]): `Err` holds the index of the frame
+/// that broke the protocol and why.
+pub type BatchResult = Result<(), (usize, String)>;
+
 /// The GPU side of one guest session (one open `/dev/vgpuN`).
 pub trait SessionExecutor: Send {
     /// Executes one frame; frames arrive in the order the guest submitted them.
     fn call(&mut self, call: Call<'_>) -> Reply;
+    /// Executes a batch of asynchronous frames in order: their headers and where their
+    /// payloads lie in `bytes` (a batch has no bulk bytes left in guest memory). `Err` with the
+    /// index of the frame that broke the protocol and why: the session is closed and the frames
+    /// after it do not run. By default each goes through [`SessionExecutor::call`]; vgpud serves
+    /// runs of them together.
+    fn call_batch(&mut self, frames: &[(Header, Range<usize>)], bytes: &[u8]) -> BatchResult {
+        for (i, (header, range)) in frames.iter().enumerate() {
+            let reply = self.call(Call {
+                header: *header,
+                inline: &bytes[range.clone()],
+                data: &NoBulk,
+                reply_data: &mut NoBulk,
+            });
+            if let Reply::Violation(why) = reply {
+                return Err((i, why));
+            }
+        }
+        Ok(())
+    }
     /// Whether device-side `printf`/`assert` output waits for the guest: the reply frame then
     /// carries `FLAG_OUTPUT` (the guest fetches it with `TakeOutput`).
     fn output_ready(&self) -> bool {

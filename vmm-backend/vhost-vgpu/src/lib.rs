@@ -43,7 +43,9 @@ use vhost::vhost_user::Listener;
 
 pub use backend::VgpuBackend;
 pub use device::{MAX_SESSIONS, VgpuDevice};
-pub use exec::{BulkSink, BulkSource, Call, NoBulk, Reply, SessionExecutor, VgpuService};
+pub use exec::{
+    BatchResult, BulkSink, BulkSource, Call, NoBulk, Reply, SessionExecutor, VgpuService,
+};
 pub use session_thread::MAX_REORDER;
 pub use stats::{VgpuDevStats, VgpuDevStatsSnapshot};
 pub use vgpu_vhost_user::StopHandle;

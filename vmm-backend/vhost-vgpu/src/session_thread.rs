@@ -460,31 +460,10 @@ fn execute_batch(shared: &Shared, exec: &mut dyn SessionExecutor, batch: BatchJo
         done.finish(shared, RespHeader::status(S_BAD_REQUEST), &[]);
         return Executed::Done;
     }
-    let none = Segments::default();
-    for (header, range) in frames {
-        let source = GuestSource {
-            shared,
-            entered: false,
-            epoch: done.epoch,
-            mem: &done.mem,
-            segs: &none,
-        };
-        let mut sink = GuestSink {
-            shared,
-            entered: false,
-            epoch: done.epoch,
-            mem: &done.mem,
-            segs: &none,
-            written: 0,
-        };
-        shared.stats.add_call();
-        let reply = exec.call(Call {
-            header,
-            inline: &bytes[range],
-            data: &source,
-            reply_data: &mut sink,
-        });
-        if let Reply::Violation(why) = reply {
+    match exec.call_batch(&frames, &bytes) {
+        Ok(()) => shared.stats.add_calls(frames.len()),
+        Err((at, why)) => {
+            shared.stats.add_calls(at + 1);
             shared.stats.add_refused();
             done.finish(shared, RespHeader::status(S_PROTOCOL), &[]);
             return Executed::Violation(why);

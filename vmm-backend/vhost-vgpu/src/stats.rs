@@ -90,6 +90,10 @@ impl VgpuDevStats {
         Self::add(&self.calls, 1);
     }
 
+    pub(crate) fn add_calls(&self, n: usize) {
+        Self::add(&self.calls, n as u64);
+    }
+
     pub(crate) fn add_call_on_queue_thread(&self) {
         Self::add(&self.calls_on_queue_thread, 1);
     }

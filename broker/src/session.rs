@@ -767,6 +767,10 @@ impl Session {
     }
 
     /// The job of a `Memset` whose element size, length, alignment and destination are valid.
+    ///
+    /// Always inlined: a call to it cost every posted `Memset` 34 more instructions (its result
+    /// returned through memory), 3 % of the direct call.
+    #[inline(always)]
     fn memset_job(&self, m: &msg::Memset) -> Result<Job, CuError> {
         if !matches!(m.elem_size, 1 | 2 | 4) {
             return Err(CuError::invalid_value(

@@ -1038,22 +1038,11 @@ impl Engine {
         mut f: impl FnMut(usize, &dyn DeviceContext) -> Result<(), CuError>,
     ) -> Option<u64> {
         let ctx = spec.ctx;
-        let mut st = self.shared.lock();
-        if count == 0
-            || st.poisoned.contains_key(&ctx)
-            || st.lanes.get(&spec.key).is_some_and(|l| !l.idle())
-            || !st.implicit_deps(spec).is_empty()
-        {
+        if count == 0 {
             return None;
         }
-        let first = st.submitted + 1;
-        let last = st.submitted + count as u64;
-        st.submitted = last;
-        st.lanes
-            .entry(spec.key)
-            .or_insert_with(|| Lane::new(*spec))
-            .last = last;
-        drop(st);
+        let first = self.reserve_inline(spec, count)?;
+        let last = first + count as u64 - 1;
         let dev = self.shared.dev.as_ref();
         crate::device::with_lane_at(spec.key.id(), spec.priority, || {
             for (i, seq) in (first..=last).enumerate() {
@@ -1083,25 +1072,32 @@ impl Engine {
         spec: &LaneSpec,
         f: impl FnOnce(&dyn DeviceContext) -> Result<(), DeviceError>,
     ) -> Option<u64> {
-        let ctx = spec.ctx;
+        let seq = self.reserve_inline(spec, 1)?;
+        self.run_inline(spec, spec.priority, seq, |dev| {
+            f(dev).map_err(CuError::from)
+        });
+        Some(seq)
+    }
+
+    /// Takes the next `count` sequence numbers for jobs of lane `spec` that run inline, if the
+    /// lane is idle, waits for no other lane's work and its context is not poisoned; returns the
+    /// first.
+    fn reserve_inline(&self, spec: &LaneSpec, count: usize) -> Option<u64> {
         let mut st = self.shared.lock();
-        if st.poisoned.contains_key(&ctx)
+        if st.poisoned.contains_key(&spec.ctx)
             || st.lanes.get(&spec.key).is_some_and(|l| !l.idle())
             || !st.implicit_deps(spec).is_empty()
         {
             return None;
         }
-        let seq = st.submitted + 1;
-        st.submitted = seq;
+        let first = st.submitted + 1;
+        let last = st.submitted + count as u64;
+        st.submitted = last;
         st.lanes
             .entry(spec.key)
             .or_insert_with(|| Lane::new(*spec))
-            .last = seq;
-        drop(st);
-        self.run_inline(spec, spec.priority, seq, |dev| {
-            f(dev).map_err(CuError::from)
-        });
-        Some(seq)
+            .last = last;
+        Some(first)
     }
 
     /// Runs job `seq` of lane `spec` at `priority` on this thread, the engine's lock released;

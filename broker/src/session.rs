@@ -283,7 +283,6 @@ enum WhenBusy {
     Queue,
 }
 
-/// One guest process's state on the host.
 /// A posted call a transport hands over in a run ([`Session::handle_posted_run`]): the kinds
 /// of asynchronous call a program sends many of in a row, whose work is short.
 #[derive(Debug, Clone, PartialEq)]
@@ -338,6 +337,18 @@ impl PostedCall {
     }
 }
 
+/// The bytes `m` fills, once its element size is checked.
+fn memset_bytes(m: &msg::Memset) -> Result<u64, CuError> {
+    if !matches!(m.elem_size, 1 | 2 | 4) {
+        return Err(CuError::invalid_value(
+            "memset element size must be 1, 2 or 4",
+        ));
+    }
+    m.count
+        .checked_mul(u64::from(m.elem_size))
+        .ok_or_else(|| CuError::invalid_value("memset size overflows"))
+}
+
 /// A checked call of a run ([`Session::handle_posted_run`]).
 #[derive(Debug)]
 enum RunItem {
@@ -355,6 +366,7 @@ enum RunItem {
     },
 }
 
+/// One guest process's state on the host.
 pub struct Session {
     info: Arc<SessionInfo>,
     tenant: Arc<Tenant>,
@@ -772,15 +784,7 @@ impl Session {
     /// returned through memory), 3 % of the direct call.
     #[inline(always)]
     fn memset_job(&self, m: &msg::Memset) -> Result<Job, CuError> {
-        if !matches!(m.elem_size, 1 | 2 | 4) {
-            return Err(CuError::invalid_value(
-                "memset element size must be 1, 2 or 4",
-            ));
-        }
-        let bytes = m
-            .count
-            .checked_mul(u64::from(m.elem_size))
-            .ok_or_else(|| CuError::invalid_value("memset size overflows"))?;
+        let bytes = memset_bytes(m)?;
         if !m.dst.is_multiple_of(u64::from(m.elem_size)) {
             return Err(CuError::invalid_value(format!(
                 "memset destination {:#x} is not aligned to {} bytes",

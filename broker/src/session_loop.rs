@@ -1521,18 +1521,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn frames_split_anywhere_are_served_as_whole_ones_are() {
-        // The context and the buffer a fresh broker gives the first session.
+    /// A script's first frames, `Hello`, `CtxCreate` and a `MemAlloc` of `size` bytes (call ids
+    /// 1 to 3), and the context and the buffer a fresh broker gives the first session for them.
+    fn script_opening(size: u64) -> (Vec<u8>, u64, u64) {
         let (ctx, ptr) = {
             let b = broker(Duration::ZERO);
             let (mut c, _h, ctx) = open(&b, "vm1");
-            (ctx, alloc(&mut c, ctx, 4096).unwrap())
-        };
-        let data: Vec<u8> = (0..100u8).collect();
-        let mut script = Vec::new();
-        let mut put = |opcode: u16, flags: u16, id: u64, parts: &[&[u8]]| {
-            frame::write_frame(&mut script, opcode, flags, id, 0, parts).unwrap();
+            (ctx, alloc(&mut c, ctx, size).unwrap())
         };
         let hello = Hello {
             protocol_version: vgpu_proto::PROTOCOL_VERSION,
@@ -1540,22 +1535,42 @@ mod tests {
             shim_version: "test".into(),
             process_name: "test".into(),
         };
-        put(Hello::OPCODE, 0, 1, &[&encode(&hello)]);
-        put(
-            CtxCreate::OPCODE,
-            0,
-            2,
-            &[&encode(&CtxCreate {
-                device: 0,
-                flags: 0,
-            })],
-        );
-        put(
-            MemAlloc::OPCODE,
-            0,
-            3,
-            &[&encode(&MemAlloc { ctx, size: 4096 })],
-        );
+        let create = CtxCreate {
+            device: 0,
+            flags: 0,
+        };
+        let mut script = Vec::new();
+        let opening: [(u16, Vec<u8>); 3] = [
+            (Hello::OPCODE, encode(&hello)),
+            (CtxCreate::OPCODE, encode(&create)),
+            (MemAlloc::OPCODE, encode(&MemAlloc { ctx, size })),
+        ];
+        for (id, (opcode, payload)) in (1..).zip(&opening) {
+            frame::write_frame(&mut script, *opcode, 0, id, 0, &[payload]).unwrap();
+        }
+        (script, ctx, ptr)
+    }
+
+    /// Serves `script` whole, and a few bytes at a time (every frame alone): the same replies,
+    /// which it returns.
+    fn serve_whole_and_split(script: Vec<u8>) -> Vec<(frame::Header, Vec<u8>)> {
+        let whole = serve_script(io::Cursor::new(script.clone()));
+        let split = serve_script(Trickle {
+            data: script,
+            at: 0,
+            step: 0,
+        });
+        assert_eq!(split, whole);
+        whole
+    }
+
+    #[test]
+    fn frames_split_anywhere_are_served_as_whole_ones_are() {
+        let (mut script, ctx, ptr) = script_opening(4096);
+        let data: Vec<u8> = (0..100u8).collect();
+        let mut put = |opcode: u16, flags: u16, id: u64, parts: &[&[u8]]| {
+            frame::write_frame(&mut script, opcode, flags, id, 0, parts).unwrap();
+        };
         let memset = Memset {
             ctx,
             stream: 0,
@@ -1585,7 +1600,7 @@ mod tests {
         };
         put(MemcpyDtoH::OPCODE, 0, 7, &[&encode(&dtoh)]);
 
-        let whole = serve_script(io::Cursor::new(script.clone()));
+        let whole = serve_whole_and_split(script);
         let ids: Vec<_> = whole.iter().map(|(h, _)| (h.call_id, h.status)).collect();
         assert_eq!(
             ids,
@@ -1601,13 +1616,6 @@ mod tests {
         let copied = &whole[4].1;
         assert_eq!(copied[..64], [7; 64]);
         assert_eq!(copied[64..], data);
-
-        let split = serve_script(Trickle {
-            data: script,
-            at: 0,
-            step: 0,
-        });
-        assert_eq!(split, whole);
     }
 
     #[test]
@@ -1615,33 +1623,10 @@ mod tests {
         const SIZE: u64 = 1 << 20;
         const BIG: u64 = 512 << 10; // a fill too large to run inline: queued for a worker
         const MANY: u64 = 1500; // more than one run holds (MAX_POSTED_RUN)
-        let (ctx, ptr) = {
-            let b = broker(Duration::ZERO);
-            let (mut c, _h, ctx) = open(&b, "vm1");
-            (ctx, alloc(&mut c, ctx, SIZE).unwrap())
-        };
-        let mut script = Vec::new();
+        let (mut script, ctx, ptr) = script_opening(SIZE);
         let mut put = |opcode: u16, flags: u16, id: u64, parts: &[&[u8]]| {
             frame::write_frame(&mut script, opcode, flags, id, 0, parts).unwrap();
         };
-        let hello = Hello {
-            protocol_version: vgpu_proto::PROTOCOL_VERSION,
-            pid: 1,
-            shim_version: "test".into(),
-            process_name: "test".into(),
-        };
-        put(Hello::OPCODE, 0, 1, &[&encode(&hello)]);
-        let create = CtxCreate {
-            device: 0,
-            flags: 0,
-        };
-        put(CtxCreate::OPCODE, 0, 2, &[&encode(&create)]);
-        put(
-            MemAlloc::OPCODE,
-            0,
-            3,
-            &[&encode(&MemAlloc { ctx, size: SIZE })],
-        );
         let fill = |stream: u64, at: u64, value: u32, elem_size: u32, count: u64| Memset {
             ctx,
             stream,
@@ -1707,7 +1692,8 @@ mod tests {
         };
         put(MemcpyDtoH::OPCODE, 0, 40, &[&encode(&dtoh)]);
 
-        let whole = serve_script(io::Cursor::new(script.clone()));
+        // Served whole, in runs, and a few bytes at a time, every frame alone: the same replies.
+        let whole = serve_whole_and_split(script);
         let ids: Vec<_> = whole.iter().map(|(h, _)| (h.call_id, h.status)).collect();
         assert_eq!(
             ids,
@@ -1734,14 +1720,6 @@ mod tests {
         assert_eq!(mem[1024..1024 + MANY as usize], many);
         assert_eq!(mem[4096..4196], more);
         assert_eq!(mem[4196..], [5; 8192 - 4196]);
-
-        // Served a few bytes at a time, every frame alone: the same replies.
-        let split = serve_script(Trickle {
-            data: script,
-            at: 0,
-            step: 0,
-        });
-        assert_eq!(split, whole);
     }
 
     #[test]

@@ -434,16 +434,7 @@ impl Session {
                 check(m.dst, m.len, "copy destination")?;
             }
             (Request::Memset(m), None) => {
-                if !matches!(m.elem_size, 1 | 2 | 4) {
-                    return Err(CuError::invalid_value(
-                        "memset element size must be 1, 2 or 4",
-                    ));
-                }
-                let bytes = m
-                    .count
-                    .checked_mul(u64::from(m.elem_size))
-                    .ok_or_else(|| CuError::invalid_value("memset size overflows"))?;
-                check(m.dst, bytes, "memset destination")?;
+                check(m.dst, super::memset_bytes(m)?, "memset destination")?;
             }
             (Request::EventRecord(m), None) => {
                 self.event(m.event)?;

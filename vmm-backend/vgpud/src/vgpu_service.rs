@@ -20,7 +20,7 @@ use vgpu_proto::msg::{self, ASYNC_OK, Message, Op, REQ_TAIL, Request};
 use vgpu_proto::wire::DecodeError;
 
 use crate::audit::{AuditLog, Durability};
-use vgpu_vhost_vgpu::{BatchResult, Call, NoBulk, Reply, SessionExecutor, VgpuService};
+use vgpu_vhost_vgpu::{BatchResult, Call, Reply, SessionExecutor, VgpuService, call_batched};
 
 /// Runs the sessions of one VM's virtio-vgpu device on the broker.
 pub struct BrokerService {
@@ -220,15 +220,7 @@ impl SessionExecutor for BrokerSession {
                 }
             }
             let (header, range) = &frames[at];
-            let reply = self.call(Call {
-                header: *header,
-                inline: &bytes[range.clone()],
-                data: &NoBulk,
-                reply_data: &mut NoBulk,
-            });
-            if let Reply::Violation(why) = reply {
-                return Err((at, why));
-            }
+            call_batched(self, *header, &bytes[range.clone()]).map_err(|why| (at, why))?;
             at += 1;
         }
         Ok(())

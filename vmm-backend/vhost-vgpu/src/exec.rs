@@ -55,6 +55,25 @@ pub enum Reply {
 /// that broke the protocol and why.
 pub type BatchResult = Result<(), (usize, String)>;
 
+/// Executes one frame of a batch through [`SessionExecutor::call`] (its payload inline, no bulk
+/// bytes in guest memory); `Err` with why when it broke the protocol.
+pub fn call_batched<E: SessionExecutor + ?Sized>(
+    exec: &mut E,
+    header: Header,
+    payload: &[u8],
+) -> Result<(), String> {
+    let reply = exec.call(Call {
+        header,
+        inline: payload,
+        data: &NoBulk,
+        reply_data: &mut NoBulk,
+    });
+    match reply {
+        Reply::Violation(why) => Err(why),
+        Reply::Frame { .. } | Reply::None => Ok(()),
+    }
+}
+
 /// The GPU side of one guest session (one open `/dev/vgpuN`).
 pub trait SessionExecutor: Send {
     /// Executes one frame; frames arrive in the order the guest submitted them.
@@ -66,15 +85,7 @@ pub trait SessionExecutor: Send {
     /// runs of them together.
     fn call_batch(&mut self, frames: &[(Header, Range<usize>)], bytes: &[u8]) -> BatchResult {
         for (i, (header, range)) in frames.iter().enumerate() {
-            let reply = self.call(Call {
-                header: *header,
-                inline: &bytes[range.clone()],
-                data: &NoBulk,
-                reply_data: &mut NoBulk,
-            });
-            if let Reply::Violation(why) = reply {
-                return Err((i, why));
-            }
+            call_batched(self, *header, &bytes[range.clone()]).map_err(|why| (i, why))?;
         }
         Ok(())
     }

@@ -45,6 +45,7 @@ pub use backend::VgpuBackend;
 pub use device::{MAX_SESSIONS, VgpuDevice};
 pub use exec::{
     BatchResult, BulkSink, BulkSource, Call, NoBulk, Reply, SessionExecutor, VgpuService,
+    call_batched,
 };
 pub use session_thread::MAX_REORDER;
 pub use stats::{VgpuDevStats, VgpuDevStatsSnapshot};

@@ -337,7 +337,9 @@ impl PostedCall {
     }
 }
 
-/// The bytes `m` fills, once its element size is checked.
+/// The bytes `m` fills, once its element size is checked. Always inlined, as
+/// [`Session::memset_job`].
+#[inline(always)]
 fn memset_bytes(m: &msg::Memset) -> Result<u64, CuError> {
     if !matches!(m.elem_size, 1 | 2 | 4) {
         return Err(CuError::invalid_value(

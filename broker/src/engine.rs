@@ -296,7 +296,8 @@ impl std::fmt::Debug for Job {
 pub const QUICK_BYTES: u64 = 256 << 10;
 
 impl Job {
-    fn quick(&self) -> bool {
+    /// Whether it is short enough to run inline on the session thread.
+    pub(crate) fn quick(&self) -> bool {
         match self {
             Job::Write { .. } | Job::Record(_) | Job::Barrier => true,
             Job::Copy { len, .. } => *len <= QUICK_BYTES,
@@ -744,6 +745,14 @@ impl Shared {
         self.wake(st);
     }
 
+    /// Keeps the error of inline job `seq` of context `ctx` (the lock not held), waking whoever
+    /// waits for the engine.
+    fn keep_inline_error(&self, seq: u64, ctx: u64, e: CuError) {
+        let mut st = self.lock();
+        self.keep_error(&mut st, seq, ctx, e);
+        self.wake(&st);
+    }
+
     /// Keeps the error of job `seq` of context `ctx` for the context's next synchronizing call;
     /// a sticky one poisons the context.
     fn keep_error(&self, st: &mut State, seq: u64, ctx: u64, e: CuError) {
@@ -1054,9 +1063,7 @@ impl Engine {
                     }
                 }
                 if let Err(e) = f(i, dev) {
-                    let mut st = self.shared.lock();
-                    self.shared.keep_error(&mut st, seq, ctx, e);
-                    self.shared.wake(&st);
+                    self.shared.keep_inline_error(seq, ctx, e);
                 }
             }
         });
@@ -1121,9 +1128,7 @@ impl Engine {
         let r =
             crate::device::with_lane_at(spec.key.id(), priority, || job(self.shared.dev.as_ref()));
         if let Err(e) = r {
-            let mut st = self.shared.lock();
-            self.shared.keep_error(&mut st, seq, spec.ctx, e);
-            self.shared.wake(&st);
+            self.shared.keep_inline_error(seq, spec.ctx, e);
         }
     }
 

@@ -688,7 +688,9 @@ impl Session {
                             None => break,
                         }
                     }
-                    self.run_items(&lane, &ready, bytes);
+                    if !ready.is_empty() {
+                        self.run_items(&lane, &ready, bytes);
+                    }
                     ready.len()
                 }
                 Err(_) => 0,
@@ -710,19 +712,17 @@ impl Session {
     fn run_item(&self, call: &PostedCall, bytes: &[u8]) -> Option<RunItem> {
         match call {
             PostedCall::Memset(m) => match self.memset_job(m).ok()? {
-                Job::Memset {
+                job @ Job::Memset {
                     dst,
                     value,
                     elem_size,
                     count,
-                } if count * u64::from(elem_size) <= crate::engine::QUICK_BYTES => {
-                    Some(RunItem::Fill {
-                        dst,
-                        value,
-                        elem_size,
-                        count,
-                    })
-                }
+                } if job.quick() => Some(RunItem::Fill {
+                    dst,
+                    value,
+                    elem_size,
+                    count,
+                }),
                 _ => None,
             },
             PostedCall::MemcpyHtoD(m, data) => {

@@ -30,7 +30,6 @@ const IO_BUFFER: usize = 256 << 10;
 /// Buffer size of the reader of a transport that lends its bytes in place: enough for a run of
 /// small requests; bulk bytes bypass it.
 const IN_PLACE_IO_BUFFER: usize = 16 << 10;
-
 /// The most posted calls served as one run ([`serve_posted_run`]): bounds the run's lists
 /// (about 50 bytes a call) whatever a client sends.
 const MAX_POSTED_RUN: usize = 1024;

@@ -215,11 +215,13 @@ impl SessionExecutor for BrokerSession {
                                 .into(),
                         ));
                     }
+                    // The frame after the run, if any, is not a posted call: served below.
                     at += self.run.len();
-                    continue;
                 }
             }
-            let (header, range) = &frames[at];
+            let Some((header, range)) = frames.get(at) else {
+                break;
+            };
             call_batched(self, *header, &bytes[range.clone()]).map_err(|why| (at, why))?;
             at += 1;
         }

@@ -101,6 +101,43 @@ impl From<ShareError> for CuError {
     }
 }
 
+/// What a unix-socket connection shares with its session besides the socket: the descriptors
+/// its reader receives ([`FdInbox`]) and the doorbell its reader watches
+/// ([`crate::doorbell::BellSlot`]).
+#[derive(Debug, Clone)]
+pub struct HostSharing {
+    /// Descriptors received (`SpinRead::receiving_fds`).
+    pub fds: Arc<FdInbox>,
+    /// The doorbell (`SpinRead::watching`).
+    pub bell: Arc<crate::doorbell::BellSlot>,
+}
+
+impl HostSharing {
+    /// An empty inbox and slot.
+    pub fn new() -> Self {
+        HostSharing {
+            fds: FdInbox::new(),
+            bell: crate::doorbell::BellSlot::new(),
+        }
+    }
+
+    /// `reader`, receiving descriptors into the inbox and watching the doorbell.
+    pub fn reader<S>(
+        &self,
+        reader: vgpu_proto::spin::SpinRead<S>,
+    ) -> vgpu_proto::spin::SpinRead<S> {
+        reader
+            .receiving_fds(Arc::clone(&self.fds) as Arc<dyn FdSink>)
+            .watching(Arc::clone(&self.bell) as Arc<dyn vgpu_proto::spin::Bell>)
+    }
+}
+
+impl Default for HostSharing {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Descriptors received on a session's socket, waiting for the `HostShare` they came with.
 #[derive(Debug, Default)]
 pub struct FdInbox {
@@ -238,6 +275,11 @@ impl SharedRegion {
             return Err(ShareError::Hole(hole));
         }
         Ok(region)
+    }
+
+    /// Where the mapping starts (page-aligned).
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.ptr
     }
 
     /// Bytes mapped.
@@ -706,10 +748,9 @@ mod tests {
         let b2 = Arc::clone(&b);
         let t = b.tenant("vm1").unwrap();
         let served = std::thread::spawn(move || {
-            let inbox = FdInbox::new();
-            let r = vgpu_proto::spin::SpinRead::new(&srv)
-                .receiving_fds(Arc::clone(&inbox) as Arc<dyn FdSink>);
-            crate::session_loop::serve_with_fds(&b2, t, r, &srv, "test", None, Some(inbox))
+            let sharing = HostSharing::new();
+            let r = sharing.reader(vgpu_proto::spin::SpinRead::new(&srv));
+            crate::session_loop::serve_with_fds(&b2, t, r, &srv, "test", None, Some(sharing))
         });
         let mut client = TestClient::new(&c);
         client.hello().unwrap();

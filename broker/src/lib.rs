@@ -9,6 +9,7 @@
 
 pub mod device;
 pub mod devio;
+pub mod doorbell;
 pub mod engine;
 pub mod error;
 pub mod handles;

@@ -386,6 +386,8 @@ pub struct Session {
     ext: alloc_ext::AllocExt,
     graphs: graph::Graphs,
     shares: crate::hostshare::SharedRegions,
+    /// The doorbell the socket's reader watches ([`Session::accept_bell`]).
+    bell: Option<Arc<crate::doorbell::BellSlot>>,
     /// The checked calls of a run of posted calls ([`Session::handle_posted_run`]), kept for
     /// the next run.
     run_ready: Vec<RunItem>,
@@ -428,6 +430,18 @@ impl Session {
         self.shares.set_inbox(inbox);
     }
 
+    /// Lets the session take a doorbell page (`Doorbell`, [`crate::doorbell`]): `slot` is the
+    /// one its socket's reader watches. Sessions without one refuse `Doorbell` with
+    /// `CUDA_ERROR_NOT_SUPPORTED`.
+    pub fn accept_bell(&mut self, slot: Arc<crate::doorbell::BellSlot>) {
+        self.bell = Some(slot);
+    }
+
+    /// The session's doorbell, once `Doorbell` set its page.
+    pub fn bell(&self) -> Option<&Arc<crate::doorbell::BellSlot>> {
+        self.bell.as_ref().filter(|b| b.ready())
+    }
+
     /// Whether the client sent more descriptors than the session queues (a protocol violation).
     pub fn fds_overflowed(&self) -> bool {
         self.shares.inbox().is_some_and(|i| i.overflowed())
@@ -463,6 +477,7 @@ impl Session {
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
             shares: crate::hostshare::SharedRegions::default(),
+            bell: None,
             run_ready: Vec::new(),
             tenant,
             device,
@@ -1320,6 +1335,18 @@ impl Session {
                 reply(out, msg::Empty {})
             }
             R::MemcpyHtoDShared(_) | R::MemcpyDtoHShared(_) => self.shared_request(req, false, out),
+            R::Doorbell(m) => {
+                let Some(slot) = &self.bell else {
+                    return Err(CuError::new(
+                        cuda::CUDA_ERROR_NOT_SUPPORTED,
+                        "this transport has no doorbell page",
+                    ));
+                };
+                slot.set(self.shares.get(m.region, 0, 0)?)?;
+                reply(out, msg::Empty {})
+            }
+            // Its work is to have woken the session thread.
+            R::Ring(_) => reply(out, msg::Empty {}),
             R::MemcpyDtoD(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 self.allocs.check(m.src, m.len, "copy source")?;

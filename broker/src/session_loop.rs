@@ -181,10 +181,11 @@ pub fn serve_watched<R: Read, W: Write>(
     serve_with_fds(broker, tenant, reader, writer, transport, hangup, None)
 }
 
-/// [`serve_watched`] on a transport that passes descriptors (a unix socket read with
-/// `vgpu_proto::spin::SpinRead::receiving_fds` into `fds`): the session may then map the host
-/// memory the client shares (`HostShare`, [`crate::hostshare`]). A client that sends more
-/// descriptors than the inbox queues breaks the protocol.
+/// [`serve_watched`] on a transport that passes descriptors (a unix socket read as
+/// [`crate::hostshare::HostSharing::reader`] makes it): the session may then map the host
+/// memory the client shares (`HostShare`, [`crate::hostshare`]) and serve copies rung in a
+/// doorbell page (`Doorbell`, [`crate::doorbell`]). A client that sends more descriptors than
+/// the inbox queues breaks the protocol.
 pub fn serve_with_fds<R: Read, W: Write>(
     broker: &Broker,
     tenant: Arc<Tenant>,
@@ -192,7 +193,7 @@ pub fn serve_with_fds<R: Read, W: Write>(
     writer: W,
     transport: &str,
     hangup: Option<crate::engine::HangupProbe>,
-    fds: Option<Arc<crate::hostshare::FdInbox>>,
+    sharing: Option<crate::hostshare::HostSharing>,
 ) -> Result<SessionSummary, ServeError> {
     let r = BufReader::with_capacity(IO_BUFFER, reader);
     serve_inner(
@@ -203,7 +204,7 @@ pub fn serve_with_fds<R: Read, W: Write>(
         writer,
         transport,
         hangup,
-        fds,
+        sharing,
     )
 }
 
@@ -297,7 +298,7 @@ fn serve_inner<R: Read, W: Write>(
     writer: W,
     transport: &str,
     hangup: Option<crate::engine::HangupProbe>,
-    fds: Option<Arc<crate::hostshare::FdInbox>>,
+    sharing: Option<crate::hostshare::HostSharing>,
 ) -> Result<SessionSummary, ServeError> {
     let mut w = Replier {
         w: BufWriter::with_capacity(IO_BUFFER, writer),
@@ -337,8 +338,9 @@ fn serve_inner<R: Read, W: Write>(
     if let Some(probe) = hangup {
         session.watch_hangup(probe);
     }
-    if let Some(inbox) = fds {
-        session.accept_fds(inbox);
+    if let Some(sharing) = sharing {
+        session.accept_fds(sharing.fds);
+        session.accept_bell(sharing.bell);
     }
     let info = Arc::clone(session.info());
     let mut out = Vec::new();
@@ -614,6 +616,22 @@ fn step<R: Read, W: Write>(
     if r.buffer().is_empty() {
         // Nothing more is pending from the client: send the replies now.
         w.flush()?;
+        if let Some(bell) = session.bell().cloned() {
+            // Between frames: the reader may report a request rung in the doorbell page while
+            // its socket holds no byte (every frame sent before it was served).
+            bell.arm(true);
+            let filled = r.fill_buf().map(|b| b.is_empty());
+            bell.arm(false);
+            match filled {
+                Ok(true) => return Ok(ControlFlow::Break(())),
+                Ok(false) => {}
+                Err(e) if vgpu_proto::spin::is_rung(&e) => {
+                    serve_rung(session, &bell, summary, out)?;
+                    return Ok(ControlFlow::Continue(()));
+                }
+                Err(e) => return Err(FrameError::Io(e).into()),
+            }
+        }
     }
     let h = match r.buffer().first_chunk::<HEADER_LEN>() {
         // Buffered, as a small frame's header mostly is: decoded where it is.
@@ -664,6 +682,33 @@ fn step<R: Read, W: Write>(
     frame::read_payload(r, len, payload)?;
     let data = lent.map(|(lend, n)| Lent::new(r, lend, n));
     serve_frame(session, &h, payload, data, w, in_place, out)
+}
+
+/// Serves the request rung in the doorbell page as its synchronous frame would be served, and
+/// writes its completion (status, reply flags, error message) into the page.
+fn serve_rung(
+    session: &mut Session,
+    bell: &crate::doorbell::BellSlot,
+    summary: &mut SessionSummary,
+    out: &mut Vec<u8>,
+) -> Result<(), ServeError> {
+    let Some((page, rung)) = bell.take() else {
+        return Ok(());
+    };
+    summary.requests += 1;
+    out.clear();
+    let result = match crate::doorbell::request_of(&rung) {
+        Ok(req) => catch_unwind(AssertUnwindSafe(|| session.handle(&req, &[], out, true)))
+            .map_err(|_| ServeError::Panic(req.name()))?,
+        Err(e) => Err(e),
+    };
+    let flags = reply_flags(session);
+    match result {
+        Ok(()) => page.complete(rung.seq, 0, flags, ""),
+        Err(e) => page.complete(rung.seq, e.code, flags, &e.message),
+    }
+    bell.served(rung.seq);
+    Ok(())
 }
 
 /// The posted call a run may hold that the frame with header `h` and `payload` (at `at` in the

@@ -10,6 +10,7 @@
 //! next synchronizing call, as CUDA reports errors of asynchronous work.
 
 pub mod cuda;
+pub mod doorbell;
 pub mod fdpass;
 pub mod frame;
 pub mod graph;

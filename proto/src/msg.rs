@@ -583,6 +583,14 @@ ops! {
     MemcpyDtoHShared = 0x0843 => Empty, ASYNC_OK, "cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpy" {
         ctx: u64, stream: u64, src: u64, region: u64, offset: u64, len: u64,
     }
+    /// Makes a shared region of at least [`crate::doorbell::PAGE_BYTES`] bytes this session's
+    /// doorbell page (unix socket only): a `MemcpyHtoDShared` or `MemcpyDtoHShared` the client
+    /// writes there is served as that synchronous frame would be, and its completion is written
+    /// back there ([`crate::doorbell`]). Refused with `CUDA_ERROR_NOT_SUPPORTED` where the
+    /// transport has no doorbell.
+    Doorbell = 0x0845 => Empty, 0, "cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (pinned memory)" { region: u64 }
+    /// Wakes a session thread that sleeps on its socket: a request waits in the doorbell page.
+    Ring = 0x0846 => Empty, ASYNC_OK, "cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (pinned memory)" {}
     /// Opens an event another process of the same VM exported: the reply is an event of this
     /// process that `StreamWaitEvent`, `EventQuery` and `EventSynchronize` accept (recording
     /// it is refused). A token of another VM, an unknown one, or one of this process is refused.

@@ -188,14 +188,46 @@ impl Expectation {
     }
 }
 
+/// Something besides the socket that may ask a waiting reader for its attention: a request in
+/// a doorbell page ([`crate::doorbell`]).
+pub trait Bell: Send + Sync {
+    /// Whether a request waits that the reader's caller should serve now: only between frames
+    /// (which the caller tells the bell), and once the reader has read the `received` bytes the
+    /// client had sent when it rang.
+    fn rung(&self, received: u64) -> bool;
+    /// The reader is about to block on its socket (`true`) or woke (`false`).
+    fn sleeping(&self, asleep: bool);
+}
+
+/// The error a [`SpinRead`] watching a [`Bell`] returns, having read nothing, when the bell rang
+/// and every byte sent before it was read ([`is_rung`]).
+#[derive(Debug, thiserror::Error)]
+#[error("a request waits in the doorbell page")]
+pub struct Rung;
+
+/// Whether `e` is [`Rung`].
+pub fn is_rung(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Rung>())
+}
+
+/// What one poll of a [`SpinRead`] found.
+enum Found {
+    Bytes(usize),
+    Rung,
+}
+
 /// A socket whose reads poll before they block ([`AdaptiveSpin`]); writes go straight through.
 /// With [`SpinRead::receiving_fds`] it reads with `recvmsg` and hands the descriptors that
-/// arrive to a sink ([`crate::fdpass`]).
+/// arrive to a sink ([`crate::fdpass`]); with [`SpinRead::watching`] its waits also look at a
+/// [`Bell`].
 pub struct SpinRead<S> {
     inner: S,
     spin: AdaptiveSpin,
     fds: Option<Arc<dyn FdSink>>,
     expected: Expectation,
+    bell: Option<Arc<dyn Bell>>,
+    /// Bytes read so far (what a [`Bell`] compares with the client's count).
+    received: u64,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for SpinRead<S> {
@@ -204,6 +236,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for SpinRead<S> {
             .field("inner", &self.inner)
             .field("spin", &self.spin)
             .field("receives_fds", &self.fds.is_some())
+            .field("watches_a_bell", &self.bell.is_some())
             .finish()
     }
 }
@@ -221,7 +254,18 @@ impl<S> SpinRead<S> {
             spin: AdaptiveSpin::new(spin),
             fds: None,
             expected: Expectation::default(),
+            bell: None,
+            received: 0,
         }
+    }
+
+    /// Waits look at `bell` as well: a read that finds the bell rung (once every byte sent
+    /// before it was read) returns [`Rung`], having read nothing; before it blocks it tells the
+    /// bell it sleeps, and looks at the bell and the socket once more.
+    #[must_use]
+    pub fn watching(mut self, bell: Arc<dyn Bell>) -> Self {
+        self.bell = Some(bell);
+        self
     }
 
     /// Reads with `recvmsg` from now on: descriptors that arrive go to `sink` (a unix socket
@@ -289,25 +333,55 @@ impl<S: Read + AsFd> Read for SpinRead<S> {
             spin,
             fds,
             expected,
+            bell,
+            received,
         } = self;
         if let Some(d) = expected.take() {
             spin.expect(d);
         }
         let sink = fds.as_deref();
+        let bell = bell.as_deref();
+        let got = *received;
+        let poll_once = |buf: &mut [u8]| -> io::Result<Option<Found>> {
+            // The bell first: an atomic load, where the socket costs a system call.
+            if bell.is_some_and(|b| b.rung(got)) {
+                return Ok(Some(Found::Rung));
+            }
+            Ok(try_recv(&*inner, buf, sink)?.map(Found::Bytes))
+        };
         // `Ok(None)`: block; that needs `inner` mutably, so it is done here.
-        let polled = wait(
-            spin,
-            || try_recv(&*inner, buf, sink).map(|got| got.map(Some)),
-            || Ok(None),
-        );
-        match polled {
-            Ok(Some(n)) => Ok(n),
+        let polled = wait(spin, || poll_once(buf).map(|f| f.map(Some)), || Ok(None));
+        let polled = match (polled, bell) {
+            (Ok(None), Some(bell)) => {
+                // Said before the last look, so that a request rung after it finds the flag.
+                bell.sleeping(true);
+                let last = poll_once(buf);
+                if !matches!(last, Ok(None)) {
+                    bell.sleeping(false);
+                }
+                last
+            }
+            (polled, _) => polled,
+        };
+        let blocked = match polled {
+            Ok(Some(Found::Bytes(n))) => {
+                *received += n as u64;
+                return Ok(n);
+            }
+            Ok(Some(Found::Rung)) => return Err(io::Error::other(Rung)),
             Ok(None) if let Some(sink) = sink => recv_with_fds(inner.as_fd(), buf, 0, sink),
             Ok(None) => inner.read(buf),
             // Not a socket (a test's pipe): read it plainly.
             Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => inner.read(buf),
             Err(e) => Err(e),
+        };
+        if let Some(bell) = bell {
+            bell.sleeping(false);
         }
+        if let Ok(n) = &blocked {
+            *received += *n as u64;
+        }
+        blocked
     }
 }
 

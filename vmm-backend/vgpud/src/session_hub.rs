@@ -297,10 +297,9 @@ impl SessionHub {
                 // returns before `stream` is dropped, and the probe with it.
                 let hangup: vgpu_broker::engine::HangupProbe = Arc::new(move || peer_gone(fd));
                 let mut reader = vgpu_proto::spin::SpinRead::with_spin(stream, reading.spin);
-                let inbox = reading.fds.then(vgpu_broker::hostshare::FdInbox::new);
-                if let Some(inbox) = &inbox {
-                    reader = reader
-                        .receiving_fds(Arc::clone(inbox) as Arc<dyn vgpu_proto::fdpass::FdSink>);
+                let sharing = reading.fds.then(vgpu_broker::hostshare::HostSharing::new);
+                if let Some(sharing) = &sharing {
+                    reader = sharing.reader(reader);
                 }
                 vgpu_broker::session_loop::serve_with_fds(
                     broker,
@@ -309,7 +308,7 @@ impl SessionHub {
                     writer,
                     transport,
                     Some(hangup),
-                    inbox,
+                    sharing,
                 )
             }
             Link::InProcess(end) => {

@@ -2,6 +2,8 @@
 //! (tests/c/pinned.c) allocates with `cuMemAllocHost`/`cuMemHostAlloc` and copies from and to
 //! the buffers, synchronously and asynchronously, at several sizes and offsets; the buffers are
 //! memfds shared with vgpud, or private ones with sharing turned off, and the data is the same.
+//! Synchronous copies of shared buffers are rung in the session's doorbell page (no frames), or
+//! sent as frames with `VGPU_DOORBELL=off`: the data is the same too.
 
 use std::process::Command;
 use std::time::Duration;
@@ -10,12 +12,17 @@ use vgpu_tests::harness::{Run, TestVm, Vgpud, artifacts, build_c_program};
 
 const MIB: u64 = 1 << 20;
 
-fn run(share: bool) -> (Run, Vgpud) {
+/// What the shim's debug log says when it opened the doorbell page.
+const DOORBELL_OPEN: &str = "doorbell page open";
+
+fn run(share: bool, doorbell: bool) -> (Run, Vgpud) {
     let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
     let out = Command::new(build_c_program("pinned"))
         .arg(if share { "shared" } else { "private" })
         .env("VGPU_TRANSPORT", d.transport("vm1"))
         .env("VGPU_SHARE_PINNED", if share { "1" } else { "0" })
+        .env("VGPU_DOORBELL", if doorbell { "on" } else { "off" })
+        .env("VGPU_LOG", "debug")
         .env("LD_LIBRARY_PATH", &artifacts().lib_dir)
         .output()
         .expect("running the test program");
@@ -51,12 +58,22 @@ fn assert_passed(r: &Run, d: &Vgpud) {
 
 #[test]
 fn pinned_buffers_are_shared_with_vgpud_and_copies_check_out() {
-    let (r, d) = run(true);
+    let (r, d) = run(true, true);
     assert_passed(&r, &d);
+    assert!(r.stderr.contains(DOORBELL_OPEN), "{}", r.stderr);
+}
+
+#[test]
+fn with_the_doorbell_off_shared_copies_go_in_frames_and_check_out() {
+    let (r, d) = run(true, false);
+    assert_passed(&r, &d);
+    assert!(!r.stderr.contains(DOORBELL_OPEN), "{}", r.stderr);
 }
 
 #[test]
 fn with_sharing_off_pinned_copies_take_the_ordinary_path() {
-    let (r, d) = run(false);
+    let (r, d) = run(false, true);
     assert_passed(&r, &d);
+    // No shared buffer, no shared copy: no doorbell either.
+    assert!(!r.stderr.contains(DOORBELL_OPEN), "{}", r.stderr);
 }

@@ -172,6 +172,10 @@ pub struct Client {
     fd_channel: Option<std::os::unix::net::UnixStream>,
     /// Tells the stream how long a reply should take, when its reads poll.
     expect: Option<vgpu_proto::spin::Expectation>,
+    /// The doorbell page for shared-memory copies ([`crate::doorbell`]).
+    bell: crate::doorbell::BellState,
+    /// Bytes written to the stream so far (a rung request waits for vgpud to have read them).
+    sent: u64,
 }
 
 impl std::fmt::Debug for Client {
@@ -253,6 +257,8 @@ impl Client {
             output_sink: crate::devout::write,
             fd_channel: None,
             expect: None,
+            bell: crate::doorbell::BellState::default(),
+            sent: 0,
         }
     }
 
@@ -281,6 +287,7 @@ impl Client {
             if let Some(ch) = &c.fd_channel {
                 vgpu_proto::fdpass::send_with_fd(std::os::fd::AsFd::as_fd(ch), &c.scratch, fd)
                     .map_err(|e| CallError::lost(&e))?;
+                c.sent += c.scratch.len() as u64;
             }
             let h = c.read_header(id, O::OPCODE)?;
             if h.status != 0 {
@@ -447,6 +454,7 @@ impl Client {
             self.stream_mut()?
                 .write_all(tail)
                 .map_err(|e| CallError::lost(&e))?;
+            self.sent += tail.len() as u64;
         }
         Ok(self.call_id)
     }
@@ -761,9 +769,12 @@ impl Client {
         self.last_flush = Instant::now();
         if !self.wbuf.is_empty() {
             let r = match &mut self.conn {
-                Conn::Stream(stream) => stream
-                    .write_all(&self.wbuf)
-                    .map_err(|e| CallError::lost(&e)),
+                Conn::Stream(stream) => {
+                    self.sent += self.wbuf.len() as u64;
+                    stream
+                        .write_all(&self.wbuf)
+                        .map_err(|e| CallError::lost(&e))
+                }
                 Conn::Device(d) => d.post_batch(&self.wbuf).map_err(|e| CallError::device(&e)),
             };
             self.wbuf.clear();
@@ -833,6 +844,74 @@ impl Client {
             h.status,
             String::from_utf8_lossy(&m).into_owned(),
         ))
+    }
+
+    /// A synchronous shared-memory copy (`MemcpyHtoDShared`, `MemcpyDtoHShared`) expected to take
+    /// about `d`: rung in the doorbell page where the session has one ([`crate::doorbell`]; it
+    /// is opened at the first such copy), else sent as a frame ([`Client::call_expecting`]).
+    pub fn call_shared_copy<O: Op<Reply = msg::Empty>>(
+        &mut self,
+        req: &O,
+        d: Duration,
+    ) -> Result<(), CallError> {
+        if self.bell.untried() {
+            self.bell = crate::doorbell::BellState::open(self);
+        }
+        match self.bell.page() {
+            Some(page) => self.exchange(|c| c.ring(page, req, d)),
+            None => self.call_expecting(req, d).map(drop),
+        }
+    }
+
+    /// Rings `req` in the doorbell page and waits for its completion there: polling about as
+    /// long as it should take, then sleeping on the page, looking now and then whether the
+    /// connection is still there.
+    fn ring<O: Op>(
+        &mut self,
+        page: vgpu_proto::doorbell::Page,
+        req: &O,
+        d: Duration,
+    ) -> Result<(), CallError> {
+        // Every frame before the request (the session serves a rung request only with its
+        // socket empty).
+        self.flush()?;
+        self.scratch.clear();
+        req.encode(&mut self.scratch);
+        let seq = page.ring(O::OPCODE, &self.scratch, self.sent);
+        if page.server_sleeping() {
+            self.enqueue(&msg::Ring {}, &[], FLAG_ASYNC)?;
+            self.flush()?;
+        }
+        let mut poll = vgpu_proto::spin::Poll::new(d.min(vgpu_proto::spin::MAX_EXPECTED_SPIN));
+        while !page.is_done(seq) {
+            if poll.again() {
+                continue;
+            }
+            while !page.wait_done(seq, crate::doorbell::LIVENESS_CHECK) {
+                self.peer_alive()?;
+            }
+            break;
+        }
+        let done = page.completion();
+        self.output_pending |= done.flags & vgpu_proto::frame::FLAG_OUTPUT != 0;
+        if done.status != 0 {
+            return Err(CallError::new(done.status, done.message));
+        }
+        Ok(())
+    }
+
+    /// Fails when vgpud closed the connection (looked at without reading from it).
+    fn peer_alive(&self) -> Result<(), CallError> {
+        let Some(ch) = &self.fd_channel else {
+            return Ok(());
+        };
+        if crate::doorbell::peer_gone(ch) {
+            return Err(CallError::lost(&io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "vgpud closed the connection during a copy",
+            )));
+        }
+        Ok(())
     }
 
     /// [`Client::call`] for a request whose reply is expected in about `d` (a copy vgpud
@@ -1275,5 +1354,56 @@ mod tests {
         assert_eq!(e.code, cuda::CUDA_ERROR_DEVICE_UNAVAILABLE);
         let e2 = c.post(&msg::Goodbye {}, &[]).unwrap_err();
         assert_eq!(e2.code, cuda::CUDA_ERROR_DEVICE_UNAVAILABLE);
+    }
+
+    /// A shared-memory copy rung in the doorbell page, and vgpud gone before completing it: the
+    /// call fails as a lost connection instead of waiting forever.
+    #[test]
+    fn a_rung_copy_fails_when_vgpud_goes_away() {
+        let (a, mut server) = UnixStream::pair().unwrap();
+        let fds = a.try_clone().unwrap();
+        let mut c = Client::with_link(Link::Stream(StreamLink {
+            stream: Box::new(a),
+            fds: Some(fds),
+            expect: None,
+        }));
+        let served = std::thread::spawn(move || {
+            let mut p = Vec::new();
+            // HostShare (its descriptor is dropped with the bytes), then Doorbell: both accepted.
+            for reply in [msg::encode(&msg::Handle { handle: 5 }), Vec::new()] {
+                let h = frame::read_frame(&mut server, &mut p).unwrap();
+                frame::write_frame(
+                    &mut server,
+                    h.opcode,
+                    frame::FLAG_REPLY,
+                    h.call_id,
+                    0,
+                    &[&reply],
+                )
+                .unwrap();
+            }
+            // The rung copy is never completed: vgpud ends.
+            std::thread::sleep(Duration::from_millis(50));
+            drop(server);
+        });
+        let req = msg::MemcpyHtoDShared {
+            ctx: 1,
+            stream: 0,
+            dst: 2,
+            region: 5,
+            offset: 0,
+            len: 8,
+        };
+        let start = Instant::now();
+        let e = c
+            .call_shared_copy(&req, Duration::from_micros(10))
+            .unwrap_err();
+        assert_eq!(e.code, cuda::CUDA_ERROR_DEVICE_UNAVAILABLE, "{e:?}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(
+            c.bell.page().is_some(),
+            "the copy went through the doorbell"
+        );
+        served.join().unwrap();
     }
 }

@@ -307,11 +307,14 @@ impl Driver {
     /// A synchronous copy of `len` bytes that vgpud makes in place (a pinned buffer it shares):
     /// the reply comes after the copy, so the wait may poll for about as long as the copy takes
     /// ([`IN_PLACE_COPY_SPIN_BASE`] plus `len` at [`IN_PLACE_COPY_BYTES_PER_SEC`]) instead of
-    /// blocking and paying a wake-up.
-    pub(crate) fn call_copy_in_place<O: msg::Op>(&self, req: &O, len: usize) -> CuRes<O::Reply> {
-        let r = lock(&self.client)
-            .call_expecting(req, in_place_copy_takes(len))
-            .map(|(r, _)| r);
+    /// blocking and paying a wake-up. Rung in the doorbell page where the session has one
+    /// ([`crate::doorbell`]).
+    pub(crate) fn call_copy_in_place<O: msg::Op<Reply = msg::Empty>>(
+        &self,
+        req: &O,
+        len: usize,
+    ) -> CuRes<()> {
+        let r = lock(&self.client).call_shared_copy(req, in_place_copy_takes(len));
         log_err(std::any::type_name::<O>(), r)
     }
 

@@ -18,6 +18,7 @@ pub mod copies;
 pub mod ctx_storage;
 pub mod devlink;
 pub mod devout;
+pub mod doorbell;
 pub mod driver;
 pub mod export_tables;
 pub mod exports;

@@ -20,6 +20,11 @@ use vgpu_proto::spin::Bell;
 use crate::error::CuError;
 use crate::hostshare::SharedRegion;
 
+/// Largest region a doorbell page may be: the session keeps its page mapped even after
+/// `HostUnshare` (which then no longer counts it against the session's shared bytes), so the
+/// region must be small.
+pub const MAX_DOORBELL_REGION: u64 = 1 << 20;
+
 /// One connection's doorbell: empty until the session's `Doorbell` request fills it.
 #[derive(Debug, Default)]
 pub struct BellSlot {
@@ -38,12 +43,12 @@ impl BellSlot {
     }
 
     /// Makes `region` the doorbell page (`Doorbell`): refused when the region is smaller than a
-    /// page or the session has one already. A request already in the page is not served: the
-    /// client rings after this returns.
+    /// page or larger than [`MAX_DOORBELL_REGION`], or the session has one already. A request
+    /// already in the page is not served: the client rings after this returns.
     pub fn set(&self, region: Arc<SharedRegion>) -> Result<(), CuError> {
-        if region.len() < PAGE_BYTES as u64 {
+        if region.len() < PAGE_BYTES as u64 || region.len() > MAX_DOORBELL_REGION {
             return Err(CuError::invalid_value(format!(
-                "a doorbell page needs {PAGE_BYTES} bytes; the region has {}",
+                "a doorbell page needs {PAGE_BYTES} bytes to {MAX_DOORBELL_REGION}; the region has {}",
                 region.len()
             )));
         }
@@ -242,19 +247,7 @@ mod tests {
                 served,
             };
             c.with(|t| t.hello()).unwrap();
-            c.ctx = c
-                .with(|t| {
-                    t.call(
-                        &msg::CtxCreate {
-                            device: 0,
-                            flags: 0,
-                        },
-                        &[],
-                    )
-                })
-                .unwrap()
-                .0
-                .handle;
+            c.ctx = c.with(|t| t.ctx_create()).unwrap();
             let ctx = c.ctx;
             c.dptr = c
                 .with(|t| t.call(&msg::MemAlloc { ctx, size: DATA }, &[]))
@@ -546,6 +539,12 @@ mod tests {
         let small = c.share(&small_fd, 100);
         let e = c
             .with(|t| t.call(&msg::Doorbell { region: small }, &[]))
+            .unwrap_err();
+        assert!(e.1.contains("needs 4096 bytes"), "{e:?}");
+        let large_fd = memfd(2 * MAX_DOORBELL_REGION);
+        let large = c.share(&large_fd, 2 * MAX_DOORBELL_REGION);
+        let e = c
+            .with(|t| t.call(&msg::Doorbell { region: large }, &[]))
             .unwrap_err();
         assert!(e.1.contains("needs 4096 bytes"), "{e:?}");
         // One page per session.

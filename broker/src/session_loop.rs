@@ -617,8 +617,8 @@ fn step<R: Read, W: Write>(
         // Nothing more is pending from the client: send the replies now.
         w.flush()?;
         if let Some(bell) = session.bell().cloned() {
-            // Between frames: the reader may report a request rung in the doorbell page while
-            // its socket holds no byte (every frame sent before it was served).
+            // Between frames: the reader may report a request rung in the doorbell page, once
+            // it has read every byte the client sent before it (those frames were served).
             bell.arm(true);
             let filled = r.fill_buf().map(|b| b.is_empty());
             bell.arm(false);

@@ -202,6 +202,18 @@ impl<S: Read + Write> TestClient<S> {
         .map(|(r, _)| r)
     }
 
+    /// Creates a context on device 0: its handle.
+    pub fn ctx_create(&mut self) -> Result<u64, CallError> {
+        self.call(
+            &msg::CtxCreate {
+                device: 0,
+                flags: 0,
+            },
+            &[],
+        )
+        .map(|(r, _)| r.handle)
+    }
+
     /// Sends a synchronous request and waits for its reply.
     pub fn call<O: Op>(&mut self, req: &O, tail: &[u8]) -> Result<(O::Reply, Vec<u8>), CallError> {
         self.send(req, tail, 0)

@@ -52,6 +52,12 @@ impl BellState {
             &[],
         ) {
             crate::debug!("vgpud refused the doorbell page (pinned copies go in frames): {e:?}");
+            let _ = client.call(
+                &msg::HostUnshare {
+                    region: buf.region(),
+                },
+                &[],
+            );
             return BellState::Unavailable;
         }
         let Some(base) = NonNull::new(buf.addr() as *mut u8) else {

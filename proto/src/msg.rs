@@ -583,18 +583,18 @@ ops! {
     MemcpyDtoHShared = 0x0843 => Empty, ASYNC_OK, "cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2, cuMemcpy" {
         ctx: u64, stream: u64, src: u64, region: u64, offset: u64, len: u64,
     }
-    /// Makes a shared region of at least [`crate::doorbell::PAGE_BYTES`] bytes this session's
-    /// doorbell page (unix socket only): a `MemcpyHtoDShared` or `MemcpyDtoHShared` the client
+    /// Opens an event another process of the same VM exported: the reply is an event of this
+    /// process that `StreamWaitEvent`, `EventQuery` and `EventSynchronize` accept (recording
+    /// it is refused). A token of another VM, an unknown one, or one of this process is refused.
+    IpcOpenEventHandle = 0x0844 => Handle, 0, "cuIpcOpenEventHandle" { ctx: u64, hi: u64, lo: u64 }
+    /// Makes a shared region of [`crate::doorbell::PAGE_BYTES`] bytes to 1 MiB this session's
+    /// doorbell page (unix socket only; once per session): a `MemcpyHtoDShared` or `MemcpyDtoHShared` the client
     /// writes there is served as that synchronous frame would be, and its completion is written
     /// back there ([`crate::doorbell`]). Refused with `CUDA_ERROR_NOT_SUPPORTED` where the
     /// transport has no doorbell.
     Doorbell = 0x0845 => Empty, 0, "cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (pinned memory)" { region: u64 }
     /// Wakes a session thread that sleeps on its socket: a request waits in the doorbell page.
     Ring = 0x0846 => Empty, ASYNC_OK, "cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (pinned memory)" {}
-    /// Opens an event another process of the same VM exported: the reply is an event of this
-    /// process that `StreamWaitEvent`, `EventQuery` and `EventSynchronize` accept (recording
-    /// it is refused). A token of another VM, an unknown one, or one of this process is refused.
-    IpcOpenEventHandle = 0x0844 => Handle, 0, "cuIpcOpenEventHandle" { ctx: u64, hi: u64, lo: u64 }
 
     /// Uploads an executable graph: the bulk tail holds its nodes in a topological order
     /// ([`crate::graph`]), each an ordinary stream request (kernel launch, device copy, memset,

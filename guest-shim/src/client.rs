@@ -872,8 +872,8 @@ impl Client {
         req: &O,
         d: Duration,
     ) -> Result<(), CallError> {
-        // Every frame before the request (the session serves a rung request only with its
-        // socket empty).
+        // Every frame before the request (vgpud serves a rung request once it has read every
+        // byte sent before it).
         self.flush()?;
         self.scratch.clear();
         req.encode(&mut self.scratch);

@@ -522,6 +522,33 @@ mod tests {
     }
 
     #[test]
+    fn a_request_claiming_bytes_never_sent_waits_and_frames_are_still_served() {
+        let (c, page, data, _) = with_bell();
+        let req = msg::MemcpyDtoHShared {
+            ctx: c.ctx,
+            stream: 0,
+            src: c.dptr,
+            region: data,
+            offset: 0,
+            len: 16,
+        };
+        // A guest that says it sent more than it did: its request waits for those bytes.
+        let seq = page.ring(
+            msg::MemcpyDtoHShared::OPCODE,
+            &msg::encode(&req),
+            c.sent.get() + (1 << 40),
+        );
+        c.with(|t| t.post(&msg::Ring {}, &[])).unwrap();
+        for _ in 0..20 {
+            c.with(|t| t.call(&msg::Ping {}, &[])).unwrap();
+        }
+        assert!(!page.wait_done(seq, Duration::from_millis(50)));
+        // The session ends as any other when the guest goes.
+        drop(c.sock);
+        assert!(c.served.join().unwrap().is_ok());
+    }
+
+    #[test]
     fn doorbell_requests_are_checked() {
         // No doorbell where the transport has none.
         let plain = Client::open(false);

@@ -92,6 +92,12 @@ impl Bell for BellSlot {
             })
     }
 
+    fn socket_idle(&self, received: u64) -> bool {
+        self.page
+            .get()
+            .is_some_and(|(_, p)| p.sending_now() <= received)
+    }
+
     fn sleeping(&self, asleep: bool) {
         if let Some((_, page)) = self.page.get() {
             page.set_server_sleeping(asleep);
@@ -144,10 +150,12 @@ mod tests {
     /// Long enough for anything these tests wait for; they pass long before.
     const PATIENCE: Duration = Duration::from_secs(20);
 
-    /// A socket that counts the bytes written on it, as the shim's client does.
+    /// A socket that counts the bytes written on it, and says so in the doorbell page before
+    /// each write when it has one, as the shim's client does.
     struct Counting<'a> {
         s: &'a UnixStream,
         sent: &'a Cell<u64>,
+        page: Option<Page>,
     }
 
     impl Read for Counting<'_> {
@@ -158,6 +166,9 @@ mod tests {
 
     impl Write for Counting<'_> {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Some(page) = &self.page {
+                page.sending(self.sent.get() + buf.len() as u64);
+            }
             let n = (&*self.s).write(buf)?;
             self.sent.set(self.sent.get() + n as u64);
             Ok(n)
@@ -216,6 +227,8 @@ mod tests {
     struct Client {
         sock: UnixStream,
         sent: Cell<u64>,
+        /// The doorbell page, once open (the client keeps `sending` in it).
+        page: Option<Page>,
         ctx: u64,
         dptr: u64,
         served: std::thread::JoinHandle<Result<SessionSummary, ServeError>>,
@@ -242,6 +255,7 @@ mod tests {
             let mut c = Client {
                 sock,
                 sent: Cell::new(0),
+                page: None,
                 ctx: 0,
                 dptr: 0,
                 served,
@@ -262,6 +276,7 @@ mod tests {
             f(&mut TestClient::new(Counting {
                 s: &self.sock,
                 sent: &self.sent,
+                page: self.page,
             }))
         }
 
@@ -270,6 +285,9 @@ mod tests {
             let mut f = Vec::new();
             let p = msg::encode(&msg::HostShare { size: len });
             frame::write_frame(&mut f, msg::HostShare::OPCODE, 0, 1, 0, &[&p]).unwrap();
+            if let Some(page) = &self.page {
+                page.sending(self.sent.get() + f.len() as u64);
+            }
             vgpu_proto::fdpass::send_with_fd(self.sock.as_fd(), &f, fd.as_fd()).unwrap();
             self.sent.set(self.sent.get() + f.len() as u64);
             let mut payload = Vec::new();
@@ -326,6 +344,7 @@ mod tests {
             )
         })
         .unwrap();
+        c.page = Some(page);
         let data_fd = memfd(DATA);
         let view = map(&data_fd, DATA);
         let data = c.share(&data_fd, DATA);
@@ -546,6 +565,27 @@ mod tests {
         // The session ends as any other when the guest goes.
         drop(c.sock);
         assert!(c.served.join().unwrap().is_ok());
+    }
+
+    #[test]
+    fn frames_of_a_client_that_does_not_keep_its_byte_count_are_still_served() {
+        let (mut c, page, data, _) = with_bell();
+        // The page says nothing was sent since: the session thread's polls skip the socket, and
+        // the frames are read once it blocks on it.
+        page.sending(0);
+        c.page = None;
+        for _ in 0..20 {
+            c.with(|t| t.call(&msg::Ping {}, &[])).unwrap();
+        }
+        let req = msg::MemcpyDtoHShared {
+            ctx: c.ctx,
+            stream: 0,
+            src: c.dptr,
+            region: data,
+            offset: 0,
+            len: 16,
+        };
+        assert_eq!(c.ring(&page, &req).status, 0);
     }
 
     #[test]

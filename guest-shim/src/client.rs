@@ -284,6 +284,7 @@ impl Client {
             // Earlier frames first: the descriptor must arrive with this frame's bytes.
             c.flush()?;
             let id = c.frame(req, 0, 0);
+            c.sending(c.scratch.len());
             if let Some(ch) = &c.fd_channel {
                 vgpu_proto::fdpass::send_with_fd(std::os::fd::AsFd::as_fd(ch), &c.scratch, fd)
                     .map_err(|e| CallError::lost(&e))?;
@@ -451,6 +452,7 @@ impl Client {
             self.wbuf.extend_from_slice(tail);
         } else {
             self.flush()?;
+            self.sending(tail.len());
             self.stream_mut()?
                 .write_all(tail)
                 .map_err(|e| CallError::lost(&e))?;
@@ -770,6 +772,9 @@ impl Client {
         if !self.wbuf.is_empty() {
             let r = match &mut self.conn {
                 Conn::Stream(stream) => {
+                    if let Some(page) = self.bell.page() {
+                        page.sending(self.sent + self.wbuf.len() as u64);
+                    }
                     self.sent += self.wbuf.len() as u64;
                     stream
                         .write_all(&self.wbuf)
@@ -898,6 +903,14 @@ impl Client {
             return Err(CallError::new(done.status, done.message));
         }
         Ok(())
+    }
+
+    /// Tells the doorbell page, if any, that `n` more bytes are about to be written on the
+    /// socket ([`vgpu_proto::doorbell::Page::sending`]).
+    fn sending(&self, n: usize) {
+        if let Some(page) = self.bell.page() {
+            page.sending(self.sent + n as u64);
+        }
     }
 
     /// Fails when vgpud closed the connection (looked at without reading from it).

@@ -18,6 +18,11 @@
 //! - A client that stops polling sets its waiting word and sleeps on the page's `done` word
 //!   (a futex shared between the two processes); the session thread wakes it after completing.
 //!
+//! A client also keeps `sending` up to date, before each write on its socket: while it says
+//! every byte was read, the polling session thread looks at the page alone and makes no
+//! `recvmsg` (a system call per poll otherwise). A client that does not keep it only slows its
+//! own frames: the session thread reads them once it stops polling and blocks on the socket.
+//!
 //! Order: the client sends every frame it has buffered before it rings and writes into the page
 //! how many bytes it had sent on the socket by then; the session thread takes a rung request only
 //! once it has read that many, so the request runs after every frame sent before it. (A client
@@ -43,6 +48,7 @@
 //! | 76 | 4 | server | `message_len` |
 //! | 128 | 4 | server | `server_sleeping`: 1 while the session thread blocks on the socket |
 //! | 192 | 4 | client | `client_waiting`: 1 while the client sleeps on `done` |
+//! | 200 | 8 | client | `sending`: bytes the client has sent or is sending on its socket |
 //! | 256 | up to 3840 | server | the error message of a failed request ([`MESSAGE_MAX`]) |
 
 use std::ptr::NonNull;
@@ -67,6 +73,7 @@ const FLAGS: usize = 72;
 const MESSAGE_LEN: usize = 76;
 const SERVER_SLEEPING: usize = 128;
 const CLIENT_WAITING: usize = 192;
+const SENDING: usize = 200;
 const MESSAGE: usize = 256;
 
 /// A request as the session thread copied it out of the page.
@@ -182,6 +189,11 @@ impl Page {
         seq
     }
 
+    /// Says that the client has sent, or is about to send, `n` bytes on its socket in all.
+    pub fn sending(&self, n: u64) {
+        self.long(SENDING).store(n, Ordering::Release);
+    }
+
     /// Whether the session thread said it blocks on the socket (read after [`Page::ring`]).
     pub fn server_sleeping(&self) -> bool {
         self.word(SERVER_SLEEPING).load(Ordering::SeqCst) != 0
@@ -226,6 +238,11 @@ impl Page {
     pub fn rung(&self, last: u32) -> Option<u32> {
         let seq = self.word(SEQ).load(Ordering::Acquire);
         (seq != last).then_some(seq)
+    }
+
+    /// The bytes the client says it has sent or is sending on its socket ([`Page::sending`]).
+    pub fn sending_now(&self) -> u64 {
+        self.long(SENDING).load(Ordering::Acquire)
     }
 
     /// The bytes the client said it had sent on the socket when it rang.

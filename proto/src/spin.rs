@@ -195,6 +195,9 @@ pub trait Bell: Send + Sync {
     /// (which the caller tells the bell), and once the reader has read the `received` bytes the
     /// client had sent when it rang.
     fn rung(&self, received: u64) -> bool;
+    /// Whether the client says it sent nothing past the `received` bytes read: a poll may skip
+    /// its system call.
+    fn socket_idle(&self, received: u64) -> bool;
     /// The reader is about to block on its socket (`true`) or woke (`false`).
     fn sleeping(&self, asleep: bool);
 }
@@ -343,9 +346,14 @@ impl<S: Read + AsFd> Read for SpinRead<S> {
         let bell = bell.as_deref();
         let got = *received;
         let poll_once = |buf: &mut [u8]| -> io::Result<Option<Found>> {
-            // The bell first: an atomic load, where the socket costs a system call.
-            if bell.is_some_and(|b| b.rung(got)) {
-                return Ok(Some(Found::Rung));
+            // The bell first: atomic loads, where the socket costs a system call.
+            if let Some(b) = bell {
+                if b.rung(got) {
+                    return Ok(Some(Found::Rung));
+                }
+                if b.socket_idle(got) {
+                    return Ok(None);
+                }
             }
             Ok(try_recv(&*inner, buf, sink)?.map(Found::Bytes))
         };

@@ -299,6 +299,18 @@ mod tests {
                 .handle
         }
 
+        /// A copy of `len` bytes from the start of the allocation into `region`.
+        fn dtoh(&self, region: u64, len: u64) -> msg::MemcpyDtoHShared {
+            msg::MemcpyDtoHShared {
+                ctx: self.ctx,
+                stream: 0,
+                src: self.dptr,
+                region,
+                offset: 0,
+                len,
+            }
+        }
+
         /// Rings `req` (with a `Ring` frame when the session thread sleeps, as the shim does) and
         /// waits for its completion in the page.
         fn ring<M: Message + Op>(&self, page: &Page, req: &M) -> vgpu_proto::doorbell::Completion {
@@ -377,15 +389,7 @@ mod tests {
                 )
             })
             .unwrap();
-            let req = msg::MemcpyDtoHShared {
-                ctx,
-                stream: 0,
-                src: dptr,
-                region: data,
-                offset: 0,
-                len: DATA,
-            };
-            let done = c.ring(&page, &req);
+            let done = c.ring(&page, &c.dtoh(data, DATA));
             assert_eq!(done.status, 0, "{done:?}");
             assert!(
                 bytes(view, DATA).iter().all(|&b| b == round),
@@ -462,14 +466,7 @@ mod tests {
             assert!(start.elapsed() < PATIENCE);
             std::thread::sleep(Duration::from_millis(5));
         }
-        let req = msg::MemcpyDtoHShared {
-            ctx: c.ctx,
-            stream: 0,
-            src: c.dptr,
-            region: data,
-            offset: 0,
-            len: 16,
-        };
+        let req = c.dtoh(data, 16);
         let seq = page.ring(
             msg::MemcpyDtoHShared::OPCODE,
             &msg::encode(&req),
@@ -543,14 +540,7 @@ mod tests {
     #[test]
     fn a_request_claiming_bytes_never_sent_waits_and_frames_are_still_served() {
         let (c, page, data, _) = with_bell();
-        let req = msg::MemcpyDtoHShared {
-            ctx: c.ctx,
-            stream: 0,
-            src: c.dptr,
-            region: data,
-            offset: 0,
-            len: 16,
-        };
+        let req = c.dtoh(data, 16);
         // A guest that says it sent more than it did: its request waits for those bytes.
         let seq = page.ring(
             msg::MemcpyDtoHShared::OPCODE,
@@ -577,14 +567,7 @@ mod tests {
         for _ in 0..20 {
             c.with(|t| t.call(&msg::Ping {}, &[])).unwrap();
         }
-        let req = msg::MemcpyDtoHShared {
-            ctx: c.ctx,
-            stream: 0,
-            src: c.dptr,
-            region: data,
-            offset: 0,
-            len: 16,
-        };
+        let req = c.dtoh(data, 16);
         assert_eq!(c.ring(&page, &req).status, 0);
     }
 
@@ -627,14 +610,7 @@ mod tests {
         // Unsharing the page leaves the session's mapping in place: rung requests still work.
         c.with(|t| t.call(&msg::HostUnshare { region }, &[]))
             .unwrap();
-        let req = msg::MemcpyDtoHShared {
-            ctx: c.ctx,
-            stream: 0,
-            src: c.dptr,
-            region: small,
-            offset: 0,
-            len: 100,
-        };
+        let req = c.dtoh(small, 100);
         assert_eq!(c.ring(&page, &req).status, 0);
     }
 }

@@ -104,7 +104,7 @@ impl From<ShareError> for CuError {
 /// What a unix-socket connection shares with its session besides the socket: the descriptors
 /// its reader receives ([`FdInbox`]) and the doorbell its reader watches
 /// ([`crate::doorbell::BellSlot`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct HostSharing {
     /// Descriptors received (`SpinRead::receiving_fds`).
     pub fds: Arc<FdInbox>,
@@ -115,10 +115,7 @@ pub struct HostSharing {
 impl HostSharing {
     /// An empty inbox and slot.
     pub fn new() -> Self {
-        HostSharing {
-            fds: FdInbox::new(),
-            bell: crate::doorbell::BellSlot::new(),
-        }
+        Self::default()
     }
 
     /// `reader`, receiving descriptors into the inbox and watching the doorbell.
@@ -129,12 +126,6 @@ impl HostSharing {
         reader
             .receiving_fds(Arc::clone(&self.fds) as Arc<dyn FdSink>)
             .watching(Arc::clone(&self.bell) as Arc<dyn vgpu_proto::spin::Bell>)
-    }
-}
-
-impl Default for HostSharing {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

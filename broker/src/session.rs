@@ -368,6 +368,44 @@ enum RunItem {
     },
 }
 
+impl RunItem {
+    /// Does it on `dev` now (the run's bulk bytes are `bytes`).
+    #[inline]
+    fn run(&self, dev: &dyn DeviceContext, bytes: &[u8]) -> Result<(), CuError> {
+        match self {
+            RunItem::Fill {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => dev.memset(*dst, *value, *elem_size, *count),
+            RunItem::Write { dst, data } => dev.write(*dst, &bytes[data.clone()]),
+        }
+        .map_err(CuError::from)
+    }
+
+    /// The engine's job that does it later, its bytes copied out of `bytes`.
+    fn job(&self, bytes: &[u8]) -> Job {
+        match self {
+            RunItem::Fill {
+                dst,
+                value,
+                elem_size,
+                count,
+            } => Job::Memset {
+                dst: *dst,
+                value: *value,
+                elem_size: *elem_size,
+                count: *count,
+            },
+            RunItem::Write { dst, data } => Job::Write {
+                dst: *dst,
+                data: bytes[data.clone()].to_vec(),
+            },
+        }
+    }
+}
+
 /// One guest process's state on the host.
 pub struct Session {
     info: Arc<SessionInfo>,
@@ -758,40 +796,13 @@ impl Session {
     /// Runs the checked `items` of lane `lane` inline together, or queues them one by one when
     /// the lane is busy.
     fn run_items(&mut self, lane: &LaneSpec, items: &[RunItem], bytes: &[u8]) {
-        let ran = self.engine.try_inline_run(lane, items.len(), |i, dev| {
-            match &items[i] {
-                RunItem::Fill {
-                    dst,
-                    value,
-                    elem_size,
-                    count,
-                } => dev.memset(*dst, *value, *elem_size, *count),
-                RunItem::Write { dst, data } => dev.write(*dst, &bytes[data.clone()]),
+        let ran = self
+            .engine
+            .try_inline_run(lane, items.len(), |i, dev| items[i].run(dev, bytes));
+        if ran.is_none() {
+            for item in items {
+                self.engine.submit(lane, item.job(bytes));
             }
-            .map_err(CuError::from)
-        });
-        if ran.is_some() {
-            return;
-        }
-        for item in items {
-            let job = match item {
-                RunItem::Fill {
-                    dst,
-                    value,
-                    elem_size,
-                    count,
-                } => Job::Memset {
-                    dst: *dst,
-                    value: *value,
-                    elem_size: *elem_size,
-                    count: *count,
-                },
-                RunItem::Write { dst, data } => Job::Write {
-                    dst: *dst,
-                    data: bytes[data.clone()].to_vec(),
-                },
-            };
-            self.engine.submit(lane, job);
         }
     }
 

@@ -770,16 +770,14 @@ impl Client {
     pub fn flush(&mut self) -> Result<(), CallError> {
         self.last_flush = Instant::now();
         if !self.wbuf.is_empty() {
+            if matches!(self.conn, Conn::Stream(_)) {
+                self.sending(self.wbuf.len());
+                self.sent += self.wbuf.len() as u64;
+            }
             let r = match &mut self.conn {
-                Conn::Stream(stream) => {
-                    if let Some(page) = self.bell.page() {
-                        page.sending(self.sent + self.wbuf.len() as u64);
-                    }
-                    self.sent += self.wbuf.len() as u64;
-                    stream
-                        .write_all(&self.wbuf)
-                        .map_err(|e| CallError::lost(&e))
-                }
+                Conn::Stream(stream) => stream
+                    .write_all(&self.wbuf)
+                    .map_err(|e| CallError::lost(&e)),
                 Conn::Device(d) => d.post_batch(&self.wbuf).map_err(|e| CallError::device(&e)),
             };
             self.wbuf.clear();

@@ -354,13 +354,8 @@ fn memset_bytes(m: &msg::Memset) -> Result<u64, CuError> {
 /// A checked call of a run ([`Session::handle_posted_run`]).
 #[derive(Debug)]
 enum RunItem {
-    /// Fill `count` elements of `elem_size` bytes at `dst` with `value`.
-    Fill {
-        dst: u64,
-        value: u32,
-        elem_size: u32,
-        count: u64,
-    },
+    /// The fill a `Memset` asks for.
+    Fill(msg::Memset),
     /// Write the run's bytes at `data` to `dst`.
     Write {
         dst: u64,
@@ -373,12 +368,7 @@ impl RunItem {
     #[inline]
     fn run(&self, dev: &dyn DeviceContext, bytes: &[u8]) -> Result<(), CuError> {
         match self {
-            RunItem::Fill {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => dev.memset(*dst, *value, *elem_size, *count),
+            RunItem::Fill(m) => dev.memset(m.dst, m.value, m.elem_size, m.count),
             RunItem::Write { dst, data } => dev.write(*dst, &bytes[data.clone()]),
         }
         .map_err(CuError::from)
@@ -387,16 +377,11 @@ impl RunItem {
     /// The engine's job that does it later, its bytes copied out of `bytes`.
     fn job(&self, bytes: &[u8]) -> Job {
         match self {
-            RunItem::Fill {
-                dst,
-                value,
-                elem_size,
-                count,
-            } => Job::Memset {
-                dst: *dst,
-                value: *value,
-                elem_size: *elem_size,
-                count: *count,
+            RunItem::Fill(m) => Job::Memset {
+                dst: m.dst,
+                value: m.value,
+                elem_size: m.elem_size,
+                count: m.count,
             },
             RunItem::Write { dst, data } => Job::Write {
                 dst: *dst,
@@ -764,20 +749,11 @@ impl Session {
     /// when it is refused or is not to run inline.
     fn run_item(&self, call: &PostedCall, bytes: &[u8]) -> Option<RunItem> {
         match call {
-            PostedCall::Memset(m) => match self.memset_job(m).ok()? {
-                job @ Job::Memset {
-                    dst,
-                    value,
-                    elem_size,
-                    count,
-                } if job.quick() => Some(RunItem::Fill {
-                    dst,
-                    value,
-                    elem_size,
-                    count,
-                }),
-                _ => None,
-            },
+            PostedCall::Memset(m) => self
+                .memset_job(m)
+                .ok()
+                .filter(Job::quick)
+                .map(|_| RunItem::Fill(m.clone())),
             PostedCall::MemcpyHtoD(m, data) => {
                 let len = bytes.get(data.clone())?.len() as u64;
                 self.allocs.check(m.dst, len, "copy destination").ok()?;

@@ -7,10 +7,11 @@
 //!
 //! Baselines in the same run: a plain `memcpy` of the same size between two host buffers (the
 //! design's yardstick); the floor, plain `memcpy`s between the same guest pages and a host buffer
-//! (what moving those pages costs whoever does it: scattered pages defeat the CPU's prefetchers,
-//! which no device can avoid); and the same copies through the vhost-user vsock device (the guest
-//! shim's protocol client over a guest vsock stream, [`TestGuest`]). Host-to-device and
-//! device-to-host, 1, 16 and 256 MiB; medians of several runs, printed as bandwidth and as ratios.
+//! in transparent huge pages, as the simulated GPU's memory is (what moving those pages costs
+//! whoever does it: scattered pages defeat the CPU's prefetchers, which no device can avoid); and
+//! the same copies through the vhost-user vsock device (the guest shim's protocol client over a
+//! guest vsock stream, [`TestGuest`]). Host-to-device and device-to-host, 1, 16 and 256 MiB;
+//! medians of several runs, printed as bandwidth and as ratios.
 //!
 //! Guest RAM is backed by 2 MiB huge pages when the host has enough free ones (as GPU VMs are
 //! best run: QEMU `memory-backend-memfd,hugetlb=on`), else by 4 KiB pages; the report says which.
@@ -187,8 +188,11 @@ struct DevPath {
     ptr: u64,
     src: GuestBuf,
     dst: GuestBuf,
-    /// Host memory for the floor's copies.
-    host: Vec<u8>,
+    /// Host memory for the floor's copies: in transparent huge pages, as the simulated GPU keeps
+    /// the device memory the path copies to and from (a `Vec` in 4 KiB pages measured at a third
+    /// of that speed in some processes on a 2-vCPU cloud VM, as if the floor were slower than the
+    /// device; `docs/performance.md`, "The floor's host buffer").
+    host: HugeMapping,
 }
 
 /// Guest RAM of one device path's guest.
@@ -252,7 +256,11 @@ impl DevPath {
             ptr,
             src,
             dst,
-            host: vec![0xa5; max],
+            host: {
+                let mut host = HugeMapping::new(max).map_err(err("huge-page buffer"))?;
+                host.fill(0xa5);
+                host
+            },
         })
     }
 
@@ -712,7 +720,7 @@ pub fn report(r: &Results, runs: usize) -> String {
         "virtio-vgpu copy bandwidth: GB/s, medians of {runs} runs, {ram}, {wait}\n\
          (x %) = path / a plain memcpy of the same size between two host buffers, measured \
          right before it (median of the runs' ratios); \
-         floor = memcpys between the same guest pages and host memory; \
+         floor = memcpys between the same guest pages and host memory in huge pages; \
          dev/floor = the device's share of the floor; \
          huge-page memcpy = a memcpy between two buffers in transparent huge pages (where the \
          simulated GPU keeps large allocations), measured right before each path too, and the \

@@ -135,7 +135,8 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
     // The Vec's `max` bytes, registered until cuMemHostUnregister below, before it is dropped.
     let r = cuMemHostRegister_v2(registered.as_mut_ptr().cast(), max, 0);
     ok(r, "cuMemHostRegister")?;
-    // In huge pages like the device memory the copies reach (see `vgpu_dev`'s floor).
+    // In huge pages like the device memory the copies reach (see `vgpu_dev`'s floor), touched
+    // now so that its pages exist before anything is timed.
     let mut host = HugeMapping::new(max).map_err(|e| format!("huge-page buffer: {e}"))?;
     host.fill(0);
 
@@ -200,8 +201,8 @@ pub fn report(rows: &[Row], runs: usize) -> String {
     let mut s = format!(
         "pinned: cuMemcpyHtoD/DtoH over the unix socket, simulated GPU, {runs} runs \
          (GB/s: median (lowest-highest)); floor = memcpy between the same pinned pages and \
-         host memory in huge pages; pinned = cuMemAllocHost, registered = a cuMemHostRegister'ed Vec, \
-         pageable = a Vec\n"
+         host memory in huge pages; pinned = cuMemAllocHost, registered = a \
+         cuMemHostRegister'ed Vec, pageable = a Vec\n"
     );
     s.push_str(&format!(
         "{:>8} {:>6} {:>22} {:>22} {:>22} {:>22} {:>9} {:>9} {:>9}\n",

@@ -130,7 +130,7 @@ pub fn request_of(rung: &Rung) -> Result<Request, CuError> {
 mod tests {
     use std::cell::Cell;
     use std::io::{Read, Write};
-    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::{AsFd, OwnedFd};
     use std::os::unix::net::UnixStream;
     use std::ptr::NonNull;
     use std::time::{Duration, Instant};
@@ -143,7 +143,7 @@ mod tests {
     use crate::Broker;
     use crate::hostshare::HostSharing;
     use crate::session_loop::{ServeError, SessionSummary};
-    use crate::testutils::{MemDevice, TestClient, vm};
+    use crate::testutils::{self, MemDevice, TestClient, map_shared, vm};
 
     const MIB: u64 = 1 << 20;
     const DATA: u64 = 64 << 10;
@@ -179,48 +179,9 @@ mod tests {
         }
     }
 
-    /// A sealed memfd of `len` bytes, every page allocated.
+    /// A sealed memfd of `len` zero bytes, every page allocated.
     fn memfd(len: u64) -> OwnedFd {
-        // SAFETY: a NUL-terminated name; the result is checked.
-        let fd = unsafe {
-            libc::memfd_create(
-                c"bell".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut f = std::fs::File::from(fd);
-        f.write_all(&vec![0u8; len as usize]).unwrap();
-        let fd = OwnedFd::from(f);
-        // SAFETY: our memfd; the seals asked for.
-        let r = unsafe {
-            libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                crate::hostshare::REQUIRED_SEALS,
-            )
-        };
-        assert_eq!(r, 0);
-        fd
-    }
-
-    /// The client's own mapping of a memfd (never unmapped: the test process ends soon).
-    fn map(fd: &OwnedFd, len: u64) -> NonNull<u8> {
-        // SAFETY: a fresh shared mapping of our memfd, checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        NonNull::new(p.cast()).unwrap()
+        testutils::memfd(len, crate::hostshare::REQUIRED_SEALS, |_| 0)
     }
 
     /// A client of a session served over a socket pair, with a context and an allocation.
@@ -345,7 +306,7 @@ mod tests {
         // Mapped before they are shared: vgpud seals them against new writable mappings.
         let page_fd = memfd(PAGE_BYTES as u64);
         // SAFETY: our mapping of PAGE_BYTES bytes, page-aligned, kept for the whole test.
-        let page = unsafe { Page::new(map(&page_fd, PAGE_BYTES as u64)) };
+        let page = unsafe { Page::new(map_shared(&page_fd, PAGE_BYTES as u64)) };
         let page_region = c.share(&page_fd, PAGE_BYTES as u64);
         c.with(|t| {
             t.call(
@@ -358,7 +319,7 @@ mod tests {
         .unwrap();
         c.page = Some(page);
         let data_fd = memfd(DATA);
-        let view = map(&data_fd, DATA);
+        let view = map_shared(&data_fd, DATA);
         let data = c.share(&data_fd, DATA);
         (c, page, data, view)
     }
@@ -431,7 +392,7 @@ mod tests {
     fn a_rung_request_waits_for_the_bytes_sent_before_it_and_for_a_frame_boundary() {
         let fd = memfd(PAGE_BYTES as u64);
         // SAFETY: our mapping of PAGE_BYTES bytes, kept for the whole test.
-        let page = unsafe { Page::new(map(&fd, PAGE_BYTES as u64)) };
+        let page = unsafe { Page::new(map_shared(&fd, PAGE_BYTES as u64)) };
         let slot = BellSlot::new();
         slot.set(Arc::new(SharedRegion::map(&fd, PAGE_BYTES as u64).unwrap()))
             .unwrap();
@@ -600,7 +561,7 @@ mod tests {
         // One page per session.
         let fd = memfd(PAGE_BYTES as u64);
         // SAFETY: our mapping of PAGE_BYTES bytes, kept for the whole test.
-        let page = unsafe { Page::new(map(&fd, PAGE_BYTES as u64)) };
+        let page = unsafe { Page::new(map_shared(&fd, PAGE_BYTES as u64)) };
         let region = c.share(&fd, PAGE_BYTES as u64);
         c.with(|t| t.call(&msg::Doorbell { region }, &[])).unwrap();
         let e = c

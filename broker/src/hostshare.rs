@@ -485,8 +485,7 @@ impl SharedRegions {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::os::fd::{AsFd, FromRawFd};
+    use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
     use std::time::Duration;
 
@@ -497,7 +496,7 @@ mod tests {
     use crate::Broker;
     use crate::session::Session;
     use crate::session_loop::accept_hello;
-    use crate::testutils::{MemDevice, TestClient, vm};
+    use crate::testutils::{self, MemDevice, TestClient, map_shared, vm};
 
     const MIB: u64 = 1 << 20;
 
@@ -510,23 +509,11 @@ mod tests {
 
     /// A memfd of `len` bytes holding `fill` (0: a pattern), with `seals` added.
     fn memfd(len: u64, seals: libc::c_int, fill: u8) -> OwnedFd {
-        // SAFETY: a NUL-terminated name; the result is checked.
-        let fd = unsafe {
-            libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut f = std::fs::File::from(fd);
-        let bytes: Vec<u8> = (0..len)
-            .map(|i| if fill == 0 { (i % 251) as u8 } else { fill })
-            .collect();
-        f.write_all(&bytes).unwrap();
-        let fd = OwnedFd::from(f);
-        // SAFETY: fcntl on our descriptor.
-        let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
-        assert_eq!(r, 0);
-        fd
+        testutils::memfd(
+            len,
+            seals,
+            |i| if fill == 0 { (i % 251) as u8 } else { fill },
+        )
     }
 
     fn session(b: &Arc<Broker>, inbox: Option<Arc<FdInbox>>) -> (Session, u64) {
@@ -572,20 +559,8 @@ mod tests {
         let fd = memfd(MIB, SEALED, 0);
         let pattern = |i: u64| (i % 251) as u8;
         // The guest's own view of the buffer (a plain mapping, unmapped by the region's drop).
-        // SAFETY: a fresh shared mapping of our memfd, checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                MIB as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
         let guest = SharedRegion {
-            ptr: NonNull::new(p.cast()).unwrap(),
+            ptr: map_shared(&fd, MIB),
             len: MIB as usize,
         };
         let guest_fd = fd.try_clone().unwrap();

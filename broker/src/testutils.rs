@@ -1,9 +1,12 @@
 //! Fixtures for tests of the broker and of crates built on it: an in-memory
 //! device (so broker logic is tested without the simulated GPU, which depends
-//! on this crate), a protocol test client, and a config helper.
+//! on this crate), a protocol test client, a config helper, and memfds with the
+//! client's own mappings of them (shared host memory).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -142,6 +145,43 @@ impl DeviceContext for MemContext {
 }
 
 /// A VM entry with defaults, for tests.
+/// A memfd of `len` bytes, byte `i` holding `byte(i)`, with `seals` added: a buffer a client
+/// shares with the broker.
+pub fn memfd(len: u64, seals: libc::c_int, byte: impl Fn(u64) -> u8) -> OwnedFd {
+    // SAFETY: a NUL-terminated name; the result is checked.
+    let fd =
+        unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut f = std::fs::File::from(fd);
+    let bytes: Vec<u8> = (0..len).map(byte).collect();
+    f.write_all(&bytes).unwrap();
+    let fd = OwnedFd::from(f);
+    // SAFETY: fcntl on our descriptor.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(r, 0);
+    fd
+}
+
+/// The client's own shared mapping of the first `len` bytes of `fd`; the caller unmaps it, or
+/// leaves it to the end of the test process.
+pub fn map_shared(fd: &OwnedFd, len: u64) -> NonNull<u8> {
+    // SAFETY: a fresh shared mapping of the caller's descriptor, checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    NonNull::new(p.cast()).unwrap()
+}
+
 pub fn vm(name: &str, memory: u64) -> VmConfig {
     VmConfig {
         name: name.to_string(),

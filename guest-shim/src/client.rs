@@ -1018,6 +1018,19 @@ mod tests {
         (Client::new(Box::new(a)), b)
     }
 
+    /// The fake server's reply to request `h`: `status` and `body`.
+    fn reply(server: &mut UnixStream, h: &frame::Header, status: u32, body: &[u8]) {
+        frame::write_frame(
+            server,
+            h.opcode,
+            frame::FLAG_REPLY,
+            h.call_id,
+            status,
+            &[body],
+        )
+        .unwrap();
+    }
+
     /// The asynchronous request these tests post.
     fn memset() -> msg::Memset {
         msg::Memset {
@@ -1049,15 +1062,7 @@ mod tests {
             assert!(h1.is_async());
             let h2 = frame::read_frame(&mut server, &mut p).unwrap();
             assert!(!h2.is_async());
-            frame::write_frame(
-                &mut server,
-                h2.opcode,
-                frame::FLAG_REPLY,
-                h2.call_id,
-                0,
-                &[],
-            )
-            .unwrap();
+            reply(&mut server, &h2, 0, &[]);
         });
         c.call(&msg::Ping {}, &[]).unwrap();
         t.join().unwrap();
@@ -1129,8 +1134,7 @@ mod tests {
             loop {
                 let h = frame::read_frame(&mut server, &mut p).unwrap();
                 if !h.is_async() {
-                    frame::write_frame(&mut server, h.opcode, frame::FLAG_REPLY, h.call_id, 0, &[])
-                        .unwrap();
+                    reply(&mut server, &h, 0, &[]);
                     return server;
                 }
             }
@@ -1146,15 +1150,7 @@ mod tests {
         let t = std::thread::spawn(move || {
             let mut p = Vec::new();
             let h = frame::read_frame(&mut server, &mut p).unwrap();
-            frame::write_frame(
-                &mut server,
-                h.opcode,
-                frame::FLAG_REPLY,
-                h.call_id,
-                2,
-                &[b"slice full"],
-            )
-            .unwrap();
+            reply(&mut server, &h, 2, b"slice full");
         });
         let e = c.call(&msg::MemAlloc { ctx: 1, size: 2 }, &[]).unwrap_err();
         assert_eq!(e, CallError::new(2, "slice full"));
@@ -1187,8 +1183,7 @@ mod tests {
                 assert!(!h.is_async());
                 seen.push(h.opcode);
                 if i >= n {
-                    frame::write_frame(&mut server, h.opcode, frame::FLAG_REPLY, h.call_id, 0, &[])
-                        .unwrap();
+                    reply(&mut server, &h, 0, &[]);
                     continue;
                 }
                 pending.push_back((i, h));
@@ -1198,15 +1193,7 @@ mod tests {
                         Ok(b) => (0, b),
                         Err(st) => (st, format!("chunk {j} failed").into_bytes()),
                     };
-                    frame::write_frame(
-                        &mut server,
-                        h.opcode,
-                        frame::FLAG_REPLY,
-                        h.call_id,
-                        status,
-                        &[&body],
-                    )
-                    .unwrap();
+                    reply(&mut server, &h, status, &body);
                 }
             }
             seen
@@ -1333,15 +1320,7 @@ mod tests {
                     more,
                 }
                 .encode(&mut out);
-                frame::write_frame(
-                    &mut server,
-                    h.opcode,
-                    frame::FLAG_REPLY,
-                    h.call_id,
-                    0,
-                    &[&out],
-                )
-                .unwrap();
+                reply(&mut server, &h, 0, &out);
             }
         });
         let e = c.call(&msg::CtxSynchronize { ctx: 1 }, &[]).unwrap_err();
@@ -1381,17 +1360,9 @@ mod tests {
         let served = std::thread::spawn(move || {
             let mut p = Vec::new();
             // HostShare (its descriptor is dropped with the bytes), then Doorbell: both accepted.
-            for reply in [msg::encode(&msg::Handle { handle: 5 }), Vec::new()] {
+            for body in [msg::encode(&msg::Handle { handle: 5 }), Vec::new()] {
                 let h = frame::read_frame(&mut server, &mut p).unwrap();
-                frame::write_frame(
-                    &mut server,
-                    h.opcode,
-                    frame::FLAG_REPLY,
-                    h.call_id,
-                    0,
-                    &[&reply],
-                )
-                .unwrap();
+                reply(&mut server, &h, 0, &body);
             }
             // The rung copy is never completed: vgpud ends.
             std::thread::sleep(Duration::from_millis(50));

@@ -103,6 +103,17 @@ const VSOCK_VM: &str = "vsock";
 const GUEST_CID: u64 = 3;
 const DEVICE_MEMORY: &str = "4GiB";
 const SLICE: &str = "1GiB";
+/// Largest transfer measured: one allocation of that size per path must fit the VMs' slices
+/// ([`SLICE`]) and the three of them the simulated GPU ([`DEVICE_MEMORY`]).
+pub const MAX_SIZE_MIB: usize = 1024;
+/// Host memory the benchmark touches, in multiples of the largest transfer: per device path
+/// (one per layout) its guest's source and destination buffers, the floor's host buffer and its
+/// device memory; the vsock path's two buffers and device memory; the two plain and the two
+/// huge-page memcpy buffers; the buffer that fills a guest's at the start. Measured at 1 GiB:
+/// the host's available memory fell by 15.9 GiB.
+const TOUCHED_PER_MAX: u64 = LAYOUTS.len() as u64 * 4 + 3 + 4 + 1;
+/// What the benchmark touches besides: the daemon, rings, the guests' other pages.
+const TOUCHED_BESIDES: u64 = 512 * MIB as u64;
 /// Most bulk bytes per request through the device: what the guest module reports as
 /// `max_transfer` with 1024-entry rings (1024 descriptors less 20 reserved and one for
 /// misalignment, in 4 KiB pages, rounded down to 64 KiB). A device-to-host copy of 1 to 2 MiB
@@ -114,6 +125,7 @@ const MIN_BYTES_PER_MEASUREMENT: usize = 512 * MIB;
 /// Requests of one copy in flight at once.
 const WINDOW: usize = 8;
 const BYTES_PER_GB: f64 = 1e9;
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// How the guest's buffers lie in guest-physical memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +205,40 @@ struct DevPath {
     /// of that speed in some processes on a 2-vCPU cloud VM, as if the floor were slower than the
     /// device; `docs/performance.md`, "The floor's host buffer").
     host: HugeMapping,
+}
+
+/// Host memory the benchmark touches when its largest transfer is `max` bytes.
+pub fn memory_needed(max: usize) -> u64 {
+    TOUCHED_PER_MAX * max as u64 + TOUCHED_BESIDES
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes, `None` when unknown.
+pub fn memory_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Whether the host has the memory to measure transfers of up to `max_mib` MiB; the reason
+/// when it has not.
+pub fn fits(max_mib: usize) -> Result<(), String> {
+    let needed = memory_needed(max_mib.saturating_mul(MIB));
+    match memory_available() {
+        Some(available) if available < needed => Err(format!(
+            "transfers of {max_mib} MiB need about {:.1} GiB of host memory, {:.1} GiB is \
+             available",
+            needed as f64 / GIB,
+            available as f64 / GIB
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Guest RAM of one device path's guest.
@@ -583,7 +629,14 @@ pub fn measure(p: &Params) -> Result<Results, String> {
     if p.runs == 0 || p.sizes_mib.is_empty() || p.sizes_mib.contains(&0) {
         return Err("--runs and every size must be at least 1".into());
     }
-    let max = p.sizes_mib.iter().max().copied().unwrap_or(1) * MIB;
+    let max_mib = p.sizes_mib.iter().max().copied().unwrap_or(1);
+    if max_mib > MAX_SIZE_MIB {
+        return Err(format!(
+            "--sizes: at most {MAX_SIZE_MIB} MiB (each VM's slice is {SLICE})"
+        ));
+    }
+    fits(max_mib)?;
+    let max = max_mib * MIB;
     let ram = guest_ram(p.ram, max)?;
     let dir = tempfile::tempdir().map_err(err("temporary directory"))?;
     let daemon = Daemon::start(&config(dir.path())?).map_err(err("starting vgpud in-process"))?;
@@ -874,5 +927,25 @@ mod tests {
             wait: GuestWait::Block,
         };
         assert!(measure(&bad).is_err());
+        let too_large = Params {
+            runs: 1,
+            sizes_mib: vec![1, MAX_SIZE_MIB + 1],
+            ram: RamChoice::Small,
+            wait: GuestWait::Block,
+        };
+        let e = measure(&too_large).unwrap_err();
+        assert!(e.contains("at most 1024 MiB"), "{e}");
+    }
+
+    #[test]
+    fn the_memory_check_counts_every_large_buffer() {
+        // 1 GiB transfers touch about 16 GiB: more than a small host has, which must be said
+        // before anything is allocated, not found by the OOM killer.
+        let needed = memory_needed(1 << 30);
+        assert!((16 << 30..17 << 30).contains(&needed), "{needed}");
+        assert!(memory_available().is_some_and(|a| a > 0));
+        assert!(fits(1).is_ok());
+        let e = fits(1 << 20).unwrap_err();
+        assert!(e.contains("need about") && e.contains("available"), "{e}");
     }
 }

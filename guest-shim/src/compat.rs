@@ -16,7 +16,7 @@ use crate::ffi::{CUresult, ffi};
 use crate::out;
 
 /// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`: the only occupancy flag.
-const OCCUPANCY_FLAGS_KNOWN: c_uint = 0x1;
+pub(crate) const OCCUPANCY_FLAGS_KNOWN: c_uint = 0x1;
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent(ctx: CUhandle) -> CUresult {

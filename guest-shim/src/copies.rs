@@ -483,6 +483,30 @@ pub extern "C" fn cuMemcpyPeerAsync(
     })
 }
 
+/// A `CUDA_MEMCPY3D_PEER` as the `CUDA_MEMCPY3D` it equals on one device: the two structures
+/// have the same layout, the peer form's source and destination contexts where the plain form
+/// has its two reserved (NULL) pointers, and the VM's contexts share its one device (as in
+/// [`cuMemcpyPeer`]).
+fn peer_as_3d(p: *const Memcpy3D) -> drv::CuRes<Memcpy3D> {
+    // SAFETY: NULL or the caller's CUDA_MEMCPY3D_PEER (CUDA contract), laid out as Memcpy3D.
+    let mut plain = *unsafe { p.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    plain.reserved0 = std::ptr::null_mut();
+    plain.reserved1 = std::ptr::null_mut();
+    Ok(plain)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DPeer(p: *const Memcpy3D) -> CUresult {
+    ffi("cuMemcpy3DPeer", || copy_3d(&peer_as_3d(p)?, 0, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DPeerAsync(p: *const Memcpy3D, stream: CUhandle) -> CUresult {
+    ffi("cuMemcpy3DPeerAsync", || {
+        copy_3d(&peer_as_3d(p)?, h(stream), false)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,8 @@ use crate::transport;
 /// A driver call's result.
 pub type CuRes<T> = Result<T, CuResult>;
 
+/// `CU_STREAM_LEGACY`.
+pub const STREAM_LEGACY: u64 = 0x1;
 /// `CU_STREAM_PER_THREAD`.
 pub const STREAM_PER_THREAD: u64 = 0x2;
 /// `CU_MEMHOSTALLOC_DEVICEMAP`.
@@ -1544,13 +1546,42 @@ pub fn stream_destroy(s: u64) -> CuRes<()> {
 /// `cuStreamGetPriority` / `cuStreamGetFlags`: (flags, priority).
 pub fn stream_params(s: u64) -> CuRes<(u32, i32)> {
     let d = driver()?;
-    if s == 0 || s == STREAM_PER_THREAD || s == 1 {
+    if s == 0 || s == STREAM_PER_THREAD || s == STREAM_LEGACY {
         return Ok((0, 0));
     }
     lock(&d.streams)
         .get(&s)
         .copied()
         .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// Set in the ID of a context's legacy default stream: no handle has it (their bits 63..47 are
+/// zero), so the ID differs from every stream's and context's.
+const LEGACY_STREAM_ID_BIT: u64 = 1 << 63;
+
+/// `cuStreamGetId`: a stream's ID, unique among the process's live streams. A created stream's
+/// (and a per-thread default stream's) is its handle; the legacy default stream's is its
+/// context's handle with [`LEGACY_STREAM_ID_BIT`].
+pub fn stream_id(s: u64) -> CuRes<u64> {
+    let c = ctx()?;
+    let per_thread =
+        s == STREAM_PER_THREAD || (s == 0 && PER_THREAD_DEFAULT.with(std::cell::Cell::get));
+    if per_thread {
+        return wire_stream(s);
+    }
+    if s == 0 || s == STREAM_LEGACY {
+        return Ok(LEGACY_STREAM_ID_BIT | c);
+    }
+    stream_params(s)?;
+    Ok(s)
+}
+
+/// `cuCtxGetId`: a context's ID, its handle (the current context's for 0). The host checks a
+/// given context with a query that waits for nothing.
+pub fn ctx_id(c: u64) -> CuRes<u64> {
+    let c = if c == 0 { ctx()? } else { c };
+    driver()?.call(&msg::MemGetInfo { ctx: c }, &[])?;
+    Ok(c)
 }
 
 /// `cuStreamSynchronize`.
@@ -1990,6 +2021,38 @@ pub fn occupancy_blocks_per_sm(f: u64, block_size: i32, dyn_smem: usize) -> CuRe
         i64::try_from(dyn_smem).unwrap_or(i64::MAX),
     );
     Ok(i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+/// `cuOccupancyAvailableDynamicSMemPerBlock`: the most dynamic shared memory per block (up to
+/// the function's `MAX_DYNAMIC_SHARED_SIZE_BYTES`) with which `blocks` blocks of `block_size`
+/// threads still fit one multiprocessor at once, by the same model as
+/// [`occupancy_blocks_per_sm`]; 0 when they do not fit even without any.
+pub fn occupancy_available_dyn_smem(f: u64, blocks: i32, block_size: i32) -> CuRes<usize> {
+    use vgpu_proto::cuda::func_attr;
+    let l = func_layout(f)?;
+    if blocks <= 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let fits = |smem: usize| occupancy_blocks_per_sm(f, block_size, smem).map(|n| n >= blocks);
+    if !fits(0)? {
+        return Ok(0);
+    }
+    let limit = l
+        .attributes
+        .get(func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)
+        .copied()
+        .unwrap_or(0);
+    // Occupancy never grows with more shared memory: the largest size that fits, by bisection.
+    let (mut lo, mut hi) = (0usize, usize::try_from(limit).unwrap_or(0));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Ok(lo)
 }
 
 /// `cuOccupancyMaxPotentialBlockSize`: (min grid size, block size).

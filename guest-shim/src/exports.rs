@@ -314,6 +314,12 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     })
 }
 
+/// `cuCtxGetId` (CUDA 12.0): the context's handle, unique among the process's live contexts.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetId(ctx: CUhandle, id: *mut u64) -> CUresult {
+    ffi("cuCtxGetId", || out!(id, drv::ctx_id(h(ctx))?))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     least: *mut c_int,
@@ -831,6 +837,21 @@ pub unsafe extern "C" fn cuStreamGetFlags(stream: CUhandle, flags: *mut c_uint) 
     })
 }
 
+/// `cuStreamGetId` (CUDA 12.0): unique among the process's live streams ([`drv::stream_id`]).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetId(stream: CUhandle, id: *mut u64) -> CUresult {
+    ffi("cuStreamGetId", || out!(id, drv::stream_id(h(stream))?))
+}
+
+/// `cuStreamGetDevice` (CUDA 12.8): a VM's streams all live on its one device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice(stream: CUhandle, device: *mut CUdevice) -> CUresult {
+    ffi("cuStreamGetDevice", || {
+        drv::stream_params(h(stream))?;
+        out!(device, drv::ctx_get_device()?)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(ph: *mut CUhandle, flags: c_uint) -> CUresult {
     ffi("cuEventCreate", || {
@@ -844,6 +865,33 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUhandle, flags: c_uint) -> CUre
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecord(event: CUhandle, stream: CUhandle) -> CUresult {
     ffi("cuEventRecord", || drv::event_record(h(event), h(stream)))
+}
+
+/// `CU_EVENT_RECORD_DEFAULT`.
+const EVENT_RECORD_DEFAULT: c_uint = 0x0;
+/// `CU_EVENT_RECORD_EXTERNAL`: in a stream capture, an event record node.
+const EVENT_RECORD_EXTERNAL: c_uint = 0x1;
+
+/// `cuEventRecordWithFlags` (CUDA 11.1): a record; `CU_EVENT_RECORD_EXTERNAL` only changes what a
+/// stream capture makes of it, and vgpu's captures have no external event nodes: refused there
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the capture invalidated), a plain record elsewhere.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags(
+    event: CUhandle,
+    stream: CUhandle,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuEventRecordWithFlags", || match flags {
+        EVENT_RECORD_DEFAULT => drv::event_record(h(event), h(stream)),
+        EVENT_RECORD_EXTERNAL => {
+            if crate::stream_capture::recording() {
+                return Err(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            crate::stream_capture::check_stream_sync(h(stream))?;
+            drv::event_record(h(event), h(stream))
+        }
+        _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -1419,6 +1467,24 @@ pub extern "C" fn cuFuncSetCacheConfig(f: CUhandle, _config: c_int) -> CUresult 
     ffi("cuFuncSetCacheConfig", || drv::func_layout(h(f)).map(drop))
 }
 
+/// `CU_FUNCTION_LOADING_STATE_LOADED`.
+const FUNCTION_LOADED: c_int = 1;
+
+/// `cuFuncIsLoaded` (CUDA 12.4): a function handle vgpu hands out is loaded.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, f: CUhandle) -> CUresult {
+    ffi("cuFuncIsLoaded", || {
+        drv::func_layout(h(f))?;
+        out!(state, FUNCTION_LOADED)
+    })
+}
+
+/// `cuFuncLoad` (CUDA 12.4): nothing to do for a function vgpu hands out.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncLoad(f: CUhandle) -> CUresult {
+    ffi("cuFuncLoad", || drv::func_layout(h(f)).map(drop))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     n: *mut c_int,
@@ -1452,6 +1518,44 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let (g, b) = drv::occupancy_max_block_size(h(f), &dyn_smem, limit)?;
         out!(min_grid, g)?;
         out!(block, b)
+    })
+}
+
+/// `cuOccupancyMaxPotentialBlockSizeWithFlags`: as without flags; the one flag
+/// (`CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`) changes nothing on a device whose L1 and shared
+/// memory vgpu does not split.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: CUhandle,
+    smem_fn: B2DSize,
+    smem: usize,
+    limit: c_int,
+    flags: c_uint,
+) -> CUresult {
+    if flags & !crate::compat::OCCUPANCY_FLAGS_KNOWN != 0 {
+        return ffi("cuOccupancyMaxPotentialBlockSizeWithFlags", || {
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        });
+    }
+    // SAFETY: the same contract as cuOccupancyMaxPotentialBlockSize.
+    unsafe { cuOccupancyMaxPotentialBlockSize(min_grid, block, f, smem_fn, smem, limit) }
+}
+
+/// `cuOccupancyAvailableDynamicSMemPerBlock` ([`drv::occupancy_available_dyn_smem`]).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
+    dyn_smem: *mut usize,
+    f: CUhandle,
+    blocks: c_int,
+    block_size: c_int,
+) -> CUresult {
+    ffi("cuOccupancyAvailableDynamicSMemPerBlock", || {
+        out!(
+            dyn_smem,
+            drv::occupancy_available_dyn_smem(h(f), blocks, block_size)?
+        )
     })
 }
 

@@ -26,6 +26,7 @@ pub mod ffi;
 pub mod graph;
 pub mod host_func;
 pub mod integrity;
+pub mod legacy_launch;
 pub mod library;
 pub mod linker;
 pub mod log;

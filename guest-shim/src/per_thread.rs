@@ -67,6 +67,11 @@ per_thread! {
     cuStreamQuery_ptsz => cuStreamQuery(stream: CUhandle);
     cuStreamWaitEvent_ptsz => cuStreamWaitEvent(stream: CUhandle, event: CUhandle, flags: c_uint);
     cuEventRecord_ptsz => cuEventRecord(event: CUhandle, stream: CUhandle);
+    cuEventRecordWithFlags_ptsz => cuEventRecordWithFlags(
+        event: CUhandle, stream: CUhandle, flags: c_uint
+    );
+    cuStreamGetId_ptsz => cuStreamGetId(stream: CUhandle, id: *mut u64);
+    cuStreamGetDevice_ptsz => cuStreamGetDevice(stream: CUhandle, device: *mut ex::CUdevice);
     cuLaunchHostFunc_ptsz => cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void);
     cuStreamAddCallback_ptsz => cuStreamAddCallback(
         stream: CUhandle, callback: CUstreamCallback, data: *mut c_void, flags: c_uint

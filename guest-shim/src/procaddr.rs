@@ -15,6 +15,7 @@ use crate::exports::*;
 use crate::graph::api::*;
 use crate::graph::attrs::*;
 use crate::graph::generic::*;
+use crate::legacy_launch::*;
 use crate::library::*;
 use crate::linker::*;
 use crate::peer::*;
@@ -266,6 +267,9 @@ fn table() -> &'static [Entry] {
             e!("cuStreamWaitEvent", (3020, f!(cuStreamWaitEvent))),
             e!("cuStreamGetPriority", (5050, f!(cuStreamGetPriority))),
             e!("cuStreamGetFlags", (5050, f!(cuStreamGetFlags))),
+            e!("cuStreamGetId", (12000, f!(cuStreamGetId))),
+            e!("cuStreamGetDevice", (12080, f!(cuStreamGetDevice))),
+            e!("cuCtxGetId", (12000, f!(cuCtxGetId))),
             e!("cuMemcpy2D", (3020, f!(cuMemcpy2D_v2))),
             e!("cuMemcpy2DUnaligned", (3020, f!(cuMemcpy2DUnaligned_v2))),
             e!("cuMemcpy2DAsync", (3020, f!(cuMemcpy2DAsync_v2))),
@@ -279,6 +283,8 @@ fn table() -> &'static [Entry] {
             e!("cuMemsetD2D32Async", (3020, f!(cuMemsetD2D32Async))),
             e!("cuMemcpyPeer", (4000, f!(cuMemcpyPeer))),
             e!("cuMemcpyPeerAsync", (4000, f!(cuMemcpyPeerAsync))),
+            e!("cuMemcpy3DPeer", (4000, f!(cuMemcpy3DPeer))),
+            e!("cuMemcpy3DPeerAsync", (4000, f!(cuMemcpy3DPeerAsync))),
             e!("cuDeviceGetByPCIBusId", (4010, f!(cuDeviceGetByPCIBusId))),
             e!("cuDeviceCanAccessPeer", (4000, f!(cuDeviceCanAccessPeer))),
             e!(
@@ -527,6 +533,10 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuEventCreate", (2000, f!(cuEventCreate))),
             e!("cuEventRecord", (2000, f!(cuEventRecord))),
+            e!(
+                "cuEventRecordWithFlags",
+                (11010, f!(cuEventRecordWithFlags))
+            ),
             e!("cuEventQuery", (2000, f!(cuEventQuery))),
             e!("cuEventSynchronize", (2000, f!(cuEventSynchronize))),
             e!(
@@ -557,6 +567,25 @@ fn table() -> &'static [Entry] {
                 "cuOccupancyMaxPotentialBlockSize",
                 (6050, f!(cuOccupancyMaxPotentialBlockSize))
             ),
+            e!(
+                "cuOccupancyMaxPotentialBlockSizeWithFlags",
+                (7000, f!(cuOccupancyMaxPotentialBlockSizeWithFlags))
+            ),
+            e!(
+                "cuOccupancyAvailableDynamicSMemPerBlock",
+                (10020, f!(cuOccupancyAvailableDynamicSMemPerBlock))
+            ),
+            e!("cuFuncIsLoaded", (12040, f!(cuFuncIsLoaded))),
+            e!("cuFuncLoad", (12040, f!(cuFuncLoad))),
+            e!("cuFuncSetBlockShape", (2000, f!(cuFuncSetBlockShape))),
+            e!("cuFuncSetSharedSize", (2000, f!(cuFuncSetSharedSize))),
+            e!("cuParamSetSize", (2000, f!(cuParamSetSize))),
+            e!("cuParamSeti", (2000, f!(cuParamSeti))),
+            e!("cuParamSetf", (2000, f!(cuParamSetf))),
+            e!("cuParamSetv", (2000, f!(cuParamSetv))),
+            e!("cuLaunch", (2000, f!(cuLaunch))),
+            e!("cuLaunchGrid", (2000, f!(cuLaunchGrid))),
+            e!("cuLaunchGridAsync", (2000, f!(cuLaunchGridAsync))),
             e!("cuModuleLoad", (2000, f!(cuModuleLoad))),
             e!("cuModuleLoadFatBinary", (2000, f!(cuModuleLoadFatBinary))),
             e!(
@@ -699,6 +728,36 @@ mod tests {
                 Lookup::Found(p) => p as usize,
                 other => panic!("{other:?}"),
             }
+        );
+    }
+
+    #[test]
+    fn newer_queries_and_the_old_launch_api_resolve_from_the_version_cuda_introduced_them() {
+        assert_eq!(lookup("cuStreamGetId", 11080, 0), Lookup::VersionTooLow);
+        assert_eq!(
+            found("cuStreamGetId", 12000),
+            cuStreamGetId as *const () as usize
+        );
+        match lookup("cuStreamGetId", 12000, PER_THREAD_DEFAULT_STREAM) {
+            Lookup::Found(p) => assert_eq!(
+                p as usize,
+                crate::per_thread::cuStreamGetId_ptsz as *const () as usize
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(lookup("cuFuncLoad", 12030, 0), Lookup::VersionTooLow);
+        assert_eq!(found("cuFuncLoad", 12040), cuFuncLoad as *const () as usize);
+        assert_eq!(
+            found("cuEventRecordWithFlags", 11010),
+            cuEventRecordWithFlags as *const () as usize
+        );
+        assert_eq!(
+            found("cuLaunchGrid", 2000),
+            cuLaunchGrid as *const () as usize
+        );
+        assert_eq!(
+            found("cuMemcpy3DPeer", 12000),
+            cuMemcpy3DPeer as *const () as usize
         );
     }
 

@@ -5,8 +5,11 @@
  * loading from files, CUDA 12 libraries loaded with no current context),
  * the JIT linker (two PTX modules, one calling a function the other
  * defines, and a register limit), pitched 2-D/3-D copies and memsets,
- * pointer attributes, peer queries, PCI bus ids, stream capture queries and
- * CUDA 13's context entry points.
+ * pointer attributes, peer queries, PCI bus ids, stream capture queries,
+ * CUDA 13's context entry points, CUDA 12's stream and context IDs and
+ * function loading queries, occupancy with flags and by shared memory, 3-D
+ * peer copies, event records with flags, and the launch API of CUDA before
+ * 4.0 (cuParamSet*, cuLaunchGrid).
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is
  * the number of failures.
@@ -128,6 +131,35 @@ CUresult cuLinkAddData_v2(CUlinkState, int, void *, size_t, const char *, unsign
 CUresult cuLinkComplete(CUlinkState, void **, size_t *);
 CUresult cuLinkDestroy(CUlinkState);
 CUresult cuGetErrorName(CUresult, const char **);
+CUresult cuStreamGetId(CUstream, unsigned long long *);
+CUresult cuStreamGetId_ptsz(CUstream, unsigned long long *);
+CUresult cuStreamGetDevice(CUstream, CUdevice *);
+CUresult cuCtxGetId(CUcontext, unsigned long long *);
+CUresult cuFuncIsLoaded(int *, CUfunction);
+CUresult cuFuncLoad(CUfunction);
+CUresult cuOccupancyMaxPotentialBlockSize(int *, int *, CUfunction, size_t (*)(int), size_t, int);
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *, int *, CUfunction, size_t (*)(int),
+                                                   size_t, int, unsigned int);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *, CUfunction, int, int);
+CUresult cuMemcpy3DPeer(const void *);
+CUresult cuMemcpy3DPeerAsync(const void *, CUstream);
+typedef struct CUevent_st *CUevent;
+CUresult cuEventCreate(CUevent *, unsigned int);
+CUresult cuEventDestroy_v2(CUevent);
+CUresult cuEventRecordWithFlags(CUevent, CUstream, unsigned int);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, void **);
+CUresult cuFuncSetBlockShape(CUfunction, int, int, int);
+CUresult cuFuncSetSharedSize(CUfunction, unsigned int);
+CUresult cuParamSetSize(CUfunction, unsigned int);
+CUresult cuParamSeti(CUfunction, int, unsigned int);
+CUresult cuParamSetf(CUfunction, int, float);
+CUresult cuParamSetv(CUfunction, int, void *, unsigned int);
+CUresult cuLaunch(CUfunction);
+CUresult cuLaunchGrid(CUfunction, int, int);
+CUresult cuLaunchGridAsync(CUfunction, int, int, CUstream);
 
 static int failures;
 
@@ -545,6 +577,164 @@ static void device_and_peers(CUcontext ctx) {
     cuCtxSetCurrent(ctx);
 }
 
+
+/* CUDA 12's IDs and loading queries, occupancy with flags and by shared
+ * memory, 3-D peer copies and event records with flags. */
+static void newer_queries(CUcontext ctx) {
+    unsigned long long ids[4] = {0}, again = 0;
+    CUstream a, b;
+    cuStreamCreate(&a, 0);
+    cuStreamCreate(&b, 0);
+    check("cuStreamGetId", cuStreamGetId(a, &ids[0]), 0);
+    check("cuStreamGetId of another stream", cuStreamGetId(b, &ids[1]), 0);
+    check("cuStreamGetId of the legacy stream", cuStreamGetId(NULL, &ids[2]), 0);
+    check("cuStreamGetId of the per-thread stream", cuStreamGetId((CUstream)0x2, &ids[3]), 0);
+    int distinct = 1;
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++) distinct &= ids[i] != ids[j];
+    expect("stream IDs differ", distinct && ids[0] && ids[2]);
+    cuStreamGetId(a, &again);
+    expect("a stream's ID stays", again == ids[0]);
+    check("cuStreamGetId_ptsz of stream 0 is the per-thread stream's",
+          cuStreamGetId_ptsz(NULL, &again), 0);
+    expect("the same ID", again == ids[3]);
+    check("cuStreamGetId of a forged stream",
+          cuStreamGetId((CUstream)(uintptr_t)0x7000deadbeefULL, &again), 400);
+    CUdevice dev = -1;
+    check("cuStreamGetDevice", cuStreamGetDevice(a, &dev), 0);
+    expect("device 0", dev == 0);
+    unsigned long long cid = 0, cid2 = 0;
+    check("cuCtxGetId (current)", cuCtxGetId(NULL, &cid), 0);
+    check("cuCtxGetId (given)", cuCtxGetId(ctx, &cid2), 0);
+    expect("the same context ID", cid && cid == cid2);
+    CUcontext other;
+    cuCtxCreate_v2(&other, 0, 0);
+    check("cuCtxGetId of another context", cuCtxGetId(other, &cid2), 0);
+    expect("another context, another ID", cid2 && cid2 != cid);
+    cuCtxDestroy_v2(other);
+    cuCtxSetCurrent(ctx);
+    check("cuCtxGetId of a destroyed context", cuCtxGetId(other, &cid2), 201);
+
+    CUmodule m;
+    CUfunction add_one;
+    cuModuleLoadData(&m, MODULE);
+    cuModuleGetFunction(&add_one, m, "add_one");
+    int state = -1;
+    check("cuFuncIsLoaded", cuFuncIsLoaded(&state, add_one), 0);
+    expect("loaded", state == 1);
+    check("cuFuncLoad", cuFuncLoad(add_one), 0);
+    int grid0 = 0, block0 = 0, grid1 = 0, block1 = 0;
+    check("cuOccupancyMaxPotentialBlockSize",
+          cuOccupancyMaxPotentialBlockSize(&grid0, &block0, add_one, NULL, 0, 0), 0);
+    check("cuOccupancyMaxPotentialBlockSizeWithFlags",
+          cuOccupancyMaxPotentialBlockSizeWithFlags(&grid1, &block1, add_one, NULL, 0, 0, 1), 0);
+    expect("the same answer with the flag", grid0 == grid1 && block0 == block1 && block0 > 0);
+    check("cuOccupancyMaxPotentialBlockSizeWithFlags with an unknown flag",
+          cuOccupancyMaxPotentialBlockSizeWithFlags(&grid1, &block1, add_one, NULL, 0, 0, 4), 1);
+    size_t avail = 0;
+    check("cuOccupancyAvailableDynamicSMemPerBlock",
+          cuOccupancyAvailableDynamicSMemPerBlock(&avail, add_one, 2, 128), 0);
+    int n = 0;
+    cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, add_one, 128, avail);
+    expect("two blocks fit with that much", avail > 0 && n >= 2);
+    cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, add_one, 128, avail + 1024);
+    size_t more = 0;
+    cuOccupancyAvailableDynamicSMemPerBlock(&more, add_one, 1, 128);
+    expect("and not with a kilobyte more, unless that is the limit", n < 2 || avail == more);
+    expect("one block may have at least as much", more >= avail);
+    check("cuOccupancyAvailableDynamicSMemPerBlock of no blocks",
+          cuOccupancyAvailableDynamicSMemPerBlock(&avail, add_one, 0, 128), 1);
+
+    /* CUDA_MEMCPY3D_PEER: CUDA_MEMCPY3D with the contexts where the reserved
+     * pointers are. */
+    enum { W = 16, H = 3 };
+    unsigned char src[H][W], back[H][W];
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) src[y][x] = (unsigned char)(7 * y + x);
+    CUdeviceptr d;
+    cuMemAlloc_v2(&d, 64 * H);
+    CUDA_MEMCPY3D up = {0};
+    up.srcMemoryType = HOST; up.srcHost = src; up.srcPitch = W; up.srcHeight = H;
+    up.reserved0 = ctx;
+    up.dstMemoryType = DEVICE; up.dstDevice = d; up.dstPitch = 64; up.dstHeight = H;
+    up.reserved1 = ctx;
+    up.WidthInBytes = W; up.Height = H; up.Depth = 1;
+    check("cuMemcpy3DPeer host to device", cuMemcpy3DPeer(&up), 0);
+    CUDA_MEMCPY3D down = {0};
+    down.srcMemoryType = DEVICE; down.srcDevice = d; down.srcPitch = 64; down.srcHeight = H;
+    down.reserved0 = ctx;
+    down.dstMemoryType = HOST; down.dstHost = back; down.dstPitch = W; down.dstHeight = H;
+    down.reserved1 = ctx;
+    down.WidthInBytes = W; down.Height = H; down.Depth = 1;
+    memset(back, 0, sizeof back);
+    check("cuMemcpy3DPeerAsync device to host", cuMemcpy3DPeerAsync(&down, a), 0);
+    cuStreamSynchronize(a);
+    expect("3-D peer round trip", !memcmp(back, src, sizeof src));
+    check("cuMemcpy3DPeer of NULL", cuMemcpy3DPeer(NULL), 1);
+    cuMemFree_v2(d);
+
+    CUevent e;
+    cuEventCreate(&e, 0);
+    check("cuEventRecordWithFlags (default)", cuEventRecordWithFlags(e, a, 0), 0);
+    check("cuEventRecordWithFlags (external, not capturing)", cuEventRecordWithFlags(e, a, 1), 0);
+    check("and the event completes", cuEventSynchronize(e), 0);
+    check("cuEventRecordWithFlags with an unknown flag", cuEventRecordWithFlags(e, a, 4), 1);
+    check("begin a capture", cuStreamBeginCapture_v2(b, 0), 0);
+    check("cuEventRecordWithFlags (external) in a capture",
+          cuEventRecordWithFlags(e, b, 1), 900);
+    void *graph = NULL;
+    check("the capture was invalidated", cuStreamEndCapture(b, &graph), 901);
+    cuEventDestroy_v2(e);
+    cuModuleUnload(m);
+    cuStreamDestroy_v2(a);
+    cuStreamDestroy_v2(b);
+}
+
+/* The launch API of CUDA before 4.0: parameters set by offset, then a grid. */
+static void legacy_launch(void) {
+    CUmodule m;
+    CUfunction add_one;
+    cuModuleLoadData(&m, MODULE);
+    cuModuleGetFunction(&add_one, m, "add_one");
+    enum { N = 300 };
+    unsigned int v[N];
+    for (int i = 0; i < N; i++) v[i] = (unsigned int)i;
+    CUdeviceptr d;
+    cuMemAlloc_v2(&d, sizeof v);
+    cuMemcpyHtoD_v2(d, v, sizeof v);
+    check("cuLaunchGrid before a block shape", cuLaunchGrid(add_one, 1, 1), 1);
+    check("cuFuncSetBlockShape", cuFuncSetBlockShape(add_one, 64, 1, 1), 0);
+    check("cuFuncSetSharedSize", cuFuncSetSharedSize(add_one, 0), 0);
+    check("cuParamSetv (the pointer)", cuParamSetv(add_one, 0, &d, sizeof d), 0);
+    check("cuLaunchGrid with too few parameter bytes", cuLaunchGrid(add_one, 1, 1), 1);
+    check("cuParamSeti (the count)", cuParamSeti(add_one, 8, 200), 0);
+    check("cuParamSetSize", cuParamSetSize(add_one, 12), 0);
+    check("cuLaunchGrid", cuLaunchGrid(add_one, 4, 1), 0);
+    check("cuLaunch (one block)", cuLaunch(add_one), 0);
+    CUstream s;
+    cuStreamCreate(&s, 0);
+    check("cuParamSetf over the count (as bits)", cuParamSetf(add_one, 8, 0.0f), 0);
+    check("cuParamSeti (the count again)", cuParamSeti(add_one, 8, 10), 0);
+    check("cuLaunchGridAsync", cuLaunchGridAsync(add_one, 1, 1, s), 0);
+    cuStreamSynchronize(s);
+    cuMemcpyDtoH_v2(v, d, sizeof v);
+    int right = 1;
+    for (int i = 0; i < N; i++) {
+        unsigned int want = (unsigned int)i + (i < 200) + (i < 64) + (i < 10);
+        right &= v[i] == want;
+    }
+    expect("each launch incremented its threads' elements", right);
+    check("cuParamSetv past the parameter space", cuParamSetv(add_one, 4094, &d, 8), 1);
+    check("cuParamSeti at a negative offset", cuParamSeti(add_one, -4, 1), 1);
+    check("cuFuncSetBlockShape of zero threads", cuFuncSetBlockShape(add_one, 0, 1, 1), 1);
+    check("cuLaunchGrid of a forged function",
+          cuLaunchGrid((CUfunction)(uintptr_t)0x7000deadbeefULL, 1, 1), 400);
+    cuStreamDestroy_v2(s);
+    cuMemFree_v2(d);
+    cuModuleUnload(m);
+    check("cuLaunch of an unloaded module's function", cuLaunch(add_one), 400);
+}
+
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -558,6 +748,8 @@ int main(void) {
     copies();
     pointers();
     device_and_peers(ctx);
+    newer_queries(ctx);
+    legacy_launch();
     check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
     printf("# driver_api_ext: %d failed\n", failures);
     return failures;

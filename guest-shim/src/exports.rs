@@ -141,6 +141,29 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     })
 }
 
+/// `CUdevprop`'s fields: the values of device attributes `MAX_THREADS_PER_BLOCK` to
+/// `TEXTURE_ALIGNMENT`, in order, each an `int`.
+const DEVPROP_FIELDS: usize = cuda::attr::TEXTURE_ALIGNMENT - cuda::attr::MAX_THREADS_PER_BLOCK + 1;
+
+/// `cuDeviceGetProperties` (deprecated since CUDA 5.0, still declared): the legacy property
+/// block, filled from the device's attributes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetProperties(prop: *mut c_int, dev: CUdevice) -> CUresult {
+    ffi("cuDeviceGetProperties", || {
+        if prop.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut fields = [0; DEVPROP_FIELDS];
+        for (i, field) in fields.iter_mut().enumerate() {
+            let attr = cuda::attr::MAX_THREADS_PER_BLOCK + i;
+            *field = drv::device_attribute(attr as c_int, dev)?;
+        }
+        // SAFETY: `prop` points to a CUdevprop, fourteen ints (CUDA contract), checked non-NULL.
+        unsafe { std::ptr::copy_nonoverlapping(fields.as_ptr(), prop, fields.len()) };
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceComputeCapability(
     major: *mut c_int,
@@ -311,6 +334,48 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     ffi("cuCtxGetFlags", || {
         drv::ctx_get_device()?;
         out!(flags, 0)
+    })
+}
+
+/// `CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE`: the bank size of every device since Maxwell,
+/// which ignore the setting.
+const SHARED_MEM_FOUR_BYTE_BANKS: c_int = 1;
+/// `CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE`, the largest configuration value.
+const SHARED_MEM_CONFIG_LAST: c_int = 2;
+
+fn check_shared_mem_config(config: c_int) -> drv::CuRes<()> {
+    if (0..=SHARED_MEM_CONFIG_LAST).contains(&config) {
+        Ok(())
+    } else {
+        Err(cuda::CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// `cuCtxGetSharedMemConfig` (deprecated in CUDA 12.4): four-byte banks, as on every device
+/// since Maxwell.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetSharedMemConfig(config: *mut c_int) -> CUresult {
+    ffi("cuCtxGetSharedMemConfig", || {
+        drv::ctx_get_device()?;
+        out!(config, SHARED_MEM_FOUR_BYTE_BANKS)
+    })
+}
+
+/// `cuCtxSetSharedMemConfig`: accepted and without effect, as on devices since Maxwell.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetSharedMemConfig(config: c_int) -> CUresult {
+    ffi("cuCtxSetSharedMemConfig", || {
+        check_shared_mem_config(config)?;
+        drv::ctx_get_device().map(drop)
+    })
+}
+
+/// `cuFuncSetSharedMemConfig`: accepted and without effect, as on devices since Maxwell.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetSharedMemConfig(f: CUhandle, config: c_int) -> CUresult {
+    ffi("cuFuncSetSharedMemConfig", || {
+        check_shared_mem_config(config)?;
+        drv::func_layout(h(f)).map(drop)
     })
 }
 

@@ -270,6 +270,19 @@ fn table() -> &'static [Entry] {
             e!("cuStreamGetId", (12000, f!(cuStreamGetId))),
             e!("cuStreamGetDevice", (12080, f!(cuStreamGetDevice))),
             e!("cuCtxGetId", (12000, f!(cuCtxGetId))),
+            e!(
+                "cuCtxGetSharedMemConfig",
+                (4020, f!(cuCtxGetSharedMemConfig))
+            ),
+            e!(
+                "cuCtxSetSharedMemConfig",
+                (4020, f!(cuCtxSetSharedMemConfig))
+            ),
+            e!(
+                "cuFuncSetSharedMemConfig",
+                (4020, f!(cuFuncSetSharedMemConfig))
+            ),
+            e!("cuDeviceGetProperties", (2000, f!(cuDeviceGetProperties))),
             e!("cuMemcpy2D", (3020, f!(cuMemcpy2D_v2))),
             e!("cuMemcpy2DUnaligned", (3020, f!(cuMemcpy2DUnaligned_v2))),
             e!("cuMemcpy2DAsync", (3020, f!(cuMemcpy2DAsync_v2))),

@@ -7,7 +7,8 @@
  * defines, and a register limit), pitched 2-D/3-D copies and memsets,
  * pointer attributes, peer queries, PCI bus ids, stream capture queries,
  * CUDA 13's context entry points, CUDA 12's stream and context IDs and
- * function loading queries, occupancy with flags and by shared memory, 3-D
+ * function loading queries, the legacy property block and shared memory
+ * configuration, occupancy with flags and by shared memory, 3-D
  * peer copies, event records with flags, and the launch API of CUDA before
  * 4.0 (cuParamSet*, cuLaunchGrid).
  *
@@ -160,6 +161,11 @@ CUresult cuParamSetv(CUfunction, int, void *, unsigned int);
 CUresult cuLaunch(CUfunction);
 CUresult cuLaunchGrid(CUfunction, int, int);
 CUresult cuLaunchGridAsync(CUfunction, int, int, CUstream);
+CUresult cuDeviceGetAttribute(int *, int, CUdevice);
+CUresult cuDeviceGetProperties(int *, CUdevice);
+CUresult cuCtxGetSharedMemConfig(int *);
+CUresult cuCtxSetSharedMemConfig(int);
+CUresult cuFuncSetSharedMemConfig(CUfunction, int);
 
 static int failures;
 
@@ -619,6 +625,26 @@ static void newer_queries(CUcontext ctx) {
     CUfunction add_one;
     cuModuleLoadData(&m, MODULE);
     cuModuleGetFunction(&add_one, m, "add_one");
+    /* CUdevprop: attributes 1 (MAX_THREADS_PER_BLOCK) to 14 (TEXTURE_ALIGNMENT). */
+    int prop[14], same_props = 1;
+    memset(prop, 0xff, sizeof prop);
+    check("cuDeviceGetProperties", cuDeviceGetProperties(prop, 0), 0);
+    for (int i = 0; i < 14; i++) {
+        int a = -2;
+        cuDeviceGetAttribute(&a, i + 1, 0);
+        same_props &= prop[i] == a && a > 0;
+    }
+    expect("the properties are the attributes", same_props);
+    check("cuDeviceGetProperties of another device", cuDeviceGetProperties(prop, 9), 101);
+    int banks = -1;
+    check("cuCtxGetSharedMemConfig", cuCtxGetSharedMemConfig(&banks), 0);
+    expect("four-byte banks", banks == 1);
+    check("cuCtxSetSharedMemConfig", cuCtxSetSharedMemConfig(2), 0);
+    check("cuCtxSetSharedMemConfig of an unknown value", cuCtxSetSharedMemConfig(3), 1);
+    check("cuFuncSetSharedMemConfig", cuFuncSetSharedMemConfig(add_one, 0), 0);
+    check("cuFuncSetSharedMemConfig of a forged function",
+          cuFuncSetSharedMemConfig((CUfunction)(uintptr_t)0x7000deadbeefULL, 0), 400);
+
     int state = -1;
     check("cuFuncIsLoaded", cuFuncIsLoaded(&state, add_one), 0);
     expect("loaded", state == 1);

@@ -1540,6 +1540,7 @@ pub fn stream_destroy(s: u64) -> CuRes<()> {
     let d = driver()?;
     d.call(&msg::StreamDestroy { ctx: c, stream: s }, &[])?;
     lock(&d.streams).remove(&s);
+    crate::stream_attrs::forget(s);
     Ok(())
 }
 

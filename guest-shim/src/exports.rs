@@ -12,6 +12,9 @@ use crate::driver::{self as drv, Space};
 use crate::ffi::{CUresult, ffi, write_cstr};
 use crate::{in_bytes, out, out_bytes};
 
+/// Stream attributes live in their own module; re-exported for the per-thread variants.
+pub use crate::stream_attrs::{cuStreamCopyAttributes, cuStreamGetAttribute, cuStreamSetAttribute};
+
 /// `CUdevice`.
 pub type CUdevice = c_int;
 /// `CUdeviceptr`.

@@ -36,5 +36,6 @@ pub mod per_thread;
 pub mod pinned;
 pub mod pointer;
 pub mod procaddr;
+pub mod stream_attrs;
 pub mod stream_capture;
 pub mod transport;

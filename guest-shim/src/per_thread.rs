@@ -9,7 +9,7 @@
 //! default stream but not with other threads' default streams.
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use crate::driver as drv;
 use crate::exports::{self as ex, CUdeviceptr, CUhandle, CUhostFn, CUstreamCallback};
@@ -72,6 +72,13 @@ per_thread! {
     );
     cuStreamGetId_ptsz => cuStreamGetId(stream: CUhandle, id: *mut u64);
     cuStreamGetDevice_ptsz => cuStreamGetDevice(stream: CUhandle, device: *mut ex::CUdevice);
+    cuStreamGetAttribute_ptsz => cuStreamGetAttribute(
+        stream: CUhandle, attr: c_int, value: *mut c_void
+    );
+    cuStreamSetAttribute_ptsz => cuStreamSetAttribute(
+        stream: CUhandle, attr: c_int, value: *const c_void
+    );
+    cuStreamCopyAttributes_ptsz => cuStreamCopyAttributes(dst: CUhandle, src: CUhandle);
     cuLaunchHostFunc_ptsz => cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void);
     cuStreamAddCallback_ptsz => cuStreamAddCallback(
         stream: CUhandle, callback: CUstreamCallback, data: *mut c_void, flags: c_uint

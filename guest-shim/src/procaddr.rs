@@ -269,6 +269,12 @@ fn table() -> &'static [Entry] {
             e!("cuStreamGetFlags", (5050, f!(cuStreamGetFlags))),
             e!("cuStreamGetId", (12000, f!(cuStreamGetId))),
             e!("cuStreamGetDevice", (12080, f!(cuStreamGetDevice))),
+            e!("cuStreamGetAttribute", (11000, f!(cuStreamGetAttribute))),
+            e!("cuStreamSetAttribute", (11000, f!(cuStreamSetAttribute))),
+            e!(
+                "cuStreamCopyAttributes",
+                (11000, f!(cuStreamCopyAttributes))
+            ),
             e!("cuCtxGetId", (12000, f!(cuCtxGetId))),
             e!(
                 "cuCtxGetSharedMemConfig",

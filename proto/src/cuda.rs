@@ -188,6 +188,7 @@ pub mod attr {
     pub const HOST_REGISTER_SUPPORTED: usize = 99;
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 102;
     pub const MAX_BLOCKS_PER_MULTIPROCESSOR: usize = 106;
+    pub const MAX_ACCESS_POLICY_WINDOW_SIZE: usize = 109;
     pub const RESERVED_SHARED_MEMORY_PER_BLOCK: usize = 111;
     pub const MEMORY_POOLS_SUPPORTED: usize = 115;
     pub const HOST_NUMA_ID: usize = 134;

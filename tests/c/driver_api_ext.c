@@ -6,11 +6,11 @@
  * the JIT linker (two PTX modules, one calling a function the other
  * defines, and a register limit), pitched 2-D/3-D copies and memsets,
  * pointer attributes, peer queries, PCI bus ids, stream capture queries,
- * CUDA 13's context entry points, CUDA 12's stream and context IDs and
- * function loading queries, the legacy property block and shared memory
- * configuration, occupancy with flags and by shared memory, 3-D
- * peer copies, event records with flags, and the launch API of CUDA before
- * 4.0 (cuParamSet*, cuLaunchGrid).
+ * CUDA 13's context entry points, stream attributes, CUDA 12's stream and
+ * context IDs and function loading queries, the legacy property block and
+ * shared memory configuration, occupancy with flags and by shared memory,
+ * 3-D peer copies, event records with flags, and the launch API of CUDA
+ * before 4.0 (cuParamSet*, cuLaunchGrid).
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is
  * the number of failures.
@@ -166,6 +166,21 @@ CUresult cuDeviceGetProperties(int *, CUdevice);
 CUresult cuCtxGetSharedMemConfig(int *);
 CUresult cuCtxSetSharedMemConfig(int);
 CUresult cuFuncSetSharedMemConfig(CUfunction, int);
+CUresult cuStreamCreateWithPriority(CUstream *, unsigned int, int);
+typedef union {
+    struct {
+        void *base_ptr;
+        size_t num_bytes;
+        float hitRatio;
+        int hitProp, missProp;
+    } accessPolicyWindow;
+    int syncPolicy;
+    int priority;
+    char pad[64];
+} CUlaunchAttributeValue;
+CUresult cuStreamGetAttribute(CUstream, int, CUlaunchAttributeValue *);
+CUresult cuStreamSetAttribute(CUstream, int, const CUlaunchAttributeValue *);
+CUresult cuStreamCopyAttributes(CUstream, CUstream);
 
 static int failures;
 
@@ -606,6 +621,53 @@ static void newer_queries(CUcontext ctx) {
     expect("the same ID", again == ids[3]);
     check("cuStreamGetId of a forged stream",
           cuStreamGetId((CUstream)(uintptr_t)0x7000deadbeefULL, &again), 400);
+    /* Stream attributes: 1 access policy window, 4 synchronization policy,
+     * 8 priority, 10 memory synchronization domain. */
+    CUlaunchAttributeValue v;
+    memset(&v, 0x55, sizeof v);
+    check("cuStreamGetAttribute (synchronization policy)", cuStreamGetAttribute(a, 4, &v), 0);
+    expect("automatic until set", v.syncPolicy == 1);
+    v.syncPolicy = 4;
+    check("cuStreamSetAttribute (blocking synchronization)", cuStreamSetAttribute(a, 4, &v), 0);
+    v.syncPolicy = 0;
+    cuStreamGetAttribute(a, 4, &v);
+    expect("kept", v.syncPolicy == 4);
+    check("cuStreamCopyAttributes", cuStreamCopyAttributes(b, a), 0);
+    v.syncPolicy = 0;
+    cuStreamGetAttribute(b, 4, &v);
+    expect("copied", v.syncPolicy == 4);
+    v.syncPolicy = 7;
+    check("cuStreamSetAttribute of an unknown policy", cuStreamSetAttribute(a, 4, &v), 1);
+    memset(&v, 0x55, sizeof v);
+    check("cuStreamGetAttribute (access policy window)", cuStreamGetAttribute(a, 1, &v), 0);
+    expect("no window", v.accessPolicyWindow.num_bytes == 0 && v.accessPolicyWindow.base_ptr == NULL);
+    v.accessPolicyWindow.num_bytes = 0;
+    v.accessPolicyWindow.hitRatio = 0.5f;
+    v.accessPolicyWindow.hitProp = 2;
+    v.accessPolicyWindow.missProp = 1;
+    check("cuStreamSetAttribute (an empty window)", cuStreamSetAttribute(a, 1, &v), 0);
+    memset(&v, 0, sizeof v);
+    cuStreamGetAttribute(a, 1, &v);
+    expect("kept", v.accessPolicyWindow.hitRatio == 0.5f && v.accessPolicyWindow.hitProp == 2);
+    int max_window = -1;
+    cuDeviceGetAttribute(&max_window, 109, 0);
+    v.accessPolicyWindow.num_bytes = (size_t)max_window + 1;
+    check("cuStreamSetAttribute (a window larger than the device's)",
+          cuStreamSetAttribute(a, 1, &v), 1);
+    v.accessPolicyWindow.num_bytes = 0;
+    v.accessPolicyWindow.hitRatio = 2.0f;
+    check("cuStreamSetAttribute (a hit ratio above 1)", cuStreamSetAttribute(a, 1, &v), 1);
+    CUstream prio;
+    cuStreamCreateWithPriority(&prio, 0, -1);
+    check("cuStreamGetAttribute (priority)", cuStreamGetAttribute(prio, 8, &v), 0);
+    expect("the stream's priority", v.priority == -1);
+    check("cuStreamSetAttribute (priority)", cuStreamSetAttribute(prio, 8, &v), 801);
+    check("cuStreamGetAttribute (memory synchronization domain)",
+          cuStreamGetAttribute(a, 10, &v), 801);
+    check("cuStreamGetAttribute of a launch-only attribute", cuStreamGetAttribute(a, 2, &v), 1);
+    cuStreamDestroy_v2(prio);
+    check("cuStreamGetAttribute of a destroyed stream", cuStreamGetAttribute(prio, 4, &v), 400);
+
     CUdevice dev = -1;
     check("cuStreamGetDevice", cuStreamGetDevice(a, &dev), 0);
     expect("device 0", dev == 0);

@@ -497,19 +497,60 @@ fn ctx() -> CuRes<u64> {
     current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)
 }
 
+/// `CU_CTX_SCHED_MASK`: the scheduling mode's bits of a context's flags.
+const CTX_SCHED_MASK: u32 = 0x07;
+/// The scheduling modes: `CU_CTX_SCHED_AUTO`, `_SPIN`, `_YIELD`, `_BLOCKING_SYNC`.
+const CTX_SCHED_MODES: [u32; 4] = [0x0, 0x1, 0x2, 0x4];
+/// The other flags `cuCtxSetFlags` takes (those of `cuDevicePrimaryCtxSetFlags`):
+/// `CU_CTX_MAP_HOST` (ignored by CUDA, kept), `LMEM_RESIZE_TO_MAX`, `COREDUMP_ENABLE`,
+/// `USER_COREDUMP_ENABLE`, `SYNC_MEMOPS`.
+const CTX_OTHER_FLAGS: u32 = 0x08 | 0x10 | 0x20 | 0x40 | 0x80;
+
+/// The flags of the contexts `cuCtxCreate` made (the primary context's are vgpud's).
+fn created_ctx_flags() -> MutexGuard<'static, HashMap<u64, u32>> {
+    static FLAGS: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
+    lock(FLAGS.get_or_init(|| Mutex::new(HashMap::new())))
+}
+
 /// `cuCtxCreate`: creates a context and makes it current.
 pub fn ctx_create(flags: u32, dev: i32) -> CuRes<u64> {
     let d = driver()?;
     check_device(dev)?;
     let h = d.call(&msg::CtxCreate { device: 0, flags }, &[])?.handle;
     with_ctx_stack(|s| s.push(h))??;
+    created_ctx_flags().insert(h, flags);
     Ok(h)
+}
+
+/// `cuCtxGetFlags`: the current context's flags, as created or last set.
+pub fn ctx_flags() -> CuRes<u32> {
+    let c = ctx()?;
+    if let Some(&f) = created_ctx_flags().get(&c) {
+        return Ok(f);
+    }
+    Ok(primary_state(0)?.0)
+}
+
+/// `cuCtxSetFlags`: replaces the current context's flags.
+pub fn ctx_set_flags(flags: u32) -> CuRes<()> {
+    let c = ctx()?;
+    if !CTX_SCHED_MODES.contains(&(flags & CTX_SCHED_MASK))
+        || flags & !(CTX_SCHED_MASK | CTX_OTHER_FLAGS) != 0
+    {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some(f) = created_ctx_flags().get_mut(&c) {
+        *f = flags;
+        return Ok(());
+    }
+    primary_set_flags(0, flags)
 }
 
 /// `cuCtxDestroy`.
 pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
+    created_ctx_flags().remove(&c);
     forget_per_thread_stream(c);
     let _ = with_ctx_stack(|s| s.remove_all(c));
     crate::ctx_storage::context_gone(c);

@@ -334,10 +334,13 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(_ctx: CUhandle, version: *mut c_uint
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
-    ffi("cuCtxGetFlags", || {
-        drv::ctx_get_device()?;
-        out!(flags, 0)
-    })
+    ffi("cuCtxGetFlags", || out!(flags, drv::ctx_flags()?))
+}
+
+/// `cuCtxSetFlags` (CUDA 12.1).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
+    ffi("cuCtxSetFlags", || drv::ctx_set_flags(flags))
 }
 
 /// `CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE`: the bank size of every device since Maxwell,

@@ -99,6 +99,7 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuCtxGetApiVersion", (3020, f!(cuCtxGetApiVersion))),
             e!("cuCtxGetFlags", (7000, f!(cuCtxGetFlags))),
+            e!("cuCtxSetFlags", (12010, f!(cuCtxSetFlags))),
             e!(
                 "cuCtxGetStreamPriorityRange",
                 (5050, f!(cuCtxGetStreamPriorityRange))

@@ -167,6 +167,11 @@ CUresult cuCtxGetSharedMemConfig(int *);
 CUresult cuCtxSetSharedMemConfig(int);
 CUresult cuFuncSetSharedMemConfig(CUfunction, int);
 CUresult cuStreamCreateWithPriority(CUstream *, unsigned int, int);
+CUresult cuCtxGetFlags(unsigned int *);
+CUresult cuCtxSetFlags(unsigned int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuDevicePrimaryCtxGetState(CUdevice, unsigned int *, int *);
 typedef union {
     struct {
         void *base_ptr;
@@ -682,6 +687,33 @@ static void newer_queries(CUcontext ctx) {
     cuCtxDestroy_v2(other);
     cuCtxSetCurrent(ctx);
     check("cuCtxGetId of a destroyed context", cuCtxGetId(other, &cid2), 201);
+
+    /* Context flags: as created, then as set (scheduling mode 0x7 mask,
+     * 0x8 map host). */
+    unsigned int flags = 99;
+    check("cuCtxGetFlags", cuCtxGetFlags(&flags), 0);
+    expect("created with none", flags == 0);
+    cuCtxCreate_v2(&other, 0x4 | 0x8, 0);
+    check("cuCtxGetFlags of a context created with flags", cuCtxGetFlags(&flags), 0);
+    expect("blocking sync and map host", flags == 0xc);
+    check("cuCtxSetFlags", cuCtxSetFlags(0x1), 0);
+    cuCtxGetFlags(&flags);
+    expect("spin now", flags == 0x1);
+    check("cuCtxSetFlags of no scheduling mode", cuCtxSetFlags(0x3), 1);
+    check("cuCtxSetFlags of an unknown flag", cuCtxSetFlags(0x100), 1);
+    cuCtxDestroy_v2(other);
+    CUcontext primary;
+    cuDevicePrimaryCtxRetain(&primary, 0);
+    cuCtxSetCurrent(primary);
+    check("cuCtxSetFlags of the primary context", cuCtxSetFlags(0x4), 0);
+    unsigned int pflags = 0;
+    int active = 0;
+    cuDevicePrimaryCtxGetState(0, &pflags, &active);
+    cuCtxGetFlags(&flags);
+    expect("the primary context's flags", pflags == 0x4 && flags == 0x4 && active);
+    cuCtxSetFlags(0);
+    cuDevicePrimaryCtxRelease_v2(0);
+    cuCtxSetCurrent(ctx);
 
     CUmodule m;
     CUfunction add_one;

@@ -214,16 +214,7 @@ pub fn memory_needed(max: usize) -> u64 {
 
 /// `MemAvailable` of `/proc/meminfo` in bytes, `None` when unknown.
 pub fn memory_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
+    cuda::pinned::mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
 }
 
 /// Whether the host has the memory to measure transfers of up to `max_mib` MiB; the reason

@@ -551,6 +551,7 @@ pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
     created_ctx_flags().remove(&c);
+    crate::stream_attrs::forget(LEGACY_STREAM_ID_BIT | c);
     forget_per_thread_stream(c);
     let _ = with_ctx_stack(|s| s.remove_all(c));
     crate::ctx_storage::context_gone(c);
@@ -1553,7 +1554,14 @@ pub fn wire_stream(s: u64) -> CuRes<u64> {
 /// Forgets the calling thread's per-thread default stream of context `c`
 /// (it was destroyed with the context).
 fn forget_per_thread_stream(c: u64) {
-    let _ = PER_THREAD_STREAMS.try_with(|p| p.borrow_mut().0.retain(|e| e.0 != c));
+    let _ = PER_THREAD_STREAMS.try_with(|p| {
+        p.borrow_mut().0.retain(|&(ctx, stream)| {
+            if ctx == c {
+                crate::stream_attrs::forget(stream);
+            }
+            ctx != c
+        })
+    });
 }
 
 /// `cuStreamCreateWithPriority`.

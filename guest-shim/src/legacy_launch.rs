@@ -69,21 +69,21 @@ fn set_param(func: u64, offset: c_int, bytes: &[u8]) -> drv::CuRes<()> {
     })
 }
 
-/// Launches `func` with what was set for it.
+/// Launches `func` with what was set for it: the kernel's parameter bytes, of at most the size
+/// set, which must cover them.
 fn launch(func: u64, grid: [u32; 3], stream: u64) -> drv::CuRes<()> {
-    let layout = drv::func_layout(func)?;
-    let (block, shared, mut params) = with_pending(func, |p| {
+    let needed = drv::func_layout(func)?.param_bytes();
+    let (block, shared, params) = {
+        let map = pending();
+        let p = map.get(&func).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
         let block = p.block.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
-        let size = p.size.unwrap_or(p.params.len());
-        let mut bytes = p.params.clone();
-        bytes.resize(size, 0);
-        Ok((block, p.shared, bytes))
-    })?;
-    let needed = layout.param_bytes();
-    if params.len() < needed {
-        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-    }
-    params.truncate(needed);
+        if p.size.unwrap_or(p.params.len()) < needed {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut bytes = p.params[..needed.min(p.params.len())].to_vec();
+        bytes.resize(needed, 0);
+        (block, p.shared, bytes)
+    };
     drv::launch(func, grid, block, shared, stream, &params)
 }
 

@@ -239,7 +239,7 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const NO_LIMIT: u64 = 1 << 62;
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.
-fn mem_available(meminfo: &str) -> Option<u64> {
+pub fn mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_ascii_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)

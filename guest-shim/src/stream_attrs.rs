@@ -79,9 +79,18 @@ fn table() -> MutexGuard<'static, HashMap<u64, Attrs>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Forgets a destroyed stream's attributes.
+/// Forgets a destroyed stream's attributes (by its ID: a created or per-thread stream's handle,
+/// or a destroyed context's legacy stream's ID).
 pub fn forget(stream: u64) {
     table().remove(&stream);
+}
+
+/// The ID of the stream a call names and the attribute value it passes, which must not be NULL.
+fn stream_with_value<T>(stream: CUhandle, value: *const T) -> drv::CuRes<u64> {
+    if value.is_null() {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    drv::stream_id(h(stream))
 }
 
 fn attrs_of(id: u64) -> Attrs {
@@ -113,11 +122,7 @@ pub unsafe extern "C" fn cuStreamGetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     ffi("cuStreamGetAttribute", || {
-        if value.is_null() {
-            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-        }
-        let id = drv::stream_id(h(stream))?;
-        let a = attrs_of(id);
+        let a = attrs_of(stream_with_value(stream, value)?);
         match attr {
             ACCESS_POLICY_WINDOW => {
                 // SAFETY: `value` points to a CUlaunchAttributeValue (CUDA contract), whose
@@ -148,10 +153,7 @@ pub unsafe extern "C" fn cuStreamSetAttribute(
     value: *const c_void,
 ) -> CUresult {
     ffi("cuStreamSetAttribute", || {
-        if value.is_null() {
-            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-        }
-        let id = drv::stream_id(h(stream))?;
+        let id = stream_with_value(stream, value)?;
         let mut a = attrs_of(id);
         match attr {
             ACCESS_POLICY_WINDOW => {

@@ -29,6 +29,7 @@ mod pool;
 pub mod printf;
 pub mod slots;
 pub mod testutils;
+pub mod texture;
 mod watch;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -85,6 +86,16 @@ pub trait GlobalMemory: Sync {
     /// The live allocation containing `addr`: (its base device address, its backing). `None` when
     /// the tenant owns no allocation there.
     fn lookup(&self, addr: u64) -> Option<(u64, Arc<Buffer>)>;
+
+    /// The tenant's texture object `handle`; `None` when it owns none by that handle.
+    fn texture(&self, _handle: u64) -> Option<texture::TextureView> {
+        None
+    }
+
+    /// The tenant's surface object `handle`; `None` when it owns none by that handle.
+    fn surface(&self, _handle: u64) -> Option<texture::SurfaceView> {
+        None
+    }
 }
 
 /// Placement of one kernel parameter in the parameter buffer.

@@ -608,6 +608,29 @@ ops! {
     GraphLaunch = 0x0902 => Empty, ASYNC_OK, "cuGraphLaunch" { ctx: u64, stream: u64, exec: u64 }
     /// Destroys an executable graph (launches already sent still run).
     GraphExecDestroy = 0x0903 => Empty, 0, "cuGraphExecDestroy" { ctx: u64, exec: u64 }
+
+    /// Creates a texture object over `[base, ...)` in the context's memory: texels of
+    /// `channels` channels of `format` (`CUarray_format`), `dims` (1, 2 or 3) dimensions of
+    /// `width` × `height` × `depth`, `layers` layers (0: not layered), rows `pitch` bytes and
+    /// slices (or layers) `slice_pitch` bytes apart; sampled with `address_0..2`
+    /// (`CUaddress_mode`), `filter` (`CUfilter_mode`), `flags` (`CU_TRSF_*`) and the border
+    /// colour. The texels must lie in one allocation of this process. The reply's handle is
+    /// what kernels receive (`CUtexObject`).
+    TexObjectCreate = 0x0a01 => Handle, 0, "cuTexObjectCreate (arrays, pitched and linear memory)" {
+        ctx: u64, base: u64, format: u32, channels: u32, dims: u32,
+        width: u64, height: u64, depth: u64, layers: u64, pitch: u64, slice_pitch: u64,
+        address_0: u32, address_1: u32, address_2: u32, filter: u32, flags: u32,
+        border_r: f32, border_g: f32, border_b: f32, border_a: f32,
+    }
+    /// Destroys a texture object.
+    TexObjectDestroy = 0x0a02 => Empty, 0, "cuTexObjectDestroy" { ctx: u64, handle: u64 }
+    /// Creates a surface object over a CUDA array's texels (layout as in [`TexObjectCreate`]).
+    SurfObjectCreate = 0x0a03 => Handle, 0, "cuSurfObjectCreate" {
+        ctx: u64, base: u64, format: u32, channels: u32, dims: u32,
+        width: u64, height: u64, depth: u64, layers: u64, pitch: u64, slice_pitch: u64,
+    }
+    /// Destroys a surface object.
+    SurfObjectDestroy = 0x0a04 => Empty, 0, "cuSurfObjectDestroy" { ctx: u64, handle: u64 }
 }
 
 impl LaunchKernel {

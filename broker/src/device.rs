@@ -13,6 +13,7 @@ use vgpu_proto::cuda::{self, CuResult};
 
 use crate::devio::LaunchOutput;
 use crate::error::CuError;
+use crate::texture::{TexSampling, TexelLayout};
 
 /// Granularity of virtual memory management allocations (`cuMemGetAllocationGranularity`):
 /// physical memory sizes, reservations and mappings are multiples of it.
@@ -641,6 +642,39 @@ pub trait DeviceContext: Send + Sync {
         let _ = (module, kernel, dims, params, start_block, control);
         Err(DeviceError::NotSupported(
             "this device does not run kernels".into(),
+        ))
+    }
+    /// Creates a texture object sampling the texels of `layout` (checked by the broker to lie
+    /// in one allocation of the context) as `sampling` says; returns the handle kernels receive.
+    fn texture_create(
+        &self,
+        layout: &TexelLayout,
+        sampling: &TexSampling,
+    ) -> Result<u64, DeviceError> {
+        let _ = (layout, sampling);
+        Err(DeviceError::NotSupported(
+            "this device has no texture objects".into(),
+        ))
+    }
+    /// Destroys a texture object this context created.
+    fn texture_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        let _ = handle;
+        Err(DeviceError::NotSupported(
+            "this device has no texture objects".into(),
+        ))
+    }
+    /// Creates a surface object over the texels of `layout`; returns the handle kernels receive.
+    fn surface_create(&self, layout: &TexelLayout) -> Result<u64, DeviceError> {
+        let _ = layout;
+        Err(DeviceError::NotSupported(
+            "this device has no surface objects".into(),
+        ))
+    }
+    /// Destroys a surface object this context created.
+    fn surface_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        let _ = handle;
+        Err(DeviceError::NotSupported(
+            "this device has no surface objects".into(),
         ))
     }
     /// Runs `kernels` one after the other, each after the previous one completed, as one unit

@@ -23,6 +23,7 @@ pub mod session_loop;
 pub mod tenant;
 #[doc(hidden)]
 pub mod testutils;
+pub mod texture;
 pub mod usage;
 
 use std::collections::BTreeMap;

@@ -31,6 +31,7 @@ use vgpu_config::limits::Budget;
 
 mod alloc_ext;
 mod graph;
+mod texture;
 pub use alloc_ext::{
     ACCESS_READ, ACCESS_READWRITE, MAPPED_KIND_HOST_ALLOC, MAPPED_KIND_HOST_REGISTER,
     MAPPED_KIND_MANAGED, MIRROR_PAGE, guest_attributes, pool_attr, va_limit,
@@ -414,6 +415,8 @@ pub struct Session {
     /// The checked calls of a run of posted calls ([`Session::handle_posted_run`]), kept for
     /// the next run.
     run_ready: Vec<RunItem>,
+    /// Texture and surface objects.
+    textures: texture::TexObjects,
 }
 
 impl std::fmt::Debug for Session {
@@ -502,6 +505,7 @@ impl Session {
             shares: crate::hostshare::SharedRegions::default(),
             bell: None,
             run_ready: Vec::new(),
+            textures: texture::TexObjects::default(),
             tenant,
             device,
             dev,
@@ -509,6 +513,7 @@ impl Session {
         s.ext.set_budget(budget(Budget::Handles));
         s.graphs.set_budget(budget(Budget::Handles));
         s.shares.set_budget(budget(Budget::Handles));
+        s.textures.set_budget(budget(Budget::Handles));
         Ok(s)
     }
 
@@ -1735,7 +1740,10 @@ impl Session {
             ),
             _ => match self.dispatch_graph(req, tail, out) {
                 Some(r) => r,
-                None => self.dispatch_alloc_ext(req, out),
+                None => match self.dispatch_texture(req, out) {
+                    Some(r) => r,
+                    None => self.dispatch_alloc_ext(req, out),
+                },
             },
         }
     }
@@ -2228,6 +2236,7 @@ impl Session {
     /// Frees everything a context owns (allocations, streams, events).
     fn release_context_resources(&mut self, ctx: u64) {
         self.engine.settle();
+        self.release_objects(Some(ctx));
         for base in self.allocs.bases_where(|a| a.ctx == ctx) {
             self.free_allocation(base);
         }
@@ -2281,6 +2290,7 @@ impl Drop for Session {
         drop(engine);
         self.tenant.host_gates.end_session(self.info.id);
         self.release_alloc_ext();
+        self.release_objects(None);
         for h in self.modules.handles_where(|_| true) {
             self.unload_module(h);
         }

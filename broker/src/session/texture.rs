@@ -1,0 +1,205 @@
+//! Texture and surface objects of a session: checked, created by the device, counted against
+//! the VM's handle budget, and destroyed with their context or the session.
+
+use std::collections::HashMap;
+
+use vgpu_proto::msg::{self, Request};
+
+use super::{Session, reply};
+use crate::error::CuError;
+use crate::handles::MAX_ENTRIES;
+use crate::limits::HandleBudget;
+use crate::texture::{TexSampling, TexelLayout};
+
+/// Texture or surface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum ObjectKind {
+    Texture,
+    Surface,
+}
+
+impl ObjectKind {
+    fn name(self) -> &'static str {
+        match self {
+            ObjectKind::Texture => "texture object",
+            ObjectKind::Surface => "surface object",
+        }
+    }
+}
+
+/// The live objects, by kind and device handle, with the context each belongs to.
+#[derive(Debug, Default)]
+pub(super) struct TexObjects {
+    live: HashMap<(ObjectKind, u64), u64>,
+    budget: Option<HandleBudget>,
+}
+
+impl TexObjects {
+    /// Counts objects against `budget` from now on.
+    pub(super) fn set_budget(&mut self, budget: HandleBudget) {
+        self.budget = Some(budget);
+    }
+
+    fn charge(&self) -> Result<(), CuError> {
+        if self.live.len() >= MAX_ENTRIES {
+            return Err(CuError::out_of_memory(format!(
+                "too many texture and surface objects in this process (at most {MAX_ENTRIES})"
+            )));
+        }
+        match &self.budget {
+            Some(b) => b.use_.charge(b.budget, 1),
+            None => Ok(()),
+        }
+    }
+
+    fn refund(&self) {
+        if let Some(b) = &self.budget {
+            b.use_.refund(b.budget, 1);
+        }
+    }
+
+    /// The objects of `ctx` (every object when `None`).
+    pub(super) fn of(&self, ctx: Option<u64>) -> Vec<(ObjectKind, u64)> {
+        self.live
+            .iter()
+            .filter(|(_, c)| ctx.is_none_or(|ctx| **c == ctx))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+}
+
+fn layout_of(
+    base: u64,
+    format: u32,
+    channels: u32,
+    dims: u32,
+    extent: [u64; 4],
+    pitches: [u64; 2],
+) -> TexelLayout {
+    TexelLayout {
+        base,
+        format,
+        channels,
+        dims,
+        width: extent[0],
+        height: extent[1],
+        depth: extent[2],
+        layers: extent[3],
+        pitch: pitches[0],
+        slice_pitch: pitches[1],
+    }
+}
+
+impl Session {
+    /// Serves the texture and surface object ops; `None` for other requests.
+    pub(super) fn dispatch_texture(
+        &mut self,
+        req: &Request,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<(), CuError>> {
+        use Request as R;
+        Some(match req {
+            R::TexObjectCreate(m) => {
+                let layout = layout_of(
+                    m.base,
+                    m.format,
+                    m.channels,
+                    m.dims,
+                    [m.width, m.height, m.depth, m.layers],
+                    [m.pitch, m.slice_pitch],
+                );
+                let sampling = TexSampling {
+                    address: [m.address_0, m.address_1, m.address_2],
+                    filter: m.filter,
+                    flags: m.flags,
+                    border: [m.border_r, m.border_g, m.border_b, m.border_a],
+                };
+                self.create_object(m.ctx, ObjectKind::Texture, &layout, Some(&sampling))
+                    .and_then(|handle| reply(out, msg::Handle { handle }))
+            }
+            R::SurfObjectCreate(m) => {
+                let layout = layout_of(
+                    m.base,
+                    m.format,
+                    m.channels,
+                    m.dims,
+                    [m.width, m.height, m.depth, m.layers],
+                    [m.pitch, m.slice_pitch],
+                );
+                self.create_object(m.ctx, ObjectKind::Surface, &layout, None)
+                    .and_then(|handle| reply(out, msg::Handle { handle }))
+            }
+            R::TexObjectDestroy(m) => self
+                .destroy_object(m.ctx, ObjectKind::Texture, m.handle)
+                .and_then(|()| reply(out, msg::Empty {})),
+            R::SurfObjectDestroy(m) => self
+                .destroy_object(m.ctx, ObjectKind::Surface, m.handle)
+                .and_then(|()| reply(out, msg::Empty {})),
+            _ => return None,
+        })
+    }
+
+    fn create_object(
+        &mut self,
+        ctx: u64,
+        kind: ObjectKind,
+        layout: &TexelLayout,
+        sampling: Option<&TexSampling>,
+    ) -> Result<u64, CuError> {
+        self.ctx(ctx)?;
+        let extent = layout.check()?;
+        if let Some(s) = sampling {
+            s.check()?;
+        }
+        self.allocs.check(layout.base, extent, kind.name())?;
+        self.textures.charge()?;
+        let made = match sampling {
+            Some(s) => self.dev.texture_create(layout, s),
+            None => self.dev.surface_create(layout),
+        };
+        match made {
+            Ok(handle) => {
+                self.textures.live.insert((kind, handle), ctx);
+                Ok(handle)
+            }
+            Err(e) => {
+                self.textures.refund();
+                Err(e.into())
+            }
+        }
+    }
+
+    fn destroy_object(&mut self, ctx: u64, kind: ObjectKind, handle: u64) -> Result<(), CuError> {
+        self.ctx(ctx)?;
+        if self.textures.live.get(&(kind, handle)).is_none() {
+            return Err(CuError::invalid_value(format!(
+                "{handle:#x} is not a {} of this process",
+                kind.name()
+            )));
+        }
+        self.release_object(kind, handle);
+        Ok(())
+    }
+
+    /// Destroys one object on the device and returns it to the budget.
+    pub(super) fn release_object(&mut self, kind: ObjectKind, handle: u64) {
+        if self.textures.live.remove(&(kind, handle)).is_none() {
+            return;
+        }
+        self.textures.refund();
+        let gone = match kind {
+            ObjectKind::Texture => self.dev.texture_destroy(handle),
+            ObjectKind::Surface => self.dev.surface_destroy(handle),
+        };
+        if let Err(e) = gone {
+            tracing::warn!(tenant = %self.tenant.name, error = %e, "device refused to destroy {} {handle:#x}", kind.name());
+        }
+    }
+
+    /// Destroys the objects of `ctx` (all of them when `None`).
+    pub(super) fn release_objects(&mut self, ctx: Option<u64>) {
+        for (kind, handle) in self.textures.of(ctx) {
+            self.release_object(kind, handle);
+        }
+    }
+}

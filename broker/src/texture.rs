@@ -1,0 +1,333 @@
+//! Texture and surface objects: what a guest asks for (CUDA's enum values, checked here before a
+//! device sees them) and where their texels are.
+//!
+//! The shim keeps a CUDA array as device memory of its own allocation, rows of texels one after
+//! the other; a texture or surface object names texels in one allocation of the process by a
+//! [`TexelLayout`], whichever resource (array, pitched or linear memory) the program gave.
+//! The device returns the handle kernels receive ([`crate::device::DeviceContext::texture_create`]).
+
+use vgpu_proto::cuda;
+
+use crate::error::CuError;
+
+/// `CUarray_format` values the devices sample.
+pub mod format {
+    /// `CU_AD_FORMAT_UNSIGNED_INT8`.
+    pub const U8: u32 = 0x01;
+    /// `CU_AD_FORMAT_UNSIGNED_INT16`.
+    pub const U16: u32 = 0x02;
+    /// `CU_AD_FORMAT_UNSIGNED_INT32`.
+    pub const U32: u32 = 0x03;
+    /// `CU_AD_FORMAT_SIGNED_INT8`.
+    pub const S8: u32 = 0x08;
+    /// `CU_AD_FORMAT_SIGNED_INT16`.
+    pub const S16: u32 = 0x09;
+    /// `CU_AD_FORMAT_SIGNED_INT32`.
+    pub const S32: u32 = 0x0a;
+    /// `CU_AD_FORMAT_HALF`.
+    pub const F16: u32 = 0x10;
+    /// `CU_AD_FORMAT_FLOAT`.
+    pub const F32: u32 = 0x20;
+}
+
+/// Bytes of one channel of `format`; `None` for formats the devices do not sample (packed,
+/// block-compressed and video formats).
+pub fn channel_bytes(format: u32) -> Option<u64> {
+    match format {
+        format::U8 | format::S8 => Some(1),
+        format::U16 | format::S16 | format::F16 => Some(2),
+        format::U32 | format::S32 | format::F32 => Some(4),
+        _ => None,
+    }
+}
+
+/// `CUaddress_mode`: wrap, clamp, mirror, border.
+pub const ADDRESS_MODES: u32 = 4;
+/// `CUfilter_mode`: point, linear.
+pub const FILTER_MODES: u32 = 2;
+
+/// `CU_TRSF_*` flags of `CUDA_TEXTURE_DESC`.
+pub mod trsf {
+    /// `CU_TRSF_READ_AS_INTEGER`.
+    pub const READ_AS_INTEGER: u32 = 0x01;
+    /// `CU_TRSF_NORMALIZED_COORDINATES`.
+    pub const NORMALIZED_COORDINATES: u32 = 0x02;
+    /// `CU_TRSF_SRGB`.
+    pub const SRGB: u32 = 0x10;
+    /// `CU_TRSF_DISABLE_TRILINEAR_OPTIMIZATION`.
+    pub const DISABLE_TRILINEAR_OPTIMIZATION: u32 = 0x20;
+    /// `CU_TRSF_SEAMLESS_CUBEMAP`.
+    pub const SEAMLESS_CUBEMAP: u32 = 0x40;
+    /// Every flag CUDA 12 defines.
+    pub const ALL: u32 = READ_AS_INTEGER
+        | NORMALIZED_COORDINATES
+        | SRGB
+        | DISABLE_TRILINEAR_OPTIMIZATION
+        | SEAMLESS_CUBEMAP;
+}
+
+/// Largest width, height, depth or layer count of a texture or surface: CUDA's largest
+/// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH`, 2^27).
+pub const MAX_EXTENT: u64 = 1 << 27;
+/// Channels a texel may have.
+pub const CHANNEL_COUNTS: [u32; 3] = [1, 2, 4];
+
+/// Where a texture's or surface's texels are: texel `(x, y, z)` of layer `l` at
+/// `base + (l + z) * slice_pitch + y * pitch + x * texel_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TexelLayout {
+    /// Device address of the first texel.
+    pub base: u64,
+    /// `CUarray_format` ([`format`]).
+    pub format: u32,
+    /// Channels per texel: 1, 2 or 4.
+    pub channels: u32,
+    /// Dimensions: 1, 2 or 3.
+    pub dims: u32,
+    /// Texels per row.
+    pub width: u64,
+    /// Rows per slice.
+    pub height: u64,
+    /// Slices.
+    pub depth: u64,
+    /// Layers; 0 when not layered.
+    pub layers: u64,
+    /// Bytes between rows.
+    pub pitch: u64,
+    /// Bytes between slices or layers.
+    pub slice_pitch: u64,
+}
+
+/// How a texture object samples its texels (`CUDA_TEXTURE_DESC`'s values).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TexSampling {
+    /// `CUaddress_mode` of each dimension.
+    pub address: [u32; 3],
+    /// `CUfilter_mode`.
+    pub filter: u32,
+    /// `CU_TRSF_*` ([`trsf`]).
+    pub flags: u32,
+    /// Border colour (RGBA).
+    pub border: [f32; 4],
+}
+
+impl TexelLayout {
+    /// Bytes of one texel (the format is checked).
+    pub fn texel_bytes(&self) -> u64 {
+        channel_bytes(self.format).unwrap_or(0) * u64::from(self.channels)
+    }
+
+    /// Checks the layout describes a resource CUDA can have, and returns the bytes from `base`
+    /// to the end of its last texel.
+    pub fn check(&self) -> Result<u64, CuError> {
+        let bytes = channel_bytes(self.format).ok_or_else(|| {
+            CuError::new(
+                cuda::CUDA_ERROR_NOT_SUPPORTED,
+                format!(
+                    "array format {:#x} is not sampled by vgpu (8-, 16- and 32-bit integers, half and float are)",
+                    self.format
+                ),
+            )
+        })?;
+        if !CHANNEL_COUNTS.contains(&self.channels) {
+            return Err(CuError::invalid_value(format!(
+                "{} channels: a texel has 1, 2 or 4",
+                self.channels
+            )));
+        }
+        let shape_ok = match self.dims {
+            1 => self.height == 1 && self.depth == 1,
+            2 => self.depth == 1,
+            3 => self.layers == 0,
+            _ => false,
+        };
+        if !shape_ok {
+            return Err(CuError::invalid_value(format!(
+                "a {}-dimensional resource of {}x{}x{} with {} layers",
+                self.dims, self.width, self.height, self.depth, self.layers
+            )));
+        }
+        for (what, n) in [
+            ("width", self.width),
+            ("height", self.height),
+            ("depth", self.depth),
+        ] {
+            if n == 0 || n > MAX_EXTENT {
+                return Err(CuError::invalid_value(format!(
+                    "{what} {n} is outside 1..={MAX_EXTENT}"
+                )));
+            }
+        }
+        if self.layers > MAX_EXTENT {
+            return Err(CuError::invalid_value(format!(
+                "{} layers: at most {MAX_EXTENT}",
+                self.layers
+            )));
+        }
+        let texel = bytes * u64::from(self.channels);
+        let row = self.width * texel;
+        let slices = self.depth.max(self.layers).max(1);
+        if self.height > 1 && self.pitch < row {
+            return Err(CuError::invalid_value(format!(
+                "a pitch of {} bytes is less than a row's {row}",
+                self.pitch
+            )));
+        }
+        if slices > 1 && self.slice_pitch < self.pitch.saturating_mul(self.height) {
+            return Err(CuError::invalid_value(format!(
+                "a slice pitch of {} bytes is less than {} rows of {}",
+                self.slice_pitch, self.height, self.pitch
+            )));
+        }
+        let overflow = || CuError::invalid_value("the resource's extent overflows");
+        (slices - 1)
+            .checked_mul(self.slice_pitch)
+            .and_then(|s| {
+                (self.height - 1)
+                    .checked_mul(self.pitch)
+                    .and_then(|r| r.checked_add(s))
+            })
+            .and_then(|o| o.checked_add(row))
+            .ok_or_else(overflow)
+    }
+}
+
+impl TexSampling {
+    /// Checks every field holds a value CUDA defines.
+    pub fn check(&self) -> Result<(), CuError> {
+        if let Some(m) = self.address.iter().find(|&&m| m >= ADDRESS_MODES) {
+            return Err(CuError::invalid_value(format!(
+                "address mode {m} does not exist"
+            )));
+        }
+        if self.filter >= FILTER_MODES {
+            return Err(CuError::invalid_value(format!(
+                "filter mode {} does not exist",
+                self.filter
+            )));
+        }
+        if self.flags & !trsf::ALL != 0 {
+            return Err(CuError::invalid_value(format!(
+                "texture flags {:#x} are not CU_TRSF_* flags",
+                self.flags & !trsf::ALL
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> TexelLayout {
+        TexelLayout {
+            base: 0x1000,
+            format: format::F32,
+            channels: 4,
+            dims: 2,
+            width: 10,
+            height: 3,
+            depth: 1,
+            layers: 0,
+            pitch: 256,
+            slice_pitch: 768,
+        }
+    }
+
+    #[test]
+    fn extent_ends_at_the_last_texel() {
+        assert_eq!(layout().check().unwrap(), 2 * 256 + 10 * 16);
+        let layered = TexelLayout {
+            layers: 5,
+            ..layout()
+        };
+        assert_eq!(layered.check().unwrap(), 4 * 768 + 2 * 256 + 160);
+        let linear = TexelLayout {
+            dims: 1,
+            height: 1,
+            pitch: 0,
+            slice_pitch: 0,
+            format: format::U8,
+            channels: 1,
+            width: 1000,
+            ..layout()
+        };
+        assert_eq!(linear.check().unwrap(), 1000);
+    }
+
+    #[test]
+    fn impossible_layouts_are_refused_with_cuda_codes() {
+        let code = |l: TexelLayout| l.check().unwrap_err().code;
+        assert_eq!(
+            code(TexelLayout {
+                format: 0xb0,
+                ..layout()
+            }),
+            cuda::CUDA_ERROR_NOT_SUPPORTED
+        );
+        for bad in [
+            TexelLayout {
+                channels: 3,
+                ..layout()
+            },
+            TexelLayout {
+                dims: 1,
+                ..layout()
+            },
+            TexelLayout {
+                dims: 4,
+                ..layout()
+            },
+            TexelLayout {
+                pitch: 100,
+                ..layout()
+            },
+            TexelLayout {
+                layers: 2,
+                slice_pitch: 10,
+                ..layout()
+            },
+            TexelLayout {
+                width: 0,
+                ..layout()
+            },
+            TexelLayout {
+                width: MAX_EXTENT + 1,
+                ..layout()
+            },
+            TexelLayout {
+                dims: 3,
+                depth: MAX_EXTENT,
+                slice_pitch: u64::MAX / 2,
+                ..layout()
+            },
+        ] {
+            assert_eq!(code(bad), cuda::CUDA_ERROR_INVALID_VALUE, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sampling_values_outside_cudas_enums_are_refused() {
+        let ok = TexSampling {
+            address: [0, 1, 3],
+            filter: 1,
+            flags: trsf::NORMALIZED_COORDINATES | trsf::READ_AS_INTEGER,
+            border: [0.0; 4],
+        };
+        ok.check().unwrap();
+        for bad in [
+            TexSampling {
+                address: [0, 4, 0],
+                ..ok
+            },
+            TexSampling { filter: 2, ..ok },
+            TexSampling { flags: 0x100, ..ok },
+        ] {
+            assert_eq!(
+                bad.check().unwrap_err().code,
+                cuda::CUDA_ERROR_INVALID_VALUE
+            );
+        }
+    }
+}

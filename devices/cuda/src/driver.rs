@@ -42,6 +42,7 @@ mod abi {
     pub const V2020: i32 = 2020;
     pub const V3020: i32 = 3020;
     pub const V4000: i32 = 4000;
+    pub const V5000: i32 = 5000;
     pub const V9000: i32 = 9000;
     pub const V10000: i32 = 10000;
     pub const V10010: i32 = 10010;
@@ -151,6 +152,8 @@ fn check(call: &'static str, r: CuResult) -> DrvResult<()> {
 type R = CuResult;
 type P = *mut c_void;
 
+pub use crate::texture_abi::{ResourceDesc, TextureDesc};
+
 #[allow(clippy::type_complexity)]
 struct Functions {
     init: unsafe extern "C" fn(c_uint) -> R,
@@ -225,6 +228,11 @@ struct Functions {
     module_enumerate_functions: Option<unsafe extern "C" fn(*mut P, c_uint, P) -> R>,
     func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, P) -> R>,
     func_get_param_info: Option<unsafe extern "C" fn(P, usize, *mut usize, *mut usize) -> R>,
+    // Texture objects, CUDA 5.0 (optional).
+    tex_object_create: Option<
+        unsafe extern "C" fn(*mut u64, *const ResourceDesc, *const TextureDesc, *const c_void) -> R,
+    >,
+    tex_object_destroy: Option<unsafe extern "C" fn(u64) -> R>,
     // Virtual memory management, CUDA 10.2 (optional).
     mem_create: Option<unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> R>,
     mem_release: Option<unsafe extern "C" fn(u64) -> R>,
@@ -720,6 +728,13 @@ impl Driver {
                 abi::V12040,
                 "cuFuncGetParamInfo"
             ),
+            tex_object_create: optional!(r, "cuTexObjectCreate", abi::V5000, "cuTexObjectCreate"),
+            tex_object_destroy: optional!(
+                r,
+                "cuTexObjectDestroy",
+                abi::V5000,
+                "cuTexObjectDestroy"
+            ),
             mem_create: optional!(r, "cuMemCreate", abi::V10020, "cuMemCreate"),
             mem_release: optional!(r, "cuMemRelease", abi::V10020, "cuMemRelease"),
             mem_address_reserve: optional!(
@@ -1127,6 +1142,31 @@ impl Driver {
                 code: cuda::CUDA_ERROR_INVALID_VALUE,
             }),
         }
+    }
+
+    /// `cuTexObjectCreate` in the current context (no resource view).
+    pub fn tex_object_create(&self, res: &ResourceDesc, tex: &TextureDesc) -> DrvResult<u64> {
+        let f = self.f.tex_object_create.ok_or(Failed {
+            call: "cuTexObjectCreate",
+            code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+        })?;
+        let mut h = 0u64;
+        // SAFETY: valid out-pointer and descriptors of cuda.h's layout (checked at compile time
+        // in `texture_abi`); a null resource view is allowed.
+        check("cuTexObjectCreate", unsafe {
+            f(&mut h, res, tex, std::ptr::null())
+        })?;
+        Ok(h)
+    }
+
+    /// `cuTexObjectDestroy`.
+    pub fn tex_object_destroy(&self, h: u64) -> DrvResult<()> {
+        let f = self.f.tex_object_destroy.ok_or(Failed {
+            call: "cuTexObjectDestroy",
+            code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+        })?;
+        // SAFETY: a handle by value; the driver checks it.
+        check("cuTexObjectDestroy", unsafe { f(h) })
     }
 
     /// `cuStreamCreate` in the current context.

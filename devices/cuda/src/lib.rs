@@ -25,6 +25,7 @@ pub mod module;
 pub mod printf;
 pub mod ptx;
 pub mod select;
+pub mod texture_abi;
 pub mod vm_context;
 
 use std::sync::Arc;

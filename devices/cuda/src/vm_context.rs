@@ -10,6 +10,7 @@ use vgpu_broker::device::{
     ChainKernel, DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, Residence,
     RunControl, pieces_len,
 };
+use vgpu_broker::texture::{TexSampling, TexelLayout};
 use vgpu_proto::cuda;
 
 use crate::context::{
@@ -496,5 +497,39 @@ impl DeviceContext for CudaContext {
         let t = crate::chain::launch(&g, kernels, control)?;
         self.inner.times.record_chain(t, kernels.len() as u64);
         Ok(())
+    }
+
+    fn texture_create(
+        &self,
+        layout: &TexelLayout,
+        sampling: &TexSampling,
+    ) -> Result<u64, DeviceError> {
+        let res = crate::texture_abi::resource(layout).ok_or_else(|| {
+            DeviceError::NotSupported(
+                "three-dimensional and layered textures need CUDA arrays, which the CUDA device \
+                 does not create yet"
+                    .into(),
+            )
+        })?;
+        let tex = crate::texture_abi::texture(sampling);
+        let g = self.inner.generation()?;
+        let _c = g.enter()?;
+        g.driver()
+            .tex_object_create(&res, &tex)
+            .map_err(|f| g.fail(f, Op::Other))
+    }
+
+    fn texture_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        let g = self.inner.generation()?;
+        let _c = g.enter()?;
+        g.driver()
+            .tex_object_destroy(handle)
+            .map_err(|f| g.fail(f, Op::Other))
+    }
+
+    fn surface_create(&self, _layout: &TexelLayout) -> Result<u64, DeviceError> {
+        Err(DeviceError::NotSupported(
+            "surface objects need CUDA arrays, which the CUDA device does not create yet".into(),
+        ))
     }
 }

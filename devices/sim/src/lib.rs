@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod module;
+mod texture;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use vgpu_broker::device::{
     Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, ExecutionUnits, LaunchDims,
     LaunchProgress, Residence, RunControl, pieces_len,
 };
+use vgpu_broker::texture::{TexSampling, TexelLayout};
 use vgpu_proto::cuda::{self, attr};
 use vgpu_ptx::{Buffer, GlobalMemory, LaunchControl};
 
@@ -125,6 +127,34 @@ fn attributes(workers: usize) -> Vec<i32> {
         (attr::ASYNC_ENGINE_COUNT, 1),
         (attr::UNIFIED_ADDRESSING, 1),
         (attr::TEXTURE_PITCH_ALIGNMENT, 32),
+        (attr::MAXIMUM_TEXTURE1D_WIDTH, 131072),
+        (attr::MAXIMUM_TEXTURE2D_WIDTH, 131072),
+        (attr::MAXIMUM_TEXTURE2D_HEIGHT, 65536),
+        (attr::MAXIMUM_TEXTURE3D_WIDTH, 16384),
+        (attr::MAXIMUM_TEXTURE3D_HEIGHT, 16384),
+        (attr::MAXIMUM_TEXTURE3D_DEPTH, 16384),
+        (attr::MAXIMUM_TEXTURE2D_LAYERED_WIDTH, 32768),
+        (attr::MAXIMUM_TEXTURE2D_LAYERED_HEIGHT, 32768),
+        (attr::MAXIMUM_TEXTURE2D_LAYERED_LAYERS, 2048),
+        (attr::MAXIMUM_TEXTURE1D_LAYERED_WIDTH, 32768),
+        (attr::MAXIMUM_TEXTURE1D_LAYERED_LAYERS, 2048),
+        (attr::MAXIMUM_TEXTURE2D_GATHER_WIDTH, 32768),
+        (attr::MAXIMUM_TEXTURE2D_GATHER_HEIGHT, 32768),
+        (attr::MAXIMUM_SURFACE1D_WIDTH, 32768),
+        (attr::MAXIMUM_SURFACE2D_WIDTH, 131072),
+        (attr::MAXIMUM_SURFACE2D_HEIGHT, 65536),
+        (attr::MAXIMUM_SURFACE3D_WIDTH, 16384),
+        (attr::MAXIMUM_SURFACE3D_HEIGHT, 16384),
+        (attr::MAXIMUM_SURFACE3D_DEPTH, 16384),
+        (attr::MAXIMUM_SURFACE1D_LAYERED_WIDTH, 32768),
+        (attr::MAXIMUM_SURFACE1D_LAYERED_LAYERS, 2048),
+        (attr::MAXIMUM_SURFACE2D_LAYERED_WIDTH, 32768),
+        (attr::MAXIMUM_SURFACE2D_LAYERED_HEIGHT, 32768),
+        (attr::MAXIMUM_SURFACE2D_LAYERED_LAYERS, 2048),
+        (attr::MAXIMUM_TEXTURE1D_LINEAR_WIDTH, 268435456),
+        (attr::MAXIMUM_TEXTURE2D_LINEAR_WIDTH, 131072),
+        (attr::MAXIMUM_TEXTURE2D_LINEAR_HEIGHT, 65000),
+        (attr::MAXIMUM_TEXTURE2D_LINEAR_PITCH, 2097120),
         (attr::COMPUTE_CAPABILITY_MAJOR, COMPUTE_CAPABILITY.0),
         (attr::COMPUTE_CAPABILITY_MINOR, COMPUTE_CAPABILITY.1),
         (attr::STREAM_PRIORITIES_SUPPORTED, 1),
@@ -185,6 +215,7 @@ impl Device for SimDevice {
                 host: Mutex::new(BTreeSet::new()),
                 gate: RwLock::new(()),
                 launches: Mutex::new(Vec::new()),
+                objects: RwLock::new(texture::Objects::default()),
             }),
             workers: self.config.workers.max(1),
             slots: Arc::clone(&self.slots),
@@ -237,6 +268,8 @@ pub(crate) struct ContextMemory {
     gate: RwLock<()>,
     /// The launches running now, asked to yield when a migration waits for the gate.
     launches: Mutex<Vec<Arc<LaunchControl>>>,
+    /// Texture and surface objects.
+    objects: RwLock<texture::Objects>,
 }
 
 /// Virtual memory management state of a context: physical allocations by id, address
@@ -265,6 +298,24 @@ impl GlobalMemory for ContextMemory {
         let a = self.allocs.read().unwrap_or_else(|p| p.into_inner());
         let (&base, buf) = a.range(..=addr).next_back()?;
         (addr - base < buf.len() as u64).then(|| (base, Arc::clone(buf)))
+    }
+
+    fn texture(&self, handle: u64) -> Option<vgpu_ptx::texture::TextureView> {
+        self.objects().texture(handle)
+    }
+
+    fn surface(&self, handle: u64) -> Option<vgpu_ptx::texture::SurfaceView> {
+        self.objects().surface(handle)
+    }
+}
+
+impl ContextMemory {
+    fn objects(&self) -> RwLockReadGuard<'_, texture::Objects> {
+        self.objects.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn objects_mut(&self) -> std::sync::RwLockWriteGuard<'_, texture::Objects> {
+        self.objects.write().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -865,6 +916,26 @@ impl DeviceContext for SimContext {
             &self.slots,
             control,
         )
+    }
+
+    fn texture_create(
+        &self,
+        layout: &TexelLayout,
+        sampling: &TexSampling,
+    ) -> Result<u64, DeviceError> {
+        self.inner.objects_mut().create_texture(layout, sampling)
+    }
+
+    fn texture_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        self.inner.objects_mut().destroy_texture(handle)
+    }
+
+    fn surface_create(&self, layout: &TexelLayout) -> Result<u64, DeviceError> {
+        self.inner.objects_mut().create_surface(layout)
+    }
+
+    fn surface_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        self.inner.objects_mut().destroy_surface(handle)
     }
 }
 

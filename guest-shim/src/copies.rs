@@ -6,7 +6,9 @@
 //! as one asynchronous copy each (the last one waits for a synchronous
 //! call), and rows from the device are read as the one range that covers
 //! them when that range is at most [`MAX_COVER_RATIO`] times the data (else
-//! row by row) and scattered in the guest. CUDA arrays are not supported.
+//! row by row) and scattered in the guest. A CUDA array is device memory with its own pitch
+//! ([`crate::arrays`]): its side of a copy is a pitched device side, checked against the
+//! array's extent.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
@@ -136,6 +138,8 @@ struct Side {
     pitch: u64,
     /// Rows per slice (3-D).
     height: u64,
+    /// The array, when the side is one (its pitch and rows are the array's).
+    array: Option<crate::arrays::Array>,
 }
 
 impl Side {
@@ -145,8 +149,17 @@ impl Side {
             memtype::DEVICE => (true, device),
             memtype::UNIFIED => (matches!(drv::space_of(device)?, Space::Device), device),
             memtype::ARRAY => {
-                let _ = array;
-                return Err(drv::unsupported("copies to or from CUDA arrays"));
+                let a = crate::arrays::get(array as u64)?;
+                return Ok(Side {
+                    device: true,
+                    base: a.ptr,
+                    x: 0,
+                    y: 0,
+                    z: 0,
+                    pitch: a.pitch,
+                    height: a.rows(),
+                    array: Some(a),
+                });
             }
             _ => return Err(cuda::CUDA_ERROR_INVALID_VALUE),
         };
@@ -161,7 +174,27 @@ impl Side {
             z: 0,
             pitch: 0,
             height: 0,
+            array: None,
         })
+    }
+
+    /// Sets the caller's pitch and rows per slice, which an array side ignores (CUDA does).
+    fn set_pitch(&mut self, pitch: u64, height: u64) {
+        if self.array.is_none() {
+            (self.pitch, self.height) = (pitch, height);
+        }
+    }
+
+    /// Whether a copy of `s` from this side's offsets stays inside its array (always true for
+    /// memory that is not an array).
+    fn fits(&self, s: &Shape) -> bool {
+        let Some(a) = &self.array else {
+            return true;
+        };
+        let within = |at: u64, n: u64, limit: u64| at.checked_add(n).is_some_and(|e| e <= limit);
+        within(self.x, s.width, a.row_bytes())
+            && within(self.y, s.height, a.rows())
+            && within(self.z, s.depth, a.slices())
     }
 
     /// Address of row `row` of slice `slice`.
@@ -192,6 +225,9 @@ struct Shape {
 fn copy(src: Side, dst: Side, s: Shape, stream: u64, sync: bool) -> drv::CuRes<()> {
     if s.width == 0 || s.height == 0 || s.depth == 0 {
         return Ok(());
+    }
+    if !src.fits(&s) || !dst.fits(&s) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     // Rows must fit in their pitch (a single row needs no pitch).
     for side in [&src, &dst] {
@@ -317,8 +353,10 @@ fn copy_2d(p: *const Memcpy2D, stream: u64, sync: bool) -> drv::CuRes<()> {
         p.dst_device,
         p.dst_array,
     )?;
-    (src.x, src.y, src.pitch) = (p.src_x_in_bytes as u64, p.src_y as u64, p.src_pitch as u64);
-    (dst.x, dst.y, dst.pitch) = (p.dst_x_in_bytes as u64, p.dst_y as u64, p.dst_pitch as u64);
+    (src.x, src.y) = (p.src_x_in_bytes as u64, p.src_y as u64);
+    (dst.x, dst.y) = (p.dst_x_in_bytes as u64, p.dst_y as u64);
+    src.set_pitch(p.src_pitch as u64, src.height);
+    dst.set_pitch(p.dst_pitch as u64, dst.height);
     let shape = Shape {
         width: p.width_in_bytes as u64,
         height: p.height as u64,
@@ -346,9 +384,9 @@ pub(crate) fn copy_3d(p: *const Memcpy3D, stream: u64, sync: bool) -> drv::CuRes
         p.dst_array,
     )?;
     (src.x, src.y, src.z) = (p.src_x_in_bytes as u64, p.src_y as u64, p.src_z as u64);
-    (src.pitch, src.height) = (p.src_pitch as u64, p.src_height as u64);
+    src.set_pitch(p.src_pitch as u64, p.src_height as u64);
     (dst.x, dst.y, dst.z) = (p.dst_x_in_bytes as u64, p.dst_y as u64, p.dst_z as u64);
-    (dst.pitch, dst.height) = (p.dst_pitch as u64, p.dst_height as u64);
+    dst.set_pitch(p.dst_pitch as u64, p.dst_height as u64);
     let shape = Shape {
         width: p.width_in_bytes as u64,
         height: p.height as u64,
@@ -520,6 +558,7 @@ mod tests {
             z: 0,
             pitch,
             height: 0,
+            array: None,
         }
     }
 

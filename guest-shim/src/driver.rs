@@ -556,6 +556,8 @@ pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let _ = with_ctx_stack(|s| s.remove_all(c));
     crate::ctx_storage::context_gone(c);
     crate::alloc_api::context_gone(c);
+    crate::arrays::context_gone(c);
+    crate::textures::context_gone(c);
     Ok(())
 }
 
@@ -746,6 +748,8 @@ fn primary_gone(d: &Driver) -> CuRes<()> {
     let c = primary_peek(d)?;
     crate::ctx_storage::context_gone(c);
     crate::alloc_api::context_gone(c);
+    crate::arrays::context_gone(c);
+    crate::textures::context_gone(c);
     Ok(())
 }
 

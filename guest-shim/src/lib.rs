@@ -12,6 +12,7 @@
 
 pub mod alloc_api;
 pub mod alloc_exports;
+pub mod arrays;
 pub mod client;
 pub mod compat;
 pub mod copies;
@@ -38,4 +39,5 @@ pub mod pointer;
 pub mod procaddr;
 pub mod stream_attrs;
 pub mod stream_capture;
+pub mod textures;
 pub mod transport;

@@ -9,6 +9,7 @@
 use std::ffi::c_void;
 
 use crate::alloc_exports::*;
+use crate::arrays::*;
 use crate::compat::*;
 use crate::copies::*;
 use crate::exports::*;
@@ -21,6 +22,7 @@ use crate::linker::*;
 use crate::peer::*;
 use crate::pointer::*;
 use crate::stream_capture::*;
+use crate::textures::*;
 
 /// The answer to a lookup.
 #[derive(Debug, PartialEq, Eq)]
@@ -290,6 +292,41 @@ fn table() -> &'static [Entry] {
                 (4020, f!(cuFuncSetSharedMemConfig))
             ),
             e!("cuDeviceGetProperties", (2000, f!(cuDeviceGetProperties))),
+            e!("cuArrayCreate", (3020, f!(cuArrayCreate_v2))),
+            e!("cuArray3DCreate", (3020, f!(cuArray3DCreate_v2))),
+            e!("cuArrayDestroy", (2000, f!(cuArrayDestroy))),
+            e!("cuArrayGetDescriptor", (3020, f!(cuArrayGetDescriptor_v2))),
+            e!(
+                "cuArray3DGetDescriptor",
+                (3020, f!(cuArray3DGetDescriptor_v2))
+            ),
+            e!("cuMemcpyHtoA", (3020, f!(cuMemcpyHtoA_v2))),
+            e!("cuMemcpyHtoAAsync", (3020, f!(cuMemcpyHtoAAsync_v2))),
+            e!("cuMemcpyAtoH", (3020, f!(cuMemcpyAtoH_v2))),
+            e!("cuMemcpyAtoHAsync", (3020, f!(cuMemcpyAtoHAsync_v2))),
+            e!("cuMemcpyDtoA", (3020, f!(cuMemcpyDtoA_v2))),
+            e!("cuMemcpyAtoD", (3020, f!(cuMemcpyAtoD_v2))),
+            e!("cuMemcpyAtoA", (3020, f!(cuMemcpyAtoA_v2))),
+            e!("cuTexObjectCreate", (5000, f!(cuTexObjectCreate))),
+            e!("cuTexObjectDestroy", (5000, f!(cuTexObjectDestroy))),
+            e!(
+                "cuTexObjectGetResourceDesc",
+                (5000, f!(cuTexObjectGetResourceDesc))
+            ),
+            e!(
+                "cuTexObjectGetTextureDesc",
+                (5000, f!(cuTexObjectGetTextureDesc))
+            ),
+            e!(
+                "cuTexObjectGetResourceViewDesc",
+                (5000, f!(cuTexObjectGetResourceViewDesc))
+            ),
+            e!("cuSurfObjectCreate", (5000, f!(cuSurfObjectCreate))),
+            e!("cuSurfObjectDestroy", (5000, f!(cuSurfObjectDestroy))),
+            e!(
+                "cuSurfObjectGetResourceDesc",
+                (5000, f!(cuSurfObjectGetResourceDesc))
+            ),
             e!("cuMemcpy2D", (3020, f!(cuMemcpy2D_v2))),
             e!("cuMemcpy2DUnaligned", (3020, f!(cuMemcpy2DUnaligned_v2))),
             e!("cuMemcpy2DAsync", (3020, f!(cuMemcpy2DAsync_v2))),

@@ -1,0 +1,650 @@
+//! CUDA arrays (`cuArrayCreate`, `cuArray3DCreate`, their descriptors, `cuArrayDestroy`) and the
+//! copies that name one (`cuMemcpyHtoA`, `AtoH`, `DtoA`, `AtoD`, `AtoA`, and the array sides of
+//! `cuMemcpy2D`/`cuMemcpy3D`, which [`crate::copies`] runs).
+//!
+//! An array is device memory of its own allocation (charged to the slice like any other): rows
+//! of `Width` texels, each row starting [`row_pitch`] bytes after the one before (the device's
+//! texture pitch alignment), `Height` rows per slice and `Depth` slices or layers. CUDA leaves an
+//! array's layout to the driver; this one lets texture and surface objects name an array's
+//! texels by address ([`crate::textures`]) and pitched copies reach them. `CUarray` handles are
+//! the shim's own tokens; a handle it did not hand out is `CUDA_ERROR_INVALID_HANDLE`.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use vgpu_proto::cuda::{self, attr};
+
+use crate::driver::{self as drv, CuRes};
+use crate::exports::{CUdeviceptr, CUhandle, h};
+use crate::ffi::{CUresult, ffi};
+use crate::out;
+
+/// `CUDA_ARRAY3D_*` flags.
+pub mod flags {
+    /// `CUDA_ARRAY3D_LAYERED`: `Depth` counts layers.
+    pub const LAYERED: u32 = 0x01;
+    /// `CUDA_ARRAY3D_SURFACE_LDST`: surface objects may name the array.
+    pub const SURFACE_LDST: u32 = 0x02;
+    /// `CUDA_ARRAY3D_CUBEMAP`.
+    pub const CUBEMAP: u32 = 0x04;
+    /// `CUDA_ARRAY3D_TEXTURE_GATHER`.
+    pub const TEXTURE_GATHER: u32 = 0x08;
+    /// `CUDA_ARRAY3D_DEPTH_TEXTURE`.
+    pub const DEPTH_TEXTURE: u32 = 0x10;
+    /// `CUDA_ARRAY3D_COLOR_ATTACHMENT`.
+    pub const COLOR_ATTACHMENT: u32 = 0x20;
+    /// `CUDA_ARRAY3D_SPARSE`.
+    pub const SPARSE: u32 = 0x40;
+    /// `CUDA_ARRAY3D_DEFERRED_MAPPING`.
+    pub const DEFERRED_MAPPING: u32 = 0x80;
+    /// The flags vgpu's arrays honour.
+    pub const SUPPORTED: u32 = LAYERED | SURFACE_LDST | TEXTURE_GATHER | COLOR_ATTACHMENT;
+    /// Every flag CUDA 12 defines.
+    pub const ALL: u32 = SUPPORTED | CUBEMAP | DEPTH_TEXTURE | SPARSE | DEFERRED_MAPPING;
+}
+
+/// The tag in every `CUarray` handle the shim hands out (the low bits count arrays).
+const HANDLE_TAG: u64 = 0x0a77_a000_0000_0000;
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: u32,
+    pub num_channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Array3DDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: u32,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<ArrayDescriptor>() == 24);
+    assert!(std::mem::size_of::<Array3DDescriptor>() == 40);
+};
+
+/// A live array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Array {
+    /// The context it was created in.
+    pub ctx: u64,
+    /// Its device memory.
+    pub ptr: u64,
+    /// As created (0 for unused dimensions).
+    pub desc: Array3DDescriptor,
+    /// Bytes from one row to the next.
+    pub pitch: u64,
+}
+
+impl Array {
+    /// Bytes of one texel.
+    pub fn texel_bytes(&self) -> u64 {
+        channel_bytes(self.desc.format).unwrap_or(0) * u64::from(self.desc.num_channels)
+    }
+
+    /// Bytes of one row's texels.
+    pub fn row_bytes(&self) -> u64 {
+        self.desc.width as u64 * self.texel_bytes()
+    }
+
+    /// Rows per slice.
+    pub fn rows(&self) -> u64 {
+        (self.desc.height as u64).max(1)
+    }
+
+    /// Slices (3-D) or layers.
+    pub fn slices(&self) -> u64 {
+        (self.desc.depth as u64).max(1)
+    }
+
+    /// Bytes from one slice (or layer) to the next.
+    pub fn slice_pitch(&self) -> u64 {
+        self.pitch * self.rows()
+    }
+
+    /// Dimensions of its texels as textures see them: 1, 2 or 3.
+    pub fn dims(&self) -> u32 {
+        let layered = self.desc.flags & flags::LAYERED != 0;
+        match (self.desc.height, self.desc.depth) {
+            (0, _) => 1,
+            (_, 0) => 2,
+            _ if layered => 2,
+            _ => 3,
+        }
+    }
+
+    /// Layers of a layered array; 0 otherwise.
+    pub fn layers(&self) -> u64 {
+        if self.desc.flags & flags::LAYERED != 0 {
+            self.slices()
+        } else {
+            0
+        }
+    }
+
+    /// Device address of byte `offset` of the array's texels counted row after row without
+    /// gaps (how `cuMemcpyHtoA` and its kin address an array), and how many bytes follow it
+    /// in the same row.
+    fn linear(&self, offset: u64) -> Option<(u64, u64)> {
+        let row = self.row_bytes();
+        let (r, x) = (offset / row, offset % row);
+        (r < self.rows() * self.slices()).then(|| (self.ptr + r * self.pitch + x, row - x))
+    }
+
+    /// The device ranges holding bytes `[offset, offset + len)` of the gapless texel order.
+    pub fn runs(&self, offset: u64, len: u64) -> CuRes<Vec<(u64, u64)>> {
+        let total = self.row_bytes() * self.rows() * self.slices();
+        if offset.checked_add(len).is_none_or(|end| end > total) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let (addr, room) = self.linear(at).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+            let n = room.min(offset + len - at);
+            match out.last_mut() {
+                Some((a, l)) if *a + *l == addr => *l += n,
+                _ => out.push((addr, n)),
+            }
+            at += n;
+        }
+        Ok(out)
+    }
+}
+
+/// Bytes of one channel of a `CUarray_format` arrays may have (8-, 16- and 32-bit integers,
+/// half and float).
+pub fn channel_bytes(format: u32) -> Option<u64> {
+    match format {
+        0x01 | 0x08 => Some(1),
+        0x02 | 0x09 | 0x10 => Some(2),
+        0x03 | 0x0a | 0x20 => Some(4),
+        _ => None,
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    last: u64,
+    arrays: HashMap<u64, Array>,
+}
+
+fn registry() -> MutexGuard<'static, Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The live array `handle` names.
+pub fn get(handle: u64) -> CuRes<Array> {
+    if handle == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    registry()
+        .arrays
+        .get(&handle)
+        .copied()
+        .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// Forgets the arrays of a destroyed context (the host freed their memory with it).
+pub fn context_gone(ctx: u64) {
+    registry().arrays.retain(|_, a| a.ctx != ctx);
+}
+
+fn limit(a: usize) -> CuRes<u64> {
+    Ok(u64::try_from(drv::device_attribute(a as i32, 0)?).unwrap_or(0))
+}
+
+/// Checks a descriptor against CUDA's rules and the device's limits.
+fn check(d: &Array3DDescriptor) -> CuRes<()> {
+    if d.flags & !flags::ALL != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if d.flags & !flags::SUPPORTED != 0 {
+        return Err(drv::unsupported(
+            "cube map, depth, sparse and deferred-mapping arrays",
+        ));
+    }
+    if channel_bytes(d.format).is_none() {
+        return Err(if d.format == 0 {
+            cuda::CUDA_ERROR_INVALID_VALUE
+        } else {
+            drv::unsupported("arrays of packed, block-compressed or video formats")
+        });
+    }
+    if ![1, 2, 4].contains(&d.num_channels) || d.width == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let layered = d.flags & flags::LAYERED != 0;
+    let surface = d.flags & flags::SURFACE_LDST != 0;
+    let (w, h, depth) = (d.width as u64, d.height as u64, d.depth as u64);
+    // (limit on width, on height, on depth or layers), as attributes.
+    let limits: [(u64, usize); 3] = match (h, depth, layered, surface) {
+        (0, 0, false, false) => [(w, attr::MAXIMUM_TEXTURE1D_WIDTH), (0, 0), (0, 0)],
+        (0, 0, false, true) => [(w, attr::MAXIMUM_SURFACE1D_WIDTH), (0, 0), (0, 0)],
+        (0, _, true, false) => [
+            (w, attr::MAXIMUM_TEXTURE1D_LAYERED_WIDTH),
+            (0, 0),
+            (depth, attr::MAXIMUM_TEXTURE1D_LAYERED_LAYERS),
+        ],
+        (0, _, true, true) => [
+            (w, attr::MAXIMUM_SURFACE1D_LAYERED_WIDTH),
+            (0, 0),
+            (depth, attr::MAXIMUM_SURFACE1D_LAYERED_LAYERS),
+        ],
+        (_, 0, false, false) => [
+            (w, attr::MAXIMUM_TEXTURE2D_WIDTH),
+            (h, attr::MAXIMUM_TEXTURE2D_HEIGHT),
+            (0, 0),
+        ],
+        (_, 0, false, true) => [
+            (w, attr::MAXIMUM_SURFACE2D_WIDTH),
+            (h, attr::MAXIMUM_SURFACE2D_HEIGHT),
+            (0, 0),
+        ],
+        (_, _, true, false) if h > 0 => [
+            (w, attr::MAXIMUM_TEXTURE2D_LAYERED_WIDTH),
+            (h, attr::MAXIMUM_TEXTURE2D_LAYERED_HEIGHT),
+            (depth, attr::MAXIMUM_TEXTURE2D_LAYERED_LAYERS),
+        ],
+        (_, _, true, true) if h > 0 => [
+            (w, attr::MAXIMUM_SURFACE2D_LAYERED_WIDTH),
+            (h, attr::MAXIMUM_SURFACE2D_LAYERED_HEIGHT),
+            (depth, attr::MAXIMUM_SURFACE2D_LAYERED_LAYERS),
+        ],
+        (0, _, false, _) => return Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        (_, _, _, false) => [
+            (w, attr::MAXIMUM_TEXTURE3D_WIDTH),
+            (h, attr::MAXIMUM_TEXTURE3D_HEIGHT),
+            (depth, attr::MAXIMUM_TEXTURE3D_DEPTH),
+        ],
+        (_, _, _, true) => [
+            (w, attr::MAXIMUM_SURFACE3D_WIDTH),
+            (h, attr::MAXIMUM_SURFACE3D_HEIGHT),
+            (depth, attr::MAXIMUM_SURFACE3D_DEPTH),
+        ],
+    };
+    if layered && depth == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    for (n, a) in limits {
+        if a != 0 && n > limit(a)? {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    Ok(())
+}
+
+/// Bytes from one row of an array to the next: the row's texels rounded up to the device's
+/// texture pitch alignment, so a texture over the array is also valid pitched memory.
+pub fn row_pitch(row_bytes: u64) -> CuRes<u64> {
+    let align = limit(attr::TEXTURE_PITCH_ALIGNMENT)?.max(1);
+    row_bytes
+        .checked_next_multiple_of(align)
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuArray3DCreate`: a new array's handle.
+pub fn create(d: &Array3DDescriptor) -> CuRes<u64> {
+    check(d)?;
+    let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
+    let mut a = Array {
+        ctx,
+        ptr: 0,
+        desc: *d,
+        pitch: 0,
+    };
+    a.pitch = row_pitch(a.row_bytes())?;
+    let size = a
+        .slice_pitch()
+        .checked_mul(a.slices())
+        .ok_or(cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
+    a.ptr = drv::mem_alloc(size)?;
+    let mut r = registry();
+    r.last += 1;
+    let handle = HANDLE_TAG | r.last;
+    r.arrays.insert(handle, a);
+    Ok(handle)
+}
+
+/// `cuArrayDestroy`.
+pub fn destroy(handle: u64) -> CuRes<()> {
+    let a = get(handle)?;
+    if crate::textures::names_array(a.ptr) {
+        // CUDA refuses to destroy an array a texture or surface object still names.
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    drv::mem_free(a.ptr)?;
+    registry().arrays.remove(&handle);
+    Ok(())
+}
+
+fn descriptor_2d(a: &Array) -> ArrayDescriptor {
+    ArrayDescriptor {
+        width: a.desc.width,
+        height: a.desc.height,
+        format: a.desc.format,
+        num_channels: a.desc.num_channels,
+    }
+}
+
+/// Copies `len` bytes between host memory and an array's gapless texel order.
+fn host_copy(
+    array: u64,
+    offset: u64,
+    host: u64,
+    len: u64,
+    to_array: bool,
+    stream: u64,
+    sync: bool,
+) -> CuRes<()> {
+    let a = get(array)?;
+    if len == 0 {
+        return Ok(());
+    }
+    if host == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let runs = a.runs(offset, len)?;
+    let n = runs.len();
+    let mut at = host;
+    for (i, (addr, l)) in runs.into_iter().enumerate() {
+        let l_usize = usize::try_from(l).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+        if to_array {
+            // SAFETY: the caller's host buffer holds `len` readable bytes (CUDA contract), of
+            // which this run is a part.
+            let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, l_usize) };
+            drv::memcpy_htod(addr, bytes, stream, sync && i + 1 == n)?;
+        } else {
+            // SAFETY: the caller's host buffer holds `len` writable bytes (CUDA contract), of
+            // which this run is a part.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, l_usize) };
+            drv::memcpy_dtoh(bytes, addr, stream)?;
+        }
+        at += l;
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes between device memory and an array's gapless texel order.
+fn device_copy(array: u64, offset: u64, dev: u64, len: u64, to_array: bool) -> CuRes<()> {
+    let a = get(array)?;
+    let runs = a.runs(offset, len)?;
+    let n = runs.len();
+    let mut at = dev;
+    for (i, (addr, l)) in runs.into_iter().enumerate() {
+        let (dst, src) = if to_array { (addr, at) } else { (at, addr) };
+        drv::memcpy_dtod(dst, src, l, 0, i + 1 == n)?;
+        at += l;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    out: *mut CUhandle,
+    desc: *const ArrayDescriptor,
+) -> CUresult {
+    ffi("cuArrayCreate_v2", || {
+        // SAFETY: NULL or the caller's CUDA_ARRAY_DESCRIPTOR (CUDA contract).
+        let d = unsafe { desc.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        if out.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = create(&Array3DDescriptor {
+            width: d.width,
+            height: d.height,
+            depth: 0,
+            format: d.format,
+            num_channels: d.num_channels,
+            flags: 0,
+        })?;
+        out!(out, handle as CUhandle)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    out: *mut CUhandle,
+    desc: *const Array3DDescriptor,
+) -> CUresult {
+    ffi("cuArray3DCreate_v2", || {
+        // SAFETY: NULL or the caller's CUDA_ARRAY3D_DESCRIPTOR (CUDA contract).
+        let d = unsafe { desc.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        if out.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = create(d)?;
+        out!(out, handle as CUhandle)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayDestroy(array: CUhandle) -> CUresult {
+    ffi("cuArrayDestroy", || destroy(h(array)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayGetDescriptor_v2(
+    out: *mut ArrayDescriptor,
+    array: CUhandle,
+) -> CUresult {
+    ffi("cuArrayGetDescriptor_v2", || {
+        let a = get(h(array))?;
+        out!(out, descriptor_2d(&a))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DGetDescriptor_v2(
+    out: *mut Array3DDescriptor,
+    array: CUhandle,
+) -> CUresult {
+    ffi("cuArray3DGetDescriptor_v2", || {
+        let a = get(h(array))?;
+        out!(out, a.desc)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoA_v2(
+    dst: CUhandle,
+    offset: usize,
+    src: *const c_void,
+    len: usize,
+) -> CUresult {
+    ffi("cuMemcpyHtoA_v2", || {
+        host_copy(h(dst), offset as u64, src as u64, len as u64, true, 0, true)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoAAsync_v2(
+    dst: CUhandle,
+    offset: usize,
+    src: *const c_void,
+    len: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemcpyHtoAAsync_v2", || {
+        host_copy(
+            h(dst),
+            offset as u64,
+            src as u64,
+            len as u64,
+            true,
+            h(stream),
+            false,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAtoH_v2(
+    dst: *mut c_void,
+    src: CUhandle,
+    offset: usize,
+    len: usize,
+) -> CUresult {
+    ffi("cuMemcpyAtoH_v2", || {
+        host_copy(
+            h(src),
+            offset as u64,
+            dst as u64,
+            len as u64,
+            false,
+            0,
+            true,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUhandle,
+    offset: usize,
+    len: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemcpyAtoHAsync_v2", || {
+        host_copy(
+            h(src),
+            offset as u64,
+            dst as u64,
+            len as u64,
+            false,
+            h(stream),
+            false,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoA_v2(
+    dst: CUhandle,
+    offset: usize,
+    src: CUdeviceptr,
+    len: usize,
+) -> CUresult {
+    ffi("cuMemcpyDtoA_v2", || {
+        device_copy(h(dst), offset as u64, src, len as u64, true)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAtoD_v2(
+    dst: CUdeviceptr,
+    src: CUhandle,
+    offset: usize,
+    len: usize,
+) -> CUresult {
+    ffi("cuMemcpyAtoD_v2", || {
+        device_copy(h(src), offset as u64, dst, len as u64, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAtoA_v2(
+    dst: CUhandle,
+    dst_offset: usize,
+    src: CUhandle,
+    src_offset: usize,
+    len: usize,
+) -> CUresult {
+    ffi("cuMemcpyAtoA_v2", || {
+        let (d, s) = (get(h(dst))?, get(h(src))?);
+        let (dst_runs, src_runs) = (
+            d.runs(dst_offset as u64, len as u64)?,
+            s.runs(src_offset as u64, len as u64)?,
+        );
+        // Walk both run lists together: each step copies what is left of the shorter run.
+        let (mut di, mut si) = (dst_runs.into_iter(), src_runs.into_iter());
+        let (mut dr, mut sr) = (di.next(), si.next());
+        while let (Some((da, dl)), Some((sa, sl))) = (dr, sr) {
+            let n = dl.min(sl);
+            let last = dl == sl && di.len() == 0;
+            drv::memcpy_dtod(da, sa, n, 0, last)?;
+            dr = if dl > n {
+                Some((da + n, dl - n))
+            } else {
+                di.next()
+            };
+            sr = if sl > n {
+                Some((sa + n, sl - n))
+            } else {
+                si.next()
+            };
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn array(width: usize, height: usize, depth: usize, pitch: u64) -> Array {
+        Array {
+            ctx: 1,
+            ptr: 0x10_0000,
+            desc: Array3DDescriptor {
+                width,
+                height,
+                depth,
+                format: 0x20,
+                num_channels: 1,
+                flags: 0,
+            },
+            pitch,
+        }
+    }
+
+    #[test]
+    fn gapless_offsets_map_to_rows_with_their_pitch() {
+        // 10 floats a row (40 bytes), rows 64 bytes apart, 3 rows.
+        let a = array(10, 3, 0, 64);
+        assert_eq!(a.runs(0, 40).unwrap(), vec![(0x10_0000, 40)]);
+        assert_eq!(
+            a.runs(36, 48).unwrap(),
+            vec![
+                (0x10_0000 + 36, 4),
+                (0x10_0000 + 64, 40),
+                (0x10_0000 + 128, 4)
+            ]
+        );
+        assert_eq!(a.runs(119, 1).unwrap(), vec![(0x10_0000 + 128 + 39, 1)]);
+        assert_eq!(a.runs(100, 21), Err(cuda::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(a.runs(u64::MAX, 2), Err(cuda::CUDA_ERROR_INVALID_VALUE));
+        // Rows without padding merge into one range.
+        let packed = array(16, 4, 2, 64);
+        assert_eq!(packed.runs(10, 400).unwrap(), vec![(0x10_0000 + 10, 400)]);
+    }
+
+    #[test]
+    fn dimensions_follow_cudas_descriptor_rules() {
+        assert_eq!(array(8, 0, 0, 32).dims(), 1);
+        assert_eq!(array(8, 4, 0, 32).dims(), 2);
+        assert_eq!(array(8, 4, 3, 32).dims(), 3);
+        let mut layered = array(8, 4, 3, 32);
+        layered.desc.flags = flags::LAYERED;
+        assert_eq!((layered.dims(), layered.layers()), (2, 3));
+        layered.desc.height = 0;
+        assert_eq!((layered.dims(), layered.layers()), (1, 3));
+        assert_eq!(layered.slice_pitch(), 32);
+    }
+}

@@ -1,0 +1,473 @@
+//! Texture and surface objects (`cuTexObjectCreate`, `cuSurfObjectCreate`, their destroy and
+//! get-descriptor calls), over CUDA arrays ([`crate::arrays`]), pitched and linear memory.
+//!
+//! The shim checks what CUDA checks (resource type, alignment, the device's limits), describes
+//! the texels to vgpud by address and layout, and keeps each object's descriptors to answer the
+//! `Get` calls. vgpud checks the texels lie in one allocation of the process, and the device's
+//! handle is what kernels receive. Mipmapped arrays and resource views that reinterpret the
+//! texels are `CUDA_ERROR_NOT_SUPPORTED`.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use vgpu_proto::cuda::{self, attr};
+use vgpu_proto::msg;
+
+use crate::arrays::{self, flags};
+use crate::driver::{self as drv, CuRes};
+use crate::ffi::{CUresult, ffi};
+use crate::out;
+
+/// `CUresourcetype`.
+mod restype {
+    pub const ARRAY: u32 = 0;
+    pub const MIPMAPPED_ARRAY: u32 = 1;
+    pub const LINEAR: u32 = 2;
+    pub const PITCH2D: u32 = 3;
+}
+
+/// Words of the `res` union of `CUDA_RESOURCE_DESC` (`int reserved[32]`).
+const RES_WORDS: usize = 16;
+
+/// `CUDA_RESOURCE_DESC`: the type, the union as words, the flags.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceDesc {
+    pub res_type: u32,
+    pad: u32,
+    /// `array.hArray`; `linear`/`pitch2D`: `devPtr`, `format | numChannels << 32`,
+    /// `sizeInBytes` or `width`, `height`, `pitchInBytes`.
+    pub res: [u64; RES_WORDS],
+    pub flags: u32,
+    pad2: u32,
+}
+
+/// `CUDA_TEXTURE_DESC`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TextureDesc {
+    pub address_mode: [u32; 3],
+    pub filter_mode: u32,
+    pub flags: u32,
+    pub max_anisotropy: u32,
+    pub mipmap_filter_mode: u32,
+    pub mipmap_level_bias: f32,
+    pub min_mipmap_level_clamp: f32,
+    pub max_mipmap_level_clamp: f32,
+    pub border_color: [f32; 4],
+    pub reserved: [i32; 12],
+}
+
+/// `CUDA_RESOURCE_VIEW_DESC`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceViewDesc {
+    pub format: u32,
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub first_mipmap_level: u32,
+    pub last_mipmap_level: u32,
+    pub first_layer: u32,
+    pub last_layer: u32,
+    pub reserved: [u32; 16],
+}
+
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<ResourceDesc>() == 144);
+    assert!(size_of::<TextureDesc>() == 104);
+    assert!(size_of::<ResourceViewDesc>() == 112);
+};
+
+/// The texels an object names, as vgpud takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Texels {
+    base: u64,
+    format: u32,
+    channels: u32,
+    dims: u32,
+    width: u64,
+    height: u64,
+    depth: u64,
+    layers: u64,
+    pitch: u64,
+    slice_pitch: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Object {
+    ctx: u64,
+    res: ResourceDesc,
+    tex: Option<TextureDesc>,
+    /// The array's memory, when the resource is an array.
+    array_ptr: Option<u64>,
+}
+
+#[derive(Default)]
+struct Registry {
+    textures: HashMap<u64, Object>,
+    surfaces: HashMap<u64, Object>,
+}
+
+fn registry() -> MutexGuard<'static, Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether a live texture or surface object names the array whose memory is at `ptr`.
+pub fn names_array(ptr: u64) -> bool {
+    let r = registry();
+    r.textures
+        .values()
+        .chain(r.surfaces.values())
+        .any(|o| o.array_ptr == Some(ptr))
+}
+
+/// Forgets the objects of a destroyed context (vgpud destroyed them with it).
+pub fn context_gone(ctx: u64) {
+    let mut r = registry();
+    r.textures.retain(|_, o| o.ctx != ctx);
+    r.surfaces.retain(|_, o| o.ctx != ctx);
+}
+
+fn limit(a: usize) -> CuRes<u64> {
+    Ok(u64::try_from(drv::device_attribute(a as i32, 0)?).unwrap_or(0))
+}
+
+/// What `res` names, checked as CUDA checks it; `surface` for a surface object.
+fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
+    if res.flags != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if surface && res.res_type != restype::ARRAY {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let format_channels = |w: u64| -> CuRes<(u32, u32, u64)> {
+        let (format, channels) = (w as u32, (w >> 32) as u32);
+        let bytes = arrays::channel_bytes(format).ok_or(if format == 0 {
+            cuda::CUDA_ERROR_INVALID_VALUE
+        } else {
+            drv::unsupported("textures of packed, block-compressed or video formats")
+        })?;
+        if ![1, 2, 4].contains(&channels) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok((format, channels, bytes * u64::from(channels)))
+    };
+    let aligned = |ptr: u64| -> CuRes<()> {
+        let align = limit(attr::TEXTURE_ALIGNMENT)?.max(1);
+        if ptr == 0 || ptr % align != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    };
+    match res.res_type {
+        restype::ARRAY => {
+            let a = arrays::get(res.res[0])?;
+            if surface && a.desc.flags & flags::SURFACE_LDST == 0 {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            let dims = a.dims();
+            Ok((
+                Texels {
+                    base: a.ptr,
+                    format: a.desc.format,
+                    channels: a.desc.num_channels,
+                    dims,
+                    width: a.desc.width as u64,
+                    height: a.rows(),
+                    depth: if dims == 3 { a.slices() } else { 1 },
+                    layers: a.layers(),
+                    pitch: a.pitch,
+                    slice_pitch: a.slice_pitch(),
+                },
+                Some(a.ptr),
+            ))
+        }
+        restype::MIPMAPPED_ARRAY => Err(drv::unsupported("mipmapped arrays")),
+        restype::LINEAR => {
+            let (format, channels, texel) = format_channels(res.res[1])?;
+            aligned(res.res[0])?;
+            let size = res.res[2];
+            let width = size / texel;
+            if width == 0 || width > limit(attr::MAXIMUM_TEXTURE1D_LINEAR_WIDTH)? {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            Ok((
+                Texels {
+                    base: res.res[0],
+                    format,
+                    channels,
+                    dims: 1,
+                    width,
+                    height: 1,
+                    depth: 1,
+                    layers: 0,
+                    pitch: width * texel,
+                    slice_pitch: width * texel,
+                },
+                None,
+            ))
+        }
+        restype::PITCH2D => {
+            let (format, channels, texel) = format_channels(res.res[1])?;
+            aligned(res.res[0])?;
+            let (width, height, pitch) = (res.res[2], res.res[3], res.res[4]);
+            let pitch_align = limit(attr::TEXTURE_PITCH_ALIGNMENT)?.max(1);
+            if width == 0
+                || height == 0
+                || width > limit(attr::MAXIMUM_TEXTURE2D_LINEAR_WIDTH)?
+                || height > limit(attr::MAXIMUM_TEXTURE2D_LINEAR_HEIGHT)?
+                || pitch > limit(attr::MAXIMUM_TEXTURE2D_LINEAR_PITCH)?
+                || pitch % pitch_align != 0
+                || pitch < width.saturating_mul(texel)
+            {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            Ok((
+                Texels {
+                    base: res.res[0],
+                    format,
+                    channels,
+                    dims: 2,
+                    width,
+                    height,
+                    depth: 1,
+                    layers: 0,
+                    pitch,
+                    slice_pitch: pitch * height,
+                },
+                None,
+            ))
+        }
+        _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// A resource view that keeps the resource as it is (none, or format `CU_RES_VIEW_FORMAT_NONE`
+/// with nothing else set) is accepted; one that reinterprets it is not supported.
+fn check_view(view: *const ResourceViewDesc) -> CuRes<()> {
+    // SAFETY: NULL or the caller's CUDA_RESOURCE_VIEW_DESC (CUDA contract).
+    match unsafe { view.as_ref() } {
+        None => Ok(()),
+        Some(v)
+            if v.format == 0
+                && v.width == 0
+                && v.height == 0
+                && v.depth == 0
+                && v.first_mipmap_level == 0
+                && v.last_mipmap_level == 0
+                && v.first_layer == 0
+                && v.last_layer == 0 =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(drv::unsupported("texture resource views")),
+    }
+}
+
+/// `cuTexObjectCreate`.
+fn tex_create(
+    res: *const ResourceDesc,
+    tex: *const TextureDesc,
+    view: *const ResourceViewDesc,
+) -> CuRes<u64> {
+    // SAFETY: NULL or the caller's descriptors (CUDA contract).
+    let (res, tex) = unsafe { (res.as_ref(), tex.as_ref()) };
+    let (res, tex) = (
+        *res.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?,
+        *tex.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?,
+    );
+    check_view(view)?;
+    let (t, array_ptr) = texels(&res, false)?;
+    let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
+    let handle = drv::driver()?
+        .call(
+            &msg::TexObjectCreate {
+                ctx,
+                base: t.base,
+                format: t.format,
+                channels: t.channels,
+                dims: t.dims,
+                width: t.width,
+                height: t.height,
+                depth: t.depth,
+                layers: t.layers,
+                pitch: t.pitch,
+                slice_pitch: t.slice_pitch,
+                address_0: tex.address_mode[0],
+                address_1: tex.address_mode[1],
+                address_2: tex.address_mode[2],
+                filter: tex.filter_mode,
+                flags: tex.flags,
+                border_r: tex.border_color[0],
+                border_g: tex.border_color[1],
+                border_b: tex.border_color[2],
+                border_a: tex.border_color[3],
+            },
+            &[],
+        )?
+        .handle;
+    registry().textures.insert(
+        handle,
+        Object {
+            ctx,
+            res,
+            tex: Some(tex),
+            array_ptr,
+        },
+    );
+    Ok(handle)
+}
+
+/// `cuSurfObjectCreate`.
+fn surf_create(res: *const ResourceDesc) -> CuRes<u64> {
+    // SAFETY: NULL or the caller's descriptor (CUDA contract).
+    let res = *unsafe { res.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let (t, array_ptr) = texels(&res, true)?;
+    let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
+    let handle = drv::driver()?
+        .call(
+            &msg::SurfObjectCreate {
+                ctx,
+                base: t.base,
+                format: t.format,
+                channels: t.channels,
+                dims: t.dims,
+                width: t.width,
+                height: t.height,
+                depth: t.depth,
+                layers: t.layers,
+                pitch: t.pitch,
+                slice_pitch: t.slice_pitch,
+            },
+            &[],
+        )?
+        .handle;
+    registry().surfaces.insert(
+        handle,
+        Object {
+            ctx,
+            res,
+            tex: None,
+            array_ptr,
+        },
+    );
+    Ok(handle)
+}
+
+fn object(handle: u64, surface: bool) -> CuRes<Object> {
+    let r = registry();
+    let table = if surface { &r.surfaces } else { &r.textures };
+    table
+        .get(&handle)
+        .copied()
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+}
+
+fn destroy(handle: u64, surface: bool) -> CuRes<()> {
+    let o = object(handle, surface)?;
+    let d = drv::driver()?;
+    if surface {
+        d.call(&msg::SurfObjectDestroy { ctx: o.ctx, handle }, &[])?;
+        registry().surfaces.remove(&handle);
+    } else {
+        d.call(&msg::TexObjectDestroy { ctx: o.ctx, handle }, &[])?;
+        registry().textures.remove(&handle);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTexObjectCreate(
+    out: *mut u64,
+    res: *const ResourceDesc,
+    tex: *const TextureDesc,
+    view: *const ResourceViewDesc,
+) -> CUresult {
+    ffi("cuTexObjectCreate", || {
+        if out.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(out, tex_create(res, tex, view)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTexObjectDestroy(handle: u64) -> CUresult {
+    ffi("cuTexObjectDestroy", || destroy(handle, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTexObjectGetResourceDesc(
+    out: *mut ResourceDesc,
+    handle: u64,
+) -> CUresult {
+    ffi("cuTexObjectGetResourceDesc", || {
+        out!(out, object(handle, false)?.res)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTexObjectGetTextureDesc(out: *mut TextureDesc, handle: u64) -> CUresult {
+    ffi("cuTexObjectGetTextureDesc", || {
+        let tex = object(handle, false)?
+            .tex
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        out!(out, tex)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTexObjectGetResourceViewDesc(
+    out: *mut ResourceViewDesc,
+    handle: u64,
+) -> CUresult {
+    ffi("cuTexObjectGetResourceViewDesc", || {
+        object(handle, false)?;
+        // Objects are created without a view that reinterprets their texels.
+        out!(
+            out,
+            ResourceViewDesc {
+                format: 0,
+                width: 0,
+                height: 0,
+                depth: 0,
+                first_mipmap_level: 0,
+                last_mipmap_level: 0,
+                first_layer: 0,
+                last_layer: 0,
+                reserved: [0; 16],
+            }
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuSurfObjectCreate(out: *mut u64, res: *const ResourceDesc) -> CUresult {
+    ffi("cuSurfObjectCreate", || {
+        if out.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(out, surf_create(res)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuSurfObjectDestroy(handle: u64) -> CUresult {
+    ffi("cuSurfObjectDestroy", || destroy(handle, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuSurfObjectGetResourceDesc(
+    out: *mut ResourceDesc,
+    handle: u64,
+) -> CUresult {
+    ffi("cuSurfObjectGetResourceDesc", || {
+        out!(out, object(handle, true)?.res)
+    })
+}

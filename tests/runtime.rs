@@ -104,6 +104,13 @@ fn nvcc_programs_run_cooperative_launches() {
     run_nvcc_program("cooperative", 12, ALL_RUNTIMES);
 }
 
+/// CUDA arrays, texture objects (arrays, pitched and linear memory; filtering and addressing
+/// modes, 8-bit texels, 3-D and layered) and surface objects, on every runtime.
+#[test]
+fn nvcc_programs_sample_textures_and_write_surfaces() {
+    run_nvcc_program("textures", 24, ALL_RUNTIMES);
+}
+
 #[test]
 fn nvcc_programs_run_streams_events_and_callbacks() {
     run_nvcc_program("streams", 30, ALL_RUNTIMES);

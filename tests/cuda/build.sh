@@ -49,7 +49,7 @@ if ! command -v "$CCBIN" >/dev/null 2>&1; then
     exit 0
 fi
 
-PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs cooperative)
+PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs cooperative textures)
 # PTX only (code=compute_52, no code=sm_52 cubin): the simulated GPU
 # interprets PTX. compute_52 is the oldest target nvcc 11.8 does not call
 # deprecated (compute_35/37 warn). cooperative.cu needs compute 6.0 (a

@@ -226,7 +226,6 @@ fn decode16(b: u16, fmt: Fmt) -> f64 {
 }
 
 /// Half bits to f32 (exact).
-#[cfg(test)]
 pub(crate) fn f16_to_f32(b: u16) -> f32 {
     decode16(b, F16) as f32
 }

@@ -404,6 +404,89 @@ pub(crate) struct BuiltinCall {
     pub ret: Option<(u32, u32)>,
 }
 
+/// Geometry of a texture or surface instruction (`.1d`, `.2d`, `.3d`, `.a1d`, `.a2d`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Geom {
+    D1,
+    D2,
+    D3,
+    A1,
+    A2,
+}
+
+impl Geom {
+    pub(crate) fn parse(s: &str) -> Option<Geom> {
+        Some(match s {
+            "1d" => Geom::D1,
+            "2d" => Geom::D2,
+            "3d" => Geom::D3,
+            "a1d" => Geom::A1,
+            "a2d" => Geom::A2,
+            _ => return None,
+        })
+    }
+
+    /// Coordinates besides the layer.
+    pub(crate) fn axes(self) -> usize {
+        match self {
+            Geom::D1 | Geom::A1 => 1,
+            Geom::D2 | Geom::A2 => 2,
+            Geom::D3 => 3,
+        }
+    }
+
+    /// Whether the first coordinate is a layer index.
+    pub(crate) fn layered(self) -> bool {
+        matches!(self, Geom::A1 | Geom::A2)
+    }
+}
+
+/// `tex` or `tld4`.
+#[derive(Debug, Clone)]
+pub(crate) struct TexOp {
+    /// `tld4`'s component (0 to 3: r, g, b, a); `None` for `tex`.
+    pub gather: Option<u8>,
+    /// Results are `.s32` (sign-extended into the registers).
+    pub signed: bool,
+    /// `.s32` coordinates (texel indices) instead of `.f32`.
+    pub int_coords: bool,
+    pub d: [Reg; 4],
+    pub handle: Reg,
+    /// x, y, z (`NONE` past the geometry's axes: 0).
+    pub c: [Reg; 3],
+    /// The layer (`NONE` when not layered).
+    pub layer: Reg,
+}
+
+/// `suld.b` or `sust.b`.
+#[derive(Debug, Clone)]
+pub(crate) struct SurfOp {
+    /// Bytes of each vector element (1, 2, 4 or 8).
+    pub bytes: u8,
+    /// Vector elements (1, 2 or 4).
+    pub n: u8,
+    pub clamp: crate::texture::SurfaceClamp,
+    /// Destinations (`suld`) or sources (`sust`).
+    pub v: [Reg; 4],
+    pub handle: Reg,
+    /// x (in bytes), y, z (`NONE` past the geometry's axes: 0).
+    pub c: [Reg; 3],
+    /// The layer (`NONE` when not layered).
+    pub layer: Reg,
+}
+
+/// What `txq` or `suq` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResQuery {
+    Width,
+    Height,
+    Depth,
+    ArraySize,
+    NormalizedCoords,
+    FilterMode,
+    AddrMode(u8),
+}
+
 /// One decoded operation.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
@@ -726,6 +809,16 @@ pub(crate) enum Op {
         mask: Reg,
         base: Reg,
         off: Reg,
+    },
+    Tex(Box<TexOp>),
+    Suld(Box<SurfOp>),
+    Sust(Box<SurfOp>),
+    /// `txq` (`surface` false) or `suq`.
+    Txq {
+        q: ResQuery,
+        surface: bool,
+        d: Reg,
+        handle: Reg,
     },
 }
 

@@ -147,6 +147,9 @@ pub(crate) enum Operand {
     Sink,
     /// `sym+off` used as a value (the address of a variable plus an offset).
     SymOff(String, i64),
+    /// `[handle, coords]` (or `[handle, sampler, coords]`): the texture or surface operand of
+    /// `tex`, `tld4`, `suld` and `sust`; the operands after the handle in order.
+    Tex(String, Vec<Operand>),
 }
 
 struct Parser<'a, 't> {
@@ -746,6 +749,17 @@ impl<'a> Parser<'a, '_> {
             Some(Tok::F64(b)) => Ok(Operand::F64(*b)),
             Some(Tok::Punct('[')) => {
                 let (base, off) = match self.peek() {
+                    Some(Tok::Ident(s)) if self.peek_at(1) == Some(&Tok::Punct(',')) => {
+                        // `[handle, {coords}]` of a texture or surface instruction.
+                        let s = s.clone();
+                        self.pos += 1;
+                        let mut rest = Vec::new();
+                        while self.eat_punct(',') {
+                            rest.push(self.operand(depth + 1)?);
+                        }
+                        self.expect_punct(']')?;
+                        return Ok(Operand::Tex(s, rest));
+                    }
                     Some(Tok::Ident(s)) => {
                         let s = s.clone();
                         self.pos += 1;

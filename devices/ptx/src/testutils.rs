@@ -3,10 +3,11 @@
 //! test helpers, they panic on misuse (unknown kernel, unowned address) instead of returning
 //! errors; nothing in the interpreter itself calls them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::texture::{SurfaceView, TextureView};
 use crate::{
     Buffer, Fault, GLOBAL_BASE, GlobalMemory, KernelInfo, Launch, LaunchControl, Module, Progress,
 };
@@ -56,11 +57,14 @@ pub fn from_bytes<T: Elem>(b: &[u8]) -> Vec<T> {
 }
 
 /// A tenant's device memory for tests: allocations at increasing addresses from
-/// [`GLOBAL_BASE`], separated by unowned guard gaps.
+/// [`GLOBAL_BASE`], separated by unowned guard gaps, and texture and surface objects registered
+/// by handle.
 #[derive(Debug)]
 pub struct TestMemory {
     allocs: RwLock<BTreeMap<u64, Arc<Buffer>>>,
     next: AtomicU64,
+    textures: RwLock<HashMap<u64, TextureView>>,
+    surfaces: RwLock<HashMap<u64, SurfaceView>>,
 }
 
 impl Default for TestMemory {
@@ -75,7 +79,25 @@ impl TestMemory {
         TestMemory {
             allocs: RwLock::new(BTreeMap::new()),
             next: AtomicU64::new(GLOBAL_BASE),
+            textures: RwLock::new(HashMap::new()),
+            surfaces: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// Makes `handle` name the texture object `view` (replacing what it named).
+    pub fn add_texture(&self, handle: u64, view: TextureView) {
+        self.textures
+            .write()
+            .expect("test memory lock")
+            .insert(handle, view);
+    }
+
+    /// Makes `handle` name the surface object `view` (replacing what it named).
+    pub fn add_surface(&self, handle: u64, view: SurfaceView) {
+        self.surfaces
+            .write()
+            .expect("test memory lock")
+            .insert(handle, view);
     }
 
     /// Allocates `len` zeroed bytes and returns the device address.
@@ -128,6 +150,14 @@ impl GlobalMemory for TestMemory {
         } else {
             None
         }
+    }
+
+    fn texture(&self, handle: u64) -> Option<TextureView> {
+        self.textures.read().ok()?.get(&handle).copied()
+    }
+
+    fn surface(&self, handle: u64) -> Option<SurfaceView> {
+        self.surfaces.read().ok()?.get(&handle).copied()
     }
 }
 

@@ -93,6 +93,18 @@ pub enum AddressMode {
     Border,
 }
 
+impl AddressMode {
+    /// The mode's `cudaTextureAddressMode` value (what `txq.addr_mode_N` returns).
+    pub fn code(self) -> u32 {
+        match self {
+            AddressMode::Wrap => 0,
+            AddressMode::Clamp => 1,
+            AddressMode::Mirror => 2,
+            AddressMode::Border => 3,
+        }
+    }
+}
+
 /// How a texel is chosen between texel centres (`CUfilter_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FilterMode {
@@ -101,6 +113,16 @@ pub enum FilterMode {
     /// `CU_TR_FILTER_MODE_LINEAR`: linear interpolation of the nearest 2, 4 or 8 texels, with
     /// 8 bits of fraction as on NVIDIA GPUs.
     Linear,
+}
+
+impl FilterMode {
+    /// The mode's `cudaTextureFilterMode` value (what `txq.filter_mode` returns).
+    pub fn code(self) -> u32 {
+        match self {
+            FilterMode::Point => 0,
+            FilterMode::Linear => 1,
+        }
+    }
 }
 
 /// How a texture object samples its texels (`CUDA_TEXTURE_DESC`).
@@ -135,4 +157,389 @@ pub struct TextureView {
 pub struct SurfaceView {
     /// The texels.
     pub layout: Layout,
+}
+
+// ---- sampling --------------------------------------------------------------------------------
+//
+// Pure functions: they read texels through a caller-supplied `read(address, bytes)` (the
+// interpreter passes its checked global-memory load), so a texel outside the tenant's memory
+// faults exactly like `ld.global`, and the unit tests below can sample a plain byte vector.
+
+/// Bits of fraction of the linear-filtering weights: NVIDIA GPUs keep α, β, γ in 9-bit fixed
+/// point with 8 fractional bits (CUDA programming guide, "Linear Filtering").
+pub const FILTER_FRACTION_BITS: u32 = 8;
+/// Steps of one texel of the quantized filtering weights (2^8).
+const FILTER_STEPS: f32 = (1u32 << FILTER_FRACTION_BITS) as f32;
+/// Largest extent of one axis the address arithmetic works with; larger extents are cut to it
+/// (no tenant allocates a texture that large, and it keeps `2 * n` in range of `i64`).
+const MAX_AXIS: u64 = 1 << 40;
+/// Largest value of an unsigned 8-bit channel, the divisor of its normalized float.
+const U8_MAX: f32 = u8::MAX as f32;
+/// Largest value of an unsigned 16-bit channel.
+const U16_MAX: f32 = u16::MAX as f32;
+/// Largest value of a signed 8-bit channel.
+const S8_MAX: f32 = i8::MAX as f32;
+/// Largest value of a signed 16-bit channel.
+const S16_MAX: f32 = i16::MAX as f32;
+/// Index of the alpha channel, which reads 1 when the texel has none.
+const ALPHA: usize = 3;
+/// The four texels of a 2×2 bilinear footprint in the order `tld4` returns them, as offsets
+/// from the upper-left texel `(i, j)`: counter-clockwise from the lower left, i.e.
+/// `(i, j+1)`, `(i+1, j+1)`, `(i+1, j)`, `(i, j)` (PTX ISA, `tld4`).
+pub const GATHER_ORDER: [(i64, i64); 4] = [(0, 1), (1, 1), (1, 0), (0, 0)];
+
+/// Coordinates of a texture fetch as the instruction gives them (`tex`'s coordinate type).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Coords {
+    /// `.f32` coordinates: sampled with the sampler's coordinate normalization, address modes
+    /// and filter.
+    Float([f32; 3]),
+    /// `.s32` coordinates (`tex1Dfetch`): unnormalized texel indices, never filtered; a fetch
+    /// outside the resource returns zeros.
+    Int([i32; 3]),
+}
+
+/// What a fetch returns: four 32-bit channels, each an `f32` (`float`) or an integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Texel {
+    /// Bits of each channel (r, g, b, a).
+    pub bits: [u32; 4],
+    /// Whether the channels are `f32` bits (float or normalized-integer textures) or integers.
+    pub float: bool,
+}
+
+impl Texel {
+    /// The channels as floats.
+    pub fn floats(&self) -> [f32; 4] {
+        self.bits.map(f32::from_bits)
+    }
+
+    /// A texel of four zeros.
+    fn zero(float: bool) -> Texel {
+        Texel {
+            bits: [0; 4],
+            float,
+        }
+    }
+}
+
+/// How `suld` and `sust` resolve coordinates outside the surface (the `.trap`, `.clamp` and
+/// `.zero` modifiers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SurfaceClamp {
+    /// Out of range faults.
+    Trap,
+    /// Out of range accesses the nearest location inside.
+    Clamp,
+    /// Out of range loads zeros and drops stores.
+    Zero,
+}
+
+/// Where a surface access goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SurfaceAccess {
+    /// The device address of the first byte.
+    At(u64),
+    /// Out of range under [`SurfaceClamp::Zero`]: load zeros, drop the store.
+    Zero,
+    /// Out of range under [`SurfaceClamp::Trap`] (or a surface too small for the access):
+    /// fault.
+    OutOfRange,
+}
+
+/// Whether fetches from `view` return floats: float channels always, 8- and 16-bit integer
+/// channels unless read as integers; 32-bit integer channels are always returned as they are.
+pub fn returns_float(view: &TextureView) -> bool {
+    match view.layout.format {
+        ChannelFormat::F16 | ChannelFormat::F32 => true,
+        ChannelFormat::U8 | ChannelFormat::U16 | ChannelFormat::S8 | ChannelFormat::S16 => {
+            !view.sampler.read_as_integer
+        }
+        ChannelFormat::U32 | ChannelFormat::S32 => false,
+    }
+}
+
+/// The value of one channel read as `raw` (its little-endian bytes) from a texel of `format`:
+/// `f32` bits when `normalize` (integer channels of 8 and 16 bits become floats in [0, 1] or
+/// [-1, 1]; half floats are widened), the integer otherwise (signed channels sign-extended).
+pub fn channel_value(format: ChannelFormat, raw: u64, normalize: bool) -> u32 {
+    match format {
+        ChannelFormat::U8 if normalize => (raw as u8 as f32 / U8_MAX).to_bits(),
+        ChannelFormat::U16 if normalize => (raw as u16 as f32 / U16_MAX).to_bits(),
+        ChannelFormat::S8 if normalize => (f32::from(raw as u8 as i8) / S8_MAX).max(-1.0).to_bits(),
+        ChannelFormat::S16 if normalize => {
+            (f32::from(raw as u16 as i16) / S16_MAX).max(-1.0).to_bits()
+        }
+        ChannelFormat::U8 => u32::from(raw as u8),
+        ChannelFormat::U16 => u32::from(raw as u16),
+        ChannelFormat::S8 => i32::from(raw as u8 as i8) as u32,
+        ChannelFormat::S16 => i32::from(raw as u16 as i16) as u32,
+        ChannelFormat::U32 | ChannelFormat::S32 | ChannelFormat::F32 => raw as u32,
+        ChannelFormat::F16 => crate::float::f16_to_f32(raw as u16).to_bits(),
+    }
+}
+
+/// Texels along each axis (width, height, depth); axes the resource lacks count 1.
+fn extents(l: &Layout) -> [u64; 3] {
+    let dims = axes(l);
+    let e = [l.width, l.height, l.depth];
+    std::array::from_fn(|a| if a < dims { e[a].clamp(1, MAX_AXIS) } else { 1 })
+}
+
+/// Axes of the resource: `dims` cut to 1..=3.
+fn axes(l: &Layout) -> usize {
+    usize::from(l.dims.clamp(1, 3))
+}
+
+/// The layer a layered fetch or access reads: `layer` clamped to the layers there are (0 for
+/// a resource that is not layered).
+pub fn layer_index(l: &Layout, layer: i32) -> u64 {
+    let last = l.layers.saturating_sub(1);
+    u64::try_from(layer).unwrap_or(0).min(last)
+}
+
+/// Device address of texel `idx` (x, y, z) of `layer` per the module's layout formula; `None`
+/// when it does not fit 64 bits.
+pub fn texel_address(l: &Layout, idx: [u64; 3], layer: u64) -> Option<u64> {
+    let slice = layer.checked_add(idx[2])?.checked_mul(l.slice_pitch)?;
+    let row = idx[1].checked_mul(l.pitch)?;
+    let col = idx[0].checked_mul(l.texel_bytes())?;
+    l.base
+        .checked_add(slice)?
+        .checked_add(row)?
+        .checked_add(col)
+}
+
+/// Resolves texel index `i` of an axis of `n` texels under `mode`; `None` means the border.
+/// Wrap and mirror apply to normalized coordinates only and act as clamp otherwise.
+pub fn address_index(mode: AddressMode, normalized: bool, i: i64, n: u64) -> Option<u64> {
+    let n = n.clamp(1, MAX_AXIS) as i64;
+    let mode = match mode {
+        AddressMode::Wrap | AddressMode::Mirror if !normalized => AddressMode::Clamp,
+        m => m,
+    };
+    let r = match mode {
+        AddressMode::Clamp => i.clamp(0, n - 1),
+        AddressMode::Border => {
+            if !(0..n).contains(&i) {
+                return None;
+            }
+            i
+        }
+        AddressMode::Wrap => i.rem_euclid(n),
+        AddressMode::Mirror => {
+            let m = i.rem_euclid(2 * n);
+            if m >= n { 2 * n - 1 - m } else { m }
+        }
+    };
+    Some(r as u64)
+}
+
+/// A linear-filtering weight quantized to [`FILTER_FRACTION_BITS`] fractional bits (rounded to
+/// the nearest 1/256).
+pub fn quantize_weight(frac: f32) -> f32 {
+    (frac * FILTER_STEPS).round() / FILTER_STEPS
+}
+
+/// The texel-space coordinate of `u` on an axis of `n` texels.
+fn texel_space(u: f32, normalized: bool, n: u64) -> f32 {
+    if normalized { u * n as f32 } else { u }
+}
+
+/// `floor(x)` as an index (saturating; NaN is 0).
+fn floor_index(x: f32) -> i64 {
+    x.floor() as i64
+}
+
+/// Reads the texel at resolved indices `idx` (`None`: the border colour) of `layer`. Channels
+/// the texel lacks read 0, alpha 1.
+fn fetch<E>(
+    view: &TextureView,
+    idx: Option<[u64; 3]>,
+    layer: u64,
+    float: bool,
+    read: &mut dyn FnMut(u64, u64) -> Result<u64, E>,
+) -> Result<[u32; 4], E> {
+    let Some(idx) = idx else {
+        return Ok(view
+            .sampler
+            .border_color
+            .map(|c| if float { c.to_bits() } else { c as i32 as u32 }));
+    };
+    let l = &view.layout;
+    let cb = l.format.bytes();
+    // An address past 64 bits is no address: read it where nothing is owned.
+    let at = texel_address(l, idx, layer).unwrap_or(u64::MAX);
+    let mut out = [0u32; 4];
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = if c < usize::from(l.channels) {
+            let raw = read(at.wrapping_add(c as u64 * cb), cb)?;
+            channel_value(l.format, raw, float)
+        } else {
+            match (c == ALPHA, float) {
+                (true, true) => 1.0f32.to_bits(),
+                (true, false) => 1,
+                (false, true) => 0.0f32.to_bits(),
+                (false, false) => 0,
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// Resolves per-axis indices `i` under the sampler's address modes; `None` when any is on the
+/// border.
+fn resolve(view: &TextureView, i: [i64; 3]) -> Option<[u64; 3]> {
+    let n = extents(&view.layout);
+    let dims = axes(&view.layout);
+    let mut out = [0u64; 3];
+    for a in 0..dims {
+        out[a] = address_index(
+            view.sampler.address[a],
+            view.sampler.normalized_coords,
+            i[a],
+            n[a],
+        )?;
+    }
+    Some(out)
+}
+
+/// Fetches from `view` at `coords` in layer `layer` (clamped; ignored when not layered), as
+/// `tex` does: integer coordinates index texels directly (zeros outside); float coordinates
+/// are normalized, addressed and filtered per the sampler. Linear filtering applies to float
+/// results only; a texture read as integers is point-sampled. Axes past the resource's `dims`
+/// are ignored.
+pub fn sample<E>(
+    view: &TextureView,
+    coords: Coords,
+    layer: i32,
+    read: &mut dyn FnMut(u64, u64) -> Result<u64, E>,
+) -> Result<Texel, E> {
+    let l = &view.layout;
+    let float = returns_float(view);
+    let layer = layer_index(l, layer);
+    let n = extents(l);
+    let dims = axes(l);
+    match coords {
+        Coords::Int(c) => {
+            let mut idx = [0u64; 3];
+            for a in 0..dims {
+                match u64::try_from(c[a]) {
+                    Ok(i) if i < n[a] => idx[a] = i,
+                    _ => return Ok(Texel::zero(float)),
+                }
+            }
+            let bits = fetch(view, Some(idx), layer, float, read)?;
+            Ok(Texel { bits, float })
+        }
+        Coords::Float(u) => {
+            let norm = view.sampler.normalized_coords;
+            let x: [f32; 3] = std::array::from_fn(|a| texel_space(u[a], norm, n[a]));
+            if view.sampler.filter == FilterMode::Point || !float {
+                let i = x.map(floor_index);
+                let bits = fetch(view, resolve(view, i), layer, float, read)?;
+                return Ok(Texel { bits, float });
+            }
+            // Linear: x_B = x - 0.5, i = floor(x_B), α = frac(x_B) in 1/256 steps.
+            let xb = x.map(|v| v - 0.5);
+            let i0 = xb.map(floor_index);
+            let w: [f32; 3] = std::array::from_fn(|a| quantize_weight(xb[a] - xb[a].floor()));
+            let mut acc = [0f32; 4];
+            for corner in 0..1usize << dims {
+                let mut weight = 1f32;
+                let mut i = i0;
+                for a in 0..dims {
+                    if corner >> a & 1 == 1 {
+                        weight *= w[a];
+                        i[a] += 1;
+                    } else {
+                        weight *= 1.0 - w[a];
+                    }
+                }
+                let t = fetch(view, resolve(view, i), layer, float, read)?;
+                for (s, b) in acc.iter_mut().zip(t) {
+                    *s += weight * f32::from_bits(b);
+                }
+            }
+            Ok(Texel {
+                bits: acc.map(f32::to_bits),
+                float,
+            })
+        }
+    }
+}
+
+/// Fetches channel `comp` (0 to 3: r, g, b, a) of the four texels of the bilinear footprint of
+/// 2-D coordinates `u`, as `tld4` does, in [`GATHER_ORDER`].
+pub fn gather<E>(
+    view: &TextureView,
+    u: [f32; 2],
+    layer: i32,
+    comp: usize,
+    read: &mut dyn FnMut(u64, u64) -> Result<u64, E>,
+) -> Result<Texel, E> {
+    let l = &view.layout;
+    let float = returns_float(view);
+    let layer = layer_index(l, layer);
+    let n = extents(l);
+    let norm = view.sampler.normalized_coords;
+    let i = floor_index(texel_space(u[0], norm, n[0]) - 0.5);
+    let j = floor_index(texel_space(u[1], norm, n[1]) - 0.5);
+    let mut bits = [0u32; 4];
+    for (b, (di, dj)) in bits.iter_mut().zip(GATHER_ORDER) {
+        let t = fetch(view, resolve(view, [i + di, j + dj, 0]), layer, float, read)?;
+        *b = t[comp.min(ALPHA)];
+    }
+    Ok(Texel { bits, float })
+}
+
+/// Where a surface access of `access` bytes at byte column `x` (surface x coordinates are in
+/// bytes), row `y`, slice `z` and `layer` (`None`: not a layered access) goes under `clamp`.
+/// Axes past the surface's `dims` must be 0 (under `.clamp` they are clamped to 0).
+pub fn surface_access(
+    l: &Layout,
+    clamp: SurfaceClamp,
+    x: i32,
+    y: i32,
+    z: i32,
+    layer: Option<i32>,
+    access: u64,
+) -> SurfaceAccess {
+    let n = extents(l);
+    let row_bytes = n[0].saturating_mul(l.texel_bytes());
+    let Some(last_x) = row_bytes.checked_sub(access) else {
+        return match clamp {
+            SurfaceClamp::Zero => SurfaceAccess::Zero,
+            _ => SurfaceAccess::OutOfRange,
+        };
+    };
+    let layers = l.layers.max(1);
+    let pos = [
+        i64::from(x),
+        i64::from(y),
+        i64::from(z),
+        i64::from(layer.unwrap_or(0)),
+    ];
+    let last = [last_x, n[1] - 1, n[2] - 1, layers - 1];
+    let mut at = [0u64; 4];
+    for (k, (p, hi)) in pos.into_iter().zip(last).enumerate() {
+        match u64::try_from(p) {
+            Ok(v) if v <= hi => at[k] = v,
+            _ => match clamp {
+                SurfaceClamp::Trap => return SurfaceAccess::OutOfRange,
+                SurfaceClamp::Zero => return SurfaceAccess::Zero,
+                SurfaceClamp::Clamp => at[k] = u64::try_from(p).unwrap_or(0).min(hi),
+            },
+        }
+    }
+    let addr = at[3]
+        .checked_add(at[2])
+        .and_then(|s| s.checked_mul(l.slice_pitch))
+        .and_then(|s| s.checked_add(at[1].checked_mul(l.pitch)?))
+        .and_then(|s| s.checked_add(at[0]))
+        .and_then(|s| s.checked_add(l.base));
+    match addr {
+        Some(a) => SurfaceAccess::At(a),
+        None => SurfaceAccess::OutOfRange,
+    }
 }

@@ -161,6 +161,7 @@ mod memory;
 mod mods;
 mod module;
 mod select;
+mod texture;
 mod warp;
 
 use func::*;

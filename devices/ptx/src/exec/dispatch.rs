@@ -1021,6 +1021,33 @@ impl<'a> Worker<'a> {
                         }
                         write_masked(&mut regs[*d as usize], m, &out);
                     }
+                    Op::Tex(t) => {
+                        let w = WarpRef {
+                            tid: &warp.tid,
+                            idx: warp.idx,
+                        };
+                        self.tex(w, regs, m, t, inst.line)?;
+                    }
+                    Op::Suld(s) | Op::Sust(s) => {
+                        let w = WarpRef {
+                            tid: &warp.tid,
+                            idx: warp.idx,
+                        };
+                        let store = matches!(inst.op, Op::Sust(_));
+                        self.surf(w, regs, m, s, store, inst.line)?;
+                    }
+                    Op::Txq {
+                        q,
+                        surface,
+                        d,
+                        handle,
+                    } => {
+                        let w = WarpRef {
+                            tid: &warp.tid,
+                            idx: warp.idx,
+                        };
+                        self.txq(w, regs, m, *q, *surface, *d, *handle, inst.line)?;
+                    }
                     Op::CpAsync {
                         dbase,
                         doff,

@@ -228,6 +228,7 @@ mod fp;
 mod int;
 mod memory;
 mod sched;
+mod texture;
 
 use atomics::*;
 use fp::*;

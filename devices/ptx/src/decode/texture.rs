@@ -1,0 +1,193 @@
+//! Texture and surface instructions: `tex`, `tld4`, `txq`, `suld.b`, `sust.b` and `suq`.
+//!
+//! Supported geometries are `.1d`, `.2d`, `.3d`, `.a1d` and `.a2d` (`tld4`: `.2d` and `.a2d`)
+//! with texture object handles in registers. Cube maps, multisample textures, `tex.level`,
+//! `tex.grad`, explicit samplers, the residency predicate and formatted `sust.p` are refused
+//! at load as unsupported instructions.
+
+use super::*;
+use crate::texture::SurfaceClamp;
+
+/// Components `tld4` may gather, in channel order.
+const GATHER_COMPONENTS: [&str; 4] = ["r", "g", "b", "a"];
+
+impl FnCtx<'_> {
+    /// The geometry modifier.
+    fn geom(&self, ins: &Instr, m: &mut Mods) -> DResult<Geom> {
+        m.any(&["1d", "2d", "3d", "a1d", "a2d"])
+            .and_then(Geom::parse)
+            .ok_or_else(|| unsupported(ins))
+    }
+
+    /// The handle and coordinates of `[handle, {coords}]`: (handle, x/y/z, layer).
+    fn tex_operand(
+        &mut self,
+        ins: &Instr,
+        op: &Operand,
+        geom: Geom,
+        cty: Ty,
+    ) -> DResult<(Reg, [Reg; 3], Reg)> {
+        let Operand::Tex(name, rest) = op else {
+            return Err(self.err("expected a texture or surface operand `[handle, {...}]`"));
+        };
+        // `[handle, sampler, coords]` names a separate sampler (unified mode only).
+        let [coords] = rest.as_slice() else {
+            return Err(unsupported(ins));
+        };
+        let handle = self.val(&Operand::Name(name.clone()), Ty::U64)?;
+        let items: Vec<Operand> = match coords {
+            Operand::Vec(items) => items.clone(),
+            one => vec![one.clone()],
+        };
+        let first = usize::from(geom.layered());
+        if items.len() < first + geom.axes() || items.len() > 4 {
+            return Err(self.err("wrong number of coordinates for the geometry"));
+        }
+        let layer = if geom.layered() {
+            self.val(&items[0], Ty::S32)?
+        } else {
+            NONE
+        };
+        let mut c = [NONE; 3];
+        for (a, r) in c.iter_mut().enumerate().take(geom.axes()) {
+            *r = self.val(&items[first + a], cty)?;
+        }
+        Ok((handle, c, layer))
+    }
+
+    /// `tex.geom.v4.dtype.ctype` and `tld4.comp.geom.v4.dtype.f32`.
+    pub(super) fn sel_tex(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        let gather = if ins.opcode == "tld4" {
+            let c = m.any(&GATHER_COMPONENTS).ok_or_else(|| unsupported(ins))?;
+            GATHER_COMPONENTS
+                .iter()
+                .position(|x| *x == c)
+                .map(|i| i as u8)
+        } else {
+            None
+        };
+        let geom = self.geom(ins, m)?;
+        if gather.is_some() && !matches!(geom, Geom::D2 | Geom::A2) {
+            return Err(unsupported(ins));
+        }
+        if !m.has("v4") {
+            return Err(unsupported(ins));
+        }
+        let t = m.types();
+        let [dty, cty] = t.as_slice() else {
+            return Err(self.err(format!("`{}` needs two types", ins.full_name())));
+        };
+        if !matches!(dty, Ty::F32 | Ty::S32 | Ty::U32)
+            || !matches!(cty, Ty::F32 | Ty::S32)
+            || (gather.is_some() && *cty != Ty::F32)
+        {
+            return Err(unsupported(ins));
+        }
+        let o = self.ops(ins, 2)?;
+        let (n, d) = self.dst_list(&o[0])?;
+        if n != 4 {
+            return Err(self.err("vector size does not match the destination list"));
+        }
+        let (handle, c, layer) = self.tex_operand(ins, &o[1], geom, *cty)?;
+        Ok(Op::Tex(Box::new(TexOp {
+            gather,
+            signed: *dty == Ty::S32,
+            int_coords: *cty == Ty::S32,
+            d,
+            handle,
+            c,
+            layer,
+        })))
+    }
+
+    /// `suld.b.geom{.vN}.bK{.clamp}` and `sust.b.geom{.vN}.bK{.clamp}`.
+    pub(super) fn sel_surf(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        let store = ins.opcode == "sust";
+        if !m.has("b") {
+            return Err(unsupported(ins));
+        }
+        let geom = self.geom(ins, m)?;
+        let n_vec = match m.any(&["v2", "v4"]) {
+            Some("v2") => 2,
+            Some("v4") => 4,
+            _ => 1,
+        };
+        let clamp = match m.any(&["trap", "clamp", "zero"]) {
+            Some("clamp") => SurfaceClamp::Clamp,
+            Some("zero") => SurfaceClamp::Zero,
+            _ => SurfaceClamp::Trap,
+        };
+        let ty = self.one_type(ins, m)?;
+        if !matches!(ty, Ty::B8 | Ty::B16 | Ty::B32 | Ty::B64) {
+            return Err(unsupported(ins));
+        }
+        let o = self.ops(ins, 2)?;
+        let (data, at) = if store {
+            (&o[1], &o[0])
+        } else {
+            (&o[0], &o[1])
+        };
+        let (n, v) = if store {
+            self.src_list(data, ty)?
+        } else {
+            self.dst_list(data)?
+        };
+        if n != n_vec {
+            return Err(self.err("vector size does not match the register list"));
+        }
+        let (handle, c, layer) = self.tex_operand(ins, at, geom, Ty::S32)?;
+        let s = Box::new(SurfOp {
+            bytes: ty.bytes() as u8,
+            n,
+            clamp,
+            v,
+            handle,
+            c,
+            layer,
+        });
+        Ok(if store { Op::Sust(s) } else { Op::Suld(s) })
+    }
+
+    /// `txq.query.b32 d, [handle]` and `suq.query.b32 d, [handle]`.
+    pub(super) fn sel_query(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        let surface = ins.opcode == "suq";
+        let q = match m.any(&[
+            "width",
+            "height",
+            "depth",
+            "array_size",
+            "normalized_coords",
+            "filter_mode",
+            "addr_mode_0",
+            "addr_mode_1",
+            "addr_mode_2",
+        ]) {
+            Some("width") => ResQuery::Width,
+            Some("height") => ResQuery::Height,
+            Some("depth") => ResQuery::Depth,
+            Some("array_size") => ResQuery::ArraySize,
+            Some("normalized_coords") if !surface => ResQuery::NormalizedCoords,
+            Some("filter_mode") if !surface => ResQuery::FilterMode,
+            Some("addr_mode_0") if !surface => ResQuery::AddrMode(0),
+            Some("addr_mode_1") if !surface => ResQuery::AddrMode(1),
+            Some("addr_mode_2") if !surface => ResQuery::AddrMode(2),
+            _ => return Err(unsupported(ins)),
+        };
+        let ty = self.one_type(ins, m)?;
+        if ty.bytes() != 4 || !ty.is_int() {
+            return Err(unsupported(ins));
+        }
+        let o = self.ops(ins, 2)?;
+        let d = self.dst(&o[0])?;
+        let handle = match self.address(&o[1], Space::Global)? {
+            Addr::Reg(r, 0) => r,
+            _ => return Err(unsupported(ins)),
+        };
+        Ok(Op::Txq {
+            q,
+            surface,
+            d,
+            handle,
+        })
+    }
+}

@@ -12,4 +12,5 @@ mod half;
 mod intops;
 mod launch;
 mod memory;
+mod texture;
 mod warp;

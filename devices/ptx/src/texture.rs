@@ -543,3 +543,254 @@ pub fn surface_access(
         None => SurfaceAccess::OutOfRange,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where the test texels start.
+    const BASE: u64 = 0x1000;
+
+    fn layout(format: ChannelFormat, channels: u8, dims: u8, w: u64, h: u64, d: u64) -> Layout {
+        let pitch = w * format.bytes() * u64::from(channels);
+        Layout {
+            base: BASE,
+            format,
+            channels,
+            dims,
+            width: w,
+            height: h,
+            depth: d,
+            layers: 0,
+            pitch,
+            slice_pitch: pitch * h,
+        }
+    }
+
+    fn view(l: Layout, filter: FilterMode, normalized: bool, mode: AddressMode) -> TextureView {
+        TextureView {
+            layout: l,
+            sampler: Sampler {
+                address: [mode; 3],
+                filter,
+                read_as_integer: false,
+                normalized_coords: normalized,
+                border_color: [9.0, 8.0, 7.0, 6.0],
+            },
+        }
+    }
+
+    /// A reader over `bytes` at [`BASE`]; reading elsewhere fails with the address.
+    fn reader(bytes: &[u8]) -> impl FnMut(u64, u64) -> Result<u64, u64> + '_ {
+        move |a, n| {
+            let off = a.checked_sub(BASE).ok_or(a)? as usize;
+            let b = bytes.get(off..off + n as usize).ok_or(a)?;
+            Ok(b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x)))
+        }
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn channels_normalize_per_format() {
+        let f = |fmt, raw| f32::from_bits(channel_value(fmt, raw, true));
+        assert_eq!(f(ChannelFormat::U8, 255), 1.0);
+        assert_eq!(f(ChannelFormat::U8, 51), 0.2);
+        assert_eq!(f(ChannelFormat::U16, 65535), 1.0);
+        assert_eq!(f(ChannelFormat::S8, 0x81), -1.0);
+        assert_eq!(f(ChannelFormat::S8, 0x80), -1.0, "-128/127 clamps to -1");
+        assert_eq!(f(ChannelFormat::S16, 0x8000), -1.0);
+        assert_eq!(f(ChannelFormat::S16, 32767), 1.0);
+        assert_eq!(f(ChannelFormat::F16, 0x3c00), 1.0);
+        assert_eq!(f(ChannelFormat::F16, 0xc100), -2.5);
+        assert_eq!(
+            channel_value(ChannelFormat::S8, 0xfe, false),
+            (-2i32) as u32
+        );
+        assert_eq!(channel_value(ChannelFormat::U16, 0xfffe, false), 0xfffe);
+        assert_eq!(
+            channel_value(ChannelFormat::S16, 0x8000, false),
+            (-32768i32) as u32
+        );
+    }
+
+    #[test]
+    fn address_modes_resolve_indices() {
+        let r = |m, norm, i| address_index(m, norm, i, 4);
+        assert_eq!(r(AddressMode::Clamp, true, -3), Some(0));
+        assert_eq!(r(AddressMode::Clamp, true, 9), Some(3));
+        assert_eq!(r(AddressMode::Border, true, 4), None);
+        assert_eq!(r(AddressMode::Border, false, -1), None);
+        assert_eq!(r(AddressMode::Border, false, 2), Some(2));
+        assert_eq!(r(AddressMode::Wrap, true, -1), Some(3));
+        assert_eq!(r(AddressMode::Wrap, true, 9), Some(1));
+        assert_eq!(
+            r(AddressMode::Wrap, false, 9),
+            Some(3),
+            "wrap is clamp unnormalized"
+        );
+        let mirrored: Vec<_> = (-4..12)
+            .map(|i| r(AddressMode::Mirror, true, i).unwrap())
+            .collect();
+        assert_eq!(mirrored, [3, 2, 1, 0, 0, 1, 2, 3, 3, 2, 1, 0, 0, 1, 2, 3]);
+        assert_eq!(r(AddressMode::Mirror, false, -2), Some(0));
+    }
+
+    #[test]
+    fn weights_are_quantized_to_256ths() {
+        assert_eq!(quantize_weight(0.3), 77.0 / 256.0);
+        assert_eq!(quantize_weight(0.5), 0.5);
+        assert_eq!(quantize_weight(0.999), 1.0);
+        assert_eq!(quantize_weight(0.001), 0.0);
+    }
+
+    #[test]
+    fn linear_1d_interpolates_and_clamps() {
+        let bytes = f32_bytes(&[0.0, 256.0, 512.0]);
+        let v = view(
+            layout(ChannelFormat::F32, 1, 1, 3, 1, 1),
+            FilterMode::Linear,
+            false,
+            AddressMode::Clamp,
+        );
+        let s = |x: f32| {
+            sample(&v, Coords::Float([x, 0.0, 0.0]), 0, &mut reader(&bytes))
+                .unwrap()
+                .floats()[0]
+        };
+        assert_eq!(s(0.5), 0.0);
+        assert_eq!(s(1.0), 128.0);
+        // x_B = 0.3: α quantizes to 77/256; x_B = 0.8: to 205/256.
+        assert_eq!(s(0.8), 77.0);
+        assert_eq!(s(1.3), 205.0);
+        assert_eq!(s(2.9), 512.0, "clamped past the last texel");
+        assert_eq!(s(-5.0), 0.0);
+    }
+
+    #[test]
+    fn border_colour_blends_into_linear_filtering() {
+        let bytes = f32_bytes(&[1.0]);
+        let v = view(
+            layout(ChannelFormat::F32, 1, 1, 1, 1, 1),
+            FilterMode::Linear,
+            false,
+            AddressMode::Border,
+        );
+        // Halfway between texel 0 (1.0) and the border (9.0).
+        let t = sample(&v, Coords::Float([1.0, 0.0, 0.0]), 0, &mut reader(&bytes)).unwrap();
+        assert_eq!(t.floats(), [5.0, 4.0, 3.5, 3.5]);
+    }
+
+    #[test]
+    fn integer_coordinates_index_and_return_zero_outside() {
+        let bytes = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+        let v = view(
+            layout(ChannelFormat::F32, 2, 1, 2, 1, 1),
+            FilterMode::Linear,
+            true,
+            AddressMode::Wrap,
+        );
+        let s = |i| sample(&v, Coords::Int([i, 0, 0]), 0, &mut reader(&bytes)).unwrap();
+        assert_eq!(s(1).floats(), [3.0, 4.0, 0.0, 1.0]);
+        assert_eq!(s(2).bits, [0; 4]);
+        assert_eq!(s(-1).bits, [0; 4]);
+    }
+
+    #[test]
+    fn integer_textures_are_point_sampled_with_integer_alpha() {
+        let bytes = [5u8, 250, 7, 9];
+        let mut v = view(
+            layout(ChannelFormat::U8, 2, 1, 2, 1, 1),
+            FilterMode::Linear,
+            false,
+            AddressMode::Clamp,
+        );
+        v.sampler.read_as_integer = true;
+        let t = sample(&v, Coords::Float([1.2, 0.0, 0.0]), 0, &mut reader(&bytes)).unwrap();
+        assert_eq!(
+            t,
+            Texel {
+                bits: [7, 9, 0, 1],
+                float: false
+            }
+        );
+    }
+
+    #[test]
+    fn reads_outside_fail_with_the_address() {
+        let bytes = f32_bytes(&[1.0]);
+        let v = view(
+            layout(ChannelFormat::F32, 1, 2, 4, 4, 1),
+            FilterMode::Point,
+            false,
+            AddressMode::Clamp,
+        );
+        let e = sample(&v, Coords::Float([0.5, 1.5, 0.0]), 0, &mut reader(&bytes)).unwrap_err();
+        assert_eq!(e, BASE + 16);
+    }
+
+    #[test]
+    fn gather_returns_counter_clockwise_from_lower_left() {
+        let bytes = f32_bytes(&[0.0, 1.0, 2.0, 3.0]);
+        let v = view(
+            layout(ChannelFormat::F32, 1, 2, 2, 2, 1),
+            FilterMode::Point,
+            false,
+            AddressMode::Clamp,
+        );
+        let t = gather(&v, [1.0, 1.0], 0, 0, &mut reader(&bytes)).unwrap();
+        // (0,1), (1,1), (1,0), (0,0).
+        assert_eq!(t.floats(), [2.0, 3.0, 1.0, 0.0]);
+        // Gathering alpha of a one-channel texture: all ones.
+        let t = gather(&v, [1.0, 1.0], 0, 3, &mut reader(&bytes)).unwrap();
+        assert_eq!(t.floats(), [1.0; 4]);
+    }
+
+    #[test]
+    fn layers_and_slices_follow_the_layout_formula() {
+        let mut l = layout(ChannelFormat::U16, 2, 2, 3, 2, 1);
+        l.layers = 4;
+        assert_eq!(layer_index(&l, 9), 3);
+        assert_eq!(layer_index(&l, -2), 0);
+        assert_eq!(
+            texel_address(&l, [2, 1, 0], 3),
+            Some(BASE + 3 * 24 + 12 + 8)
+        );
+        assert_eq!(texel_address(&l, [0, u64::MAX, 0], 0), None);
+    }
+
+    #[test]
+    fn surface_access_trap_clamp_zero() {
+        // 4 texels of 8 bytes per row, 3 rows.
+        let l = layout(ChannelFormat::U32, 2, 2, 4, 3, 1);
+        let acc = |c, x, y| surface_access(&l, c, x, y, 0, None, 4);
+        assert_eq!(
+            acc(SurfaceClamp::Trap, 28, 2),
+            SurfaceAccess::At(BASE + 64 + 28)
+        );
+        assert_eq!(acc(SurfaceClamp::Trap, 29, 2), SurfaceAccess::OutOfRange);
+        assert_eq!(acc(SurfaceClamp::Trap, 0, 3), SurfaceAccess::OutOfRange);
+        assert_eq!(acc(SurfaceClamp::Zero, -4, 0), SurfaceAccess::Zero);
+        assert_eq!(
+            acc(SurfaceClamp::Clamp, 100, -1),
+            SurfaceAccess::At(BASE + 28)
+        );
+        assert_eq!(
+            surface_access(&l, SurfaceClamp::Trap, 0, 0, 0, None, 64),
+            SurfaceAccess::OutOfRange,
+            "an access wider than a row"
+        );
+        let mut a = l;
+        a.layers = 2;
+        assert_eq!(
+            surface_access(&a, SurfaceClamp::Trap, 0, 0, 0, Some(1), 8),
+            SurfaceAccess::At(BASE + 96)
+        );
+        assert_eq!(
+            surface_access(&a, SurfaceClamp::Trap, 0, 0, 0, Some(2), 8),
+            SurfaceAccess::OutOfRange
+        );
+    }
+}

@@ -57,6 +57,10 @@ impl FnCtx<'_> {
 
     /// `tex.geom.v4.dtype.ctype` and `tld4.comp.geom.v4.dtype.f32`.
     pub(super) fn sel_tex(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        // Mipmap level and gradient fetches take operands of their own: refused before counting.
+        if m.any(&["level", "grad", "base"]).is_some() {
+            return Err(unsupported(ins));
+        }
         let gather = if ins.opcode == "tld4" {
             let c = m.any(&GATHER_COMPONENTS).ok_or_else(|| unsupported(ins))?;
             GATHER_COMPONENTS
@@ -151,6 +155,9 @@ impl FnCtx<'_> {
     /// `txq.query.b32 d, [handle]` and `suq.query.b32 d, [handle]`.
     pub(super) fn sel_query(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
         let surface = ins.opcode == "suq";
+        if m.has("level") {
+            return Err(unsupported(ins));
+        }
         let q = match m.any(&[
             "width",
             "height",

@@ -34,7 +34,10 @@ impl FnCtx<'_> {
         let [coords] = rest.as_slice() else {
             return Err(unsupported(ins));
         };
-        let handle = self.val(&Operand::Name(name.clone()), Ty::U64)?;
+        // A handle in a register; `.texref`/`.surfref` variables are refused at their declaration.
+        let Some(Name::Reg(handle)) = self.lookup(name) else {
+            return Err(unsupported(ins));
+        };
         let items: Vec<Operand> = match coords {
             Operand::Vec(items) => items.clone(),
             one => vec![one.clone()],

@@ -891,6 +891,7 @@ mod tests {
             ("generic", "compute_80"),
             ("atomics", "compute_90"),
             ("barriers", "compute_80"),
+            ("texture/textures", "compute_70"),
         ]
         .iter()
         .map(|(n, a)| fixture(n, a))
@@ -898,6 +899,34 @@ mod tests {
         let mut rng = Rng(0x5eed_1234_abcd_9876);
         let mem = TestMemory::new();
         let scratch = mem.alloc(1 << 16);
+        // Every 64-bit parameter is `scratch`: let it name a texture and a surface over the
+        // scratch memory too, so that mutated texture kernels sample and store.
+        let tex_layout = texture::Layout {
+            base: scratch,
+            format: texture::ChannelFormat::F32,
+            channels: 4,
+            dims: 2,
+            width: 16,
+            height: 16,
+            depth: 1,
+            layers: 2,
+            pitch: 256,
+            slice_pitch: 4096,
+        };
+        mem.add_texture(
+            scratch,
+            texture::TextureView {
+                layout: tex_layout,
+                sampler: texture::Sampler {
+                    address: [texture::AddressMode::Mirror; 3],
+                    filter: texture::FilterMode::Linear,
+                    read_as_integer: false,
+                    normalized_coords: true,
+                    border_color: [0.0; 4],
+                },
+            },
+        );
+        mem.add_surface(scratch, texture::SurfaceView { layout: tex_layout });
         let mut loaded = 0;
         for round in 0..400 {
             let src = sources[round % sources.len()].as_bytes();

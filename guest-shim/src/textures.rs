@@ -160,7 +160,7 @@ fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
     };
     let aligned = |ptr: u64| -> CuRes<()> {
         let align = limit(attr::TEXTURE_ALIGNMENT)?.max(1);
-        if ptr == 0 || ptr % align != 0 {
+        if ptr == 0 || !ptr.is_multiple_of(align) {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         Ok(())
@@ -276,12 +276,10 @@ fn tex_create(
     tex: *const TextureDesc,
     view: *const ResourceViewDesc,
 ) -> CuRes<u64> {
-    // SAFETY: NULL or the caller's descriptors (CUDA contract).
-    let (res, tex) = unsafe { (res.as_ref(), tex.as_ref()) };
-    let (res, tex) = (
-        *res.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?,
-        *tex.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?,
-    );
+    // SAFETY: NULL or the caller's CUDA_RESOURCE_DESC (CUDA contract).
+    let res = *unsafe { res.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: NULL or the caller's CUDA_TEXTURE_DESC (CUDA contract).
+    let tex = *unsafe { tex.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     check_view(view)?;
     let (t, array_ptr) = texels(&res, false)?;
     let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;

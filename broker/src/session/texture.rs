@@ -171,7 +171,7 @@ impl Session {
 
     fn destroy_object(&mut self, ctx: u64, kind: ObjectKind, handle: u64) -> Result<(), CuError> {
         self.ctx(ctx)?;
-        if self.textures.live.get(&(kind, handle)).is_none() {
+        if !self.textures.live.contains_key(&(kind, handle)) {
             return Err(CuError::invalid_value(format!(
                 "{handle:#x} is not a {} of this process",
                 kind.name()

@@ -528,6 +528,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     ),
     ("cooperative_launches", cooperative_launches),
     (
+        "textures_and_surfaces",
+        crate::conformance_textures::textures_and_surfaces,
+    ),
+    (
         "allocations_move_between_device_and_host",
         crate::conformance_overflow::allocations_move_between_device_and_host,
     ),

@@ -4,6 +4,7 @@
 pub mod conformance;
 pub mod conformance_overflow;
 pub mod conformance_streams;
+pub mod conformance_textures;
 pub mod cudalib;
 pub mod harness;
 pub mod qemu;

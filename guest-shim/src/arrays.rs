@@ -594,6 +594,98 @@ pub unsafe extern "C" fn cuMemcpyAtoA_v2(
     })
 }
 
+/// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArrayMemoryRequirements {
+    pub size: usize,
+    pub alignment: usize,
+    pub reserved: [u32; 4],
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
+    out: *mut ArrayMemoryRequirements,
+    array: CUhandle,
+    device: i32,
+) -> CUresult {
+    ffi("cuArrayGetMemoryRequirements", || {
+        let a = get(h(array))?;
+        if device != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_DEVICE);
+        }
+        let size = a.slice_pitch() * a.slices();
+        out!(
+            out,
+            ArrayMemoryRequirements {
+                size: usize::try_from(size).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
+                alignment: usize::try_from(limit(attr::TEXTURE_ALIGNMENT)?)
+                    .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
+                reserved: [0; 4],
+            }
+        )
+    })
+}
+
+/// `cuArrayGetPlane`: vgpu's arrays have one plane (no NV12 and other multi-planar formats),
+/// so every call is `CUDA_ERROR_INVALID_VALUE`, as CUDA answers for single-plane arrays.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayGetPlane(
+    _plane: *mut CUhandle,
+    array: CUhandle,
+    _index: u32,
+) -> CUresult {
+    ffi("cuArrayGetPlane", || {
+        get(h(array))?;
+        Err(cuda::CUDA_ERROR_INVALID_VALUE)
+    })
+}
+
+/// `cuArrayGetSparseProperties`: vgpu's arrays are never sparse, so every call is
+/// `CUDA_ERROR_INVALID_VALUE`, as CUDA answers for arrays made without `CUDA_ARRAY3D_SPARSE`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayGetSparseProperties(
+    _props: *mut c_void,
+    array: CUhandle,
+) -> CUresult {
+    ffi("cuArrayGetSparseProperties", || {
+        get(h(array))?;
+        Err(cuda::CUDA_ERROR_INVALID_VALUE)
+    })
+}
+
+/// `cuMipmappedArrayCreate`: mipmapped arrays are not offered.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    _out: *mut CUhandle,
+    _desc: *const Array3DDescriptor,
+    _levels: u32,
+) -> CUresult {
+    ffi("cuMipmappedArrayCreate", || {
+        Err(drv::unsupported("mipmapped arrays"))
+    })
+}
+
+/// `cuMipmappedArrayDestroy`: no mipmapped array exists, so no handle names one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(_array: CUhandle) -> CUresult {
+    ffi("cuMipmappedArrayDestroy", || {
+        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+    })
+}
+
+/// `cuMipmappedArrayGetLevel`: no mipmapped array exists.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayGetLevel(
+    _out: *mut CUhandle,
+    _array: CUhandle,
+    _level: u32,
+) -> CUresult {
+    ffi("cuMipmappedArrayGetLevel", || {
+        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -300,6 +300,24 @@ fn table() -> &'static [Entry] {
                 "cuArray3DGetDescriptor",
                 (3020, f!(cuArray3DGetDescriptor_v2))
             ),
+            e!(
+                "cuArrayGetMemoryRequirements",
+                (11060, f!(cuArrayGetMemoryRequirements))
+            ),
+            e!("cuArrayGetPlane", (11020, f!(cuArrayGetPlane))),
+            e!(
+                "cuArrayGetSparseProperties",
+                (11010, f!(cuArrayGetSparseProperties))
+            ),
+            e!("cuMipmappedArrayCreate", (5000, f!(cuMipmappedArrayCreate))),
+            e!(
+                "cuMipmappedArrayDestroy",
+                (5000, f!(cuMipmappedArrayDestroy))
+            ),
+            e!(
+                "cuMipmappedArrayGetLevel",
+                (5000, f!(cuMipmappedArrayGetLevel))
+            ),
             e!("cuMemcpyHtoA", (3020, f!(cuMemcpyHtoA_v2))),
             e!("cuMemcpyHtoAAsync", (3020, f!(cuMemcpyHtoAAsync_v2))),
             e!("cuMemcpyAtoH", (3020, f!(cuMemcpyAtoH_v2))),

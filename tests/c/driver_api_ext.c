@@ -9,8 +9,9 @@
  * CUDA 13's context entry points, stream attributes, CUDA 12's stream and
  * context IDs and function loading queries, the legacy property block and
  * shared memory configuration, occupancy with flags and by shared memory,
- * 3-D peer copies, event records with flags, and the launch API of CUDA
- * before 4.0 (cuParamSet*, cuLaunchGrid).
+ * 3-D peer copies, event records with flags, the launch API of CUDA
+ * before 4.0 (cuParamSet*, cuLaunchGrid), and CUDA arrays with texture and
+ * surface objects (descriptors, copies in and out of padded rows, refusals).
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is
  * the number of failures.
@@ -188,6 +189,70 @@ CUresult cuStreamSetAttribute(CUstream, int, const CUlaunchAttributeValue *);
 CUresult cuStreamCopyAttributes(CUstream, CUstream);
 
 static int failures;
+
+
+typedef struct CUarray_st *CUarray;
+typedef unsigned long long CUtexObject;
+typedef unsigned long long CUsurfObject;
+typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+typedef struct {
+    size_t Width, Height, Depth;
+    int Format;
+    unsigned NumChannels, Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+typedef struct { size_t size, alignment; unsigned reserved[4]; } CUDA_ARRAY_MEMORY_REQUIREMENTS;
+typedef struct {
+    int resType;
+    union {
+        struct { CUarray hArray; } array;
+        struct { CUdeviceptr devPtr; int format; unsigned numChannels; size_t sizeInBytes; } linear;
+        struct {
+            CUdeviceptr devPtr; int format; unsigned numChannels;
+            size_t width, height, pitchInBytes;
+        } pitch2D;
+        int reserved[32];
+    } res;
+    unsigned flags;
+} CUDA_RESOURCE_DESC;
+typedef struct {
+    int addressMode[3];
+    int filterMode;
+    unsigned flags, maxAnisotropy;
+    int mipmapFilterMode;
+    float mipmapLevelBias, minMipmapLevelClamp, maxMipmapLevelClamp;
+    float borderColor[4];
+    int reserved[12];
+} CUDA_TEXTURE_DESC;
+typedef struct {
+    int format;
+    size_t width, height, depth;
+    unsigned firstMipmapLevel, lastMipmapLevel, firstLayer, lastLayer;
+    unsigned reserved[16];
+} CUDA_RESOURCE_VIEW_DESC;
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *, CUarray);
+CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *, CUarray);
+CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *, CUarray, CUdevice);
+CUresult cuArrayGetPlane(CUarray *, CUarray, unsigned);
+CUresult cuMipmappedArrayCreate(void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+CUresult cuMemcpyHtoA_v2(CUarray, size_t, const void *, size_t);
+CUresult cuMemcpyAtoH_v2(void *, CUarray, size_t, size_t);
+CUresult cuMemcpyDtoA_v2(CUarray, size_t, CUdeviceptr, size_t);
+CUresult cuMemcpyAtoD_v2(CUdeviceptr, CUarray, size_t, size_t);
+CUresult cuMemcpyAtoA_v2(CUarray, size_t, CUarray, size_t, size_t);
+CUresult cuMemcpyHtoAAsync_v2(CUarray, size_t, const void *, size_t, CUstream);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuTexObjectCreate(CUtexObject *, const CUDA_RESOURCE_DESC *, const CUDA_TEXTURE_DESC *,
+                           const CUDA_RESOURCE_VIEW_DESC *);
+CUresult cuTexObjectDestroy(CUtexObject);
+CUresult cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC *, CUtexObject);
+CUresult cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC *, CUtexObject);
+CUresult cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC *, CUtexObject);
+CUresult cuSurfObjectCreate(CUsurfObject *, const CUDA_RESOURCE_DESC *);
+CUresult cuSurfObjectDestroy(CUsurfObject);
+CUresult cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC *, CUsurfObject);
 
 static void check(const char *what, CUresult got, CUresult want) {
     if (got == want) {
@@ -855,6 +920,165 @@ static void legacy_launch(void) {
     check("cuLaunch of an unloaded module's function", cuLaunch(add_one), 400);
 }
 
+/* CUDA arrays and texture and surface objects through the driver API. */
+static void arrays(void) {
+    enum { FLOAT = 0x20, U8 = 0x01, W = 10, H = 3 };
+    const int INVALID_VALUE = 1, INVALID_HANDLE = 400, NOT_SUPPORTED = 801;
+    /* 10 floats a row: 40 bytes, which the array pads to its pitch. */
+    float in[H][W], out[H][W];
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) in[y][x] = (float)(y * 100 + x);
+    size_t free0, total;
+    cuMemGetInfo_v2(&free0, &total);
+    CUDA_ARRAY_DESCRIPTOR d2 = {W, H, FLOAT, 1};
+    CUarray a = NULL;
+    check("cuArrayCreate of a 2-D float array", cuArrayCreate_v2(&a, &d2), 0);
+    CUDA_ARRAY_DESCRIPTOR d2back;
+    check("cuArrayGetDescriptor", cuArrayGetDescriptor_v2(&d2back, a), 0);
+    expect("the descriptor is the one created",
+           d2back.Width == W && d2back.Height == H && d2back.Format == FLOAT && d2back.NumChannels == 1);
+    CUDA_ARRAY3D_DESCRIPTOR d3back;
+    check("cuArray3DGetDescriptor", cuArray3DGetDescriptor_v2(&d3back, a), 0);
+    expect("the 3-D descriptor has no depth and no flags", d3back.Depth == 0 && d3back.Flags == 0);
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    check("cuArrayGetMemoryRequirements", cuArrayGetMemoryRequirements(&req, a, 0), 0);
+    expect("an array needs at least its texels", req.size >= sizeof in && req.alignment > 0);
+    size_t free1;
+    cuMemGetInfo_v2(&free1, &total);
+    expect("an array is charged to the slice", free0 - free1 >= req.size);
+
+    /* Bytes in and out by offset, across the padded rows. */
+    check("cuMemcpyHtoA of the whole array", cuMemcpyHtoA_v2(a, 0, in, sizeof in), 0);
+    memset(out, 0, sizeof out);
+    check("cuMemcpyAtoH of the whole array", cuMemcpyAtoH_v2(out, a, 0, sizeof out), 0);
+    expect("an array gives back its rows", memcmp(in, out, sizeof in) == 0);
+    float part[6];
+    check("cuMemcpyAtoH across a row's end", cuMemcpyAtoH_v2(part, a, 7 * 4, sizeof part), 0);
+    expect("the bytes after a row's end are the next row's",
+           part[0] == in[0][7] && part[2] == in[0][9] && part[3] == in[1][0] && part[5] == in[1][2]);
+    check("cuMemcpyAtoH past the end", cuMemcpyAtoH_v2(part, a, sizeof in - 8, sizeof part),
+          INVALID_VALUE);
+    CUdeviceptr dev;
+    check("allocate linear memory", cuMemAlloc_v2(&dev, sizeof in), 0);
+    check("cuMemcpyAtoD", cuMemcpyAtoD_v2(dev, a, 0, sizeof in), 0);
+    CUarray b = NULL;
+    check("cuArrayCreate of a second array", cuArrayCreate_v2(&b, &d2), 0);
+    check("cuMemcpyDtoA", cuMemcpyDtoA_v2(b, 4, dev, sizeof in - 4), 0);
+    CUarray c = NULL;
+    check("cuArrayCreate of a third array", cuArrayCreate_v2(&c, &d2), 0);
+    check("cuMemcpyAtoA shifted by one texel", cuMemcpyAtoA_v2(c, 0, b, 4, sizeof in - 4), 0);
+    memset(out, 0, sizeof out);
+    check("cuMemcpyAtoH of the copy", cuMemcpyAtoH_v2(out, c, 0, sizeof in - 4), 0);
+    expect("array to device to array to array keeps every texel",
+           memcmp(in, out, sizeof in - 4) == 0);
+    CUstream s;
+    cuStreamCreate(&s, 0);
+    float twos[W];
+    for (int i = 0; i < W; i++) twos[i] = 2.0f;
+    check("cuMemcpyHtoAAsync of the second row", cuMemcpyHtoAAsync_v2(c, W * 4, twos, sizeof twos, s), 0);
+    cuStreamSynchronize(s);
+    check("cuMemcpyAtoH after the async copy", cuMemcpyAtoH_v2(out, c, W * 4, sizeof twos), 0);
+    expect("the async copy landed", out[0][0] == 2.0f && out[0][W - 1] == 2.0f);
+
+    /* A 2-D copy into the middle of the array through cuMemcpy2D. */
+    float patch[2][2] = {{-1, -2}, {-3, -4}};
+    CUDA_MEMCPY2D cp = {0};
+    cp.srcMemoryType = HOST; cp.srcHost = patch; cp.srcPitch = sizeof patch[0];
+    cp.dstMemoryType = 3; cp.dstArray = a; cp.dstXInBytes = 4 * 4; cp.dstY = 1;
+    cp.WidthInBytes = sizeof patch[0]; cp.Height = 2;
+    check("cuMemcpy2D into an array", cuMemcpy2D_v2(&cp), 0);
+    check("cuMemcpyAtoH after it", cuMemcpyAtoH_v2(out, a, 0, sizeof out), 0);
+    expect("the patch landed at (4, 1)", out[1][4] == -1 && out[1][5] == -2 && out[2][4] == -3 &&
+                                          out[2][5] == -4 && out[1][3] == in[1][3] && out[0][4] == in[0][4]);
+    cp.dstXInBytes = 9 * 4;
+    check("cuMemcpy2D past an array's row", cuMemcpy2D_v2(&cp), INVALID_VALUE);
+
+    /* Refusals. */
+    CUarray bad = NULL;
+    CUDA_ARRAY_DESCRIPTOR zero = {0, 1, FLOAT, 1}, three = {4, 4, FLOAT, 3}, fmt = {4, 4, 0x77, 1};
+    check("an array of width 0", cuArrayCreate_v2(&bad, &zero), INVALID_VALUE);
+    check("an array of three channels", cuArrayCreate_v2(&bad, &three), INVALID_VALUE);
+    check("an array of an unknown format", cuArrayCreate_v2(&bad, &fmt), NOT_SUPPORTED);
+    CUDA_ARRAY3D_DESCRIPTOR cube = {4, 4, 6, FLOAT, 1, 0x04}, layered0 = {4, 4, 0, FLOAT, 1, 0x01};
+    check("a cube map array", cuArray3DCreate_v2(&bad, &cube), NOT_SUPPORTED);
+    check("a layered array without layers", cuArray3DCreate_v2(&bad, &layered0), INVALID_VALUE);
+    CUDA_ARRAY3D_DESCRIPTOR wide = {1 << 20, 0, 0, FLOAT, 1, 0};
+    check("a 1-D array wider than the device's limit", cuArray3DCreate_v2(&bad, &wide), INVALID_VALUE);
+    void *mip = NULL;
+    check("a mipmapped array", cuMipmappedArrayCreate(&mip, &cube, 2), NOT_SUPPORTED);
+    check("cuArrayGetPlane of a single-plane array", cuArrayGetPlane(&bad, a, 0), INVALID_VALUE);
+    check("a forged array handle", cuArrayDestroy((CUarray)(uintptr_t)0x0a77a000deadULL), INVALID_HANDLE);
+
+    /* Texture and surface objects. */
+    CUDA_RESOURCE_DESC rd;
+    memset(&rd, 0, sizeof rd);
+    rd.resType = 0;
+    rd.res.array.hArray = a;
+    CUDA_TEXTURE_DESC td;
+    memset(&td, 0, sizeof td);
+    td.addressMode[0] = td.addressMode[1] = 1;
+    td.filterMode = 1;
+    td.flags = 2;
+    CUtexObject t = 0;
+    check("cuTexObjectCreate over an array", cuTexObjectCreate(&t, &rd, &td, NULL), 0);
+    expect("a texture object is a non-zero handle", t != 0);
+    CUDA_RESOURCE_DESC rback;
+    CUDA_TEXTURE_DESC tback;
+    CUDA_RESOURCE_VIEW_DESC vback;
+    check("cuTexObjectGetResourceDesc", cuTexObjectGetResourceDesc(&rback, t), 0);
+    check("cuTexObjectGetTextureDesc", cuTexObjectGetTextureDesc(&tback, t), 0);
+    check("cuTexObjectGetResourceViewDesc", cuTexObjectGetResourceViewDesc(&vback, t), 0);
+    expect("the descriptors read back", rback.resType == 0 && rback.res.array.hArray == a &&
+                                            tback.filterMode == 1 && tback.flags == 2 && vback.format == 0);
+    check("cuArrayDestroy while a texture names it", cuArrayDestroy(a), INVALID_VALUE);
+    CUsurfObject so = 0;
+    check("a surface over an array made without SURFACE_LDST", cuSurfObjectCreate(&so, &rd), INVALID_VALUE);
+    CUDA_ARRAY3D_DESCRIPTOR sd = {W, H, 0, FLOAT, 1, 0x02};
+    CUarray sa = NULL;
+    check("cuArray3DCreate for surface load/store", cuArray3DCreate_v2(&sa, &sd), 0);
+    rd.res.array.hArray = sa;
+    check("cuSurfObjectCreate", cuSurfObjectCreate(&so, &rd), 0);
+    check("cuSurfObjectGetResourceDesc", cuSurfObjectGetResourceDesc(&rback, so), 0);
+    expect("the surface names its array", rback.res.array.hArray == sa);
+    check("cuSurfObjectDestroy", cuSurfObjectDestroy(so), 0);
+    check("cuSurfObjectDestroy twice", cuSurfObjectDestroy(so), INVALID_VALUE);
+
+    CUDA_RESOURCE_DESC lin;
+    memset(&lin, 0, sizeof lin);
+    lin.resType = 2;
+    lin.res.linear.devPtr = dev;
+    lin.res.linear.format = U8;
+    lin.res.linear.numChannels = 4;
+    lin.res.linear.sizeInBytes = sizeof in;
+    CUtexObject tl = 0;
+    check("cuTexObjectCreate over linear memory", cuTexObjectCreate(&tl, &lin, &td, NULL), 0);
+    lin.res.linear.devPtr = dev + 4;
+    check("linear memory off the texture alignment", cuTexObjectCreate(&tl, &lin, &td, NULL), INVALID_VALUE);
+    lin.res.linear.devPtr = dev;
+    lin.resType = 1;
+    check("a mipmapped resource", cuTexObjectCreate(&tl, &lin, &td, NULL), NOT_SUPPORTED);
+    lin.resType = 2;
+    CUDA_RESOURCE_VIEW_DESC view;
+    memset(&view, 0, sizeof view);
+    view.format = 0x16;
+    check("a resource view that reinterprets texels", cuTexObjectCreate(&tl, &lin, &td, &view), NOT_SUPPORTED);
+    td.addressMode[2] = 7;
+    check("an address mode CUDA does not have", cuTexObjectCreate(&tl, &rd, &td, NULL), INVALID_VALUE);
+    check("cuTexObjectDestroy", cuTexObjectDestroy(t), 0);
+    check("cuTexObjectDestroy twice", cuTexObjectDestroy(t), INVALID_VALUE);
+    check("cuTexObjectDestroy of a forged handle", cuTexObjectDestroy(0x7777), INVALID_VALUE);
+
+    check("cuArrayDestroy", cuArrayDestroy(a), 0);
+    check("cuArrayDestroy twice", cuArrayDestroy(a), INVALID_HANDLE);
+    cuArrayDestroy(b);
+    cuArrayDestroy(c);
+    cuArrayDestroy(sa);
+    cuMemFree_v2(dev);
+    cuStreamDestroy_v2(s);
+    cuMemGetInfo_v2(&free1, &total);
+    expect("arrays give their memory back", free1 == free0);
+}
+
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -870,6 +1094,7 @@ int main(void) {
     device_and_peers(ctx);
     newer_queries(ctx);
     legacy_launch();
+    arrays();
     check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
     printf("# driver_api_ext: %d failed\n", failures);
     return failures;

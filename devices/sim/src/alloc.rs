@@ -9,8 +9,13 @@ use std::collections::BTreeMap;
 pub const VA_BASE: u64 = 0x0000_0200_0000_0000;
 /// End of the device address range.
 pub const VA_END: u64 = 0x0000_7fff_ffff_0000;
-/// Alignment of every allocation (CUDA guarantees 256 bytes).
+/// Alignment of every allocation's size, and the least of its address (CUDA guarantees 256
+/// bytes).
 pub const ALLOC_ALIGN: u64 = 256;
+/// Where a `cuMemAlloc` allocation starts: a multiple of the texture alignment the device
+/// reports (`CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT`), as on NVIDIA GPUs, so that programs may
+/// make a texture over memory they allocated.
+pub const BASE_ALIGN: u64 = 512;
 
 /// Free ranges of the device address space.
 #[derive(Debug)]

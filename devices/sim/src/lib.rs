@@ -22,7 +22,7 @@ use vgpu_broker::texture::{TexSampling, TexelLayout};
 use vgpu_proto::cuda::{self, attr};
 use vgpu_ptx::{Buffer, GlobalMemory, LaunchControl};
 
-use crate::alloc::{ALLOC_ALIGN, AddressSpace, aligned};
+use crate::alloc::{ALLOC_ALIGN, AddressSpace, BASE_ALIGN, aligned};
 
 /// Name the simulated GPU reports.
 pub const DEVICE_NAME: &str = "vgpu Simulated GPU";
@@ -114,7 +114,7 @@ fn attributes(workers: usize) -> Vec<i32> {
         (attr::MAX_PITCH, i32::MAX),
         (attr::MAX_REGISTERS_PER_BLOCK, 65536),
         (attr::CLOCK_RATE, 1_410_000),
-        (attr::TEXTURE_ALIGNMENT, 512),
+        (attr::TEXTURE_ALIGNMENT, BASE_ALIGN as i32),
         (attr::GPU_OVERLAP, 1),
         (attr::MULTIPROCESSOR_COUNT, sms),
         (attr::SURFACE_ALIGNMENT, 512),
@@ -359,7 +359,7 @@ impl ContextMemory {
     }
 
     pub(crate) fn alloc(&self, size: u64) -> Result<(u64, Arc<Buffer>), DeviceError> {
-        self.alloc_aligned(size, ALLOC_ALIGN)
+        self.alloc_aligned(size, BASE_ALIGN)
     }
 
     /// Like `alloc`, at a multiple of `align` (a power of two).

@@ -65,7 +65,7 @@ pub struct VmLimits {
     pub events: u32,
     /// Other handles held at once across the VM's sessions (`handles`):
     /// contexts, functions, memory pools, allocation handles, executable graphs,
-    /// interprocess memory handles exported or opened.
+    /// interprocess memory handles exported or opened, texture and surface objects.
     pub handles: u32,
     /// Bytes of queued asynchronous work across the VM's sessions (`queued_bytes`).
     pub queued_bytes: u64,

@@ -116,6 +116,37 @@ pub fn textures_and_surfaces(t: &Target) {
         "tex2D read every texel"
     );
 
+    // A texture destroyed right after the launch that samples it, before any synchronization
+    // (as CUDA programs may): the launch still reads it.
+    {
+        let early = a.request(&texture(a.ctx, grid)).unwrap().handle;
+        let m = a.load(TEXTURES_PTX.as_bytes()).unwrap();
+        let k = a.kernel(m, "sample_grid").unwrap();
+        let out = a.alloc(W * H * 4).unwrap();
+        a.launch(
+            &k,
+            [H as u32, 1, 1],
+            [W as u32, 1, 1],
+            0,
+            &[Arg::U64(early), Arg::Ptr(out), Arg::I32(W as i32)],
+        )
+        .unwrap();
+        a.request(&msg::TexObjectDestroy {
+            ctx: a.ctx,
+            handle: early,
+        })
+        .unwrap();
+        a.sync().unwrap();
+        let got: Vec<f32> = a
+            .dtoh(out, (W * H * 4) as usize)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, want_grid(), "a launch before the destroy sampled it");
+        a.free(out).unwrap();
+    }
+
     // Texels outside the process's memory, values outside CUDA's enums, forged handles.
     let inval = Err(cuda::CUDA_ERROR_INVALID_VALUE);
     let refused = |s: &mut Session, req: msg::TexObjectCreate| s.request(&req).map(drop);

@@ -177,6 +177,9 @@ impl Session {
                 kind.name()
             )));
         }
+        // Work already queued may still sample it (CUDA lets a program destroy an object
+        // right after the launch that uses it): let that work finish first.
+        self.engine.settle();
         self.release_object(kind, handle);
         Ok(())
     }

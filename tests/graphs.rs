@@ -79,6 +79,13 @@ fn graphs_built_node_by_node_run_in_dependency_order() {
     assert!(text.contains("host") && text.contains("memcpy"), "{text}");
 }
 
+/// User objects: a destructor runs once the program's, a graph's, its clone's and an
+/// executable graph's references are gone, moved references go with their graph, refusals.
+#[test]
+fn user_objects_live_as_long_as_the_graphs_that_hold_them() {
+    run_mode(64 * MIB, &["userobjects"], 25);
+}
+
 #[test]
 fn executable_graph_updates_take_effect() {
     run_mode(64 * MIB, &["update"], 30);

@@ -41,3 +41,4 @@ pub mod stream_attrs;
 pub mod stream_capture;
 pub mod textures;
 pub mod transport;
+pub mod user_objects;

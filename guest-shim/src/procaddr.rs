@@ -23,6 +23,7 @@ use crate::peer::*;
 use crate::pointer::*;
 use crate::stream_capture::*;
 use crate::textures::*;
+use crate::user_objects::*;
 
 /// The answer to a lookup.
 #[derive(Debug, PartialEq, Eq)]
@@ -317,6 +318,17 @@ fn table() -> &'static [Entry] {
             e!(
                 "cuMipmappedArrayGetLevel",
                 (5000, f!(cuMipmappedArrayGetLevel))
+            ),
+            e!("cuUserObjectCreate", (11030, f!(cuUserObjectCreate))),
+            e!("cuUserObjectRetain", (11030, f!(cuUserObjectRetain))),
+            e!("cuUserObjectRelease", (11030, f!(cuUserObjectRelease))),
+            e!(
+                "cuGraphRetainUserObject",
+                (11030, f!(cuGraphRetainUserObject))
+            ),
+            e!(
+                "cuGraphReleaseUserObject",
+                (11030, f!(cuGraphReleaseUserObject))
             ),
             e!("cuMemcpyHtoA", (3020, f!(cuMemcpyHtoA_v2))),
             e!("cuMemcpyHtoAAsync", (3020, f!(cuMemcpyHtoAAsync_v2))),

@@ -17,6 +17,8 @@
  * branches  a graph's independent branches run at the same time: a kernel of one spins until a
  *           kernel of the other sets its flag (built node by node, with a child graph, and by
  *           capture); run against a watchdog, a replay in one order fails with 702
+ * userobjects  user objects and graphs' references on them: the destructor runs once the
+ *           last reference of the program, a graph, its clone and an executable graph is gone
  * bench N   prints the time per kernel of N launches and of a graph of N kernels
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is
@@ -250,6 +252,15 @@ enum { NODE_EMPTY = 5, NODE_WAIT_EVENT = 6, NODE_EVENT_RECORD = 7, NODE_EXT_SEMA
 enum { NODE_EXT_SEMAS_WAIT = 9, NODE_BATCH_MEM_OP = 12, NODE_CONDITIONAL = 13 };
 
 static int failures;
+
+
+typedef struct CUuserObject_st *CUuserObject;
+CUresult cuUserObjectCreate(CUuserObject *, void *, void (*)(void *), unsigned int, unsigned int);
+CUresult cuUserObjectRetain(CUuserObject, unsigned int);
+CUresult cuUserObjectRelease(CUuserObject, unsigned int);
+CUresult cuGraphRetainUserObject(CUgraph, CUuserObject, unsigned int, unsigned int);
+CUresult cuGraphReleaseUserObject(CUgraph, CUuserObject, unsigned int);
+CUresult cuGraphClone(CUgraph *, CUgraph);
 
 static void check(const char *what, CUresult got, CUresult want) {
     if (got == want) {
@@ -1533,6 +1544,67 @@ static void mode_bench(int kernels, int reps) {
     fflush(stdout);
 }
 
+static int destroyed_count;
+static void count_destroyed(void *arg) { __atomic_add_fetch((int *)arg, 1, __ATOMIC_SEQ_CST); }
+
+/* Waits up to two seconds for the destructor count to reach `want`. */
+static int destroyed_reaches(int want) {
+    for (int i = 0; i < 200; i++) {
+        if (__atomic_load_n(&destroyed_count, __ATOMIC_SEQ_CST) >= want) break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return __atomic_load_n(&destroyed_count, __ATOMIC_SEQ_CST) == want;
+}
+
+static void mode_userobjects(void) {
+    const int INVALID_VALUE = 1;
+    CUuserObject obj = NULL, bad = NULL;
+    check("cuUserObjectCreate without NO_DESTRUCTOR_SYNC",
+          cuUserObjectCreate(&bad, &destroyed_count, count_destroyed, 1, 0), INVALID_VALUE);
+    check("cuUserObjectCreate with no references",
+          cuUserObjectCreate(&bad, &destroyed_count, count_destroyed, 0, 1), INVALID_VALUE);
+    check("cuUserObjectCreate without a destructor", cuUserObjectCreate(&bad, &destroyed_count, NULL, 1, 1),
+          INVALID_VALUE);
+    check("cuUserObjectCreate", cuUserObjectCreate(&obj, &destroyed_count, count_destroyed, 1, 1), 0);
+    CUgraph g, c;
+    check("cuGraphCreate", cuGraphCreate(&g, 0), 0);
+    CUgraphNode n;
+    check("an empty node", cuGraphAddEmptyNode(&n, g, NULL, 0), 0);
+    check("cuGraphRetainUserObject (2 references)", cuGraphRetainUserObject(g, obj, 2, 0), 0);
+    check("cuGraphRetainUserObject with unknown flags", cuGraphRetainUserObject(g, obj, 1, 2), INVALID_VALUE);
+    check("cuGraphRetainUserObject of no references", cuGraphRetainUserObject(g, obj, 0, 0), INVALID_VALUE);
+    check("cuUserObjectRetain", cuUserObjectRetain(obj, 3), 0);
+    check("cuUserObjectRelease (the program's 4)", cuUserObjectRelease(obj, 4), 0);
+    check("cuGraphClone", cuGraphClone(&c, g), 0);
+    CUgraphExec e;
+    check("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    check("cuGraphReleaseUserObject of more than the graph holds", cuGraphReleaseUserObject(g, obj, 3),
+          INVALID_VALUE);
+    check("cuGraphReleaseUserObject (1 of 2)", cuGraphReleaseUserObject(g, obj, 1), 0);
+    check("cuGraphDestroy", cuGraphDestroy(g), 0);
+    check("cuGraphDestroy of the clone", cuGraphDestroy(c), 0);
+    check("cuGraphLaunch", cuGraphLaunch(e, NULL), 0);
+    check("cuCtxSynchronize", cuCtxSynchronize(), 0);
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    expect("the destructor waits for the executable graph's reference", destroyed_count == 0);
+    check("cuGraphExecDestroy", cuGraphExecDestroy(e), 0);
+    expect("the last reference gone, the destructor ran once", destroyed_reaches(1));
+    check("a destroyed user object", cuUserObjectRetain(obj, 1), INVALID_VALUE);
+
+    /* References moved into a graph. */
+    CUuserObject moved = NULL;
+    check("cuUserObjectCreate (to move)", cuUserObjectCreate(&moved, &destroyed_count, count_destroyed, 2, 1), 0);
+    CUgraph g2;
+    check("cuGraphCreate", cuGraphCreate(&g2, 0), 0);
+    check("cuGraphRetainUserObject with CU_GRAPH_USER_OBJECT_MOVE", cuGraphRetainUserObject(g2, moved, 2, 1), 0);
+    check("cuGraphDestroy", cuGraphDestroy(g2), 0);
+    expect("moved references went with the graph", destroyed_reaches(2));
+    check("cuUserObjectRelease of a forged object", cuUserObjectRelease((CUuserObject)(uintptr_t)0x1234, 1),
+          INVALID_VALUE);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: graphs MODE SAXPY_PTX [ARG]\n");
@@ -1549,6 +1621,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(m, "mem") && argc > 3) mode_mem(strtoull(argv[3], NULL, 0));
     else if (!strcmp(m, "generic")) mode_generic();
     else if (!strcmp(m, "hostcopy")) mode_hostcopy();
+    else if (!strcmp(m, "userobjects")) mode_userobjects();
     else if (!strcmp(m, "bench") && argc > 4) mode_bench(atoi(argv[3]), atoi(argv[4]));
     else {
         fprintf(stderr, "unknown mode %s\n", m);

@@ -334,6 +334,8 @@ pub struct Graph {
     pub nodes: HashMap<u64, Node>,
     /// Whether a node owns this graph (a child graph): it is destroyed with its node.
     pub owned: bool,
+    /// The user objects it holds references on, and how many ([`crate::user_objects`]).
+    pub user_objects: HashMap<u64, u64>,
 }
 
 /// Every graph, node and executable graph of the process.
@@ -451,6 +453,9 @@ impl Registry {
             .graphs
             .remove(&g)
             .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        for (object, refs) in graph.user_objects {
+            let _ = crate::user_objects::release(object, refs);
+        }
         for (n, node) in graph.nodes {
             self.node_graph.remove(&n);
             self.cloned_from.remove(&n);
@@ -493,6 +498,12 @@ impl Registry {
             )
         };
         let new = self.create_graph()?;
+        // The clone holds references of its own on the graph's user objects.
+        let objects = self.graph(g)?.user_objects.clone();
+        for (&object, &refs) in &objects {
+            crate::user_objects::retain(object, refs)?;
+        }
+        self.graph_mut(new)?.user_objects = objects;
         let mut map = HashMap::new();
         for (old, mut node) in order.into_iter().zip(nodes) {
             if let NodeKind::Child(c) = node.kind {

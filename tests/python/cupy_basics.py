@@ -1,6 +1,7 @@
 """CuPy on vgpu: arrays, elementwise arithmetic, reductions and the kernels
 CuPy compiles at run time (ElementwiseKernel, ReductionKernel, RawKernel),
-each result checked against NumPy. Run through vgpu's libcuda.so.1 with
+a CUDA array sampled through a texture object and written through a surface
+(cupy.cuda.texture), each result checked against NumPy. Run through vgpu's libcuda.so.1 with
 CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX, which the simulated GPU runs) and
 CUPY_ACCELERATORS="" (CUB's kernels ship as cubins only). Prints one line per
 check and PASS at the end; exits 1 on the first failure.
@@ -102,6 +103,45 @@ c = (a * a).sum()
 end.record()
 end.synchronize()
 check("event timing", cp.cuda.get_elapsed_time(start, end) >= 0)
+
+# Textures and surfaces (cupy.cuda.texture): a CUDA array sampled with linear filtering and
+# clamping, then doubled in place through a surface object.
+from cupy.cuda import runtime, texture
+
+src = np.arange(32, dtype=np.float32).reshape(4, 8) * 3
+fmt = texture.ChannelFormatDescriptor(32, 0, 0, 0, runtime.cudaChannelFormatKindFloat)
+carr = texture.CUDAarray(fmt, 8, 4, 0, runtime.cudaArraySurfaceLoadStore)
+carr.copy_from(src)
+back = np.zeros_like(src)
+carr.copy_to(back)
+check("a CUDA array holds what was copied in", np.array_equal(back, src))
+rdesc = texture.ResourceDescriptor(runtime.cudaResourceTypeArray, cuArr=carr)
+tdesc = texture.TextureDescriptor(
+    (runtime.cudaAddressModeClamp, runtime.cudaAddressModeClamp),
+    runtime.cudaFilterModeLinear, runtime.cudaReadModeElementType)
+tobj = texture.TextureObject(rdesc, tdesc)
+tex_mod = cp.RawModule(code=r"""
+extern "C" __global__ void sample(cudaTextureObject_t t, float* out, int w) {
+    int x = threadIdx.x, y = blockIdx.x;
+    out[y * w + x] = tex2D<float>(t, x + 1.0f, y + 0.5f);
+}
+extern "C" __global__ void twice(cudaSurfaceObject_t s) {
+    int x = threadIdx.x, y = blockIdx.x;
+    float v = surf2Dread<float>(s, x * 4, y);
+    surf2Dwrite(v * 2.0f, s, x * 4, y);
+}
+""")
+sampled = cp.zeros((4, 8), dtype=cp.float32)
+tex_mod.get_function("sample")((4,), (8,), (tobj, sampled, cp.int32(8)))
+# Half way between texel x and x + 1; the last column's neighbour is clamped to itself.
+want = (src + np.concatenate([src[:, 1:], src[:, -1:]], axis=1)) / 2
+close("tex2D with linear filtering and clamping", sampled, want)
+sobj = texture.SurfaceObject(rdesc)
+tex_mod.get_function("twice")((4,), (8,), (sobj,))
+carr.copy_to(back)
+check("surf2Dread and surf2Dwrite double the array", np.array_equal(back, src * 2),
+      f"got {back!r}")
+del sobj, tobj
 
 # Memory is charged to the slice and returns to it.
 big = cp.empty(32 << 20, dtype=cp.uint8)

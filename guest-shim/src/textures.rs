@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use vgpu_proto::cuda::{self, attr};
+use vgpu_proto::cuda::{self, TextureDesc, attr};
 use vgpu_proto::msg;
 
 use crate::arrays::{self, flags};
@@ -43,22 +43,6 @@ pub struct ResourceDesc {
     pad2: u32,
 }
 
-/// `CUDA_TEXTURE_DESC`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TextureDesc {
-    pub address_mode: [u32; 3],
-    pub filter_mode: u32,
-    pub flags: u32,
-    pub max_anisotropy: u32,
-    pub mipmap_filter_mode: u32,
-    pub mipmap_level_bias: f32,
-    pub min_mipmap_level_clamp: f32,
-    pub max_mipmap_level_clamp: f32,
-    pub border_color: [f32; 4],
-    pub reserved: [i32; 12],
-}
-
 /// `CUDA_RESOURCE_VIEW_DESC`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +61,6 @@ pub struct ResourceViewDesc {
 const _: () = {
     use std::mem::size_of;
     assert!(size_of::<ResourceDesc>() == 144);
-    assert!(size_of::<TextureDesc>() == 104);
     assert!(size_of::<ResourceViewDesc>() == 112);
 };
 

@@ -134,6 +134,27 @@ pub fn is_sticky(code: CuResult) -> bool {
 }
 
 /// `CUdevice_attribute` numbers (the ones vgpu reports; see `cuda.h`).
+/// `CUDA_TEXTURE_DESC`: how a texture object samples (the guest's and the real driver's ABI).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TextureDesc {
+    pub address_mode: [u32; 3],
+    pub filter_mode: u32,
+    pub flags: u32,
+    pub max_anisotropy: u32,
+    pub mipmap_filter_mode: u32,
+    pub mipmap_level_bias: f32,
+    pub min_mipmap_level_clamp: f32,
+    pub max_mipmap_level_clamp: f32,
+    pub border_color: [f32; 4],
+    pub reserved: [i32; 12],
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<TextureDesc>() == 104);
+    assert!(std::mem::offset_of!(TextureDesc, border_color) == 40);
+};
+
 pub mod attr {
     #![allow(missing_docs)]
     pub const MAX_THREADS_PER_BLOCK: usize = 1;

@@ -68,26 +68,22 @@ impl TexObjects {
     }
 }
 
-fn layout_of(
-    base: u64,
-    format: u32,
-    channels: u32,
-    dims: u32,
-    extent: [u64; 4],
-    pitches: [u64; 2],
-) -> TexelLayout {
-    TexelLayout {
-        base,
-        format,
-        channels,
-        dims,
-        width: extent[0],
-        height: extent[1],
-        depth: extent[2],
-        layers: extent[3],
-        pitch: pitches[0],
-        slice_pitch: pitches[1],
-    }
+/// The texel layout a `TexObjectCreate` or `SurfObjectCreate` names.
+macro_rules! layout_of {
+    ($m:expr) => {
+        TexelLayout {
+            base: $m.base,
+            format: $m.format,
+            channels: $m.channels,
+            dims: $m.dims,
+            width: $m.width,
+            height: $m.height,
+            depth: $m.depth,
+            layers: $m.layers,
+            pitch: $m.pitch,
+            slice_pitch: $m.slice_pitch,
+        }
+    };
 }
 
 impl Session {
@@ -100,14 +96,7 @@ impl Session {
         use Request as R;
         Some(match req {
             R::TexObjectCreate(m) => {
-                let layout = layout_of(
-                    m.base,
-                    m.format,
-                    m.channels,
-                    m.dims,
-                    [m.width, m.height, m.depth, m.layers],
-                    [m.pitch, m.slice_pitch],
-                );
+                let layout = layout_of!(m);
                 let sampling = TexSampling {
                     address: [m.address_0, m.address_1, m.address_2],
                     filter: m.filter,
@@ -118,14 +107,7 @@ impl Session {
                     .and_then(|handle| reply(out, msg::Handle { handle }))
             }
             R::SurfObjectCreate(m) => {
-                let layout = layout_of(
-                    m.base,
-                    m.format,
-                    m.channels,
-                    m.dims,
-                    [m.width, m.height, m.depth, m.layers],
-                    [m.pitch, m.slice_pitch],
-                );
+                let layout = layout_of!(m);
                 self.create_object(m.ctx, ObjectKind::Surface, &layout, None)
                     .and_then(|handle| reply(out, msg::Handle { handle }))
             }

@@ -1,7 +1,8 @@
-//! `CUDA_RESOURCE_DESC` and `CUDA_TEXTURE_DESC` (cuda.h), for texture objects over linear and
+//! `CUDA_RESOURCE_DESC` (cuda.h) and the `CUDA_TEXTURE_DESC` of a sampling, for texture objects over linear and
 //! pitched memory on a real GPU.
 
 use vgpu_broker::texture::{TexSampling, TexelLayout};
+pub use vgpu_proto::cuda::TextureDesc;
 
 /// `CU_RESOURCE_TYPE_LINEAR`.
 pub const RESOURCE_TYPE_LINEAR: u32 = 2;
@@ -28,22 +29,6 @@ pub struct ResourceDesc {
     pub flags: u32,
 }
 
-/// `CUDA_TEXTURE_DESC`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct TextureDesc {
-    pub address_mode: [u32; 3],
-    pub filter_mode: u32,
-    pub flags: u32,
-    pub max_anisotropy: u32,
-    pub mipmap_filter_mode: u32,
-    pub mipmap_level_bias: f32,
-    pub min_mipmap_level_clamp: f32,
-    pub max_mipmap_level_clamp: f32,
-    pub border_color: [f32; 4],
-    pub reserved: [i32; 12],
-}
-
 const _: () = {
     use std::mem::{offset_of, size_of};
     assert!(size_of::<ResourceDesc>() == 144);
@@ -51,8 +36,6 @@ const _: () = {
     assert!(offset_of!(ResourceDesc, width) == 24);
     assert!(offset_of!(ResourceDesc, pitch_in_bytes) == 40);
     assert!(offset_of!(ResourceDesc, flags) == 136);
-    assert!(size_of::<TextureDesc>() == 104);
-    assert!(offset_of!(TextureDesc, border_color) == 40);
 };
 
 /// The resource a real GPU samples for `layout`: linear memory for a one-dimensional layout,

@@ -26,6 +26,9 @@ struct MemState {
     next: u64,
     allocs: BTreeMap<u64, Vec<u8>>,
     used: u64,
+    /// Texture and surface objects: handles counted up from 1 (they name nothing here).
+    last_object: u64,
+    objects: std::collections::BTreeSet<u64>,
 }
 
 /// A device whose memory is host vectors; each operation can be slowed down
@@ -57,6 +60,17 @@ impl MemDevice {
             })),
             delay,
         }
+    }
+}
+
+impl MemDevice {
+    /// Texture and surface objects alive on the device.
+    pub fn live_objects(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .objects
+            .len()
     }
 }
 
@@ -141,6 +155,41 @@ impl DeviceContext for MemContext {
                 c.copy_from_slice(pat);
             }
         })
+    }
+    fn texture_create(
+        &self,
+        _layout: &crate::texture::TexelLayout,
+        _sampling: &crate::texture::TexSampling,
+    ) -> Result<u64, DeviceError> {
+        Ok(self.new_object())
+    }
+    fn texture_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        self.drop_object(handle)
+    }
+    fn surface_create(&self, _layout: &crate::texture::TexelLayout) -> Result<u64, DeviceError> {
+        Ok(self.new_object())
+    }
+    fn surface_destroy(&self, handle: u64) -> Result<(), DeviceError> {
+        self.drop_object(handle)
+    }
+}
+
+impl MemContext {
+    fn new_object(&self) -> u64 {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.last_object += 1;
+        let h = s.last_object;
+        s.objects.insert(h);
+        h
+    }
+
+    fn drop_object(&self, handle: u64) -> Result<(), DeviceError> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.objects.remove(&handle) {
+            Ok(())
+        } else {
+            Err(DeviceError::NotSupported(format!("no object {handle:#x}")))
+        }
     }
 }
 

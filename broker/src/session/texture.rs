@@ -188,3 +188,133 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use vgpu_proto::cuda;
+    use vgpu_proto::msg;
+
+    use crate::testutils::{MemDevice, TestClient, serve_session, vm};
+
+    const GRID: u64 = 4096;
+
+    fn broker(handles: u32) -> (Arc<crate::Broker>, Arc<MemDevice>) {
+        let dev = Arc::new(MemDevice::new(1 << 30, Duration::ZERO));
+        let b = Arc::new(crate::Broker::new(vec![(
+            "gpu0".into(),
+            Arc::clone(&dev) as Arc<dyn crate::device::Device>,
+        )]));
+        let mut v = vm("vm1", 16 << 20);
+        v.limits.handles = handles;
+        b.add_tenant(&v).unwrap();
+        (b, dev)
+    }
+
+    fn texture(ctx: u64, base: u64) -> msg::TexObjectCreate {
+        msg::TexObjectCreate {
+            ctx,
+            base,
+            format: crate::texture::format::F32,
+            channels: 1,
+            dims: 1,
+            width: GRID / 4,
+            height: 1,
+            depth: 1,
+            ..Default::default()
+        }
+    }
+
+    fn alloc(c: &mut TestClient<UnixStream>, ctx: u64) -> u64 {
+        c.call(&msg::MemAlloc { ctx, size: GRID }, &[])
+            .unwrap()
+            .0
+            .ptr
+    }
+
+    fn wait_for(dev: &MemDevice, live: usize) {
+        let end = Instant::now() + Duration::from_secs(5);
+        while dev.live_objects() != live && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(dev.live_objects(), live);
+    }
+
+    #[test]
+    fn objects_go_with_their_context_and_their_session() {
+        let (b, dev) = broker(64);
+        let (mut c, ctx) = serve_session(&b, "vm1");
+        let p = alloc(&mut c, ctx);
+        c.call(&texture(ctx, p), &[]).unwrap();
+        let other = c
+            .call(
+                &msg::CtxCreate {
+                    device: 0,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        let q = alloc(&mut c, other);
+        c.call(&texture(other, q), &[]).unwrap();
+        c.call(
+            &msg::SurfObjectCreate {
+                ctx: other,
+                base: q,
+                format: crate::texture::format::U8,
+                channels: 4,
+                dims: 1,
+                width: GRID / 4,
+                height: 1,
+                depth: 1,
+                ..Default::default()
+            },
+            &[],
+        )
+        .unwrap();
+        assert_eq!(dev.live_objects(), 3);
+        c.call(&msg::CtxDestroy { ctx: other }, &[]).unwrap();
+        assert_eq!(dev.live_objects(), 1, "the context's two went with it");
+        drop(c);
+        wait_for(&dev, 0);
+    }
+
+    #[test]
+    fn the_handle_budget_bounds_objects_and_gets_them_back() {
+        let (b, dev) = broker(8);
+        let (mut c, ctx) = serve_session(&b, "vm1");
+        let p = alloc(&mut c, ctx);
+        let mut made = Vec::new();
+        let refused = loop {
+            match c.call(&texture(ctx, p), &[]) {
+                Ok((h, _)) => made.push(h.handle),
+                Err(e) => break e.0,
+            }
+            assert!(made.len() <= 8, "past the VM's budget of 8 handles");
+        };
+        assert_eq!(refused, cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        // The context holds one handle of the budget.
+        assert_eq!(made.len(), 7);
+        for h in made {
+            c.call(&msg::TexObjectDestroy { ctx, handle: h }, &[])
+                .unwrap();
+        }
+        assert_eq!(dev.live_objects(), 0);
+        c.call(&texture(ctx, p), &[]).unwrap();
+        // Refusals hold no handle: texels past the allocation, a forged context.
+        assert_eq!(
+            c.call(&texture(ctx, p + GRID), &[]).unwrap_err().0,
+            cuda::CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            c.call(&texture(ctx ^ 1, p), &[]).unwrap_err().0,
+            cuda::CUDA_ERROR_INVALID_CONTEXT
+        );
+        assert_eq!(dev.live_objects(), 1);
+    }
+}

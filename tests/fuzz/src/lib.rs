@@ -377,7 +377,13 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             v
         }
         "session" | "session_ring" => vec![session_seed()],
-        "ptx" => read_dir("tests/kernels/ptx", "ptx"),
+        "ptx" => {
+            // The kernel corpus and the conformance suite's own kernels (textures and surfaces
+            // among them).
+            let mut v = read_dir("tests/kernels/ptx", "ptx");
+            v.extend(read_dir("tests/gpu/kernels", "ptx"));
+            v
+        }
         "fatbin" => {
             let mut v = read_dir("devices/cuda/testdata", "cubin");
             let ptx = read_dir("tests/kernels/ptx", "ptx");
@@ -470,6 +476,49 @@ fn session_seed() -> Vec<u8> {
             stream: 0,
             src: vgpu_broker::testutils::MEM_DEVICE_BASE,
             len: COPY as u64,
+        }),
+    );
+    // A texture object over the copied bytes (64 rows of 256 four-byte texels), destroyed, and
+    // a surface object left for the session's end.
+    let texels = msg::TexObjectCreate {
+        ctx: FIRST_CONTEXT,
+        base: vgpu_broker::testutils::MEM_DEVICE_BASE,
+        format: vgpu_broker::texture::format::U8,
+        channels: 4,
+        dims: 2,
+        width: 256,
+        height: 64,
+        depth: 1,
+        pitch: 1024,
+        slice_pitch: COPY as u64,
+        address_0: 1,
+        address_1: 1,
+        ..Default::default()
+    };
+    push(msg::TexObjectCreate::OPCODE, 0, msg::encode(&texels));
+    push(
+        msg::TexObjectDestroy::OPCODE,
+        0,
+        msg::encode(&msg::TexObjectDestroy {
+            ctx: FIRST_CONTEXT,
+            handle: 1,
+        }),
+    );
+    push(
+        msg::SurfObjectCreate::OPCODE,
+        0,
+        msg::encode(&msg::SurfObjectCreate {
+            ctx: FIRST_CONTEXT,
+            base: texels.base,
+            format: texels.format,
+            channels: texels.channels,
+            dims: texels.dims,
+            width: texels.width,
+            height: texels.height,
+            depth: 1,
+            layers: 0,
+            pitch: texels.pitch,
+            slice_pitch: texels.slice_pitch,
         }),
     );
     push(msg::Goodbye::OPCODE, 0, Vec::new());

@@ -44,11 +44,24 @@ pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetCtx(stream: CUhandle, pctx: *mut CUhandle) -> CUresult {
     ffi("cuStreamGetCtx", || {
-        drv::stream_params(h(stream))?;
-        let c = match drv::current_ctx() {
-            Some(c) => c,
-            None => drv::primary_handle(0)?,
-        };
+        out!(pctx, p(drv::stream_context(h(stream))?))
+    })
+}
+
+/// `cuStreamGetCtx_v2` (CUDA 12.5): the stream's context, and no green context (vgpu has
+/// none).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    stream: CUhandle,
+    pctx: *mut CUhandle,
+    pgreen: *mut CUhandle,
+) -> CUresult {
+    ffi("cuStreamGetCtx_v2", || {
+        if pctx.is_null() || pgreen.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let c = drv::stream_context(h(stream))?;
+        out!(pgreen, std::ptr::null_mut())?;
         out!(pctx, p(c))
     })
 }

@@ -68,7 +68,8 @@ pub struct Driver {
     /// Contexts that queued an asynchronous device-to-host copy into a shared region, by
     /// region: unregistering the region's range waits for them first.
     shared_dtoh_contexts: Mutex<HashMap<u64, HashSet<u64>>>,
-    streams: Mutex<HashMap<u64, (u32, i32)>>,
+    /// Created streams: (flags, priority, context).
+    streams: Mutex<HashMap<u64, (u32, i32, u64)>>,
     functions: Mutex<HashMap<u64, FuncLayout>>,
     /// Modules (libraries) loaded and not unloaded.
     modules: Mutex<HashSet<u64>>,
@@ -1583,7 +1584,7 @@ pub fn stream_create(flags: u32, priority: i32) -> CuRes<u64> {
             &[],
         )?
         .handle;
-    lock(&d.streams).insert(h, (flags, priority));
+    lock(&d.streams).insert(h, (flags, priority, c));
     Ok(h)
 }
 
@@ -1605,7 +1606,23 @@ pub fn stream_params(s: u64) -> CuRes<(u32, i32)> {
     }
     lock(&d.streams)
         .get(&s)
-        .copied()
+        .map(|&(flags, priority, _)| (flags, priority))
+        .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuStreamGetCtx`: the context a created stream belongs to; the default streams' is the
+/// calling thread's current context (the primary context when none is current).
+pub fn stream_context(s: u64) -> CuRes<u64> {
+    let d = driver()?;
+    if s == 0 || s == STREAM_PER_THREAD || s == STREAM_LEGACY {
+        return match current_ctx() {
+            Some(c) => Ok(c),
+            None => primary_handle(0),
+        };
+    }
+    lock(&d.streams)
+        .get(&s)
+        .map(|&(_, _, c)| c)
         .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
 }
 

@@ -989,6 +989,18 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     })
 }
 
+/// `cuEventElapsedTime_v2` (CUDA 12.8): the same measurement (the runtime of CUDA 12.8 and
+/// later asks for this ABI, identical to the first).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUhandle,
+    end: CUhandle,
+) -> CUresult {
+    // SAFETY: the same contract as cuEventElapsedTime's.
+    unsafe { cuEventElapsedTime(ms, start, end) }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventDestroy_v2(event: CUhandle) -> CUresult {
     ffi("cuEventDestroy_v2", || drv::event_destroy(h(event)))

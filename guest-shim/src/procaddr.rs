@@ -380,7 +380,11 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuCtxEnablePeerAccess", (4000, f!(cuCtxEnablePeerAccess))),
             e!("cuCtxDisablePeerAccess", (4000, f!(cuCtxDisablePeerAccess))),
-            e!("cuStreamGetCtx", (9020, f!(cuStreamGetCtx))),
+            e!(
+                "cuStreamGetCtx",
+                (9020, f!(cuStreamGetCtx)),
+                (12050, f!(cuStreamGetCtx_v2))
+            ),
             e!(
                 "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
                 (
@@ -629,7 +633,7 @@ fn table() -> &'static [Entry] {
             e!(
                 "cuEventElapsedTime",
                 (2000, f!(cuEventElapsedTime)),
-                (12080, f!(cuEventElapsedTime))
+                (12080, f!(cuEventElapsedTime_v2))
             ),
             e!("cuEventDestroy", (4000, f!(cuEventDestroy_v2))),
             e!("cuModuleLoadData", (2000, f!(cuModuleLoadData))),

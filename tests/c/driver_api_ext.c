@@ -254,6 +254,11 @@ CUresult cuSurfObjectCreate(CUsurfObject *, const CUDA_RESOURCE_DESC *);
 CUresult cuSurfObjectDestroy(CUsurfObject);
 CUresult cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC *, CUsurfObject);
 
+CUresult cuStreamGetCtx(CUstream, CUcontext *);
+CUresult cuStreamGetCtx_v2(CUstream, CUcontext *, void **);
+CUresult cuEventElapsedTime_v2(float *, CUevent, CUevent);
+CUresult cuEventRecord(CUevent, CUstream);
+
 static void check(const char *what, CUresult got, CUresult want) {
     if (got == want) {
         printf("ok %s\n", what);
@@ -1079,6 +1084,38 @@ static void arrays(void) {
     expect("arrays give their memory back", free1 == free0);
 }
 
+/* A stream's context is the one it was created in, whichever is current; CUDA 12.5's
+ * cuStreamGetCtx_v2 adds no green context; CUDA 12.8's cuEventElapsedTime_v2 measures. */
+static void stream_contexts(CUcontext ctx) {
+    CUcontext other = NULL, got = NULL;
+    void *green = (void *)1;
+    CUstream s;
+    check("a second context", cuCtxCreate_v2(&other, 0, 0), 0);
+    check("a stream in it", cuStreamCreate(&s, 0), 0);
+    check("back to the first context", cuCtxSetCurrent(ctx), 0);
+    check("cuStreamGetCtx", cuStreamGetCtx(s, &got), 0);
+    expect("a stream's context is the one it was made in", got == other);
+    got = NULL;
+    check("cuStreamGetCtx_v2", cuStreamGetCtx_v2(s, &got, &green), 0);
+    expect("cuStreamGetCtx_v2: the context, and no green context", got == other && green == NULL);
+    check("cuStreamGetCtx of the default stream", cuStreamGetCtx(NULL, &got), 0);
+    expect("the default stream's context is the current one", got == ctx);
+    check("cuStreamGetCtx of a forged stream", cuStreamGetCtx((CUstream)(uintptr_t)0x51deadULL, &got), 400);
+    CUevent a, b;
+    cuEventCreate(&a, 0);
+    cuEventCreate(&b, 0);
+    cuEventRecord(a, NULL);
+    cuEventRecord(b, NULL);
+    cuEventSynchronize(b);
+    float ms = -1;
+    check("cuEventElapsedTime_v2", cuEventElapsedTime_v2(&ms, a, b), 0);
+    expect("a non-negative time", ms >= 0);
+    cuEventDestroy_v2(a);
+    cuEventDestroy_v2(b);
+    check("cuCtxDestroy of the second context", cuCtxDestroy_v2(other), 0);
+    cuCtxSetCurrent(ctx);
+}
+
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -1095,6 +1132,7 @@ int main(void) {
     newer_queries(ctx);
     legacy_launch();
     arrays();
+    stream_contexts(ctx);
     check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
     printf("# driver_api_ext: %d failed\n", failures);
     return failures;

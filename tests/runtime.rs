@@ -108,7 +108,7 @@ fn nvcc_programs_run_cooperative_launches() {
 /// modes, 8-bit texels, 3-D and layered) and surface objects, on every runtime.
 #[test]
 fn nvcc_programs_sample_textures_and_write_surfaces() {
-    run_nvcc_program("textures", 24, ALL_RUNTIMES);
+    run_nvcc_program("textures", 29, ALL_RUNTIMES);
 }
 
 #[test]

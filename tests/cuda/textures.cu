@@ -142,6 +142,48 @@ int main()
         cudaGetLastError();
     }
 
+    // Array to array, asynchronous copies on a stream, the channel format and the memory an
+    // array needs.
+    {
+        cudaArray_t copy = nullptr;
+        CUDA_OK(cudaMallocArray(&copy, &fdesc, W, H));
+        CUDA_OK(cudaMemcpy2DArrayToArray(copy, 0, 0, arr, 0, 0, W * sizeof(float), H,
+                                         cudaMemcpyDeviceToDevice));
+        cudaStream_t st;
+        CUDA_OK(cudaStreamCreate(&st));
+        std::vector<float> back(W * H, -1.0f);
+        CUDA_OK(cudaMemcpy2DFromArrayAsync(back.data(), W * sizeof(float), copy, 0, 0,
+                                           W * sizeof(float), H, cudaMemcpyDeviceToHost, st));
+        CUDA_OK(cudaStreamSynchronize(st));
+        CHECK("an array copied to another array, read back on a stream", back == host, "back[5] %g",
+              back[5]);
+        std::vector<float> row(W, 7.0f);
+        CUDA_OK(cudaMemcpy2DToArrayAsync(copy, 0, 3, row.data(), W * sizeof(float), W * sizeof(float), 1,
+                                         cudaMemcpyHostToDevice, st));
+        CUDA_OK(cudaMemcpy2DFromArrayAsync(back.data(), W * sizeof(float), copy, 0, 0,
+                                           W * sizeof(float), H, cudaMemcpyDeviceToHost, st));
+        CUDA_OK(cudaStreamSynchronize(st));
+        CHECK("an asynchronous copy into row 3 of an array", back[3 * W] == 7.0f && back[4 * W - 1] == 7.0f &&
+                  back[2 * W] == host[2 * W] && back[4 * W] == host[4 * W],
+              "%g %g", back[3 * W], back[4 * W]);
+        cudaChannelFormatDesc got;
+        CUDA_OK(cudaGetChannelDesc(&got, copy));
+        CHECK("cudaGetChannelDesc", got.x == 32 && got.y == 0 && got.f == cudaChannelFormatKindFloat, "x %d kind %d",
+              got.x, (int)got.f);
+        cudaArrayMemoryRequirements req;
+        CUDA_OK(cudaArrayGetMemoryRequirements(&req, copy, 0));
+        CHECK("cudaArrayGetMemoryRequirements covers the texels", req.size >= W * H * sizeof(float) &&
+                  req.alignment > 0,
+              "size %zu alignment %zu", req.size, req.alignment);
+        CUDA_OK(cudaStreamDestroy(st));
+        CUDA_OK(cudaFreeArray(copy));
+        cudaMipmappedArray_t mip = nullptr;
+        cudaError_t e = cudaMallocMipmappedArray(&mip, &fdesc, make_cudaExtent(W, H, 0), 2);
+        CHECK("mipmapped arrays are refused as not supported", e == cudaErrorNotSupported, "%s",
+              cudaGetErrorName(e));
+        cudaGetLastError();
+    }
+
     float *dout = nullptr;
     CUDA_OK(cudaMalloc(&dout, 64 * 64 * sizeof(float)));
     std::vector<float> out(64 * 64);

@@ -66,9 +66,10 @@ pub mod trsf {
         | SEAMLESS_CUBEMAP;
 }
 
-/// Largest width, height, depth or layer count of a texture or surface: CUDA's largest
-/// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH`, 2^27).
-pub const MAX_EXTENT: u64 = 1 << 27;
+/// Largest width, height, depth or layer count of a texture or surface: the largest any CUDA
+/// device reports (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH`, 2^28 texels); the
+/// shim checks the device's own, smaller, limits for each shape.
+pub const MAX_EXTENT: u64 = 1 << 28;
 /// Channels a texel may have.
 pub const CHANNEL_COUNTS: [u32; 3] = [1, 2, 4];
 

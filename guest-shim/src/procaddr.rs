@@ -337,6 +337,10 @@ fn table() -> &'static [Entry] {
             e!("cuMemcpyDtoA", (3020, f!(cuMemcpyDtoA_v2))),
             e!("cuMemcpyAtoD", (3020, f!(cuMemcpyAtoD_v2))),
             e!("cuMemcpyAtoA", (3020, f!(cuMemcpyAtoA_v2))),
+            e!(
+                "cuDeviceGetTexture1DLinearMaxWidth",
+                (11010, f!(cuDeviceGetTexture1DLinearMaxWidth))
+            ),
             e!("cuTexObjectCreate", (5000, f!(cuTexObjectCreate))),
             e!("cuTexObjectDestroy", (5000, f!(cuTexObjectDestroy))),
             e!(

@@ -452,3 +452,25 @@ pub unsafe extern "C" fn cuSurfObjectGetResourceDesc(
         out!(out, object(handle, true)?.res)
     })
 }
+
+/// `cuDeviceGetTexture1DLinearMaxWidth`: the widest one-dimensional texture over linear memory,
+/// in texels, for a format and channel count (the device's
+/// `MAXIMUM_TEXTURE1D_LINEAR_WIDTH`, whatever the texel's size).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetTexture1DLinearMaxWidth(
+    out: *mut usize,
+    format: u32,
+    channels: u32,
+    device: i32,
+) -> CUresult {
+    ffi("cuDeviceGetTexture1DLinearMaxWidth", || {
+        if arrays::channel_bytes(format).is_none() || ![1, 2, 4].contains(&channels) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let width = drv::device_attribute(attr::MAXIMUM_TEXTURE1D_LINEAR_WIDTH as i32, device)?;
+        out!(
+            out,
+            usize::try_from(width).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?
+        )
+    })
+}

@@ -247,6 +247,7 @@ CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuTexObjectCreate(CUtexObject *, const CUDA_RESOURCE_DESC *, const CUDA_TEXTURE_DESC *,
                            const CUDA_RESOURCE_VIEW_DESC *);
 CUresult cuTexObjectDestroy(CUtexObject);
+CUresult cuDeviceGetTexture1DLinearMaxWidth(size_t *, int, unsigned, CUdevice);
 CUresult cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC *, CUtexObject);
 CUresult cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC *, CUtexObject);
 CUresult cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC *, CUtexObject);
@@ -1069,6 +1070,11 @@ static void arrays(void) {
     check("a resource view that reinterprets texels", cuTexObjectCreate(&tl, &lin, &td, &view), NOT_SUPPORTED);
     td.addressMode[2] = 7;
     check("an address mode CUDA does not have", cuTexObjectCreate(&tl, &rd, &td, NULL), INVALID_VALUE);
+    size_t maxw = 0;
+    check("cuDeviceGetTexture1DLinearMaxWidth", cuDeviceGetTexture1DLinearMaxWidth(&maxw, FLOAT, 4, 0), 0);
+    expect("a linear texture may be millions of texels wide", maxw >= (1u << 27));
+    check("cuDeviceGetTexture1DLinearMaxWidth of three channels",
+          cuDeviceGetTexture1DLinearMaxWidth(&maxw, FLOAT, 3, 0), INVALID_VALUE);
     check("cuTexObjectDestroy", cuTexObjectDestroy(t), 0);
     check("cuTexObjectDestroy twice", cuTexObjectDestroy(t), INVALID_VALUE);
     check("cuTexObjectDestroy of a forged handle", cuTexObjectDestroy(0x7777), INVALID_VALUE);

@@ -1445,6 +1445,53 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel(
     })
 }
 
+/// `CUDA_LAUNCH_PARAMS`: one device's part of a multi-device cooperative launch.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchParams {
+    function: CUhandle,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: CUhandle,
+    params: *mut *mut c_void,
+}
+
+const _: () = assert!(std::mem::size_of::<LaunchParams>() == 56);
+
+/// `CUDA_COOPERATIVE_LAUNCH_MULTI_DEVICE_NO_PRE_LAUNCH_SYNC` and `..._NO_POST_LAUNCH_SYNC`: the
+/// flags a multi-device cooperative launch takes.
+const MULTI_DEVICE_FLAGS: c_uint = 0x3;
+
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated since CUDA 11.3): one launch per device
+/// listed. A VM has one device, so the list has one entry, launched as
+/// `cuLaunchCooperativeKernel` on its stream; the synchronization the flags leave out or ask for
+/// is between devices, and the stream orders the launch with its own work either way.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
+    list: *mut LaunchParams,
+    devices: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuLaunchCooperativeKernelMultiDevice", || {
+        if devices != 1 || flags & !MULTI_DEVICE_FLAGS != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: NULL or the caller's array of `devices` (one) entries (CUDA contract).
+        let p = *unsafe { list.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: `params` follows the cuLaunchCooperativeKernel contract (no `extra`).
+        let packed = unsafe { pack_params(h(p.function), p.params, std::ptr::null_mut()) }?;
+        drv::launch_cooperative(
+            h(p.function),
+            p.grid,
+            p.block,
+            p.shared,
+            h(p.stream),
+            &packed,
+        )
+    })
+}
+
 /// `CUlaunchConfig`.
 #[repr(C)]
 #[derive(Debug)]

@@ -648,6 +648,10 @@ fn table() -> &'static [Entry] {
             e!("cuLaunchKernel", (4000, f!(cuLaunchKernel))),
             e!("cuLaunchKernelEx", (11060, f!(cuLaunchKernelEx))),
             e!(
+                "cuLaunchCooperativeKernelMultiDevice",
+                (9000, f!(cuLaunchCooperativeKernelMultiDevice))
+            ),
+            e!(
                 "cuLaunchCooperativeKernel",
                 (9000, f!(cuLaunchCooperativeKernel))
             ),

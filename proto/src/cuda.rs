@@ -233,6 +233,7 @@ pub mod attr {
     pub const CONCURRENT_MANAGED_ACCESS: usize = 89;
     pub const COMPUTE_PREEMPTION_SUPPORTED: usize = 90;
     pub const COOPERATIVE_LAUNCH: usize = 95;
+    pub const COOPERATIVE_MULTI_DEVICE_LAUNCH: usize = 96;
     pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: usize = 97;
     pub const HOST_REGISTER_SUPPORTED: usize = 99;
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 102;

@@ -260,6 +260,14 @@ CUresult cuStreamGetCtx_v2(CUstream, CUcontext *, void **);
 CUresult cuEventElapsedTime_v2(float *, CUevent, CUevent);
 CUresult cuEventRecord(CUevent, CUstream);
 
+typedef struct {
+    CUfunction function;
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
+CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *, unsigned, unsigned);
+
 static void check(const char *what, CUresult got, CUresult want) {
     if (got == want) {
         printf("ok %s\n", what);
@@ -1122,6 +1130,39 @@ static void stream_contexts(CUcontext ctx) {
     cuCtxSetCurrent(ctx);
 }
 
+/* The multi-device cooperative launch of CUDA 9 (deprecated since 11.3), on the VM's one
+ * device. */
+static void multi_device_launch(void) {
+    CUmodule m;
+    CUfunction add_one;
+    cuModuleLoadData(&m, MODULE);
+    cuModuleGetFunction(&add_one, m, "add_one");
+    enum { N = 128 };
+    unsigned int v[N];
+    for (int i = 0; i < N; i++) v[i] = (unsigned int)i * 3;
+    CUdeviceptr d;
+    cuMemAlloc_v2(&d, sizeof v);
+    cuMemcpyHtoD_v2(d, v, sizeof v);
+    CUstream s;
+    cuStreamCreate(&s, 0);
+    unsigned int n = N;
+    void *args[] = {&d, &n};
+    CUDA_LAUNCH_PARAMS lp = {add_one, 2, 1, 1, 64, 1, 1, 0, s, args};
+    check("cuLaunchCooperativeKernelMultiDevice on one device",
+          cuLaunchCooperativeKernelMultiDevice(&lp, 1, 0), 0);
+    check("... with both no-sync flags", cuLaunchCooperativeKernelMultiDevice(&lp, 1, 3), 0);
+    check("... on two devices of a VM that has one", cuLaunchCooperativeKernelMultiDevice(&lp, 2, 0), 1);
+    check("... with an unknown flag", cuLaunchCooperativeKernelMultiDevice(&lp, 1, 4), 1);
+    cuStreamSynchronize(s);
+    cuMemcpyDtoH_v2(v, d, sizeof v);
+    int right = 1;
+    for (int i = 0; i < N; i++) right &= v[i] == (unsigned int)i * 3 + 2;
+    expect("both launches added one to every element", right);
+    cuStreamDestroy_v2(s);
+    cuMemFree_v2(d);
+    cuModuleUnload(m);
+}
+
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -1139,6 +1180,7 @@ int main(void) {
     legacy_launch();
     arrays();
     stream_contexts(ctx);
+    multi_device_launch();
     check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
     printf("# driver_api_ext: %d failed\n", failures);
     return failures;

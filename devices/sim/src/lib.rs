@@ -120,6 +120,7 @@ fn attributes(workers: usize) -> Vec<i32> {
         (attr::SURFACE_ALIGNMENT, 512),
         (attr::CONCURRENT_KERNELS, 1),
         (attr::COOPERATIVE_LAUNCH, 1),
+        (attr::COOPERATIVE_MULTI_DEVICE_LAUNCH, 1),
         (attr::MEMORY_CLOCK_RATE, 1_215_000),
         (attr::GLOBAL_MEMORY_BUS_WIDTH, 5120),
         (attr::L2_CACHE_SIZE, 40 << 20),

@@ -250,6 +250,8 @@ pub struct GlobalDesc {
     /// A `__managed__` variable (`.attribute(.managed)`): the guest process
     /// also reaches it through host memory, as managed memory.
     pub managed: bool,
+    /// A texture or surface reference's handle slot, not a variable of the program.
+    pub reference: Option<crate::texture::ReferenceKind>,
 }
 
 /// A loaded module. Dropping it unloads it and frees its globals.

@@ -27,6 +27,7 @@ use crate::limits::HandleBudget;
 use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
 use crate::tenant::{SessionInfo, Tenant};
+use crate::texture::ReferenceKind;
 use vgpu_config::limits::Budget;
 
 mod alloc_ext;
@@ -1635,6 +1636,15 @@ impl Session {
             }
             R::ModuleGetGlobal(m) => {
                 let g = self.module_global(m.ctx, m.module, &m.name)?;
+                if g.reference.is_some() {
+                    return Err(CuError::new(
+                        cuda::CUDA_ERROR_NOT_FOUND,
+                        format!(
+                            "{} is a texture or surface reference, not a variable",
+                            m.name
+                        ),
+                    ));
+                }
                 reply(
                     out,
                     msg::Range {
@@ -1645,7 +1655,12 @@ impl Session {
             }
             R::ModuleGetGlobalInfo(m) => {
                 let g = self.module_global(m.ctx, m.module, &m.name)?;
-                let flags = if g.managed { msg::GLOBAL_MANAGED } else { 0 };
+                let flags = match (g.managed, g.reference) {
+                    (true, _) => msg::GLOBAL_MANAGED,
+                    (false, Some(ReferenceKind::Texture)) => msg::GLOBAL_TEXREF,
+                    (false, Some(ReferenceKind::Surface)) => msg::GLOBAL_SURFREF,
+                    (false, None) => 0,
+                };
                 reply(
                     out,
                     msg::GlobalInfo {

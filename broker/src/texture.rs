@@ -41,6 +41,16 @@ pub fn channel_bytes(format: u32) -> Option<u64> {
     }
 }
 
+/// A module's texture or surface reference (CUDA 11's `texture<>` and `surface<>`): a slot in
+/// the module's globals holding the handle of the object it is bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReferenceKind {
+    /// `.global .texref`.
+    Texture,
+    /// `.global .surfref`.
+    Surface,
+}
+
 /// `CUaddress_mode`: wrap, clamp, mirror, border.
 pub const ADDRESS_MODES: u32 = 4;
 /// `CUfilter_mode`: point, linear.

@@ -11,6 +11,12 @@ use crate::wire::{DecodeError, Reader, Wire, Writer};
 
 /// [`GlobalInfo`] flag: a `__managed__` variable (`.attribute(.managed)`).
 pub const GLOBAL_MANAGED: u32 = 1 << 0;
+/// [`GlobalInfo`] flag: a texture reference's slot (`.global .texref`, CUDA 11's `texture<>`):
+/// 8 bytes holding the handle of the texture object it is bound to (0: unbound). Not a variable
+/// of the program (`cuModuleGetGlobal` does not find it).
+pub const GLOBAL_TEXREF: u32 = 1 << 1;
+/// [`GlobalInfo`] flag: a surface reference's slot (`.global .surfref`), as [`GLOBAL_TEXREF`].
+pub const GLOBAL_SURFREF: u32 = 1 << 2;
 
 /// The op may be sent with `FLAG_ASYNC` (no reply; errors surface later).
 pub const ASYNC_OK: u8 = 1 << 0;

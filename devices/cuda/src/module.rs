@@ -241,6 +241,7 @@ impl CudaModule {
                             addr,
                             size,
                             managed: v.managed,
+                            reference: None,
                         });
                     }
                 }

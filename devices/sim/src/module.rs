@@ -11,6 +11,7 @@ use vgpu_broker::device::{
     RunControl, Signal,
 };
 use vgpu_broker::devio::LaunchOutput;
+use vgpu_broker::texture::ReferenceKind;
 use vgpu_proto::cuda::{self, func_attr};
 use vgpu_ptx::{GlobalSpace, Launch, LaunchControl, LoadErrorKind, LoadWatch, Module, Progress};
 
@@ -213,6 +214,10 @@ impl SimModule {
                 addr,
                 size: g.size as u64,
                 managed: g.managed,
+                reference: g.reference.map(|r| match r {
+                    vgpu_ptx::texture::ReferenceKind::Texture => ReferenceKind::Texture,
+                    vgpu_ptx::texture::ReferenceKind::Surface => ReferenceKind::Surface,
+                }),
             });
         }
         let const_bytes: usize = module
@@ -304,6 +309,7 @@ impl SimModule {
                 size: v.size,
                 // A cubin's variables: whether one is managed is not read from the ELF.
                 managed: false,
+                reference: None,
             });
         }
         m.kernels = c

@@ -1792,6 +1792,7 @@ pub fn module_load(image: &[u8]) -> Result<u64, (CuResult, String)> {
 pub fn module_unload(m: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
+    crate::texrefs::module_gone(m);
     d.call(&msg::ModuleUnload { ctx: c, module: m }, &[])?;
     crate::alloc_api::module_gone(m);
     lock(&d.modules).remove(&m);
@@ -1873,6 +1874,10 @@ pub fn module_global(m: u64, name: &str) -> CuRes<(u64, u64, bool)> {
         }
         Err(e) => return Err(e),
     };
+    if flags & (msg::GLOBAL_TEXREF | msg::GLOBAL_SURFREF) != 0 {
+        // A texture or surface reference's slot: not a variable (`cuModuleGetTexRef` finds it).
+        return Err(cuda::CUDA_ERROR_NOT_FOUND);
+    }
     let managed = flags & msg::GLOBAL_MANAGED != 0;
     if managed {
         let len = usize::try_from(size).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
@@ -1881,6 +1886,29 @@ pub fn module_global(m: u64, name: &str) -> CuRes<(u64, u64, bool)> {
         lock(&d.device_ranges).insert(base, size);
     }
     Ok((base, size, managed))
+}
+
+/// The slot of module `m`'s texture (`surface` false) or surface reference `name`: its device
+/// address, where the handle of the object it is bound to goes.
+pub fn module_reference(m: u64, name: &str, surface: bool) -> CuRes<u64> {
+    let c = ctx()?;
+    let r = driver()?.call(
+        &msg::ModuleGetGlobalInfo {
+            ctx: c,
+            module: m,
+            name: name.to_string(),
+        },
+        &[],
+    )?;
+    let want = if surface {
+        msg::GLOBAL_SURFREF
+    } else {
+        msg::GLOBAL_TEXREF
+    };
+    if r.flags & want == 0 {
+        return Err(cuda::CUDA_ERROR_NOT_FOUND);
+    }
+    Ok(r.base)
 }
 
 /// The cached layout of a function.

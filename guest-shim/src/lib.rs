@@ -39,6 +39,7 @@ pub mod pointer;
 pub mod procaddr;
 pub mod stream_attrs;
 pub mod stream_capture;
+pub mod texrefs;
 pub mod textures;
 pub mod transport;
 pub mod user_objects;

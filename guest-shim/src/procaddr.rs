@@ -22,6 +22,7 @@ use crate::linker::*;
 use crate::peer::*;
 use crate::pointer::*;
 use crate::stream_capture::*;
+use crate::texrefs::*;
 use crate::textures::*;
 use crate::user_objects::*;
 
@@ -341,6 +342,79 @@ fn table() -> &'static [Entry] {
                 "cuDeviceGetTexture1DLinearMaxWidth",
                 (11010, f!(cuDeviceGetTexture1DLinearMaxWidth))
             ),
+            e!("cuModuleGetTexRef", (2000, f!(cuModuleGetTexRef))),
+            e!("cuModuleGetSurfRef", (3000, f!(cuModuleGetSurfRef))),
+            e!("cuTexRefSetArray", (2000, f!(cuTexRefSetArray))),
+            e!(
+                "cuTexRefSetAddress",
+                (2000, None),
+                (3020, f!(cuTexRefSetAddress_v2))
+            ),
+            e!(
+                "cuTexRefSetAddress2D",
+                (2020, None),
+                (3020, f!(cuTexRefSetAddress2D_v2)),
+                (4010, f!(cuTexRefSetAddress2D_v3))
+            ),
+            e!("cuTexRefSetFormat", (2000, f!(cuTexRefSetFormat))),
+            e!("cuTexRefSetAddressMode", (2000, f!(cuTexRefSetAddressMode))),
+            e!("cuTexRefSetFilterMode", (2000, f!(cuTexRefSetFilterMode))),
+            e!("cuTexRefSetFlags", (2000, f!(cuTexRefSetFlags))),
+            e!("cuTexRefSetBorderColor", (8000, f!(cuTexRefSetBorderColor))),
+            e!(
+                "cuTexRefSetMaxAnisotropy",
+                (5000, f!(cuTexRefSetMaxAnisotropy))
+            ),
+            e!(
+                "cuTexRefSetMipmapFilterMode",
+                (5000, f!(cuTexRefSetMipmapFilterMode))
+            ),
+            e!(
+                "cuTexRefSetMipmapLevelBias",
+                (5000, f!(cuTexRefSetMipmapLevelBias))
+            ),
+            e!(
+                "cuTexRefSetMipmapLevelClamp",
+                (5000, f!(cuTexRefSetMipmapLevelClamp))
+            ),
+            e!(
+                "cuTexRefSetMipmappedArray",
+                (5000, f!(cuTexRefSetMipmappedArray))
+            ),
+            e!(
+                "cuTexRefGetAddress",
+                (2000, None),
+                (3020, f!(cuTexRefGetAddress_v2))
+            ),
+            e!("cuTexRefGetArray", (2000, f!(cuTexRefGetArray))),
+            e!(
+                "cuTexRefGetMipmappedArray",
+                (5000, f!(cuTexRefGetMipmappedArray))
+            ),
+            e!("cuTexRefGetAddressMode", (2000, f!(cuTexRefGetAddressMode))),
+            e!("cuTexRefGetFilterMode", (2000, f!(cuTexRefGetFilterMode))),
+            e!("cuTexRefGetFormat", (2000, f!(cuTexRefGetFormat))),
+            e!("cuTexRefGetFlags", (2000, f!(cuTexRefGetFlags))),
+            e!("cuTexRefGetBorderColor", (8000, f!(cuTexRefGetBorderColor))),
+            e!(
+                "cuTexRefGetMaxAnisotropy",
+                (5000, f!(cuTexRefGetMaxAnisotropy))
+            ),
+            e!(
+                "cuTexRefGetMipmapFilterMode",
+                (5000, f!(cuTexRefGetMipmapFilterMode))
+            ),
+            e!(
+                "cuTexRefGetMipmapLevelBias",
+                (5000, f!(cuTexRefGetMipmapLevelBias))
+            ),
+            e!(
+                "cuTexRefGetMipmapLevelClamp",
+                (5000, f!(cuTexRefGetMipmapLevelClamp))
+            ),
+            e!("cuParamSetTexRef", (2000, f!(cuParamSetTexRef))),
+            e!("cuSurfRefSetArray", (3000, f!(cuSurfRefSetArray))),
+            e!("cuSurfRefGetArray", (3000, f!(cuSurfRefGetArray))),
             e!("cuTexObjectCreate", (5000, f!(cuTexObjectCreate))),
             e!("cuTexObjectDestroy", (5000, f!(cuTexObjectDestroy))),
             e!(

@@ -20,7 +20,7 @@ use crate::ffi::{CUresult, ffi};
 use crate::out;
 
 /// `CUresourcetype`.
-mod restype {
+pub(crate) mod restype {
     pub const ARRAY: u32 = 0;
     pub const MIPMAPPED_ARRAY: u32 = 1;
     pub const LINEAR: u32 = 2;
@@ -35,12 +35,12 @@ const RES_WORDS: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResourceDesc {
     pub res_type: u32,
-    pad: u32,
+    pub pad: u32,
     /// `array.hArray`; `linear`/`pitch2D`: `devPtr`, `format | numChannels << 32`,
     /// `sizeInBytes` or `width`, `height`, `pitchInBytes`.
     pub res: [u64; RES_WORDS],
     pub flags: u32,
-    pad2: u32,
+    pub pad2: u32,
 }
 
 /// `CUDA_RESOURCE_VIEW_DESC`.
@@ -264,7 +264,15 @@ fn tex_create(
     // SAFETY: NULL or the caller's CUDA_TEXTURE_DESC (CUDA contract).
     let tex = *unsafe { tex.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     check_view(view)?;
+    make_texture(res, tex, true)
+}
+
+/// Creates a texture object over `res` sampled as `tex`; `holds_array`: whether an array it
+/// names may not be destroyed while it lives (a program's own object; not one made for a
+/// texture reference, whose binding CUDA lets go stale).
+pub(crate) fn make_texture(res: ResourceDesc, tex: TextureDesc, holds_array: bool) -> CuRes<u64> {
     let (t, array_ptr) = texels(&res, false)?;
+    let array_ptr = array_ptr.filter(|_| holds_array);
     let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
     let handle = drv::driver()?
         .call(
@@ -309,7 +317,13 @@ fn tex_create(
 fn surf_create(res: *const ResourceDesc) -> CuRes<u64> {
     // SAFETY: NULL or the caller's descriptor (CUDA contract).
     let res = *unsafe { res.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    make_surface(res, true)
+}
+
+/// Creates a surface object over `res`; `holds_array` as for [`make_texture`].
+pub(crate) fn make_surface(res: ResourceDesc, holds_array: bool) -> CuRes<u64> {
     let (t, array_ptr) = texels(&res, true)?;
+    let array_ptr = array_ptr.filter(|_| holds_array);
     let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
     let handle = drv::driver()?
         .call(
@@ -350,7 +364,8 @@ fn object(handle: u64, surface: bool) -> CuRes<Object> {
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
 }
 
-fn destroy(handle: u64, surface: bool) -> CuRes<()> {
+/// Destroys a texture (or, `surface`, a surface) object.
+pub(crate) fn destroy(handle: u64, surface: bool) -> CuRes<()> {
     let o = object(handle, surface)?;
     let d = drv::driver()?;
     if surface {

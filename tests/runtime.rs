@@ -111,6 +111,13 @@ fn nvcc_programs_sample_textures_and_write_surfaces() {
     run_nvcc_program("textures", 29, ALL_RUNTIMES);
 }
 
+/// Texture and surface references (CUDA 11's `texture<>` and `surface<>`, gone from CUDA 12's
+/// runtime): bound to arrays, linear and pitched memory, rebound, queried.
+#[test]
+fn nvcc_programs_bind_texture_and_surface_references() {
+    run_nvcc_program("texrefs", 9, &["static", "shared"]);
+}
+
 #[test]
 fn nvcc_programs_run_streams_events_and_callbacks() {
     run_nvcc_program("streams", 30, ALL_RUNTIMES);

@@ -268,6 +268,26 @@ typedef struct {
 } CUDA_LAUNCH_PARAMS;
 CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *, unsigned, unsigned);
 
+typedef struct CUtexref_st *CUtexref;
+typedef struct CUsurfref_st *CUsurfref;
+CUresult cuModuleGetTexRef(CUtexref *, CUmodule, const char *);
+CUresult cuModuleGetSurfRef(CUsurfref *, CUmodule, const char *);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
+CUresult cuTexRefSetAddress_v2(size_t *, CUtexref, CUdeviceptr, size_t);
+CUresult cuTexRefSetFormat(CUtexref, int, int);
+CUresult cuTexRefGetFormat(int *, int *, CUtexref);
+CUresult cuTexRefSetAddressMode(CUtexref, int, int);
+CUresult cuTexRefGetAddressMode(int *, CUtexref, int);
+CUresult cuTexRefSetFilterMode(CUtexref, int);
+CUresult cuTexRefGetFilterMode(int *, CUtexref);
+CUresult cuTexRefSetFlags(CUtexref, unsigned);
+CUresult cuTexRefGetFlags(unsigned *, CUtexref);
+CUresult cuTexRefSetBorderColor(CUtexref, float *);
+CUresult cuTexRefGetBorderColor(float *, CUtexref);
+CUresult cuTexRefGetAddress_v2(CUdeviceptr *, CUtexref);
+CUresult cuTexRefSetArray(CUtexref, CUarray, unsigned);
+CUresult cuParamSetTexRef(CUfunction, int, CUtexref);
+
 static void check(const char *what, CUresult got, CUresult want) {
     if (got == want) {
         printf("ok %s\n", what);
@@ -1163,6 +1183,89 @@ static void multi_device_launch(void) {
     cuModuleUnload(m);
 }
 
+/* A texture reference (CUDA 11's texture<>) through the driver API: found by name, its state
+ * set and read back, bound to linear memory and fetched by a kernel, rebound, refusals. */
+static const char TEXREF_MODULE[] =
+    ".version 7.0\n"
+    ".target sm_52\n"
+    ".address_size 64\n"
+    ".global .texref t;\n"
+    ".visible .entry fetch(.param .u64 out)\n"
+    "{\n"
+    "  .reg .b32 %r<6>; .reg .b64 %rd<6>;\n"
+    "  ld.param.u64 %rd1, [out]; mov.u32 %r1, %tid.x;\n"
+    "  tex.1d.v4.s32.s32 {%r2, %r3, %r4, %r5}, [t, {%r1}];\n"
+    "  cvta.to.global.u64 %rd3, %rd1; mul.wide.u32 %rd4, %r1, 4; add.s64 %rd5, %rd3, %rd4;\n"
+    "  st.global.u32 [%rd5], %r2;\n"
+    "  ret;\n"
+    "}\n";
+
+static void texture_references(void) {
+    const int INVALID_VALUE = 1, NOT_FOUND = 500;
+    CUmodule m;
+    CUfunction fetch;
+    check("load a module with a texture reference", cuModuleLoadData(&m, TEXREF_MODULE), 0);
+    cuModuleGetFunction(&fetch, m, "fetch");
+    CUtexref t = NULL, again = NULL;
+    check("cuModuleGetTexRef", cuModuleGetTexRef(&t, m, "t"), 0);
+    check("cuModuleGetTexRef again", cuModuleGetTexRef(&again, m, "t"), 0);
+    expect("one reference, one handle", t != NULL && t == again);
+    CUsurfref sr = NULL;
+    check("cuModuleGetSurfRef of a texture reference", cuModuleGetSurfRef(&sr, m, "t"), NOT_FOUND);
+    check("cuModuleGetTexRef of no such name", cuModuleGetTexRef(&again, m, "missing"), NOT_FOUND);
+    CUdeviceptr g;
+    size_t gs;
+    check("cuModuleGetGlobal of a reference", cuModuleGetGlobal_v2(&g, &gs, m, "t"), NOT_FOUND);
+    enum { S32 = 0x0a, N = 32 };
+    check("cuTexRefSetFormat", cuTexRefSetFormat(t, S32, 1), 0);
+    check("cuTexRefSetFormat of three channels", cuTexRefSetFormat(t, S32, 3), INVALID_VALUE);
+    check("cuTexRefSetAddressMode", cuTexRefSetAddressMode(t, 0, 3), 0);
+    check("cuTexRefSetAddressMode of dimension 3", cuTexRefSetAddressMode(t, 3, 1), INVALID_VALUE);
+    check("cuTexRefSetFilterMode", cuTexRefSetFilterMode(t, 0), 0);
+    check("cuTexRefSetFlags", cuTexRefSetFlags(t, 1), 0);
+    float border[4] = {1, 2, 3, 4}, bback[4] = {0};
+    check("cuTexRefSetBorderColor", cuTexRefSetBorderColor(t, border), 0);
+    int fmt = 0, ch = 0, am = 0, fm = 9;
+    unsigned fl = 0;
+    cuTexRefGetFormat(&fmt, &ch, t);
+    cuTexRefGetAddressMode(&am, t, 0);
+    cuTexRefGetFilterMode(&fm, t);
+    cuTexRefGetFlags(&fl, t);
+    cuTexRefGetBorderColor(bback, t);
+    expect("a reference's state reads back",
+           fmt == S32 && ch == 1 && am == 3 && fm == 0 && fl == 1 && bback[3] == 4);
+    CUdeviceptr addr;
+    check("cuTexRefGetAddress of an unbound reference", cuTexRefGetAddress_v2(&addr, t), INVALID_VALUE);
+    int vals[N], got[N];
+    for (int i = 0; i < N; i++) vals[i] = 7 * i + 1;
+    CUdeviceptr d, out;
+    cuMemAlloc_v2(&d, sizeof vals);
+    cuMemAlloc_v2(&out, sizeof got);
+    cuMemcpyHtoD_v2(d, vals, sizeof vals);
+    size_t offset = 9;
+    check("cuTexRefSetAddress", cuTexRefSetAddress_v2(&offset, t, d, sizeof vals), 0);
+    check("cuTexRefGetAddress", cuTexRefGetAddress_v2(&addr, t), 0);
+    expect("bound at the pointer, no offset", addr == d && offset == 0);
+    check("cuParamSetTexRef of the default unit", cuParamSetTexRef(fetch, -1, t), 0);
+    check("cuParamSetTexRef of unit 0", cuParamSetTexRef(fetch, 0, t), INVALID_VALUE);
+    void *args[] = {&out};
+    check("launch a kernel that fetches through the reference",
+          cuLaunchKernel(fetch, 1, 1, 1, N, 1, 1, 0, NULL, args, NULL), 0);
+    cuMemcpyDtoH_v2(got, out, sizeof got);
+    expect("the kernel read the bound memory", !memcmp(got, vals, sizeof vals));
+    for (int i = 0; i < N; i++) vals[i] = -i;
+    cuMemcpyHtoD_v2(out, vals, sizeof vals);
+    check("rebind to other memory", cuTexRefSetAddress_v2(&offset, t, out, sizeof vals), 0);
+    check("launch again", cuLaunchKernel(fetch, 1, 1, 1, N, 1, 1, 0, NULL, (void *[]){&d}, NULL), 0);
+    cuMemcpyDtoH_v2(got, d, sizeof got);
+    expect("the kernel read the newly bound memory", !memcmp(got, vals, sizeof vals));
+    check("cuTexRefSetArray without OVERRIDE_FORMAT", cuTexRefSetArray(t, NULL, 0), INVALID_VALUE);
+    check("cuModuleUnload", cuModuleUnload(m), 0);
+    check("a reference of an unloaded module", cuTexRefSetFlags(t, 0), 400);
+    cuMemFree_v2(d);
+    cuMemFree_v2(out);
+}
+
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -1181,6 +1284,7 @@ int main(void) {
     arrays();
     stream_contexts(ctx);
     multi_device_launch();
+    texture_references();
     check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
     printf("# driver_api_ext: %d failed\n", failures);
     return failures;

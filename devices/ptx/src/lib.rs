@@ -155,6 +155,10 @@ pub struct GlobalVar {
     pub init: Vec<u8>,
     /// Declared `.attribute(.managed)` (`__managed__`).
     pub managed: bool,
+    /// `Some` for a texture or surface reference (`.global .texref`/`.surfref`): an 8-byte
+    /// `.global` variable where the driver stores the handle of the bound texture or surface
+    /// object (0 when unbound). `None` for ordinary variables.
+    pub reference: Option<texture::ReferenceKind>,
 }
 
 /// A loaded module: parsed and pre-decoded PTX. Immutable, so it can be shared by launches on

@@ -10,6 +10,44 @@
 //! Texels are laid out linearly: texel `(x, y, z)` of layer `l` lives at
 //! `base + (l + z) * slice_pitch + y * pitch + x * texel_bytes`, so CUDA arrays (which the
 //! simulated GPU stores row by row), pitched 2-D memory and linear memory share one layout.
+//!
+//! A kernel may also name the object through a texture or surface *reference* (CUDA 11's
+//! `texture<>`/`surface<>` templates: `.global .texref NAME;`, `.global .surfref NAME;`). Each
+//! reference is an 8-byte module variable ([`crate::GlobalVar::reference`]) in which the driver
+//! stores the handle of the object it is bound to (0 when unbound); `tex`, `tld4`, `txq`, `suld`,
+//! `sust` and `suq` read the handle from there through checked global memory, then proceed as
+//! with a handle in a register.
+
+/// What a module-scope texture or surface reference variable names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReferenceKind {
+    /// `.texref`: holds a texture object handle; `tex`, `tld4` and `txq` take it.
+    Texture,
+    /// `.surfref`: holds a surface object handle; `suld`, `sust` and `suq` take it.
+    Surface,
+}
+
+impl ReferenceKind {
+    /// Bytes of the variable that holds the bound handle.
+    pub const HANDLE_BYTES: usize = 8;
+
+    /// The kind a PTX variable type names (`texref`, `surfref`), if any.
+    pub(crate) fn parse(ty: &str) -> Option<ReferenceKind> {
+        match ty {
+            "texref" => Some(ReferenceKind::Texture),
+            "surfref" => Some(ReferenceKind::Surface),
+            _ => None,
+        }
+    }
+
+    /// The PTX spelling of the variable type.
+    pub(crate) fn directive(self) -> &'static str {
+        match self {
+            ReferenceKind::Texture => ".texref",
+            ReferenceKind::Surface => ".surfref",
+        }
+    }
+}
 
 /// The type of each channel of a texel (`CUarray_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

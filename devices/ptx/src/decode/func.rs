@@ -75,6 +75,7 @@ pub(super) fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Fu
         shared_refs: Vec::new(),
         sink: 0,
         line: f.line,
+        guard: (NONE, false),
     };
     cx.sink = cx.new_reg()?;
     // Labels are function-wide: collect them first so that forward branches resolve.
@@ -272,6 +273,12 @@ impl FnCtx<'_> {
                 let id = new_shared(self.m, v)?;
                 self.bind(&v.name, Name::Shared(id));
             }
+            _ if v.ty == "samplerref" || ReferenceKind::parse(&v.ty).is_some() => {
+                return Err(LoadError::invalid(
+                    v.line,
+                    format!("reference `{}` declared inside a function", v.name),
+                ));
+            }
             VarSpace::Global | VarSpace::Const => {
                 // Function-scope statics are module variables with function-local names.
                 let (size, init) = global_image(v)?;
@@ -287,6 +294,7 @@ impl FnCtx<'_> {
                     align: var_align(v)? as usize,
                     init,
                     managed: v.managed,
+                    reference: None,
                 });
                 self.bind(&v.name, Name::Global(idx));
             }
@@ -603,6 +611,8 @@ impl FnCtx<'_> {
                 _ => return Err(self.err(format!("guard `{name}` is not a predicate"))),
             },
         };
+        // Helper instructions `select` pushes ahead of the selected one share its guard.
+        self.guard = (guard, guard_neg);
         let op = self.select(ins)?;
         if let Some(op) = op {
             if let Op::Bra { .. } = op {

@@ -10,6 +10,7 @@ use crate::ir::*;
 use crate::parser::{
     Ast, FuncDecl, Init, Instr, Item, Lit, Operand, RegName, Stmt, VarDecl, VarSpace,
 };
+use crate::texture::ReferenceKind;
 use crate::watch::Ticker;
 use crate::{GlobalSpace, GlobalVar, KernelInfo, ParamInfo};
 
@@ -205,6 +206,8 @@ struct FnCtx<'m> {
     shared_refs: Vec<u32>,
     sink: Reg,
     line: usize,
+    /// Guard of the instruction being decoded (`NONE` when unguarded).
+    guard: (Pred, bool),
 }
 
 /// A resolved memory operand.

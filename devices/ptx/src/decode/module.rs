@@ -17,6 +17,39 @@ pub(super) fn var_elem(v: &VarDecl) -> Result<(Ty, u64), LoadError> {
     Ok((ty, ty.bytes() as u64 * u64::from(v.vec)))
 }
 
+/// The kind of a texture or surface reference declaration (`.global .texref NAME;`,
+/// `.global .surfref NAME;`), `None` for any other variable. References must be plain
+/// module-scope `.global` scalars; `.samplerref` (independent samplers) is not supported.
+pub(super) fn reference_kind(v: &VarDecl) -> Result<Option<ReferenceKind>, LoadError> {
+    if v.ty == "samplerref" {
+        return Err(LoadError::unsupported(
+            v.line,
+            format!("sampler reference `{}` (`.samplerref`)", v.name),
+        ));
+    }
+    let Some(kind) = ReferenceKind::parse(&v.ty) else {
+        return Ok(None);
+    };
+    if v.is_extern {
+        return Err(LoadError::unsupported(
+            v.line,
+            format!("external reference `{}` (no linker)", v.name),
+        ));
+    }
+    if v.space != VarSpace::Global || v.vec != 1 || !v.dims.is_empty() || v.init.is_some() {
+        return Err(LoadError::invalid(
+            v.line,
+            format!(
+                "`{}` must be declared as `.global {} {};`",
+                v.name,
+                kind.directive(),
+                v.name
+            ),
+        ));
+    }
+    Ok(Some(kind))
+}
+
 pub(super) fn var_size(v: &VarDecl) -> Result<Option<u64>, LoadError> {
     let (_, elem) = var_elem(v)?;
     let mut n = elem;
@@ -302,6 +335,20 @@ pub(super) fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadE
             format!("`{}` is already defined", v.name),
         ));
     }
+    if let Some(kind) = reference_kind(v)? {
+        let idx = m.globals.len() as u32;
+        m.globals.push(GlobalVar {
+            name: v.name.clone(),
+            space: GlobalSpace::Global,
+            size: ReferenceKind::HANDLE_BYTES,
+            align: ReferenceKind::HANDLE_BYTES,
+            init: Vec::new(),
+            managed: false,
+            reference: Some(kind),
+        });
+        m.names.insert(v.name.clone(), Name::Global(idx));
+        return Ok(());
+    }
     match v.space {
         VarSpace::Global | VarSpace::Const => {
             if v.is_extern {
@@ -323,6 +370,7 @@ pub(super) fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadE
                 align: var_align(v)? as usize,
                 init,
                 managed: v.managed,
+                reference: None,
             });
             m.names.insert(v.name.clone(), Name::Global(idx));
         }

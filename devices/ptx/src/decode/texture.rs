@@ -1,12 +1,15 @@
 //! Texture and surface instructions: `tex`, `tld4`, `txq`, `suld.b`, `sust.b` and `suq`.
 //!
 //! Supported geometries are `.1d`, `.2d`, `.3d`, `.a1d` and `.a2d` (`tld4`: `.2d` and `.a2d`)
-//! with texture object handles in registers. Cube maps, multisample textures, `tex.level`,
+//! with texture object handles in registers or read from texture and surface references
+//! (`.global .texref`/`.surfref` variables holding the bound handle: the instruction is preceded
+//! by an 8-byte `ld.global` of the handle into a temporary register, under the same guard). Cube
+//! maps, multisample textures, `tex.level`,
 //! `tex.grad`, explicit samplers, the residency predicate and formatted `sust.p` are refused
 //! at load as unsupported instructions.
 
 use super::*;
-use crate::texture::SurfaceClamp;
+use crate::texture::{ReferenceKind, SurfaceClamp};
 
 /// Components `tld4` may gather, in channel order.
 const GATHER_COMPONENTS: [&str; 4] = ["r", "g", "b", "a"];
@@ -19,6 +22,55 @@ impl FnCtx<'_> {
             .ok_or_else(|| unsupported(ins))
     }
 
+    /// The register holding the object handle that `name` gives an instruction wanting a `kind`
+    /// object: `name` itself when it is a register; for a reference of that kind, a temporary
+    /// loaded from the reference's variable (`ld.global.u64`) just before the instruction.
+    fn handle(&mut self, ins: &Instr, name: &str, kind: ReferenceKind) -> DResult<Reg> {
+        let what = match kind {
+            ReferenceKind::Texture => "texture",
+            ReferenceKind::Surface => "surface",
+        };
+        let n = self.lookup(name);
+        let reference = match n {
+            Some(Name::Reg(r)) => return Ok(r),
+            Some(Name::Global(idx)) => self.m.globals[idx as usize].reference,
+            None => return Err(self.err(format!("undefined name `{name}`"))),
+            Some(_) => None,
+        };
+        match (n, reference) {
+            (Some(n), Some(k)) if k == kind => {
+                let base = self.addr_of(n, 0, false, name)?;
+                let t = self.new_reg()?;
+                let sink = self.sink;
+                let (guard, neg) = self.guard;
+                self.push(
+                    Op::Ld {
+                        space: Space::Global,
+                        bytes: ReferenceKind::HANDLE_BYTES as u8,
+                        sext: false,
+                        n: 1,
+                        d: [t, sink, sink, sink],
+                        base,
+                        off: 0,
+                        ord: MemOrd::Relaxed,
+                    },
+                    guard,
+                    neg,
+                );
+                Ok(t)
+            }
+            (_, Some(k)) => Err(self.err(format!(
+                "`{}` needs a {what} reference, but `{name}` is a `{}`",
+                ins.opcode,
+                k.directive()
+            ))),
+            (_, None) => Err(self.err(format!(
+                "`{name}` is neither a register holding a {what} handle nor a `{}` variable",
+                kind.directive()
+            ))),
+        }
+    }
+
     /// The handle and coordinates of `[handle, {coords}]`: (handle, x/y/z, layer).
     fn tex_operand(
         &mut self,
@@ -26,16 +78,13 @@ impl FnCtx<'_> {
         op: &Operand,
         geom: Geom,
         cty: Ty,
+        kind: ReferenceKind,
     ) -> DResult<(Reg, [Reg; 3], Reg)> {
         let Operand::Tex(name, rest) = op else {
             return Err(self.err("expected a texture or surface operand `[handle, {...}]`"));
         };
         // `[handle, sampler, coords]` names a separate sampler (unified mode only).
         let [coords] = rest.as_slice() else {
-            return Err(unsupported(ins));
-        };
-        // A handle in a register; `.texref`/`.surfref` variables are refused at their declaration.
-        let Some(Name::Reg(handle)) = self.lookup(name) else {
             return Err(unsupported(ins));
         };
         let items: Vec<Operand> = match coords {
@@ -55,6 +104,8 @@ impl FnCtx<'_> {
         for (a, r) in c.iter_mut().enumerate().take(geom.axes()) {
             *r = self.val(&items[first + a], cty)?;
         }
+        // Resolved last, so that the handle load directly precedes the instruction.
+        let handle = self.handle(ins, name, kind)?;
         Ok((handle, c, layer))
     }
 
@@ -95,7 +146,8 @@ impl FnCtx<'_> {
         if n != 4 {
             return Err(self.err("vector size does not match the destination list"));
         }
-        let (handle, c, layer) = self.tex_operand(ins, &o[1], geom, *cty)?;
+        let (handle, c, layer) =
+            self.tex_operand(ins, &o[1], geom, *cty, ReferenceKind::Texture)?;
         Ok(Op::Tex(Box::new(TexOp {
             gather,
             signed: *dty == Ty::S32,
@@ -142,7 +194,8 @@ impl FnCtx<'_> {
         if n != n_vec {
             return Err(self.err("vector size does not match the register list"));
         }
-        let (handle, c, layer) = self.tex_operand(ins, at, geom, Ty::S32)?;
+        let kind = ReferenceKind::Surface;
+        let (handle, c, layer) = self.tex_operand(ins, at, geom, Ty::S32, kind)?;
         let s = Box::new(SurfOp {
             bytes: ty.bytes() as u8,
             n,
@@ -189,9 +242,15 @@ impl FnCtx<'_> {
         }
         let o = self.ops(ins, 2)?;
         let d = self.dst(&o[0])?;
-        let handle = match self.address(&o[1], Space::Global)? {
-            Addr::Reg(r, 0) => r,
-            _ => return Err(unsupported(ins)),
+        let kind = if surface {
+            ReferenceKind::Surface
+        } else {
+            ReferenceKind::Texture
+        };
+        let handle = match &o[1] {
+            Operand::Addr(Some(name), 0) => self.handle(ins, name, kind)?,
+            Operand::Addr(..) => return Err(unsupported(ins)),
+            _ => return Err(self.err("expected a texture or surface operand `[handle]`")),
         };
         Ok(Op::Txq {
             q,

@@ -12,5 +12,6 @@ mod half;
 mod intops;
 mod launch;
 mod memory;
+mod texref;
 mod texture;
 mod warp;

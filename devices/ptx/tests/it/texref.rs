@@ -309,3 +309,57 @@ fn malformed_reference_declarations_are_refused() {
         assert_eq!(e.kind, kind, "{decl}: {e}");
     }
 }
+
+#[test]
+fn tex3d_and_layered_through_references() {
+    let (w, h, d) = (4u64, 3u64, 2u64);
+    let texels: Vec<f32> = (0..w * h * d).map(|i| i as f32 + 0.5).collect();
+    for arch in REF_ARCHS {
+        let m = module(arch);
+        let mem = TestMemory::new();
+        let base = mem.alloc_from(&texels);
+        let mut cube = layout(base, ChannelFormat::F32, 1, 3, w, h);
+        cube.depth = d;
+        mem.add_texture(
+            TEX,
+            TextureView {
+                layout: cube,
+                sampler: point(),
+            },
+        );
+        let mut layers = layout(base, ChannelFormat::F32, 1, 2, w, h);
+        layers.layers = d;
+        mem.add_texture(
+            TEX + 1,
+            TextureView {
+                layout: layers,
+                sampler: point(),
+            },
+        );
+        let out = mem.alloc(8);
+        let g = bind(&m, &mem, "tex3", TEX);
+        let i = m.globals().iter().position(|v| v.name == "texl").unwrap();
+        mem.write(g[i], &[TEX + 1]);
+        let at = |x: u64, y: u64, z: u64| texels[(z * h * w + y * w + x) as usize];
+        run(
+            &m,
+            "ref_sample3d",
+            &grid(1, 1),
+            &[Arg::U64(out), Arg::F32(2.5), Arg::F32(1.5), Arg::F32(1.5)],
+            &mem,
+            &g,
+        )
+        .unwrap_or_else(|f| panic!("{arch}: {f}"));
+        assert_eq!(mem.read::<f32>(out, 1), [at(2, 1, 1)], "{arch}");
+        run(
+            &m,
+            "ref_layered",
+            &grid(1, 1),
+            &[Arg::U64(out + 4), Arg::F32(3.5), Arg::F32(2.5), Arg::I32(1)],
+            &mem,
+            &g,
+        )
+        .unwrap_or_else(|f| panic!("{arch}: {f}"));
+        assert_eq!(mem.read::<f32>(out + 4, 1), [at(3, 2, 1)], "{arch}");
+    }
+}

@@ -12,6 +12,14 @@ pub(super) fn align_up(v: u64, a: u64) -> u64 {
 }
 
 pub(super) fn var_elem(v: &VarDecl) -> Result<(Ty, u64), LoadError> {
+    // Module-scope `.global` references are handled before sizes are asked for; anywhere else
+    // (kernel or function parameters of reference type) they are not supported.
+    if v.ty == "samplerref" || ReferenceKind::parse(&v.ty).is_some() {
+        return Err(LoadError::unsupported(
+            v.line,
+            format!("`.{}` variable `{}` outside module scope", v.ty, v.name),
+        ));
+    }
     let ty = Ty::parse(&v.ty)
         .ok_or_else(|| LoadError::invalid(v.line, format!("unknown type `.{}`", v.ty)))?;
     Ok((ty, ty.bytes() as u64 * u64::from(v.vec)))

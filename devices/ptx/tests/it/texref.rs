@@ -304,6 +304,12 @@ fn malformed_reference_declarations_are_refused() {
             ".visible .entry k()\n{\n.global .texref t;\nret;\n}",
             LoadErrorKind::InvalidPtx,
         ),
+        (".texref t;", LoadErrorKind::NotSupported),
+        (".tex .u64 t;", LoadErrorKind::NotSupported),
+        (
+            ".visible .entry k(.param .texref t)\n{\nret;\n}",
+            LoadErrorKind::NotSupported,
+        ),
     ] {
         let e = Module::load(&format!("{head}{decl}\n")).unwrap_err();
         assert_eq!(e.kind, kind, "{decl}: {e}");

@@ -115,7 +115,7 @@ fn nvcc_programs_sample_textures_and_write_surfaces() {
 /// runtime): bound to arrays, linear and pitched memory, rebound, queried.
 #[test]
 fn nvcc_programs_bind_texture_and_surface_references() {
-    run_nvcc_program("texrefs", 9, &["static", "shared"]);
+    run_nvcc_program("texrefs", 10, &["static", "shared"]);
 }
 
 #[test]

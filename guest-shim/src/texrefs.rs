@@ -317,7 +317,9 @@ pub unsafe extern "C" fn cuTexRefSetArray(
     flags: c_uint,
 ) -> CUresult {
     ffi("cuTexRefSetArray", || {
-        if flags != TRSA_OVERRIDE_FORMAT {
+        // CUDA documents `CU_TRSA_OVERRIDE_FORMAT`; its runtime passes 0. Either way the
+        // array's texels are sampled in the array's format.
+        if flags & !TRSA_OVERRIDE_FORMAT != 0 {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         let a = arrays::get(h(array))?;

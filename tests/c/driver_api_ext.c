@@ -1259,7 +1259,7 @@ static void texture_references(void) {
     check("launch again", cuLaunchKernel(fetch, 1, 1, 1, N, 1, 1, 0, NULL, (void *[]){&d}, NULL), 0);
     cuMemcpyDtoH_v2(got, d, sizeof got);
     expect("the kernel read the newly bound memory", !memcmp(got, vals, sizeof vals));
-    check("cuTexRefSetArray without OVERRIDE_FORMAT", cuTexRefSetArray(t, NULL, 0), INVALID_VALUE);
+    check("cuTexRefSetArray with an unknown flag", cuTexRefSetArray(t, NULL, 2), INVALID_VALUE);
     check("cuModuleUnload", cuModuleUnload(m), 0);
     check("a reference of an unloaded module", cuTexRefSetFlags(t, 0), 400);
     cuMemFree_v2(d);

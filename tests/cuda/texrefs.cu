@@ -86,8 +86,10 @@ int main()
         cudaChannelFormatDesc d;
         CUDA_OK(cudaGetChannelDesc(&d, arr));
         size_t offset = 1;
-        CUDA_OK(cudaGetTextureAlignmentOffset(&offset, &tex_array));
-        CHECK("the runtime finds the reference", ref != nullptr && offset == 0, "offset %zu", offset);
+        cudaError_t e = cudaGetTextureAlignmentOffset(&offset, &tex_array);
+        CHECK("the runtime finds the reference, bound to an array, not a pointer",
+              ref != nullptr && e == cudaErrorInvalidTextureBinding, "%s", cudaGetErrorName(e));
+        cudaGetLastError();
     }
 
     // ---- linear memory, from an unaligned pointer -------------------------------
@@ -117,6 +119,9 @@ int main()
         for (int i = 0; i < N - 8; ++i) same &= got[i] == vals[i + 8];
         CHECK("an unaligned binding's offset reaches the right elements", same, "offset %zu got[0] %d",
               offset, got[0]);
+        size_t asked = 0;
+        CUDA_OK(cudaGetTextureAlignmentOffset(&asked, &tex_linear));
+        CHECK("cudaGetTextureAlignmentOffset reports the binding's offset", asked == offset, "%zu", asked);
         // Rebound to other memory: the next launch reads it.
         int other[N];
         for (int i = 0; i < N; ++i) other[i] = -i;

@@ -649,6 +649,14 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuDeviceGraphMemTrim", (11040, f!(cuDeviceGraphMemTrim))),
             e!(
+                "cuDeviceGetGraphMemAttribute",
+                (11040, f!(cuDeviceGetGraphMemAttribute))
+            ),
+            e!(
+                "cuDeviceSetGraphMemAttribute",
+                (11040, f!(cuDeviceSetGraphMemAttribute))
+            ),
+            e!(
                 "cuGraphInstantiate",
                 (10000, f!(cuGraphInstantiate)),
                 (11000, f!(cuGraphInstantiate_v2)),

@@ -9,6 +9,11 @@
 
 use crate::wire::{DecodeError, Reader, Wire, Writer};
 
+/// [`GraphMemAttributes`] reset bit: the high watermark of used graph memory.
+pub const GRAPH_MEM_RESET_USED_HIGH: u32 = 1 << 0;
+/// [`GraphMemAttributes`] reset bit: the high watermark of reserved graph memory.
+pub const GRAPH_MEM_RESET_RESERVED_HIGH: u32 = 1 << 1;
+
 /// [`GlobalInfo`] flag: a `__managed__` variable (`.attribute(.managed)`).
 pub const GLOBAL_MANAGED: u32 = 1 << 0;
 /// [`GlobalInfo`] flag: a texture reference's slot (`.global .texref`, CUDA 11's `texture<>`):
@@ -278,6 +283,10 @@ wire_structs! {
     /// A graph memory free node ([`crate::graph::MEM_FREE_NODE`]): unmaps and uncharges the
     /// graph allocation at `ptr` once the work before it is done.
     pub struct GraphMemFreeNode { pub ptr: u64 }
+    /// A process's graph memory: bytes mapped now for graph allocations (vgpud keeps no cache,
+    /// so they are also the bytes reserved), and the high watermarks of used and reserved
+    /// bytes since each was last reset.
+    pub struct GraphMemUse { pub used: u64, pub used_high: u64, pub reserved_high: u64 }
 }
 
 ops! {
@@ -614,6 +623,11 @@ ops! {
     GraphLaunch = 0x0902 => Empty, ASYNC_OK, "cuGraphLaunch" { ctx: u64, stream: u64, exec: u64 }
     /// Destroys an executable graph (launches already sent still run).
     GraphExecDestroy = 0x0903 => Empty, 0, "cuGraphExecDestroy" { ctx: u64, exec: u64 }
+    /// This process's graph memory; `reset` bits [`GRAPH_MEM_RESET_USED_HIGH`] and
+    /// [`GRAPH_MEM_RESET_RESERVED_HIGH`] set those watermarks to 0 first.
+    GraphMemAttributes = 0x0904 => GraphMemUse, 0, "cuDeviceGetGraphMemAttribute, cuDeviceSetGraphMemAttribute" {
+        device: u32, reset: u32,
+    }
 
     /// Creates a texture object over `[base, ...)` in the context's memory: texels of
     /// `channels` channels of `format` (`CUarray_format`), `dims` (1, 2 or 3) dimensions of

@@ -262,6 +262,9 @@ CUresult cuGraphRetainUserObject(CUgraph, CUuserObject, unsigned int, unsigned i
 CUresult cuGraphReleaseUserObject(CUgraph, CUuserObject, unsigned int);
 CUresult cuGraphClone(CUgraph *, CUgraph);
 
+CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
+CUresult cuDeviceSetGraphMemAttribute(CUdevice, int, void *);
+
 static void check(const char *what, CUresult got, CUresult want) {
     if (got == want) {
         printf("ok %s\n", what);
@@ -1164,9 +1167,24 @@ static void mode_mem(size_t slice) {
     check("launch", cuGraphLaunch(e2, s), 0);
     check("sync", cuStreamSynchronize(s), 0);
     expect("the allocation is charged to the slice", before - free_mem() == size);
+    unsigned long long used = 0, high = 0, reserved = 0, zero = 0;
+    check("cuDeviceGetGraphMemAttribute (used now)", cuDeviceGetGraphMemAttribute(0, 0, &used), 0);
+    check("cuDeviceGetGraphMemAttribute (used high)", cuDeviceGetGraphMemAttribute(0, 1, &high), 0);
+    check("cuDeviceGetGraphMemAttribute (reserved now)", cuDeviceGetGraphMemAttribute(0, 2, &reserved), 0);
+    expect("graph memory in use is the mapped allocation", used == size && reserved == size && high >= size);
     check("relaunch before the free", cuGraphLaunch(e2, s), 1);
     check("free the graph's allocation", cuMemFree_v2(ap2.dptr), 0);
     expect("freed: uncharged", free_mem() == before);
+    cuDeviceGetGraphMemAttribute(0, 0, &used);
+    cuDeviceGetGraphMemAttribute(0, 1, &high);
+    expect("freed: none in use, the high watermark stays", used == 0 && high >= size);
+    check("reset the used high watermark", cuDeviceSetGraphMemAttribute(0, 1, &zero), 0);
+    cuDeviceGetGraphMemAttribute(0, 1, &high);
+    expect("reset to zero", high == 0);
+    unsigned long long one = 1;
+    check("a watermark set to anything but 0", cuDeviceSetGraphMemAttribute(0, 3, &one), 1);
+    check("the current use cannot be set", cuDeviceSetGraphMemAttribute(0, 0, &zero), 1);
+    check("an attribute CUDA does not have", cuDeviceGetGraphMemAttribute(0, 7, &used), 1);
     check("launch after the free", cuGraphLaunch(e2, s), 0);
     check("free async", cuMemFreeAsync(ap2.dptr, s), 0);
     check("sync", cuStreamSynchronize(s), 0);

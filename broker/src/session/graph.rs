@@ -170,6 +170,10 @@ pub(super) struct Graphs {
     bytes: usize,
     /// Graph allocations mapped now: address → size.
     mapped: std::collections::BTreeMap<u64, u64>,
+    /// High watermarks of graph memory used and reserved (the same bytes: nothing is cached)
+    /// since each was last reset (`cuDeviceSetGraphMemAttribute`).
+    used_high: u64,
+    reserved_high: u64,
     /// The VM's budgets, charged `bytes` (`limits.graph_bytes`).
     vm: Option<Arc<LimitUse>>,
     /// While a launch replays a node: the lane of the node's branch, which the node's request
@@ -188,6 +192,8 @@ impl Default for Graphs {
             execs: HandleTable::new(HandleKind::GraphExec),
             bytes: 0,
             mapped: Default::default(),
+            used_high: 0,
+            reserved_high: 0,
             vm: None,
             route: None,
             chains_probed: false,
@@ -261,6 +267,22 @@ impl Session {
             Request::GraphLaunch(m) => self
                 .graph_launch(m)
                 .and_then(|()| reply(out, msg::Empty {})),
+            Request::GraphMemAttributes(m) => self.check_device(m.device).and_then(|()| {
+                if m.reset & msg::GRAPH_MEM_RESET_USED_HIGH != 0 {
+                    self.graphs.used_high = 0;
+                }
+                if m.reset & msg::GRAPH_MEM_RESET_RESERVED_HIGH != 0 {
+                    self.graphs.reserved_high = 0;
+                }
+                reply(
+                    out,
+                    msg::GraphMemUse {
+                        used: self.graph_mem_used(),
+                        used_high: self.graphs.used_high,
+                        reserved_high: self.graphs.reserved_high,
+                    },
+                )
+            }),
             Request::GraphExecDestroy(m) => self.ctx(m.ctx).map(drop).and_then(|()| {
                 let g = self.graphs.execs.remove(m.exec).ok_or_else(|| {
                     CuError::invalid_value(format!(
@@ -699,7 +721,21 @@ impl Session {
         );
         mapped.and(released)?;
         self.graphs.mapped.insert(ptr, size);
+        let used = self.graph_mem_used();
+        self.graphs.used_high = self.graphs.used_high.max(used);
+        self.graphs.reserved_high = self.graphs.reserved_high.max(used);
         Ok(())
+    }
+
+    /// Bytes of graph allocations mapped now (an allocation the application freed with
+    /// `cuMemFree` is unmapped, though still listed until its node runs again).
+    fn graph_mem_used(&self) -> u64 {
+        self.graphs
+            .mapped
+            .iter()
+            .filter(|(ptr, _)| self.va_is_mapped(**ptr))
+            .map(|(_, size)| size)
+            .sum()
     }
 
     /// Unmaps a graph allocation once the work before it is done; its memory returns to the

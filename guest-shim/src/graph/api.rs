@@ -1095,6 +1095,67 @@ pub extern "C" fn cuDeviceGraphMemTrim(_device: c_int) -> CUresult {
     ffi("cuDeviceGraphMemTrim", || Ok(()))
 }
 
+/// `CUgraphMem_attribute` values.
+mod graph_mem_attr {
+    pub const USED_MEM_CURRENT: i32 = 0;
+    pub const USED_MEM_HIGH: i32 = 1;
+    pub const RESERVED_MEM_CURRENT: i32 = 2;
+    pub const RESERVED_MEM_HIGH: i32 = 3;
+}
+
+/// This process's graph memory from vgpud, with the watermarks of `reset` reset first.
+fn graph_mem_use(device: c_int, reset: u32) -> CuRes<msg::GraphMemUse> {
+    let device = u32::try_from(device).map_err(|_| cuda::CUDA_ERROR_INVALID_DEVICE)?;
+    drv::driver()?.call(&msg::GraphMemAttributes { device, reset }, &[])
+}
+
+/// `cuDeviceGetGraphMemAttribute`: bytes of graph allocations mapped now and their high
+/// watermark; the reserved figures are the same bytes (nothing is cached for later graphs),
+/// with a watermark of their own.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    device: c_int,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    ffi("cuDeviceGetGraphMemAttribute", || {
+        use graph_mem_attr::*;
+        if !(USED_MEM_CURRENT..=RESERVED_MEM_HIGH).contains(&attr) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let u = graph_mem_use(device, 0)?;
+        let v = match attr {
+            USED_MEM_CURRENT | RESERVED_MEM_CURRENT => u.used,
+            USED_MEM_HIGH => u.used_high,
+            _ => u.reserved_high,
+        };
+        out!(value.cast::<u64>(), v)
+    })
+}
+
+/// `cuDeviceSetGraphMemAttribute`: only the high watermarks can be set, and only to 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    device: c_int,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    ffi("cuDeviceSetGraphMemAttribute", || {
+        use graph_mem_attr::*;
+        // SAFETY: NULL or the caller's cuuint64_t (CUDA contract).
+        let v = unsafe { value.cast::<u64>().as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let reset = match attr {
+            USED_MEM_HIGH => msg::GRAPH_MEM_RESET_USED_HIGH,
+            RESERVED_MEM_HIGH => msg::GRAPH_MEM_RESET_RESERVED_HIGH,
+            _ => return Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        };
+        if *v != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        graph_mem_use(device, reset).map(drop)
+    })
+}
+
 // ---- executable graphs --------------------------------------------------------------------
 
 #[unsafe(no_mangle)]

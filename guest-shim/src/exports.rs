@@ -13,7 +13,9 @@ use crate::ffi::{CUresult, ffi, write_cstr};
 use crate::{in_bytes, out, out_bytes};
 
 /// Stream attributes live in their own module; re-exported for the per-thread variants.
-pub use crate::stream_attrs::{cuStreamCopyAttributes, cuStreamGetAttribute, cuStreamSetAttribute};
+pub use crate::stream_attrs::{
+    cuCtxResetPersistingL2Cache, cuStreamCopyAttributes, cuStreamGetAttribute, cuStreamSetAttribute,
+};
 
 /// `CUdevice`.
 pub type CUdevice = c_int;

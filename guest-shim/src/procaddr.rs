@@ -280,6 +280,10 @@ fn table() -> &'static [Entry] {
                 "cuStreamCopyAttributes",
                 (11000, f!(cuStreamCopyAttributes))
             ),
+            e!(
+                "cuCtxResetPersistingL2Cache",
+                (11000, f!(cuCtxResetPersistingL2Cache))
+            ),
             e!("cuCtxGetId", (12000, f!(cuCtxGetId))),
             e!(
                 "cuCtxGetSharedMemConfig",

@@ -191,3 +191,15 @@ pub extern "C" fn cuStreamCopyAttributes(dst: CUhandle, src: CUhandle) -> CUresu
         Ok(())
     })
 }
+
+/// `cuCtxResetPersistingL2Cache`: access policy windows are kept, not applied (above), so no
+/// cache line is persisting and there is nothing to reset; a context must be current, as in
+/// CUDA.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    ffi("cuCtxResetPersistingL2Cache", || {
+        drv::current_ctx()
+            .map(drop)
+            .ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)
+    })
+}

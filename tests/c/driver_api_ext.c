@@ -187,6 +187,7 @@ typedef union {
 CUresult cuStreamGetAttribute(CUstream, int, CUlaunchAttributeValue *);
 CUresult cuStreamSetAttribute(CUstream, int, const CUlaunchAttributeValue *);
 CUresult cuStreamCopyAttributes(CUstream, CUstream);
+CUresult cuCtxResetPersistingL2Cache(void);
 
 static int failures;
 
@@ -737,6 +738,7 @@ static void newer_queries(CUcontext ctx) {
     cuStreamGetAttribute(a, 4, &v);
     expect("kept", v.syncPolicy == 4);
     check("cuStreamCopyAttributes", cuStreamCopyAttributes(b, a), 0);
+    check("cuCtxResetPersistingL2Cache", cuCtxResetPersistingL2Cache(), 0);
     v.syncPolicy = 0;
     cuStreamGetAttribute(b, 4, &v);
     expect("copied", v.syncPolicy == 4);

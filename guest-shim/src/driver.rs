@@ -1514,6 +1514,12 @@ impl Drop for PerThreadStreams {
     }
 }
 
+/// Whether `s` names the legacy default stream: `CU_STREAM_LEGACY`, or 0 outside a
+/// `_ptsz`/`_ptds` entry point.
+pub fn is_legacy_stream(s: u64) -> bool {
+    s == STREAM_LEGACY || (s == 0 && !PER_THREAD_DEFAULT.with(std::cell::Cell::get))
+}
+
 /// Runs `f` as a `_ptsz`/`_ptds` entry point: stream 0 is the calling
 /// thread's per-thread default stream.
 pub fn with_per_thread_default<T>(f: impl FnOnce() -> T) -> T {

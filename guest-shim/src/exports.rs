@@ -692,6 +692,159 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     })
 }
 
+/// `CUmemcpyAttributes`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemcpyAttributes {
+    src_access_order: u32,
+    src_loc_hint: [u32; 2],
+    dst_loc_hint: [u32; 2],
+    flags: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<MemcpyAttributes>() == 24);
+
+/// `CU_MEMCPY_SRC_ACCESS_ORDER_STREAM` .. `_ANY`: the source access orders CUDA defines.
+const SRC_ACCESS_ORDERS: std::ops::RangeInclusive<u32> = 1..=3;
+/// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, the one copy flag (a hint).
+const MEMCPY_FLAGS: u32 = 0x1;
+/// What `failIdx` says when an error is not about one copy.
+const NO_COPY: usize = usize::MAX;
+
+/// The arrays of a `cuMemcpyBatchAsync` call, as the caller passed them.
+#[derive(Debug, Clone, Copy)]
+struct BatchArgs {
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const MemcpyAttributes,
+    attr_idxs: *const usize,
+    num_attrs: usize,
+}
+
+/// `n` entries at `p`, or `None` for NULL.
+///
+/// # Safety
+/// `p` is NULL or points to `n` readable entries that outlive the borrow.
+unsafe fn entries<'a, T>(p: *const T, n: usize) -> Option<&'a [T]> {
+    // SAFETY: non-NULL and valid for `n` entries (this function's contract).
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// `cuMemcpyBatchAsync`: the copies in order on `stream` (CUDA lets them run in any order; a
+/// batch whose copies depend on each other is undefined). Each copy is a `cuMemcpyAsync`, which
+/// takes a pageable host source's bytes before returning, so every source access order CUDA
+/// defines is honoured. The attributes are checked as CUDA checks them (one per run of copies
+/// starting at index 0, increasing, a valid source access order each); the location hints apply
+/// only to memory this device does not have (concurrently accessed managed or pageable memory).
+/// Returns the index of the copy an error is about (`usize::MAX` when none).
+///
+/// # Safety
+/// The arrays hold `count` (`dsts`, `srcs`, `sizes`) and `num_attrs` entries (CUDA contract).
+unsafe fn memcpy_batch(b: BatchArgs, stream: u64) -> (drv::CuRes<()>, usize) {
+    let inval = (Err(cuda::CUDA_ERROR_INVALID_VALUE), NO_COPY);
+    if drv::is_legacy_stream(stream) || b.count == 0 || b.num_attrs == 0 || b.num_attrs > b.count {
+        return inval;
+    }
+    // SAFETY: the arrays' lengths are the caller's counts (this function's contract).
+    let dsts = unsafe { entries(b.dsts, b.count) };
+    // SAFETY: as above.
+    let srcs = unsafe { entries(b.srcs, b.count) };
+    // SAFETY: as above.
+    let sizes = unsafe { entries(b.sizes, b.count) };
+    // SAFETY: as above.
+    let attrs = unsafe { entries(b.attrs, b.num_attrs) };
+    // SAFETY: as above.
+    let idxs = unsafe { entries(b.attr_idxs, b.num_attrs) };
+    let (Some(dsts), Some(srcs), Some(sizes), Some(attrs), Some(idxs)) =
+        (dsts, srcs, sizes, attrs, idxs)
+    else {
+        return inval;
+    };
+    if idxs[0] != 0 || idxs.windows(2).any(|w| w[1] <= w[0]) || idxs[b.num_attrs - 1] >= b.count {
+        return inval;
+    }
+    for (a, &first) in attrs.iter().zip(idxs) {
+        if !SRC_ACCESS_ORDERS.contains(&a.src_access_order) || a.flags & !MEMCPY_FLAGS != 0 {
+            return (Err(cuda::CUDA_ERROR_INVALID_VALUE), first);
+        }
+    }
+    for i in 0..b.count {
+        if let Err(e) = memcpy_uva(dsts[i], srcs[i], sizes[i], stream, false) {
+            return (Err(e), i);
+        }
+    }
+    (Ok(()), NO_COPY)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyBatchAsync(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const MemcpyAttributes,
+    attr_idxs: *const usize,
+    num_attrs: usize,
+    fail_idx: *mut usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemcpyBatchAsync", || {
+        // SAFETY: the caller's arrays (CUDA contract, the same as memcpy_batch's).
+        let (r, at) = unsafe {
+            memcpy_batch(
+                BatchArgs {
+                    dsts,
+                    srcs,
+                    sizes,
+                    count,
+                    attrs,
+                    attr_idxs,
+                    num_attrs,
+                },
+                h(stream),
+            )
+        };
+        if r.is_err() && !fail_idx.is_null() {
+            out!(fail_idx, at)?;
+        }
+        r
+    })
+}
+
+/// `cuMemcpyBatchAsync_v2` (CUDA 13): the same without the failing copy's index.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyBatchAsync_v2(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const MemcpyAttributes,
+    attr_idxs: *const usize,
+    num_attrs: usize,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemcpyBatchAsync_v2", || {
+        // SAFETY: the caller's arrays (CUDA contract, the same as memcpy_batch's).
+        unsafe {
+            memcpy_batch(
+                BatchArgs {
+                    dsts,
+                    srcs,
+                    sizes,
+                    count,
+                    attrs,
+                    attr_idxs,
+                    num_attrs,
+                },
+                h(stream),
+            )
+        }
+        .0
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
     ffi("cuMemsetD8_v2", || {

@@ -58,6 +58,16 @@ per_thread! {
     cuMemcpyAsync_ptsz => cuMemcpyAsync(
         dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUhandle
     );
+    cuMemcpyBatchAsync_ptsz => cuMemcpyBatchAsync(
+        dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, count: usize,
+        attrs: *const ex::MemcpyAttributes, attr_idxs: *const usize, num_attrs: usize,
+        fail_idx: *mut usize, stream: CUhandle
+    );
+    cuMemcpyBatchAsync_v2_ptsz => cuMemcpyBatchAsync_v2(
+        dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, count: usize,
+        attrs: *const ex::MemcpyAttributes, attr_idxs: *const usize, num_attrs: usize,
+        stream: CUhandle
+    );
     cuMemsetD8Async_ptsz => cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, stream: CUhandle);
     cuMemsetD16Async_ptsz => cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, stream: CUhandle);
     cuMemsetD32Async_ptsz => cuMemsetD32Async(

@@ -142,6 +142,11 @@ fn table() -> &'static [Entry] {
             e!("cuMemGetAddressRange", (3020, f!(cuMemGetAddressRange_v2))),
             e!("cuMemcpy", (4000, f!(cuMemcpy))),
             e!("cuMemcpyAsync", (4000, f!(cuMemcpyAsync))),
+            e!(
+                "cuMemcpyBatchAsync",
+                (12080, f!(cuMemcpyBatchAsync)),
+                (13000, f!(cuMemcpyBatchAsync_v2))
+            ),
             e!("cuMemcpyHtoD", (3020, f!(cuMemcpyHtoD_v2))),
             e!("cuMemcpyDtoH", (3020, f!(cuMemcpyDtoH_v2))),
             e!("cuMemcpyDtoD", (3020, f!(cuMemcpyDtoD_v2))),

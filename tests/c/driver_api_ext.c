@@ -289,6 +289,14 @@ CUresult cuTexRefGetAddress_v2(CUdeviceptr *, CUtexref);
 CUresult cuTexRefSetArray(CUtexref, CUarray, unsigned);
 CUresult cuParamSetTexRef(CUfunction, int, CUtexref);
 
+typedef struct {
+    int srcAccessOrder;
+    struct { int type, id; } srcLocHint, dstLocHint;
+    unsigned flags;
+} CUmemcpyAttributes;
+CUresult cuMemcpyBatchAsync(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
+                            size_t, size_t *, CUstream);
+
 static void check(const char *what, CUresult got, CUresult want) {
     if (got == want) {
         printf("ok %s\n", what);
@@ -1268,6 +1276,50 @@ static void texture_references(void) {
     cuMemFree_v2(out);
 }
 
+/* CUDA 12.8's batched copies: host to device, device to device and device to host in one batch
+ * on a stream, with two runs of attributes; CUDA's refusals and the failing copy's index. */
+static void batch_copies(void) {
+    enum { N = 256 };
+    unsigned char in[N], out[N];
+    for (int i = 0; i < N; i++) in[i] = (unsigned char)(i * 7 + 3);
+    memset(out, 0, sizeof out);
+    CUdeviceptr a, b;
+    cuMemAlloc_v2(&a, N);
+    cuMemAlloc_v2(&b, N);
+    CUstream s;
+    cuStreamCreate(&s, 0);
+    CUmemcpyAttributes attrs[2];
+    memset(attrs, 0, sizeof attrs);
+    attrs[0].srcAccessOrder = 2; /* during the call: a stack buffer */
+    attrs[1].srcAccessOrder = 1; /* stream order */
+    size_t idxs[2] = {0, 1};
+    /* The batch's copies may run in any order: the second reads what the first wrote, so they
+     * go in two batches, the second after the first on the stream. */
+    CUdeviceptr d1[1] = {a}, s1[1] = {(CUdeviceptr)(uintptr_t)in};
+    size_t z1[1] = {N}, fail = 0;
+    check("cuMemcpyBatchAsync of one host-to-device copy", cuMemcpyBatchAsync(d1, s1, z1, 1, attrs, idxs, 1, &fail, s), 0);
+    CUdeviceptr d2[2] = {b, (CUdeviceptr)(uintptr_t)out}, s2[2] = {a, a};
+    size_t z2[2] = {N, N};
+    check("cuMemcpyBatchAsync of two copies with two attribute runs",
+          cuMemcpyBatchAsync(d2, s2, z2, 2, attrs, idxs, 2, &fail, s), 0);
+    cuStreamSynchronize(s);
+    unsigned char back[N];
+    cuMemcpyDtoH_v2(back, b, N);
+    expect("every batched copy landed", !memcmp(out, in, N) && !memcmp(back, in, N));
+    fail = 0;
+    check("a batch on the legacy stream", cuMemcpyBatchAsync(d2, s2, z2, 2, attrs, idxs, 2, &fail, NULL), 1);
+    expect("... is about no copy", fail == (size_t)-1);
+    size_t bad_idxs[2] = {1, 0};
+    check("attribute runs not starting at 0", cuMemcpyBatchAsync(d2, s2, z2, 2, attrs, bad_idxs, 2, &fail, s), 1);
+    attrs[1].srcAccessOrder = 0;
+    check("an invalid source access order", cuMemcpyBatchAsync(d2, s2, z2, 2, attrs, idxs, 2, &fail, s), 1);
+    expect("... is about the copy its run starts at", fail == 1);
+    cuStreamSynchronize(s);
+    cuStreamDestroy_v2(s);
+    cuMemFree_v2(a);
+    cuMemFree_v2(b);
+}
+
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -1287,6 +1339,7 @@ int main(void) {
     stream_contexts(ctx);
     multi_device_launch();
     texture_references();
+    batch_copies();
     check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
     printf("# driver_api_ext: %d failed\n", failures);
     return failures;

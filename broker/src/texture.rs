@@ -11,35 +11,8 @@ use vgpu_proto::cuda;
 use crate::error::CuError;
 
 /// `CUarray_format` values the devices sample.
-pub mod format {
-    /// `CU_AD_FORMAT_UNSIGNED_INT8`.
-    pub const U8: u32 = 0x01;
-    /// `CU_AD_FORMAT_UNSIGNED_INT16`.
-    pub const U16: u32 = 0x02;
-    /// `CU_AD_FORMAT_UNSIGNED_INT32`.
-    pub const U32: u32 = 0x03;
-    /// `CU_AD_FORMAT_SIGNED_INT8`.
-    pub const S8: u32 = 0x08;
-    /// `CU_AD_FORMAT_SIGNED_INT16`.
-    pub const S16: u32 = 0x09;
-    /// `CU_AD_FORMAT_SIGNED_INT32`.
-    pub const S32: u32 = 0x0a;
-    /// `CU_AD_FORMAT_HALF`.
-    pub const F16: u32 = 0x10;
-    /// `CU_AD_FORMAT_FLOAT`.
-    pub const F32: u32 = 0x20;
-}
-
-/// Bytes of one channel of `format`; `None` for formats the devices do not sample (packed,
-/// block-compressed and video formats).
-pub fn channel_bytes(format: u32) -> Option<u64> {
-    match format {
-        format::U8 | format::S8 => Some(1),
-        format::U16 | format::S16 | format::F16 => Some(2),
-        format::U32 | format::S32 | format::F32 => Some(4),
-        _ => None,
-    }
-}
+pub use vgpu_proto::cuda::array_format as format;
+pub use vgpu_proto::cuda::{CHANNEL_COUNTS, channel_bytes};
 
 /// A module's texture or surface reference (CUDA 11's `texture<>` and `surface<>`): a slot in
 /// the module's globals holding the handle of the object it is bound to.
@@ -80,8 +53,6 @@ pub mod trsf {
 /// device reports (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH`, 2^28 texels); the
 /// shim checks the device's own, smaller, limits for each shape.
 pub const MAX_EXTENT: u64 = 1 << 28;
-/// Channels a texel may have.
-pub const CHANNEL_COUNTS: [u32; 3] = [1, 2, 4];
 
 /// Where a texture's or surface's texels are: texel `(x, y, z)` of layer `l` at
 /// `base + (l + z) * slice_pitch + y * pitch + x * texel_bytes`.

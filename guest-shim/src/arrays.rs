@@ -91,7 +91,7 @@ pub struct Array {
 impl Array {
     /// Bytes of one texel.
     pub fn texel_bytes(&self) -> u64 {
-        channel_bytes(self.desc.format).unwrap_or(0) * u64::from(self.desc.num_channels)
+        cuda::channel_bytes(self.desc.format).unwrap_or(0) * u64::from(self.desc.num_channels)
     }
 
     /// Bytes of one row's texels.
@@ -164,17 +164,6 @@ impl Array {
     }
 }
 
-/// Bytes of one channel of a `CUarray_format` arrays may have (8-, 16- and 32-bit integers,
-/// half and float).
-pub fn channel_bytes(format: u32) -> Option<u64> {
-    match format {
-        0x01 | 0x08 => Some(1),
-        0x02 | 0x09 | 0x10 => Some(2),
-        0x03 | 0x0a | 0x20 => Some(4),
-        _ => None,
-    }
-}
-
 #[derive(Default)]
 struct Registry {
     last: u64,
@@ -205,10 +194,6 @@ pub fn context_gone(ctx: u64) {
     registry().arrays.retain(|_, a| a.ctx != ctx);
 }
 
-fn limit(a: usize) -> CuRes<u64> {
-    Ok(u64::try_from(drv::device_attribute(a as i32, 0)?).unwrap_or(0))
-}
-
 /// Checks a descriptor against CUDA's rules and the device's limits.
 fn check(d: &Array3DDescriptor) -> CuRes<()> {
     if d.flags & !flags::ALL != 0 {
@@ -219,14 +204,14 @@ fn check(d: &Array3DDescriptor) -> CuRes<()> {
             "cube map, depth, sparse and deferred-mapping arrays",
         ));
     }
-    if channel_bytes(d.format).is_none() {
+    if cuda::channel_bytes(d.format).is_none() {
         return Err(if d.format == 0 {
             cuda::CUDA_ERROR_INVALID_VALUE
         } else {
             drv::unsupported("arrays of packed, block-compressed or video formats")
         });
     }
-    if ![1, 2, 4].contains(&d.num_channels) || d.width == 0 {
+    if !cuda::CHANNEL_COUNTS.contains(&d.num_channels) || d.width == 0 {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     let layered = d.flags & flags::LAYERED != 0;
@@ -282,7 +267,7 @@ fn check(d: &Array3DDescriptor) -> CuRes<()> {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     for (n, a) in limits {
-        if a != 0 && n > limit(a)? {
+        if a != 0 && n > drv::device_limit(a)? {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
     }
@@ -292,7 +277,7 @@ fn check(d: &Array3DDescriptor) -> CuRes<()> {
 /// Bytes from one row of an array to the next: the row's texels rounded up to the device's
 /// texture pitch alignment, so a texture over the array is also valid pitched memory.
 pub fn row_pitch(row_bytes: u64) -> CuRes<u64> {
-    let align = limit(attr::TEXTURE_PITCH_ALIGNMENT)?.max(1);
+    let align = drv::device_limit(attr::TEXTURE_PITCH_ALIGNMENT)?.max(1);
     row_bytes
         .checked_next_multiple_of(align)
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
@@ -619,7 +604,7 @@ pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
             out,
             ArrayMemoryRequirements {
                 size: usize::try_from(size).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
-                alignment: usize::try_from(limit(attr::TEXTURE_ALIGNMENT)?)
+                alignment: usize::try_from(drv::device_limit(attr::TEXTURE_ALIGNMENT)?)
                     .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
                 reserved: [0; 4],
             }

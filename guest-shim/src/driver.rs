@@ -463,6 +463,12 @@ pub fn device_attribute(attr: i32, dev: i32) -> CuRes<i32> {
         })
 }
 
+/// A device attribute that is a limit (a size or a count), as `u64`: 0 when negative.
+pub fn device_limit(attr: usize) -> CuRes<u64> {
+    let a = i32::try_from(attr).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+    Ok(u64::try_from(device_attribute(a, 0)?).unwrap_or(0))
+}
+
 /// `cuDeviceGetPCIBusId` text.
 /// The device's architecture as fat binaries name it: 80 for compute capability 8.0.
 pub fn device_arch() -> CuRes<u32> {

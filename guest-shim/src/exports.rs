@@ -825,24 +825,20 @@ pub unsafe extern "C" fn cuMemcpyBatchAsync_v2(
     num_attrs: usize,
     stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemcpyBatchAsync_v2", || {
-        // SAFETY: the caller's arrays (CUDA contract, the same as memcpy_batch's).
-        unsafe {
-            memcpy_batch(
-                BatchArgs {
-                    dsts,
-                    srcs,
-                    sizes,
-                    count,
-                    attrs,
-                    attr_idxs,
-                    num_attrs,
-                },
-                h(stream),
-            )
-        }
-        .0
-    })
+    // SAFETY: the same contract as cuMemcpyBatchAsync's, with no failing index asked for.
+    unsafe {
+        cuMemcpyBatchAsync(
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attr_idxs,
+            num_attrs,
+            std::ptr::null_mut(),
+            stream,
+        )
+    }
 }
 
 #[unsafe(no_mangle)]

@@ -99,11 +99,9 @@ fn registry() -> MutexGuard<'static, Registry> {
 }
 
 fn get(handle: u64, surface: bool) -> CuRes<Reference> {
-    registry()
-        .refs
-        .get(&handle)
+    get_any(handle)
+        .ok()
         .filter(|r| r.surface == surface)
-        .copied()
         .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
 }
 
@@ -255,12 +253,22 @@ fn get_any(handle: u64) -> CuRes<Reference> {
 
 /// Changes a texture reference's state with `f`, then rebinds it if it is bound.
 fn update(handle: u64, f: impl FnOnce(&mut Reference) -> CuRes<()>) -> CuRes<()> {
+    update_ref(handle, false, f)
+}
+
+/// Changes a texture (or, `surface`, a surface) reference's state with `f`, then rebinds it if
+/// it is bound; a failed rebinding keeps the state before.
+fn update_ref(
+    handle: u64,
+    surface: bool,
+    f: impl FnOnce(&mut Reference) -> CuRes<()>,
+) -> CuRes<()> {
     let (bound, old) = {
         let mut r = registry();
         let x = r
             .refs
             .get_mut(&handle)
-            .filter(|x| !x.surface)
+            .filter(|x| x.surface == surface)
             .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)?;
         let old = *x;
         f(x)?;
@@ -276,10 +284,6 @@ fn update(handle: u64, f: impl FnOnce(&mut Reference) -> CuRes<()>) -> CuRes<()>
             *x = Reference { object, ..old };
         }
     })
-}
-
-fn limit(a: usize) -> CuRes<u64> {
-    Ok(u64::try_from(drv::device_attribute(a as i32, 0)?).unwrap_or(0))
 }
 
 #[unsafe(no_mangle)]
@@ -350,7 +354,7 @@ pub unsafe extern "C" fn cuTexRefSetAddress_v2(
             return rebind(h(texref));
         }
         // Bind from the texture alignment below `ptr`; fetches add the offset, as in CUDA.
-        let align = limit(attr::TEXTURE_ALIGNMENT)?.max(1);
+        let align = drv::device_limit(attr::TEXTURE_ALIGNMENT)?.max(1);
         let skew = ptr % align;
         update(h(texref), |x| {
             x.binding = Binding::Linear {
@@ -415,7 +419,7 @@ pub unsafe extern "C" fn cuTexRefSetAddress2D_v2(
 pub extern "C" fn cuTexRefSetFormat(texref: CUhandle, format: u32, channels: c_int) -> CUresult {
     ffi("cuTexRefSetFormat", || {
         let channels = u32::try_from(channels).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
-        if arrays::channel_bytes(format).is_none() || ![1, 2, 4].contains(&channels) {
+        if cuda::channel_bytes(format).is_none() || !cuda::CHANNEL_COUNTS.contains(&channels) {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         update(h(texref), |x| {
@@ -676,24 +680,10 @@ pub extern "C" fn cuSurfRefSetArray(surfref: CUhandle, array: CUhandle, flags: c
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         let a = arrays::get(h(array))?;
-        let handle = h(surfref);
-        let old = {
-            let mut r = registry();
-            let x = r
-                .refs
-                .get_mut(&handle)
-                .filter(|x| x.surface)
-                .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)?;
-            let old = *x;
+        update_ref(h(surfref), true, |x| {
             x.binding = Binding::Array(h(array));
             (x.format, x.channels) = (a.desc.format, a.desc.num_channels);
-            old
-        };
-        rebind(handle).inspect_err(|_| {
-            if let Some(x) = registry().refs.get_mut(&handle) {
-                let object = x.object;
-                *x = Reference { object, ..old };
-            }
+            Ok(())
         })
     })
 }

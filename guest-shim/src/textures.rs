@@ -117,10 +117,6 @@ pub fn context_gone(ctx: u64) {
     r.surfaces.retain(|_, o| o.ctx != ctx);
 }
 
-fn limit(a: usize) -> CuRes<u64> {
-    Ok(u64::try_from(drv::device_attribute(a as i32, 0)?).unwrap_or(0))
-}
-
 /// What `res` names, checked as CUDA checks it; `surface` for a surface object.
 fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
     if res.flags != 0 {
@@ -131,18 +127,18 @@ fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
     }
     let format_channels = |w: u64| -> CuRes<(u32, u32, u64)> {
         let (format, channels) = (w as u32, (w >> 32) as u32);
-        let bytes = arrays::channel_bytes(format).ok_or(if format == 0 {
+        let bytes = cuda::channel_bytes(format).ok_or(if format == 0 {
             cuda::CUDA_ERROR_INVALID_VALUE
         } else {
             drv::unsupported("textures of packed, block-compressed or video formats")
         })?;
-        if ![1, 2, 4].contains(&channels) {
+        if !cuda::CHANNEL_COUNTS.contains(&channels) {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         Ok((format, channels, bytes * u64::from(channels)))
     };
     let aligned = |ptr: u64| -> CuRes<()> {
-        let align = limit(attr::TEXTURE_ALIGNMENT)?.max(1);
+        let align = drv::device_limit(attr::TEXTURE_ALIGNMENT)?.max(1);
         if ptr == 0 || !ptr.is_multiple_of(align) {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
@@ -177,7 +173,7 @@ fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
             aligned(res.res[0])?;
             let size = res.res[2];
             let width = size / texel;
-            if width == 0 || width > limit(attr::MAXIMUM_TEXTURE1D_LINEAR_WIDTH)? {
+            if width == 0 || width > drv::device_limit(attr::MAXIMUM_TEXTURE1D_LINEAR_WIDTH)? {
                 return Err(cuda::CUDA_ERROR_INVALID_VALUE);
             }
             Ok((
@@ -200,12 +196,12 @@ fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
             let (format, channels, texel) = format_channels(res.res[1])?;
             aligned(res.res[0])?;
             let (width, height, pitch) = (res.res[2], res.res[3], res.res[4]);
-            let pitch_align = limit(attr::TEXTURE_PITCH_ALIGNMENT)?.max(1);
+            let pitch_align = drv::device_limit(attr::TEXTURE_PITCH_ALIGNMENT)?.max(1);
             if width == 0
                 || height == 0
-                || width > limit(attr::MAXIMUM_TEXTURE2D_LINEAR_WIDTH)?
-                || height > limit(attr::MAXIMUM_TEXTURE2D_LINEAR_HEIGHT)?
-                || pitch > limit(attr::MAXIMUM_TEXTURE2D_LINEAR_PITCH)?
+                || width > drv::device_limit(attr::MAXIMUM_TEXTURE2D_LINEAR_WIDTH)?
+                || height > drv::device_limit(attr::MAXIMUM_TEXTURE2D_LINEAR_HEIGHT)?
+                || pitch > drv::device_limit(attr::MAXIMUM_TEXTURE2D_LINEAR_PITCH)?
                 || pitch % pitch_align != 0
                 || pitch < width.saturating_mul(texel)
             {
@@ -479,7 +475,7 @@ pub unsafe extern "C" fn cuDeviceGetTexture1DLinearMaxWidth(
     device: i32,
 ) -> CUresult {
     ffi("cuDeviceGetTexture1DLinearMaxWidth", || {
-        if arrays::channel_bytes(format).is_none() || ![1, 2, 4].contains(&channels) {
+        if cuda::channel_bytes(format).is_none() || !cuda::CHANNEL_COUNTS.contains(&channels) {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         let width = drv::device_attribute(attr::MAXIMUM_TEXTURE1D_LINEAR_WIDTH as i32, device)?;

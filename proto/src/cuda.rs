@@ -134,6 +134,41 @@ pub fn is_sticky(code: CuResult) -> bool {
 }
 
 /// `CUdevice_attribute` numbers (the ones vgpu reports; see `cuda.h`).
+/// `CUarray_format` values of the formats vgpu's arrays and textures hold.
+pub mod array_format {
+    /// `CU_AD_FORMAT_UNSIGNED_INT8`.
+    pub const U8: u32 = 0x01;
+    /// `CU_AD_FORMAT_UNSIGNED_INT16`.
+    pub const U16: u32 = 0x02;
+    /// `CU_AD_FORMAT_UNSIGNED_INT32`.
+    pub const U32: u32 = 0x03;
+    /// `CU_AD_FORMAT_SIGNED_INT8`.
+    pub const S8: u32 = 0x08;
+    /// `CU_AD_FORMAT_SIGNED_INT16`.
+    pub const S16: u32 = 0x09;
+    /// `CU_AD_FORMAT_SIGNED_INT32`.
+    pub const S32: u32 = 0x0a;
+    /// `CU_AD_FORMAT_HALF`.
+    pub const F16: u32 = 0x10;
+    /// `CU_AD_FORMAT_FLOAT`.
+    pub const F32: u32 = 0x20;
+}
+
+/// Bytes of one channel of a `CUarray_format`; `None` for formats vgpu does not hold (packed,
+/// block-compressed and video formats).
+pub fn channel_bytes(format: u32) -> Option<u64> {
+    use array_format::*;
+    match format {
+        U8 | S8 => Some(1),
+        U16 | S16 | F16 => Some(2),
+        U32 | S32 | F32 => Some(4),
+        _ => None,
+    }
+}
+
+/// Channels a texel may have.
+pub const CHANNEL_COUNTS: [u32; 3] = [1, 2, 4];
+
 /// `CUDA_TEXTURE_DESC`: how a texture object samples (the guest's and the real driver's ABI).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]

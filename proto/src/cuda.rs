@@ -133,7 +133,6 @@ pub fn is_sticky(code: CuResult) -> bool {
     )
 }
 
-/// `CUdevice_attribute` numbers (the ones vgpu reports; see `cuda.h`).
 /// `CUarray_format` values of the formats vgpu's arrays and textures hold.
 pub mod array_format {
     /// `CU_AD_FORMAT_UNSIGNED_INT8`.
@@ -190,6 +189,7 @@ const _: () = {
     assert!(std::mem::offset_of!(TextureDesc, border_color) == 40);
 };
 
+/// `CUdevice_attribute` numbers (the ones vgpu reports; see `cuda.h`).
 pub mod attr {
     #![allow(missing_docs)]
     pub const MAX_THREADS_PER_BLOCK: usize = 1;
@@ -267,15 +267,21 @@ pub mod attr {
     pub const PAGEABLE_MEMORY_ACCESS: usize = 88;
     pub const CONCURRENT_MANAGED_ACCESS: usize = 89;
     pub const COMPUTE_PREEMPTION_SUPPORTED: usize = 90;
+    pub const CAN_USE_STREAM_MEM_OPS_V1: usize = 92;
+    pub const CAN_USE_64_BIT_STREAM_MEM_OPS_V1: usize = 93;
+    pub const CAN_USE_STREAM_WAIT_VALUE_NOR_V1: usize = 94;
     pub const COOPERATIVE_LAUNCH: usize = 95;
     pub const COOPERATIVE_MULTI_DEVICE_LAUNCH: usize = 96;
     pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: usize = 97;
+    pub const CAN_FLUSH_REMOTE_WRITES: usize = 98;
     pub const HOST_REGISTER_SUPPORTED: usize = 99;
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 102;
     pub const MAX_BLOCKS_PER_MULTIPROCESSOR: usize = 106;
     pub const MAX_ACCESS_POLICY_WINDOW_SIZE: usize = 109;
     pub const RESERVED_SHARED_MEMORY_PER_BLOCK: usize = 111;
     pub const MEMORY_POOLS_SUPPORTED: usize = 115;
+    pub const CAN_USE_64_BIT_STREAM_MEM_OPS: usize = 122;
+    pub const CAN_USE_STREAM_WAIT_VALUE_NOR: usize = 123;
     pub const HOST_NUMA_ID: usize = 134;
     pub const GPU_PCI_DEVICE_ID: usize = 139;
     pub const TENSOR_MAP_LARGE_TENSOR_MIN_SIZE: usize = 160;
@@ -363,5 +369,180 @@ mod tests {
         assert!(is_sticky(CUDA_ERROR_LAUNCH_FAILED));
         assert!(!is_sticky(CUDA_ERROR_INVALID_VALUE));
         assert!(!is_sticky(CUDA_ERROR_OUT_OF_MEMORY));
+    }
+}
+
+/// Stream memory operations (`cuStreamWaitValue32`, `cuStreamWriteValue64`,
+/// `cuStreamBatchMemOp`, …): CUDA's operation types and flags, and what they mean.
+pub mod mem_op {
+    /// `CU_STREAM_MEM_OP_WAIT_VALUE_32`.
+    pub const WAIT_VALUE_32: u32 = 1;
+    /// `CU_STREAM_MEM_OP_WRITE_VALUE_32`.
+    pub const WRITE_VALUE_32: u32 = 2;
+    /// `CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES`.
+    pub const FLUSH_REMOTE_WRITES: u32 = 3;
+    /// `CU_STREAM_MEM_OP_WAIT_VALUE_64`.
+    pub const WAIT_VALUE_64: u32 = 4;
+    /// `CU_STREAM_MEM_OP_WRITE_VALUE_64`.
+    pub const WRITE_VALUE_64: u32 = 5;
+    /// `CU_STREAM_MEM_OP_BARRIER`.
+    pub const BARRIER: u32 = 6;
+
+    /// `CU_STREAM_WAIT_VALUE_GEQ`: until `(int)(*addr - value) >= 0`.
+    pub const WAIT_GEQ: u32 = 0;
+    /// `CU_STREAM_WAIT_VALUE_EQ`: until `*addr == value`.
+    pub const WAIT_EQ: u32 = 1;
+    /// `CU_STREAM_WAIT_VALUE_AND`: until `(*addr & value) != 0`.
+    pub const WAIT_AND: u32 = 2;
+    /// `CU_STREAM_WAIT_VALUE_NOR`: until `~(*addr | value) != 0`.
+    pub const WAIT_NOR: u32 = 3;
+    /// The bits of a wait's flags that name its condition.
+    pub const WAIT_CONDITION_MASK: u32 = 3;
+    /// `CU_STREAM_WAIT_VALUE_FLUSH`: flush remote writes after the wait (needs
+    /// `CAN_FLUSH_REMOTE_WRITES`, which vgpu reports as 0: there are no remote writers).
+    pub const WAIT_FLUSH: u32 = 1 << 30;
+    /// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`.
+    pub const WRITE_NO_MEMORY_BARRIER: u32 = 1;
+    /// `CU_STREAM_MEMORY_BARRIER_TYPE_SYS` and `_GPU`: the barrier's flags.
+    pub const BARRIER_TYPES: [u32; 2] = [0, 1];
+    /// `cuStreamBatchMemOp`: "the number of operations in the array. Must be less than 256".
+    pub const MAX_BATCH: u32 = 255;
+
+    /// What an operation that reaches a stream does.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Kind {
+        /// Stops the stream until the word meets the condition (one of the `WAIT_*` values).
+        Wait {
+            /// 4 or 8 bytes.
+            width: u32,
+            /// `WAIT_GEQ`, `WAIT_EQ`, `WAIT_AND` or `WAIT_NOR`.
+            condition: u32,
+        },
+        /// Stores the low `width` bytes of the value.
+        Write {
+            /// 4 or 8 bytes.
+            width: u32,
+        },
+        /// Nothing to do here: a memory barrier (the stream's work is already ordered).
+        Barrier,
+    }
+
+    /// The kind of operation `op` with `flags`, or why CUDA refuses it
+    /// (`CUDA_ERROR_INVALID_VALUE`; a flush: `CUDA_ERROR_NOT_SUPPORTED`, see [`WAIT_FLUSH`]).
+    pub fn kind(op: u32, flags: u32) -> Result<Kind, (super::CuResult, &'static str)> {
+        let invalid = |why| Err((super::CUDA_ERROR_INVALID_VALUE, why));
+        let flush = (
+            super::CUDA_ERROR_NOT_SUPPORTED,
+            "flushing remote writes is not supported (CAN_FLUSH_REMOTE_WRITES is 0)",
+        );
+        match op {
+            WAIT_VALUE_32 | WAIT_VALUE_64 => {
+                if flags & WAIT_FLUSH != 0 {
+                    return Err(flush);
+                }
+                if flags & !WAIT_CONDITION_MASK != 0 {
+                    return invalid("unknown flags of a wait");
+                }
+                Ok(Kind::Wait {
+                    width: if op == WAIT_VALUE_32 { 4 } else { 8 },
+                    condition: flags,
+                })
+            }
+            WRITE_VALUE_32 | WRITE_VALUE_64 => {
+                if flags & !WRITE_NO_MEMORY_BARRIER != 0 {
+                    return invalid("unknown flags of a write");
+                }
+                Ok(Kind::Write {
+                    width: if op == WRITE_VALUE_32 { 4 } else { 8 },
+                })
+            }
+            BARRIER if BARRIER_TYPES.contains(&flags) => Ok(Kind::Barrier),
+            BARRIER => invalid("unknown memory barrier type"),
+            FLUSH_REMOTE_WRITES => Err(flush),
+            _ => invalid("unknown stream memory operation"),
+        }
+    }
+
+    /// Whether `word` (the `width` bytes at the wait's address) meets `condition` for `value`
+    /// (of which a 32-bit wait uses the low half), as CUDA defines each.
+    pub fn met(condition: u32, width: u32, word: u64, value: u64) -> bool {
+        let (word, value, sign) = if width == 4 {
+            (word & 0xffff_ffff, value & 0xffff_ffff, 1u64 << 31)
+        } else {
+            (word, value, 1u64 << 63)
+        };
+        let mask = if width == 4 { 0xffff_ffff } else { u64::MAX };
+        match condition {
+            // `(int32_t)(*addr - value) >= 0`: the difference, wrapped, has its sign bit clear.
+            WAIT_GEQ => word.wrapping_sub(value) & mask & sign == 0,
+            WAIT_EQ => word == value,
+            WAIT_AND => word & value != 0,
+            WAIT_NOR => !(word | value) & mask != 0,
+            _ => false,
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn conditions_are_cudas() {
+            // GEQ is cyclic: a counter that wrapped past the value still meets it.
+            assert!(met(WAIT_GEQ, 4, 5, 5));
+            assert!(met(WAIT_GEQ, 4, 6, 5));
+            assert!(!met(WAIT_GEQ, 4, 4, 5));
+            assert!(met(WAIT_GEQ, 4, 2, 0xffff_fff0));
+            assert!(!met(WAIT_GEQ, 4, 0xffff_fff0, 2));
+            assert!(met(WAIT_GEQ, 8, 1 << 40, 1 << 39));
+            assert!(!met(WAIT_GEQ, 8, 1 << 39, 1 << 40));
+            // A 32-bit wait looks at the low half of its value only.
+            assert!(met(WAIT_EQ, 4, 7, 0x1_0000_0007));
+            assert!(!met(WAIT_EQ, 8, 7, 0x1_0000_0007));
+            assert!(met(WAIT_AND, 4, 0b0110, 0b0100));
+            assert!(!met(WAIT_AND, 4, 0b0110, 0b1001));
+            assert!(met(WAIT_NOR, 4, 0xffff_0000, 0x0000_fff0));
+            assert!(!met(WAIT_NOR, 4, 0xffff_0000, 0x0000_ffff));
+            assert!(!met(WAIT_NOR, 8, u64::MAX, 0));
+        }
+
+        #[test]
+        fn kinds_and_refusals() {
+            assert_eq!(
+                kind(WAIT_VALUE_64, WAIT_NOR),
+                Ok(Kind::Wait {
+                    width: 8,
+                    condition: WAIT_NOR
+                })
+            );
+            assert_eq!(
+                kind(WRITE_VALUE_32, WRITE_NO_MEMORY_BARRIER),
+                Ok(Kind::Write { width: 4 })
+            );
+            assert_eq!(kind(BARRIER, 1), Ok(Kind::Barrier));
+            let code = |r: Result<Kind, (super::super::CuResult, &str)>| r.unwrap_err().0;
+            assert_eq!(
+                code(kind(WAIT_VALUE_32, 4)),
+                super::super::CUDA_ERROR_INVALID_VALUE
+            );
+            assert_eq!(
+                code(kind(WRITE_VALUE_64, 2)),
+                super::super::CUDA_ERROR_INVALID_VALUE
+            );
+            assert_eq!(
+                code(kind(BARRIER, 2)),
+                super::super::CUDA_ERROR_INVALID_VALUE
+            );
+            assert_eq!(code(kind(0, 0)), super::super::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(code(kind(7, 0)), super::super::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(
+                code(kind(WAIT_VALUE_32, WAIT_FLUSH)),
+                super::super::CUDA_ERROR_NOT_SUPPORTED
+            );
+            assert_eq!(
+                code(kind(FLUSH_REMOTE_WRITES, 0)),
+                super::super::CUDA_ERROR_NOT_SUPPORTED
+            );
+        }
     }
 }

@@ -423,6 +423,15 @@ ops! {
         token_hi: u64, token_lo: u64,
     }
 
+    /// A stream memory operation (`op`: CUDA's `CUstreamBatchMemOpType`, 1 wait on 32 bits, 2
+    /// write 32 bits, 4 wait on 64 bits, 5 write 64 bits; `flags`: CUDA's flags of that operation)
+    /// at `addr`, inside an allocation of this process and aligned to the operation's width. A
+    /// write stores the low bytes of `value`; a wait stops the stream until the word at `addr`
+    /// meets the condition its flags name. `cuStreamBatchMemOp` sends one per operation.
+    StreamMemOp = 0x0416 => Empty, ASYNC_OK, "cuStreamWaitValue32/64, cuStreamWriteValue32/64, cuStreamBatchMemOp" {
+        ctx: u64, stream: u64, op: u32, flags: u32, addr: u64, value: u64,
+    }
+
     /// Creates an event.
     EventCreate = 0x0501 => Handle, 0, "cuEventCreate" { ctx: u64, flags: u32 }
     /// Destroys an event.

@@ -16,7 +16,10 @@
 //!   default streams) wait for the work submitted before on the legacy
 //!   stream; non-blocking streams ([`LaneKind::NonBlocking`]) do neither;
 //! - a host function is a [`Gate`]: when its lane reaches it the lane stops
-//!   until the guest has run the function and opened the gate.
+//!   until the guest has run the function and opened the gate; a stream memory
+//!   wait is a gate too, opened by [`crate::mem_wait`] once the word it watches
+//!   meets its condition (which any job's end may have changed:
+//!   [`Engine::on_progress`]).
 //!
 //! Among lanes that are ready at the same time, the one with the highest
 //! priority (the lowest number) starts first, then the oldest job. A lane's
@@ -367,6 +370,8 @@ struct GateInner {
     opened_early: bool,
     /// Opened with an error ([`Gate::fail`]): the lane's context reports it.
     error: Option<CuError>,
+    /// Called once when the lane reaches the gate ([`Gate::on_reach`]).
+    on_reach: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// A host function's place in its lane (`cuLaunchHostFunc`): the lane stops
@@ -387,6 +392,18 @@ impl std::fmt::Debug for Gate {
 }
 
 impl Gate {
+    /// A gate that calls `f` when its lane reaches it, with the engine's lock held: `f` must
+    /// only note that (it may take a lock of its own, never the engine's or the gate's).
+    pub fn on_reach(f: impl FnOnce() + Send + 'static) -> Self {
+        Self {
+            inner: Mutex::new(GateInner {
+                on_reach: Some(Box::new(f)),
+                ..GateInner::default()
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, GateInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -484,6 +501,11 @@ impl Gate {
         g.state = Some(GateState::Reached);
         g.link = Some(link);
         self.cv.notify_all();
+        let on_reach = g.on_reach.take();
+        drop(g);
+        if let Some(f) = on_reach {
+            f();
+        }
         None
     }
 }
@@ -685,6 +707,8 @@ struct Shared {
     cv: Condvar,
     dev: Arc<dyn DeviceContext>,
     handles: Mutex<Vec<JoinHandle<()>>>,
+    /// Told after every job's end ([`Engine::on_progress`]).
+    progress: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Shared {
@@ -743,6 +767,15 @@ impl Shared {
             self.keep_error(st, seq, ctx, e);
         }
         self.wake(st);
+        self.progressed();
+    }
+
+    /// A job ended: tells the [`Engine::on_progress`] listener.
+    #[inline(always)]
+    fn progressed(&self) {
+        if let Some(f) = self.progress.get() {
+            f();
+        }
     }
 
     /// Keeps the error of inline job `seq` of context `ctx` (the lock not held), waking whoever
@@ -843,6 +876,7 @@ impl Engine {
                 cv: Condvar::new(),
                 dev,
                 handles: Mutex::new(Vec::new()),
+                progress: OnceLock::new(),
             }),
             hangup: None,
         }
@@ -893,6 +927,13 @@ impl Engine {
             return self.shared.lock();
         }
         st
+    }
+
+    /// Has `f` called after every job's end from now on (on the thread that ran it; with the
+    /// engine's lock held where a worker ran it, so `f` must only take a lock of its own). The
+    /// first listener stays: returns whether `f` is it.
+    pub fn on_progress(&self, f: impl Fn() + Send + Sync + 'static) -> bool {
+        self.shared.progress.set(Box::new(f)).is_ok()
     }
 
     /// Submits a job of lane `spec`; returns its sequence number. Blocks
@@ -1067,6 +1108,7 @@ impl Engine {
                 }
             }
         });
+        self.shared.progressed();
         Some(first)
     }
 
@@ -1130,6 +1172,7 @@ impl Engine {
         if let Err(e) = r {
             self.shared.keep_inline_error(seq, spec.ctx, e);
         }
+        self.shared.progressed();
     }
 
     /// Records the error of an asynchronous request of context `ctx` refused
@@ -1242,7 +1285,9 @@ impl Engine {
     pub fn settle(&self) {
         let mut st = self.shared.lock();
         while st.busy() {
-            st = self.shared.wait(st, None);
+            // Watching for a hang-up: a lane stopped at a gate nobody opens (a host function
+            // that never returns) is released when the client goes.
+            st = self.block(st);
         }
     }
 

@@ -16,6 +16,7 @@ pub mod handles;
 pub mod host_gate;
 pub mod hostshare;
 pub mod limits;
+pub mod mem_wait;
 pub mod memory;
 pub mod scheduler;
 pub mod session;

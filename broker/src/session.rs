@@ -32,6 +32,7 @@ use vgpu_config::limits::Budget;
 
 mod alloc_ext;
 mod graph;
+mod mem_op;
 mod texture;
 pub use alloc_ext::{
     ACCESS_READ, ACCESS_READWRITE, MAPPED_KIND_HOST_ALLOC, MAPPED_KIND_HOST_REGISTER,
@@ -418,6 +419,8 @@ pub struct Session {
     run_ready: Vec<RunItem>,
     /// Texture and surface objects.
     textures: texture::TexObjects,
+    /// Stream memory waits, from the first one ([`Session::stream_mem_op`]).
+    mem_waits: Option<crate::mem_wait::MemWaits>,
 }
 
 impl std::fmt::Debug for Session {
@@ -507,6 +510,7 @@ impl Session {
             bell: None,
             run_ready: Vec::new(),
             textures: texture::TexObjects::default(),
+            mem_waits: None,
             tenant,
             device,
             dev,
@@ -577,6 +581,7 @@ impl Session {
             R::GraphLaunch(m) => (m.ctx, m.stream),
             R::MemcpyHtoDShared(m) => (m.ctx, m.stream),
             R::MemcpyDtoHShared(m) => (m.ctx, m.stream),
+            R::StreamMemOp(m) => (m.ctx, m.stream),
             _ => return crate::engine::NO_CONTEXT,
         };
         let ctx = self.streams.get(stream).map_or(ctx, |s| s.ctx);
@@ -684,7 +689,10 @@ impl Session {
     ) -> Result<(), CuError> {
         if req.flags() & msg::ASYNC_OK != 0 {
             let ctx = self.req_ctx(req);
-            if sync && r.is_ok() {
+            // A stream memory operation has no synchronous form: a call of one is answered once
+            // it is checked and queued (a wait may be released only by later calls).
+            let waits = !matches!(req, Request::StreamMemOp(_));
+            if sync && waits && r.is_ok() {
                 // The synchronous form waits for its stream (with the legacy
                 // stream's implicit synchronization), not for other streams.
                 match self.req_lane(req) {
@@ -1358,6 +1366,10 @@ impl Session {
                 let lane = self.lane(m.ctx, m.stream)?;
                 let job = self.memset_job(m)?;
                 self.engine.submit(&lane, job);
+                reply(out, msg::Empty {})
+            }
+            R::StreamMemOp(m) => {
+                self.stream_mem_op(m)?;
                 reply(out, msg::Empty {})
             }
 
@@ -2250,6 +2262,10 @@ impl Session {
 
     /// Frees everything a context owns (allocations, streams, events).
     fn release_context_resources(&mut self, ctx: u64) {
+        // Its memory waits end: nothing settles while a word nobody writes holds a lane.
+        if let Some(w) = &self.mem_waits {
+            w.end_context(ctx);
+        }
         self.engine.settle();
         self.release_objects(Some(ctx));
         for base in self.allocs.bases_where(|a| a.ctx == ctx) {

@@ -61,7 +61,8 @@ pub mod pool_attr {
     pub const USED_MEM_HIGH: i32 = 8;
 }
 
-/// Device attributes as a guest of vgpu sees them: what the allocation APIs provide here,
+/// Device attributes as a guest of vgpu sees them: what the allocation APIs and stream memory
+/// operations provide here,
 /// whatever the device underneath does. Managed memory is mirrored by the guest library and
 /// made coherent at launches and synchronizations, so concurrent managed access is 0.
 pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
@@ -84,6 +85,14 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (103, 1), // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (within the VM)
         (104, 0), // HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
         (105, 0), // HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED
+        // Stream memory operations run in vgpud (`mem_wait`) on any device; nothing writes
+        // the VM's memory from outside, so there are no remote writes to flush.
+        (attr::CAN_USE_STREAM_MEM_OPS_V1, 1),
+        (attr::CAN_USE_64_BIT_STREAM_MEM_OPS_V1, 1),
+        (attr::CAN_USE_STREAM_WAIT_VALUE_NOR_V1, 1),
+        (attr::CAN_USE_64_BIT_STREAM_MEM_OPS, 1),
+        (attr::CAN_USE_STREAM_WAIT_VALUE_NOR, 1),
+        (attr::CAN_FLUSH_REMOTE_WRITES, 0),
     ] {
         a[k] = v;
     }

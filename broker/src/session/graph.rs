@@ -247,6 +247,7 @@ fn on_stream(req: &Request, ctx: u64, stream: u64) -> Request {
         Request::Memset(m) => (m.ctx, m.stream) = (ctx, stream),
         Request::EventRecord(m) => (m.ctx, m.stream) = (ctx, stream),
         Request::StreamWaitEvent(m) => (m.ctx, m.stream) = (ctx, stream),
+        Request::StreamMemOp(m) => (m.ctx, m.stream) = (ctx, stream),
         _ => {}
     }
     r
@@ -463,6 +464,11 @@ impl Session {
             }
             (Request::StreamWaitEvent(m), None) => {
                 self.event(m.event)?;
+            }
+            (Request::StreamMemOp(m), None) => {
+                if let Some(width) = super::mem_op::width(super::mem_op::checked_kind(m)?) {
+                    check(m.addr, u64::from(width), "stream memory operation")?;
+                }
             }
             (other, None) => {
                 return Err(CuError::invalid_value(format!(

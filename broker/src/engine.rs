@@ -1803,6 +1803,37 @@ mod tests {
         assert!(r.time.is_some());
     }
 
+    #[test]
+    fn settling_behind_a_gate_nobody_opens_ends_when_the_client_hangs_up() {
+        let mut e = engine();
+        let gone = Arc::new(AtomicBool::new(false));
+        let probe = Arc::clone(&gone);
+        e.watch_hangup(Arc::new(move || {
+            probe.load(std::sync::atomic::Ordering::Acquire)
+        }));
+        let g = Arc::new(Gate::default());
+        e.submit(&L1, Job::Gate(Arc::clone(&g)));
+        let hang_up = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            gone.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let t = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let settler = std::thread::spawn(move || {
+            e.settle();
+            let _ = tx.send(t.elapsed());
+            e
+        });
+        let took = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("settle returned once the client hung up");
+        assert!(took >= Duration::from_millis(100), "it waited for the gate");
+        let e = settler.join().unwrap();
+        assert!(e.lane_idle(&L1), "the gate's lane was released");
+        drop(g);
+        hang_up.join().unwrap();
+    }
+
     fn gated(log: &Arc<Mutex<Vec<usize>>>, id: usize, gate: &Arc<AtomicBool>) -> Job {
         Job::Other(Box::new(Step {
             log: Arc::clone(log),

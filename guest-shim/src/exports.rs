@@ -12,6 +12,12 @@ use crate::driver::{self as drv, Space};
 use crate::ffi::{CUresult, ffi, write_cstr};
 use crate::{in_bytes, out, out_bytes};
 
+/// The stream memory operations take a stream: re-exported for the per-thread variants.
+pub use crate::mem_ops::{
+    cuStreamBatchMemOp, cuStreamBatchMemOp_v2, cuStreamWaitValue32, cuStreamWaitValue32_v2,
+    cuStreamWaitValue64, cuStreamWaitValue64_v2, cuStreamWriteValue32, cuStreamWriteValue32_v2,
+    cuStreamWriteValue64, cuStreamWriteValue64_v2,
+};
 /// Stream attributes live in their own module; re-exported for the per-thread variants.
 pub use crate::stream_attrs::{
     cuCtxResetPersistingL2Cache, cuStreamCopyAttributes, cuStreamGetAttribute, cuStreamSetAttribute,

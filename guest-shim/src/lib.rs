@@ -31,6 +31,7 @@ pub mod legacy_launch;
 pub mod library;
 pub mod linker;
 pub mod log;
+pub mod mem_ops;
 pub mod not_supported;
 pub mod peer;
 pub mod per_thread;

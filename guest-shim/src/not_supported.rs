@@ -1,6 +1,6 @@
 //! Entry points vgpu exports but does not implement yet, so that libraries
 //! which resolve them with `dlsym` when they start (cuBLAS and cuFFT look up
-//! the stream memory operation and tensor-map functions and refuse to start if any is missing) load and run everything
+//! the tensor-map functions and refuse to start if any is missing) load and run everything
 //! else. Each call returns `CUDA_ERROR_NOT_SUPPORTED`, as CUDA does for a
 //! feature a device lacks, and logs which function was refused
 //! (`VGPU_LOG=debug`). docs/compatibility.md lists them.
@@ -27,8 +27,6 @@ macro_rules! not_supported {
 }
 
 not_supported! {
-    cuStreamWaitValue32: "stream memory operations";
-    cuStreamBatchMemOp: "stream memory operations";
     cuTensorMapEncodeTiled: "tensor maps (TMA)";
     cuLibraryGetUnifiedFunction: "unified functions (host and device share code on systems with HMM)";
 }
@@ -39,8 +37,7 @@ mod tests {
 
     #[test]
     fn every_refusal_is_not_supported() {
-        assert_eq!(NAMES.len(), 4);
-        assert_eq!(cuStreamWaitValue32(), cuda::CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(NAMES.len(), 2);
         assert_eq!(cuTensorMapEncodeTiled(), cuda::CUDA_ERROR_NOT_SUPPORTED);
     }
 }

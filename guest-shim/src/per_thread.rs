@@ -68,6 +68,36 @@ per_thread! {
         attrs: *const ex::MemcpyAttributes, attr_idxs: *const usize, num_attrs: usize,
         stream: CUhandle
     );
+    cuStreamWriteValue32_ptsz => cuStreamWriteValue32(
+        stream: CUhandle, addr: CUdeviceptr, value: u32, flags: c_uint
+    );
+    cuStreamWriteValue32_v2_ptsz => cuStreamWriteValue32_v2(
+        stream: CUhandle, addr: CUdeviceptr, value: u32, flags: c_uint
+    );
+    cuStreamWriteValue64_ptsz => cuStreamWriteValue64(
+        stream: CUhandle, addr: CUdeviceptr, value: u64, flags: c_uint
+    );
+    cuStreamWriteValue64_v2_ptsz => cuStreamWriteValue64_v2(
+        stream: CUhandle, addr: CUdeviceptr, value: u64, flags: c_uint
+    );
+    cuStreamWaitValue32_ptsz => cuStreamWaitValue32(
+        stream: CUhandle, addr: CUdeviceptr, value: u32, flags: c_uint
+    );
+    cuStreamWaitValue32_v2_ptsz => cuStreamWaitValue32_v2(
+        stream: CUhandle, addr: CUdeviceptr, value: u32, flags: c_uint
+    );
+    cuStreamWaitValue64_ptsz => cuStreamWaitValue64(
+        stream: CUhandle, addr: CUdeviceptr, value: u64, flags: c_uint
+    );
+    cuStreamWaitValue64_v2_ptsz => cuStreamWaitValue64_v2(
+        stream: CUhandle, addr: CUdeviceptr, value: u64, flags: c_uint
+    );
+    cuStreamBatchMemOp_ptsz => cuStreamBatchMemOp(
+        stream: CUhandle, count: c_uint, params: *const crate::mem_ops::RawParams, flags: c_uint
+    );
+    cuStreamBatchMemOp_v2_ptsz => cuStreamBatchMemOp_v2(
+        stream: CUhandle, count: c_uint, params: *const crate::mem_ops::RawParams, flags: c_uint
+    );
     cuMemsetD8Async_ptsz => cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, stream: CUhandle);
     cuMemsetD16Async_ptsz => cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, stream: CUhandle);
     cuMemsetD32Async_ptsz => cuMemsetD32Async(

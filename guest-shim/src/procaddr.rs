@@ -19,6 +19,7 @@ use crate::graph::generic::*;
 use crate::legacy_launch::*;
 use crate::library::*;
 use crate::linker::*;
+use crate::mem_ops::*;
 use crate::peer::*;
 use crate::pointer::*;
 use crate::stream_capture::*;
@@ -467,6 +468,47 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuCtxEnablePeerAccess", (4000, f!(cuCtxEnablePeerAccess))),
             e!("cuCtxDisablePeerAccess", (4000, f!(cuCtxDisablePeerAccess))),
+            e!(
+                "cuStreamWriteValue32",
+                (8000, f!(cuStreamWriteValue32)),
+                (11070, f!(cuStreamWriteValue32_v2))
+            ),
+            e!(
+                "cuStreamWriteValue64",
+                (9000, f!(cuStreamWriteValue64)),
+                (11070, f!(cuStreamWriteValue64_v2))
+            ),
+            e!(
+                "cuStreamWaitValue32",
+                (8000, f!(cuStreamWaitValue32)),
+                (11070, f!(cuStreamWaitValue32_v2))
+            ),
+            e!(
+                "cuStreamWaitValue64",
+                (9000, f!(cuStreamWaitValue64)),
+                (11070, f!(cuStreamWaitValue64_v2))
+            ),
+            e!(
+                "cuStreamBatchMemOp",
+                (8000, f!(cuStreamBatchMemOp)),
+                (11070, f!(cuStreamBatchMemOp_v2))
+            ),
+            e!(
+                "cuGraphAddBatchMemOpNode",
+                (11070, f!(cuGraphAddBatchMemOpNode))
+            ),
+            e!(
+                "cuGraphBatchMemOpNodeGetParams",
+                (11070, f!(cuGraphBatchMemOpNodeGetParams))
+            ),
+            e!(
+                "cuGraphBatchMemOpNodeSetParams",
+                (11070, f!(cuGraphBatchMemOpNodeSetParams))
+            ),
+            e!(
+                "cuGraphExecBatchMemOpNodeSetParams",
+                (11070, f!(cuGraphExecBatchMemOpNodeSetParams))
+            ),
             e!(
                 "cuStreamGetCtx",
                 (9020, f!(cuStreamGetCtx)),
@@ -955,8 +997,21 @@ mod tests {
     fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
         assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
         assert_eq!(
-            lookup("cuGraphAddBatchMemOpNode", 12020, 0),
+            lookup("cuGraphAddExternalSemaphoresSignalNode", 12020, 0),
             Lookup::NotFound
+        );
+        // CUDA 11.7 renamed the stream memory operations (`_v2`); older callers get the first.
+        assert_eq!(
+            found("cuStreamWaitValue32", 11060),
+            crate::mem_ops::cuStreamWaitValue32 as *const () as usize
+        );
+        assert_eq!(
+            found("cuStreamWaitValue32", 11070),
+            crate::mem_ops::cuStreamWaitValue32_v2 as *const () as usize
+        );
+        assert_eq!(
+            lookup("cuStreamWaitValue64", 8000, 0),
+            Lookup::VersionTooLow
         );
         assert_eq!(
             found("cuGraphNodeSetEnabled", 12000),

@@ -262,6 +262,7 @@ fn node_of(op: Op) -> NodeKind {
             reserved: size,
         },
         Op::MemFree { ptr } => NodeKind::MemFree(ptr),
+        Op::MemOps(ops) => NodeKind::BatchMemOp(crate::mem_ops::BatchNode::captured(ops)),
     }
 }
 

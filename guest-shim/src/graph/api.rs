@@ -251,7 +251,7 @@ pub(super) fn host_kind(prm: *const HostNodeParams) -> CuRes<NodeKind> {
 /// Adds a node made by `kind` to `graph` after `n` dependencies at `deps`; writes its handle.
 ///
 /// Pointer contract (CUDA's): `deps` must hold `n` node handles (or be NULL with `n` 0).
-pub(super) fn add(
+pub(crate) fn add(
     out: *mut CUhandle,
     graph: CUhandle,
     deps: *const CUhandle,
@@ -706,7 +706,7 @@ fn kernel_get(node: CUhandle, prm: *mut KernelNodeParams, v2: bool) -> CuRes<()>
 }
 
 /// Replaces a node's work (same type) in its graph.
-pub(super) fn set_kind(node: CUhandle, kind: NodeKind) -> CuRes<()> {
+pub(crate) fn set_kind(node: CUhandle, kind: NodeKind) -> CuRes<()> {
     let mut reg = registry();
     let slot = reg.node_mut(h(node))?;
     if slot.kind.type_code() != kind.type_code() {

@@ -99,6 +99,7 @@ fn node_ops(kind: &NodeKind, out: &mut Vec<Op>) {
             size: *reserved,
         }),
         NodeKind::MemFree(p) => out.push(Op::MemFree { ptr: *p }),
+        NodeKind::BatchMemOp(b) => out.extend(crate::mem_ops::graph_ops(&b.ops)),
     }
 }
 
@@ -285,6 +286,11 @@ fn encode(ctx: u64, op: &Op, node_priority: bool, out: &mut Vec<u8>) -> bool {
             &msg::GraphMemFreeNode { ptr: *ptr },
             &[],
         ),
+        Op::MemOps(ops) => {
+            for o in ops {
+                push_op(out, &o.request(ctx, 0), &[]);
+            }
+        }
         Op::HtoD { .. } | Op::DtoH { .. } | Op::Host { .. } => return false,
     }
     true

@@ -2,8 +2,8 @@
 //! `cuGraphNodeSetParams`, `cuGraphExecNodeSetParams`): one `CUgraphNodeParams` structure
 //! whose `type` selects a member of a union. Each node type goes to the code of its per-type
 //! entry point ([`super::api`]), so a node is built and checked exactly as that call builds it.
-//! External semaphore, batch memory-operation and conditional nodes are
-//! `CUDA_ERROR_NOT_SUPPORTED`, as their per-type calls are.
+//! External semaphore and conditional nodes are `CUDA_ERROR_NOT_SUPPORTED`, as their per-type
+//! calls are.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::cell::Cell;
@@ -98,6 +98,8 @@ pub union NodeParamsUnion {
     pub alloc: MemAllocNodeParams,
     /// `CUDA_MEM_FREE_NODE_PARAMS`.
     pub free: MemFreeNodeParams,
+    /// `CUDA_BATCH_MEM_OP_NODE_PARAMS_v2`.
+    pub mem_op: crate::mem_ops::BatchMemOpNodeParams,
 }
 
 /// `CUgraphNodeParams`.
@@ -173,7 +175,6 @@ fn read_params<'a>(prm: *const GraphNodeParams) -> CuRes<&'a GraphNodeParams> {
 fn refused<T>(ty: c_int) -> CuRes<T> {
     let what = match ty {
         node_type::EXT_SEMAS_SIGNAL | node_type::EXT_SEMAS_WAIT => "external semaphore nodes",
-        node_type::BATCH_MEM_OP => "batch memory-operation nodes",
         node_type::CONDITIONAL => "conditional nodes",
         _ => {
             crate::debug!("CUgraphNodeParams: unknown node type {ty}");
@@ -201,6 +202,7 @@ fn plain_kind(p: &GraphNodeParams) -> CuRes<NodeKind> {
         node_type::MEMSET => memset_kind((&raw const u.memset).cast()),
         node_type::HOST => host_kind(&raw const u.host),
         node_type::EMPTY => Ok(NodeKind::Empty),
+        node_type::BATCH_MEM_OP => crate::mem_ops::batch_kind(&raw const u.mem_op),
         node_type::WAIT_EVENT | node_type::EVENT_RECORD => {
             // SAFETY: as above; a handle.
             let event = unsafe { u.event }.event;
@@ -432,7 +434,6 @@ mod tests {
         for ty in [
             node_type::EXT_SEMAS_SIGNAL,
             node_type::EXT_SEMAS_WAIT,
-            node_type::BATCH_MEM_OP,
             node_type::CONDITIONAL,
         ] {
             let mut p = params(ty);

@@ -48,7 +48,7 @@ pub mod node_type {
     pub const MEM_ALLOC: i32 = 10;
     /// `CU_GRAPH_NODE_TYPE_MEM_FREE`.
     pub const MEM_FREE: i32 = 11;
-    /// `CU_GRAPH_NODE_TYPE_BATCH_MEM_OP` (not provided).
+    /// `CU_GRAPH_NODE_TYPE_BATCH_MEM_OP`.
     pub const BATCH_MEM_OP: i32 = 12;
     /// `CU_GRAPH_NODE_TYPE_CONDITIONAL` (not provided).
     pub const CONDITIONAL: i32 = 13;
@@ -143,6 +143,9 @@ pub enum Op {
         /// Its address.
         ptr: u64,
     },
+    /// Stream memory operations, in order (a captured `cuStreamBatchMemOp`; in an executable
+    /// graph's plan one write or wait each, [`crate::mem_ops::graph_ops`]).
+    MemOps(Vec<crate::mem_ops::MemOp>),
 }
 
 /// A `CUDA_MEMCPY3D` kept for `cuGraphMemcpyNodeGetParams`.
@@ -273,6 +276,8 @@ pub enum NodeKind {
     },
     /// Frees a graph allocation.
     MemFree(u64),
+    /// Stream memory operations.
+    BatchMemOp(crate::mem_ops::BatchNode),
 }
 
 impl NodeKind {
@@ -297,6 +302,7 @@ impl NodeKind {
             NodeKind::EventWait(_) => node_type::WAIT_EVENT,
             NodeKind::MemAlloc { .. } => node_type::MEM_ALLOC,
             NodeKind::MemFree(_) => node_type::MEM_FREE,
+            NodeKind::BatchMemOp(_) => node_type::BATCH_MEM_OP,
         }
     }
 
@@ -312,6 +318,7 @@ impl NodeKind {
             NodeKind::EventWait(_) => "event wait",
             NodeKind::MemAlloc { .. } => "mem alloc",
             NodeKind::MemFree(_) => "mem free",
+            NodeKind::BatchMemOp(_) => "batch mem op",
         }
     }
 }

@@ -49,6 +49,22 @@ fn the_driver_api_the_runtimes_resolve_works() {
 }
 
 #[test]
+fn stream_memory_operations_order_streams() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("stream_mem_ops");
+    let r = run_against(&d, "vm1", &prog, &[]);
+    assert!(
+        r.failures().is_empty() && r.code == 0,
+        "{}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+    assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > 60);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+#[test]
 fn each_vm_fills_exactly_its_own_slice() {
     let d = Vgpud::start(&[TestVm::new("small", 48 * MIB), TestVm::new("big", 96 * MIB)]);
     let prog = build_c_program("driver_api");

@@ -1451,12 +1451,13 @@ static void mode_generic(void) {
           1);
 
     /* Types vgpu does not build, unknown types and reserved fields. */
-    int refused[] = {NODE_EXT_SEMAS_SIGNAL, NODE_EXT_SEMAS_WAIT, NODE_BATCH_MEM_OP,
-                     NODE_CONDITIONAL};
-    for (int i = 0; i < 4; i++) {
+    int refused[] = {NODE_EXT_SEMAS_SIGNAL, NODE_EXT_SEMAS_WAIT, NODE_CONDITIONAL};
+    for (int i = 0; i < 3; i++) {
         p = generic_of_type(refused[i]);
         check("refused node type: not supported", cuGraphAddNode(&n0, g, NULL, 0, &p), 801);
     }
+    p = generic_of_type(NODE_BATCH_MEM_OP);
+    check("a batch memory-operation node of no operations", cuGraphAddNode(&n0, g, NULL, 0, &p), 1);
     p = generic_of_type(99);
     check("unknown node type", cuGraphAddNode(&n0, g, NULL, 0, &p), 1);
     p = generic_of_type(NODE_EMPTY);

@@ -1,10 +1,12 @@
 """An unmodified cuda-python program: NVRTC compiles CUDA C++ to PTX, and
 cuda.bindings.driver (which resolves every driver function through
-cuGetProcAddress_v2) runs it on vgpu's libcuda.so.1.
+cuGetProcAddress_v2) runs it on vgpu's libcuda.so.1, then orders two streams
+with stream memory operations.
 
 Prints "PASS" and exits 0 when the results match the CPU."""
 import array
 import sys
+import time
 
 from cuda.bindings import driver as cu
 from cuda.bindings import nvrtc
@@ -62,6 +64,27 @@ ok((cu.cuMemcpyDtoH(out.buffer_info()[0], dy, nbytes)[0], None))
 bad = [i for i in range(n) if out[i] != 2.5 * x[i] + 1.0]
 if bad:
     sys.exit(f"FAIL: {len(bad)} wrong results, first at {bad[0]}: {out[bad[0]]}")
+
+# Stream memory operations (resolved through cuGetProcAddress, as every call here): a stream
+# waits for a flag that another stream writes.
+flag = ok(cu.cuMemAlloc(8))
+ok((cu.cuMemsetD32(flag, 0, 2)[0], None))
+non_blocking = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+waiter = ok(cu.cuStreamCreate(non_blocking))
+writer = ok(cu.cuStreamCreate(non_blocking))
+eq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
+ok((cu.cuStreamWaitValue32(waiter, flag, 1, eq)[0], None))
+ok((cu.cuStreamWriteValue32(waiter, int(flag) + 4, 7, 0)[0], None))
+time.sleep(0.05)
+if cu.cuStreamQuery(waiter)[0] != cu.CUresult.CUDA_ERROR_NOT_READY:
+    sys.exit("FAIL: cuStreamWaitValue32 did not hold its stream")
+ok((cu.cuStreamWriteValue32(writer, flag, 1, 0)[0], None))
+ok((cu.cuStreamSynchronize(waiter)[0], None))
+words = array.array("I", [0, 0])
+ok((cu.cuMemcpyDtoH(words.buffer_info()[0], flag, 8)[0], None))
+if list(words) != [1, 7]:
+    sys.exit(f"FAIL: stream memory operations left {list(words)}")
+ok((cu.cuMemFree(flag)[0], None))
 ok((cu.cuMemFree(dx)[0], None))
 ok((cu.cuMemFree(dy)[0], None))
 print("PASS")

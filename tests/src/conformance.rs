@@ -532,6 +532,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         crate::conformance_textures::textures_and_surfaces,
     ),
     (
+        "stream_memory_operations",
+        crate::conformance_mem_ops::stream_memory_operations,
+    ),
+    (
         "allocations_move_between_device_and_host",
         crate::conformance_overflow::allocations_move_between_device_and_host,
     ),

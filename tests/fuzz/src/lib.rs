@@ -97,8 +97,20 @@ pub fn session(data: &[u8]) {
         stream,
         io::sink(),
         "fuzz",
-        None,
+        Some(gone_after(GIVE_UP)),
     );
+}
+
+/// How long a session of one input may wait (for its work, in a synchronizing call) before the
+/// guest counts as gone, as a real guest's killed process would be: an input may wait for what
+/// it never lets happen (a stream memory wait nobody writes, a host function nobody runs),
+/// which on CUDA too hangs the program, not the driver.
+const GIVE_UP: Duration = Duration::from_millis(300);
+
+/// A hang-up probe that says the client is gone once `limit` has passed.
+fn gone_after(limit: Duration) -> vgpu_broker::engine::HangupProbe {
+    let t0 = std::time::Instant::now();
+    Arc::new(move || t0.elapsed() > limit)
 }
 
 /// The bytes the guest's packets carry at a time in [`session_ring`]: not a divisor of any frame
@@ -127,6 +139,7 @@ fn serve_on_a_ring(vm: &(Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tena
     };
     let end = Arc::new(end);
     let (broker, tenant) = (Arc::clone(broker), Arc::clone(tenant));
+    let probe = gone_after(GIVE_UP);
     let session = std::thread::spawn(move || {
         let writer: &vgpu_vhost_vsock::inproc::SessionEnd = &end;
         let _ = vgpu_broker::session_loop::serve_ring(
@@ -135,7 +148,7 @@ fn serve_on_a_ring(vm: &(Arc<vgpu_broker::Broker>, Arc<vgpu_broker::tenant::Tena
             Arc::clone(&end),
             writer,
             "fuzz",
-            None,
+            Some(probe),
             true,
         );
     });
@@ -478,6 +491,30 @@ fn session_seed() -> Vec<u8> {
             len: COPY as u64,
         }),
     );
+    // Stream memory operations: a write, a wait it meets, and a 64-bit wait met at once.
+    let mem_op = |op, flags, addr, value| {
+        msg::encode(&msg::StreamMemOp {
+            ctx: FIRST_CONTEXT,
+            stream: 0,
+            op,
+            flags,
+            addr,
+            value,
+        })
+    };
+    let word = vgpu_broker::testutils::MEM_DEVICE_BASE;
+    push(
+        msg::StreamMemOp::OPCODE,
+        vgpu_proto::frame::FLAG_ASYNC,
+        mem_op(2, 0, word, 0x0302_0100),
+    );
+    push(msg::StreamMemOp::OPCODE, 0, mem_op(1, 1, word, 0x0302_0100));
+    push(msg::StreamMemOp::OPCODE, 0, mem_op(4, 0, word + 8, 0));
+    push(
+        msg::CtxSynchronize::OPCODE,
+        0,
+        msg::encode(&msg::CtxSynchronize { ctx: FIRST_CONTEXT }),
+    );
     // A texture object over the copied bytes (64 rows of 256 four-byte texels), destroyed, and
     // a surface object left for the session's end.
     let texels = msg::TexObjectCreate {
@@ -620,6 +657,11 @@ mod tests {
             ),
             (2 << 16, 1 << 16),
             "both 64 KiB copies in, one out, through the ring in 977-byte packets"
+        );
+        assert_eq!(
+            s.errors.load(Ordering::Relaxed),
+            0,
+            "every call of the seed succeeds (its stream memory waits are met)"
         );
     }
 

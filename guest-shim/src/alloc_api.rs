@@ -266,6 +266,11 @@ fn region_of_host(st: &State, addr: usize) -> Option<u64> {
 
 // ---- hooks called by crate::driver ----------------------------------------------------
 
+/// Whether `ptr` is a device address of managed or mapped memory (as kernels address it).
+pub fn is_mirrored_device_ptr(ptr: u64) -> bool {
+    region_at(&state(), ptr).is_some()
+}
+
 /// Before a launch on `stream`: the regions it may touch go to the device.
 pub fn before_launch(stream: u64) -> CuRes<()> {
     let mut st = state();

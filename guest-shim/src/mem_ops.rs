@@ -172,7 +172,8 @@ pub fn enqueue(stream: u64, ops: Vec<MemOp>) -> CuRes<()> {
         return r;
     }
     for o in ops.iter().filter(|o| o.sent()) {
-        if drv::space_of(o.addr)? != drv::Space::Device {
+        let device = d.is_device_ptr(o.addr) || crate::alloc_api::is_mirrored_device_ptr(o.addr);
+        if !device {
             crate::debug!(
                 "stream memory operation at {:#x}: not device memory of this process",
                 o.addr

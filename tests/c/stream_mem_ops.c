@@ -75,6 +75,10 @@ CUresult cuCtxSynchronize(void);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemHostAlloc(void **, size_t, unsigned);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
+CUresult cuMemFreeHost(void *);
 CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 CUresult cuMemsetD32_v2(CUdeviceptr, unsigned, size_t);
 CUresult cuMemsetD32Async(CUdeviceptr, unsigned, size_t, CUstream);
@@ -332,6 +336,35 @@ static void batches(CUdeviceptr words, CUstream s1) {
     check("the stream is still fine", cuStreamSynchronize(s1), 0);
 }
 
+/* Managed and mapped memory take part as in a launch: what the host wrote before the call is on
+ * the device, and the host sees the device's writes after a synchronization. */
+static void mirrored_memory(CUstream s1) {
+    CUdeviceptr m;
+    check("cuMemAllocManaged", cuMemAllocManaged(&m, 4096, 1 /* CU_MEM_ATTACH_GLOBAL */), 0);
+    volatile unsigned *mw = (volatile unsigned *)(uintptr_t)m;
+    mw[0] = 5;
+    mw[1] = 0;
+    check("a wait on managed memory the host wrote", cuStreamWaitValue32_v2(s1, m, 5, EQ), 0);
+    check("a write to managed memory", cuStreamWriteValue32_v2(s1, m + 4, 6, 0), 0);
+    check("... synchronized", cuStreamSynchronize(s1), 0);
+    expect("the host sees the device's write to managed memory", mw[1] == 6);
+    cuMemFree_v2(m);
+
+    void *host = NULL;
+    check("cuMemHostAlloc DEVICEMAP", cuMemHostAlloc(&host, 4096, 2 /* CU_MEMHOSTALLOC_DEVICEMAP */), 0);
+    CUdeviceptr d = 0;
+    cuMemHostGetDevicePointer_v2(&d, host, 0);
+    volatile unsigned *hw = host;
+    hw[0] = 8;
+    hw[1] = 0;
+    check("a wait on mapped memory the host wrote", cuStreamWaitValue32_v2(s1, d, 8, GEQ), 0);
+    check("a 64-bit write to mapped memory", cuStreamWriteValue64_v2(s1, d + 8, 0x900000009ull, 0), 0);
+    check("... synchronized", cuStreamSynchronize(s1), 0);
+    expect("the host sees the device's write to mapped memory",
+           ((volatile unsigned long long *)host)[1] == 0x900000009ull);
+    cuMemFreeHost(host);
+}
+
 static void entry_points(CUdeviceptr words) {
     void *fn = NULL;
     int status = -1;
@@ -457,6 +490,7 @@ int main(void) {
     cuStreamCreate(&s2, NON_BLOCKING);
     waits_and_writes(words, s1, s2);
     batches(words, s1);
+    mirrored_memory(s1);
     entry_points(words);
     graphs(words, s1);
     stuck_context(ctx, dev);

@@ -32,6 +32,10 @@ use crate::error::CuError;
 pub const MIN_POLL: Duration = Duration::from_micros(50);
 /// The longest the watcher sleeps while waits are reached.
 pub const MAX_POLL: Duration = Duration::from_millis(2);
+/// The lane the watcher reads words as ([`crate::device::current_lane`]): none of the guest's
+/// (those are `ctx << 1` and odd stream handles), so that an executor with a queue per lane
+/// does not put a read behind a guest stream's kernel, which may be waiting for the wait.
+pub const WATCHER_LANE: u64 = u64::MAX - 1;
 
 /// One wait: the word at `addr` (`width` bytes) against `value` under `condition`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,7 +220,9 @@ fn look(dev: &dyn DeviceContext, w: &Watched, ended: bool) -> Look {
         value,
     } = w.wait;
     let mut word = [0u8; 8];
-    match dev.read(addr, &mut word[..width as usize]) {
+    let read =
+        crate::device::with_lane(WATCHER_LANE, || dev.read(addr, &mut word[..width as usize]));
+    match read {
         Ok(()) => {
             if mem_op::met(condition, width, u64::from_le_bytes(word), value) {
                 gate.open();

@@ -1,7 +1,10 @@
 //! Concurrency of streams on the simulated GPU, through the guest shim, a
 //! unix socket and vgpud: kernels of two streams against the same kernels on
 //! one stream, and a 64 MiB host-to-device copy during a kernel of about the
-//! same length against the copy after the kernel. Both baselines are
+//! same length against the copy after the kernel; and hand-offs between two
+//! streams through stream memory operations (a write on one stream, a wait
+//! for it on the other: vgpud's memory wait watcher) against the same
+//! hand-offs through events (the engine's own dependencies). The baselines are
 //! measured in the same run; medians and spreads (min–max) over the runs.
 // The setup drives the shim's C ABI with one uniform safety argument: every
 // call passes valid pointers. Splitting it per call would only add noise.
@@ -33,6 +36,10 @@ pub const COPY_BYTES: usize = 64 << 20;
 /// Threads per block of the spin kernel; each launch is one block, so that
 /// a kernel fills one worker and two streams can fill two.
 const BLOCK: u32 = 32;
+/// Hand-offs between the two streams per measurement (there and back is two).
+pub const HANDOFFS: u32 = 200;
+/// `CU_STREAM_WAIT_VALUE_GEQ`.
+const WAIT_GEQ: u32 = 0;
 
 /// Ratios of one run (concurrent / serial).
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +52,10 @@ pub struct Figures {
     pub copy_serial: f64,
     /// Kernel and copy on two streams, seconds.
     pub copy_overlap: f64,
+    /// [`HANDOFFS`] hand-offs between two streams through events, seconds.
+    pub handoff_events: f64,
+    /// The same through stream memory operations, seconds.
+    pub handoff_mem_ops: f64,
 }
 
 struct Gpu {
@@ -54,6 +65,8 @@ struct Gpu {
     dst: u64,
     s1: cuda::exports::CUhandle,
     s2: cuda::exports::CUhandle,
+    /// Two events, one per direction of a hand-off.
+    events: [cuda::exports::CUhandle; 2],
 }
 
 fn check(r: u32, what: &str) {
@@ -101,6 +114,50 @@ impl Gpu {
         check(cuda::exports::cuCtxSynchronize(), "cuCtxSynchronize");
     }
 
+    /// Hands the work back and forth between the two streams [`HANDOFFS`] times through
+    /// events: each side records an event after a one-word fill, the other waits for it.
+    fn handoffs_by_events(&self) {
+        use cuda::exports::*;
+        for i in 0..HANDOFFS {
+            let (from, to) = if i % 2 == 0 {
+                (self.s1, self.s2)
+            } else {
+                (self.s2, self.s1)
+            };
+            let ev = self.events[(i % 2) as usize];
+            check(cuMemsetD32Async(self.out, i, 1, from), "cuMemsetD32Async");
+            check(cuEventRecord(ev, from), "cuEventRecord");
+            check(cuStreamWaitEvent(to, ev, 0), "cuStreamWaitEvent");
+        }
+    }
+
+    /// The same hand-offs through stream memory operations: each side writes a growing count
+    /// to a word, the other waits until the word reaches it.
+    fn handoffs_by_mem_ops(&self, round: u32) {
+        use cuda::mem_ops::{cuStreamWaitValue32_v2, cuStreamWriteValue32_v2};
+        let base = round * HANDOFFS;
+        for i in 0..HANDOFFS {
+            let (from, to) = if i % 2 == 0 {
+                (self.s1, self.s2)
+            } else {
+                (self.s2, self.s1)
+            };
+            let count = base + i + 1;
+            check(
+                cuda::exports::cuMemsetD32Async(self.out, i, 1, from),
+                "cuMemsetD32Async",
+            );
+            check(
+                cuStreamWriteValue32_v2(from, self.dst, count, 0),
+                "cuStreamWriteValue32",
+            );
+            check(
+                cuStreamWaitValue32_v2(to, self.dst, count, WAIT_GEQ),
+                "cuStreamWaitValue32",
+            );
+        }
+    }
+
     fn time(&self, f: impl FnOnce()) -> f64 {
         let t = Instant::now();
         f();
@@ -135,6 +192,13 @@ fn setup(sock: &std::path::Path) -> Gpu {
         check(cuStreamCreate(&mut s1, 1), "cuStreamCreate");
         check(cuStreamCreate(&mut s2, 1), "cuStreamCreate");
     }
+    let mut events = [std::ptr::null_mut(); 2];
+    for e in &mut events {
+        // SAFETY: a valid out-pointer; CU_EVENT_DISABLE_TIMING.
+        check(unsafe { cuEventCreate(e, 2) }, "cuEventCreate");
+    }
+    // The hand-offs' word (in the copy's buffer, which no hand-off copies into) starts at 0.
+    check(cuMemsetD32_v2(dst, 0, 1), "cuMemsetD32");
     Gpu {
         spin,
         out,
@@ -142,6 +206,7 @@ fn setup(sock: &std::path::Path) -> Gpu {
         dst,
         s1,
         s2,
+        events,
     }
 }
 
@@ -182,7 +247,7 @@ pub fn run(p: Params) -> Vec<Figures> {
     let kernel_s = g.time(|| g.launch(iters, g.s1));
     let copy_iters = ((f64::from(iters) * copy_s / kernel_s.max(1e-6)) as u32).max(1);
     let mut runs = Vec::new();
-    for _ in 0..p.runs {
+    for round in 0..p.runs as u32 {
         let serial = g.time(|| {
             for _ in 0..p.kernels {
                 g.launch(iters, g.s1);
@@ -201,11 +266,17 @@ pub fn run(p: Params) -> Vec<Figures> {
             g.launch(copy_iters, g.s1);
             g.copy(g.s2);
         });
+        let handoff_events = g.time(|| g.handoffs_by_events());
+        // The copies above rewrote the word: it starts again below this round's counts.
+        check(cuda::exports::cuMemsetD32_v2(g.dst, 0, 1), "cuMemsetD32");
+        let handoff_mem_ops = g.time(|| g.handoffs_by_mem_ops(round));
         runs.push(Figures {
             serial,
             two_streams,
             copy_serial,
             copy_overlap,
+            handoff_events,
+            handoff_mem_ops,
         });
     }
     let col = |f: fn(&Figures) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
@@ -237,6 +308,17 @@ pub fn run(p: Params) -> Vec<Figures> {
         qm,
         qlo,
         qhi
+    );
+    let (em, _, _) = col(|f| f.handoff_events);
+    let (mm, _, _) = col(|f| f.handoff_mem_ops);
+    let (hm, hlo, hhi) = col(|f| f.handoff_mem_ops / f.handoff_events);
+    println!(
+        "{HANDOFFS} hand-offs between two streams: through events {:.1} us each, through stream memory operations {:.1} us each, ratio {:.2}x [{:.2}-{:.2}]",
+        em * 1e6 / f64::from(HANDOFFS),
+        mm * 1e6 / f64::from(HANDOFFS),
+        hm,
+        hlo,
+        hhi
     );
     daemon.shutdown();
     runs

@@ -301,6 +301,14 @@ pub fn streams(runs: &[crate::streams::Figures]) -> Vec<Figure> {
             "the copy after it",
             "s",
         ),
+        Figure::new(
+            "streams",
+            "hand-offs by memory waits",
+            med(|f| f.handoff_mem_ops),
+            med(|f| f.handoff_events),
+            "the same by events",
+            "s",
+        ),
     ]
 }
 

@@ -91,9 +91,9 @@ fn a_rust_program_drives_the_shim_through_libloading() {
         cu.proc::<usize>("cuMemAlloc", 3000).is_none(),
         "pre-3.2 ABI must not be answered"
     );
-    // A driver function vgpu does not provide (batch memory-operation graph nodes).
+    // A driver function vgpu does not provide (external semaphore graph nodes).
     assert!(
-        cu.proc::<usize>("cuGraphAddBatchMemOpNode", 12030)
+        cu.proc::<usize>("cuGraphAddExternalSemaphoresSignalNode", 12030)
             .is_none()
     );
 

@@ -651,6 +651,14 @@ impl State {
         self.lanes.values().any(|l| !l.idle())
     }
 
+    /// Whether a job of lane `spec` would start at once: the lane is idle, the work it implicitly
+    /// waits for is done and its context is not poisoned.
+    fn ready_now(&self, spec: &LaneSpec) -> bool {
+        !self.poisoned.contains_key(&spec.ctx)
+            && self.lanes.get(&spec.key).is_none_or(Lane::idle)
+            && self.implicit_deps(spec).is_empty()
+    }
+
     /// Returns `bytes` of queued work to the VM's `queued_bytes`.
     fn unqueue(&self, bytes: usize) {
         if let Some(vm) = &self.vm {
@@ -1133,10 +1141,7 @@ impl Engine {
     /// first.
     fn reserve_inline(&self, spec: &LaneSpec, count: usize) -> Option<u64> {
         let mut st = self.shared.lock();
-        if st.poisoned.contains_key(&spec.ctx)
-            || st.lanes.get(&spec.key).is_some_and(|l| !l.idle())
-            || !st.implicit_deps(spec).is_empty()
-        {
+        if !st.ready_now(spec) {
             return None;
         }
         let first = st.submitted + 1;
@@ -1228,6 +1233,12 @@ impl Engine {
     /// Whether job `seq` has run (and with it every earlier job of its lane).
     pub fn is_done(&self, seq: u64) -> bool {
         self.shared.lock().is_done(seq)
+    }
+
+    /// Whether a job of lane `spec` submitted now would start at once (a stream memory wait
+    /// whose word already meets it then needs no gate).
+    pub fn ready_now(&self, spec: &LaneSpec) -> bool {
+        self.shared.lock().ready_now(spec)
     }
 
     /// Whether lane `spec` has nothing pending (for `cuStreamQuery`): its

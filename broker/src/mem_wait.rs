@@ -16,9 +16,9 @@
 //! runs only while there are some, and ends with the session.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 use vgpu_proto::cuda::{self, mem_op};
@@ -27,8 +27,10 @@ use crate::device::DeviceContext;
 use crate::engine::{Gate, GateState};
 use crate::error::CuError;
 
-/// The first look after a job's end comes at once; then the watcher looks again after this
-/// long, doubling up to [`MAX_POLL`] while nothing ends.
+/// A newly reached wait is looked at at once; after a job's end the watcher looks again once
+/// this long has passed since its last look (so a flood of jobs beside a wait that is not met
+/// costs one look per `MIN_POLL`, not one per job); while nothing ends it looks after this long,
+/// doubling up to [`MAX_POLL`].
 pub const MIN_POLL: Duration = Duration::from_micros(50);
 /// The longest the watcher sleeps while waits are reached.
 pub const MAX_POLL: Duration = Duration::from_millis(2);
@@ -59,8 +61,10 @@ struct Watched {
 #[derive(Default)]
 struct State {
     reached: Vec<Watched>,
-    /// A job ended (or a wait was reached) since the watcher last looked.
+    /// A job ended since the watcher last looked.
     kicked: bool,
+    /// A wait was reached (or a context ended) since the watcher last looked.
+    fresh: bool,
     /// The watcher thread is running.
     running: bool,
     /// The session ended.
@@ -75,6 +79,8 @@ struct Inner {
     cv: Condvar,
     /// `state.reached.len()`, readable without the lock on every job's end.
     count: AtomicUsize,
+    /// Rounds of looks the watcher made.
+    looks: AtomicU64,
 }
 
 impl Inner {
@@ -88,8 +94,24 @@ impl Inner {
             return;
         }
         let mut st = self.lock();
-        st.kicked = true;
-        self.cv.notify_one();
+        if !st.kicked {
+            st.kicked = true;
+            self.cv.notify_one();
+        }
+    }
+}
+
+impl ValueWait {
+    /// Whether the word meets the wait now (read from `dev` as the calling thread's lane).
+    pub fn met(&self, dev: &dyn DeviceContext) -> Result<bool, crate::device::DeviceError> {
+        let mut word = [0u8; 8];
+        dev.read(self.addr, &mut word[..self.width as usize])?;
+        Ok(mem_op::met(
+            self.condition,
+            self.width,
+            u64::from_le_bytes(word),
+            self.value,
+        ))
     }
 }
 
@@ -115,6 +137,7 @@ impl MemWaits {
                 state: Mutex::new(State::default()),
                 cv: Condvar::new(),
                 count: AtomicUsize::new(0),
+                looks: AtomicU64::new(0),
             }),
         }
     }
@@ -140,7 +163,7 @@ impl MemWaits {
     pub fn end_context(&self, ctx: u64) {
         let mut st = self.inner.lock();
         st.ended.insert(ctx);
-        st.kicked = true;
+        st.fresh = true;
         self.inner.cv.notify_one();
     }
 
@@ -176,7 +199,7 @@ fn watch(inner: &Arc<Inner>, w: Watched) {
     }
     st.reached.push(w);
     inner.count.store(st.reached.len(), Ordering::Release);
-    st.kicked = true;
+    st.fresh = true;
     if st.running {
         inner.cv.notify_one();
         return;
@@ -213,25 +236,15 @@ fn look(dev: &dyn DeviceContext, w: &Watched, ended: bool) -> Look {
         gate.open();
         return Look::Done;
     }
-    let ValueWait {
-        addr,
-        width,
-        condition,
-        value,
-    } = w.wait;
-    let mut word = [0u8; 8];
-    let read =
-        crate::device::with_lane(WATCHER_LANE, || dev.read(addr, &mut word[..width as usize]));
+    let read = crate::device::with_lane(WATCHER_LANE, || w.wait.met(dev));
     match read {
-        Ok(()) => {
-            if mem_op::met(condition, width, u64::from_le_bytes(word), value) {
-                gate.open();
-                Look::Done
-            } else {
-                Look::Waiting
-            }
+        Ok(true) => {
+            gate.open();
+            Look::Done
         }
+        Ok(false) => Look::Waiting,
         Err(e) => {
+            let addr = w.wait.addr;
             debug!(addr, error = %e, "a stream memory wait's word is gone");
             gate.fail(CuError::new(
                 cuda::CUDA_ERROR_ILLEGAL_ADDRESS,
@@ -244,8 +257,8 @@ fn look(dev: &dyn DeviceContext, w: &Watched, ended: bool) -> Look {
     }
 }
 
-/// The watcher thread: looks at the reached waits after every kick and every poll interval,
-/// until none is left or the session ends.
+/// The watcher thread: looks at the reached waits when one is newly reached, after jobs end
+/// (at most every [`MIN_POLL`]) and every poll interval, until none is left or the session ends.
 fn watcher(inner: &Arc<Inner>) {
     let mut poll = MIN_POLL;
     let mut st = inner.lock();
@@ -254,16 +267,18 @@ fn watcher(inner: &Arc<Inner>) {
             st.running = false;
             return;
         }
-        st.kicked = false;
+        let told = std::mem::take(&mut st.kicked) | std::mem::take(&mut st.fresh);
         let watched = std::mem::take(&mut st.reached);
         let ended: Vec<bool> = watched.iter().map(|w| st.ended.contains(&w.ctx)).collect();
         drop(st);
+        inner.looks.fetch_add(1, Ordering::Relaxed);
         let mut kept = Vec::with_capacity(watched.len());
         for (w, ended) in watched.into_iter().zip(ended) {
             if let Look::Waiting = look(inner.dev.as_ref(), &w, ended) {
                 kept.push(w);
             }
         }
+        let looked = Instant::now();
         st = inner.lock();
         if st.closed {
             st.running = false;
@@ -273,31 +288,29 @@ fn watcher(inner: &Arc<Inner>) {
         kept.append(&mut st.reached);
         st.reached = kept;
         inner.count.store(st.reached.len(), Ordering::Release);
-        if st.reached.is_empty() {
-            st.running = false;
-            return;
-        }
-        if st.kicked {
-            poll = MIN_POLL;
-            continue;
-        }
-        st = inner
-            .cv
-            .wait_timeout(st, poll)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
-        poll = if st.kicked {
+        poll = if told {
             MIN_POLL
         } else {
             (poll * 2).min(MAX_POLL)
         };
+        // Until the next look.
+        while !st.closed && !st.fresh && !st.reached.is_empty() {
+            let due = if st.kicked { MIN_POLL } else { poll };
+            let since = looked.elapsed();
+            if since >= due {
+                break;
+            }
+            st = inner
+                .cv
+                .wait_timeout(st, due - since)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
     use crate::device::Device;
     use crate::engine::{Engine, Job, LaneKey, LaneKind, LaneSpec};
@@ -458,6 +471,31 @@ mod tests {
             e.take_error(CTX + 1),
             None,
             "an ended context's waits are no error"
+        );
+    }
+
+    #[test]
+    fn a_flood_of_jobs_beside_an_unmet_wait_costs_one_look_per_interval() {
+        let (mut e, w, _dev, word) = rig();
+        e.submit(
+            &lane(0x10),
+            Job::Gate(w.gate(CTX, wait(word, mem_op::WAIT_EQ, 1))),
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        let before = w.inner.looks.load(Ordering::Relaxed);
+        assert!(before >= 1, "the reached wait was looked at");
+        let t0 = Instant::now();
+        let jobs = 20_000;
+        for _ in 0..jobs {
+            // Quick jobs of an idle lane: each runs inline and ends at once.
+            e.submit(&lane(0x20), Job::Barrier);
+        }
+        let took = t0.elapsed();
+        let looks = w.inner.looks.load(Ordering::Relaxed) - before;
+        let bound = (took.as_micros() / MIN_POLL.as_micros()) as u64 + 2;
+        assert!(
+            looks <= bound,
+            "{looks} looks for {jobs} jobs in {took:?} (at most {bound})"
         );
     }
 

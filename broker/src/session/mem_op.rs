@@ -44,6 +44,14 @@ impl Session {
                     condition,
                     value: m.value,
                 };
+                // Reached at once and met already (the word was written before): nothing to
+                // queue, and no hand-off to the watcher and back.
+                if self.engine.ready_now(&lane)
+                    && crate::device::with_lane(lane.key.id(), || wait.met(self.dev.as_ref()))
+                        .unwrap_or(false)
+                {
+                    return Ok(());
+                }
                 Job::Gate(self.mem_waits().gate(lane.ctx, wait))
             }
         };

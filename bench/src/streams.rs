@@ -54,8 +54,12 @@ pub struct Figures {
     pub copy_overlap: f64,
     /// [`HANDOFFS`] hand-offs between two streams through events, seconds.
     pub handoff_events: f64,
-    /// The same through stream memory operations, seconds.
+    /// The same through stream memory operations, each wait sent after the write it waits
+    /// for (so met when its stream reaches it), seconds.
     pub handoff_mem_ops: f64,
+    /// The same with each wait sent before its write (so released later, by vgpud's memory
+    /// wait watcher), seconds.
+    pub handoff_mem_ops_later: f64,
 }
 
 struct Gpu {
@@ -132,17 +136,28 @@ impl Gpu {
     }
 
     /// The same hand-offs through stream memory operations: each side writes a growing count
-    /// to a word, the other waits until the word reaches it.
-    fn handoffs_by_mem_ops(&self, round: u32) {
+    /// to a word, the other waits until the word reaches it; with `wait_first` the wait is sent
+    /// before the write that meets it.
+    fn handoffs_by_mem_ops(&self, wait_first: bool) {
         use cuda::mem_ops::{cuStreamWaitValue32_v2, cuStreamWriteValue32_v2};
-        let base = round * HANDOFFS;
+        // The word starts at 0 for every measurement.
+        check(cuda::exports::cuMemsetD32_v2(self.dst, 0, 1), "cuMemsetD32");
         for i in 0..HANDOFFS {
             let (from, to) = if i % 2 == 0 {
                 (self.s1, self.s2)
             } else {
                 (self.s2, self.s1)
             };
-            let count = base + i + 1;
+            let count = i + 1;
+            let wait = || {
+                check(
+                    cuStreamWaitValue32_v2(to, self.dst, count, WAIT_GEQ),
+                    "cuStreamWaitValue32",
+                );
+            };
+            if wait_first {
+                wait();
+            }
             check(
                 cuda::exports::cuMemsetD32Async(self.out, i, 1, from),
                 "cuMemsetD32Async",
@@ -151,10 +166,9 @@ impl Gpu {
                 cuStreamWriteValue32_v2(from, self.dst, count, 0),
                 "cuStreamWriteValue32",
             );
-            check(
-                cuStreamWaitValue32_v2(to, self.dst, count, WAIT_GEQ),
-                "cuStreamWaitValue32",
-            );
+            if !wait_first {
+                wait();
+            }
         }
     }
 
@@ -247,7 +261,7 @@ pub fn run(p: Params) -> Vec<Figures> {
     let kernel_s = g.time(|| g.launch(iters, g.s1));
     let copy_iters = ((f64::from(iters) * copy_s / kernel_s.max(1e-6)) as u32).max(1);
     let mut runs = Vec::new();
-    for round in 0..p.runs as u32 {
+    for _ in 0..p.runs {
         let serial = g.time(|| {
             for _ in 0..p.kernels {
                 g.launch(iters, g.s1);
@@ -267,9 +281,8 @@ pub fn run(p: Params) -> Vec<Figures> {
             g.copy(g.s2);
         });
         let handoff_events = g.time(|| g.handoffs_by_events());
-        // The copies above rewrote the word: it starts again below this round's counts.
-        check(cuda::exports::cuMemsetD32_v2(g.dst, 0, 1), "cuMemsetD32");
-        let handoff_mem_ops = g.time(|| g.handoffs_by_mem_ops(round));
+        let handoff_mem_ops = g.time(|| g.handoffs_by_mem_ops(false));
+        let handoff_mem_ops_later = g.time(|| g.handoffs_by_mem_ops(true));
         runs.push(Figures {
             serial,
             two_streams,
@@ -277,6 +290,7 @@ pub fn run(p: Params) -> Vec<Figures> {
             copy_overlap,
             handoff_events,
             handoff_mem_ops,
+            handoff_mem_ops_later,
         });
     }
     let col = |f: fn(&Figures) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
@@ -312,13 +326,20 @@ pub fn run(p: Params) -> Vec<Figures> {
     let (em, _, _) = col(|f| f.handoff_events);
     let (mm, _, _) = col(|f| f.handoff_mem_ops);
     let (hm, hlo, hhi) = col(|f| f.handoff_mem_ops / f.handoff_events);
+    let (lm, _, _) = col(|f| f.handoff_mem_ops_later);
+    let (km, klo, khi) = col(|f| f.handoff_mem_ops_later / f.handoff_events);
+    let per = |s: f64| s * 1e6 / f64::from(HANDOFFS);
     println!(
-        "{HANDOFFS} hand-offs between two streams: through events {:.1} us each, through stream memory operations {:.1} us each, ratio {:.2}x [{:.2}-{:.2}]",
-        em * 1e6 / f64::from(HANDOFFS),
-        mm * 1e6 / f64::from(HANDOFFS),
+        "{HANDOFFS} hand-offs between two streams: through events {:.1} us each; through stream memory operations, each wait sent after its write {:.1} us each, ratio {:.2}x [{:.2}-{:.2}]; each wait sent first (released by the watcher) {:.1} us each, ratio {:.2}x [{:.2}-{:.2}]",
+        per(em),
+        per(mm),
         hm,
         hlo,
-        hhi
+        hhi,
+        per(lm),
+        km,
+        klo,
+        khi
     );
     daemon.shutdown();
     runs

@@ -309,6 +309,14 @@ pub fn streams(runs: &[crate::streams::Figures]) -> Vec<Figure> {
             "the same by events",
             "s",
         ),
+        Figure::new(
+            "streams",
+            "hand-offs by waits sent first",
+            med(|f| f.handoff_mem_ops_later),
+            med(|f| f.handoff_events),
+            "the same by events",
+            "s",
+        ),
     ]
 }
 

@@ -167,6 +167,13 @@ impl MemWaits {
         self.inner.cv.notify_one();
     }
 
+    /// Context `ctx` is gone and none of its waits is left (its destroy settled every lane):
+    /// the watcher forgets it, so that a session creating and destroying contexts holds nothing
+    /// per context.
+    pub fn forget_context(&self, ctx: u64) {
+        self.inner.lock().ended.remove(&ctx);
+    }
+
     /// The gate to queue for `wait` of context `ctx`: watched from when its lane reaches it.
     pub fn gate(&self, ctx: u64, wait: ValueWait) -> Arc<Gate> {
         Arc::new_cyclic(|me: &Weak<Gate>| {
@@ -472,6 +479,9 @@ mod tests {
             None,
             "an ended context's waits are no error"
         );
+        // Once forgotten, nothing of the context is kept.
+        w.forget_context(CTX + 1);
+        assert!(w.inner.lock().ended.is_empty());
     }
 
     #[test]

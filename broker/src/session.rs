@@ -2267,6 +2267,9 @@ impl Session {
             w.end_context(ctx);
         }
         self.engine.settle();
+        if let Some(w) = &self.mem_waits {
+            w.forget_context(ctx);
+        }
         self.release_objects(Some(ctx));
         for base in self.allocs.bases_where(|a| a.ctx == ctx) {
             self.free_allocation(base);

@@ -394,7 +394,8 @@ impl Driver {
     }
 }
 
-fn check_device(dev: i32) -> CuRes<()> {
+/// `CUDA_ERROR_INVALID_DEVICE` for any device but the VM's one, 0.
+pub(crate) fn check_device(dev: i32) -> CuRes<()> {
     if dev == 0 {
         Ok(())
     } else {

@@ -231,7 +231,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     dev: CUdevice,
 ) -> CUresult {
     if num_params != 0 || !params.is_null() {
-        return drv::unsupported("cuCtxCreate_v3 with execution-affinity parameters");
+        return crate::exec_affinity::refuse_context("cuCtxCreate_v3");
     }
     // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.
     unsafe { cuCtxCreate_v2(pctx, flags, dev) }
@@ -245,9 +245,9 @@ pub struct CtxCreateParams {
     cig: *mut c_void,
 }
 
-/// `cuCtxCreate_v4` (CUDA 13's `cuCtxCreate`): execution affinity and CUDA
-/// in graphics (CIG) parameters are not supported; without them it is
-/// `cuCtxCreate_v2`.
+/// `cuCtxCreate_v4` (CUDA 13's `cuCtxCreate`): execution affinity
+/// (`CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY`) and CUDA in graphics (CIG) parameters are not
+/// supported; without them it is `cuCtxCreate_v2`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v4(
     pctx: *mut CUhandle,
@@ -256,10 +256,13 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     dev: CUdevice,
 ) -> CUresult {
     // SAFETY: NULL or a CUctxCreateParams (CUDA contract).
-    if let Some(p) = unsafe { params.as_ref() }
-        && (p.num_exec_affinity != 0 || !p.exec_affinity.is_null() || !p.cig.is_null())
-    {
-        return drv::unsupported("cuCtxCreate_v4 with execution-affinity or CIG parameters");
+    if let Some(p) = unsafe { params.as_ref() } {
+        if p.num_exec_affinity != 0 || !p.exec_affinity.is_null() {
+            return crate::exec_affinity::refuse_context("cuCtxCreate_v4");
+        }
+        if !p.cig.is_null() {
+            return drv::unsupported("cuCtxCreate_v4 with CUDA in graphics (CIG) parameters");
+        }
     }
     // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.
     unsafe { cuCtxCreate_v2(pctx, flags, dev) }

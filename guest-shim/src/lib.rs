@@ -21,6 +21,7 @@ pub mod devlink;
 pub mod devout;
 pub mod doorbell;
 pub mod driver;
+pub mod exec_affinity;
 pub mod export_tables;
 pub mod exports;
 pub mod ffi;

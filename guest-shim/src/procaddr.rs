@@ -12,6 +12,7 @@ use crate::alloc_exports::*;
 use crate::arrays::*;
 use crate::compat::*;
 use crate::copies::*;
+use crate::exec_affinity::*;
 use crate::exports::*;
 use crate::graph::api::*;
 use crate::graph::attrs::*;
@@ -468,6 +469,11 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuCtxEnablePeerAccess", (4000, f!(cuCtxEnablePeerAccess))),
             e!("cuCtxDisablePeerAccess", (4000, f!(cuCtxDisablePeerAccess))),
+            e!(
+                "cuDeviceGetExecAffinitySupport",
+                (11040, f!(cuDeviceGetExecAffinitySupport))
+            ),
+            e!("cuCtxGetExecAffinity", (11040, f!(cuCtxGetExecAffinity))),
             e!(
                 "cuStreamWriteValue32",
                 (8000, f!(cuStreamWriteValue32)),

@@ -77,6 +77,9 @@ CUresult cuDeviceCanAccessPeer(int *, CUdevice, CUdevice);
 CUresult cuDeviceGetP2PAttribute(int *, int, CUdevice, CUdevice);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 CUresult cuCtxCreate_v4(CUcontext *, void *, unsigned int, CUdevice);
+CUresult cuDeviceGetExecAffinitySupport(int *, int, CUdevice);
+CUresult cuCtxGetExecAffinity(void *, int);
+CUresult cuCtxCreate_v3(CUcontext *, void *, int, unsigned int, CUdevice);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxSynchronize_v2(CUcontext);
@@ -709,6 +712,19 @@ static void device_and_peers(CUcontext ctx) {
     check("cuCtxCreate_v4 without parameters", cuCtxCreate_v4(&c4, NULL, 0, 0), 0);
     check("destroy it", cuCtxDestroy_v2(c4), 0);
     cuCtxSetCurrent(ctx);
+
+    /* Execution affinity (SM partitions, as under MPS): a VM shares its GPU by time slices. */
+    int supported = -1;
+    check("cuDeviceGetExecAffinitySupport (SM count)", cuDeviceGetExecAffinitySupport(&supported, 0, 0), 0);
+    expect("... is not supported", supported == 0);
+    check("an unknown affinity type", cuDeviceGetExecAffinitySupport(&supported, 1, 0), 1);
+    check("another device", cuDeviceGetExecAffinitySupport(&supported, 0, 1), 101);
+    struct { int type; unsigned val; } affinity = {0, 4};
+    check("cuCtxGetExecAffinity", cuCtxGetExecAffinity(&affinity, 0), 224);
+    check("cuCtxGetExecAffinity of an unknown type", cuCtxGetExecAffinity(&affinity, 7), 1);
+    CUcontext c3 = NULL;
+    check("cuCtxCreate_v3 with an SM count", cuCtxCreate_v3(&c3, &affinity, 1, 0, 0), 224);
+    expect("... made no context", c3 == NULL);
 }
 
 

@@ -610,6 +610,7 @@ impl Registry {
                     format!("\\nptr {ptr:#x} size {bytesize}")
                 }
                 NodeKind::MemFree(p) => format!("\\nptr {p:#x}"),
+                NodeKind::BatchMemOp(b) => format!("\\n{} operations", b.ops.len()),
                 NodeKind::EventRecord(e) | NodeKind::EventWait(e) => format!("\\nevent {e:#x}"),
                 _ => String::new(),
             };

@@ -118,16 +118,21 @@ impl Gpu {
         check(cuda::exports::cuCtxSynchronize(), "cuCtxSynchronize");
     }
 
+    /// Hand-off `i`'s streams: from the first to the second, then back.
+    fn ends(&self, i: u32) -> (cuda::exports::CUhandle, cuda::exports::CUhandle) {
+        if i.is_multiple_of(2) {
+            (self.s1, self.s2)
+        } else {
+            (self.s2, self.s1)
+        }
+    }
+
     /// Hands the work back and forth between the two streams [`HANDOFFS`] times through
     /// events: each side records an event after a one-word fill, the other waits for it.
     fn handoffs_by_events(&self) {
         use cuda::exports::*;
         for i in 0..HANDOFFS {
-            let (from, to) = if i % 2 == 0 {
-                (self.s1, self.s2)
-            } else {
-                (self.s2, self.s1)
-            };
+            let (from, to) = self.ends(i);
             let ev = self.events[(i % 2) as usize];
             check(cuMemsetD32Async(self.out, i, 1, from), "cuMemsetD32Async");
             check(cuEventRecord(ev, from), "cuEventRecord");
@@ -143,11 +148,7 @@ impl Gpu {
         // The word starts at 0 for every measurement.
         check(cuda::exports::cuMemsetD32_v2(self.dst, 0, 1), "cuMemsetD32");
         for i in 0..HANDOFFS {
-            let (from, to) = if i % 2 == 0 {
-                (self.s1, self.s2)
-            } else {
-                (self.s2, self.s1)
-            };
+            let (from, to) = self.ends(i);
             let count = i + 1;
             let wait = || {
                 check(

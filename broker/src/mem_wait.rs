@@ -124,6 +124,7 @@ impl std::fmt::Debug for MemWaits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemWaits")
             .field("reached", &self.inner.count.load(Ordering::Relaxed))
+            .field("looks", &self.inner.looks.load(Ordering::Relaxed))
             .finish()
     }
 }

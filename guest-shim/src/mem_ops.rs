@@ -159,9 +159,9 @@ fn check_batch(ops: &[MemOp], flags: u32) -> CuRes<()> {
     Ok(())
 }
 
-/// Queues `ops` on `stream`, in order, once every one is checked.
-pub fn enqueue(stream: u64, ops: Vec<MemOp>) -> CuRes<()> {
-    check_batch(&ops, 0)?;
+/// Queues `ops` (a batch with `flags`) on `stream`, in order, once every one is checked.
+pub fn enqueue(stream: u64, ops: Vec<MemOp>, flags: u32) -> CuRes<()> {
+    check_batch(&ops, flags)?;
     let d = drv::driver()?;
     let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
     let stream = drv::wire_stream(stream)?;
@@ -213,6 +213,7 @@ fn value_op(stream: CUhandle, op: u32, addr: CUdeviceptr, value: u64, flags: c_u
             addr,
             value,
         }],
+        0,
     )
 }
 
@@ -250,8 +251,7 @@ value_entry_points! {
 
 fn batch(stream: CUhandle, count: c_uint, params: *const RawParams, flags: c_uint) -> CuRes<()> {
     let ops = read_ops(params, count)?;
-    check_batch(&ops, flags)?;
-    enqueue(h(stream), ops)
+    enqueue(h(stream), ops, flags)
 }
 
 #[unsafe(no_mangle)]

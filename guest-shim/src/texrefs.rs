@@ -168,11 +168,11 @@ fn lookup(module: u64, name: *const c_char, surface: bool) -> CuRes<u64> {
 }
 
 /// The resource a reference's binding names.
-fn resource(x: &Reference) -> CuRes<Option<ResourceDesc>> {
+fn resource(x: &Reference) -> Option<ResourceDesc> {
     let format_channels = u64::from(x.format) | u64::from(x.channels) << 32;
     let mut res = [0u64; 16];
     let res_type = match x.binding {
-        Binding::None => return Ok(None),
+        Binding::None => return None,
         Binding::Linear { base, bytes } => {
             (res[0], res[1], res[2]) = (base, format_channels, bytes);
             restype::LINEAR
@@ -191,20 +191,20 @@ fn resource(x: &Reference) -> CuRes<Option<ResourceDesc>> {
             restype::ARRAY
         }
     };
-    Ok(Some(ResourceDesc {
+    Some(ResourceDesc {
         res_type,
         pad: 0,
         res,
         flags: 0,
         pad2: 0,
-    }))
+    })
 }
 
 /// Makes the object of `handle`'s current state (none when unbound), writes its handle into
 /// the reference's slot, and destroys the object before.
 fn rebind(handle: u64) -> CuRes<()> {
     let x = get_any(handle)?;
-    let object = match resource(&x)? {
+    let object = match resource(&x) {
         None => 0,
         Some(res) if x.surface => textures::make_surface(res, false)?,
         Some(res) => textures::make_texture(
@@ -359,7 +359,7 @@ pub unsafe extern "C" fn cuTexRefSetAddress_v2(
         update(h(texref), |x| {
             x.binding = Binding::Linear {
                 base: ptr - skew,
-                bytes: bytes as u64 + skew,
+                bytes: (bytes as u64).saturating_add(skew),
             };
             Ok(())
         })?;

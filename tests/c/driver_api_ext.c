@@ -135,7 +135,6 @@ CUresult cuLinkAddData_v2(CUlinkState, int, void *, size_t, const char *, unsign
                           void **);
 CUresult cuLinkComplete(CUlinkState, void **, size_t *);
 CUresult cuLinkDestroy(CUlinkState);
-CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuStreamGetId(CUstream, unsigned long long *);
 CUresult cuStreamGetId_ptsz(CUstream, unsigned long long *);
 CUresult cuStreamGetDevice(CUstream, CUdevice *);
@@ -192,7 +191,6 @@ CUresult cuStreamSetAttribute(CUstream, int, const CUlaunchAttributeValue *);
 CUresult cuStreamCopyAttributes(CUstream, CUstream);
 CUresult cuCtxResetPersistingL2Cache(void);
 
-static int failures;
 
 
 typedef struct CUarray_st *CUarray;
@@ -300,23 +298,7 @@ typedef struct {
 CUresult cuMemcpyBatchAsync(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
                             size_t, size_t *, CUstream);
 
-static void check(const char *what, CUresult got, CUresult want) {
-    if (got == want) {
-        printf("ok %s\n", what);
-    } else {
-        const char *name = "?";
-        cuGetErrorName(got, &name);
-        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
-        failures++;
-    }
-    fflush(stdout);
-}
-
-static void expect(const char *what, int cond) {
-    printf(cond ? "ok %s\n" : "FAIL %s\n", what);
-    if (!cond) failures++;
-    fflush(stdout);
-}
+#include "check.h"
 
 static const char MODULE[] =
     ".version 7.0\n"

@@ -65,7 +65,6 @@ typedef struct {
 } CUgraphNodeParams;
 
 CUresult cuInit(unsigned);
-CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuDeviceGet(CUdevice *, int);
 CUresult cuDeviceGetAttribute(int *, int, CUdevice);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
@@ -142,25 +141,7 @@ static const char FLAG_PTX[] =
     "  ret;\n"
     "}\n";
 
-static int failures;
-
-static void check(const char *what, CUresult got, CUresult want) {
-    if (got == want) {
-        printf("ok %s\n", what);
-    } else {
-        const char *name = "?";
-        cuGetErrorName(got, &name);
-        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
-        failures++;
-    }
-    fflush(stdout);
-}
-
-static void expect(const char *what, int cond) {
-    printf(cond ? "ok %s\n" : "FAIL %s\n", what);
-    if (!cond) failures++;
-    fflush(stdout);
-}
+#include "check.h"
 
 static void pause_ms(int ms) {
     struct timespec t = {0, ms * 1000000L};

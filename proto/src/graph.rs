@@ -18,6 +18,11 @@
 //! and `stream` fields replaced by the launch's), after the work before the launch on the launch
 //! stream and before the work after it there; nodes that do not depend on each other (directly or
 //! through others) may run at the same time, as independent branches of a CUDA graph do.
+//!
+//! A [`CONDITIONAL_NODE`] carries its body graphs in its tail, each a node list of this same
+//! format (nested conditional nodes included, at most [`MAX_CONDITIONAL_DEPTH`] deep); when the
+//! launch reaches the node, its handle's value, set by the launch's kernels with
+//! `cudaGraphSetConditional`, chooses the body that runs ([`conditional::chosen`]).
 
 use thiserror::Error;
 
@@ -32,6 +37,77 @@ pub const MEM_FREE_NODE: u16 = 0x09f1;
 pub const EMPTY_NODE: u16 = 0x09f3;
 /// Opcode of a dependency list inside a graph: the dependencies of the node that follows.
 pub const DEPS_NODE: u16 = 0x09f2;
+/// Opcode of a [`crate::msg::GraphConditionalNode`] inside a graph: a conditional node and, in
+/// its tail, its body graphs (see [`split_bodies`]).
+pub const CONDITIONAL_NODE: u16 = 0x09f4;
+/// Most levels of conditional nodes inside conditional bodies.
+pub const MAX_CONDITIONAL_DEPTH: usize = 8;
+/// Most body graphs one conditional node may have (a switch's cases).
+pub const MAX_CONDITIONAL_BODIES: u32 = 1024;
+
+/// CUDA's conditional node types (`CUgraphConditionalNodeType`) and handle flags.
+pub mod conditional {
+    /// `CU_GRAPH_COND_TYPE_IF`: body 0 runs when the value is not 0, body 1 (if any) when it is.
+    pub const IF: u32 = 0;
+    /// `CU_GRAPH_COND_TYPE_WHILE`: body 0 runs again and again while the value is not 0.
+    pub const WHILE: u32 = 1;
+    /// `CU_GRAPH_COND_TYPE_SWITCH` (CUDA 12.8): body `n` runs when the value is `n`.
+    pub const SWITCH: u32 = 2;
+    /// `CU_GRAPH_COND_ASSIGN_DEFAULT`: the handle takes its default value at each launch.
+    pub const ASSIGN_DEFAULT: u32 = 1;
+
+    /// Whether `bodies` body graphs suit a node of `kind` (CUDA: a while loop has one, an if
+    /// one or two, a switch at least one).
+    pub fn valid(kind: u32, bodies: u32) -> bool {
+        match kind {
+            IF => matches!(bodies, 1 | 2),
+            WHILE => bodies == 1,
+            SWITCH => (1..=super::MAX_CONDITIONAL_BODIES).contains(&bodies),
+            _ => false,
+        }
+    }
+
+    /// The body a node of `kind` runs next when its handle's value is `value` (`None`: none; a
+    /// while loop then ends).
+    pub fn chosen(kind: u32, bodies: u32, value: u32) -> Option<u32> {
+        match kind {
+            IF if value != 0 => Some(0),
+            IF if bodies == 2 => Some(1),
+            WHILE if value != 0 => Some(0),
+            SWITCH if value < bodies => Some(value),
+            _ => None,
+        }
+    }
+}
+
+/// Splits the tail of a conditional node into its `count` body graphs' node lists (each a `u32`
+/// length and that many bytes); refuses a tail that does not hold exactly `count` of them.
+pub fn split_bodies(mut tail: &[u8], count: u32) -> Result<Vec<&[u8]>, NodeListError> {
+    let mut bodies = Vec::new();
+    for index in 0..count as usize {
+        let Some((len, rest)) = tail.split_first_chunk::<4>() else {
+            return Err(NodeListError::BadBody { index });
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err(NodeListError::BadBody { index });
+        }
+        bodies.push(&rest[..len]);
+        tail = &rest[len..];
+    }
+    if !tail.is_empty() {
+        return Err(NodeListError::BadBody {
+            index: count as usize,
+        });
+    }
+    Ok(bodies)
+}
+
+/// Appends a body graph's node list to a conditional node's tail.
+pub fn push_body(tail: &mut Vec<u8>, nodes: &[u8]) {
+    tail.extend_from_slice(&(nodes.len() as u32).to_le_bytes());
+    tail.extend_from_slice(nodes);
+}
 /// Most nodes one executable graph may hold (dependency lists not counted).
 pub const MAX_GRAPH_NODES: usize = 1 << 16;
 /// Bytes before each node's payload.
@@ -53,6 +129,12 @@ pub enum NodeListError {
     #[error("graph node {index}: a dependency list must be whole u32 indices followed by a node")]
     BadDeps {
         /// Position of the node the list is for.
+        index: usize,
+    },
+    /// A conditional node's tail that is not its bodies' node lists.
+    #[error("conditional body {index} is truncated or not announced")]
+    BadBody {
+        /// Position of the body.
         index: usize,
     },
     /// A dependency on the node itself or on a later one.
@@ -188,6 +270,52 @@ pub fn split_nodes(mut bytes: &[u8]) -> Result<Vec<NodeBytes<'_>>, NodeListError
 mod tests {
     use super::*;
     use crate::msg::{self, Request};
+
+    #[test]
+    fn conditional_bodies_round_trip_and_malformed_tails_are_refused() {
+        let mut tail = Vec::new();
+        push_body(&mut tail, &[1, 2, 3]);
+        push_body(&mut tail, &[]);
+        assert_eq!(
+            split_bodies(&tail, 2).unwrap(),
+            vec![&[1u8, 2, 3][..], &[][..]]
+        );
+        // One body fewer or more than announced, or a length past the end.
+        assert_eq!(
+            split_bodies(&tail, 1),
+            Err(NodeListError::BadBody { index: 1 })
+        );
+        assert_eq!(
+            split_bodies(&tail, 3),
+            Err(NodeListError::BadBody { index: 2 })
+        );
+        let mut long = Vec::new();
+        long.extend_from_slice(&100u32.to_le_bytes());
+        long.extend_from_slice(&[0; 8]);
+        assert_eq!(
+            split_bodies(&long, 1),
+            Err(NodeListError::BadBody { index: 0 })
+        );
+    }
+
+    #[test]
+    fn a_conditional_node_chooses_its_body_as_cuda_does() {
+        use conditional::{IF, SWITCH, WHILE, chosen, valid};
+        assert_eq!(chosen(IF, 1, 7), Some(0));
+        assert_eq!(chosen(IF, 1, 0), None);
+        assert_eq!(chosen(IF, 2, 0), Some(1), "the else body");
+        assert_eq!(chosen(WHILE, 1, 1), Some(0));
+        assert_eq!(chosen(WHILE, 1, 0), None);
+        assert_eq!(chosen(SWITCH, 3, 2), Some(2));
+        assert_eq!(
+            chosen(SWITCH, 3, 3),
+            None,
+            "past the last case nothing runs"
+        );
+        assert!(valid(IF, 2) && !valid(IF, 3) && !valid(WHILE, 2) && !valid(SWITCH, 0));
+        assert!(!valid(3, 1), "an unknown type");
+        assert!(!valid(SWITCH, MAX_CONDITIONAL_BODIES + 1));
+    }
 
     #[test]
     fn nodes_round_trip_as_ordinary_requests() {

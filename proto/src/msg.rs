@@ -283,6 +283,19 @@ wire_structs! {
     /// A graph memory free node ([`crate::graph::MEM_FREE_NODE`]): unmaps and uncharges the
     /// graph allocation at `ptr` once the work before it is done.
     pub struct GraphMemFreeNode { pub ptr: u64 }
+    /// A conditional node ([`crate::graph::CONDITIONAL_NODE`]; CUDA 12.3's
+    /// `CU_GRAPH_NODE_TYPE_CONDITIONAL`): when the launch reaches it, `handle`'s value chooses
+    /// which of its `bodies` body graphs run (`kind`, [`crate::graph::conditional`]). The
+    /// handle's value at the start of each launch is `default` with
+    /// [`crate::graph::conditional::ASSIGN_DEFAULT`] in `flags`, 0 without. The bodies follow
+    /// as the tail, each a `u32` length and a node list of its own.
+    pub struct GraphConditionalNode {
+        pub handle: u64,
+        pub kind: u32,
+        pub bodies: u32,
+        pub default: u32,
+        pub flags: u32,
+    }
     /// A process's graph memory: bytes mapped now for graph allocations (vgpud keeps no cache,
     /// so they are also the bytes reserved), and the high watermarks of used and reserved
     /// bytes since each was last reset.

@@ -4,7 +4,7 @@
 //! pointer and charges every byte before it calls them.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -332,6 +332,49 @@ pub trait HostStateBudget: Send + Sync + std::fmt::Debug {
     fn give_back(&self, bytes: u64);
 }
 
+/// The values of one graph launch's conditional handles (`cuGraphConditionalHandleCreate`):
+/// kernels of the launch set them with `cudaGraphSetConditional`, and the launch's conditional
+/// nodes read them to choose what runs next.
+#[derive(Debug, Default)]
+pub struct GraphConditionals {
+    /// The handles, sorted.
+    handles: Vec<u64>,
+    /// Their values, in the same order.
+    values: Vec<AtomicU32>,
+}
+
+impl GraphConditionals {
+    /// A launch's handles with their values at its start (a handle named twice keeps its
+    /// first value).
+    pub fn new(start: impl IntoIterator<Item = (u64, u32)>) -> Self {
+        let mut start: Vec<(u64, u32)> = start.into_iter().collect();
+        start.sort_by_key(|&(h, _)| h);
+        start.dedup_by_key(|&mut (h, _)| h);
+        let (handles, values) = start
+            .into_iter()
+            .map(|(h, v)| (h, AtomicU32::new(v)))
+            .unzip();
+        Self { handles, values }
+    }
+
+    /// Sets `handle`'s value; `false` when `handle` is not one of the launch's.
+    pub fn set(&self, handle: u64, value: u32) -> bool {
+        match self.handles.binary_search(&handle) {
+            Ok(i) => {
+                self.values[i].store(value, Ordering::Release);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// `handle`'s value; `None` when it is not one of the launch's.
+    pub fn get(&self, handle: u64) -> Option<u32> {
+        let i = self.handles.binary_search(&handle).ok()?;
+        Some(self.values[i].load(Ordering::Acquire))
+    }
+}
+
 /// Asks whether the client a request came from has gone (see [`RunControl::watch_hangup`]).
 pub type HangupCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
@@ -348,6 +391,7 @@ pub struct RunControl {
     output: Mutex<Option<Arc<LaunchOutput>>>,
     state_budget: Mutex<Option<Arc<dyn HostStateBudget>>>,
     hangup: Mutex<Option<HangupCheck>>,
+    conditionals: Mutex<Option<Arc<GraphConditionals>>>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -441,6 +485,18 @@ impl RunControl {
     /// The budget the launch's host-side device state is charged to.
     pub fn state_budget(&self) -> Option<Arc<dyn HostStateBudget>> {
         self.state_budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    /// Lets the launch's kernels set the conditional handles of the graph launch they belong
+    /// to (`cudaGraphSetConditional`); `None` outside graphs with conditional nodes.
+    pub fn set_conditionals(&self, conditionals: Option<Arc<GraphConditionals>>) {
+        *self.conditionals.lock().unwrap_or_else(|p| p.into_inner()) = conditionals;
+    }
+    /// The conditional handles the launch's kernels may set.
+    pub fn conditionals(&self) -> Option<Arc<GraphConditionals>> {
+        self.conditionals
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -679,6 +735,13 @@ pub trait DeviceContext: Send + Sync {
             "this device has no surface objects".into(),
         ))
     }
+    /// Whether the device's kernels can set the conditional handles of the graph launch they
+    /// run in (`cudaGraphSetConditional`, through [`RunControl::conditionals`]), so that the
+    /// broker can run graphs with conditional nodes. The default: no (the broker then refuses
+    /// such graphs with `CUDA_ERROR_NOT_SUPPORTED` at instantiation).
+    fn sets_graph_conditionals(&self) -> bool {
+        false
+    }
     /// Runs `kernels` one after the other, each after the previous one completed, as one unit
     /// (a real GPU: one CUDA graph launch), at the calling job's priority
     /// ([`current_priority`]), until all completed or one failed; the watchdog deadline of
@@ -700,6 +763,24 @@ pub trait DeviceContext: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_launchs_conditional_values_start_at_their_defaults_and_take_only_its_handles() {
+        let v = GraphConditionals::new([(0x30, 1), (0x10, 0), (0x20, 5), (0x10, 9)]);
+        assert_eq!(
+            (v.get(0x10), v.get(0x20), v.get(0x30)),
+            (Some(0), Some(5), Some(1))
+        );
+        assert!(v.set(0x20, 7));
+        assert_eq!(v.get(0x20), Some(7));
+        assert!(!v.set(0x40, 1), "a handle the launch does not have");
+        assert_eq!(v.get(0x40), None);
+        assert_eq!(
+            v.get(0x10),
+            Some(0),
+            "the first value of a handle named twice"
+        );
+    }
 
     #[test]
     fn scatter_gather_totals_refuse_to_overflow() {

@@ -117,6 +117,10 @@ impl Device for MemDevice {
 }
 
 impl DeviceContext for MemContext {
+    /// Its kernels set no handles, so a graph's conditional nodes run on their defaults.
+    fn sets_graph_conditionals(&self) -> bool {
+        true
+    }
     fn alloc(&self, size: u64) -> Result<u64, DeviceError> {
         let mut s = self.state.lock().expect("mem device lock");
         if s.used + size > self.total {

@@ -392,6 +392,9 @@ pub(crate) enum Builtin {
     Vprintf,
     /// `__assertfail(message, file, line, function, charSize)`: a failed device `assert`.
     AssertFail,
+    /// `cudaGraphSetConditional(handle, value)`: sets a conditional handle of the graph launch
+    /// the kernel runs in.
+    SetConditional,
 }
 
 /// A call of a [`Builtin`].
@@ -732,7 +735,8 @@ pub(crate) enum Op {
         rpc: u32,
     },
     Call(Box<CallInfo>),
-    /// A call of `vprintf` or `__assertfail`, declared `.extern` and run by the interpreter.
+    /// A call of a [`Builtin`] (`vprintf`, `__assertfail`, `cudaGraphSetConditional`),
+    /// declared `.extern` and run by the interpreter.
     CallBuiltin(Box<BuiltinCall>),
     Ret,
     Exit,

@@ -206,6 +206,18 @@ pub trait StateBudget: Send + Sync + std::fmt::Debug {
     fn give_back(&self, bytes: u64);
 }
 
+/// The conditional handles of the CUDA graph launch a kernel runs in (conditional graph nodes,
+/// CUDA 12.3+), as the kernel sets them with the device runtime's
+/// `cudaGraphSetConditional(handle, value)` ([`LaunchControl::set_conditionals`]). Each calling
+/// lane sets its handle in lane order, so the last lane of a warp to call it wins; across warps
+/// and blocks the order is unspecified, as on a GPU.
+pub trait GraphConditionals: Send + Sync + std::fmt::Debug {
+    /// Sets `handle`'s value to `value`; `false`, setting nothing, when `handle` is not one of
+    /// the graph launch's conditional handles (the launch then faults with
+    /// [`FaultKind::IllegalInstruction`]).
+    fn set(&self, handle: u64, value: u32) -> bool;
+}
+
 /// What a launch took from its [`StateBudget`], given back when dropped.
 struct Taken<'a> {
     budget: Option<&'a dyn StateBudget>,
@@ -235,6 +247,7 @@ pub struct LaunchControl {
     priority: std::sync::atomic::AtomicI32,
     grid_workspace: AtomicU64,
     state_budget: Mutex<Option<Arc<dyn StateBudget>>>,
+    conditionals: Mutex<Option<Arc<dyn GraphConditionals>>>,
 }
 
 impl LaunchControl {
@@ -381,6 +394,25 @@ impl LaunchControl {
     /// The budget the launch's interpreter state is charged to.
     pub fn state_budget(&self) -> Option<Arc<dyn StateBudget>> {
         match self.state_budget.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Lets the launch's kernels set the conditional handles of the graph launch they run in
+    /// (`cudaGraphSetConditional`; read when a launch or resumption starts). Without them
+    /// (`None`: a launch outside a graph with conditional nodes) a kernel that calls
+    /// `cudaGraphSetConditional` faults with [`FaultKind::IllegalInstruction`].
+    pub fn set_conditionals(&self, conditionals: Option<Arc<dyn GraphConditionals>>) {
+        match self.conditionals.lock() {
+            Ok(mut g) => *g = conditionals,
+            Err(p) => *p.into_inner() = conditionals,
+        }
+    }
+
+    /// The conditional handles the launch's kernels may set.
+    pub fn conditionals(&self) -> Option<Arc<dyn GraphConditionals>> {
+        match self.conditionals.lock() {
             Ok(g) => g.clone(),
             Err(p) => p.into_inner().clone(),
         }
@@ -640,6 +672,7 @@ impl Module {
             &info.name,
         )?;
         let output = launch.control.output();
+        let conditionals = launch.control.conditionals();
         let ctx = exec::Ctx {
             prog: &self.prog,
             layout,
@@ -659,6 +692,7 @@ impl Module {
             grid_id: GRID_ID.fetch_add(1, Ordering::Relaxed),
             stop: &stop,
             output: output.as_deref(),
+            conditionals: conditionals.as_deref(),
             grid_workspace,
             budget: budget.as_deref(),
             frames_paid,

@@ -938,6 +938,10 @@ impl DeviceContext for SimContext {
     fn surface_destroy(&self, handle: u64) -> Result<(), DeviceError> {
         self.inner.objects_mut().destroy_surface(handle)
     }
+
+    fn sets_graph_conditionals(&self) -> bool {
+        true
+    }
 }
 
 /// How often a cooperative launch waiting for its turn looks at its cancellation and deadline.
@@ -1223,6 +1227,77 @@ mod tests {
             big.0.lock().unwrap().0,
             0,
             "given back when the launch ended"
+        );
+    }
+
+    /// A kernel that sets conditional handle `h` to `v` (`cudaGraphSetConditional(h, v)`, as
+    /// NVRTC compiles it).
+    const SET_CONDITIONAL: &str = ".version 8.3\n.target sm_80\n.address_size 64\n\
+        .extern .func cudaGraphSetConditional\n(\n .param .b64 cudaGraphSetConditional_param_0,\n \
+        .param .b32 cudaGraphSetConditional_param_1\n)\n;\n\
+        .visible .entry set_value(.param .u64 h, .param .u32 v)\n{\n .reg .b32 %r<2>;\n \
+        .reg .b64 %rd<2>;\n ld.param.u64 %rd1, [h];\n ld.param.u32 %r1, [v];\n \
+        { // callseq 0, 0\n .param .b64 param0;\n st.param.b64 [param0+0], %rd1;\n \
+        .param .b32 param1;\n st.param.b32 [param1+0], %r1;\n \
+        call.uni\n cudaGraphSetConditional,\n (\n param0,\n param1\n );\n } // callseq 0\n \
+        ret;\n}\n";
+
+    #[test]
+    fn kernels_set_the_conditional_handles_of_their_graph_launch() {
+        const HANDLE: u64 = 0x7f00_0000_0000_0001;
+        const OTHER: u64 = 0x7f00_0000_0000_0002;
+        const UNKNOWN: u64 = 0xdead_beef_0000_0003;
+        const OTHER_START: u32 = 5;
+        const VALUE: u32 = 42;
+        let d = dev(1 << 20);
+        let c = d.open("a").unwrap();
+        assert!(c.sets_graph_conditionals());
+        let m = c
+            .load_module(SET_CONDITIONAL.as_bytes(), 1 << 20, &RunControl::default())
+            .unwrap();
+        let dims = LaunchDims {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+            cooperative: false,
+        };
+        let params = |handle: u64| {
+            let mut p = handle.to_le_bytes().to_vec();
+            p.extend_from_slice(&VALUE.to_le_bytes());
+            p
+        };
+        let conditionals = Arc::new(vgpu_broker::device::GraphConditionals::new([
+            (HANDLE, 0),
+            (OTHER, OTHER_START),
+        ]));
+        let control = RunControl::default();
+        control.set_conditionals(Some(Arc::clone(&conditionals)));
+        assert_eq!(
+            c.launch(&*m, 0, &dims, &params(HANDLE), 0, &control)
+                .unwrap(),
+            LaunchProgress::Completed
+        );
+        assert_eq!(conditionals.get(HANDLE), Some(VALUE));
+        assert_eq!(conditionals.get(OTHER), Some(OTHER_START));
+
+        // A handle of no graph launch, and a kernel outside one: the launch faults.
+        let e = c
+            .launch(&*m, 0, &dims, &params(UNKNOWN), 0, &control)
+            .unwrap_err();
+        assert!(
+            matches!(e, DeviceError::Fault { code, .. } if code == cuda::CUDA_ERROR_ILLEGAL_INSTRUCTION),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("0xdeadbeef00000003"), "{e}");
+        assert_eq!(conditionals.get(HANDLE), Some(VALUE));
+        let e = c
+            .launch(&*m, 0, &dims, &params(HANDLE), 0, &RunControl::default())
+            .unwrap_err();
+        assert_eq!(e.cu_result(), cuda::CUDA_ERROR_ILLEGAL_INSTRUCTION, "{e}");
+        assert!(
+            e.to_string()
+                .contains("outside any graph launch with conditional nodes"),
+            "{e}"
         );
     }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vgpu_broker::device::{
-    DeviceError, DeviceModule, GlobalDesc, HostStateBudget, KernelDesc, LaunchDims, LaunchProgress,
-    RunControl, Signal,
+    DeviceError, DeviceModule, GlobalDesc, GraphConditionals, HostStateBudget, KernelDesc,
+    LaunchDims, LaunchProgress, RunControl, Signal,
 };
 use vgpu_broker::devio::LaunchOutput;
 use vgpu_broker::texture::ReferenceKind;
@@ -377,6 +377,11 @@ impl SimModule {
                 .output()
                 .map(|o| Arc::new(Output(o)) as Arc<dyn vgpu_ptx::DeviceOutput>),
         );
+        ptx_control.set_conditionals(
+            control
+                .conditionals()
+                .map(|c| Arc::new(Conditionals(c)) as Arc<dyn vgpu_ptx::GraphConditionals>),
+        );
         // A cooperative launch's grid barrier lives in a small zeroed allocation of the
         // context's own, for the launch's duration.
         let workspace = if dims.cooperative {
@@ -438,6 +443,17 @@ impl vgpu_ptx::DeviceOutput for Output {
 
     fn assert_failed(&self, message: &[u8]) {
         self.0.assert_failed(message);
+    }
+}
+
+/// The conditional handles of the broker's graph launch, as kernels set them with
+/// `cudaGraphSetConditional`.
+#[derive(Debug)]
+struct Conditionals(Arc<GraphConditionals>);
+
+impl vgpu_ptx::GraphConditionals for Conditionals {
+    fn set(&self, handle: u64, value: u32) -> bool {
+        self.0.set(handle, value)
     }
 }
 

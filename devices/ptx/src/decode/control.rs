@@ -101,8 +101,9 @@ impl FnCtx<'_> {
         Ok(Op::Call(Box::new(info)))
     }
 
-    /// A call of `vprintf` or `__assertfail`: the argument and result `.param` variables of the
-    /// caller, read and written by the interpreter.
+    /// A call of a [`Builtin`] (`vprintf`, `__assertfail`, `cudaGraphSetConditional`): the
+    /// argument and result `.param` variables of the caller, read and written by the
+    /// interpreter.
     pub(super) fn builtin_call(
         &mut self,
         ins: &Instr,

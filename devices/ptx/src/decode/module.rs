@@ -324,13 +324,17 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
 }
 
 /// The built-in an undefined function declaration names, when its signature is the one nvcc
-/// declares: `vprintf(.b64, .b64) -> .b32` and `__assertfail(.b64, .b64, .b32, .b64, .b64)`.
+/// declares: `vprintf(.b64, .b64) -> .b32`, `__assertfail(.b64, .b64, .b32, .b64, .b64)` and
+/// `cudaGraphSetConditional(.b64, .b32)`.
 pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
     let sizes: Vec<u32> = sig.formals.iter().map(|&(_, s)| s).collect();
     match f.name.as_str() {
         "vprintf" if sizes == [8, 8] && sig.rets.len() <= 1 => Some(Builtin::Vprintf),
         "__assertfail" if sizes == [8, 8, 4, 8, 8] && sig.rets.is_empty() => {
             Some(Builtin::AssertFail)
+        }
+        "cudaGraphSetConditional" if sizes == [8, 4] && sig.rets.is_empty() => {
+            Some(Builtin::SetConditional)
         }
         _ => None,
     }

@@ -1,5 +1,5 @@
-//! Calls and returns, built-in functions (`vprintf`, `__assertfail`, `malloc`, …) and special
-//! registers.
+//! Calls and returns, built-in functions (`vprintf`, `__assertfail`,
+//! `cudaGraphSetConditional`) and special registers.
 
 use super::*;
 
@@ -123,7 +123,8 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
-    /// `vprintf` or `__assertfail` for the lanes in `m`, in lane order.
+    /// `vprintf`, `__assertfail` or `cudaGraphSetConditional` for the lanes in `m`, in lane
+    /// order.
     pub(super) fn builtin(
         &mut self,
         warp: &mut Warp,
@@ -200,6 +201,33 @@ impl<'a> Worker<'a> {
                         self.where_(w, lane, line)
                     ),
                 ))
+            }
+            Builtin::SetConditional => {
+                for l in 0..32 {
+                    if m >> l & 1 == 0 {
+                        continue;
+                    }
+                    let (handle, value) = (arg(l, 0), arg(l, 1) as u32);
+                    let Some(conditionals) = self.ctx.conditionals else {
+                        return Err(fault(
+                            FaultKind::IllegalInstruction,
+                            format!(
+                                "cudaGraphSetConditional: {handle:#x} is not a conditional handle of the graph launch this kernel runs in: it runs outside any graph launch with conditional nodes ({})",
+                                self.where_(w, l as u32, line)
+                            ),
+                        ));
+                    };
+                    if !conditionals.set(handle, value) {
+                        return Err(fault(
+                            FaultKind::IllegalInstruction,
+                            format!(
+                                "cudaGraphSetConditional: {handle:#x} is not a conditional handle of the graph launch this kernel runs in ({})",
+                                self.where_(w, l as u32, line)
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
             }
         }
     }

@@ -24,7 +24,7 @@ use crate::float::{self, bits32, bits64, ftz32};
 use crate::ir::*;
 use crate::mem::{AccessError, KernelView, Width};
 use crate::printf::{self, DeviceOutput};
-use crate::{GlobalMemory, LaunchControl, MAX_BLOCK_FRAME_BYTES, StateBudget};
+use crate::{GlobalMemory, GraphConditionals, LaunchControl, MAX_BLOCK_FRAME_BYTES, StateBudget};
 
 /// Base of the generic-address window for shared memory (above every global address).
 pub const SHARED_WINDOW: u64 = 0x0001_0000_0000_0000;
@@ -94,6 +94,8 @@ pub(crate) struct Ctx<'a> {
     pub stop: &'a AtomicBool,
     /// Where `printf` and `assert` output goes.
     pub output: Option<&'a dyn DeviceOutput>,
+    /// The conditional handles of the graph launch the kernel runs in (`cudaGraphSetConditional`).
+    pub conditionals: Option<&'a dyn GraphConditionals>,
     /// A cooperative launch's grid workspace (0: not cooperative).
     pub grid_workspace: u64,
     /// The tenant's budget for interpreter state, charged for call frames past `frames_paid`.

@@ -1,6 +1,7 @@
-//! Device-side `printf` (`vprintf`) and `assert` (`__assertfail`) as NVRTC compiles them.
+//! Device-side `printf` (`vprintf`), `assert` (`__assertfail`) and `cudaGraphSetConditional`
+//! as NVRTC compiles them.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use vgpu_ptx::testutils::*;
 use vgpu_ptx::*;
@@ -173,4 +174,269 @@ fn a_failed_assert_stops_the_kernel_with_cuda_error_assert() {
         )
         .unwrap();
     }
+}
+
+/// `cudaGraphSetConditional` as NVRTC 12.9 compiles it (CUDA's device runtime; the local
+/// toolkit predates it, so no generated fixture):
+///
+/// ```cuda
+/// extern "C" __global__ void set_value(cudaGraphConditionalHandle h, unsigned v)
+/// {
+///     cudaGraphSetConditional(h, v);
+/// }
+///
+/// extern "C" __global__ void set_lanes(cudaGraphConditionalHandle h, unsigned n)
+/// {
+///     if (threadIdx.x < n) cudaGraphSetConditional(h, threadIdx.x * 10 + 1);
+/// }
+/// ```
+const SET_CONDITIONAL: &str = r#"
+.version 8.3
+.target sm_80
+.address_size 64
+
+	// .globl	set_value
+.extern .func cudaGraphSetConditional
+(
+	.param .b64 cudaGraphSetConditional_param_0,
+	.param .b32 cudaGraphSetConditional_param_1
+)
+;
+
+.visible .entry set_value(
+	.param .u64 set_value_param_0,
+	.param .u32 set_value_param_1
+)
+{
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<2>;
+
+
+	ld.param.u64 	%rd1, [set_value_param_0];
+	ld.param.u32 	%r1, [set_value_param_1];
+	{ // callseq 0, 0
+	.param .b64 param0;
+	st.param.b64 	[param0+0], %rd1;
+	.param .b32 param1;
+	st.param.b32 	[param1+0], %r1;
+	call.uni
+	cudaGraphSetConditional,
+	(
+	param0,
+	param1
+	);
+	} // callseq 0
+	ret;
+
+}
+	// .globl	set_lanes
+.visible .entry set_lanes(
+	.param .u64 set_lanes_param_0,
+	.param .u32 set_lanes_param_1
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<2>;
+
+
+	ld.param.u64 	%rd1, [set_lanes_param_0];
+	ld.param.u32 	%r2, [set_lanes_param_1];
+	mov.u32 	%r1, %tid.x;
+	setp.ge.u32 	%p1, %r1, %r2;
+	@%p1 bra 	$L__BB1_2;
+
+	mad.lo.s32 	%r3, %r1, 10, 1;
+	{ // callseq 1, 0
+	.param .b64 param0;
+	st.param.b64 	[param0+0], %rd1;
+	.param .b32 param1;
+	st.param.b32 	[param1+0], %r3;
+	call.uni
+	cudaGraphSetConditional,
+	(
+	param0,
+	param1
+	);
+	} // callseq 1
+
+$L__BB1_2:
+	ret;
+
+}
+"#;
+
+/// A conditional handle of the test's graph launch (all 64 bits count).
+const HANDLE: u64 = 0x7f00_0000_0000_0001;
+/// Another handle of the launch, which the kernels leave alone.
+const OTHER: u64 = 0x7f00_0000_0000_0002;
+/// A handle the launch does not have.
+const UNKNOWN: u64 = 0xdead_beef_0000_0003;
+/// The value both handles start with.
+const START: u32 = 0;
+/// The value `set_lanes` gives lane `l`: `l * LANE_STEP + 1`.
+const LANE_STEP: u32 = 10;
+
+/// A graph launch's conditional handles that records every `set`, in order.
+#[derive(Debug)]
+struct TestConditionals {
+    values: Mutex<Vec<(u64, u32)>>,
+    calls: Mutex<Vec<(u64, u32)>>,
+}
+
+impl TestConditionals {
+    fn new(handles: &[u64]) -> Arc<TestConditionals> {
+        Arc::new(TestConditionals {
+            values: Mutex::new(handles.iter().map(|&h| (h, START)).collect()),
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn get(&self, handle: u64) -> Option<u32> {
+        let values = self.values.lock().unwrap();
+        values.iter().find(|&&(h, _)| h == handle).map(|&(_, v)| v)
+    }
+
+    fn calls(&self) -> Vec<(u64, u32)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl GraphConditionals for TestConditionals {
+    fn set(&self, handle: u64, value: u32) -> bool {
+        self.calls.lock().unwrap().push((handle, value));
+        let mut values = self.values.lock().unwrap();
+        match values.iter_mut().find(|(h, _)| *h == handle) {
+            Some((_, v)) => {
+                *v = value;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn launch_conditional(
+    kernel: &str,
+    cfg: &Config,
+    args: &[Arg],
+    conditionals: Option<Arc<TestConditionals>>,
+) -> Result<Progress, Fault> {
+    let m = Module::load(SET_CONDITIONAL).unwrap();
+    let mem = TestMemory::new();
+    let params = pack_params(m.kernel(kernel).unwrap(), args);
+    let control = LaunchControl::new();
+    control.set_conditionals(conditionals.map(|c| c as Arc<dyn GraphConditionals>));
+    m.launch(&Launch {
+        kernel,
+        grid: cfg.grid,
+        block: cfg.block,
+        dynamic_shared: cfg.dynamic_shared,
+        params: &params,
+        globals: &alloc_globals(&m, &mem),
+        memory: &mem,
+        start_block: 0,
+        workers: cfg.workers,
+        control: &control,
+    })
+}
+
+#[test]
+fn a_module_declaring_cuda_graph_set_conditional_loads() {
+    let m = Module::load(SET_CONDITIONAL).unwrap();
+    let names: Vec<&str> = m.kernels().iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names, ["set_value", "set_lanes"]);
+
+    // Only CUDA's signature is the builtin: another one is an undefined external function.
+    let wrong = SET_CONDITIONAL.replace(
+        ".param .b32 cudaGraphSetConditional_param_1",
+        ".param .b64 cudaGraphSetConditional_param_1",
+    );
+    let e = Module::load(&wrong).unwrap_err();
+    assert!(
+        e.message
+            .contains("call to external function `cudaGraphSetConditional`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cuda_graph_set_conditional_sets_its_handle_only() {
+    const VALUE: u32 = 0x8000_0007;
+    let c = TestConditionals::new(&[HANDLE, OTHER]);
+    launch_conditional(
+        "set_value",
+        &Config::linear(1, 1),
+        &[Arg::U64(HANDLE), Arg::U32(VALUE)],
+        Some(Arc::clone(&c)),
+    )
+    .unwrap();
+    assert_eq!(c.get(HANDLE), Some(VALUE));
+    assert_eq!(c.get(OTHER), Some(START));
+    assert_eq!(c.calls(), [(HANDLE, VALUE)]);
+}
+
+#[test]
+fn cuda_graph_set_conditional_runs_in_lane_order_and_the_last_lane_wins() {
+    const LANES: u32 = 32;
+    const DIVERGENT: u32 = 7;
+    for n in [LANES, DIVERGENT] {
+        let c = TestConditionals::new(&[HANDLE, OTHER]);
+        launch_conditional(
+            "set_lanes",
+            &Config::linear(1, LANES),
+            &[Arg::U64(HANDLE), Arg::U32(n)],
+            Some(Arc::clone(&c)),
+        )
+        .unwrap();
+        let want: Vec<(u64, u32)> = (0..n).map(|l| (HANDLE, l * LANE_STEP + 1)).collect();
+        assert_eq!(c.calls(), want, "{n} lanes call it, in lane order");
+        assert_eq!(c.get(HANDLE), Some((n - 1) * LANE_STEP + 1), "{n} lanes");
+        assert_eq!(c.get(OTHER), Some(START));
+    }
+}
+
+#[test]
+fn cuda_graph_set_conditional_outside_a_graph_launch_faults() {
+    let f = launch_conditional(
+        "set_value",
+        &Config::linear(1, 1),
+        &[Arg::U64(HANDLE), Arg::U32(1)],
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(f.kind, FaultKind::IllegalInstruction, "{f}");
+    assert_eq!(f.cuda_error(), CUDA_ERROR_ILLEGAL_INSTRUCTION);
+    assert!(f.is_sticky());
+    assert!(
+        f.message.starts_with(
+            "cudaGraphSetConditional: 0x7f00000000000001 is not a conditional handle of the graph launch this kernel runs in: it runs outside any graph launch with conditional nodes (in kernel `set_value`"
+        ),
+        "{f}"
+    );
+}
+
+#[test]
+fn cuda_graph_set_conditional_of_an_unknown_handle_faults() {
+    let c = TestConditionals::new(&[HANDLE, OTHER]);
+    let f = launch_conditional(
+        "set_lanes",
+        &Config::linear(1, 32),
+        &[Arg::U64(UNKNOWN), Arg::U32(32)],
+        Some(Arc::clone(&c)),
+    )
+    .unwrap_err();
+    assert_eq!(f.kind, FaultKind::IllegalInstruction, "{f}");
+    assert_eq!(f.cuda_error(), CUDA_ERROR_ILLEGAL_INSTRUCTION);
+    assert!(
+        f.message.starts_with(
+            "cudaGraphSetConditional: 0xdeadbeef00000003 is not a conditional handle of the graph launch this kernel runs in (in kernel `set_lanes`"
+        ),
+        "{f}"
+    );
+    assert!(f.message.contains("thread (0, 0, 0)"), "{f}");
+    // The first lane's call faulted: nothing else was asked, nothing changed.
+    assert_eq!(c.calls(), [(UNKNOWN, 1)]);
+    assert_eq!(c.get(HANDLE), Some(START));
+    assert_eq!(c.get(OTHER), Some(START));
 }

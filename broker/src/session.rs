@@ -2003,9 +2003,12 @@ impl Session {
         priority: Option<i32>,
     ) -> Result<u64, CuError> {
         let run = self.check_launch(m, params, cooperative)?;
+        let control = Arc::new(RunControl::default());
+        // A kernel of a graph launch with conditional nodes may set their handles.
+        control.set_conditionals(self.graphs.conditionals.clone());
         let work = LaunchWork {
             run,
-            control: Arc::new(RunControl::default()),
+            control,
             watchdog: self.device.watchdog,
             tenant: Arc::clone(&self.tenant),
             ticket: self.tenant.queue_kernel(),

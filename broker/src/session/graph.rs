@@ -28,7 +28,9 @@
 
 use std::sync::Arc;
 
-use vgpu_proto::graph::{self, EMPTY_NODE, MEM_ALLOC_NODE, MEM_FREE_NODE};
+mod conditional;
+
+use vgpu_proto::graph::{self, CONDITIONAL_NODE, EMPTY_NODE, MEM_ALLOC_NODE, MEM_FREE_NODE};
 use vgpu_proto::msg::{self, Request};
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::{
     ACCESS_READWRITE, ChainWork, GREATEST_STREAM_PRIORITY, MAX_GRAPH_CHAIN_KERNELS, Session, reply,
 };
-use crate::device::RunControl;
+use crate::device::{GraphConditionals, RunControl};
 use crate::engine::{Job, LaneKey, LaneKind, LaneSpec, MAX_GRAPH_BRANCHES};
 use crate::error::CuError;
 use crate::handles::{HandleKind, HandleTable};
@@ -64,6 +66,8 @@ enum Node {
     MemFree { ptr: u64 },
     /// Nothing but its dependencies (a join point).
     Empty,
+    /// A conditional node and its bodies.
+    Conditional(Box<conditional::Conditional>),
 }
 
 /// An uploaded executable graph.
@@ -79,10 +83,22 @@ struct GraphExec {
     branches: u32,
     /// For each node, the length of the chain it starts (0: none), see [`chains`].
     chain: Vec<u32>,
+    /// The conditional handles of its conditional nodes (bodies included), with their values at
+    /// the start of a launch.
+    handles: Vec<(u64, u32)>,
     bytes: usize,
 }
 
 impl Node {
+    /// Bulk bytes the node holds (a conditional node's: its bodies').
+    fn bulk_bytes(&self) -> usize {
+        match self {
+            Node::Op(_, t) => t.len(),
+            Node::Conditional(c) => c.bytes(),
+            _ => 0,
+        }
+    }
+
     /// For a kernel node that may be part of a chain: the priority it runs at (`None`: its
     /// lane's); `None` for other nodes.
     fn chain_priority(&self) -> Option<Option<i32>> {
@@ -179,6 +195,9 @@ pub(super) struct Graphs {
     /// While a launch replays a node: the lane of the node's branch, which the node's request
     /// uses instead of its stream's ([`Session::lane`]).
     pub(super) route: Option<LaneSpec>,
+    /// While a launch of a graph with conditional nodes replays its nodes: the launch's
+    /// conditional values, which its kernels may set.
+    pub(super) conditionals: Option<Arc<GraphConditionals>>,
     /// Whether the device was asked if it launches chains of kernels.
     chains_probed: bool,
     /// Set when the device refuses chains (at the probe or when one runs): kernels then run one
@@ -196,6 +215,7 @@ impl Default for Graphs {
             reserved_high: 0,
             vm: None,
             route: None,
+            conditionals: None,
             chains_probed: false,
             chains_refused: Arc::new(AtomicBool::new(false)),
         }
@@ -340,15 +360,23 @@ impl Session {
         // What the graph holds in memory: its decoded nodes, dependencies and bulk bytes.
         let bytes = nodes.len() * NODE_BYTES
             + deps.iter().map(|d| d.len() * 4).sum::<usize>()
-            + nodes
-                .iter()
-                .map(|n| match n {
-                    Node::Op(_, t) => t.len(),
-                    _ => 0,
-                })
-                .sum::<usize>();
+            + nodes.iter().map(Node::bulk_bytes).sum::<usize>();
         if self.graphs.bytes - old_bytes + bytes > MAX_GRAPH_BYTES {
             return Err(too_big(self.graphs.bytes - old_bytes + bytes));
+        }
+        let mut handles = Vec::new();
+        for n in &nodes {
+            if let Node::Conditional(c) = n {
+                c.handles(&mut handles);
+            }
+        }
+        handles.sort_unstable_by_key(|&(h, _)| h);
+        handles.dedup();
+        if let Some(w) = handles.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(CuError::invalid_value(format!(
+                "conditional handle {:#x} has two default values",
+                w[0].0
+            )));
         }
         let exec = Arc::new(GraphExec {
             ctx: m.ctx,
@@ -357,6 +385,7 @@ impl Session {
             branch,
             branches: lanes,
             chain,
+            handles,
             bytes,
         });
         if m.replace != 0 {
@@ -419,6 +448,7 @@ impl Session {
                     msg::decode_exact::<msg::GraphMemFreeNode>(n.payload, false).map_err(bad)?;
                 return Ok(Node::MemFree { ptr: f.ptr });
             }
+            CONDITIONAL_NODE => return self.check_conditional(ctx, n.payload, allocs, 0),
             _ => {}
         }
         let (req, at) = Request::decode(n.opcode, n.payload).map_err(bad)?;
@@ -506,8 +536,12 @@ impl Session {
             }
         }
         let launch = self.lane(m.ctx, m.stream)?;
+        // The launch's own conditional values, which its kernels set.
+        self.graphs.conditionals = (!g.handles.is_empty())
+            .then(|| Arc::new(GraphConditionals::new(g.handles.iter().copied())));
         let r = self.replay(&g, m, &launch);
         self.graphs.route = None;
+        self.graphs.conditionals = None;
         r
     }
 
@@ -592,6 +626,10 @@ impl Session {
                     Node::MemAlloc { ptr, size } => self.graph_map(m.ctx, *ptr, *size),
                     Node::MemFree { ptr } => self.graph_free(*ptr),
                     Node::Empty => Ok(()),
+                    Node::Conditional(c) => match self.graphs.conditionals.clone() {
+                        Some(values) => self.submit_conditional(c, m, &lane, &values),
+                        None => Err(CuError::invalid_value("a conditional node without handles")),
+                    },
                 };
                 self.graphs.route = None;
                 if let Err(e) = r {

@@ -16,6 +16,7 @@ use crate::exec_affinity::*;
 use crate::exports::*;
 use crate::graph::api::*;
 use crate::graph::attrs::*;
+use crate::graph::conditional::*;
 use crate::graph::generic::*;
 use crate::legacy_launch::*;
 use crate::library::*;
@@ -586,6 +587,10 @@ fn table() -> &'static [Entry] {
                 (12030, f!(cuGraphAddNode_v2))
             ),
             e!("cuGraphNodeSetParams", (12020, f!(cuGraphNodeSetParams))),
+            e!(
+                "cuGraphConditionalHandleCreate",
+                (12030, f!(cuGraphConditionalHandleCreate))
+            ),
             e!(
                 "cuGraphKernelNodeSetAttribute",
                 (11000, f!(cuGraphKernelNodeSetAttribute))

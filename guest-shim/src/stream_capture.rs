@@ -263,6 +263,9 @@ fn node_of(op: Op) -> NodeKind {
         },
         Op::MemFree { ptr } => NodeKind::MemFree(ptr),
         Op::MemOps(ops) => NodeKind::BatchMemOp(crate::mem_ops::BatchNode::captured(ops)),
+        // Only an executable graph's plan holds conditional operations; no stream call makes
+        // one, so none is ever captured.
+        Op::Conditional { .. } => NodeKind::Empty,
     }
 }
 

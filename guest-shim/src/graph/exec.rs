@@ -19,7 +19,10 @@ use std::sync::Arc;
 
 use vgpu_proto::cuda;
 use vgpu_proto::frame::MAX_BULK_CHUNK;
-use vgpu_proto::graph::{EMPTY_NODE, MEM_ALLOC_NODE, MEM_FREE_NODE, push_deps, push_node, push_op};
+use vgpu_proto::graph::{
+    CONDITIONAL_NODE, EMPTY_NODE, MEM_ALLOC_NODE, MEM_FREE_NODE, push_body, push_deps, push_node,
+    push_op,
+};
 use vgpu_proto::msg;
 
 use super::{MAX_NODES, NodeKind, Op, Registry, registry};
@@ -83,7 +86,7 @@ pub struct Exec {
 
 /// One operation of an executable graph: an [`Op`], or (`None`) a join point that waits for its
 /// dependencies and does nothing else; and the operations it depends on (indices, all earlier).
-type PlanOp = (Option<Op>, Vec<usize>);
+pub type PlanOp = (Option<Op>, Vec<usize>);
 
 /// The operations of a node that is not a child graph.
 fn node_ops(kind: &NodeKind, out: &mut Vec<Op>) {
@@ -91,7 +94,8 @@ fn node_ops(kind: &NodeKind, out: &mut Vec<Op>) {
         NodeKind::Kernel(k) => out.push(k.op()),
         NodeKind::Memcpy(_, ops) | NodeKind::Memset(_, ops) => out.extend(ops.iter().cloned()),
         NodeKind::Host { f, data } => out.push(Op::Host { f: *f, data: *data }),
-        NodeKind::Child(_) | NodeKind::Empty => {}
+        // Graphs of their own: lowered by `graph_ops`.
+        NodeKind::Child(_) | NodeKind::Conditional(_) | NodeKind::Empty => {}
         NodeKind::EventRecord(e) => out.push(Op::EventRecord(*e)),
         NodeKind::EventWait(e) => out.push(Op::EventWait(*e)),
         NodeKind::MemAlloc { ptr, reserved, .. } => out.push(Op::MemAlloc {
@@ -155,6 +159,21 @@ fn graph_ops(
                 out,
                 depth + 1,
             )?
+        } else if let NodeKind::Conditional(c) = &node.kind {
+            let op = super::conditional::lower(c, |body| {
+                let mut ops = Vec::new();
+                graph_ops(
+                    reg,
+                    &reg.topo_order(body)?,
+                    &Default::default(),
+                    None,
+                    &mut ops,
+                    depth + 1,
+                )?;
+                Ok(ops)
+            })?;
+            out.push((Some(op), incoming));
+            Some(out.len() - 1)
         } else {
             ops.clear();
             if !disabled.contains(&n) {
@@ -291,6 +310,45 @@ fn encode(ctx: u64, op: &Op, node_priority: bool, out: &mut Vec<u8>) -> bool {
                 push_op(out, &o.request(ctx, 0), &[]);
             }
         }
+        Op::Conditional {
+            handle,
+            kind,
+            default,
+            flags,
+            bodies,
+        } => {
+            let mut tail = Vec::new();
+            for body in bodies {
+                let mut list = Vec::new();
+                for (i, (op, deps)) in body.iter().enumerate() {
+                    let implied: &[usize] = if i == 0 { &[] } else { &[i - 1] };
+                    if deps.as_slice() != implied {
+                        let deps: Vec<u32> = deps.iter().map(|&d| d as u32).collect();
+                        push_deps(&mut list, &deps);
+                    }
+                    match op {
+                        // Bodies hold device operations only (`conditional::lower`).
+                        Some(op) => {
+                            encode(ctx, op, node_priority, &mut list);
+                        }
+                        None => push_node(&mut list, EMPTY_NODE, &msg::Empty {}, &[]),
+                    }
+                }
+                push_body(&mut tail, &list);
+            }
+            push_node(
+                out,
+                CONDITIONAL_NODE,
+                &msg::GraphConditionalNode {
+                    handle: *handle,
+                    kind: *kind,
+                    bodies: bodies.len() as u32,
+                    default: *default,
+                    flags: *flags,
+                },
+                &tail,
+            );
+        }
         Op::HtoD { .. } | Op::DtoH { .. } | Op::Host { .. } => return false,
     }
     true
@@ -343,6 +401,15 @@ impl Exec {
                     true
                 }
             };
+            if bytes.len() > MAX_BULK_CHUNK {
+                // Only a conditional node's bodies grow a node this large.
+                crate::debug!(
+                    "a graph node of {} bytes (a conditional node's bodies) is larger than one \
+                     upload ({MAX_BULK_CHUNK} bytes)",
+                    bytes.len()
+                );
+                return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+            }
             if device {
                 let full = cur
                     .as_ref()
@@ -641,7 +708,10 @@ pub fn set_node(e: u64, node: u64, kind: NodeKind) -> CuRes<()> {
     }
     if matches!(
         slot.kind,
-        NodeKind::MemAlloc { .. } | NodeKind::MemFree(_) | NodeKind::Child(_)
+        NodeKind::MemAlloc { .. }
+            | NodeKind::MemFree(_)
+            | NodeKind::Child(_)
+            | NodeKind::Conditional(_)
     ) {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
@@ -784,19 +854,17 @@ pub fn update(e: u64, g: u64) -> CuRes<(i32, u64)> {
                     return Ok((update_result::PARAMETERS_CHANGED, *new));
                 }
             }
+            (NodeKind::Conditional(_), _) => {
+                // Updating a conditional node's bodies in place is not provided.
+                return Ok((update_result::NOT_SUPPORTED, *new));
+            }
             _ => {}
         }
         kinds.push(nn.kind.clone());
     }
     for (old, kind) in copy_nodes.iter().zip(kinds) {
-        let kind = match kind {
-            NodeKind::Child(c) => {
-                let copy = reg.clone_graph(c)?;
-                reg.graph_mut(copy)?.owned = true;
-                NodeKind::Child(copy)
-            }
-            k => k,
-        };
+        let mut kind = kind;
+        reg.clone_owned(&mut kind)?;
         let slot = reg.node_mut(*old)?;
         if let NodeKind::Child(c) = std::mem::replace(&mut slot.kind, kind) {
             let _ = reg.destroy_graph(c);

@@ -2,8 +2,8 @@
 //! `cuGraphNodeSetParams`, `cuGraphExecNodeSetParams`): one `CUgraphNodeParams` structure
 //! whose `type` selects a member of a union. Each node type goes to the code of its per-type
 //! entry point ([`super::api`]), so a node is built and checked exactly as that call builds it.
-//! External semaphore and conditional nodes are `CUDA_ERROR_NOT_SUPPORTED`, as their per-type
-//! calls are.
+//! Conditional nodes are built by [`super::conditional`]; external semaphore nodes are
+//! `CUDA_ERROR_NOT_SUPPORTED`, as their per-type calls are.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::cell::Cell;
@@ -100,6 +100,8 @@ pub union NodeParamsUnion {
     pub free: MemFreeNodeParams,
     /// `CUDA_BATCH_MEM_OP_NODE_PARAMS_v2`.
     pub mem_op: crate::mem_ops::BatchMemOpNodeParams,
+    /// `CUDA_CONDITIONAL_NODE_PARAMS`.
+    pub conditional: super::conditional::ConditionalNodeParams,
 }
 
 /// `CUgraphNodeParams`.
@@ -175,7 +177,10 @@ fn read_params<'a>(prm: *const GraphNodeParams) -> CuRes<&'a GraphNodeParams> {
 fn refused<T>(ty: c_int) -> CuRes<T> {
     let what = match ty {
         node_type::EXT_SEMAS_SIGNAL | node_type::EXT_SEMAS_WAIT => "external semaphore nodes",
-        node_type::CONDITIONAL => "conditional nodes",
+        node_type::CONDITIONAL => {
+            crate::debug!("a conditional node's parameters cannot be changed");
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
         _ => {
             crate::debug!("CUgraphNodeParams: unknown node type {ty}");
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
@@ -281,6 +286,7 @@ fn add_node(
             }
             r
         }
+        node_type::CONDITIONAL => super::conditional::add_node(out, graph, deps, n, prm),
         _ => add(out, graph, deps, n, || plain_kind(p)),
     }
 }
@@ -431,20 +437,19 @@ mod tests {
     fn types_vgpu_does_not_build_are_not_supported() {
         let g = graph();
         let mut node = std::ptr::null_mut();
-        for ty in [
-            node_type::EXT_SEMAS_SIGNAL,
-            node_type::EXT_SEMAS_WAIT,
-            node_type::CONDITIONAL,
-        ] {
+        for ty in [node_type::EXT_SEMAS_SIGNAL, node_type::EXT_SEMAS_WAIT] {
             let mut p = params(ty);
             // SAFETY: valid pointers throughout.
             let r = unsafe { cuGraphAddNode(&mut node, g, std::ptr::null(), 0, &mut p) };
             assert_eq!(r, cuda::CUDA_ERROR_NOT_SUPPORTED, "type {ty}");
         }
-        let mut p = params(14);
-        // SAFETY: as above.
-        let r = unsafe { cuGraphAddNode(&mut node, g, std::ptr::null(), 0, &mut p) };
-        assert_eq!(r, cuda::CUDA_ERROR_INVALID_VALUE);
+        // An unknown type, and a conditional node of no bodies on a handle nobody created.
+        for ty in [14, node_type::CONDITIONAL] {
+            let mut p = params(ty);
+            // SAFETY: as above.
+            let r = unsafe { cuGraphAddNode(&mut node, g, std::ptr::null(), 0, &mut p) };
+            assert_eq!(r, cuda::CUDA_ERROR_INVALID_VALUE, "type {ty}");
+        }
         assert!(registry().graph(h(g)).unwrap().order.is_empty());
     }
 

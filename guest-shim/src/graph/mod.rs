@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod attrs;
+pub mod conditional;
 pub mod exec;
 pub mod generic;
 
@@ -50,7 +51,7 @@ pub mod node_type {
     pub const MEM_FREE: i32 = 11;
     /// `CU_GRAPH_NODE_TYPE_BATCH_MEM_OP`.
     pub const BATCH_MEM_OP: i32 = 12;
-    /// `CU_GRAPH_NODE_TYPE_CONDITIONAL` (not provided).
+    /// `CU_GRAPH_NODE_TYPE_CONDITIONAL`.
     pub const CONDITIONAL: i32 = 13;
 }
 
@@ -146,6 +147,20 @@ pub enum Op {
     /// Stream memory operations, in order (a captured `cuStreamBatchMemOp`; in an executable
     /// graph's plan one write or wait each, [`crate::mem_ops::graph_ops`]).
     MemOps(Vec<crate::mem_ops::MemOp>),
+    /// A conditional node: its handle, type, the handle's default value and flags, and each
+    /// body's operations with their dependencies.
+    Conditional {
+        /// The conditional handle.
+        handle: u64,
+        /// `CUgraphConditionalNodeType`.
+        kind: u32,
+        /// The handle's default value.
+        default: u32,
+        /// `CU_GRAPH_COND_*` flags.
+        flags: u32,
+        /// Each body's operations.
+        bodies: Vec<Vec<exec::PlanOp>>,
+    },
 }
 
 /// A `CUDA_MEMCPY3D` kept for `cuGraphMemcpyNodeGetParams`.
@@ -278,6 +293,8 @@ pub enum NodeKind {
     MemFree(u64),
     /// Stream memory operations.
     BatchMemOp(crate::mem_ops::BatchNode),
+    /// A conditional node and the body graphs it owns.
+    Conditional(conditional::Conditional),
 }
 
 impl NodeKind {
@@ -303,6 +320,7 @@ impl NodeKind {
             NodeKind::MemAlloc { .. } => node_type::MEM_ALLOC,
             NodeKind::MemFree(_) => node_type::MEM_FREE,
             NodeKind::BatchMemOp(_) => node_type::BATCH_MEM_OP,
+            NodeKind::Conditional(_) => node_type::CONDITIONAL,
         }
     }
 
@@ -319,6 +337,16 @@ impl NodeKind {
             NodeKind::MemAlloc { .. } => "mem alloc",
             NodeKind::MemFree(_) => "mem free",
             NodeKind::BatchMemOp(_) => "batch mem op",
+            NodeKind::Conditional(_) => "conditional",
+        }
+    }
+
+    /// The graphs the node owns: a child graph, a conditional node's bodies.
+    pub fn owned_graphs(&self) -> &[u64] {
+        match self {
+            NodeKind::Child(c) => std::slice::from_ref(c),
+            NodeKind::Conditional(c) => &c.bodies,
+            _ => &[],
         }
     }
 }
@@ -357,6 +385,8 @@ pub struct Registry {
     pub execs: HashMap<u64, exec::Exec>,
     /// For each node of a clone, the node it was cloned from (`cuGraphNodeFindInClone`).
     pub cloned_from: HashMap<u64, u64>,
+    /// Conditional handles (`cuGraphConditionalHandleCreate`), until their graph is destroyed.
+    pub cond_handles: HashMap<u64, conditional::Handle>,
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
@@ -366,6 +396,7 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
         node_graph: HashMap::new(),
         execs: HashMap::new(),
         cloned_from: HashMap::new(),
+        cond_handles: HashMap::new(),
     })
 });
 
@@ -463,10 +494,11 @@ impl Registry {
         for (object, refs) in graph.user_objects {
             let _ = crate::user_objects::release(object, refs);
         }
+        self.cond_handles.retain(|_, c| c.graph != g);
         for (n, node) in graph.nodes {
             self.node_graph.remove(&n);
             self.cloned_from.remove(&n);
-            if let NodeKind::Child(c) = node.kind {
+            for &c in node.kind.owned_graphs() {
                 let _ = self.destroy_graph(c);
             }
         }
@@ -485,12 +517,10 @@ impl Registry {
         for other in graph.nodes.values_mut() {
             other.deps.retain(|&d| d != n);
         }
-        if let Some(Node {
-            kind: NodeKind::Child(c),
-            ..
-        }) = node
-        {
-            let _ = self.destroy_graph(c);
+        if let Some(node) = node {
+            for &c in node.kind.owned_graphs() {
+                let _ = self.destroy_graph(c);
+            }
         }
         Ok(())
     }
@@ -513,17 +543,35 @@ impl Registry {
         self.graph_mut(new)?.user_objects = objects;
         let mut map = HashMap::new();
         for (old, mut node) in order.into_iter().zip(nodes) {
-            if let NodeKind::Child(c) = node.kind {
-                let copy = self.clone_graph(c)?;
-                self.graph_mut(copy)?.owned = true;
-                node.kind = NodeKind::Child(copy);
-            }
+            self.clone_owned(&mut node.kind)?;
             let deps: Vec<u64> = node.deps.iter().map(|d| map[d]).collect();
             let h = self.add_node(new, node.kind, &deps)?;
             map.insert(old, h);
             self.cloned_from.insert(h, old);
         }
         Ok(new)
+    }
+
+    /// Gives a copied node graphs of its own in place of those it owned (deep copies).
+    pub fn clone_owned(&mut self, kind: &mut NodeKind) -> CuRes<()> {
+        match kind {
+            NodeKind::Child(c) => {
+                let copy = self.clone_graph(*c)?;
+                self.graph_mut(copy)?.owned = true;
+                *c = copy;
+            }
+            NodeKind::Conditional(cond) => {
+                let mut bodies = Vec::with_capacity(cond.bodies.len());
+                for &b in cond.bodies.iter() {
+                    let copy = self.clone_graph(b)?;
+                    self.graph_mut(copy)?.owned = true;
+                    bodies.push(copy);
+                }
+                cond.bodies = bodies.into_boxed_slice();
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Graph `g`'s nodes in a topological order (creation order among ready nodes);
@@ -612,6 +660,16 @@ impl Registry {
                 NodeKind::MemFree(p) => format!("\\nptr {p:#x}"),
                 NodeKind::BatchMemOp(b) => format!("\\n{} operations", b.ops.len()),
                 NodeKind::EventRecord(e) | NodeKind::EventWait(e) => format!("\\nevent {e:#x}"),
+                NodeKind::Conditional(c) => format!(
+                    "\\n{} handle {:#x}, {} bodies",
+                    match c.kind {
+                        vgpu_proto::graph::conditional::IF => "if",
+                        vgpu_proto::graph::conditional::WHILE => "while",
+                        _ => "switch",
+                    },
+                    c.handle,
+                    c.bodies.len()
+                ),
                 _ => String::new(),
             };
             let _ = writeln!(
@@ -622,10 +680,10 @@ impl Registry {
             for d in &node.deps {
                 let _ = writeln!(s, "\"n{d:x}\" -> \"n{n:x}\";");
             }
-            if let NodeKind::Child(c) = node.kind
-                && depth < MAX_DOT_DEPTH
-            {
-                self.dot_into(c, s, depth + 1)?;
+            if depth < MAX_DOT_DEPTH {
+                for &c in node.kind.owned_graphs() {
+                    self.dot_into(c, s, depth + 1)?;
+                }
             }
         }
         s.push_str("}\n");

@@ -108,12 +108,14 @@ if ! python3 -c 'import cupy' >/dev/null 2>&1; then
     pip_install cupy-cuda12x==14.2.0 \
         || log "CuPy could not be installed; the CuPy test will be skipped"
 fi
-if ! python3 -c 'import cuda.bindings.driver, numba.cuda, cuda.core' >/dev/null 2>&1; then
+if ! python3 -c 'import cuda.bindings.driver, numba.cuda, cuda.core.graph' >/dev/null 2>&1; then
     # numba-cuda without its [cu12] extra: no nvJitLink, so numba links
     # through the driver (cuLink*), which vgpu answers with PTX the simulated
     # GPU runs. NVVM comes from nvidia-cuda-nvcc-cu12.
-    log "installing cuda-python (cuda-bindings) and numba-cuda from PyPI for the Python tests"
+    # cuda.core (a numba-cuda dependency) is pinned too: the graph builder test uses it.
+    log "installing cuda-python (cuda-bindings), cuda.core and numba-cuda from PyPI for the Python tests"
     pip_install cuda-bindings==12.9.10 numba-cuda==0.30.4 nvidia-cuda-nvcc-cu12==12.9.86 \
+        cuda-core==1.2.2 cuda-pathfinder==1.9.1 \
         || log "cuda-bindings or numba-cuda could not be installed; their tests will be skipped"
 fi
 

@@ -159,3 +159,24 @@ fn nvcc_program_uses_graphs_through_the_cuda_runtime() {
         d.wait_memory_used("vm", 0, Duration::from_secs(5));
     }
 }
+
+/// Conditional nodes (`tests/c/graph_conditionals.c`): if/else, while and switch nodes built
+/// node by node and by capture into their bodies, run with the handles their kernels set; the
+/// refusals; a kernel setting a handle outside a graph launch fails only its own context.
+#[test]
+fn conditional_nodes_run_the_bodies_their_kernels_choose() {
+    let d = Vgpud::start(&[TestVm::new("vm", 64 * MIB)]);
+    let prog = build_c_program("graph_conditionals");
+    let fixture = vgpu_tests::harness::workspace_root()
+        .join("devices/ptx/fixtures/conditionals.compute_80.ptx");
+    let r = run_against(&d, "vm", &prog, &[fixture.to_str().unwrap()]);
+    assert!(
+        r.failures().is_empty() && r.code == 0,
+        "{}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+    assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > 50);
+    d.wait_memory_used("vm", 0, Duration::from_secs(5));
+}

@@ -2,7 +2,8 @@
 //! (cuda.bindings, which resolves every driver function through
 //! cuGetProcAddress_v2) with NVRTC-compiled CUDA C++, CuPy (NVIDIA's CUDA 12
 //! runtime underneath, kernels compiled at run time) and numba-cuda (NVVM,
-//! linked through the driver's cuLink* API). Skipped with a
+//! linked through the driver's cuLink* API), and cuda.core's graph builder with conditional
+//! nodes. Skipped with a
 //! message when the Python packages are not installed (scripts/prereqs.sh
 //! installs them).
 
@@ -35,6 +36,32 @@ fn a_cuda_python_program_runs_unmodified() {
         d.log()
     );
     assert!(stdout.contains("slice 64 MiB"), "{stdout}");
+}
+
+#[test]
+fn cuda_core_graphs_with_conditional_nodes_run_unmodified() {
+    let probe = Command::new("python3")
+        .args(["-c", "import cuda.core.graph, cuda.bindings.nvrtc"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        println!("SKIPPED: cuda.core (cuda-core) is not installed; run scripts/prereqs.sh");
+        return;
+    }
+    let d = Vgpud::start(&[TestVm::new("core", 64 << 20)]);
+    let out = Command::new("python3")
+        .arg(workspace_root().join("tests/python/cuda_core_graphs.py"))
+        .env("VGPU_TRANSPORT", d.transport("core"))
+        .env("LD_LIBRARY_PATH", &artifacts().lib_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("PASS"),
+        "{stdout}\n{stderr}\n{}",
+        d.log()
+    );
+    d.wait_memory_used("core", 0, std::time::Duration::from_secs(5));
 }
 
 #[test]

@@ -1451,11 +1451,14 @@ static void mode_generic(void) {
           1);
 
     /* Types vgpu does not build, unknown types and reserved fields. */
-    int refused[] = {NODE_EXT_SEMAS_SIGNAL, NODE_EXT_SEMAS_WAIT, NODE_CONDITIONAL};
-    for (int i = 0; i < 3; i++) {
+    int refused[] = {NODE_EXT_SEMAS_SIGNAL, NODE_EXT_SEMAS_WAIT};
+    for (int i = 0; i < 2; i++) {
         p = generic_of_type(refused[i]);
         check("refused node type: not supported", cuGraphAddNode(&n0, g, NULL, 0, &p), 801);
     }
+    /* Conditional nodes: tests/c/graph_conditionals.c; one on no handle is refused. */
+    p = generic_of_type(NODE_CONDITIONAL);
+    check("a conditional node without a handle", cuGraphAddNode(&n0, g, NULL, 0, &p), 1);
     p = generic_of_type(NODE_BATCH_MEM_OP);
     check("a batch memory-operation node of no operations", cuGraphAddNode(&n0, g, NULL, 0, &p), 1);
     p = generic_of_type(99);

@@ -38,6 +38,8 @@ pub const BIG_GLOBAL_BYTES: u64 = 48 << 20;
 
 const MIB: u64 = 1 << 20;
 const DEVICE: &str = "gpu0";
+/// Names the checks to run (see [`run_checks`]).
+const ONLY_ENV: &str = "VGPU_CONFORMANCE_ONLY";
 
 /// Makes a fresh device with the given watchdog.
 pub type DeviceFactory = Box<dyn Fn(Option<Duration>) -> Arc<dyn Device>>;
@@ -534,6 +536,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     (
         "stream_memory_operations",
         crate::conformance_mem_ops::stream_memory_operations,
+    ),
+    (
+        "graph_conditional_nodes",
+        crate::conformance_conditionals::graph_conditional_nodes,
     ),
     (
         "allocations_move_between_device_and_host",
@@ -1520,10 +1526,16 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "panicked".into())
 }
 
-/// Runs the named checks (all when `only` is empty) one after another.
+/// Runs `checks` against `target`; with `VGPU_CONFORMANCE_ONLY` set (names separated by
+/// commas), only those named there (a developer's shortcut; the test command runs them all).
 pub fn run_checks(target: &Target, checks: &[(&'static str, Check)]) -> SuiteReport {
+    let only = std::env::var(ONLY_ENV).ok();
+    let chosen = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|n| n == name))
+    };
     let mut results = Vec::new();
-    for &(name, check) in checks {
+    for &(name, check) in checks.iter().filter(|(name, _)| chosen(name)) {
         let t0 = Instant::now();
         let r = catch_unwind(AssertUnwindSafe(|| check(target)));
         let elapsed = t0.elapsed();

@@ -2,6 +2,7 @@
 //! using the guest shim, and the QEMU harness that boots real guests.
 
 pub mod conformance;
+pub mod conformance_conditionals;
 pub mod conformance_mem_ops;
 pub mod conformance_overflow;
 pub mod conformance_streams;

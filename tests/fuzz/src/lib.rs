@@ -441,6 +441,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
 fn session_seed() -> Vec<u8> {
     use vgpu_proto::msg::{self, Op};
     const FIRST_CONTEXT: u64 = (0x4C << 40) | (1 << 16);
+    const FIRST_GRAPH_EXEC: u64 = (0x67 << 40) | (1 << 16);
     const COPY: usize = 64 << 10;
     let mut s = Vec::new();
     let mut push = |opcode: u16, flags: u16, payload: Vec<u8>| {
@@ -556,6 +557,51 @@ fn session_seed() -> Vec<u8> {
             layers: 0,
             pitch: texels.pitch,
             slice_pitch: texels.slice_pitch,
+        }),
+    );
+    // A graph with a conditional node (an if, true by default) whose body fills a word, and
+    // its launch.
+    let mut body = Vec::new();
+    vgpu_proto::graph::push_op(
+        &mut body,
+        &msg::Memset {
+            ctx: FIRST_CONTEXT,
+            stream: 0,
+            dst: word + 16,
+            value: 7,
+            elem_size: 4,
+            count: 1,
+        },
+        &[],
+    );
+    let mut bodies = Vec::new();
+    vgpu_proto::graph::push_body(&mut bodies, &body);
+    let mut nodes = Vec::new();
+    vgpu_proto::graph::push_node(
+        &mut nodes,
+        vgpu_proto::graph::CONDITIONAL_NODE,
+        &msg::GraphConditionalNode {
+            handle: 0x6770_0000_1000,
+            kind: vgpu_proto::graph::conditional::IF,
+            bodies: 1,
+            default: 1,
+            flags: vgpu_proto::graph::conditional::ASSIGN_DEFAULT,
+        },
+        &bodies,
+    );
+    let mut instantiate = msg::encode(&msg::GraphInstantiate {
+        ctx: FIRST_CONTEXT,
+        replace: 0,
+    });
+    instantiate.extend_from_slice(&nodes);
+    push(msg::GraphInstantiate::OPCODE, 0, instantiate);
+    push(
+        msg::GraphLaunch::OPCODE,
+        0,
+        msg::encode(&msg::GraphLaunch {
+            ctx: FIRST_CONTEXT,
+            stream: 0,
+            exec: FIRST_GRAPH_EXEC,
         }),
     );
     push(msg::Goodbye::OPCODE, 0, Vec::new());

@@ -16,13 +16,20 @@
 //! same kernels in one chain, launch to completion, in the same run. vgpud runs a graph's
 //! independent branches at the same time, so on a device with room for both the branches take
 //! about half the chain's time.
+//!
+//! *Loop* (over the protocol client, on the unix socket and the vsock device): [`LOOP_ITERATIONS`]
+//! iterations of a one-thread kernel, driven on the device by a while node of a graph (its kernel
+//! counts down and sets the node's handle with `cudaGraphSetConditional`: one request, no round
+//! trip per iteration) against the same loop driven by the host as a program without conditional
+//! nodes does (a launch and a synchronous read of the counter per iteration), in the same run;
+//! per iteration.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cuda::client::Client;
 use vgpu_config::Config;
-use vgpu_proto::graph::{push_deps, push_op};
+use vgpu_proto::graph::{CONDITIONAL_NODE, conditional, push_body, push_deps, push_node, push_op};
 use vgpu_proto::msg;
 use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 use vgpud::Daemon;
@@ -54,6 +61,22 @@ pub const BRANCH_KERNELS: usize = 4;
 pub const BRANCH_KERNEL_TARGET: Duration = Duration::from_millis(5);
 /// The fork/join case's kernels start at this many iterations before calibration.
 const CALIBRATE_START_ITERS: u32 = 256;
+/// Iterations of the loop case.
+pub const LOOP_ITERATIONS: u32 = 200;
+/// The loop case's kernels (`devices/ptx/fixtures/conditionals.cu`).
+const CONDITIONALS_PTX: &str =
+    include_str!("../../devices/ptx/fixtures/conditionals.compute_80.ptx");
+/// The loop case's conditional handle (any value the graph declares).
+const LOOP_HANDLE: u64 = 0x6770_0000_1000;
+
+/// One run of the loop case, in nanoseconds per iteration.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Loop {
+    /// Driven on the device by a while node.
+    pub device: f64,
+    /// Driven by the host: a launch and a synchronous read per iteration.
+    pub host: f64,
+}
 
 /// One run of the fork/join case, in nanoseconds from launch to completion.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -281,6 +304,139 @@ impl Remote {
     }
 }
 
+/// The loop case on one connection: the counter, the kernels and the uploaded while loop.
+struct LoopCase {
+    counter: u64,
+    add_one: msg::LaunchKernel,
+    add_one_params: Vec<u8>,
+    exec: u64,
+}
+
+impl Remote {
+    /// Loads the loop case's kernels and uploads its while loop.
+    fn loop_case(&mut self) -> Result<LoopCase, String> {
+        let ctx = self.ctx;
+        let counter = self
+            .client
+            .call(&msg::MemAlloc { ctx, size: 4 }, &[])
+            .map_err(err("MemAlloc"))?
+            .0
+            .ptr;
+        let module = self
+            .client
+            .call(&msg::ModuleLoad { ctx }, CONDITIONALS_PTX.as_bytes())
+            .map_err(err("ModuleLoad"))?
+            .0
+            .handle;
+        let mut kernel = |name: &str, args: &[&[u8]]| -> Result<_, String> {
+            let f = self
+                .client
+                .call(
+                    &msg::ModuleGetFunction {
+                        ctx,
+                        module,
+                        name: name.into(),
+                    },
+                    &[],
+                )
+                .map_err(err("ModuleGetFunction"))?
+                .0;
+            let mut params = Vec::new();
+            for (a, &off) in args.iter().zip(&f.param_offsets) {
+                let off = off as usize;
+                params.resize(params.len().max(off + a.len()), 0);
+                params[off..off + a.len()].copy_from_slice(a);
+            }
+            let launch = msg::LaunchKernel {
+                function: f.function,
+                block_x: 1,
+                ..self.launch.clone()
+            };
+            Ok((launch, params))
+        };
+        let (count_down, count_down_params) = kernel(
+            "count_down",
+            &[&counter.to_le_bytes(), &LOOP_HANDLE.to_le_bytes()],
+        )?;
+        let (add_one, add_one_params) = kernel("add_one", &[&counter.to_le_bytes()])?;
+        let mut body = Vec::new();
+        push_op(&mut body, &count_down, &count_down_params);
+        let mut bodies = Vec::new();
+        push_body(&mut bodies, &body);
+        let mut nodes = Vec::new();
+        push_node(
+            &mut nodes,
+            CONDITIONAL_NODE,
+            &msg::GraphConditionalNode {
+                handle: LOOP_HANDLE,
+                kind: conditional::WHILE,
+                bodies: 1,
+                default: 1,
+                flags: conditional::ASSIGN_DEFAULT,
+            },
+            &bodies,
+        );
+        let exec = self.upload(&nodes)?;
+        Ok(LoopCase {
+            counter,
+            add_one,
+            add_one_params,
+            exec,
+        })
+    }
+
+    fn write_counter(&mut self, c: &LoopCase, value: u32) -> Result<(), String> {
+        let m = msg::MemcpyHtoD {
+            ctx: self.ctx,
+            stream: 0,
+            dst: c.counter,
+        };
+        self.client
+            .call(&m, &value.to_le_bytes())
+            .map_err(err("MemcpyHtoD"))
+            .map(drop)
+    }
+
+    fn read_counter(&mut self, c: &LoopCase) -> Result<u32, String> {
+        let m = msg::MemcpyDtoH {
+            ctx: self.ctx,
+            stream: 0,
+            src: c.counter,
+            len: 4,
+        };
+        let (_, bytes) = self.client.call(&m, &[]).map_err(err("MemcpyDtoH"))?;
+        let b: [u8; 4] = bytes
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("MemcpyDtoH: short reply")?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// One run of the loop case: (device, host), nanoseconds per iteration.
+    fn run_loop(&mut self, c: &LoopCase) -> Result<Loop, String> {
+        self.write_counter(c, LOOP_ITERATIONS)?;
+        let device = self.run(c.exec)?;
+        let left = self.read_counter(c)?;
+        if left != 0 {
+            return Err(format!("the device's loop left {left} iterations"));
+        }
+        let t = Instant::now();
+        let mut done = 0;
+        while done < LOOP_ITERATIONS {
+            self.client
+                .post(&c.add_one, &c.add_one_params)
+                .map_err(err("LaunchKernel"))?;
+            done = self.read_counter(c)?;
+        }
+        let host = t.elapsed().as_nanos() as f64;
+        let per = f64::from(LOOP_ITERATIONS);
+        Ok(Loop {
+            device: device / per,
+            host: host / per,
+        })
+    }
+}
+
 impl LaunchPath for Remote {
     fn launches(&mut self) -> Result<(), String> {
         for _ in 0..self.kernels {
@@ -439,6 +595,8 @@ pub struct Report {
     pub paths: Vec<(&'static str, Vec<Sample>)>,
     /// The fork/join case, one per run.
     pub fork_join: Vec<ForkJoin>,
+    /// The loop case per connection: (path name, one per run).
+    pub loops: Vec<(&'static str, Vec<Loop>)>,
 }
 
 /// Measures every path `runs` times and returns the samples.
@@ -484,8 +642,14 @@ pub fn measure(p: Params) -> Result<Report, String> {
             ("client, vhost-user vsock", Vec::new()),
         ],
         fork_join: Vec::new(),
+        loops: vec![
+            ("client, unix socket", Vec::new()),
+            ("client, vhost-user vsock", Vec::new()),
+        ],
     };
     let (chain, branches) = unix.fork_join_graphs()?;
+    let unix_loop = unix.loop_case()?;
+    let vhost_loop = vhost.loop_case()?;
     // Warm-up, then interleaved runs so that load on the machine hits every path alike.
     for path in [&mut shim as &mut dyn LaunchPath, &mut unix, &mut vhost] {
         sample(path, p.kernels, 1)?;
@@ -499,6 +663,8 @@ pub fn measure(p: Params) -> Result<Report, String> {
             chain: unix.run(chain)?,
             branches: unix.run(branches)?,
         });
+        report.loops[0].1.push(unix.run_loop(&unix_loop)?);
+        report.loops[1].1.push(vhost.run_loop(&vhost_loop)?);
     }
     drop(vhost);
     drop(guest);
@@ -590,10 +756,41 @@ fn print_fork_join(r: &Report) {
     );
 }
 
+/// Median, lowest and highest of `f` over runs of the loop case.
+pub fn loop_spread(runs: &[Loop], f: fn(&Loop) -> f64) -> (f64, f64, f64) {
+    let x: Vec<f64> = runs.iter().map(f).collect();
+    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = x.iter().copied().fold(0.0, f64::max);
+    (median(&x), lo, hi)
+}
+
+fn print_loops(r: &Report) {
+    for (path, runs) in &r.loops {
+        let (dm, dlo, dhi) = loop_spread(runs, |l| l.device);
+        let (hm, hlo, hhi) = loop_spread(runs, |l| l.host);
+        let (rm, rlo, rhi) = loop_spread(runs, |l| l.device / l.host);
+        println!(
+            "loop ({path}): {LOOP_ITERATIONS} iterations of a one-thread kernel, per iteration: \
+             a while node on the device {:.2}us [{:.2}-{:.2}], driven by the host {:.2}us \
+             [{:.2}-{:.2}], device/host {:.3}x [{:.3}-{:.3}]",
+            dm / NS_PER_US,
+            dlo / NS_PER_US,
+            dhi / NS_PER_US,
+            hm / NS_PER_US,
+            hlo / NS_PER_US,
+            hhi / NS_PER_US,
+            rm,
+            rlo,
+            rhi
+        );
+    }
+}
+
 /// Runs the benchmark, prints the figures with their ratios and returns them.
 pub fn run(p: Params) -> Result<Report, String> {
     let report = measure(p)?;
     print(p, &report);
     print_fork_join(&report);
+    print_loops(&report);
     Ok(report)
 }

@@ -260,6 +260,21 @@ pub fn graphs(r: &crate::graphs::Report) -> Vec<Figure> {
         ));
     }
     out.extend(graph_branches(r));
+    for (path, runs) in &r.loops {
+        if runs.is_empty() {
+            continue;
+        }
+        let (device, _, _) = crate::graphs::loop_spread(runs, |l| l.device);
+        let (host, _, _) = crate::graphs::loop_spread(runs, |l| l.host);
+        out.push(Figure::new(
+            "graphs",
+            &format!("loop iteration on the device, a while node ({path})"),
+            device / NS_PER_US,
+            host / NS_PER_US,
+            "driven by the host",
+            "us",
+        ));
+    }
     out
 }
 

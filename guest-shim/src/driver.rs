@@ -470,7 +470,6 @@ pub fn device_limit(attr: usize) -> CuRes<u64> {
     Ok(u64::try_from(device_attribute(a, 0)?).unwrap_or(0))
 }
 
-/// `cuDeviceGetPCIBusId` text.
 /// The device's architecture as fat binaries name it: 80 for compute capability 8.0.
 pub fn device_arch() -> CuRes<u32> {
     let major = device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as i32, 0)?;
@@ -478,11 +477,14 @@ pub fn device_arch() -> CuRes<u32> {
     u32::try_from(major * 10 + minor).map_err(|_| cuda::CUDA_ERROR_INVALID_DEVICE)
 }
 
+/// `cuDeviceGetPCIBusId` text, as NVIDIA's driver writes it: a four-digit domain (wider only
+/// past 0xffff), upper-case hexadecimal, "0000:3B:00.0", which fits the 13 bytes programs give it
+/// (nvidia-smi's eight-digit domain does not).
 pub fn device_pci_bus_id(dev: i32) -> CuRes<String> {
     let domain = device_attribute(cuda::attr::PCI_DOMAIN_ID as i32, dev)?;
     let bus = device_attribute(cuda::attr::PCI_BUS_ID as i32, dev)?;
     let device = device_attribute(cuda::attr::PCI_DEVICE_ID as i32, dev)?;
-    Ok(format!("{domain:08X}:{bus:02X}:{device:02X}.0"))
+    Ok(format!("{domain:04X}:{bus:02X}:{device:02X}.0"))
 }
 
 // ---- contexts --------------------------------------------------------------

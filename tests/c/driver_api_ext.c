@@ -666,6 +666,12 @@ static void pointers(void) {
 static void device_and_peers(CUcontext ctx) {
     char bus[32] = "";
     check("cuDeviceGetPCIBusId", cuDeviceGetPCIBusId(bus, sizeof bus, 0), 0);
+    /* NVIDIA's format, "0000:3B:00.0": programs hand it 13 bytes. */
+    char short_bus[13] = "";
+    check("cuDeviceGetPCIBusId into 13 bytes", cuDeviceGetPCIBusId(short_bus, 13, 0), 0);
+    expect("a four-digit domain, the whole id in 13 bytes",
+           strlen(bus) == 12 && strcmp(bus, short_bus) == 0 && bus[4] == ':' && bus[7] == ':' &&
+               bus[10] == '.');
     CUdevice d = -1;
     check("cuDeviceGetByPCIBusId", cuDeviceGetByPCIBusId(&d, bus), 0);
     expect("the same device", d == 0);

@@ -2005,7 +2005,9 @@ impl Session {
         let run = self.check_launch(m, params, cooperative)?;
         let control = Arc::new(RunControl::default());
         // A kernel of a graph launch with conditional nodes may set their handles.
-        control.set_conditionals(self.graphs.conditionals.clone());
+        if let Some(values) = &self.graphs.conditionals {
+            control.set_conditionals(Some(Arc::clone(values)));
+        }
         let work = LaunchWork {
             run,
             control,

@@ -7,25 +7,36 @@
 //! message when the Python packages are not installed (scripts/prereqs.sh
 //! installs them).
 
+use std::ffi::OsStr;
 use std::process::Command;
 
 use vgpu_tests::harness::{TestVm, Vgpud, artifacts, cuda_guest, workspace_root};
 use vgpu_tests::qemu::{self, Guest};
 
-#[test]
-fn a_cuda_python_program_runs_unmodified() {
-    let probe = Command::new("python3")
-        .args(["-c", "import cuda.bindings.driver, cuda.bindings.nvrtc"])
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        println!("SKIPPED: cuda-python (cuda-bindings) is not installed; run scripts/prereqs.sh");
-        return;
+/// Runs `tests/python/<script>` (with `args` and `env`) against a fresh vgpud with a VM `vm` of
+/// `slice` bytes: it must print PASS, and the VM's memory must all come back once it exits.
+/// `None` (with a message) when `probe` (Python code importing the packages) fails: they are not
+/// installed. Returns the script's output.
+fn runs_unmodified(
+    probe: &str,
+    packages: &str,
+    (vm, slice): (&str, u64),
+    script: &str,
+    args: &[String],
+    env: &[(&str, &OsStr)],
+) -> Option<String> {
+    let probed = Command::new("python3").args(["-c", probe]).output();
+    if !probed.is_ok_and(|o| o.status.success()) {
+        println!("SKIPPED: {packages} not installed; run scripts/prereqs.sh");
+        return None;
     }
-    let d = Vgpud::start(&[TestVm::new("py", 64 << 20)]);
+    let d = Vgpud::start(&[TestVm::new(vm, slice)]);
     let out = Command::new("python3")
-        .arg(workspace_root().join("tests/python/nvrtc_axpy.py"))
-        .env("VGPU_TRANSPORT", d.transport("py"))
+        .arg(workspace_root().join("tests/python").join(script))
+        .args(args)
+        .env("VGPU_TRANSPORT", d.transport(vm))
         .env("LD_LIBRARY_PATH", &artifacts().lib_dir)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -35,95 +46,69 @@ fn a_cuda_python_program_runs_unmodified() {
         "{stdout}\n{stderr}\n{}",
         d.log()
     );
-    assert!(stdout.contains("slice 64 MiB"), "{stdout}");
+    d.wait_memory_used(vm, 0, std::time::Duration::from_secs(5));
+    Some(stdout.into_owned())
+}
+
+#[test]
+fn a_cuda_python_program_runs_unmodified() {
+    let out = runs_unmodified(
+        "import cuda.bindings.driver, cuda.bindings.nvrtc",
+        "cuda-python (cuda-bindings) is",
+        ("py", 64 << 20),
+        "nvrtc_axpy.py",
+        &[],
+        &[],
+    );
+    if let Some(stdout) = out {
+        assert!(stdout.contains("slice 64 MiB"), "{stdout}");
+    }
 }
 
 #[test]
 fn cuda_core_graphs_with_conditional_nodes_run_unmodified() {
-    let probe = Command::new("python3")
-        .args(["-c", "import cuda.core.graph, cuda.bindings.nvrtc"])
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        println!("SKIPPED: cuda.core (cuda-core) is not installed; run scripts/prereqs.sh");
-        return;
-    }
-    let d = Vgpud::start(&[TestVm::new("core", 64 << 20)]);
-    let out = Command::new("python3")
-        .arg(workspace_root().join("tests/python/cuda_core_graphs.py"))
-        .env("VGPU_TRANSPORT", d.transport("core"))
-        .env("LD_LIBRARY_PATH", &artifacts().lib_dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("PASS"),
-        "{stdout}\n{stderr}\n{}",
-        d.log()
+    runs_unmodified(
+        "import cuda.core.graph, cuda.bindings.nvrtc",
+        "cuda.core (cuda-core) is",
+        ("core", 64 << 20),
+        "cuda_core_graphs.py",
+        &[],
+        &[],
     );
-    d.wait_memory_used("core", 0, std::time::Duration::from_secs(5));
 }
 
 #[test]
 fn cupy_runs_unmodified() {
-    let probe = Command::new("python3").args(["-c", "import cupy"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        println!("SKIPPED: CuPy (cupy-cuda12x) is not installed; run scripts/prereqs.sh");
-        return;
-    }
     const SLICE: u64 = 256 << 20;
-    let d = Vgpud::start(&[TestVm::new("cupy", SLICE)]);
     let cache = tempfile::tempdir().unwrap();
-    let out = Command::new("python3")
-        .arg(workspace_root().join("tests/python/cupy_basics.py"))
-        .arg(SLICE.to_string())
-        .env("VGPU_TRANSPORT", d.transport("cupy"))
-        .env("LD_LIBRARY_PATH", &artifacts().lib_dir)
-        // The simulated GPU runs PTX: NVRTC emits PTX, and CuPy's own
-        // reduction kernels stand in for CUB's (cubins only).
-        .env("CUPY_COMPILE_WITH_PTX", "1")
-        .env("CUPY_ACCELERATORS", "")
-        .env("CUPY_CACHE_DIR", cache.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("PASS"),
-        "{stdout}\n{stderr}\n{}",
-        d.log()
+    // The simulated GPU runs PTX: NVRTC emits PTX, and CuPy's own reduction kernels stand in
+    // for CUB's (cubins only).
+    runs_unmodified(
+        "import cupy",
+        "CuPy (cupy-cuda12x) is",
+        ("cupy", SLICE),
+        "cupy_basics.py",
+        &[SLICE.to_string()],
+        &[
+            ("CUPY_COMPILE_WITH_PTX", OsStr::new("1")),
+            ("CUPY_ACCELERATORS", OsStr::new("")),
+            ("CUPY_CACHE_DIR", cache.path().as_os_str()),
+        ],
     );
-    d.wait_memory_used("cupy", 0, std::time::Duration::from_secs(5));
 }
 
 #[test]
 fn numba_cuda_runs_unmodified() {
-    let probe = Command::new("python3")
-        .args(["-c", "import numba.cuda, cuda.core"])
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        println!("SKIPPED: numba-cuda is not installed; run scripts/prereqs.sh");
-        return;
-    }
     const SLICE: u64 = 128 << 20;
-    let d = Vgpud::start(&[TestVm::new("numba", SLICE)]);
     let cache = tempfile::tempdir().unwrap();
-    let out = Command::new("python3")
-        .arg(workspace_root().join("tests/python/numba_basics.py"))
-        .arg(SLICE.to_string())
-        .env("VGPU_TRANSPORT", d.transport("numba"))
-        .env("LD_LIBRARY_PATH", &artifacts().lib_dir)
-        .env("NUMBA_CACHE_DIR", cache.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("PASS"),
-        "{stdout}\n{stderr}\n{}",
-        d.log()
+    runs_unmodified(
+        "import numba.cuda, cuda.core",
+        "numba-cuda is",
+        ("numba", SLICE),
+        "numba_basics.py",
+        &[SLICE.to_string()],
+        &[("NUMBA_CACHE_DIR", cache.path().as_os_str())],
     );
-    d.wait_memory_used("numba", 0, std::time::Duration::from_secs(5));
 }
 
 /// CuPy, unmodified, in a real Linux guest under QEMU that installed the guest

@@ -35,7 +35,7 @@ use vgpu_vmm_testutils::vsock::{GuestOptions, TestGuest};
 use vgpud::Daemon;
 
 use crate::share::SPIN_PTX;
-use crate::stats::median;
+use crate::stats::spread_of;
 
 /// Parameters.
 #[derive(Debug, Clone, Copy)]
@@ -673,14 +673,6 @@ pub fn measure(p: Params) -> Result<Report, String> {
     Ok(report)
 }
 
-/// Median and (lowest, highest) of a figure over runs.
-fn spread(v: &[Sample], f: fn(&Sample) -> f64) -> (f64, f64, f64) {
-    let x: Vec<f64> = v.iter().map(f).collect();
-    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = x.iter().copied().fold(0.0, f64::max);
-    (median(&x), lo, hi)
-}
-
 /// A table row: its figure's name, and the figure for launches and for the graph.
 type Row = (&'static str, fn(&Sample) -> f64, fn(&Sample) -> f64);
 
@@ -700,8 +692,8 @@ fn print(p: Params, r: &Report) {
     ];
     for (name, samples) in &r.paths {
         for (fig, l, g) in rows {
-            let (lm, llo, lhi) = spread(samples, l);
-            let (gm, glo, ghi) = spread(samples, g);
+            let (lm, llo, lhi) = spread_of(samples, l);
+            let (gm, glo, ghi) = spread_of(samples, g);
             let ratios: Vec<Sample> = samples
                 .iter()
                 .map(|s| Sample {
@@ -709,7 +701,7 @@ fn print(p: Params, r: &Report) {
                     ..Sample::default()
                 })
                 .collect();
-            let (rm, rlo, rhi) = spread(&ratios, |s| s.launches_submit);
+            let (rm, rlo, rhi) = spread_of(&ratios, |s| s.launches_submit);
             println!(
                 "{name:<26} {fig:<11} {:>7.3}us [{:.3}-{:.3}] {:>7.3}us [{:.3}-{:.3}] {:>6.3}x [{:.3}-{:.3}]",
                 lm / NS_PER_US,
@@ -726,19 +718,11 @@ fn print(p: Params, r: &Report) {
     }
 }
 
-/// Median, lowest and highest of `f` over the fork/join runs.
-pub fn fork_join_spread(r: &Report, f: fn(&ForkJoin) -> f64) -> (f64, f64, f64) {
-    let x: Vec<f64> = r.fork_join.iter().map(f).collect();
-    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = x.iter().copied().fold(0.0, f64::max);
-    (median(&x), lo, hi)
-}
-
 fn print_fork_join(r: &Report) {
     const NS_PER_MS: f64 = 1e6;
-    let (cm, clo, chi) = fork_join_spread(r, |f| f.chain);
-    let (bm, blo, bhi) = fork_join_spread(r, |f| f.branches);
-    let (rm, rlo, rhi) = fork_join_spread(r, |f| f.branches / f.chain);
+    let (cm, clo, chi) = spread_of(&r.fork_join, |f| f.chain);
+    let (bm, blo, bhi) = spread_of(&r.fork_join, |f| f.branches);
+    let (rm, rlo, rhi) = spread_of(&r.fork_join, |f| f.branches / f.chain);
     println!(
         "fork/join (client, unix socket): {} kernels of ~{} ms in one chain {:.2}ms [{:.2}-{:.2}], \
          in two independent branches {:.2}ms [{:.2}-{:.2}], branches/chain {:.3}x [{:.3}-{:.3}]",
@@ -756,19 +740,11 @@ fn print_fork_join(r: &Report) {
     );
 }
 
-/// Median, lowest and highest of `f` over runs of the loop case.
-pub fn loop_spread(runs: &[Loop], f: fn(&Loop) -> f64) -> (f64, f64, f64) {
-    let x: Vec<f64> = runs.iter().map(f).collect();
-    let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = x.iter().copied().fold(0.0, f64::max);
-    (median(&x), lo, hi)
-}
-
 fn print_loops(r: &Report) {
     for (path, runs) in &r.loops {
-        let (dm, dlo, dhi) = loop_spread(runs, |l| l.device);
-        let (hm, hlo, hhi) = loop_spread(runs, |l| l.host);
-        let (rm, rlo, rhi) = loop_spread(runs, |l| l.device / l.host);
+        let (dm, dlo, dhi) = spread_of(runs, |l| l.device);
+        let (hm, hlo, hhi) = spread_of(runs, |l| l.host);
+        let (rm, rlo, rhi) = spread_of(runs, |l| l.device / l.host);
         println!(
             "loop ({path}): {LOOP_ITERATIONS} iterations of a one-thread kernel, per iteration: \
              a while node on the device {:.2}us [{:.2}-{:.2}], driven by the host {:.2}us \

@@ -15,6 +15,18 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// Median, lowest and highest of a sample.
+pub fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(v), lo, hi)
+}
+
+/// [`spread`] of one figure `f` of each run.
+pub fn spread_of<T>(runs: &[T], f: impl Fn(&T) -> f64) -> (f64, f64, f64) {
+    spread(&runs.iter().map(f).collect::<Vec<_>>())
+}
+
 /// The `p`-th percentile (0–100) of a sample, nearest rank.
 pub fn percentile(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use vgpu_config::Config;
 use vgpud::Daemon;
 
-use crate::stats::median;
+use crate::stats::{median, spread_of};
 
 /// Parameters.
 #[derive(Debug, Clone, Copy)]
@@ -238,12 +238,6 @@ fn calibrate(g: &Gpu, target: Duration) -> u32 {
     }
 }
 
-fn spread(v: &[f64]) -> (f64, f64, f64) {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (median(v), lo, hi)
-}
-
 /// Runs the benchmark and prints the figures; returns every run's figures.
 pub fn run(p: Params) -> Vec<Figures> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -294,7 +288,7 @@ pub fn run(p: Params) -> Vec<Figures> {
             handoff_mem_ops_later,
         });
     }
-    let col = |f: fn(&Figures) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
+    let col = |f: fn(&Figures) -> f64| spread_of(&runs, f);
     let (sm, _, _) = col(|f| f.serial);
     let (tm, _, _) = col(|f| f.two_streams);
     let (rm, rlo, rhi) = col(|f| f.two_streams / f.serial);

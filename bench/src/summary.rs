@@ -264,8 +264,8 @@ pub fn graphs(r: &crate::graphs::Report) -> Vec<Figure> {
         if runs.is_empty() {
             continue;
         }
-        let (device, _, _) = crate::graphs::loop_spread(runs, |l| l.device);
-        let (host, _, _) = crate::graphs::loop_spread(runs, |l| l.host);
+        let (device, _, _) = crate::stats::spread_of(runs, |l| l.device);
+        let (host, _, _) = crate::stats::spread_of(runs, |l| l.host);
         out.push(Figure::new(
             "graphs",
             &format!("loop iteration on the device, a while node ({path})"),
@@ -283,8 +283,8 @@ fn graph_branches(r: &crate::graphs::Report) -> Option<Figure> {
     if r.fork_join.is_empty() {
         return None;
     }
-    let (chain, _, _) = crate::graphs::fork_join_spread(r, |f| f.chain);
-    let (branches, _, _) = crate::graphs::fork_join_spread(r, |f| f.branches);
+    let (chain, _, _) = crate::stats::spread_of(&r.fork_join, |f| f.chain);
+    let (branches, _, _) = crate::stats::spread_of(&r.fork_join, |f| f.branches);
     Some(Figure::new(
         "graphs",
         "two independent branches, launch to completion",

@@ -106,20 +106,10 @@ impl MemOp {
     /// Checks the operation as CUDA does: a known operation with its flags, at an aligned
     /// address; returns what it does.
     pub fn kind(&self) -> CuRes<mem_op::Kind> {
-        let kind = mem_op::kind(self.op, self.flags).map_err(|(code, why)| {
+        mem_op::kind_at(self.op, self.flags, self.addr).map_err(|(code, why)| {
             crate::debug!("stream memory operation {}: {why}", self.op);
             code
-        })?;
-        if let mem_op::Kind::Write { width } | mem_op::Kind::Wait { width, .. } = kind
-            && !self.addr.is_multiple_of(u64::from(width))
-        {
-            crate::debug!(
-                "stream memory operation at {:#x}: not aligned to {width} bytes",
-                self.addr
-            );
-            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-        }
-        Ok(kind)
+        })
     }
 
     /// Whether vgpud has anything to do for it (not a barrier).
@@ -189,19 +179,26 @@ pub fn enqueue(stream: u64, ops: Vec<MemOp>, flags: u32) -> CuRes<()> {
     Ok(())
 }
 
-/// Reads `count` operations of a caller's array.
+/// A caller's array of `count` operations, as given.
 ///
 /// Pointer contract (CUDA's): `params` holds `count` `CUstreamBatchMemOpParams`.
-fn read_ops(params: *const RawParams, count: c_uint) -> CuRes<Vec<MemOp>> {
+fn read_raw<'a>(params: *const RawParams, count: c_uint) -> CuRes<&'a [RawParams]> {
     if count == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
     if params.is_null() || count > mem_op::MAX_BATCH {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: this function's contract; every bit pattern is a valid array of integers.
-    let list = unsafe { std::slice::from_raw_parts(params, count as usize) };
-    Ok(list.iter().map(MemOp::from_raw).collect())
+    Ok(unsafe { std::slice::from_raw_parts(params, count as usize) })
+}
+
+/// The operations of a caller's array ([`read_raw`]'s contract).
+fn read_ops(params: *const RawParams, count: c_uint) -> CuRes<Vec<MemOp>> {
+    Ok(read_raw(params, count)?
+        .iter()
+        .map(MemOp::from_raw)
+        .collect())
 }
 
 fn value_op(stream: CUhandle, op: u32, addr: CUdeviceptr, value: u64, flags: c_uint) -> CuRes<()> {
@@ -336,15 +333,14 @@ pub(crate) fn batch_kind(prm: *const BatchMemOpNodeParams) -> CuRes<NodeKind> {
     if p.count == 0 {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
-    let ops = read_ops(p.params, p.count)?;
+    let raw = read_raw(p.params, p.count)?;
+    let ops: Vec<MemOp> = raw.iter().map(MemOp::from_raw).collect();
     check_batch(&ops, p.flags)?;
-    // SAFETY: as above: `count` operations.
-    let raw = unsafe { std::slice::from_raw_parts(p.params, p.count as usize) }.into();
     Ok(NodeKind::BatchMemOp(BatchNode {
         ctx: h(p.ctx),
         flags: p.flags,
         ops,
-        raw,
+        raw: raw.into(),
     }))
 }
 

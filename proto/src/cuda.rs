@@ -427,6 +427,35 @@ pub mod mem_op {
         Barrier,
     }
 
+    impl Kind {
+        /// The bytes a write or a wait touches; `None` for a barrier.
+        pub fn width(self) -> Option<u32> {
+            match self {
+                Kind::Barrier => None,
+                Kind::Write { width } | Kind::Wait { width, .. } => Some(width),
+            }
+        }
+    }
+
+    /// [`kind`] of an operation on the word at `addr`, which must be aligned to the
+    /// operation's width (`CUDA_ERROR_INVALID_VALUE`), as CUDA checks it.
+    pub fn kind_at(op: u32, flags: u32, addr: u64) -> Result<Kind, (super::CuResult, String)> {
+        let kind = kind(op, flags).map_err(|(code, why)| (code, why.to_string()))?;
+        if let Some(width) = kind.width()
+            && !addr.is_multiple_of(u64::from(width))
+        {
+            return Err((
+                super::CUDA_ERROR_INVALID_VALUE,
+                format!(
+                    "a {}-bit stream memory operation's address {addr:#x} is not aligned to \
+                     {width} bytes",
+                    width * 8
+                ),
+            ));
+        }
+        Ok(kind)
+    }
+
     /// The kind of operation `op` with `flags`, or why CUDA refuses it
     /// (`CUDA_ERROR_INVALID_VALUE`; a flush: `CUDA_ERROR_NOT_SUPPORTED`, see [`WAIT_FLUSH`]).
     pub fn kind(op: u32, flags: u32) -> Result<Kind, (super::CuResult, &'static str)> {
@@ -466,12 +495,12 @@ pub mod mem_op {
     /// Whether `word` (the `width` bytes at the wait's address) meets `condition` for `value`
     /// (of which a 32-bit wait uses the low half), as CUDA defines each.
     pub fn met(condition: u32, width: u32, word: u64, value: u64) -> bool {
-        let (word, value, sign) = if width == 4 {
-            (word & 0xffff_ffff, value & 0xffff_ffff, 1u64 << 31)
+        let mask = if width == 4 {
+            u64::from(u32::MAX)
         } else {
-            (word, value, 1u64 << 63)
+            u64::MAX
         };
-        let mask = if width == 4 { 0xffff_ffff } else { u64::MAX };
+        let (word, value, sign) = (word & mask, value & mask, (mask >> 1) + 1);
         match condition {
             // `(int32_t)(*addr - value) >= 0`: the difference, wrapped, has its sign bit clear.
             WAIT_GEQ => word.wrapping_sub(value) & mask & sign == 0,

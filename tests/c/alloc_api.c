@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUmemoryPool;
@@ -141,30 +143,7 @@ static const char *INC_PTX =
     "  ret;\n"
     "}\n";
 
-static int failures;
 static CUfunction inc_fn;
-
-static void check(const char *what, CUresult got, CUresult want) {
-    if (got == want) {
-        printf("ok %s\n", what);
-    } else {
-        const char *name = "?";
-        cuGetErrorName(got, &name);
-        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
-        failures++;
-    }
-    fflush(stdout);
-}
-
-static void expect(const char *what, int cond) {
-    if (cond) {
-        printf("ok %s\n", what);
-    } else {
-        printf("FAIL %s\n", what);
-        failures++;
-    }
-    fflush(stdout);
-}
 
 static CUresult inc(CUdeviceptr p, unsigned n, CUstream s) {
     void *args[] = {&p, &n};

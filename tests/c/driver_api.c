@@ -29,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -77,29 +79,6 @@ CUresult cuModuleUnload(void *);
 CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
 
-static int failures;
-
-static void check(const char *what, CUresult got, CUresult want) {
-    if (got == want) {
-        printf("ok %s\n", what);
-    } else {
-        const char *name = "?";
-        cuGetErrorName(got, &name);
-        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
-        failures++;
-    }
-    fflush(stdout);
-}
-
-static void expect(const char *what, int cond) {
-    if (cond) {
-        printf("ok %s\n", what);
-    } else {
-        printf("FAIL %s\n", what);
-        failures++;
-    }
-    fflush(stdout);
-}
 
 static CUcontext setup(void) {
     CUdevice dev;

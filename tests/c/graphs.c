@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -251,7 +253,6 @@ _Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is 256 bytes
 enum { NODE_EMPTY = 5, NODE_WAIT_EVENT = 6, NODE_EVENT_RECORD = 7, NODE_EXT_SEMAS_SIGNAL = 8 };
 enum { NODE_EXT_SEMAS_WAIT = 9, NODE_BATCH_MEM_OP = 12, NODE_CONDITIONAL = 13 };
 
-static int failures;
 
 
 typedef struct CUuserObject_st *CUuserObject;
@@ -264,28 +265,6 @@ CUresult cuGraphClone(CUgraph *, CUgraph);
 
 CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
 CUresult cuDeviceSetGraphMemAttribute(CUdevice, int, void *);
-
-static void check(const char *what, CUresult got, CUresult want) {
-    if (got == want) {
-        printf("ok %s\n", what);
-    } else {
-        const char *name = "?";
-        cuGetErrorName(got, &name);
-        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
-        failures++;
-    }
-    fflush(stdout);
-}
-
-static void expect(const char *what, int cond) {
-    if (cond) {
-        printf("ok %s\n", what);
-    } else {
-        printf("FAIL %s\n", what);
-        failures++;
-    }
-    fflush(stdout);
-}
 
 #define N 4096
 #define BYTES (N * sizeof(float))

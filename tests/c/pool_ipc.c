@@ -29,6 +29,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUmemoryPool;
@@ -96,26 +98,7 @@ static const char *INC_PTX =
     "  ret;\n"
     "}\n";
 
-static int failures;
 static CUfunction inc_fn;
-
-static void check(const char *what, CUresult got, CUresult want) {
-    if (got == want) {
-        printf("ok %s\n", what);
-    } else {
-        const char *name = "?";
-        cuGetErrorName(got, &name);
-        printf("FAIL %s: got %d (%s), want %d\n", what, got, name, want);
-        failures++;
-    }
-    fflush(stdout);
-}
-
-static void expect(const char *what, int cond) {
-    printf("%s %s\n", cond ? "ok" : "FAIL", what);
-    if (!cond) failures++;
-    fflush(stdout);
-}
 
 static void setup(void) {
     CUcontext ctx;

@@ -496,7 +496,7 @@ impl Session {
                 self.event(m.event)?;
             }
             (Request::StreamMemOp(m), None) => {
-                if let Some(width) = super::mem_op::width(super::mem_op::checked_kind(m)?) {
+                if let Some(width) = super::mem_op::checked_kind(m)?.width() {
                     check(m.addr, u64::from(width), "stream memory operation")?;
                 }
             }

@@ -26,7 +26,7 @@ impl Session {
     pub(super) fn stream_mem_op(&mut self, m: &msg::StreamMemOp) -> Result<(), CuError> {
         let lane = self.lane(m.ctx, m.stream)?;
         let kind = checked_kind(m)?;
-        if let Some(width) = width(kind) {
+        if let Some(width) = kind.width() {
             self.allocs
                 .check(m.addr, u64::from(width), "stream memory operation")?;
         }
@@ -60,26 +60,8 @@ impl Session {
     }
 }
 
-/// The bytes a write or a wait touches; `None` for a barrier.
-pub(super) fn width(kind: Kind) -> Option<u32> {
-    match kind {
-        Kind::Barrier => None,
-        Kind::Write { width } | Kind::Wait { width, .. } => Some(width),
-    }
-}
-
 /// The operation's kind, checked as CUDA checks it: a known operation with its known flags, at
 /// an address aligned to its width (whose memory the caller checks).
 pub(super) fn checked_kind(m: &msg::StreamMemOp) -> Result<Kind, CuError> {
-    let kind = mem_op::kind(m.op, m.flags).map_err(|(code, why)| CuError::new(code, why))?;
-    if let Some(width) = width(kind)
-        && !m.addr.is_multiple_of(u64::from(width))
-    {
-        return Err(CuError::invalid_value(format!(
-            "a {}-bit stream memory operation's address {:#x} is not aligned to {width} bytes",
-            width * 8,
-            m.addr
-        )));
-    }
-    Ok(kind)
+    mem_op::kind_at(m.op, m.flags, m.addr).map_err(|(code, why)| CuError::new(code, why))
 }

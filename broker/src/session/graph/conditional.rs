@@ -334,20 +334,14 @@ impl Session {
                             });
                         }
                         Request::Memset(f) => {
-                            if let Job::Memset {
-                                dst,
-                                value,
-                                elem_size,
-                                count,
-                            } = self.memset_job(&f)?
-                            {
-                                ops.push(BodyOp::Fill {
-                                    dst,
-                                    value,
-                                    elem_size,
-                                    count,
-                                });
-                            }
+                            // Checked as the request would be; the fill it describes.
+                            self.memset_job(&f)?;
+                            ops.push(BodyOp::Fill {
+                                dst: f.dst,
+                                value: f.value,
+                                elem_size: f.elem_size,
+                                count: f.count,
+                            });
                         }
                         other => {
                             return Err(CuError::invalid_value(format!(

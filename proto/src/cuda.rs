@@ -116,6 +116,20 @@ pub fn result_message(code: CuResult) -> Option<&'static str> {
     RESULTS.iter().find(|r| r.0 == code).map(|r| r.2)
 }
 
+/// A 16-byte device UUID as NVIDIA's tools write it (`nvidia-smi`, NVML): `GPU-` and the bytes
+/// in lower-case hexadecimal, grouped 4-2-2-2-6.
+pub fn gpu_uuid_text(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
 /// Whether an error poisons its context for good, as CUDA's "sticky" errors do:
 /// every later call in that context returns the same code.
 pub fn is_sticky(code: CuResult) -> bool {
@@ -353,6 +367,17 @@ mod tests {
             Some("an illegal memory access was encountered")
         );
         assert_eq!(result_name(12345), None);
+    }
+
+    #[test]
+    fn gpu_uuids_look_like_nvidia_smi() {
+        let u = [
+            0x12u8, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        assert_eq!(
+            gpu_uuid_text(&u),
+            "GPU-12345678-9abc-def0-0102-030405060708"
+        );
     }
 
     #[test]

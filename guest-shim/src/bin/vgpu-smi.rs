@@ -272,7 +272,7 @@ fn main() -> ExitCode {
         }
     };
     let info: Value = serde_json::from_str(&info).unwrap_or_default();
-    let uuid = uuid_string(&d.props.uuid);
+    let uuid = vgpu_proto::cuda::gpu_uuid_text(&d.props.uuid);
     let dev = Device {
         name: &d.props.name,
         uuid: &uuid,
@@ -293,18 +293,6 @@ fn main() -> ExitCode {
 
 fn format_version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
-}
-
-fn uuid_string(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
 }
 
 #[cfg(test)]

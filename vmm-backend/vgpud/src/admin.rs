@@ -21,7 +21,7 @@ use crate::audit::Actor;
 use crate::daemon::{OpError, OpErrorKind, Runtime, scheduling};
 use crate::http::{HttpRequest, HttpResponse};
 use crate::listener::{ListenerError, bind_socket};
-use crate::metrics::{self, uuid_string};
+use crate::metrics;
 use crate::server::{Handler, HttpServer, Limits, Listen, Peer};
 use crate::session_hub::unix_seconds;
 use crate::usage::{device_usage, vm_usage};
@@ -223,7 +223,7 @@ pub fn device(rt: &Runtime, name: &str) -> Option<api::Device> {
         name: name.to_string(),
         kind: i.kind.into(),
         model: i.name.clone(),
-        uuid: uuid_string(&i.uuid),
+        uuid: vgpu_proto::cuda::gpu_uuid_text(&i.uuid),
         memory_total: i.total_memory,
         memory_used: d.memory_used(),
         memory_sliced: vms.iter().map(|t| t.slice.limit()).sum::<u64>(),

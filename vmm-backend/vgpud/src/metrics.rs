@@ -171,19 +171,6 @@ fn format_value(v: f64) -> String {
     }
 }
 
-/// Formats a 16-byte device UUID the way `nvidia-smi` does (`GPU-xxxxxxxx-…`).
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
 /// Renders the metrics of the daemon.
 pub fn render(rt: &Runtime) -> String {
     let mut e = Exposition::default();
@@ -240,7 +227,7 @@ pub fn render(rt: &Runtime) -> String {
     for (i, (name, d)) in broker.devices().iter().enumerate() {
         let info = d.info();
         let gpu = i.to_string();
-        let uuid = uuid_string(&info.uuid);
+        let uuid = vgpu_proto::cuda::gpu_uuid_text(&info.uuid);
         let l: [(&'static str, &str); 4] = [
             ("gpu", &gpu),
             ("UUID", &uuid),
@@ -870,13 +857,5 @@ mod tests {
             "# HELP a help a\n# TYPE a gauge\na{vm=\"x\\\"y\\\\z\\nw\"} 1.5\na{vm=\"q\"} 2\n\
              # HELP b_total help b\n# TYPE b_total counter\nb_total 3\n"
         );
-    }
-
-    #[test]
-    fn uuids_look_like_nvidia_smi() {
-        let u = [
-            0x12u8, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
-        ];
-        assert_eq!(uuid_string(&u), "GPU-12345678-9abc-def0-0102-030405060708");
     }
 }

@@ -5,8 +5,6 @@
 //! instructions per call alone (`scripts/percall.sh`, docs/performance.md).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::SystemTime;
 
 use vgpu_broker::session::Session;
 use vgpu_broker::tenant::SessionInfo;
@@ -49,14 +47,12 @@ impl Direct {
             .broker()
             .tenant(vm)
             .ok_or_else(|| format!("the benchmark VM {vm} is missing"))?;
-        let info = Arc::new(SessionInfo {
-            id: u64::MAX,
-            pid: 0,
-            process_name: "direct".into(),
-            transport: "in-process".into(),
-            started: SystemTime::now(),
-            memory: AtomicU64::new(0),
-        });
+        let info = Arc::new(SessionInfo::new(
+            u64::MAX,
+            0,
+            "direct".into(),
+            "in-process".into(),
+        ));
         let session = Session::new(tenant, info).map_err(|e| format!("direct session: {e:?}"))?;
         let mut d = Direct {
             session,

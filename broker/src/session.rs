@@ -1083,6 +1083,7 @@ impl Session {
             R::CtxCreate(m) => {
                 self.check_device(m.device)?;
                 let h = self.new_context(false)?;
+                self.note_contexts();
                 reply(out, msg::Handle { handle: h })
             }
             R::CtxDestroy(m) => {
@@ -1101,6 +1102,7 @@ impl Session {
                 }
                 self.release_context_resources(m.ctx);
                 self.contexts.remove(m.ctx);
+                self.note_contexts();
                 self.engine.clear_context(m.ctx);
                 reply(out, msg::Empty {})
             }
@@ -1122,6 +1124,7 @@ impl Session {
                     }
                 };
                 self.primary.refs += 1;
+                self.note_contexts();
                 reply(out, msg::Handle { handle: h })
             }
             R::PrimaryCtxRelease(m) => {
@@ -1135,6 +1138,7 @@ impl Session {
                 if self.primary.refs == 0 {
                     self.reset_primary();
                 }
+                self.note_contexts();
                 reply(out, msg::Empty {})
             }
             R::PrimaryCtxReset(m) => {
@@ -2109,6 +2113,7 @@ impl Session {
                     "pid": s.pid,
                     "process": s.process_name,
                     "memory_used": s.memory.load(Ordering::Relaxed),
+                    "contexts": s.contexts.load(Ordering::Relaxed),
                 })
             })
             .collect();
@@ -2131,6 +2136,7 @@ impl Session {
                 })
             }),
             "kernels": st.kernels.load(Ordering::Relaxed),
+            "gpu_busy_ns": u64::try_from(self.tenant.sched_stats().busy.as_nanos()).unwrap_or(u64::MAX),
             "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
             "bytes_dtoh": st.bytes_dtoh.load(Ordering::Relaxed),
             "this_session": self.info.id,
@@ -2214,6 +2220,14 @@ impl Session {
 
     fn new_context(&mut self, primary: bool) -> Result<u64, CuError> {
         self.contexts.insert(CtxState { primary })
+    }
+
+    /// Publishes how many contexts the session has in use (a primary context counts while it
+    /// is retained): the tenant's view of which processes use the GPU.
+    fn note_contexts(&self) {
+        let idle_primary = self.primary.handle.is_some() && self.primary.refs == 0;
+        let live = self.contexts.len() - usize::from(idle_primary);
+        self.info.contexts.store(live as u64, Ordering::Relaxed);
     }
 
     fn allocate(&mut self, ctx: u64, size: u64) -> Result<u64, CuError> {

@@ -8,8 +8,6 @@ use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::SystemTime;
 
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
@@ -437,14 +435,12 @@ pub fn accept_hello(
             ),
         ));
     }
-    let info = Arc::new(SessionInfo {
-        id: broker.next_session_id(),
-        pid: hello.pid,
-        process_name: guest_text(&hello.process_name, PROCESS_NAME_KEPT),
-        transport: transport.to_string(),
-        started: SystemTime::now(),
-        memory: AtomicU64::new(0),
-    });
+    let info = Arc::new(SessionInfo::new(
+        broker.next_session_id(),
+        hello.pid,
+        guest_text(&hello.process_name, PROCESS_NAME_KEPT),
+        transport.to_string(),
+    ));
     let session = Session::new(Arc::clone(&tenant), Arc::clone(&info)).inspect_err(|e| {
         error!(tenant = %tenant.name, error = %e, "cannot open a session");
     })?;
@@ -930,6 +926,7 @@ fn read_next(
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixStream;
+    use std::sync::atomic::AtomicU64;
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
@@ -1006,14 +1003,12 @@ mod tests {
     #[test]
     fn a_session_answers_at_once_only_quick_requests_with_nothing_queued() {
         let b = broker(Duration::from_millis(300));
-        let info = Arc::new(SessionInfo {
-            id: b.next_session_id(),
-            pid: 1,
-            process_name: "test".into(),
-            transport: "test".into(),
-            started: SystemTime::now(),
-            memory: AtomicU64::new(0),
-        });
+        let info = Arc::new(SessionInfo::new(
+            b.next_session_id(),
+            1,
+            "test".into(),
+            "test".into(),
+        ));
         let mut s = Session::new(b.tenant("vm1").unwrap(), info).unwrap();
         let sync = <CtxSynchronize as Op>::OPCODE;
         assert!(s.answers_at_once(sync));
@@ -2240,6 +2235,26 @@ mod tests {
         assert_eq!(v["memory_total"], 4 * MIB);
         assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
         assert_eq!(v["sessions"][0]["memory_used"], MIB);
+        assert_eq!(v["sessions"][0]["contexts"], 1);
+        assert!(v["gpu_busy_ns"].is_u64(), "{v}");
+        let ctx2 = create_context(&mut c);
+        let contexts = |c: &mut TestClient<UnixStream>| {
+            let j = c.call(&TenantInfo {}, &[]).unwrap().0.json;
+            let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+            v["sessions"][0]["contexts"].as_u64()
+        };
+        assert_eq!(contexts(&mut c), Some(2));
+        c.call(&CtxDestroy { ctx: ctx2 }, &[]).unwrap();
+        c.call(&CtxDestroy { ctx }, &[]).unwrap();
+        assert_eq!(contexts(&mut c), Some(0));
+        c.call(&PrimaryCtxRetain { device: 0 }, &[]).unwrap();
+        assert_eq!(contexts(&mut c), Some(1));
+        c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap();
+        assert_eq!(
+            contexts(&mut c),
+            Some(0),
+            "a released primary context is not in use"
+        );
     }
 
     /// A unix socket that lends what it reads in runs of at most `run` bytes, counting them: a

@@ -54,6 +54,24 @@ pub struct SessionInfo {
     pub started: SystemTime,
     /// Bytes of the slice this session holds.
     pub memory: AtomicU64,
+    /// Contexts the session has now (a guest's NVML lists a process as using the GPU once it
+    /// has one, as NVIDIA's does).
+    pub contexts: AtomicU64,
+}
+
+impl SessionInfo {
+    /// A session starting now, holding nothing yet.
+    pub fn new(id: u64, pid: u32, process_name: String, transport: String) -> Self {
+        SessionInfo {
+            id,
+            pid,
+            process_name,
+            transport,
+            started: SystemTime::now(),
+            memory: AtomicU64::new(0),
+            contexts: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A tenant (VM).

@@ -7,6 +7,9 @@
 //! (`VGPU_TRANSPORT`), where the broker runs it within the VM's memory slice
 //! and compute share.
 //!
+//! It also implements NVML ([`nvml`]; the guest's `libnvidia-ml.so.1` is a filter library
+//! whose symbols resolve here): NVML's answers about the VM's GPU, over the same session.
+//!
 //! Layers: [`exports`] is the C ABI, a thin wrapper over [`driver`] (safe
 //! Rust), which talks through [`client`] over a [`transport`].
 
@@ -34,6 +37,7 @@ pub mod linker;
 pub mod log;
 pub mod mem_ops;
 pub mod not_supported;
+pub mod nvml;
 pub mod peer;
 pub mod per_thread;
 pub mod pinned;

@@ -1,0 +1,848 @@
+//! The C ABI of NVML (`libnvidia-ml.so.1`, nvml.h): a thin layer over [`super`].
+//!
+//! Every function returns an `nvmlReturn_t`; out-pointers that are NULL are
+//! `NVML_ERROR_INVALID_ARGUMENT`, strings that do not fit the caller's buffer
+//! `NVML_ERROR_INSUFFICIENT_SIZE`, a device handle that is not the VM's GPU
+//! `NVML_ERROR_INVALID_ARGUMENT`, and what a VM's GPU has no figure for (temperature,
+//! power, fans, ECC, MIG) `NVML_ERROR_NOT_SUPPORTED`, as NVIDIA's library answers in a
+//! vGPU guest.
+
+#![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::{NvmlRes, NvmlReturn, PciAddress, Process, ret};
+
+/// What an `nvmlDevice_t` points to: the VM's one GPU.
+#[repr(C)]
+pub struct NvmlDevice {
+    _private: u8,
+}
+
+/// The handle of the VM's GPU (its address is the handle).
+static DEVICE: NvmlDevice = NvmlDevice { _private: 0 };
+
+/// `nvmlDevice_t`.
+pub type nvmlDevice_t = *const NvmlDevice;
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct nvmlMemory_t {
+    pub total: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: c_ulonglong,
+    pub reserved: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// `NVML_STRUCT_VERSION(Memory, 2)`: the structure's size and its version in the top byte.
+pub const NVML_MEMORY_V2: c_uint = std::mem::size_of::<nvmlMemory_v2_t>() as c_uint | (2 << 24);
+
+/// `NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE` and `NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE`.
+const BUS_ID_LEGACY_LEN: usize = 16;
+const BUS_ID_LEN: usize = 32;
+
+/// `nvmlPciInfo_t`.
+#[repr(C)]
+pub struct nvmlPciInfo_t {
+    pub busIdLegacy: [c_char; BUS_ID_LEGACY_LEN],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pciDeviceId: c_uint,
+    pub pciSubSystemId: c_uint,
+    pub busId: [c_char; BUS_ID_LEN],
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+pub struct nvmlUtilization_t {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// `nvmlProcessInfo_v1_t`.
+#[repr(C)]
+pub struct nvmlProcessInfo_v1_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: c_ulonglong,
+}
+
+/// `nvmlProcessInfo_v2_t` (also `nvmlProcessInfo_t` of the `_v3` calls).
+#[repr(C)]
+pub struct nvmlProcessInfo_v2_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: c_ulonglong,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
+/// `NVML_VALUE_NOT_AVAILABLE` as an unsigned int: the MIG instance ids of a process on a GPU
+/// without MIG.
+const NOT_AVAILABLE_U32: c_uint = c_uint::MAX;
+/// `NVML_COMPUTEMODE_DEFAULT`.
+const COMPUTEMODE_DEFAULT: c_uint = 0;
+/// `NVML_GPU_VIRTUALIZATION_MODE_VGPU`: the GPU of a virtual machine that shares one.
+const VIRTUALIZATION_MODE_VGPU: c_uint = 2;
+/// `NVML_P2P_STATUS_NOT_SUPPORTED`: the VM has one GPU, with no peer.
+const P2P_STATUS_NOT_SUPPORTED: c_uint = 5;
+/// `NVML_P2P_CAPS_INDEX_*` values run below this.
+const P2P_CAPS_INDEX_COUNT: c_uint = 6;
+
+/// Runs an entry point: its result as an `nvmlReturn_t`, a panic as `NVML_ERROR_UNKNOWN`.
+fn nvml(name: &str, f: impl FnOnce() -> NvmlRes<()>) -> NvmlReturn {
+    let r = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => ret::SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => {
+            crate::warn!("internal error in {name}; returning NVML_ERROR_UNKNOWN");
+            ret::UNKNOWN
+        }
+    };
+    crate::debug!("{name} -> {r}");
+    r
+}
+
+/// The VM's GPU, or `NVML_ERROR_INVALID_ARGUMENT` for any other handle.
+fn device(d: nvmlDevice_t) -> NvmlRes<()> {
+    super::ensure_init()?;
+    if std::ptr::eq(d, &DEVICE) {
+        Ok(())
+    } else {
+        Err(ret::INVALID_ARGUMENT)
+    }
+}
+
+/// Writes through an out-pointer; NULL is `NVML_ERROR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `p` must be NULL or valid for a write of `T` (NVML's contract for out-parameters).
+unsafe fn write<T>(p: *mut T, v: T) -> NvmlRes<()> {
+    if p.is_null() {
+        return Err(ret::INVALID_ARGUMENT);
+    }
+    // SAFETY: `p` is non-NULL and valid for a write of `T` (this function's contract).
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Writes `s` and a NUL into the caller's `len`-byte buffer: NULL is
+/// `NVML_ERROR_INVALID_ARGUMENT`, a buffer too small `NVML_ERROR_INSUFFICIENT_SIZE`.
+///
+/// # Safety
+/// `p` must be NULL or valid for writes of `len` bytes.
+unsafe fn write_text(p: *mut c_char, len: c_uint, s: &str) -> NvmlRes<()> {
+    if p.is_null() {
+        return Err(ret::INVALID_ARGUMENT);
+    }
+    let len = usize::try_from(len).map_err(|_| ret::INVALID_ARGUMENT)?;
+    if s.len() >= len {
+        return Err(ret::INSUFFICIENT_SIZE);
+    }
+    // SAFETY: `p` is valid for `len` bytes (this function's contract) and `s.len() < len`.
+    let dst = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), s.len() + 1) };
+    dst[..s.len()].copy_from_slice(s.as_bytes());
+    dst[s.len()] = 0;
+    Ok(())
+}
+
+/// `s` into a fixed array, NUL-terminated (cut to fit).
+fn fill_text<const N: usize>(s: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (o, b) in out.iter_mut().zip(s.bytes().take(N.saturating_sub(1))) {
+        *o = b as c_char;
+    }
+    out
+}
+
+/// Reads a caller's C string; NULL or not UTF-8 is `NVML_ERROR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `p` must be NULL or point to a NUL-terminated string.
+unsafe fn read_text<'a>(p: *const c_char) -> NvmlRes<&'a str> {
+    if p.is_null() {
+        return Err(ret::INVALID_ARGUMENT);
+    }
+    // SAFETY: `p` is a non-NULL NUL-terminated string (this function's contract).
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| ret::INVALID_ARGUMENT)
+}
+
+/// Fills a process list NVML's way: `*count` in is the room in `infos`, out the number of
+/// processes; too little room is `NVML_ERROR_INSUFFICIENT_SIZE` (with the number needed).
+///
+/// # Safety
+/// `count` must be NULL or valid for reads and writes; `infos` NULL or valid for writes of
+/// `*count` entries.
+unsafe fn write_processes<T>(count: *mut c_uint, infos: *mut T, entries: Vec<T>) -> NvmlRes<()> {
+    if count.is_null() {
+        return Err(ret::INVALID_ARGUMENT);
+    }
+    // SAFETY: `count` is non-NULL and valid for reads and writes (this function's contract).
+    let room = unsafe { count.read_unaligned() } as usize;
+    let n = c_uint::try_from(entries.len()).map_err(|_| ret::UNKNOWN)?;
+    // SAFETY: as above.
+    unsafe { count.write_unaligned(n) };
+    if entries.len() > room {
+        return Err(ret::INSUFFICIENT_SIZE);
+    }
+    if entries.is_empty() {
+        return Ok(());
+    }
+    if infos.is_null() {
+        return Err(ret::INVALID_ARGUMENT);
+    }
+    for (i, e) in entries.into_iter().enumerate() {
+        // SAFETY: `infos` has room for `room >= entries.len()` entries (this function's contract).
+        unsafe { infos.wrapping_add(i).write_unaligned(e) };
+    }
+    Ok(())
+}
+
+fn process_v1(p: &Process) -> nvmlProcessInfo_v1_t {
+    nvmlProcessInfo_v1_t {
+        pid: p.pid,
+        usedGpuMemory: p.memory,
+    }
+}
+
+fn process_v2(p: &Process) -> nvmlProcessInfo_v2_t {
+    nvmlProcessInfo_v2_t {
+        pid: p.pid,
+        usedGpuMemory: p.memory,
+        gpuInstanceId: NOT_AVAILABLE_U32,
+        computeInstanceId: NOT_AVAILABLE_U32,
+    }
+}
+
+// ---- initialization, errors, system --------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    nvml("nvmlInit_v2", || super::init(0))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> NvmlReturn {
+    nvml("nvmlInit", || super::init(0))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(flags: c_uint) -> NvmlReturn {
+    nvml("nvmlInitWithFlags", || super::init(flags))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> NvmlReturn {
+    nvml("nvmlShutdown", super::shutdown)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    super::error_string(result).as_ptr()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    nvml("nvmlSystemGetDriverVersion", || {
+        super::ensure_init()?;
+        // SAFETY: `version` is the caller's buffer of `length` bytes (NVML contract).
+        unsafe { write_text(version, length, super::DRIVER_VERSION) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    nvml("nvmlSystemGetNVMLVersion", || {
+        super::ensure_init()?;
+        // SAFETY: `version` is the caller's buffer of `length` bytes (NVML contract).
+        unsafe { write_text(version, length, &super::nvml_version()) }
+    })
+}
+
+fn cuda_driver_version(out: *mut c_int) -> NvmlRes<()> {
+    super::ensure_init()?;
+    // SAFETY: `out` is an out-parameter of an NVML entry point: NULL or valid for a write.
+    unsafe { write(out, vgpu_proto::CUDA_DRIVER_VERSION) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> NvmlReturn {
+    nvml("nvmlSystemGetCudaDriverVersion", || {
+        cuda_driver_version(version)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
+    nvml("nvmlSystemGetCudaDriverVersion_v2", || {
+        cuda_driver_version(version)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetProcessName(
+    pid: c_uint,
+    name: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    nvml("nvmlSystemGetProcessName", || {
+        let n = super::process_name(pid)?;
+        // SAFETY: `name` is the caller's buffer of `length` bytes (NVML contract).
+        unsafe { write_text(name, length, &n) }
+    })
+}
+
+// ---- finding the device ----------------------------------------------------------
+
+fn device_count(out: *mut c_uint) -> NvmlRes<()> {
+    let n = super::device_count()?;
+    // SAFETY: `out` is an out-parameter of an NVML entry point: NULL or valid for a write.
+    unsafe { write(out, n) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
+    nvml("nvmlDeviceGetCount_v2", || device_count(count))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
+    nvml("nvmlDeviceGetCount", || device_count(count))
+}
+
+fn handle_by_index(index: c_uint, out: *mut nvmlDevice_t) -> NvmlRes<()> {
+    super::check_index(index)?;
+    // SAFETY: `out` is an out-parameter of an NVML entry point: NULL or valid for a write.
+    unsafe { write(out, &raw const DEVICE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetHandleByIndex_v2", || {
+        handle_by_index(index, device)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetHandleByIndex", || {
+        handle_by_index(index, device)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetHandleByUUID", || {
+        // SAFETY: `uuid` is the caller's NUL-terminated string (NVML contract).
+        let wanted = unsafe { read_text(uuid) }?;
+        if !wanted.eq_ignore_ascii_case(&super::uuid()?) {
+            return Err(ret::NOT_FOUND);
+        }
+        // SAFETY: `device` is an out-parameter: NULL or valid for a write.
+        unsafe { write(device, &raw const DEVICE) }
+    })
+}
+
+fn handle_by_bus_id(bus_id: *const c_char, out: *mut nvmlDevice_t) -> NvmlRes<()> {
+    // SAFETY: `bus_id` is the caller's NUL-terminated string (NVML contract).
+    let text = unsafe { read_text(bus_id) }?;
+    let wanted = PciAddress::parse(text).ok_or(ret::INVALID_ARGUMENT)?;
+    if wanted != super::pci()? {
+        return Err(ret::NOT_FOUND);
+    }
+    // SAFETY: `out` is an out-parameter of an NVML entry point: NULL or valid for a write.
+    unsafe { write(out, &raw const DEVICE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetHandleByPciBusId_v2", || {
+        handle_by_bus_id(bus_id, device)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetHandleByPciBusId", || {
+        handle_by_bus_id(bus_id, device)
+    })
+}
+
+/// `nvmlDeviceGetIndex` and `nvmlDeviceGetMinorNumber`: both 0 for the VM's one GPU.
+fn index_of(d: nvmlDevice_t, out: *mut c_uint) -> NvmlRes<()> {
+    device(d)?;
+    // SAFETY: `out` is an out-parameter of an NVML entry point: NULL or valid for a write.
+    unsafe { write(out, 0) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetIndex", || index_of(device, index))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetMinorNumber", || index_of(device, minor))
+}
+
+// ---- identity --------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    d: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetName", || {
+        device(d)?;
+        let n = super::name()?;
+        // SAFETY: `name` is the caller's buffer of `length` bytes (NVML contract).
+        unsafe { write_text(name, length, &n) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    d: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetUUID", || {
+        device(d)?;
+        let u = super::uuid()?;
+        // SAFETY: `uuid` is the caller's buffer of `length` bytes (NVML contract).
+        unsafe { write_text(uuid, length, &u) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    d: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetPciInfo_v3", || {
+        device(d)?;
+        let a = super::pci()?;
+        let info = nvmlPciInfo_t {
+            busIdLegacy: fill_text(&a.bus_id_legacy()),
+            domain: a.domain,
+            bus: a.bus,
+            device: a.device,
+            // vgpu's GPU is not a PCI function of its own: no vendor or device id.
+            pciDeviceId: 0,
+            pciSubSystemId: 0,
+            busId: fill_text(&a.bus_id()),
+        };
+        // SAFETY: `pci` is an out-parameter: NULL or valid for a write.
+        unsafe { write(pci, info) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    d: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetCudaComputeCapability", || {
+        device(d)?;
+        if major.is_null() || minor.is_null() {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        let (ma, mi) = super::compute_capability()?;
+        // SAFETY: a non-NULL out-parameter, valid for a write (NVML contract).
+        unsafe { write(major, ma) }?;
+        // SAFETY: as above.
+        unsafe { write(minor, mi) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
+    d: nvmlDevice_t,
+    arch: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetArchitecture", || {
+        device(d)?;
+        let a = super::architecture()?;
+        // SAFETY: `arch` is an out-parameter: NULL or valid for a write.
+        unsafe { write(arch, a) }
+    })
+}
+
+fn clock(d: nvmlDevice_t, kind: c_uint, out: *mut c_uint) -> NvmlRes<()> {
+    device(d)?;
+    let mhz = super::clock_mhz(kind)?;
+    // SAFETY: `out` is an out-parameter of an NVML entry point: NULL or valid for a write.
+    unsafe { write(out, mhz) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    d: nvmlDevice_t,
+    kind: c_uint,
+    mhz: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetClockInfo", || clock(d, kind, mhz))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
+    d: nvmlDevice_t,
+    kind: c_uint,
+    mhz: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetMaxClockInfo", || clock(d, kind, mhz))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
+    d1: nvmlDevice_t,
+    d2: nvmlDevice_t,
+    index: c_uint,
+    status: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetP2PStatus", || {
+        device(d1)?;
+        device(d2)?;
+        if index >= P2P_CAPS_INDEX_COUNT {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        // SAFETY: `status` is an out-parameter: NULL or valid for a write.
+        unsafe { write(status, P2P_STATUS_NOT_SUPPORTED) }
+    })
+}
+
+// ---- memory, utilization, processes ------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    d: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetMemoryInfo", || {
+        device(d)?;
+        let m = super::memory()?;
+        let v = nvmlMemory_t {
+            total: m.total,
+            free: m.free(),
+            used: m.used,
+        };
+        // SAFETY: `memory` is an out-parameter: NULL or valid for a write.
+        unsafe { write(memory, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    d: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetMemoryInfo_v2", || {
+        device(d)?;
+        if memory.is_null() {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        // SAFETY: `memory` is non-NULL and valid for a read and a write of the structure
+        // (NVML contract: the caller sets its version), whose first field is `version`.
+        let version = unsafe { memory.cast::<c_uint>().read_unaligned() };
+        if version != NVML_MEMORY_V2 {
+            return Err(ret::ARGUMENT_VERSION_MISMATCH);
+        }
+        let m = super::memory()?;
+        let v = nvmlMemory_v2_t {
+            version,
+            total: m.total,
+            // vgpu keeps nothing of the slice for itself.
+            reserved: 0,
+            free: m.free(),
+            used: m.used,
+        };
+        // SAFETY: as above.
+        unsafe { write(memory, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    d: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetUtilizationRates", || {
+        device(d)?;
+        if utilization.is_null() {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        let v = nvmlUtilization_t {
+            gpu: super::gpu_utilization()?,
+            // vgpud does not see the device's memory controller.
+            memory: 0,
+        };
+        // SAFETY: `utilization` is a non-NULL out-parameter, valid for a write.
+        unsafe { write(utilization, v) }
+    })
+}
+
+fn compute_processes<T>(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+    entry: fn(&Process) -> T,
+) -> NvmlRes<()> {
+    device(d)?;
+    let entries = super::compute_processes()?.iter().map(entry).collect();
+    // SAFETY: `count` and `infos` are the caller's count and array (NVML contract).
+    unsafe { write_processes(count, infos, entries) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetComputeRunningProcesses_v3", || {
+        compute_processes(d, count, infos, process_v2)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetComputeRunningProcesses_v2", || {
+        compute_processes(d, count, infos, process_v2)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetComputeRunningProcesses", || {
+        compute_processes(d, count, infos, process_v1)
+    })
+}
+
+/// Graphics and MPS processes: a vgpu GPU has none.
+fn no_processes<T>(d: nvmlDevice_t, count: *mut c_uint, infos: *mut T) -> NvmlRes<()> {
+    device(d)?;
+    // SAFETY: `count` and `infos` are the caller's count and array (NVML contract).
+    unsafe { write_processes(count, infos, Vec::new()) }
+}
+
+/// Defines process-list entry points that answer with an empty list.
+macro_rules! no_process_lists {
+    ($($name:ident: $info:ty;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(d: nvmlDevice_t, count: *mut c_uint, infos: *mut $info) -> NvmlReturn {
+            nvml(stringify!($name), || no_processes(d, count, infos))
+        }
+    )*};
+}
+
+no_process_lists! {
+    nvmlDeviceGetGraphicsRunningProcesses_v3: nvmlProcessInfo_v2_t;
+    nvmlDeviceGetGraphicsRunningProcesses_v2: nvmlProcessInfo_v2_t;
+    nvmlDeviceGetGraphicsRunningProcesses: nvmlProcessInfo_v1_t;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3: nvmlProcessInfo_v2_t;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2: nvmlProcessInfo_v2_t;
+    nvmlDeviceGetMPSComputeRunningProcesses: nvmlProcessInfo_v1_t;
+}
+
+// ---- what a VM's GPU does not report -----------------------------------------------
+
+/// Defines entry points that check the device handle and answer `NVML_ERROR_NOT_SUPPORTED`:
+/// the host's GPU's sensors, power, fans, ECC, BAR1, MIG, NVLink and serial number are not the
+/// VM's to see.
+macro_rules! not_supported {
+    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(d: nvmlDevice_t, $($arg: $ty),*) -> NvmlReturn {
+            nvml(stringify!($name), || {
+                device(d)?;
+                let _ = ($($arg,)*);
+                Err(ret::NOT_SUPPORTED)
+            })
+        }
+    )*};
+}
+
+not_supported! {
+    nvmlDeviceGetTemperature(sensor: c_uint, temp: *mut c_uint);
+    nvmlDeviceGetPowerUsage(milliwatts: *mut c_uint);
+    nvmlDeviceGetTotalEnergyConsumption(millijoules: *mut c_ulonglong);
+    nvmlDeviceGetPowerManagementLimit(milliwatts: *mut c_uint);
+    nvmlDeviceGetEnforcedPowerLimit(milliwatts: *mut c_uint);
+    nvmlDeviceGetFanSpeed(percent: *mut c_uint);
+    nvmlDeviceGetPerformanceState(pstate: *mut c_uint);
+    nvmlDeviceGetPersistenceMode(mode: *mut c_uint);
+    nvmlDeviceGetEccMode(current: *mut c_uint, pending: *mut c_uint);
+    nvmlDeviceGetBAR1MemoryInfo(bar1: *mut nvmlMemory_t);
+    nvmlDeviceGetMigMode(current: *mut c_uint, pending: *mut c_uint);
+    nvmlDeviceGetNvLinkState(link: c_uint, active: *mut c_uint);
+    nvmlDeviceGetSerial(serial: *mut c_char, length: c_uint);
+    nvmlDeviceGetEncoderUtilization(percent: *mut c_uint, period_us: *mut c_uint);
+    nvmlDeviceGetDecoderUtilization(percent: *mut c_uint, period_us: *mut c_uint);
+    nvmlDeviceGetDisplayMode(display: *mut c_uint);
+    nvmlDeviceGetDisplayActive(active: *mut c_uint);
+    nvmlDeviceGetCurrPcieLinkGeneration(generation: *mut c_uint);
+    nvmlDeviceGetCurrPcieLinkWidth(width: *mut c_uint);
+    nvmlDeviceGetMaxPcieLinkGeneration(generation: *mut c_uint);
+    nvmlDeviceGetMaxPcieLinkWidth(width: *mut c_uint);
+    nvmlDeviceGetPcieThroughput(counter: c_uint, value: *mut c_uint);
+    nvmlDeviceGetTotalEccErrors(error_type: c_uint, counter_type: c_uint, count: *mut c_ulonglong);
+    nvmlDeviceGetCurrentClocksThrottleReasons(reasons: *mut c_ulonglong);
+    nvmlDeviceGetNumFans(fans: *mut c_uint);
+    nvmlDeviceGetPowerState(pstate: *mut c_uint);
+    nvmlDeviceGetGpuInstanceId(id: *mut c_uint);
+    nvmlDeviceGetComputeInstanceId(id: *mut c_uint);
+}
+
+/// Defines entry points that check the device handle and write a fixed answer about the VM's
+/// one GPU (not a MIG instance, not on a multi-GPU board).
+macro_rules! fixed_answers {
+    ($($name:ident: $value:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(d: nvmlDevice_t, out: *mut c_uint) -> NvmlReturn {
+            nvml(stringify!($name), || {
+                device(d)?;
+                // SAFETY: `out` is an out-parameter: NULL or valid for a write.
+                unsafe { write(out, $value) }
+            })
+        }
+    )*};
+}
+
+fixed_answers! {
+    nvmlDeviceIsMigDeviceHandle: 0;
+    nvmlDeviceGetMultiGpuBoard: 0;
+    nvmlDeviceGetComputeMode: COMPUTEMODE_DEFAULT;
+    nvmlDeviceGetVirtualizationMode: VIRTUALIZATION_MODE_VGPU;
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryBusWidth(
+    d: nvmlDevice_t,
+    bits: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetMemoryBusWidth", || {
+        device(d)?;
+        let w = super::memory_bus_width()?;
+        // SAFETY: `bits` is an out-parameter: NULL or valid for a write.
+        unsafe { write(bits, w) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn structures_have_nvml_h_sizes() {
+        assert_eq!(std::mem::size_of::<nvmlMemory_t>(), 24);
+        assert_eq!(std::mem::size_of::<nvmlMemory_v2_t>(), 40);
+        assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
+        assert_eq!(std::mem::size_of::<nvmlPciInfo_t>(), 68);
+        assert_eq!(std::mem::size_of::<nvmlProcessInfo_v1_t>(), 16);
+        assert_eq!(std::mem::size_of::<nvmlProcessInfo_v2_t>(), 24);
+    }
+
+    #[test]
+    fn process_lists_report_the_room_needed() {
+        let procs = [Process { pid: 7, memory: 1 }, Process { pid: 9, memory: 2 }];
+        let entries = || procs.iter().map(process_v2).collect::<Vec<_>>();
+        let mut count: c_uint = 0;
+        // SAFETY: `count` is a live local; no entries are written with no room.
+        let r = unsafe { write_processes(&mut count, std::ptr::null_mut(), entries()) };
+        assert_eq!((r, count), (Err(ret::INSUFFICIENT_SIZE), 2));
+        let mut out: Vec<_> = (0..3)
+            .map(|_| process_v1(&Process { pid: 0, memory: 0 }))
+            .collect();
+        let v1 = procs.iter().map(process_v1).collect();
+        count = 3;
+        // SAFETY: `out` has room for `count` entries.
+        let r = unsafe { write_processes(&mut count, out.as_mut_ptr(), v1) };
+        assert_eq!((r, count), (Ok(()), 2));
+        assert_eq!((out[1].pid, out[1].usedGpuMemory), (9, 2));
+        assert_eq!(out[2].pid, 0, "past the list, nothing is written");
+        assert_eq!(entries()[1].gpuInstanceId, c_uint::MAX);
+        count = 0;
+        // SAFETY: no entries to write.
+        let r = unsafe {
+            write_processes::<nvmlProcessInfo_v2_t>(&mut count, std::ptr::null_mut(), Vec::new())
+        };
+        assert_eq!((r, count), (Ok(()), 0));
+        // SAFETY: a NULL count is refused before any access.
+        let r = unsafe { write_processes(std::ptr::null_mut(), std::ptr::null_mut(), entries()) };
+        assert_eq!(r, Err(ret::INVALID_ARGUMENT));
+    }
+
+    #[test]
+    fn text_that_does_not_fit_is_insufficient_size() {
+        let mut buf = [0 as c_char; 6];
+        // SAFETY: `buf` is 6 bytes.
+        let r = unsafe { write_text(buf.as_mut_ptr(), 6, "hello!") };
+        assert_eq!(r, Err(ret::INSUFFICIENT_SIZE));
+        // SAFETY: as above.
+        assert_eq!(unsafe { write_text(buf.as_mut_ptr(), 6, "hello") }, Ok(()));
+        // SAFETY: `buf` was just NUL-terminated.
+        assert_eq!(unsafe { CStr::from_ptr(buf.as_ptr()) }, c"hello");
+        // SAFETY: NULL is refused before any access.
+        let r = unsafe { write_text(std::ptr::null_mut(), 6, "x") };
+        assert_eq!(r, Err(ret::INVALID_ARGUMENT));
+        let f: [c_char; 4] = fill_text("abcdef");
+        assert_eq!(f.map(|c| c as u8), *b"abc\0");
+    }
+
+    #[test]
+    fn only_the_vms_handle_is_a_device() {
+        // Not initialized in this test process: every handle is refused the same way.
+        assert_eq!(device(&raw const DEVICE), Err(ret::UNINITIALIZED));
+        // SAFETY: a NULL out-pointer is refused.
+        let r = unsafe { nvmlDeviceGetCount_v2(std::ptr::null_mut()) };
+        assert_eq!(r, ret::UNINITIALIZED);
+    }
+}

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs vgpu's guest side in a Linux VM: the guest shim as libcuda.so.1
-# (plus the libcuda.so link), vgpu-smi, the loader configuration, the vsock
+# (plus the libcuda.so link), NVML's library libnvidia-ml.so.1 (a filter whose
+# symbols resolve in the shim; plus libnvidia-ml.so), vgpu-smi, the loader configuration, the vsock
 # module load at boot and, when it can, the vgpu kernel module for the
 # virtio-vgpu device (prebuilt vgpu.ko, DKMS, or built against the kernel
 # headers). POSIX sh (works with busybox ash, dash and bash).
@@ -22,21 +23,25 @@ DKMS_VERSION=0.1.0
 # Marks files written by this script; uninstall removes only files carrying it
 # (configuration files) or, for the library, the shim's own strings.
 STAMP="# written by vgpu guest-shim/install.sh"
-# A string only the vgpu shim contains (its transport variable).
+# A string only the vgpu shim contains (its transport variable), and one only its NVML filter
+# library contains.
 SHIM_SIGNATURE=VGPU_TRANSPORT
+NVML_SIGNATURE="vgpu NVML filter library"
 
 usage() {
     cat <<'EOF'
 usage: install.sh [options]
 
-Installs the vgpu guest shim (libcuda.so.1, libcuda.so), vgpu-smi, an
+Installs the vgpu guest shim (libcuda.so.1, libcuda.so), its NVML library
+(libnvidia-ml.so.1, libnvidia-ml.so), vgpu-smi, an
 ld.so.conf.d entry and /etc/modules-load.d/vgpu.conf (vsock at boot), and the
 vgpu kernel module for the virtio-vgpu device when FROM has a vgpu.ko built
 for this kernel, or the module source (FROM/kmod or kmod/ next to this script)
 and the kernel headers are here (with DKMS when it is installed).
 
 options:
-  --from DIR      where libcuda.so.1 (or libcuda.so), vgpu-smi and optionally
+  --from DIR      where libcuda.so.1 (or libcuda.so), libnvidia-ml.so.1 (or
+                  libnvidia_ml.so), vgpu-smi and optionally
                   vgpu.ko or kmod/ are
                   (default: this script's directory, else ../target/release)
   --prefix DIR    installation prefix (default /usr/local): libraries go to
@@ -45,7 +50,8 @@ options:
   --bindir DIR    program directory (default PREFIX/bin)
   --root DIR      install into the file system tree at DIR (an image being
                   built) instead of /; skips ldconfig and module loading
-  --force         replace a libcuda.so.1 that is not vgpu's (e.g. NVIDIA's)
+  --force         replace a libcuda.so.1 or libnvidia-ml.so.1 that is not
+                  vgpu's (e.g. NVIDIA's)
   --uninstall     remove what an install with the same options put in place
   --quiet         print only warnings and errors
   -h, --help      this text
@@ -112,6 +118,9 @@ fi
 # Paths as the guest sees them, and where this run writes them.
 LIB1="$LIBDIR/libcuda.so.1"
 LIBLINK="$LIBDIR/libcuda.so"
+# NVML's library: a filter whose symbols the loader resolves in libcuda.so.1 (docs/guest.md).
+NVML1="$LIBDIR/libnvidia-ml.so.1"
+NVMLLINK="$LIBDIR/libnvidia-ml.so"
 SMI="$BINDIR/vgpu-smi"
 LDCONF=/etc/ld.so.conf.d/vgpu.conf
 MODCONF=/etc/modules-load.d/vgpu.conf
@@ -122,6 +131,9 @@ if [ -z "$ROOT" ] && [ "$(id -u)" -ne 0 ]; then
 fi
 
 is_shim() { [ -f "$1" ] && grep -q "$SHIM_SIGNATURE" "$1" 2>/dev/null; }
+is_nvml() { [ -f "$1" ] && tr '\000' '\n' <"$1" 2>/dev/null | grep -qF "$NVML_SIGNATURE"; }
+# A file this script may replace: vgpu's shim or NVML library.
+is_vgpus() { is_shim "$1" || is_nvml "$1"; }
 # ko_has FILE TEXT: the module file carries TEXT (its .modinfo strings are NUL-separated, which
 # some greps stop at).
 ko_has() { [ -f "$1" ] && tr '\000' '\n' <"$1" 2>/dev/null | grep -qF "$2"; }
@@ -168,10 +180,19 @@ if [ "$UNINSTALL" -eq 1 ]; then
     elif [ -e "$(at "$LIB1")" ]; then
         warn "$LIB1 is not vgpu's shim; left in place"
     fi
-    if [ -L "$(at "$LIBLINK")" ] && [ "$(readlink "$(at "$LIBLINK")")" = libcuda.so.1 ] \
-        && [ ! -e "$(at "$LIB1")" ]; then
-        remove "$LIBLINK"
+    if is_nvml "$(at "$NVML1")" && ! [ -L "$(at "$NVML1")" ]; then
+        remove "$NVML1"
+    elif [ -e "$(at "$NVML1")" ] && ! [ -L "$(at "$NVML1")" ]; then
+        warn "$NVML1 is not vgpu's NVML library; left in place"
     fi
+    # Links that pointed to the shim (dangling now).
+    for l in "$LIBLINK:libcuda.so.1" "$NVMLLINK:libnvidia-ml.so.1"; do
+        path="${l%%:*}"
+        if [ -L "$(at "$path")" ] && [ "$(readlink "$(at "$path")")" = "${l#*:}" ] \
+            && [ ! -e "$(at "$path")" ]; then
+            remove "$path"
+        fi
+    done
     if [ -f "$(at "$SMI")" ] && grep -q vgpu "$(at "$SMI")" 2>/dev/null; then
         remove "$SMI"
     fi
@@ -220,6 +241,12 @@ for c in "$FROM/libcuda.so.1" "$FROM/libcuda.so"; do
 done
 [ -n "$SRC_LIB" ] || die "no libcuda.so.1 or libcuda.so in $FROM (build it with: cargo build --release -p vgpu-shim, then copy target/release/libcuda.so and vgpu-smi next to this script, or pass --from DIR)"
 is_shim "$SRC_LIB" || die "$SRC_LIB is not the vgpu guest shim"
+SRC_NVML=""
+for c in "$FROM/libnvidia-ml.so.1" "$FROM/libnvidia_ml.so"; do
+    if [ -f "$c" ]; then SRC_NVML="$c"; break; fi
+done
+[ -n "$SRC_NVML" ] || die "no libnvidia-ml.so.1 or libnvidia_ml.so in $FROM (build it with: cargo build --release -p vgpu-nvml)"
+is_nvml "$SRC_NVML" || die "$SRC_NVML is not vgpu's NVML library"
 SRC_SMI="$FROM/vgpu-smi"
 [ -f "$SRC_SMI" ] || die "no vgpu-smi in $FROM"
 
@@ -258,26 +285,33 @@ put_text() {
     rm -f "$tmp"
 }
 
-LIB1_REAL="$(at "$LIB1")"
-if [ -e "$LIB1_REAL" ] && ! is_shim "$LIB1_REAL"; then
-    if [ "$FORCE" -eq 1 ]; then
-        warn "replacing $LIB1, which is not vgpu's shim (--force)"
-    else
-        die "$LIB1 exists and is not vgpu's shim (another CUDA driver?); use --libdir elsewhere, or --force to replace it"
+# Another driver's libraries are replaced only with --force; checked before anything is written.
+for f in "$LIB1" "$LIBLINK" "$NVML1" "$NVMLLINK"; do
+    if [ -e "$(at "$f")" ] && ! is_vgpus "$(at "$f")"; then
+        if [ "$FORCE" -eq 1 ]; then
+            warn "replacing $f, which is not vgpu's shim (--force)"
+        else
+            die "$f exists and is not vgpu's shim (another driver's?); use --libdir elsewhere, or --force to replace it"
+        fi
     fi
-fi
+done
 put "$SRC_LIB" "$LIB1" 0755
-link="$(at "$LIBLINK")"
-if [ -L "$link" ] && [ "$(readlink "$link")" = libcuda.so.1 ]; then
-    say "up to date: $LIBLINK -> libcuda.so.1"
-else
-    if [ -e "$link" ] && ! [ -L "$link" ] && ! is_shim "$link" && [ "$FORCE" -eq 0 ]; then
-        die "$LIBLINK exists and is not vgpu's; use --force to replace it"
+# link_to TARGET LINK: makes LINK (a guest path) a symbolic link to TARGET (a name in the
+# same directory).
+link_to() {
+    link="$(at "$2")"
+    if [ -L "$link" ] && [ "$(readlink "$link")" = "$1" ]; then
+        say "up to date: $2 -> $1"
+        return 0
     fi
-    ln -sf libcuda.so.1 "$link"
-    say "linked: $LIBLINK -> libcuda.so.1"
+    rm -f "$link"
+    ln -s "$1" "$link"
+    say "linked: $2 -> $1"
     changed=1
-fi
+}
+link_to libcuda.so.1 "$LIBLINK"
+put "$SRC_NVML" "$NVML1" 0755
+link_to libnvidia-ml.so.1 "$NVMLLINK"
 put "$SRC_SMI" "$SMI" 0755
 
 if default_loader_dir "$LIBDIR"; then
@@ -399,7 +433,7 @@ if [ -z "$ROOT" ]; then
     fi
 fi
 if [ "$changed" -eq 1 ]; then
-    say "done: libcuda.so.1 in $LIBDIR, vgpu-smi in $BINDIR"
+    say "done: libcuda.so.1 and libnvidia-ml.so.1 in $LIBDIR, vgpu-smi in $BINDIR"
 else
     say "done: everything was up to date"
 fi

@@ -66,8 +66,8 @@ trap 'printf "\ndemo: interrupted; cleaning up\n" >&2; exit 130' INT TERM
 step "Installing prerequisites (C compiler, QEMU, image tools) if missing"
 scripts/prereqs.sh
 
-step "Building vgpud, the guest shim (libcuda.so.1), vgpu-smi and vgpuctl (release)"
-cargo build --release --locked -p vgpud -p vgpu-shim -p vgpu-host-tools
+step "Building vgpud, the guest shim (libcuda.so.1, libnvidia-ml.so.1), vgpu-smi and vgpuctl (release)"
+cargo build --release --locked -p vgpud -p vgpu-shim -p vgpu-nvml -p vgpu-host-tools
 REL="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 QEMU="$(command -v qemu-system-x86_64)" || fail "QEMU is not installed (images/install-qemu.sh)"
 
@@ -80,8 +80,9 @@ cc -O2 -Wall -o "$WORK/workload" examples/workload.c -L"$WORK/lib" -lcuda -lm
 # A tiny AF_VSOCK listener: each guest waits on it until both VMs are up.
 cc -O2 -Wall -o "$WORK/vsock-echo" tests/guest/vsock-echo.c
 cp "$REL/libcuda.so" "$WORK/bundle/libcuda.so.1"
+cp "$REL/libnvidia_ml.so" "$WORK/bundle/libnvidia-ml.so.1"
 cp "$REL/vgpu-smi" guest-shim/install.sh "$WORK/bundle/"
-note "workload, vsock-echo, libcuda.so.1 ($(( $(stat -c %s "$REL/libcuda.so") / 1024 )) KiB), vgpu-smi, install.sh"
+note "workload, vsock-echo, libcuda.so.1 ($(( $(stat -c %s "$REL/libcuda.so") / 1024 )) KiB), libnvidia-ml.so.1, vgpu-smi, install.sh"
 
 # --- 2. the guest image -------------------------------------------------------------
 step "Building the guest image (Debian cloud kernel + busybox; downloaded once, then cached)"
@@ -115,6 +116,7 @@ exit $status
 GUEST
 images/payload-initrd.sh --out "$WORK/initrd.img" --script "$WORK/run.sh" \
     --add "$WORK/bundle/libcuda.so.1:/opt/vgpu/libcuda.so.1" \
+    --add "$WORK/bundle/libnvidia-ml.so.1:/opt/vgpu/libnvidia-ml.so.1" \
     --add "$WORK/bundle/vgpu-smi:/opt/vgpu/vgpu-smi" \
     --add "$WORK/bundle/install.sh:/opt/vgpu/install.sh" \
     --add "$WORK/workload:/payload/bin/workload" \

@@ -184,7 +184,11 @@ fn guest(
 ) -> GuestSpec {
     let a = artifacts();
     let mut spec = GuestSpec::new(name, "");
-    let install = spec.add_vgpu_shim(&a.profile_dir.join("libcuda.so"), &a.vgpu_smi);
+    let install = spec.add_vgpu_shim(
+        &a.profile_dir.join("libcuda.so"),
+        &a.profile_dir.join("libnvidia_ml.so"),
+        &a.vgpu_smi,
+    );
     spec.payload
         .push((k.kmod.clone(), format!("{}/vgpu.ko", qemu::SHIM_BUNDLE_DIR)));
     for p in programs() {

@@ -28,6 +28,11 @@ fn bundle() -> (tempfile::TempDir, PathBuf) {
     let from = dir.path().join("bundle");
     fs::create_dir(&from).expect("mkdir");
     fs::copy(a.profile_dir.join("libcuda.so"), from.join("libcuda.so")).expect("copy shim");
+    fs::copy(
+        a.profile_dir.join("libnvidia_ml.so"),
+        from.join("libnvidia_ml.so"),
+    )
+    .expect("copy the NVML library");
     fs::copy(&a.vgpu_smi, from.join("vgpu-smi")).expect("copy vgpu-smi");
     (dir, from)
 }
@@ -68,6 +73,14 @@ fn install_fills_a_root_idempotently_and_uninstall_removes_it() {
         fs::read_link(root.join("usr/local/lib/libcuda.so")).unwrap(),
         Path::new("libcuda.so.1")
     );
+    assert_eq!(
+        fs::read(root.join("usr/local/lib/libnvidia-ml.so.1")).unwrap(),
+        fs::read(from.join("libnvidia_ml.so")).unwrap()
+    );
+    assert_eq!(
+        fs::read_link(root.join("usr/local/lib/libnvidia-ml.so")).unwrap(),
+        Path::new("libnvidia-ml.so.1")
+    );
     let smi = root.join("usr/local/bin/vgpu-smi");
     assert_eq!(
         fs::metadata(&smi).unwrap().permissions().mode() & 0o777,
@@ -102,6 +115,8 @@ fn install_fills_a_root_idempotently_and_uninstall_removes_it() {
     for gone in [
         "usr/local/lib/libcuda.so.1",
         "usr/local/lib/libcuda.so",
+        "usr/local/lib/libnvidia-ml.so.1",
+        "usr/local/lib/libnvidia-ml.so",
         "usr/local/bin/vgpu-smi",
         "etc/ld.so.conf.d/vgpu.conf",
         "etc/modules-load.d/vgpu.conf",
@@ -111,7 +126,7 @@ fn install_fills_a_root_idempotently_and_uninstall_removes_it() {
             "{gone} left behind: {out}"
         );
     }
-    assert!(out.contains("uninstalled (5 files)"), "{out}");
+    assert!(out.contains("uninstalled (7 files)"), "{out}");
     let (code, out) = install(&["--root", s(&root), "--uninstall"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("nothing to remove"), "{out}");
@@ -145,6 +160,37 @@ fn another_drivers_libcuda_is_never_replaced_silently() {
     assert_eq!(
         fs::read(&lib).unwrap(),
         fs::read(from.join("libcuda.so")).unwrap()
+    );
+}
+
+#[test]
+fn another_drivers_nvml_is_never_replaced_silently() {
+    let (tmp, from) = bundle();
+    let root = tmp.path().join("root");
+    let nvml = root.join("usr/local/lib/libnvidia-ml.so.1");
+    fs::create_dir_all(nvml.parent().unwrap()).unwrap();
+    fs::write(&nvml, FOREIGN).unwrap();
+    let (code, out) = install(&["--from", s(&from), "--root", s(&root)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("/usr/local/lib/libnvidia-ml.so.1 exists and is not vgpu's shim"),
+        "{out}"
+    );
+    assert_eq!(fs::read(&nvml).unwrap(), FOREIGN, "left alone");
+    assert!(
+        !root.join("usr/local/lib/libcuda.so.1").exists(),
+        "nothing is installed halfway: {out}"
+    );
+    let (code, out) = install(&["--from", s(&from), "--root", s(&root), "--force"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warning: replacing /usr/local/lib/libnvidia-ml.so.1"),
+        "{out}"
+    );
+    assert_eq!(
+        fs::read(&nvml).unwrap(),
+        fs::read(from.join("libnvidia_ml.so")).unwrap(),
+        "{out}"
     );
 }
 
@@ -193,10 +239,23 @@ fn bad_arguments_and_sources_get_clear_errors() {
     let (code, out) = install(&["--from", s(&empty), "--root", s(&root)]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("no libcuda.so.1 or libcuda.so in"), "{out}");
+    let shim = fs::read(from.join("libcuda.so")).unwrap();
     fs::write(from.join("libcuda.so"), FOREIGN).unwrap();
     let (code, out) = install(&["--from", s(&from), "--root", s(&root)]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("is not the vgpu guest shim"), "{out}");
+    fs::write(from.join("libcuda.so"), shim).unwrap();
+    fs::write(from.join("libnvidia_ml.so"), FOREIGN).unwrap();
+    let (code, out) = install(&["--from", s(&from), "--root", s(&root)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("is not vgpu's NVML library"), "{out}");
+    fs::remove_file(from.join("libnvidia_ml.so")).unwrap();
+    let (code, out) = install(&["--from", s(&from), "--root", s(&root)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("no libnvidia-ml.so.1 or libnvidia_ml.so in"),
+        "{out}"
+    );
     let (code, out) = install(&["--from", "/nonexistent", "--root", s(&root)]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("is not a directory"), "{out}");

@@ -58,6 +58,8 @@ pub fn artifacts() -> &'static Artifacts {
             "-p",
             "vgpu-shim",
             "-p",
+            "vgpu-nvml",
+            "-p",
             "vgpu-host-tools",
         ]);
         if release {
@@ -70,10 +72,17 @@ pub fn artifacts() -> &'static Artifacts {
         assert!(st.success(), "cargo build of the daemon and shim failed");
         let lib_dir = profile_dir.join("vgpu-lib");
         std::fs::create_dir_all(&lib_dir).expect("lib dir");
-        for name in ["libcuda.so", "libcuda.so.1"] {
+        // The shim, and NVML's library: a filter whose symbols resolve in the shim
+        // (guest-shim/nvml).
+        for (name, file) in [
+            ("libcuda.so", "libcuda.so"),
+            ("libcuda.so.1", "libcuda.so"),
+            ("libnvidia-ml.so", "libnvidia_ml.so"),
+            ("libnvidia-ml.so.1", "libnvidia_ml.so"),
+        ] {
             let link = lib_dir.join(name);
             let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(profile_dir.join("libcuda.so"), &link).expect("symlink");
+            std::os::unix::fs::symlink(profile_dir.join(file), &link).expect("symlink");
         }
         Artifacts {
             vgpud: profile_dir.join("vgpud"),
@@ -89,6 +98,12 @@ pub fn artifacts() -> &'static Artifacts {
 /// per test process (built under a temporary name and renamed into place, so
 /// a copy running from another test is never overwritten while it runs).
 pub fn build_c_program(name: &str) -> PathBuf {
+    build_c_program_linking(name, &[])
+}
+
+/// [`build_c_program`] for a program that also links `libs` (`-l` names) from the shim's
+/// library directory, as `libnvidia-ml` for NVML programs.
+pub fn build_c_program_linking(name: &str, libs: &[&str]) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
@@ -105,6 +120,7 @@ pub fn build_c_program(name: &str) -> PathBuf {
         .arg(&tmp)
         .arg(&src)
         .arg(format!("-L{}", a.lib_dir.display()))
+        .args(libs.iter().map(|l| format!("-l{l}")))
         .arg("-lcuda")
         .arg(format!("-Wl,-rpath,{}", a.lib_dir.display()))
         .status()
@@ -623,7 +639,11 @@ pub fn cuda_guest(
     let a = artifacts();
     let mut spec = crate::qemu::GuestSpec::new(name, "");
     spec.vhost_user_vsock = Some(d.vhost_socket(vm));
-    let install = spec.add_vgpu_shim(&a.profile_dir.join("libcuda.so"), &a.vgpu_smi);
+    let install = spec.add_vgpu_shim(
+        &a.profile_dir.join("libcuda.so"),
+        &a.profile_dir.join("libnvidia_ml.so"),
+        &a.vgpu_smi,
+    );
     for program in programs {
         let file = program
             .file_name()

@@ -695,14 +695,15 @@ impl GuestSpec {
         }
     }
 
-    /// Puts the guest shim (as `libcuda.so.1`), `vgpu-smi` and
-    /// `guest-shim/install.sh` into the payload under [`SHIM_BUNDLE_DIR`],
+    /// Puts the guest shim (as `libcuda.so.1`), its NVML library (as `libnvidia-ml.so.1`),
+    /// `vgpu-smi` and `guest-shim/install.sh` into the payload under [`SHIM_BUNDLE_DIR`],
     /// which is on no search path, and returns the shell command that installs
     /// them in the guest the way a user would.
-    pub fn add_vgpu_shim(&mut self, libcuda: &Path, vgpu_smi: &Path) -> String {
+    pub fn add_vgpu_shim(&mut self, libcuda: &Path, nvml: &Path, vgpu_smi: &Path) -> String {
         let install = repo_root().join("guest-shim").join("install.sh");
         for (host, file) in [
             (libcuda.to_path_buf(), "libcuda.so.1"),
+            (nvml.to_path_buf(), "libnvidia-ml.so.1"),
             (vgpu_smi.to_path_buf(), "vgpu-smi"),
             (install, "install.sh"),
         ] {
@@ -1958,22 +1959,25 @@ mod tests {
     fn the_shim_bundle_goes_off_the_search_paths_with_its_installer() {
         let dir = tempfile::tempdir().unwrap();
         let lib = dir.path().join("libcuda.so");
+        let nvml = dir.path().join("libnvidia_ml.so");
         let smi = dir.path().join("vgpu-smi");
         fs::write(&lib, b"lib").unwrap();
+        fs::write(&nvml, b"nvml").unwrap();
         fs::write(&smi, b"smi").unwrap();
         let mut spec = GuestSpec::new("g", "true");
-        let cmd = spec.add_vgpu_shim(&lib, &smi);
+        let cmd = spec.add_vgpu_shim(&lib, &nvml, &smi);
         assert_eq!(cmd, "sh /payload/vgpu/install.sh --from /payload/vgpu");
         let guests: Vec<&str> = spec.payload.iter().map(|(_, g)| g.as_str()).collect();
         assert_eq!(
             guests,
             [
                 "/payload/vgpu/libcuda.so.1",
+                "/payload/vgpu/libnvidia-ml.so.1",
                 "/payload/vgpu/vgpu-smi",
                 "/payload/vgpu/install.sh"
             ]
         );
-        assert!(spec.payload[2].0.ends_with("guest-shim/install.sh"));
+        assert!(spec.payload[3].0.ends_with("guest-shim/install.sh"));
         spec.validate().unwrap();
         // The bundle's libcuda.so.1 satisfies programs linked with -lcuda.
         let cpio = build_payload(&spec, &manifest()).unwrap();

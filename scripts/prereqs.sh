@@ -118,6 +118,12 @@ if ! python3 -c 'import cuda.bindings.driver, numba.cuda, cuda.core.graph' >/dev
         cuda-core==1.2.2 cuda-pathfinder==1.9.1 \
         || log "cuda-bindings or numba-cuda could not be installed; their tests will be skipped"
 fi
+if ! python3 -c 'import pynvml' >/dev/null 2>&1; then
+    # NVIDIA's NVML binding, for the test of the shim's libnvidia-ml.so.1.
+    log "installing pynvml (nvidia-ml-py) from PyPI for the NVML test"
+    pip_install nvidia-ml-py==13.580.82 \
+        || log "nvidia-ml-py could not be installed; the pynvml test will be skipped"
+fi
 
 # Debian's CUDA 11.8 toolkit (nvcc, cuobjdump, NVIDIA's libcudart) from
 # bookworm's contrib/non-free components, and g++-11 (nvcc 11.8 rejects gcc

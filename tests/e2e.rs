@@ -19,6 +19,7 @@ mod ipc;
 mod kernels_c;
 mod libvirt_domain;
 mod memory_policy;
+mod nvml;
 mod pinned;
 mod python_driver;
 mod qemu_boot;

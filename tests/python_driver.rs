@@ -2,8 +2,8 @@
 //! (cuda.bindings, which resolves every driver function through
 //! cuGetProcAddress_v2) with NVRTC-compiled CUDA C++, CuPy (NVIDIA's CUDA 12
 //! runtime underneath, kernels compiled at run time) and numba-cuda (NVVM,
-//! linked through the driver's cuLink* API), and cuda.core's graph builder with conditional
-//! nodes. Skipped with a
+//! linked through the driver's cuLink* API), cuda.core's graph builder with conditional
+//! nodes, and pynvml (NVIDIA's NVML binding) on the shim's libnvidia-ml.so.1. Skipped with a
 //! message when the Python packages are not installed (scripts/prereqs.sh
 //! installs them).
 
@@ -73,6 +73,19 @@ fn cuda_core_graphs_with_conditional_nodes_run_unmodified() {
         ("core", 64 << 20),
         "cuda_core_graphs.py",
         &[],
+        &[],
+    );
+}
+
+#[test]
+fn pynvml_reports_the_vms_gpu_as_cuda_does() {
+    const SLICE: u64 = 96 << 20;
+    runs_unmodified(
+        "import pynvml, cuda.bindings.driver",
+        "pynvml (nvidia-ml-py) or cuda-python is",
+        ("nvml", SLICE),
+        "nvml_pynvml.py",
+        &[SLICE.to_string()],
         &[],
     );
 }

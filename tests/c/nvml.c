@@ -1,0 +1,362 @@
+/*
+ * NVML on vgpu: a program built against NVIDIA's nvml.h and linked with -lnvidia-ml asks the
+ * guest's libnvidia-ml.so.1 about its GPU and gets the VM's answers, the same as CUDA's: name,
+ * UUID, PCI address, compute capability, the memory slice and what is used of it, the processes
+ * of the VM with a context (this one and a child it starts), the share of time the VM's kernels
+ * held the device, and NVML's errors for what it cannot answer.
+ *
+ *   nvml PTX ITERS     the checks (PTX: bench/kernels/spin.ptx, ITERS its first loop count)
+ *   nvml nodaemon      nvmlInit without vgpud: NVML_ERROR_DRIVER_NOT_LOADED
+ *
+ * Prints "ok <what>" or "FAIL <what>"; the exit status is the number of failures.
+ */
+#include <nvml.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
+
+CUresult cuInit(unsigned int);
+CUresult cuDriverGetVersion(int *);
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGetName(char *, int, int);
+CUresult cuDeviceGetUuid(unsigned char *, int);
+CUresult cuDeviceGetPCIBusId(char *, int, int);
+CUresult cuDeviceGetAttribute(int *, int, int);
+CUresult cuDeviceTotalMem_v2(size_t *, int);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, int);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+CUresult cuStreamQuery(CUstream);
+
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define CUDA_ERROR_NOT_READY 600
+#define MIB (1ull << 20)
+#define MINE (16 * MIB)
+#define CHILDS (8 * MIB)
+/* Utilization checks: the time between two samples, the tries with longer kernels. */
+#define WINDOW_MS 250
+#define SAMPLE_MIN_MS 200
+#define KERNEL_TRIES 6
+#define BUSY_PERCENT_MIN 50
+#define EXIT_POLLS 100
+
+static void check_nvml(const char *what, nvmlReturn_t got, nvmlReturn_t want) {
+    if (got == want) {
+        printf("ok %s\n", what);
+    } else {
+        printf("FAIL %s: got %d (%s), want %d (%s)\n", what, got, nvmlErrorString(got), want,
+               nvmlErrorString(want));
+        failures++;
+    }
+    fflush(stdout);
+}
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); exit(2); }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(n + 1);
+    if (!b || fread(b, 1, n, f) != (size_t)n) { perror(path); exit(2); }
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* The child: waits for `go`, takes a context and CHILDS bytes, says so on `ready`, and keeps
+ * them until `go` closes. */
+static void child(int go, int ready) {
+    char c;
+    if (read(go, &c, 1) != 1) _exit(3);
+    CUcontext ctx;
+    CUdeviceptr p;
+    if (cuInit(0) || cuCtxCreate_v2(&ctx, 0, 0) || cuMemAlloc_v2(&p, CHILDS)) _exit(4);
+    if (write(ready, "r", 1) != 1) _exit(5);
+    while (read(go, &c, 1) > 0) {
+    }
+    _exit(0);
+}
+
+/* The VM's processes as NVML lists them (at most 8). */
+static unsigned processes(nvmlDevice_t dev, nvmlProcessInfo_t *out) {
+    unsigned n = 8;
+    nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses(dev, &n, out);
+    if (r != NVML_SUCCESS) {
+        printf("FAIL listing processes: %s\n", nvmlErrorString(r));
+        failures++;
+        return 0;
+    }
+    return n;
+}
+
+static const nvmlProcessInfo_t *find(const nvmlProcessInfo_t *p, unsigned n, unsigned pid) {
+    for (unsigned i = 0; i < n; i++)
+        if (p[i].pid == pid) return &p[i];
+    return NULL;
+}
+
+static unsigned gpu_percent(nvmlDevice_t dev) {
+    nvmlUtilization_t u = {.gpu = 101, .memory = 101};
+    check_nvml("nvmlDeviceGetUtilizationRates", nvmlDeviceGetUtilizationRates(dev, &u),
+               NVML_SUCCESS);
+    return u.gpu;
+}
+
+/* While a long kernel runs, the VM's kernels held the device most of the time; once it is done
+ * and a sample has passed, none of it. */
+static void utilization(nvmlDevice_t dev, const char *ptx_path, unsigned iters) {
+    CUmodule mod;
+    CUfunction spin;
+    CUdeviceptr out;
+    check("load the spin kernel", cuModuleLoadData(&mod, read_file(ptx_path)), 0);
+    check("cuModuleGetFunction", cuModuleGetFunction(&spin, mod, "spin"), 0);
+    check("cuMemAlloc for the kernel", cuMemAlloc_v2(&out, 4096), 0);
+    int measured = 0;
+    for (int t = 0; t < KERNEL_TRIES && !measured; t++, iters *= 4) {
+        void *args[] = {&out, &iters};
+        sleep_ms(SAMPLE_MIN_MS);
+        gpu_percent(dev); /* starts the window */
+        check("launch a long kernel", cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, 0, args, 0), 0);
+        sleep_ms(WINDOW_MS);
+        unsigned busy = gpu_percent(dev);
+        if (cuStreamQuery(0) == CUDA_ERROR_NOT_READY) {
+            printf("busy window: %u%% (kernel of %u iterations still running)\n", busy, iters);
+            expect("a kernel running the whole window is most of it", busy >= BUSY_PERCENT_MIN);
+            measured = 1;
+        }
+        check("cuCtxSynchronize", cuCtxSynchronize(), 0);
+    }
+    expect("a kernel ran through a whole window", measured);
+    sleep_ms(SAMPLE_MIN_MS);
+    gpu_percent(dev); /* a window that ends after the kernel */
+    sleep_ms(WINDOW_MS);
+    unsigned idle = gpu_percent(dev);
+    printf("idle window: %u%%\n", idle);
+    expect("a window without kernels is 0%", idle == 0);
+    check("cuMemFree", cuMemFree_v2(out), 0);
+}
+
+static int no_daemon(void) {
+    check_nvml("nvmlInit without vgpud", nvmlInit_v2(), NVML_ERROR_DRIVER_NOT_LOADED);
+    unsigned n;
+    check_nvml("then the library is not initialized", nvmlDeviceGetCount_v2(&n),
+               NVML_ERROR_UNINITIALIZED);
+    return failures;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "nodaemon")) return no_daemon();
+    if (argc != 3) {
+        fprintf(stderr, "usage: nvml PTX ITERS | nvml nodaemon\n");
+        return 2;
+    }
+    int go[2], ready[2];
+    if (pipe(go) || pipe(ready)) return 2;
+    pid_t kid = fork();
+    if (kid == 0) {
+        close(go[1]);
+        close(ready[0]);
+        child(go[0], ready[1]);
+    }
+    close(go[0]);
+    close(ready[1]);
+
+    unsigned count = 0;
+    nvmlDevice_t dev = NULL, other = NULL;
+    char text[NVML_DEVICE_NAME_V2_BUFFER_SIZE], want[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+
+    check_nvml("before nvmlInit", nvmlDeviceGetCount_v2(&count), NVML_ERROR_UNINITIALIZED);
+    expect("nvmlErrorString", !strcmp(nvmlErrorString(NVML_ERROR_UNINITIALIZED), "Uninitialized"));
+    check_nvml("nvmlInit", nvmlInit_v2(), NVML_SUCCESS);
+    check_nvml("nvmlInitWithFlags (counted)", nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH),
+               NVML_SUCCESS);
+    check_nvml("nvmlInitWithFlags with unknown flags", nvmlInitWithFlags(0x100),
+               NVML_ERROR_INVALID_ARGUMENT);
+
+    /* Versions. */
+    check_nvml("nvmlSystemGetDriverVersion",
+               nvmlSystemGetDriverVersion(text, NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE),
+               NVML_SUCCESS);
+    printf("driver version %s\n", text);
+    expect("the driver version is major.minor.patch", strchr(text, '.') && atoi(text) >= 500);
+    check_nvml("a version buffer too small", nvmlSystemGetDriverVersion(text, 3),
+               NVML_ERROR_INSUFFICIENT_SIZE);
+    check_nvml("nvmlSystemGetNVMLVersion",
+               nvmlSystemGetNVMLVersion(text, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE), NVML_SUCCESS);
+    int nv_cuda = 0, cu_version = 0;
+    check_nvml("nvmlSystemGetCudaDriverVersion", nvmlSystemGetCudaDriverVersion(&nv_cuda),
+               NVML_SUCCESS);
+    check("cuInit", cuInit(0), 0);
+    check("cuDriverGetVersion", cuDriverGetVersion(&cu_version), 0);
+    expect("NVML's CUDA version is the driver API's", nv_cuda == cu_version);
+    snprintf(want, sizeof want, "%d.", cu_version / 1000);
+    expect("the NVML version starts with the CUDA major", !strncmp(text, want, strlen(want)));
+
+    /* The device, found three ways. */
+    int cu_count = 0;
+    check("cuDeviceGetCount", cuDeviceGetCount(&cu_count), 0);
+    check_nvml("nvmlDeviceGetCount", nvmlDeviceGetCount_v2(&count), NVML_SUCCESS);
+    expect("one device, as CUDA says", count == 1 && cu_count == 1);
+    check_nvml("nvmlDeviceGetHandleByIndex", nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+    check_nvml("index past the count", nvmlDeviceGetHandleByIndex_v2(1, &other),
+               NVML_ERROR_INVALID_ARGUMENT);
+    check_nvml("NULL handle pointer", nvmlDeviceGetHandleByIndex_v2(0, NULL),
+               NVML_ERROR_INVALID_ARGUMENT);
+    check_nvml("nvmlDeviceGetName", nvmlDeviceGetName(dev, text, sizeof text), NVML_SUCCESS);
+    check("cuDeviceGetName", cuDeviceGetName(want, sizeof want, 0), 0);
+    printf("name %s\n", text);
+    expect("NVML's name is CUDA's", !strcmp(text, want));
+    check_nvml("a name buffer too small", nvmlDeviceGetName(dev, text, 4),
+               NVML_ERROR_INSUFFICIENT_SIZE);
+    unsigned char uuid[16];
+    check("cuDeviceGetUuid", cuDeviceGetUuid(uuid, 0), 0);
+    snprintf(want, sizeof want,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", uuid[0],
+             uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9],
+             uuid[10], uuid[11], uuid[12], uuid[13], uuid[14], uuid[15]);
+    check_nvml("nvmlDeviceGetUUID", nvmlDeviceGetUUID(dev, text, NVML_DEVICE_UUID_V2_BUFFER_SIZE),
+               NVML_SUCCESS);
+    printf("uuid %s\n", text);
+    expect("NVML's UUID is CUDA's", !strcmp(text, want));
+    check_nvml("nvmlDeviceGetHandleByUUID", nvmlDeviceGetHandleByUUID(text, &other), NVML_SUCCESS);
+    expect("the same handle by UUID", other == dev);
+    check_nvml("an unknown UUID",
+               nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000", &other),
+               NVML_ERROR_NOT_FOUND);
+    nvmlPciInfo_t pci;
+    check_nvml("nvmlDeviceGetPciInfo", nvmlDeviceGetPciInfo(dev, &pci), NVML_SUCCESS);
+    check("cuDeviceGetPCIBusId", cuDeviceGetPCIBusId(want, 13, 0), 0);
+    printf("pci %s / %s\n", pci.busId, pci.busIdLegacy);
+    expect("the legacy bus id is CUDA's", !strcmp(pci.busIdLegacy, want));
+    expect("the bus id has an eight-digit domain", strlen(pci.busId) == 16 &&
+                                                       !strcmp(pci.busId + 4, want));
+    check_nvml("nvmlDeviceGetHandleByPciBusId", nvmlDeviceGetHandleByPciBusId_v2(pci.busId, &other),
+               NVML_SUCCESS);
+    expect("the same handle by bus id", other == dev);
+    check_nvml("a bus id that is not the GPU's",
+               nvmlDeviceGetHandleByPciBusId_v2("0000:7f:1f.0", &other), NVML_ERROR_NOT_FOUND);
+    check_nvml("a bus id that is not one", nvmlDeviceGetHandleByPciBusId_v2("gpu0", &other),
+               NVML_ERROR_INVALID_ARGUMENT);
+    int major = 0, minor = 0, cu_major = -1, cu_minor = -1;
+    check_nvml("nvmlDeviceGetCudaComputeCapability",
+               nvmlDeviceGetCudaComputeCapability(dev, &major, &minor), NVML_SUCCESS);
+    cuDeviceGetAttribute(&cu_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0);
+    cuDeviceGetAttribute(&cu_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
+    expect("NVML's compute capability is CUDA's", major == cu_major && minor == cu_minor);
+    nvmlGpuVirtualizationMode_t mode;
+    check_nvml("nvmlDeviceGetVirtualizationMode", nvmlDeviceGetVirtualizationMode(dev, &mode),
+               NVML_SUCCESS);
+    expect("a GPU shared with other VMs", mode == NVML_GPU_VIRTUALIZATION_MODE_VGPU);
+
+    /* Handles that are not the GPU, and what the VM's GPU does not report. */
+    check_nvml("a forged handle", nvmlDeviceGetName((nvmlDevice_t)((char *)dev + 1), text, sizeof text),
+               NVML_ERROR_INVALID_ARGUMENT);
+    check_nvml("a NULL handle", nvmlDeviceGetName(NULL, text, sizeof text),
+               NVML_ERROR_INVALID_ARGUMENT);
+    unsigned value;
+    check_nvml("temperature", nvmlDeviceGetTemperature(dev, NVML_TEMPERATURE_GPU, &value),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("power", nvmlDeviceGetPowerUsage(dev, &value), NVML_ERROR_NOT_SUPPORTED);
+
+    /* Memory: the slice, and what the VM's processes hold of it. */
+    size_t cu_total = 0, cu_free = 0;
+    nvmlMemory_t m0, m1;
+    check("cuDeviceTotalMem", cuDeviceTotalMem_v2(&cu_total, 0), 0);
+    check_nvml("nvmlDeviceGetMemoryInfo", nvmlDeviceGetMemoryInfo(dev, &m0), NVML_SUCCESS);
+    printf("memory %llu used of %llu\n", m0.used, m0.total);
+    expect("the device's memory is the slice", m0.total == cu_total);
+    expect("nothing used before anyone allocates", m0.used == 0 && m0.free == m0.total);
+    nvmlProcessInfo_t procs[8];
+    check_nvml("no processes before a context",
+               nvmlDeviceGetComputeRunningProcesses(dev, &(unsigned){0}, NULL), NVML_SUCCESS);
+    CUcontext ctx;
+    CUdeviceptr mine;
+    check("cuCtxCreate", cuCtxCreate_v2(&ctx, 0, 0), 0);
+    check("cuMemAlloc", cuMemAlloc_v2(&mine, MINE), 0);
+    check("cuMemGetInfo", cuMemGetInfo_v2(&cu_free, &cu_total), 0);
+    check_nvml("nvmlDeviceGetMemoryInfo after cuMemAlloc", nvmlDeviceGetMemoryInfo(dev, &m1),
+               NVML_SUCCESS);
+    expect("the allocation is used", m1.used == m0.used + MINE);
+    expect("NVML's free memory is CUDA's", m1.free == cu_free && m1.total == cu_total);
+    nvmlMemory_v2_t m2 = {.version = nvmlMemory_v2};
+    check_nvml("nvmlDeviceGetMemoryInfo_v2", nvmlDeviceGetMemoryInfo_v2(dev, &m2), NVML_SUCCESS);
+    expect("the same figures in version 2", m2.used == m1.used && m2.free == m1.free &&
+                                                m2.total == m1.total && m2.reserved == 0);
+    m2.version = 0;
+    check_nvml("a structure version NVML does not know", nvmlDeviceGetMemoryInfo_v2(dev, &m2),
+               NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+
+    /* Processes: this one, then the child too. */
+    count = 0;
+    check_nvml("a process list with no room",
+               nvmlDeviceGetComputeRunningProcesses(dev, &count, procs),
+               NVML_ERROR_INSUFFICIENT_SIZE);
+    expect("says one process", count == 1);
+    count = processes(dev, procs);
+    const nvmlProcessInfo_t *me = find(procs, count, (unsigned)getpid());
+    expect("this process is listed with its memory", count == 1 && me && me->usedGpuMemory == MINE);
+    char comm[64] = "", name[64] = "";
+    FILE *f = fopen("/proc/self/comm", "r");
+    if (f) {
+        if (fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
+        fclose(f);
+    }
+    check_nvml("nvmlSystemGetProcessName", nvmlSystemGetProcessName(getpid(), name, sizeof name),
+               NVML_SUCCESS);
+    expect("the process name is the guest's", !strcmp(name, comm));
+    check_nvml("a process that does not use the GPU",
+               nvmlSystemGetProcessName(getppid(), name, sizeof name), NVML_ERROR_NOT_FOUND);
+    if (write(go[1], "g", 1) != 1) return 2;
+    char c;
+    expect("the child took its memory", read(ready[0], &c, 1) == 1);
+    count = processes(dev, procs);
+    const nvmlProcessInfo_t *kids = find(procs, count, (unsigned)kid);
+    expect("two processes", count == 2);
+    expect("the child is listed with its memory", kids && kids->usedGpuMemory == CHILDS);
+    check_nvml("nvmlDeviceGetMemoryInfo with the child", nvmlDeviceGetMemoryInfo(dev, &m1),
+               NVML_SUCCESS);
+    expect("the VM's use is both processes'", m1.used == MINE + CHILDS);
+    close(go[1]);
+    waitpid(kid, NULL, 0);
+    for (int i = 0; i < EXIT_POLLS && processes(dev, procs) != 1; i++) sleep_ms(50);
+    expect("the child is gone from the list once it exits", processes(dev, procs) == 1);
+
+    /* Utilization. */
+    utilization(dev, argv[1], (unsigned)strtoul(argv[2], NULL, 10));
+
+    check("cuMemFree", cuMemFree_v2(mine), 0);
+    check("cuCtxDestroy", cuCtxDestroy_v2(ctx), 0);
+    count = 8;
+    check_nvml("no processes once the context is gone",
+               nvmlDeviceGetComputeRunningProcesses(dev, &count, procs), NVML_SUCCESS);
+    expect("an empty list", count == 0);
+    check_nvml("nvmlShutdown", nvmlShutdown(), NVML_SUCCESS);
+    check_nvml("nvmlShutdown of the second init", nvmlShutdown(), NVML_SUCCESS);
+    check_nvml("nvmlShutdown once too often", nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
+    check_nvml("after nvmlShutdown", nvmlDeviceGetCount_v2(&count), NVML_ERROR_UNINITIALIZED);
+    printf("%s\n", failures ? "FAILED" : "PASS");
+    return failures;
+}

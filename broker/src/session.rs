@@ -2136,7 +2136,7 @@ impl Session {
                 })
             }),
             "kernels": st.kernels.load(Ordering::Relaxed),
-            "gpu_busy_ns": u64::try_from(self.tenant.sched_stats().busy.as_nanos()).unwrap_or(u64::MAX),
+            "share_1s": self.tenant.sched_stats().share_1s,
             "bytes_htod": st.bytes_htod.load(Ordering::Relaxed),
             "bytes_dtoh": st.bytes_dtoh.load(Ordering::Relaxed),
             "this_session": self.info.id,

@@ -514,7 +514,7 @@ ops! {
     }
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).
-    TenantInfo = 0x0701 => Json, 0, "vgpu-smi and NVML: the VM's slice, usage and device time; each session's pid, process, memory and contexts" {}
+    TenantInfo = 0x0701 => Json, 0, "vgpu-smi and NVML: the VM's slice, usage and share of the last second's device time; each session's pid, process, memory and contexts" {}
 
     /// Allocates page-aligned device memory that the guest process also maps at the same
     /// address (its host mirror): managed memory (`kind` 1) or mapped host memory (`kind` 2:

@@ -50,9 +50,10 @@ CUresult cuStreamQuery(CUstream);
 #define MIB (1ull << 20)
 #define MINE (16 * MIB)
 #define CHILDS (8 * MIB)
-/* Utilization checks: the time between two samples, the tries with longer kernels. */
-#define WINDOW_MS 250
-#define SAMPLE_MIN_MS 200
+/* Utilization (the share of the last second): how long a kernel has run when it is measured,
+ * how long after the last kernel the device counts as idle, the tries with longer kernels. */
+#define RUNNING_MS 700
+#define IDLE_MS 1200
 #define KERNEL_TRIES 6
 #define BUSY_PERCENT_MIN 50
 #define EXIT_POLLS 100
@@ -125,8 +126,8 @@ static unsigned gpu_percent(nvmlDevice_t dev) {
     return u.gpu;
 }
 
-/* While a long kernel runs, the VM's kernels held the device most of the time; once it is done
- * and a sample has passed, none of it. */
+/* While a long kernel runs, the VM's kernels held the device most of the last second; a second
+ * after it is done, none of it. */
 static void utilization(nvmlDevice_t dev, const char *ptx_path, unsigned iters) {
     CUmodule mod;
     CUfunction spin;
@@ -134,28 +135,29 @@ static void utilization(nvmlDevice_t dev, const char *ptx_path, unsigned iters) 
     check("load the spin kernel", cuModuleLoadData(&mod, read_file(ptx_path)), 0);
     check("cuModuleGetFunction", cuModuleGetFunction(&spin, mod, "spin"), 0);
     check("cuMemAlloc for the kernel", cuMemAlloc_v2(&out, 4096), 0);
+    sleep_ms(IDLE_MS);
+    unsigned idle = gpu_percent(dev);
+    printf("idle before: %u%%\n", idle);
+    expect("no kernel in the last second is 0%", idle == 0);
     int measured = 0;
     for (int t = 0; t < KERNEL_TRIES && !measured; t++, iters *= 4) {
         void *args[] = {&out, &iters};
-        sleep_ms(SAMPLE_MIN_MS);
-        gpu_percent(dev); /* starts the window */
         check("launch a long kernel", cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, 0, args, 0), 0);
-        sleep_ms(WINDOW_MS);
+        sleep_ms(RUNNING_MS);
         unsigned busy = gpu_percent(dev);
         if (cuStreamQuery(0) == CUDA_ERROR_NOT_READY) {
-            printf("busy window: %u%% (kernel of %u iterations still running)\n", busy, iters);
-            expect("a kernel running the whole window is most of it", busy >= BUSY_PERCENT_MIN);
+            printf("busy: %u%% (kernel of %u iterations still running)\n", busy, iters);
+            expect("a kernel running most of the last second is most of it",
+                   busy >= BUSY_PERCENT_MIN);
             measured = 1;
         }
         check("cuCtxSynchronize", cuCtxSynchronize(), 0);
     }
-    expect("a kernel ran through a whole window", measured);
-    sleep_ms(SAMPLE_MIN_MS);
-    gpu_percent(dev); /* a window that ends after the kernel */
-    sleep_ms(WINDOW_MS);
-    unsigned idle = gpu_percent(dev);
-    printf("idle window: %u%%\n", idle);
-    expect("a window without kernels is 0%", idle == 0);
+    expect("a kernel ran long enough to be measured", measured);
+    sleep_ms(IDLE_MS);
+    idle = gpu_percent(dev);
+    printf("idle after: %u%%\n", idle);
+    expect("a second after the kernel, 0%", idle == 0);
     check("cuMemFree", cuMemFree_v2(out), 0);
 }
 

@@ -17,7 +17,6 @@ pub mod exports;
 use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use vgpu_proto::cuda::{self, CuResult, attr};
@@ -112,11 +111,7 @@ const CUDA_MAJOR_DIVISOR: i32 = 1000;
 /// `nvmlInitWithFlags` flags: `NVML_INIT_FLAG_NO_GPUS`, `NVML_INIT_FLAG_NO_ATTACH`.
 pub const INIT_FLAGS_KNOWN: u32 = 0b11;
 
-/// A utilization sample covers at least this much time (NVIDIA's sample period is 1/6 s to
-/// 1 s): a call sooner than this after the last sample reports the time since it.
-pub const UTILIZATION_SAMPLE_MIN: Duration = Duration::from_millis(166);
-
-const PERCENT: u64 = 100;
+const PERCENT: f64 = 100.0;
 /// kHz (CUDA's clock attributes) per MHz (NVML's clocks).
 const KHZ_PER_MHZ: i32 = 1000;
 
@@ -185,29 +180,11 @@ impl PciAddress {
     }
 }
 
-/// What the library keeps between calls.
-#[derive(Debug, Default)]
-struct State {
-    /// `nvmlInit` calls not yet matched by `nvmlShutdown`.
-    inits: u32,
-    /// The last utilization sample.
-    sample: Option<Sample>,
-}
+/// `nvmlInit` calls not yet matched by `nvmlShutdown`.
+static INITS: Mutex<u32> = Mutex::new(0);
 
-/// The VM's device time at one moment.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    at: Instant,
-    busy_ns: u64,
-}
-
-static STATE: Mutex<State> = Mutex::new(State {
-    inits: 0,
-    sample: None,
-});
-
-fn state() -> MutexGuard<'static, State> {
-    STATE.lock().unwrap_or_else(PoisonError::into_inner)
+fn inits() -> MutexGuard<'static, u32> {
+    INITS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An NVML code for a CUDA error of the session under NVML.
@@ -228,35 +205,24 @@ pub fn init(flags: u32) -> NvmlRes<()> {
         return Err(ret::INVALID_ARGUMENT);
     }
     driver::init(0).map_err(|_| ret::DRIVER_NOT_LOADED)?;
-    let first = {
-        let mut st = state();
-        st.inits = st.inits.saturating_add(1);
-        st.inits == 1
-    };
-    if first {
-        // The first utilization figure covers the time since here.
-        let sample = tenant().ok().map(|t| Sample {
-            at: Instant::now(),
-            busy_ns: t.gpu_busy_ns,
-        });
-        state().sample = sample;
-    }
+    let mut n = inits();
+    *n = n.saturating_add(1);
     Ok(())
 }
 
 /// `nvmlShutdown`: one `nvmlInit` less; the session stays for CUDA.
 pub fn shutdown() -> NvmlRes<()> {
-    let mut st = state();
-    if st.inits == 0 {
+    let mut n = inits();
+    if *n == 0 {
         return Err(ret::UNINITIALIZED);
     }
-    st.inits -= 1;
+    *n -= 1;
     Ok(())
 }
 
 /// `NVML_ERROR_UNINITIALIZED` unless `nvmlInit` was called.
 pub fn ensure_init() -> NvmlRes<()> {
-    if state().inits == 0 {
+    if *inits() == 0 {
         Err(ret::UNINITIALIZED)
     } else {
         Ok(())
@@ -384,7 +350,8 @@ pub fn clock_mhz(kind: u32) -> NvmlRes<u32> {
 struct TenantView {
     memory_total: u64,
     memory_used: u64,
-    gpu_busy_ns: u64,
+    /// The fraction of the last second the VM's kernels held the device.
+    share_1s: f64,
     sessions: Vec<SessionView>,
 }
 
@@ -444,36 +411,19 @@ pub fn process_name(pid: u32) -> NvmlRes<String> {
         .ok_or(ret::NOT_FOUND)
 }
 
-/// Percent of the time between two samples that the VM's kernels held the device.
-fn busy_percent(from: Sample, to: Sample) -> u32 {
-    let elapsed = to.at.saturating_duration_since(from.at).as_nanos();
-    let busy = u128::from(to.busy_ns.saturating_sub(from.busy_ns));
-    if elapsed == 0 {
+/// Percent of a second that a share of it is (rounded, 0 to 100).
+fn percent_of(share: f64) -> u32 {
+    if share.is_nan() {
         return 0;
     }
-    let p = (busy * u128::from(PERCENT) / elapsed).min(u128::from(PERCENT));
-    u32::try_from(p).unwrap_or(0)
+    (share.clamp(0.0, 1.0) * PERCENT).round() as u32
 }
 
-/// `nvmlDeviceGetUtilizationRates`' GPU figure: the percent of time the VM's kernels held the
-/// device since the last sample, which is taken at `nvmlInit` and then by calls at least
-/// [`UTILIZATION_SAMPLE_MIN`] after the one before (a call sooner reports the longer window).
+/// `nvmlDeviceGetUtilizationRates`' GPU figure: the percent of the last second that the VM's
+/// kernels held the device (NVIDIA's sample period is 1/6 s to 1 s), as vgpud's scheduler
+/// measures it.
 pub fn gpu_utilization() -> NvmlRes<u32> {
-    let busy_ns = tenant()?.gpu_busy_ns;
-    let now = Sample {
-        at: Instant::now(),
-        busy_ns,
-    };
-    let mut st = state();
-    let Some(last) = st.sample else {
-        st.sample = Some(now);
-        return Ok(0);
-    };
-    let percent = busy_percent(last, now);
-    if now.at.saturating_duration_since(last.at) >= UTILIZATION_SAMPLE_MIN {
-        st.sample = Some(now);
-    }
-    Ok(percent)
+    Ok(percent_of(tenant()?.share_1s))
 }
 
 #[cfg(test)]
@@ -511,21 +461,13 @@ mod tests {
     }
 
     #[test]
-    fn utilization_is_the_busy_share_of_the_window_capped_at_100() {
-        let t0 = Instant::now();
-        let at = |ms: u64, busy_ms: u64| Sample {
-            at: t0 + Duration::from_millis(ms),
-            busy_ns: busy_ms * 1_000_000,
-        };
-        assert_eq!(busy_percent(at(0, 0), at(200, 50)), 25);
-        assert_eq!(busy_percent(at(0, 10), at(200, 10)), 0);
-        assert_eq!(
-            busy_percent(at(0, 0), at(100, 150)),
-            100,
-            "clock skew is capped"
-        );
-        assert_eq!(busy_percent(at(5, 0), at(5, 3)), 0, "an empty window");
-        assert_eq!(busy_percent(at(10, 0), at(0, 3)), 0, "a window backwards");
+    fn utilization_is_the_share_in_whole_percent() {
+        assert_eq!(percent_of(0.0), 0);
+        assert_eq!(percent_of(0.254), 25);
+        assert_eq!(percent_of(0.996), 100);
+        assert_eq!(percent_of(1.5), 100);
+        assert_eq!(percent_of(-0.1), 0);
+        assert_eq!(percent_of(f64::NAN), 0);
     }
 
     #[test]

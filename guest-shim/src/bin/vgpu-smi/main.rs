@@ -1,10 +1,15 @@
 //! vgpu-smi: shows a guest its virtual GPU, its memory slice and the
-//! processes using it, in the style of nvidia-smi.
+//! processes using it, in the style of nvidia-smi, and answers nvidia-smi's
+//! query options (`-L`, `--query-gpu`, `--query-compute-apps`; [`query`]) for
+//! scripts and tools that call nvidia-smi (installed under that name where the
+//! guest has none).
+
+mod query;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use cuda::driver;
+use cuda::{driver, nvml};
 use serde_json::Value;
 
 /// Shows this VM's virtual GPU: device, memory slice (used/total) and the processes using it.
@@ -12,9 +17,41 @@ use serde_json::Value;
 #[command(name = "vgpu-smi", version)]
 struct Args {
     /// Print JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["list_gpus", "query_gpu", "query_compute_apps"])]
     json: bool,
+    /// List the GPUs, one line each: `GPU 0: NAME (UUID: GPU-…)` (nvidia-smi -L).
+    #[arg(short = 'L', long)]
+    list_gpus: bool,
+    /// Print these GPU fields (comma-separated, nvidia-smi's names: name, uuid, pci.bus_id,
+    /// memory.total, memory.used, memory.free, utilization.gpu, compute_cap, driver_version, …);
+    /// needs --format.
+    #[arg(
+        long,
+        value_name = "FIELDS",
+        requires = "format",
+        conflicts_with = "list_gpus"
+    )]
+    query_gpu: Option<String>,
+    /// Print these fields of each process of the VM that uses the GPU (pid, process_name,
+    /// used_memory, gpu_uuid, gpu_bus_id, gpu_name); needs --format.
+    #[arg(
+        long,
+        value_name = "FIELDS",
+        requires = "format",
+        conflicts_with_all = ["list_gpus", "query_gpu"]
+    )]
+    query_compute_apps: Option<String>,
+    /// Output format of the queries: csv, with noheader and nounits (csv,noheader,nounits).
+    #[arg(long, value_name = "FORMAT")]
+    format: Option<String>,
+    /// The GPU to show, by index, UUID or PCI bus id (the VM has one, index 0).
+    #[arg(short = 'i', long = "id", value_name = "ID")]
+    id: Option<String>,
 }
+
+/// nvidia-smi's exit codes: bad arguments, and a GPU that is not there.
+const EXIT_BAD_ARGUMENT: u8 = 2;
+const EXIT_NO_DEVICE: u8 = 6;
 
 /// Characters between the table's outer `|` borders.
 const INNER_WIDTH: usize = 77;
@@ -252,8 +289,83 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
     })
 }
 
+/// The nvidia-smi style queries (`-L`, `--query-*`, `-i`), answered through NVML.
+fn run_query(args: &Args) -> ExitCode {
+    let format = match args.format.as_deref().map(query::Format::parse).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("vgpu-smi: {e}");
+            return ExitCode::from(EXIT_BAD_ARGUMENT);
+        }
+    };
+    if let Err(code) = nvml::init(0) {
+        eprintln!(
+            "vgpu-smi: cannot reach the virtual GPU ({}); is vgpud serving this VM? See docs/guest.md",
+            nvml::error_string(code).to_string_lossy()
+        );
+        return ExitCode::from(EXIT_BAD_ARGUMENT);
+    }
+    let gpu = match query::Gpu::read() {
+        Ok(g) => g,
+        Err(code) => {
+            eprintln!(
+                "vgpu-smi: query failed: {}",
+                nvml::error_string(code).to_string_lossy()
+            );
+            return ExitCode::from(EXIT_BAD_ARGUMENT);
+        }
+    };
+    if args.id.as_deref().is_some_and(|id| !gpu.is(id)) {
+        println!("No devices were found");
+        return ExitCode::from(EXIT_NO_DEVICE);
+    }
+    let lines = match (&args.query_gpu, &args.query_compute_apps, format) {
+        (Some(fields), _, Some(f)) => query::gpu_csv(fields, f, &gpu),
+        (_, Some(fields), Some(f)) => nvml::compute_processes()
+            .map_err(|c| nvml::error_string(c).to_string_lossy().into_owned())
+            .and_then(|procs| {
+                let apps: Vec<query::App> = procs
+                    .into_iter()
+                    .map(|p| query::App {
+                        pid: p.pid,
+                        name: nvml::process_name(p.pid).unwrap_or_default(),
+                        memory: p.memory,
+                    })
+                    .collect();
+                query::apps_csv(fields, f, &gpu, &apps)
+            }),
+        _ if args.list_gpus => Ok(vec![query::list_line(&gpu)]),
+        // `-i` naming the VM's GPU: the table.
+        _ => return show(false),
+    };
+    match lines {
+        Ok(lines) => {
+            for l in lines {
+                println!("{l}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vgpu-smi: {e}");
+            ExitCode::from(EXIT_BAD_ARGUMENT)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.list_gpus
+        || args.query_gpu.is_some()
+        || args.query_compute_apps.is_some()
+        || args.id.is_some()
+    {
+        return run_query(&args);
+    }
+    show(args.json)
+}
+
+/// The table, or with `json` the JSON document.
+fn show(json: bool) -> ExitCode {
     if let Err(code) = driver::init(0) {
         eprintln!(
             "vgpu-smi: cannot reach the virtual GPU ({}); is vgpud serving this VM? See docs/guest.md",
@@ -280,7 +392,7 @@ fn main() -> ExitCode {
         transport: &d.transport,
         device: d.device,
     };
-    if args.json {
+    if json {
         let doc = render_json(&info, &dev);
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs vgpu's guest side in a Linux VM: the guest shim as libcuda.so.1
 # (plus the libcuda.so link), NVML's library libnvidia-ml.so.1 (a filter whose
-# symbols resolve in the shim; plus libnvidia-ml.so), vgpu-smi, the loader configuration, the vsock
+# symbols resolve in the shim; plus libnvidia-ml.so), vgpu-smi (also as
+# nvidia-smi where there is none), the loader configuration, the vsock
 # module load at boot and, when it can, the vgpu kernel module for the
 # virtio-vgpu device (prebuilt vgpu.ko, DKMS, or built against the kernel
 # headers). POSIX sh (works with busybox ash, dash and bash).
@@ -33,7 +34,8 @@ usage() {
 usage: install.sh [options]
 
 Installs the vgpu guest shim (libcuda.so.1, libcuda.so), its NVML library
-(libnvidia-ml.so.1, libnvidia-ml.so), vgpu-smi, an
+(libnvidia-ml.so.1, libnvidia-ml.so), vgpu-smi (also as nvidia-smi when the
+guest has none), an
 ld.so.conf.d entry and /etc/modules-load.d/vgpu.conf (vsock at boot), and the
 vgpu kernel module for the virtio-vgpu device when FROM has a vgpu.ko built
 for this kernel, or the module source (FROM/kmod or kmod/ next to this script)
@@ -122,6 +124,8 @@ LIBLINK="$LIBDIR/libcuda.so"
 NVML1="$LIBDIR/libnvidia-ml.so.1"
 NVMLLINK="$LIBDIR/libnvidia-ml.so"
 SMI="$BINDIR/vgpu-smi"
+# vgpu-smi also under nvidia-smi's name, for scripts that call it, where the guest has none.
+NVSMI="$BINDIR/nvidia-smi"
 LDCONF=/etc/ld.so.conf.d/vgpu.conf
 MODCONF=/etc/modules-load.d/vgpu.conf
 at() { printf '%s%s' "$ROOT" "$1"; }
@@ -195,6 +199,9 @@ if [ "$UNINSTALL" -eq 1 ]; then
     done
     if [ -f "$(at "$SMI")" ] && grep -q vgpu "$(at "$SMI")" 2>/dev/null; then
         remove "$SMI"
+    fi
+    if [ -L "$(at "$NVSMI")" ] && [ "$(readlink "$(at "$NVSMI")")" = vgpu-smi ]; then
+        remove "$NVSMI"
     fi
     for f in "$LDCONF" "$MODCONF"; do
         if is_ours "$(at "$f")"; then remove "$f"; fi
@@ -313,6 +320,15 @@ link_to libcuda.so.1 "$LIBLINK"
 put "$SRC_NVML" "$NVML1" 0755
 link_to libnvidia-ml.so.1 "$NVMLLINK"
 put "$SRC_SMI" "$SMI" 0755
+if [ -L "$(at "$NVSMI")" ] && [ "$(readlink "$(at "$NVSMI")")" = vgpu-smi ]; then
+    say "up to date: $NVSMI -> vgpu-smi"
+elif [ -e "$(at "$NVSMI")" ] || [ -L "$(at "$NVSMI")" ]; then
+    say "$NVSMI is not vgpu's; left in place (vgpu-smi answers nvidia-smi's queries)"
+elif [ -z "$ROOT" ] && other="$(command -v nvidia-smi 2>/dev/null)" && [ -n "$other" ]; then
+    say "nvidia-smi is $other; not linking $NVSMI (vgpu-smi answers nvidia-smi's queries)"
+else
+    link_to vgpu-smi "$NVSMI"
+fi
 
 if default_loader_dir "$LIBDIR"; then
     say "$LIBDIR is a default loader directory; no ld.so.conf.d entry needed"

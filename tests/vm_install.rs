@@ -81,6 +81,11 @@ fn install_fills_a_root_idempotently_and_uninstall_removes_it() {
         fs::read_link(root.join("usr/local/lib/libnvidia-ml.so")).unwrap(),
         Path::new("libnvidia-ml.so.1")
     );
+    assert_eq!(
+        fs::read_link(root.join("usr/local/bin/nvidia-smi")).unwrap(),
+        Path::new("vgpu-smi"),
+        "scripts that call nvidia-smi get vgpu-smi"
+    );
     let smi = root.join("usr/local/bin/vgpu-smi");
     assert_eq!(
         fs::metadata(&smi).unwrap().permissions().mode() & 0o777,
@@ -118,6 +123,7 @@ fn install_fills_a_root_idempotently_and_uninstall_removes_it() {
         "usr/local/lib/libnvidia-ml.so.1",
         "usr/local/lib/libnvidia-ml.so",
         "usr/local/bin/vgpu-smi",
+        "usr/local/bin/nvidia-smi",
         "etc/ld.so.conf.d/vgpu.conf",
         "etc/modules-load.d/vgpu.conf",
     ] {
@@ -126,7 +132,7 @@ fn install_fills_a_root_idempotently_and_uninstall_removes_it() {
             "{gone} left behind: {out}"
         );
     }
-    assert!(out.contains("uninstalled (7 files)"), "{out}");
+    assert!(out.contains("uninstalled (8 files)"), "{out}");
     let (code, out) = install(&["--root", s(&root), "--uninstall"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("nothing to remove"), "{out}");
@@ -160,6 +166,29 @@ fn another_drivers_libcuda_is_never_replaced_silently() {
     assert_eq!(
         fs::read(&lib).unwrap(),
         fs::read(from.join("libcuda.so")).unwrap()
+    );
+}
+
+#[test]
+fn an_nvidia_smi_that_is_not_vgpus_is_left_alone() {
+    let (tmp, from) = bundle();
+    let root = tmp.path().join("root");
+    let theirs = root.join("usr/local/bin/nvidia-smi");
+    fs::create_dir_all(theirs.parent().unwrap()).unwrap();
+    fs::write(&theirs, FOREIGN).unwrap();
+    let (code, out) = install(&["--from", s(&from), "--root", s(&root)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("/usr/local/bin/nvidia-smi is not vgpu's; left in place"),
+        "{out}"
+    );
+    assert_eq!(fs::read(&theirs).unwrap(), FOREIGN);
+    let (code, out) = install(&["--root", s(&root), "--uninstall"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        fs::read(&theirs).unwrap(),
+        FOREIGN,
+        "uninstall keeps it: {out}"
     );
 }
 

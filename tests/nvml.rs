@@ -116,7 +116,8 @@ fn the_nvml_library_is_a_filter_of_the_shim_with_every_entry_point() {
 
 /// In a real Linux guest under QEMU, after `guest-shim/install.sh`, a program linked with
 /// `-lnvidia-ml` finds vgpu's NVML library through the loader cache (as on any machine, no
-/// `LD_LIBRARY_PATH`) and gets the VM's GPU over the vsock device.
+/// `LD_LIBRARY_PATH`) and gets the VM's GPU over the vsock device; `nvidia-smi` queries answer
+/// too (vgpu-smi under that name).
 #[test]
 fn a_guest_program_finds_nvml_through_the_loader_cache() {
     const GUEST_CID: u64 = 3;
@@ -147,6 +148,7 @@ fn a_guest_program_finds_nvml_through_the_loader_cache() {
     let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB).vsock(GUEST_CID)]);
     let body = format!(
         "ldconfig -p | grep 'libnvidia-ml'\n\
+         nvidia-smi --query-gpu=name,memory.total --format=csv,noheader\n\
          nvml /payload/spin.ptx {SPIN_ITERS}\n\
          echo \"nvml status $?\"\n"
     );
@@ -169,6 +171,8 @@ fn a_guest_program_finds_nvml_through_the_loader_cache() {
         "vgpu-install: installed: /usr/local/lib/libnvidia-ml.so.1",
         "vgpu-install: linked: /usr/local/lib/libnvidia-ml.so -> libnvidia-ml.so.1",
         "libnvidia-ml.so.1 (libc6,x86-64) => /usr/local/lib/libnvidia-ml.so.1",
+        "vgpu-install: linked: /usr/local/bin/nvidia-smi -> vgpu-smi",
+        "vgpu Simulated GPU, 64 MiB",
         "nvml status 0",
     ] {
         assert!(

@@ -40,9 +40,112 @@ fn vgpu_smi_shows_the_slice_and_this_vms_processes_only() {
     assert!(t.contains("c-driver_api"), "{t}");
 }
 
+/// vgpu-smi run with `args` against VM `vm` of `d`: (exit code, stdout, stderr).
+fn vgpu_smi(d: &Vgpud, vm: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(&artifacts().vgpu_smi)
+        .args(args)
+        .env("VGPU_TRANSPORT", d.transport(vm))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn vgpu_smi_answers_nvidia_smis_queries_for_scripts() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 32 * MIB)]);
+    let held = hold(&d, "vm1", 8 * MIB);
+    let _other = hold(&d, "vm2", 4 * MIB);
+    let (code, out, err) = vgpu_smi(
+        &d,
+        "vm1",
+        &[
+            "--query-gpu=name,memory.total,memory.used,memory.free,utilization.gpu,temperature.gpu",
+            "--format=csv,noheader,nounits",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "vgpu Simulated GPU, 64, 8, 56, 0, [N/A]\n");
+    let (code, out, err) = vgpu_smi(
+        &d,
+        "vm1",
+        &["--query-gpu=memory.used,pci.bus_id", "--format=csv"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "memory.used [MiB], pci.bus_id", "{out}");
+    assert!(lines[1].starts_with("8 MiB, 00000000:"), "{out}");
+
+    // This VM's processes only, each once.
+    let (code, out, err) = vgpu_smi(
+        &d,
+        "vm1",
+        &[
+            "--query-compute-apps=pid,process_name,used_memory",
+            "--format=csv,noheader",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        format!("{}, c-driver_api, 8 MiB\n", held.child.id()),
+        "vgpu-smi's own session has no context and is not listed"
+    );
+
+    let (code, out, _) = vgpu_smi(&d, "vm2", &["-L"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("GPU 0: vgpu Simulated GPU (UUID: GPU-") && out.lines().count() == 1,
+        "{out}"
+    );
+    let uuid = out
+        .trim_end()
+        .trim_end_matches(')')
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let (code, out, _) = vgpu_smi(
+        &d,
+        "vm2",
+        &[
+            "-i",
+            &uuid,
+            "--query-gpu=memory.used",
+            "--format=csv,noheader",
+        ],
+    );
+    assert_eq!((code, out.as_str()), (0, "4 MiB\n"));
+
+    // Errors as nvidia-smi gives them.
+    let (code, out, _) = vgpu_smi(&d, "vm1", &["-i", "1", "-L"]);
+    assert_eq!((code, out.as_str()), (6, "No devices were found\n"));
+    let (code, _, err) = vgpu_smi(&d, "vm1", &["--query-gpu=name,bogus", "--format=csv"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("Field \"bogus\" is not a valid field to query."),
+        "{err}"
+    );
+    let (code, _, err) = vgpu_smi(&d, "vm1", &["--query-gpu=name"]);
+    assert_eq!(code, 2, "--format is required: {err}");
+    let (code, _, err) = vgpu_smi(&d, "vm1", &["--query-gpu=name", "--format=xml"]);
+    assert_eq!(code, 2, "{err}");
+}
+
 #[test]
 fn vgpu_smi_without_a_daemon_fails_with_a_hint() {
     let out = Command::new(&artifacts().vgpu_smi)
+        .env("VGPU_TRANSPORT", "unix:/nonexistent.sock")
+        .env("VGPU_LOG", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is vgpud serving this VM"));
+    let out = Command::new(&artifacts().vgpu_smi)
+        .args(["--query-gpu=name", "--format=csv"])
         .env("VGPU_TRANSPORT", "unix:/nonexistent.sock")
         .env("VGPU_LOG", "off")
         .output()

@@ -242,16 +242,17 @@ if [ -z "$FROM" ]; then
     fi
 fi
 [ -d "$FROM" ] || die "--from $FROM is not a directory"
-SRC_LIB=""
-for c in "$FROM/libcuda.so.1" "$FROM/libcuda.so"; do
-    if [ -f "$c" ]; then SRC_LIB="$c"; break; fi
-done
-[ -n "$SRC_LIB" ] || die "no libcuda.so.1 or libcuda.so in $FROM (build it with: cargo build --release -p vgpu-shim, then copy target/release/libcuda.so and vgpu-smi next to this script, or pass --from DIR)"
+# first_in DIR NAME...: the first NAME that is a file in DIR (its path), or nothing.
+first_in() {
+    dir="$1"; shift
+    for n in "$@"; do
+        if [ -f "$dir/$n" ]; then printf '%s' "$dir/$n"; return 0; fi
+    done
+}
+SRC_LIB="$(first_in "$FROM" libcuda.so.1 libcuda.so)"
+[ -n "$SRC_LIB" ] || die "no libcuda.so.1 or libcuda.so in $FROM (build it with: cargo build --release -p vgpu-shim -p vgpu-nvml, then copy target/release/libcuda.so, libnvidia_ml.so and vgpu-smi next to this script, or pass --from DIR)"
 is_shim "$SRC_LIB" || die "$SRC_LIB is not the vgpu guest shim"
-SRC_NVML=""
-for c in "$FROM/libnvidia-ml.so.1" "$FROM/libnvidia_ml.so"; do
-    if [ -f "$c" ]; then SRC_NVML="$c"; break; fi
-done
+SRC_NVML="$(first_in "$FROM" libnvidia-ml.so.1 libnvidia_ml.so)"
 [ -n "$SRC_NVML" ] || die "no libnvidia-ml.so.1 or libnvidia_ml.so in $FROM (build it with: cargo build --release -p vgpu-nvml)"
 is_nvml "$SRC_NVML" || die "$SRC_NVML is not vgpu's NVML library"
 SRC_SMI="$FROM/vgpu-smi"

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use vgpu_tests::harness::{TestVm, Vgpud, artifacts, hold};
+use vgpu_tests::harness::{TestVm, Vgpud, artifacts, hold, run_against};
 
 const MIB: u64 = 1 << 20;
 
@@ -42,16 +42,8 @@ fn vgpu_smi_shows_the_slice_and_this_vms_processes_only() {
 
 /// vgpu-smi run with `args` against VM `vm` of `d`: (exit code, stdout, stderr).
 fn vgpu_smi(d: &Vgpud, vm: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(&artifacts().vgpu_smi)
-        .args(args)
-        .env("VGPU_TRANSPORT", d.transport(vm))
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let r = run_against(d, vm, &artifacts().vgpu_smi, args);
+    (r.code, r.stdout, r.stderr)
 }
 
 #[test]

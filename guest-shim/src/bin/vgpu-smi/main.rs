@@ -164,8 +164,9 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
         col(dev.name, NAME_COL),
         fit(dev.uuid, uuid_col)
     )));
+    let util = (info["share_1s"].as_f64().unwrap_or(0.0).clamp(0.0, 1.0) * PERCENT as f64).round();
     out.push(row(&format!(
-        " {}Memory-Usage: {} / {} ({percent}%)   Kernels launched: {kernels}",
+        " {}Memory-Usage: {} / {} ({percent}%)   GPU-Util: {util}%   Kernels: {kernels}",
         " ".repeat(GPU_COL),
         human(used),
         human(total),
@@ -276,6 +277,7 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
         "device": { "name": dev.name, "uuid": dev.uuid, "kind": info["device_kind"] },
         "memory": memory,
         "kernels": info["kernels"],
+        "utilization_gpu": info["share_1s"],
         "transport": {
             "endpoint": dev.transport,
             "kind": match dev.device {
@@ -366,14 +368,14 @@ fn main() -> ExitCode {
 
 /// The table, or with `json` the JSON document.
 fn show(json: bool) -> ExitCode {
-    if let Err(code) = driver::init(0) {
+    if let Err(code) = driver::connect_session() {
         eprintln!(
             "vgpu-smi: cannot reach the virtual GPU ({}); is vgpud serving this VM? See docs/guest.md",
             vgpu_proto::cuda::result_name(code).unwrap_or("unknown error")
         );
         return ExitCode::from(2);
     }
-    let (d, info) = match driver::driver().and_then(|d| Ok((d, driver::tenant_info()?))) {
+    let (d, info) = match driver::session().and_then(|d| Ok((d, driver::tenant_info()?))) {
         Ok(x) => x,
         Err(code) => {
             eprintln!(
@@ -414,7 +416,7 @@ mod tests {
     fn info(vm: &str, used: u64, total: u64, sessions: Value) -> Value {
         serde_json::json!({
             "vm": vm, "device_kind": "sim", "memory_total": total, "memory_used": used,
-            "kernels": 7, "this_session": 1, "sessions": sessions,
+            "kernels": 7, "share_1s": 0.354, "this_session": 1, "sessions": sessions,
         })
     }
 
@@ -506,7 +508,6 @@ mod tests {
         assert_aligned(&long);
         let text = long.join("\n");
         assert!(text.contains("5242880MiB / 8388608MiB (62%)"), "{text}");
-        assert!(text.contains("Kernels launched: 7"), "{text}");
         assert!(
             !text.contains("vgpu-smi                "),
             "own session listed:\n{text}"
@@ -523,7 +524,10 @@ mod tests {
             &dev("vgpu Simulated GPU"),
         );
         let text = t.join("\n");
-        assert!(text.contains("4MiB / 32MiB (12%)"), "{text}");
+        assert!(
+            text.contains("4MiB / 32MiB (12%)   GPU-Util: 35%   Kernels: 7"),
+            "{text}"
+        );
         assert!(
             text.contains(&format!("vgpu Simulated GPU            {UUID}")),
             "{text}"

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use vgpu_tests::harness::{TestVm, Vgpud, build_c_program, hold, run_against};
+use vgpu_tests::harness::{TestVm, Vgpud, artifacts, build_c_program, hold, run_against};
 
 const MIB: u64 = 1 << 20;
 
@@ -29,6 +29,61 @@ fn the_driver_api_works_end_to_end() {
     );
     assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > 50);
     // The session ended and released everything it held.
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+/// `CUDA_VISIBLE_DEVICES` as NVIDIA's driver reads it: the VM's GPU by index or UUID (prefix),
+/// or no GPU for CUDA (an empty list, another index), while NVML and vgpu-smi still answer.
+#[test]
+fn cuda_visible_devices_shows_or_hides_the_gpu_as_nvidias_driver_does() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("driver_api");
+    let listed = Command::new(&artifacts().vgpu_smi)
+        .arg("-L")
+        .env("VGPU_TRANSPORT", d.transport("vm1"))
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let uuid = listed
+        .split("(UUID: ")
+        .nth(1)
+        .and_then(|u| u.split(')').next())
+        .unwrap_or_else(|| {
+            panic!("vgpu-smi -L printed no UUID (it ignores CUDA_VISIBLE_DEVICES): {listed}")
+        });
+    let run = |visible: &str| {
+        let out = Command::new(&prog)
+            .arg("basic")
+            .env("VGPU_TRANSPORT", d.transport("vm1"))
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for shown in ["0", "0,1", &uuid[..12], uuid] {
+        let (ok, stdout, stderr) = run(shown);
+        assert!(ok, "CUDA_VISIBLE_DEVICES={shown:?}:\n{stdout}\n{stderr}");
+    }
+    for hidden in ["", "1", "1,0", "GPU-00000000", "MIG-0"] {
+        let (ok, stdout, stderr) = run(hidden);
+        assert!(
+            !ok,
+            "CUDA_VISIBLE_DEVICES={hidden:?} showed the GPU:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("FAIL cuInit: got 100 (CUDA_ERROR_NO_DEVICE)"),
+            "CUDA_VISIBLE_DEVICES={hidden:?}:\n{stdout}"
+        );
+        assert!(
+            stderr.contains("does not name this VM's GPU"),
+            "CUDA_VISIBLE_DEVICES={hidden:?}:\n{stderr}"
+        );
+    }
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 

@@ -52,6 +52,9 @@ pub struct Driver {
     pub transport: String,
     /// With the virtio-vgpu device: its virtio device ID and this process's session on it.
     pub device: Option<(u32, u32)>,
+    /// Whether `CUDA_VISIBLE_DEVICES` shows CUDA the VM's GPU ([`crate::visible`]); when it does
+    /// not, `cuInit` fails and only NVML and vgpu-smi use the session.
+    cuda_visible: bool,
     /// Most bulk bytes one copy request carries on this transport.
     chunk: usize,
     device_ranges: Mutex<BTreeMap<u64, u64>>,
@@ -220,12 +223,23 @@ fn connect() -> CuRes<Driver> {
         .device()
         .map(|d| (d.info().device_id, d.info().session));
     let share_pinned = client.passes_fds() && crate::pinned::enabled();
+    let visible = std::env::var(crate::visible::VAR).ok();
+    let cuda_visible =
+        crate::visible::shows_the_gpu(visible.as_deref(), &cuda::gpu_uuid_text(&props.uuid));
+    if !cuda_visible {
+        crate::warn!(
+            "{}={:?} does not name this VM's GPU (0 or its UUID): CUDA sees no device",
+            crate::visible::VAR,
+            visible.unwrap_or_default()
+        );
+    }
     Ok(Driver {
         client: Mutex::new(client),
         props,
         tenant: hello.tenant,
         transport: ep.to_string(),
         device,
+        cuda_visible,
         chunk,
         device_ranges: Mutex::new(BTreeMap::new()),
         host_allocs: Mutex::new(HashMap::new()),
@@ -244,11 +258,22 @@ fn connect() -> CuRes<Driver> {
     })
 }
 
-/// `cuInit`: connects once per process; later calls return the first result.
+/// `cuInit`: connects once per process (later calls return the first result) and fails with
+/// `CUDA_ERROR_NO_DEVICE` when `CUDA_VISIBLE_DEVICES` hides the VM's GPU.
 pub fn init(flags: u32) -> CuRes<()> {
     if flags != 0 {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
+    if connect_session()?.cuda_visible {
+        Ok(())
+    } else {
+        Err(cuda::CUDA_ERROR_NO_DEVICE)
+    }
+}
+
+/// The process's session with vgpud, connected on first use (by `cuInit`, NVML or vgpu-smi),
+/// whatever `CUDA_VISIBLE_DEVICES` says.
+pub fn connect_session() -> CuRes<&'static Driver> {
     match DRIVER.get_or_init(connect) {
         Ok(d) => {
             static FLUSHER: OnceLock<()> = OnceLock::new();
@@ -260,17 +285,25 @@ pub fn init(flags: u32) -> CuRes<()> {
                     crate::warn!("cannot start the flush thread; asynchronous calls are sent at the next synchronous call");
                 }
             });
-            Ok(())
+            Ok(d)
         }
         Err(c) => Err(*c),
     }
 }
 
-/// The initialised driver.
+/// The initialised driver: `cuInit` succeeded.
 pub fn driver() -> CuRes<&'static Driver> {
     match DRIVER.get() {
+        Some(Ok(d)) if d.cuda_visible => Ok(d),
+        _ => Err(cuda::CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// The session, connected (by [`connect_session`]) whether or not CUDA may use the GPU.
+pub fn session() -> CuRes<&'static Driver> {
+    match DRIVER.get() {
         Some(Ok(d)) => Ok(d),
-        Some(Err(_)) | None => Err(cuda::CUDA_ERROR_NOT_INITIALIZED),
+        _ => Err(cuda::CUDA_ERROR_NOT_INITIALIZED),
     }
 }
 
@@ -454,14 +487,22 @@ pub fn device_total_mem(dev: i32) -> CuRes<u64> {
 pub fn device_attribute(attr: i32, dev: i32) -> CuRes<i32> {
     let d = driver()?;
     check_device(dev)?;
-    usize::try_from(attr)
-        .ok()
-        .filter(|&a| a > 0)
-        .and_then(|a| d.props.attributes.get(a).copied())
-        .ok_or_else(|| {
-            crate::debug!("cuDeviceGetAttribute({attr}): an attribute vgpu does not know");
-            cuda::CUDA_ERROR_INVALID_VALUE
-        })
+    d.attribute(attr)
+}
+
+impl Driver {
+    /// A device attribute as the host reported it (`CUDA_ERROR_INVALID_VALUE` for one vgpu does
+    /// not know).
+    pub fn attribute(&self, attr: i32) -> CuRes<i32> {
+        usize::try_from(attr)
+            .ok()
+            .filter(|&a| a > 0)
+            .and_then(|a| self.props.attributes.get(a).copied())
+            .ok_or_else(|| {
+                crate::debug!("device attribute {attr}: an attribute vgpu does not know");
+                cuda::CUDA_ERROR_INVALID_VALUE
+            })
+    }
 }
 
 /// A device attribute that is a limit (a size or a count), as `u64`: 0 when negative.
@@ -1764,9 +1805,9 @@ pub fn event_elapsed(start: u64, end: u64) -> CuRes<f32> {
         .ms)
 }
 
-/// The VM's slice and sessions as JSON (for vgpu-smi).
+/// The VM's slice and sessions as JSON (for vgpu-smi and NVML), over the session.
 pub fn tenant_info() -> CuRes<String> {
-    Ok(driver()?.call(&msg::TenantInfo {}, &[])?.json)
+    Ok(session()?.call(&msg::TenantInfo {}, &[])?.json)
 }
 
 /// Round trip without side effects (for benchmarks).

@@ -49,3 +49,4 @@ pub mod texrefs;
 pub mod textures;
 pub mod transport;
 pub mod user_objects;
+pub mod visible;

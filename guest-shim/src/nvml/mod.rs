@@ -197,14 +197,15 @@ fn from_cuda(code: CuResult) -> NvmlReturn {
     }
 }
 
-/// `nvmlInitWithFlags`: connects to vgpud as `cuInit` does (once per process, shared with
-/// CUDA); counted, so that each `nvmlInit` needs its `nvmlShutdown`. Without vgpud:
-/// `NVML_ERROR_DRIVER_NOT_LOADED`, as NVIDIA's library answers without its driver.
+/// `nvmlInitWithFlags`: connects to vgpud as `cuInit` does (once per process, one session with
+/// CUDA; `CUDA_VISIBLE_DEVICES` is CUDA's business, not NVML's); counted, so that each
+/// `nvmlInit` needs its `nvmlShutdown`. Without vgpud: `NVML_ERROR_DRIVER_NOT_LOADED`, as
+/// NVIDIA's library answers without its driver.
 pub fn init(flags: u32) -> NvmlRes<()> {
     if flags & !INIT_FLAGS_KNOWN != 0 {
         return Err(ret::INVALID_ARGUMENT);
     }
-    driver::init(0).map_err(|_| ret::DRIVER_NOT_LOADED)?;
+    driver::connect_session().map_err(|_| ret::DRIVER_NOT_LOADED)?;
     let mut n = inits();
     *n = n.saturating_add(1);
     Ok(())
@@ -243,26 +244,25 @@ pub fn check_index(index: u32) -> NvmlRes<()> {
     Ok(())
 }
 
-/// The VM's device 0 (the only one), as the CUDA driver side knows it.
-const CUDA_DEVICE: i32 = 0;
-
-/// `nvmlDeviceGetName`.
-pub fn name() -> NvmlRes<String> {
+/// The session, once `nvmlInit` has run.
+fn session() -> NvmlRes<&'static driver::Driver> {
     ensure_init()?;
-    driver::device_name(CUDA_DEVICE).map_err(from_cuda)
+    driver::session().map_err(from_cuda)
+}
+
+/// `nvmlDeviceGetName`: the name `cuDeviceGetName` gives.
+pub fn name() -> NvmlRes<String> {
+    Ok(session()?.props.name.clone())
 }
 
 /// `nvmlDeviceGetUUID`: "GPU-…", the same UUID `cuDeviceGetUuid` gives.
 pub fn uuid() -> NvmlRes<String> {
-    ensure_init()?;
-    let u = driver::device_uuid(CUDA_DEVICE).map_err(from_cuda)?;
-    Ok(cuda::gpu_uuid_text(&u))
+    Ok(cuda::gpu_uuid_text(&session()?.props.uuid))
 }
 
 fn attribute(a: usize) -> NvmlRes<i32> {
-    ensure_init()?;
     let a = i32::try_from(a).map_err(|_| ret::UNKNOWN)?;
-    driver::device_attribute(a, CUDA_DEVICE).map_err(from_cuda)
+    session()?.attribute(a).map_err(from_cuda)
 }
 
 fn unsigned_attribute(a: usize) -> NvmlRes<u32> {

@@ -131,9 +131,20 @@ impl Device<'_> {
     }
 }
 
+/// The sessions of processes that use the GPU, as nvidia-smi lists them: those with a CUDA
+/// context (all of them from a vgpud that does not say), never vgpu-smi's own.
+fn processes(info: &Value) -> impl Iterator<Item = &Value> {
+    let me = info["this_session"].as_u64();
+    info["sessions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(move |s| me.is_none() || s["session"].as_u64() != me)
+        .filter(|s| s["contexts"].as_u64().is_none_or(|c| c > 0))
+}
+
 /// Renders the nvidia-smi style table; every line is `INNER_WIDTH + 2` wide.
 fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
-    let me = info["this_session"].as_u64();
     let total = info["memory_total"].as_u64().unwrap_or(0);
     let used = info["memory_used"].as_u64().unwrap_or(0);
     let kernels = info["kernels"].as_u64().unwrap_or(0);
@@ -231,10 +242,7 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
         fit_right("GPU Memory Usage", PROC_MEM_COL)
     )));
     let mut any = false;
-    for s in info["sessions"].as_array().into_iter().flatten() {
-        if me.is_some() && s["session"].as_u64() == me {
-            continue;
-        }
+    for s in processes(info) {
         any = true;
         let pid = s["pid"]
             .as_u64()
@@ -256,14 +264,7 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
 /// The `--json` document: this VM, its device, slice, kernels and the other
 /// processes (vgpu-smi's own session left out).
 fn render_json(info: &Value, dev: &Device<'_>) -> Value {
-    let me = info["this_session"].as_u64();
-    let processes: Vec<Value> = info["sessions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| me.is_none() || s["session"].as_u64() != me)
-        .cloned()
-        .collect();
+    let processes: Vec<Value> = processes(info).cloned().collect();
     let mut memory =
         serde_json::json!({ "total": info["memory_total"], "used": info["memory_used"] });
     if info["memory_by_kind"].is_object() {
@@ -538,10 +539,11 @@ mod tests {
     }
 
     #[test]
-    fn json_leaves_out_vgpu_smis_own_session() {
+    fn json_leaves_out_vgpu_smis_own_session_and_processes_without_a_context() {
         let sessions = serde_json::json!([
-            {"session": 1, "pid": 9, "process": "vgpu-smi", "memory_used": 0},
-            {"session": 2, "pid": 10, "process": "app", "memory_used": 5},
+            {"session": 1, "pid": 9, "process": "vgpu-smi", "memory_used": 0, "contexts": 0},
+            {"session": 2, "pid": 10, "process": "app", "memory_used": 5, "contexts": 1},
+            {"session": 3, "pid": 11, "process": "gpustat", "memory_used": 0, "contexts": 0},
         ]);
         let j = render_json(&info("vm1", 5, 10, sessions), &dev("g"));
         assert_eq!(j["vm"], "vm1");

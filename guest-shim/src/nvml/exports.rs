@@ -677,7 +677,11 @@ fn no_processes<T>(d: nvmlDevice_t, count: *mut c_uint, infos: *mut T) -> NvmlRe
 macro_rules! no_process_lists {
     ($($name:ident: $info:ty;)*) => {$(
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(d: nvmlDevice_t, count: *mut c_uint, infos: *mut $info) -> NvmlReturn {
+        pub unsafe extern "C" fn $name(
+            d: nvmlDevice_t,
+            count: *mut c_uint,
+            infos: *mut $info,
+        ) -> NvmlReturn {
             nvml(stringify!($name), || no_processes(d, count, infos))
         }
     )*};

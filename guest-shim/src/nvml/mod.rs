@@ -6,8 +6,9 @@
 //! GPU discovery, gpustat, nvitop). The shim implements NVML, and the guest's
 //! `libnvidia-ml.so.1` (guest-shim/nvml) is an ELF filter whose every symbol the dynamic loader
 //! resolves here, so a process that uses both has one copy of the shim and one session to
-//! vgpud. NVML's answers are the VM's: the memory slice as the device's memory, the VM's processes (those with a CUDA
-//! context) and the share of time the VM's kernels held the device.
+//! vgpud. NVML's answers are the VM's: the memory slice as the device's memory, the VM's
+//! processes (those with a CUDA context) and the share of time the VM's kernels held the
+//! device.
 //!
 //! Layers: [`exports`] is the C ABI, a thin wrapper over the safe functions here, which ask
 //! [`crate::driver`].
@@ -44,7 +45,7 @@ pub mod ret {
     pub const UNKNOWN: NvmlReturn = 999;
 }
 
-/// `nvmlErrorString` texts, as NVIDIA's library words them.
+/// `nvmlErrorString` texts, one per `nvmlReturn_t` of nvml.h.
 const ERROR_STRINGS: &[(NvmlReturn, &CStr)] = &[
     (0, c"Success"),
     (1, c"Uninitialized"),

@@ -49,8 +49,9 @@ struct Args {
     id: Option<String>,
 }
 
-/// nvidia-smi's exit codes: bad arguments, and a GPU that is not there.
-const EXIT_BAD_ARGUMENT: u8 = 2;
+/// Exit codes: an error (bad arguments or fields, as nvidia-smi's 2, and a vgpud that cannot be
+/// reached), and a GPU that is not there (nvidia-smi's "No devices were found").
+const EXIT_ERROR: u8 = 2;
 const EXIT_NO_DEVICE: u8 = 6;
 
 /// Characters between the table's outer `|` borders.
@@ -292,21 +293,25 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
     })
 }
 
+/// Says that vgpud could not be reached, and why.
+fn cannot_reach(why: &str) -> ExitCode {
+    eprintln!(
+        "vgpu-smi: cannot reach the virtual GPU ({why}); is vgpud serving this VM? See docs/guest.md"
+    );
+    ExitCode::from(EXIT_ERROR)
+}
+
 /// The nvidia-smi style queries (`-L`, `--query-*`, `-i`), answered through NVML.
 fn run_query(args: &Args) -> ExitCode {
     let format = match args.format.as_deref().map(query::Format::parse).transpose() {
         Ok(f) => f,
         Err(e) => {
             eprintln!("vgpu-smi: {e}");
-            return ExitCode::from(EXIT_BAD_ARGUMENT);
+            return ExitCode::from(EXIT_ERROR);
         }
     };
     if let Err(code) = nvml::init(0) {
-        eprintln!(
-            "vgpu-smi: cannot reach the virtual GPU ({}); is vgpud serving this VM? See docs/guest.md",
-            nvml::error_string(code).to_string_lossy()
-        );
-        return ExitCode::from(EXIT_BAD_ARGUMENT);
+        return cannot_reach(&nvml::error_string(code).to_string_lossy());
     }
     let gpu = match query::Gpu::read() {
         Ok(g) => g,
@@ -315,7 +320,7 @@ fn run_query(args: &Args) -> ExitCode {
                 "vgpu-smi: query failed: {}",
                 nvml::error_string(code).to_string_lossy()
             );
-            return ExitCode::from(EXIT_BAD_ARGUMENT);
+            return ExitCode::from(EXIT_ERROR);
         }
     };
     if args.id.as_deref().is_some_and(|id| !gpu.is(id)) {
@@ -350,7 +355,7 @@ fn run_query(args: &Args) -> ExitCode {
         }
         Err(e) => {
             eprintln!("vgpu-smi: {e}");
-            ExitCode::from(EXIT_BAD_ARGUMENT)
+            ExitCode::from(EXIT_ERROR)
         }
     }
 }
@@ -370,11 +375,7 @@ fn main() -> ExitCode {
 /// The table, or with `json` the JSON document.
 fn show(json: bool) -> ExitCode {
     if let Err(code) = driver::connect_session() {
-        eprintln!(
-            "vgpu-smi: cannot reach the virtual GPU ({}); is vgpud serving this VM? See docs/guest.md",
-            vgpu_proto::cuda::result_name(code).unwrap_or("unknown error")
-        );
-        return ExitCode::from(2);
+        return cannot_reach(vgpu_proto::cuda::result_name(code).unwrap_or("unknown error"));
     }
     let (d, info) = match driver::session().and_then(|d| Ok((d, driver::tenant_info()?))) {
         Ok(x) => x,
@@ -383,7 +384,7 @@ fn show(json: bool) -> ExitCode {
                 "vgpu-smi: query failed: {}",
                 vgpu_proto::cuda::result_name(code).unwrap_or("?")
             );
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_ERROR);
         }
     };
     let info: Value = serde_json::from_str(&info).unwrap_or_default();

@@ -109,6 +109,31 @@ fn the_driver_api_the_runtimes_resolve_works() {
     runs_clean("driver_api_ext", 100);
 }
 
+/// CUDA's error log: failed calls leave messages with vgpud's reasons, read from an advancing
+/// iterator, through a callback and into a file (tests/c/logs.c).
+#[test]
+fn failed_calls_leave_messages_with_vgpuds_reasons_in_cudas_error_log() {
+    const SLICE: u64 = 16 * MIB;
+    let d = Vgpud::start(&[TestVm::new("vm1", SLICE)]);
+    let prog = build_c_program("logs");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cuda.log");
+    let r = run_against(
+        &d,
+        "vm1",
+        &prog,
+        &[&SLICE.to_string(), file.to_str().unwrap()],
+    );
+    assert!(
+        r.failures().is_empty() && r.code == 0 && r.stdout.contains("PASS"),
+        "{}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
 #[test]
 fn stream_memory_operations_order_streams() {
     runs_clean("stream_mem_ops", 60);

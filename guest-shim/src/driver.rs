@@ -315,6 +315,7 @@ fn log_err<T>(op: &str, r: Result<T, CallError>) -> CuRes<T> {
             e.code,
             e.message
         );
+        crate::logs::note_host_message(&e.message);
         e.code
     })
 }

@@ -103,6 +103,115 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, s: *mut *const c_char
     error_lookup(error, s, false)
 }
 
+// ---- error log (cuLogs*, crate::logs) ------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsRegisterCallback(
+    callback: Option<crate::logs::Callback>,
+    user_data: *mut c_void,
+    handle_out: *mut *mut c_void,
+) -> CUresult {
+    ffi("cuLogsRegisterCallback", || {
+        let f = callback.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let id = crate::logs::register(f, user_data as usize);
+        if handle_out.is_null() {
+            return Ok(());
+        }
+        out!(handle_out, id as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsUnregisterCallback(handle: *mut c_void) -> CUresult {
+    ffi("cuLogsUnregisterCallback", || {
+        if crate::logs::unregister(handle as u64) {
+            Ok(())
+        } else {
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsCurrent(iterator_out: *mut c_uint, flags: c_uint) -> CUresult {
+    ffi("cuLogsCurrent", || {
+        if flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(iterator_out, crate::logs::current())
+    })
+}
+
+/// The messages from the caller's optional iterator (advanced past them), fitting in `room`.
+///
+/// # Safety
+/// `iterator` must be NULL or valid for reads and writes of a `CUlogIterator`.
+unsafe fn dump_logs(iterator: *mut c_uint, room: usize) -> drv::CuRes<Option<String>> {
+    let from = if iterator.is_null() {
+        None
+    } else {
+        // SAFETY: non-NULL, and valid for reads (this function's contract).
+        Some(unsafe { iterator.read_unaligned() })
+    };
+    let Some(d) = crate::logs::dump(from, room) else {
+        return Ok(None);
+    };
+    if !iterator.is_null() {
+        out!(iterator, d.next)?;
+    }
+    Ok(Some(d.text))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsDumpToMemory(
+    iterator: *mut c_uint,
+    buffer: *mut c_char,
+    size: *mut usize,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuLogsDumpToMemory", || {
+        if flags != 0 || buffer.is_null() || size.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `size` is non-NULL and the caller's in/out size (CUDA contract).
+        let room = unsafe { size.read_unaligned() };
+        // SAFETY: `iterator` is NULL or the caller's iterator (CUDA contract).
+        let text = unsafe { dump_logs(iterator, room) }?;
+        let Some(text) = text else {
+            out!(size, 0)?;
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        };
+        let dst = out_bytes!(buffer, text.len() + 1);
+        dst[..text.len()].copy_from_slice(text.as_bytes());
+        dst[text.len()] = 0;
+        out!(size, text.len())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsDumpToFile(
+    iterator: *mut c_uint,
+    path: *const c_char,
+    flags: c_uint,
+) -> CUresult {
+    ffi("cuLogsDumpToFile", || {
+        if flags != 0 || path.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `path` is the caller's NUL-terminated path (CUDA contract).
+        let path = unsafe { CStr::from_ptr(path) };
+        let path = std::path::Path::new(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
+        );
+        // SAFETY: `iterator` is NULL or the caller's iterator (CUDA contract).
+        let text = unsafe { dump_logs(iterator, usize::MAX) }?.unwrap_or_default();
+        std::fs::write(path, text).map_err(|e| {
+            crate::debug!("cuLogsDumpToFile: {}: {e}", path.display());
+            cuda::CUDA_ERROR_INVALID_VALUE
+        })
+    })
+}
+
 // ---- devices -----------------------------------------------------------------
 
 #[unsafe(no_mangle)]

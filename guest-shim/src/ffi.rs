@@ -24,6 +24,7 @@ pub fn ffi(name: &str, f: impl FnOnce() -> CuRes<()>) -> CUresult {
         }
     };
     crate::debug!("{name} -> {}", cuda::result_name(r).unwrap_or("?"));
+    crate::logs::returned(name, r);
     r
 }
 

@@ -35,6 +35,7 @@ pub mod legacy_launch;
 pub mod library;
 pub mod linker;
 pub mod log;
+pub mod logs;
 pub mod mem_ops;
 pub mod not_supported;
 pub mod nvml;

@@ -35,12 +35,14 @@ macro_rules! debug {
     };
 }
 
-/// Logs at warn level.
+/// Logs at warn level, and keeps the warning in CUDA's error log ([`crate::logs`]).
 #[macro_export]
 macro_rules! warn {
-    ($($t:tt)*) => {
+    ($($t:tt)*) => {{
+        let text = format!($($t)*);
         if $crate::log::level() >= $crate::log::Level::Warn {
-            eprintln!("vgpu[{}]: {}", std::process::id(), format_args!($($t)*));
+            eprintln!("vgpu[{}]: {}", std::process::id(), text);
         }
-    };
+        $crate::logs::warning(text);
+    }};
 }

@@ -63,6 +63,17 @@ fn table() -> &'static [Entry] {
             e!("cuGetErrorName", (6000, f!(cuGetErrorName))),
             e!("cuGetErrorString", (6000, f!(cuGetErrorString))),
             e!(
+                "cuLogsRegisterCallback",
+                (12090, f!(cuLogsRegisterCallback))
+            ),
+            e!(
+                "cuLogsUnregisterCallback",
+                (12090, f!(cuLogsUnregisterCallback))
+            ),
+            e!("cuLogsCurrent", (12090, f!(cuLogsCurrent))),
+            e!("cuLogsDumpToFile", (12090, f!(cuLogsDumpToFile))),
+            e!("cuLogsDumpToMemory", (12090, f!(cuLogsDumpToMemory))),
+            e!(
                 "cuGetProcAddress",
                 (11030, f!(cuGetProcAddress)),
                 (12000, f!(cuGetProcAddress_v2))

@@ -106,6 +106,8 @@ while kill -0 $W 2>/dev/null; do
 done
 echo "DEMO-SMI-BEGIN"
 vgpu-smi
+# Scripts that ask nvidia-smi get the same from vgpu-smi (install.sh links it as nvidia-smi).
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv
 echo "DEMO-SMI-END"
 wait $W
 status=$?
@@ -309,7 +311,7 @@ print("vgpud counted: %d kernels, %d KiB host->device, %d KiB device->host, %d s
     fi
 done
 
-step "vgpu-smi inside the inference VM (while its workload ran)"
+step "vgpu-smi and nvidia-smi inside the inference VM (while its workload ran)"
 smi="$(section "$WORK/inference.console" DEMO-SMI-BEGIN DEMO-SMI-END)"
 if [ -n "$smi" ]; then printf '%s\n' "$smi" | sed 's/^/    /'; else note "(no output)"; rc=1; fi
 

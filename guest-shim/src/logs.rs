@@ -2,7 +2,8 @@
 //! receive. vgpu has more to say than a `CUresult`: vgpud explains each refusal (the slice is
 //! full, a pointer is another process's, a kernel touched memory it does not own), and the shim
 //! says why it could not reach vgpud. Each failed driver call leaves one message with its
-//! function, its result and vgpud's explanation; each shim warning leaves one at warning level.
+//! function, its result and vgpud's explanation, which registered callbacks also get; each shim
+//! warning leaves one at warning level, for dumps.
 //!
 //! The messages are kept in a buffer of [`CAPACITY`] bytes (NVIDIA's size), the oldest dropped
 //! first; an iterator is the sequence number of the next message, so a reader that fell behind
@@ -208,13 +209,15 @@ fn is_failure(function: &str, code: CuResult) -> bool {
     }
 }
 
-/// A shim warning (also printed on stderr unless `VGPU_LOG=off`).
+/// A shim warning (also printed on stderr unless `VGPU_LOG=off`): kept for dumps, not handed to
+/// the callbacks, since the shim may warn while it holds its own locks and a callback may call
+/// CUDA.
 pub fn warning(text: String) {
-    record(Level::Warning, format!("[vgpu] {text}"));
+    log().push(Level::Warning, format!("[vgpu] {text}"));
 }
 
-/// Appends a message and hands it to the callbacks (outside the lock: a callback may read the
-/// log).
+/// Appends a message and hands it to the callbacks (outside the log's lock: a callback may read
+/// the log). Called where the shim holds no lock of its own: as an entry point returns.
 pub fn record(level: Level, text: String) {
     let (text, callbacks) = {
         let mut l = log();
@@ -384,33 +387,44 @@ mod tests {
         assert_eq!(l.seq_of(7), 7, "an iterator ahead of the log wraps back");
     }
 
+    /// Messages of the callback test the callback got: errors, warnings.
+    static ERRORS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static WARNINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
     unsafe extern "C" fn count(
-        data: *mut c_void,
+        _data: *mut c_void,
         level: u32,
         message: *mut std::ffi::c_char,
         len: usize,
     ) {
-        // SAFETY: `data` is the test's counter (below), a static.
-        let n = unsafe { &*(data as *const std::sync::atomic::AtomicUsize) };
         // SAFETY: `message` is NUL-terminated and `len` long (the log's contract).
-        let text = unsafe { std::ffi::CStr::from_ptr(message) };
-        if level == Level::Error as u32
-            && text.to_bytes().len() == len
-            && text.to_bytes().starts_with(b"callback-test")
-        {
+        let text = unsafe { std::ffi::CStr::from_ptr(message) }.to_bytes();
+        let ours = text.starts_with(b"callback-test") || text.starts_with(b"[vgpu] callback-test");
+        if ours && text.len() == len {
+            let n = if level == Level::Error as u32 {
+                &ERRORS
+            } else {
+                &WARNINGS
+            };
             n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     #[test]
-    fn callbacks_get_each_message_until_unregistered() {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let h = register(count, &N as *const _ as usize);
+    fn callbacks_get_each_failure_until_unregistered_and_no_warnings() {
+        let h = register(count, 0);
         record(Level::Error, "callback-test one".into());
+        warning("callback-test: a warning is for dumps only".into());
         record(Level::Error, "callback-test two".into());
         assert!(unregister(h));
         assert!(!unregister(h), "only once");
         record(Level::Error, "callback-test three".into());
-        assert_eq!(N.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert_eq!(ERRORS.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert_eq!(WARNINGS.load(std::sync::atomic::Ordering::Relaxed), 0);
+        let d = dump(None, usize::MAX).unwrap();
+        assert!(
+            d.text
+                .contains("warning: [vgpu] callback-test: a warning is for dumps only")
+        );
     }
 }

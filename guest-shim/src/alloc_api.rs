@@ -53,6 +53,9 @@ pub enum RegionKind {
     HostAlloc,
     /// `cuMemHostRegister` with `DEVICEMAP`.
     Registered,
+    /// `cuMemHostAlloc` without `DEVICEMAP`, given device memory when a kernel first used it
+    /// ([`crate::pinned_uva`]); its host memory is the buffer's own.
+    Pinned,
 }
 
 /// Which launches may touch a managed region (`cuStreamAttachMemAsync`).
@@ -115,7 +118,7 @@ pub struct Region {
 impl Region {
     /// Whether the region owns its mirror mapping (`mapped` bytes at `host`).
     fn owns_mapping(&self) -> bool {
-        self.kind != RegionKind::Registered && self.module == 0
+        !matches!(self.kind, RegionKind::Registered | RegionKind::Pinned) && self.module == 0
     }
 
     fn visible_to(&self, stream: u64) -> bool {
@@ -544,6 +547,52 @@ pub fn host_alloc_mapped(size: usize, flags: u32) -> CuRes<*mut u8> {
     Ok(ptr as *mut u8)
 }
 
+/// Whether a mirrored region starts at device address `dev`.
+pub fn has_region(dev: u64) -> bool {
+    state().regions.contains_key(&dev)
+}
+
+/// A page-locked buffer at `va` (host and device address alike) becomes a mirrored region of
+/// context `ctx`, owned by the host until the next launch ([`crate::pinned_uva`]).
+pub fn add_pinned_region(va: u64, len: usize, ctx: u64) {
+    let Some(mapped) = round_pages(len.max(1)) else {
+        return;
+    };
+    insert(
+        &mut state(),
+        Region {
+            kind: RegionKind::Pinned,
+            dev: va,
+            host: va as usize,
+            len: len.max(1),
+            mapped,
+            ctx,
+            flags: 0,
+            attach: Attach::Global,
+            advice: Advice::default(),
+            device_owned: false,
+            id: 0,
+            hashes: Vec::new(),
+            module: 0,
+        },
+    );
+}
+
+/// The page-locked buffer at `va` is being freed: its region goes (the host memory stays the
+/// buffer's, unmapped by its owner).
+pub fn remove_pinned_region(va: u64) {
+    let mut st = state();
+    if let Some(r) = st.regions.remove(&va) {
+        drop_region(&mut st, r);
+    }
+}
+
+/// Maps `len` bytes of zeroed private memory at exactly `addr` (never over a mapping); false
+/// when the address is taken.
+pub fn map_at(addr: u64, len: usize) -> bool {
+    map_mirror(addr, len)
+}
+
 /// Records the flags of a plain `cuMemHostAlloc` buffer.
 pub fn note_host_flags(p: usize, flags: u32) {
     state().host_flags.insert(p, flags);
@@ -754,7 +803,9 @@ pub fn host_device_pointer(p: usize, flags: u32) -> CuRes<u64> {
         cuda::CUDA_ERROR_INVALID_VALUE
     })?;
     let r = &st.regions[&dev];
-    if r.kind == RegionKind::Managed {
+    // Managed memory has none, nor page-locked memory without DEVICEMAP (its kernels use the
+    // host pointer), as with CUDA.
+    if matches!(r.kind, RegionKind::Managed | RegionKind::Pinned) {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     Ok(r.dev + (p - r.host) as u64)

@@ -1232,7 +1232,7 @@ pub fn allocation_of(ptr: u64) -> CuRes<Option<Allocation>> {
     let inside = |base: usize, len: usize| (base as u64..base as u64 + len as u64).contains(&ptr);
     let pinned = lock(&d.host_allocs).iter().find_map(|(&base, a)| {
         let len = match a {
-            HostAlloc::Heap(len) => *len,
+            HostAlloc::Heap(len) | HostAlloc::Placed(len) => *len,
             HostAlloc::Mapped {
                 _unmapped_on_drop: m,
             } => m.len(),
@@ -1325,6 +1325,9 @@ enum HostAlloc {
     Mapped { _unmapped_on_drop: HugeMapping },
     /// A sealed memfd shared with vgpud ([`crate::pinned`]), unmapped by its `Drop`.
     Shared(crate::pinned::SharedBuffer),
+    /// Private memory mapped at a device address reserved for it ([`crate::pinned_uva`]), of
+    /// this many bytes; unmapped at `cuMemFreeHost`.
+    Placed(usize),
 }
 
 /// `cuMemHostAlloc` buffers at least this large get a huge-page-advised mapping of their own: in
@@ -1349,9 +1352,30 @@ pub fn host_alloc(size: usize, flags: u32) -> CuRes<*mut u8> {
     Ok(p)
 }
 
+/// A plain page-locked buffer, placed at a device address reserved for it so that kernels can
+/// use it ([`crate::pinned_uva`]); where that cannot be, anywhere.
 fn host_alloc_plain(d: &Driver, size: usize) -> CuRes<*mut u8> {
+    let c = ctx()?;
+    if let Some(va) = crate::pinned_uva::reserve(c, size) {
+        if let Ok(p) = host_alloc_at(d, size, Some(va))
+            && p as u64 == va
+        {
+            crate::pinned_uva::placed(va, size);
+            return Ok(p);
+        }
+        crate::debug!(
+            "cuMemHostAlloc: {va:#x} is taken in this process; an ordinary buffer instead"
+        );
+        crate::pinned_uva::unreserve(va, size);
+    }
+    host_alloc_at(d, size, None)
+}
+
+/// A page-locked buffer of `size` bytes, at `at` when given.
+fn host_alloc_at(d: &Driver, size: usize, at: Option<u64>) -> CuRes<*mut u8> {
     if d.share_pinned.load(Ordering::Relaxed) {
-        let shared = crate::pinned::SharedBuffer::create(&mut lock(&d.client), size);
+        let at_addr = at.and_then(|a| usize::try_from(a).ok());
+        let shared = crate::pinned::SharedBuffer::create_at(&mut lock(&d.client), size, at_addr);
         match shared {
             Ok(b) => {
                 let p = b.addr();
@@ -1371,6 +1395,18 @@ fn host_alloc_plain(d: &Driver, size: usize) -> CuRes<*mut u8> {
                 );
             }
         }
+    }
+    if let Some(a) = at {
+        if !crate::alloc_api::map_at(a, size.max(1)) {
+            return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        if size >= HOST_ALLOC_HUGE_MIN {
+            // Advice only, as for the buffers below.
+            // SAFETY: the mapping just made at `a`, `size` bytes; advice changes no contents.
+            unsafe { libc::madvise(a as *mut libc::c_void, size, libc::MADV_HUGEPAGE) };
+        }
+        lock(&d.host_allocs).insert(a as usize, HostAlloc::Placed(size.max(1)));
+        return Ok(a as *mut u8);
     }
     if size >= HOST_ALLOC_HUGE_MIN {
         let m = HugeMapping::new(size).map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -1404,6 +1440,8 @@ pub fn host_free(addr: usize) -> CuRes<()> {
     let alloc = lock(&d.host_allocs)
         .remove(&addr)
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    // Its device memory and address range, if it was placed for kernels.
+    crate::pinned_uva::free(addr as u64);
     if let HostAlloc::Shared(b) = &alloc {
         lock(&d.shared_pinned).remove(&addr);
         lock(&d.shared_dtoh_contexts).remove(&b.region());
@@ -1412,6 +1450,12 @@ pub fn host_free(addr: usize) -> CuRes<()> {
         if let Err(code) = r {
             crate::debug!("cuMemFreeHost: HostUnshare failed ({code})");
         }
+    }
+    if let HostAlloc::Placed(len) = alloc {
+        // SAFETY: the mapping `host_alloc_at` made at `addr` for `len` bytes (recorded in
+        // host_allocs, removed above), unmapped once.
+        unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+        return Ok(());
     }
     // A mapping unmaps itself when dropped.
     let HostAlloc::Heap(size) = alloc else {
@@ -2114,6 +2158,7 @@ fn launch_with(
     if let Some(r) = crate::stream_capture::intercept(stream, false, op) {
         return r;
     }
+    crate::pinned_uva::back_args(c, params)?;
     crate::alloc_api::before_launch(stream)?;
     match priority {
         // Only a priority that differs from the stream's needs the newer op.

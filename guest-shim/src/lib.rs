@@ -42,6 +42,7 @@ pub mod nvml;
 pub mod peer;
 pub mod per_thread;
 pub mod pinned;
+pub mod pinned_uva;
 pub mod pointer;
 pub mod procaddr;
 pub mod stream_attrs;

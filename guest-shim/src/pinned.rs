@@ -117,9 +117,19 @@ fn sealed_memfd(name: &CStr, size: usize) -> Result<OwnedFd, ShareError> {
 impl SharedBuffer {
     /// Creates a sealed memfd of `len` bytes, maps it and shares it over `client`.
     pub fn create(client: &mut Client, len: usize) -> Result<Self, ShareError> {
+        Self::create_at(client, len, None)
+    }
+
+    /// [`SharedBuffer::create`], mapped at `at` when given (an address the caller reserved;
+    /// never over an existing mapping).
+    pub fn create_at(
+        client: &mut Client,
+        len: usize,
+        at: Option<usize>,
+    ) -> Result<Self, ShareError> {
         let len = len.max(1);
         // Large buffers are whole huge pages, aligned and advised, like the shim's private ones.
-        let reservation = if len >= HUGE_PAGE {
+        let reservation = if len >= HUGE_PAGE && at.is_none() {
             Some(HugeMapping::new(len).map_err(|e| ShareError::Sys {
                 call: "mmap",
                 source: std::io::Error::other(e.to_string()),
@@ -133,13 +143,15 @@ impl SharedBuffer {
             len
         };
         let fd = sealed_memfd(MEMFD_NAME, size)?;
-        let (at, fixed) = match &reservation {
-            Some(r) => (r.as_non_null().as_ptr().cast(), libc::MAP_FIXED),
-            None => (std::ptr::null_mut(), 0),
+        let (at, fixed) = match (&reservation, at) {
+            (Some(r), _) => (r.as_non_null().as_ptr().cast(), libc::MAP_FIXED),
+            (None, Some(a)) => (a as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE),
+            (None, None) => (std::ptr::null_mut(), 0),
         };
         // SAFETY: a shared mapping of our sealed file (it cannot shrink under us): at an address
-        // of the kernel's choosing, or over the whole of our own reservation (`size` bytes),
-        // which nothing else uses; checked below.
+        // of the kernel's choosing, over the whole of our own reservation (`size` bytes), which
+        // nothing else uses, or at the caller's address without replacing a mapping; checked
+        // below.
         let p = unsafe {
             libc::mmap(
                 at,
@@ -157,7 +169,16 @@ impl SharedBuffer {
         let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
             return Err(sys("mmap"));
         };
-        if reservation.is_some() {
+        if fixed == libc::MAP_FIXED_NOREPLACE && p != at {
+            // A kernel that ignored the flag (before Linux 4.17) placed it elsewhere.
+            // SAFETY: the mapping just made, of `size` bytes.
+            unsafe { libc::munmap(p, size) };
+            return Err(ShareError::Sys {
+                call: "mmap",
+                source: std::io::Error::other("the address is taken"),
+            });
+        }
+        if reservation.is_some() || (fixed == libc::MAP_FIXED_NOREPLACE && size >= HUGE_PAGE) {
             // Advice only: shared memory uses huge pages where the host's shmem THP mode allows.
             // SAFETY: our own mapping; the advice changes no contents.
             unsafe { libc::madvise(p, size, libc::MADV_HUGEPAGE) };

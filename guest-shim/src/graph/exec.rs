@@ -225,6 +225,12 @@ fn encode(ctx: u64, op: &Op, node_priority: bool, out: &mut Vec<u8>) -> bool {
             params,
             priority,
         } => {
+            // Page-locked buffers the kernel is handed get device memory now, so that the
+            // launches' copy-in includes them (crate::pinned_uva); without it the kernel faults
+            // on them as it would have before.
+            if let Err(code) = crate::pinned_uva::back_args(ctx, params) {
+                crate::debug!("graph kernel node: page-locked memory not backed ({code})");
+            }
             let launch = msg::LaunchKernel {
                 ctx,
                 stream: 0,

@@ -3,7 +3,8 @@
 //! the buffers, synchronously and asynchronously, at several sizes and offsets; the buffers are
 //! memfds shared with vgpud, or private ones with sharing turned off, and the data is the same.
 //! Synchronous copies of shared buffers are rung in the session's doorbell page (no frames), or
-//! sent as frames with `VGPU_DOORBELL=off`: the data is the same too.
+//! sent as frames with `VGPU_DOORBELL=off`: the data is the same too. Kernels use the buffers at
+//! their host addresses (tests/c/pinned_kernels.c).
 
 use std::process::Command;
 use std::time::Duration;
@@ -76,4 +77,32 @@ fn with_sharing_off_pinned_copies_take_the_ordinary_path() {
     assert_passed(&r, &d);
     // No shared buffer, no shared copy: no doorbell either.
     assert!(!r.stderr.contains(DOORBELL_OPEN), "{}", r.stderr);
+}
+
+/// Kernels on page-locked memory at its host address (tests/c/pinned_kernels.c), with the
+/// buffers shared with vgpud and with them private.
+#[test]
+fn kernels_use_page_locked_memory_at_its_host_address() {
+    for share in ["1", "0"] {
+        let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+        let out = Command::new(build_c_program("pinned_kernels"))
+            .env("VGPU_TRANSPORT", d.transport("vm1"))
+            .env("VGPU_SHARE_PINNED", share)
+            .output()
+            .expect("running the test program");
+        let r = Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        assert!(
+            r.failures().is_empty() && r.code == 0 && r.stdout.contains("PASS"),
+            "VGPU_SHARE_PINNED={share}: exit {}\n{}\n{}\n{}",
+            r.code,
+            r.stdout,
+            r.stderr,
+            d.log()
+        );
+        d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    }
 }

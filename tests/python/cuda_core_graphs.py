@@ -1,13 +1,22 @@
 """cuda.core (NVIDIA's Pythonic CUDA API, a dependency of numba-cuda) on vgpu: a program compiled
 with NVRTC, launched on streams, and graphs built with cuda.core's GraphBuilder: a straight line,
 a fork and join, and conditional nodes (if/else, while, switch) whose bodies run as the graph's
-own kernels set the condition with cudaGraphSetConditional. Prints PASS when every check holds.
+own kernels set the condition with cudaGraphSetConditional; and a kernel on page-locked memory
+from LegacyPinnedMemoryResource at its host address. Prints PASS when every check holds.
 """
+import ctypes
 import sys
 
 import numpy as np
 from cuda.bindings import driver
-from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
+from cuda.core import (
+    Device,
+    LaunchConfig,
+    LegacyPinnedMemoryResource,
+    Program,
+    ProgramOptions,
+    launch,
+)
 from cuda.core.graph import GraphBuilder
 
 CODE = r"""
@@ -123,6 +132,16 @@ def main():
         gb.end_building().complete().launch(stream)
         want = [int(i == value) for i in range(3)]
         check(f"switch on {value}", get()[:3], want)
+
+    # Page-locked host memory from LegacyPinnedMemoryResource, handed to a kernel directly (CUDA
+    # lets kernels use any page-locked buffer at its host address).
+    pinned = LegacyPinnedMemoryResource().allocate(4 * CELLS)
+    view = np.frombuffer((ctypes.c_int32 * CELLS).from_address(int(pinned.handle)), dtype=np.int32)
+    view[:] = [41, 0, 0, 0]
+    launch(stream, ONE, add_one, np.uint64(int(pinned.handle)))
+    stream.sync()
+    check("a kernel on LegacyPinnedMemoryResource memory", view.tolist(), [42, 0, 0, 0])
+    pinned.close()
 
     buf.close(stream)
     stream.sync()

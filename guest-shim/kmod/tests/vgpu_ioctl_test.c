@@ -137,6 +137,7 @@ static void large_replies(const char *path, int fd) {
     }
     free(big);
     free(small);
+    /* The sessions have no context: vgpu-smi lists them among the open sessions. */
     int smi = system("vgpu-smi --json > /tmp/vgpu-smi-many.json");
     char check[160];
     snprintf(check, sizeof check,

@@ -132,16 +132,20 @@ impl Device<'_> {
     }
 }
 
-/// The sessions of processes that use the GPU, as nvidia-smi lists them: those with a CUDA
-/// context (all of them from a vgpud that does not say), never vgpu-smi's own.
-fn processes(info: &Value) -> impl Iterator<Item = &Value> {
+/// The VM's sessions but vgpu-smi's own: every process that has the GPU open.
+fn sessions(info: &Value) -> impl Iterator<Item = &Value> {
     let me = info["this_session"].as_u64();
     info["sessions"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(move |s| me.is_none() || s["session"].as_u64() != me)
-        .filter(|s| s["contexts"].as_u64().is_none_or(|c| c > 0))
+}
+
+/// The sessions of processes that use the GPU, as nvidia-smi lists them: those with a CUDA
+/// context (all of them from a vgpud that does not say), never vgpu-smi's own.
+fn processes(info: &Value) -> impl Iterator<Item = &Value> {
+    sessions(info).filter(|s| s["contexts"].as_u64().is_none_or(|c| c > 0))
 }
 
 /// Renders the nvidia-smi style table; every line is `INNER_WIDTH + 2` wide.
@@ -262,10 +266,11 @@ fn render_table(info: &Value, dev: &Device<'_>) -> Vec<String> {
     out
 }
 
-/// The `--json` document: this VM, its device, slice, kernels and the other
-/// processes (vgpu-smi's own session left out).
+/// The `--json` document: this VM, its device, slice, kernels, the processes that use the GPU
+/// and every session open on it (vgpu-smi's own left out).
 fn render_json(info: &Value, dev: &Device<'_>) -> Value {
     let processes: Vec<Value> = processes(info).cloned().collect();
+    let open: Vec<Value> = sessions(info).cloned().collect();
     let mut memory =
         serde_json::json!({ "total": info["memory_total"], "used": info["memory_used"] });
     if info["memory_by_kind"].is_object() {
@@ -290,6 +295,7 @@ fn render_json(info: &Value, dev: &Device<'_>) -> Value {
             "device_id": dev.device.map(|(id, _)| id),
         },
         "processes": processes,
+        "sessions": open,
     })
 }
 
@@ -551,6 +557,13 @@ mod tests {
         assert_eq!(j["memory"]["total"], 10);
         assert_eq!(j["processes"].as_array().unwrap().len(), 1);
         assert_eq!(j["processes"][0]["process"], "app");
+        let open: Vec<_> = j["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| &s["process"])
+            .collect();
+        assert_eq!(open, ["app", "gpustat"], "every session but vgpu-smi's own");
         assert_eq!(j["device"]["uuid"], UUID);
         assert_eq!(j["transport"]["kind"], "virtio-vgpu");
         assert_eq!(j["transport"]["endpoint"], "dev:/dev/vgpu0");

@@ -35,13 +35,7 @@ fn nvml_reports_the_vms_gpu_slice_processes_and_utilization() {
     let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
     let spin = workspace_root().join("bench/kernels/spin.ptx");
     let r = run_against(&d, "vm1", &prog, &[spin.to_str().unwrap(), SPIN_ITERS]);
-    assert!(
-        r.failures().is_empty() && r.code == 0 && r.stdout.contains("PASS"),
-        "{}\n{}\n{}",
-        r.stdout,
-        r.stderr,
-        d.log()
-    );
+    r.assert_passed(&d);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 

@@ -124,13 +124,7 @@ fn failed_calls_leave_messages_with_vgpuds_reasons_in_cudas_error_log() {
         &prog,
         &[&SLICE.to_string(), file.to_str().unwrap()],
     );
-    assert!(
-        r.failures().is_empty() && r.code == 0 && r.stdout.contains("PASS"),
-        "{}\n{}\n{}",
-        r.stdout,
-        r.stderr,
-        d.log()
-    );
+    r.assert_passed(&d);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 

@@ -523,27 +523,38 @@ pub fn alloc_managed(size: usize, flags: u32) -> CuRes<u64> {
     Ok(ptr)
 }
 
+/// A region of page-locked host memory at `addr`, host and device address alike, owned by the
+/// host until the next launch.
+fn host_region(
+    kind: RegionKind,
+    addr: u64,
+    len: usize,
+    mapped: usize,
+    ctx: u64,
+    flags: u32,
+) -> Region {
+    Region {
+        kind,
+        dev: addr,
+        host: addr as usize,
+        len,
+        mapped,
+        ctx,
+        flags,
+        attach: Attach::Global,
+        advice: Advice::default(),
+        device_owned: false,
+        id: 0,
+        hashes: Vec::new(),
+        module: 0,
+    }
+}
+
 /// `cuMemHostAlloc` with `DEVICEMAP`: host memory kernels reach at the same address.
 pub fn host_alloc_mapped(size: usize, flags: u32) -> CuRes<*mut u8> {
     let (ptr, mapped, c) = alloc_mirrored(size.max(1), 2)?;
-    insert(
-        &mut state(),
-        Region {
-            kind: RegionKind::HostAlloc,
-            dev: ptr,
-            host: ptr as usize,
-            len: size.max(1),
-            mapped,
-            ctx: c,
-            flags,
-            attach: Attach::Global,
-            advice: Advice::default(),
-            device_owned: false,
-            id: 0,
-            hashes: Vec::new(),
-            module: 0,
-        },
-    );
+    let r = host_region(RegionKind::HostAlloc, ptr, size.max(1), mapped, c, flags);
+    insert(&mut state(), r);
     Ok(ptr as *mut u8)
 }
 
@@ -558,24 +569,8 @@ pub fn add_pinned_region(va: u64, len: usize, ctx: u64) {
     let Some(mapped) = round_pages(len.max(1)) else {
         return;
     };
-    insert(
-        &mut state(),
-        Region {
-            kind: RegionKind::Pinned,
-            dev: va,
-            host: va as usize,
-            len: len.max(1),
-            mapped,
-            ctx,
-            flags: 0,
-            attach: Attach::Global,
-            advice: Advice::default(),
-            device_owned: false,
-            id: 0,
-            hashes: Vec::new(),
-            module: 0,
-        },
-    );
+    let r = host_region(RegionKind::Pinned, va, len.max(1), mapped, ctx, 0);
+    insert(&mut state(), r);
 }
 
 /// The page-locked buffer at `va` is being freed: its region goes (the host memory stays the

@@ -519,6 +519,19 @@ impl Run {
             .filter(|l| l.starts_with("FAIL"))
             .collect()
     }
+
+    /// Asserts that a test program ran clean: no `FAIL` line, exit status 0, `PASS` printed (the
+    /// message has its output and `vgpud`'s log).
+    pub fn assert_passed(&self, vgpud: &Vgpud) {
+        assert!(
+            self.failures().is_empty() && self.code == 0 && self.stdout.contains("PASS"),
+            "exit {}\n{}\n{}\n{}",
+            self.code,
+            self.stdout,
+            self.stderr,
+            vgpud.log()
+        );
+    }
 }
 
 /// Runs a program against a VM of `vgpud` and collects its output.

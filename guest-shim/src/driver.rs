@@ -1232,7 +1232,7 @@ pub fn allocation_of(ptr: u64) -> CuRes<Option<Allocation>> {
     let inside = |base: usize, len: usize| (base as u64..base as u64 + len as u64).contains(&ptr);
     let pinned = lock(&d.host_allocs).iter().find_map(|(&base, a)| {
         let len = match a {
-            HostAlloc::Heap(len) | HostAlloc::Placed(len) => *len,
+            HostAlloc::Heap(len) | HostAlloc::Placed { len, .. } => *len,
             HostAlloc::Mapped {
                 _unmapped_on_drop: m,
             } => m.len(),
@@ -1325,9 +1325,9 @@ enum HostAlloc {
     Mapped { _unmapped_on_drop: HugeMapping },
     /// A sealed memfd shared with vgpud ([`crate::pinned`]), unmapped by its `Drop`.
     Shared(crate::pinned::SharedBuffer),
-    /// Private memory mapped at a device address reserved for it ([`crate::pinned_uva`]), of
-    /// this many bytes; unmapped at `cuMemFreeHost`.
-    Placed(usize),
+    /// Private memory mapped at a device address reserved for it ([`crate::pinned_uva`]): the
+    /// buffer's bytes and the mapping's; unmapped at `cuMemFreeHost`.
+    Placed { len: usize, mapped: usize },
 }
 
 /// `cuMemHostAlloc` buffers at least this large get a huge-page-advised mapping of their own: in
@@ -1397,15 +1397,22 @@ fn host_alloc_at(d: &Driver, size: usize, at: Option<u64>) -> CuRes<*mut u8> {
         }
     }
     if let Some(a) = at {
-        if !crate::alloc_api::map_at(a, size.max(1)) {
+        // Large buffers are whole huge pages, advised, as below (the reserved range is made of
+        // 2 MiB granules, so it has room).
+        let len = size.max(1);
+        let mapped = if len >= HOST_ALLOC_HUGE_MIN {
+            len.next_multiple_of(HUGE_PAGE)
+        } else {
+            len
+        };
+        if !crate::alloc_api::map_at(a, mapped) {
             return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
         }
-        if size >= HOST_ALLOC_HUGE_MIN {
-            // Advice only, as for the buffers below.
-            // SAFETY: the mapping just made at `a`, `size` bytes; advice changes no contents.
-            unsafe { libc::madvise(a as *mut libc::c_void, size, libc::MADV_HUGEPAGE) };
+        if mapped >= HOST_ALLOC_HUGE_MIN {
+            // SAFETY: the mapping just made at `a`, `mapped` bytes; advice changes no contents.
+            unsafe { libc::madvise(a as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE) };
         }
-        lock(&d.host_allocs).insert(a as usize, HostAlloc::Placed(size.max(1)));
+        lock(&d.host_allocs).insert(a as usize, HostAlloc::Placed { len, mapped });
         return Ok(a as *mut u8);
     }
     if size >= HOST_ALLOC_HUGE_MIN {
@@ -1451,10 +1458,10 @@ pub fn host_free(addr: usize) -> CuRes<()> {
             crate::debug!("cuMemFreeHost: HostUnshare failed ({code})");
         }
     }
-    if let HostAlloc::Placed(len) = alloc {
-        // SAFETY: the mapping `host_alloc_at` made at `addr` for `len` bytes (recorded in
+    if let HostAlloc::Placed { mapped, .. } = alloc {
+        // SAFETY: the mapping `host_alloc_at` made at `addr` for `mapped` bytes (recorded in
         // host_allocs, removed above), unmapped once.
-        unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+        unsafe { libc::munmap(addr as *mut libc::c_void, mapped) };
         return Ok(());
     }
     // A mapping unmaps itself when dropped.

@@ -137,7 +137,9 @@ impl SharedBuffer {
         } else {
             None
         };
-        let size = if reservation.is_some() {
+        // Large buffers are whole huge pages wherever they go (a placed one's reserved range
+        // has room: it is made of 2 MiB granules).
+        let size = if len >= HUGE_PAGE {
             len.next_multiple_of(HUGE_PAGE)
         } else {
             len
@@ -178,7 +180,7 @@ impl SharedBuffer {
                 source: std::io::Error::other("the address is taken"),
             });
         }
-        if reservation.is_some() || (fixed == libc::MAP_FIXED_NOREPLACE && size >= HUGE_PAGE) {
+        if size >= HUGE_PAGE {
             // Advice only: shared memory uses huge pages where the host's shmem THP mode allows.
             // SAFETY: our own mapping; the advice changes no contents.
             unsafe { libc::madvise(p, size, libc::MADV_HUGEPAGE) };

@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use vgpu_tests::harness::{Run, TestVm, Vgpud, artifacts, build_c_program};
+use vgpu_tests::harness::{Run, TestVm, Vgpud, artifacts, build_c_program, run_against_with};
 
 const MIB: u64 = 1 << 20;
 
@@ -84,25 +84,11 @@ fn with_sharing_off_pinned_copies_take_the_ordinary_path() {
 #[test]
 fn kernels_use_page_locked_memory_at_its_host_address() {
     for share in ["1", "0"] {
+        println!("VGPU_SHARE_PINNED={share}");
         let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
-        let out = Command::new(build_c_program("pinned_kernels"))
-            .env("VGPU_TRANSPORT", d.transport("vm1"))
-            .env("VGPU_SHARE_PINNED", share)
-            .output()
-            .expect("running the test program");
-        let r = Run {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        };
-        assert!(
-            r.failures().is_empty() && r.code == 0 && r.stdout.contains("PASS"),
-            "VGPU_SHARE_PINNED={share}: exit {}\n{}\n{}\n{}",
-            r.code,
-            r.stdout,
-            r.stderr,
-            d.log()
-        );
+        let prog = build_c_program("pinned_kernels");
+        let r = run_against_with(&d, "vm1", &prog, &[], &[("VGPU_SHARE_PINNED", share)]);
+        r.assert_passed(&d);
         d.wait_memory_used("vm1", 0, Duration::from_secs(5));
     }
 }

@@ -418,8 +418,9 @@ fn drop_region(st: &mut State, r: Region) {
 
 // ---- allocation ---------------------------------------------------------------------------
 
-/// Maps `len` bytes of zeroed memory at exactly `addr`, never replacing a mapping.
-fn map_mirror(addr: u64, len: usize) -> bool {
+/// Maps `len` bytes of zeroed memory at exactly `addr`, never replacing a mapping; false when
+/// the address is taken.
+pub(crate) fn map_mirror(addr: u64, len: usize) -> bool {
     // SAFETY: an anonymous private mapping; MAP_FIXED_NOREPLACE never replaces an existing
     // mapping, and a kernel that ignores the flag (before Linux 4.17) treats the address as a
     // hint, which the check below catches.
@@ -523,11 +524,11 @@ pub fn alloc_managed(size: usize, flags: u32) -> CuRes<u64> {
     Ok(ptr)
 }
 
-/// A region of page-locked host memory at `addr`, host and device address alike, owned by the
-/// host until the next launch.
+/// A region of page-locked host memory at `host` with device address `dev` (the same address
+/// but for a registered range), owned by the host until the next launch.
 fn host_region(
     kind: RegionKind,
-    addr: u64,
+    (dev, host): (u64, usize),
     len: usize,
     mapped: usize,
     ctx: u64,
@@ -535,8 +536,8 @@ fn host_region(
 ) -> Region {
     Region {
         kind,
-        dev: addr,
-        host: addr as usize,
+        dev,
+        host,
         len,
         mapped,
         ctx,
@@ -553,7 +554,8 @@ fn host_region(
 /// `cuMemHostAlloc` with `DEVICEMAP`: host memory kernels reach at the same address.
 pub fn host_alloc_mapped(size: usize, flags: u32) -> CuRes<*mut u8> {
     let (ptr, mapped, c) = alloc_mirrored(size.max(1), 2)?;
-    let r = host_region(RegionKind::HostAlloc, ptr, size.max(1), mapped, c, flags);
+    let at = (ptr, ptr as usize);
+    let r = host_region(RegionKind::HostAlloc, at, size.max(1), mapped, c, flags);
     insert(&mut state(), r);
     Ok(ptr as *mut u8)
 }
@@ -569,7 +571,14 @@ pub fn add_pinned_region(va: u64, len: usize, ctx: u64) {
     let Some(mapped) = round_pages(len.max(1)) else {
         return;
     };
-    let r = host_region(RegionKind::Pinned, va, len.max(1), mapped, ctx, 0);
+    let r = host_region(
+        RegionKind::Pinned,
+        (va, va as usize),
+        len.max(1),
+        mapped,
+        ctx,
+        0,
+    );
     insert(&mut state(), r);
 }
 
@@ -580,12 +589,6 @@ pub fn remove_pinned_region(va: u64) {
     if let Some(r) = st.regions.remove(&va) {
         drop_region(&mut st, r);
     }
-}
-
-/// Maps `len` bytes of zeroed private memory at exactly `addr` (never over a mapping); false
-/// when the address is taken.
-pub fn map_at(addr: u64, len: usize) -> bool {
-    map_mirror(addr, len)
 }
 
 /// Records the flags of a plain `cuMemHostAlloc` buffer.
@@ -754,24 +757,8 @@ pub fn register_mapped(addr: usize, size: usize, flags: u32) -> CuRes<()> {
             &[],
         )?
         .ptr;
-    insert(
-        &mut state(),
-        Region {
-            kind: RegionKind::Registered,
-            dev: ptr,
-            host: addr,
-            len: size,
-            mapped,
-            ctx: c,
-            flags,
-            attach: Attach::Global,
-            advice: Advice::default(),
-            device_owned: false,
-            id: 0,
-            hashes: Vec::new(),
-            module: 0,
-        },
-    );
+    let r = host_region(RegionKind::Registered, (ptr, addr), size, mapped, c, flags);
+    insert(&mut state(), r);
     Ok(())
 }
 

@@ -1232,7 +1232,7 @@ pub fn allocation_of(ptr: u64) -> CuRes<Option<Allocation>> {
     let inside = |base: usize, len: usize| (base as u64..base as u64 + len as u64).contains(&ptr);
     let pinned = lock(&d.host_allocs).iter().find_map(|(&base, a)| {
         let len = match a {
-            HostAlloc::Heap(len) | HostAlloc::Placed { len, .. } => *len,
+            HostAlloc::Heap(len) | HostAlloc::Placed(len) => *len,
             HostAlloc::Mapped {
                 _unmapped_on_drop: m,
             } => m.len(),
@@ -1325,9 +1325,9 @@ enum HostAlloc {
     Mapped { _unmapped_on_drop: HugeMapping },
     /// A sealed memfd shared with vgpud ([`crate::pinned`]), unmapped by its `Drop`.
     Shared(crate::pinned::SharedBuffer),
-    /// Private memory mapped at a device address reserved for it ([`crate::pinned_uva`]): the
-    /// buffer's bytes and the mapping's; unmapped at `cuMemFreeHost`.
-    Placed { len: usize, mapped: usize },
+    /// Private pages mapped at a device address reserved for it ([`crate::pinned_uva`]), this
+    /// many bytes (smaller than [`HOST_ALLOC_HUGE_MIN`]); unmapped at `cuMemFreeHost`.
+    Placed(usize),
 }
 
 /// `cuMemHostAlloc` buffers at least this large get a huge-page-advised mapping of their own: in
@@ -1398,21 +1398,19 @@ fn host_alloc_at(d: &Driver, size: usize, at: Option<u64>) -> CuRes<*mut u8> {
     }
     if let Some(a) = at {
         // Large buffers are whole huge pages, advised, as below (the reserved range is made of
-        // 2 MiB granules, so it has room).
-        let len = size.max(1);
-        let mapped = if len >= HOST_ALLOC_HUGE_MIN {
-            len.next_multiple_of(HUGE_PAGE)
+        // 2 MiB granules, so it has room); small ones are pages of their own.
+        let alloc = if size >= HOST_ALLOC_HUGE_MIN {
+            let at = std::ptr::NonNull::new(a as *mut u8).ok_or(cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
+            let m = HugeMapping::new_at(size, at).map_err(|_| cuda::CUDA_ERROR_OUT_OF_MEMORY)?;
+            HostAlloc::Mapped {
+                _unmapped_on_drop: m,
+            }
+        } else if crate::alloc_api::map_mirror(a, size.max(1)) {
+            HostAlloc::Placed(size.max(1))
         } else {
-            len
-        };
-        if !crate::alloc_api::map_at(a, mapped) {
             return Err(cuda::CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        if mapped >= HOST_ALLOC_HUGE_MIN {
-            // SAFETY: the mapping just made at `a`, `mapped` bytes; advice changes no contents.
-            unsafe { libc::madvise(a as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE) };
-        }
-        lock(&d.host_allocs).insert(a as usize, HostAlloc::Placed { len, mapped });
+        };
+        lock(&d.host_allocs).insert(a as usize, alloc);
         return Ok(a as *mut u8);
     }
     if size >= HOST_ALLOC_HUGE_MIN {
@@ -1458,10 +1456,10 @@ pub fn host_free(addr: usize) -> CuRes<()> {
             crate::debug!("cuMemFreeHost: HostUnshare failed ({code})");
         }
     }
-    if let HostAlloc::Placed { mapped, .. } = alloc {
-        // SAFETY: the mapping `host_alloc_at` made at `addr` for `mapped` bytes (recorded in
+    if let HostAlloc::Placed(len) = alloc {
+        // SAFETY: the mapping `host_alloc_at` made at `addr` for `len` bytes (recorded in
         // host_allocs, removed above), unmapped once.
-        unsafe { libc::munmap(addr as *mut libc::c_void, mapped) };
+        unsafe { libc::munmap(addr as *mut libc::c_void, len) };
         return Ok(());
     }
     // A mapping unmaps itself when dropped.

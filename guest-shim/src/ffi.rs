@@ -15,17 +15,35 @@ pub type CUresult = CuResult;
 /// panic (a bug) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding into C.
 /// With `VGPU_LOG=debug` every call is traced with its result.
 pub fn ffi(name: &str, f: impl FnOnce() -> CuRes<()>) -> CUresult {
-    let r = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => cuda::CUDA_SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            crate::warn!("internal error in {name}; returning CUDA_ERROR_UNKNOWN");
-            cuda::CUDA_ERROR_UNKNOWN
-        }
-    };
+    let r = guarded(
+        name,
+        (
+            cuda::CUDA_SUCCESS,
+            cuda::CUDA_ERROR_UNKNOWN,
+            "CUDA_ERROR_UNKNOWN",
+        ),
+        f,
+    );
     crate::debug!("{name} -> {}", cuda::result_name(r).unwrap_or("?"));
     crate::logs::returned(name, r);
     r
+}
+
+/// Runs entry point `name` of a C API whose results are codes: `(success, unknown, the unknown
+/// code's name)`; a panic (a bug) becomes the unknown code instead of unwinding into C.
+pub fn guarded<C: Copy>(
+    name: &str,
+    (success, unknown, unknown_name): (C, C, &str),
+    f: impl FnOnce() -> Result<(), C>,
+) -> C {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => success,
+        Ok(Err(code)) => code,
+        Err(_) => {
+            crate::warn!("internal error in {name}; returning {unknown_name}");
+            unknown
+        }
+    }
 }
 
 /// Writes `v` through an out-pointer; NULL is `CUDA_ERROR_INVALID_VALUE`.

@@ -189,7 +189,8 @@ fn read_raw<'a>(params: *const RawParams, count: c_uint) -> CuRes<&'a [RawParams
     if params.is_null() || count > mem_op::MAX_BATCH {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: this function's contract; every bit pattern is a valid array of integers.
+    // SAFETY: `params` is non-NULL and holds `count` (at most MAX_BATCH) operations (this
+    // function's contract); every bit pattern is a valid array of integers.
     Ok(unsafe { std::slice::from_raw_parts(params, count as usize) })
 }
 

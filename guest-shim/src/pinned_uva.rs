@@ -164,8 +164,16 @@ fn back(ctx: u64, va: u64, size: u64) -> CuRes<u64> {
 /// `cuMemFreeHost` of `va`: its device memory and address range go back (the caller unmaps the
 /// host memory). False when `va` is not such a buffer.
 pub fn free(va: u64) -> bool {
-    let Some(b) = buffers().remove(&va) else {
-        return false;
+    let b = {
+        let mut bufs = buffers();
+        let Some(b) = bufs.remove(&va) else {
+            return false;
+        };
+        if bufs.is_empty() {
+            // Launches skip the parameter scan again.
+            ANY.store(false, Ordering::Relaxed);
+        }
+        b
     };
     alloc_api::remove_pinned_region(va);
     if let Ok(d) = drv::driver() {

@@ -70,6 +70,51 @@ impl HugeMapping {
         })
     }
 
+    /// Maps `len` zeroed bytes (at least one) at `at`, a [`HUGE_PAGE`] boundary the caller
+    /// reserved room for, never over an existing mapping (an error where one is there).
+    pub fn new_at(len: usize, at: NonNull<u8>) -> Result<HugeMapping, MapError> {
+        let fail = |source| MapError { len, source };
+        let mapped = len
+            .max(1)
+            .checked_next_multiple_of(HUGE_PAGE)
+            .ok_or_else(|| fail(None))?;
+        if !(at.as_ptr() as usize).is_multiple_of(HUGE_PAGE) {
+            return Err(fail(Some(std::io::Error::from(
+                std::io::ErrorKind::InvalidInput,
+            ))));
+        }
+        // SAFETY: a private anonymous mapping at `at`; MAP_FIXED_NOREPLACE never replaces a
+        // mapping, and a kernel that ignores the flag (before Linux 4.17) treats the address as
+        // a hint, which the check below catches.
+        let raw = unsafe {
+            libc::mmap(
+                at.as_ptr().cast(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(fail(Some(std::io::Error::last_os_error())));
+        }
+        if raw != at.as_ptr().cast() {
+            // SAFETY: the mapping just made, of `mapped` bytes, used by nobody.
+            unsafe { libc::munmap(raw, mapped) };
+            return Err(fail(Some(std::io::Error::from(
+                std::io::ErrorKind::AddrInUse,
+            ))));
+        }
+        // SAFETY: `at..at + mapped` is our own mapping; the advice changes no contents.
+        unsafe { libc::madvise(raw, mapped, libc::MADV_HUGEPAGE) };
+        Ok(HugeMapping {
+            ptr: at,
+            len,
+            mapped,
+        })
+    }
+
     /// Moves this mapping's pages to a new mapping of the same length without copying them
     /// (`mremap` with `MREMAP_DONTUNMAP`, Linux 5.7+): the new mapping holds the bytes, and this
     /// one stays mapped but reads as zeros afterwards (its pages are gone). The caller makes
@@ -248,6 +293,33 @@ mod tests {
         assert_eq!(thp_mode_of("always [madvise] never\n"), Some("madvise"));
         assert_eq!(thp_mode_of("[always] madvise never"), Some("always"));
         assert_eq!(thp_mode_of("madvise"), None);
+    }
+
+    #[test]
+    fn a_mapping_goes_where_asked_but_never_over_another() {
+        let len = HUGE_PAGE + 1;
+        // An aligned address that is free: a mapping's, once dropped.
+        let at = HugeMapping::new(len).unwrap().as_non_null();
+        let mut m = HugeMapping::new_at(len, at).unwrap();
+        assert_eq!(m.as_non_null(), at);
+        assert!(m.iter().all(|&b| b == 0));
+        m[len - 1] = 7;
+        let entry = smaps_entry(at.as_ptr() as usize).unwrap();
+        assert_eq!(
+            range_of(&entry),
+            Some((at.as_ptr() as usize, at.as_ptr() as usize + 2 * HUGE_PAGE))
+        );
+        assert!(advised_huge(&entry), "{entry}");
+        assert!(
+            HugeMapping::new_at(len, at).is_err(),
+            "the address is taken"
+        );
+        let unaligned = NonNull::new(at.as_ptr().wrapping_add(1)).unwrap();
+        drop(m);
+        assert!(
+            HugeMapping::new_at(len, unaligned).is_err(),
+            "not a huge page boundary"
+        );
     }
 
     #[test]

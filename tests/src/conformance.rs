@@ -2274,6 +2274,22 @@ pub mod cuda_executor {
     }
 }
 
+/// A one-thread launch of `k` in context `ctx` on the default stream (as graph nodes carry it).
+pub(crate) fn one_thread(ctx: u64, k: &Kernel) -> msg::LaunchKernel {
+    msg::LaunchKernel {
+        ctx,
+        stream: 0,
+        function: k.handle,
+        grid_x: 1,
+        grid_y: 1,
+        grid_z: 1,
+        block_x: 1,
+        block_y: 1,
+        block_z: 1,
+        shared_bytes: 0,
+    }
+}
+
 /// A kernel's packed parameter buffer.
 pub(crate) fn packed(k: &Kernel, args: &[Arg]) -> Vec<u8> {
     let size = k

@@ -12,7 +12,7 @@ use vgpu_proto::graph::{
 };
 use vgpu_proto::msg;
 
-use crate::conformance::{Code, Kernel, Rig, Session, Target, code, packed};
+use crate::conformance::{Code, Kernel, Rig, Session, Target, code, one_thread, packed};
 
 /// The kernels (`devices/ptx/fixtures/conditionals.cu`, compiled by NVRTC).
 const CONDITIONALS_PTX: &str =
@@ -25,19 +25,7 @@ const H2: u64 = 0x6770_0000_2000;
 
 /// A one-thread launch of `k` as a graph node.
 fn launch_node(s: &Session, k: &Kernel, args: &[Arg], out: &mut Vec<u8>) {
-    let launch = msg::LaunchKernel {
-        ctx: s.ctx,
-        stream: 0,
-        function: k.handle,
-        grid_x: 1,
-        grid_y: 1,
-        grid_z: 1,
-        block_x: 1,
-        block_y: 1,
-        block_z: 1,
-        shared_bytes: 0,
-    };
-    push_op(out, &launch, &packed(k, args));
+    push_op(out, &one_thread(s.ctx, k), &packed(k, args));
 }
 
 /// A conditional node on `handle` of `kind` with `bodies`; its start value `default` with

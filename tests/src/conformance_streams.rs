@@ -208,7 +208,7 @@ pub fn event_waits_order_streams(t: &Target) {
 pub fn graph_branches_run_concurrently(t: &Target) {
     use vgpu_proto::graph::{push_deps, push_op};
 
-    use crate::conformance::{code, packed};
+    use crate::conformance::{code, one_thread, packed};
 
     let rig = Rig::new((t.make)(Some(WATCHDOG)), &[("a", 16 * MIB, 1)]);
     let mut s = rig.session("a");
@@ -232,21 +232,7 @@ pub fn graph_branches_run_concurrently(t: &Target) {
     s.sync().unwrap();
     let s1 = s.stream(NON_BLOCKING).unwrap();
     let s2 = s.stream(NON_BLOCKING).unwrap();
-    let kernel = |k: &Kernel, args: &[Arg]| {
-        let m = msg::LaunchKernel {
-            ctx,
-            stream: 0,
-            function: k.handle,
-            grid_x: 1,
-            grid_y: 1,
-            grid_z: 1,
-            block_x: 1,
-            block_y: 1,
-            block_z: 1,
-            shared_bytes: 0,
-        };
-        (m, packed(k, args))
-    };
+    let kernel = |k: &Kernel, args: &[Arg]| (one_thread(ctx, k), packed(k, args));
     // 0: wait_flag(flag) and 1: set_flag(flag, 5), both roots; 2: joined = 1 after both;
     // 3: wait_flag(gate) after 1, on a branch of its own. (At most two kernels spin at once:
     // the simulated GPU of the suite has two execution slots.)

@@ -536,10 +536,22 @@ impl Run {
 
 /// Runs a program against a VM of `vgpud` and collects its output.
 pub fn run_against(vgpud: &Vgpud, vm: &str, program: &Path, args: &[&str]) -> Run {
+    run_against_with(vgpud, vm, program, args, &[])
+}
+
+/// [`run_against`] with more environment variables.
+pub fn run_against_with(
+    vgpud: &Vgpud,
+    vm: &str,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Run {
     run_command(
         Command::new(program)
             .args(args)
-            .env("VGPU_TRANSPORT", vgpud.transport(vm)),
+            .env("VGPU_TRANSPORT", vgpud.transport(vm))
+            .envs(env.iter().copied()),
     )
 }
 

@@ -10,7 +10,6 @@
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{NvmlRes, NvmlReturn, PciAddress, Process, ret};
 
@@ -100,14 +99,8 @@ const P2P_CAPS_INDEX_COUNT: c_uint = 6;
 
 /// Runs an entry point: its result as an `nvmlReturn_t`, a panic as `NVML_ERROR_UNKNOWN`.
 fn nvml(name: &str, f: impl FnOnce() -> NvmlRes<()>) -> NvmlReturn {
-    let r = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => ret::SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            crate::warn!("internal error in {name}; returning NVML_ERROR_UNKNOWN");
-            ret::UNKNOWN
-        }
-    };
+    let codes = (ret::SUCCESS, ret::UNKNOWN, "NVML_ERROR_UNKNOWN");
+    let r = crate::ffi::guarded(name, codes, f);
     crate::debug!("{name} -> {r}");
     r
 }

@@ -401,6 +401,41 @@ pub fn compute_processes() -> NvmlRes<Vec<Process>> {
     Ok(processes_of(&tenant()?.sessions))
 }
 
+/// The VM's figures from one reading: for callers that want several at once (vgpu-smi).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Usage {
+    pub memory: Memory,
+    /// [`gpu_utilization`]'s figure.
+    pub utilization: u32,
+    /// [`compute_processes`], each with the name the process gave.
+    pub processes: Vec<(Process, String)>,
+}
+
+/// [`memory`], [`gpu_utilization`] and [`compute_processes`] with their names, from one
+/// `TenantInfo`.
+pub fn usage() -> NvmlRes<Usage> {
+    Ok(usage_of(&tenant()?))
+}
+
+fn usage_of(t: &TenantView) -> Usage {
+    let processes = processes_of(&t.sessions)
+        .into_iter()
+        .map(|p| {
+            let name = t.sessions.iter().find(|s| s.pid == p.pid);
+            let name = name.map(|s| s.process.clone()).unwrap_or_default();
+            (p, name)
+        })
+        .collect();
+    Usage {
+        memory: Memory {
+            total: t.memory_total,
+            used: t.memory_used,
+        },
+        utilization: percent_of(t.share_1s),
+        processes,
+    }
+}
+
 /// `nvmlSystemGetProcessName`: the name a process of the VM that uses vgpu gave
 /// (`NVML_ERROR_NOT_FOUND` for others).
 pub fn process_name(pid: u32) -> NvmlRes<String> {
@@ -459,6 +494,29 @@ mod tests {
             ]
         );
         assert!(processes_of(&[session(1, 9, 0)]).is_empty());
+    }
+
+    #[test]
+    fn one_reading_gives_memory_utilization_and_named_processes() {
+        let t = TenantView {
+            memory_total: 64,
+            memory_used: 12,
+            share_1s: 0.25,
+            sessions: vec![session(8, 0, 0), session(7, 12, 1)],
+        };
+        let u = usage_of(&t);
+        assert_eq!(
+            u.memory,
+            Memory {
+                total: 64,
+                used: 12
+            }
+        );
+        assert_eq!(u.utilization, 25);
+        assert_eq!(
+            u.processes,
+            vec![(Process { pid: 7, memory: 12 }, "p7".to_string())]
+        );
     }
 
     #[test]

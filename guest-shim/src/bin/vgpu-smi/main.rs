@@ -319,7 +319,7 @@ fn run_query(args: &Args) -> ExitCode {
     if let Err(code) = nvml::init(0) {
         return cannot_reach(&nvml::error_string(code).to_string_lossy());
     }
-    let gpu = match query::Gpu::read() {
+    let (gpu, apps) = match query::Gpu::read() {
         Ok(g) => g,
         Err(code) => {
             eprintln!(
@@ -335,19 +335,7 @@ fn run_query(args: &Args) -> ExitCode {
     }
     let lines = match (&args.query_gpu, &args.query_compute_apps, format) {
         (Some(fields), _, Some(f)) => query::gpu_csv(fields, f, &gpu),
-        (_, Some(fields), Some(f)) => nvml::compute_processes()
-            .map_err(|c| nvml::error_string(c).to_string_lossy().into_owned())
-            .and_then(|procs| {
-                let apps: Vec<query::App> = procs
-                    .into_iter()
-                    .map(|p| query::App {
-                        pid: p.pid,
-                        name: nvml::process_name(p.pid).unwrap_or_default(),
-                        memory: p.memory,
-                    })
-                    .collect();
-                query::apps_csv(fields, f, &gpu, &apps)
-            }),
+        (_, Some(fields), Some(f)) => query::apps_csv(fields, f, &gpu, &apps),
         _ if args.list_gpus => Ok(vec![query::list_line(&gpu)]),
         // `-i` naming the VM's GPU: the table.
         _ => return show(false),

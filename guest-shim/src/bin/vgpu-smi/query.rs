@@ -54,20 +54,32 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Reads the GPU through NVML (initialized by the caller).
-    pub fn read() -> nvml::NvmlRes<Gpu> {
+    /// Reads the GPU and the VM's processes through NVML (initialized by the caller), the
+    /// VM's figures in one reading.
+    pub fn read() -> nvml::NvmlRes<(Gpu, Vec<App>)> {
         let pci = nvml::pci()?;
-        Ok(Gpu {
+        let usage = nvml::usage()?;
+        let gpu = Gpu {
             name: nvml::name()?,
             uuid: nvml::uuid()?,
             bus_id: pci.bus_id(),
             pci,
-            memory: nvml::memory()?,
-            utilization: nvml::gpu_utilization()?,
+            memory: usage.memory,
+            utilization: usage.utilization,
             compute_capability: nvml::compute_capability()?,
             sm_clock_mhz: nvml::clock_mhz(nvml::clock::SM)?,
             memory_clock_mhz: nvml::clock_mhz(nvml::clock::MEM)?,
-        })
+        };
+        let apps = usage
+            .processes
+            .into_iter()
+            .map(|(p, name)| App {
+                pid: p.pid,
+                name,
+                memory: p.memory,
+            })
+            .collect();
+        Ok((gpu, apps))
     }
 
     /// Whether `-i ID` names this GPU: its index (0), UUID or PCI bus id.

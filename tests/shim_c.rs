@@ -104,6 +104,14 @@ fn runs_clean(name: &str, min_ok: usize) {
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
+/// A thread waiting in `cuStreamSynchronize`, `cuEventSynchronize` or `cuCtxSynchronize` does
+/// not stop the process's other threads, whose calls complete meanwhile and whose write
+/// releases the wait (tests/c/sync_threads.c; before, the program deadlocked).
+#[test]
+fn a_waiting_thread_does_not_stop_the_others() {
+    runs_clean("sync_threads", 75);
+}
+
 #[test]
 fn the_driver_api_the_runtimes_resolve_works() {
     runs_clean("driver_api_ext", 100);

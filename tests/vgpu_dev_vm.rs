@@ -5,7 +5,8 @@
 //! (`guest-shim/kmod/build-against-debian.sh`), and CUDA programs reach the GPU through
 //! `/dev/vgpu0`, their buffers pinned and read or written in place by vgpud.
 //!
-//! Checked: the driver-API program and a kernel workload, 64 MiB transfers byte for byte,
+//! Checked: the driver-API program, threads waiting in synchronizations beside working ones, and
+//! a kernel workload, 64 MiB transfers byte for byte,
 //! hostile ioctl input (no oops), two VMs with different slices, and a VM killed in the middle of
 //! transfers (vgpud frees its memory; the other VM's transfers go on and come back intact), and a
 //! VM paused (QMP `stop`) and continued in the middle of transfers (its session goes on), and a
@@ -148,6 +149,12 @@ fn programs() -> Vec<PathBuf> {
             lib,
         )
         .expect("driver_api for guests"),
+        qemu::build_guest_cuda_program(
+            &workspace_root().join("tests/c/sync_threads.c"),
+            "sync_threads",
+            lib,
+        )
+        .expect("sync_threads for guests"),
         guest_cuda_program("gpu-task"),
         qemu::build_guest_cuda_program(&kmod_tests.join("bigcopy.c"), "bigcopy", lib)
             .expect("bigcopy for guests"),
@@ -288,6 +295,9 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
                 echo 0 > /sys/module/vgpu/parameters/poll_us\n\
                 driver_api latency 1000; echo \"latency sleeping status $?\"\n\
                 echo 1000 > /sys/module/vgpu/parameters/poll_us\n\
+                echo '== sync_threads'\n\
+                sync_threads > /tmp/sync.log 2>&1; echo \"sync_threads status $?\"\n\
+                grep -E 'FAIL|^#' /tmp/sync.log\n\
                 echo '== saxpy'\n\
                 gpu-task saxpy /payload/saxpy.ptx 4096 3; echo \"saxpy status $?\"\n\
                 echo '== bigcopy'\n\
@@ -348,6 +358,8 @@ fn a_guest_runs_cuda_programs_through_the_vgpu_device() {
         // Synchronous calls work with the module polling for answers and with it sleeping.
         "latency polling status 0".to_string(),
         "latency sleeping status 0".to_string(),
+        // Threads waiting in synchronizations do not stop the others (tests/c/sync_threads.c).
+        "sync_threads status 0".to_string(),
         "GPU-TASK saxpy n=4096 rounds=3 ok".to_string(),
         "saxpy status 0".to_string(),
         "BIGCOPY round 1 ok: 64 MiB".to_string(),

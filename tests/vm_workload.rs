@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use vgpu_tests::harness::{TestVm, Vgpud, cuda_guest, guest_workload, ptx};
+use vgpu_tests::harness::{
+    TestVm, Vgpud, artifacts, cuda_guest, guest_workload, ptx, workspace_root,
+};
 use vgpu_tests::qemu::{self, Guest};
 
 const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
@@ -140,4 +142,43 @@ fn a_guest_installs_the_shim_and_runs_a_ptx_workload_over_vsock() {
         outcome.elapsed.as_secs_f64(),
         outcome.accel.as_str()
     );
+}
+
+/// A guest process whose threads wait in synchronizations (each on a vsock connection of its
+/// own to the GPU port) while another of its threads works and releases them
+/// (tests/c/sync_threads.c; the virtio-vgpu device's run is in tests/vgpu_dev_vm.rs).
+#[test]
+fn a_guest_processs_waiting_threads_do_not_stop_its_others_over_vsock() {
+    if let Some(reason) = qemu::skip_reason() {
+        println!("SKIPPED: cannot boot QEMU guests here: {reason}");
+        return;
+    }
+    let d = Vgpud::start(&[TestVm::new("vm1", SLICE_MIB * MIB).vsock(GUEST_CID)]);
+    let program = qemu::build_guest_cuda_program(
+        &workspace_root().join("tests/c/sync_threads.c"),
+        "sync_threads",
+        &artifacts().lib_dir,
+    )
+    .expect("sync_threads for guests");
+    let body = "sync_threads > /tmp/sync.log 2>&1; echo \"sync_threads status $?\"\n\
+                grep -cE '^ok ' /tmp/sync.log; grep -E 'FAIL|^#' /tmp/sync.log\n";
+    let mut spec = cuda_guest(&d, "vm1", "vm-sync-threads", &[program], &[], body);
+    spec.timeout = GUEST_TIMEOUT;
+    let mut guest = d.guest_ok(Guest::boot(&spec), "boot");
+    let outcome = d.guest_ok(guest.wait_exit(GUEST_TIMEOUT), "guest run");
+    let out = outcome.output_text();
+    assert!(out.contains("sync_threads status 0"), "{out}\n{}", d.log());
+    assert!(!out.contains("FAIL"), "{out}");
+    let v = d.wait_vm(
+        "vm1",
+        "sessions closed and memory returned",
+        GUEST_TIMEOUT,
+        |v| v["memory_used"] == 0 && v["sessions"].as_array().is_some_and(Vec::is_empty),
+    );
+    // The waiting threads' connections came over the vsock device too.
+    assert!(
+        v["vsock"]["stats"]["connections_total"].as_u64() > Some(1),
+        "{v:#}"
+    );
+    assert_eq!(v["vsock"]["stats"]["dropped_chains"], 0, "{v:#}");
 }

@@ -264,6 +264,8 @@ pub fn synchronizes(req: &Request) -> bool {
             R::CtxSynchronize(_)
                 | R::StreamSynchronize(_)
                 | R::EventSynchronize(_)
+                | R::SyncBegin(_)
+                | R::SyncFinish(_)
                 | R::MemcpyDtoH(_)
                 | R::ModuleUnload(_)
                 | R::CtxDestroy(_)

@@ -837,6 +837,72 @@ fn spawn_if_needed(shared: &Arc<Shared>, st: &mut State) {
     }
 }
 
+fn abandoned_error() -> CuError {
+    CuError::new(
+        cuda::CUDA_ERROR_UNKNOWN,
+        "the client disconnected; its work was abandoned",
+    )
+}
+
+/// What an [`Until`] waits for.
+#[derive(Debug, Clone)]
+enum UntilWhat {
+    /// These jobs (and every earlier job of their lanes) have run.
+    Jobs(Vec<u64>),
+    /// No job of `ctx` up to `last` is unfinished.
+    Ctx { ctx: u64, last: u64 },
+}
+
+impl UntilWhat {
+    fn reached(&self, st: &State) -> bool {
+        match self {
+            UntilWhat::Jobs(seqs) => seqs.iter().all(|&s| st.is_done(s)),
+            UntilWhat::Ctx { ctx, last } => st.unfinished.range(..=*last).all(|(_, c)| c != ctx),
+        }
+    }
+}
+
+/// A point in a session's work that a synchronizing call waits for, fixed when the call came
+/// (what its stream, event or context held then). Another thread may wait for it
+/// ([`Until::wait`]): a synchronizing call that waits on a connection of its own
+/// ([`crate::sync_ticket`]).
+#[derive(Clone)]
+pub struct Until {
+    shared: Arc<Shared>,
+    what: UntilWhat,
+}
+
+impl std::fmt::Debug for Until {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Until").field("what", &self.what).finish()
+    }
+}
+
+impl Until {
+    /// Waits at most `timeout` on any thread: whether the point was reached; an error once the
+    /// session's work was abandoned (its client went) or the session ended, when it never will
+    /// be.
+    pub fn wait(&self, timeout: Duration) -> Result<bool, CuError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        loop {
+            if st.abandoned || st.shutdown {
+                return Err(CuError::new(
+                    cuda::CUDA_ERROR_UNKNOWN,
+                    "the session ended; its work was abandoned",
+                ));
+            }
+            if self.what.reached(&st) {
+                return Ok(true);
+            }
+            match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => st = self.shared.wait(st, Some(left)),
+                _ => return Ok(false),
+            }
+        }
+    }
+}
+
 /// A session's work queues.
 pub struct Engine {
     shared: Arc<Shared>,
@@ -1254,10 +1320,7 @@ impl Engine {
             // Once the client is gone its dropped work never completes: every
             // later wait fails at once.
             if st.abandoned {
-                return Err(CuError::new(
-                    cuda::CUDA_ERROR_UNKNOWN,
-                    "the client disconnected; its work was abandoned",
-                ));
+                return Err(abandoned_error());
             }
             if done(&st) {
                 return Ok(());
@@ -1274,20 +1337,77 @@ impl Engine {
 
     /// Waits until job `seq` has run (and every earlier job of its lane).
     pub fn wait_job(&self, seq: u64) -> Result<(), CuError> {
-        self.wait_until(|st| st.is_done(seq))
+        self.reach(&self.until_job(seq), None).map(drop)
     }
 
     /// Waits until lane `spec` has nothing pending (`cuStreamSynchronize`),
     /// see [`Engine::lane_idle`].
     pub fn wait_lane(&self, spec: &LaneSpec) -> Result<(), CuError> {
-        let targets = self.shared.lock().lane_targets(spec);
-        self.wait_until(|st| targets.iter().all(|&s| st.is_done(s)))
+        self.reach(&self.until_lane(spec), None).map(drop)
     }
 
     /// Waits until no work of context `ctx` is pending (`cuCtxSynchronize`).
     pub fn wait_ctx(&self, ctx: u64) -> Result<(), CuError> {
+        self.reach(&self.until_ctx(ctx), None).map(drop)
+    }
+
+    /// The point where job `seq` (and every earlier job of its lane) has run.
+    pub fn until_job(&self, seq: u64) -> Until {
+        self.until(UntilWhat::Jobs(vec![seq]))
+    }
+
+    /// The point where everything lane `spec` holds now has run (see [`Engine::lane_idle`]).
+    pub fn until_lane(&self, spec: &LaneSpec) -> Until {
+        let targets = self.shared.lock().lane_targets(spec);
+        self.until(UntilWhat::Jobs(targets))
+    }
+
+    /// The point where every job of context `ctx` submitted so far has run.
+    pub fn until_ctx(&self, ctx: u64) -> Until {
         let last = self.submitted();
-        self.wait_until(|st| st.unfinished.range(..=last).all(|(_, &c)| c != ctx))
+        self.until(UntilWhat::Ctx { ctx, last })
+    }
+
+    fn until(&self, what: UntilWhat) -> Until {
+        Until {
+            shared: Arc::clone(&self.shared),
+            what,
+        }
+    }
+
+    /// Waits until `until` is reached, at most `timeout` (`None`: as long as it takes),
+    /// watching the client's hang-up as every wait of the session does: whether it was reached,
+    /// an error when the client disconnected meanwhile.
+    pub fn reach(&self, until: &Until, timeout: Option<Duration>) -> Result<bool, CuError> {
+        // The clock is read only once the point is found not reached.
+        let mut deadline = None;
+        let mut st = self.shared.lock();
+        loop {
+            if st.abandoned {
+                return Err(abandoned_error());
+            }
+            if until.what.reached(&st) {
+                return Ok(true);
+            }
+            let left = match timeout {
+                None => None,
+                Some(t) => {
+                    let d = *deadline.get_or_insert_with(|| Instant::now() + t);
+                    match d.checked_duration_since(Instant::now()) {
+                        Some(left) if !left.is_zero() => Some(left),
+                        _ => return Ok(false),
+                    }
+                }
+            };
+            st = match (left, &self.hangup) {
+                (None, _) => self.block(st),
+                (Some(left), None) => self.shared.wait(st, Some(left)),
+                (Some(left), Some(probe)) => {
+                    let st = self.shared.wait(st, Some(left.min(HANGUP_POLL)));
+                    self.check_hangup(st, probe)
+                }
+            };
+        }
     }
 
     /// Waits until nothing is queued or running, even for a client that

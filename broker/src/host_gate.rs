@@ -6,8 +6,8 @@
 //! (session) of its own, asks when the stream reached it (`HostFuncWait`),
 //! runs the function in the guest process, and opens the gate
 //! (`HostFuncDone`); the stream then goes on. The thread uses its own
-//! connection so that a synchronizing call of the process (which holds the
-//! process's connection until its stream is done) never waits for it.
+//! connection so that it never waits behind another thread's call on the
+//! process's connection.
 //!
 //! Tokens are looked up in the VM's registry only: another VM's gates cannot
 //! be named. When the process's session ends its gates are abandoned; when

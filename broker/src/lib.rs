@@ -21,6 +21,7 @@ pub mod memory;
 pub mod scheduler;
 pub mod session;
 pub mod session_loop;
+pub mod sync_ticket;
 pub mod tenant;
 #[doc(hidden)]
 pub mod testutils;

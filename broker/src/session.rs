@@ -26,9 +26,11 @@ use crate::hostshare::{Direction, SharedCopy};
 use crate::limits::HandleBudget;
 use crate::memory::{AllocKind, Allocation, Allocations};
 use crate::scheduler::{KernelTicket, Outcome};
+use crate::sync_ticket::SYNC_IN_PLACE_MAX;
 use crate::tenant::{SessionInfo, Tenant};
 use crate::texture::ReferenceKind;
 use vgpu_config::limits::Budget;
+use vgpu_proto::msg::{SYNC_DONE, SYNC_PENDING};
 
 mod alloc_ext;
 mod graph;
@@ -248,6 +250,14 @@ fn write_gathered(
     Ok(())
 }
 
+/// What a synchronizing call waits for ([`Session::sync_point`]).
+enum SyncPoint {
+    /// Work of this session, and the context whose errors the call reports.
+    Work(crate::engine::Until, u64),
+    /// An event another process recorded last.
+    IpcEvent(Arc<alloc_ext::ipc::event::IpcEvent>),
+}
+
 /// Synchronous requests whose handling waits for nothing but the session's own queued work and
 /// does bounded work: with that work done they are answered at once
 /// ([`Session::answers_at_once`]). Not here: allocations and frees (a movable placement may
@@ -267,6 +277,8 @@ const QUICK_OPS: &[u16] = &[
     <msg::MemcpyHtoD as msg::Op>::OPCODE,
     <msg::MemcpyDtoH as msg::Op>::OPCODE,
     <msg::StreamSynchronize as msg::Op>::OPCODE,
+    <msg::SyncBegin as msg::Op>::OPCODE,
+    <msg::SyncFinish as msg::Op>::OPCODE,
     <msg::StreamQuery as msg::Op>::OPCODE,
     <msg::EventQuery as msg::Op>::OPCODE,
     <msg::EventElapsedTime as msg::Op>::OPCODE,
@@ -1410,6 +1422,52 @@ impl Session {
                 self.surface_async_error(lane.ctx)?;
                 reply(out, msg::Empty {})
             }
+            R::SyncBegin(m) => {
+                let (until, ctx) = match self.sync_point(m.ctx, m.kind, m.handle)? {
+                    SyncPoint::Work(until, ctx) => (until, ctx),
+                    SyncPoint::IpcEvent(shared) => {
+                        self.ipc_event_synchronize(&shared)?;
+                        return reply(out, msg::Value { value: SYNC_DONE });
+                    }
+                };
+                let in_place = Duration::from_micros(u64::from(m.wait_us)).min(SYNC_IN_PLACE_MAX);
+                if !self.engine.reach(&until, Some(in_place))? {
+                    let ticket = self.tenant.sync_tickets.register(
+                        self.info.id,
+                        m.token_hi,
+                        m.token_lo,
+                        until.clone(),
+                    )?;
+                    if ticket {
+                        return reply(
+                            out,
+                            msg::Value {
+                                value: SYNC_PENDING,
+                            },
+                        );
+                    }
+                    // The VM's tickets are all taken: wait here, as a plain call does.
+                    self.engine.reach(&until, None)?;
+                }
+                self.pools_after_sync();
+                self.surface_async_error(ctx)?;
+                reply(out, msg::Value { value: SYNC_DONE })
+            }
+            R::SyncWait(m) => {
+                let state = self.tenant.sync_tickets.wait(
+                    m.token_hi,
+                    m.token_lo,
+                    Duration::from_millis(u64::from(m.timeout_ms)),
+                )?;
+                reply(out, msg::Value { value: state })
+            }
+            R::SyncFinish(m) => {
+                if let SyncPoint::Work(_, ctx) = self.sync_point(m.ctx, m.kind, m.handle)? {
+                    self.pools_after_sync();
+                    self.surface_async_error(ctx)?;
+                }
+                reply(out, msg::Empty {})
+            }
             R::StreamQuery(m) => {
                 let lane = self.lane(m.ctx, m.stream)?;
                 if !self.engine.lane_idle(&lane) {
@@ -2184,6 +2242,32 @@ impl Session {
     /// default stream (0, `CU_STREAM_LEGACY`, and `CU_STREAM_PER_THREAD`
     /// from a shim that does not map it to a stream of its own) is the
     /// context's legacy stream.
+    /// What a synchronizing call of `kind` ([`msg::SYNC_CONTEXT`], [`msg::SYNC_STREAM`],
+    /// [`msg::SYNC_EVENT`]) waits for, fixed now.
+    fn sync_point(&self, ctx: u64, kind: u32, handle: u64) -> Result<SyncPoint, CuError> {
+        match kind {
+            msg::SYNC_CONTEXT => {
+                self.ctx(ctx)?;
+                Ok(SyncPoint::Work(self.engine.until_ctx(ctx), ctx))
+            }
+            msg::SYNC_STREAM => {
+                let lane = self.lane(ctx, handle)?;
+                Ok(SyncPoint::Work(self.engine.until_lane(&lane), lane.ctx))
+            }
+            msg::SYNC_EVENT => {
+                let ev = self.event(handle)?;
+                if let Some(shared) = alloc_ext::ipc::event::recorded_elsewhere(ev) {
+                    return Ok(SyncPoint::IpcEvent(shared));
+                }
+                let (rec, ctx) = (ev.clock.get(), ev.ctx);
+                Ok(SyncPoint::Work(self.engine.until_job(rec.seq), ctx))
+            }
+            other => Err(CuError::invalid_value(format!(
+                "a synchronization is of a context (0), a stream (1) or an event (2), not {other}"
+            ))),
+        }
+    }
+
     fn lane(&self, ctx: u64, stream: u64) -> Result<LaneSpec, CuError> {
         let owner = self.stream_ctx(ctx, stream)?;
         if let Some(branch) = self.graphs.route {
@@ -2342,6 +2426,7 @@ impl Drop for Session {
         let engine = std::mem::replace(&mut self.engine, Engine::new(Arc::clone(&self.dev)));
         drop(engine);
         self.tenant.host_gates.end_session(self.info.id);
+        self.tenant.sync_tickets.end_session(self.info.id);
         self.release_alloc_ext();
         self.release_objects(None);
         for h in self.modules.handles_where(|_| true) {

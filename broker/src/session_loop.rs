@@ -1061,6 +1061,151 @@ mod tests {
         assert!(s.answers_at_once(sync), "the work is done");
     }
 
+    /// A synchronization whose work is not done within its wait in place leaves a ticket that
+    /// another connection of the VM waits for, while the process's connection answers.
+    #[test]
+    fn a_synchronization_waits_for_its_ticket_on_another_connection() {
+        let b = broker(Duration::from_millis(300));
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let (mut waiter, _hw) = connect(&b, "vm1");
+        waiter.hello().unwrap();
+        let (mut stranger, _hs) = connect(&b, "vm2");
+        stranger.hello().unwrap();
+        let tickets = &b.tenant("vm1").unwrap().sync_tickets;
+        let dst = alloc(&mut c, ctx, MIB).unwrap();
+        let stream = c
+            .call(
+                &StreamCreate {
+                    ctx,
+                    flags: 1,
+                    priority: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        let begin = |c: &mut TestClient<UnixStream>, kind: u32, handle: u64, lo: u64| {
+            c.call(
+                &SyncBegin {
+                    ctx,
+                    kind,
+                    handle,
+                    wait_us: 1000,
+                    token_hi: 7,
+                    token_lo: lo,
+                },
+                &[],
+            )
+            .map(|r| r.0.value)
+        };
+        let wait = |c: &mut TestClient<UnixStream>, lo: u64, timeout_ms: u32| {
+            c.call(
+                &SyncWait {
+                    token_hi: 7,
+                    token_lo: lo,
+                    timeout_ms,
+                },
+                &[],
+            )
+            .map(|r| r.0.value)
+        };
+        let memset = Memset {
+            ctx,
+            stream,
+            dst,
+            value: 1,
+            elem_size: 1,
+            count: MIB,
+        };
+        // Nothing pending: done at once, no ticket left.
+        assert_eq!(begin(&mut c, SYNC_STREAM, stream, 1), Ok(SYNC_DONE));
+        assert!(tickets.is_empty());
+        // A 300 ms fill: not done within 1 ms.
+        c.post(&memset, &[]).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(begin(&mut c, SYNC_STREAM, stream, 2), Ok(SYNC_PENDING));
+        assert!(
+            t0.elapsed() < Duration::from_millis(250),
+            "it waited in place"
+        );
+        assert_eq!(tickets.len(), 1);
+        assert_eq!(
+            begin(&mut c, SYNC_CONTEXT, 0, 2).unwrap_err().0,
+            CUDA_ERROR_INVALID_VALUE,
+            "a token in use"
+        );
+        // The process's connection answers meanwhile.
+        c.call(&Ping {}, &[]).unwrap();
+        assert_eq!(
+            c.call(&StreamQuery { ctx, stream }, &[]).unwrap_err().0,
+            CUDA_ERROR_NOT_READY
+        );
+        // Another VM cannot name the ticket; a short wait says not yet.
+        assert_eq!(
+            wait(&mut stranger, 2, 1000).unwrap_err().0,
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(wait(&mut waiter, 2, 1), Ok(SYNC_PENDING));
+        assert_eq!(wait(&mut waiter, 2, 10_000), Ok(SYNC_DONE));
+        c.call(&StreamQuery { ctx, stream }, &[]).unwrap();
+        c.call(
+            &SyncFinish {
+                ctx,
+                kind: SYNC_STREAM,
+                handle: stream,
+            },
+            &[],
+        )
+        .unwrap();
+        assert!(tickets.is_empty(), "a ticket seen done goes");
+        assert_eq!(
+            wait(&mut waiter, 2, 1).unwrap_err().0,
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        // The context and an event recorded behind a fill wait the same way.
+        let event = c
+            .call(&EventCreate { ctx, flags: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        c.post(&memset, &[]).unwrap();
+        c.post(&EventRecord { ctx, stream, event }, &[]).unwrap();
+        assert_eq!(begin(&mut c, SYNC_EVENT, event, 3), Ok(SYNC_PENDING));
+        assert_eq!(begin(&mut c, SYNC_CONTEXT, 0, 4), Ok(SYNC_PENDING));
+        assert_eq!(wait(&mut waiter, 3, 10_000), Ok(SYNC_DONE));
+        assert_eq!(wait(&mut waiter, 4, 10_000), Ok(SYNC_DONE));
+        // Bad kinds and handles are refused before anything waits.
+        assert_eq!(
+            begin(&mut c, 3, stream, 5).unwrap_err().0,
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            begin(&mut c, SYNC_EVENT, 0xdead, 5).unwrap_err().0,
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert!(tickets.is_empty());
+        // A session that ends leaves no ticket, and its waiter hears that the work is gone.
+        c.post(&memset, &[]).unwrap();
+        assert_eq!(begin(&mut c, SYNC_STREAM, stream, 6), Ok(SYNC_PENDING));
+        let waiting = std::thread::spawn(move || wait(&mut waiter, 6, 10_000));
+        std::thread::sleep(Duration::from_millis(50));
+        drop(c);
+        let heard = waiting.join().unwrap();
+        assert!(
+            matches!(heard, Ok(SYNC_GONE)) || matches!(heard, Err((CUDA_ERROR_INVALID_HANDLE, _))),
+            "{heard:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !tickets.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the ended session's ticket stays"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn wait_used(b: &Broker, tenant: &str, want: u64) {
         let t = b.tenant(tenant).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -94,6 +94,8 @@ pub struct Tenant {
     pub limits: Arc<crate::limits::LimitUse>,
     /// Pending host functions of the VM's processes.
     pub host_gates: crate::host_gate::HostGates,
+    /// Its processes' synchronizing calls waiting on connections of their own.
+    pub sync_tickets: crate::sync_ticket::SyncTickets,
     closed: AtomicBool,
     scheduler: Arc<Scheduler>,
     sched_id: TenantId,
@@ -134,6 +136,7 @@ impl Tenant {
             usage: crate::usage::MemUsage::default(),
             limits: Arc::new(crate::limits::LimitUse::new(vm.limits)),
             host_gates: crate::host_gate::HostGates::default(),
+            sync_tickets: crate::sync_ticket::SyncTickets::default(),
             closed: AtomicBool::new(false),
             scheduler,
             sched_id,

@@ -168,6 +168,8 @@ pub struct Client {
     output_pending: bool,
     /// Where fetched device output goes: (bytes, stderr?).
     output_sink: fn(&[u8], bool),
+    /// The optional features vgpud has ([`Client::features`]).
+    features: u64,
     /// The unix socket again, for frames that carry a descriptor ([`Client::call_with_fd`]).
     fd_channel: Option<std::os::unix::net::UnixStream>,
     /// Tells the stream how long a reply should take, when its reads poll.
@@ -255,6 +257,7 @@ impl Client {
             broken: None,
             output_pending: false,
             output_sink: crate::devout::write,
+            features: 0,
             fd_channel: None,
             expect: None,
             bell: crate::doorbell::BellState::default(),
@@ -323,14 +326,19 @@ impl Client {
         };
         let hello = self.call(&req, &[])?.0;
         let features = msg::SetFeatures {
-            features: msg::FEATURE_DEVICE_OUTPUT,
+            features: msg::FEATURE_DEVICE_OUTPUT | msg::FEATURE_SYNC_TICKETS,
         };
         match self.call(&features, &[]) {
-            Ok(_) => {}
+            Ok((f, _)) => self.features = f.features,
             Err(e) if e.code == cuda::CUDA_ERROR_NOT_SUPPORTED => {}
             Err(e) => return Err(e),
         }
         Ok(hello)
+    }
+
+    /// The optional features (`msg::FEATURE_*`) vgpud said it has at [`Client::hello`].
+    pub fn features(&self) -> u64 {
+        self.features
     }
 
     /// Fetches the device output a reply announced and writes it out. Best effort: an error

@@ -88,6 +88,9 @@ pub struct Driver {
     /// taken the batch: later posts need not wake it again (no lock on the
     /// hot path).
     flush_armed: AtomicBool,
+    /// Whether vgpud has synchronizing calls that wait on a connection of their own
+    /// ([`crate::sync_wait`]).
+    pub(crate) sync_tickets: bool,
 }
 
 /// A kernel's parameter layout, cached by the shim to pack `kernelParams`.
@@ -223,6 +226,7 @@ fn connect() -> CuRes<Driver> {
         .device()
         .map(|d| (d.info().device_id, d.info().session));
     let share_pinned = client.passes_fds() && crate::pinned::enabled();
+    let sync_tickets = client.features() & msg::FEATURE_SYNC_TICKETS != 0;
     let visible = std::env::var(crate::visible::VAR).ok();
     let cuda_visible =
         crate::visible::shows_the_gpu(visible.as_deref(), &cuda::gpu_uuid_text(&props.uuid));
@@ -255,6 +259,7 @@ fn connect() -> CuRes<Driver> {
         unusable_libraries: Mutex::new(HashMap::new()),
         flush_wanted: (Mutex::new(false), Condvar::new()),
         flush_armed: AtomicBool::new(false),
+        sync_tickets,
     })
 }
 
@@ -658,7 +663,7 @@ pub fn ctx_synchronize() -> CuRes<()> {
 /// is one of this process's).
 pub fn ctx_synchronize_of(c: u64) -> CuRes<()> {
     crate::stream_capture::check_unsafe()?;
-    driver()?.call(&msg::CtxSynchronize { ctx: c }, &[])?;
+    crate::sync_wait::synchronize(msg::SYNC_CONTEXT, c, 0)?;
     crate::alloc_api::after_sync()
 }
 
@@ -1766,7 +1771,7 @@ pub fn stream_synchronize(s: u64) -> CuRes<()> {
     let c = ctx()?;
     crate::stream_capture::check_stream_sync(s)?;
     let s = wire_stream(s)?;
-    driver()?.call(&msg::StreamSynchronize { ctx: c, stream: s }, &[])?;
+    crate::sync_wait::synchronize(msg::SYNC_STREAM, c, s)?;
     crate::alloc_api::after_sync()
 }
 
@@ -1843,7 +1848,7 @@ pub fn event_query(e: u64) -> CuRes<()> {
 pub fn event_synchronize(e: u64) -> CuRes<()> {
     let c = ctx()?;
     crate::stream_capture::check_event(e)?;
-    driver()?.call(&msg::EventSynchronize { ctx: c, event: e }, &[])?;
+    crate::sync_wait::synchronize(msg::SYNC_EVENT, c, e)?;
     crate::alloc_api::after_sync()
 }
 

@@ -15,6 +15,7 @@ pub type CUresult = CuResult;
 /// panic (a bug) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding into C.
 /// With `VGPU_LOG=debug` every call is traced with its result.
 pub fn ffi(name: &str, f: impl FnOnce() -> CuRes<()>) -> CUresult {
+    crate::sync_wait::note_thread();
     let r = guarded(
         name,
         (

@@ -6,8 +6,8 @@
 //! by a 128-bit token (`StreamHostFunc`); the shim's thread asks when the
 //! stream got there (`HostFuncWait`), runs the function and opens the gate
 //! (`HostFuncDone`). That thread talks to vgpud over a connection of its
-//! own, so a synchronizing call of the process, which holds the process's
-//! connection until its stream is done, never waits for it.
+//! own, so it never waits for another thread's call on the process's
+//! connection.
 //!
 //! Host functions of one stream run in order; those of different streams run
 //! one at a time on the same thread, in the order their streams reach them.
@@ -162,13 +162,14 @@ fn process_name() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Opens the host-function thread's own connection.
-fn connect() -> Result<Client, String> {
+/// Opens a connection of its own for a thread of the shim: host functions, synchronizing
+/// calls ([`crate::sync_wait`]); `role` names it in vgpud's session list.
+pub(crate) fn connect(role: &str) -> Result<Client, String> {
     let ep = transport::endpoint_from_env()?;
     let link = transport::open(&ep).map_err(|e| format!("cannot reach vgpud at {ep}: {e}"))?;
     let mut client = Client::with_link(link);
     client
-        .hello(&format!("{} (host functions)", process_name()))
+        .hello(&format!("{} ({role})", process_name()))
         .map_err(|e| e.message)?;
     Ok(client)
 }
@@ -178,7 +179,7 @@ fn connect() -> Result<Client, String> {
 fn runner() -> Option<&'static Runner> {
     RUNNER
         .get_or_init(|| {
-            let client = match connect() {
+            let client = match connect("host functions") {
                 Ok(c) => c,
                 Err(m) => {
                     crate::warn!(
@@ -206,9 +207,9 @@ fn runner() -> Option<&'static Runner> {
         .as_ref()
 }
 
-/// A token no other pending host function of this VM has: random bits and
+/// A token no other pending host function or synchronization of this VM has: random bits and
 /// this process's id and counter.
-fn new_token() -> (u64, u64) {
+pub(crate) fn new_token() -> (u64, u64) {
     static SEED: OnceLock<u64> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let seed = *SEED.get_or_init(|| {

@@ -47,6 +47,7 @@ pub mod pointer;
 pub mod procaddr;
 pub mod stream_attrs;
 pub mod stream_capture;
+pub mod sync_wait;
 pub mod texrefs;
 pub mod textures;
 pub mod transport;

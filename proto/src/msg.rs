@@ -30,11 +30,27 @@ pub const REQ_TAIL: u8 = 1 << 1;
 /// The reply payload ends with bulk bytes after the last field.
 pub const REPLY_TAIL: u8 = 1 << 2;
 
+/// [`SyncBegin`] kind: every stream of the context `ctx` (`cuCtxSynchronize`).
+pub const SYNC_CONTEXT: u32 = 0;
+/// [`SyncBegin`] kind: the stream `handle` (`cuStreamSynchronize`).
+pub const SYNC_STREAM: u32 = 1;
+/// [`SyncBegin`] kind: the event `handle`'s last record (`cuEventSynchronize`).
+pub const SYNC_EVENT: u32 = 2;
+/// [`SyncBegin`] and [`SyncWait`] value: the work is done.
+pub const SYNC_DONE: i32 = 0;
+/// [`SyncBegin`] and [`SyncWait`] value: not yet.
+pub const SYNC_PENDING: i32 = 1;
+/// [`SyncWait`] value: the work will not finish (its session ended or was abandoned).
+pub const SYNC_GONE: i32 = 2;
+
 /// [`SetFeatures`] bit: the client fetches device-side `printf`/`assert` output with
 /// [`TakeOutput`] when a reply carries [`crate::frame::FLAG_OUTPUT`].
 pub const FEATURE_DEVICE_OUTPUT: u64 = 1 << 0;
+/// [`SetFeatures`] bit: the server has [`SyncBegin`], [`SyncWait`] and [`SyncFinish`] (it
+/// enables nothing; asking tells the client).
+pub const FEATURE_SYNC_TICKETS: u64 = 1 << 1;
 /// Every feature this build knows.
-pub const FEATURES: u64 = FEATURE_DEVICE_OUTPUT;
+pub const FEATURES: u64 = FEATURE_DEVICE_OUTPUT | FEATURE_SYNC_TICKETS;
 
 /// A field of a message, for the catalogue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -443,6 +459,28 @@ ops! {
     /// meets the condition its flags name. `cuStreamBatchMemOp` sends one per operation.
     StreamMemOp = 0x0416 => Empty, ASYNC_OK, "cuStreamWaitValue32/64, cuStreamWriteValue32/64, cuStreamBatchMemOp" {
         ctx: u64, stream: u64, op: u32, flags: u32, addr: u64, value: u64,
+    }
+    /// Starts a synchronizing call (`kind`: [`SYNC_CONTEXT`] `ctx`, [`SYNC_STREAM`] stream
+    /// `handle` of `ctx`, [`SYNC_EVENT`] event `handle`) that does not hold the connection while
+    /// it waits: vgpud waits here at most `wait_us` (capped by the host); `value` [`SYNC_DONE`]
+    /// when the work is done (and the call's errors are reported as the plain synchronizing call
+    /// reports them), [`SYNC_PENDING`] when it is not yet: the client then waits with
+    /// `SyncWait` for the token it chose (unique among the VM's pending waits) on a connection
+    /// of its own, and ends with `SyncFinish`.
+    SyncBegin = 0x0417 => Value, 0, "cuCtxSynchronize, cuStreamSynchronize, cuEventSynchronize" {
+        ctx: u64, kind: u32, handle: u64, wait_us: u32, token_hi: u64, token_lo: u64,
+    }
+    /// Waits at most `timeout_ms` (capped by the host) for the work a pending `SyncBegin` named;
+    /// `value`: [`SYNC_DONE`], [`SYNC_PENDING`] (not yet: ask again) or [`SYNC_GONE`] (its
+    /// session's work was abandoned). Sent on any connection of the VM; the token is forgotten
+    /// once done or gone.
+    SyncWait = 0x0418 => Value, 0, "cuCtxSynchronize, cuStreamSynchronize, cuEventSynchronize" {
+        token_hi: u64, token_lo: u64, timeout_ms: u32,
+    }
+    /// Ends a synchronizing call whose wait `SyncWait` saw done: reports its errors as the
+    /// plain synchronizing call does, without waiting again.
+    SyncFinish = 0x0419 => Empty, 0, "cuCtxSynchronize, cuStreamSynchronize, cuEventSynchronize" {
+        ctx: u64, kind: u32, handle: u64,
     }
 
     /// Creates an event.

@@ -1,0 +1,212 @@
+//! Synchronizing calls (`cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`) that
+//! do not hold the process's connection while they wait.
+//!
+//! A process's threads share one connection to vgpud, and a call holds it until its reply
+//! comes. A thread waiting there for a long kernel would stop every other thread's CUDA calls
+//! until the kernel ended (in CUDA they go on: a server thread launching requests while another
+//! waits for the last batch), and a program whose other thread releases the wait (a
+//! `cuStreamWriteValue32` that a `cuStreamWaitValue32` in the synchronized stream waits for)
+//! would never end.
+//!
+//! So in a process where more than one thread has called CUDA ([`note_thread`]), a
+//! synchronizing call asks vgpud to wait in place only briefly (`SyncBegin`,
+//! [`IN_PLACE_US`]): most synchronizations end within it and cost one round trip, as before.
+//! When the work is not done by then, vgpud keeps a ticket under a token the shim chose, and
+//! the thread lets go of the process's connection and waits for the ticket (`SyncWait`) on a
+//! connection of its own, from a pool ([`MAX_CONNECTIONS`], [`KEEP_IDLE`] kept between waits); once the work is
+//! done it ends the call on the process's connection (`SyncFinish`), which reports the work's
+//! errors as the plain call does. With no connection of its own to be had (the pool is in use,
+//! or one cannot be opened) it waits on the process's connection, as before. A process whose
+//! only CUDA thread is the caller has no other thread to stop, and makes the plain calls, as
+//! does every process of a vgpud without tickets (`FEATURE_SYNC_TICKETS`). (A thread whose first
+//! CUDA call comes while another thread waits in a plain call waits for it that once.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use vgpu_proto::cuda;
+use vgpu_proto::msg::{self, SYNC_DONE, SYNC_GONE, SYNC_PENDING};
+
+use crate::client::{CallError, Client};
+use crate::driver::{CuRes, Driver, driver};
+
+/// How long vgpud waits in place before it leaves a ticket: the other threads' calls wait at
+/// most this long behind a synchronization; a longer one costs two more round trips (a few
+/// microseconds against at least a millisecond of waiting).
+pub const IN_PLACE_US: u32 = 1000;
+/// How long one `SyncWait` waits before vgpud answers "not yet" (and the shim asks again).
+pub const WAIT_SLICE_MS: u32 = 1000;
+/// Most connections of their own the process's waiting threads have open at once (each is a
+/// session of the VM's session budget, `limits.sessions`). A thread finding all of them in use
+/// waits on the process's connection.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Idle connections kept for the next waits; one given back beyond them is closed.
+pub const KEEP_IDLE: usize = 4;
+
+/// Connections of waiting threads, not in use now.
+static IDLE: Mutex<Vec<Client>> = Mutex::new(Vec::new());
+/// Connections opened (in use or idle), at most [`MAX_CONNECTIONS`].
+static OPENED: AtomicUsize = AtomicUsize::new(0);
+
+/// Threads of the process that called a CUDA entry point and have not ended.
+static CUDA_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// One of [`CUDA_THREADS`], for as long as its thread lives.
+struct CudaThread;
+
+impl Drop for CudaThread {
+    fn drop(&mut self) {
+        CUDA_THREADS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+thread_local! {
+    static THIS_THREAD: CudaThread = {
+        CUDA_THREADS.fetch_add(1, Ordering::Relaxed);
+        CudaThread
+    };
+}
+
+/// Counts the calling thread among the process's CUDA threads (every entry point calls it; after
+/// a thread's first call it costs a thread-local look). A call from a thread-local destructor
+/// (NVIDIA's runtime cleans up as its threads end) after this one ran is not counted again.
+pub fn note_thread() {
+    let _ = THIS_THREAD.try_with(|_| {});
+}
+
+/// Whether another thread than the caller has called CUDA and not ended.
+fn other_cuda_threads() -> bool {
+    CUDA_THREADS.load(Ordering::Relaxed) > 1
+}
+
+fn idle() -> MutexGuard<'static, Vec<Client>> {
+    IDLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits for the work a synchronizing call of `kind` (`msg::SYNC_CONTEXT` with context `ctx`,
+/// `msg::SYNC_STREAM` with stream `handle` of `ctx`, `msg::SYNC_EVENT` with event `handle`)
+/// names, and returns its errors.
+pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
+    let d = driver()?;
+    if !d.sync_tickets || !other_cuda_threads() {
+        return plain(d, kind, ctx, handle);
+    }
+    let (token_hi, token_lo) = crate::host_func::new_token();
+    let begin = msg::SyncBegin {
+        ctx,
+        kind,
+        handle,
+        wait_us: IN_PLACE_US,
+        token_hi,
+        token_lo,
+    };
+    match d.call(&begin, &[])?.value {
+        SYNC_DONE => return Ok(()),
+        SYNC_PENDING => {}
+        other => {
+            crate::warn!("vgpud answered a synchronization with {other}");
+            return Err(cuda::CUDA_ERROR_UNKNOWN);
+        }
+    }
+    let wait = msg::SyncWait {
+        token_hi,
+        token_lo,
+        timeout_ms: WAIT_SLICE_MS,
+    };
+    let state = match take_connection() {
+        Some(mut own) => {
+            let r = wait_on(&mut own, &wait);
+            match r {
+                Ok(_) => give_back(own),
+                // A connection that failed is dropped; the wait goes on below.
+                Err(_) => {
+                    OPENED.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            match r {
+                Ok(state) => state,
+                Err(e) => {
+                    crate::debug!(
+                        "a synchronization's own connection failed ({}); waiting on the process's",
+                        e.message
+                    );
+                    wait_on_process(d, &wait)?
+                }
+            }
+        }
+        None => wait_on_process(d, &wait)?,
+    };
+    if state == SYNC_GONE {
+        return Err(cuda::CUDA_ERROR_DEVICE_UNAVAILABLE);
+    }
+    d.call(&msg::SyncFinish { ctx, kind, handle }, &[])
+        .map(drop)
+}
+
+/// The plain synchronizing call, waiting on the process's connection.
+fn plain(d: &Driver, kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
+    match kind {
+        msg::SYNC_STREAM => d.call(
+            &msg::StreamSynchronize {
+                ctx,
+                stream: handle,
+            },
+            &[],
+        ),
+        msg::SYNC_EVENT => d.call(&msg::EventSynchronize { ctx, event: handle }, &[]),
+        _ => d.call(&msg::CtxSynchronize { ctx }, &[]),
+    }
+    .map(drop)
+}
+
+/// Asks `client` until the ticket is done or gone.
+fn wait_on(client: &mut Client, wait: &msg::SyncWait) -> Result<i32, CallError> {
+    loop {
+        let state = client.call(wait, &[])?.0.value;
+        if state != SYNC_PENDING {
+            return Ok(state);
+        }
+    }
+}
+
+/// Waits on the process's connection (holding it, as the plain call does).
+fn wait_on_process(d: &Driver, wait: &msg::SyncWait) -> CuRes<i32> {
+    loop {
+        let state = d.call(wait, &[])?.value;
+        if state != SYNC_PENDING {
+            return Ok(state);
+        }
+    }
+}
+
+/// An idle connection of the pool, or a new one while fewer than [`MAX_CONNECTIONS`] are
+/// open; `None` otherwise or when none can be opened.
+fn take_connection() -> Option<Client> {
+    if let Some(c) = idle().pop() {
+        return Some(c);
+    }
+    let opened = OPENED.fetch_add(1, Ordering::Relaxed);
+    if opened >= MAX_CONNECTIONS {
+        OPENED.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    match crate::host_func::connect("synchronization") {
+        Ok(c) => Some(c),
+        Err(m) => {
+            OPENED.fetch_sub(1, Ordering::Relaxed);
+            crate::debug!("no connection of its own for a synchronization: {m}");
+            None
+        }
+    }
+}
+
+fn give_back(c: Client) {
+    let mut idle = idle();
+    if idle.len() < KEEP_IDLE {
+        idle.push(c);
+        return;
+    }
+    drop(idle);
+    drop(c);
+    OPENED.fetch_sub(1, Ordering::Relaxed);
+}

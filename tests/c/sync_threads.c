@@ -1,0 +1,254 @@
+/*
+ * Synchronizing calls of one thread do not stop the process's other threads: while threads
+ * wait in cuStreamSynchronize, cuEventSynchronize and cuCtxSynchronize for a stream held by a
+ * cuStreamWaitValue32, another thread's calls (copies, fills, synchronizations of another
+ * stream) go on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on
+ * CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
+ * ended. Also: more waiting threads than the shim keeps connections for, and an error of the
+ * awaited work reaching the waiting thread.
+ *
+ * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is the number of
+ * failures. A deadlock ends the program through alarm() with a FAIL line.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+
+CUresult cuInit(unsigned);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxSynchronize(void);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemsetD32_v2(CUdeviceptr, unsigned, size_t);
+CUresult cuMemsetD32Async(CUdeviceptr, unsigned, size_t, CUstream);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamQuery(CUstream);
+CUresult cuStreamWaitValue32_v2(CUstream, CUdeviceptr, unsigned, unsigned);
+CUresult cuStreamWriteValue32_v2(CUstream, CUdeviceptr, unsigned, unsigned);
+CUresult cuEventCreate(CUevent *, unsigned);
+CUresult cuEventDestroy_v2(CUevent);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+
+#include "check.h"
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_ILLEGAL_ADDRESS 700
+#define CU_STREAM_NON_BLOCKING 1
+#define CU_STREAM_WAIT_VALUE_GEQ 0
+#define CU_EVENT_DISABLE_TIMING 2
+
+/* Threads waiting at once in the second check: more than the shim keeps idle connections for
+ * (4), so some of them open connections of their own and give them back. */
+#define WAITERS 8
+/* Round trips the main thread makes while the others wait. */
+#define CALLS 100
+/* Words of the buffer the main thread fills and reads back. */
+#define WORDS 1024
+
+enum kind { STREAM, EVENT, CONTEXT };
+static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize"};
+
+static CUcontext ctx;
+
+struct waiter {
+    pthread_t thread;
+    enum kind kind;
+    CUstream stream;
+    CUevent event;
+    atomic_int done;
+    CUresult result;
+};
+
+static void *wait_main(void *arg) {
+    struct waiter *w = arg;
+    cuCtxSetCurrent(ctx);
+    switch (w->kind) {
+    case STREAM: w->result = cuStreamSynchronize(w->stream); break;
+    case EVENT: w->result = cuEventSynchronize(w->event); break;
+    case CONTEXT: w->result = cuCtxSynchronize(); break;
+    }
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char m[] = "FAIL the program deadlocked: a waiting thread stopped the others\n";
+    if (write(1, m, sizeof m - 1) < 0) {}
+    _exit(99);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* The main thread's work while others wait: fills on its own stream, synchronized and read
+ * back, CALLS times. Returns the number of round trips that failed or read wrong bytes. */
+static int work_beside(CUstream s2, CUdeviceptr buf) {
+    static unsigned host[WORDS];
+    int bad = 0;
+    for (unsigned i = 0; i < CALLS; i++) {
+        if (cuMemsetD32Async(buf, i + 1, WORDS, s2) != CUDA_SUCCESS) bad++;
+        if (cuStreamSynchronize(s2) != CUDA_SUCCESS) bad++;
+        memset(host, 0, sizeof host);
+        if (cuMemcpyDtoH_v2(host, buf, sizeof host) != CUDA_SUCCESS) bad++;
+        if (host[0] != i + 1 || host[WORDS - 1] != i + 1) bad++;
+    }
+    return bad;
+}
+
+/* Waits up to `seconds` for every waiter to be done; whether they all were. */
+static int joined(struct waiter *w, int n, double seconds) {
+    double until = now_s() + seconds;
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < n; i++) all &= atomic_load(&w[i].done);
+        if (all) break;
+        if (now_s() > until) return 0;
+        usleep(1000);
+    }
+    for (int i = 0; i < n; i++) pthread_join(w[i].thread, NULL);
+    return 1;
+}
+
+static int any_done(struct waiter *w, int n) {
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&w[i].done)) return 1;
+    return 0;
+}
+
+/* Holds s1 at a wait for `flag`, starts `n` waiters of the given kinds, works beside them on
+ * s2, then releases s1 from s2 and checks that every waiter returned `want`. */
+static void round_of(const char *what, enum kind *kinds, int n, CUstream s1, CUstream s2,
+                     CUevent ev, CUdeviceptr flag, CUdeviceptr buf, CUfunction after,
+                     CUresult want) {
+    char line[256];
+    struct waiter w[WAITERS];
+    memset(w, 0, sizeof w);
+    check("the flag is cleared", cuMemsetD32_v2(flag, 0, 1), CUDA_SUCCESS);
+    check("the stream waits for the flag",
+          cuStreamWaitValue32_v2(s1, flag, 1, CU_STREAM_WAIT_VALUE_GEQ), CUDA_SUCCESS);
+    if (after) {
+        CUdeviceptr null_ptr = 0;
+        void *params[] = {&null_ptr};
+        check("a faulting kernel is queued behind the wait",
+              cuLaunchKernel(after, 1, 1, 1, 1, 1, 1, 0, s1, params, NULL), CUDA_SUCCESS);
+    }
+    check("an event is recorded behind the wait", cuEventRecord(ev, s1), CUDA_SUCCESS);
+    for (int i = 0; i < n; i++) {
+        w[i].kind = kinds[i];
+        w[i].stream = s1;
+        w[i].event = ev;
+        pthread_create(&w[i].thread, NULL, wait_main, &w[i]);
+    }
+    /* Long enough for the waiters to be past vgpud's wait in place (1 ms). */
+    usleep(100 * 1000);
+    double t0 = now_s();
+    int bad = work_beside(s2, buf);
+    double took = now_s() - t0;
+    snprintf(line, sizeof line, "%s: %d round trips of another thread complete while they wait",
+             what, CALLS);
+    expect(line, bad == 0);
+    printf("# %s: %d round trips beside the waiters took %.1f ms\n", what, CALLS, took * 1e3);
+    snprintf(line, sizeof line, "%s: no waiter returned before the flag was written", what);
+    expect(line, !any_done(w, n));
+    snprintf(line, sizeof line, "%s: the awaited stream is still not ready", what);
+    check(line, cuStreamQuery(s1), CUDA_ERROR_NOT_READY);
+    snprintf(line, sizeof line, "%s: another thread's write releases the wait", what);
+    check(line, cuStreamWriteValue32_v2(s2, flag, 1, 0), CUDA_SUCCESS);
+    snprintf(line, sizeof line, "%s: every waiter returns", what);
+    int all = joined(w, n, 30.0);
+    expect(line, all);
+    if (!all) return;
+    for (int i = 0; i < n; i++) {
+        snprintf(line, sizeof line, "%s: waiter %d (%s) returns what its work did", what, i,
+                 kind_name[w[i].kind]);
+        check(line, w[i].result, want);
+    }
+}
+
+static const char FAULT_PTX[] =
+    ".version 7.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry store_to(.param .u64 p)\n"
+    "{\n"
+    "    .reg .b32 %r<2>;\n"
+    "    .reg .b64 %rd<2>;\n"
+    "    ld.param.u64 %rd1, [p];\n"
+    "    mov.u32 %r1, 7;\n"
+    "    st.global.u32 [%rd1], %r1;\n"
+    "    ret;\n"
+    "}\n";
+
+int main(void) {
+    signal(SIGALRM, on_alarm);
+    alarm(120);
+    CUdevice dev;
+    check("cuInit", cuInit(0), CUDA_SUCCESS);
+    check("cuDeviceGet", cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    check("cuCtxCreate", cuCtxCreate_v2(&ctx, 0, dev), CUDA_SUCCESS);
+    CUstream s1, s2;
+    CUevent ev;
+    CUdeviceptr flag, buf;
+    check("stream 1", cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    check("stream 2", cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    check("event", cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    check("flag", cuMemAlloc_v2(&flag, 4), CUDA_SUCCESS);
+    check("buffer", cuMemAlloc_v2(&buf, WORDS * 4), CUDA_SUCCESS);
+
+    /* One waiter of each kind, one at a time. */
+    for (int k = STREAM; k <= CONTEXT; k++) {
+        enum kind kinds[] = {(enum kind)k};
+        round_of(kind_name[k], kinds, 1, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
+    }
+
+    /* Many waiters at once, of every kind. */
+    enum kind many[WAITERS];
+    for (int i = 0; i < WAITERS; i++) many[i] = (enum kind)(i % 3);
+    round_of("eight waiters", many, WAITERS, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
+    /* And again: the connections given back serve the next waits. */
+    round_of("eight waiters again", many, WAITERS, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
+
+    /* A wait that ends in a fault of the awaited work reports it to the waiting thread (last:
+     * the fault ends the context). */
+    CUmodule mod;
+    CUfunction store_to;
+    check("module", cuModuleLoadData(&mod, FAULT_PTX), CUDA_SUCCESS);
+    check("kernel", cuModuleGetFunction(&store_to, mod, "store_to"), CUDA_SUCCESS);
+    enum kind one[] = {STREAM};
+    round_of("a fault behind the wait", one, 1, s1, s2, ev, flag, buf, store_to,
+             CUDA_ERROR_ILLEGAL_ADDRESS);
+
+    check("cuCtxDestroy", cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+    printf("%d failures\n", failures);
+    return failures;
+}

@@ -549,7 +549,7 @@ pub fn current_ctx() -> Option<u64> {
     with_ctx_stack(|s| s.last()).ok().flatten()
 }
 
-fn ctx() -> CuRes<u64> {
+pub(crate) fn ctx() -> CuRes<u64> {
     driver()?;
     current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)
 }
@@ -920,6 +920,9 @@ pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
     if let Some(r) = crate::stream_capture::intercept(stream, sync, op) {
         return r;
     }
+    if sync {
+        crate::sync_wait::before_blocking_copy(stream)?;
+    }
     if let Some(r) = crate::alloc_api::htod_hook(dst, src) {
         return r;
     }
@@ -997,6 +1000,9 @@ pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     let sync = stream == 0 || stream == 1;
     if let Some(r) = crate::stream_capture::intercept(stream, sync, op) {
         return r;
+    }
+    if sync {
+        crate::sync_wait::before_blocking_copy(stream)?;
     }
     if let Some(r) = crate::alloc_api::dtoh_hook(dst, src) {
         return r;

@@ -143,6 +143,21 @@ pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
         .map(drop)
 }
 
+/// Before a synchronous copy on `stream` (as the application names it) of a process with other
+/// CUDA threads (`cuMemcpyDtoH`, `cuMemcpyHtoD`, which wait for their stream's earlier work):
+/// waits for that work as [`synchronize`] does, so that the copy itself no longer waits on the
+/// process's connection. Costs one round trip when the stream is idle; nothing in a process
+/// with one CUDA thread.
+pub(crate) fn before_blocking_copy(stream: u64) -> CuRes<()> {
+    match driver() {
+        Ok(d) if d.sync_tickets && other_cuda_threads() => {
+            let ctx = crate::driver::ctx()?;
+            synchronize(msg::SYNC_STREAM, ctx, crate::driver::wire_stream(stream)?)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The plain synchronizing call, waiting on the process's connection.
 fn plain(d: &Driver, kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
     match kind {

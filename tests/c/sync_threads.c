@@ -1,9 +1,9 @@
 /*
  * Synchronizing calls of one thread do not stop the process's other threads: while threads
  * wait in cuStreamSynchronize, cuEventSynchronize and cuCtxSynchronize for a stream held by a
- * cuStreamWaitValue32, another thread's calls (copies, fills, synchronizations of another
- * stream) go on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on
- * CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
+ * cuStreamWaitValue32, or in synchronous copies (cuMemcpyDtoH, cuMemcpyHtoD) behind the legacy
+ * stream held so, another thread's calls (copies, fills, synchronizations of another stream) go
+ * on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
  * ended. Also: more waiting threads than the shim keeps connections for, and an error of the
  * awaited work reaching the waiting thread.
  *
@@ -39,6 +39,8 @@ CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemsetD32_v2(CUdeviceptr, unsigned, size_t);
 CUresult cuMemsetD32Async(CUdeviceptr, unsigned, size_t, CUstream);
 CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
 CUresult cuStreamCreate(CUstream *, unsigned);
 CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuStreamSynchronize(CUstream);
@@ -71,10 +73,17 @@ CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsi
 /* Words of the buffer the main thread fills and reads back. */
 #define WORDS 1024
 
-enum kind { STREAM, EVENT, CONTEXT };
-static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize"};
+enum kind { STREAM, EVENT, CONTEXT, COPY_DTOH, COPY_HTOD };
+static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize",
+                                  "cuMemcpyDtoH", "cuMemcpyHtoD"};
+/* What the copy waiters read (COPY_DTOH, filled before) and write (COPY_HTOD). */
+#define READ_PATTERN 0x5a5a5a5au
+#define WRITE_PATTERN 0x77777777u
+/* A wrong copy's result. */
+#define WRONG_BYTES 999
 
 static CUcontext ctx;
+static CUdeviceptr read_buf, write_buf;
 
 struct waiter {
     pthread_t thread;
@@ -88,10 +97,21 @@ struct waiter {
 static void *wait_main(void *arg) {
     struct waiter *w = arg;
     cuCtxSetCurrent(ctx);
+    static __thread unsigned host[WORDS];
     switch (w->kind) {
     case STREAM: w->result = cuStreamSynchronize(w->stream); break;
     case EVENT: w->result = cuEventSynchronize(w->event); break;
     case CONTEXT: w->result = cuCtxSynchronize(); break;
+    case COPY_DTOH:
+        w->result = cuMemcpyDtoH_v2(host, read_buf, sizeof host);
+        if (w->result == CUDA_SUCCESS &&
+            (host[0] != READ_PATTERN || host[WORDS - 1] != READ_PATTERN))
+            w->result = WRONG_BYTES;
+        break;
+    case COPY_HTOD:
+        for (int i = 0; i < WORDS; i++) host[i] = WRITE_PATTERN;
+        w->result = cuMemcpyHtoD_v2(write_buf, host, sizeof host);
+        break;
     }
     atomic_store(&w->done, 1);
     return NULL;
@@ -111,15 +131,21 @@ static double now_s(void) {
 }
 
 /* The main thread's work while others wait: fills on its own stream, synchronized and read
- * back, CALLS times. Returns the number of round trips that failed or read wrong bytes. */
-static int work_beside(CUstream s2, CUdeviceptr buf) {
+ * back (with a synchronous copy unless the legacy stream is the one held), CALLS times.
+ * Returns the number of round trips that failed or read wrong bytes. */
+static int work_beside(CUstream s2, CUdeviceptr buf, int legacy_held) {
     static unsigned host[WORDS];
     int bad = 0;
     for (unsigned i = 0; i < CALLS; i++) {
         if (cuMemsetD32Async(buf, i + 1, WORDS, s2) != CUDA_SUCCESS) bad++;
         if (cuStreamSynchronize(s2) != CUDA_SUCCESS) bad++;
         memset(host, 0, sizeof host);
-        if (cuMemcpyDtoH_v2(host, buf, sizeof host) != CUDA_SUCCESS) bad++;
+        if (legacy_held) {
+            if (cuMemcpyDtoHAsync_v2(host, buf, sizeof host, s2) != CUDA_SUCCESS) bad++;
+            if (cuStreamSynchronize(s2) != CUDA_SUCCESS) bad++;
+        } else if (cuMemcpyDtoH_v2(host, buf, sizeof host) != CUDA_SUCCESS) {
+            bad++;
+        }
         if (host[0] != i + 1 || host[WORDS - 1] != i + 1) bad++;
     }
     return bad;
@@ -172,7 +198,7 @@ static void round_of(const char *what, enum kind *kinds, int n, CUstream s1, CUs
     /* Long enough for the waiters to be past vgpud's wait in place (1 ms). */
     usleep(100 * 1000);
     double t0 = now_s();
-    int bad = work_beside(s2, buf);
+    int bad = work_beside(s2, buf, s1 == NULL);
     double took = now_s() - t0;
     snprintf(line, sizeof line, "%s: %d round trips of another thread complete while they wait",
              what, CALLS);
@@ -224,12 +250,27 @@ int main(void) {
     check("event", cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
     check("flag", cuMemAlloc_v2(&flag, 4), CUDA_SUCCESS);
     check("buffer", cuMemAlloc_v2(&buf, WORDS * 4), CUDA_SUCCESS);
+    check("copy source", cuMemAlloc_v2(&read_buf, WORDS * 4), CUDA_SUCCESS);
+    check("copy destination", cuMemAlloc_v2(&write_buf, WORDS * 4), CUDA_SUCCESS);
 
     /* One waiter of each kind, one at a time. */
     for (int k = STREAM; k <= CONTEXT; k++) {
         enum kind kinds[] = {(enum kind)k};
         round_of(kind_name[k], kinds, 1, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
     }
+
+    /* Synchronous copies behind the legacy stream, held the same way. */
+    check("the copies' source is filled", cuMemsetD32_v2(read_buf, READ_PATTERN, WORDS),
+          CUDA_SUCCESS);
+    for (int k = COPY_DTOH; k <= COPY_HTOD; k++) {
+        enum kind kinds[] = {(enum kind)k};
+        round_of(kind_name[k], kinds, 1, NULL, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
+    }
+    static unsigned written[WORDS];
+    check("the copy's bytes are read back", cuMemcpyDtoH_v2(written, write_buf, sizeof written),
+          CUDA_SUCCESS);
+    expect("the waiting copy wrote its bytes",
+           written[0] == WRITE_PATTERN && written[WORDS - 1] == WRITE_PATTERN);
 
     /* Many waiters at once, of every kind. */
     enum kind many[WAITERS];

@@ -30,7 +30,7 @@ use crate::sync_ticket::SYNC_IN_PLACE_MAX;
 use crate::tenant::{SessionInfo, Tenant};
 use crate::texture::ReferenceKind;
 use vgpu_config::limits::Budget;
-use vgpu_proto::msg::{SYNC_DONE, SYNC_PENDING};
+use vgpu_proto::msg::{SYNC_DONE, SYNC_IDLE, SYNC_PENDING};
 
 mod alloc_ext;
 mod graph;
@@ -1451,7 +1451,12 @@ impl Session {
                 }
                 self.pools_after_sync();
                 self.surface_async_error(ctx)?;
-                reply(out, msg::Value { value: SYNC_DONE })
+                let value = if self.engine.idle() {
+                    SYNC_IDLE
+                } else {
+                    SYNC_DONE
+                };
+                reply(out, msg::Value { value })
             }
             R::SyncWait(m) => {
                 let state = self.tenant.sync_tickets.wait(

@@ -1118,11 +1118,13 @@ mod tests {
             elem_size: 1,
             count: MIB,
         };
-        // Nothing pending: done at once, no ticket left.
-        assert_eq!(begin(&mut c, SYNC_STREAM, stream, 1), Ok(SYNC_DONE));
+        // Nothing pending: done at once, no ticket left, and the whole session is idle.
+        assert_eq!(begin(&mut c, SYNC_STREAM, stream, 1), Ok(SYNC_IDLE));
         assert!(tickets.is_empty());
         // A 300 ms fill: not done within 1 ms.
         c.post(&memset, &[]).unwrap();
+        // The legacy stream (independent of a non-blocking one) is done, the session is not idle.
+        assert_eq!(begin(&mut c, SYNC_STREAM, 0, 1), Ok(SYNC_DONE));
         let t0 = Instant::now();
         assert_eq!(begin(&mut c, SYNC_STREAM, stream, 2), Ok(SYNC_PENDING));
         assert!(

@@ -32,6 +32,26 @@ pub const QUERIES: [u16; 5] = [
     msg::DeviceGetCount::OPCODE,
     msg::MemGetInfo::OPCODE,
 ];
+/// Synchronous requests that return with their work done and leave none queued: waits,
+/// queries and synchronous copies ([`Client::enqueued`] does not count them).
+pub const LEAVES_NO_WORK: [u16; 16] = [
+    msg::Ping::OPCODE,
+    msg::TakeOutput::OPCODE,
+    msg::TenantInfo::OPCODE,
+    msg::MemGetInfo::OPCODE,
+    msg::CtxSynchronize::OPCODE,
+    msg::StreamSynchronize::OPCODE,
+    msg::EventSynchronize::OPCODE,
+    msg::StreamQuery::OPCODE,
+    msg::EventQuery::OPCODE,
+    msg::SyncBegin::OPCODE,
+    msg::SyncWait::OPCODE,
+    msg::SyncFinish::OPCODE,
+    msg::MemcpyDtoH::OPCODE,
+    msg::MemcpyHtoD::OPCODE,
+    msg::MemcpyDtoHShared::OPCODE,
+    msg::MemcpyHtoDShared::OPCODE,
+];
 /// Frames with at most this many bulk bytes travel in the batch, their bytes copied into it
 /// (over a stream, and over the device when it takes batches); larger ones go out on their own,
 /// their bytes written (stream) or read by the device (device) in place.
@@ -170,6 +190,8 @@ pub struct Client {
     output_sink: fn(&[u8], bool),
     /// The optional features vgpud has ([`Client::features`]).
     features: u64,
+    /// Requests sent that may have left work queued in vgpud ([`Client::enqueued`]).
+    enqueued: u64,
     /// The unix socket again, for frames that carry a descriptor ([`Client::call_with_fd`]).
     fd_channel: Option<std::os::unix::net::UnixStream>,
     /// Tells the stream how long a reply should take, when its reads poll.
@@ -258,6 +280,7 @@ impl Client {
             output_pending: false,
             output_sink: crate::devout::write,
             features: 0,
+            enqueued: 0,
             fd_channel: None,
             expect: None,
             bell: crate::doorbell::BellState::default(),
@@ -395,8 +418,22 @@ impl Client {
         r.map_err(|e| self.fail(e))
     }
 
+    /// Requests sent so far that may have left work queued in vgpud: every asynchronous one, and
+    /// every synchronous one but those that return with their work done ([`LEAVES_NO_WORK`]).
+    /// Equal counts at two moments mean no work was sent between them.
+    pub fn enqueued(&self) -> u64 {
+        self.enqueued
+    }
+
+    fn count_request(&mut self, opcode: u16, flags: u16) {
+        if flags & FLAG_ASYNC != 0 || !LEAVES_NO_WORK.contains(&opcode) {
+            self.enqueued += 1;
+        }
+    }
+
     /// Encodes a frame's header and fields into `scratch` (bulk bytes not included).
     fn frame<O: Op>(&mut self, req: &O, tail_len: usize, flags: u16) -> u64 {
+        self.count_request(O::OPCODE, flags);
         self.call_id += 1;
         let mut fields = std::mem::take(&mut self.scratch);
         fields.clear();
@@ -444,6 +481,7 @@ impl Client {
             }
             return Ok(id);
         }
+        self.count_request(O::OPCODE, flags);
         self.call_id += 1;
         self.scratch.clear();
         req.encode(&mut self.scratch);
@@ -1049,6 +1087,62 @@ mod tests {
             elem_size: 1,
             count: 4,
         }
+    }
+
+    /// Posted requests and synchronous ones that may leave work queued count; waits, queries and
+    /// synchronous copies do not.
+    #[test]
+    fn requests_that_may_leave_work_queued_are_counted() {
+        let (mut c, mut server) = pair();
+        let t = std::thread::spawn(move || {
+            let mut p = Vec::new();
+            loop {
+                let Ok(h) = frame::read_frame(&mut server, &mut p) else {
+                    return;
+                };
+                if !h.is_async() {
+                    let body: &[u8] = if h.opcode == msg::StreamCreate::OPCODE {
+                        &[7, 0, 0, 0, 0, 0, 0, 0]
+                    } else {
+                        &[]
+                    };
+                    reply(&mut server, &h, 0, body);
+                }
+            }
+        });
+        assert_eq!(c.enqueued(), 0);
+        c.post(&memset(), &[]).unwrap();
+        c.post(&memset(), &[]).unwrap();
+        assert_eq!(c.enqueued(), 2);
+        c.call(&msg::Ping {}, &[]).unwrap();
+        c.call(&msg::CtxSynchronize { ctx: 1 }, &[]).unwrap();
+        c.call(&msg::StreamQuery { ctx: 1, stream: 0 }, &[])
+            .unwrap();
+        let htod = msg::MemcpyHtoD {
+            ctx: 1,
+            stream: 0,
+            dst: 2,
+        };
+        c.call(&htod, &[1, 2, 3]).unwrap();
+        assert_eq!(
+            c.enqueued(),
+            2,
+            "waits, queries and synchronous copies leave nothing"
+        );
+        c.post(&htod, &[1, 2, 3]).unwrap();
+        assert_eq!(c.enqueued(), 3, "an asynchronous copy may still be queued");
+        c.call(
+            &msg::StreamCreate {
+                ctx: 1,
+                flags: 0,
+                priority: 0,
+            },
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.enqueued(), 4, "other synchronous requests count");
+        drop(c);
+        t.join().unwrap();
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CStr, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -91,6 +91,9 @@ pub struct Driver {
     /// Whether vgpud has synchronizing calls that wait on a connection of their own
     /// ([`crate::sync_wait`]).
     pub(crate) sync_tickets: bool,
+    /// The client's [`Client::enqueued`] count when vgpud last said the session was idle
+    /// (`msg::SYNC_IDLE`); `u64::MAX` before.
+    pub(crate) idle_at: AtomicU64,
 }
 
 /// A kernel's parameter layout, cached by the shim to pack `kernelParams`.
@@ -260,6 +263,7 @@ fn connect() -> CuRes<Driver> {
         flush_wanted: (Mutex::new(false), Condvar::new()),
         flush_armed: AtomicBool::new(false),
         sync_tickets,
+        idle_at: AtomicU64::new(u64::MAX),
     })
 }
 
@@ -344,6 +348,20 @@ impl Driver {
     pub(crate) fn call<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<O::Reply> {
         let r = lock(&self.client).call(req, tail).map(|(r, _)| r);
         log_err(std::any::type_name::<O>(), r)
+    }
+
+    /// [`Driver::call`], with the client's [`Client::enqueued`] count right after it (no other
+    /// thread's request between them).
+    pub(crate) fn call_counted<O: msg::Op>(&self, req: &O) -> CuRes<(O::Reply, u64)> {
+        let mut c = lock(&self.client);
+        let r = c.call(req, &[]).map(|(r, _)| (r, c.enqueued()));
+        drop(c);
+        log_err(std::any::type_name::<O>(), r)
+    }
+
+    /// The client's [`Client::enqueued`] count now.
+    pub(crate) fn enqueued(&self) -> u64 {
+        lock(&self.client).enqueued()
     }
 
     /// A synchronous copy of `len` bytes that vgpud makes in place (a pinned buffer it shares):

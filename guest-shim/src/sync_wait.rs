@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use vgpu_proto::cuda;
-use vgpu_proto::msg::{self, SYNC_DONE, SYNC_GONE, SYNC_PENDING};
+use vgpu_proto::msg::{self, SYNC_DONE, SYNC_GONE, SYNC_IDLE, SYNC_PENDING};
 
 use crate::client::{CallError, Client};
 use crate::driver::{CuRes, Driver, driver};
@@ -100,8 +100,13 @@ pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
         token_hi,
         token_lo,
     };
-    match d.call(&begin, &[])?.value {
+    let (reply, enqueued) = d.call_counted(&begin)?;
+    match reply.value {
         SYNC_DONE => return Ok(()),
+        SYNC_IDLE => {
+            d.idle_at.store(enqueued, Ordering::Relaxed);
+            return Ok(());
+        }
         SYNC_PENDING => {}
         other => {
             crate::warn!("vgpud answered a synchronization with {other}");
@@ -146,11 +151,16 @@ pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
 /// Before a synchronous copy on `stream` (as the application names it) of a process with other
 /// CUDA threads (`cuMemcpyDtoH`, `cuMemcpyHtoD`, which wait for their stream's earlier work):
 /// waits for that work as [`synchronize`] does, so that the copy itself no longer waits on the
-/// process's connection. Costs one round trip when the stream is idle; nothing in a process
-/// with one CUDA thread.
+/// process's connection. Costs one round trip, unless vgpud said the session was idle and no
+/// work was sent since ([`crate::client::Client::enqueued`]); nothing in a process with one CUDA
+/// thread.
 pub(crate) fn before_blocking_copy(stream: u64) -> CuRes<()> {
     match driver() {
-        Ok(d) if d.sync_tickets && other_cuda_threads() => {
+        Ok(d)
+            if d.sync_tickets
+                && other_cuda_threads()
+                && d.enqueued() != d.idle_at.load(Ordering::Relaxed) =>
+        {
             let ctx = crate::driver::ctx()?;
             synchronize(msg::SYNC_STREAM, ctx, crate::driver::wire_stream(stream)?)
         }
@@ -224,4 +234,30 @@ fn give_back(c: Client) {
     drop(idle);
     drop(c);
     OPENED.fetch_sub(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The count is the process's (other tests' threads may be in it too): this thread and a
+    /// second one that called are both in it while they live.
+    #[test]
+    fn threads_count_from_their_first_call() {
+        note_thread();
+        note_thread();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            note_thread();
+            note_thread();
+            tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        });
+        rx.recv().unwrap();
+        assert!(CUDA_THREADS.load(Ordering::Relaxed) >= 2);
+        assert!(other_cuda_threads());
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+    }
 }

@@ -42,6 +42,9 @@ pub const SYNC_DONE: i32 = 0;
 pub const SYNC_PENDING: i32 = 1;
 /// [`SyncWait`] value: the work will not finish (its session ended or was abandoned).
 pub const SYNC_GONE: i32 = 2;
+/// [`SyncBegin`] value: the work is done, and nothing else of the session is queued or running
+/// either (a client may skip waiting before its next synchronous copy until it sends more work).
+pub const SYNC_IDLE: i32 = 3;
 
 /// [`SetFeatures`] bit: the client fetches device-side `printf`/`assert` output with
 /// [`TakeOutput`] when a reply carries [`crate::frame::FLAG_OUTPUT`].
@@ -463,7 +466,7 @@ ops! {
     /// Starts a synchronizing call (`kind`: [`SYNC_CONTEXT`] `ctx`, [`SYNC_STREAM`] stream
     /// `handle` of `ctx`, [`SYNC_EVENT`] event `handle`) that does not hold the connection while
     /// it waits: vgpud waits here at most `wait_us` (capped by the host); `value` [`SYNC_DONE`]
-    /// when the work is done (and the call's errors are reported as the plain synchronizing call
+    /// (or [`SYNC_IDLE`]) when the work is done (and the call's errors are reported as the plain synchronizing call
     /// reports them), [`SYNC_PENDING`] when it is not yet: the client then waits with
     /// `SyncWait` for the token it chose (unique among the VM's pending waits) on a connection
     /// of its own, and ends with `SyncFinish`.

@@ -283,6 +283,39 @@ int main(int argc, char **argv) {
                NVML_ERROR_NOT_SUPPORTED);
     check_nvml("power", nvmlDeviceGetPowerUsage(dev, &value), NVML_ERROR_NOT_SUPPORTED);
 
+    /* Device events, as health checks use them: the VM's GPU reports none; a set is usable, a
+     * wait times out after its timeout, a freed set is gone. */
+    unsigned long long supported = ~0ull;
+    check_nvml("nvmlDeviceGetSupportedEventTypes",
+               nvmlDeviceGetSupportedEventTypes(dev, &supported), NVML_SUCCESS);
+    expect("the VM's GPU reports no events", supported == 0);
+    nvmlEventSet_t set = NULL;
+    check_nvml("nvmlEventSetCreate", nvmlEventSetCreate(&set), NVML_SUCCESS);
+    check_nvml("nvmlEventSetCreate into NULL", nvmlEventSetCreate(NULL),
+               NVML_ERROR_INVALID_ARGUMENT);
+    check_nvml("registering Xid errors",
+               nvmlDeviceRegisterEvents(dev, nvmlEventTypeXidCriticalError, set),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("registering every type", nvmlDeviceRegisterEvents(dev, nvmlEventTypeAll, set),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("registering no type", nvmlDeviceRegisterEvents(dev, nvmlEventTypeNone, set),
+               NVML_SUCCESS);
+    check_nvml("registering a type nvml.h does not define",
+               nvmlDeviceRegisterEvents(dev, 1ull << 40, set), NVML_ERROR_INVALID_ARGUMENT);
+    nvmlEventData_t event;
+    struct timespec w0, w1;
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    check_nvml("a wait finds no event", nvmlEventSetWait_v2(set, &event, 50), NVML_ERROR_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    double waited_ms = (w1.tv_sec - w0.tv_sec) * 1e3 + (w1.tv_nsec - w0.tv_nsec) / 1e6;
+    expect("the wait lasts its timeout", waited_ms >= 45);
+    check_nvml("a wait into NULL", nvmlEventSetWait_v2(set, NULL, 0), NVML_ERROR_INVALID_ARGUMENT);
+    check_nvml("nvmlEventSetFree", nvmlEventSetFree(set), NVML_SUCCESS);
+    check_nvml("a freed set", nvmlEventSetWait_v2(set, &event, 0), NVML_ERROR_INVALID_ARGUMENT);
+    check_nvml("a freed set again", nvmlEventSetFree(set), NVML_ERROR_INVALID_ARGUMENT);
+    check_nvml("a forged set", nvmlDeviceRegisterEvents(dev, 0, (nvmlEventSet_t)&supported),
+               NVML_ERROR_INVALID_ARGUMENT);
+
     /* Memory: the slice, and what the VM's processes hold of it. */
     size_t cu_total = 0, cu_free = 0;
     nvmlMemory_t m0, m1;

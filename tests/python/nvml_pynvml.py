@@ -91,6 +91,13 @@ def main():
     raises("temperature", nvml.NVMLError_NotSupported, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
     raises("power", nvml.NVMLError_NotSupported, nvml.nvmlDeviceGetPowerUsage, h)
     raises("MIG mode", nvml.NVMLError_NotSupported, nvml.nvmlDeviceGetMigMode, h)
+    # Device events, as a device plugin's health check asks for them: none on a VM's GPU.
+    check("supported event types", nvml.nvmlDeviceGetSupportedEventTypes(h), 0)
+    events = nvml.nvmlEventSetCreate()
+    raises("registering Xid events", nvml.NVMLError_NotSupported, nvml.nvmlDeviceRegisterEvents,
+           h, nvml.nvmlEventTypeXidCriticalError, events)
+    raises("waiting for an event", nvml.NVMLError_Timeout, nvml.nvmlEventSetWait, events, 10)
+    nvml.nvmlEventSetFree(events)
 
     check("one copy of the library in the process", len(mappings_of("libcuda.so")), 1)
 

@@ -9,7 +9,7 @@
 
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 
 use super::{NvmlRes, NvmlReturn, PciAddress, Process, ret};
 
@@ -687,6 +687,95 @@ no_process_lists! {
     nvmlDeviceGetMPSComputeRunningProcesses_v3: nvmlProcessInfo_v2_t;
     nvmlDeviceGetMPSComputeRunningProcesses_v2: nvmlProcessInfo_v2_t;
     nvmlDeviceGetMPSComputeRunningProcesses: nvmlProcessInfo_v1_t;
+}
+
+// ---- device events ------------------------------------------------------------------
+
+/// `nvmlEventSet_t`: a handle from [`super::events`], never dereferenced.
+pub type nvmlEventSet_t = *const c_void;
+
+/// `nvmlEventData_t` (also the `nvmlEventSetWait` of NVML before 11, which fills the first
+/// three fields).
+#[repr(C)]
+pub struct nvmlEventData_t {
+    pub device: nvmlDevice_t,
+    pub eventType: c_ulonglong,
+    pub eventData: c_ulonglong,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
+/// `nvmlEventSetCreate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> NvmlReturn {
+    nvml("nvmlEventSetCreate", || {
+        if set.is_null() {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        let h = super::events::create()?;
+        // SAFETY: `set` is non-NULL and, per NVML's contract, valid for a write of a handle.
+        unsafe { write(set, h as nvmlEventSet_t) }
+    })
+}
+
+/// `nvmlDeviceRegisterEvents`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    d: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceRegisterEvents", || {
+        device(d)?;
+        super::events::register(set as usize, types)
+    })
+}
+
+/// `nvmlDeviceGetSupportedEventTypes`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    d: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetSupportedEventTypes", || {
+        device(d)?;
+        // SAFETY: NVML's contract: NULL or valid for a write.
+        unsafe { write(types, super::events::EVENT_TYPES_SUPPORTED) }
+    })
+}
+
+fn event_wait(set: nvmlEventSet_t, data: *mut nvmlEventData_t, timeout_ms: c_uint) -> NvmlRes<()> {
+    if data.is_null() {
+        super::ensure_init()?;
+        return Err(ret::INVALID_ARGUMENT);
+    }
+    super::events::wait(set as usize, timeout_ms)
+}
+
+/// `nvmlEventSetWait_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> NvmlReturn {
+    nvml("nvmlEventSetWait_v2", || event_wait(set, data, timeout_ms))
+}
+
+/// `nvmlEventSetWait` (NVML before 11).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> NvmlReturn {
+    nvml("nvmlEventSetWait", || event_wait(set, data, timeout_ms))
+}
+
+/// `nvmlEventSetFree`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> NvmlReturn {
+    nvml("nvmlEventSetFree", || super::events::free(set as usize))
 }
 
 // ---- what a VM's GPU does not report -----------------------------------------------

@@ -13,6 +13,7 @@
 //! Layers: [`exports`] is the C ABI, a thin wrapper over the safe functions here, which ask
 //! [`crate::driver`].
 
+pub mod events;
 pub mod exports;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ pub mod ret {
     pub const NOT_FOUND: NvmlReturn = 6;
     pub const INSUFFICIENT_SIZE: NvmlReturn = 7;
     pub const DRIVER_NOT_LOADED: NvmlReturn = 9;
+    pub const TIMEOUT: NvmlReturn = 10;
     pub const GPU_IS_LOST: NvmlReturn = 15;
     pub const MEMORY: NvmlReturn = 20;
     pub const ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;

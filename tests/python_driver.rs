@@ -3,7 +3,8 @@
 //! cuGetProcAddress_v2) with NVRTC-compiled CUDA C++, CuPy (NVIDIA's CUDA 12
 //! runtime underneath, kernels compiled at run time) and numba-cuda (NVVM,
 //! linked through the driver's cuLink* API), cuda.core's graph builder with conditional
-//! nodes, and pynvml (NVIDIA's NVML binding) on the shim's libnvidia-ml.so.1. Skipped with a
+//! nodes, pynvml (NVIDIA's NVML binding) on the shim's libnvidia-ml.so.1, and a Python
+//! program's threads, one waiting while another works and releases it. Skipped with a
 //! message when the Python packages are not installed (scripts/prereqs.sh
 //! installs them).
 
@@ -72,6 +73,20 @@ fn cuda_core_graphs_with_conditional_nodes_run_unmodified() {
         "cuda.core (cuda-core) is",
         ("core", 64 << 20),
         "cuda_core_graphs.py",
+        &[],
+        &[],
+    );
+}
+
+/// A thread of a Python program waiting in `cuStreamSynchronize` does not stop the program's
+/// other threads (tests/python/threads_sync.py, through cuda-python).
+#[test]
+fn a_python_threads_wait_does_not_stop_the_others() {
+    runs_unmodified(
+        "import cuda.bindings.driver",
+        "cuda-python (cuda-bindings) is",
+        ("threads", 64 << 20),
+        "threads_sync.py",
         &[],
         &[],
     );

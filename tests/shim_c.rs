@@ -112,6 +112,13 @@ fn a_waiting_thread_does_not_stop_the_others() {
     runs_clean("sync_threads", 95);
 }
 
+/// CUDA 12.5's context-wide events: `cuCtxRecordEvent` captures every stream's work,
+/// `cuCtxWaitEvent` holds all later work of the context (tests/c/ctx_events.c).
+#[test]
+fn context_wide_events_record_and_hold_every_stream() {
+    runs_clean("ctx_events", 40);
+}
+
 #[test]
 fn the_driver_api_the_runtimes_resolve_works() {
     runs_clean("driver_api_ext", 100);

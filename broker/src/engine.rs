@@ -162,6 +162,9 @@ pub enum LaneKey {
         /// The branch.
         branch: u32,
     },
+    /// The records of a context's own events (`cuCtxRecordEvent`), each after all the context's
+    /// work before it.
+    Context(u64),
 }
 
 /// Most lanes one graph launch uses (its launch lane included); a graph with
@@ -170,6 +173,8 @@ pub const MAX_GRAPH_BRANCHES: u32 = 32;
 /// Bit set in the lane ids of graph branches (ids of streams and contexts, from
 /// handles, stay below it).
 const GRAPH_LANE_BIT: u64 = 1 << 63;
+/// Set in the ids of contexts' record lanes ([`LaneKey::Context`]).
+const CONTEXT_LANE_BIT: u64 = 1 << 62;
 
 /// How a lane synchronizes with the legacy default stream of its context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +209,9 @@ impl LaneKey {
             LaneKey::Stream(h) => (h << 1) | 1,
             LaneKey::Graph { stream, branch } => {
                 GRAPH_LANE_BIT | (stream << 6) | u64::from(branch % MAX_GRAPH_BRANCHES)
+            }
+            LaneKey::Context(ctx) => {
+                CONTEXT_LANE_BIT | (ctx & !(GRAPH_LANE_BIT | CONTEXT_LANE_BIT))
             }
         }
     }
@@ -575,6 +583,9 @@ struct State {
     vm: Option<Arc<LimitUse>>,
     /// Threads waiting on the engine's condition variable ([`Shared::wait`]).
     waiting: usize,
+    /// Per context, the jobs all of its work submitted from now on waits for
+    /// (`cuCtxWaitEvent`); done ones are pruned when another is added.
+    ctx_waits: BTreeMap<u64, Vec<u64>>,
 }
 
 impl State {
@@ -588,8 +599,18 @@ impl State {
     }
 
     /// The jobs a new job of `spec` must wait for besides its lane's earlier
-    /// jobs: the legacy stream's implicit synchronization.
+    /// jobs: the legacy stream's implicit synchronization, and what its context was made to
+    /// wait for ([`Engine::ctx_wait_for`]).
     fn implicit_deps(&self, spec: &LaneSpec) -> Vec<u64> {
+        let mut deps = self.stream_deps(spec);
+        if let Some(waits) = self.ctx_waits.get(&spec.ctx) {
+            deps.extend(waits.iter().copied().filter(|&s| !self.is_done(s)));
+        }
+        deps
+    }
+
+    /// The legacy stream's implicit synchronization of a job of `spec`.
+    fn stream_deps(&self, spec: &LaneSpec) -> Vec<u64> {
         match spec.kind {
             LaneKind::NonBlocking => Vec::new(),
             LaneKind::Blocking => self
@@ -612,7 +633,7 @@ impl State {
     /// Everything a synchronize on `spec` waits for: the lane's last job and
     /// its implicit dependencies.
     fn lane_targets(&self, spec: &LaneSpec) -> Vec<u64> {
-        let mut t = self.implicit_deps(spec);
+        let mut t = self.stream_deps(spec);
         if let Some(l) = self.lanes.get(&spec.key) {
             t.push(l.last);
         }
@@ -1256,6 +1277,7 @@ impl Engine {
     /// Forgets a context's errors and poisoning (it was destroyed or reset).
     pub fn clear_context(&self, ctx: u64) {
         let mut st = self.shared.lock();
+        st.ctx_waits.remove(&ctx);
         st.errors.remove(&ctx);
         st.poisoned.remove(&ctx);
         self.shared
@@ -1483,6 +1505,44 @@ impl Engine {
             return None;
         }
         Some(self.submit_after(spec, Job::Barrier, &[seq]))
+    }
+
+    /// Records `clock` once every job of context `ctx` submitted so far has run
+    /// (`cuCtxRecordEvent`), on the context's record lane; returns the record's sequence number.
+    pub fn record_ctx(&mut self, ctx: u64, clock: &Arc<EventClock>) -> u64 {
+        let spec = LaneSpec {
+            key: LaneKey::Context(ctx),
+            ctx,
+            kind: LaneKind::NonBlocking,
+            priority: 0,
+        };
+        let (seq, deps) = {
+            let st = self.shared.lock();
+            let deps: Vec<u64> = st
+                .unfinished
+                .iter()
+                .filter(|&(_, &c)| c == ctx)
+                .map(|(&s, _)| s)
+                .collect();
+            (st.submitted + 1, deps)
+        };
+        clock.set(EventRecord { seq, time: None });
+        let got = self.submit_after(&spec, Job::Record(Arc::clone(clock)), &deps);
+        debug_assert_eq!(got, seq);
+        got
+    }
+
+    /// Makes every job of context `ctx` submitted from now on, on any of its lanes, wait for job
+    /// `seq` (`cuCtxWaitEvent`); nothing when it is done.
+    pub fn ctx_wait_for(&mut self, ctx: u64, seq: u64) {
+        let mut st = self.shared.lock();
+        if st.is_done(seq) {
+            return;
+        }
+        let mut waits = st.ctx_waits.remove(&ctx).unwrap_or_default();
+        waits.retain(|&s| !st.is_done(s));
+        waits.push(seq);
+        st.ctx_waits.insert(ctx, waits);
     }
 }
 

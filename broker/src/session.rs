@@ -1647,6 +1647,37 @@ impl Session {
                 self.surface_async_error(ctx)?;
                 reply(out, msg::Empty {})
             }
+            R::CtxRecordEvent(m) => {
+                self.ctx(m.ctx)?;
+                let ev = self.event(m.event)?;
+                if ev.ctx != m.ctx {
+                    return Err(CuError::invalid_handle(
+                        "cuCtxRecordEvent: the event is not of that context",
+                    ));
+                }
+                if ev.ipc.is_some() {
+                    return Err(CuError::new(
+                        cuda::CUDA_ERROR_NOT_SUPPORTED,
+                        "an interprocess event cannot record a context's work",
+                    ));
+                }
+                let clock = Arc::clone(&ev.clock);
+                self.engine.record_ctx(m.ctx, &clock);
+                reply(out, msg::Empty {})
+            }
+            R::CtxWaitEvent(m) => {
+                self.ctx(m.ctx)?;
+                let ev = self.event(m.event)?;
+                if alloc_ext::ipc::event::recorded_elsewhere(ev).is_some() {
+                    return Err(CuError::new(
+                        cuda::CUDA_ERROR_NOT_SUPPORTED,
+                        "a context cannot wait for an event another process recorded",
+                    ));
+                }
+                let rec = ev.clock.get();
+                self.engine.ctx_wait_for(m.ctx, rec.seq);
+                reply(out, msg::Empty {})
+            }
             R::EventElapsedTime(m) => {
                 let (s, e) = (self.event(m.start)?, self.event(m.end)?);
                 if (s.flags | e.flags) & EVENT_DISABLE_TIMING != 0 {

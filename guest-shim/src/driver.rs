@@ -1860,6 +1860,38 @@ pub fn event_record(e: u64, s: u64) -> CuRes<()> {
     )
 }
 
+/// `cuCtxRecordEvent`: `event` (of context `c`, the current one for 0) completes once all of
+/// `c`'s work submitted so far has run.
+pub fn ctx_record_event(c: u64, event: u64) -> CuRes<()> {
+    let ctx = context_wide(c, event)?;
+    driver()?
+        .call(&msg::CtxRecordEvent { ctx, event }, &[])
+        .map(drop)
+}
+
+/// `cuCtxWaitEvent`: all of context `c`'s (the current one's for 0) work submitted from now on
+/// waits for `event`.
+pub fn ctx_wait_event(c: u64, event: u64) -> CuRes<()> {
+    let ctx = context_wide(c, event)?;
+    driver()?
+        .call(&msg::CtxWaitEvent { ctx, event }, &[])
+        .map(drop)
+}
+
+/// The context of a call about all its streams (`c`, or the current one for 0), unless a stream
+/// captures or the event is in a capture: then `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the
+/// captures invalidated.
+fn context_wide(c: u64, event: u64) -> CuRes<u64> {
+    driver()?;
+    let ctx = if c == 0 { ctx()? } else { c };
+    if crate::stream_capture::check_event(event).is_err() {
+        crate::stream_capture::check_context_wide()?;
+        return Err(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    crate::stream_capture::check_context_wide()?;
+    Ok(ctx)
+}
+
 /// `cuEventQuery`.
 pub fn event_query(e: u64) -> CuRes<()> {
     let c = ctx()?;

@@ -429,6 +429,20 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: CUhandle) -> CUresult {
     })
 }
 
+/// `cuCtxRecordEvent` (CUDA 12.5).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxRecordEvent(ctx: CUhandle, event: CUhandle) -> CUresult {
+    ffi("cuCtxRecordEvent", || {
+        drv::ctx_record_event(h(ctx), h(event))
+    })
+}
+
+/// `cuCtxWaitEvent` (CUDA 12.5).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxWaitEvent(ctx: CUhandle, event: CUhandle) -> CUresult {
+    ffi("cuCtxWaitEvent", || drv::ctx_wait_event(h(ctx), h(event)))
+}
+
 /// `cuCtxGetDevice_v2` (CUDA 13's `cuCtxGetDevice`): the device of a given
 /// context, or of the current one for NULL. A VM sees one device.
 #[unsafe(no_mangle)]

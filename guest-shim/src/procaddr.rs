@@ -115,6 +115,8 @@ fn table() -> &'static [Entry] {
                 (2000, f!(cuCtxSynchronize)),
                 (13000, f!(cuCtxSynchronize_v2))
             ),
+            e!("cuCtxRecordEvent", (12050, f!(cuCtxRecordEvent))),
+            e!("cuCtxWaitEvent", (12050, f!(cuCtxWaitEvent))),
             e!("cuCtxGetApiVersion", (3020, f!(cuCtxGetApiVersion))),
             e!("cuCtxGetFlags", (7000, f!(cuCtxGetFlags))),
             e!("cuCtxSetFlags", (12010, f!(cuCtxSetFlags))),

@@ -403,6 +403,23 @@ pub fn check_unsafe() -> CuRes<()> {
     })
 }
 
+/// A call about all of a context's streams (`cuCtxRecordEvent`, `cuCtxWaitEvent`) while a
+/// stream captures: refused, and every live capture invalidated (a process's captures are
+/// those of its contexts).
+pub fn check_context_wide() -> CuRes<()> {
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    with_state(|st| {
+        let ids: Vec<u64> = st.captures.keys().copied().collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        st.invalidate(&ids);
+        Err(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    })
+}
+
 /// `cuEventSynchronize`/`cuEventQuery` of an event recorded in a live capture.
 pub fn check_event(event: u64) -> CuRes<()> {
     if ACTIVE.load(Ordering::Acquire) == 0 {

@@ -498,6 +498,12 @@ ops! {
     EventSynchronize = 0x0505 => Empty, 0, "cuEventSynchronize" { ctx: u64, event: u64 }
     /// Milliseconds between two completed events.
     EventElapsedTime = 0x0506 => Elapsed, 0, "cuEventElapsedTime" { ctx: u64, start: u64, end: u64 }
+    /// Records an event that completes once all work the context `ctx` holds now (on every
+    /// stream) has run.
+    CtxRecordEvent = 0x0507 => Empty, 0, "cuCtxRecordEvent" { ctx: u64, event: u64 }
+    /// Makes all work submitted to the context `ctx` from now on (on every stream, created or
+    /// not yet) wait for the event's current record.
+    CtxWaitEvent = 0x0508 => Empty, 0, "cuCtxWaitEvent" { ctx: u64, event: u64 }
 
     /// Loads a module; the image (PTX text, NUL excluded) is the bulk tail.
     ModuleLoad = 0x0601 => Handle, REQ_TAIL, "cuModuleLoadData, cuModuleLoadDataEx, cuLibraryLoadData" { ctx: u64 }

@@ -2274,10 +2274,6 @@ impl Session {
         }
     }
 
-    /// Validates a (context, stream) pair; returns the stream's lane. The
-    /// default stream (0, `CU_STREAM_LEGACY`, and `CU_STREAM_PER_THREAD`
-    /// from a shim that does not map it to a stream of its own) is the
-    /// context's legacy stream.
     /// What a synchronizing call of `kind` ([`msg::SYNC_CONTEXT`], [`msg::SYNC_STREAM`],
     /// [`msg::SYNC_EVENT`]) waits for, fixed now.
     fn sync_point(&self, ctx: u64, kind: u32, handle: u64) -> Result<SyncPoint, CuError> {
@@ -2304,6 +2300,10 @@ impl Session {
         }
     }
 
+    /// Validates a (context, stream) pair; returns the stream's lane. The
+    /// default stream (0, `CU_STREAM_LEGACY`, and `CU_STREAM_PER_THREAD`
+    /// from a shim that does not map it to a stream of its own) is the
+    /// context's legacy stream.
     fn lane(&self, ctx: u64, stream: u64) -> Result<LaneSpec, CuError> {
         let owner = self.stream_ctx(ctx, stream)?;
         if let Some(branch) = self.graphs.route {

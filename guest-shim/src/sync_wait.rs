@@ -13,9 +13,9 @@
 //! [`IN_PLACE_US`]): most synchronizations end within it and cost one round trip, as before.
 //! When the work is not done by then, vgpud keeps a ticket under a token the shim chose, and
 //! the thread lets go of the process's connection and waits for the ticket (`SyncWait`) on a
-//! connection of its own, from a pool ([`MAX_CONNECTIONS`], [`KEEP_IDLE`] kept between waits); once the work is
-//! done it ends the call on the process's connection (`SyncFinish`), which reports the work's
-//! errors as the plain call does. With no connection of its own to be had (the pool is in use,
+//! connection of its own, from a pool ([`MAX_CONNECTIONS`], [`KEEP_IDLE`] kept between waits);
+//! once the work is done it ends the call on the process's connection (`SyncFinish`), which
+//! reports the work's errors as the plain call does. With no connection of its own to be had (the pool is in use,
 //! or one cannot be opened) it waits on the process's connection, as before. A process whose
 //! only CUDA thread is the caller has no other thread to stop, and makes the plain calls, as
 //! does every process of a vgpud without tickets (`FEATURE_SYNC_TICKETS`). (A thread whose first
@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 use vgpu_proto::cuda;
 use vgpu_proto::msg::{self, SYNC_DONE, SYNC_GONE, SYNC_IDLE, SYNC_PENDING};
 
-use crate::client::{CallError, Client};
+use crate::client::Client;
 use crate::driver::{CuRes, Driver, driver};
 
 /// How long vgpud waits in place before it leaves a ticket: the other threads' calls wait at
@@ -118,28 +118,25 @@ pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
         token_lo,
         timeout_ms: WAIT_SLICE_MS,
     };
+    let on_process = || settled(|| d.call(&wait, &[]).map(|r| r.value));
     let state = match take_connection() {
-        Some(mut own) => {
-            let r = wait_on(&mut own, &wait);
-            match r {
-                Ok(_) => give_back(own),
-                // A connection that failed is dropped; the wait goes on below.
-                Err(_) => {
-                    OPENED.fetch_sub(1, Ordering::Relaxed);
-                }
+        Some(mut own) => match settled(|| own.call(&wait, &[]).map(|r| r.0.value)) {
+            Ok(state) => {
+                give_back(own);
+                state
             }
-            match r {
-                Ok(state) => state,
-                Err(e) => {
-                    crate::debug!(
-                        "a synchronization's own connection failed ({}); waiting on the process's",
-                        e.message
-                    );
-                    wait_on_process(d, &wait)?
-                }
+            Err(e) => {
+                // A connection that failed is closed; the wait goes on on the process's.
+                drop(own);
+                OPENED.fetch_sub(1, Ordering::Relaxed);
+                crate::debug!(
+                    "a synchronization's own connection failed ({}); waiting on the process's",
+                    e.message
+                );
+                on_process()?
             }
-        }
-        None => wait_on_process(d, &wait)?,
+        },
+        None => on_process()?,
     };
     if state == SYNC_GONE {
         return Err(cuda::CUDA_ERROR_DEVICE_UNAVAILABLE);
@@ -184,20 +181,10 @@ fn plain(d: &Driver, kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
     .map(drop)
 }
 
-/// Asks `client` until the ticket is done or gone.
-fn wait_on(client: &mut Client, wait: &msg::SyncWait) -> Result<i32, CallError> {
+/// Asks `wait` (a `SyncWait`) again until the ticket is done or gone.
+fn settled<E>(mut wait: impl FnMut() -> Result<i32, E>) -> Result<i32, E> {
     loop {
-        let state = client.call(wait, &[])?.0.value;
-        if state != SYNC_PENDING {
-            return Ok(state);
-        }
-    }
-}
-
-/// Waits on the process's connection (holding it, as the plain call does).
-fn wait_on_process(d: &Driver, wait: &msg::SyncWait) -> CuRes<i32> {
-    loop {
-        let state = d.call(wait, &[])?.value;
+        let state = wait()?;
         if state != SYNC_PENDING {
             return Ok(state);
         }

@@ -119,6 +119,13 @@ fn context_wide_events_record_and_hold_every_stream() {
     runs_clean("ctx_events", 40);
 }
 
+/// CUDA 12.8's batches of 3-D copies between pitched device memory, host memory and CUDA
+/// arrays, and their refusals (tests/c/memcpy_batch3d.c).
+#[test]
+fn batches_of_3d_copies_move_boxes_through_pointers_and_arrays() {
+    runs_clean("memcpy_batch3d", 30);
+}
+
 #[test]
 fn the_driver_api_the_runtimes_resolve_works() {
     runs_clean("driver_api_ext", 100);

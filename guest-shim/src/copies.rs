@@ -615,3 +615,214 @@ mod tests {
         assert_eq!(s.row(1, 0), Err(cuda::CUDA_ERROR_INVALID_VALUE));
     }
 }
+
+// ---- cuMemcpy3DBatchAsync (CUDA 12.8) ------------------------------------------------
+
+/// `CU_MEMCPY_OPERAND_TYPE_POINTER` and `CU_MEMCPY_OPERAND_TYPE_ARRAY`.
+const OPERAND_POINTER: u32 = 1;
+const OPERAND_ARRAY: u32 = 2;
+
+/// `CUmemcpy3DOperand`: its type, then the union as four words: a pointer operand's `ptr`,
+/// `rowLength`, `layerHeight` and location hint (two ints), or an array operand's array and
+/// element offset (`x`, `y`, `z`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Memcpy3DOperand {
+    kind: u32,
+    op: [u64; 4],
+}
+
+/// `CUDA_MEMCPY3D_BATCH_OP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Memcpy3DBatchOp {
+    src: Memcpy3DOperand,
+    dst: Memcpy3DOperand,
+    /// Width, height and depth, in elements.
+    extent: [usize; 3],
+    src_access_order: u32,
+    flags: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Memcpy3DOperand>() == 40);
+const _: () = assert!(std::mem::size_of::<Memcpy3DBatchOp>() == 112);
+
+/// One side of a batch copy, in the terms of `CUDA_MEMCPY3D`.
+struct BatchSide {
+    memory_type: u32,
+    device: u64,
+    array: *mut c_void,
+    x_bytes: usize,
+    y: usize,
+    z: usize,
+    pitch: usize,
+    height: usize,
+}
+
+impl Memcpy3DOperand {
+    /// The operand's array, if it is one (its element size).
+    fn array_texel(&self) -> drv::CuRes<Option<usize>> {
+        match self.kind {
+            OPERAND_POINTER => Ok(None),
+            OPERAND_ARRAY => {
+                let a = crate::arrays::get(self.op[0])?;
+                Ok(Some(a.texel_bytes() as usize))
+            }
+            _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// This operand as a side of a copy of `extent` elements of `elem` bytes: a pointer's rows
+    /// and layers are its own lengths, or packed when 0 (no shorter than the copy's).
+    fn side(&self, extent: [usize; 3], elem: usize) -> drv::CuRes<BatchSide> {
+        let bytes = |n: u64| {
+            usize::try_from(n)
+                .ok()
+                .and_then(|n| n.checked_mul(elem))
+                .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+        };
+        if self.kind == OPERAND_ARRAY {
+            return Ok(BatchSide {
+                memory_type: memtype::ARRAY,
+                device: 0,
+                array: self.op[0] as *mut c_void,
+                x_bytes: bytes(self.op[1])?,
+                y: usize::try_from(self.op[2]).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
+                z: usize::try_from(self.op[3]).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
+                pitch: 0,
+                height: 0,
+            });
+        }
+        let [width, height, _] = extent;
+        let (row, layer) = (self.op[1] as usize, self.op[2] as usize);
+        if (row != 0 && row < width) || (layer != 0 && layer < height) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(BatchSide {
+            memory_type: memtype::UNIFIED,
+            device: self.op[0],
+            array: std::ptr::null_mut(),
+            x_bytes: 0,
+            y: 0,
+            z: 0,
+            pitch: bytes(if row == 0 { width } else { row } as u64)?,
+            height: if layer == 0 { height } else { layer },
+        })
+    }
+}
+
+impl Memcpy3DBatchOp {
+    /// The copy as a `CUDA_MEMCPY3D`, checked as CUDA checks a batch's operation: a non-zero
+    /// extent, a source access order CUDA defines, known flags and operand types, arrays of one
+    /// element size.
+    fn as_memcpy_3d(&self) -> drv::CuRes<Memcpy3D> {
+        let inval = cuda::CUDA_ERROR_INVALID_VALUE;
+        if self.extent.contains(&0)
+            || !(1..=3).contains(&self.src_access_order)
+            || self.flags & !0x1 != 0
+        {
+            return Err(inval);
+        }
+        let elem = match (self.src.array_texel()?, self.dst.array_texel()?) {
+            (Some(a), Some(b)) if a != b => return Err(inval),
+            (Some(a), _) | (None, Some(a)) => a,
+            (None, None) => 1,
+        };
+        let (s, d) = (
+            self.src.side(self.extent, elem)?,
+            self.dst.side(self.extent, elem)?,
+        );
+        let null = std::ptr::null_mut();
+        Ok(Memcpy3D {
+            src_x_in_bytes: s.x_bytes,
+            src_y: s.y,
+            src_z: s.z,
+            src_lod: 0,
+            src_memory_type: s.memory_type,
+            src_host: std::ptr::null(),
+            src_device: s.device,
+            src_array: s.array,
+            reserved0: null,
+            src_pitch: s.pitch,
+            src_height: s.height,
+            dst_x_in_bytes: d.x_bytes,
+            dst_y: d.y,
+            dst_z: d.z,
+            dst_lod: 0,
+            dst_memory_type: d.memory_type,
+            dst_host: null,
+            dst_device: d.device,
+            dst_array: d.array,
+            reserved1: null,
+            dst_pitch: d.pitch,
+            dst_height: d.height,
+            width_in_bytes: self.extent[0].checked_mul(elem).ok_or(inval)?,
+            height: self.extent[1],
+            depth: self.extent[2],
+        })
+    }
+}
+
+/// `cuMemcpy3DBatchAsync`: each operation a `cuMemcpy3DAsync` on `stream`, in order (CUDA lets
+/// them run in any order). Every operation is checked before any runs; returns the index of the
+/// operation an error is about (`usize::MAX` when none).
+///
+/// # Safety
+/// `ops` is NULL or holds `n` operations (CUDA contract).
+unsafe fn memcpy_3d_batch(
+    n: usize,
+    ops: *const Memcpy3DBatchOp,
+    flags: u64,
+    stream: u64,
+) -> (drv::CuRes<()>, usize) {
+    let inval = (Err(cuda::CUDA_ERROR_INVALID_VALUE), usize::MAX);
+    if n == 0 || ops.is_null() || flags != 0 || drv::is_legacy_stream(stream) {
+        return inval;
+    }
+    // SAFETY: non-NULL and holding `n` operations (this function's contract).
+    let ops = unsafe { std::slice::from_raw_parts(ops, n) };
+    let mut copies = Vec::with_capacity(n);
+    for (i, op) in ops.iter().enumerate() {
+        match op.as_memcpy_3d() {
+            Ok(c) => copies.push(c),
+            Err(e) => return (Err(e), i),
+        }
+    }
+    for (i, c) in copies.iter().enumerate() {
+        if let Err(e) = copy_3d(c, stream, false) {
+            return (Err(e), i);
+        }
+    }
+    (Ok(()), usize::MAX)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DBatchAsync(
+    n: usize,
+    ops: *const Memcpy3DBatchOp,
+    fail_idx: *mut usize,
+    flags: u64,
+    stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemcpy3DBatchAsync", || {
+        // SAFETY: the caller's operations (CUDA contract, memcpy_3d_batch's).
+        let (r, at) = unsafe { memcpy_3d_batch(n, ops, flags, h(stream)) };
+        if r.is_err() && !fail_idx.is_null() {
+            // SAFETY: a non-NULL out-pointer of the caller (CUDA contract).
+            unsafe { crate::ffi::write_out(fail_idx, at) }?;
+        }
+        r
+    })
+}
+
+/// `cuMemcpy3DBatchAsync_v2` (CUDA 13): the same without the failing operation's index.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DBatchAsync_v2(
+    n: usize,
+    ops: *const Memcpy3DBatchOp,
+    flags: u64,
+    stream: CUhandle,
+) -> CUresult {
+    // SAFETY: the same contract as cuMemcpy3DBatchAsync's, with no failing index asked for.
+    unsafe { cuMemcpy3DBatchAsync(n, ops, std::ptr::null_mut(), flags, stream) }
+}

@@ -163,6 +163,11 @@ fn table() -> &'static [Entry] {
                 (12080, f!(cuMemcpyBatchAsync)),
                 (13000, f!(cuMemcpyBatchAsync_v2))
             ),
+            e!(
+                "cuMemcpy3DBatchAsync",
+                (12080, f!(cuMemcpy3DBatchAsync)),
+                (13000, f!(cuMemcpy3DBatchAsync_v2))
+            ),
             e!("cuMemcpyHtoD", (3020, f!(cuMemcpyHtoD_v2))),
             e!("cuMemcpyDtoH", (3020, f!(cuMemcpyDtoH_v2))),
             e!("cuMemcpyDtoD", (3020, f!(cuMemcpyDtoD_v2))),

@@ -74,6 +74,14 @@ impl Guest {
         out
     }
 
+    /// The over-budget notifications the process got so far (`bytesOverBudget` of each).
+    fn notices(&mut self) -> Vec<u64> {
+        self.cmd("notices")
+            .iter()
+            .filter_map(|l| l.strip_prefix("notice ")?.parse().ok())
+            .collect()
+    }
+
     /// The CUresult of one more allocation of `bytes`.
     fn try_alloc(&mut self, bytes: u64) -> i64 {
         let out = self.cmd(&format!("try {bytes}"));
@@ -90,6 +98,9 @@ impl Drop for Guest {
         let _ = self.child.wait();
     }
 }
+
+/// Longer than the shim's notification watcher takes to see a change (it asks every 100 ms).
+const NOTICE_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// 64 MiB device, slices may add up to 96 MiB. vm1: 48 MiB slice, 16 MiB
 /// reserved, may overflow 32 MiB to host memory. vm2: 48 MiB slice, 32 MiB
@@ -127,6 +138,8 @@ fn ptrs(lines: &[String]) -> Vec<String> {
 fn a_vm_claims_its_reservation_from_a_borrower_whose_pointers_data_and_kernels_survive() {
     let d = Admin::start(&overcommitted());
     let mut g1 = Guest::start(&d, "vm1");
+    // vm1 asks to be told when it goes over its device memory budget.
+    g1.ok("notify");
     // vm1 fills its reservation, the unreserved 16 MiB, and borrows 8 MiB of vm2's reservation.
     let p1 = ptrs(&g1.ok(&format!("alloc 10 {}", 4 * MIB)));
     assert_eq!(p1.len(), 10);
@@ -141,6 +154,9 @@ fn a_vm_claims_its_reservation_from_a_borrower_whose_pointers_data_and_kernels_s
         "{m:#}"
     );
     g1.ok("check");
+    // Borrowed memory is device memory: not over budget.
+    std::thread::sleep(NOTICE_WINDOW);
+    assert!(g1.notices().is_empty(), "no notice while on the device");
 
     // vm2 claims its whole reservation: 8 MiB of vm1's buffers move to host memory.
     let mut g2 = Guest::start(&d, "vm2");
@@ -171,6 +187,9 @@ fn a_vm_claims_its_reservation_from_a_borrower_whose_pointers_data_and_kernels_s
     );
     assert_eq!(n(&dev["memory_placement"], "host_overflow_used"), 8 * MIB);
 
+    // vm1's process is told it went over its budget, by the bytes in host memory, once.
+    d.wait_for("the over-budget notice", || !g1.notices().is_empty());
+    assert_eq!(g1.notices(), [8 * MIB]);
     // vm1's data, read through its unchanged pointers, is intact, and its kernels run on
     // the host-resident buffers.
     g1.ok("check");

@@ -429,6 +429,33 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: CUhandle) -> CUresult {
     })
 }
 
+/// `cuDeviceRegisterAsyncNotification` (CUDA 12.5): over-budget notifications
+/// ([`crate::async_notify`]).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceRegisterAsyncNotification(
+    dev: c_int,
+    callback: Option<crate::async_notify::AsyncCallback>,
+    user: *mut c_void,
+    handle: *mut *mut c_void,
+) -> CUresult {
+    ffi("cuDeviceRegisterAsyncNotification", || {
+        let callback = callback.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        if handle.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = crate::async_notify::register(dev, callback, user)?;
+        out!(handle, h as *mut c_void)
+    })
+}
+
+/// `cuDeviceUnregisterAsyncNotification` (CUDA 12.5).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceUnregisterAsyncNotification(dev: c_int, handle: *mut c_void) -> CUresult {
+    ffi("cuDeviceUnregisterAsyncNotification", || {
+        crate::async_notify::unregister(dev, handle as usize)
+    })
+}
+
 /// `cuCtxRecordEvent` (CUDA 12.5).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxRecordEvent(ctx: CUhandle, event: CUhandle) -> CUresult {

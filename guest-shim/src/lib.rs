@@ -16,6 +16,7 @@
 pub mod alloc_api;
 pub mod alloc_exports;
 pub mod arrays;
+pub mod async_notify;
 pub mod client;
 pub mod compat;
 pub mod copies;

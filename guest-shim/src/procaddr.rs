@@ -116,6 +116,14 @@ fn table() -> &'static [Entry] {
                 (13000, f!(cuCtxSynchronize_v2))
             ),
             e!("cuCtxRecordEvent", (12050, f!(cuCtxRecordEvent))),
+            e!(
+                "cuDeviceRegisterAsyncNotification",
+                (12040, f!(cuDeviceRegisterAsyncNotification))
+            ),
+            e!(
+                "cuDeviceUnregisterAsyncNotification",
+                (12040, f!(cuDeviceUnregisterAsyncNotification))
+            ),
             e!("cuCtxWaitEvent", (12050, f!(cuCtxWaitEvent))),
             e!("cuCtxGetApiVersion", (3020, f!(cuCtxGetApiVersion))),
             e!("cuCtxGetFlags", (7000, f!(cuCtxGetFlags))),

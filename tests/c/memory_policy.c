@@ -15,7 +15,11 @@
  *                       frees it again
  *   info                prints "info FREE TOTAL" (cuMemGetInfo)
  *   spin                queue a kernel that runs for minutes (not waited for)
+ *   notify              register an over-budget notification callback
+ *                       (cuDeviceRegisterAsyncNotification); prints "ok notify"
+ *   notices             prints "notice BYTES" for each notification so far
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +153,28 @@ static void do_check(void) {
     printf("ok check\n");
 }
 
+/* CUasyncNotificationInfo, and what the callback was told. */
+typedef struct {
+    int type;
+    unsigned long long bytesOverBudget;
+} AsyncInfo;
+typedef void (*AsyncCallback)(AsyncInfo *, void *, void *);
+CUresult cuDeviceRegisterAsyncNotification(CUdevice, AsyncCallback, void *, void **);
+#define MAX_NOTICES 64
+#define OVER_BUDGET 1
+static unsigned long long notices[MAX_NOTICES];
+static int nnotices;
+static int notice_tag;
+static pthread_mutex_t notice_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_notice(AsyncInfo *info, void *user, void *handle) {
+    (void)handle;
+    pthread_mutex_lock(&notice_lock);
+    if (info->type == OVER_BUDGET && user == &notice_tag && nnotices < MAX_NOTICES)
+        notices[nnotices++] = info->bytesOverBudget;
+    pthread_mutex_unlock(&notice_lock);
+}
+
 int main(void) {
     setvbuf(stdout, 0, _IOLBF, 0);
     if (setup()) return 1;
@@ -183,6 +209,15 @@ int main(void) {
             CUresult r = cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, 0, args, 0);
             if (r) printf("FAIL spin: %d\n", r);
             else printf("ok spin\n");
+        } else if (!strncmp(line, "notices", 7)) {
+            pthread_mutex_lock(&notice_lock);
+            for (int i = 0; i < nnotices; i++) printf("notice %llu\n", notices[i]);
+            pthread_mutex_unlock(&notice_lock);
+        } else if (!strncmp(line, "notify", 6)) {
+            void *handle = NULL;
+            CUresult r = cuDeviceRegisterAsyncNotification(0, on_notice, &notice_tag, &handle);
+            if (r || !handle) printf("FAIL notify: %d\n", r);
+            else printf("ok notify\n");
         } else {
             printf("FAIL unknown command: %s", line);
         }

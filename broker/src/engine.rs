@@ -872,6 +872,8 @@ enum UntilWhat {
     Jobs(Vec<u64>),
     /// No job of `ctx` up to `last` is unfinished.
     Ctx { ctx: u64, last: u64 },
+    /// Every job up to this one has run.
+    Prefix(u64),
 }
 
 impl UntilWhat {
@@ -879,6 +881,7 @@ impl UntilWhat {
         match self {
             UntilWhat::Jobs(seqs) => seqs.iter().all(|&s| st.is_done(s)),
             UntilWhat::Ctx { ctx, last } => st.unfinished.range(..=*last).all(|(_, c)| c != ctx),
+            UntilWhat::Prefix(last) => st.prefix_done(*last),
         }
     }
 }
@@ -1384,6 +1387,12 @@ impl Engine {
         self.until(UntilWhat::Jobs(targets))
     }
 
+    /// The point where every job submitted so far (of every lane) has run.
+    pub fn until_all(&self) -> Until {
+        let last = self.submitted();
+        self.until(UntilWhat::Prefix(last))
+    }
+
     /// The point where every job of context `ctx` submitted so far has run.
     pub fn until_ctx(&self, ctx: u64) -> Until {
         let last = self.submitted();
@@ -1446,8 +1455,7 @@ impl Engine {
 
     /// Waits until everything submitted has run.
     pub fn drain(&self) -> Result<(), CuError> {
-        let seq = self.submitted();
-        self.wait(seq)
+        self.reach(&self.until_all(), None).map(drop)
     }
 
     /// Takes the first error of context `ctx`'s asynchronous work (or of a

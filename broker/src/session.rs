@@ -252,8 +252,9 @@ fn write_gathered(
 
 /// What a synchronizing call waits for ([`Session::sync_point`]).
 enum SyncPoint {
-    /// Work of this session, and the context whose errors the call reports.
-    Work(crate::engine::Until, u64),
+    /// Work of this session, and the context whose errors the call reports (none: a wait that
+    /// reports nothing).
+    Work(crate::engine::Until, Option<u64>),
     /// An event another process recorded last.
     IpcEvent(Arc<alloc_ext::ipc::event::IpcEvent>),
 }
@@ -1449,8 +1450,10 @@ impl Session {
                     // The VM's tickets are all taken: wait here, as a plain call does.
                     self.engine.reach(&until, None)?;
                 }
-                self.pools_after_sync();
-                self.surface_async_error(ctx)?;
+                if let Some(ctx) = ctx {
+                    self.pools_after_sync();
+                    self.surface_async_error(ctx)?;
+                }
                 let value = if self.engine.idle() {
                     SYNC_IDLE
                 } else {
@@ -1467,7 +1470,7 @@ impl Session {
                 reply(out, msg::Value { value: state })
             }
             R::SyncFinish(m) => {
-                if let SyncPoint::Work(_, ctx) = self.sync_point(m.ctx, m.kind, m.handle)? {
+                if let SyncPoint::Work(_, Some(ctx)) = self.sync_point(m.ctx, m.kind, m.handle)? {
                     self.pools_after_sync();
                     self.surface_async_error(ctx)?;
                 }
@@ -2280,11 +2283,18 @@ impl Session {
         match kind {
             msg::SYNC_CONTEXT => {
                 self.ctx(ctx)?;
-                Ok(SyncPoint::Work(self.engine.until_ctx(ctx), ctx))
+                Ok(SyncPoint::Work(self.engine.until_ctx(ctx), Some(ctx)))
             }
             msg::SYNC_STREAM => {
                 let lane = self.lane(ctx, handle)?;
-                Ok(SyncPoint::Work(self.engine.until_lane(&lane), lane.ctx))
+                Ok(SyncPoint::Work(
+                    self.engine.until_lane(&lane),
+                    Some(lane.ctx),
+                ))
+            }
+            msg::SYNC_ALL => {
+                self.ctx(ctx)?;
+                Ok(SyncPoint::Work(self.engine.until_all(), None))
             }
             msg::SYNC_EVENT => {
                 let ev = self.event(handle)?;
@@ -2292,10 +2302,10 @@ impl Session {
                     return Ok(SyncPoint::IpcEvent(shared));
                 }
                 let (rec, ctx) = (ev.clock.get(), ev.ctx);
-                Ok(SyncPoint::Work(self.engine.until_job(rec.seq), ctx))
+                Ok(SyncPoint::Work(self.engine.until_job(rec.seq), Some(ctx)))
             }
             other => Err(CuError::invalid_value(format!(
-                "a synchronization is of a context (0), a stream (1) or an event (2), not {other}"
+                "a synchronization is of a context (0), a stream (1), an event (2) or all work (3), not {other}"
             ))),
         }
     }

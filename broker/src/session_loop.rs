@@ -1177,9 +1177,13 @@ mod tests {
         assert_eq!(begin(&mut c, SYNC_CONTEXT, 0, 4), Ok(SYNC_PENDING));
         assert_eq!(wait(&mut waiter, 3, 10_000), Ok(SYNC_DONE));
         assert_eq!(wait(&mut waiter, 4, 10_000), Ok(SYNC_DONE));
+        // All of the session's work (what a free waits for), reporting nothing.
+        c.post(&memset, &[]).unwrap();
+        assert_eq!(begin(&mut c, SYNC_ALL, 0, 7), Ok(SYNC_PENDING));
+        assert_eq!(wait(&mut waiter, 7, 10_000), Ok(SYNC_DONE));
         // Bad kinds and handles are refused before anything waits.
         assert_eq!(
-            begin(&mut c, 3, stream, 5).unwrap_err().0,
+            begin(&mut c, 4, stream, 5).unwrap_err().0,
             CUDA_ERROR_INVALID_VALUE
         );
         assert_eq!(

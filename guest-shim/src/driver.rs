@@ -889,6 +889,9 @@ pub fn mem_free(ptr: u64) -> CuRes<()> {
     if crate::graph::api::is_graph_alloc(ptr) {
         return crate::graph::api::free_graph_alloc(ptr, None);
     }
+    if ptr != 0 {
+        crate::sync_wait::before_blocking_free(c)?;
+    }
     if let Some(r) = crate::alloc_api::free_hook(ptr) {
         return r;
     }

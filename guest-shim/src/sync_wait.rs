@@ -152,17 +152,31 @@ pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
 /// work was sent since ([`crate::client::Client::enqueued`]); nothing in a process with one CUDA
 /// thread.
 pub(crate) fn before_blocking_copy(stream: u64) -> CuRes<()> {
-    match driver() {
-        Ok(d)
-            if d.sync_tickets
-                && other_cuda_threads()
-                && d.enqueued() != d.idle_at.load(Ordering::Relaxed) =>
-        {
-            let ctx = crate::driver::ctx()?;
-            synchronize(msg::SYNC_STREAM, ctx, crate::driver::wire_stream(stream)?)
-        }
-        _ => Ok(()),
+    if !waits_first() {
+        return Ok(());
     }
+    let ctx = crate::driver::ctx()?;
+    synchronize(msg::SYNC_STREAM, ctx, crate::driver::wire_stream(stream)?)
+}
+
+/// Before `cuMemFree` of context `ctx` in a process with other CUDA threads: vgpud frees once
+/// all of the process's work submitted before is done (it may still use the memory), so that
+/// wait happens first, as [`synchronize`] waits (`msg::SYNC_ALL`, reporting no errors), and the
+/// free finds nothing to wait for. As [`before_blocking_copy`], skipped while vgpud last said
+/// the session was idle and no work was sent since.
+pub(crate) fn before_blocking_free(ctx: u64) -> CuRes<()> {
+    if !waits_first() {
+        return Ok(());
+    }
+    synchronize(msg::SYNC_ALL, ctx, 0)
+}
+
+/// Whether a blocking call should wait for earlier work first: a process with other CUDA
+/// threads, a vgpud with tickets, and work sent since vgpud last said the session was idle.
+fn waits_first() -> bool {
+    driver().is_ok_and(|d| {
+        d.sync_tickets && other_cuda_threads() && d.enqueued() != d.idle_at.load(Ordering::Relaxed)
+    })
 }
 
 /// The plain synchronizing call, waiting on the process's connection.

@@ -36,6 +36,10 @@ pub const SYNC_CONTEXT: u32 = 0;
 pub const SYNC_STREAM: u32 = 1;
 /// [`SyncBegin`] kind: the event `handle`'s last record (`cuEventSynchronize`).
 pub const SYNC_EVENT: u32 = 2;
+/// [`SyncBegin`] kind: every job of the session submitted so far, on every context, waited for
+/// without reporting errors (what `cuMemFree` waits for before it frees; `ctx` is the freeing
+/// context).
+pub const SYNC_ALL: u32 = 3;
 /// [`SyncBegin`] and [`SyncWait`] value: the work is done.
 pub const SYNC_DONE: i32 = 0;
 /// [`SyncBegin`] and [`SyncWait`] value: not yet.
@@ -464,7 +468,7 @@ ops! {
         ctx: u64, stream: u64, op: u32, flags: u32, addr: u64, value: u64,
     }
     /// Starts a synchronizing call (`kind`: [`SYNC_CONTEXT`] `ctx`, [`SYNC_STREAM`] stream
-    /// `handle` of `ctx`, [`SYNC_EVENT`] event `handle`) that does not hold the connection while
+    /// `handle` of `ctx`, [`SYNC_EVENT`] event `handle`, [`SYNC_ALL`]) that does not hold the connection while
     /// it waits: vgpud waits here at most `wait_us` (capped by the host); `value` [`SYNC_DONE`]
     /// (or [`SYNC_IDLE`]) when the work is done (and the call's errors are reported as the plain synchronizing call
     /// reports them), [`SYNC_PENDING`] when it is not yet: the client then waits with

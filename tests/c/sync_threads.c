@@ -2,8 +2,8 @@
  * Synchronizing calls of one thread do not stop the process's other threads: while threads
  * wait in cuStreamSynchronize, cuEventSynchronize and cuCtxSynchronize for a stream held by a
  * cuStreamWaitValue32, or in synchronous copies (cuMemcpyDtoH, cuMemcpyHtoD) behind the legacy
- * stream held so, another thread's calls (copies, fills, synchronizations of another stream) go
- * on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
+ * stream held so, or in cuMemFree (which waits for the process's earlier work), another thread's
+ * calls (copies, fills, synchronizations of another stream) go on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
  * ended. Also: more waiting threads than the shim keeps connections for, and an error of the
  * awaited work reaching the waiting thread.
  *
@@ -73,9 +73,9 @@ CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsi
 /* Words of the buffer the main thread fills and reads back. */
 #define WORDS 1024
 
-enum kind { STREAM, EVENT, CONTEXT, COPY_DTOH, COPY_HTOD };
+enum kind { STREAM, EVENT, CONTEXT, COPY_DTOH, COPY_HTOD, MEM_FREE };
 static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize",
-                                  "cuMemcpyDtoH", "cuMemcpyHtoD"};
+                                  "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemFree"};
 /* What the copy waiters read (COPY_DTOH, filled before) and write (COPY_HTOD). */
 #define READ_PATTERN 0x5a5a5a5au
 #define WRITE_PATTERN 0x77777777u
@@ -84,6 +84,8 @@ static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "
 
 static CUcontext ctx;
 static CUdeviceptr read_buf, write_buf;
+/* What the MEM_FREE waiter frees (cuMemFree waits for the process's earlier work). */
+static CUdeviceptr victim;
 
 struct waiter {
     pthread_t thread;
@@ -112,6 +114,7 @@ static void *wait_main(void *arg) {
         for (int i = 0; i < WORDS; i++) host[i] = WRITE_PATTERN;
         w->result = cuMemcpyHtoD_v2(write_buf, host, sizeof host);
         break;
+    case MEM_FREE: w->result = cuMemFree_v2(victim); break;
     }
     atomic_store(&w->done, 1);
     return NULL;
@@ -271,6 +274,11 @@ int main(void) {
           CUDA_SUCCESS);
     expect("the waiting copy wrote its bytes",
            written[0] == WRITE_PATTERN && written[WORDS - 1] == WRITE_PATTERN);
+
+    /* cuMemFree, which waits for all the process's earlier work (the held stream's too). */
+    check("memory to free", cuMemAlloc_v2(&victim, 4096), CUDA_SUCCESS);
+    enum kind free_kind[] = {MEM_FREE};
+    round_of(kind_name[MEM_FREE], free_kind, 1, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
 
     /* Many waiters at once, of every kind. */
     enum kind many[WAITERS];

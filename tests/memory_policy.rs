@@ -187,9 +187,14 @@ fn a_vm_claims_its_reservation_from_a_borrower_whose_pointers_data_and_kernels_s
     );
     assert_eq!(n(&dev["memory_placement"], "host_overflow_used"), 8 * MIB);
 
-    // vm1's process is told it went over its budget, by the bytes in host memory, once.
+    // vm1's process is told it went over its budget, once, with the bytes in host memory when
+    // the shim looked: one or both of the demoted 4 MiB buffers (they move one after the other).
     d.wait_for("the over-budget notice", || !g1.notices().is_empty());
-    assert_eq!(g1.notices(), [8 * MIB]);
+    let notices = g1.notices();
+    assert!(
+        matches!(notices[..], [n] if n == 4 * MIB || n == 8 * MIB),
+        "{notices:?}"
+    );
     // vm1's data, read through its unchanged pointers, is intact, and its kernels run on
     // the host-resident buffers.
     g1.ok("check");

@@ -163,7 +163,7 @@ pub enum LaneKey {
         branch: u32,
     },
     /// The records of a context's own events (`cuCtxRecordEvent`), each after all the context's
-    /// work before it.
+    /// work before it, and the barriers joining its waits (`cuCtxWaitEvent`).
     Context(u64),
 }
 
@@ -218,6 +218,16 @@ impl LaneKey {
 }
 
 impl LaneSpec {
+    /// The lane of context `ctx`'s own records and waits ([`LaneKey::Context`]).
+    fn context(ctx: u64) -> Self {
+        Self {
+            key: LaneKey::Context(ctx),
+            ctx,
+            kind: LaneKind::NonBlocking,
+            priority: 0,
+        }
+    }
+
     /// The legacy default stream of context `ctx`.
     pub fn legacy(ctx: u64) -> Self {
         Self {
@@ -583,9 +593,9 @@ struct State {
     vm: Option<Arc<LimitUse>>,
     /// Threads waiting on the engine's condition variable ([`Shared::wait`]).
     waiting: usize,
-    /// Per context, the jobs all of its work submitted from now on waits for
-    /// (`cuCtxWaitEvent`); done ones are pruned when another is added.
-    ctx_waits: BTreeMap<u64, Vec<u64>>,
+    /// Per context, the job all of its work submitted from now on waits for (`cuCtxWaitEvent`;
+    /// several waits are joined by a barrier, so one job stands for them all).
+    ctx_waits: BTreeMap<u64, u64>,
 }
 
 impl State {
@@ -603,8 +613,10 @@ impl State {
     /// wait for ([`Engine::ctx_wait_for`]).
     fn implicit_deps(&self, spec: &LaneSpec) -> Vec<u64> {
         let mut deps = self.stream_deps(spec);
-        if let Some(waits) = self.ctx_waits.get(&spec.ctx) {
-            deps.extend(waits.iter().copied().filter(|&s| !self.is_done(s)));
+        if let Some(&wait) = self.ctx_waits.get(&spec.ctx)
+            && !self.is_done(wait)
+        {
+            deps.push(wait);
         }
         deps
     }
@@ -1339,25 +1351,11 @@ impl Engine {
         st.lane_targets(spec).iter().all(|&s| st.is_done(s))
     }
 
-    fn wait_until(&self, mut done: impl FnMut(&State) -> bool) -> Result<(), CuError> {
-        let mut st = self.shared.lock();
-        loop {
-            // Once the client is gone its dropped work never completes: every
-            // later wait fails at once.
-            if st.abandoned {
-                return Err(abandoned_error());
-            }
-            if done(&st) {
-                return Ok(());
-            }
-            st = self.block(st);
-        }
-    }
-
     /// Waits until every job up to `seq` (of every lane) has run; an error
     /// when the client disconnected meanwhile ([`Engine::watch_hangup`]).
     pub fn wait(&self, seq: u64) -> Result<(), CuError> {
-        self.wait_until(|st| st.prefix_done(seq))
+        self.reach(&self.until(UntilWhat::Prefix(seq)), None)
+            .map(drop)
     }
 
     /// Waits until job `seq` has run (and every earlier job of its lane).
@@ -1455,7 +1453,7 @@ impl Engine {
 
     /// Waits until everything submitted has run.
     pub fn drain(&self) -> Result<(), CuError> {
-        self.reach(&self.until_all(), None).map(drop)
+        self.wait(self.submitted())
     }
 
     /// Takes the first error of context `ctx`'s asynchronous work (or of a
@@ -1518,12 +1516,7 @@ impl Engine {
     /// Records `clock` once every job of context `ctx` submitted so far has run
     /// (`cuCtxRecordEvent`), on the context's record lane; returns the record's sequence number.
     pub fn record_ctx(&mut self, ctx: u64, clock: &Arc<EventClock>) -> u64 {
-        let spec = LaneSpec {
-            key: LaneKey::Context(ctx),
-            ctx,
-            kind: LaneKind::NonBlocking,
-            priority: 0,
-        };
+        let spec = LaneSpec::context(ctx);
         let (seq, deps) = {
             let st = self.shared.lock();
             let deps: Vec<u64> = st
@@ -1542,15 +1535,22 @@ impl Engine {
 
     /// Makes every job of context `ctx` submitted from now on, on any of its lanes, wait for job
     /// `seq` (`cuCtxWaitEvent`); nothing when it is done.
+    /// A context that already waits for an unfinished job gets a barrier on its record lane
+    /// after both, which it waits for instead: one job per context, however many waits.
     pub fn ctx_wait_for(&mut self, ctx: u64, seq: u64) {
-        let mut st = self.shared.lock();
-        if st.is_done(seq) {
-            return;
-        }
-        let mut waits = st.ctx_waits.remove(&ctx).unwrap_or_default();
-        waits.retain(|&s| !st.is_done(s));
-        waits.push(seq);
-        st.ctx_waits.insert(ctx, waits);
+        let earlier = {
+            let st = self.shared.lock();
+            if st.is_done(seq) {
+                return;
+            }
+            st.ctx_waits.get(&ctx).copied().filter(|&s| !st.is_done(s))
+        };
+        let wait = match earlier {
+            // The barrier's lane is the context's, so it waits for `earlier` already.
+            Some(_) => self.submit_after(&LaneSpec::context(ctx), Job::Barrier, &[seq]),
+            None => seq,
+        };
+        self.shared.lock().ctx_waits.insert(ctx, wait);
     }
 }
 
@@ -2180,6 +2180,42 @@ mod tests {
         e.wait_job(after).unwrap();
         assert_eq!(*log.lock().unwrap(), vec![1]);
         assert_eq!(g.state(), GateState::Opened);
+    }
+
+    /// Many context waits cost one job per wait and hold later work until every awaited job is
+    /// done, however many there are.
+    #[test]
+    fn a_contexts_waits_are_joined_and_hold_its_later_work() {
+        let mut e = engine();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (s1, s2, s3) = (
+            stream(0x10, LaneKind::NonBlocking, 0),
+            stream(0x20, LaneKind::NonBlocking, 0),
+            stream(0x30, LaneKind::NonBlocking, 0),
+        );
+        let (g1, g2) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
+        let w1 = e.submit(&s1, Job::Gate(Arc::clone(&g1)));
+        let w2 = e.submit(&s2, Job::Gate(Arc::clone(&g2)));
+        for _ in 0..100 {
+            e.ctx_wait_for(1, w1);
+            e.ctx_wait_for(1, w2);
+        }
+        assert_eq!(
+            e.shared.lock().ctx_waits.len(),
+            1,
+            "one job stands for every wait"
+        );
+        let later = e.submit(&s3, step(&log, 1));
+        g1.open();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!e.is_done(later), "still waiting for the second");
+        g2.open();
+        e.wait_job(later).unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![1]);
+        assert!(
+            e.shared.lock().unfinished.is_empty(),
+            "the joining barriers ran"
+        );
     }
 
     #[test]

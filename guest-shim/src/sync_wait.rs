@@ -179,9 +179,11 @@ fn waits_first() -> bool {
     })
 }
 
-/// The plain synchronizing call, waiting on the process's connection.
+/// The plain synchronizing call, waiting on the process's connection (nothing for
+/// `msg::SYNC_ALL`: the free that follows it waits itself).
 fn plain(d: &Driver, kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
     match kind {
+        msg::SYNC_ALL => return Ok(()),
         msg::SYNC_STREAM => d.call(
             &msg::StreamSynchronize {
                 ctx,

@@ -12,6 +12,7 @@
 //! `NVML_ERROR_INVALID_ARGUMENT`.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 /// Live event sets, by handle.
 static SETS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 /// The next set's handle (never 0, never reused).
-static NEXT: Mutex<usize> = Mutex::new(1);
+static NEXT: AtomicUsize = AtomicUsize::new(1);
 
 fn sets() -> MutexGuard<'static, Option<HashSet<usize>>> {
     SETS.lock().unwrap_or_else(PoisonError::into_inner)
@@ -37,12 +38,7 @@ fn sets() -> MutexGuard<'static, Option<HashSet<usize>>> {
 /// `nvmlEventSetCreate`: a new, empty set's handle.
 pub fn create() -> NvmlRes<usize> {
     ensure_init()?;
-    let handle = {
-        let mut next = NEXT.lock().unwrap_or_else(PoisonError::into_inner);
-        let h = *next;
-        *next = next.checked_add(1).ok_or(ret::UNKNOWN)?;
-        h
-    };
+    let handle = NEXT.fetch_add(1, Ordering::Relaxed);
     sets().get_or_insert_with(HashSet::new).insert(handle);
     Ok(handle)
 }

@@ -5,7 +5,9 @@
 use std::process::Command;
 use std::time::Duration;
 
-use vgpu_tests::harness::{TestVm, Vgpud, artifacts, build_c_program, hold, run_against};
+use vgpu_tests::harness::{
+    TestVm, Vgpud, artifacts, build_c_program, hold, run_against, run_against_with,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -90,9 +92,14 @@ fn cuda_visible_devices_shows_or_hides_the_gpu_as_nvidias_driver_does() {
 /// Runs the C program `name` against a fresh vgpud with a 64 MiB VM: every check passes, at
 /// least `min_ok` of them ran, and the VM's memory is all given back.
 fn runs_clean(name: &str, min_ok: usize) {
+    runs_clean_with(name, min_ok, &[]);
+}
+
+/// [`runs_clean`] with more environment variables for the program.
+fn runs_clean_with(name: &str, min_ok: usize, env: &[(&str, &str)]) {
     let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
     let prog = build_c_program(name);
-    let r = run_against(&d, "vm1", &prog, &[]);
+    let r = run_against_with(&d, "vm1", &prog, &[], env);
     assert!(
         r.failures().is_empty() && r.code == 0,
         "{}\n{}\n{}",
@@ -104,12 +111,16 @@ fn runs_clean(name: &str, min_ok: usize) {
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
-/// A thread waiting in `cuStreamSynchronize`, `cuEventSynchronize` or `cuCtxSynchronize` does
-/// not stop the process's other threads, whose calls complete meanwhile and whose write
-/// releases the wait (tests/c/sync_threads.c; before, the program deadlocked).
+/// A thread waiting in `cuStreamSynchronize`, `cuEventSynchronize` or `cuCtxSynchronize` (or
+/// in a call that waits for earlier work: synchronous copies, `cuMemFree`, `cuCtxDestroy`,
+/// `cuMemFreeHost` of a mapped buffer, `cuMemHostUnregister`) does not stop the process's other
+/// threads, whose calls complete meanwhile and whose write releases the wait
+/// (tests/c/sync_threads.c; before, the program deadlocked). Also with registered memory kept
+/// private, as on the VM transports: an asynchronous copy into it waits for its bytes.
 #[test]
 fn a_waiting_thread_does_not_stop_the_others() {
     runs_clean("sync_threads", 100);
+    runs_clean_with("sync_threads", 100, &[("VGPU_SHARE_PINNED", "0")]);
 }
 
 /// CUDA 12.5's context-wide events: `cuCtxRecordEvent` captures every stream's work,

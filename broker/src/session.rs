@@ -1100,19 +1100,7 @@ impl Session {
                 reply(out, msg::Handle { handle: h })
             }
             R::CtxDestroy(m) => {
-                // A context poisoned by a kernel fault can still be destroyed:
-                // that is how a process recovers, as with CUDA.
-                let c = self.contexts.get(m.ctx).ok_or_else(|| {
-                    CuError::invalid_context(format!(
-                        "{:#x} is not a context of this process",
-                        m.ctx
-                    ))
-                })?;
-                if c.primary {
-                    return Err(CuError::invalid_context(
-                        "the primary context is released with cuDevicePrimaryCtxRelease, not destroyed",
-                    ));
-                }
+                self.destroyable(m.ctx)?;
                 self.release_context_resources(m.ctx);
                 self.contexts.remove(m.ctx);
                 self.note_contexts();
@@ -1431,6 +1419,13 @@ impl Session {
                         return reply(out, msg::Value { value: SYNC_DONE });
                     }
                 };
+                if m.kind == msg::SYNC_DESTROY
+                    && let Some(w) = &self.mem_waits
+                {
+                    // As the destroy that follows: nothing settles while a word nobody writes
+                    // holds one of the context's lanes.
+                    w.end_context(m.ctx);
+                }
                 let in_place = Duration::from_micros(u64::from(m.wait_us)).min(SYNC_IN_PLACE_MAX);
                 if !self.engine.reach(&until, Some(in_place))? {
                     let ticket = self.tenant.sync_tickets.register(
@@ -2277,6 +2272,21 @@ impl Session {
         }
     }
 
+    /// Whether `ctx` is a context `cuCtxDestroy` may destroy: one of this process's, not a
+    /// primary context. A context poisoned by a kernel fault can still be destroyed: that is how
+    /// a process recovers, as with CUDA.
+    fn destroyable(&self, ctx: u64) -> Result<(), CuError> {
+        let c = self.contexts.get(ctx).ok_or_else(|| {
+            CuError::invalid_context(format!("{ctx:#x} is not a context of this process"))
+        })?;
+        if c.primary {
+            return Err(CuError::invalid_context(
+                "the primary context is released with cuDevicePrimaryCtxRelease, not destroyed",
+            ));
+        }
+        Ok(())
+    }
+
     /// What a synchronizing call of `kind` ([`msg::SYNC_CONTEXT`], [`msg::SYNC_STREAM`],
     /// [`msg::SYNC_EVENT`]) waits for, fixed now.
     fn sync_point(&self, ctx: u64, kind: u32, handle: u64) -> Result<SyncPoint, CuError> {
@@ -2296,6 +2306,10 @@ impl Session {
                 self.ctx(ctx)?;
                 Ok(SyncPoint::Work(self.engine.until_all(), None))
             }
+            msg::SYNC_DESTROY => {
+                self.destroyable(ctx)?;
+                Ok(SyncPoint::Work(self.engine.until_all(), None))
+            }
             msg::SYNC_EVENT => {
                 let ev = self.event(handle)?;
                 if let Some(shared) = alloc_ext::ipc::event::recorded_elsewhere(ev) {
@@ -2305,7 +2319,7 @@ impl Session {
                 Ok(SyncPoint::Work(self.engine.until_job(rec.seq), Some(ctx)))
             }
             other => Err(CuError::invalid_value(format!(
-                "a synchronization is of a context (0), a stream (1), an event (2) or all work (3), not {other}"
+                "a synchronization is of a context (0), a stream (1), an event (2), all work (3) or all work before a context's destruction (4), not {other}"
             ))),
         }
     }

@@ -1183,7 +1183,7 @@ mod tests {
         assert_eq!(wait(&mut waiter, 7, 10_000), Ok(SYNC_DONE));
         // Bad kinds and handles are refused before anything waits.
         assert_eq!(
-            begin(&mut c, 4, stream, 5).unwrap_err().0,
+            begin(&mut c, 5, stream, 5).unwrap_err().0,
             CUDA_ERROR_INVALID_VALUE
         );
         assert_eq!(
@@ -1210,6 +1210,116 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// What `cuCtxDestroy` waits for before it destroys (`SYNC_DESTROY`): every earlier job of
+    /// the session, on a ticket; the context's stream-memory waits end first (as the destroy ends
+    /// them: nothing else would release a word nobody writes), and the destroy that follows finds
+    /// nothing to wait for. Primary and unknown contexts are refused as the destroy refuses them.
+    #[test]
+    fn a_destroys_wait_ends_its_contexts_memory_waits_and_waits_on_a_ticket() {
+        let b = broker(Duration::from_millis(300));
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let (mut waiter, _hw) = connect(&b, "vm1");
+        waiter.hello().unwrap();
+        let doomed = create_context(&mut c);
+        let word = alloc(&mut c, doomed, 4).unwrap();
+        let fill = |ctx, dst, count| Memset {
+            ctx,
+            stream: 0,
+            dst,
+            value: 0,
+            elem_size: 1,
+            count,
+        };
+        c.call(&fill(doomed, word, 4), &[]).unwrap();
+        let held = c
+            .call(
+                &StreamCreate {
+                    ctx: doomed,
+                    flags: 1,
+                    priority: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        // The doomed context's stream waits for a word nobody writes.
+        c.call(
+            &StreamMemOp {
+                ctx: doomed,
+                stream: held,
+                op: mem_op::WAIT_VALUE_32,
+                flags: mem_op::WAIT_GEQ,
+                addr: word,
+                value: 1,
+            },
+            &[],
+        )
+        .unwrap();
+        // And the other context's legacy stream runs a 300 ms fill.
+        let dst = alloc(&mut c, ctx, MIB).unwrap();
+        c.post(&fill(ctx, dst, MIB), &[]).unwrap();
+        let begin = |c: &mut TestClient<UnixStream>, ctx: u64| {
+            c.call(
+                &SyncBegin {
+                    ctx,
+                    kind: SYNC_DESTROY,
+                    handle: 0,
+                    wait_us: 1000,
+                    token_hi: 9,
+                    token_lo: 1,
+                },
+                &[],
+            )
+            .map(|r| r.0.value)
+        };
+        assert_eq!(begin(&mut c, doomed), Ok(SYNC_PENDING));
+        // Done once the fill is: the held stream's wait ended (each SyncWait answers within 1 s).
+        let t0 = Instant::now();
+        let state = loop {
+            let state = waiter
+                .call(
+                    &SyncWait {
+                        token_hi: 9,
+                        token_lo: 1,
+                        timeout_ms: 1000,
+                    },
+                    &[],
+                )
+                .unwrap()
+                .0
+                .value;
+            if state != SYNC_PENDING || t0.elapsed() > Duration::from_secs(10) {
+                break state;
+            }
+        };
+        assert_eq!(state, SYNC_DONE, "the destroy's wait never ended");
+        c.call(
+            &SyncFinish {
+                ctx: doomed,
+                kind: SYNC_DESTROY,
+                handle: 0,
+            },
+            &[],
+        )
+        .unwrap();
+        c.call(&CtxDestroy { ctx: doomed }, &[]).unwrap();
+        // Refused as cuCtxDestroy refuses them, before anything waits.
+        let primary = c
+            .call(&PrimaryCtxRetain { device: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        for refused in [primary, doomed, 0xdead] {
+            assert_eq!(
+                begin(&mut c, refused).unwrap_err().0,
+                CUDA_ERROR_INVALID_CONTEXT,
+                "{refused:#x}"
+            );
+        }
+        assert!(b.tenant("vm1").unwrap().sync_tickets.is_empty());
     }
 
     fn wait_used(b: &Broker, tenant: &str, want: u64) {

@@ -596,6 +596,21 @@ pub fn note_host_flags(p: usize, flags: u32) {
     state().host_flags.insert(p, flags);
 }
 
+/// Whether `p` is a buffer `cuMemHostAlloc` made with `CU_MEMHOSTALLOC_DEVICEMAP` (its free also
+/// frees a device mirror).
+pub fn is_mapped_host_alloc(p: usize) -> bool {
+    state()
+        .regions
+        .get(&(p as u64))
+        .is_some_and(|r| r.kind == RegionKind::HostAlloc)
+}
+
+/// Whether `addr` starts a range registered with `CU_MEMHOSTREGISTER_DEVICEMAP` (its
+/// unregistration reads back and frees a device mirror).
+pub fn is_mapped_registration(addr: usize) -> bool {
+    state().registered.contains_key(&addr)
+}
+
 /// `cuMemFreeHost` of a mapped buffer. `None`: `p` is not one.
 pub fn host_free_hook(p: usize) -> Option<CuRes<()>> {
     let mut st = state();

@@ -624,6 +624,7 @@ pub fn ctx_set_flags(flags: u32) -> CuRes<()> {
 /// `cuCtxDestroy`.
 pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
+    crate::sync_wait::before_destroy(c);
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
     created_ctx_flags().remove(&c);
     crate::stream_attrs::forget(LEGACY_STREAM_ID_BIT | c);
@@ -1022,7 +1023,13 @@ pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     if let Some(r) = crate::stream_capture::intercept(stream, sync, op) {
         return r;
     }
-    if sync {
+    // An asynchronous copy into memory vgpud does not share waits for its bytes too (as CUDA's
+    // copies to pageable memory do), so it waits for its stream first as a synchronous one does.
+    if sync
+        || driver()?
+            .shared_range(dst.as_ptr() as usize, dst.len())
+            .is_none()
+    {
         crate::sync_wait::before_blocking_copy(stream)?;
     }
     if let Some(r) = crate::alloc_api::dtoh_hook(dst, src) {
@@ -1471,6 +1478,13 @@ fn host_alloc_at(d: &Driver, size: usize, at: Option<u64>) -> CuRes<*mut u8> {
 /// returned; anything else is refused without being touched.
 pub fn host_free(addr: usize) -> CuRes<()> {
     let d = driver()?;
+    // A mapped buffer's device mirror is freed as `cuMemFree` frees, after the process's earlier
+    // work: that wait comes first.
+    if crate::alloc_api::is_mapped_host_alloc(addr)
+        && let Ok(c) = ctx()
+    {
+        crate::sync_wait::before_blocking_free(c)?;
+    }
     if let Some(r) = crate::alloc_api::host_free_hook(addr) {
         return r;
     }
@@ -1574,10 +1588,14 @@ fn adopt_registered(d: &Driver, addr: usize, size: usize) {
 /// CUDA may return errors of earlier asynchronous work), after the range was unregistered.
 pub fn host_unregister(addr: usize) -> CuRes<()> {
     let d = driver()?;
-    ctx()?;
-    if lock(&d.host_registered).contains_key(&addr)
-        && let Some(r) = crate::alloc_api::unregister_hook(addr)
-    {
+    let c = ctx()?;
+    let registered = lock(&d.host_registered).contains_key(&addr);
+    if registered && crate::alloc_api::is_mapped_registration(addr) {
+        // Its device mirror is read back and freed as `cuMemFree` frees, after the process's
+        // earlier work: that wait comes first.
+        crate::sync_wait::before_blocking_free(c)?;
+    }
+    if registered && let Some(r) = crate::alloc_api::unregister_hook(addr) {
         r?;
     }
     lock(&d.host_registered)
@@ -1611,7 +1629,8 @@ fn waited_for_shared_dtoh(d: &Driver, region: u64) -> CuRes<()> {
         .unwrap_or_default();
     let mut first = Ok(());
     for c in contexts {
-        match d.call(&msg::CtxSynchronize { ctx: c }, &[]) {
+        // Not on the process's connection while another thread's work is queued before.
+        match crate::sync_wait::synchronize(msg::SYNC_CONTEXT, c, 0) {
             Err(cuda::CUDA_ERROR_INVALID_CONTEXT | cuda::CUDA_ERROR_CONTEXT_IS_DESTROYED) => {}
             Err(code) if first.is_ok() => first = Err(code),
             _ => {}

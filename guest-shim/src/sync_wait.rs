@@ -171,6 +171,21 @@ pub(crate) fn before_blocking_free(ctx: u64) -> CuRes<()> {
     synchronize(msg::SYNC_ALL, ctx, 0)
 }
 
+/// Before `cuCtxDestroy` of `ctx` in a process with other CUDA threads: vgpud destroys once all
+/// of the process's earlier work is done (its kernels may still use the context's memory), so
+/// that wait happens first (`msg::SYNC_DESTROY`, which also ends the context's stream-memory
+/// waits, as the destroy does). Its errors are not the destroy's: a context that cannot be
+/// destroyed, or a vgpud that does not know the kind, is left to the destroy itself. Skipped as
+/// [`before_blocking_copy`] is.
+pub(crate) fn before_destroy(ctx: u64) {
+    if !waits_first() {
+        return;
+    }
+    if let Err(code) = synchronize(msg::SYNC_DESTROY, ctx, 0) {
+        crate::debug!("cuCtxDestroy: the wait before it failed ({code}); the destroy waits itself");
+    }
+}
+
 /// Whether a blocking call should wait for earlier work first: a process with other CUDA
 /// threads, a vgpud with tickets, and work sent since vgpud last said the session was idle.
 fn waits_first() -> bool {
@@ -180,10 +195,10 @@ fn waits_first() -> bool {
 }
 
 /// The plain synchronizing call, waiting on the process's connection (nothing for
-/// `msg::SYNC_ALL`: the free that follows it waits itself).
+/// `msg::SYNC_ALL` and `msg::SYNC_DESTROY`: the free or destroy that follows waits itself).
 fn plain(d: &Driver, kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
     match kind {
-        msg::SYNC_ALL => return Ok(()),
+        msg::SYNC_ALL | msg::SYNC_DESTROY => return Ok(()),
         msg::SYNC_STREAM => d.call(
             &msg::StreamSynchronize {
                 ctx,

@@ -40,6 +40,11 @@ pub const SYNC_EVENT: u32 = 2;
 /// without reporting errors (what `cuMemFree` waits for before it frees; `ctx` is the freeing
 /// context).
 pub const SYNC_ALL: u32 = 3;
+/// [`SyncBegin`] kind: what `cuCtxDestroy` of `ctx` waits for before it destroys: the context's
+/// stream-memory waits end (as the destroy ends them), then every job of the session submitted so
+/// far is waited for, without reporting errors. A context that does not exist or is a primary
+/// context is refused as `CtxDestroy` refuses it.
+pub const SYNC_DESTROY: u32 = 4;
 /// [`SyncBegin`] and [`SyncWait`] value: the work is done.
 pub const SYNC_DONE: i32 = 0;
 /// [`SyncBegin`] and [`SyncWait`] value: not yet.
@@ -468,7 +473,7 @@ ops! {
         ctx: u64, stream: u64, op: u32, flags: u32, addr: u64, value: u64,
     }
     /// Starts a synchronizing call (`kind`: [`SYNC_CONTEXT`] `ctx`, [`SYNC_STREAM`] stream
-    /// `handle` of `ctx`, [`SYNC_EVENT`] event `handle`, [`SYNC_ALL`]) that does not hold the connection while
+    /// `handle` of `ctx`, [`SYNC_EVENT`] event `handle`, [`SYNC_ALL`], [`SYNC_DESTROY`]) that does not hold the connection while
     /// it waits: vgpud waits here at most `wait_us` (capped by the host); `value` [`SYNC_DONE`]
     /// (or [`SYNC_IDLE`]) when the work is done (and the call's errors are reported as the plain synchronizing call
     /// reports them), [`SYNC_PENDING`] when it is not yet: the client then waits with

@@ -4,8 +4,11 @@
  * cuStreamWaitValue32, or in synchronous copies (cuMemcpyDtoH, cuMemcpyHtoD) behind the legacy
  * stream held so, or in cuMemFree (which waits for the process's earlier work), another thread's
  * calls (copies, fills, synchronizations of another stream) go on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
- * ended. Also: more waiting threads than the shim keeps connections for, and an error of the
- * awaited work reaching the waiting thread.
+ * ended. The same for the calls that wait for earlier work before they release something:
+ * cuCtxDestroy of another context, cuMemFreeHost of a mapped (DEVICEMAP) buffer, and
+ * cuMemHostUnregister of a range a copy queued behind the wait writes into (its bytes arrive).
+ * Also: more waiting threads than the shim keeps connections for, and an error of the awaited
+ * work reaching the waiting thread.
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is the number of
  * failures. A deadlock ends the program through alarm() with a FAIL line.
@@ -16,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +45,10 @@ CUresult cuMemsetD32Async(CUdeviceptr, unsigned, size_t, CUstream);
 CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
 CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
+CUresult cuMemHostAlloc(void **, size_t, unsigned);
+CUresult cuMemFreeHost(void *);
+CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
+CUresult cuMemHostUnregister(void *);
 CUresult cuStreamCreate(CUstream *, unsigned);
 CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuStreamSynchronize(CUstream);
@@ -64,6 +72,7 @@ CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsi
 #define CU_STREAM_NON_BLOCKING 1
 #define CU_STREAM_WAIT_VALUE_GEQ 0
 #define CU_EVENT_DISABLE_TIMING 2
+#define CU_MEMHOSTALLOC_DEVICEMAP 2
 
 /* Threads waiting at once in the second check: more than the shim keeps idle connections for
  * (4), so some of them open connections of their own and give them back. */
@@ -73,9 +82,20 @@ CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsi
 /* Words of the buffer the main thread fills and reads back. */
 #define WORDS 1024
 
-enum kind { STREAM, EVENT, CONTEXT, COPY_DTOH, COPY_HTOD, MEM_FREE };
+enum kind {
+    STREAM,
+    EVENT,
+    CONTEXT,
+    COPY_DTOH,
+    COPY_HTOD,
+    MEM_FREE,
+    CTX_DESTROY,
+    FREE_HOST_MAPPED,
+    HOST_UNREGISTER
+};
 static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize",
-                                  "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemFree"};
+                                  "cuMemcpyDtoH",        "cuMemcpyHtoD",       "cuMemFree",
+                                  "cuCtxDestroy",        "cuMemFreeHost",      "cuMemHostUnregister"};
 /* What the copy waiters read (COPY_DTOH, filled before) and write (COPY_HTOD). */
 #define READ_PATTERN 0x5a5a5a5au
 #define WRITE_PATTERN 0x77777777u
@@ -86,6 +106,12 @@ static CUcontext ctx;
 static CUdeviceptr read_buf, write_buf;
 /* What the MEM_FREE waiter frees (cuMemFree waits for the process's earlier work). */
 static CUdeviceptr victim;
+/* What the CTX_DESTROY waiter destroys, the FREE_HOST_MAPPED waiter frees, and the range the
+ * HOST_UNREGISTER waiter copies into (behind the wait) and unregisters. */
+static CUcontext doomed;
+static void *mapped_host;
+#define REGISTERED_BYTES (64 * 1024)
+static unsigned *registered;
 
 struct waiter {
     pthread_t thread;
@@ -115,6 +141,12 @@ static void *wait_main(void *arg) {
         w->result = cuMemcpyHtoD_v2(write_buf, host, sizeof host);
         break;
     case MEM_FREE: w->result = cuMemFree_v2(victim); break;
+    case CTX_DESTROY: w->result = cuCtxDestroy_v2(doomed); break;
+    case FREE_HOST_MAPPED: w->result = cuMemFreeHost(mapped_host); break;
+    case HOST_UNREGISTER:
+        w->result = cuMemcpyDtoHAsync_v2(registered, read_buf, WORDS * 4, w->stream);
+        if (w->result == CUDA_SUCCESS) w->result = cuMemHostUnregister(registered);
+        break;
     }
     atomic_store(&w->done, 1);
     return NULL;
@@ -207,8 +239,11 @@ static void round_of(const char *what, enum kind *kinds, int n, CUstream s1, CUs
              what, CALLS);
     expect(line, bad == 0);
     printf("# %s: %d round trips beside the waiters took %.1f ms\n", what, CALLS, took * 1e3);
-    snprintf(line, sizeof line, "%s: no waiter returned before the flag was written", what);
-    expect(line, !any_done(w, n));
+    /* cuMemHostUnregister need not wait (a range vgpud does not share has nothing to wait for). */
+    if (kinds[0] != HOST_UNREGISTER) {
+        snprintf(line, sizeof line, "%s: no waiter returned before the flag was written", what);
+        expect(line, !any_done(w, n));
+    }
     snprintf(line, sizeof line, "%s: the awaited stream is still not ready", what);
     check(line, cuStreamQuery(s1), CUDA_ERROR_NOT_READY);
     snprintf(line, sizeof line, "%s: another thread's write releases the wait", what);
@@ -279,6 +314,33 @@ int main(void) {
     check("memory to free", cuMemAlloc_v2(&victim, 4096), CUDA_SUCCESS);
     enum kind free_kind[] = {MEM_FREE};
     round_of(kind_name[MEM_FREE], free_kind, 1, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
+
+    /* cuCtxDestroy of another context and cuMemFreeHost of a mapped buffer, which wait for the
+     * process's earlier work too. */
+    check("a context to destroy", cuCtxCreate_v2(&doomed, 0, dev), CUDA_SUCCESS);
+    check("the first context is current again", cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    enum kind destroy_kind[] = {CTX_DESTROY};
+    round_of(kind_name[CTX_DESTROY], destroy_kind, 1, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
+    check("a mapped buffer", cuMemHostAlloc(&mapped_host, 4096, CU_MEMHOSTALLOC_DEVICEMAP),
+          CUDA_SUCCESS);
+    enum kind free_host_kind[] = {FREE_HOST_MAPPED};
+    round_of(kind_name[FREE_HOST_MAPPED], free_host_kind, 1, s1, s2, ev, flag, buf, NULL,
+             CUDA_SUCCESS);
+
+    /* cuMemHostUnregister of a range (whole pages of private memory, which the unix transport
+     * shares with vgpud) that a copy queued behind the wait writes into. */
+    registered = mmap(NULL, REGISTERED_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    expect("the range to register is mapped", registered != MAP_FAILED);
+    memset(registered, 0, REGISTERED_BYTES);
+    check("the range is registered", cuMemHostRegister_v2(registered, REGISTERED_BYTES, 0),
+          CUDA_SUCCESS);
+    enum kind unregister_kind[] = {HOST_UNREGISTER};
+    round_of(kind_name[HOST_UNREGISTER], unregister_kind, 1, s1, s2, ev, flag, buf, NULL,
+             CUDA_SUCCESS);
+    check("the copied stream is done", cuStreamSynchronize(s1), CUDA_SUCCESS);
+    expect("the copy queued behind the wait wrote the unregistered range",
+           registered[0] == READ_PATTERN && registered[WORDS - 1] == READ_PATTERN);
 
     /* Many waiters at once, of every kind. */
     enum kind many[WAITERS];

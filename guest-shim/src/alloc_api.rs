@@ -1146,6 +1146,7 @@ pub fn pool_create(
 /// `cuMemPoolDestroy`.
 pub fn pool_destroy(pool: u64) -> CuRes<()> {
     let c = ctx()?;
+    crate::sync_wait::before_settling(c)?;
     drv::driver()?.call(&msg::MemPoolDestroy { ctx: c, pool }, &[])?;
     state().pools.remove(&pool);
     Ok(())
@@ -1256,6 +1257,11 @@ pub fn free_async(ptr: u64, stream: u64) -> CuRes<()> {
         // may not touch it after this call either way).
         drv::stream_synchronize(stream)?;
         return free_hook(ptr).unwrap_or(Ok(()));
+    }
+    // Memory not from a pool is freed once all earlier work is done (vgpud waits for it as it
+    // takes the request, holding back the process's later calls): that wait happens first.
+    if !state().pool_blocks.contains_key(&ptr) {
+        crate::sync_wait::before_settling(c)?;
     }
     if !pool_import_still_open(ptr) {
         forget_pool_block(ptr);
@@ -1455,6 +1461,7 @@ pub fn ipc_open_mem_handle(handle: &[u8; IPC_HANDLE_SIZE], flags: u32) -> CuRes<
 /// `cuIpcCloseMemHandle`.
 pub fn ipc_close_mem_handle(ptr: u64) -> CuRes<()> {
     let c = ctx()?;
+    crate::sync_wait::before_settling(c)?;
     drv::driver()?.call(&msg::IpcCloseMemHandle { ctx: c, ptr }, &[])?;
     let mut o = ipc_opened();
     if let Some(n) = o.get_mut(&ptr) {
@@ -1612,6 +1619,9 @@ pub fn mem_map(ptr: u64, size: u64, offset: u64, h: u64) -> CuRes<()> {
 
 /// `cuMemUnmap`.
 pub fn mem_unmap(ptr: u64, size: u64) -> CuRes<()> {
+    if let Ok(c) = ctx() {
+        crate::sync_wait::before_settling(c)?;
+    }
     drv::driver()?.call(&msg::MemUnmap { ptr, size }, &[])?;
     let mut v = vmm();
     let end = ptr.saturating_add(size);

@@ -808,6 +808,10 @@ fn primary_peek(d: &Driver) -> CuRes<u64> {
 pub fn primary_release(dev: i32) -> CuRes<()> {
     let d = driver()?;
     check_device(dev)?;
+    // The last release resets the context, after the process's earlier work.
+    if let Ok(c) = ctx() {
+        crate::sync_wait::before_settling(c)?;
+    }
     d.call(&msg::PrimaryCtxRelease { device: 0 }, &[])?;
     let state = d.call(&msg::PrimaryCtxGetState { device: 0 }, &[])?;
     if state.active == 0 {
@@ -833,6 +837,9 @@ fn primary_gone(d: &Driver) -> CuRes<()> {
 pub fn primary_reset(dev: i32) -> CuRes<()> {
     let d = driver()?;
     check_device(dev)?;
+    if let Ok(c) = ctx() {
+        crate::sync_wait::before_settling(c)?;
+    }
     d.call(&msg::PrimaryCtxReset { device: 0 }, &[])?;
     primary_gone(d)
 }
@@ -891,7 +898,7 @@ pub fn mem_free(ptr: u64) -> CuRes<()> {
         return crate::graph::api::free_graph_alloc(ptr, None);
     }
     if ptr != 0 {
-        crate::sync_wait::before_blocking_free(c)?;
+        crate::sync_wait::before_settling(c)?;
     }
     if let Some(r) = crate::alloc_api::free_hook(ptr) {
         return r;
@@ -1483,7 +1490,7 @@ pub fn host_free(addr: usize) -> CuRes<()> {
     if crate::alloc_api::is_mapped_host_alloc(addr)
         && let Ok(c) = ctx()
     {
-        crate::sync_wait::before_blocking_free(c)?;
+        crate::sync_wait::before_settling(c)?;
     }
     if let Some(r) = crate::alloc_api::host_free_hook(addr) {
         return r;
@@ -1593,7 +1600,7 @@ pub fn host_unregister(addr: usize) -> CuRes<()> {
     if registered && crate::alloc_api::is_mapped_registration(addr) {
         // Its device mirror is read back and freed as `cuMemFree` frees, after the process's
         // earlier work: that wait comes first.
-        crate::sync_wait::before_blocking_free(c)?;
+        crate::sync_wait::before_settling(c)?;
     }
     if registered && let Some(r) = crate::alloc_api::unregister_hook(addr) {
         r?;
@@ -1981,6 +1988,7 @@ pub fn module_load(image: &[u8]) -> Result<u64, (CuResult, String)> {
 pub fn module_unload(m: u64) -> CuRes<()> {
     let c = ctx()?;
     let d = driver()?;
+    crate::sync_wait::before_settling(c)?;
     crate::texrefs::module_gone(m);
     d.call(&msg::ModuleUnload { ctx: c, module: m }, &[])?;
     crate::alloc_api::module_gone(m);

@@ -159,12 +159,15 @@ pub(crate) fn before_blocking_copy(stream: u64) -> CuRes<()> {
     synchronize(msg::SYNC_STREAM, ctx, crate::driver::wire_stream(stream)?)
 }
 
-/// Before `cuMemFree` of context `ctx` in a process with other CUDA threads: vgpud frees once
-/// all of the process's work submitted before is done (it may still use the memory), so that
-/// wait happens first, as [`synchronize`] waits (`msg::SYNC_ALL`, reporting no errors), and the
-/// free finds nothing to wait for. As [`before_blocking_copy`], skipped while vgpud last said
-/// the session was idle and no work was sent since.
-pub(crate) fn before_blocking_free(ctx: u64) -> CuRes<()> {
+/// Before a call of context `ctx`, in a process with other CUDA threads, that vgpud runs only
+/// once all of the process's earlier work is done, since that work may still use what the call
+/// releases: `cuMemFree` (and `cuMemFreeAsync` of memory not from a pool), `cuMemFreeHost` of a
+/// mapped buffer, `cuMemHostUnregister` of a mapped range, `cuMemUnmap`, `cuIpcCloseMemHandle`,
+/// `cuMemPoolDestroy`, `cuModuleUnload`, texture and surface object destroys, primary context
+/// releases and resets. That wait happens first, as [`synchronize`] waits (`msg::SYNC_ALL`,
+/// reporting no errors), so the call finds nothing to wait for. As [`before_blocking_copy`],
+/// skipped while vgpud last said the session was idle and no work was sent since.
+pub(crate) fn before_settling(ctx: u64) -> CuRes<()> {
     if !waits_first() {
         return Ok(());
     }

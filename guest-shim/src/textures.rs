@@ -364,6 +364,8 @@ fn object(handle: u64, surface: bool) -> CuRes<Object> {
 pub(crate) fn destroy(handle: u64, surface: bool) -> CuRes<()> {
     let o = object(handle, surface)?;
     let d = drv::driver()?;
+    // Work already queued may still use it: vgpud destroys it after that work.
+    crate::sync_wait::before_settling(o.ctx)?;
     if surface {
         d.call(&msg::SurfObjectDestroy { ctx: o.ctx, handle }, &[])?;
         registry().surfaces.remove(&handle);

@@ -5,8 +5,9 @@
  * stream held so, or in cuMemFree (which waits for the process's earlier work), another thread's
  * calls (copies, fills, synchronizations of another stream) go on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
  * ended. The same for the calls that wait for earlier work before they release something:
- * cuCtxDestroy of another context, cuMemFreeHost of a mapped (DEVICEMAP) buffer, and
- * cuMemHostUnregister of a range a copy queued behind the wait writes into (its bytes arrive).
+ * cuCtxDestroy of another context, cuMemFreeHost of a mapped (DEVICEMAP) buffer,
+ * cuMemHostUnregister of a range a copy queued behind the wait writes into (its bytes arrive),
+ * cuModuleUnload, and cuMemFreeAsync of memory not from a pool.
  * Also: more waiting threads than the shim keeps connections for, and an error of the awaited
  * work reaching the waiting thread.
  *
@@ -60,6 +61,8 @@ CUresult cuEventDestroy_v2(CUevent);
 CUresult cuEventRecord(CUevent, CUstream);
 CUresult cuEventSynchronize(CUevent);
 CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
@@ -91,11 +94,14 @@ enum kind {
     MEM_FREE,
     CTX_DESTROY,
     FREE_HOST_MAPPED,
-    HOST_UNREGISTER
+    HOST_UNREGISTER,
+    MODULE_UNLOAD,
+    FREE_ASYNC
 };
 static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize",
                                   "cuMemcpyDtoH",        "cuMemcpyHtoD",       "cuMemFree",
-                                  "cuCtxDestroy",        "cuMemFreeHost",      "cuMemHostUnregister"};
+                                  "cuCtxDestroy",        "cuMemFreeHost",      "cuMemHostUnregister",
+                                  "cuModuleUnload",      "cuMemFreeAsync"};
 /* What the copy waiters read (COPY_DTOH, filled before) and write (COPY_HTOD). */
 #define READ_PATTERN 0x5a5a5a5au
 #define WRITE_PATTERN 0x77777777u
@@ -110,6 +116,10 @@ static CUdeviceptr victim;
  * HOST_UNREGISTER waiter copies into (behind the wait) and unregisters. */
 static CUcontext doomed;
 static void *mapped_host;
+/* What the MODULE_UNLOAD waiter unloads; what the FREE_ASYNC waiter frees on the other stream. */
+static CUmodule unloaded;
+static CUdeviceptr freed_async;
+static CUstream other_stream;
 #define REGISTERED_BYTES (64 * 1024)
 static unsigned *registered;
 
@@ -143,6 +153,8 @@ static void *wait_main(void *arg) {
     case MEM_FREE: w->result = cuMemFree_v2(victim); break;
     case CTX_DESTROY: w->result = cuCtxDestroy_v2(doomed); break;
     case FREE_HOST_MAPPED: w->result = cuMemFreeHost(mapped_host); break;
+    case MODULE_UNLOAD: w->result = cuModuleUnload(unloaded); break;
+    case FREE_ASYNC: w->result = cuMemFreeAsync(freed_async, other_stream); break;
     case HOST_UNREGISTER:
         w->result = cuMemcpyDtoHAsync_v2(registered, read_buf, WORDS * 4, w->stream);
         if (w->result == CUDA_SUCCESS) w->result = cuMemHostUnregister(registered);
@@ -239,8 +251,9 @@ static void round_of(const char *what, enum kind *kinds, int n, CUstream s1, CUs
              what, CALLS);
     expect(line, bad == 0);
     printf("# %s: %d round trips beside the waiters took %.1f ms\n", what, CALLS, took * 1e3);
-    /* cuMemHostUnregister need not wait (a range vgpud does not share has nothing to wait for). */
-    if (kinds[0] != HOST_UNREGISTER) {
+    /* cuMemHostUnregister need not wait (a range vgpud does not share has nothing to wait for),
+     * nor cuMemFreeAsync (CUDA frees in stream order). */
+    if (kinds[0] != HOST_UNREGISTER && kinds[0] != FREE_ASYNC) {
         snprintf(line, sizeof line, "%s: no waiter returned before the flag was written", what);
         expect(line, !any_done(w, n));
     }
@@ -326,6 +339,16 @@ int main(void) {
     enum kind free_host_kind[] = {FREE_HOST_MAPPED};
     round_of(kind_name[FREE_HOST_MAPPED], free_host_kind, 1, s1, s2, ev, flag, buf, NULL,
              CUDA_SUCCESS);
+
+    /* cuModuleUnload (kernels of the module may still be queued) and cuMemFreeAsync of memory
+     * from cuMemAlloc (on the stream that is not held). */
+    check("a module to unload", cuModuleLoadData(&unloaded, FAULT_PTX), CUDA_SUCCESS);
+    enum kind unload_kind[] = {MODULE_UNLOAD};
+    round_of(kind_name[MODULE_UNLOAD], unload_kind, 1, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
+    check("memory to free in stream order", cuMemAlloc_v2(&freed_async, 4096), CUDA_SUCCESS);
+    other_stream = s2;
+    enum kind free_async_kind[] = {FREE_ASYNC};
+    round_of(kind_name[FREE_ASYNC], free_async_kind, 1, s1, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
 
     /* cuMemHostUnregister of a range (whole pages of private memory, which the unix transport
      * shares with vgpud) that a copy queued behind the wait writes into. */

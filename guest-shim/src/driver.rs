@@ -1232,6 +1232,7 @@ pub(crate) fn memcpy_dtoh_delta(dst: &mut [u8], src: u64, hashes: &mut [u64]) ->
 /// Device to device.
 pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuRes<()> {
     let c = ctx()?;
+    let app_stream = stream;
     let stream = wire_stream(stream)?;
     let d = driver()?;
     if len == 0 {
@@ -1252,6 +1253,9 @@ pub fn memcpy_dtod(dst: u64, src: u64, len: u64, stream: u64, sync: bool) -> CuR
         len,
     };
     if sync {
+        // vgpud answers once the stream's work, this copy's too, is done: not on the process's
+        // connection while other threads' calls wait behind it.
+        crate::sync_wait::before_blocking_copy(app_stream)?;
         d.call(&req, &[]).map(drop)
     } else {
         d.post(&req, &[])
@@ -1330,6 +1334,7 @@ pub fn memset(
     sync: bool,
 ) -> CuRes<()> {
     let c = ctx()?;
+    let app_stream = stream;
     let stream = wire_stream(stream)?;
     let d = driver()?;
     if count == 0 {
@@ -1356,6 +1361,8 @@ pub fn memset(
         count,
     };
     if sync {
+        // As a synchronous device-to-device copy.
+        crate::sync_wait::before_blocking_copy(app_stream)?;
         d.call(&req, &[]).map(drop)
     } else {
         d.post(&req, &[])

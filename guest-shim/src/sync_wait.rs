@@ -146,7 +146,8 @@ pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
 }
 
 /// Before a synchronous copy on `stream` (as the application names it) of a process with other
-/// CUDA threads (`cuMemcpyDtoH`, `cuMemcpyHtoD`, which wait for their stream's earlier work):
+/// CUDA threads (`cuMemcpyDtoH`, `cuMemcpyHtoD`, which wait for their stream's earlier work, and
+/// the synchronous fills and device-to-device copies, which vgpud answers once they are done):
 /// waits for that work as [`synchronize`] does, so that the copy itself no longer waits on the
 /// process's connection. Costs one round trip, unless vgpud said the session was idle and no
 /// work was sent since ([`crate::client::Client::enqueued`]); nothing in a process with one CUDA

@@ -2,7 +2,7 @@
  * Synchronizing calls of one thread do not stop the process's other threads: while threads
  * wait in cuStreamSynchronize, cuEventSynchronize and cuCtxSynchronize for a stream held by a
  * cuStreamWaitValue32, or in synchronous copies (cuMemcpyDtoH, cuMemcpyHtoD) behind the legacy
- * stream held so, or in cuMemFree (which waits for the process's earlier work), another thread's
+ * stream held so (and cuMemsetD32, cuMemcpyDtoD, which vgpud answers once done), or in cuMemFree (which waits for the process's earlier work), another thread's
  * calls (copies, fills, synchronizations of another stream) go on and complete, and that thread's cuStreamWriteValue32 releases the waits, as on CUDA. Before, a waiting thread held the process's connection to vgpud and the program never
  * ended. The same for the calls that wait for earlier work before they release something:
  * cuCtxDestroy of another context, cuMemFreeHost of a mapped (DEVICEMAP) buffer,
@@ -45,6 +45,7 @@ CUresult cuMemsetD32_v2(CUdeviceptr, unsigned, size_t);
 CUresult cuMemsetD32Async(CUdeviceptr, unsigned, size_t, CUstream);
 CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr, CUdeviceptr, size_t);
 CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
 CUresult cuMemHostAlloc(void **, size_t, unsigned);
 CUresult cuMemFreeHost(void *);
@@ -91,6 +92,8 @@ enum kind {
     CONTEXT,
     COPY_DTOH,
     COPY_HTOD,
+    FILL,
+    COPY_DTOD,
     MEM_FREE,
     CTX_DESTROY,
     FREE_HOST_MAPPED,
@@ -99,7 +102,8 @@ enum kind {
     FREE_ASYNC
 };
 static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize",
-                                  "cuMemcpyDtoH",        "cuMemcpyHtoD",       "cuMemFree",
+                                  "cuMemcpyDtoH",        "cuMemcpyHtoD",       "cuMemsetD32",
+                                  "cuMemcpyDtoD",        "cuMemFree",
                                   "cuCtxDestroy",        "cuMemFreeHost",      "cuMemHostUnregister",
                                   "cuModuleUnload",      "cuMemFreeAsync"};
 /* What the copy waiters read (COPY_DTOH, filled before) and write (COPY_HTOD). */
@@ -109,7 +113,7 @@ static const char *kind_name[] = {"cuStreamSynchronize", "cuEventSynchronize", "
 #define WRONG_BYTES 999
 
 static CUcontext ctx;
-static CUdeviceptr read_buf, write_buf;
+static CUdeviceptr read_buf, write_buf, fill_buf, dtod_buf;
 /* What the MEM_FREE waiter frees (cuMemFree waits for the process's earlier work). */
 static CUdeviceptr victim;
 /* What the CTX_DESTROY waiter destroys, the FREE_HOST_MAPPED waiter frees, and the range the
@@ -150,6 +154,8 @@ static void *wait_main(void *arg) {
         for (int i = 0; i < WORDS; i++) host[i] = WRITE_PATTERN;
         w->result = cuMemcpyHtoD_v2(write_buf, host, sizeof host);
         break;
+    case FILL: w->result = cuMemsetD32_v2(fill_buf, WRITE_PATTERN, WORDS); break;
+    case COPY_DTOD: w->result = cuMemcpyDtoD_v2(dtod_buf, read_buf, WORDS * 4); break;
     case MEM_FREE: w->result = cuMemFree_v2(victim); break;
     case CTX_DESTROY: w->result = cuCtxDestroy_v2(doomed); break;
     case FREE_HOST_MAPPED: w->result = cuMemFreeHost(mapped_host); break;
@@ -303,6 +309,8 @@ int main(void) {
     check("buffer", cuMemAlloc_v2(&buf, WORDS * 4), CUDA_SUCCESS);
     check("copy source", cuMemAlloc_v2(&read_buf, WORDS * 4), CUDA_SUCCESS);
     check("copy destination", cuMemAlloc_v2(&write_buf, WORDS * 4), CUDA_SUCCESS);
+    check("fill destination", cuMemAlloc_v2(&fill_buf, WORDS * 4), CUDA_SUCCESS);
+    check("device copy destination", cuMemAlloc_v2(&dtod_buf, WORDS * 4), CUDA_SUCCESS);
 
     /* One waiter of each kind, one at a time. */
     for (int k = STREAM; k <= CONTEXT; k++) {
@@ -313,7 +321,7 @@ int main(void) {
     /* Synchronous copies behind the legacy stream, held the same way. */
     check("the copies' source is filled", cuMemsetD32_v2(read_buf, READ_PATTERN, WORDS),
           CUDA_SUCCESS);
-    for (int k = COPY_DTOH; k <= COPY_HTOD; k++) {
+    for (int k = COPY_DTOH; k <= COPY_DTOD; k++) {
         enum kind kinds[] = {(enum kind)k};
         round_of(kind_name[k], kinds, 1, NULL, s2, ev, flag, buf, NULL, CUDA_SUCCESS);
     }
@@ -322,6 +330,14 @@ int main(void) {
           CUDA_SUCCESS);
     expect("the waiting copy wrote its bytes",
            written[0] == WRITE_PATTERN && written[WORDS - 1] == WRITE_PATTERN);
+    check("the fill's bytes are read back", cuMemcpyDtoH_v2(written, fill_buf, sizeof written),
+          CUDA_SUCCESS);
+    expect("the waiting fill wrote its bytes",
+           written[0] == WRITE_PATTERN && written[WORDS - 1] == WRITE_PATTERN);
+    check("the device copy's bytes are read back",
+          cuMemcpyDtoH_v2(written, dtod_buf, sizeof written), CUDA_SUCCESS);
+    expect("the waiting device copy wrote its bytes",
+           written[0] == READ_PATTERN && written[WORDS - 1] == READ_PATTERN);
 
     /* cuMemFree, which waits for all the process's earlier work (the held stream's too). */
     check("memory to free", cuMemAlloc_v2(&victim, 4096), CUDA_SUCCESS);

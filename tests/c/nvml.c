@@ -20,6 +20,9 @@
 
 #include "check.h"
 
+/* CUDA 12.2's name for nvmlDeviceGetCurrentClocksThrottleReasons (newer than this nvml.h). */
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t, unsigned long long *);
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
@@ -282,6 +285,58 @@ int main(int argc, char **argv) {
     check_nvml("temperature", nvmlDeviceGetTemperature(dev, NVML_TEMPERATURE_GPU, &value),
                NVML_ERROR_NOT_SUPPORTED);
     check_nvml("power", nvmlDeviceGetPowerUsage(dev, &value), NVML_ERROR_NOT_SUPPORTED);
+    unsigned lo, hi;
+    check_nvml("power limits", nvmlDeviceGetPowerManagementLimitConstraints(dev, &lo, &hi),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("remapped rows", nvmlDeviceGetRemappedRows(dev, &lo, &hi, &value, &value),
+               NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long reasons;
+    check_nvml("clock event reasons", nvmlDeviceGetCurrentClocksEventReasons(dev, &reasons),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("a forged handle's power limits",
+               nvmlDeviceGetPowerManagementLimitConstraints((nvmlDevice_t)&value, &lo, &hi),
+               NVML_ERROR_INVALID_ARGUMENT);
+
+    /* MIG, as device plugins walk it: no MIG devices under the VM's GPU, which is not one. */
+    unsigned mig_count = 99;
+    check_nvml("nvmlDeviceGetMaxMigDeviceCount", nvmlDeviceGetMaxMigDeviceCount(dev, &mig_count),
+               NVML_SUCCESS);
+    expect("no MIG devices", mig_count == 0);
+    nvmlDevice_t mig;
+    check_nvml("nvmlDeviceGetMigDeviceHandleByIndex",
+               nvmlDeviceGetMigDeviceHandleByIndex(dev, 0, &mig), NVML_ERROR_NOT_SUPPORTED);
+    nvmlDevice_t parent;
+    check_nvml("the GPU is no MIG device's handle",
+               nvmlDeviceGetDeviceHandleFromMigDeviceHandle(dev, &parent),
+               NVML_ERROR_INVALID_ARGUMENT);
+    unsigned mig_current, mig_pending;
+    check_nvml("nvmlDeviceGetMigMode", nvmlDeviceGetMigMode(dev, &mig_current, &mig_pending),
+               NVML_ERROR_NOT_SUPPORTED);
+
+    /* Brand, clocks by id, CPU affinity, units. */
+    nvmlBrandType_t brand;
+    check_nvml("nvmlDeviceGetBrand", nvmlDeviceGetBrand(dev, &brand), NVML_SUCCESS);
+    expect("a Virtual Compute Server GPU", brand == NVML_BRAND_NVIDIA_VCS);
+    unsigned sm_now = 0, sm_info = 0;
+    check_nvml("nvmlDeviceGetClock", nvmlDeviceGetClock(dev, NVML_CLOCK_SM, NVML_CLOCK_ID_CURRENT,
+                                                        &sm_now), NVML_SUCCESS);
+    check_nvml("nvmlDeviceGetClockInfo", nvmlDeviceGetClockInfo(dev, NVML_CLOCK_SM, &sm_info),
+               NVML_SUCCESS);
+    expect("the SM clock is the same either way", sm_now == sm_info && sm_now > 0);
+    check_nvml("a clock id nvml.h does not define",
+               nvmlDeviceGetClock(dev, NVML_CLOCK_SM, (nvmlClockId_t)77, &sm_now),
+               NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long cpus[2] = {0, 0};
+    check_nvml("nvmlDeviceGetCpuAffinity", nvmlDeviceGetCpuAffinity(dev, 2, cpus), NVML_SUCCESS);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int set_bits = __builtin_popcountl(cpus[0]) + __builtin_popcountl(cpus[1]);
+    printf("# cpu affinity %#lx %#lx, %ld online\n", cpus[0], cpus[1], online);
+    expect("every online CPU is near the GPU", online > 128 || set_bits == online);
+    check_nvml("an empty CPU set", nvmlDeviceGetCpuAffinity(dev, 0, cpus),
+               NVML_ERROR_INVALID_ARGUMENT);
+    unsigned units = 99;
+    check_nvml("nvmlUnitGetCount", nvmlUnitGetCount(&units), NVML_SUCCESS);
+    expect("no units", units == 0);
 
     /* Device events, as health checks use them: the VM's GPU reports none; a set is usable, a
      * wait times out after its timeout, a freed set is gone. */

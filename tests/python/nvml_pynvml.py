@@ -91,6 +91,12 @@ def main():
     raises("temperature", nvml.NVMLError_NotSupported, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
     raises("power", nvml.NVMLError_NotSupported, nvml.nvmlDeviceGetPowerUsage, h)
     raises("MIG mode", nvml.NVMLError_NotSupported, nvml.nvmlDeviceGetMigMode, h)
+    check("no MIG devices under the GPU", nvml.nvmlDeviceGetMaxMigDeviceCount(h), 0)
+    raises("a MIG device handle", nvml.NVMLError_NotSupported, nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0)
+    check("brand", nvml.nvmlDeviceGetBrand(h), nvml.NVML_BRAND_NVIDIA_VCS)
+    cpus = sum(bin(word).count("1") for word in nvml.nvmlDeviceGetCpuAffinity(h, 4))
+    check("every online CPU is near the GPU", cpus, os.cpu_count())
+    check("units", nvml.nvmlUnitGetCount(), 0)
     # Device events, as a device plugin's health check asks for them: none on a VM's GPU.
     check("supported event types", nvml.nvmlDeviceGetSupportedEventTypes(h), 0)
     events = nvml.nvmlEventSetCreate()

@@ -9,7 +9,7 @@
 
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulong, c_ulonglong, c_void};
 
 use super::{NvmlRes, NvmlReturn, PciAddress, Process, ret};
 
@@ -96,6 +96,16 @@ const VIRTUALIZATION_MODE_VGPU: c_uint = 2;
 const P2P_STATUS_NOT_SUPPORTED: c_uint = 5;
 /// `NVML_P2P_CAPS_INDEX_*` values run below this.
 const P2P_CAPS_INDEX_COUNT: c_uint = 6;
+/// `NVML_BRAND_NVIDIA_VCS`: NVIDIA Virtual Compute Server, what NVIDIA's compute vGPU profiles
+/// report in their guests.
+const BRAND_NVIDIA_VCS: c_uint = 9;
+/// `nvmlClockId_t` values run below this (current, application target, application default,
+/// customer boost maximum).
+const CLOCK_ID_COUNT: c_uint = 4;
+/// Bits of one `unsigned long` of a CPU set (`nvmlDeviceGetCpuAffinity`).
+const CPU_SET_WORD_BITS: usize = c_ulong::BITS as usize;
+/// Where Linux lists the online CPUs (`0-3,6`).
+const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
 
 /// Runs an entry point: its result as an `nvmlReturn_t`, a panic as `NVML_ERROR_UNKNOWN`.
 fn nvml(name: &str, f: impl FnOnce() -> NvmlRes<()>) -> NvmlReturn {
@@ -526,6 +536,24 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     nvml("nvmlDeviceGetMaxClockInfo", || clock(d, kind, mhz))
 }
 
+/// `nvmlDeviceGetClock`: any of CUDA's clock ids reads the device's clock (the VM's GPU has no
+/// application clocks or boost settings of its own).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetClock(
+    d: nvmlDevice_t,
+    kind: c_uint,
+    id: c_uint,
+    mhz: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetClock", || {
+        device(d)?;
+        if id >= CLOCK_ID_COUNT {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        clock(d, kind, mhz)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
     d1: nvmlDevice_t,
@@ -778,6 +806,150 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> NvmlReturn {
     nvml("nvmlEventSetFree", || super::events::free(set as usize))
 }
 
+// ---- MIG, brand, CPU affinity, units -------------------------------------------------
+
+/// `nvmlDeviceGetMaxMigDeviceCount`: 0, as NVML answers for a GPU without MIG.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetMaxMigDeviceCount", || {
+        device(d)?;
+        // SAFETY: `count` is an out-parameter: NULL or valid for a write.
+        unsafe { write(count, 0) }
+    })
+}
+
+/// `nvmlDeviceGetMigDeviceHandleByIndex`: the VM's GPU has no MIG devices
+/// (`NVML_ERROR_NOT_SUPPORTED`, as `nvmlDeviceGetMigMode` says).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    d: nvmlDevice_t,
+    _index: c_uint,
+    mig: *mut nvmlDevice_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetMigDeviceHandleByIndex", || {
+        device(d)?;
+        if mig.is_null() {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        Err(ret::NOT_SUPPORTED)
+    })
+}
+
+/// `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`: the VM's GPU is not a MIG device, so it is
+/// not a valid argument (as NVML answers for a GPU's handle); other handles neither.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig: nvmlDevice_t,
+    _parent: *mut nvmlDevice_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", || {
+        device(mig)?;
+        Err(ret::INVALID_ARGUMENT)
+    })
+}
+
+/// `nvmlDeviceGetBrand`: `NVML_BRAND_NVIDIA_VCS`, as in the guests of NVIDIA's compute vGPUs.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(d: nvmlDevice_t, brand: *mut c_uint) -> NvmlReturn {
+    nvml("nvmlDeviceGetBrand", || {
+        device(d)?;
+        // SAFETY: `brand` is an out-parameter: NULL or valid for a write.
+        unsafe { write(brand, BRAND_NVIDIA_VCS) }
+    })
+}
+
+/// `nvmlDeviceGetCpuAffinity`: the VM has no NUMA placement for its GPU, so every online CPU is
+/// as close as any; the first `size` words of 64 CPUs each are written.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCpuAffinity(
+    d: nvmlDevice_t,
+    size: c_uint,
+    set: *mut c_ulong,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetCpuAffinity", || {
+        device(d)?;
+        if size == 0 || set.is_null() {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        let words = cpu_set(&online_cpus(), size as usize);
+        for (i, w) in words.into_iter().enumerate() {
+            // SAFETY: `set` is non-NULL and has room for `size` words (NVML's contract); `i` is
+            // below `size`.
+            unsafe { set.add(i).write_unaligned(w) };
+        }
+        Ok(())
+    })
+}
+
+/// The online CPUs' numbers, from [`ONLINE_CPUS`] (`0-3,6`), or the count `sysconf` gives
+/// (numbered from 0) where that cannot be read.
+fn online_cpus() -> Vec<usize> {
+    let listed = std::fs::read_to_string(ONLINE_CPUS)
+        .ok()
+        .and_then(|l| parse_cpu_list(l.trim()));
+    listed.unwrap_or_else(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        (0..usize::try_from(n).unwrap_or(1).max(1)).collect()
+    })
+}
+
+/// A Linux CPU list (`0-3,6`); `None` if it is not one.
+fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    /// More CPUs than any machine has: a list past it is not believed.
+    const MAX_CPUS: usize = 1 << 16;
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+            None => {
+                let c: usize = part.parse().ok()?;
+                (c, c)
+            }
+        };
+        if lo > hi || hi >= MAX_CPUS {
+            return None;
+        }
+        cpus.extend(lo..=hi);
+    }
+    Some(cpus)
+}
+
+/// `cpus` as `words` words of [`CPU_SET_WORD_BITS`] CPUs each (CPUs past them left out).
+fn cpu_set(cpus: &[usize], words: usize) -> Vec<c_ulong> {
+    let mut set = vec![0; words];
+    for &c in cpus {
+        if let Some(w) = set.get_mut(c / CPU_SET_WORD_BITS) {
+            *w |= 1 << (c % CPU_SET_WORD_BITS);
+        }
+    }
+    set
+}
+
+/// `nvmlUnitGetCount`: no S-class units (the VM's GPU is not in one).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlUnitGetCount(count: *mut c_uint) -> NvmlReturn {
+    nvml("nvmlUnitGetCount", || {
+        super::ensure_init()?;
+        // SAFETY: `count` is an out-parameter: NULL or valid for a write.
+        unsafe { write(count, 0) }
+    })
+}
+
+/// `nvmlDeviceGetCurrentClocksEventReasons` (CUDA 12's name for the throttle reasons): the host's
+/// GPU's clocks are not the VM's to see.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
+    d: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> NvmlReturn {
+    // SAFETY: the same contract as the older name's.
+    unsafe { nvmlDeviceGetCurrentClocksThrottleReasons(d, reasons) }
+}
+
 // ---- what a VM's GPU does not report -----------------------------------------------
 
 /// Defines entry points that check the device handle and answer `NVML_ERROR_NOT_SUPPORTED`:
@@ -825,6 +997,23 @@ not_supported! {
     nvmlDeviceGetPowerState(pstate: *mut c_uint);
     nvmlDeviceGetGpuInstanceId(id: *mut c_uint);
     nvmlDeviceGetComputeInstanceId(id: *mut c_uint);
+    nvmlDeviceGetPowerManagementDefaultLimit(milliwatts: *mut c_uint);
+    nvmlDeviceGetPowerManagementLimitConstraints(min: *mut c_uint, max: *mut c_uint);
+    nvmlDeviceGetTemperatureThreshold(threshold: c_uint, temp: *mut c_uint);
+    nvmlDeviceGetFanSpeed_v2(fan: c_uint, percent: *mut c_uint);
+    nvmlDeviceGetApplicationsClock(kind: c_uint, mhz: *mut c_uint);
+    nvmlDeviceGetDefaultApplicationsClock(kind: c_uint, mhz: *mut c_uint);
+    nvmlDeviceGetVbiosVersion(version: *mut c_char, length: c_uint);
+    nvmlDeviceGetInforomImageVersion(version: *mut c_char, length: c_uint);
+    nvmlDeviceGetAccountingMode(mode: *mut c_uint);
+    nvmlDeviceGetRetiredPages(cause: c_uint, count: *mut c_uint, addresses: *mut c_ulonglong);
+    nvmlDeviceGetRemappedRows(
+        corrected: *mut c_uint,
+        uncorrected: *mut c_uint,
+        pending: *mut c_uint,
+        failed: *mut c_uint
+    );
+    nvmlDeviceGetProcessUtilization(samples: *mut c_void, count: *mut c_uint, since: c_ulonglong);
 }
 
 /// Defines entry points that check the device handle and write a fixed answer about the VM's
@@ -921,6 +1110,22 @@ mod tests {
         assert_eq!(r, Err(ret::INVALID_ARGUMENT));
         let f: [c_char; 4] = fill_text("abcdef");
         assert_eq!(f.map(|c| c as u8), *b"abc\0");
+    }
+
+    #[test]
+    fn cpu_lists_become_nvml_cpu_sets() {
+        assert_eq!(parse_cpu_list("0-3,6"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        for bad in ["3-1", "x", "0-", "0-99999999"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad}");
+        }
+        assert_eq!(cpu_set(&[0, 1, 64, 65], 2), vec![0b11, 0b11]);
+        assert_eq!(
+            cpu_set(&[0, 1, 64, 65], 1),
+            vec![0b11],
+            "CPUs past the set are left out"
+        );
+        assert_eq!(cpu_set(&[63], 1), vec![1 << 63]);
     }
 
     #[test]

@@ -875,11 +875,9 @@ pub unsafe extern "C" fn nvmlDeviceGetCpuAffinity(
             return Err(ret::INVALID_ARGUMENT);
         }
         let words = cpu_set(&online_cpus(), size as usize);
-        for (i, w) in words.into_iter().enumerate() {
-            // SAFETY: `set` is non-NULL and has room for `size` words (NVML's contract); `i` is
-            // below `size`.
-            unsafe { set.add(i).write_unaligned(w) };
-        }
+        // SAFETY: `set` is non-NULL and has room for `size` words (NVML's contract), which
+        // `words` has.
+        unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), set, words.len()) };
         Ok(())
     })
 }

@@ -2,8 +2,9 @@
  * sync_cost: what synchronizations and synchronous copies cost a process with one CUDA thread
  * and with two (guest-shim/src/sync_wait.rs: a process with more than one CUDA thread waits for
  * long synchronizations on connections of its own, and waits for a synchronous copy's stream
- * before the copy). Prints p50, p10 and p90 of 2000 idle cuCtxSynchronize calls, 2000 4 KiB
- * cuMemcpyDtoH calls and 200 launches of a spin kernel each followed by cuStreamSynchronize.
+ * before the copy, or before a synchronous fill or device copy). Prints p50, p10 and p90 of 2000
+ * idle cuCtxSynchronize calls, 2000 4 KiB cuMemcpyDtoH calls, 2000 4 KiB cuMemsetD32 and
+ * cuMemcpyDtoD calls, and 200 launches of a spin kernel each followed by cuStreamSynchronize.
  * With THREADS 2 a second thread makes one CUDA call and sleeps; run the two modes alternately.
  *
  *   gcc -O2 bench/probes/sync_cost.c -o /tmp/sync_cost -L target/release -lcuda -lpthread
@@ -30,6 +31,8 @@ CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxSynchronize(void);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr, CUdeviceptr, size_t);
+CUresult cuMemsetD32_v2(CUdeviceptr, unsigned, size_t);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
@@ -110,6 +113,20 @@ int main(int argc, char **argv) {
         t[i] = now_us() - a;
     }
     report("4 KiB cuMemcpyDtoH", CALLS);
+    for (int i = 0; i < CALLS; i++) {
+        double a = now_us();
+        cuMemsetD32_v2(p, (unsigned)i, sizeof host / 4);
+        t[i] = now_us() - a;
+    }
+    report("4 KiB cuMemsetD32", CALLS);
+    CUdeviceptr q;
+    cuMemAlloc_v2(&q, sizeof host);
+    for (int i = 0; i < CALLS; i++) {
+        double a = now_us();
+        cuMemcpyDtoD_v2(q, p, sizeof host);
+        t[i] = now_us() - a;
+    }
+    report("4 KiB cuMemcpyDtoD", CALLS);
     CUmodule m;
     CUfunction f;
     char *ptx = read_file(argv[2]);

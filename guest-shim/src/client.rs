@@ -33,8 +33,10 @@ pub const QUERIES: [u16; 5] = [
     msg::MemGetInfo::OPCODE,
 ];
 /// Synchronous requests that return with their work done and leave none queued: waits,
-/// queries and synchronous copies ([`Client::enqueued`] does not count them).
-pub const LEAVES_NO_WORK: [u16; 16] = [
+/// queries, synchronous copies, and synchronous fills and device-to-device copies (vgpud answers
+/// those once their stream's work, their own included, is done). [`Client::enqueued`] does not
+/// count them; sent asynchronously, they count.
+pub const LEAVES_NO_WORK: [u16; 18] = [
     msg::Ping::OPCODE,
     msg::TakeOutput::OPCODE,
     msg::TenantInfo::OPCODE,
@@ -51,6 +53,8 @@ pub const LEAVES_NO_WORK: [u16; 16] = [
     msg::MemcpyHtoD::OPCODE,
     msg::MemcpyDtoHShared::OPCODE,
     msg::MemcpyHtoDShared::OPCODE,
+    msg::Memset::OPCODE,
+    msg::MemcpyDtoD::OPCODE,
 ];
 /// Frames with at most this many bulk bytes travel in the batch, their bytes copied into it
 /// (over a stream, and over the device when it takes batches); larger ones go out on their own,
@@ -1124,13 +1128,25 @@ mod tests {
             dst: 2,
         };
         c.call(&htod, &[1, 2, 3]).unwrap();
+        c.call(&memset(), &[]).unwrap();
+        let dtod = msg::MemcpyDtoD {
+            ctx: 1,
+            stream: 0,
+            dst: 2,
+            src: 3,
+            len: 4,
+        };
+        c.call(&dtod, &[]).unwrap();
         assert_eq!(
             c.enqueued(),
             2,
-            "waits, queries and synchronous copies leave nothing"
+            "waits, queries, synchronous copies and fills leave nothing"
         );
+        c.post(&dtod, &[]).unwrap();
+        c.post(&memset(), &[]).unwrap();
+        assert_eq!(c.enqueued(), 4, "asynchronous ones may still be queued");
         c.post(&htod, &[1, 2, 3]).unwrap();
-        assert_eq!(c.enqueued(), 3, "an asynchronous copy may still be queued");
+        assert_eq!(c.enqueued(), 5, "an asynchronous copy may still be queued");
         c.call(
             &msg::StreamCreate {
                 ctx: 1,
@@ -1140,7 +1156,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(c.enqueued(), 4, "other synchronous requests count");
+        assert_eq!(c.enqueued(), 6, "other synchronous requests count");
         drop(c);
         t.join().unwrap();
     }

@@ -4,7 +4,7 @@
  * long synchronizations on connections of its own, and waits for a synchronous copy's stream
  * before the copy, or before a synchronous fill or device copy). Prints p50, p10 and p90 of 2000
  * idle cuCtxSynchronize calls, 2000 4 KiB cuMemcpyDtoH calls, 2000 4 KiB cuMemsetD32 and
- * cuMemcpyDtoD calls, and 200 launches of a spin kernel each followed by cuStreamSynchronize.
+ * cuMemcpyDtoD calls, 2000 rounds of cuMemAlloc, a 4 KiB cuMemcpyDtoH and cuMemFree, and 200 launches of a spin kernel each followed by cuStreamSynchronize.
  * With THREADS 2 a second thread makes one CUDA call and sleeps; run the two modes alternately.
  *
  *   gcc -O2 bench/probes/sync_cost.c -o /tmp/sync_cost -L target/release -lcuda -lpthread
@@ -30,6 +30,7 @@ CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxSynchronize(void);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 CUresult cuMemcpyDtoD_v2(CUdeviceptr, CUdeviceptr, size_t);
 CUresult cuMemsetD32_v2(CUdeviceptr, unsigned, size_t);
@@ -127,6 +128,15 @@ int main(int argc, char **argv) {
         t[i] = now_us() - a;
     }
     report("4 KiB cuMemcpyDtoD", CALLS);
+    for (int i = 0; i < CALLS; i++) {
+        double a = now_us();
+        CUdeviceptr r;
+        cuMemAlloc_v2(&r, sizeof host);
+        cuMemcpyDtoH_v2(host, r, sizeof host);
+        cuMemFree_v2(r);
+        t[i] = now_us() - a;
+    }
+    report("cuMemAlloc + 4 KiB DtoH + cuMemFree", CALLS);
     CUmodule m;
     CUfunction f;
     char *ptx = read_file(argv[2]);

@@ -33,10 +33,11 @@ pub const QUERIES: [u16; 5] = [
     msg::MemGetInfo::OPCODE,
 ];
 /// Synchronous requests that return with their work done and leave none queued: waits,
-/// queries, synchronous copies, and synchronous fills and device-to-device copies (vgpud answers
-/// those once their stream's work, their own included, is done). [`Client::enqueued`] does not
-/// count them; sent asynchronously, they count.
-pub const LEAVES_NO_WORK: [u16; 18] = [
+/// queries, synchronous copies, synchronous fills and device-to-device copies (vgpud answers
+/// those once their stream's work, their own included, is done), allocations (which queue
+/// nothing) and frees (which vgpud runs once all earlier work is done). [`Client::enqueued`]
+/// does not count them; sent asynchronously, they count.
+pub const LEAVES_NO_WORK: [u16; 21] = [
     msg::Ping::OPCODE,
     msg::TakeOutput::OPCODE,
     msg::TenantInfo::OPCODE,
@@ -55,6 +56,9 @@ pub const LEAVES_NO_WORK: [u16; 18] = [
     msg::MemcpyHtoDShared::OPCODE,
     msg::Memset::OPCODE,
     msg::MemcpyDtoD::OPCODE,
+    msg::MemAlloc::OPCODE,
+    msg::MemAllocPitch::OPCODE,
+    msg::MemFree::OPCODE,
 ];
 /// Frames with at most this many bulk bytes travel in the batch, their bytes copied into it
 /// (over a stream, and over the device when it takes batches); larger ones go out on their own,
@@ -1105,7 +1109,9 @@ mod tests {
                     return;
                 };
                 if !h.is_async() {
-                    let body: &[u8] = if h.opcode == msg::StreamCreate::OPCODE {
+                    let body: &[u8] = if h.opcode == msg::StreamCreate::OPCODE
+                        || h.opcode == msg::MemAlloc::OPCODE
+                    {
                         &[7, 0, 0, 0, 0, 0, 0, 0]
                     } else {
                         &[]
@@ -1137,10 +1143,12 @@ mod tests {
             len: 4,
         };
         c.call(&dtod, &[]).unwrap();
+        c.call(&msg::MemAlloc { ctx: 1, size: 4 }, &[]).unwrap();
+        c.call(&msg::MemFree { ctx: 1, ptr: 2 }, &[]).unwrap();
         assert_eq!(
             c.enqueued(),
             2,
-            "waits, queries, synchronous copies and fills leave nothing"
+            "waits, queries, synchronous copies and fills, allocations and frees leave nothing"
         );
         c.post(&dtod, &[]).unwrap();
         c.post(&memset(), &[]).unwrap();

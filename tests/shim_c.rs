@@ -123,6 +123,14 @@ fn a_waiting_thread_does_not_stop_the_others() {
     runs_clean_with("sync_threads", 100, &[("VGPU_SHARE_PINNED", "0")]);
 }
 
+/// Stream capture of the per-thread default stream (`_ptsz` entry points with stream 0,
+/// `CU_STREAM_PER_THREAD`, and the forms `cuGetProcAddress` hands out for it), two threads at
+/// once (tests/c/capture_per_thread.c; before, the capture never saw the work sent to it).
+#[test]
+fn the_per_thread_default_stream_is_captured() {
+    runs_clean("capture_per_thread", 60);
+}
+
 /// CUDA 12.5's context-wide events: `cuCtxRecordEvent` captures every stream's work,
 /// `cuCtxWaitEvent` holds all later work of the context (tests/c/ctx_events.c).
 #[test]

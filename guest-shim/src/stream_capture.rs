@@ -105,6 +105,14 @@ fn is_legacy(stream: u64) -> bool {
     stream == 0 || stream == 1
 }
 
+/// The key of `stream` in the capture state: the stream vgpud knows, so that the per-thread
+/// default stream is one stream whether a call names it `CU_STREAM_PER_THREAD` or 0 in a `_ptsz`
+/// entry point ([`drv::wire_stream`]); the stream itself where that fails (no context: the call
+/// reports it).
+fn key(stream: u64) -> u64 {
+    drv::wire_stream(stream).unwrap_or(stream)
+}
+
 /// Runs `f` with the shim's stream operations collected instead of sent; returns them.
 pub fn record(f: impl FnOnce() -> CuRes<()>) -> CuRes<Vec<Op>> {
     RECORDING.with(|r| *r.borrow_mut() = Some(Vec::new()));
@@ -281,6 +289,7 @@ pub fn intercept(stream: u64, sync: bool, op: impl FnOnce() -> Op) -> Option<CuR
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
+    let stream = key(stream);
     with_state(|st| {
         if sync {
             let ids = st.prohibiting();
@@ -304,6 +313,7 @@ pub fn on_event_record(event: u64, stream: u64) -> Option<CuRes<()>> {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
+    let stream = key(stream);
     with_state(|st| {
         let Some(&id) = st.by_stream.get(&stream) else {
             st.events.remove(&event);
@@ -327,6 +337,7 @@ pub fn on_stream_wait(stream: u64, event: u64, flags: u32) -> Option<CuRes<()>> 
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
+    let stream = key(stream);
     with_state(|st| {
         let ev = st.events.get(&event).cloned();
         match (st.by_stream.get(&stream).copied(), ev) {
@@ -378,6 +389,7 @@ pub fn check_stream_sync(stream: u64) -> CuRes<()> {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
+    let stream = key(stream);
     with_state(|st| {
         if let Some(&id) = st.by_stream.get(&stream) {
             st.invalidate(&[id]);
@@ -436,6 +448,7 @@ pub fn capture_graph_launch(exec: u64, stream: u64) -> Option<CuRes<()>> {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
+    let stream = key(stream);
     with_state(|st| {
         if !st.by_stream.contains_key(&stream) {
             return st.implicit(stream).err().map(Err);
@@ -466,6 +479,7 @@ pub fn capture_mem_alloc(stream: u64, size: u64) -> Option<CuRes<u64>> {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
+    let stream = key(stream);
     if !with_state(|st| st.by_stream.contains_key(&stream)) {
         return None;
     }
@@ -485,6 +499,7 @@ pub fn capture_mem_free(stream: u64, ptr: u64) -> Option<CuRes<()>> {
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return None;
     }
+    let stream = key(stream);
     with_state(|st| {
         st.by_stream.contains_key(&stream).then(|| {
             if !graph::api::is_graph_alloc(ptr) {
@@ -500,10 +515,13 @@ fn begin(stream: u64, mode: c_int, into: Option<(u64, Vec<u64>)>) -> CuRes<()> {
     if !(MODE_GLOBAL..=MODE_RELAXED).contains(&mode) {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
+    // Checked as the application names it (the per-thread default stream is no stream the
+    // application created).
+    drv::stream_params(stream)?;
+    let stream = drv::wire_stream(stream)?;
     if is_legacy(stream) {
         return Err(cuda::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    drv::stream_params(stream)?;
     let mut g = state();
     let st = g.get_or_insert_with(State::default);
     if st.by_stream.contains_key(&stream) {
@@ -555,6 +573,7 @@ fn ancestors(deps: &[u64]) -> HashSet<u64> {
 
 /// Ends the capture begun on `stream`; returns its graph.
 fn end(stream: u64) -> CuRes<u64> {
+    let stream = key(stream);
     let cap = with_state(|st| {
         let id = *st
             .by_stream
@@ -595,9 +614,9 @@ fn end(stream: u64) -> CuRes<u64> {
 
 /// (status, capture id, graph, dependencies) of `stream`.
 fn info(stream: u64) -> CuRes<(c_int, u64, u64, Vec<u64>)> {
-    if !is_legacy(stream) {
-        drv::stream_params(stream)?;
-    }
+    // Checked as the application names it, then looked up by its key.
+    drv::stream_params(stream)?;
+    let stream = key(stream);
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return Ok((CAPTURE_STATUS_NONE, 0, 0, Vec::new()));
     }
@@ -774,7 +793,7 @@ pub unsafe extern "C" fn cuStreamUpdateCaptureDependencies(
         if flags > SET_CAPTURE_DEPENDENCIES {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        let stream = h(stream);
+        let stream = key(h(stream));
         with_state(|st| {
             let id = *st
                 .by_stream
@@ -828,4 +847,76 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
         }
         out!(mode, CAPTURE_MODE.with(|m| m.replace(new)))
     })
+}
+
+// ---- the per-thread default stream's forms ------------------------------------------
+
+/// Defines the `_ptsz` form of capture entry points: the base entry point with stream 0 meaning
+/// the calling thread's per-thread default stream, as [`crate::per_thread`] does for the others.
+macro_rules! per_thread_capture {
+    ($($name:ident => $base:ident($($a:ident: $t:ty),*);)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            // SAFETY: the caller upholds the base entry point's contract, which this one shares.
+            #[allow(unused_unsafe)]
+            drv::with_per_thread_default(|| unsafe { $base($($a),*) })
+        }
+    )*
+
+    /// Each capture entry point with its per-thread form, for `cuGetProcAddress`
+    /// ([`crate::per_thread::variant_of`]).
+    pub fn per_thread_variants() -> Vec<(usize, usize)> {
+        vec![$( ($base as *const () as usize, $name as *const () as usize) ),*]
+    }
+    };
+}
+
+per_thread_capture! {
+    cuStreamBeginCapture_ptsz => cuStreamBeginCapture(stream: CUhandle);
+    cuStreamBeginCapture_v2_ptsz => cuStreamBeginCapture_v2(stream: CUhandle, mode: c_int);
+    cuStreamBeginCaptureToGraph_ptsz => cuStreamBeginCaptureToGraph(
+        stream: CUhandle,
+        graph: CUhandle,
+        deps: *const CUhandle,
+        edge_data: *const u8,
+        num_deps: usize,
+        mode: c_int
+    );
+    cuStreamEndCapture_ptsz => cuStreamEndCapture(stream: CUhandle, graph: *mut CUhandle);
+    cuStreamIsCapturing_ptsz => cuStreamIsCapturing(stream: CUhandle, st: *mut c_int);
+    cuStreamGetCaptureInfo_ptsz => cuStreamGetCaptureInfo(
+        stream: CUhandle,
+        st: *mut c_int,
+        id: *mut u64
+    );
+    cuStreamGetCaptureInfo_v2_ptsz => cuStreamGetCaptureInfo_v2(
+        stream: CUhandle,
+        st: *mut c_int,
+        id: *mut u64,
+        graph: *mut CUhandle,
+        deps: *mut *const CUhandle,
+        num_deps: *mut usize
+    );
+    cuStreamGetCaptureInfo_v3_ptsz => cuStreamGetCaptureInfo_v3(
+        stream: CUhandle,
+        st: *mut c_int,
+        id: *mut u64,
+        graph: *mut CUhandle,
+        deps: *mut *const CUhandle,
+        edges: *mut *const u8,
+        num_deps: *mut usize
+    );
+    cuStreamUpdateCaptureDependencies_ptsz => cuStreamUpdateCaptureDependencies(
+        stream: CUhandle,
+        deps: *const CUhandle,
+        num_deps: usize,
+        flags: u32
+    );
+    cuStreamUpdateCaptureDependencies_v2_ptsz => cuStreamUpdateCaptureDependencies_v2(
+        stream: CUhandle,
+        deps: *const CUhandle,
+        edge_data: *const u8,
+        num_deps: usize,
+        flags: u32
+    );
 }

@@ -16,6 +16,7 @@ use crate::copies as cp;
 use crate::driver as drv;
 use crate::exports::{self as ex, CUdeviceptr, CUhandle, CUhostFn, CUstreamCallback};
 use crate::ffi::CUresult;
+use crate::stream_capture as sc;
 
 macro_rules! per_thread {
     ($( $(#[$m:meta])* $name:ident => $($base:ident)::+ ( $($a:ident : $t:ty),* ); )*) => {$(
@@ -225,6 +226,54 @@ per_thread! {
     );
     cuStreamGetFlags_ptsz => ex::cuStreamGetFlags(stream: CUhandle, flags: *mut c_uint);
     cuStreamGetPriority_ptsz => ex::cuStreamGetPriority(stream: CUhandle, priority: *mut c_int);
+    // Stream capture.
+    cuStreamBeginCapture_ptsz => sc::cuStreamBeginCapture(stream: CUhandle);
+    cuStreamBeginCapture_v2_ptsz => sc::cuStreamBeginCapture_v2(stream: CUhandle, mode: c_int);
+    cuStreamBeginCaptureToGraph_ptsz => sc::cuStreamBeginCaptureToGraph(
+        stream: CUhandle,
+        graph: CUhandle,
+        deps: *const CUhandle,
+        edge_data: *const u8,
+        num_deps: usize,
+        mode: c_int
+    );
+    cuStreamEndCapture_ptsz => sc::cuStreamEndCapture(stream: CUhandle, graph: *mut CUhandle);
+    cuStreamIsCapturing_ptsz => sc::cuStreamIsCapturing(stream: CUhandle, st: *mut c_int);
+    cuStreamGetCaptureInfo_ptsz => sc::cuStreamGetCaptureInfo(
+        stream: CUhandle,
+        st: *mut c_int,
+        id: *mut u64
+    );
+    cuStreamGetCaptureInfo_v2_ptsz => sc::cuStreamGetCaptureInfo_v2(
+        stream: CUhandle,
+        st: *mut c_int,
+        id: *mut u64,
+        graph: *mut CUhandle,
+        deps: *mut *const CUhandle,
+        num_deps: *mut usize
+    );
+    cuStreamGetCaptureInfo_v3_ptsz => sc::cuStreamGetCaptureInfo_v3(
+        stream: CUhandle,
+        st: *mut c_int,
+        id: *mut u64,
+        graph: *mut CUhandle,
+        deps: *mut *const CUhandle,
+        edges: *mut *const u8,
+        num_deps: *mut usize
+    );
+    cuStreamUpdateCaptureDependencies_ptsz => sc::cuStreamUpdateCaptureDependencies(
+        stream: CUhandle,
+        deps: *const CUhandle,
+        num_deps: usize,
+        flags: u32
+    );
+    cuStreamUpdateCaptureDependencies_v2_ptsz => sc::cuStreamUpdateCaptureDependencies_v2(
+        stream: CUhandle,
+        deps: *const CUhandle,
+        edge_data: *const u8,
+        num_deps: usize,
+        flags: u32
+    );
 }
 
 /// The per-thread variant of the entry point at `base`, if it has one.
@@ -232,11 +281,7 @@ pub fn variant_of(base: usize) -> Option<usize> {
     use std::sync::OnceLock;
     static TABLE: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
     TABLE
-        .get_or_init(|| {
-            let mut all = variants();
-            all.extend(crate::stream_capture::per_thread_variants());
-            all
-        })
+        .get_or_init(variants)
         .iter()
         .find(|(b, _)| *b == base)
         .map(|(_, v)| *v)

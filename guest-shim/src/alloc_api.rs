@@ -1260,9 +1260,7 @@ pub fn free_async(ptr: u64, stream: u64) -> CuRes<()> {
     }
     // Memory not from a pool is freed once all earlier work is done (vgpud waits for it as it
     // takes the request, holding back the process's later calls): that wait happens first.
-    if !state().pool_blocks.contains_key(&ptr) {
-        crate::sync_wait::before_settling(c)?;
-    }
+    crate::sync_wait::before_settling_if(c, || !state().pool_blocks.contains_key(&ptr))?;
     if !pool_import_still_open(ptr) {
         forget_pool_block(ptr);
         drv::forget_device_range(ptr);

@@ -1032,12 +1032,12 @@ pub fn memcpy_dtoh(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()> {
     }
     // An asynchronous copy into memory vgpud does not share waits for its bytes too (as CUDA's
     // copies to pageable memory do), so it waits for its stream first as a synchronous one does.
-    if sync
-        || driver()?
-            .shared_range(dst.as_ptr() as usize, dst.len())
-            .is_none()
-    {
+    let unshared =
+        || driver().is_ok_and(|d| d.shared_range(dst.as_ptr() as usize, dst.len()).is_none());
+    if sync {
         crate::sync_wait::before_blocking_copy(stream)?;
+    } else {
+        crate::sync_wait::before_blocking_copy_if(stream, unshared)?;
     }
     if let Some(r) = crate::alloc_api::dtoh_hook(dst, src) {
         return r;
@@ -1494,10 +1494,8 @@ pub fn host_free(addr: usize) -> CuRes<()> {
     let d = driver()?;
     // A mapped buffer's device mirror is freed as `cuMemFree` frees, after the process's earlier
     // work: that wait comes first.
-    if crate::alloc_api::is_mapped_host_alloc(addr)
-        && let Ok(c) = ctx()
-    {
-        crate::sync_wait::before_settling(c)?;
+    if let Ok(c) = ctx() {
+        crate::sync_wait::before_settling_if(c, || crate::alloc_api::is_mapped_host_alloc(addr))?;
     }
     if let Some(r) = crate::alloc_api::host_free_hook(addr) {
         return r;
@@ -1604,11 +1602,11 @@ pub fn host_unregister(addr: usize) -> CuRes<()> {
     let d = driver()?;
     let c = ctx()?;
     let registered = lock(&d.host_registered).contains_key(&addr);
-    if registered && crate::alloc_api::is_mapped_registration(addr) {
-        // Its device mirror is read back and freed as `cuMemFree` frees, after the process's
-        // earlier work: that wait comes first.
-        crate::sync_wait::before_settling(c)?;
-    }
+    // A mapped range's device mirror is read back and freed as `cuMemFree` frees, after the
+    // process's earlier work: that wait comes first.
+    crate::sync_wait::before_settling_if(c, || {
+        registered && crate::alloc_api::is_mapped_registration(addr)
+    })?;
     if registered && let Some(r) = crate::alloc_api::unregister_hook(addr) {
         r?;
     }

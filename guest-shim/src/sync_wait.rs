@@ -153,7 +153,13 @@ pub(crate) fn synchronize(kind: u32, ctx: u64, handle: u64) -> CuRes<()> {
 /// work was sent since ([`crate::client::Client::enqueued`]); nothing in a process with one CUDA
 /// thread.
 pub(crate) fn before_blocking_copy(stream: u64) -> CuRes<()> {
-    if !waits_first() {
+    before_blocking_copy_if(stream, || true)
+}
+
+/// [`before_blocking_copy`] for a copy that waits only when `needed` says so (a lookup the
+/// caller makes only in a process that would wait: single-threaded processes skip it).
+pub(crate) fn before_blocking_copy_if(stream: u64, needed: impl FnOnce() -> bool) -> CuRes<()> {
+    if !waits_first() || !needed() {
         return Ok(());
     }
     let ctx = crate::driver::ctx()?;
@@ -169,7 +175,13 @@ pub(crate) fn before_blocking_copy(stream: u64) -> CuRes<()> {
 /// reporting no errors), so the call finds nothing to wait for. As [`before_blocking_copy`],
 /// skipped while vgpud last said the session was idle and no work was sent since.
 pub(crate) fn before_settling(ctx: u64) -> CuRes<()> {
-    if !waits_first() {
+    before_settling_if(ctx, || true)
+}
+
+/// [`before_settling`] for a call that settles only when `needed` says so (a lookup the caller
+/// makes only in a process that would wait: single-threaded processes skip it).
+pub(crate) fn before_settling_if(ctx: u64, needed: impl FnOnce() -> bool) -> CuRes<()> {
+    if !waits_first() || !needed() {
         return Ok(());
     }
     synchronize(msg::SYNC_ALL, ctx, 0)

@@ -874,10 +874,9 @@ pub unsafe extern "C" fn nvmlDeviceGetCpuAffinity(
         if size == 0 || set.is_null() {
             return Err(ret::INVALID_ARGUMENT);
         }
-        let words = cpu_set(&online_cpus(), size as usize);
-        // SAFETY: `set` is non-NULL and has room for `size` words (NVML's contract), which
-        // `words` has.
-        unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), set, words.len()) };
+        // SAFETY: `set` is non-NULL and has room for `size` words (NVML's contract).
+        let out = unsafe { std::slice::from_raw_parts_mut(set, size as usize) };
+        cpu_set(&online_cpus(), out);
         Ok(())
     })
 }
@@ -916,15 +915,14 @@ fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
     Some(cpus)
 }
 
-/// `cpus` as `words` words of [`CPU_SET_WORD_BITS`] CPUs each (CPUs past them left out).
-fn cpu_set(cpus: &[usize], words: usize) -> Vec<c_ulong> {
-    let mut set = vec![0; words];
+/// Writes `cpus` into `set`, words of [`CPU_SET_WORD_BITS`] CPUs each (CPUs past it left out).
+fn cpu_set(cpus: &[usize], set: &mut [c_ulong]) {
+    set.fill(0);
     for &c in cpus {
         if let Some(w) = set.get_mut(c / CPU_SET_WORD_BITS) {
             *w |= 1 << (c % CPU_SET_WORD_BITS);
         }
     }
-    set
 }
 
 /// `nvmlUnitGetCount`: no S-class units (the VM's GPU is not in one).
@@ -1117,13 +1115,18 @@ mod tests {
         for bad in ["3-1", "x", "0-", "0-99999999"] {
             assert_eq!(parse_cpu_list(bad), None, "{bad}");
         }
-        assert_eq!(cpu_set(&[0, 1, 64, 65], 2), vec![0b11, 0b11]);
+        let set = |cpus: &[usize], words: usize| {
+            let mut s = vec![c_ulong::MAX; words];
+            cpu_set(cpus, &mut s);
+            s
+        };
+        assert_eq!(set(&[0, 1, 64, 65], 2), vec![0b11, 0b11]);
         assert_eq!(
-            cpu_set(&[0, 1, 64, 65], 1),
+            set(&[0, 1, 64, 65], 1),
             vec![0b11],
             "CPUs past the set are left out"
         );
-        assert_eq!(cpu_set(&[63], 1), vec![1 << 63]);
+        assert_eq!(set(&[63], 1), vec![1 << 63]);
     }
 
     #[test]

@@ -103,6 +103,13 @@ results! {
     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908, "attempt to terminate a thread-local capture sequence from another thread";
     CUDA_ERROR_TIMEOUT = 909, "wait operation timed out";
     CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910, "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update";
+    CUDA_ERROR_EXTERNAL_DEVICE = 911, "an external device encountered an error";
+    CUDA_ERROR_INVALID_CLUSTER_SIZE = 912, "invalid cluster size";
+    CUDA_ERROR_FUNCTION_NOT_LOADED = 913, "function not loaded";
+    CUDA_ERROR_INVALID_RESOURCE_TYPE = 914, "invalid resource type";
+    CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION = 915, "invalid resource configuration";
+    CUDA_ERROR_KEY_ROTATION = 916, "error during key rotation";
+    CUDA_ERROR_STREAM_DETACHED = 917, "stream is detached";
     CUDA_ERROR_UNKNOWN = 999, "unknown error";
 }
 

@@ -3,8 +3,8 @@
 //! cuGetProcAddress_v2) with NVRTC-compiled CUDA C++, CuPy (NVIDIA's CUDA 12
 //! runtime underneath, kernels compiled at run time) and numba-cuda (NVVM,
 //! linked through the driver's cuLink* API), cuda.core's graph builder with conditional
-//! nodes, pynvml (NVIDIA's NVML binding) on the shim's libnvidia-ml.so.1, and a Python
-//! program's threads, one waiting while another works and releases it. Skipped with a
+//! nodes, pynvml (NVIDIA's NVML binding) on the shim's libnvidia-ml.so.1, a Python
+//! program's threads, one waiting while another works and releases it, and green contexts. Skipped with a
 //! message when the Python packages are not installed (scripts/prereqs.sh
 //! installs them).
 
@@ -31,7 +31,18 @@ fn runs_unmodified(
         println!("SKIPPED: {packages} not installed; run scripts/prereqs.sh");
         return None;
     }
-    let d = Vgpud::start(&[TestVm::new(vm, slice)]);
+    Some(runs_on(
+        &Vgpud::start(&[TestVm::new(vm, slice)]),
+        vm,
+        script,
+        args,
+        env,
+    ))
+}
+
+/// Runs `tests/python/<script>` against `d`'s VM `vm`: it must print PASS, and the VM's memory
+/// must all come back once it exits. Returns the script's output.
+fn runs_on(d: &Vgpud, vm: &str, script: &str, args: &[String], env: &[(&str, &OsStr)]) -> String {
     let out = Command::new("python3")
         .arg(workspace_root().join("tests/python").join(script))
         .args(args)
@@ -48,7 +59,7 @@ fn runs_unmodified(
         d.log()
     );
     d.wait_memory_used(vm, 0, std::time::Duration::from_secs(5));
-    Some(stdout.into_owned())
+    stdout.into_owned()
 }
 
 #[test]
@@ -90,6 +101,29 @@ fn a_python_threads_wait_does_not_stop_the_others() {
         &[],
         &[],
     );
+}
+
+/// Green contexts through cuda-python and cuda.core, on a simulated GPU of 8 units: the
+/// device's SMs split, green contexts of one SM (cuda.bindings) and of four (cuda.core's
+/// `SMResource.split` and `Device.create_context`), and kernels on their streams that read
+/// `%nsmid` 1 and 4 (the primary context's: 8) (tests/python/green_ctx.py).
+#[test]
+fn green_contexts_from_cuda_python_run_on_their_sms() {
+    let probe = "import numpy, cuda.core, cuda.bindings.driver, cuda.bindings.nvrtc";
+    if !Command::new("python3")
+        .args(["-c", probe])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("SKIPPED: cuda-python, cuda.core or numpy not installed; run scripts/prereqs.sh");
+        return;
+    }
+    let d = Vgpud::start_config(
+        &Vgpud::config_for(&[TestVm::new("green", 64 << 20)], "")
+            .replace("workers = 2\n", "workers = 8\n"),
+    );
+    let out = runs_on(&d, "green", "green_ctx.py", &[], &[]);
+    assert!(out.contains("cuda.core"), "{out}");
 }
 
 #[test]

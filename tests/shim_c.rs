@@ -131,6 +131,29 @@ fn the_per_thread_default_stream_is_captured() {
     runs_clean("capture_per_thread", 60);
 }
 
+/// Green contexts: the device's SMs split as CUDA splits them for compute capability 8.0, a
+/// green context from a piece, its streams, events and resources, and its kernels on its share
+/// of a simulated GPU of 8 units (`%nsmid` 4, `%smid` below 4), the primary context's on all 8;
+/// what it allocated outlives it (tests/c/green_ctx.c).
+#[test]
+fn a_green_contexts_kernels_run_on_its_multiprocessors() {
+    let d = Vgpud::start_config(
+        &Vgpud::config_for(&[TestVm::new("vm1", 64 * MIB)], "")
+            .replace("workers = 2\n", "workers = 8\n"),
+    );
+    let prog = build_c_program("green_ctx");
+    let r = run_against_with(&d, "vm1", &prog, &[], &[]);
+    assert!(
+        r.failures().is_empty() && r.code == 0,
+        "{}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        d.log()
+    );
+    assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > 80);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
 /// CUDA 12.5's context-wide events: `cuCtxRecordEvent` captures every stream's work,
 /// `cuCtxWaitEvent` holds all later work of the context (tests/c/ctx_events.c).
 #[test]

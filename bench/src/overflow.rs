@@ -104,6 +104,7 @@ fn kernel_seconds(ctx: &dyn DeviceContext, ptr: u64, bytes: u64) -> Result<f64, 
         block: [BLOCK, 1, 1],
         shared_bytes: 0,
         cooperative: false,
+        units: None,
     };
     secs(|| {
         ctx.launch(&*m, 0, &dims, &params, 0, &RunControl::default())

@@ -200,6 +200,9 @@ pub struct LaunchDims {
     /// A cooperative launch (`cuLaunchCooperativeKernel`): every block runs at once, and
     /// blocks may wait for each other (cooperative groups' `grid.sync()`).
     pub cooperative: bool,
+    /// The multiprocessors of the green context it was launched in (`cuGreenCtxCreate`): its
+    /// blocks run on at most this many execution units at a time. `None`: on all of them.
+    pub units: Option<u32>,
 }
 
 /// One kernel of a run of kernels launched as one unit ([`DeviceContext::launch_chain`]).

@@ -324,6 +324,14 @@ impl Allocations {
         self.map.is_empty()
     }
 
+    /// Gives the allocations of context `from` to context `to` (a green context's memory to
+    /// the primary context when the green context is destroyed).
+    pub fn move_context(&mut self, from: u64, to: u64) {
+        for a in self.map.values_mut().filter(|a| a.ctx == from) {
+            a.ctx = to;
+        }
+    }
+
     /// Base addresses of allocations for which `f` holds.
     pub fn bases_where(&self, mut f: impl FnMut(&Allocation) -> bool) -> Vec<u64> {
         self.map

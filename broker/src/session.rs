@@ -66,6 +66,9 @@ pub const DEVICE_ORDINAL: u32 = 0;
 #[derive(Debug)]
 struct CtxState {
     primary: bool,
+    /// A green context's multiprocessors (`cuGreenCtxCreate`): its kernels run on at most this
+    /// many of the device's at a time. `None`: all of them.
+    sms: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -414,6 +417,8 @@ pub struct Session {
     device: DeviceInfo,
     dev: Arc<dyn DeviceContext>,
     contexts: HandleTable<CtxState>,
+    /// Live green contexts (most processes have none: launches then skip the lookup).
+    greens: usize,
     primary: Primary,
     streams: HandleTable<StreamState>,
     events: HandleTable<EventState>,
@@ -509,6 +514,7 @@ impl Session {
             info,
             engine: Engine::with_budget(Arc::clone(&dev), Arc::clone(&vm)),
             contexts: HandleTable::budgeted(HandleKind::Context, budget(Budget::Handles)),
+            greens: 0,
             primary: Primary::default(),
             streams: HandleTable::budgeted(HandleKind::Stream, budget(Budget::Streams)),
             events: HandleTable::budgeted(HandleKind::Event, budget(Budget::Events)),
@@ -1099,12 +1105,50 @@ impl Session {
                 self.note_contexts();
                 reply(out, msg::Handle { handle: h })
             }
+            R::GreenCtxCreate(m) => {
+                self.check_device(m.device)?;
+                let sms =
+                    u32::try_from(self.device.attribute(attr::MULTIPROCESSOR_COUNT)).unwrap_or(0);
+                if m.sm_count == 0 || m.sm_count > sms {
+                    return Err(CuError::new(
+                        cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,
+                        format!(
+                            "a green context of {} multiprocessors: the device has {sms}",
+                            m.sm_count
+                        ),
+                    ));
+                }
+                // A green context holds the primary context, whose memory it shares.
+                self.retain_primary()?;
+                let h = match self.contexts.insert(CtxState {
+                    primary: false,
+                    sms: Some(m.sm_count),
+                }) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        self.release_primary();
+                        return Err(e);
+                    }
+                };
+                self.greens += 1;
+                self.note_contexts();
+                reply(out, msg::Handle { handle: h })
+            }
             R::CtxDestroy(m) => {
                 self.destroyable(m.ctx)?;
+                let green = self.contexts.get(m.ctx).is_some_and(|c| c.sms.is_some());
+                if green && let Some(primary) = self.primary.handle {
+                    // Its memory is the primary context's (as CUDA's green contexts share it).
+                    self.allocs.move_context(m.ctx, primary);
+                }
                 self.release_context_resources(m.ctx);
                 self.contexts.remove(m.ctx);
-                self.note_contexts();
                 self.engine.clear_context(m.ctx);
+                if green {
+                    self.greens -= 1;
+                    self.release_primary();
+                }
+                self.note_contexts();
                 reply(out, msg::Empty {})
             }
             R::CtxSynchronize(m) => {
@@ -1116,15 +1160,7 @@ impl Session {
             }
             R::PrimaryCtxRetain(m) => {
                 self.check_device(m.device)?;
-                let h = match self.primary.handle {
-                    Some(h) => h,
-                    None => {
-                        let h = self.new_context(true)?;
-                        self.primary.handle = Some(h);
-                        h
-                    }
-                };
-                self.primary.refs += 1;
+                let h = self.retain_primary()?;
                 self.note_contexts();
                 reply(out, msg::Handle { handle: h })
             }
@@ -1135,10 +1171,7 @@ impl Session {
                         "the primary context is not retained",
                     ));
                 }
-                self.primary.refs -= 1;
-                if self.primary.refs == 0 {
-                    self.reset_primary();
-                }
+                self.release_primary();
                 self.note_contexts();
                 reply(out, msg::Empty {})
             }
@@ -1648,9 +1681,9 @@ impl Session {
             R::CtxRecordEvent(m) => {
                 self.ctx(m.ctx)?;
                 let ev = self.event(m.event)?;
-                if ev.ctx != m.ctx {
+                if self.family(ev.ctx) != self.family(m.ctx) {
                     return Err(CuError::invalid_handle(
-                        "cuCtxRecordEvent: the event is not of that context",
+                        "cuCtxRecordEvent: the event is not of that context (or, for a green context, of its primary context)",
                     ));
                 }
                 if ev.ipc.is_some() {
@@ -1879,6 +1912,7 @@ impl Session {
         grid: [u32; 3],
         threads: u64,
         shared_bytes: u32,
+        sms: Option<u32>,
     ) -> Result<(), CuError> {
         if self.device.attribute(attr::COOPERATIVE_LAUNCH) == 0 {
             return Err(CuError::new(
@@ -1894,14 +1928,14 @@ impl Session {
             i64::try_from(threads).unwrap_or(i64::MAX),
             i64::from(shared_bytes),
         );
-        let most =
-            u64::try_from(per_sm.saturating_mul(dev(attr::MULTIPROCESSOR_COUNT))).unwrap_or(0);
+        let units = sms.map_or_else(|| dev(attr::MULTIPROCESSOR_COUNT), i64::from);
+        let most = u64::try_from(per_sm.saturating_mul(units)).unwrap_or(0);
         let blocks = grid.iter().map(|&g| u64::from(g)).product::<u64>();
         if blocks > most {
             return Err(CuError::new(
                 cuda::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
                 format!(
-                    "a cooperative launch of {blocks} blocks of kernel `{}`: at most {most} fit on the device at once ({per_sm} per multiprocessor)",
+                    "a cooperative launch of {blocks} blocks of kernel `{}`: at most {most} fit on the context's {units} multiprocessors at once ({per_sm} per multiprocessor)",
                     f.desc.name
                 ),
             ));
@@ -2171,8 +2205,16 @@ impl Session {
                 m.shared_bytes, f.desc.name
             )));
         }
+        // A green context's kernels (those of its streams) run on its multiprocessors.
+        let sms = if self.greens == 0 {
+            None
+        } else {
+            self.stream_ctx(m.ctx, m.stream)
+                .ok()
+                .and_then(|c| self.context_sms(c))
+        };
         if cooperative {
-            self.check_cooperative(f, grid, threads, m.shared_bytes)?;
+            self.check_cooperative(f, grid, threads, m.shared_bytes, sms)?;
         }
         let module = Arc::clone(
             &self
@@ -2189,6 +2231,7 @@ impl Session {
                 block,
                 shared_bytes: m.shared_bytes,
                 cooperative,
+                units: sms,
             },
             params: params.to_vec(),
         })
@@ -2363,7 +2406,48 @@ impl Session {
     }
 
     fn new_context(&mut self, primary: bool) -> Result<u64, CuError> {
-        self.contexts.insert(CtxState { primary })
+        self.contexts.insert(CtxState { primary, sms: None })
+    }
+
+    /// Takes a reference to the primary context, creating it first if needed; returns it.
+    fn retain_primary(&mut self) -> Result<u64, CuError> {
+        let h = match self.primary.handle {
+            Some(h) => h,
+            None => {
+                let h = self.new_context(true)?;
+                self.primary.handle = Some(h);
+                h
+            }
+        };
+        self.primary.refs += 1;
+        Ok(h)
+    }
+
+    /// Drops a reference to the primary context (the caller checked there is one); the last
+    /// one resets it.
+    fn release_primary(&mut self) {
+        self.primary.refs = self.primary.refs.saturating_sub(1);
+        if self.primary.refs == 0 {
+            self.reset_primary();
+        }
+    }
+
+    /// The context whose events context `ctx` records: the primary context for a green context
+    /// (CUDA: a green context's events are of "the same primary context"), else `ctx` itself.
+    fn family(&self, ctx: u64) -> u64 {
+        match self.context_sms(ctx) {
+            Some(_) => self.primary.handle.unwrap_or(ctx),
+            None => ctx,
+        }
+    }
+
+    /// The multiprocessors a kernel launched in context `ctx` may run on at a time: a green
+    /// context's, or `None` (all of the device's).
+    fn context_sms(&self, ctx: u64) -> Option<u32> {
+        if self.greens == 0 {
+            return None;
+        }
+        self.contexts.get(ctx).and_then(|c| c.sms)
     }
 
     /// Publishes how many contexts the session has in use (a primary context counts while it

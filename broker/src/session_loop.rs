@@ -1216,6 +1216,91 @@ mod tests {
     /// the session, on a ticket; the context's stream-memory waits end first (as the destroy ends
     /// them: nothing else would release a word nobody writes), and the destroy that follows finds
     /// nothing to wait for. Primary and unknown contexts are refused as the destroy refuses them.
+    /// A green context takes part of the device's multiprocessors (refused beyond them), holds
+    /// the primary context while it lives, and leaves what it allocated to the primary context;
+    /// `CtxDestroy` is what destroys it, and events of the primary context record its work.
+    #[test]
+    fn a_green_context_holds_the_primary_context_and_leaves_it_its_memory() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h) = connect(&b, "vm1");
+        c.hello().unwrap();
+        let green = |c: &mut TestClient<UnixStream>, sm_count| {
+            c.call(
+                &GreenCtxCreate {
+                    device: 0,
+                    sm_count,
+                },
+                &[],
+            )
+            .map(|r| r.0.handle)
+        };
+        let sms = crate::testutils::MEM_DEVICE_SMS as u32;
+        for bad in [0, sms + 1, u32::MAX] {
+            assert_eq!(
+                green(&mut c, bad).map_err(|e| e.0),
+                Err(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION),
+                "{bad} multiprocessors"
+            );
+        }
+        let active = |c: &mut TestClient<UnixStream>| {
+            c.call(&PrimaryCtxGetState { device: 0 }, &[])
+                .unwrap()
+                .0
+                .active
+        };
+        assert_eq!(active(&mut c), 0, "a refused green context holds nothing");
+        let primary = c
+            .call(&PrimaryCtxRetain { device: 0 }, &[])
+            .unwrap()
+            .0
+            .handle;
+        let g = green(&mut c, sms / 2).unwrap();
+        assert_ne!(g, primary);
+        let ptr = alloc(&mut c, g, 4096).unwrap();
+        put(&mut c, g, ptr, b"green").unwrap();
+        let event = c
+            .call(
+                &EventCreate {
+                    ctx: primary,
+                    flags: 0,
+                },
+                &[],
+            )
+            .unwrap()
+            .0
+            .handle;
+        c.call(&CtxRecordEvent { ctx: g, event }, &[])
+            .expect("an event of the primary context records the green context's work");
+        c.call(&CtxDestroy { ctx: g }, &[]).unwrap();
+        assert_eq!(active(&mut c), 1);
+        assert_eq!(
+            c.call(&CtxSynchronize { ctx: g }, &[]).map_err(|e| e.0),
+            Err(CUDA_ERROR_INVALID_CONTEXT),
+            "the green context is gone"
+        );
+        let get = |c: &mut TestClient<UnixStream>| {
+            c.call(
+                &MemcpyDtoH {
+                    ctx: primary,
+                    stream: 0,
+                    src: ptr,
+                    len: 5,
+                },
+                &[],
+            )
+            .map(|(_, back)| back)
+        };
+        let back = get(&mut c).expect("its memory is the primary context's now");
+        assert_eq!(back, b"green");
+        // A green context alone keeps the primary context alive; its destroy releases it.
+        c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap();
+        let g = green(&mut c, 1).unwrap();
+        assert_eq!(active(&mut c), 1);
+        c.call(&CtxDestroy { ctx: g }, &[]).unwrap();
+        assert_eq!(active(&mut c), 0);
+        assert!(get(&mut c).is_err(), "the primary context's reset freed it");
+    }
+
     #[test]
     fn a_destroys_wait_ends_its_contexts_memory_waits_and_waits_on_a_ticket() {
         let b = broker(Duration::from_millis(300));

@@ -39,11 +39,15 @@ pub struct MemDevice {
     delay: Duration,
 }
 
+/// The multiprocessors a [`MemDevice`] reports.
+pub const MEM_DEVICE_SMS: i32 = 8;
+
 impl MemDevice {
     /// A device of `total` bytes whose operations each take `delay`.
     pub fn new(total: u64, delay: Duration) -> Self {
         let mut attributes = vec![0; vgpu_proto::cuda::attr::COUNT];
         attributes[vgpu_proto::cuda::attr::WARP_SIZE] = 32;
+        attributes[vgpu_proto::cuda::attr::MULTIPROCESSOR_COUNT] = MEM_DEVICE_SMS;
         Self {
             info: DeviceInfo {
                 name: "vgpu test device".into(),

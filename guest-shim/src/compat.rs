@@ -48,8 +48,9 @@ pub unsafe extern "C" fn cuStreamGetCtx(stream: CUhandle, pctx: *mut CUhandle) -
     })
 }
 
-/// `cuStreamGetCtx_v2` (CUDA 12.5): the stream's context, and no green context (vgpu has
-/// none).
+/// `cuStreamGetCtx_v2` (CUDA 12.5): the stream's context and NULL, or, for a green context's
+/// stream, the primary context and the green context. The per-thread default stream of a green
+/// context is `CUDA_ERROR_INVALID_HANDLE`, as in CUDA.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetCtx_v2(
     stream: CUhandle,
@@ -61,8 +62,17 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         let c = drv::stream_context(h(stream))?;
-        out!(pgreen, std::ptr::null_mut())?;
-        out!(pctx, p(c))
+        match crate::green_ctx::green_of(c) {
+            Some(_) if h(stream) == drv::STREAM_PER_THREAD => Err(cuda::CUDA_ERROR_INVALID_HANDLE),
+            Some(g) => {
+                out!(pgreen, p(g))?;
+                out!(pctx, p(drv::primary_handle(0)?))
+            }
+            None => {
+                out!(pgreen, std::ptr::null_mut())?;
+                out!(pctx, p(c))
+            }
+        }
     })
 }
 

@@ -1740,7 +1740,11 @@ fn forget_per_thread_stream(c: u64) {
 
 /// `cuStreamCreateWithPriority`.
 pub fn stream_create(flags: u32, priority: i32) -> CuRes<u64> {
-    let c = ctx()?;
+    stream_create_in(ctx()?, flags, priority)
+}
+
+/// Creates a stream in context `c` (`cuGreenCtxStreamCreate`: whichever is current).
+pub fn stream_create_in(c: u64, flags: u32, priority: i32) -> CuRes<u64> {
     let d = driver()?;
     let priority = priority.clamp(GREATEST_PRIORITY, 0);
     let h = d

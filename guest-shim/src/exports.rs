@@ -379,7 +379,13 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUhandle) -> CUresult {
-    ffi("cuCtxDestroy_v2", || drv::ctx_destroy(h(ctx)))
+    ffi("cuCtxDestroy_v2", || {
+        if crate::green_ctx::is_green(h(ctx)) {
+            // A green context's goes with it (cuGreenCtxDestroy).
+            return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        drv::ctx_destroy(h(ctx))
+    })
 }
 
 #[unsafe(no_mangle)]

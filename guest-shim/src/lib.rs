@@ -30,6 +30,7 @@ pub mod export_tables;
 pub mod exports;
 pub mod ffi;
 pub mod graph;
+pub mod green_ctx;
 pub mod host_func;
 pub mod integrity;
 pub mod legacy_launch;

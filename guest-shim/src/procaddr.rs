@@ -18,6 +18,7 @@ use crate::graph::api::*;
 use crate::graph::attrs::*;
 use crate::graph::conditional::*;
 use crate::graph::generic::*;
+use crate::green_ctx::*;
 use crate::legacy_launch::*;
 use crate::library::*;
 use crate::linker::*;
@@ -116,6 +117,38 @@ fn table() -> &'static [Entry] {
                 (13000, f!(cuCtxSynchronize_v2))
             ),
             e!("cuCtxRecordEvent", (12050, f!(cuCtxRecordEvent))),
+            e!("cuGreenCtxCreate", (12040, f!(cuGreenCtxCreate))),
+            e!("cuGreenCtxDestroy", (12040, f!(cuGreenCtxDestroy))),
+            e!("cuCtxFromGreenCtx", (12040, f!(cuCtxFromGreenCtx))),
+            e!(
+                "cuDeviceGetDevResource",
+                (12040, f!(cuDeviceGetDevResource))
+            ),
+            e!("cuCtxGetDevResource", (12040, f!(cuCtxGetDevResource))),
+            e!(
+                "cuGreenCtxGetDevResource",
+                (12040, f!(cuGreenCtxGetDevResource))
+            ),
+            e!(
+                "cuDevSmResourceSplitByCount",
+                (12040, f!(cuDevSmResourceSplitByCount))
+            ),
+            e!(
+                "cuDevResourceGenerateDesc",
+                (12040, f!(cuDevResourceGenerateDesc))
+            ),
+            e!("cuGreenCtxRecordEvent", (12040, f!(cuGreenCtxRecordEvent))),
+            e!("cuGreenCtxWaitEvent", (12040, f!(cuGreenCtxWaitEvent))),
+            e!("cuStreamGetGreenCtx", (12040, f!(cuStreamGetGreenCtx))),
+            e!(
+                "cuGreenCtxStreamCreate",
+                (12050, f!(cuGreenCtxStreamCreate))
+            ),
+            e!("cuGreenCtxGetId", (12090, f!(cuGreenCtxGetId))),
+            e!(
+                "cuStreamGetDevResource",
+                (13000, f!(cuStreamGetDevResource))
+            ),
             e!(
                 "cuDeviceRegisterAsyncNotification",
                 (12040, f!(cuDeviceRegisterAsyncNotification))

@@ -378,6 +378,11 @@ ops! {
     PrimaryCtxSetFlags = 0x0208 => Empty, 0, "cuDevicePrimaryCtxSetFlags_v2" { device: u32, flags: u32 }
     /// Sets a `CUlimit` the host enforces (`CU_LIMIT_PRINTF_FIFO_SIZE`).
     CtxSetLimit = 0x0209 => Empty, 0, "cuCtxSetLimit" { ctx: u64, limit: u32, value: u64 }
+    /// Creates a green context: a context whose kernels run on `sm_count` of the device's
+    /// multiprocessors (at most the device's; the shim splits them as CUDA does). It holds a
+    /// reference to the primary context until it is destroyed (`CtxDestroy`), and what it
+    /// allocated then belongs to the primary context.
+    GreenCtxCreate = 0x020a => Handle, 0, "cuGreenCtxCreate" { device: u32, sm_count: u32 }
 
     /// Allocates device memory, charged to the tenant's slice.
     MemAlloc = 0x0301 => Ptr, 0, "cuMemAlloc_v2" { ctx: u64, size: u64 }

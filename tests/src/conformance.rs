@@ -1828,6 +1828,7 @@ pub mod cuda_executor {
             block: [128, 1, 1],
             shared_bytes: 0,
             cooperative: false,
+            units: None,
         };
         for priority in [0, -3, -5] {
             let pc = ctx.alloc(bytes).unwrap();
@@ -1941,6 +1942,7 @@ pub mod cuda_executor {
         block: [1, 1, 1],
         shared_bytes: 0,
         cooperative: false,
+        units: None,
     };
 
     /// Kernel time comes from CUDA events: a 50 ms kernel measures 50 ms.
@@ -2007,6 +2009,7 @@ pub mod cuda_executor {
             block: [64, 1, 1],
             shared_bytes: 0,
             cooperative: false,
+            units: None,
         };
         let e = a
             .launch(m.as_ref(), 0, &dims, &params, 0, &RunControl::default())
@@ -2259,6 +2262,7 @@ pub mod cuda_executor {
             block: [128, 1, 1],
             shared_bytes: 0,
             cooperative: false,
+            units: None,
         };
         ctx.launch(m.as_ref(), i, &dims, &params, 0, &RunControl::default())
             .unwrap();

@@ -46,6 +46,7 @@ fn inc(ctx: &dyn DeviceContext, ptr: u64, words: u32, expect: &mut [u8]) {
         block: [BLOCK, 1, 1],
         shared_bytes: 0,
         cooperative: false,
+        units: None,
     };
     ctx.launch(&*m, 0, &dims, &params, 0, &RunControl::default())
         .expect("inc over the allocation");
@@ -134,6 +135,7 @@ pub fn allocations_move_between_device_and_host(t: &Target) {
             block: [1, 1, 1],
             shared_bytes: 0,
             cooperative: false,
+            units: None,
         };
         let r = other.launch(&*m, 0, &dims, &params, 0, &RunControl::default());
         assert!(

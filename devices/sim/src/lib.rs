@@ -907,13 +907,17 @@ impl DeviceContext for SimContext {
         } else {
             None
         };
+        // A green context's kernel runs on at most its multiprocessors: that many workers.
+        let workers = dims
+            .units
+            .map_or(self.workers, |u| self.workers.min(u as usize).max(1));
         m.launch(
             &self.inner,
             kernel,
             dims,
             params,
             start_block,
-            self.workers,
+            workers,
             &self.slots,
             control,
         )
@@ -1003,6 +1007,51 @@ mod tests {
             workers: 2,
             watchdog: None,
         })
+    }
+
+    /// Each block writes `%smid` and `%nsmid` at `out[2 * %ctaid.x]`.
+    const SMIDS: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
+        .visible .entry smids(.param .u64 out)\n{\n .reg .u32 %r<4>;\n .reg .u64 %rd<4>;\n\
+         ld.param.u64 %rd1, [out];\n mov.u32 %r1, %ctaid.x;\n mov.u32 %r2, %smid;\n\
+         mov.u32 %r3, %nsmid;\n mul.wide.u32 %rd2, %r1, 8;\n add.u64 %rd3, %rd1, %rd2;\n\
+         st.global.v2.u32 [%rd3], {%r2, %r3};\n ret;\n}\n";
+
+    #[test]
+    fn a_green_contexts_kernel_runs_on_its_units_only() {
+        let d = SimDevice::new(SimConfig {
+            name: "gpu0".into(),
+            memory: 1 << 20,
+            workers: 8,
+            watchdog: None,
+        });
+        let c = d.open("a").unwrap();
+        let m = c
+            .load_module(SMIDS.as_bytes(), 1 << 20, &RunControl::default())
+            .unwrap();
+        const BLOCKS: u32 = 256;
+        let out = c.alloc(u64::from(BLOCKS) * 8).unwrap();
+        for (units, want) in [(Some(3), 3), (Some(1), 1), (Some(64), 8), (None, 8)] {
+            let dims = LaunchDims {
+                grid: [BLOCKS, 1, 1],
+                block: [32, 1, 1],
+                shared_bytes: 0,
+                cooperative: false,
+                units,
+            };
+            c.memset(out, u32::MAX, 4, u64::from(BLOCKS) * 2).unwrap();
+            let r = c
+                .launch(&*m, 0, &dims, &out.to_le_bytes(), 0, &RunControl::default())
+                .unwrap();
+            assert_eq!(r, LaunchProgress::Completed);
+            let mut b = vec![0u8; BLOCKS as usize * 8];
+            c.read(out, &mut b).unwrap();
+            for blk in b.chunks(8) {
+                let smid = u32::from_le_bytes(blk[..4].try_into().unwrap());
+                let nsmid = u32::from_le_bytes(blk[4..].try_into().unwrap());
+                assert_eq!(nsmid, want, "%nsmid with {units:?} units");
+                assert!(smid < want, "block on unit {smid} with {units:?} units");
+            }
+        }
     }
 
     #[test]
@@ -1147,6 +1196,7 @@ mod tests {
             block: [32, 1, 1],
             shared_bytes: 0,
             cooperative: false,
+            units: None,
         };
         let e = c
             .launch(&*m, 0, &dims, &[0; 24], 0, &RunControl::default())
@@ -1202,6 +1252,7 @@ mod tests {
             block: [1024, 1, 1],
             shared_bytes: 0,
             cooperative: false,
+            units: None,
         };
         let small = Arc::new(Budget(Mutex::new((0, 32 << 20))));
         let control = RunControl::default();
@@ -1260,6 +1311,7 @@ mod tests {
             block: [1, 1, 1],
             shared_bytes: 0,
             cooperative: false,
+            units: None,
         };
         let params = |handle: u64| {
             let mut p = handle.to_le_bytes().to_vec();

@@ -13,8 +13,10 @@
 //! on at most that many of the device's execution units at a time, and which holds the primary
 //! context (whose memory it shares) until it is destroyed.
 //!
-//! The split follows NVIDIA's documented granularity for the device's compute capability
-//! ([`Granularity::of`]); `CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING` lowers it to one SM.
+//! `cuDevSmResourceSplitByCount` follows NVIDIA's documented granularity for the device's
+//! compute capability ([`Granularity::of`]; `CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING`
+//! lowers it to one SM), and CUDA 13's `cuDevSmResourceSplit` takes explicit group sizes
+//! ([`split_structured`]).
 #![allow(clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -99,17 +101,28 @@ pub struct Granularity {
 }
 
 impl Granularity {
-    /// NVIDIA's guideline (`cuda.h`, green contexts): 6.x one SM; 7.x two, in twos; 8.x four,
-    /// in twos; 9.0 and later eight, in eights. Ignoring SM co-scheduling: one SM.
+    /// NVIDIA's guideline for the CUDA 13 driver vgpu reports (CUDA 13's `cuda.h`, green
+    /// contexts): 7.x and 8.x two SMs, in twos; 9.0 and later eight, in eights; 6.x (before
+    /// CUDA 13's oldest) one. Ignoring SM co-scheduling: one SM. (CUDA 12's guideline had four
+    /// for 8.x.)
     pub fn of(major: i32, flags: c_uint) -> Self {
         if flags & SPLIT_IGNORE_SM_COSCHEDULING != 0 {
             return Self { min: 1, align: 1 };
         }
         match major {
             ..=6 => Self { min: 1, align: 1 },
-            7 => Self { min: 2, align: 2 },
-            8 => Self { min: 4, align: 2 },
+            7 | 8 => Self { min: 2, align: 2 },
             _ => Self { min: 8, align: 8 },
+        }
+    }
+
+    /// The largest `coscheduledSmCount` `cuDevSmResourceSplit` takes: 32 from 9.0 (clusters),
+    /// else the alignment.
+    fn max_coscheduled(self, major: i32) -> u32 {
+        if major >= CLUSTERS_MAJOR {
+            MAX_COSCHEDULED_SMS
+        } else {
+            self.align
         }
     }
 
@@ -206,6 +219,110 @@ pub fn combine(pieces: &[SmResource]) -> CuRes<u32> {
         return Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
     }
     Ok(total)
+}
+
+/// `CU_DEV_SM_RESOURCE_GROUP_BACKFILL`: a group's count need not be a multiple of its
+/// co-scheduled count.
+pub const GROUP_BACKFILL: u32 = 0x1;
+/// `CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID`: the group's SMs from one locality domain.
+pub const GROUP_LOCALITY_DOMAIN_ID: u32 = 0x2;
+/// `CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_SUPPLEMENTAL_SMS`.
+pub const GROUP_LOCALITY_SUPPLEMENTAL: u32 = 0x4;
+/// `CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID_ANY`: any domain (a device without locality
+/// domains has only that).
+pub const LOCALITY_DOMAIN_ANY: u32 = u32::MAX;
+/// `cuDevSmResourceSplit`'s groups are whole multiples of this many SMs (at least one).
+const STRUCTURED_STEP: u32 = 2;
+/// The largest co-scheduled group from compute capability 9.0.
+const MAX_COSCHEDULED_SMS: u32 = 32;
+/// `sizeof(CU_DEV_SM_RESOURCE_GROUP_PARAMS)`: five fields and eleven reserved words.
+pub const GROUP_PARAMS_BYTES: usize = 64;
+
+/// One `CU_DEV_SM_RESOURCE_GROUP_PARAMS` entry of `cuDevSmResourceSplit` (CUDA 13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupParams {
+    /// SMs of the group; 0: discover (filled in).
+    pub sm_count: u32,
+    /// SMs co-scheduled together; 0: the default (the alignment).
+    pub coscheduled: u32,
+    /// `CU_DEV_SM_RESOURCE_GROUP_*`.
+    pub flags: u32,
+    /// With `GROUP_LOCALITY_DOMAIN_ID`: the domain.
+    pub locality_domain: u32,
+}
+
+impl GroupParams {
+    /// Reads one entry (`smCount`, `coscheduledSmCount`, `preferredCoscheduledSmCount`,
+    /// `flags`, `localityDomainId`).
+    pub fn read(b: &[u8]) -> Self {
+        let get =
+            |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+        Self {
+            sm_count: get(0),
+            coscheduled: get(1),
+            flags: get(3),
+            locality_domain: get(4),
+        }
+    }
+}
+
+/// `cuDevSmResourceSplit` (CUDA 13): the SMs of each group, in order (discovered counts filled
+/// in), and what is left. `results` says whether the groups are made (a discovered count may
+/// be 0 only when they are not).
+pub fn split_structured(
+    input: SmResource,
+    groups: &[GroupParams],
+    g: Granularity,
+    major: i32,
+    results: bool,
+) -> CuRes<(Vec<u32>, u32)> {
+    if input.origin == Origin::Group {
+        // CUDA splits a device's, a context's or a remainder.
+        return Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+    }
+    let known = GROUP_BACKFILL | GROUP_LOCALITY_DOMAIN_ID | GROUP_LOCALITY_SUPPLEMENTAL;
+    let mut left = input.sm_count;
+    let mut counts = Vec::with_capacity(groups.len());
+    for p in groups {
+        if p.flags & !known != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        if p.flags & GROUP_LOCALITY_DOMAIN_ID != 0 && p.locality_domain != LOCALITY_DOMAIN_ANY {
+            // The device has no locality domains: no SMs are in the one asked for.
+            return Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+        }
+        let cos = if p.coscheduled == 0 {
+            g.align
+        } else {
+            p.coscheduled
+        };
+        if cos > g.max_coscheduled(major) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let backfill = p.flags & GROUP_BACKFILL != 0;
+        let take = if p.sm_count == 0 {
+            if backfill { left } else { left / cos * cos }
+        } else {
+            let n = p.sm_count;
+            if n < STRUCTURED_STEP
+                || n > input.sm_count
+                || n % STRUCTURED_STEP != 0
+                || (!backfill && n % cos != 0)
+            {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            if n > left {
+                return Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+            }
+            n
+        };
+        if results && (take == 0 || take < cos) {
+            return Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+        }
+        left -= take;
+        counts.push(take);
+    }
+    Ok((counts, left))
 }
 
 /// Set in a green context's handle: its context's handle with this bit (context handles leave
@@ -399,6 +516,64 @@ pub unsafe extern "C" fn cuDevSmResourceSplitByCount(
     })
 }
 
+/// `cuDevSmResourceSplit` (CUDA 13): groups of explicit sizes, in order.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevSmResourceSplit(
+    result: *mut c_void,
+    nb_groups: c_uint,
+    input: *const c_void,
+    remainder: *mut c_void,
+    flags: c_uint,
+    group_params: *mut c_void,
+) -> CUresult {
+    ffi("cuDevSmResourceSplit", || {
+        drv::driver()?;
+        if nb_groups == 0 || flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let major = drv::driver()?.attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as i32)?;
+        let g = Granularity::of(major, 0);
+        let input = SmResource::read(in_bytes!(input, RESOURCE_BYTES))?;
+        let n = nb_groups as usize;
+        let params = out_bytes!(group_params, GROUP_PARAMS_BYTES * n);
+        let asked: Vec<GroupParams> = params
+            .chunks_exact(GROUP_PARAMS_BYTES)
+            .map(GroupParams::read)
+            .collect();
+        let (counts, left) = split_structured(input, &asked, g, major, !result.is_null())?;
+        let id = next_split();
+        for (entry, &count) in params.chunks_exact_mut(GROUP_PARAMS_BYTES).zip(&counts) {
+            // Discovered counts are filled in.
+            entry[..4].copy_from_slice(&count.to_le_bytes());
+        }
+        if !result.is_null() {
+            let out = out_bytes!(result, RESOURCE_BYTES * n);
+            for (chunk, &count) in out.chunks_exact_mut(RESOURCE_BYTES).zip(&counts) {
+                SmResource {
+                    sm_count: count,
+                    origin: Origin::Group,
+                    split: id,
+                }
+                .write(chunk, g);
+            }
+        }
+        if !remainder.is_null() {
+            let out = out_bytes!(remainder, RESOURCE_BYTES);
+            SmResource {
+                sm_count: left,
+                origin: Origin::Remainder,
+                split: id,
+            }
+            .write(out, g);
+            if left == 0 {
+                // No SMs left: CUDA's remainder is then of type INVALID.
+                out[at::TYPE..at::TYPE + 4].copy_from_slice(&0u32.to_le_bytes());
+            }
+        }
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevResourceGenerateDesc(
     desc: *mut CUhandle,
@@ -579,13 +754,13 @@ mod tests {
                 remainder: 0
             })
         );
-        // At least 1 asked, 4 given (compute capability 8's minimum); 3 wanted.
+        // At least 1 asked, 2 given (compute capability 8's minimum); 3 wanted.
         assert_eq!(
             split(whole(108), 1, g8, Some(3)),
             Ok(Split {
                 groups: 3,
-                size: 4,
-                remainder: 96
+                size: 2,
+                remainder: 102
             })
         );
         // Hopper: eights.
@@ -602,11 +777,11 @@ mod tests {
         assert_eq!(split(whole(8), 3, fine, None).map(|s| s.groups), Ok(2));
         // Too few SMs for one group: none, all left over.
         assert_eq!(
-            split(whole(2), 0, g8, None),
+            split(whole(1), 0, g8, None),
             Ok(Split {
                 groups: 0,
-                size: 4,
-                remainder: 2
+                size: 2,
+                remainder: 1
             })
         );
         assert_eq!(
@@ -622,6 +797,98 @@ mod tests {
             split(piece, 1, g8, None),
             Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION),
             "a split's pieces are split again only through a green context"
+        );
+    }
+
+    #[test]
+    fn structured_splits_take_explicit_and_discovered_counts_in_order() {
+        let g8 = Granularity::of(8, 0);
+        let g9 = Granularity::of(9, 0);
+        let p = |sm_count, coscheduled, flags| GroupParams {
+            sm_count,
+            coscheduled,
+            flags,
+            locality_domain: 0,
+        };
+        // cuda.h's example 3 on 132 SMs: 8 in fours, then everything else.
+        assert_eq!(
+            split_structured(
+                whole(132),
+                &[p(8, 4, 0), p(0, 2, GROUP_BACKFILL)],
+                g9,
+                9,
+                true
+            ),
+            Ok((vec![8, 124], 0))
+        );
+        // Example 1: discover without a constraint; the rest is the remainder.
+        assert_eq!(
+            split_structured(whole(9), &[p(0, 0, 0)], g8, 8, true),
+            Ok((vec![8], 1))
+        );
+        // Example 2: ten SMs in twos.
+        assert_eq!(
+            split_structured(whole(16), &[p(10, 2, 0)], g8, 8, true),
+            Ok((vec![10], 6))
+        );
+        // Discovery of nothing: only without results.
+        assert_eq!(
+            split_structured(whole(8), &[p(8, 0, 0), p(0, 0, 0)], g8, 8, false),
+            Ok((vec![8, 0], 0))
+        );
+        assert_eq!(
+            split_structured(whole(8), &[p(8, 0, 0), p(0, 0, 0)], g8, 8, true),
+            Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION)
+        );
+        let invalid = cuda::CUDA_ERROR_INVALID_VALUE;
+        for (bad, why) in [
+            (p(3, 0, 0), "odd"),
+            (p(9, 0, 0), "more than the input"),
+            (p(12, 8, 0), "not a multiple of the co-scheduled count"),
+            (p(4, 4, 0), "co-scheduled count above 2 before 9.0"),
+            (p(4, 0, 0x80), "unknown flag"),
+        ] {
+            assert_eq!(
+                split_structured(whole(8), &[bad], g8, 8, true),
+                Err(invalid),
+                "{why}"
+            );
+        }
+        assert_eq!(
+            split_structured(whole(132), &[p(12, 8, GROUP_BACKFILL)], g9, 9, true),
+            Ok((vec![12], 120)),
+            "backfill lifts the multiple"
+        );
+        assert_eq!(
+            split_structured(whole(8), &[p(6, 0, 0), p(4, 0, 0)], g8, 8, true),
+            Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION),
+            "not enough left for the second"
+        );
+        let located = GroupParams {
+            locality_domain: 1,
+            ..p(2, 0, GROUP_LOCALITY_DOMAIN_ID)
+        };
+        assert_eq!(
+            split_structured(whole(8), &[located], g8, 8, true),
+            Err(cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION)
+        );
+        let any = GroupParams {
+            locality_domain: LOCALITY_DOMAIN_ANY,
+            ..located
+        };
+        assert_eq!(
+            split_structured(whole(8), &[any], g8, 8, true),
+            Ok((vec![2], 6))
+        );
+        let rest = SmResource {
+            sm_count: 6,
+            origin: Origin::Remainder,
+            split: 2,
+        };
+        assert_eq!(
+            split_structured(rest, &[p(2, 0, 0)], g8, 8, true),
+            Ok((vec![2], 4)),
+            "a remainder splits again"
         );
     }
 

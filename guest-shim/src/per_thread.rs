@@ -225,6 +225,9 @@ per_thread! {
         stream: CUhandle, pctx: *mut CUhandle, pgreen: *mut CUhandle
     );
     cuStreamGetFlags_ptsz => ex::cuStreamGetFlags(stream: CUhandle, flags: *mut c_uint);
+    cuStreamGetDevResource_ptsz => crate::green_ctx::cuStreamGetDevResource(
+        stream: CUhandle, res: *mut c_void, ty: c_int
+    );
     cuStreamGetPriority_ptsz => ex::cuStreamGetPriority(stream: CUhandle, priority: *mut c_int);
     // Stream capture.
     cuStreamBeginCapture_ptsz => sc::cuStreamBeginCapture(stream: CUhandle);

@@ -3,7 +3,7 @@
  * a green context, and the kernels of that context's streams run on its multiprocessors only:
  * each block writes %smid and %nsmid, which on the simulated GPU are the execution unit it ran
  * on and how many the launch could use. Run against a simulated GPU of 8 units (compute
- * capability 8.0: groups of at least 4 SMs, in twos).
+ * capability 8.0: groups of at least 2 SMs, in twos, under CUDA 13's rules).
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is the number of
  * failures.
@@ -50,6 +50,8 @@ CUresult cuGreenCtxGetDevResource(CUgreenCtx, CUdevResource *, int);
 CUresult cuStreamGetDevResource(CUstream, CUdevResource *, int);
 CUresult cuDevSmResourceSplitByCount(CUdevResource *, unsigned *, const CUdevResource *,
                                      CUdevResource *, unsigned, unsigned);
+CUresult cuDevSmResourceSplit(CUdevResource *, unsigned, const CUdevResource *, CUdevResource *,
+                              unsigned, void *);
 CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *, CUdevResource *, unsigned);
 CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
 CUresult cuGreenCtxDestroy(CUgreenCtx);
@@ -157,7 +159,7 @@ int main(void) {
     unsigned n = 0;
     check("a split's group count (at least 1 SM asked)",
           cuDevSmResourceSplitByCount(NULL, &n, &all, NULL, 0, 1), CUDA_SUCCESS);
-    expect("... two groups of 4 (compute capability 8's minimum)", n == 2);
+    expect("... four groups of 2 (compute capability 8's minimum)", n == 4);
     n = 4;
     check("the split", cuDevSmResourceSplitByCount(groups, &n, &all, &rest, 0, 3), CUDA_SUCCESS);
     expect("... two groups of 4, nothing left",
@@ -174,7 +176,7 @@ int main(void) {
     n = 1;
     check("one group wanted", cuDevSmResourceSplitByCount(fine, &n, &all, NULL, 0, 0),
           CUDA_SUCCESS);
-    expect("... one made", n == 1 && fine[0].sm.smCount == 4);
+    expect("... one made, of 2", n == 1 && fine[0].sm.smCount == 2);
     n = 4;
     check("a group split again", cuDevSmResourceSplitByCount(fine, &n, &groups[0], NULL, 0, 1),
           CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
@@ -192,6 +194,34 @@ int main(void) {
     n = 4;
     check("a resource vgpu did not write",
           cuDevSmResourceSplitByCount(fine, &n, &forged, NULL, 0, 4), CUDA_ERROR_INVALID_VALUE);
+
+    /* CUDA 13's structured split: 4 SMs, then the rest discovered. */
+    struct {
+        unsigned smCount, coscheduledSmCount, preferredCoscheduledSmCount, flags, localityDomainId;
+        unsigned reserved[11];
+    } params[2];
+    memset(params, 0, sizeof params);
+    expect("CU_DEV_SM_RESOURCE_GROUP_PARAMS is 64 bytes", sizeof params[0] == 64);
+    params[0].smCount = 4;
+    CUdevResource structured[2], structured_rest;
+    check("cuDevSmResourceSplit", cuDevSmResourceSplit(structured, 2, &all, &structured_rest, 0, params),
+          CUDA_SUCCESS);
+    expect("... 4 SMs and the other 4 discovered, none left",
+           structured[0].sm.smCount == 4 && structured[1].sm.smCount == 4 &&
+               params[1].smCount == 4 && structured_rest.type == 0);
+    params[0].smCount = 3;
+    check("an odd count", cuDevSmResourceSplit(structured, 2, &all, NULL, 0, params),
+          CUDA_ERROR_INVALID_VALUE);
+    params[0].smCount = 8;
+    params[1].smCount = 0;
+    check("a discovered group of none", cuDevSmResourceSplit(structured, 2, &all, NULL, 0, params),
+          CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+    check("... discovered without results",
+          cuDevSmResourceSplit(NULL, 2, &all, NULL, 0, params), CUDA_SUCCESS);
+    expect("... as 0", params[1].smCount == 0);
+    params[0].smCount = 4;
+    check("cuDevSmResourceSplit again", cuDevSmResourceSplit(structured, 2, &all, NULL, 0, params),
+          CUDA_SUCCESS);
 
     /* Descriptors. */
     CUdevResourceDesc desc, both, whole;
@@ -221,6 +251,16 @@ int main(void) {
           CUDA_SUCCESS);
     check("one of both groups", cuGreenCtxCreate(&g8, both, dev, CU_GREEN_CTX_DEFAULT_STREAM),
           CUDA_SUCCESS);
+    CUdevResourceDesc sdesc;
+    CUgreenCtx gs4 = NULL;
+    check("a descriptor of a structured group", cuDevResourceGenerateDesc(&sdesc, &structured[1], 1),
+          CUDA_SUCCESS);
+    check("a green context of it", cuGreenCtxCreate(&gs4, sdesc, dev, CU_GREEN_CTX_DEFAULT_STREAM),
+          CUDA_SUCCESS);
+    check("... its resource", cuGreenCtxGetDevResource(gs4, &rest, CU_DEV_RESOURCE_TYPE_SM),
+          CUDA_SUCCESS);
+    expect("... 4 SMs", rest.sm.smCount == 4);
+    check("... destroyed", cuGreenCtxDestroy(gs4), CUDA_SUCCESS);
     CUcontext cur = NULL;
     check("cuCtxGetCurrent", cuCtxGetCurrent(&cur), CUDA_SUCCESS);
     expect("... creating it changed nothing current", cur == primary);

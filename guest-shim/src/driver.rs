@@ -941,6 +941,8 @@ pub fn forget_device_range(ptr: u64) {
 
 /// Host to device; `sync` waits for completion (and earlier errors).
 pub fn memcpy_htod(dst: u64, src: &[u8], stream: u64, sync: bool) -> CuRes<()> {
+    // Pointers to page-locked buffers a kernel will find in device memory.
+    crate::pinned_uva::note_pointers(src);
     let op = || crate::graph::Op::HtoD {
         dst,
         src: src.as_ptr() as usize,

@@ -13,11 +13,16 @@
 //! ([`crate::alloc_api`]): copied to the device before launches and back at synchronization,
 //! page by changed page. Buffers kernels never see cost no device memory.
 //!
+//! A kernel may also find a buffer's address in device memory (a struct or table of pointers
+//! the program copied there): a host-to-device copy of at most [`SCAN_MAX`] bytes is looked
+//! through for such pointers as launch parameters are ([`note_pointers`]), while a buffer no
+//! kernel has used yet exists; the buffers they point into get device memory then.
+//!
 //! When the reservation or the placement fails (the address-space budget, a taken address), the
 //! buffer is an ordinary one: copies work, kernels cannot use it, as before this existed.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use vgpu_proto::msg;
@@ -44,6 +49,64 @@ struct Buffer {
 static BUFFERS: Mutex<BTreeMap<u64, Buffer>> = Mutex::new(BTreeMap::new());
 /// Whether any buffer exists: launches skip the parameter scan otherwise.
 static ANY: AtomicBool = AtomicBool::new(false);
+/// The span `[UNUSED_LO, UNUSED_HI)` of the buffers no kernel has used yet (empty when there is
+/// none): copies are looked through only then, and only words inside it are looked up.
+static UNUSED_LO: AtomicU64 = AtomicU64::new(0);
+static UNUSED_HI: AtomicU64 = AtomicU64::new(0);
+/// The largest host-to-device copy looked through for pointers to buffers: structs and tables
+/// of pointers are small, and a scan costs about a nanosecond per word.
+pub const SCAN_MAX: usize = 16 << 10;
+
+/// Recomputes the span of the buffers without device memory (called with the lock held).
+fn note_unused(bufs: &BTreeMap<u64, Buffer>) {
+    let mut unused = bufs.iter().filter(|(_, b)| b.backing.is_none());
+    let (lo, hi) = match unused.next() {
+        None => (0, 0),
+        Some((&first, _)) => {
+            let last = bufs
+                .iter()
+                .rev()
+                .find(|(_, b)| b.backing.is_none())
+                .map_or(first, |(&va, b)| va + b.len as u64);
+            (first, last)
+        }
+    };
+    UNUSED_LO.store(lo, Ordering::Relaxed);
+    UNUSED_HI.store(hi, Ordering::Relaxed);
+}
+
+/// Whether 8-byte-aligned words of `bytes` hold a value in `[lo, hi)`.
+fn any_word_within(bytes: &[u8], lo: u64, hi: u64) -> bool {
+    bytes.chunks_exact(POINTER).any(|c| {
+        let mut word = [0u8; POINTER];
+        word.copy_from_slice(c);
+        (lo..hi).contains(&u64::from_le_bytes(word))
+    })
+}
+
+/// Before `bytes` are copied to device memory: buffers their 8-byte words point into get device
+/// memory, as if the words were a launch's parameters ([`back_args`]), so that a kernel that
+/// finds the pointer there (a struct or a table of pointers) reaches the buffer. Copies larger
+/// than [`SCAN_MAX`] and copies while every buffer has device memory are not looked through; a
+/// failure (the slice has no room) only leaves the buffer without, as before.
+pub fn note_pointers(bytes: &[u8]) {
+    if !ANY.load(Ordering::Relaxed) || bytes.len() > SCAN_MAX {
+        return;
+    }
+    let (lo, hi) = (
+        UNUSED_LO.load(Ordering::Relaxed),
+        UNUSED_HI.load(Ordering::Relaxed),
+    );
+    if lo >= hi || !any_word_within(bytes, lo, hi) {
+        return;
+    }
+    let Ok(c) = drv::ctx() else {
+        return;
+    };
+    if let Err(code) = back_args(c, bytes) {
+        crate::debug!("page-locked buffer pointed to by a copy: no device memory for it ({code})");
+    }
+}
 
 fn buffers() -> MutexGuard<'static, BTreeMap<u64, Buffer>> {
     BUFFERS.lock().unwrap_or_else(PoisonError::into_inner)
@@ -89,7 +152,8 @@ pub fn placed(va: u64, len: usize) {
     let Some(reserved) = granules(len) else {
         return;
     };
-    buffers().insert(
+    let mut bufs = buffers();
+    bufs.insert(
         va,
         Buffer {
             len,
@@ -97,6 +161,7 @@ pub fn placed(va: u64, len: usize) {
             backing: None,
         },
     );
+    note_unused(&bufs);
     ANY.store(true, Ordering::Relaxed);
 }
 
@@ -108,6 +173,21 @@ pub fn back_args(ctx: u64, params: &[u8]) -> CuRes<()> {
         return Ok(());
     }
     let mut bufs = buffers();
+    let mut backed = false;
+    let r = back_pointed_to(ctx, params, &mut bufs, &mut backed);
+    if backed {
+        note_unused(&bufs);
+    }
+    r
+}
+
+/// [`back_args`] with the lock held; `backed` says whether a buffer got device memory.
+fn back_pointed_to(
+    ctx: u64,
+    params: &[u8],
+    bufs: &mut BTreeMap<u64, Buffer>,
+    backed: &mut bool,
+) -> CuRes<()> {
     for chunk in params.chunks_exact(POINTER) {
         let mut word = [0u8; POINTER];
         word.copy_from_slice(chunk);
@@ -120,6 +200,7 @@ pub fn back_args(ctx: u64, params: &[u8]) -> CuRes<()> {
         }
         if b.backing.is_none() {
             b.backing = Some(back(ctx, va, b.reserved)?);
+            *backed = true;
         }
         if !alloc_api::has_region(va) {
             alloc_api::add_pinned_region(va, b.len, ctx);
@@ -173,6 +254,7 @@ pub fn free(va: u64) -> bool {
             // Launches skip the parameter scan again.
             ANY.store(false, Ordering::Relaxed);
         }
+        note_unused(&bufs);
         b
     };
     alloc_api::remove_pinned_region(va);
@@ -201,6 +283,44 @@ pub fn free(va: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_are_looked_through_for_words_in_the_unused_span_only() {
+        let mut bytes = vec![0u8; 64];
+        bytes[20..28].copy_from_slice(&0x7000_0010u64.to_le_bytes());
+        assert!(
+            !any_word_within(&bytes, 0x7000_0000, 0x7000_1000),
+            "a word at an unaligned offset is not a pointer field"
+        );
+        bytes[24..32].copy_from_slice(&0x7000_0010u64.to_le_bytes());
+        assert!(any_word_within(&bytes, 0x7000_0000, 0x7000_1000));
+        assert!(!any_word_within(&bytes, 0x7000_0011, 0x7000_1000));
+        assert!(!any_word_within(&bytes, 0, 0), "an empty span");
+        let buf = |backed: bool| Buffer {
+            len: 100,
+            reserved: VMM_GRANULARITY,
+            backing: backed.then_some(1),
+        };
+        let mut bufs = BTreeMap::new();
+        bufs.insert(0x20_0000, buf(false));
+        bufs.insert(0x40_0000, buf(true));
+        bufs.insert(0x60_0000, buf(false));
+        bufs.insert(0x80_0000, buf(true));
+        note_unused(&bufs);
+        let span = || {
+            (
+                UNUSED_LO.load(Ordering::Relaxed),
+                UNUSED_HI.load(Ordering::Relaxed),
+            )
+        };
+        assert_eq!(span(), (0x20_0000, 0x60_0064));
+        bufs.get_mut(&0x60_0000).unwrap().backing = Some(2);
+        note_unused(&bufs);
+        assert_eq!(span(), (0x20_0000, 0x20_0064));
+        bufs.get_mut(&0x20_0000).unwrap().backing = Some(3);
+        note_unused(&bufs);
+        assert_eq!(span(), (0, 0), "every buffer has device memory");
+    }
 
     #[test]
     fn reservations_are_whole_granules() {

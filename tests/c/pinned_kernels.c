@@ -4,7 +4,8 @@
  * and cuMemHostAlloc buffers (small, huge-page sized, portable) handed to a kernel by their host
  * pointer are read and written by it; the host sees the kernel's writes after synchronizing and
  * the kernel sees the host's writes at the next launch. Device memory is taken from the slice
- * only once a kernel uses a buffer, and given back when it is freed.
+ * only once a kernel uses a buffer, and given back when it is freed. Kernels also reach buffers
+ * through pointers the program stored in device memory (a struct, a table).
  *
  *   pinned_kernels
  *
@@ -79,9 +80,34 @@ static const char PTX[] =
     "  st.global.u32 [%rd4], %r7;\n"
     "DONE:\n"
     "  ret;\n"
+    "}\n"
+    /* The same on the buffer whose address is stored at pp (in device memory). */
+    ".visible .entry add_one_at(.param .u64 pp, .param .u32 n)\n"
+    "{\n"
+    "  .reg .pred %q;\n"
+    "  .reg .b32 %r<8>;\n"
+    "  .reg .b64 %rd<6>;\n"
+    "  ld.param.u64 %rd5, [pp];\n"
+    "  cvta.to.global.u64 %rd5, %rd5;\n"
+    "  ld.global.u64 %rd1, [%rd5];\n"
+    "  ld.param.u32 %r1, [n];\n"
+    "  mov.u32 %r2, %ctaid.x;\n"
+    "  mov.u32 %r3, %ntid.x;\n"
+    "  mov.u32 %r4, %tid.x;\n"
+    "  mad.lo.s32 %r5, %r2, %r3, %r4;\n"
+    "  setp.ge.u32 %q, %r5, %r1;\n"
+    "  @%q bra DONE2;\n"
+    "  cvta.to.global.u64 %rd2, %rd1;\n"
+    "  mul.wide.u32 %rd3, %r5, 4;\n"
+    "  add.s64 %rd4, %rd2, %rd3;\n"
+    "  ld.global.u32 %r6, [%rd4];\n"
+    "  add.s32 %r7, %r6, 1;\n"
+    "  st.global.u32 [%rd4], %r7;\n"
+    "DONE2:\n"
+    "  ret;\n"
     "}\n";
 
-static CUfunction add_one;
+static CUfunction add_one, add_one_at;
 
 static size_t free_bytes(void) {
     size_t f = 0, t = 0;
@@ -157,6 +183,7 @@ int main(void) {
     check("cuCtxCreate", cuCtxCreate_v2(&ctx, 0, 0), 0);
     check("cuModuleLoadData", cuModuleLoadData(&mod, PTX), 0);
     check("cuModuleGetFunction", cuModuleGetFunction(&add_one, mod, "add_one"), 0);
+    check("cuModuleGetFunction", cuModuleGetFunction(&add_one_at, mod, "add_one_at"), 0);
     buffer("cuMemAllocHost", 1000, 0);
     buffer("cuMemHostAlloc", 3 * MIB / 4, 0);
     buffer("cuMemHostAlloc", 4096, CU_MEMHOSTALLOC_PORTABLE);
@@ -180,6 +207,39 @@ int main(void) {
     cuGraphDestroy(graph);
     cuStreamDestroy_v2(s);
     check("... freed", cuMemFreeHost(g), 0);
+    /* Buffers a kernel finds only through pointers stored in device memory: a struct whose
+     * second field is the buffer's address, and a table of two buffers' addresses. */
+    {
+        unsigned m = 300, *a = NULL, *b = NULL;
+        check("a buffer reached through a struct", cuMemAllocHost_v2((void **)&a, m * 4), 0);
+        check("a buffer reached through a table", cuMemAllocHost_v2((void **)&b, m * 4), 0);
+        for (unsigned i = 0; i < m; i++) a[i] = b[i] = 5 * i;
+        struct {
+            unsigned long long n;
+            unsigned *p;
+        } st = {m, a};
+        unsigned *table[2] = {b, a};
+        CUdeviceptr dst, dtab;
+        check("the struct's device memory", cuMemAlloc_v2(&dst, sizeof st), 0);
+        check("the table's device memory", cuMemAlloc_v2(&dtab, sizeof table), 0);
+        check("the struct copied to the device", cuMemcpyHtoD_v2(dst, &st, sizeof st), 0);
+        check("the table copied to the device", cuMemcpyHtoD_v2(dtab, table, sizeof table), 0);
+        CUdeviceptr at_struct = dst + 8, at_table = dtab;
+        void *args1[] = {&at_struct, &m};
+        void *args2[] = {&at_table, &m};
+        check("a kernel on the struct's pointer",
+              cuLaunchKernel(add_one_at, (m + BLOCK - 1) / BLOCK, 1, 1, BLOCK, 1, 1, 0, 0, args1, 0),
+              0);
+        check("a kernel on the table's first pointer",
+              cuLaunchKernel(add_one_at, (m + BLOCK - 1) / BLOCK, 1, 1, BLOCK, 1, 1, 0, 0, args2, 0),
+              0);
+        check("cuCtxSynchronize", cuCtxSynchronize(), 0);
+        expect("the kernels wrote both buffers", all(a, m, 5, 1) && all(b, m, 5, 1));
+        check("cuMemFree (struct)", cuMemFree_v2(dst), 0);
+        check("cuMemFree (table)", cuMemFree_v2(dtab), 0);
+        check("... freed", cuMemFreeHost(a), 0);
+        check("... freed", cuMemFreeHost(b), 0);
+    }
     /* One that never meets a kernel costs nothing and frees cleanly. */
     size_t before = free_bytes();
     void *idle = NULL;

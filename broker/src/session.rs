@@ -66,9 +66,12 @@ pub const DEVICE_ORDINAL: u32 = 0;
 #[derive(Debug)]
 struct CtxState {
     primary: bool,
-    /// A green context's multiprocessors (`cuGreenCtxCreate`): its kernels run on at most this
-    /// many of the device's at a time. `None`: all of them.
+    /// A green context's multiprocessors (`cuGreenCtxCreate`), or those of a context created
+    /// with an execution affinity: its kernels run on at most this many of the device's at a
+    /// time. `None`: all of them.
     sms: Option<u32>,
+    /// A green context: it holds the primary context, whose memory and events it shares.
+    green: bool,
 }
 
 #[derive(Debug)]
@@ -417,7 +420,8 @@ pub struct Session {
     device: DeviceInfo,
     dev: Arc<dyn DeviceContext>,
     contexts: HandleTable<CtxState>,
-    /// Live green contexts (most processes have none: launches then skip the lookup).
+    /// Live contexts on part of the device's multiprocessors, green or with an execution
+    /// affinity (most processes have none: launches then skip the lookup).
     greens: usize,
     primary: Primary,
     streams: HandleTable<StreamState>,
@@ -1107,22 +1111,13 @@ impl Session {
             }
             R::GreenCtxCreate(m) => {
                 self.check_device(m.device)?;
-                let sms =
-                    u32::try_from(self.device.attribute(attr::MULTIPROCESSOR_COUNT)).unwrap_or(0);
-                if m.sm_count == 0 || m.sm_count > sms {
-                    return Err(CuError::new(
-                        cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,
-                        format!(
-                            "a green context of {} multiprocessors: the device has {sms}",
-                            m.sm_count
-                        ),
-                    ));
-                }
+                self.check_sms(m.sm_count, cuda::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION)?;
                 // A green context holds the primary context, whose memory it shares.
                 self.retain_primary()?;
                 let h = match self.contexts.insert(CtxState {
                     primary: false,
                     sms: Some(m.sm_count),
+                    green: true,
                 }) {
                     Ok(h) => h,
                     Err(e) => {
@@ -1134,9 +1129,24 @@ impl Session {
                 self.note_contexts();
                 reply(out, msg::Handle { handle: h })
             }
+            R::CtxCreateAffinity(m) => {
+                self.check_device(m.device)?;
+                self.check_sms(m.sm_count, cuda::CUDA_ERROR_INVALID_VALUE)?;
+                let h = self.contexts.insert(CtxState {
+                    primary: false,
+                    sms: Some(m.sm_count),
+                    green: false,
+                })?;
+                self.greens += 1;
+                self.note_contexts();
+                reply(out, msg::Handle { handle: h })
+            }
             R::CtxDestroy(m) => {
                 self.destroyable(m.ctx)?;
-                let green = self.contexts.get(m.ctx).is_some_and(|c| c.sms.is_some());
+                let (green, limited) = self
+                    .contexts
+                    .get(m.ctx)
+                    .map_or((false, false), |c| (c.green, c.sms.is_some()));
                 if green && let Some(primary) = self.primary.handle {
                     // Its memory is the primary context's (as CUDA's green contexts share it).
                     self.allocs.move_context(m.ctx, primary);
@@ -1144,8 +1154,10 @@ impl Session {
                 self.release_context_resources(m.ctx);
                 self.contexts.remove(m.ctx);
                 self.engine.clear_context(m.ctx);
-                if green {
+                if limited {
                     self.greens -= 1;
+                }
+                if green {
                     self.release_primary();
                 }
                 self.note_contexts();
@@ -2406,7 +2418,11 @@ impl Session {
     }
 
     fn new_context(&mut self, primary: bool) -> Result<u64, CuError> {
-        self.contexts.insert(CtxState { primary, sms: None })
+        self.contexts.insert(CtxState {
+            primary,
+            sms: None,
+            green: false,
+        })
     }
 
     /// Takes a reference to the primary context, creating it first if needed; returns it.
@@ -2435,10 +2451,23 @@ impl Session {
     /// The context whose events context `ctx` records: the primary context for a green context
     /// (CUDA: a green context's events are of "the same primary context"), else `ctx` itself.
     fn family(&self, ctx: u64) -> u64 {
-        match self.context_sms(ctx) {
-            Some(_) => self.primary.handle.unwrap_or(ctx),
-            None => ctx,
+        let green = self.greens > 0 && self.contexts.get(ctx).is_some_and(|c| c.green);
+        match self.primary.handle {
+            Some(p) if green => p,
+            _ => ctx,
         }
+    }
+
+    /// Checks the multiprocessors asked for a context: 1 up to the device's, else `code`.
+    fn check_sms(&self, sm_count: u32, code: cuda::CuResult) -> Result<(), CuError> {
+        let sms = u32::try_from(self.device.attribute(attr::MULTIPROCESSOR_COUNT)).unwrap_or(0);
+        if sm_count == 0 || sm_count > sms {
+            return Err(CuError::new(
+                code,
+                format!("a context on {sm_count} multiprocessors: the device has {sms}"),
+            ));
+        }
+        Ok(())
     }
 
     /// The multiprocessors a kernel launched in context `ctx` may run on at a time: a green

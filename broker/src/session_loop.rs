@@ -1301,6 +1301,59 @@ mod tests {
         assert!(get(&mut c).is_err(), "the primary context's reset freed it");
     }
 
+    /// A context with an execution affinity takes part of the device's multiprocessors (refused
+    /// beyond them) but, unlike a green context, holds nothing of the primary context: its
+    /// memory goes with it.
+    #[test]
+    fn a_context_with_an_sm_count_owns_its_memory() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h) = connect(&b, "vm1");
+        c.hello().unwrap();
+        let create = |c: &mut TestClient<UnixStream>, sm_count| {
+            c.call(
+                &CtxCreateAffinity {
+                    device: 0,
+                    flags: 0,
+                    sm_count,
+                },
+                &[],
+            )
+            .map(|r| r.0.handle)
+        };
+        let sms = crate::testutils::MEM_DEVICE_SMS as u32;
+        for bad in [0, sms + 1] {
+            assert_eq!(
+                create(&mut c, bad).map_err(|e| e.0),
+                Err(CUDA_ERROR_INVALID_VALUE),
+                "{bad} multiprocessors"
+            );
+        }
+        let ctx = create(&mut c, 2).unwrap();
+        let ptr = alloc(&mut c, ctx, 4096).unwrap();
+        let active = |c: &mut TestClient<UnixStream>| {
+            c.call(&PrimaryCtxGetState { device: 0 }, &[])
+                .unwrap()
+                .0
+                .active
+        };
+        assert_eq!(active(&mut c), 0, "it holds no primary context");
+        c.call(&CtxDestroy { ctx }, &[]).unwrap();
+        let other = create_context(&mut c);
+        assert!(
+            c.call(
+                &MemcpyDtoH {
+                    ctx: other,
+                    stream: 0,
+                    src: ptr,
+                    len: 4,
+                },
+                &[],
+            )
+            .is_err(),
+            "its memory went with it"
+        );
+    }
+
     #[test]
     fn a_destroys_wait_ends_its_contexts_memory_waits_and_waits_on_a_ticket() {
         let b = broker(Duration::from_millis(300));

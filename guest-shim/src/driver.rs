@@ -589,9 +589,14 @@ fn created_ctx_flags() -> MutexGuard<'static, HashMap<u64, u32>> {
 
 /// `cuCtxCreate`: creates a context and makes it current.
 pub fn ctx_create(flags: u32, dev: i32) -> CuRes<u64> {
-    let d = driver()?;
     check_device(dev)?;
-    let h = d.call(&msg::CtxCreate { device: 0, flags }, &[])?.handle;
+    ctx_create_with(&msg::CtxCreate { device: 0, flags }, flags)
+}
+
+/// Creates a context with `req` (`CtxCreate` or `CtxCreateAffinity`) and makes it current.
+pub fn ctx_create_with<R: msg::Op<Reply = msg::Handle>>(req: &R, flags: u32) -> CuRes<u64> {
+    let d = driver()?;
+    let h = d.call(req, &[])?.handle;
     with_ctx_stack(|s| s.push(h))??;
     created_ctx_flags().insert(h, flags);
     Ok(h)
@@ -634,6 +639,7 @@ pub fn ctx_destroy(c: u64) -> CuRes<()> {
     crate::alloc_api::context_gone(c);
     crate::arrays::context_gone(c);
     crate::textures::context_gone(c);
+    crate::exec_affinity::context_gone(c);
     Ok(())
 }
 

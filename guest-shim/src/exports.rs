@@ -339,11 +339,21 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    if num_params != 0 || !params.is_null() {
-        return crate::exec_affinity::refuse_context("cuCtxCreate_v3");
+    if num_params == 0 && params.is_null() {
+        // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.
+        return unsafe { cuCtxCreate_v2(pctx, flags, dev) };
     }
-    // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.
-    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+    ffi("cuCtxCreate_v3", || {
+        if pctx.is_null() || flags & !CTX_FLAGS_KNOWN != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(
+            pctx,
+            p(crate::exec_affinity::create(
+                params, num_params, flags, dev
+            )?)
+        )
+    })
 }
 
 /// `CUctxCreateParams`.
@@ -366,11 +376,14 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 ) -> CUresult {
     // SAFETY: NULL or a CUctxCreateParams (CUDA contract).
     if let Some(p) = unsafe { params.as_ref() } {
-        if p.num_exec_affinity != 0 || !p.exec_affinity.is_null() {
-            return crate::exec_affinity::refuse_context("cuCtxCreate_v4");
-        }
         if !p.cig.is_null() {
             return drv::unsupported("cuCtxCreate_v4 with CUDA in graphics (CIG) parameters");
+        }
+        if p.num_exec_affinity != 0 || !p.exec_affinity.is_null() {
+            // SAFETY: the affinity array is the caller's (CUDA contract), read as _v3 reads it.
+            return unsafe {
+                cuCtxCreate_v3(pctx, p.exec_affinity, p.num_exec_affinity, flags, dev)
+            };
         }
     }
     // SAFETY: same contract as cuCtxCreate_v2 for `pctx`.

@@ -357,6 +357,11 @@ pub fn is_green(c: u64) -> bool {
     c != 0 && state().greens.contains_key(&c)
 }
 
+/// The SMs of context `c` if it is a green context's.
+pub fn sms_of(c: u64) -> Option<u32> {
+    state().greens.get(&c).copied()
+}
+
 /// The green context of context `c`'s handle, if it is one.
 pub fn green_of(c: u64) -> Option<u64> {
     is_green(c).then_some(c | GREEN_BIT)
@@ -388,7 +393,7 @@ fn granularity(flags: c_uint) -> CuRes<Granularity> {
 /// The SMs of context `c` (the current one for 0): a green context's, or the device's.
 fn context_sms(c: u64) -> CuRes<u32> {
     let c = if c == 0 { drv::ctx()? } else { c };
-    if let Some(&sms) = state().greens.get(&c) {
+    if let Some(sms) = sms_of(c).or_else(|| crate::exec_affinity::sms_of(c)) {
         return Ok(sms);
     }
     // The host checks the context.

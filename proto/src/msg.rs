@@ -383,6 +383,11 @@ ops! {
     /// reference to the primary context until it is destroyed (`CtxDestroy`), and what it
     /// allocated then belongs to the primary context.
     GreenCtxCreate = 0x020a => Handle, 0, "cuGreenCtxCreate" { device: u32, sm_count: u32 }
+    /// Creates a context (as `CtxCreate`) whose kernels run on `sm_count` of the device's
+    /// multiprocessors (execution affinity, `CU_EXEC_AFFINITY_TYPE_SM_COUNT`).
+    CtxCreateAffinity = 0x020b => Handle, 0, "cuCtxCreate_v3, cuCtxCreate_v4" {
+        device: u32, flags: u32, sm_count: u32,
+    }
 
     /// Allocates device memory, charged to the tenant's slice.
     MemAlloc = 0x0301 => Ptr, 0, "cuMemAlloc_v2" { ctx: u64, size: u64 }

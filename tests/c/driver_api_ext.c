@@ -701,18 +701,29 @@ static void device_and_peers(CUcontext ctx) {
     check("destroy it", cuCtxDestroy_v2(c4), 0);
     cuCtxSetCurrent(ctx);
 
-    /* Execution affinity (SM partitions, as under MPS): a VM shares its GPU by time slices. */
-    int supported = -1;
+    /* Execution affinity (SM partitions, as under MPS): an SM count (tests/c/green_ctx.c runs
+     * kernels on one). */
+    int supported = -1, sms = 0;
+    cuDeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, 0);
     check("cuDeviceGetExecAffinitySupport (SM count)", cuDeviceGetExecAffinitySupport(&supported, 0, 0), 0);
-    expect("... is not supported", supported == 0);
+    expect("... is supported", supported == 1);
     check("an unknown affinity type", cuDeviceGetExecAffinitySupport(&supported, 1, 0), 1);
     check("another device", cuDeviceGetExecAffinitySupport(&supported, 0, 1), 101);
-    struct { int type; unsigned val; } affinity = {0, 4};
-    check("cuCtxGetExecAffinity", cuCtxGetExecAffinity(&affinity, 0), 224);
+    struct { int type; unsigned val; } affinity = {0, 0}, two[2] = {{0, 1}, {0, 1}};
+    check("cuCtxGetExecAffinity", cuCtxGetExecAffinity(&affinity, 0), 0);
+    expect("... all the device's SMs", affinity.type == 0 && (int)affinity.val == sms);
     check("cuCtxGetExecAffinity of an unknown type", cuCtxGetExecAffinity(&affinity, 7), 1);
     CUcontext c3 = NULL;
-    check("cuCtxCreate_v3 with an SM count", cuCtxCreate_v3(&c3, &affinity, 1, 0, 0), 224);
-    expect("... made no context", c3 == NULL);
+    affinity.val = 0;
+    check("cuCtxCreate_v3 with an SM count of 0", cuCtxCreate_v3(&c3, &affinity, 1, 0, 0), 1);
+    check("... with the SM count twice", cuCtxCreate_v3(&c3, two, 2, 0, 0), 1);
+    affinity.val = 1000;
+    check("cuCtxCreate_v3 with more SMs than the device has", cuCtxCreate_v3(&c3, &affinity, 1, 0, 0), 0);
+    expect("... made a current context", c3 != NULL);
+    check("cuCtxGetExecAffinity of it", cuCtxGetExecAffinity(&affinity, 0), 0);
+    expect("... has the device's SMs", (int)affinity.val == sms);
+    check("destroy it", cuCtxDestroy_v2(c3), 0);
+    cuCtxSetCurrent(ctx);
 }
 
 

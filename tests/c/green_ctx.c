@@ -3,7 +3,8 @@
  * a green context, and the kernels of that context's streams run on its multiprocessors only:
  * each block writes %smid and %nsmid, which on the simulated GPU are the execution unit it ran
  * on and how many the launch could use. Run against a simulated GPU of 8 units (compute
- * capability 8.0: groups of at least 2 SMs, in twos, under CUDA 13's rules).
+ * capability 8.0: groups of at least 2 SMs, in twos, under CUDA 13's rules). A context created
+ * with an execution affinity (an SM count) runs its kernels on its SMs the same way.
  *
  * Each check prints "ok <what>" or "FAIL <what>: ..."; the exit status is the number of
  * failures.
@@ -43,6 +44,8 @@ CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxGetCurrent(CUcontext *);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxSynchronize(void);
+CUresult cuCtxCreate_v3(CUcontext *, void *, int, unsigned, CUdevice);
+CUresult cuCtxGetExecAffinity(void *, int);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 CUresult cuDeviceGetDevResource(CUdevice, CUdevResource *, int);
 CUresult cuCtxGetDevResource(CUcontext, CUdevResource *, int);
@@ -332,6 +335,32 @@ int main(void) {
     check("cuGreenCtxRecordEvent", cuGreenCtxRecordEvent(g, ev), CUDA_SUCCESS);
     check("... completes", cuEventSynchronize(ev), CUDA_SUCCESS);
     check("cuGreenCtxWaitEvent", cuGreenCtxWaitEvent(g, ev), CUDA_SUCCESS);
+
+    /* Execution affinity: a context created with 3 SMs gets 4 (compute capability 8's twos) and
+     * runs its kernels on them. */
+    struct {
+        int type;
+        unsigned val;
+    } affinity = {0, 3};
+    CUcontext actx = NULL;
+    CUmodule am;
+    CUfunction af;
+    check("cuCtxCreate_v3 with an SM count of 3", cuCtxCreate_v3(&actx, &affinity, 1, 0, dev),
+          CUDA_SUCCESS);
+    affinity.val = 0;
+    check("cuCtxGetExecAffinity", cuCtxGetExecAffinity(&affinity, 0), CUDA_SUCCESS);
+    expect("... 4 SMs", affinity.type == 0 && affinity.val == 4);
+    check("cuCtxGetDevResource of it", cuCtxGetDevResource(actx, &r, CU_DEV_RESOURCE_TYPE_SM),
+          CUDA_SUCCESS);
+    expect("... 4 SMs", r.sm.smCount == 4);
+    check("module (affinity)", cuModuleLoadData(&am, PTX), CUDA_SUCCESS);
+    check("kernel (affinity)", cuModuleGetFunction(&af, am, "smids"), CUDA_SUCCESS);
+    CUdeviceptr aout;
+    check("its out buffer", cuMemAlloc_v2(&aout, BLOCKS * 8), CUDA_SUCCESS);
+    expect("its kernel runs on 4 units", ran_on(af, NULL, aout, 4));
+    check("its memory freed", cuMemFree_v2(aout), CUDA_SUCCESS);
+    check("cuCtxDestroy of it", cuCtxDestroy_v2(actx), CUDA_SUCCESS);
+    check("the primary context current again", cuCtxSetCurrent(primary), CUDA_SUCCESS);
 
     /* Destroy. */
     check("cuStreamDestroy of its stream", cuStreamDestroy_v2(gs), CUDA_SUCCESS);

@@ -16,20 +16,12 @@ fn the_driver_api_works_end_to_end() {
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
     let prog = build_c_program("driver_api");
     let r = run_against(&d, "vm1", &prog, &["basic"]);
-    assert!(
-        r.failures().is_empty(),
-        "{}\n{}\n{}",
-        r.stdout,
-        r.stderr,
-        d.log()
-    );
-    assert_eq!(r.code, 0, "{}", r.stdout);
+    r.assert_checks_passed(&d, 50);
     assert!(
         r.stdout.contains(&format!("total {}", 256 * MIB)),
         "{}",
         r.stdout
     );
-    assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > 50);
     // The session ended and released everything it held.
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
@@ -99,15 +91,7 @@ fn runs_clean(name: &str, min_ok: usize) {
 fn runs_clean_with(name: &str, min_ok: usize, env: &[(&str, &str)]) {
     let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
     let prog = build_c_program(name);
-    let r = run_against_with(&d, "vm1", &prog, &[], env);
-    assert!(
-        r.failures().is_empty() && r.code == 0,
-        "{}\n{}\n{}",
-        r.stdout,
-        r.stderr,
-        d.log()
-    );
-    assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > min_ok);
+    run_against_with(&d, "vm1", &prog, &[], env).assert_checks_passed(&d, min_ok);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
@@ -142,15 +126,7 @@ fn a_green_contexts_kernels_run_on_its_multiprocessors() {
             .replace("workers = 2\n", "workers = 8\n"),
     );
     let prog = build_c_program("green_ctx");
-    let r = run_against_with(&d, "vm1", &prog, &[], &[]);
-    assert!(
-        r.failures().is_empty() && r.code == 0,
-        "{}\n{}\n{}",
-        r.stdout,
-        r.stderr,
-        d.log()
-    );
-    assert!(r.stdout.lines().filter(|l| l.starts_with("ok ")).count() > 80);
+    run_against_with(&d, "vm1", &prog, &[], &[]).assert_checks_passed(&d, 80);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 

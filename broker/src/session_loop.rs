@@ -978,6 +978,14 @@ mod tests {
         .handle
     }
 
+    /// Whether the session's primary context is retained (`PrimaryCtxGetState`).
+    fn primary_active(c: &mut TestClient<UnixStream>) -> u32 {
+        c.call(&PrimaryCtxGetState { device: 0 }, &[])
+            .unwrap()
+            .0
+            .active
+    }
+
     fn alloc(c: &mut TestClient<UnixStream>, ctx: u64, size: u64) -> Result<u64, (u32, String)> {
         c.call(&MemAlloc { ctx, size }, &[]).map(|r| r.0.ptr)
     }
@@ -1242,13 +1250,11 @@ mod tests {
                 "{bad} multiprocessors"
             );
         }
-        let active = |c: &mut TestClient<UnixStream>| {
-            c.call(&PrimaryCtxGetState { device: 0 }, &[])
-                .unwrap()
-                .0
-                .active
-        };
-        assert_eq!(active(&mut c), 0, "a refused green context holds nothing");
+        assert_eq!(
+            primary_active(&mut c),
+            0,
+            "a refused green context holds nothing"
+        );
         let primary = c
             .call(&PrimaryCtxRetain { device: 0 }, &[])
             .unwrap()
@@ -1272,7 +1278,7 @@ mod tests {
         c.call(&CtxRecordEvent { ctx: g, event }, &[])
             .expect("an event of the primary context records the green context's work");
         c.call(&CtxDestroy { ctx: g }, &[]).unwrap();
-        assert_eq!(active(&mut c), 1);
+        assert_eq!(primary_active(&mut c), 1);
         assert_eq!(
             c.call(&CtxSynchronize { ctx: g }, &[]).map_err(|e| e.0),
             Err(CUDA_ERROR_INVALID_CONTEXT),
@@ -1295,9 +1301,9 @@ mod tests {
         // A green context alone keeps the primary context alive; its destroy releases it.
         c.call(&PrimaryCtxRelease { device: 0 }, &[]).unwrap();
         let g = green(&mut c, 1).unwrap();
-        assert_eq!(active(&mut c), 1);
+        assert_eq!(primary_active(&mut c), 1);
         c.call(&CtxDestroy { ctx: g }, &[]).unwrap();
-        assert_eq!(active(&mut c), 0);
+        assert_eq!(primary_active(&mut c), 0);
         assert!(get(&mut c).is_err(), "the primary context's reset freed it");
     }
 
@@ -1330,13 +1336,7 @@ mod tests {
         }
         let ctx = create(&mut c, 2).unwrap();
         let ptr = alloc(&mut c, ctx, 4096).unwrap();
-        let active = |c: &mut TestClient<UnixStream>| {
-            c.call(&PrimaryCtxGetState { device: 0 }, &[])
-                .unwrap()
-                .0
-                .active
-        };
-        assert_eq!(active(&mut c), 0, "it holds no primary context");
+        assert_eq!(primary_active(&mut c), 0, "it holds no primary context");
         c.call(&CtxDestroy { ctx }, &[]).unwrap();
         let other = create_context(&mut c);
         assert!(

@@ -520,6 +520,21 @@ impl Run {
             .collect()
     }
 
+    /// Asserts that a check-printing program (`tests/c/check.h`) ran clean: no `FAIL` line,
+    /// exit status 0, and more than `min_ok` checks passed (the message has its output and
+    /// `vgpud`'s log).
+    pub fn assert_checks_passed(&self, vgpud: &Vgpud, min_ok: usize) {
+        assert!(
+            self.failures().is_empty() && self.code == 0,
+            "{}\n{}\n{}",
+            self.stdout,
+            self.stderr,
+            vgpud.log()
+        );
+        let ok = self.stdout.lines().filter(|l| l.starts_with("ok ")).count();
+        assert!(ok > min_ok, "{ok} checks passed, want more than {min_ok}");
+    }
+
     /// Asserts that a test program ran clean: no `FAIL` line, exit status 0, `PASS` printed (the
     /// message has its output and `vgpud`'s log).
     pub fn assert_passed(&self, vgpud: &Vgpud) {

@@ -839,6 +839,16 @@ fn primary_gone(d: &Driver) -> CuRes<()> {
     Ok(())
 }
 
+/// After vgpud dropped a reference to the primary context on the process's behalf (a green
+/// context's destroy): the shim forgets the primary context's state if that was the last.
+pub fn primary_released_elsewhere() -> CuRes<()> {
+    let d = driver()?;
+    if d.call(&msg::PrimaryCtxGetState { device: 0 }, &[])?.active == 0 {
+        primary_gone(d)?;
+    }
+    Ok(())
+}
+
 /// `cuDevicePrimaryCtxReset`.
 pub fn primary_reset(dev: i32) -> CuRes<()> {
     let d = driver()?;

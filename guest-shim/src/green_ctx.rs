@@ -641,7 +641,8 @@ pub extern "C" fn cuGreenCtxDestroy(g: CUhandle) -> CUresult {
         let (c, _) = context_of(h(g))?;
         drv::ctx_destroy(c)?;
         state().greens.remove(&c);
-        Ok(())
+        // It held the primary context: its destroy may have been the last reference.
+        drv::primary_released_elsewhere()
     })
 }
 

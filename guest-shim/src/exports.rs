@@ -1859,6 +1859,97 @@ pub struct CUlaunchAttribute {
     pub value: [u32; 16],
 }
 
+/// The largest portable thread block cluster (CUDA: 8 blocks; more only for kernels that allow
+/// non-portable sizes).
+const PORTABLE_CLUSTER_BLOCKS: i32 = 8;
+/// The largest non-portable cluster (compute capability 9.0).
+const NON_PORTABLE_CLUSTER_BLOCKS: i32 = 16;
+/// The compute capability from which the device launches thread block clusters.
+const CLUSTERS_MAJOR: i32 = 9;
+/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`.
+const FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
+
+/// The cluster size (blocks) a launch configuration asks for with
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION` (`None`: no such attribute).
+///
+/// # Safety
+/// `c.attrs` has `c.num_attrs` entries when not NULL (CUDA contract).
+unsafe fn cluster_blocks(c: &CUlaunchConfig) -> Option<u64> {
+    if c.num_attrs == 0 || c.attrs.is_null() {
+        return None;
+    }
+    // SAFETY: `attrs` has `num_attrs` entries (the caller's contract).
+    let attrs = unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs.min(64) as usize) };
+    attrs
+        .iter()
+        .rev()
+        .find(|a| a.id == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        .map(|a| a.value[..3].iter().map(|&d| u64::from(d.max(1))).product())
+}
+
+/// `cuOccupancyMaxPotentialClusterSize` (CUDA 11.8): the largest cluster a kernel can be launched
+/// in: 1 on a device without clusters (compute capability below 9.0, the simulated GPU's 8.0),
+/// else the portable 8 blocks (16 for a kernel that allows non-portable sizes), or 0 when its
+/// blocks do not fit a multiprocessor at all.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
+    size: *mut c_int,
+    f: CUhandle,
+    config: *const CUlaunchConfig,
+) -> CUresult {
+    ffi("cuOccupancyMaxPotentialClusterSize", || {
+        // SAFETY: NULL or the caller's launch configuration (CUDA contract).
+        let c = unsafe { config.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let threads =
+            i32::try_from(u64::from(c.block_x) * u64::from(c.block_y) * u64::from(c.block_z))
+                .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let per_sm = drv::occupancy_blocks_per_sm(h(f), threads, c.shared_bytes as usize)?;
+        let major = drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as c_int, 0)?;
+        let most = if per_sm == 0 {
+            0
+        } else if major < CLUSTERS_MAJOR {
+            1
+        } else if drv::func_get_attribute(h(f), FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)? != 0 {
+            NON_PORTABLE_CLUSTER_BLOCKS
+        } else {
+            PORTABLE_CLUSTER_BLOCKS
+        };
+        out!(size, most)
+    })
+}
+
+/// `cuOccupancyMaxActiveClusters` (CUDA 11.8): how many clusters of the configuration's size fit
+/// the device at once: the blocks that fit all its multiprocessors, in whole clusters. A
+/// configuration without a cluster size is `CUDA_ERROR_INVALID_CLUSTER_SIZE`, as is a cluster of
+/// more than one block on a device without clusters.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    n: *mut c_int,
+    f: CUhandle,
+    config: *const CUlaunchConfig,
+) -> CUresult {
+    ffi("cuOccupancyMaxActiveClusters", || {
+        // SAFETY: NULL or the caller's launch configuration (CUDA contract).
+        let c = unsafe { config.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: `c` is the caller's configuration; its attributes follow the CUDA contract.
+        let cluster = unsafe { cluster_blocks(c) }.ok_or(cuda::CUDA_ERROR_INVALID_CLUSTER_SIZE)?;
+        let major = drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as c_int, 0)?;
+        if cluster > 1 && major < CLUSTERS_MAJOR {
+            return Err(cuda::CUDA_ERROR_INVALID_CLUSTER_SIZE);
+        }
+        let threads =
+            i32::try_from(u64::from(c.block_x) * u64::from(c.block_y) * u64::from(c.block_z))
+                .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let per_sm = drv::occupancy_blocks_per_sm(h(f), threads, c.shared_bytes as usize)?;
+        let sms = drv::device_attribute(cuda::attr::MULTIPROCESSOR_COUNT as c_int, 0)?;
+        let blocks = i64::from(per_sm) * i64::from(sms);
+        out!(
+            n,
+            i32::try_from(blocks / cluster as i64).unwrap_or(i32::MAX)
+        )
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLaunchKernelEx(
     config: *const CUlaunchConfig,

@@ -117,6 +117,14 @@ fn table() -> &'static [Entry] {
                 (13000, f!(cuCtxSynchronize_v2))
             ),
             e!("cuCtxRecordEvent", (12050, f!(cuCtxRecordEvent))),
+            e!(
+                "cuOccupancyMaxPotentialClusterSize",
+                (11070, f!(cuOccupancyMaxPotentialClusterSize))
+            ),
+            e!(
+                "cuOccupancyMaxActiveClusters",
+                (11070, f!(cuOccupancyMaxActiveClusters))
+            ),
             e!("cuGreenCtxCreate", (12040, f!(cuGreenCtxCreate))),
             e!("cuGreenCtxDestroy", (12040, f!(cuGreenCtxDestroy))),
             e!("cuCtxFromGreenCtx", (12040, f!(cuCtxFromGreenCtx))),

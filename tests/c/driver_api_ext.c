@@ -146,6 +146,8 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *, int *, CUfunction, siz
                                                    size_t, int, unsigned int);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
 CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *, CUfunction, int, int);
+CUresult cuOccupancyMaxPotentialClusterSize(int *, CUfunction, const void *);
+CUresult cuOccupancyMaxActiveClusters(int *, CUfunction, const void *);
 CUresult cuMemcpy3DPeer(const void *);
 CUresult cuMemcpy3DPeerAsync(const void *, CUstream);
 typedef struct CUevent_st *CUevent;
@@ -894,6 +896,36 @@ static void newer_queries(CUcontext ctx) {
     expect("one block may have at least as much", more >= avail);
     check("cuOccupancyAvailableDynamicSMemPerBlock of no blocks",
           cuOccupancyAvailableDynamicSMemPerBlock(&avail, add_one, 0, 128), 1);
+
+    /* Cluster occupancy on a device without clusters (compute capability 8.0): clusters of one
+     * block. cuBLASLt's heuristics call these through the runtime. */
+    struct {
+        unsigned id;
+        unsigned pad;
+        unsigned value[16];
+    } cluster_attr = {4 /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION */, 0, {1, 1, 1}};
+    struct {
+        unsigned grid[3], block[3], shared;
+        void *stream;
+        void *attrs;
+        unsigned num_attrs;
+    } config = {{8, 1, 1}, {128, 1, 1}, 0, NULL, NULL, 0};
+    int cluster_size = -1, clusters = -1, per_sm = 0, sm_count = 0;
+    check("cuOccupancyMaxPotentialClusterSize",
+          cuOccupancyMaxPotentialClusterSize(&cluster_size, add_one, (void *)&config), 0);
+    expect("... one block", cluster_size == 1);
+    check("cuOccupancyMaxActiveClusters without a cluster size",
+          cuOccupancyMaxActiveClusters(&clusters, add_one, (void *)&config), 912 /* INVALID_CLUSTER_SIZE */);
+    config.attrs = &cluster_attr;
+    config.num_attrs = 1;
+    check("cuOccupancyMaxActiveClusters of one-block clusters",
+          cuOccupancyMaxActiveClusters(&clusters, add_one, (void *)&config), 0);
+    cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, add_one, 128, 0);
+    cuDeviceGetAttribute(&sm_count, 16 /* MULTIPROCESSOR_COUNT */, 0);
+    expect("... every block that fits the device at once", clusters == per_sm * sm_count && clusters > 0);
+    cluster_attr.value[0] = 2;
+    check("clusters of two blocks", cuOccupancyMaxActiveClusters(&clusters, add_one, (void *)&config),
+          912);
 
     /* CUDA_MEMCPY3D_PEER: CUDA_MEMCPY3D with the contexts where the reserved
      * pointers are. */

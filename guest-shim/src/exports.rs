@@ -1887,6 +1887,13 @@ unsafe fn cluster_blocks(c: &CUlaunchConfig) -> Option<u64> {
         .map(|a| a.value[..3].iter().map(|&d| u64::from(d.max(1))).product())
 }
 
+/// Blocks of a launch configuration's size that fit one multiprocessor at once.
+fn blocks_per_sm(f: u64, c: &CUlaunchConfig) -> drv::CuRes<i32> {
+    let threads = u64::from(c.block_x) * u64::from(c.block_y) * u64::from(c.block_z);
+    let threads = i32::try_from(threads).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
+    drv::occupancy_blocks_per_sm(f, threads, c.shared_bytes as usize)
+}
+
 /// `cuOccupancyMaxPotentialClusterSize` (CUDA 11.8): the largest cluster a kernel can be launched
 /// in: 1 on a device without clusters (compute capability below 9.0, the simulated GPU's 8.0),
 /// else the portable 8 blocks (16 for a kernel that allows non-portable sizes), or 0 when its
@@ -1900,10 +1907,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
     ffi("cuOccupancyMaxPotentialClusterSize", || {
         // SAFETY: NULL or the caller's launch configuration (CUDA contract).
         let c = unsafe { config.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
-        let threads =
-            i32::try_from(u64::from(c.block_x) * u64::from(c.block_y) * u64::from(c.block_z))
-                .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
-        let per_sm = drv::occupancy_blocks_per_sm(h(f), threads, c.shared_bytes as usize)?;
+        let per_sm = blocks_per_sm(h(f), c)?;
         let major = drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as c_int, 0)?;
         let most = if per_sm == 0 {
             0
@@ -1937,10 +1941,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         if cluster > 1 && major < CLUSTERS_MAJOR {
             return Err(cuda::CUDA_ERROR_INVALID_CLUSTER_SIZE);
         }
-        let threads =
-            i32::try_from(u64::from(c.block_x) * u64::from(c.block_y) * u64::from(c.block_z))
-                .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
-        let per_sm = drv::occupancy_blocks_per_sm(h(f), threads, c.shared_bytes as usize)?;
+        let per_sm = blocks_per_sm(h(f), c)?;
         let sms = drv::device_attribute(cuda::attr::MULTIPROCESSOR_COUNT as c_int, 0)?;
         let blocks = i64::from(per_sm) * i64::from(sms);
         out!(

@@ -92,6 +92,15 @@ fn nvcc_programs_run_pools_managed_and_mapped_memory() {
     run_nvcc_program("alloc_api", 60, &["static", "shared", "cudart12"]);
 }
 
+/// Separate compilation (`nvcc -rdc=true`, PTX only): a kernel calls a device function and
+/// reads a variable of another translation unit; the runtime registers the units' images
+/// together with libcudadevrt's, and vgpu links their PTX (before, the module failed to load
+/// with the other unit's function undefined).
+#[test]
+fn nvcc_programs_link_separately_compiled_device_code() {
+    run_nvcc_program("rdc", 2, &["static", "shared"]);
+}
+
 #[test]
 fn nvcc_programs_run_kernels() {
     run_nvcc_program("kernels", 25, ALL_RUNTIMES);

@@ -1471,21 +1471,30 @@ unsafe fn wrapped_fatbins<'a>(wrapper: *const c_void) -> drv::CuRes<Cow<'a, [u8]
     }
 }
 
-/// The fat binaries of several translation units as one module: when each
-/// carries PTX the device runs, their PTX linked into one text
-/// ([`crate::linker::link_ptx`]), so that every unit's kernels load (a
-/// module is one image). `None` when a unit has no such PTX or the texts do
-/// not link (the fat binaries are then sent as they are).
+/// The fat binaries of several translation units as one module: the PTX of
+/// those that carry PTX the device runs linked into one text, with from the
+/// others (libcudadevrt's image, whose PTX is for a newer architecture) only
+/// what that text calls ([`crate::linker::link_ptx_with`]), so that every
+/// unit's kernels load (a module is one image) and relocatable device code
+/// (`nvcc -rdc=true`) finds the functions of the other units. `None` when no
+/// unit has such PTX, one has no PTX at all, or the texts do not link (the
+/// fat binaries are then sent as they are).
 fn link_translation_units(parts: &[Cow<'_, [u8]>]) -> Option<String> {
     let arch = drv::device_arch().ok()?;
-    let texts = parts
-        .iter()
-        .map(|p| {
-            let ptx = vgpu_fatbin::ptx_for(p, arch).ok()?;
-            String::from_utf8(ptx).ok()
-        })
-        .collect::<Option<Vec<String>>>()?;
-    match crate::linker::link_ptx(&texts) {
+    let (mut texts, mut libraries) = (Vec::new(), Vec::new());
+    for p in parts {
+        match vgpu_fatbin::ptx_for(p, arch) {
+            Ok(ptx) => texts.push(String::from_utf8(ptx).ok()?),
+            Err(_) => {
+                let ptx = vgpu_fatbin::library_ptx(p, arch).ok()??;
+                libraries.push(String::from_utf8(ptx).ok()?);
+            }
+        }
+    }
+    if texts.is_empty() {
+        return None;
+    }
+    match crate::linker::link_ptx_with(&texts, &libraries) {
         Ok(linked) => Some(linked),
         Err(e) => {
             crate::debug!("the translation units' PTX does not link ({e}): sent as they are");

@@ -114,4 +114,21 @@ for prog in "${PROGRAMS[@]}"; do
         mv -f "$dst.tmp" "$dst"
     done
 done
-echo "tests/cuda/build.sh: $OUT has ${PROGRAMS[*]} x {${VARIANTS[*]}} (texrefs: static and shared only)"
+# rdc: two translation units with relocatable device code (-rdc=true), PTX only, linked by
+# nvcc's device-link step; static and shared cudart.
+for variant in "${VARIANTS[@]}"; do
+    case "$variant" in
+        static | shared) ;;
+        *) continue ;;
+    esac
+    dst="$OUT/rdc.$variant"
+    if [ -x "$dst" ] && [ "$dst" -nt "$SRC/rdc_main.cu" ] && [ "$dst" -nt "$SRC/rdc_lib.cu" ] \
+        && [ "$dst" -nt "$SRC/check.h" ] && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
+        continue
+    fi
+    echo "nvcc -rdc=true -cudart $variant rdc_main.cu rdc_lib.cu -> $dst"
+    "$NVCC" "${BASE_FLAGS[@]}" -gencode arch=compute_52,code=compute_52 "${EXTRA[@]}" -rdc=true \
+        -cudart "$variant" -o "$dst.tmp" "$SRC/rdc_main.cu" "$SRC/rdc_lib.cu"
+    mv -f "$dst.tmp" "$dst"
+done
+echo "tests/cuda/build.sh: $OUT has ${PROGRAMS[*]} x {${VARIANTS[*]}} (texrefs: static and shared only), rdc (static and shared)"

@@ -7,8 +7,8 @@
 
 use thiserror::Error;
 
+use crate::FatbinError;
 use crate::cubin::{CubinError, Elf};
-use crate::{FatbinError, KIND_PTX};
 
 /// An archive's signature.
 const AR_MAGIC: &[u8] = b"!<arch>\n";
@@ -38,10 +38,8 @@ pub enum ArchiveError {
     Fatbin(#[source] FatbinError),
 }
 
-/// The PTX of every fat binary in `data`, an `ar` archive of objects or one object: of each, the
-/// PTX entry of the highest architecture not above `max_arch`, or, where every PTX entry is
-/// newer, the oldest (a linker links from it what a module calls; the device then compiles it
-/// for itself). Objects without device code are skipped.
+/// The PTX of every fat binary in `data`, an `ar` archive of objects or one object
+/// ([`crate::library_ptx`] of each). Objects without device code are skipped.
 pub fn device_ptx(data: &[u8], max_arch: u32) -> Result<Vec<Vec<u8>>, ArchiveError> {
     let mut out = Vec::new();
     if let Some(mut rest) = data.strip_prefix(AR_MAGIC) {
@@ -82,16 +80,9 @@ fn object_ptx(object: &[u8], max_arch: u32, out: &mut Vec<Vec<u8>>) -> Result<()
         // One fat binary after another, as nvcc lays them out.
         while crate::is_fatbin(section) {
             let len = crate::declared_len(section).map_err(ArchiveError::Fatbin)?;
-            let entries = crate::entries(section).map_err(ArchiveError::Fatbin)?;
-            let ptx = entries.iter().filter(|e| e.kind == KIND_PTX);
-            let usable = ptx
-                .clone()
-                .filter(|e| e.arch <= max_arch)
-                .max_by_key(|e| e.arch);
-            if let Some(e) = usable.or_else(|| ptx.min_by_key(|e| e.arch)) {
-                let mut text = e.contents().map_err(ArchiveError::Fatbin)?;
-                let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-                text.truncate(end);
+            if let Some(text) =
+                crate::library_ptx(section, max_arch).map_err(ArchiveError::Fatbin)?
+            {
                 out.push(text);
             }
             let next = usize::try_from(len)
@@ -111,7 +102,7 @@ fn object_ptx(object: &[u8], max_arch: u32, out: &mut Vec<Vec<u8>>) -> Result<()
 mod tests {
     use super::*;
     use crate::testutils::ElfBuilder;
-    use crate::{KIND_ELF, NewEntry};
+    use crate::{KIND_ELF, KIND_PTX, NewEntry};
 
     fn object(section: &str, fatbins: &[Vec<u8>]) -> Vec<u8> {
         let mut b = ElfBuilder::new();

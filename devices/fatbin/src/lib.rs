@@ -262,6 +262,26 @@ pub fn ptx_for(image: &[u8], max_arch: u32) -> Result<Vec<u8>, FatbinError> {
     Ok(text)
 }
 
+/// The PTX a linker takes from a library's fat binary: the entry of the highest architecture not
+/// above `max_arch`, or, where every PTX entry is newer, the oldest (the linker takes from it
+/// only what a module calls, which the device then compiles); `None` without PTX entries.
+/// Decompressed, without trailing NUL bytes.
+pub fn library_ptx(image: &[u8], max_arch: u32) -> Result<Option<Vec<u8>>, FatbinError> {
+    let all = entries(image)?;
+    let ptx = all.iter().filter(|e| e.kind == KIND_PTX);
+    let usable = ptx
+        .clone()
+        .filter(|e| e.arch <= max_arch)
+        .max_by_key(|e| e.arch);
+    let Some(e) = usable.or_else(|| ptx.min_by_key(|e| e.arch)) else {
+        return Ok(None);
+    };
+    let mut text = e.contents()?;
+    let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    text.truncate(end);
+    Ok(Some(text))
+}
+
 /// What a fat binary holds, for messages: "sm_80 cubin, compute_52 PTX".
 fn held(all: &[Entry<'_>]) -> String {
     let mut held = String::new();

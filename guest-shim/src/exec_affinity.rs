@@ -15,7 +15,7 @@ use vgpu_proto::{cuda, msg};
 use crate::driver::{self as drv, CuRes};
 use crate::exports::CUdevice;
 use crate::ffi::{CUresult, ffi};
-use crate::green_ctx::Granularity;
+use crate::green_ctx::{self, Granularity};
 use crate::{in_bytes, out_bytes};
 
 /// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`.
@@ -79,13 +79,11 @@ pub fn sm_count_of(params: &[u8]) -> CuRes<u32> {
 /// `cuCtxCreate_v3`/`_v4` with `n` affinity parameters at `params`: creates the context (made
 /// current) on the SMs they ask for.
 pub fn create(params: *const c_void, n: c_int, flags: c_uint, dev: CUdevice) -> CuRes<u64> {
-    let d = drv::driver()?;
+    drv::driver()?;
     drv::check_device(dev)?;
     let n = usize::try_from(n).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?;
     let want = sm_count_of(in_bytes!(params, n * PARAM_BYTES))?;
-    let sms = u32::try_from(d.attribute(cuda::attr::MULTIPROCESSOR_COUNT as i32)?).unwrap_or(0);
-    let major = d.attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as i32)?;
-    let sm_count = granted(want, sms, Granularity::of(major, 0))?;
+    let sm_count = granted(want, green_ctx::device_sms()?, green_ctx::granularity(0)?)?;
     let c = drv::ctx_create_with(
         &msg::CtxCreateAffinity {
             device: 0,
@@ -117,15 +115,13 @@ pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetExecAffinity(p: *mut c_void, ty: c_int) -> CUresult {
     ffi("cuCtxGetExecAffinity", || {
-        let d = drv::driver()?;
+        drv::driver()?;
         let c = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
         let out = out_bytes!(p, PARAM_BYTES);
         check_type(ty)?;
-        let sms = match sms_of(c).or_else(|| crate::green_ctx::sms_of(c)) {
+        let sms = match sms_of(c).or_else(|| green_ctx::sms_of(c)) {
             Some(n) => n,
-            None => {
-                u32::try_from(d.attribute(cuda::attr::MULTIPROCESSOR_COUNT as i32)?).unwrap_or(0)
-            }
+            None => green_ctx::device_sms()?,
         };
         out[..4].copy_from_slice(&TYPE_SM_COUNT.to_le_bytes());
         out[4..].copy_from_slice(&sms.to_le_bytes());

@@ -1873,8 +1873,6 @@ pub struct CUlaunchAttribute {
 const PORTABLE_CLUSTER_BLOCKS: i32 = 8;
 /// The largest non-portable cluster (compute capability 9.0).
 const NON_PORTABLE_CLUSTER_BLOCKS: i32 = 16;
-/// The compute capability from which the device launches thread block clusters.
-const CLUSTERS_MAJOR: i32 = 9;
 /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`.
 const FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
 
@@ -1920,7 +1918,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
         let major = drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as c_int, 0)?;
         let most = if per_sm == 0 {
             0
-        } else if major < CLUSTERS_MAJOR {
+        } else if major < crate::green_ctx::CLUSTERS_MAJOR {
             1
         } else if drv::func_get_attribute(h(f), FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)? != 0 {
             NON_PORTABLE_CLUSTER_BLOCKS
@@ -1947,7 +1945,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         // SAFETY: `c` is the caller's configuration; its attributes follow the CUDA contract.
         let cluster = unsafe { cluster_blocks(c) }.ok_or(cuda::CUDA_ERROR_INVALID_CLUSTER_SIZE)?;
         let major = drv::device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as c_int, 0)?;
-        if cluster > 1 && major < CLUSTERS_MAJOR {
+        if cluster > 1 && major < crate::green_ctx::CLUSTERS_MAJOR {
             return Err(cuda::CUDA_ERROR_INVALID_CLUSTER_SIZE);
         }
         let per_sm = blocks_per_sm(h(f), c)?;

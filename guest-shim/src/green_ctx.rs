@@ -43,7 +43,7 @@ pub const SPLIT_IGNORE_SM_COSCHEDULING: c_uint = 0x1;
 /// `CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE` (compute capability 9.0 and later).
 pub const SPLIT_MAX_POTENTIAL_CLUSTER_SIZE: c_uint = 0x2;
 /// The compute capability from which SMs form clusters (`SPLIT_MAX_POTENTIAL_CLUSTER_SIZE`).
-const CLUSTERS_MAJOR: i32 = 9;
+pub(crate) const CLUSTERS_MAJOR: i32 = 9;
 /// `CU_STREAM_NON_BLOCKING`: required by `cuGreenCtxStreamCreate`.
 const STREAM_NON_BLOCKING: c_uint = 0x1;
 
@@ -380,12 +380,14 @@ fn context_of(g: u64) -> CuRes<(u64, u32)> {
         .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
 }
 
-fn device_sms() -> CuRes<u32> {
+/// The device's multiprocessors.
+pub(crate) fn device_sms() -> CuRes<u32> {
     let n = drv::driver()?.attribute(cuda::attr::MULTIPROCESSOR_COUNT as i32)?;
     Ok(u32::try_from(n).unwrap_or(0))
 }
 
-fn granularity(flags: c_uint) -> CuRes<Granularity> {
+/// The device's partition granularity ([`Granularity::of`] its compute capability).
+pub(crate) fn granularity(flags: c_uint) -> CuRes<Granularity> {
     let major = drv::driver()?.attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as i32)?;
     Ok(Granularity::of(major, flags))
 }

@@ -14,7 +14,7 @@
 //! `CU_JIT_MAX_REGISTERS` becomes a `.maxnreg` directive on every kernel.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::time::Instant;
 
@@ -319,27 +319,38 @@ fn library_statements<'a>(
             .map(|(_, s)| *s)
             .collect()
     };
-    let (own, lib) = (body(inputs), body(libraries));
+    let own = body(inputs);
+    // The libraries' named statements, each name read once, and where each name stands.
+    let lib: Vec<(&'a str, &'a str)> = body(libraries)
+        .into_iter()
+        .filter_map(|s| declared_name(s).map(|n| (n, s)))
+        .collect();
+    let mut by_name: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, &(n, _)) in lib.iter().enumerate() {
+        by_name.entry(n).or_default().push(i);
+    }
     let own_defined: HashSet<&str> = own
         .iter()
         .filter(|s| !is_declaration_only(s))
         .filter_map(|s| declared_name(s))
         .collect();
-    let lib_names: HashSet<&str> = lib.iter().filter_map(|s| declared_name(s)).collect();
     let mut wanted: Vec<&str> = own
         .iter()
         .filter(|s| is_declaration_only(s))
         .filter_map(|s| declared_name(s))
-        .filter(|n| !own_defined.contains(n) && lib_names.contains(n))
+        .filter(|n| !own_defined.contains(n) && by_name.contains_key(n))
         .collect();
     let mut taken: HashSet<&str> = HashSet::new();
     while let Some(name) = wanted.pop() {
         if !taken.insert(name) {
             continue;
         }
-        for s in lib.iter().filter(|s| declared_name(s) == Some(name)) {
-            for ident in s.split(|c: char| !(c.is_ascii() && ident_byte(c as u8))) {
-                if lib_names.contains(ident)
+        for &i in by_name.get(name).into_iter().flatten() {
+            for ident in lib[i]
+                .1
+                .split(|c: char| !(c.is_ascii() && ident_byte(c as u8)))
+            {
+                if by_name.contains_key(ident)
                     && !own_defined.contains(ident)
                     && !taken.contains(ident)
                 {
@@ -350,21 +361,17 @@ fn library_statements<'a>(
     }
     let lib_defined: HashSet<&str> = lib
         .iter()
-        .filter(|s| !is_declaration_only(s))
-        .filter_map(|s| declared_name(s))
+        .filter(|(_, s)| !is_declaration_only(s))
+        .map(|&(n, _)| n)
         .collect();
     let mut declared = HashSet::new();
     lib.into_iter()
-        .filter(|s| {
-            let Some(n) = declared_name(s) else {
-                return false;
-            };
-            if !taken.contains(n) {
-                return false;
-            }
+        .filter(|&(n, s)| {
             // One `.extern` declaration of what the libraries use but do not define.
-            !is_declaration_only(s) || (!lib_defined.contains(n) && declared.insert(n))
+            taken.contains(n)
+                && (!is_declaration_only(s) || (!lib_defined.contains(n) && declared.insert(n)))
         })
+        .map(|(_, s)| s)
         .collect()
 }
 

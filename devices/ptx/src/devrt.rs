@@ -24,42 +24,46 @@ const SYNC_PTX: &str = ".func (.param .b32 __cgs_r) __cuda_syscall_CGS_sync(.par
 
 /// `ptx` with each `.extern` declaration of a system call above replaced by its definition
 /// (the first; later ones removed), and as many line breaks as the declaration had; unchanged
-/// (and not copied) when it declares none.
+/// (and not copied) when it declares none. One pass over the text, whatever it declares: it is
+/// a guest's module.
 pub(crate) fn with_syscalls(ptx: &str) -> Cow<'_, str> {
     if !ptx.contains("__cuda_syscall_CGS_") {
         return Cow::Borrowed(ptx);
     }
-    let mut out = ptx.to_string();
-    for (name, def) in [(GET_HANDLE, GET_HANDLE_PTX), (SYNC, SYNC_PTX)] {
-        let mut first = true;
-        while let Some((start, end)) = extern_declaration(&out, name) {
-            let breaks = out[start..end].matches('\n').count();
-            let with = if first { def } else { "" };
-            first = false;
-            out.replace_range(start..end, &format!("{with}{}", "\n".repeat(breaks)));
+    let calls = [(GET_HANDLE, GET_HANDLE_PTX), (SYNC, SYNC_PTX)];
+    let mut defined = [false; 2];
+    let mut out = String::with_capacity(ptx.len() + GET_HANDLE_PTX.len() + SYNC_PTX.len());
+    let (mut copied, mut from) = (0, 0);
+    while let Some(at) = ptx[from..].find(".extern") {
+        let start = from + at;
+        let Some(semicolon) = ptx[start..].find(';') else {
+            break;
+        };
+        let end = start + semicolon + 1;
+        let decl = &ptx[start..end];
+        if let Some(i) = calls.iter().position(|&(name, _)| declares(decl, name)) {
+            out.push_str(&ptx[copied..start]);
+            if !std::mem::replace(&mut defined[i], true) {
+                out.push_str(calls[i].1);
+            }
+            out.extend(std::iter::repeat_n('\n', decl.matches('\n').count()));
+            copied = end;
         }
+        // Every `.extern` up to this `;` belongs to this statement.
+        from = end;
     }
+    out.push_str(&ptx[copied..]);
     Cow::Owned(out)
 }
 
-/// The byte range of an `.extern .func` declaration of `name` (from `.extern` to its `;`).
-fn extern_declaration(ptx: &str, name: &str) -> Option<(usize, usize)> {
-    let mut from = 0;
-    while let Some(at) = ptx[from..].find(".extern") {
-        let start = from + at;
-        let end = start + ptx[start..].find(';')? + 1;
-        let decl = &ptx[start..end];
-        let named = decl.match_indices(name).any(|(i, _)| {
-            let after = decl[i + name.len()..].trim_start();
-            let before = decl[..i].chars().last();
-            after.starts_with('(') && before.is_some_and(|c| c.is_whitespace() || c == ')')
-        });
-        if named && decl.contains(".func") && !decl.contains('{') {
-            return Some((start, end));
-        }
-        from = end;
-    }
-    None
+/// Whether `decl` (an `.extern` statement up to its `;`) declares function `name`.
+fn declares(decl: &str, name: &str) -> bool {
+    let named = decl.match_indices(name).any(|(i, _)| {
+        let after = decl[i + name.len()..].trim_start();
+        let before = decl[..i].chars().last();
+        after.starts_with('(') && before.is_some_and(|c| c.is_whitespace() || c == ')')
+    });
+    named && decl.contains(".func") && !decl.contains('{')
 }
 
 #[cfg(test)]

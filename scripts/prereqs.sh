@@ -28,6 +28,7 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v libvirtd >/dev/null 2>&1 || missing+=(libvirt-daemon-system)
 command -v virsh >/dev/null 2>&1 || missing+=(libvirt-clients)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 # scripts/build-image.sh makes the container images without a daemon (umoci); skopeo reads them
 # back and converts them (k8s/tests/it/image.rs; docs/kubernetes.md). strip is in binutils.
 command -v umoci >/dev/null 2>&1 || missing+=(umoci)
@@ -117,6 +118,17 @@ if ! python3 -c 'import cuda.bindings.driver, numba.cuda, cuda.core.graph' >/dev
     pip_install cuda-bindings==12.9.10 numba-cuda==0.30.4 nvidia-cuda-nvcc-cu12==12.9.86 \
         cuda-core==1.2.2 cuda-pathfinder==1.9.1 \
         || log "cuda-bindings or numba-cuda could not be installed; their tests will be skipped"
+fi
+# PyTorch, in a virtual environment of its own: its wheel pins NVIDIA's CUDA 13
+# libraries (cuDNN, NCCL, cuBLAS...; about 5 GB installed), which must not
+# replace the CUDA 12 ones the other packages use. tests/python_driver.rs
+# finds it at the same path.
+TORCH_VENV=${VGPU_TORCH_VENV:-$HOME/.cache/vgpu/torch-venv}
+if ! "$TORCH_VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+    log "installing PyTorch 2.15 into $TORCH_VENV for the PyTorch test (about 3 GB to download)"
+    { python3 -m venv "$TORCH_VENV" \
+        && "$TORCH_VENV/bin/python" -m pip install --quiet torch==2.15.0; } \
+        || log "PyTorch could not be installed; its test will be skipped"
 fi
 if ! python3 -c 'import pynvml' >/dev/null 2>&1; then
     # NVIDIA's NVML binding, for the test of the shim's libnvidia-ml.so.1.

@@ -4,7 +4,8 @@
 //! runtime underneath, kernels compiled at run time) and numba-cuda (NVVM,
 //! linked through the driver's cuLink* API), cuda.core's graph builder with conditional
 //! nodes, pynvml (NVIDIA's NVML binding) on the shim's libnvidia-ml.so.1, a Python
-//! program's threads, one waiting while another works and releases it, and green contexts. Skipped with a
+//! program's threads, one waiting while another works and releases it, green contexts, and
+//! PyTorch (its allocator, copies, graphs, IPC; its kernels need a real GPU). Skipped with a
 //! message when the Python packages are not installed (scripts/prereqs.sh
 //! installs them).
 
@@ -43,7 +44,19 @@ fn runs_unmodified(
 /// Runs `tests/python/<script>` against `d`'s VM `vm`: it must print PASS, and the VM's memory
 /// must all come back once it exits. Returns the script's output.
 fn runs_on(d: &Vgpud, vm: &str, script: &str, args: &[String], env: &[(&str, &OsStr)]) -> String {
-    let out = Command::new("python3")
+    runs_with(OsStr::new("python3"), d, vm, script, args, env)
+}
+
+/// [`runs_on`] with the interpreter `python`.
+fn runs_with(
+    python: &OsStr,
+    d: &Vgpud,
+    vm: &str,
+    script: &str,
+    args: &[String],
+    env: &[(&str, &OsStr)],
+) -> String {
+    let out = Command::new(python)
         .arg(workspace_root().join("tests/python").join(script))
         .args(args)
         .env("VGPU_TRANSPORT", d.transport(vm))
@@ -171,6 +184,60 @@ fn numba_cuda_runs_unmodified() {
         &[SLICE.to_string()],
         &[("NUMBA_CACHE_DIR", cache.path().as_os_str())],
     );
+}
+
+/// The Python of the virtual environment `scripts/prereqs.sh` installs PyTorch into
+/// (`$VGPU_TORCH_VENV`, by default `~/.cache/vgpu/torch-venv`: PyTorch pins NVIDIA's CUDA 13
+/// libraries, which the other packages' CUDA 12 ones must not meet), if it holds PyTorch.
+fn torch_python() -> Option<std::path::PathBuf> {
+    let venv = std::env::var_os("VGPU_TORCH_VENV")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::Path::new(&h).join(".cache/vgpu/torch-venv"))
+        })?;
+    let python = venv.join("bin/python");
+    Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        .then_some(python)
+}
+
+/// PyTorch, unmodified (tests/python/torch_basics.py): the slice as its total memory, tensors
+/// copied both ways (pinned too, on side streams, timed with events), a CUDA graph of copies,
+/// the caching allocator running out at the slice with torch's own `OutOfMemoryError` and going
+/// on, a memory fraction, a memory pool, an interprocess event and a tensor shared with a spawned
+/// process; once with the default allocator and once with expandable segments (the driver's
+/// virtual memory API, shared as file descriptors). Its kernels are SASS, so on the simulated
+/// GPU a kernel fails with "no kernel image is available" and the rest goes on. Before vgpu
+/// exported the `cuMulticast*` functions, its first CUDA tensor failed with "named symbol not
+/// found" (its allocator resolves them when it starts).
+#[test]
+fn pytorch_runs_unmodified() {
+    const SLICE: u64 = 512 << 20;
+    let Some(python) = torch_python() else {
+        println!(
+            "SKIPPED: PyTorch is not installed in its virtual environment; run scripts/prereqs.sh"
+        );
+        return;
+    };
+    let d = Vgpud::start(&[TestVm::new("torch", SLICE)]);
+    for conf in ["", "expandable_segments:True"] {
+        let out = runs_with(
+            python.as_os_str(),
+            &d,
+            "torch",
+            "torch_basics.py",
+            &[SLICE.to_string()],
+            &[("PYTORCH_CUDA_ALLOC_CONF", OsStr::new(conf))],
+        );
+        let mode = if conf.is_empty() { "off" } else { "on" };
+        assert!(
+            out.contains(&format!("expandable segments {mode}")),
+            "{out}"
+        );
+    }
 }
 
 /// CuPy, unmodified, in a real Linux guest under QEMU that installed the guest

@@ -368,6 +368,71 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUhandle) -> CUresult 
     })
 }
 
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`: memory of the location itself.
+const ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// The device whose pool CUDA 13's per-location pool calls name. Pools of device memory are
+/// the device's (`cuDeviceGetMemPool` and friends); host pools (`CU_MEM_LOCATION_TYPE_HOST*`)
+/// and managed pools (`CU_MEM_ALLOCATION_TYPE_MANAGED`) do not exist in vgpu:
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+fn pool_device(location: *const CUmemLocation, alloc_type: c_int) -> Result<CUdevice, CUresult> {
+    // SAFETY: the caller's location when non-NULL (CUDA contract); `as_ref` handles NULL.
+    let l = unsafe { location.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    location_device(*l)?;
+    if !(1..=2).contains(&alloc_type) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if l.type_ != LOCATION_TYPE_DEVICE || alloc_type != ALLOCATION_TYPE_PINNED {
+        crate::debug!(
+            "memory pools of host or managed memory (location type {}, allocation type {alloc_type}) are not supported",
+            l.type_
+        );
+        return Err(cuda::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(l.id)
+}
+
+/// CUDA 13's `cuMemGetDefaultMemPool`: for a device's memory, its default pool.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetDefaultMemPool(
+    pool: *mut CUhandle,
+    location: *const CUmemLocation,
+    alloc_type: c_int,
+) -> CUresult {
+    ffi("cuMemGetDefaultMemPool", || {
+        let dev = pool_device(location, alloc_type)?;
+        out!(pool, api::device_mem_pool(dev, true)? as CUhandle)
+    })
+}
+
+/// CUDA 13's `cuMemGetMemPool`: for a device's memory, its current pool.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetMemPool(
+    pool: *mut CUhandle,
+    location: *const CUmemLocation,
+    alloc_type: c_int,
+) -> CUresult {
+    ffi("cuMemGetMemPool", || {
+        let dev = pool_device(location, alloc_type)?;
+        out!(pool, api::device_mem_pool(dev, false)? as CUhandle)
+    })
+}
+
+/// CUDA 13's `cuMemSetMemPool`: for a device's memory, sets its current pool.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemSetMemPool(
+    location: *const CUmemLocation,
+    alloc_type: c_int,
+    pool: CUhandle,
+) -> CUresult {
+    ffi("cuMemSetMemPool", || {
+        let dev = pool_device(location, alloc_type)?;
+        api::device_set_mem_pool(dev, h(pool))
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolSetAttribute(
     pool: CUhandle,

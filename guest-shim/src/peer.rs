@@ -1,10 +1,14 @@
 //! Peer access and device lookup by PCI location. A VM sees one device, so
 //! the answers are those of a single-GPU machine: no device is a peer of
 //! another, peer access cannot be enabled, and the only PCI bus id that
-//! names a device is the VM's device's own.
+//! names a device is the VM's device's own. Multicast objects (NVLink SHARP,
+//! CUDA 12.1) span devices: a VM's device reports `MULTICAST_SUPPORTED` 0 and
+//! the `cuMulticast*` functions answer `CUDA_ERROR_NOT_SUPPORTED`, as CUDA does
+//! on a GPU without them. Libraries resolve them when they start (PyTorch's
+//! allocator refuses to allocate if any is missing), so they must exist.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::ffi::{c_char, c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 
 use vgpu_proto::cuda;
 
@@ -103,6 +107,113 @@ pub extern "C" fn cuCtxDisablePeerAccess(peer: CUhandle) -> CUresult {
             return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
         }
         Err(cuda::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+    })
+}
+
+// ---- multicast objects ---------------------------------------------------------------
+
+/// `CUmemGenericAllocationHandle`.
+type MemHandle = c_ulonglong;
+
+/// `CUmulticastObjectProp`.
+#[repr(C)]
+pub struct MulticastObjectProp {
+    num_devices: c_uint,
+    size: usize,
+    handle_types: c_ulonglong,
+    flags: c_ulonglong,
+}
+
+/// The answer of every multicast function once its arguments are checked: a VM's device has no
+/// multicast support (`CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED` is 0).
+fn no_multicast(what: &str) -> drv::CuRes<()> {
+    drv::device_count()?;
+    crate::debug!("{what}: multicast objects span devices; a VM's device has none");
+    Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
+}
+
+/// Checks a multicast object's properties as CUDA does before anything else.
+fn check_prop(prop: *const MulticastObjectProp) -> drv::CuRes<()> {
+    // SAFETY: the caller's properties when non-NULL (CUDA contract); `as_ref` handles NULL.
+    let prop = unsafe { prop.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    if prop.num_devices == 0 || prop.size == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMulticastCreate(
+    handle: *mut MemHandle,
+    prop: *const MulticastObjectProp,
+) -> CUresult {
+    ffi("cuMulticastCreate", || {
+        if handle.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        check_prop(prop)?;
+        no_multicast("cuMulticastCreate")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMulticastGetGranularity(
+    granularity: *mut usize,
+    prop: *const MulticastObjectProp,
+    _option: c_int,
+) -> CUresult {
+    ffi("cuMulticastGetGranularity", || {
+        if granularity.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        check_prop(prop)?;
+        no_multicast("cuMulticastGetGranularity")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMulticastAddDevice(_handle: MemHandle, dev: CUdevice) -> CUresult {
+    ffi("cuMulticastAddDevice", || {
+        check_device(dev)?;
+        no_multicast("cuMulticastAddDevice")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMulticastBindMem(
+    _handle: MemHandle,
+    _mc_offset: usize,
+    _mem: MemHandle,
+    _mem_offset: usize,
+    _size: usize,
+    _flags: c_ulonglong,
+) -> CUresult {
+    ffi("cuMulticastBindMem", || no_multicast("cuMulticastBindMem"))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMulticastBindAddr(
+    _handle: MemHandle,
+    _mc_offset: usize,
+    _ptr: u64,
+    _size: usize,
+    _flags: c_ulonglong,
+) -> CUresult {
+    ffi("cuMulticastBindAddr", || {
+        no_multicast("cuMulticastBindAddr")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMulticastUnbind(
+    _handle: MemHandle,
+    dev: CUdevice,
+    _mc_offset: usize,
+    _size: usize,
+) -> CUresult {
+    ffi("cuMulticastUnbind", || {
+        check_device(dev)?;
+        no_multicast("cuMulticastUnbind")
     })
 }
 

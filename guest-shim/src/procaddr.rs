@@ -275,6 +275,12 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuDeviceGetMemPool", (11020, f!(cuDeviceGetMemPool))),
             e!("cuDeviceSetMemPool", (11020, f!(cuDeviceSetMemPool))),
+            e!(
+                "cuMemGetDefaultMemPool",
+                (13000, f!(cuMemGetDefaultMemPool))
+            ),
+            e!("cuMemGetMemPool", (13000, f!(cuMemGetMemPool))),
+            e!("cuMemSetMemPool", (13000, f!(cuMemSetMemPool))),
             e!("cuMemPoolSetAttribute", (11020, f!(cuMemPoolSetAttribute))),
             e!("cuMemPoolGetAttribute", (11020, f!(cuMemPoolGetAttribute))),
             e!("cuMemPoolTrimTo", (11020, f!(cuMemPoolTrimTo))),
@@ -531,6 +537,15 @@ fn table() -> &'static [Entry] {
             e!("cuMemcpy3DPeerAsync", (4000, f!(cuMemcpy3DPeerAsync))),
             e!("cuDeviceGetByPCIBusId", (4010, f!(cuDeviceGetByPCIBusId))),
             e!("cuDeviceCanAccessPeer", (4000, f!(cuDeviceCanAccessPeer))),
+            e!("cuMulticastCreate", (12010, f!(cuMulticastCreate))),
+            e!("cuMulticastAddDevice", (12010, f!(cuMulticastAddDevice))),
+            e!("cuMulticastBindMem", (12010, f!(cuMulticastBindMem))),
+            e!("cuMulticastBindAddr", (12010, f!(cuMulticastBindAddr))),
+            e!("cuMulticastUnbind", (12010, f!(cuMulticastUnbind))),
+            e!(
+                "cuMulticastGetGranularity",
+                (12010, f!(cuMulticastGetGranularity))
+            ),
             e!(
                 "cuDeviceGetP2PAttribute",
                 (8000, f!(cuDeviceGetP2PAttribute))

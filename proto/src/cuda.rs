@@ -303,6 +303,7 @@ pub mod attr {
     pub const MEMORY_POOLS_SUPPORTED: usize = 115;
     pub const CAN_USE_64_BIT_STREAM_MEM_OPS: usize = 122;
     pub const CAN_USE_STREAM_WAIT_VALUE_NOR: usize = 123;
+    pub const MULTICAST_SUPPORTED: usize = 132;
     pub const HOST_NUMA_ID: usize = 134;
     pub const GPU_PCI_DEVICE_ID: usize = 139;
     pub const TENSOR_MAP_LARGE_TENSOR_MIN_SIZE: usize = 160;

@@ -86,6 +86,19 @@ CUresult cuCtxSynchronize_v2(CUcontext);
 CUresult cuCtxGetDevice_v2(CUdevice *, CUcontext);
 CUresult cuCtxEnablePeerAccess(CUcontext, unsigned int);
 CUresult cuCtxDisablePeerAccess(CUcontext);
+typedef struct {
+    unsigned int numDevices;
+    size_t size;
+    unsigned long long handleTypes, flags;
+} CUmulticastObjectProp;
+CUresult cuMulticastCreate(unsigned long long *, const CUmulticastObjectProp *);
+CUresult cuMulticastGetGranularity(size_t *, const CUmulticastObjectProp *, int);
+CUresult cuMulticastAddDevice(unsigned long long, CUdevice);
+CUresult cuMulticastBindMem(unsigned long long, size_t, unsigned long long, size_t, size_t,
+                            unsigned long long);
+CUresult cuMulticastBindAddr(unsigned long long, size_t, unsigned long long, size_t,
+                             unsigned long long);
+CUresult cuMulticastUnbind(unsigned long long, CUdevice, size_t, size_t);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemAllocHost_v2(void **, size_t);
@@ -691,6 +704,22 @@ static void device_and_peers(CUcontext ctx) {
     check("cuDeviceGetP2PAttribute of one device", cuDeviceGetP2PAttribute(&v, 1, 0, 0), 101);
     check("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess(ctx, 0), 217);
     check("cuCtxDisablePeerAccess", cuCtxDisablePeerAccess(ctx), 705);
+    /* Multicast objects span devices: none on a VM's device (PyTorch resolves the functions). */
+    check("MULTICAST_SUPPORTED", cuDeviceGetAttribute(&v, 132, 0), 0);
+    expect("no multicast", v == 0);
+    CUmulticastObjectProp mc = {1, 2 << 20, 1, 0};
+    unsigned long long mch = 0;
+    size_t gran = 0;
+    check("cuMulticastCreate", cuMulticastCreate(&mch, &mc), 801);
+    check("cuMulticastGetGranularity", cuMulticastGetGranularity(&gran, &mc, 0), 801);
+    check("cuMulticastCreate without properties", cuMulticastCreate(&mch, NULL), 1);
+    mc.size = 0;
+    check("cuMulticastCreate of 0 bytes", cuMulticastCreate(&mch, &mc), 1);
+    check("cuMulticastAddDevice", cuMulticastAddDevice(1, 0), 801);
+    check("cuMulticastAddDevice of another device", cuMulticastAddDevice(1, 3), 101);
+    check("cuMulticastBindMem", cuMulticastBindMem(1, 0, 2, 0, 2 << 20, 0), 801);
+    check("cuMulticastBindAddr", cuMulticastBindAddr(1, 0, 0x1000, 2 << 20, 0), 801);
+    check("cuMulticastUnbind", cuMulticastUnbind(1, 0, 0, 2 << 20), 801);
 
     CUstream s;
     cuStreamCreate(&s, 0);

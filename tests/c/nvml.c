@@ -290,6 +290,16 @@ int main(int argc, char **argv) {
                NVML_ERROR_NOT_SUPPORTED);
     check_nvml("remapped rows", nvmlDeviceGetRemappedRows(dev, &lo, &hi, &value, &value),
                NVML_ERROR_NOT_SUPPORTED);
+    /* NVLink's far end, as PyTorch asks for it when it reports running out of memory. */
+    nvmlIntNvLinkDeviceType_t far_end;
+    check_nvml("NVLink remote device type", nvmlDeviceGetNvLinkRemoteDeviceType(dev, 0, &far_end),
+               NVML_ERROR_NOT_SUPPORTED);
+    nvmlPciInfo_t far_pci;
+    check_nvml("NVLink remote PCI info", nvmlDeviceGetNvLinkRemotePciInfo_v2(dev, 0, &far_pci),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("a forged handle's NVLink remote device type",
+               nvmlDeviceGetNvLinkRemoteDeviceType((nvmlDevice_t)&value, 0, &far_end),
+               NVML_ERROR_INVALID_ARGUMENT);
     unsigned long long reasons;
     check_nvml("clock event reasons", nvmlDeviceGetCurrentClocksEventReasons(dev, &reasons),
                NVML_ERROR_NOT_SUPPORTED);

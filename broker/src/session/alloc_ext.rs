@@ -93,6 +93,8 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (attr::CAN_USE_64_BIT_STREAM_MEM_OPS, 1),
         (attr::CAN_USE_STREAM_WAIT_VALUE_NOR, 1),
         (attr::CAN_FLUSH_REMOTE_WRITES, 0),
+        // Multicast objects span devices; a VM has one (the `cuMulticast*` functions refuse).
+        (attr::MULTICAST_SUPPORTED, 0),
     ] {
         a[k] = v;
     }

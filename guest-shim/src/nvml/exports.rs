@@ -977,6 +977,11 @@ not_supported! {
     nvmlDeviceGetBAR1MemoryInfo(bar1: *mut nvmlMemory_t);
     nvmlDeviceGetMigMode(current: *mut c_uint, pending: *mut c_uint);
     nvmlDeviceGetNvLinkState(link: c_uint, active: *mut c_uint);
+    nvmlDeviceGetNvLinkRemoteDeviceType(link: c_uint, kind: *mut c_uint);
+    nvmlDeviceGetNvLinkRemotePciInfo(link: c_uint, pci: *mut c_void);
+    nvmlDeviceGetNvLinkRemotePciInfo_v2(link: c_uint, pci: *mut c_void);
+    nvmlDeviceGetGpuFabricInfo(info: *mut c_void);
+    nvmlDeviceGetGpuFabricInfoV(info: *mut c_void);
     nvmlDeviceGetSerial(serial: *mut c_char, length: c_uint);
     nvmlDeviceGetEncoderUtilization(percent: *mut c_uint, period_us: *mut c_uint);
     nvmlDeviceGetDecoderUtilization(percent: *mut c_uint, period_us: *mut c_uint);

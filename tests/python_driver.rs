@@ -207,8 +207,9 @@ fn torch_python() -> Option<std::path::PathBuf> {
 /// PyTorch, unmodified (tests/python/torch_basics.py): the slice as its total memory, tensors
 /// copied both ways (pinned too, on side streams, timed with events), a CUDA graph of copies,
 /// the caching allocator running out at the slice with torch's own `OutOfMemoryError` and going
-/// on, a memory fraction, a memory pool, an interprocess event and a tensor shared with a spawned
-/// process; once with the default allocator and once with expandable segments (the driver's
+/// on, a memory fraction, a memory pool, an interprocess event, a tensor shared with a spawned
+/// process and an NCCL process group of one rank (it failed while the GPU's PCI location named
+/// the machine's host bridge); once with the default allocator and once with expandable segments (the driver's
 /// virtual memory API, shared as file descriptors). Its kernels are SASS, so on the simulated
 /// GPU a kernel fails with "no kernel image is available" and the rest goes on. Before vgpu
 /// exported the `cuMulticast*` functions, its first CUDA tensor failed with "named symbol not

@@ -2,8 +2,8 @@
 and from the device (pageable and pinned, on side streams, timed with events), CUDA graphs of
 copies, the caching allocator growing, shrinking and running out at the slice
 (torch.cuda.OutOfMemoryError, after which the program goes on), a per-process memory fraction,
-memory pools, an interprocess event, and a CUDA tensor shared with a spawned process (CUDA IPC
-within the VM). Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the allocator maps
+memory pools, an interprocess event, a CUDA tensor shared with a spawned process (CUDA IPC
+within the VM), and an NCCL process group of one rank. Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the allocator maps
 its memory with the driver's virtual memory API instead (cuMemCreate, cuMemMap) and shares it
 as file descriptors.
 
@@ -151,6 +151,22 @@ def main():
     got = r.get(timeout=300)
     proc.join(60)
     check("a spawned process reads a shared tensor", got == (12345.0, 1 << 16) and proc.exitcode == 0, f"{got} {proc.exitcode}")
+
+    # NCCL, one rank (as torchrun with one process per GPU starts it): its topology detection
+    # reads sysfs at the GPU's PCI location and took the machine's host bridge there for it.
+    import tempfile
+
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group(
+            "nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1, device_id=torch.device("cuda:0")
+        )
+        t = torch.arange(4, dtype=torch.float32).cuda()
+        dist.all_reduce(t)
+        dist.barrier()
+        check("an NCCL process group of one rank reduces", t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0])
+        dist.destroy_process_group()
 
     # A kernel: PyTorch's are SASS only, which the simulated GPU cannot run.
     try:

@@ -61,6 +61,12 @@ pub mod pool_attr {
     pub const USED_MEM_HIGH: i32 = 8;
 }
 
+/// The PCI domain of a VM's GPU as the guest sees it (`cuDeviceGetPCIBusId` "FFFF:00:00.0"):
+/// the GPU is no PCI function of the guest, so its location must not name one of the guest's
+/// (before, 0000:00:00.0 named the guest's host bridge, and NCCL took the bridge's class for the
+/// GPU's and failed), nor the host's GPU.
+pub const GUEST_PCI_DOMAIN: i32 = 0xffff;
+
 /// Device attributes as a guest of vgpu sees them: what the allocation APIs and stream memory
 /// operations provide here,
 /// whatever the device underneath does. Managed memory is mirrored by the guest library and
@@ -95,6 +101,9 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (attr::CAN_FLUSH_REMOTE_WRITES, 0),
         // Multicast objects span devices; a VM has one (the `cuMulticast*` functions refuse).
         (attr::MULTICAST_SUPPORTED, 0),
+        (attr::PCI_DOMAIN_ID, GUEST_PCI_DOMAIN),
+        (attr::PCI_BUS_ID, 0),
+        (attr::PCI_DEVICE_ID, 0),
     ] {
         a[k] = v;
     }

@@ -80,6 +80,13 @@ pub const RUNTIME_13_REQUIRED: [u8; 16] = [
 pub const TOOLS_MODULE: [u8; 16] = [
     0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e,
 ];
+/// The profiling interface CUPTI (`libcupti`: PyTorch's profiler, Nsight) drives a GPU's
+/// counters and activity records through. vgpu offers none: every entry answers
+/// `CUDA_ERROR_NOT_SUPPORTED`. Without the table CUPTI's first call recursed until the stack
+/// ran out (it formats its own error by asking for the table again).
+pub const CUPTI: [u8; 16] = [
+    0x7c, 0xb6, 0x3f, 0x9b, 0x9c, 0xa4, 0x8e, 0x42, 0xa4, 0x84, 0xbe, 0xb6, 0x6e, 0x6a, 0xed, 0x7f,
+];
 /// Context checks of the CUDA ≥ 12 runtime.
 pub const CONTEXT_CHECKS: [u8; 16] = [
     0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e,
@@ -172,6 +179,8 @@ static CONTEXT_CHECKS_TABLE: Table<4> = Table([
 const RUNTIME_13: u8 = 0;
 /// See [`RUNTIME_13`].
 const MODULE_TOOLS: u8 = 1;
+/// See [`RUNTIME_13`].
+const CUPTI_ID: u8 = 2;
 
 /// Entry `I` of table `T` ([`RUNTIME_13`] or [`MODULE_TOOLS`]): what it does
 /// is not known and no tested runtime or library calls it; it is refused with
@@ -179,7 +188,8 @@ const MODULE_TOOLS: u8 = 1;
 extern "C" fn unknown_entry<const T: u8, const I: usize>() -> CUresult {
     let table = match T {
         RUNTIME_13 => "21318c60",
-        _ => "6e163fbe",
+        MODULE_TOOLS => "6e163fbe",
+        _ => "7cb63f9b (CUPTI: profiling is not available through vgpu)",
     };
     crate::warn!(
         "entry {I} of the driver's export table {table} was called; vgpu does not implement it"
@@ -222,16 +232,26 @@ const MODULE_TOOLS_ENTRIES: usize = 64;
 static MODULE_TOOLS_TABLE: Table<MODULE_TOOLS_ENTRIES> = {
     let mut t = [NULL; MODULE_TOOLS_ENTRIES];
     t[0] = Table::<MODULE_TOOLS_ENTRIES>::SIZE;
-    fill_unknown(&mut t);
+    fill_unknown::<MODULE_TOOLS>(&mut t);
     t[MODULE_FOR_EACH_FUNCTION] =
         entry!(module_for_each_function as unsafe extern "C" fn(_, _, _, _) -> _);
     Table(t)
 };
 
-/// Fills every entry after the size with [`unknown_entry`] of [`MODULE_TOOLS`].
-const fn fill_unknown(t: &mut [*const c_void; MODULE_TOOLS_ENTRIES]) {
+/// Entries of [`CUPTI`] vgpu answers (its known entries reach 60).
+const CUPTI_ENTRIES: usize = 64;
+
+static CUPTI_TABLE: Table<CUPTI_ENTRIES> = {
+    let mut t = [NULL; CUPTI_ENTRIES];
+    t[0] = Table::<CUPTI_ENTRIES>::SIZE;
+    fill_unknown::<CUPTI_ID>(&mut t);
+    Table(t)
+};
+
+/// Fills every entry after the size with [`unknown_entry`] of table `T`.
+const fn fill_unknown<const T: u8>(t: &mut [*const c_void; 64]) {
     macro_rules! fill {
-        ($($i:literal)*) => { $( t[$i] = unknown!(MODULE_TOOLS, $i); )* };
+        ($($i:literal)*) => { $( t[$i] = unknown!(T, $i); )* };
     }
     fill!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
           32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
@@ -252,6 +272,7 @@ pub fn lookup(id: &[u8; 16]) -> Option<(&'static str, *const c_void)> {
         CONTEXT_CHECKS => ("context checks", CONTEXT_CHECKS_TABLE.start()),
         RUNTIME_13_REQUIRED => ("CUDA 13 runtime table", RUNTIME_13_TABLE.start()),
         TOOLS_MODULE => ("module tools", MODULE_TOOLS_TABLE.start()),
+        CUPTI => ("CUPTI", CUPTI_TABLE.start()),
         _ => return None,
     })
 }
@@ -532,6 +553,7 @@ mod tests {
             CONTEXT_CHECKS,
             RUNTIME_13_REQUIRED,
             TOOLS_MODULE,
+            CUPTI,
         ] {
             let (name, t) = lookup(&id).expect("known table");
             // SAFETY: `t` is the start of one of the static tables above.
@@ -543,6 +565,16 @@ mod tests {
         }
         assert_eq!(CUDART_INTERFACE_TABLE.0[0] as usize, 13 * 8);
         assert_eq!(DEVICE_EXTENDED_RT_TABLE.0[0] as usize, 26 * 8);
+    }
+
+    #[test]
+    fn every_cupti_entry_refuses() {
+        for (i, e) in CUPTI_TABLE.0.iter().enumerate().skip(1) {
+            assert!(!e.is_null(), "entry {i}");
+            // SAFETY: every entry after the size is an `unknown_entry`, which takes nothing.
+            let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(*e) };
+            assert_eq!(f(), cuda::CUDA_ERROR_NOT_SUPPORTED, "entry {i}");
+        }
     }
 
     #[test]

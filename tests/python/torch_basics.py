@@ -3,7 +3,8 @@ and from the device (pageable and pinned, on side streams, timed with events), C
 copies, the caching allocator growing, shrinking and running out at the slice
 (torch.cuda.OutOfMemoryError, after which the program goes on), a per-process memory fraction,
 memory pools, an interprocess event, a CUDA tensor shared with a spawned process (CUDA IPC
-within the VM), and an NCCL process group of one rank. Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the allocator maps
+within the VM), an NCCL process group of one rank, and the profiler (CPU activities: CUPTI
+finds no profiling interface through vgpu). Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the allocator maps
 its memory with the driver's virtual memory API instead (cuMemCreate, cuMemMap) and shares it
 as file descriptors.
 
@@ -167,6 +168,15 @@ def main():
         dist.barrier()
         check("an NCCL process group of one rank reduces", t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0])
         dist.destroy_process_group()
+
+    # The profiler with CUDA activities: CUPTI finds no profiling interface through vgpu and
+    # PyTorch records the CPU side (CUPTI recursed until the stack ran out, killing the process).
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
+        a.cuda().cpu()
+    ops = {e.key for e in prof.key_averages()}
+    check("the profiler records the copies", "aten::copy_" in ops, f"{sorted(ops)}")
 
     # A kernel: PyTorch's are SASS only, which the simulated GPU cannot run.
     try:

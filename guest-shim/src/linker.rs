@@ -664,6 +664,49 @@ pub unsafe extern "C" fn cuLinkAddFile_v2(
     })
 }
 
+// CUDA 5.5's names, which the `_v2` forms replaced in 6.5 with the same arguments. Libraries
+// still resolve them with `dlsym` (cuDNN 9 does, and says so on stderr when they are missing).
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLinkCreate(
+    n: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+    out_state: *mut *mut LinkState,
+) -> CUresult {
+    // SAFETY: the same contract as the `_v2` form's.
+    unsafe { cuLinkCreate_v2(n, options, values, out_state) }
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLinkAddData(
+    link: *mut LinkState,
+    kind: c_int,
+    data: *const c_void,
+    size: usize,
+    name: *const c_char,
+    n: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the same contract as the `_v2` form's.
+    unsafe { cuLinkAddData_v2(link, kind, data, size, name, n, options, values) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLinkAddFile(
+    link: *mut LinkState,
+    kind: c_int,
+    path: *const c_char,
+    n: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the same contract as the `_v2` form's.
+    unsafe { cuLinkAddFile_v2(link, kind, path, n, options, values) }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLinkComplete(
     link: *mut LinkState,

@@ -928,9 +928,21 @@ fn table() -> &'static [Entry] {
             e!("cuFuncGetName", (12030, f!(cuFuncGetName))),
             e!("cuFuncGetModule", (11000, f!(cuFuncGetModule))),
             e!("cuFuncGetParamInfo", (12040, f!(cuFuncGetParamInfo))),
-            e!("cuLinkCreate", (6050, f!(cuLinkCreate_v2))),
-            e!("cuLinkAddData", (6050, f!(cuLinkAddData_v2))),
-            e!("cuLinkAddFile", (6050, f!(cuLinkAddFile_v2))),
+            e!(
+                "cuLinkCreate",
+                (5050, f!(cuLinkCreate)),
+                (6050, f!(cuLinkCreate_v2))
+            ),
+            e!(
+                "cuLinkAddData",
+                (5050, f!(cuLinkAddData)),
+                (6050, f!(cuLinkAddData_v2))
+            ),
+            e!(
+                "cuLinkAddFile",
+                (5050, f!(cuLinkAddFile)),
+                (6050, f!(cuLinkAddFile_v2))
+            ),
             e!("cuLinkComplete", (5050, f!(cuLinkComplete))),
             e!("cuLinkDestroy", (5050, f!(cuLinkDestroy))),
             e!("cuLibraryLoadData", (12000, f!(cuLibraryLoadData))),
@@ -1092,6 +1104,15 @@ mod tests {
         assert_eq!(
             lookup("cuGraphAddExternalSemaphoresSignalNode", 12020, 0),
             Lookup::NotFound
+        );
+        // CUDA 6.5's `_v2` linker functions; CUDA 5.5 callers get the first names.
+        assert_eq!(
+            found("cuLinkCreate", 5050),
+            crate::linker::cuLinkCreate as *const () as usize
+        );
+        assert_eq!(
+            found("cuLinkCreate", 12000),
+            crate::linker::cuLinkCreate_v2 as *const () as usize
         );
         // CUDA 11.7 renamed the stream memory operations (`_v2`); older callers get the first.
         assert_eq!(

@@ -145,6 +145,9 @@ CUresult cuKernelGetAttribute(int *, int, CUkernel, CUdevice);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
 CUresult cuLinkCreate_v2(unsigned int, int *, void **, CUlinkState *);
+/* CUDA 5.5's names (cuDNN 9 resolves them). */
+CUresult cuLinkCreate(unsigned int, int *, void **, CUlinkState *);
+CUresult cuLinkAddData(CUlinkState, int, void *, size_t, const char *, unsigned int, int *, void **);
 CUresult cuLinkAddData_v2(CUlinkState, int, void *, size_t, const char *, unsigned int, int *,
                           void **);
 CUresult cuLinkComplete(CUlinkState, void **, size_t *);
@@ -541,8 +544,9 @@ static void linker(void) {
     void *vals[5] = {info, (void *)(uintptr_t)sizeof info, error, (void *)(uintptr_t)sizeof error,
                      (void *)(uintptr_t)24};
     CUlinkState st;
-    check("cuLinkCreate", cuLinkCreate_v2(5, opts, vals, &st), 0);
-    check("cuLinkAddData caller", cuLinkAddData_v2(st, 1, (void *)CALLER, sizeof CALLER, "caller", 0, 0, 0), 0);
+    check("cuLinkCreate (CUDA 5.5's name)", cuLinkCreate(5, opts, vals, &st), 0);
+    check("cuLinkAddData caller (CUDA 5.5's name)",
+          cuLinkAddData(st, 1, (void *)CALLER, sizeof CALLER, "caller", 0, 0, 0), 0);
     check("cuLinkAddData callee", cuLinkAddData_v2(st, 1, (void *)CALLEE, sizeof CALLEE, "callee", 0, 0, 0), 0);
     check("cuLinkAddData of a cubin is refused",
           cuLinkAddData_v2(st, 0, (void *)"\x7f" "ELF", 4, "cubin", 0, 0, 0), 801 /* NOT_SUPPORTED */);

@@ -41,9 +41,21 @@ fn check_device(dev: CUdevice) -> drv::CuRes<()> {
 /// A library's module: `CUDA_ERROR_NO_BINARY_FOR_GPU` for a library whose
 /// images the device cannot run (it loaded, as CUDA's lazy loading lets it;
 /// its first use fails and says why).
+/// The first use of an unusable library in this process is a warning on stderr; later ones
+/// go to the debug log (a library such as NCCL asks for dozens of SASS-only kernels at start,
+/// and one line says why they fail). CUDA's error log (`cuLogsCurrent`) gets every one.
+static UNUSABLE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn library(lib: CUhandle) -> drv::CuRes<u64> {
     if let Some(why) = drv::unusable_reason(h(lib))? {
-        crate::warn!("cannot use a library: {why}");
+        if UNUSABLE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            crate::debug!("cannot use a library: {why}");
+            crate::logs::warning(format!("cannot use a library: {why}"));
+        } else {
+            crate::warn!(
+                "cannot use a library: {why} (further libraries this device cannot run are logged with VGPU_LOG=debug)"
+            );
+        }
         return Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU);
     }
     Ok(h(lib))

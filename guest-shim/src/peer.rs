@@ -110,6 +110,65 @@ pub extern "C" fn cuCtxDisablePeerAccess(peer: CUhandle) -> CUresult {
     })
 }
 
+// ---- atomic capabilities (CUDA 13) ------------------------------------------------------
+
+/// `CU_ATOMIC_OPERATION_MAX`: operations are `0..` this.
+const ATOMIC_OPERATIONS: c_int = 13;
+
+/// Checks a capability query's arrays and reads its operations.
+fn atomic_operations<'a>(
+    capabilities: *mut c_uint,
+    operations: *const c_int,
+    count: c_uint,
+) -> drv::CuRes<&'a mut [c_uint]> {
+    if capabilities.is_null() || operations.is_null() || count == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let n = count as usize;
+    // SAFETY: `operations` holds `count` operations (CUDA contract), checked non-NULL above.
+    let ops = unsafe { std::slice::from_raw_parts(operations, n) };
+    if ops.iter().any(|op| !(0..ATOMIC_OPERATIONS).contains(op)) {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: `capabilities` has room for `count` answers (CUDA contract), checked non-NULL.
+    Ok(unsafe { std::slice::from_raw_parts_mut(capabilities, n) })
+}
+
+/// CUDA 13's `cuDeviceGetHostAtomicCapabilities`: no atomic operation reaches host memory
+/// natively (mapped host memory is made coherent at launches and synchronizations, not while a
+/// kernel runs; `HOST_NATIVE_ATOMIC_SUPPORTED` is 0), so every capability mask is 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetHostAtomicCapabilities(
+    capabilities: *mut c_uint,
+    operations: *const c_int,
+    count: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    ffi("cuDeviceGetHostAtomicCapabilities", || {
+        check_device(dev)?;
+        atomic_operations(capabilities, operations, count)?.fill(0);
+        Ok(())
+    })
+}
+
+/// CUDA 13's `cuDeviceGetP2PAtomicCapabilities`: there is no link between two devices in a VM.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetP2PAtomicCapabilities(
+    capabilities: *mut c_uint,
+    operations: *const c_int,
+    count: c_uint,
+    src: CUdevice,
+    dst: CUdevice,
+) -> CUresult {
+    ffi("cuDeviceGetP2PAtomicCapabilities", || {
+        check_device(src)?;
+        check_device(dst)?;
+        atomic_operations(capabilities, operations, count)?;
+        // A device is not its own peer, and there is no other device.
+        Err(cuda::CUDA_ERROR_INVALID_DEVICE)
+    })
+}
+
 // ---- multicast objects ---------------------------------------------------------------
 
 /// `CUmemGenericAllocationHandle`.

@@ -537,6 +537,14 @@ fn table() -> &'static [Entry] {
             e!("cuMemcpy3DPeerAsync", (4000, f!(cuMemcpy3DPeerAsync))),
             e!("cuDeviceGetByPCIBusId", (4010, f!(cuDeviceGetByPCIBusId))),
             e!("cuDeviceCanAccessPeer", (4000, f!(cuDeviceCanAccessPeer))),
+            e!(
+                "cuDeviceGetHostAtomicCapabilities",
+                (13000, f!(cuDeviceGetHostAtomicCapabilities))
+            ),
+            e!(
+                "cuDeviceGetP2PAtomicCapabilities",
+                (13000, f!(cuDeviceGetP2PAtomicCapabilities))
+            ),
             e!("cuMulticastCreate", (12010, f!(cuMulticastCreate))),
             e!("cuMulticastAddDevice", (12010, f!(cuMulticastAddDevice))),
             e!("cuMulticastBindMem", (12010, f!(cuMulticastBindMem))),

@@ -284,6 +284,7 @@ pub mod attr {
     pub const MAX_REGISTERS_PER_MULTIPROCESSOR: usize = 82;
     pub const MANAGED_MEMORY: usize = 83;
     pub const MULTI_GPU_BOARD: usize = 84;
+    pub const HOST_NATIVE_ATOMIC_SUPPORTED: usize = 86;
     pub const SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: usize = 87;
     pub const PAGEABLE_MEMORY_ACCESS: usize = 88;
     pub const CONCURRENT_MANAGED_ACCESS: usize = 89;

@@ -100,6 +100,9 @@ CUresult cuMulticastBindMem(unsigned long long, size_t, unsigned long long, size
 CUresult cuMulticastBindAddr(unsigned long long, size_t, unsigned long long, size_t,
                              unsigned long long);
 CUresult cuMulticastUnbind(unsigned long long, CUdevice, size_t, size_t);
+CUresult cuDeviceGetHostAtomicCapabilities(unsigned int *, const int *, unsigned int, CUdevice);
+CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int *, const int *, unsigned int, CUdevice,
+                                          CUdevice);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemAllocHost_v2(void **, size_t);
@@ -715,6 +718,17 @@ static void device_and_peers(CUcontext ctx) {
     check("cuDeviceGetP2PAttribute of one device", cuDeviceGetP2PAttribute(&v, 1, 0, 0), 101);
     check("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess(ctx, 0), 217);
     check("cuCtxDisablePeerAccess", cuCtxDisablePeerAccess(ctx), 705);
+    /* CUDA 13's atomic capabilities: none reach host memory natively, no peer. */
+    int atomic_ops[2] = {0 /* INTEGER_ADD */, 9 /* CAS */};
+    unsigned caps[2] = {7, 7};
+    check("cuDeviceGetHostAtomicCapabilities", cuDeviceGetHostAtomicCapabilities(caps, atomic_ops, 2, 0), 0);
+    expect("no native host atomics", caps[0] == 0 && caps[1] == 0);
+    check("... of another device", cuDeviceGetHostAtomicCapabilities(caps, atomic_ops, 2, 5), 101);
+    check("... of no operations", cuDeviceGetHostAtomicCapabilities(caps, atomic_ops, 0, 0), 1);
+    atomic_ops[1] = 13;
+    check("... of an unknown operation", cuDeviceGetHostAtomicCapabilities(caps, atomic_ops, 2, 0), 1);
+    check("cuDeviceGetP2PAtomicCapabilities of one device",
+          cuDeviceGetP2PAtomicCapabilities(caps, atomic_ops, 1, 0, 0), 101);
     /* Multicast objects span devices: none on a VM's device (PyTorch resolves the functions). */
     check("MULTICAST_SUPPORTED", cuDeviceGetAttribute(&v, 132, 0), 0);
     expect("no multicast", v == 0);

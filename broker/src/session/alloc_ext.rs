@@ -81,6 +81,9 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (attr::MANAGED_MEMORY, 1),
         (attr::CONCURRENT_MANAGED_ACCESS, 0),
         (attr::PAGEABLE_MEMORY_ACCESS, 0),
+        // Mapped host memory is coherent at launches and synchronizations, not while a kernel
+        // runs: no atomic operation reaches it natively.
+        (attr::HOST_NATIVE_ATOMIC_SUPPORTED, 0),
         (100, 0), // PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
         (101, 0), // DIRECT_MANAGED_MEM_ACCESS_FROM_HOST
         (91, 0),  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: the device pointer differs

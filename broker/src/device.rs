@@ -239,6 +239,9 @@ pub struct KernelDesc {
     pub param_sizes: Vec<u32>,
     /// `CUfunction_attribute` values indexed by attribute number.
     pub attributes: Vec<i32>,
+    /// Whether the device can run it: a cubin's kernel on the simulated GPU (SASS) cannot, and
+    /// the guest refuses its launches at once, as CUDA refuses a kernel without an image.
+    pub runnable: bool,
 }
 
 /// A module global (`__device__` or `__constant__` variable).

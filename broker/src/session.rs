@@ -1764,13 +1764,16 @@ impl Session {
                 self.ctx(m.ctx)?;
                 let h = self.get_function(m.module, &m.name)?;
                 let f = self.functions.get(h).expect("function just looked up");
+                let mut attributes = f.desc.attributes.clone();
+                attributes.resize(func_attr::VGPU_NO_BINARY, 0);
+                attributes.push(i32::from(!f.desc.runnable));
                 reply(
                     out,
                     msg::Function {
                         function: h,
                         param_offsets: f.desc.param_offsets.clone(),
                         param_sizes: f.desc.param_sizes.clone(),
-                        attributes: f.desc.attributes.clone(),
+                        attributes,
                     },
                 )
             }

@@ -2246,6 +2246,13 @@ fn launch_with(
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
     }
     if let Some(l) = lock(&d.functions).get(&f) {
+        if l.attributes.get(cuda::func_attr::VGPU_NO_BINARY) == Some(&1) {
+            crate::library::no_binary(&format!(
+                "kernel `{}` comes from a cubin (SASS), which this device cannot run: the simulated GPU runs PTX (build with -gencode arch=compute_XX,code=compute_XX)",
+                l.name.to_string_lossy()
+            ));
+            return Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU);
+        }
         let limit = |a: usize| l.attributes.get(a).map_or(i64::MAX, |&v| i64::from(v));
         let threads = block.iter().map(|&b| i64::from(b)).product::<i64>();
         if i64::from(shared) > limit(cuda::func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)

@@ -46,16 +46,20 @@ fn check_device(dev: CUdevice) -> drv::CuRes<()> {
 /// and one line says why they fail). CUDA's error log (`cuLogsCurrent`) gets every one.
 static UNUSABLE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Says why code cannot run here: the first time in a process on stderr, later at debug
+/// level ([`UNUSABLE_WARNED`]); CUDA's error log gets each.
+pub(crate) fn no_binary(why: &str) {
+    if UNUSABLE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::debug!("{why}");
+        crate::logs::warning(why.to_string());
+    } else {
+        crate::warn!("{why} (further code this device cannot run is logged with VGPU_LOG=debug)");
+    }
+}
+
 fn library(lib: CUhandle) -> drv::CuRes<u64> {
     if let Some(why) = drv::unusable_reason(h(lib))? {
-        if UNUSABLE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            crate::debug!("cannot use a library: {why}");
-            crate::logs::warning(format!("cannot use a library: {why}"));
-        } else {
-            crate::warn!(
-                "cannot use a library: {why} (further libraries this device cannot run are logged with VGPU_LOG=debug)"
-            );
-        }
+        no_binary(&format!("cannot use a library: {why}"));
         return Err(cuda::CUDA_ERROR_NO_BINARY_FOR_GPU);
     }
     Ok(h(lib))

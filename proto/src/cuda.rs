@@ -328,6 +328,12 @@ pub mod func_attr {
     pub const PREFERRED_SHARED_MEMORY_CARVEOUT: usize = 9;
     /// One past the highest attribute number the protocol carries.
     pub const COUNT: usize = 16;
+    /// vgpu's own slot after CUDA's, in a `ModuleGetFunction` reply's attributes only (never
+    /// answered by `cuFuncGetAttribute`): 1 when the device cannot run the kernel (a cubin's on
+    /// the simulated GPU), whose launches the guest then refuses at once with
+    /// `CUDA_ERROR_NO_BINARY_FOR_GPU`, as CUDA refuses a kernel without an image. A reply without
+    /// it (an older vgpud) means runnable.
+    pub const VGPU_NO_BINARY: usize = 16;
 }
 
 /// Occupancy: how many blocks of `block_size` threads with `dyn_smem` bytes of dynamic shared

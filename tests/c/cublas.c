@@ -54,9 +54,10 @@ int main(int argc, char **argv) {
     bs = cublasSaxpy(blas, N, &alpha, x, 1, y, 1);
     cudaError_t sync = cudaStreamSynchronize(stream);
     if (sim) {
-        /* cuBLAS's kernels are SASS: the launch fails, and says so. */
-        expect("cublasSaxpy fails cleanly on the simulated GPU",
-               bs != CUBLAS_STATUS_SUCCESS || sync != cudaSuccess, bs);
+        /* cuBLAS's kernels are SASS: the launch fails at once, as CUDA refuses a kernel without
+           an image, and the stream has nothing pending to fail later. */
+        expect("cublasSaxpy fails at its launch on the simulated GPU",
+               bs == CUBLAS_STATUS_EXECUTION_FAILED && sync == cudaSuccess, bs);
     } else {
         float out[N];
         cublasGetVector(N, sizeof(float), y, 1, out, 1);

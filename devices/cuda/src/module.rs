@@ -219,6 +219,7 @@ impl CudaModule {
                 param_offsets: params.iter().map(|p| p.0).collect(),
                 param_sizes: params.iter().map(|p| p.1).collect(),
                 attributes,
+                runnable: true,
             });
             self.functions.push(f);
         }

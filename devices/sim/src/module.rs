@@ -248,6 +248,7 @@ impl SimModule {
                     param_offsets: k.params.iter().map(|p| p.offset as u32).collect(),
                     param_sizes: k.params.iter().map(|p| p.size as u32).collect(),
                     attributes: a,
+                    runnable: true,
                 }
             })
             .collect();
@@ -326,6 +327,7 @@ impl SimModule {
                     param_offsets: k.params.iter().map(|p| p.offset).collect(),
                     param_sizes: k.params.iter().map(|p| p.size).collect(),
                     attributes: a,
+                    runnable: false,
                 }
             })
             .collect();

@@ -225,6 +225,14 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     })
 }
 
+/// CUDA 13's `cuFuncGetParamCount`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetParamCount(f: CUhandle, count: *mut usize) -> CUresult {
+    ffi("cuFuncGetParamCount", || {
+        out!(count, drv::func_layout(h(f))?.offsets.len())
+    })
+}
+
 // ---- libraries -----------------------------------------------------------------
 
 #[unsafe(no_mangle)]
@@ -411,6 +419,14 @@ pub unsafe extern "C" fn cuKernelGetParamInfo(
 ) -> CUresult {
     ffi("cuKernelGetParamInfo", || {
         param_info(h(k), index, offset, size)
+    })
+}
+
+/// CUDA 13's `cuKernelGetParamCount`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetParamCount(k: CUhandle, count: *mut usize) -> CUresult {
+    ffi("cuKernelGetParamCount", || {
+        out!(count, drv::func_layout(h(k))?.offsets.len())
     })
 }
 

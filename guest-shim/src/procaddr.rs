@@ -672,6 +672,14 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuGraphNodeGetType", (10000, f!(cuGraphNodeGetType))),
             e!(
+                "cuGraphNodeGetContainingGraph",
+                (13010, f!(cuGraphNodeGetContainingGraph))
+            ),
+            e!("cuGraphNodeGetLocalId", (13010, f!(cuGraphNodeGetLocalId))),
+            e!("cuGraphNodeGetToolsId", (13010, f!(cuGraphNodeGetToolsId))),
+            e!("cuGraphGetId", (13010, f!(cuGraphGetId))),
+            e!("cuGraphExecGetId", (13010, f!(cuGraphExecGetId))),
+            e!(
                 "cuGraphAddNode",
                 (12020, f!(cuGraphAddNode)),
                 (12030, f!(cuGraphAddNode_v2))
@@ -936,6 +944,7 @@ fn table() -> &'static [Entry] {
             e!("cuFuncGetName", (12030, f!(cuFuncGetName))),
             e!("cuFuncGetModule", (11000, f!(cuFuncGetModule))),
             e!("cuFuncGetParamInfo", (12040, f!(cuFuncGetParamInfo))),
+            e!("cuFuncGetParamCount", (13020, f!(cuFuncGetParamCount))),
             e!(
                 "cuLinkCreate",
                 (5050, f!(cuLinkCreate)),
@@ -972,6 +981,7 @@ fn table() -> &'static [Entry] {
             e!("cuKernelGetName", (12030, f!(cuKernelGetName))),
             e!("cuKernelGetLibrary", (12050, f!(cuKernelGetLibrary))),
             e!("cuKernelGetParamInfo", (12040, f!(cuKernelGetParamInfo))),
+            e!("cuKernelGetParamCount", (13020, f!(cuKernelGetParamCount))),
             e!("cuKernelGetAttribute", (12000, f!(cuKernelGetAttribute))),
             e!("cuKernelSetAttribute", (12000, f!(cuKernelSetAttribute))),
             e!(

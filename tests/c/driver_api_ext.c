@@ -133,6 +133,8 @@ CUresult cuModuleEnumerateFunctions(CUfunction *, unsigned int, CUmodule);
 CUresult cuFuncGetName(const char **, CUfunction);
 CUresult cuFuncGetModule(CUmodule *, CUfunction);
 CUresult cuFuncGetParamInfo(CUfunction, size_t, size_t *, size_t *);
+CUresult cuFuncGetParamCount(CUfunction, size_t *);
+CUresult cuKernelGetParamCount(CUkernel, size_t *);
 CUresult cuFuncGetAttribute(int *, int, CUfunction);
 CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void *, unsigned int, void *, void *,
                            unsigned int);
@@ -471,6 +473,11 @@ static void modules(void) {
     check("cuFuncGetParamInfo", cuFuncGetParamInfo(fs[0], 1, &off, &size), 0);
     expect("second parameter at 8, 4 bytes", off == 8 && size == 4);
     check("cuFuncGetParamInfo past the end", cuFuncGetParamInfo(fs[0], 2, &off, &size), 1);
+    size_t params = 0;
+    check("cuFuncGetParamCount (CUDA 13.2)", cuFuncGetParamCount(fs[0], &params), 0);
+    expect("two parameters", params == 2);
+    check("cuFuncGetParamCount of no function",
+          cuFuncGetParamCount((CUfunction)0x7f0000001000ull, &params), 400);
     check("cuModuleGetFunctionCount of a forged module",
           cuModuleGetFunctionCount(&count, (CUmodule)0x7f0000001000ull), 400);
     check("cuModuleUnload", cuModuleUnload(m), 0);
@@ -514,6 +521,9 @@ static void libraries(CUcontext ctx) {
     expect("kernel name", !strcmp(name, "noop"));
     CUkernel k;
     check("cuLibraryGetKernel", cuLibraryGetKernel(&k, lib, "add_one"), 0);
+    size_t kparams = 0;
+    check("cuKernelGetParamCount (CUDA 13.2)", cuKernelGetParamCount(k, &kparams), 0);
+    expect("the kernel's two parameters", kparams == 2);
     int max_threads = 0;
     check("cuKernelGetAttribute", cuKernelGetAttribute(&max_threads, 0, k, 0), 0);
     expect("max threads per block", max_threads >= 128);

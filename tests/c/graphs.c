@@ -138,6 +138,12 @@ CUresult cuStreamGetCaptureInfo_v2(CUstream, int *, unsigned long long *, CUgrap
 CUresult cuThreadExchangeStreamCaptureMode(int *);
 CUresult cuGraphCreate(CUgraph *, unsigned int);
 CUresult cuGraphDestroy(CUgraph);
+/* CUDA 13.1's graph IDs. */
+CUresult cuGraphGetId(CUgraph, unsigned int *);
+CUresult cuGraphExecGetId(CUgraphExec, unsigned int *);
+CUresult cuGraphNodeGetContainingGraph(CUgraphNode, CUgraph *);
+CUresult cuGraphNodeGetLocalId(CUgraphNode, unsigned int *);
+CUresult cuGraphNodeGetToolsId(CUgraphNode, unsigned long long *);
 CUresult cuGraphClone(CUgraph *, CUgraph);
 CUresult cuGraphNodeFindInClone(CUgraphNode *, CUgraphNode, CUgraph);
 CUresult cuGraphGetNodes(CUgraph, CUgraphNode *, size_t *);
@@ -981,8 +987,32 @@ static void mode_explicit(const char *dot_path) {
     }
     expect("dot output names kernels and edges",
            strstr(buf, "digraph") && strstr(buf, "saxpy") && strstr(buf, "->"));
+    /* CUDA 13.1's IDs: the ones the dot output prints. */
+    unsigned gid = 0, nid_y = 0, nid_w = 0;
+    check("cuGraphGetId", cuGraphGetId(g, &gid), 0);
+    check("cuGraphNodeGetLocalId", cuGraphNodeGetLocalId(k_y, &nid_y), 0);
+    check("cuGraphNodeGetLocalId of another", cuGraphNodeGetLocalId(k_w, &nid_w), 0);
+    expect("nodes have their own IDs", nid_y != nid_w);
+    char gid_text[32], nid_text[48];
+    snprintf(gid_text, sizeof gid_text, "graph %u\"", gid);
+    snprintf(nid_text, sizeof nid_text, " %u\\n", nid_y);
+    expect("the dot output prints the graph's and the node's IDs",
+           strstr(buf, gid_text) && strstr(buf, nid_text));
+    unsigned long long tools = 0;
+    check("cuGraphNodeGetToolsId", cuGraphNodeGetToolsId(k_y, &tools), 0);
+    expect("the tools ID holds both", tools == ((unsigned long long)gid << 32 | nid_y));
+    CUgraph holder = NULL;
+    check("cuGraphNodeGetContainingGraph", cuGraphNodeGetContainingGraph(k_y, &holder), 0);
+    expect("the node's graph", holder == g);
+    check("... of a child graph's node", cuGraphNodeGetContainingGraph(child_ms, &holder), 0);
+    expect("the child graph", holder == child);
+    check("cuGraphGetId of no graph", cuGraphGetId((CUgraph)0x1234, &gid), 1);
+    check("cuGraphNodeGetLocalId of no node", cuGraphNodeGetLocalId((CUgraphNode)0x1234, &nid_y), 1);
 
     check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    unsigned eid = 0;
+    check("cuGraphExecGetId", cuGraphExecGetId(e, &eid), 0);
+    expect("an executable graph's ID is its own", eid != gid);
     /* Changing the graph after instantiation does not change the executable graph. */
     CUDA_KERNEL_NODE_PARAMS kp9 = saxpy_params(2, 9.0f, x, y);
     check("set params in the graph", cuGraphKernelNodeSetParams(k_y, &kp9), 0);

@@ -610,6 +610,65 @@ pub unsafe extern "C" fn cuGraphNodeGetType(node: CUhandle, ty: *mut c_int) -> C
     })
 }
 
+/// CUDA 13: the graph a node is in (a child graph's node: the child graph).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetContainingGraph(
+    node: CUhandle,
+    graph: *mut CUhandle,
+) -> CUresult {
+    ffi("cuGraphNodeGetContainingGraph", || {
+        let g = *registry()
+            .node_graph
+            .get(&h(node))
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        out!(graph, p(g))
+    })
+}
+
+/// CUDA 13: a node's ID, as `cuGraphDebugDotPrint` prints it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetLocalId(node: CUhandle, id: *mut c_uint) -> CUresult {
+    ffi("cuGraphNodeGetLocalId", || {
+        registry().node(h(node))?;
+        out!(id, super::handle_id(h(node)))
+    })
+}
+
+/// CUDA 13: the ID tools know a node by: its graph's ID above its own.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetToolsId(node: CUhandle, id: *mut u64) -> CUresult {
+    ffi("cuGraphNodeGetToolsId", || {
+        let g = *registry()
+            .node_graph
+            .get(&h(node))
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        out!(
+            id,
+            u64::from(super::handle_id(g)) << 32 | u64::from(super::handle_id(h(node)))
+        )
+    })
+}
+
+/// CUDA 13: a graph's ID, as `cuGraphDebugDotPrint` prints it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphGetId(graph: CUhandle, id: *mut c_uint) -> CUresult {
+    ffi("cuGraphGetId", || {
+        registry().graph(h(graph))?;
+        out!(id, super::handle_id(h(graph)))
+    })
+}
+
+/// CUDA 13: an executable graph's ID.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecGetId(exec: CUhandle, id: *mut c_uint) -> CUresult {
+    ffi("cuGraphExecGetId", || {
+        if !registry().execs.contains_key(&h(exec)) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(id, super::handle_id(h(exec)))
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphDestroyNode(node: CUhandle) -> CUresult {
     ffi("cuGraphDestroyNode", || registry().destroy_node(h(node)))

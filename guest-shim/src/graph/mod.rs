@@ -405,6 +405,13 @@ pub fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The ID CUDA 13's `cuGraphGetId`, `cuGraphExecGetId` and `cuGraphNodeGetLocalId` report for
+/// a graph, executable graph or node handle, and `cuGraphDebugDotPrint` prints: its place in the
+/// process's sequence of handles, so unique among them.
+pub fn handle_id(h: u64) -> u32 {
+    (h.wrapping_sub(FIRST_HANDLE) / HANDLE_STEP) as u32
+}
+
 impl Registry {
     /// A fresh handle.
     pub fn handle(&mut self) -> u64 {
@@ -636,7 +643,11 @@ impl Registry {
 
     fn dot_into(&self, g: u64, s: &mut String, depth: usize) -> CuRes<()> {
         let graph = self.graph(g)?;
-        let _ = writeln!(s, "subgraph cluster_{g:x} {{\nlabel=\"graph {g:#x}\";");
+        let _ = writeln!(
+            s,
+            "subgraph cluster_{g:x} {{\nlabel=\"graph {}\";",
+            handle_id(g)
+        );
         for n in &graph.order {
             let node = &graph.nodes[n];
             let detail = match &node.kind {
@@ -674,8 +685,9 @@ impl Registry {
             };
             let _ = writeln!(
                 s,
-                "\"n{n:x}\" [label=\"{} {n:#x}{detail}\"];",
-                node.kind.label()
+                "\"n{n:x}\" [label=\"{} {}{detail}\"];",
+                node.kind.label(),
+                handle_id(*n)
             );
             for d in &node.deps {
                 let _ = writeln!(s, "\"n{d:x}\" -> \"n{n:x}\";");

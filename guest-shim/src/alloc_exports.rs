@@ -8,6 +8,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use vgpu_proto::cuda;
 
 use crate::alloc_api::{self as api, PointerInfo, ptr_attr};
+use crate::driver as drv;
 use crate::exports::{CUdevice, CUdeviceptr, CUhandle};
 use crate::ffi::{CUresult, ffi};
 use crate::out;
@@ -97,6 +98,110 @@ pub extern "C" fn cuMemPrefetchAsync_v2(
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         api::prefetch(dptr, count, location_device(location)?, h(stream))
+    })
+}
+
+/// Checks a CUDA 13 batch of managed ranges (`cuMemPrefetchBatchAsync` and the discards): the
+/// arrays, and the prefetch locations' indices (the first 0, each above the one before, all
+/// below `count`).
+///
+/// Pointer contract (CUDA's): each non-NULL array holds the number of entries its count says.
+fn check_managed_batch(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: Option<(*const CUmemLocation, *const usize, usize)>,
+    flags: u64,
+) -> Result<(), CUresult> {
+    if ptrs.is_null() || sizes.is_null() || count == 0 || flags != 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some((locs, idxs, n)) = locs {
+        if locs.is_null() || idxs.is_null() || n == 0 || n > count {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `idxs` holds `n` indices and `locs` `n` locations (CUDA contract).
+        let (idxs, locs) = unsafe {
+            (
+                std::slice::from_raw_parts(idxs, n),
+                std::slice::from_raw_parts(locs, n),
+            )
+        };
+        let ordered = idxs.first() == Some(&0)
+            && idxs.windows(2).all(|w| w[0] < w[1])
+            && idxs.last().is_some_and(|&l| l < count);
+        if !ordered {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        for l in locs {
+            location_device(*l)?;
+        }
+    }
+    Ok(())
+}
+
+/// Batched prefetches and discards of managed memory (CUDA 13) need
+/// `CONCURRENT_MANAGED_ACCESS`, which a VM's device reports 0 (managed memory moves at launches
+/// and synchronizations): as CUDA on such a device, they are refused once their arguments are
+/// checked. `cuMemPrefetchAsync` works.
+fn no_concurrent_managed_access(what: &str) -> Result<(), CUresult> {
+    crate::debug!("{what}: needs CONCURRENT_MANAGED_ACCESS, which this device does not have");
+    Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
+}
+
+/// CUDA 13's `cuMemPrefetchBatchAsync` (see [`no_concurrent_managed_access`]).
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuMemPrefetchBatchAsync(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: *const CUmemLocation,
+    loc_idxs: *const usize,
+    num_locs: usize,
+    flags: u64,
+    _stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemPrefetchBatchAsync", || {
+        drv::driver()?;
+        check_managed_batch(ptrs, sizes, count, Some((locs, loc_idxs, num_locs)), flags)?;
+        no_concurrent_managed_access("cuMemPrefetchBatchAsync")
+    })
+}
+
+/// CUDA 13's `cuMemDiscardBatchAsync` (see [`no_concurrent_managed_access`]).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemDiscardBatchAsync(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    flags: u64,
+    _stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemDiscardBatchAsync", || {
+        drv::driver()?;
+        check_managed_batch(ptrs, sizes, count, None, flags)?;
+        no_concurrent_managed_access("cuMemDiscardBatchAsync")
+    })
+}
+
+/// CUDA 13's `cuMemDiscardAndPrefetchBatchAsync` (see [`no_concurrent_managed_access`]).
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuMemDiscardAndPrefetchBatchAsync(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: *const CUmemLocation,
+    loc_idxs: *const usize,
+    num_locs: usize,
+    flags: u64,
+    _stream: CUhandle,
+) -> CUresult {
+    ffi("cuMemDiscardAndPrefetchBatchAsync", || {
+        drv::driver()?;
+        check_managed_batch(ptrs, sizes, count, Some((locs, loc_idxs, num_locs)), flags)?;
+        no_concurrent_managed_access("cuMemDiscardAndPrefetchBatchAsync")
     })
 }
 

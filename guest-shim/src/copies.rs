@@ -815,6 +815,17 @@ pub unsafe extern "C" fn cuMemcpy3DBatchAsync(
     })
 }
 
+/// CUDA 13.2's `cuMemcpy3DWithAttributesAsync`: one 3-D copy, as a batch of one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DWithAttributesAsync(
+    op: *const Memcpy3DBatchOp,
+    flags: u64,
+    stream: CUhandle,
+) -> CUresult {
+    // SAFETY: the caller's operation (CUDA contract), one element.
+    unsafe { cuMemcpy3DBatchAsync(1, op, std::ptr::null_mut(), flags, stream) }
+}
+
 /// `cuMemcpy3DBatchAsync_v2` (CUDA 13): the same without the failing operation's index.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy3DBatchAsync_v2(

@@ -992,6 +992,21 @@ pub unsafe extern "C" fn cuMemcpyBatchAsync(
 }
 
 /// `cuMemcpyBatchAsync_v2` (CUDA 13): the same without the failing copy's index.
+/// CUDA 13.2's `cuMemcpyWithAttributesAsync`: one copy with its attributes, as a batch of one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyWithAttributesAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    size: usize,
+    attr: *const MemcpyAttributes,
+    stream: CUhandle,
+) -> CUresult {
+    let first = 0usize;
+    // SAFETY: one-element arrays on this stack frame, and the caller's attributes (CUDA
+    // contract: valid when not NULL, which the batch checks).
+    unsafe { cuMemcpyBatchAsync_v2(&dst, &src, &size, 1, attr, &first, 1, stream) }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyBatchAsync_v2(
     dsts: *const CUdeviceptr,

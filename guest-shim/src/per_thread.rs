@@ -174,6 +174,26 @@ per_thread! {
         n: usize, ops: *const cp::Memcpy3DBatchOp, fail_idx: *mut usize, flags: u64,
         stream: CUhandle
     );
+    cuMemcpy3DWithAttributesAsync_ptsz => cp::cuMemcpy3DWithAttributesAsync(
+        op: *const cp::Memcpy3DBatchOp, flags: u64, stream: CUhandle
+    );
+    cuMemcpyWithAttributesAsync_ptsz => ex::cuMemcpyWithAttributesAsync(
+        dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *const ex::MemcpyAttributes,
+        stream: CUhandle
+    );
+    cuMemPrefetchBatchAsync_ptsz => al::cuMemPrefetchBatchAsync(
+        ptrs: *const CUdeviceptr, sizes: *const usize, count: usize,
+        locs: *const al::CUmemLocation, loc_idxs: *const usize, num_locs: usize, flags: u64,
+        stream: CUhandle
+    );
+    cuMemDiscardBatchAsync_ptsz => al::cuMemDiscardBatchAsync(
+        ptrs: *const CUdeviceptr, sizes: *const usize, count: usize, flags: u64, stream: CUhandle
+    );
+    cuMemDiscardAndPrefetchBatchAsync_ptsz => al::cuMemDiscardAndPrefetchBatchAsync(
+        ptrs: *const CUdeviceptr, sizes: *const usize, count: usize,
+        locs: *const al::CUmemLocation, loc_idxs: *const usize, num_locs: usize, flags: u64,
+        stream: CUhandle
+    );
     cuMemcpyPeerAsync_ptsz => cp::cuMemcpyPeerAsync(
         dst: CUdeviceptr, dst_ctx: CUhandle, src: CUdeviceptr, src_ctx: CUhandle, n: usize,
         stream: CUhandle

@@ -217,6 +217,26 @@ fn table() -> &'static [Entry] {
                 (12080, f!(cuMemcpy3DBatchAsync)),
                 (13000, f!(cuMemcpy3DBatchAsync_v2))
             ),
+            e!(
+                "cuMemcpyWithAttributesAsync",
+                (13020, f!(cuMemcpyWithAttributesAsync))
+            ),
+            e!(
+                "cuMemcpy3DWithAttributesAsync",
+                (13020, f!(cuMemcpy3DWithAttributesAsync))
+            ),
+            e!(
+                "cuMemPrefetchBatchAsync",
+                (13000, f!(cuMemPrefetchBatchAsync))
+            ),
+            e!(
+                "cuMemDiscardBatchAsync",
+                (13000, f!(cuMemDiscardBatchAsync))
+            ),
+            e!(
+                "cuMemDiscardAndPrefetchBatchAsync",
+                (13000, f!(cuMemDiscardAndPrefetchBatchAsync))
+            ),
             e!("cuMemcpyHtoD", (3020, f!(cuMemcpyHtoD_v2))),
             e!("cuMemcpyDtoH", (3020, f!(cuMemcpyDtoH_v2))),
             e!("cuMemcpyDtoD", (3020, f!(cuMemcpyDtoD_v2))),

@@ -66,6 +66,10 @@ CUresult cuMemHostUnregister(void *);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
 CUresult cuStreamAttachMemAsync(CUstream, CUdeviceptr, size_t, unsigned int);
 CUresult cuMemPrefetchAsync(CUdeviceptr, size_t, int, CUstream);
+/* CUDA 13's batches need CONCURRENT_MANAGED_ACCESS, which a VM's device has not. */
+CUresult cuMemPrefetchBatchAsync(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,
+                                 unsigned long long, CUstream);
+CUresult cuMemDiscardBatchAsync(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
 CUresult cuMemAdvise(CUdeviceptr, size_t, int, int);
 CUresult cuMemRangeGetAttribute(void *, size_t, int, CUdeviceptr, size_t);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
@@ -303,6 +307,17 @@ static void managed(void) {
     check("LAST_PREFETCH_LOCATION", cuMemRangeGetAttribute(&lp, 4, 4, p, n * 4), 0);
     expect("prefetched to device 0", lp == 0);
     check("cuMemPrefetchAsync past the end", cuMemPrefetchAsync(p, n * 4 + 1, 0, 0), 1);
+    CUdeviceptr ranges[2] = {p, p + 64};
+    size_t range_sizes[2] = {64, 64}, loc_idxs[2] = {0, 1};
+    CUmemLocation to[2] = {{1, 0}, {2, 0}};
+    check("cuMemPrefetchBatchAsync (needs concurrent managed access)",
+          cuMemPrefetchBatchAsync(ranges, range_sizes, 2, to, loc_idxs, 2, 0, 0), 801);
+    loc_idxs[1] = 2;
+    check("... with a location index past the batch",
+          cuMemPrefetchBatchAsync(ranges, range_sizes, 2, to, loc_idxs, 2, 0, 0), 1);
+    check("cuMemDiscardBatchAsync (needs concurrent managed access)",
+          cuMemDiscardBatchAsync(ranges, range_sizes, 2, 0, 0), 801);
+    check("... with flags", cuMemDiscardBatchAsync(ranges, range_sizes, 2, 1, 0), 1);
     check("synchronize after prefetch", cuCtxSynchronize(), 0);
 
     /* Host attach: the host may use it while a stream works on other memory. */

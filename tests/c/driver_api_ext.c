@@ -321,6 +321,8 @@ typedef struct {
 } CUmemcpyAttributes;
 CUresult cuMemcpyBatchAsync(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
                             size_t, size_t *, CUstream);
+/* CUDA 13.2: one copy with its attributes. */
+CUresult cuMemcpyWithAttributesAsync(CUdeviceptr, CUdeviceptr, size_t, CUmemcpyAttributes *, CUstream);
 
 #include "check.h"
 
@@ -1423,6 +1425,14 @@ static void batch_copies(void) {
     unsigned char back[N];
     cuMemcpyDtoH_v2(back, b, N);
     expect("every batched copy landed", !memcmp(out, in, N) && !memcmp(back, in, N));
+    unsigned char one[N];
+    memset(one, 0, sizeof one);
+    check("cuMemcpyWithAttributesAsync device to host",
+          cuMemcpyWithAttributesAsync((CUdeviceptr)(uintptr_t)one, b, N, &attrs[1], s), 0);
+    cuStreamSynchronize(s);
+    expect("... landed", !memcmp(one, in, N));
+    check("cuMemcpyWithAttributesAsync without attributes",
+          cuMemcpyWithAttributesAsync((CUdeviceptr)(uintptr_t)one, b, N, NULL, s), 1);
     fail = 0;
     check("a batch on the legacy stream", cuMemcpyBatchAsync(d2, s2, z2, 2, attrs, idxs, 2, &fail, NULL), 1);
     expect("... is about no copy", fail == (size_t)-1);

@@ -120,13 +120,10 @@ fn check_managed_batch(
         if locs.is_null() || idxs.is_null() || n == 0 || n > count {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        // SAFETY: `idxs` holds `n` indices and `locs` `n` locations (CUDA contract).
-        let (idxs, locs) = unsafe {
-            (
-                std::slice::from_raw_parts(idxs, n),
-                std::slice::from_raw_parts(locs, n),
-            )
-        };
+        // SAFETY: `idxs` holds `n` indices (CUDA contract), checked non-NULL above.
+        let idxs = unsafe { std::slice::from_raw_parts(idxs, n) };
+        // SAFETY: `locs` holds `n` locations (CUDA contract), checked non-NULL above.
+        let locs = unsafe { std::slice::from_raw_parts(locs, n) };
         let ordered = idxs.first() == Some(&0)
             && idxs.windows(2).all(|w| w[0] < w[1])
             && idxs.last().is_some_and(|&l| l < count);

@@ -146,6 +146,23 @@ fn no_concurrent_managed_access(what: &str) -> Result<(), CUresult> {
     Err(cuda::CUDA_ERROR_NOT_SUPPORTED)
 }
 
+/// A CUDA 13 batch of managed ranges, checked and refused (see
+/// [`no_concurrent_managed_access`]); `locs` for those that prefetch.
+fn managed_batch(
+    what: &'static str,
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: Option<(*const CUmemLocation, *const usize, usize)>,
+    flags: u64,
+) -> CUresult {
+    ffi(what, || {
+        drv::driver()?;
+        check_managed_batch(ptrs, sizes, count, locs, flags)?;
+        no_concurrent_managed_access(what)
+    })
+}
+
 /// CUDA 13's `cuMemPrefetchBatchAsync` (see [`no_concurrent_managed_access`]).
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
@@ -159,11 +176,8 @@ pub unsafe extern "C" fn cuMemPrefetchBatchAsync(
     flags: u64,
     _stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemPrefetchBatchAsync", || {
-        drv::driver()?;
-        check_managed_batch(ptrs, sizes, count, Some((locs, loc_idxs, num_locs)), flags)?;
-        no_concurrent_managed_access("cuMemPrefetchBatchAsync")
-    })
+    let locs = Some((locs, loc_idxs, num_locs));
+    managed_batch("cuMemPrefetchBatchAsync", ptrs, sizes, count, locs, flags)
 }
 
 /// CUDA 13's `cuMemDiscardBatchAsync` (see [`no_concurrent_managed_access`]).
@@ -175,11 +189,7 @@ pub unsafe extern "C" fn cuMemDiscardBatchAsync(
     flags: u64,
     _stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemDiscardBatchAsync", || {
-        drv::driver()?;
-        check_managed_batch(ptrs, sizes, count, None, flags)?;
-        no_concurrent_managed_access("cuMemDiscardBatchAsync")
-    })
+    managed_batch("cuMemDiscardBatchAsync", ptrs, sizes, count, None, flags)
 }
 
 /// CUDA 13's `cuMemDiscardAndPrefetchBatchAsync` (see [`no_concurrent_managed_access`]).
@@ -195,11 +205,15 @@ pub unsafe extern "C" fn cuMemDiscardAndPrefetchBatchAsync(
     flags: u64,
     _stream: CUhandle,
 ) -> CUresult {
-    ffi("cuMemDiscardAndPrefetchBatchAsync", || {
-        drv::driver()?;
-        check_managed_batch(ptrs, sizes, count, Some((locs, loc_idxs, num_locs)), flags)?;
-        no_concurrent_managed_access("cuMemDiscardAndPrefetchBatchAsync")
-    })
+    let locs = Some((locs, loc_idxs, num_locs));
+    managed_batch(
+        "cuMemDiscardAndPrefetchBatchAsync",
+        ptrs,
+        sizes,
+        count,
+        locs,
+        flags,
+    )
 }
 
 #[unsafe(no_mangle)]

@@ -617,10 +617,7 @@ pub unsafe extern "C" fn cuGraphNodeGetContainingGraph(
     graph: *mut CUhandle,
 ) -> CUresult {
     ffi("cuGraphNodeGetContainingGraph", || {
-        let g = *registry()
-            .node_graph
-            .get(&h(node))
-            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let g = registry().graph_of(h(node))?;
         out!(graph, p(g))
     })
 }
@@ -638,10 +635,7 @@ pub unsafe extern "C" fn cuGraphNodeGetLocalId(node: CUhandle, id: *mut c_uint) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphNodeGetToolsId(node: CUhandle, id: *mut u64) -> CUresult {
     ffi("cuGraphNodeGetToolsId", || {
-        let g = *registry()
-            .node_graph
-            .get(&h(node))
-            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let g = registry().graph_of(h(node))?;
         out!(
             id,
             u64::from(super::handle_id(g)) << 32 | u64::from(super::handle_id(h(node)))

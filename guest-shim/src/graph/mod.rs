@@ -442,13 +442,18 @@ impl Registry {
             .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
     }
 
+    /// The graph node `n` is in.
+    pub fn graph_of(&self, n: u64) -> CuRes<u64> {
+        self.node_graph
+            .get(&n)
+            .copied()
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)
+    }
+
     /// A node of any graph.
     pub fn node(&self, n: u64) -> CuRes<&Node> {
-        let g = self
-            .node_graph
-            .get(&n)
-            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
-        self.graph(*g)?
+        let g = self.graph_of(n)?;
+        self.graph(g)?
             .nodes
             .get(&n)
             .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)

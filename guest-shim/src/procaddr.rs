@@ -705,6 +705,7 @@ fn table() -> &'static [Entry] {
                 (12030, f!(cuGraphAddNode_v2))
             ),
             e!("cuGraphNodeSetParams", (12020, f!(cuGraphNodeSetParams))),
+            e!("cuGraphNodeGetParams", (13020, f!(cuGraphNodeGetParams))),
             e!(
                 "cuGraphConditionalHandleCreate",
                 (12030, f!(cuGraphConditionalHandleCreate))

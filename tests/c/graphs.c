@@ -253,6 +253,8 @@ CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUg
 CUresult cuGraphAddNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *,
                            size_t, CUgraphNodeParams *);
 CUresult cuGraphNodeSetParams(CUgraphNode, CUgraphNodeParams *);
+CUresult cuGraphNodeGetParams(CUgraphNode, CUgraphNodeParams *);
+CUresult cuGraphDestroyNode(CUgraphNode);
 CUresult cuGraphExecNodeSetParams(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
 #endif
 _Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is 256 bytes");
@@ -1360,6 +1362,32 @@ static void mode_generic(void) {
     expect("event record node type", t == NODE_EVENT_RECORD);
     cuGraphNodeGetType(sub, &t);
     expect("child node type", t == NODE_GRAPH);
+    /* CUDA 13.2's generic getter: each node's type and parameters, as they were given. */
+    CUgraphNodeParams got;
+    check("node get params (memset)", cuGraphNodeGetParams(ms, &got), 0);
+    expect("the memset's type and fields", got.type == NODE_MEMSET && got.memset.dst == y &&
+                                              got.memset.value == ONE && got.memset.width == N &&
+                                              got.memset.elementSize == 4);
+    check("node get params (kernel)", cuGraphNodeGetParams(k, &got), 0);
+    expect("the kernel's type and launch", got.type == NODE_KERNEL && got.kernel.func == saxpy &&
+                                               got.kernel.blockDimX == 128);
+    CUgraphNode k_again;
+    check("a node built from them", cuGraphAddNode(&k_again, g, &ms, 1, &got), 0);
+    check("node get params (memcpy)", cuGraphNodeGetParams(cp, &got), 0);
+    expect("the copy's type and extent", got.type == NODE_MEMCPY &&
+                                             got.memcpy.copyParams.WidthInBytes == BYTES &&
+                                             got.memcpy.copyParams.dstDevice == z);
+    check("node get params (event record)", cuGraphNodeGetParams(rec, &got), 0);
+    expect("the recorded event", got.type == NODE_EVENT_RECORD && got.eventRecord.event == ev);
+    check("node get params (host)", cuGraphNodeGetParams(host, &got), 0);
+    expect("the host function", got.type == NODE_HOST && got.host.fn == count_call &&
+                                    got.host.userData == &host_calls_generic);
+    check("node get params (child graph)", cuGraphNodeGetParams(sub, &got), 0);
+    expect("the node's own copy of the graph", got.type == NODE_GRAPH && got.graph.graph != NULL &&
+                                                   got.graph.graph != child);
+    check("node get params of no node", cuGraphNodeGetParams((CUgraphNode)0x1234, &got), 1);
+    check("node get params without room", cuGraphNodeGetParams(k, NULL), 1);
+    check("remove the rebuilt node", cuGraphDestroyNode(k_again), 0);
     size_t n = 4;
     CUgraphNode deps[4];
     check("join dependencies", cuGraphNodeGetDependencies(join, deps, &n), 0);

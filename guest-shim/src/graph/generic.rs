@@ -14,7 +14,9 @@ use vgpu_proto::cuda;
 
 use super::api::{
     HostNodeParams, KernelNodeParamsV2, MemAllocNodeParams, MemsetNodeParams, add, add_mem_alloc,
-    child_kind, host_kind, kernel_kind, mem_free_kind, memcpy_kind, memset_kind, set_kind,
+    child_kind, cuGraphHostNodeGetParams, cuGraphKernelNodeGetParams_v2,
+    cuGraphMemcpyNodeGetParams, cuGraphMemsetNodeGetParams, host_kind, kernel_kind, mem_free_kind,
+    memcpy_kind, memset_kind, set_kind,
 };
 use super::{NodeKind, exec, node_type, registry};
 use crate::copies::Memcpy3D;
@@ -347,6 +349,99 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
     ffi("cuGraphAddNode_v2", || {
         default_edges(edges, n)?;
         add_node(out, graph, deps, n, prm)
+    })
+}
+
+/// CUDA 13.1's `cuGraphNodeGetParams`: the node's type and the parameters its per-type getter
+/// reports, in the union member of that type (a memset's and a conditional node's context: the
+/// current one; a child graph node's graph: the copy the node holds, with clone ownership).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetParams(
+    node: CUhandle,
+    prm: *mut GraphNodeParams,
+) -> CUresult {
+    ffi("cuGraphNodeGetParams", || {
+        if prm.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let kind = registry().node(h(node))?.kind.clone();
+        let ty = kind.type_code();
+        let mut p = GraphNodeParams {
+            ty,
+            reserved0: [0; 3],
+            params: NodeParamsUnion {
+                reserved1: [0; UNION_WORDS],
+            },
+            reserved2: 0,
+        };
+        let u = &raw mut p.params;
+        let ctx = crate::driver::current_ctx().unwrap_or(0) as CUhandle;
+        // Each getter writes its type's member of `p`'s union, a local the right size for it.
+        let r = match kind {
+            // SAFETY: see above.
+            NodeKind::Kernel(_) => unsafe {
+                cuGraphKernelNodeGetParams_v2(node, (&raw mut (*u).kernel).cast())
+            },
+            NodeKind::Memcpy(..) => {
+                // SAFETY: see above; the member's other fields stay zero.
+                unsafe { (*u).memcpy.copy_ctx = ctx };
+                // SAFETY: see above.
+                unsafe { cuGraphMemcpyNodeGetParams(node, &raw mut (*u).memcpy.copy) }
+            }
+            NodeKind::Memset(..) => {
+                // SAFETY: see above.
+                unsafe { (*u).memset.ctx = ctx };
+                // SAFETY: see above.
+                unsafe { cuGraphMemsetNodeGetParams(node, &raw mut (*u).memset.base) }
+            }
+            // SAFETY: see above.
+            NodeKind::Host { .. } => unsafe { cuGraphHostNodeGetParams(node, &raw mut (*u).host) },
+            NodeKind::Child(g) => {
+                p.params.graph = ChildGraphNodeParams {
+                    graph: g as CUhandle,
+                    ownership: OWNERSHIP_CLONE,
+                };
+                cuda::CUDA_SUCCESS
+            }
+            NodeKind::EventRecord(e) | NodeKind::EventWait(e) => {
+                p.params.event = EventNodeParams {
+                    event: e as CUhandle,
+                };
+                cuda::CUDA_SUCCESS
+            }
+            // SAFETY: see above.
+            NodeKind::MemAlloc { .. } => unsafe {
+                super::api::cuGraphMemAllocNodeGetParams(node, (&raw mut (*u).alloc).cast())
+            },
+            // SAFETY: see above.
+            NodeKind::MemFree(_) => unsafe {
+                super::api::cuGraphMemFreeNodeGetParams(node, &raw mut (*u).free.dptr)
+            },
+            // SAFETY: see above.
+            NodeKind::BatchMemOp(_) => unsafe {
+                crate::mem_ops::cuGraphBatchMemOpNodeGetParams(node, &raw mut (*u).mem_op)
+            },
+            NodeKind::Conditional(c) => {
+                // The node's own array of bodies: `kind` is a copy, so take the registry's.
+                let reg = registry();
+                let NodeKind::Conditional(held) = &reg.node(h(node))?.kind else {
+                    return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+                };
+                p.params.conditional = super::conditional::ConditionalNodeParams {
+                    handle: c.handle,
+                    ty: c.kind as c_int,
+                    size: c.bodies.len() as std::ffi::c_uint,
+                    bodies_out: held.bodies.as_ptr() as *mut CUhandle,
+                    ctx,
+                };
+                cuda::CUDA_SUCCESS
+            }
+            NodeKind::Empty => cuda::CUDA_SUCCESS,
+        };
+        if r != cuda::CUDA_SUCCESS {
+            return Err(r);
+        }
+        out!(prm, p)
     })
 }
 

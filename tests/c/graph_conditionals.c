@@ -93,6 +93,7 @@ CUresult cuGraphClone(CUgraph *, CUgraph);
 CUresult cuGraphGetNodes(CUgraph, CUgraphNode *, size_t *);
 CUresult cuGraphNodeGetType(CUgraphNode, int *);
 CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+CUresult cuGraphNodeGetParams(CUgraphNode, CUgraphNodeParams *);
 CUresult cuGraphNodeSetParams(CUgraphNode, CUgraphNodeParams *);
 CUresult cuGraphAddKernelNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                               const CUDA_KERNEL_NODE_PARAMS *);
@@ -209,6 +210,12 @@ static void if_else(unsigned value) {
     CUgraph *bodies = NULL;
     snprintf(what, sizeof what, "an if/else node (value %u)", value);
     check(what, add_conditional(&cond, g, &set, 1, h, COND_IF, 2, &bodies), 0);
+    CUgraphNodeParams got;
+    check("cuGraphNodeGetParams of the conditional node", cuGraphNodeGetParams(cond, &got), 0);
+    expect("its handle, type, bodies and their array",
+           got.type == CONDITIONAL_NODE && got.conditional.handle == h &&
+               got.conditional.type == COND_IF && got.conditional.size == 2 &&
+               got.conditional.phGraph_out == bodies);
     CUstream s;
     cuStreamCreate(&s, 0);
     CUdeviceptr second = cells + sizeof(int), third = cells + 2 * sizeof(int);

@@ -186,6 +186,18 @@ def main():
         check("a kernel without a usable image fails cleanly", "no kernel image" in str(err), str(err)[:300])
         check("copies go on after it", torch.equal(a.cuda().cpu(), a))
 
+    # cuBLAS 13 starts: its cubins are zstd-compressed (CUDA 13's libraries all are), and its
+    # handle reads a variable of one (it failed with CUBLAS_STATUS_ALLOC_FAILED before vgpu read
+    # zstd). A matrix product runs on a real GPU and fails cleanly on the simulated one.
+    check("a cuBLAS handle", torch.cuda.current_blas_handle() != 0)
+    m = torch.full((64, 64), 0.5)
+    try:
+        prod = (m.cuda() @ m.cuda()).cpu()
+        check("a matrix product on a real GPU", torch.allclose(prod, m @ m), f"{prod[0, 0]}")
+    except (torch.AcceleratorError, RuntimeError) as err:
+        check("a matrix product fails cleanly without SASS", "CUBLAS" in str(err) or "kernel image" in str(err), str(err)[:300])
+        check("copies go on after the product", torch.equal(a.cuda().cpu(), a))
+
     torch.cuda.synchronize()
     print(f"{checks} checks, expandable segments {'on' if expandable else 'off'}")
     print("PASS")

@@ -74,14 +74,6 @@ pub enum FatbinError {
         /// What is wrong.
         what: &'static str,
     },
-    /// A compression vgpu does not read.
-    #[error(
-        "entry {index} of the fat binary is zstd-compressed, which the simulated GPU does not read yet (build with nvcc -Xfatbin -compress-mode=none or an LZ4 default)"
-    )]
-    Zstd {
-        /// The entry's position.
-        index: usize,
-    },
     /// No entry the device can run.
     #[error(
         "the fat binary holds no image this device can run (it holds {held}); the simulated GPU runs PTX: build with -gencode arch=compute_XX,code=compute_XX"
@@ -148,7 +140,19 @@ impl Entry<'_> {
                     what,
                 })
             }
-            Compression::Zstd => Err(FatbinError::Zstd { index: self.index }),
+            Compression::Zstd => {
+                let len = usize::try_from(self.uncompressed_len)
+                    .ok()
+                    .filter(|&l| l <= MAX_DECOMPRESSED)
+                    .ok_or(FatbinError::Decompress {
+                        index: self.index,
+                        what: "the declared size is over the limit",
+                    })?;
+                zstd_frame(self.payload, len).map_err(|what| FatbinError::Decompress {
+                    index: self.index,
+                    what,
+                })
+            }
         }
     }
 }
@@ -403,6 +407,65 @@ pub fn write(entries: &[NewEntry<'_>]) -> Vec<u8> {
 }
 
 /// Decompresses an LZ4 block (no frame) into exactly `len` bytes at most.
+/// `0xFD2FB528`: a zstd frame's magic number, little-endian.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// The window a zstd frame asks its decoder to keep (RFC 8878, 3.1.1.1), read before any
+/// decoder allocates it: `None` for a header that is not a frame's.
+fn zstd_window(input: &[u8]) -> Option<u64> {
+    const SINGLE_SEGMENT: u8 = 1 << 5;
+    const WINDOW_LOG_MIN: u32 = 10;
+    if input.get(..4)? != ZSTD_MAGIC {
+        return None;
+    }
+    let descriptor = *input.get(4)?;
+    if descriptor & SINGLE_SEGMENT == 0 {
+        // The window descriptor: exponent and eighths.
+        let w = *input.get(5)?;
+        let base = 1u64 << (WINDOW_LOG_MIN + u32::from(w >> 3));
+        return Some(base + base / 8 * u64::from(w & 7));
+    }
+    // A single segment: the window is the content, whose size field follows (no window
+    // descriptor; a dictionary ID may come first).
+    let dict_id_len = [0, 1, 2, 4][usize::from(descriptor & 3)];
+    let at = 5 + dict_id_len;
+    let field = |n: usize| -> Option<u64> {
+        let b = input.get(at..at + n)?;
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(b);
+        Some(u64::from_le_bytes(v))
+    };
+    match descriptor >> 6 {
+        0 => field(1),
+        1 => field(2).map(|v| v + 256),
+        2 => field(4),
+        _ => field(8),
+    }
+}
+
+/// Decompresses one zstd frame of at most `len` bytes (CUDA 12.8's `--compress-mode=size`,
+/// what CUDA 13's libraries ship). The frame's window must fit [`MAX_DECOMPRESSED`]: a hostile
+/// one cannot make vgpud allocate more.
+fn zstd_frame(input: &[u8], len: usize) -> Result<Vec<u8>, &'static str> {
+    use std::io::Read;
+    let window = zstd_window(input).ok_or("the payload is not a zstd frame")?;
+    if window > MAX_DECOMPRESSED as u64 {
+        return Err("its window is over the limit");
+    }
+    let mut source = input;
+    let decoder = ruzstd::decoding::StreamingDecoder::new(&mut source)
+        .map_err(|_| "its frame header is invalid")?;
+    let mut out = Vec::with_capacity(len);
+    decoder
+        .take(len as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|_| "the frame is corrupt")?;
+    if out.len() > len {
+        return Err("the output is larger than declared");
+    }
+    Ok(out)
+}
+
 fn lz4_block(input: &[u8], len: usize) -> Result<Vec<u8>, &'static str> {
     const MIN_MATCH: usize = 4;
     const MORE: u8 = 15;
@@ -625,9 +688,64 @@ mod tests {
             FatbinError::Decompress { .. }
         ));
         let zstd = fatbin(&[(KIND_PTX, 52, FLAG_ZSTD, b"zz", 2)]);
-        assert_eq!(
+        assert!(matches!(
             ptx_for(&zstd, 90).unwrap_err(),
-            FatbinError::Zstd { index: 0 }
-        );
+            FatbinError::Decompress { index: 0, .. }
+        ));
+    }
+
+    /// A zstd frame of `data`, as CUDA 12.8's `--compress-mode=size` stores an entry.
+    fn zstd(data: &[u8]) -> Vec<u8> {
+        ruzstd::encoding::compress_to_vec(data, ruzstd::encoding::CompressionLevel::Fastest)
+    }
+
+    #[test]
+    fn zstd_payloads_are_decompressed() {
+        let ptx = ".version 8.0\n.target sm_80\n// ".repeat(50);
+        let f = fatbin(&[(
+            KIND_PTX,
+            80,
+            FLAG_ZSTD,
+            &zstd(ptx.as_bytes()),
+            ptx.len() as u64,
+        )]);
+        assert_eq!(ptx_for(&f, 90).unwrap(), ptx.as_bytes());
+        // The entry is kept as stored (compressed) for a device that reads it itself.
+        assert_eq!(select(&f, 80).unwrap(), f);
+    }
+
+    #[test]
+    fn hostile_zstd_frames_get_errors() {
+        let ptx = b".version 8.0\n".repeat(100);
+        let good = zstd(&ptx);
+        let entry = |payload: &[u8], len: u64| fatbin(&[(KIND_PTX, 80, FLAG_ZSTD, payload, len)]);
+        let decompress_error = |f: Vec<u8>| {
+            assert!(
+                matches!(ptx_for(&f, 90).unwrap_err(), FatbinError::Decompress { .. }),
+                "{f:x?}"
+            );
+        };
+        // Declared smaller than it is; truncated; a bit flipped in every position.
+        decompress_error(entry(&good, ptx.len() as u64 - 1));
+        decompress_error(entry(&good[..good.len() / 2], ptx.len() as u64));
+        for i in 0..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x5a;
+            let _ = ptx_for(&entry(&bad, ptx.len() as u64), 90);
+        }
+        // A window of 2 GiB (exponent 21) is refused before anything is allocated.
+        let mut huge_window = ZSTD_MAGIC.to_vec();
+        huge_window.extend_from_slice(&[0x00, 21 << 3, 0, 0, 0]);
+        assert_eq!(zstd_window(&huge_window), Some(1 << 31));
+        decompress_error(entry(&huge_window, 100));
+        // A single segment of 4 GiB content.
+        let mut huge_content = ZSTD_MAGIC.to_vec();
+        huge_content.extend_from_slice(&[0x20 | 0x80, 0, 0, 0, 1]);
+        assert_eq!(zstd_window(&huge_content), Some(1 << 24));
+        let mut huge_content = ZSTD_MAGIC.to_vec();
+        huge_content.extend_from_slice(&[0x20 | 0xc0, 0, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(zstd_window(&huge_content), Some(1 << 32));
+        decompress_error(entry(&huge_content, 100));
+        decompress_error(entry(b"not zstd at all", 100));
     }
 }

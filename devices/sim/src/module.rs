@@ -150,7 +150,6 @@ impl SimModule {
                         vgpu_fatbin::FatbinError::NoUsableImage { .. } => {
                             cuda::CUDA_ERROR_NO_BINARY_FOR_GPU
                         }
-                        vgpu_fatbin::FatbinError::Zstd { .. } => cuda::CUDA_ERROR_NOT_SUPPORTED,
                         _ => cuda::CUDA_ERROR_INVALID_IMAGE,
                     },
                     message: e.to_string(),

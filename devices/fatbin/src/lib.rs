@@ -35,7 +35,7 @@ pub const KIND_ELF: u16 = 2;
 /// Entry flag: the payload is LZ4-compressed (block format).
 const FLAG_LZ4: u64 = 0x2000;
 /// Entry flag: the payload is zstd-compressed.
-const FLAG_ZSTD: u64 = 0x8000;
+pub const FLAG_ZSTD: u64 = 0x8000;
 /// Most entries read from one fat binary.
 pub const MAX_ENTRIES: usize = 4096;
 /// Largest payload decompressed (a module's PTX; larger is refused).

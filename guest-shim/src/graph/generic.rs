@@ -374,28 +374,40 @@ pub unsafe extern "C" fn cuGraphNodeGetParams(
             },
             reserved2: 0,
         };
-        let u = &raw mut p.params;
         let ctx = crate::driver::current_ctx().unwrap_or(0) as CUhandle;
         // Each getter writes its type's member of `p`'s union, a local the right size for it.
         let r = match kind {
-            // SAFETY: see above.
-            NodeKind::Kernel(_) => unsafe {
-                cuGraphKernelNodeGetParams_v2(node, (&raw mut (*u).kernel).cast())
-            },
-            NodeKind::Memcpy(..) => {
-                // SAFETY: see above; the member's other fields stay zero.
-                unsafe { (*u).memcpy.copy_ctx = ctx };
+            NodeKind::Kernel(_) => {
+                let out = (&raw mut p.params.kernel).cast();
                 // SAFETY: see above.
-                unsafe { cuGraphMemcpyNodeGetParams(node, &raw mut (*u).memcpy.copy) }
+                unsafe { cuGraphKernelNodeGetParams_v2(node, out) }
+            }
+            NodeKind::Memcpy(..) => {
+                // SAFETY: plain integers and pointers, all zero: a valid `Memcpy3D`.
+                let mut copy: Memcpy3D = unsafe { std::mem::zeroed() };
+                // SAFETY: `copy` is a `Memcpy3D` to write.
+                let r = unsafe { cuGraphMemcpyNodeGetParams(node, &mut copy) };
+                p.params.memcpy = MemcpyNodeParams {
+                    flags: 0,
+                    reserved: 0,
+                    copy_ctx: ctx,
+                    copy,
+                };
+                r
             }
             NodeKind::Memset(..) => {
-                // SAFETY: see above.
-                unsafe { (*u).memset.ctx = ctx };
-                // SAFETY: see above.
-                unsafe { cuGraphMemsetNodeGetParams(node, &raw mut (*u).memset.base) }
+                // SAFETY: plain integers, all zero: a valid `MemsetNodeParams`.
+                let mut base: MemsetNodeParams = unsafe { std::mem::zeroed() };
+                // SAFETY: `base` is a `MemsetNodeParams` to write.
+                let r = unsafe { cuGraphMemsetNodeGetParams(node, &mut base) };
+                p.params.memset = MemsetNodeParamsV2 { base, ctx };
+                r
             }
-            // SAFETY: see above.
-            NodeKind::Host { .. } => unsafe { cuGraphHostNodeGetParams(node, &raw mut (*u).host) },
+            NodeKind::Host { .. } => {
+                let out = &raw mut p.params.host;
+                // SAFETY: see above.
+                unsafe { cuGraphHostNodeGetParams(node, out) }
+            }
             NodeKind::Child(g) => {
                 p.params.graph = ChildGraphNodeParams {
                     graph: g as CUhandle,
@@ -409,18 +421,23 @@ pub unsafe extern "C" fn cuGraphNodeGetParams(
                 };
                 cuda::CUDA_SUCCESS
             }
-            // SAFETY: see above.
-            NodeKind::MemAlloc { .. } => unsafe {
-                super::api::cuGraphMemAllocNodeGetParams(node, (&raw mut (*u).alloc).cast())
-            },
-            // SAFETY: see above.
-            NodeKind::MemFree(_) => unsafe {
-                super::api::cuGraphMemFreeNodeGetParams(node, &raw mut (*u).free.dptr)
-            },
-            // SAFETY: see above.
-            NodeKind::BatchMemOp(_) => unsafe {
-                crate::mem_ops::cuGraphBatchMemOpNodeGetParams(node, &raw mut (*u).mem_op)
-            },
+            NodeKind::MemAlloc { .. } => {
+                let out = (&raw mut p.params.alloc).cast();
+                // SAFETY: see above.
+                unsafe { super::api::cuGraphMemAllocNodeGetParams(node, out) }
+            }
+            NodeKind::MemFree(_) => {
+                let mut dptr = 0;
+                // SAFETY: `dptr` is a `CUdeviceptr` to write.
+                let r = unsafe { super::api::cuGraphMemFreeNodeGetParams(node, &mut dptr) };
+                p.params.free = MemFreeNodeParams { dptr };
+                r
+            }
+            NodeKind::BatchMemOp(_) => {
+                let out = &raw mut p.params.mem_op;
+                // SAFETY: see above.
+                unsafe { crate::mem_ops::cuGraphBatchMemOpNodeGetParams(node, out) }
+            }
             NodeKind::Conditional(c) => {
                 // The node's own array of bodies: `kind` is a copy, so take the registry's.
                 let reg = registry();

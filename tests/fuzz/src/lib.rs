@@ -408,6 +408,18 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                     payload: text,
                     uncompressed_len: 0,
                 }]));
+                // The same zstd-compressed, as CUDA 13's libraries store their entries.
+                let frame = ruzstd::encoding::compress_to_vec(
+                    &text[..],
+                    ruzstd::encoding::CompressionLevel::Fastest,
+                );
+                v.push(vgpu_fatbin::write(&[vgpu_fatbin::NewEntry {
+                    kind: vgpu_fatbin::KIND_PTX,
+                    arch: 52,
+                    flags: vgpu_fatbin::FLAG_ZSTD,
+                    payload: &frame,
+                    uncompressed_len: text.len() as u64,
+                }]));
             }
             v
         }

@@ -510,6 +510,20 @@ fn pool_device(location: *const CUmemLocation, alloc_type: c_int) -> Result<CUde
     Ok(l.id)
 }
 
+/// CUDA 13's pool of a location: its default pool, or its current one.
+fn location_pool(
+    what: &'static str,
+    pool: *mut CUhandle,
+    location: *const CUmemLocation,
+    alloc_type: c_int,
+    default: bool,
+) -> CUresult {
+    ffi(what, || {
+        let dev = pool_device(location, alloc_type)?;
+        out!(pool, api::device_mem_pool(dev, default)? as CUhandle)
+    })
+}
+
 /// CUDA 13's `cuMemGetDefaultMemPool`: for a device's memory, its default pool.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetDefaultMemPool(
@@ -517,10 +531,7 @@ pub unsafe extern "C" fn cuMemGetDefaultMemPool(
     location: *const CUmemLocation,
     alloc_type: c_int,
 ) -> CUresult {
-    ffi("cuMemGetDefaultMemPool", || {
-        let dev = pool_device(location, alloc_type)?;
-        out!(pool, api::device_mem_pool(dev, true)? as CUhandle)
-    })
+    location_pool("cuMemGetDefaultMemPool", pool, location, alloc_type, true)
 }
 
 /// CUDA 13's `cuMemGetMemPool`: for a device's memory, its current pool.
@@ -530,10 +541,7 @@ pub unsafe extern "C" fn cuMemGetMemPool(
     location: *const CUmemLocation,
     alloc_type: c_int,
 ) -> CUresult {
-    ffi("cuMemGetMemPool", || {
-        let dev = pool_device(location, alloc_type)?;
-        out!(pool, api::device_mem_pool(dev, false)? as CUhandle)
-    })
+    location_pool("cuMemGetMemPool", pool, location, alloc_type, false)
 }
 
 /// CUDA 13's `cuMemSetMemPool`: for a device's memory, sets its current pool.

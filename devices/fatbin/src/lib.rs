@@ -125,35 +125,20 @@ impl Entry<'_> {
 
     /// The payload, decompressed.
     pub fn contents(&self) -> Result<Vec<u8>, FatbinError> {
-        match self.compression {
-            Compression::None => Ok(self.payload.to_vec()),
-            Compression::Lz4 => {
-                let len = usize::try_from(self.uncompressed_len)
-                    .ok()
-                    .filter(|&l| l <= MAX_DECOMPRESSED)
-                    .ok_or(FatbinError::Decompress {
-                        index: self.index,
-                        what: "the declared size is over the limit",
-                    })?;
-                lz4_block(self.payload, len).map_err(|what| FatbinError::Decompress {
-                    index: self.index,
-                    what,
-                })
-            }
-            Compression::Zstd => {
-                let len = usize::try_from(self.uncompressed_len)
-                    .ok()
-                    .filter(|&l| l <= MAX_DECOMPRESSED)
-                    .ok_or(FatbinError::Decompress {
-                        index: self.index,
-                        what: "the declared size is over the limit",
-                    })?;
-                zstd_frame(self.payload, len).map_err(|what| FatbinError::Decompress {
-                    index: self.index,
-                    what,
-                })
-            }
-        }
+        let decompress: fn(&[u8], usize) -> Result<Vec<u8>, &'static str> = match self.compression {
+            Compression::None => return Ok(self.payload.to_vec()),
+            Compression::Lz4 => lz4_block,
+            Compression::Zstd => zstd_frame,
+        };
+        let error = |what| FatbinError::Decompress {
+            index: self.index,
+            what,
+        };
+        let len = usize::try_from(self.uncompressed_len)
+            .ok()
+            .filter(|&l| l <= MAX_DECOMPRESSED)
+            .ok_or(error("the declared size is over the limit"))?;
+        decompress(self.payload, len).map_err(error)
     }
 }
 

@@ -134,6 +134,14 @@ free, total = torch.cuda.mem_get_info()
 print(f"ok mem_get_info free {free} total {total}")
 '
 fi
+# PyTorch's allocator (with and without expandable segments), IPC, NCCL, the profiler and
+# cuBLAS against vm1's 8 GiB slice; on a GPU its kernels and the matrix product run.
+if [[ -n "$PY" ]] && "$PY" -c 'import torch' 2>/dev/null; then
+    for conf in "" "expandable_segments:True"; do
+        run_prog "torch_basics${conf:+_expandable}" "$LIMIT_PYTHON" env PYTHONUNBUFFERED=1 \
+            PYTORCH_CUDA_ALLOC_CONF="$conf" "$PY" "$ROOT/tests/python/torch_basics.py" $((8 << 30))
+    done
+fi
 
 kill "$VGPUD_PID" 2>/dev/null
 wait "$VGPUD_PID" 2>/dev/null

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use vgpu_tests::harness::{
-    Run, TestVm, Vgpud, artifacts, cuda_guest, run_with_shim, workspace_root,
+    Run, TestVm, Vgpud, artifacts, build_c_program, cuda_guest, run_with_shim, workspace_root,
 };
 use vgpu_tests::qemu::{self, Guest};
 
@@ -289,6 +289,36 @@ fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
         d.log()
     );
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
+/// A cubin on the simulated GPU (ptxas, from PyPI's nvidia-cuda-nvcc-cu12, compiles
+/// tests/kernels/ptx/saxpy.sm_80.ptx): it loads with its kernel known, and a launch of it is
+/// refused at once with `CUDA_ERROR_NO_BINARY_FOR_GPU` (directly, as a graph node, in a capture),
+/// with nothing left pending for a later call to trip on (tests/c/cubin_launch.c). Before, the
+/// launch was queued and failed on the host, while copies went on with the kernel's output
+/// never written (JAX printed zeros).
+#[test]
+fn a_cubins_kernel_is_refused_at_its_launch_on_the_simulated_gpu() {
+    let ptxas = pypi_package("cuda_nvcc").join("bin/ptxas");
+    let dir = tempfile::tempdir().unwrap();
+    let cubin = dir.path().join("saxpy.sm_80.cubin");
+    let st = Command::new(&ptxas)
+        .arg("-arch=sm_80")
+        .arg(workspace_root().join("tests/kernels/ptx/saxpy.sm_80.ptx"))
+        .arg("-o")
+        .arg(&cubin)
+        .status()
+        .expect("running ptxas");
+    assert!(st.success(), "ptxas failed");
+    let prog = build_c_program("cubin_launch");
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let r = run_with_shim(&d, "vm1", &prog, &[cubin.to_str().unwrap()]);
+    assert_passed(&r, "cubin_launch", 18);
+    assert!(
+        r.stderr.contains("comes from a cubin (SASS)"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// cuFFT's transforms (C2C forward and inverse at a power of two and at

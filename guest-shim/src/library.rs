@@ -38,12 +38,10 @@ fn check_device(dev: CUdevice) -> drv::CuRes<()> {
     }
 }
 
-/// A library's module: `CUDA_ERROR_NO_BINARY_FOR_GPU` for a library whose
-/// images the device cannot run (it loaded, as CUDA's lazy loading lets it;
-/// its first use fails and says why).
-/// The first use of an unusable library in this process is a warning on stderr; later ones
-/// go to the debug log (a library such as NCCL asks for dozens of SASS-only kernels at start,
-/// and one line says why they fail). CUDA's error log (`cuLogsCurrent`) gets every one.
+/// Whether this process has said on stderr that code cannot run on this device (an unusable
+/// library, a cubin's kernel): later cases go to the debug log (a library such as NCCL asks for
+/// dozens of SASS-only kernels at start, and one line says why they fail). CUDA's error log
+/// (`cuLogsCurrent`) gets every one.
 static UNUSABLE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Says why code cannot run here: the first time in a process on stderr, later at debug
@@ -57,6 +55,9 @@ pub(crate) fn no_binary(why: &str) {
     }
 }
 
+/// A library's module: `CUDA_ERROR_NO_BINARY_FOR_GPU` for a library whose
+/// images the device cannot run (it loaded, as CUDA's lazy loading lets it;
+/// its first use fails and says why).
 fn library(lib: CUhandle) -> drv::CuRes<u64> {
     if let Some(why) = drv::unusable_reason(h(lib))? {
         no_binary(&format!("cannot use a library: {why}"));

@@ -440,7 +440,9 @@ fn zstd_frame(input: &[u8], len: usize) -> Result<Vec<u8>, &'static str> {
     let mut source = input;
     let decoder = ruzstd::decoding::StreamingDecoder::new(&mut source)
         .map_err(|_| "its frame header is invalid")?;
-    let mut out = Vec::with_capacity(len);
+    // Room for one byte past the declared size, which says the frame is larger, so that reading
+    // it does not double the buffer.
+    let mut out = Vec::with_capacity(len + 1);
     decoder
         .take(len as u64 + 1)
         .read_to_end(&mut out)

@@ -364,10 +364,8 @@ pub unsafe extern "C" fn cuGraphNodeGetParams(
         if prm.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        let kind = registry().node(h(node))?.kind.clone();
-        let ty = kind.type_code();
         let mut p = GraphNodeParams {
-            ty,
+            ty: 0,
             reserved0: [0; 3],
             params: NodeParamsUnion {
                 reserved1: [0; UNION_WORDS],
@@ -375,14 +373,45 @@ pub unsafe extern "C" fn cuGraphNodeGetParams(
             reserved2: 0,
         };
         let ctx = crate::driver::current_ctx().unwrap_or(0) as CUhandle;
+        // The types whose parameters are the node's own handles are read here, under one lock;
+        // the others below from their per-type getters.
+        p.ty = {
+            let reg = registry();
+            let kind = &reg.node(h(node))?.kind;
+            match kind {
+                NodeKind::Child(g) => {
+                    p.params.graph = ChildGraphNodeParams {
+                        graph: *g as CUhandle,
+                        ownership: OWNERSHIP_CLONE,
+                    };
+                }
+                NodeKind::EventRecord(e) | NodeKind::EventWait(e) => {
+                    p.params.event = EventNodeParams {
+                        event: *e as CUhandle,
+                    };
+                }
+                NodeKind::Conditional(c) => {
+                    // The node's own array of bodies, which stays put while the node lives.
+                    p.params.conditional = super::conditional::ConditionalNodeParams {
+                        handle: c.handle,
+                        ty: c.kind as c_int,
+                        size: c.bodies.len() as std::ffi::c_uint,
+                        bodies_out: c.bodies.as_ptr() as *mut CUhandle,
+                        ctx,
+                    };
+                }
+                _ => {}
+            }
+            kind.type_code()
+        };
         // Each getter writes its type's member of `p`'s union, a local the right size for it.
-        let r = match kind {
-            NodeKind::Kernel(_) => {
+        let r = match p.ty {
+            node_type::KERNEL => {
                 let out = (&raw mut p.params.kernel).cast();
                 // SAFETY: see above.
                 unsafe { cuGraphKernelNodeGetParams_v2(node, out) }
             }
-            NodeKind::Memcpy(..) => {
+            node_type::MEMCPY => {
                 // SAFETY: plain integers and pointers, all zero: a valid `Memcpy3D`.
                 let mut copy: Memcpy3D = unsafe { std::mem::zeroed() };
                 // SAFETY: `copy` is a `Memcpy3D` to write.
@@ -395,7 +424,7 @@ pub unsafe extern "C" fn cuGraphNodeGetParams(
                 };
                 r
             }
-            NodeKind::Memset(..) => {
+            node_type::MEMSET => {
                 // SAFETY: plain integers, all zero: a valid `MemsetNodeParams`.
                 let mut base: MemsetNodeParams = unsafe { std::mem::zeroed() };
                 // SAFETY: `base` is a `MemsetNodeParams` to write.
@@ -403,57 +432,29 @@ pub unsafe extern "C" fn cuGraphNodeGetParams(
                 p.params.memset = MemsetNodeParamsV2 { base, ctx };
                 r
             }
-            NodeKind::Host { .. } => {
+            node_type::HOST => {
                 let out = &raw mut p.params.host;
                 // SAFETY: see above.
                 unsafe { cuGraphHostNodeGetParams(node, out) }
             }
-            NodeKind::Child(g) => {
-                p.params.graph = ChildGraphNodeParams {
-                    graph: g as CUhandle,
-                    ownership: OWNERSHIP_CLONE,
-                };
-                cuda::CUDA_SUCCESS
-            }
-            NodeKind::EventRecord(e) | NodeKind::EventWait(e) => {
-                p.params.event = EventNodeParams {
-                    event: e as CUhandle,
-                };
-                cuda::CUDA_SUCCESS
-            }
-            NodeKind::MemAlloc { .. } => {
+            node_type::MEM_ALLOC => {
                 let out = (&raw mut p.params.alloc).cast();
                 // SAFETY: see above.
                 unsafe { super::api::cuGraphMemAllocNodeGetParams(node, out) }
             }
-            NodeKind::MemFree(_) => {
+            node_type::MEM_FREE => {
                 let mut dptr = 0;
                 // SAFETY: `dptr` is a `CUdeviceptr` to write.
                 let r = unsafe { super::api::cuGraphMemFreeNodeGetParams(node, &mut dptr) };
                 p.params.free = MemFreeNodeParams { dptr };
                 r
             }
-            NodeKind::BatchMemOp(_) => {
+            node_type::BATCH_MEM_OP => {
                 let out = &raw mut p.params.mem_op;
                 // SAFETY: see above.
                 unsafe { crate::mem_ops::cuGraphBatchMemOpNodeGetParams(node, out) }
             }
-            NodeKind::Conditional(c) => {
-                // The node's own array of bodies: `kind` is a copy, so take the registry's.
-                let reg = registry();
-                let NodeKind::Conditional(held) = &reg.node(h(node))?.kind else {
-                    return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-                };
-                p.params.conditional = super::conditional::ConditionalNodeParams {
-                    handle: c.handle,
-                    ty: c.kind as c_int,
-                    size: c.bodies.len() as std::ffi::c_uint,
-                    bodies_out: held.bodies.as_ptr() as *mut CUhandle,
-                    ctx,
-                };
-                cuda::CUDA_SUCCESS
-            }
-            NodeKind::Empty => cuda::CUDA_SUCCESS,
+            _ => cuda::CUDA_SUCCESS,
         };
         if r != cuda::CUDA_SUCCESS {
             return Err(r);

@@ -34,6 +34,11 @@ python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 command -v umoci >/dev/null 2>&1 || missing+=(umoci)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 command -v strip >/dev/null 2>&1 || missing+=(binutils)
+# CUDA's graphics interop headers (cudaGL.h, cudaEGL.h, cudaVDPAU.h) include OpenGL's, EGL's and
+# VDPAU's: the test that every function of the driver API's headers links preprocesses them.
+[ -f /usr/include/GL/gl.h ] || missing+=(libgl-dev)
+[ -f /usr/include/EGL/eglext.h ] || missing+=(libegl-dev)
+[ -f /usr/include/vdpau/vdpau.h ] || missing+=(libvdpau-dev)
 # The host tools images/build.sh uses to build the guest image (it never installs them itself:
 # the tests run it, and an apt job during a test run fails whenever another one holds the lock).
 for tool in dpkg-deb:dpkg gzip:gzip depmod:kmod ldd:libc-bin flock:util-linux \

@@ -233,6 +233,185 @@ fn a_program_linked_against_cuda_13_runtime_runs() {
     run_runtime_api_program(13);
 }
 
+/// The driver API's headers in PyPI's runtime: cuda.h and the graphics interop headers (which
+/// include OpenGL's, EGL's and VDPAU's: Debian's libgl-dev, libegl-dev and libvdpau-dev, which
+/// scripts/prereqs.sh installs).
+const DRIVER_HEADERS: [&str; 4] = ["cuda.h", "cudaGL.h", "cudaEGL.h", "cudaVDPAU.h"];
+/// Declared for Windows only.
+const WINDOWS_ONLY: [&str; 1] = ["cuWGLGetDevice"];
+/// cudaProfiler.h's functions (PyPI's runtime ships only that header's typedefs).
+const PROFILER_FUNCTIONS: [&str; 3] = ["cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop"];
+/// Marks where the names start in the preprocessor's output.
+const NAMES_MARKER: &str = "vgpu_linked_names_begin";
+
+/// Every function the driver API's headers in `include` declare (`CUresult CUDAAPI name(`),
+/// Windows-only ones aside.
+fn declared_functions(include: &Path) -> Vec<String> {
+    const DECL: &str = "CUresult CUDAAPI ";
+    let mut names = Vec::new();
+    for header in DRIVER_HEADERS {
+        let text = std::fs::read_to_string(include.join(header))
+            .unwrap_or_else(|e| panic!("reading {header} in {}: {e}", include.display()));
+        for (at, _) in text.match_indices(DECL) {
+            let name: String = text[at + DECL.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !WINDOWS_ONLY.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The symbols a C program compiled against `include`'s headers links when it calls `names`:
+/// the names after the headers' macros (`cuMemAlloc` is `cuMemAlloc_v2`; with `per_thread`,
+/// `--default-stream per-thread`'s `_ptsz` and `_ptds` forms).
+fn linked_symbols(include: &Path, names: &[String], per_thread: bool) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("names.c");
+    let mut text: String = DRIVER_HEADERS
+        .iter()
+        .map(|h| format!("#include <{h}>\n"))
+        .collect();
+    text.push_str(NAMES_MARKER);
+    text.push('\n');
+    for n in names {
+        text.push_str(n);
+        text.push('\n');
+    }
+    std::fs::write(&src, text).unwrap();
+    let mut cc = Command::new("cc");
+    cc.args(["-E", "-P"])
+        .arg(format!("-I{}", include.display()))
+        .arg(&src);
+    if per_thread {
+        cc.arg("-DCUDA_API_PER_THREAD_DEFAULT_STREAM");
+    }
+    let out = cc.output().expect("running cc");
+    assert!(
+        out.status.success(),
+        "preprocessing the driver API's headers in {} failed (scripts/prereqs.sh installs \
+         libgl-dev, libegl-dev and libvdpau-dev for the interop headers): {}",
+        include.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let at = out.rfind(NAMES_MARKER).expect("the marker in the output") + NAMES_MARKER.len();
+    out[at..].split_whitespace().map(str::to_string).collect()
+}
+
+/// The names `lib` defines in its dynamic symbol table (`nm -D`).
+fn exported_symbols(lib: &Path) -> std::collections::HashSet<String> {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+        .expect("running nm (binutils)");
+    assert!(out.status.success(), "nm {}", lib.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `name` without its ABI version (`cuGraphAddNode_v3` is `cuGraphAddNode`), as callers ask
+/// `cuGetProcAddress` for it.
+fn base_name(name: &str) -> &str {
+    match name.rsplit_once("_v") {
+        Some((base, v)) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => name,
+    }
+}
+
+/// A program compiled against CUDA 12.9's or 13.5's driver API headers links against vgpu's
+/// libcuda.so.1 whichever of the headers' functions it calls, with the legacy or the per-thread
+/// default stream, and `cuGetProcAddress` answers each of them for callers of that version (as
+/// cuda-python and NVIDIA's runtime resolve the driver). Before, 47 of CUDA 12.9's functions were
+/// missing (graphics interop, external memory, checkpoints…), and a program calling any of them,
+/// even on a path it never takes on a VM, did not start. What each does is in
+/// tests/c/driver_api_rest.c.
+#[test]
+fn every_function_of_cudas_driver_headers_links_and_resolves() {
+    let exported = exported_symbols(&artifacts().lib_dir.join("libcuda.so.1"));
+    let prog = build_c_program("proc_address");
+    for major in [12, 13] {
+        let include = pypi_cudart(major).join("include");
+        let cuda_h = std::fs::read_to_string(include.join("cuda.h")).unwrap();
+        let version: i32 = cuda_h
+            .lines()
+            .find_map(|l| l.strip_prefix("#define CUDA_VERSION "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("CUDA_VERSION in cuda.h");
+        let declared = declared_functions(&include);
+        assert!(declared.len() > 400, "CUDA {version}: {declared:?}");
+        let mut missing: Vec<String> = [false, true]
+            .into_iter()
+            .flat_map(|per_thread| linked_symbols(&include, &declared, per_thread))
+            .chain(PROFILER_FUNCTIONS.iter().map(|p| p.to_string()))
+            .filter(|s| !exported.contains(s))
+            .collect();
+        missing.sort();
+        missing.dedup();
+        assert!(
+            missing.is_empty(),
+            "CUDA {version}: {} symbols a program compiled against its headers links are not \
+             exported: {missing:?}",
+            missing.len()
+        );
+
+        let mut bases: Vec<&str> = declared
+            .iter()
+            .map(|n| base_name(n))
+            .chain(PROFILER_FUNCTIONS)
+            .collect();
+        bases.sort_unstable();
+        bases.dedup();
+        let mut child = Command::new(&prog)
+            .arg(version.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(bases.join("\n").as_bytes()).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "CUDA {version}: cuGetProcAddress finds not every function:\n{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("# {} names", bases.len())),
+            "{stdout}"
+        );
+        println!(
+            "CUDA {version}: {} functions declared ({} base names), each exported and resolvable",
+            declared.len(),
+            bases.len()
+        );
+    }
+}
+
+/// What vgpu answers for the rest of the driver API's headers: graphics interop, external memory
+/// and semaphores, features a VM's device lacks, CUDA 2.0's attach/detach and texture references
+/// outside modules, CUDA 13.1's host functions with a sync mode (tests/c/driver_api_rest.c).
+#[test]
+fn the_rest_of_the_driver_api_refuses_what_a_vms_device_lacks_as_cuda_does() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("driver_api_rest");
+    let r = run_with_shim(&d, "vm1", &prog, &[]);
+    assert_passed(&r, "driver_api_rest", 90);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
 /// The directory of a PyPI NVIDIA package (`nvidia.<module>`).
 fn pypi_package(module: &str) -> PathBuf {
     let out = Command::new("python3")

@@ -671,6 +671,35 @@ pub unsafe extern "C" fn cuMipmappedArrayGetLevel(
     })
 }
 
+/// `cuMipmappedArrayGetMemoryRequirements`: no mipmapped array exists.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayGetMemoryRequirements(
+    out: *mut ArrayMemoryRequirements,
+    _array: CUhandle,
+    _device: i32,
+) -> CUresult {
+    ffi("cuMipmappedArrayGetMemoryRequirements", || {
+        if out.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+    })
+}
+
+/// `cuMipmappedArrayGetSparseProperties`: no mipmapped array exists.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayGetSparseProperties(
+    props: *mut c_void,
+    _array: CUhandle,
+) -> CUresult {
+    ffi("cuMipmappedArrayGetSparseProperties", || {
+        if props.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,6 +39,49 @@ pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
     exports::cuDevicePrimaryCtxReset_v2(dev)
 }
 
+/// `CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX`, the only target.
+const FLUSH_TARGET_CURRENT_CTX: c_int = 0;
+/// `CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER` and `_TO_ALL_DEVICES`.
+const FLUSH_SCOPES: [c_int; 2] = [100, 200];
+
+/// `cuProfilerStart`: profiling of the current context starts; no profiler reaches a VM's
+/// device (CUPTI's table refuses, docs/runtime.md), so there is nothing to start, as in CUDA
+/// without a profiler attached.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuProfilerStart() -> CUresult {
+    ffi("cuProfilerStart", current_context)
+}
+
+/// `cuProfilerStop`: see `cuProfilerStart`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuProfilerStop() -> CUresult {
+    ffi("cuProfilerStop", current_context)
+}
+
+/// A context is current (`CUDA_ERROR_INVALID_CONTEXT` otherwise).
+fn current_context() -> drv::CuRes<()> {
+    match drv::ctx_get_current()? {
+        0 => Err(cuda::CUDA_ERROR_INVALID_CONTEXT),
+        _ => Ok(()),
+    }
+}
+
+/// `cuFlushGPUDirectRDMAWrites`: no third-party device writes a VM's GPU memory, and the device
+/// reports no flush options (`GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS` is 0), so once its arguments
+/// are checked the call is `CUDA_ERROR_NOT_SUPPORTED`, as on a GPU without GPUDirect RDMA.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFlushGPUDirectRDMAWrites(target: c_int, scope: c_int) -> CUresult {
+    ffi("cuFlushGPUDirectRDMAWrites", || {
+        if target != FLUSH_TARGET_CURRENT_CTX || !FLUSH_SCOPES.contains(&scope) {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        current_context()?;
+        Err(drv::unsupported(
+            "cuFlushGPUDirectRDMAWrites (no GPUDirect RDMA)",
+        ))
+    })
+}
+
 /// `cuStreamGetCtx`: a VM's streams live on its one device; the context is
 /// the current one (the primary context when none is current).
 #[unsafe(no_mangle)]

@@ -626,12 +626,51 @@ pub fn ctx_set_flags(flags: u32) -> CuRes<()> {
     primary_set_flags(0, flags)
 }
 
+/// The uses `cuCtxAttach` added to contexts, beyond their creator's.
+fn ctx_attachments() -> MutexGuard<'static, HashMap<u64, u32>> {
+    static USES: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
+    lock(USES.get_or_init(|| Mutex::new(HashMap::new())))
+}
+
+/// `cuCtxAttach` (deprecated since CUDA 4.0): one more use of the current context.
+pub fn ctx_attach() -> CuRes<u64> {
+    let c = ctx()?;
+    let mut uses = ctx_attachments();
+    let n = uses.entry(c).or_default();
+    *n = n.checked_add(1).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    Ok(c)
+}
+
+/// `cuCtxDetach` (deprecated since CUDA 4.0): one use of the current context less; the last use of
+/// a context `cuCtxCreate` made destroys it. A primary context is not destroyed here (its retains
+/// are `cuDevicePrimaryCtxRelease`'s), so detaching it more often than it was attached fails.
+pub fn ctx_detach(c: u64) -> CuRes<()> {
+    if c == 0 || ctx_get_current()? != c {
+        return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    {
+        let mut uses = ctx_attachments();
+        if let Some(n) = uses.get_mut(&c) {
+            *n -= 1;
+            if *n == 0 {
+                uses.remove(&c);
+            }
+            return Ok(());
+        }
+    }
+    if !created_ctx_flags().contains_key(&c) {
+        return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    ctx_destroy(c)
+}
+
 /// `cuCtxDestroy`.
 pub fn ctx_destroy(c: u64) -> CuRes<()> {
     let d = driver()?;
     crate::sync_wait::before_destroy(c);
     d.call(&msg::CtxDestroy { ctx: c }, &[])?;
     created_ctx_flags().remove(&c);
+    ctx_attachments().remove(&c);
     crate::stream_attrs::forget(LEGACY_STREAM_ID_BIT | c);
     forget_per_thread_stream(c);
     let _ = with_ctx_stack(|s| s.remove_all(c));

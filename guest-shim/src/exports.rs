@@ -401,6 +401,23 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: CUhandle) -> CUresult {
     })
 }
 
+/// `cuCtxAttach` (deprecated): the current context, with one more use; `flags` must be 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxAttach(pctx: *mut CUhandle, flags: c_uint) -> CUresult {
+    ffi("cuCtxAttach", || {
+        if pctx.is_null() || flags != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(pctx, p(drv::ctx_attach()?))
+    })
+}
+
+/// `cuCtxDetach` (deprecated): one use less of the current context, destroyed with its last.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDetach(ctx: CUhandle) -> CUresult {
+    ffi("cuCtxDetach", || drv::ctx_detach(h(ctx)))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUhandle) -> CUresult {
     ffi("cuCtxGetCurrent", || out!(pctx, p(drv::ctx_get_current()?)))
@@ -1201,6 +1218,29 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
         }
         crate::host_func::launch_host_func(h(stream), crate::host_func::HostCall::Func { f, data })
     })
+}
+
+/// `CU_HOST_TASK_BLOCKING` and `CU_HOST_TASK_SPINWAIT`: how the thread that runs host functions
+/// waits for the next (CUDA 13.1).
+const HOST_TASK_SYNC_MODES: [c_uint; 2] = [0, 1];
+
+/// `cuLaunchHostFunc_v2` (CUDA 13.1): with a hint how the thread running host functions waits
+/// for the next. The shim's thread for them waits as it does for `cuLaunchHostFunc`'s, whichever
+/// is asked (a hint, not a result).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc_v2(
+    stream: CUhandle,
+    f: CUhostFn,
+    data: *mut c_void,
+    sync_mode: c_uint,
+) -> CUresult {
+    if !HOST_TASK_SYNC_MODES.contains(&sync_mode) {
+        return ffi("cuLaunchHostFunc_v2", || {
+            Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        });
+    }
+    // SAFETY: the same contract as cuLaunchHostFunc's.
+    unsafe { cuLaunchHostFunc(stream, f, data) }
 }
 
 /// `cuStreamAddCallback`: like [`cuLaunchHostFunc`]; the callback also gets
@@ -2216,6 +2256,21 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         }
         r
     })
+}
+
+/// `cuGetProcAddress_v2_ptsz`: what a program built with the per-thread default stream calls;
+/// it is answered the per-thread forms, as with `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    let flags = flags | crate::procaddr::PER_THREAD_DEFAULT_STREAM;
+    // SAFETY: same contract as cuGetProcAddress_v2.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status) }
 }
 
 #[unsafe(no_mangle)]

@@ -33,6 +33,7 @@ pub mod graph;
 pub mod green_ctx;
 pub mod host_func;
 pub mod integrity;
+pub mod interop;
 pub mod legacy_launch;
 pub mod library;
 pub mod linker;

@@ -263,6 +263,39 @@ pub extern "C" fn cuMulticastBindAddr(
     })
 }
 
+/// `cuMulticastBindMem_v2` (CUDA 13.1): with the device whose memory is bound.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMulticastBindMem_v2(
+    _handle: MemHandle,
+    dev: CUdevice,
+    _mc_offset: usize,
+    _mem: MemHandle,
+    _mem_offset: usize,
+    _size: usize,
+    _flags: c_ulonglong,
+) -> CUresult {
+    ffi("cuMulticastBindMem_v2", || {
+        check_device(dev)?;
+        no_multicast("cuMulticastBindMem_v2")
+    })
+}
+
+/// `cuMulticastBindAddr_v2` (CUDA 13.1): with the device whose memory is bound.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMulticastBindAddr_v2(
+    _handle: MemHandle,
+    dev: CUdevice,
+    _mc_offset: usize,
+    _ptr: u64,
+    _size: usize,
+    _flags: c_ulonglong,
+) -> CUresult {
+    ffi("cuMulticastBindAddr_v2", || {
+        check_device(dev)?;
+        no_multicast("cuMulticastBindAddr_v2")
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMulticastUnbind(
     _handle: MemHandle,

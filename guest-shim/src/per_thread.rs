@@ -16,6 +16,7 @@ use crate::copies as cp;
 use crate::driver as drv;
 use crate::exports::{self as ex, CUdeviceptr, CUhandle, CUhostFn, CUstreamCallback};
 use crate::ffi::CUresult;
+use crate::interop as io;
 use crate::stream_capture as sc;
 
 macro_rules! per_thread {
@@ -123,6 +124,27 @@ per_thread! {
     );
     cuStreamCopyAttributes_ptsz => ex::cuStreamCopyAttributes(dst: CUhandle, src: CUhandle);
     cuLaunchHostFunc_ptsz => ex::cuLaunchHostFunc(stream: CUhandle, f: CUhostFn, data: *mut c_void);
+    cuLaunchHostFunc_v2_ptsz => ex::cuLaunchHostFunc_v2(
+        stream: CUhandle, f: CUhostFn, data: *mut c_void, sync_mode: c_uint
+    );
+    cuGraphicsMapResources_ptsz => io::cuGraphicsMapResources(
+        count: c_uint, resources: *mut CUhandle, stream: CUhandle
+    );
+    cuGraphicsUnmapResources_ptsz => io::cuGraphicsUnmapResources(
+        count: c_uint, resources: *mut CUhandle, stream: CUhandle
+    );
+    cuSignalExternalSemaphoresAsync_ptsz => io::cuSignalExternalSemaphoresAsync(
+        semaphores: *const CUhandle, params: *const c_void, count: c_uint, stream: CUhandle
+    );
+    cuWaitExternalSemaphoresAsync_ptsz => io::cuWaitExternalSemaphoresAsync(
+        semaphores: *const CUhandle, params: *const c_void, count: c_uint, stream: CUhandle
+    );
+    cuGLMapBufferObjectAsync_v2_ptsz => io::cuGLMapBufferObjectAsync_v2(
+        ptr: *mut CUdeviceptr, size: *mut usize, buffer: c_uint, stream: CUhandle
+    );
+    cuGLMapBufferObject_v2_ptds => io::cuGLMapBufferObject_v2(
+        ptr: *mut CUdeviceptr, size: *mut usize, buffer: c_uint
+    );
     cuStreamAddCallback_ptsz => ex::cuStreamAddCallback(
         stream: CUhandle, callback: CUstreamCallback, data: *mut c_void, flags: c_uint
     );
@@ -173,6 +195,9 @@ per_thread! {
     cuMemcpy3DBatchAsync_ptsz => cp::cuMemcpy3DBatchAsync(
         n: usize, ops: *const cp::Memcpy3DBatchOp, fail_idx: *mut usize, flags: u64,
         stream: CUhandle
+    );
+    cuMemcpy3DBatchAsync_v2_ptsz => cp::cuMemcpy3DBatchAsync_v2(
+        n: usize, ops: *const cp::Memcpy3DBatchOp, flags: u64, stream: CUhandle
     );
     cuMemcpy3DWithAttributesAsync_ptsz => cp::cuMemcpy3DWithAttributesAsync(
         op: *const cp::Memcpy3DBatchOp, flags: u64, stream: CUhandle

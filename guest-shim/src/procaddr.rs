@@ -19,10 +19,12 @@ use crate::graph::attrs::*;
 use crate::graph::conditional::*;
 use crate::graph::generic::*;
 use crate::green_ctx::*;
+use crate::interop::*;
 use crate::legacy_launch::*;
 use crate::library::*;
 use crate::linker::*;
 use crate::mem_ops::*;
+use crate::not_supported::*;
 use crate::peer::*;
 use crate::pointer::*;
 use crate::stream_capture::*;
@@ -141,6 +143,7 @@ fn table() -> &'static [Entry] {
                 "cuDevSmResourceSplitByCount",
                 (12040, f!(cuDevSmResourceSplitByCount))
             ),
+            e!("cuDevSmResourceSplit", (13010, f!(cuDevSmResourceSplit))),
             e!(
                 "cuDevResourceGenerateDesc",
                 (12040, f!(cuDevResourceGenerateDesc))
@@ -368,7 +371,11 @@ fn table() -> &'static [Entry] {
             e!("cuStreamDestroy", (4000, f!(cuStreamDestroy_v2))),
             e!("cuStreamSynchronize", (2000, f!(cuStreamSynchronize))),
             e!("cuStreamQuery", (2000, f!(cuStreamQuery))),
-            e!("cuLaunchHostFunc", (10000, f!(cuLaunchHostFunc))),
+            e!(
+                "cuLaunchHostFunc",
+                (10000, f!(cuLaunchHostFunc)),
+                (13010, f!(cuLaunchHostFunc_v2))
+            ),
             e!("cuStreamAddCallback", (5000, f!(cuStreamAddCallback))),
             e!("cuStreamWaitEvent", (3020, f!(cuStreamWaitEvent))),
             e!("cuStreamGetPriority", (5050, f!(cuStreamGetPriority))),
@@ -567,8 +574,16 @@ fn table() -> &'static [Entry] {
             ),
             e!("cuMulticastCreate", (12010, f!(cuMulticastCreate))),
             e!("cuMulticastAddDevice", (12010, f!(cuMulticastAddDevice))),
-            e!("cuMulticastBindMem", (12010, f!(cuMulticastBindMem))),
-            e!("cuMulticastBindAddr", (12010, f!(cuMulticastBindAddr))),
+            e!(
+                "cuMulticastBindMem",
+                (12010, f!(cuMulticastBindMem)),
+                (13010, f!(cuMulticastBindMem_v2))
+            ),
+            e!(
+                "cuMulticastBindAddr",
+                (12010, f!(cuMulticastBindAddr)),
+                (13010, f!(cuMulticastBindAddr_v2))
+            ),
             e!("cuMulticastUnbind", (12010, f!(cuMulticastUnbind))),
             e!(
                 "cuMulticastGetGranularity",
@@ -702,9 +717,14 @@ fn table() -> &'static [Entry] {
             e!(
                 "cuGraphAddNode",
                 (12020, f!(cuGraphAddNode)),
-                (12030, f!(cuGraphAddNode_v2))
+                (12030, f!(cuGraphAddNode_v2)),
+                (13040, f!(cuGraphAddNode_v3))
             ),
-            e!("cuGraphNodeSetParams", (12020, f!(cuGraphNodeSetParams))),
+            e!(
+                "cuGraphNodeSetParams",
+                (12020, f!(cuGraphNodeSetParams)),
+                (13040, f!(cuGraphNodeSetParams_v2))
+            ),
             e!("cuGraphNodeGetParams", (13020, f!(cuGraphNodeGetParams))),
             e!(
                 "cuGraphConditionalHandleCreate",
@@ -1009,6 +1029,385 @@ fn table() -> &'static [Entry] {
                 "cuKernelSetCacheConfig",
                 (12000, f!(cuKernelSetCacheConfig))
             ),
+            // Interop with graphics APIs and external memory (crate::interop): they refuse.
+            e!("cuGLGetDevices", (4010, f!(cuGLGetDevices_v2))),
+            e!(
+                "cuGraphicsGLRegisterBuffer",
+                (3000, f!(cuGraphicsGLRegisterBuffer))
+            ),
+            e!(
+                "cuGraphicsGLRegisterImage",
+                (3000, f!(cuGraphicsGLRegisterImage))
+            ),
+            e!("cuGLCtxCreate", (2000, None), (3020, f!(cuGLCtxCreate_v2))),
+            e!("cuGLInit", (2000, f!(cuGLInit))),
+            e!(
+                "cuGLRegisterBufferObject",
+                (2000, f!(cuGLRegisterBufferObject))
+            ),
+            e!(
+                "cuGLMapBufferObject",
+                (2000, None),
+                (3020, f!(cuGLMapBufferObject_v2))
+            ),
+            e!(
+                "cuGLMapBufferObjectAsync",
+                (2030, None),
+                (3020, f!(cuGLMapBufferObjectAsync_v2))
+            ),
+            e!("cuGLUnmapBufferObject", (2000, f!(cuGLUnmapBufferObject))),
+            e!(
+                "cuGLUnmapBufferObjectAsync",
+                (2030, f!(cuGLUnmapBufferObjectAsync))
+            ),
+            e!(
+                "cuGLUnregisterBufferObject",
+                (2000, f!(cuGLUnregisterBufferObject))
+            ),
+            e!(
+                "cuGLSetBufferObjectMapFlags",
+                (2030, f!(cuGLSetBufferObjectMapFlags))
+            ),
+            e!(
+                "cuGraphicsUnregisterResource",
+                (3000, f!(cuGraphicsUnregisterResource))
+            ),
+            e!(
+                "cuGraphicsSubResourceGetMappedArray",
+                (3000, f!(cuGraphicsSubResourceGetMappedArray))
+            ),
+            e!(
+                "cuGraphicsResourceGetMappedMipmappedArray",
+                (5000, f!(cuGraphicsResourceGetMappedMipmappedArray))
+            ),
+            e!(
+                "cuGraphicsResourceGetMappedPointer",
+                (3000, None),
+                (3020, f!(cuGraphicsResourceGetMappedPointer_v2))
+            ),
+            e!(
+                "cuGraphicsResourceSetMapFlags",
+                (3000, f!(cuGraphicsResourceSetMapFlags_v2))
+            ),
+            e!("cuGraphicsMapResources", (3000, f!(cuGraphicsMapResources))),
+            e!(
+                "cuGraphicsUnmapResources",
+                (3000, f!(cuGraphicsUnmapResources))
+            ),
+            e!(
+                "cuGraphicsEGLRegisterImage",
+                (7000, f!(cuGraphicsEGLRegisterImage))
+            ),
+            e!(
+                "cuGraphicsResourceGetMappedEglFrame",
+                (7000, f!(cuGraphicsResourceGetMappedEglFrame))
+            ),
+            e!(
+                "cuEGLStreamConsumerConnect",
+                (7000, f!(cuEGLStreamConsumerConnect))
+            ),
+            e!(
+                "cuEGLStreamConsumerConnectWithFlags",
+                (8000, f!(cuEGLStreamConsumerConnectWithFlags))
+            ),
+            e!(
+                "cuEGLStreamProducerConnect",
+                (7000, f!(cuEGLStreamProducerConnect))
+            ),
+            e!(
+                "cuEGLStreamConsumerDisconnect",
+                (7000, f!(cuEGLStreamConsumerDisconnect))
+            ),
+            e!(
+                "cuEGLStreamConsumerAcquireFrame",
+                (7000, f!(cuEGLStreamConsumerAcquireFrame))
+            ),
+            e!(
+                "cuEGLStreamConsumerReleaseFrame",
+                (7000, f!(cuEGLStreamConsumerReleaseFrame))
+            ),
+            e!(
+                "cuEGLStreamProducerDisconnect",
+                (7000, f!(cuEGLStreamProducerDisconnect))
+            ),
+            e!(
+                "cuEGLStreamProducerReturnFrame",
+                (7000, f!(cuEGLStreamProducerReturnFrame))
+            ),
+            e!(
+                "cuEGLStreamProducerPresentFrame",
+                (7000, f!(cuEGLStreamProducerPresentFrame))
+            ),
+            e!(
+                "cuEventCreateFromEGLSync",
+                (9000, f!(cuEventCreateFromEGLSync))
+            ),
+            e!("cuVDPAUGetDevice", (3010, f!(cuVDPAUGetDevice))),
+            e!(
+                "cuVDPAUCtxCreate",
+                (3010, None),
+                (3020, f!(cuVDPAUCtxCreate_v2))
+            ),
+            e!(
+                "cuGraphicsVDPAURegisterVideoSurface",
+                (3010, f!(cuGraphicsVDPAURegisterVideoSurface))
+            ),
+            e!(
+                "cuGraphicsVDPAURegisterOutputSurface",
+                (3010, f!(cuGraphicsVDPAURegisterOutputSurface))
+            ),
+            e!(
+                "cuImportExternalMemory",
+                (10000, f!(cuImportExternalMemory))
+            ),
+            e!(
+                "cuImportExternalSemaphore",
+                (10000, f!(cuImportExternalSemaphore))
+            ),
+            e!(
+                "cuExternalMemoryGetMappedBuffer",
+                (10000, f!(cuExternalMemoryGetMappedBuffer))
+            ),
+            e!(
+                "cuExternalMemoryGetMappedMipmappedArray",
+                (10000, f!(cuExternalMemoryGetMappedMipmappedArray))
+            ),
+            e!(
+                "cuDestroyExternalMemory",
+                (10000, f!(cuDestroyExternalMemory))
+            ),
+            e!(
+                "cuDestroyExternalSemaphore",
+                (10000, f!(cuDestroyExternalSemaphore))
+            ),
+            e!(
+                "cuSignalExternalSemaphoresAsync",
+                (10000, f!(cuSignalExternalSemaphoresAsync))
+            ),
+            e!(
+                "cuWaitExternalSemaphoresAsync",
+                (10000, f!(cuWaitExternalSemaphoresAsync))
+            ),
+            e!(
+                "cuGraphAddExternalSemaphoresSignalNode",
+                (11020, f!(cuGraphAddExternalSemaphoresSignalNode))
+            ),
+            e!(
+                "cuGraphAddExternalSemaphoresWaitNode",
+                (11020, f!(cuGraphAddExternalSemaphoresWaitNode))
+            ),
+            e!(
+                "cuGraphExternalSemaphoresSignalNodeGetParams",
+                (11020, f!(cuGraphExternalSemaphoresSignalNodeGetParams))
+            ),
+            e!(
+                "cuGraphExternalSemaphoresSignalNodeSetParams",
+                (11020, f!(cuGraphExternalSemaphoresSignalNodeSetParams))
+            ),
+            e!(
+                "cuGraphExternalSemaphoresWaitNodeGetParams",
+                (11020, f!(cuGraphExternalSemaphoresWaitNodeGetParams))
+            ),
+            e!(
+                "cuGraphExternalSemaphoresWaitNodeSetParams",
+                (11020, f!(cuGraphExternalSemaphoresWaitNodeSetParams))
+            ),
+            e!(
+                "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+                (11020, f!(cuGraphExecExternalSemaphoresSignalNodeSetParams))
+            ),
+            e!(
+                "cuGraphExecExternalSemaphoresWaitNodeSetParams",
+                (11020, f!(cuGraphExecExternalSemaphoresWaitNodeSetParams))
+            ),
+            // Features a VM's device does not have (crate::not_supported).
+            e!(
+                "cuTensorMapEncodeTiled",
+                (12000, f!(cuTensorMapEncodeTiled))
+            ),
+            e!(
+                "cuTensorMapEncodeIm2col",
+                (12000, f!(cuTensorMapEncodeIm2col))
+            ),
+            e!(
+                "cuTensorMapEncodeIm2colWide",
+                (12080, f!(cuTensorMapEncodeIm2colWide))
+            ),
+            e!(
+                "cuTensorMapReplaceAddress",
+                (12000, f!(cuTensorMapReplaceAddress))
+            ),
+            e!(
+                "cuLibraryGetUnifiedFunction",
+                (12000, f!(cuLibraryGetUnifiedFunction))
+            ),
+            e!(
+                "cuCheckpointProcessCheckpoint",
+                (12080, f!(cuCheckpointProcessCheckpoint))
+            ),
+            e!(
+                "cuCheckpointProcessGetRestoreThreadId",
+                (12080, f!(cuCheckpointProcessGetRestoreThreadId))
+            ),
+            e!(
+                "cuCheckpointProcessGetState",
+                (12080, f!(cuCheckpointProcessGetState))
+            ),
+            e!(
+                "cuCheckpointProcessLock",
+                (12080, f!(cuCheckpointProcessLock))
+            ),
+            e!(
+                "cuCheckpointProcessRestore",
+                (12080, f!(cuCheckpointProcessRestore))
+            ),
+            e!(
+                "cuCheckpointProcessUnlock",
+                (12080, f!(cuCheckpointProcessUnlock))
+            ),
+            e!(
+                "cuCheckpointOperationComplete",
+                (13040, f!(cuCheckpointOperationComplete))
+            ),
+            e!(
+                "cuTensorMapSetAllocationClass",
+                (13050, f!(cuTensorMapSetAllocationClass))
+            ),
+            e!(
+                "cuCoredumpGetAttribute",
+                (12010, f!(cuCoredumpGetAttribute))
+            ),
+            e!(
+                "cuCoredumpGetAttributeGlobal",
+                (12010, f!(cuCoredumpGetAttributeGlobal))
+            ),
+            e!(
+                "cuCoredumpSetAttribute",
+                (12010, f!(cuCoredumpSetAttribute))
+            ),
+            e!(
+                "cuCoredumpSetAttributeGlobal",
+                (12010, f!(cuCoredumpSetAttributeGlobal))
+            ),
+            e!(
+                "cuCoredumpRegisterStartCallback",
+                (13020, f!(cuCoredumpRegisterStartCallback))
+            ),
+            e!(
+                "cuCoredumpRegisterCompleteCallback",
+                (13020, f!(cuCoredumpRegisterCompleteCallback))
+            ),
+            e!(
+                "cuCoredumpDeregisterStartCallback",
+                (13020, f!(cuCoredumpDeregisterStartCallback))
+            ),
+            e!(
+                "cuCoredumpDeregisterCompleteCallback",
+                (13020, f!(cuCoredumpDeregisterCompleteCallback))
+            ),
+            e!("cuDeviceGetLuid", (10000, f!(cuDeviceGetLuid))),
+            e!(
+                "cuDeviceGetNvSciSyncAttributes",
+                (10020, f!(cuDeviceGetNvSciSyncAttributes))
+            ),
+            e!(
+                "cuMemGetHandleForAddressRange",
+                (11070, f!(cuMemGetHandleForAddressRange))
+            ),
+            e!(
+                "cuMemBatchDecompressAsync",
+                (12060, f!(cuMemBatchDecompressAsync))
+            ),
+            e!(
+                "cuStreamBeginCaptureToCig",
+                (13010, f!(cuStreamBeginCaptureToCig))
+            ),
+            e!(
+                "cuStreamEndCaptureToCig",
+                (13010, f!(cuStreamEndCaptureToCig))
+            ),
+            e!("cuProfilerInitialize", (4000, f!(cuProfilerInitialize))),
+            e!("cuProfilerStart", (4000, f!(cuProfilerStart))),
+            e!("cuProfilerStop", (4000, f!(cuProfilerStop))),
+            e!(
+                "cuDeviceGetFabricClusterUuid",
+                (13040, f!(cuDeviceGetFabricClusterUuid))
+            ),
+            e!(
+                "cuDeviceGetCliqueCount",
+                (13040, f!(cuDeviceGetCliqueCount))
+            ),
+            e!("cuDeviceGetCliqueInfo", (13040, f!(cuDeviceGetCliqueInfo))),
+            e!("cuFabricCpyBatchAsync", (13050, f!(cuFabricCpyBatchAsync))),
+            e!(
+                "cuLogicalEndpointIdReserve",
+                (13030, f!(cuLogicalEndpointIdReserve))
+            ),
+            e!(
+                "cuLogicalEndpointIdRelease",
+                (13030, f!(cuLogicalEndpointIdRelease))
+            ),
+            e!(
+                "cuLogicalEndpointCreate",
+                (13030, f!(cuLogicalEndpointCreate))
+            ),
+            e!(
+                "cuLogicalEndpointDestroy",
+                (13030, f!(cuLogicalEndpointDestroy))
+            ),
+            e!(
+                "cuLogicalEndpointAddDevice",
+                (13030, f!(cuLogicalEndpointAddDevice))
+            ),
+            e!(
+                "cuLogicalEndpointBindMem",
+                (13030, f!(cuLogicalEndpointBindMem))
+            ),
+            e!(
+                "cuLogicalEndpointBindAddr",
+                (13030, f!(cuLogicalEndpointBindAddr))
+            ),
+            e!(
+                "cuLogicalEndpointUnbind",
+                (13030, f!(cuLogicalEndpointUnbind))
+            ),
+            e!(
+                "cuLogicalEndpointExport",
+                (13030, f!(cuLogicalEndpointExport))
+            ),
+            e!(
+                "cuLogicalEndpointImport",
+                (13030, f!(cuLogicalEndpointImport))
+            ),
+            e!(
+                "cuLogicalEndpointGetLimits",
+                (13030, f!(cuLogicalEndpointGetLimits))
+            ),
+            e!(
+                "cuLogicalEndpointQuery",
+                (13030, f!(cuLogicalEndpointQuery))
+            ),
+            e!(
+                "cuStreamBeginRecaptureToGraph",
+                (13030, f!(cuStreamBeginRecaptureToGraph))
+            ),
+            // Older and newer forms of the API (crate::exports, crate::texrefs, crate::arrays).
+            e!("cuCtxAttach", (2000, f!(cuCtxAttach))),
+            e!("cuCtxDetach", (2000, f!(cuCtxDetach))),
+            e!("cuTexRefCreate", (2000, f!(cuTexRefCreate))),
+            e!("cuTexRefDestroy", (2000, f!(cuTexRefDestroy))),
+            e!(
+                "cuMipmappedArrayGetMemoryRequirements",
+                (11060, f!(cuMipmappedArrayGetMemoryRequirements))
+            ),
+            e!(
+                "cuMipmappedArrayGetSparseProperties",
+                (11010, f!(cuMipmappedArrayGetSparseProperties))
+            ),
+            e!(
+                "cuFlushGPUDirectRDMAWrites",
+                (11030, f!(cuFlushGPUDirectRDMAWrites))
+            ),
         ]
     })
 }
@@ -1140,9 +1539,24 @@ mod tests {
     #[test]
     fn old_abis_and_unimplemented_variants_are_not_answered_with_a_wrong_one() {
         assert_eq!(lookup("cuMemAlloc", 3010, 0), Lookup::VersionTooLow);
+        // CUDA 2.0's buffer mapping took 32-bit sizes; only CUDA 3.2's form is answered.
+        assert_eq!(lookup("cuGLMapBufferObject", 3010, 0), Lookup::NotFound);
         assert_eq!(
-            lookup("cuGraphAddExternalSemaphoresSignalNode", 12020, 0),
-            Lookup::NotFound
+            found("cuGLMapBufferObject", 3020),
+            crate::interop::cuGLMapBufferObject_v2 as *const () as usize
+        );
+        // CUDA 13.1 added a sync mode to host functions and a device to multicast binds.
+        assert_eq!(
+            found("cuLaunchHostFunc", 13000),
+            cuLaunchHostFunc as *const () as usize
+        );
+        assert_eq!(
+            found("cuLaunchHostFunc", 13010),
+            cuLaunchHostFunc_v2 as *const () as usize
+        );
+        assert_eq!(
+            found("cuMulticastBindMem", 13050),
+            crate::peer::cuMulticastBindMem_v2 as *const () as usize
         );
         // CUDA 6.5's `_v2` linker functions; CUDA 5.5 callers get the first names.
         assert_eq!(

@@ -9,8 +9,9 @@
 //! modes, filtering, flags, border colour, what it is bound to); binding it, or changing its
 //! state while bound, makes a new object with the current state, writes its handle into the slot
 //! (a synchronous copy, so kernels launched before keep what they were launched with, as in CUDA)
-//! and destroys the object before. `cuTexRefCreate` (a reference outside any module, for the
-//! launch API before CUDA 4.0) and mipmapped arrays are not offered.
+//! and destroys the object before. `cuTexRefCreate` makes a reference outside any module (the
+//! launch API before CUDA 4.0), which keeps its state but which no kernel reads; mipmapped arrays
+//! are not offered.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -28,6 +29,10 @@ use crate::textures::{self, ResourceDesc, restype};
 
 /// The tag in every `CUtexref`/`CUsurfref` handle the shim hands out.
 const HANDLE_TAG: u64 = 0x07e4_f000_0000_0000;
+/// The slot of a reference outside any module (`cuTexRefCreate`).
+const NO_SLOT: u64 = 0;
+/// The module of a reference outside any module.
+const NO_MODULE: u64 = 0;
 /// `CU_TRSA_OVERRIDE_FORMAT`: the array's format replaces the reference's.
 const TRSA_OVERRIDE_FORMAT: c_uint = 1;
 /// `CU_PARAM_TR_DEFAULT`: the only texture unit `cuParamSetTexRef` takes.
@@ -126,6 +131,35 @@ pub fn module_gone(module: u64) {
     }
 }
 
+/// A new texture reference's state: CUDA's defaults, unbound.
+fn new_reference(module: u64, surface: bool, slot: u64) -> Reference {
+    Reference {
+        module,
+        surface,
+        slot,
+        format: FORMAT_FLOAT,
+        channels: 1,
+        address: [ADDRESS_CLAMP; 3],
+        filter: 0,
+        flags: 0,
+        border: [0.0; 4],
+        max_anisotropy: 0,
+        mipmap_filter: 0,
+        mipmap_bias: 0.0,
+        mipmap_clamp: [0.0; 2],
+        binding: Binding::None,
+        object: 0,
+    }
+}
+
+/// Registers `x` under a new handle.
+fn insert(r: &mut Registry, x: Reference) -> u64 {
+    r.last += 1;
+    let handle = HANDLE_TAG | r.last;
+    r.refs.insert(handle, x);
+    handle
+}
+
 fn lookup(module: u64, name: *const c_char, surface: bool) -> CuRes<u64> {
     if name.is_null() || module == 0 {
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
@@ -140,29 +174,7 @@ fn lookup(module: u64, name: *const c_char, surface: bool) -> CuRes<u64> {
     }
     let slot = drv::module_reference(module, &name, surface)?;
     let mut r = registry();
-    r.last += 1;
-    let handle = HANDLE_TAG | r.last;
-    r.refs.insert(
-        handle,
-        Reference {
-            module,
-            surface,
-            slot,
-            // CUDA's defaults for a new reference.
-            format: FORMAT_FLOAT,
-            channels: 1,
-            address: [ADDRESS_CLAMP; 3],
-            filter: 0,
-            flags: 0,
-            border: [0.0; 4],
-            max_anisotropy: 0,
-            mipmap_filter: 0,
-            mipmap_bias: 0.0,
-            mipmap_clamp: [0.0; 2],
-            binding: Binding::None,
-            object: 0,
-        },
-    );
+    let handle = insert(&mut r, new_reference(module, surface, slot));
     r.by_name.insert((module, name, surface), handle);
     Ok(handle)
 }
@@ -204,6 +216,10 @@ fn resource(x: &Reference) -> Option<ResourceDesc> {
 /// the reference's slot, and destroys the object before.
 fn rebind(handle: u64) -> CuRes<()> {
     let x = get_any(handle)?;
+    if x.slot == NO_SLOT {
+        // A reference of `cuTexRefCreate`: no kernel reads it, so it keeps its state only.
+        return Ok(());
+    }
     let object = match resource(&x) {
         None => 0,
         Some(res) if x.surface => textures::make_surface(res, false)?,
@@ -297,6 +313,39 @@ pub unsafe extern "C" fn cuModuleGetTexRef(
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
         out!(out, lookup(h(module), name, false)? as CUhandle)
+    })
+}
+
+/// `cuTexRefCreate` (deprecated): a texture reference outside any module, for the launch API
+/// before CUDA 4.0. Its state is kept and can be read back, bound and unbound; since no kernel
+/// declares it, no kernel reads it (in CUDA a kernel reads a module's references).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTexRefCreate(out: *mut CUhandle) -> CUresult {
+    ffi("cuTexRefCreate", || {
+        if out.is_null() {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        drv::ctx_get_current().and_then(|c| match c {
+            0 => Err(cuda::CUDA_ERROR_INVALID_CONTEXT),
+            _ => Ok(()),
+        })?;
+        let handle = insert(&mut registry(), new_reference(NO_MODULE, false, NO_SLOT));
+        out!(out, handle as CUhandle)
+    })
+}
+
+/// `cuTexRefDestroy` (deprecated): a reference `cuTexRefCreate` made (a module's go with it).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuTexRefDestroy(texref: CUhandle) -> CUresult {
+    ffi("cuTexRefDestroy", || {
+        let mut r = registry();
+        match r.refs.get(&h(texref)) {
+            Some(x) if x.module == NO_MODULE && !x.surface => {
+                r.refs.remove(&h(texref));
+                Ok(())
+            }
+            _ => Err(cuda::CUDA_ERROR_INVALID_HANDLE),
+        }
     })
 }
 

@@ -104,6 +104,22 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (attr::CAN_FLUSH_REMOTE_WRITES, 0),
         // Multicast objects span devices; a VM has one (the `cuMulticast*` functions refuse).
         (attr::MULTICAST_SUPPORTED, 0),
+        // No third-party device (a NIC's GPUDirect RDMA, a dma-buf importer) reaches a VM's
+        // device memory, and nothing in the guest exports memory, semaphores or command lists
+        // to CUDA (the shim's interop entry points refuse); the host GPU's values do not apply.
+        (110, 0), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+        (112, 0), // SPARSE_CUDA_ARRAY_SUPPORTED
+        (114, 0), // TIMELINE_SEMAPHORE_INTEROP_SUPPORTED
+        (116, 0), // GPU_DIRECT_RDMA_SUPPORTED
+        (117, 0), // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+        (118, 0), // GPU_DIRECT_RDMA_WRITES_ORDERING
+        (124, 0), // DMA_BUF_SUPPORTED
+        (127, 0), // TENSOR_MAP_ACCESS_SUPPORTED: tensor maps cannot be encoded
+        (128, 0), // HANDLE_TYPE_FABRIC_SUPPORTED
+        (135, 0), // D3D12_CIG_SUPPORTED
+        (136, 0), // MEM_DECOMPRESS_ALGORITHM_MASK
+        (137, 0), // MEM_DECOMPRESS_MAXIMUM_LENGTH
+        (138, 0), // VULKAN_CIG_SUPPORTED
         (attr::PCI_DOMAIN_ID, GUEST_PCI_DOMAIN),
         (attr::PCI_BUS_ID, 0),
         (attr::PCI_DEVICE_ID, 0),

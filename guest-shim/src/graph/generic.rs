@@ -352,6 +352,21 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
     })
 }
 
+/// `cuGraphAddNode_v3` (CUDA 13.4): `cuGraphAddNode_v2`'s form. CUDA 13.4 also checks here that a
+/// kernel node's function was loaded in the node's context; vgpu leaves that to the launch.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddNode_v3(
+    out: *mut CUhandle,
+    graph: CUhandle,
+    deps: *const CUhandle,
+    edges: *const GraphEdgeData,
+    n: usize,
+    prm: *mut GraphNodeParams,
+) -> CUresult {
+    // SAFETY: the same contract as cuGraphAddNode_v2's.
+    unsafe { cuGraphAddNode_v2(out, graph, deps, edges, n, prm) }
+}
+
 /// CUDA 13.1's `cuGraphNodeGetParams`: the node's type and the parameters its per-type getter
 /// reports, in the union member of that type (a memset's and a conditional node's context: the
 /// current one; a child graph node's graph: the copy the node holds, with clone ownership).
@@ -476,6 +491,17 @@ pub unsafe extern "C" fn cuGraphNodeSetParams(
         };
         set_kind(node, kind)
     })
+}
+
+/// `cuGraphNodeSetParams_v2` (CUDA 13.4): `cuGraphNodeSetParams`'s form (see
+/// [`cuGraphAddNode_v3`]).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeSetParams_v2(
+    node: CUhandle,
+    prm: *mut GraphNodeParams,
+) -> CUresult {
+    // SAFETY: the same contract as cuGraphNodeSetParams's.
+    unsafe { cuGraphNodeSetParams(node, prm) }
 }
 
 #[unsafe(no_mangle)]

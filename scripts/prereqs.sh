@@ -109,6 +109,11 @@ if ! python3 -c 'import nvidia.cu13' >/dev/null 2>&1; then
     pip_install nvidia-cuda-runtime==13.5.37 \
         || log "the CUDA 13 runtime could not be installed; its tests will fail and say so"
 fi
+if ! python3 -c 'import nvidia.nvml_dev' >/dev/null 2>&1; then
+    log "installing NVML's CUDA 12.9 header from PyPI for the NVML test (well under 1 MB)"
+    pip_install --no-deps nvidia-nvml-dev-cu12==12.9.79 \
+        || log "NVML's header could not be installed; its test will fail and say so"
+fi
 if ! python3 -c 'import cupy' >/dev/null 2>&1; then
     log "installing CuPy (cupy-cuda12x) from PyPI for the CuPy test"
     pip_install cupy-cuda12x==14.2.0 \
@@ -140,6 +145,12 @@ if ! python3 -c 'import pynvml' >/dev/null 2>&1; then
     log "installing pynvml (nvidia-ml-py) from PyPI for the NVML test"
     pip_install nvidia-ml-py==13.580.82 \
         || log "nvidia-ml-py could not be installed; the pynvml test will be skipped"
+fi
+if ! python3 -c 'import gpustat, nvitop' >/dev/null 2>&1; then
+    # The GPU monitors tenants run, on pynvml (the version above, which both accept).
+    log "installing gpustat and nvitop from PyPI for the GPU monitor test"
+    pip_install gpustat==1.1.1 nvitop==1.7.2 nvidia-ml-py==13.580.82 \
+        || log "gpustat or nvitop could not be installed; the monitor test will be skipped"
 fi
 
 # Debian's CUDA 11.8 toolkit (nvcc, cuobjdump, NVIDIA's libcudart) from

@@ -12,7 +12,7 @@
 use std::ffi::OsStr;
 use std::process::Command;
 
-use vgpu_tests::harness::{TestVm, Vgpud, artifacts, cuda_guest, workspace_root};
+use vgpu_tests::harness::{TestVm, Vgpud, artifacts, cuda_guest, hold, workspace_root};
 use vgpu_tests::qemu::{self, Guest};
 
 /// Runs `tests/python/<script>` (with `args` and `env`) against a fresh vgpud with a VM `vm` of
@@ -150,6 +150,68 @@ fn pynvml_reports_the_vms_gpu_as_cuda_does() {
         &[SLICE.to_string()],
         &[],
     );
+}
+
+/// The GPU monitors tenants run, gpustat and nvitop (both on pynvml and the shim's
+/// libnvidia-ml.so.1), show the VM's GPU: the slice as its memory and a process's allocation
+/// against its PID, with no error (nvitop printed a traceback for `nvmlDeviceGetDriverModel`
+/// before vgpu's NVML had every function of nvml.h).
+#[test]
+fn gpu_monitors_show_the_vms_slice_and_its_processes() {
+    const SLICE_MIB: u64 = 64;
+    const HELD_MIB: u64 = 8;
+    let probed = Command::new("python3")
+        .args(["-c", "import gpustat, nvitop"])
+        .output();
+    if !probed.is_ok_and(|o| o.status.success()) {
+        println!("SKIPPED: gpustat or nvitop not installed; run scripts/prereqs.sh");
+        return;
+    }
+    let d = Vgpud::start(&[TestVm::new("mon", SLICE_MIB << 20)]);
+    let holder = hold(&d, "mon", HELD_MIB << 20);
+    let pid = u64::from(holder.child.id());
+    let run = |args: &[&str]| {
+        let out = Command::new("python3")
+            .args(args)
+            .env("VGPU_TRANSPORT", d.transport("mon"))
+            .env("LD_LIBRARY_PATH", &artifacts().lib_dir)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success() && !stderr.contains("Traceback") && !stdout.contains("Traceback"),
+            "{args:?}:\n{stdout}\n{stderr}"
+        );
+        stdout
+    };
+
+    let json = run(&["-m", "gpustat", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&json).expect("gpustat's JSON");
+    let gpus = report["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 1, "{json}");
+    assert_eq!(gpus[0]["memory.total"], SLICE_MIB, "{json}");
+    assert_eq!(gpus[0]["memory.used"], HELD_MIB, "{json}");
+    let processes = gpus[0]["processes"].as_array().expect("processes");
+    assert!(
+        processes
+            .iter()
+            .any(|p| p["pid"] == pid && p["gpu_memory_usage"] == HELD_MIB),
+        "the holder {pid} with {HELD_MIB} MiB: {json}"
+    );
+
+    let screen = run(&["-m", "nvitop", "--once"]);
+    assert!(
+        screen.contains(&format!("{HELD_MIB}MiB / {SLICE_MIB}MiB"))
+            || screen.contains(&format!("{HELD_MIB}.00MiB / {SLICE_MIB}.00MiB")),
+        "nvitop shows the slice and what is held of it:\n{screen}"
+    );
+    assert!(
+        screen.contains(&pid.to_string()),
+        "nvitop lists the holder {pid}:\n{screen}"
+    );
+    drop(holder);
+    d.wait_memory_used("mon", 0, std::time::Duration::from_secs(5));
 }
 
 #[test]

@@ -17,7 +17,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use vgpu_tests::harness::{
-    Run, TestVm, Vgpud, artifacts, build_c_program, cuda_guest, run_with_shim, workspace_root,
+    Run, TestVm, Vgpud, artifacts, build_c_program, cuda_guest, headers, pypi_nvidia_package,
+    run_with_shim, workspace_root,
 };
 use vgpu_tests::qemu::{self, Guest};
 
@@ -237,87 +238,12 @@ fn a_program_linked_against_cuda_13_runtime_runs() {
 /// include OpenGL's, EGL's and VDPAU's: Debian's libgl-dev, libegl-dev and libvdpau-dev, which
 /// scripts/prereqs.sh installs).
 const DRIVER_HEADERS: [&str; 4] = ["cuda.h", "cudaGL.h", "cudaEGL.h", "cudaVDPAU.h"];
+/// How the driver API's headers declare a function.
+const DRIVER_DECLARATION: &str = "CUresult CUDAAPI ";
 /// Declared for Windows only.
 const WINDOWS_ONLY: [&str; 1] = ["cuWGLGetDevice"];
 /// cudaProfiler.h's functions (PyPI's runtime ships only that header's typedefs).
 const PROFILER_FUNCTIONS: [&str; 3] = ["cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop"];
-/// Marks where the names start in the preprocessor's output.
-const NAMES_MARKER: &str = "vgpu_linked_names_begin";
-
-/// Every function the driver API's headers in `include` declare (`CUresult CUDAAPI name(`),
-/// Windows-only ones aside.
-fn declared_functions(include: &Path) -> Vec<String> {
-    const DECL: &str = "CUresult CUDAAPI ";
-    let mut names = Vec::new();
-    for header in DRIVER_HEADERS {
-        let text = std::fs::read_to_string(include.join(header))
-            .unwrap_or_else(|e| panic!("reading {header} in {}: {e}", include.display()));
-        for (at, _) in text.match_indices(DECL) {
-            let name: String = text[at + DECL.len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !WINDOWS_ONLY.contains(&name.as_str()) {
-                names.push(name);
-            }
-        }
-    }
-    names.sort();
-    names.dedup();
-    names
-}
-
-/// The symbols a C program compiled against `include`'s headers links when it calls `names`:
-/// the names after the headers' macros (`cuMemAlloc` is `cuMemAlloc_v2`; with `per_thread`,
-/// `--default-stream per-thread`'s `_ptsz` and `_ptds` forms).
-fn linked_symbols(include: &Path, names: &[String], per_thread: bool) -> Vec<String> {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("names.c");
-    let mut text: String = DRIVER_HEADERS
-        .iter()
-        .map(|h| format!("#include <{h}>\n"))
-        .collect();
-    text.push_str(NAMES_MARKER);
-    text.push('\n');
-    for n in names {
-        text.push_str(n);
-        text.push('\n');
-    }
-    std::fs::write(&src, text).unwrap();
-    let mut cc = Command::new("cc");
-    cc.args(["-E", "-P"])
-        .arg(format!("-I{}", include.display()))
-        .arg(&src);
-    if per_thread {
-        cc.arg("-DCUDA_API_PER_THREAD_DEFAULT_STREAM");
-    }
-    let out = cc.output().expect("running cc");
-    assert!(
-        out.status.success(),
-        "preprocessing the driver API's headers in {} failed (scripts/prereqs.sh installs \
-         libgl-dev, libegl-dev and libvdpau-dev for the interop headers): {}",
-        include.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = String::from_utf8_lossy(&out.stdout).into_owned();
-    let at = out.rfind(NAMES_MARKER).expect("the marker in the output") + NAMES_MARKER.len();
-    out[at..].split_whitespace().map(str::to_string).collect()
-}
-
-/// The names `lib` defines in its dynamic symbol table (`nm -D`).
-fn exported_symbols(lib: &Path) -> std::collections::HashSet<String> {
-    let out = Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(lib)
-        .output()
-        .expect("running nm (binutils)");
-    assert!(out.status.success(), "nm {}", lib.display());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(2))
-        .map(str::to_string)
-        .collect()
-}
 
 /// `name` without its ABI version (`cuGraphAddNode_v3` is `cuGraphAddNode`), as callers ask
 /// `cuGetProcAddress` for it.
@@ -337,7 +263,7 @@ fn base_name(name: &str) -> &str {
 /// tests/c/driver_api_rest.c.
 #[test]
 fn every_function_of_cudas_driver_headers_links_and_resolves() {
-    let exported = exported_symbols(&artifacts().lib_dir.join("libcuda.so.1"));
+    let exported = headers::exported_symbols(&artifacts().lib_dir.join("libcuda.so.1"));
     let prog = build_c_program("proc_address");
     for major in [12, 13] {
         let include = pypi_cudart(major).join("include");
@@ -347,11 +273,17 @@ fn every_function_of_cudas_driver_headers_links_and_resolves() {
             .find_map(|l| l.strip_prefix("#define CUDA_VERSION "))
             .and_then(|v| v.trim().parse().ok())
             .expect("CUDA_VERSION in cuda.h");
-        let declared = declared_functions(&include);
+        let declared: Vec<String> =
+            headers::declared_functions(&include, &DRIVER_HEADERS, DRIVER_DECLARATION)
+                .into_iter()
+                .filter(|n| !WINDOWS_ONLY.contains(&n.as_str()))
+                .collect();
         assert!(declared.len() > 400, "CUDA {version}: {declared:?}");
-        let mut missing: Vec<String> = [false, true]
+        let mut missing: Vec<String> = [&[][..], &["CUDA_API_PER_THREAD_DEFAULT_STREAM"][..]]
             .into_iter()
-            .flat_map(|per_thread| linked_symbols(&include, &declared, per_thread))
+            .flat_map(|defines| {
+                headers::linked_symbols(&include, &DRIVER_HEADERS, &declared, defines)
+            })
             .chain(PROFILER_FUNCTIONS.iter().map(|p| p.to_string()))
             .filter(|s| !exported.contains(s))
             .collect();
@@ -412,27 +344,11 @@ fn the_rest_of_the_driver_api_refuses_what_a_vms_device_lacks_as_cuda_does() {
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
-/// The directory of a PyPI NVIDIA package (`nvidia.<module>`).
-fn pypi_package(module: &str) -> PathBuf {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            &format!("import nvidia.{module} as m; print(list(m.__path__)[0])"),
-        ])
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "PyPI's nvidia.{module} is not installed: run scripts/prereqs.sh"
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 /// Builds tests/c/NAME.c against PyPI's CUDA 12 runtime and the PyPI
 /// package `nvidia.PACKAGE`'s library `LIB` (e.g. `libcublas.so.12`).
 fn build_library_program(name: &str, package: &str, lib: &str) -> PathBuf {
     let rt = pypi_cudart(12);
-    let pkg = pypi_package(package);
+    let pkg = pypi_nvidia_package(package);
     let prog = artifacts().profile_dir.join(format!("c-{name}"));
     let st = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
@@ -478,7 +394,7 @@ fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
 /// never written (JAX printed zeros).
 #[test]
 fn a_cubins_kernel_is_refused_at_its_launch_on_the_simulated_gpu() {
-    let ptxas = pypi_package("cuda_nvcc").join("bin/ptxas");
+    let ptxas = pypi_nvidia_package("cuda_nvcc").join("bin/ptxas");
     let dir = tempfile::tempdir().unwrap();
     let cubin = dir.path().join("saxpy.sm_80.cubin");
     let st = Command::new(&ptxas)

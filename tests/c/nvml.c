@@ -22,6 +22,10 @@
 
 /* CUDA 12.2's name for nvmlDeviceGetCurrentClocksThrottleReasons (newer than this nvml.h). */
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t, unsigned long long *);
+/* CUDA 12's handle by a versioned UUID structure (newer than this nvml.h). */
+nvmlReturn_t nvmlDeviceGetHandleByUUIDV(const void *, nvmlDevice_t *);
+/* The first nvmlDeviceGetPciInfo, which nvml.h's macro renames to the current one. */
+nvmlReturn_t nvmlDeviceGetPciInfo_v1(nvmlDevice_t, void *) __asm__("nvmlDeviceGetPciInfo");
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -347,6 +351,84 @@ int main(int argc, char **argv) {
     unsigned units = 99;
     check_nvml("nvmlUnitGetCount", nvmlUnitGetCount(&units), NVML_SUCCESS);
     expect("no units", units == 0);
+
+    /* The rest of nvml.h: field values (each answered in its own result), handles by UUID in
+     * CUDA 12's versioned form, the first PCI info layout, topology, units, GPM, setters. */
+    nvmlFieldValue_t fields[2];
+    memset(fields, 0, sizeof fields);
+    fields[0].fieldId = NVML_FI_DEV_MEMORY_TEMP;
+    fields[1].fieldId = NVML_FI_DEV_NVLINK_GET_VERSION;
+    check_nvml("nvmlDeviceGetFieldValues", nvmlDeviceGetFieldValues(dev, 2, fields), NVML_SUCCESS);
+    expect("each field is not supported",
+           fields[0].nvmlReturn == NVML_ERROR_NOT_SUPPORTED &&
+               fields[1].nvmlReturn == NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("no fields", nvmlDeviceGetFieldValues(dev, 0, fields), NVML_ERROR_INVALID_ARGUMENT);
+    struct {
+        unsigned version, type;
+        union {
+            char str[41];
+            unsigned char bytes[16];
+        } value;
+    } by_uuid;
+    memset(&by_uuid, 0, sizeof by_uuid);
+    by_uuid.version = (unsigned)sizeof by_uuid | 1u << 24;
+    by_uuid.type = 1; /* NVML_UUID_TYPE_ASCII */
+    check_nvml("nvmlDeviceGetUUID", nvmlDeviceGetUUID(dev, by_uuid.value.str, 41), NVML_SUCCESS);
+    other = NULL;
+    check_nvml("nvmlDeviceGetHandleByUUIDV (text)",
+               nvmlDeviceGetHandleByUUIDV((const void *)&by_uuid, &other), NVML_SUCCESS);
+    expect("the same handle by UUID text", other == dev);
+    by_uuid.type = 2; /* NVML_UUID_TYPE_BINARY */
+    memcpy(by_uuid.value.bytes, uuid, 16);
+    other = NULL;
+    check_nvml("nvmlDeviceGetHandleByUUIDV (bytes)",
+               nvmlDeviceGetHandleByUUIDV((const void *)&by_uuid, &other), NVML_SUCCESS);
+    expect("the same handle by UUID bytes", other == dev);
+    by_uuid.value.bytes[0] ^= 0xff;
+    check_nvml("another UUID's bytes", nvmlDeviceGetHandleByUUIDV((const void *)&by_uuid, &other),
+               NVML_ERROR_NOT_FOUND);
+    by_uuid.version = 0;
+    check_nvml("a UUID structure version NVML does not know",
+               nvmlDeviceGetHandleByUUIDV((const void *)&by_uuid, &other),
+               NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    check_nvml("nvmlDeviceGetHandleBySerial", nvmlDeviceGetHandleBySerial("0", &other),
+               NVML_ERROR_NOT_FOUND);
+    unsigned char old_pci[64];
+    memset(old_pci, 0xee, sizeof old_pci);
+    check_nvml("nvmlDeviceGetPciInfo (the first layout)",
+               nvmlDeviceGetPciInfo_v1((nvmlDevice_t)dev, (void *)old_pci), NVML_SUCCESS);
+    expect("the first layout's bus id", !strcmp((const char *)old_pci, pci.busIdLegacy));
+    expect("nothing past the first layout's shared part", old_pci[36] == 0xee);
+    nvmlDriverModel_t current_model, pending_model;
+    check_nvml("nvmlDeviceGetDriverModel (Windows only)",
+               nvmlDeviceGetDriverModel(dev, &current_model, &pending_model),
+               NVML_ERROR_NOT_SUPPORTED);
+    nvmlGpuTopologyLevel_t level;
+    check_nvml("nvmlDeviceGetTopologyCommonAncestor",
+               nvmlDeviceGetTopologyCommonAncestor(dev, dev, &level), NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("a forged handle's common ancestor",
+               nvmlDeviceGetTopologyCommonAncestor(dev, (nvmlDevice_t)&value, &level),
+               NVML_ERROR_INVALID_ARGUMENT);
+    nvmlUnit_t unit;
+    check_nvml("nvmlUnitGetHandleByIndex", nvmlUnitGetHandleByIndex(0, &unit),
+               NVML_ERROR_INVALID_ARGUMENT);
+    nvmlGpmSupport_t gpm = {.version = NVML_GPM_SUPPORT_VERSION, .isSupportedDevice = 7};
+    check_nvml("nvmlGpmQueryDeviceSupport", nvmlGpmQueryDeviceSupport(dev, &gpm), NVML_SUCCESS);
+    expect("no GPM samples", gpm.isSupportedDevice == 0);
+    check_nvml("nvmlDeviceSetPowerManagementLimit", nvmlDeviceSetPowerManagementLimit(dev, 100000),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("nvmlDeviceSetApplicationsClocks", nvmlDeviceSetApplicationsClocks(dev, 1, 1),
+               NVML_ERROR_NOT_SUPPORTED);
+    check_nvml("nvmlVgpuTypeGetName (host vGPU management)",
+               nvmlVgpuTypeGetName(1, text, &(unsigned){sizeof text}), NVML_ERROR_NOT_SUPPORTED);
+    unsigned excluded = 99;
+    check_nvml("nvmlGetExcludedDeviceCount", nvmlGetExcludedDeviceCount(&excluded), NVML_SUCCESS);
+    expect("no excluded devices", excluded == 0);
+    unsigned long node_cpus[2] = {0, 0};
+    check_nvml("nvmlDeviceGetCpuAffinityWithinScope",
+               nvmlDeviceGetCpuAffinityWithinScope(dev, 2, node_cpus, NVML_AFFINITY_SCOPE_NODE),
+               NVML_SUCCESS);
+    expect("the same CPUs by node", node_cpus[0] == cpus[0] && node_cpus[1] == cpus[1]);
 
     /* Device events, as health checks use them: the VM's GPU reports none; a set is usable, a
      * wait times out after its timeout, a freed set is gone. */

@@ -773,3 +773,107 @@ mod tests {
         );
     }
 }
+
+/// The directory of a PyPI NVIDIA package (`nvidia.<module>`), which scripts/prereqs.sh
+/// installs.
+pub fn pypi_nvidia_package(module: &str) -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            &format!("import nvidia.{module} as m; print(list(m.__path__)[0])"),
+        ])
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "PyPI's nvidia.{module} is not installed: run scripts/prereqs.sh"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// What C headers declare and what a program compiled against them links: the checks that a
+/// library exports every function of an API's headers (the driver API's, NVML's).
+pub mod headers {
+    use std::collections::HashSet;
+    use std::path::Path;
+    use std::process::Command;
+
+    /// Marks where the names start in the preprocessor's output.
+    const NAMES_MARKER: &str = "vgpu_linked_names_begin";
+
+    /// Every function `headers` in `include` declare with `declaration` before its name
+    /// (`"CUresult CUDAAPI "`, `"nvmlReturn_t DECLDIR "`), sorted, each once.
+    pub fn declared_functions(include: &Path, headers: &[&str], declaration: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for header in headers {
+            let text = std::fs::read_to_string(include.join(header))
+                .unwrap_or_else(|e| panic!("reading {header} in {}: {e}", include.display()));
+            for (at, _) in text.match_indices(declaration) {
+                let name: String = text[at + declaration.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                names.push(name);
+            }
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The symbols a C program compiled against `headers` in `include`, with the macros
+    /// `defines`, links when it calls `names`: the names after the headers' macros (the
+    /// driver API's `cuMemAlloc` is `cuMemAlloc_v2`, NVML's `nvmlInit` is `nvmlInit_v2`).
+    pub fn linked_symbols(
+        include: &Path,
+        headers: &[&str],
+        names: &[String],
+        defines: &[&str],
+    ) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("names.c");
+        let mut text: String = headers
+            .iter()
+            .map(|h| format!("#include <{h}>\n"))
+            .collect();
+        text.push_str(NAMES_MARKER);
+        text.push('\n');
+        for n in names {
+            text.push_str(n);
+            text.push('\n');
+        }
+        std::fs::write(&src, text).unwrap();
+        let out = Command::new("cc")
+            .args(["-E", "-P"])
+            .arg(format!("-I{}", include.display()))
+            .args(defines.iter().map(|d| format!("-D{d}")))
+            .arg(&src)
+            .output()
+            .expect("running cc");
+        assert!(
+            out.status.success(),
+            "preprocessing {headers:?} in {} failed (scripts/prereqs.sh installs what they \
+             include): {}",
+            include.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        let at = out.rfind(NAMES_MARKER).expect("the marker in the output") + NAMES_MARKER.len();
+        out[at..].split_whitespace().map(str::to_string).collect()
+    }
+
+    /// The names `lib` defines in its dynamic symbol table (`nm -D`).
+    pub fn exported_symbols(lib: &Path) -> HashSet<String> {
+        let out = Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(lib)
+            .output()
+            .expect("running nm (binutils)");
+        assert!(out.status.success(), "nm {}", lib.display());
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .map(str::to_string)
+            .collect()
+    }
+}

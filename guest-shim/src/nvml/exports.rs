@@ -108,7 +108,7 @@ const CPU_SET_WORD_BITS: usize = c_ulong::BITS as usize;
 const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
 
 /// Runs an entry point: its result as an `nvmlReturn_t`, a panic as `NVML_ERROR_UNKNOWN`.
-fn nvml(name: &str, f: impl FnOnce() -> NvmlRes<()>) -> NvmlReturn {
+pub(super) fn nvml(name: &str, f: impl FnOnce() -> NvmlRes<()>) -> NvmlReturn {
     let codes = (ret::SUCCESS, ret::UNKNOWN, "NVML_ERROR_UNKNOWN");
     let r = crate::ffi::guarded(name, codes, f);
     crate::debug!("{name} -> {r}");
@@ -116,7 +116,7 @@ fn nvml(name: &str, f: impl FnOnce() -> NvmlRes<()>) -> NvmlReturn {
 }
 
 /// The VM's GPU, or `NVML_ERROR_INVALID_ARGUMENT` for any other handle.
-fn device(d: nvmlDevice_t) -> NvmlRes<()> {
+pub(super) fn device(d: nvmlDevice_t) -> NvmlRes<()> {
     super::ensure_init()?;
     if std::ptr::eq(d, &DEVICE) {
         Ok(())
@@ -129,7 +129,7 @@ fn device(d: nvmlDevice_t) -> NvmlRes<()> {
 ///
 /// # Safety
 /// `p` must be NULL or valid for a write of `T` (NVML's contract for out-parameters).
-unsafe fn write<T>(p: *mut T, v: T) -> NvmlRes<()> {
+pub(super) unsafe fn write<T>(p: *mut T, v: T) -> NvmlRes<()> {
     if p.is_null() {
         return Err(ret::INVALID_ARGUMENT);
     }

@@ -15,6 +15,7 @@
 
 pub mod events;
 pub mod exports;
+pub mod rest;
 
 use std::collections::BTreeMap;
 use std::ffi::CStr;

@@ -109,10 +109,11 @@ if ! python3 -c 'import nvidia.cu13' >/dev/null 2>&1; then
     pip_install nvidia-cuda-runtime==13.5.37 \
         || log "the CUDA 13 runtime could not be installed; its tests will fail and say so"
 fi
-if ! python3 -c 'import nvidia.nvml_dev' >/dev/null 2>&1; then
-    log "installing NVML's CUDA 12.9 header from PyPI for the NVML test (well under 1 MB)"
-    pip_install --no-deps nvidia-nvml-dev-cu12==12.9.79 \
-        || log "NVML's header could not be installed; its test will fail and say so"
+if ! python3 -c 'import nvidia.nvml_dev' >/dev/null 2>&1 \
+    || [ ! -f "$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])' 2>/dev/null)/include/nvml.h" ]; then
+    log "installing NVML's CUDA 12.9 and 13.5 headers from PyPI for the NVML test (under 1 MB)"
+    pip_install --no-deps nvidia-nvml-dev-cu12==12.9.79 nvidia-nvml-dev==13.5.37 \
+        || log "NVML's headers could not be installed; their test will fail and say so"
 fi
 if ! python3 -c 'import cupy' >/dev/null 2>&1; then
     log "installing CuPy (cupy-cuda12x) from PyPI for the CuPy test"

@@ -113,8 +113,9 @@ fn the_nvml_library_is_a_filter_of_the_shim_with_every_entry_point() {
 const NVML_DECLARATION: &str = "nvmlReturn_t DECLDIR ";
 
 /// A program compiled against NVML's headers, Debian's (CUDA 11.8's) or PyPI's
-/// `nvidia-nvml-dev-cu12` (CUDA 12.9's), links against vgpu's `libnvidia-ml.so.1` whichever of
-/// their functions it calls (before, 103 of 389 were there and such a program did not start;
+/// `nvidia-nvml-dev-cu12` (CUDA 12.9's) and `nvidia-nvml-dev` (CUDA 13.5's), links against vgpu's
+/// `libnvidia-ml.so.1` whichever of their functions it calls (before, 103 of 438 were there and
+/// such a program did not start;
 /// pynvml raised `FunctionNotFound`, which nvitop printed as a traceback). What the new ones
 /// answer is in tests/c/nvml.c and guest-shim/src/nvml/rest.rs.
 #[test]
@@ -127,6 +128,7 @@ fn every_function_of_nvmls_headers_links_against_vgpus_nvml() {
     let includes = [
         Path::new(NVML_HEADER).parent().unwrap().to_path_buf(),
         pypi_nvidia_package("nvml_dev").join("include"),
+        pypi_nvidia_package("cu13").join("include"),
     ];
     for include in includes {
         let declared = headers::declared_functions(&include, &["nvml.h"], NVML_DECLARATION);

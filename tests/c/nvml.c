@@ -24,6 +24,8 @@
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t, unsigned long long *);
 /* CUDA 12's handle by a versioned UUID structure (newer than this nvml.h). */
 nvmlReturn_t nvmlDeviceGetHandleByUUIDV(const void *, nvmlDevice_t *);
+/* CUDA 13.5's wait for operational events (newer than this nvml.h). */
+nvmlReturn_t nvmlEventSetWait_v3(nvmlEventSet_t, void *);
 /* The first nvmlDeviceGetPciInfo, which nvml.h's macro renames to the current one. */
 nvmlReturn_t nvmlDeviceGetPciInfo_v1(nvmlDevice_t, void *) __asm__("nvmlDeviceGetPciInfo");
 
@@ -457,7 +459,12 @@ int main(int argc, char **argv) {
     double waited_ms = (w1.tv_sec - w0.tv_sec) * 1e3 + (w1.tv_nsec - w0.tv_nsec) / 1e6;
     expect("the wait lasts its timeout", waited_ms >= 45);
     check_nvml("a wait into NULL", nvmlEventSetWait_v2(set, NULL, 0), NVML_ERROR_INVALID_ARGUMENT);
+    unsigned char wait_v3[256] = {0};
+    check_nvml("CUDA 13.5's operational events on a set", nvmlEventSetWait_v3(set, wait_v3),
+               NVML_ERROR_NOT_SUPPORTED);
     check_nvml("nvmlEventSetFree", nvmlEventSetFree(set), NVML_SUCCESS);
+    check_nvml("CUDA 13.5's operational events on a freed set", nvmlEventSetWait_v3(set, wait_v3),
+               NVML_ERROR_INVALID_ARGUMENT);
     check_nvml("a freed set", nvmlEventSetWait_v2(set, &event, 0), NVML_ERROR_INVALID_ARGUMENT);
     check_nvml("a freed set again", nvmlEventSetFree(set), NVML_ERROR_INVALID_ARGUMENT);
     check_nvml("a forged set", nvmlDeviceRegisterEvents(dev, 0, (nvmlEventSet_t)&supported),

@@ -43,7 +43,8 @@ pub fn create() -> NvmlRes<usize> {
     Ok(handle)
 }
 
-fn check(set: usize) -> NvmlRes<()> {
+/// A set `create` made and `free` did not end (`NVML_ERROR_INVALID_ARGUMENT` otherwise).
+pub(super) fn check(set: usize) -> NvmlRes<()> {
     ensure_init()?;
     match sets().as_ref() {
         Some(s) if s.contains(&set) => Ok(()),

@@ -1,4 +1,4 @@
-//! The rest of NVML's C ABI (nvml.h of CUDA 11.8 and 12.9): every entry point a program built
+//! The rest of NVML's C ABI (nvml.h of CUDA 11.8, 12.9 and 13.5): every entry point a program built
 //! against those headers may link, so that it loads and reads what a VM's GPU reports.
 //!
 //! What a VM's GPU has no figure for, or a guest may not change (the host GPU's sensors, clocks,
@@ -501,6 +501,46 @@ device_not_supported! {
     nvmlGpmSampleGet
     nvmlGpmSetStreamingEnabled
     nvmlVgpuTypeGetMaxInstances
+    // CUDA 13's nvml.h (13.5), and one pynvml 13.580 resolves that no header declares.
+    nvmlDevicePowerSmoothingSetState
+    nvmlDeviceGetAccountingStats_v2
+    nvmlDeviceGetAdaptiveTgpModeInfo_v1
+    nvmlDeviceGetAddressingMode
+    nvmlDeviceGetBBXTimeData_v1
+    nvmlDeviceGetBankRemapperStatus_v1
+    nvmlDeviceGetGpuFabricInfo_v4
+    nvmlDeviceGetGpuInstanceProfileInfoByIdV
+    nvmlDeviceGetGpuUptime_v1
+    nvmlDeviceGetHostname_v1
+    nvmlDeviceGetMemoryLimits_v1
+    nvmlDeviceGetNvLinkInfo
+    nvmlDeviceGetNvLinkInfo_v3
+    nvmlDeviceGetNvLinkTelemetrySamples_v1
+    nvmlDeviceGetNvlinkNvlePrivateInfo_v1
+    nvmlDeviceGetNvlinkRemapTableInfo_v1
+    nvmlDeviceGetPdi
+    nvmlDeviceGetPowerMizerMode_v1
+    nvmlDeviceGetRemappedRows_v2
+    nvmlDeviceGetRepairStatus
+    nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
+    nvmlDeviceGetUnrepairableMemoryFlag_v1
+    nvmlDeviceGetVgpuSchedulerLog_v2
+    nvmlDeviceGetVgpuSchedulerState_v2
+    nvmlDeviceLockNvlinkRemapTable_v1
+    nvmlDevicePerfMetricsGetSamples_v1
+    nvmlDeviceReadPRMCounters_v1
+    nvmlDeviceReadWritePRM_v1
+    nvmlDeviceSetAdaptiveTgpMode_v1
+    nvmlDeviceSetHostname_v1
+    nvmlDeviceSetMemoryLimits_v1
+    nvmlDeviceSetNvlinkBwModeAsync_v1
+    nvmlDeviceSetNvlinkNvleReady_v1
+    nvmlDeviceSetPowerMizerMode_v1
+    nvmlDeviceSetRusdSettings_v1
+    nvmlDeviceSetVgpuSchedulerState_v2
+    nvmlDeviceSetupNvlinkNvleEncryptionKey_v1
+    nvmlDeviceVgpuForceGspUnload
+    nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
 }
 
 answer! {
@@ -575,6 +615,8 @@ answer! {
     nvmlDeviceQueryDrainState
     nvmlDeviceRemoveGpu
     nvmlDeviceRemoveGpu_v2
+    nvmlSystemGetCPER_v1
+    nvmlSystemGetConfComputeSettings_v2
 }
 
 answer! {
@@ -611,4 +653,32 @@ answer! {
     nvmlUnitGetTemperature
     nvmlUnitGetUnitInfo
     nvmlUnitSetLedState
+    nvmlGpuInstanceGetVgpuSchedulerLog_v2
+    nvmlGpuInstanceGetVgpuSchedulerState_v2
+    nvmlGpuInstanceSetVgpuSchedulerState_v2
+}
+
+/// Defines entry points that check the event set and answer `NVML_ERROR_NOT_SUPPORTED`: CUDA
+/// 13.5's GPU operational events (and their contexts, and the wait that returns them) are the
+/// host GPU's; `nvmlEventSetWait_v2` waits on a VM's sets.
+macro_rules! event_set_not_supported {
+    ($($name:ident)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: the host GPU's operational events.")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(set: *mut c_void) -> NvmlReturn {
+            nvml(stringify!($name), || {
+                super::events::check(set as usize)?;
+                Err(ret::NOT_SUPPORTED)
+            })
+        }
+    )*};
+}
+
+event_set_not_supported! {
+    nvmlEventSetGetContextCount_v1
+    nvmlEventSetGetContextData_v1
+    nvmlEventSetGetContextInfo_v1
+    nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1
+    nvmlEventSetRegisterGpuOperationalEvents_v1
+    nvmlEventSetWait_v3
 }

@@ -154,6 +154,43 @@ fn every_function_of_nvmls_headers_links_against_vgpus_nvml() {
     }
 }
 
+/// Every NVML function pynvml (nvidia-ml-py 13.580, which scripts/prereqs.sh installs) resolves
+/// is in vgpu's library, so none raises `NVMLError_FunctionNotFound` (pynvml resolves each at its
+/// first call; monitors like nvitop printed a traceback for a missing one).
+#[test]
+fn every_function_pynvml_resolves_is_in_vgpus_nvml() {
+    let out = Command::new("python3")
+        .args(["-c", "import pynvml; print(pynvml.__file__)"])
+        .output()
+        .expect("running python3");
+    if !out.status.success() {
+        println!("SKIPPED: pynvml (nvidia-ml-py) is not installed (run scripts/prereqs.sh)");
+        return;
+    }
+    let source = std::fs::read_to_string(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    const LOOKUP: &str = "_nvmlGetFunctionPointer(\"";
+    let mut wanted: Vec<&str> = source
+        .match_indices(LOOKUP)
+        .filter_map(|(at, _)| source[at + LOOKUP.len()..].split('"').next())
+        .filter(|n| n.starts_with("nvml"))
+        .collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    assert!(wanted.len() > 300, "{wanted:?}");
+    let exported = headers::exported_symbols(&artifacts().lib_dir.join("libnvidia-ml.so.1"));
+    let missing: Vec<&str> = wanted
+        .iter()
+        .copied()
+        .filter(|n| !exported.contains(*n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of pynvml's {} functions are missing: {missing:?}",
+        missing.len(),
+        wanted.len()
+    );
+}
+
 /// In a real Linux guest under QEMU, after `guest-shim/install.sh`, a program linked with
 /// `-lnvidia-ml` finds vgpu's NVML library through the loader cache (as on any machine, no
 /// `LD_LIBRARY_PATH`) and gets the VM's GPU over the vsock device; `nvidia-smi` queries answer

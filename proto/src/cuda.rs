@@ -300,12 +300,25 @@ pub mod attr {
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: usize = 102;
     pub const MAX_BLOCKS_PER_MULTIPROCESSOR: usize = 106;
     pub const MAX_ACCESS_POLICY_WINDOW_SIZE: usize = 109;
+    pub const GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: usize = 110;
     pub const RESERVED_SHARED_MEMORY_PER_BLOCK: usize = 111;
+    pub const SPARSE_CUDA_ARRAY_SUPPORTED: usize = 112;
+    pub const TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: usize = 114;
     pub const MEMORY_POOLS_SUPPORTED: usize = 115;
+    pub const GPU_DIRECT_RDMA_SUPPORTED: usize = 116;
+    pub const GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: usize = 117;
+    pub const GPU_DIRECT_RDMA_WRITES_ORDERING: usize = 118;
     pub const CAN_USE_64_BIT_STREAM_MEM_OPS: usize = 122;
     pub const CAN_USE_STREAM_WAIT_VALUE_NOR: usize = 123;
+    pub const DMA_BUF_SUPPORTED: usize = 124;
+    pub const TENSOR_MAP_ACCESS_SUPPORTED: usize = 127;
+    pub const HANDLE_TYPE_FABRIC_SUPPORTED: usize = 128;
     pub const MULTICAST_SUPPORTED: usize = 132;
     pub const HOST_NUMA_ID: usize = 134;
+    pub const D3D12_CIG_SUPPORTED: usize = 135;
+    pub const MEM_DECOMPRESS_ALGORITHM_MASK: usize = 136;
+    pub const MEM_DECOMPRESS_MAXIMUM_LENGTH: usize = 137;
+    pub const VULKAN_CIG_SUPPORTED: usize = 138;
     pub const GPU_PCI_DEVICE_ID: usize = 139;
     pub const TENSOR_MAP_LARGE_TENSOR_MIN_SIZE: usize = 160;
     /// One past the highest attribute number the protocol carries (CUDA 13's

@@ -104,30 +104,38 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (attr::CAN_FLUSH_REMOTE_WRITES, 0),
         // Multicast objects span devices; a VM has one (the `cuMulticast*` functions refuse).
         (attr::MULTICAST_SUPPORTED, 0),
-        // No third-party device (a NIC's GPUDirect RDMA, a dma-buf importer) reaches a VM's
-        // device memory, and nothing in the guest exports memory, semaphores or command lists
-        // to CUDA (the shim's interop entry points refuse); the host GPU's values do not apply.
-        (110, 0), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
-        (112, 0), // SPARSE_CUDA_ARRAY_SUPPORTED
-        (114, 0), // TIMELINE_SEMAPHORE_INTEROP_SUPPORTED
-        (116, 0), // GPU_DIRECT_RDMA_SUPPORTED
-        (117, 0), // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
-        (118, 0), // GPU_DIRECT_RDMA_WRITES_ORDERING
-        (124, 0), // DMA_BUF_SUPPORTED
-        (127, 0), // TENSOR_MAP_ACCESS_SUPPORTED: tensor maps cannot be encoded
-        (128, 0), // HANDLE_TYPE_FABRIC_SUPPORTED
-        (135, 0), // D3D12_CIG_SUPPORTED
-        (136, 0), // MEM_DECOMPRESS_ALGORITHM_MASK
-        (137, 0), // MEM_DECOMPRESS_MAXIMUM_LENGTH
-        (138, 0), // VULKAN_CIG_SUPPORTED
         (attr::PCI_DOMAIN_ID, GUEST_PCI_DOMAIN),
         (attr::PCI_BUS_ID, 0),
         (attr::PCI_DEVICE_ID, 0),
     ] {
         a[k] = v;
     }
+    for k in HOST_ONLY_FEATURES {
+        a[k] = 0;
+    }
     a
 }
+
+/// Features of the host's GPU a VM does not have, whatever the GPU reports: no third-party
+/// device (a NIC's GPUDirect RDMA, a dma-buf importer, an NVLink fabric) reaches a VM's device
+/// memory, nothing in the guest exports memory, semaphores or command lists to CUDA, and tensor
+/// maps, sparse arrays and the copy engines' decompression are not offered (the shim refuses
+/// each, docs/compatibility.md).
+pub const HOST_ONLY_FEATURES: [usize; 13] = [
+    attr::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+    attr::SPARSE_CUDA_ARRAY_SUPPORTED,
+    attr::TIMELINE_SEMAPHORE_INTEROP_SUPPORTED,
+    attr::GPU_DIRECT_RDMA_SUPPORTED,
+    attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
+    attr::GPU_DIRECT_RDMA_WRITES_ORDERING,
+    attr::DMA_BUF_SUPPORTED,
+    attr::TENSOR_MAP_ACCESS_SUPPORTED,
+    attr::HANDLE_TYPE_FABRIC_SUPPORTED,
+    attr::D3D12_CIG_SUPPORTED,
+    attr::MEM_DECOMPRESS_ALGORITHM_MASK,
+    attr::MEM_DECOMPRESS_MAXIMUM_LENGTH,
+    attr::VULKAN_CIG_SUPPORTED,
+];
 
 #[derive(Debug)]
 struct Block {
@@ -738,5 +746,28 @@ impl Session {
         self.ext.default_pool = None;
         self.ext.current_pool = None;
         self.store_memory();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host GPU that has every interop and RDMA feature (an H100 reports most of them) shows a
+    /// VM none: the shim refuses them all, and a guest that read the host's values would take
+    /// paths that then fail.
+    #[test]
+    fn the_host_gpus_interop_and_rdma_features_are_not_the_vms() {
+        const HOST_ONLY: [usize; 13] = [
+            110, 112, 114, 116, 117, 118, 124, 127, 128, 135, 136, 137, 138,
+        ];
+        let host = vec![1; attr::COUNT];
+        let guest = guest_attributes(&host);
+        for a in HOST_ONLY {
+            assert_eq!(guest[a], 0, "attribute {a}");
+        }
+        // What the VM does have stays the host's.
+        assert_eq!(guest[attr::COOPERATIVE_LAUNCH], 1);
+        assert_eq!(guest[attr::MEMORY_POOLS_SUPPORTED], 1);
     }
 }

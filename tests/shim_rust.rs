@@ -91,10 +91,12 @@ fn a_rust_program_drives_the_shim_through_libloading() {
         cu.proc::<usize>("cuMemAlloc", 3000).is_none(),
         "pre-3.2 ABI must not be answered"
     );
-    // A driver function vgpu does not provide (external semaphore graph nodes).
+    // A name that is no driver function.
+    assert!(cu.proc::<usize>("cuNoSuchFunction", 12030).is_none());
+    // Every function of cuda.h is answered, refusals too (external semaphore graph nodes).
     assert!(
         cu.proc::<usize>("cuGraphAddExternalSemaphoresSignalNode", 12030)
-            .is_none()
+            .is_some()
     );
 
     let mut ctx = std::ptr::null_mut();

@@ -55,17 +55,9 @@ fn without_vgpud_nvml_init_reports_the_driver_not_loaded() {
 
 /// The names of the `nvml*` functions `lib` defines in its dynamic symbol table (`nm -D`).
 fn nvml_symbols(lib: &Path) -> Vec<String> {
-    let out = Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(lib)
-        .output()
-        .expect("running nm (binutils)");
-    assert!(out.status.success(), "nm {}", lib.display());
-    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(2))
+    let mut names: Vec<String> = headers::exported_symbols(lib)
+        .into_iter()
         .filter(|n| n.starts_with("nvml"))
-        .map(str::to_string)
         .collect();
     names.sort();
     names
@@ -133,13 +125,10 @@ fn every_function_of_nvmls_headers_links_against_vgpus_nvml() {
     for include in includes {
         let declared = headers::declared_functions(&include, &["nvml.h"], NVML_DECLARATION);
         assert!(declared.len() > 250, "{}: {declared:?}", include.display());
-        let mut missing: Vec<String> =
-            headers::linked_symbols(&include, &["nvml.h"], &declared, &[])
-                .into_iter()
-                .filter(|s| !exported.contains(s))
-                .collect();
-        missing.sort();
-        missing.dedup();
+        let missing = headers::missing(
+            headers::linked_symbols(&include, &["nvml.h"], &declared, &[]),
+            &exported,
+        );
         assert!(
             missing.is_empty(),
             "{}: {} functions its nvml.h declares are not exported: {missing:?}",

@@ -279,16 +279,13 @@ fn every_function_of_cudas_driver_headers_links_and_resolves() {
                 .filter(|n| !WINDOWS_ONLY.contains(&n.as_str()))
                 .collect();
         assert!(declared.len() > 400, "CUDA {version}: {declared:?}");
-        let mut missing: Vec<String> = [&[][..], &["CUDA_API_PER_THREAD_DEFAULT_STREAM"][..]]
+        let linked = [&[][..], &["CUDA_API_PER_THREAD_DEFAULT_STREAM"][..]]
             .into_iter()
             .flat_map(|defines| {
                 headers::linked_symbols(&include, &DRIVER_HEADERS, &declared, defines)
             })
-            .chain(PROFILER_FUNCTIONS.iter().map(|p| p.to_string()))
-            .filter(|s| !exported.contains(s))
-            .collect();
-        missing.sort();
-        missing.dedup();
+            .chain(PROFILER_FUNCTIONS.iter().map(|p| p.to_string()));
+        let missing = headers::missing(linked, &exported);
         assert!(
             missing.is_empty(),
             "CUDA {version}: {} symbols a program compiled against its headers links are not \

@@ -862,6 +862,20 @@ pub mod headers {
         out[at..].split_whitespace().map(str::to_string).collect()
     }
 
+    /// The symbols of `linked` that `exported` lacks, sorted, each once.
+    pub fn missing(
+        linked: impl IntoIterator<Item = String>,
+        exported: &HashSet<String>,
+    ) -> Vec<String> {
+        let mut missing: Vec<String> = linked
+            .into_iter()
+            .filter(|s| !exported.contains(s))
+            .collect();
+        missing.sort();
+        missing.dedup();
+        missing
+    }
+
     /// The names `lib` defines in its dynamic symbol table (`nm -D`).
     pub fn exported_symbols(lib: &Path) -> HashSet<String> {
         let out = Command::new("nm")

@@ -24,6 +24,8 @@
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t, unsigned long long *);
 /* CUDA 12's handle by a versioned UUID structure (newer than this nvml.h). */
 nvmlReturn_t nvmlDeviceGetHandleByUUIDV(const void *, nvmlDevice_t *);
+/* CUDA 12's process detail list (newer than this nvml.h). */
+nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t, void *);
 /* CUDA 13.5's wait for operational events (newer than this nvml.h). */
 nvmlReturn_t nvmlEventSetWait_v3(nvmlEventSet_t, void *);
 /* The first nvmlDeviceGetPciInfo, which nvml.h's macro renames to the current one. */
@@ -507,6 +509,36 @@ int main(int argc, char **argv) {
     count = processes(dev, procs);
     const nvmlProcessInfo_t *me = find(procs, count, (unsigned)getpid());
     expect("this process is listed with its memory", count == 1 && me && me->usedGpuMemory == MINE);
+    /* CUDA 12's process detail list (its structures are newer than this nvml.h). */
+    struct {
+        unsigned pid;
+        unsigned long long used;
+        unsigned gi, ci;
+        unsigned long long cc_protected;
+    } details[2];
+    struct {
+        unsigned version, mode, entries;
+        void *array;
+    } detail_list = {(unsigned)sizeof detail_list | 1u << 24, 0, 0, NULL};
+    check_nvml("a process detail list with no room",
+               nvmlDeviceGetRunningProcessDetailList(dev, (void *)&detail_list),
+               NVML_ERROR_INSUFFICIENT_SIZE);
+    expect("says one process in detail", detail_list.entries == 1);
+    detail_list.entries = 2;
+    detail_list.array = details;
+    check_nvml("nvmlDeviceGetRunningProcessDetailList",
+               nvmlDeviceGetRunningProcessDetailList(dev, (void *)&detail_list), NVML_SUCCESS);
+    expect("this process in detail, with its memory and no MIG instance",
+           detail_list.entries == 1 && details[0].pid == (unsigned)getpid() &&
+               details[0].used == MINE && details[0].gi == 0xffffffffu);
+    detail_list.mode = 1; /* NVML_PROCESS_MODE_GRAPHICS */
+    check_nvml("no graphics processes",
+               nvmlDeviceGetRunningProcessDetailList(dev, (void *)&detail_list), NVML_SUCCESS);
+    expect("none listed", detail_list.entries == 0);
+    detail_list.version = 0;
+    check_nvml("a detail list of a version NVML does not know",
+               nvmlDeviceGetRunningProcessDetailList(dev, (void *)&detail_list),
+               NVML_ERROR_INVALID_ARGUMENT);
     char comm[64] = "", name[64] = "";
     FILE *f = fopen("/proc/self/comm", "r");
     if (f) {

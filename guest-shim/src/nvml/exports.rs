@@ -87,7 +87,7 @@ pub struct nvmlProcessInfo_v2_t {
 
 /// `NVML_VALUE_NOT_AVAILABLE` as an unsigned int: the MIG instance ids of a process on a GPU
 /// without MIG.
-const NOT_AVAILABLE_U32: c_uint = c_uint::MAX;
+pub(super) const NOT_AVAILABLE_U32: c_uint = c_uint::MAX;
 /// `NVML_COMPUTEMODE_DEFAULT`.
 const COMPUTEMODE_DEFAULT: c_uint = 0;
 /// `NVML_GPU_VIRTUALIZATION_MODE_VGPU`: the GPU of a virtual machine that shares one.
@@ -642,7 +642,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     })
 }
 
-fn compute_processes<T>(
+pub(super) fn compute_processes<T>(
     d: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut T,

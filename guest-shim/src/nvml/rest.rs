@@ -8,16 +8,18 @@
 //! confidential computing, system events and GPU performance monitoring samples. Handles of
 //! things a VM does not have (S-class units, MIG GPU and compute instances, excluded devices) are
 //! `NVML_ERROR_INVALID_ARGUMENT`. `nvmlDeviceGetFieldValues` answers each field
-//! `NVML_ERROR_NOT_SUPPORTED` in the field's own result, as NVML does for fields a device lacks.
+//! `NVML_ERROR_NOT_SUPPORTED` in the field's own result, as NVML does for fields a device lacks;
+//! `nvmlDeviceGetRunningProcessDetailList` lists the VM's processes as
+//! `nvmlDeviceGetComputeRunningProcesses` does.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use super::exports::{
-    device, nvml, nvmlDevice_t, nvmlDeviceGetCpuAffinity, nvmlDeviceGetHandleByUUID,
-    nvmlDeviceGetPciInfo_v3, nvmlPciInfo_t, write,
+    NOT_AVAILABLE_U32, compute_processes, device, nvml, nvmlDevice_t, nvmlDeviceGetCpuAffinity,
+    nvmlDeviceGetHandleByUUID, nvmlDeviceGetPciInfo_v3, nvmlPciInfo_t, write,
 };
-use super::{NvmlReturn, ret};
+use super::{NvmlReturn, Process, ret};
 
 /// `NVML_UUID_TYPE_ASCII` and `NVML_UUID_TYPE_BINARY`.
 const UUID_TYPE_ASCII: c_uint = 1;
@@ -63,6 +65,67 @@ pub struct nvmlUUID_t {
 pub struct nvmlGpmSupport_t {
     pub version: c_uint,
     pub isSupportedDevice: c_uint,
+}
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+pub struct nvmlProcessDetail_v1_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: u64,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+    pub usedGpuCcProtectedMemory: u64,
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+pub struct nvmlProcessDetailList_v1_t {
+    pub version: c_uint,
+    pub mode: c_uint,
+    pub numProcArrayEntries: c_uint,
+    pub procArray: *mut nvmlProcessDetail_v1_t,
+}
+
+/// `nvmlProcessDetailList_v1`: the structure's size and 1 in the top byte.
+const PROCESS_DETAIL_LIST_V1: c_uint =
+    std::mem::size_of::<nvmlProcessDetailList_v1_t>() as c_uint | (1 << 24);
+/// `NVML_PROCESS_MODE_COMPUTE`, `_GRAPHICS` and `_MPS`.
+const PROCESS_MODE_COMPUTE: c_uint = 0;
+const PROCESS_MODES: c_uint = 3;
+
+/// `nvmlDeviceGetRunningProcessDetailList`: the VM's processes with a CUDA context and the
+/// slice each holds (as `nvmlDeviceGetComputeRunningProcesses`); there are no graphics or MPS
+/// processes. `numProcArrayEntries` in is the room in `procArray`, out the number of processes
+/// (with `NVML_ERROR_INSUFFICIENT_SIZE` when they do not fit).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    d: nvmlDevice_t,
+    list: *mut nvmlProcessDetailList_v1_t,
+) -> NvmlReturn {
+    nvml("nvmlDeviceGetRunningProcessDetailList", || {
+        device(d)?;
+        // SAFETY: the caller's list when non-NULL (NVML contract); `as_mut` handles NULL.
+        let l = unsafe { list.as_mut() }.ok_or(ret::INVALID_ARGUMENT)?;
+        if l.version != PROCESS_DETAIL_LIST_V1 || l.mode >= PROCESS_MODES {
+            return Err(ret::INVALID_ARGUMENT);
+        }
+        if l.mode != PROCESS_MODE_COMPUTE {
+            l.numProcArrayEntries = 0;
+            return Ok(());
+        }
+        compute_processes(
+            d,
+            &raw mut l.numProcArrayEntries,
+            l.procArray,
+            |p: &Process| nvmlProcessDetail_v1_t {
+                pid: p.pid,
+                usedGpuMemory: p.memory,
+                gpuInstanceId: NOT_AVAILABLE_U32,
+                computeInstanceId: NOT_AVAILABLE_U32,
+                usedGpuCcProtectedMemory: 0,
+            },
+        )
+    })
 }
 
 /// Answers each of `count` fields `NVML_ERROR_NOT_SUPPORTED` in its own result.
@@ -424,7 +487,6 @@ device_not_supported! {
     nvmlDeviceGetRetiredPagesPendingStatus
     nvmlDeviceGetRetiredPages_v2
     nvmlDeviceGetRowRemapperHistogram
-    nvmlDeviceGetRunningProcessDetailList
     nvmlDeviceGetSamples
     nvmlDeviceGetSramEccErrorStatus
     nvmlDeviceGetSupportedClocksEventReasons

@@ -49,21 +49,13 @@ const FLUSH_SCOPES: [c_int; 2] = [100, 200];
 /// without a profiler attached.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuProfilerStart() -> CUresult {
-    ffi("cuProfilerStart", current_context)
+    ffi("cuProfilerStart", || drv::ctx().map(drop))
 }
 
 /// `cuProfilerStop`: see `cuProfilerStart`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuProfilerStop() -> CUresult {
-    ffi("cuProfilerStop", current_context)
-}
-
-/// A context is current (`CUDA_ERROR_INVALID_CONTEXT` otherwise).
-fn current_context() -> drv::CuRes<()> {
-    match drv::ctx_get_current()? {
-        0 => Err(cuda::CUDA_ERROR_INVALID_CONTEXT),
-        _ => Ok(()),
-    }
+    ffi("cuProfilerStop", || drv::ctx().map(drop))
 }
 
 /// `cuFlushGPUDirectRDMAWrites`: no third-party device writes a VM's GPU memory, and the device
@@ -75,7 +67,7 @@ pub extern "C" fn cuFlushGPUDirectRDMAWrites(target: c_int, scope: c_int) -> CUr
         if target != FLUSH_TARGET_CURRENT_CTX || !FLUSH_SCOPES.contains(&scope) {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        current_context()?;
+        drv::ctx()?;
         Err(drv::unsupported(
             "cuFlushGPUDirectRDMAWrites (no GPUDirect RDMA)",
         ))

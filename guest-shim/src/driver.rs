@@ -645,7 +645,7 @@ pub fn ctx_attach() -> CuRes<u64> {
 /// a context `cuCtxCreate` made destroys it. A primary context is not destroyed here (its retains
 /// are `cuDevicePrimaryCtxRelease`'s), so detaching it more often than it was attached fails.
 pub fn ctx_detach(c: u64) -> CuRes<()> {
-    if c == 0 || ctx_get_current()? != c {
+    if ctx()? != c {
         return Err(cuda::CUDA_ERROR_INVALID_CONTEXT);
     }
     {

@@ -36,7 +36,7 @@ const EXTERNAL_SEMAPHORE_TYPES: std::ops::RangeInclusive<c_uint> = 1..=10;
 /// Checks that the driver is initialized (as every entry point does first), then answers `code`
 /// with the reason in the debug log.
 fn refuse(what: &str, why: &str, code: CUresult) -> CuRes<()> {
-    drv::device_count()?;
+    drv::driver()?;
     crate::debug!("{what}: {why}");
     Err(code)
 }
@@ -79,7 +79,7 @@ pub unsafe extern "C" fn cuGLGetDevices_v2(
 ) -> CUresult {
     ffi("cuGLGetDevices_v2", || {
         required(count)?;
-        drv::device_count()?;
+        drv::driver()?;
         crate::out!(count, 0)?;
         not_ours("cuGLGetDevices", cuda::CUDA_ERROR_NO_DEVICE)
     })
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn cuGLCtxCreate_v2(
 /// `cuGLInit` (deprecated since CUDA 3.0): there is nothing to set up beyond `cuInit`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGLInit() -> CUresult {
-    ffi("cuGLInit", || drv::device_count().map(drop))
+    ffi("cuGLInit", || drv::driver().map(drop))
 }
 
 /// `cuGLRegisterBufferObject` (deprecated since CUDA 3.0).
@@ -591,7 +591,7 @@ fn on_semaphores(
     params: *const c_void,
     count: c_uint,
 ) -> CuRes<()> {
-    drv::device_count()?;
+    drv::driver()?;
     if count == 0 {
         return Ok(());
     }

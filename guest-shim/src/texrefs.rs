@@ -325,10 +325,7 @@ pub unsafe extern "C" fn cuTexRefCreate(out: *mut CUhandle) -> CUresult {
         if out.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        drv::ctx_get_current().and_then(|c| match c {
-            0 => Err(cuda::CUDA_ERROR_INVALID_CONTEXT),
-            _ => Ok(()),
-        })?;
+        drv::ctx()?;
         let handle = insert(&mut registry(), new_reference(NO_MODULE, false, NO_SLOT));
         out!(out, handle as CUhandle)
     })

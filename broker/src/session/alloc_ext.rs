@@ -102,8 +102,6 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
         (attr::CAN_USE_64_BIT_STREAM_MEM_OPS, 1),
         (attr::CAN_USE_STREAM_WAIT_VALUE_NOR, 1),
         (attr::CAN_FLUSH_REMOTE_WRITES, 0),
-        // Multicast objects span devices; a VM has one (the `cuMulticast*` functions refuse).
-        (attr::MULTICAST_SUPPORTED, 0),
         (attr::PCI_DOMAIN_ID, GUEST_PCI_DOMAIN),
         (attr::PCI_BUS_ID, 0),
         (attr::PCI_DEVICE_ID, 0),
@@ -118,10 +116,11 @@ pub fn guest_attributes(device: &[i32]) -> Vec<i32> {
 
 /// Features of the host's GPU a VM does not have, whatever the GPU reports: no third-party
 /// device (a NIC's GPUDirect RDMA, a dma-buf importer, an NVLink fabric) reaches a VM's device
-/// memory, nothing in the guest exports memory, semaphores or command lists to CUDA, and tensor
-/// maps, sparse arrays and the copy engines' decompression are not offered (the shim refuses
-/// each, docs/compatibility.md).
-pub const HOST_ONLY_FEATURES: [usize; 13] = [
+/// memory, multicast objects span devices and a VM has one, nothing in the guest exports memory,
+/// semaphores or command lists to CUDA, and tensor maps, sparse arrays and the copy engines'
+/// decompression are not offered (the shim refuses each, docs/compatibility.md).
+pub const HOST_ONLY_FEATURES: [usize; 14] = [
+    attr::MULTICAST_SUPPORTED,
     attr::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
     attr::SPARSE_CUDA_ARRAY_SUPPORTED,
     attr::TIMELINE_SEMAPHORE_INTEROP_SUPPORTED,

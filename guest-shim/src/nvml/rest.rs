@@ -255,17 +255,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUIDV(
             t.to_vec()
         }
         UUID_TYPE_BINARY => {
-            let b = &u.value[..UUID_BINARY_LEN];
-            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            format!(
-                "GPU-{}-{}-{}-{}-{}\0",
-                &hex[0..8],
-                &hex[8..12],
-                &hex[12..16],
-                &hex[16..20],
-                &hex[20..32]
-            )
-            .into_bytes()
+            let mut bytes = [0u8; UUID_BINARY_LEN];
+            bytes.copy_from_slice(&u.value[..UUID_BINARY_LEN]);
+            let mut text = vgpu_proto::cuda::gpu_uuid_text(&bytes).into_bytes();
+            text.push(0);
+            text
         }
         _ => return ret::INVALID_ARGUMENT,
     };

@@ -244,8 +244,11 @@ fn copy(src: Side, dst: Side, s: Shape, stream: u64, sync: bool) -> drv::CuRes<(
         .checked_mul(s.height)
         .and_then(|b| b.checked_mul(s.depth))
         .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    // One run of bytes on a side when its rows follow each other (a single row needs no pitch)
+    // and so do its slices: with more than one slice, even rows of one row are a pitch apart.
+    let one_row = s.height == 1 && s.depth == 1;
     let contiguous = |side: &Side| {
-        (s.height == 1 || side.pitch == s.width) && (s.depth == 1 || side.height == s.height)
+        (one_row || side.pitch == s.width) && (s.depth == 1 || side.height == s.height)
     };
     let rows: Vec<(u64, u64)> = if contiguous(&src) && contiguous(&dst) {
         vec![(0, 0)]
@@ -579,6 +582,28 @@ mod tests {
         assert_eq!(&dst[0..3], &[12, 13, 14]);
         assert_eq!(&dst[20..23], &[22, 23, 24]);
         assert!(dst[3..20].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn slices_of_one_row_are_a_pitch_apart() {
+        // Three slices of one 4-byte row: packed on the host, 16 bytes apart on the other
+        // side (a layered array whose rows are padded).
+        let src: Vec<u8> = (1..=12).collect();
+        let mut dst = vec![0u8; 48];
+        let mut s = side(src.as_ptr() as u64, 4);
+        s.height = 1;
+        let mut d = side(dst.as_mut_ptr() as u64, 16);
+        d.height = 1;
+        let shape = Shape {
+            width: 4,
+            height: 1,
+            depth: 3,
+        };
+        copy(s, d, shape, 0, true).unwrap();
+        assert_eq!(&dst[0..4], &[1, 2, 3, 4]);
+        assert_eq!(&dst[16..20], &[5, 6, 7, 8]);
+        assert_eq!(&dst[32..36], &[9, 10, 11, 12]);
+        assert!(dst[4..16].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! The device returns the handle kernels receive ([`crate::device::DeviceContext::texture_create`]).
 
 use vgpu_proto::cuda;
+use vgpu_proto::cuda::mip;
 
 use crate::error::CuError;
 
@@ -91,6 +92,91 @@ pub struct TexSampling {
     pub flags: u32,
     /// Border colour (RGBA).
     pub border: [f32; 4],
+    /// The levels of a mipmapped array and how fetches choose among them.
+    pub mip: MipChain,
+}
+
+/// A mipmapped texture's levels (placed as [`mip::levels`] places them, from the texture's
+/// first level) and how a fetch with a level of detail chooses among them
+/// (`CUDA_TEXTURE_DESC`'s mipmap fields).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MipChain {
+    /// Levels: 1 for a texture that is not mipmapped.
+    pub levels: u32,
+    /// Alignment of each level's rows, in bytes.
+    pub pitch_align: u64,
+    /// Alignment of each level's first byte from the first level's, in bytes.
+    pub level_align: u64,
+    /// `CUfilter_mode` between levels.
+    pub filter: u32,
+    /// Added to every level of detail.
+    pub bias: f32,
+    /// Lowest level of detail a fetch uses.
+    pub min_clamp: f32,
+    /// Highest level of detail a fetch uses.
+    pub max_clamp: f32,
+}
+
+impl MipChain {
+    /// A texture of one level.
+    pub const ONE_LEVEL: MipChain = MipChain {
+        levels: 1,
+        pitch_align: 1,
+        level_align: 1,
+        filter: 0,
+        bias: 0.0,
+        min_clamp: 0.0,
+        max_clamp: 0.0,
+    };
+
+    /// The levels of the chain whose first level has `first`'s texels (its pitches are not
+    /// read: the chain's alignments decide them).
+    pub fn levels_of(&self, first: &TexelLayout) -> Result<Vec<mip::Level>, CuError> {
+        let layered = first.layers > 0;
+        let shape = mip::Shape {
+            width: first.width,
+            height: if first.dims >= 2 { first.height } else { 0 },
+            depth: match first.dims {
+                3 => first.depth,
+                _ => first.layers,
+            },
+            layered,
+            texel_bytes: first.texel_bytes(),
+        };
+        mip::levels(&shape, self.levels, self.pitch_align, self.level_align).ok_or_else(|| {
+            CuError::invalid_value(format!(
+                "{} levels of {}x{}x{} texels with rows aligned to {} and levels to {} bytes: \
+                 more levels than the texels halve into, alignments that are not powers of \
+                 two up to {}, or a size past 64 bits",
+                self.levels,
+                first.width,
+                first.height,
+                first.depth,
+                self.pitch_align,
+                self.level_align,
+                mip::MAX_ALIGN
+            ))
+        })
+    }
+}
+
+impl TexelLayout {
+    /// The layout of mipmap level `level` of a chain whose first level is `self`.
+    pub fn level(&self, level: &mip::Level) -> TexelLayout {
+        TexelLayout {
+            base: self.base.wrapping_add(level.offset),
+            width: level.width,
+            height: level.height.max(1),
+            depth: if self.dims == 3 {
+                level.depth.max(1)
+            } else {
+                1
+            },
+            pitch: level.pitch,
+            slice_pitch: level.slice_pitch,
+            ..*self
+        }
+    }
 }
 
 impl TexelLayout {
@@ -194,6 +280,12 @@ impl TexSampling {
                 self.flags & !trsf::ALL
             )));
         }
+        if self.mip.filter >= FILTER_MODES {
+            return Err(CuError::invalid_value(format!(
+                "mipmap filter mode {} does not exist",
+                self.mip.filter
+            )));
+        }
         Ok(())
     }
 }
@@ -290,12 +382,50 @@ mod tests {
     }
 
     #[test]
+    fn a_mipmapped_chain_ends_past_its_last_level() {
+        let chain = MipChain {
+            levels: 3,
+            pitch_align: 32,
+            level_align: 512,
+            ..MipChain::ONE_LEVEL
+        };
+        let first = TexelLayout {
+            width: 16,
+            height: 8,
+            ..layout()
+        };
+        let levels = chain.levels_of(&first).unwrap();
+        let last = first.level(&levels[2]);
+        assert_eq!((last.width, last.height, last.pitch), (4, 2, 64));
+        // 16x8, 8x4 and 4x2 texels of 16 bytes: 2048 and 512 bytes before the last.
+        assert_eq!(last.base, first.base + 2048 + 512);
+        assert_eq!(
+            mip::chain_bytes(&levels),
+            last.base - first.base + last.check().unwrap()
+        );
+        for bad in [
+            MipChain { levels: 6, ..chain },
+            MipChain {
+                pitch_align: 48,
+                ..chain
+            },
+            MipChain { levels: 0, ..chain },
+        ] {
+            assert_eq!(
+                bad.levels_of(&first).unwrap_err().code,
+                cuda::CUDA_ERROR_INVALID_VALUE
+            );
+        }
+    }
+
+    #[test]
     fn sampling_values_outside_cudas_enums_are_refused() {
         let ok = TexSampling {
             address: [0, 1, 3],
             filter: 1,
             flags: trsf::NORMALIZED_COORDINATES | trsf::READ_AS_INTEGER,
             border: [0.0; 4],
+            mip: MipChain::ONE_LEVEL,
         };
         ok.check().unwrap();
         for bad in [
@@ -305,6 +435,13 @@ mod tests {
             },
             TexSampling { filter: 2, ..ok },
             TexSampling { flags: 0x100, ..ok },
+            TexSampling {
+                mip: MipChain {
+                    filter: 2,
+                    ..MipChain::ONE_LEVEL
+                },
+                ..ok
+            },
         ] {
             assert_eq!(
                 bad.check().unwrap_err().code,

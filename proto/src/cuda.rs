@@ -189,6 +189,108 @@ pub fn channel_bytes(format: u32) -> Option<u64> {
 /// Channels a texel may have.
 pub const CHANNEL_COUNTS: [u32; 3] = [1, 2, 4];
 
+/// Where the levels of a mipmapped array lie: one allocation, level after level, each level
+/// starting at a multiple of `level_align` bytes from the first and laid out as an array is
+/// (rows of texels `pitch_align`-aligned, slices or layers one after the other). The shim
+/// places a mipmapped array's levels so, vgpud checks a texture over them so, and the device
+/// samples them so.
+pub mod mip {
+    /// Most levels a mipmapped array can have: one per halving of a 2^28-texel axis, the
+    /// largest any texture has, and the last level of one texel.
+    pub const MAX_LEVELS: u32 = 29;
+    /// Largest alignment of rows and levels (the device's texture alignments are 32 and 512
+    /// bytes).
+    pub const MAX_ALIGN: u64 = 1 << 16;
+
+    /// The first level's texels: width, height (0 for one dimension), depth (0 for one or two
+    /// dimensions; layers of a layered array, which every level keeps).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Shape {
+        pub width: u64,
+        pub height: u64,
+        pub depth: u64,
+        pub layered: bool,
+        /// Bytes of one texel.
+        pub texel_bytes: u64,
+    }
+
+    /// One level: its bytes' offset from the first level's first byte, its texels (as in
+    /// [`Shape`]: 0 for an axis the array lacks) and its pitches.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Level {
+        pub offset: u64,
+        pub width: u64,
+        pub height: u64,
+        pub depth: u64,
+        pub pitch: u64,
+        pub slice_pitch: u64,
+        /// Bytes from the level's first byte to the end of its last texel.
+        pub bytes: u64,
+    }
+
+    /// Levels a mipmapped array of `shape` can have: until every axis (layers aside) is one
+    /// texel.
+    pub fn max_levels(shape: &Shape) -> u32 {
+        let depth = if shape.layered { 0 } else { shape.depth };
+        let longest = shape.width.max(shape.height).max(depth).max(1);
+        64 - longest.leading_zeros()
+    }
+
+    /// The first `count` levels of `shape`, rows aligned to `pitch_align` bytes and levels to
+    /// `level_align` (powers of two); `None` when `count` is 0 or more than the shape has, an
+    /// alignment is not a power of two up to [`MAX_ALIGN`], or the sizes overflow.
+    pub fn levels(
+        shape: &Shape,
+        count: u32,
+        pitch_align: u64,
+        level_align: u64,
+    ) -> Option<Vec<Level>> {
+        let aligned = |a: u64| a.is_power_of_two() && a <= MAX_ALIGN;
+        if count == 0
+            || count > max_levels(shape).min(MAX_LEVELS)
+            || !aligned(pitch_align)
+            || !aligned(level_align)
+            || shape.width == 0
+        {
+            return None;
+        }
+        let half = |n: u64, l: u32| if n == 0 { 0 } else { (n >> l).max(1) };
+        let mut out = Vec::with_capacity(count as usize);
+        let mut offset = 0u64;
+        for l in 0..count {
+            let width = half(shape.width, l);
+            let height = half(shape.height, l);
+            let depth = if shape.layered {
+                shape.depth
+            } else {
+                half(shape.depth, l)
+            };
+            let row = width.checked_mul(shape.texel_bytes)?;
+            let pitch = row.checked_next_multiple_of(pitch_align)?;
+            let slice_pitch = pitch.checked_mul(height.max(1))?;
+            let bytes = slice_pitch.checked_mul(depth.max(1))?;
+            out.push(Level {
+                offset,
+                width,
+                height,
+                depth,
+                pitch,
+                slice_pitch,
+                bytes,
+            });
+            offset = offset
+                .checked_add(bytes)?
+                .checked_next_multiple_of(level_align)?;
+        }
+        Some(out)
+    }
+
+    /// Bytes of a mipmapped array of `levels` (the last level's end).
+    pub fn chain_bytes(levels: &[Level]) -> u64 {
+        levels.last().map_or(0, |l| l.offset + l.bytes)
+    }
+}
+
 /// `CUDA_TEXTURE_DESC`: how a texture object samples (the guest's and the real driver's ABI).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -275,8 +377,11 @@ pub mod attr {
     pub const MAXIMUM_TEXTURE2D_LINEAR_WIDTH: usize = 70;
     pub const MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: usize = 71;
     pub const MAXIMUM_TEXTURE2D_LINEAR_PITCH: usize = 72;
+    pub const MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: usize = 73;
+    pub const MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: usize = 74;
     pub const COMPUTE_CAPABILITY_MAJOR: usize = 75;
     pub const COMPUTE_CAPABILITY_MINOR: usize = 76;
+    pub const MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: usize = 77;
     pub const STREAM_PRIORITIES_SUPPORTED: usize = 78;
     pub const GLOBAL_L1_CACHE_SUPPORTED: usize = 79;
     pub const LOCAL_L1_CACHE_SUPPORTED: usize = 80;
@@ -381,6 +486,68 @@ pub fn blocks_per_multiprocessor(
         .min(by_smem)
         .min(dev(attr::MAX_BLOCKS_PER_MULTIPROCESSOR))
         .max(0)
+}
+
+#[cfg(test)]
+mod mip_tests {
+    use super::mip::*;
+
+    #[test]
+    fn levels_halve_each_axis_and_keep_layers() {
+        let shape = Shape {
+            width: 10,
+            height: 3,
+            depth: 0,
+            layered: false,
+            texel_bytes: 4,
+        };
+        assert_eq!(max_levels(&shape), 4);
+        let l = levels(&shape, 4, 32, 512).unwrap();
+        let dims: Vec<_> = l.iter().map(|l| (l.width, l.height, l.depth)).collect();
+        assert_eq!(dims, [(10, 3, 0), (5, 1, 0), (2, 1, 0), (1, 1, 0)]);
+        assert_eq!(l[0].pitch, 64);
+        assert_eq!(l[0].bytes, 192);
+        assert_eq!(l[1].offset, 512);
+        assert_eq!(l[3].offset, 1536);
+        assert_eq!(chain_bytes(&l), 1536 + 32);
+        let layered = Shape {
+            depth: 6,
+            layered: true,
+            ..shape
+        };
+        let l = levels(&layered, 2, 32, 512).unwrap();
+        assert_eq!((l[1].depth, l[1].slice_pitch, l[1].bytes), (6, 32, 192));
+        let cube = Shape {
+            width: 8,
+            height: 8,
+            depth: 16,
+            layered: false,
+            texel_bytes: 1,
+        };
+        assert_eq!(max_levels(&cube), 5);
+        assert_eq!(levels(&cube, 5, 32, 512).unwrap()[4].depth, 1);
+    }
+
+    #[test]
+    fn impossible_chains_are_none() {
+        let shape = Shape {
+            width: 8,
+            height: 0,
+            depth: 0,
+            layered: false,
+            texel_bytes: 16,
+        };
+        assert!(levels(&shape, 0, 32, 512).is_none());
+        assert!(levels(&shape, 5, 32, 512).is_none());
+        assert!(levels(&shape, 4, 24, 512).is_none());
+        assert!(levels(&shape, 4, 32, MAX_ALIGN * 2).is_none());
+        let huge = Shape {
+            width: u64::MAX / 2,
+            height: u64::MAX / 2,
+            ..shape
+        };
+        assert!(levels(&huge, 2, 32, 512).is_none());
+    }
 }
 
 #[cfg(test)]

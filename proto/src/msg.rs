@@ -739,6 +739,20 @@ ops! {
     }
     /// Destroys a surface object.
     SurfObjectDestroy = 0x0a04 => Empty, 0, "cuSurfObjectDestroy" { ctx: u64, handle: u64 }
+    /// Creates a texture object over the `levels` levels of a mipmapped array at `base`, laid
+    /// out as [`crate::cuda::mip::levels`] places them with rows `pitch_align` and levels
+    /// `level_align` bytes aligned; the first level's texels and the sampling as in
+    /// [`TexObjectCreate`], and between levels `mip_filter` (`CUfilter_mode`), the level of
+    /// detail's `level_bias` and its `min_level_clamp` and `max_level_clamp`. Every level must
+    /// lie in one allocation of this process.
+    TexObjectCreateMipmapped = 0x0a05 => Handle, 0, "cuTexObjectCreate (mipmapped arrays)" {
+        ctx: u64, base: u64, format: u32, channels: u32, dims: u32,
+        width: u64, height: u64, depth: u64, layers: u64,
+        levels: u32, pitch_align: u64, level_align: u64,
+        address_0: u32, address_1: u32, address_2: u32, filter: u32, flags: u32,
+        border_r: f32, border_g: f32, border_b: f32, border_a: f32,
+        mip_filter: u32, level_bias: f32, min_level_clamp: f32, max_level_clamp: f32,
+    }
 }
 
 impl LaunchKernel {

@@ -1,6 +1,7 @@
 //! Texture and surface objects through the broker's protocol, on any device: a kernel samples
 //! a pitched grid through a texture object; a surface object updates texels in place (where
-//! the device has surfaces); layouts outside the process's memory, values outside CUDA's enums
+//! the device has surfaces); a mipmapped texture reads each level by level of detail (where
+//! the device has mipmapped textures); layouts outside the process's memory, values outside CUDA's enums
 //! and forged handles are refused; another VM's handle reads nothing of the owner's; objects
 //! go with their session and count against the VM's handle budget.
 
@@ -101,6 +102,122 @@ fn want_grid() -> Vec<f32> {
     (0..H)
         .flat_map(|y| (0..W).map(move |x| grid_value(x, y)))
         .collect()
+}
+
+/// Runs `sample_level` over a `w` x `h` level at level of detail `lod`.
+fn sample_level(s: &mut Session, tex: u64, w: u64, h: u64, lod: f32) -> Result<Vec<f32>, Code> {
+    let m = s
+        .load(TEXTURES_PTX.as_bytes())
+        .expect("loading the texture kernels");
+    let k = s.kernel(m, "sample_level")?;
+    let out = s.alloc(w * h * 4)?;
+    s.launch(
+        &k,
+        [h as u32, 1, 1],
+        [w as u32, 1, 1],
+        0,
+        &[
+            Arg::U64(tex),
+            Arg::Ptr(out),
+            Arg::I32(w as i32),
+            Arg::F32(lod),
+        ],
+    )?;
+    let r = s.sync().and_then(|()| s.dtoh(out, (w * h * 4) as usize));
+    s.free(out)?;
+    Ok(r?
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect())
+}
+
+/// A mipmapped texture of two levels (the grid, and a grid half its size each way holding
+/// other values) laid out as [`cuda::mip`] places them: `tex2DLod` reads each level where the
+/// device has mipmapped textures; a device without them says `CUDA_ERROR_NOT_SUPPORTED`.
+fn mipmapped(a: &mut Session) {
+    /// Rows and levels aligned as the simulated GPU reports (`TEXTURE_PITCH_ALIGNMENT`,
+    /// `TEXTURE_ALIGNMENT`).
+    const PITCH_ALIGN: u64 = 32;
+    const LEVEL_ALIGN: u64 = 512;
+    /// `CU_TRSF_NORMALIZED_COORDINATES`.
+    const NORMALIZED: u32 = 0x02;
+    let shape = cuda::mip::Shape {
+        width: W,
+        height: H,
+        depth: 0,
+        layered: false,
+        texel_bytes: 4,
+    };
+    let levels = cuda::mip::levels(&shape, 2, PITCH_ALIGN, LEVEL_ALIGN).unwrap();
+    let level_value = |l: usize, x: u64, y: u64| grid_value(x, y) + 0.5 * l as f32;
+    let mut bytes = vec![0u8; cuda::mip::chain_bytes(&levels) as usize];
+    for (l, level) in levels.iter().enumerate() {
+        for y in 0..level.height {
+            for x in 0..level.width {
+                let at = (level.offset + y * level.pitch + x * 4) as usize;
+                bytes[at..at + 4].copy_from_slice(&level_value(l, x, y).to_le_bytes());
+            }
+        }
+    }
+    let chain = a.alloc(bytes.len() as u64).unwrap();
+    a.htod(chain, &bytes).unwrap();
+    let made = a.request(&msg::TexObjectCreateMipmapped {
+        ctx: a.ctx,
+        base: chain,
+        format: FORMAT_FLOAT,
+        channels: 1,
+        dims: 2,
+        width: W,
+        height: H,
+        depth: 1,
+        layers: 0,
+        levels: 2,
+        pitch_align: PITCH_ALIGN,
+        level_align: LEVEL_ALIGN,
+        address_0: CLAMP,
+        address_1: CLAMP,
+        address_2: CLAMP,
+        flags: NORMALIZED,
+        max_level_clamp: 1.0,
+        ..Default::default()
+    });
+    match made {
+        Ok(h) => {
+            for (l, level) in levels.iter().enumerate() {
+                let want: Vec<f32> = (0..level.height)
+                    .flat_map(|y| (0..level.width).map(move |x| level_value(l, x, y)))
+                    .collect();
+                assert_eq!(
+                    sample_level(a, h.handle, level.width, level.height, l as f32).unwrap(),
+                    want,
+                    "tex2DLod read every texel of level {l}"
+                );
+            }
+            a.request(&msg::TexObjectDestroy {
+                ctx: a.ctx,
+                handle: h.handle,
+            })
+            .unwrap();
+        }
+        Err(e) => assert_eq!(e, cuda::CUDA_ERROR_NOT_SUPPORTED, "mipmapped textures: {e}"),
+    }
+    // A chain longer than its allocation is refused on every device.
+    let past = a.request(&msg::TexObjectCreateMipmapped {
+        ctx: a.ctx,
+        base: chain + LEVEL_ALIGN,
+        format: FORMAT_FLOAT,
+        channels: 1,
+        dims: 2,
+        width: W,
+        height: H,
+        depth: 1,
+        levels: 2,
+        pitch_align: PITCH_ALIGN,
+        level_align: LEVEL_ALIGN,
+        ..Default::default()
+    });
+    assert_eq!(past.unwrap_err(), cuda::CUDA_ERROR_INVALID_VALUE);
+    a.free(chain).unwrap();
 }
 
 /// The check.
@@ -258,6 +375,7 @@ pub fn textures_and_surfaces(t: &Target) {
         }
         Err(e) => assert_eq!(e, cuda::CUDA_ERROR_NOT_SUPPORTED, "surfaces: {e}"),
     }
+    mipmapped(&mut a);
 
     a.request(&msg::TexObjectDestroy {
         ctx: a.ctx,

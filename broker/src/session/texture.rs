@@ -9,7 +9,8 @@ use super::{Session, reply};
 use crate::error::CuError;
 use crate::handles::MAX_ENTRIES;
 use crate::limits::HandleBudget;
-use crate::texture::{TexSampling, TexelLayout};
+use crate::texture::{MipChain, TexSampling, TexelLayout};
+use vgpu_proto::cuda::mip;
 
 /// Texture or surface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,8 +103,48 @@ impl Session {
                     filter: m.filter,
                     flags: m.flags,
                     border: [m.border_r, m.border_g, m.border_b, m.border_a],
+                    mip: MipChain::ONE_LEVEL,
                 };
                 self.create_object(m.ctx, ObjectKind::Texture, &layout, Some(&sampling))
+                    .and_then(|handle| reply(out, msg::Handle { handle }))
+            }
+            R::TexObjectCreateMipmapped(m) => {
+                let sampling = TexSampling {
+                    address: [m.address_0, m.address_1, m.address_2],
+                    filter: m.filter,
+                    flags: m.flags,
+                    border: [m.border_r, m.border_g, m.border_b, m.border_a],
+                    mip: MipChain {
+                        levels: m.levels,
+                        pitch_align: m.pitch_align,
+                        level_align: m.level_align,
+                        filter: m.mip_filter,
+                        bias: m.level_bias,
+                        min_clamp: m.min_level_clamp,
+                        max_clamp: m.max_level_clamp,
+                    },
+                };
+                let mut layout = TexelLayout {
+                    base: m.base,
+                    format: m.format,
+                    channels: m.channels,
+                    dims: m.dims,
+                    width: m.width,
+                    height: m.height,
+                    depth: m.depth,
+                    layers: m.layers,
+                    pitch: 0,
+                    slice_pitch: 0,
+                };
+                // The first level's pitches are the chain's.
+                sampling
+                    .mip
+                    .levels_of(&layout)
+                    .and_then(|levels| {
+                        layout.pitch = levels[0].pitch;
+                        layout.slice_pitch = levels[0].slice_pitch;
+                        self.create_object(m.ctx, ObjectKind::Texture, &layout, Some(&sampling))
+                    })
                     .and_then(|handle| reply(out, msg::Handle { handle }))
             }
             R::SurfObjectCreate(m) => {
@@ -129,9 +170,12 @@ impl Session {
         sampling: Option<&TexSampling>,
     ) -> Result<u64, CuError> {
         self.ctx(ctx)?;
-        let extent = layout.check()?;
+        let mut extent = layout.check()?;
         if let Some(s) = sampling {
             s.check()?;
+            if s.mip.levels > 1 {
+                extent = mip::chain_bytes(&s.mip.levels_of(layout)?);
+            }
         }
         self.allocs.check(layout.base, extent, kind.name())?;
         self.textures.charge()?;
@@ -316,5 +360,83 @@ mod tests {
             cuda::CUDA_ERROR_INVALID_CONTEXT
         );
         assert_eq!(dev.live_objects(), 1);
+    }
+
+    #[test]
+    fn a_mipmapped_chain_must_lie_in_one_allocation_of_the_process() {
+        let (b, dev) = broker(64);
+        let (mut c, ctx) = serve_session(&b, "vm1");
+        const SIZE: u64 = 4 * GRID;
+        let p = c
+            .call(&msg::MemAlloc { ctx, size: SIZE }, &[])
+            .unwrap()
+            .0
+            .ptr;
+        // 32x32 floats: levels of 32x32, 16x16, 8x8, 4x4, 2x2 and 1x1 texels, rows of at
+        // least 32 bytes, each level at a multiple of 512 bytes: 4096, 1024, 256, 128, 64 and
+        // 32 bytes at offsets 0, 4096, 5120, 5632, 6144 and 6656; the chain ends at 6688.
+        const CHAIN: u64 = 6688;
+        let chain = |base: u64, levels: u32| msg::TexObjectCreateMipmapped {
+            ctx,
+            base,
+            format: crate::texture::format::F32,
+            channels: 1,
+            dims: 2,
+            width: 32,
+            height: 32,
+            depth: 1,
+            levels,
+            pitch_align: 32,
+            level_align: 512,
+            max_level_clamp: 5.0,
+            ..Default::default()
+        };
+        c.call(&chain(p, 6), &[]).unwrap();
+        c.call(&chain(p + SIZE - CHAIN, 6), &[]).unwrap();
+        // Five levels fit where six do not.
+        c.call(&chain(p + SIZE - CHAIN + 32, 5), &[]).unwrap();
+        let code = |m: msg::TexObjectCreateMipmapped, c: &mut TestClient<UnixStream>| {
+            c.call(&m, &[]).unwrap_err().0
+        };
+        for (why, m) in [
+            (
+                "the last level past the allocation",
+                chain(p + SIZE - CHAIN + 32, 6),
+            ),
+            ("no levels", chain(p, 0)),
+            ("more levels than 32 texels halve into", chain(p, 7)),
+            ("levels past any texture", chain(p, u32::MAX)),
+            (
+                "rows aligned to 48 bytes",
+                msg::TexObjectCreateMipmapped {
+                    pitch_align: 48,
+                    ..chain(p, 2)
+                },
+            ),
+            (
+                "levels aligned past 64 KiB",
+                msg::TexObjectCreateMipmapped {
+                    level_align: 1 << 40,
+                    ..chain(p, 2)
+                },
+            ),
+            (
+                "a mipmap filter CUDA does not have",
+                msg::TexObjectCreateMipmapped {
+                    mip_filter: 9,
+                    ..chain(p, 2)
+                },
+            ),
+            (
+                "a width past 64 bits of bytes",
+                msg::TexObjectCreateMipmapped {
+                    width: u64::MAX / 2,
+                    ..chain(p, 2)
+                },
+            ),
+        ] {
+            assert_eq!(code(m, &mut c), cuda::CUDA_ERROR_INVALID_VALUE, "{why}");
+        }
+        assert_eq!(dev.live_objects(), 3, "refusals make no object");
     }
 }

@@ -504,6 +504,13 @@ impl DeviceContext for CudaContext {
         layout: &TexelLayout,
         sampling: &TexSampling,
     ) -> Result<u64, DeviceError> {
+        if sampling.mip.levels > 1 {
+            return Err(DeviceError::NotSupported(
+                "mipmapped textures need CUDA mipmapped arrays, which the CUDA device does not \
+                 create yet"
+                    .into(),
+            ));
+        }
         let res = crate::texture_abi::resource(layout).ok_or_else(|| {
             DeviceError::NotSupported(
                 "three-dimensional and layered textures need CUDA arrays, which the CUDA device \

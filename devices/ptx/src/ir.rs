@@ -459,6 +459,20 @@ pub(crate) struct TexOp {
     pub c: [Reg; 3],
     /// The layer (`NONE` when not layered).
     pub layer: Reg,
+    /// The mipmap level a fetch reads.
+    pub lod: TexLod,
+}
+
+/// The mipmap level of a `tex` fetch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TexLod {
+    /// Level 0 (`tex`, `tex.base`, `tld4`).
+    Base,
+    /// `tex.level`: the level of detail in a register.
+    Level(Reg),
+    /// `tex.grad`: the coordinates' gradients along x and along y (`NONE` past the
+    /// geometry's axes).
+    Grad([Reg; 3], [Reg; 3]),
 }
 
 /// `suld.b` or `sust.b`.
@@ -488,6 +502,8 @@ pub(crate) enum ResQuery {
     NormalizedCoords,
     FilterMode,
     AddrMode(u8),
+    /// `txq.num_mipmap_levels`: 1 for a texture that is not mipmapped.
+    MipmapLevels,
 }
 
 /// One decoded operation.

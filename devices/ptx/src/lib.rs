@@ -93,6 +93,12 @@ pub trait GlobalMemory: Sync {
         None
     }
 
+    /// Level `level` (1 and up; level 0 is the view's own layout) of the tenant's mipmapped
+    /// texture object `handle`; `None` when it has no such level.
+    fn texture_level(&self, _handle: u64, _level: u32) -> Option<texture::Layout> {
+        None
+    }
+
     /// The tenant's surface object `handle`; `None` when it owns none by that handle.
     fn surface(&self, _handle: u64) -> Option<texture::SurfaceView> {
         None
@@ -964,6 +970,7 @@ mod tests {
                     read_as_integer: false,
                     normalized_coords: true,
                     border_color: [0.0; 4],
+                    mip: texture::MipSampler::ONE_LEVEL,
                 },
             },
         );

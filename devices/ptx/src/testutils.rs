@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::texture::{SurfaceView, TextureView};
+use crate::texture::{Layout, SurfaceView, TextureView};
 use crate::{
     Buffer, Fault, GLOBAL_BASE, GlobalMemory, KernelInfo, Launch, LaunchControl, Module, Progress,
 };
@@ -64,6 +64,7 @@ pub struct TestMemory {
     allocs: RwLock<BTreeMap<u64, Arc<Buffer>>>,
     next: AtomicU64,
     textures: RwLock<HashMap<u64, TextureView>>,
+    levels: RwLock<HashMap<u64, Vec<Layout>>>,
     surfaces: RwLock<HashMap<u64, SurfaceView>>,
 }
 
@@ -80,6 +81,7 @@ impl TestMemory {
             allocs: RwLock::new(BTreeMap::new()),
             next: AtomicU64::new(GLOBAL_BASE),
             textures: RwLock::new(HashMap::new()),
+            levels: RwLock::new(HashMap::new()),
             surfaces: RwLock::new(HashMap::new()),
         }
     }
@@ -90,6 +92,14 @@ impl TestMemory {
             .write()
             .expect("test memory lock")
             .insert(handle, view);
+    }
+
+    /// Gives mipmapped texture `handle` its levels past the first (level 1 first).
+    pub fn add_texture_levels(&self, handle: u64, levels: Vec<Layout>) {
+        self.levels
+            .write()
+            .expect("test memory lock")
+            .insert(handle, levels);
     }
 
     /// Makes `handle` name the surface object `view` (replacing what it named).
@@ -154,6 +164,11 @@ impl GlobalMemory for TestMemory {
 
     fn texture(&self, handle: u64) -> Option<TextureView> {
         self.textures.read().ok()?.get(&handle).copied()
+    }
+
+    fn texture_level(&self, handle: u64, level: u32) -> Option<Layout> {
+        let i = usize::try_from(level).ok()?.checked_sub(1)?;
+        self.levels.read().ok()?.get(&handle)?.get(i).copied()
     }
 
     fn surface(&self, handle: u64) -> Option<SurfaceView> {

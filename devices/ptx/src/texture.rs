@@ -178,6 +178,36 @@ pub struct Sampler {
     pub normalized_coords: bool,
     /// Border colour for [`AddressMode::Border`].
     pub border_color: [f32; 4],
+    /// The mipmap levels and how a fetch chooses among them.
+    pub mip: MipSampler,
+}
+
+/// How a fetch with a level of detail (`tex.level`, `tex.grad`) chooses among a mipmapped
+/// texture's levels (`CUDA_TEXTURE_DESC`'s mipmap fields). Level 0 is the view's
+/// [`Layout`]; the others come from [`crate::GlobalMemory::texture_level`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MipSampler {
+    /// Levels of the resource: 1 when it is not mipmapped.
+    pub levels: u32,
+    /// Between two levels: the nearer one ([`FilterMode::Point`]) or both, blended.
+    pub filter: FilterMode,
+    /// Added to every level of detail.
+    pub bias: f32,
+    /// Lowest level of detail a fetch uses.
+    pub min_clamp: f32,
+    /// Highest level of detail a fetch uses.
+    pub max_clamp: f32,
+}
+
+impl MipSampler {
+    /// A resource of one level.
+    pub const ONE_LEVEL: MipSampler = MipSampler {
+        levels: 1,
+        filter: FilterMode::Point,
+        bias: 0.0,
+        min_clamp: 0.0,
+        max_clamp: 0.0,
+    };
 }
 
 /// What a texture object handle names.
@@ -507,6 +537,97 @@ pub fn sample<E>(
     }
 }
 
+/// The levels a fetch at level of detail `lod` reads: (the first, the second, the second's
+/// weight). The bias is added, then the sampler's clamps and the levels there are bound it;
+/// point mipmap filtering takes the nearer level (weight 0), linear blends the two around it.
+/// A texture of one level always reads level 0.
+pub fn mip_levels(s: &MipSampler, lod: f32) -> (u32, u32, f32) {
+    if s.levels <= 1 || lod.is_nan() {
+        return (0, 0, 0.0);
+    }
+    let last = (s.levels - 1) as f32;
+    // max/min rather than clamp: a program may set the clamps the wrong way round.
+    let l = (lod + s.bias)
+        .max(s.min_clamp)
+        .min(s.max_clamp)
+        .max(0.0)
+        .min(last);
+    if l.is_nan() {
+        return (0, 0, 0.0);
+    }
+    match s.filter {
+        FilterMode::Point => {
+            let n = (l + 0.5).floor().min(last) as u32;
+            (n, n, 0.0)
+        }
+        FilterMode::Linear => {
+            let first = l.floor();
+            let w = quantize_weight(l - first);
+            let a = first as u32;
+            (a, (a + 1).min(s.levels - 1), w)
+        }
+    }
+}
+
+/// The level of detail of a fetch whose coordinates change by `dx` and `dy` between
+/// neighbouring threads (`tex.grad`): log2 of the longer gradient in level 0's texels
+/// (isotropic: the anisotropy CUDA's `maxAnisotropy` allows is not used).
+pub fn grad_lod(view: &TextureView, dx: [f32; 3], dy: [f32; 3]) -> f32 {
+    let n = extents(&view.layout);
+    let dims = axes(&view.layout);
+    let scale = |a: usize| {
+        if view.sampler.normalized_coords {
+            n[a] as f32
+        } else {
+            1.0
+        }
+    };
+    let len = |g: [f32; 3]| {
+        (0..dims)
+            .map(|a| (g[a] * scale(a)).powi(2))
+            .sum::<f32>()
+            .sqrt()
+    };
+    len(dx).max(len(dy)).log2()
+}
+
+/// Fetches from level `level` of a mipmapped `view`, whose texels are at `layout`, as
+/// [`sample`] does: normalized coordinates span every level; unnormalized ones count level 0's
+/// texels and are scaled to the level's.
+pub fn sample_level<E>(
+    view: &TextureView,
+    layout: &Layout,
+    level: u32,
+    coords: Coords,
+    layer: i32,
+    read: &mut dyn FnMut(u64, u64) -> Result<u64, E>,
+) -> Result<Texel, E> {
+    let v = TextureView {
+        layout: *layout,
+        ..*view
+    };
+    let coords = match coords {
+        Coords::Float(u) if !view.sampler.normalized_coords && level > 0 => {
+            let k = 0.5f32.powi(level.min(i32::MAX as u32) as i32);
+            Coords::Float(u.map(|x| x * k))
+        }
+        c => c,
+    };
+    sample(&v, coords, layer, read)
+}
+
+/// Blends two fetches of float texels: `a` weighted `1 - w`, `b` weighted `w`.
+pub fn blend(a: Texel, b: Texel, w: f32) -> Texel {
+    if !a.float || w == 0.0 {
+        return a;
+    }
+    let (fa, fb) = (a.floats(), b.floats());
+    Texel {
+        bits: std::array::from_fn(|c| (fa[c] * (1.0 - w) + fb[c] * w).to_bits()),
+        float: true,
+    }
+}
+
 /// Fetches channel `comp` (0 to 3: r, g, b, a) of the four texels of the bilinear footprint of
 /// 2-D coordinates `u`, as `tld4` does, in [`GATHER_ORDER`].
 pub fn gather<E>(
@@ -614,6 +735,7 @@ mod tests {
                 read_as_integer: false,
                 normalized_coords: normalized,
                 border_color: [9.0, 8.0, 7.0, 6.0],
+                mip: MipSampler::ONE_LEVEL,
             },
         }
     }

@@ -156,6 +156,9 @@ fn attributes(workers: usize) -> Vec<i32> {
         (attr::MAXIMUM_TEXTURE2D_LINEAR_WIDTH, 131072),
         (attr::MAXIMUM_TEXTURE2D_LINEAR_HEIGHT, 65000),
         (attr::MAXIMUM_TEXTURE2D_LINEAR_PITCH, 2097120),
+        (attr::MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH, 32768),
+        (attr::MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT, 32768),
+        (attr::MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH, 32768),
         (attr::COMPUTE_CAPABILITY_MAJOR, COMPUTE_CAPABILITY.0),
         (attr::COMPUTE_CAPABILITY_MINOR, COMPUTE_CAPABILITY.1),
         (attr::STREAM_PRIORITIES_SUPPORTED, 1),
@@ -303,6 +306,10 @@ impl GlobalMemory for ContextMemory {
 
     fn texture(&self, handle: u64) -> Option<vgpu_ptx::texture::TextureView> {
         self.objects().texture(handle)
+    }
+
+    fn texture_level(&self, handle: u64, level: u32) -> Option<vgpu_ptx::texture::Layout> {
+        self.objects().texture_level(handle, level)
     }
 
     fn surface(&self, handle: u64) -> Option<vgpu_ptx::texture::SurfaceView> {

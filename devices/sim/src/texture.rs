@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use vgpu_broker::device::DeviceError;
 use vgpu_broker::texture::{TexSampling, TexelLayout, format, trsf};
 use vgpu_ptx::texture::{
-    AddressMode, ChannelFormat, FilterMode, Layout, Sampler, SurfaceView, TextureView,
+    AddressMode, ChannelFormat, FilterMode, Layout, MipSampler, Sampler, SurfaceView, TextureView,
 };
 
 /// The live objects of a context.
@@ -16,6 +16,8 @@ use vgpu_ptx::texture::{
 pub(crate) struct Objects {
     last: u64,
     textures: HashMap<u64, TextureView>,
+    /// The levels past the first of mipmapped textures.
+    levels: HashMap<u64, Vec<Layout>>,
     surfaces: HashMap<u64, SurfaceView>,
 }
 
@@ -64,13 +66,24 @@ fn address_mode(m: u32) -> AddressMode {
     }
 }
 
+fn filter_mode(f: u32) -> FilterMode {
+    if f == 1 {
+        FilterMode::Linear
+    } else {
+        FilterMode::Point
+    }
+}
+
 fn sampler(s: &TexSampling) -> Sampler {
     Sampler {
         address: s.address.map(address_mode),
-        filter: if s.filter == 1 {
-            FilterMode::Linear
-        } else {
-            FilterMode::Point
+        filter: filter_mode(s.filter),
+        mip: MipSampler {
+            levels: s.mip.levels.max(1),
+            filter: filter_mode(s.mip.filter),
+            bias: s.mip.bias,
+            min_clamp: s.mip.min_clamp,
+            max_clamp: s.mip.max_clamp,
         },
         read_as_integer: s.flags & trsf::READ_AS_INTEGER != 0,
         normalized_coords: s.flags & trsf::NORMALIZED_COORDINATES != 0,
@@ -93,8 +106,22 @@ impl Objects {
             layout: layout(l)?,
             sampler: sampler(s),
         };
+        let levels = if s.mip.levels > 1 {
+            let chain = s.mip.levels_of(l).map_err(|e| {
+                DeviceError::NotSupported(format!("a mipmapped texture's levels: {}", e.message))
+            })?;
+            chain[1..]
+                .iter()
+                .map(|level| layout(&l.level(level)))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
         let h = self.next();
         self.textures.insert(h, view);
+        if !levels.is_empty() {
+            self.levels.insert(h, levels);
+        }
         Ok(h)
     }
 
@@ -106,6 +133,7 @@ impl Objects {
     }
 
     pub(crate) fn destroy_texture(&mut self, h: u64) -> Result<(), DeviceError> {
+        self.levels.remove(&h);
         self.textures
             .remove(&h)
             .map(drop)
@@ -121,6 +149,12 @@ impl Objects {
 
     pub(crate) fn texture(&self, h: u64) -> Option<TextureView> {
         self.textures.get(&h).copied()
+    }
+
+    /// Level `level` (1 and up) of mipmapped texture `h`.
+    pub(crate) fn texture_level(&self, h: u64, level: u32) -> Option<Layout> {
+        let i = usize::try_from(level).ok()?.checked_sub(1)?;
+        self.levels.get(&h)?.get(i).copied()
     }
 
     pub(crate) fn surface(&self, h: u64) -> Option<SurfaceView> {

@@ -3,10 +3,11 @@
 //! Supported geometries are `.1d`, `.2d`, `.3d`, `.a1d` and `.a2d` (`tld4`: `.2d` and `.a2d`)
 //! with texture object handles in registers or read from texture and surface references
 //! (`.global .texref`/`.surfref` variables holding the bound handle: the instruction is preceded
-//! by an 8-byte `ld.global` of the handle into a temporary register, under the same guard). Cube
-//! maps, multisample textures, `tex.level`,
-//! `tex.grad`, explicit samplers, the residency predicate and formatted `sust.p` are refused
-//! at load as unsupported instructions.
+//! by an 8-byte `ld.global` of the handle into a temporary register, under the same guard).
+//! `tex.base`, `tex.level` and `tex.grad` choose a mipmapped texture's level (float
+//! coordinates only; `txq.num_mipmap_levels` counts the levels, `txq.level` is not decoded). Cube maps, multisample textures,
+//! explicit samplers, the residency predicate and formatted `sust.p` are refused at load as
+//! unsupported instructions.
 
 use super::*;
 use crate::texture::{ReferenceKind, SurfaceClamp};
@@ -109,12 +110,26 @@ impl FnCtx<'_> {
         Ok((handle, c, layer))
     }
 
-    /// `tex.geom.v4.dtype.ctype` and `tld4.comp.geom.v4.dtype.f32`.
-    pub(super) fn sel_tex(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
-        // Mipmap level and gradient fetches take operands of their own: refused before counting.
-        if m.any(&["level", "grad", "base"]).is_some() {
-            return Err(unsupported(ins));
+    /// A gradient of `tex.grad`: a vector of one `.f32` per axis of the geometry (four for
+    /// `.3d`, the last unused).
+    fn gradient(&mut self, op: &Operand, geom: Geom) -> DResult<[Reg; 3]> {
+        let items: Vec<Operand> = match op {
+            Operand::Vec(items) => items.clone(),
+            one => vec![one.clone()],
+        };
+        if items.len() < geom.axes() || items.len() > 4 {
+            return Err(self.err("wrong number of gradient components for the geometry"));
         }
+        let mut g = [NONE; 3];
+        for (a, r) in g.iter_mut().enumerate().take(geom.axes()) {
+            *r = self.val(&items[a], Ty::F32)?;
+        }
+        Ok(g)
+    }
+
+    /// `tex{.base,.level,.grad}.geom.v4.dtype.ctype` and `tld4.comp.geom.v4.dtype.f32`.
+    pub(super) fn sel_tex(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        let mip = m.any(&["level", "grad", "base"]);
         let gather = if ins.opcode == "tld4" {
             let c = m.any(&GATHER_COMPONENTS).ok_or_else(|| unsupported(ins))?;
             GATHER_COMPONENTS
@@ -125,7 +140,7 @@ impl FnCtx<'_> {
             None
         };
         let geom = self.geom(ins, m)?;
-        if gather.is_some() && !matches!(geom, Geom::D2 | Geom::A2) {
+        if gather.is_some() && (!matches!(geom, Geom::D2 | Geom::A2) || mip.is_some()) {
             return Err(unsupported(ins));
         }
         if !m.has("v4") {
@@ -141,14 +156,30 @@ impl FnCtx<'_> {
         {
             return Err(unsupported(ins));
         }
-        let o = self.ops(ins, 2)?;
+        // A level of detail or two gradients follow the coordinates (float coordinates only).
+        let lod_operands = match mip {
+            Some("level") => 1,
+            Some("grad") => 2,
+            _ => 0,
+        };
+        if lod_operands > 0 && *cty != Ty::F32 {
+            return Err(unsupported(ins));
+        }
+        let o = self.ops(ins, 2 + lod_operands)?;
         let (n, d) = self.dst_list(&o[0])?;
         if n != 4 {
             return Err(self.err("vector size does not match the destination list"));
         }
+        // Resolved before the coordinates, so that a reference's handle load stays last.
+        let lod = match mip {
+            Some("level") => TexLod::Level(self.val(&o[2], Ty::F32)?),
+            Some("grad") => TexLod::Grad(self.gradient(&o[2], geom)?, self.gradient(&o[3], geom)?),
+            _ => TexLod::Base,
+        };
         let (handle, c, layer) =
             self.tex_operand(ins, &o[1], geom, *cty, ReferenceKind::Texture)?;
         Ok(Op::Tex(Box::new(TexOp {
+            lod,
             gather,
             signed: *dty == Ty::S32,
             int_coords: *cty == Ty::S32,
@@ -224,6 +255,7 @@ impl FnCtx<'_> {
             "addr_mode_0",
             "addr_mode_1",
             "addr_mode_2",
+            "num_mipmap_levels",
         ]) {
             Some("width") => ResQuery::Width,
             Some("height") => ResQuery::Height,
@@ -234,6 +266,7 @@ impl FnCtx<'_> {
             Some("addr_mode_0") if !surface => ResQuery::AddrMode(0),
             Some("addr_mode_1") if !surface => ResQuery::AddrMode(1),
             Some("addr_mode_2") if !surface => ResQuery::AddrMode(2),
+            Some("num_mipmap_levels") if !surface => ResQuery::MipmapLevels,
             _ => return Err(unsupported(ins)),
         };
         let ty = self.one_type(ins, m)?;

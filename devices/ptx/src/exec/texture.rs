@@ -58,14 +58,13 @@ impl<'a> Worker<'a> {
             let raw: [u32; 3] =
                 std::array::from_fn(|a| lane_value(regs, t.c[a], l).unwrap_or(0) as u32);
             let layer = lane_value(regs, t.layer, l).unwrap_or(0) as u32 as i32;
-            let mut read = |a, b| self.texel_read(a, b);
             let r = match t.gather {
                 Some(comp) => texture::gather(
                     &view,
                     [f32::from_bits(raw[0]), f32::from_bits(raw[1])],
                     layer,
                     usize::from(comp),
-                    &mut read,
+                    &mut |a, b| self.texel_read(a, b),
                 ),
                 None => {
                     let coords = if t.int_coords {
@@ -73,7 +72,32 @@ impl<'a> Worker<'a> {
                     } else {
                         Coords::Float(raw.map(f32::from_bits))
                     };
-                    texture::sample(&view, coords, layer, &mut read)
+                    match self.lod(regs, &t.lod, &view, l) {
+                        None => {
+                            texture::sample(&view, coords, layer, &mut |a, b| self.texel_read(a, b))
+                        }
+                        Some(lod) => {
+                            let (a, b, wt) = texture::mip_levels(&view.sampler.mip, lod);
+                            let level = |n: u32| match n {
+                                0 => Some(view.layout),
+                                n => self.ctx.memory.texture_level(h, n),
+                            };
+                            let (Some(la), Some(lb)) = (level(a), level(b)) else {
+                                let what = "mipmapped texture without its level";
+                                return Err(self.unknown_handle(w, l as u32, line, what, h));
+                            };
+                            let mut read = |a, b| self.texel_read(a, b);
+                            texture::sample_level(&view, &la, a, coords, layer, &mut read).and_then(
+                                |first| {
+                                    if wt == 0.0 {
+                                        return Ok(first);
+                                    }
+                                    texture::sample_level(&view, &lb, b, coords, layer, &mut read)
+                                        .map(|second| texture::blend(first, second, wt))
+                                },
+                            )
+                        }
+                    }
                 }
             };
             let texel =
@@ -87,6 +111,26 @@ impl<'a> Worker<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The level of detail lane `l` fetches `view` at; `None` for level 0 (`tex.base`, or a
+    /// texture of one level).
+    fn lod(
+        &self,
+        regs: &[[u64; 32]],
+        lod: &TexLod,
+        view: &texture::TextureView,
+        l: usize,
+    ) -> Option<f32> {
+        if view.sampler.mip.levels <= 1 {
+            return None;
+        }
+        let f = |r: Reg| f32::from_bits(lane_value(regs, r, l).unwrap_or(0) as u32);
+        match lod {
+            TexLod::Base => None,
+            TexLod::Level(r) => Some(f(*r)),
+            TexLod::Grad(dx, dy) => Some(texture::grad_lod(view, dx.map(f), dy.map(f))),
+        }
     }
 
     /// `suld.b` (`store` false) and `sust.b` for the lanes in `m`.
@@ -210,6 +254,7 @@ impl<'a> Worker<'a> {
                 ResQuery::AddrMode(i) => {
                     sampler.map_or(0, |s| u64::from(s.address[usize::from(i)].code()))
                 }
+                ResQuery::MipmapLevels => sampler.map_or(1, |s| u64::from(s.mip.levels)),
             };
             regs[d as usize][l] = v.min(u64::from(u32::MAX));
         }

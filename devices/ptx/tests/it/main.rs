@@ -12,6 +12,7 @@ mod half;
 mod intops;
 mod launch;
 mod memory;
+mod mipmap;
 mod texref;
 mod texture;
 mod warp;

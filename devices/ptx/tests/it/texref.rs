@@ -41,6 +41,7 @@ fn point() -> Sampler {
         read_as_integer: false,
         normalized_coords: false,
         border_color: [0.0; 4],
+        mip: MipSampler::ONE_LEVEL,
     }
 }
 

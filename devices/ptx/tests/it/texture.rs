@@ -52,6 +52,7 @@ fn sampler(filter: FilterMode, normalized: bool, mode: AddressMode) -> Sampler {
         read_as_integer: false,
         normalized_coords: normalized,
         border_color: [0.5, 0.25, 0.125, 1.0],
+        mip: MipSampler::ONE_LEVEL,
     }
 }
 
@@ -986,7 +987,7 @@ fn unsupported_texture_forms_are_refused_at_load() {
     };
     for inst in [
         "tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6, %f7, %f7}];",
-        "tex.level.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], %f7;",
+        "tex.level.2d.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %r2}], %f7;",
         "tex.2dms.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %r2, %r3, %r3}];",
         "sust.p.2d.b32.trap [%rd1, {%r1, %r2}], {%r3};",
         "txq.channel_order.b32 %r1, [%rd1];",
@@ -996,8 +997,19 @@ fn unsupported_texture_forms_are_refused_at_load() {
         assert_eq!(e.line, 10, "{inst}");
     }
     // The supported forms of the same shape load.
-    Module::load(&body(
+    for inst in [
         "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];",
-    ))
-    .unwrap();
+        "tex.level.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], %f7;",
+    ] {
+        Module::load(&body(inst)).unwrap();
+    }
+    // A level or gradient operand missing or of the wrong shape is an error of the program.
+    for inst in [
+        "tex.level.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];",
+        "tex.grad.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], {%f7}, {%f7};",
+        "tex.grad.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], {%f7, %f7};",
+    ] {
+        let e = Module::load(&body(inst)).unwrap_err();
+        assert_ne!(e.kind, LoadErrorKind::NotSupported, "{inst}: {e}");
+    }
 }

@@ -121,6 +121,15 @@ fn nvcc_programs_sample_textures_and_write_surfaces() {
     run_nvcc_program("textures", 29, ALL_RUNTIMES);
 }
 
+/// Mipmapped arrays: levels filled from the host and generated on the device (a texture over
+/// one level, a surface over the next), sampled by level of detail and by gradients under
+/// point and linear mipmap filtering, a bias and clamps; 2-D, 3-D and layered; on every
+/// runtime.
+#[test]
+fn nvcc_programs_sample_mipmapped_arrays() {
+    run_nvcc_program("mipmaps", 16, ALL_RUNTIMES);
+}
+
 /// Texture and surface references (CUDA 11's `texture<>` and `surface<>`, gone from CUDA 12's
 /// runtime): bound to arrays, linear and pitched memory, rebound, queried.
 #[test]

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use vgpu_proto::cuda::{self, attr};
+use vgpu_proto::cuda::{self, attr, mip};
 
 use crate::driver::{self as drv, CuRes};
 use crate::exports::{CUdeviceptr, CUhandle, h};
@@ -86,6 +86,9 @@ pub struct Array {
     pub desc: Array3DDescriptor,
     /// Bytes from one row to the next.
     pub pitch: u64,
+    /// The mipmapped array it is a level of (0: an array of its own, which `cuArrayDestroy`
+    /// frees).
+    pub level_of: u64,
 }
 
 impl Array {
@@ -164,10 +167,34 @@ impl Array {
     }
 }
 
+/// A live mipmapped array: one allocation holding its levels, each also an [`Array`] (with
+/// `level_of` set) that copies and surfaces reach as any array.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mipmapped {
+    /// The context it was created in.
+    pub ctx: u64,
+    /// Its device memory, the first level's first texel.
+    pub ptr: u64,
+    /// The first level's descriptor, as created.
+    pub desc: Array3DDescriptor,
+    /// The levels' array handles, the first level first.
+    pub levels: Vec<u64>,
+    /// Bytes of the whole chain.
+    pub bytes: u64,
+    /// The row alignment its levels were laid out with.
+    pub pitch_align: u64,
+    /// The alignment of each level's first byte.
+    pub level_align: u64,
+}
+
+/// The tag in every `CUmipmappedArray` handle the shim hands out.
+const MIPMAPPED_TAG: u64 = 0x0a77_b000_0000_0000;
+
 #[derive(Default)]
 struct Registry {
     last: u64,
     arrays: HashMap<u64, Array>,
+    mipmapped: HashMap<u64, Mipmapped>,
 }
 
 fn registry() -> MutexGuard<'static, Registry> {
@@ -191,7 +218,129 @@ pub fn get(handle: u64) -> CuRes<Array> {
 
 /// Forgets the arrays of a destroyed context (the host freed their memory with it).
 pub fn context_gone(ctx: u64) {
-    registry().arrays.retain(|_, a| a.ctx != ctx);
+    let mut r = registry();
+    r.arrays.retain(|_, a| a.ctx != ctx);
+    r.mipmapped.retain(|_, m| m.ctx != ctx);
+}
+
+/// The live mipmapped array `handle` names.
+pub fn mipmapped(handle: u64) -> CuRes<Mipmapped> {
+    if handle == 0 {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    registry()
+        .mipmapped
+        .get(&handle)
+        .cloned()
+        .ok_or(cuda::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// The geometry [`cuda::mip::levels`] takes for an array of descriptor `d`.
+fn mip_shape(d: &Array3DDescriptor) -> mip::Shape {
+    mip::Shape {
+        width: d.width as u64,
+        height: d.height as u64,
+        depth: d.depth as u64,
+        layered: d.flags & flags::LAYERED != 0,
+        texel_bytes: cuda::channel_bytes(d.format).unwrap_or(0) * u64::from(d.num_channels),
+    }
+}
+
+/// `cuMipmappedArrayCreate`: a chain of `count` levels (clamped to those the extents halve
+/// into), each half the one before along every axis (layers aside), in one allocation.
+pub fn create_mipmapped(d: &Array3DDescriptor, count: u32) -> CuRes<u64> {
+    check(d)?;
+    if d.flags & flags::TEXTURE_GATHER != 0 {
+        // CUDA gathers from arrays of one level only.
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    // One- and two-dimensional mipmapped arrays have limits of their own.
+    let surface = d.flags & flags::SURFACE_LDST != 0;
+    let limits: &[(usize, usize)] = match (d.height, d.depth, d.flags & flags::LAYERED != 0) {
+        _ if surface => &[],
+        (0, 0, false) => &[(d.width, attr::MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH)],
+        (_, 0, false) => &[
+            (d.width, attr::MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH),
+            (d.height, attr::MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT),
+        ],
+        _ => &[],
+    };
+    for &(n, a) in limits {
+        if n as u64 > drv::device_limit(a)? {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
+    let pitch_align = drv::device_limit(attr::TEXTURE_PITCH_ALIGNMENT)?.max(1);
+    let level_align = drv::device_limit(attr::TEXTURE_ALIGNMENT)?.max(1);
+    // CUDA clamps the count to the levels the extents halve into.
+    let shape = mip_shape(d);
+    let count = count.clamp(1, mip::max_levels(&shape).min(mip::MAX_LEVELS));
+    let levels = mip::levels(&shape, count, pitch_align, level_align)
+        .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+    let bytes = mip::chain_bytes(&levels);
+    let ptr = drv::mem_alloc(bytes)?;
+    let mut r = registry();
+    r.last += 1;
+    let handle = MIPMAPPED_TAG | r.last;
+    let mut handles = Vec::with_capacity(levels.len());
+    for l in &levels {
+        r.last += 1;
+        let level = HANDLE_TAG | r.last;
+        let as_created = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        r.arrays.insert(
+            level,
+            Array {
+                ctx,
+                ptr: ptr + l.offset,
+                desc: Array3DDescriptor {
+                    width: as_created(l.width),
+                    height: as_created(l.height),
+                    depth: as_created(l.depth),
+                    ..*d
+                },
+                pitch: l.pitch,
+                level_of: handle,
+            },
+        );
+        handles.push(level);
+    }
+    r.mipmapped.insert(
+        handle,
+        Mipmapped {
+            ctx,
+            ptr,
+            desc: *d,
+            levels: handles,
+            bytes,
+            pitch_align,
+            level_align,
+        },
+    );
+    Ok(handle)
+}
+
+/// `cuMipmappedArrayDestroy`.
+pub fn destroy_mipmapped(handle: u64) -> CuRes<()> {
+    let m = mipmapped(handle)?;
+    let in_use = {
+        let r = registry();
+        m.levels
+            .iter()
+            .filter_map(|l| r.arrays.get(l).map(|a| a.ptr))
+            .collect::<Vec<_>>()
+    };
+    if in_use.into_iter().any(crate::textures::names_array) {
+        // As for an array: not while a texture or surface object names it or a level.
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    drv::mem_free(m.ptr)?;
+    let mut r = registry();
+    for l in &m.levels {
+        r.arrays.remove(l);
+    }
+    r.mipmapped.remove(&handle);
+    Ok(())
 }
 
 /// Checks a descriptor against CUDA's rules and the device's limits.
@@ -292,6 +441,7 @@ pub fn create(d: &Array3DDescriptor) -> CuRes<u64> {
         ptr: 0,
         desc: *d,
         pitch: 0,
+        level_of: 0,
     };
     a.pitch = row_pitch(a.row_bytes())?;
     let size = a
@@ -309,6 +459,10 @@ pub fn create(d: &Array3DDescriptor) -> CuRes<u64> {
 /// `cuArrayDestroy`.
 pub fn destroy(handle: u64) -> CuRes<()> {
     let a = get(handle)?;
+    if a.level_of != 0 {
+        // A level goes with its mipmapped array (`cuMipmappedArrayDestroy`).
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
     if crate::textures::names_array(a.ptr) {
         // CUDA refuses to destroy an array a texture or surface object still names.
         return Err(cuda::CUDA_ERROR_INVALID_VALUE);
@@ -639,64 +793,80 @@ pub unsafe extern "C" fn cuArrayGetSparseProperties(
     })
 }
 
-/// `cuMipmappedArrayCreate`: mipmapped arrays are not offered.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMipmappedArrayCreate(
-    _out: *mut CUhandle,
-    _desc: *const Array3DDescriptor,
-    _levels: u32,
+    out: *mut CUhandle,
+    desc: *const Array3DDescriptor,
+    levels: u32,
 ) -> CUresult {
     ffi("cuMipmappedArrayCreate", || {
-        Err(drv::unsupported("mipmapped arrays"))
-    })
-}
-
-/// `cuMipmappedArrayDestroy`: no mipmapped array exists, so no handle names one.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMipmappedArrayDestroy(_array: CUhandle) -> CUresult {
-    ffi("cuMipmappedArrayDestroy", || {
-        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
-    })
-}
-
-/// `cuMipmappedArrayGetLevel`: no mipmapped array exists.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMipmappedArrayGetLevel(
-    _out: *mut CUhandle,
-    _array: CUhandle,
-    _level: u32,
-) -> CUresult {
-    ffi("cuMipmappedArrayGetLevel", || {
-        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
-    })
-}
-
-/// `cuMipmappedArrayGetMemoryRequirements`: no mipmapped array exists.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMipmappedArrayGetMemoryRequirements(
-    out: *mut ArrayMemoryRequirements,
-    _array: CUhandle,
-    _device: i32,
-) -> CUresult {
-    ffi("cuMipmappedArrayGetMemoryRequirements", || {
+        // SAFETY: NULL or the caller's CUDA_ARRAY3D_DESCRIPTOR (CUDA contract).
+        let d = unsafe { desc.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
         if out.is_null() {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);
         }
-        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        let handle = create_mipmapped(d, levels)?;
+        out!(out, handle as CUhandle)
     })
 }
 
-/// `cuMipmappedArrayGetSparseProperties`: no mipmapped array exists.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: CUhandle) -> CUresult {
+    ffi("cuMipmappedArrayDestroy", || destroy_mipmapped(h(array)))
+}
+
+/// `cuMipmappedArrayGetLevel`: the level's array, which copies and surface objects take as
+/// any array (it goes with the mipmapped array).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayGetLevel(
+    out: *mut CUhandle,
+    array: CUhandle,
+    level: u32,
+) -> CUresult {
+    ffi("cuMipmappedArrayGetLevel", || {
+        let m = mipmapped(h(array))?;
+        let l = usize::try_from(level)
+            .ok()
+            .and_then(|i| m.levels.get(i))
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        out!(out, *l as CUhandle)
+    })
+}
+
+/// `cuMipmappedArrayGetMemoryRequirements`: the chain's bytes and the texture alignment.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayGetMemoryRequirements(
+    out: *mut ArrayMemoryRequirements,
+    array: CUhandle,
+    device: i32,
+) -> CUresult {
+    ffi("cuMipmappedArrayGetMemoryRequirements", || {
+        let m = mipmapped(h(array))?;
+        if device != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_DEVICE);
+        }
+        out!(
+            out,
+            ArrayMemoryRequirements {
+                size: usize::try_from(m.bytes).map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
+                alignment: usize::try_from(m.level_align)
+                    .map_err(|_| cuda::CUDA_ERROR_INVALID_VALUE)?,
+                reserved: [0; 4],
+            }
+        )
+    })
+}
+
+/// `cuMipmappedArrayGetSparseProperties`: vgpu's mipmapped arrays are never sparse, so every
+/// call is `CUDA_ERROR_INVALID_VALUE`, as for arrays.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMipmappedArrayGetSparseProperties(
-    props: *mut c_void,
-    _array: CUhandle,
+    _props: *mut c_void,
+    array: CUhandle,
 ) -> CUresult {
     ffi("cuMipmappedArrayGetSparseProperties", || {
-        if props.is_null() {
-            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
-        }
-        Err(cuda::CUDA_ERROR_INVALID_HANDLE)
+        mipmapped(h(array))?;
+        Err(cuda::CUDA_ERROR_INVALID_VALUE)
     })
 }
 
@@ -717,6 +887,7 @@ mod tests {
                 flags: 0,
             },
             pitch,
+            level_of: 0,
         }
     }
 

@@ -64,6 +64,8 @@ enum Binding {
     },
     /// A CUDA array (its handle).
     Array(u64),
+    /// A mipmapped array (its handle).
+    Mipmapped(u64),
 }
 
 /// One texture or surface reference.
@@ -201,6 +203,10 @@ fn resource(x: &Reference) -> Option<ResourceDesc> {
         Binding::Array(a) => {
             res[0] = a;
             restype::ARRAY
+        }
+        Binding::Mipmapped(m) => {
+            res[0] = m;
+            restype::MIPMAPPED_ARRAY
         }
     };
     Some(ResourceDesc {
@@ -570,16 +576,23 @@ pub extern "C" fn cuTexRefSetMipmapLevelClamp(texref: CUhandle, min: f32, max: f
     })
 }
 
-/// `cuTexRefSetMipmappedArray`: mipmapped arrays are not offered.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuTexRefSetMipmappedArray(
     texref: CUhandle,
-    _array: CUhandle,
-    _flags: c_uint,
+    array: CUhandle,
+    flags: c_uint,
 ) -> CUresult {
     ffi("cuTexRefSetMipmappedArray", || {
-        get(h(texref), false)?;
-        Err(drv::unsupported("mipmapped arrays"))
+        // As `cuTexRefSetArray`: the texels are sampled in the array's format.
+        if flags & !TRSA_OVERRIDE_FORMAT != 0 {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        let m = arrays::mipmapped(h(array))?;
+        update(h(texref), |x| {
+            x.binding = Binding::Mipmapped(h(array));
+            (x.format, x.channels) = (m.desc.format, m.desc.num_channels);
+            Ok(())
+        })
     })
 }
 
@@ -609,12 +622,14 @@ pub unsafe extern "C" fn cuTexRefGetArray(out: *mut CUhandle, texref: CUhandle) 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuTexRefGetMipmappedArray(
-    _out: *mut CUhandle,
+    out: *mut CUhandle,
     texref: CUhandle,
 ) -> CUresult {
     ffi("cuTexRefGetMipmappedArray", || {
-        get(h(texref), false)?;
-        Err(cuda::CUDA_ERROR_INVALID_VALUE)
+        match get(h(texref), false)?.binding {
+            Binding::Mipmapped(m) => out!(out, m as CUhandle),
+            _ => Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        }
     })
 }
 

@@ -4,8 +4,9 @@
 //! The shim checks what CUDA checks (resource type, alignment, the device's limits), describes
 //! the texels to vgpud by address and layout, and keeps each object's descriptors to answer the
 //! `Get` calls. vgpud checks the texels lie in one allocation of the process, and the device's
-//! handle is what kernels receive. Mipmapped arrays and resource views that reinterpret the
-//! texels are `CUDA_ERROR_NOT_SUPPORTED`.
+//! handle is what kernels receive. A mipmapped array's texture names its first level and the
+//! chain's layout ([`vgpu_proto::cuda::mip`]). Resource views that reinterpret the texels are
+//! `CUDA_ERROR_NOT_SUPPORTED`.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -117,6 +118,23 @@ pub fn context_gone(ctx: u64) {
     r.surfaces.retain(|_, o| o.ctx != ctx);
 }
 
+/// The texels of array `a` as vgpud takes them.
+fn array_texels(a: &arrays::Array) -> Texels {
+    let dims = a.dims();
+    Texels {
+        base: a.ptr,
+        format: a.desc.format,
+        channels: a.desc.num_channels,
+        dims,
+        width: a.desc.width as u64,
+        height: a.rows(),
+        depth: if dims == 3 { a.slices() } else { 1 },
+        layers: a.layers(),
+        pitch: a.pitch,
+        slice_pitch: a.slice_pitch(),
+    }
+}
+
 /// What `res` names, checked as CUDA checks it; `surface` for a surface object.
 fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
     if res.flags != 0 {
@@ -150,24 +168,14 @@ fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
             if surface && a.desc.flags & flags::SURFACE_LDST == 0 {
                 return Err(cuda::CUDA_ERROR_INVALID_VALUE);
             }
-            let dims = a.dims();
-            Ok((
-                Texels {
-                    base: a.ptr,
-                    format: a.desc.format,
-                    channels: a.desc.num_channels,
-                    dims,
-                    width: a.desc.width as u64,
-                    height: a.rows(),
-                    depth: if dims == 3 { a.slices() } else { 1 },
-                    layers: a.layers(),
-                    pitch: a.pitch,
-                    slice_pitch: a.slice_pitch(),
-                },
-                Some(a.ptr),
-            ))
+            Ok((array_texels(&a), Some(a.ptr)))
         }
-        restype::MIPMAPPED_ARRAY => Err(drv::unsupported("mipmapped arrays")),
+        restype::MIPMAPPED_ARRAY => {
+            // The first level's texels; vgpud finds the others from the chain's layout.
+            let m = arrays::mipmapped(res.res[0])?;
+            let first = arrays::get(m.levels[0])?;
+            Ok((array_texels(&first), Some(m.ptr)))
+        }
         restype::LINEAR => {
             let (format, channels, texel) = format_channels(res.res[1])?;
             aligned(res.res[0])?;
@@ -270,33 +278,69 @@ pub(crate) fn make_texture(res: ResourceDesc, tex: TextureDesc, holds_array: boo
     let (t, array_ptr) = texels(&res, false)?;
     let array_ptr = array_ptr.filter(|_| holds_array);
     let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
-    let handle = drv::driver()?
-        .call(
-            &msg::TexObjectCreate {
-                ctx,
-                base: t.base,
-                format: t.format,
-                channels: t.channels,
-                dims: t.dims,
-                width: t.width,
-                height: t.height,
-                depth: t.depth,
-                layers: t.layers,
-                pitch: t.pitch,
-                slice_pitch: t.slice_pitch,
-                address_0: tex.address_mode[0],
-                address_1: tex.address_mode[1],
-                address_2: tex.address_mode[2],
-                filter: tex.filter_mode,
-                flags: tex.flags,
-                border_r: tex.border_color[0],
-                border_g: tex.border_color[1],
-                border_b: tex.border_color[2],
-                border_a: tex.border_color[3],
-            },
-            &[],
-        )?
-        .handle;
+    let handle = if res.res_type == restype::MIPMAPPED_ARRAY {
+        let m = arrays::mipmapped(res.res[0])?;
+        drv::driver()?
+            .call(
+                &msg::TexObjectCreateMipmapped {
+                    ctx,
+                    base: t.base,
+                    format: t.format,
+                    channels: t.channels,
+                    dims: t.dims,
+                    width: t.width,
+                    height: t.height,
+                    depth: t.depth,
+                    layers: t.layers,
+                    levels: u32::try_from(m.levels.len()).unwrap_or(u32::MAX),
+                    pitch_align: m.pitch_align,
+                    level_align: m.level_align,
+                    address_0: tex.address_mode[0],
+                    address_1: tex.address_mode[1],
+                    address_2: tex.address_mode[2],
+                    filter: tex.filter_mode,
+                    flags: tex.flags,
+                    border_r: tex.border_color[0],
+                    border_g: tex.border_color[1],
+                    border_b: tex.border_color[2],
+                    border_a: tex.border_color[3],
+                    mip_filter: tex.mipmap_filter_mode,
+                    level_bias: tex.mipmap_level_bias,
+                    min_level_clamp: tex.min_mipmap_level_clamp,
+                    max_level_clamp: tex.max_mipmap_level_clamp,
+                },
+                &[],
+            )?
+            .handle
+    } else {
+        drv::driver()?
+            .call(
+                &msg::TexObjectCreate {
+                    ctx,
+                    base: t.base,
+                    format: t.format,
+                    channels: t.channels,
+                    dims: t.dims,
+                    width: t.width,
+                    height: t.height,
+                    depth: t.depth,
+                    layers: t.layers,
+                    pitch: t.pitch,
+                    slice_pitch: t.slice_pitch,
+                    address_0: tex.address_mode[0],
+                    address_1: tex.address_mode[1],
+                    address_2: tex.address_mode[2],
+                    filter: tex.filter_mode,
+                    flags: tex.flags,
+                    border_r: tex.border_color[0],
+                    border_g: tex.border_color[1],
+                    border_b: tex.border_color[2],
+                    border_a: tex.border_color[3],
+                },
+                &[],
+            )?
+            .handle
+    };
     registry().textures.insert(
         handle,
         Object {

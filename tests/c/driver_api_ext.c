@@ -263,6 +263,10 @@ CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *, CUarray);
 CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *, CUarray, CUdevice);
 CUresult cuArrayGetPlane(CUarray *, CUarray, unsigned);
 CUresult cuMipmappedArrayCreate(void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+CUresult cuMipmappedArrayGetLevel(CUarray *, void *, unsigned);
+CUresult cuMipmappedArrayDestroy(void *);
+CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *, void *, CUdevice);
+CUresult cuMipmappedArrayGetSparseProperties(void *, void *);
 CUresult cuMemcpyHtoA_v2(CUarray, size_t, const void *, size_t);
 CUresult cuMemcpyAtoH_v2(void *, CUarray, size_t, size_t);
 CUresult cuMemcpyDtoA_v2(CUarray, size_t, CUdeviceptr, size_t);
@@ -312,6 +316,8 @@ CUresult cuTexRefSetBorderColor(CUtexref, float *);
 CUresult cuTexRefGetBorderColor(float *, CUtexref);
 CUresult cuTexRefGetAddress_v2(CUdeviceptr *, CUtexref);
 CUresult cuTexRefSetArray(CUtexref, CUarray, unsigned);
+CUresult cuTexRefSetMipmappedArray(CUtexref, void *, unsigned);
+CUresult cuTexRefGetMipmappedArray(void **, CUtexref);
 CUresult cuParamSetTexRef(CUfunction, int, CUtexref);
 
 typedef struct {
@@ -1084,6 +1090,72 @@ static void legacy_launch(void) {
 }
 
 /* CUDA arrays and texture and surface objects through the driver API. */
+/* Mipmapped arrays through the driver API: levels, their descriptors, what CUDA refuses, a
+ * texture over the chain, the chain's memory. */
+static void mipmapped_arrays(const CUDA_TEXTURE_DESC *td) {
+    enum { FLOAT = 0x20, W = 12, H = 6 };
+    const int INVALID_VALUE = 1, INVALID_HANDLE = 400;
+    size_t free0, free1, total;
+    cuMemGetInfo_v2(&free0, &total);
+    CUDA_ARRAY3D_DESCRIPTOR d = {W, H, 0, FLOAT, 1, 0};
+    void *mip = NULL;
+    check("cuMipmappedArrayCreate of three levels", cuMipmappedArrayCreate(&mip, &d, 3), 0);
+    cuMemGetInfo_v2(&free1, &total);
+    expect("the chain is charged to the slice", free0 - free1 >= (W * H + 6 * 3 + 3 * 1) * 4);
+    CUarray levels[3] = {NULL, NULL, NULL};
+    for (unsigned l = 0; l < 3; l++)
+        check("cuMipmappedArrayGetLevel", cuMipmappedArrayGetLevel(&levels[l], mip, l), 0);
+    CUarray past = NULL;
+    check("a level past the last", cuMipmappedArrayGetLevel(&past, mip, 3), INVALID_VALUE);
+    CUDA_ARRAY3D_DESCRIPTOR back;
+    check("cuArray3DGetDescriptor of level 2", cuArray3DGetDescriptor_v2(&back, levels[2]), 0);
+    expect("level 2 is a quarter of the first each way (12x6 -> 3x1)",
+           back.Width == 3 && back.Height == 1 && back.Depth == 0 && back.Format == FLOAT);
+    expect("the levels are distinct arrays", levels[0] != levels[1] && levels[1] != levels[2]);
+    float in[3] = {1.5f, 2.5f, 3.5f}, out[3] = {0, 0, 0};
+    check("cuMemcpyHtoA into level 2", cuMemcpyHtoA_v2(levels[2], 0, in, sizeof in), 0);
+    check("cuMemcpyAtoH out of level 2", cuMemcpyAtoH_v2(out, levels[2], 0, sizeof out), 0);
+    expect("a level holds what was copied in", memcmp(in, out, sizeof in) == 0);
+    check("cuArrayDestroy of a level", cuArrayDestroy(levels[1]), INVALID_VALUE);
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    check("cuMipmappedArrayGetMemoryRequirements",
+          cuMipmappedArrayGetMemoryRequirements(&req, mip, 0), 0);
+    expect("the requirements cover the chain", req.size >= (W * H + 6 * 3 + 3) * 4 && req.alignment > 0);
+    char sparse[64];
+    check("cuMipmappedArrayGetSparseProperties of an array that is not sparse",
+          cuMipmappedArrayGetSparseProperties(sparse, mip), INVALID_VALUE);
+    /* A texture over the chain. */
+    CUDA_RESOURCE_DESC rd;
+    memset(&rd, 0, sizeof rd);
+    rd.resType = 1;
+    rd.res.array.hArray = (CUarray)mip;
+    CUDA_TEXTURE_DESC mtd = *td;
+    mtd.addressMode[2] = 1;
+    mtd.maxMipmapLevelClamp = 2.0f;
+    CUtexObject t = 0;
+    check("cuTexObjectCreate over a mipmapped array", cuTexObjectCreate(&t, &rd, &mtd, NULL), 0);
+    CUDA_RESOURCE_DESC rback;
+    check("cuTexObjectGetResourceDesc", cuTexObjectGetResourceDesc(&rback, t), 0);
+    expect("the resource is the mipmapped array", rback.resType == 1 && rback.res.array.hArray == (CUarray)mip);
+    check("cuMipmappedArrayDestroy while a texture names it", cuMipmappedArrayDestroy(mip), INVALID_VALUE);
+    check("cuTexObjectDestroy", cuTexObjectDestroy(t), 0);
+    check("cuMipmappedArrayDestroy", cuMipmappedArrayDestroy(mip), 0);
+    check("cuMipmappedArrayDestroy twice", cuMipmappedArrayDestroy(mip), INVALID_HANDLE);
+    check("a level of a destroyed chain", cuMipmappedArrayGetLevel(&past, mip, 0), INVALID_HANDLE);
+    check("a destroyed chain's level array", cuArray3DGetDescriptor_v2(&back, levels[0]), INVALID_HANDLE);
+    size_t free2;
+    cuMemGetInfo_v2(&free2, &total);
+    expect("destroying the chain gives the slice back", free2 == free0);
+    /* More levels than the extents halve into: clamped, as CUDA documents. */
+    CUDA_ARRAY3D_DESCRIPTOR d1 = {8, 0, 0, FLOAT, 4, 0};
+    check("a 1-D chain asked for 30 levels", cuMipmappedArrayCreate(&mip, &d1, 30), 0);
+    check("its last level is the fourth (8, 4, 2, 1)", cuMipmappedArrayGetLevel(&past, mip, 3), 0);
+    check("and there is no fifth", cuMipmappedArrayGetLevel(&past, mip, 4), INVALID_VALUE);
+    check("cuMipmappedArrayDestroy", cuMipmappedArrayDestroy(mip), 0);
+    check("a forged mipmapped array handle", cuMipmappedArrayDestroy((void *)(uintptr_t)0x0a77b000beefULL),
+          INVALID_HANDLE);
+}
+
 static void arrays(void) {
     enum { FLOAT = 0x20, U8 = 0x01, W = 10, H = 3 };
     const int INVALID_VALUE = 1, INVALID_HANDLE = 400, NOT_SUPPORTED = 801;
@@ -1168,7 +1240,8 @@ static void arrays(void) {
     CUDA_ARRAY3D_DESCRIPTOR wide = {1 << 20, 0, 0, FLOAT, 1, 0};
     check("a 1-D array wider than the device's limit", cuArray3DCreate_v2(&bad, &wide), INVALID_VALUE);
     void *mip = NULL;
-    check("a mipmapped array", cuMipmappedArrayCreate(&mip, &cube, 2), NOT_SUPPORTED);
+    check("a mipmapped cube map", cuMipmappedArrayCreate(&mip, &cube, 2), NOT_SUPPORTED);
+    check("a mipmapped array without a descriptor", cuMipmappedArrayCreate(&mip, NULL, 2), INVALID_VALUE);
     check("cuArrayGetPlane of a single-plane array", cuArrayGetPlane(&bad, a, 0), INVALID_VALUE);
     check("a forged array handle", cuArrayDestroy((CUarray)(uintptr_t)0x0a77a000deadULL), INVALID_HANDLE);
 
@@ -1219,7 +1292,8 @@ static void arrays(void) {
     check("linear memory off the texture alignment", cuTexObjectCreate(&tl, &lin, &td, NULL), INVALID_VALUE);
     lin.res.linear.devPtr = dev;
     lin.resType = 1;
-    check("a mipmapped resource", cuTexObjectCreate(&tl, &lin, &td, NULL), NOT_SUPPORTED);
+    check("a mipmapped resource naming no mipmapped array", cuTexObjectCreate(&tl, &lin, &td, NULL),
+          INVALID_HANDLE);
     lin.resType = 2;
     CUDA_RESOURCE_VIEW_DESC view;
     memset(&view, 0, sizeof view);
@@ -1227,6 +1301,7 @@ static void arrays(void) {
     check("a resource view that reinterprets texels", cuTexObjectCreate(&tl, &lin, &td, &view), NOT_SUPPORTED);
     td.addressMode[2] = 7;
     check("an address mode CUDA does not have", cuTexObjectCreate(&tl, &rd, &td, NULL), INVALID_VALUE);
+    mipmapped_arrays(&td);
     size_t maxw = 0;
     check("cuDeviceGetTexture1DLinearMaxWidth", cuDeviceGetTexture1DLinearMaxWidth(&maxw, FLOAT, 4, 0), 0);
     expect("a linear texture may be millions of texels wide", maxw >= (1u << 27));
@@ -1389,7 +1464,19 @@ static void texture_references(void) {
     cuMemcpyDtoH_v2(got, d, sizeof got);
     expect("the kernel read the newly bound memory", !memcmp(got, vals, sizeof vals));
     check("cuTexRefSetArray with an unknown flag", cuTexRefSetArray(t, NULL, 2), INVALID_VALUE);
+    /* A mipmapped array bound to the reference, in the array's format. */
+    CUDA_ARRAY3D_DESCRIPTOR md = {N, 0, 0, S32, 1, 0};
+    void *mip = NULL, *mback = NULL;
+    check("cuMipmappedArrayCreate for a reference", cuMipmappedArrayCreate(&mip, &md, 2), 0);
+    check("cuTexRefSetMipmappedArray", cuTexRefSetMipmappedArray(t, mip, 1), 0);
+    check("cuTexRefGetMipmappedArray", cuTexRefGetMipmappedArray(&mback, t), 0);
+    expect("the reference names the mipmapped array", mback == mip);
+    check("cuTexRefGetAddress of a reference bound to a mipmapped array", cuTexRefGetAddress_v2(&addr, t),
+          INVALID_VALUE);
+    check("cuTexRefSetMipmappedArray of a forged handle",
+          cuTexRefSetMipmappedArray(t, (void *)(uintptr_t)0x0a77b000beefULL, 1), 400);
     check("cuModuleUnload", cuModuleUnload(m), 0);
+    check("cuMipmappedArrayDestroy", cuMipmappedArrayDestroy(mip), 0);
     check("a reference of an unloaded module", cuTexRefSetFlags(t, 0), 400);
     cuMemFree_v2(d);
     cuMemFree_v2(out);

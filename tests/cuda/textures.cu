@@ -177,11 +177,16 @@ int main()
               "size %zu alignment %zu", req.size, req.alignment);
         CUDA_OK(cudaStreamDestroy(st));
         CUDA_OK(cudaFreeArray(copy));
+        // Mipmapped arrays (mipmaps.cu has the rest): level 1 is half the array each way.
         cudaMipmappedArray_t mip = nullptr;
-        cudaError_t e = cudaMallocMipmappedArray(&mip, &fdesc, make_cudaExtent(W, H, 0), 2);
-        CHECK("mipmapped arrays are refused as not supported", e == cudaErrorNotSupported, "%s",
-              cudaGetErrorName(e));
-        cudaGetLastError();
+        CUDA_OK(cudaMallocMipmappedArray(&mip, &fdesc, make_cudaExtent(W, H, 0), 2));
+        cudaArray_t level = nullptr;
+        CUDA_OK(cudaGetMipmappedArrayLevel(&level, mip, 1));
+        cudaExtent le = make_cudaExtent(0, 0, 0);
+        CUDA_OK(cudaArrayGetInfo(nullptr, &le, nullptr, level));
+        CHECK("a mipmapped array's level 1 is half its size", le.width == W / 2 && le.height == H / 2,
+              "%zux%zu", le.width, le.height);
+        CUDA_OK(cudaFreeMipmappedArray(mip));
     }
 
     float *dout = nullptr;

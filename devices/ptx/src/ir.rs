@@ -415,6 +415,10 @@ pub(crate) enum Geom {
     D3,
     A1,
     A2,
+    /// `.cube`: a direction (x, y, z) picks a face of a cube map and a texel on it.
+    Cube,
+    /// `.acube`: a layer of cube maps, then a direction.
+    ACube,
 }
 
 impl Geom {
@@ -425,6 +429,8 @@ impl Geom {
             "3d" => Geom::D3,
             "a1d" => Geom::A1,
             "a2d" => Geom::A2,
+            "cube" => Geom::Cube,
+            "acube" => Geom::ACube,
             _ => return None,
         })
     }
@@ -434,13 +440,18 @@ impl Geom {
         match self {
             Geom::D1 | Geom::A1 => 1,
             Geom::D2 | Geom::A2 => 2,
-            Geom::D3 => 3,
+            Geom::D3 | Geom::Cube | Geom::ACube => 3,
         }
     }
 
     /// Whether the first coordinate is a layer index.
     pub(crate) fn layered(self) -> bool {
-        matches!(self, Geom::A1 | Geom::A2)
+        matches!(self, Geom::A1 | Geom::A2 | Geom::ACube)
+    }
+
+    /// Whether the coordinates are a direction into a cube map.
+    pub(crate) fn cube(self) -> bool {
+        matches!(self, Geom::Cube | Geom::ACube)
     }
 }
 
@@ -461,6 +472,9 @@ pub(crate) struct TexOp {
     pub layer: Reg,
     /// The mipmap level a fetch reads.
     pub lod: TexLod,
+    /// `.cube` or `.acube`: the coordinates are a direction into a cube map (or a layer of
+    /// them), whose six faces are the texture's layers.
+    pub cube: bool,
 }
 
 /// The mipmap level of a `tex` fetch.

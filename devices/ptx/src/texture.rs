@@ -616,6 +616,74 @@ pub fn sample_level<E>(
     sample(&v, coords, layer, read)
 }
 
+/// Faces of a cube map, the layers of its texture in CUDA's order: +x, −x, +y, −y, +z, −z.
+pub const CUBE_FACES: i32 = 6;
+
+/// The face a direction `(x, y, z)` points at and where on it: (face, s, t, major), with `s`
+/// and `t` the face's coordinates in [−major, major] and `major` the largest component's size
+/// (CUDA programming guide, "Cubemap Textures": the face of the major axis, +x before +y before
+/// +z when two are equal).
+pub fn cube_face(d: [f32; 3]) -> (i32, f32, f32, f32) {
+    let [x, y, z] = d;
+    let (ax, ay, az) = (x.abs(), y.abs(), z.abs());
+    if ax >= ay && ax >= az {
+        if x >= 0.0 {
+            (0, -z, -y, ax)
+        } else {
+            (1, z, -y, ax)
+        }
+    } else if ay >= az {
+        if y >= 0.0 {
+            (2, x, z, ay)
+        } else {
+            (3, x, -z, ay)
+        }
+    } else if z >= 0.0 {
+        (4, x, -y, az)
+    } else {
+        (5, -x, -y, az)
+    }
+}
+
+/// A cube map fetch as a fetch from its texture's faces: the view sampled with normalized
+/// coordinates clamped to the face, the layer (`cube_layer` six faces in) and the face's
+/// coordinates for [`sample`], from direction `d`.
+pub fn cube_fetch(view: &TextureView, d: [f32; 3], cube_layer: i32) -> (TextureView, i32, Coords) {
+    let (face, s, t, major) = cube_face(d);
+    // A zero direction has no face: its centre of face 0, as any direction would be as good.
+    let m = if major > 0.0 { major } else { 1.0 };
+    let u = (s / m + 1.0) * 0.5;
+    let v = (t / m + 1.0) * 0.5;
+    let face_view = TextureView {
+        sampler: Sampler {
+            address: [AddressMode::Clamp; 3],
+            normalized_coords: true,
+            ..view.sampler
+        },
+        ..*view
+    };
+    let layer = cube_layer
+        .max(0)
+        .saturating_mul(CUBE_FACES)
+        .saturating_add(face);
+    (face_view, layer, Coords::Float([u, v, 0.0]))
+}
+
+/// The level of detail of a cube map fetch whose direction changes by `dx` and `dy`
+/// (`tex.grad.cube`): as [`grad_lod`], the gradients projected on the face `d` points at.
+pub fn cube_grad_lod(view: &TextureView, d: [f32; 3], dx: [f32; 3], dy: [f32; 3]) -> f32 {
+    let (_, _, _, major) = cube_face(d);
+    let texels = view.layout.width.clamp(1, MAX_AXIS) as f32;
+    // A face spans 2 * major of the direction's units.
+    let scale = if major > 0.0 {
+        texels / (2.0 * major)
+    } else {
+        0.0
+    };
+    let len = |g: [f32; 3]| g.iter().map(|c| c * c).sum::<f32>().sqrt();
+    (len(dx).max(len(dy)) * scale).log2()
+}
+
 /// Blends two fetches of float texels: `a` weighted `1 - w`, `b` weighted `w`.
 pub fn blend(a: Texel, b: Texel, w: f32) -> Texel {
     if !a.float || w == 0.0 {

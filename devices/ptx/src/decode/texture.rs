@@ -1,13 +1,14 @@
 //! Texture and surface instructions: `tex`, `tld4`, `txq`, `suld.b`, `sust.b` and `suq`.
 //!
-//! Supported geometries are `.1d`, `.2d`, `.3d`, `.a1d` and `.a2d` (`tld4`: `.2d` and `.a2d`)
+//! Supported geometries are `.1d`, `.2d`, `.3d`, `.a1d`, `.a2d`, and for `tex` `.cube` and
+//! `.acube` (a cube map's faces are its texture's layers) (`tld4`: `.2d` and `.a2d`)
 //! with texture object handles in registers or read from texture and surface references
 //! (`.global .texref`/`.surfref` variables holding the bound handle: the instruction is preceded
 //! by an 8-byte `ld.global` of the handle into a temporary register, under the same guard).
 //! `tex.base`, `tex.level` and `tex.grad` choose a mipmapped texture's level (float
-//! coordinates only; `txq.num_mipmap_levels` counts the levels, `txq.level` is not decoded). Cube maps, multisample textures,
-//! explicit samplers, the residency predicate and formatted `sust.p` are refused at load as
-//! unsupported instructions.
+//! coordinates only; `txq.num_mipmap_levels` counts the levels, `txq.level` is not decoded).
+//! Multisample textures, explicit samplers, the residency predicate and formatted `sust.p` are
+//! refused at load as unsupported instructions.
 
 use super::*;
 use crate::texture::{ReferenceKind, SurfaceClamp};
@@ -18,7 +19,7 @@ const GATHER_COMPONENTS: [&str; 4] = ["r", "g", "b", "a"];
 impl FnCtx<'_> {
     /// The geometry modifier.
     fn geom(&self, ins: &Instr, m: &mut Mods) -> DResult<Geom> {
-        m.any(&["1d", "2d", "3d", "a1d", "a2d"])
+        m.any(&["1d", "2d", "3d", "a1d", "a2d", "cube", "acube"])
             .and_then(Geom::parse)
             .ok_or_else(|| unsupported(ins))
     }
@@ -143,6 +144,7 @@ impl FnCtx<'_> {
         if gather.is_some() && (!matches!(geom, Geom::D2 | Geom::A2) || mip.is_some()) {
             return Err(unsupported(ins));
         }
+
         if !m.has("v4") {
             return Err(unsupported(ins));
         }
@@ -154,6 +156,10 @@ impl FnCtx<'_> {
             || !matches!(cty, Ty::F32 | Ty::S32)
             || (gather.is_some() && *cty != Ty::F32)
         {
+            return Err(unsupported(ins));
+        }
+        // A cube map is sampled by direction: float coordinates only.
+        if geom.cube() && *cty != Ty::F32 {
             return Err(unsupported(ins));
         }
         // A level of detail or two gradients follow the coordinates (float coordinates only).
@@ -180,6 +186,7 @@ impl FnCtx<'_> {
             self.tex_operand(ins, &o[1], geom, *cty, ReferenceKind::Texture)?;
         Ok(Op::Tex(Box::new(TexOp {
             lod,
+            cube: geom.cube(),
             gather,
             signed: *dty == Ty::S32,
             int_coords: *cty == Ty::S32,
@@ -197,6 +204,11 @@ impl FnCtx<'_> {
             return Err(unsupported(ins));
         }
         let geom = self.geom(ins, m)?;
+        // Cube map surfaces are addressed as layered 2-D surfaces (`surfCubemapread` is
+        // `suld.b.a2d`); PTX has no cube surface geometry.
+        if geom.cube() {
+            return Err(unsupported(ins));
+        }
         let n_vec = match m.any(&["v2", "v4"]) {
             Some("v2") => 2,
             Some("v4") => 4,

@@ -67,12 +67,21 @@ impl<'a> Worker<'a> {
                     &mut |a, b| self.texel_read(a, b),
                 ),
                 None => {
-                    let coords = if t.int_coords {
+                    let mut coords = if t.int_coords {
                         Coords::Int(raw.map(|v| v as i32))
                     } else {
                         Coords::Float(raw.map(f32::from_bits))
                     };
-                    match self.lod(regs, &t.lod, &view, l) {
+                    let lod = self.lod(regs, t, &view, l);
+                    let (view, layer) = if t.cube {
+                        let d = raw.map(f32::from_bits);
+                        let (face_view, face_layer, face) = texture::cube_fetch(&view, d, layer);
+                        coords = face;
+                        (face_view, face_layer)
+                    } else {
+                        (view, layer)
+                    };
+                    match lod {
                         None => {
                             texture::sample(&view, coords, layer, &mut |a, b| self.texel_read(a, b))
                         }
@@ -118,7 +127,7 @@ impl<'a> Worker<'a> {
     fn lod(
         &self,
         regs: &[[u64; 32]],
-        lod: &TexLod,
+        t: &TexOp,
         view: &texture::TextureView,
         l: usize,
     ) -> Option<f32> {
@@ -126,9 +135,15 @@ impl<'a> Worker<'a> {
             return None;
         }
         let f = |r: Reg| f32::from_bits(lane_value(regs, r, l).unwrap_or(0) as u32);
-        match lod {
+        match &t.lod {
             TexLod::Base => None,
             TexLod::Level(r) => Some(f(*r)),
+            TexLod::Grad(dx, dy) if t.cube => Some(texture::cube_grad_lod(
+                view,
+                t.c.map(f),
+                dx.map(f),
+                dy.map(f),
+            )),
             TexLod::Grad(dx, dy) => Some(texture::grad_lod(view, dx.map(f), dy.map(f))),
         }
     }

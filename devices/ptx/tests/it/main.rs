@@ -5,6 +5,7 @@ mod basic;
 mod budget;
 mod cooperative;
 mod corpus;
+mod cubemap;
 mod deviceio;
 mod faults;
 mod floatops;

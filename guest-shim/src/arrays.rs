@@ -40,7 +40,7 @@ pub mod flags {
     /// `CUDA_ARRAY3D_DEFERRED_MAPPING`.
     pub const DEFERRED_MAPPING: u32 = 0x80;
     /// The flags vgpu's arrays honour.
-    pub const SUPPORTED: u32 = LAYERED | SURFACE_LDST | TEXTURE_GATHER | COLOR_ATTACHMENT;
+    pub const SUPPORTED: u32 = LAYERED | SURFACE_LDST | CUBEMAP | TEXTURE_GATHER | COLOR_ATTACHMENT;
     /// Every flag CUDA 12 defines.
     pub const ALL: u32 = SUPPORTED | CUBEMAP | DEPTH_TEXTURE | SPARSE | DEFERRED_MAPPING;
 }
@@ -117,9 +117,15 @@ impl Array {
         self.pitch * self.rows()
     }
 
-    /// Dimensions of its texels as textures see them: 1, 2 or 3.
+    /// Whether its slices are layers (a layered array, or a cube map's faces).
+    fn has_layers(&self) -> bool {
+        self.desc.flags & (flags::LAYERED | flags::CUBEMAP) != 0
+    }
+
+    /// Dimensions of its texels as textures see them: 1, 2 or 3 (a cube map is a layered
+    /// 2-D array of its faces).
     pub fn dims(&self) -> u32 {
-        let layered = self.desc.flags & flags::LAYERED != 0;
+        let layered = self.has_layers();
         match (self.desc.height, self.desc.depth) {
             (0, _) => 1,
             (_, 0) => 2,
@@ -128,13 +134,9 @@ impl Array {
         }
     }
 
-    /// Layers of a layered array; 0 otherwise.
+    /// Layers of a layered array (faces of a cube map); 0 otherwise.
     pub fn layers(&self) -> u64 {
-        if self.desc.flags & flags::LAYERED != 0 {
-            self.slices()
-        } else {
-            0
-        }
+        if self.has_layers() { self.slices() } else { 0 }
     }
 
     /// Device address of byte `offset` of the array's texels counted row after row without
@@ -241,7 +243,8 @@ fn mip_shape(d: &Array3DDescriptor) -> mip::Shape {
         width: d.width as u64,
         height: d.height as u64,
         depth: d.depth as u64,
-        layered: d.flags & flags::LAYERED != 0,
+        // A cube map's faces are layers: every level keeps them.
+        layered: d.flags & (flags::LAYERED | flags::CUBEMAP) != 0,
         texel_bytes: cuda::channel_bytes(d.format).unwrap_or(0) * u64::from(d.num_channels),
     }
 }
@@ -350,7 +353,7 @@ fn check(d: &Array3DDescriptor) -> CuRes<()> {
     }
     if d.flags & !flags::SUPPORTED != 0 {
         return Err(drv::unsupported(
-            "cube map, depth, sparse and deferred-mapping arrays",
+            "depth, sparse and deferred-mapping arrays",
         ));
     }
     if cuda::channel_bytes(d.format).is_none() {
@@ -366,6 +369,9 @@ fn check(d: &Array3DDescriptor) -> CuRes<()> {
     let layered = d.flags & flags::LAYERED != 0;
     let surface = d.flags & flags::SURFACE_LDST != 0;
     let (w, h, depth) = (d.width as u64, d.height as u64, d.depth as u64);
+    if d.flags & flags::CUBEMAP != 0 {
+        return check_cubemap(w, h, depth, layered, surface);
+    }
     // (limit on width, on height, on depth or layers), as attributes.
     let limits: [(u64, usize); 3] = match (h, depth, layered, surface) {
         (0, 0, false, false) => [(w, attr::MAXIMUM_TEXTURE1D_WIDTH), (0, 0), (0, 0)],
@@ -422,6 +428,43 @@ fn check(d: &Array3DDescriptor) -> CuRes<()> {
     }
     Ok(())
 }
+
+/// A cube map's extents: square faces, six of them (a multiple of six for a layered one), within
+/// the device's cube map limits.
+fn check_cubemap(w: u64, h: u64, faces: u64, layered: bool, surface: bool) -> CuRes<()> {
+    let faces_ok = if layered {
+        faces > 0 && faces.is_multiple_of(CUBE_FACES)
+    } else {
+        faces == CUBE_FACES
+    };
+    if w == 0 || w != h || !faces_ok {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    let (width, layers) = match (layered, surface) {
+        (false, false) => (attr::MAXIMUM_TEXTURECUBEMAP_WIDTH, None),
+        (false, true) => (attr::MAXIMUM_SURFACECUBEMAP_WIDTH, None),
+        (true, false) => (
+            attr::MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH,
+            Some(attr::MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS),
+        ),
+        (true, true) => (
+            attr::MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH,
+            Some(attr::MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS),
+        ),
+    };
+    if w > drv::device_limit(width)? {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some(a) = layers
+        && faces > drv::device_limit(a)?
+    {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// Faces of a cube map.
+const CUBE_FACES: u64 = 6;
 
 /// Bytes from one row of an array to the next: the row's texels rounded up to the device's
 /// texture pitch alignment, so a texture over the array is also valid pitched memory.

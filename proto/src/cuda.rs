@@ -362,6 +362,9 @@ pub mod attr {
     pub const MAXIMUM_TEXTURE2D_GATHER_HEIGHT: usize = 46;
     pub const PCI_DOMAIN_ID: usize = 50;
     pub const TEXTURE_PITCH_ALIGNMENT: usize = 51;
+    pub const MAXIMUM_TEXTURECUBEMAP_WIDTH: usize = 52;
+    pub const MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: usize = 53;
+    pub const MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: usize = 54;
     pub const MAXIMUM_SURFACE1D_WIDTH: usize = 55;
     pub const MAXIMUM_SURFACE2D_WIDTH: usize = 56;
     pub const MAXIMUM_SURFACE2D_HEIGHT: usize = 57;
@@ -373,6 +376,9 @@ pub mod attr {
     pub const MAXIMUM_SURFACE2D_LAYERED_WIDTH: usize = 63;
     pub const MAXIMUM_SURFACE2D_LAYERED_HEIGHT: usize = 64;
     pub const MAXIMUM_SURFACE2D_LAYERED_LAYERS: usize = 65;
+    pub const MAXIMUM_SURFACECUBEMAP_WIDTH: usize = 66;
+    pub const MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: usize = 67;
+    pub const MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: usize = 68;
     pub const MAXIMUM_TEXTURE1D_LINEAR_WIDTH: usize = 69;
     pub const MAXIMUM_TEXTURE2D_LINEAR_WIDTH: usize = 70;
     pub const MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: usize = 71;

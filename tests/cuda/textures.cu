@@ -4,10 +4,12 @@
 // over arrays, pitched and linear memory (point and linear filtering,
 // normalized coordinates with wrap, clamp and border, normalized-float and
 // element reads of 8-bit texels, tex1Dfetch, tex2Dgather, tex3D,
-// tex2DLayered), surf2Dread/surf2Dwrite, the descriptors the runtime reads
+// tex2DLayered), cube maps (texCubemap, texCubemapLayered, surfCubemapwrite),
+// surf2Dread/surf2Dwrite, the descriptors the runtime reads
 // back, refusals CUDA makes, and the slice charged for an array's memory.
 #include "check.h"
 
+#include <algorithm>
 #include <vector>
 
 constexpr int W = 16, H = 8;
@@ -61,6 +63,34 @@ __global__ void sample_layered(cudaTextureObject_t t, float *out, int n)
 __global__ void gather(cudaTextureObject_t t, float4 *out)
 {
     out[0] = tex2Dgather<float4>(t, 3.0f, 2.0f, 0);
+}
+
+// The CUDA sample simpleCubemapTexture's kernel: texel (x, y) of each face, through the
+// direction that points at its centre; layer `layer` of a layered cube map when `layered`.
+__global__ void cube_faces(cudaTextureObject_t t, float *out, int width, bool layered, int layer)
+{
+    int x = threadIdx.x, y = blockIdx.x;
+    float u = ((x + 0.5f) / (float)width) * 2.f - 1.f;
+    float v = ((y + 0.5f) / (float)width) * 2.f - 1.f;
+    for (int face = 0; face < 6; ++face) {
+        float cx, cy, cz;
+        if (face == 0) { cx = 1; cy = -v; cz = -u; }
+        else if (face == 1) { cx = -1; cy = -v; cz = u; }
+        else if (face == 2) { cx = u; cy = 1; cz = v; }
+        else if (face == 3) { cx = u; cy = -1; cz = -v; }
+        else if (face == 4) { cx = u; cy = -v; cz = 1; }
+        else { cx = -u; cy = -v; cz = -1; }
+        out[(face * width + y) * width + x] =
+            layered ? texCubemapLayered<float>(t, cx, cy, cz, layer) : texCubemap<float>(t, cx, cy, cz);
+    }
+}
+
+// Writes face * 1000 + y * 10 + x into every texel of a cube map through a surface.
+__global__ void cube_surface(cudaSurfaceObject_t s, int width)
+{
+    int x = threadIdx.x, y = blockIdx.x;
+    for (int face = 0; face < 6; ++face)
+        surfCubemapwrite(float(face * 1000 + y * 10 + x), s, x * (int)sizeof(float), y, face);
 }
 
 __global__ void double_in_place(cudaSurfaceObject_t s)
@@ -474,6 +504,78 @@ int main()
         CHECK("an array larger than the slice is refused", e == cudaErrorMemoryAllocation, "%s",
               cudaGetErrorName(e));
         cudaGetLastError();
+    }
+
+    // ---- cube maps: six square faces, a layered cube map's faces per layer -------
+    {
+        constexpr int CW = 8, CUBES = 2;
+        std::vector<float> faces(6 * CUBES * CW * CW);
+        for (size_t i = 0; i < faces.size(); ++i) faces[i] = float(i) * 0.5f + 1.0f;
+        cudaArray_t cube = nullptr, layered = nullptr;
+        CUDA_OK(cudaMalloc3DArray(&cube, &fdesc, make_cudaExtent(CW, CW, 6), cudaArrayCubemap));
+        CUDA_OK(cudaMalloc3DArray(&layered, &fdesc, make_cudaExtent(CW, CW, 6 * CUBES),
+                                  cudaArrayCubemap | cudaArrayLayered));
+        cudaMemcpy3DParms p;
+        memset(&p, 0, sizeof p);
+        p.srcPtr = make_cudaPitchedPtr(faces.data(), CW * sizeof(float), CW, CW);
+        p.dstArray = cube;
+        p.extent = make_cudaExtent(CW, CW, 6);
+        p.kind = cudaMemcpyHostToDevice;
+        CUDA_OK(cudaMemcpy3D(&p));
+        p.dstArray = layered;
+        p.extent = make_cudaExtent(CW, CW, 6 * CUBES);
+        CUDA_OK(cudaMemcpy3D(&p));
+        cudaResourceDesc cr = array_resource(cube), lr = array_resource(layered);
+        cudaTextureObject_t tc = texture_of(cr, cudaFilterModePoint, cudaAddressModeWrap, true);
+        cudaTextureObject_t tl = texture_of(lr, cudaFilterModePoint, cudaAddressModeWrap, true);
+        float *dfaces = nullptr;
+        CUDA_OK(cudaMalloc(&dfaces, 6 * CW * CW * sizeof(float)));
+        std::vector<float> got(6 * CW * CW);
+        cube_faces<<<CW, CW>>>(tc, dfaces, CW, false, 0);
+        CUDA_OK(cudaMemcpy(got.data(), dfaces, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK("texCubemap reads every texel of every face (the CUDA sample's directions)",
+              std::equal(got.begin(), got.end(), faces.begin()), "face 3 texel 0: %g, want %g",
+              got[3 * CW * CW], faces[3 * CW * CW]);
+        cube_faces<<<CW, CW>>>(tl, dfaces, CW, true, 1);
+        CUDA_OK(cudaMemcpy(got.data(), dfaces, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK("texCubemapLayered reads the faces of layer 1",
+              std::equal(got.begin(), got.end(), faces.begin() + 6 * CW * CW), "face 0 texel 0: %g, want %g",
+              got[0], faces[6 * CW * CW]);
+        cudaArray_t bad = nullptr;
+        cudaError_t e = cudaMalloc3DArray(&bad, &fdesc, make_cudaExtent(CW, CW + 1, 6), cudaArrayCubemap);
+        CHECK("a cube map with faces that are not square is refused", e == cudaErrorInvalidValue, "%s",
+              cudaGetErrorName(e));
+        cudaGetLastError();
+        e = cudaMalloc3DArray(&bad, &fdesc, make_cudaExtent(CW, CW, 5), cudaArrayCubemap);
+        CHECK("a cube map of five faces is refused", e == cudaErrorInvalidValue, "%s", cudaGetErrorName(e));
+        cudaGetLastError();
+        // A surface writes every face; copies read the faces back as layers.
+        cudaArray_t sc = nullptr;
+        CUDA_OK(cudaMalloc3DArray(&sc, &fdesc, make_cudaExtent(CW, CW, 6),
+                                  cudaArrayCubemap | cudaArraySurfaceLoadStore));
+        cudaResourceDesc sr = array_resource(sc);
+        cudaSurfaceObject_t so = 0;
+        CUDA_OK(cudaCreateSurfaceObject(&so, &sr));
+        cube_surface<<<CW, CW>>>(so, CW);
+        std::vector<float> back(6 * CW * CW, -1.0f);
+        memset(&p, 0, sizeof p);
+        p.srcArray = sc;
+        p.dstPtr = make_cudaPitchedPtr(back.data(), CW * sizeof(float), CW, CW);
+        p.extent = make_cudaExtent(CW, CW, 6);
+        p.kind = cudaMemcpyDeviceToHost;
+        CUDA_OK(cudaMemcpy3D(&p));
+        bool same = true;
+        for (int f = 0; f < 6; ++f)
+            for (int y = 0; y < CW; ++y)
+                for (int x = 0; x < CW; ++x) same &= back[(f * CW + y) * CW + x] == float(f * 1000 + y * 10 + x);
+        CHECK("surfCubemapwrite writes every face", same, "face 5 texel 0: %g", back[5 * CW * CW]);
+        CUDA_OK(cudaDestroySurfaceObject(so));
+        CUDA_OK(cudaDestroyTextureObject(tc));
+        CUDA_OK(cudaDestroyTextureObject(tl));
+        CUDA_OK(cudaFreeArray(cube));
+        CUDA_OK(cudaFreeArray(layered));
+        CUDA_OK(cudaFreeArray(sc));
+        CUDA_OK(cudaFree(dfaces));
     }
 
     CUDA_OK(cudaDestroyTextureObject(point));

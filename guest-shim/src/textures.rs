@@ -85,6 +85,8 @@ struct Object {
     ctx: u64,
     res: ResourceDesc,
     tex: Option<TextureDesc>,
+    /// The resource view it was created with, if any.
+    view: Option<ResourceViewDesc>,
     /// The array's memory, when the resource is an array.
     array_ptr: Option<u64>,
 }
@@ -235,26 +237,125 @@ fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
     }
 }
 
-/// A resource view that keeps the resource as it is (none, or format `CU_RES_VIEW_FORMAT_NONE`
-/// with nothing else set) is accepted; one that reinterprets it is not supported.
-fn check_view(view: *const ResourceViewDesc) -> CuRes<()> {
-    // SAFETY: NULL or the caller's CUDA_RESOURCE_VIEW_DESC (CUDA contract).
-    match unsafe { view.as_ref() } {
-        None => Ok(()),
-        Some(v)
-            if v.format == 0
-                && v.width == 0
-                && v.height == 0
-                && v.depth == 0
-                && v.first_mipmap_level == 0
-                && v.last_mipmap_level == 0
-                && v.first_layer == 0
-                && v.last_layer == 0 =>
-        {
-            Ok(())
-        }
-        Some(_) => Err(drv::unsupported("texture resource views")),
+/// `CUresourceViewFormat` values: 0 keeps the resource's format, 0x01 to 0x18 are the
+/// integer and float formats ([`view_format`]), from 0x19 the block-compressed ones.
+const VIEW_FORMAT_FIRST_BC: u32 = 0x19;
+
+/// The array format and channels a resource view format reads texels as; `None` for formats
+/// CUDA does not define.
+fn view_format(f: u32) -> Option<(u32, u32)> {
+    use cuda::array_format::*;
+    // UINT 8, SINT 8, UINT 16, SINT 16, UINT 32, SINT 32, FLOAT 16, FLOAT 32: 1, 2, 4 channels.
+    const KINDS: [u32; 8] = [U8, S8, U16, S16, U32, S32, F16, F32];
+    let i = usize::try_from(f.checked_sub(1)?).ok()?;
+    let kind = *KINDS.get(i / 3)?;
+    Some((kind, cuda::CHANNEL_COUNTS[i % 3]))
+}
+
+/// A mipmapped array's chain as vgpud takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Chain {
+    levels: u32,
+    pitch_align: u64,
+    level_align: u64,
+}
+
+/// What a texture samples: its (first level's) texels, the array it names, the chain of a
+/// mipmapped array, and whether the layers are a cube map's faces.
+#[derive(Debug, Clone, Copy)]
+struct Source {
+    texels: Texels,
+    array_ptr: Option<u64>,
+    chain: Option<Chain>,
+    /// The array's descriptor (the first level's, for a mipmapped array).
+    desc: Option<arrays::Array3DDescriptor>,
+}
+
+/// Applies a resource view (`CUDA_RESOURCE_VIEW_DESC`) to what a texture samples: texels read
+/// in another format of the same size, a range of a mipmapped array's levels, a range of a
+/// layered array's layers (of a layered cube map's cubes). A view of nothing but zeros keeps
+/// the resource as it is; the block-compressed formats are `CUDA_ERROR_NOT_SUPPORTED`.
+fn apply_view(res: &ResourceDesc, v: &ResourceViewDesc, src: &mut Source) -> CuRes<()> {
+    let trivial = v.format == 0
+        && v.width == 0
+        && v.height == 0
+        && v.depth == 0
+        && v.first_mipmap_level == 0
+        && v.last_mipmap_level == 0
+        && v.first_layer == 0
+        && v.last_layer == 0;
+    if trivial {
+        return Ok(());
     }
+    // Views apply to arrays and mipmapped arrays only.
+    let Some(desc) = src.desc else {
+        return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+    };
+    if v.format >= VIEW_FORMAT_FIRST_BC {
+        return Err(drv::unsupported("block-compressed texture views"));
+    }
+    if v.format != 0 {
+        let (format, channels) = view_format(v.format).ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        let bytes = |f: u32, c: u32| cuda::channel_bytes(f).map(|b| b * u64::from(c));
+        if bytes(format, channels) != bytes(src.texels.format, src.texels.channels) {
+            // Other than for block-compressed views, CUDA keeps the width: the texel's size.
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        (src.texels.format, src.texels.channels) = (format, channels);
+    }
+    // The extents, when given, are the resource's.
+    for (given, has) in [
+        (v.width, desc.width),
+        (v.height, desc.height),
+        (v.depth, desc.depth),
+    ] {
+        if given != 0 && given != has {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let (first, last) = (v.first_mipmap_level, v.last_mipmap_level);
+    match (&mut src.chain, res.res_type) {
+        (Some(chain), restype::MIPMAPPED_ARRAY) if first != 0 || last != chain.levels - 1 => {
+            if first > last || last >= chain.levels {
+                return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+            }
+            // Level `first` becomes level 0: every level's offset is a multiple of the level
+            // alignment, so the levels after it lie as a chain of their own would.
+            let m = arrays::mipmapped(res.res[0])?;
+            let level = arrays::get(m.levels[first as usize])?;
+            src.texels = Texels {
+                format: src.texels.format,
+                channels: src.texels.channels,
+                ..array_texels(&level)
+            };
+            chain.levels = last - first + 1;
+        }
+        (Some(_), _) => {}
+        (None, _) if first != 0 || last != 0 => return Err(cuda::CUDA_ERROR_INVALID_VALUE),
+        (None, _) => {}
+    }
+    let (first, last) = (v.first_layer, v.last_layer);
+    if first != 0 || last != 0 {
+        let t = &mut src.texels;
+        // A layered cube map's layers are its cubes, six faces each.
+        let per = if desc.flags & arrays::flags::CUBEMAP != 0 {
+            6
+        } else {
+            1
+        };
+        let layers = t.layers / per;
+        if t.layers == 0 || first > last || u64::from(last) >= layers {
+            return Err(cuda::CUDA_ERROR_INVALID_VALUE);
+        }
+        if src.chain.is_some_and(|c| c.levels > 1) {
+            // The levels of a range of layers do not lie where vgpud's chain of that many
+            // layers would.
+            return Err(drv::unsupported("layer ranges of mipmapped arrays"));
+        }
+        t.base += u64::from(first) * per * t.slice_pitch;
+        t.layers = u64::from(last - first + 1) * per;
+    }
+    Ok(())
 }
 
 /// `cuTexObjectCreate`.
@@ -267,19 +368,52 @@ fn tex_create(
     let res = *unsafe { res.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
     // SAFETY: NULL or the caller's CUDA_TEXTURE_DESC (CUDA contract).
     let tex = *unsafe { tex.as_ref() }.ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
-    check_view(view)?;
-    make_texture(res, tex, true)
+    // SAFETY: NULL or the caller's CUDA_RESOURCE_VIEW_DESC (CUDA contract).
+    let view = unsafe { view.as_ref() }.copied();
+    make_texture_viewed(res, tex, view, true)
 }
 
 /// Creates a texture object over `res` sampled as `tex`; `holds_array`: whether an array it
 /// names may not be destroyed while it lives (a program's own object; not one made for a
 /// texture reference, whose binding CUDA lets go stale).
 pub(crate) fn make_texture(res: ResourceDesc, tex: TextureDesc, holds_array: bool) -> CuRes<u64> {
-    let (t, array_ptr) = texels(&res, false)?;
-    let array_ptr = array_ptr.filter(|_| holds_array);
+    make_texture_viewed(res, tex, None, holds_array)
+}
+
+/// [`make_texture`] through a resource view.
+fn make_texture_viewed(
+    res: ResourceDesc,
+    tex: TextureDesc,
+    view: Option<ResourceViewDesc>,
+    holds_array: bool,
+) -> CuRes<u64> {
+    let (texels, array_ptr) = texels(&res, false)?;
+    let mut src = Source {
+        texels,
+        array_ptr,
+        chain: None,
+        desc: None,
+    };
+    match res.res_type {
+        restype::ARRAY => src.desc = Some(arrays::get(res.res[0])?.desc),
+        restype::MIPMAPPED_ARRAY => {
+            let m = arrays::mipmapped(res.res[0])?;
+            src.desc = Some(m.desc);
+            src.chain = Some(Chain {
+                levels: u32::try_from(m.levels.len()).unwrap_or(u32::MAX),
+                pitch_align: m.pitch_align,
+                level_align: m.level_align,
+            });
+        }
+        _ => {}
+    }
+    if let Some(v) = &view {
+        apply_view(&res, v, &mut src)?;
+    }
+    let t = src.texels;
+    let array_ptr = src.array_ptr.filter(|_| holds_array);
     let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
-    let handle = if res.res_type == restype::MIPMAPPED_ARRAY {
-        let m = arrays::mipmapped(res.res[0])?;
+    let handle = if let Some(chain) = src.chain {
         drv::driver()?
             .call(
                 &msg::TexObjectCreateMipmapped {
@@ -292,9 +426,9 @@ pub(crate) fn make_texture(res: ResourceDesc, tex: TextureDesc, holds_array: boo
                     height: t.height,
                     depth: t.depth,
                     layers: t.layers,
-                    levels: u32::try_from(m.levels.len()).unwrap_or(u32::MAX),
-                    pitch_align: m.pitch_align,
-                    level_align: m.level_align,
+                    levels: chain.levels,
+                    pitch_align: chain.pitch_align,
+                    level_align: chain.level_align,
                     address_0: tex.address_mode[0],
                     address_1: tex.address_mode[1],
                     address_2: tex.address_mode[2],
@@ -347,6 +481,7 @@ pub(crate) fn make_texture(res: ResourceDesc, tex: TextureDesc, holds_array: boo
             ctx,
             res,
             tex: Some(tex),
+            view,
             array_ptr,
         },
     );
@@ -389,6 +524,7 @@ pub(crate) fn make_surface(res: ResourceDesc, holds_array: bool) -> CuRes<u64> {
             ctx,
             res,
             tex: None,
+            view: None,
             array_ptr,
         },
     );
@@ -466,22 +602,11 @@ pub unsafe extern "C" fn cuTexObjectGetResourceViewDesc(
     handle: u64,
 ) -> CUresult {
     ffi("cuTexObjectGetResourceViewDesc", || {
-        object(handle, false)?;
-        // Objects are created without a view that reinterprets their texels.
-        out!(
-            out,
-            ResourceViewDesc {
-                format: 0,
-                width: 0,
-                height: 0,
-                depth: 0,
-                first_mipmap_level: 0,
-                last_mipmap_level: 0,
-                first_layer: 0,
-                last_layer: 0,
-                reserved: [0; 16],
-            }
-        )
+        // CUDA: `CUDA_ERROR_INVALID_VALUE` for an object made without a view.
+        let view = object(handle, false)?
+            .view
+            .ok_or(cuda::CUDA_ERROR_INVALID_VALUE)?;
+        out!(out, view)
     })
 }
 

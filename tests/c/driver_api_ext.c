@@ -1281,15 +1281,17 @@ static void arrays(void) {
     CUDA_RESOURCE_VIEW_DESC vback;
     check("cuTexObjectGetResourceDesc", cuTexObjectGetResourceDesc(&rback, t), 0);
     check("cuTexObjectGetTextureDesc", cuTexObjectGetTextureDesc(&tback, t), 0);
-    check("cuTexObjectGetResourceViewDesc", cuTexObjectGetResourceViewDesc(&vback, t), 0);
+    check("cuTexObjectGetResourceViewDesc of an object made without a view",
+          cuTexObjectGetResourceViewDesc(&vback, t), INVALID_VALUE);
     expect("the descriptors read back", rback.resType == 0 && rback.res.array.hArray == a &&
-                                            tback.filterMode == 1 && tback.flags == 2 && vback.format == 0);
+                                            tback.filterMode == 1 && tback.flags == 2);
     check("cuArrayDestroy while a texture names it", cuArrayDestroy(a), INVALID_VALUE);
     CUsurfObject so = 0;
     check("a surface over an array made without SURFACE_LDST", cuSurfObjectCreate(&so, &rd), INVALID_VALUE);
     CUDA_ARRAY3D_DESCRIPTOR sd = {W, H, 0, FLOAT, 1, 0x02};
     CUarray sa = NULL;
     check("cuArray3DCreate for surface load/store", cuArray3DCreate_v2(&sa, &sd), 0);
+    CUDA_RESOURCE_DESC rd_float = rd;
     rd.res.array.hArray = sa;
     check("cuSurfObjectCreate", cuSurfObjectCreate(&so, &rd), 0);
     check("cuSurfObjectGetResourceDesc", cuSurfObjectGetResourceDesc(&rback, so), 0);
@@ -1316,7 +1318,29 @@ static void arrays(void) {
     CUDA_RESOURCE_VIEW_DESC view;
     memset(&view, 0, sizeof view);
     view.format = 0x16;
-    check("a resource view that reinterprets texels", cuTexObjectCreate(&tl, &lin, &td, &view), NOT_SUPPORTED);
+    check("a resource view of linear memory", cuTexObjectCreate(&tl, &lin, &td, &view), INVALID_VALUE);
+    /* Views of the float array: its texels read as 32-bit integers, back as given. */
+    CUtexObject tv = 0;
+    view.format = 0x0d; /* CU_RES_VIEW_FORMAT_UINT_1X32 */
+    view.width = W;
+    view.height = H;
+    check("a view reading floats as 32-bit integers", cuTexObjectCreate(&tv, &rd_float, &td, &view), 0);
+    check("cuTexObjectGetResourceViewDesc", cuTexObjectGetResourceViewDesc(&vback, tv), 0);
+    expect("the view reads back", vback.format == 0x0d && vback.width == W && vback.height == H);
+    check("cuTexObjectDestroy of the view", cuTexObjectDestroy(tv), 0);
+    view.format = 0x13; /* FLOAT_1X16: half the texel */
+    check("a view of another texel size", cuTexObjectCreate(&tv, &rd_float, &td, &view), INVALID_VALUE);
+    view.format = 0x19; /* UNSIGNED_BC1 */
+    check("a block-compressed view", cuTexObjectCreate(&tv, &rd_float, &td, &view), NOT_SUPPORTED);
+    view.format = 0;
+    view.width = W + 1;
+    check("a view wider than its array", cuTexObjectCreate(&tv, &rd_float, &td, &view), INVALID_VALUE);
+    view.width = W;
+    view.lastLayer = 1;
+    check("a layer range of an array without layers", cuTexObjectCreate(&tv, &rd_float, &td, &view), INVALID_VALUE);
+    view.lastLayer = 0;
+    view.lastMipmapLevel = 1;
+    check("a level range of an array without levels", cuTexObjectCreate(&tv, &rd_float, &td, &view), INVALID_VALUE);
     td.addressMode[2] = 7;
     check("an address mode CUDA does not have", cuTexObjectCreate(&tl, &rd, &td, NULL), INVALID_VALUE);
     mipmapped_arrays(&td);

@@ -205,6 +205,36 @@ int main()
         CUDA_OK(cudaDestroyTextureObject(t));
     }
 
+    // A resource view of levels 1 to 3: level 1 is its level 0, clamps count from there.
+    {
+        float lods[] = {0.0f, 1.0f, 2.0f, 5.0f};
+        int want[] = {1, 2, 3, 3};
+        cudaTextureDesc td;
+        memset(&td, 0, sizeof td);
+        td.addressMode[0] = td.addressMode[1] = cudaAddressModeClamp;
+        td.filterMode = cudaFilterModePoint;
+        td.readMode = cudaReadModeElementType;
+        td.normalizedCoords = 1;
+        td.mipmapFilterMode = cudaFilterModePoint;
+        td.maxMipmapLevelClamp = 8.0f;
+        cudaResourceViewDesc view;
+        memset(&view, 0, sizeof view);
+        view.format = cudaResViewFormatFloat1;
+        view.width = N;
+        view.height = N;
+        view.firstMipmapLevel = 1;
+        view.lastMipmapLevel = 3;
+        cudaTextureObject_t t = 0;
+        CUDA_OK(cudaCreateTextureObject(&t, &res, &td, &view));
+        CUDA_OK(cudaMemcpy(dlods, lods, sizeof lods, cudaMemcpyHostToDevice));
+        at_lod<<<1, 4>>>(t, dlods, dout, 0.3f, 0.6f);
+        CUDA_OK(cudaMemcpy(out, dout, 4 * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK("a resource view of levels 1 to 3", out[0] == under(want[0]) && out[1] == under(want[1]) &&
+                  out[2] == under(want[2]) && out[3] == under(want[3]),
+              "%g %g %g %g", out[0], out[1], out[2], out[3]);
+        CUDA_OK(cudaDestroyTextureObject(t));
+    }
+
     // Linear mipmap filtering blends the two levels around the level of detail.
     {
         float lods[] = {1.0f, 1.25f, 1.5f, 3.75f};

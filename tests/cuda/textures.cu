@@ -93,6 +93,12 @@ __global__ void cube_surface(cudaSurfaceObject_t s, int width)
         surfCubemapwrite(float(face * 1000 + y * 10 + x), s, x * (int)sizeof(float), y, face);
 }
 
+__global__ void sample_bits(cudaTextureObject_t t, unsigned *out)
+{
+    int x = threadIdx.x, y = blockIdx.x;
+    out[y * blockDim.x + x] = tex2D<unsigned>(t, x + 0.5f, y + 0.5f);
+}
+
 __global__ void double_in_place(cudaSurfaceObject_t s)
 {
     int x = threadIdx.x, y = blockIdx.x;
@@ -433,6 +439,42 @@ int main()
         CUDA_OK(cudaFreeArray(a));
     }
 
+    // ---- a resource view reading the float array's texels as 32-bit integers ----
+    {
+        cudaResourceDesc ar = array_resource(arr);
+        cudaTextureDesc td;
+        memset(&td, 0, sizeof td);
+        td.addressMode[0] = td.addressMode[1] = cudaAddressModeClamp;
+        td.filterMode = cudaFilterModePoint;
+        td.readMode = cudaReadModeElementType;
+        cudaResourceViewDesc view;
+        memset(&view, 0, sizeof view);
+        view.format = cudaResViewFormatUnsignedInt1;
+        view.width = W;
+        view.height = H;
+        cudaTextureObject_t tv = 0;
+        CUDA_OK(cudaCreateTextureObject(&tv, &ar, &td, &view));
+        unsigned *dbits = nullptr;
+        CUDA_OK(cudaMalloc(&dbits, W * H * sizeof(unsigned)));
+        sample_bits<<<H, W>>>(tv, dbits);
+        std::vector<unsigned> bits(W * H);
+        CUDA_OK(cudaMemcpy(bits.data(), dbits, W * H * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        bool same = true;
+        for (int i = 0; i < W * H; ++i) {
+            unsigned want;
+            memcpy(&want, &host[i], sizeof want);
+            same &= bits[i] == want;
+        }
+        CHECK("a resource view reads float texels as their bits", same, "texel 5: %#x", bits[5]);
+        view.format = cudaResViewFormatHalf1;
+        cudaTextureObject_t bad = 0;
+        cudaError_t e = cudaCreateTextureObject(&bad, &ar, &td, &view);
+        CHECK("a view of another texel size is refused", e == cudaErrorInvalidValue, "%s", cudaGetErrorName(e));
+        cudaGetLastError();
+        CUDA_OK(cudaDestroyTextureObject(tv));
+        CUDA_OK(cudaFree(dbits));
+    }
+
     // ---- a layered 2-D array --------------------------------------------------
     {
         constexpr int N = 4, L = 3;
@@ -455,6 +497,40 @@ int main()
         bool same = true;
         for (int i = 0; i < L * N * N; ++i) same &= out[i] == (&layers[0][0][0])[i];
         CHECK("tex2DLayered reads every layer", same, "out[20] %g", out[20]);
+        // A resource view of layers 1 and 2: its layer 0 is the array's layer 1.
+        cudaResourceDesc ar = array_resource(a);
+        cudaTextureDesc td;
+        memset(&td, 0, sizeof td);
+        td.addressMode[0] = td.addressMode[1] = cudaAddressModeClamp;
+        td.filterMode = cudaFilterModePoint;
+        td.readMode = cudaReadModeElementType;
+        cudaResourceViewDesc view;
+        memset(&view, 0, sizeof view);
+        view.format = cudaResViewFormatFloat1;
+        view.width = N;
+        view.height = N;
+        view.depth = L;
+        view.firstLayer = 1;
+        view.lastLayer = 2;
+        cudaTextureObject_t tv = 0;
+        CUDA_OK(cudaCreateTextureObject(&tv, &ar, &td, &view));
+        sample_layered<<<2, dim3(N, N)>>>(tv, dout, N);
+        CUDA_OK(cudaMemcpy(out.data(), dout, 2 * N * N * sizeof(float), cudaMemcpyDeviceToHost));
+        same = true;
+        for (int i = 0; i < 2 * N * N; ++i) same &= out[i] == (&layers[1][0][0])[i];
+        CHECK("a resource view of layers 1 and 2", same, "out[0] %g", out[0]);
+        cudaResourceViewDesc vback;
+        CUDA_OK(cudaGetTextureObjectResourceViewDesc(&vback, tv));
+        CHECK("the view reads back", vback.firstLayer == 1 && vback.lastLayer == 2, "layers %u-%u",
+              vback.firstLayer, vback.lastLayer);
+        view.firstLayer = 2;
+        view.lastLayer = 3;
+        cudaTextureObject_t bad = 0;
+        cudaError_t e = cudaCreateTextureObject(&bad, &ar, &td, &view);
+        CHECK("a view of a layer past the last is refused", e == cudaErrorInvalidValue, "%s",
+              cudaGetErrorName(e));
+        cudaGetLastError();
+        CUDA_OK(cudaDestroyTextureObject(tv));
         CUDA_OK(cudaDestroyTextureObject(t));
         CUDA_OK(cudaFreeArray(a));
     }

@@ -489,6 +489,118 @@ pub(crate) enum TexLod {
     Grad([Reg; 3], [Reg; 3]),
 }
 
+/// The element type of a warp matrix (`wmma`) fragment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MmaTy {
+    F16,
+    Bf16,
+    /// TF32: an `f32` of which the tensor cores read 10 mantissa bits.
+    Tf32,
+    F32,
+    F64,
+    S8,
+    U8,
+    S32,
+}
+
+impl MmaTy {
+    pub(crate) fn parse(s: &str) -> Option<MmaTy> {
+        Some(match s {
+            "f16" => MmaTy::F16,
+            "bf16" => MmaTy::Bf16,
+            "tf32" => MmaTy::Tf32,
+            "f32" => MmaTy::F32,
+            "f64" => MmaTy::F64,
+            "s8" => MmaTy::S8,
+            "u8" => MmaTy::U8,
+            "s32" => MmaTy::S32,
+            _ => return None,
+        })
+    }
+
+    /// Bits of one element.
+    pub(crate) fn bits(self) -> u32 {
+        match self {
+            MmaTy::S8 | MmaTy::U8 => 8,
+            MmaTy::F16 | MmaTy::Bf16 => 16,
+            MmaTy::Tf32 | MmaTy::F32 | MmaTy::S32 => 32,
+            MmaTy::F64 => 64,
+        }
+    }
+
+    /// Elements one fragment register holds (`.b32` registers; `.f64` ones for `F64`).
+    pub(crate) fn per_reg(self) -> usize {
+        let reg_bits = if self == MmaTy::F64 { 64 } else { 32 };
+        (reg_bits / self.bits()) as usize
+    }
+}
+
+/// Which matrix a warp matrix fragment holds: `a` (m x k), `b` (k x n), or an accumulator
+/// `c`/`d` (m x n).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MmaFrag {
+    A,
+    B,
+    C,
+}
+
+/// A `wmma` shape `.mMnNkK`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MmaShape {
+    pub m: u8,
+    pub n: u8,
+    pub k: u8,
+}
+
+impl MmaShape {
+    /// Rows and columns of fragment `f`'s matrix.
+    pub(crate) fn dims(self, f: MmaFrag) -> (usize, usize) {
+        let (m, n, k) = (
+            usize::from(self.m),
+            usize::from(self.n),
+            usize::from(self.k),
+        );
+        match f {
+            MmaFrag::A => (m, k),
+            MmaFrag::B => (k, n),
+            MmaFrag::C => (m, n),
+        }
+    }
+}
+
+/// `wmma.load` or `wmma.store`: a warp's fragment and a matrix in memory.
+#[derive(Debug, Clone)]
+pub(crate) struct WmmaMem {
+    pub frag: MmaFrag,
+    /// The matrix is column-major in memory (`.col`).
+    pub col: bool,
+    pub shape: MmaShape,
+    pub ty: MmaTy,
+    pub space: Space,
+    /// The fragment's registers (destinations of a load, sources of a store).
+    pub regs: Vec<Reg>,
+    pub base: Reg,
+    pub off: i64,
+    /// Elements from one row (`.row`) or column (`.col`) to the next; `NONE`: the matrix's
+    /// columns (rows).
+    pub stride: Reg,
+}
+
+/// `wmma.mma`: D = A x B + C over a warp's fragments.
+#[derive(Debug, Clone)]
+pub(crate) struct WmmaMma {
+    pub shape: MmaShape,
+    pub ab: MmaTy,
+    pub c: MmaTy,
+    pub d: MmaTy,
+    /// `.satfinite`: integer results saturate instead of wrapping.
+    pub satfinite: bool,
+    pub regs_d: Vec<Reg>,
+    pub regs_a: Vec<Reg>,
+    pub regs_b: Vec<Reg>,
+    pub regs_c: Vec<Reg>,
+}
+
 /// `suld.b` or `sust.b`.
 #[derive(Debug, Clone)]
 pub(crate) struct SurfOp {
@@ -845,6 +957,17 @@ pub(crate) enum Op {
         off: Reg,
     },
     Tex(Box<TexOp>),
+    /// `wmma.load.{a,b,c}`.
+    WmmaLoad(Box<WmmaMem>),
+    /// `wmma.store.d`.
+    WmmaStore(Box<WmmaMem>),
+    /// `wmma.mma`.
+    WmmaMma(Box<WmmaMma>),
+    /// `cvt.rna.tf32.f32`: an `f32` rounded to the 10 mantissa bits of TF32, ties away from zero.
+    CvtTf32 {
+        d: Reg,
+        a: Reg,
+    },
     Suld(Box<SurfOp>),
     Sust(Box<SurfOp>),
     /// `txq` (`surface` false) or `suq`.

@@ -8,6 +8,17 @@ impl FnCtx<'_> {
         let ftz = m.has("ftz");
         let sat = m.has("sat");
         let relu = m.has("relu");
+        if m.has("tf32") {
+            // `cvt.rna.tf32.f32` (the only TF32 conversion before sm_90's other roundings).
+            if rnd != Rnd::Rna || ftz || sat || relu || m.types() != [Ty::F32] {
+                return Err(unsupported(ins));
+            }
+            let o = self.ops(ins, 2)?;
+            return Ok(Op::CvtTf32 {
+                d: self.dst(&o[0])?,
+                a: self.val(&o[1], Ty::F32)?,
+            });
+        }
         let t = m.types();
         if t.len() != 2 {
             return Err(self.err("cvt needs two types"));

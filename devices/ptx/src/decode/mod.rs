@@ -159,6 +159,7 @@ mod bits;
 mod control;
 mod func;
 mod memory;
+mod mma;
 mod mods;
 mod module;
 mod select;

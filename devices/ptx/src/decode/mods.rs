@@ -67,6 +67,18 @@ impl<'a> Mods<'a> {
         None
     }
 
+    /// Every modifier `f` recognizes, in order, each marked as understood.
+    pub(super) fn take_all<T>(&mut self, f: impl Fn(&str) -> Option<T>) -> Vec<T> {
+        let mut out = Vec::new();
+        for (i, m) in self.list.iter().enumerate() {
+            if let Some(t) = f(m) {
+                self.used[i] = true;
+                out.push(t);
+            }
+        }
+        out
+    }
+
     pub(super) fn types(&mut self) -> Vec<Ty> {
         let mut out = Vec::new();
         for (i, m) in self.list.iter().enumerate() {

@@ -217,6 +217,7 @@ impl FnCtx<'_> {
             }
             "cp" => self.sel_cp(ins, &mut m)?,
             "tex" | "tld4" => self.sel_tex(ins, &mut m)?,
+            "wmma" => self.sel_wmma(ins, &mut m)?,
             "suld" | "sust" => self.sel_surf(ins, &mut m)?,
             "txq" | "suq" => self.sel_query(ins, &mut m)?,
             _ => return Err(unsupported(ins)),

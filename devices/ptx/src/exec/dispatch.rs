@@ -1021,6 +1021,18 @@ impl<'a> Worker<'a> {
                         }
                         write_masked(&mut regs[*d as usize], m, &out);
                     }
+                    Op::WmmaLoad(op) => {
+                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                        self.wmma_load(w, regs, m, op, inst.line)?;
+                    }
+                    Op::WmmaStore(op) => {
+                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                        self.wmma_store(w, regs, m, op, inst.line)?;
+                    }
+                    Op::WmmaMma(op) => mma::wmma_mma(regs, op),
+                    Op::CvtTf32 { d, a } => {
+                        map1(regs, m, *d, *a, |x| u64::from(mma::tf32_rna(x as u32)));
+                    }
                     Op::Tex(t) => {
                         let w = WarpRef {
                             tid: &warp.tid,

@@ -229,6 +229,7 @@ mod dispatch;
 mod fp;
 mod int;
 mod memory;
+mod mma;
 mod sched;
 mod texture;
 

@@ -14,6 +14,7 @@ mod intops;
 mod launch;
 mod memory;
 mod mipmap;
+mod mma;
 mod texref;
 mod texture;
 mod warp;

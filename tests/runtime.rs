@@ -130,6 +130,14 @@ fn nvcc_programs_sample_mipmapped_arrays() {
     run_nvcc_program("mipmaps", 16, ALL_RUNTIMES);
 }
 
+/// Tensor core matrix multiplies written with the `wmma` API, as the CUDA samples'
+/// `*TensorCoreGemm` write them: f16 (f32 and f16 accumulators), bf16, tf32, int8, uint8 and
+/// f64 fragments in every shape, against products computed on the host, on every runtime.
+#[test]
+fn nvcc_programs_multiply_on_tensor_cores() {
+    run_nvcc_program("tensor_cores", 9, ALL_RUNTIMES);
+}
+
 /// Texture and surface references (CUDA 11's `texture<>` and `surface<>`, gone from CUDA 12's
 /// runtime): bound to arrays, linear and pitched memory, rebound, queried.
 #[test]

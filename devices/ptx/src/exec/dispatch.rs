@@ -1021,15 +1021,17 @@ impl<'a> Worker<'a> {
                         }
                         write_masked(&mut regs[*d as usize], m, &out);
                     }
-                    Op::WmmaLoad(op) => {
+                    // Warp-wide: a warp whose guard holds in no lane skips them.
+                    Op::WmmaLoad(op) if m != 0 => {
                         let w = warp_ref(&warp.tid, warp.idx, warp.valid);
                         self.wmma_load(w, regs, m, op, inst.line)?;
                     }
-                    Op::WmmaStore(op) => {
+                    Op::WmmaStore(op) if m != 0 => {
                         let w = warp_ref(&warp.tid, warp.idx, warp.valid);
                         self.wmma_store(w, regs, m, op, inst.line)?;
                     }
-                    Op::WmmaMma(op) => mma::wmma_mma(regs, op),
+                    Op::WmmaMma(op) if m != 0 => mma::wmma_mma(regs, op),
+                    Op::WmmaLoad(_) | Op::WmmaStore(_) | Op::WmmaMma(_) => {}
                     Op::CvtTf32 { d, a } => {
                         map1(regs, m, *d, *a, |x| u64::from(mma::tf32_rna(x as u32)));
                     }

@@ -348,6 +348,23 @@ fn a_tiled_gemm_of_warps() {
 }
 
 #[test]
+fn a_warp_whose_guard_holds_in_no_lane_skips_warp_matrix_instructions() {
+    let regs = "{%r1, %r2, %r3, %r4, %r5, %r6, %r7, %r8}";
+    let ptx = format!(
+        ".version 7.8\n.target sm_80\n.address_size 64\n.visible .entry k(.param .u64 p)\n{{\n\
+         .reg .b32 %r<12>;\n.reg .b64 %rd<2>;\n.reg .pred %p<2>;\nld.param.u64 %rd1, [p];\n\
+         setp.ne.u64 %p1, %rd1, %rd1;\n\
+         @%p1 wmma.load.a.sync.aligned.row.m16n16k16.f16 {regs}, [%rd1], 16;\n\
+         @%p1 wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {regs}, {regs}, {regs}, {regs};\n\
+         @%p1 wmma.store.d.sync.aligned.row.m16n16k16.f32 [%rd1], {regs}, 16;\nret;\n}}\n"
+    );
+    let m = Module::load(&ptx).unwrap();
+    let mem = TestMemory::new();
+    // A null matrix pointer: any access would fault.
+    launch(&m, &mem, "k", 32, &[Arg::U64(0)]);
+}
+
+#[test]
 fn sub_byte_and_single_bit_fragments_are_refused_at_load() {
     let body = |inst: &str| {
         format!(

@@ -391,10 +391,13 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         }
         "session" | "session_ring" => vec![session_seed()],
         "ptx" => {
-            // The kernel corpus and the conformance suite's own kernels (textures and surfaces
-            // among them).
+            // The kernel corpus, the conformance suite's own kernels (textures and surfaces
+            // among them) and the interpreter's nvcc fixtures (warp matrices, mipmapped and
+            // cube map textures among them).
             let mut v = read_dir("tests/kernels/ptx", "ptx");
             v.extend(read_dir("tests/gpu/kernels", "ptx"));
+            v.extend(read_dir("devices/ptx/fixtures", "ptx"));
+            v.extend(read_dir("devices/ptx/fixtures/texture", "ptx"));
             v
         }
         "fatbin" => {

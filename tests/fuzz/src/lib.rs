@@ -549,6 +549,27 @@ fn session_seed() -> Vec<u8> {
         ..Default::default()
     };
     push(msg::TexObjectCreate::OPCODE, 0, msg::encode(&texels));
+    // A mipmapped texture of four levels (64x64 bytes down to 8x8) over the same bytes, left for
+    // the session's end.
+    push(
+        msg::TexObjectCreateMipmapped::OPCODE,
+        0,
+        msg::encode(&msg::TexObjectCreateMipmapped {
+            ctx: FIRST_CONTEXT,
+            base: vgpu_broker::testutils::MEM_DEVICE_BASE,
+            format: vgpu_broker::texture::format::U8,
+            channels: 1,
+            dims: 2,
+            width: 64,
+            height: 64,
+            depth: 1,
+            levels: 4,
+            pitch_align: 32,
+            level_align: 512,
+            max_level_clamp: 3.0,
+            ..Default::default()
+        }),
+    );
     push(
         msg::TexObjectDestroy::OPCODE,
         0,

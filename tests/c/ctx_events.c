@@ -98,11 +98,12 @@ int main(void) {
     CUstream s1, s2, s3;
     check("stream 1", cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     check("stream 2", cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    CUdeviceptr flag1, flag2, buf, buf2;
+    CUdeviceptr flag1, flag2, buf, buf2, buf3;
     check("flag 1", cuMemAlloc_v2(&flag1, 4), CUDA_SUCCESS);
     check("flag 2", cuMemAlloc_v2(&flag2, 4), CUDA_SUCCESS);
     check("buffer", cuMemAlloc_v2(&buf, WORDS * 4), CUDA_SUCCESS);
     check("buffer 2", cuMemAlloc_v2(&buf2, WORDS * 4), CUDA_SUCCESS);
+    check("buffer 3", cuMemAlloc_v2(&buf3, WORDS * 4), CUDA_SUCCESS);
     check("flags cleared", cuMemsetD32_v2(flag1, 0, 1) | cuMemsetD32_v2(flag2, 0, 1),
           CUDA_SUCCESS);
 
@@ -126,9 +127,12 @@ int main(void) {
     check("an event of another context", cuCtxRecordEvent(ctx, foreign),
           CUDA_ERROR_INVALID_HANDLE);
 
-    /* Wait: the context's later work, on every stream, waits for an event of a held stream. */
+    /* Wait: the context's later work, on every stream, waits for an event of a held stream.
+     * Each stream fills a buffer of its own: streams 2 and 3 are not ordered with each other. */
     check("flag 1 cleared", cuMemsetD32_v2(flag1, 0, 1), CUDA_SUCCESS);
-    check("the buffers are zero", cuMemsetD32_v2(buf, 0, WORDS) | cuMemsetD32_v2(buf2, 0, WORDS),
+    check("the buffers are zero",
+          cuMemsetD32_v2(buf, 0, WORDS) | cuMemsetD32_v2(buf2, 0, WORDS) |
+              cuMemsetD32_v2(buf3, 0, WORDS),
           CUDA_SUCCESS);
     check("stream 1 waits for flag 1 again",
           cuStreamWaitValue32_v2(s1, flag1, 2, CU_STREAM_WAIT_VALUE_GEQ), CUDA_SUCCESS);
@@ -138,20 +142,21 @@ int main(void) {
     check("stream 2 waits for the event", cuStreamQuery(s2), CUDA_ERROR_NOT_READY);
     check("a stream created afterwards", cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING),
           CUDA_SUCCESS);
-    check("a fill on it", cuMemsetD32Async(buf, 6, WORDS, s3), CUDA_SUCCESS);
+    check("a fill on it", cuMemsetD32Async(buf3, 6, WORDS, s3), CUDA_SUCCESS);
     check("it waits too", cuStreamQuery(s3), CUDA_ERROR_NOT_READY);
     check("a fill on the legacy stream", cuMemsetD32Async(buf2, 7, WORDS, NULL), CUDA_SUCCESS);
     check("the legacy stream waits too", cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
     check("the other context is not held", cuCtxSetCurrent(other), CUDA_SUCCESS);
     check("... its stream is idle", cuStreamQuery(releaser), CUDA_SUCCESS);
     expect("nothing was filled yet (read from the other context)",
-           filled_with(buf, 0) && filled_with(buf2, 0));
+           filled_with(buf, 0) && filled_with(buf2, 0) && filled_with(buf3, 0));
     cuCtxSetCurrent(ctx);
     release(flag1, 2);
     check("stream 2 goes on", cuStreamSynchronize(s2), CUDA_SUCCESS);
     check("stream 3 goes on", cuStreamSynchronize(s3), CUDA_SUCCESS);
     check("the legacy stream goes on", cuStreamSynchronize(NULL), CUDA_SUCCESS);
-    expect("the fills ran after the wait", filled_with(buf, 6) && filled_with(buf2, 7));
+    expect("the fills ran after the wait",
+           filled_with(buf, 5) && filled_with(buf3, 6) && filled_with(buf2, 7));
     check("an event of another context may be waited for", cuCtxWaitEvent(ctx, foreign),
           CUDA_SUCCESS);
 

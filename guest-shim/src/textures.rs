@@ -413,67 +413,41 @@ fn make_texture_viewed(
     let t = src.texels;
     let array_ptr = src.array_ptr.filter(|_| holds_array);
     let ctx = drv::current_ctx().ok_or(cuda::CUDA_ERROR_INVALID_CONTEXT)?;
-    let handle = if let Some(chain) = src.chain {
-        drv::driver()?
-            .call(
-                &msg::TexObjectCreateMipmapped {
-                    ctx,
-                    base: t.base,
-                    format: t.format,
-                    channels: t.channels,
-                    dims: t.dims,
-                    width: t.width,
-                    height: t.height,
-                    depth: t.depth,
-                    layers: t.layers,
-                    levels: chain.levels,
-                    pitch_align: chain.pitch_align,
-                    level_align: chain.level_align,
-                    address_0: tex.address_mode[0],
-                    address_1: tex.address_mode[1],
-                    address_2: tex.address_mode[2],
-                    filter: tex.filter_mode,
-                    flags: tex.flags,
-                    border_r: tex.border_color[0],
-                    border_g: tex.border_color[1],
-                    border_b: tex.border_color[2],
-                    border_a: tex.border_color[3],
-                    mip_filter: tex.mipmap_filter_mode,
-                    level_bias: tex.mipmap_level_bias,
-                    min_level_clamp: tex.min_mipmap_level_clamp,
-                    max_level_clamp: tex.max_mipmap_level_clamp,
-                },
-                &[],
-            )?
-            .handle
-    } else {
-        drv::driver()?
-            .call(
-                &msg::TexObjectCreate {
-                    ctx,
-                    base: t.base,
-                    format: t.format,
-                    channels: t.channels,
-                    dims: t.dims,
-                    width: t.width,
-                    height: t.height,
-                    depth: t.depth,
-                    layers: t.layers,
-                    pitch: t.pitch,
-                    slice_pitch: t.slice_pitch,
-                    address_0: tex.address_mode[0],
-                    address_1: tex.address_mode[1],
-                    address_2: tex.address_mode[2],
-                    filter: tex.filter_mode,
-                    flags: tex.flags,
-                    border_r: tex.border_color[0],
-                    border_g: tex.border_color[1],
-                    border_b: tex.border_color[2],
-                    border_a: tex.border_color[3],
-                },
-                &[],
-            )?
-            .handle
+    let plain = msg::TexObjectCreate {
+        ctx,
+        base: t.base,
+        format: t.format,
+        channels: t.channels,
+        dims: t.dims,
+        width: t.width,
+        height: t.height,
+        depth: t.depth,
+        layers: t.layers,
+        pitch: t.pitch,
+        slice_pitch: t.slice_pitch,
+        address_0: tex.address_mode[0],
+        address_1: tex.address_mode[1],
+        address_2: tex.address_mode[2],
+        filter: tex.filter_mode,
+        flags: tex.flags,
+        border_r: tex.border_color[0],
+        border_g: tex.border_color[1],
+        border_b: tex.border_color[2],
+        border_a: tex.border_color[3],
+    };
+    let d = drv::driver()?;
+    let handle = match src.chain {
+        Some(c) => {
+            let mipmapped = msg::TexObjectCreateMipmapped {
+                mip_filter: tex.mipmap_filter_mode,
+                level_bias: tex.mipmap_level_bias,
+                min_level_clamp: tex.min_mipmap_level_clamp,
+                max_level_clamp: tex.max_mipmap_level_clamp,
+                ..plain.mipmapped(c.levels, c.pitch_align, c.level_align)
+            };
+            d.call(&mipmapped, &[])?.handle
+        }
+        None => d.call(&plain, &[])?.handle,
     };
     registry().textures.insert(
         handle,

@@ -755,6 +755,71 @@ ops! {
     }
 }
 
+impl TexObjectCreate {
+    /// The same texture over a mipmapped array of `levels` levels, rows aligned to
+    /// `pitch_align` bytes and levels to `level_align` (the pitches are the chain's); the
+    /// mipmap sampling fields are 0 for the caller to set.
+    pub fn mipmapped(
+        &self,
+        levels: u32,
+        pitch_align: u64,
+        level_align: u64,
+    ) -> TexObjectCreateMipmapped {
+        TexObjectCreateMipmapped {
+            ctx: self.ctx,
+            base: self.base,
+            format: self.format,
+            channels: self.channels,
+            dims: self.dims,
+            width: self.width,
+            height: self.height,
+            depth: self.depth,
+            layers: self.layers,
+            levels,
+            pitch_align,
+            level_align,
+            address_0: self.address_0,
+            address_1: self.address_1,
+            address_2: self.address_2,
+            filter: self.filter,
+            flags: self.flags,
+            border_r: self.border_r,
+            border_g: self.border_g,
+            border_b: self.border_b,
+            border_a: self.border_a,
+            ..Default::default()
+        }
+    }
+}
+
+impl TexObjectCreateMipmapped {
+    /// Its first level as a texture of one level; the pitches are 0 (the chain decides them).
+    pub fn first_level(&self) -> TexObjectCreate {
+        TexObjectCreate {
+            ctx: self.ctx,
+            base: self.base,
+            format: self.format,
+            channels: self.channels,
+            dims: self.dims,
+            width: self.width,
+            height: self.height,
+            depth: self.depth,
+            layers: self.layers,
+            pitch: 0,
+            slice_pitch: 0,
+            address_0: self.address_0,
+            address_1: self.address_1,
+            address_2: self.address_2,
+            filter: self.filter,
+            flags: self.flags,
+            border_r: self.border_r,
+            border_g: self.border_g,
+            border_b: self.border_b,
+            border_a: self.border_a,
+        }
+    }
+}
+
 impl LaunchKernel {
     /// The same launch, cooperative.
     pub fn cooperative(&self) -> LaunchCooperative {

@@ -107,9 +107,8 @@ __global__ void double_in_place(cudaSurfaceObject_t s)
     surf2Dwrite(v * 2.0f + 1.0f, s, x * (int)sizeof(float), y);
 }
 
-static cudaTextureObject_t texture_of(const cudaResourceDesc &res, cudaTextureFilterMode filter,
-                                      cudaTextureAddressMode address, bool normalized,
-                                      cudaTextureReadMode read = cudaReadModeElementType)
+static cudaTextureDesc texture_desc(cudaTextureFilterMode filter, cudaTextureAddressMode address,
+                                    bool normalized, cudaTextureReadMode read = cudaReadModeElementType)
 {
     cudaTextureDesc td;
     memset(&td, 0, sizeof td);
@@ -117,6 +116,14 @@ static cudaTextureObject_t texture_of(const cudaResourceDesc &res, cudaTextureFi
     td.filterMode = filter;
     td.readMode = read;
     td.normalizedCoords = normalized;
+    return td;
+}
+
+static cudaTextureObject_t texture_of(const cudaResourceDesc &res, cudaTextureFilterMode filter,
+                                      cudaTextureAddressMode address, bool normalized,
+                                      cudaTextureReadMode read = cudaReadModeElementType)
+{
+    cudaTextureDesc td = texture_desc(filter, address, normalized, read);
     cudaTextureObject_t t = 0;
     CUDA_OK(cudaCreateTextureObject(&t, &res, &td, nullptr));
     return t;
@@ -442,11 +449,7 @@ int main()
     // ---- a resource view reading the float array's texels as 32-bit integers ----
     {
         cudaResourceDesc ar = array_resource(arr);
-        cudaTextureDesc td;
-        memset(&td, 0, sizeof td);
-        td.addressMode[0] = td.addressMode[1] = cudaAddressModeClamp;
-        td.filterMode = cudaFilterModePoint;
-        td.readMode = cudaReadModeElementType;
+        cudaTextureDesc td = texture_desc(cudaFilterModePoint, cudaAddressModeClamp, false);
         cudaResourceViewDesc view;
         memset(&view, 0, sizeof view);
         view.format = cudaResViewFormatUnsignedInt1;
@@ -499,11 +502,7 @@ int main()
         CHECK("tex2DLayered reads every layer", same, "out[20] %g", out[20]);
         // A resource view of layers 1 and 2: its layer 0 is the array's layer 1.
         cudaResourceDesc ar = array_resource(a);
-        cudaTextureDesc td;
-        memset(&td, 0, sizeof td);
-        td.addressMode[0] = td.addressMode[1] = cudaAddressModeClamp;
-        td.filterMode = cudaFilterModePoint;
-        td.readMode = cudaReadModeElementType;
+        cudaTextureDesc td = texture_desc(cudaFilterModePoint, cudaAddressModeClamp, false);
         cudaResourceViewDesc view;
         memset(&view, 0, sizeof view);
         view.format = cudaResViewFormatFloat1;

@@ -75,27 +75,35 @@ fn surface(ctx: u64, base: u64) -> msg::SurfObjectCreate {
     }
 }
 
-/// Runs `sample_grid` over texture `tex`; the grid it read, or the launch's error.
-fn sample(s: &mut Session, tex: u64) -> Result<Vec<f32>, Code> {
+/// Runs `kernel` of the texture kernels over texture `tex` on a `w` x `h` grid (`h` blocks of
+/// `w` threads, arguments: the texture, the output, `w`, then `more`); the floats it wrote, or
+/// the launch's error.
+fn run_sampler(
+    s: &mut Session,
+    kernel: &str,
+    tex: u64,
+    (w, h): (u64, u64),
+    more: &[Arg],
+) -> Result<Vec<f32>, Code> {
     let m = s
         .load(TEXTURES_PTX.as_bytes())
         .expect("loading the texture kernels");
-    let k = s.kernel(m, "sample_grid")?;
-    let out = s.alloc(W * H * 4)?;
-    s.launch(
-        &k,
-        [H as u32, 1, 1],
-        [W as u32, 1, 1],
-        0,
-        &[Arg::U64(tex), Arg::Ptr(out), Arg::I32(W as i32)],
-    )?;
-    let r = s.sync().and_then(|()| s.dtoh(out, (W * H * 4) as usize));
+    let k = s.kernel(m, kernel)?;
+    let out = s.alloc(w * h * 4)?;
+    let mut args = vec![Arg::U64(tex), Arg::Ptr(out), Arg::I32(w as i32)];
+    args.extend_from_slice(more);
+    s.launch(&k, [h as u32, 1, 1], [w as u32, 1, 1], 0, &args)?;
+    let r = s.sync().and_then(|()| s.dtoh(out, (w * h * 4) as usize));
     s.free(out)?;
-    let bytes = r?;
-    Ok(bytes
+    Ok(r?
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect())
+}
+
+/// Runs `sample_grid` over texture `tex`; the grid it read, or the launch's error.
+fn sample(s: &mut Session, tex: u64) -> Result<Vec<f32>, Code> {
+    run_sampler(s, "sample_grid", tex, (W, H), &[])
 }
 
 fn want_grid() -> Vec<f32> {
@@ -106,29 +114,7 @@ fn want_grid() -> Vec<f32> {
 
 /// Runs `sample_level` over a `w` x `h` level at level of detail `lod`.
 fn sample_level(s: &mut Session, tex: u64, w: u64, h: u64, lod: f32) -> Result<Vec<f32>, Code> {
-    let m = s
-        .load(TEXTURES_PTX.as_bytes())
-        .expect("loading the texture kernels");
-    let k = s.kernel(m, "sample_level")?;
-    let out = s.alloc(w * h * 4)?;
-    s.launch(
-        &k,
-        [h as u32, 1, 1],
-        [w as u32, 1, 1],
-        0,
-        &[
-            Arg::U64(tex),
-            Arg::Ptr(out),
-            Arg::I32(w as i32),
-            Arg::F32(lod),
-        ],
-    )?;
-    let r = s.sync().and_then(|()| s.dtoh(out, (w * h * 4) as usize));
-    s.free(out)?;
-    Ok(r?
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect())
+    run_sampler(s, "sample_level", tex, (w, h), &[Arg::F32(lod)])
 }
 
 /// A mipmapped texture of two levels (the grid, and a grid half its size each way holding
@@ -161,26 +147,15 @@ fn mipmapped(a: &mut Session) {
     }
     let chain = a.alloc(bytes.len() as u64).unwrap();
     a.htod(chain, &bytes).unwrap();
-    let made = a.request(&msg::TexObjectCreateMipmapped {
-        ctx: a.ctx,
-        base: chain,
-        format: FORMAT_FLOAT,
-        channels: 1,
-        dims: 2,
-        width: W,
-        height: H,
-        depth: 1,
-        layers: 0,
-        levels: 2,
-        pitch_align: PITCH_ALIGN,
-        level_align: LEVEL_ALIGN,
-        address_0: CLAMP,
-        address_1: CLAMP,
-        address_2: CLAMP,
-        flags: NORMALIZED,
+    let mipmapped = msg::TexObjectCreateMipmapped {
         max_level_clamp: 1.0,
-        ..Default::default()
-    });
+        ..msg::TexObjectCreate {
+            flags: NORMALIZED,
+            ..texture(a.ctx, chain)
+        }
+        .mipmapped(2, PITCH_ALIGN, LEVEL_ALIGN)
+    };
+    let made = a.request(&mipmapped);
     match made {
         Ok(h) => {
             for (l, level) in levels.iter().enumerate() {
@@ -203,18 +178,8 @@ fn mipmapped(a: &mut Session) {
     }
     // A chain longer than its allocation is refused on every device.
     let past = a.request(&msg::TexObjectCreateMipmapped {
-        ctx: a.ctx,
         base: chain + LEVEL_ALIGN,
-        format: FORMAT_FLOAT,
-        channels: 1,
-        dims: 2,
-        width: W,
-        height: H,
-        depth: 1,
-        levels: 2,
-        pitch_align: PITCH_ALIGN,
-        level_align: LEVEL_ALIGN,
-        ..Default::default()
+        ..mipmapped
     });
     assert_eq!(past.unwrap_err(), cuda::CUDA_ERROR_INVALID_VALUE);
     a.free(chain).unwrap();

@@ -87,6 +87,17 @@ macro_rules! layout_of {
     };
 }
 
+/// How a `TexObjectCreate` samples, with the mipmap chain `mip`.
+fn sampling_of(m: &msg::TexObjectCreate, mip: MipChain) -> TexSampling {
+    TexSampling {
+        address: [m.address_0, m.address_1, m.address_2],
+        filter: m.filter,
+        flags: m.flags,
+        border: [m.border_r, m.border_g, m.border_b, m.border_a],
+        mip,
+    }
+}
+
 impl Session {
     /// Serves the texture and surface object ops; `None` for other requests.
     pub(super) fn dispatch_texture(
@@ -97,61 +108,33 @@ impl Session {
         use Request as R;
         Some(match req {
             R::TexObjectCreate(m) => {
-                let layout = layout_of!(m);
-                let sampling = TexSampling {
-                    address: [m.address_0, m.address_1, m.address_2],
-                    filter: m.filter,
-                    flags: m.flags,
-                    border: [m.border_r, m.border_g, m.border_b, m.border_a],
-                    mip: MipChain::ONE_LEVEL,
-                };
-                self.create_object(m.ctx, ObjectKind::Texture, &layout, Some(&sampling))
+                let sampling = sampling_of(m, MipChain::ONE_LEVEL);
+                self.create_object(m.ctx, ObjectKind::Texture, layout_of!(m), Some(&sampling))
                     .and_then(|handle| reply(out, msg::Handle { handle }))
             }
             R::TexObjectCreateMipmapped(m) => {
-                let sampling = TexSampling {
-                    address: [m.address_0, m.address_1, m.address_2],
-                    filter: m.filter,
-                    flags: m.flags,
-                    border: [m.border_r, m.border_g, m.border_b, m.border_a],
-                    mip: MipChain {
-                        levels: m.levels,
-                        pitch_align: m.pitch_align,
-                        level_align: m.level_align,
-                        filter: m.mip_filter,
-                        bias: m.level_bias,
-                        min_clamp: m.min_level_clamp,
-                        max_clamp: m.max_level_clamp,
-                    },
+                let first = m.first_level();
+                let chain = MipChain {
+                    levels: m.levels,
+                    pitch_align: m.pitch_align,
+                    level_align: m.level_align,
+                    filter: m.mip_filter,
+                    bias: m.level_bias,
+                    min_clamp: m.min_level_clamp,
+                    max_clamp: m.max_level_clamp,
                 };
-                let mut layout = TexelLayout {
-                    base: m.base,
-                    format: m.format,
-                    channels: m.channels,
-                    dims: m.dims,
-                    width: m.width,
-                    height: m.height,
-                    depth: m.depth,
-                    layers: m.layers,
-                    pitch: 0,
-                    slice_pitch: 0,
-                };
-                // The first level's pitches are the chain's.
-                sampling
-                    .mip
-                    .levels_of(&layout)
-                    .and_then(|levels| {
-                        layout.pitch = levels[0].pitch;
-                        layout.slice_pitch = levels[0].slice_pitch;
-                        self.create_object(m.ctx, ObjectKind::Texture, &layout, Some(&sampling))
-                    })
-                    .and_then(|handle| reply(out, msg::Handle { handle }))
+                let sampling = sampling_of(&first, chain);
+                self.create_object(
+                    m.ctx,
+                    ObjectKind::Texture,
+                    layout_of!(first),
+                    Some(&sampling),
+                )
+                .and_then(|handle| reply(out, msg::Handle { handle }))
             }
-            R::SurfObjectCreate(m) => {
-                let layout = layout_of!(m);
-                self.create_object(m.ctx, ObjectKind::Surface, &layout, None)
-                    .and_then(|handle| reply(out, msg::Handle { handle }))
-            }
+            R::SurfObjectCreate(m) => self
+                .create_object(m.ctx, ObjectKind::Surface, layout_of!(m), None)
+                .and_then(|handle| reply(out, msg::Handle { handle })),
             R::TexObjectDestroy(m) => self
                 .destroy_object(m.ctx, ObjectKind::Texture, m.handle)
                 .and_then(|()| reply(out, msg::Empty {})),
@@ -162,26 +145,35 @@ impl Session {
         })
     }
 
+    /// Checks and makes an object over `layout` (for a mipmapped texture, its first level,
+    /// whose pitches the chain decides).
     fn create_object(
         &mut self,
         ctx: u64,
         kind: ObjectKind,
-        layout: &TexelLayout,
+        mut layout: TexelLayout,
         sampling: Option<&TexSampling>,
     ) -> Result<u64, CuError> {
         self.ctx(ctx)?;
+        let chain = match sampling {
+            Some(s) if s.mip.levels > 1 => Some(s.mip.levels_of(&layout)?),
+            _ => None,
+        };
+        if let Some(first) = chain.as_ref().and_then(|c| c.first()) {
+            (layout.pitch, layout.slice_pitch) = (first.pitch, first.slice_pitch);
+        }
         let mut extent = layout.check()?;
         if let Some(s) = sampling {
             s.check()?;
-            if s.mip.levels > 1 {
-                extent = mip::chain_bytes(&s.mip.levels_of(layout)?);
-            }
+        }
+        if let Some(levels) = &chain {
+            extent = mip::chain_bytes(levels);
         }
         self.allocs.check(layout.base, extent, kind.name())?;
         self.textures.charge()?;
         let made = match sampling {
-            Some(s) => self.dev.texture_create(layout, s),
-            None => self.dev.surface_create(layout),
+            Some(s) => self.dev.texture_create(&layout, s),
+            None => self.dev.surface_create(&layout),
         };
         match made {
             Ok(handle) => {

@@ -93,9 +93,10 @@ pub(super) fn tf32_rna(x: u32) -> u32 {
 }
 
 impl<'a> Worker<'a> {
-    /// Where a `wmma.load` or `wmma.store` finds its matrix: the first active lane's address
-    /// and stride (PTX requires every lane to give the same ones).
-    fn wmma_place(regs: &[[u64; 32]], op: &WmmaMem, lane: usize) -> (u64, u64) {
+    /// Device addresses of the elements of a `wmma.load`'s or `wmma.store`'s matrix, row-major,
+    /// from the first active lane's address and stride (PTX requires every lane to give the
+    /// same ones).
+    fn wmma_addresses(regs: &[[u64; 32]], op: &WmmaMem, lane: usize) -> Vec<u64> {
         let base = regs[op.base as usize][lane].wrapping_add(op.off as u64);
         let (rows, cols) = op.shape.dims(op.frag);
         let stride = if op.stride == NONE {
@@ -103,16 +104,17 @@ impl<'a> Worker<'a> {
         } else {
             u64::from(regs[op.stride as usize][lane] as u32)
         };
-        (base, stride)
-    }
-
-    /// Device address of element (`r`, `c`) of the matrix at `base`.
-    fn wmma_element(op: &WmmaMem, base: u64, stride: u64, r: usize, c: usize) -> u64 {
-        let (major, minor) = if op.col { (c, r) } else { (r, c) };
-        let index = (major as u64)
-            .wrapping_mul(stride)
-            .wrapping_add(minor as u64);
-        base.wrapping_add(index.wrapping_mul(u64::from(op.ty.bits() / 8)))
+        let bytes = u64::from(op.ty.bits() / 8);
+        (0..rows * cols)
+            .map(|n| {
+                let (r, c) = (n / cols, n % cols);
+                let (major, minor) = if op.col { (c, r) } else { (r, c) };
+                let index = (major as u64)
+                    .wrapping_mul(stride)
+                    .wrapping_add(minor as u64);
+                base.wrapping_add(index.wrapping_mul(bytes))
+            })
+            .collect()
     }
 
     /// `wmma.load`: the warp's fragment from a matrix in memory.
@@ -125,17 +127,14 @@ impl<'a> Worker<'a> {
         line: u32,
     ) -> Result<(), Fault> {
         let lane = m.trailing_zeros();
-        let (base, stride) = Self::wmma_place(regs, op, lane as usize);
-        let (rows, cols) = op.shape.dims(op.frag);
         let size = (op.ty.bits() / 8) as usize;
-        let mut vals = vec![0u64; rows * cols];
-        for r in 0..rows {
-            for c in 0..cols {
-                let a = Self::wmma_element(op, base, stride, r, c);
-                vals[r * cols + c] = self
-                    .load_any(w, lane, op.space, a, size, Ordering::Relaxed)
-                    .map_err(|e| self.mem_fault(w, lane, line, "wmma.load", a, size, e))?;
-            }
+        let addrs = Self::wmma_addresses(regs, op, lane as usize);
+        let mut vals = Vec::with_capacity(addrs.len());
+        for a in addrs {
+            let v = self
+                .load_any(w, lane, op.space, a, size, Ordering::Relaxed)
+                .map_err(|e| self.mem_fault(w, lane, line, "wmma.load", a, size, e))?;
+            vals.push(v);
         }
         scatter(regs, &op.regs, op.ty, &vals);
         Ok(())
@@ -151,17 +150,12 @@ impl<'a> Worker<'a> {
         line: u32,
     ) -> Result<(), Fault> {
         let lane = m.trailing_zeros();
-        let (base, stride) = Self::wmma_place(regs, op, lane as usize);
-        let (rows, cols) = op.shape.dims(op.frag);
         let size = (op.ty.bits() / 8) as usize;
-        let vals = gather(regs, &op.regs, op.ty, rows * cols);
-        for r in 0..rows {
-            for c in 0..cols {
-                let a = Self::wmma_element(op, base, stride, r, c);
-                let v = vals[r * cols + c];
-                self.store_any(w, lane, op.space, a, size, v, Ordering::Relaxed)
-                    .map_err(|e| self.mem_fault(w, lane, line, "wmma.store", a, size, e))?;
-            }
+        let addrs = Self::wmma_addresses(regs, op, lane as usize);
+        let vals = gather(regs, &op.regs, op.ty, addrs.len());
+        for (a, v) in addrs.into_iter().zip(vals) {
+            self.store_any(w, lane, op.space, a, size, v, Ordering::Relaxed)
+                .map_err(|e| self.mem_fault(w, lane, line, "wmma.store", a, size, e))?;
         }
         Ok(())
     }

@@ -40,6 +40,8 @@ impl<'a> Worker<'a> {
         line: u32,
     ) -> Result<(), Fault> {
         let mut cached: Option<(u64, texture::TextureView)> = None;
+        // Mipmap levels past the first looked up so far: (handle, level, layout).
+        let mut levels: Vec<(u64, u32, Layout)> = Vec::new();
         let mut lanes = m;
         while lanes != 0 {
             let l = lanes.trailing_zeros() as usize;
@@ -87,9 +89,18 @@ impl<'a> Worker<'a> {
                         }
                         Some(lod) => {
                             let (a, b, wt) = texture::mip_levels(&view.sampler.mip, lod);
-                            let level = |n: u32| match n {
-                                0 => Some(view.layout),
-                                n => self.ctx.memory.texture_level(h, n),
+                            let mut level = |n: u32| {
+                                if n == 0 {
+                                    return Some(view.layout);
+                                }
+                                if let Some(&(.., found)) =
+                                    levels.iter().find(|(lh, ln, _)| (*lh, *ln) == (h, n))
+                                {
+                                    return Some(found);
+                                }
+                                let found = self.ctx.memory.texture_level(h, n)?;
+                                levels.push((h, n, found));
+                                Some(found)
                             };
                             let (Some(la), Some(lb)) = (level(a), level(b)) else {
                                 let what = "mipmapped texture without its level";

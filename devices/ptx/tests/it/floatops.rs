@@ -77,7 +77,7 @@ fn add_exact(a: (i128, i32), b: (i128, i32)) -> (i128, i32) {
     ((a.0 << (a.1 - e)) + (b.0 << (b.1 - e)), e)
 }
 
-fn f16_bits(v: f64) -> u16 {
+pub(crate) fn f16_bits(v: f64) -> u16 {
     let sign = if v.is_sign_negative() { 0x8000 } else { 0 };
     let a = v.abs();
     if a.is_nan() {

@@ -2,7 +2,7 @@
 
 use vgpu_ptx::testutils::*;
 
-fn f16_to_f64(h: u16) -> f64 {
+pub(crate) fn f16_to_f64(h: u16) -> f64 {
     let e = (h >> 10) & 0x1f;
     let m = f64::from(h & 0x3ff);
     let mag = match e {

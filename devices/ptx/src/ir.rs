@@ -601,6 +601,38 @@ pub(crate) struct WmmaMma {
     pub regs_c: Vec<Reg>,
 }
 
+/// `mma.sync.aligned`: D = A x B + C over fragments laid out across the warp as the PTX ISA
+/// specifies for each shape and type (lane `4 * g + t` holds elements in row or column `g`).
+#[derive(Debug, Clone)]
+pub(crate) struct MmaSync {
+    pub shape: MmaShape,
+    pub a: MmaTy,
+    /// B's element type: A's, except that `.s8` and `.u8` mix.
+    pub b: MmaTy,
+    pub c: MmaTy,
+    pub d: MmaTy,
+    /// `.satfinite`: integer results saturate instead of wrapping.
+    pub satfinite: bool,
+    pub regs_d: Vec<Reg>,
+    pub regs_a: Vec<Reg>,
+    pub regs_b: Vec<Reg>,
+    pub regs_c: Vec<Reg>,
+}
+
+/// `ldmatrix` or `stmatrix` (`.m8n8`, `.b16`): up to four 8x8 matrices of 16-bit elements
+/// whose rows are at addresses the lanes give (lane `8 * j + i`: row `i` of matrix `j`),
+/// register `j` of lane `4 * r + c` holding columns `2c` and `2c + 1` of row `r` of matrix `j`.
+#[derive(Debug, Clone)]
+pub(crate) struct MatrixMem {
+    /// `.trans`: the matrices are transposed between registers and memory.
+    pub trans: bool,
+    pub space: Space,
+    /// One register per matrix (destinations of `ldmatrix`, sources of `stmatrix`).
+    pub regs: Vec<Reg>,
+    pub base: Reg,
+    pub off: i64,
+}
+
 /// `suld.b` or `sust.b`.
 #[derive(Debug, Clone)]
 pub(crate) struct SurfOp {
@@ -963,6 +995,18 @@ pub(crate) enum Op {
     WmmaStore(Box<WmmaMem>),
     /// `wmma.mma`.
     WmmaMma(Box<WmmaMma>),
+    /// `mma.sync`.
+    MmaSync(Box<MmaSync>),
+    /// `ldmatrix`.
+    LdMatrix(Box<MatrixMem>),
+    /// `stmatrix`.
+    StMatrix(Box<MatrixMem>),
+    /// `movmatrix.sync.aligned.m8n8.trans.b16`: the transpose of an 8x8 matrix of 16-bit
+    /// elements held as `ldmatrix` leaves one.
+    MovMatrix {
+        d: Reg,
+        a: Reg,
+    },
     /// `cvt.rna.tf32.f32`: an `f32` rounded to the 10 mantissa bits of TF32, ties away from zero.
     CvtTf32 {
         d: Reg,

@@ -1,5 +1,6 @@
 //! Warp matrix instructions: `wmma.load`, `wmma.store` and `wmma.mma` (the CUDA C++ `wmma`
-//! API's fragments and `mma_sync`), and `cvt.rna.tf32.f32`.
+//! API's fragments and `mma_sync`), `cvt.rna.tf32.f32`, and the instructions whose fragment
+//! layouts the PTX ISA specifies: `mma.sync`, `ldmatrix`, `stmatrix` and `movmatrix`.
 //!
 //! A fragment is a warp's registers holding one matrix; PTX leaves which thread holds which
 //! element unspecified, so the interpreter picks one ([`crate::exec`]: element `n` of the
@@ -8,6 +9,11 @@
 //! accumulators and `.bf16` A and B with `.f32` ones in the shapes `.m16n16k16`, `.m32n8k16`
 //! and `.m8n32k16`; `.tf32` in `.m16n16k8`; `.s8` and `.u8` with `.s32` accumulators in the
 //! three 16-deep shapes; `.f64` in `.m8n8k4`. Sub-byte and single-bit types are refused at load.
+//!
+//! `mma.sync` (see [`sync_supported`]) and the 16-bit `.m8n8` matrices of `ldmatrix`,
+//! `stmatrix` and `movmatrix` hold elements where the PTX ISA's fragment figures put them, so
+//! programs that build fragments from registers themselves (CUTLASS, Triton) read and write the
+//! right elements.
 
 use super::*;
 
@@ -49,6 +55,40 @@ fn accumulator_ok(shape: MmaShape, ty: MmaTy) -> bool {
     [MmaTy::F16, MmaTy::Bf16, MmaTy::Tf32, MmaTy::S8, MmaTy::F64]
         .iter()
         .any(|&ab| supported(shape, ab, ty))
+}
+
+/// Whether `mma.sync` of `shape` multiplies A of type `a` by B of type `b` into accumulators C
+/// of type `c` and D of type `d`: `.f16` (`.f16` or `.f32` accumulators, each on its own) and
+/// `.bf16` (`.f32`) in `.m16n8k8` and `.m16n8k16`; `.tf32` (`.f32`) in `.m16n8k4` and
+/// `.m16n8k8`; `.s8` and `.u8`, mixed as they come (`.s32`), in `.m8n8k16`, `.m16n8k16` and
+/// `.m16n8k32`; `.f64` in `.m8n8k4`.
+fn sync_supported(shape: MmaShape, a: MmaTy, b: MmaTy, c: MmaTy, d: MmaTy) -> bool {
+    let mnk = (shape.m, shape.n, shape.k);
+    let floats = |acc: MmaTy| c == acc && d == acc;
+    match (a, b) {
+        (MmaTy::F16, MmaTy::F16) => {
+            matches!(mnk, (16, 8, 8) | (16, 8, 16))
+                && matches!(c, MmaTy::F16 | MmaTy::F32)
+                && matches!(d, MmaTy::F16 | MmaTy::F32)
+        }
+        (MmaTy::Bf16, MmaTy::Bf16) => matches!(mnk, (16, 8, 8) | (16, 8, 16)) && floats(MmaTy::F32),
+        (MmaTy::Tf32, MmaTy::Tf32) => matches!(mnk, (16, 8, 4) | (16, 8, 8)) && floats(MmaTy::F32),
+        (MmaTy::S8 | MmaTy::U8, MmaTy::S8 | MmaTy::U8) => {
+            matches!(mnk, (8, 8, 16) | (16, 8, 16) | (16, 8, 32)) && floats(MmaTy::S32)
+        }
+        (MmaTy::F64, MmaTy::F64) => mnk == (8, 8, 4) && floats(MmaTy::F64),
+        _ => false,
+    }
+}
+
+/// The `.xN` count of an `ldmatrix` or `stmatrix`.
+fn matrix_count(s: &str) -> Option<usize> {
+    match s {
+        "x1" => Some(1),
+        "x2" => Some(2),
+        "x4" => Some(4),
+        _ => None,
+    }
 }
 
 impl FnCtx<'_> {
@@ -211,5 +251,138 @@ impl FnCtx<'_> {
                 })
             }
         }
+    }
+
+    /// Checks `regs` registers of `ty` hold exactly `mma.sync` fragment `f` of `shape`.
+    fn check_sync_fragment(
+        &self,
+        shape: MmaShape,
+        f: MmaFrag,
+        ty: MmaTy,
+        regs: usize,
+    ) -> DResult<()> {
+        let (rows, cols) = shape.dims(f);
+        if regs * ty.per_reg() * LANES != rows * cols {
+            return Err(self.err(format!(
+                "`mma.sync` needs {} registers for a {rows}x{cols} fragment of this type, found {regs}",
+                rows * cols / (ty.per_reg() * LANES)
+            )));
+        }
+        Ok(())
+    }
+
+    /// `mma.sync.aligned.{shape}.row.col{.satfinite}.{dtype}.{atype}.{btype}.{ctype} d, a, b, c`.
+    pub(super) fn sel_mma(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        if !m.has("sync") || m.has("sp") || m.has("sp::ordered_metadata") {
+            return Err(unsupported(ins));
+        }
+        let shapes = m.take_all(shape_of);
+        let layouts = m.take_all(|s| match s {
+            "row" => Some(false),
+            "col" => Some(true),
+            _ => None,
+        });
+        let satfinite = m.has("satfinite");
+        // `.rn`, the only rounding `.f64` has, may be written out.
+        m.has("rn");
+        let types = m.take_all(MmaTy::parse);
+        let ([shape], [false, true], [d, a, b, c]) =
+            (shapes.as_slice(), layouts.as_slice(), types.as_slice())
+        else {
+            return Err(unsupported(ins));
+        };
+        let (shape, a, b, c, d) = (*shape, *a, *b, *c, *d);
+        if !sync_supported(shape, a, b, c, d) || (satfinite && d != MmaTy::S32) {
+            return Err(unsupported(ins));
+        }
+        let o = self.ops(ins, 4)?;
+        let regs_d = self.fragment(&o[0], true, d)?;
+        let regs_a = self.fragment(&o[1], false, a)?;
+        let regs_b = self.fragment(&o[2], false, b)?;
+        let regs_c = self.fragment(&o[3], false, c)?;
+        self.check_sync_fragment(shape, MmaFrag::C, d, regs_d.len())?;
+        self.check_sync_fragment(shape, MmaFrag::A, a, regs_a.len())?;
+        self.check_sync_fragment(shape, MmaFrag::B, b, regs_b.len())?;
+        self.check_sync_fragment(shape, MmaFrag::C, c, regs_c.len())?;
+        Ok(Op::MmaSync(Box::new(MmaSync {
+            shape,
+            a,
+            b,
+            c,
+            d,
+            satfinite,
+            regs_d,
+            regs_a,
+            regs_b,
+            regs_c,
+        })))
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 d, [a]` and
+    /// `stmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 [a], d`.
+    pub(super) fn sel_matrix(&mut self, ins: &Instr, m: &mut Mods, store: bool) -> DResult<Op> {
+        if !m.has("sync") || !m.has("m8n8") || !m.has("b16") {
+            return Err(unsupported(ins));
+        }
+        let counts = m.take_all(matrix_count);
+        let [count] = counts.as_slice() else {
+            return Err(unsupported(ins));
+        };
+        let trans = m.has("trans");
+        let space = m.space();
+        let o = self.ops(ins, 2)?;
+        let (regs_op, addr_op) = if store {
+            (&o[1], &o[0])
+        } else {
+            (&o[0], &o[1])
+        };
+        let items: Vec<Operand> = match regs_op {
+            Operand::Vec(items) => items.clone(),
+            one => vec![one.clone()],
+        };
+        if items.len() != *count {
+            return Err(self.err(format!(
+                "`{}` needs {count} registers, found {}",
+                ins.full_name(),
+                items.len()
+            )));
+        }
+        let regs = items
+            .iter()
+            .map(|it| {
+                if store {
+                    self.val(it, Ty::B32)
+                } else {
+                    self.dst(it)
+                }
+            })
+            .collect::<DResult<Vec<Reg>>>()?;
+        let Addr::Reg(base, off) = self.address(addr_op, space)? else {
+            return Err(unsupported(ins));
+        };
+        let mem = Box::new(MatrixMem {
+            trans,
+            space,
+            regs,
+            base,
+            off,
+        });
+        Ok(if store {
+            Op::StMatrix(mem)
+        } else {
+            Op::LdMatrix(mem)
+        })
+    }
+
+    /// `movmatrix.sync.aligned.m8n8.trans.b16 d, a`.
+    pub(super) fn sel_movmatrix(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        if !m.has("sync") || !m.has("m8n8") || !m.has("trans") || !m.has("b16") {
+            return Err(unsupported(ins));
+        }
+        let o = self.ops(ins, 2)?;
+        Ok(Op::MovMatrix {
+            d: self.dst(&o[0])?,
+            a: self.val(&o[1], Ty::B32)?,
+        })
     }
 }

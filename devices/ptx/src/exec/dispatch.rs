@@ -1031,7 +1031,23 @@ impl<'a> Worker<'a> {
                         self.wmma_store(w, regs, m, op, inst.line)?;
                     }
                     Op::WmmaMma(op) if m != 0 => mma::wmma_mma(regs, op),
-                    Op::WmmaLoad(_) | Op::WmmaStore(_) | Op::WmmaMma(_) => {}
+                    Op::MmaSync(op) if m != 0 => mma::mma_sync(regs, m, op),
+                    Op::LdMatrix(op) if m != 0 => {
+                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                        self.ldmatrix(w, regs, m, op, inst.line)?;
+                    }
+                    Op::StMatrix(op) if m != 0 => {
+                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                        self.stmatrix(w, regs, op, inst.line)?;
+                    }
+                    Op::MovMatrix { d, a } if m != 0 => mma::movmatrix(regs, m, *d, *a),
+                    Op::WmmaLoad(_)
+                    | Op::WmmaStore(_)
+                    | Op::WmmaMma(_)
+                    | Op::MmaSync(_)
+                    | Op::LdMatrix(_)
+                    | Op::StMatrix(_)
+                    | Op::MovMatrix { .. } => {}
                     Op::CvtTf32 { d, a } => {
                         map1(regs, m, *d, *a, |x| u64::from(mma::tf32_rna(x as u32)));
                     }

@@ -15,6 +15,7 @@ mod launch;
 mod memory;
 mod mipmap;
 mod mma;
+mod mma_sync;
 mod texref;
 mod texture;
 mod warp;

@@ -8,10 +8,10 @@ use vgpu_ptx::testutils::*;
 use vgpu_ptx::*;
 
 /// Architectures the fixture is compiled for (bf16 and tf32 fragments need compute_80).
-const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
+pub(super) const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
 
 /// Small integers in [-3, 3], deterministic: products and sums stay exact in every type.
-fn small(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn small(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|_| {
@@ -24,17 +24,17 @@ fn small(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// An `f32` as `f16` bits (exact for the small integers here).
-fn f16(v: f32) -> u16 {
+pub(super) fn f16(v: f32) -> u16 {
     super::floatops::f16_bits(f64::from(v))
 }
 
 /// `f16` bits as an `f32`.
-fn from_f16(h: u16) -> f32 {
+pub(super) fn from_f16(h: u16) -> f32 {
     super::half::f16_to_f64(h) as f32
 }
 
 /// An `f32` that `bf16` holds exactly, as `bf16` bits.
-fn bf16(v: f32) -> u16 {
+pub(super) fn bf16(v: f32) -> u16 {
     assert_eq!(v.to_bits() & 0xffff, 0, "{v} is not a bf16");
     (v.to_bits() >> 16) as u16
 }
@@ -68,7 +68,7 @@ fn product(
     d
 }
 
-fn launch(m: &Module, mem: &TestMemory, kernel: &str, threads: u32, args: &[Arg]) {
+pub(super) fn launch(m: &Module, mem: &TestMemory, kernel: &str, threads: u32, args: &[Arg]) {
     let g = alloc_globals(m, mem);
     run(m, kernel, &Config::linear(1, threads), args, mem, &g)
         .unwrap_or_else(|f| panic!("{kernel}: {f}"));
@@ -157,7 +157,7 @@ fn bf16_fragments_from_a_wider_stride() {
 }
 
 /// `cvt.rna.tf32.f32` as the PTX ISA defines it: 10 mantissa bits, ties away from zero.
-fn tf32(v: f32) -> f32 {
+pub(super) fn tf32(v: f32) -> f32 {
     let b = v.to_bits();
     f32::from_bits(b.wrapping_add(1 << 12) & !0x1fff)
 }

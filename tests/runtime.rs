@@ -132,10 +132,12 @@ fn nvcc_programs_sample_mipmapped_arrays() {
 
 /// Tensor core matrix multiplies written with the `wmma` API, as the CUDA samples'
 /// `*TensorCoreGemm` write them: f16 (f32 and f16 accumulators), bf16, tf32, int8, uint8 and
-/// f64 fragments in every shape, against products computed on the host, on every runtime.
+/// f64 fragments in every shape; and with `mma.sync` (f16 fed by `ldmatrix`, int8 fragments
+/// built as the PTX ISA lays them out), against products computed on the host, on every
+/// runtime.
 #[test]
 fn nvcc_programs_multiply_on_tensor_cores() {
-    run_nvcc_program("tensor_cores", 9, ALL_RUNTIMES);
+    run_nvcc_program("tensor_cores", 11, ALL_RUNTIMES);
 }
 
 /// Texture and surface references (CUDA 11's `texture<>` and `surface<>`, gone from CUDA 12's

@@ -2,7 +2,8 @@
 // cudaTensorCoreGemm, bf16TensorCoreGemm, tf32TensorCoreGemm, immaTensorCoreGemm
 // and dmmaTensorCoreGemm write them with the wmma API (built for compute_80):
 // C = alpha A B + beta C over tiles of warps, with each element type, against
-// products computed on the host.
+// products computed on the host; and with the mma.sync and ldmatrix instructions
+// whose fragment layouts the PTX ISA specifies.
 #include "check.h"
 
 #include <cuda_bf16.h>
@@ -58,6 +59,69 @@ __global__ void gemm_tf32(const float *a, const float *b, float *c)
     wmma::store_matrix_sync(c + ti * 16 * N + tj * 16, acc, N, wmma::mem_row_major);
 }
 
+// The same C = alpha A B + beta C with the instructions CUTLASS- and Triton-style kernels emit:
+// each warp stages its A (16x16) and B (8 columns of 16) tiles in shared memory, loads them into
+// the fragments mma.sync.m16n8k16 expects with ldmatrix (.x4 for A; .x2 for B, whose columns are
+// rows in memory), and applies alpha and beta to D where the PTX ISA places it: lane 4g + t holds
+// rows g and g + 8, columns 2t and 2t + 1.
+__global__ void gemm_mma_sync(const half *a, const half *b, float *c, float alpha, float beta)
+{
+    constexpr int WARPS = 4;
+    __shared__ __align__(16) half sa[WARPS][16][16];
+    __shared__ __align__(16) half sb[WARPS][8][16];
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    int tile = blockIdx.x * WARPS + w;
+    int tj = tile % (N / 8), ti = tile / (N / 8);
+    if (ti >= M / 16) return;
+    float acc[4] = {0, 0, 0, 0};
+    for (int k = 0; k < K; k += 16) {
+        for (int e = l; e < 16 * 16; e += 32) sa[w][e / 16][e % 16] = a[(ti * 16 + e / 16) * K + k + e % 16];
+        for (int e = l; e < 8 * 16; e += 32) sb[w][e / 16][e % 16] = b[(tj * 8 + e / 16) * K + k + e % 16];
+        __syncwarp();
+        unsigned ra[4], rb[2];
+        unsigned pa = (unsigned)__cvta_generic_to_shared(&sa[w][l % 16][8 * (l / 16)]);
+        unsigned pb = (unsigned)__cvta_generic_to_shared(&sb[w][l % 8][8 * ((l / 8) % 2)]);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(ra[0]), "=r"(ra[1]), "=r"(ra[2]), "=r"(ra[3])
+                     : "r"(pa));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(rb[0]), "=r"(rb[1]) : "r"(pb));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                     : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
+        __syncwarp();
+    }
+    for (int i = 0; i < 4; i++) {
+        float *e = c + (ti * 16 + g + 8 * (i / 2)) * N + tj * 8 + 2 * t + i % 2;
+        *e = alpha * acc[i] + beta * *e;
+    }
+}
+
+// int8 with mma.sync.m16n8k32 and fragments read straight from global memory as the PTX ISA
+// lays them out (A: rows g and g + 8, four bytes from column 4t, and again 16 columns on; B: four
+// bytes of column g from row 4t, and again 16 rows on).
+__global__ void gemm_mma_sync_s8(const signed char *a, const signed char *b, int *c, int alpha, int beta)
+{
+    int tile = (blockIdx.x * blockDim.x + threadIdx.x) / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    int tj = tile % (N / 8), ti = tile / (N / 8);
+    if (ti >= M / 16) return;
+    int acc[4] = {0, 0, 0, 0};
+    for (int k = 0; k < K; k += 32) {
+        unsigned ra[4], rb[2];
+        for (int r = 0; r < 4; r++)
+            memcpy(&ra[r], a + (ti * 16 + g + 8 * (r % 2)) * K + k + 4 * t + 16 * (r / 2), 4);
+        for (int r = 0; r < 2; r++) memcpy(&rb[r], b + (tj * 8 + g) * K + k + 4 * t + 16 * r, 4);
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+r"(acc[0]), "+r"(acc[1]), "+r"(acc[2]), "+r"(acc[3])
+                     : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
+    }
+    for (int i = 0; i < 4; i++) {
+        int *e = c + (ti * 16 + g + 8 * (i / 2)) * N + tj * 8 + 2 * t + i % 2;
+        *e = alpha * acc[i] + beta * *e;
+    }
+}
+
 static float small(int i, int seed) { return float((i * 7 + seed * 13) % 9) - 4.0f; }
 
 // The host's C = alpha A B + beta C, A row-major and B col-major, as doubles.
@@ -74,9 +138,17 @@ static std::vector<double> reference(const std::vector<double> &a, const std::ve
     return out;
 }
 
-// Runs gemm<TM, TN, TK, T, Acc> on inputs `to_t(small)` and checks every element.
-template <int TM, int TN, int TK, typename T, typename Acc, typename Conv>
-static void check_gemm(const char *what, Conv to_t, Acc alpha, Acc beta)
+// The launch of a wmma GEMM of TM x TN tiles.
+template <int TM, int TN, int TK, typename T, typename Acc>
+static void launch_wmma(const T *a, const T *b, Acc *c, Acc alpha, Acc beta)
+{
+    int warps = (M / TM) * (N / TN);
+    gemm<TM, TN, TK, T, Acc><<<(warps + 3) / 4, 128>>>(a, b, c, alpha, beta);
+}
+
+// Runs `launch` on inputs `to_t(small)` and checks every element of C against the host.
+template <typename T, typename Acc, typename Conv, typename Launch>
+static void check_product(const char *what, Conv to_t, Acc alpha, Acc beta, Launch launch)
 {
     std::vector<double> a(M * K), b(K * N), c(M * N);
     std::vector<T> ha(M * K), hb(K * N);
@@ -93,8 +165,7 @@ static void check_gemm(const char *what, Conv to_t, Acc alpha, Acc beta)
     CUDA_OK(cudaMemcpy(da, ha.data(), ha.size() * sizeof(T), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(db, hb.data(), hb.size() * sizeof(T), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dc, hc.data(), hc.size() * sizeof(Acc), cudaMemcpyHostToDevice));
-    int warps = (M / TM) * (N / TN);
-    gemm<TM, TN, TK, T, Acc><<<(warps + 3) / 4, 128>>>(da, db, dc, alpha, beta);
+    launch(da, db, dc, alpha, beta);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaMemcpy(hc.data(), dc, hc.size() * sizeof(Acc), cudaMemcpyDeviceToHost));
     std::vector<double> want = reference(a, b, c, double(alpha), double(beta));
@@ -105,6 +176,12 @@ static void check_gemm(const char *what, Conv to_t, Acc alpha, Acc beta)
     CUDA_OK(cudaFree(da));
     CUDA_OK(cudaFree(db));
     CUDA_OK(cudaFree(dc));
+}
+
+template <int TM, int TN, int TK, typename T, typename Acc, typename Conv>
+static void check_gemm(const char *what, Conv to_t, Acc alpha, Acc beta)
+{
+    check_product<T, Acc>(what, to_t, alpha, beta, launch_wmma<TM, TN, TK, T, Acc>);
 }
 
 int main()
@@ -126,6 +203,17 @@ int main()
     check_gemm<32, 8, 16, unsigned char, int>("uint8 32x8x16", [](double v) { return (unsigned char)(v + 4); },
                                               1, 0);
     check_gemm<8, 8, 4, double, double>("f64 8x8x4", [](double v) { return v * 0.5; }, 1.0, 1.0);
+
+    // 16x8 tiles of four warps per block.
+    constexpr int MMA_BLOCKS = (M / 16) * (N / 8) / 4;
+    check_product<half, float>("mma.sync f16 m16n8k16 fed by ldmatrix", to_half, 2.0f, -1.0f,
+                               [](const half *a, const half *b, float *c, float alpha, float beta) {
+                                   gemm_mma_sync<<<MMA_BLOCKS, 128>>>(a, b, c, alpha, beta);
+                               });
+    check_product<signed char, int>("mma.sync int8 m16n8k32", [](double v) { return (signed char)(v * 9); }, 1,
+                                    3, [](const signed char *a, const signed char *b, int *c, int alpha, int beta) {
+                                        gemm_mma_sync_s8<<<MMA_BLOCKS, 128>>>(a, b, c, alpha, beta);
+                                    });
 
     // TF32 against a host product of the TF32-rounded inputs.
     {

@@ -530,6 +530,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     ),
     ("cooperative_launches", cooperative_launches),
     (
+        "tensor_core_fragments",
+        crate::conformance_mma::tensor_core_fragments,
+    ),
+    (
         "textures_and_surfaces",
         crate::conformance_textures::textures_and_surfaces,
     ),

@@ -4,6 +4,7 @@
 pub mod conformance;
 pub mod conformance_conditionals;
 pub mod conformance_mem_ops;
+pub mod conformance_mma;
 pub mod conformance_overflow;
 pub mod conformance_streams;
 pub mod conformance_textures;

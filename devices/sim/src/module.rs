@@ -116,12 +116,24 @@ impl std::fmt::Debug for SimModule {
     }
 }
 
-fn ptx_version(text: &str) -> i32 {
+/// `CU_FUNC_ATTRIBUTE_PTX_VERSION` of a PTX module's kernels: the virtual architecture the
+/// PTX was compiled for (`.target sm_52` is 52), as CUDA reports it (`cudaFuncAttributes::
+/// ptxVersion`). It is not the PTX ISA version of `.version`: CUB and Thrust compare it with the
+/// `__CUDA_ARCH__` the kernels were compiled for to pick the tuning the device code was built
+/// with, and a larger value makes the host size tiles the kernels do not use.
+fn ptx_target(text: &str) -> i32 {
     text.lines()
-        .find_map(|l| l.trim().strip_prefix(".version"))
-        .and_then(|v| {
-            let (maj, min) = v.trim().split_once('.')?;
-            Some(maj.trim().parse::<i32>().ok()? * 10 + min.trim().parse::<i32>().ok()?)
+        .find_map(|l| l.trim().strip_prefix(".target"))
+        .and_then(|t| {
+            let first = t
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .find(|w| !w.is_empty())?;
+            let digits: String = first
+                .strip_prefix("sm_")?
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
         })
         .unwrap_or(0)
 }
@@ -225,7 +237,7 @@ impl SimModule {
             .filter(|g| g.space == GlobalSpace::Const)
             .map(|g| g.size)
             .sum();
-        let version = ptx_version(text);
+        let version = ptx_target(text);
         m.kernels = module
             .kernels()
             .iter()
@@ -484,5 +496,21 @@ impl Drop for SimModule {
         for &a in &self.addrs {
             let _ = self.memory.free(a);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_s_ptx_version_is_the_architecture_its_ptx_targets() {
+        let ptx = |target: &str| format!("//\n.version 7.8\n.target {target}\n.address_size 64\n");
+        assert_eq!(ptx_target(&ptx("sm_52")), 52);
+        assert_eq!(ptx_target(&ptx("sm_90a")), 90);
+        assert_eq!(ptx_target(&ptx("sm_80, texmode_independent")), 80);
+        assert_eq!(ptx_target(&ptx("sm_70 ,debug")), 70);
+        assert_eq!(ptx_target("no target here"), 0);
+        assert_eq!(ptx_target(".target compute_80"), 0);
     }
 }

@@ -401,3 +401,22 @@ impl crate::StateBudget for CountingBudget {
         *u = u.checked_sub(bytes).expect("gave back more than was taken");
     }
 }
+
+/// PTX that keeps `count` 64-bit registers live at once, in two parts: the first declares
+/// `%{name}0` … and sets each, the second adds them all into `%{name}_sum` (declared in the
+/// first). Everything between the parts runs with all of them live, so a frame of the
+/// function holds at least `count` registers however the interpreter packs them.
+pub fn live_registers(name: &str, count: usize) -> (String, String) {
+    use std::fmt::Write;
+    let mut set = format!(".reg .b64 %{name}<{count}>;\n.reg .b64 %{name}_sum;\n");
+    let mut add = format!("mov.u64 %{name}_sum, 0;\n");
+    // One immediate for all (each distinct immediate is a register of its own).
+    let _ = writeln!(set, "mov.u64 %{name}0, 1;");
+    for i in 1..count {
+        let _ = writeln!(set, "add.u64 %{name}{i}, %{name}{}, 1;", i - 1);
+    }
+    for i in 0..count {
+        let _ = writeln!(add, "add.u64 %{name}_sum, %{name}_sum, %{name}{i};");
+    }
+    (set, add)
+}

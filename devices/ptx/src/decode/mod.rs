@@ -16,6 +16,12 @@ use crate::{GlobalSpace, GlobalVar, KernelInfo, ParamInfo};
 
 /// Threads per block CUDA allows.
 pub(crate) const MAX_THREADS_PER_BLOCK: u32 = 1024;
+/// Threads of a warp, the unit blocks take registers in.
+const WARP_THREADS: u32 = 32;
+/// 32-bit registers of a multiprocessor (every architecture since sm_30).
+const REGISTERS_PER_MULTIPROCESSOR: u32 = 65536;
+/// Per-thread register counts ptxas allocates in.
+const REGISTER_GRANULE: u32 = 8;
 /// Per-thread stack reserved for calls when the call graph is recursive (CUDA's default
 /// `cudaLimitStackSize`).
 pub(crate) const RECURSIVE_STACK_BYTES: u64 = 1024;
@@ -64,6 +70,8 @@ pub(crate) struct Func {
     pub code: Vec<Inst>,
     pub nregs: u32,
     pub npreds: u32,
+    /// The register unused results are written to.
+    pub sink: Reg,
     /// Hidden registers to initialise at frame setup.
     pub init_regs: Vec<(Reg, SymInit)>,
     /// Constant predicate registers.
@@ -162,6 +170,7 @@ mod memory;
 mod mma;
 mod mods;
 mod module;
+mod regalloc;
 mod select;
 mod texture;
 mod warp;

@@ -288,6 +288,7 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
     }
     for f in &mut funcs {
         cfg::assign_reconvergence_watched(&mut f.code, ticker, f.line)?;
+        regalloc::compact(f, ticker)?;
     }
     // Kernels and their layouts.
     let mut kernels = Vec::new();
@@ -536,7 +537,26 @@ pub(super) fn kernel_info(
             }
         }
     }
-    let _ = min_blocks;
+    // What the kernel reports as its registers: those its frame holds live at once (the
+    // packed count, see `regalloc`; NVVM declares a register per value), within `.maxnreg`
+    // and within what its launch bounds leave, as ptxas fits a kernel's registers so that a
+    // block of `.maxntid` threads (`.minnctapersm` blocks) fits a multiprocessor. Occupancy
+    // queries (CUB sizes its grids by them) depend on it.
+    let bound = (max_threads < MAX_THREADS_PER_BLOCK).then(|| {
+        let threads = max_threads.div_ceil(WARP_THREADS) * WARP_THREADS;
+        let blocks = min_blocks
+            .and_then(|b| u32::try_from(b).ok())
+            .filter(|&b| b > 0)
+            .unwrap_or(1);
+        let per_thread = REGISTERS_PER_MULTIPROCESSOR / threads.saturating_mul(blocks).max(1);
+        (per_thread / REGISTER_GRANULE * REGISTER_GRANULE).max(REGISTER_GRANULE)
+    });
+    let func = &funcs[id as usize];
+    let num_regs = func
+        .declared_regs
+        .min(func.nregs)
+        .min(max_regs)
+        .min(bound.unwrap_or(u32::MAX));
     let info = KernelInfo {
         name: f.name.clone(),
         params: sig.kparams.clone(),
@@ -545,7 +565,7 @@ pub(super) fn kernel_info(
         local_bytes: funcs[id as usize].local_bytes as usize,
         max_threads_per_block: max_threads,
         reqntid,
-        num_regs: funcs[id as usize].declared_regs.min(max_regs),
+        num_regs,
     };
     let layout = KernelLayout {
         func: id,

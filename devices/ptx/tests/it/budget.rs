@@ -10,9 +10,17 @@ use vgpu_ptx::*;
 
 const MIB: u64 = 1 << 20;
 
-/// `rec_big` holds 65536 64-bit registers per frame (16 MiB per warp); `rec_small` a handful.
-/// Both return their argument, by recursing that deep. `local_blocks` gives each of 1024
-/// threads 64 KiB of local memory (64 MiB per block) and writes each block's index.
+/// 64-bit registers `rec_big` keeps live across its call: about 3 MiB per warp and frame.
+const BIG_REGS: usize = 12_000;
+
+/// `rec_big` holds [`BIG_REGS`] live 64-bit registers per frame; `rec_small` a handful. Both
+/// return their argument, by recursing that deep. `local_blocks` gives each of 1024 threads
+/// 64 KiB of local memory (64 MiB per block) and writes each block's index.
+fn recursion() -> String {
+    let (set, sum) = live_registers("big", BIG_REGS);
+    RECURSION.replace("SET_BIG", &set).replace("SUM_BIG", &sum)
+}
+
 const RECURSION: &str = r#"
 .version 7.0
 .target sm_52
@@ -20,12 +28,12 @@ const RECURSION: &str = r#"
 
 .func (.param .b32 ret) rec_big(.param .b32 n)
 {
-    .reg .b64 %big<65536>;
     .reg .b32 %r<4>;
     .reg .pred %p<2>;
     ld.param.b32 %r1, [n];
     setp.eq.s32 %p1, %r1, 0;
     @%p1 bra DONE;
+SET_BIG
     sub.s32 %r2, %r1, 1;
     {
     .param .b32 a;
@@ -34,6 +42,7 @@ const RECURSION: &str = r#"
     call.uni (rv), rec_big, (a);
     ld.param.b32 %r3, [rv];
     }
+SUM_BIG
     add.s32 %r1, %r3, 1;
 DONE:
     st.param.b32 [ret], %r1;
@@ -139,12 +148,12 @@ fn launch(
 
 #[test]
 fn recursion_with_large_frames_stops_at_the_blocks_frame_limit() {
-    let m = Module::load(RECURSION).unwrap();
+    let m = Module::load(&recursion()).unwrap();
     let mem = TestMemory::new();
     let out = mem.alloc(4);
     let budget = Arc::new(CountingBudget::new(64 << 30));
-    // Two warps, 60 deep (within the call-depth limit of 64), 16 MiB a frame per warp: without
-    // a bound on frames this would hold almost 2 GiB.
+    // Two warps, 60 deep (within the call-depth limit of 64), about 3 MiB a frame per warp:
+    // without a bound on frames this would hold 350 MiB (each warp alone 175 MiB).
     let f = launch(
         &m,
         "deep_big",
@@ -179,7 +188,7 @@ fn recursion_with_large_frames_stops_at_the_blocks_frame_limit() {
 
 #[test]
 fn recursion_within_the_limits_runs_and_returns_its_state() {
-    let m = Module::load(RECURSION).unwrap();
+    let m = Module::load(&recursion()).unwrap();
     let mem = TestMemory::new();
     let out = mem.alloc(4);
     let budget = Arc::new(CountingBudget::new(256 * MIB));
@@ -204,17 +213,21 @@ fn recursion_within_the_limits_runs_and_returns_its_state() {
     )
     .unwrap();
     assert_eq!(mem.read::<u32>(out, 1), vec![3]);
-    assert!(budget.peak() >= 3 * 16 * MIB, "peak {}", budget.peak());
+    assert!(
+        budget.peak() >= 3 * BIG_REGS as u64 * 256,
+        "peak {}",
+        budget.peak()
+    );
     assert_eq!(budget.used(), 0);
 }
 
 #[test]
 fn frames_past_the_tenants_budget_fault_as_a_stack_overflow() {
-    let m = Module::load(RECURSION).unwrap();
+    let m = Module::load(&recursion()).unwrap();
     let mem = TestMemory::new();
     let out = mem.alloc(4);
-    // Room for the kernel's own frames, not for one 16 MiB callee frame.
-    let budget = Arc::new(CountingBudget::new(8 * MIB));
+    // Room for the kernel's own frames, not for one 3 MiB callee frame.
+    let budget = Arc::new(CountingBudget::new(MIB));
     let f = launch(
         &m,
         "deep_big",
@@ -232,7 +245,7 @@ fn frames_past_the_tenants_budget_fault_as_a_stack_overflow() {
 
 #[test]
 fn a_launch_with_no_room_for_one_block_gets_out_of_memory_and_runs_nothing() {
-    let m = Module::load(RECURSION).unwrap();
+    let m = Module::load(&recursion()).unwrap();
     let mem = TestMemory::new();
     let out = mem.alloc(4 * 4);
     // 1024 threads × 64 KiB of local memory: 64 MiB a block.
@@ -259,7 +272,7 @@ fn a_launch_with_no_room_for_one_block_gets_out_of_memory_and_runs_nothing() {
 #[test]
 fn a_tight_budget_runs_a_launch_on_fewer_workers() {
     const BLOCKS: u32 = 8;
-    let m = Module::load(RECURSION).unwrap();
+    let m = Module::load(&recursion()).unwrap();
     let mem = TestMemory::new();
     let out = mem.alloc(4 * BLOCKS as usize);
     mem.write(out, &[u32::MAX; BLOCKS as usize]);

@@ -120,15 +120,17 @@ fn too_many_blocks_are_refused_before_anything_runs() {
 /// large register file cannot make the host hold it a thousand times over.
 #[test]
 fn a_cooperative_launch_is_bounded_by_its_register_memory() {
-    let ptx = ".version 7.0\n.target sm_80\n.address_size 64\n\
-               .visible .entry fat() {\n.reg .b64 %r<60000>;\nret;\n}\n";
-    let m = Module::load(ptx).unwrap();
+    let (set, sum) = live_registers("r", 7600);
+    let ptx = format!(
+        ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry fat() {{\n{set}{sum}ret;\n}}\n"
+    );
+    let m = Module::load(&ptx).unwrap();
     let mem = TestMemory::new();
     let ws = mem.alloc(GRID_WORKSPACE_BYTES as usize);
-    // 60000 registers x 128 threads x 8 bytes: about 59 MiB per block.
-    let f = launch(&m, "fat", &Config::linear(8, 128), &[], &mem, ws).unwrap_err();
+    // 7600 live registers x 1024 threads x 8 bytes: about 59 MiB per block.
+    let f = launch(&m, "fat", &Config::linear(8, 1024), &[], &mem, ws).unwrap_err();
     assert_eq!(f.kind, FaultKind::CooperativeTooLarge, "{f}");
     assert!(f.message.contains("MiB of registers"), "{f}");
     // One block fits, cooperatively or not.
-    launch(&m, "fat", &Config::linear(1, 128), &[], &mem, ws).unwrap();
+    launch(&m, "fat", &Config::linear(1, 1024), &[], &mem, ws).unwrap();
 }

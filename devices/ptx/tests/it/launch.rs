@@ -213,12 +213,13 @@ fn bad_configurations_are_rejected() {
     );
 }
 
-/// The register bomb: a 40-byte declaration of a million 64-bit registers
-/// loads at once (the range is not expanded into names), and launching it
-/// fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES before any register file is
-/// allocated; a kernel with thousands of registers still runs.
+/// The register bomb: a 40-byte declaration of a million 64-bit registers loads at once (the
+/// range is not expanded into names) and, as it uses three of them, launches with a frame of a
+/// few registers. A kernel whose registers are live at once is refused with
+/// CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES before any register file is allocated, as is the bomb
+/// when its control flow is too large for its registers to be packed.
 #[test]
-fn a_register_bomb_loads_cheaply_and_cannot_launch() {
+fn a_register_bomb_loads_cheaply_and_holds_only_the_registers_it_uses() {
     let ptx = r#"
 .version 8.0
 .target sm_80
@@ -228,17 +229,9 @@ fn a_register_bomb_loads_cheaply_and_cannot_launch() {
     .reg .b64 %rd<1048000>;
     .reg .pred %p<1000>;
     ld.param.u64 %rd1047999, [p];
+    cvta.to.global.u64 %rd5, %rd1047999;
     setp.eq.u64 %p999, %rd1047999, 0;
-    ret;
-}
-.visible .entry big(.param .u64 p)
-{
-    .reg .b32 %r<4000>;
-    .reg .b64 %rd<3>;
-    ld.param.u64 %rd1, [p];
-    cvta.to.global.u64 %rd2, %rd1;
-    mov.u32 %r3999, 7;
-    st.global.u32 [%rd2], %r3999;
+    st.global.u32 [%rd5], 9;
     ret;
 }
 "#;
@@ -248,13 +241,35 @@ fn a_register_bomb_loads_cheaply_and_cannot_launch() {
     let mem = TestMemory::new();
     let out = mem.alloc(4);
     let params = [Arg::U64(out)];
-    let e = run(&m, "bomb", &Config::linear(1, 1024), &params, &mem, &[]).unwrap_err();
+    run(&m, "bomb", &Config::linear(1, 1024), &params, &mem, &[]).unwrap();
+    assert_eq!(mem.read::<u32>(out, 1), [9]);
+
+    // 8200 registers live at once in 1024 threads: more than 64 MiB of registers.
+    let (set, sum) = live_registers("r", 8200);
+    let live = format!(
+        ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry live() {{\n{set}{sum}ret;\n}}\n"
+    );
+    let m = Module::load(&live).unwrap();
+    let e = run(&m, "live", &Config::linear(1, 1024), &[], &mem, &[]).unwrap_err();
     assert_eq!(e.kind, FaultKind::OutOfResources, "{e}");
     assert_eq!(e.cuda_error(), 701);
     assert!(!e.is_sticky());
     assert!(e.message.contains("registers"), "{e}");
-    run(&m, "big", &Config::linear(1, 1024), &params, &mem, &[]).unwrap();
-    assert_eq!(mem.read::<u32>(out, 1), [7]);
+    run(&m, "live", &Config::linear(1, 256), &[], &mem, &[]).unwrap();
+
+    // The bomb again, with more branches than its registers can be packed over.
+    let mut branchy = String::from(
+        ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry bomb()\n{\n.reg .b64 %rd<1048000>;\n.reg .pred %p<2>;\nmov.u64 %rd1047999, 0;\nsetp.eq.u64 %p1, %rd1047999, 0;\n",
+    );
+    for i in 0..300 {
+        branchy.push_str(&format!("@%p1 bra L{i};\nL{i}:\n"));
+    }
+    branchy.push_str("ret;\n}\n");
+    let t = std::time::Instant::now();
+    let m = Module::load(&branchy).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let e = run(&m, "bomb", &Config::linear(1, 1024), &[], &mem, &[]).unwrap_err();
+    assert_eq!(e.kind, FaultKind::OutOfResources, "{e}");
 }
 
 #[test]
@@ -263,16 +278,27 @@ fn maxnreg_caps_the_registers_a_kernel_reports() {
 .version 8.0
 .target sm_80
 .address_size 64
-.visible .entry limited() .maxnreg 16 { .reg .b32 %r<40>; ret; }
-.visible .entry free() { .reg .b32 %r<40>; ret; }
+.visible .entry limited() .maxnreg 16 { LIVE }
+.visible .entry free() { LIVE }
+.visible .entry bounded() .maxntid 384 { LIVE }
+.visible .entry bounded_twice() .maxntid 256 .minnctapersm 2 { LIVE }
+.visible .entry declared() { .reg .b32 %r<4000>; mov.u32 %r3999, 1; ret; }
 .visible .entry bad() .maxnreg 0 { ret; }
 "#;
-    let err = Module::load(ptx).unwrap_err();
+    let (set, sum) = live_registers("r", 300);
+    let ptx = ptx.replace("LIVE", &format!("{set}{sum}ret;"));
+    let err = Module::load(&ptx).unwrap_err();
     assert!(err.to_string().contains(".maxnreg"), "{err}");
     let ptx = ptx.replace(".visible .entry bad() .maxnreg 0 { ret; }", "");
     let m = Module::load(&ptx).unwrap();
-    assert_eq!(m.kernel("limited").unwrap().num_regs, 16);
-    assert!(m.kernel("free").unwrap().num_regs >= 40);
+    let regs = |k: &str| m.kernel(k).unwrap().num_regs;
+    assert_eq!(regs("limited"), 16);
+    assert!(regs("free") >= 300, "{}", regs("free"));
+    // A block of 384 threads fits 65536 registers at 170 each, allocated by 8: 168.
+    assert_eq!(regs("bounded"), 168);
+    assert_eq!(regs("bounded_twice"), 128);
+    // Registers declared but never live at once are not reported.
+    assert!(regs("declared") < 8, "{}", regs("declared"));
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod memory;
 mod mipmap;
 mod mma;
 mod mma_sync;
+mod regalloc;
 mod texref;
 mod texture;
 mod warp;

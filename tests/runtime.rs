@@ -140,6 +140,14 @@ fn nvcc_programs_multiply_on_tensor_cores() {
     run_nvcc_program("tensor_cores", 11, ALL_RUNTIMES);
 }
 
+/// Thrust and CUB (nvcc 11.8's, version 1.17): radix and merge sorts, reductions, scans,
+/// compaction, partitions, searches, histograms, segmented reductions, run-length encoding and
+/// CUB's block and warp collectives, against the host's answers, on every runtime.
+#[test]
+fn nvcc_programs_run_thrust_and_cub() {
+    run_nvcc_program("thrust", 23, ALL_RUNTIMES);
+}
+
 /// Texture and surface references (CUDA 11's `texture<>` and `surface<>`, gone from CUDA 12's
 /// runtime): bound to arrays, linear and pitched memory, rebound, queried.
 #[test]

@@ -18,8 +18,8 @@
 //!   as read as well as written (they are live before it).
 //!
 //! Registers the frame initialises (immediates, symbol addresses) and the sink that unused
-//! results go to keep registers of their own. A function too large for the analysis' bound
-//! keeps its registers as declared.
+//! results go to keep registers of their own. A function too large for the analysis' bounds
+//! (its sets' size, its passes) keeps its registers as declared.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -32,6 +32,10 @@ use crate::watch::Ticker;
 /// Most 64-bit words the liveness sets of one function may take (blocks × registers / 64);
 /// past it the function keeps its registers as declared.
 const MAX_LIVENESS_WORDS: usize = 1 << 22;
+/// Most passes over the blocks before liveness must have settled: compilers' control flow
+/// settles in a few (loop nesting depth plus two); a function that has not keeps its registers
+/// as declared.
+const MAX_LIVENESS_PASSES: usize = 64;
 
 /// How an instruction touches a register.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -398,7 +402,10 @@ pub(crate) fn compact(func: &mut Func, ticker: &mut Ticker<'_>) -> Result<(), Lo
             }
         }
     };
-    loop {
+    for pass in 0.. {
+        if pass == MAX_LIVENESS_PASSES {
+            return Ok(());
+        }
         let mut changed = false;
         for b in (0..nb).rev() {
             live_out(&live_in, b, &mut out);

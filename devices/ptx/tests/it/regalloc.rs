@@ -143,3 +143,36 @@ fn a_kernel_reports_the_registers_it_holds_live_not_those_it_declares() {
     let regs = m.kernel("k").unwrap().num_regs;
     assert!(regs < declared / 2, "{regs} registers");
 }
+
+#[test]
+fn control_flow_that_settles_slowly_keeps_the_registers_as_declared() {
+    // A chain of 100 blocks, each jumping to the one laid out before it: liveness moves one
+    // block per pass, past the analysis' bound, so the registers stay as declared and the
+    // kernel still computes the same.
+    let mut body = String::from("mov.u32 %r3, 0;\nadd.u32 %r5, %r1, 1;\nbra.uni B99;\n");
+    for i in 0..100 {
+        body += &format!("B{i}:\nadd.u32 %r3, %r3, %r5;\n");
+        body += &if i == 0 {
+            "bra.uni END;\n".to_string()
+        } else {
+            format!("bra.uni B{};\n", i - 1)
+        };
+    }
+    body += "END:\n";
+    let ptx = kernel("k", &body).replace(".reg .b32 %r<40>;", ".reg .b32 %r<5000>;");
+    let got = lanes(&ptx, "k");
+    for (t, g) in got.iter().enumerate() {
+        assert_eq!(*g, 100 * (t as u32 + 1), "lane {t}");
+    }
+    let m = Module::load(&ptx).unwrap();
+    assert!(m.kernel("k").unwrap().num_regs >= 5000);
+    // The same blocks in control-flow order settle at once and pack.
+    let mut body = String::from("mov.u32 %r3, 0;\nadd.u32 %r5, %r1, 1;\n");
+    for i in (0..100).rev() {
+        body += &format!("B{i}:\nadd.u32 %r3, %r3, %r5;\n");
+    }
+    let ptx = kernel("k", &body).replace(".reg .b32 %r<40>;", ".reg .b32 %r<5000>;");
+    let got = lanes(&ptx, "k");
+    assert_eq!(got[3], 400);
+    assert!(Module::load(&ptx).unwrap().kernel("k").unwrap().num_regs < 16);
+}

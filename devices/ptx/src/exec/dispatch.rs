@@ -1021,33 +1021,20 @@ impl<'a> Worker<'a> {
                         }
                         write_masked(&mut regs[*d as usize], m, &out);
                     }
-                    // Warp-wide: a warp whose guard holds in no lane skips them.
-                    Op::WmmaLoad(op) if m != 0 => {
-                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
-                        self.wmma_load(w, regs, m, op, inst.line)?;
-                    }
-                    Op::WmmaStore(op) if m != 0 => {
-                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
-                        self.wmma_store(w, regs, m, op, inst.line)?;
-                    }
-                    Op::WmmaMma(op) if m != 0 => mma::wmma_mma(regs, op),
-                    Op::MmaSync(op) if m != 0 => mma::mma_sync(regs, m, op),
-                    Op::LdMatrix(op) if m != 0 => {
-                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
-                        self.ldmatrix(w, regs, m, op, inst.line)?;
-                    }
-                    Op::StMatrix(op) if m != 0 => {
-                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
-                        self.stmatrix(w, regs, op, inst.line)?;
-                    }
-                    Op::MovMatrix { d, a } if m != 0 => mma::movmatrix(regs, m, *d, *a),
+                    // Warp-wide: a warp whose guard holds in no lane skips them. Out of line,
+                    // so that they cost the other instructions' dispatch nothing.
                     Op::WmmaLoad(_)
                     | Op::WmmaStore(_)
                     | Op::WmmaMma(_)
                     | Op::MmaSync(_)
                     | Op::LdMatrix(_)
                     | Op::StMatrix(_)
-                    | Op::MovMatrix { .. } => {}
+                    | Op::MovMatrix { .. } => {
+                        if m != 0 {
+                            let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                            self.matrix_op(w, regs, m, &inst.op, inst.line)?;
+                        }
+                    }
                     Op::CvtTf32 { d, a } => {
                         map1(regs, m, *d, *a, |x| u64::from(mma::tf32_rna(x as u32)));
                     }

@@ -110,6 +110,38 @@ pub(super) fn tf32_rna(x: u32) -> u32 {
 }
 
 impl<'a> Worker<'a> {
+    /// A warp matrix instruction (`wmma`, `mma.sync`, `ldmatrix`, `stmatrix`, `movmatrix`) for
+    /// the lanes in `m` (not empty).
+    #[inline(never)]
+    pub(super) fn matrix_op(
+        &mut self,
+        w: WarpRef<'_>,
+        regs: &mut [[u64; 32]],
+        m: u32,
+        op: &Op,
+        line: u32,
+    ) -> Result<(), Fault> {
+        match op {
+            Op::WmmaLoad(op) => self.wmma_load(w, regs, m, op, line),
+            Op::WmmaStore(op) => self.wmma_store(w, regs, m, op, line),
+            Op::WmmaMma(op) => {
+                wmma_mma(regs, op);
+                Ok(())
+            }
+            Op::MmaSync(op) => {
+                mma_sync(regs, m, op);
+                Ok(())
+            }
+            Op::LdMatrix(op) => self.ldmatrix(w, regs, m, op, line),
+            Op::StMatrix(op) => self.stmatrix(w, regs, op, line),
+            Op::MovMatrix { d, a } => {
+                movmatrix(regs, m, *d, *a);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Device addresses of the elements of a `wmma.load`'s or `wmma.store`'s matrix, row-major,
     /// from the first active lane's address and stride (PTX requires every lane to give the
     /// same ones).

@@ -148,6 +148,15 @@ fn nvcc_programs_run_thrust_and_cub() {
     run_nvcc_program("thrust", 23, ALL_RUNTIMES);
 }
 
+/// Asynchronous copies and split barriers (`cp.async`, `mbarrier`): cooperative groups'
+/// `memcpy_async`, `cuda::barrier` with `cuda::memcpy_async` over several phases, tokens,
+/// `arrive_and_drop`, `cuda::pipeline`, and a warp spinning with `__nanosleep` on another's
+/// write, on every runtime.
+#[test]
+fn nvcc_programs_copy_asynchronously_and_wait_on_split_barriers() {
+    run_nvcc_program("async_copies", 6, ALL_RUNTIMES);
+}
+
 /// Texture and surface references (CUDA 11's `texture<>` and `surface<>`, gone from CUDA 12's
 /// runtime): bound to arrays, linear and pitched memory, rebound, queried.
 #[test]

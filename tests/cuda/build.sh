@@ -49,7 +49,7 @@ if ! command -v "$CCBIN" >/dev/null 2>&1; then
     exit 0
 fi
 
-PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs cooperative textures mipmaps tensor_cores texrefs thrust)
+PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs cooperative textures mipmaps tensor_cores texrefs thrust async_copies)
 # texrefs.cu uses texture and surface references, which CUDA 12 removed from the
 # runtime: it is built for nvcc 11.8's own runtime (static and shared) only.
 cuda11_only() { [ "$1" = texrefs ]; }
@@ -62,11 +62,12 @@ quiet_of() {
 # PTX only (code=compute_52, no code=sm_52 cubin): the simulated GPU
 # interprets PTX. compute_52 is the oldest target nvcc 11.8 does not call
 # deprecated (compute_35/37 warn). cooperative.cu needs compute 6.0 (a
-# grid-wide barrier): compute_70. tensor_cores.cu needs compute 8.0 (bf16 and tf32 fragments).
+# grid-wide barrier): compute_70. tensor_cores.cu needs compute 8.0 (bf16 and tf32 fragments),
+# async_copies.cu too (cp.async and mbarrier).
 gencode_of() {
     case "$1" in
         cooperative) echo "-gencode arch=compute_70,code=compute_70" ;;
-        tensor_cores) echo "-gencode arch=compute_80,code=compute_80" ;;
+        tensor_cores | async_copies) echo "-gencode arch=compute_80,code=compute_80" ;;
         *) echo "-gencode arch=compute_52,code=compute_52" ;;
     esac
 }

@@ -633,6 +633,39 @@ pub(crate) struct MatrixMem {
     pub off: i64,
 }
 
+/// What an `mbarrier` instruction does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MbarKind {
+    /// `mbarrier.init [a], count`.
+    Init,
+    /// `mbarrier.inval [a]`.
+    Inval,
+    /// `mbarrier.arrive state, [a]{, count}`; `drop`: `arrive_drop`, which also lowers the
+    /// arrivals the next phases expect.
+    Arrive { drop: bool },
+    /// `mbarrier.test_wait` and `try_wait`: whether the phase named by a state (or, with
+    /// `.parity`, by its parity) has completed.
+    TestWait { parity: bool },
+    /// `mbarrier.pending_count count, state`.
+    PendingCount,
+}
+
+/// An `mbarrier` instruction on the 8-byte barrier object at `[base + off]`.
+#[derive(Debug, Clone)]
+pub(crate) struct Mbarrier {
+    pub kind: MbarKind,
+    pub space: Space,
+    pub base: Reg,
+    pub off: i64,
+    /// The state (`arrive`) or count (`pending_count`) written; `NONE` for the others.
+    pub d: Reg,
+    /// The completion predicate of `test_wait` and `try_wait`; `NONE` for the others.
+    pub p: Pred,
+    /// The count (`init`, `arrive`; `NONE`: 1), state or parity (`test_wait`), state
+    /// (`pending_count`).
+    pub a: Reg,
+}
+
 /// `suld.b` or `sust.b`.
 #[derive(Debug, Clone)]
 pub(crate) struct SurfOp {
@@ -1001,6 +1034,11 @@ pub(crate) enum Op {
     LdMatrix(Box<MatrixMem>),
     /// `stmatrix`.
     StMatrix(Box<MatrixMem>),
+    /// `mbarrier.*` and `cp.async.mbarrier.arrive.noinc`.
+    Mbarrier(Box<Mbarrier>),
+    /// `nanosleep`: the warp lets the block's other warps run first (a spin loop that backs
+    /// off with it waits on them).
+    Yield,
     /// `movmatrix.sync.aligned.m8n8.trans.b16`: the transpose of an 8x8 matrix of 16-bit
     /// elements held as `ldmatrix` leaves one.
     MovMatrix {

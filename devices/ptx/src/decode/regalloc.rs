@@ -53,7 +53,13 @@ pub(crate) fn visit_regs(op: &mut Op, f: &mut impl FnMut(&mut Reg, Access)) {
         }
     };
     match op {
+        Op::Mbarrier(b) => {
+            one(&mut b.base, Use);
+            one(&mut b.a, Use);
+            one(&mut b.d, Def);
+        }
         Op::Nop
+        | Op::Yield
         | Op::Setp { .. }
         | Op::PLogic { .. }
         | Op::PNot { .. }

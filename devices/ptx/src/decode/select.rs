@@ -120,8 +120,12 @@ impl FnCtx<'_> {
             }
             "exit" => Op::Exit,
             "trap" => Op::Trap,
-            "brkpt" | "pmevent" | "nanosleep" | "prefetch" | "prefetchu" | "griddepcontrol"
-            | "discard" | "applypriority" | "setmaxnreg" => return Ok(None),
+            "nanosleep" => {
+                m.types();
+                Op::Yield
+            }
+            "brkpt" | "pmevent" | "prefetch" | "prefetchu" | "griddepcontrol" | "discard"
+            | "applypriority" | "setmaxnreg" => return Ok(None),
             "bar" | "barrier" => self.sel_bar(ins, &mut m)?,
             "membar" | "fence" => {
                 return Ok(Some(Op::Fence));
@@ -216,6 +220,7 @@ impl FnCtx<'_> {
                 }
             }
             "cp" => self.sel_cp(ins, &mut m)?,
+            "mbarrier" => self.sel_mbarrier(ins, &mut m)?,
             "tex" | "tld4" => self.sel_tex(ins, &mut m)?,
             "wmma" => self.sel_wmma(ins, &mut m)?,
             "mma" => self.sel_mma(ins, &mut m)?,

@@ -170,8 +170,11 @@ impl FnCtx<'_> {
         m.has("shared");
         m.has("shared::cta");
         m.has("global");
+        if m.has("mbarrier") {
+            return self.sel_cp_mbarrier(ins, m);
+        }
         let hint = m.has("L2::cache_hint");
-        if m.has("bulk") || m.has("mbarrier") {
+        if m.has("bulk") {
             return Err(unsupported(ins));
         }
         let o = &ins.operands;
@@ -204,5 +207,165 @@ impl FnCtx<'_> {
             size,
             src_size,
         })
+    }
+
+    /// `cp.async.mbarrier.arrive{.noinc}.shared.b64 [a]`: an arrive once the thread's earlier
+    /// `cp.async` copies are done, which they are (they run at once). Without `.noinc` the
+    /// arrival's count is added to the pending count first, so nothing changes.
+    fn sel_cp_mbarrier(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        if !m.has("arrive") || !m.has("b64") {
+            return Err(unsupported(ins));
+        }
+        let noinc = m.has("noinc");
+        let space = m.space();
+        let o = self.ops(ins, 1)?;
+        let Addr::Reg(base, off) = self.address(&o[0], space)? else {
+            return Err(unsupported(ins));
+        };
+        m.finish(ins)?;
+        if !noinc {
+            return Ok(Op::Nop);
+        }
+        Ok(Op::Mbarrier(Box::new(Mbarrier {
+            kind: MbarKind::Arrive { drop: false },
+            space,
+            base,
+            off,
+            d: self.sink,
+            p: NONE,
+            a: NONE,
+        })))
+    }
+
+    /// `mbarrier.init`, `inval`, `arrive`, `arrive_drop`, `test_wait`, `try_wait` (each with
+    /// `.parity` where it has one) and `pending_count`, on barrier objects in shared memory
+    /// (or generic addresses of it). The transaction counts of Hopper's bulk copies
+    /// (`expect_tx`, `complete_tx`) and barriers of other blocks of a cluster are refused.
+    pub(super) fn sel_mbarrier(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
+        let kind = m
+            .any(&[
+                "init",
+                "inval",
+                "arrive",
+                "arrive_drop",
+                "test_wait",
+                "try_wait",
+                "pending_count",
+            ])
+            .ok_or_else(|| unsupported(ins))?;
+        if m.has("expect_tx") || m.has("noComplete") || m.has("shared::cluster") {
+            return Err(unsupported(ins));
+        }
+        // Orderings and scopes: the interpreter's shared memory is sequentially consistent.
+        for sem in ["release", "acquire", "relaxed", "cluster"] {
+            m.has(sem);
+        }
+        let parity = m.has("parity");
+        if !m.has("b64") {
+            return Err(unsupported(ins));
+        }
+        let space = m.space();
+        let o = &ins.operands;
+        let addr = |this: &mut Self, op: &Operand| -> DResult<(Reg, i64)> {
+            match this.address(op, space)? {
+                Addr::Reg(base, off) => Ok((base, off)),
+                _ => Err(unsupported(ins)),
+            }
+        };
+        let count = |n: usize| -> DResult<()> {
+            if o.len() == n {
+                Ok(())
+            } else {
+                Err(self.err(format!(
+                    "`{}` expects {n} operands, found {}",
+                    ins.full_name(),
+                    o.len()
+                )))
+            }
+        };
+        let op = match kind {
+            "init" => {
+                count(2)?;
+                let (base, off) = addr(self, &o[0])?;
+                Mbarrier {
+                    kind: MbarKind::Init,
+                    space,
+                    base,
+                    off,
+                    d: NONE,
+                    p: NONE,
+                    a: self.val(&o[1], Ty::U32)?,
+                }
+            }
+            "inval" => {
+                count(1)?;
+                let (base, off) = addr(self, &o[0])?;
+                Mbarrier {
+                    kind: MbarKind::Inval,
+                    space,
+                    base,
+                    off,
+                    d: NONE,
+                    p: NONE,
+                    a: NONE,
+                }
+            }
+            "arrive" | "arrive_drop" => {
+                if !(2..=3).contains(&o.len()) {
+                    return Err(self.err(format!("`{}` expects 2 or 3 operands", ins.full_name())));
+                }
+                let d = self.dst(&o[0])?;
+                let (base, off) = addr(self, &o[1])?;
+                let a = match o.get(2) {
+                    Some(c) => self.val(c, Ty::U32)?,
+                    None => NONE,
+                };
+                Mbarrier {
+                    kind: MbarKind::Arrive {
+                        drop: kind == "arrive_drop",
+                    },
+                    space,
+                    base,
+                    off,
+                    d,
+                    p: NONE,
+                    a,
+                }
+            }
+            "test_wait" | "try_wait" => {
+                // try_wait's optional suspend-time hint changes nothing here.
+                if !(3..=4).contains(&o.len()) || (kind == "test_wait" && o.len() == 4) {
+                    return Err(self.err(format!(
+                        "`{}` has the wrong number of operands",
+                        ins.full_name()
+                    )));
+                }
+                let p = self.pred_dst(&o[0])?;
+                let (base, off) = addr(self, &o[1])?;
+                let a = self.val(&o[2], if parity { Ty::U32 } else { Ty::B64 })?;
+                Mbarrier {
+                    kind: MbarKind::TestWait { parity },
+                    space,
+                    base,
+                    off,
+                    d: NONE,
+                    p,
+                    a,
+                }
+            }
+            _ => {
+                count(2)?;
+                Mbarrier {
+                    kind: MbarKind::PendingCount,
+                    space,
+                    base: NONE,
+                    off: 0,
+                    d: self.dst(&o[0])?,
+                    p: NONE,
+                    a: self.val(&o[1], Ty::B64)?,
+                }
+            }
+        };
+        Ok(Op::Mbarrier(Box::new(op)))
     }
 }

@@ -1035,6 +1035,25 @@ impl<'a> Worker<'a> {
                             self.matrix_op(w, regs, m, &inst.op, inst.line)?;
                         }
                     }
+                    Op::Mbarrier(op) if m != 0 => {
+                        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                        let done = self.mbarrier(w, regs, m, op, inst.line)?;
+                        if op.p != NONE {
+                            let pr = &mut frame.preds[op.p as usize];
+                            *pr = (*pr & !m) | done;
+                            if done != m {
+                                warp.stack[depth].pc = pc + 1;
+                                return Ok(Stop::Yield);
+                            }
+                        }
+                    }
+                    Op::Mbarrier(_) => {}
+                    Op::Yield => {
+                        if m != 0 {
+                            warp.stack[depth].pc = pc + 1;
+                            return Ok(Stop::Yield);
+                        }
+                    }
                     Op::CvtTf32 { d, a } => {
                         map1(regs, m, *d, *a, |x| u64::from(mma::tf32_rna(x as u32)));
                     }

@@ -179,6 +179,9 @@ struct Barrier {
 enum Stop {
     Done,
     Barrier,
+    /// The warp waits on the block's other warps (an `mbarrier` wait that found its phase
+    /// incomplete, `nanosleep`): they run before it goes on.
+    Yield,
 }
 
 /// Per-worker state: memory caches, the current block's shared/local memory and warps.
@@ -228,6 +231,7 @@ mod calls;
 mod dispatch;
 mod fp;
 mod int;
+mod mbarrier;
 mod memory;
 mod mma;
 mod sched;

@@ -255,6 +255,7 @@ impl<'a> Worker<'a> {
                 match stop {
                     Stop::Done => warps[wi].state = WState::Done,
                     Stop::Barrier => warps[wi].state = WState::Barrier,
+                    Stop::Yield => {}
                 }
                 self.release_barriers(warps);
             }

@@ -12,6 +12,7 @@ mod floatops;
 mod half;
 mod intops;
 mod launch;
+mod mbarrier;
 mod memory;
 mod mipmap;
 mod mma;

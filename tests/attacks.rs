@@ -1282,7 +1282,9 @@ fn a_virtio_queue_flood_is_held_to_the_in_flight_limit() {
 
 /// Hand-written PTX for the interpreter-state attacks: `heavy` gives each thread 128 KiB of
 /// local memory (128 MiB for a block of 1024 threads), and `deep` recurses `depth` calls into
-/// `rec`, whose frames hold 65536 64-bit registers (16 MiB per warp and call).
+/// `rec`, whose frames hold 65536 64-bit registers (16 MiB per warp and call): its control flow
+/// (a chain of blocks laid out backwards, `CHAIN`) is one the interpreter's register packing
+/// gives up on, so every declared register stays in the frame.
 const INTERPRETER_BOMBS: &str = r#"
 .version 7.0
 .target sm_52
@@ -1296,6 +1298,7 @@ const INTERPRETER_BOMBS: &str = r#"
     ld.param.b32 %r1, [n];
     setp.eq.s32 %p1, %r1, 0;
     @%p1 bra DONE;
+CHAIN
     sub.s32 %r2, %r1, 1;
     {
     .param .b32 a;
@@ -1349,10 +1352,26 @@ const ILLEGAL_ADDRESS: u32 = 700;
 /// `CUDA_ERROR_INVALID_PTX`.
 const INVALID_PTX: u32 = 218;
 
-/// Loads [`INTERPRETER_BOMBS`] and allocates a small output buffer: (module, buffer).
+/// [`INTERPRETER_BOMBS`] with its chain: 100 blocks, each jumping to the one laid out before
+/// it and reading `%big65535`, so liveness settles one block per pass.
+fn interpreter_bombs() -> String {
+    let mut chain = String::from("    bra.uni C99;\n");
+    for i in 0..100 {
+        chain += &format!("C{i}:\n    add.u64 %big65535, %big65535, 1;\n");
+        chain += &if i == 0 {
+            "    bra.uni CHAIN_END;\n".to_string()
+        } else {
+            format!("    bra.uni C{};\n", i - 1)
+        };
+    }
+    chain += "CHAIN_END:";
+    INTERPRETER_BOMBS.replace("CHAIN", &chain)
+}
+
+/// Loads [`interpreter_bombs`] and allocates a small output buffer: (module, buffer).
 fn load_bombs(c: &mut TestClient<UnixStream>, ctx: u64) -> (u64, u64) {
     let module = c
-        .call(&msg::ModuleLoad { ctx }, INTERPRETER_BOMBS.as_bytes())
+        .call(&msg::ModuleLoad { ctx }, interpreter_bombs().as_bytes())
         .unwrap()
         .0
         .handle;
@@ -1613,8 +1632,9 @@ unix_socket = "@DIR@/full.sock"
     // The session answers, and a small module loads.
     c.call(&msg::MemAlloc { ctx, size: 4096 }, &[]).unwrap();
     assert_eq!(d.vm("cut")["limits"]["modules"]["used"].as_u64(), Some(0));
-    c.call(&msg::ModuleLoad { ctx }, INTERPRETER_BOMBS.as_bytes())
-        .unwrap();
+    const SMALL: &str =
+        ".version 7.0\n.target sm_52\n.address_size 64\n.visible .entry k()\n{\n    ret;\n}\n";
+    c.call(&msg::ModuleLoad { ctx }, SMALL.as_bytes()).unwrap();
     // A guest that sends the load and leaves: its session ends well before the load would.
     let (mut g, gctx) = session(&d, "full");
     let sessions = || d.vm("full")["sessions"].as_array().map_or(0, Vec::len);

@@ -298,8 +298,10 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// The register bomb from issue 17: a kernel declaring a million 64-bit
 /// registers, launched with 1024-thread blocks, used to grow vgpud by about
-/// 0.5 GB/s. Now the launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
-/// (701, not sticky), vgpud's memory stays put, and another VM runs normally.
+/// 0.5 GB/s. Now it runs in a frame of the few registers it uses, the same
+/// declaration with control flow that defeats register packing fails with
+/// CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701, not sticky), vgpud's memory
+/// stays put, and another VM runs normally.
 #[test]
 fn a_register_bomb_is_refused_and_vgpud_does_not_grow() {
     let mut d = Vgpud::start_limited(

@@ -11,7 +11,8 @@
  *   driver_api probe PTR           try to read, write and free a pointer we do not own
  *   driver_api wait BYTES          allocate BYTES, queue long kernels, print "waiting",
  *                                  then wait for them in cuCtxSynchronize
- *   driver_api bomb                launch a kernel declaring a million registers: refused
+ *   driver_api bomb                a kernel declaring a million registers runs on the few it
+ *                                  uses; one whose registers cannot be packed is refused
  *                                  with LAUNCH_OUT_OF_RESOURCES, and the context goes on
  *   driver_api modules N           load modules until one is refused (at most N): prints
  *                                  "loaded K" and the refusal's code, then checks that
@@ -250,11 +251,33 @@ static int wait_for_kernels(size_t bytes) {
     return cuCtxSynchronize() != 0;
 }
 
-/* The register bomb: a million 64-bit registers in a 40-byte declaration. */
+/* The register bomb: a million 64-bit registers in a 40-byte declaration. As the kernel uses
+ * one, the interpreter packs them into a frame of a few and the launch runs. */
 static const char BOMB[] =
     ".version 7.0\n.target sm_52\n.address_size 64\n"
     ".visible .entry bomb(.param .u64 p)\n{\n .reg .b64 %rd<1048000>;\n"
     " ld.param.u64 %rd1047999, [p];\n ret;\n}\n";
+
+/* The bomb with control flow that register packing gives up on (100 blocks, each jumping to the
+ * one laid out before it, with values live through them: liveness settles one block per pass),
+ * so its frames would hold every declared register: 8 GiB per block of 1024 threads. */
+static char *chained_bomb(void) {
+    size_t cap = 16384, n = 0;
+    char *s = malloc(cap);
+    n += snprintf(s + n, cap - n,
+                  ".version 7.0\n.target sm_52\n.address_size 64\n"
+                  ".visible .entry bomb(.param .u64 p)\n{\n .reg .b64 %%rd<1048000>;\n"
+                  " ld.param.u64 %%rd1047999, [p];\n mov.u64 %%rd7, 5;\n bra.uni C99;\n");
+    for (int i = 0; i < 100; i++) {
+        n += snprintf(s + n, cap - n, "C%d:\n add.u64 %%rd9, %%rd9, 1;\n", i);
+        if (i == 0)
+            n += snprintf(s + n, cap - n, " bra.uni END;\n");
+        else
+            n += snprintf(s + n, cap - n, " bra.uni C%d;\n", i - 1);
+    }
+    snprintf(s + n, cap - n, "END:\n st.global.u64 [%%rd1047999], %%rd7;\n ret;\n}\n");
+    return s;
+}
 
 static int bomb(void) {
     setup();
@@ -264,8 +287,15 @@ static int bomb(void) {
     check("the bomb loads", cuModuleLoadData(&m, BOMB), 0);
     check("cuModuleGetFunction", cuModuleGetFunction(&f, m, "bomb"), 0);
     void *args[] = {&d};
+    CUresult r = cuLaunchKernel(f, 64, 1, 1, 1024, 1, 1, 0, 0, args, 0);
+    if (r == 0) r = cuCtxSynchronize();
+    check("the bomb's packed registers launch", r, 0);
+    char *chained = chained_bomb();
+    check("the chained bomb loads", cuModuleLoadData(&m, chained), 0);
+    free(chained);
+    check("cuModuleGetFunction", cuModuleGetFunction(&f, m, "bomb"), 0);
     for (int i = 0; i < 4; i++) {
-        CUresult r = cuLaunchKernel(f, 64, 1, 1, 1024, 1, 1, 0, 0, args, 0);
+        r = cuLaunchKernel(f, 64, 1, 1, 1024, 1, 1, 0, 0, args, 0);
         if (r == 0) r = cuCtxSynchronize();
         check("the launch is refused for lack of resources", r, 701);
     }

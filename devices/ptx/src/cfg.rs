@@ -5,26 +5,20 @@ use crate::error::LoadError;
 use crate::ir::{Inst, NONE, Op};
 use crate::watch::Ticker;
 
-/// Sets `rpc` of every `bra` to the first instruction of its block's immediate post-dominator
-/// (`NONE` when the paths only meet at function exit).
-#[cfg(test)]
-pub(crate) fn assign_reconvergence(code: &mut [Inst]) {
-    let _ = assign_reconvergence_watched(code, &mut Ticker::none(), 0);
+/// The basic blocks of a function's code.
+pub(crate) struct Blocks {
+    /// Each block's first instruction, in order.
+    pub starts: Vec<usize>,
+    /// The block of each instruction.
+    pub block_of: Vec<usize>,
+    /// Each block's successors; `starts.len()` stands for the function's exit.
+    pub succ: Vec<Vec<usize>>,
 }
 
-/// [`assign_reconvergence`] of the function at PTX line `line`, asking `ticker` whether to go
-/// on as it goes (hostile control flow can make the fixed point slow).
-pub(crate) fn assign_reconvergence_watched(
-    code: &mut [Inst],
-    ticker: &mut Ticker<'_>,
-    line: usize,
-) -> Result<(), LoadError> {
+/// The basic blocks of `code` (not empty): a block ends at a branch, `ret`, `exit` or `trap`,
+/// or before a branch target; a guarded one also falls through.
+pub(crate) fn basic_blocks(code: &[Inst]) -> Blocks {
     let n = code.len();
-    if n == 0 {
-        return Ok(());
-    }
-    ticker.tick(n as u64, line)?;
-    // Basic-block leaders.
     let mut leader = vec![false; n + 1];
     leader[0] = true;
     for (i, ins) in code.iter().enumerate() {
@@ -49,34 +43,70 @@ pub(crate) fn assign_reconvergence_watched(
     }
     let nb = starts.len();
     let exit = nb;
-    // Successors per block (exit node = nb).
-    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); nb + 1];
-    for b in 0..nb {
-        let end = if b + 1 < nb { starts[b + 1] } else { n } - 1;
-        let ins = &code[end];
-        let guarded = ins.guard != NONE;
-        let next = if end + 1 < n { block_of[end + 1] } else { exit };
-        match &ins.op {
-            Op::Bra { target, .. } => {
-                let t = if (*target as usize) < n {
-                    block_of[*target as usize]
-                } else {
-                    exit
-                };
-                succ[b].push(t);
-                if guarded {
-                    succ[b].push(next);
+    let succ = (0..nb)
+        .map(|b| {
+            let end = starts.get(b + 1).copied().unwrap_or(n) - 1;
+            let ins = &code[end];
+            let guarded = ins.guard != NONE;
+            let next = if end + 1 < n { block_of[end + 1] } else { exit };
+            let mut s = Vec::new();
+            match &ins.op {
+                Op::Bra { target, .. } => {
+                    s.push(if (*target as usize) < n {
+                        block_of[*target as usize]
+                    } else {
+                        exit
+                    });
+                    if guarded {
+                        s.push(next);
+                    }
                 }
-            }
-            Op::Ret | Op::Exit | Op::Trap => {
-                succ[b].push(exit);
-                if guarded {
-                    succ[b].push(next);
+                Op::Ret | Op::Exit | Op::Trap => {
+                    s.push(exit);
+                    if guarded {
+                        s.push(next);
+                    }
                 }
+                _ => s.push(next),
             }
-            _ => succ[b].push(next),
-        }
+            s
+        })
+        .collect();
+    Blocks {
+        starts,
+        block_of,
+        succ,
     }
+}
+
+/// Sets `rpc` of every `bra` to the first instruction of its block's immediate post-dominator
+/// (`NONE` when the paths only meet at function exit).
+#[cfg(test)]
+pub(crate) fn assign_reconvergence(code: &mut [Inst]) {
+    let _ = assign_reconvergence_watched(code, &mut Ticker::none(), 0);
+}
+
+/// [`assign_reconvergence`] of the function at PTX line `line`, asking `ticker` whether to go
+/// on as it goes (hostile control flow can make the fixed point slow).
+pub(crate) fn assign_reconvergence_watched(
+    code: &mut [Inst],
+    ticker: &mut Ticker<'_>,
+    line: usize,
+) -> Result<(), LoadError> {
+    let n = code.len();
+    if n == 0 {
+        return Ok(());
+    }
+    ticker.tick(n as u64, line)?;
+    let Blocks {
+        starts,
+        block_of,
+        mut succ,
+    } = basic_blocks(code);
+    let nb = starts.len();
+    let exit = nb;
+    // The exit node has no successors.
+    succ.push(Vec::new());
     // Post-order of the reverse graph from the exit node (iterative DFS over predecessors).
     let mut preds: Vec<Vec<usize>> = vec![Vec::new(); nb + 1];
     for (b, ss) in succ.iter().enumerate() {

@@ -586,28 +586,13 @@ pub(crate) struct WmmaMem {
     pub stride: Reg,
 }
 
-/// `wmma.mma`: D = A x B + C over a warp's fragments.
+/// `wmma.mma` or `mma.sync`: D = A x B + C over a warp's fragments (laid out as the
+/// interpreter chooses for `wmma`, as the PTX ISA specifies for `mma.sync`).
 #[derive(Debug, Clone)]
-pub(crate) struct WmmaMma {
-    pub shape: MmaShape,
-    pub ab: MmaTy,
-    pub c: MmaTy,
-    pub d: MmaTy,
-    /// `.satfinite`: integer results saturate instead of wrapping.
-    pub satfinite: bool,
-    pub regs_d: Vec<Reg>,
-    pub regs_a: Vec<Reg>,
-    pub regs_b: Vec<Reg>,
-    pub regs_c: Vec<Reg>,
-}
-
-/// `mma.sync.aligned`: D = A x B + C over fragments laid out across the warp as the PTX ISA
-/// specifies for each shape and type (lane `4 * g + t` holds elements in row or column `g`).
-#[derive(Debug, Clone)]
-pub(crate) struct MmaSync {
+pub(crate) struct Mma {
     pub shape: MmaShape,
     pub a: MmaTy,
-    /// B's element type: A's, except that `.s8` and `.u8` mix.
+    /// B's element type: A's, except that `mma.sync`'s `.s8` and `.u8` mix.
     pub b: MmaTy,
     pub c: MmaTy,
     pub d: MmaTy,
@@ -1027,9 +1012,9 @@ pub(crate) enum Op {
     /// `wmma.store.d`.
     WmmaStore(Box<WmmaMem>),
     /// `wmma.mma`.
-    WmmaMma(Box<WmmaMma>),
+    WmmaMma(Box<Mma>),
     /// `mma.sync`.
-    MmaSync(Box<MmaSync>),
+    MmaSync(Box<Mma>),
     /// `ldmatrix`.
     LdMatrix(Box<MatrixMem>),
     /// `stmatrix`.

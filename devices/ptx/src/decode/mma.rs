@@ -170,9 +170,10 @@ impl FnCtx<'_> {
                 self.check_fragment(shape, MmaFrag::A, ab, regs_a.len())?;
                 self.check_fragment(shape, MmaFrag::B, ab, regs_b.len())?;
                 self.check_fragment(shape, MmaFrag::C, c, regs_c.len())?;
-                Ok(Op::WmmaMma(Box::new(WmmaMma {
+                Ok(Op::WmmaMma(Box::new(Mma {
                     shape,
-                    ab,
+                    a: ab,
+                    b: ab,
                     c,
                     d,
                     satfinite,
@@ -304,7 +305,7 @@ impl FnCtx<'_> {
         self.check_sync_fragment(shape, MmaFrag::A, a, regs_a.len())?;
         self.check_sync_fragment(shape, MmaFrag::B, b, regs_b.len())?;
         self.check_sync_fragment(shape, MmaFrag::C, c, regs_c.len())?;
-        Ok(Op::MmaSync(Box::new(MmaSync {
+        Ok(Op::MmaSync(Box::new(Mma {
             shape,
             a,
             b,

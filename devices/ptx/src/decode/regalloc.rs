@@ -25,6 +25,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::Func;
+use crate::cfg;
 use crate::error::LoadError;
 use crate::ir::*;
 use crate::watch::Ticker;
@@ -213,18 +214,7 @@ pub(crate) fn visit_regs(op: &mut Op, f: &mut impl FnMut(&mut Reg, Access)) {
             one(&mut w.stride, Use);
             w.regs.iter_mut().for_each(|r| one(r, Use));
         }
-        Op::WmmaMma(w) => {
-            for r in w
-                .regs_a
-                .iter_mut()
-                .chain(&mut w.regs_b)
-                .chain(&mut w.regs_c)
-            {
-                one(r, Use);
-            }
-            w.regs_d.iter_mut().for_each(|r| one(r, Def));
-        }
-        Op::MmaSync(w) => {
+        Op::WmmaMma(w) | Op::MmaSync(w) => {
             for r in w
                 .regs_a
                 .iter_mut()
@@ -282,57 +272,6 @@ fn accesses(ins: &mut Inst, n: usize, pinned: &[bool], uses: &mut Vec<Reg>, defs
     });
 }
 
-/// Basic blocks of `code`: their first instructions, and each block's successors.
-fn blocks(code: &[Inst]) -> (Vec<usize>, Vec<Vec<usize>>) {
-    let n = code.len();
-    let mut leader = vec![false; n + 1];
-    leader[0] = true;
-    for (i, ins) in code.iter().enumerate() {
-        match &ins.op {
-            Op::Bra { target, .. } => {
-                if (*target as usize) < n {
-                    leader[*target as usize] = true;
-                }
-                leader[i + 1] = true;
-            }
-            Op::Ret | Op::Exit | Op::Trap => leader[i + 1] = true,
-            _ => {}
-        }
-    }
-    let starts: Vec<usize> = (0..n).filter(|&i| leader[i]).collect();
-    let mut block_of = vec![0usize; n];
-    for (b, &s) in starts.iter().enumerate() {
-        let end = starts.get(b + 1).copied().unwrap_or(n);
-        block_of[s..end].iter_mut().for_each(|x| *x = b);
-    }
-    let succ = (0..starts.len())
-        .map(|b| {
-            let last = starts.get(b + 1).copied().unwrap_or(n) - 1;
-            let ins = &code[last];
-            let next = (last + 1 < n).then(|| block_of[last + 1]);
-            let mut s = Vec::new();
-            match &ins.op {
-                Op::Bra { target, .. } => {
-                    if (*target as usize) < n {
-                        s.push(block_of[*target as usize]);
-                    }
-                    if ins.guard != NONE {
-                        s.extend(next);
-                    }
-                }
-                Op::Ret | Op::Exit | Op::Trap => {
-                    if ins.guard != NONE {
-                        s.extend(next);
-                    }
-                }
-                _ => s.extend(next),
-            }
-            s
-        })
-        .collect();
-    (starts, succ)
-}
-
 /// Fixed-size bit sets, `words` 64-bit words each, in one vector.
 struct Sets {
     words: usize,
@@ -357,7 +296,7 @@ pub(crate) fn compact(func: &mut Func, ticker: &mut Ticker<'_>) -> Result<(), Lo
     for &(r, _) in &func.init_regs {
         pinned[r as usize] = true;
     }
-    let (starts, succ) = blocks(&func.code);
+    let cfg::Blocks { starts, succ, .. } = cfg::basic_blocks(&func.code);
     let nb = starts.len();
     let words = n.div_ceil(64);
     if nb.saturating_mul(words) > MAX_LIVENESS_WORDS {
@@ -402,7 +341,8 @@ pub(crate) fn compact(func: &mut Func, ticker: &mut Ticker<'_>) -> Result<(), Lo
     let mut out = vec![0u64; words];
     let live_out = |live_in: &Sets, b: usize, out: &mut [u64]| {
         out.iter_mut().for_each(|w| *w = 0);
-        for &s in &succ[b] {
+        // The function's exit (`nb`) has nothing live.
+        for &s in succ[b].iter().filter(|&&s| s < nb) {
             for (o, i) in out.iter_mut().zip(live_in.set(s)) {
                 *o |= i;
             }

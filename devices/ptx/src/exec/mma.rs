@@ -211,44 +211,23 @@ impl<'a> Worker<'a> {
 }
 
 /// `wmma.mma`: D = A x B + C over the warp's fragments.
-pub(super) fn wmma_mma(regs: &mut [[u64; 32]], op: &WmmaMma) {
+pub(super) fn wmma_mma(regs: &mut [[u64; 32]], op: &Mma) {
     let (m, n, k) = (
         usize::from(op.shape.m),
         usize::from(op.shape.n),
         usize::from(op.shape.k),
     );
-    let a = gather(regs, &op.regs_a, op.ab, m * k);
-    let b = gather(regs, &op.regs_b, op.ab, k * n);
+    let a = gather(regs, &op.regs_a, op.a, m * k);
+    let b = gather(regs, &op.regs_b, op.b, k * n);
     let c = gather(regs, &op.regs_c, op.c, m * n);
-    let types = Types {
-        a: op.ab,
-        b: op.ab,
-        c: op.c,
-        d: op.d,
-    };
-    let d = multiply(op.shape, types, op.satfinite, &a, &b, &c);
+    let d = multiply(op, &a, &b, &c);
     scatter(regs, &op.regs_d, op.d, &d);
 }
 
-/// Element types of a matrix multiply-accumulate.
-#[derive(Clone, Copy)]
-struct Types {
-    a: MmaTy,
-    b: MmaTy,
-    c: MmaTy,
-    d: MmaTy,
-}
-
-/// D = A x B + C of `shape` over row-major matrices of element bits; integer sums saturate
-/// when `satfinite`.
-fn multiply(
-    shape: MmaShape,
-    t: Types,
-    satfinite: bool,
-    a: &[u64],
-    b: &[u64],
-    c: &[u64],
-) -> Vec<u64> {
+/// D = A x B + C in `op`'s shape and types over row-major matrices of element bits; integer
+/// sums saturate with `.satfinite`.
+fn multiply(op: &Mma, a: &[u64], b: &[u64], c: &[u64]) -> Vec<u64> {
+    let (shape, t, satfinite) = (op.shape, op, op.satfinite);
     let (m, n, k) = (
         usize::from(shape.m),
         usize::from(shape.n),
@@ -359,17 +338,11 @@ fn sync_gather(
 
 /// `mma.sync`: D = A x B + C over fragments laid out as the PTX ISA specifies; lanes outside
 /// `mask` keep their registers.
-pub(super) fn mma_sync(regs: &mut [[u64; 32]], mask: u32, op: &MmaSync) {
+pub(super) fn mma_sync(regs: &mut [[u64; 32]], mask: u32, op: &Mma) {
     let a = sync_gather(regs, &op.regs_a, op.shape, MmaFrag::A, op.a);
     let b = sync_gather(regs, &op.regs_b, op.shape, MmaFrag::B, op.b);
     let c = sync_gather(regs, &op.regs_c, op.shape, MmaFrag::C, op.c);
-    let types = Types {
-        a: op.a,
-        b: op.b,
-        c: op.c,
-        d: op.d,
-    };
-    let d = multiply(op.shape, types, op.satfinite, &a, &b, &c);
+    let d = multiply(op, &a, &b, &c);
     let cols = usize::from(op.shape.n);
     let per = op.d.per_reg();
     let bits = op.d.bits();

@@ -156,3 +156,36 @@ fn barriers_at_bad_addresses_fault_and_cluster_forms_are_refused() {
         assert_eq!(e.kind, LoadErrorKind::NotSupported, "{inst}: {e}");
     }
 }
+
+#[test]
+fn a_wait_that_can_never_complete_ends_at_the_watchdog() {
+    // Two warps wait on a barrier expecting three arrivals per thread: they take turns
+    // forever, and the launch's deadline ends it.
+    let body = "setp.eq.u32 %p1, %r1, 0;\n@%p1 mbarrier.init.shared.b64 [bar], 192;\nbar.sync 0;\n\
+                mbarrier.arrive.shared.b64 %rd5, [bar];\n\
+                WAIT:\nmbarrier.test_wait.shared.b64 %p3, [bar], %rd5;\n@!%p3 bra WAIT;\n";
+    let m = Module::load(&kernel(body)).unwrap();
+    let mem = TestMemory::new();
+    let out = mem.alloc(4);
+    let control = LaunchControl::new();
+    let deadline = std::time::Duration::from_millis(100);
+    control.set_timeout(deadline);
+    let params = pack_params(m.kernel("k").unwrap(), &[Arg::U64(out)]);
+    let start = std::time::Instant::now();
+    let f = m
+        .launch(&Launch {
+            kernel: "k",
+            grid: [1, 1, 1],
+            block: [64, 1, 1],
+            dynamic_shared: 0,
+            params: &params,
+            globals: &[],
+            memory: &mem,
+            start_block: 0,
+            workers: 1,
+            control: &control,
+        })
+        .unwrap_err();
+    assert_eq!((f.kind, f.cuda_error()), (FaultKind::Timeout, 702), "{f}");
+    assert!(start.elapsed() >= deadline);
+}

@@ -697,3 +697,140 @@ mod tests {
         assert!(fmax(-0.0f32, 0.0, false, false, true).is_sign_positive());
     }
 }
+
+/// The 8-bit floating-point formats of `cvt` (sm_89): E4M3 (bias 7, three mantissa bits, no
+/// infinities: its largest code is NaN, its largest finite value 448) and E5M2 (bias 15, two
+/// mantissa bits, IEEE-like: infinities and NaNs above 57 344).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fp8 {
+    E4M3,
+    E5M2,
+}
+
+/// The code PTX gives a NaN result in either format.
+const FP8_NAN: u8 = 0x7f;
+const FP8_SIGN: u8 = 0x80;
+
+impl Fp8 {
+    fn mantissa_bits(self) -> u32 {
+        match self {
+            Fp8::E4M3 => 3,
+            Fp8::E5M2 => 2,
+        }
+    }
+
+    fn bias(self) -> i32 {
+        match self {
+            Fp8::E4M3 => 7,
+            Fp8::E5M2 => 15,
+        }
+    }
+
+    /// The largest finite magnitude's code.
+    fn max_finite(self) -> u8 {
+        match self {
+            Fp8::E4M3 => 0x7e,
+            Fp8::E5M2 => 0x7b,
+        }
+    }
+
+    /// The value of `code`.
+    pub(crate) fn decode(self, code: u8) -> f32 {
+        let mag = code & !FP8_SIGN;
+        let v = if mag > self.max_finite() {
+            if self == Fp8::E5M2 && mag == 0x7c {
+                f32::INFINITY
+            } else {
+                f32::NAN
+            }
+        } else {
+            let m = self.mantissa_bits();
+            let (exp, mant) = (i32::from(mag >> m), f64::from(mag & ((1 << m) - 1)));
+            let scale = f64::from(1u32 << m);
+            if exp == 0 {
+                (mant / scale * 2f64.powi(1 - self.bias())) as f32
+            } else {
+                ((1.0 + mant / scale) * 2f64.powi(exp - self.bias())) as f32
+            }
+        };
+        if code & FP8_SIGN != 0 { -v } else { v }
+    }
+
+    /// `x` rounded to the nearest code (ties to the even one), magnitudes past the largest
+    /// finite one saturated to it (`.satfinite`, infinities too), NaN to the canonical NaN;
+    /// with `relu` negative values become +0.
+    pub(crate) fn encode_satfinite(self, x: f32, relu: bool) -> u8 {
+        if x.is_nan() {
+            return FP8_NAN;
+        }
+        if relu && x.is_sign_negative() {
+            return 0;
+        }
+        let sign = if x.is_sign_negative() { FP8_SIGN } else { 0 };
+        let a = x.abs();
+        let max = self.max_finite();
+        if a >= self.decode(max) {
+            return sign | max;
+        }
+        // The largest code not above `a`, then the nearer of it and the next.
+        let (mut lo, mut hi) = (0u8, max);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if self.decode(mid) <= a {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let (below, above) = (f64::from(self.decode(lo)), f64::from(self.decode(hi)));
+        let a = f64::from(a);
+        let code = if a - below < above - a || (a - below == above - a && lo % 2 == 0) {
+            lo
+        } else {
+            hi
+        };
+        sign | code
+    }
+}
+
+#[cfg(test)]
+mod fp8_tests {
+    use super::Fp8;
+
+    #[test]
+    fn known_values_round_trip_and_saturate() {
+        for (f, x, code) in [
+            (Fp8::E4M3, 1.0f32, 0x38u8),
+            (Fp8::E4M3, 448.0, 0x7e),
+            (Fp8::E4M3, -2.0, 0xc0),
+            (Fp8::E4M3, 2f32.powi(-9), 0x01),
+            (Fp8::E4M3, 0.0, 0x00),
+            (Fp8::E5M2, 1.0, 0x3c),
+            (Fp8::E5M2, 57344.0, 0x7b),
+            (Fp8::E5M2, 2f32.powi(-16), 0x01),
+            (Fp8::E5M2, -0.5, 0xb8),
+        ] {
+            assert_eq!(f.encode_satfinite(x, false), code, "{f:?} {x}");
+            assert_eq!(f.decode(code), x, "{f:?} {code:#x}");
+        }
+        // Past the largest finite value, infinities and NaN.
+        assert_eq!(Fp8::E4M3.encode_satfinite(1000.0, false), 0x7e);
+        assert_eq!(Fp8::E4M3.encode_satfinite(f32::NEG_INFINITY, false), 0xfe);
+        assert_eq!(Fp8::E5M2.encode_satfinite(f32::INFINITY, false), 0x7b);
+        assert_eq!(Fp8::E5M2.encode_satfinite(f32::NAN, false), 0x7f);
+        assert!(Fp8::E4M3.decode(0x7f).is_nan());
+        assert_eq!(Fp8::E5M2.decode(0x7c), f32::INFINITY);
+        // Ties to even: 1.0625 lies halfway between 1.0 (0x38) and 1.125 (0x39) in E4M3.
+        assert_eq!(Fp8::E4M3.encode_satfinite(1.0625, false), 0x38);
+        assert_eq!(Fp8::E4M3.encode_satfinite(1.1875, false), 0x3a);
+        // relu.
+        assert_eq!(Fp8::E4M3.encode_satfinite(-3.0, true), 0x00);
+        assert_eq!(Fp8::E4M3.encode_satfinite(3.0, true), 0x44);
+        // Every code's value encodes back to it.
+        for f in [Fp8::E4M3, Fp8::E5M2] {
+            for c in 0..=f.max_finite() {
+                assert_eq!(f.encode_satfinite(f.decode(c), false), c, "{f:?} {c:#x}");
+            }
+        }
+    }
+}

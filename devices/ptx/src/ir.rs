@@ -618,6 +618,17 @@ pub(crate) struct MatrixMem {
     pub off: i64,
 }
 
+/// An FP8 conversion (`cvt` with `.e4m3x2` or `.e5m2x2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fp8Cvt {
+    /// `cvt.rn.satfinite{.relu}.{e4m3x2,e5m2x2}.f32 d, a, b`: `a` to the upper byte.
+    FromF32,
+    /// `cvt.rn.satfinite{.relu}.{e4m3x2,e5m2x2}.f16x2 d, a`.
+    FromF16x2,
+    /// `cvt.rn{.relu}.f16x2.{e4m3x2,e5m2x2} d, a`.
+    ToF16x2,
+}
+
 /// What an `mbarrier` instruction does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MbarKind {
@@ -1019,6 +1030,15 @@ pub(crate) enum Op {
     LdMatrix(Box<MatrixMem>),
     /// `stmatrix`.
     StMatrix(Box<MatrixMem>),
+    /// An FP8 conversion of two values; `b` is `NONE` but for `Fp8Cvt::FromF32`.
+    CvtFp8 {
+        kind: Fp8Cvt,
+        format: crate::float::Fp8,
+        relu: bool,
+        d: Reg,
+        a: Reg,
+        b: Reg,
+    },
     /// `mbarrier.*` and `cp.async.mbarrier.arrive.noinc`.
     Mbarrier(Box<Mbarrier>),
     /// `nanosleep`: the warp lets the block's other warps run first (a spin loop that backs

@@ -19,6 +19,9 @@ impl FnCtx<'_> {
                 a: self.val(&o[1], Ty::F32)?,
             });
         }
+        if let Some(f) = m.any(&["e4m3x2", "e5m2x2"]) {
+            return self.sel_cvt_fp8(ins, m, f, rnd, relu);
+        }
         let t = m.types();
         if t.len() != 2 {
             return Err(self.err("cvt needs two types"));
@@ -58,6 +61,66 @@ impl FnCtx<'_> {
             rnd,
             sat,
             ftz,
+        })
+    }
+
+    /// `cvt` to or from a pair of FP8 values in format `f` (`e4m3x2` or `e5m2x2`): from two
+    /// `.f32` or an `.f16x2` (`.rn.satfinite`), or to an `.f16x2` (`.rn`).
+    fn sel_cvt_fp8(
+        &mut self,
+        ins: &Instr,
+        m: &mut Mods,
+        f: &str,
+        rnd: Rnd,
+        relu: bool,
+    ) -> DResult<Op> {
+        let format = if f == "e4m3x2" {
+            float::Fp8::E4M3
+        } else {
+            float::Fp8::E5M2
+        };
+        let satfinite = m.has("satfinite");
+        let t = m.types();
+        // Which comes first in the name, the FP8 pair or the other type, says which is the
+        // destination.
+        let at = |name: &str| ins.mods.iter().position(|x| x == name);
+        let (Some(fp8_at), [other]) = (at(f), t.as_slice()) else {
+            return Err(unsupported(ins));
+        };
+        let other_at = at(match other {
+            Ty::F32 => "f32",
+            Ty::F16x2 => "f16x2",
+            _ => return Err(unsupported(ins)),
+        })
+        .unwrap_or(0);
+        let to_fp8 = fp8_at < other_at;
+        let kind = match (to_fp8, other) {
+            (true, Ty::F32) => Fp8Cvt::FromF32,
+            (true, _) => Fp8Cvt::FromF16x2,
+            (false, Ty::F16x2) => Fp8Cvt::ToF16x2,
+            _ => return Err(unsupported(ins)),
+        };
+        if rnd != Rnd::Rn || satfinite != to_fp8 {
+            return Err(unsupported(ins));
+        }
+        let o = self.ops(ins, if kind == Fp8Cvt::FromF32 { 3 } else { 2 })?;
+        Ok(Op::CvtFp8 {
+            kind,
+            format,
+            relu,
+            d: self.dst(&o[0])?,
+            a: self.val(
+                &o[1],
+                if kind == Fp8Cvt::FromF32 {
+                    Ty::F32
+                } else {
+                    Ty::B32
+                },
+            )?,
+            b: match o.get(2) {
+                Some(b) => self.val(b, Ty::F32)?,
+                None => NONE,
+            },
         })
     }
 

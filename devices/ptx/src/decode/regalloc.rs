@@ -54,6 +54,11 @@ pub(crate) fn visit_regs(op: &mut Op, f: &mut impl FnMut(&mut Reg, Access)) {
         }
     };
     match op {
+        Op::CvtFp8 { d, a, b, .. } => {
+            one(a, Use);
+            one(b, Use);
+            one(d, Def);
+        }
         Op::Mbarrier(b) => {
             one(&mut b.base, Use);
             one(&mut b.a, Use);

@@ -9,6 +9,7 @@ mod cubemap;
 mod deviceio;
 mod faults;
 mod floatops;
+mod fp8;
 mod half;
 mod intops;
 mod launch;

@@ -1061,42 +1061,7 @@ impl<'a> Worker<'a> {
                         d,
                         a,
                         b,
-                    } => {
-                        for l in (0..32).filter(|l| m >> l & 1 != 0) {
-                            let av = regs[*a as usize][l];
-                            let v = match kind {
-                                Fp8Cvt::FromF32 => {
-                                    let bv = regs[*b as usize][l];
-                                    let enc = |x: u64| {
-                                        u64::from(
-                                            format
-                                                .encode_satfinite(f32::from_bits(x as u32), *relu),
-                                        )
-                                    };
-                                    (enc(av) << 8) | enc(bv)
-                                }
-                                Fp8Cvt::FromF16x2 => {
-                                    let enc =
-                                        |h: u64| {
-                                            u64::from(format.encode_satfinite(
-                                                float::f16_to_f32(h as u16),
-                                                *relu,
-                                            ))
-                                        };
-                                    (enc(av >> 16) << 8) | enc(av & 0xffff)
-                                }
-                                Fp8Cvt::ToF16x2 => {
-                                    let dec = |c: u64| {
-                                        let x = format.decode(c as u8);
-                                        let x = if *relu && x < 0.0 { 0.0 } else { x };
-                                        u64::from(float::f32_to_f16(x, Rnd::Rn))
-                                    };
-                                    (dec((av >> 8) & 0xff) << 16) | dec(av & 0xff)
-                                }
-                            };
-                            regs[*d as usize][l] = v;
-                        }
-                    }
+                    } => fp::cvt_fp8(regs, m, *kind, *format, *relu, [*d, *a, *b]),
                     Op::CvtTf32 { d, a } => {
                         map1(regs, m, *d, *a, |x| u64::from(mma::tf32_rna(x as u32)));
                     }

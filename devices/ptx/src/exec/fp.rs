@@ -608,3 +608,39 @@ pub(super) fn cvt_one(x: u64, dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool) 
         _ => 0,
     }
 }
+
+/// An FP8 conversion (`cvt` with `.e4m3x2`/`.e5m2x2`) for the lanes in `m`; `[d, a, b]` its
+/// registers (`b` only for [`Fp8Cvt::FromF32`]). Out of line: it is rare.
+#[inline(never)]
+pub(super) fn cvt_fp8(
+    regs: &mut [[u64; 32]],
+    m: u32,
+    kind: Fp8Cvt,
+    format: float::Fp8,
+    relu: bool,
+    [d, a, b]: [Reg; 3],
+) {
+    for l in (0..32).filter(|l| m >> l & 1 != 0) {
+        let av = regs[a as usize][l];
+        let enc = |x: f32| u64::from(format.encode_satfinite(x, relu));
+        let v = match kind {
+            Fp8Cvt::FromF32 => {
+                let bv = regs[b as usize][l];
+                (enc(f32::from_bits(av as u32)) << 8) | enc(f32::from_bits(bv as u32))
+            }
+            Fp8Cvt::FromF16x2 => {
+                let half = |h: u64| enc(float::f16_to_f32(h as u16));
+                (half(av >> 16) << 8) | half(av & 0xffff)
+            }
+            Fp8Cvt::ToF16x2 => {
+                let dec = |c: u64| {
+                    let x = format.decode(c as u8);
+                    let x = if relu && x < 0.0 { 0.0 } else { x };
+                    u64::from(float::f32_to_f16(x, Rnd::Rn))
+                };
+                (dec((av >> 8) & 0xff) << 16) | dec(av & 0xff)
+            }
+        };
+        regs[d as usize][l] = v;
+    }
+}

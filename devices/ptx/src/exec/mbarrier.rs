@@ -50,6 +50,8 @@ fn arrive(obj: u64, count: u64, drop: bool) -> (u64, u64) {
 impl<'a> Worker<'a> {
     /// An `mbarrier` instruction for the lanes in `m`: writes `op.d` and returns the lanes
     /// whose wait found its phase complete (`test_wait`, `try_wait`; all of `m` otherwise).
+    /// Out of line, so that it costs the other instructions' dispatch nothing.
+    #[inline(never)]
     pub(super) fn mbarrier(
         &mut self,
         w: WarpRef<'_>,

@@ -29,6 +29,8 @@ const GROUP: usize = 4;
 const ROWS_PER_SET: usize = 8;
 /// Rows and columns of an `ldmatrix`, `stmatrix` or `movmatrix` matrix.
 const MATRIX_DIM: usize = 8;
+/// Matrices one `ldmatrix` or `stmatrix` moves at most (`.x4`).
+const MAX_MATRICES: usize = 4;
 /// Bytes of one of its rows (eight 16-bit elements), which must be aligned to as many.
 const MATRIX_ROW_BYTES: u64 = 16;
 /// Mantissa bits of an `f32` that TF32 drops.
@@ -421,9 +423,9 @@ impl<'a> Worker<'a> {
         line: u32,
     ) -> Result<(), Fault> {
         const WORD: usize = 8;
-        let mut mats = Vec::with_capacity(op.regs.len());
-        for j in 0..op.regs.len() {
-            let mut m = [[0u16; MATRIX_DIM]; MATRIX_DIM];
+        // At most four matrices (`.x4`): read them all before writing any register.
+        let mut mats = [[[0u16; MATRIX_DIM]; MATRIX_DIM]; MAX_MATRICES];
+        for (j, m) in mats.iter_mut().enumerate().take(op.regs.len()) {
             for (i, row) in m.iter_mut().enumerate() {
                 let (lane, a) = Self::matrix_row_address(regs, op, j, i);
                 let fault = |this: &Self, e| {
@@ -448,7 +450,6 @@ impl<'a> Worker<'a> {
                     }
                 }
             }
-            mats.push(m);
         }
         for (&r, m) in op.regs.iter().zip(&mats) {
             set_matrix(regs, r, mask, m, op.trans);

@@ -136,6 +136,7 @@ impl<'a> Worker<'a> {
                                     AccessError::Misaligned,
                                 ));
                             }
+                            let _whole = memory::VectorLock::for_access(*space, *n, total, addr);
                             for i in 0..usize::from(*n) {
                                 let a = addr.wrapping_add((i * size) as u64);
                                 let w = warp_ref(&warp.tid, warp.idx, warp.valid);
@@ -196,6 +197,7 @@ impl<'a> Worker<'a> {
                                     AccessError::Misaligned,
                                 ));
                             }
+                            let _whole = memory::VectorLock::for_access(*space, *n, total, addr);
                             for i in 0..usize::from(*n) {
                                 let a = addr.wrapping_add((i * size) as u64);
                                 let v = regs[s[i] as usize][l as usize];

@@ -2,6 +2,47 @@
 //! parameter windows of generic addresses, and loads and stores in any state space.
 
 use super::*;
+use std::sync::atomic::AtomicBool;
+
+/// Stripes of [`VectorLock`].
+const VECTOR_LOCK_STRIPES: usize = 64;
+/// One lock per stripe of 16-byte-aligned addresses.
+static VECTOR_LOCKS: [AtomicBool; VECTOR_LOCK_STRIPES] =
+    [const { AtomicBool::new(false) }; VECTOR_LOCK_STRIPES];
+
+/// Makes a vector access of global memory (8 or 16 bytes, `ld.v2.u64` and the like) one access
+/// for every other vector access of the same address: the interpreter moves a vector element
+/// by element, and a GPU moves an aligned vector at once. CUB's decoupled look-back depends on
+/// it: a tile publishes its status and value with one `st.v2.u64` and its successors read both
+/// with one `ld.v2.u64` while it runs on another worker; read element by element they saw a
+/// new status with an old value (wrong scans, partitions and run-length encodings, now and
+/// then). Held for one lane's access; released when dropped.
+pub(super) struct VectorLock(&'static AtomicBool);
+
+impl VectorLock {
+    pub(super) fn new(addr: u64) -> VectorLock {
+        let l = &VECTOR_LOCKS[(addr >> 4) as usize % VECTOR_LOCK_STRIPES];
+        while l
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        VectorLock(l)
+    }
+
+    /// The lock a vector access of `total` bytes in `n` elements at `addr` in `space` takes.
+    pub(super) fn for_access(space: Space, n: u8, total: usize, addr: u64) -> Option<VectorLock> {
+        (n > 1 && total >= 8 && matches!(space, Space::Global | Space::Generic))
+            .then(|| VectorLock::new(addr))
+    }
+}
+
+impl Drop for VectorLock {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
 
 impl<'a> Worker<'a> {
     // ---- global memory -------------------------------------------------------------------

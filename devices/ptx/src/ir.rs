@@ -395,6 +395,12 @@ pub(crate) enum Builtin {
     /// `cudaGraphSetConditional(handle, value)`: sets a conditional handle of the graph launch
     /// the kernel runs in.
     SetConditional,
+    /// `malloc(size)`: device heap memory, 16-byte aligned, or `NULL`.
+    Malloc,
+    /// `__nv_aligned_device_malloc(size, align)`: `malloc` at a multiple of `align`.
+    AlignedMalloc,
+    /// `free(ptr)`: gives back what `malloc` returned (`NULL`: nothing).
+    Free,
 }
 
 /// A call of a [`Builtin`].

@@ -22,6 +22,7 @@ mod devrt;
 mod error;
 mod exec;
 mod float;
+pub mod heap;
 mod ir;
 mod lexer;
 pub mod mem;
@@ -255,6 +256,7 @@ pub struct LaunchControl {
     grid_workspace: AtomicU64,
     state_budget: Mutex<Option<Arc<dyn StateBudget>>>,
     conditionals: Mutex<Option<Arc<dyn GraphConditionals>>>,
+    heap: Mutex<Option<Arc<dyn heap::DeviceHeap>>>,
 }
 
 impl LaunchControl {
@@ -424,6 +426,23 @@ impl LaunchControl {
             Err(p) => p.into_inner().clone(),
         }
     }
+
+    /// The device heap the launch's `malloc` and `free` use (`None`: `malloc` answers `NULL`,
+    /// and `free` of anything but `NULL` faults).
+    pub fn set_heap(&self, heap: Option<Arc<dyn heap::DeviceHeap>>) {
+        match self.heap.lock() {
+            Ok(mut g) => *g = heap,
+            Err(p) => *p.into_inner() = heap,
+        }
+    }
+
+    /// The device heap the launch's kernels use.
+    pub fn heap(&self) -> Option<Arc<dyn heap::DeviceHeap>> {
+        match self.heap.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
 }
 
 /// Takes one block's interpreter state (`per_block` bytes) for each of `workers` workers from
@@ -534,6 +553,12 @@ impl Module {
     /// A kernel by name.
     pub fn kernel(&self, name: &str) -> Option<&KernelInfo> {
         self.prog.kernels.iter().find(|k| k.name == name)
+    }
+
+    /// Whether its kernels may call the device heap (`malloc`, `free`): a launch of one needs
+    /// [`LaunchControl::set_heap`], or their `malloc` answers `NULL`.
+    pub fn uses_heap(&self) -> bool {
+        self.prog.uses_heap
     }
 
     /// Module-scope `.global` and `.const` variables in a fixed order.
@@ -682,6 +707,7 @@ impl Module {
         )?;
         let output = launch.control.output();
         let conditionals = launch.control.conditionals();
+        let heap = launch.control.heap();
         let ctx = exec::Ctx {
             prog: &self.prog,
             layout,
@@ -702,6 +728,7 @@ impl Module {
             stop: &stop,
             output: output.as_deref(),
             conditionals: conditionals.as_deref(),
+            heap: heap.as_deref(),
             grid_workspace,
             budget: budget.as_deref(),
             frames_paid,

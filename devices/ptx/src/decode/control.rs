@@ -101,7 +101,7 @@ impl FnCtx<'_> {
         Ok(Op::Call(Box::new(info)))
     }
 
-    /// A call of a [`Builtin`] (`vprintf`, `__assertfail`, `cudaGraphSetConditional`): the
+    /// A call of a [`Builtin`] (`vprintf`, `__assertfail`, `malloc`, …): the
     /// argument and result `.param` variables of the caller, read and written by the
     /// interpreter.
     pub(super) fn builtin_call(
@@ -134,7 +134,7 @@ impl FnCtx<'_> {
             call.args.push(param(a, size)?);
         }
         if let (Some(r), Some(&(_, size))) = (rets.first(), sig.rets.first()) {
-            call.ret = Some(param(r, size.min(4))?);
+            call.ret = Some(param(r, size.min(8))?);
         }
         Ok(Op::CallBuiltin(Box::new(call)))
     }

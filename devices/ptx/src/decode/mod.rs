@@ -116,6 +116,8 @@ pub(crate) struct Program {
     pub globals: Vec<GlobalVar>,
     pub kernels: Vec<KernelInfo>,
     pub layouts: Vec<KernelLayout>,
+    /// Whether it declares the device heap's calls (`malloc`, `free`).
+    pub uses_heap: bool,
 }
 
 /// What a name refers to inside a function.

@@ -316,19 +316,27 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
             }
         }
     }
+    let uses_heap = m
+        .builtins
+        .values()
+        .any(|b| matches!(b, Builtin::Malloc | Builtin::AlignedMalloc | Builtin::Free));
     Ok(Program {
         funcs,
         globals: m.globals,
         kernels,
         layouts,
+        uses_heap,
     })
 }
 
 /// The built-in an undefined function declaration names, when its signature is the one nvcc
-/// declares: `vprintf(.b64, .b64) -> .b32`, `__assertfail(.b64, .b64, .b32, .b64, .b64)` and
-/// `cudaGraphSetConditional(.b64, .b32)`.
+/// declares: `vprintf(.b64, .b64) -> .b32`, `__assertfail(.b64, .b64, .b32, .b64, .b64)`,
+/// `cudaGraphSetConditional(.b64, .b32)`, `malloc(.b64) -> .b64`,
+/// `__nv_aligned_device_malloc(.b64, .b64) -> .b64` (which NVRTC calls
+/// `__cuda_syscall_aligned_malloc`) and `free(.b64)`.
 pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
     let sizes: Vec<u32> = sig.formals.iter().map(|&(_, s)| s).collect();
+    let rets: Vec<u32> = sig.rets.iter().map(|&(_, s)| s).collect();
     match f.name.as_str() {
         "vprintf" if sizes == [8, 8] && sig.rets.len() <= 1 => Some(Builtin::Vprintf),
         "__assertfail" if sizes == [8, 8, 4, 8, 8] && sig.rets.is_empty() => {
@@ -337,6 +345,13 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         "cudaGraphSetConditional" if sizes == [8, 4] && sig.rets.is_empty() => {
             Some(Builtin::SetConditional)
         }
+        "malloc" if sizes == [8] && rets == [8] => Some(Builtin::Malloc),
+        "__nv_aligned_device_malloc" | "__cuda_syscall_aligned_malloc"
+            if sizes == [8, 8] && rets == [8] =>
+        {
+            Some(Builtin::AlignedMalloc)
+        }
+        "free" if sizes == [8] && sig.rets.is_empty() => Some(Builtin::Free),
         _ => None,
     }
 }

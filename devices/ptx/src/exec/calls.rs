@@ -123,8 +123,8 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
-    /// `vprintf`, `__assertfail` or `cudaGraphSetConditional` for the lanes in `m`, in lane
-    /// order.
+    /// `vprintf`, `__assertfail`, `cudaGraphSetConditional`, `malloc` or `free` for the lanes
+    /// in `m`, in lane order.
     pub(super) fn builtin(
         &mut self,
         warp: &mut Warp,
@@ -152,14 +152,39 @@ impl<'a> Worker<'a> {
                         rets[l] = self.vprintf(w, l as u32, arg(l, 0), arg(l, 1)) as u32 as u64;
                     }
                 }
-                if let (Some((off, size)), Some(frame)) = (b.ret, warp.frames.last_mut()) {
-                    for l in 0..32 {
-                        let s = l * pb + off as usize;
-                        if m >> l & 1 != 0
-                            && let Some(to) = frame.params.get_mut(s..s + size as usize)
-                        {
-                            write_le(to, rets[l]);
-                        }
+                write_rets(warp, b, m, &rets);
+                Ok(())
+            }
+            Builtin::Malloc | Builtin::AlignedMalloc => {
+                // Each lane in lane order, as a GPU's heap serves a warp's requests one by one.
+                let mut rets = [0u64; 32];
+                for l in 0..32 {
+                    if m >> l & 1 != 0 {
+                        let align = if b.kind == Builtin::AlignedMalloc {
+                            arg(l, 1)
+                        } else {
+                            crate::heap::MALLOC_ALIGN
+                        };
+                        rets[l] = self.ctx.heap.map_or(0, |h| h.malloc(arg(l, 0), align));
+                    }
+                }
+                write_rets(warp, b, m, &rets);
+                Ok(())
+            }
+            Builtin::Free => {
+                for l in 0..32 {
+                    let ptr = arg(l, 0);
+                    if m >> l & 1 == 0 || ptr == 0 {
+                        continue;
+                    }
+                    if !self.ctx.heap.is_some_and(|h| h.free(ptr)) {
+                        return Err(fault(
+                            FaultKind::IllegalAddress,
+                            format!(
+                                "free({ptr:#x}): no allocation of the device heap starts there (a pointer malloc did not return, or one already freed) ({})",
+                                self.where_(w, l as u32, line)
+                            ),
+                        ));
                     }
                 }
                 Ok(())
@@ -339,6 +364,22 @@ impl<'a> Worker<'a> {
             Sreg::EnvReg(1) => uni(c.grid_workspace >> 32),
             Sreg::EnvReg(2) => uni(c.grid_workspace & 0xffff_ffff),
             Sreg::EnvReg(_) => uni(0),
+        }
+    }
+}
+
+/// Writes each lane's result of builtin call `b` (for the lanes in `m`) into its `.param`.
+fn write_rets(warp: &mut Warp, b: &BuiltinCall, m: u32, rets: &[u64; 32]) {
+    let (Some((off, size)), Some(frame)) = (b.ret, warp.frames.last_mut()) else {
+        return;
+    };
+    let pb = frame.param_bytes;
+    for (l, &r) in rets.iter().enumerate() {
+        let s = l * pb + off as usize;
+        if m >> l & 1 != 0
+            && let Some(to) = frame.params.get_mut(s..s + size as usize)
+        {
+            write_le(to, r);
         }
     }
 }

@@ -96,6 +96,8 @@ pub(crate) struct Ctx<'a> {
     pub output: Option<&'a dyn DeviceOutput>,
     /// The conditional handles of the graph launch the kernel runs in (`cudaGraphSetConditional`).
     pub conditionals: Option<&'a dyn GraphConditionals>,
+    /// The device heap of `malloc` and `free`.
+    pub heap: Option<&'a dyn crate::heap::DeviceHeap>,
     /// A cooperative launch's grid workspace (0: not cooperative).
     pub grid_workspace: u64,
     /// The tenant's budget for interpreter state, charged for call frames past `frames_paid`.

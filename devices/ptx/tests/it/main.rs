@@ -11,6 +11,7 @@ mod faults;
 mod floatops;
 mod fp8;
 mod half;
+mod heap;
 mod intops;
 mod launch;
 mod mbarrier;

@@ -157,6 +157,15 @@ fn nvcc_programs_copy_asynchronously_and_wait_on_split_barriers() {
     run_nvcc_program("async_copies", 6, ALL_RUNTIMES);
 }
 
+/// The device heap: kernels' `malloc`, `free`, `new` and `delete`, its size set with
+/// `cudaDeviceSetLimit` before the first kernel that uses it (and refused after), memory that
+/// outlives its launch and is freed by another thread, `NULL` when full, the heap charged to the
+/// slice (and given back when the program ends: `run_nvcc_program` waits for the slice to empty).
+#[test]
+fn nvcc_programs_allocate_on_the_device_heap() {
+    run_nvcc_program("device_heap", 16, ALL_RUNTIMES);
+}
+
 /// Texture and surface references (CUDA 11's `texture<>` and `surface<>`, gone from CUDA 12's
 /// runtime): bound to arrays, linear and pitched memory, rebound, queried.
 #[test]

@@ -272,6 +272,18 @@ pub trait DeviceModule: Send + Sync + Any {
     fn global_bytes(&self) -> u64 {
         self.globals().iter().map(|g| g.size).sum()
     }
+    /// Whether its kernels call the device heap (device-side `malloc` and `free`): the broker
+    /// gives the launching process its heap before the first launch of one of them.
+    fn uses_heap(&self) -> bool {
+        false
+    }
+}
+
+/// A process's device heap, the memory its kernels' `malloc` draws on
+/// ([`DeviceContext::heap_create`]). Dropping it frees that memory.
+pub trait DeviceHeap: Send + Sync + Any {
+    /// The heap as `Any`, so its device can downcast it.
+    fn as_any(&self) -> &dyn Any;
 }
 
 thread_local! {
@@ -398,6 +410,7 @@ pub struct RunControl {
     state_budget: Mutex<Option<Arc<dyn HostStateBudget>>>,
     hangup: Mutex<Option<HangupCheck>>,
     conditionals: Mutex<Option<Arc<GraphConditionals>>>,
+    heap: Mutex<Option<Arc<dyn DeviceHeap>>>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -506,6 +519,15 @@ impl RunControl {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+    /// The device heap the launch's kernels' `malloc` and `free` use (the launching process's,
+    /// [`DeviceContext::heap_create`]); `None`: a kernel that calls `malloc` gets `NULL`.
+    pub fn set_heap(&self, heap: Option<Arc<dyn DeviceHeap>>) {
+        *self.heap.lock().unwrap_or_else(|p| p.into_inner()) = heap;
+    }
+    /// The device heap the launch's kernels use.
+    pub fn heap(&self) -> Option<Arc<dyn DeviceHeap>> {
+        self.heap.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
     /// Lets [`RunControl::poll_cancelled`] cancel the work when `check` says its client has
     /// gone: for work the device runs on the caller's thread (a module load), which nothing
@@ -739,6 +761,15 @@ pub trait DeviceContext: Send + Sync {
         let _ = handle;
         Err(DeviceError::NotSupported(
             "this device has no surface objects".into(),
+        ))
+    }
+    /// Creates a device heap of `size` bytes (the broker charged them to the tenant) for one
+    /// process's kernels: what their `malloc` returns comes from it, and stays allocated across
+    /// launches until they `free` it or the heap is dropped ([`RunControl::set_heap`]).
+    fn heap_create(&self, size: u64) -> Result<Arc<dyn DeviceHeap>, DeviceError> {
+        let _ = size;
+        Err(DeviceError::NotSupported(
+            "this device has no device-side heap".into(),
         ))
     }
     /// Whether the device's kernels can set the conditional handles of the graph launch they

@@ -274,11 +274,6 @@ pub fn synchronizes(req: &Request) -> bool {
         )
 }
 
-/// Whether `limit` is a `CUlimit` vgpud enforces.
-pub fn is_host_limit(limit: u32) -> bool {
-    limit == LIMIT_PRINTF_FIFO_SIZE
-}
-
 /// The error for a limit the host does not handle.
 pub fn unsupported_limit(limit: u32) -> CuError {
     CuError::new(

@@ -33,6 +33,7 @@ use vgpu_config::limits::Budget;
 use vgpu_proto::msg::{SYNC_DONE, SYNC_IDLE, SYNC_PENDING};
 
 mod alloc_ext;
+mod device_heap;
 mod graph;
 mod mem_op;
 mod texture;
@@ -443,6 +444,8 @@ pub struct Session {
     textures: texture::TexObjects,
     /// Stream memory waits, from the first one ([`Session::stream_mem_op`]).
     mem_waits: Option<crate::mem_wait::MemWaits>,
+    /// The device heap of kernels' `malloc`.
+    heap: device_heap::ProcessHeap,
 }
 
 impl std::fmt::Debug for Session {
@@ -527,6 +530,7 @@ impl Session {
             functions: HandleTable::budgeted(HandleKind::Function, budget(Budget::Handles)),
             allocs: Allocations::default(),
             output: SessionOutput::default(),
+            heap: device_heap::ProcessHeap::default(),
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
             shares: crate::hostshare::SharedRegions::default(),
@@ -1074,10 +1078,11 @@ impl Session {
             }
             R::CtxSetLimit(m) => {
                 self.ctx(m.ctx)?;
-                if !devio::is_host_limit(m.limit) {
-                    return Err(devio::unsupported_limit(m.limit));
+                match m.limit {
+                    devio::LIMIT_PRINTF_FIFO_SIZE => self.output.set_fifo_size(m.value)?,
+                    device_heap::LIMIT_MALLOC_HEAP_SIZE => self.set_heap_size(m.value)?,
+                    _ => return Err(devio::unsupported_limit(m.limit)),
                 }
-                self.output.set_fifo_size(m.value)?;
                 reply(out, msg::Empty {})
             }
             R::DeviceGetCount(_) => reply(out, msg::Count { count: 1 }),
@@ -2071,9 +2076,7 @@ impl Session {
                 },
             );
         }
-        self.info
-            .memory
-            .store(self.allocs.charged(), Ordering::Relaxed);
+        self.note_memory();
         Ok(h)
     }
 
@@ -2094,9 +2097,7 @@ impl Session {
             }
             self.tenant.limits.refund_module(st.image_bytes);
         }
-        self.info
-            .memory
-            .store(self.allocs.charged(), Ordering::Relaxed);
+        self.note_memory();
     }
 
     fn get_function(&mut self, module: u64, name: &str) -> Result<u64, CuError> {
@@ -2148,7 +2149,9 @@ impl Session {
         priority: Option<i32>,
     ) -> Result<u64, CuError> {
         let run = self.check_launch(m, params, cooperative)?;
+        let heap = self.heap_for(run.module.as_ref())?;
         let control = Arc::new(RunControl::default());
+        control.set_heap(heap);
         // A kernel of a graph launch with conditional nodes may set their handles.
         if let Some(values) = &self.graphs.conditionals {
             control.set_conditionals(Some(Arc::clone(values)));
@@ -2520,9 +2523,7 @@ impl Session {
                 kind: AllocKind::Device,
             },
         );
-        self.info
-            .memory
-            .store(self.allocs.charged(), Ordering::Relaxed);
+        self.note_memory();
         Ok(ptr)
     }
 
@@ -2533,9 +2534,7 @@ impl Session {
         }
         if let Some(a) = self.allocs.remove(base) {
             release_allocation(&self.tenant, self.dev.as_ref(), base, &a);
-            self.info
-                .memory
-                .store(self.allocs.charged(), Ordering::Relaxed);
+            self.note_memory();
         }
     }
 
@@ -2611,6 +2610,7 @@ impl Drop for Session {
         for base in self.allocs.bases_where(|_| true) {
             self.free_allocation(base);
         }
+        self.release_heap();
         self.tenant.remove_session(self.info.id);
         debug!(
             session = self.info.id,

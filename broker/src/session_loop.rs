@@ -2208,6 +2208,29 @@ mod tests {
     }
 
     #[test]
+    fn the_device_heap_size_is_set_within_the_slice() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let set = |c: &mut TestClient<UnixStream>, value| {
+            c.call(
+                &CtxSetLimit {
+                    ctx,
+                    limit: 2,
+                    value,
+                },
+                &[],
+            )
+        };
+        set(&mut c, MIB).unwrap();
+        set(&mut c, 0).unwrap();
+        let e = set(&mut c, 4 * MIB + 1).unwrap_err();
+        assert_eq!(e.0, CUDA_ERROR_OUT_OF_MEMORY, "past the 4 MiB slice");
+        // Setting it charges nothing: the heap is made at the first launch that needs it.
+        alloc(&mut c, ctx, 4 * MIB).unwrap();
+        set(&mut c, 4 * MIB).unwrap();
+    }
+
+    #[test]
     fn protocol_violations_close_the_session_and_free_its_memory() {
         let b = broker(Duration::ZERO);
         for bad in [

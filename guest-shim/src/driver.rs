@@ -731,7 +731,8 @@ pub fn ctx_synchronize_of(c: u64) -> CuRes<()> {
     crate::alloc_api::after_sync()
 }
 
-/// `cuCtxSetLimit` for a limit vgpud enforces (`CU_LIMIT_PRINTF_FIFO_SIZE`). An older vgpud
+/// `cuCtxSetLimit` for a limit vgpud enforces (`CU_LIMIT_PRINTF_FIFO_SIZE`,
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`). An older vgpud
 /// without the op enforces none: accepted.
 pub fn ctx_set_limit(limit: u32, value: u64) -> CuRes<()> {
     let c = ctx()?;

@@ -611,6 +611,11 @@ const LIMIT_STACK_SIZE: c_int = 0;
 const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+/// CUDA's device heap size until the program sets one.
+const DEFAULT_MALLOC_HEAP_SIZE: usize = 8 << 20;
+/// The device heap size vgpud accepted (`cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`).
+static MALLOC_HEAP_SIZE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(DEFAULT_MALLOC_HEAP_SIZE);
 /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
 const LIMIT_DEV_RUNTIME_SYNC_DEPTH: c_int = 3;
 /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
@@ -633,7 +638,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
         let v = match limit {
             LIMIT_STACK_SIZE => 1024,
             LIMIT_PRINTF_FIFO_SIZE => crate::devout::printf_fifo_size(),
-            LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
+            LIMIT_MALLOC_HEAP_SIZE => MALLOC_HEAP_SIZE.load(std::sync::atomic::Ordering::Relaxed),
             // Device-runtime (dynamic parallelism) limits: CUDA's defaults.
             LIMIT_DEV_RUNTIME_SYNC_DEPTH => 2,
             LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => 2048,
@@ -661,7 +666,16 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
                 crate::devout::set_printf_fifo_size(value);
                 Ok(())
             }
-            LIMIT_STACK_SIZE | LIMIT_MALLOC_HEAP_SIZE => Ok(()),
+            LIMIT_MALLOC_HEAP_SIZE => {
+                match drv::ctx_set_limit(limit as u32, value as u64) {
+                    // An older vgpud, which has no device heap, refuses the limit.
+                    Ok(()) | Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT) => {}
+                    Err(e) => return Err(e),
+                }
+                MALLOC_HEAP_SIZE.store(value, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            LIMIT_STACK_SIZE => Ok(()),
             _ => Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT),
         }
     })

@@ -49,7 +49,7 @@ if ! command -v "$CCBIN" >/dev/null 2>&1; then
     exit 0
 fi
 
-PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs cooperative textures mipmaps tensor_cores texrefs thrust async_copies)
+PROGRAMS=(runtime_basics kernels streams device_io alloc_api graphs cooperative textures mipmaps tensor_cores texrefs thrust async_copies device_heap)
 # texrefs.cu uses texture and surface references, which CUDA 12 removed from the
 # runtime: it is built for nvcc 11.8's own runtime (static and shared) only.
 cuda11_only() { [ "$1" = texrefs ]; }

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use vgpu_proto::cuda::attr;
 use vgpu_proto::msg::{self, Request};
@@ -400,9 +399,7 @@ impl Session {
     }
 
     pub(super) fn store_memory(&self) {
-        self.info
-            .memory
-            .store(self.allocs.charged(), Ordering::Relaxed);
+        self.note_memory();
     }
 
     fn pool(&self, h: u64) -> Result<&PoolState, CuError> {

@@ -700,7 +700,9 @@ impl Session {
                 },
                 _ => Err(CuError::invalid_value("a chain holds kernel launches only")),
             };
-            match r {
+            // The heap of a kernel that calls malloc is made before the chain runs (a device
+            // that runs chains keeps it in its context).
+            match r.and_then(|run| self.heap_for(run.module.as_ref()).map(|_| run)) {
                 Ok(run) => runs.push(run),
                 Err(e) => {
                     checked = Err(e);

@@ -169,6 +169,8 @@ struct Functions {
     ctx_destroy: unsafe extern "C" fn(P) -> R,
     ctx_push: unsafe extern "C" fn(P) -> R,
     ctx_pop: unsafe extern "C" fn(*mut P) -> R,
+    ctx_get_limit: Option<unsafe extern "C" fn(*mut usize, c_int) -> R>,
+    ctx_set_limit: Option<unsafe extern "C" fn(c_int, usize) -> R>,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> R,
     mem_free: unsafe extern "C" fn(u64) -> R,
     mem_host_alloc: unsafe extern "C" fn(*mut P, usize, c_uint) -> R,
@@ -594,6 +596,8 @@ impl Driver {
                 abi::V4000,
                 "cuCtxPopCurrent_v2"
             ),
+            ctx_get_limit: optional!(r, "cuCtxGetLimit", abi::V3020, "cuCtxGetLimit"),
+            ctx_set_limit: optional!(r, "cuCtxSetLimit", abi::V3020, "cuCtxSetLimit"),
             mem_alloc: required!(r, library, "cuMemAlloc", abi::V3020, "cuMemAlloc_v2"),
             mem_free: required!(r, library, "cuMemFree", abi::V3020, "cuMemFree_v2"),
             mem_host_alloc: required!(r, library, "cuMemHostAlloc", abi::V2020, "cuMemHostAlloc"),
@@ -927,6 +931,32 @@ impl Driver {
         // SAFETY: valid out-pointer.
         check("cuCtxPopCurrent_v2", unsafe { (self.f.ctx_pop)(&mut c) })?;
         Ok(Ctx(c))
+    }
+
+    /// `cuCtxGetLimit` of the current context.
+    pub fn ctx_get_limit(&self, limit: c_int) -> DrvResult<u64> {
+        let f = self.f.ctx_get_limit.ok_or(Failed {
+            call: "cuCtxGetLimit",
+            code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+        })?;
+        let mut v = 0usize;
+        // SAFETY: valid out-pointer.
+        check("cuCtxGetLimit", unsafe { f(&mut v, limit) })?;
+        Ok(v as u64)
+    }
+
+    /// `cuCtxSetLimit` of the current context.
+    pub fn ctx_set_limit(&self, limit: c_int, value: u64) -> DrvResult<()> {
+        let f = self.f.ctx_set_limit.ok_or(Failed {
+            call: "cuCtxSetLimit",
+            code: cuda::CUDA_ERROR_NOT_SUPPORTED,
+        })?;
+        let value = usize::try_from(value).map_err(|_| Failed {
+            call: "cuCtxSetLimit",
+            code: cuda::CUDA_ERROR_INVALID_VALUE,
+        })?;
+        // SAFETY: plain values.
+        check("cuCtxSetLimit", unsafe { f(limit, value) })
     }
 
     /// `cuMemAlloc_v2` in the current context.

@@ -37,6 +37,8 @@ pub struct Prepared {
     /// Whether the image was rewritten to return device `printf` text ([`printf::rewrite`]):
     /// it defines [`printf::HEAD_SYMBOL`] and [`printf::BUFFER_SYMBOL`].
     pub printf: bool,
+    /// Whether its kernels may call the device heap ([`mentions_heap`]).
+    pub heap: bool,
 }
 
 /// Why an image was refused before the driver saw it.
@@ -224,10 +226,19 @@ pub fn prepare_for(image: &[u8], arch: Option<u32>) -> Result<Prepared, ImageErr
     bytes.resize(body.len() + GUARD_BYTES, 0);
     Ok(Prepared {
         kind,
+        heap: mentions_heap(body),
         bytes,
         decls,
         printf,
     })
+}
+
+/// Whether an image may call the device heap: its text or its symbols name `malloc` (PTX's
+/// `.extern .func malloc`, NVRTC's `__cuda_syscall_aligned_malloc`, a cubin's symbol). A
+/// compressed image cannot be read here: the driver's own heap serves it, uncharged.
+fn mentions_heap(body: &[u8]) -> bool {
+    const NAME: &[u8] = b"malloc";
+    body.windows(NAME.len()).any(|w| w == NAME)
 }
 
 /// [`prepare_for`] without an architecture: fat binaries are loaded as they are.

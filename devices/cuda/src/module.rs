@@ -36,6 +36,8 @@ pub struct CudaModule {
     globals: Vec<GlobalDesc>,
     /// Its printf buffer, when the image was rewritten to return `printf` text.
     printf: Option<PrintfBuffer>,
+    /// Whether its kernels may call the device heap.
+    heap: bool,
 }
 
 impl std::fmt::Debug for CudaModule {
@@ -129,6 +131,7 @@ impl CudaModule {
             dynamic_shared: Vec::new(),
             globals: Vec::new(),
             printf: None,
+            heap: prepared.heap,
         };
         m.read_kernels(&g, &prepared)?;
         m.read_globals(&g, &prepared)?;
@@ -326,6 +329,10 @@ impl DeviceModule for CudaModule {
 
     fn global_bytes(&self) -> u64 {
         self.globals.iter().map(|g| charge(g.size)).sum()
+    }
+
+    fn uses_heap(&self) -> bool {
+        self.heap
     }
 }
 

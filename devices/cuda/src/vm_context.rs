@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use tracing::debug;
 use vgpu_broker::device::{
-    ChainKernel, DeviceContext, DeviceError, DeviceModule, LaunchDims, LaunchProgress, Residence,
-    RunControl, pieces_len,
+    ChainKernel, DeviceContext, DeviceError, DeviceHeap, DeviceModule, LaunchDims, LaunchProgress,
+    Residence, RunControl, pieces_len,
 };
 use vgpu_broker::texture::{TexSampling, TexelLayout};
 use vgpu_proto::cuda;
@@ -147,6 +147,18 @@ impl CudaContext {
                 bytes.iter().filter(|&&b| b != 0).count()
             })
             .sum()
+    }
+}
+
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const LIMIT_MALLOC_HEAP_SIZE: std::ffi::c_int = 2;
+
+/// A process's share of the VM context's device heap, which the driver holds.
+struct CudaHeap;
+
+impl DeviceHeap for CudaHeap {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -456,6 +468,32 @@ impl DeviceContext for CudaContext {
         let t = g.launch_time((start, end), waited, control, &format!("kernel `{name}`"))?;
         self.inner.times.record(t);
         Ok(LaunchProgress::Completed)
+    }
+
+    /// The VM's CUDA context has one heap, which the driver allocates at the first launch of a
+    /// kernel that uses it: its size is raised to the largest any process of the VM asked for
+    /// until then (the broker charged each process its own). Past that launch the driver keeps
+    /// the size it has.
+    fn heap_create(&self, size: u64) -> Result<Arc<dyn DeviceHeap>, DeviceError> {
+        let g = self.inner.generation()?;
+        let _c = g.enter()?;
+        let d = g.driver();
+        let raised = d.ctx_get_limit(LIMIT_MALLOC_HEAP_SIZE).and_then(|now| {
+            if size > now {
+                d.ctx_set_limit(LIMIT_MALLOC_HEAP_SIZE, size)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(f) = raised {
+            debug!(
+                call = f.call,
+                code = f.code,
+                size,
+                "the device heap keeps its size"
+            );
+        }
+        Ok(Arc::new(CudaHeap))
     }
 
     fn launch_chain(

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use vgpu_broker::device::{
-    Device, DeviceContext, DeviceError, DeviceInfo, DeviceModule, ExecutionUnits, LaunchDims,
-    LaunchProgress, Residence, RunControl, pieces_len,
+    Device, DeviceContext, DeviceError, DeviceHeap, DeviceInfo, DeviceModule, ExecutionUnits,
+    LaunchDims, LaunchProgress, Residence, RunControl, pieces_len,
 };
 use vgpu_broker::texture::{TexSampling, TexelLayout};
 use vgpu_proto::cuda::{self, attr};
@@ -958,6 +958,10 @@ impl DeviceContext for SimContext {
 
     fn sets_graph_conditionals(&self) -> bool {
         true
+    }
+
+    fn heap_create(&self, size: u64) -> Result<Arc<dyn DeviceHeap>, DeviceError> {
+        Ok(Arc::new(module::SimHeap::new(&self.inner, size)?))
     }
 }
 

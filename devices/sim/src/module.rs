@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vgpu_broker::device::{
-    DeviceError, DeviceModule, GlobalDesc, GraphConditionals, HostStateBudget, KernelDesc,
-    LaunchDims, LaunchProgress, RunControl, Signal,
+    DeviceError, DeviceHeap, DeviceModule, GlobalDesc, GraphConditionals, HostStateBudget,
+    KernelDesc, LaunchDims, LaunchProgress, RunControl, Signal,
 };
 use vgpu_broker::devio::LaunchOutput;
 use vgpu_broker::texture::ReferenceKind;
@@ -395,6 +395,11 @@ impl SimModule {
                 .conditionals()
                 .map(|c| Arc::new(Conditionals(c)) as Arc<dyn vgpu_ptx::GraphConditionals>),
         );
+        ptx_control.set_heap(control.heap().and_then(|h| {
+            h.as_any()
+                .downcast_ref::<SimHeap>()
+                .map(|h| Arc::clone(&h.heap) as Arc<dyn vgpu_ptx::heap::DeviceHeap>)
+        }));
         // A cooperative launch's grid barrier lives in a small zeroed allocation of the
         // context's own, for the launch's duration.
         let workspace = if dims.cooperative {
@@ -488,6 +493,42 @@ impl DeviceModule for SimModule {
             .iter()
             .map(|g| aligned(g.size.max(1)).unwrap_or(g.size))
             .sum()
+    }
+
+    fn uses_heap(&self) -> bool {
+        self.module.as_ref().is_some_and(Module::uses_heap)
+    }
+}
+
+/// A process's device heap on the simulated GPU: an allocation of the context's memory, and
+/// the interpreter's bookkeeping of what `malloc` handed out of it.
+pub(crate) struct SimHeap {
+    memory: Arc<ContextMemory>,
+    base: u64,
+    heap: Arc<vgpu_ptx::heap::Heap>,
+}
+
+impl SimHeap {
+    /// A heap of `size` bytes in `memory`.
+    pub(crate) fn new(memory: &Arc<ContextMemory>, size: u64) -> Result<SimHeap, DeviceError> {
+        let (base, _) = memory.alloc(size)?;
+        Ok(SimHeap {
+            memory: Arc::clone(memory),
+            base,
+            heap: Arc::new(vgpu_ptx::heap::Heap::new(base, size)),
+        })
+    }
+}
+
+impl DeviceHeap for SimHeap {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for SimHeap {
+    fn drop(&mut self) {
+        let _ = self.memory.free(self.base);
     }
 }
 

@@ -1,0 +1,129 @@
+//! A process's device heap: the memory its kernels' `malloc`, `free` and C++ `new`/`delete`
+//! draw on. CUDA gives each context one of `CU_LIMIT_MALLOC_HEAP_SIZE` bytes (8 MiB unless the
+//! program sets another size before launching a kernel that uses it), allocated when the first
+//! such kernel is launched and kept until the context goes. Here the session makes it then,
+//! charges it to the VM's slice like any allocation, and gives it back when the process ends.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use vgpu_proto::cuda;
+
+use super::{Session, round_up};
+use crate::device::{DeviceError, DeviceHeap, DeviceModule};
+use crate::error::CuError;
+
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+pub const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+/// CUDA's heap size when the program sets none.
+pub const DEFAULT_HEAP_BYTES: u64 = 8 << 20;
+
+/// The heap's size and, once a kernel that uses it was launched, the heap.
+#[derive(Debug)]
+pub(super) struct ProcessHeap {
+    size: u64,
+    made: Option<Made>,
+}
+
+struct Made {
+    heap: Arc<dyn DeviceHeap>,
+    charged: u64,
+}
+
+impl std::fmt::Debug for Made {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Made")
+            .field("charged", &self.charged)
+            .finish()
+    }
+}
+
+impl Default for ProcessHeap {
+    fn default() -> Self {
+        Self {
+            size: DEFAULT_HEAP_BYTES,
+            made: None,
+        }
+    }
+}
+
+impl Session {
+    /// `cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, bytes)`: the size of the heap the first launch
+    /// of a kernel that uses it makes. Refused once it is made (`CUDA_ERROR_INVALID_VALUE`, as
+    /// CUDA does) and past the VM's slice (`CUDA_ERROR_OUT_OF_MEMORY`).
+    pub(super) fn set_heap_size(&mut self, bytes: u64) -> Result<(), CuError> {
+        if self.heap.made.is_some() {
+            return Err(CuError::invalid_value(
+                "the device heap's size cannot change once a kernel that calls malloc or free was launched",
+            ));
+        }
+        let slice = self.tenant.slice.limit();
+        if bytes > slice {
+            return Err(CuError::out_of_memory(format!(
+                "a device heap of {bytes} bytes does not fit the VM's memory slice of {slice} bytes"
+            )));
+        }
+        self.heap.size = bytes;
+        Ok(())
+    }
+
+    /// The heap for a launch of a kernel of `module`: made (and charged) at the first launch of
+    /// a kernel that uses it; `None` before (kernels that do not use it need none) and for a
+    /// heap of 0 bytes (their `malloc` answers `NULL`).
+    pub(super) fn heap_for(
+        &mut self,
+        module: &dyn DeviceModule,
+    ) -> Result<Option<Arc<dyn DeviceHeap>>, CuError> {
+        if let Some(m) = &self.heap.made {
+            return Ok(Some(Arc::clone(&m.heap)));
+        }
+        if !module.uses_heap() || self.heap.size == 0 {
+            return Ok(None);
+        }
+        let size = self.heap.size;
+        let charged = round_up(size, self.device.alloc_granularity).unwrap_or(size);
+        self.tenant.slice.charge(charged).map_err(|_| {
+            CuError::out_of_memory(format!(
+                "the device heap of {size} bytes (CU_LIMIT_MALLOC_HEAP_SIZE) does not fit the memory slice"
+            ))
+        })?;
+        let heap = match self.dev.heap_create(size) {
+            Ok(h) => h,
+            Err(e) => {
+                self.tenant.slice.refund(charged);
+                return Err(match e {
+                    DeviceError::OutOfMemory => CuError::out_of_memory(
+                        "the device has no room for the device heap (CU_LIMIT_MALLOC_HEAP_SIZE)",
+                    ),
+                    DeviceError::NotSupported(why) => {
+                        CuError::new(cuda::CUDA_ERROR_NOT_SUPPORTED, why)
+                    }
+                    e => e.into(),
+                });
+            }
+        };
+        self.heap.made = Some(Made {
+            heap: Arc::clone(&heap),
+            charged,
+        });
+        self.note_memory();
+        Ok(Some(heap))
+    }
+
+    /// Publishes the bytes of the slice the process holds (its allocations and its heap), as
+    /// `vgpuctl` and `vgpu-smi` show them.
+    pub(super) fn note_memory(&self) {
+        let heap = self.heap.made.as_ref().map_or(0, |m| m.charged);
+        self.info
+            .memory
+            .store(self.allocs.charged() + heap, Ordering::Relaxed);
+    }
+
+    /// The process ended: its heap goes (freed once the last launch holding it ends) and its
+    /// bytes go back to the slice.
+    pub(super) fn release_heap(&mut self) {
+        if let Some(m) = self.heap.made.take() {
+            self.tenant.slice.refund(m.charged);
+        }
+    }
+}

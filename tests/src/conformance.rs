@@ -545,6 +545,7 @@ pub const CHECKS: &[(&str, Check)] = &[
         "graph_conditional_nodes",
         crate::conformance_conditionals::graph_conditional_nodes,
     ),
+    ("device_heap", crate::conformance_heap::device_heap),
     (
         "allocations_move_between_device_and_host",
         crate::conformance_overflow::allocations_move_between_device_and_host,

@@ -3,6 +3,7 @@
 
 pub mod conformance;
 pub mod conformance_conditionals;
+pub mod conformance_heap;
 pub mod conformance_mem_ops;
 pub mod conformance_mma;
 pub mod conformance_overflow;

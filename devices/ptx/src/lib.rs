@@ -167,6 +167,61 @@ pub struct GlobalVar {
     /// `.global` variable where the driver stores the handle of the bound texture or surface
     /// object (0 when unbound). `None` for ordinary variables.
     pub reference: Option<texture::ReferenceKind>,
+    /// 8-byte elements of `init` that hold the address of a module variable or function
+    /// (`.u64 p = generic(table);`), filled in once the module's variables have addresses
+    /// ([`GlobalVar::image`]).
+    pub relocs: Vec<Reloc>,
+}
+
+/// An address in a variable's initializer ([`GlobalVar::relocs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reloc {
+    /// Byte offset in the variable.
+    pub offset: usize,
+    /// What it is the address of.
+    pub target: RelocTarget,
+    /// Bytes added to the address.
+    pub addend: i64,
+}
+
+/// What a [`Reloc`] is the address of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelocTarget {
+    /// The module variable at this index of [`Module::globals`].
+    Global(usize),
+    /// A function or kernel: the value the interpreter gives its address
+    /// ([`FUNCTION_WINDOW`] plus its index), which no memory access reaches.
+    Function(u64),
+}
+
+/// Base of the values kernels and functions have as addresses (`mov.u64 %rd, kernel;`), above
+/// every memory window: dynamic parallelism names the kernel it launches so.
+pub const FUNCTION_WINDOW: u64 = 0x0004_0000_0000_0000;
+
+impl GlobalVar {
+    /// The variable's initial bytes with its relocations applied, given every module variable's
+    /// address (in [`Module::globals`] order); empty when it starts all zero.
+    pub fn image(&self, addrs: &[u64]) -> std::borrow::Cow<'_, [u8]> {
+        if self.relocs.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.init);
+        }
+        let mut b = if self.init.is_empty() {
+            vec![0u8; self.size]
+        } else {
+            self.init.clone()
+        };
+        for r in &self.relocs {
+            let base = match r.target {
+                RelocTarget::Global(i) => addrs.get(i).copied().unwrap_or(0),
+                RelocTarget::Function(v) => v,
+            };
+            let v = base.wrapping_add_signed(r.addend);
+            if let Some(to) = b.get_mut(r.offset..r.offset + 8) {
+                to.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        std::borrow::Cow::Owned(b)
+    }
 }
 
 /// A loaded module: parsed and pre-decoded PTX. Immutable, so it can be shared by launches on

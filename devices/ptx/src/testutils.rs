@@ -222,17 +222,18 @@ pub fn pack_params(info: &KernelInfo, args: &[Arg]) -> Vec<u8> {
 
 /// Allocates and initialises the module's globals; returns their addresses in module order.
 pub fn alloc_globals(module: &Module, mem: &TestMemory) -> Vec<u64> {
-    module
+    let addrs: Vec<u64> = module
         .globals()
         .iter()
-        .map(|g| {
-            let a = mem.alloc(g.size.max(1));
-            if !g.init.is_empty() {
-                mem.write(a, &g.init);
-            }
-            a
-        })
-        .collect()
+        .map(|g| mem.alloc(g.size.max(1)))
+        .collect();
+    for (g, &a) in module.globals().iter().zip(&addrs) {
+        let image = g.image(&addrs);
+        if !image.is_empty() {
+            mem.write(a, &image);
+        }
+    }
+    addrs
 }
 
 /// Geometry and options of a test launch.

@@ -209,17 +209,25 @@ impl SimModule {
             module: None,
             sass: String::new(),
         };
+        let mut bufs = Vec::with_capacity(module.globals().len());
         for g in module.globals() {
             // On failure, `m` is dropped and frees the globals allocated so far.
             let (addr, buf) = memory.alloc(g.size as u64)?;
             m.addrs.push(addr);
-            if !g.init.is_empty() {
-                buf.write(0, &g.init)
+            bufs.push(buf);
+        }
+        // Initial values once every variable has its address (initializers may hold them).
+        for ((g, buf), &addr) in module.globals().iter().zip(&bufs).zip(&m.addrs) {
+            let image = g.image(&m.addrs);
+            if !image.is_empty() {
+                buf.write(0, &image)
                     .map_err(|_| DeviceError::InvalidAddress {
                         addr,
-                        len: g.init.len() as u64,
+                        len: image.len() as u64,
                     })?;
             }
+        }
+        for (g, &addr) in module.globals().iter().zip(&m.addrs) {
             m.globals.push(GlobalDesc {
                 name: g.name.clone(),
                 addr,

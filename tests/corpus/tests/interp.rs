@@ -97,13 +97,18 @@ impl Gpu for InterpGpu {
             ERROR_INVALID_PTX
         })?;
         let mut globals = Vec::new();
+        let mut bufs = Vec::new();
         for g in module.globals() {
             let (addr, buf) = self.alloc_buffer(g.size)?;
-            if !g.init.is_empty() {
-                buf.write(0, &g.init)
+            globals.push(addr);
+            bufs.push(buf);
+        }
+        for (g, buf) in module.globals().iter().zip(&bufs) {
+            let image = g.image(&globals);
+            if !image.is_empty() {
+                buf.write(0, &image)
                     .map_err(|_| cuda::ERROR_INVALID_VALUE)?;
             }
-            globals.push(addr);
         }
         self.modules.push(LoadedModule { module, globals });
         Ok(ModuleId(self.modules.len() as u64 - 1))

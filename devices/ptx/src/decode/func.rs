@@ -283,8 +283,9 @@ impl FnCtx<'_> {
             }
             VarSpace::Global | VarSpace::Const => {
                 // Function-scope statics are module variables with function-local names.
-                let (size, init) = global_image(v)?;
+                let (size, init, relocs) = global_image(v)?;
                 let idx = self.m.globals.len() as u32;
+                queue_relocs(self.m, idx, relocs, v.line);
                 self.m.globals.push(GlobalVar {
                     name: v.name.clone(),
                     space: if v.space == VarSpace::Global {
@@ -297,6 +298,7 @@ impl FnCtx<'_> {
                     init,
                     managed: v.managed,
                     reference: None,
+                    relocs: Vec::new(),
                 });
                 self.bind(&v.name, Name::Global(idx));
             }
@@ -401,11 +403,16 @@ impl FnCtx<'_> {
                     format!("taking the address of function parameter `{name}`"),
                 ));
             }
-            Name::Func(_) => {
-                return Err(LoadError::unsupported(
-                    self.line,
-                    format!("function pointers (`{name}`) are not supported"),
-                ));
+            // A kernel's or function's address: a value no memory access reaches, which
+            // dynamic parallelism's launches name the kernel by (calls through it are refused).
+            Name::Func(f) => {
+                if off != 0 {
+                    return Err(LoadError::unsupported(
+                        self.line,
+                        format!("an offset from function `{name}`'s address"),
+                    ));
+                }
+                return self.imm(FUNCTION_WINDOW + u64::from(f));
             }
             Name::Reg(_) | Name::Pred(_) => {
                 return Err(self.err(format!("`{name}` is a register, not a variable")));

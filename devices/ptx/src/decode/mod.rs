@@ -12,7 +12,7 @@ use crate::parser::{
 };
 use crate::texture::ReferenceKind;
 use crate::watch::Ticker;
-use crate::{GlobalSpace, GlobalVar, KernelInfo, ParamInfo};
+use crate::{FUNCTION_WINDOW, GlobalSpace, GlobalVar, KernelInfo, ParamInfo, Reloc, RelocTarget};
 
 /// Threads per block CUDA allows.
 pub(crate) const MAX_THREADS_PER_BLOCK: u32 = 1024;
@@ -150,6 +150,9 @@ struct ModuleCtx {
     sigs: Vec<Sig>,
     /// `.extern` functions the interpreter runs itself, by function id.
     builtins: HashMap<u32, Builtin>,
+    /// Addresses in variables' initializers, resolved once every name is known: (variable,
+    /// relocation with its target unresolved, the name, the line).
+    pending_relocs: Vec<(u32, Reloc, String, usize)>,
 }
 
 /// A function's parameter interface as callers see it.

@@ -114,14 +114,20 @@ pub(super) fn lit_bits(l: &Lit, ty: Ty, line: usize) -> Result<u64, LoadError> {
         (Lit::Sym(name, off), _) => {
             return Err(LoadError::unsupported(
                 line,
-                format!("address-valued variable initializers (`{name}+{off}`) are not supported"),
+                format!(
+                    "address-valued initializers (`{name}+{off}`) of elements smaller than 8 bytes are not supported"
+                ),
             ));
         }
     })
 }
 
+/// A variable's size, initial bytes, and the addresses in its initializer, unresolved
+/// (relocation, name).
+type GlobalImage = (usize, Vec<u8>, Vec<(Reloc, String)>);
+
 /// Builds the initial bytes of a module variable.
-pub(super) fn global_image(v: &VarDecl) -> Result<(usize, Vec<u8>), LoadError> {
+pub(super) fn global_image(v: &VarDecl) -> Result<GlobalImage, LoadError> {
     let (ty, elem) = var_elem(v)?;
     let mut lits = Vec::new();
     if let Some(init) = &v.init {
@@ -145,15 +151,52 @@ pub(super) fn global_image(v: &VarDecl) -> Result<(usize, Vec<u8>), LoadError> {
         ));
     }
     let mut init = Vec::new();
+    let mut relocs = Vec::new();
     if !lits.is_empty() {
         init = vec![0u8; size as usize];
         for (i, l) in lits.iter().enumerate() {
-            let bits = lit_bits(l, ty, v.line)?;
             let at = i * ebytes as usize;
+            if let (Lit::Sym(name, off), 8) = (l, ebytes) {
+                // Filled in when the variables have addresses.
+                let r = Reloc {
+                    offset: at,
+                    target: RelocTarget::Function(0),
+                    addend: *off,
+                };
+                relocs.push((r, name.clone()));
+                continue;
+            }
+            let bits = lit_bits(l, ty, v.line)?;
             init[at..at + ebytes as usize].copy_from_slice(&bits.to_le_bytes()[..ebytes as usize]);
         }
     }
-    Ok((size as usize, init))
+    Ok((size as usize, init, relocs))
+}
+
+/// Queues the addresses of variable `idx`'s initializer for [`resolve_relocs`].
+pub(super) fn queue_relocs(m: &mut ModuleCtx, idx: u32, relocs: Vec<(Reloc, String)>, line: usize) {
+    m.pending_relocs
+        .extend(relocs.into_iter().map(|(r, n)| (idx, r, n, line)));
+}
+
+/// Resolves the names in variables' initializers to module variables and functions.
+pub(super) fn resolve_relocs(m: &mut ModuleCtx) -> Result<(), LoadError> {
+    for (idx, mut r, name, line) in std::mem::take(&mut m.pending_relocs) {
+        r.target = match m.names.get(&name) {
+            Some(&Name::Global(g)) => RelocTarget::Global(g as usize),
+            Some(&Name::Func(f)) => RelocTarget::Function(FUNCTION_WINDOW + u64::from(f)),
+            _ => {
+                return Err(LoadError::invalid(
+                    line,
+                    format!(
+                        "initializer names `{name}`, which is not a module variable or function"
+                    ),
+                ));
+            }
+        };
+        m.globals[idx as usize].relocs.push(r);
+    }
+    Ok(())
 }
 
 /// (offset, size) per parameter, the driver-facing descriptions, and the total size.
@@ -211,6 +254,7 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
         globals: Vec::new(),
         sigs: Vec::new(),
         builtins: HashMap::new(),
+        pending_relocs: Vec::new(),
     };
     let mut func_decls: Vec<&FuncDecl> = Vec::new();
     let mut func_ids: HashMap<&str, u32> = HashMap::new();
@@ -316,6 +360,7 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
             }
         }
     }
+    resolve_relocs(&mut m)?;
     let uses_heap = m
         .builtins
         .values()
@@ -373,6 +418,7 @@ pub(super) fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadE
             init: Vec::new(),
             managed: false,
             reference: Some(kind),
+            relocs: Vec::new(),
         });
         m.names.insert(v.name.clone(), Name::Global(idx));
         return Ok(());
@@ -385,8 +431,9 @@ pub(super) fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadE
                     format!("external variable `{}` (no linker)", v.name),
                 ));
             }
-            let (size, init) = global_image(v)?;
+            let (size, init, relocs) = global_image(v)?;
             let idx = m.globals.len() as u32;
+            queue_relocs(m, idx, relocs, v.line);
             m.globals.push(GlobalVar {
                 name: v.name.clone(),
                 space: if v.space == VarSpace::Global {
@@ -399,6 +446,7 @@ pub(super) fn add_module_var(m: &mut ModuleCtx, v: &VarDecl) -> Result<(), LoadE
                 init,
                 managed: v.managed,
                 reference: None,
+                relocs: Vec::new(),
             });
             m.names.insert(v.name.clone(), Name::Global(idx));
         }

@@ -20,6 +20,7 @@ mod mipmap;
 mod mma;
 mod mma_sync;
 mod regalloc;
+mod relocs;
 mod texref;
 mod texture;
 mod warp;

@@ -411,6 +411,7 @@ pub struct RunControl {
     hangup: Mutex<Option<HangupCheck>>,
     conditionals: Mutex<Option<Arc<GraphConditionals>>>,
     heap: Mutex<Option<Arc<dyn DeviceHeap>>>,
+    device_state: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -528,6 +529,14 @@ impl RunControl {
     /// The device heap the launch's kernels use.
     pub fn heap(&self) -> Option<Arc<dyn DeviceHeap>> {
         self.heap.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    /// State the device keeps for this launch across its resumptions after yields (the
+    /// simulated GPU's grids launched by the kernel and not yet run), made by `make` at the
+    /// first call; `None` when state of another type is kept.
+    pub fn device_state<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<Arc<T>> {
+        let mut g = self.device_state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = g.get_or_insert_with(|| Arc::new(make()) as Arc<dyn Any + Send + Sync>);
+        Arc::clone(s).downcast::<T>().ok()
     }
     /// Lets [`RunControl::poll_cancelled`] cancel the work when `check` says its client has
     /// gone: for work the device runs on the caller's thread (a module load), which nothing

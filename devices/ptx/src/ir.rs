@@ -401,6 +401,29 @@ pub(crate) enum Builtin {
     AlignedMalloc,
     /// `free(ptr)`: gives back what `malloc` returned (`NULL`: nothing).
     Free,
+    /// `cnpGetParameterBufferV2(kernel, grid, block, shared)` (CUDA 11's `libcudadevrt`) or
+    /// `__cudaCDP2GetParameterBufferV2` (what CUDA 12 compiles a device launch to): a
+    /// parameter buffer for a device launch (dynamic parallelism).
+    GetParameterBuffer,
+    /// `cnpLaunchDeviceV2(buffer, stream)` or `__cudaCDP2LaunchDeviceV2`: launches the grid a
+    /// parameter buffer was made for.
+    LaunchDevice(ErrorCodes),
+    /// `cnpGetLastError()` or `__cudaCDP2GetLastError()`: the device runtime's last error
+    /// (a `cudaError_t` either way), reset.
+    GetLastError,
+    /// `cnpPeekAtLastError()` or `__cudaCDP2PeekAtLastError()`: the last error, kept.
+    PeekAtLastError,
+    /// `cnpSetLastError(error)`.
+    SetLastError,
+}
+
+/// Which codes a device-runtime builtin answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorCodes {
+    /// The device runtime's `CNPerror`, which CUDA 11's `libcudadevrt` translates.
+    Cnp,
+    /// `cudaError_t` (CUDA 12's `__cudaCDP2*` calls).
+    Cuda,
 }
 
 /// A call of a [`Builtin`].

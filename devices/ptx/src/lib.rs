@@ -18,6 +18,7 @@
 
 mod cfg;
 mod decode;
+pub mod devlaunch;
 mod devrt;
 mod error;
 mod exec;
@@ -312,6 +313,7 @@ pub struct LaunchControl {
     state_budget: Mutex<Option<Arc<dyn StateBudget>>>,
     conditionals: Mutex<Option<Arc<dyn GraphConditionals>>>,
     heap: Mutex<Option<Arc<dyn heap::DeviceHeap>>>,
+    device_launches: Mutex<Option<Arc<devlaunch::DeviceLaunches>>>,
 }
 
 impl LaunchControl {
@@ -498,6 +500,24 @@ impl LaunchControl {
             Err(p) => p.into_inner().clone(),
         }
     }
+
+    /// Where the launch's kernels' own launches (dynamic parallelism) are kept: the caller
+    /// keeps it across the launch's resumptions after yields. `None`: device-side launches
+    /// fail (their parameter buffers are `NULL`).
+    pub fn set_device_launches(&self, launches: Option<Arc<devlaunch::DeviceLaunches>>) {
+        match self.device_launches.lock() {
+            Ok(mut g) => *g = launches,
+            Err(p) => *p.into_inner() = launches,
+        }
+    }
+
+    /// The launch's device-side launches.
+    pub fn device_launches(&self) -> Option<Arc<devlaunch::DeviceLaunches>> {
+        match self.device_launches.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
 }
 
 /// Takes one block's interpreter state (`per_block` bytes) for each of `workers` workers from
@@ -610,10 +630,17 @@ impl Module {
         self.prog.kernels.iter().find(|k| k.name == name)
     }
 
-    /// Whether its kernels may call the device heap (`malloc`, `free`): a launch of one needs
-    /// [`LaunchControl::set_heap`], or their `malloc` answers `NULL`.
+    /// Whether its kernels may call the device heap (`malloc`, `free`, and device-side
+    /// launches' parameter buffers): a launch of one needs [`LaunchControl::set_heap`], or
+    /// their `malloc` answers `NULL`.
     pub fn uses_heap(&self) -> bool {
         self.prog.uses_heap
+    }
+
+    /// Whether its kernels may launch kernels (dynamic parallelism): a launch of one needs
+    /// [`LaunchControl::set_device_launches`] and a heap.
+    pub fn launches_kernels(&self) -> bool {
+        self.prog.launches_kernels
     }
 
     /// Module-scope `.global` and `.const` variables in a fixed order.
@@ -622,8 +649,81 @@ impl Module {
     }
 
     /// Runs blocks of a kernel from `launch.start_block` until all have run, a yield is
-    /// requested, or a fault stops it.
+    /// requested, or a fault stops it; then the grids its kernels launched (dynamic
+    /// parallelism, [`devlaunch`]), and theirs, in launch order. A yield while a child grid
+    /// runs answers `Yielded` with `next_block` past the parent's blocks; resumed so, the launch
+    /// goes on with that child.
     pub fn launch(&self, launch: &Launch<'_>) -> Result<Progress, Fault> {
+        let Some(launches) = launch.control.device_launches() else {
+            return self.run_grid(launch, false);
+        };
+        let total = launch.grid.iter().map(|&d| u64::from(d)).product::<u64>();
+        let r = self.launch_with_children(launch, &launches, total);
+        if !matches!(r, Ok(Progress::Yielded { .. })) {
+            // Buffers handed out and never launched go back to the heap.
+            let heap = launch.control.heap();
+            for addr in launches.finish() {
+                if let Some(h) = &heap {
+                    h.free(addr);
+                }
+            }
+        }
+        r
+    }
+
+    fn launch_with_children(
+        &self,
+        launch: &Launch<'_>,
+        launches: &devlaunch::DeviceLaunches,
+        total: u64,
+    ) -> Result<Progress, Fault> {
+        let mut stats = Stats::default();
+        if launch.start_block < total {
+            match self.run_grid(launch, false)? {
+                Progress::Completed(s) => stats = s,
+                y @ Progress::Yielded { .. } => return Ok(y),
+            }
+        }
+        while let Some(child) = launches.next_child() {
+            let info = &self.prog.kernels[child.kernel];
+            let r = self.run_grid(
+                &Launch {
+                    kernel: &info.name,
+                    grid: child.grid,
+                    block: child.block,
+                    dynamic_shared: child.shared,
+                    params: &child.params,
+                    start_block: child.next_block,
+                    ..*launch
+                },
+                true,
+            )?;
+            match r {
+                Progress::Completed(s) => {
+                    stats.thread_instructions += s.thread_instructions;
+                    stats.blocks += s.blocks;
+                    launches.child_done();
+                }
+                Progress::Yielded {
+                    next_block,
+                    stats: s,
+                } => {
+                    launches.child_yielded(next_block);
+                    stats.thread_instructions += s.thread_instructions;
+                    stats.blocks += s.blocks;
+                    return Ok(Progress::Yielded {
+                        next_block: total,
+                        stats,
+                    });
+                }
+            }
+        }
+        Ok(Progress::Completed(stats))
+    }
+
+    /// Runs blocks of one grid from `launch.start_block`; a `child` grid (launched by a
+    /// kernel) is never cooperative.
+    fn run_grid(&self, launch: &Launch<'_>, child: bool) -> Result<Progress, Fault> {
         let Some(kidx) = self
             .prog
             .kernels
@@ -713,7 +813,11 @@ impl Module {
         if remaining == 0 {
             return Ok(Progress::Completed(Stats::default()));
         }
-        let grid_workspace = launch.control.grid_workspace();
+        let grid_workspace = if child {
+            0
+        } else {
+            launch.control.grid_workspace()
+        };
         let cooperative = grid_workspace != 0;
         if cooperative && (launch.start_block != 0 || total > MAX_COOPERATIVE_BLOCKS) {
             return Err(Fault::new(
@@ -763,6 +867,7 @@ impl Module {
         let output = launch.control.output();
         let conditionals = launch.control.conditionals();
         let heap = launch.control.heap();
+        let launches = launch.control.device_launches();
         let ctx = exec::Ctx {
             prog: &self.prog,
             layout,
@@ -784,6 +889,7 @@ impl Module {
             output: output.as_deref(),
             conditionals: conditionals.as_deref(),
             heap: heap.as_deref(),
+            launches: launches.as_deref(),
             grid_workspace,
             budget: budget.as_deref(),
             frames_paid,

@@ -403,6 +403,12 @@ impl SimModule {
                 .conditionals()
                 .map(|c| Arc::new(Conditionals(c)) as Arc<dyn vgpu_ptx::GraphConditionals>),
         );
+        // Grids the kernel launches wait in state that outlives a yield.
+        if module.launches_kernels() {
+            ptx_control.set_device_launches(
+                control.device_state(vgpu_ptx::devlaunch::DeviceLaunches::new),
+            );
+        }
         ptx_control.set_heap(control.heap().and_then(|h| {
             h.as_any()
                 .downcast_ref::<SimHeap>()

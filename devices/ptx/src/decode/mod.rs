@@ -116,8 +116,11 @@ pub(crate) struct Program {
     pub globals: Vec<GlobalVar>,
     pub kernels: Vec<KernelInfo>,
     pub layouts: Vec<KernelLayout>,
-    /// Whether it declares the device heap's calls (`malloc`, `free`).
+    /// Whether it declares the device heap's calls (`malloc`, `free`, and dynamic
+    /// parallelism's parameter buffers, which come from the heap).
     pub uses_heap: bool,
+    /// Whether its kernels may launch kernels (dynamic parallelism).
+    pub launches_kernels: bool,
 }
 
 /// What a name refers to inside a function.

@@ -361,16 +361,23 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
         }
     }
     resolve_relocs(&mut m)?;
-    let uses_heap = m
+    let uses_heap = m.builtins.values().any(|b| {
+        matches!(
+            b,
+            Builtin::Malloc | Builtin::AlignedMalloc | Builtin::Free | Builtin::GetParameterBuffer
+        )
+    });
+    let launches_kernels = m
         .builtins
         .values()
-        .any(|b| matches!(b, Builtin::Malloc | Builtin::AlignedMalloc | Builtin::Free));
+        .any(|b| matches!(b, Builtin::LaunchDevice(_)));
     Ok(Program {
         funcs,
         globals: m.globals,
         kernels,
         layouts,
         uses_heap,
+        launches_kernels,
     })
 }
 
@@ -378,7 +385,10 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
 /// declares: `vprintf(.b64, .b64) -> .b32`, `__assertfail(.b64, .b64, .b32, .b64, .b64)`,
 /// `cudaGraphSetConditional(.b64, .b32)`, `malloc(.b64) -> .b64`,
 /// `__nv_aligned_device_malloc(.b64, .b64) -> .b64` (which NVRTC calls
-/// `__cuda_syscall_aligned_malloc`) and `free(.b64)`.
+/// `__cuda_syscall_aligned_malloc`), `free(.b64)`, and the device runtime's calls for dynamic
+/// parallelism: `cnpGetParameterBufferV2(.b64, .b8[12], .b8[12], .b32) -> .b64`,
+/// `cnpLaunchDeviceV2(.b64, .b64) -> .b32`, `cnpGetLastError() -> .b32` and
+/// `cnpSetLastError(.b32)`.
 pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
     let sizes: Vec<u32> = sig.formals.iter().map(|&(_, s)| s).collect();
     let rets: Vec<u32> = sig.rets.iter().map(|&(_, s)| s).collect();
@@ -397,6 +407,24 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
             Some(Builtin::AlignedMalloc)
         }
         "free" if sizes == [8] && sig.rets.is_empty() => Some(Builtin::Free),
+        "cnpGetParameterBufferV2" | "__cudaCDP2GetParameterBufferV2"
+            if sizes == [8, 12, 12, 4] && rets == [8] =>
+        {
+            Some(Builtin::GetParameterBuffer)
+        }
+        "cnpLaunchDeviceV2" if sizes == [8, 8] && rets == [4] => {
+            Some(Builtin::LaunchDevice(ErrorCodes::Cnp))
+        }
+        "__cudaCDP2LaunchDeviceV2" if sizes == [8, 8] && rets == [4] => {
+            Some(Builtin::LaunchDevice(ErrorCodes::Cuda))
+        }
+        "cnpGetLastError" | "__cudaCDP2GetLastError" if sizes.is_empty() && rets == [4] => {
+            Some(Builtin::GetLastError)
+        }
+        "cnpPeekAtLastError" | "__cudaCDP2PeekAtLastError" if sizes.is_empty() && rets == [4] => {
+            Some(Builtin::PeekAtLastError)
+        }
+        "cnpSetLastError" if sizes == [4] && rets.len() <= 1 => Some(Builtin::SetLastError),
         _ => None,
     }
 }

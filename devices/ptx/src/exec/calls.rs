@@ -171,6 +171,14 @@ impl<'a> Worker<'a> {
                 write_rets(warp, b, m, &rets);
                 Ok(())
             }
+            Builtin::GetParameterBuffer
+            | Builtin::LaunchDevice(_)
+            | Builtin::GetLastError
+            | Builtin::PeekAtLastError
+            | Builtin::SetLastError => {
+                self.device_runtime(warp, b, m);
+                Ok(())
+            }
             Builtin::Free => {
                 for l in 0..32 {
                     let ptr = arg(l, 0);
@@ -369,7 +377,7 @@ impl<'a> Worker<'a> {
 }
 
 /// Writes each lane's result of builtin call `b` (for the lanes in `m`) into its `.param`.
-fn write_rets(warp: &mut Warp, b: &BuiltinCall, m: u32, rets: &[u64; 32]) {
+pub(super) fn write_rets(warp: &mut Warp, b: &BuiltinCall, m: u32, rets: &[u64; 32]) {
     let (Some((off, size)), Some(frame)) = (b.ret, warp.frames.last_mut()) else {
         return;
     };

@@ -98,6 +98,8 @@ pub(crate) struct Ctx<'a> {
     pub conditionals: Option<&'a dyn GraphConditionals>,
     /// The device heap of `malloc` and `free`.
     pub heap: Option<&'a dyn crate::heap::DeviceHeap>,
+    /// The launch's device-side launches (dynamic parallelism).
+    pub launches: Option<&'a crate::devlaunch::DeviceLaunches>,
     /// A cooperative launch's grid workspace (0: not cooperative).
     pub grid_workspace: u64,
     /// The tenant's budget for interpreter state, charged for call frames past `frames_paid`.
@@ -233,6 +235,7 @@ mod calls;
 mod dispatch;
 mod fp;
 mod int;
+mod launches;
 mod mbarrier;
 mod memory;
 mod mma;

@@ -7,6 +7,7 @@ mod cooperative;
 mod corpus;
 mod cubemap;
 mod deviceio;
+mod dynamic;
 mod faults;
 mod floatops;
 mod fp8;

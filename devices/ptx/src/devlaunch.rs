@@ -1,0 +1,284 @@
+//! Dynamic parallelism: kernels launching kernels (`kernel<<<g, b>>>()` in device code).
+//!
+//! nvcc compiles a device-side launch into the device runtime's `cudaGetParameterBufferV2`
+//! (a buffer for the child's parameters) and `cudaLaunchDeviceV2` (the launch), which
+//! `libcudadevrt` implements with `cnpGetParameterBufferV2` and `cnpLaunchDeviceV2`, calls
+//! NVIDIA's driver supplies. The interpreter supplies them: a parameter buffer comes from the
+//! process's device heap, and a launch queues the child grid with a copy of its parameters. The
+//! children run once their parent's blocks have all run, in the order they were launched, and
+//! their own children after them: the parent grid is complete when all its descendants are, as
+//! CUDA defines it. (A parent can no longer wait for its children since CUDA 12 removed
+//! `cudaDeviceSynchronize` from device code, so running them after it is one of the orders a
+//! GPU may choose; CUDA 11's device-side `cudaDeviceSynchronize` is refused at load.)
+//!
+//! Bounds, as CUDA's: at most [`MAX_PENDING_LAUNCHES`] launches waiting to run or holding a
+//! parameter buffer (`cudaLimitDevRuntimePendingLaunchCount`), and grids nested at most
+//! [`MAX_DEPTH`] deep, with at most [`MAX_PARAM_BYTES`] of parameters; past them the launch
+//! fails with CUDA's error and nothing is queued. A launch's descendants all run within its
+//! watchdog deadline.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+/// Device launches a launch may have pending (CUDA's default
+/// `cudaLimitDevRuntimePendingLaunchCount`).
+pub const MAX_PENDING_LAUNCHES: usize = 2048;
+/// How deep grids may nest: a kernel at this depth (the host's launch is depth 0) cannot launch
+/// (CUDA's hardware limit).
+pub const MAX_DEPTH: u32 = 24;
+/// Alignment of a parameter buffer.
+pub const PARAM_BUFFER_ALIGN: u64 = 64;
+/// The most parameter bytes a kernel launched from the device may take (CUDA's 4 KiB), which
+/// bounds what pending launches hold on the host to 8 MiB per launch.
+pub const MAX_PARAM_BYTES: usize = 4096;
+
+/// The device runtime's error codes (`CNPerror`), which `libcudadevrt` translates into
+/// `cudaError_t` (`cnprtTranslateError`).
+pub mod cnp {
+    /// Success.
+    pub const SUCCESS: u32 = 0;
+    /// `cudaErrorInvalidValue`.
+    pub const INVALID_VALUE: u32 = 1;
+    /// `cudaErrorLaunchMaxDepthExceeded`.
+    pub const MAX_DEPTH_EXCEEDED: u32 = 5;
+    /// `cudaErrorInvalidConfiguration`.
+    pub const INVALID_CONFIGURATION: u32 = 7;
+    /// `cudaErrorLaunchPendingCountExceeded`.
+    pub const PENDING_COUNT_EXCEEDED: u32 = 12;
+
+    /// The `cudaError_t` of a device runtime error, as `libcudadevrt` translates it.
+    pub fn to_cuda(e: u32) -> u32 {
+        match e {
+            SUCCESS => 0,
+            INVALID_VALUE => 1,
+            MAX_DEPTH_EXCEEDED => 65,
+            INVALID_CONFIGURATION => 9,
+            PENDING_COUNT_EXCEEDED => 69,
+            // cudaErrorUnknown.
+            _ => 999,
+        }
+    }
+}
+
+/// A child grid: which kernel, its shape and its parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildGrid {
+    /// Its kernel's index in the module.
+    pub kernel: usize,
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory.
+    pub shared: u32,
+    /// Its depth (the host's launch is 0).
+    pub depth: u32,
+    /// Its parameters, copied at the launch.
+    pub params: Vec<u8>,
+    /// The next block to run (0 until it yields).
+    pub next_block: u64,
+}
+
+/// The launch a parameter buffer was handed out for, not yet made.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pending {
+    pub kernel: usize,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared: u32,
+    pub depth: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    buffers: HashMap<u64, Pending>,
+    queue: VecDeque<ChildGrid>,
+    /// The child running now (kept across a yield).
+    running: Option<ChildGrid>,
+    /// The depth of the grid running now.
+    depth: u32,
+    /// The device runtime's last error (`cudaGetLastError` in device code), a `cudaError_t`.
+    last_error: u32,
+}
+
+/// A launch's device-side launches: parameter buffers handed out, child grids waiting, and the
+/// one running. Kept across the launch's yields (the device keeps it with the launch).
+#[derive(Debug, Default)]
+pub struct DeviceLaunches {
+    state: Mutex<State>,
+}
+
+impl DeviceLaunches {
+    /// No launches yet.
+    pub fn new() -> DeviceLaunches {
+        DeviceLaunches::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Launches pending: buffers handed out and grids waiting to run.
+    pub fn pending(&self) -> usize {
+        let s = self.state();
+        s.buffers.len() + s.queue.len()
+    }
+
+    /// The depth of the grid running now.
+    pub fn depth(&self) -> u32 {
+        self.state().depth
+    }
+
+    /// Records a parameter buffer at `addr` for a launch of `kernel` from the grid running now;
+    /// the caller checked [`DeviceLaunches::admit`] first.
+    pub(crate) fn hand_out(
+        &self,
+        addr: u64,
+        kernel: usize,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+    ) {
+        let mut s = self.state();
+        let depth = s.depth + 1;
+        s.buffers.insert(
+            addr,
+            Pending {
+                kernel,
+                grid,
+                block,
+                shared,
+                depth,
+            },
+        );
+    }
+
+    /// Whether the grid running now may launch another: `Err` with the device runtime's error.
+    pub(crate) fn admit(&self) -> Result<(), u32> {
+        let s = self.state();
+        if s.depth + 1 > MAX_DEPTH {
+            return Err(cnp::MAX_DEPTH_EXCEEDED);
+        }
+        if s.buffers.len() + s.queue.len() >= MAX_PENDING_LAUNCHES {
+            return Err(cnp::PENDING_COUNT_EXCEEDED);
+        }
+        Ok(())
+    }
+
+    /// The launch recorded for the buffer at `addr`, taken; `None` when no buffer was handed
+    /// out there.
+    pub(crate) fn take_buffer(&self, addr: u64) -> Option<Pending> {
+        self.state().buffers.remove(&addr)
+    }
+
+    /// Queues a child grid.
+    pub(crate) fn queue(&self, child: ChildGrid) {
+        self.state().queue.push_back(child);
+    }
+
+    /// The child grid to run next (the one that yielded, else the first waiting), made the
+    /// running one; `None` when none is left. Sets the running depth to its own.
+    pub(crate) fn next_child(&self) -> Option<ChildGrid> {
+        let mut s = self.state();
+        let c = match s.running.take() {
+            Some(c) => c,
+            None => s.queue.pop_front()?,
+        };
+        s.depth = c.depth;
+        s.running = Some(c.clone());
+        Some(c)
+    }
+
+    /// The running child stopped at a yield before `next_block`.
+    pub(crate) fn child_yielded(&self, next_block: u64) {
+        if let Some(c) = self.state().running.as_mut() {
+            c.next_block = next_block;
+        }
+    }
+
+    /// The running child completed.
+    pub(crate) fn child_done(&self) {
+        let mut s = self.state();
+        s.running = None;
+        s.depth = 0;
+    }
+
+    /// The launch ended (completed or failed): what is left is dropped; returns the parameter
+    /// buffers still handed out, for their memory to go back to the heap.
+    pub(crate) fn finish(&self) -> Vec<u64> {
+        let mut s = self.state();
+        s.queue.clear();
+        s.running = None;
+        s.depth = 0;
+        s.buffers.drain().map(|(a, _)| a).collect()
+    }
+
+    /// `cudaGetLastError` in device code: the last error, reset.
+    pub(crate) fn take_error(&self) -> u32 {
+        std::mem::take(&mut self.state().last_error)
+    }
+
+    /// `cudaPeekAtLastError` in device code: the last error, kept.
+    pub(crate) fn last_error(&self) -> u32 {
+        self.state().last_error
+    }
+
+    /// Records the device runtime's last error (a `cudaError_t`).
+    pub(crate) fn set_error(&self, e: u32) {
+        self.state().last_error = e;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(kernel: usize, depth: u32) -> ChildGrid {
+        ChildGrid {
+            kernel,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared: 0,
+            depth,
+            params: Vec::new(),
+            next_block: 0,
+        }
+    }
+
+    #[test]
+    fn children_run_in_launch_order_and_a_yielded_one_resumes_first() {
+        let d = DeviceLaunches::new();
+        d.queue(child(1, 1));
+        d.queue(child(2, 1));
+        let c = d.next_child().unwrap();
+        assert_eq!((c.kernel, d.depth()), (1, 1));
+        d.child_yielded(7);
+        let c = d.next_child().unwrap();
+        assert_eq!(
+            (c.kernel, c.next_block),
+            (1, 7),
+            "the yielded child goes on"
+        );
+        d.child_done();
+        assert_eq!(d.next_child().unwrap().kernel, 2);
+        d.child_done();
+        assert!(d.next_child().is_none());
+    }
+
+    #[test]
+    fn pending_launches_and_depth_are_bounded() {
+        let d = DeviceLaunches::new();
+        for i in 0..MAX_PENDING_LAUNCHES as u64 {
+            assert_eq!(d.admit(), Ok(()));
+            d.hand_out(i * 64, 0, [1; 3], [1; 3], 0);
+        }
+        assert_eq!(d.admit(), Err(cnp::PENDING_COUNT_EXCEEDED));
+        assert!(d.take_buffer(64).is_some());
+        assert!(d.take_buffer(64).is_none(), "a buffer launches once");
+        assert_eq!(d.admit(), Ok(()));
+        assert_eq!(d.finish().len(), MAX_PENDING_LAUNCHES - 1);
+        d.queue(child(0, MAX_DEPTH));
+        d.next_child().unwrap();
+        assert_eq!(d.admit(), Err(cnp::MAX_DEPTH_EXCEEDED));
+    }
+}

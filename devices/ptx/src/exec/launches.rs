@@ -1,0 +1,175 @@
+//! The device runtime's calls for dynamic parallelism (`cnpGetParameterBufferV2`,
+//! `cnpLaunchDeviceV2`, `cnpGetLastError`, `cnpSetLastError`), for the lanes of a warp in lane
+//! order; what they record is in [`crate::devlaunch`].
+
+use super::*;
+use crate::devlaunch::{ChildGrid, PARAM_BUFFER_ALIGN, cnp};
+
+/// The bytes of one lane's `.param` argument `i` of builtin call `b`.
+fn arg_bytes<'f>(frame: &'f Frame, b: &BuiltinCall, l: usize, i: usize) -> &'f [u8] {
+    let Some(&(off, size)) = b.args.get(i) else {
+        return &[];
+    };
+    let s = l * frame.param_bytes + off as usize;
+    frame.params.get(s..s + size as usize).unwrap_or(&[])
+}
+
+/// A `dim3` passed by value (12 bytes).
+fn dim3(b: &[u8]) -> [u32; 3] {
+    let w = |i: usize| {
+        b.get(i * 4..i * 4 + 4)
+            .map_or(0, |x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+    };
+    [w(0), w(1), w(2)]
+}
+
+/// A device runtime error as `codes` says.
+fn in_codes(e: u32, codes: ErrorCodes) -> u32 {
+    match codes {
+        ErrorCodes::Cnp => e,
+        ErrorCodes::Cuda => cnp::to_cuda(e),
+    }
+}
+
+fn le(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    let n = b.len().min(8);
+    a[..n].copy_from_slice(&b[..n]);
+    u64::from_le_bytes(a)
+}
+
+impl<'a> Worker<'a> {
+    pub(super) fn device_runtime(&mut self, warp: &mut Warp, b: &BuiltinCall, m: u32) {
+        let mut rets = [0u64; 32];
+        for l in 0..32 {
+            if m >> l & 1 == 0 {
+                continue;
+            }
+            let Some(frame) = warp.frames.last() else {
+                return;
+            };
+            rets[l] = match b.kind {
+                Builtin::GetParameterBuffer => self.parameter_buffer(
+                    le(arg_bytes(frame, b, l, 0)),
+                    dim3(arg_bytes(frame, b, l, 1)),
+                    dim3(arg_bytes(frame, b, l, 2)),
+                    le(arg_bytes(frame, b, l, 3)) as u32,
+                ),
+                Builtin::LaunchDevice(codes) => u64::from(in_codes(
+                    self.launch_device(le(arg_bytes(frame, b, l, 0))),
+                    codes,
+                )),
+                // The last error is a `cudaError_t` in either ABI (`libcudadevrt` stores
+                // translated codes with `cnpSetLastError`).
+                Builtin::GetLastError => u64::from(self.ctx.launches.map_or(0, |d| d.take_error())),
+                Builtin::PeekAtLastError => {
+                    u64::from(self.ctx.launches.map_or(0, |d| d.last_error()))
+                }
+                Builtin::SetLastError => {
+                    if let Some(d) = self.ctx.launches {
+                        d.set_error(le(arg_bytes(frame, b, l, 0)) as u32);
+                    }
+                    0
+                }
+                _ => 0,
+            };
+        }
+        super::calls::write_rets(warp, b, m, &rets);
+    }
+
+    /// The index of the kernel whose address `f` is.
+    fn kernel_at(&self, f: u64) -> Option<usize> {
+        let id = u32::try_from(f.checked_sub(crate::FUNCTION_WINDOW)?).ok()?;
+        self.ctx.prog.layouts.iter().position(|l| l.func == id)
+    }
+
+    /// `cnpGetParameterBufferV2`: a buffer from the heap for the parameters of a launch of the
+    /// kernel at `f`; 0 (the launch then does not happen) when `f` is no kernel (or one taking
+    /// more than 4 KiB of parameters), the launch would pass the pending or depth limits, or
+    /// the heap has no room.
+    fn parameter_buffer(&mut self, f: u64, grid: [u32; 3], block: [u32; 3], shared: u32) -> u64 {
+        let (Some(d), Some(heap)) = (self.ctx.launches, self.ctx.heap) else {
+            return 0;
+        };
+        let Some(kernel) = self
+            .kernel_at(f)
+            .filter(|&k| self.ctx.prog.kernels[k].param_bytes <= crate::devlaunch::MAX_PARAM_BYTES)
+        else {
+            d.set_error(cnp::to_cuda(cnp::INVALID_VALUE));
+            return 0;
+        };
+        if let Err(e) = d.admit() {
+            d.set_error(cnp::to_cuda(e));
+            return 0;
+        }
+        let bytes = (self.ctx.prog.kernels[kernel].param_bytes as u64).max(1);
+        let addr = heap.malloc(bytes, PARAM_BUFFER_ALIGN);
+        if addr == 0 {
+            d.set_error(cnp::to_cuda(cnp::PENDING_COUNT_EXCEEDED));
+            return 0;
+        }
+        d.hand_out(addr, kernel, grid, block, shared);
+        addr
+    }
+
+    /// `cnpLaunchDeviceV2`: queues the grid the buffer at `addr` was made for, with a copy of
+    /// the parameters written there, and gives the buffer back to the heap. A failure is also
+    /// the device runtime's last error (`cudaGetLastError` after a `<<<>>>` launch).
+    fn launch_device(&mut self, addr: u64) -> u32 {
+        let e = self.queue_launch(addr);
+        if e != cnp::SUCCESS
+            && let Some(d) = self.ctx.launches
+        {
+            d.set_error(cnp::to_cuda(e));
+        }
+        e
+    }
+
+    fn queue_launch(&mut self, addr: u64) -> u32 {
+        let Some(d) = self.ctx.launches else {
+            return cnp::INVALID_VALUE;
+        };
+        let Some(crate::devlaunch::Pending {
+            kernel,
+            grid,
+            block,
+            shared,
+            depth,
+        }) = d.take_buffer(addr)
+        else {
+            return cnp::INVALID_VALUE;
+        };
+        let info = &self.ctx.prog.kernels[kernel];
+        let mut params = vec![0u8; info.param_bytes];
+        let read = self
+            .ctx
+            .memory
+            .lookup(addr)
+            .is_some_and(|(base, buf)| buf.read((addr - base) as usize, &mut params).is_ok());
+        if let Some(heap) = self.ctx.heap {
+            heap.free(addr);
+        }
+        if !read {
+            return cnp::INVALID_VALUE;
+        }
+        let threads = block.iter().map(|&x| u64::from(x)).product::<u64>();
+        let fits = (0..3).all(|i| {
+            (1..=crate::MAX_GRID_DIM[i]).contains(&grid[i])
+                && (1..=crate::MAX_BLOCK_DIM[i]).contains(&block[i])
+        }) && threads <= u64::from(info.max_threads_per_block)
+            && shared as usize <= crate::MAX_SHARED_BYTES_PER_BLOCK;
+        if !fits {
+            return cnp::INVALID_CONFIGURATION;
+        }
+        d.queue(ChildGrid {
+            kernel,
+            grid,
+            block,
+            shared,
+            depth,
+            params,
+            next_block: 0,
+        });
+        cnp::SUCCESS
+    }
+}

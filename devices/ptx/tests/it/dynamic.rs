@@ -1,0 +1,248 @@
+//! Dynamic parallelism: kernels launching kernels, as NVRTC compiles them (`fixtures/dynamic.cu`,
+//! `-rdc=true`: CUDA 12's `__cudaCDP2*` calls).
+
+use std::sync::Arc;
+
+use vgpu_ptx::devlaunch::{DeviceLaunches, MAX_DEPTH};
+use vgpu_ptx::heap::{DeviceHeap, Heap};
+use vgpu_ptx::testutils::*;
+use vgpu_ptx::*;
+
+struct Rig {
+    m: Module,
+    mem: TestMemory,
+    globals: Vec<u64>,
+    heap: Arc<Heap>,
+    launches: Arc<DeviceLaunches>,
+}
+
+impl Rig {
+    fn new(arch: &str) -> Rig {
+        let m = load_fixture("dynamic", arch);
+        let mem = TestMemory::new();
+        let globals = alloc_globals(&m, &mem);
+        let base = mem.alloc(1 << 20);
+        Rig {
+            heap: Arc::new(Heap::new(base, 1 << 20)),
+            m,
+            mem,
+            globals,
+            launches: Arc::new(DeviceLaunches::new()),
+        }
+    }
+
+    fn control(&self) -> LaunchControl {
+        let c = LaunchControl::new();
+        c.set_heap(Some(Arc::clone(&self.heap) as Arc<dyn DeviceHeap>));
+        c.set_device_launches(Some(Arc::clone(&self.launches)));
+        c
+    }
+
+    fn run_on(
+        &self,
+        kernel: &str,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+        control: &LaunchControl,
+        start_block: u64,
+    ) -> Result<Progress, Fault> {
+        let params = pack_params(self.m.kernel(kernel).unwrap(), args);
+        self.m.launch(&Launch {
+            kernel,
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            dynamic_shared: 0,
+            params: &params,
+            globals: &self.globals,
+            memory: &self.mem,
+            start_block,
+            workers: 3,
+            control,
+        })
+    }
+
+    fn run(&self, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Progress {
+        self.run_on(kernel, grid, block, args, &self.control(), 0)
+            .unwrap_or_else(|f| panic!("{kernel}: {f}"))
+    }
+}
+
+#[test]
+fn a_kernel_launches_a_child_grid_per_block() {
+    for arch in ARCHS {
+        let r = Rig::new(arch);
+        assert!(r.m.launches_kernels() && r.m.uses_heap());
+        let out = r.mem.alloc(4 * 128);
+        r.mem.write(out, &[-1i32; 128]);
+        r.run("parent", 4, 32, &[Arg::U64(out)]);
+        let want: Vec<i32> = (0..128).map(|i| 2 * i).collect();
+        assert_eq!(r.mem.read::<i32>(out, 128), want, "{arch}");
+        assert_eq!(
+            r.heap.free_bytes(),
+            1 << 20,
+            "{arch}: parameter buffers given back"
+        );
+        assert_eq!(r.launches.pending(), 0);
+    }
+}
+
+#[test]
+fn children_see_their_parents_writes_and_run_in_order() {
+    let r = Rig::new("compute_80");
+    let cell = r.mem.alloc(8);
+    r.run("ordered", 1, 1, &[Arg::U64(cell)]);
+    assert_eq!(r.mem.read::<i32>(cell, 2), [41, 42]);
+}
+
+#[test]
+fn every_thread_launches_a_child_with_its_own_parameters() {
+    let r = Rig::new("compute_52");
+    let out = r.mem.alloc(4 * 512);
+    r.run("fan_out", 8, 64, &[Arg::U64(out)]);
+    let want: Vec<i32> = (0..512).map(|i| 2 * i).collect();
+    assert_eq!(r.mem.read::<i32>(out, 512), want);
+}
+
+#[test]
+fn grids_nest_to_cudas_depth_and_no_further() {
+    for arch in ARCHS {
+        let r = Rig::new(arch);
+        let out = r.mem.alloc(4 * 64);
+        let errs = r.mem.alloc(4 * 64);
+        r.run(
+            "nested",
+            1,
+            1,
+            &[Arg::U64(out), Arg::U64(errs), Arg::I32(0), Arg::I32(10)],
+        );
+        let got = r.mem.read::<i32>(out, 10);
+        assert_eq!(got, (1..=10).collect::<Vec<_>>(), "{arch}");
+        assert!(r.mem.read::<i32>(errs, 9).iter().all(|&e| e == 0), "{arch}");
+        // Depth 24 is the deepest a launch may start from; the launch from it fails with
+        // cudaErrorLaunchMaxDepthExceeded (65).
+        r.mem.write(out, &[0i32; 64]);
+        r.run(
+            "nested",
+            1,
+            1,
+            &[Arg::U64(out), Arg::U64(errs), Arg::I32(0), Arg::I32(40)],
+        );
+        let depth = MAX_DEPTH as usize;
+        let got = r.mem.read::<i32>(out, 40);
+        assert!(
+            got[..=depth]
+                .iter()
+                .enumerate()
+                .all(|(d, &v)| v == d as i32 + 1),
+            "{arch} {got:?}"
+        );
+        assert!(got[depth + 1..].iter().all(|&v| v == 0), "{arch} {got:?}");
+        assert_eq!(r.mem.read::<i32>(errs, 64)[depth], 65, "{arch}");
+        assert_eq!(r.heap.free_bytes(), 1 << 20, "{arch}");
+    }
+}
+
+#[test]
+fn a_bad_configuration_fails_the_launch_not_the_parent() {
+    let r = Rig::new("compute_80");
+    let out = r.mem.alloc(4 * 32);
+    let err = r.mem.alloc(4);
+    r.mem.write(out, &[-1i32; 32]);
+    r.run("bad_config", 1, 1, &[Arg::U64(out), Arg::U64(err)]);
+    assert_eq!(
+        r.mem.read::<i32>(err, 1),
+        [9],
+        "cudaErrorInvalidConfiguration"
+    );
+    assert!(
+        r.mem.read::<i32>(out, 32).iter().all(|&v| v == -1),
+        "nothing ran"
+    );
+    assert_eq!(r.heap.free_bytes(), 1 << 20);
+}
+
+#[test]
+fn without_a_heap_or_launch_state_device_launches_do_nothing() {
+    let r = Rig::new("compute_80");
+    let out = r.mem.alloc(4 * 128);
+    r.mem.write(out, &[-1i32; 128]);
+    let c = LaunchControl::new();
+    r.run_on("parent", 4, 32, &[Arg::U64(out)], &c, 0).unwrap();
+    assert!(r.mem.read::<i32>(out, 128).iter().all(|&v| v == -1));
+}
+
+/// Runs `fan_out` (8 blocks launching 512 children) while another thread asks it to yield every
+/// 100 µs, resuming it after each yield as the broker does; returns the yields that came while
+/// a child grid ran.
+fn run_with_yields(r: &Rig, out: u64) -> usize {
+    let c = r.control();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+                c.request_yield();
+            }
+        });
+        let (mut start, mut yields, mut in_children) = (0, 0, 0);
+        loop {
+            c.clear_yield();
+            match r
+                .run_on("fan_out", 8, 64, &[Arg::U64(out)], &c, start)
+                .unwrap()
+            {
+                Progress::Completed(_) => break,
+                Progress::Yielded { next_block, .. } => {
+                    yields += 1;
+                    assert!(yields < 100_000, "no progress");
+                    // Past the parent's 8 blocks: a child grid yielded.
+                    in_children += usize::from(next_block == 8);
+                    start = next_block;
+                }
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        in_children
+    })
+}
+
+#[test]
+fn a_yield_while_children_run_resumes_with_them() {
+    let r = Rig::new("compute_80");
+    let out = r.mem.alloc(4 * 512);
+    let want: Vec<i32> = (0..512).map(|i| 2 * i).collect();
+    // Until a yield lands while children run (timing decides where yields land).
+    let mut hit = false;
+    for _ in 0..20 {
+        r.mem.write(out, &[-1i32; 512]);
+        hit = run_with_yields(&r, out) > 0;
+        assert_eq!(r.mem.read::<i32>(out, 512), want);
+        assert_eq!(r.launches.pending(), 0);
+        if hit {
+            break;
+        }
+    }
+    assert!(hit, "no yield came while children ran in 20 runs");
+}
+
+#[test]
+fn a_launch_bomb_is_cut_by_the_pending_limit_and_gives_everything_back() {
+    let r = Rig::new("compute_80");
+    let count = r.mem.alloc(8);
+    let c = r.control();
+    c.set_deadline(Some(
+        std::time::Instant::now() + std::time::Duration::from_secs(20),
+    ));
+    // Each grid's two threads launch two more: launches past the 2048 pending fail, so the
+    // tree stops growing long before the nesting limit (2^24 grids) would stop it.
+    match r.run_on("bomb", 1, 2, &[Arg::U64(count)], &c, 0) {
+        Ok(_) => {}
+        Err(f) => assert_eq!(f.kind, FaultKind::Timeout, "{f}"),
+    }
+    let grids = r.mem.read::<u64>(count, 1)[0] / 2;
+    assert!(grids > 2048 && grids < 1 << 20, "{grids} grids ran");
+    // What the launch held is gone with it.
+    assert_eq!(r.launches.pending(), 0);
+    assert_eq!(r.heap.free_bytes(), 1 << 20);
+}

@@ -102,6 +102,16 @@ fn nvcc_programs_link_separately_compiled_device_code() {
     run_nvcc_program("rdc", 2, &["static", "shared"]);
 }
 
+/// Dynamic parallelism (`-rdc=true`, `libcudadevrt`): a child grid per block, children that see
+/// their parent's writes and run in launch order, a recursive quicksort, launches nested to
+/// CUDA's depth limit and refused past it, a bad child configuration failing in the kernel.
+/// The runtime links libcudadevrt's PTX (`cudaLaunchDeviceV2`, with its address-valued error
+/// table); the simulated GPU supplies the driver's `cnp*` calls it makes.
+#[test]
+fn nvcc_programs_launch_kernels_from_kernels() {
+    run_nvcc_program("dynamic_parallelism", 9, &["static", "shared"]);
+}
+
 #[test]
 fn nvcc_programs_run_kernels() {
     run_nvcc_program("kernels", 25, ALL_RUNTIMES);

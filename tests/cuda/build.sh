@@ -133,4 +133,21 @@ for variant in "${VARIANTS[@]}"; do
         -cudart "$variant" -o "$dst.tmp" "$SRC/rdc_main.cu" "$SRC/rdc_lib.cu"
     mv -f "$dst.tmp" "$dst"
 done
-echo "tests/cuda/build.sh: $OUT has ${PROGRAMS[*]} x {${VARIANTS[*]}} (texrefs: static and shared only), rdc (static and shared)"
+# dynamic_parallelism: kernels launching kernels (-rdc=true, libcudadevrt), PTX only; static and
+# shared cudart.
+for variant in "${VARIANTS[@]}"; do
+    case "$variant" in
+        static | shared) ;;
+        *) continue ;;
+    esac
+    dst="$OUT/dynamic_parallelism.$variant"
+    if [ -x "$dst" ] && [ "$dst" -nt "$SRC/dynamic_parallelism.cu" ] \
+        && [ "$dst" -nt "$SRC/check.h" ] && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
+        continue
+    fi
+    echo "nvcc -rdc=true -cudart $variant dynamic_parallelism.cu -lcudadevrt -> $dst"
+    "$NVCC" "${BASE_FLAGS[@]}" -gencode arch=compute_52,code=compute_52 "${EXTRA[@]}" -rdc=true \
+        -cudart "$variant" -o "$dst.tmp" "$SRC/dynamic_parallelism.cu" -lcudadevrt
+    mv -f "$dst.tmp" "$dst"
+done
+echo "tests/cuda/build.sh: $OUT has ${PROGRAMS[*]} x {${VARIANTS[*]}} (texrefs: static and shared only), rdc and dynamic_parallelism (static and shared)"

@@ -1,0 +1,162 @@
+// Dynamic parallelism (built with -rdc=true and libcudadevrt): kernels launching kernels. A
+// child grid per block, children that see what their parent wrote before launching them and
+// run in launch order, a recursive quicksort that launches its halves, launches nested to
+// CUDA's depth limit and failing past it, a launch with a bad configuration failing in the
+// kernel, and a parent whose host-side synchronization waits for all its descendants.
+#include "check.h"
+
+#include <algorithm>
+#include <vector>
+
+__global__ void child(int *out, int base)
+{
+    int i = base + threadIdx.x;
+    out[i] = 3 * i + 1;
+}
+
+__global__ void parent(int *out)
+{
+    if (threadIdx.x == 0) child<<<1, blockDim.x>>>(out, blockIdx.x * blockDim.x);
+}
+
+__global__ void add_one(int *cell) { cell[0] += 1; }
+__global__ void times_ten(int *cell) { cell[0] *= 10; }
+
+// cell = ((5 + 1) * 10): the children see the parent's write and run in launch order.
+__global__ void ordered(int *cell)
+{
+    cell[0] = 5;
+    add_one<<<1, 1>>>(cell);
+    times_ten<<<1, 1>>>(cell);
+}
+
+// Quicksort: each launch partitions its range around its first element and launches a grid
+// for each side (small ranges are sorted by insertion in place).
+__global__ void quicksort(int *v, int lo, int hi, int depth)
+{
+    if (hi - lo < 16 || depth >= 20) {
+        for (int i = lo + 1; i <= hi; i++) {
+            int x = v[i], j = i - 1;
+            while (j >= lo && v[j] > x) {
+                v[j + 1] = v[j];
+                j--;
+            }
+            v[j + 1] = x;
+        }
+        return;
+    }
+    int pivot = v[lo], i = lo + 1, j = hi;
+    while (i <= j) {
+        while (i <= j && v[i] <= pivot) i++;
+        while (i <= j && v[j] > pivot) j--;
+        if (i < j) {
+            int t = v[i];
+            v[i] = v[j];
+            v[j] = t;
+        }
+    }
+    v[lo] = v[j];
+    v[j] = pivot;
+    quicksort<<<1, 1>>>(v, lo, j - 1, depth + 1);
+    quicksort<<<1, 1>>>(v, j + 1, hi, depth + 1);
+}
+
+// A chain of launches: levels[d] = d + 1 and errs[d] = the launch's error at each depth.
+__global__ void nested(int *levels, int *errs, int depth, int max)
+{
+    levels[depth] = depth + 1;
+    if (depth + 1 < max) {
+        nested<<<1, 1>>>(levels, errs, depth + 1, max);
+        errs[depth] = (int)cudaGetLastError();
+    }
+}
+
+__global__ void bad_config(int *out, int *err)
+{
+    child<<<1, 4096>>>(out, 0);
+    err[0] = (int)cudaGetLastError();
+}
+
+int main()
+{
+    g_program = "dynamic_parallelism";
+    const int blocks = 8, threads = 64, n = blocks * threads;
+    int *out = nullptr;
+    REQUIRE(cudaMalloc(&out, n * sizeof(int)));
+    REQUIRE(cudaMemset(out, 0xff, n * sizeof(int)));
+    parent<<<blocks, threads>>>(out);
+    CHECK_CUDA("a kernel that launches kernels launches", cudaGetLastError());
+    CHECK_CUDA("and its children complete with it", cudaDeviceSynchronize());
+    std::vector<int> h(n);
+    REQUIRE(cudaMemcpy(h.data(), out, n * sizeof(int), cudaMemcpyDeviceToHost));
+    int bad = -1;
+    for (int i = 0; i < n && bad < 0; i++)
+        if (h[i] != 3 * i + 1) bad = i;
+    CHECK("each block's child grid wrote its part", bad < 0, "out[%d] = %d", bad, bad < 0 ? 0 : h[bad]);
+
+    int *cell = nullptr;
+    REQUIRE(cudaMalloc(&cell, sizeof(int)));
+    ordered<<<1, 1>>>(cell);
+    REQUIRE(cudaDeviceSynchronize());
+    int c = 0;
+    REQUIRE(cudaMemcpy(&c, cell, sizeof c, cudaMemcpyDeviceToHost));
+    CHECK("children see their parent's writes and run in launch order", c == 60, "%d", c);
+
+    const int len = 3000;
+    std::vector<int> data(len);
+    unsigned s = 12345;
+    for (int &x : data) x = int((s = s * 1103515245u + 12345u) >> 8) % 100000;
+    int *dv = nullptr;
+    REQUIRE(cudaMalloc(&dv, len * sizeof(int)));
+    REQUIRE(cudaMemcpy(dv, data.data(), len * sizeof(int), cudaMemcpyHostToDevice));
+    quicksort<<<1, 1>>>(dv, 0, len - 1, 0);
+    CHECK_CUDA("a recursive quicksort", cudaDeviceSynchronize());
+    std::vector<int> sorted(len);
+    REQUIRE(cudaMemcpy(sorted.data(), dv, len * sizeof(int), cudaMemcpyDeviceToHost));
+    std::sort(data.begin(), data.end());
+    CHECK("sorts what std::sort sorts", sorted == data, "first difference at %ld",
+          long(std::mismatch(sorted.begin(), sorted.end(), data.begin()).first - sorted.begin()));
+
+    int *levels = nullptr, *errs = nullptr;
+    REQUIRE(cudaMalloc(&levels, 64 * sizeof(int)));
+    REQUIRE(cudaMalloc(&errs, 64 * sizeof(int)));
+    REQUIRE(cudaMemset(levels, 0, 64 * sizeof(int)));
+    REQUIRE(cudaMemset(errs, 0, 64 * sizeof(int)));
+    nested<<<1, 1>>>(levels, errs, 0, 12);
+    REQUIRE(cudaDeviceSynchronize());
+    std::vector<int> lv(64), ev(64);
+    REQUIRE(cudaMemcpy(lv.data(), levels, 64 * sizeof(int), cudaMemcpyDeviceToHost));
+    REQUIRE(cudaMemcpy(ev.data(), errs, 64 * sizeof(int), cudaMemcpyDeviceToHost));
+    bool chain = true;
+    for (int d = 0; d < 12; d++) chain = chain && lv[d] == d + 1 && (d == 11 || ev[d] == 0);
+    CHECK("launches nest twelve deep", chain, "levels %d %d .. %d", lv[0], lv[1], lv[11]);
+
+    // CUDA's limit: a grid at depth 24 cannot launch.
+    REQUIRE(cudaMemset(levels, 0, 64 * sizeof(int)));
+    nested<<<1, 1>>>(levels, errs, 0, 40);
+    REQUIRE(cudaDeviceSynchronize());
+    REQUIRE(cudaMemcpy(lv.data(), levels, 64 * sizeof(int), cudaMemcpyDeviceToHost));
+    REQUIRE(cudaMemcpy(ev.data(), errs, 64 * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK("a launch past the nesting limit fails with cudaErrorLaunchMaxDepthExceeded",
+          lv[24] == 25 && lv[25] == 0 && ev[24] == cudaErrorLaunchMaxDepthExceeded, "levels[24] %d, [25] %d, err %d",
+          lv[24], lv[25], ev[24]);
+
+    int *err = nullptr;
+    REQUIRE(cudaMalloc(&err, sizeof(int)));
+    REQUIRE(cudaMemset(out, 0xff, n * sizeof(int)));
+    bad_config<<<1, 1>>>(out, err);
+    CHECK_CUDA("a bad child configuration does not fail the parent", cudaDeviceSynchronize());
+    int e = 0;
+    REQUIRE(cudaMemcpy(&e, err, sizeof e, cudaMemcpyDeviceToHost));
+    REQUIRE(cudaMemcpy(h.data(), out, n * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK("the kernel sees cudaErrorInvalidConfiguration and nothing runs",
+          e == cudaErrorInvalidConfiguration && h[0] == -1, "err %d, out[0] %d", e, h[0]);
+
+    CUDA_OK(cudaFree(out));
+    CUDA_OK(cudaFree(cell));
+    CUDA_OK(cudaFree(dv));
+    CUDA_OK(cudaFree(levels));
+    CUDA_OK(cudaFree(errs));
+    CUDA_OK(cudaFree(err));
+    return finish_summary();
+}

@@ -90,6 +90,25 @@ fn a_cuda_python_program_runs_unmodified() {
     }
 }
 
+/// Dynamic parallelism and the device heap from cuda-python: NVRTC with `-rdc=true`, the
+/// driver's linker with CUDA 12's `libcudadevrt.a`, kernels that launch kernels (nested to
+/// CUDA's limit and refused past it) and `malloc` memory a child fills and another frees
+/// (tests/python/dynamic_parallelism.py); the heap comes back with the VM's memory.
+#[test]
+fn cuda_python_kernels_launch_kernels_and_malloc() {
+    let out = runs_unmodified(
+        "import cuda.bindings.driver, cuda.bindings.nvrtc, nvidia.cuda_runtime",
+        "cuda-python (cuda-bindings) and nvidia-cuda-runtime-cu12 are",
+        ("cdp", 64 << 20),
+        "dynamic_parallelism.py",
+        &[],
+        &[],
+    );
+    if let Some(stdout) = out {
+        assert!(stdout.contains("8 checks"), "{stdout}");
+    }
+}
+
 #[test]
 fn cuda_core_graphs_with_conditional_nodes_run_unmodified() {
     runs_unmodified(

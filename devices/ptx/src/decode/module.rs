@@ -386,7 +386,8 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
 /// `cudaGraphSetConditional(.b64, .b32)`, `malloc(.b64) -> .b64`,
 /// `__nv_aligned_device_malloc(.b64, .b64) -> .b64` (which NVRTC calls
 /// `__cuda_syscall_aligned_malloc`), `free(.b64)`, and the device runtime's calls for dynamic
-/// parallelism: `cnpGetParameterBufferV2(.b64, .b8[12], .b8[12], .b32) -> .b64`,
+/// parallelism (CUDA 11's `libcudadevrt` calls them `cnp*`, CUDA 12's `__cuda_syscall_cnpv2*`):
+/// `cnpGetParameterBufferV2(.b64, .b8[12], .b8[12], .b32) -> .b64`,
 /// `cnpLaunchDeviceV2(.b64, .b64) -> .b32`, `cnpGetLastError() -> .b32` and
 /// `cnpSetLastError(.b32)`.
 pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
@@ -407,24 +408,38 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
             Some(Builtin::AlignedMalloc)
         }
         "free" if sizes == [8] && sig.rets.is_empty() => Some(Builtin::Free),
-        "cnpGetParameterBufferV2" | "__cudaCDP2GetParameterBufferV2"
+        "cnpGetParameterBufferV2"
+        | "__cuda_syscall_cnpv2GetParameterBufferV2"
+        | "__cudaCDP2GetParameterBufferV2"
             if sizes == [8, 12, 12, 4] && rets == [8] =>
         {
             Some(Builtin::GetParameterBuffer)
         }
-        "cnpLaunchDeviceV2" if sizes == [8, 8] && rets == [4] => {
+        "cnpLaunchDeviceV2" | "__cuda_syscall_cnpv2LaunchDeviceV2"
+            if sizes == [8, 8] && rets == [4] =>
+        {
             Some(Builtin::LaunchDevice(ErrorCodes::Cnp))
         }
         "__cudaCDP2LaunchDeviceV2" if sizes == [8, 8] && rets == [4] => {
             Some(Builtin::LaunchDevice(ErrorCodes::Cuda))
         }
-        "cnpGetLastError" | "__cudaCDP2GetLastError" if sizes.is_empty() && rets == [4] => {
+        "cnpGetLastError" | "__cuda_syscall_cnpv2GetLastError" | "__cudaCDP2GetLastError"
+            if sizes.is_empty() && rets == [4] =>
+        {
             Some(Builtin::GetLastError)
         }
-        "cnpPeekAtLastError" | "__cudaCDP2PeekAtLastError" if sizes.is_empty() && rets == [4] => {
+        "cnpPeekAtLastError"
+        | "__cuda_syscall_cnpv2PeekAtLastError"
+        | "__cudaCDP2PeekAtLastError"
+            if sizes.is_empty() && rets == [4] =>
+        {
             Some(Builtin::PeekAtLastError)
         }
-        "cnpSetLastError" if sizes == [4] && rets.len() <= 1 => Some(Builtin::SetLastError),
+        "cnpSetLastError" | "__cuda_syscall_cnpv2SetLastError"
+            if sizes == [4] && rets.len() <= 1 =>
+        {
+            Some(Builtin::SetLastError)
+        }
         _ => None,
     }
 }

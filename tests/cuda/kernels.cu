@@ -2,7 +2,8 @@
 // template kernel for float and int, __shared__ block reductions (static and
 // dynamic shared memory), atomicAdd histograms (global and shared), 2-D and
 // 3-D grids, by-value struct parameters, __constant__ initializers, device
-// globals, and launch-configuration errors. Self-checking: one `ok`/`FAIL`
+// globals, virtual functions and function pointers, and launch-configuration
+// errors. Self-checking: one `ok`/`FAIL`
 // line per check, exit status 1 if anything failed.
 #include "check.h"
 
@@ -182,6 +183,47 @@ __global__ void call_device_function(const float *in, float *out, int n)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = poly(in[i]);
+}
+
+// Virtual functions and function pointers: each thread makes an object of one of three
+// classes and calls its virtual functions (a warp's lanes call different functions at one call),
+// then calls through a table of device function pointers.
+struct Animal {
+    __device__ virtual int legs() const = 0;
+    __device__ virtual int sound(int x) const { return x; }
+    __device__ virtual ~Animal() {}
+};
+struct Dog : Animal {
+    __device__ int legs() const override { return 4; }
+    __device__ int sound(int x) const override { return 2 * x; }
+};
+struct Bird : Animal {
+    __device__ int legs() const override { return 2; }
+};
+struct Fish : Animal {
+    int fins;
+    __device__ explicit Fish(int f) : fins(f) {}
+    __device__ int legs() const override { return 0; }
+    __device__ int sound(int x) const override { return fins - x; }
+};
+
+typedef int (*binop_t)(int, int);
+__device__ int op_add(int a, int b) { return a + b; }
+__device__ int op_max(int a, int b) { return a > b ? a : b; }
+__device__ int op_xor(int a, int b) { return a ^ b; }
+__device__ binop_t g_ops[3] = {op_add, op_max, op_xor};
+
+__global__ void virtual_calls(int *legs, int *sounds, int *ops, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    Dog dog;
+    Bird bird;
+    Fish fish(i);
+    const Animal *a = i % 3 == 0 ? (const Animal *)&dog : i % 3 == 1 ? (const Animal *)&bird : (const Animal *)&fish;
+    legs[i] = a->legs();
+    sounds[i] = a->sound(7);
+    ops[i] = g_ops[i % 3](i, 100);
 }
 
 // ---------------------------------------------------------------- tests
@@ -593,6 +635,28 @@ static void test_launch_errors()
     cudaFree(d);
 }
 
+static void test_virtual_calls()
+{
+    const int n = 200;
+    int *d = nullptr;
+    if (!CUDA_OK(cudaMalloc(&d, 3 * n * sizeof(int)))) return;
+    virtual_calls<<<(n + 63) / 64, 64>>>(d, d + n, d + 2 * n, n);
+    if (launched("virtual functions and function pointers")) {
+        std::vector<int> h(3 * n);
+        CUDA_OK(cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost));
+        int bad = -1;
+        for (int i = 0; i < n && bad < 0; ++i) {
+            int legs = i % 3 == 0 ? 4 : i % 3 == 1 ? 2 : 0;
+            int sound = i % 3 == 0 ? 14 : i % 3 == 1 ? 7 : i - 7;
+            int op = i % 3 == 0 ? i + 100 : i % 3 == 1 ? (i > 100 ? i : 100) : (i ^ 100);
+            if (h[i] != legs || h[n + i] != sound || h[2 * n + i] != op) bad = i;
+        }
+        CHECK("virtual functions and a table of function pointers", bad < 0, "thread %d: %d %d %d", bad,
+              bad < 0 ? 0 : h[bad], bad < 0 ? 0 : h[n + bad], bad < 0 ? 0 : h[2 * n + bad]);
+    }
+    cudaFree(d);
+}
+
 int main()
 {
     g_program = "kernels";
@@ -608,5 +672,6 @@ int main()
     test_params_constants_functions();
     test_managed_variables();
     test_launch_errors();
+    test_virtual_calls();
     return finish();
 }

@@ -385,6 +385,22 @@ pub(crate) struct CallInfo {
     pub rets: Vec<(u32, u32, u32)>,
 }
 
+/// A call through a function's address ([`Op::CallIndirect`]): where the arguments and results
+/// go, laid out by the call's prototype, which the target's signature must match.
+#[derive(Debug, Clone)]
+pub(crate) struct IndirectCall {
+    /// The register holding the target's address.
+    pub target: Reg,
+    /// (caller param-area offset, callee param-area offset, size) per argument.
+    pub args: Vec<(u32, u32, u32)>,
+    /// (callee param-area offset, caller param-area offset, size) per return value.
+    pub rets: Vec<(u32, u32, u32)>,
+    /// The prototype's parameters and return values: (offset, size) each, as a function of that
+    /// signature lays them out.
+    pub formals: Vec<(u32, u32)>,
+    pub ret_layout: Vec<(u32, u32)>,
+}
+
 /// A function the interpreter provides itself (CUDA's device runtime calls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Builtin {
@@ -967,6 +983,8 @@ pub(crate) enum Op {
         rpc: u32,
     },
     Call(Box<CallInfo>),
+    /// A call through a function's address (`call (rets), %r, (args), prototype;`).
+    CallIndirect(Box<IndirectCall>),
     /// A call of a [`Builtin`] (`vprintf`, `__assertfail`, `cudaGraphSetConditional`),
     /// declared `.extern` and run by the interpreter.
     CallBuiltin(Box<BuiltinCall>),

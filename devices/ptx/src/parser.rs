@@ -90,6 +90,13 @@ pub(crate) enum Stmt {
         line: usize,
         name: String,
     },
+    /// `name: .callprototype (rets) _ (params);`
+    Prototype {
+        line: usize,
+        name: String,
+        rets: Vec<VarDecl>,
+        params: Vec<VarDecl>,
+    },
     Inst(Instr),
     Open,
     Close,
@@ -415,7 +422,12 @@ impl<'a> Parser<'a, '_> {
         }
         let ty =
             ty.ok_or_else(|| LoadError::invalid(line, "variable declaration without a type"))?;
-        let name = self.ident()?;
+        // `_`: an unnamed parameter of a call prototype.
+        let name = if self.eat_punct('_') {
+            "_".to_string()
+        } else {
+            self.ident()?
+        };
         let mut dims = Vec::new();
         while self.eat_punct('[') {
             if self.eat_punct(']') {
@@ -650,14 +662,39 @@ impl<'a> Parser<'a, '_> {
                 },
                 Some(Tok::Ident(name)) if self.peek_at(1) == Some(&Tok::Punct(':')) => {
                     self.pos += 2;
-                    if self.peek_dot() == Some("callprototype") {
-                        // An indirect-call prototype; calls through it are rejected later.
-                        self.skip_to_semicolon()?;
+                    match self.peek_dot() {
+                        // `name: .callprototype (.param .b32 _) _ (.param .b64 _, ...);`: the
+                        // signature of the indirect calls that name it.
+                        Some("callprototype") => {
+                            self.pos += 1;
+                            let rets = if self.peek() == Some(&Tok::Punct('(')) {
+                                self.param_list()?
+                            } else {
+                                Vec::new()
+                            };
+                            if !self.eat_punct('_') {
+                                self.ident()?;
+                            }
+                            let params = if self.peek() == Some(&Tok::Punct('(')) {
+                                self.param_list()?
+                            } else {
+                                Vec::new()
+                            };
+                            self.expect_punct(';')?;
+                            out.push(Stmt::Prototype {
+                                line,
+                                name: name.clone(),
+                                rets,
+                                params,
+                            });
+                        }
+                        // `.calltargets` lists: only a hint to the compiler.
+                        Some("calltargets") => self.skip_to_semicolon()?,
+                        _ => out.push(Stmt::Label {
+                            line,
+                            name: name.clone(),
+                        }),
                     }
-                    out.push(Stmt::Label {
-                        line,
-                        name: name.clone(),
-                    });
                 }
                 Some(Tok::Ident(_)) | Some(Tok::Punct('@')) => {
                     out.push(Stmt::Inst(self.instruction()?))

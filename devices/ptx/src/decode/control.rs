@@ -18,12 +18,7 @@ impl FnCtx<'_> {
         };
         let fid = match self.lookup(&fname) {
             Some(Name::Func(id)) => id,
-            Some(Name::Reg(_)) => {
-                return Err(LoadError::unsupported(
-                    ins.line,
-                    "indirect calls are not supported",
-                ));
-            }
+            Some(Name::Reg(r)) => return self.indirect_call(ins, r, ret_args, &o[i + 1..]),
             _ => return Err(self.err(format!("`{fname}` is not a function"))),
         };
         i += 1;
@@ -99,6 +94,67 @@ impl FnCtx<'_> {
         }
         self.callees.push(fid);
         Ok(Op::Call(Box::new(info)))
+    }
+
+    /// `call (rets), %r, (args), prototype;`: a call through the address in `target`, with the
+    /// signature of the prototype the last operand names.
+    fn indirect_call(
+        &mut self,
+        ins: &Instr,
+        target: Reg,
+        ret_args: &[Operand],
+        rest: &[Operand],
+    ) -> DResult<Op> {
+        let (args, proto) = match rest {
+            [Operand::List(a), Operand::Name(p)] => (&a[..], p),
+            [Operand::Name(p)] => (&[][..], p),
+            _ => {
+                return Err(LoadError::unsupported(
+                    ins.line,
+                    "an indirect call needs a .callprototype (.calltargets lists are not supported)",
+                ));
+            }
+        };
+        let Some((ret_layout, formals)) = self.prototypes.get(proto).cloned() else {
+            return Err(self.err(format!(
+                "`{proto}` is not a call prototype of this function"
+            )));
+        };
+        if args.len() != formals.len() || ret_args.len() != ret_layout.len() {
+            return Err(self.err(format!(
+                "an indirect call through `{proto}` has the wrong number of arguments"
+            )));
+        }
+        let param = |cx: &Self, o: &Operand| match o {
+            Operand::Name(n) => match cx.lookup(n) {
+                Some(Name::FParam { off, size }) => Ok((off, size)),
+                _ => Err(LoadError::unsupported(
+                    ins.line,
+                    "call arguments must be .param variables",
+                )),
+            },
+            _ => Err(LoadError::unsupported(
+                ins.line,
+                "call arguments must be .param variables",
+            )),
+        };
+        let mut call = IndirectCall {
+            target,
+            args: Vec::with_capacity(args.len()),
+            rets: Vec::with_capacity(ret_args.len()),
+            formals: formals.clone(),
+            ret_layout: ret_layout.clone(),
+        };
+        for (a, &(off, size)) in args.iter().zip(&formals) {
+            let (src, s) = param(self, a)?;
+            call.args.push((src, off, size.min(s)));
+        }
+        for (r, &(off, size)) in ret_args.iter().zip(&ret_layout) {
+            let (dst, s) = param(self, r)?;
+            call.rets.push((off, dst, size.min(s)));
+        }
+        self.indirect = true;
+        Ok(Op::CallIndirect(Box::new(call)))
     }
 
     /// A call of a [`Builtin`] (`vprintf`, `__assertfail`, `malloc`, …): the

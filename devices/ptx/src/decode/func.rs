@@ -20,6 +20,10 @@ pub(super) fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Fu
             shared_refs: Vec::new(),
             declared_regs: 0,
             defined: false,
+            is_entry: f.is_entry,
+            formals: sig.formals.clone(),
+            rets: sig.rets.clone(),
+            indirect: false,
             line: f.line,
         });
     };
@@ -77,6 +81,8 @@ pub(super) fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Fu
         sink: 0,
         line: f.line,
         guard: (NONE, false),
+        prototypes: HashMap::new(),
+        indirect: false,
     };
     cx.sink = cx.new_reg()?;
     // Labels are function-wide: collect them first so that forward branches resolve.
@@ -119,6 +125,17 @@ pub(super) fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Fu
                 }
             }
             Stmt::Var(v) => cx.declare_var(v)?,
+            Stmt::Prototype {
+                line,
+                name,
+                rets,
+                params,
+            } => {
+                cx.line = *line;
+                let (rets, _, after) = layout_params(rets, 0)?;
+                let (formals, _, _) = layout_params(params, after)?;
+                cx.prototypes.insert(name.clone(), (rets, formals));
+            }
             Stmt::Inst(ins) => {
                 cx.line = ins.line;
                 cx.decode_inst(ins)?;
@@ -162,6 +179,10 @@ pub(super) fn decode_func(m: &mut ModuleCtx, f: &FuncDecl, id: u32) -> Result<Fu
         shared_refs: cx.shared_refs,
         declared_regs: cx.declared_regs,
         defined: true,
+        is_entry: f.is_entry,
+        formals: sig.formals.clone(),
+        rets: sig.rets.clone(),
+        indirect: cx.indirect,
         line: f.line,
     })
 }
@@ -412,6 +433,7 @@ impl FnCtx<'_> {
                         format!("an offset from function `{name}`'s address"),
                     ));
                 }
+                self.m.address_taken.push(f);
                 return self.imm(FUNCTION_WINDOW + u64::from(f));
             }
             Name::Reg(_) | Name::Pred(_) => {

@@ -86,6 +86,15 @@ pub(crate) struct Func {
     /// Registers declared in the PTX (for cuFuncGetAttribute).
     pub declared_regs: u32,
     pub defined: bool,
+    /// A kernel (`.entry`).
+    pub is_entry: bool,
+    /// Its parameters' and return values' (offset, size) in its param area, as callers lay
+    /// them out (an indirect call checks its prototype against them).
+    pub formals: Vec<(u32, u32)>,
+    pub rets: Vec<(u32, u32)>,
+    /// Whether it calls through function addresses (its callees then include every function
+    /// whose address the module takes).
+    pub indirect: bool,
     pub line: usize,
 }
 
@@ -156,6 +165,9 @@ struct ModuleCtx {
     /// Addresses in variables' initializers, resolved once every name is known: (variable,
     /// relocation with its target unresolved, the name, the line).
     pending_relocs: Vec<(u32, Reloc, String, usize)>,
+    /// Functions whose address the module takes (`mov r, f`, initializers): what an indirect
+    /// call may reach.
+    address_taken: Vec<u32>,
 }
 
 /// A function's parameter interface as callers see it.
@@ -226,7 +238,14 @@ struct FnCtx<'m> {
     line: usize,
     /// Guard of the instruction being decoded (`NONE` when unguarded).
     guard: (Pred, bool),
+    /// Call prototypes (`name: .callprototype ...`): (return values, parameters), laid out.
+    prototypes: HashMap<String, (ParamOffsets, ParamOffsets)>,
+    /// Whether it makes indirect calls.
+    indirect: bool,
 }
+
+/// (offset, size) of each parameter or return value in a param area.
+type ParamOffsets = Vec<(u32, u32)>;
 
 /// A resolved memory operand.
 enum Addr {

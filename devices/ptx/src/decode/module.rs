@@ -184,7 +184,10 @@ pub(super) fn resolve_relocs(m: &mut ModuleCtx) -> Result<(), LoadError> {
     for (idx, mut r, name, line) in std::mem::take(&mut m.pending_relocs) {
         r.target = match m.names.get(&name) {
             Some(&Name::Global(g)) => RelocTarget::Global(g as usize),
-            Some(&Name::Func(f)) => RelocTarget::Function(FUNCTION_WINDOW + u64::from(f)),
+            Some(&Name::Func(f)) => {
+                m.address_taken.push(f);
+                RelocTarget::Function(FUNCTION_WINDOW + u64::from(f))
+            }
             _ => {
                 return Err(LoadError::invalid(
                     line,
@@ -255,6 +258,7 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
         sigs: Vec::new(),
         builtins: HashMap::new(),
         pending_relocs: Vec::new(),
+        address_taken: Vec::new(),
     };
     let mut func_decls: Vec<&FuncDecl> = Vec::new();
     let mut func_ids: HashMap<&str, u32> = HashMap::new();
@@ -330,6 +334,22 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
         ticker.tick(stmts, f.line)?;
         funcs.push(decode_func(&mut m, f, id as u32)?);
     }
+    resolve_relocs(&mut m)?;
+    // An indirect call may reach any function whose address the module takes (and is defined:
+    // calling another faults at run time).
+    m.address_taken.sort_unstable();
+    m.address_taken.dedup();
+    let reachable: Vec<u32> = m
+        .address_taken
+        .iter()
+        .copied()
+        .filter(|&f| funcs[f as usize].defined && !funcs[f as usize].is_entry)
+        .collect();
+    for f in funcs.iter_mut().filter(|f| f.indirect) {
+        f.callees.extend(&reachable);
+        f.callees.sort_unstable();
+        f.callees.dedup();
+    }
     for f in &mut funcs {
         cfg::assign_reconvergence_watched(&mut f.code, ticker, f.line)?;
         regalloc::compact(f, ticker)?;
@@ -360,7 +380,6 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
             }
         }
     }
-    resolve_relocs(&mut m)?;
     let uses_heap = m.builtins.values().any(|b| {
         matches!(
             b,

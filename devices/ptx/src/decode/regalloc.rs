@@ -59,6 +59,7 @@ pub(crate) fn visit_regs(op: &mut Op, f: &mut impl FnMut(&mut Reg, Access)) {
             one(b, Use);
             one(d, Def);
         }
+        Op::CallIndirect(c) => one(&mut c.target, Use),
         Op::Mbarrier(b) => {
             one(&mut b.base, Use);
             one(&mut b.a, Use);

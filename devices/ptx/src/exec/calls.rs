@@ -39,8 +39,23 @@ impl<'a> Worker<'a> {
         m: u32,
         line: u32,
     ) -> Result<(), Fault> {
+        self.call_function(warp, info.func, &info.args, &info.rets, m, line)
+    }
+
+    /// Calls function `func` for the lanes in `m`: copies `args` (caller offset, callee offset,
+    /// size) into its new frame; `rets` (callee offset, caller offset, size) are copied back
+    /// when it returns.
+    pub(super) fn call_function(
+        &mut self,
+        warp: &mut Warp,
+        func: u32,
+        args: &[(u32, u32, u32)],
+        rets: &[(u32, u32, u32)],
+        m: u32,
+        line: u32,
+    ) -> Result<(), Fault> {
         let prog = self.ctx.prog;
-        let callee_fn = &prog.funcs[info.func as usize];
+        let callee_fn = &prog.funcs[func as usize];
         let w = WarpRef {
             tid: &warp.tid,
             idx: warp.idx,
@@ -73,7 +88,7 @@ impl<'a> Worker<'a> {
         // recursion with large frames stops there, as a stack overflow, instead of holding
         // depth × warps × registers of host memory.
         let mut f = self
-            .new_frame(callee_fn, info.func, local_base)
+            .new_frame(callee_fn, func, local_base)
             .map_err(|(_, why)| {
                 fault(
                     FaultKind::IllegalAddress,
@@ -86,13 +101,13 @@ impl<'a> Worker<'a> {
                 )
             })?;
         f.call_mask = m;
-        f.ret_copy.extend_from_slice(&info.rets);
+        f.ret_copy.extend_from_slice(rets);
         let caller = warp
             .frames
             .last()
             .ok_or_else(|| fault(FaultKind::Trap, "no caller frame".into()))?;
         let (cpb, fpb) = (caller.param_bytes, f.param_bytes);
-        for &(src, dst, size) in &info.args {
+        for &(src, dst, size) in args {
             let (src, dst, size) = (src as usize, dst as usize, size as usize);
             for l in 0..32 {
                 if m >> l & 1 != 0 {
@@ -121,6 +136,78 @@ impl<'a> Worker<'a> {
             call: false,
         });
         Ok(())
+    }
+
+    /// A call through the address in `c.target` for the lanes in `m` at `pc`: the lanes whose
+    /// address is the lowest active lane's call that function now; the others stay at `pc` on
+    /// an entry of their own, to call theirs when these return, and all go on at `pc + 1`.
+    pub(super) fn call_indirect(
+        &mut self,
+        warp: &mut Warp,
+        c: &IndirectCall,
+        m: u32,
+        pc: u32,
+        line: u32,
+    ) -> Result<(), Fault> {
+        let Some(frame) = warp.frames.last() else {
+            return Ok(());
+        };
+        let row = frame.regs[c.target as usize];
+        let first = m.trailing_zeros();
+        let addr = row[first as usize];
+        let same = (0..32u32)
+            .filter(|&l| m >> l & 1 != 0 && row[l as usize] == addr)
+            .fold(0u32, |acc, l| acc | 1 << l);
+        let prog = self.ctx.prog;
+        let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+        let func = addr
+            .checked_sub(crate::FUNCTION_WINDOW)
+            .and_then(|i| u32::try_from(i).ok())
+            .filter(|&i| (i as usize) < prog.funcs.len())
+            .ok_or_else(|| {
+                fault(
+                    FaultKind::IllegalAddress,
+                    format!(
+                        "indirect call to {addr:#x}, which is no function's address {}",
+                        self.where_(w, first, line)
+                    ),
+                )
+            })?;
+        let f = &prog.funcs[func as usize];
+        if !f.defined || f.is_entry {
+            return Err(fault(
+                FaultKind::IllegalInstruction,
+                format!(
+                    "indirect call to `{}`, which is {} {}",
+                    f.name,
+                    if f.is_entry {
+                        "a kernel"
+                    } else {
+                        "not defined in the module"
+                    },
+                    self.where_(w, first, line)
+                ),
+            ));
+        }
+        if f.formals != c.formals || f.rets != c.ret_layout {
+            return Err(fault(
+                FaultKind::IllegalInstruction,
+                format!(
+                    "indirect call to `{}` through a prototype of another signature {}",
+                    f.name,
+                    self.where_(w, first, line)
+                ),
+            ));
+        }
+        if same != m {
+            warp.stack.push(Entry {
+                pc,
+                rpc: pc + 1,
+                mask: m & !same,
+                call: false,
+            });
+        }
+        self.call_function(warp, func, &c.args, &c.rets, same, line)
     }
 
     /// `vprintf`, `__assertfail`, `cudaGraphSetConditional`, `malloc` or `free` for the lanes

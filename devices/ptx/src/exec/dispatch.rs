@@ -675,6 +675,15 @@ impl<'a> Worker<'a> {
                         self.do_call(warp, info, m, inst.line)?;
                         continue 'outer;
                     }
+                    Op::CallIndirect(c) => {
+                        if m == 0 {
+                            pc += 1;
+                            continue;
+                        }
+                        warp.stack[depth].pc = pc + 1;
+                        self.call_indirect(warp, c, m, pc, inst.line)?;
+                        continue 'outer;
+                    }
                     Op::CallBuiltin(b) => {
                         if m != 0 {
                             warp.stack[depth].pc = pc + 1;

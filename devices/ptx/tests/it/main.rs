@@ -13,6 +13,7 @@ mod floatops;
 mod fp8;
 mod half;
 mod heap;
+mod indirect;
 mod intops;
 mod launch;
 mod mbarrier;

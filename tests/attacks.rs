@@ -1908,3 +1908,189 @@ fn host_copy_gates_are_bounded_and_reach_only_their_own_memory() {
     assert_eq!(v, vec![0xAB; 8]);
     driver_api_works(&d, "other");
 }
+
+/// A hostile module for the device heap and dynamic parallelism, written against the device
+/// runtime's own calls: `hog` mallocs 1 MiB blocks until the heap answers `NULL` and counts
+/// them, then frees a pointer malloc never returned; `bomb` has each of its two threads launch
+/// two more copies of itself.
+const DEVICE_RUNTIME_BOMBS: &str = r#"
+.version 7.0
+.target sm_52
+.address_size 64
+.extern .func (.param .b64 r) malloc(.param .b64 n);
+.extern .func free(.param .b64 p);
+.extern .func (.param .b64 r) cnpGetParameterBufferV2(.param .b64 f, .param .align 4 .b8 g[12], .param .align 4 .b8 b[12], .param .b32 s);
+.extern .func (.param .b32 r) cnpLaunchDeviceV2(.param .b64 buf, .param .b64 stream);
+
+.visible .entry hog(.param .u64 out)
+{
+    .reg .b64 %rd<4>;
+    .reg .b32 %r<2>;
+    .reg .pred %p1;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, 0;
+AGAIN:
+    {
+    .param .b64 n;
+    .param .b64 rv;
+    mov.u64 %rd2, 1048576;
+    st.param.b64 [n], %rd2;
+    call.uni (rv), malloc, (n);
+    ld.param.b64 %rd3, [rv];
+    }
+    setp.eq.u64 %p1, %rd3, 0;
+    @%p1 bra FULL;
+    add.u32 %r1, %r1, 1;
+    bra.uni AGAIN;
+FULL:
+    st.global.u32 [%rd1], %r1;
+    {
+    .param .b64 p;
+    st.param.b64 [p], %rd1;
+    call.uni free, (p);
+    }
+    ret;
+}
+
+.visible .entry bomb(.param .u64 out)
+{
+    .reg .b64 %rd<4>;
+    .reg .b32 %r<4>;
+    .reg .pred %p1;
+    ld.param.u64 %rd1, [out];
+    atom.global.add.u32 %r1, [%rd1], 1;
+    mov.u64 %rd2, bomb;
+    mov.u32 %r2, 1;
+    mov.u32 %r3, 2;
+    {
+    .param .b64 f;
+    .param .align 4 .b8 g[12];
+    .param .align 4 .b8 b[12];
+    .param .b32 s;
+    .param .b64 rv;
+    st.param.b64 [f], %rd2;
+    st.param.b32 [g], %r2;
+    st.param.b32 [g+4], %r2;
+    st.param.b32 [g+8], %r2;
+    st.param.b32 [b], %r3;
+    st.param.b32 [b+4], %r2;
+    st.param.b32 [b+8], %r2;
+    st.param.b32 [s], 0;
+    call.uni (rv), cnpGetParameterBufferV2, (f, g, b, s);
+    ld.param.b64 %rd3, [rv];
+    }
+    setp.eq.u64 %p1, %rd3, 0;
+    @%p1 bra DONE;
+    st.u64 [%rd3], %rd1;
+    {
+    .param .b64 a;
+    .param .b64 q;
+    .param .b32 rv2;
+    st.param.b64 [a], %rd3;
+    mov.u64 %rd2, 0;
+    st.param.b64 [q], %rd2;
+    call.uni (rv2), cnpLaunchDeviceV2, (a, q);
+    ld.param.b32 %r3, [rv2];
+    }
+DONE:
+    ret;
+}
+"#;
+
+/// A hostile VM against the device heap and dynamic parallelism: a heap past its slice is
+/// refused; a kernel that mallocs until the heap is full gets `NULL` at the heap's end (the heap
+/// charged to the slice, not more), and freeing a forged pointer faults its own context
+/// (`CUDA_ERROR_ILLEGAL_ADDRESS`); a kernel whose threads each launch two copies of itself is cut
+/// by the pending-launch limit and ends; vgpud's memory stays bounded, the slice comes back
+/// whole when the sessions end, and another VM is served.
+#[test]
+fn device_heap_and_launch_bombs_stay_in_their_vm() {
+    /// Growth allowed: the heap (48 MiB) and interpreter state.
+    const SLACK: u64 = 192 * MIB;
+    let mut d = start_limited(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let (mut c, ctx) = session(&d, "vm1");
+    let before = rss_of(d.pid());
+    let set = |c: &mut TestClient<UnixStream>, value| {
+        c.call(
+            &msg::CtxSetLimit {
+                ctx,
+                limit: 2,
+                value,
+            },
+            &[],
+        )
+        .map(|_| ())
+    };
+    assert_eq!(set(&mut c, 1 << 40).unwrap_err().0, OUT_OF_MEMORY);
+    set(&mut c, 48 * MIB).unwrap();
+    let module = c
+        .call(&msg::ModuleLoad { ctx }, DEVICE_RUNTIME_BOMBS.as_bytes())
+        .unwrap()
+        .0
+        .handle;
+    let out = c
+        .call(&msg::MemAlloc { ctx, size: 4096 }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    let (code, why) = launch_and_sync(&mut c, ctx, module, "hog", [1, 1], out, None)
+        .expect_err("a forged free went through");
+    assert_eq!(code, ILLEGAL_ADDRESS, "{why}");
+    assert!(why.contains("free("), "{why}");
+    let used = d.vm("vm1")["memory_used"].as_u64().unwrap_or(0);
+    assert!(
+        (48 * MIB..=50 * MIB).contains(&used),
+        "the heap and the buffer are charged, nothing else: {used}"
+    );
+    drop(c);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(10));
+
+    let (mut c, ctx) = session(&d, "vm1");
+    let module = c
+        .call(&msg::ModuleLoad { ctx }, DEVICE_RUNTIME_BOMBS.as_bytes())
+        .unwrap()
+        .0
+        .handle;
+    let out = c
+        .call(&msg::MemAlloc { ctx, size: 4096 }, &[])
+        .unwrap()
+        .0
+        .ptr;
+    let start = Instant::now();
+    match launch_and_sync(&mut c, ctx, module, "bomb", [1, 2], out, None) {
+        Ok(()) => {}
+        Err((code, why)) => assert_eq!(code, 702, "ends at the watchdog if not before: {why}"),
+    }
+    let (_, v) = c
+        .call(
+            &msg::MemcpyDtoH {
+                ctx,
+                stream: 0,
+                src: out,
+                len: 4,
+            },
+            &[],
+        )
+        .unwrap();
+    let threads = u32::from_le_bytes(v.try_into().unwrap());
+    let after = rss_of(d.pid());
+    println!(
+        "launch bomb: {threads} threads ran in {:?}; vgpud RSS {} -> {} MiB",
+        start.elapsed(),
+        before / MIB,
+        after / MIB
+    );
+    assert!(
+        threads > 2 * 2048,
+        "grids ran past the pending limit's first cut: {threads}"
+    );
+    assert!(
+        after <= before + SLACK,
+        "vgpud grew from {} to {} MiB",
+        before / MIB,
+        after / MIB
+    );
+    drop(c);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(10));
+    survived(&mut d, "vm2");
+}

@@ -104,12 +104,14 @@ fn nvcc_programs_link_separately_compiled_device_code() {
 
 /// Dynamic parallelism (`-rdc=true`, `libcudadevrt`): a child grid per block, children that see
 /// their parent's writes and run in launch order, a recursive quicksort, launches nested to
-/// CUDA's depth limit and refused past it, a bad child configuration failing in the kernel.
+/// CUDA's depth limit and refused past it, the device runtime's limits set and read back (4096
+/// children all run once the pending launch count is raised), a bad child configuration
+/// failing in the kernel.
 /// The runtime links libcudadevrt's PTX (`cudaLaunchDeviceV2`, with its address-valued error
 /// table); the simulated GPU supplies the driver's `cnp*` calls it makes.
 #[test]
 fn nvcc_programs_launch_kernels_from_kernels() {
-    run_nvcc_program("dynamic_parallelism", 9, &["static", "shared"]);
+    run_nvcc_program("dynamic_parallelism", 15, &["static", "shared"]);
 }
 
 #[test]

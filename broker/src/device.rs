@@ -4,7 +4,7 @@
 //! pointer and charges every byte before it calls them.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -412,6 +412,7 @@ pub struct RunControl {
     conditionals: Mutex<Option<Arc<GraphConditionals>>>,
     heap: Mutex<Option<Arc<dyn DeviceHeap>>>,
     device_state: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
+    pending_launch_limit: AtomicU64,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -529,6 +530,15 @@ impl RunControl {
     /// The device heap the launch's kernels use.
     pub fn heap(&self) -> Option<Arc<dyn DeviceHeap>> {
         self.heap.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    /// How many grids the launch's kernels may have launched and not yet run
+    /// (`CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`; 0: the device's default).
+    pub fn set_pending_launch_limit(&self, limit: u64) {
+        self.pending_launch_limit.store(limit, Ordering::Relaxed);
+    }
+    /// The pending launch limit (0: the device's default).
+    pub fn pending_launch_limit(&self) -> u64 {
+        self.pending_launch_limit.load(Ordering::Relaxed)
     }
     /// State the device keeps for this launch across its resumptions after yields (the
     /// simulated GPU's grids launched by the kernel and not yet run), made by `make` at the

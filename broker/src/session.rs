@@ -1081,6 +1081,9 @@ impl Session {
                 match m.limit {
                     devio::LIMIT_PRINTF_FIFO_SIZE => self.output.set_fifo_size(m.value)?,
                     device_heap::LIMIT_MALLOC_HEAP_SIZE => self.set_heap_size(m.value)?,
+                    device_heap::LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => {
+                        self.set_pending_launches(m.value)?
+                    }
                     _ => return Err(devio::unsupported_limit(m.limit)),
                 }
                 reply(out, msg::Empty {})
@@ -2152,6 +2155,7 @@ impl Session {
         let heap = self.heap_for(run.module.as_ref())?;
         let control = Arc::new(RunControl::default());
         control.set_heap(heap);
+        control.set_pending_launch_limit(self.heap.pending_launches);
         // A kernel of a graph launch with conditional nodes may set their handles.
         if let Some(values) = &self.graphs.conditionals {
             control.set_conditionals(Some(Arc::clone(values)));

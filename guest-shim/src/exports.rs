@@ -616,6 +616,9 @@ const DEFAULT_MALLOC_HEAP_SIZE: usize = 8 << 20;
 /// The device heap size vgpud accepted (`cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`).
 static MALLOC_HEAP_SIZE: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(DEFAULT_MALLOC_HEAP_SIZE);
+/// The device runtime's limits as the program set them (CUDA's defaults until then).
+static SYNC_DEPTH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
+static PENDING_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2048);
 /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
 const LIMIT_DEV_RUNTIME_SYNC_DEPTH: c_int = 3;
 /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
@@ -640,8 +643,10 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
             LIMIT_PRINTF_FIFO_SIZE => crate::devout::printf_fifo_size(),
             LIMIT_MALLOC_HEAP_SIZE => MALLOC_HEAP_SIZE.load(std::sync::atomic::Ordering::Relaxed),
             // Device-runtime (dynamic parallelism) limits: CUDA's defaults.
-            LIMIT_DEV_RUNTIME_SYNC_DEPTH => 2,
-            LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => 2048,
+            LIMIT_DEV_RUNTIME_SYNC_DEPTH => SYNC_DEPTH.load(std::sync::atomic::Ordering::Relaxed),
+            LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => {
+                PENDING_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+            }
             // L2 tuning: the default fetch granularity, no persisting L2.
             LIMIT_MAX_L2_FETCH_GRANULARITY => 64,
             LIMIT_PERSISTING_L2_CACHE_SIZE => 0,
@@ -673,6 +678,22 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
                     Err(e) => return Err(e),
                 }
                 MALLOC_HEAP_SIZE.store(value, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => {
+                match drv::ctx_set_limit(limit as u32, value as u64) {
+                    // An older vgpud keeps CUDA's default.
+                    Ok(()) | Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT) => {}
+                    Err(e) => return Err(e),
+                }
+                PENDING_LAUNCHES.store(value, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            // Device-side cudaDeviceSynchronize (CUDA 11's dynamic parallelism) is refused when
+            // its module loads, so no depth is ever reached: the value is kept for
+            // cuCtxGetLimit, as programs that set it read it back.
+            LIMIT_DEV_RUNTIME_SYNC_DEPTH => {
+                SYNC_DEPTH.store(value, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             }
             LIMIT_STACK_SIZE => Ok(()),

@@ -1,8 +1,9 @@
 // Dynamic parallelism (built with -rdc=true and libcudadevrt): kernels launching kernels. A
 // child grid per block, children that see what their parent wrote before launching them and
 // run in launch order, a recursive quicksort that launches its halves, launches nested to
-// CUDA's depth limit and failing past it, a launch with a bad configuration failing in the
-// kernel, and a parent whose host-side synchronization waits for all its descendants.
+// CUDA's depth limit and failing past it, the pending launch limit (CUDA's 2048, and raised
+// with cudaDeviceSetLimit), a launch with a bad configuration failing in the kernel, and a
+// parent whose host-side synchronization waits for all its descendants.
 #include "check.h"
 
 #include <algorithm>
@@ -69,6 +70,12 @@ __global__ void nested(int *levels, int *errs, int depth, int max)
         nested<<<1, 1>>>(levels, errs, depth + 1, max);
         errs[depth] = (int)cudaGetLastError();
     }
+}
+
+// Every thread launches a one-thread child: out[i] = 3 * i + 1.
+__global__ void fan_out(int *out)
+{
+    child<<<1, 1>>>(out, blockIdx.x * blockDim.x + threadIdx.x);
 }
 
 __global__ void bad_config(int *out, int *err)
@@ -140,6 +147,40 @@ int main()
     CHECK("a launch past the nesting limit fails with cudaErrorLaunchMaxDepthExceeded",
           lv[24] == 25 && lv[25] == 0 && ev[24] == cudaErrorLaunchMaxDepthExceeded, "levels[24] %d, [25] %d, err %d",
           lv[24], lv[25], ev[24]);
+
+    // The device runtime's limits, as CUDA's samples set them before they launch.
+    CHECK_CUDA("cudaDeviceSetLimit(cudaLimitDevRuntimeSyncDepth, 4)", cudaDeviceSetLimit(cudaLimitDevRuntimeSyncDepth, 4));
+    size_t lim = 0;
+    REQUIRE(cudaDeviceGetLimit(&lim, cudaLimitDevRuntimeSyncDepth));
+    CHECK("cudaDeviceGetLimit reads the sync depth back", lim == 4, "%zu", lim);
+    // 4096 children at once may pass CUDA's default of 2048 pending launches (on the simulated
+    // GPU they do: children run after their parent): at least that many run...
+    const int many = 4096;
+    int *fan = nullptr;
+    REQUIRE(cudaMalloc(&fan, many * sizeof(int)));
+    REQUIRE(cudaMemset(fan, 0xff, many * sizeof(int)));
+    fan_out<<<many / 256, 256>>>(fan);
+    REQUIRE(cudaDeviceSynchronize());
+    std::vector<int> fv(many);
+    REQUIRE(cudaMemcpy(fv.data(), fan, many * sizeof(int), cudaMemcpyDeviceToHost));
+    int ran = 0;
+    for (int i = 0; i < many; i++) ran += fv[i] == 3 * i + 1;
+    printf("# %d of %d children ran under the default pending launch limit\n", ran, many);
+    CHECK("under CUDA's default pending launch limit at least 2048 children run", ran >= 2048, "%d of %d ran",
+          ran, many);
+    // ... and with the limit raised, all of them.
+    CHECK_CUDA("cudaDeviceSetLimit(cudaLimitDevRuntimePendingLaunchCount, 8192)",
+               cudaDeviceSetLimit(cudaLimitDevRuntimePendingLaunchCount, 8192));
+    REQUIRE(cudaDeviceGetLimit(&lim, cudaLimitDevRuntimePendingLaunchCount));
+    CHECK("cudaDeviceGetLimit reads the pending launch count back", lim == 8192, "%zu", lim);
+    REQUIRE(cudaMemset(fan, 0xff, many * sizeof(int)));
+    fan_out<<<many / 256, 256>>>(fan);
+    REQUIRE(cudaDeviceSynchronize());
+    REQUIRE(cudaMemcpy(fv.data(), fan, many * sizeof(int), cudaMemcpyDeviceToHost));
+    ran = 0;
+    for (int i = 0; i < many; i++) ran += fv[i] == 3 * i + 1;
+    CHECK("with the limit raised every child runs", ran == many, "%d of %d ran", ran, many);
+    CUDA_OK(cudaFree(fan));
 
     int *err = nullptr;
     REQUIRE(cudaMalloc(&err, sizeof(int)));

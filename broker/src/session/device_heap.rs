@@ -15,14 +15,23 @@ use crate::error::CuError;
 
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 pub const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+/// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
+pub const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
+/// The most a process may set that limit to (vgpud also bounds the parameters pending
+/// launches hold, 16 MiB per launch on the simulated GPU).
+pub const MAX_PENDING_LAUNCH_LIMIT: u64 = 1 << 20;
 /// CUDA's heap size when the program sets none.
 pub const DEFAULT_HEAP_BYTES: u64 = 8 << 20;
 
-/// The heap's size and, once a kernel that uses it was launched, the heap.
+/// The heap's size and, once a kernel that uses it was launched, the heap; and how many grids
+/// kernels may launch and have pending (dynamic parallelism, whose parameter buffers come from
+/// the heap).
 #[derive(Debug)]
 pub(super) struct ProcessHeap {
     size: u64,
     made: Option<Made>,
+    /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` (0: the device's default).
+    pub(super) pending_launches: u64,
 }
 
 struct Made {
@@ -43,6 +52,7 @@ impl Default for ProcessHeap {
         Self {
             size: DEFAULT_HEAP_BYTES,
             made: None,
+            pending_launches: 0,
         }
     }
 }
@@ -64,6 +74,18 @@ impl Session {
             )));
         }
         self.heap.size = bytes;
+        Ok(())
+    }
+
+    /// `cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, n)`: 1 to
+    /// [`MAX_PENDING_LAUNCH_LIMIT`] grids launched by kernels and not yet run.
+    pub(super) fn set_pending_launches(&mut self, n: u64) -> Result<(), CuError> {
+        if !(1..=MAX_PENDING_LAUNCH_LIMIT).contains(&n) {
+            return Err(CuError::invalid_value(format!(
+                "a pending launch count of {n}: vgpud allows 1 to {MAX_PENDING_LAUNCH_LIMIT}"
+            )));
+        }
+        self.heap.pending_launches = n;
         Ok(())
     }
 

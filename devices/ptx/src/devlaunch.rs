@@ -12,7 +12,9 @@
 //! GPU may choose; CUDA 11's device-side `cudaDeviceSynchronize` is refused at load.)
 //!
 //! Bounds, as CUDA's: at most [`MAX_PENDING_LAUNCHES`] launches waiting to run or holding a
-//! parameter buffer (`cudaLimitDevRuntimePendingLaunchCount`), and grids nested at most
+//! parameter buffer (`cudaLimitDevRuntimePendingLaunchCount`, which a program may raise to
+//! [`MAX_PENDING_LAUNCH_LIMIT`]; their parameters at most [`MAX_PENDING_PARAM_BYTES`] on the
+//! host), and grids nested at most
 //! [`MAX_DEPTH`] deep, with at most [`MAX_PARAM_BYTES`] of parameters; past them the launch
 //! fails with CUDA's error and nothing is queued. A launch's descendants all run within its
 //! watchdog deadline.
@@ -20,9 +22,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-/// Device launches a launch may have pending (CUDA's default
-/// `cudaLimitDevRuntimePendingLaunchCount`).
+/// Device launches a launch may have pending unless the program sets another limit (CUDA's
+/// default `cudaLimitDevRuntimePendingLaunchCount`).
 pub const MAX_PENDING_LAUNCHES: usize = 2048;
+/// The most a program may set the pending launch limit to.
+pub const MAX_PENDING_LAUNCH_LIMIT: usize = 1 << 20;
+/// Parameter bytes a launch's pending grids may hold on the host, whatever the count limit.
+pub const MAX_PENDING_PARAM_BYTES: usize = 16 << 20;
 /// How deep grids may nest: a kernel at this depth (the host's launch is depth 0) cannot launch
 /// (CUDA's hardware limit).
 pub const MAX_DEPTH: u32 = 24;
@@ -93,6 +99,8 @@ pub(crate) struct Pending {
 struct State {
     buffers: HashMap<u64, Pending>,
     queue: VecDeque<ChildGrid>,
+    /// Parameter bytes the queued grids hold.
+    queued_bytes: usize,
     /// The child running now (kept across a yield).
     running: Option<ChildGrid>,
     /// The depth of the grid running now.
@@ -103,15 +111,31 @@ struct State {
 
 /// A launch's device-side launches: parameter buffers handed out, child grids waiting, and the
 /// one running. Kept across the launch's yields (the device keeps it with the launch).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DeviceLaunches {
     state: Mutex<State>,
+    /// Launches that may be pending at once.
+    limit: usize,
+}
+
+impl Default for DeviceLaunches {
+    fn default() -> Self {
+        DeviceLaunches::new()
+    }
 }
 
 impl DeviceLaunches {
-    /// No launches yet.
+    /// No launches yet; CUDA's default pending limit.
     pub fn new() -> DeviceLaunches {
-        DeviceLaunches::default()
+        DeviceLaunches::with_limit(MAX_PENDING_LAUNCHES)
+    }
+
+    /// No launches yet; at most `limit` pending (clamped to 1 ..= [`MAX_PENDING_LAUNCH_LIMIT`]).
+    pub fn with_limit(limit: usize) -> DeviceLaunches {
+        DeviceLaunches {
+            state: Mutex::new(State::default()),
+            limit: limit.clamp(1, MAX_PENDING_LAUNCH_LIMIT),
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -159,7 +183,7 @@ impl DeviceLaunches {
         if s.depth + 1 > MAX_DEPTH {
             return Err(cnp::MAX_DEPTH_EXCEEDED);
         }
-        if s.buffers.len() + s.queue.len() >= MAX_PENDING_LAUNCHES {
+        if s.buffers.len() + s.queue.len() >= self.limit {
             return Err(cnp::PENDING_COUNT_EXCEEDED);
         }
         Ok(())
@@ -171,9 +195,17 @@ impl DeviceLaunches {
         self.state().buffers.remove(&addr)
     }
 
-    /// Queues a child grid.
-    pub(crate) fn queue(&self, child: ChildGrid) {
-        self.state().queue.push_back(child);
+    /// Queues a child grid; `Err` (the device runtime's error) when the queued grids' parameters
+    /// would pass [`MAX_PENDING_PARAM_BYTES`].
+    pub(crate) fn queue(&self, child: ChildGrid) -> Result<(), u32> {
+        let mut s = self.state();
+        let bytes = s.queued_bytes + child.params.len();
+        if bytes > MAX_PENDING_PARAM_BYTES {
+            return Err(cnp::PENDING_COUNT_EXCEEDED);
+        }
+        s.queued_bytes = bytes;
+        s.queue.push_back(child);
+        Ok(())
     }
 
     /// The child grid to run next (the one that yielded, else the first waiting), made the
@@ -182,7 +214,11 @@ impl DeviceLaunches {
         let mut s = self.state();
         let c = match s.running.take() {
             Some(c) => c,
-            None => s.queue.pop_front()?,
+            None => {
+                let c = s.queue.pop_front()?;
+                s.queued_bytes -= c.params.len();
+                c
+            }
         };
         s.depth = c.depth;
         s.running = Some(c.clone());
@@ -208,6 +244,7 @@ impl DeviceLaunches {
     pub(crate) fn finish(&self) -> Vec<u64> {
         let mut s = self.state();
         s.queue.clear();
+        s.queued_bytes = 0;
         s.running = None;
         s.depth = 0;
         s.buffers.drain().map(|(a, _)| a).collect()
@@ -248,8 +285,8 @@ mod tests {
     #[test]
     fn children_run_in_launch_order_and_a_yielded_one_resumes_first() {
         let d = DeviceLaunches::new();
-        d.queue(child(1, 1));
-        d.queue(child(2, 1));
+        d.queue(child(1, 1)).unwrap();
+        d.queue(child(2, 1)).unwrap();
         let c = d.next_child().unwrap();
         assert_eq!((c.kernel, d.depth()), (1, 1));
         d.child_yielded(7);
@@ -277,8 +314,40 @@ mod tests {
         assert!(d.take_buffer(64).is_none(), "a buffer launches once");
         assert_eq!(d.admit(), Ok(()));
         assert_eq!(d.finish().len(), MAX_PENDING_LAUNCHES - 1);
-        d.queue(child(0, MAX_DEPTH));
+        d.queue(child(0, MAX_DEPTH)).unwrap();
         d.next_child().unwrap();
         assert_eq!(d.admit(), Err(cnp::MAX_DEPTH_EXCEEDED));
+    }
+
+    #[test]
+    fn a_program_may_raise_the_pending_limit_and_bytes_stay_bounded() {
+        let d = DeviceLaunches::with_limit(5000);
+        for i in 0..4999u64 {
+            d.hand_out(i * 64, 0, [1; 3], [1; 3], 0);
+        }
+        assert_eq!(d.admit(), Ok(()));
+        d.hand_out(1 << 40, 0, [1; 3], [1; 3], 0);
+        assert_eq!(d.admit(), Err(cnp::PENDING_COUNT_EXCEEDED));
+        assert_eq!(DeviceLaunches::with_limit(0).limit, 1);
+        assert_eq!(
+            DeviceLaunches::with_limit(usize::MAX).limit,
+            MAX_PENDING_LAUNCH_LIMIT
+        );
+        let d = DeviceLaunches::with_limit(MAX_PENDING_LAUNCH_LIMIT);
+        let big = |depth| ChildGrid {
+            params: vec![0; 4096],
+            ..child(0, depth)
+        };
+        for _ in 0..MAX_PENDING_PARAM_BYTES / 4096 {
+            d.queue(big(1)).unwrap();
+        }
+        assert_eq!(
+            d.queue(big(1)),
+            Err(cnp::PENDING_COUNT_EXCEEDED),
+            "16 MiB of parameters"
+        );
+        d.next_child().unwrap();
+        d.child_done();
+        assert_eq!(d.queue(big(1)), Ok(()), "room again once one ran");
     }
 }

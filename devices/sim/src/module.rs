@@ -405,8 +405,12 @@ impl SimModule {
         );
         // Grids the kernel launches wait in state that outlives a yield.
         if module.launches_kernels() {
+            let limit = match control.pending_launch_limit() {
+                0 => vgpu_ptx::devlaunch::MAX_PENDING_LAUNCHES,
+                n => usize::try_from(n).unwrap_or(usize::MAX),
+            };
             ptx_control.set_device_launches(
-                control.device_state(vgpu_ptx::devlaunch::DeviceLaunches::new),
+                control.device_state(|| vgpu_ptx::devlaunch::DeviceLaunches::with_limit(limit)),
             );
         }
         ptx_control.set_heap(control.heap().and_then(|h| {

@@ -161,7 +161,7 @@ impl<'a> Worker<'a> {
         if !fits {
             return cnp::INVALID_CONFIGURATION;
         }
-        d.queue(ChildGrid {
+        match d.queue(ChildGrid {
             kernel,
             grid,
             block,
@@ -169,7 +169,9 @@ impl<'a> Worker<'a> {
             depth,
             params,
             next_block: 0,
-        });
-        cnp::SUCCESS
+        }) {
+            Ok(()) => cnp::SUCCESS,
+            Err(e) => e,
+        }
     }
 }

@@ -1,6 +1,8 @@
 // Dynamic parallelism (built with -rdc=true and libcudadevrt): kernels launching kernels. A
 // child grid per block, children that see what their parent wrote before launching them and
-// run in launch order, a recursive quicksort that launches its halves, launches nested to
+// run in launch order, a recursive quicksort that launches its halves (on the NULL stream, and
+// on device-side streams as CUDA's cdpSimpleQuicksort does), an event ordering children of two
+// device-side streams, launches nested to
 // CUDA's depth limit and failing past it, the pending launch limit (CUDA's 2048, and raised
 // with cudaDeviceSetLimit), a launch with a bad configuration failing in the kernel, and a
 // parent whose host-side synchronization waits for all its descendants.
@@ -60,6 +62,61 @@ __global__ void quicksort(int *v, int lo, int hi, int depth)
     v[j] = pivot;
     quicksort<<<1, 1>>>(v, lo, j - 1, depth + 1);
     quicksort<<<1, 1>>>(v, j + 1, hi, depth + 1);
+}
+
+// CUDA's cdpSimpleQuicksort way: each half on a non-blocking stream of its own, created and
+// destroyed in the kernel.
+__global__ void quicksort_streams(int *v, int lo, int hi, int depth)
+{
+    if (hi - lo < 16 || depth >= 20) {
+        for (int i = lo + 1; i <= hi; i++) {
+            int x = v[i], j = i - 1;
+            while (j >= lo && v[j] > x) {
+                v[j + 1] = v[j];
+                j--;
+            }
+            v[j + 1] = x;
+        }
+        return;
+    }
+    int pivot = v[lo], i = lo + 1, j = hi;
+    while (i <= j) {
+        while (i <= j && v[i] <= pivot) i++;
+        while (i <= j && v[j] > pivot) j--;
+        if (i < j) {
+            int t = v[i];
+            v[i] = v[j];
+            v[j] = t;
+        }
+    }
+    v[lo] = v[j];
+    v[j] = pivot;
+    cudaStream_t s1, s2;
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    quicksort_streams<<<1, 1, 0, s1>>>(v, lo, j - 1, depth + 1);
+    quicksort_streams<<<1, 1, 0, s2>>>(v, j + 1, hi, depth + 1);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+}
+
+// An event recorded after a child on one stream, waited for by another stream's child:
+// cell = (5 + 1) * 10.
+__global__ void event_order(int *cell, int *err)
+{
+    cell[0] = 5;
+    cudaStream_t a, b;
+    cudaEvent_t e;
+    err[0] = (int)cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    err[1] = (int)cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    err[2] = (int)cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    add_one<<<1, 1, 0, a>>>(cell);
+    err[3] = (int)cudaEventRecord(e, a);
+    err[4] = (int)cudaStreamWaitEvent(b, e, 0);
+    times_ten<<<1, 1, 0, b>>>(cell);
+    err[5] = (int)cudaEventDestroy(e);
+    err[6] = (int)(cudaStreamDestroy(a) | cudaStreamDestroy(b));
+    err[7] = a != b && a != 0;
 }
 
 // A chain of launches: levels[d] = d + 1 and errs[d] = the launch's error at each depth.
@@ -123,6 +180,29 @@ int main()
     std::sort(data.begin(), data.end());
     CHECK("sorts what std::sort sorts", sorted == data, "first difference at %ld",
           long(std::mismatch(sorted.begin(), sorted.end(), data.begin()).first - sorted.begin()));
+
+    for (int &x : data) x = int((s = s * 1103515245u + 12345u) >> 8) % 100000;
+    REQUIRE(cudaMemcpy(dv, data.data(), len * sizeof(int), cudaMemcpyHostToDevice));
+    quicksort_streams<<<1, 1>>>(dv, 0, len - 1, 0);
+    CHECK_CUDA("a quicksort whose halves run on device-side streams", cudaDeviceSynchronize());
+    REQUIRE(cudaMemcpy(sorted.data(), dv, len * sizeof(int), cudaMemcpyDeviceToHost));
+    std::sort(data.begin(), data.end());
+    CHECK("sorts what std::sort sorts, too", sorted == data, "first difference at %ld",
+          long(std::mismatch(sorted.begin(), sorted.end(), data.begin()).first - sorted.begin()));
+
+    int *ev_err = nullptr;
+    REQUIRE(cudaMalloc(&ev_err, 8 * sizeof(int)));
+    REQUIRE(cudaMemset(ev_err, 0xff, 8 * sizeof(int)));
+    event_order<<<1, 1>>>(cell, ev_err);
+    CHECK_CUDA("device-side streams and events", cudaDeviceSynchronize());
+    int ee[8];
+    REQUIRE(cudaMemcpy(ee, ev_err, sizeof ee, cudaMemcpyDeviceToHost));
+    REQUIRE(cudaMemcpy(&c, cell, sizeof c, cudaMemcpyDeviceToHost));
+    CHECK("an event orders a child on another stream after the one it follows",
+          c == 60 && ee[0] == 0 && ee[1] == 0 && ee[2] == 0 && ee[3] == 0 && ee[4] == 0 && ee[5] == 0 && ee[6] == 0 &&
+              ee[7] == 1,
+          "cell %d, errors %d %d %d %d %d %d %d, distinct %d", c, ee[0], ee[1], ee[2], ee[3], ee[4], ee[5], ee[6], ee[7]);
+    CUDA_OK(cudaFree(ev_err));
 
     int *levels = nullptr, *errs = nullptr;
     REQUIRE(cudaMalloc(&levels, 64 * sizeof(int)));

@@ -32,6 +32,16 @@ pub const MAX_PENDING_PARAM_BYTES: usize = 16 << 20;
 /// How deep grids may nest: a kernel at this depth (the host's launch is depth 0) cannot launch
 /// (CUDA's hardware limit).
 pub const MAX_DEPTH: u32 = 24;
+/// Device-side streams and events are handles above this (opaque to kernels).
+const DEVICE_HANDLE_BASE: u64 = 0x5700_0000_0000;
+
+/// A new device-side stream or event handle: distinct within the process (never 0, which is
+/// the NULL stream). Nothing is kept for it: a launch's children run in launch order, which
+/// every stream and event order allows.
+pub(crate) fn new_handle() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    DEVICE_HANDLE_BASE + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 /// Alignment of a parameter buffer.
 pub const PARAM_BUFFER_ALIGN: u64 = 64;
 /// The most parameter bytes a kernel launched from the device may take (CUDA's 4 KiB), which

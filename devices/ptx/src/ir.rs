@@ -431,6 +431,13 @@ pub(crate) enum Builtin {
     PeekAtLastError,
     /// `cnpSetLastError(error)`.
     SetLastError,
+    /// `cnpStreamCreate(&stream, flags)`, `cnpEventCreate(&event, flags)`: device-side streams
+    /// and events, a handle written where the first argument points.
+    DeviceObjectCreate,
+    /// `cnpStreamDestroy`, `cnpEventDestroy`, `cnpEventRecord`, `cnpStreamWaitEvent`: nothing
+    /// to do, since a launch's children run one after the other in launch order, which every
+    /// stream and event order allows.
+    DeviceObjectNop,
 }
 
 /// Which codes a device-runtime builtin answers.

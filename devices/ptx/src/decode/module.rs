@@ -454,6 +454,14 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         {
             Some(Builtin::PeekAtLastError)
         }
+        "cnpStreamCreate" | "cnpEventCreate" if sizes == [8, 4] && rets == [4] => {
+            Some(Builtin::DeviceObjectCreate)
+        }
+        "cnpStreamDestroy" | "cnpEventDestroy" if sizes == [8] && rets == [4] => {
+            Some(Builtin::DeviceObjectNop)
+        }
+        "cnpEventRecord" if sizes == [8, 8] && rets == [4] => Some(Builtin::DeviceObjectNop),
+        "cnpStreamWaitEvent" if sizes == [8, 8, 4] && rets == [4] => Some(Builtin::DeviceObjectNop),
         "cnpSetLastError" | "__cuda_syscall_cnpv2SetLastError"
             if sizes == [4] && rets.len() <= 1 =>
         {

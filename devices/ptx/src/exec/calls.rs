@@ -262,7 +262,9 @@ impl<'a> Worker<'a> {
             | Builtin::LaunchDevice(_)
             | Builtin::GetLastError
             | Builtin::PeekAtLastError
-            | Builtin::SetLastError => {
+            | Builtin::SetLastError
+            | Builtin::DeviceObjectCreate
+            | Builtin::DeviceObjectNop => {
                 self.device_runtime(warp, b, m);
                 Ok(())
             }

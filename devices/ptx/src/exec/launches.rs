@@ -65,12 +65,37 @@ impl<'a> Worker<'a> {
                 Builtin::PeekAtLastError => {
                     u64::from(self.ctx.launches.map_or(0, |d| d.last_error()))
                 }
+                // `libcudadevrt` returns what this returns as its call's result: the error.
                 Builtin::SetLastError => {
+                    let e = le(arg_bytes(frame, b, l, 0)) as u32;
                     if let Some(d) = self.ctx.launches {
-                        d.set_error(le(arg_bytes(frame, b, l, 0)) as u32);
+                        d.set_error(e);
                     }
-                    0
+                    u64::from(e)
                 }
+                Builtin::DeviceObjectCreate => {
+                    let out = le(arg_bytes(frame, b, l, 0));
+                    let handle = crate::devlaunch::new_handle();
+                    let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                    let stored = handle != 0
+                        && self
+                            .store_any(
+                                w,
+                                l as u32,
+                                Space::Generic,
+                                out,
+                                8,
+                                handle,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok();
+                    u64::from(if stored {
+                        cnp::SUCCESS
+                    } else {
+                        cnp::INVALID_VALUE
+                    })
+                }
+                Builtin::DeviceObjectNop => u64::from(cnp::SUCCESS),
                 _ => 0,
             };
         }

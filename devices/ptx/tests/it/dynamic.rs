@@ -246,3 +246,53 @@ fn a_launch_bomb_is_cut_by_the_pending_limit_and_gives_everything_back() {
     assert_eq!(r.launches.pending(), 0);
     assert_eq!(r.heap.free_bytes(), 1 << 20);
 }
+
+#[test]
+fn device_side_streams_get_distinct_handles() {
+    let ptx = ".version 7.8\n.target sm_80\n.address_size 64\n\
+        .extern .func (.param .b32 r) cnpStreamCreate(.param .b64 p, .param .b32 f);\n\
+        .extern .func (.param .b32 r) cnpStreamDestroy(.param .b64 s);\n\
+        .visible .entry k(.param .u64 out) {\n\
+        .local .align 8 .b8 depot[16];\n\
+        .reg .b64 %rd<8>; .reg .b32 %r<4>;\n\
+        ld.param.u64 %rd1, [out];\n\
+        mov.u64 %rd2, depot;\n\
+        cvta.local.u64 %rd3, %rd2;\n\
+        add.u64 %rd4, %rd3, 8;\n\
+        { .param .b64 p; .param .b32 f; .param .b32 r; st.param.b64 [p], %rd3; st.param.b32 [f], 1;\n\
+          call.uni (r), cnpStreamCreate, (p, f); ld.param.b32 %r1, [r]; }\n\
+        { .param .b64 p; .param .b32 f; .param .b32 r; st.param.b64 [p], %rd4; st.param.b32 [f], 1;\n\
+          call.uni (r), cnpStreamCreate, (p, f); ld.param.b32 %r2, [r]; }\n\
+        ld.local.u64 %rd5, [%rd2];\n\
+        ld.local.u64 %rd6, [%rd2+8];\n\
+        { .param .b64 s; .param .b32 r; st.param.b64 [s], %rd5; call.uni (r), cnpStreamDestroy, (s); ld.param.b32 %r3, [r]; }\n\
+        st.global.u64 [%rd1], %rd5;\n\
+        st.global.u64 [%rd1+8], %rd6;\n\
+        add.u32 %r1, %r1, %r2;\n\
+        add.u32 %r1, %r1, %r3;\n\
+        st.global.u32 [%rd1+16], %r1;\n\
+        ret; }\n";
+    let m = Module::load(ptx).unwrap();
+    let mem = TestMemory::new();
+    let g = alloc_globals(&m, &mem);
+    let out = mem.alloc(24);
+    let params = pack_params(m.kernel("k").unwrap(), &[Arg::U64(out)]);
+    let c = LaunchControl::new();
+    c.set_device_launches(Some(Arc::new(DeviceLaunches::new())));
+    m.launch(&Launch {
+        kernel: "k",
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        dynamic_shared: 0,
+        params: &params,
+        globals: &g,
+        memory: &mem,
+        start_block: 0,
+        workers: 1,
+        control: &c,
+    })
+    .unwrap();
+    let h = mem.read::<u64>(out, 2);
+    assert!(h[0] != 0 && h[1] != 0 && h[0] != h[1], "{h:x?}");
+    assert_eq!(mem.read::<u32>(out + 16, 1), [0], "every call succeeded");
+}

@@ -105,7 +105,7 @@ fn cuda_python_kernels_launch_kernels_and_malloc() {
         &[],
     );
     if let Some(stdout) = out {
-        assert!(stdout.contains("8 checks"), "{stdout}");
+        assert!(stdout.contains("9 checks"), "{stdout}");
     }
 }
 

@@ -1,6 +1,7 @@
 """Dynamic parallelism and the device heap from Python, unmodified cuda-python: NVRTC compiles
 CUDA C++ with -rdc=true, the driver's linker links it with CUDA 12's libcudadevrt.a (from the
-nvidia-cuda-runtime-cu12 wheel), and the kernels launch kernels and malloc memory on vgpu.
+nvidia-cuda-runtime-cu12 wheel), and the kernels launch kernels (on device-side streams too,
+ordered by an event) and malloc memory on vgpu.
 
 Prints one line per check and PASS at the end; exits 1 on the first failure."""
 import array
@@ -25,6 +26,25 @@ extern "C" __global__ void nested(int *levels, int *errs, int depth, int max) {
         nested<<<1, 1>>>(levels, errs, depth + 1, max);
         errs[depth] = (int)cudaGetLastError();
     }
+}
+// Children on a device-side stream, ordered after another stream's child by an event.
+extern "C" __global__ void add_one(int *c) { c[0] += 1; }
+extern "C" __global__ void times_ten(int *c) { c[0] *= 10; }
+extern "C" __global__ void streamed(int *c) {
+    c[0] = 5;
+    cudaStream_t a, b;
+    cudaEvent_t e;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    add_one<<<1, 1, 0, a>>>(c);
+    cudaEventRecord(e, a);
+    cudaStreamWaitEvent(b, e, 0);
+    times_ten<<<1, 1, 0, b>>>(c);
+    cudaEventDestroy(e);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    c[1] = (int)cudaGetLastError();
 }
 // Each thread mallocs a block, a child grid fills it, a grandchild frees it.
 extern "C" __global__ void fill(int *p, int n, int v) { for (int i = 0; i < n; i++) p[i] = v + i; }
@@ -121,6 +141,12 @@ ok(cu.cuCtxSynchronize())
 lv, ev = read_ints(levels, 64), read_ints(errs, 64)
 check("launches nest 24 deep", lv[:25] == list(range(1, 26)) and all(e == 0 for e in ev[:24]), lv[:26])
 check("and no deeper (cudaErrorLaunchMaxDepthExceeded)", lv[25] == 0 and ev[24] == 65, (lv[25], ev[24]))
+
+cell = ok(cu.cuMemAlloc(8))
+launch(mod, b"streamed", 1, 1, cell)
+ok(cu.cuCtxSynchronize())
+check("device-side streams ordered by an event", read_ints(cell, 2) == [60, 0], read_ints(cell, 2))
+ok(cu.cuMemFree(cell))
 
 sums = ok(cu.cuMemAlloc(32 * 8))
 launch(mod, b"with_heap", 1, 32, sums)

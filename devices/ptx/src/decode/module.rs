@@ -454,14 +454,30 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         {
             Some(Builtin::PeekAtLastError)
         }
-        "cnpStreamCreate" | "cnpEventCreate" if sizes == [8, 4] && rets == [4] => {
+        "cnpStreamCreate"
+        | "cnpEventCreate"
+        | "__cuda_syscall_cnpv2StreamCreate"
+        | "__cuda_syscall_cnpv2EventCreate"
+            if sizes == [8, 4] && rets == [4] =>
+        {
             Some(Builtin::DeviceObjectCreate)
         }
-        "cnpStreamDestroy" | "cnpEventDestroy" if sizes == [8] && rets == [4] => {
+        "cnpStreamDestroy"
+        | "cnpEventDestroy"
+        | "__cuda_syscall_cnpv2StreamDestroy"
+        | "__cuda_syscall_cnpv2EventDestroy"
+            if sizes == [8] && rets == [4] =>
+        {
             Some(Builtin::DeviceObjectNop)
         }
-        "cnpEventRecord" if sizes == [8, 8] && rets == [4] => Some(Builtin::DeviceObjectNop),
-        "cnpStreamWaitEvent" if sizes == [8, 8, 4] && rets == [4] => Some(Builtin::DeviceObjectNop),
+        "cnpEventRecord" | "__cuda_syscall_cnpv2EventRecord" if sizes == [8, 8] && rets == [4] => {
+            Some(Builtin::DeviceObjectNop)
+        }
+        "cnpStreamWaitEvent" | "__cuda_syscall_cnpv2StreamWaitEvent"
+            if sizes == [8, 8, 4] && rets == [4] =>
+        {
+            Some(Builtin::DeviceObjectNop)
+        }
         "cnpSetLastError" | "__cuda_syscall_cnpv2SetLastError"
             if sizes == [4] && rets.len() <= 1 =>
         {

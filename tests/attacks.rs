@@ -1370,8 +1370,13 @@ fn interpreter_bombs() -> String {
 
 /// Loads [`interpreter_bombs`] and allocates a small output buffer: (module, buffer).
 fn load_bombs(c: &mut TestClient<UnixStream>, ctx: u64) -> (u64, u64) {
+    load_with_buffer(c, ctx, &interpreter_bombs())
+}
+
+/// Loads PTX `ptx` and allocates a small output buffer: (module, buffer).
+fn load_with_buffer(c: &mut TestClient<UnixStream>, ctx: u64, ptx: &str) -> (u64, u64) {
     let module = c
-        .call(&msg::ModuleLoad { ctx }, interpreter_bombs().as_bytes())
+        .call(&msg::ModuleLoad { ctx }, ptx.as_bytes())
         .unwrap()
         .0
         .handle;
@@ -2023,16 +2028,7 @@ fn device_heap_and_launch_bombs_stay_in_their_vm() {
     };
     assert_eq!(set(&mut c, 1 << 40).unwrap_err().0, OUT_OF_MEMORY);
     set(&mut c, 48 * MIB).unwrap();
-    let module = c
-        .call(&msg::ModuleLoad { ctx }, DEVICE_RUNTIME_BOMBS.as_bytes())
-        .unwrap()
-        .0
-        .handle;
-    let out = c
-        .call(&msg::MemAlloc { ctx, size: 4096 }, &[])
-        .unwrap()
-        .0
-        .ptr;
+    let (module, out) = load_with_buffer(&mut c, ctx, DEVICE_RUNTIME_BOMBS);
     let (code, why) = launch_and_sync(&mut c, ctx, module, "hog", [1, 1], out, None)
         .expect_err("a forged free went through");
     assert_eq!(code, ILLEGAL_ADDRESS, "{why}");
@@ -2046,16 +2042,7 @@ fn device_heap_and_launch_bombs_stay_in_their_vm() {
     d.wait_memory_used("vm1", 0, Duration::from_secs(10));
 
     let (mut c, ctx) = session(&d, "vm1");
-    let module = c
-        .call(&msg::ModuleLoad { ctx }, DEVICE_RUNTIME_BOMBS.as_bytes())
-        .unwrap()
-        .0
-        .handle;
-    let out = c
-        .call(&msg::MemAlloc { ctx, size: 4096 }, &[])
-        .unwrap()
-        .0
-        .ptr;
+    let (module, out) = load_with_buffer(&mut c, ctx, DEVICE_RUNTIME_BOMBS);
     let start = Instant::now();
     match launch_and_sync(&mut c, ctx, module, "bomb", [1, 2], out, None) {
         Ok(()) => {}

@@ -33,21 +33,22 @@ __global__ void ordered(int *cell)
     times_ten<<<1, 1>>>(cell);
 }
 
-// Quicksort: each launch partitions its range around its first element and launches a grid
-// for each side (small ranges are sorted by insertion in place).
-__global__ void quicksort(int *v, int lo, int hi, int depth)
+// Sorts v[lo..=hi] by insertion (small ranges).
+__device__ void insertion_sort(int *v, int lo, int hi)
 {
-    if (hi - lo < 16 || depth >= 20) {
-        for (int i = lo + 1; i <= hi; i++) {
-            int x = v[i], j = i - 1;
-            while (j >= lo && v[j] > x) {
-                v[j + 1] = v[j];
-                j--;
-            }
-            v[j + 1] = x;
+    for (int i = lo + 1; i <= hi; i++) {
+        int x = v[i], j = i - 1;
+        while (j >= lo && v[j] > x) {
+            v[j + 1] = v[j];
+            j--;
         }
-        return;
+        v[j + 1] = x;
     }
+}
+
+// Partitions v[lo..=hi] around v[lo]; returns where the pivot ends.
+__device__ int partition(int *v, int lo, int hi)
+{
     int pivot = v[lo], i = lo + 1, j = hi;
     while (i <= j) {
         while (i <= j && v[i] <= pivot) i++;
@@ -60,6 +61,18 @@ __global__ void quicksort(int *v, int lo, int hi, int depth)
     }
     v[lo] = v[j];
     v[j] = pivot;
+    return j;
+}
+
+// Quicksort: each launch partitions its range around its first element and launches a grid
+// for each side (small ranges are sorted by insertion in place).
+__global__ void quicksort(int *v, int lo, int hi, int depth)
+{
+    if (hi - lo < 16 || depth >= 20) {
+        insertion_sort(v, lo, hi);
+        return;
+    }
+    int j = partition(v, lo, hi);
     quicksort<<<1, 1>>>(v, lo, j - 1, depth + 1);
     quicksort<<<1, 1>>>(v, j + 1, hi, depth + 1);
 }
@@ -69,28 +82,10 @@ __global__ void quicksort(int *v, int lo, int hi, int depth)
 __global__ void quicksort_streams(int *v, int lo, int hi, int depth)
 {
     if (hi - lo < 16 || depth >= 20) {
-        for (int i = lo + 1; i <= hi; i++) {
-            int x = v[i], j = i - 1;
-            while (j >= lo && v[j] > x) {
-                v[j + 1] = v[j];
-                j--;
-            }
-            v[j + 1] = x;
-        }
+        insertion_sort(v, lo, hi);
         return;
     }
-    int pivot = v[lo], i = lo + 1, j = hi;
-    while (i <= j) {
-        while (i <= j && v[i] <= pivot) i++;
-        while (i <= j && v[j] > pivot) j--;
-        if (i < j) {
-            int t = v[i];
-            v[i] = v[j];
-            v[j] = t;
-        }
-    }
-    v[lo] = v[j];
-    v[j] = pivot;
+    int j = partition(v, lo, hi);
     cudaStream_t s1, s2;
     cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
     cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);

@@ -271,11 +271,31 @@ pub fn run(
     mem: &TestMemory,
     globals: &[u64],
 ) -> Result<Progress, Fault> {
+    run_controlled(
+        module,
+        kernel,
+        cfg,
+        args,
+        mem,
+        globals,
+        &LaunchControl::new(),
+    )
+}
+
+/// [`run`] under `control` (a heap, device-side launches, output, a deadline).
+pub fn run_controlled(
+    module: &Module,
+    kernel: &str,
+    cfg: &Config,
+    args: &[Arg],
+    mem: &TestMemory,
+    globals: &[u64],
+    control: &LaunchControl,
+) -> Result<Progress, Fault> {
     let info = module
         .kernel(kernel)
         .unwrap_or_else(|| panic!("no kernel `{kernel}`"));
     let params = pack_params(info, args);
-    let control = LaunchControl::new();
     module.launch(&Launch {
         kernel,
         grid: cfg.grid,
@@ -286,7 +306,7 @@ pub fn run(
         memory: mem,
         start_block: 0,
         workers: cfg.workers,
-        control: &control,
+        control,
     })
 }
 

@@ -276,21 +276,17 @@ fn device_side_streams_get_distinct_handles() {
     let mem = TestMemory::new();
     let g = alloc_globals(&m, &mem);
     let out = mem.alloc(24);
-    let params = pack_params(m.kernel("k").unwrap(), &[Arg::U64(out)]);
     let c = LaunchControl::new();
     c.set_device_launches(Some(Arc::new(DeviceLaunches::new())));
-    m.launch(&Launch {
-        kernel: "k",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        dynamic_shared: 0,
-        params: &params,
-        globals: &g,
-        memory: &mem,
-        start_block: 0,
-        workers: 1,
-        control: &c,
-    })
+    run_controlled(
+        &m,
+        "k",
+        &Config::linear(1, 1),
+        &[Arg::U64(out)],
+        &mem,
+        &g,
+        &c,
+    )
     .unwrap();
     let h = mem.read::<u64>(out, 2);
     assert!(h[0] != 0 && h[1] != 0 && h[0] != h[1], "{h:x?}");

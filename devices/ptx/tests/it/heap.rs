@@ -15,22 +15,9 @@ fn launch(
     mem: &TestMemory,
     heap: Option<Arc<Heap>>,
 ) -> Result<Progress, Fault> {
-    let g = alloc_globals(m, mem);
-    let params = pack_params(m.kernel(kernel).unwrap(), args);
     let control = LaunchControl::new();
     control.set_heap(heap.map(|h| h as Arc<dyn DeviceHeap>));
-    m.launch(&Launch {
-        kernel,
-        grid: cfg.grid,
-        block: cfg.block,
-        dynamic_shared: cfg.dynamic_shared,
-        params: &params,
-        globals: &g,
-        memory: mem,
-        start_block: 0,
-        workers: cfg.workers,
-        control: &control,
-    })
+    run_controlled(m, kernel, cfg, args, mem, &alloc_globals(m, mem), &control)
 }
 
 /// A heap of `size` bytes in `mem`.

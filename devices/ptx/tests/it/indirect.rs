@@ -33,21 +33,13 @@ impl Rig {
         args: &[Arg],
         heap: Option<Arc<Heap>>,
     ) -> Result<Progress, Fault> {
-        let params = pack_params(self.m.kernel(kernel).unwrap(), args);
         let control = LaunchControl::new();
         control.set_heap(heap.map(|h| h as Arc<dyn DeviceHeap>));
-        self.m.launch(&Launch {
-            kernel,
-            grid: [grid, 1, 1],
-            block: [block, 1, 1],
-            dynamic_shared: 0,
-            params: &params,
-            globals: &self.g,
-            memory: &self.mem,
-            start_block: 0,
+        let cfg = Config {
             workers: 2,
-            control: &control,
-        })
+            ..Config::linear(grid, block)
+        };
+        run_controlled(&self.m, kernel, &cfg, args, &self.mem, &self.g, &control)
     }
 }
 

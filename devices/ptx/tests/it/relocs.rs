@@ -13,21 +13,8 @@ fn initializers_hold_the_addresses_of_variables() {
         let g = alloc_globals(&m, &mem);
         let out = mem.alloc(8 * 4);
         let run = |kernel: &str, args: &[Arg]| {
-            let params = pack_params(m.kernel(kernel).unwrap(), args);
-            let control = LaunchControl::new();
-            m.launch(&Launch {
-                kernel,
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                dynamic_shared: 0,
-                params: &params,
-                globals: &g,
-                memory: &mem,
-                start_block: 0,
-                workers: 1,
-                control: &control,
-            })
-            .unwrap_or_else(|f| panic!("{arch} {kernel}: {f}"));
+            run(&m, kernel, &Config::linear(1, 1), args, &mem, &g)
+                .unwrap_or_else(|f| panic!("{arch} {kernel}: {f}"));
         };
         run("read_tables", &[Arg::U64(out)]);
         let got = mem.read::<i32>(out, 8);
@@ -57,20 +44,14 @@ fn kernels_have_addresses_that_no_access_reaches() {
     let mem = TestMemory::new();
     let g = alloc_globals(&m, &mem);
     let out = mem.alloc(3 * 8);
-    let params = pack_params(m.kernel("kernel_addresses").unwrap(), &[Arg::U64(out)]);
-    let control = LaunchControl::new();
-    m.launch(&Launch {
-        kernel: "kernel_addresses",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        dynamic_shared: 0,
-        params: &params,
-        globals: &g,
-        memory: &mem,
-        start_block: 0,
-        workers: 1,
-        control: &control,
-    })
+    run(
+        &m,
+        "kernel_addresses",
+        &Config::linear(1, 1),
+        &[Arg::U64(out)],
+        &mem,
+        &g,
+    )
     .unwrap();
     let a = mem.read::<u64>(out, 3);
     assert!(a.iter().all(|&v| v >= FUNCTION_WINDOW), "{a:x?}");

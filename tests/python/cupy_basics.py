@@ -1,5 +1,6 @@
 """CuPy on vgpu: arrays, elementwise arithmetic, reductions and the kernels
-CuPy compiles at run time (ElementwiseKernel, ReductionKernel, RawKernel),
+CuPy compiles at run time (ElementwiseKernel, ReductionKernel, RawKernel; a RawModule whose
+kernels use the device heap and virtual functions),
 a CUDA array sampled through a texture object and written through a surface
 (cupy.cuda.texture), each result checked against NumPy. Run through vgpu's libcuda.so.1 with
 CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX, which the simulated GPU runs) and
@@ -88,6 +89,29 @@ template<typename T> __global__ void fill(T* p, T v, int n) {
 z = cp.zeros(300, dtype=cp.int32)
 mod.get_function("fill<int>")((3,), (128,), (z, cp.int32(42), cp.int32(300)))
 close("RawModule template", z, np.full(300, 42))
+
+# A RawModule whose kernels allocate on the device heap and call virtual functions.
+objs = cp.RawModule(code=r'''
+struct Op { __device__ virtual int apply(int x) const = 0; __device__ virtual ~Op() {} };
+struct Twice : Op { __device__ int apply(int x) const override { return 2 * x; } };
+struct Square : Op { __device__ int apply(int x) const override { return x * x; } };
+extern "C" __global__ void objects(int *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    Op *op = i % 2 ? (Op *)new Square : (Op *)new Twice;
+    int *tmp = (int *)malloc(4 * sizeof(int));
+    if (op == nullptr || tmp == nullptr) { out[i] = -1; return; }
+    for (int k = 0; k < 4; k++) tmp[k] = op->apply(i + k);
+    out[i] = tmp[0] + tmp[3];
+    free(tmp);
+    delete op;
+}
+''')
+o = cp.zeros(256, dtype=cp.int32)
+objs.get_function("objects")((2,), (128,), (o, cp.int32(256)))
+idx = np.arange(256)
+close("device new, malloc and virtual functions in a RawModule", o,
+      np.where(idx % 2 == 1, idx ** 2 + (idx + 3) ** 2, 2 * idx + 2 * (idx + 3)))
 
 # Streams and events.
 s = cp.cuda.Stream(non_blocking=True)

@@ -237,8 +237,7 @@ pub fn prepare_for(image: &[u8], arch: Option<u32>) -> Result<Prepared, ImageErr
 /// `.extern .func malloc`, NVRTC's `__cuda_syscall_aligned_malloc`, a cubin's symbol). A
 /// compressed image cannot be read here: the driver's own heap serves it, uncharged.
 fn mentions_heap(body: &[u8]) -> bool {
-    const NAME: &[u8] = b"malloc";
-    body.windows(NAME.len()).any(|w| w == NAME)
+    memchr::memmem::find(body, b"malloc").is_some()
 }
 
 /// [`prepare_for`] without an architecture: fat binaries are loaded as they are.
@@ -449,6 +448,14 @@ pub(crate) mod tests {
     const PRINTING: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
         .extern .func (.param .b32 func_retval0) vprintf\n(\n.param .b64 p0,\n.param .b64 p1\n)\n;\n\
         .visible .entry k() { ret; }\n";
+
+    #[test]
+    fn images_that_name_malloc_use_the_device_heap() {
+        let with = b".version 8.0\n.target sm_80\n.extern .func (.param .b64 r) malloc(.param .b64 n);\n.entry k() { ret; }";
+        assert!(prepare(with).unwrap().heap);
+        let without = b".version 8.0\n.target sm_80\n.entry k() { ret; }";
+        assert!(!prepare(without).unwrap().heap);
+    }
 
     #[test]
     fn ptx_without_vprintf_is_loaded_byte_for_byte() {

@@ -111,7 +111,7 @@ fn nvcc_programs_link_separately_compiled_device_code() {
 /// table); the simulated GPU supplies the driver's `cnp*` calls it makes.
 #[test]
 fn nvcc_programs_launch_kernels_from_kernels() {
-    run_nvcc_program("dynamic_parallelism", 20, &["static", "shared"]);
+    run_nvcc_program("dynamic_parallelism", 23, &["static", "shared"]);
 }
 
 #[test]

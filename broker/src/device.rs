@@ -413,6 +413,7 @@ pub struct RunControl {
     heap: Mutex<Option<Arc<dyn DeviceHeap>>>,
     device_state: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
     pending_launch_limit: AtomicU64,
+    attributes: Mutex<Option<Arc<[i32]>>>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -535,6 +536,18 @@ impl RunControl {
     /// (`CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`; 0: the device's default).
     pub fn set_pending_launch_limit(&self, limit: u64) {
         self.pending_launch_limit.store(limit, Ordering::Relaxed);
+    }
+    /// The device's attributes as the VM sees them, which kernels read with
+    /// `cudaDeviceGetAttribute` (dynamic parallelism's device runtime).
+    pub fn set_device_attributes(&self, attributes: Option<Arc<[i32]>>) {
+        *self.attributes.lock().unwrap_or_else(|p| p.into_inner()) = attributes;
+    }
+    /// The device's attributes as the VM sees them.
+    pub fn device_attributes(&self) -> Option<Arc<[i32]>> {
+        self.attributes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
     /// The pending launch limit (0: the device's default).
     pub fn pending_launch_limit(&self) -> u64 {

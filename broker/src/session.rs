@@ -2156,6 +2156,7 @@ impl Session {
         let control = Arc::new(RunControl::default());
         control.set_heap(heap);
         control.set_pending_launch_limit(self.heap.pending_launches);
+        control.set_device_attributes(Some(self.guest_attributes()));
         // A kernel of a graph launch with conditional nodes may set their handles.
         if let Some(values) = &self.graphs.conditionals {
             control.set_conditionals(Some(Arc::clone(values)));

@@ -114,6 +114,17 @@ __global__ void event_order(int *cell, int *err)
     err[7] = a != b && a != 0;
 }
 
+// The device as kernels see it: its number, the device count, and three attributes.
+__global__ void device_queries(int *out)
+{
+    out[0] = (int)cudaGetDevice(&out[1]);
+    out[2] = (int)cudaGetDeviceCount(&out[3]);
+    out[4] = (int)cudaDeviceGetAttribute(&out[5], cudaDevAttrMultiProcessorCount, 0);
+    out[6] = (int)cudaDeviceGetAttribute(&out[7], cudaDevAttrComputeCapabilityMajor, 0);
+    out[8] = (int)cudaDeviceGetAttribute(&out[9], cudaDevAttrMaxThreadsPerBlock, 0);
+    out[10] = (int)cudaDeviceGetAttribute(&out[11], cudaDevAttrMaxThreadsPerBlock, 7);
+}
+
 // A chain of launches: levels[d] = d + 1 and errs[d] = the launch's error at each depth.
 __global__ void nested(int *levels, int *errs, int depth, int max)
 {
@@ -198,6 +209,27 @@ int main()
               ee[7] == 1,
           "cell %d, errors %d %d %d %d %d %d %d, distinct %d", c, ee[0], ee[1], ee[2], ee[3], ee[4], ee[5], ee[6], ee[7]);
     CUDA_OK(cudaFree(ev_err));
+
+    {
+        int *q = nullptr;
+        REQUIRE(cudaMalloc(&q, 12 * sizeof(int)));
+        REQUIRE(cudaMemset(q, 0xff, 12 * sizeof(int)));
+        device_queries<<<1, 1>>>(q);
+        CHECK_CUDA("device queries in a kernel", cudaDeviceSynchronize());
+        int h[12];
+        REQUIRE(cudaMemcpy(h, q, sizeof h, cudaMemcpyDeviceToHost));
+        int sms = 0, major = 0, threads = 0;
+        REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+        REQUIRE(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerBlock, 0));
+        CHECK("a kernel sees its device, the device count and the attributes the host sees",
+              h[0] == 0 && h[1] == 0 && h[2] == 0 && h[3] == 1 && h[4] == 0 && h[5] == sms && h[6] == 0 &&
+                  h[7] == major && h[8] == 0 && h[9] == threads,
+              "device %d/%d, count %d/%d, SMs %d/%d (host %d), major %d/%d (host %d), threads %d/%d (host %d)", h[0],
+              h[1], h[2], h[3], h[4], h[5], sms, h[6], h[7], major, h[8], h[9], threads);
+        CHECK("an attribute of a device that does not exist is refused", h[10] != 0, "%d", h[10]);
+        CUDA_OK(cudaFree(q));
+    }
 
     int *levels = nullptr, *errs = nullptr;
     REQUIRE(cudaMalloc(&levels, 64 * sizeof(int)));

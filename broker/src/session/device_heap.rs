@@ -32,6 +32,9 @@ pub(super) struct ProcessHeap {
     made: Option<Made>,
     /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` (0: the device's default).
     pub(super) pending_launches: u64,
+    /// The device's attributes as the VM sees them, for kernels' `cudaDeviceGetAttribute`
+    /// (made at the first launch).
+    pub(super) attributes: Option<Arc<[i32]>>,
 }
 
 struct Made {
@@ -53,6 +56,7 @@ impl Default for ProcessHeap {
             size: DEFAULT_HEAP_BYTES,
             made: None,
             pending_launches: 0,
+            attributes: None,
         }
     }
 }
@@ -75,6 +79,16 @@ impl Session {
         }
         self.heap.size = bytes;
         Ok(())
+    }
+
+    /// The device's attributes as the VM sees them, shared by its launches.
+    pub(super) fn guest_attributes(&mut self) -> Arc<[i32]> {
+        let device = &self.device.attributes;
+        Arc::clone(
+            self.heap
+                .attributes
+                .get_or_insert_with(|| super::alloc_ext::guest_attributes(device).into()),
+        )
     }
 
     /// `cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, n)`: 1 to

@@ -434,6 +434,13 @@ pub(crate) enum Builtin {
     /// `cnpStreamCreate(&stream, flags)`, `cnpEventCreate(&event, flags)`: device-side streams
     /// and events, a handle written where the first argument points.
     DeviceObjectCreate,
+    /// `cnpGetDevice(&device)`: 0, the VM's one device.
+    GetDevice,
+    /// `cnpGetDeviceCount(&count)`: 1.
+    GetDeviceCount,
+    /// `cnpDeviceGetAttribute(&value, attribute, device)`: the device's attribute as the VM
+    /// sees it ([`crate::LaunchControl::set_device_attributes`]).
+    DeviceGetAttribute,
     /// `cnpStreamDestroy`, `cnpEventDestroy`, `cnpEventRecord`, `cnpStreamWaitEvent`: nothing
     /// to do, since a launch's children run one after the other in launch order, which every
     /// stream and event order allows.

@@ -314,6 +314,7 @@ pub struct LaunchControl {
     conditionals: Mutex<Option<Arc<dyn GraphConditionals>>>,
     heap: Mutex<Option<Arc<dyn heap::DeviceHeap>>>,
     device_launches: Mutex<Option<Arc<devlaunch::DeviceLaunches>>>,
+    attributes: Mutex<Option<Arc<[i32]>>>,
 }
 
 impl LaunchControl {
@@ -508,6 +509,23 @@ impl LaunchControl {
         match self.device_launches.lock() {
             Ok(mut g) => *g = launches,
             Err(p) => *p.into_inner() = launches,
+        }
+    }
+
+    /// The device's attributes, indexed by `CUdevice_attribute`, that kernels read with
+    /// `cudaDeviceGetAttribute` (`None`: such a read fails with `cudaErrorInvalidValue`).
+    pub fn set_device_attributes(&self, attributes: Option<Arc<[i32]>>) {
+        match self.attributes.lock() {
+            Ok(mut g) => *g = attributes,
+            Err(p) => *p.into_inner() = attributes,
+        }
+    }
+
+    /// The device's attributes kernels read.
+    pub fn device_attributes(&self) -> Option<Arc<[i32]>> {
+        match self.attributes.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
         }
     }
 
@@ -868,6 +886,7 @@ impl Module {
         let conditionals = launch.control.conditionals();
         let heap = launch.control.heap();
         let launches = launch.control.device_launches();
+        let attributes = launch.control.device_attributes();
         let ctx = exec::Ctx {
             prog: &self.prog,
             layout,
@@ -890,6 +909,7 @@ impl Module {
             conditionals: conditionals.as_deref(),
             heap: heap.as_deref(),
             launches: launches.as_deref(),
+            attributes: attributes.as_deref(),
             grid_workspace,
             budget: budget.as_deref(),
             frames_paid,

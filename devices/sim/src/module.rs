@@ -413,6 +413,7 @@ impl SimModule {
                 control.device_state(|| vgpu_ptx::devlaunch::DeviceLaunches::with_limit(limit)),
             );
         }
+        ptx_control.set_device_attributes(control.device_attributes());
         ptx_control.set_heap(control.heap().and_then(|h| {
             h.as_any()
                 .downcast_ref::<SimHeap>()

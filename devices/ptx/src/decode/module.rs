@@ -478,6 +478,19 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         {
             Some(Builtin::DeviceObjectNop)
         }
+        "cnpGetDevice" | "__cuda_syscall_cnpv2GetDevice" if sizes == [8] && rets == [4] => {
+            Some(Builtin::GetDevice)
+        }
+        "cnpGetDeviceCount" | "__cuda_syscall_cnpv2GetDeviceCount"
+            if sizes == [8] && rets == [4] =>
+        {
+            Some(Builtin::GetDeviceCount)
+        }
+        "cnpDeviceGetAttribute" | "__cuda_syscall_cnpv2DeviceGetAttribute"
+            if sizes == [8, 4, 4] && rets == [4] =>
+        {
+            Some(Builtin::DeviceGetAttribute)
+        }
         "cnpSetLastError" | "__cuda_syscall_cnpv2SetLastError"
             if sizes == [4] && rets.len() <= 1 =>
         {

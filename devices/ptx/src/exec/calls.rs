@@ -264,7 +264,10 @@ impl<'a> Worker<'a> {
             | Builtin::PeekAtLastError
             | Builtin::SetLastError
             | Builtin::DeviceObjectCreate
-            | Builtin::DeviceObjectNop => {
+            | Builtin::DeviceObjectNop
+            | Builtin::GetDevice
+            | Builtin::GetDeviceCount
+            | Builtin::DeviceGetAttribute => {
                 self.device_runtime(warp, b, m);
                 Ok(())
             }

@@ -96,6 +96,39 @@ impl<'a> Worker<'a> {
                     })
                 }
                 Builtin::DeviceObjectNop => u64::from(cnp::SUCCESS),
+                Builtin::GetDevice | Builtin::GetDeviceCount | Builtin::DeviceGetAttribute => {
+                    let out = le(arg_bytes(frame, b, l, 0));
+                    let value = match b.kind {
+                        Builtin::GetDevice => Some(0),
+                        Builtin::GetDeviceCount => Some(1),
+                        _ => {
+                            let attr = le(arg_bytes(frame, b, l, 1)) as u32 as usize;
+                            let device = le(arg_bytes(frame, b, l, 2)) as u32;
+                            self.ctx
+                                .attributes
+                                .filter(|_| device == 0)
+                                .and_then(|a| a.get(attr).copied())
+                        }
+                    };
+                    let w = warp_ref(&warp.tid, warp.idx, warp.valid);
+                    let stored = value.is_some_and(|v| {
+                        self.store_any(
+                            w,
+                            l as u32,
+                            Space::Generic,
+                            out,
+                            4,
+                            v as u32 as u64,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                    });
+                    u64::from(if stored {
+                        cnp::SUCCESS
+                    } else {
+                        cnp::INVALID_VALUE
+                    })
+                }
                 _ => 0,
             };
         }

@@ -100,6 +100,8 @@ pub(crate) struct Ctx<'a> {
     pub heap: Option<&'a dyn crate::heap::DeviceHeap>,
     /// The launch's device-side launches (dynamic parallelism).
     pub launches: Option<&'a crate::devlaunch::DeviceLaunches>,
+    /// The device's attributes as the VM sees them (`cudaDeviceGetAttribute` in kernels).
+    pub attributes: Option<&'a [i32]>,
     /// A cooperative launch's grid workspace (0: not cooperative).
     pub grid_workspace: u64,
     /// The tenant's budget for interpreter state, charged for call frames past `frames_paid`.

@@ -444,8 +444,8 @@ pub struct Session {
     textures: texture::TexObjects,
     /// Stream memory waits, from the first one ([`Session::stream_mem_op`]).
     mem_waits: Option<crate::mem_wait::MemWaits>,
-    /// The device heap of kernels' `malloc`.
-    heap: device_heap::ProcessHeap,
+    /// What kernels' device runtime calls use (the heap of their `malloc`, device launches).
+    device_runtime: device_heap::DeviceRuntime,
 }
 
 impl std::fmt::Debug for Session {
@@ -530,7 +530,7 @@ impl Session {
             functions: HandleTable::budgeted(HandleKind::Function, budget(Budget::Handles)),
             allocs: Allocations::default(),
             output: SessionOutput::default(),
-            heap: device_heap::ProcessHeap::default(),
+            device_runtime: device_heap::DeviceRuntime::default(),
             ext: alloc_ext::AllocExt::default(),
             graphs: graph::Graphs::default(),
             shares: crate::hostshare::SharedRegions::default(),
@@ -2155,7 +2155,7 @@ impl Session {
         let heap = self.heap_for(run.module.as_ref())?;
         let control = Arc::new(RunControl::default());
         control.set_heap(heap);
-        control.set_pending_launch_limit(self.heap.pending_launches);
+        control.set_pending_launch_limit(self.device_runtime.pending_launches);
         control.set_device_attributes(Some(self.guest_attributes()));
         // A kernel of a graph launch with conditional nodes may set their handles.
         if let Some(values) = &self.graphs.conditionals {

@@ -19,15 +19,15 @@ pub const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
 pub const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
 /// The most a process may set that limit to (vgpud also bounds the parameters pending
 /// launches hold, 16 MiB per launch on the simulated GPU).
-pub const MAX_PENDING_LAUNCH_LIMIT: u64 = 1 << 20;
+pub const MAX_PENDING_LAUNCH_LIMIT: u64 = 1 << 17;
 /// CUDA's heap size when the program sets none.
 pub const DEFAULT_HEAP_BYTES: u64 = 8 << 20;
 
-/// The heap's size and, once a kernel that uses it was launched, the heap; and how many grids
-/// kernels may launch and have pending (dynamic parallelism, whose parameter buffers come from
-/// the heap).
+/// What a process's kernels' device runtime calls use: the heap's size and, once a kernel that
+/// uses it was launched, the heap; how many grids kernels may launch and have pending (dynamic
+/// parallelism, whose parameter buffers come from the heap); and the device's attributes.
 #[derive(Debug)]
-pub(super) struct ProcessHeap {
+pub(super) struct DeviceRuntime {
     size: u64,
     made: Option<Made>,
     /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` (0: the device's default).
@@ -50,7 +50,7 @@ impl std::fmt::Debug for Made {
     }
 }
 
-impl Default for ProcessHeap {
+impl Default for DeviceRuntime {
     fn default() -> Self {
         Self {
             size: DEFAULT_HEAP_BYTES,
@@ -66,7 +66,7 @@ impl Session {
     /// of a kernel that uses it makes. Refused once it is made (`CUDA_ERROR_INVALID_VALUE`, as
     /// CUDA does) and past the VM's slice (`CUDA_ERROR_OUT_OF_MEMORY`).
     pub(super) fn set_heap_size(&mut self, bytes: u64) -> Result<(), CuError> {
-        if self.heap.made.is_some() {
+        if self.device_runtime.made.is_some() {
             return Err(CuError::invalid_value(
                 "the device heap's size cannot change once a kernel that calls malloc or free was launched",
             ));
@@ -77,7 +77,7 @@ impl Session {
                 "a device heap of {bytes} bytes does not fit the VM's memory slice of {slice} bytes"
             )));
         }
-        self.heap.size = bytes;
+        self.device_runtime.size = bytes;
         Ok(())
     }
 
@@ -85,7 +85,7 @@ impl Session {
     pub(super) fn guest_attributes(&mut self) -> Arc<[i32]> {
         let device = &self.device.attributes;
         Arc::clone(
-            self.heap
+            self.device_runtime
                 .attributes
                 .get_or_insert_with(|| super::alloc_ext::guest_attributes(device).into()),
         )
@@ -99,7 +99,7 @@ impl Session {
                 "a pending launch count of {n}: vgpud allows 1 to {MAX_PENDING_LAUNCH_LIMIT}"
             )));
         }
-        self.heap.pending_launches = n;
+        self.device_runtime.pending_launches = n;
         Ok(())
     }
 
@@ -110,13 +110,13 @@ impl Session {
         &mut self,
         module: &dyn DeviceModule,
     ) -> Result<Option<Arc<dyn DeviceHeap>>, CuError> {
-        if let Some(m) = &self.heap.made {
+        if let Some(m) = &self.device_runtime.made {
             return Ok(Some(Arc::clone(&m.heap)));
         }
-        if !module.uses_heap() || self.heap.size == 0 {
+        if !module.uses_heap() || self.device_runtime.size == 0 {
             return Ok(None);
         }
-        let size = self.heap.size;
+        let size = self.device_runtime.size;
         let charged = round_up(size, self.device.alloc_granularity).unwrap_or(size);
         self.tenant.slice.charge(charged).map_err(|_| {
             CuError::out_of_memory(format!(
@@ -138,7 +138,7 @@ impl Session {
                 });
             }
         };
-        self.heap.made = Some(Made {
+        self.device_runtime.made = Some(Made {
             heap: Arc::clone(&heap),
             charged,
         });
@@ -149,7 +149,7 @@ impl Session {
     /// Publishes the bytes of the slice the process holds (its allocations and its heap), as
     /// `vgpuctl` and `vgpu-smi` show them.
     pub(super) fn note_memory(&self) {
-        let heap = self.heap.made.as_ref().map_or(0, |m| m.charged);
+        let heap = self.device_runtime.made.as_ref().map_or(0, |m| m.charged);
         self.info
             .memory
             .store(self.allocs.charged() + heap, Ordering::Relaxed);
@@ -158,7 +158,7 @@ impl Session {
     /// The process ended: its heap goes (freed once the last launch holding it ends) and its
     /// bytes go back to the slice.
     pub(super) fn release_heap(&mut self) {
-        if let Some(m) = self.heap.made.take() {
+        if let Some(m) = self.device_runtime.made.take() {
             self.tenant.slice.refund(m.charged);
         }
     }

@@ -25,8 +25,9 @@ use std::sync::Mutex;
 /// Device launches a launch may have pending unless the program sets another limit (CUDA's
 /// default `cudaLimitDevRuntimePendingLaunchCount`).
 pub const MAX_PENDING_LAUNCHES: usize = 2048;
-/// The most a program may set the pending launch limit to.
-pub const MAX_PENDING_LAUNCH_LIMIT: usize = 1 << 20;
+/// The most a program may set the pending launch limit to: with the grids' bookkeeping (under
+/// 100 bytes each beside their parameters) at most about 12 MiB of host memory per launch.
+pub const MAX_PENDING_LAUNCH_LIMIT: usize = 1 << 17;
 /// Parameter bytes a launch's pending grids may hold on the host, whatever the count limit.
 pub const MAX_PENDING_PARAM_BYTES: usize = 16 << 20;
 /// How deep grids may nest: a kernel at this depth (the host's launch is depth 0) cannot launch

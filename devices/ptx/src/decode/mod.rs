@@ -130,6 +130,9 @@ pub(crate) struct Program {
     pub uses_heap: bool,
     /// Whether its kernels may launch kernels (dynamic parallelism).
     pub launches_kernels: bool,
+    /// The index in `kernels` of each function that is a kernel, by function id (`u32::MAX` for
+    /// the others): how a device-side launch finds the kernel its address names.
+    pub kernel_of_func: Vec<u32>,
 }
 
 /// What a name refers to inside a function.
@@ -168,6 +171,8 @@ struct ModuleCtx {
     /// Functions whose address the module takes (`mov r, f`, initializers): what an indirect
     /// call may reach.
     address_taken: Vec<u32>,
+    /// Of those, the defined functions other than kernels: what an indirect call may reach.
+    indirect_targets: Vec<u32>,
 }
 
 /// A function's parameter interface as callers see it.

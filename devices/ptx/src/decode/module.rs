@@ -259,6 +259,7 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
         builtins: HashMap::new(),
         pending_relocs: Vec::new(),
         address_taken: Vec::new(),
+        indirect_targets: Vec::new(),
     };
     let mut func_decls: Vec<&FuncDecl> = Vec::new();
     let mut func_ids: HashMap<&str, u32> = HashMap::new();
@@ -336,19 +337,20 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
     }
     resolve_relocs(&mut m)?;
     // An indirect call may reach any function whose address the module takes (and is defined:
-    // calling another faults at run time).
+    // calling another faults at run time). The call graph gets one node past the functions for
+    // them all, `indirect_targets`, which every function that calls indirectly calls: an edge
+    // each, not one per pair.
     m.address_taken.sort_unstable();
     m.address_taken.dedup();
-    let reachable: Vec<u32> = m
+    m.indirect_targets = m
         .address_taken
         .iter()
         .copied()
         .filter(|&f| funcs[f as usize].defined && !funcs[f as usize].is_entry)
         .collect();
+    let targets_node = funcs.len() as u32;
     for f in funcs.iter_mut().filter(|f| f.indirect) {
-        f.callees.extend(&reachable);
-        f.callees.sort_unstable();
-        f.callees.dedup();
+        f.callees.push(targets_node);
     }
     for f in &mut funcs {
         cfg::assign_reconvergence_watched(&mut f.code, ticker, f.line)?;
@@ -369,7 +371,7 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
     }
     for (id, f) in funcs.iter().enumerate() {
         for &c in &f.callees {
-            if !funcs[c as usize].defined {
+            if funcs.get(c as usize).is_some_and(|c| !c.defined) {
                 return Err(LoadError::unsupported(
                     funcs[id].line,
                     format!(
@@ -386,6 +388,10 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
             Builtin::Malloc | Builtin::AlignedMalloc | Builtin::Free | Builtin::GetParameterBuffer
         )
     });
+    let mut kernel_of_func = vec![u32::MAX; funcs.len()];
+    for (k, l) in layouts.iter().enumerate() {
+        kernel_of_func[l.func as usize] = k as u32;
+    }
     let launches_kernels = m
         .builtins
         .values()
@@ -394,6 +400,7 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
         funcs,
         globals: m.globals,
         kernels,
+        kernel_of_func,
         layouts,
         uses_heap,
         launches_kernels,
@@ -595,15 +602,17 @@ pub(super) fn kernel_info(
     id: u32,
 ) -> Result<(KernelInfo, KernelLayout), LoadError> {
     // Reachable functions and recursion.
-    let mut reach = vec![false; funcs.len()];
+    let targets = &m.indirect_targets[..];
+    let mut reach = vec![false; funcs.len() + 1];
     let mut stack = vec![id];
     while let Some(x) = stack.pop() {
         if std::mem::replace(&mut reach[x as usize], true) {
             continue;
         }
-        stack.extend(funcs[x as usize].callees.iter().copied());
+        stack.extend(callees(funcs, targets, x).iter().copied());
     }
-    let recursive = has_cycle(funcs, id);
+    reach.truncate(funcs.len());
+    let recursive = has_cycle(funcs, targets, id);
     // Shared layout: every shared variable referenced by a reachable function.
     let mut shared_off = vec![u64::MAX; m.shared_vars.len()];
     let mut off = 0u64;
@@ -636,7 +645,7 @@ pub(super) fn kernel_info(
     let local_per_thread = if recursive {
         funcs[id as usize].local_bytes + RECURSIVE_STACK_BYTES
     } else {
-        max_chain_local(funcs, id, &mut HashMap::new())
+        max_chain_local(funcs, targets, id, &mut HashMap::new())
     };
     if local_per_thread > MAX_LOCAL_BYTES {
         return Err(LoadError::unsupported(
@@ -738,13 +747,19 @@ pub(super) fn kernel_info(
     Ok((info, layout))
 }
 
-pub(super) fn has_cycle(funcs: &[Func], root: u32) -> bool {
+/// The callees of node `x` of the call graph: function `x`'s, or, for the node past the
+/// functions, `targets`, the functions an indirect call may reach.
+fn callees<'f>(funcs: &'f [Func], targets: &'f [u32], x: u32) -> &'f [u32] {
+    funcs.get(x as usize).map_or(targets, |f| &f.callees)
+}
+
+pub(super) fn has_cycle(funcs: &[Func], targets: &[u32], root: u32) -> bool {
     // Iterative DFS with colours: 0 white, 1 grey, 2 black.
-    let mut colour = vec![0u8; funcs.len()];
+    let mut colour = vec![0u8; funcs.len() + 1];
     let mut stack: Vec<(u32, usize)> = vec![(root, 0)];
     colour[root as usize] = 1;
     while let Some(&mut (node, ref mut i)) = stack.last_mut() {
-        let callees = &funcs[node as usize].callees;
+        let callees = callees(funcs, targets, node);
         if *i < callees.len() {
             let c = callees[*i];
             *i += 1;
@@ -764,16 +779,21 @@ pub(super) fn has_cycle(funcs: &[Func], root: u32) -> bool {
     false
 }
 
-pub(super) fn max_chain_local(funcs: &[Func], f: u32, memo: &mut HashMap<u32, u64>) -> u64 {
+pub(super) fn max_chain_local(
+    funcs: &[Func],
+    targets: &[u32],
+    f: u32,
+    memo: &mut HashMap<u32, u64>,
+) -> u64 {
     // Only called for acyclic call graphs, so the recursion depth is bounded by the number of
     // functions; hostile modules with thousands of nested functions are still finite.
     if let Some(&v) = memo.get(&f) {
         return v;
     }
-    let own = funcs[f as usize].local_bytes;
+    let own = funcs.get(f as usize).map_or(0, |f| f.local_bytes);
     let mut best = 0u64;
-    for &c in &funcs[f as usize].callees {
-        best = best.max(max_chain_local(funcs, c, memo));
+    for &c in callees(funcs, targets, f) {
+        best = best.max(max_chain_local(funcs, targets, c, memo));
     }
     let v = own.saturating_add(best);
     memo.insert(f, v);

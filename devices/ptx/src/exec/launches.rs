@@ -31,13 +31,6 @@ fn in_codes(e: u32, codes: ErrorCodes) -> u32 {
     }
 }
 
-fn le(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    let n = b.len().min(8);
-    a[..n].copy_from_slice(&b[..n]);
-    u64::from_le_bytes(a)
-}
-
 impl<'a> Worker<'a> {
     pub(super) fn device_runtime(&mut self, warp: &mut Warp, b: &BuiltinCall, m: u32) {
         let mut rets = [0u64; 32];
@@ -50,13 +43,13 @@ impl<'a> Worker<'a> {
             };
             rets[l] = match b.kind {
                 Builtin::GetParameterBuffer => self.parameter_buffer(
-                    le(arg_bytes(frame, b, l, 0)),
+                    read_le(arg_bytes(frame, b, l, 0)),
                     dim3(arg_bytes(frame, b, l, 1)),
                     dim3(arg_bytes(frame, b, l, 2)),
-                    le(arg_bytes(frame, b, l, 3)) as u32,
+                    read_le(arg_bytes(frame, b, l, 3)) as u32,
                 ),
                 Builtin::LaunchDevice(codes) => u64::from(in_codes(
-                    self.launch_device(le(arg_bytes(frame, b, l, 0))),
+                    self.launch_device(read_le(arg_bytes(frame, b, l, 0))),
                     codes,
                 )),
                 // The last error is a `cudaError_t` in either ABI (`libcudadevrt` stores
@@ -67,43 +60,27 @@ impl<'a> Worker<'a> {
                 }
                 // `libcudadevrt` returns what this returns as its call's result: the error.
                 Builtin::SetLastError => {
-                    let e = le(arg_bytes(frame, b, l, 0)) as u32;
+                    let e = read_le(arg_bytes(frame, b, l, 0)) as u32;
                     if let Some(d) = self.ctx.launches {
                         d.set_error(e);
                     }
                     u64::from(e)
                 }
                 Builtin::DeviceObjectCreate => {
-                    let out = le(arg_bytes(frame, b, l, 0));
+                    let out = read_le(arg_bytes(frame, b, l, 0));
                     let handle = crate::devlaunch::new_handle();
                     let w = warp_ref(&warp.tid, warp.idx, warp.valid);
-                    let stored = handle != 0
-                        && self
-                            .store_any(
-                                w,
-                                l as u32,
-                                Space::Generic,
-                                out,
-                                8,
-                                handle,
-                                Ordering::Relaxed,
-                            )
-                            .is_ok();
-                    u64::from(if stored {
-                        cnp::SUCCESS
-                    } else {
-                        cnp::INVALID_VALUE
-                    })
+                    u64::from(self.store_result(w, l as u32, out, 8, Some(handle)))
                 }
                 Builtin::DeviceObjectNop => u64::from(cnp::SUCCESS),
                 Builtin::GetDevice | Builtin::GetDeviceCount | Builtin::DeviceGetAttribute => {
-                    let out = le(arg_bytes(frame, b, l, 0));
+                    let out = read_le(arg_bytes(frame, b, l, 0));
                     let value = match b.kind {
                         Builtin::GetDevice => Some(0),
                         Builtin::GetDeviceCount => Some(1),
                         _ => {
-                            let attr = le(arg_bytes(frame, b, l, 1)) as u32 as usize;
-                            let device = le(arg_bytes(frame, b, l, 2)) as u32;
+                            let attr = read_le(arg_bytes(frame, b, l, 1)) as u32 as usize;
+                            let device = read_le(arg_bytes(frame, b, l, 2)) as u32;
                             self.ctx
                                 .attributes
                                 .filter(|_| device == 0)
@@ -111,23 +88,8 @@ impl<'a> Worker<'a> {
                         }
                     };
                     let w = warp_ref(&warp.tid, warp.idx, warp.valid);
-                    let stored = value.is_some_and(|v| {
-                        self.store_any(
-                            w,
-                            l as u32,
-                            Space::Generic,
-                            out,
-                            4,
-                            v as u32 as u64,
-                            Ordering::Relaxed,
-                        )
-                        .is_ok()
-                    });
-                    u64::from(if stored {
-                        cnp::SUCCESS
-                    } else {
-                        cnp::INVALID_VALUE
-                    })
+                    let value = value.map(|v: i32| u64::from(v as u32));
+                    u64::from(self.store_result(w, l as u32, out, 4, value))
                 }
                 _ => 0,
             };
@@ -135,10 +97,33 @@ impl<'a> Worker<'a> {
         super::calls::write_rets(warp, b, m, &rets);
     }
 
+    /// Writes a device runtime call's result, `size` bytes of `value`, where lane `lane`'s
+    /// pointer `out` points: the call's code (`INVALID_VALUE` for no value or a bad pointer).
+    fn store_result(
+        &mut self,
+        w: WarpRef<'_>,
+        lane: u32,
+        out: u64,
+        size: usize,
+        value: Option<u64>,
+    ) -> u32 {
+        match value {
+            Some(v)
+                if self
+                    .store_any(w, lane, Space::Generic, out, size, v, Ordering::Relaxed)
+                    .is_ok() =>
+            {
+                cnp::SUCCESS
+            }
+            _ => cnp::INVALID_VALUE,
+        }
+    }
+
     /// The index of the kernel whose address `f` is.
     fn kernel_at(&self, f: u64) -> Option<usize> {
-        let id = u32::try_from(f.checked_sub(crate::FUNCTION_WINDOW)?).ok()?;
-        self.ctx.prog.layouts.iter().position(|l| l.func == id)
+        let id = usize::try_from(f.checked_sub(crate::FUNCTION_WINDOW)?).ok()?;
+        let k = *self.ctx.prog.kernel_of_func.get(id)?;
+        (k != u32::MAX).then_some(k as usize)
     }
 
     /// `cnpGetParameterBufferV2`: a buffer from the heap for the parameters of a launch of the

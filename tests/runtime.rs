@@ -114,6 +114,16 @@ fn nvcc_programs_launch_kernels_from_kernels() {
     run_nvcc_program("dynamic_parallelism", 23, &["static", "shared"]);
 }
 
+/// CUDA 11's device-side `cudaDeviceSynchronize` (`-rdc=true`, `libcudadevrt`): a block reads
+/// what its child wrote once it waited, a merge sort whose parents wait for their halves on
+/// device-side streams, a recursive sum of `malloc`'d partial sums, waits past
+/// `cudaLimitDevRuntimeSyncDepth` refused with `cudaErrorSyncDepthExceeded`, a wait with
+/// nothing launched, a wait that covers the child's own children.
+#[test]
+fn nvcc_programs_wait_for_kernels_they_launched() {
+    run_nvcc_program("cdp_sync", 11, &["static", "shared"]);
+}
+
 #[test]
 fn nvcc_programs_run_kernels() {
     run_nvcc_program("kernels", 25, ALL_RUNTIMES);

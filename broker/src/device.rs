@@ -413,6 +413,7 @@ pub struct RunControl {
     heap: Mutex<Option<Arc<dyn DeviceHeap>>>,
     device_state: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
     pending_launch_limit: AtomicU64,
+    sync_depth_limit: Mutex<Option<u32>>,
     attributes: Mutex<Option<Arc<[i32]>>>,
 }
 
@@ -536,6 +537,22 @@ impl RunControl {
     /// (`CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`; 0: the device's default).
     pub fn set_pending_launch_limit(&self, limit: u64) {
         self.pending_launch_limit.store(limit, Ordering::Relaxed);
+    }
+    /// How deep a grid the launch's kernels launch may be and still wait for its children with
+    /// device-side `cudaDeviceSynchronize` (`CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`; `None`: the
+    /// device's default).
+    pub fn set_sync_depth_limit(&self, limit: Option<u32>) {
+        *self
+            .sync_depth_limit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = limit;
+    }
+    /// The sync depth limit (`None`: the device's default).
+    pub fn sync_depth_limit(&self) -> Option<u32> {
+        *self
+            .sync_depth_limit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
     /// The device's attributes as the VM sees them, which kernels read with
     /// `cudaDeviceGetAttribute` (dynamic parallelism's device runtime).

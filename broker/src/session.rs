@@ -1084,6 +1084,7 @@ impl Session {
                     device_heap::LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => {
                         self.set_pending_launches(m.value)?
                     }
+                    device_heap::LIMIT_DEV_RUNTIME_SYNC_DEPTH => self.set_sync_depth(m.value)?,
                     _ => return Err(devio::unsupported_limit(m.limit)),
                 }
                 reply(out, msg::Empty {})
@@ -2156,6 +2157,7 @@ impl Session {
         let control = Arc::new(RunControl::default());
         control.set_heap(heap);
         control.set_pending_launch_limit(self.device_runtime.pending_launches);
+        control.set_sync_depth_limit(self.device_runtime.sync_depth);
         control.set_device_attributes(Some(self.guest_attributes()));
         // A kernel of a graph launch with conditional nodes may set their handles.
         if let Some(values) = &self.graphs.conditionals {

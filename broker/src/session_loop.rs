@@ -2231,6 +2231,27 @@ mod tests {
     }
 
     #[test]
+    fn the_device_runtimes_limits_are_bounded() {
+        let b = broker(Duration::ZERO);
+        let (mut c, _h, ctx) = open(&b, "vm1");
+        let mut set = |limit, value| c.call(&CtxSetLimit { ctx, limit, value }, &[]);
+        // CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: 0 to 24 levels.
+        for ok in [0, 2, 24] {
+            set(3, ok).unwrap();
+        }
+        assert_eq!(set(3, 25).unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(set(3, u64::MAX).unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        // CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: 1 to 131 072.
+        set(4, 1).unwrap();
+        set(4, 1 << 17).unwrap();
+        assert_eq!(set(4, 0).unwrap_err().0, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            set(4, (1 << 17) + 1).unwrap_err().0,
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+
+    #[test]
     fn protocol_violations_close_the_session_and_free_its_memory() {
         let b = broker(Duration::ZERO);
         for bad in [

@@ -689,10 +689,14 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
                 PENDING_LAUNCHES.store(value, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             }
-            // Device-side cudaDeviceSynchronize (CUDA 11's dynamic parallelism) is refused when
-            // its module loads, so no depth is ever reached: the value is kept for
-            // cuCtxGetLimit, as programs that set it read it back.
+            // How deep grids may wait for their children with device-side
+            // cudaDeviceSynchronize (CUDA 11's dynamic parallelism).
             LIMIT_DEV_RUNTIME_SYNC_DEPTH => {
+                match drv::ctx_set_limit(limit as u32, value as u64) {
+                    // An older vgpud keeps CUDA's default.
+                    Ok(()) | Err(cuda::CUDA_ERROR_UNSUPPORTED_LIMIT) => {}
+                    Err(e) => return Err(e),
+                }
                 SYNC_DEPTH.store(value, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             }

@@ -150,4 +150,22 @@ for variant in "${VARIANTS[@]}"; do
         -cudart "$variant" -o "$dst.tmp" "$SRC/dynamic_parallelism.cu" -lcudadevrt
     mv -f "$dst.tmp" "$dst"
 done
-echo "tests/cuda/build.sh: $OUT has ${PROGRAMS[*]} x {${VARIANTS[*]}} (texrefs: static and shared only), rdc and dynamic_parallelism (static and shared)"
+# cdp_sync: CUDA 11's device-side cudaDeviceSynchronize (deprecated: its warning silenced), as
+# dynamic_parallelism.
+for variant in "${VARIANTS[@]}"; do
+    case "$variant" in
+        static | shared) ;;
+        *) continue ;;
+    esac
+    dst="$OUT/cdp_sync.$variant"
+    if [ -x "$dst" ] && [ "$dst" -nt "$SRC/cdp_sync.cu" ] \
+        && [ "$dst" -nt "$SRC/check.h" ] && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
+        continue
+    fi
+    echo "nvcc -rdc=true -cudart $variant cdp_sync.cu -lcudadevrt -> $dst"
+    "$NVCC" "${BASE_FLAGS[@]}" -gencode arch=compute_52,code=compute_52 "${EXTRA[@]}" -rdc=true \
+        -D__CDPRT_SUPPRESS_SYNC_DEPRECATION_WARNING -cudart "$variant" -o "$dst.tmp" \
+        "$SRC/cdp_sync.cu" -lcudadevrt
+    mv -f "$dst.tmp" "$dst"
+done
+echo "tests/cuda/build.sh: $OUT has ${PROGRAMS[*]} x {${VARIANTS[*]}} (texrefs: static and shared only), rdc, dynamic_parallelism and cdp_sync (static and shared)"

@@ -15,6 +15,11 @@ use crate::error::CuError;
 
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 pub const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+/// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
+pub const LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
+/// The deepest a grid may be nested (CUDA's 24 levels), and so the most the sync depth limit
+/// means.
+pub const MAX_SYNC_DEPTH: u32 = 24;
 /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
 pub const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
 /// The most a process may set that limit to (vgpud also bounds the parameters pending
@@ -32,6 +37,8 @@ pub(super) struct DeviceRuntime {
     made: Option<Made>,
     /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` (0: the device's default).
     pub(super) pending_launches: u64,
+    /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` (`None`: the device's default).
+    pub(super) sync_depth: Option<u32>,
     /// The device's attributes as the VM sees them, for kernels' `cudaDeviceGetAttribute`
     /// (made at the first launch).
     pub(super) attributes: Option<Arc<[i32]>>,
@@ -56,6 +63,7 @@ impl Default for DeviceRuntime {
             size: DEFAULT_HEAP_BYTES,
             made: None,
             pending_launches: 0,
+            sync_depth: None,
             attributes: None,
         }
     }
@@ -101,6 +109,21 @@ impl Session {
         }
         self.device_runtime.pending_launches = n;
         Ok(())
+    }
+
+    /// `cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH, n)`: grids nested less than `n` deep
+    /// may wait for their children (CUDA 11's device-side `cudaDeviceSynchronize`); 0 to
+    /// [`MAX_SYNC_DEPTH`].
+    pub(super) fn set_sync_depth(&mut self, n: u64) -> Result<(), CuError> {
+        match u32::try_from(n) {
+            Ok(n) if n <= MAX_SYNC_DEPTH => {
+                self.device_runtime.sync_depth = Some(n);
+                Ok(())
+            }
+            _ => Err(CuError::invalid_value(format!(
+                "a sync depth of {n}: grids nest at most {MAX_SYNC_DEPTH} deep"
+            ))),
+        }
     }
 
     /// The heap for a launch of a kernel of `module`: made (and charged) at the first launch of

@@ -7,19 +7,22 @@
 //! process's device heap, and a launch queues the child grid with a copy of its parameters. The
 //! children run once their parent's blocks have all run, in the order they were launched, and
 //! their own children after them: the parent grid is complete when all its descendants are, as
-//! CUDA defines it. (A parent can no longer wait for its children since CUDA 12 removed
-//! `cudaDeviceSynchronize` from device code, so running them after it is one of the orders a
-//! GPU may choose; CUDA 11's device-side `cudaDeviceSynchronize` is refused at load.)
+//! CUDA defines it. A thread that calls CUDA 11's device-side `cudaDeviceSynchronize` waits
+//! for the grids its block launched so far and their descendants: they run then, on the
+//! calling thread, while its block waits (as a GPU swaps the block out), each with its own
+//! descendants, in the block's launch order; the pending grids of other blocks stay queued.
+//! (CUDA 12 removed that call, so no parent of a CUDA 12 kernel waits for its children.)
 //!
 //! Bounds, as CUDA's: at most [`MAX_PENDING_LAUNCHES`] launches waiting to run or holding a
 //! parameter buffer (`cudaLimitDevRuntimePendingLaunchCount`, which a program may raise to
 //! [`MAX_PENDING_LAUNCH_LIMIT`]; their parameters at most [`MAX_PENDING_PARAM_BYTES`] on the
 //! host), and grids nested at most
 //! [`MAX_DEPTH`] deep, with at most [`MAX_PARAM_BYTES`] of parameters; past them the launch
-//! fails with CUDA's error and nothing is queued. A launch's descendants all run within its
-//! watchdog deadline.
+//! fails with CUDA's error and nothing is queued. `cudaDeviceSynchronize` from grids at depth
+//! `cudaLimitDevRuntimeSyncDepth` (2 unless the program sets another) or deeper fails with
+//! `cudaErrorSyncDepthExceeded`. A launch's descendants all run within its watchdog deadline.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 /// Device launches a launch may have pending unless the program sets another limit (CUDA's
@@ -33,6 +36,9 @@ pub const MAX_PENDING_PARAM_BYTES: usize = 16 << 20;
 /// How deep grids may nest: a kernel at this depth (the host's launch is depth 0) cannot launch
 /// (CUDA's hardware limit).
 pub const MAX_DEPTH: u32 = 24;
+/// CUDA's default `cudaLimitDevRuntimeSyncDepth`: grids at depth 0 and 1 may wait for their
+/// children.
+pub const DEFAULT_SYNC_DEPTH: u32 = 2;
 /// Device-side streams and events are handles above this (opaque to kernels).
 const DEVICE_HANDLE_BASE: u64 = 0x5700_0000_0000;
 
@@ -77,9 +83,21 @@ pub mod cnp {
     }
 }
 
+/// The block a grid was launched from: its grid's id and the block's linear index.
+pub type Origin = (u64, u64);
+
+/// `cudaErrorSyncDepthExceeded`, which device-side `cudaDeviceSynchronize` returns at a depth
+/// past `cudaLimitDevRuntimeSyncDepth`.
+pub const CUDA_ERROR_SYNC_DEPTH_EXCEEDED: u32 = 68;
+
 /// A child grid: which kernel, its shape and its parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildGrid {
+    /// Its grid id (`%gridid`), given when it is launched, which its own children's
+    /// [`ChildGrid::origin`] names.
+    pub id: u64,
+    /// The block that launched it.
+    pub origin: Origin,
     /// Its kernel's index in the module.
     pub kernel: usize,
     /// Grid dimensions.
@@ -106,16 +124,23 @@ pub(crate) struct Pending {
     pub depth: u32,
 }
 
+/// Where a queued grid is: its origin, then its launch number.
+type QueueKey = (u64, u64, u64);
+
 #[derive(Debug, Default)]
 struct State {
     buffers: HashMap<u64, Pending>,
-    queue: VecDeque<ChildGrid>,
+    /// Grids waiting to run, by origin (grid, block) and launch number: a block's launches in
+    /// order, a grid's after one another.
+    queue: BTreeMap<QueueKey, ChildGrid>,
+    /// The same grids in launch order.
+    order: BTreeMap<u64, Origin>,
+    /// The next launch number.
+    seq: u64,
     /// Parameter bytes the queued grids hold.
     queued_bytes: usize,
-    /// The child running now (kept across a yield).
+    /// The child running at the launch's top level (kept across a yield).
     running: Option<ChildGrid>,
-    /// The depth of the grid running now.
-    depth: u32,
     /// The device runtime's last error (`cudaGetLastError` in device code), a `cudaError_t`.
     last_error: u32,
 }
@@ -127,6 +152,8 @@ pub struct DeviceLaunches {
     state: Mutex<State>,
     /// Launches that may be pending at once.
     limit: usize,
+    /// Grids at this depth or deeper may not call `cudaDeviceSynchronize`.
+    sync_depth: u32,
 }
 
 impl Default for DeviceLaunches {
@@ -143,9 +170,17 @@ impl DeviceLaunches {
 
     /// No launches yet; at most `limit` pending (clamped to 1 ..= [`MAX_PENDING_LAUNCH_LIMIT`]).
     pub fn with_limit(limit: usize) -> DeviceLaunches {
+        DeviceLaunches::with_limits(limit, DEFAULT_SYNC_DEPTH)
+    }
+
+    /// No launches yet; at most `limit` pending (clamped as [`DeviceLaunches::with_limit`]),
+    /// and grids shallower than `sync_depth` (at most [`MAX_DEPTH`]) may wait for their
+    /// children.
+    pub fn with_limits(limit: usize, sync_depth: u32) -> DeviceLaunches {
         DeviceLaunches {
             state: Mutex::new(State::default()),
             limit: limit.clamp(1, MAX_PENDING_LAUNCH_LIMIT),
+            sync_depth: sync_depth.min(MAX_DEPTH),
         }
     }
 
@@ -159,13 +194,13 @@ impl DeviceLaunches {
         s.buffers.len() + s.queue.len()
     }
 
-    /// The depth of the grid running now.
-    pub fn depth(&self) -> u32 {
-        self.state().depth
+    /// Whether a grid at `depth` may call `cudaDeviceSynchronize`.
+    pub(crate) fn may_synchronize(&self, depth: u32) -> bool {
+        depth < self.sync_depth
     }
 
-    /// Records a parameter buffer at `addr` for a launch of `kernel` from the grid running now;
-    /// the caller checked [`DeviceLaunches::admit`] first.
+    /// Records a parameter buffer at `addr` for a launch of `kernel` from a grid at
+    /// `depth - 1`; the caller checked [`DeviceLaunches::admit`] first.
     pub(crate) fn hand_out(
         &self,
         addr: u64,
@@ -173,9 +208,9 @@ impl DeviceLaunches {
         grid: [u32; 3],
         block: [u32; 3],
         shared: u32,
+        depth: u32,
     ) {
         let mut s = self.state();
-        let depth = s.depth + 1;
         s.buffers.insert(
             addr,
             Pending {
@@ -188,10 +223,10 @@ impl DeviceLaunches {
         );
     }
 
-    /// Whether the grid running now may launch another: `Err` with the device runtime's error.
-    pub(crate) fn admit(&self) -> Result<(), u32> {
+    /// Whether a grid at `depth` may launch another: `Err` with the device runtime's error.
+    pub(crate) fn admit(&self, depth: u32) -> Result<(), u32> {
         let s = self.state();
-        if s.depth + 1 > MAX_DEPTH {
+        if depth + 1 > MAX_DEPTH {
             return Err(cnp::MAX_DEPTH_EXCEEDED);
         }
         if s.buffers.len() + s.queue.len() >= self.limit {
@@ -215,25 +250,59 @@ impl DeviceLaunches {
             return Err(cnp::PENDING_COUNT_EXCEEDED);
         }
         s.queued_bytes = bytes;
-        s.queue.push_back(child);
+        let seq = s.seq;
+        s.seq += 1;
+        s.order.insert(seq, child.origin);
+        s.queue.insert((child.origin.0, child.origin.1, seq), child);
         Ok(())
     }
 
-    /// The child grid to run next (the one that yielded, else the first waiting), made the
-    /// running one; `None` when none is left. Sets the running depth to its own.
+    /// Takes the queued grid at `key` (if any).
+    fn take(s: &mut State, key: Option<QueueKey>) -> Option<ChildGrid> {
+        let key = key?;
+        let c = s.queue.remove(&key)?;
+        s.order.remove(&key.2);
+        s.queued_bytes -= c.params.len();
+        Some(c)
+    }
+
+    /// The child grid to run next at the launch's top level (the one that yielded, else the
+    /// first launched of those waiting), made the running one; `None` when none is left.
     pub(crate) fn next_child(&self) -> Option<ChildGrid> {
         let mut s = self.state();
         let c = match s.running.take() {
             Some(c) => c,
             None => {
-                let c = s.queue.pop_front()?;
-                s.queued_bytes -= c.params.len();
-                c
+                let key = s.order.first_key_value().map(|(&q, &(g, b))| (g, b, q));
+                DeviceLaunches::take(&mut s, key)?
             }
         };
-        s.depth = c.depth;
         s.running = Some(c.clone());
         Some(c)
+    }
+
+    /// The first grid block `origin` launched that waits to run, taken (a block's
+    /// `cudaDeviceSynchronize` runs them).
+    pub(crate) fn take_launched_by_block(&self, origin: Origin) -> Option<ChildGrid> {
+        let mut s = self.state();
+        let key = s
+            .queue
+            .range((origin.0, origin.1, 0)..=(origin.0, origin.1, u64::MAX))
+            .next()
+            .map(|(&k, _)| k);
+        DeviceLaunches::take(&mut s, key)
+    }
+
+    /// A grid the blocks of grid `id` launched that waits to run, taken: each block's in its
+    /// launch order (the grid's descendants run before a wait for it ends).
+    pub(crate) fn take_launched_by_grid(&self, id: u64) -> Option<ChildGrid> {
+        let mut s = self.state();
+        let key = s
+            .queue
+            .range((id, 0, 0)..=(id, u64::MAX, u64::MAX))
+            .next()
+            .map(|(&k, _)| k);
+        DeviceLaunches::take(&mut s, key)
     }
 
     /// The running child stopped at a yield before `next_block`.
@@ -245,9 +314,7 @@ impl DeviceLaunches {
 
     /// The running child completed.
     pub(crate) fn child_done(&self) {
-        let mut s = self.state();
-        s.running = None;
-        s.depth = 0;
+        self.state().running = None;
     }
 
     /// The launch ended (completed or failed): what is left is dropped; returns the parameter
@@ -255,9 +322,9 @@ impl DeviceLaunches {
     pub(crate) fn finish(&self) -> Vec<u64> {
         let mut s = self.state();
         s.queue.clear();
+        s.order.clear();
         s.queued_bytes = 0;
         s.running = None;
-        s.depth = 0;
         s.buffers.drain().map(|(a, _)| a).collect()
     }
 
@@ -282,7 +349,13 @@ mod tests {
     use super::*;
 
     fn child(kernel: usize, depth: u32) -> ChildGrid {
+        from(kernel, depth, (0, 0))
+    }
+
+    fn from(kernel: usize, depth: u32, origin: Origin) -> ChildGrid {
         ChildGrid {
+            id: kernel as u64 + 100,
+            origin,
             kernel,
             grid: [1, 1, 1],
             block: [1, 1, 1],
@@ -299,7 +372,7 @@ mod tests {
         d.queue(child(1, 1)).unwrap();
         d.queue(child(2, 1)).unwrap();
         let c = d.next_child().unwrap();
-        assert_eq!((c.kernel, d.depth()), (1, 1));
+        assert_eq!((c.kernel, c.depth), (1, 1));
         d.child_yielded(7);
         let c = d.next_child().unwrap();
         assert_eq!(
@@ -314,31 +387,55 @@ mod tests {
     }
 
     #[test]
+    fn a_blocks_wait_takes_its_own_launches_in_order_and_a_grids_descendants_after() {
+        let d = DeviceLaunches::new();
+        d.queue(from(1, 1, (7, 0))).unwrap();
+        d.queue(from(2, 1, (7, 1))).unwrap();
+        d.queue(from(3, 1, (7, 0))).unwrap();
+        d.queue(from(4, 2, (101, 5))).unwrap();
+        assert_eq!(d.take_launched_by_block((7, 1)).unwrap().kernel, 2);
+        assert!(
+            d.take_launched_by_block((7, 1)).is_none(),
+            "block 1 launched one"
+        );
+        assert_eq!(d.take_launched_by_block((7, 0)).unwrap().kernel, 1);
+        assert_eq!(d.take_launched_by_grid(101).unwrap().kernel, 4);
+        assert!(d.take_launched_by_grid(101).is_none());
+        assert_eq!(d.pending(), 1);
+        // What no wait took runs at the top level, in launch order.
+        assert_eq!(d.next_child().unwrap().kernel, 3);
+        d.child_done();
+        assert!(d.next_child().is_none());
+        assert!(DeviceLaunches::new().may_synchronize(1));
+        assert!(!DeviceLaunches::new().may_synchronize(DEFAULT_SYNC_DEPTH));
+        assert!(DeviceLaunches::with_limits(1, 100).may_synchronize(MAX_DEPTH - 1));
+    }
+
+    #[test]
     fn pending_launches_and_depth_are_bounded() {
         let d = DeviceLaunches::new();
         for i in 0..MAX_PENDING_LAUNCHES as u64 {
-            assert_eq!(d.admit(), Ok(()));
-            d.hand_out(i * 64, 0, [1; 3], [1; 3], 0);
+            assert_eq!(d.admit(0), Ok(()));
+            d.hand_out(i * 64, 0, [1; 3], [1; 3], 0, 1);
         }
-        assert_eq!(d.admit(), Err(cnp::PENDING_COUNT_EXCEEDED));
+        assert_eq!(d.admit(0), Err(cnp::PENDING_COUNT_EXCEEDED));
         assert!(d.take_buffer(64).is_some());
         assert!(d.take_buffer(64).is_none(), "a buffer launches once");
-        assert_eq!(d.admit(), Ok(()));
+        assert_eq!(d.admit(0), Ok(()));
         assert_eq!(d.finish().len(), MAX_PENDING_LAUNCHES - 1);
-        d.queue(child(0, MAX_DEPTH)).unwrap();
-        d.next_child().unwrap();
-        assert_eq!(d.admit(), Err(cnp::MAX_DEPTH_EXCEEDED));
+        assert_eq!(d.admit(MAX_DEPTH - 1), Ok(()));
+        assert_eq!(d.admit(MAX_DEPTH), Err(cnp::MAX_DEPTH_EXCEEDED));
     }
 
     #[test]
     fn a_program_may_raise_the_pending_limit_and_bytes_stay_bounded() {
         let d = DeviceLaunches::with_limit(5000);
         for i in 0..4999u64 {
-            d.hand_out(i * 64, 0, [1; 3], [1; 3], 0);
+            d.hand_out(i * 64, 0, [1; 3], [1; 3], 0, 1);
         }
-        assert_eq!(d.admit(), Ok(()));
-        d.hand_out(1 << 40, 0, [1; 3], [1; 3], 0);
-        assert_eq!(d.admit(), Err(cnp::PENDING_COUNT_EXCEEDED));
+        assert_eq!(d.admit(0), Ok(()));
+        d.hand_out(1 << 40, 0, [1; 3], [1; 3], 0, 1);
+        assert_eq!(d.admit(0), Err(cnp::PENDING_COUNT_EXCEEDED));
         assert_eq!(DeviceLaunches::with_limit(0).limit, 1);
         assert_eq!(
             DeviceLaunches::with_limit(usize::MAX).limit,

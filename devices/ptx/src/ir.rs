@@ -441,6 +441,9 @@ pub(crate) enum Builtin {
     /// `cnpDeviceGetAttribute(&value, attribute, device)`: the device's attribute as the VM
     /// sees it ([`crate::LaunchControl::set_device_attributes`]).
     DeviceGetAttribute,
+    /// `cudaDeviceSynchronize()` in device code (CUDA 11, deprecated; removed in CUDA 12): the
+    /// grids the calling block launched so far run to completion before the call returns.
+    DeviceSynchronize,
     /// `cnpStreamDestroy`, `cnpEventDestroy`, `cnpEventRecord`, `cnpStreamWaitEvent`: nothing
     /// to do, since a launch's children run one after the other in launch order, which every
     /// stream and event order allows.

@@ -673,7 +673,7 @@ impl Module {
     /// goes on with that child.
     pub fn launch(&self, launch: &Launch<'_>) -> Result<Progress, Fault> {
         let Some(launches) = launch.control.device_launches() else {
-            return self.run_grid(launch, false);
+            return run_grid(&self.prog, launch, GridKind::Host);
         };
         let total = launch.grid.iter().map(|&d| u64::from(d)).product::<u64>();
         let r = self.launch_with_children(launch, &launches, total);
@@ -697,14 +697,15 @@ impl Module {
     ) -> Result<Progress, Fault> {
         let mut stats = Stats::default();
         if launch.start_block < total {
-            match self.run_grid(launch, false)? {
+            match run_grid(&self.prog, launch, GridKind::Host)? {
                 Progress::Completed(s) => stats = s,
                 y @ Progress::Yielded { .. } => return Ok(y),
             }
         }
         while let Some(child) = launches.next_child() {
             let info = &self.prog.kernels[child.kernel];
-            let r = self.run_grid(
+            let r = run_grid(
+                &self.prog,
                 &Launch {
                     kernel: &info.name,
                     grid: child.grid,
@@ -714,7 +715,10 @@ impl Module {
                     start_block: child.next_block,
                     ..*launch
                 },
-                true,
+                GridKind::Child {
+                    id: child.id,
+                    depth: child.depth,
+                },
             )?;
             match r {
                 Progress::Completed(s) => {
@@ -738,330 +742,437 @@ impl Module {
         }
         Ok(Progress::Completed(stats))
     }
-
-    /// Runs blocks of one grid from `launch.start_block`; a `child` grid (launched by a
-    /// kernel) is never cooperative.
-    fn run_grid(&self, launch: &Launch<'_>, child: bool) -> Result<Progress, Fault> {
-        let Some(kidx) = self
-            .prog
-            .kernels
-            .iter()
-            .position(|k| k.name == launch.kernel)
-        else {
-            return Err(Fault::new(
-                FaultKind::InvalidConfig,
-                format!("no kernel named `{}` in the module", launch.kernel),
-            ));
-        };
-        let info = &self.prog.kernels[kidx];
-        let layout = &self.prog.layouts[kidx];
-        let (grid, block) = (launch.grid, launch.block);
-        for i in 0..3 {
-            if block[i] == 0 || block[i] > MAX_BLOCK_DIM[i] {
-                return Err(invalid(format!("invalid block dimensions {block:?}")));
-            }
-            if grid[i] == 0 || grid[i] > MAX_GRID_DIM[i] {
-                return Err(invalid(format!("invalid grid dimensions {grid:?}")));
-            }
-        }
-        let nthreads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
-        // The interpreter keeps every declared register of every thread: a
-        // kernel declaring a million registers must not make the host hold
-        // gigabytes per block.
-        let nregs = u64::from(self.prog.funcs[layout.func as usize].nregs);
-        let file = nthreads
-            .div_ceil(WARP_SIZE)
-            .saturating_mul(WARP_SIZE)
-            .saturating_mul(nregs)
-            .saturating_mul(REGISTER_BYTES);
-        if file > MAX_BLOCK_REGISTER_FILE {
-            return Err(Fault::new(
-                FaultKind::OutOfResources,
-                format!(
-                    "kernel `{}` declares {nregs} registers: {nthreads} threads would need {} MiB of registers, more than a block may hold ({} MiB)",
-                    launch.kernel,
-                    file >> 20,
-                    MAX_BLOCK_REGISTER_FILE >> 20
-                ),
-            ));
-        }
-        if nthreads > u64::from(info.max_threads_per_block) {
-            return Err(invalid(format!(
-                "block of {nthreads} threads exceeds the kernel's limit of {}",
-                info.max_threads_per_block
-            )));
-        }
-        if let Some(r) = info.reqntid
-            && r != block
-        {
-            return Err(invalid(format!(
-                "kernel `{}` requires blocks of {r:?} threads",
-                info.name
-            )));
-        }
-        let shared_size = layout.dyn_shared_base as usize + launch.dynamic_shared as usize;
-        if shared_size > MAX_SHARED_BYTES_PER_BLOCK {
-            return Err(invalid(format!(
-                "{shared_size} bytes of shared memory per block exceed the limit of {MAX_SHARED_BYTES_PER_BLOCK}"
-            )));
-        }
-        if launch.params.len() != info.param_bytes {
-            return Err(invalid(format!(
-                "kernel `{}` takes {} parameter bytes, got {}",
-                info.name,
-                info.param_bytes,
-                launch.params.len()
-            )));
-        }
-        if launch.globals.len() != self.prog.globals.len() {
-            return Err(invalid(format!(
-                "module has {} globals, got {} addresses",
-                self.prog.globals.len(),
-                launch.globals.len()
-            )));
-        }
-        let total = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
-        if launch.start_block > total {
-            return Err(invalid(format!(
-                "start block {} is past the grid of {total} blocks",
-                launch.start_block
-            )));
-        }
-        let remaining = total - launch.start_block;
-        if remaining == 0 {
-            return Ok(Progress::Completed(Stats::default()));
-        }
-        let grid_workspace = if child {
-            0
-        } else {
-            launch.control.grid_workspace()
-        };
-        let cooperative = grid_workspace != 0;
-        if cooperative && (launch.start_block != 0 || total > MAX_COOPERATIVE_BLOCKS) {
-            return Err(Fault::new(
-                FaultKind::CooperativeTooLarge,
-                format!(
-                    "a cooperative launch of {total} blocks: at most {MAX_COOPERATIVE_BLOCKS} run at once"
-                ),
-            ));
-        }
-        // All blocks of a cooperative launch hold their registers at once (an ordinary launch
-        // holds at most one block's per worker).
-        if cooperative && file.saturating_mul(total) > MAX_COOPERATIVE_REGISTER_FILE {
-            return Err(Fault::new(
-                FaultKind::CooperativeTooLarge,
-                format!(
-                    "a cooperative launch of {total} blocks of kernel `{}` would hold {} MiB of registers at once, more than {} MiB",
-                    launch.kernel,
-                    file.saturating_mul(total) >> 20,
-                    MAX_COOPERATIVE_REGISTER_FILE >> 20
-                ),
-            ));
-        }
-        static GRID_ID: AtomicU64 = AtomicU64::new(1);
-        let stop = AtomicBool::new(false);
-        // Every block of a cooperative launch has a worker of its own.
-        let workers = if cooperative {
-            remaining as usize
-        } else {
-            (launch.workers.max(1) as u64).min(remaining) as usize
-        };
-        // The state every worker holds for its block, taken from the tenant's budget before
-        // anything runs.
-        let kfunc = &self.prog.funcs[layout.func as usize];
-        let nwarps = nthreads.div_ceil(WARP_SIZE);
-        let frames_paid = nwarps.saturating_mul(exec::frame_bytes(kfunc));
-        let per_block = frames_paid
-            .saturating_add(layout.local_per_thread.saturating_mul(nwarps * WARP_SIZE))
-            .saturating_add(shared_size as u64);
-        let budget = launch.control.state_budget();
-        let (workers, _taken) = take_state(
-            budget.as_deref(),
-            per_block,
-            workers,
-            cooperative,
-            &info.name,
-        )?;
-        let output = launch.control.output();
-        let conditionals = launch.control.conditionals();
-        let heap = launch.control.heap();
-        let launches = launch.control.device_launches();
-        let attributes = launch.control.device_attributes();
-        let ctx = exec::Ctx {
-            prog: &self.prog,
-            layout,
-            kernel_name: &info.name,
-            grid,
-            block,
-            nthreads: nthreads as u32,
-            nwarps: (nthreads as u32).div_ceil(32),
-            params: launch.params,
-            globals: launch.globals,
-            memory: launch.memory,
-            control: launch.control,
-            deadline: launch.control.deadline(),
-            shared_size,
-            dyn_shared: launch.dynamic_shared,
-            workers: workers as u32,
-            grid_id: GRID_ID.fetch_add(1, Ordering::Relaxed),
-            stop: &stop,
-            output: output.as_deref(),
-            conditionals: conditionals.as_deref(),
-            heap: heap.as_deref(),
-            launches: launches.as_deref(),
-            attributes: attributes.as_deref(),
-            grid_workspace,
-            budget: budget.as_deref(),
-            frames_paid,
-        };
-        let next = AtomicU64::new(launch.start_block);
-        // Blocks of a cooperative launch may wait for each other: none may wait for a slot.
-        let slots = launch.control.slots().filter(|_| !cooperative);
-        let priority = launch.control.priority();
-        let group = launch.control.slot_group();
-        // Wakes this launch's workers waiting for a slot after something `halt` reads changed.
-        let wake = || {
-            if let Some(s) = &slots {
-                s.wake(group);
-            }
-        };
-        let halt = || {
-            stop.load(Ordering::Relaxed)
-                || launch.control.yield_requested()
-                || launch.control.is_cancelled()
-                || next.load(Ordering::Relaxed) >= total
-        };
-        let run = |smid: u32| -> WorkerResult {
-            let mut w = match exec::Worker::new(&ctx, smid) {
-                Ok(w) => w,
-                Err(f) => return (Stats::default(), Some((0, f))),
-            };
-            let mut fault = None;
-            let mut held = None;
-            loop {
-                // A cooperative launch does not yield: its blocks wait for each other.
-                if stop.load(Ordering::Relaxed)
-                    || (!cooperative && launch.control.yield_requested())
-                {
-                    break;
-                }
-                if let Some(s) = &slots
-                    && held.is_none()
-                {
-                    held = s
-                        .acquire(priority, group, halt)
-                        .map(|h| (h, Instant::now()));
-                    if held.is_none() {
-                        break;
-                    }
-                }
-                let b = next.fetch_add(1, Ordering::SeqCst);
-                if b + 1 == total {
-                    // The last block is claimed: siblings waiting for a slot can stop.
-                    wake();
-                }
-                if b >= total {
-                    break;
-                }
-                if let Err(f) = w.run_block(b) {
-                    if !w.stopped_by_sibling() {
-                        fault = Some((b, f));
-                    }
-                    stop.store(true, Ordering::SeqCst);
-                    wake();
-                    break;
-                }
-                if let (Some(s), Some((_, since))) = (&slots, &held)
-                    && (s.preempted(priority)
-                        || (s.contended(priority) && since.elapsed() >= slots::SLOT_TURN))
-                {
-                    // Another launch's worker of a higher priority waits, or one of this
-                    // priority and this worker had its turn: let it run.
-                    held = None;
-                }
-            }
-            drop(held);
-            (
-                Stats {
-                    thread_instructions: w.insts,
-                    blocks: w.blocks,
-                },
-                fault,
-            )
-        };
-        let results: Mutex<Vec<WorkerResult>> = Mutex::new(Vec::with_capacity(workers));
-        let task = |smid: u32| {
-            let r = catch_unwind(AssertUnwindSafe(|| run(smid))).unwrap_or_else(|_| {
-                // Stop the other workers; the launch fails instead of the process.
-                stop.store(true, Ordering::SeqCst);
-                wake();
-                (
-                    Stats::default(),
-                    Some((
-                        u64::MAX,
-                        Fault::new(FaultKind::Trap, "interpreter worker panicked".to_string()),
-                    )),
-                )
-            });
-            results.lock().unwrap_or_else(|p| p.into_inner()).push(r);
-        };
-        if cooperative {
-            // Threads of its own, all at once: pool threads may be busy with other launches,
-            // and a block waiting at a grid-wide barrier needs every other block running.
-            std::thread::scope(|s| {
-                for smid in 1..workers as u32 {
-                    let task = &task;
-                    let spawned = std::thread::Builder::new()
-                        .name(format!("vgpu-ptx-coop-{smid}"))
-                        .spawn_scoped(s, move || task(smid));
-                    if spawned.is_err() {
-                        // Without its thread a block would never arrive: fail the launch.
-                        stop.store(true, Ordering::SeqCst);
-                        results.lock().unwrap_or_else(|p| p.into_inner()).push((
-                            Stats::default(),
-                            Some((
-                                u64::MAX,
-                                Fault::new(
-                                    FaultKind::CooperativeTooLarge,
-                                    "cannot start a thread for every block of a cooperative launch",
-                                ),
-                            )),
-                        ));
-                        break;
-                    }
-                }
-                task(0);
-            });
-        } else {
-            pool::run(workers as u32, priority, &task);
-        }
-        let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
-        let mut stats = Stats::default();
-        let mut first: Option<(u64, Fault)> = None;
-        for (s, f) in results {
-            stats.thread_instructions += s.thread_instructions;
-            stats.blocks += s.blocks;
-            if let Some((b, f)) = f
-                && first.as_ref().is_none_or(|(fb, _)| b < *fb)
-            {
-                first = Some((b, f));
-            }
-        }
-        if let Some((_, f)) = first {
-            return Err(f);
-        }
-        let done = next.load(Ordering::SeqCst).min(total);
-        if done >= total {
-            Ok(Progress::Completed(stats))
-        } else {
-            Ok(Progress::Yielded {
-                next_block: done,
-                stats,
-            })
-        }
-    }
 }
 
+/// Which grid [`run_grid`] runs.
+#[derive(Clone, Copy, Debug)]
+enum GridKind {
+    /// The host's launch.
+    Host,
+    /// A grid a kernel launched, at the launch's top level once its parent's blocks ran; never
+    /// cooperative.
+    Child { id: u64, depth: u32 },
+    /// A grid a kernel launched, run within a `cudaDeviceSynchronize` of a block of its
+    /// parent on that block's worker: one worker in the block's slot, to completion (no
+    /// yield: the waiting block cannot be kept across one).
+    Synced { id: u64, depth: u32 },
+}
+
+/// Stack of a thread that runs the grids a block waits for (`cudaDeviceSynchronize` in device
+/// code): one level of interpreter, ample in a debug build.
+const SYNC_THREAD_STACK: usize = 2 << 20;
+
+/// A new grid id (`%gridid`), distinct within the process.
+pub(crate) fn next_grid_id() -> u64 {
+    static GRID_ID: AtomicU64 = AtomicU64::new(1);
+    GRID_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs device-side `cudaDeviceSynchronize` for block `origin` of the grid `ctx` runs: the
+/// grids that block launched that wait to run, each with its descendants, in its launch order,
+/// on the calling worker.
+///
+/// They run on a thread of their own, which waits for the next level's on another: a waiting
+/// block's interpreter state stays on its worker's stack, and grids may wait 24 levels deep.
+pub(crate) fn run_launched_by_block(
+    ctx: &exec::Ctx<'_>,
+    origin: devlaunch::Origin,
+) -> Result<Stats, Fault> {
+    let mut stats = Stats::default();
+    let Some(launches) = ctx.launches else {
+        return Ok(stats);
+    };
+    let Some(first) = launches.take_launched_by_block(origin) else {
+        return Ok(stats);
+    };
+    let run = || -> Result<Stats, Fault> {
+        let mut child = Some(first);
+        while let Some(c) = child {
+            run_synced(ctx, launches, &c, &mut stats)?;
+            child = launches.take_launched_by_block(origin);
+        }
+        Ok(stats)
+    };
+    std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new()
+            .name("vgpu-ptx-sync".into())
+            .stack_size(SYNC_THREAD_STACK)
+            .spawn_scoped(s, || catch_unwind(AssertUnwindSafe(run)));
+        match spawned.map(|t| t.join()) {
+            Ok(Ok(Ok(r))) => r,
+            Ok(_) => Err(Fault::new(
+                FaultKind::Trap,
+                "interpreter worker panicked".to_string(),
+            )),
+            Err(_) => Err(Fault::new(
+                FaultKind::OutOfResources,
+                "cannot start a thread to run the grids a block waits for",
+            )),
+        }
+    })
+}
+
+/// Runs `child` and then the grids its blocks launched (and theirs) to completion.
+fn run_synced(
+    ctx: &exec::Ctx<'_>,
+    launches: &devlaunch::DeviceLaunches,
+    child: &devlaunch::ChildGrid,
+    stats: &mut Stats,
+) -> Result<(), Fault> {
+    let info = &ctx.prog.kernels[child.kernel];
+    let launch = Launch {
+        kernel: &info.name,
+        grid: child.grid,
+        block: child.block,
+        dynamic_shared: child.shared,
+        params: &child.params,
+        globals: ctx.globals,
+        memory: ctx.memory,
+        start_block: 0,
+        workers: 1,
+        control: ctx.control,
+    };
+    let kind = GridKind::Synced {
+        id: child.id,
+        depth: child.depth,
+    };
+    match run_grid(ctx.prog, &launch, kind)? {
+        Progress::Completed(s) | Progress::Yielded { stats: s, .. } => {
+            stats.thread_instructions += s.thread_instructions;
+            stats.blocks += s.blocks;
+        }
+    }
+    while let Some(grandchild) = launches.take_launched_by_grid(child.id) {
+        run_synced(ctx, launches, &grandchild, stats)?;
+    }
+    Ok(())
+}
+
+/// Runs blocks of one grid from `launch.start_block`.
+fn run_grid(
+    prog: &decode::Program,
+    launch: &Launch<'_>,
+    kind: GridKind,
+) -> Result<Progress, Fault> {
+    let (grid_id, depth, child, synced) = match kind {
+        GridKind::Host => (next_grid_id(), 0, false, false),
+        GridKind::Child { id, depth } => (id, depth, true, false),
+        GridKind::Synced { id, depth } => (id, depth, true, true),
+    };
+    let Some(kidx) = prog.kernels.iter().position(|k| k.name == launch.kernel) else {
+        return Err(Fault::new(
+            FaultKind::InvalidConfig,
+            format!("no kernel named `{}` in the module", launch.kernel),
+        ));
+    };
+    let info = &prog.kernels[kidx];
+    let layout = &prog.layouts[kidx];
+    let (grid, block) = (launch.grid, launch.block);
+    for i in 0..3 {
+        if block[i] == 0 || block[i] > MAX_BLOCK_DIM[i] {
+            return Err(invalid(format!("invalid block dimensions {block:?}")));
+        }
+        if grid[i] == 0 || grid[i] > MAX_GRID_DIM[i] {
+            return Err(invalid(format!("invalid grid dimensions {grid:?}")));
+        }
+    }
+    let nthreads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
+    // The interpreter keeps every declared register of every thread: a
+    // kernel declaring a million registers must not make the host hold
+    // gigabytes per block.
+    let nregs = u64::from(prog.funcs[layout.func as usize].nregs);
+    let file = nthreads
+        .div_ceil(WARP_SIZE)
+        .saturating_mul(WARP_SIZE)
+        .saturating_mul(nregs)
+        .saturating_mul(REGISTER_BYTES);
+    if file > MAX_BLOCK_REGISTER_FILE {
+        return Err(Fault::new(
+            FaultKind::OutOfResources,
+            format!(
+                "kernel `{}` declares {nregs} registers: {nthreads} threads would need {} MiB of registers, more than a block may hold ({} MiB)",
+                launch.kernel,
+                file >> 20,
+                MAX_BLOCK_REGISTER_FILE >> 20
+            ),
+        ));
+    }
+    if nthreads > u64::from(info.max_threads_per_block) {
+        return Err(invalid(format!(
+            "block of {nthreads} threads exceeds the kernel's limit of {}",
+            info.max_threads_per_block
+        )));
+    }
+    if let Some(r) = info.reqntid
+        && r != block
+    {
+        return Err(invalid(format!(
+            "kernel `{}` requires blocks of {r:?} threads",
+            info.name
+        )));
+    }
+    let shared_size = layout.dyn_shared_base as usize + launch.dynamic_shared as usize;
+    if shared_size > MAX_SHARED_BYTES_PER_BLOCK {
+        return Err(invalid(format!(
+            "{shared_size} bytes of shared memory per block exceed the limit of {MAX_SHARED_BYTES_PER_BLOCK}"
+        )));
+    }
+    if launch.params.len() != info.param_bytes {
+        return Err(invalid(format!(
+            "kernel `{}` takes {} parameter bytes, got {}",
+            info.name,
+            info.param_bytes,
+            launch.params.len()
+        )));
+    }
+    if launch.globals.len() != prog.globals.len() {
+        return Err(invalid(format!(
+            "module has {} globals, got {} addresses",
+            prog.globals.len(),
+            launch.globals.len()
+        )));
+    }
+    let total = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
+    if launch.start_block > total {
+        return Err(invalid(format!(
+            "start block {} is past the grid of {total} blocks",
+            launch.start_block
+        )));
+    }
+    let remaining = total - launch.start_block;
+    if remaining == 0 {
+        return Ok(Progress::Completed(Stats::default()));
+    }
+    let grid_workspace = if child {
+        0
+    } else {
+        launch.control.grid_workspace()
+    };
+    let cooperative = grid_workspace != 0;
+    if cooperative && (launch.start_block != 0 || total > MAX_COOPERATIVE_BLOCKS) {
+        return Err(Fault::new(
+            FaultKind::CooperativeTooLarge,
+            format!(
+                "a cooperative launch of {total} blocks: at most {MAX_COOPERATIVE_BLOCKS} run at once"
+            ),
+        ));
+    }
+    // All blocks of a cooperative launch hold their registers at once (an ordinary launch
+    // holds at most one block's per worker).
+    if cooperative && file.saturating_mul(total) > MAX_COOPERATIVE_REGISTER_FILE {
+        return Err(Fault::new(
+            FaultKind::CooperativeTooLarge,
+            format!(
+                "a cooperative launch of {total} blocks of kernel `{}` would hold {} MiB of registers at once, more than {} MiB",
+                launch.kernel,
+                file.saturating_mul(total) >> 20,
+                MAX_COOPERATIVE_REGISTER_FILE >> 20
+            ),
+        ));
+    }
+    let stop = AtomicBool::new(false);
+    // Every block of a cooperative launch has a worker of its own.
+    let workers = if cooperative {
+        remaining as usize
+    } else {
+        (launch.workers.max(1) as u64).min(remaining) as usize
+    };
+    // The state every worker holds for its block, taken from the tenant's budget before
+    // anything runs.
+    let kfunc = &prog.funcs[layout.func as usize];
+    let nwarps = nthreads.div_ceil(WARP_SIZE);
+    let frames_paid = nwarps.saturating_mul(exec::frame_bytes(kfunc));
+    let per_block = frames_paid
+        .saturating_add(layout.local_per_thread.saturating_mul(nwarps * WARP_SIZE))
+        .saturating_add(shared_size as u64);
+    let budget = launch.control.state_budget();
+    let (workers, _taken) = take_state(
+        budget.as_deref(),
+        per_block,
+        workers,
+        cooperative,
+        &info.name,
+    )?;
+    let output = launch.control.output();
+    let conditionals = launch.control.conditionals();
+    let heap = launch.control.heap();
+    let launches = launch.control.device_launches();
+    let attributes = launch.control.device_attributes();
+    let ctx = exec::Ctx {
+        prog,
+        layout,
+        kernel_name: &info.name,
+        grid,
+        block,
+        nthreads: nthreads as u32,
+        nwarps: (nthreads as u32).div_ceil(32),
+        params: launch.params,
+        globals: launch.globals,
+        memory: launch.memory,
+        control: launch.control,
+        deadline: launch.control.deadline(),
+        shared_size,
+        dyn_shared: launch.dynamic_shared,
+        workers: workers as u32,
+        grid_id,
+        depth,
+        stop: &stop,
+        output: output.as_deref(),
+        conditionals: conditionals.as_deref(),
+        heap: heap.as_deref(),
+        launches: launches.as_deref(),
+        attributes: attributes.as_deref(),
+        grid_workspace,
+        budget: budget.as_deref(),
+        frames_paid,
+    };
+    let next = AtomicU64::new(launch.start_block);
+    // Blocks of a cooperative launch may wait for each other: none may wait for a slot.
+    // A synced grid runs in the slot its waiting block's worker holds.
+    let slots = launch.control.slots().filter(|_| !cooperative && !synced);
+    let priority = launch.control.priority();
+    let group = launch.control.slot_group();
+    // Wakes this launch's workers waiting for a slot after something `halt` reads changed.
+    let wake = || {
+        if let Some(s) = &slots {
+            s.wake(group);
+        }
+    };
+    let halt = || {
+        stop.load(Ordering::Relaxed)
+            || launch.control.yield_requested()
+            || launch.control.is_cancelled()
+            || next.load(Ordering::Relaxed) >= total
+    };
+    let run = |smid: u32| -> WorkerResult {
+        let mut w = match exec::Worker::new(&ctx, smid) {
+            Ok(w) => w,
+            Err(f) => return (Stats::default(), Some((0, f))),
+        };
+        let mut fault = None;
+        let mut held = None;
+        loop {
+            // A cooperative launch does not yield: its blocks wait for each other.
+            if stop.load(Ordering::Relaxed)
+                || (!cooperative && !synced && launch.control.yield_requested())
+            {
+                break;
+            }
+            if let Some(s) = &slots
+                && held.is_none()
+            {
+                held = s
+                    .acquire(priority, group, halt)
+                    .map(|h| (h, Instant::now()));
+                if held.is_none() {
+                    break;
+                }
+            }
+            let b = next.fetch_add(1, Ordering::SeqCst);
+            if b + 1 == total {
+                // The last block is claimed: siblings waiting for a slot can stop.
+                wake();
+            }
+            if b >= total {
+                break;
+            }
+            if let Err(f) = w.run_block(b) {
+                if !w.stopped_by_sibling() {
+                    fault = Some((b, f));
+                }
+                stop.store(true, Ordering::SeqCst);
+                wake();
+                break;
+            }
+            if let (Some(s), Some((_, since))) = (&slots, &held)
+                && (s.preempted(priority)
+                    || (s.contended(priority) && since.elapsed() >= slots::SLOT_TURN))
+            {
+                // Another launch's worker of a higher priority waits, or one of this
+                // priority and this worker had its turn: let it run.
+                held = None;
+            }
+        }
+        drop(held);
+        (
+            Stats {
+                thread_instructions: w.insts,
+                blocks: w.blocks,
+            },
+            fault,
+        )
+    };
+    let results: Mutex<Vec<WorkerResult>> = Mutex::new(Vec::with_capacity(workers));
+    let task = |smid: u32| {
+        let r = catch_unwind(AssertUnwindSafe(|| run(smid))).unwrap_or_else(|_| {
+            // Stop the other workers; the launch fails instead of the process.
+            stop.store(true, Ordering::SeqCst);
+            wake();
+            (
+                Stats::default(),
+                Some((
+                    u64::MAX,
+                    Fault::new(FaultKind::Trap, "interpreter worker panicked".to_string()),
+                )),
+            )
+        });
+        results.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+    };
+    if cooperative {
+        // Threads of its own, all at once: pool threads may be busy with other launches,
+        // and a block waiting at a grid-wide barrier needs every other block running.
+        std::thread::scope(|s| {
+            for smid in 1..workers as u32 {
+                let task = &task;
+                let spawned = std::thread::Builder::new()
+                    .name(format!("vgpu-ptx-coop-{smid}"))
+                    .spawn_scoped(s, move || task(smid));
+                if spawned.is_err() {
+                    // Without its thread a block would never arrive: fail the launch.
+                    stop.store(true, Ordering::SeqCst);
+                    results.lock().unwrap_or_else(|p| p.into_inner()).push((
+                        Stats::default(),
+                        Some((
+                            u64::MAX,
+                            Fault::new(
+                                FaultKind::CooperativeTooLarge,
+                                "cannot start a thread for every block of a cooperative launch",
+                            ),
+                        )),
+                    ));
+                    break;
+                }
+            }
+            task(0);
+        });
+    } else {
+        pool::run(workers as u32, priority, &task);
+    }
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut stats = Stats::default();
+    let mut first: Option<(u64, Fault)> = None;
+    for (s, f) in results {
+        stats.thread_instructions += s.thread_instructions;
+        stats.blocks += s.blocks;
+        if let Some((b, f)) = f
+            && first.as_ref().is_none_or(|(fb, _)| b < *fb)
+        {
+            first = Some((b, f));
+        }
+    }
+    if let Some((_, f)) = first {
+        return Err(f);
+    }
+    let done = next.load(Ordering::SeqCst).min(total);
+    if done >= total {
+        Ok(Progress::Completed(stats))
+    } else {
+        Ok(Progress::Yielded {
+            next_block: done,
+            stats,
+        })
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -409,9 +409,12 @@ impl SimModule {
                 0 => vgpu_ptx::devlaunch::MAX_PENDING_LAUNCHES,
                 n => usize::try_from(n).unwrap_or(usize::MAX),
             };
-            ptx_control.set_device_launches(
-                control.device_state(|| vgpu_ptx::devlaunch::DeviceLaunches::with_limit(limit)),
-            );
+            let sync_depth = control
+                .sync_depth_limit()
+                .unwrap_or(vgpu_ptx::devlaunch::DEFAULT_SYNC_DEPTH);
+            ptx_control.set_device_launches(control.device_state(|| {
+                vgpu_ptx::devlaunch::DeviceLaunches::with_limits(limit, sync_depth)
+            }));
         }
         ptx_control.set_device_attributes(control.device_attributes());
         ptx_control.set_heap(control.heap().and_then(|h| {

@@ -414,8 +414,11 @@ pub(crate) fn decode(ast: &Ast, ticker: &mut Ticker<'_>) -> Result<Program, Load
 /// `__cuda_syscall_aligned_malloc`), `free(.b64)`, and the device runtime's calls for dynamic
 /// parallelism (CUDA 11's `libcudadevrt` calls them `cnp*`, CUDA 12's `__cuda_syscall_cnpv2*`):
 /// `cnpGetParameterBufferV2(.b64, .b8[12], .b8[12], .b32) -> .b64`,
-/// `cnpLaunchDeviceV2(.b64, .b64) -> .b32`, `cnpGetLastError() -> .b32` and
-/// `cnpSetLastError(.b32)`.
+/// `cnpLaunchDeviceV2(.b64, .b64) -> .b32`, `cnpGetLastError() -> .b32`,
+/// `cnpSetLastError(.b32)` and the others of [`Builtin`], and CUDA 11's device-side
+/// `cudaDeviceSynchronize() -> .b32`. The device runtime's own names
+/// (`cudaGetParameterBufferV2`, `cudaLaunchDeviceV2`, `cudaGetLastError`, …), which
+/// `libcudadevrt` defines, serve a program's PTX that was not linked with it.
 pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
     let sizes: Vec<u32> = sig.formals.iter().map(|&(_, s)| s).collect();
     let rets: Vec<u32> = sig.rets.iter().map(|&(_, s)| s).collect();
@@ -437,6 +440,7 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         "cnpGetParameterBufferV2"
         | "__cuda_syscall_cnpv2GetParameterBufferV2"
         | "__cudaCDP2GetParameterBufferV2"
+        | "cudaGetParameterBufferV2"
             if sizes == [8, 12, 12, 4] && rets == [8] =>
         {
             Some(Builtin::GetParameterBuffer)
@@ -446,10 +450,13 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         {
             Some(Builtin::LaunchDevice(ErrorCodes::Cnp))
         }
-        "__cudaCDP2LaunchDeviceV2" if sizes == [8, 8] && rets == [4] => {
+        "__cudaCDP2LaunchDeviceV2" | "cudaLaunchDeviceV2" if sizes == [8, 8] && rets == [4] => {
             Some(Builtin::LaunchDevice(ErrorCodes::Cuda))
         }
-        "cnpGetLastError" | "__cuda_syscall_cnpv2GetLastError" | "__cudaCDP2GetLastError"
+        "cnpGetLastError"
+        | "__cuda_syscall_cnpv2GetLastError"
+        | "__cudaCDP2GetLastError"
+        | "cudaGetLastError"
             if sizes.is_empty() && rets == [4] =>
         {
             Some(Builtin::GetLastError)
@@ -457,6 +464,7 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         "cnpPeekAtLastError"
         | "__cuda_syscall_cnpv2PeekAtLastError"
         | "__cudaCDP2PeekAtLastError"
+        | "cudaPeekAtLastError"
             if sizes.is_empty() && rets == [4] =>
         {
             Some(Builtin::PeekAtLastError)
@@ -497,6 +505,11 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
             if sizes == [8, 4, 4] && rets == [4] =>
         {
             Some(Builtin::DeviceGetAttribute)
+        }
+        // CUDA 11's `libcudadevrt` has no PTX of it (its PTX is for sm_90, where the call is
+        // gone): a program's own PTX calls it undefined.
+        "cudaDeviceSynchronize" if sizes.is_empty() && rets == [4] => {
+            Some(Builtin::DeviceSynchronize)
         }
         "cnpSetLastError" | "__cuda_syscall_cnpv2SetLastError"
             if sizes == [4] && rets.len() <= 1 =>

@@ -271,6 +271,7 @@ impl<'a> Worker<'a> {
                 self.device_runtime(warp, b, m);
                 Ok(())
             }
+            Builtin::DeviceSynchronize => self.device_synchronize(warp, b, m, line),
             Builtin::Free => {
                 for l in 0..32 {
                     let ptr = arg(l, 0);

@@ -97,6 +97,44 @@ impl<'a> Worker<'a> {
         super::calls::write_rets(warp, b, m, &rets);
     }
 
+    /// The linear index of the block running now.
+    fn linear_block(&self) -> u64 {
+        let [gx, gy, _] = self.ctx.grid.map(u64::from);
+        let [x, y, z] = self.block_idx.map(u64::from);
+        x + gx * (y + gy * z)
+    }
+
+    /// Device-side `cudaDeviceSynchronize` (CUDA 11) for the lanes in `m`: the grids this
+    /// block launched so far run, each with its descendants, while the block waits (its warps
+    /// are this worker's, so none runs meanwhile, as a GPU swaps a waiting block out; the call
+    /// is no barrier). `cudaErrorSyncDepthExceeded` at or past the sync depth limit. A fault
+    /// of a grid it ran is the launch's. The watchdog, cancellation and sibling faults are
+    /// checked first: grids too small to reach a check of their own may wait in a loop.
+    pub(super) fn device_synchronize(
+        &mut self,
+        warp: &mut Warp,
+        b: &BuiltinCall,
+        m: u32,
+        line: u32,
+    ) -> Result<(), Fault> {
+        self.check_control(warp_ref(&warp.tid, warp.idx, warp.valid), line)?;
+        let code = match self.ctx.launches {
+            None => 0,
+            Some(d) if !d.may_synchronize(self.ctx.depth) => {
+                d.set_error(crate::devlaunch::CUDA_ERROR_SYNC_DEPTH_EXCEEDED);
+                crate::devlaunch::CUDA_ERROR_SYNC_DEPTH_EXCEEDED
+            }
+            Some(_) => {
+                let origin = (self.ctx.grid_id, self.linear_block());
+                let stats = crate::run_launched_by_block(self.ctx, origin)?;
+                self.insts += stats.thread_instructions;
+                0
+            }
+        };
+        super::calls::write_rets(warp, b, m, &[u64::from(code); 32]);
+        Ok(())
+    }
+
     /// Writes a device runtime call's result, `size` bytes of `value`, where lane `lane`'s
     /// pointer `out` points: the call's code (`INVALID_VALUE` for no value or a bad pointer).
     fn store_result(
@@ -141,7 +179,7 @@ impl<'a> Worker<'a> {
             d.set_error(cnp::to_cuda(cnp::INVALID_VALUE));
             return 0;
         };
-        if let Err(e) = d.admit() {
+        if let Err(e) = d.admit(self.ctx.depth) {
             d.set_error(cnp::to_cuda(e));
             return 0;
         }
@@ -151,7 +189,7 @@ impl<'a> Worker<'a> {
             d.set_error(cnp::to_cuda(cnp::PENDING_COUNT_EXCEEDED));
             return 0;
         }
-        d.hand_out(addr, kernel, grid, block, shared);
+        d.hand_out(addr, kernel, grid, block, shared, self.ctx.depth + 1);
         addr
     }
 
@@ -205,6 +243,8 @@ impl<'a> Worker<'a> {
             return cnp::INVALID_CONFIGURATION;
         }
         match d.queue(ChildGrid {
+            id: crate::next_grid_id(),
+            origin: (self.ctx.grid_id, self.linear_block()),
             kernel,
             grid,
             block,

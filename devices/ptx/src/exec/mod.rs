@@ -90,6 +90,8 @@ pub(crate) struct Ctx<'a> {
     pub dyn_shared: u32,
     pub workers: u32,
     pub grid_id: u64,
+    /// How deep the grid is nested (the host's launch is 0; dynamic parallelism).
+    pub depth: u32,
     /// Set when any worker faulted: the others stop at their next check.
     pub stop: &'a AtomicBool,
     /// Where `printf` and `assert` output goes.

@@ -1,9 +1,10 @@
 //! Dynamic parallelism: kernels launching kernels, as NVRTC compiles them (`fixtures/dynamic.cu`,
-//! `-rdc=true`: CUDA 12's `__cudaCDP2*` calls).
+//! `-rdc=true`: CUDA 12's `__cudaCDP2*` calls), and parents waiting for them with CUDA 11's
+//! device-side `cudaDeviceSynchronize`, as nvcc 11.8 compiles it (`fixtures/dynamic_sync.cu`).
 
 use std::sync::Arc;
 
-use vgpu_ptx::devlaunch::{DeviceLaunches, MAX_DEPTH};
+use vgpu_ptx::devlaunch::{CUDA_ERROR_SYNC_DEPTH_EXCEEDED, DeviceLaunches, MAX_DEPTH};
 use vgpu_ptx::heap::{DeviceHeap, Heap};
 use vgpu_ptx::testutils::*;
 use vgpu_ptx::*;
@@ -18,7 +19,11 @@ struct Rig {
 
 impl Rig {
     fn new(arch: &str) -> Rig {
-        let m = load_fixture("dynamic", arch);
+        Rig::with("dynamic", arch, DeviceLaunches::new())
+    }
+
+    fn with(fixture: &str, arch: &str, launches: DeviceLaunches) -> Rig {
+        let m = load_fixture(fixture, arch);
         let mem = TestMemory::new();
         let globals = alloc_globals(&m, &mem);
         let base = mem.alloc(1 << 20);
@@ -27,7 +32,7 @@ impl Rig {
             m,
             mem,
             globals,
-            launches: Arc::new(DeviceLaunches::new()),
+            launches: Arc::new(launches),
         }
     }
 
@@ -291,4 +296,196 @@ fn device_side_streams_get_distinct_handles() {
     let h = mem.read::<u64>(out, 2);
     assert!(h[0] != 0 && h[1] != 0 && h[0] != h[1], "{h:x?}");
     assert_eq!(mem.read::<u32>(out + 16, 1), [0], "every call succeeded");
+}
+
+/// The architectures of `fixtures/dynamic_sync.cu` (nvcc 11.8 keeps the call from sm_90).
+const SYNC_ARCHS: [&str; 2] = ["compute_52", "compute_80"];
+
+/// A rig for `dynamic_sync` whose grids may wait down to `sync_depth`.
+fn sync_rig(arch: &str, sync_depth: u32) -> Rig {
+    Rig::with(
+        "dynamic_sync",
+        arch,
+        DeviceLaunches::with_limits(devlaunch::MAX_PENDING_LAUNCHES, sync_depth),
+    )
+}
+
+#[test]
+fn a_block_waits_for_its_child_and_reads_what_it_wrote() {
+    for arch in SYNC_ARCHS {
+        let r = sync_rig(arch, 2);
+        let (buf, out, err) = (
+            r.mem.alloc(4 * 256),
+            r.mem.alloc(4 * 256),
+            r.mem.alloc(4 * 8),
+        );
+        r.mem.write(err, &[-1i32; 8]);
+        r.run(
+            "read_after_wait",
+            8,
+            32,
+            &[Arg::U64(buf), Arg::U64(out), Arg::U64(err)],
+        );
+        let want: Vec<i32> = (1..=256).map(|i| i * 10).collect();
+        assert_eq!(r.mem.read::<i32>(out, 256), want, "{arch}");
+        assert_eq!(r.mem.read::<i32>(err, 8), [0; 8], "{arch}");
+        assert_eq!(r.launches.pending(), 0);
+        assert_eq!(r.heap.free_bytes(), 1 << 20, "{arch}");
+    }
+}
+
+#[test]
+fn a_recursive_sum_waits_at_every_level() {
+    for arch in SYNC_ARCHS {
+        let r = sync_rig(arch, 8);
+        let n = 3000;
+        let a: Vec<i32> = (0..n).map(|i| (i * 7 + 3) % 101).collect();
+        let (da, out, err) = (r.mem.alloc(4 * n as usize), r.mem.alloc(4), r.mem.alloc(4));
+        r.mem.write(da, &a);
+        r.mem.write(err, &[0i32]);
+        r.run(
+            "sum",
+            1,
+            1,
+            &[Arg::U64(da), Arg::I32(n), Arg::U64(out), Arg::U64(err)],
+        );
+        assert_eq!(r.mem.read::<i32>(err, 1), [0], "{arch}");
+        assert_eq!(r.mem.read::<i32>(out, 1), [a.iter().sum::<i32>()], "{arch}");
+        assert_eq!(
+            r.heap.free_bytes(),
+            1 << 20,
+            "{arch}: the halves were freed"
+        );
+    }
+}
+
+#[test]
+fn waits_past_the_sync_depth_fail_with_cudas_error() {
+    for (limit, levels) in [(2u32, 6usize), (5, 6), (MAX_DEPTH, MAX_DEPTH as usize)] {
+        let r = sync_rig("compute_80", limit);
+        let errs = r.mem.alloc(4 * 32);
+        r.mem.write(errs, &[-1i32; 32]);
+        r.run(
+            "chain",
+            1,
+            1,
+            &[Arg::U64(errs), Arg::I32(0), Arg::I32(levels as i32)],
+        );
+        let got = r.mem.read::<i32>(errs, levels);
+        let want: Vec<i32> = (0..levels)
+            .map(|d| {
+                if (d as u32) < limit {
+                    0
+                } else {
+                    CUDA_ERROR_SYNC_DEPTH_EXCEEDED as i32
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "sync depth {limit}");
+    }
+}
+
+#[test]
+fn a_wait_with_nothing_launched_returns_at_once() {
+    let r = sync_rig("compute_52", 2);
+    let err = r.mem.alloc(4);
+    r.mem.write(err, &[-1i32]);
+    r.run("idle_wait", 1, 32, &[Arg::U64(err)]);
+    assert_eq!(r.mem.read::<i32>(err, 1), [0]);
+}
+
+#[test]
+fn a_wait_covers_the_childs_descendants() {
+    let r = sync_rig("compute_80", 2);
+    let cell = r.mem.alloc(12);
+    r.run("wait_for_descendants", 1, 1, &[Arg::U64(cell)]);
+    assert_eq!(r.mem.read::<i32>(cell, 3), [7, 8, 16]);
+}
+
+#[test]
+fn a_fault_in_a_waited_for_child_fails_the_launch() {
+    let r = sync_rig("compute_80", 2);
+    let p = r.mem.alloc(4);
+    let f = r
+        .run_on("wait_for_fault", 1, 1, &[Arg::U64(p)], &r.control(), 0)
+        .unwrap_err();
+    assert_eq!(f.kind, FaultKind::IllegalAddress, "{f}");
+    assert_eq!(r.launches.pending(), 0);
+    assert_eq!(r.heap.free_bytes(), 1 << 20);
+}
+
+#[test]
+fn yields_wait_until_a_waiting_block_is_done() {
+    // Yields requested every 100 µs: a waiting block's children run to completion (a block
+    // cannot be kept across a yield), and the launch resumes from the block after it.
+    let r = sync_rig("compute_80", 2);
+    let (buf, out, err) = (
+        r.mem.alloc(4 * 2048),
+        r.mem.alloc(4 * 2048),
+        r.mem.alloc(4 * 64),
+    );
+    let args = [Arg::U64(buf), Arg::U64(out), Arg::U64(err)];
+    let want: Vec<i32> = (1..=2048).map(|i| i * 10).collect();
+    let c = r.control();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let yields = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+                c.request_yield();
+            }
+        });
+        let mut yields = 0;
+        // Until a yield lands (timing decides where yields land).
+        for _ in 0..20 {
+            r.mem.write(out, &[-1i32; 2048]);
+            r.mem.write(err, &[-1i32; 64]);
+            let mut start = 0;
+            loop {
+                c.clear_yield();
+                match r
+                    .run_on("read_after_wait", 64, 32, &args, &c, start)
+                    .unwrap()
+                {
+                    Progress::Completed(_) => break,
+                    Progress::Yielded { next_block, .. } => {
+                        yields += 1;
+                        assert!(yields < 100_000, "no progress");
+                        start = next_block;
+                    }
+                }
+            }
+            assert_eq!(r.mem.read::<i32>(out, 2048), want);
+            assert_eq!(r.mem.read::<i32>(err, 64), [0; 64]);
+            assert_eq!(r.launches.pending(), 0);
+            if yields > 0 {
+                break;
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        yields
+    });
+    assert!(yields > 0, "no yield landed in 20 runs");
+}
+
+#[test]
+fn a_tree_of_waits_is_cut_by_the_watchdog_and_gives_everything_back() {
+    let r = sync_rig("compute_80", MAX_DEPTH);
+    let count = r.mem.alloc(8);
+    let c = r.control();
+    let started = std::time::Instant::now();
+    c.set_deadline(Some(started + std::time::Duration::from_secs(1)));
+    let f = r
+        .run_on("wait_bomb", 1, 2, &[Arg::U64(count)], &c, 0)
+        .unwrap_err();
+    assert_eq!(f.kind, FaultKind::Timeout, "{f}");
+    // Every level stops at its next check once the deadline passed.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(r.mem.read::<u64>(count, 1)[0] > 24, "the tree grew");
+    assert_eq!(r.launches.pending(), 0);
+    assert_eq!(r.heap.free_bytes(), 1 << 20);
 }

@@ -2002,6 +2002,120 @@ DONE:
 }
 "#;
 
+/// A kernel whose threads each launch a copy of it (two threads: two copies) and wait for them
+/// with CUDA 11's device-side `cudaDeviceSynchronize`: with the sync depth at its 24 levels, a
+/// tree of 2^24 waiting grids.
+const WAIT_BOMB: &str = r#"
+.version 7.0
+.target sm_52
+.address_size 64
+.extern .func (.param .b64 r) cnpGetParameterBufferV2(.param .b64 f, .param .align 4 .b8 g[12], .param .align 4 .b8 b[12], .param .b32 s);
+.extern .func (.param .b32 r) cnpLaunchDeviceV2(.param .b64 buf, .param .b64 stream);
+.extern .func (.param .b32 r) cudaDeviceSynchronize();
+
+.visible .entry wait_bomb(.param .u64 out)
+{
+    .reg .b64 %rd<4>;
+    .reg .b32 %r<4>;
+    .reg .pred %p1;
+    ld.param.u64 %rd1, [out];
+    atom.global.add.u32 %r1, [%rd1], 1;
+    mov.u64 %rd2, wait_bomb;
+    mov.u32 %r2, 1;
+    mov.u32 %r3, 2;
+    {
+    .param .b64 f;
+    .param .align 4 .b8 g[12];
+    .param .align 4 .b8 b[12];
+    .param .b32 s;
+    .param .b64 rv;
+    st.param.b64 [f], %rd2;
+    st.param.b32 [g], %r2;
+    st.param.b32 [g+4], %r2;
+    st.param.b32 [g+8], %r2;
+    st.param.b32 [b], %r3;
+    st.param.b32 [b+4], %r2;
+    st.param.b32 [b+8], %r2;
+    st.param.b32 [s], 0;
+    call.uni (rv), cnpGetParameterBufferV2, (f, g, b, s);
+    ld.param.b64 %rd3, [rv];
+    }
+    setp.eq.u64 %p1, %rd3, 0;
+    @%p1 bra DONE;
+    st.u64 [%rd3], %rd1;
+    {
+    .param .b64 a;
+    .param .b64 q;
+    .param .b32 rv2;
+    st.param.b64 [a], %rd3;
+    mov.u64 %rd2, 0;
+    st.param.b64 [q], %rd2;
+    call.uni (rv2), cnpLaunchDeviceV2, (a, q);
+    }
+    {
+    .param .b32 rv3;
+    call.uni (rv3), cudaDeviceSynchronize, ();
+    }
+DONE:
+    ret;
+}
+"#;
+
+/// A hostile VM whose kernels wait for kernels they launch, as deep as CUDA lets them (a tree of
+/// 2^24 grids, each level waiting on a thread of its own in vgpud): the watchdog ends the launch
+/// in its own context, vgpud's threads and memory come back to where they were, and another VM
+/// is served.
+#[test]
+fn a_tree_of_waiting_kernels_ends_at_the_watchdog() {
+    const SLACK: u64 = 192 * MIB;
+    let vms = [TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)];
+    let mut d =
+        Vgpud::start_config_limited(&Vgpud::config_for(&vms, "watchdog_ms = 2000"), DATA_LIMIT);
+    let (mut c, ctx) = session(&d, "vm1");
+    let (before, threads_before) = (rss_of(d.pid()), threads_of(d.pid()));
+    // CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: every level may wait.
+    c.call(
+        &msg::CtxSetLimit {
+            ctx,
+            limit: 3,
+            value: 24,
+        },
+        &[],
+    )
+    .unwrap();
+    let (module, out) = load_with_buffer(&mut c, ctx, WAIT_BOMB);
+    let start = Instant::now();
+    let (code, why) = launch_and_sync(&mut c, ctx, module, "wait_bomb", [1, 2], out, None)
+        .expect_err("2^24 grids finished");
+    assert_eq!(code, 702, "CUDA_ERROR_LAUNCH_TIMEOUT: {why}");
+    let took = start.elapsed();
+    let (threads_after, after) = (threads_of(d.pid()), rss_of(d.pid()));
+    println!(
+        "wait bomb: ended after {took:?}; vgpud RSS {} -> {} MiB, threads {threads_before} -> {threads_after}",
+        before / MIB,
+        after / MIB
+    );
+    assert!(took < Duration::from_secs(20), "the watchdog took {took:?}");
+    assert!(
+        after <= before + SLACK,
+        "vgpud grew from {} to {} MiB",
+        before / MIB,
+        after / MIB
+    );
+    drop(c);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while threads_of(d.pid()) > threads_before + 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        threads_of(d.pid()) <= threads_before + 2,
+        "the waiting levels' threads are gone: {} against {threads_before}",
+        threads_of(d.pid())
+    );
+    survived(&mut d, "vm2");
+}
+
 /// A hostile VM against the device heap and dynamic parallelism: a heap past its slice is
 /// refused; a kernel that mallocs until the heap is full gets `NULL` at the heap's end (the heap
 /// charged to the slice, not more), and freeing a forged pointer faults its own context

@@ -93,7 +93,8 @@ fn a_cuda_python_program_runs_unmodified() {
 /// Dynamic parallelism and the device heap from cuda-python: NVRTC with `-rdc=true`, the
 /// driver's linker with CUDA 12's `libcudadevrt.a`, kernels that launch kernels (nested to
 /// CUDA's limit and refused past it) and `malloc` memory a child fills and another frees
-/// (tests/python/dynamic_parallelism.py); the heap comes back with the VM's memory.
+/// (tests/python/dynamic_parallelism.py), and read a kernel's attributes, its occupancy and a
+/// limit as the host does; the heap comes back with the VM's memory.
 #[test]
 fn cuda_python_kernels_launch_kernels_and_malloc() {
     let out = runs_unmodified(
@@ -105,7 +106,7 @@ fn cuda_python_kernels_launch_kernels_and_malloc() {
         &[],
     );
     if let Some(stdout) = out {
-        assert!(stdout.contains("9 checks"), "{stdout}");
+        assert!(stdout.contains("10 checks"), "{stdout}");
     }
 }
 

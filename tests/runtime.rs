@@ -106,12 +106,13 @@ fn nvcc_programs_link_separately_compiled_device_code() {
 /// their parent's writes and run in launch order, a recursive quicksort, launches nested to
 /// CUDA's depth limit and refused past it, the device runtime's limits set and read back (4096
 /// children all run once the pending launch count is raised), a bad child configuration
-/// failing in the kernel.
+/// failing in the kernel, a kernel's attributes, occupancy and the limits read in a kernel as
+/// the host reads them.
 /// The runtime links libcudadevrt's PTX (`cudaLaunchDeviceV2`, with its address-valued error
 /// table); the simulated GPU supplies the driver's `cnp*` calls it makes.
 #[test]
 fn nvcc_programs_launch_kernels_from_kernels() {
-    run_nvcc_program("dynamic_parallelism", 23, &["static", "shared"]);
+    run_nvcc_program("dynamic_parallelism", 29, &["static", "shared"]);
 }
 
 /// CUDA 11's device-side `cudaDeviceSynchronize` (`-rdc=true`, `libcudadevrt`): a block reads

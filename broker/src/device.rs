@@ -414,6 +414,7 @@ pub struct RunControl {
     device_state: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
     pending_launch_limit: AtomicU64,
     sync_depth_limit: Mutex<Option<u32>>,
+    limits: Mutex<Option<Arc<[u64]>>>,
     attributes: Mutex<Option<Arc<[i32]>>>,
 }
 
@@ -553,6 +554,18 @@ impl RunControl {
             .sync_depth_limit
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+    /// The context's limits by `CUlimit` number, which kernels read with `cudaDeviceGetLimit`
+    /// (dynamic parallelism's device runtime).
+    pub fn set_device_limits(&self, limits: Option<Arc<[u64]>>) {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = limits;
+    }
+    /// The context's limits ([`RunControl::set_device_limits`]).
+    pub fn device_limits(&self) -> Option<Arc<[u64]>> {
+        self.limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
     /// The device's attributes as the VM sees them, which kernels read with
     /// `cudaDeviceGetAttribute` (dynamic parallelism's device runtime).

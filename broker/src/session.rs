@@ -1087,6 +1087,7 @@ impl Session {
                     device_heap::LIMIT_DEV_RUNTIME_SYNC_DEPTH => self.set_sync_depth(m.value)?,
                     _ => return Err(devio::unsupported_limit(m.limit)),
                 }
+                self.device_runtime.limits = None;
                 reply(out, msg::Empty {})
             }
             R::DeviceGetCount(_) => reply(out, msg::Count { count: 1 }),
@@ -2159,6 +2160,7 @@ impl Session {
         control.set_pending_launch_limit(self.device_runtime.pending_launches);
         control.set_sync_depth_limit(self.device_runtime.sync_depth);
         control.set_device_attributes(Some(self.guest_attributes()));
+        control.set_device_limits(Some(self.device_limits()));
         // A kernel of a graph launch with conditional nodes may set their handles.
         if let Some(values) = &self.graphs.conditionals {
             control.set_conditionals(Some(Arc::clone(values)));

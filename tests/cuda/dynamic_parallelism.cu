@@ -125,6 +125,32 @@ __global__ void device_queries(int *out)
     out[10] = (int)cudaDeviceGetAttribute(&out[11], cudaDevAttrMaxThreadsPerBlock, 7);
 }
 
+// What kernels ask the device runtime about a kernel and the context: fa[] a kernel's
+// attributes, occupancy of 128-thread blocks, and the limits; the calls' errors in err[].
+__global__ void runtime_queries(int *fa, size_t *lim, int *err)
+{
+    cudaFuncAttributes a;
+    err[0] = (int)cudaFuncGetAttributes(&a, child);
+    fa[0] = a.maxThreadsPerBlock;
+    fa[1] = a.numRegs;
+    fa[2] = (int)a.sharedSizeBytes;
+    fa[3] = a.ptxVersion;
+    fa[4] = a.binaryVersion;
+    fa[5] = (int)a.localSizeBytes;
+    err[1] = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fa[6], child, 128, 0);
+    err[2] = (int)cudaDeviceGetLimit(&lim[0], cudaLimitMallocHeapSize);
+    err[3] = (int)cudaDeviceGetLimit(&lim[1], cudaLimitDevRuntimePendingLaunchCount);
+    err[4] = (int)cudaDeviceGetLimit(&lim[2], cudaLimitDevRuntimeSyncDepth);
+    err[5] = (int)cudaDeviceGetLimit(&lim[3], cudaLimitPrintfFifoSize);
+    cudaFuncCache cache;
+    cudaSharedMemConfig banks;
+    err[6] = (int)cudaDeviceGetCacheConfig(&cache);
+    err[7] = (int)cudaDeviceGetSharedMemConfig(&banks);
+    fa[7] = (int)cache;
+    fa[8] = (int)banks;
+    err[8] = (int)cudaFuncGetAttributes(&a, (const void *)fa);
+}
+
 // A chain of launches: levels[d] = d + 1 and errs[d] = the launch's error at each depth.
 __global__ void nested(int *levels, int *errs, int depth, int max)
 {
@@ -229,6 +255,50 @@ int main()
               h[1], h[2], h[3], h[4], h[5], sms, h[6], h[7], major, h[8], h[9], threads);
         CHECK("an attribute of a device that does not exist is refused", h[10] != 0, "%d", h[10]);
         CUDA_OK(cudaFree(q));
+    }
+
+    {
+        int *fa = nullptr, *qerr = nullptr;
+        size_t *lim = nullptr;
+        REQUIRE(cudaMalloc(&fa, 16 * sizeof(int)));
+        REQUIRE(cudaMalloc(&qerr, 16 * sizeof(int)));
+        REQUIRE(cudaMalloc(&lim, 4 * sizeof(size_t)));
+        REQUIRE(cudaMemset(qerr, 0xff, 16 * sizeof(int)));
+        runtime_queries<<<1, 1>>>(fa, lim, qerr);
+        CHECK_CUDA("a kernel asking the device runtime about kernels and limits", cudaDeviceSynchronize());
+        int d[16], e[16];
+        size_t l[4];
+        REQUIRE(cudaMemcpy(d, fa, sizeof d, cudaMemcpyDeviceToHost));
+        REQUIRE(cudaMemcpy(e, qerr, sizeof e, cudaMemcpyDeviceToHost));
+        REQUIRE(cudaMemcpy(l, lim, sizeof l, cudaMemcpyDeviceToHost));
+        cudaFuncAttributes h;
+        REQUIRE(cudaFuncGetAttributes(&h, child));
+        int occ = 0;
+        REQUIRE(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, child, 128, 0));
+        bool calls_ok = true;
+        for (int i = 0; i < 8; ++i) calls_ok = calls_ok && e[i] == 0;
+        CHECK("a kernel reads a kernel's attributes as the host does", calls_ok && d[0] == h.maxThreadsPerBlock &&
+              d[1] == h.numRegs && d[2] == (int)h.sharedSizeBytes && d[3] == h.ptxVersion &&
+              d[4] == h.binaryVersion && d[5] == (int)h.localSizeBytes,
+              "errors %d %d; threads %d/%d, regs %d/%d, shared %d/%zu, ptx %d/%d, binary %d/%d, local %d/%zu", e[0],
+              e[1], d[0], h.maxThreadsPerBlock, d[1], h.numRegs, d[2], h.sharedSizeBytes, d[3], h.ptxVersion, d[4],
+              h.binaryVersion, d[5], h.localSizeBytes);
+        CHECK("and its occupancy", d[6] == occ && occ > 0, "%d, host %d", d[6], occ);
+        size_t heap = 0, pending = 0, depth = 0, fifo = 0;
+        REQUIRE(cudaDeviceGetLimit(&heap, cudaLimitMallocHeapSize));
+        REQUIRE(cudaDeviceGetLimit(&pending, cudaLimitDevRuntimePendingLaunchCount));
+        REQUIRE(cudaDeviceGetLimit(&depth, cudaLimitDevRuntimeSyncDepth));
+        REQUIRE(cudaDeviceGetLimit(&fifo, cudaLimitPrintfFifoSize));
+        CHECK("a kernel reads the limits the host reads", l[0] == heap && l[1] == pending && l[2] == depth &&
+              l[3] == fifo,
+              "heap %zu/%zu, pending %zu/%zu, sync depth %zu/%zu, printf FIFO %zu/%zu", l[0], heap, l[1], pending,
+              l[2], depth, l[3], fifo);
+        CHECK("and the cache and bank configuration", d[7] == cudaFuncCachePreferNone &&
+              d[8] == cudaSharedMemBankSizeFourByte, "%d %d", d[7], d[8]);
+        CHECK("the attributes of what is not a kernel are refused", e[8] != 0, "%d", e[8]);
+        CUDA_OK(cudaFree(fa));
+        CUDA_OK(cudaFree(qerr));
+        CUDA_OK(cudaFree(lim));
     }
 
     int *levels = nullptr, *errs = nullptr;

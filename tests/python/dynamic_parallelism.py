@@ -61,6 +61,17 @@ extern "C" __global__ void with_heap(long long *sums) {
     fill<<<1, 1>>>(p, 100, t);
     sum_free<<<1, 1>>>(p, 100, sums + t);
 }
+// A kernel's attributes, its occupancy and a limit, as kernels ask CUDA 12's device runtime.
+extern "C" __global__ void queries(int *out, unsigned long long *heap) {
+    cudaFuncAttributes a;
+    out[0] = (int)cudaFuncGetAttributes(&a, (const void *)child);
+    out[1] = a.maxThreadsPerBlock;
+    out[2] = a.numRegs;
+    out[3] = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&out[4], (const void *)child, 256, 0);
+    size_t h = 0;
+    out[5] = (int)cudaDeviceGetLimit(&h, cudaLimitMallocHeapSize);
+    *heap = h;
+}
 """
 
 
@@ -155,6 +166,24 @@ want = [sum(t + i for i in range(100)) for t in range(32)]
 check("malloc'd memory filled by a child and freed by another", read_ints(sums, 32, "q") == want)
 e = cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE, 8 << 20)[0]
 check("the heap size is fixed once used", e == cu.CUresult.CUDA_ERROR_INVALID_VALUE, e)
+
+q, qheap = ok(cu.cuMemAlloc(8 * 4)), ok(cu.cuMemAlloc(8))
+launch(mod, b"queries", 1, 1, q, qheap)
+ok(cu.cuCtxSynchronize())
+got = read_ints(q, 6)
+child = ok(cu.cuModuleGetFunction(mod, b"child"))
+attr = cu.CUfunction_attribute
+threads = ok(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, child))
+regs = ok(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, child))
+occupancy = ok(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(child, 256, 0))
+heap = ok(cu.cuCtxGetLimit(cu.CUlimit.CU_LIMIT_MALLOC_HEAP_SIZE))
+check(
+    "a kernel reads a kernel's attributes, its occupancy and the heap size as the host does",
+    got == [0, threads, regs, 0, occupancy, 0] and read_ints(qheap, 1, "Q") == [heap],
+    (got, threads, regs, occupancy, read_ints(qheap, 1, "Q"), heap),
+)
+ok(cu.cuMemFree(q))
+ok(cu.cuMemFree(qheap))
 
 for d in (out, levels, errs, sums):
     ok(cu.cuMemFree(d))

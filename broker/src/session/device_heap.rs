@@ -15,6 +15,13 @@ use crate::error::CuError;
 
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 pub const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+/// `CU_LIMIT_STACK_SIZE`: what `cuCtxGetLimit` answers in the guest (the interpreter sizes
+/// stacks itself).
+pub const STACK_SIZE_BYTES: u64 = 1024;
+/// CUDA's `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` until the program sets one.
+pub const DEFAULT_SYNC_DEPTH: u32 = 2;
+/// CUDA's `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` until the program sets one.
+pub const DEFAULT_PENDING_LAUNCHES: u64 = 2048;
 /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
 pub const LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
 /// The deepest a grid may be nested (CUDA's 24 levels), and so the most the sync depth limit
@@ -42,6 +49,9 @@ pub(super) struct DeviceRuntime {
     /// The device's attributes as the VM sees them, for kernels' `cudaDeviceGetAttribute`
     /// (made at the first launch).
     pub(super) attributes: Option<Arc<[i32]>>,
+    /// The context's limits by `CUlimit` number, for kernels' `cudaDeviceGetLimit` (made at a
+    /// launch, dropped when a limit changes).
+    pub(super) limits: Option<Arc<[u64]>>,
 }
 
 struct Made {
@@ -65,6 +75,7 @@ impl Default for DeviceRuntime {
             pending_launches: 0,
             sync_depth: None,
             attributes: None,
+            limits: None,
         }
     }
 }
@@ -96,6 +107,25 @@ impl Session {
             self.device_runtime
                 .attributes
                 .get_or_insert_with(|| super::alloc_ext::guest_attributes(device).into()),
+        )
+    }
+
+    /// The context's limits by `CUlimit` number (stack size, printf FIFO, heap, sync depth,
+    /// pending launches), as `cuCtxGetLimit` answers them, shared by its launches.
+    pub(super) fn device_limits(&mut self) -> Arc<[u64]> {
+        let fifo = self.output.fifo_size() as u64;
+        let rt = &mut self.device_runtime;
+        let (heap, sync_depth, pending) = (
+            rt.size,
+            u64::from(rt.sync_depth.unwrap_or(DEFAULT_SYNC_DEPTH)),
+            match rt.pending_launches {
+                0 => DEFAULT_PENDING_LAUNCHES,
+                n => n,
+            },
+        );
+        Arc::clone(
+            rt.limits
+                .get_or_insert_with(|| [STACK_SIZE_BYTES, fifo, heap, sync_depth, pending].into()),
         )
     }
 

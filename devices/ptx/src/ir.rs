@@ -441,6 +441,19 @@ pub(crate) enum Builtin {
     /// `cnpDeviceGetAttribute(&value, attribute, device)`: the device's attribute as the VM
     /// sees it ([`crate::LaunchControl::set_device_attributes`]).
     DeviceGetAttribute,
+    /// `cnpGetLimit(&value, limit)`: the context's limit (`cudaDeviceGetLimit` in a kernel).
+    GetLimit,
+    /// `cnpGetCacheConfig(&config)`, `cnpGetSharedMemConfig(&config)`: the context's, which
+    /// are CUDA's defaults (no preference; four-byte banks).
+    GetCacheConfig,
+    /// See [`Builtin::GetCacheConfig`].
+    GetSharedMemConfig,
+    /// `cnpFuncGetAttribute(&value, attribute, kernel)`: a kernel's attribute
+    /// (`cudaFuncGetAttributes` in a kernel).
+    FuncGetAttribute,
+    /// `__cuda_syscall_cnpMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_size,
+    /// dynamic_shared[, flags])`: occupancy, as the host's.
+    MaxActiveBlocks,
     /// `cudaDeviceSynchronize()` in device code (CUDA 11, deprecated; removed in CUDA 12): the
     /// grids the calling block launched so far run to completion before the call returns.
     DeviceSynchronize,

@@ -315,6 +315,8 @@ pub struct LaunchControl {
     heap: Mutex<Option<Arc<dyn heap::DeviceHeap>>>,
     device_launches: Mutex<Option<Arc<devlaunch::DeviceLaunches>>>,
     attributes: Mutex<Option<Arc<[i32]>>>,
+    limits: Mutex<Option<Arc<[u64]>>>,
+    function_attributes: Mutex<Option<Arc<[Vec<i32>]>>>,
 }
 
 impl LaunchControl {
@@ -512,8 +514,44 @@ impl LaunchControl {
         }
     }
 
+    /// The context's limits, by `CUlimit` number (stack size, printf FIFO, heap, sync depth,
+    /// pending launches), which kernels read with `cudaDeviceGetLimit` (the device runtime's
+    /// `cnpGetLimit`; `None`: such a read fails with `cudaErrorInvalidValue`).
+    pub fn set_device_limits(&self, limits: Option<Arc<[u64]>>) {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = limits;
+    }
+
+    /// The context's limits ([`LaunchControl::set_device_limits`]).
+    pub fn device_limits(&self) -> Option<Arc<[u64]>> {
+        self.limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The module's kernels' attributes, by kernel index (the order of [`Module::kernels`]) and
+    /// then `CUfunction_attribute` number, which kernels read with `cudaFuncGetAttributes` and
+    /// `cudaOccupancyMaxActiveBlocksPerMultiprocessor` (the device runtime's
+    /// `cnpFuncGetAttribute`, `…MaxActiveBlocksPerMultiprocessor`); without them those calls
+    /// answer `cudaErrorInvalidValue`.
+    pub fn set_function_attributes(&self, attributes: Option<Arc<[Vec<i32>]>>) {
+        *self
+            .function_attributes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = attributes;
+    }
+
+    /// The kernels' attributes ([`LaunchControl::set_function_attributes`]).
+    pub fn function_attributes(&self) -> Option<Arc<[Vec<i32>]>> {
+        self.function_attributes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// The device's attributes, indexed by `CUdevice_attribute`, that kernels read with
-    /// `cudaDeviceGetAttribute` (`None`: such a read fails with `cudaErrorInvalidValue`).
+    /// `cudaDeviceGetAttribute` and the device runtime's occupancy calls (`None`: such a read
+    /// fails with `cudaErrorInvalidValue`).
     pub fn set_device_attributes(&self, attributes: Option<Arc<[i32]>>) {
         match self.attributes.lock() {
             Ok(mut g) => *g = attributes,
@@ -998,6 +1036,8 @@ fn run_grid(
     let heap = launch.control.heap();
     let launches = launch.control.device_launches();
     let attributes = launch.control.device_attributes();
+    let limits = launch.control.device_limits();
+    let function_attributes = launch.control.function_attributes();
     let ctx = exec::Ctx {
         prog,
         layout,
@@ -1022,6 +1062,8 @@ fn run_grid(
         heap: heap.as_deref(),
         launches: launches.as_deref(),
         attributes: attributes.as_deref(),
+        limits: limits.as_deref(),
+        function_attributes: function_attributes.as_deref(),
         grid_workspace,
         budget: budget.as_deref(),
         frames_paid,

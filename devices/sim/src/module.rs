@@ -102,6 +102,9 @@ pub struct SimModule {
     /// What a cubin module holds, for the launch error ("sm_80 cubin").
     sass: String,
     kernels: Vec<KernelDesc>,
+    /// The kernels' attributes as loaded, which kernels read with the device runtime
+    /// (`cudaFuncGetAttributes`, occupancy).
+    kernel_attributes: Arc<[Vec<i32>]>,
     globals: Vec<GlobalDesc>,
     addrs: Vec<u64>,
     memory: Arc<ContextMemory>,
@@ -203,6 +206,7 @@ impl SimModule {
         }
         let mut m = SimModule {
             kernels: Vec::new(),
+            kernel_attributes: Arc::new([]),
             globals: Vec::new(),
             addrs: Vec::new(),
             memory: Arc::clone(memory),
@@ -271,6 +275,7 @@ impl SimModule {
                 }
             })
             .collect();
+        m.kernel_attributes = m.kernels.iter().map(|k| k.attributes.clone()).collect();
         m.module = Some(module);
         Ok(m)
     }
@@ -315,6 +320,7 @@ impl SimModule {
             module: None,
             sass: what,
             kernels: Vec::new(),
+            kernel_attributes: Arc::new([]),
             globals: Vec::new(),
             addrs: Vec::new(),
             memory: Arc::clone(memory),
@@ -417,6 +423,8 @@ impl SimModule {
             }));
         }
         ptx_control.set_device_attributes(control.device_attributes());
+        ptx_control.set_device_limits(control.device_limits());
+        ptx_control.set_function_attributes(Some(Arc::clone(&self.kernel_attributes)));
         ptx_control.set_heap(control.heap().and_then(|h| {
             h.as_any()
                 .downcast_ref::<SimHeap>()

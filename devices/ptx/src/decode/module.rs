@@ -506,6 +506,36 @@ pub(super) fn builtin(f: &FuncDecl, sig: &Sig) -> Option<Builtin> {
         {
             Some(Builtin::DeviceGetAttribute)
         }
+        "cnpGetLimit" | "__cuda_syscall_cnpv2GetLimit" if sizes == [8, 4] && rets == [4] => {
+            Some(Builtin::GetLimit)
+        }
+        "cnpGetCacheConfig" | "__cuda_syscall_cnpv2GetCacheConfig"
+            if sizes == [8] && rets == [4] =>
+        {
+            Some(Builtin::GetCacheConfig)
+        }
+        "cnpGetSharedMemConfig" | "__cuda_syscall_cnpv2GetSharedMemConfig"
+            if sizes == [8] && rets == [4] =>
+        {
+            Some(Builtin::GetSharedMemConfig)
+        }
+        "cnpFuncGetAttribute" | "__cuda_syscall_cnpv2FuncGetAttribute"
+            if sizes == [8, 4, 8] && rets == [4] =>
+        {
+            Some(Builtin::FuncGetAttribute)
+        }
+        "__cuda_syscall_cnpMaxActiveBlocksPerMultiprocessor"
+        | "__cuda_syscall_cnpv2MaxActiveBlocksPerMultiprocessor"
+            if sizes == [8, 8, 4, 8] && rets == [4] =>
+        {
+            Some(Builtin::MaxActiveBlocks)
+        }
+        "__cuda_syscall_cnpMaxActiveBlocksPerMultiprocessorWithFlags"
+        | "__cuda_syscall_cnpv2MaxActiveBlocksPerMultiprocessorWithFlags"
+            if sizes == [8, 8, 4, 8, 4] && rets == [4] =>
+        {
+            Some(Builtin::MaxActiveBlocks)
+        }
         // CUDA 11's `libcudadevrt` has no PTX of it (its PTX is for sm_90, where the call is
         // gone): a program's own PTX calls it undefined.
         "cudaDeviceSynchronize" if sizes.is_empty() && rets == [4] => {

@@ -267,7 +267,12 @@ impl<'a> Worker<'a> {
             | Builtin::DeviceObjectNop
             | Builtin::GetDevice
             | Builtin::GetDeviceCount
-            | Builtin::DeviceGetAttribute => {
+            | Builtin::DeviceGetAttribute
+            | Builtin::GetLimit
+            | Builtin::GetCacheConfig
+            | Builtin::GetSharedMemConfig
+            | Builtin::FuncGetAttribute
+            | Builtin::MaxActiveBlocks => {
                 self.device_runtime(warp, b, m);
                 Ok(())
             }

@@ -73,23 +73,19 @@ impl<'a> Worker<'a> {
                     u64::from(self.store_result(w, l as u32, out, 8, Some(handle)))
                 }
                 Builtin::DeviceObjectNop => u64::from(cnp::SUCCESS),
-                Builtin::GetDevice | Builtin::GetDeviceCount | Builtin::DeviceGetAttribute => {
+                Builtin::GetDevice
+                | Builtin::GetDeviceCount
+                | Builtin::DeviceGetAttribute
+                | Builtin::GetLimit
+                | Builtin::GetCacheConfig
+                | Builtin::GetSharedMemConfig
+                | Builtin::FuncGetAttribute
+                | Builtin::MaxActiveBlocks => {
                     let out = read_le(arg_bytes(frame, b, l, 0));
-                    let value = match b.kind {
-                        Builtin::GetDevice => Some(0),
-                        Builtin::GetDeviceCount => Some(1),
-                        _ => {
-                            let attr = read_le(arg_bytes(frame, b, l, 1)) as u32 as usize;
-                            let device = read_le(arg_bytes(frame, b, l, 2)) as u32;
-                            self.ctx
-                                .attributes
-                                .filter(|_| device == 0)
-                                .and_then(|a| a.get(attr).copied())
-                        }
-                    };
+                    let arg = |i| read_le(arg_bytes(frame, b, l, i));
+                    let (value, size) = self.query(b.kind, &arg);
                     let w = warp_ref(&warp.tid, warp.idx, warp.valid);
-                    let value = value.map(|v: i32| u64::from(v as u32));
-                    u64::from(self.store_result(w, l as u32, out, 4, value))
+                    u64::from(self.store_result(w, l as u32, out, size, value))
                 }
                 _ => 0,
             };
@@ -133,6 +129,58 @@ impl<'a> Worker<'a> {
         };
         super::calls::write_rets(warp, b, m, &[u64::from(code); 32]);
         Ok(())
+    }
+
+    /// A device runtime query's answer and its size in bytes (`None`: `cudaErrorInvalidValue`);
+    /// `arg(i)` is the call's argument `i` (0 is where the answer goes).
+    fn query(&self, kind: Builtin, arg: &dyn Fn(usize) -> u64) -> (Option<u64>, usize) {
+        let int = |v: Option<i32>| (v.map(|v| u64::from(v as u32)), 4);
+        let kernel_attributes = |f: u64| {
+            self.kernel_at(f)
+                .and_then(|k| self.ctx.function_attributes?.get(k))
+        };
+        match kind {
+            Builtin::GetDevice => int(Some(0)),
+            Builtin::GetDeviceCount => int(Some(1)),
+            Builtin::DeviceGetAttribute => {
+                let (attr, device) = (arg(1) as u32 as usize, arg(2) as u32);
+                int(self
+                    .ctx
+                    .attributes
+                    .filter(|_| device == 0)
+                    .and_then(|a| a.get(attr).copied()))
+            }
+            // `size_t`.
+            Builtin::GetLimit => (
+                self.ctx
+                    .limits
+                    .and_then(|l| l.get(arg(1) as u32 as usize).copied()),
+                8,
+            ),
+            // cudaFuncCachePreferNone.
+            Builtin::GetCacheConfig => int(Some(0)),
+            // cudaSharedMemBankSizeFourByte.
+            Builtin::GetSharedMemConfig => int(Some(1)),
+            Builtin::FuncGetAttribute => {
+                let attr = arg(1) as u32 as usize;
+                int(kernel_attributes(arg(2)).and_then(|a| a.get(attr).copied()))
+            }
+            Builtin::MaxActiveBlocks => {
+                let (Some(func), Some(dev)) = (kernel_attributes(arg(1)), self.ctx.attributes)
+                else {
+                    return int(None);
+                };
+                let get = |t: &[i32], i: usize| i64::from(t.get(i).copied().unwrap_or(0));
+                let n = vgpu_proto::cuda::blocks_per_multiprocessor(
+                    &|i| get(dev, i),
+                    &|i| get(func, i),
+                    i64::from(arg(2) as u32 as i32),
+                    i64::try_from(arg(3)).unwrap_or(i64::MAX),
+                );
+                int(Some(i32::try_from(n).unwrap_or(i32::MAX)))
+            }
+            _ => int(None),
+        }
     }
 
     /// Writes a device runtime call's result, `size` bytes of `value`, where lane `lane`'s

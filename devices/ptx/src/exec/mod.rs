@@ -104,6 +104,11 @@ pub(crate) struct Ctx<'a> {
     pub launches: Option<&'a crate::devlaunch::DeviceLaunches>,
     /// The device's attributes as the VM sees them (`cudaDeviceGetAttribute` in kernels).
     pub attributes: Option<&'a [i32]>,
+    /// The context's limits by `CUlimit` number (`cudaDeviceGetLimit` in kernels).
+    pub limits: Option<&'a [u64]>,
+    /// The module's kernels' attributes by kernel index and `CUfunction_attribute` number
+    /// (`cudaFuncGetAttributes` and occupancy in kernels).
+    pub function_attributes: Option<&'a [Vec<i32>]>,
     /// A cooperative launch's grid workspace (0: not cooperative).
     pub grid_workspace: u64,
     /// The tenant's budget for interpreter state, charged for call frames past `frames_paid`.

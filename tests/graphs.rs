@@ -162,7 +162,8 @@ fn nvcc_program_uses_graphs_through_the_cuda_runtime() {
 
 /// Conditional nodes (`tests/c/graph_conditionals.c`): if/else, while and switch nodes built
 /// node by node and by capture into their bodies, run with the handles their kernels set; the
-/// refusals; a kernel setting a handle outside a graph launch fails only its own context.
+/// refusals; a body's kernel that calls `malloc` gets the process's device heap; a kernel
+/// setting a handle outside a graph launch fails only its own context.
 #[test]
 fn conditional_nodes_run_the_bodies_their_kernels_choose() {
     let d = Vgpud::start(&[TestVm::new("vm", 64 * MIB)]);

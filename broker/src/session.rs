@@ -2154,13 +2154,8 @@ impl Session {
         priority: Option<i32>,
     ) -> Result<u64, CuError> {
         let run = self.check_launch(m, params, cooperative)?;
-        let heap = self.heap_for(run.module.as_ref())?;
         let control = Arc::new(RunControl::default());
-        control.set_heap(heap);
-        control.set_pending_launch_limit(self.device_runtime.pending_launches);
-        control.set_sync_depth_limit(self.device_runtime.sync_depth);
-        control.set_device_attributes(Some(self.guest_attributes()));
-        control.set_device_limits(Some(self.device_limits()));
+        self.set_device_runtime(&control, [run.module.as_ref()])?;
         // A kernel of a graph launch with conditional nodes may set their handles.
         if let Some(values) = &self.graphs.conditionals {
             control.set_conditionals(Some(Arc::clone(values)));

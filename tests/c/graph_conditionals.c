@@ -79,6 +79,8 @@ CUresult cuStreamCreate(CUstream *, unsigned);
 CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuModuleLoad(CUmodule *, const char *);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleUnload(CUmodule);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
@@ -247,6 +249,55 @@ static void if_else(unsigned value) {
     cuStreamDestroy_v2(s);
 }
 
+/* A kernel that takes 64 bytes of the device heap, writes 42 there and copies it to *cell
+ * (-1 when malloc answers NULL). */
+static const char HEAP_PTX[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".extern .func (.param .b64 r) malloc(.param .b64 n);\n"
+    ".extern .func free(.param .b64 p);\n"
+    ".visible .entry from_heap(.param .u64 cell) {\n"
+    ".reg .b64 %rd<4>; .reg .b32 %r<2>; .reg .pred %p1;\n"
+    "ld.param.u64 %rd1, [cell];\n"
+    "mov.u64 %rd3, 64;\n"
+    "{ .param .b64 n; .param .b64 r; st.param.b64 [n], %rd3;\n"
+    "  call.uni (r), malloc, (n); ld.param.b64 %rd2, [r]; }\n"
+    "setp.eq.u64 %p1, %rd2, 0;\n"
+    "@%p1 bra NONE;\n"
+    "mov.u32 %r1, 42; st.u32 [%rd2], %r1; ld.u32 %r1, [%rd2]; st.global.u32 [%rd1], %r1;\n"
+    "{ .param .b64 q; st.param.b64 [q], %rd2; call.uni free, (q); }\n"
+    "ret;\n"
+    "NONE: mov.u32 %r1, -1; st.global.u32 [%rd1], %r1; ret; }\n";
+
+/* if (h, default 1) { cells[1] = from the heap }: a body's kernel has the device heap a launch
+ * of it would have. */
+static void heap_in_body(void) {
+    CUmodule hm;
+    CUfunction from_heap;
+    check("cuModuleLoadData (a kernel calling malloc)", cuModuleLoadData(&hm, HEAP_PTX), 0);
+    cuModuleGetFunction(&from_heap, hm, "from_heap");
+    CUgraph g;
+    CUgraphConditionalHandle h;
+    cuGraphCreate(&g, 0);
+    cuGraphConditionalHandleCreate(&h, g, ctx, 1, ASSIGN_DEFAULT);
+    CUgraphNode cond, k;
+    CUgraph *body = NULL;
+    add_conditional(&cond, g, NULL, 0, h, COND_IF, 1, &body);
+    CUdeviceptr second = cells + sizeof(int);
+    void *args[] = {&second};
+    check("a body kernel that calls malloc", add_kernel(&k, body[0], NULL, 0, from_heap, args), 0);
+    CUgraphExec e;
+    check("instantiate", cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    int v[4] = {0, 0, 0, 0};
+    put(v);
+    cuGraphLaunch(e, NULL);
+    check("run", cuCtxSynchronize(), 0);
+    get(v);
+    expect("the body's kernel got memory from the device heap", same(v, 0, 42, 0, 0));
+    cuGraphExecDestroy(e);
+    cuGraphDestroy(g);
+    cuModuleUnload(hm);
+}
+
 /* if (outer, default 1) { h = value; switch (h) { case n: cells[n] += 1 } }. */
 static void nested_switch(unsigned value) {
     char what[96];
@@ -381,6 +432,7 @@ int main(int argc, char **argv) {
     if_else(7);
     if_else(0);
     for (unsigned v = 0; v <= 3; v++) nested_switch(v);
+    heap_in_body();
     refusals();
 
     /* A kernel that sets a handle outside any graph launch fails its own context. */

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use vgpu_proto::cuda;
 
 use super::{Session, round_up};
-use crate::device::{DeviceError, DeviceHeap, DeviceModule};
+use crate::device::{DeviceError, DeviceHeap, DeviceModule, RunControl};
 use crate::error::CuError;
 
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
@@ -108,6 +108,26 @@ impl Session {
                 .attributes
                 .get_or_insert_with(|| super::alloc_ext::guest_attributes(device).into()),
         )
+    }
+
+    /// Gives `control` what the device runtime calls of kernels of `modules` use: the heap
+    /// (made now if one of them uses it), the device runtime's limits and the device's
+    /// attributes.
+    pub(super) fn set_device_runtime<'m>(
+        &mut self,
+        control: &RunControl,
+        modules: impl IntoIterator<Item = &'m dyn DeviceModule>,
+    ) -> Result<(), CuError> {
+        let mut heap = None;
+        for m in modules {
+            heap = heap.or(self.heap_for(m)?);
+        }
+        control.set_heap(heap);
+        control.set_pending_launch_limit(self.device_runtime.pending_launches);
+        control.set_sync_depth_limit(self.device_runtime.sync_depth);
+        control.set_device_attributes(Some(self.guest_attributes()));
+        control.set_device_limits(Some(self.device_limits()));
+        Ok(())
     }
 
     /// The context's limits by `CUlimit` number (stack size, printf FIFO, heap, sync depth,

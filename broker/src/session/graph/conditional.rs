@@ -25,7 +25,7 @@ use vgpu_proto::msg::{self, Request};
 
 use super::super::{KernelRun, Session, run_kernel};
 use super::{Node, on_stream};
-use crate::device::{DeviceContext, GraphConditionals, RunControl};
+use crate::device::{DeviceContext, DeviceModule, GraphConditionals, RunControl};
 use crate::engine::{Job, LaneSpec, Work};
 use crate::error::CuError;
 use crate::tenant::Tenant;
@@ -88,6 +88,17 @@ struct CondRun {
 }
 
 impl CondRun {
+    /// The modules of the kernels its bodies run (once per kernel node).
+    fn modules(&self, out: &mut Vec<Arc<dyn DeviceModule>>) {
+        for op in self.bodies.iter().flatten() {
+            match op {
+                BodyOp::Kernel(run) => out.push(Arc::clone(&run.module)),
+                BodyOp::Conditional(c) => c.modules(out),
+                _ => {}
+            }
+        }
+    }
+
     /// Whether a body runs a kernel (only kernels set handles).
     fn runs_kernels(body: &[BodyOp]) -> bool {
         body.iter().any(|op| match op {
@@ -294,6 +305,10 @@ impl Session {
     ) -> Result<(), CuError> {
         let node = self.prepare(c, m)?;
         let control = Arc::new(RunControl::default());
+        // The bodies' kernels have the device runtime a launch of theirs would have.
+        let mut modules = Vec::new();
+        node.modules(&mut modules);
+        self.set_device_runtime(&control, modules.iter().map(|m| m.as_ref()))?;
         control.set_conditionals(Some(Arc::clone(values)));
         let work = ConditionalWork {
             node,

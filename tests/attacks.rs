@@ -2119,14 +2119,16 @@ fn a_tree_of_waiting_kernels_ends_at_the_watchdog() {
 /// A hostile VM against the device heap and dynamic parallelism: a heap past its slice is
 /// refused; a kernel that mallocs until the heap is full gets `NULL` at the heap's end (the heap
 /// charged to the slice, not more), and freeing a forged pointer faults its own context
-/// (`CUDA_ERROR_ILLEGAL_ADDRESS`); a kernel whose threads each launch two copies of itself is cut
-/// by the pending-launch limit and ends; vgpud's memory stays bounded, the slice comes back
-/// whole when the sessions end, and another VM is served.
+/// (`CUDA_ERROR_ILLEGAL_ADDRESS`); a kernel whose threads each launch two copies of itself (a
+/// tree of 2^24 grids, run depth first) ends at the watchdog; vgpud's memory stays bounded, the
+/// slice comes back whole when the sessions end, and another VM is served.
 #[test]
 fn device_heap_and_launch_bombs_stay_in_their_vm() {
     /// Growth allowed: the heap (48 MiB) and interpreter state.
     const SLACK: u64 = 192 * MIB;
-    let mut d = start_limited(&[TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)]);
+    let vms = [TestVm::new("vm1", 64 * MIB), TestVm::new("vm2", 64 * MIB)];
+    let mut d =
+        Vgpud::start_config_limited(&Vgpud::config_for(&vms, "watchdog_ms = 3000"), DATA_LIMIT);
     let (mut c, ctx) = session(&d, "vm1");
     let before = rss_of(d.pid());
     let set = |c: &mut TestClient<UnixStream>, value| {
@@ -2158,32 +2160,17 @@ fn device_heap_and_launch_bombs_stay_in_their_vm() {
     let (mut c, ctx) = session(&d, "vm1");
     let (module, out) = load_with_buffer(&mut c, ctx, DEVICE_RUNTIME_BOMBS);
     let start = Instant::now();
-    match launch_and_sync(&mut c, ctx, module, "bomb", [1, 2], out, None) {
-        Ok(()) => {}
-        Err((code, why)) => assert_eq!(code, 702, "ends at the watchdog if not before: {why}"),
-    }
-    let (_, v) = c
-        .call(
-            &msg::MemcpyDtoH {
-                ctx,
-                stream: 0,
-                src: out,
-                len: 4,
-            },
-            &[],
-        )
-        .unwrap();
-    let threads = u32::from_le_bytes(v.try_into().unwrap());
+    let (code, why) = launch_and_sync(&mut c, ctx, module, "bomb", [1, 2], out, None)
+        .expect_err("2^24 grids finished");
+    assert_eq!(code, 702, "ends at the watchdog: {why}");
+    // The context is lost with the timeout (CUDA's sticky error): the grids' count cannot be
+    // read back; the time says the tree ran until the watchdog.
     let after = rss_of(d.pid());
     println!(
-        "launch bomb: {threads} threads ran in {:?}; vgpud RSS {} -> {} MiB",
+        "launch bomb: ended after {:?}; vgpud RSS {} -> {} MiB",
         start.elapsed(),
         before / MIB,
         after / MIB
-    );
-    assert!(
-        threads > 2 * 2048,
-        "grids ran past the pending limit's first cut: {threads}"
     );
     assert!(
         after <= before + SLACK,

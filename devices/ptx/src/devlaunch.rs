@@ -5,9 +5,12 @@
 //! `libcudadevrt` implements with `cnpGetParameterBufferV2` and `cnpLaunchDeviceV2`, calls
 //! NVIDIA's driver supplies. The interpreter supplies them: a parameter buffer comes from the
 //! process's device heap, and a launch queues the child grid with a copy of its parameters. The
-//! children run once their parent's blocks have all run, in the order they were launched, and
-//! their own children after them: the parent grid is complete when all its descendants are, as
-//! CUDA defines it. A thread that calls CUDA 11's device-side `cudaDeviceSynchronize` waits
+//! children run once their parent's blocks have all run, one after the other in the order they
+//! were launched, each with all its descendants before the next (depth first): a grid is
+//! complete when all its descendants are, as CUDA defines it, so a grid launched after another
+//! on the same stream starts after that one's descendants are done, as stream order requires.
+//! CUDA 12's tail launches (`cudaStreamTailLaunch`) run after all of their parent grid's other
+//! children, and fire-and-forget ones (`cudaStreamFireAndForget`) as the others. A thread that calls CUDA 11's device-side `cudaDeviceSynchronize` waits
 //! for the grids its block launched so far and their descendants: they run then, on the
 //! calling thread, while its block waits (as a GPU swaps the block out), each with its own
 //! descendants, in the block's launch order; the pending grids of other blocks stay queued.
@@ -39,12 +42,15 @@ pub const MAX_DEPTH: u32 = 24;
 /// CUDA's default `cudaLimitDevRuntimeSyncDepth`: grids at depth 0 and 1 may wait for their
 /// children.
 pub const DEFAULT_SYNC_DEPTH: u32 = 2;
+/// `cudaStreamTailLaunch`: a grid launched into it runs after its parent grid and all the
+/// parent's other work.
+pub const STREAM_TAIL_LAUNCH: u64 = 0x3;
 /// Device-side streams and events are handles above this (opaque to kernels).
 const DEVICE_HANDLE_BASE: u64 = 0x5700_0000_0000;
 
 /// A new device-side stream or event handle: distinct within the process (never 0, which is
-/// the NULL stream). Nothing is kept for it: a launch's children run in launch order, which
-/// every stream and event order allows.
+/// the NULL stream). Nothing is kept for it: a launch's children run one after the other in
+/// launch order, each with its descendants, which every stream and event order allows.
 pub(crate) fn new_handle() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     DEVICE_HANDLE_BASE + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -98,6 +104,8 @@ pub struct ChildGrid {
     pub id: u64,
     /// The block that launched it.
     pub origin: Origin,
+    /// Launched into `cudaStreamTailLaunch`: it runs after its parent's other children.
+    pub tail: bool,
     /// Its kernel's index in the module.
     pub kernel: usize,
     /// Grid dimensions.
@@ -124,17 +132,21 @@ pub(crate) struct Pending {
     pub depth: u32,
 }
 
-/// Where a queued grid is: its origin, then its launch number.
-type QueueKey = (u64, u64, u64);
+/// Where a queued grid is: its origin's grid, whether it is a tail launch (1), its origin's
+/// block, then its launch number.
+type QueueKey = (u64, u64, u64, u64);
 
 #[derive(Debug, Default)]
 struct State {
     buffers: HashMap<u64, Pending>,
-    /// Grids waiting to run, by origin (grid, block) and launch number: a block's launches in
-    /// order, a grid's after one another.
+    /// Grids waiting to run, by origin (grid, then block) and launch number: a block's
+    /// launches in order, a grid's after one another, its tail launches last.
     queue: BTreeMap<QueueKey, ChildGrid>,
-    /// The same grids in launch order.
-    order: BTreeMap<u64, Origin>,
+    /// The same grids in launch order, tail launches last (the launch's top level).
+    order: BTreeMap<(u64, u64), Origin>,
+    /// Grids that completed at the launch's top level and whose children run next (depth
+    /// first), innermost last.
+    done: Vec<u64>,
     /// The next launch number.
     seq: u64,
     /// Parameter bytes the queued grids hold.
@@ -252,8 +264,10 @@ impl DeviceLaunches {
         s.queued_bytes = bytes;
         let seq = s.seq;
         s.seq += 1;
-        s.order.insert(seq, child.origin);
-        s.queue.insert((child.origin.0, child.origin.1, seq), child);
+        let tail = u64::from(child.tail);
+        s.order.insert((tail, seq), child.origin);
+        s.queue
+            .insert((child.origin.0, tail, child.origin.1, seq), child);
         Ok(())
     }
 
@@ -261,21 +275,44 @@ impl DeviceLaunches {
     fn take(s: &mut State, key: Option<QueueKey>) -> Option<ChildGrid> {
         let key = key?;
         let c = s.queue.remove(&key)?;
-        s.order.remove(&key.2);
+        s.order.remove(&(key.1, key.3));
         s.queued_bytes -= c.params.len();
         Some(c)
     }
 
-    /// The child grid to run next at the launch's top level (the one that yielded, else the
-    /// first launched of those waiting), made the running one; `None` when none is left.
+    /// The first queued grid that grid `id`'s blocks launched: block by block in launch order,
+    /// tail launches last.
+    fn first_of_grid(s: &State, id: u64) -> Option<QueueKey> {
+        s.queue
+            .range((id, 0, 0, 0)..=(id, 1, u64::MAX, u64::MAX))
+            .next()
+            .map(|(&k, _)| k)
+    }
+
+    /// The child grid to run next at the launch's top level, made the running one: the one
+    /// that yielded; else one launched by the innermost grid that completed here and still has
+    /// some waiting (depth first); else the first launched of those waiting (the launch's own
+    /// children, tail launches last). `None` when none is left.
     pub(crate) fn next_child(&self) -> Option<ChildGrid> {
         let mut s = self.state();
         let c = match s.running.take() {
             Some(c) => c,
-            None => {
-                let key = s.order.first_key_value().map(|(&q, &(g, b))| (g, b, q));
-                DeviceLaunches::take(&mut s, key)?
-            }
+            None => loop {
+                if let Some(&id) = s.done.last() {
+                    match DeviceLaunches::first_of_grid(&s, id) {
+                        Some(key) => break DeviceLaunches::take(&mut s, Some(key))?,
+                        None => {
+                            s.done.pop();
+                            continue;
+                        }
+                    }
+                }
+                let key = s
+                    .order
+                    .first_key_value()
+                    .map(|(&(t, q), &(g, b))| (g, t, b, q));
+                break DeviceLaunches::take(&mut s, key)?;
+            },
         };
         s.running = Some(c.clone());
         Some(c)
@@ -285,23 +322,21 @@ impl DeviceLaunches {
     /// `cudaDeviceSynchronize` runs them).
     pub(crate) fn take_launched_by_block(&self, origin: Origin) -> Option<ChildGrid> {
         let mut s = self.state();
+        let (g, b) = origin;
         let key = s
             .queue
-            .range((origin.0, origin.1, 0)..=(origin.0, origin.1, u64::MAX))
+            .range((g, 0, b, 0)..=(g, 0, b, u64::MAX))
+            .chain(s.queue.range((g, 1, b, 0)..=(g, 1, b, u64::MAX)))
             .next()
             .map(|(&k, _)| k);
         DeviceLaunches::take(&mut s, key)
     }
 
     /// A grid the blocks of grid `id` launched that waits to run, taken: each block's in its
-    /// launch order (the grid's descendants run before a wait for it ends).
+    /// launch order, tail launches last (the grid's descendants run before a wait for it ends).
     pub(crate) fn take_launched_by_grid(&self, id: u64) -> Option<ChildGrid> {
         let mut s = self.state();
-        let key = s
-            .queue
-            .range((id, 0, 0)..=(id, u64::MAX, u64::MAX))
-            .next()
-            .map(|(&k, _)| k);
+        let key = DeviceLaunches::first_of_grid(&s, id);
         DeviceLaunches::take(&mut s, key)
     }
 
@@ -312,9 +347,12 @@ impl DeviceLaunches {
         }
     }
 
-    /// The running child completed.
+    /// The running child completed: the grids it launched run next.
     pub(crate) fn child_done(&self) {
-        self.state().running = None;
+        let mut s = self.state();
+        if let Some(c) = s.running.take() {
+            s.done.push(c.id);
+        }
     }
 
     /// The launch ended (completed or failed): what is left is dropped; returns the parameter
@@ -323,6 +361,7 @@ impl DeviceLaunches {
         let mut s = self.state();
         s.queue.clear();
         s.order.clear();
+        s.done.clear();
         s.queued_bytes = 0;
         s.running = None;
         s.buffers.drain().map(|(a, _)| a).collect()
@@ -356,6 +395,7 @@ mod tests {
         ChildGrid {
             id: kernel as u64 + 100,
             origin,
+            tail: false,
             kernel,
             grid: [1, 1, 1],
             block: [1, 1, 1],
@@ -409,6 +449,39 @@ mod tests {
         assert!(DeviceLaunches::new().may_synchronize(1));
         assert!(!DeviceLaunches::new().may_synchronize(DEFAULT_SYNC_DEPTH));
         assert!(DeviceLaunches::with_limits(1, 100).may_synchronize(MAX_DEPTH - 1));
+    }
+
+    #[test]
+    fn a_completed_grids_children_run_before_its_later_siblings_and_tail_launches_last() {
+        let d = DeviceLaunches::new();
+        let tail = |kernel, origin| ChildGrid {
+            tail: true,
+            ..from(kernel, 1, origin)
+        };
+        // The launch (grid 7) launches a tail grid, then kernels 1 and 2.
+        d.queue(tail(9, (7, 0))).unwrap();
+        d.queue(from(1, 1, (7, 0))).unwrap();
+        d.queue(from(2, 1, (7, 1))).unwrap();
+        let c = d.next_child().unwrap();
+        assert_eq!(c.kernel, 1);
+        // Kernel 1 (grid 101) launches 3 and a tail grid 8; 3 (grid 103) launches 4.
+        d.queue(tail(8, (101, 0))).unwrap();
+        d.queue(from(3, 2, (101, 0))).unwrap();
+        d.child_done();
+        assert_eq!(d.next_child().unwrap().kernel, 3);
+        d.queue(from(4, 3, (103, 0))).unwrap();
+        d.child_done();
+        let order: Vec<usize> = std::iter::from_fn(|| {
+            let c = d.next_child()?;
+            d.child_done();
+            Some(c.kernel)
+        })
+        .collect();
+        assert_eq!(
+            order,
+            [4, 8, 2, 9],
+            "depth first, tail launches after their siblings"
+        );
     }
 
     #[test]

@@ -742,6 +742,7 @@ impl Module {
         }
         while let Some(child) = launches.next_child() {
             let info = &self.prog.kernels[child.kernel];
+            check_between_grids(launch.control, &info.name)?;
             let r = run_grid(
                 &self.prog,
                 &Launch {
@@ -850,6 +851,27 @@ pub(crate) fn run_launched_by_block(
     })
 }
 
+/// A fault once the launch's watchdog deadline passed or it was cancelled. Checked before each
+/// grid a kernel launched: grids too small to reach the interpreter's own check (every 1024
+/// warp instructions of a worker) may come by the million.
+fn check_between_grids(control: &LaunchControl, kernel: &str) -> Result<(), Fault> {
+    if control.is_cancelled() {
+        return Err(Fault::new(
+            FaultKind::Cancelled,
+            format!("launch cancelled before a grid of kernel `{kernel}` ran"),
+        ));
+    }
+    if control.deadline().is_some_and(|d| Instant::now() >= d) {
+        return Err(Fault::new(
+            FaultKind::Timeout,
+            format!(
+                "watchdog: the launch ran past its deadline before a grid of kernel `{kernel}` (launched by a kernel) ran"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs `child` and then the grids its blocks launched (and theirs) to completion.
 fn run_synced(
     ctx: &exec::Ctx<'_>,
@@ -858,6 +880,7 @@ fn run_synced(
     stats: &mut Stats,
 ) -> Result<(), Fault> {
     let info = &ctx.prog.kernels[child.kernel];
+    check_between_grids(ctx.control, &info.name)?;
     let launch = Launch {
         kernel: &info.name,
         grid: child.grid,

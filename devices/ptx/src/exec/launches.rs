@@ -49,7 +49,10 @@ impl<'a> Worker<'a> {
                     read_le(arg_bytes(frame, b, l, 3)) as u32,
                 ),
                 Builtin::LaunchDevice(codes) => u64::from(in_codes(
-                    self.launch_device(read_le(arg_bytes(frame, b, l, 0))),
+                    self.launch_device(
+                        read_le(arg_bytes(frame, b, l, 0)),
+                        read_le(arg_bytes(frame, b, l, 1)),
+                    ),
                     codes,
                 )),
                 // The last error is a `cudaError_t` in either ABI (`libcudadevrt` stores
@@ -242,10 +245,11 @@ impl<'a> Worker<'a> {
     }
 
     /// `cnpLaunchDeviceV2`: queues the grid the buffer at `addr` was made for, with a copy of
-    /// the parameters written there, and gives the buffer back to the heap. A failure is also
-    /// the device runtime's last error (`cudaGetLastError` after a `<<<>>>` launch).
-    fn launch_device(&mut self, addr: u64) -> u32 {
-        let e = self.queue_launch(addr);
+    /// the parameters written there, and gives the buffer back to the heap; `stream` says
+    /// whether it is a tail launch. A failure is also the device runtime's last error
+    /// (`cudaGetLastError` after a `<<<>>>` launch).
+    fn launch_device(&mut self, addr: u64, stream: u64) -> u32 {
+        let e = self.queue_launch(addr, stream == crate::devlaunch::STREAM_TAIL_LAUNCH);
         if e != cnp::SUCCESS
             && let Some(d) = self.ctx.launches
         {
@@ -254,7 +258,7 @@ impl<'a> Worker<'a> {
         e
     }
 
-    fn queue_launch(&mut self, addr: u64) -> u32 {
+    fn queue_launch(&mut self, addr: u64, tail: bool) -> u32 {
         let Some(d) = self.ctx.launches else {
             return cnp::INVALID_VALUE;
         };
@@ -293,6 +297,7 @@ impl<'a> Worker<'a> {
         match d.queue(ChildGrid {
             id: crate::next_grid_id(),
             origin: (self.ctx.grid_id, self.linear_block()),
+            tail,
             kernel,
             grid,
             block,

@@ -809,10 +809,11 @@ pub(crate) fn next_grid_id() -> u64 {
 
 /// Runs device-side `cudaDeviceSynchronize` for block `origin` of the grid `ctx` runs: the
 /// grids that block launched that wait to run, each with its descendants, in its launch order,
-/// on the calling worker.
+/// while the calling worker waits.
 ///
-/// They run on a thread of their own, which waits for the next level's on another: a waiting
-/// block's interpreter state stays on its worker's stack, and grids may wait 24 levels deep.
+/// They run on a thread of their own (one worker, in the waiting worker's slot), which waits
+/// for the next level's on another: a waiting block's interpreter state stays on its worker's
+/// stack, and grids may wait 24 levels deep whatever stack the worker has.
 pub(crate) fn run_launched_by_block(
     ctx: &exec::Ctx<'_>,
     origin: devlaunch::Origin,
@@ -841,7 +842,7 @@ pub(crate) fn run_launched_by_block(
             Ok(Ok(Ok(r))) => r,
             Ok(_) => Err(Fault::new(
                 FaultKind::Trap,
-                "interpreter worker panicked".to_string(),
+                "the thread running the grids a block waits for panicked".to_string(),
             )),
             Err(_) => Err(Fault::new(
                 FaultKind::OutOfResources,

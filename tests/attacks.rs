@@ -1926,6 +1926,7 @@ const DEVICE_RUNTIME_BOMBS: &str = r#"
 .extern .func free(.param .b64 p);
 .extern .func (.param .b64 r) cnpGetParameterBufferV2(.param .b64 f, .param .align 4 .b8 g[12], .param .align 4 .b8 b[12], .param .b32 s);
 .extern .func (.param .b32 r) cnpLaunchDeviceV2(.param .b64 buf, .param .b64 stream);
+.extern .func (.param .b32 r) cudaDeviceSynchronize();
 
 .visible .entry hog(.param .u64 out)
 {
@@ -2002,64 +2003,19 @@ DONE:
 }
 "#;
 
-/// A kernel whose threads each launch a copy of it (two threads: two copies) and wait for them
-/// with CUDA 11's device-side `cudaDeviceSynchronize`: with the sync depth at its 24 levels, a
-/// tree of 2^24 waiting grids.
-const WAIT_BOMB: &str = r#"
-.version 7.0
-.target sm_52
-.address_size 64
-.extern .func (.param .b64 r) cnpGetParameterBufferV2(.param .b64 f, .param .align 4 .b8 g[12], .param .align 4 .b8 b[12], .param .b32 s);
-.extern .func (.param .b32 r) cnpLaunchDeviceV2(.param .b64 buf, .param .b64 stream);
-.extern .func (.param .b32 r) cudaDeviceSynchronize();
-
-.visible .entry wait_bomb(.param .u64 out)
-{
-    .reg .b64 %rd<4>;
-    .reg .b32 %r<4>;
-    .reg .pred %p1;
-    ld.param.u64 %rd1, [out];
-    atom.global.add.u32 %r1, [%rd1], 1;
-    mov.u64 %rd2, wait_bomb;
-    mov.u32 %r2, 1;
-    mov.u32 %r3, 2;
-    {
-    .param .b64 f;
-    .param .align 4 .b8 g[12];
-    .param .align 4 .b8 b[12];
-    .param .b32 s;
-    .param .b64 rv;
-    st.param.b64 [f], %rd2;
-    st.param.b32 [g], %r2;
-    st.param.b32 [g+4], %r2;
-    st.param.b32 [g+8], %r2;
-    st.param.b32 [b], %r3;
-    st.param.b32 [b+4], %r2;
-    st.param.b32 [b+8], %r2;
-    st.param.b32 [s], 0;
-    call.uni (rv), cnpGetParameterBufferV2, (f, g, b, s);
-    ld.param.b64 %rd3, [rv];
-    }
-    setp.eq.u64 %p1, %rd3, 0;
-    @%p1 bra DONE;
-    st.u64 [%rd3], %rd1;
-    {
-    .param .b64 a;
-    .param .b64 q;
-    .param .b32 rv2;
-    st.param.b64 [a], %rd3;
-    mov.u64 %rd2, 0;
-    st.param.b64 [q], %rd2;
-    call.uni (rv2), cnpLaunchDeviceV2, (a, q);
-    }
-    {
-    .param .b32 rv3;
-    call.uni (rv3), cudaDeviceSynchronize, ();
-    }
-DONE:
-    ret;
+/// `DEVICE_RUNTIME_BOMBS` with `wait_bomb`: `bomb` whose threads then wait for the copies they
+/// launched with CUDA 11's device-side `cudaDeviceSynchronize`; with the sync depth at its 24
+/// levels, a tree of 2^24 waiting grids.
+fn wait_bomb_ptx() -> String {
+    let bomb = &DEVICE_RUNTIME_BOMBS[DEVICE_RUNTIME_BOMBS
+        .find(".visible .entry bomb")
+        .expect("the bomb kernel")..];
+    let waiting = bomb.replace("bomb", "wait_bomb").replace(
+        "DONE:",
+        "{\n    .param .b32 rv3;\n    call.uni (rv3), cudaDeviceSynchronize, ();\n    }\nDONE:",
+    );
+    format!("{DEVICE_RUNTIME_BOMBS}\n{waiting}")
 }
-"#;
 
 /// A hostile VM whose kernels wait for kernels they launch, as deep as CUDA lets them (a tree of
 /// 2^24 grids, each level waiting on a thread of its own in vgpud): the watchdog ends the launch
@@ -2083,7 +2039,7 @@ fn a_tree_of_waiting_kernels_ends_at_the_watchdog() {
         &[],
     )
     .unwrap();
-    let (module, out) = load_with_buffer(&mut c, ctx, WAIT_BOMB);
+    let (module, out) = load_with_buffer(&mut c, ctx, &wait_bomb_ptx());
     let start = Instant::now();
     let (code, why) = launch_and_sync(&mut c, ctx, module, "wait_bomb", [1, 2], out, None)
         .expect_err("2^24 grids finished");

@@ -463,6 +463,25 @@ pub(crate) enum Builtin {
     DeviceObjectNop,
 }
 
+impl Builtin {
+    /// A device runtime query that writes one answer where its first argument points
+    /// (`cudaGetDevice`, `cudaDeviceGetAttribute`, `cudaDeviceGetLimit`, `cudaFuncGetAttributes`,
+    /// occupancy, …).
+    pub(crate) fn is_query(self) -> bool {
+        matches!(
+            self,
+            Builtin::GetDevice
+                | Builtin::GetDeviceCount
+                | Builtin::DeviceGetAttribute
+                | Builtin::GetLimit
+                | Builtin::GetCacheConfig
+                | Builtin::GetSharedMemConfig
+                | Builtin::FuncGetAttribute
+                | Builtin::MaxActiveBlocks
+        )
+    }
+}
+
 /// Which codes a device-runtime builtin answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ErrorCodes {

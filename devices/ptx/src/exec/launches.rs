@@ -76,14 +76,7 @@ impl<'a> Worker<'a> {
                     u64::from(self.store_result(w, l as u32, out, 8, Some(handle)))
                 }
                 Builtin::DeviceObjectNop => u64::from(cnp::SUCCESS),
-                Builtin::GetDevice
-                | Builtin::GetDeviceCount
-                | Builtin::DeviceGetAttribute
-                | Builtin::GetLimit
-                | Builtin::GetCacheConfig
-                | Builtin::GetSharedMemConfig
-                | Builtin::FuncGetAttribute
-                | Builtin::MaxActiveBlocks => {
+                kind if kind.is_query() => {
                     let out = read_le(arg_bytes(frame, b, l, 0));
                     let arg = |i| read_le(arg_bytes(frame, b, l, i));
                     let (value, size) = self.query(b.kind, &arg);

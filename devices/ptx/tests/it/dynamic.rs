@@ -263,30 +263,38 @@ fn a_yield_while_children_run_resumes_with_them() {
     assert!(hit, "no yield came while children ran in 20 runs");
 }
 
+impl Rig {
+    /// Runs `kernel` (one block of two threads, counting its threads in a `u64`) under a
+    /// watchdog of `secs`: it must end at it (`Timeout`), soon after, having given back what it
+    /// held. Returns the count.
+    fn runs_until_the_watchdog(&self, kernel: &str, secs: u64) -> u64 {
+        let count = self.mem.alloc(8);
+        let c = self.control();
+        let started = std::time::Instant::now();
+        c.set_deadline(Some(started + std::time::Duration::from_secs(secs)));
+        let f = self
+            .run_on(kernel, 1, 2, &[Arg::U64(count)], &c, 0)
+            .unwrap_err();
+        assert_eq!(f.kind, FaultKind::Timeout, "{f}");
+        // Every grid (and every level of waiting) stops at its next check once it passed.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(secs + 8),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(self.launches.pending(), 0);
+        assert_eq!(self.heap.free_bytes(), 1 << 20);
+        self.mem.read::<u64>(count, 1)[0]
+    }
+}
+
 #[test]
 fn a_launch_bomb_ends_at_the_watchdog_and_gives_everything_back() {
-    let r = Rig::new("compute_80");
-    let count = r.mem.alloc(8);
-    let c = r.control();
-    let started = std::time::Instant::now();
-    c.set_deadline(Some(started + std::time::Duration::from_secs(2)));
     // Each grid's two threads launch two more: run depth first, few are pending at once (one
     // more per level), and the tree, 2^24 grids to the nesting limit, runs until the watchdog
     // stops it between two of its grids.
-    let f = r
-        .run_on("bomb", 1, 2, &[Arg::U64(count)], &c, 0)
-        .unwrap_err();
-    assert_eq!(f.kind, FaultKind::Timeout, "{f}");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
-    let grids = r.mem.read::<u64>(count, 1)[0] / 2;
+    let grids = Rig::new("compute_80").runs_until_the_watchdog("bomb", 2) / 2;
     assert!(grids > 2048, "{grids} grids ran");
-    // What the launch held is gone with it.
-    assert_eq!(r.launches.pending(), 0);
-    assert_eq!(r.heap.free_bytes(), 1 << 20);
 }
 
 #[test]
@@ -507,22 +515,6 @@ fn yields_wait_until_a_waiting_block_is_done() {
 
 #[test]
 fn a_tree_of_waits_is_cut_by_the_watchdog_and_gives_everything_back() {
-    let r = sync_rig("compute_80", MAX_DEPTH);
-    let count = r.mem.alloc(8);
-    let c = r.control();
-    let started = std::time::Instant::now();
-    c.set_deadline(Some(started + std::time::Duration::from_secs(1)));
-    let f = r
-        .run_on("wait_bomb", 1, 2, &[Arg::U64(count)], &c, 0)
-        .unwrap_err();
-    assert_eq!(f.kind, FaultKind::Timeout, "{f}");
-    // Every level stops at its next check once the deadline passed.
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
-    assert!(r.mem.read::<u64>(count, 1)[0] > 24, "the tree grew");
-    assert_eq!(r.launches.pending(), 0);
-    assert_eq!(r.heap.free_bytes(), 1 << 20);
+    let threads = sync_rig("compute_80", MAX_DEPTH).runs_until_the_watchdog("wait_bomb", 1);
+    assert!(threads > 24, "the tree grew: {threads}");
 }

@@ -547,6 +547,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     ),
     ("device_heap", crate::conformance_heap::device_heap),
     (
+        "device_launch_limits",
+        crate::conformance_heap::device_launch_limits,
+    ),
+    (
         "allocations_move_between_device_and_host",
         crate::conformance_overflow::allocations_move_between_device_and_host,
     ),

@@ -187,6 +187,9 @@ pub(crate) struct Generation {
     /// backing may change under its address (a real GPU cannot stop a running kernel, so a
     /// move waits for it).
     gate: RwLock<()>,
+    /// The device runtime's limits (`CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`,
+    /// `…_PENDING_LAUNCH_COUNT`) as raised for the VM's processes so far (0: the driver's).
+    pub(crate) device_runtime_limits: Mutex<[u64; 2]>,
 }
 
 impl std::fmt::Debug for Generation {
@@ -234,6 +237,7 @@ impl Generation {
             submit: Mutex::new(()),
             graphs: Mutex::new(GraphCache::default()),
             gate: RwLock::new(()),
+            device_runtime_limits: Mutex::new([0; 2]),
         })
     }
 

@@ -39,6 +39,8 @@ pub struct Prepared {
     pub printf: bool,
     /// Whether its kernels may call the device heap ([`mentions_heap`]).
     pub heap: bool,
+    /// Whether its kernels may launch kernels ([`mentions_device_launches`]).
+    pub launches: bool,
 }
 
 /// Why an image was refused before the driver saw it.
@@ -227,6 +229,7 @@ pub fn prepare_for(image: &[u8], arch: Option<u32>) -> Result<Prepared, ImageErr
     Ok(Prepared {
         kind,
         heap: mentions_heap(body),
+        launches: mentions_device_launches(body),
         bytes,
         decls,
         printf,
@@ -238,6 +241,13 @@ pub fn prepare_for(image: &[u8], arch: Option<u32>) -> Result<Prepared, ImageErr
 /// compressed image cannot be read here: the driver's own heap serves it, uncharged.
 fn mentions_heap(body: &[u8]) -> bool {
     memchr::memmem::find(body, b"malloc").is_some()
+}
+
+/// Whether an image's kernels may launch kernels (dynamic parallelism): its text or symbols
+/// name the device runtime's launch (`cudaLaunchDeviceV2`, `cnpLaunchDeviceV2`,
+/// `__cudaCDP2LaunchDeviceV2`, …).
+fn mentions_device_launches(body: &[u8]) -> bool {
+    memchr::memmem::find(body, b"LaunchDevice").is_some()
 }
 
 /// [`prepare_for`] without an architecture: fat binaries are loaded as they are.
@@ -455,6 +465,7 @@ pub(crate) mod tests {
         assert!(prepare(with).unwrap().heap);
         let without = b".version 8.0\n.target sm_80\n.entry k() { ret; }";
         assert!(!prepare(without).unwrap().heap);
+        assert!(!prepare(without).unwrap().launches);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct CudaModule {
     printf: Option<PrintfBuffer>,
     /// Whether its kernels may call the device heap.
     heap: bool,
+    /// Whether its kernels may launch kernels.
+    launches: bool,
 }
 
 impl std::fmt::Debug for CudaModule {
@@ -132,6 +134,7 @@ impl CudaModule {
             globals: Vec::new(),
             printf: None,
             heap: prepared.heap,
+            launches: prepared.launches,
         };
         m.read_kernels(&g, &prepared)?;
         m.read_globals(&g, &prepared)?;
@@ -333,6 +336,13 @@ impl DeviceModule for CudaModule {
 
     fn uses_heap(&self) -> bool {
         self.heap
+    }
+}
+
+impl CudaModule {
+    /// Whether its kernels may launch kernels (dynamic parallelism).
+    pub(crate) fn launches_kernels(&self) -> bool {
+        self.launches
     }
 }
 

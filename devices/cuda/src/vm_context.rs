@@ -152,6 +152,48 @@ impl CudaContext {
 
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 const LIMIT_MALLOC_HEAP_SIZE: std::ffi::c_int = 2;
+/// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` and `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`, in the
+/// order of [`crate::context::Generation::device_runtime_limits`].
+const DEVICE_RUNTIME_LIMITS: [std::ffi::c_int; 2] = [3, 4];
+
+/// Raises the VM context's device runtime limits to what `control`'s process set, when it set
+/// more than the VM's processes did so far: the context is the VM's, so each limit is the
+/// largest any of them asked for (the broker bounds them). A limit the driver refuses to change
+/// (it may once kernels launched kernels) stays as it is.
+fn raise_device_runtime_limits(g: &crate::context::Generation, control: &RunControl) {
+    let wanted = [
+        control.sync_depth_limit().map_or(0, u64::from),
+        control.pending_launch_limit(),
+    ];
+    let mut raised = lock(&g.device_runtime_limits);
+    for ((&limit, &want), now) in DEVICE_RUNTIME_LIMITS
+        .iter()
+        .zip(&wanted)
+        .zip(raised.iter_mut())
+    {
+        if want <= *now {
+            continue;
+        }
+        *now = want;
+        let d = g.driver();
+        let set = d.ctx_get_limit(limit).and_then(|current| {
+            if want > current {
+                d.ctx_set_limit(limit, want)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(f) = set {
+            debug!(
+                call = f.call,
+                code = f.code,
+                limit,
+                want,
+                "a device runtime limit keeps its value"
+            );
+        }
+    }
+}
 
 /// A process's share of the VM context's device heap, which the driver holds.
 struct CudaHeap;
@@ -411,6 +453,10 @@ impl DeviceContext for CudaContext {
         let g = m.generation()?;
         // Held until the kernel completed: a move of an allocation waits for it.
         let _work = g.work_gate();
+        if m.launches_kernels() {
+            let _c = g.enter()?;
+            raise_device_runtime_limits(&g, control);
+        }
         let (f, name) = m.function(kernel)?;
         m.ensure_dynamic_shared(kernel, dims.shared_bytes)?;
         let (start, end) = g.take_event_pair()?;

@@ -156,6 +156,18 @@ const LIMIT_MALLOC_HEAP_SIZE: std::ffi::c_int = 2;
 /// order of [`crate::context::Generation::device_runtime_limits`].
 const DEVICE_RUNTIME_LIMITS: [std::ffi::c_int; 2] = [3, 4];
 
+/// Raises the current context's `limit` to `want` when it is below (never lowers it).
+fn raise_limit(
+    d: &crate::driver::Driver,
+    limit: std::ffi::c_int,
+    want: u64,
+) -> crate::driver::DrvResult<()> {
+    if want > d.ctx_get_limit(limit)? {
+        d.ctx_set_limit(limit, want)?;
+    }
+    Ok(())
+}
+
 /// Raises the VM context's device runtime limits to what `control`'s process set, when it set
 /// more than the VM's processes did so far: the context is the VM's, so each limit is the
 /// largest any of them asked for (the broker bounds them). A limit the driver refuses to change
@@ -175,15 +187,7 @@ fn raise_device_runtime_limits(g: &crate::context::Generation, control: &RunCont
             continue;
         }
         *now = want;
-        let d = g.driver();
-        let set = d.ctx_get_limit(limit).and_then(|current| {
-            if want > current {
-                d.ctx_set_limit(limit, want)
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(f) = set {
+        if let Err(f) = raise_limit(g.driver(), limit, want) {
             debug!(
                 call = f.call,
                 code = f.code,
@@ -523,15 +527,7 @@ impl DeviceContext for CudaContext {
     fn heap_create(&self, size: u64) -> Result<Arc<dyn DeviceHeap>, DeviceError> {
         let g = self.inner.generation()?;
         let _c = g.enter()?;
-        let d = g.driver();
-        let raised = d.ctx_get_limit(LIMIT_MALLOC_HEAP_SIZE).and_then(|now| {
-            if size > now {
-                d.ctx_set_limit(LIMIT_MALLOC_HEAP_SIZE, size)
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(f) = raised {
+        if let Err(f) = raise_limit(g.driver(), LIMIT_MALLOC_HEAP_SIZE, size) {
             debug!(
                 call = f.call,
                 code = f.code,

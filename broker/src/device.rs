@@ -4,7 +4,7 @@
 //! pointer and charges every byte before it calls them.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -412,8 +412,6 @@ pub struct RunControl {
     conditionals: Mutex<Option<Arc<GraphConditionals>>>,
     heap: Mutex<Option<Arc<dyn DeviceHeap>>>,
     device_state: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
-    pending_launch_limit: AtomicU64,
-    sync_depth_limit: Mutex<Option<u32>>,
     limits: Mutex<Option<Arc<[u64]>>>,
     attributes: Mutex<Option<Arc<[i32]>>>,
 }
@@ -534,29 +532,9 @@ impl RunControl {
     pub fn heap(&self) -> Option<Arc<dyn DeviceHeap>> {
         self.heap.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
-    /// How many grids the launch's kernels may have launched and not yet run
-    /// (`CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`; 0: the device's default).
-    pub fn set_pending_launch_limit(&self, limit: u64) {
-        self.pending_launch_limit.store(limit, Ordering::Relaxed);
-    }
-    /// How deep a grid the launch's kernels launch may be and still wait for its children with
-    /// device-side `cudaDeviceSynchronize` (`CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`; `None`: the
-    /// device's default).
-    pub fn set_sync_depth_limit(&self, limit: Option<u32>) {
-        *self
-            .sync_depth_limit
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = limit;
-    }
-    /// The sync depth limit (`None`: the device's default).
-    pub fn sync_depth_limit(&self) -> Option<u32> {
-        *self
-            .sync_depth_limit
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-    /// The context's limits by `CUlimit` number, which kernels read with `cudaDeviceGetLimit`
-    /// (dynamic parallelism's device runtime).
+    /// The process's limits by `CUlimit` number ([`vgpu_proto::cuda::limit`]): what kernels
+    /// read with `cudaDeviceGetLimit`, and the device runtime's pending launch count and sync
+    /// depth the device applies to the launch (`None`: the device's defaults).
     pub fn set_device_limits(&self, limits: Option<Arc<[u64]>>) {
         *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = limits;
     }
@@ -578,10 +556,6 @@ impl RunControl {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-    }
-    /// The pending launch limit (0: the device's default).
-    pub fn pending_launch_limit(&self) -> u64 {
-        self.pending_launch_limit.load(Ordering::Relaxed)
     }
     /// State the device keeps for this launch across its resumptions after yields (the
     /// simulated GPU's grids launched by the kernel and not yet run), made by `make` at the

@@ -25,8 +25,6 @@ use crate::device::{DeviceContext, RunControl};
 use crate::engine::Work;
 use crate::error::CuError;
 
-/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
-pub const LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
 /// CUDA's default printf FIFO size.
 pub const DEFAULT_PRINTF_FIFO: usize = 1 << 20;
 /// Largest printf FIFO a session may ask for; vgpud holds up to twice this per session.

@@ -1079,12 +1079,12 @@ impl Session {
             R::CtxSetLimit(m) => {
                 self.ctx(m.ctx)?;
                 match m.limit {
-                    devio::LIMIT_PRINTF_FIFO_SIZE => self.output.set_fifo_size(m.value)?,
-                    device_heap::LIMIT_MALLOC_HEAP_SIZE => self.set_heap_size(m.value)?,
-                    device_heap::LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => {
+                    cuda::limit::PRINTF_FIFO_SIZE => self.output.set_fifo_size(m.value)?,
+                    cuda::limit::MALLOC_HEAP_SIZE => self.set_heap_size(m.value)?,
+                    cuda::limit::DEV_RUNTIME_PENDING_LAUNCH_COUNT => {
                         self.set_pending_launches(m.value)?
                     }
-                    device_heap::LIMIT_DEV_RUNTIME_SYNC_DEPTH => self.set_sync_depth(m.value)?,
+                    cuda::limit::DEV_RUNTIME_SYNC_DEPTH => self.set_sync_depth(m.value)?,
                     _ => return Err(devio::unsupported_limit(m.limit)),
                 }
                 self.device_runtime.limits = None;

@@ -606,23 +606,26 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
 }
 
 /// `CU_LIMIT_STACK_SIZE`.
-const LIMIT_STACK_SIZE: c_int = 0;
+const LIMIT_STACK_SIZE: c_int = cuda::limit::STACK_SIZE as c_int;
 /// `CU_LIMIT_PRINTF_FIFO_SIZE`.
-const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
+const LIMIT_PRINTF_FIFO_SIZE: c_int = cuda::limit::PRINTF_FIFO_SIZE as c_int;
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
-const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+const LIMIT_MALLOC_HEAP_SIZE: c_int = cuda::limit::MALLOC_HEAP_SIZE as c_int;
 /// CUDA's device heap size until the program sets one.
 const DEFAULT_MALLOC_HEAP_SIZE: usize = 8 << 20;
 /// The device heap size vgpud accepted (`cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`).
 static MALLOC_HEAP_SIZE: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(DEFAULT_MALLOC_HEAP_SIZE);
 /// The device runtime's limits as the program set them (CUDA's defaults until then).
-static SYNC_DEPTH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
-static PENDING_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2048);
+static SYNC_DEPTH: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(cuda::limit::DEFAULT_SYNC_DEPTH as usize);
+static PENDING_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(cuda::limit::DEFAULT_PENDING_LAUNCH_COUNT as usize);
 /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
-const LIMIT_DEV_RUNTIME_SYNC_DEPTH: c_int = 3;
+const LIMIT_DEV_RUNTIME_SYNC_DEPTH: c_int = cuda::limit::DEV_RUNTIME_SYNC_DEPTH as c_int;
 /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
-const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: c_int = 4;
+const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: c_int =
+    cuda::limit::DEV_RUNTIME_PENDING_LAUNCH_COUNT as c_int;
 /// `CU_LIMIT_MAX_L2_FETCH_GRANULARITY`.
 const LIMIT_MAX_L2_FETCH_GRANULARITY: c_int = 5;
 /// `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.

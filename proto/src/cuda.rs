@@ -437,6 +437,33 @@ pub mod attr {
     pub const COUNT: usize = 162;
 }
 
+/// `CUlimit` numbers of the limits vgpud keeps for each process, and CUDA's values of the
+/// device runtime's (dynamic parallelism's) limits.
+pub mod limit {
+    /// `CU_LIMIT_STACK_SIZE`.
+    pub const STACK_SIZE: u32 = 0;
+    /// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+    pub const PRINTF_FIFO_SIZE: u32 = 1;
+    /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+    pub const MALLOC_HEAP_SIZE: u32 = 2;
+    /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
+    pub const DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
+    /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
+    pub const DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
+    /// One past the highest of those numbers.
+    pub const COUNT: usize = 5;
+    /// CUDA's sync depth until a program sets one: grids at depth 0 and 1 may wait.
+    pub const DEFAULT_SYNC_DEPTH: u32 = 2;
+    /// CUDA's pending launch count until a program sets one.
+    pub const DEFAULT_PENDING_LAUNCH_COUNT: u32 = 2048;
+    /// How deep grids nest (CUDA's 24 levels; the host's launch is depth 0), and so the most
+    /// a sync depth means.
+    pub const MAX_DEPTH: u32 = 24;
+    /// The most vgpud lets a process set the pending launch count to: with their bookkeeping
+    /// (under 100 bytes each beside their parameters) about 12 MiB of host memory per launch.
+    pub const MAX_PENDING_LAUNCH_COUNT: u32 = 1 << 17;
+}
+
 /// `CUfunction_attribute` numbers.
 pub mod func_attr {
     #![allow(missing_docs)]

@@ -14,8 +14,6 @@ use crate::conformance::{Rig, Session, Target};
 const HEAP_PTX: &str = include_str!("../../devices/ptx/fixtures/heap.compute_52.ptx");
 
 const MIB: u64 = 1 << 20;
-/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
-const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
 /// Ints per thread's allocation.
 const INTS: i32 = 10;
 
@@ -23,7 +21,7 @@ fn set_heap(s: &mut Session, bytes: u64) -> Result<(), u32> {
     let ctx = s.ctx;
     s.request(&msg::CtxSetLimit {
         ctx,
-        limit: LIMIT_MALLOC_HEAP_SIZE,
+        limit: cuda::limit::MALLOC_HEAP_SIZE,
         value: bytes,
     })
     .map(|_| ())
@@ -110,8 +108,6 @@ DONE:
     ret;
 }
 "#;
-/// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
-const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
 
 /// A grid of 4096 threads each launching a child grid, after the process raised the pending
 /// launch limit past CUDA's 2048: every child runs (on a real GPU the executor raises the VM
@@ -125,7 +121,7 @@ pub fn device_launch_limits(t: &Target) {
     let ctx = s.ctx;
     s.request(&msg::CtxSetLimit {
         ctx,
-        limit: LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+        limit: cuda::limit::DEV_RUNTIME_PENDING_LAUNCH_COUNT,
         value: 8192,
     })
     .expect("the pending launch count is raised");

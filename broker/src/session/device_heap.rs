@@ -7,31 +7,15 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use vgpu_proto::cuda;
+use vgpu_proto::cuda::{self, limit};
 
 use super::{Session, round_up};
 use crate::device::{DeviceError, DeviceHeap, DeviceModule, RunControl};
 use crate::error::CuError;
 
-/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
-pub const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
 /// `CU_LIMIT_STACK_SIZE`: what `cuCtxGetLimit` answers in the guest (the interpreter sizes
 /// stacks itself).
 pub const STACK_SIZE_BYTES: u64 = 1024;
-/// CUDA's `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` until the program sets one.
-pub const DEFAULT_SYNC_DEPTH: u32 = 2;
-/// CUDA's `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` until the program sets one.
-pub const DEFAULT_PENDING_LAUNCHES: u64 = 2048;
-/// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
-pub const LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
-/// The deepest a grid may be nested (CUDA's 24 levels), and so the most the sync depth limit
-/// means.
-pub const MAX_SYNC_DEPTH: u32 = 24;
-/// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
-pub const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
-/// The most a process may set that limit to (vgpud also bounds the parameters pending
-/// launches hold, 16 MiB per launch on the simulated GPU).
-pub const MAX_PENDING_LAUNCH_LIMIT: u64 = 1 << 17;
 /// CUDA's heap size when the program sets none.
 pub const DEFAULT_HEAP_BYTES: u64 = 8 << 20;
 
@@ -42,10 +26,10 @@ pub const DEFAULT_HEAP_BYTES: u64 = 8 << 20;
 pub(super) struct DeviceRuntime {
     size: u64,
     made: Option<Made>,
-    /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` (0: the device's default).
-    pub(super) pending_launches: u64,
-    /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` (`None`: the device's default).
-    pub(super) sync_depth: Option<u32>,
+    /// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
+    pending_launches: u32,
+    /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
+    sync_depth: u32,
     /// The device's attributes as the VM sees them, for kernels' `cudaDeviceGetAttribute`
     /// (made at the first launch).
     pub(super) attributes: Option<Arc<[i32]>>,
@@ -72,8 +56,8 @@ impl Default for DeviceRuntime {
         Self {
             size: DEFAULT_HEAP_BYTES,
             made: None,
-            pending_launches: 0,
-            sync_depth: None,
+            pending_launches: limit::DEFAULT_PENDING_LAUNCH_COUNT,
+            sync_depth: limit::DEFAULT_SYNC_DEPTH,
             attributes: None,
             limits: None,
         }
@@ -123,8 +107,6 @@ impl Session {
             heap = heap.or(self.heap_for(m)?);
         }
         control.set_heap(heap);
-        control.set_pending_launch_limit(self.device_runtime.pending_launches);
-        control.set_sync_depth_limit(self.device_runtime.sync_depth);
         control.set_device_attributes(Some(self.guest_attributes()));
         control.set_device_limits(Some(self.device_limits()));
         Ok(())
@@ -135,43 +117,45 @@ impl Session {
     pub(super) fn device_limits(&mut self) -> Arc<[u64]> {
         let fifo = self.output.fifo_size() as u64;
         let rt = &mut self.device_runtime;
-        let (heap, sync_depth, pending) = (
-            rt.size,
-            u64::from(rt.sync_depth.unwrap_or(DEFAULT_SYNC_DEPTH)),
-            match rt.pending_launches {
-                0 => DEFAULT_PENDING_LAUNCHES,
-                n => n,
-            },
-        );
-        Arc::clone(
-            rt.limits
-                .get_or_insert_with(|| [STACK_SIZE_BYTES, fifo, heap, sync_depth, pending].into()),
-        )
+        let (heap, sync_depth, pending) = (rt.size, rt.sync_depth, rt.pending_launches);
+        Arc::clone(rt.limits.get_or_insert_with(|| {
+            let mut l = [0; limit::COUNT];
+            l[limit::STACK_SIZE as usize] = STACK_SIZE_BYTES;
+            l[limit::PRINTF_FIFO_SIZE as usize] = fifo;
+            l[limit::MALLOC_HEAP_SIZE as usize] = heap;
+            l[limit::DEV_RUNTIME_SYNC_DEPTH as usize] = u64::from(sync_depth);
+            l[limit::DEV_RUNTIME_PENDING_LAUNCH_COUNT as usize] = u64::from(pending);
+            l.into()
+        }))
     }
 
     /// `cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, n)`: 1 to
-    /// [`MAX_PENDING_LAUNCH_LIMIT`] grids launched by kernels and not yet run.
+    /// [`limit::MAX_PENDING_LAUNCH_COUNT`] grids launched by kernels and not yet run.
     pub(super) fn set_pending_launches(&mut self, n: u64) -> Result<(), CuError> {
-        if !(1..=MAX_PENDING_LAUNCH_LIMIT).contains(&n) {
-            return Err(CuError::invalid_value(format!(
-                "a pending launch count of {n}: vgpud allows 1 to {MAX_PENDING_LAUNCH_LIMIT}"
-            )));
+        match u32::try_from(n) {
+            Ok(n) if (1..=limit::MAX_PENDING_LAUNCH_COUNT).contains(&n) => {
+                self.device_runtime.pending_launches = n;
+                Ok(())
+            }
+            _ => Err(CuError::invalid_value(format!(
+                "a pending launch count of {n}: vgpud allows 1 to {}",
+                limit::MAX_PENDING_LAUNCH_COUNT
+            ))),
         }
-        self.device_runtime.pending_launches = n;
-        Ok(())
     }
 
     /// `cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH, n)`: grids nested less than `n` deep
     /// may wait for their children (CUDA 11's device-side `cudaDeviceSynchronize`); 0 to
-    /// [`MAX_SYNC_DEPTH`].
+    /// [`limit::MAX_DEPTH`].
     pub(super) fn set_sync_depth(&mut self, n: u64) -> Result<(), CuError> {
         match u32::try_from(n) {
-            Ok(n) if n <= MAX_SYNC_DEPTH => {
-                self.device_runtime.sync_depth = Some(n);
+            Ok(n) if n <= limit::MAX_DEPTH => {
+                self.device_runtime.sync_depth = n;
                 Ok(())
             }
             _ => Err(CuError::invalid_value(format!(
-                "a sync depth of {n}: grids nest at most {MAX_SYNC_DEPTH} deep"
+                "a sync depth of {n}: grids nest at most {} deep",
+                limit::MAX_DEPTH
             ))),
         }
     }

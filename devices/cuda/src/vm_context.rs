@@ -150,18 +150,16 @@ impl CudaContext {
     }
 }
 
-/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
-const LIMIT_MALLOC_HEAP_SIZE: std::ffi::c_int = 2;
 /// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` and `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`, in the
 /// order of [`crate::context::Generation::device_runtime_limits`].
-const DEVICE_RUNTIME_LIMITS: [std::ffi::c_int; 2] = [3, 4];
+const DEVICE_RUNTIME_LIMITS: [u32; 2] = [
+    cuda::limit::DEV_RUNTIME_SYNC_DEPTH,
+    cuda::limit::DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+];
 
 /// Raises the current context's `limit` to `want` when it is below (never lowers it).
-fn raise_limit(
-    d: &crate::driver::Driver,
-    limit: std::ffi::c_int,
-    want: u64,
-) -> crate::driver::DrvResult<()> {
+fn raise_limit(d: &crate::driver::Driver, limit: u32, want: u64) -> crate::driver::DrvResult<()> {
+    let limit = limit as std::ffi::c_int;
     if want > d.ctx_get_limit(limit)? {
         d.ctx_set_limit(limit, want)?;
     }
@@ -173,10 +171,10 @@ fn raise_limit(
 /// largest any of them asked for (the broker bounds them). A limit the driver refuses to change
 /// (it may once kernels launched kernels) stays as it is.
 fn raise_device_runtime_limits(g: &crate::context::Generation, control: &RunControl) {
-    let wanted = [
-        control.sync_depth_limit().map_or(0, u64::from),
-        control.pending_launch_limit(),
-    ];
+    let Some(limits) = control.device_limits() else {
+        return;
+    };
+    let wanted = DEVICE_RUNTIME_LIMITS.map(|l| limits.get(l as usize).copied().unwrap_or(0));
     let mut raised = lock(&g.device_runtime_limits);
     for ((&limit, &want), now) in DEVICE_RUNTIME_LIMITS
         .iter()
@@ -527,7 +525,7 @@ impl DeviceContext for CudaContext {
     fn heap_create(&self, size: u64) -> Result<Arc<dyn DeviceHeap>, DeviceError> {
         let g = self.inner.generation()?;
         let _c = g.enter()?;
-        if let Err(f) = raise_limit(g.driver(), LIMIT_MALLOC_HEAP_SIZE, size) {
+        if let Err(f) = raise_limit(g.driver(), cuda::limit::MALLOC_HEAP_SIZE, size) {
             debug!(
                 call = f.call,
                 code = f.code,

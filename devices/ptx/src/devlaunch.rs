@@ -26,22 +26,24 @@
 //! `cudaErrorSyncDepthExceeded`. A launch's descendants all run within its watchdog deadline.
 
 use std::collections::{BTreeMap, HashMap};
+
 use std::sync::Mutex;
+use vgpu_proto::cuda::limit;
 
 /// Device launches a launch may have pending unless the program sets another limit (CUDA's
 /// default `cudaLimitDevRuntimePendingLaunchCount`).
-pub const MAX_PENDING_LAUNCHES: usize = 2048;
+pub const MAX_PENDING_LAUNCHES: usize = limit::DEFAULT_PENDING_LAUNCH_COUNT as usize;
 /// The most a program may set the pending launch limit to: with the grids' bookkeeping (under
 /// 100 bytes each beside their parameters) at most about 12 MiB of host memory per launch.
-pub const MAX_PENDING_LAUNCH_LIMIT: usize = 1 << 17;
+pub const MAX_PENDING_LAUNCH_LIMIT: usize = limit::MAX_PENDING_LAUNCH_COUNT as usize;
 /// Parameter bytes a launch's pending grids may hold on the host, whatever the count limit.
 pub const MAX_PENDING_PARAM_BYTES: usize = 16 << 20;
 /// How deep grids may nest: a kernel at this depth (the host's launch is depth 0) cannot launch
 /// (CUDA's hardware limit).
-pub const MAX_DEPTH: u32 = 24;
+pub const MAX_DEPTH: u32 = limit::MAX_DEPTH;
 /// CUDA's default `cudaLimitDevRuntimeSyncDepth`: grids at depth 0 and 1 may wait for their
 /// children.
-pub const DEFAULT_SYNC_DEPTH: u32 = 2;
+pub const DEFAULT_SYNC_DEPTH: u32 = limit::DEFAULT_SYNC_DEPTH;
 /// `cudaStreamTailLaunch`: a grid launched into it runs after its parent grid and all the
 /// parent's other work.
 pub const STREAM_TAIL_LAUNCH: u64 = 0x3;

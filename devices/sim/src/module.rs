@@ -411,13 +411,23 @@ impl SimModule {
         );
         // Grids the kernel launches wait in state that outlives a yield.
         if module.launches_kernels() {
-            let limit = match control.pending_launch_limit() {
-                0 => vgpu_ptx::devlaunch::MAX_PENDING_LAUNCHES,
-                n => usize::try_from(n).unwrap_or(usize::MAX),
+            let limits = control.device_limits();
+            let get = |l: u32, default: u32| {
+                limits
+                    .as_deref()
+                    .and_then(|v| v.get(l as usize))
+                    .map_or(u64::from(default), |&v| v)
             };
-            let sync_depth = control
-                .sync_depth_limit()
-                .unwrap_or(vgpu_ptx::devlaunch::DEFAULT_SYNC_DEPTH);
+            let limit = usize::try_from(get(
+                cuda::limit::DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+                cuda::limit::DEFAULT_PENDING_LAUNCH_COUNT,
+            ))
+            .unwrap_or(usize::MAX);
+            let sync_depth = u32::try_from(get(
+                cuda::limit::DEV_RUNTIME_SYNC_DEPTH,
+                cuda::limit::DEFAULT_SYNC_DEPTH,
+            ))
+            .unwrap_or(u32::MAX);
             ptx_control.set_device_launches(control.device_state(|| {
                 vgpu_ptx::devlaunch::DeviceLaunches::with_limits(limit, sync_depth)
             }));

@@ -223,14 +223,7 @@ impl<'a> Worker<'a> {
         let Some(frame) = warp.frames.last() else {
             return Ok(());
         };
-        let pb = frame.param_bytes;
-        let arg = |l: usize, i: usize| -> u64 {
-            let Some(&(off, size)) = b.args.get(i) else {
-                return 0;
-            };
-            let s = l * pb + off as usize;
-            frame.params.get(s..s + size as usize).map_or(0, read_le)
-        };
+        let arg = |l: usize, i: usize| read_le(super::launches::arg_bytes(frame, b, l, i));
         match b.kind {
             Builtin::Vprintf => {
                 let mut rets = [0u64; 32];

@@ -5,8 +5,9 @@
 use super::*;
 use crate::devlaunch::{ChildGrid, PARAM_BUFFER_ALIGN, cnp};
 
-/// The bytes of one lane's `.param` argument `i` of builtin call `b`.
-fn arg_bytes<'f>(frame: &'f Frame, b: &BuiltinCall, l: usize, i: usize) -> &'f [u8] {
+/// The bytes of one lane's `.param` argument `i` of builtin call `b` (none when it has no such
+/// argument).
+pub(super) fn arg_bytes<'f>(frame: &'f Frame, b: &BuiltinCall, l: usize, i: usize) -> &'f [u8] {
     let Some(&(off, size)) = b.args.get(i) else {
         return &[];
     };

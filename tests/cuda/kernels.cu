@@ -113,6 +113,13 @@ __global__ void grid2d(int *out, int width, int height)
     if (x < width && y < height) out[y * width + x] = y * 10000 + x;
 }
 
+// warpSize in device code (nvcc writes PTX's `WARP_SZ` constant): lane and warp of a thread.
+__global__ void warp_lanes(int *out, int n)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n) out[t] = warpSize * 100000 + (threadIdx.x / warpSize) * 100 + threadIdx.x % warpSize;
+}
+
 // 3-D: each element records its coordinates, and the block/thread indices
 // that produced it are consistent with blockDim.
 __global__ void grid3d(int4 *out, int nx, int ny, int nz)
@@ -463,6 +470,23 @@ static void test_grids()
               bad < 0 ? 0 : got[bad]);
     }
     cudaFree(d2);
+
+    const int lanes = 300, per_block = 100;
+    int *dl;
+    REQUIRE(cudaMalloc(&dl, lanes * sizeof(int)));
+    warp_lanes<<<lanes / per_block, per_block>>>(dl, lanes);
+    if (launched("warp_lanes")) {
+        std::vector<int> got(lanes);
+        CUDA_OK(cudaMemcpy(got.data(), dl, lanes * sizeof(int), cudaMemcpyDeviceToHost));
+        long bad = -1;
+        for (int t = 0; t < lanes && bad < 0; ++t) {
+            int x = t % per_block;
+            if (got[t] != 3200000 + (x / 32) * 100 + x % 32) bad = t;
+        }
+        CHECK("warpSize in a kernel is 32 (lanes and warps of 100-thread blocks)", bad < 0,
+              "thread %ld: %d", bad, bad < 0 ? 0 : got[bad]);
+    }
+    cudaFree(dl);
 
     const int nx = 20, ny = 12, nz = 6;
     const int total = nx * ny * nz;

@@ -756,6 +756,8 @@ impl<'a> Parser<'a, '_> {
         }
         let line = self.line();
         match self.next() {
+            // PTX's run-time constant for the warp size, allowed wherever an immediate is.
+            Some(Tok::Ident(s)) if s == "WARP_SZ" => Ok(Operand::Int(crate::WARP_SIZE)),
             Some(Tok::Ident(s)) => {
                 let s = self.name_with_component(s.clone());
                 if self.eat_punct('|') {

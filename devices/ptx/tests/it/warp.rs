@@ -1,6 +1,7 @@
 //! Warp-level semantics: shuffles, votes, activemask, divergence and reconvergence.
 #![allow(clippy::needless_range_loop)]
 
+use vgpu_ptx::Module;
 use vgpu_ptx::testutils::*;
 
 fn warp_reference(v: &[i32]) -> Vec<[i32; 16]> {
@@ -142,4 +143,34 @@ fn partial_warps_after_early_exit() {
             }
         }
     }
+}
+
+#[test]
+fn warp_sz_is_the_warp_size_wherever_an_immediate_is() {
+    // nvcc writes `WARP_SZ` for warpSize (CUB's and thrust's warp arithmetic among others).
+    let ptx = ".version 7.8\n.target sm_80\n.address_size 64\n\
+        .visible .entry k(.param .u64 out) {\n\
+        .reg .b32 %r<6>; .reg .b64 %rd<4>;\n\
+        ld.param.u64 %rd1, [out]; cvta.to.global.u64 %rd1, %rd1;\n\
+        mov.u32 %r1, %tid.x;\n\
+        mov.u32 %r2, WARP_SZ;\n\
+        rem.u32 %r3, %r1, WARP_SZ;\n\
+        mad.lo.s32 %r4, %r2, 100, %r3;\n\
+        mul.wide.u32 %rd2, %r1, 4; add.s64 %rd3, %rd1, %rd2;\n\
+        st.global.u32 [%rd3], %r4;\n\
+        ret; }\n";
+    let m = Module::load(ptx).unwrap();
+    let mem = TestMemory::new();
+    let out = mem.alloc(70 * 4);
+    run(
+        &m,
+        "k",
+        &Config::linear(1, 70),
+        &[Arg::U64(out)],
+        &mem,
+        &alloc_globals(&m, &mem),
+    )
+    .unwrap();
+    let want: Vec<u32> = (0..70).map(|t| 3200 + t % 32).collect();
+    assert_eq!(mem.read::<u32>(out, 70), want);
 }

@@ -96,10 +96,12 @@ fn nvcc_programs_run_pools_managed_and_mapped_memory() {
 /// Separate compilation (`nvcc -rdc=true`, PTX only): a kernel calls a device function and
 /// reads a variable of another translation unit; the runtime registers the units' images
 /// together with libcudadevrt's, and vgpu links their PTX (before, the module failed to load
-/// with the other unit's function undefined).
+/// with the other unit's function undefined). Inline code both units use (a template's code,
+/// an inline function's static table) is `.weak` in each and kept once (before, the link
+/// failed and each unit's kernels failed to load).
 #[test]
 fn nvcc_programs_link_separately_compiled_device_code() {
-    run_nvcc_program("rdc", 2, &["static", "shared"]);
+    run_nvcc_program("rdc", 5, &["static", "shared"]);
 }
 
 /// Dynamic parallelism (`-rdc=true`, `libcudadevrt`): a child grid per block, children that see

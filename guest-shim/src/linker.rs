@@ -279,6 +279,26 @@ fn is_entry(statement: &str) -> bool {
         && statement.contains('{')
 }
 
+/// Whether a statement has `.weak` linkage: of several definitions of its name (an inline
+/// function's template instantiation or local static in every translation unit), the strong
+/// one or else the first is kept, as the driver's linker does.
+fn is_weak(statement: &str) -> bool {
+    has_directive(statement, ".weak")
+}
+
+/// Whether one of the directives a statement starts with is `directive`.
+fn has_directive(statement: &str, directive: &str) -> bool {
+    skip_comments(statement)
+        .split_whitespace()
+        .take_while(|t| t.starts_with('.'))
+        .any(|t| t == directive)
+}
+
+/// Whether a statement is a function's prototype: a `.func` without a body.
+fn is_prototype(statement: &str) -> bool {
+    has_directive(statement, ".func") && !statement.contains('{')
+}
+
 fn is_declaration_only(statement: &str) -> bool {
     skip_comments(statement).starts_with(".extern") && !statement.contains('{')
 }
@@ -382,7 +402,7 @@ pub fn link_ptx_with(inputs: &[String], libraries: &[String]) -> Result<String, 
     let parsed: Vec<Vec<(bool, &str)>> = inputs.iter().map(|p| statements(p)).collect();
     let libs: Vec<Vec<(bool, &str)>> = libraries.iter().map(|p| statements(p)).collect();
     let from_libraries = library_statements(&parsed, &libs);
-    let mut defined = HashSet::new();
+    let (mut defined, mut strong) = (HashSet::new(), HashSet::new());
     for s in parsed
         .iter()
         .flatten()
@@ -394,6 +414,9 @@ pub fn link_ptx_with(inputs: &[String], libraries: &[String]) -> Result<String, 
             && let Some(n) = declared_name(s)
         {
             defined.insert(n);
+            if !is_weak(s) {
+                strong.insert(n);
+            }
         }
     }
     let (mut version, mut version_text) = (0, String::from(".version 6.0"));
@@ -456,6 +479,20 @@ pub fn link_ptx_with(inputs: &[String], libraries: &[String]) -> Result<String, 
             if let Some(n) = name
                 && (defined.contains(n) || !declared.insert(n))
             {
+                continue;
+            }
+        } else if let Some(n) = name
+            && is_weak(s)
+        {
+            // A weak function's prototype (nvcc declares a template's instantiation before the
+            // code that calls it) goes once, and not after its definition.
+            let kept = !strong.contains(n)
+                && if is_prototype(s) {
+                    !seen_definitions.contains(n) && declared.insert(n)
+                } else {
+                    seen_definitions.insert(n)
+                };
+            if !kept {
                 continue;
             }
         } else if let Some(n) = name
@@ -880,6 +917,52 @@ mod tests {
         let e = link_ptx(&[HELPER.to_string(), HELPER.to_string()]).unwrap_err();
         assert!(
             e.contains("`helper` is defined by more than one input"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn weak_definitions_are_kept_once_and_a_strong_one_wins() {
+        // What nvcc -rdc emits for an inline function's local static and template code in
+        // every translation unit that uses them.
+        let unit = |kernel: &str, strong: bool| {
+            format!(
+                ".version 7.8\n.target sm_80\n.address_size 64\n\
+                 .weak .func (.param .b32 func_retval0) twice(.param .b32 twice_param_0);\n\
+                 .weak .global .align 4 .b8 _ZZ5orderE7__xform[8] = {{3, 0, 0, 0, 4, 0, 0, 0}};\n\
+                 .weak .func (.param .b32 func_retval0) twice(.param .b32 twice_param_0)\n\
+                 {{ .reg .b32 %r<2>; ld.param.u32 %r1, [twice_param_0]; \
+                 st.param.b32 [func_retval0+0], %r1; ret; }}\n\
+                 {} .func (.param .b32 func_retval0) pick()\n\
+                 {{ .reg .b32 %r<2>; mov.u32 %r1, {}; st.param.b32 [func_retval0+0], %r1; ret; }}\n\
+                 .visible .entry {kernel}() {{ ret; }}\n",
+                if strong { ".visible" } else { ".weak" },
+                u32::from(strong)
+            )
+        };
+        let linked = link_ptx(&[unit("a", false), unit("b", true), unit("c", false)]).unwrap();
+        assert_eq!(
+            linked.matches("_ZZ5orderE7__xform[8]").count(),
+            1,
+            "{linked}"
+        );
+        // The first unit's prototype and definition; the others' neither.
+        assert_eq!(linked.matches("twice(").count(), 2, "{linked}");
+        let prototype = linked.find("twice(.param .b32 twice_param_0);").unwrap();
+        assert!(prototype < linked.find("twice(.param .b32 twice_param_0)\n{").unwrap());
+        assert_eq!(linked.matches("pick()").count(), 1, "{linked}");
+        assert!(linked.contains(".visible .func (.param .b32 func_retval0) pick()"));
+        assert!(linked.contains("mov.u32 %r1, 1;") && !linked.contains("mov.u32 %r1, 0;"));
+        for k in ["a", "b", "c"] {
+            assert!(
+                linked.contains(&format!(".visible .entry {k}()")),
+                "{linked}"
+            );
+        }
+        // Strong definitions twice are still an error.
+        let e = link_ptx(&[unit("a", true), unit("b", true)]).unwrap_err();
+        assert!(
+            e.contains("`pick` is defined by more than one input"),
             "{e}"
         );
     }

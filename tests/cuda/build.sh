@@ -125,7 +125,7 @@ for variant in "${VARIANTS[@]}"; do
     esac
     dst="$OUT/rdc.$variant"
     if [ -x "$dst" ] && [ "$dst" -nt "$SRC/rdc_main.cu" ] && [ "$dst" -nt "$SRC/rdc_lib.cu" ] \
-        && [ "$dst" -nt "$SRC/check.h" ] && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
+        && [ "$dst" -nt "$SRC/rdc_common.cuh" ] && [ "$dst" -nt "$SRC/check.h" ] && [ "$dst" -nt "${BASH_SOURCE[0]}" ]; then
         continue
     fi
     echo "nvcc -rdc=true -cudart $variant rdc_main.cu rdc_lib.cu -> $dst"

@@ -129,7 +129,7 @@ fn nvcc_programs_wait_for_kernels_they_launched() {
 
 #[test]
 fn nvcc_programs_run_kernels() {
-    run_nvcc_program("kernels", 26, ALL_RUNTIMES);
+    run_nvcc_program("kernels", 27, ALL_RUNTIMES);
 }
 
 /// `cudaLaunchCooperativeKernel` and cooperative groups' grid barrier (a program built for

@@ -120,6 +120,20 @@ __global__ void warp_lanes(int *out, int n)
     if (t < n) out[t] = warpSize * 100000 + (threadIdx.x / warpSize) * 100 + threadIdx.x % warpSize;
 }
 
+// SIMD video intrinsics: nvcc writes PTX's vabsdiff4 for __vsadu4 and __vabsdiffu4, and image
+// code writes video instructions in inline assembly (CUDA's stereoDisparity sample's __usad4).
+__global__ void simd_video(const unsigned *a, const unsigned *b, unsigned *out, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned x = a[i], y = b[i], sad;
+    asm("vabsdiff4.u32.u32.u32.add %0, %1, %2, %3;" : "=r"(sad) : "r"(x), "r"(y), "r"(7u));
+    out[4 * i] = __vsadu4(x, y);
+    out[4 * i + 1] = __vabsdiffu4(x, y);
+    out[4 * i + 2] = sad;
+    out[4 * i + 3] = __vmaxu2(x, y) ^ __vaddss4(x, y);
+}
+
 // 3-D: each element records its coordinates, and the block/thread indices
 // that produced it are consistent with blockDim.
 __global__ void grid3d(int4 *out, int nx, int ny, int nz)
@@ -450,6 +464,61 @@ static void test_histograms()
     cudaFree(dout);
 }
 
+static unsigned lanes_of(unsigned x, int bits, int lane, bool is_signed)
+{
+    unsigned v = (x >> (bits * lane)) & ((1u << bits) - 1);
+    if (is_signed && (v >> (bits - 1)) & 1) v |= ~((1u << bits) - 1);
+    return v;
+}
+
+static void test_simd_video()
+{
+    const int n = 500;
+    std::vector<unsigned> ha(n), hb(n), want(4 * n);
+    unsigned seed = 12345;
+    for (int i = 0; i < n; ++i) {
+        ha[i] = seed = seed * 1664525u + 1013904223u;
+        hb[i] = seed = seed * 1664525u + 1013904223u;
+        unsigned sad = 0, diff = 0, maxes = 0, sums = 0;
+        for (int k = 0; k < 4; ++k) {
+            int x = lanes_of(ha[i], 8, k, false), y = lanes_of(hb[i], 8, k, false);
+            sad += x > y ? x - y : y - x;
+            diff |= (unsigned)(x > y ? x - y : y - x) << (8 * k);
+            int sx = (int)lanes_of(ha[i], 8, k, true), sy = (int)lanes_of(hb[i], 8, k, true);
+            int sum = sx + sy < -128 ? -128 : sx + sy > 127 ? 127 : sx + sy;
+            sums |= ((unsigned)sum & 0xffu) << (8 * k);
+        }
+        for (int k = 0; k < 2; ++k) {
+            unsigned x = lanes_of(ha[i], 16, k, false), y = lanes_of(hb[i], 16, k, false);
+            maxes |= (x > y ? x : y) << (16 * k);
+        }
+        want[4 * i] = sad;
+        want[4 * i + 1] = diff;
+        want[4 * i + 2] = sad + 7;
+        want[4 * i + 3] = maxes ^ sums;
+    }
+    unsigned *da, *db, *dout;
+    REQUIRE(cudaMalloc(&da, n * sizeof(unsigned)));
+    REQUIRE(cudaMalloc(&db, n * sizeof(unsigned)));
+    REQUIRE(cudaMalloc(&dout, 4 * n * sizeof(unsigned)));
+    CUDA_OK(cudaMemcpy(da, ha.data(), n * sizeof(unsigned), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(db, hb.data(), n * sizeof(unsigned), cudaMemcpyHostToDevice));
+    simd_video<<<(n + 127) / 128, 128>>>(da, db, dout, n);
+    if (launched("simd_video")) {
+        std::vector<unsigned> got(4 * n);
+        CUDA_OK(cudaMemcpy(got.data(), dout, 4 * n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        long bad = -1;
+        for (int i = 0; i < 4 * n && bad < 0; ++i)
+            if (got[i] != want[i]) bad = i;
+        CHECK("SIMD video intrinsics (__vsadu4, __vabsdiffu4, vabsdiff4 in inline asm, __vmaxu2, "
+              "__vaddss4)", bad < 0, "element %ld: got %#x want %#x", bad,
+              bad < 0 ? 0u : got[bad], bad < 0 ? 0u : want[bad]);
+    }
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dout);
+}
+
 static void test_grids()
 {
     const int w = 100, h = 60;
@@ -693,6 +762,7 @@ int main()
     test_reductions();
     test_histograms();
     test_grids();
+    test_simd_video();
     test_params_constants_functions();
     test_managed_variables();
     test_launch_errors();

@@ -209,6 +209,8 @@ pub(crate) enum ITern {
         signed: bool,
         clamp: bool,
     },
+    /// A video instruction (`vadd`, `vabsdiff4`, …).
+    Video(crate::video::Video),
 }
 
 /// Float binary operations.

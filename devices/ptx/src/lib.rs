@@ -33,6 +33,7 @@ pub mod printf;
 pub mod slots;
 pub mod testutils;
 pub mod texture;
+mod video;
 mod watch;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

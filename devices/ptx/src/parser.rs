@@ -157,6 +157,17 @@ pub(crate) enum Operand {
     /// `[handle, coords]` (or `[handle, sampler, coords]`): the texture or surface operand of
     /// `tex`, `tld4`, `suld` and `sust`; the operands after the handle in order.
     Tex(String, Vec<Operand>),
+    /// `%r.b0`, `%r.h1`, `%r.b3210`, `%r.h10`: the parts of a register a video instruction
+    /// reads or writes.
+    Part(String, String),
+    /// `-%r` (or `-%r.b0`): a negated register source of `vmad`.
+    Neg(Box<Operand>),
+}
+
+/// Whether a suffix is a video instruction's part selector (`b0`…`b7654`, `h0`…`h32`).
+fn is_part_selector(s: &str) -> bool {
+    let digits = s.strip_prefix(['b', 'h']).unwrap_or("");
+    (1..=4).contains(&digits.len()) && digits.bytes().all(|d| d.is_ascii_digit())
 }
 
 struct Parser<'a, 't> {
@@ -760,6 +771,10 @@ impl<'a> Parser<'a, '_> {
             Some(Tok::Ident(s)) if s == "WARP_SZ" => Ok(Operand::Int(crate::WARP_SIZE)),
             Some(Tok::Ident(s)) => {
                 let s = self.name_with_component(s.clone());
+                if let Some(part) = self.peek_dot().filter(|p| is_part_selector(p)) {
+                    self.pos += 1;
+                    return Ok(Operand::Part(s, part.to_string()));
+                }
                 if self.eat_punct('|') {
                     let q = self.ident()?;
                     return Ok(Operand::Pair(s, q));
@@ -777,6 +792,9 @@ impl<'a> Parser<'a, '_> {
                 Ok(Operand::NotName(s))
             }
             Some(Tok::Punct('_')) => Ok(Operand::Sink),
+            Some(Tok::Punct('-')) if matches!(self.peek(), Some(Tok::Ident(_))) => {
+                Ok(Operand::Neg(Box::new(self.operand(depth + 1)?)))
+            }
             Some(Tok::Punct('-')) => match self.next() {
                 Some(Tok::Int(v)) => Ok(Operand::Int(v.wrapping_neg())),
                 Some(Tok::F64(b)) => Ok(Operand::F64(b ^ (1 << 63))),

@@ -198,6 +198,7 @@ mod module;
 mod regalloc;
 mod select;
 mod texture;
+mod video;
 mod warp;
 
 use func::*;

@@ -49,6 +49,7 @@ impl FnCtx<'_> {
                 self.sel_bitfield(ins, &mut m)?
             }
             "setp" | "set" => self.sel_setp(ins, &mut m)?,
+            v if video::is_video(v) => self.sel_video(ins, &mut m)?,
             "selp" => {
                 let ty = self.one_type(ins, &mut m)?;
                 let o = self.ops(ins, 4)?;

@@ -449,6 +449,9 @@ pub(super) fn exec_itern(
                 r & lowmask(bits)
             })
         }
+        ITern::Video(v) => map3(regs, m, d, a, b, c, |x, y, z| {
+            u64::from(v.eval(x as u32, y as u32, z as u32))
+        }),
         ITern::MadCarry { .. } => {}
     }
 }

@@ -25,4 +25,5 @@ mod regalloc;
 mod relocs;
 mod texref;
 mod texture;
+mod video;
 mod warp;

@@ -147,10 +147,12 @@ fn texels(res: &ResourceDesc, surface: bool) -> CuRes<(Texels, Option<u64>)> {
     }
     let format_channels = |w: u64| -> CuRes<(u32, u32, u64)> {
         let (format, channels) = (w as u32, (w >> 32) as u32);
-        let bytes = cuda::channel_bytes(format).ok_or(if format == 0 {
-            cuda::CUDA_ERROR_INVALID_VALUE
-        } else {
-            drv::unsupported("textures of packed, block-compressed or video formats")
+        let bytes = cuda::channel_bytes(format).ok_or_else(|| {
+            if format == 0 {
+                cuda::CUDA_ERROR_INVALID_VALUE
+            } else {
+                drv::unsupported("textures of packed, block-compressed or video formats")
+            }
         })?;
         if !cuda::CHANNEL_COUNTS.contains(&channels) {
             return Err(cuda::CUDA_ERROR_INVALID_VALUE);

@@ -16,6 +16,10 @@ pub(crate) const NAN_F32: u32 = 0x7fff_ffff;
 pub(crate) const NAN_F64: u64 = 0x7fff_ffff_ffff_ffff;
 /// CUDA's canonical half / bfloat16 NaN.
 pub(crate) const NAN_16: u16 = 0x7fff;
+/// 1.0 in half precision.
+pub(crate) const F16_ONE: u16 = 0x3c00;
+/// 1.0 in bfloat16.
+pub(crate) const BF16_ONE: u16 = 0x3f80;
 
 /// A binary floating-point format narrower than f64.
 #[derive(Debug, Clone, Copy)]

@@ -270,7 +270,8 @@ impl FnCtx<'_> {
                 )));
             }
         };
-        if matches!(ty, Ty::F16x2 | Ty::Bf16x2) || ty == Ty::Pred || ty == Ty::B128 {
+        let packed = matches!(ty, Ty::F16x2 | Ty::Bf16x2);
+        if ty == Ty::Pred || ty == Ty::B128 {
             return Err(unsupported(ins));
         }
         let n = ins.operands.len();
@@ -310,7 +311,17 @@ impl FnCtx<'_> {
                 b,
             })
         } else {
-            if !matches!(dty, Ty::U32 | Ty::S32 | Ty::F32 | Ty::B32) {
+            // 1.0 or all ones where the comparison holds: a 32-bit or 16-bit destination for
+            // one comparison, a pair of halves (or a 32-bit integer) for a packed one.
+            let allowed = if packed {
+                matches!(dty, Ty::F16x2 | Ty::Bf16x2 | Ty::U32 | Ty::S32 | Ty::B32)
+            } else {
+                matches!(
+                    dty,
+                    Ty::U32 | Ty::S32 | Ty::F32 | Ty::B32 | Ty::F16 | Ty::Bf16 | Ty::U16 | Ty::S16
+                )
+            };
+            if !allowed {
                 return Err(unsupported(ins));
             }
             let d = self.dst(&o[0])?;

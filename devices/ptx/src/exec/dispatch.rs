@@ -476,7 +476,13 @@ impl<'a> Worker<'a> {
                         a,
                         b,
                     } => {
-                        let bits = compare(regs, *cmp, *ty, *ftz, *a, *b);
+                        // A packed pair's halves go to `p` and `q`; otherwise `q` is `!p`.
+                        let (bits, second) = if matches!(ty, Ty::F16x2 | Ty::Bf16x2) {
+                            compare_halves(regs, *cmp, *ty, *a, *b)
+                        } else {
+                            let bits = compare(regs, *cmp, *ty, *ftz, *a, *b);
+                            (bits, !bits)
+                        };
                         let preds = &mut frame.preds;
                         let cval = if *c == NONE {
                             0
@@ -493,7 +499,7 @@ impl<'a> Worker<'a> {
                         let pr = &mut preds[*p as usize];
                         *pr = (*pr & !m) | (r & m);
                         if *q != NONE {
-                            let r2 = comb(!bits);
+                            let r2 = comb(second);
                             let qr = &mut preds[*q as usize];
                             *qr = (*qr & !m) | (r2 & m);
                         }
@@ -510,27 +516,36 @@ impl<'a> Worker<'a> {
                         a,
                         b,
                     } => {
-                        let bits = compare(regs, *cmp, *ty, *ftz, *a, *b);
+                        // Packed sources: one result per half, in the destination's halves.
+                        let packed = matches!(ty, Ty::F16x2 | Ty::Bf16x2);
+                        let (bits, high) = if packed {
+                            compare_halves(regs, *cmp, *ty, *a, *b)
+                        } else {
+                            (compare(regs, *cmp, *ty, *ftz, *a, *b), 0)
+                        };
                         let cval = if *c == NONE {
                             0
                         } else {
                             frame.preds[*c as usize] ^ if *cneg { FULL } else { 0 }
                         };
-                        let r = match bop {
-                            None => bits,
-                            Some(BoolOp::And) => bits & cval,
-                            Some(BoolOp::Or) => bits | cval,
-                            Some(BoolOp::Xor) => bits ^ cval,
+                        let comb = |x: u32| match bop {
+                            None => x,
+                            Some(BoolOp::And) => x & cval,
+                            Some(BoolOp::Or) => x | cval,
+                            Some(BoolOp::Xor) => x ^ cval,
                         };
-                        let t = if *dty == Ty::F32 {
-                            u64::from(1.0f32.to_bits())
-                        } else {
-                            0xffff_ffff
-                        };
+                        let (r, rh) = (comb(bits), comb(high));
+                        let t = set_true(*dty);
                         let row = &mut frame.regs[*d as usize];
                         for l in 0..32 {
                             if m >> l & 1 != 0 {
-                                row[l] = if r >> l & 1 != 0 { t } else { 0 };
+                                let lo = if r >> l & 1 != 0 { t } else { 0 };
+                                let hi = if packed && rh >> l & 1 != 0 {
+                                    t << 16
+                                } else {
+                                    0
+                                };
+                                row[l] = lo | hi;
                             }
                         }
                     }

@@ -28,24 +28,7 @@ pub(super) fn compare(regs: &[[u64; 32]], cmp: Cmp, ty: Ty, ftz: bool, a: Reg, b
                     (f64::from(x), f64::from(y))
                 }
             };
-            let unord = x.is_nan() || y.is_nan();
-            let r = match cmp {
-                Cmp::Eq => !unord && x == y,
-                Cmp::Ne => !unord && x != y,
-                Cmp::Lt | Cmp::Lo => !unord && x < y,
-                Cmp::Le | Cmp::Ls => !unord && x <= y,
-                Cmp::Gt | Cmp::Hi => !unord && x > y,
-                Cmp::Ge | Cmp::Hs => !unord && x >= y,
-                Cmp::Equ => unord || x == y,
-                Cmp::Neu => unord || x != y,
-                Cmp::Ltu => unord || x < y,
-                Cmp::Leu => unord || x <= y,
-                Cmp::Gtu => unord || x > y,
-                Cmp::Geu => unord || x >= y,
-                Cmp::Num => !unord,
-                Cmp::Nan => unord,
-            };
-            bits |= u32::from(r) << l;
+            bits |= u32::from(float_cmp(cmp, x, y)) << l;
         }
         return bits;
     }
@@ -94,6 +77,58 @@ pub(super) fn compare(regs: &[[u64; 32]], cmp: Cmp, ty: Ty, ftz: bool, a: Reg, b
         bits |= u32::from(r) << l;
     }
     bits
+}
+
+/// A floating-point comparison (ordered or unordered).
+fn float_cmp(cmp: Cmp, x: f64, y: f64) -> bool {
+    let unord = x.is_nan() || y.is_nan();
+    match cmp {
+        Cmp::Eq => !unord && x == y,
+        Cmp::Ne => !unord && x != y,
+        Cmp::Lt | Cmp::Lo => !unord && x < y,
+        Cmp::Le | Cmp::Ls => !unord && x <= y,
+        Cmp::Gt | Cmp::Hi => !unord && x > y,
+        Cmp::Ge | Cmp::Hs => !unord && x >= y,
+        Cmp::Equ => unord || x == y,
+        Cmp::Neu => unord || x != y,
+        Cmp::Ltu => unord || x < y,
+        Cmp::Leu => unord || x <= y,
+        Cmp::Gtu => unord || x > y,
+        Cmp::Geu => unord || x >= y,
+        Cmp::Num => !unord,
+        Cmp::Nan => unord,
+    }
+}
+
+/// What `set` writes where the comparison holds (per half for packed destinations): 1.0 of a
+/// floating-point destination, else all ones.
+pub(super) fn set_true(dty: Ty) -> u64 {
+    match dty {
+        Ty::F32 => u64::from(1.0f32.to_bits()),
+        Ty::F16 | Ty::F16x2 => u64::from(float::F16_ONE),
+        Ty::Bf16 | Ty::Bf16x2 => u64::from(float::BF16_ONE),
+        Ty::U16 | Ty::S16 | Ty::B16 => 0xffff,
+        _ => 0xffff_ffff,
+    }
+}
+
+/// `setp`/`set` on `.f16x2` or `.bf16x2` operands: the lanes where the low halves compare true,
+/// and those where the high halves do.
+pub(super) fn compare_halves(regs: &[[u64; 32]], cmp: Cmp, ty: Ty, a: Reg, b: Reg) -> (u32, u32) {
+    let (av, bv) = (&regs[a as usize], &regs[b as usize]);
+    let dec = |v: u64| {
+        if ty == Ty::Bf16x2 {
+            float::bf16_to_f64(v as u16)
+        } else {
+            float::f16_to_f64(v as u16)
+        }
+    };
+    let (mut lo, mut hi) = (0u32, 0u32);
+    for l in 0..32 {
+        lo |= u32::from(float_cmp(cmp, dec(av[l]), dec(bv[l]))) << l;
+        hi |= u32::from(float_cmp(cmp, dec(av[l] >> 16), dec(bv[l] >> 16))) << l;
+    }
+    (lo, hi)
 }
 
 /// Applies a binary f32 operation lane-wise to 16-bit halves (f16 / bf16), computing in f64.

@@ -131,3 +131,79 @@ fn half_kernels_round_like_hardware() {
         }
     }
 }
+
+/// `set` with half-precision sources and destinations and `setp`/`set` on packed pairs, as
+/// CUDA 12's `cuda_fp16.hpp` and `cuda_bf16.hpp` write their comparisons (`__heq`, `__hgt2`,
+/// `__hbeq2`, …): before, a module using them failed to load.
+#[test]
+fn half_comparisons_set_halves_and_predicates() {
+    // Each: instructions leaving the result in %r9, and what it must be.
+    let cases: &[(&str, u32)] = &[
+        (
+            "set.eq.f16.f16 %h9, %h1, %h1;\ncvt.u32.u16 %r9, %h9;",
+            0x3c00,
+        ),
+        ("set.lt.f16.f16 %h9, %h2, %h1;\ncvt.u32.u16 %r9, %h9;", 0),
+        ("set.lt.s32.f16 %r9, %h1, %h2;", 0xffff_ffff),
+        (
+            "set.le.u16.f16 %h9, %h1, %h2;\ncvt.u32.u16 %r9, %h9;",
+            0xffff,
+        ),
+        ("set.eq.f16x2.f16x2 %r9, %r1, %r2;", 0x0000_3c00),
+        ("set.gt.u32.f16x2 %r9, %r1, %r2;", 0xffff_0000),
+        ("set.nan.bf16x2.bf16x2 %r9, %r3, %r4;", 0x3f80_0000),
+        (
+            "set.ne.and.bf16.bf16 %h9, %h3, %h4, %p1;\ncvt.u32.u16 %r9, %h9;",
+            0x3f80,
+        ),
+        (
+            "set.ne.and.bf16.bf16 %h9, %h3, %h4, !%p1;\ncvt.u32.u16 %r9, %h9;",
+            0,
+        ),
+        ("set.ge.or.f16x2.f16x2 %r9, %r2, %r1, %p2;", 0x0000_3c00),
+        (
+            "setp.gt.f16x2 %p3|%p4, %r1, %r2;\nselp.u32 %r8, 1, 0, %p3;\nselp.u32 %r9, 2, 0, %p4;\n\
+             add.u32 %r9, %r9, %r8;",
+            2,
+        ),
+        (
+            "setp.ge.and.f16x2 %p3|%p4, %r1, %r2, %p1;\nselp.u32 %r8, 1, 0, %p3;\n\
+             selp.u32 %r9, 2, 0, %p4;\nadd.u32 %r9, %r9, %r8;",
+            3,
+        ),
+    ];
+    let body: String = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (ins, _))| format!("{ins}\nst.global.u32 [%rd1+{}], %r9;\n", 4 * i))
+        .collect();
+    // %r1 = (2.0, 1.0) and %r2 = (1.0, 1.0) as f16x2 (high, low); %r3 = (NaN, 1.0) and
+    // %r4 = 0 as bf16x2; %h1 = 1.0, %h2 = 2.0 (f16); %h3 = 1.0, %h4 = 2.0 (bf16).
+    let ptx = format!(
+        ".version 7.8\n.target sm_80\n.address_size 64\n\
+         .visible .entry k(.param .u64 out) {{\n\
+         .reg .b16 %h<10>; .reg .b32 %r<10>; .reg .b64 %rd<2>; .reg .pred %p<5>;\n\
+         ld.param.u64 %rd1, [out]; cvta.to.global.u64 %rd1, %rd1;\n\
+         mov.b32 %r1, 0x40003c00; mov.b32 %r2, 0x3c003c00; mov.b32 %r3, 0x7fc03f80;\n\
+         mov.b32 %r4, 0;\n\
+         mov.b16 %h1, 0x3c00; mov.b16 %h2, 0x4000; mov.b16 %h3, 0x3f80; mov.b16 %h4, 0x4000;\n\
+         setp.eq.u32 %p1, 1, 1; setp.eq.u32 %p2, 1, 0;\n\
+         {body}ret; }}\n"
+    );
+    let m = vgpu_ptx::Module::load(&ptx).unwrap();
+    let mem = TestMemory::new();
+    let out = mem.alloc(4 * cases.len());
+    run(
+        &m,
+        "k",
+        &Config::linear(1, 1),
+        &[Arg::U64(out)],
+        &mem,
+        &alloc_globals(&m, &mem),
+    )
+    .unwrap();
+    let got = mem.read::<u32>(out, cases.len());
+    for ((ins, want), got) in cases.iter().zip(got) {
+        assert_eq!(got, *want, "{ins}: got {got:#010x}, want {want:#010x}");
+    }
+}

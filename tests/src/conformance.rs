@@ -499,6 +499,10 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("fresh_memory_is_zeroed", fresh_memory_is_zeroed),
     ("slices_are_hard_limits", slices_are_hard_limits),
     ("foreign_pointers_are_refused", foreign_pointers_are_refused),
+    (
+        "small_overruns_stay_in_their_allocation",
+        small_overruns_stay_in_their_allocation,
+    ),
     ("bad_images_are_refused", bad_images_are_refused),
     ("fat_binaries_with_ptx_run", fat_binaries_with_ptx_run),
     ("kernel_corpus", kernel_corpus),
@@ -1078,6 +1082,63 @@ fn add_works(s: &mut Session, k: &Kernel, n: usize) -> Result<(), Code> {
         s.free(p)?;
     }
     Ok(())
+}
+
+/// A kernel that overruns small allocations by a few elements (numba-cuda's own dispatcher test
+/// launches 16 threads over 10-element arrays) runs as on a GPU, where the overrun lands in
+/// the allocation's page and does not fault: each allocation's bytes run to its size rounded
+/// up to CUDA's 256-byte alignment. The elements inside the allocations are right, and the
+/// allocations next to them are untouched.
+pub fn small_overruns_stay_in_their_allocation(t: &Target) {
+    let rig = Rig::new((t.make)(None), &[("a", 64 * MIB, 1)]);
+    let mut s = rig.session("a");
+    let k = vector_add(&mut s);
+    let (n, run) = (10usize, 16usize);
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| 3.0 * i as f32).collect();
+    let bytes = (n * 4) as u64;
+    let guard_pattern = pattern(256, 0x9a);
+    let guard = s.alloc(256).unwrap();
+    s.htod(guard, &guard_pattern).unwrap();
+    let (pa, pb, pc) = (
+        s.alloc(bytes).unwrap(),
+        s.alloc(bytes).unwrap(),
+        s.alloc(bytes).unwrap(),
+    );
+    let after = s.alloc(256).unwrap();
+    s.htod(after, &guard_pattern).unwrap();
+    s.htod(pa, &f32s(&a)).unwrap();
+    s.htod(pb, &f32s(&b)).unwrap();
+    s.launch(
+        &k,
+        [1, 1, 1],
+        [32, 1, 1],
+        0,
+        &[
+            Arg::Ptr(pa),
+            Arg::Ptr(pb),
+            Arg::Ptr(pc),
+            Arg::I32(run as i32),
+        ],
+    )
+    .unwrap();
+    s.sync()
+        .expect("an overrun within the allocations' alignment does not fault");
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert!(
+        s.dtoh(pc, n * 4).unwrap() == f32s(&want),
+        "the elements inside are right"
+    );
+    for p in [guard, after] {
+        assert!(
+            s.dtoh(p, 256).unwrap() == guard_pattern,
+            "a neighbour was overwritten"
+        );
+    }
+    for p in [guard, pa, pb, pc, after] {
+        s.free(p).unwrap();
+    }
+    s.close();
 }
 
 /// Pointers of another VM, of another session of the same VM, and freed

@@ -397,7 +397,10 @@ impl ContextMemory {
             self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
             return Err(DeviceError::OutOfMemory);
         }
-        let len = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory);
+        // The allocation's bytes run to its rounded size: a kernel overrunning it by less than
+        // CUDA's alignment stays in memory of its own (zeroed), as on a GPU, where such an
+        // access lands in the allocation's page and does not fault.
+        let len = usize::try_from(rounded).map_err(|_| DeviceError::OutOfMemory);
         let buf = len.and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory));
         let buf = match buf {
             Ok(b) => Arc::new(b),
@@ -467,7 +470,7 @@ impl ContextMemory {
     /// against the device's capacity.
     fn alloc_host(&self, size: u64) -> Result<u64, DeviceError> {
         let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
-        let buf = usize::try_from(size)
+        let buf = usize::try_from(rounded)
             .map_err(|_| DeviceError::OutOfMemory)
             .and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory))?;
         let base = self
@@ -1100,8 +1103,9 @@ mod tests {
             Err(DeviceError::InvalidAddress { .. })
         ));
         assert!(b.free(p).is_err());
-        assert!(a.write(p + 60, b"12345").is_err(), "past the end");
-        a.write(p + 59, b"12345").unwrap();
+        // An allocation's bytes run to its size rounded up to CUDA's alignment.
+        assert!(a.write(p + 252, b"12345").is_err(), "past the end");
+        a.write(p + 251, b"12345").unwrap();
     }
 
     #[test]

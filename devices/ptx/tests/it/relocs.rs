@@ -72,3 +72,37 @@ fn initializers_naming_unknown_symbols_are_refused() {
     let e = Module::load(ptx).unwrap_err();
     assert_eq!(e.kind, LoadErrorKind::NotSupported, "a 4-byte address: {e}");
 }
+
+#[test]
+fn a_call_expecting_a_result_from_a_void_function_runs() {
+    // numba declares a C-ABI `void` function `.extern` returning `.b64` and calls it so; its
+    // definition (from NVRTC) returns nothing. The linked module runs, the result undefined.
+    let ptx = ".version 7.8\n.target sm_80\n.address_size 64\n\
+        .visible .func consume(.param .b32 consume_param_0) {\n\
+        .reg .b32 %r<2>; ld.param.u32 %r1, [consume_param_0]; ret; }\n\
+        .visible .entry k(.param .u64 out) {\n\
+        .reg .b32 %r<3>; .reg .b64 %rd<3>;\n\
+        ld.param.u64 %rd1, [out]; cvta.to.global.u64 %rd1, %rd1; mov.u32 %r1, 21;\n\
+        { .param .b32 param0; st.param.b32 [param0+0], %r1; .param .b64 retval0;\n\
+        call.uni (retval0), consume, (param0); ld.param.b64 %rd2, [retval0+0]; }\n\
+        shl.b32 %r2, %r1, 1; st.global.u32 [%rd1], %r2; ret; }\n";
+    let m = Module::load(ptx).unwrap();
+    let mem = TestMemory::new();
+    let out = mem.alloc(4);
+    run(
+        &m,
+        "k",
+        &Config::linear(1, 1),
+        &[Arg::U64(out)],
+        &mem,
+        &alloc_globals(&m, &mem),
+    )
+    .unwrap();
+    assert_eq!(mem.read::<u32>(out, 1), [42]);
+    // Arguments must still match.
+    let bad = ptx.replace(
+        "call.uni (retval0), consume, (param0);",
+        "call.uni (retval0), consume, ();",
+    );
+    assert!(Module::load(&bad).is_err());
+}

@@ -40,6 +40,9 @@ const GLOBAL_LIMIT: u64 = 1 << 48;
 const FULL: u32 = u32::MAX;
 /// Warp-instructions between checks of the watchdog, cancellation and sibling faults.
 const CHECK_INTERVAL: u32 = 1024;
+/// The same in a cooperative launch, whose blocks each give up their thread's CPU at every
+/// check (blocks spinning at a grid barrier wait for blocks that need a CPU to arrive).
+const COOPERATIVE_CHECK_INTERVAL: u32 = 128;
 /// Value of %nwarpid (warp slots per SM on current GPUs).
 const NWARPID: u32 = 64;
 /// Distinct allocations a worker keeps pinned and cached.

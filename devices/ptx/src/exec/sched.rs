@@ -24,7 +24,7 @@ impl<'a> Worker<'a> {
             block_idx: [0; 3],
             insts: 0,
             blocks: 0,
-            budget: CHECK_INTERVAL,
+            budget: check_interval(ctx.grid_workspace),
             frame_pool: Vec::new(),
             sibling_stop: false,
             frame_bytes: 0,
@@ -372,7 +372,7 @@ impl<'a> Worker<'a> {
     }
 
     pub(super) fn check_control(&mut self, warp: WarpRef<'_>, line: u32) -> Result<(), Fault> {
-        self.budget = CHECK_INTERVAL;
+        self.budget = check_interval(self.ctx.grid_workspace);
         if self.ctx.stop.load(Ordering::Relaxed) {
             self.sibling_stop = true;
             return Err(fault(
@@ -398,6 +398,22 @@ impl<'a> Worker<'a> {
                 ),
             ));
         }
+        // A cooperative launch's blocks each run on a thread of their own and wait for each
+        // other at grid barriers by spinning on global memory (cooperative groups' code). With
+        // more blocks than CPUs a spinning block would hold its CPU for a whole time slice
+        // while the blocks it waits for cannot run; giving the CPU up here lets them.
+        if self.ctx.grid_workspace != 0 {
+            std::thread::yield_now();
+        }
         Ok(())
+    }
+}
+
+/// Warp-instructions between a worker's checks of its launch's control.
+fn check_interval(grid_workspace: u64) -> u32 {
+    if grid_workspace != 0 {
+        COOPERATIVE_CHECK_INTERVAL
+    } else {
+        CHECK_INTERVAL
     }
 }

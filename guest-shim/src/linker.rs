@@ -279,11 +279,12 @@ fn is_entry(statement: &str) -> bool {
         && statement.contains('{')
 }
 
-/// Whether a statement has `.weak` linkage: of several definitions of its name (an inline
-/// function's template instantiation or local static in every translation unit), the strong
-/// one or else the first is kept, as the driver's linker does.
+/// Whether a statement has `.weak` or `.common` linkage: of several definitions of its name (an
+/// inline function's template instantiation or local static in every translation unit, the
+/// environment variables numba declares `.common` in each module it links), the strong one or
+/// else the first is kept, as the driver's linker does.
 fn is_weak(statement: &str) -> bool {
-    has_directive(statement, ".weak")
+    has_directive(statement, ".weak") || has_directive(statement, ".common")
 }
 
 /// Whether one of the directives a statement starts with is `directive`.
@@ -959,6 +960,16 @@ mod tests {
                 "{linked}"
             );
         }
+        // `.common` variables (numba's environment pointers) likewise.
+        let common = |kernel: &str| {
+            format!(
+                ".version 7.8\n.target sm_80\n.address_size 64\n\
+                 .common .global .align 8 .u64 _ZN08NumbaEnv1fE;\n\
+                 .visible .entry {kernel}() {{ ret; }}\n"
+            )
+        };
+        let linked = link_ptx(&[common("x"), common("y")]).unwrap();
+        assert_eq!(linked.matches("_ZN08NumbaEnv1fE").count(), 1, "{linked}");
         // Strong definitions twice are still an error.
         let e = link_ptx(&[unit("a", true), unit("b", true)]).unwrap_err();
         assert!(

@@ -130,6 +130,12 @@ if ! python3 -c 'import cuda.bindings.driver, numba.cuda, cuda.core.graph' >/dev
         cuda-core==1.2.2 cuda-pathfinder==1.9.1 \
         || log "cuda-bindings or numba-cuda could not be installed; their tests will be skipped"
 fi
+if ! python3 -c 'import pytest, filecheck' >/dev/null 2>&1; then
+    # numba-cuda's own test modules (run by the numba-cuda test) import them.
+    log "installing pytest and filecheck from PyPI for numba-cuda's own tests"
+    pip_install pytest==9.2.0 filecheck==1.0.6 \
+        || log "pytest or filecheck could not be installed; numba-cuda's own tests will be skipped"
+fi
 # PyTorch, in a virtual environment of its own: its wheel pins NVIDIA's CUDA 13
 # libraries (cuDNN, NCCL, cuBLAS...; about 5 GB installed), which must not
 # replace the CUDA 12 ones the other packages use. tests/python_driver.rs

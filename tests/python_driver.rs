@@ -268,6 +268,26 @@ fn numba_cuda_runs_unmodified() {
     );
 }
 
+/// numba-cuda's own tests of what it compiles (tests/python/numba_suite.py: its intrinsics,
+/// dispatcher, device-function, debug-information and cooperative-groups modules, 200 tests)
+/// pass unmodified. Before 2026-12-06, 87 of them failed: half-precision comparisons did not
+/// load, a test overrunning 10-element arrays faulted and poisoned its context for 30 more,
+/// C-ABI `void` functions and `.common` variables did not link, and 1024 grid barriers ran
+/// into the watchdog.
+#[test]
+fn numba_cudas_own_tests_pass() {
+    const SLICE: u64 = 256 << 20;
+    let cache = tempfile::tempdir().unwrap();
+    runs_unmodified(
+        "import numba.cuda, cuda.core, pytest, filecheck",
+        "numba-cuda, pytest or filecheck is",
+        ("numba", SLICE),
+        "numba_suite.py",
+        &[],
+        &[("NUMBA_CACHE_DIR", cache.path().as_os_str())],
+    );
+}
+
 /// The Python of the virtual environment `scripts/prereqs.sh` installs PyTorch into
 /// (`$VGPU_TORCH_VENV`, by default `~/.cache/vgpu/torch-venv`: PyTorch pins NVIDIA's CUDA 13
 /// libraries, which the other packages' CUDA 12 ones must not meet), if it holds PyTorch.

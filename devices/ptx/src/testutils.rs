@@ -282,6 +282,24 @@ pub fn run(
     )
 }
 
+/// Loads `ptx`, runs its kernel `k(.param .u64 out)` in one block of `threads` threads and
+/// returns the first `words` 32-bit words of `out` (zeroed before).
+pub fn run_out_kernel(ptx: &str, threads: u32, words: usize) -> Vec<u32> {
+    let m = Module::load(ptx).unwrap_or_else(|e| panic!("{e}"));
+    let mem = TestMemory::new();
+    let out = mem.alloc(4 * words);
+    run(
+        &m,
+        "k",
+        &Config::linear(1, threads),
+        &[Arg::U64(out)],
+        &mem,
+        &alloc_globals(&m, &mem),
+    )
+    .unwrap();
+    mem.read(out, words)
+}
+
 /// [`run`] under `control` (a heap, device-side launches, output, a deadline).
 pub fn run_controlled(
     module: &Module,

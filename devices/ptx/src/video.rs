@@ -4,6 +4,8 @@
 //! `vset2`/`4`), as the PTX ISA defines them. nvcc and NVRTC write `vabsdiff4` for CUDA's
 //! `__vabsdiffu4` and `__vsadu4`; image code writes the others in inline assembly.
 
+use crate::ir::Cmp;
+
 /// The arithmetic of a video instruction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum VideoOp {
@@ -23,8 +25,8 @@ pub(crate) enum VideoOp {
     },
     /// Scalar only.
     Mad(Mad),
-    /// 1 where the comparison holds, else 0.
-    Set(VideoCmp),
+    /// 1 where the comparison (`eq`, `ne`, `lt`, `le`, `gt`, `ge`) holds, else 0.
+    Set(Cmp),
 }
 
 /// `vmad`'s options.
@@ -38,17 +40,6 @@ pub(crate) struct Mad {
     pub plus_one: bool,
     /// `.shr7` / `.shr15`: the result shifted right.
     pub shift: u8,
-}
-
-/// `vset`'s comparisons.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum VideoCmp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
 }
 
 /// What a scalar instruction does with its result and `c`.
@@ -152,6 +143,32 @@ pub(crate) struct Video {
 const SELECT_BITS: u32 = 3;
 
 impl Video {
+    /// `op` on `lanes` lanes with operands of the given signedness: whole words, every lane
+    /// in order, nothing done with `c` (the instruction's modifiers and operands add the rest).
+    pub(crate) fn new(
+        op: VideoOp,
+        lanes: u8,
+        signed_a: bool,
+        signed_b: bool,
+        signed_d: bool,
+    ) -> Video {
+        Video {
+            op,
+            lanes,
+            signed_a,
+            signed_b,
+            signed_d,
+            sat: false,
+            secondary: Secondary::None,
+            part_a: Part::Word,
+            part_b: Part::Word,
+            select_a: Video::in_order(lanes, 0),
+            select_b: Video::in_order(lanes, lanes),
+            mask: ((1u16 << lanes) - 1) as u8,
+            accumulate: false,
+        }
+    }
+
     /// The selector of a SIMD instruction that reads lanes `first`, `first + 1`, … in order
     /// (`.h10`/`.b3210` of `a`, `.h32`/`.b7654` of `b`).
     pub(crate) fn in_order(lanes: u8, first: u8) -> u16 {
@@ -322,12 +339,14 @@ fn lane_op(op: VideoOp, a: i64, b: i64) -> i64 {
             if s >= 0 { (s + 1) >> 1 } else { s >> 1 }
         }
         VideoOp::Set(cmp) => i64::from(match cmp {
-            VideoCmp::Eq => a == b,
-            VideoCmp::Ne => a != b,
-            VideoCmp::Lt => a < b,
-            VideoCmp::Le => a <= b,
-            VideoCmp::Gt => a > b,
-            VideoCmp::Ge => a >= b,
+            Cmp::Eq => a == b,
+            Cmp::Ne => a != b,
+            Cmp::Lt => a < b,
+            Cmp::Le => a <= b,
+            Cmp::Gt => a > b,
+            Cmp::Ge => a >= b,
+            // The decoder accepts only the six above.
+            _ => false,
         }),
         // Decoded only as scalar instructions, which handle them themselves.
         VideoOp::Shl { .. } | VideoOp::Shr { .. } | VideoOp::Mad(_) => 0,
@@ -339,29 +358,11 @@ mod tests {
     use super::*;
 
     fn simd(op: VideoOp, lanes: u8, signed: bool) -> Video {
-        Video {
-            op,
-            lanes,
-            signed_a: signed,
-            signed_b: signed,
-            signed_d: signed,
-            sat: false,
-            secondary: Secondary::None,
-            part_a: Part::Word,
-            part_b: Part::Word,
-            select_a: Video::in_order(lanes, 0),
-            select_b: Video::in_order(lanes, lanes),
-            mask: (1 << lanes) - 1,
-            accumulate: false,
-        }
+        Video::new(op, lanes, signed, signed, signed)
     }
 
     fn scalar(op: VideoOp, signed: bool) -> Video {
-        Video {
-            lanes: 1,
-            mask: 0,
-            ..simd(op, 1, signed)
-        }
+        simd(op, 1, signed)
     }
 
     fn bytes(x: u32) -> [i64; 4] {
@@ -443,7 +444,7 @@ mod tests {
         // Lane 0 reads byte 7 (b's top), lane 2 byte 5; b's bytes are compared with themselves.
         assert_eq!(merged.eval(0, 0x4433_2211, 0xaabb_ccdd), 0xaa33_cc44);
         // vset4: 1 per lane where a > b.
-        let gt = simd(VideoOp::Set(VideoCmp::Gt), 4, false);
+        let gt = simd(VideoOp::Set(Cmp::Gt), 4, false);
         assert_eq!(gt.eval(0x0502_0900, 0x0403_0800, 0), 0x0100_0100);
     }
 
@@ -487,7 +488,7 @@ mod tests {
         // vset with an added c.
         let set = Video {
             secondary: Secondary::Add,
-            ..scalar(VideoOp::Set(VideoCmp::Le), true)
+            ..scalar(VideoOp::Set(Cmp::Le), true)
         };
         assert_eq!(set.eval((-1i32) as u32, 0, 41), 42);
     }

@@ -3,7 +3,7 @@
 //! [`crate::video`]'s.
 
 use super::*;
-use crate::video::{Mad, Part, Secondary, Video, VideoCmp, VideoOp};
+use crate::video::{Mad, Part, Secondary, Video, VideoOp};
 
 /// A source or destination operand of a video instruction: the register (or immediate), its
 /// part selector and whether it is negated.
@@ -81,12 +81,12 @@ impl FnCtx<'_> {
         let set = base == "vset";
         let cmp = if set {
             Some(match m.any(&["eq", "ne", "lt", "le", "gt", "ge"]) {
-                Some("eq") => VideoCmp::Eq,
-                Some("ne") => VideoCmp::Ne,
-                Some("lt") => VideoCmp::Lt,
-                Some("le") => VideoCmp::Le,
-                Some("gt") => VideoCmp::Gt,
-                Some("ge") => VideoCmp::Ge,
+                Some("eq") => Cmp::Eq,
+                Some("ne") => Cmp::Ne,
+                Some("lt") => Cmp::Lt,
+                Some("le") => Cmp::Le,
+                Some("gt") => Cmp::Gt,
+                Some("ge") => Cmp::Ge,
                 _ => return Err(self.err(format!("`{name}` needs a comparison"))),
             })
         } else {
@@ -152,19 +152,8 @@ impl FnCtx<'_> {
             return Err(unsupported(ins));
         }
         let mut v = Video {
-            op,
-            lanes,
-            signed_a,
-            signed_b,
-            signed_d,
             sat,
-            secondary: Secondary::None,
-            part_a: Part::Word,
-            part_b: Part::Word,
-            select_a: Video::in_order(lanes, 0),
-            select_b: Video::in_order(lanes, lanes),
-            mask: (1 << lanes) - 1,
-            accumulate: false,
+            ..Video::new(op, lanes, signed_a, signed_b, signed_d)
         };
         let operands = &ins.operands;
         let (d, a, b) = match operands.as_slice() {

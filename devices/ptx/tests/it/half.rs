@@ -190,19 +190,7 @@ fn half_comparisons_set_halves_and_predicates() {
          setp.eq.u32 %p1, 1, 1; setp.eq.u32 %p2, 1, 0;\n\
          {body}ret; }}\n"
     );
-    let m = vgpu_ptx::Module::load(&ptx).unwrap();
-    let mem = TestMemory::new();
-    let out = mem.alloc(4 * cases.len());
-    run(
-        &m,
-        "k",
-        &Config::linear(1, 1),
-        &[Arg::U64(out)],
-        &mem,
-        &alloc_globals(&m, &mem),
-    )
-    .unwrap();
-    let got = mem.read::<u32>(out, cases.len());
+    let got = run_out_kernel(&ptx, 1, cases.len());
     for ((ins, want), got) in cases.iter().zip(got) {
         assert_eq!(got, *want, "{ins}: got {got:#010x}, want {want:#010x}");
     }

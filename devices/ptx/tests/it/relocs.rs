@@ -86,19 +86,7 @@ fn a_call_expecting_a_result_from_a_void_function_runs() {
         { .param .b32 param0; st.param.b32 [param0+0], %r1; .param .b64 retval0;\n\
         call.uni (retval0), consume, (param0); ld.param.b64 %rd2, [retval0+0]; }\n\
         shl.b32 %r2, %r1, 1; st.global.u32 [%rd1], %r2; ret; }\n";
-    let m = Module::load(ptx).unwrap();
-    let mem = TestMemory::new();
-    let out = mem.alloc(4);
-    run(
-        &m,
-        "k",
-        &Config::linear(1, 1),
-        &[Arg::U64(out)],
-        &mem,
-        &alloc_globals(&m, &mem),
-    )
-    .unwrap();
-    assert_eq!(mem.read::<u32>(out, 1), [42]);
+    assert_eq!(run_out_kernel(ptx, 1, 1), [42]);
     // Arguments must still match.
     let bad = ptx.replace(
         "call.uni (retval0), consume, (param0);",

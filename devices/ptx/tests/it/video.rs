@@ -65,19 +65,7 @@ fn video_instructions_compute_what_the_isa_says() {
         .enumerate()
         .map(|(i, (ins, _))| format!("{ins}\nst.global.u32 [%rd1+{}], %r10;\n", 4 * i))
         .collect();
-    let m = Module::load(&kernel(&body)).unwrap();
-    let mem = TestMemory::new();
-    let out = mem.alloc(4 * CASES.len());
-    run(
-        &m,
-        "k",
-        &Config::linear(1, 1),
-        &[Arg::U64(out)],
-        &mem,
-        &alloc_globals(&m, &mem),
-    )
-    .unwrap();
-    let got = mem.read::<u32>(out, CASES.len());
+    let got = run_out_kernel(&kernel(&body), 1, CASES.len());
     for ((ins, want), got) in CASES.iter().zip(got) {
         assert_eq!(got, *want, "{ins}: got {got:#010x}, want {want:#010x}");
     }

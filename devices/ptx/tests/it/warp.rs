@@ -1,7 +1,6 @@
 //! Warp-level semantics: shuffles, votes, activemask, divergence and reconvergence.
 #![allow(clippy::needless_range_loop)]
 
-use vgpu_ptx::Module;
 use vgpu_ptx::testutils::*;
 
 fn warp_reference(v: &[i32]) -> Vec<[i32; 16]> {
@@ -159,18 +158,6 @@ fn warp_sz_is_the_warp_size_wherever_an_immediate_is() {
         mul.wide.u32 %rd2, %r1, 4; add.s64 %rd3, %rd1, %rd2;\n\
         st.global.u32 [%rd3], %r4;\n\
         ret; }\n";
-    let m = Module::load(ptx).unwrap();
-    let mem = TestMemory::new();
-    let out = mem.alloc(70 * 4);
-    run(
-        &m,
-        "k",
-        &Config::linear(1, 70),
-        &[Arg::U64(out)],
-        &mem,
-        &alloc_globals(&m, &mem),
-    )
-    .unwrap();
     let want: Vec<u32> = (0..70).map(|t| 3200 + t % 32).collect();
-    assert_eq!(mem.read::<u32>(out, 70), want);
+    assert_eq!(run_out_kernel(ptx, 70, 70), want);
 }

@@ -285,6 +285,11 @@ pub fn run(
 /// Loads `ptx`, runs its kernel `k(.param .u64 out)` in one block of `threads` threads and
 /// returns the first `words` 32-bit words of `out` (zeroed before).
 pub fn run_out_kernel(ptx: &str, threads: u32, words: usize) -> Vec<u32> {
+    try_run_out_kernel(ptx, threads, words).unwrap_or_else(|f| panic!("{f}"))
+}
+
+/// [`run_out_kernel`], the launch's fault returned.
+pub fn try_run_out_kernel(ptx: &str, threads: u32, words: usize) -> Result<Vec<u32>, Fault> {
     let m = Module::load(ptx).unwrap_or_else(|e| panic!("{e}"));
     let mem = TestMemory::new();
     let out = mem.alloc(4 * words);
@@ -295,9 +300,8 @@ pub fn run_out_kernel(ptx: &str, threads: u32, words: usize) -> Vec<u32> {
         &[Arg::U64(out)],
         &mem,
         &alloc_globals(&m, &mem),
-    )
-    .unwrap();
-    mem.read(out, words)
+    )?;
+    Ok(mem.read(out, words))
 }
 
 /// [`run`] under `control` (a heap, device-side launches, output, a deadline).

@@ -17,22 +17,6 @@ fn kernel(body: &str) -> String {
     )
 }
 
-/// Runs `threads` threads of `ptx` and returns `n` words of output (zeroed first).
-fn run_words(ptx: &str, threads: u32, n: usize) -> Result<Vec<u32>, Fault> {
-    let m = Module::load(ptx).unwrap_or_else(|e| panic!("{e}"));
-    let mem = TestMemory::new();
-    let out = mem.alloc(n * 4);
-    run(
-        &m,
-        "k",
-        &Config::linear(1, threads),
-        &[Arg::U64(out)],
-        &mem,
-        &[],
-    )?;
-    Ok(mem.read::<u32>(out, n))
-}
-
 /// Stores `%r{v}` at `out[tid]`.
 fn store(v: u32) -> String {
     format!("mul.wide.u32 %rd3, %r1, 4;\nadd.u64 %rd4, %rd1, %rd3;\nst.global.u32 [%rd4], %r{v};\n")
@@ -51,7 +35,7 @@ fn the_last_arrival_completes_a_phase_and_the_waiters_go_on() {
          mbarrier.pending_count.b64 %r3, %rd5;\nmad.lo.u32 %r4, %r3, 1000, %r2;\n{}",
         store(4)
     );
-    let got = run_words(&kernel(&body), 128, 128).unwrap();
+    let got = try_run_out_kernel(&kernel(&body), 128, 128).unwrap();
     for (t, g) in got.iter().enumerate() {
         // The state records the arrivals still pending after this thread's.
         let pending = if t == 127 { 128 } else { 127 - t as u32 };
@@ -79,7 +63,7 @@ fn parities_try_wait_and_arrive_drop_over_phases() {
          OUT:\n{}",
         store(2)
     );
-    let got = run_words(&kernel(&body), 64, 64).unwrap();
+    let got = try_run_out_kernel(&kernel(&body), 64, 64).unwrap();
     for (t, g) in got.iter().enumerate() {
         let want = if t >= 32 {
             5
@@ -108,7 +92,7 @@ fn cp_async_arrivals_count_only_without_an_increment() {
          add.u32 %r2, %r2, %r3;\n{}END:\n",
         store(2)
     );
-    let got = run_words(&kernel(&body), 1, 1).unwrap();
+    let got = try_run_out_kernel(&kernel(&body), 1, 1).unwrap();
     assert_eq!(
         got[0], 10,
         "incomplete after one arrival, complete after the .noinc one"
@@ -127,7 +111,7 @@ fn a_warp_backing_off_with_nanosleep_lets_the_others_run() {
          DONE:\n{}",
         store(2)
     );
-    let got = run_words(&kernel(&body), 64, 64).unwrap();
+    let got = try_run_out_kernel(&kernel(&body), 64, 64).unwrap();
     assert!(got[..32].iter().all(|&v| v == 9), "{got:?}");
     assert!(got[32..].iter().all(|&v| v == 1), "{got:?}");
 }
@@ -144,7 +128,7 @@ fn barriers_at_bad_addresses_fault_and_cluster_forms_are_refused() {
             FaultKind::IllegalAddress,
         ),
     ] {
-        let f = run_words(&kernel(inst), 32, 1).unwrap_err();
+        let f = try_run_out_kernel(&kernel(inst), 32, 1).unwrap_err();
         assert_eq!(f.kind, kind, "{inst}: {f}");
     }
     for inst in [

@@ -110,6 +110,9 @@ impl Width {
 pub struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes kernels may touch (at least `len`): an allocation rounded up to its alignment,
+    /// whose slack kernels may overrun into as on a GPU; host copies stay within `len`.
+    reach: usize,
     /// Where the bytes live, for `Drop`.
     backing: Backing,
     /// Kernel pin count plus the `HOST_BULK` bit (see the module documentation).
@@ -132,22 +135,30 @@ impl std::fmt::Debug for Buffer {
 impl Buffer {
     /// Allocates `len` zeroed bytes. Fails instead of aborting when the host is out of memory.
     pub fn new_zeroed(len: usize) -> Result<Buffer, AllocError> {
-        if len == 0 {
+        Self::new_zeroed_reaching(len, len)
+    }
+
+    /// Allocates `reach` zeroed bytes (at least `len`), of which host copies use `len` and
+    /// kernels all.
+    pub fn new_zeroed_reaching(len: usize, reach: usize) -> Result<Buffer, AllocError> {
+        let (len, reach) = (len, reach.max(len));
+        if reach == 0 {
             // A well-aligned dangling pointer: no byte is ever accessed through it.
             let ptr = NonNull::new(BUFFER_ALIGN as *mut u8).ok_or(AllocError { len })?;
             return Ok(Buffer {
                 ptr,
                 len,
+                reach,
                 backing: Backing::None,
                 state: AtomicUsize::new(0),
             });
         }
-        let (ptr, backing) = if len >= HUGE_BACKING_MIN {
-            let m = HugeMapping::new(len).map_err(|_| AllocError { len })?;
+        let (ptr, backing) = if reach >= HUGE_BACKING_MIN {
+            let m = HugeMapping::new(reach).map_err(|_| AllocError { len })?;
             (m.as_non_null(), Backing::Mapped { mapping: m })
         } else {
             let layout =
-                Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { len })?;
+                Layout::from_size_align(reach, BUFFER_ALIGN).map_err(|_| AllocError { len })?;
             // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two
             // alignment.
             let raw = unsafe { alloc::alloc_zeroed(layout) };
@@ -159,14 +170,20 @@ impl Buffer {
         Ok(Buffer {
             ptr,
             len,
+            reach,
             backing,
             state: AtomicUsize::new(0),
         })
     }
 
-    /// Length in bytes.
+    /// Length in bytes (what host copies may use).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Bytes kernels may touch (at least [`Buffer::len`]).
+    pub fn reach(&self) -> usize {
+        self.reach
     }
 
     /// A new buffer holding this one's bytes, made without copying them where this one is a
@@ -192,6 +209,7 @@ impl Buffer {
         Some(Buffer {
             ptr: m.as_non_null(),
             len: self.len,
+            reach: self.reach,
             backing: Backing::Mapped { mapping: m },
             state: AtomicUsize::new(0),
         })
@@ -481,22 +499,22 @@ impl Drop for KernelView {
 }
 
 impl KernelView {
-    /// Length of the pinned buffer in bytes.
+    /// Bytes of the pinned buffer kernels may touch ([`Buffer::reach`]).
     #[inline]
     pub fn len(&self) -> usize {
-        self.buf.len
+        self.buf.reach
     }
 
-    /// True for a zero-length buffer.
+    /// True for a buffer kernels cannot touch at all.
     pub fn is_empty(&self) -> bool {
-        self.buf.len == 0
+        self.buf.reach == 0
     }
 
     /// Checks that `[offset, offset + width)` lies inside the buffer and is naturally aligned.
     #[inline]
     fn check_access(&self, offset: u64, width: usize) -> Result<usize, AccessError> {
         let off = usize::try_from(offset).map_err(|_| AccessError::OutOfRange)?;
-        if off >= self.buf.len || self.buf.len - off < width {
+        if off >= self.buf.reach || self.buf.reach - off < width {
             return Err(AccessError::OutOfRange);
         }
         if off & (width - 1) != 0 {

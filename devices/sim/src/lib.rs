@@ -307,7 +307,7 @@ impl GlobalMemory for ContextMemory {
     fn lookup(&self, addr: u64) -> Option<(u64, Arc<Buffer>)> {
         let a = self.allocs.read().unwrap_or_else(|p| p.into_inner());
         let (&base, buf) = a.range(..=addr).next_back()?;
-        (addr - base < buf.len() as u64).then(|| (base, Arc::clone(buf)))
+        (addr - base < buf.reach() as u64).then(|| (base, Arc::clone(buf)))
     }
 
     fn texture(&self, handle: u64) -> Option<vgpu_ptx::texture::TextureView> {
@@ -351,6 +351,10 @@ impl ContextMemory {
         while at < end || out.is_empty() {
             let (base, buf) = self.lookup(at).ok_or(bad.clone())?;
             let off = at - base;
+            // Host copies stay within the allocation's size; only kernels reach its slack.
+            if off >= buf.len() as u64 {
+                return Err(bad);
+            }
             let n = (buf.len() as u64 - off).min(end - at);
             out.push((buf, off as usize, n as usize));
             at += n;
@@ -397,11 +401,16 @@ impl ContextMemory {
             self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
             return Err(DeviceError::OutOfMemory);
         }
-        // The allocation's bytes run to its rounded size: a kernel overrunning it by less than
-        // CUDA's alignment stays in memory of its own (zeroed), as on a GPU, where such an
-        // access lands in the allocation's page and does not fault.
-        let len = usize::try_from(rounded).map_err(|_| DeviceError::OutOfMemory);
-        let buf = len.and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory));
+        // Kernels reach the allocation's bytes to its rounded size: one overrunning it by less
+        // than CUDA's alignment stays in memory of its own (zeroed), as on a GPU, where such an
+        // access lands in the allocation's page and does not fault. Host copies stay within
+        // `size`.
+        let sizes = usize::try_from(size).and_then(|s| Ok((s, usize::try_from(rounded)?)));
+        let buf = sizes
+            .map_err(|_| DeviceError::OutOfMemory)
+            .and_then(|(len, reach)| {
+                Buffer::new_zeroed_reaching(len, reach).map_err(|_| DeviceError::OutOfMemory)
+            });
         let buf = match buf {
             Ok(b) => Arc::new(b),
             Err(e) => {
@@ -470,9 +479,12 @@ impl ContextMemory {
     /// against the device's capacity.
     fn alloc_host(&self, size: u64) -> Result<u64, DeviceError> {
         let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
-        let buf = usize::try_from(rounded)
+        let buf = usize::try_from(size)
+            .and_then(|s| Ok((s, usize::try_from(rounded)?)))
             .map_err(|_| DeviceError::OutOfMemory)
-            .and_then(|l| Buffer::new_zeroed(l).map_err(|_| DeviceError::OutOfMemory))?;
+            .and_then(|(len, reach)| {
+                Buffer::new_zeroed_reaching(len, reach).map_err(|_| DeviceError::OutOfMemory)
+            })?;
         let base = self
             .memory
             .space
@@ -528,7 +540,7 @@ impl ContextMemory {
         let new = match old.take_backing() {
             Some(b) => Arc::new(b),
             None => {
-                let new = match Buffer::new_zeroed(old.len()) {
+                let new = match Buffer::new_zeroed_reaching(old.len(), old.reach()) {
                     Ok(b) => Arc::new(b),
                     Err(_) => {
                         if to == Residence::Device {
@@ -1103,9 +1115,8 @@ mod tests {
             Err(DeviceError::InvalidAddress { .. })
         ));
         assert!(b.free(p).is_err());
-        // An allocation's bytes run to its size rounded up to CUDA's alignment.
-        assert!(a.write(p + 252, b"12345").is_err(), "past the end");
-        a.write(p + 251, b"12345").unwrap();
+        assert!(a.write(p + 60, b"12345").is_err(), "past the end");
+        a.write(p + 59, b"12345").unwrap();
     }
 
     #[test]

@@ -64,7 +64,7 @@ impl<'a> Worker<'a> {
             return Some(i);
         }
         let (base, buf): (u64, Arc<crate::mem::Buffer>) = self.ctx.memory.lookup(addr)?;
-        let len = buf.len() as u64;
+        let len = buf.reach() as u64;
         if addr.wrapping_sub(base) >= len {
             return None;
         }

@@ -19,6 +19,10 @@ LEFT_OUT = {
     # NVRTC 12 compiling cooperative_groups.h finds CUDA 13's headers without their
     # `nv/target`: a packaging mismatch of this machine's wheels, not a CUDA call.
     "test_external_cooperative_func",
+    # A grid of 22 million blocks (5.7 billion threads) checking index arithmetic, sized for a
+    # GPU: on the simulated GPU it runs past the test daemon's watchdog, and the timeout,
+    # sticky as on a GPU, would fail every test after it.
+    "test_issue_9229",
 }
 
 # At least this many tests must run: a module that stops importing would otherwise pass.

@@ -501,13 +501,8 @@ impl Drop for KernelView {
 impl KernelView {
     /// Bytes of the pinned buffer kernels may touch ([`Buffer::reach`]).
     #[inline]
-    pub fn len(&self) -> usize {
+    pub fn reach(&self) -> usize {
         self.buf.reach
-    }
-
-    /// True for a buffer kernels cannot touch at all.
-    pub fn is_empty(&self) -> bool {
-        self.buf.reach == 0
     }
 
     /// Checks that `[offset, offset + width)` lies inside the buffer and is naturally aligned.

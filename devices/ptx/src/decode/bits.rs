@@ -227,30 +227,7 @@ impl FnCtx<'_> {
     }
 
     pub(super) fn sel_setp(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
-        let cmp = match m.any(&[
-            "eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu",
-            "gtu", "geu", "num", "nan",
-        ]) {
-            Some("eq") => Cmp::Eq,
-            Some("ne") => Cmp::Ne,
-            Some("lt") => Cmp::Lt,
-            Some("le") => Cmp::Le,
-            Some("gt") => Cmp::Gt,
-            Some("ge") => Cmp::Ge,
-            Some("lo") => Cmp::Lo,
-            Some("ls") => Cmp::Ls,
-            Some("hi") => Cmp::Hi,
-            Some("hs") => Cmp::Hs,
-            Some("equ") => Cmp::Equ,
-            Some("neu") => Cmp::Neu,
-            Some("ltu") => Cmp::Ltu,
-            Some("leu") => Cmp::Leu,
-            Some("gtu") => Cmp::Gtu,
-            Some("geu") => Cmp::Geu,
-            Some("num") => Cmp::Num,
-            Some("nan") => Cmp::Nan,
-            _ => return Err(unsupported(ins)),
-        };
+        let cmp = m.comparison(false).ok_or_else(|| unsupported(ins))?;
         let bop = match m.any(&["and", "or", "xor"]) {
             Some("and") => Some(BoolOp::And),
             Some("or") => Some(BoolOp::Or),

@@ -38,7 +38,49 @@ pub(super) fn ignorable(m: &str) -> bool {
         || m.starts_with("level::")
 }
 
+/// Comparison modifiers and the comparisons they name; the first six are those every
+/// comparing instruction takes (video instructions take only them).
+const COMPARISONS: [(&str, Cmp); 18] = [
+    ("eq", Cmp::Eq),
+    ("ne", Cmp::Ne),
+    ("lt", Cmp::Lt),
+    ("le", Cmp::Le),
+    ("gt", Cmp::Gt),
+    ("ge", Cmp::Ge),
+    ("lo", Cmp::Lo),
+    ("ls", Cmp::Ls),
+    ("hi", Cmp::Hi),
+    ("hs", Cmp::Hs),
+    ("equ", Cmp::Equ),
+    ("neu", Cmp::Neu),
+    ("ltu", Cmp::Ltu),
+    ("leu", Cmp::Leu),
+    ("gtu", Cmp::Gtu),
+    ("geu", Cmp::Geu),
+    ("num", Cmp::Num),
+    ("nan", Cmp::Nan),
+];
+/// How many of [`COMPARISONS`] every comparing instruction takes.
+const BASIC_COMPARISONS: usize = 6;
+
 impl<'a> Mods<'a> {
+    /// The first comparison modifier (of the six basic ones only, with `basic`), marked as
+    /// understood.
+    pub(super) fn comparison(&mut self, basic: bool) -> Option<Cmp> {
+        let known = if basic {
+            &COMPARISONS[..BASIC_COMPARISONS]
+        } else {
+            &COMPARISONS[..]
+        };
+        for (i, m) in self.list.iter().enumerate() {
+            if let Some(&(_, c)) = known.iter().find(|(name, _)| name == m) {
+                self.used[i] = true;
+                return Some(c);
+            }
+        }
+        None
+    }
+
     pub(super) fn new(list: &'a [String]) -> Self {
         Mods {
             list,

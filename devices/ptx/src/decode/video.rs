@@ -80,15 +80,10 @@ impl FnCtx<'_> {
         };
         let set = base == "vset";
         let cmp = if set {
-            Some(match m.any(&["eq", "ne", "lt", "le", "gt", "ge"]) {
-                Some("eq") => Cmp::Eq,
-                Some("ne") => Cmp::Ne,
-                Some("lt") => Cmp::Lt,
-                Some("le") => Cmp::Le,
-                Some("gt") => Cmp::Gt,
-                Some("ge") => Cmp::Ge,
-                _ => return Err(self.err(format!("`{name}` needs a comparison"))),
-            })
+            Some(
+                m.comparison(true)
+                    .ok_or_else(|| self.err(format!("`{name}` needs a comparison")))?,
+            )
         } else {
             None
         };

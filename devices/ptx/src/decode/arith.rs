@@ -1,6 +1,7 @@
 //! Arithmetic: conversions, add/sub, mul, mad/fma, div/min/max and unary operations.
 
 use super::*;
+use crate::video::{Video, VideoOp};
 
 impl FnCtx<'_> {
     pub(super) fn sel_cvt(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
@@ -301,8 +302,12 @@ impl FnCtx<'_> {
     pub(super) fn sel_divminmax(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {
         let (rnd, ftz, sat) = self.float_mods(m);
         let nan = m.has("NaN");
-        if m.has("xorsign") || m.has("relu") {
+        if m.has("xorsign") {
             return Err(unsupported(ins));
+        }
+        let relu = m.has("relu");
+        if let Some(op) = self.sel_int_minmax(ins, m, relu)? {
+            return Ok(op);
         }
         let ty = self.one_type(ins, m)?;
         let o = self.ops(ins, 3)?;
@@ -344,6 +349,44 @@ impl FnCtx<'_> {
             _ => return Err(unsupported(ins)),
         };
         Ok(Op::IBin { k, ty, d, a, b })
+    }
+
+    /// `min`/`max` on two packed half-words (`.s16x2`, `.u16x2`, PTX 8.0) and `.relu` (negative
+    /// results become 0; `.s16x2` and `.s32`) as the video instructions they equal: `vmin2`/
+    /// `vmax2` on whole words, and `.relu` as saturation to an unsigned destination. `None` for
+    /// the other forms.
+    fn sel_int_minmax(&mut self, ins: &Instr, m: &mut Mods, relu: bool) -> DResult<Option<Op>> {
+        let op = match ins.opcode.as_str() {
+            "min" => VideoOp::Min,
+            "max" => VideoOp::Max,
+            _ if relu => return Err(unsupported(ins)),
+            _ => return Ok(None),
+        };
+        let (lanes, signed) = match m.any(&["s16x2", "u16x2"]) {
+            Some(t) => (2, t == "s16x2"),
+            None if relu && m.has("s32") => (1, true),
+            None if relu => return Err(unsupported(ins)),
+            None => return Ok(None),
+        };
+        if relu && !signed {
+            return Err(self.err(format!("`{}`: .relu needs a signed type", ins.full_name())));
+        }
+        let o = self.ops(ins, 3)?;
+        let d = self.dst(&o[0])?;
+        let a = self.val(&o[1], Ty::B32)?;
+        let b = self.val(&o[2], Ty::B32)?;
+        let v = Video {
+            sat: relu,
+            ..Video::new(op, lanes, signed, signed, signed && !relu)
+        };
+        Ok(Some(Op::ITern {
+            k: ITern::Video(v),
+            ty: Ty::B32,
+            d,
+            a,
+            b,
+            c: a,
+        }))
     }
 
     pub(super) fn sel_unary(&mut self, ins: &Instr, m: &mut Mods) -> DResult<Op> {

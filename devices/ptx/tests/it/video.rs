@@ -95,3 +95,43 @@ fn malformed_video_instructions_are_refused_at_load() {
         assert!(e.is_some(), "`{bad}` loaded");
     }
 }
+
+/// `min` and `max` on packed half-words (PTX 8.0, which CUB's compute 10.0 PTX writes) and
+/// `.relu`, which the simulated GPU runs as the video instructions they equal, from the
+/// registers of [`CASES`].
+const PACKED_MIN_MAX: &[(&str, u32)] = &[
+    ("min.s16x2 %r10, %r1, %r2;", 0x807f_0102),
+    ("min.u16x2 %r10, %r1, %r2;", 0x0101_0102),
+    ("max.s16x2 %r10, %r1, %r2;", 0x0101_0304),
+    ("max.u16x2 %r10, %r1, %r2;", 0x807f_0304),
+    ("min.relu.s16x2 %r10, %r1, %r2;", 0x0000_0102),
+    ("max.relu.s16x2 %r10, %r1, %r1;", 0x0000_0102),
+    ("min.relu.s32 %r10, %r1, %r2;", 0),
+    ("max.relu.s32 %r10, %r1, %r4;", 7),
+    ("min.relu.s32 %r10, %r6, %r7;", 100),
+    // The plain forms are untouched.
+    ("min.s32 %r10, %r1, %r2;", 0x807f_0102),
+    ("max.u32 %r10, %r1, %r2;", 0x807f_0102),
+];
+
+#[test]
+fn packed_min_max_and_relu_compute_what_the_isa_says() {
+    let body: String = PACKED_MIN_MAX
+        .iter()
+        .enumerate()
+        .map(|(i, (ins, _))| format!("{ins}\nst.global.u32 [%rd1+{}], %r10;\n", 4 * i))
+        .collect();
+    let got = run_out_kernel(&kernel(&body), 1, PACKED_MIN_MAX.len());
+    for ((ins, want), got) in PACKED_MIN_MAX.iter().zip(got) {
+        assert_eq!(got, *want, "{ins}: got {got:#010x}, want {want:#010x}");
+    }
+    for bad in [
+        "min.relu.u16x2 %r10, %r1, %r2;",
+        "max.relu.u32 %r10, %r1, %r2;",
+        "min.s16x2 %r10, %r1;",
+        "div.relu.s32 %r10, %r1, %r2;",
+    ] {
+        let e = Module::load(&kernel(&format!("{bad}\n"))).err();
+        assert!(e.is_some(), "`{bad}` loaded");
+    }
+}

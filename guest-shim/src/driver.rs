@@ -520,7 +520,7 @@ impl Driver {
     pub fn attribute(&self, attr: i32) -> CuRes<i32> {
         usize::try_from(attr)
             .ok()
-            .filter(|&a| a > 0)
+            .filter(|&a| a > 0 && a < cuda::attr::COUNT)
             .and_then(|a| self.props.attributes.get(a).copied())
             .ok_or_else(|| {
                 crate::debug!("device attribute {attr}: an attribute vgpu does not know");
@@ -540,6 +540,17 @@ pub fn device_arch() -> CuRes<u32> {
     let major = device_attribute(cuda::attr::COMPUTE_CAPABILITY_MAJOR as i32, 0)?;
     let minor = device_attribute(cuda::attr::COMPUTE_CAPABILITY_MINOR as i32, 0)?;
     u32::try_from(major * 10 + minor).map_err(|_| cuda::CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// Which PTX the device runs: any architecture's where vgpud says so (the simulated GPU,
+/// [`cuda::attr::VGPU_ANY_PTX`]), else CUDA's rule.
+pub fn device_ptx_range() -> CuRes<vgpu_fatbin::PtxRange> {
+    let any = driver()?.props.attributes.get(cuda::attr::VGPU_ANY_PTX) == Some(&1);
+    Ok(if any {
+        vgpu_fatbin::PtxRange::Any
+    } else {
+        vgpu_fatbin::PtxRange::UpTo
+    })
 }
 
 /// `cuDeviceGetPCIBusId` text, as NVIDIA's driver writes it: a four-digit domain (wider only

@@ -1608,7 +1608,8 @@ fn usable_images(bytes: Cow<'_, [u8]>) -> Result<Cow<'_, [u8]>, (CUresult, Strin
         return Ok(bytes);
     }
     let arch = drv::device_arch().map_err(|e| (e, String::new()))?;
-    match vgpu_fatbin::select(&bytes, arch) {
+    let range = drv::device_ptx_range().map_err(|e| (e, String::new()))?;
+    match vgpu_fatbin::select(&bytes, arch, range) {
         Ok(kept) => {
             crate::debug!(
                 "fat binary of {} bytes: {} bytes of images for compute capability {}.{}",

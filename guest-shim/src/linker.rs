@@ -540,7 +540,8 @@ impl LinkState {
                 })?
             }
             input::FATBINARY => {
-                let ptx = vgpu_fatbin::ptx_for(data, drv::device_arch()?).map_err(|e| {
+                let (arch, range) = (drv::device_arch()?, drv::device_ptx_range()?);
+                let ptx = vgpu_fatbin::ptx_in(data, arch, range).map_err(|e| {
                     self.options.error(&format!("{name}: {e}"));
                     cuda::CUDA_ERROR_NO_BINARY_FOR_GPU
                 })?;

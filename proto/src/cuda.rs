@@ -435,6 +435,12 @@ pub mod attr {
     /// One past the highest attribute number the protocol carries (CUDA 13's
     /// `cuda.h` defines up to 161; the CUDA 13 runtime asks for 139 at start).
     pub const COUNT: usize = 162;
+    /// vgpu's own slot after CUDA's, in a `DeviceGetProperties` reply only (never answered by
+    /// `cuDeviceGetAttribute`): 1 when the device runs PTX written for any architecture (the
+    /// simulated GPU interprets whatever instructions it knows), so the guest keeps a fat
+    /// binary's PTX for a newer GPU where it has none for this one. A reply without it (an older
+    /// vgpud, a real GPU) means CUDA's rule: PTX up to the device's own architecture.
+    pub const VGPU_ANY_PTX: usize = 162;
 }
 
 /// `CUlimit` numbers of the limits vgpud keeps for each process, and CUDA's values of the

@@ -233,22 +233,56 @@ pub fn entries(image: &[u8]) -> Result<Vec<Entry<'_>>, FatbinError> {
     Ok(out)
 }
 
+/// Which PTX a device runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PtxRange {
+    /// PTX for its own architecture or an older one: CUDA's rule (a driver compiles PTX for
+    /// the GPU it runs on, never PTX written for a newer one).
+    UpTo,
+    /// PTX for any architecture, as an interpreter runs whatever instructions it knows: the
+    /// newest PTX not above the device's architecture or, where every PTX entry is newer, the
+    /// oldest. Libraries built for the newest GPUs only (CuPy's CUB and Thrust: cubins for
+    /// ten architectures and PTX for compute 10.0 alone) then run.
+    Any,
+}
+
+/// The PTX entry of `all` a device of architecture `arch` runs.
+fn pick_ptx<'a>(all: &[Entry<'a>], arch: u32, range: PtxRange) -> Option<Entry<'a>> {
+    let ptx = all.iter().filter(|e| e.kind == KIND_PTX);
+    let usable = ptx
+        .clone()
+        .filter(|e| e.arch <= arch)
+        .max_by_key(|e| e.arch);
+    match range {
+        PtxRange::UpTo => usable,
+        PtxRange::Any => usable.or_else(|| ptx.min_by_key(|e| e.arch)),
+    }
+    .copied()
+}
+
+/// An entry's PTX text, decompressed, without its trailing NUL bytes.
+fn ptx_text(e: &Entry<'_>) -> Result<Vec<u8>, FatbinError> {
+    let mut text = e.contents()?;
+    let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    text.truncate(end);
+    Ok(text)
+}
+
 /// The PTX text a device supporting up to `max_arch` should run: the entry
 /// of the highest architecture not above it, decompressed, without its
 /// trailing NUL bytes.
 pub fn ptx_for(image: &[u8], max_arch: u32) -> Result<Vec<u8>, FatbinError> {
+    ptx_in(image, max_arch, PtxRange::UpTo)
+}
+
+/// The PTX text of `range` ([`PtxRange`]) a device of architecture `arch` runs, decompressed,
+/// without its trailing NUL bytes; [`FatbinError::NoUsableImage`] without one.
+pub fn ptx_in(image: &[u8], arch: u32, range: PtxRange) -> Result<Vec<u8>, FatbinError> {
     let all = entries(image)?;
-    let best = all
-        .iter()
-        .filter(|e| e.kind == KIND_PTX && e.arch <= max_arch)
-        .max_by_key(|e| e.arch);
-    let Some(best) = best else {
-        return Err(FatbinError::NoUsableImage { held: held(&all) });
-    };
-    let mut text = best.contents()?;
-    let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    text.truncate(end);
-    Ok(text)
+    match pick_ptx(&all, arch, range) {
+        Some(e) => ptx_text(&e),
+        None => Err(FatbinError::NoUsableImage { held: held(&all) }),
+    }
 }
 
 /// The PTX a linker takes from a library's fat binary: the entry of the highest architecture not
@@ -257,18 +291,9 @@ pub fn ptx_for(image: &[u8], max_arch: u32) -> Result<Vec<u8>, FatbinError> {
 /// Decompressed, without trailing NUL bytes.
 pub fn library_ptx(image: &[u8], max_arch: u32) -> Result<Option<Vec<u8>>, FatbinError> {
     let all = entries(image)?;
-    let ptx = all.iter().filter(|e| e.kind == KIND_PTX);
-    let usable = ptx
-        .clone()
-        .filter(|e| e.arch <= max_arch)
-        .max_by_key(|e| e.arch);
-    let Some(e) = usable.or_else(|| ptx.min_by_key(|e| e.arch)) else {
-        return Ok(None);
-    };
-    let mut text = e.contents()?;
-    let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    text.truncate(end);
-    Ok(Some(text))
+    pick_ptx(&all, max_arch, PtxRange::Any)
+        .map(|e| ptx_text(&e))
+        .transpose()
 }
 
 /// What a fat binary holds, for messages: "sm_80 cubin, compute_52 PTX".
@@ -286,13 +311,15 @@ fn held(all: &[Entry<'_>]) -> String {
 /// Keeps, of each fat binary in `image` (one, or several laid end to end as
 /// nvcc lays out `.nv_fatbin`), the entries a device of architecture `arch`
 /// (80 for compute capability 8.0) can run: the newest cubin of the same major
-/// version not above `arch` (SASS runs on later minor versions) and the newest
-/// PTX not above `arch`. Entries are copied as stored (compressed or not).
+/// version not above `arch` (SASS runs on later minor versions) and the PTX of
+/// `range` ([`PtxRange`]). With [`PtxRange::Any`] (an interpreter) a fat binary
+/// with PTX keeps its PTX alone: the cubin would only declare the kernels the
+/// PTX defines. Entries are copied as stored (compressed or not).
 ///
 /// A library built for ten architectures shrinks to one or two images, which
 /// is what the guest sends to vgpud. Fat binaries with nothing usable are
 /// dropped; when none has anything, the error lists what they hold.
-pub fn select(image: &[u8], arch: u32) -> Result<Vec<u8>, FatbinError> {
+pub fn select(image: &[u8], arch: u32, range: PtxRange) -> Result<Vec<u8>, FatbinError> {
     let mut out = Vec::new();
     let mut all_held = Vec::new();
     let mut rest = image;
@@ -310,8 +337,11 @@ pub fn select(image: &[u8], arch: u32) -> Result<Vec<u8>, FatbinError> {
                 .max_by_key(|e| e.arch)
                 .copied()
         };
-        let cubin = newest(&|e| e.kind == KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch);
-        let ptx = newest(&|e| e.kind == KIND_PTX && e.arch <= arch);
+        let ptx = pick_ptx(&all, arch, range);
+        let cubin = match (range, ptx) {
+            (PtxRange::Any, Some(_)) => None,
+            _ => newest(&|e| e.kind == KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch),
+        };
         let kept: Vec<Entry<'_>> = cubin.into_iter().chain(ptx).collect();
         if !kept.is_empty() {
             let body: usize = kept.iter().map(|e| e.raw.len()).sum();
@@ -548,7 +578,7 @@ mod tests {
 
         // Compute capability 8.6: the sm_86 cubin and the compute_52 PTX of
         // `a`, nothing of `b`, the PTX of `c`.
-        let kept = select(&image, 86).unwrap();
+        let kept = select(&image, 86, PtxRange::UpTo).unwrap();
         let first = entries(&kept).unwrap();
         let described: Vec<String> = first.iter().map(Entry::describe).collect();
         assert_eq!(described, ["sm_86 cubin", "compute_52 PTX"]);
@@ -561,21 +591,61 @@ mod tests {
         );
 
         // 8.0 takes sm_80 (sm_75 is another major, sm_86 too new).
-        let kept = select(&a, 80).unwrap();
+        let kept = select(&a, 80, PtxRange::UpTo).unwrap();
         assert!(
             entries(&kept).unwrap()[0]
                 .payload
                 .starts_with(b"\x7fELF-80")
         );
         // 8.9 runs sm_86 SASS; 7.0 has no cubin of its major, only the PTX.
-        let kept = select(&a, 89).unwrap();
+        let kept = select(&a, 89, PtxRange::UpTo).unwrap();
         assert!(
             entries(&kept).unwrap()[0]
                 .payload
                 .starts_with(b"\x7fELF-86")
         );
-        let kept = select(&a, 70).unwrap();
+        let kept = select(&a, 70, PtxRange::UpTo).unwrap();
         assert_eq!(entries(&kept).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_interpreter_keeps_ptx_alone_and_takes_the_oldest_newer_ptx_when_none_is_older() {
+        // CuPy's CUB and Thrust: cubins for many architectures, PTX for compute 10.0 only.
+        let newest_only = fatbin(&[
+            (KIND_ELF, 80, 0, b"\x7fELF-80", 0),
+            (KIND_ELF, 90, 0, b"\x7fELF-90", 0),
+            (KIND_PTX, 120, 0, b"// 120\0", 0),
+            (KIND_PTX, 100, 0, b"// 100\0", 0),
+        ]);
+        let kept = select(&newest_only, 80, PtxRange::Any).unwrap();
+        let described: Vec<String> = entries(&kept)
+            .unwrap()
+            .iter()
+            .map(Entry::describe)
+            .collect();
+        assert_eq!(described, ["compute_100 PTX"]);
+        assert_eq!(ptx_in(&newest_only, 80, PtxRange::Any).unwrap(), b"// 100");
+        // CUDA's rule keeps the cubin, and no PTX is for this device.
+        let kept = select(&newest_only, 80, PtxRange::UpTo).unwrap();
+        let described: Vec<String> = entries(&kept)
+            .unwrap()
+            .iter()
+            .map(Entry::describe)
+            .collect();
+        assert_eq!(described, ["sm_80 cubin"]);
+        assert!(matches!(
+            ptx_in(&newest_only, 80, PtxRange::UpTo),
+            Err(FatbinError::NoUsableImage { .. })
+        ));
+        // PTX not above the device's architecture still wins over newer PTX.
+        let both = fatbin(&[
+            (KIND_PTX, 52, 0, b"// 52\0", 0),
+            (KIND_PTX, 90, 0, b"// 90\0", 0),
+        ]);
+        assert_eq!(ptx_in(&both, 80, PtxRange::Any).unwrap(), b"// 52");
+        // Cubins alone: the interpreter keeps the cubin too (it declares the kernels).
+        let sass = fatbin(&[(KIND_ELF, 80, 0, b"\x7fELF-80", 0)]);
+        assert_eq!(select(&sass, 80, PtxRange::Any).unwrap(), sass);
     }
 
     #[test]
@@ -584,7 +654,7 @@ mod tests {
             (KIND_ELF, 90, 0, b"\x7fELF-90", 0),
             (KIND_PTX, 90, 0, b"// 90\0", 0),
         ]);
-        let e = select(&b, 80).unwrap_err();
+        let e = select(&b, 80, PtxRange::UpTo).unwrap_err();
         assert_eq!(
             e,
             FatbinError::NoUsableImage {
@@ -592,7 +662,7 @@ mod tests {
             }
         );
         assert_eq!(
-            select(b"not a fat binary", 80).unwrap_err(),
+            select(b"not a fat binary", 80, PtxRange::UpTo).unwrap_err(),
             FatbinError::NoUsableImage {
                 held: "no entries".into()
             }
@@ -698,7 +768,7 @@ mod tests {
         )]);
         assert_eq!(ptx_for(&f, 90).unwrap(), ptx.as_bytes());
         // The entry is kept as stored (compressed) for a device that reads it itself.
-        assert_eq!(select(&f, 80).unwrap(), f);
+        assert_eq!(select(&f, 80, PtxRange::UpTo).unwrap(), f);
     }
 
     #[test]

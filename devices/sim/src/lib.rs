@@ -98,7 +98,8 @@ fn uuid_for(name: &str) -> [u8; 16] {
 }
 
 fn attributes(workers: usize) -> Vec<i32> {
-    let mut a = vec![0; attr::COUNT];
+    let mut a = vec![0; attr::VGPU_ANY_PTX + 1];
+    a[attr::VGPU_ANY_PTX] = 1;
     let sms = i32::try_from(workers.max(1)).unwrap_or(i32::MAX);
     for (k, v) in [
         (attr::MAX_THREADS_PER_BLOCK, 1024),
@@ -1210,6 +1211,51 @@ mod tests {
         img[8] = 7;
         img[48..52].copy_from_slice(&(arch | (arch << 16) | 0x500).to_le_bytes());
         img
+    }
+
+    /// A fat binary whose only PTX is for a newer GPU (CuPy's CUB and Thrust: cubins, and PTX
+    /// for compute 10.0) runs that PTX instead of declaring the cubin's kernels.
+    #[test]
+    fn a_fat_binary_with_only_newer_ptx_runs_it() {
+        use vgpu_fatbin::{KIND_ELF, KIND_PTX, NewEntry, write};
+        const PTX_100: &[u8] = b".version 8.8\n.target sm_100\n.address_size 64\n\
+            .visible .entry saxpy(.param .u32 n, .param .u64 x, .param .u64 y)\n{\n\
+            .reg .b64 %rd<2>;\n.reg .b32 %r<3>;\nld.param.u64 %rd1, [y];\n\
+            mov.u32 %r1, 0xfff00001;\nmov.u32 %r2, 0x00030002;\n\
+            max.s16x2 %r1, %r1, %r2;\nst.global.u32 [%rd1], %r1;\nret;\n}\n\0";
+        let entry = |kind, arch, payload| NewEntry {
+            kind,
+            arch,
+            flags: 0,
+            payload,
+            uncompressed_len: 0,
+        };
+        let cubin = cubin(80);
+        let image = write(&[entry(KIND_ELF, 80, &cubin), entry(KIND_PTX, 100, PTX_100)]);
+        let d = dev(1 << 20);
+        let c = d.open("a").unwrap();
+        let m = c
+            .load_module(&image, 1 << 20, &RunControl::default())
+            .unwrap();
+        assert_eq!(m.kernels()[0].name, "saxpy");
+        assert!(m.kernels()[0].runnable, "the PTX's kernel, not the cubin's");
+        let out = c.alloc(4).unwrap();
+        let mut params = Vec::new();
+        params.extend_from_slice(&[0u8; 8]);
+        params.extend_from_slice(&0u64.to_le_bytes());
+        params.extend_from_slice(&out.to_le_bytes());
+        let dims = LaunchDims {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+            cooperative: false,
+            units: None,
+        };
+        c.launch(&*m, 0, &dims, &params, 0, &RunControl::default())
+            .unwrap();
+        let mut got = [0u8; 4];
+        c.read(out, &mut got).unwrap();
+        assert_eq!(u32::from_le_bytes(got), 0x0003_0002);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use vgpu_broker::device::{
 };
 use vgpu_broker::devio::LaunchOutput;
 use vgpu_broker::texture::ReferenceKind;
+use vgpu_fatbin::PtxRange;
 use vgpu_proto::cuda::{self, func_attr};
 use vgpu_ptx::{GlobalSpace, Launch, LaunchControl, LoadErrorKind, LoadWatch, Module, Progress};
 
@@ -75,16 +76,13 @@ impl vgpu_ptx::StateBudget for StateBudget {
     }
 }
 
-/// Of a fat binary with no PTX the simulated GPU may run, the cubin it would
+/// Of a fat binary with no PTX at all (the simulated GPU runs PTX of any architecture), the cubin it would
 /// take on a real device of its compute capability, decompressed, and what
 /// it is ("sm_80 cubin").
 fn sass_only(image: &[u8]) -> Option<(Vec<u8>, String)> {
     let entries = vgpu_fatbin::entries(image).ok()?;
     let arch = BINARY_VERSION as u32;
-    if entries
-        .iter()
-        .any(|e| e.kind == vgpu_fatbin::KIND_PTX && e.arch <= arch)
-    {
+    if entries.iter().any(|e| e.kind == vgpu_fatbin::KIND_PTX) {
         return None;
     }
     let best = entries
@@ -159,8 +157,8 @@ impl SimModule {
             if let Some((elf, what)) = sass_only(image) {
                 return Self::load_cubin(memory, &elf, what, budget);
             }
-            from_fatbin = vgpu_fatbin::ptx_for(image, BINARY_VERSION as u32).map_err(|e| {
-                DeviceError::InvalidImage {
+            from_fatbin = vgpu_fatbin::ptx_in(image, BINARY_VERSION as u32, PtxRange::Any)
+                .map_err(|e| DeviceError::InvalidImage {
                     code: match e {
                         vgpu_fatbin::FatbinError::NoUsableImage { .. } => {
                             cuda::CUDA_ERROR_NO_BINARY_FOR_GPU
@@ -168,8 +166,7 @@ impl SimModule {
                         _ => cuda::CUDA_ERROR_INVALID_IMAGE,
                     },
                     message: e.to_string(),
-                }
-            })?;
+                })?;
             &from_fatbin[..]
         } else {
             image

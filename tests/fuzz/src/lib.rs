@@ -236,7 +236,8 @@ pub fn fatbin(data: &[u8]) {
             let _ = e.contents();
         }
     }
-    let _ = vgpu_fatbin::select(data, 80);
+    let _ = vgpu_fatbin::select(data, 80, vgpu_fatbin::PtxRange::UpTo);
+    let _ = vgpu_fatbin::select(data, 80, vgpu_fatbin::PtxRange::Any);
     let _ = vgpu_fatbin::ptx_for(data, 80);
     let _ = vgpu_fatbin::cubin::read(data);
 }

@@ -2138,3 +2138,125 @@ fn device_heap_and_launch_bombs_stay_in_their_vm() {
     d.wait_memory_used("vm1", 0, Duration::from_secs(10));
     survived(&mut d, "vm2");
 }
+
+/// Sends `image` as `ModuleLoadPart`s of `part` bytes: the last reply's handle, or the first
+/// refusal.
+fn load_in_parts(
+    c: &mut TestClient<UnixStream>,
+    ctx: u64,
+    image: &[u8],
+    part: usize,
+) -> Result<u64, (u32, String)> {
+    let total = image.len() as u64;
+    let mut handle = 0;
+    for (i, p) in image.chunks(part).enumerate() {
+        let offset = (i * part) as u64;
+        handle = c
+            .call(&msg::ModuleLoadPart { ctx, total, offset }, p)?
+            .0
+            .handle;
+    }
+    Ok(handle)
+}
+
+/// Module images larger than one request arrive in parts (CuPy's Thrust module is 8.9 MB):
+/// a whole image loads and its kernels are found; a part out of order or past the declared
+/// size is `CUDA_ERROR_INVALID_VALUE` and drops the image; a declared size past the VM's
+/// `limits.module_bytes` is refused before any byte is held; an image abandoned halfway (a
+/// new one started, or the process gone) returns its charge; another VM is served.
+#[test]
+fn module_images_in_parts_are_checked_and_charged_from_their_first_part() {
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    const INVALID_VALUE: u32 = 1;
+    /// Parts smaller than a request's limit, so that the image stays small.
+    const PART: usize = 256 << 10;
+    let mut d = two_vms_with_limits("module_bytes = \"3MiB\"\n");
+    let (mut c, ctx) = session(&d, "small");
+    // A 1.25 MiB image: a kernel and a long comment.
+    let mut ptx = String::from(
+        ".version 7.0\n.target sm_52\n.address_size 64\n\
+         .visible .entry k(.param .u64 out)\n{\n.reg .b64 %rd<2>;\n.reg .b32 %r<2>;\n\
+         ld.param.u64 %rd1, [out];\ncvta.to.global.u64 %rd1, %rd1;\n\
+         mov.u32 %r1, 42;\nst.global.u32 [%rd1], %r1;\nret;\n}\n",
+    );
+    let line = format!("// {}\n", "x".repeat(1021));
+    while ptx.len() < 5 * PART {
+        ptx.push_str(&line);
+    }
+    let image = ptx.as_bytes();
+    let module_bytes = |d: &Vgpud| d.vm("small")["limits"]["module_bytes"]["used"].as_u64();
+    let m = load_in_parts(&mut c, ctx, image, PART).expect("an image in parts");
+    assert_ne!(m, 0);
+    assert_eq!(module_bytes(&d), Some(image.len() as u64));
+    c.call(
+        &msg::ModuleGetFunction {
+            ctx,
+            module: m,
+            name: "k".into(),
+        },
+        &[],
+    )
+    .expect("the kernel of an image sent in parts");
+    c.call(&msg::ModuleUnload { ctx, module: m }, &[]).unwrap();
+    assert_eq!(module_bytes(&d), Some(0));
+
+    let total = image.len() as u64;
+    let part = |c: &mut TestClient<UnixStream>, offset: u64, bytes: &[u8]| {
+        c.call(&msg::ModuleLoadPart { ctx, total, offset }, bytes)
+            .map(|r| r.0.handle)
+    };
+    // Out of order: a part skipped, a part repeated, a part starting nowhere.
+    for (first, second) in [(0, 2 * PART), (0, PART / 2)] {
+        assert_eq!(part(&mut c, first, &image[..PART]), Ok(0));
+        let e = part(&mut c, second as u64, &image[..PART]).unwrap_err();
+        assert_eq!(e.0, INVALID_VALUE, "{e:?}");
+        assert!(e.1.contains("in order"), "{e:?}");
+        // The image was dropped: its next part has nothing to follow.
+        let e = part(&mut c, PART as u64, &image[PART..2 * PART]).unwrap_err();
+        assert_eq!(e.0, INVALID_VALUE, "{e:?}");
+        assert_eq!(module_bytes(&d), Some(0));
+    }
+    // Past the declared size.
+    let e = c
+        .call(
+            &msg::ModuleLoadPart {
+                ctx,
+                total: 16,
+                offset: 0,
+            },
+            &image[..32],
+        )
+        .unwrap_err();
+    assert_eq!(e.0, INVALID_VALUE, "{e:?}");
+    assert_eq!(module_bytes(&d), Some(0));
+    // Past the VM's budget, refused at the first part.
+    for total in [(3 << 20) + 1, u64::MAX] {
+        let e = c
+            .call(
+                &msg::ModuleLoadPart {
+                    ctx,
+                    total,
+                    offset: 0,
+                },
+                &image[..PART],
+            )
+            .unwrap_err();
+        assert_eq!(e.0, OUT_OF_MEMORY, "{e:?}");
+        assert!(e.1.contains("limits.module_bytes"), "{e:?}");
+    }
+    // Abandoned: a new image starts, then the process leaves halfway.
+    assert_eq!(part(&mut c, 0, &image[..PART]), Ok(0));
+    assert_eq!(module_bytes(&d), Some(total));
+    assert_eq!(part(&mut c, 0, &image[..PART]), Ok(0));
+    assert_eq!(module_bytes(&d), Some(total));
+    drop(c);
+    wait_returned(&d, "small", "module_bytes");
+    wait_returned(&d, "small", "modules");
+    // Two images fit the 3 MiB budget, a third does not.
+    let (mut c, ctx) = session(&d, "small");
+    load_in_parts(&mut c, ctx, image, PART).unwrap();
+    load_in_parts(&mut c, ctx, image, PART).unwrap();
+    let e = load_in_parts(&mut c, ctx, image, PART).unwrap_err();
+    assert_eq!(e.0, OUT_OF_MEMORY, "{e:?}");
+    survived(&mut d, "other");
+}

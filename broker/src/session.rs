@@ -91,6 +91,13 @@ struct EventState {
     ipc: Option<alloc_ext::ipc::event::EventLink>,
 }
 
+/// A module image arriving in parts: its context, its declared size and the bytes so far.
+struct StagedImage {
+    ctx: u64,
+    total: u64,
+    bytes: Vec<u8>,
+}
+
 struct ModuleState {
     ctx: u64,
     module: Arc<dyn DeviceModule>,
@@ -428,6 +435,8 @@ pub struct Session {
     streams: HandleTable<StreamState>,
     events: HandleTable<EventState>,
     modules: HandleTable<ModuleState>,
+    /// A module image arriving in parts ([`Session::load_module_part`]).
+    staged_image: Option<StagedImage>,
     functions: HandleTable<FunctionState>,
     allocs: Allocations,
     engine: Engine,
@@ -527,6 +536,7 @@ impl Session {
             events: HandleTable::budgeted(HandleKind::Event, budget(Budget::Events)),
             // Modules have budgets of their own (`modules`, `module_bytes`).
             modules: HandleTable::new(HandleKind::Module),
+            staged_image: None,
             functions: HandleTable::budgeted(HandleKind::Function, budget(Budget::Handles)),
             allocs: Allocations::default(),
             output: SessionOutput::default(),
@@ -1762,6 +1772,16 @@ impl Session {
                 let h = self.load_module(m.ctx, tail)?;
                 reply(out, msg::Handle { handle: h })
             }
+            R::ModuleLoadPart(m) => {
+                self.ctx(m.ctx)?;
+                let h = self.load_module_part(m, tail)?;
+                reply(
+                    out,
+                    msg::Handle {
+                        handle: h.unwrap_or(0),
+                    },
+                )
+            }
             R::ModuleUnload(m) => {
                 self.ctx(m.ctx)?;
                 if self.modules.get(m.module).is_none() {
@@ -2004,6 +2024,61 @@ impl Session {
             self.tenant.limits.refund_module(bytes);
         }
         loaded
+    }
+
+    /// A part of a module image sent in parts ([`msg::ModuleLoadPart`]); the module's handle
+    /// once the last part has come and the image loaded. The whole image is charged to the VM's
+    /// module budgets at its first part, so the bytes held here are bounded as loaded images
+    /// are; a part out of order or past the declared size drops the image.
+    fn load_module_part(
+        &mut self,
+        m: &msg::ModuleLoadPart,
+        part: &[u8],
+    ) -> Result<Option<u64>, CuError> {
+        if m.offset == 0 {
+            self.drop_staged_image();
+            if m.total == 0 {
+                return Err(CuError::invalid_value("a module image of 0 bytes"));
+            }
+            self.tenant
+                .limits
+                .charge_module(&self.tenant.name, m.total)?;
+            self.staged_image = Some(StagedImage {
+                ctx: m.ctx,
+                total: m.total,
+                bytes: Vec::new(),
+            });
+        }
+        let in_order = self.staged_image.as_ref().is_some_and(|s| {
+            s.ctx == m.ctx
+                && s.total == m.total
+                && s.bytes.len() as u64 == m.offset
+                && m.offset.checked_add(part.len() as u64) <= Some(s.total)
+        });
+        if !in_order {
+            self.drop_staged_image();
+            return Err(CuError::invalid_value(
+                "a module image's parts must come in order, within its declared size",
+            ));
+        }
+        let staged = self.staged_image.as_mut().expect("checked above");
+        staged.bytes.extend_from_slice(part);
+        if (staged.bytes.len() as u64) < staged.total {
+            return Ok(None);
+        }
+        let StagedImage { ctx, total, bytes } = self.staged_image.take().expect("checked above");
+        let loaded = self.load_module_image(ctx, &bytes);
+        if loaded.is_err() {
+            self.tenant.limits.refund_module(total);
+        }
+        loaded.map(Some)
+    }
+
+    /// Drops an image whose parts did not all come, returning its charge.
+    fn drop_staged_image(&mut self) {
+        if let Some(s) = self.staged_image.take() {
+            self.tenant.limits.refund_module(s.total);
+        }
     }
 
     fn load_module_image(&mut self, ctx: u64, image: &[u8]) -> Result<u64, CuError> {
@@ -2611,6 +2686,7 @@ impl Drop for Session {
         for h in self.modules.handles_where(|_| true) {
             self.unload_module(h);
         }
+        self.drop_staged_image();
         for base in self.allocs.bases_where(|_| true) {
             self.free_allocation(base);
         }

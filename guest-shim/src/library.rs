@@ -25,9 +25,9 @@ use crate::out;
 /// load; an unusable one fails at first use.
 pub const MODULE_LAZY_LOADING: c_int = 0x2;
 
-/// The largest module file `cuModuleLoad`/`cuLibraryLoadFromFile` read: what
-/// one request can carry.
-const MAX_MODULE_FILE: u64 = (vgpu_proto::frame::MAX_PAYLOAD - 64) as u64;
+/// The largest module file `cuModuleLoad`/`cuLibraryLoadFromFile` read (images larger than one
+/// request go to vgpud in parts; vgpud charges them to the VM's `limits.module_bytes`).
+const MAX_MODULE_FILE: u64 = 1 << 30;
 
 /// Checks that `dev` names the device (vgpu shows one per VM).
 fn check_device(dev: CUdevice) -> drv::CuRes<()> {

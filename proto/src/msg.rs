@@ -578,6 +578,13 @@ ops! {
         block_x: u32, block_y: u32, block_z: u32,
         shared_bytes: u32, cooperative: u32, priority: i32,
     }
+    /// A part of a module image too large for one request (the part is the bulk tail), at
+    /// `offset` of an image of `total` bytes. Parts come in order; offset 0 starts an image
+    /// (dropping one not finished). The last part loads the image as `ModuleLoad` does and its
+    /// reply carries the module's handle; the others reply 0.
+    ModuleLoadPart = 0x060c => Handle, REQ_TAIL, "cuModuleLoadData, cuModuleLoadDataEx, cuLibraryLoadData (images larger than one request)" {
+        ctx: u64, total: u64, offset: u64,
+    }
 
     /// The tenant's slice, usage and sessions as JSON (for vgpu-smi).
     TenantInfo = 0x0701 => Json, 0, "vgpu-smi and NVML: the VM's slice, usage and share of the last second's device time; each session's pid, process, memory and contexts" {}

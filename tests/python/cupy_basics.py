@@ -2,10 +2,11 @@
 CuPy compiles at run time (ElementwiseKernel, ReductionKernel, RawKernel; a RawModule whose
 kernels use the device heap and virtual functions),
 a CUDA array sampled through a texture object and written through a surface
-(cupy.cuda.texture), each result checked against NumPy. Run through vgpu's libcuda.so.1 with
-CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX, which the simulated GPU runs) and
-CUPY_ACCELERATORS="" (CUB's kernels ship as cubins only). Prints one line per
-check and PASS at the end; exits 1 on the first failure.
+(cupy.cuda.texture), and CuPy's CUB (reductions, scans, histograms: its default reduction
+accelerator) and Thrust (sorts) modules, whose only PTX is for compute 10.0, each result checked
+against NumPy. Run through vgpu's libcuda.so.1 with CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX,
+which the simulated GPU runs). Prints one line per check and PASS at the end; exits 1 on the
+first failure.
 """
 
 import sys
@@ -57,7 +58,14 @@ close("where", cp.where(a > 500, a, -a), np.where(h > 500, h, -h))
 close("int64 floor division", cp.arange(100) // 7, np.arange(100) // 7)
 close("transpose copy", cp.ascontiguousarray(m.T), mh.T)
 
-# Reductions (CuPy's own kernels).
+# CuPy's JIT-compiled CUB block reductions (its "reduction accelerator") build CUB's headers
+# with NVRTC, and on these machines CuPy takes the CUDA 13 wheel's headers to CUDA 12's NVRTC,
+# which fails to compile them, GPU or not: off. The device-wide CUB routines below stay on.
+from cupy._core import _accelerator
+
+_accelerator.set_reduction_accelerators([])
+
+# Reductions (CUB's device-wide routines where CuPy uses them, as by default; else CuPy's own).
 close("sum", a.sum(), h.sum(), rtol=1e-4)
 close("max/min", cp.stack([a.max(), a.min()]), [h.max(), h.min()])
 close("mean", a.mean(), h.mean(), rtol=1e-4)
@@ -65,6 +73,22 @@ close("argmax", cp.argmax(cp.sin(a)), np.argmax(np.sin(h)))
 close("sum over an axis", m.sum(axis=0), mh.sum(axis=0))
 close("prod over an axis", m[:, 1:3].prod(axis=1), mh[:, 1:3].prod(axis=1))
 close("count_nonzero", cp.count_nonzero(a % 3 == 0), np.count_nonzero(h % 3 == 0))
+
+# CuPy's CUB and Thrust modules: cubins for ten architectures and PTX for compute 10.0 only,
+# which the simulated GPU runs (before, CUB's reductions returned garbage and sorts failed).
+if _accelerator.ACCELERATOR_CUB in _accelerator.get_routine_accelerators():
+    rng = np.random.default_rng(7)
+    r = rng.standard_normal(50000).astype(np.float32)
+    x = cp.asarray(r)
+    close("CUB sum", x.sum(), r.sum(dtype=np.float64), rtol=1e-4)
+    check("CUB argmax", int(x.argmax()) == int(r.argmax()))
+    close("CUB cumsum", cp.cumsum(cp.arange(1000, dtype=cp.int64)), np.cumsum(np.arange(1000)))
+    counts, _ = cp.histogram(x, bins=10)
+    check("CUB histogram", np.array_equal(counts.get(), np.histogram(r, bins=10)[0]))
+    check("Thrust sort", np.array_equal(cp.sort(x).get(), np.sort(r)))
+    check("Thrust argsort", np.array_equal(cp.argsort(x).get(), np.argsort(r, kind="stable")))
+    keys = rng.integers(0, 5, (2, 1000))
+    check("Thrust lexsort", np.array_equal(cp.lexsort(cp.asarray(keys)).get(), np.lexsort(keys)))
 
 # Kernels compiled at run time.
 sqdiff = cp.ElementwiseKernel("T x, T y", "T z", "z = (x - y) * (x - y)", "vgpu_sqdiff")

@@ -437,19 +437,15 @@ fn build_library_program(name: &str, package: &str, lib: &str) -> PathBuf {
     prog
 }
 
+/// cuBLAS (tests/c/cublas.c) on the simulated GPU: libcublas's compute 12.0 PTX runs saxpy with
+/// the right result (before 2026-12-06 its kernels were cubins to it and every call failed);
+/// calls that ask the driver's undocumented tools tables fail cleanly.
 #[test]
-fn cublas_starts_and_its_kernels_fail_cleanly_on_the_simulated_gpu() {
+fn cublas_runs_its_ptx_kernels_on_the_simulated_gpu() {
     let prog = build_library_program("cublas", "cublas", "libcublas.so.12");
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
     let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
-    assert_passed(&r, "cublas", 8);
-    // The failed launch named the kernel and why.
-    assert!(
-        d.log().contains("cubin (SASS)") || r.stderr.contains("cubin (SASS)"),
-        "{}\n{}",
-        r.stderr,
-        d.log()
-    );
+    assert_passed(&r, "cublas", 10);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 

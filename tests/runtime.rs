@@ -437,9 +437,10 @@ fn build_library_program(name: &str, package: &str, lib: &str) -> PathBuf {
     prog
 }
 
-/// cuBLAS (tests/c/cublas.c) on the simulated GPU: libcublas's compute 12.0 PTX runs saxpy with
-/// the right result (before 2026-12-06 its kernels were cubins to it and every call failed);
-/// calls that ask the driver's undocumented tools tables fail cleanly.
+/// cuBLAS (tests/c/cublas.c) on the simulated GPU: libcublas's compute 12.0 PTX runs saxpy, gemv
+/// and a small gemm with the right results. Before 2026-12-06 its kernels were cubins to it, and
+/// matrix products failed on any device (the shim refused the tools tables' thread context and
+/// context number). A dot product still fails cleanly (an unknown tools entry).
 #[test]
 fn cublas_runs_its_ptx_kernels_on_the_simulated_gpu() {
     let prog = build_library_program("cublas", "cublas", "libcublas.so.12");

@@ -68,7 +68,9 @@ pub const INTEGRITY_CHECK: [u8; 16] = [
     0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2,
 ];
 /// A table the CUDA 13 runtime requires at start (without it every runtime
-/// call fails with `cudaErrorSymbolNotFound`). What its entries do is not
+/// call fails with `cudaErrorSymbolNotFound`); its public symbol names call it
+/// the tools' context table. Entry 4 answers a context's number
+/// ([`context_number`]: cuBLAS and cuFFT ask it). What the others do is not
 /// known: none is called by the programs vgpu tests; each answers
 /// `CUDA_ERROR_NOT_SUPPORTED` and logs a warning naming itself, so a program
 /// that needs one says so.
@@ -116,13 +118,15 @@ static CUDART_INTERFACE_TABLE: Table<13> = Table([
     entry!(load_compilers as extern "C" fn() -> _),
 ]);
 
-/// Tools TLS: cuBLASLt calls entry 2 with one out-pointer, for the thread's tools state, and
-/// takes a non-zero result as "no tools state" (the path it takes when the table is missing);
-/// every entry answers so (a NULL entry crashed it: `cupy.matmul` on the simulated GPU).
+/// Tools TLS: cuBLAS and cuBLASLt call entry 2 with one out-pointer for the calling thread's
+/// current context ([`thread_context`]), before dot products, matrix-vector and matrix
+/// products; refused, they failed (`CUBLAS_STATUS_INTERNAL_ERROR`, `CUBLAS_STATUS_NOT_SUPPORTED`).
+/// The other entries answer "unavailable" (a NULL entry crashed cuBLASLt: `cupy.matmul` on the
+/// simulated GPU).
 static TOOLS_TLS_TABLE: Table<4> = Table([
     Table::<4>::SIZE,
     entry!(tools_tls_unavailable as extern "C" fn() -> _),
-    entry!(tools_tls_unavailable as extern "C" fn() -> _),
+    entry!(thread_context as unsafe extern "C" fn(_) -> _),
     entry!(tools_tls_unavailable as extern "C" fn() -> _),
 ]);
 
@@ -211,7 +215,7 @@ static RUNTIME_13_TABLE: Table<RUNTIME_13_ENTRIES> = Table([
     unknown!(RUNTIME_13, 1),
     unknown!(RUNTIME_13, 2),
     unknown!(RUNTIME_13, 3),
-    entry!(context_query_4 as extern "C" fn(_, _) -> _),
+    entry!(context_number as unsafe extern "C" fn(_, _) -> _),
     unknown!(RUNTIME_13, 5),
     unknown!(RUNTIME_13, 6),
     unknown!(RUNTIME_13, 7),
@@ -409,10 +413,18 @@ unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUhandle, key: *mut c
 
 // ---- heap, device extensions, checks ---------------------------------------------------
 
-/// Every entry of the tools TLS table: no tools state (no profiler is attached to a vgpu
+/// Entries 1 and 3 of the tools TLS table: no tools state (no profiler is attached to a vgpu
 /// process). Takes no arguments: whatever the caller passes (an out-pointer) is left alone.
 extern "C" fn tools_tls_unavailable() -> CUresult {
     drv::unsupported("the tools TLS table")
+}
+
+/// Entry 2 of the tools TLS table: the calling thread's current context (NULL without one), as
+/// `cuCtxGetCurrent` answers.
+unsafe extern "C" fn thread_context(out: *mut CUhandle) -> CUresult {
+    ffi("tools.thread_context", || {
+        out!(out, crate::exports::p(drv::ctx_get_current()?))
+    })
 }
 
 extern "C" fn heap_alloc(_record: *mut *const c_void, _a: usize, _b: usize) -> CUresult {
@@ -528,12 +540,20 @@ unsafe extern "C" fn module_for_each_function(
     c_uint::try_from(functions.len()).unwrap_or(c_uint::MAX)
 }
 
-/// Entry 4 of [`RUNTIME_13_REQUIRED`]: a query about a context, with an out
-/// pointer, whose meaning is not known. cuFFT 11.4 calls it and carries on
-/// when it is refused, so it is refused quietly (logged with `VGPU_LOG=debug`).
-extern "C" fn context_query_4(_ctx: CUhandle, _result: *mut c_void) -> CUresult {
-    crate::debug!("entry 4 of export table 21318c60 (a context query) -> CUDA_ERROR_NOT_SUPPORTED");
-    cuda::CUDA_ERROR_NOT_SUPPORTED
+/// Entry 4 of [`RUNTIME_13_REQUIRED`]: the number of a context (`ctx`, or the calling thread's
+/// current one for NULL), as `cuCtxGetId` answers (the context's handle, unique among the
+/// process's live contexts). cuBLAS asks it for every matrix product, and its heuristics find no
+/// kernel when it is refused (`CUBLAS_STATUS_NOT_SUPPORTED`); cuFFT 11.4 asks after loading a
+/// module.
+unsafe extern "C" fn context_number(ctx: CUhandle, number: *mut u64) -> CUresult {
+    ffi("cudart13.context_number", || {
+        let c = if ctx.is_null() {
+            drv::ctx()?
+        } else {
+            ctx as u64
+        };
+        out!(number, c)
+    })
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@ CuPy compiles at run time (ElementwiseKernel, ReductionKernel, RawKernel; a RawM
 kernels use the device heap and virtual functions),
 a CUDA array sampled through a texture object and written through a surface
 (cupy.cuda.texture), and CuPy's CUB (reductions, scans, histograms: its default reduction
-accelerator) and Thrust (sorts) modules, whose only PTX is for compute 10.0, each result checked
-against NumPy. Run through vgpu's libcuda.so.1 with CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX,
+accelerator) and Thrust (sorts) modules, whose only PTX is for compute 10.0, and cupy.random
+(cuRAND, whose only PTX is for compute 9.0), each result checked against NumPy. Run through vgpu's libcuda.so.1 with CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX,
 which the simulated GPU runs). Prints one line per check and PASS at the end; exits 1 on the
 first failure.
 """
@@ -89,6 +89,21 @@ if _accelerator.ACCELERATOR_CUB in _accelerator.get_routine_accelerators():
     check("Thrust argsort", np.array_equal(cp.argsort(x).get(), np.argsort(r, kind="stable")))
     keys = rng.integers(0, 5, (2, 1000))
     check("Thrust lexsort", np.array_equal(cp.lexsort(cp.asarray(keys)).get(), np.lexsort(keys)))
+
+# cupy.random through cuRAND (Debian's libcurand 10.3: cubins and compute 9.0 PTX, which the
+# simulated GPU runs): uniform and normal draws with the right moments, the same draws again
+# after the same seed, and CuPy's own generator (cupy.random.default_rng).
+cp.random.seed(5)
+u = cp.random.rand(100000)
+check("cuRAND uniform draws", 0 <= float(u.min()) and float(u.max()) < 1
+      and abs(float(u.mean()) - 0.5) < 0.01, f"{float(u.mean())}")
+cp.random.seed(5)
+check("the same seed, the same draws", np.array_equal(cp.random.rand(100000).get(), u.get()))
+z = cp.random.standard_normal(100000)
+check("cuRAND normal draws", abs(float(z.mean())) < 0.02 and abs(float(z.std()) - 1) < 0.02,
+      f"{float(z.mean())} {float(z.std())}")
+g = cp.random.default_rng(1).random(100000)
+check("CuPy's generator", abs(float(g.mean()) - 0.5) < 0.01, f"{float(g.mean())}")
 
 # Kernels compiled at run time.
 sqdiff = cp.ElementwiseKernel("T x, T y", "T z", "z = (x - y) * (x - y)", "vgpu_sqdiff")

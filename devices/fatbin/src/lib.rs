@@ -313,8 +313,10 @@ fn held(all: &[Entry<'_>]) -> String {
 /// (80 for compute capability 8.0) can run: the newest cubin of the same major
 /// version not above `arch` (SASS runs on later minor versions) and the PTX of
 /// `range` ([`PtxRange`]). With [`PtxRange::Any`] (an interpreter) a fat binary
-/// with PTX keeps its PTX alone: the cubin would only declare the kernels the
-/// PTX defines. Entries are copied as stored (compressed or not).
+/// with PTX for `arch` or older keeps that PTX alone (the cubin would only
+/// declare the kernels the PTX defines); with PTX for newer GPUs only, it keeps
+/// the cubin too, which the interpreter declares where that PTX does not load.
+/// Entries are copied as stored (compressed or not).
 ///
 /// A library built for ten architectures shrinks to one or two images, which
 /// is what the guest sends to vgpud. Fat binaries with nothing usable are
@@ -339,7 +341,7 @@ pub fn select(image: &[u8], arch: u32, range: PtxRange) -> Result<Vec<u8>, Fatbi
         };
         let ptx = pick_ptx(&all, arch, range);
         let cubin = match (range, ptx) {
-            (PtxRange::Any, Some(_)) => None,
+            (PtxRange::Any, Some(p)) if p.arch <= arch => None,
             _ => newest(&|e| e.kind == KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch),
         };
         let kept: Vec<Entry<'_>> = cubin.into_iter().chain(ptx).collect();
@@ -618,12 +620,19 @@ mod tests {
             (KIND_PTX, 100, 0, b"// 100\0", 0),
         ]);
         let kept = select(&newest_only, 80, PtxRange::Any).unwrap();
-        let described: Vec<String> = entries(&kept)
-            .unwrap()
-            .iter()
-            .map(Entry::describe)
-            .collect();
-        assert_eq!(described, ["compute_100 PTX"]);
+        let describe = |kept: &[u8]| -> Vec<String> {
+            entries(kept).unwrap().iter().map(Entry::describe).collect()
+        };
+        // The cubin too: declared where the newer PTX does not load.
+        assert_eq!(describe(&kept), ["sm_80 cubin", "compute_100 PTX"]);
+        // With PTX for this device, that PTX alone.
+        let with_older = fatbin(&[
+            (KIND_ELF, 80, 0, b"\x7fELF-80", 0),
+            (KIND_PTX, 70, 0, b"// 70\0", 0),
+            (KIND_PTX, 100, 0, b"// 100\0", 0),
+        ]);
+        let kept = select(&with_older, 80, PtxRange::Any).unwrap();
+        assert_eq!(describe(&kept), ["compute_70 PTX"]);
         assert_eq!(ptx_in(&newest_only, 80, PtxRange::Any).unwrap(), b"// 100");
         // CUDA's rule keeps the cubin, and no PTX is for this device.
         let kept = select(&newest_only, 80, PtxRange::UpTo).unwrap();

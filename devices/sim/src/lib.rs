@@ -1214,7 +1214,8 @@ mod tests {
     }
 
     /// A fat binary whose only PTX is for a newer GPU (CuPy's CUB and Thrust: cubins, and PTX
-    /// for compute 10.0) runs that PTX instead of declaring the cubin's kernels.
+    /// for compute 10.0) runs that PTX instead of declaring the cubin's kernels, unless the PTX
+    /// does not load.
     #[test]
     fn a_fat_binary_with_only_newer_ptx_runs_it() {
         use vgpu_fatbin::{KIND_ELF, KIND_PTX, NewEntry, write};
@@ -1256,6 +1257,34 @@ mod tests {
         let mut got = [0u8; 4];
         c.read(out, &mut got).unwrap();
         assert_eq!(u32::from_le_bytes(got), 0x0003_0002);
+
+        // Newer PTX with an instruction the interpreter lacks: the cubin declares the kernels,
+        // as before the simulated GPU ran newer PTX, and a launch is refused.
+        const UNKNOWN_100: &[u8] = b".version 8.8\n.target sm_100\n.address_size 64\n\
+            .visible .entry saxpy(.param .u32 n, .param .u64 x, .param .u64 y)\n{\n\
+            tcgen05.fence::before_thread_sync;\nret;\n}\n\0";
+        let image = write(&[
+            entry(KIND_ELF, 80, &cubin),
+            entry(KIND_PTX, 100, UNKNOWN_100),
+        ]);
+        let m = c
+            .load_module(&image, 1 << 20, &RunControl::default())
+            .unwrap();
+        assert_eq!(m.kernels()[0].name, "saxpy");
+        assert!(!m.kernels()[0].runnable, "the cubin's kernel");
+        let e = c
+            .launch(&*m, 0, &dims, &params, 0, &RunControl::default())
+            .unwrap_err();
+        assert_eq!(
+            e.cu_result(),
+            vgpu_proto::cuda::CUDA_ERROR_NO_BINARY_FOR_GPU
+        );
+        // Without a cubin, the load fails and says why.
+        let image = write(&[entry(KIND_PTX, 100, UNKNOWN_100)]);
+        let Err(e) = c.load_module(&image, 1 << 20, &RunControl::default()) else {
+            panic!("PTX with an unknown instruction loaded");
+        };
+        assert!(e.to_string().contains("tcgen05"), "{e}");
     }
 
     #[test]

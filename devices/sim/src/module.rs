@@ -81,10 +81,31 @@ impl vgpu_ptx::StateBudget for StateBudget {
 /// it is ("sm_80 cubin").
 fn sass_only(image: &[u8]) -> Option<(Vec<u8>, String)> {
     let entries = vgpu_fatbin::entries(image).ok()?;
-    let arch = BINARY_VERSION as u32;
     if entries.iter().any(|e| e.kind == vgpu_fatbin::KIND_PTX) {
         return None;
     }
+    usable_cubin(&entries)
+}
+
+/// Of a fat binary whose PTX is all for newer GPUs, its cubin for this device's compute
+/// capability, declared instead where that PTX does not load (instructions of the newer GPU the
+/// interpreter lacks), as the module loaded before the simulated GPU ran newer PTX.
+fn newer_ptx_fallback(image: &[u8]) -> Option<(Vec<u8>, String)> {
+    let entries = vgpu_fatbin::entries(image).ok()?;
+    let arch = BINARY_VERSION as u32;
+    if entries
+        .iter()
+        .any(|e| e.kind == vgpu_fatbin::KIND_PTX && e.arch <= arch)
+    {
+        return None;
+    }
+    usable_cubin(&entries)
+}
+
+/// The newest cubin of the device's major architecture not above it, decompressed, and what it
+/// is.
+fn usable_cubin(entries: &[vgpu_fatbin::Entry<'_>]) -> Option<(Vec<u8>, String)> {
+    let arch = BINARY_VERSION as u32;
     let best = entries
         .iter()
         .filter(|e| e.kind == vgpu_fatbin::KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch)
@@ -153,10 +174,12 @@ impl SimModule {
             return Self::load_cubin(memory, image, "cubin".into(), budget);
         }
         let from_fatbin;
+        let mut fallback = None;
         let image = if vgpu_fatbin::is_fatbin(image) {
             if let Some((elf, what)) = sass_only(image) {
                 return Self::load_cubin(memory, &elf, what, budget);
             }
+            fallback = newer_ptx_fallback(image);
             from_fatbin = vgpu_fatbin::ptx_in(image, BINARY_VERSION as u32, PtxRange::Any)
                 .map_err(|e| DeviceError::InvalidImage {
                     code: match e {
@@ -180,7 +203,20 @@ impl SimModule {
             control,
             last_hangup_check: None,
         };
-        let module = Module::load_watched(text, &mut gate).map_err(|e| match e.kind {
+        let loaded = Module::load_watched(text, &mut gate);
+        if let (Err(e), Some((elf, what))) = (&loaded, fallback)
+            && matches!(
+                e.kind,
+                LoadErrorKind::InvalidPtx | LoadErrorKind::NotSupported
+            )
+        {
+            tracing::debug!(
+                "the fat binary's PTX for a newer GPU does not load ({e}); its {what} declares \
+                 the kernels instead"
+            );
+            return Self::load_cubin(memory, &elf, what, budget);
+        }
+        let module = loaded.map_err(|e| match e.kind {
             LoadErrorKind::InvalidPtx => DeviceError::InvalidImage {
                 code: cuda::CUDA_ERROR_INVALID_PTX,
                 message: e.to_string(),

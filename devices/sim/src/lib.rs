@@ -1065,11 +1065,8 @@ mod tests {
         let out = c.alloc(u64::from(BLOCKS) * 8).unwrap();
         for (units, want) in [(Some(3), 3), (Some(1), 1), (Some(64), 8), (None, 8)] {
             let dims = LaunchDims {
-                grid: [BLOCKS, 1, 1],
-                block: [32, 1, 1],
-                shared_bytes: 0,
-                cooperative: false,
                 units,
+                ..launch_dims(BLOCKS, 32)
             };
             c.memset(out, u32::MAX, 4, u64::from(BLOCKS) * 2).unwrap();
             let r = c
@@ -1193,6 +1190,17 @@ mod tests {
         assert_eq!(d.memory_used(), 0);
     }
 
+    /// A launch of `grid` blocks of `block` threads (1-D), without shared memory.
+    fn launch_dims(grid: u32, block: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+            cooperative: false,
+            units: None,
+        }
+    }
+
     /// A cubin for sm_`arch` (ELF ABI 7) with kernel `saxpy(int, float*, float*)`
     /// and a `__device__` variable.
     fn cubin(arch: u32) -> Vec<u8> {
@@ -1245,13 +1253,7 @@ mod tests {
         params.extend_from_slice(&[0u8; 8]);
         params.extend_from_slice(&0u64.to_le_bytes());
         params.extend_from_slice(&out.to_le_bytes());
-        let dims = LaunchDims {
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            cooperative: false,
-            units: None,
-        };
+        let dims = launch_dims(1, 1);
         c.launch(&*m, 0, &dims, &params, 0, &RunControl::default())
             .unwrap();
         let mut got = [0u8; 4];
@@ -1298,13 +1300,7 @@ mod tests {
         assert_eq!(m.kernels()[0].name, "saxpy");
         assert_eq!(m.kernels()[0].param_offsets, [0, 8, 16]);
         assert_eq!(m.globals()[0].name, "counter");
-        let dims = LaunchDims {
-            grid: [1, 1, 1],
-            block: [32, 1, 1],
-            shared_bytes: 0,
-            cooperative: false,
-            units: None,
-        };
+        let dims = launch_dims(1, 32);
         let e = c
             .launch(&*m, 0, &dims, &[0; 24], 0, &RunControl::default())
             .unwrap_err();
@@ -1354,13 +1350,7 @@ mod tests {
         let m = c
             .load_module(LOCAL_HEAVY.as_bytes(), 1 << 20, &RunControl::default())
             .unwrap();
-        let dims = LaunchDims {
-            grid: [2, 1, 1],
-            block: [1024, 1, 1],
-            shared_bytes: 0,
-            cooperative: false,
-            units: None,
-        };
+        let dims = launch_dims(2, 1024);
         let small = Arc::new(Budget(Mutex::new((0, 32 << 20))));
         let control = RunControl::default();
         control.set_state_budget(Some(Arc::clone(&small) as _));
@@ -1413,13 +1403,7 @@ mod tests {
         let m = c
             .load_module(SET_CONDITIONAL.as_bytes(), 1 << 20, &RunControl::default())
             .unwrap();
-        let dims = LaunchDims {
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            cooperative: false,
-            units: None,
-        };
+        let dims = launch_dims(1, 1);
         let params = |handle: u64| {
             let mut p = handle.to_le_bytes().to_vec();
             p.extend_from_slice(&VALUE.to_le_bytes());

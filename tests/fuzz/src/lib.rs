@@ -380,6 +380,17 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             let mut load = msg::encode(&msg::ModuleLoad { ctx: 1 });
             load.extend_from_slice(b".version 7.0\n.target sm_52\n.address_size 64\n");
             push(msg::ModuleLoad::OPCODE, load);
+            // An image in two parts.
+            let image: &[u8] = b".version 7.0\n.target sm_52\n.address_size 64\n";
+            for (offset, part) in [(0, &image[..20]), (20, &image[20..])] {
+                let mut p = msg::encode(&msg::ModuleLoadPart {
+                    ctx: 1,
+                    total: image.len() as u64,
+                    offset,
+                });
+                p.extend_from_slice(part);
+                push(msg::ModuleLoadPart::OPCODE, p);
+            }
             push(
                 msg::ModuleGetFunction::OPCODE,
                 msg::encode(&msg::ModuleGetFunction {

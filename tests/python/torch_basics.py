@@ -190,6 +190,14 @@ def main():
     # handle reads a variable of one (it failed with CUBLAS_STATUS_ALLOC_FAILED before vgpu read
     # zstd). A matrix product runs on a real GPU and fails cleanly on the simulated one.
     check("a cuBLAS handle", torch.cuda.current_blas_handle() != 0)
+    # cuBLAS's kernels for small products and dot products carry PTX for compute 12.0, which
+    # the simulated GPU runs too (before 2026-12-06 they failed on any device: the driver's
+    # tools tables, which cuBLAS asks for the thread's context and the context's number, were
+    # refused).
+    small = torch.full((8, 8), 0.5)
+    check("a small matrix product", torch.equal((small.cuda() @ small.cuda()).cpu(), small @ small))
+    ones = torch.ones(64)
+    check("a dot product", torch.dot(ones.cuda(), ones.cuda()).item() == 64.0)
     m = torch.full((64, 64), 0.5)
     try:
         prod = (m.cuda() @ m.cuda()).cpu()

@@ -1,5 +1,6 @@
 """CuPy in a QEMU guest on vgpu: a few arrays and kernels, checked against
-NumPy. The guest runs under emulation, so this keeps to four NVRTC
+NumPy, with CuPy's default accelerators (a sum runs CUB's compute 10.0 PTX, whose module
+travels in parts). The guest runs under emulation, so this keeps to four NVRTC
 compilations. Prints one line per check and PASS at the end."""
 
 import sys
@@ -22,6 +23,10 @@ check("one device", cp.cuda.runtime.getDeviceCount() == 1)
 h = np.arange(256, dtype=np.float32)
 a = cp.asarray(h)
 check("elementwise", np.allclose((a * 2 + 1).get(), h * 2 + 1))
+# With CuPy's default accelerators a sum goes through its CUB module (compute 10.0 PTX).
+from cupy._core import _accelerator
+
+check("CUB is CuPy's accelerator", _accelerator.ACCELERATOR_CUB in _accelerator.get_routine_accelerators())
 check("reduction", float(a.sum()) == float(h.sum()))
 raw = cp.RawKernel(r'''
 extern "C" __global__ void twice(float* x, int n) {

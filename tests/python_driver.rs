@@ -346,7 +346,7 @@ fn pytorch_runs_unmodified() {
 /// shim: the host's Python and packages arrive on a read-only virtio disk
 /// (tests/python/disk.sh) mounted at the same path, and the kernels CuPy
 /// compiles run on vgpud's simulated GPU over the vsock device, with CuPy's default accelerators
-/// (its CUB module, 8.2 MB, travels in parts).
+/// (a sum runs its CUB module, 8.2 MB of it sent).
 #[test]
 fn cupy_runs_unmodified_in_a_qemu_guest() {
     if let Some(reason) = qemu::skip_reason() {

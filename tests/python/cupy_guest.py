@@ -1,6 +1,5 @@
 """CuPy in a QEMU guest on vgpu: a few arrays and kernels, checked against
-NumPy, with CuPy's default accelerators (a sum runs CUB's compute 10.0 PTX, whose module
-travels in parts). The guest runs under emulation, so this keeps to four NVRTC
+NumPy, with CuPy's default accelerators (a sum runs CUB's compute 10.0 PTX). The guest runs under emulation, so this keeps to four NVRTC
 compilations. Prints one line per check and PASS at the end."""
 
 import sys

@@ -346,7 +346,7 @@ fn pytorch_runs_unmodified() {
 /// shim: the host's Python and packages arrive on a read-only virtio disk
 /// (tests/python/disk.sh) mounted at the same path, and the kernels CuPy
 /// compiles run on vgpud's simulated GPU over the vsock device, with CuPy's default accelerators
-/// (a sum runs its CUB module, 8.2 MB of it sent).
+/// (a sum runs its CUB module; a sort its Thrust module, sent in parts).
 #[test]
 fn cupy_runs_unmodified_in_a_qemu_guest() {
     if let Some(reason) = qemu::skip_reason() {

@@ -1,5 +1,6 @@
 """CuPy in a QEMU guest on vgpu: a few arrays and kernels, checked against
-NumPy, with CuPy's default accelerators (a sum runs CUB's compute 10.0 PTX). The guest runs under emulation, so this keeps to four NVRTC
+NumPy, with CuPy's default accelerators (a sum runs CUB's compute 10.0 PTX, a sort Thrust's,
+whose module goes to vgpud in parts). The guest runs under emulation, so this keeps to four NVRTC
 compilations. Prints one line per check and PASS at the end."""
 
 import sys
@@ -27,6 +28,8 @@ from cupy._core import _accelerator
 
 check("CUB is CuPy's accelerator", _accelerator.ACCELERATOR_CUB in _accelerator.get_routine_accelerators())
 check("reduction", float(a.sum()) == float(h.sum()))
+# Thrust's module (14.2 MB sent) is larger than one request: it travels in parts.
+check("sort", np.array_equal(cp.sort(a[::-1]).get(), h))
 raw = cp.RawKernel(r'''
 extern "C" __global__ void twice(float* x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

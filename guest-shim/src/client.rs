@@ -24,7 +24,8 @@ use crate::transport::{Link, Stream, StreamLink};
 /// be) arrive shortened by the device.
 pub const DEVICE_REPLY_BUFFER: usize = 64 << 10;
 /// Ops without side effects: asking again is harmless, so a reply that did not
-/// fit the device transport's reply buffer is fetched again with a larger one.
+/// fit the device transport's reply buffer is fetched again with a larger one
+/// ([`QUERY_RETRIES`]).
 pub const QUERIES: [u16; 5] = [
     msg::TenantInfo::OPCODE,
     msg::ModuleFunctionNames::OPCODE,
@@ -32,6 +33,12 @@ pub const QUERIES: [u16; 5] = [
     msg::DeviceGetCount::OPCODE,
     msg::MemGetInfo::OPCODE,
 ];
+/// How often a query whose reply did not fit is asked again, each time with the room the device
+/// reported plus an eighth ([`QUERY_HEADROOM_DIVISOR`]): a live answer (TenantInfo's figures)
+/// may have grown between two asks.
+const QUERY_RETRIES: usize = 3;
+/// The room added to a reply size the device reported: `needed / QUERY_HEADROOM_DIVISOR`.
+const QUERY_HEADROOM_DIVISOR: usize = 8;
 /// Synchronous requests that return with their work done and leave none queued: waits,
 /// queries, synchronous copies, synchronous fills and device-to-device copies (vgpud answers
 /// those once their stream's work, their own included, is done), allocations (which queue
@@ -544,12 +551,20 @@ impl Client {
             return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a device"));
         };
         let mut r = d.call(&self.scratch, tail, &mut self.rbuf, out);
-        if let Err(e) = &r
-            && let Some(big) = ReplyTooLarge::of(e)
-            && QUERIES.contains(&O::OPCODE)
-            && big.needed <= HEADER_LEN + MAX_PAYLOAD
-        {
-            self.rbuf = vec![0; big.needed];
+        for _ in 0..QUERY_RETRIES {
+            let Err(e) = &r else { break };
+            let Some(big) = ReplyTooLarge::of(e) else {
+                break;
+            };
+            if !QUERIES.contains(&O::OPCODE) || big.needed > HEADER_LEN + MAX_PAYLOAD {
+                break;
+            }
+            // With room to spare: the answer is live (TenantInfo's figures) and may have grown.
+            let room = big
+                .needed
+                .saturating_add(big.needed / QUERY_HEADROOM_DIVISOR)
+                .min(HEADER_LEN + MAX_PAYLOAD);
+            self.rbuf = vec![0; room];
             id = self.frame(req, tail.len(), 0);
             let Conn::Device(d) = &self.conn else {
                 return Err(CallError::new(cuda::CUDA_ERROR_UNKNOWN, "not a device"));

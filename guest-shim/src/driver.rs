@@ -2035,12 +2035,12 @@ pub fn ping() -> CuRes<()> {
 
 // ---- modules and launches ----------------------------------------------------
 
-/// `cuModuleLoadData`: returns the module, or the code and the host's message
-/// (for `CU_JIT_ERROR_LOG_BUFFER`).
 /// The largest module image one request carries (room left for the request's fields); larger
 /// images go in parts of this size ([`msg::ModuleLoadPart`]).
 const MODULE_PART_BYTES: usize = vgpu_proto::frame::MAX_PAYLOAD - 64;
 
+/// `cuModuleLoadData`: returns the module, or the code and the host's message
+/// (for `CU_JIT_ERROR_LOG_BUFFER`).
 pub fn module_load(image: &[u8]) -> Result<u64, (CuResult, String)> {
     let c = ctx().map_err(|e| (e, String::new()))?;
     let d = driver().map_err(|e| (e, String::new()))?;

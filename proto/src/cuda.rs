@@ -440,7 +440,7 @@ pub mod attr {
     /// simulated GPU interprets whatever instructions it knows), so the guest keeps a fat
     /// binary's PTX for a newer GPU where it has none for this one. A reply without it (an older
     /// vgpud, a real GPU) means CUDA's rule: PTX up to the device's own architecture.
-    pub const VGPU_ANY_PTX: usize = 162;
+    pub const VGPU_ANY_PTX: usize = COUNT;
 }
 
 /// `CUlimit` numbers of the limits vgpud keeps for each process, and CUDA's values of the

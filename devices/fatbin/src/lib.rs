@@ -123,6 +123,14 @@ impl Entry<'_> {
         }
     }
 
+    /// A PTX entry's text, decompressed, without its trailing NUL bytes.
+    pub fn ptx_text(&self) -> Result<Vec<u8>, FatbinError> {
+        let mut text = self.contents()?;
+        let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        text.truncate(end);
+        Ok(text)
+    }
+
     /// The payload, decompressed.
     pub fn contents(&self) -> Result<Vec<u8>, FatbinError> {
         let decompress: fn(&[u8], usize) -> Result<Vec<u8>, &'static str> = match self.compression {
@@ -260,12 +268,35 @@ fn pick_ptx<'a>(all: &[Entry<'a>], arch: u32, range: PtxRange) -> Option<Entry<'
     .copied()
 }
 
-/// An entry's PTX text, decompressed, without its trailing NUL bytes.
-fn ptx_text(e: &Entry<'_>) -> Result<Vec<u8>, FatbinError> {
-    let mut text = e.contents()?;
-    let end = text.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    text.truncate(end);
-    Ok(text)
+/// The images of one fat binary a device of architecture `arch` runs: what [`select`] keeps and
+/// the simulated GPU loads.
+#[derive(Debug, Clone, Copy)]
+pub struct Choice<'a> {
+    /// The PTX of the device's [`PtxRange`].
+    pub ptx: Option<Entry<'a>>,
+    /// The newest cubin of the device's major architecture not above it (SASS runs on later
+    /// minor versions). With [`PtxRange::Any`] only where the PTX is for a newer GPU or missing:
+    /// PTX for the device makes it redundant.
+    pub cubin: Option<Entry<'a>>,
+}
+
+/// The images of `all` (one fat binary's entries) a device of architecture `arch` runs.
+pub fn choose<'a>(all: &[Entry<'a>], arch: u32, range: PtxRange) -> Choice<'a> {
+    let ptx = pick_ptx(all, arch, range);
+    let cubin = match (range, ptx) {
+        (PtxRange::Any, Some(p)) if p.arch <= arch => None,
+        _ => all
+            .iter()
+            .filter(|e| e.kind == KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch)
+            .max_by_key(|e| e.arch)
+            .copied(),
+    };
+    Choice { ptx, cubin }
+}
+
+/// [`FatbinError::NoUsableImage`] for a fat binary of entries `all`, naming what it holds.
+pub fn no_usable_image(all: &[Entry<'_>]) -> FatbinError {
+    FatbinError::NoUsableImage { held: held(all) }
 }
 
 /// The PTX text a device supporting up to `max_arch` should run: the entry
@@ -280,8 +311,8 @@ pub fn ptx_for(image: &[u8], max_arch: u32) -> Result<Vec<u8>, FatbinError> {
 pub fn ptx_in(image: &[u8], arch: u32, range: PtxRange) -> Result<Vec<u8>, FatbinError> {
     let all = entries(image)?;
     match pick_ptx(&all, arch, range) {
-        Some(e) => ptx_text(&e),
-        None => Err(FatbinError::NoUsableImage { held: held(&all) }),
+        Some(e) => e.ptx_text(),
+        None => Err(no_usable_image(&all)),
     }
 }
 
@@ -292,7 +323,7 @@ pub fn ptx_in(image: &[u8], arch: u32, range: PtxRange) -> Result<Vec<u8>, Fatbi
 pub fn library_ptx(image: &[u8], max_arch: u32) -> Result<Option<Vec<u8>>, FatbinError> {
     let all = entries(image)?;
     pick_ptx(&all, max_arch, PtxRange::Any)
-        .map(|e| ptx_text(&e))
+        .map(|e| e.ptx_text())
         .transpose()
 }
 
@@ -333,17 +364,7 @@ pub fn select(image: &[u8], arch: u32, range: PtxRange) -> Result<Vec<u8>, Fatbi
         })?;
         let header = usize::from(u16_at(one, 6).ok_or(FatbinError::NotFatbin)?);
         let all = entries(one)?;
-        let newest = |pick: &dyn Fn(&Entry<'_>) -> bool| {
-            all.iter()
-                .filter(|e| pick(e))
-                .max_by_key(|e| e.arch)
-                .copied()
-        };
-        let ptx = pick_ptx(&all, arch, range);
-        let cubin = match (range, ptx) {
-            (PtxRange::Any, Some(p)) if p.arch <= arch => None,
-            _ => newest(&|e| e.kind == KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch),
-        };
+        let Choice { ptx, cubin } = choose(&all, arch, range);
         let kept: Vec<Entry<'_>> = cubin.into_iter().chain(ptx).collect();
         if !kept.is_empty() {
             let body: usize = kept.iter().map(|e| e.raw.len()).sum();

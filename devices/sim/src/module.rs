@@ -76,41 +76,9 @@ impl vgpu_ptx::StateBudget for StateBudget {
     }
 }
 
-/// Of a fat binary with no PTX at all (the simulated GPU runs PTX of any architecture), the cubin it would
-/// take on a real device of its compute capability, decompressed, and what
-/// it is ("sm_80 cubin").
-fn sass_only(image: &[u8]) -> Option<(Vec<u8>, String)> {
-    let entries = vgpu_fatbin::entries(image).ok()?;
-    if entries.iter().any(|e| e.kind == vgpu_fatbin::KIND_PTX) {
-        return None;
-    }
-    usable_cubin(&entries)
-}
-
-/// Of a fat binary whose PTX is all for newer GPUs, its cubin for this device's compute
-/// capability, declared instead where that PTX does not load (instructions of the newer GPU the
-/// interpreter lacks), as the module loaded before the simulated GPU ran newer PTX.
-fn newer_ptx_fallback(image: &[u8]) -> Option<(Vec<u8>, String)> {
-    let entries = vgpu_fatbin::entries(image).ok()?;
-    let arch = BINARY_VERSION as u32;
-    if entries
-        .iter()
-        .any(|e| e.kind == vgpu_fatbin::KIND_PTX && e.arch <= arch)
-    {
-        return None;
-    }
-    usable_cubin(&entries)
-}
-
-/// The newest cubin of the device's major architecture not above it, decompressed, and what it
-/// is.
-fn usable_cubin(entries: &[vgpu_fatbin::Entry<'_>]) -> Option<(Vec<u8>, String)> {
-    let arch = BINARY_VERSION as u32;
-    let best = entries
-        .iter()
-        .filter(|e| e.kind == vgpu_fatbin::KIND_ELF && e.arch / 10 == arch / 10 && e.arch <= arch)
-        .max_by_key(|e| e.arch)?;
-    Some((best.contents().ok()?, best.describe()))
+/// A cubin entry decompressed, and what it is ("sm_80 cubin").
+fn cubin_of(e: &vgpu_fatbin::Entry<'_>) -> Option<(Vec<u8>, String)> {
+    Some((e.contents().ok()?, e.describe()))
 }
 
 /// A module loaded on the simulated GPU.
@@ -176,20 +144,29 @@ impl SimModule {
         let from_fatbin;
         let mut fallback = None;
         let image = if vgpu_fatbin::is_fatbin(image) {
-            if let Some((elf, what)) = sass_only(image) {
-                return Self::load_cubin(memory, &elf, what, budget);
-            }
-            fallback = newer_ptx_fallback(image);
-            from_fatbin = vgpu_fatbin::ptx_in(image, BINARY_VERSION as u32, PtxRange::Any)
-                .map_err(|e| DeviceError::InvalidImage {
-                    code: match e {
-                        vgpu_fatbin::FatbinError::NoUsableImage { .. } => {
-                            cuda::CUDA_ERROR_NO_BINARY_FOR_GPU
-                        }
-                        _ => cuda::CUDA_ERROR_INVALID_IMAGE,
-                    },
-                    message: e.to_string(),
-                })?;
+            let fatbin_error = |e: vgpu_fatbin::FatbinError| DeviceError::InvalidImage {
+                code: match e {
+                    vgpu_fatbin::FatbinError::NoUsableImage { .. } => {
+                        cuda::CUDA_ERROR_NO_BINARY_FOR_GPU
+                    }
+                    _ => cuda::CUDA_ERROR_INVALID_IMAGE,
+                },
+                message: e.to_string(),
+            };
+            let all = vgpu_fatbin::entries(image).map_err(fatbin_error)?;
+            // PTX of any architecture; the cubin comes with PTX for a newer GPU only, to declare
+            // the kernels where that PTX does not load (an instruction the interpreter lacks).
+            let choice = vgpu_fatbin::choose(&all, BINARY_VERSION as u32, PtxRange::Any);
+            let Some(ptx) = choice.ptx else {
+                // No PTX at all: the cubin a real device of this compute capability would take
+                // declares the kernels, which cannot be launched.
+                return match choice.cubin.as_ref().and_then(cubin_of) {
+                    Some((elf, what)) => Self::load_cubin(memory, &elf, what, budget),
+                    None => Err(fatbin_error(vgpu_fatbin::no_usable_image(&all))),
+                };
+            };
+            fallback = choice.cubin;
+            from_fatbin = ptx.ptx_text().map_err(fatbin_error)?;
             &from_fatbin[..]
         } else {
             image
@@ -204,11 +181,12 @@ impl SimModule {
             last_hangup_check: None,
         };
         let loaded = Module::load_watched(text, &mut gate);
-        if let (Err(e), Some((elf, what))) = (&loaded, fallback)
+        if let Err(e) = &loaded
             && matches!(
                 e.kind,
                 LoadErrorKind::InvalidPtx | LoadErrorKind::NotSupported
             )
+            && let Some((elf, what)) = fallback.as_ref().and_then(cubin_of)
         {
             tracing::debug!(
                 "the fat binary's PTX for a newer GPU does not load ({e}); its {what} declares \

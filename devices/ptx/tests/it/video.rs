@@ -71,6 +71,14 @@ fn check_cases(cases: &[(&str, u32)]) {
     }
 }
 
+/// Each instruction alone in a kernel fails to load.
+fn refused_at_load(bad: &[&str]) {
+    for bad in bad {
+        let e = Module::load(&kernel(&format!("{bad}\n"))).err();
+        assert!(e.is_some(), "`{bad}` loaded");
+    }
+}
+
 #[test]
 fn video_instructions_compute_what_the_isa_says() {
     check_cases(CASES);
@@ -78,7 +86,7 @@ fn video_instructions_compute_what_the_isa_says() {
 
 #[test]
 fn malformed_video_instructions_are_refused_at_load() {
-    for bad in [
+    refused_at_load(&[
         "vshl.u32.u32.u32 %r10, %r1, %r2;",
         "vadd4.u32.u32.u32 %r10, %r1, %r2;",
         "vadd.u32.u32 %r10, %r1, %r2;",
@@ -95,10 +103,7 @@ fn malformed_video_instructions_are_refused_at_load() {
         "vavrg.u32.u32.u32 %r10, %r1, %r2;",
         "vset.u32.u32 %r10, %r1, %r2;",
         "vabsdiff4.u32.u32.u32.add %r10, %r1, %r2;",
-    ] {
-        let e = Module::load(&kernel(&format!("{bad}\n"))).err();
-        assert!(e.is_some(), "`{bad}` loaded");
-    }
+    ]);
 }
 
 /// `min` and `max` on packed half-words (PTX 8.0, which CUB's compute 10.0 PTX writes) and
@@ -122,13 +127,10 @@ const PACKED_MIN_MAX: &[(&str, u32)] = &[
 #[test]
 fn packed_min_max_and_relu_compute_what_the_isa_says() {
     check_cases(PACKED_MIN_MAX);
-    for bad in [
+    refused_at_load(&[
         "min.relu.u16x2 %r10, %r1, %r2;",
         "max.relu.u32 %r10, %r1, %r2;",
         "min.s16x2 %r10, %r1;",
         "div.relu.s32 %r10, %r1, %r2;",
-    ] {
-        let e = Module::load(&kernel(&format!("{bad}\n"))).err();
-        assert!(e.is_some(), "`{bad}` loaded");
-    }
+    ]);
 }

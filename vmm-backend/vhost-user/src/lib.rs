@@ -29,7 +29,7 @@ pub use serve::{
 };
 pub use socket::{SOCKET_MODE, SocketError, bind_socket};
 pub use vring::{
-    ChainHead, ExitEvents, LogLimiter, Rearm, VIRTIO_FEATURES, add_used, describe_ring,
+    ChainHead, ExitEvents, LogLimiter, Rearm, UsedBatch, VIRTIO_FEATURES, add_used, describe_ring,
     fd_readable, has_available, kick_pending, next_head, protocol_features, read_config, rearm,
     signal, take_head, vring_ready, watch_rings,
 };

@@ -30,7 +30,9 @@ use super::packet::{
 use super::{
     GPU_PORT_BUFFER, GPU_PORT_REPLY_RING, MAX_LARGE_RING_BYTES, PortConnector, VsockStats,
 };
-use vgpu_vhost_user::{LogLimiter, Rearm, add_used, next_head, rearm, signal, vring_ready};
+use vgpu_vhost_user::{
+    LogLimiter, Rearm, UsedBatch, add_used, next_head, rearm, signal, vring_ready,
+};
 
 /// Most simultaneous connections per device. Each holds at most its `buf_alloc` of buffered
 /// guest data in `tx_buf` (`tx_buffer_size`, or `GPU_PORT_BUFFER` for the at most
@@ -668,6 +670,7 @@ impl VsockDevice {
         let mem = atomic.memory();
         // Chains returned since the last signal to the guest.
         let mut unsignalled = 0;
+        let mut used = UsedBatch::new(vring);
         let mut rechecked = false;
         while self.has_rx_work() {
             let chain = match next_head(vring, &mem) {
@@ -702,21 +705,25 @@ impl VsockDevice {
                 Ok(b) => b,
                 Err(e) => {
                     self.drop_chain(QueueName::Rx, head, &e);
-                    if let Err(e) = add_used(vring, &mem, head, 0) {
+                    if let Err(e) = used.push(&mem, head, 0) {
                         self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
                     }
                     unsignalled += 1;
+                    if used.full() {
+                        used.signal(vring, &mem, "rx");
+                        unsignalled = 0;
+                    }
                     continue;
                 }
             };
             match self.fill_rx(&mem, &buf) {
                 Some(len) => {
-                    if let Err(e) = add_used(vring, &mem, head, len) {
+                    if let Err(e) = used.push(&mem, head, len) {
                         self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
                     }
                     unsignalled += 1;
-                    if unsignalled >= RX_SIGNAL_EVERY {
-                        signal(vring, "rx");
+                    if unsignalled >= RX_SIGNAL_EVERY || used.full() {
+                        used.signal(vring, &mem, "rx");
                         unsignalled = 0;
                     }
                 }
@@ -728,7 +735,7 @@ impl VsockDevice {
             }
         }
         if unsignalled > 0 {
-            signal(vring, "rx");
+            used.signal(vring, &mem, "rx");
         }
     }
 
@@ -761,7 +768,7 @@ impl VsockDevice {
     }
 
     fn write_header(&mut self, mem: &GuestMem, buf: &ChainBuffer, h: &PacketHeader) -> Option<u32> {
-        match buf.write_at(mem, 0, &h.to_bytes()) {
+        match buf.write_start(mem, &h.to_bytes()) {
             Ok(n) if n == PKT_HEADER_SIZE => Some(PKT_HEADER_SIZE as u32 + h.len),
             Ok(_) | Err(_) => {
                 self.log_guest_error(format_args!(

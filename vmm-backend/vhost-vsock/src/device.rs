@@ -1187,7 +1187,7 @@ mod tests {
         v.set_queue_info(
             q.desc_table_addr().raw_value(),
             q.avail_addr().raw_value(),
-            q.used_addr().raw_value(),
+            used_ring(&q).raw_value(),
         )
         .unwrap();
         v.set_queue_ready(true);
@@ -1226,9 +1226,19 @@ mod tests {
             .unwrap();
     }
 
+    /// Where a test queue's used ring lies: virtio-queue's mock places it over the end of the
+    /// avail ring's entries (from entry `size / 2` on), so the device's first used entry would
+    /// overwrite chains not taken yet.
+    fn used_ring(q: &MockSplitQueue<'_, GuestMem>) -> GuestAddress {
+        q.desc_table_addr().unchecked_add(USED_OFFSET)
+    }
+
+    /// See [`used_ring`]: past the descriptor table and avail ring of up to 64 entries.
+    const USED_OFFSET: u64 = 0x800;
+
     fn used_len(rig: &Rig, q: &MockSplitQueue<'_, GuestMem>, i: u16) -> (u32, u32) {
         let m = rig.mem.memory();
-        let e = q.used_addr().unchecked_add(4 + 8 * u64::from(i));
+        let e = used_ring(q).unchecked_add(4 + 8 * u64::from(i));
         let id: u32 = m.read_obj(e).unwrap();
         let len: u32 = m.read_obj(e.unchecked_add(4)).unwrap();
         (id, len)
@@ -1237,7 +1247,7 @@ mod tests {
     fn used_idx(rig: &Rig, q: &MockSplitQueue<'_, GuestMem>) -> u16 {
         rig.mem
             .memory()
-            .read_obj(q.used_addr().unchecked_add(2))
+            .read_obj(used_ring(q).unchecked_add(2))
             .unwrap()
     }
 
@@ -1682,7 +1692,7 @@ mod tests {
         let used = |q: &MockSplitQueue<'_, GuestMem>| -> u16 {
             rig.mem
                 .memory()
-                .read_obj(q.used_addr().unchecked_add(2))
+                .read_obj(used_ring(q).unchecked_add(2))
                 .unwrap()
         };
         let backend = crate::backend::VsockBackend::new(
@@ -1756,6 +1766,44 @@ mod tests {
         // One for the RESPONSE, one every RX_SIGNAL_EVERY buffers of the burst, one at its end.
         let burst = usize::from(BUFFERS - 1);
         assert_eq!(signals, 1 + burst / RX_SIGNAL_EVERY + 1, "{bytes:?}");
+    }
+
+    /// A queue smaller than `RX_SIGNAL_EVERY`: the device publishes its used entries once a
+    /// ring's worth is written, and every entry returns the chain it filled.
+    #[test]
+    fn a_small_rx_queue_gets_its_entries_before_a_ring_is_written() {
+        const SIZE: u16 = 8;
+        const PAYLOAD: usize = 4096 - PKT_HEADER_SIZE;
+        let mut rig = rig();
+        let (txv, txq) = vring(&rig, TXQ_BASE);
+        let (rxv, rxq) = vring_of(&rig, RXQ_BASE, SIZE);
+        let mut req = hdr(VSOCK_OP_REQUEST, 100, 7, 0);
+        req.buf_alloc = 1 << 20;
+        write_pkt(&rig, BUFS, req, b"");
+        push_chain(&txq, 0, &[d(BUFS, 44, 0, 0)]);
+        let rx_at = |i: u16| BUFS + 0x10000 * (u64::from(i) + 1);
+        for i in 0..SIZE {
+            push_chain(&rxq, i, &[d(rx_at(i), 4096, VRING_DESC_F_WRITE as u16, 0)]);
+        }
+        rig.dev.process_tx(&txv);
+        let mut peer = rig.peers.0.lock().unwrap().pop().unwrap();
+        peer.write_all(&vec![7u8; PAYLOAD * usize::from(SIZE)])
+            .unwrap();
+        rig.dev.process_host_events(true);
+        rig.dev.process_rx(&rxv);
+        assert_eq!(used_idx(&rig, &rxq), SIZE, "the RESPONSE and seven packets");
+        for i in 0..SIZE {
+            let (id, len) = used_len(&rig, &rxq, i);
+            let h = rx_header(&rig, rx_at(i));
+            let want = if i == 0 {
+                (VSOCK_OP_RESPONSE, 0)
+            } else {
+                (VSOCK_OP_RW, PAYLOAD)
+            };
+            assert_eq!((h.op, h.len as usize), want, "buffer {i}");
+            assert_eq!((id, len as usize), (u32::from(i), PKT_HEADER_SIZE + want.1));
+        }
+        assert!(rig.dev.has_rx_work(), "one packet still owed");
     }
 
     /// Runs `f` on another thread and fails the test if it does not finish promptly.

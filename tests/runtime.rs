@@ -411,6 +411,26 @@ fn the_rest_of_the_driver_api_refuses_what_a_vms_device_lacks_as_cuda_does() {
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
+/// The driver's private tables as NVIDIA's libraries call them (tests/c/export_tables.c): the
+/// CUDA 13 tools table's stream entries (51 and 39, which cuBLAS's reductions call) name a stream
+/// and number it as `cuStreamGetId` does, refusing forged handles; entries past a table's
+/// declared size refuse instead of running whatever follows the table in memory.
+#[test]
+fn the_driver_tables_name_streams_and_refuse_past_their_end() {
+    let d = Vgpud::start(&[TestVm::new("vm1", 64 * MIB)]);
+    let prog = build_c_program("export_tables");
+    let r = run_with_shim(&d, "vm1", &prog, &[]);
+    assert_passed(&r, "export_tables", 24);
+    assert!(
+        r.stderr
+            .contains("entry 40 of the driver's export table 21318c60")
+            && r.stderr
+                .contains("entry 9 of the driver's export table 42d85a81"),
+        "{}",
+        r.stderr
+    );
+}
+
 /// Builds tests/c/NAME.c against PyPI's CUDA 12 runtime and the PyPI
 /// package `nvidia.PACKAGE`'s library `LIB` (e.g. `libcublas.so.12`).
 fn build_library_program(name: &str, package: &str, lib: &str) -> PathBuf {
@@ -440,13 +460,15 @@ fn build_library_program(name: &str, package: &str, lib: &str) -> PathBuf {
 /// cuBLAS (tests/c/cublas.c) on the simulated GPU: libcublas's compute 12.0 PTX runs saxpy, gemv
 /// and a small gemm with the right results. Before 2026-12-06 its kernels were cubins to it, and
 /// matrix products failed on any device (the shim refused the tools tables' thread context and
-/// context number). A dot product still fails cleanly (an unknown tools entry).
+/// context number), and so did the reductions, in either pointer mode, until the same table's
+/// stream entries were answered (the dot, nrm2, asum and amax checks, on a created stream and on
+/// the default one).
 #[test]
 fn cublas_runs_its_ptx_kernels_on_the_simulated_gpu() {
     let prog = build_library_program("cublas", "cublas", "libcublas.so.12");
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
     let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
-    assert_passed(&r, "cublas", 10);
+    assert_passed(&r, "cublas", 15);
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 

@@ -28,11 +28,39 @@ unsafe impl<const N: usize> Sync for Table<N> {}
 
 impl<const N: usize> Table<N> {
     /// The table's first entry: its size in bytes.
-    const SIZE: *const c_void = std::ptr::without_provenance(N * size_of::<usize>());
+    const SIZE: *const c_void = size_word(N);
 
     fn start(&self) -> *const c_void {
         self.0.as_ptr().cast()
     }
+}
+
+/// The first entry of a table that declares `entries` entries: its size in bytes.
+const fn size_word(entries: usize) -> *const c_void {
+    std::ptr::without_provenance(entries * size_of::<usize>())
+}
+
+/// Entries every table has in memory. A library that reads past the size a table declares
+/// (cuBLAS calls entries 39 and 51 of the CUDA 13 tools table, which NVIDIA's is longer than
+/// vgpu's declared 16) gets an [`unknown_entry`] that refuses with a warning naming the table and
+/// the entry, not whatever follows the table in memory: cuBLAS's reductions used to land in the
+/// module-tools table there.
+const PADDED_ENTRIES: usize = 64;
+
+/// A table of [`PADDED_ENTRIES`] in memory.
+type Padded = Table<PADDED_ENTRIES>;
+
+/// Table `T`'s `declared` entries (the size word first, where the table has one), followed in
+/// memory by [`unknown_entry`]s up to [`PADDED_ENTRIES`].
+const fn padded<const T: u8>(declared: &[*const c_void]) -> Padded {
+    let mut t = [NULL; PADDED_ENTRIES];
+    fill_unknown::<T>(&mut t);
+    let mut i = 0;
+    while i < declared.len() {
+        t[i] = declared[i];
+        i += 1;
+    }
+    Table(t)
 }
 
 /// Runtime interface: module registration from fat binaries, primary contexts.
@@ -102,8 +130,8 @@ macro_rules! entry {
     };
 }
 
-static CUDART_INTERFACE_TABLE: Table<13> = Table([
-    Table::<13>::SIZE,
+static CUDART_INTERFACE_TABLE: Padded = padded::<CUDART_ID>(&[
+    size_word(13),
     entry!(module_from_fatbin_wrapper as unsafe extern "C" fn(_, _) -> _),
     entry!(primary_context as unsafe extern "C" fn(_, _) -> _),
     NULL,
@@ -123,15 +151,15 @@ static CUDART_INTERFACE_TABLE: Table<13> = Table([
 /// products; refused, they failed (`CUBLAS_STATUS_INTERNAL_ERROR`, `CUBLAS_STATUS_NOT_SUPPORTED`).
 /// The other entries answer "unavailable" (a NULL entry crashed cuBLASLt: `cupy.matmul` on the
 /// simulated GPU).
-static TOOLS_TLS_TABLE: Table<4> = Table([
-    Table::<4>::SIZE,
+static TOOLS_TLS_TABLE: Padded = padded::<TOOLS_TLS_ID>(&[
+    size_word(4),
     entry!(tools_tls_unavailable as extern "C" fn() -> _),
     entry!(thread_context as unsafe extern "C" fn(_) -> _),
     entry!(tools_tls_unavailable as extern "C" fn() -> _),
 ]);
 
-static CALLBACK_HOOKS_TABLE: Table<7> = Table([
-    Table::<7>::SIZE,
+static CALLBACK_HOOKS_TABLE: Padded = padded::<HOOKS_ID>(&[
+    size_word(7),
     NULL,
     entry!(hooks_buffer_1 as unsafe extern "C" fn(_, _)),
     NULL,
@@ -140,40 +168,40 @@ static CALLBACK_HOOKS_TABLE: Table<7> = Table([
     entry!(hooks_buffer_2 as unsafe extern "C" fn(_, _)),
 ]);
 
-static CONTEXT_LOCAL_STORAGE_TABLE: Table<4> = Table([
+static CONTEXT_LOCAL_STORAGE_TABLE: Padded = padded::<STORAGE_ID>(&[
     entry!(cls_put as unsafe extern "C" fn(_, _, _, _) -> _),
     entry!(cls_delete as extern "C" fn(_, _) -> _),
     entry!(cls_get as unsafe extern "C" fn(_, _, _) -> _),
     NULL,
 ]);
 
-static CTX_CREATE_BYPASS_TABLE: Table<2> = Table([
-    Table::<2>::SIZE,
+static CTX_CREATE_BYPASS_TABLE: Padded = padded::<BYPASS_ID>(&[
+    size_word(2),
     entry!(crate::exports::cuCtxCreate_v2 as unsafe extern "C" fn(_, _, _) -> _),
 ]);
 
-static HEAP_ACCESS_TABLE: Table<3> = Table([
-    Table::<3>::SIZE,
+static HEAP_ACCESS_TABLE: Padded = padded::<HEAP_ID>(&[
+    size_word(3),
     entry!(heap_alloc as extern "C" fn(_, _, _) -> _),
     entry!(heap_free as extern "C" fn(_, _) -> _),
 ]);
 
-static DEVICE_EXTENDED_RT_TABLE: Table<26> = {
+static DEVICE_EXTENDED_RT_TABLE: Padded = {
     let mut t = [NULL; 26];
-    t[0] = Table::<26>::SIZE;
+    t[0] = size_word(26);
     t[5] = entry!(device_attribute_ext as extern "C" fn(_, _, _, _) -> _);
     t[13] = entry!(device_flag as unsafe extern "C" fn(_, _) -> _);
-    Table(t)
+    padded::<DEVICE_EXT_ID>(&t)
 };
 
-static INTEGRITY_CHECK_TABLE: Table<3> = Table([
-    Table::<3>::SIZE,
+static INTEGRITY_CHECK_TABLE: Padded = padded::<INTEGRITY_ID>(&[
+    size_word(3),
     entry!(integrity_token as unsafe extern "C" fn(_, _, _) -> _),
     NULL,
 ]);
 
-static CONTEXT_CHECKS_TABLE: Table<4> = Table([
-    Table::<4>::SIZE,
+static CONTEXT_CHECKS_TABLE: Padded = padded::<CHECKS_ID>(&[
+    size_word(4),
     NULL,
     entry!(context_check as unsafe extern "C" fn(_, _, _) -> _),
     entry!(context_check_flags as extern "C" fn() -> _),
@@ -185,14 +213,41 @@ const RUNTIME_13: u8 = 0;
 const MODULE_TOOLS: u8 = 1;
 /// See [`RUNTIME_13`].
 const CUPTI_ID: u8 = 2;
+/// See [`RUNTIME_13`].
+const CUDART_ID: u8 = 3;
+/// See [`RUNTIME_13`].
+const TOOLS_TLS_ID: u8 = 4;
+/// See [`RUNTIME_13`].
+const HOOKS_ID: u8 = 5;
+/// See [`RUNTIME_13`].
+const STORAGE_ID: u8 = 6;
+/// See [`RUNTIME_13`].
+const BYPASS_ID: u8 = 7;
+/// See [`RUNTIME_13`].
+const HEAP_ID: u8 = 8;
+/// See [`RUNTIME_13`].
+const DEVICE_EXT_ID: u8 = 9;
+/// See [`RUNTIME_13`].
+const INTEGRITY_ID: u8 = 10;
+/// See [`RUNTIME_13`].
+const CHECKS_ID: u8 = 11;
 
-/// Entry `I` of table `T` ([`RUNTIME_13`] or [`MODULE_TOOLS`]): what it does
-/// is not known and no tested runtime or library calls it; it is refused with
-/// a warning naming itself, so a program that needs it says so.
+/// Entry `I` of table `T` (one of the ids above): what it does is not known and no tested
+/// runtime or library calls it (or it lies past the size the table declares); it is refused
+/// with a warning naming itself, so a program that needs it says so.
 extern "C" fn unknown_entry<const T: u8, const I: usize>() -> CUresult {
     let table = match T {
         RUNTIME_13 => "21318c60",
         MODULE_TOOLS => "6e163fbe",
+        CUDART_ID => "6bd5fb6c",
+        TOOLS_TLS_ID => "42d85a81",
+        HOOKS_ID => "a094798c",
+        STORAGE_ID => "c693336e",
+        BYPASS_ID => "0ca50b8c",
+        HEAP_ID => "195bcbf4",
+        DEVICE_EXT_ID => "b10541e1",
+        INTEGRITY_ID => "d4082055",
+        CHECKS_ID => "263e8860",
         _ => "7cb63f9b (CUPTI: profiling is not available through vgpu)",
     };
     crate::warn!(
@@ -207,27 +262,27 @@ macro_rules! unknown {
     };
 }
 
-/// Entries of [`RUNTIME_13_REQUIRED`] vgpu fills, with the size.
+/// Entries [`RUNTIME_13_REQUIRED`] declares (the CUDA 13 runtime accepts it so). cuBLAS calls
+/// entries 39 and 51 regardless: with nothing past the declared end they read the module-tools
+/// table that followed in memory (its entries 20 and 32), which refused them.
 const RUNTIME_13_ENTRIES: usize = 16;
 
-static RUNTIME_13_TABLE: Table<RUNTIME_13_ENTRIES> = Table([
-    Table::<RUNTIME_13_ENTRIES>::SIZE,
-    unknown!(RUNTIME_13, 1),
-    unknown!(RUNTIME_13, 2),
-    unknown!(RUNTIME_13, 3),
-    entry!(context_number as unsafe extern "C" fn(_, _) -> _),
-    unknown!(RUNTIME_13, 5),
-    unknown!(RUNTIME_13, 6),
-    unknown!(RUNTIME_13, 7),
-    unknown!(RUNTIME_13, 8),
-    unknown!(RUNTIME_13, 9),
-    unknown!(RUNTIME_13, 10),
-    unknown!(RUNTIME_13, 11),
-    unknown!(RUNTIME_13, 12),
-    unknown!(RUNTIME_13, 13),
-    unknown!(RUNTIME_13, 14),
-    unknown!(RUNTIME_13, 15),
-]);
+/// Entry of [`RUNTIME_13_REQUIRED`]: [`context_number`].
+const CONTEXT_NUMBER: usize = 4;
+/// Entry of [`RUNTIME_13_REQUIRED`]: [`stream_number`].
+const STREAM_NUMBER: usize = 39;
+/// Entry of [`RUNTIME_13_REQUIRED`]: [`context_stream`].
+const CONTEXT_STREAM: usize = 51;
+
+static RUNTIME_13_TABLE: Padded = {
+    let mut t = [NULL; PADDED_ENTRIES];
+    fill_unknown::<RUNTIME_13>(&mut t);
+    t[0] = size_word(RUNTIME_13_ENTRIES);
+    t[CONTEXT_NUMBER] = entry!(context_number as unsafe extern "C" fn(_, _) -> _);
+    t[STREAM_NUMBER] = entry!(stream_number as unsafe extern "C" fn(_, _, _) -> _);
+    t[CONTEXT_STREAM] = entry!(context_stream as unsafe extern "C" fn(_, _, _, _) -> _);
+    Table(t)
+};
 
 /// Entries of [`TOOLS_MODULE`] vgpu fills, with the size (the table NVIDIA's
 /// driver hands out is at least this long: its known entries reach 55).
@@ -556,6 +611,38 @@ unsafe extern "C" fn context_number(ctx: CUhandle, number: *mut u64) -> CUresult
     })
 }
 
+/// Entry 51 of [`RUNTIME_13_REQUIRED`]: the stream that handle `stream` names in context `ctx`
+/// (NULL: the calling thread's current one), for entry 39. cuBLAS's reductions (`cublasSdot`,
+/// `cublasSnrm2`, `cublasSasum`, `cublasIsamax`, … in either pointer mode) pass the stream they
+/// were given (0 for the legacy default stream, `CU_STREAM_PER_THREAD` with `per_thread` set) and
+/// keep a pool of result buffers per stream, keyed by what entry 39 answers; refused, every one
+/// of them failed with `CUBLAS_STATUS_INTERNAL_ERROR`. vgpu's streams are their handles: the
+/// handle comes back, once checked (a handle of no stream is `CUDA_ERROR_INVALID_HANDLE`).
+unsafe extern "C" fn context_stream(
+    _ctx: CUhandle,
+    stream: CUhandle,
+    out: *mut CUhandle,
+    per_thread: c_int,
+) -> CUresult {
+    ffi("cudart13.context_stream", || {
+        let s = if per_thread != 0 {
+            drv::STREAM_PER_THREAD
+        } else {
+            stream as u64
+        };
+        drv::stream_params(s)?;
+        out!(out, s as CUhandle)
+    })
+}
+
+/// Entry 39 of [`RUNTIME_13_REQUIRED`]: the number of a stream that entry 51 answered, as
+/// `cuStreamGetId` answers (unique among the process's live streams); see [`context_stream`].
+unsafe extern "C" fn stream_number(_ctx: CUhandle, stream: CUhandle, number: *mut u64) -> CUresult {
+    ffi("cudart13.stream_number", || {
+        out!(number, drv::stream_id(stream as u64)?)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -585,6 +672,46 @@ mod tests {
         }
         assert_eq!(CUDART_INTERFACE_TABLE.0[0] as usize, 13 * 8);
         assert_eq!(DEVICE_EXTENDED_RT_TABLE.0[0] as usize, 26 * 8);
+    }
+
+    #[test]
+    fn every_table_refuses_past_its_declared_end() {
+        for id in [
+            CUDART_INTERFACE,
+            TOOLS_TLS,
+            TOOLS_RUNTIME_CALLBACK_HOOKS,
+            CONTEXT_LOCAL_STORAGE,
+            CTX_CREATE_BYPASS,
+            HEAP_ACCESS,
+            DEVICE_EXTENDED_RT,
+            INTEGRITY_CHECK,
+            CONTEXT_CHECKS,
+            RUNTIME_13_REQUIRED,
+        ] {
+            let (name, t) = lookup(&id).expect("known table");
+            let entries = t.cast::<*const c_void>();
+            // Context-local storage has no size word: its three functions and a NULL.
+            let declared = if id == CONTEXT_LOCAL_STORAGE {
+                4
+            } else {
+                // SAFETY: `t` is the start of one of the static tables above.
+                let bytes = unsafe { *t.cast::<usize>() };
+                bytes / size_of::<usize>()
+            };
+            for i in declared..PADDED_ENTRIES {
+                if id == RUNTIME_13_REQUIRED && (i == STREAM_NUMBER || i == CONTEXT_STREAM) {
+                    continue;
+                }
+                let e = entries.wrapping_add(i);
+                // SAFETY: every table is `PADDED_ENTRIES` long in memory, so `e` is in one.
+                let e = unsafe { *e };
+                assert!(!e.is_null(), "{name}: entry {i}");
+                // SAFETY: past the declared end every other entry is an `unknown_entry`, which
+                // takes nothing.
+                let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(e) };
+                assert_eq!(f(), cuda::CUDA_ERROR_NOT_SUPPORTED, "{name}: entry {i}");
+            }
+        }
     }
 
     #[test]

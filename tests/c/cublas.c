@@ -6,10 +6,8 @@
  * gemm compute the right results on both devices. Matrix products ask the
  * driver's tools tables for the thread's context and the context's number on
  * their way (refused, they failed with CUBLAS_STATUS_NOT_SUPPORTED on any
- * device). A dot product asks an entry of the module-tools table vgpu does not
- * know (entry 32: a context, a stream and an out-pointer) and fails with
- * CUBLAS_STATUS_INTERNAL_ERROR without it: it must fail cleanly or be right.
- * The context stays usable throughout.
+ * device), and the reductions (dot, nrm2, asum, amax) the stream their result
+ * buffers belong to. The context stays usable throughout.
  *
  * Usage: cublas [sim|gpu] (the same checks on both). Each check prints "ok <what>" or "FAIL <what>";
  * the exit status is the number of failures.
@@ -64,11 +62,40 @@ int main(int argc, char **argv) {
     expect("cublasSaxpy", bs == CUBLAS_STATUS_SUCCESS && sync == cudaSuccess && out[N - 1] == 3.0f * (N - 1), bs);
     cudaGetLastError();
 
-    /* dot(x, x) = sum of i^2; the result comes back to the host. */
+    /* The reductions: dot(x, x) = sum of i^2, its square root, sum of |i|, the (1-based)
+     * index of the largest. cuBLAS keeps their result buffers per stream, which it identifies
+     * through entries 51 and 39 of the driver's CUDA 13 tools table (refused, every reduction
+     * failed with CUBLAS_STATUS_INTERNAL_ERROR). */
+    const float sum_sq = (float)((N - 1) * N * (2 * N - 1) / 6);
     float dot = 0.0f;
     bs = cublasSdot(blas, N, x, 1, x, 1, &dot);
-    float want = (float)((N - 1) * N * (2 * N - 1) / 6);
-    expect("cublasSdot fails cleanly or is right", bs != CUBLAS_STATUS_SUCCESS || dot == want, bs);
+    expect("cublasSdot on a stream", bs == CUBLAS_STATUS_SUCCESS && dot == sum_sq, bs);
+    cublasSetStream(blas, 0);
+    dot = 0.0f;
+    bs = cublasSdot(blas, N, x, 1, x, 1, &dot);
+    expect("cublasSdot on the default stream", bs == CUBLAS_STATUS_SUCCESS && dot == sum_sq, bs);
+    cublasSetStream(blas, stream);
+    float *dev_dot;
+    cudaMalloc((void **)&dev_dot, sizeof(float));
+    cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_DEVICE);
+    bs = cublasSdot(blas, N, x, 1, x, 1, dev_dot);
+    sync = cudaStreamSynchronize(stream);
+    cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST);
+    dot = 0.0f;
+    cudaMemcpy(&dot, dev_dot, sizeof dot, cudaMemcpyDeviceToHost);
+    cudaFree(dev_dot);
+    expect("cublasSdot into device memory",
+           bs == CUBLAS_STATUS_SUCCESS && sync == cudaSuccess && dot == sum_sq, bs);
+    float norm = 0.0f;
+    bs = cublasSnrm2(blas, N, x, 1, &norm);
+    expect("cublasSnrm2", bs == CUBLAS_STATUS_SUCCESS && norm * norm > sum_sq * 0.9999f &&
+                              norm * norm < sum_sq * 1.0001f, bs);
+    float asum = 0.0f;
+    bs = cublasSasum(blas, N, x, 1, &asum);
+    expect("cublasSasum", bs == CUBLAS_STATUS_SUCCESS && asum == (float)((N - 1) * N / 2), bs);
+    int largest = 0;
+    bs = cublasIsamax(blas, N, x, 1, &largest);
+    expect("cublasIsamax", bs == CUBLAS_STATUS_SUCCESS && largest == N, bs);
     cudaGetLastError();
 
     /* y = A x for the 8 x 64 matrix of ones (column-major, lda 8): every row sums x. */

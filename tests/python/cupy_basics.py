@@ -2,7 +2,7 @@
 CuPy compiles at run time (ElementwiseKernel, ReductionKernel, RawKernel; a RawModule whose
 kernels use the device heap and virtual functions),
 a CUDA array sampled through a texture object and written through a surface
-(cupy.cuda.texture), and CuPy's CUB (reductions, scans, histograms: its default reduction
+(cupy.cuda.texture), cuBLAS's level-1 reductions, and CuPy's CUB (reductions, scans, histograms: its default reduction
 accelerator) and Thrust (sorts) modules, whose only PTX is for compute 10.0, and cupy.random
 (cuRAND, whose only PTX is for compute 9.0), each result checked against NumPy. Run through vgpu's libcuda.so.1 with CUPY_COMPILE_WITH_PTX=1 (NVRTC emits PTX,
 which the simulated GPU runs). Prints one line per check and PASS at the end; exits 1 on the
@@ -89,6 +89,18 @@ if _accelerator.ACCELERATOR_CUB in _accelerator.get_routine_accelerators():
     check("Thrust argsort", np.array_equal(cp.argsort(x).get(), np.argsort(r, kind="stable")))
     keys = rng.integers(0, 5, (2, 1000))
     check("Thrust lexsort", np.array_equal(cp.lexsort(cp.asarray(keys)).get(), np.lexsort(keys)))
+
+# cuBLAS's level-1 reductions (cupy.dot of vectors, cupy.cublas), whose result buffers cuBLAS
+# keeps per stream (it asks the driver's CUDA 13 tools table which stream it has), and
+# cupy.linalg.norm.
+v = cp.arange(64, dtype=cp.float32)
+vh = np.arange(64, dtype=np.float32)
+close("cupy.dot of vectors (cublasSdot)", cp.dot(v, v), np.dot(vh, vh))
+close("cupy.linalg.norm", cp.linalg.norm(v), np.linalg.norm(vh))
+from cupy import cublas  # noqa: E402
+
+close("cupy.cublas.asum", cublas.asum(v), np.abs(vh).sum())
+check("cupy.cublas.iamax", int(cublas.iamax(v)) == 64, f"{int(cublas.iamax(v))}")
 
 # cupy.random through cuRAND (Debian's libcurand 10.3: cubins and compute 9.0 PTX, which the
 # simulated GPU runs): uniform and normal draws with the right moments, the same draws again

@@ -2,8 +2,9 @@
  * NVIDIA's cuBLAS on vgpu (PyPI nvidia-cublas-cu12, linked against NVIDIA's
  * CUDA 12 runtime): it creates and destroys its handle through vgpu's
  * libcuda.so.1. Its kernels ship as cubins, and many of libcublas's also as
- * PTX for compute 12.0, which the simulated GPU runs: saxpy, gemv and a small
- * gemm compute the right results on both devices. Matrix products ask the
+ * PTX for compute 12.0, which the simulated GPU runs: saxpy, gemv, a small
+ * gemm, scal, geam, strided batched and typed products and the reductions
+ * compute the right results on both devices. Matrix products ask the
  * driver's tools tables for the thread's context and the context's number on
  * their way (refused, they failed with CUBLAS_STATUS_NOT_SUPPORTED on any
  * device), and the reductions (dot, nrm2, asum, amax) the stream their result
@@ -136,6 +137,56 @@ int main(int argc, char **argv) {
     cudaGetLastError();
     cudaFree(a);
     cudaFree(c);
+    /* More of the library, each on its own buffers: scaling, a matrix sum, batched products,
+     * the typed product cuBLASLt serves, a double-precision dot product. */
+    enum { K = 8 };
+    float kones[K * K], kid[K * K];
+    for (int i = 0; i < K * K; i++) {
+        kones[i] = 1.0f;
+        kid[i] = (i % (K + 1)) == 0;
+    }
+    float *ka, *kb, *kc;
+    cudaMalloc((void **)&ka, sizeof kones);
+    cudaMalloc((void **)&kb, sizeof kid);
+    cudaMalloc((void **)&kc, sizeof kones);
+    cudaMemcpy(ka, kones, sizeof kones, cudaMemcpyHostToDevice);
+    cudaMemcpy(kb, kid, sizeof kid, cudaMemcpyHostToDevice);
+    float two = 2.0f, kout[K * K];
+    cudaMemcpy(kc, kones, sizeof kones, cudaMemcpyHostToDevice);
+    bs = cublasSscal(blas, K * K, &two, kc, 1);
+    sync = cudaStreamSynchronize(stream);
+    cudaMemcpy(kout, kc, sizeof kout, cudaMemcpyDeviceToHost);
+    expect("cublasSscal", bs == CUBLAS_STATUS_SUCCESS && sync == cudaSuccess && kout[K * K - 1] == 2.0f, bs);
+    bs = cublasSgeam(blas, CUBLAS_OP_N, CUBLAS_OP_N, K, K, &one, ka, K, &one, kb, K, kc, K);
+    sync = cudaStreamSynchronize(stream);
+    cudaMemcpy(kout, kc, sizeof kout, cudaMemcpyDeviceToHost);
+    expect("cublasSgeam", bs == CUBLAS_STATUS_SUCCESS && sync == cudaSuccess && kout[0] == 2.0f &&
+                              kout[1] == 1.0f, bs);
+    /* Four 4 x 4 products of ones, 16 floats apart. */
+    bs = cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, ka, 4, 16, ka, 4, 16,
+                                   &zero, kc, 4, 16, 4);
+    sync = cudaStreamSynchronize(stream);
+    cudaMemcpy(kout, kc, sizeof kout, cudaMemcpyDeviceToHost);
+    expect("cublasSgemmStridedBatched", bs == CUBLAS_STATUS_SUCCESS && sync == cudaSuccess &&
+                                            kout[0] == 4.0f && kout[K * K - 1] == 4.0f, bs);
+    bs = cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, K, K, K, &one, ka, CUDA_R_32F, K, ka, CUDA_R_32F, K,
+                      &zero, kc, CUDA_R_32F, K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    sync = cudaStreamSynchronize(stream);
+    cudaMemcpy(kout, kc, sizeof kout, cudaMemcpyDeviceToHost);
+    expect("cublasGemmEx", bs == CUBLAS_STATUS_SUCCESS && sync == cudaSuccess && kout[0] == (float)K &&
+                               kout[K * K - 1] == (float)K, bs);
+    double dh[N], *dd, ddot = 0.0;
+    for (int i = 0; i < N; i++) dh[i] = (double)i;
+    cudaMalloc((void **)&dd, sizeof dh);
+    cudaMemcpy(dd, dh, sizeof dh, cudaMemcpyHostToDevice);
+    bs = cublasDdot(blas, N, dd, 1, dd, 1, &ddot);
+    expect("cublasDdot", bs == CUBLAS_STATUS_SUCCESS && ddot == (double)sum_sq, bs);
+    cudaFree(dd);
+    cudaFree(ka);
+    cudaFree(kb);
+    cudaFree(kc);
+    cudaGetLastError();
+
     bs = cublasDestroy(blas);
     expect("cublasDestroy", bs == CUBLAS_STATUS_SUCCESS, bs);
 

@@ -473,6 +473,33 @@ fn cublas_runs_its_ptx_kernels_on_the_simulated_gpu() {
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
+/// cuSOLVER (tests/c/cusolver.c; Debian's libcusolver 11.4 and CUDA 11.8's runtime, from
+/// `nvidia-cuda-toolkit`) on the simulated GPU: its kernels and its cuBLAS 11's carry PTX for
+/// compute 9.0, which the simulated GPU runs. LU and Cholesky solves, a QR factorization and
+/// the symmetric eigensolver give the known answers; the context carries on.
+#[test]
+fn cusolver_factors_and_solves_on_the_simulated_gpu() {
+    let header = Path::new("/usr/include/cusolverDn.h");
+    assert!(
+        header.exists(),
+        "{} is missing (Debian's nvidia-cuda-toolkit): run scripts/prereqs.sh",
+        header.display()
+    );
+    let prog = artifacts().profile_dir.join("c-cusolver");
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(workspace_root().join("tests/c/cusolver.c"))
+        .args(["-lcusolver", "-lcudart", "-lm"])
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "building tests/c/cusolver.c failed");
+    let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
+    let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
+    assert_passed(&r, "cusolver", 8);
+    d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+}
+
 /// A cubin on the simulated GPU (ptxas, from PyPI's nvidia-cuda-nvcc-cu12, compiles
 /// tests/kernels/ptx/saxpy.sm_80.ptx): it loads with its kernel known, and a launch of it is
 /// refused at once with `CUDA_ERROR_NO_BINARY_FOR_GPU` (directly, as a graph node, in a capture),

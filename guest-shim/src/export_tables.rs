@@ -647,21 +647,24 @@ unsafe extern "C" fn stream_number(_ctx: CUhandle, stream: CUhandle, number: *mu
 mod tests {
     use super::*;
 
+    /// Every table vgpu provides whose first entry is its size (all but context-local storage).
+    const SIZED: [[u8; 16]; 11] = [
+        CUDART_INTERFACE,
+        TOOLS_TLS,
+        TOOLS_RUNTIME_CALLBACK_HOOKS,
+        CTX_CREATE_BYPASS,
+        HEAP_ACCESS,
+        DEVICE_EXTENDED_RT,
+        INTEGRITY_CHECK,
+        CONTEXT_CHECKS,
+        RUNTIME_13_REQUIRED,
+        TOOLS_MODULE,
+        CUPTI,
+    ];
+
     #[test]
     fn sized_tables_start_with_their_size_in_bytes() {
-        for id in [
-            CUDART_INTERFACE,
-            TOOLS_TLS,
-            TOOLS_RUNTIME_CALLBACK_HOOKS,
-            CTX_CREATE_BYPASS,
-            HEAP_ACCESS,
-            DEVICE_EXTENDED_RT,
-            INTEGRITY_CHECK,
-            CONTEXT_CHECKS,
-            RUNTIME_13_REQUIRED,
-            TOOLS_MODULE,
-            CUPTI,
-        ] {
+        for id in SIZED {
             let (name, t) = lookup(&id).expect("known table");
             // SAFETY: `t` is the start of one of the static tables above.
             let size = unsafe { *t.cast::<usize>() };
@@ -676,18 +679,7 @@ mod tests {
 
     #[test]
     fn every_table_refuses_past_its_declared_end() {
-        for id in [
-            CUDART_INTERFACE,
-            TOOLS_TLS,
-            TOOLS_RUNTIME_CALLBACK_HOOKS,
-            CONTEXT_LOCAL_STORAGE,
-            CTX_CREATE_BYPASS,
-            HEAP_ACCESS,
-            DEVICE_EXTENDED_RT,
-            INTEGRITY_CHECK,
-            CONTEXT_CHECKS,
-            RUNTIME_13_REQUIRED,
-        ] {
+        for id in SIZED.into_iter().chain([CONTEXT_LOCAL_STORAGE]) {
             let (name, t) = lookup(&id).expect("known table");
             let entries = t.cast::<*const c_void>();
             // Context-local storage has no size word: its three functions and a NULL.

@@ -19,17 +19,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-static int failures;
-
-static void expect(const char *what, int cond, int code) {
-    if (cond) {
-        printf("ok %s\n", what);
-    } else {
-        printf("FAIL %s (status %d)\n", what, code);
-        failures++;
-    }
-    fflush(stdout);
-}
+#include "lib_check.h"
 
 int main(int argc, char **argv) {
     (void)argc;

@@ -15,17 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <cufft.h>
 
-static int failures;
-
-static void expect(const char *what, int cond, int code) {
-    if (cond) {
-        printf("ok %s\n", what);
-    } else {
-        printf("FAIL %s (status %d)\n", what, code);
-        failures++;
-    }
-    fflush(stdout);
-}
+#include "lib_check.h"
 
 /* The largest |a - b| over n complex values. */
 static double max_error(const cufftComplex *a, const cufftComplex *b, int n) {

@@ -16,17 +16,7 @@
 
 enum { N = 4 };
 
-static int failures;
-
-static void expect(const char *what, int cond, int code) {
-    if (cond) {
-        printf("ok %s\n", what);
-    } else {
-        printf("FAIL %s (status %d)\n", what, code);
-        failures++;
-    }
-    fflush(stdout);
-}
+#include "lib_check.h"
 
 /* Whether `got` is within a millionth (relative) of `want`. */
 static int near(float got, float want) { return fabsf(got - want) <= 1e-5f * fmaxf(1.0f, fabsf(want)); }

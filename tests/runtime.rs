@@ -549,6 +549,66 @@ fn cufft_transforms_match_the_cpu_on_the_simulated_gpu() {
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
+/// NVIDIA's CUDA 13 libraries (cuBLAS 13, cuFFT 12, cuSOLVER 12 and `libcudart.so.13`, the ones
+/// PyTorch's wheels bring; from the virtual environment `scripts/prereqs.sh` installs PyTorch
+/// into) run the same programs as the CUDA 11.8 and 12 ones above on the simulated GPU, with the
+/// same results: their kernels carry PTX the simulated GPU runs. cuSOLVER 12 asks for a 192 MiB
+/// workspace for the QR factorization of a 4 x 4 matrix.
+#[test]
+fn cuda_13_libraries_run_on_the_simulated_gpu() {
+    let Some(cu13) = torch_venv_cuda_13() else {
+        println!(
+            "SKIPPED: PyTorch's virtual environment (CUDA 13's libraries) is not installed; run scripts/prereqs.sh"
+        );
+        return;
+    };
+    let d = Vgpud::start(&[TestVm::new("vm1", 512 * MIB)]);
+    for (name, lib, checks) in [
+        ("cublas", "libcublas.so.13", 20),
+        ("cufft", "libcufft.so.12", 14),
+        ("cusolver", "libcusolver.so.12", 8),
+    ] {
+        let prog = artifacts().profile_dir.join(format!("c-{name}-13"));
+        let st = Command::new("cc")
+            .args(["-O1", "-Wall", "-Werror", "-o"])
+            .arg(&prog)
+            .arg(workspace_root().join(format!("tests/c/{name}.c")))
+            .arg(format!("-I{}", cu13.join("include").display()))
+            .arg(format!("-L{}", cu13.join("lib").display()))
+            .args(["-l:libcudart.so.13", &format!("-l:{lib}"), "-lm"])
+            .arg(format!("-Wl,-rpath,{}", cu13.join("lib").display()))
+            .status()
+            .expect("running cc");
+        assert!(
+            st.success(),
+            "building tests/c/{name}.c against CUDA 13 failed"
+        );
+        let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
+        assert_passed(&r, name, checks);
+        assert!(
+            !r.stderr.contains("vgpu does not implement"),
+            "{name}: {}",
+            r.stderr
+        );
+        d.wait_memory_used("vm1", 0, Duration::from_secs(5));
+    }
+}
+
+/// `nvidia/cu13` of PyTorch's virtual environment (`$VGPU_TORCH_VENV`, by default
+/// `~/.cache/vgpu/torch-venv`), where its CUDA 13 libraries and headers are, if it is installed.
+fn torch_venv_cuda_13() -> Option<PathBuf> {
+    let venv = std::env::var_os("VGPU_TORCH_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/vgpu/torch-venv"))
+        })?;
+    std::fs::read_dir(venv.join("lib"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("site-packages/nvidia/cu13"))
+        .find(|p| p.join("lib/libcublas.so.13").exists() && p.join("include/cublas_v2.h").exists())
+}
+
 /// The same nvcc-built programs, unmodified, in a real Linux guest under QEMU
 /// that installed the guest shim: nvcc 11.8's static runtime and CUDA 12.9's
 /// `libcudart.so.12` (its libraries come with the program in the payload),

@@ -21,6 +21,16 @@ enum { N = 4 };
 /* Whether `got` is within a millionth (relative) of `want`. */
 static int near(float got, float want) { return fabsf(got - want) <= 1e-5f * fmaxf(1.0f, fabsf(want)); }
 
+/* The workspace of the call about to be made: `lwork` floats (cuSOLVER 12's QR asks for 192 MiB
+ * even for this matrix). NULL when it cannot be had. */
+static float *work;
+static float *workspace(int lwork) {
+    cudaFree(work);
+    work = NULL;
+    if (cudaMalloc((void **)&work, (size_t)(lwork > 0 ? lwork : 1) * sizeof(float)) != cudaSuccess) work = NULL;
+    return work;
+}
+
 /* The matrix, column-major (it is symmetric). */
 static const float A[N * N] = {4, 1, 0, 0, 1, 4, 1, 0, 0, 1, 4, 1, 0, 0, 1, 4};
 
@@ -38,20 +48,18 @@ int main(int argc, char **argv) {
         b[i] = 0;
         for (int j = 0; j < N; j++) b[i] += A[j * N + i] * want[j];
     }
-    float *da, *db, *work;
+    float *da, *db;
     int *ipiv, *info, lwork = 0, hinfo = -1;
     cudaMalloc((void **)&da, sizeof A);
     cudaMalloc((void **)&db, sizeof b);
     cudaMalloc((void **)&ipiv, N * sizeof(int));
     cudaMalloc((void **)&info, sizeof(int));
-    enum { WORK_FLOATS = 1 << 20 };
-    cudaMalloc((void **)&work, WORK_FLOATS * sizeof(float));
 
     /* LU with partial pivoting, then the solve. */
     cudaMemcpy(da, A, sizeof A, cudaMemcpyHostToDevice);
     cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
     st = cusolverDnSgetrf_bufferSize(h, N, N, da, N, &lwork);
-    expect("getrf's workspace fits", st == CUSOLVER_STATUS_SUCCESS && lwork <= WORK_FLOATS, lwork);
+    expect("getrf's workspace", st == CUSOLVER_STATUS_SUCCESS && workspace(lwork) != NULL, lwork);
     st = cusolverDnSgetrf(h, N, N, da, N, work, ipiv, info);
     if (st == CUSOLVER_STATUS_SUCCESS) st = cusolverDnSgetrs(h, CUBLAS_OP_N, N, 1, da, N, ipiv, db, N, info);
     float x[N] = {0};
@@ -65,7 +73,7 @@ int main(int argc, char **argv) {
     cudaMemcpy(da, A, sizeof A, cudaMemcpyHostToDevice);
     cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
     st = cusolverDnSpotrf_bufferSize(h, CUBLAS_FILL_MODE_LOWER, N, da, N, &lwork);
-    if (st == CUSOLVER_STATUS_SUCCESS) st = cusolverDnSpotrf(h, CUBLAS_FILL_MODE_LOWER, N, da, N, work, lwork, info);
+    if (st == CUSOLVER_STATUS_SUCCESS && workspace(lwork)) st = cusolverDnSpotrf(h, CUBLAS_FILL_MODE_LOWER, N, da, N, work, lwork, info);
     float l00 = 0;
     cudaMemcpy(&l00, da, sizeof l00, cudaMemcpyDeviceToHost);
     if (st == CUSOLVER_STATUS_SUCCESS) st = cusolverDnSpotrs(h, CUBLAS_FILL_MODE_LOWER, N, 1, da, N, db, N, info);
@@ -80,7 +88,7 @@ int main(int argc, char **argv) {
     cudaMalloc((void **)&tau, N * sizeof(float));
     cudaMemcpy(da, A, sizeof A, cudaMemcpyHostToDevice);
     st = cusolverDnSgeqrf_bufferSize(h, N, N, da, N, &lwork);
-    if (st == CUSOLVER_STATUS_SUCCESS && lwork <= WORK_FLOATS) st = cusolverDnSgeqrf(h, N, N, da, N, tau, work, lwork, info);
+    if (st == CUSOLVER_STATUS_SUCCESS && workspace(lwork)) st = cusolverDnSgeqrf(h, N, N, da, N, tau, work, lwork, info);
     float r00 = 0;
     cudaMemcpy(&r00, da, sizeof r00, cudaMemcpyDeviceToHost);
     cudaMemcpy(&hinfo, info, sizeof hinfo, cudaMemcpyDeviceToHost);
@@ -92,7 +100,7 @@ int main(int argc, char **argv) {
     cudaMalloc((void **)&dw, N * sizeof(float));
     cudaMemcpy(da, A, sizeof A, cudaMemcpyHostToDevice);
     st = cusolverDnSsyevd_bufferSize(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, N, da, N, dw, &lwork);
-    if (st == CUSOLVER_STATUS_SUCCESS && lwork <= WORK_FLOATS)
+    if (st == CUSOLVER_STATUS_SUCCESS && workspace(lwork))
         st = cusolverDnSsyevd(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, N, da, N, dw, work, lwork, info);
     float w[N] = {0};
     cudaMemcpy(w, dw, sizeof w, cudaMemcpyDeviceToHost);

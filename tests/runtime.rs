@@ -436,24 +436,32 @@ fn the_driver_tables_name_streams_and_refuse_past_their_end() {
 fn build_library_program(name: &str, package: &str, lib: &str) -> PathBuf {
     let rt = pypi_cudart(12);
     let pkg = pypi_nvidia_package(package);
-    let prog = artifacts().profile_dir.join(format!("c-{name}"));
+    build_linked_program(name, name, &[&rt, &pkg], &["libcudart.so.12", lib])
+}
+
+/// Builds tests/c/NAME.c into `c-OUT` against the headers and libraries of each of `dirs` (their
+/// `include` and `lib`), linking `libs` (file names) and the math library.
+fn build_linked_program(name: &str, out: &str, dirs: &[&Path], libs: &[&str]) -> PathBuf {
+    let prog = artifacts().profile_dir.join(format!("c-{out}"));
+    let lib_dirs: Vec<String> = dirs
+        .iter()
+        .map(|d| d.join("lib").display().to_string())
+        .collect();
     let st = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&prog)
         .arg(workspace_root().join(format!("tests/c/{name}.c")))
-        .arg(format!("-I{}", rt.join("include").display()))
-        .arg(format!("-I{}", pkg.join("include").display()))
-        .arg(format!("-L{}", rt.join("lib").display()))
-        .arg(format!("-L{}", pkg.join("lib").display()))
-        .args(["-l:libcudart.so.12", &format!("-l:{lib}"), "-lm"])
-        .arg(format!(
-            "-Wl,-rpath,{}:{}",
-            rt.join("lib").display(),
-            pkg.join("lib").display()
-        ))
+        .args(
+            dirs.iter()
+                .map(|d| format!("-I{}", d.join("include").display())),
+        )
+        .args(lib_dirs.iter().map(|d| format!("-L{d}")))
+        .args(libs.iter().map(|l| format!("-l:{l}")))
+        .arg("-lm")
+        .arg(format!("-Wl,-rpath,{}", lib_dirs.join(":")))
         .status()
         .expect("running cc");
-    assert!(st.success(), "building tests/c/{name}.c failed");
+    assert!(st.success(), "building tests/c/{name}.c ({out}) failed");
     prog
 }
 
@@ -485,15 +493,13 @@ fn cusolver_factors_and_solves_on_the_simulated_gpu() {
         "{} is missing (Debian's nvidia-cuda-toolkit): run scripts/prereqs.sh",
         header.display()
     );
-    let prog = artifacts().profile_dir.join("c-cusolver");
-    let st = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(workspace_root().join("tests/c/cusolver.c"))
-        .args(["-lcusolver", "-lcudart", "-lm"])
-        .status()
-        .expect("running cc");
-    assert!(st.success(), "building tests/c/cusolver.c failed");
+    // Debian's headers are in /usr/include, its libraries in the system's library path.
+    let prog = build_linked_program(
+        "cusolver",
+        "cusolver",
+        &[Path::new("/usr")],
+        &["libcusolver.so.11", "libcudart.so.11.0"],
+    );
     let d = Vgpud::start(&[TestVm::new("vm1", 256 * MIB)]);
     let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
     assert_passed(&r, "cusolver", 8);
@@ -549,10 +555,11 @@ fn cufft_transforms_match_the_cpu_on_the_simulated_gpu() {
     d.wait_memory_used("vm1", 0, Duration::from_secs(5));
 }
 
-/// NVIDIA's CUDA 13 libraries (cuBLAS 13, cuFFT 12, cuSOLVER 12 and `libcudart.so.13`, the ones
-/// PyTorch's wheels bring; from the virtual environment `scripts/prereqs.sh` installs PyTorch
-/// into) run the same programs as the CUDA 11.8 and 12 ones above on the simulated GPU, with the
-/// same results: their kernels carry PTX the simulated GPU runs. cuSOLVER 12 asks for a 192 MiB
+/// NVIDIA's CUDA 13 libraries (cuBLAS 13, cuFFT 12, cuSOLVER 12, cuSPARSE 12 and
+/// `libcudart.so.13`, the ones PyTorch's wheels bring; from the virtual environment
+/// `scripts/prereqs.sh` installs PyTorch into) run the same programs as the CUDA 11.8 and 12 ones
+/// above on the simulated GPU, with the same results, and cuSPARSE's sparse matrix-vector
+/// products (tests/c/cusparse.c): their kernels carry PTX the simulated GPU runs. cuSOLVER 12 asks for a 192 MiB
 /// workspace for the QR factorization of a 4 x 4 matrix.
 #[test]
 fn cuda_13_libraries_run_on_the_simulated_gpu() {
@@ -567,21 +574,13 @@ fn cuda_13_libraries_run_on_the_simulated_gpu() {
         ("cublas", "libcublas.so.13", 20),
         ("cufft", "libcufft.so.12", 14),
         ("cusolver", "libcusolver.so.12", 8),
+        ("cusparse", "libcusparse.so.12", 5),
     ] {
-        let prog = artifacts().profile_dir.join(format!("c-{name}-13"));
-        let st = Command::new("cc")
-            .args(["-O1", "-Wall", "-Werror", "-o"])
-            .arg(&prog)
-            .arg(workspace_root().join(format!("tests/c/{name}.c")))
-            .arg(format!("-I{}", cu13.join("include").display()))
-            .arg(format!("-L{}", cu13.join("lib").display()))
-            .args(["-l:libcudart.so.13", &format!("-l:{lib}"), "-lm"])
-            .arg(format!("-Wl,-rpath,{}", cu13.join("lib").display()))
-            .status()
-            .expect("running cc");
-        assert!(
-            st.success(),
-            "building tests/c/{name}.c against CUDA 13 failed"
+        let prog = build_linked_program(
+            name,
+            &format!("{name}-13"),
+            &[&cu13],
+            &["libcudart.so.13", lib],
         );
         let r = run_with_shim(&d, "vm1", &prog, &["sim"]);
         assert_passed(&r, name, checks);

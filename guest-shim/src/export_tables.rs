@@ -41,10 +41,9 @@ const fn size_word(entries: usize) -> *const c_void {
 }
 
 /// Entries every table has in memory. A library that reads past the size a table declares
-/// (cuBLAS calls entries 39 and 51 of the CUDA 13 tools table, which NVIDIA's is longer than
-/// vgpu's declared 16) gets an [`unknown_entry`] that refuses with a warning naming the table and
-/// the entry, not whatever follows the table in memory: cuBLAS's reductions used to land in the
-/// module-tools table there.
+/// (cuBLAS calls entries 39 and 51 of the CUDA 13 tools table, which declares 16) gets an
+/// [`unknown_entry`] that refuses with a warning naming the table and the entry, not whatever
+/// follows the table in memory: cuBLAS's reductions used to land in the module-tools table there.
 const PADDED_ENTRIES: usize = 64;
 
 /// A table of [`PADDED_ENTRIES`] in memory.

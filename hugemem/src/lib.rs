@@ -298,9 +298,16 @@ mod tests {
     #[test]
     fn a_mapping_goes_where_asked_but_never_over_another() {
         let len = HUGE_PAGE + 1;
-        // An aligned address that is free: a mapping's, once dropped.
-        let at = HugeMapping::new(len).unwrap().as_non_null();
-        let mut m = HugeMapping::new_at(len, at).unwrap();
+        // An aligned address that is free: a mapping's, once dropped. The other tests' threads
+        // map memory too and may take it first (the mapping then fails with EEXIST, as it
+        // should): take another.
+        const TRIES: usize = 16;
+        let (at, mut m) = (0..TRIES)
+            .find_map(|_| {
+                let at = HugeMapping::new(len).unwrap().as_non_null();
+                HugeMapping::new_at(len, at).ok().map(|m| (at, m))
+            })
+            .expect("a freed aligned range stayed free for one of the tries");
         assert_eq!(m.as_non_null(), at);
         assert!(m.iter().all(|&b| b == 0));
         m[len - 1] = 7;

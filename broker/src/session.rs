@@ -2043,10 +2043,22 @@ impl Session {
             self.tenant
                 .limits
                 .charge_module(&self.tenant.name, m.total)?;
+            // The whole declared size at once (it is charged already): the parts are copied
+            // once, not again at each growth, and a host out of memory refuses the image.
+            let mut bytes = Vec::new();
+            let reserved = usize::try_from(m.total)
+                .ok()
+                .is_some_and(|n| bytes.try_reserve_exact(n).is_ok());
+            if !reserved {
+                self.tenant.limits.refund_module(m.total);
+                return Err(CuError::out_of_memory(
+                    "the host has no memory for this module image",
+                ));
+            }
             self.staged_image = Some(StagedImage {
                 ctx: m.ctx,
                 total: m.total,
-                bytes: Vec::new(),
+                bytes,
             });
         }
         let in_order = self.staged_image.as_ref().is_some_and(|s| {

@@ -567,6 +567,15 @@ fn lz4_block(input: &[u8], len: usize) -> Result<Vec<u8>, &'static str> {
 mod tests {
     use super::*;
 
+    /// What the entries of `image` are ("sm_80 cubin", "compute_52 PTX").
+    fn describe(image: &[u8]) -> Vec<String> {
+        entries(image)
+            .unwrap()
+            .iter()
+            .map(Entry::describe)
+            .collect()
+    }
+
     fn fatbin(entries: &[(u16, u32, u64, &[u8], u64)]) -> Vec<u8> {
         let e: Vec<_> = entries
             .iter()
@@ -603,8 +612,7 @@ mod tests {
         // `a`, nothing of `b`, the PTX of `c`.
         let kept = select(&image, 86, PtxRange::UpTo).unwrap();
         let first = entries(&kept).unwrap();
-        let described: Vec<String> = first.iter().map(Entry::describe).collect();
-        assert_eq!(described, ["sm_86 cubin", "compute_52 PTX"]);
+        assert_eq!(describe(&kept), ["sm_86 cubin", "compute_52 PTX"]);
         assert!(first[0].payload.starts_with(b"\x7fELF-86"));
         let len = declared_len(&kept).unwrap() as usize;
         assert_eq!(ptx_for(&kept[len..], 86).unwrap(), b"// 70");
@@ -641,9 +649,6 @@ mod tests {
             (KIND_PTX, 100, 0, b"// 100\0", 0),
         ]);
         let kept = select(&newest_only, 80, PtxRange::Any).unwrap();
-        let describe = |kept: &[u8]| -> Vec<String> {
-            entries(kept).unwrap().iter().map(Entry::describe).collect()
-        };
         // The cubin too: declared where the newer PTX does not load.
         assert_eq!(describe(&kept), ["sm_80 cubin", "compute_100 PTX"]);
         // With PTX for this device, that PTX alone.
@@ -657,12 +662,7 @@ mod tests {
         assert_eq!(ptx_in(&newest_only, 80, PtxRange::Any).unwrap(), b"// 100");
         // CUDA's rule keeps the cubin, and no PTX is for this device.
         let kept = select(&newest_only, 80, PtxRange::UpTo).unwrap();
-        let described: Vec<String> = entries(&kept)
-            .unwrap()
-            .iter()
-            .map(Entry::describe)
-            .collect();
-        assert_eq!(described, ["sm_80 cubin"]);
+        assert_eq!(describe(&kept), ["sm_80 cubin"]);
         assert!(matches!(
             ptx_in(&newest_only, 80, PtxRange::UpTo),
             Err(FatbinError::NoUsableImage { .. })

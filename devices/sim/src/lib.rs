@@ -97,6 +97,14 @@ fn uuid_for(name: &str) -> [u8; 16] {
     out
 }
 
+/// The zeroed bytes of an allocation of `size` bytes, which kernels reach up to `rounded`.
+fn allocation_buffer(size: u64, rounded: u64) -> Result<Buffer, DeviceError> {
+    let (Ok(len), Ok(reach)) = (usize::try_from(size), usize::try_from(rounded)) else {
+        return Err(DeviceError::OutOfMemory);
+    };
+    Buffer::new_zeroed_reaching(len, reach).map_err(|_| DeviceError::OutOfMemory)
+}
+
 fn attributes(workers: usize) -> Vec<i32> {
     let mut a = vec![0; attr::VGPU_ANY_PTX + 1];
     a[attr::VGPU_ANY_PTX] = 1;
@@ -406,13 +414,7 @@ impl ContextMemory {
         // than CUDA's alignment stays in memory of its own (zeroed), as on a GPU, where such an
         // access lands in the allocation's page and does not fault. Host copies stay within
         // `size`.
-        let sizes = usize::try_from(size).and_then(|s| Ok((s, usize::try_from(rounded)?)));
-        let buf = sizes
-            .map_err(|_| DeviceError::OutOfMemory)
-            .and_then(|(len, reach)| {
-                Buffer::new_zeroed_reaching(len, reach).map_err(|_| DeviceError::OutOfMemory)
-            });
-        let buf = match buf {
+        let buf = match allocation_buffer(size, rounded) {
             Ok(b) => Arc::new(b),
             Err(e) => {
                 self.memory.used.fetch_sub(rounded, Ordering::Relaxed);
@@ -480,12 +482,7 @@ impl ContextMemory {
     /// against the device's capacity.
     fn alloc_host(&self, size: u64) -> Result<u64, DeviceError> {
         let rounded = aligned(size.max(1)).ok_or(DeviceError::OutOfMemory)?;
-        let buf = usize::try_from(size)
-            .and_then(|s| Ok((s, usize::try_from(rounded)?)))
-            .map_err(|_| DeviceError::OutOfMemory)
-            .and_then(|(len, reach)| {
-                Buffer::new_zeroed_reaching(len, reach).map_err(|_| DeviceError::OutOfMemory)
-            })?;
+        let buf = allocation_buffer(size, rounded)?;
         let base = self
             .memory
             .space

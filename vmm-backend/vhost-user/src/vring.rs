@@ -243,6 +243,11 @@ impl UsedBatch {
         self.pending >= self.size
     }
 
+    /// Entries written and not published yet.
+    pub fn pending(&self) -> usize {
+        usize::from(self.pending)
+    }
+
     /// Makes the entries written so far visible to the guest (one release store of the used
     /// index). Returns the used index now; the entries are dropped, not published, when the
     /// frontend moved or reset the queue since the batch began.

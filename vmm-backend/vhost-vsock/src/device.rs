@@ -668,8 +668,7 @@ impl VsockDevice {
             return;
         }
         let mem = atomic.memory();
-        // Chains returned since the last signal to the guest.
-        let mut unsignalled = 0;
+        // The chains returned, published to the guest in batches.
         let mut used = UsedBatch::new(vring);
         let mut rechecked = false;
         while self.has_rx_work() {
@@ -701,40 +700,28 @@ impl VsockDevice {
             };
             rechecked = false;
             let head = chain.index;
-            let buf = match parse_rx_chain(chain, &mem) {
-                Ok(b) => b,
+            let len = match parse_rx_chain(chain, &mem) {
+                Ok(buf) => match self.fill_rx(&mem, &buf) {
+                    Some(len) => len,
+                    None => {
+                        // Nothing to send after all: give the buffer back to the avail ring.
+                        vring.get_mut().get_queue_mut().go_to_previous_position();
+                        break;
+                    }
+                },
                 Err(e) => {
                     self.drop_chain(QueueName::Rx, head, &e);
-                    if let Err(e) = used.push(&mem, head, 0) {
-                        self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
-                    }
-                    unsignalled += 1;
-                    if used.full() {
-                        used.signal(vring, &mem, "rx");
-                        unsignalled = 0;
-                    }
-                    continue;
+                    0
                 }
             };
-            match self.fill_rx(&mem, &buf) {
-                Some(len) => {
-                    if let Err(e) = used.push(&mem, head, len) {
-                        self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
-                    }
-                    unsignalled += 1;
-                    if unsignalled >= RX_SIGNAL_EVERY || used.full() {
-                        used.signal(vring, &mem, "rx");
-                        unsignalled = 0;
-                    }
-                }
-                None => {
-                    // Nothing to send after all: give the buffer back to the avail ring.
-                    vring.get_mut().get_queue_mut().go_to_previous_position();
-                    break;
-                }
+            if let Err(e) = used.push(&mem, head, len) {
+                self.log_guest_error(format_args!("cannot return rx chain {head}: {e}"));
+            }
+            if used.pending() >= RX_SIGNAL_EVERY || used.full() {
+                used.signal(vring, &mem, "rx");
             }
         }
-        if unsignalled > 0 {
+        if used.pending() > 0 {
             used.signal(vring, &mem, "rx");
         }
     }

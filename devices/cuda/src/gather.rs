@@ -1,6 +1,10 @@
 //! Pieces laid back to back: the scatter-gather lists of a copy (the guest pages it lies in) seen
 //! as one byte stream, so that staged copies fill and drain whole staging chunks however the
-//! pieces are cut. Pure and safe; the staging code owns the pinned memory.
+//! pieces are cut. Pure and safe; the staging code owns the pinned memory. Bytes move in the
+//! simulated GPU's pieces (`vgpu_ptx::mem::copy_in_pieces`), faster than one long `memcpy` on
+//! some hosts.
+
+use vgpu_ptx::mem::copy_in_pieces;
 
 /// A position in a list of pieces laid back to back.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +22,7 @@ pub(crate) fn gather(pieces: &[&[u8]], cur: &mut Cursor, dst: &mut [u8]) -> usiz
             break;
         };
         let n = (p.len() - cur.offset).min(dst.len() - done);
-        dst[done..done + n].copy_from_slice(&p[cur.offset..cur.offset + n]);
+        copy_in_pieces(&mut dst[done..done + n], &p[cur.offset..cur.offset + n]);
         done += n;
         advance(cur, n, p.len());
     }
@@ -34,7 +38,7 @@ pub(crate) fn scatter(pieces: &mut [&mut [u8]], cur: &mut Cursor, src: &[u8]) ->
             break;
         };
         let n = (p.len() - cur.offset).min(src.len() - done);
-        p[cur.offset..cur.offset + n].copy_from_slice(&src[done..done + n]);
+        copy_in_pieces(&mut p[cur.offset..cur.offset + n], &src[done..done + n]);
         done += n;
         let len = p.len();
         advance(cur, n, len);

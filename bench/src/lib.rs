@@ -4,6 +4,7 @@
 pub mod direct;
 pub mod graphs;
 pub mod handoff;
+pub mod memcpy;
 pub mod overflow;
 pub mod pinned;
 pub mod remoting;

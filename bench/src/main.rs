@@ -65,6 +65,16 @@ enum Bench {
         #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 256])]
         sizes: Vec<usize>,
     },
+    /// Host copies in the simulated GPU's pieces vs one memcpy of the whole size (the floor the
+    /// copy benchmarks use, and why it is copied in pieces).
+    Memcpy {
+        /// Repetitions; medians and spreads are reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Copy sizes in MiB, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 256])]
+        sizes: Vec<usize>,
+    },
     /// Host overflow: a kernel over device-resident vs host-overflowed memory, and one
     /// demotion/promotion vs a copy of the same size (simulated GPU, or a real one).
     Overflow {
@@ -194,7 +204,13 @@ struct AllEntry {
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [AllEntry; 7] = [
+const ALL: [AllEntry; 8] = [
+    AllEntry {
+        bench: "memcpy",
+        full: &[],
+        quick: Some(&["--sizes", "1,16", "--runs", "3"]),
+        copies_mib: None,
+    },
     AllEntry {
         bench: "remoting",
         full: &[],
@@ -318,6 +334,11 @@ fn main() -> ExitCode {
             sizes_mib: sizes,
         })
         .map(|r| emit(vgpu_bench::summary::pinned(&r))),
+        Bench::Memcpy { runs, sizes } => vgpu_bench::memcpy::run(&vgpu_bench::memcpy::Params {
+            runs,
+            sizes_mib: sizes,
+        })
+        .map(|r| emit(vgpu_bench::summary::memcpy(&r))),
         Bench::Overflow {
             device,
             cuda_library,

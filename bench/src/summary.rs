@@ -235,6 +235,22 @@ pub fn pinned(rows: &[crate::pinned::Row]) -> Vec<Figure> {
     out
 }
 
+/// `memcpy`: the host's copy in the simulated GPU's pieces against one `memcpy` of the size.
+pub fn memcpy(rows: &[crate::memcpy::Row]) -> Vec<Figure> {
+    rows.iter()
+        .map(|r| {
+            Figure::new(
+                "memcpy",
+                &format!("host copy {} MiB in pieces", r.bytes >> 20),
+                r.pieces.median / BYTES_PER_GB,
+                r.whole.median / BYTES_PER_GB,
+                "one memcpy",
+                "GB/s",
+            )
+        })
+        .collect()
+}
+
 /// `graphs`: a graph launch against the same kernels launched one by one, per kernel.
 pub fn graphs(r: &crate::graphs::Report) -> Vec<Figure> {
     let mut out = Vec::new();

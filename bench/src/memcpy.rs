@@ -7,12 +7,10 @@
 //! why it is copied in pieces: with glibc on AMD CPUs one `memcpy` of at least the L2 cache's size
 //! leaves `rep movsb` for slower code (docs/performance.md, "Host copies in pieces").
 
-use std::time::Instant;
-
 use vgpu_hugemem::HugeMapping;
 use vgpu_ptx::mem::{COPY_PIECE, copy_in_pieces};
 
-use crate::stats::spread;
+use crate::stats::{Rate, copy_rate, spread};
 
 const MIB: usize = 1 << 20;
 /// Bytes moved per timed sample at least (small copies are repeated up to it).
@@ -29,17 +27,6 @@ pub struct Params {
     pub sizes_mib: Vec<usize>,
 }
 
-/// Median, lowest and highest of a figure over the runs, bytes per second.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Rate {
-    /// Median.
-    pub median: f64,
-    /// Lowest run.
-    pub min: f64,
-    /// Highest run.
-    pub max: f64,
-}
-
 /// One size's figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Row {
@@ -54,19 +41,8 @@ pub struct Row {
 }
 
 /// Bytes per second of `copy`, which moves `bytes` each call, repeated to [`SAMPLE_BYTES`].
-fn rate(bytes: usize, mut copy: impl FnMut()) -> f64 {
-    let reps = (SAMPLE_BYTES / bytes).max(1);
-    copy(); // warm: both buffers in cache as far as they fit
-    let t = Instant::now();
-    for _ in 0..reps {
-        copy();
-    }
-    (bytes * reps) as f64 / t.elapsed().as_secs_f64()
-}
-
-fn rate_of(v: &[f64]) -> Rate {
-    let (median, min, max) = spread(v);
-    Rate { median, min, max }
+fn rate(bytes: usize, copy: impl FnMut()) -> f64 {
+    copy_rate(bytes, SAMPLE_BYTES, copy)
 }
 
 /// Runs the benchmark.
@@ -109,9 +85,9 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
         }
         rows.push(Row {
             bytes,
-            whole: rate_of(&whole),
-            pieces: rate_of(&pieces),
-            ratio: rate_of(&ratio),
+            whole: Rate::of(&whole),
+            pieces: Rate::of(&pieces),
+            ratio: Rate::of(&ratio),
         });
     }
     Ok(rows)
@@ -119,14 +95,6 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
 
 /// The report: GB/s (median, lowest–highest run) and the ratio of pieces to one `memcpy`.
 pub fn report(rows: &[Row], runs: usize) -> String {
-    let gb = |r: Rate| {
-        format!(
-            "{:.2} ({:.2}-{:.2})",
-            r.median / 1e9,
-            r.min / 1e9,
-            r.max / 1e9
-        )
-    };
     let mut s = format!(
         "memcpy: host copies between two transparent-huge-page buffers, {runs} runs (GB/s: \
          median (lowest-highest)); whole = one memcpy of the size, pieces = the same bytes in \
@@ -141,8 +109,8 @@ pub fn report(rows: &[Row], runs: usize) -> String {
         s.push_str(&format!(
             "{:>4} MiB {:>22} {:>22} {:>24}\n",
             r.bytes / MIB,
-            gb(r.whole),
-            gb(r.pieces),
+            r.whole.gbs(),
+            r.pieces.gbs(),
             format!(
                 "{:.3}x ({:.3}-{:.3})",
                 r.ratio.median, r.ratio.min, r.ratio.max

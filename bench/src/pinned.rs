@@ -9,14 +9,10 @@
 //!
 //! vgpud runs in this process on the simulated GPU, whose device memory is host memory.
 
-use std::time::Instant;
-
 use vgpu_config::Config;
 use vgpu_hugemem::HugeMapping;
 use vgpu_ptx::mem::copy_in_pieces;
 use vgpud::Daemon;
-
-use crate::stats::median;
 
 const MIB: usize = 1 << 20;
 /// Bytes moved per timed sample at least (small copies are repeated up to it).
@@ -31,26 +27,7 @@ pub struct Params {
     pub sizes_mib: Vec<usize>,
 }
 
-/// A rate's median and spread over the runs, in bytes per second.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Rate {
-    /// Median.
-    pub median: f64,
-    /// Lowest run.
-    pub min: f64,
-    /// Highest run.
-    pub max: f64,
-}
-
-impl Rate {
-    fn of(v: &[f64]) -> Rate {
-        Rate {
-            median: median(v),
-            min: v.iter().copied().fold(f64::INFINITY, f64::min),
-            max: v.iter().copied().fold(0.0, f64::max),
-        }
-    }
-}
+pub use crate::stats::Rate;
 
 /// One size's figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -76,14 +53,8 @@ pub struct Row {
 }
 
 /// Bytes per second of `f`, which moves `bytes` each call, repeated to [`SAMPLE_BYTES`].
-fn rate(bytes: usize, mut f: impl FnMut()) -> f64 {
-    let reps = (SAMPLE_BYTES / bytes).max(1);
-    f(); // warm: pages touched, buffers grown
-    let t = Instant::now();
-    for _ in 0..reps {
-        f();
-    }
-    (bytes * reps) as f64 / t.elapsed().as_secs_f64()
+fn rate(bytes: usize, f: impl FnMut()) -> f64 {
+    crate::stats::copy_rate(bytes, SAMPLE_BYTES, f)
 }
 
 /// The floor's copy: as vgpud copies, in pieces (`vgpu_ptx::mem::copy_in_pieces`, faster than
@@ -192,12 +163,7 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
 }
 
 fn gbs(r: Rate) -> String {
-    format!(
-        "{:.2} ({:.2}-{:.2})",
-        r.median / 1e9,
-        r.min / 1e9,
-        r.max / 1e9
-    )
+    r.gbs()
 }
 
 /// The report: GB/s (median, lowest–highest run) and each copy's share of its floor.

@@ -38,6 +38,47 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     s[rank.clamp(1, s.len()) - 1]
 }
 
+/// A figure's median and spread over the runs (bytes per second where it is a rate).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Rate {
+    /// Median.
+    pub median: f64,
+    /// Lowest run.
+    pub min: f64,
+    /// Highest run.
+    pub max: f64,
+}
+
+impl Rate {
+    /// The median and spread of `v`.
+    pub fn of(v: &[f64]) -> Rate {
+        let (median, min, max) = spread(v);
+        Rate { median, min, max }
+    }
+
+    /// As GB/s: `median (lowest-highest)`.
+    pub fn gbs(self) -> String {
+        format!(
+            "{:.2} ({:.2}-{:.2})",
+            self.median / 1e9,
+            self.min / 1e9,
+            self.max / 1e9
+        )
+    }
+}
+
+/// Bytes per second of `copy`, which moves `bytes` each call: called once to warm up (pages
+/// touched, buffers grown), then timed over as many calls as move `sample_bytes` (at least one).
+pub fn copy_rate(bytes: usize, sample_bytes: usize, mut copy: impl FnMut()) -> f64 {
+    let reps = (sample_bytes / bytes).max(1);
+    copy();
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        copy();
+    }
+    (bytes * reps) as f64 / t.elapsed().as_secs_f64()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cuda::client::{Client, device_dtoh_chunk};
+use cuda::client::Client;
 use std::collections::VecDeque;
 use vgpu_config::Config;
 use vgpu_hugemem::HugeMapping;
@@ -117,8 +117,7 @@ const TOUCHED_PER_MAX: u64 = LAYOUTS.len() as u64 * 4 + 3 + 4 + 1;
 const TOUCHED_BESIDES: u64 = 512 * MIB as u64;
 /// Most bulk bytes per request through the device: what the guest module reports as
 /// `max_transfer` with 1024-entry rings (1024 descriptors less 20 reserved and one for
-/// misalignment, in 4 KiB pages, rounded down to 64 KiB). A device-to-host copy of 1 to 2 MiB
-/// goes in two halves, as the shim sends it ([`device_dtoh_chunk`]).
+/// misalignment, in 4 KiB pages, rounded down to 64 KiB).
 const DEV_CHUNK: usize = 4_063_232;
 /// Each measurement moves at least this much, repeating small copies, so that timer and scheduling
 /// noise stay small against it.
@@ -393,7 +392,7 @@ impl DevPath {
     /// Device to host: every chunk a call, at most [`WINDOW`] submitted before the first is
     /// waited for (the module's submit-then-wait ioctls).
     fn dtoh(&mut self, bytes: usize) -> Result<(), String> {
-        let chunk = device_dtoh_chunk(bytes, self.chunk);
+        let chunk = self.chunk;
         let mut inflight: VecDeque<(Pending, usize)> = VecDeque::new();
         let mut off = 0;
         while off < bytes || !inflight.is_empty() {

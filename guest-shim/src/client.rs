@@ -76,39 +76,9 @@ pub const DEVICE_WINDOW: usize = 8;
 /// Requests of one device-to-host copy in flight at once over a stream: two, so that vgpud
 /// reads the next chunk from the device while the shim reads the last one from the socket.
 pub const STREAM_WINDOW: usize = 2;
-/// A device-to-host copy over the virtio-vgpu device of at least twice [`DEVICE_HALF_MIN`] and
-/// less than [`DEVICE_SPLIT_BELOW`] bytes goes as two calls, so that the device copies one half
-/// while the guest takes the other's completion: at 1 MiB a request's own latency (a round trip
-/// is about 2 µs here) is a tenth of its copy. Measured in `vgpu-bench vgpu-dev`, 1 MiB in 2 MiB
-/// guest pages: 82–85 % of the floor in one request, 90–94 % in two (three alternating runs; in
-/// scattered 4 KiB pages, where the device thread's own work is the limit, 54–59 % either way).
-/// At 2 and 4 MiB one request per `max_transfer` was as fast. A host-to-device copy stays one
-/// request: its first half would be posted, so run by the session's thread while the device
-/// thread waits to run the second, and two halves measured 41–42 % against 75–81 %. As two
-/// synchronous halves, both run on the device thread (`vgpu-bench vgpu-dev`, 1 MiB, medians of
-/// seven alternating pairs of 4-second loops, 2026-12-03): 37.5 → 40.1 GB/s in 2 MiB pages,
-/// 33.3 → 31.2 GB/s in scattered 4 KiB pages, where the device thread is the limit and the
-/// second request only adds its own work; not enough either way to take on.
-pub const DEVICE_SPLIT_BELOW: usize = 2 << 20;
-/// The smallest half of a split copy (256 KiB halves of 1 MiB measured 71–82 % in a loop of that
-/// copy, against 78–89 % in one request: per-request costs again).
-pub const DEVICE_HALF_MIN: usize = 512 << 10;
-/// Halves start on a guest page.
-const GUEST_PAGE: usize = 4096;
 /// Reply buffer of each chunk in flight: a copy's reply is a bare frame header,
 /// or a short error message.
 const CHUNK_REPLY_BUFFER: usize = 4096;
-
-/// Bulk bytes per request of a `len`-byte device-to-host copy over the virtio-vgpu device, whose
-/// requests carry at most `max`: two halves from twice [`DEVICE_HALF_MIN`] to below
-/// [`DEVICE_SPLIT_BELOW`], else `max`.
-pub fn device_dtoh_chunk(len: usize, max: usize) -> usize {
-    if (2 * DEVICE_HALF_MIN..DEVICE_SPLIT_BELOW).contains(&len) {
-        len.div_ceil(2).next_multiple_of(GUEST_PAGE).min(max)
-    } else {
-        max
-    }
-}
 
 /// Most bytes of device output one `TakeOutput` asks for: its reply fits the device
 /// transport's reply buffer.
@@ -1377,28 +1347,6 @@ mod tests {
         // The next call reads its own reply: every reply of the chunks was read.
         c.call(&msg::Ping {}, &[]).unwrap();
         t.join().unwrap();
-    }
-
-    #[test]
-    fn device_to_host_copies_of_one_to_two_mib_go_in_two_page_aligned_halves() {
-        const MIB: usize = 1 << 20;
-        let max = 4_063_232;
-        for (len, want) in [
-            (MIB - 1, max),
-            (MIB, MIB / 2),
-            (MIB + 1, MIB / 2 + GUEST_PAGE),
-            (3 * MIB / 2, 3 * MIB / 4),
-            (2 * MIB - 1, MIB),
-            (2 * MIB, max),
-            (16 * MIB, max),
-            (0, max),
-        ] {
-            let chunk = device_dtoh_chunk(len, max);
-            assert_eq!(chunk, want, "{len} bytes");
-            assert!(len.div_ceil(chunk) <= 2 || chunk == max, "{len} bytes");
-        }
-        // Never more than a request carries.
-        assert_eq!(device_dtoh_chunk(MIB, 256 << 10), 256 << 10);
     }
 
     #[test]

@@ -336,15 +336,6 @@ fn in_place_copy_takes(len: usize) -> Duration {
 }
 
 impl Driver {
-    /// Bulk bytes per request of a `len`-byte device-to-host copy: on the virtio-vgpu device,
-    /// two halves of a 1 to 2 MiB copy ([`crate::client::device_dtoh_chunk`]).
-    fn dtoh_chunk_for(&self, len: usize) -> usize {
-        match self.device {
-            Some(_) => crate::client::device_dtoh_chunk(len, self.chunk),
-            None => self.chunk,
-        }
-    }
-
     pub(crate) fn call<O: msg::Op>(&self, req: &O, tail: &[u8]) -> CuRes<O::Reply> {
         let r = lock(&self.client).call(req, tail).map(|(r, _)| r);
         log_err(std::any::type_name::<O>(), r)
@@ -1208,8 +1199,7 @@ pub(crate) fn memcpy_dtoh_raw(dst: &mut [u8], src: u64, stream: u64) -> CuRes<()
     let c = ctx()?;
     let stream = wire_stream(stream)?;
     let d = driver()?;
-    let per_request = d.dtoh_chunk_for(dst.len());
-    let (reqs, chunks) = dtoh_chunks(c, stream, per_request, [(src, dst)]);
+    let (reqs, chunks) = dtoh_chunks(c, stream, d.chunk, [(src, dst)]);
     let r = lock(&d.client).call_into_chunks(&reqs, chunks);
     log_err("MemcpyDtoH", r)
 }

@@ -13,19 +13,11 @@ use vgpu_ptx::mem::{COPY_PIECE, copy_in_pieces};
 use crate::stats::{Rate, copy_rate, spread};
 
 const MIB: usize = 1 << 20;
-/// Bytes moved per timed sample at least (small copies are repeated up to it).
-const SAMPLE_BYTES: usize = 256 * MIB;
 /// Samples of each kind per run, alternating; the run's figure is their median.
 const SAMPLES_PER_RUN: usize = 5;
 
-/// Parameters.
-#[derive(Debug, Clone)]
-pub struct Params {
-    /// Repetitions (medians and spreads are reported).
-    pub runs: usize,
-    /// Copy sizes in MiB.
-    pub sizes_mib: Vec<usize>,
-}
+/// Parameters: repetitions and copy sizes in MiB, as `pinned` takes them.
+pub use crate::pinned::Params;
 
 /// One size's figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -38,11 +30,6 @@ pub struct Row {
     pub pieces: Rate,
     /// `pieces / whole` per run: median, lowest, highest.
     pub ratio: Rate,
-}
-
-/// Bytes per second of `copy`, which moves `bytes` each call, repeated to [`SAMPLE_BYTES`].
-fn rate(bytes: usize, copy: impl FnMut()) -> f64 {
-    copy_rate(bytes, SAMPLE_BYTES, copy)
 }
 
 /// Runs the benchmark.
@@ -66,11 +53,11 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
         for _ in 0..p.runs {
             let (mut w, mut pc) = (Vec::new(), Vec::new());
             for _ in 0..SAMPLES_PER_RUN {
-                w.push(rate(bytes, || {
+                w.push(copy_rate(bytes, || {
                     dst.copy_from_slice(std::hint::black_box(src));
                     std::hint::black_box(&mut *dst);
                 }));
-                pc.push(rate(bytes, || {
+                pc.push(copy_rate(bytes, || {
                     copy_in_pieces(dst, std::hint::black_box(src));
                     std::hint::black_box(&mut *dst);
                 }));

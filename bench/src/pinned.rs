@@ -14,9 +14,9 @@ use vgpu_hugemem::HugeMapping;
 use vgpu_ptx::mem::copy_in_pieces;
 use vgpud::Daemon;
 
+use crate::stats::copy_rate;
+
 const MIB: usize = 1 << 20;
-/// Bytes moved per timed sample at least (small copies are repeated up to it).
-const SAMPLE_BYTES: usize = 256 * MIB;
 
 /// Parameters.
 #[derive(Debug, Clone)]
@@ -50,11 +50,6 @@ pub struct Row {
     pub pageable_htod: Rate,
     /// `cuMemcpyDtoH` to pageable memory.
     pub pageable_dtoh: Rate,
-}
-
-/// Bytes per second of `f`, which moves `bytes` each call, repeated to [`SAMPLE_BYTES`].
-fn rate(bytes: usize, f: impl FnMut()) -> f64 {
-    crate::stats::copy_rate(bytes, SAMPLE_BYTES, f)
 }
 
 /// The floor's copy: as vgpud copies, in pieces (`vgpu_ptx::mem::copy_in_pieces`, faster than
@@ -122,18 +117,18 @@ pub fn measure(p: &Params) -> Result<Vec<Row>, String> {
         // memory.
         let mut runs: [Vec<f64>; 8] = Default::default();
         for _ in 0..p.runs {
-            runs[0].push(rate(n, || copy(&mut host[..n], &pinned[..n])));
-            runs[1].push(rate(n, || copy(&mut pinned[..n], &host[..n])));
+            runs[0].push(copy_rate(n, || copy(&mut host[..n], &pinned[..n])));
+            runs[1].push(copy_rate(n, || copy(&mut pinned[..n], &host[..n])));
             for (i, buf) in [&mut *pinned, &mut pageable[..], &mut registered[..]]
                 .into_iter()
                 .enumerate()
             {
-                runs[2 + 2 * i].push(rate(n, || {
+                runs[2 + 2 * i].push(copy_rate(n, || {
                     // SAFETY: `dev` holds `max` bytes; the host buffer at least `n`.
                     let r = unsafe { cuMemcpyHtoD_v2(dev, buf.as_ptr().cast(), n) };
                     assert_eq!(r, 0);
                 }));
-                runs[3 + 2 * i].push(rate(n, || {
+                runs[3 + 2 * i].push(copy_rate(n, || {
                     // SAFETY: as above.
                     let r = unsafe { cuMemcpyDtoH_v2(buf.as_mut_ptr().cast(), dev, n) };
                     assert_eq!(r, 0);

@@ -67,10 +67,14 @@ impl Rate {
     }
 }
 
+/// Bytes a copy benchmark's timed sample moves at least (small copies are repeated up to it).
+pub const COPY_SAMPLE_BYTES: usize = 256 << 20;
+
 /// Bytes per second of `copy`, which moves `bytes` each call: called once to warm up (pages
-/// touched, buffers grown), then timed over as many calls as move `sample_bytes` (at least one).
-pub fn copy_rate(bytes: usize, sample_bytes: usize, mut copy: impl FnMut()) -> f64 {
-    let reps = (sample_bytes / bytes).max(1);
+/// touched, buffers grown), then timed over as many calls as move [`COPY_SAMPLE_BYTES`] (at
+/// least one).
+pub fn copy_rate(bytes: usize, mut copy: impl FnMut()) -> f64 {
+    let reps = (COPY_SAMPLE_BYTES / bytes).max(1);
     copy();
     let t = std::time::Instant::now();
     for _ in 0..reps {

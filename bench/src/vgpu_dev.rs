@@ -563,20 +563,11 @@ fn rate(bytes: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, 
     Ok((bytes * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Bytes per second of a plain memcpy from `src` into `dst` (same length).
-fn memcpy_rate(dst: &mut [u8], src: &[u8]) -> Result<f64, String> {
+/// Bytes per second of `copy` (a plain `<[u8]>::copy_from_slice`, or [`copy_in_pieces`] as the
+/// simulated GPU copies) from `src` into `dst` (same length).
+fn memcpy_rate(dst: &mut [u8], src: &[u8], copy: fn(&mut [u8], &[u8])) -> Result<f64, String> {
     rate(dst.len(), || {
-        dst.copy_from_slice(std::hint::black_box(src));
-        std::hint::black_box(&mut *dst);
-        Ok(())
-    })
-}
-
-/// Like [`memcpy_rate`], copying in the pieces the simulated GPU copies in ([`copy_in_pieces`]):
-/// on some hosts faster than one `memcpy` of the whole size.
-fn pieced_memcpy_rate(dst: &mut [u8], src: &[u8]) -> Result<f64, String> {
-    rate(dst.len(), || {
-        copy_in_pieces(dst, std::hint::black_box(src));
+        copy(dst, std::hint::black_box(src));
         std::hint::black_box(&mut *dst);
         Ok(())
     })
@@ -680,9 +671,9 @@ pub fn measure(p: &Params) -> Result<Results, String> {
             // Measures `path` right after a plain memcpy and a huge-page memcpy (in pieces) of
             // the same size.
             let mut paired = |path: &mut dyn FnMut() -> Result<f64, String>| {
-                let m = memcpy_rate(&mut dst[..bytes], &src[..bytes])?;
+                let m = memcpy_rate(&mut dst[..bytes], &src[..bytes], <[u8]>::copy_from_slice)?;
                 memcpys.push(m);
-                let h = pieced_memcpy_rate(&mut huge_dst[..bytes], &huge_src[..bytes])?;
+                let h = memcpy_rate(&mut huge_dst[..bytes], &huge_src[..bytes], copy_in_pieces)?;
                 huge_memcpys.push(h);
                 let r = path()?;
                 Ok::<_, String>(Measured {

@@ -22,7 +22,9 @@ use std::io;
 use thiserror::Error;
 
 pub use descriptors::Descriptors;
-pub use memory::{GuestRegion, for_each_slice_of_ranges, in_memory, region_holding};
+pub use memory::{
+    GuestRegion, for_each_slice_of_ranges, in_memory, region_holding, write_in_one_region,
+};
 pub use serve::{
     IdleWork, SESSION_RETRY_DELAY, StopHandle, run_until_disconnect, serve_vmm_connections,
     start_daemon, wait_either, wait_stop,

@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 
 use vm_memory::guest_memory::{Error as GuestMemoryError, Result as MemResult};
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
 };
 
 use crate::GuestMem;
@@ -100,6 +100,14 @@ pub fn region_holding<'m>(
         .filter(|r| holds(r, addr, len))?;
     *last = Some(r);
     Some(r)
+}
+
+/// Writes `data` at guest address `addr` when one region holds all of it: one lookup and one
+/// copy, without vm-memory's generic walk across regions. `None` when no one region holds it
+/// (the caller falls back to a walk that splits or refuses the range).
+pub fn write_in_one_region(mem: &GuestMem, addr: u64, data: &[u8]) -> Option<MemResult<()>> {
+    let r = region_holding(mem, &mut None, addr, data.len())?;
+    Some(r.write_slice(data, MemoryRegionAddress(addr - r.start_addr().0)))
 }
 
 /// Whether `[addr, addr + len)` lies wholly inside region `r`.

@@ -197,8 +197,11 @@ const USED_IDX_OFFSET: u64 = 2;
 impl UsedBatch {
     /// A batch for `vring`'s queue, from its next used entry.
     pub fn new(vring: &VringRwLock) -> Self {
-        let state = vring.get_ref();
-        let q = state.get_queue();
+        Self::of(vring.get_ref().get_queue())
+    }
+
+    /// An empty batch for `q` as it stands.
+    fn of(q: &Queue) -> Self {
         UsedBatch {
             used_ring: q.used_ring(),
             size: q.size(),
@@ -229,11 +232,9 @@ impl UsedBatch {
         entry[4..].copy_from_slice(&len.to_le_bytes());
         // The entry is ordered before the guest can read it by the release store of the index in
         // `publish`; a plain write is enough.
-        let written = match crate::region_holding(mem, &mut None, at, entry.len()) {
-            Some(r) => r.write_slice(&entry, MemoryRegionAddress(at - r.start_addr().0)),
-            None => mem.write_slice(&entry, GuestAddress(at)),
-        };
-        written.map_err(virtio_queue::Error::GuestMemory)?;
+        crate::write_in_one_region(mem, at, &entry)
+            .unwrap_or_else(|| mem.write_slice(&entry, GuestAddress(at)))
+            .map_err(virtio_queue::Error::GuestMemory)?;
         self.pending += 1;
         Ok(())
     }
@@ -259,13 +260,7 @@ impl UsedBatch {
         let mut state = vring.get_mut();
         let q = state.get_queue_mut();
         if (q.used_ring(), q.size(), q.next_used()) != (self.used_ring, self.size, self.base) {
-            *self = UsedBatch {
-                used_ring: q.used_ring(),
-                size: q.size(),
-                base: q.next_used(),
-                pending: 0,
-                decided: q.next_used(),
-            };
+            *self = Self::of(q);
             return Ok(self.base);
         }
         if self.pending == 0 {

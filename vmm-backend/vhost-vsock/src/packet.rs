@@ -16,12 +16,9 @@ use std::ops::ControlFlow;
 use smallvec::SmallVec;
 use thiserror::Error;
 use vgpu_vhost_user::{
-    ChainHead, Descriptors, GuestRegion, for_each_slice_of_ranges, in_memory, region_holding,
+    ChainHead, Descriptors, GuestRegion, for_each_slice_of_ranges, in_memory, write_in_one_region,
 };
-use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryRegion, MemoryRegionAddress, ReadVolatile, VolatileMemoryError,
-    WriteVolatile,
-};
+use vm_memory::{GuestAddress, ReadVolatile, VolatileMemoryError, WriteVolatile};
 
 /// Size of `struct virtio_vsock_hdr`.
 pub const PKT_HEADER_SIZE: usize = 44;
@@ -319,10 +316,9 @@ impl ChainBuffer {
     pub fn write_start(&self, mem: &GuestMem, data: &[u8]) -> io::Result<usize> {
         if let Some(&(addr, len)) = self.segments.first()
             && len >= data.len()
-            && let Some(r) = region_holding(mem, &mut None, addr.0, data.len())
+            && let Some(written) = write_in_one_region(mem, addr.0, data)
         {
-            r.write_slice(data, MemoryRegionAddress(addr.0 - r.start_addr().0))
-                .map_err(io::Error::other)?;
+            written.map_err(io::Error::other)?;
             return Ok(data.len());
         }
         self.write_at(mem, 0, data)
